@@ -1,0 +1,38 @@
+# Finds the libraries dsrt links and collects them in DSRT_DEP_LIBRARIES and
+# DSRT_DEP_INCLUDE_DIRS. Every one is a Debian package that
+# scripts/install-deps.sh installs; a missing one stops the configure with the
+# package to install.
+find_package(Threads REQUIRED)
+
+function(dsrt_find_lib var lib header package)
+  find_library(${var}_LIBRARY NAMES ${lib})
+  find_path(${var}_INCLUDE_DIR NAMES ${header})
+  if(NOT ${var}_LIBRARY OR NOT ${var}_INCLUDE_DIR)
+    message(FATAL_ERROR "dsrt needs ${lib} (${header}): install the Debian package ${package}, "
+                        "or run scripts/install-deps.sh")
+  endif()
+  set(${var}_LIBRARY ${${var}_LIBRARY} PARENT_SCOPE)
+  set(${var}_INCLUDE_DIR ${${var}_INCLUDE_DIR} PARENT_SCOPE)
+endfunction()
+
+dsrt_find_lib(TURBOJPEG turbojpeg turbojpeg.h libturbojpeg0-dev)
+dsrt_find_lib(SPNG spng spng.h libspng-dev)
+dsrt_find_lib(URING uring liburing.h liburing-dev)
+dsrt_find_lib(HWLOC hwloc hwloc.h libhwloc-dev)
+dsrt_find_lib(DNNL dnnl oneapi/dnnl/dnnl.h libdnnl-dev)
+dsrt_find_lib(ZLIB z zlib.h zlib1g-dev)
+
+set(DSRT_DEP_LIBRARIES
+  ${TURBOJPEG_LIBRARY} ${SPNG_LIBRARY} ${URING_LIBRARY} ${HWLOC_LIBRARY} ${DNNL_LIBRARY}
+  ${ZLIB_LIBRARY} Threads::Threads m)
+set(DSRT_DEP_INCLUDE_DIRS
+  ${TURBOJPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR} ${URING_INCLUDE_DIR} ${HWLOC_INCLUDE_DIR}
+  ${DNNL_INCLUDE_DIR} ${ZLIB_INCLUDE_DIR})
+# For dsrt.pc: the same libraries as -l flags.
+set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -lspng -luring -lhwloc -ldnnl -lz -lpthread -lm")
+
+if(DSRT_WITH_CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  list(APPEND DSRT_DEP_LIBRARIES CUDA::cudart)
+  set(DSRT_PC_LIBS_PRIVATE "${DSRT_PC_LIBS_PRIVATE} -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+endif()

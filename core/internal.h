@@ -1,0 +1,135 @@
+/*
+ * Internal helpers shared by every dsrt module: error reporting with context,
+ * a counter-based random generator, and small memory utilities. Nothing here
+ * is part of the public API; the names carry a double underscore.
+ */
+#ifndef DSRT_CORE_INTERNAL_H
+#define DSRT_CORE_INTERNAL_H
+
+#include <dsrt/core.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DSRT_MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define DSRT_MAX(a, b)     ((a) > (b) ? (a) : (b))
+#define DSRT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+#if defined(__GNUC__)
+#define DSRT_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define DSRT_LIKELY(x)    __builtin_expect(!!(x), 1)
+#define DSRT_UNLIKELY(x)  __builtin_expect(!!(x), 0)
+#else
+#define DSRT_PRINTF(f, a)
+#define DSRT_LIKELY(x)   (x)
+#define DSRT_UNLIKELY(x) (x)
+#endif
+
+// ----------------------------------------------------------------------------
+// Errors
+
+/* Sets this thread's message (printf-style) and returns code, so that a
+ * failing path reads: return dsrt__fail(DSRT_ECORRUPT, "idx: %s: ...", path); */
+int dsrt__fail(int code, const char *fmt, ...) DSRT_PRINTF(2, 3);
+int dsrt__vfail(int code, const char *fmt, va_list ap);
+
+/* Prefixes this thread's current message: "what: " + message. Returns code. */
+int dsrt__fail_prefix(int code, const char *fmt, ...) DSRT_PRINTF(2, 3);
+
+/* Clears this thread's message. */
+void dsrt__clear_error(void);
+
+// ----------------------------------------------------------------------------
+// Counter-based random numbers.
+//
+// Every random choice in dsrt is a pure function of a key (seed, epoch,
+// sample id, stream) and a counter, so results do not depend on which thread
+// draws them or when. The mixer is SplitMix64's finaliser applied to a
+// Weyl-sequence counter, keyed by hashing the key words together.
+
+typedef struct {
+    uint64_t key;
+    uint64_t counter;
+} dsrt_rng;
+
+static inline uint64_t dsrt__mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* A generator keyed by four words; the same words always give the same stream. */
+static inline dsrt_rng dsrt_rng_init(uint64_t seed, uint64_t epoch, uint64_t id, uint64_t stream) {
+    uint64_t k = dsrt__mix64(seed + 0x9e3779b97f4a7c15ULL);
+    k = dsrt__mix64(k ^ (epoch + 0x632be59bd9b4e019ULL));
+    k = dsrt__mix64(k ^ (id + 0x8cb92ba72f3d8dd7ULL));
+    k = dsrt__mix64(k ^ (stream + 0xd1b54a32d192ed03ULL));
+    dsrt_rng r = {k, 0};
+    return r;
+}
+
+static inline uint64_t dsrt_rng_u64(dsrt_rng *r) {
+    r->counter++;
+    return dsrt__mix64(r->key + r->counter * 0x9e3779b97f4a7c15ULL);
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static inline double dsrt_rng_uniform(dsrt_rng *r) {
+    return (double)(dsrt_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Uniform integer in [0, n), n > 0, without modulo bias (Lemire). */
+static inline uint64_t dsrt_rng_below(dsrt_rng *r, uint64_t n) {
+    uint64_t x = dsrt_rng_u64(r);
+    __uint128_t m = (__uint128_t)x * n;
+    uint64_t l = (uint64_t)m;
+    if (l < n) {
+        uint64_t t = -n % n;
+        while (l < t) {
+            x = dsrt_rng_u64(r);
+            m = (__uint128_t)x * n;
+            l = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
+// ----------------------------------------------------------------------------
+// Memory
+
+/* malloc/calloc/realloc that set the thread's message on failure. */
+void *dsrt__malloc(size_t n);
+void *dsrt__calloc(size_t count, size_t size);
+void *dsrt__realloc(void *p, size_t n);
+char *dsrt__strdup(const char *s);
+
+/* Grows *buf (capacity *cap elements of size elem) to hold at least need
+ * elements, doubling. Returns 0 or -ENOMEM. */
+int dsrt__grow(void **buf, size_t *cap, size_t need, size_t elem);
+
+/* A bump arena of strings: many small strings in few large blocks, freed at
+ * once. Pointers into it stay valid while it lives. */
+typedef struct dsrt_arena_block dsrt_arena_block;
+typedef struct {
+    dsrt_arena_block *head;
+    size_t used, cap; /* of the head block */
+    size_t total;     /* bytes handed out */
+} dsrt_arena;
+
+void *dsrt_arena_alloc(dsrt_arena *a, size_t n, size_t align);
+char *dsrt_arena_strndup(dsrt_arena *a, const char *s, size_t n);
+void dsrt_arena_free(dsrt_arena *a);
+
+// ----------------------------------------------------------------------------
+// Files
+
+/* Reads the whole file at path into a new buffer (NUL-terminated, not
+ * counted in *size), refusing files larger than max bytes. */
+int dsrt__read_whole_file(const char *path, size_t max, uint8_t **data, size_t *size);
+
+/* Writes data to path atomically: a temporary file in the same folder,
+ * fsync, rename, then fsync of the folder. */
+int dsrt__write_file_atomic(const char *path, const void *data, size_t size);
+
+#endif

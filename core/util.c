@@ -1,0 +1,199 @@
+/*
+ * Memory and file utilities used across dsrt: checked allocation that leaves
+ * a message, a string arena (the datastore keeps every path of an index in a
+ * few large blocks), and whole-file reads and atomic writes.
+ */
+#include "internal.h"
+
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// Allocation
+
+void *dsrt__malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) dsrt__fail(-ENOMEM, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *dsrt__calloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) dsrt__fail(-ENOMEM, "out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+void *dsrt__realloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) dsrt__fail(-ENOMEM, "out of memory allocating %zu bytes", n);
+    return q;
+}
+
+char *dsrt__strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = dsrt__malloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+int dsrt__grow(void **buf, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) {
+        if (c > SIZE_MAX / 2 / elem) return dsrt__fail(-ENOMEM, "out of memory: %zu items", need);
+        c *= 2;
+    }
+    void *p = dsrt__realloc(*buf, c * elem);
+    if (!p) return -ENOMEM;
+    *buf = p;
+    *cap = c;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Arena
+
+struct dsrt_arena_block {
+    dsrt_arena_block *next;
+    size_t cap;
+    _Alignas(16) unsigned char data[];
+};
+
+void *dsrt_arena_alloc(dsrt_arena *a, size_t n, size_t align) {
+    size_t at = a->head ? (a->used + align - 1) & ~(align - 1) : 0;
+    if (!a->head || at + n > a->cap) {
+        size_t cap = DSRT_MAX((size_t)1 << 20, n + align);
+        dsrt_arena_block *b = dsrt__malloc(sizeof *b + cap);
+        if (!b) return NULL;
+        b->next = a->head;
+        b->cap = cap;
+        a->head = b;
+        a->cap = cap;
+        at = 0;
+    }
+    a->used = at + n;
+    a->total += n;
+    return a->head->data + at;
+}
+
+char *dsrt_arena_strndup(dsrt_arena *a, const char *s, size_t n) {
+    char *p = dsrt_arena_alloc(a, n + 1, 1);
+    if (!p) return NULL;
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+void dsrt_arena_free(dsrt_arena *a) {
+    dsrt_arena_block *b = a->head;
+    while (b) {
+        dsrt_arena_block *next = b->next;
+        free(b);
+        b = next;
+    }
+    memset(a, 0, sizeof *a);
+}
+
+// ----------------------------------------------------------------------------
+// Files
+
+int dsrt__read_whole_file(const char *path, size_t max, uint8_t **data, size_t *size) {
+    int rc, fd = open(path, O_RDONLY | O_CLOEXEC);
+    uint8_t *buf = NULL;
+    *data = NULL;
+    *size = 0;
+    if (fd < 0) return dsrt__fail(-errno, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = dsrt__fail(-errno, "%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = dsrt__fail(-EISDIR, "%s: not a regular file", path);
+        goto fail;
+    }
+    if ((uint64_t)st.st_size > max) {
+        rc = dsrt__fail(DSRT_ETOOBIG, "%s: %lld bytes, more than the limit of %zu", path,
+                        (long long)st.st_size, max);
+        goto fail;
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    buf = dsrt__malloc(n + 1);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            rc = dsrt__fail(-errno, "%s: %s", path, strerror(errno));
+            goto fail;
+        }
+        if (r == 0) break; /* the file shrank after fstat */
+        got += (size_t)r;
+    }
+    buf[got] = '\0';
+    close(fd);
+    *data = buf;
+    *size = got;
+    return 0;
+fail:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+int dsrt__write_file_atomic(const char *path, const void *data, size_t size) {
+    size_t n = strlen(path);
+    char *tmp = dsrt__malloc(n + 32), *dir = dsrt__strdup(path);
+    int rc = 0, fd = -1;
+    if (!tmp || !dir) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = dsrt__fail(-errno, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    const uint8_t *p = data;
+    for (size_t done = 0; done < size;) {
+        ssize_t w = write(fd, p + done, size - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) {
+            rc = dsrt__fail(-errno, "%s: %s", tmp, strerror(errno));
+            goto out;
+        }
+        done += (size_t)w;
+    }
+    if (fsync(fd) != 0) {
+        rc = dsrt__fail(-errno, "%s: fsync: %s", tmp, strerror(errno));
+        goto out;
+    }
+    close(fd);
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        rc = dsrt__fail(-errno, "%s: rename: %s", path, strerror(errno));
+        goto out;
+    }
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+out:
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    }
+    free(tmp);
+    free(dir);
+    return rc;
+}

@@ -1,0 +1,11 @@
+/*
+ * dsrt: background-dispatch image datastore, augmentation and training.
+ * This header includes every public module header.
+ */
+#ifndef DSRT_H
+#define DSRT_H
+
+#include <dsrt/core.h>
+#include <dsrt/datastore.h>
+
+#endif

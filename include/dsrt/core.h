@@ -1,0 +1,80 @@
+/*
+ * dsrt core: version, error codes and error messages shared by every module.
+ *
+ * Every fallible dsrt call returns an int: 0 on success or a negative code.
+ * Failures of the operating system are reported as -errno (for example
+ * -ENOENT); failures that belong to dsrt use the DSRT_E* codes below, which
+ * lie far below any errno value. dsrt_strerror() names either kind.
+ *
+ * Besides the code, a failing call leaves a message with context on the
+ * calling thread ("decode: /data/cat/17.jpg: Premature end of JPEG file"),
+ * read with dsrt_last_error(). The message belongs to the thread, so threads
+ * never see each other's errors. Both functions are thread-safe.
+ */
+#ifndef DSRT_CORE_H
+#define DSRT_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(DSRT_SHARED_BUILD)
+#define DSRT_API __attribute__((visibility("default")))
+#else
+#define DSRT_API
+#endif
+
+#define DSRT_VERSION_MAJOR 0
+#define DSRT_VERSION_MINOR 1
+#define DSRT_VERSION_PATCH 0
+#define DSRT_VERSION_NUMBER                                                                        \
+    (DSRT_VERSION_MAJOR * 10000 + DSRT_VERSION_MINOR * 100 + DSRT_VERSION_PATCH)
+
+/* The version of the library linked at run time, as DSRT_VERSION_NUMBER. */
+DSRT_API unsigned dsrt_version(void);
+/* The same as "major.minor.patch". */
+DSRT_API const char *dsrt_version_string(void);
+
+/* dsrt's own error codes: name, value, description. */
+#define DSRT_ERRNO_MAP(XX)                                                                         \
+    XX(EFORMAT, -1001, "unrecognised file format")                                                 \
+    XX(ECORRUPT, -1002, "corrupt data")                                                            \
+    XX(ETRUNCATED, -1003, "truncated data")                                                        \
+    XX(ETOOBIG, -1004, "larger than the configured limit")                                         \
+    XX(EEMPTY, -1005, "empty")                                                                     \
+    XX(EUNSUPPORTED, -1006, "unsupported feature")                                                 \
+    XX(EOPTION, -1007, "invalid option")                                                           \
+    XX(EEOF, -1008, "end of data")                                                                 \
+    XX(ECHECKSUM, -1009, "checksum mismatch")                                                      \
+    XX(ENAN, -1010, "non-finite value")                                                            \
+    XX(EBACKEND, -1011, "compute backend failure")                                                 \
+    XX(ENODEVICE, -1012, "no such device")                                                         \
+    XX(ECLOSED, -1013, "handle closed")                                                            \
+    XX(ESKIPPED, -1014, "too many samples skipped")
+
+enum {
+#define DSRT_ERRNO_ENUM(name, value, text) DSRT_##name = value,
+    DSRT_ERRNO_MAP(DSRT_ERRNO_ENUM)
+#undef DSRT_ERRNO_ENUM
+};
+
+/*
+ * A short description of an error code: a DSRT_E* code, or -errno.
+ * Never returns NULL; the string is static.
+ */
+DSRT_API const char *dsrt_strerror(int code);
+
+/*
+ * The message of the last failing dsrt call on this thread, with context
+ * (file names, option names, values). "" when none failed yet. The string
+ * stays valid until the next failing dsrt call on the same thread.
+ */
+DSRT_API const char *dsrt_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,370 @@
+/*
+ * dsrt datastore: everything between "a path the user gives" and "the decoded
+ * pixels and label of sample i".
+ *
+ * A datastore is an index of samples with labels and a class list, opened
+ * from one of several sources: a folder of class sub-folders, a manifest
+ * (CSV of path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100
+ * binary batches. Samples of a folder or manifest are files, read with a
+ * dsrt_reader and decoded with a dsrt_decoder; samples of IDX and CIFAR
+ * sources are pixels held in memory.
+ *
+ * The order functions (split_each_label, shuffle, partition, subset) return
+ * new datastores that are views: they share the index of the datastore they
+ * came from and hold only an array of sample positions. Each view must be
+ * closed; the index is freed with the last of them.
+ *
+ * Threads: an open datastore is immutable. Every dsrt_datastore_* query and
+ * order function may be called from any number of threads at once. Readers
+ * and decoders belong to one thread each (one io_uring ring, one TurboJPEG
+ * handle per thread).
+ */
+#ifndef DSRT_DATASTORE_H
+#define DSRT_DATASTORE_H
+
+#include <dsrt/core.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ----------------------------------------------------------------------------
+// Images
+
+/* Pixel layouts of the files a datastore reads. */
+typedef enum {
+    DSRT_FORMAT_UNKNOWN = 0,
+    DSRT_FORMAT_JPEG,
+    DSRT_FORMAT_PNG,
+    DSRT_FORMAT_RAW, /* pixels held in memory (IDX, CIFAR) */
+} dsrt_format;
+
+/* What a file's header says, before any pixel is decoded. */
+typedef struct {
+    dsrt_format format;
+    int width, height;
+    int channels;  /* in the file: 1 gray, 2 gray+alpha, 3 colour, 4 colour+alpha or CMYK */
+    int bit_depth; /* bits per sample in the file: 8 for JPEG; 1..16 for PNG */
+    int cmyk;      /* 1 for CMYK or YCCK JPEG */
+} dsrt_image_info;
+
+/* Decoded 8-bit pixels, interleaved (HWC): row y starts at data + y * stride. */
+typedef struct {
+    uint8_t *data;
+    int width, height;
+    int channels; /* 1 (gray) or 3 (RGB) */
+    size_t stride;
+} dsrt_image;
+
+// ----------------------------------------------------------------------------
+// Opening a datastore
+
+typedef struct dsrt_datastore dsrt_datastore;
+
+typedef enum {
+    DSRT_SOURCE_AUTO = 0, /* from the path: folder, .csv manifest, IDX magic, CIFAR batch */
+    DSRT_SOURCE_FOLDER,
+    DSRT_SOURCE_MANIFEST,
+    DSRT_SOURCE_IDX,
+    DSRT_SOURCE_CIFAR10,
+    DSRT_SOURCE_CIFAR100,
+} dsrt_source;
+
+typedef enum {
+    /* The first sub-folder under the root names the class; files anywhere
+     * below it belong to it; files directly in the root are ignored. Class
+     * indices equal torchvision's ImageFolder on the same folder. */
+    DSRT_LABEL_FOLDER_NAMES = 0,
+    /* The folder that holds the file names the class (MATLAB's
+     * 'LabelSource','foldernames' with 'IncludeSubfolders'). */
+    DSRT_LABEL_PARENT_FOLDER,
+    /* No labels: every sample has label 0 and there is one class, "". */
+    DSRT_LABEL_NONE,
+} dsrt_label_source;
+
+typedef enum { DSRT_SPLIT_TRAIN = 0, DSRT_SPLIT_TEST } dsrt_split;
+
+typedef struct {
+    dsrt_source source;
+    dsrt_label_source label_source;
+    /* Folder: descend into sub-folders (MATLAB 'IncludeSubfolders'). With 0,
+     * DSRT_LABEL_FOLDER_NAMES takes the files directly inside each class
+     * folder only. Default 1. */
+    int include_subfolders;
+    /* Folder: comma-separated file extensions to take, case-insensitive, with
+     * or without the dot ("jpg,png"). NULL: jpg, jpeg, jpe, jfif, png. */
+    const char *extensions;
+    /* Folder: follow symbolic links to files and folders. Loops are detected,
+     * reported in the warnings and not followed. Default 1. */
+    int follow_symlinks;
+    /* IDX: path of the labels file; NULL derives it from the images file
+     * ("train-images-idx3-ubyte.gz" -> "train-labels-idx1-ubyte.gz"). */
+    const char *labels_path;
+    /* IDX or CIFAR given as a folder of the original files: which split. */
+    dsrt_split split;
+    /* CIFAR-100: 1 takes the 20 coarse labels, 0 the 100 fine ones. */
+    int cifar100_coarse;
+    /* Manifest: 1 the first line is a header, 0 it is not, -1 (default)
+     * guess: a header when its label field is "label" or "class". */
+    int manifest_header;
+} dsrt_datastore_options;
+
+/* The defaults: AUTO source, folder-name labels, sub-folders included. */
+DSRT_API dsrt_datastore_options dsrt_datastore_defaults(void);
+
+/*
+ * Opens the datastore at path with options o (NULL for the defaults).
+ * On success *ds holds a new datastore that the caller closes with
+ * dsrt_datastore_close. On failure *ds is NULL, the return value is negative
+ * and dsrt_last_error() names the file or option at fault. A source with no
+ * sample at all fails with DSRT_EEMPTY.
+ */
+DSRT_API int dsrt_datastore_open(dsrt_datastore **ds, const char *path,
+                                 const dsrt_datastore_options *o);
+
+/* Closes a datastore or a view of one. NULL is accepted. */
+DSRT_API void dsrt_datastore_close(dsrt_datastore *ds);
+
+DSRT_API dsrt_source dsrt_datastore_source(const dsrt_datastore *ds);
+/* "folder", "manifest", "idx", "cifar10", "cifar100". */
+DSRT_API const char *dsrt_source_name(dsrt_source s);
+
+/* Samples in this datastore (or view). */
+DSRT_API size_t dsrt_datastore_count(const dsrt_datastore *ds);
+
+/* Class index of sample i, in [0, dsrt_datastore_num_classes). */
+DSRT_API int dsrt_datastore_label(const dsrt_datastore *ds, size_t i);
+
+/*
+ * The stable identity of sample i: its position in the datastore as opened,
+ * whatever view i was taken through. Random choices for a sample are keyed
+ * by it, so augmentation does not depend on the order samples come in.
+ */
+DSRT_API uint32_t dsrt_datastore_id(const dsrt_datastore *ds, size_t i);
+
+/* The file of sample i, or NULL when the sample is pixels in memory. The
+ * string lives as long as the datastore. */
+DSRT_API const char *dsrt_datastore_path(const dsrt_datastore *ds, size_t i);
+
+/* For in-memory sources: a read-only view of sample i's pixels (no copy).
+ * Returns DSRT_EUNSUPPORTED for samples that are files. */
+DSRT_API int dsrt_datastore_pixels(const dsrt_datastore *ds, size_t i, dsrt_image *view);
+
+/* Classes, in class-index order (sorted by name for folders and manifests;
+ * the dataset's own order for IDX and CIFAR). */
+DSRT_API size_t dsrt_datastore_num_classes(const dsrt_datastore *ds);
+DSRT_API const char *dsrt_datastore_class_name(const dsrt_datastore *ds, size_t c);
+/* Fills counts[c] with the samples of class c in this datastore or view;
+ * counts holds dsrt_datastore_num_classes() entries. */
+DSRT_API void dsrt_datastore_class_counts(const dsrt_datastore *ds, size_t *counts);
+
+/* Problems met while opening that did not stop it (a symbolic-link loop, an
+ * unreadable folder, a file that is not a regular file), one a line, at most
+ * a few lines then a count; "" when there were none. */
+DSRT_API const char *dsrt_datastore_warnings(const dsrt_datastore *ds);
+DSRT_API size_t dsrt_datastore_warning_count(const dsrt_datastore *ds);
+
+// ----------------------------------------------------------------------------
+// Order: views of a datastore. Every function is deterministic for a seed.
+
+/* A view holding positions idx[0..n) of ds, in that order; positions may
+ * repeat. Fails with DSRT_EOPTION naming the first position out of range. */
+DSRT_API int dsrt_datastore_subset(const dsrt_datastore *ds, const uint32_t *idx, size_t n,
+                                   dsrt_datastore **out);
+
+/* MATLAB's splitEachLabel. */
+typedef struct {
+    double fraction; /* of each label into the first view, in (0, 1) ... */
+    size_t count;    /* ... or this many of each label (used when fraction is 0) */
+    int randomized;  /* pick at random (seeded) rather than the first ones */
+    uint64_t seed;
+} dsrt_split_options;
+
+/*
+ * Splits ds per label: the first view gets round(fraction * n_c) (or
+ * min(count, n_c)) samples of each class c, the second view the rest. Both
+ * views keep the order of ds within each part. first or rest may be NULL when
+ * the caller does not want that part.
+ */
+DSRT_API int dsrt_datastore_split_each_label(const dsrt_datastore *ds, const dsrt_split_options *o,
+                                             dsrt_datastore **first, dsrt_datastore **rest);
+
+/* A view with the samples of ds in a random order keyed by seed. */
+DSRT_API int dsrt_datastore_shuffle(const dsrt_datastore *ds, uint64_t seed, dsrt_datastore **out);
+
+/*
+ * Part i of n (0 <= i < n) for rank i of n: contiguous parts whose sizes
+ * differ by at most one and that together hold every sample exactly once.
+ */
+DSRT_API int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i,
+                                      dsrt_datastore **out);
+
+/*
+ * Permutes idx[0..n) in place, keyed by (seed, epoch): the same arguments
+ * always give the same order. The pipeline uses it to shuffle every epoch.
+ * Thread-safe.
+ */
+DSRT_API void dsrt_shuffle_indices(uint32_t *idx, size_t n, uint64_t seed, uint64_t epoch);
+
+// ----------------------------------------------------------------------------
+// Reading files: io_uring with several reads in flight, or pread.
+
+typedef struct dsrt_reader dsrt_reader;
+
+typedef enum {
+    DSRT_IO_AUTO = 0, /* io_uring when the kernel allows it, else pread */
+    DSRT_IO_URING,    /* io_uring or fail */
+    DSRT_IO_PREAD,
+} dsrt_io;
+
+/* Buffers given to a reader with O_DIRECT must be aligned to this, and
+ * their capacity a multiple of it. */
+#define DSRT_DIRECT_ALIGN 4096
+
+typedef struct {
+    dsrt_io io;
+    unsigned depth; /* reads in flight at most; default 16 */
+    /* Open files with O_DIRECT, bypassing the page cache (for datasets
+     * larger than memory). Where a file system refuses O_DIRECT the file is
+     * read through the cache and the reader counts it. Default 0. */
+    int direct;
+} dsrt_reader_options;
+
+DSRT_API dsrt_reader_options dsrt_reader_defaults(void);
+
+/* Creates a reader. With DSRT_IO_AUTO it never fails for want of io_uring:
+ * it falls back to pread and dsrt_reader_fallback_reason says why. */
+DSRT_API int dsrt_reader_create(dsrt_reader **r, const dsrt_reader_options *o);
+/* Waits for reads in flight, then frees the reader. NULL is accepted. */
+DSRT_API void dsrt_reader_destroy(dsrt_reader *r);
+
+/* The back-end in use: DSRT_IO_URING or DSRT_IO_PREAD. */
+DSRT_API dsrt_io dsrt_reader_io(const dsrt_reader *r);
+/* "io_uring", "pread" (or "auto"). */
+DSRT_API const char *dsrt_io_name(dsrt_io io);
+/* Why io_uring is not in use ("io_uring_queue_init: Operation not
+ * permitted"), or NULL when it is, or pread was asked for. */
+DSRT_API const char *dsrt_reader_fallback_reason(const dsrt_reader *r);
+/* Files that had to be read through the page cache although O_DIRECT was
+ * asked for. */
+DSRT_API uint64_t dsrt_reader_direct_refused(const dsrt_reader *r);
+
+/* One finished read. */
+typedef struct {
+    uint64_t tag;     /* as given to dsrt_reader_submit */
+    const char *path; /* as given to dsrt_reader_submit */
+    void *buf;
+    size_t size; /* bytes of the file now in buf */
+    int status;  /* 0, -errno, DSRT_ETOOBIG (file larger than cap), DSRT_EEMPTY */
+} dsrt_read_result;
+
+/*
+ * Starts reading the whole file at path into buf (capacity cap bytes).
+ * path and buf must stay valid until the read completes. Returns 0, or
+ * -EBUSY when depth reads are already in flight (collect one first). Errors
+ * of the file itself (missing, unreadable, too large) are not returned here:
+ * they arrive as the status of its result, so they can be counted per file.
+ */
+DSRT_API int dsrt_reader_submit(dsrt_reader *r, const char *path, void *buf, size_t cap,
+                                uint64_t tag);
+
+/*
+ * Collects one finished read into *res. With wait set, blocks until one is
+ * done. Returns 1 when *res was filled, 0 when nothing is in flight (or, with
+ * wait 0, nothing is done yet), or a negative code when the reader itself
+ * failed. A result with a negative status also sets dsrt_last_error() to
+ * "read: PATH: reason".
+ */
+DSRT_API int dsrt_reader_collect(dsrt_reader *r, dsrt_read_result *res, int wait);
+
+/* Reads in flight. */
+DSRT_API unsigned dsrt_reader_in_flight(const dsrt_reader *r);
+
+// ----------------------------------------------------------------------------
+// Decoding: JPEG (TurboJPEG, with DCT-domain scaling) and PNG (libspng).
+
+typedef struct dsrt_decoder dsrt_decoder;
+
+typedef struct {
+    /* Refuse images whose header claims more pixels than this (decompression
+     * bombs), before any pixel memory is taken. Default 178956970, Pillow's
+     * DecompressionBombError threshold. */
+    uint64_t max_pixels;
+    /* Treat every libjpeg warning (for example "extraneous bytes before
+     * marker") as an error. A truncated image is always an error. Default 0. */
+    int strict;
+} dsrt_decoder_options;
+
+DSRT_API dsrt_decoder_options dsrt_decoder_defaults(void);
+
+/* Creates a decoder: one TurboJPEG handle and scratch memory, for one thread. */
+DSRT_API int dsrt_decoder_create(dsrt_decoder **d, const dsrt_decoder_options *o);
+DSRT_API void dsrt_decoder_destroy(dsrt_decoder *d);
+
+/* The format of buf from its first bytes; DSRT_FORMAT_UNKNOWN if neither. */
+DSRT_API dsrt_format dsrt_detect_format(const void *buf, size_t len);
+
+/* Reads the header of the encoded image in buf. Fails with DSRT_EFORMAT,
+ * DSRT_ECORRUPT, DSRT_ETRUNCATED, DSRT_EEMPTY or DSRT_ETOOBIG. */
+DSRT_API int dsrt_decoder_info(dsrt_decoder *d, const void *buf, size_t len, dsrt_image_info *info);
+
+typedef struct {
+    int channels; /* 1: gray (rgb2gray of colour images); 3: RGB (gray2rgb of gray ones) */
+    /*
+     * The smallest size the caller needs: JPEGs are decoded at the smallest
+     * of the scales 1, 1/2, 1/4, 1/8 whose result is still at least
+     * min_width x min_height (DCT-domain scaling: the skipped pixels are never
+     * computed). 0 x 0 decodes at full size. PNGs always decode at full size.
+     */
+    int min_width, min_height;
+    /* Where to write the pixels, rows packed (stride = width * channels), or
+     * NULL for the decoder's own scratch memory, valid until its next call. */
+    uint8_t *dst;
+    size_t dst_cap;
+} dsrt_decode_request;
+
+/* The size dsrt_decode gives for this header and request. */
+DSRT_API void dsrt_decode_size(const dsrt_image_info *info, const dsrt_decode_request *req,
+                               int *width, int *height);
+
+/*
+ * Decodes the image in buf[0..len) as req asks, into *out. On failure
+ * returns a negative code and dsrt_last_error() says what went wrong (the
+ * caller adds the file name; dsrt_datastore_read_image does). Never reads
+ * outside buf, never writes outside the destination.
+ */
+DSRT_API int dsrt_decode(dsrt_decoder *d, const void *buf, size_t len,
+                         const dsrt_decode_request *req, dsrt_image *out);
+
+// ----------------------------------------------------------------------------
+// The simple way: sample i, decoded, on the calling thread.
+
+/*
+ * Reads (with pread) and decodes sample i of ds, or converts its in-memory
+ * pixels, as req asks. Files up to 256 MiB are read into the decoder's
+ * scratch. On failure the message names the file: "decode: PATH: reason".
+ */
+DSRT_API int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *d,
+                                       const dsrt_decode_request *req, dsrt_image *out);
+
+// ----------------------------------------------------------------------------
+// Writing image folders from in-memory sources.
+
+/*
+ * Writes every sample of ds (an IDX or CIFAR datastore) as
+ * out/<class name>/<n>.png, n being the sample's position zero-padded to 5
+ * digits. class_names, when not NULL, overrides the datastore's class names
+ * (one per class; they must be usable as folder names). Existing files are
+ * overwritten. Returns the number of images written, or a negative code.
+ */
+DSRT_API int64_t dsrt_datastore_export(const dsrt_datastore *ds, const char *out,
+                                       const char *const *class_names);
+
+/* Encodes img as a PNG file at path (written to a temporary name first and
+ * renamed, so a crash never leaves half a file). */
+DSRT_API int dsrt_png_write(const char *path, const dsrt_image *img);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every Debian package dsrt needs to build, test and run its default
+# job. Idempotent: packages already present are left alone, and apt is only
+# consulted when something is missing. Run as root (or with sudo available).
+#
+#   scripts/install-deps.sh          # build + run + test dependencies
+#   scripts/install-deps.sh --bench  # also the PyTorch baselines used by benchmarks
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake pkg-config ninja-build clang clang-format libclang-rt-14-dev
+  zlib1g-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev liburing-dev libhwloc-dev
+  libdnnl-dev libopenmpi-dev openmpi-bin
+  dataset-fashion-mnist
+)
+if [ "${1:-}" = "--bench" ]; then
+  pkgs+=(python3-torch python3-torchvision python3-pil python3-numpy)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: installed ${missing[*]}"
