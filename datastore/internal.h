@@ -1,0 +1,121 @@
+/*
+ * The datastore's internal shapes: the index that every source fills (paths
+ * or in-memory pixels, labels, class names), the view that the public handle
+ * is, and the entry points of each source's loader and parser. The parsers
+ * work on memory buffers so that the libFuzzer targets in tests/fuzz can
+ * drive them directly.
+ */
+#ifndef DSRT_DATASTORE_INTERNAL_H
+#define DSRT_DATASTORE_INTERNAL_H
+
+#include <dsrt/datastore.h>
+#include <stdatomic.h>
+
+#include "core/internal.h"
+
+// ----------------------------------------------------------------------------
+// The index: what a source gives. Immutable once opened, shared by views.
+
+typedef struct dsrt_index {
+    atomic_int refs;
+    dsrt_source source;
+    size_t n;             /* samples */
+    const char **paths;   /* (n) file paths in the arena; NULL for in-memory sources */
+    int32_t *labels;      /* (n) class index of each sample */
+    size_t num_classes;
+    const char **classes; /* (num_classes) class names, in class-index order */
+    dsrt_arena arena;     /* every path and class name */
+
+    /* In-memory sources (IDX, CIFAR): pixels of every sample, HWC uint8. */
+    uint8_t *pixels; /* (n, height, width, channels) */
+    int width, height, channels;
+
+    /* Problems met while opening that did not stop it. */
+    char *warnings; /* lines, NUL-terminated; NULL when none */
+    size_t warnings_len, warnings_cap;
+    size_t warning_count;
+} dsrt_index;
+
+/* The public handle: a view of an index. */
+struct dsrt_datastore {
+    dsrt_index *index;
+    uint32_t *order; /* (n) index positions, or NULL for all of them in index order */
+    size_t n;
+};
+
+/* Index position of view position i. */
+static inline uint32_t dsrt__pos(const dsrt_datastore *ds, size_t i) {
+    return ds->order ? ds->order[i] : (uint32_t)i;
+}
+
+/* Adds a warning line (printf-style); after the first 20 lines only counts. */
+void dsrt__index_warn(dsrt_index *ix, const char *fmt, ...) DSRT_PRINTF(2, 3);
+
+/* Sets the class names (copied into the arena); labels already in ix. */
+int dsrt__index_set_classes(dsrt_index *ix, const char *const *names, size_t count);
+
+// ----------------------------------------------------------------------------
+// Sources. Each loader fills a zeroed index (source, n, labels, classes, and
+// paths or pixels) or fails with a message naming the file; the caller frees
+// the partly filled index on failure.
+
+int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
+int dsrt__manifest_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
+int dsrt__idx_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
+int dsrt__cifar_load(dsrt_index *ix, const char *path, dsrt_source kind,
+                     const dsrt_datastore_options *o);
+
+/* Guesses the source kind of path (a folder, an IDX or CIFAR file or folder
+ * of them, a manifest) for DSRT_SOURCE_AUTO. */
+int dsrt__detect_source(const char *path, dsrt_source *kind);
+
+/*
+ * Parsers on memory, for the loaders and the fuzzers. `name` is used in
+ * messages only. None of them reads outside [buf, buf + len).
+ */
+
+/* An IDX file (raw or gzip): magic, dims, then unsigned bytes. On success
+ * *data is a new buffer of prod(dims) bytes. max_bytes bounds the decoded size. */
+typedef struct {
+    int ndim;
+    uint32_t dims[4];
+    uint8_t *data;
+    size_t size;
+} dsrt_idx;
+int dsrt__idx_parse(const uint8_t *buf, size_t len, const char *name, size_t max_bytes,
+                    dsrt_idx *out);
+
+/* Inflates a gzip stream into a new buffer of at most max bytes. */
+int dsrt__gunzip(const uint8_t *buf, size_t len, const char *name, size_t max, uint8_t **out,
+                 size_t *out_len);
+
+/* One CIFAR binary batch: records of label byte(s) + 3072 CHW pixels.
+ * Appends to ix->pixels (HWC) and ix->labels. kind picks 1 or 2 label bytes. */
+int dsrt__cifar_parse(dsrt_index *ix, const uint8_t *buf, size_t len, const char *name,
+                      dsrt_source kind, int coarse);
+
+/* A manifest (CSV of path,label; RFC 4180 quoting). Relative paths are taken
+ * relative to base_dir. Fills paths, labels and classes of ix. */
+int dsrt__manifest_parse(dsrt_index *ix, const char *text, size_t len, const char *name,
+                         const char *base_dir, int header);
+
+// ----------------------------------------------------------------------------
+// Pixel conversions shared by the decoder and the in-memory sources.
+
+/* rgb2gray with ITU-R BT.601 weights (as MATLAB's rgb2gray and Pillow's
+ * convert("L")), rounded; and gray2rgb. Rows are packed. In place is not
+ * allowed. */
+void dsrt__rgb_to_gray(const uint8_t *rgb, uint8_t *gray, size_t pixels);
+void dsrt__gray_to_rgb(const uint8_t *gray, uint8_t *rgb, size_t pixels);
+
+// ----------------------------------------------------------------------------
+// Decoder scratch, for dsrt_datastore_read_image.
+
+/* A buffer of at least need bytes owned by the decoder for holding a file's
+ * bytes (grown on demand, kept between calls); NULL and a message on failure. */
+uint8_t *dsrt__decoder_file_buffer(dsrt_decoder *d, size_t need);
+/* The decoder's pixel scratch (the one dsrt_decode uses when req->dst is
+ * NULL), at least need bytes. */
+uint8_t *dsrt__decoder_pixel_buffer(dsrt_decoder *d, size_t need);
+
+#endif
