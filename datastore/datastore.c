@@ -1,0 +1,556 @@
+/*
+ * The datastore handle: opening a source into an index, the queries on it,
+ * the views that the order functions make (split per label, shuffle,
+ * partition, subset), and reading one decoded sample on the calling thread.
+ *
+ * An index is immutable once opened and reference-counted; every view holds a
+ * reference and an array of index positions, so splitting a million-sample
+ * datastore costs four bytes a sample and copies no path.
+ */
+#include "internal.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Random streams of the order functions, so that they never share numbers. */
+enum { STREAM_SHUFFLE = 1, STREAM_SPLIT = 2 };
+
+/* Warning lines kept in full; later ones are only counted. */
+#define WARNING_LINES 20
+
+/* Files larger than this are refused by dsrt_datastore_read_image. */
+#define READ_IMAGE_MAX ((size_t)256 << 20)
+
+// ----------------------------------------------------------------------------
+// Index
+
+static void index_free(dsrt_index *ix) {
+    if (!ix) return;
+    free(ix->paths);
+    free(ix->labels);
+    free(ix->classes);
+    free(ix->pixels);
+    free(ix->warnings);
+    dsrt_arena_free(&ix->arena);
+    free(ix);
+}
+
+void dsrt__index_warn(dsrt_index *ix, const char *fmt, ...) {
+    ix->warning_count++;
+    if (ix->warning_count > WARNING_LINES) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    n = DSRT_MIN(n, (int)sizeof line - 1);
+    void *buf = ix->warnings;
+    if (dsrt__grow(&buf, &ix->warnings_cap, ix->warnings_len + (size_t)n + 2, 1) != 0) return;
+    ix->warnings = buf;
+    memcpy(ix->warnings + ix->warnings_len, line, (size_t)n);
+    ix->warnings_len += (size_t)n;
+    ix->warnings[ix->warnings_len++] = '\n';
+    ix->warnings[ix->warnings_len] = '\0';
+}
+
+int dsrt__index_set_classes(dsrt_index *ix, const char *const *names, size_t count) {
+    const char **classes = dsrt__calloc(count ? count : 1, sizeof *classes);
+    if (!classes) return -ENOMEM;
+    for (size_t c = 0; c < count; c++) {
+        classes[c] = dsrt_arena_strndup(&ix->arena, names[c], strlen(names[c]));
+        if (!classes[c]) {
+            free(classes);
+            return -ENOMEM;
+        }
+    }
+    free(ix->classes);
+    ix->classes = classes;
+    ix->num_classes = count;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Opening
+
+dsrt_datastore_options dsrt_datastore_defaults(void) {
+    dsrt_datastore_options o;
+    memset(&o, 0, sizeof o);
+    o.source = DSRT_SOURCE_AUTO;
+    o.label_source = DSRT_LABEL_FOLDER_NAMES;
+    o.include_subfolders = 1;
+    o.follow_symlinks = 1;
+    o.split = DSRT_SPLIT_TRAIN;
+    o.manifest_header = -1;
+    return o;
+}
+
+const char *dsrt_source_name(dsrt_source s) {
+    switch (s) {
+    case DSRT_SOURCE_AUTO:
+        return "auto";
+    case DSRT_SOURCE_FOLDER:
+        return "folder";
+    case DSRT_SOURCE_MANIFEST:
+        return "manifest";
+    case DSRT_SOURCE_IDX:
+        return "idx";
+    case DSRT_SOURCE_CIFAR10:
+        return "cifar10";
+    case DSRT_SOURCE_CIFAR100:
+        return "cifar100";
+    }
+    return "unknown";
+}
+
+static int exists_in(const char *dir, const char *name) {
+    char p[4096];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int ends_with_ci(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcasecmp(s + n - m, suffix) == 0;
+}
+
+int dsrt__detect_source(const char *path, dsrt_source *kind) {
+    struct stat st;
+    if (stat(path, &st) != 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        static const char *const idx_names[] = {
+            "train-images-idx3-ubyte",   "train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte",
+            "t10k-images-idx3-ubyte.gz", "train-images.idx3-ubyte",    "t10k-images.idx3-ubyte"};
+        if (exists_in(path, "batches.meta.txt") || exists_in(path, "data_batch_1.bin"))
+            *kind = DSRT_SOURCE_CIFAR10;
+        else if (exists_in(path, "fine_label_names.txt") ||
+                 (exists_in(path, "train.bin") && exists_in(path, "test.bin")))
+            *kind = DSRT_SOURCE_CIFAR100;
+        else {
+            *kind = DSRT_SOURCE_FOLDER;
+            for (size_t k = 0; k < DSRT_ARRAY_SIZE(idx_names); k++)
+                if (exists_in(path, idx_names[k])) *kind = DSRT_SOURCE_IDX;
+        }
+        return 0;
+    }
+    if (!S_ISREG(st.st_mode))
+        return dsrt__fail(DSRT_EFORMAT, "open: %s: neither a folder nor a regular file", path);
+
+    unsigned char head[4] = {0};
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
+    ssize_t got = pread(fd, head, sizeof head, 0);
+    close(fd);
+    if (got < 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
+    if (got == 0) return dsrt__fail(DSRT_EEMPTY, "open: %s: empty file", path);
+
+    if ((got >= 2 && head[0] == 0x1f && head[1] == 0x8b) ||
+        (got == 4 && head[0] == 0 && head[1] == 0 && head[2] == 0x08 && head[3] >= 1 &&
+         head[3] <= 4)) {
+        *kind = DSRT_SOURCE_IDX;
+    } else if (ends_with_ci(path, ".bin") && st.st_size % 3073 == 0) {
+        *kind = DSRT_SOURCE_CIFAR10;
+    } else if (ends_with_ci(path, ".bin") && st.st_size % 3074 == 0) {
+        *kind = DSRT_SOURCE_CIFAR100;
+    } else if (ends_with_ci(path, ".csv") || ends_with_ci(path, ".txt") ||
+               ends_with_ci(path, ".lst")) {
+        *kind = DSRT_SOURCE_MANIFEST;
+    } else {
+        return dsrt__fail(DSRT_EFORMAT,
+                          "open: %s: cannot tell the kind of source (expected a folder, a .csv "
+                          "manifest, an IDX file or a CIFAR .bin batch); set the source option",
+                          path);
+    }
+    return 0;
+}
+
+static int view_new(dsrt_index *ix, uint32_t *order, size_t n, dsrt_datastore **out) {
+    dsrt_datastore *ds = dsrt__calloc(1, sizeof *ds);
+    if (!ds) {
+        free(order);
+        return -ENOMEM;
+    }
+    atomic_fetch_add(&ix->refs, 1);
+    ds->index = ix;
+    ds->order = order;
+    ds->n = n;
+    *out = ds;
+    return 0;
+}
+
+static int check_options(const dsrt_datastore_options *o) {
+    if ((unsigned)o->source > DSRT_SOURCE_CIFAR100)
+        return dsrt__fail(DSRT_EOPTION, "datastore: source %d is not a known source", o->source);
+    if ((unsigned)o->label_source > DSRT_LABEL_NONE)
+        return dsrt__fail(DSRT_EOPTION, "datastore: label_source %d is not a known label source",
+                          o->label_source);
+    if (o->split != DSRT_SPLIT_TRAIN && o->split != DSRT_SPLIT_TEST)
+        return dsrt__fail(DSRT_EOPTION, "datastore: split %d is neither train nor test", o->split);
+    if (o->manifest_header < -1 || o->manifest_header > 1)
+        return dsrt__fail(DSRT_EOPTION, "datastore: manifest_header %d is not -1, 0 or 1",
+                          o->manifest_header);
+    return 0;
+}
+
+int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datastore_options *o) {
+    dsrt_datastore_options defaults = dsrt_datastore_defaults();
+    dsrt_index *ix = NULL;
+    int rc;
+    *ds = NULL;
+    if (!o) o = &defaults;
+    if (!path || !*path) return dsrt__fail(DSRT_EOPTION, "datastore: no path given");
+    if ((rc = check_options(o)) != 0) return rc;
+
+    dsrt_source kind = o->source;
+    if (kind == DSRT_SOURCE_AUTO && (rc = dsrt__detect_source(path, &kind)) != 0) return rc;
+
+    ix = dsrt__calloc(1, sizeof *ix);
+    if (!ix) return -ENOMEM;
+    atomic_init(&ix->refs, 0);
+    ix->source = kind;
+    switch (kind) {
+    case DSRT_SOURCE_FOLDER:
+        rc = dsrt__folder_load(ix, path, o);
+        break;
+    case DSRT_SOURCE_MANIFEST:
+        rc = dsrt__manifest_load(ix, path, o);
+        break;
+    case DSRT_SOURCE_IDX:
+        rc = dsrt__idx_load(ix, path, o);
+        break;
+    case DSRT_SOURCE_CIFAR10:
+    case DSRT_SOURCE_CIFAR100:
+        rc = dsrt__cifar_load(ix, path, kind, o);
+        break;
+    default:
+        rc = dsrt__fail(DSRT_EOPTION, "datastore: unknown source");
+        break;
+    }
+    if (rc != 0) goto fail;
+    ix->source = kind;
+    if (ix->n == 0) {
+        rc = dsrt__fail(DSRT_EEMPTY, "datastore: %s: no samples found (%s source%s)", path,
+                        dsrt_source_name(kind),
+                        kind == DSRT_SOURCE_FOLDER ? "; check the extensions option" : "");
+        goto fail;
+    }
+    if (ix->n > UINT32_MAX) {
+        rc = dsrt__fail(DSRT_ETOOBIG, "datastore: %s: %zu samples, more than 2^32-1", path, ix->n);
+        goto fail;
+    }
+    if ((rc = view_new(ix, NULL, ix->n, ds)) != 0) goto fail;
+    return 0;
+fail:
+    index_free(ix);
+    return rc;
+}
+
+void dsrt_datastore_close(dsrt_datastore *ds) {
+    if (!ds) return;
+    if (atomic_fetch_sub(&ds->index->refs, 1) == 1) index_free(ds->index);
+    free(ds->order);
+    free(ds);
+}
+
+// ----------------------------------------------------------------------------
+// Queries
+
+dsrt_source dsrt_datastore_source(const dsrt_datastore *ds) {
+    return ds->index->source;
+}
+
+size_t dsrt_datastore_count(const dsrt_datastore *ds) {
+    return ds->n;
+}
+
+int dsrt_datastore_label(const dsrt_datastore *ds, size_t i) {
+    return i < ds->n ? ds->index->labels[dsrt__pos(ds, i)] : -1;
+}
+
+uint32_t dsrt_datastore_id(const dsrt_datastore *ds, size_t i) {
+    return i < ds->n ? dsrt__pos(ds, i) : UINT32_MAX;
+}
+
+const char *dsrt_datastore_path(const dsrt_datastore *ds, size_t i) {
+    if (i >= ds->n || !ds->index->paths) return NULL;
+    return ds->index->paths[dsrt__pos(ds, i)];
+}
+
+int dsrt_datastore_pixels(const dsrt_datastore *ds, size_t i, dsrt_image *view) {
+    const dsrt_index *ix = ds->index;
+    if (i >= ds->n)
+        return dsrt__fail(DSRT_EOPTION, "datastore: sample %zu out of range (%zu samples)", i,
+                          ds->n);
+    if (!ix->pixels)
+        return dsrt__fail(DSRT_EUNSUPPORTED, "datastore: sample %zu is a file, not pixels", i);
+    size_t bytes = (size_t)ix->width * ix->height * ix->channels;
+    view->data = ix->pixels + (size_t)dsrt__pos(ds, i) * bytes;
+    view->width = ix->width;
+    view->height = ix->height;
+    view->channels = ix->channels;
+    view->stride = (size_t)ix->width * ix->channels;
+    return 0;
+}
+
+size_t dsrt_datastore_num_classes(const dsrt_datastore *ds) {
+    return ds->index->num_classes;
+}
+
+const char *dsrt_datastore_class_name(const dsrt_datastore *ds, size_t c) {
+    return c < ds->index->num_classes ? ds->index->classes[c] : NULL;
+}
+
+void dsrt_datastore_class_counts(const dsrt_datastore *ds, size_t *counts) {
+    const dsrt_index *ix = ds->index;
+    memset(counts, 0, ix->num_classes * sizeof *counts);
+    for (size_t i = 0; i < ds->n; i++) counts[ix->labels[dsrt__pos(ds, i)]]++;
+}
+
+const char *dsrt_datastore_warnings(const dsrt_datastore *ds) {
+    return ds->index->warnings ? ds->index->warnings : "";
+}
+
+size_t dsrt_datastore_warning_count(const dsrt_datastore *ds) {
+    return ds->index->warning_count;
+}
+
+// ----------------------------------------------------------------------------
+// Order
+
+void dsrt_shuffle_indices(uint32_t *idx, size_t n, uint64_t seed, uint64_t epoch) {
+    dsrt_rng r = dsrt_rng_init(seed, epoch, 0, STREAM_SHUFFLE);
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)dsrt_rng_below(&r, i);
+        uint32_t t = idx[i - 1];
+        idx[i - 1] = idx[j];
+        idx[j] = t;
+    }
+}
+
+int dsrt_datastore_subset(const dsrt_datastore *ds, const uint32_t *idx, size_t n,
+                          dsrt_datastore **out) {
+    *out = NULL;
+    uint32_t *order = dsrt__malloc(n * sizeof *order);
+    if (!order) return -ENOMEM;
+    for (size_t k = 0; k < n; k++) {
+        if (idx[k] >= ds->n) {
+            free(order);
+            return dsrt__fail(DSRT_EOPTION,
+                              "subset: position %u (entry %zu) out of range (%zu "
+                              "samples)",
+                              idx[k], k, ds->n);
+        }
+        order[k] = dsrt__pos(ds, idx[k]);
+    }
+    return view_new(ds->index, order, n, out);
+}
+
+int dsrt_datastore_shuffle(const dsrt_datastore *ds, uint64_t seed, dsrt_datastore **out) {
+    *out = NULL;
+    uint32_t *order = dsrt__malloc(ds->n * sizeof *order);
+    if (!order) return -ENOMEM;
+    for (size_t i = 0; i < ds->n; i++) order[i] = (uint32_t)i;
+    dsrt_shuffle_indices(order, ds->n, seed, 0);
+    for (size_t i = 0; i < ds->n; i++) order[i] = dsrt__pos(ds, order[i]);
+    return view_new(ds->index, order, ds->n, out);
+}
+
+int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i, dsrt_datastore **out) {
+    *out = NULL;
+    if (n == 0 || i >= n)
+        return dsrt__fail(DSRT_EOPTION, "partition: part %zu of %zu does not exist", i, n);
+    size_t begin = (size_t)((__uint128_t)ds->n * i / n);
+    size_t end = (size_t)((__uint128_t)ds->n * (i + 1) / n);
+    uint32_t *order = dsrt__malloc((end - begin) * sizeof *order);
+    if (!order) return -ENOMEM;
+    for (size_t k = begin; k < end; k++) order[k - begin] = dsrt__pos(ds, k);
+    return view_new(ds->index, order, end - begin, out);
+}
+
+int dsrt_datastore_split_each_label(const dsrt_datastore *ds, const dsrt_split_options *o,
+                                    dsrt_datastore **first, dsrt_datastore **rest) {
+    const dsrt_index *ix = ds->index;
+    size_t nc = ix->num_classes, n = ds->n;
+    size_t *count = NULL, *start = NULL, *fill = NULL;
+    uint32_t *by_class = NULL, *a = NULL, *b = NULL;
+    uint8_t *chosen = NULL;
+    int rc = -ENOMEM;
+    if (first) *first = NULL;
+    if (rest) *rest = NULL;
+    if (!(o->fraction > 0 && o->fraction <= 1) && !(o->fraction == 0 && o->count > 0))
+        return dsrt__fail(DSRT_EOPTION,
+                          "split_each_label: give a fraction in (0, 1] or a count > 0 (fraction "
+                          "%g, count %zu)",
+                          o->fraction, o->count);
+
+    /* Positions of each class, in view order (a counting sort). */
+    count = dsrt__calloc(nc, sizeof *count);
+    start = dsrt__calloc(nc + 1, sizeof *start);
+    fill = dsrt__calloc(nc, sizeof *fill);
+    by_class = dsrt__malloc(n * sizeof *by_class);
+    chosen = dsrt__calloc(n, 1);
+    a = dsrt__malloc(n * sizeof *a);
+    b = dsrt__malloc(n * sizeof *b);
+    if (!count || !start || !fill || !by_class || !chosen || !a || !b) goto out;
+    for (size_t i = 0; i < n; i++) count[ix->labels[dsrt__pos(ds, i)]]++;
+    for (size_t c = 0; c < nc; c++) start[c + 1] = start[c] + count[c];
+    for (size_t i = 0; i < n; i++) {
+        int32_t c = ix->labels[dsrt__pos(ds, i)];
+        by_class[start[c] + fill[c]++] = (uint32_t)i;
+    }
+
+    /* Choose the first part of each class: its first k, or k at random. */
+    for (size_t c = 0; c < nc; c++) {
+        size_t nk = count[c];
+        size_t k =
+            o->fraction > 0 ? (size_t)(o->fraction * (double)nk + 0.5) : DSRT_MIN(o->count, nk);
+        uint32_t *list = by_class + start[c];
+        if (o->randomized) {
+            /* A partial Fisher-Yates: the first k entries become a random choice. */
+            dsrt_rng r = dsrt_rng_init(o->seed, 0, c, STREAM_SPLIT);
+            for (size_t j = 0; j < k; j++) {
+                size_t pick = j + (size_t)dsrt_rng_below(&r, nk - j);
+                uint32_t t = list[j];
+                list[j] = list[pick];
+                list[pick] = t;
+            }
+        }
+        for (size_t j = 0; j < k; j++) chosen[list[j]] = 1;
+    }
+
+    /* Both parts keep the view's order. */
+    size_t na = 0, nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (chosen[i])
+            a[na++] = dsrt__pos(ds, i);
+        else
+            b[nb++] = dsrt__pos(ds, i);
+    }
+    rc = 0;
+    if (first) {
+        rc = view_new(ds->index, a, na, first);
+        a = NULL;
+    }
+    if (rc == 0 && rest) {
+        rc = view_new(ds->index, b, nb, rest);
+        b = NULL;
+    }
+    if (rc != 0 && first) {
+        dsrt_datastore_close(*first);
+        *first = NULL;
+    }
+out:
+    free(count);
+    free(start);
+    free(fill);
+    free(by_class);
+    free(chosen);
+    free(a);
+    free(b);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// One decoded sample, on the calling thread
+
+static int read_file(const char *path, dsrt_decoder *d, uint8_t **data, size_t *size) {
+    int rc, fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = dsrt__fail(-EISDIR, "read: %s: not a regular file", path);
+        goto out;
+    }
+    if (st.st_size == 0) {
+        rc = dsrt__fail(DSRT_EEMPTY, "read: %s: empty file", path);
+        goto out;
+    }
+    if ((uint64_t)st.st_size > READ_IMAGE_MAX) {
+        rc = dsrt__fail(DSRT_ETOOBIG, "read: %s: %lld bytes, more than %zu", path,
+                        (long long)st.st_size, READ_IMAGE_MAX);
+        goto out;
+    }
+    uint8_t *buf = dsrt__decoder_file_buffer(d, (size_t)st.st_size);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    size_t got = 0, want = (size_t)st.st_size;
+    while (got < want) {
+        ssize_t r = pread(fd, buf + got, want - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            rc = dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
+            goto out;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    *data = buf;
+    *size = got;
+    rc = 0;
+out:
+    close(fd);
+    return rc;
+}
+
+/* Converts in-memory pixels to the channels asked, into dst or the scratch. */
+static int convert_pixels(const dsrt_image *src, dsrt_decoder *d, const dsrt_decode_request *req,
+                          dsrt_image *out) {
+    int ch = req->channels;
+    size_t pixels = (size_t)src->width * src->height, bytes = pixels * (size_t)ch;
+    uint8_t *dst = req->dst;
+    if (dst && req->dst_cap < bytes)
+        return dsrt__fail(DSRT_ETOOBIG, "decode: destination holds %zu bytes, image needs %zu",
+                          req->dst_cap, bytes);
+    if (!dst && !(dst = dsrt__decoder_pixel_buffer(d, bytes))) return -ENOMEM;
+    if (ch == src->channels)
+        memcpy(dst, src->data, bytes);
+    else if (ch == 1)
+        dsrt__rgb_to_gray(src->data, dst, pixels);
+    else
+        dsrt__gray_to_rgb(src->data, dst, pixels);
+    out->data = dst;
+    out->width = src->width;
+    out->height = src->height;
+    out->channels = ch;
+    out->stride = (size_t)src->width * ch;
+    return 0;
+}
+
+int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *d,
+                              const dsrt_decode_request *req, dsrt_image *out) {
+    if (i >= ds->n)
+        return dsrt__fail(DSRT_EOPTION, "read: sample %zu out of range (%zu samples)", i, ds->n);
+    if (req->channels != 1 && req->channels != 3)
+        return dsrt__fail(DSRT_EOPTION, "decode: channels must be 1 or 3, not %d", req->channels);
+    if (ds->index->pixels) {
+        dsrt_image view;
+        dsrt_datastore_pixels(ds, i, &view);
+        return convert_pixels(&view, d, req, out);
+    }
+    const char *path = dsrt_datastore_path(ds, i);
+    uint8_t *data = NULL;
+    size_t size = 0;
+    int rc = read_file(path, d, &data, &size);
+    if (rc != 0) return rc;
+    rc = dsrt_decode(d, data, size, req, out);
+    if (rc != 0) {
+        /* "decode: reason" from the decoder becomes "decode: PATH: reason". */
+        const char *msg = dsrt_last_error();
+        if (strncmp(msg, "decode: ", 8) == 0) msg += 8;
+        char reason[1024];
+        snprintf(reason, sizeof reason, "%s", msg);
+        return dsrt__fail(rc, "decode: %s: %s", path, reason[0] ? reason : dsrt_strerror(rc));
+    }
+    return 0;
+}

@@ -1,0 +1,447 @@
+/*
+ * The folder source: walks a folder of class sub-folders and indexes every
+ * image file in it, labelled by folder name.
+ *
+ * The walk is built to be fast on folders of millions of files: directories
+ * are opened relative to their parent (openat), file types come from
+ * readdir's d_type so that a regular file costs no stat() at all (only
+ * symbolic links and file systems that leave d_type unknown are stat'ed), and
+ * every path goes into one arena. Each directory is fstat'ed once so that a
+ * symbolic link leading back to one of its own ancestors is reported and not
+ * followed; unreadable folders are reported and skipped.
+ *
+ * Order: classes are sorted by name (byte order, which for UTF-8 is code-point
+ * order, as Python's sorted()); within a class, files are sorted by their
+ * folder's path and then by name, which is the order torchvision's
+ * ImageFolder gives, so class indices and sample order match it.
+ */
+#include "internal.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_DEPTH      256
+#define MAX_EXTENSIONS 32
+#define MAX_EXT_LEN    15
+
+static const char *const default_extensions = "jpg,jpeg,jpe,jfif,png";
+
+typedef struct {
+    const char *path; /* full path, in the index arena */
+    uint32_t dir_len; /* length of the folder part of path (before the last '/') */
+    int32_t group;    /* class index, or folder id while walking (parent-folder labels) */
+} entry;
+
+typedef struct {
+    dsrt_index *ix;
+    const dsrt_datastore_options *o;
+    char ext[MAX_EXTENSIONS][MAX_EXT_LEN + 1]; /* lower case, no dot */
+    size_t n_ext;
+
+    entry *files;
+    size_t n_files, cap_files;
+
+    /* Parent-folder labels: the name of every folder visited, by folder id. */
+    const char **dir_names;
+    size_t n_dirs, cap_dirs;
+
+    struct {
+        dev_t dev;
+        ino_t ino;
+    } stack[MAX_DEPTH]; /* the folders from the root down to the current one */
+    int depth;
+
+    char path[PATH_MAX]; /* full path of the current folder */
+    size_t path_len;
+} walker;
+
+// ----------------------------------------------------------------------------
+// Extensions
+
+static int parse_extensions(walker *w, const char *list) {
+    const char *p = list;
+    while (*p) {
+        while (*p == ',' || *p == ' ') p++;
+        if (!*p) break;
+        if (*p == '.') p++;
+        const char *start = p;
+        while (*p && *p != ',' && *p != ' ') p++;
+        size_t n = (size_t)(p - start);
+        if (n == 0) continue;
+        if (n > MAX_EXT_LEN || w->n_ext == MAX_EXTENSIONS)
+            return dsrt__fail(DSRT_EOPTION,
+                              "datastore: extensions \"%s\": at most %d, of at most "
+                              "%d characters each",
+                              list, MAX_EXTENSIONS, MAX_EXT_LEN);
+        for (size_t k = 0; k < n; k++) w->ext[w->n_ext][k] = (char)tolower((unsigned char)start[k]);
+        w->ext[w->n_ext][n] = '\0';
+        w->n_ext++;
+    }
+    if (w->n_ext == 0)
+        return dsrt__fail(DSRT_EOPTION, "datastore: extensions \"%s\" names no extension", list);
+    return 0;
+}
+
+static int wanted(const walker *w, const char *name) {
+    const char *dot = strrchr(name, '.');
+    if (!dot || dot == name) return 0;
+    dot++;
+    for (size_t k = 0; k < w->n_ext; k++)
+        if (strcasecmp(dot, w->ext[k]) == 0) return 1;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The walk
+
+/* The type of entry name in folder dirfd, following a symbolic link when the
+ * options say so: DT_REG, DT_DIR, or DT_UNKNOWN for anything to skip. */
+static int entry_type(walker *w, int dirfd, const struct dirent *de) {
+    int t = de->d_type;
+    if (t == DT_REG || t == DT_DIR) return t;
+    if (t != DT_LNK && t != DT_UNKNOWN) return DT_UNKNOWN;
+    struct stat st;
+    if (t == DT_UNKNOWN) {
+        if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return DT_UNKNOWN;
+        if (S_ISREG(st.st_mode)) return DT_REG;
+        if (S_ISDIR(st.st_mode)) return DT_DIR;
+        if (!S_ISLNK(st.st_mode)) return DT_UNKNOWN;
+    }
+    if (!w->o->follow_symlinks) return DT_UNKNOWN;
+    if (fstatat(dirfd, de->d_name, &st, 0) != 0) {
+        dsrt__index_warn(w->ix, "%s/%s: broken symbolic link (%s), skipped", w->path, de->d_name,
+                         strerror(errno));
+        return DT_UNKNOWN;
+    }
+    return S_ISREG(st.st_mode) ? DT_REG : S_ISDIR(st.st_mode) ? DT_DIR : DT_UNKNOWN;
+}
+
+static int add_file(walker *w, const char *name, int32_t group) {
+    size_t n = strlen(name);
+    void *buf = w->files;
+    if (dsrt__grow(&buf, &w->cap_files, w->n_files + 1, sizeof(entry)) != 0) return -ENOMEM;
+    w->files = buf;
+    char *p = dsrt_arena_alloc(&w->ix->arena, w->path_len + 1 + n + 1, 1);
+    if (!p) return -ENOMEM;
+    memcpy(p, w->path, w->path_len);
+    p[w->path_len] = '/';
+    memcpy(p + w->path_len + 1, name, n + 1);
+    entry *e = &w->files[w->n_files++];
+    e->path = p;
+    e->dir_len = (uint32_t)w->path_len;
+    e->group = group;
+    return 0;
+}
+
+/* Opens sub-folder name of dirfd and pushes it: 1 when entered, 0 when it
+ * was skipped (unreadable, a loop; reported), negative on failure. On 1 the
+ * caller owns *fd and must call leave(). */
+static int enter(walker *w, int dirfd, const char *name, int *fd) {
+    size_t n = strlen(name);
+    if (w->path_len + 1 + n + 1 > sizeof w->path || w->depth == MAX_DEPTH) {
+        dsrt__index_warn(w->ix, "%s/%s: path too long or folders nested too deep, skipped", w->path,
+                         name);
+        return 0;
+    }
+    int f = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (f < 0) {
+        dsrt__index_warn(w->ix, "%s/%s: %s, skipped", w->path, name, strerror(errno));
+        return 0;
+    }
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        dsrt__index_warn(w->ix, "%s/%s: %s, skipped", w->path, name, strerror(errno));
+        close(f);
+        return 0;
+    }
+    for (int k = 0; k < w->depth; k++) {
+        if (w->stack[k].dev == st.st_dev && w->stack[k].ino == st.st_ino) {
+            dsrt__index_warn(w->ix,
+                             "%s/%s: symbolic link loop (leads back to an enclosing "
+                             "folder), not followed",
+                             w->path, name);
+            close(f);
+            return 0;
+        }
+    }
+    w->stack[w->depth].dev = st.st_dev;
+    w->stack[w->depth].ino = st.st_ino;
+    w->depth++;
+    w->path[w->path_len] = '/';
+    memcpy(w->path + w->path_len + 1, name, n + 1);
+    w->path_len += 1 + n;
+    *fd = f;
+    return 1;
+}
+
+static void leave(walker *w, size_t path_len) {
+    w->depth--;
+    w->path_len = path_len;
+    w->path[path_len] = '\0';
+}
+
+static int new_dir_group(walker *w, const char *name) {
+    void *buf = w->dir_names;
+    if (dsrt__grow(&buf, &w->cap_dirs, w->n_dirs + 1, sizeof(char *)) != 0) return -ENOMEM;
+    w->dir_names = buf;
+    char *s = dsrt_arena_strndup(&w->ix->arena, name, strlen(name));
+    if (!s) return -ENOMEM;
+    w->dir_names[w->n_dirs] = s;
+    return (int)w->n_dirs++;
+}
+
+/*
+ * Indexes the folder open as fd (already entered). group >= 0 labels every
+ * file below with that class; group < 0 labels each file by the folder that
+ * holds it (a new folder id per folder, named dir_name). Takes fd.
+ */
+static int walk(walker *w, int fd, int32_t group, const char *dir_name) {
+    int rc = 0;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        dsrt__index_warn(w->ix, "%s: %s, skipped", w->path, strerror(errno));
+        close(fd);
+        return 0;
+    }
+    int32_t files_group = group;
+    if (group < 0) {
+        int id = new_dir_group(w, dir_name);
+        if (id < 0) {
+            closedir(d);
+            return id;
+        }
+        files_group = id;
+    }
+    struct dirent *de;
+    errno = 0;
+    while ((de = readdir(d)) != NULL) {
+        const char *name = de->d_name;
+        if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'))) continue;
+        int t = entry_type(w, dirfd(d), de);
+        if (t == DT_REG) {
+            if (wanted(w, name) && (rc = add_file(w, name, files_group)) != 0) break;
+        } else if (t == DT_DIR && w->o->include_subfolders) {
+            size_t saved = w->path_len;
+            int sub;
+            int entered = enter(w, dirfd(d), name, &sub);
+            if (entered < 0) {
+                rc = entered;
+                break;
+            }
+            if (entered) {
+                rc = walk(w, sub, group, name);
+                leave(w, saved);
+                if (rc != 0) break;
+            }
+        }
+        errno = 0;
+    }
+    if (rc == 0 && errno != 0)
+        dsrt__index_warn(w->ix, "%s: %s while listing", w->path, strerror(errno));
+    closedir(d);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Sorting and labels
+
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* (group, folder path, file name): ImageFolder's order within each class. */
+static int cmp_entry(const void *pa, const void *pb) {
+    const entry *a = pa, *b = pb;
+    if (a->group != b->group) return a->group < b->group ? -1 : 1;
+    size_t la = a->dir_len, lb = b->dir_len;
+    int r = memcmp(a->path, b->path, DSRT_MIN(la, lb));
+    if (r) return r;
+    if (la != lb) return la < lb ? -1 : 1;
+    return strcmp(a->path + la + 1, b->path + lb + 1);
+}
+
+/* Folder path then name, ignoring the group: the plain walk order. */
+static int cmp_entry_path(const void *pa, const void *pb) {
+    const entry *a = pa, *b = pb;
+    size_t la = a->dir_len, lb = b->dir_len;
+    int r = memcmp(a->path, b->path, DSRT_MIN(la, lb));
+    if (r) return r;
+    if (la != lb) return la < lb ? -1 : 1;
+    return strcmp(a->path + la + 1, b->path + lb + 1);
+}
+
+/* Parent-folder labels: folder ids -> classes named by distinct folder names. */
+static int label_by_parent(walker *w) {
+    size_t nd = w->n_dirs;
+    const char **names = dsrt__malloc((nd ? nd : 1) * sizeof *names);
+    int32_t *class_of = dsrt__malloc((nd ? nd : 1) * sizeof *class_of);
+    int rc = -ENOMEM;
+    if (!names || !class_of) goto out;
+    memcpy(names, w->dir_names, nd * sizeof *names);
+    qsort(names, nd, sizeof *names, cmp_name);
+    size_t nc = 0;
+    for (size_t k = 0; k < nd; k++)
+        if (nc == 0 || strcmp(names[nc - 1], names[k]) != 0) names[nc++] = names[k];
+    for (size_t k = 0; k < nd; k++) {
+        const char *key = w->dir_names[k];
+        const char **hit = bsearch(&key, names, nc, sizeof *names, cmp_name);
+        class_of[k] = (int32_t)(hit - names);
+    }
+    /* Only classes that hold files count. */
+    size_t *used = dsrt__calloc(nc ? nc : 1, sizeof *used);
+    if (!used) goto out;
+    for (size_t i = 0; i < w->n_files; i++) used[class_of[w->files[i].group]]++;
+    int32_t *renum = (int32_t *)used; /* same size, reused in place below */
+    size_t kept = 0;
+    for (size_t c = 0; c < nc; c++) {
+        size_t u = used[c];
+        renum[c] = u ? (int32_t)kept : -1;
+        if (u) names[kept++] = names[c];
+    }
+    for (size_t i = 0; i < w->n_files; i++) w->files[i].group = renum[class_of[w->files[i].group]];
+    free(used);
+    rc = dsrt__index_set_classes(w->ix, names, kept);
+out:
+    free(names);
+    free(class_of);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Entry point
+
+int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o) {
+    walker *w = dsrt__calloc(1, sizeof *w);
+    const char **classes = NULL;
+    size_t n_classes = 0, cap_classes = 0, root_files = 0;
+    int rc, root = -1;
+    DIR *d = NULL;
+    if (!w) return -ENOMEM;
+    w->ix = ix;
+    w->o = o;
+    if ((rc = parse_extensions(w, o->extensions ? o->extensions : default_extensions)) != 0)
+        goto out;
+
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--; /* "data/" and "data" index the same */
+    if (n + 1 > sizeof w->path) {
+        rc = dsrt__fail(-ENAMETOOLONG, "datastore: %s: path too long", path);
+        goto out;
+    }
+    memcpy(w->path, path, n);
+    w->path[n] = '\0';
+    w->path_len = n;
+    root = open(w->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) {
+        rc = dsrt__fail(-errno, "datastore: %s: %s", w->path, strerror(errno));
+        goto out;
+    }
+    struct stat st;
+    if (fstat(root, &st) != 0) {
+        rc = dsrt__fail(-errno, "datastore: %s: %s", w->path, strerror(errno));
+        goto out;
+    }
+    w->stack[0].dev = st.st_dev;
+    w->stack[0].ino = st.st_ino;
+    w->depth = 1;
+
+    if (o->label_source != DSRT_LABEL_FOLDER_NAMES) {
+        const char *base = strrchr(w->path, '/');
+        base = base && base[1] ? base + 1 : w->path;
+        int fd = root;
+        root = -1;
+        rc = walk(w, fd, o->label_source == DSRT_LABEL_NONE ? 0 : -1, base);
+        if (rc != 0) goto out;
+        if (o->label_source == DSRT_LABEL_NONE) {
+            const char *none = "";
+            rc = dsrt__index_set_classes(ix, &none, 1);
+        } else {
+            rc = label_by_parent(w);
+        }
+        if (rc != 0) goto out;
+        qsort(w->files, w->n_files, sizeof *w->files,
+              o->label_source == DSRT_LABEL_NONE ? cmp_entry_path : cmp_entry);
+    } else {
+        /* Classes: the sub-folders of the root, sorted by name. */
+        d = fdopendir(root);
+        if (!d) {
+            rc = dsrt__fail(-errno, "datastore: %s: %s", w->path, strerror(errno));
+            goto out;
+        }
+        root = -1;
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL) {
+            const char *name = de->d_name;
+            if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
+                continue;
+            int t = entry_type(w, dirfd(d), de);
+            if (t == DT_REG) {
+                root_files += wanted(w, name);
+            } else if (t == DT_DIR) {
+                void *buf = classes;
+                if ((rc = dsrt__grow(&buf, &cap_classes, n_classes + 1, sizeof(char *))) != 0)
+                    goto out;
+                classes = buf;
+                if (!(classes[n_classes++] = dsrt_arena_strndup(&ix->arena, name, strlen(name)))) {
+                    rc = -ENOMEM;
+                    goto out;
+                }
+            }
+        }
+        qsort(classes, n_classes, sizeof *classes, cmp_name);
+        if (root_files)
+            dsrt__index_warn(ix,
+                             "%s: %zu image file%s directly in the root ignored (not inside "
+                             "a class folder)",
+                             w->path, root_files, root_files > 1 ? "s" : "");
+        for (size_t c = 0; c < n_classes; c++) {
+            size_t saved = w->path_len, before = w->n_files;
+            int fd;
+            int entered = enter(w, dirfd(d), classes[c], &fd);
+            if (entered < 0) {
+                rc = entered;
+                goto out;
+            }
+            if (!entered) continue;
+            rc = walk(w, fd, (int32_t)c, classes[c]);
+            leave(w, saved);
+            if (rc != 0) goto out;
+            if (w->n_files == before)
+                dsrt__index_warn(ix, "%s/%s: class folder holds no image file", w->path,
+                                 classes[c]);
+        }
+        if ((rc = dsrt__index_set_classes(ix, classes, n_classes)) != 0) goto out;
+        qsort(w->files, w->n_files, sizeof *w->files, cmp_entry);
+    }
+
+    ix->n = w->n_files;
+    ix->paths = dsrt__malloc((w->n_files ? w->n_files : 1) * sizeof *ix->paths);
+    ix->labels = dsrt__malloc((w->n_files ? w->n_files : 1) * sizeof *ix->labels);
+    if (!ix->paths || !ix->labels) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < w->n_files; i++) {
+        ix->paths[i] = w->files[i].path;
+        ix->labels[i] = w->files[i].group;
+    }
+    rc = 0;
+out:
+    if (d) closedir(d);
+    if (root >= 0) close(root);
+    free(classes);
+    if (w) {
+        free(w->files);
+        free(w->dir_names);
+        free(w);
+    }
+    return rc;
+}
