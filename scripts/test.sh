@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs dsrt's dependencies, builds dsrt and its tests, and runs the tests
+# with CTest (the default set; slow benchmarks carry the label "slow" and run
+# with `ctest -L slow`).
+#
+#   scripts/test.sh                      # build/ , Release
+#   scripts/test.sh --sanitize address   # build-asan/, ASan + UBSan
+#   scripts/test.sh --sanitize thread    # build-tsan/, TSan
+set -euo pipefail
+cd "$(dirname "$0")/.."
+san=""
+if [ "${1:-}" = "--sanitize" ]; then
+  san=${2:?"--sanitize needs address or thread"}
+fi
+if [ -z "$san" ]; then
+  build=build
+  bash scripts/build.sh "$build"
+else
+  build=build-${san/address/asan}
+  build=${build/thread/tsan}
+  DSRT_BUILD_TYPE=RelWithDebInfo bash scripts/build.sh "$build" -DDSRT_SANITIZE="$san"
+fi
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE slow
