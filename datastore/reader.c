@@ -469,22 +469,22 @@ static int dsrt__ring_submit(dsrt_reader *r, unsigned wait_nr) {
 int dsrt_reader_collect(dsrt_reader *r, dsrt_read_result *res, int wait) {
     assert(r && res);
     for (;;) {
+        int rc;
+        if (r->sq_pending > 0) {
+            /* Reads submitted since the last call start now, all in one go;
+             * when nothing is done yet the same call waits for the first. */
+            unsigned wait_nr = wait && r->q_len == 0 && io_uring_cq_ready(&r->ring) == 0 ? 1 : 0;
+            rc = dsrt__ring_submit(r, wait_nr);
+            if (rc < 0 && r->q_len == 0) return rc;
+        }
         if (r->q_len > 0) {
             dsrt_read_req *q = dsrt__queue_pop(r);
             if (q->fd >= 0) dsrt__pread_req(r, q);
             dsrt__finish(r, q, res);
             return 1;
         }
-        if (!r->have_ring || r->sq_pending + r->in_kernel == 0) return 0;
+        if (!r->have_ring || r->in_kernel == 0) return 0;
 
-        int rc;
-        if (r->sq_pending > 0) {
-            /* Reads submitted since the last call start now, all in one go;
-             * when nothing is done yet the same call waits for the first. */
-            unsigned wait_nr = wait && io_uring_cq_ready(&r->ring) == 0 ? 1 : 0;
-            rc = dsrt__ring_submit(r, wait_nr);
-            if (rc < 0) return rc;
-        }
         struct io_uring_cqe *cqe = NULL;
         rc = io_uring_peek_cqe(&r->ring, &cqe);
         if (rc == -EAGAIN) {
