@@ -223,7 +223,7 @@ typedef enum {
 
 typedef struct {
     dsrt_io io;
-    unsigned depth; /* reads in flight at most; default 16 */
+    unsigned depth; /* reads in flight at most, 1 to 4096; default 16 */
     /* Open files with O_DIRECT, bypassing the page cache (for datasets
      * larger than memory). Where a file system refuses O_DIRECT the file is
      * read through the cache and the reader counts it. Default 0. */
@@ -259,7 +259,10 @@ typedef struct {
 } dsrt_read_result;
 
 /*
- * Starts reading the whole file at path into buf (capacity cap bytes).
+ * Queues a read of the whole file at path into buf (capacity cap bytes).
+ * The file is opened at once; with io_uring the reads queued since the last
+ * collect go to the kernel together at the next dsrt_reader_collect (one
+ * system call for many files), so top the reader up just before collecting.
  * path and buf must stay valid until the read completes. Returns 0, or
  * -EBUSY when depth reads are already in flight (collect one first). Errors
  * of the file itself (missing, unreadable, too large) are not returned here:
