@@ -128,8 +128,14 @@ void dsrt_arena_free(dsrt_arena *a);
  * counted in *size), refusing files larger than max bytes. */
 int dsrt__read_whole_file(const char *path, size_t max, uint8_t **data, size_t *size);
 
-/* Writes data to path atomically: a temporary file in the same folder,
- * fsync, rename, then fsync of the folder. */
+/* Writes data to path atomically and durably: a temporary file in the same
+ * folder, fsync, rename, then fsync of the folder. For checkpoints and
+ * models: after a crash the file is either the old one or the new one. */
 int dsrt__write_file_atomic(const char *path, const void *data, size_t size);
+
+/* Writes data to path through a temporary file and a rename, without
+ * fsync: readers never see half a file, and writing many files stays fast
+ * (the caller may syncfs once at the end). */
+int dsrt__write_file_replace(const char *path, const void *data, size_t size);
 
 #endif

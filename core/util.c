@@ -149,7 +149,7 @@ fail:
     return rc;
 }
 
-int dsrt__write_file_atomic(const char *path, const void *data, size_t size) {
+static int write_file(const char *path, const void *data, size_t size, int durable) {
     size_t n = strlen(path);
     char *tmp = dsrt__malloc(n + 32), *dir = dsrt__strdup(path);
     int rc = 0, fd = -1;
@@ -173,7 +173,7 @@ int dsrt__write_file_atomic(const char *path, const void *data, size_t size) {
         }
         done += (size_t)w;
     }
-    if (fsync(fd) != 0) {
+    if (durable && fsync(fd) != 0) {
         rc = dsrt__fail(-errno, "%s: fsync: %s", tmp, strerror(errno));
         goto out;
     }
@@ -183,7 +183,7 @@ int dsrt__write_file_atomic(const char *path, const void *data, size_t size) {
         rc = dsrt__fail(-errno, "%s: rename: %s", path, strerror(errno));
         goto out;
     }
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = durable ? open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     if (dfd >= 0) {
         fsync(dfd);
         close(dfd);
@@ -196,4 +196,12 @@ out:
     free(tmp);
     free(dir);
     return rc;
+}
+
+int dsrt__write_file_atomic(const char *path, const void *data, size_t size) {
+    return write_file(path, data, size, 1);
+}
+
+int dsrt__write_file_replace(const char *path, const void *data, size_t size) {
+    return write_file(path, data, size, 0);
 }
