@@ -46,14 +46,18 @@ int dsrt__fail(int code, const char *fmt, ...) {
 }
 
 int dsrt__fail_prefix(int code, const char *fmt, ...) {
-    char prefix[DSRT_ERROR_MAX], old[DSRT_ERROR_MAX];
+    char prefix[DSRT_ERROR_MAX / 4], old[DSRT_ERROR_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, dsrt_error_buf, sizeof old);
     if (old[0] == '\0') snprintf(old, sizeof old, "%s", dsrt_strerror(code));
-    snprintf(dsrt_error_buf, sizeof dsrt_error_buf, "%s: %s", prefix, old);
+    size_t n = strlen(prefix);
+    memcpy(dsrt_error_buf, prefix, n);
+    dsrt_error_buf[n] = ':';
+    dsrt_error_buf[n + 1] = ' ';
+    snprintf(dsrt_error_buf + n + 2, sizeof dsrt_error_buf - n - 2, "%s", old);
     return code;
 }
 

@@ -157,7 +157,7 @@ static int write_file(const char *path, const void *data, size_t size, int durab
         rc = -ENOMEM;
         goto out;
     }
-    snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)gettid());
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = dsrt__fail(-errno, "%s: %s", tmp, strerror(errno));
