@@ -6,11 +6,13 @@
 #   scripts/test.sh                      # build/ , Release
 #   scripts/test.sh --sanitize address   # build-asan/, ASan + UBSan
 #   scripts/test.sh --sanitize thread    # build-tsan/, TSan
+#   scripts/test.sh ... -R pipeline      # further arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 san=""
 if [ "${1:-}" = "--sanitize" ]; then
   san=${2:?"--sanitize needs address or thread"}
+  shift 2
 fi
 if [ -z "$san" ]; then
   build=build
@@ -23,4 +25,4 @@ fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
-ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE slow
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE slow "$@"
