@@ -1,0 +1,880 @@
+/*
+ * Augmentation: the random geometric transforms of MATLAB's
+ * imageDataAugmenter, the output sizing of augmentedImageDatastore, and the
+ * normalised write of one sample into its place in a batch.
+ *
+ * Every geometric step of a sample (decode scale, shorter-side resize,
+ * reflection, rotation, scale, shear, translation, crop or resize) is
+ * composed into one affine map from output pixels to decoded pixels, so the
+ * pixels are resampled once. Two resamplers carry it out:
+ *
+ *   - separable, when the map keeps the axes (no rotation or shear): each
+ *     axis gets a table of taps per output index (Pillow's triangle filter,
+ *     stretched when shrinking, so it antialiases), a vertical pass over
+ *     contiguous source rows, then a horizontal pass that writes the output
+ *     row. Axes whose taps are single whole pixels (flips, whole-pixel
+ *     shifts, crops) skip the filter: rows are copied, reversed or filled.
+ *   - affine, otherwise: a bilinear sample per output pixel, out-of-image
+ *     neighbours counting as the fill value (MATLAB's imwarp). When the map
+ *     shrinks the source, the source is first resized with the separable
+ *     resampler to the output's density, so the warp does not alias.
+ *
+ * Random choices come from dsrt_rng_init(seed, epoch, sample id, stream),
+ * one stream per option, and are drawn from the full (header) size only, so
+ * they never depend on the decode scale, the thread or the call order.
+ */
+#include <dsrt/augment.h>
+
+#include "core/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEG2RAD (3.14159265358979323846 / 180.0)
+
+// ----------------------------------------------------------------------------
+// Options
+
+dsrt_augment_options dsrt_augment_defaults(void) {
+    dsrt_augment_options o;
+    memset(&o, 0, sizeof o);
+    o.output_height = 224;
+    o.output_width = 224;
+    o.output_channels = 3;
+    o.size_mode = DSRT_AUGMENT_RESIZE;
+    o.reflection_probability = 0.5;
+    o.rand_scale[0] = o.rand_scale[1] = 1.0;
+    o.rand_x_scale[0] = o.rand_x_scale[1] = 1.0;
+    o.rand_y_scale[0] = o.rand_y_scale[1] = 1.0;
+    o.translation_units = DSRT_AUGMENT_UNITS_INPUT;
+    o.layout = DSRT_AUGMENT_F32_NCHW;
+    o.norm = DSRT_AUGMENT_NORM_RESCALE;
+    for (int c = 0; c < 3; c++) o.std[c] = 1.0f;
+    o.decode_oversample = 1.0;
+    return o;
+}
+
+void dsrt_augment_preset_227(dsrt_augment_options *o) {
+    *o = dsrt_augment_defaults();
+    o->output_height = o->output_width = 227;
+    o->resize_shorter = 256;
+    o->size_mode = DSRT_AUGMENT_RANDCROP;
+    o->rand_x_reflection = 1;
+}
+
+void dsrt_augment_preset_32(dsrt_augment_options *o) {
+    *o = dsrt_augment_defaults();
+    o->output_height = o->output_width = 32;
+    o->size_mode = DSRT_AUGMENT_RESIZE;
+    o->rand_x_reflection = 1;
+    o->rand_x_translation[0] = o->rand_y_translation[0] = -4;
+    o->rand_x_translation[1] = o->rand_y_translation[1] = 4;
+    o->translation_units = DSRT_AUGMENT_UNITS_OUTPUT;
+    o->translation_whole_pixels = 1;
+    o->decode_oversample = 2.0;
+}
+
+static int check_range(const char *name, const double r[2], double min, double max, int open) {
+    if (!isfinite(r[0]) || !isfinite(r[1]))
+        return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: not finite", name, r[0], r[1]);
+    if (r[0] > r[1])
+        return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: low is above high", name, r[0],
+                          r[1]);
+    int bad = open ? (r[0] <= min || r[1] >= max) : (r[0] < min || r[1] > max);
+    if (bad)
+        return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: outside %s%g, %g%s", name, r[0],
+                          r[1], open ? "(" : "[", min, max, open ? ")" : "]");
+    return 0;
+}
+
+int dsrt_augment_check(const dsrt_augment_options *o) {
+    int rc;
+    if (!o) return dsrt__fail(DSRT_EOPTION, "augment: options: NULL");
+    if (o->output_height <= 0 || o->output_height > 65535)
+        return dsrt__fail(DSRT_EOPTION, "augment: output_height: %d: not in [1, 65535]",
+                          o->output_height);
+    if (o->output_width <= 0 || o->output_width > 65535)
+        return dsrt__fail(DSRT_EOPTION, "augment: output_width: %d: not in [1, 65535]",
+                          o->output_width);
+    if (o->output_channels != 1 && o->output_channels != 3)
+        return dsrt__fail(DSRT_EOPTION, "augment: output_channels: %d: not 1 or 3",
+                          o->output_channels);
+    if ((unsigned)o->size_mode > DSRT_AUGMENT_RANDCROP)
+        return dsrt__fail(DSRT_EOPTION, "augment: size_mode: %d: unknown", (int)o->size_mode);
+    if (o->resize_shorter < 0 || o->resize_shorter > 65535)
+        return dsrt__fail(DSRT_EOPTION, "augment: resize_shorter: %d: not in [0, 65535]",
+                          o->resize_shorter);
+    if (o->rand_x_reflection != 0 && o->rand_x_reflection != 1)
+        return dsrt__fail(DSRT_EOPTION, "augment: rand_x_reflection: %d: not 0 or 1",
+                          o->rand_x_reflection);
+    if (o->rand_y_reflection != 0 && o->rand_y_reflection != 1)
+        return dsrt__fail(DSRT_EOPTION, "augment: rand_y_reflection: %d: not 0 or 1",
+                          o->rand_y_reflection);
+    if (!(o->reflection_probability >= 0.0 && o->reflection_probability <= 1.0))
+        return dsrt__fail(DSRT_EOPTION, "augment: reflection_probability: %g: not in [0, 1]",
+                          o->reflection_probability);
+    if ((rc = check_range("rand_rotation", o->rand_rotation, -360.0, 360.0, 0))) return rc;
+    if ((rc = check_range("rand_scale", o->rand_scale, 0.0, 1e6, 1))) return rc;
+    if ((rc = check_range("rand_x_scale", o->rand_x_scale, 0.0, 1e6, 1))) return rc;
+    if ((rc = check_range("rand_y_scale", o->rand_y_scale, 0.0, 1e6, 1))) return rc;
+    if ((rc = check_range("rand_x_shear", o->rand_x_shear, -90.0, 90.0, 1))) return rc;
+    if ((rc = check_range("rand_y_shear", o->rand_y_shear, -90.0, 90.0, 1))) return rc;
+    if ((rc = check_range("rand_x_translation", o->rand_x_translation, -1e6, 1e6, 0))) return rc;
+    if ((rc = check_range("rand_y_translation", o->rand_y_translation, -1e6, 1e6, 0))) return rc;
+    if ((unsigned)o->translation_units > DSRT_AUGMENT_UNITS_OUTPUT)
+        return dsrt__fail(DSRT_EOPTION, "augment: translation_units: %d: unknown",
+                          (int)o->translation_units);
+    if (o->translation_whole_pixels != 0 && o->translation_whole_pixels != 1)
+        return dsrt__fail(DSRT_EOPTION, "augment: translation_whole_pixels: %d: not 0 or 1",
+                          o->translation_whole_pixels);
+    if (o->translation_whole_pixels) {
+        const char *names[2] = {"rand_x_translation", "rand_y_translation"};
+        const double *r[2] = {o->rand_x_translation, o->rand_y_translation};
+        for (int i = 0; i < 2; i++)
+            if (ceil(r[i][0]) > floor(r[i][1]))
+                return dsrt__fail(DSRT_EOPTION,
+                                  "augment: %s: [%g, %g]: holds no whole number of pixels "
+                                  "(translation_whole_pixels is set)",
+                                  names[i], r[i][0], r[i][1]);
+    }
+    for (int c = 0; c < o->output_channels; c++)
+        if (!(o->fill_value[c] >= 0.0f && o->fill_value[c] <= 255.0f))
+            return dsrt__fail(DSRT_EOPTION, "augment: fill_value[%d]: %g: not in [0, 255]", c,
+                              (double)o->fill_value[c]);
+    if ((unsigned)o->layout > DSRT_AUGMENT_U8_NHWC)
+        return dsrt__fail(DSRT_EOPTION, "augment: layout: %d: unknown", (int)o->layout);
+    if ((unsigned)o->norm > DSRT_AUGMENT_NORM_ZSCORE)
+        return dsrt__fail(DSRT_EOPTION, "augment: norm: %d: unknown", (int)o->norm);
+    if (o->layout == DSRT_AUGMENT_U8_NHWC && o->norm != DSRT_AUGMENT_NORM_NONE)
+        return dsrt__fail(DSRT_EOPTION,
+                          "augment: norm: %d: uint8 output (layout DSRT_AUGMENT_U8_NHWC) takes "
+                          "no normalisation (DSRT_AUGMENT_NORM_NONE)",
+                          (int)o->norm);
+    for (int c = 0; c < o->output_channels; c++) {
+        if (o->norm >= DSRT_AUGMENT_NORM_ZEROCENTER && !isfinite(o->mean[c]))
+            return dsrt__fail(DSRT_EOPTION, "augment: mean[%d]: %g: not finite", c,
+                              (double)o->mean[c]);
+        if (o->norm == DSRT_AUGMENT_NORM_ZSCORE && !(o->std[c] > 0.0f && isfinite(o->std[c])))
+            return dsrt__fail(DSRT_EOPTION, "augment: std[%d]: %g: not a positive number", c,
+                              (double)o->std[c]);
+    }
+    if (!(o->decode_oversample >= 1.0 && o->decode_oversample <= 64.0))
+        return dsrt__fail(DSRT_EOPTION, "augment: decode_oversample: %g: not in [1, 64]",
+                          o->decode_oversample);
+    return 0;
+}
+
+size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o) {
+    size_t n = (size_t)o->output_height * (size_t)o->output_width * (size_t)o->output_channels;
+    return o->layout == DSRT_AUGMENT_F32_NCHW ? n * sizeof(float) : n;
+}
+
+// ----------------------------------------------------------------------------
+// Random choices and decode size
+
+/* One generator stream per random choice ("augm" + index), so that setting
+ * one option never changes the draws of another. */
+enum {
+    STREAM_X_REFLECT = 1,
+    STREAM_Y_REFLECT,
+    STREAM_ROTATION,
+    STREAM_SCALE,
+    STREAM_X_SCALE,
+    STREAM_Y_SCALE,
+    STREAM_X_SHEAR,
+    STREAM_Y_SHEAR,
+    STREAM_X_TRANSLATION,
+    STREAM_Y_TRANSLATION,
+    STREAM_CROP_X,
+    STREAM_CROP_Y,
+};
+#define STREAM_BASE 0x6175676d00000000ULL
+
+/* The working image: the stored image, or its shorter-side resize (the long
+ * side truncated, as torchvision's Resize(int) computes it). */
+static void working_size(const dsrt_augment_options *o, int w, int h, int *ww, int *wh) {
+    *ww = w;
+    *wh = h;
+    if (o->resize_shorter <= 0) return;
+    double s = o->resize_shorter;
+    if (w <= h) {
+        *ww = o->resize_shorter;
+        *wh = (int)(s * h / w);
+    } else {
+        *wh = o->resize_shorter;
+        *ww = (int)(s * w / h);
+    }
+    if (*ww < 1) *ww = 1;
+    if (*wh < 1) *wh = 1;
+}
+
+static dsrt_rng stream(uint64_t seed, uint64_t epoch, uint64_t id, uint64_t s) {
+    return dsrt_rng_init(seed, epoch, id, STREAM_BASE + s);
+}
+
+static double draw_range(const double r[2], uint64_t seed, uint64_t epoch, uint64_t id,
+                         uint64_t s) {
+    if (r[0] == r[1]) return r[0];
+    dsrt_rng g = stream(seed, epoch, id, s);
+    return r[0] + (r[1] - r[0]) * dsrt_rng_uniform(&g);
+}
+
+static double draw_translation(const dsrt_augment_options *o, const double r[2], uint64_t seed,
+                               uint64_t epoch, uint64_t id, uint64_t s) {
+    if (!o->translation_whole_pixels) return draw_range(r, seed, epoch, id, s);
+    double lo = ceil(r[0]), hi = floor(r[1]);
+    if (hi <= lo) return lo;
+    dsrt_rng g = stream(seed, epoch, id, s);
+    return lo + (double)dsrt_rng_below(&g, (uint64_t)(hi - lo) + 1);
+}
+
+/* Offset of the output window in the working image along one axis. */
+static int draw_crop(const dsrt_augment_options *o, int work, int out, uint64_t seed,
+                     uint64_t epoch, uint64_t id, uint64_t s) {
+    if (o->size_mode == DSRT_AUGMENT_RESIZE) return 0;
+    int spare = work - out;
+    if (o->size_mode == DSRT_AUGMENT_RANDCROP && spare > 0) {
+        dsrt_rng g = stream(seed, epoch, id, s);
+        return (int)dsrt_rng_below(&g, (uint64_t)spare + 1);
+    }
+    return spare >= 0 ? spare / 2 : -((1 - spare) / 2); /* floor(spare / 2) */
+}
+
+void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, uint64_t seed,
+                       uint64_t epoch, uint64_t id, dsrt_augment_params *p) {
+    int ww, wh;
+    working_size(o, full_w, full_h, &ww, &wh);
+    memset(p, 0, sizeof *p);
+    if (o->rand_x_reflection) {
+        dsrt_rng g = stream(seed, epoch, id, STREAM_X_REFLECT);
+        p->x_reflect = dsrt_rng_uniform(&g) < o->reflection_probability;
+    }
+    if (o->rand_y_reflection) {
+        dsrt_rng g = stream(seed, epoch, id, STREAM_Y_REFLECT);
+        p->y_reflect = dsrt_rng_uniform(&g) < o->reflection_probability;
+    }
+    p->rotation = draw_range(o->rand_rotation, seed, epoch, id, STREAM_ROTATION);
+    if (o->rand_scale[0] != 1.0 || o->rand_scale[1] != 1.0) {
+        p->x_scale = p->y_scale = draw_range(o->rand_scale, seed, epoch, id, STREAM_SCALE);
+    } else {
+        p->x_scale = draw_range(o->rand_x_scale, seed, epoch, id, STREAM_X_SCALE);
+        p->y_scale = draw_range(o->rand_y_scale, seed, epoch, id, STREAM_Y_SCALE);
+    }
+    p->x_shear = draw_range(o->rand_x_shear, seed, epoch, id, STREAM_X_SHEAR);
+    p->y_shear = draw_range(o->rand_y_shear, seed, epoch, id, STREAM_Y_SHEAR);
+    /* Translation units to working-image pixels. */
+    double kx, ky;
+    if (o->translation_units == DSRT_AUGMENT_UNITS_INPUT) {
+        kx = (double)ww / full_w;
+        ky = (double)wh / full_h;
+    } else if (o->size_mode == DSRT_AUGMENT_RESIZE) {
+        kx = (double)ww / o->output_width;
+        ky = (double)wh / o->output_height;
+    } else {
+        kx = ky = 1.0;
+    }
+    p->x_translation =
+        kx * draw_translation(o, o->rand_x_translation, seed, epoch, id, STREAM_X_TRANSLATION);
+    p->y_translation =
+        ky * draw_translation(o, o->rand_y_translation, seed, epoch, id, STREAM_Y_TRANSLATION);
+    p->crop_x = draw_crop(o, ww, o->output_width, seed, epoch, id, STREAM_CROP_X);
+    p->crop_y = draw_crop(o, wh, o->output_height, seed, epoch, id, STREAM_CROP_Y);
+}
+
+void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h, int *min_w,
+                              int *min_h) {
+    int ww, wh;
+    working_size(o, full_w, full_h, &ww, &wh);
+    /* Output pixels per stored pixel along each axis. */
+    double kx = (double)ww / full_w, ky = (double)wh / full_h;
+    if (o->size_mode == DSRT_AUGMENT_RESIZE) {
+        kx *= (double)o->output_width / ww;
+        ky *= (double)o->output_height / wh;
+    }
+    double sx, sy;
+    if (o->rand_scale[0] != 1.0 || o->rand_scale[1] != 1.0) {
+        sx = sy = o->rand_scale[1];
+    } else {
+        sx = o->rand_x_scale[1];
+        sy = o->rand_y_scale[1];
+    }
+    kx *= sx;
+    ky *= sy;
+    int turns = o->rand_rotation[0] != 0.0 || o->rand_rotation[1] != 0.0 ||
+                o->rand_x_shear[0] != 0.0 || o->rand_x_shear[1] != 0.0 ||
+                o->rand_y_shear[0] != 0.0 || o->rand_y_shear[1] != 0.0;
+    if (turns) kx = ky = DSRT_MAX(kx, ky);
+    kx *= o->decode_oversample;
+    ky *= o->decode_oversample;
+    double w = ceil(full_w * kx - 1e-9), h = ceil(full_h * ky - 1e-9);
+    *min_w = w >= full_w ? full_w : w < 1 ? 1 : (int)w;
+    *min_h = h >= full_h ? full_h : h < 1 ? 1 : (int)h;
+}
+
+// ----------------------------------------------------------------------------
+// The map: output pixel coordinates to decoded-image coordinates
+
+/* x' = m[0] x + m[1] y + m[2], y' = m[3] x + m[4] y + m[5]. */
+typedef struct {
+    double m[6];
+} affine;
+
+/* a after b: (a . b)(p) = a(b(p)). */
+static affine compose(affine a, affine b) {
+    affine r;
+    r.m[0] = a.m[0] * b.m[0] + a.m[1] * b.m[3];
+    r.m[1] = a.m[0] * b.m[1] + a.m[1] * b.m[4];
+    r.m[2] = a.m[0] * b.m[2] + a.m[1] * b.m[5] + a.m[2];
+    r.m[3] = a.m[3] * b.m[0] + a.m[4] * b.m[3];
+    r.m[4] = a.m[3] * b.m[1] + a.m[4] * b.m[4];
+    r.m[5] = a.m[3] * b.m[2] + a.m[4] * b.m[5] + a.m[5];
+    return r;
+}
+
+static affine linear(double a, double b, double c, double d) {
+    affine r = {{a, b, 0.0, c, d, 0.0}};
+    return r;
+}
+
+static affine shift(double tx, double ty) {
+    affine r = {{1.0, 0.0, tx, 0.0, 1.0, ty}};
+    return r;
+}
+
+/*
+ * The map from continuous output coordinates (pixel centres at u + 0.5) to
+ * continuous coordinates in the decoded image. Fails when the augmentation
+ * is singular or not finite.
+ */
+static int sample_map(const dsrt_augment_options *o, int full_w, int full_h, int dec_w, int dec_h,
+                      const dsrt_augment_params *p, affine *out) {
+    int ww, wh;
+    working_size(o, full_w, full_h, &ww, &wh);
+    /* Output -> augmented working image. */
+    affine t;
+    if (o->size_mode == DSRT_AUGMENT_RESIZE)
+        t = linear((double)ww / o->output_width, 0, 0, (double)wh / o->output_height);
+    else
+        t = shift(p->crop_x, p->crop_y);
+    /* The augmentation, forward: F (reflection), then R, S, X shear, Y shear,
+     * about the centre, then the translation. Its inverse takes the augmented
+     * image back to the working image. */
+    double c = cos(p->rotation * DEG2RAD), s = sin(p->rotation * DEG2RAD);
+    affine m = linear(p->x_reflect ? -1.0 : 1.0, 0, 0, p->y_reflect ? -1.0 : 1.0);
+    if (p->rotation != 0.0) m = compose(linear(c, s, -s, c), m);
+    m = compose(linear(p->x_scale, 0, 0, p->y_scale), m);
+    if (p->x_shear != 0.0) m = compose(linear(1, tan(p->x_shear * DEG2RAD), 0, 1), m);
+    if (p->y_shear != 0.0) m = compose(linear(1, 0, tan(p->y_shear * DEG2RAD), 1), m);
+    double det = m.m[0] * m.m[4] - m.m[1] * m.m[3];
+    if (!isfinite(det) || fabs(det) < 1e-12)
+        return dsrt__fail(DSRT_EOPTION,
+                          "augment: params: rotation %g, scale %g x %g, shear %g, %g: singular "
+                          "transform",
+                          p->rotation, p->x_scale, p->y_scale, p->x_shear, p->y_shear);
+    affine inv = linear(m.m[4] / det, -m.m[1] / det, -m.m[3] / det, m.m[0] / det);
+    double cx = 0.5 * ww, cy = 0.5 * wh;
+    t = compose(shift(-cx - p->x_translation, -cy - p->y_translation), t);
+    t = compose(inv, t);
+    t = compose(shift(cx, cy), t);
+    /* Working image -> stored image -> decoded image. */
+    t = compose(linear((double)dec_w / ww, 0, 0, (double)dec_h / wh), t);
+    for (int i = 0; i < 6; i++)
+        if (!isfinite(t.m[i]))
+            return dsrt__fail(DSRT_EOPTION, "augment: params: the transform is not finite");
+    *out = t;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Scratch
+
+/* Resampling taps of one axis: output index i reads source indices
+ * start[i] .. start[i] + count[i] - 1 with weights w[i * k ...], or is fill
+ * (count 0) when its centre falls outside the source. */
+typedef struct {
+    int *start; // (n)
+    int *count; // (n)
+    float *w;   // (n, k)
+    size_t cap_start, cap_count, cap_w;
+    int n, k;
+    int lo, hi; // source indices read: [lo, hi)
+    /* Every tap is one whole pixel: the non-fill outputs are the run
+     * [run_first, run_first + run_len), reading run_src + dir * j. */
+    int copy;
+    int run_first, run_len, run_src, run_dir;
+} axis;
+
+struct dsrt_augmenter {
+    axis ax, ay;
+    float *tmp; // (source row width * channels): the vertical pass
+    float *row; // (output width, channels): one output row before the write
+    float *pre; // (pre_h, pre_w, channels): the source shrunk before a warp
+    size_t cap_tmp, cap_row, cap_pre;
+};
+
+int dsrt_augmenter_create(dsrt_augmenter **out) {
+    *out = dsrt__calloc(1, sizeof **out);
+    return *out ? 0 : -ENOMEM;
+}
+
+void dsrt_augmenter_destroy(dsrt_augmenter *a) {
+    if (!a) return;
+    free(a->ax.start);
+    free(a->ax.count);
+    free(a->ax.w);
+    free(a->ay.start);
+    free(a->ay.count);
+    free(a->ay.w);
+    free(a->tmp);
+    free(a->row);
+    free(a->pre);
+    free(a);
+}
+
+/* Makes *buf hold at least n elements of size elem (contents not kept). */
+static int reserve(void **buf, size_t *cap, size_t n, size_t elem) {
+    if (n <= *cap) return 0;
+    void *p = dsrt__malloc(n * elem);
+    if (!p) return -ENOMEM;
+    free(*buf);
+    *buf = p;
+    *cap = n;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Axis tables
+
+static inline double triangle(double x) {
+    x = fabs(x);
+    return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+/*
+ * Fills the taps of n outputs whose centres map to a * (i + 0.5) + b in a
+ * source of len pixels: Pillow's resampling (the triangle filter, stretched
+ * by |a| when shrinking; taps outside the source dropped and the weights
+ * renormalised), an output whose centre lies outside [0, len) being fill.
+ * With |a| = 1 and centres on pixel centres every tap is a single pixel.
+ */
+static int axis_build(axis *t, int n, double a, double b, int len) {
+    double fs = DSRT_MAX(fabs(a), 1.0), support = fs;
+    int k = (int)ceil(support) * 2 + 1;
+    if (reserve((void **)&t->start, &t->cap_start, (size_t)n, sizeof(int)) ||
+        reserve((void **)&t->count, &t->cap_count, (size_t)n, sizeof(int)) ||
+        reserve((void **)&t->w, &t->cap_w, (size_t)n * k, sizeof(float)))
+        return -ENOMEM;
+    t->n = n;
+    t->k = k;
+    t->lo = len;
+    t->hi = 0;
+    int whole = fabs(a) == 1.0;
+    for (int i = 0; i < n; i++) {
+        double centre = a * (i + 0.5) + b;
+        float *w = t->w + (size_t)i * k;
+        t->start[i] = 0;
+        t->count[i] = 0;
+        if (!(centre >= 0.0 && centre < len)) continue;
+        double px = centre - 0.5, r = nearbyint(px);
+        if (whole && fabs(px - r) < 1e-6 && r >= 0 && r < len) {
+            t->start[i] = (int)r;
+            t->count[i] = 1;
+            w[0] = 1.0f;
+        } else {
+            int x0 = (int)floor(centre - support + 0.5), x1 = (int)floor(centre + support + 0.5);
+            if (x0 < 0) x0 = 0;
+            if (x1 > len) x1 = len;
+            if (x1 - x0 > k) x1 = x0 + k; /* not reached: k bounds the support */
+            double sum = 0.0;
+            int j0 = -1, j1 = 0;
+            for (int x = x0; x < x1; x++) {
+                double v = triangle((x + 0.5 - centre) / fs);
+                if (v == 0.0) continue; /* only at the ends: the filter is one bump */
+                if (j0 < 0) j0 = x;
+                w[x - j0] = (float)v;
+                j1 = x + 1;
+                sum += v;
+            }
+            if (j0 < 0) continue; /* not reached: the centre's own pixel has weight */
+            for (int x = j0; x < j1; x++) w[x - j0] = (float)(w[x - j0] / sum);
+            t->start[i] = j0;
+            t->count[i] = j1 - j0;
+        }
+        t->lo = DSRT_MIN(t->lo, t->start[i]);
+        t->hi = DSRT_MAX(t->hi, t->start[i] + t->count[i]);
+    }
+    if (t->hi <= t->lo) t->lo = t->hi = 0;
+    /* A copy axis: single unit taps forming one run of consecutive sources,
+     * fill only before and after it. */
+    t->copy = 1;
+    t->run_first = 0;
+    t->run_len = 0;
+    t->run_src = 0;
+    t->run_dir = 1;
+    int prev = 0;
+    for (int i = 0; i < n; i++) {
+        if (t->count[i] == 0) continue;
+        if (t->count[i] != 1 || t->w[(size_t)i * k] != 1.0f) {
+            t->copy = 0;
+            break;
+        }
+        int src = t->start[i];
+        if (t->run_len == 0) {
+            t->run_first = i;
+            t->run_src = src;
+        } else if (t->run_first + t->run_len != i) {
+            t->copy = 0;
+            break;
+        } else if (t->run_len == 1 && (src - prev == 1 || src - prev == -1)) {
+            t->run_dir = src - prev;
+        } else if (src - prev != t->run_dir) {
+            t->copy = 0;
+            break;
+        }
+        t->run_len++;
+        prev = src;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The write: one output row into the sample's place in the batch
+//
+// From here to the end of the resamplers the loops are meant to vectorise.
+// GCC 12's -O2 uses the "very cheap" vectoriser cost model, which vectorises
+// only loops whose trip count is a known multiple of the vector width, that
+// is none of these; the dynamic model (-O3's) is asked for here alone.
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
+#endif
+
+/* Where and how a sample is written. Float output is (x - sub[c]) / div[c],
+ * x in [0, 255]: exactly x / 255 for rescaling, as torchvision computes it. */
+typedef struct {
+    int ch, ow, oh;
+    int f32;       // 1: float NCHW, 0: uint8 NHWC
+    float sub[3];  // (ch)
+    float div[3];  // (ch)
+    float fill[3]; // (ch) fill value, [0, 255]
+    void *dst;
+} sink;
+
+static inline uint8_t to_u8(float x) {
+    x += 0.5f;
+    x = x < 0.0f ? 0.0f : x > 255.0f ? 255.0f : x;
+    return (uint8_t)x;
+}
+
+/* o[j] = (p[j * step] - sub) / div for j < n: one channel of interleaved
+ * pixels into a row of its plane (step is the channel count, negative to
+ * read right to left). One channel a loop, so the strided loads vectorise. */
+static void plane_u8(float *restrict o, const uint8_t *restrict p, ptrdiff_t step, int n, float sub,
+                     float div) {
+    for (int j = 0; j < n; j++) o[j] = ((float)p[j * step] - sub) / div;
+}
+
+static void plane_f32(float *restrict o, const float *restrict p, ptrdiff_t step, int n, float sub,
+                      float div) {
+    for (int j = 0; j < n; j++) o[j] = (p[j * step] - sub) / div;
+}
+
+/* Writes output row v from row, (ow, ch) floats in [0, 255]. */
+static void sink_row(const sink *s, int v, const float *restrict row) {
+    int ow = s->ow;
+    if (s->f32) {
+        size_t plane = (size_t)ow * s->oh;
+        float *o = (float *)s->dst + (size_t)v * ow;
+        for (int c = 0; c < s->ch; c++)
+            plane_f32(o + c * plane, row + c, s->ch, ow, s->sub[c], s->div[c]);
+    } else {
+        int n = ow * s->ch;
+        uint8_t *restrict o = (uint8_t *)s->dst + (size_t)v * n;
+        for (int i = 0; i < n; i++) o[i] = to_u8(row[i]);
+    }
+}
+
+/* Output columns [u0, u1) of row v set to the fill value. */
+static void sink_fill(const sink *s, int v, int u0, int u1) {
+    if (u1 <= u0) return;
+    if (s->f32) {
+        size_t plane = (size_t)s->ow * s->oh;
+        for (int c = 0; c < s->ch; c++) {
+            float *o = (float *)s->dst + c * plane + (size_t)v * s->ow;
+            float f = (s->fill[c] - s->sub[c]) / s->div[c];
+            for (int u = u0; u < u1; u++) o[u] = f;
+        }
+    } else {
+        uint8_t *o = (uint8_t *)s->dst + (size_t)v * s->ow * s->ch;
+        for (int c = 0; c < s->ch; c++) {
+            uint8_t f = to_u8(s->fill[c]);
+            for (int u = u0; u < u1; u++) o[u * s->ch + c] = f;
+        }
+    }
+}
+
+/* Writes output row v as whole source pixels: the copy run of ax read from
+ * the source row src (uint8, interleaved), fill before and after it. No
+ * interpolation: rows are copied (memcpy for uint8 output), reversed for a
+ * reflection, and converted once for float output. */
+static void sink_copy(const sink *s, int v, const uint8_t *restrict src, const axis *ax) {
+    int n = ax->run_len, u0 = ax->run_first;
+    sink_fill(s, v, 0, n ? u0 : s->ow);
+    if (!n) return;
+    sink_fill(s, v, u0 + n, s->ow);
+    int ch = s->ch;
+    if (s->f32) {
+        size_t plane = (size_t)s->ow * s->oh;
+        float *o = (float *)s->dst + (size_t)v * s->ow + u0;
+        const uint8_t *p = src + (size_t)ax->run_src * ch;
+        for (int c = 0; c < ch; c++)
+            plane_u8(o + c * plane, p + c, ax->run_dir * ch, n, s->sub[c], s->div[c]);
+    } else {
+        uint8_t *restrict o = (uint8_t *)s->dst + ((size_t)v * s->ow + u0) * ch;
+        if (ax->run_dir > 0) {
+            memcpy(o, src + (size_t)ax->run_src * ch, (size_t)n * ch);
+        } else {
+            const uint8_t *restrict p = src + (size_t)ax->run_src * ch;
+            for (int j = 0; j < n; j++)
+                for (int c = 0; c < ch; c++) o[j * ch + c] = p[c - j * ch];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Separable resampling
+
+/* tmp[i] = sum_j w[j] * row(y0 + j)[lo + i] for i < len: the vertical pass
+ * over contiguous bytes of the source rows. */
+static void vpass(float *restrict tmp, const uint8_t *base, size_t stride, int y0, int n,
+                  const float *w, size_t lo, size_t len) {
+    const uint8_t *restrict r = base + (size_t)y0 * stride + lo;
+    const float w0 = w[0];
+    for (size_t i = 0; i < len; i++) tmp[i] = w0 * (float)r[i];
+    for (int j = 1; j < n; j++) {
+        const uint8_t *restrict rj = base + (size_t)(y0 + j) * stride + lo;
+        const float wj = w[j];
+        for (size_t i = 0; i < len; i++) tmp[i] += wj * (float)rj[i];
+    }
+}
+
+/* The horizontal pass: row[u] = sum_j w[u][j] * tmp[start[u] + j], tmp
+ * holding source pixels from ax->lo, or the fill value. ch is a constant at
+ * each call, so the channel loops unroll. */
+static inline __attribute__((always_inline)) void hpass_ch(float *restrict row,
+                                                           const float *restrict tmp,
+                                                           const axis *ax, const float *fill,
+                                                           int ch) {
+    const int k = ax->k;
+    for (int u = 0; u < ax->n; u++) {
+        int cnt = ax->count[u];
+        float *o = row + (size_t)u * ch;
+        if (cnt == 0) {
+            for (int c = 0; c < ch; c++) o[c] = fill[c];
+            continue;
+        }
+        const float *restrict p = tmp + (size_t)(ax->start[u] - ax->lo) * ch;
+        const float *restrict w = ax->w + (size_t)u * k;
+        float acc[3] = {0.0f, 0.0f, 0.0f};
+        for (int j = 0; j < cnt; j++)
+            for (int c = 0; c < ch; c++) acc[c] += w[j] * p[j * ch + c];
+        for (int c = 0; c < ch; c++) o[c] = acc[c];
+    }
+}
+
+static void hpass(float *row, const float *tmp, const axis *ax, const float *fill, int ch) {
+    if (ch == 3)
+        hpass_ch(row, tmp, ax, fill, 3);
+    else
+        hpass_ch(row, tmp, ax, fill, 1);
+}
+
+static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img, affine t) {
+    axis *ax = &a->ax, *ay = &a->ay;
+    int ch = img->channels, rc;
+    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], img->width)) ||
+        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], img->height)) ||
+        (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 1,
+                      sizeof(float))) ||
+        (rc = reserve((void **)&a->row, &a->cap_row, (size_t)s->ow * ch, sizeof(float))))
+        return rc;
+    size_t lo = (size_t)ax->lo * ch, len = (size_t)(ax->hi - ax->lo) * ch;
+    for (int v = 0; v < s->oh; v++) {
+        int cnt = ay->count[v];
+        const float *w = ay->w + (size_t)v * ay->k;
+        if (cnt == 0) {
+            sink_fill(s, v, 0, s->ow);
+        } else if (cnt == 1 && w[0] == 1.0f && ax->copy) {
+            sink_copy(s, v, img->data + (size_t)ay->start[v] * img->stride, ax);
+        } else {
+            vpass(a->tmp, img->data, img->stride, ay->start[v], cnt, w, lo, len);
+            hpass(a->row, a->tmp, ax, s->fill, ch);
+            sink_row(s, v, a->row);
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Affine resampling
+
+/* Bilinear sample at (x, y) in pixel-index coordinates (pixel i's centre at
+ * i); neighbours outside the w x h source count as the fill value. */
+#define DEFINE_BILERP(name, type)                                                                  \
+    static inline __attribute__((always_inline)) void name(                                        \
+        float *restrict out, const type *restrict src, size_t stride, int w, int h, int ch,        \
+        double x, double y, const float *fill) {                                                   \
+        double fx0 = floor(x), fy0 = floor(y);                                                     \
+        if (!(fx0 >= -1.0 && fx0 < w && fy0 >= -1.0 && fy0 < h)) {                                 \
+            for (int c = 0; c < ch; c++) out[c] = fill[c];                                         \
+            return;                                                                                \
+        }                                                                                          \
+        int x0 = (int)fx0, y0 = (int)fy0;                                                          \
+        float ax = (float)(x - fx0), ay = (float)(y - fy0);                                        \
+        float w00 = (1.0f - ax) * (1.0f - ay), w01 = ax * (1.0f - ay);                             \
+        float w10 = (1.0f - ax) * ay, w11 = ax * ay;                                               \
+        if (x0 >= 0 && x0 + 1 < w && y0 >= 0 && y0 + 1 < h) {                                      \
+            const type *p = src + (size_t)y0 * stride + (size_t)x0 * ch, *q = p + stride;          \
+            for (int c = 0; c < ch; c++)                                                           \
+                out[c] = w00 * p[c] + w01 * p[ch + c] + w10 * q[c] + w11 * q[ch + c];              \
+            return;                                                                                \
+        }                                                                                          \
+        int in_x0 = x0 >= 0, in_x1 = x0 + 1 < w, in_y0 = y0 >= 0, in_y1 = y0 + 1 < h;              \
+        const type *p = src + (size_t)(in_y0 ? y0 : 0) * stride;                                   \
+        const type *q = src + (size_t)(in_y1 ? y0 + 1 : 0) * stride;                               \
+        for (int c = 0; c < ch; c++) {                                                             \
+            float f = fill[c];                                                                     \
+            float v00 = in_y0 && in_x0 ? (float)p[(size_t)x0 * ch + c] : f;                        \
+            float v01 = in_y0 && in_x1 ? (float)p[(size_t)(x0 + 1) * ch + c] : f;                  \
+            float v10 = in_y1 && in_x0 ? (float)q[(size_t)x0 * ch + c] : f;                        \
+            float v11 = in_y1 && in_x1 ? (float)q[(size_t)(x0 + 1) * ch + c] : f;                  \
+            out[c] = w00 * v00 + w01 * v01 + w10 * v10 + w11 * v11;                                \
+        }                                                                                          \
+    }
+
+DEFINE_BILERP(bilerp_u8, uint8_t)
+DEFINE_BILERP(bilerp_f32, float)
+
+/* One output row of the warp: row[u] = source at t(u + 0.5, v + 0.5). */
+#define DEFINE_WARP_ROW(name, bilerp, type)                                                        \
+    static void name(float *restrict row, int ow, int v, const affine *t, const type *src,         \
+                     size_t stride, int w, int h, int ch, const float *fill) {                     \
+        double yc = v + 0.5;                                                                       \
+        double bx = t->m[1] * yc + t->m[2] - 0.5, by = t->m[4] * yc + t->m[5] - 0.5;               \
+        if (ch == 3)                                                                               \
+            for (int u = 0; u < ow; u++) {                                                         \
+                double xc = u + 0.5;                                                               \
+                bilerp(row + 3 * u, src, stride, w, h, 3, t->m[0] * xc + bx, t->m[3] * xc + by,    \
+                       fill);                                                                      \
+            }                                                                                      \
+        else                                                                                       \
+            for (int u = 0; u < ow; u++) {                                                         \
+                double xc = u + 0.5;                                                               \
+                bilerp(row + u, src, stride, w, h, 1, t->m[0] * xc + bx, t->m[3] * xc + by, fill); \
+            }                                                                                      \
+    }
+
+DEFINE_WARP_ROW(warp_row_u8, bilerp_u8, uint8_t)
+DEFINE_WARP_ROW(warp_row_f32, bilerp_f32, float)
+
+/*
+ * Rotation, scale or shear: a bilinear sample per output pixel. When the map
+ * spreads output pixels more than one source pixel apart (|rows of the
+ * Jacobian| > 1), the source is first resized with the antialiasing filter to
+ * the output's density and the warp reads that.
+ */
+static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, affine t) {
+    int ch = img->channels, w = img->width, h = img->height, rc;
+    double fx = hypot(t.m[0], t.m[1]), fy = hypot(t.m[3], t.m[4]);
+    int pw = w, ph = h;
+    if (fx > 1.0 + 1e-9) pw = DSRT_MAX(1, (int)lround(w / fx));
+    if (fy > 1.0 + 1e-9) ph = DSRT_MAX(1, (int)lround(h / fy));
+    if ((rc = reserve((void **)&a->row, &a->cap_row, (size_t)s->ow * ch, sizeof(float)))) return rc;
+    if (pw == w && ph == h) {
+        for (int v = 0; v < s->oh; v++) {
+            warp_row_u8(a->row, s->ow, v, &t, img->data, img->stride, w, h, ch, s->fill);
+            sink_row(s, v, a->row);
+        }
+        return 0;
+    }
+    axis *ax = &a->ax, *ay = &a->ay;
+    if ((rc = axis_build(ax, pw, (double)w / pw, 0.0, w)) ||
+        (rc = axis_build(ay, ph, (double)h / ph, 0.0, h)) ||
+        (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 1,
+                      sizeof(float))) ||
+        (rc = reserve((void **)&a->pre, &a->cap_pre, (size_t)pw * ph * ch, sizeof(float))))
+        return rc;
+    size_t lo = (size_t)ax->lo * ch, len = (size_t)(ax->hi - ax->lo) * ch;
+    size_t pstride = (size_t)pw * ch;
+    for (int y = 0; y < ph; y++) {
+        vpass(a->tmp, img->data, img->stride, ay->start[y], ay->count[y], ay->w + (size_t)y * ay->k,
+              lo, len);
+        hpass(a->pre + y * pstride, a->tmp, ax, s->fill, ch);
+    }
+    t = compose(linear((double)pw / w, 0, 0, (double)ph / h), t);
+    for (int v = 0; v < s->oh; v++) {
+        warp_row_f32(a->row, s->ow, v, &t, a->pre, pstride, pw, ph, ch, s->fill);
+        sink_row(s, v, a->row);
+    }
+    return 0;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+// ----------------------------------------------------------------------------
+// Applying
+
+int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
+                              const dsrt_image *img, int full_w, int full_h,
+                              const dsrt_augment_params *p, void *dst) {
+    int rc = dsrt_augment_check(o);
+    if (rc) return rc;
+    if (!img || !img->data || img->width <= 0 || img->height <= 0)
+        return dsrt__fail(DSRT_EOPTION, "augment: image: empty");
+    if (img->channels != o->output_channels)
+        return dsrt__fail(DSRT_EOPTION,
+                          "augment: image has %d channel(s), output_channels is %d: decode with "
+                          "channels = %d",
+                          img->channels, o->output_channels, o->output_channels);
+    if (img->stride < (size_t)img->width * img->channels)
+        return dsrt__fail(DSRT_EOPTION, "augment: image: stride %zu below width %d x %d channels",
+                          img->stride, img->width, img->channels);
+    if (full_w <= 0 || full_h <= 0)
+        return dsrt__fail(DSRT_EOPTION, "augment: full size %d x %d: not positive", full_w, full_h);
+    affine t;
+    if ((rc = sample_map(o, full_w, full_h, img->width, img->height, p, &t))) return rc;
+    sink s;
+    memset(&s, 0, sizeof s);
+    s.ch = o->output_channels;
+    s.ow = o->output_width;
+    s.oh = o->output_height;
+    s.f32 = o->layout == DSRT_AUGMENT_F32_NCHW;
+    s.dst = dst;
+    for (int c = 0; c < s.ch; c++) {
+        s.fill[c] = o->fill_value[c];
+        s.sub[c] = 0.0f;
+        s.div[c] = 1.0f;
+        if (o->norm == DSRT_AUGMENT_NORM_RESCALE) s.div[c] = 255.0f;
+        if (o->norm == DSRT_AUGMENT_NORM_ZEROCENTER || o->norm == DSRT_AUGMENT_NORM_ZSCORE)
+            s.sub[c] = o->mean[c];
+        if (o->norm == DSRT_AUGMENT_NORM_ZSCORE) s.div[c] = o->std[c];
+    }
+    if (t.m[1] == 0.0 && t.m[3] == 0.0) return run_separable(a, &s, img, t);
+    return run_affine(a, &s, img, t);
+}
+
+int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
+                       int full_w, int full_h, uint64_t seed, uint64_t epoch, uint64_t sample_id,
+                       void *dst) {
+    int rc = dsrt_augment_check(o);
+    if (rc) return rc;
+    if (full_w <= 0 || full_h <= 0)
+        return dsrt__fail(DSRT_EOPTION, "augment: full size %d x %d: not positive", full_w, full_h);
+    dsrt_augment_params p;
+    dsrt_augment_draw(o, full_w, full_h, seed, epoch, sample_id, &p);
+    return dsrt_augment_apply_params(a, o, img, full_w, full_h, &p, dst);
+}

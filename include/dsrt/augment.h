@@ -1,0 +1,242 @@
+/*
+ * dsrt augment: from the decoded pixels of one image to its sample in a
+ * batch, with the random geometric transforms of MATLAB's imageDataAugmenter
+ * and the output sizing of augmentedImageDatastore (or of the torchvision
+ * transforms the presets reproduce).
+ *
+ * One call, dsrt_augment_apply, draws the random choices of a sample from a
+ * counter-based generator keyed by (seed, epoch, sample id), composes every
+ * geometric step (shorter-side resize, reflection, rotation, scale, shear,
+ * translation, crop or resize to the output size, and the decoder's DCT
+ * scaling) into one map, and writes the result once, straight into the
+ * sample's place in the batch, normalised and laid out as asked. The same key
+ * gives the same bytes whatever the thread, the call order, or the scale the
+ * image was decoded at.
+ *
+ * Coordinates. Every geometric option is defined on the image as stored (its
+ * header size, full_w x full_h), or on the "working image" that the optional
+ * shorter-side resize makes of it: the augmentation (MATLAB's order:
+ * reflection, rotation, scale, shear, then translation, all about the
+ * working image's centre, the result keeping the working image's size) is
+ * applied there, then the output size mode takes the output from it. Pixel
+ * centres lie at half-integers: pixel i covers [i, i + 1).
+ *
+ * Resampling. Resizes use the triangle ("bilinear") filter stretched by the
+ * reduction factor when shrinking, so they antialias: the same filter as
+ * Pillow's Image.resize(BILINEAR), which is what torchvision's Resize applies
+ * to the PIL images an ImageFolder yields (torchvision 0.14 ignores its
+ * antialias argument for PIL input). When the map has no rotation, scale or
+ * shear, the two axes are resampled separately (flips, whole-pixel shifts and
+ * crops are exact copies); otherwise every output pixel is a bilinear sample
+ * of the source, first shrunk with the antialiasing filter when the map
+ * reduces it. MATLAB resizes with bicubic interpolation: dsrt does not.
+ *
+ * Threads: options are plain data, read-only during a call, and may be shared
+ * by every thread. A dsrt_augmenter (scratch memory) belongs to one thread at
+ * a time. All other functions are thread-safe.
+ */
+#ifndef DSRT_AUGMENT_H
+#define DSRT_AUGMENT_H
+
+#include <dsrt/datastore.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ----------------------------------------------------------------------------
+// Options
+
+/* How the output (output_width x output_height) is taken from the working
+ * image (MATLAB augmentedImageDatastore 'OutputSizeMode'). */
+typedef enum {
+    DSRT_AUGMENT_RESIZE = 0, /* the whole working image resized to the output size */
+    DSRT_AUGMENT_CENTERCROP, /* the central window, offset floor((W - w) / 2) */
+    DSRT_AUGMENT_RANDCROP,   /* a window at a uniform random whole-pixel offset */
+} dsrt_augment_size_mode;
+
+/* Layout and type of one sample in the batch. */
+typedef enum {
+    DSRT_AUGMENT_F32_NCHW = 0, /* float: planes of output_height x output_width */
+    DSRT_AUGMENT_U8_NHWC,      /* uint8: rows of output_width x channels, no normalisation */
+} dsrt_augment_layout;
+
+/* Normalisation of float output. Pixel values x are in [0, 255]; mean and std
+ * are given in the same units (MATLAB imageInputLayer's Mean and
+ * StandardDeviation). torchvision's ToTensor + Normalize(m, s) is
+ * DSRT_AUGMENT_NORM_ZSCORE with mean = 255 m and std = 255 s. */
+typedef enum {
+    DSRT_AUGMENT_NORM_NONE = 0,   /* x, in [0, 255] */
+    DSRT_AUGMENT_NORM_RESCALE,    /* x / 255, in [0, 1] (torchvision ToTensor) */
+    DSRT_AUGMENT_NORM_ZEROCENTER, /* x - mean[c] */
+    DSRT_AUGMENT_NORM_ZSCORE,     /* (x - mean[c]) / std[c] */
+} dsrt_augment_norm;
+
+/* The pixels that rand_x_translation and rand_y_translation count. */
+typedef enum {
+    DSRT_AUGMENT_UNITS_INPUT = 0, /* pixels of the image as stored, at full size (MATLAB) */
+    DSRT_AUGMENT_UNITS_OUTPUT,    /* pixels of the output (torchvision RandomCrop padding) */
+} dsrt_augment_units;
+
+typedef struct {
+    /* Output size, in pixels; default 224 x 224. */
+    int output_height, output_width;
+    /* 1 (gray) or 3 (RGB). The image given to dsrt_augment_apply must have
+     * this many channels: ask the decoder for them (dsrt_decode_request
+     * channels), which converts gray to RGB or RGB to gray. Default 3. */
+    int output_channels;
+    dsrt_augment_size_mode size_mode; /* default DSRT_AUGMENT_RESIZE */
+    /* When > 0, the image is first resized (keeping its aspect) so that its
+     * shorter side is this long, the longer one truncated as torchvision's
+     * Resize(int) does; the result is the working image. 0 (default): the
+     * working image is the image as stored. */
+    int resize_shorter;
+
+    /* Reflection left-right / top-bottom, each with probability
+     * reflection_probability when set (MATLAB RandXReflection and
+     * RandYReflection: 0 or 1; default 0). */
+    int rand_x_reflection, rand_y_reflection;
+    double reflection_probability; /* in [0, 1]; default 0.5 */
+
+    /* Every range below is [low, high] and drawn uniformly; [v, v] means
+     * the constant v, and the defaults are the identity. */
+    /* Rotation in degrees; positive turns the image counter-clockwise as
+     * displayed (like MATLAB's imrotate). Default [0, 0]. */
+    double rand_rotation[2];
+    /* Scale factor, the same for x and y, > 0 (> 1 enlarges). When it is not
+     * [1, 1], rand_x_scale and rand_y_scale are ignored (as in MATLAB). */
+    double rand_scale[2];
+    double rand_x_scale[2], rand_y_scale[2]; /* each > 0; default [1, 1] */
+    /* Shear angles in degrees, in (-90, 90): x' = x + tan(a) y for x shear,
+     * y' = y + tan(a) x for y shear (x shear first). Default [0, 0]. */
+    double rand_x_shear[2], rand_y_shear[2];
+    /* Translation, in translation_units pixels; positive moves the content
+     * right / down. Default [0, 0]. */
+    double rand_x_translation[2], rand_y_translation[2];
+    dsrt_augment_units translation_units; /* default DSRT_AUGMENT_UNITS_INPUT */
+    /* 1: translations are whole pixels, uniform over the integers in the
+     * range (torchvision's RandomCrop with padding); 0 (default): continuous
+     * (MATLAB). */
+    int translation_whole_pixels;
+    /* Value of output pixels whose source lies outside the image, per
+     * channel, in [0, 255] (MATLAB FillValue; gray uses fill_value[0]).
+     * Default 0. */
+    float fill_value[3];
+
+    dsrt_augment_layout layout; /* default DSRT_AUGMENT_F32_NCHW */
+    dsrt_augment_norm norm;     /* default DSRT_AUGMENT_NORM_RESCALE; NONE for uint8 */
+    float mean[3], std[3];      /* per channel, [0, 255] units; default 0 and 1 */
+
+    /* dsrt_augment_decode_size asks for a decoded image this many times
+     * denser than the output needs (>= 1; default 1: as small as the output
+     * allows). Above 1, a JPEG's DCT scaling leaves the last factor of
+     * reduction to dsrt's antialiasing resize, closer to a resize of the
+     * full image (at 1/8 the DCT scaling is an 8 x 8 box average). */
+    double decode_oversample;
+} dsrt_augment_options;
+
+/* The defaults: 224 x 224 x 3, resize, no augmentation, float NCHW in [0, 1]. */
+DSRT_API dsrt_augment_options dsrt_augment_defaults(void);
+
+/*
+ * Sets *o to torchvision's Resize(256), RandomCrop(227),
+ * RandomHorizontalFlip(), ToTensor(): shorter side to 256 (antialiased
+ * bilinear), a random 227 x 227 crop, left-right reflection with
+ * probability 0.5, float NCHW in [0, 1].
+ */
+DSRT_API void dsrt_augment_preset_227(dsrt_augment_options *o);
+
+/*
+ * Sets *o to torchvision's Resize((32, 32)), RandomHorizontalFlip(),
+ * RandomCrop(32, padding=4), ToTensor(): resize to 32 x 32 (antialiased
+ * bilinear), left-right reflection with probability 0.5, a whole-pixel
+ * translation in [-4, 4] output pixels in x and y with zero fill, float NCHW
+ * in [0, 1]. decode_oversample is 2: JPEGs decode to at least 64 x 64.
+ */
+DSRT_API void dsrt_augment_preset_32(dsrt_augment_options *o);
+
+/*
+ * Checks every option. Returns 0, or DSRT_EOPTION with dsrt_last_error()
+ * naming the option and its value ("augment: rand_rotation: [30, -30]: low
+ * is above high").
+ */
+DSRT_API int dsrt_augment_check(const dsrt_augment_options *o);
+
+/* Bytes of one sample in the batch: height * width * channels times 4 for
+ * float, 1 for uint8. Sample i of a batch starts at i times this. */
+DSRT_API size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o);
+
+/*
+ * The smallest decoded size (*min_w x *min_h) that keeps full quality for an
+ * image stored at full_w x full_h: the output's pixel density on the source,
+ * times decode_oversample (times the largest random scale, and the same
+ * density on both axes when there is rotation), never more than the full
+ * size. Put it in dsrt_decode_request min_width / min_height. The 227 preset
+ * on a 500 x 375 JPEG asks for 341 x 256 (its shorter side must reach 256),
+ * so the full size; the 32 preset asks for 64 x 64, which a 500 x 375 JPEG
+ * meets at 1/4 scale (125 x 94). Depends only on the options and the full
+ * size.
+ */
+DSRT_API void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h,
+                                       int *min_w, int *min_h);
+
+// ----------------------------------------------------------------------------
+// Random choices
+
+/* The random choices of one sample, all in working-image units. */
+typedef struct {
+    int x_reflect, y_reflect; /* 0 or 1 */
+    double rotation;          /* degrees */
+    double x_scale, y_scale;
+    double x_shear, y_shear;             /* degrees */
+    double x_translation, y_translation; /* working-image pixels */
+    int crop_x, crop_y; /* output window's offset in the working image (crop modes) */
+} dsrt_augment_params;
+
+/*
+ * Draws the choices of sample sample_id in epoch epoch for an image stored at
+ * full_w x full_h. Each choice has its own generator,
+ * dsrt_rng_init(seed, epoch, sample_id, stream) with a stream per option, so
+ * the result depends on nothing else: not on the thread, the call order, the
+ * decode scale, nor on which other options are set.
+ */
+DSRT_API void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h,
+                                uint64_t seed, uint64_t epoch, uint64_t sample_id,
+                                dsrt_augment_params *p);
+
+// ----------------------------------------------------------------------------
+// Applying
+
+/* Scratch memory for one thread: resampling tables and row buffers, grown
+ * on demand and kept between calls. */
+typedef struct dsrt_augmenter dsrt_augmenter;
+
+/* Creates an augmenter. Returns 0 or -ENOMEM. */
+DSRT_API int dsrt_augmenter_create(dsrt_augmenter **a);
+/* Frees an augmenter. NULL is accepted. */
+DSRT_API void dsrt_augmenter_destroy(dsrt_augmenter *a);
+
+/*
+ * Augments img, the decoded pixels of an image stored at full_w x full_h
+ * (img may be smaller: the decoder's DCT scaling), and writes the sample to
+ * dst, dsrt_augment_sample_bytes(o) bytes: for float NCHW, channel c's plane
+ * starts at (float *)dst + c * output_height * output_width; for uint8 NHWC,
+ * row y at (uint8_t *)dst + y * output_width * output_channels. The random
+ * choices are dsrt_augment_draw(o, full_w, full_h, seed, epoch, sample_id).
+ * Returns 0, DSRT_EOPTION (bad options, or img->channels is not
+ * output_channels) or -ENOMEM; on failure dst is left as it was.
+ */
+DSRT_API int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o,
+                                const dsrt_image *img, int full_w, int full_h, uint64_t seed,
+                                uint64_t epoch, uint64_t sample_id, void *dst);
+
+/* The same with the random choices given (for a fixed transform, or to
+ * replay one). */
+DSRT_API int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
+                                       const dsrt_image *img, int full_w, int full_h,
+                                       const dsrt_augment_params *p, void *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,861 @@
+/*
+ * Tests of augmentation: every transform against a plain reference written
+ * here (per output pixel, in double: the inverse map built step by step, then
+ * Pillow's triangle filter for resizes or bilinear sampling with fill for
+ * warps), flips and whole-pixel shifts exact, crops within bounds, the presets'
+ * shapes and values, determinism by (seed, epoch, id) and not by decode scale,
+ * the normalisation modes bit for bit, and option validation.
+ *
+ * Tolerances: resampled values are compared in [0, 255] pixel units; float
+ * weights against the double reference differ by about 3e-5 (TOL 1e-3).
+ */
+#include <dsrt/augment.h>
+
+#include "core/internal.h"
+#include "task.h"
+
+#define TOL 1e-3 /* pixel units, float kernels against the double reference */
+
+// ----------------------------------------------------------------------------
+// Images
+
+typedef struct {
+    dsrt_image img;
+    uint8_t *buf;
+} test_image;
+
+/* Random bytes: every pixel differs from its neighbours, so any misplaced
+ * pixel shows. */
+static test_image image_random(int w, int h, int ch, uint64_t key) {
+    test_image t;
+    t.buf = malloc((size_t)w * h * ch);
+    REQUIRE(t.buf);
+    for (size_t i = 0; i < (size_t)w * h * ch; i++)
+        t.buf[i] = (uint8_t)(dsrt__mix64(key * 1000003ULL + i) >> 56);
+    t.img = (dsrt_image){t.buf, w, h, ch, (size_t)w * ch};
+    return t;
+}
+
+/* A smooth picture: the same scene at any size (coordinates relative to the
+ * size), so an image and its reduction look alike. */
+static test_image image_smooth(int w, int h, int ch) {
+    test_image t;
+    t.buf = malloc((size_t)w * h * ch);
+    REQUIRE(t.buf);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int c = 0; c < ch; c++) {
+                double fx = (x + 0.5) / w, fy = (y + 0.5) / h;
+                double v = 128 + 100 * sin(6.0 * fx + 2.0 * c) * cos(4.0 * fy - c);
+                t.buf[((size_t)y * w + x) * ch + c] = (uint8_t)lround(v);
+            }
+    t.img = (dsrt_image){t.buf, w, h, ch, (size_t)w * ch};
+    return t;
+}
+
+static void image_free(test_image *t) {
+    free(t->buf);
+}
+
+static double px(const dsrt_image *im, int x, int y, int c) {
+    return im->data[(size_t)y * im->stride + (size_t)x * im->channels + c];
+}
+
+// ----------------------------------------------------------------------------
+// The reference
+
+/* Output continuous coordinates (uc, vc) to decoded-image coordinates,
+ * undoing each step of the documented forward order one after the other. */
+static void ref_map(const dsrt_augment_options *o, int fw, int fh, int dw, int dh,
+                    const dsrt_augment_params *p, double uc, double vc, double *x, double *y) {
+    int ww = fw, wh = fh;
+    if (o->resize_shorter > 0) {
+        if (fw <= fh) {
+            ww = o->resize_shorter;
+            wh = (int)((double)o->resize_shorter * fh / fw);
+        } else {
+            wh = o->resize_shorter;
+            ww = (int)((double)o->resize_shorter * fw / fh);
+        }
+    }
+    double gx, gy;
+    if (o->size_mode == DSRT_AUGMENT_RESIZE) {
+        gx = uc * ww / o->output_width;
+        gy = vc * wh / o->output_height;
+    } else {
+        gx = uc + p->crop_x;
+        gy = vc + p->crop_y;
+    }
+    gx -= ww / 2.0 + p->x_translation;
+    gy -= wh / 2.0 + p->y_translation;
+    const double d2r = M_PI / 180.0;
+    gy -= tan(p->y_shear * d2r) * gx; /* y' = y + tan(b) x */
+    gx -= tan(p->x_shear * d2r) * gy; /* x' = x + tan(a) y */
+    gx /= p->x_scale;
+    gy /= p->y_scale;
+    double c = cos(p->rotation * d2r), s = sin(p->rotation * d2r);
+    double rx = c * gx - s * gy, ry = s * gx + c * gy; /* forward [c s; -s c] */
+    if (p->x_reflect) rx = -rx;
+    if (p->y_reflect) ry = -ry;
+    *x = (rx + ww / 2.0) * dw / ww;
+    *y = (ry + wh / 2.0) * dh / wh;
+}
+
+static double tri(double x) {
+    x = fabs(x);
+    return x < 1 ? 1 - x : 0;
+}
+
+/* Pillow's resampling along one axis at centre c with filter scale fs:
+ * weights of the in-range pixels, normalised; returns the count. */
+static int ref_taps(double c, double fs, int len, int *x0, double *w, int cap) {
+    int a = (int)floor(c - fs + 0.5), b = (int)floor(c + fs + 0.5);
+    if (a < 0) a = 0;
+    if (b > len) b = len;
+    REQUIRE(b - a <= cap);
+    double sum = 0;
+    for (int x = a; x < b; x++) sum += w[x - a] = tri((x + 0.5 - c) / fs);
+    for (int x = a; x < b; x++) w[x - a] /= sum;
+    *x0 = a;
+    return b - a;
+}
+
+/* The separable reference: output (u, v, c) in pixel units. */
+static double ref_separable(const dsrt_augment_options *o, int fw, int fh, const dsrt_image *im,
+                            const dsrt_augment_params *p, int u, int v, int c) {
+    double cx, cy, x1, y1, dummy;
+    ref_map(o, fw, fh, im->width, im->height, p, u + 0.5, v + 0.5, &cx, &cy);
+    ref_map(o, fw, fh, im->width, im->height, p, u + 1.5, v + 0.5, &x1, &dummy);
+    ref_map(o, fw, fh, im->width, im->height, p, u + 0.5, v + 1.5, &dummy, &y1);
+    if (!(cx >= 0 && cx < im->width && cy >= 0 && cy < im->height)) return o->fill_value[c];
+    double fsx = fmax(fabs(x1 - cx), 1.0), fsy = fmax(fabs(y1 - cy), 1.0);
+    double wx[512], wy[512];
+    int ax, ay;
+    int nx = ref_taps(cx, fsx, im->width, &ax, wx, 512);
+    int ny = ref_taps(cy, fsy, im->height, &ay, wy, 512);
+    double s = 0;
+    for (int j = 0; j < ny; j++)
+        for (int i = 0; i < nx; i++) s += wy[j] * wx[i] * px(im, ax + i, ay + j, c);
+    return s;
+}
+
+/* The warp reference: bilinear at the mapped point, fill outside. */
+static double ref_bilinear(const dsrt_augment_options *o, int fw, int fh, const dsrt_image *im,
+                           const dsrt_augment_params *p, int u, int v, int c) {
+    double x, y;
+    ref_map(o, fw, fh, im->width, im->height, p, u + 0.5, v + 0.5, &x, &y);
+    x -= 0.5;
+    y -= 0.5;
+    double x0 = floor(x), y0 = floor(y), ax = x - x0, ay = y - y0, s = 0;
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 2; i++) {
+            int xi = (int)x0 + i, yj = (int)y0 + j;
+            double w = (i ? ax : 1 - ax) * (j ? ay : 1 - ay);
+            double val = xi >= 0 && xi < im->width && yj >= 0 && yj < im->height ? px(im, xi, yj, c)
+                                                                                 : o->fill_value[c];
+            s += w * val;
+        }
+    return s;
+}
+
+/* Output value (u, v, c) of a sample in pixel units [0, 255], for float
+ * output written with DSRT_AUGMENT_NORM_NONE or uint8 output. */
+static double out_px(const dsrt_augment_options *o, const void *dst, int u, int v, int c) {
+    int ow = o->output_width, oh = o->output_height, ch = o->output_channels;
+    if (o->layout == DSRT_AUGMENT_F32_NCHW)
+        return ((const float *)dst)[(size_t)c * ow * oh + (size_t)v * ow + u];
+    return ((const uint8_t *)dst)[((size_t)v * ow + u) * ch + c];
+}
+
+typedef double (*ref_fn)(const dsrt_augment_options *, int, int, const dsrt_image *,
+                         const dsrt_augment_params *, int, int, int);
+
+/* Largest difference between dst and the reference over the sample. */
+static double max_error(const dsrt_augment_options *o, int fw, int fh, const dsrt_image *im,
+                        const dsrt_augment_params *p, const void *dst, ref_fn ref) {
+    double worst = 0;
+    for (int v = 0; v < o->output_height; v++)
+        for (int u = 0; u < o->output_width; u++)
+            for (int c = 0; c < o->output_channels; c++) {
+                double e = fabs(out_px(o, dst, u, v, c) - ref(o, fw, fh, im, p, u, v, c));
+                if (e > worst) worst = e;
+            }
+    return worst;
+}
+
+static dsrt_augment_params identity_params(void) {
+    dsrt_augment_params p;
+    memset(&p, 0, sizeof p);
+    p.x_scale = p.y_scale = 1.0;
+    return p;
+}
+
+static void *alloc_sample(const dsrt_augment_options *o) {
+    void *d = malloc(dsrt_augment_sample_bytes(o));
+    REQUIRE(d);
+    return d;
+}
+
+// ----------------------------------------------------------------------------
+// Options
+
+static void expect_option_error(const dsrt_augment_options *o, const char *needle) {
+    int rc = dsrt_augment_check(o);
+    CHECK_EQ(rc, DSRT_EOPTION);
+    if (rc == DSRT_EOPTION) CHECK_CONTAINS(dsrt_last_error(), needle);
+}
+
+static void test_options(void) {
+    dsrt_augment_options d = dsrt_augment_defaults(), o;
+    CHECK_OK(dsrt_augment_check(&d));
+    CHECK_EQ(d.output_width, 224);
+    CHECK_EQ(d.output_channels, 3);
+    CHECK_EQ(dsrt_augment_sample_bytes(&d), 224 * 224 * 3 * 4);
+    dsrt_augment_preset_227(&o);
+    CHECK_OK(dsrt_augment_check(&o));
+    dsrt_augment_preset_32(&o);
+    CHECK_OK(dsrt_augment_check(&o));
+
+    o = d, o.output_height = 0;
+    expect_option_error(&o, "output_height: 0");
+    o = d, o.output_width = -3;
+    expect_option_error(&o, "output_width: -3");
+    o = d, o.output_channels = 2;
+    expect_option_error(&o, "output_channels: 2");
+    o = d, o.size_mode = 7;
+    expect_option_error(&o, "size_mode: 7");
+    o = d, o.resize_shorter = -1;
+    expect_option_error(&o, "resize_shorter: -1");
+    o = d, o.rand_x_reflection = 2;
+    expect_option_error(&o, "rand_x_reflection: 2");
+    o = d, o.reflection_probability = 1.5;
+    expect_option_error(&o, "reflection_probability: 1.5");
+    o = d, o.rand_rotation[0] = 30, o.rand_rotation[1] = -30;
+    expect_option_error(&o, "rand_rotation: [30, -30]: low is above high");
+    o = d, o.rand_scale[0] = 0;
+    expect_option_error(&o, "rand_scale: [0, 1]");
+    o = d, o.rand_y_scale[0] = 2, o.rand_y_scale[1] = 1;
+    expect_option_error(&o, "rand_y_scale: [2, 1]");
+    o = d, o.rand_x_shear[1] = 90;
+    expect_option_error(&o, "rand_x_shear: [0, 90]");
+    o = d, o.rand_y_translation[0] = NAN;
+    expect_option_error(&o, "rand_y_translation");
+    o = d, o.rand_x_translation[0] = 0.2, o.rand_x_translation[1] = 0.8,
+    o.translation_whole_pixels = 1;
+    expect_option_error(&o, "rand_x_translation: [0.2, 0.8]: holds no whole number");
+    o = d, o.fill_value[1] = 300;
+    expect_option_error(&o, "fill_value[1]: 300");
+    o = d, o.layout = DSRT_AUGMENT_U8_NHWC;
+    expect_option_error(&o, "norm: 1: uint8 output");
+    o = d, o.norm = DSRT_AUGMENT_NORM_ZSCORE, o.std[2] = 0;
+    expect_option_error(&o, "std[2]: 0");
+    o = d, o.decode_oversample = 0.5;
+    expect_option_error(&o, "decode_oversample: 0.5");
+
+    /* apply refuses them too, and an image of the wrong channel count. */
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(8, 8, 1, 1);
+    o = d, o.output_width = o.output_height = 8;
+    float *dst = alloc_sample(&o);
+    CHECK_EQ(dsrt_augment_apply(a, &o, &t.img, 8, 8, 1, 0, 0, dst), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "1 channel(s), output_channels is 3");
+    o.rand_rotation[0] = 5;
+    CHECK_EQ(dsrt_augment_apply(a, &o, &t.img, 8, 8, 1, 0, 0, dst), DSRT_EOPTION);
+    CHECK_EQ(dsrt_augment_apply(a, &d, &t.img, 0, 8, 1, 0, 0, dst), DSRT_EOPTION);
+    free(dst);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+    dsrt_augmenter_destroy(NULL);
+}
+
+// ----------------------------------------------------------------------------
+// Exact transforms: identity, flips, whole-pixel translation, crops
+
+static void test_identity_exact(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    for (int ch = 1; ch <= 3; ch += 2) {
+        test_image t = image_random(23, 17, ch, 2);
+        dsrt_augment_options o = dsrt_augment_defaults();
+        o.output_width = 23, o.output_height = 17, o.output_channels = ch;
+        o.norm = DSRT_AUGMENT_NORM_NONE;
+        float *f = alloc_sample(&o);
+        CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 23, 17, 5, 0, 0, f));
+        int bad = 0;
+        for (int y = 0; y < 17; y++)
+            for (int x = 0; x < 23; x++)
+                for (int c = 0; c < ch; c++) bad += out_px(&o, f, x, y, c) != px(&t.img, x, y, c);
+        CHECK_EQ(bad, 0);
+        o.layout = DSRT_AUGMENT_U8_NHWC;
+        uint8_t *u = alloc_sample(&o);
+        CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 23, 17, 5, 0, 0, u));
+        CHECK_EQ(memcmp(u, t.buf, (size_t)23 * 17 * ch), 0);
+        free(u);
+        free(f);
+        image_free(&t);
+    }
+    dsrt_augmenter_destroy(a);
+}
+
+static void test_flips_exact(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(19, 11, 3, 3);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = 19, o.output_height = 11, o.norm = DSRT_AUGMENT_NORM_NONE;
+    o.rand_x_reflection = o.rand_y_reflection = 1;
+    o.reflection_probability = 1.0; /* always */
+    for (int layout = 0; layout < 2; layout++) {
+        o.layout = layout ? DSRT_AUGMENT_U8_NHWC : DSRT_AUGMENT_F32_NCHW;
+        void *dst = alloc_sample(&o);
+        for (int fx = 0; fx < 2; fx++)
+            for (int fy = 0; fy < 2; fy++) {
+                dsrt_augment_params p = identity_params();
+                p.x_reflect = fx, p.y_reflect = fy;
+                CHECK_OK(dsrt_augment_apply_params(a, &o, &t.img, 19, 11, &p, dst));
+                int bad = 0;
+                for (int y = 0; y < 11; y++)
+                    for (int x = 0; x < 19; x++)
+                        for (int c = 0; c < 3; c++)
+                            bad += out_px(&o, dst, x, y, c) !=
+                                   px(&t.img, fx ? 18 - x : x, fy ? 10 - y : y, c);
+                CHECK_EQ(bad, 0);
+            }
+        /* Probability 1 draws both reflections. */
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 19, 11, 1, 2, 3, &p);
+        CHECK_EQ(p.x_reflect, 1);
+        CHECK_EQ(p.y_reflect, 1);
+        free(dst);
+    }
+    /* Probability 0.5: about half of many samples, each axis on its own. */
+    o.reflection_probability = 0.5;
+    int nx = 0, ny = 0, both = 0;
+    for (int id = 0; id < 4000; id++) {
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 19, 11, 7, 0, id, &p);
+        nx += p.x_reflect, ny += p.y_reflect, both += p.x_reflect && p.y_reflect;
+    }
+    CHECK(nx > 1850 && nx < 2150);
+    CHECK(ny > 1850 && ny < 2150);
+    CHECK(both > 850 && both < 1150);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+static void test_translation_exact(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(16, 12, 3, 4);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = 16, o.output_height = 12, o.norm = DSRT_AUGMENT_NORM_NONE;
+    o.fill_value[0] = 10, o.fill_value[1] = 20, o.fill_value[2] = 250;
+    float *dst = alloc_sample(&o);
+    const int shifts[][3] = {{3, -2, 0}, {-5, 4, 1}, {0, 0, 1}, {20, 0, 0}, {-15, -11, 1}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(shifts); k++) {
+        dsrt_augment_params p = identity_params();
+        p.x_translation = shifts[k][0], p.y_translation = shifts[k][1];
+        p.x_reflect = shifts[k][2];
+        CHECK_OK(dsrt_augment_apply_params(a, &o, &t.img, 16, 12, &p, dst));
+        int bad = 0;
+        for (int y = 0; y < 12; y++)
+            for (int x = 0; x < 16; x++)
+                for (int c = 0; c < 3; c++) {
+                    /* reflect, then move the content by the shift */
+                    int sx = x - shifts[k][0], sy = y - shifts[k][1];
+                    if (p.x_reflect) sx = 15 - sx;
+                    double want = sx >= 0 && sx < 16 && sy >= 0 && sy < 12 ? px(&t.img, sx, sy, c)
+                                                                           : o.fill_value[c];
+                    bad += out_px(&o, dst, x, y, c) != want;
+                }
+        CHECK_EQ(bad, 0);
+    }
+    /* Whole-pixel draws: integers, within the range, every value seen. */
+    o.translation_whole_pixels = 1;
+    o.rand_x_translation[0] = -3.5, o.rand_x_translation[1] = 2;
+    int seen[7] = {0};
+    for (int id = 0; id < 700; id++) {
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 16, 12, 1, 0, id, &p);
+        CHECK(p.x_translation == floor(p.x_translation));
+        CHECK(p.x_translation >= -3 && p.x_translation <= 2);
+        if (p.x_translation >= -3 && p.x_translation <= 2) seen[(int)p.x_translation + 3]++;
+    }
+    for (int i = 0; i < 6; i++) CHECK_GT(seen[i], 60);
+    /* Continuous draws stay within the range and are not whole. */
+    o.translation_whole_pixels = 0;
+    int frac = 0;
+    for (int id = 0; id < 100; id++) {
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 16, 12, 1, 0, id, &p);
+        CHECK(p.x_translation >= -3.5 && p.x_translation <= 2);
+        frac += p.x_translation != floor(p.x_translation);
+    }
+    CHECK_GT(frac, 95);
+    free(dst);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+static void test_crops(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(40, 30, 3, 5);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = 24, o.output_height = 20, o.norm = DSRT_AUGMENT_NORM_NONE;
+    o.size_mode = DSRT_AUGMENT_RANDCROP;
+    float *dst = alloc_sample(&o);
+    int hit_x[17] = {0}, hit_y[11] = {0};
+    for (int id = 0; id < 600; id++) {
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 40, 30, 9, 1, id, &p);
+        CHECK(p.crop_x >= 0 && p.crop_x <= 16);
+        CHECK(p.crop_y >= 0 && p.crop_y <= 10);
+        if (p.crop_x >= 0 && p.crop_x <= 16) hit_x[p.crop_x]++;
+        if (p.crop_y >= 0 && p.crop_y <= 10) hit_y[p.crop_y]++;
+        if (id < 20) {
+            CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 40, 30, 9, 1, id, dst));
+            int bad = 0;
+            for (int y = 0; y < 20; y++)
+                for (int x = 0; x < 24; x++)
+                    for (int c = 0; c < 3; c++)
+                        bad +=
+                            out_px(&o, dst, x, y, c) != px(&t.img, x + p.crop_x, y + p.crop_y, c);
+            CHECK_EQ(bad, 0);
+        }
+    }
+    for (int i = 0; i <= 16; i++) CHECK_GT(hit_x[i], 10); /* both ends reachable */
+    for (int i = 0; i <= 10; i++) CHECK_GT(hit_y[i], 20);
+    /* Centre crop: offset floor((W - w) / 2). */
+    o.size_mode = DSRT_AUGMENT_CENTERCROP;
+    o.output_width = 25, o.output_height = 21;
+    dsrt_augment_params p;
+    dsrt_augment_draw(&o, 40, 30, 9, 1, 0, &p);
+    CHECK_EQ(p.crop_x, 7);
+    CHECK_EQ(p.crop_y, 4);
+    /* A crop larger than the image is centred, the rest filled. */
+    o.output_width = 44, o.output_height = 31, o.fill_value[0] = 99;
+    o.size_mode = DSRT_AUGMENT_RANDCROP;
+    dsrt_augment_draw(&o, 40, 30, 9, 1, 0, &p);
+    CHECK_EQ(p.crop_x, -2);
+    CHECK_EQ(p.crop_y, -1);
+    free(dst);
+    dst = alloc_sample(&o);
+    CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 40, 30, 9, 1, 0, dst));
+    CHECK_EQ(out_px(&o, dst, 0, 5, 0), 99);
+    CHECK_EQ(out_px(&o, dst, 43, 5, 0), 99);
+    CHECK_EQ(out_px(&o, dst, 5, 0, 0), 99);
+    CHECK_EQ(out_px(&o, dst, 2, 1, 1), px(&t.img, 0, 0, 1));
+    free(dst);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+// ----------------------------------------------------------------------------
+// Resampling against the reference
+
+static void test_resize_reference(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    struct {
+        int sw, sh, ow, oh, shorter, mode, ch;
+    } cases[] = {
+        {37, 23, 16, 11, 0, DSRT_AUGMENT_RESIZE, 3},     /* shrink, anisotropic */
+        {13, 9, 29, 17, 0, DSRT_AUGMENT_RESIZE, 3},      /* enlarge */
+        {120, 90, 11, 7, 0, DSRT_AUGMENT_RESIZE, 1},     /* strong shrink, gray */
+        {50, 70, 30, 30, 40, DSRT_AUGMENT_RANDCROP, 3},  /* shorter side, random crop */
+        {70, 50, 33, 33, 36, DSRT_AUGMENT_CENTERCROP, 3} /* shorter side, centre crop */
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        test_image t = image_random(cases[k].sw, cases[k].sh, cases[k].ch, 10 + k);
+        dsrt_augment_options o = dsrt_augment_defaults();
+        o.output_width = cases[k].ow, o.output_height = cases[k].oh;
+        o.output_channels = cases[k].ch;
+        o.resize_shorter = cases[k].shorter;
+        o.size_mode = cases[k].mode;
+        o.norm = DSRT_AUGMENT_NORM_NONE;
+        o.rand_x_reflection = 1;
+        float *dst = alloc_sample(&o);
+        for (uint64_t id = 0; id < 3; id++) {
+            dsrt_augment_params p;
+            dsrt_augment_draw(&o, t.img.width, t.img.height, 3, 0, id, &p);
+            CHECK_OK(dsrt_augment_apply(a, &o, &t.img, t.img.width, t.img.height, 3, 0, id, dst));
+            double e = max_error(&o, t.img.width, t.img.height, &t.img, &p, dst, ref_separable);
+            if (e > TOL) fprintf(stderr, "resize case %zu id %d: max error %g\n", k, (int)id, e);
+            CHECK(e <= TOL);
+        }
+        free(dst);
+        image_free(&t);
+    }
+    /* Fractional translation on the separable path, fill of 200. */
+    test_image t = image_random(21, 15, 3, 30);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = 21, o.output_height = 15, o.norm = DSRT_AUGMENT_NORM_NONE;
+    o.fill_value[0] = o.fill_value[1] = o.fill_value[2] = 200;
+    o.rand_x_translation[0] = -3, o.rand_x_translation[1] = 3;
+    o.rand_y_translation[0] = -3, o.rand_y_translation[1] = 3;
+    float *dst = alloc_sample(&o);
+    for (uint64_t id = 0; id < 4; id++) {
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 21, 15, 4, 0, id, &p);
+        CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 21, 15, 4, 0, id, dst));
+        CHECK(max_error(&o, 21, 15, &t.img, &p, dst, ref_separable) <= TOL);
+    }
+    free(dst);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+static void test_affine_reference(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(33, 27, 3, 40);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = 33, o.output_height = 27, o.norm = DSRT_AUGMENT_NORM_NONE;
+    o.fill_value[0] = 7, o.fill_value[1] = 77, o.fill_value[2] = 177;
+    /* Maps that never shrink the source by more than 1 (no pre-filter). */
+    struct {
+        double rot, sx, sy, shx, shy, tx, ty;
+        int fx, fy;
+    } cases[] = {
+        {17, 1, 1, 0, 0, 0, 0, 0, 0},           {-45, 1, 1, 0, 0, 0, 0, 1, 0},
+        {90, 1, 1, 0, 0, 0, 0, 0, 0},           {0, 1.1, 1.0, 0, 0, 0, 0, 0, 0},
+        {0, 1.25, 1.3, 10, 0, 0, 0, 0, 0},      {0, 1.3, 1.25, 0, -12, 0, 0, 0, 1},
+        {23, 1.4, 1.2, 8, 6, 2.5, -3.25, 1, 1}, {-130, 1.05, 1.05, 0, 0, -4, 1.5, 0, 1},
+    };
+    float *dst = alloc_sample(&o);
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        dsrt_augment_params p = identity_params();
+        p.rotation = cases[k].rot, p.x_scale = cases[k].sx, p.y_scale = cases[k].sy;
+        p.x_shear = cases[k].shx, p.y_shear = cases[k].shy;
+        p.x_translation = cases[k].tx, p.y_translation = cases[k].ty;
+        p.x_reflect = cases[k].fx, p.y_reflect = cases[k].fy;
+        CHECK_OK(dsrt_augment_apply_params(a, &o, &t.img, 33, 27, &p, dst));
+        ref_fn ref =
+            (p.rotation == 0 && p.x_shear == 0 && p.y_shear == 0) ? ref_separable : ref_bilinear;
+        double e = max_error(&o, 33, 27, &t.img, &p, dst, ref);
+        if (e > TOL) fprintf(stderr, "affine case %zu: max error %g\n", k, e);
+        CHECK(e <= TOL);
+    }
+    /* Rotation direction: +90 degrees turns the image counter-clockwise, so
+     * the top middle of the output is the right middle of the source. */
+    test_image sq = image_random(8, 8, 3, 41);
+    o.output_width = o.output_height = 8;
+    dsrt_augment_params p = identity_params();
+    p.rotation = 90;
+    CHECK_OK(dsrt_augment_apply_params(a, &o, &sq.img, 8, 8, &p, dst));
+    for (int c = 0; c < 3; c++) CHECK_NEAR(out_px(&o, dst, 4, 0, c), px(&sq.img, 7, 4, c), 1e-3);
+    /* uint8 output: rounded reference, within one level. */
+    o.output_width = 33, o.output_height = 27, o.layout = DSRT_AUGMENT_U8_NHWC;
+    uint8_t *u8 = alloc_sample(&o);
+    p.rotation = 31, p.x_scale = 1.2, p.y_scale = 1.1, p.x_translation = 1.7;
+    CHECK_OK(dsrt_augment_apply_params(a, &o, &t.img, 33, 27, &p, u8));
+    CHECK(max_error(&o, 33, 27, &t.img, &p, u8, ref_bilinear) <= 0.5 + TOL);
+    free(u8);
+    free(dst);
+    image_free(&sq);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+/* A warp that shrinks: the source is pre-filtered, so a pattern finer than
+ * the output averages out instead of aliasing; a flat image stays flat. */
+static void test_affine_antialias(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    int w = 240, h = 180;
+    test_image t = image_random(w, h, 1, 50);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) t.buf[y * w + x] = ((x + y) & 1) ? 255 : 0;
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = 48, o.output_height = 36, o.output_channels = 1;
+    o.norm = DSRT_AUGMENT_NORM_NONE;
+    o.fill_value[0] = 127.5f;
+    float *dst = alloc_sample(&o);
+    dsrt_augment_params p = identity_params();
+    p.rotation = 10;
+    CHECK_OK(dsrt_augment_apply_params(a, &o, &t.img, w, h, &p, dst));
+    double worst = 0;
+    for (int i = 0; i < 48 * 36; i++) worst = fmax(worst, fabs(dst[i] - 127.5));
+    if (worst > 2) fprintf(stderr, "checkerboard: worst deviation %g\n", worst);
+    CHECK(worst <= 2); /* without the pre-filter: up to 127.5 */
+    memset(t.buf, 90, (size_t)w * h);
+    o.fill_value[0] = 90;
+    p.rotation = -33, p.x_scale = 0.8;
+    CHECK_OK(dsrt_augment_apply_params(a, &o, &t.img, w, h, &p, dst));
+    worst = 0;
+    for (int i = 0; i < 48 * 36; i++) worst = fmax(worst, fabs(dst[i] - 90));
+    CHECK(worst <= 1e-3);
+    free(dst);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+// ----------------------------------------------------------------------------
+// Normalisation and layout
+
+static void test_normalisation(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(9, 7, 3, 60);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = 11, o.output_height = 7; /* one fill column each side */
+    o.size_mode = DSRT_AUGMENT_CENTERCROP;
+    o.fill_value[0] = 1, o.fill_value[1] = 2, o.fill_value[2] = 3;
+    o.mean[0] = 123.675f, o.mean[1] = 116.28f, o.mean[2] = 103.53f;
+    o.std[0] = 58.395f, o.std[1] = 57.12f, o.std[2] = 57.375f;
+    float *dst = alloc_sample(&o);
+    for (int norm = 0; norm <= DSRT_AUGMENT_NORM_ZSCORE; norm++) {
+        o.norm = norm;
+        CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 9, 7, 1, 0, 0, dst));
+        int bad = 0;
+        for (int c = 0; c < 3; c++)
+            for (int y = 0; y < 7; y++)
+                for (int x = 0; x < 11; x++) {
+                    float v = x == 0 || x == 10 ? o.fill_value[c] : (float)px(&t.img, x - 1, y, c);
+                    float want = v;
+                    if (norm == DSRT_AUGMENT_NORM_RESCALE) want = v / 255.0f;
+                    if (norm == DSRT_AUGMENT_NORM_ZEROCENTER) want = v - o.mean[c];
+                    if (norm == DSRT_AUGMENT_NORM_ZSCORE) want = (v - o.mean[c]) / o.std[c];
+                    bad += memcmp(&dst[c * 77 + y * 11 + x], &want, sizeof want) != 0;
+                }
+        if (bad) fprintf(stderr, "norm %d: %d values differ\n", norm, bad);
+        CHECK_EQ(bad, 0);
+    }
+    free(dst);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+// ----------------------------------------------------------------------------
+// Presets
+
+static void test_presets(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(500, 375, 3, 70);
+    dsrt_augment_options o;
+    int mw, mh;
+
+    dsrt_augment_preset_227(&o);
+    CHECK_EQ(o.output_width, 227);
+    CHECK_EQ(o.resize_shorter, 256);
+    CHECK_EQ(dsrt_augment_sample_bytes(&o), 3 * 227 * 227 * 4);
+    dsrt_augment_decode_size(&o, 500, 375, &mw, &mh);
+    CHECK_EQ(mw, 341);
+    CHECK_EQ(mh, 256);
+    dsrt_augment_decode_size(&o, 1024, 768, &mw, &mh);
+    CHECK_EQ(mw, 341);
+    CHECK_EQ(mh, 256);
+    float *dst = alloc_sample(&o);
+    int flips = 0;
+    for (uint64_t id = 0; id < 8; id++) {
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 500, 375, 11, 2, id, &p);
+        CHECK(p.crop_x >= 0 && p.crop_x <= 341 - 227);
+        CHECK(p.crop_y >= 0 && p.crop_y <= 256 - 227);
+        flips += p.x_reflect;
+        CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 500, 375, 11, 2, id, dst));
+        float lo = 1, hi = 0;
+        for (int i = 0; i < 3 * 227 * 227; i++) lo = fminf(lo, dst[i]), hi = fmaxf(hi, dst[i]);
+        CHECK(lo >= 0.0f && hi <= 1.0f);
+        if (id < 2) {
+            /* Against the reference on a few rows (the whole image is slow
+             * under sanitizers): torchvision's Resize(256) + crop + flip. */
+            double worst = 0;
+            dsrt_augment_options n = o;
+            n.norm = DSRT_AUGMENT_NORM_NONE;
+            for (int v = 0; v < 227; v += 37)
+                for (int u = 0; u < 227; u++)
+                    for (int c = 0; c < 3; c++)
+                        worst = fmax(worst, fabs(255.0 * dst[c * 227 * 227 + v * 227 + u] -
+                                                 ref_separable(&n, 500, 375, &t.img, &p, u, v, c)));
+            CHECK(worst <= TOL * 4);
+        }
+    }
+    CHECK(flips > 0 && flips < 8);
+    free(dst);
+
+    dsrt_augment_preset_32(&o);
+    CHECK_EQ(o.output_width, 32);
+    CHECK_EQ(dsrt_augment_sample_bytes(&o), 3 * 32 * 32 * 4);
+    dsrt_augment_decode_size(&o, 500, 375, &mw, &mh);
+    CHECK_EQ(mw, 64);
+    CHECK_EQ(mh, 64);
+    dst = alloc_sample(&o);
+    int seen_shift[9] = {0};
+    for (uint64_t id = 0; id < 60; id++) {
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 500, 375, 11, 2, id, &p);
+        /* 4 output pixels are 4 * 500 / 32 = 62.5 source pixels in x */
+        double ux = p.x_translation * 32 / 500, uy = p.y_translation * 32 / 375;
+        CHECK_NEAR(ux, lround(ux), 1e-9);
+        CHECK_NEAR(uy, lround(uy), 1e-9);
+        CHECK(fabs(ux) <= 4 + 1e-9 && fabs(uy) <= 4 + 1e-9);
+        if (fabs(ux) <= 4.5) seen_shift[lround(ux) + 4]++;
+        CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 500, 375, 11, 2, id, dst));
+        /* Exactly |shift| columns of zeros on the side the content left. */
+        int sx = (int)lround(ux), sy = (int)lround(uy), bad = 0;
+        for (int c = 0; c < 3; c++)
+            for (int v = 0; v < 32; v++)
+                for (int u = 0; u < 32; u++) {
+                    float x = dst[c * 1024 + v * 32 + u];
+                    int filled = u < sx || u >= 32 + sx || v < sy || v >= 32 + sy;
+                    bad += filled ? x != 0.0f : !(x > 0.0f && x <= 1.0f);
+                }
+        CHECK_EQ(bad, 0);
+        if (id < 3) {
+            dsrt_augment_options n = o;
+            n.norm = DSRT_AUGMENT_NORM_NONE;
+            double worst = 0;
+            for (int v = 0; v < 32; v++)
+                for (int u = 0; u < 32; u++)
+                    for (int c = 0; c < 3; c++)
+                        worst = fmax(worst, fabs(255.0 * dst[c * 1024 + v * 32 + u] -
+                                                 ref_separable(&n, 500, 375, &t.img, &p, u, v, c)));
+            CHECK(worst <= TOL * 4);
+        }
+    }
+    for (int i = 0; i < 9; i++) CHECK_GT(seen_shift[i], 0);
+    free(dst);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+// ----------------------------------------------------------------------------
+// Determinism and decode scale
+
+static void test_determinism(void) {
+    dsrt_augmenter *a, *b;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    CHECK_OK(dsrt_augmenter_create(&b));
+    test_image t = image_random(120, 90, 3, 80);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = o.output_height = 48;
+    o.resize_shorter = 64;
+    o.size_mode = DSRT_AUGMENT_RANDCROP;
+    o.rand_x_reflection = 1;
+    o.rand_rotation[0] = -10, o.rand_rotation[1] = 10;
+    o.rand_x_translation[0] = -5, o.rand_x_translation[1] = 5;
+    size_t n = dsrt_augment_sample_bytes(&o);
+    uint8_t *d[6];
+    for (int i = 0; i < 6; i++) d[i] = alloc_sample(&o);
+    /* Same key on two augmenters, with other work in between: same bytes. */
+    CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 120, 90, 42, 3, 17, d[0]));
+    CHECK_OK(dsrt_augment_apply(b, &o, &t.img, 120, 90, 42, 3, 99, d[1]));
+    CHECK_OK(dsrt_augment_apply(b, &o, &t.img, 120, 90, 42, 3, 17, d[2]));
+    CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 120, 90, 42, 4, 17, d[3]));
+    CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 120, 90, 43, 3, 17, d[4]));
+    CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 120, 90, 42, 3, 17, d[5]));
+    CHECK_EQ(memcmp(d[0], d[2], n), 0);
+    CHECK_EQ(memcmp(d[0], d[5], n), 0);
+    CHECK_NE(memcmp(d[0], d[1], n), 0); /* another id */
+    CHECK_NE(memcmp(d[0], d[3], n), 0); /* another epoch */
+    CHECK_NE(memcmp(d[0], d[4], n), 0); /* another seed */
+    /* One option's draws do not move when another option is set. */
+    dsrt_augment_params p, q;
+    dsrt_augment_draw(&o, 120, 90, 42, 3, 17, &p);
+    dsrt_augment_options o2 = o;
+    o2.rand_rotation[0] = o2.rand_rotation[1] = 0;
+    o2.rand_y_reflection = 1;
+    o2.rand_scale[0] = 0.9, o2.rand_scale[1] = 1.2;
+    dsrt_augment_draw(&o2, 120, 90, 42, 3, 17, &q);
+    CHECK_EQ(p.x_reflect, q.x_reflect);
+    CHECK(p.x_translation == q.x_translation);
+    CHECK_EQ(p.crop_x, q.crop_x);
+    CHECK_EQ(p.crop_y, q.crop_y);
+    for (int i = 0; i < 6; i++) free(d[i]);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+    dsrt_augmenter_destroy(b);
+}
+
+/* Box-average 2 x 2 blocks: what a decoder's DCT scaling roughly gives. */
+static test_image halve(const test_image *s) {
+    int w = (s->img.width + 1) / 2, h = (s->img.height + 1) / 2, ch = s->img.channels;
+    test_image t;
+    t.buf = malloc((size_t)w * h * ch);
+    REQUIRE(t.buf);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int c = 0; c < ch; c++) {
+                int sum = 0, n = 0;
+                for (int j = 0; j < 2; j++)
+                    for (int i = 0; i < 2; i++)
+                        if (2 * x + i < s->img.width && 2 * y + j < s->img.height)
+                            sum += (int)px(&s->img, 2 * x + i, 2 * y + j, c), n++;
+                t.buf[((size_t)y * w + x) * ch + c] = (uint8_t)((sum + n / 2) / n);
+            }
+    t.img = (dsrt_image){t.buf, w, h, ch, (size_t)w * ch};
+    return t;
+}
+
+static void test_decode_scale(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image full = image_smooth(256, 192, 3), half = halve(&full);
+    test_image quarter = halve(&half);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = 64, o.output_height = 48;
+    o.norm = DSRT_AUGMENT_NORM_NONE;
+    o.rand_x_reflection = o.rand_y_reflection = 1;
+    o.translation_whole_pixels = 1;
+    o.rand_x_translation[0] = -40, o.rand_x_translation[1] = 40; /* stored pixels */
+    o.rand_y_translation[0] = -40, o.rand_y_translation[1] = 40;
+    o.fill_value[0] = o.fill_value[1] = o.fill_value[2] = 255;
+    int mw, mh;
+    dsrt_augment_decode_size(&o, 256, 192, &mw, &mh);
+    CHECK_EQ(mw, 64);
+    CHECK_EQ(mh, 48);
+    float *d0 = alloc_sample(&o), *d1 = alloc_sample(&o), *d2 = alloc_sample(&o);
+    for (uint64_t id = 0; id < 6; id++) {
+        CHECK_OK(dsrt_augment_apply(a, &o, &full.img, 256, 192, 5, 1, id, d0));
+        CHECK_OK(dsrt_augment_apply(a, &o, &half.img, 256, 192, 5, 1, id, d1));
+        CHECK_OK(dsrt_augment_apply(a, &o, &quarter.img, 256, 192, 5, 1, id, d2));
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 256, 192, 5, 1, id, &p);
+        /* A shift of t stored pixels is t / 4 output pixels: the fill
+         * border sits in the same place at every decode scale. */
+        double bx = fabs(p.x_translation) / 4, by = fabs(p.y_translation) / 4, diff = 0;
+        for (int c = 0; c < 3; c++)
+            for (int v = 0; v < 48; v++)
+                for (int u = 0; u < 64; u++) {
+                    int i = c * 64 * 48 + v * 64 + u;
+                    double ex = p.x_translation > 0 ? u + 0.5 : 64 - (u + 0.5);
+                    double ey = p.y_translation > 0 ? v + 0.5 : 48 - (v + 0.5);
+                    if (ex < bx - 0.01 || ey < by - 0.01) { /* the centre maps outside */
+                        CHECK_EQ(d0[i], 255);
+                        CHECK_EQ(d1[i], 255);
+                        CHECK_EQ(d2[i], 255);
+                    } else if (ex > bx + 1 && ey > by + 1) {
+                        diff = fmax(diff, fmax(fabs(d0[i] - d1[i]), fabs(d0[i] - d2[i])));
+                    }
+                }
+        if (diff > 6) fprintf(stderr, "decode scale: id %d: difference %g\n", (int)id, diff);
+        CHECK(diff <= 6);
+    }
+    free(d0);
+    free(d1);
+    free(d2);
+    image_free(&full);
+    image_free(&half);
+    image_free(&quarter);
+    dsrt_augmenter_destroy(a);
+}
+
+int main(void) {
+    RUN(test_options);
+    RUN(test_identity_exact);
+    RUN(test_flips_exact);
+    RUN(test_translation_exact);
+    RUN(test_crops);
+    RUN(test_resize_reference);
+    RUN(test_affine_reference);
+    RUN(test_affine_antialias);
+    RUN(test_normalisation);
+    RUN(test_presets);
+    RUN(test_determinism);
+    RUN(test_decode_scale);
+    return TEST_RESULT();
+}
