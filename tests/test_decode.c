@@ -1,0 +1,919 @@
+/*
+ * Tests of the decoder (datastore/decode.c) and the gray/RGB conversions
+ * (datastore/color.c).
+ *
+ * JPEG results are checked byte for byte against libjpeg-turbo's own decode
+ * of the same bytes (tjDecompress2 called here directly) for every kind of
+ * JPEG the test images cover and at every DCT scale; PNG results against the
+ * pixels that were encoded. Bad input (empty, not an image, truncated at
+ * every byte, corrupted, decompression bombs, destinations too small) must
+ * give a negative code and a message, never a crash, and must leave the
+ * decoder usable.
+ *
+ * The 16-bit PNG rule, checked here on values where it matters: libspng's
+ * SPNG_FMT_RGB8 keeps the high byte of each sample (0x30FF -> 0x30), it
+ * does not round (which would give 0x31).
+ *
+ * With DSRT_WRITE_CORPUS=dir set, every image made here (good and bad) is
+ * also written into dir, as a seed corpus for tests/fuzz/fuzz_decode.c.
+ */
+#include "core/internal.h"
+#include "datastore/internal.h"
+#include "task.h"
+#include "testimg.h"
+
+#include <malloc.h>
+
+static const char *corpus_dir;
+static int corpus_count;
+
+/* Saves buf as a corpus file when DSRT_WRITE_CORPUS is set. */
+static void corpus(const char *what, const void *buf, size_t len) {
+    if (!corpus_dir || len == 0 || len > 64 * 1024) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%04d-%s", corpus_dir, corpus_count++, what);
+    timg_write_file(path, buf, len);
+}
+
+/* libjpeg-turbo's own decode of jpeg at w x h in pixel format pf. */
+static uint8_t *tj_reference(const uint8_t *jpeg, size_t len, int w, int h, int pf) {
+    tjhandle tj = tjInitDecompress();
+    REQUIRE(tj);
+    uint8_t *px = malloc((size_t)w * h * tjPixelSize[pf]);
+    REQUIRE(px);
+    int rc = tjDecompress2(tj, jpeg, (unsigned long)len, px, w, 0, h, pf, 0);
+    if (rc != 0) fprintf(stderr, "tjDecompress2: %s\n", tjGetErrorStr2(tj));
+    REQUIRE(rc == 0);
+    tjDestroy(tj);
+    return px;
+}
+
+/* The plain reference of rgb2gray: BT.601 in double, rounded. Differs from
+ * the fixed-point result by at most 1. */
+static int gray_double(int r, int g, int b) {
+    return (int)floor(0.299 * r + 0.587 * g + 0.114 * b + 0.5);
+}
+
+/* The fixed-point rule written out in 64-bit arithmetic with a division. */
+static uint8_t gray_exact(int r, int g, int b) {
+    return (uint8_t)(((uint64_t)19595 * r + (uint64_t)38470 * g + (uint64_t)7471 * b + 32768) /
+                     65536);
+}
+
+static void rgb_to_gray_ref(const uint8_t *rgb, uint8_t *gray, size_t n) {
+    for (size_t i = 0; i < n; i++) gray[i] = gray_exact(rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2]);
+}
+
+/* Index of the first differing byte, or -1. */
+static long first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return (long)i;
+    return -1;
+}
+
+/* A call that must fail with code (or any negative code when code is 0) and
+ * leave a message. */
+#define CHECK_FAILS(call, code)                                                                    \
+    do {                                                                                           \
+        dsrt__clear_error();                                                                       \
+        int rc__ = (call);                                                                         \
+        if ((code) != 0)                                                                           \
+            CHECK_EQ(rc__, (code));                                                                \
+        else                                                                                       \
+            CHECK_LT(rc__, 0);                                                                     \
+        CHECK(dsrt_last_error()[0] != '\0');                                                       \
+    } while (0)
+
+static dsrt_decode_request request(int channels, int min_w, int min_h) {
+    dsrt_decode_request r;
+    memset(&r, 0, sizeof r);
+    r.channels = channels;
+    r.min_width = min_w;
+    r.min_height = min_h;
+    return r;
+}
+
+// ----------------------------------------------------------------------------
+// Conversions
+
+static void test_color(void) {
+    /* Every gray level survives gray -> rgb -> gray. */
+    uint8_t g[256], rgb[768], back[256];
+    for (int i = 0; i < 256; i++) g[i] = (uint8_t)i;
+    dsrt__gray_to_rgb(g, rgb, 256);
+    for (int i = 0; i < 256; i++) {
+        CHECK_EQ(rgb[3 * i], i);
+        CHECK_EQ(rgb[3 * i + 1], i);
+        CHECK_EQ(rgb[3 * i + 2], i);
+    }
+    dsrt__rgb_to_gray(rgb, back, 256);
+    CHECK_EQ(first_diff(g, back, 256), -1);
+
+    /* Every length up to 100 (vector bodies and tails), then a large buffer,
+     * against the fixed-point rule written plainly and against BT.601 in
+     * double (within 1). */
+    size_t big = 100003;
+    uint8_t *src = malloc(big * 3), *out = malloc(big + 1), *ref = malloc(big),
+            *o3 = malloc(big * 3);
+    REQUIRE(src && out && ref && o3);
+    timg_noise(src, big * 3, 42);
+    for (size_t n = 0; n <= 100; n++) {
+        out[n] = 0xAB;
+        dsrt__rgb_to_gray(src, out, n);
+        rgb_to_gray_ref(src, ref, n);
+        CHECK_EQ(first_diff(out, ref, n), -1);
+        CHECK_EQ(out[n], 0xAB); /* nothing written past the end */
+    }
+    dsrt__rgb_to_gray(src, out, big);
+    rgb_to_gray_ref(src, ref, big);
+    CHECK_EQ(first_diff(out, ref, big), -1);
+    int worst = 0;
+    for (size_t i = 0; i < big; i++) {
+        int d = abs(out[i] - gray_double(src[3 * i], src[3 * i + 1], src[3 * i + 2]));
+        if (d > worst) worst = d;
+    }
+    CHECK_LE(worst, 1);
+    dsrt__gray_to_rgb(src, o3, big);
+    for (size_t i = 0; i < big; i++)
+        if (o3[3 * i] != src[i] || o3[3 * i + 1] != src[i] || o3[3 * i + 2] != src[i]) {
+            CHECK(0 && "gray_to_rgb");
+            break;
+        }
+    /* Pure primaries. */
+    uint8_t prim[9] = {255, 0, 0, 0, 255, 0, 0, 0, 255}, pg[3];
+    dsrt__rgb_to_gray(prim, pg, 3);
+    CHECK_EQ(pg[0], 76);
+    CHECK_EQ(pg[1], 150);
+    CHECK_EQ(pg[2], 29);
+    free(src);
+    free(out);
+    free(ref);
+    free(o3);
+}
+
+// ----------------------------------------------------------------------------
+// Formats, options, sizes
+
+static void test_detect_and_options(void) {
+    CHECK_EQ(dsrt_detect_format("\xff\xd8\xff\xe0", 4), DSRT_FORMAT_JPEG);
+    CHECK_EQ(dsrt_detect_format("\xff\xd8", 2), DSRT_FORMAT_UNKNOWN);
+    CHECK_EQ(dsrt_detect_format("\x89PNG\r\n\x1a\n", 8), DSRT_FORMAT_PNG);
+    CHECK_EQ(dsrt_detect_format("\x89PNG\r\n\x1a", 7), DSRT_FORMAT_UNKNOWN);
+    CHECK_EQ(dsrt_detect_format("GIF89a", 6), DSRT_FORMAT_UNKNOWN);
+    CHECK_EQ(dsrt_detect_format(NULL, 0), DSRT_FORMAT_UNKNOWN);
+
+    dsrt_decoder_options o = dsrt_decoder_defaults();
+    CHECK_EQ(o.max_pixels, 178956970);
+    CHECK_EQ(o.strict, 0);
+    dsrt_decoder *d = (dsrt_decoder *)1;
+    o.max_pixels = 0;
+    CHECK_FAILS(dsrt_decoder_create(&d, &o), DSRT_EOPTION);
+    CHECK(d == NULL);
+    CHECK_OK(dsrt_decoder_create(&d, NULL));
+    dsrt_decoder_destroy(d);
+    dsrt_decoder_destroy(NULL);
+
+    /* Scratch buffers: aligned, large enough, kept. */
+    CHECK_OK(dsrt_decoder_create(&d, NULL));
+    uint8_t *f = dsrt__decoder_file_buffer(d, 10000);
+    REQUIRE(f);
+    CHECK_EQ((uintptr_t)f % DSRT_DIRECT_ALIGN, 0);
+    memset(f, 1, 10000);
+    CHECK(dsrt__decoder_file_buffer(d, 5000) == f);
+    uint8_t *p = dsrt__decoder_pixel_buffer(d, 3 * 1000 * 1000);
+    REQUIRE(p);
+    memset(p, 2, 3 * 1000 * 1000);
+    CHECK(p != f);
+    CHECK(dsrt__decoder_pixel_buffer(d, 1) == p);
+    dsrt_decoder_destroy(d);
+}
+
+static void test_scale_choice(void) {
+    dsrt_image_info info = {DSRT_FORMAT_JPEG, 500, 375, 3, 8, 0};
+    struct {
+        int min_w, min_h, w, h;
+    } cases[] = {
+        {0, 0, 500, 375},       /* full size */
+        {256, 256, 500, 375},   /* 1/2 gives 250x188: too small */
+        {100, 100, 250, 188},   /* 1/4 gives 125x94: too small */
+        {63, 47, 63, 47},       /* 1/8 */
+        {64, 47, 125, 94},      /* 1/8 is 63 wide: 1/4 */
+        {1, 1, 63, 47},         /* the smallest */
+        {1000, 1000, 500, 375}, /* never upscaled */
+        {100, 0, 125, 94},      /* width alone */
+        {0, 95, 250, 188},      /* height alone */
+        {250, 188, 250, 188},   /* exactly 1/2 */
+        {251, 188, 500, 375},
+    };
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(cases); i++) {
+        dsrt_decode_request r = request(3, cases[i].min_w, cases[i].min_h);
+        int w = -1, h = -1;
+        dsrt_decode_size(&info, &r, &w, &h);
+        if (w != cases[i].w || h != cases[i].h)
+            fprintf(stderr, "min %dx%d: got %dx%d, want %dx%d\n", cases[i].min_w, cases[i].min_h, w,
+                    h, cases[i].w, cases[i].h);
+        CHECK_EQ(w, cases[i].w);
+        CHECK_EQ(h, cases[i].h);
+    }
+    /* PNGs always decode at full size. */
+    dsrt_image_info png = {DSRT_FORMAT_PNG, 500, 375, 3, 8, 0};
+    dsrt_decode_request r = request(3, 10, 10);
+    int w, h;
+    dsrt_decode_size(&png, &r, &w, &h);
+    CHECK_EQ(w, 500);
+    CHECK_EQ(h, 375);
+
+    /* The real thing: a 500x375 JPEG decoded with min 100x100 is 250x188 and
+     * identical to TurboJPEG's own half-size decode. */
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    size_t len;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_420, 500, 375, 7, &len);
+    REQUIRE(jpeg);
+    dsrt_image img;
+    r = request(3, 100, 100);
+    CHECK_OK(dsrt_decode(d, jpeg, len, &r, &img));
+    CHECK_EQ(img.width, 250);
+    CHECK_EQ(img.height, 188);
+    CHECK_EQ(img.stride, 750);
+    uint8_t *ref = tj_reference(jpeg, len, 250, 188, TJPF_RGB);
+    CHECK_EQ(first_diff(img.data, ref, 250 * 188 * 3), -1);
+    free(ref);
+    free(jpeg);
+    dsrt_decoder_destroy(d);
+}
+
+// ----------------------------------------------------------------------------
+// JPEG against libjpeg-turbo
+
+/* Decodes jpeg with d as (channels, min size) asks and compares with
+ * TurboJPEG's own decode at the size the request implies. */
+static void check_jpeg(dsrt_decoder *d, const uint8_t *jpeg, size_t len, int kind, int channels,
+                       int min_w, int min_h, int use_dst) {
+    dsrt_image_info info;
+    CHECK_OK(dsrt_decoder_info(d, jpeg, len, &info));
+    dsrt_decode_request r = request(channels, min_w, min_h);
+    int w, h;
+    dsrt_decode_size(&info, &r, &w, &h);
+    size_t n = (size_t)w * h, bytes = n * channels;
+    uint8_t *dst = NULL;
+    if (use_dst) {
+        dst = malloc(bytes + 16);
+        REQUIRE(dst);
+        memset(dst, 0xEE, bytes + 16);
+        r.dst = dst;
+        r.dst_cap = bytes;
+    }
+    dsrt_image img;
+    int rc = dsrt_decode(d, jpeg, len, &r, &img);
+    CHECK_OK(rc);
+    if (rc != 0) {
+        free(dst);
+        return;
+    }
+    CHECK_EQ(img.width, w);
+    CHECK_EQ(img.height, h);
+    CHECK_EQ(img.channels, channels);
+    CHECK_EQ(img.stride, (size_t)w * channels);
+    if (use_dst) {
+        CHECK(img.data == dst);
+        for (int i = 0; i < 16; i++) CHECK_EQ(dst[bytes + i], 0xEE);
+    }
+
+    uint8_t *ref;
+    if (kind == TIMG_JPEG_CMYK) {
+        /* Adobe-inverted CMYK: R = C*K/255 rounded, on TurboJPEG's samples. */
+        uint8_t *cmyk = tj_reference(jpeg, len, w, h, TJPF_CMYK);
+        uint8_t *rgb = malloc(n * 3);
+        REQUIRE(rgb);
+        for (size_t i = 0; i < n; i++)
+            for (int c = 0; c < 3; c++)
+                rgb[3 * i + c] = (uint8_t)floor(cmyk[4 * i + c] * cmyk[4 * i + 3] / 255.0 + 0.5);
+        free(cmyk);
+        if (channels == 3) {
+            ref = rgb;
+        } else {
+            ref = malloc(n);
+            REQUIRE(ref);
+            rgb_to_gray_ref(rgb, ref, n);
+            free(rgb);
+        }
+    } else {
+        ref = tj_reference(jpeg, len, w, h, channels == 1 ? TJPF_GRAY : TJPF_RGB);
+    }
+    long at = first_diff(img.data, ref, bytes);
+    if (at >= 0)
+        fprintf(stderr, "%s %dx%d ch %d min %dx%d: byte %ld differs (%d vs %d)\n",
+                timg_jpeg_kind_name(kind), info.width, info.height, channels, min_w, min_h, at,
+                img.data[at], ref[at]);
+    CHECK_EQ(at, -1);
+    free(ref);
+    free(dst);
+}
+
+static void test_jpeg_kinds(void) {
+    static const int sizes[][2] = {{37, 23}, {64, 48}, {1, 1}, {17, 100}, {333, 2}, {9, 9}};
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (int kind = 0; kind < TIMG_JPEG_KINDS; kind++) {
+        for (size_t s = 0; s < DSRT_ARRAY_SIZE(sizes); s++) {
+            int w = sizes[s][0], h = sizes[s][1];
+            size_t len;
+            uint8_t *jpeg = timg_make_jpeg(kind, w, h, (uint32_t)(kind * 100 + s), &len);
+            REQUIRE(jpeg);
+            char name[64];
+            snprintf(name, sizeof name, "%s-%dx%d.jpg", timg_jpeg_kind_name(kind), w, h);
+            corpus(name, jpeg, len);
+
+            dsrt_image_info info;
+            CHECK_OK(dsrt_decoder_info(d, jpeg, len, &info));
+            CHECK_EQ(info.format, DSRT_FORMAT_JPEG);
+            CHECK_EQ(info.width, w);
+            CHECK_EQ(info.height, h);
+            CHECK_EQ(info.bit_depth, 8);
+            CHECK_EQ(info.channels, kind == TIMG_JPEG_GRAY ? 1 : kind == TIMG_JPEG_CMYK ? 4 : 3);
+            CHECK_EQ(info.cmyk, kind == TIMG_JPEG_CMYK);
+
+            /* Every scale: a minimum of exactly the scaled size picks it. */
+            for (int denom = 1; denom <= 8; denom *= 2) {
+                int mw = (w + denom - 1) / denom, mh = (h + denom - 1) / denom;
+                for (int ch = 1; ch <= 3; ch += 2) {
+                    check_jpeg(d, jpeg, len, kind, ch, denom == 1 ? 0 : mw, denom == 1 ? 0 : mh, 0);
+                    check_jpeg(d, jpeg, len, kind, ch, mw, mh, 1);
+                }
+            }
+            free(jpeg);
+        }
+    }
+    dsrt_decoder_destroy(d);
+}
+
+/* A larger image once, with every scale, so that the scaled decodes are not
+ * all single blocks. */
+static void test_jpeg_large(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (int kind = 0; kind < TIMG_JPEG_KINDS; kind++) {
+        size_t len;
+        uint8_t *jpeg = timg_make_jpeg(kind, 641, 479, 99, &len);
+        REQUIRE(jpeg);
+        for (int denom = 1; denom <= 8; denom *= 2)
+            for (int ch = 1; ch <= 3; ch += 2)
+                check_jpeg(d, jpeg, len, kind, ch, (641 + denom - 1) / denom,
+                           (479 + denom - 1) / denom, 0);
+        free(jpeg);
+    }
+    dsrt_decoder_destroy(d);
+}
+
+// ----------------------------------------------------------------------------
+// PNG against the encoded pixels
+
+static void test_png_kinds(void) {
+    static const int sizes[][2] = {{37, 23}, {1, 1}, {8, 8}, {100, 3}, {3, 61}, {64, 64}};
+    static const int channels_of[] = {1, 1, 1, 1, 1, 3, 3, 4, 4, 2, 2, 3, 3, 3, 1};
+    static const int depth_of[] = {1, 2, 4, 8, 16, 8, 16, 8, 16, 8, 16, 8, 2, 8, 4};
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (int kind = 0; kind < TIMG_PNG_KINDS; kind++) {
+        for (size_t s = 0; s < DSRT_ARRAY_SIZE(sizes); s++) {
+            int w = sizes[s][0], h = sizes[s][1];
+            size_t n = (size_t)w * h, len;
+            uint8_t *expect = malloc(n * 3), *gray = malloc(n);
+            REQUIRE(expect && gray);
+            uint8_t *png = timg_make_png(kind, w, h, (uint32_t)(kind * 1000 + s), &len, expect);
+            REQUIRE(png);
+            rgb_to_gray_ref(expect, gray, n);
+            char name[64];
+            snprintf(name, sizeof name, "%s-%dx%d.png", timg_png_kind_name(kind), w, h);
+            corpus(name, png, len);
+
+            dsrt_image_info info;
+            CHECK_OK(dsrt_decoder_info(d, png, len, &info));
+            CHECK_EQ(info.format, DSRT_FORMAT_PNG);
+            CHECK_EQ(info.width, w);
+            CHECK_EQ(info.height, h);
+            CHECK_EQ(info.channels, channels_of[kind]);
+            CHECK_EQ(info.bit_depth, depth_of[kind]);
+            CHECK_EQ(info.cmyk, 0);
+
+            for (int ch = 1; ch <= 3; ch += 2) {
+                /* A minimum size changes nothing for PNG. */
+                dsrt_decode_request r = request(ch, w / 2, h / 2);
+                dsrt_image img;
+                int rc = dsrt_decode(d, png, len, &r, &img);
+                CHECK_OK(rc);
+                if (rc != 0) continue;
+                CHECK_EQ(img.width, w);
+                CHECK_EQ(img.height, h);
+                CHECK_EQ(img.channels, ch);
+                long at = first_diff(img.data, ch == 3 ? expect : gray, n * ch);
+                if (at >= 0)
+                    fprintf(stderr, "%s %dx%d ch %d: byte %ld: %d, want %d\n",
+                            timg_png_kind_name(kind), w, h, ch, at, img.data[at],
+                            (ch == 3 ? expect : gray)[at]);
+                CHECK_EQ(at, -1);
+            }
+            free(png);
+            free(expect);
+            free(gray);
+        }
+    }
+    dsrt_decoder_destroy(d);
+}
+
+/* The 16-bit rule on values where truncation and rounding disagree. */
+static void test_png_16bit_rule(void) {
+    uint16_t px[2][3] = {{0x30FF, 0x0080, 0xFFFF}, {0x7F80, 0x00FF, 0x8000}};
+    size_t len;
+    uint8_t *png = timg_png(px, 2, 1, SPNG_COLOR_TYPE_TRUECOLOR, 16, 0, NULL, NULL, &len);
+    REQUIRE(png);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    dsrt_decode_request r = request(3, 0, 0);
+    dsrt_image img;
+    CHECK_OK(dsrt_decode(d, png, len, &r, &img));
+    uint8_t want[6] = {0x30, 0x00, 0xFF, 0x7F, 0x00, 0x80};
+    CHECK_EQ(first_diff(img.data, want, 6), -1);
+    free(png);
+
+    uint16_t g[3] = {0x30FF, 0x0080, 0xFFFF};
+    png = timg_png(g, 3, 1, SPNG_COLOR_TYPE_GRAYSCALE, 16, 0, NULL, NULL, &len);
+    REQUIRE(png);
+    r = request(1, 0, 0);
+    CHECK_OK(dsrt_decode(d, png, len, &r, &img));
+    CHECK_EQ(img.data[0], 0x30);
+    CHECK_EQ(img.data[1], 0x00);
+    CHECK_EQ(img.data[2], 0xFF);
+    free(png);
+    dsrt_decoder_destroy(d);
+}
+
+static void test_png_write(void) {
+    char dir[4096], path[8192];
+    REQUIRE(timg_tmpdir("decode_png_write", dir, sizeof dir) == 0);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (int ch = 1; ch <= 3; ch += 2) {
+        for (int strided = 0; strided < 2; strided++) {
+            int w = 29, h = 17;
+            size_t stride = (size_t)w * ch + (strided ? 13 : 0);
+            uint8_t *px = malloc(stride * h);
+            REQUIRE(px);
+            timg_noise(px, stride * h, (uint32_t)(ch * 10 + strided));
+            dsrt_image img = {px, w, h, ch, stride};
+            snprintf(path, sizeof path, "%s/img-%d-%d.png", dir, ch, strided);
+            CHECK_OK(dsrt_png_write(path, &img));
+            uint8_t *data;
+            size_t size;
+            REQUIRE(dsrt__read_whole_file(path, 1 << 20, &data, &size) == 0);
+            dsrt_image_info info;
+            CHECK_OK(dsrt_decoder_info(d, data, size, &info));
+            CHECK_EQ(info.channels, ch);
+            CHECK_EQ(info.bit_depth, 8);
+            dsrt_decode_request r = request(ch, 0, 0);
+            dsrt_image out;
+            CHECK_OK(dsrt_decode(d, data, size, &r, &out));
+            CHECK_EQ(out.width, w);
+            CHECK_EQ(out.height, h);
+            for (int y = 0; y < h; y++)
+                CHECK_EQ(first_diff(out.data + (size_t)y * w * ch, px + y * stride, (size_t)w * ch),
+                         -1);
+            free(data);
+            free(px);
+        }
+    }
+    /* No temporary file is left behind. */
+    snprintf(path, sizeof path, "ls -a '%s' | grep -c tmp > /dev/null", dir);
+    CHECK(system(path) != 0);
+
+    uint8_t px[12] = {0};
+    dsrt_image bad = {px, 2, 2, 2, 4};
+    snprintf(path, sizeof path, "%s/bad.png", dir);
+    CHECK_FAILS(dsrt_png_write(path, &bad), DSRT_EOPTION);
+    dsrt_image short_stride = {px, 2, 2, 3, 5};
+    CHECK_FAILS(dsrt_png_write(path, &short_stride), DSRT_EOPTION);
+    dsrt_image ok = {px, 2, 2, 3, 6};
+    snprintf(path, sizeof path, "%s/no/such/folder/x.png", dir);
+    CHECK_FAILS(dsrt_png_write(path, &ok), -ENOENT);
+    CHECK_CONTAINS(dsrt_last_error(), "png");
+    dsrt_decoder_destroy(d);
+}
+
+// ----------------------------------------------------------------------------
+// Bad input
+
+/* d must still decode a good image correctly after a failure. */
+static void check_still_works(dsrt_decoder *d, const uint8_t *jpeg, size_t len, int kind) {
+    check_jpeg(d, jpeg, len, kind, 3, 0, 0, 0);
+    check_jpeg(d, jpeg, len, kind, 1, 8, 8, 0);
+}
+
+static void test_empty_and_not_images(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    size_t good_len;
+    uint8_t *good = timg_make_jpeg(TIMG_JPEG_420, 40, 30, 5, &good_len);
+    REQUIRE(good);
+    dsrt_image_info info;
+    dsrt_image img;
+    dsrt_decode_request r = request(3, 0, 0);
+
+    CHECK_FAILS(dsrt_decoder_info(d, good, 0, &info), DSRT_EEMPTY);
+    CHECK_FAILS(dsrt_decode(d, good, 0, &r, &img), DSRT_EEMPTY);
+    CHECK(img.data == NULL);
+
+    const char *text = "This is a text file, not an image.\nSecond line.\n";
+    corpus("text.txt", text, strlen(text));
+    CHECK_FAILS(dsrt_decoder_info(d, text, strlen(text), &info), DSRT_EFORMAT);
+    CHECK_FAILS(dsrt_decode(d, text, strlen(text), &r, &img), DSRT_EFORMAT);
+    CHECK_CONTAINS(dsrt_last_error(), "not a JPEG or PNG image");
+
+    uint8_t noise[4096];
+    timg_noise(noise, sizeof noise, 3);
+    noise[0] = 0x42;
+    CHECK_FAILS(dsrt_decode(d, noise, sizeof noise, &r, &img), DSRT_EFORMAT);
+    /* Signatures followed by noise. */
+    memcpy(noise, "\xff\xd8\xff", 3);
+    corpus("jpeg-noise.jpg", noise, sizeof noise);
+    CHECK_FAILS(dsrt_decode(d, noise, sizeof noise, &r, &img), 0);
+    check_still_works(d, good, good_len, TIMG_JPEG_420);
+    memcpy(noise, "\x89PNG\r\n\x1a\n", 8);
+    corpus("png-noise.png", noise, sizeof noise);
+    CHECK_FAILS(dsrt_decode(d, noise, sizeof noise, &r, &img), 0);
+
+    /* Bad requests. */
+    r.channels = 2;
+    CHECK_FAILS(dsrt_decode(d, good, good_len, &r, &img), DSRT_EOPTION);
+    r = request(3, -1, 5);
+    CHECK_FAILS(dsrt_decode(d, good, good_len, &r, &img), DSRT_EOPTION);
+    check_still_works(d, good, good_len, TIMG_JPEG_420);
+    free(good);
+    dsrt_decoder_destroy(d);
+}
+
+/* Every cut of a JPEG is ETRUNCATED, through info or decode. */
+static void test_truncated_jpeg(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (int kind = 0; kind < TIMG_JPEG_KINDS; kind++) {
+        size_t len;
+        uint8_t *jpeg = timg_make_jpeg(kind, 48, 40, (uint32_t)kind, &len);
+        REQUIRE(jpeg);
+        int bad = 0;
+        for (size_t cut = 1; cut < len; cut++) {
+            uint8_t *copy = malloc(cut); /* exact size: ASan sees any over-read */
+            REQUIRE(copy);
+            memcpy(copy, jpeg, cut);
+            dsrt_image img;
+            for (int ch = 1; ch <= 3; ch += 2) {
+                dsrt_decode_request r = request(ch, cut % 3 ? 0 : 10, cut % 3 ? 0 : 10);
+                dsrt__clear_error();
+                int rc = dsrt_decode(d, copy, cut, &r, &img);
+                if (rc != DSRT_ETRUNCATED || !dsrt_last_error()[0]) {
+                    if (bad++ < 5)
+                        fprintf(stderr, "%s cut at %zu of %zu: %d (%s) \"%s\"\n",
+                                timg_jpeg_kind_name(kind), cut, len, rc, dsrt_strerror(rc),
+                                dsrt_last_error());
+                }
+            }
+            if (cut == len / 2 || cut == 300) {
+                char name[64];
+                snprintf(name, sizeof name, "%s-cut%zu.jpg", timg_jpeg_kind_name(kind), cut);
+                corpus(name, copy, cut);
+            }
+            free(copy);
+        }
+        CHECK_EQ(bad, 0);
+        check_still_works(d, jpeg, len, kind);
+        free(jpeg);
+    }
+    /* Strict decoders too. */
+    dsrt_decoder_options o = dsrt_decoder_defaults();
+    o.strict = 1;
+    dsrt_decoder *s;
+    REQUIRE(dsrt_decoder_create(&s, &o) == 0);
+    size_t len;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_PROGRESSIVE, 48, 40, 1, &len);
+    REQUIRE(jpeg);
+    dsrt_decode_request r = request(3, 0, 0);
+    dsrt_image img;
+    CHECK_FAILS(dsrt_decode(s, jpeg, len - 100, &r, &img), DSRT_ETRUNCATED);
+    CHECK_CONTAINS(dsrt_last_error(), "decode: ");
+    free(jpeg);
+    dsrt_decoder_destroy(s);
+    dsrt_decoder_destroy(d);
+}
+
+/* Every cut of a PNG before the end of its image data is ETRUNCATED; cuts
+ * after it (in the last CRC or IEND) may decode, the pixels being complete. */
+static void test_truncated_png(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    int kinds[] = {TIMG_PNG_GRAY8, TIMG_PNG_RGB16, TIMG_PNG_PALETTE8, TIMG_PNG_RGB8_INTERLACED,
+                   TIMG_PNG_GRAY1};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(kinds); k++) {
+        size_t len;
+        uint8_t *png = timg_make_png(kinds[k], 40, 30, 9, &len, NULL);
+        REQUIRE(png);
+        /* IEND is the last 12 bytes, after the last IDAT's CRC: libspng
+         * does not wait for that CRC once the image data is complete. */
+        size_t data_end = len - 12 - 4;
+        int bad = 0;
+        for (size_t cut = 1; cut < len; cut++) {
+            uint8_t *copy = malloc(cut);
+            REQUIRE(copy);
+            memcpy(copy, png, cut);
+            for (int ch = 1; ch <= 3; ch += 2) {
+                dsrt_decode_request r = request(ch, 0, 0);
+                dsrt_image img;
+                dsrt__clear_error();
+                int rc = dsrt_decode(d, copy, cut, &r, &img);
+                int ok = cut >= data_end ? rc == 0 || rc == DSRT_ETRUNCATED
+                                         : rc == DSRT_ETRUNCATED && dsrt_last_error()[0];
+                if (!ok && bad++ < 5)
+                    fprintf(stderr, "%s cut at %zu of %zu: %d (%s) \"%s\"\n",
+                            timg_png_kind_name(kinds[k]), cut, len, rc, dsrt_strerror(rc),
+                            dsrt_last_error());
+            }
+            if (cut == len / 2) {
+                char name[64];
+                snprintf(name, sizeof name, "%s-cut%zu.png", timg_png_kind_name(kinds[k]), cut);
+                corpus(name, copy, cut);
+            }
+            free(copy);
+        }
+        CHECK_EQ(bad, 0);
+        free(png);
+    }
+    dsrt_decoder_destroy(d);
+}
+
+/* Bytes changed anywhere: any result, but a failure has a code and a
+ * message, and nothing crashes or reads outside the buffer. */
+static void test_corrupt(void) {
+    dsrt_decoder *d, *s;
+    dsrt_decoder_options o = dsrt_decoder_defaults();
+    o.strict = 1;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    REQUIRE(dsrt_decoder_create(&s, &o) == 0);
+    size_t good_len;
+    uint8_t *good = timg_make_jpeg(TIMG_JPEG_420, 40, 30, 5, &good_len);
+    REQUIRE(good);
+    static const uint8_t values[] = {0x00, 0xff, 0x01, 0x80};
+    for (int which = 0; which < 3; which++) {
+        size_t len;
+        uint8_t *img = which == 0   ? timg_make_jpeg(TIMG_JPEG_PROGRESSIVE, 40, 30, 1, &len)
+                       : which == 1 ? timg_make_jpeg(TIMG_JPEG_422, 40, 30, 2, &len)
+                                    : timg_make_png(TIMG_PNG_RGB8, 40, 30, 3, &len, NULL);
+        REQUIRE(img);
+        int failures = 0, bad = 0;
+        uint8_t *copy = malloc(len);
+        REQUIRE(copy);
+        for (size_t pos = 0; pos < len; pos++) {
+            for (size_t v = 0; v < DSRT_ARRAY_SIZE(values) + 1; v++) {
+                memcpy(copy, img, len);
+                copy[pos] = v < DSRT_ARRAY_SIZE(values) ? values[v] : (uint8_t)(copy[pos] ^ 0x55);
+                if (copy[pos] == img[pos]) continue;
+                for (int strict = 0; strict < 2; strict++) {
+                    dsrt_decode_request r = request(pos % 2 ? 1 : 3, pos % 5 ? 0 : 12, 0);
+                    dsrt_image out;
+                    dsrt__clear_error();
+                    int rc = dsrt_decode(strict ? s : d, copy, len, &r, &out);
+                    if (rc != 0) {
+                        failures++;
+                        if (rc > 0 || !dsrt_last_error()[0]) bad++;
+                    }
+                }
+            }
+            if (pos % 97 == 0 && which < 2) {
+                char name[64];
+                snprintf(name, sizeof name, "corrupt%d-%zu.jpg", which, pos);
+                corpus(name, copy, len);
+            }
+        }
+        CHECK_GT(failures, 0);
+        CHECK_EQ(bad, 0);
+        free(copy);
+        free(img);
+    }
+    check_still_works(d, good, good_len, TIMG_JPEG_420);
+    check_still_works(s, good, good_len, TIMG_JPEG_420);
+
+    /* A PNG with a byte flipped in its image data fails its CRC. */
+    size_t len;
+    uint8_t *png = timg_make_png(TIMG_PNG_RGB8, 40, 30, 3, &len, NULL);
+    png[len / 2] ^= 0x55;
+    dsrt_decode_request r = request(3, 0, 0);
+    dsrt_image out;
+    CHECK_FAILS(dsrt_decode(d, png, len, &r, &out), DSRT_ECORRUPT);
+    CHECK_CONTAINS(dsrt_last_error(), "decode: PNG: ");
+    free(png);
+    free(good);
+    dsrt_decoder_destroy(s);
+    dsrt_decoder_destroy(d);
+}
+
+/* Extraneous bytes before a marker: a libjpeg warning, accepted by default
+ * (same pixels as without them), an error when strict. */
+static void test_jpeg_warning(void) {
+    size_t len;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_420, 64, 48, 11, &len);
+    REQUIRE(jpeg);
+    size_t sos = 0;
+    for (size_t i = 2; i + 1 < len; i++)
+        if (jpeg[i] == 0xff && jpeg[i + 1] == 0xda) {
+            sos = i;
+            break;
+        }
+    REQUIRE(sos > 0);
+    uint8_t *junk = malloc(len + 3);
+    REQUIRE(junk);
+    memcpy(junk, jpeg, sos);
+    memcpy(junk + sos, "\x01\x02\x03", 3);
+    memcpy(junk + sos + 3, jpeg + sos, len - sos);
+    corpus("extraneous.jpg", junk, len + 3);
+
+    dsrt_decoder *d, *s;
+    dsrt_decoder_options o = dsrt_decoder_defaults();
+    o.strict = 1;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    REQUIRE(dsrt_decoder_create(&s, &o) == 0);
+    dsrt_decode_request r = request(3, 0, 0);
+    dsrt_image img;
+    dsrt_image_info info;
+    CHECK_OK(dsrt_decoder_info(d, junk, len + 3, &info));
+    CHECK_EQ(info.width, 64);
+    CHECK_OK(dsrt_decode(d, junk, len + 3, &r, &img));
+    uint8_t *ref = tj_reference(jpeg, len, 64, 48, TJPF_RGB);
+    CHECK_EQ(first_diff(img.data, ref, 64 * 48 * 3), -1);
+    CHECK_FAILS(dsrt_decoder_info(s, junk, len + 3, &info), DSRT_ECORRUPT);
+    CHECK_FAILS(dsrt_decode(s, junk, len + 3, &r, &img), DSRT_ECORRUPT);
+    CHECK_CONTAINS(dsrt_last_error(), "decode: Corrupt JPEG data: 3 extraneous bytes");
+    /* ... and a strict decoder still decodes clean files. */
+    CHECK_OK(dsrt_decode(s, jpeg, len, &r, &img));
+    CHECK_EQ(first_diff(img.data, ref, 64 * 48 * 3), -1);
+
+    /* Junk and truncation: the truncation wins, strict or not. */
+    CHECK_FAILS(dsrt_decode(d, junk, len + 3 - 200, &r, &img), DSRT_ETRUNCATED);
+    CHECK_FAILS(dsrt_decode(s, junk, len + 3 - 200, &r, &img), 0);
+    free(ref);
+    free(junk);
+    free(jpeg);
+    dsrt_decoder_destroy(s);
+    dsrt_decoder_destroy(d);
+}
+
+/* Bytes the heap holds now (main arena plus mmap'd blocks). */
+static size_t heap_in_use(void) {
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static void test_bombs(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    dsrt_decode_request r = request(3, 0, 0);
+    dsrt_image img;
+    dsrt_image_info info;
+
+    /* A PNG claiming 100000 x 100000. */
+    size_t len;
+    uint8_t *png = timg_make_png(TIMG_PNG_RGB8, 16, 16, 1, &len, NULL);
+    REQUIRE(png && timg_png_set_size(png, len, 100000, 100000) == 0);
+    corpus("bomb.png", png, len);
+    size_t before = heap_in_use();
+    CHECK_FAILS(dsrt_decoder_info(d, png, len, &info), DSRT_ETOOBIG);
+    CHECK_CONTAINS(dsrt_last_error(), "100000x100000");
+    CHECK_CONTAINS(dsrt_last_error(), "10000000000");
+    CHECK_EQ(info.width, 100000); /* the header is still reported */
+    CHECK_FAILS(dsrt_decode(d, png, len, &r, &img), DSRT_ETOOBIG);
+    CHECK_CONTAINS(dsrt_last_error(), "100000x100000");
+    CHECK_LT(heap_in_use(), before + (1 << 20)); /* nothing large taken */
+    free(png);
+
+    /* A JPEG claiming 60000 x 60000 (JPEG sizes stop at 65535). */
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_420, 16, 16, 1, &len);
+    REQUIRE(jpeg && timg_jpeg_set_size(jpeg, len, 60000, 60000) == 0);
+    corpus("bomb.jpg", jpeg, len);
+    before = heap_in_use();
+    CHECK_FAILS(dsrt_decoder_info(d, jpeg, len, &info), DSRT_ETOOBIG);
+    CHECK_CONTAINS(dsrt_last_error(), "60000x60000");
+    CHECK_FAILS(dsrt_decode(d, jpeg, len, &r, &img), DSRT_ETOOBIG);
+    CHECK_LT(heap_in_use(), before + (1 << 20));
+    free(jpeg);
+
+    /* The limit is inclusive and applies to the file's size, not the scaled
+     * one. */
+    dsrt_decoder_options o = dsrt_decoder_defaults();
+    o.max_pixels = 37 * 23;
+    dsrt_decoder *small;
+    REQUIRE(dsrt_decoder_create(&small, &o) == 0);
+    size_t jlen;
+    jpeg = timg_make_jpeg(TIMG_JPEG_444, 37, 23, 1, &jlen);
+    png = timg_make_png(TIMG_PNG_GRAY8, 37, 23, 1, &len, NULL);
+    REQUIRE(jpeg && png);
+    CHECK_OK(dsrt_decode(small, jpeg, jlen, &r, &img));
+    CHECK_OK(dsrt_decode(small, png, len, &r, &img));
+    dsrt_decoder_destroy(small);
+    o.max_pixels = 37 * 23 - 1;
+    REQUIRE(dsrt_decoder_create(&small, &o) == 0);
+    r = request(3, 5, 5);
+    CHECK_FAILS(dsrt_decode(small, jpeg, jlen, &r, &img), DSRT_ETOOBIG);
+    CHECK_FAILS(dsrt_decode(small, png, len, &r, &img), DSRT_ETOOBIG);
+    /* libspng's own per-side limit gives the same answer. */
+    o.max_pixels = 30;
+    dsrt_decoder_destroy(small);
+    REQUIRE(dsrt_decoder_create(&small, &o) == 0);
+    CHECK_FAILS(dsrt_decode(small, png, len, &r, &img), DSRT_ETOOBIG);
+    CHECK_CONTAINS(dsrt_last_error(), "37x23");
+    dsrt_decoder_destroy(small);
+    free(jpeg);
+    free(png);
+    dsrt_decoder_destroy(d);
+}
+
+static void test_dst_too_small(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    size_t jlen, plen;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_CMYK, 37, 23, 1, &jlen);
+    uint8_t *png = timg_make_png(TIMG_PNG_RGB16, 37, 23, 1, &plen, NULL);
+    REQUIRE(jpeg && png);
+    uint8_t dst[37 * 23 * 3 + 8];
+    memset(dst, 0x5A, sizeof dst);
+    dsrt_decode_request r = request(3, 0, 0);
+    r.dst = dst;
+    r.dst_cap = 37 * 23 * 3 - 1;
+    dsrt_image img;
+    CHECK_FAILS(dsrt_decode(d, jpeg, jlen, &r, &img), DSRT_ETOOBIG);
+    CHECK_CONTAINS(dsrt_last_error(), "destination");
+    CHECK_FAILS(dsrt_decode(d, png, plen, &r, &img), DSRT_ETOOBIG);
+    CHECK_EQ(dst[0], 0x5A); /* nothing written */
+    r.dst_cap = 37 * 23 * 3;
+    CHECK_OK(dsrt_decode(d, jpeg, jlen, &r, &img));
+    CHECK(img.data == dst);
+    CHECK_OK(dsrt_decode(d, png, plen, &r, &img));
+    for (int i = 0; i < 8; i++) CHECK_EQ(dst[37 * 23 * 3 + i], 0x5A);
+    /* Enough for the scaled size is enough. */
+    r.min_width = 5;
+    r.min_height = 3;
+    r.dst_cap = 5 * 3 * 3;
+    CHECK_OK(dsrt_decode(d, jpeg, jlen, &r, &img));
+    CHECK_EQ(img.width, 5);
+    CHECK_EQ(img.height, 3);
+    free(jpeg);
+    free(png);
+    dsrt_decoder_destroy(d);
+}
+
+/* The pixel scratch is reused across sizes, and the gray path of PNG (RGB
+ * then rgb2gray) does not disturb a destination that is the scratch itself. */
+static void test_scratch_reuse(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    int sizes[][2] = {{300, 200}, {10, 10}, {310, 210}, {50, 400}};
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(sizes); i++) {
+        int w = sizes[i][0], h = sizes[i][1];
+        size_t n = (size_t)w * h, len;
+        uint8_t *expect = malloc(n * 3), *gray = malloc(n);
+        uint8_t *png = timg_make_png(TIMG_PNG_RGBA8, w, h, (uint32_t)i, &len, expect);
+        REQUIRE(png && expect && gray);
+        rgb_to_gray_ref(expect, gray, n);
+        dsrt_decode_request r = request(1, 0, 0);
+        r.dst = dsrt__decoder_pixel_buffer(d, n);
+        r.dst_cap = n;
+        dsrt_image img;
+        CHECK_OK(dsrt_decode(d, png, len, &r, &img));
+        CHECK_EQ(first_diff(img.data, gray, n), -1);
+        r = request(3, 0, 0);
+        CHECK_OK(dsrt_decode(d, png, len, &r, &img));
+        CHECK_EQ(first_diff(img.data, expect, n * 3), -1);
+        free(png);
+        free(expect);
+        free(gray);
+    }
+    dsrt_decoder_destroy(d);
+}
+
+int main(void) {
+    corpus_dir = getenv("DSRT_WRITE_CORPUS");
+    if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
+    RUN(test_color);
+    RUN(test_detect_and_options);
+    RUN(test_scale_choice);
+    RUN(test_jpeg_kinds);
+    RUN(test_jpeg_large);
+    RUN(test_png_kinds);
+    RUN(test_png_16bit_rule);
+    RUN(test_png_write);
+    RUN(test_empty_and_not_images);
+    RUN(test_truncated_jpeg);
+    RUN(test_truncated_png);
+    RUN(test_corrupt);
+    RUN(test_jpeg_warning);
+    RUN(test_bombs);
+    RUN(test_dst_too_small);
+    RUN(test_scratch_reuse);
+    return TEST_RESULT();
+}
