@@ -1,0 +1,1259 @@
+/*
+ * The CPU backend, on oneDNN (the library PyTorch itself runs its CPU
+ * convolutions on). It fills the nn ops table (internal.h) the way redis's
+ * ae_epoll.c fills ae.c's: the layers only describe; this file plans and runs.
+ *
+ * For each batch size (and for training and inference separately) a plan is
+ * built once: every layer becomes oneDNN primitives whose activations stay in
+ * the layouts oneDNN prefers (blocked nChw16c and the like, chosen with
+ * format_tag any), with reorders only where a primitive wants another layout:
+ * at the input (NCHW float batches), before fully connected layers (plain,
+ * so their weights are used straight from the flat buffer), and for the
+ * convolution weights, which the flat buffer holds plain and the primitives
+ * want blocked. Those weight reorders are cached: they run once per parameter
+ * update (the net's version counter), not once per call. A ReLU after a
+ * convolution or fully connected layer is an eltwise post-op of it, and after
+ * batch normalisation the normalisation's own ReLU flag.
+ *
+ * A plan is two lists of steps, forward and backward, each a primitive with
+ * its arguments or a small C function (input normalisation, dropout, softmax
+ * with cross-entropy, running averages). Every primitive shares one user
+ * scratchpad. Threads come from the OpenMP runtime oneDNN is built on
+ * (Debian's libdnnl 2.6 uses GNU OpenMP): the count is set on the calling
+ * thread before planning and running.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* From the OpenMP runtime oneDNN loads; weak so that the library links and
+ * runs without it (then the count is OpenMP's default). */
+extern void omp_set_num_threads(int n) __attribute__((weak));
+
+#define RNG_STREAM_DROPOUT 0x44524f50u /* "DROP" */
+#define PLAN_SLOTS         4
+
+// ----------------------------------------------------------------------------
+// Plans
+
+typedef struct cpu_backend cpu_backend;
+typedef struct cpu_plan cpu_plan;
+
+typedef enum {
+    STEP_ALWAYS = 0,
+    STEP_WEIGHTS, /* a weight reorder: runs only when the parameters changed */
+} step_kind;
+
+typedef struct {
+    dnnl_primitive_t prim; /* NULL: fn */
+    int (*fn)(cpu_backend *be, cpu_plan *p, int layer);
+    int layer;
+    step_kind kind;
+    uint64_t *cache; /* STEP_WEIGHTS: the version the copy was made from */
+    int nargs;
+    dnnl_exec_arg_t args[12];
+} step;
+
+typedef struct {
+    dnnl_memory_desc_t md;
+    dnnl_memory_t mem;  /* the layer's output */
+    dnnl_memory_t diff; /* gradient of the loss with respect to it (training) */
+} tensor;
+
+typedef struct {
+    tensor out;
+    dnnl_memory_t src;       /* what the main primitive read (after a reorder) */
+    dnnl_memory_t mean, var; /* batchnorm statistics of the batch */
+    float *mask;             /* dropout: (size of out) 0 or 1/(1-p) */
+    size_t mask_n;
+    dnnl_memory_t plain_in;   /* softmax: the logits, plain (n, classes) */
+    dnnl_memory_t plain_diff; /* softmax: its gradient, plain, before a reorder */
+    uint64_t w_fwd_version, w_bwd_version;
+} layer_plan;
+
+struct cpu_plan {
+    int n, train;
+    int n_layers;
+    uint64_t used; /* for least-recently-used eviction */
+    layer_plan *lp;
+    step *fwd, *bwd;
+    size_t n_fwd, cap_fwd, n_bwd, cap_bwd;
+    /* Everything created for the plan, destroyed with it. */
+    dnnl_memory_t *mems;
+    size_t n_mems, cap_mems;
+    dnnl_primitive_t *prims;
+    size_t n_prims, cap_prims;
+    dnnl_memory_t *scratch_mems; /* share one buffer */
+    size_t n_scratch, cap_scratch;
+    void *scratch;
+    size_t scratch_size;
+    float *probs; /* (n, classes) */
+    const int32_t *labels;
+    double loss;
+    int correct;
+};
+
+struct cpu_backend {
+    dsrt_net *net;
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    cpu_plan *plans[PLAN_SLOTS];
+    cpu_plan *last_train, *last_infer;
+    uint64_t clock;
+    int *need_diff; /* (n_layers) 1: backward must produce the gradient of layer i's output */
+    const float *x; /* the batch of the current forward */
+};
+
+static int dnnl_fail(dnnl_status_t st, const char *what, const dsrt_layer *l) {
+    if (l)
+        return dsrt__fail(DSRT_EBACKEND, "cpu backend: layer '%s' (%s, line %d): %s: %s", l->name,
+                          l->type, l->line, what, dnnl_status2str(st));
+    return dsrt__fail(DSRT_EBACKEND, "cpu backend: %s: %s", what, dnnl_status2str(st));
+}
+
+#define DN(what, call)                                                                             \
+    do {                                                                                           \
+        dnnl_status_t st_ = (call);                                                                \
+        if (st_ != dnnl_success) return dnnl_fail(st_, what, L);                                   \
+    } while (0)
+
+static void set_threads(const dsrt_net *net) {
+    if (net->opts.threads > 0 && omp_set_num_threads) omp_set_num_threads(net->opts.threads);
+}
+
+static step *push_step(step **list, size_t *n, size_t *cap) {
+    if (dsrt__grow((void **)list, cap, *n + 1, sizeof **list)) return NULL;
+    step *s = &(*list)[(*n)++];
+    memset(s, 0, sizeof *s);
+    return s;
+}
+
+static step *fwd_step(cpu_plan *p) {
+    return push_step(&p->fwd, &p->n_fwd, &p->cap_fwd);
+}
+
+static step *bwd_step(cpu_plan *p) {
+    return push_step(&p->bwd, &p->n_bwd, &p->cap_bwd);
+}
+
+/* Adds an argument to a step; a NULL memory (no bias, no workspace) is left
+ * out. */
+static void arg(step *s, int what, dnnl_memory_t m) {
+    if (!m) return;
+    s->args[s->nargs].arg = what;
+    s->args[s->nargs].memory = m;
+    s->nargs++;
+}
+
+/* A memory of md: on handle (the flat buffers, user data), or allocated by
+ * oneDNN when handle is NULL. Owned by the plan. */
+static int mem_new(cpu_plan *p, const dnnl_memory_desc_t *md, dnnl_engine_t eng, void *handle,
+                   dnnl_memory_t *out, const dsrt_layer *L) {
+    *out = NULL;
+    if (dsrt__grow((void **)&p->mems, &p->cap_mems, p->n_mems + 1, sizeof *p->mems)) return -ENOMEM;
+    DN("memory", dnnl_memory_create(out, md, eng, handle ? handle : DNNL_MEMORY_ALLOCATE));
+    p->mems[p->n_mems++] = *out;
+    return 0;
+}
+
+static const dnnl_memory_desc_t *md_of(dnnl_memory_t m) {
+    const dnnl_memory_desc_t *md = NULL;
+    dnnl_memory_get_memory_desc(m, &md);
+    return md;
+}
+
+static void *handle_of(dnnl_memory_t m) {
+    void *h = NULL;
+    dnnl_memory_get_data_handle(m, &h);
+    return h;
+}
+
+static int attr_new(dnnl_primitive_attr_t *attr, int relu, float leak, const dsrt_layer *L) {
+    DN("attributes", dnnl_primitive_attr_create(attr));
+    DN("attributes", dnnl_primitive_attr_set_scratchpad_mode(*attr, dnnl_scratchpad_mode_user));
+    if (relu) {
+        dnnl_post_ops_t po;
+        DN("post-ops", dnnl_post_ops_create(&po));
+        dnnl_status_t st = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, leak, 0.0f);
+        if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(*attr, po);
+        dnnl_post_ops_destroy(po);
+        if (st != dnnl_success) return dnnl_fail(st, "post-ops", L);
+    }
+    return 0;
+}
+
+/* Creates pd from an op descriptor with the plan's attributes. */
+static int pd_new(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be, int relu,
+                  float leak, const_dnnl_primitive_desc_t hint, const char *what,
+                  const dsrt_layer *L) {
+    dnnl_primitive_attr_t attr;
+    int rc = attr_new(&attr, relu, leak, L);
+    if (rc) return rc;
+    dnnl_status_t st = dnnl_primitive_desc_create(pd, desc, attr, be->engine, hint);
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return dnnl_fail(st, what, L);
+    return 0;
+}
+
+/* The primitive of pd, registered with the plan, and the scratchpad memory it
+ * needs (NULL when none). pd stays the caller's. */
+static int prim_new(cpu_plan *p, cpu_backend *be, const_dnnl_primitive_desc_t pd,
+                    dnnl_primitive_t *prim, dnnl_memory_t *scratch, const dsrt_layer *L) {
+    *prim = NULL;
+    *scratch = NULL;
+    if (dsrt__grow((void **)&p->prims, &p->cap_prims, p->n_prims + 1, sizeof *p->prims))
+        return -ENOMEM;
+    DN("primitive", dnnl_primitive_create(prim, pd));
+    p->prims[p->n_prims++] = *prim;
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t size = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    if (size) {
+        if (dsrt__grow((void **)&p->scratch_mems, &p->cap_scratch, p->n_scratch + 1,
+                       sizeof *p->scratch_mems))
+            return -ENOMEM;
+        DN("scratchpad", dnnl_memory_create(scratch, smd, be->engine, DNNL_MEMORY_NONE));
+        p->scratch_mems[p->n_scratch++] = *scratch;
+        if (size > p->scratch_size) p->scratch_size = size;
+    }
+    return 0;
+}
+
+/* A step running pd's primitive; the caller adds the arguments. */
+static int prim_step(cpu_plan *p, cpu_backend *be, const_dnnl_primitive_desc_t pd, int backward,
+                     int layer, step **out, const dsrt_layer *L) {
+    dnnl_primitive_t prim;
+    dnnl_memory_t scratch;
+    int rc = prim_new(p, be, pd, &prim, &scratch, L);
+    if (rc) return rc;
+    step *s = backward ? bwd_step(p) : fwd_step(p);
+    if (!s) return -ENOMEM;
+    s->prim = prim;
+    s->layer = layer;
+    arg(s, DNNL_ARG_SCRATCHPAD, scratch);
+    *out = s;
+    return 0;
+}
+
+/* A reorder step from one memory to another. */
+static int reorder_step(cpu_plan *p, cpu_backend *be, dnnl_memory_t from, dnnl_memory_t to,
+                        int backward, int layer, step_kind kind, uint64_t *cache,
+                        const dsrt_layer *L) {
+    dnnl_primitive_attr_t attr;
+    dnnl_primitive_desc_t pd;
+    int rc = attr_new(&attr, 0, 0, L);
+    if (rc) return rc;
+    dnnl_status_t st = dnnl_reorder_primitive_desc_create(&pd, md_of(from), be->engine, md_of(to),
+                                                          be->engine, attr);
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return dnnl_fail(st, "reorder", L);
+    step *s;
+    rc = prim_step(p, be, pd, backward, layer, &s, L);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return rc;
+    arg(s, DNNL_ARG_FROM, from);
+    arg(s, DNNL_ARG_TO, to);
+    s->kind = kind;
+    s->cache = cache;
+    return 0;
+}
+
+/* have in the layout want: have itself, or a new memory filled by a reorder
+ * step added now. */
+static int ensure(cpu_plan *p, cpu_backend *be, dnnl_memory_t have, const dnnl_memory_desc_t *want,
+                  int backward, int layer, dnnl_memory_t *out, const dsrt_layer *L) {
+    if (dnnl_memory_desc_equal(md_of(have), want)) {
+        *out = have;
+        return 0;
+    }
+    int rc = mem_new(p, want, be->engine, NULL, out, L);
+    if (rc) return rc;
+    return reorder_step(p, be, have, *out, backward, layer, STEP_ALWAYS, NULL, L);
+}
+
+/* Where a primitive producing layout `made` should write so that the result
+ * lands in target: target itself, or a temporary (*tmp) that the caller
+ * reorders into target after the primitive's step. */
+static int deliver(cpu_plan *p, cpu_backend *be, dnnl_memory_t target,
+                   const dnnl_memory_desc_t *made, dnnl_memory_t *out, dnnl_memory_t *tmp,
+                   const dsrt_layer *L) {
+    *tmp = NULL;
+    if (dnnl_memory_desc_equal(md_of(target), made)) {
+        *out = target;
+        return 0;
+    }
+    int rc = mem_new(p, made, be->engine, NULL, tmp, L);
+    *out = *tmp;
+    return rc;
+}
+
+static int md_plain(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims) {
+    static const dnnl_format_tag_t tags[] = {0, dnnl_a, dnnl_ab, dnnl_abc, dnnl_abcd, dnnl_abcde};
+    return dnnl_memory_desc_init_by_tag(md, ndims, dims, dnnl_f32, tags[ndims]) == dnnl_success
+               ? 0
+               : DSRT_EBACKEND;
+}
+
+static int md_any(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims) {
+    return dnnl_memory_desc_init_by_tag(md, ndims, dims, dnnl_f32, dnnl_format_tag_any) ==
+                   dnnl_success
+               ? 0
+               : DSRT_EBACKEND;
+}
+
+/* The same logical tensor as md, in plain (row-major) layout. */
+static int md_plain_like(dnnl_memory_desc_t *out, const dnnl_memory_desc_t *md) {
+    return md_plain(out, md->ndims, md->dims);
+}
+
+// ----------------------------------------------------------------------------
+// C steps
+
+static int step_normalize(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *l = &net->layers[0];
+    int c = l->out.c;
+    size_t hw = (size_t)l->out.h * l->out.w;
+    const float *st = net->state + l->s_off;
+    const float *mean = st, *sd = st + c, *mn = st + 2 * c, *mx = st + 3 * c;
+    float *y = handle_of(p->lp[0].out.mem);
+    for (int b = 0; b < p->n; b++)
+        for (int ch = 0; ch < c; ch++) {
+            float a = 1.0f, o = 0.0f; /* y = a * x + o */
+            switch (l->o.norm) {
+            case DSRT_NORM_ZEROCENTER:
+                o = -mean[ch];
+                break;
+            case DSRT_NORM_ZSCORE:
+                a = 1.0f / sd[ch];
+                o = -mean[ch] * a;
+                break;
+            case DSRT_NORM_RESCALE:
+                a = 1.0f / (mx[ch] - mn[ch]);
+                o = -mn[ch] * a;
+                break;
+            case DSRT_NORM_RESCALE_SYMMETRIC:
+                a = 2.0f / (mx[ch] - mn[ch]);
+                o = -mn[ch] * a - 1.0f;
+                break;
+            default:
+                break;
+            }
+            const float *xs = be->x + ((size_t)b * c + ch) * hw;
+            float *ys = y + ((size_t)b * c + ch) * hw;
+            for (size_t k = 0; k < hw; k++) ys[k] = a * xs[k] + o;
+        }
+    return 0;
+}
+
+static int step_bn_running(cpu_backend *be, cpu_plan *p, int i) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *l = &net->layers[i];
+    int c = l->out.c;
+    const float *mean = handle_of(p->lp[i].mean), *var = handle_of(p->lp[i].var);
+    float *rm = net->state + l->s_off, *rv = rm + c;
+    double count = (double)p->n * l->out.h * l->out.w;
+    float m = l->o.momentum, unbias = count > 1 ? (float)(count / (count - 1)) : 1.0f;
+    for (int k = 0; k < c; k++) {
+        rm[k] = (1.0f - m) * rm[k] + m * mean[k];
+        rv[k] = (1.0f - m) * rv[k] + m * var[k] * unbias;
+    }
+    return 0;
+}
+
+static int step_dropout_fwd(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *l = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    const float *x = handle_of(p->lp[i - 1].out.mem);
+    float *y = handle_of(lp->out.mem), *m = lp->mask;
+    size_t n = lp->mask_n;
+    float keep = 1.0f / (1.0f - l->o.p);
+    uint32_t thresh = (uint32_t)fmin(4294967295.0, ldexp((double)l->o.p, 32));
+    dsrt_rng rng =
+        dsrt_rng_init(net->opts.seed, (uint64_t)net->iteration, (uint64_t)i, RNG_STREAM_DROPOUT);
+    for (size_t k = 0; k < n; k += 2) {
+        uint64_t r = dsrt_rng_u64(&rng);
+        m[k] = (uint32_t)r >= thresh ? keep : 0.0f;
+        if (k + 1 < n) m[k + 1] = (uint32_t)(r >> 32) >= thresh ? keep : 0.0f;
+    }
+    for (size_t k = 0; k < n; k++) y[k] = x[k] * m[k];
+    return 0;
+}
+
+static int step_dropout_bwd(cpu_backend *be, cpu_plan *p, int i) {
+    layer_plan *lp = &p->lp[i];
+    const float *dy = handle_of(lp->out.diff), *m = lp->mask;
+    float *dx = handle_of(p->lp[i - 1].out.diff);
+    for (size_t k = 0; k < lp->mask_n; k++) dx[k] = dy[k] * m[k];
+    return 0;
+}
+
+static int step_softmax_fwd(cpu_backend *be, cpu_plan *p, int i) {
+    int k = be->net->classes;
+    const float *z = handle_of(p->lp[i].plain_in);
+    double loss = 0;
+    int correct = 0;
+    for (int b = 0; b < p->n; b++) {
+        const float *zb = z + (size_t)b * k;
+        float *pb = p->probs + (size_t)b * k;
+        float mx = zb[0];
+        int arg = 0;
+        for (int j = 1; j < k; j++)
+            if (zb[j] > mx) mx = zb[j], arg = j;
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += exp((double)zb[j] - mx);
+        double inv = 1.0 / sum, lse = log(sum);
+        for (int j = 0; j < k; j++) pb[j] = (float)(exp((double)zb[j] - mx) * inv);
+        if (p->labels) {
+            int y = p->labels[b];
+            loss += lse - ((double)zb[y] - mx);
+            correct += arg == y;
+        }
+        if (!isfinite(mx)) loss = NAN;
+    }
+    p->loss = loss / p->n;
+    p->correct = correct;
+    return 0;
+}
+
+static int step_softmax_bwd(cpu_backend *be, cpu_plan *p, int i) {
+    int k = be->net->classes;
+    float *d = handle_of(p->lp[i].plain_diff);
+    float inv = 1.0f / p->n;
+    for (int b = 0; b < p->n; b++) {
+        const float *pb = p->probs + (size_t)b * k;
+        float *db = d + (size_t)b * k;
+        for (int j = 0; j < k; j++) db[j] = pb[j] * inv;
+        db[p->labels[b]] -= inv;
+    }
+    return 0;
+}
+
+static int step_ready(cpu_backend *be, cpu_plan *p, int i) {
+    dsrt__net_grads_ready(be->net, i);
+    return 0;
+}
+
+static int c_step(cpu_plan *p, int backward, int (*fn)(cpu_backend *, cpu_plan *, int), int layer) {
+    step *s = backward ? bwd_step(p) : fwd_step(p);
+    if (!s) return -ENOMEM;
+    s->fn = fn;
+    s->layer = layer;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Layers
+
+static int plan_input(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    tensor *out = &p->lp[i].out;
+    dnnl_dims_t dims = {p->n, L->out.c, L->out.h, L->out.w};
+    if (md_plain(&out->md, 4, dims)) return dnnl_fail(dnnl_invalid_arguments, "input", L);
+    if (L->o.norm == DSRT_NORM_NONE) {
+        /* The caller's batch, set as the handle at each forward. */
+        DN("memory", dnnl_memory_create(&out->mem, &out->md, be->engine, DNNL_MEMORY_NONE));
+        if (dsrt__grow((void **)&p->mems, &p->cap_mems, p->n_mems + 1, sizeof *p->mems)) {
+            dnnl_memory_destroy(out->mem);
+            return -ENOMEM;
+        }
+        p->mems[p->n_mems++] = out->mem;
+        return 0;
+    }
+    int rc = mem_new(p, &out->md, be->engine, NULL, &out->mem, L);
+    if (rc) return rc;
+    return c_step(p, 0, step_normalize, i);
+}
+
+/* The output tensor of layer i in layout md, and its gradient buffer when
+ * backward needs it. */
+static int new_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md) {
+    const dsrt_layer *L = &be->net->layers[i];
+    tensor *out = &p->lp[i].out;
+    out->md = *md;
+    int rc = mem_new(p, md, be->engine, NULL, &out->mem, L);
+    if (rc) return rc;
+    if (p->train && be->need_diff[i]) rc = mem_new(p, md, be->engine, NULL, &out->diff, L);
+    return rc;
+}
+
+/* Weights of a conv or fc layer: plain in the flat buffer, in layout want for
+ * a primitive. Adds a cached reorder step when they differ. */
+static int weights_for(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *plain,
+                       const dnnl_memory_desc_t *want, dnnl_memory_t wplain, int backward,
+                       uint64_t *cache, dnnl_memory_t *out) {
+    const dsrt_layer *L = &be->net->layers[i];
+    if (dnnl_memory_desc_equal(plain, want)) {
+        *out = wplain;
+        return 0;
+    }
+    int rc = mem_new(p, want, be->engine, NULL, out, L);
+    if (rc) return rc;
+    *cache = UINT64_MAX;
+    return reorder_step(p, be, wplain, *out, backward, i, STEP_WEIGHTS, cache, L);
+}
+
+/* Backward of a ReLU fused into layer i: in place on its output gradient. */
+static int fused_relu_bwd(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    tensor *out = &p->lp[i].out;
+    dnnl_eltwise_desc_t d;
+    dnnl_primitive_desc_t pd;
+    DN("relu backward", dnnl_eltwise_backward_desc_init(&d, dnnl_eltwise_relu_use_dst_for_bwd,
+                                                        &out->md, &out->md, L->fuse_leak, 0));
+    int rc = pd_new(&pd, &d, be, 0, 0, NULL, "relu backward", L);
+    if (rc) return rc;
+    step *s;
+    rc = prim_step(p, be, pd, 1, i, &s, L);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return rc;
+    arg(s, DNNL_ARG_DST, out->mem);
+    arg(s, DNNL_ARG_DIFF_DST, out->diff);
+    arg(s, DNNL_ARG_DIFF_SRC, out->diff);
+    return 0;
+}
+
+static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[i - 1].out;
+    int g = L->o.groups, rc;
+    dnnl_dims_t sdims = {p->n, L->in.c, L->in.h, L->in.w};
+    dnnl_dims_t ddims = {p->n, L->out.c, L->out.h, L->out.w};
+    dnnl_dims_t wdims5 = {g, L->out.c / g, L->in.c / g, L->o.kh, L->o.kw};
+    dnnl_dims_t wdims4 = {L->out.c, L->in.c, L->o.kh, L->o.kw};
+    dnnl_dims_t bdims = {L->out.c};
+    dnnl_dims_t strides = {L->o.sh, L->o.sw}, dil = {L->o.dh - 1, L->o.dw - 1};
+    dnnl_dims_t pad_l = {L->pt, L->pl}, pad_r = {L->pb, L->pr};
+    int wnd = g > 1 ? 5 : 4;
+    const dnnl_dim_t *wdims = g > 1 ? wdims5 : wdims4;
+    dnnl_memory_desc_t src_any, w_any, w_plain, b_md, dst_any;
+    if (md_any(&src_any, 4, sdims) || md_any(&w_any, wnd, wdims) ||
+        md_plain(&w_plain, wnd, wdims) || md_plain(&b_md, 1, bdims) || md_any(&dst_any, 4, ddims))
+        return dnnl_fail(dnnl_invalid_arguments, "memory descriptors", L);
+    const dnnl_memory_desc_t *bias = L->b_n ? &b_md : NULL;
+    dnnl_prop_kind_t prop = p->train ? dnnl_forward_training : dnnl_forward_inference;
+
+    /* Forward */
+    dnnl_convolution_desc_t fd;
+    dnnl_primitive_desc_t fpd = NULL;
+    DN("convolution", dnnl_dilated_convolution_forward_desc_init(&fd, prop, dnnl_convolution_direct,
+                                                                 &src_any, &w_any, bias, &dst_any,
+                                                                 strides, dil, pad_l, pad_r));
+    if ((rc = pd_new(&fpd, &fd, be, L->fuse_relu, L->fuse_leak, NULL, "convolution", L))) return rc;
+    dnnl_memory_t wplain, wfwd, bmem = NULL;
+    step *s;
+    if ((rc = ensure(p, be, in->mem, dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0), 0, i,
+                     &lp->src, L)))
+        goto out;
+    if ((rc = mem_new(p, &w_plain, be->engine, net->params + L->w_off, &wplain, L))) goto out;
+    if ((rc = weights_for(be, p, i, &w_plain,
+                          dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0), wplain, 0,
+                          &lp->w_fwd_version, &wfwd)))
+        goto out;
+    if (L->b_n && (rc = mem_new(p, &b_md, be->engine, net->params + L->b_off, &bmem, L))) goto out;
+    if ((rc = new_output(be, p, i, dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0))))
+        goto out;
+    if ((rc = prim_step(p, be, fpd, 0, i, &s, L))) goto out;
+    arg(s, DNNL_ARG_SRC, lp->src);
+    arg(s, DNNL_ARG_WEIGHTS, wfwd);
+    arg(s, DNNL_ARG_BIAS, bmem);
+    arg(s, DNNL_ARG_DST, lp->out.mem);
+    if (!p->train) goto out;
+
+    /* Backward: the fused ReLU, weights, then data. */
+    if (L->fuse_relu && (rc = fused_relu_bwd(be, p, i))) goto out;
+    {
+        dnnl_convolution_desc_t bd;
+        dnnl_primitive_desc_t bpd;
+        dnnl_status_t st = dnnl_dilated_convolution_backward_weights_desc_init(
+            &bd, dnnl_convolution_direct, &src_any, &w_any, bias, &dst_any, strides, dil, pad_l,
+            pad_r);
+        if (st != dnnl_success) {
+            rc = dnnl_fail(st, "convolution backward weights", L);
+            goto out;
+        }
+        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "convolution backward weights", L))) goto out;
+        dnnl_memory_t src_w, ddst_w, dw_plain, dw, dw_tmp, db = NULL;
+        rc = ensure(p, be, lp->src, dnnl_primitive_desc_query_md(bpd, dnnl_query_src_md, 0), 1, i,
+                    &src_w, L);
+        if (!rc)
+            rc = ensure(p, be, lp->out.diff,
+                        dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_dst_md, 0), 1, i, &ddst_w,
+                        L);
+        if (!rc) rc = mem_new(p, &w_plain, be->engine, net->grads + L->w_off, &dw_plain, L);
+        if (!rc)
+            rc = deliver(p, be, dw_plain,
+                         dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_weights_md, 0), &dw,
+                         &dw_tmp, L);
+        if (!rc && L->b_n) rc = mem_new(p, &b_md, be->engine, net->grads + L->b_off, &db, L);
+        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
+        dnnl_primitive_desc_destroy(bpd);
+        if (rc) goto out;
+        arg(s, DNNL_ARG_SRC, src_w);
+        arg(s, DNNL_ARG_DIFF_DST, ddst_w);
+        arg(s, DNNL_ARG_DIFF_WEIGHTS, dw);
+        arg(s, DNNL_ARG_DIFF_BIAS, db);
+        if (dw_tmp && (rc = reorder_step(p, be, dw_tmp, dw_plain, 1, i, STEP_ALWAYS, NULL, L)))
+            goto out;
+        if ((rc = c_step(p, 1, step_ready, i))) goto out;
+    }
+    if (be->need_diff[i - 1]) {
+        dnnl_convolution_desc_t bd;
+        dnnl_primitive_desc_t bpd;
+        dnnl_status_t st = dnnl_dilated_convolution_backward_data_desc_init(
+            &bd, dnnl_convolution_direct, &src_any, &w_any, &dst_any, strides, dil, pad_l, pad_r);
+        if (st != dnnl_success) {
+            rc = dnnl_fail(st, "convolution backward data", L);
+            goto out;
+        }
+        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "convolution backward data", L))) goto out;
+        dnnl_memory_t ddst, wb, dsrc, dsrc_tmp;
+        const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(bpd, dnnl_query_weights_md, 0);
+        rc = ensure(p, be, lp->out.diff,
+                    dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_dst_md, 0), 1, i, &ddst, L);
+        if (!rc) {
+            if (dnnl_memory_desc_equal(wmd, md_of(wfwd)))
+                wb = wfwd; /* fresh from forward */
+            else
+                rc = weights_for(be, p, i, &w_plain, wmd, wplain, 1, &lp->w_bwd_version, &wb);
+        }
+        if (!rc)
+            rc = deliver(p, be, in->diff,
+                         dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_src_md, 0), &dsrc,
+                         &dsrc_tmp, L);
+        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
+        dnnl_primitive_desc_destroy(bpd);
+        if (rc) goto out;
+        arg(s, DNNL_ARG_DIFF_DST, ddst);
+        arg(s, DNNL_ARG_WEIGHTS, wb);
+        arg(s, DNNL_ARG_DIFF_SRC, dsrc);
+        if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L);
+    }
+out:
+    dnnl_primitive_desc_destroy(fpd);
+    return rc;
+}
+
+static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[i - 1].out;
+    int c = L->out.c, rc;
+    dnnl_dims_t cdims = {c};
+    dnnl_memory_desc_t c_md;
+    if (md_plain(&c_md, 1, cdims)) return dnnl_fail(dnnl_invalid_arguments, "batchnorm", L);
+    unsigned flags = dnnl_use_scale | dnnl_use_shift | (L->fuse_relu ? dnnl_fuse_norm_relu : 0);
+    if (!p->train) flags |= dnnl_use_global_stats;
+    dnnl_batch_normalization_desc_t fd;
+    dnnl_primitive_desc_t fpd;
+    DN("batchnorm", dnnl_batch_normalization_forward_desc_init(
+                        &fd, p->train ? dnnl_forward_training : dnnl_forward_inference, &in->md,
+                        L->o.eps, flags));
+    if ((rc = pd_new(&fpd, &fd, be, 0, 0, NULL, "batchnorm", L))) return rc;
+    dnnl_memory_t scale, shift, ws = NULL;
+    step *s;
+    rc = mem_new(p, &c_md, be->engine, net->params + L->w_off, &scale, L);
+    if (!rc) rc = mem_new(p, &c_md, be->engine, net->params + L->b_off, &shift, L);
+    float *rstats = net->state + L->s_off;
+    if (!rc) rc = mem_new(p, &c_md, be->engine, p->train ? NULL : rstats, &lp->mean, L);
+    if (!rc) rc = mem_new(p, &c_md, be->engine, p->train ? NULL : rstats + c, &lp->var, L);
+    if (!rc) rc = new_output(be, p, i, dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0));
+    const dnnl_memory_desc_t *wsmd = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
+    if (!rc && wsmd && dnnl_memory_desc_get_size(wsmd))
+        rc = mem_new(p, wsmd, be->engine, NULL, &ws, L);
+    if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
+    if (rc) goto out;
+    arg(s, DNNL_ARG_SRC, in->mem);
+    arg(s, DNNL_ARG_DST, lp->out.mem);
+    arg(s, DNNL_ARG_SCALE, scale);
+    arg(s, DNNL_ARG_SHIFT, shift);
+    arg(s, DNNL_ARG_MEAN, lp->mean);
+    arg(s, DNNL_ARG_VARIANCE, lp->var);
+    arg(s, DNNL_ARG_WORKSPACE, ws);
+    if (!p->train) goto out;
+    if ((rc = c_step(p, 0, step_bn_running, i))) goto out;
+
+    /* Backward: gradients of scale, shift and (always computed) input. */
+    {
+        dnnl_batch_normalization_desc_t bd;
+        dnnl_primitive_desc_t bpd;
+        dnnl_status_t st = dnnl_batch_normalization_backward_desc_init(
+            &bd, dnnl_backward, &lp->out.md, &in->md, L->o.eps, flags);
+        if (st != dnnl_success) {
+            rc = dnnl_fail(st, "batchnorm backward", L);
+            goto out;
+        }
+        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "batchnorm backward", L))) goto out;
+        dnnl_memory_t dscale, dshift, dsrc = in->diff;
+        rc = mem_new(p, &c_md, be->engine, net->grads + L->w_off, &dscale, L);
+        if (!rc) rc = mem_new(p, &c_md, be->engine, net->grads + L->b_off, &dshift, L);
+        if (!rc && !dsrc) rc = mem_new(p, &in->md, be->engine, NULL, &dsrc, L);
+        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
+        dnnl_primitive_desc_destroy(bpd);
+        if (rc) goto out;
+        arg(s, DNNL_ARG_SRC, in->mem);
+        arg(s, DNNL_ARG_MEAN, lp->mean);
+        arg(s, DNNL_ARG_VARIANCE, lp->var);
+        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
+        arg(s, DNNL_ARG_SCALE, scale);
+        arg(s, DNNL_ARG_SHIFT, shift);
+        arg(s, DNNL_ARG_WORKSPACE, ws);
+        arg(s, DNNL_ARG_DIFF_SRC, dsrc);
+        arg(s, DNNL_ARG_DIFF_SCALE, dscale);
+        arg(s, DNNL_ARG_DIFF_SHIFT, dshift);
+        rc = c_step(p, 1, step_ready, i);
+    }
+out:
+    dnnl_primitive_desc_destroy(fpd);
+    return rc;
+}
+
+static int plan_relu(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[i - 1].out;
+    if (L->fused_away) {
+        lp->out = *in;
+        return 0;
+    }
+    dnnl_eltwise_desc_t fd;
+    dnnl_primitive_desc_t fpd;
+    DN("relu", dnnl_eltwise_forward_desc_init(
+                   &fd, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                   dnnl_eltwise_relu_use_dst_for_bwd, &in->md, L->o.leak, 0));
+    int rc = pd_new(&fpd, &fd, be, 0, 0, NULL, "relu", L);
+    if (rc) return rc;
+    step *s;
+    rc = new_output(be, p, i, dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0));
+    if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
+    if (rc) goto out;
+    arg(s, DNNL_ARG_SRC, in->mem);
+    arg(s, DNNL_ARG_DST, lp->out.mem);
+    if (!p->train || !be->need_diff[i - 1]) goto out;
+    {
+        dnnl_eltwise_desc_t bd;
+        dnnl_primitive_desc_t bpd;
+        dnnl_status_t st = dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_relu_use_dst_for_bwd,
+                                                           &in->md, &lp->out.md, L->o.leak, 0);
+        if (st != dnnl_success) {
+            rc = dnnl_fail(st, "relu backward", L);
+            goto out;
+        }
+        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "relu backward", L))) goto out;
+        rc = prim_step(p, be, bpd, 1, i, &s, L);
+        dnnl_primitive_desc_destroy(bpd);
+        if (rc) goto out;
+        arg(s, DNNL_ARG_DST, lp->out.mem);
+        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
+        arg(s, DNNL_ARG_DIFF_SRC, in->diff);
+    }
+out:
+    dnnl_primitive_desc_destroy(fpd);
+    return rc;
+}
+
+static int plan_pool(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[i - 1].out;
+    dnnl_alg_kind_t alg =
+        L->kind == DSRT_LAYER_MAXPOOL ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
+    dnnl_dims_t ddims = {p->n, L->out.c, L->out.h, L->out.w};
+    dnnl_dims_t strides = {L->o.sh, L->o.sw}, kernel = {L->o.kh, L->o.kw}, dil = {0, 0};
+    dnnl_dims_t pad_l = {L->pt, L->pl}, pad_r = {L->pb, L->pr};
+    dnnl_memory_desc_t dst_any;
+    if (md_any(&dst_any, 4, ddims)) return dnnl_fail(dnnl_invalid_arguments, "pooling", L);
+    dnnl_pooling_v2_desc_t fd;
+    dnnl_primitive_desc_t fpd;
+    DN("pooling", dnnl_pooling_v2_forward_desc_init(
+                      &fd, p->train ? dnnl_forward_training : dnnl_forward_inference, alg, &in->md,
+                      &dst_any, strides, kernel, dil, pad_l, pad_r));
+    int rc = pd_new(&fpd, &fd, be, 0, 0, NULL, "pooling", L);
+    if (rc) return rc;
+    dnnl_memory_t ws = NULL;
+    step *s;
+    rc = new_output(be, p, i, dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0));
+    const dnnl_memory_desc_t *wsmd = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
+    if (!rc && p->train && wsmd && dnnl_memory_desc_get_size(wsmd))
+        rc = mem_new(p, wsmd, be->engine, NULL, &ws, L);
+    if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
+    if (rc) goto out;
+    arg(s, DNNL_ARG_SRC, in->mem);
+    arg(s, DNNL_ARG_DST, lp->out.mem);
+    arg(s, DNNL_ARG_WORKSPACE, ws);
+    if (!p->train || !be->need_diff[i - 1]) goto out;
+    {
+        dnnl_pooling_v2_desc_t bd;
+        dnnl_primitive_desc_t bpd;
+        dnnl_status_t st = dnnl_pooling_v2_backward_desc_init(&bd, alg, &in->md, &lp->out.md,
+                                                              strides, kernel, dil, pad_l, pad_r);
+        if (st != dnnl_success) {
+            rc = dnnl_fail(st, "pooling backward", L);
+            goto out;
+        }
+        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "pooling backward", L))) goto out;
+        rc = prim_step(p, be, bpd, 1, i, &s, L);
+        dnnl_primitive_desc_destroy(bpd);
+        if (rc) goto out;
+        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
+        arg(s, DNNL_ARG_WORKSPACE, ws);
+        arg(s, DNNL_ARG_DIFF_SRC, in->diff);
+    }
+out:
+    dnnl_primitive_desc_destroy(fpd);
+    return rc;
+}
+
+static int plan_lrn(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[i - 1].out;
+    dnnl_lrn_desc_t fd;
+    dnnl_primitive_desc_t fpd;
+    DN("lrn", dnnl_lrn_forward_desc_init(
+                  &fd, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                  dnnl_lrn_across_channels, &in->md, L->o.lrn_size, L->o.alpha, L->o.beta, L->o.k));
+    int rc = pd_new(&fpd, &fd, be, 0, 0, NULL, "lrn", L);
+    if (rc) return rc;
+    dnnl_memory_t ws = NULL;
+    step *s;
+    rc = new_output(be, p, i, dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0));
+    const dnnl_memory_desc_t *wsmd = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
+    if (!rc && p->train && wsmd && dnnl_memory_desc_get_size(wsmd))
+        rc = mem_new(p, wsmd, be->engine, NULL, &ws, L);
+    if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
+    if (rc) goto out;
+    arg(s, DNNL_ARG_SRC, in->mem);
+    arg(s, DNNL_ARG_DST, lp->out.mem);
+    arg(s, DNNL_ARG_WORKSPACE, ws);
+    if (!p->train || !be->need_diff[i - 1]) goto out;
+    {
+        dnnl_lrn_desc_t bd;
+        dnnl_primitive_desc_t bpd;
+        dnnl_status_t st =
+            dnnl_lrn_backward_desc_init(&bd, dnnl_lrn_across_channels, &lp->out.md, &in->md,
+                                        L->o.lrn_size, L->o.alpha, L->o.beta, L->o.k);
+        if (st != dnnl_success) {
+            rc = dnnl_fail(st, "lrn backward", L);
+            goto out;
+        }
+        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "lrn backward", L))) goto out;
+        rc = prim_step(p, be, bpd, 1, i, &s, L);
+        dnnl_primitive_desc_destroy(bpd);
+        if (rc) goto out;
+        arg(s, DNNL_ARG_SRC, in->mem);
+        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
+        arg(s, DNNL_ARG_WORKSPACE, ws);
+        arg(s, DNNL_ARG_DIFF_SRC, in->diff);
+    }
+out:
+    dnnl_primitive_desc_destroy(fpd);
+    return rc;
+}
+
+static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[i - 1].out;
+    int four = in->md.ndims == 4, rc;
+    dnnl_dims_t sdims4 = {p->n, L->in.c, L->in.h, L->in.w}, sdims2 = {p->n, L->in.c};
+    dnnl_dims_t wdims4 = {L->out.c, L->in.c, L->in.h, L->in.w}, wdims2 = {L->out.c, L->in.c};
+    dnnl_dims_t ddims = {p->n, L->out.c}, bdims = {L->out.c};
+    dnnl_memory_desc_t src_md, w_md, b_md, dst_md;
+    if (md_plain(&src_md, four ? 4 : 2, four ? sdims4 : sdims2) ||
+        md_plain(&w_md, four ? 4 : 2, four ? wdims4 : wdims2) || md_plain(&b_md, 1, bdims) ||
+        md_plain(&dst_md, 2, ddims))
+        return dnnl_fail(dnnl_invalid_arguments, "memory descriptors", L);
+    const dnnl_memory_desc_t *bias = L->b_n ? &b_md : NULL;
+    dnnl_inner_product_desc_t fd;
+    dnnl_primitive_desc_t fpd;
+    DN("fc", dnnl_inner_product_forward_desc_init(
+                 &fd, p->train ? dnnl_forward_training : dnnl_forward_inference, &src_md, &w_md,
+                 bias, &dst_md));
+    if ((rc = pd_new(&fpd, &fd, be, L->fuse_relu, L->fuse_leak, NULL, "fc", L))) return rc;
+    dnnl_memory_t w, b = NULL;
+    step *s;
+    rc = ensure(p, be, in->mem, &src_md, 0, i, &lp->src, L);
+    if (!rc) rc = mem_new(p, &w_md, be->engine, net->params + L->w_off, &w, L);
+    if (!rc && L->b_n) rc = mem_new(p, &b_md, be->engine, net->params + L->b_off, &b, L);
+    if (!rc) rc = new_output(be, p, i, &dst_md);
+    if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
+    if (rc) goto out;
+    arg(s, DNNL_ARG_SRC, lp->src);
+    arg(s, DNNL_ARG_WEIGHTS, w);
+    arg(s, DNNL_ARG_BIAS, b);
+    arg(s, DNNL_ARG_DST, lp->out.mem);
+    if (!p->train) goto out;
+
+    if (L->fuse_relu && (rc = fused_relu_bwd(be, p, i))) goto out;
+    {
+        dnnl_inner_product_desc_t bd;
+        dnnl_primitive_desc_t bpd;
+        dnnl_status_t st =
+            dnnl_inner_product_backward_weights_desc_init(&bd, &src_md, &w_md, bias, &dst_md);
+        if (st != dnnl_success) {
+            rc = dnnl_fail(st, "fc backward weights", L);
+            goto out;
+        }
+        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "fc backward weights", L))) goto out;
+        dnnl_memory_t dw, db = NULL;
+        rc = mem_new(p, &w_md, be->engine, net->grads + L->w_off, &dw, L);
+        if (!rc && L->b_n) rc = mem_new(p, &b_md, be->engine, net->grads + L->b_off, &db, L);
+        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
+        dnnl_primitive_desc_destroy(bpd);
+        if (rc) goto out;
+        arg(s, DNNL_ARG_SRC, lp->src);
+        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
+        arg(s, DNNL_ARG_DIFF_WEIGHTS, dw);
+        arg(s, DNNL_ARG_DIFF_BIAS, db);
+        if ((rc = c_step(p, 1, step_ready, i))) goto out;
+    }
+    if (be->need_diff[i - 1]) {
+        dnnl_inner_product_desc_t bd;
+        dnnl_primitive_desc_t bpd;
+        dnnl_status_t st = dnnl_inner_product_backward_data_desc_init(&bd, &src_md, &w_md, &dst_md);
+        if (st != dnnl_success) {
+            rc = dnnl_fail(st, "fc backward data", L);
+            goto out;
+        }
+        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "fc backward data", L))) goto out;
+        dnnl_memory_t dsrc, dsrc_tmp;
+        rc = deliver(p, be, in->diff, &src_md, &dsrc, &dsrc_tmp, L);
+        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
+        dnnl_primitive_desc_destroy(bpd);
+        if (rc) goto out;
+        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
+        arg(s, DNNL_ARG_WEIGHTS, w);
+        arg(s, DNNL_ARG_DIFF_SRC, dsrc);
+        if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L);
+    }
+out:
+    dnnl_primitive_desc_destroy(fpd);
+    return rc;
+}
+
+static int plan_dropout(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[i - 1].out;
+    if (!p->train) {
+        lp->out = *in;
+        return 0;
+    }
+    int rc = new_output(be, p, i, &in->md);
+    if (rc) return rc;
+    lp->mask_n = dnnl_memory_desc_get_size(&in->md) / sizeof(float);
+    lp->mask = aligned_alloc(64, (lp->mask_n * sizeof(float) + 63) & ~(size_t)63);
+    if (!lp->mask) return dsrt__fail(-ENOMEM, "cpu backend: layer '%s': out of memory", L->name);
+    if ((rc = c_step(p, 0, step_dropout_fwd, i))) return rc;
+    if (be->need_diff[i - 1]) rc = c_step(p, 1, step_dropout_bwd, i);
+    return rc;
+}
+
+static int plan_softmax(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[i - 1].out;
+    dnnl_memory_desc_t plain;
+    if (md_plain_like(&plain, &in->md)) return dnnl_fail(dnnl_invalid_arguments, "softmax", L);
+    int rc = ensure(p, be, in->mem, &plain, 0, i, &lp->plain_in, L);
+    if (rc) return rc;
+    dnnl_dims_t dims = {p->n, be->net->classes};
+    if (md_plain(&lp->out.md, 2, dims)) return dnnl_fail(dnnl_invalid_arguments, "softmax", L);
+    p->probs =
+        aligned_alloc(64, ((size_t)p->n * be->net->classes * sizeof(float) + 63) & ~(size_t)63);
+    if (!p->probs) return dsrt__fail(-ENOMEM, "cpu backend: out of memory");
+    rc = mem_new(p, &lp->out.md, be->engine, p->probs, &lp->out.mem, L);
+    if (!rc) rc = c_step(p, 0, step_softmax_fwd, i);
+    if (rc || !p->train || !be->need_diff[i - 1]) return rc;
+    dnnl_memory_t tmp;
+    if ((rc = deliver(p, be, in->diff, &plain, &lp->plain_diff, &tmp, L))) return rc;
+    if ((rc = c_step(p, 1, step_softmax_bwd, i))) return rc;
+    if (tmp) rc = reorder_step(p, be, tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Plan lifetime
+
+static void plan_free(cpu_plan *p) {
+    if (!p) return;
+    for (size_t k = 0; k < p->n_prims; k++) dnnl_primitive_destroy(p->prims[k]);
+    for (size_t k = 0; k < p->n_mems; k++) dnnl_memory_destroy(p->mems[k]);
+    for (size_t k = 0; k < p->n_scratch; k++) dnnl_memory_destroy(p->scratch_mems[k]);
+    for (int i = 0; p->lp && i < p->n_layers; i++) free(p->lp[i].mask);
+    free(p->lp);
+    free(p->fwd);
+    free(p->bwd);
+    free(p->mems);
+    free(p->prims);
+    free(p->scratch_mems);
+    free(p->scratch);
+    free(p->probs);
+    free(p);
+}
+
+static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
+    dsrt_net *net = be->net;
+    int rc;
+    *out = NULL;
+    cpu_plan *p = dsrt__calloc(1, sizeof *p);
+    if (!p) return -ENOMEM;
+    p->n = n;
+    p->train = train;
+    p->n_layers = net->n_layers;
+    p->lp = dsrt__calloc((size_t)net->n_layers, sizeof *p->lp);
+    if (!p->lp) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < net->n_layers; i++) {
+        switch (net->layers[i].kind) {
+        case DSRT_LAYER_INPUT:
+            rc = plan_input(be, p, i);
+            break;
+        case DSRT_LAYER_CONV:
+            rc = plan_conv(be, p, i);
+            break;
+        case DSRT_LAYER_BATCHNORM:
+            rc = plan_batchnorm(be, p, i);
+            break;
+        case DSRT_LAYER_RELU:
+            rc = plan_relu(be, p, i);
+            break;
+        case DSRT_LAYER_MAXPOOL:
+        case DSRT_LAYER_AVGPOOL:
+        case DSRT_LAYER_GAP:
+            rc = plan_pool(be, p, i);
+            break;
+        case DSRT_LAYER_FC:
+            rc = plan_fc(be, p, i);
+            break;
+        case DSRT_LAYER_DROPOUT:
+            rc = plan_dropout(be, p, i);
+            break;
+        case DSRT_LAYER_LRN:
+            rc = plan_lrn(be, p, i);
+            break;
+        case DSRT_LAYER_SOFTMAX:
+            rc = plan_softmax(be, p, i);
+            break;
+        default:
+            rc = dsrt__fail(DSRT_EUNSUPPORTED, "cpu backend: layer kind %d",
+                            (int)net->layers[i].kind);
+        }
+        if (rc) goto fail;
+    }
+    /* Backward runs the layers last to first: the steps were added per layer
+     * in forward order, so reverse the layer blocks, keeping each layer's
+     * own steps in order. */
+    if (p->n_bwd) {
+        step *r = dsrt__malloc(p->n_bwd * sizeof *r);
+        if (!r) {
+            rc = -ENOMEM;
+            goto fail;
+        }
+        size_t at = 0;
+        for (size_t end = p->n_bwd; end > 0;) {
+            size_t begin = end;
+            while (begin > 0 && p->bwd[begin - 1].layer == p->bwd[end - 1].layer) begin--;
+            memcpy(r + at, p->bwd + begin, (end - begin) * sizeof *r);
+            at += end - begin;
+            end = begin;
+        }
+        free(p->bwd);
+        p->bwd = r;
+        p->cap_bwd = p->n_bwd;
+    }
+    if (p->scratch_size) {
+        p->scratch = aligned_alloc(64, (p->scratch_size + 63) & ~(size_t)63);
+        if (!p->scratch) {
+            rc = dsrt__fail(-ENOMEM, "cpu backend: out of memory for a %zu-byte scratchpad",
+                            p->scratch_size);
+            goto fail;
+        }
+        for (size_t k = 0; k < p->n_scratch; k++)
+            if (dnnl_memory_set_data_handle(p->scratch_mems[k], p->scratch) != dnnl_success) {
+                rc = dsrt__fail(DSRT_EBACKEND, "cpu backend: scratchpad");
+                goto fail;
+            }
+    }
+    *out = p;
+    return 0;
+fail:
+    plan_free(p);
+    return rc;
+}
+
+/* The plan for (n, train), built on first use; the least recently used plan
+ * gives way when every slot is taken. */
+static int plan_get(cpu_backend *be, int n, int train, cpu_plan **out) {
+    int slot = -1;
+    for (int k = 0; k < PLAN_SLOTS; k++) {
+        cpu_plan *p = be->plans[k];
+        if (p && p->n == n && p->train == train) {
+            p->used = ++be->clock;
+            *out = p;
+            return 0;
+        }
+        if (!p) slot = slot < 0 ? k : slot;
+    }
+    if (slot < 0) {
+        slot = 0;
+        for (int k = 1; k < PLAN_SLOTS; k++)
+            if (be->plans[k]->used < be->plans[slot]->used) slot = k;
+        if (be->last_train == be->plans[slot]) be->last_train = NULL;
+        if (be->last_infer == be->plans[slot]) be->last_infer = NULL;
+        plan_free(be->plans[slot]);
+        be->plans[slot] = NULL;
+    }
+    int rc = plan_build(be, n, train, &be->plans[slot]);
+    if (rc) return rc;
+    be->plans[slot]->used = ++be->clock;
+    *out = be->plans[slot];
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Running
+
+static int run_steps(cpu_backend *be, cpu_plan *p, step *steps, size_t n) {
+    const dsrt_net *net = be->net;
+    for (size_t k = 0; k < n; k++) {
+        step *s = &steps[k];
+        if (s->kind == STEP_WEIGHTS) {
+            if (*s->cache == net->version) continue;
+            *s->cache = net->version;
+        }
+        if (s->fn) {
+            int rc = s->fn(be, p, s->layer);
+            if (rc) return rc;
+            continue;
+        }
+        dnnl_status_t st = dnnl_primitive_execute(s->prim, be->stream, s->nargs, s->args);
+        if (st != dnnl_success) {
+            if (s->kind == STEP_WEIGHTS) *s->cache = UINT64_MAX;
+            return dnnl_fail(st, "execute", &net->layers[s->layer]);
+        }
+    }
+    dnnl_status_t st = dnnl_stream_wait(be->stream);
+    return st == dnnl_success ? 0 : dnnl_fail(st, "stream wait", NULL);
+}
+
+static int cpu_forward(dsrt_backend *b, const float *x, int n, int train, const int32_t *labels,
+                       double *loss, int *correct, float *probs) {
+    cpu_backend *be = (cpu_backend *)b;
+    set_threads(be->net);
+    cpu_plan *p;
+    int rc = plan_get(be, n, train, &p);
+    if (rc) return rc;
+    be->x = x;
+    p->labels = labels;
+    if (be->net->layers[0].o.norm == DSRT_NORM_NONE &&
+        dnnl_memory_set_data_handle(p->lp[0].out.mem, (void *)x) != dnnl_success)
+        return dsrt__fail(DSRT_EBACKEND, "cpu backend: input handle");
+    if (train)
+        be->last_train = p;
+    else
+        be->last_infer = p;
+    rc = run_steps(be, p, p->fwd, p->n_fwd);
+    if (rc) return rc;
+    if (loss) *loss = p->loss;
+    if (correct) *correct = p->correct;
+    if (probs) memcpy(probs, p->probs, (size_t)n * be->net->classes * sizeof(float));
+    return 0;
+}
+
+static int cpu_backward(dsrt_backend *b) {
+    cpu_backend *be = (cpu_backend *)b;
+    cpu_plan *p = be->last_train;
+    if (!p || !p->labels) return dsrt__fail(-EINVAL, "cpu backend: backward without forward");
+    set_threads(be->net);
+    return run_steps(be, p, p->bwd, p->n_bwd);
+}
+
+static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
+    cpu_backend *be = (cpu_backend *)b;
+    cpu_plan *p = train ? be->last_train : be->last_infer;
+    if (!p) return dsrt__fail(-EINVAL, "cpu backend: no forward pass to read");
+    const dsrt_layer *L = &be->net->layers[layer];
+    dnnl_memory_t have = p->lp[layer].out.mem;
+    dnnl_memory_desc_t plain;
+    if (md_plain_like(&plain, md_of(have))) return DSRT_EBACKEND;
+    dnnl_memory_t user = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    int rc = 0;
+    dnnl_status_t st = dnnl_memory_create(&user, &plain, be->engine, out);
+    if (st == dnnl_success)
+        st = dnnl_reorder_primitive_desc_create(&pd, md_of(have), be->engine, &plain, be->engine,
+                                                NULL);
+    if (st == dnnl_success) st = dnnl_primitive_create(&prim, pd);
+    if (st == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, have}, {DNNL_ARG_TO, user}};
+        st = dnnl_primitive_execute(prim, be->stream, 2, args);
+    }
+    if (st == dnnl_success) st = dnnl_stream_wait(be->stream);
+    if (st != dnnl_success) rc = dnnl_fail(st, "read output", L);
+    dnnl_primitive_destroy(prim);
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_memory_destroy(user);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Lifetime and the ops table
+
+static void cpu_destroy(dsrt_backend *b) {
+    cpu_backend *be = (cpu_backend *)b;
+    if (!be) return;
+    for (int k = 0; k < PLAN_SLOTS; k++) plan_free(be->plans[k]);
+    if (be->stream) dnnl_stream_destroy(be->stream);
+    if (be->engine) dnnl_engine_destroy(be->engine);
+    free(be->need_diff);
+    free(be);
+}
+
+static int cpu_create(dsrt_backend **out, dsrt_net *net) {
+    const dsrt_layer *L = NULL;
+    cpu_backend *be = dsrt__calloc(1, sizeof *be);
+    if (!be) return -ENOMEM;
+    be->net = net;
+    be->need_diff = dsrt__calloc((size_t)net->n_layers, sizeof *be->need_diff);
+    if (!be->need_diff) {
+        free(be);
+        return -ENOMEM;
+    }
+    /* Layer i's output needs a gradient when some layer up to i learns. */
+    int learns = 0;
+    for (int i = 0; i < net->n_layers; i++) {
+        learns |= net->layers[i].w_n > 0 || net->layers[i].b_n > 0;
+        be->need_diff[i] = learns;
+    }
+    dnnl_status_t st = dnnl_engine_create(&be->engine, dnnl_cpu, 0);
+    if (st == dnnl_success)
+        st = dnnl_stream_create(&be->stream, be->engine, dnnl_stream_default_flags);
+    if (st != dnnl_success) {
+        cpu_destroy((dsrt_backend *)be);
+        return dnnl_fail(st, "engine", L);
+    }
+    *out = (dsrt_backend *)be;
+    return 0;
+}
+
+const dsrt_backend_ops dsrt__backend_cpu = {
+    .name = "cpu-onednn",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .read_output = cpu_read_output,
+};

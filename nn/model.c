@@ -1,0 +1,450 @@
+/*
+ * Model and checkpoint files: a small versioned binary format in which every
+ * part carries its length and a CRC-32, so that a damaged, truncated or
+ * foreign file is refused with the reason, never half-loaded. Files are
+ * written whole to memory and then atomically (temporary file, fsync,
+ * rename): a reader sees the old file or the new one.
+ *
+ * Format, version 1. All integers little-endian; floats IEEE-754 binary32
+ * little-endian.
+ *
+ *   File header, 64 bytes:
+ *      0  8  magic "DSRTMODL"
+ *      8  4  format version (1)
+ *     12  4  kind: 1 model, 2 checkpoint
+ *     16  4  header size (64)
+ *     20  4  number of sections that follow
+ *     24  4  input height     28  4  input width     32  4  input channels
+ *     36  4  classes
+ *     40  8  parameter count (floats)
+ *     48  8  state count (floats)
+ *     56  4  reserved, 0
+ *     60  4  CRC-32 of bytes 0..59
+ *
+ *   Then each section: a 24-byte header, the payload, and zero bytes up to a
+ *   multiple of 8:
+ *      0  4  tag, four ASCII letters
+ *      4  4  flags: bit 0 "optional" (a reader that does not know the tag
+ *            skips the section; an unknown tag without it is refused);
+ *            other bits 0
+ *      8  8  payload length in bytes
+ *     16  4  CRC-32 of the payload
+ *     20  4  CRC-32 of bytes 0..19 of this section header
+ *
+ *   Sections (each at most once; the file ends right after the last):
+ *     DESC  required  the network description text (nn/parse.c), UTF-8
+ *     PARM  required  parameter count floats: the flat parameter buffer
+ *     STAT  required  state count floats: running statistics, input stats
+ *     OPTM  checkpoints  optimizer: u32 solver, u32 schedule, u32 clip,
+ *           i32 drop period, f64 learn rate, momentum, l2, gradient decay,
+ *           squared gradient decay, epsilon, drop factor, gradient threshold,
+ *           i64 steps taken, u32 buffer count B, u32 reserved 0, then B x
+ *           parameter count floats (SGDM velocity; Adam first and second
+ *           moments; RMSProp mean square)
+ *     POSN  checkpoints  i64 epoch, i64 iteration, u64 seed
+ *
+ * The net is rebuilt from DESC for the stored input size and class count,
+ * and must come out with exactly the stored parameter and state counts.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#define MAGIC          "DSRTMODL"
+#define VERSION        1u
+#define HEADER_SIZE    64u
+#define SECTION_HEADER 24u
+#define KIND_MODEL     1u
+#define KIND_CKPT      2u
+#define FLAG_OPTIONAL  1u
+#define MAX_SECTIONS   64u
+#define MAX_DESC       (1u << 20)
+#define MAX_FILE       ((size_t)1 << 36)
+#define OPTM_FIXED     96u
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "model files are written with little-endian floats; add byte swapping for this target"
+#endif
+
+// ----------------------------------------------------------------------------
+// Bytes
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void putf64(uint8_t *p, double d) {
+    uint64_t v;
+    memcpy(&v, &d, 8);
+    put64(p, v);
+}
+
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static double getf64(const uint8_t *p) {
+    uint64_t v = get64(p);
+    double d;
+    memcpy(&d, &v, 8);
+    return d;
+}
+
+static uint32_t crc(const void *p, size_t n) {
+    return (uint32_t)crc32_z(0, p, n);
+}
+
+// ----------------------------------------------------------------------------
+// Writing
+
+typedef struct {
+    uint8_t *buf;
+    size_t len, cap;
+    uint32_t sections;
+} writer;
+
+static int reserve(writer *w, size_t more) {
+    return dsrt__grow((void **)&w->buf, &w->cap, w->len + more, 1);
+}
+
+/* Appends a section whose payload is the concatenation of parts. */
+static int section(writer *w, const char *tag, const void *const *parts, const size_t *sizes,
+                   int nparts) {
+    size_t n = 0;
+    for (int k = 0; k < nparts; k++) n += sizes[k];
+    size_t padded = (n + 7) & ~(size_t)7;
+    int rc = reserve(w, SECTION_HEADER + padded);
+    if (rc) return rc;
+    uint8_t *h = w->buf + w->len, *p = h + SECTION_HEADER;
+    size_t at = 0;
+    for (int k = 0; k < nparts; k++) {
+        if (sizes[k]) memcpy(p + at, parts[k], sizes[k]);
+        at += sizes[k];
+    }
+    memset(p + n, 0, padded - n);
+    memcpy(h, tag, 4);
+    put32(h + 4, 0);
+    put64(h + 8, n);
+    put32(h + 16, crc(p, n));
+    put32(h + 20, crc(h, 20));
+    w->len += SECTION_HEADER + padded;
+    w->sections++;
+    return 0;
+}
+
+static int write_file(const char *path, const dsrt_net *net, const dsrt_optimizer *opt,
+                      const dsrt_train_position *pos, uint32_t kind) {
+    writer w = {0};
+    int rc = reserve(&w, HEADER_SIZE);
+    if (rc) return rc;
+    w.len = HEADER_SIZE;
+    const void *parts[3];
+    size_t sizes[3];
+    parts[0] = net->desc;
+    sizes[0] = strlen(net->desc);
+    if ((rc = section(&w, "DESC", parts, sizes, 1))) goto fail;
+    parts[0] = net->params;
+    sizes[0] = net->n_params * sizeof(float);
+    if ((rc = section(&w, "PARM", parts, sizes, 1))) goto fail;
+    parts[0] = net->state;
+    sizes[0] = net->n_state * sizeof(float);
+    if ((rc = section(&w, "STAT", parts, sizes, 1))) goto fail;
+    if (opt) {
+        dsrt_optimizer_options o = dsrt_optimizer_get_options(opt);
+        uint8_t fixed[OPTM_FIXED];
+        put32(fixed + 0, (uint32_t)o.solver);
+        put32(fixed + 4, (uint32_t)o.schedule);
+        put32(fixed + 8, (uint32_t)o.clip);
+        put32(fixed + 12, (uint32_t)o.drop_period);
+        const double d[] = {o.learn_rate,        o.momentum, o.l2,          o.gradient_decay,
+                            o.sq_gradient_decay, o.epsilon,  o.drop_factor, o.grad_threshold};
+        for (int k = 0; k < 8; k++) putf64(fixed + 16 + 8 * k, d[k]);
+        put64(fixed + 80, (uint64_t)dsrt__optimizer_steps(opt));
+        int nb = dsrt__optimizer_n_buffers(opt);
+        put32(fixed + 88, (uint32_t)nb);
+        put32(fixed + 92, 0);
+        parts[0] = fixed;
+        sizes[0] = sizeof fixed;
+        for (int k = 0; k < nb; k++) {
+            parts[1 + k] = dsrt__optimizer_buffer((dsrt_optimizer *)opt, k);
+            sizes[1 + k] = net->n_params * sizeof(float);
+        }
+        if ((rc = section(&w, "OPTM", parts, sizes, 1 + nb))) goto fail;
+    }
+    if (pos) {
+        uint8_t b[24];
+        put64(b, (uint64_t)pos->epoch);
+        put64(b + 8, (uint64_t)pos->iteration);
+        put64(b + 16, pos->seed);
+        parts[0] = b;
+        sizes[0] = sizeof b;
+        if ((rc = section(&w, "POSN", parts, sizes, 1))) goto fail;
+    }
+    uint8_t *h = w.buf;
+    memcpy(h, MAGIC, 8);
+    put32(h + 8, VERSION);
+    put32(h + 12, kind);
+    put32(h + 16, HEADER_SIZE);
+    put32(h + 20, w.sections);
+    put32(h + 24, (uint32_t)net->input.h);
+    put32(h + 28, (uint32_t)net->input.w);
+    put32(h + 32, (uint32_t)net->input.c);
+    put32(h + 36, (uint32_t)net->classes);
+    put64(h + 40, net->n_params);
+    put64(h + 48, net->n_state);
+    put32(h + 56, 0);
+    put32(h + 60, crc(h, 60));
+    rc = dsrt__write_file_atomic(path, w.buf, w.len);
+    if (rc) dsrt__fail_prefix(rc, "model: %s", path);
+fail:
+    free(w.buf);
+    return rc;
+}
+
+int dsrt_model_save(const char *path, const dsrt_net *net) {
+    return write_file(path, net, NULL, NULL, KIND_MODEL);
+}
+
+int dsrt_checkpoint_save(const char *path, const dsrt_net *net, const dsrt_optimizer *opt,
+                         const dsrt_train_position *pos) {
+    return write_file(path, net, opt, pos, KIND_CKPT);
+}
+
+// ----------------------------------------------------------------------------
+// Reading
+
+typedef struct {
+    const uint8_t *data;
+    uint64_t len;
+    int present;
+} sect;
+
+enum { S_DESC, S_PARM, S_STAT, S_OPTM, S_POSN, S_COUNT };
+static const char *const TAGS[S_COUNT] = {"DESC", "PARM", "STAT", "OPTM", "POSN"};
+
+static int read_optimizer(const sect *s, const char *name, dsrt_net *net, dsrt_optimizer **out) {
+    const uint8_t *p = s->data;
+    if (s->len < OPTM_FIXED)
+        return dsrt__fail(DSRT_ECORRUPT, "model: %s: section OPTM: %llu bytes, fewer than %u", name,
+                          (unsigned long long)s->len, OPTM_FIXED);
+    dsrt_optimizer_options o;
+    memset(&o, 0, sizeof o);
+    o.solver = (dsrt_solver)get32(p);
+    o.schedule = (dsrt_lr_schedule)get32(p + 4);
+    o.clip = (dsrt_grad_clip)get32(p + 8);
+    o.drop_period = (int)get32(p + 12);
+    double *d[] = {&o.learn_rate,        &o.momentum, &o.l2,          &o.gradient_decay,
+                   &o.sq_gradient_decay, &o.epsilon,  &o.drop_factor, &o.grad_threshold};
+    for (int k = 0; k < 8; k++) *d[k] = getf64(p + 16 + 8 * k);
+    int64_t steps = (int64_t)get64(p + 80);
+    uint32_t nb = get32(p + 88);
+    dsrt_optimizer *opt;
+    int rc = dsrt_optimizer_create(&opt, net, &o);
+    if (rc) return dsrt__fail_prefix(DSRT_ECORRUPT, "model: %s: section OPTM", name);
+    uint64_t want = OPTM_FIXED + (uint64_t)nb * net->n_params * sizeof(float);
+    if (nb != (uint32_t)dsrt__optimizer_n_buffers(opt) || s->len != want || steps < 0) {
+        dsrt_optimizer_destroy(opt);
+        return dsrt__fail(DSRT_ECORRUPT,
+                          "model: %s: section OPTM: %u state buffers in %llu bytes do not fit "
+                          "the solver and %zu parameters",
+                          name, nb, (unsigned long long)s->len, net->n_params);
+    }
+    for (uint32_t k = 0; k < nb; k++)
+        memcpy(dsrt__optimizer_buffer(opt, (int)k),
+               p + OPTM_FIXED + (size_t)k * net->n_params * sizeof(float),
+               net->n_params * sizeof(float));
+    dsrt__optimizer_set_steps(opt, steps);
+    *out = opt;
+    return 0;
+}
+
+int dsrt__model_read(const uint8_t *data, size_t size, const char *name, dsrt_net **netp,
+                     dsrt_optimizer **optp, dsrt_train_position *pos,
+                     const dsrt_net_options *options) {
+    dsrt_net *net = NULL;
+    char *text = NULL;
+    int rc;
+    *netp = NULL;
+    if (optp) *optp = NULL;
+    if (pos) memset(pos, 0, sizeof *pos);
+
+    if (size == 0) return dsrt__fail(DSRT_ETRUNCATED, "model: %s: empty file", name);
+    if (size < 8 ? memcmp(data, MAGIC, size) != 0 : memcmp(data, MAGIC, 8) != 0)
+        return dsrt__fail(DSRT_EFORMAT, "model: %s: not a dsrt model file (bad magic)", name);
+    if (size < HEADER_SIZE)
+        return dsrt__fail(DSRT_ETRUNCATED,
+                          "model: %s: truncated: %zu bytes, the header alone is %u", name, size,
+                          HEADER_SIZE);
+    uint32_t version = get32(data + 8);
+    if (version != VERSION)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "model: %s: format version %u is not supported (this build reads %u)",
+                          name, version, VERSION);
+    if (get32(data + 60) != crc(data, 60))
+        return dsrt__fail(DSRT_ECHECKSUM, "model: %s: header checksum mismatch", name);
+    uint32_t kind = get32(data + 12), hsize = get32(data + 16), nsec = get32(data + 20);
+    uint32_t h = get32(data + 24), w = get32(data + 28), c = get32(data + 32);
+    uint32_t classes = get32(data + 36);
+    uint64_t n_params = get64(data + 40), n_state = get64(data + 48);
+    if ((kind != KIND_MODEL && kind != KIND_CKPT) || hsize != HEADER_SIZE || nsec > MAX_SECTIONS ||
+        get32(data + 56) != 0)
+        return dsrt__fail(DSRT_ECORRUPT, "model: %s: bad header (kind %u, size %u, %u sections)",
+                          name, kind, hsize, nsec);
+    if (h < 1 || w < 1 || c < 1 || h > 65536 || w > 65536 || c > 65536 || classes < 1 ||
+        classes > (1u << 24))
+        return dsrt__fail(DSRT_ECORRUPT, "model: %s: bad input size %ux%ux%u or class count %u",
+                          name, h, w, c, classes);
+
+    sect s[S_COUNT] = {{0}};
+    size_t at = HEADER_SIZE;
+    for (uint32_t k = 0; k < nsec; k++) {
+        if (size - at < SECTION_HEADER)
+            return dsrt__fail(DSRT_ETRUNCATED,
+                              "model: %s: truncated: section %u of %u starts at byte %zu of %zu",
+                              name, k + 1, nsec, at, size);
+        const uint8_t *sh = data + at;
+        char tag[5] = {0};
+        memcpy(tag, sh, 4);
+        for (int i = 0; i < 4; i++)
+            if (tag[i] < 0x20 || tag[i] > 0x7e) tag[i] = '?';
+        if (get32(sh + 20) != crc(sh, 20))
+            return dsrt__fail(DSRT_ECHECKSUM,
+                              "model: %s: section %u ('%s') at byte %zu: header checksum mismatch",
+                              name, k + 1, tag, at);
+        uint32_t flags = get32(sh + 4);
+        uint64_t len = get64(sh + 8);
+        at += SECTION_HEADER;
+        if (len > size - at || ((len + 7) & ~(uint64_t)7) > size - at)
+            return dsrt__fail(DSRT_ETRUNCATED,
+                              "model: %s: truncated: section '%s' needs %llu bytes at byte %zu, "
+                              "the file has %zu",
+                              name, tag, (unsigned long long)len, at, size - at);
+        const uint8_t *payload = data + at;
+        if (get32(sh + 16) != crc(payload, (size_t)len))
+            return dsrt__fail(DSRT_ECHECKSUM, "model: %s: section '%s': checksum mismatch", name,
+                              tag);
+        size_t padded = (size_t)((len + 7) & ~(uint64_t)7);
+        for (size_t i = (size_t)len; i < padded; i++)
+            if (payload[i] != 0)
+                return dsrt__fail(DSRT_ECORRUPT, "model: %s: section '%s': non-zero padding", name,
+                                  tag);
+        at += padded;
+        if (flags & ~FLAG_OPTIONAL)
+            return dsrt__fail(DSRT_ECORRUPT, "model: %s: section '%s': unknown flags 0x%x", name,
+                              tag, flags);
+        int id = -1;
+        for (int i = 0; i < S_COUNT; i++)
+            if (!memcmp(sh, TAGS[i], 4)) id = i;
+        if (id < 0) {
+            if (flags & FLAG_OPTIONAL) continue;
+            return dsrt__fail(DSRT_EUNSUPPORTED,
+                              "model: %s: section '%s' is required but not known to this build",
+                              name, tag);
+        }
+        if (s[id].present)
+            return dsrt__fail(DSRT_ECORRUPT, "model: %s: section '%s' appears twice", name, tag);
+        s[id] = (sect){payload, len, 1};
+    }
+    if (at != size)
+        return dsrt__fail(DSRT_ECORRUPT, "model: %s: %zu bytes after the last section", name,
+                          size - at);
+    for (int i = S_DESC; i <= S_STAT; i++)
+        if (!s[i].present)
+            return dsrt__fail(DSRT_ECORRUPT, "model: %s: section '%s' is missing", name, TAGS[i]);
+    if (s[S_PARM].len != n_params * sizeof(float) || n_params > s[S_PARM].len ||
+        s[S_STAT].len != n_state * sizeof(float) || n_state > s[S_STAT].len)
+        return dsrt__fail(DSRT_ECORRUPT,
+                          "model: %s: sections PARM and STAT hold %llu and %llu bytes, the "
+                          "header says %llu and %llu floats",
+                          name, (unsigned long long)s[S_PARM].len,
+                          (unsigned long long)s[S_STAT].len, (unsigned long long)n_params,
+                          (unsigned long long)n_state);
+    if (s[S_DESC].len == 0 || s[S_DESC].len > MAX_DESC ||
+        memchr(s[S_DESC].data, 0, (size_t)s[S_DESC].len))
+        return dsrt__fail(DSRT_ECORRUPT, "model: %s: section DESC is not a description text", name);
+    if (s[S_POSN].present && s[S_POSN].len != 24)
+        return dsrt__fail(DSRT_ECORRUPT, "model: %s: section POSN: %llu bytes, not 24", name,
+                          (unsigned long long)s[S_POSN].len);
+
+    /* The net, from its description, for the stored sizes. */
+    text = dsrt__malloc((size_t)s[S_DESC].len + 1);
+    if (!text) return -ENOMEM;
+    memcpy(text, s[S_DESC].data, (size_t)s[S_DESC].len);
+    text[s[S_DESC].len] = '\0';
+    char source[320];
+    snprintf(source, sizeof source, "model: %s: description", name);
+    dsrt_desc d;
+    if ((rc = dsrt__desc_parse(&d, text, source))) {
+        rc = DSRT_ECORRUPT;
+        goto fail;
+    }
+    dsrt_net_options o = options ? *options : dsrt_net_defaults();
+    if (s[S_POSN].present) o.seed = get64(s[S_POSN].data + 16);
+    size_t expect[2] = {(size_t)n_params, (size_t)n_state};
+    rc = dsrt__net_build(&net, &d, text, source, (int)h, (int)w, (int)c, (int)classes, &o, 0,
+                         expect);
+    if (rc) {
+        if (rc == DSRT_EOPTION) rc = DSRT_ECORRUPT;
+        goto fail;
+    }
+    if (net->classes != (int)classes) {
+        rc = dsrt__fail(DSRT_ECORRUPT, "model: %s: the description makes %d classes, not %u", name,
+                        net->classes, classes);
+        goto fail;
+    }
+    memcpy(net->params, s[S_PARM].data, (size_t)n_params * sizeof(float));
+    memcpy(net->state, s[S_STAT].data, (size_t)n_state * sizeof(float));
+    net->version++;
+    if (s[S_POSN].present) {
+        const uint8_t *p = s[S_POSN].data;
+        net->iteration = (int64_t)get64(p + 8);
+        if (pos)
+            *pos = (dsrt_train_position){(int64_t)get64(p), (int64_t)get64(p + 8), get64(p + 16)};
+    }
+    if (optp && s[S_OPTM].present && (rc = read_optimizer(&s[S_OPTM], name, net, optp))) goto fail;
+    free(text);
+    *netp = net;
+    return 0;
+fail:
+    dsrt_net_destroy(net);
+    free(text);
+    return rc;
+}
+
+static int load(const char *path, dsrt_net **net, dsrt_optimizer **opt, dsrt_train_position *pos,
+                const dsrt_net_options *options) {
+    uint8_t *data;
+    size_t size;
+    if (!path || !net) return dsrt__fail(-EINVAL, "model: no path");
+    *net = NULL;
+    int rc = dsrt__read_whole_file(path, MAX_FILE, &data, &size);
+    if (rc) return dsrt__fail_prefix(rc, "model");
+    rc = dsrt__model_read(data, size, path, net, opt, pos, options);
+    free(data);
+    return rc;
+}
+
+int dsrt_model_load(dsrt_net **net, const char *path, const dsrt_net_options *options) {
+    return load(path, net, NULL, NULL, options);
+}
+
+int dsrt_checkpoint_load(const char *path, dsrt_net **net, dsrt_optimizer **opt,
+                         dsrt_train_position *pos, const dsrt_net_options *options) {
+    return load(path, net, opt, pos, options);
+}

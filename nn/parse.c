@@ -1,0 +1,650 @@
+/*
+ * Network descriptions: the text format, its one table of layer types, and
+ * the built-in networks written in it.
+ *
+ * Format
+ * ------
+ * A description is plain text, one layer a line, from the input layer to the
+ * classification output:
+ *
+ *     # digits: three convolutions and a classifier
+ *     input size=28x28x1 normalization=none
+ *     conv name=conv1 filters=20 size=5
+ *     batchnorm
+ *     relu
+ *     fc outputs=classes
+ *     softmax
+ *
+ * - A line is a layer type followed by options written name=value, separated
+ *   by spaces or tabs. `#` starts a comment that runs to the end of the line;
+ *   blank lines are ignored. Each option may appear once per line; options
+ *   not given take their defaults.
+ * - Every layer has `name=` (letters, digits, `_ . -`, at most 47 bytes);
+ *   by default `<type>_<k>` for the k-th layer of that type (conv_1, relu_2).
+ *   Names are unique in a network.
+ * - Values: integers, decimal numbers (1e-4), words from a list, sizes
+ *   `N` or `HxW` (height x width), and comma-separated lists.
+ * - The first layer is `input`, the last is `softmax`, and neither appears
+ *   elsewhere. Layers run in the order written; each takes the previous
+ *   one's output. Shapes are inferred; a layer whose input is too small for
+ *   it, or an option out of range, is an error naming the line and option.
+ *
+ * Layer types and options (defaults in brackets; MATLAB's layer in braces):
+ *
+ *   input      {imageInputLayer} image input, float NCHW batches
+ *              size=HxWxC [from the caller]   normalization=none|zerocenter|
+ *              zscore|rescale|rescale-symmetric [none]; per-channel statistics
+ *              mean= std= min= max= as one value or one per channel [0,1,0,1];
+ *              runtime code may set them from the data instead.
+ *   conv       {convolution2dLayer, groupedConvolution2dLayer}
+ *              filters=N (required)  size=K|KHxKW (required)  stride=S|SHxSW [1]
+ *              pad=P|PHxPW|T,B,L,R|same [0]  dilation=D|DHxDW [1]  groups=G [1]
+ *              bias=0|1 [1]  init=default|glorot|he [default: the net's]
+ *              wlr= blr= [1] learn-rate factors of weights and bias;
+ *              wl2= [1] bl2= [0] L2 factors
+ *   batchnorm  {batchNormalizationLayer} eps= [1e-5] momentum= [0.1] (running
+ *              average weight of the new batch); wlr blr (scale, offset) [1];
+ *              wl2 bl2 [1]
+ *   relu       {reluLayer} leak= [0]: slope for negative inputs
+ *   leakyrelu  {leakyReluLayer} leak= [0.01]
+ *   maxpool    {maxPooling2dLayer} size= (required) stride= [1] pad= [0] as conv
+ *   avgpool    {averagePooling2dLayer} as maxpool; padding counts as zeros
+ *   gap        {globalAveragePooling2dLayer} no options
+ *   fc         {fullyConnectedLayer} outputs=N|classes (required)
+ *              bias init wlr blr wl2 bl2 as conv
+ *   dropout    {dropoutLayer} p= [0.5] probability of dropping; survivors are
+ *              scaled by 1/(1-p) in training
+ *   lrn        {crossChannelNormalizationLayer} size= [5] channels in the
+ *              window; alpha= [1e-4] beta= [0.75] k= [2]:
+ *              y = x / (k + alpha/size * sum of x^2 over the window)^beta
+ *   softmax    {softmaxLayer + classificationLayer} softmax and cross-entropy
+ *              loss over the flattened input, which must have `classes` values
+ *
+ * Built-in networks ("digits", "cifar", "alexnet") are written in this format
+ * below and mirror the peer benchmark's PyTorch definitions layer for layer.
+ */
+#include "internal.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Option table
+
+typedef enum {
+    OPT_INT,     /* int */
+    OPT_FLOAT,   /* float */
+    OPT_BOOL,    /* int 0/1 */
+    OPT_PAIR,    /* two ints: "N" or "HxW" */
+    OPT_PAD,     /* four ints + pad_same: "same", "N", "HxW", "T,B,L,R" */
+    OPT_SIZE3,   /* three ints h, w, c: "HxWxC" */
+    OPT_ENUM,    /* int index into choices ("a|b|c") */
+    OPT_FLOATS,  /* float[DSRT_STATS_MAX] + int count: "v" or "v1,v2,..." */
+    OPT_OUTPUTS, /* int, or DSRT_CLASSES_AUTO for "classes" */
+    OPT_INIT,    /* int: default|glorot|he */
+} opt_type;
+
+struct dsrt_opt_spec {
+    const char *name;
+    opt_type type;
+    const char *def; /* NULL: required */
+    size_t off;      /* into dsrt_layer_opts */
+    size_t off2;     /* OPT_FLOATS: the count; OPT_PAD: pad_same */
+    double min, max; /* for numbers */
+    const char *choices;
+};
+
+#define O(f) offsetof(dsrt_layer_opts, f)
+#define OPT_END                                                                                    \
+    { NULL, 0, NULL, 0, 0, 0, 0, NULL }
+#define LR_OPTS(wl2_def, bl2_def)                                                                  \
+    {"wlr", OPT_FLOAT, "1", O(wlr), 0, 0, 1e6, NULL},                                              \
+        {"blr", OPT_FLOAT, "1", O(blr), 0, 0, 1e6, NULL},                                          \
+        {"wl2", OPT_FLOAT, wl2_def, O(wl2), 0, 0, 1e6, NULL}, {                                    \
+        "bl2", OPT_FLOAT, bl2_def, O(bl2), 0, 0, 1e6, NULL                                         \
+    }
+
+static const struct dsrt_opt_spec OPTS_INPUT[] = {
+    {"size", OPT_SIZE3, "0x0x0", O(in_h), 0, 0, 1 << 16, NULL},
+    {"normalization", OPT_ENUM, "none", O(norm), 0, 0, 0,
+     "none|zerocenter|zscore|rescale|rescale-symmetric"},
+    {"mean", OPT_FLOATS, "0", O(mean), O(n_mean), -1e30, 1e30, NULL},
+    {"std", OPT_FLOATS, "1", O(std), O(n_std), 1e-30, 1e30, NULL},
+    {"min", OPT_FLOATS, "0", O(min), O(n_min), -1e30, 1e30, NULL},
+    {"max", OPT_FLOATS, "1", O(max), O(n_max), -1e30, 1e30, NULL},
+    OPT_END,
+};
+
+static const struct dsrt_opt_spec OPTS_CONV[] = {
+    {"filters", OPT_INT, NULL, O(filters), 0, 1, 1 << 20, NULL},
+    {"size", OPT_PAIR, NULL, O(kh), 0, 1, 1 << 12, NULL},
+    {"stride", OPT_PAIR, "1", O(sh), 0, 1, 1 << 12, NULL},
+    {"pad", OPT_PAD, "0", O(pt), O(pad_same), 0, 1 << 12, NULL},
+    {"dilation", OPT_PAIR, "1", O(dh), 0, 1, 1 << 12, NULL},
+    {"groups", OPT_INT, "1", O(groups), 0, 1, 1 << 20, NULL},
+    {"bias", OPT_BOOL, "1", O(bias), 0, 0, 1, NULL},
+    {"init", OPT_INIT, "default", O(init), 0, 0, 0, NULL},
+    LR_OPTS("1", "0"),
+    OPT_END,
+};
+
+static const struct dsrt_opt_spec OPTS_BN[] = {
+    {"eps", OPT_FLOAT, "1e-5", O(eps), 0, 1e-12, 1, NULL},
+    {"momentum", OPT_FLOAT, "0.1", O(momentum), 0, 0, 1, NULL},
+    LR_OPTS("1", "1"),
+    OPT_END,
+};
+
+static const struct dsrt_opt_spec OPTS_RELU[] = {
+    {"leak", OPT_FLOAT, "0", O(leak), 0, 0, 1e6, NULL},
+    OPT_END,
+};
+
+static const struct dsrt_opt_spec OPTS_LEAKY[] = {
+    {"leak", OPT_FLOAT, "0.01", O(leak), 0, 0, 1e6, NULL},
+    OPT_END,
+};
+
+static const struct dsrt_opt_spec OPTS_POOL[] = {
+    {"size", OPT_PAIR, NULL, O(kh), 0, 1, 1 << 12, NULL},
+    {"stride", OPT_PAIR, "1", O(sh), 0, 1, 1 << 12, NULL},
+    {"pad", OPT_PAD, "0", O(pt), O(pad_same), 0, 1 << 12, NULL},
+    OPT_END,
+};
+
+static const struct dsrt_opt_spec OPTS_NONE[] = {OPT_END};
+
+static const struct dsrt_opt_spec OPTS_FC[] = {
+    {"outputs", OPT_OUTPUTS, NULL, O(outputs), 0, 1, 1 << 24, NULL},
+    {"bias", OPT_BOOL, "1", O(bias), 0, 0, 1, NULL},
+    {"init", OPT_INIT, "default", O(init), 0, 0, 0, NULL},
+    LR_OPTS("1", "0"),
+    OPT_END,
+};
+
+static const struct dsrt_opt_spec OPTS_DROPOUT[] = {
+    {"p", OPT_FLOAT, "0.5", O(p), 0, 0, 0.999999, NULL},
+    OPT_END,
+};
+
+static const struct dsrt_opt_spec OPTS_LRN[] = {
+    {"size", OPT_INT, "5", O(lrn_size), 0, 1, 1 << 12, NULL},
+    {"alpha", OPT_FLOAT, "1e-4", O(alpha), 0, 0, 1e6, NULL},
+    {"beta", OPT_FLOAT, "0.75", O(beta), 0, 0, 1e6, NULL},
+    {"k", OPT_FLOAT, "2", O(k), 0, 1e-12, 1e6, NULL},
+    OPT_END,
+};
+
+/* The one table of layer types: keyword -> kind, constructor, options. */
+static const dsrt_layer_type LAYER_TYPES[] = {
+    {"input", DSRT_LAYER_INPUT, dsrt__build_input, dsrt__init_input, OPTS_INPUT,
+     "image input and normalization"},
+    {"conv", DSRT_LAYER_CONV, dsrt__build_conv, dsrt__init_conv, OPTS_CONV,
+     "2-D convolution (grouped with groups > 1)"},
+    {"batchnorm", DSRT_LAYER_BATCHNORM, dsrt__build_batchnorm, dsrt__init_batchnorm, OPTS_BN,
+     "batch normalization"},
+    {"relu", DSRT_LAYER_RELU, dsrt__build_same, NULL, OPTS_RELU, "rectified linear unit"},
+    {"leakyrelu", DSRT_LAYER_RELU, dsrt__build_same, NULL, OPTS_LEAKY, "leaky ReLU"},
+    {"maxpool", DSRT_LAYER_MAXPOOL, dsrt__build_pool, NULL, OPTS_POOL, "max pooling"},
+    {"avgpool", DSRT_LAYER_AVGPOOL, dsrt__build_pool, NULL, OPTS_POOL, "average pooling"},
+    {"gap", DSRT_LAYER_GAP, dsrt__build_gap, NULL, OPTS_NONE, "global average pooling"},
+    {"fc", DSRT_LAYER_FC, dsrt__build_fc, dsrt__init_fc, OPTS_FC, "fully connected"},
+    {"dropout", DSRT_LAYER_DROPOUT, dsrt__build_dropout, NULL, OPTS_DROPOUT, "dropout"},
+    {"lrn", DSRT_LAYER_LRN, dsrt__build_lrn, NULL, OPTS_LRN,
+     "cross-channel (local response) normalization"},
+    {"softmax", DSRT_LAYER_SOFTMAX, dsrt__build_softmax, NULL, OPTS_NONE,
+     "softmax and cross-entropy: the classification output"},
+};
+
+// ----------------------------------------------------------------------------
+// Values
+
+static int parse_long(const char *s, long *v) {
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (end == s || *end || errno) return -1;
+    *v = x;
+    return 0;
+}
+
+/* "12" or "3x5": two ints; a single value is used for both. */
+static int parse_ints(const char *s, char sep, long *v, int max_n) {
+    char buf[128];
+    if (strlen(s) >= sizeof buf) return -1;
+    strcpy(buf, s);
+    int n = 0;
+    char *p = buf;
+    for (;;) {
+        char *q = strchr(p, sep);
+        if (q) *q = '\0';
+        if (n == max_n || parse_long(p, &v[n]) != 0) return -1;
+        n++;
+        if (!q) break;
+        p = q + 1;
+    }
+    return n;
+}
+
+static int parse_float(const char *s, double *v) {
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(x)) return -1;
+    *v = x;
+    return 0;
+}
+
+static int check_range(const struct dsrt_opt_spec *o, double v) {
+    return v >= o->min && v <= o->max ? 0 : -1;
+}
+
+/* Stores value into opts per spec; returns 0 or DSRT_EOPTION with a message
+ * (without the line prefix). */
+static int set_option(dsrt_layer_opts *opts, const struct dsrt_opt_spec *o, const char *value) {
+    char *base = (char *)opts;
+    int *ip = (int *)(base + o->off);
+    long v[4];
+    double d;
+    int n;
+    switch (o->type) {
+    case OPT_INT:
+        if (parse_long(value, v) != 0) goto bad;
+        if (check_range(o, (double)v[0])) goto range;
+        *ip = (int)v[0];
+        return 0;
+    case OPT_FLOAT:
+        if (parse_float(value, &d) != 0) goto bad;
+        if (check_range(o, d)) goto range;
+        *(float *)(base + o->off) = (float)d;
+        return 0;
+    case OPT_BOOL:
+        if (!strcmp(value, "1") || !strcmp(value, "true"))
+            *ip = 1;
+        else if (!strcmp(value, "0") || !strcmp(value, "false"))
+            *ip = 0;
+        else
+            goto bad;
+        return 0;
+    case OPT_PAIR:
+        n = parse_ints(value, 'x', v, 2);
+        if (n < 1) goto bad;
+        if (n == 1) v[1] = v[0];
+        if (check_range(o, (double)v[0]) || check_range(o, (double)v[1])) goto range;
+        ip[0] = (int)v[0];
+        ip[1] = (int)v[1];
+        return 0;
+    case OPT_PAD: {
+        int *same = (int *)(base + o->off2);
+        if (!strcmp(value, "same")) {
+            *same = 1;
+            ip[0] = ip[1] = ip[2] = ip[3] = 0;
+            return 0;
+        }
+        *same = 0;
+        if (strchr(value, ',')) {
+            n = parse_ints(value, ',', v, 4);
+            if (n != 4) goto bad;
+        } else {
+            n = parse_ints(value, 'x', v, 2);
+            if (n < 1) goto bad;
+            if (n == 1) v[1] = v[0];
+            v[2] = v[3] = v[1];
+            v[1] = v[0];
+        }
+        for (int i = 0; i < 4; i++)
+            if (check_range(o, (double)v[i])) goto range;
+        for (int i = 0; i < 4; i++) ip[i] = (int)v[i];
+        return 0;
+    }
+    case OPT_SIZE3:
+        n = parse_ints(value, 'x', v, 3);
+        if (n != 3) goto bad;
+        for (int i = 0; i < 3; i++)
+            if (check_range(o, (double)v[i])) goto range;
+        for (int i = 0; i < 3; i++) ip[i] = (int)v[i];
+        return 0;
+    case OPT_ENUM: {
+        size_t len = strlen(value);
+        const char *c = o->choices;
+        for (int i = 0; *c; i++) {
+            const char *e = strchr(c, '|');
+            size_t cl = e ? (size_t)(e - c) : strlen(c);
+            if (cl == len && !memcmp(c, value, len)) {
+                *ip = i;
+                return 0;
+            }
+            if (!e) break;
+            c = e + 1;
+        }
+        return dsrt__fail(DSRT_EOPTION, "option '%s': '%s' is not one of %s", o->name, value,
+                          o->choices);
+    }
+    case OPT_FLOATS: {
+        float *f = (float *)(base + o->off);
+        int *count = (int *)(base + o->off2);
+        char buf[1024];
+        if (strlen(value) >= sizeof buf) goto bad;
+        strcpy(buf, value);
+        n = 0;
+        for (char *p = buf;;) {
+            char *q = strchr(p, ',');
+            if (q) *q = '\0';
+            if (n == DSRT_STATS_MAX)
+                return dsrt__fail(DSRT_EOPTION, "option '%s': more than %d values", o->name,
+                                  DSRT_STATS_MAX);
+            if (parse_float(p, &d) != 0) goto bad;
+            if (check_range(o, d)) goto range;
+            f[n++] = (float)d;
+            if (!q) break;
+            p = q + 1;
+        }
+        *count = n;
+        return 0;
+    }
+    case OPT_OUTPUTS:
+        if (!strcmp(value, "classes")) {
+            *ip = DSRT_CLASSES_AUTO;
+            return 0;
+        }
+        if (parse_long(value, v) != 0) goto bad;
+        if (check_range(o, (double)v[0])) goto range;
+        *ip = (int)v[0];
+        return 0;
+    case OPT_INIT:
+        if (!strcmp(value, "default"))
+            *ip = DSRT_INIT_DEFAULT;
+        else if (!strcmp(value, "glorot"))
+            *ip = DSRT_INIT_GLOROT;
+        else if (!strcmp(value, "he"))
+            *ip = DSRT_INIT_HE;
+        else
+            return dsrt__fail(DSRT_EOPTION, "option 'init': '%s' is not one of default|glorot|he",
+                              value);
+        return 0;
+    }
+bad : {
+    static const char *const what[] = {
+        [OPT_INT] = "an integer",
+        [OPT_FLOAT] = "a number",
+        [OPT_BOOL] = "0 or 1",
+        [OPT_PAIR] = "N or HxW",
+        [OPT_PAD] = "same, N, HxW or T,B,L,R",
+        [OPT_SIZE3] = "HxWxC",
+        [OPT_ENUM] = "a word",
+        [OPT_FLOATS] = "a number or a comma-separated list",
+        [OPT_OUTPUTS] = "an integer or 'classes'",
+        [OPT_INIT] = "a word",
+    };
+    return dsrt__fail(DSRT_EOPTION, "option '%s': expected %s, got '%s'", o->name, what[o->type],
+                      value);
+}
+range:
+    return dsrt__fail(DSRT_EOPTION, "option '%s': '%s' is out of range [%g, %g]", o->name, value,
+                      o->min, o->max);
+}
+
+// ----------------------------------------------------------------------------
+// Lines
+
+static const dsrt_layer_type *find_type(const char *name) {
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(LAYER_TYPES); i++)
+        if (!strcmp(LAYER_TYPES[i].name, name)) return &LAYER_TYPES[i];
+    return NULL;
+}
+
+static int valid_name(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n >= DSRT_LAYER_NAME_MAX) return 0;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && *s != '_' && *s != '.' && *s != '-') return 0;
+    return 1;
+}
+
+/* Lists "a, b, c" of a type's option names into buf. */
+static void option_names(const dsrt_layer_type *t, char *buf, size_t size) {
+    size_t at = 0;
+    buf[0] = '\0';
+    at += (size_t)snprintf(buf, size, "name");
+    for (const struct dsrt_opt_spec *o = t->opts; o->name && at < size; o++)
+        at += (size_t)snprintf(buf + at, size - at, ", %s", o->name);
+}
+
+#define MAX_TOKENS 64
+
+/* Parses one layer line (already stripped of its comment), tokens split in
+ * place. Returns 0, or DSRT_EOPTION with the message (no line prefix). */
+static int parse_line(dsrt_layer *l, char **tok, int ntok) {
+    const dsrt_layer_type *t = find_type(tok[0]);
+    if (!t) {
+        char names[512];
+        size_t at = 0;
+        for (size_t i = 0; i < DSRT_ARRAY_SIZE(LAYER_TYPES) && at < sizeof names; i++)
+            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                                   LAYER_TYPES[i].name);
+        return dsrt__fail(DSRT_EOPTION, "unknown layer type '%s' (types: %s)", tok[0], names);
+    }
+    memset(l, 0, sizeof *l);
+    l->kind = t->kind;
+    l->type = t->name;
+    l->def = t;
+    int seen[64] = {0};
+    int nopts = 0;
+    while (t->opts[nopts].name) nopts++;
+    /* Defaults first, then the given values. */
+    for (int i = 0; i < nopts; i++)
+        if (t->opts[i].def && set_option(&l->o, &t->opts[i], t->opts[i].def) != 0)
+            return DSRT_EOPTION; /* a bad default is a bug in the table */
+    int named = 0;
+    for (int k = 1; k < ntok; k++) {
+        char *eq = strchr(tok[k], '=');
+        if (!eq || eq == tok[k])
+            return dsrt__fail(DSRT_EOPTION, "%s: expected name=value, got '%s'", t->name, tok[k]);
+        *eq = '\0';
+        const char *key = tok[k], *value = eq + 1;
+        if (!*value) return dsrt__fail(DSRT_EOPTION, "%s: option '%s' has no value", t->name, key);
+        if (!strcmp(key, "name")) {
+            if (named) return dsrt__fail(DSRT_EOPTION, "%s: option 'name' given twice", t->name);
+            if (!valid_name(value))
+                return dsrt__fail(DSRT_EOPTION,
+                                  "%s: option 'name': '%s' is not 1 to %d letters, digits or _.-",
+                                  t->name, value, DSRT_LAYER_NAME_MAX - 1);
+            strcpy(l->name, value);
+            named = 1;
+            continue;
+        }
+        int i = 0;
+        while (i < nopts && strcmp(t->opts[i].name, key)) i++;
+        if (i == nopts) {
+            char names[512];
+            option_names(t, names, sizeof names);
+            return dsrt__fail(DSRT_EOPTION, "%s: unknown option '%s' (options: %s)", t->name, key,
+                              names);
+        }
+        if (seen[i]) return dsrt__fail(DSRT_EOPTION, "%s: option '%s' given twice", t->name, key);
+        seen[i] = 1;
+        if (set_option(&l->o, &t->opts[i], value) != 0)
+            return dsrt__fail_prefix(DSRT_EOPTION, "%s", t->name);
+    }
+    for (int i = 0; i < nopts; i++)
+        if (!t->opts[i].def && !seen[i])
+            return dsrt__fail(DSRT_EOPTION, "%s: option '%s' is required", t->name,
+                              t->opts[i].name);
+    return 0;
+}
+
+int dsrt__desc_parse(dsrt_desc *d, const char *text, const char *source) {
+    int rc = 0, cap = 0, line_no = 0;
+    char *copy = NULL;
+    d->layers = NULL;
+    d->n = 0;
+    if (!text) return dsrt__fail(-EINVAL, "%s: no description", source);
+    copy = dsrt__strdup(text);
+    if (!copy) return -ENOMEM;
+    for (char *line = copy; line;) {
+        char *next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        line_no++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        char *tok[MAX_TOKENS];
+        int ntok = 0;
+        for (char *p = line;;) {
+            while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\v' || *p == '\f') p++;
+            if (!*p) break;
+            if (ntok == MAX_TOKENS) {
+                rc = dsrt__fail(DSRT_EOPTION, "%s: line %d: more than %d words", source, line_no,
+                                MAX_TOKENS);
+                goto fail;
+            }
+            tok[ntok++] = p;
+            while (*p && *p != ' ' && *p != '\t' && *p != '\r' && *p != '\v' && *p != '\f') p++;
+            if (*p) *p++ = '\0';
+        }
+        line = next;
+        if (ntok == 0) continue;
+        if (d->n == DSRT_LAYERS_MAX) {
+            rc = dsrt__fail(DSRT_EOPTION, "%s: line %d: more than %d layers", source, line_no,
+                            DSRT_LAYERS_MAX);
+            goto fail;
+        }
+        if (d->n == cap) {
+            size_t c = (size_t)cap;
+            rc = dsrt__grow((void **)&d->layers, &c, (size_t)d->n + 1, sizeof *d->layers);
+            if (rc) goto fail;
+            cap = (int)c;
+        }
+        dsrt_layer *l = &d->layers[d->n];
+        rc = parse_line(l, tok, ntok);
+        if (rc) {
+            dsrt__fail_prefix(rc, "%s: line %d", source, line_no);
+            goto fail;
+        }
+        l->line = line_no;
+        d->n++;
+    }
+    if (d->n == 0) {
+        rc = dsrt__fail(DSRT_EOPTION, "%s: no layers", source);
+        goto fail;
+    }
+    /* Default names: <type>_<k>, k counting that type from 1. */
+    for (int i = 0; i < d->n; i++) {
+        dsrt_layer *l = &d->layers[i];
+        if (l->name[0]) continue;
+        int k = 1;
+        for (int j = 0; j < i; j++) k += d->layers[j].def == l->def;
+        for (;; k++) {
+            snprintf(l->name, sizeof l->name, "%s_%d", l->type, k);
+            int clash = 0;
+            for (int j = 0; j < d->n && !clash; j++)
+                clash = j != i && !strcmp(d->layers[j].name, l->name);
+            if (!clash) break;
+        }
+    }
+    for (int i = 0; i < d->n; i++)
+        for (int j = 0; j < i; j++)
+            if (!strcmp(d->layers[i].name, d->layers[j].name)) {
+                rc = dsrt__fail(DSRT_EOPTION, "%s: line %d: name '%s' is already used on line %d",
+                                source, d->layers[i].line, d->layers[i].name, d->layers[j].line);
+                goto fail;
+            }
+    free(copy);
+    return 0;
+fail:
+    free(copy);
+    dsrt__desc_free(d);
+    return rc;
+}
+
+void dsrt__desc_free(dsrt_desc *d) {
+    free(d->layers);
+    d->layers = NULL;
+    d->n = 0;
+}
+
+size_t dsrt__desc_help(char *buf, size_t size) {
+    size_t at = 0;
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(LAYER_TYPES); i++) {
+        const dsrt_layer_type *t = &LAYER_TYPES[i];
+        at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size),
+                               "  %-10s %s\n            name=", t->name, t->help);
+        for (const struct dsrt_opt_spec *o = t->opts; o->name; o++)
+            at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size), " %s=%s",
+                                   o->name, o->def ? o->def : "(required)");
+        at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size), "\n");
+    }
+    return at;
+}
+
+// ----------------------------------------------------------------------------
+// Built-in networks
+
+static const char DIGITS[] = "# digits: 28x28x1, as the peer benchmark's digits_net\n"
+                             "input size=28x28x1\n"
+                             "conv name=conv1 filters=20 size=5\n"
+                             "batchnorm name=bn1\n"
+                             "relu name=relu1\n"
+                             "conv name=conv2 filters=20 size=3 pad=1\n"
+                             "batchnorm name=bn2\n"
+                             "relu name=relu2\n"
+                             "conv name=conv3 filters=20 size=3 pad=1\n"
+                             "batchnorm name=bn3\n"
+                             "relu name=relu3\n"
+                             "fc name=fc outputs=classes\n"
+                             "softmax name=output\n";
+
+#define CBR(i, f)                                                                                  \
+    "conv name=conv" i " filters=" f " size=3 pad=same\nbatchnorm name=bn" i "\nrelu name=relu" i  \
+    "\n"
+
+static const char CIFAR[] =
+    "# cifar: 32x32x3, as the peer benchmark's cifar_net (width 32, depth 4)\n"
+    "input size=32x32x3\n" CBR("1_1", "32") CBR("1_2", "32") CBR("1_3", "32")
+        CBR("1_4", "32") "maxpool name=pool1 size=2 stride=2\n" CBR("2_1", "64") CBR("2_2", "64")
+            CBR("2_3", "64")
+                CBR("2_4", "64") "maxpool name=pool2 size=2 stride=2\n" CBR("3_1", "128")
+                    CBR("3_2", "128") CBR("3_3", "128")
+                        CBR("3_4", "128") "avgpool name=pool3 size=8 stride=8\n"
+                                          "fc name=fc outputs=classes\n"
+                                          "softmax name=output\n";
+
+static const char ALEXNET[] =
+    "# alexnet: 227x227x3, the original AlexNet (grouped conv2/4/5, LRN after relu1/relu2)\n"
+    "input size=227x227x3\n"
+    "conv name=conv1 filters=96 size=11 stride=4\n"
+    "relu name=relu1\n"
+    "lrn name=norm1 size=5 alpha=1e-4 beta=0.75 k=1\n"
+    "maxpool name=pool1 size=3 stride=2\n"
+    "conv name=conv2 filters=256 size=5 pad=2 groups=2\n"
+    "relu name=relu2\n"
+    "lrn name=norm2 size=5 alpha=1e-4 beta=0.75 k=1\n"
+    "maxpool name=pool2 size=3 stride=2\n"
+    "conv name=conv3 filters=384 size=3 pad=1\n"
+    "relu name=relu3\n"
+    "conv name=conv4 filters=384 size=3 pad=1 groups=2\n"
+    "relu name=relu4\n"
+    "conv name=conv5 filters=256 size=3 pad=1 groups=2\n"
+    "relu name=relu5\n"
+    "maxpool name=pool5 size=3 stride=2\n"
+    "fc name=fc6 outputs=4096\n"
+    "relu name=relu6\n"
+    "dropout name=drop6 p=0.5\n"
+    "fc name=fc7 outputs=4096\n"
+    "relu name=relu7\n"
+    "dropout name=drop7 p=0.5\n"
+    "fc name=fc8 outputs=classes\n"
+    "softmax name=output\n";
+
+static const char *const BUILTIN_NAMES[] = {"digits", "cifar", "alexnet", NULL};
+static const char *const BUILTIN_TEXTS[] = {DIGITS, CIFAR, ALEXNET};
+
+const char *dsrt_net_builtin(const char *name, const char *const **names) {
+    if (names) *names = BUILTIN_NAMES;
+    if (!name) return NULL;
+    for (int i = 0; BUILTIN_NAMES[i]; i++)
+        if (!strcmp(BUILTIN_NAMES[i], name)) return BUILTIN_TEXTS[i];
+    return NULL;
+}
