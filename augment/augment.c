@@ -194,6 +194,8 @@ enum {
 /* The working image: the stored image, or its shorter-side resize (the long
  * side truncated, as torchvision's Resize(int) computes it). */
 static void working_size(const dsrt_augment_options *o, int w, int h, int *ww, int *wh) {
+    w = DSRT_MAX(w, 1); /* callers check; this keeps a bad size from dividing by 0 */
+    h = DSRT_MAX(h, 1);
     *ww = w;
     *wh = h;
     if (o->resize_shorter <= 0) return;
@@ -284,6 +286,10 @@ void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, ui
 
 void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h, int *min_w,
                               int *min_h) {
+    if (full_w <= 0 || full_h <= 0) {
+        *min_w = *min_h = 0;
+        return;
+    }
     int ww, wh;
     working_size(o, full_w, full_h, &ww, &wh);
     /* Output pixels per stored pixel along each axis. */
@@ -411,6 +417,11 @@ struct dsrt_augmenter {
     float *row; // (output width, channels): one output row before the write
     float *pre; // (pre_h, pre_w, channels): the source shrunk before a warp
     size_t cap_tmp, cap_row, cap_pre;
+    /* The normalised value of every byte per channel, for the sub and div
+     * it was made with (rebuilt when they change). */
+    float lut[3 * 256]; // (3, 256)
+    float lut_sub[3], lut_div[3];
+    int lut_ok;
 };
 
 int dsrt_augmenter_create(dsrt_augmenter **out) {
@@ -551,14 +562,21 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
 #endif
 
-/* Where and how a sample is written. Float output is (x - sub[c]) / div[c],
- * x in [0, 255]: exactly x / 255 for rescaling, as torchvision computes it. */
+/*
+ * Where and how a sample is written. Float output is (x - sub[c]) / div[c],
+ * x in [0, 255]. Whole pixels (the copy path) go through lut, that value
+ * computed exactly for each byte (x / 255 for rescaling, bit for bit as
+ * torchvision's ToTensor); resampled values are multiplied by inv[c] =
+ * 1 / div[c], within an ulp of the division.
+ */
 typedef struct {
     int ch, ow, oh;
-    int f32;       // 1: float NCHW, 0: uint8 NHWC
-    float sub[3];  // (ch)
-    float div[3];  // (ch)
-    float fill[3]; // (ch) fill value, [0, 255]
+    int f32;          // 1: float NCHW, 0: uint8 NHWC
+    float sub[3];     // (ch)
+    float div[3];     // (ch)
+    float inv[3];     // (ch) 1 / div
+    float fill[3];    // (ch) fill value, [0, 255]
+    const float *lut; // (ch, 256) normalised value of each byte, float output only
     void *dst;
 } sink;
 
@@ -568,17 +586,12 @@ static inline uint8_t to_u8(float x) {
     return (uint8_t)x;
 }
 
-/* o[j] = (p[j * step] - sub) / div for j < n: one channel of interleaved
- * pixels into a row of its plane (step is the channel count, negative to
- * read right to left). One channel a loop, so the strided loads vectorise. */
-static void plane_u8(float *restrict o, const uint8_t *restrict p, ptrdiff_t step, int n, float sub,
-                     float div) {
-    for (int j = 0; j < n; j++) o[j] = ((float)p[j * step] - sub) / div;
-}
-
+/* o[j] = (p[j * step] - sub) * inv for j < n: one channel of interleaved
+ * floats into a row of its plane. One channel a loop, so the strided loads
+ * vectorise. */
 static void plane_f32(float *restrict o, const float *restrict p, ptrdiff_t step, int n, float sub,
-                      float div) {
-    for (int j = 0; j < n; j++) o[j] = (p[j * step] - sub) / div;
+                      float inv) {
+    for (int j = 0; j < n; j++) o[j] = (p[j * step] - sub) * inv;
 }
 
 /* Writes output row v from row, (ow, ch) floats in [0, 255]. */
@@ -588,7 +601,7 @@ static void sink_row(const sink *s, int v, const float *restrict row) {
         size_t plane = (size_t)ow * s->oh;
         float *o = (float *)s->dst + (size_t)v * ow;
         for (int c = 0; c < s->ch; c++)
-            plane_f32(o + c * plane, row + c, s->ch, ow, s->sub[c], s->div[c]);
+            plane_f32(o + c * plane, row + c, s->ch, ow, s->sub[c], s->inv[c]);
     } else {
         int n = ow * s->ch;
         uint8_t *restrict o = (uint8_t *)s->dst + (size_t)v * n;
@@ -615,28 +628,48 @@ static void sink_fill(const sink *s, int v, int u0, int u1) {
     }
 }
 
+/* The normalising write of whole pixels: byte p[j * step] of each channel
+ * through its table, into the planes (step 3 or -3 reads right to left). */
+static void planes3_u8(float *restrict o0, float *restrict o1, float *restrict o2,
+                       const uint8_t *restrict p, ptrdiff_t step, int n,
+                       const float *restrict lut) {
+    const float *restrict l0 = lut, *restrict l1 = lut + 256, *restrict l2 = lut + 512;
+    for (int j = 0; j < n; j++) {
+        const uint8_t *q = p + j * step;
+        o0[j] = l0[q[0]];
+        o1[j] = l1[q[1]];
+        o2[j] = l2[q[2]];
+    }
+}
+
+static void plane1_u8(float *restrict o, const uint8_t *restrict p, ptrdiff_t step, int n,
+                      const float *restrict lut) {
+    for (int j = 0; j < n; j++) o[j] = lut[p[j * step]];
+}
+
 /* Writes output row v as whole source pixels: the copy run of ax read from
  * the source row src (uint8, interleaved), fill before and after it. No
  * interpolation: rows are copied (memcpy for uint8 output), reversed for a
- * reflection, and converted once for float output. */
+ * reflection, or converted once for float output. */
 static void sink_copy(const sink *s, int v, const uint8_t *restrict src, const axis *ax) {
     int n = ax->run_len, u0 = ax->run_first;
     sink_fill(s, v, 0, n ? u0 : s->ow);
     if (!n) return;
     sink_fill(s, v, u0 + n, s->ow);
     int ch = s->ch;
+    const uint8_t *p = src + (size_t)ax->run_src * ch;
     if (s->f32) {
         size_t plane = (size_t)s->ow * s->oh;
         float *o = (float *)s->dst + (size_t)v * s->ow + u0;
-        const uint8_t *p = src + (size_t)ax->run_src * ch;
-        for (int c = 0; c < ch; c++)
-            plane_u8(o + c * plane, p + c, ax->run_dir * ch, n, s->sub[c], s->div[c]);
+        if (ch == 3)
+            planes3_u8(o, o + plane, o + 2 * plane, p, ax->run_dir * 3, n, s->lut);
+        else
+            plane1_u8(o, p, ax->run_dir, n, s->lut);
     } else {
         uint8_t *restrict o = (uint8_t *)s->dst + ((size_t)v * s->ow + u0) * ch;
         if (ax->run_dir > 0) {
-            memcpy(o, src + (size_t)ax->run_src * ch, (size_t)n * ch);
+            memcpy(o, p, (size_t)n * ch);
         } else {
-            const uint8_t *restrict p = src + (size_t)ax->run_src * ch;
             for (int j = 0; j < n; j++)
                 for (int c = 0; c < ch; c++) o[j * ch + c] = p[c - j * ch];
         }
@@ -660,35 +693,84 @@ static void vpass(float *restrict tmp, const uint8_t *base, size_t stride, int y
     }
 }
 
-/* The horizontal pass: row[u] = sum_j w[u][j] * tmp[start[u] + j], tmp
- * holding source pixels from ax->lo, or the fill value. ch is a constant at
- * each call, so the channel loops unroll. */
-static inline __attribute__((always_inline)) void hpass_ch(float *restrict row,
-                                                           const float *restrict tmp,
-                                                           const axis *ax, const float *fill,
-                                                           int ch) {
+/* Four floats in one SSE register (GCC and clang vector extension). */
+typedef float v4sf __attribute__((vector_size(16)));
+
+/* Where the horizontal pass puts its results. */
+enum { TO_HWC, TO_PLANES, TO_U8 };
+
+/*
+ * The horizontal pass: output u is sum_j w[u][j] * tmp[start[u] + j] (tmp
+ * holding source pixels from ax->lo), or the fill value, written as floats
+ * (ch, interleaved) to hwc, or straight into output row v of the sample. ch
+ * and to are constants at each call, so the loops specialise.
+ */
+static inline __attribute__((always_inline)) void
+hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, int to,
+         float *restrict hwc, const sink *s, int v) {
     const int k = ax->k;
+    float *restrict pl[3] = {NULL, NULL, NULL};
+    uint8_t *restrict o8 = NULL;
+    float sub[3] = {0.0f, 0.0f, 0.0f}, inv[3] = {1.0f, 1.0f, 1.0f};
+    if (to == TO_PLANES) {
+        size_t plane = (size_t)s->ow * s->oh;
+        for (int c = 0; c < ch; c++) {
+            pl[c] = (float *)s->dst + c * plane + (size_t)v * s->ow;
+            sub[c] = s->sub[c];
+            inv[c] = s->inv[c];
+        }
+    } else if (to == TO_U8) {
+        o8 = (uint8_t *)s->dst + (size_t)v * s->ow * ch;
+    }
     for (int u = 0; u < ax->n; u++) {
         int cnt = ax->count[u];
-        float *o = row + (size_t)u * ch;
-        if (cnt == 0) {
-            for (int c = 0; c < ch; c++) o[c] = fill[c];
-            continue;
-        }
-        const float *restrict p = tmp + (size_t)(ax->start[u] - ax->lo) * ch;
-        const float *restrict w = ax->w + (size_t)u * k;
         float acc[3] = {0.0f, 0.0f, 0.0f};
-        for (int j = 0; j < cnt; j++)
-            for (int c = 0; c < ch; c++) acc[c] += w[j] * p[j * ch + c];
-        for (int c = 0; c < ch; c++) o[c] = acc[c];
+        if (cnt == 0) {
+            for (int c = 0; c < ch; c++) acc[c] = fill[c];
+        } else if (ch == 3) {
+            /* One 4-lane multiply-add per tap: lanes R, G, B and the next
+             * pixel's R (ignored; tmp has a float of slack at its end). */
+            const float *restrict p = tmp + (size_t)(ax->start[u] - ax->lo) * 3;
+            const float *restrict w = ax->w + (size_t)u * k;
+            v4sf a4 = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int j = 0; j < cnt; j++) {
+                v4sf x;
+                memcpy(&x, p + 3 * j, sizeof x);
+                a4 += w[j] * x;
+            }
+            acc[0] = a4[0], acc[1] = a4[1], acc[2] = a4[2];
+        } else {
+            const float *restrict p = tmp + (size_t)(ax->start[u] - ax->lo) * ch;
+            const float *restrict w = ax->w + (size_t)u * k;
+            for (int j = 0; j < cnt; j++)
+                for (int c = 0; c < ch; c++) acc[c] += w[j] * p[j * ch + c];
+        }
+        for (int c = 0; c < ch; c++) {
+            if (to == TO_HWC) hwc[(size_t)u * ch + c] = acc[c];
+            if (to == TO_PLANES) pl[c][u] = (acc[c] - sub[c]) * inv[c];
+            if (to == TO_U8) o8[(size_t)u * ch + c] = to_u8(acc[c]);
+        }
     }
 }
 
-static void hpass(float *row, const float *tmp, const axis *ax, const float *fill, int ch) {
+/* The horizontal pass into floats (ax->n, ch). */
+static void hpass_hwc(float *hwc, const float *tmp, const axis *ax, const float *fill, int ch) {
     if (ch == 3)
-        hpass_ch(row, tmp, ax, fill, 3);
+        hpass_ch(ax, tmp, fill, 3, TO_HWC, hwc, NULL, 0);
     else
-        hpass_ch(row, tmp, ax, fill, 1);
+        hpass_ch(ax, tmp, fill, 1, TO_HWC, hwc, NULL, 0);
+}
+
+/* The horizontal pass into output row v of the sample. */
+static void hpass_sink(const sink *s, int v, const float *tmp, const axis *ax) {
+    if (s->f32 && s->ch == 3)
+        hpass_ch(ax, tmp, s->fill, 3, TO_PLANES, NULL, s, v);
+    else if (s->f32)
+        hpass_ch(ax, tmp, s->fill, 1, TO_PLANES, NULL, s, v);
+    else if (s->ch == 3)
+        hpass_ch(ax, tmp, s->fill, 3, TO_U8, NULL, s, v);
+    else
+        hpass_ch(ax, tmp, s->fill, 1, TO_U8, NULL, s, v);
 }
 
 static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img, affine t) {
@@ -696,9 +778,8 @@ static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img
     int ch = img->channels, rc;
     if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], img->width)) ||
         (rc = axis_build(ay, s->oh, t.m[4], t.m[5], img->height)) ||
-        (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 1,
-                      sizeof(float))) ||
-        (rc = reserve((void **)&a->row, &a->cap_row, (size_t)s->ow * ch, sizeof(float))))
+        (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 4,
+                      sizeof(float))))
         return rc;
     size_t lo = (size_t)ax->lo * ch, len = (size_t)(ax->hi - ax->lo) * ch;
     for (int v = 0; v < s->oh; v++) {
@@ -710,8 +791,7 @@ static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img
             sink_copy(s, v, img->data + (size_t)ay->start[v] * img->stride, ax);
         } else {
             vpass(a->tmp, img->data, img->stride, ay->start[v], cnt, w, lo, len);
-            hpass(a->row, a->tmp, ax, s->fill, ch);
-            sink_row(s, v, a->row);
+            hpass_sink(s, v, a->tmp, ax);
         }
     }
     return 0;
@@ -721,8 +801,10 @@ static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img
 // Affine resampling
 
 /* Bilinear sample at (x, y) in pixel-index coordinates (pixel i's centre at
- * i); neighbours outside the w x h source count as the fill value. */
-#define DEFINE_BILERP(name, type)                                                                  \
+ * i); neighbours outside the w x h source count as the fill value. With vec,
+ * 3-channel float sources are read four floats at a time (the source needs a
+ * float of slack after its last pixel). */
+#define DEFINE_BILERP(name, type, vec)                                                             \
     static inline __attribute__((always_inline)) void name(                                        \
         float *restrict out, const type *restrict src, size_t stride, int w, int h, int ch,        \
         double x, double y, const float *fill) {                                                   \
@@ -737,6 +819,16 @@ static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img
         float w10 = (1.0f - ax) * ay, w11 = ax * ay;                                               \
         if (x0 >= 0 && x0 + 1 < w && y0 >= 0 && y0 + 1 < h) {                                      \
             const type *p = src + (size_t)y0 * stride + (size_t)x0 * ch, *q = p + stride;          \
+            if (vec && ch == 3) { /* 4 lanes: R, G, B and one ignored */                           \
+                v4sf a, b, c, d;                                                                   \
+                memcpy(&a, p, sizeof a);                                                           \
+                memcpy(&b, p + 3, sizeof b);                                                       \
+                memcpy(&c, q, sizeof c);                                                           \
+                memcpy(&d, q + 3, sizeof d);                                                       \
+                v4sf r = w00 * a + w01 * b + w10 * c + w11 * d;                                    \
+                out[0] = r[0], out[1] = r[1], out[2] = r[2];                                       \
+                return;                                                                            \
+            }                                                                                      \
             for (int c = 0; c < ch; c++)                                                           \
                 out[c] = w00 * p[c] + w01 * p[ch + c] + w10 * q[c] + w11 * q[ch + c];              \
             return;                                                                                \
@@ -754,8 +846,8 @@ static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img
         }                                                                                          \
     }
 
-DEFINE_BILERP(bilerp_u8, uint8_t)
-DEFINE_BILERP(bilerp_f32, float)
+DEFINE_BILERP(bilerp_u8, uint8_t, 0)
+DEFINE_BILERP(bilerp_f32, float, 1)
 
 /* One output row of the warp: row[u] = source at t(u + 0.5, v + 0.5). */
 #define DEFINE_WARP_ROW(name, bilerp, type)                                                        \
@@ -802,16 +894,16 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
     axis *ax = &a->ax, *ay = &a->ay;
     if ((rc = axis_build(ax, pw, (double)w / pw, 0.0, w)) ||
         (rc = axis_build(ay, ph, (double)h / ph, 0.0, h)) ||
-        (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 1,
+        (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 4,
                       sizeof(float))) ||
-        (rc = reserve((void **)&a->pre, &a->cap_pre, (size_t)pw * ph * ch, sizeof(float))))
+        (rc = reserve((void **)&a->pre, &a->cap_pre, (size_t)pw * ph * ch + 4, sizeof(float))))
         return rc;
     size_t lo = (size_t)ax->lo * ch, len = (size_t)(ax->hi - ax->lo) * ch;
     size_t pstride = (size_t)pw * ch;
     for (int y = 0; y < ph; y++) {
         vpass(a->tmp, img->data, img->stride, ay->start[y], ay->count[y], ay->w + (size_t)y * ay->k,
               lo, len);
-        hpass(a->pre + y * pstride, a->tmp, ax, s->fill, ch);
+        hpass_hwc(a->pre + y * pstride, a->tmp, ax, s->fill, ch);
     }
     t = compose(linear((double)pw / w, 0, 0, (double)ph / h), t);
     for (int v = 0; v < s->oh; v++) {
@@ -862,6 +954,22 @@ int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
         if (o->norm == DSRT_AUGMENT_NORM_ZEROCENTER || o->norm == DSRT_AUGMENT_NORM_ZSCORE)
             s.sub[c] = o->mean[c];
         if (o->norm == DSRT_AUGMENT_NORM_ZSCORE) s.div[c] = o->std[c];
+        s.inv[c] = 1.0f / s.div[c];
+    }
+    if (s.f32) {
+        int same = a->lut_ok;
+        for (int c = 0; c < s.ch; c++)
+            same = same && a->lut_sub[c] == s.sub[c] && a->lut_div[c] == s.div[c];
+        if (!same) {
+            for (int c = 0; c < s.ch; c++) {
+                for (int x = 0; x < 256; x++)
+                    a->lut[c * 256 + x] = ((float)x - s.sub[c]) / s.div[c];
+                a->lut_sub[c] = s.sub[c];
+                a->lut_div[c] = s.div[c];
+            }
+            a->lut_ok = 1;
+        }
+        s.lut = a->lut;
     }
     if (t.m[1] == 0.0 && t.m[3] == 0.0) return run_separable(a, &s, img, t);
     return run_affine(a, &s, img, t);

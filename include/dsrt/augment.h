@@ -175,7 +175,7 @@ DSRT_API size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o);
  * on a 500 x 375 JPEG asks for 341 x 256 (its shorter side must reach 256),
  * so the full size; the 32 preset asks for 64 x 64, which a 500 x 375 JPEG
  * meets at 1/4 scale (125 x 94). Depends only on the options and the full
- * size.
+ * size; a full size that is not positive gives 0 x 0 (decode at full size).
  */
 DSRT_API void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h,
                                        int *min_w, int *min_h);
