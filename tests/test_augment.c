@@ -13,6 +13,7 @@
 
 #include "core/internal.h"
 #include "task.h"
+#include "testimg.h"
 
 #define TOL 1e-3 /* pixel units, float kernels against the double reference */
 
@@ -844,6 +845,57 @@ static void test_decode_scale(void) {
     dsrt_augmenter_destroy(a);
 }
 
+/* The real flow: a JPEG's header size, dsrt_augment_decode_size, a decode
+ * at the DCT scale it allows, then the preset; the result matches the one
+ * from a full-size decode (same choices, close pixels). */
+static void test_jpeg_flow(void) {
+    test_image src = image_smooth(500, 375, 3);
+    size_t len = 0;
+    uint8_t *jpeg = timg_jpeg(src.buf, 500, 375, TJPF_RGB, TJSAMP_444, 95, 0, &len);
+    REQUIRE(jpeg);
+    dsrt_decoder *dec;
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_decoder_create(&dec, NULL));
+    CHECK_OK(dsrt_augmenter_create(&a));
+    dsrt_image_info info;
+    CHECK_OK(dsrt_decoder_info(dec, jpeg, len, &info));
+    dsrt_augment_options o;
+    dsrt_augment_preset_32(&o);
+    dsrt_decode_request req = {.channels = o.output_channels};
+    dsrt_augment_decode_size(&o, info.width, info.height, &req.min_width, &req.min_height);
+    int dw, dh;
+    dsrt_decode_size(&info, &req, &dw, &dh);
+    CHECK_EQ(dw, 125); /* 1/4 scale */
+    CHECK_EQ(dh, 94);
+    float *small = alloc_sample(&o), *full = alloc_sample(&o);
+    size_t n = 3 * 32 * 32;
+    for (uint64_t id = 0; id < 4; id++) {
+        dsrt_image img;
+        CHECK_OK(dsrt_decode(dec, jpeg, len, &req, &img));
+        CHECK_EQ(img.width, 125);
+        CHECK_OK(dsrt_augment_apply(a, &o, &img, info.width, info.height, 8, 0, id, small));
+        dsrt_decode_request whole = {.channels = 3};
+        CHECK_OK(dsrt_decode(dec, jpeg, len, &whole, &img));
+        CHECK_EQ(img.width, 500);
+        CHECK_OK(dsrt_augment_apply(a, &o, &img, info.width, info.height, 8, 0, id, full));
+        double worst = 0;
+        int zeros_differ = 0;
+        for (size_t i = 0; i < n; i++) {
+            zeros_differ += (small[i] == 0.0f) != (full[i] == 0.0f);
+            worst = fmax(worst, fabs(small[i] - full[i]));
+        }
+        CHECK_EQ(zeros_differ, 0); /* the same shift at both scales */
+        if (worst > 0.03) fprintf(stderr, "jpeg flow: id %d: difference %g\n", (int)id, worst);
+        CHECK(worst <= 0.03); /* 8 levels of 255 */
+    }
+    free(small);
+    free(full);
+    free(jpeg);
+    image_free(&src);
+    dsrt_augmenter_destroy(a);
+    dsrt_decoder_destroy(dec);
+}
+
 int main(void) {
     RUN(test_options);
     RUN(test_identity_exact);
@@ -857,5 +909,6 @@ int main(void) {
     RUN(test_presets);
     RUN(test_determinism);
     RUN(test_decode_scale);
+    RUN(test_jpeg_flow);
     return TEST_RESULT();
 }
