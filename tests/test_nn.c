@@ -1,0 +1,817 @@
+/*
+ * Tests of the nn module's layers on the CPU backend: every layer's forward
+ * against a naive reference written here, every layer's backward against
+ * central finite differences of the loss, ReLU fusion against the unfused
+ * net, the description parser's errors, the built-in networks' sizes, the
+ * gradient buckets, and a short training run on an easy generated problem
+ * that must reach (nearly) 100%.
+ *
+ * Tolerances: forward outputs within 1e-4 (absolute, plus 1e-4 relative) of
+ * the double-precision reference; gradients within a relative error (norm of
+ * the difference over the larger norm) of 2e-2 against central differences
+ * with step 1e-3 in float32 (retried at 1e-4 and 1e-5 for an entry whose
+ * step crosses a ReLU or max-pooling kink), on up to 24 sampled entries per
+ * tensor.
+ */
+#include "nn/internal.h"
+#include "task.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Helpers
+
+static dsrt_net *make(const char *desc, int h, int w, int c, int classes, int fuse) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 7;
+    o.fuse = fuse;
+    dsrt_net *net = NULL;
+    int rc = dsrt_net_create(&net, desc, h, w, c, classes, &o);
+    if (rc) fprintf(stderr, "net_create: %s\n", dsrt_last_error());
+    REQUIRE(rc == 0);
+    return net;
+}
+
+static void fill(float *x, size_t n, uint64_t seed, float lo, float hi) {
+    dsrt_rng r = dsrt_rng_init(seed, 1, 2, 3);
+    for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * (float)dsrt_rng_uniform(&r);
+}
+
+static size_t out_size(const dsrt_net *net, int i, int n) {
+    const dsrt_shape *s = &net->layers[i].out;
+    return (size_t)n * s->c * s->h * s->w;
+}
+
+static float *layer_out(dsrt_net *net, int i, int n, int train) {
+    float *y = malloc(out_size(net, i, n) * sizeof *y);
+    REQUIRE(y);
+    CHECK_OK(dsrt__net_layer_output(net, i, y, train));
+    return y;
+}
+
+static double loss_of(dsrt_net *net, const float *x, const int32_t *labels, int n) {
+    double loss = 0;
+    int correct;
+    int rc = net->ops->forward(net->be, x, n, 1, labels, &loss, &correct, NULL);
+    REQUIRE(rc == 0);
+    return loss;
+}
+
+static int close_arrays(const float *a, const double *ref, size_t n, double tol, const char *what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(a[i] - ref[i]) <= tol * (1 + fabs(ref[i]))) continue;
+        if (bad++ < 3)
+            fprintf(stderr, "  %s[%zu] = %.7g, reference %.7g\n", what, i, (double)a[i], ref[i]);
+    }
+    if (bad) fprintf(stderr, "  %s: %zu of %zu values off\n", what, bad, n);
+    return bad == 0;
+}
+
+// ----------------------------------------------------------------------------
+// Gradient check
+
+/* Compares the net's gradient of every parameter tensor with central
+ * differences of the training loss (dropout masks fixed by the iteration). */
+static void grad_check(const char *desc, int h, int w, int c, int classes, int n, int fuse) {
+    dsrt_net *net = make(desc, h, w, c, classes, fuse);
+    size_t per = (size_t)h * w * c;
+    float *x = malloc((size_t)n * per * sizeof *x);
+    int32_t *y = malloc((size_t)n * sizeof *y);
+    REQUIRE(x && y);
+    fill(x, (size_t)n * per, 11, -1, 1);
+    for (int i = 0; i < n; i++) y[i] = i % classes;
+    /* Random biases and BN parameters, so that nothing sits at a symmetric
+     * point. */
+    dsrt_rng r = dsrt_rng_init(5, 0, 0, 0);
+    for (int i = 0; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        for (size_t k = 0; k < l->b_n; k++)
+            net->params[l->b_off + k] = (float)(0.2 * (dsrt_rng_uniform(&r) - 0.5));
+        if (l->kind == DSRT_LAYER_BATCHNORM)
+            for (size_t k = 0; k < l->w_n; k++)
+                net->params[l->w_off + k] = (float)(0.5 + dsrt_rng_uniform(&r));
+    }
+    dsrt_net_params_changed(net);
+    dsrt_net_set_iteration(net, 3);
+    float loss;
+    CHECK_OK(dsrt_net_forward_backward(net, x, y, n, &loss, NULL));
+    float *g = malloc(net->n_params * sizeof *g);
+    REQUIRE(g);
+    memcpy(g, net->grads, net->n_params * sizeof *g);
+    dsrt_net_set_iteration(net, 3);
+    const double eps = 1e-3;
+    for (int i = 1; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        for (int t = 0; t < 2; t++) {
+            size_t off = t ? l->b_off : l->w_off, cnt = t ? l->b_n : l->w_n;
+            if (!cnt) continue;
+            double num = 0, dd = 0, na = 0, nf = 0;
+            int samples = cnt < 24 ? (int)cnt : 24;
+            for (int s = 0; s < samples; s++) {
+                size_t k = off + (cnt <= 24 ? (size_t)s : dsrt_rng_below(&r, cnt));
+                double fd = 0;
+                /* A step that crosses a kink (ReLU, max pooling) is retried
+                 * smaller. */
+                for (double e = eps; e >= eps / 100; e /= 10) {
+                    float keep = net->params[k];
+                    net->params[k] = keep + (float)e;
+                    dsrt_net_params_changed(net);
+                    double lp = loss_of(net, x, y, n);
+                    net->params[k] = keep - (float)e;
+                    dsrt_net_params_changed(net);
+                    double lm = loss_of(net, x, y, n);
+                    net->params[k] = keep;
+                    dsrt_net_params_changed(net);
+                    fd = (lp - lm) / (2 * e);
+                    if (fabs(fd - g[k]) <= 1e-2 * fabs(g[k]) + 1e-4) break;
+                }
+                dd += (fd - g[k]) * (fd - g[k]);
+                na += (double)g[k] * g[k];
+                nf += fd * fd;
+                num++;
+            }
+            /* A gradient that is zero in theory (a bias before batch
+             * normalisation) is compared absolutely, against the float
+             * noise of the differences. */
+            double rel = sqrt(dd) / fmax(fmax(sqrt(na), sqrt(nf)), 1e-6);
+            if (!(rel < 2e-2) && !(sqrt(dd) < 1e-3 && sqrt(na) < 1e-5)) {
+                fprintf(stderr, "  %s (%s, fuse %d): %s gradient relative error %.3g (norm %.3g)\n",
+                        l->name, l->type, fuse, t ? "bias" : "weight", rel, sqrt(na));
+                test_failures++;
+            }
+        }
+    }
+    free(g);
+    free(x);
+    free(y);
+    dsrt_net_destroy(net);
+}
+
+static void test_grad_conv(void) {
+    grad_check("input\nconv filters=4 size=3 pad=1\nfc outputs=3\nsoftmax\n", 6, 6, 2, 3, 4, 0);
+    grad_check("input\nconv filters=4 size=3 stride=2 pad=same\nfc outputs=3\nsoftmax\n", 7, 7, 2,
+               3, 3, 0);
+    grad_check("input\nconv filters=4 size=3x2 dilation=2 pad=2,1,1,0\nfc outputs=3\nsoftmax\n", 8,
+               7, 2, 3, 3, 0);
+    grad_check("input\nconv filters=4 size=1\nconv filters=6 size=3 groups=2 pad=1\n"
+               "fc outputs=3\nsoftmax\n",
+               5, 5, 2, 3, 3, 0);
+    grad_check("input\nconv filters=3 size=3 bias=0\nfc outputs=2 bias=0\nsoftmax\n", 5, 5, 1, 2, 2,
+               0);
+}
+
+static void test_grad_batchnorm(void) {
+    grad_check("input\nconv filters=3 size=1\nbatchnorm\nfc outputs=3\nsoftmax\n", 4, 4, 2, 3, 4,
+               0);
+    grad_check("input\nfc outputs=5\nbatchnorm\nfc outputs=3\nsoftmax\n", 3, 3, 2, 3, 6, 0);
+}
+
+static void test_grad_relu(void) {
+    for (int fuse = 0; fuse < 2; fuse++) {
+        grad_check("input\nconv filters=4 size=3 pad=1\nrelu\nfc outputs=3\nsoftmax\n", 5, 5, 2, 3,
+                   3, fuse);
+        grad_check(
+            "input\nconv filters=4 size=3 pad=1\nleakyrelu leak=0.1\nfc outputs=3\nsoftmax\n", 5, 5,
+            2, 3, 3, fuse);
+        grad_check("input\nconv filters=3 size=1\nbatchnorm\nrelu\nfc outputs=3\nsoftmax\n", 4, 4,
+                   2, 3, 4, fuse);
+        grad_check("input\nfc outputs=6\nrelu\nfc outputs=3\nsoftmax\n", 3, 3, 2, 3, 3, fuse);
+    }
+}
+
+static void test_grad_pool(void) {
+    grad_check("input\nconv filters=3 size=1\nmaxpool size=2 stride=2\nfc outputs=3\nsoftmax\n", 6,
+               6, 2, 3, 3, 0);
+    grad_check(
+        "input\nconv filters=3 size=1\nmaxpool size=3 stride=2 pad=1\nfc outputs=3\nsoftmax\n", 7,
+        7, 2, 3, 3, 0);
+    grad_check(
+        "input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1\nfc outputs=3\nsoftmax\n", 7,
+        7, 2, 3, 3, 0);
+    grad_check("input\nconv filters=3 size=1\ngap\nfc outputs=3\nsoftmax\n", 5, 4, 2, 3, 3, 0);
+}
+
+static void test_grad_misc(void) {
+    grad_check("input\nconv filters=4 size=1\ndropout p=0.3\nfc outputs=3\nsoftmax\n", 4, 4, 2, 3,
+               3, 0);
+    grad_check("input\nfc outputs=8\ndropout p=0.5\nfc outputs=3\nsoftmax\n", 3, 3, 2, 3, 3, 0);
+    grad_check("input\nconv filters=6 size=1\nlrn size=3 alpha=0.5 beta=0.75 k=2\nfc outputs=3\n"
+               "softmax\n",
+               4, 4, 2, 3, 3, 0);
+    grad_check("input\nconv filters=7 size=1\nlrn size=5 alpha=1e-1 beta=0.75 k=1\nfc outputs=3\n"
+               "softmax\n",
+               3, 3, 2, 3, 3, 0);
+    grad_check("input normalization=zscore mean=0.1 std=2\nconv filters=2 size=2\nfc outputs=2\n"
+               "softmax\n",
+               3, 3, 1, 2, 2, 0);
+}
+
+// ----------------------------------------------------------------------------
+// Forward references
+
+static double in_at(const float *x, const dsrt_shape *s, int b, int c, int y, int xx) {
+    return x[(((size_t)b * s->c + c) * s->h + y) * s->w + xx];
+}
+
+static void ref_conv(const dsrt_net *net, const dsrt_layer *l, const float *x, double *yv, int n,
+                     int relu) {
+    const dsrt_shape *is = &l->in, *os = &l->out;
+    int g = l->o.groups, cpg = is->c / g, fpg = os->c / g;
+    const float *w = net->params + l->w_off, *bias = l->b_n ? net->params + l->b_off : NULL;
+    for (int b = 0; b < n; b++)
+        for (int o = 0; o < os->c; o++)
+            for (int oy = 0; oy < os->h; oy++)
+                for (int ox = 0; ox < os->w; ox++) {
+                    double acc = bias ? bias[o] : 0;
+                    int gi = o / fpg;
+                    for (int ci = 0; ci < cpg; ci++)
+                        for (int ky = 0; ky < l->o.kh; ky++)
+                            for (int kx = 0; kx < l->o.kw; kx++) {
+                                int iy = oy * l->o.sh - l->pt + ky * l->o.dh;
+                                int ix = ox * l->o.sw - l->pl + kx * l->o.dw;
+                                if (iy < 0 || iy >= is->h || ix < 0 || ix >= is->w) continue;
+                                acc += w[((o * cpg + ci) * l->o.kh + ky) * l->o.kw + kx] *
+                                       in_at(x, is, b, gi * cpg + ci, iy, ix);
+                            }
+                    if (relu && acc < 0) acc *= l->fuse_leak;
+                    yv[(((size_t)b * os->c + o) * os->h + oy) * os->w + ox] = acc;
+                }
+}
+
+static void ref_pool(const dsrt_layer *l, const float *x, double *yv, int n) {
+    const dsrt_shape *is = &l->in, *os = &l->out;
+    for (int b = 0; b < n; b++)
+        for (int c = 0; c < os->c; c++)
+            for (int oy = 0; oy < os->h; oy++)
+                for (int ox = 0; ox < os->w; ox++) {
+                    double mx = -INFINITY, sum = 0;
+                    for (int ky = 0; ky < l->o.kh; ky++)
+                        for (int kx = 0; kx < l->o.kw; kx++) {
+                            int iy = oy * l->o.sh - l->pt + ky, ix = ox * l->o.sw - l->pl + kx;
+                            if (iy < 0 || iy >= is->h || ix < 0 || ix >= is->w) continue;
+                            double v = in_at(x, is, b, c, iy, ix);
+                            mx = fmax(mx, v);
+                            sum += v;
+                        }
+                    yv[(((size_t)b * os->c + c) * os->h + oy) * os->w + ox] =
+                        l->kind == DSRT_LAYER_MAXPOOL ? mx : sum / (l->o.kh * l->o.kw);
+                }
+}
+
+static void ref_lrn(const dsrt_layer *l, const float *x, double *yv, int n) {
+    const dsrt_shape *s = &l->in;
+    int half = l->o.lrn_size / 2;
+    for (int b = 0; b < n; b++)
+        for (int c = 0; c < s->c; c++)
+            for (int y = 0; y < s->h; y++)
+                for (int xx = 0; xx < s->w; xx++) {
+                    double sum = 0;
+                    for (int k = c - half; k <= c + half; k++)
+                        if (k >= 0 && k < s->c) sum += pow(in_at(x, s, b, k, y, xx), 2);
+                    yv[(((size_t)b * s->c + c) * s->h + y) * s->w + xx] =
+                        in_at(x, s, b, c, y, xx) /
+                        pow(l->o.k + l->o.alpha / l->o.lrn_size * sum, l->o.beta);
+                }
+}
+
+static void ref_bn(const dsrt_net *net, const dsrt_layer *l, const float *x, double *yv, int n,
+                   int train) {
+    const dsrt_shape *s = &l->in;
+    size_t hw = (size_t)s->h * s->w;
+    for (int c = 0; c < s->c; c++) {
+        double mean = 0, var = 0;
+        if (train) {
+            for (int b = 0; b < n; b++)
+                for (size_t k = 0; k < hw; k++) mean += x[((size_t)b * s->c + c) * hw + k];
+            mean /= n * hw;
+            for (int b = 0; b < n; b++)
+                for (size_t k = 0; k < hw; k++)
+                    var += pow(x[((size_t)b * s->c + c) * hw + k] - mean, 2);
+            var /= n * hw;
+        } else {
+            mean = net->state[l->s_off + c];
+            var = net->state[l->s_off + s->c + c];
+        }
+        double ga = net->params[l->w_off + c], be = net->params[l->b_off + c];
+        for (int b = 0; b < n; b++)
+            for (size_t k = 0; k < hw; k++) {
+                size_t at = ((size_t)b * s->c + c) * hw + k;
+                yv[at] = ga * (x[at] - mean) / sqrt(var + l->o.eps) + be;
+            }
+    }
+}
+
+static void ref_fc(const dsrt_net *net, const dsrt_layer *l, const float *x, double *yv, int n) {
+    size_t in = (size_t)l->in.c * l->in.h * l->in.w;
+    for (int b = 0; b < n; b++)
+        for (int o = 0; o < l->out.c; o++) {
+            double acc = l->b_n ? net->params[l->b_off + o] : 0;
+            for (size_t k = 0; k < in; k++)
+                acc += (double)net->params[l->w_off + o * in + k] * x[b * in + k];
+            yv[(size_t)b * l->out.c + o] = acc;
+        }
+}
+
+/* Runs a forward (train or inference) and checks every layer of the net
+ * against the reference from the previous layer's actual output. */
+static void forward_check(const char *desc, int h, int w, int c, int classes, int n, int train) {
+    dsrt_net *net = make(desc, h, w, c, classes, 0);
+    size_t per = (size_t)h * w * c;
+    float *x = malloc((size_t)n * per * sizeof *x);
+    int32_t *labels = malloc((size_t)n * sizeof *labels);
+    REQUIRE(x && labels);
+    fill(x, (size_t)n * per, 3, -2, 2);
+    for (int i = 0; i < n; i++) labels[i] = i % classes;
+    /* Non-trivial running statistics for inference. */
+    for (int i = 0; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        if (l->kind != DSRT_LAYER_BATCHNORM) continue;
+        for (int k = 0; k < l->out.c; k++) {
+            net->state[l->s_off + k] = 0.1f * k;
+            net->state[l->s_off + l->out.c + k] = 1.0f + 0.5f * k;
+            net->params[l->b_off + k] = 0.05f * k;
+        }
+    }
+    dsrt_net_params_changed(net);
+    double loss;
+    int correct;
+    float *probs = malloc((size_t)n * classes * sizeof *probs);
+    REQUIRE(probs);
+    REQUIRE(net->ops->forward(net->be, x, n, train, labels, &loss, &correct, probs) == 0);
+    double ref_loss = 0;
+    int ref_correct = 0;
+    for (int i = 1; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        float *xin = layer_out(net, i - 1, n, train);
+        float *yout = layer_out(net, i, n, train);
+        size_t m = out_size(net, i, n);
+        double *ref = calloc(m, sizeof *ref);
+        REQUIRE(ref);
+        switch (l->kind) {
+        case DSRT_LAYER_CONV:
+            ref_conv(net, l, xin, ref, n, 0);
+            break;
+        case DSRT_LAYER_MAXPOOL:
+        case DSRT_LAYER_AVGPOOL:
+            ref_pool(l, xin, ref, n);
+            break;
+        case DSRT_LAYER_GAP: {
+            size_t hw = (size_t)l->in.h * l->in.w;
+            for (size_t k = 0; k < m; k++) {
+                double s = 0;
+                for (size_t j = 0; j < hw; j++) s += xin[k * hw + j];
+                ref[k] = s / hw;
+            }
+            break;
+        }
+        case DSRT_LAYER_LRN:
+            ref_lrn(l, xin, ref, n);
+            break;
+        case DSRT_LAYER_BATCHNORM:
+            ref_bn(net, l, xin, ref, n, train);
+            break;
+        case DSRT_LAYER_RELU:
+            for (size_t k = 0; k < m; k++) ref[k] = xin[k] > 0 ? xin[k] : xin[k] * l->o.leak;
+            break;
+        case DSRT_LAYER_FC:
+            ref_fc(net, l, xin, ref, n);
+            break;
+        case DSRT_LAYER_DROPOUT: {
+            /* Each output is dropped (0) or kept and scaled by 1/(1-p). */
+            size_t dropped = 0;
+            for (size_t k = 0; k < m; k++) {
+                int drop = train && yout[k] == 0 && xin[k] != 0;
+                dropped += drop;
+                ref[k] = drop ? 0 : train ? xin[k] / (1 - l->o.p) : xin[k];
+            }
+            size_t nonzero = 0;
+            for (size_t k = 0; k < m; k++) nonzero += xin[k] != 0;
+            if (train) {
+                double frac = (double)dropped / nonzero;
+                CHECK(fabs(frac - l->o.p) < 4 * sqrt(l->o.p * (1 - l->o.p) / nonzero));
+            }
+            break;
+        }
+        case DSRT_LAYER_SOFTMAX:
+            for (int b = 0; b < n; b++) {
+                const float *z = xin + (size_t)b * classes;
+                double mx = z[0], s = 0;
+                int arg = 0;
+                for (int k = 1; k < classes; k++)
+                    if (z[k] > mx) mx = z[k], arg = k;
+                for (int k = 0; k < classes; k++) s += exp(z[k] - mx);
+                for (int k = 0; k < classes; k++) ref[(size_t)b * classes + k] = exp(z[k] - mx) / s;
+                ref_loss += -(z[labels[b]] - mx - log(s));
+                ref_correct += arg == labels[b];
+            }
+            CHECK(close_arrays(probs, ref, m, 1e-5, "probs"));
+            break;
+        default:
+            break;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s (%s, %s)", l->name, l->type, train ? "train" : "infer");
+        CHECK(close_arrays(yout, ref, m, 1e-4, what));
+        free(ref);
+        free(xin);
+        free(yout);
+    }
+    CHECK_NEAR(loss, ref_loss / n, 1e-5);
+    CHECK_EQ(correct, ref_correct);
+    free(probs);
+    free(x);
+    free(labels);
+    dsrt_net_destroy(net);
+}
+
+static void test_forward_layers(void) {
+    for (int train = 0; train < 2; train++) {
+        forward_check(
+            "input\nconv filters=5 size=3 pad=1\nbatchnorm\nrelu\nmaxpool size=2 stride=2\n"
+            "fc outputs=4\nsoftmax\n",
+            8, 8, 3, 4, 3, train);
+        forward_check("input\nconv filters=6 size=3x2 stride=2x1 dilation=2 pad=same groups=3\n"
+                      "leakyrelu leak=0.2\navgpool size=3 stride=2 pad=1\nlrn size=5 alpha=0.1 "
+                      "beta=0.75 k=1\ngap\nfc outputs=3\nsoftmax\n",
+                      9, 8, 3, 3, 2, train);
+        forward_check("input\nconv filters=4 size=5 stride=2 pad=2,1,0,2 bias=0\n"
+                      "maxpool size=3 stride=2 pad=1\nfc outputs=16\nbatchnorm\nrelu\n"
+                      "dropout p=0.4\nfc outputs=5\nsoftmax\n",
+                      11, 10, 2, 5, 4, train);
+    }
+}
+
+/* The input layer's normalisations against their formulas. */
+static void test_input_normalization(void) {
+    const char *modes[] = {"zerocenter", "zscore", "rescale", "rescale-symmetric"};
+    for (int m = 0; m < 4; m++) {
+        char desc[256];
+        snprintf(desc, sizeof desc,
+                 "input normalization=%s mean=0.5,-1 std=2,4 min=-1,0 max=3,2\nfc outputs=2\n"
+                 "softmax\n",
+                 modes[m]);
+        dsrt_net *net = make(desc, 3, 2, 2, 2, 0);
+        float x[2 * 12];
+        int32_t lab[2] = {0, 1};
+        fill(x, 24, 9, -3, 3);
+        float sc[4];
+        CHECK_OK(dsrt_net_predict(net, x, 2, sc, lab, NULL, NULL));
+        float *y = layer_out(net, 0, 2, 0);
+        double ref[24];
+        const double mean[] = {0.5, -1}, sd[] = {2, 4}, mn[] = {-1, 0}, mx[] = {3, 2};
+        for (int k = 0; k < 24; k++) {
+            int c = (k / 6) % 2;
+            double v = x[k];
+            ref[k] = m == 0   ? v - mean[c]
+                     : m == 1 ? (v - mean[c]) / sd[c]
+                     : m == 2 ? (v - mn[c]) / (mx[c] - mn[c])
+                              : 2 * (v - mn[c]) / (mx[c] - mn[c]) - 1;
+        }
+        CHECK(close_arrays(y, ref, 24, 1e-5, modes[m]));
+        free(y);
+        /* Statistics set through the API take effect. */
+        float mean2[2] = {1, 2}, std2[2] = {1, 1};
+        CHECK_OK(dsrt_net_set_input_stats(net, mean2, std2, NULL, NULL));
+        float bad[2] = {1, 0};
+        CHECK_EQ(dsrt_net_set_input_stats(net, NULL, bad, NULL, NULL), DSRT_EOPTION);
+        dsrt_net_destroy(net);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Fusion, batch sizes, modes
+
+static void test_fusion_equivalence(void) {
+    const char *desc = dsrt_net_builtin("cifar", NULL);
+    dsrt_net *a = make(desc, 0, 0, 0, 10, 1), *b = make(desc, 0, 0, 0, 10, 0);
+    CHECK_EQ(a->n_params, b->n_params);
+    int n = 5;
+    size_t per = 3 * 32 * 32;
+    float *x = malloc(n * per * sizeof *x);
+    int32_t y[5] = {1, 2, 3, 4, 5};
+    REQUIRE(x);
+    fill(x, n * per, 4, 0, 1);
+    float la, lb;
+    CHECK_OK(dsrt_net_forward_backward(a, x, y, n, &la, NULL));
+    CHECK_OK(dsrt_net_forward_backward(b, x, y, n, &lb, NULL));
+    CHECK_NEAR(la, lb, 1e-5);
+    double dd = 0, nn = 0;
+    for (size_t k = 0; k < a->n_params; k++) {
+        dd += pow(a->grads[k] - b->grads[k], 2);
+        nn += pow(b->grads[k], 2);
+    }
+    CHECK(sqrt(dd) <= 1e-4 * sqrt(nn));
+    int fused = 0;
+    for (int i = 0; i < a->n_layers; i++) fused += a->layers[i].fused_away;
+    CHECK_EQ(fused, 12);
+    free(x);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
+/* Different batch sizes (new plans), inference after training, and the
+ * batch-norm running averages. */
+static void test_batch_sizes_and_modes(void) {
+    dsrt_net *net = make("input\nconv filters=4 size=3\nbatchnorm momentum=0.5\nrelu\n"
+                         "fc outputs=3\nsoftmax\n",
+                         6, 6, 1, 3, 1);
+    float x[7 * 36];
+    int32_t y[7] = {0, 1, 2, 0, 1, 2, 0};
+    fill(x, sizeof x / sizeof x[0], 2, 0, 1);
+    float l7, l3, s7[21], s3[9];
+    CHECK_OK(dsrt_net_forward_backward(net, x, y, 7, &l7, NULL));
+    float *bo = layer_out(net, 1, 7, 1);
+    /* running mean after one step with momentum 0.5 from 0: half the batch mean */
+    const dsrt_layer *bn = &net->layers[2];
+    for (int c = 0; c < 4; c++) {
+        double mean = 0;
+        for (int b = 0; b < 7; b++)
+            for (int k = 0; k < 16; k++) mean += bo[(b * 4 + c) * 16 + k];
+        mean /= 7 * 16;
+        CHECK_NEAR(net->state[bn->s_off + c], 0.5 * mean, 1e-5);
+    }
+    free(bo);
+    CHECK_OK(dsrt_net_forward_backward(net, x, y, 3, &l3, NULL));
+    CHECK_OK(dsrt_net_predict(net, x, 7, s7, NULL, NULL, NULL));
+    CHECK_OK(dsrt_net_predict(net, x, 3, s3, NULL, NULL, NULL));
+    for (int k = 0; k < 9; k++) CHECK_NEAR(s3[k], s7[k], 1e-6);
+    for (int b = 0; b < 7; b++) {
+        double s = 0;
+        for (int k = 0; k < 3; k++) s += s7[b * 3 + k];
+        CHECK_NEAR(s, 1.0, 1e-5);
+    }
+    /* More sizes than plan slots, then back. */
+    for (int n = 1; n <= 7; n++) CHECK_OK(dsrt_net_forward_backward(net, x, y, n, NULL, NULL));
+    float again[21];
+    CHECK_OK(dsrt_net_predict(net, x, 7, again, NULL, NULL, NULL));
+    /* Bad calls. */
+    int32_t bad[2] = {0, 3};
+    CHECK_EQ(dsrt_net_forward_backward(net, x, bad, 2, NULL, NULL), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "label 3");
+    CHECK_EQ(dsrt_net_forward_backward(net, x, y, 0, NULL, NULL), -EINVAL);
+    dsrt_net_destroy(net);
+}
+
+// ----------------------------------------------------------------------------
+// Descriptions
+
+static void expect_error(const char *desc, const char *a, const char *b) {
+    dsrt_net *net = NULL;
+    int rc = dsrt_net_create(&net, desc, 8, 8, 1, 3, NULL);
+    CHECK(rc != 0);
+    CHECK(net == NULL);
+    CHECK_CONTAINS(dsrt_last_error(), a);
+    if (b) CHECK_CONTAINS(dsrt_last_error(), b);
+}
+
+static void test_parse_errors(void) {
+    expect_error("input\nconvv filters=3\nsoftmax\n", "line 2", "unknown layer type 'convv'");
+    expect_error("input\n# c\nconv filtrs=3 size=3\nsoftmax\n", "line 3",
+                 "unknown option 'filtrs'");
+    expect_error("input\nconv size=3\nsoftmax\n", "line 2", "option 'filters' is required");
+    expect_error("input\nconv filters=x size=3\nfc outputs=3\nsoftmax\n", "line 2",
+                 "option 'filters': expected an integer");
+    expect_error("input\nconv filters=0 size=3\nfc outputs=3\nsoftmax\n", "line 2", "out of range");
+    expect_error("input\nconv filters=2 size=3 size=2\nsoftmax\n", "line 2", "given twice");
+    expect_error("input\nconv filters=2 size=9\nfc outputs=3\nsoftmax\n", "line 2", "does not fit");
+    expect_error("input\nconv filters=3 size=3 groups=2\nfc outputs=3\nsoftmax\n", "line 2",
+                 "option 'groups'");
+    expect_error("input\nconv name=a filters=3 size=3\nrelu name=a\nfc outputs=3\nsoftmax\n",
+                 "line 3", "name 'a' is already used on line 2");
+    expect_error("conv filters=2 size=3\nsoftmax\n", "line 1", "first layer must be 'input'");
+    expect_error("input\nfc outputs=3\n", "line 2", "last layer must be 'softmax'");
+    expect_error("input\nfc outputs=4\nsoftmax\n", "line 3", "3 classes");
+    expect_error("input normalization=foo\nfc outputs=3\nsoftmax\n", "line 1",
+                 "not one of none|zerocenter");
+    expect_error("input mean=1,2\nfc outputs=3\nsoftmax\n", "line 1", "option 'mean'");
+    expect_error("input\npool size=2\nsoftmax\n", "line 2", "unknown layer type");
+    expect_error("input\nmaxpool size=2 pad=1,2\nfc outputs=3\nsoftmax\n", "line 2",
+                 "option 'pad'");
+    expect_error("input\nlrn size=4\nfc outputs=3\nsoftmax\n", "line 2", "even");
+    expect_error("input\nconv filters=2 size=3 = \nsoftmax\n", "line 2", "expected name=value");
+    expect_error("nosuchnet", "unknown network 'nosuchnet'", "digits");
+    dsrt_net *net = NULL;
+    CHECK_EQ(dsrt_net_create(&net, "input\nfc outputs=classes\nsoftmax\n", 4, 4, 1, 0, NULL),
+             DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "class count is not known");
+    CHECK_EQ(dsrt_net_create(&net, "input\nfc outputs=3\nsoftmax\n", 0, 0, 0, 0, NULL),
+             DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "input size is not known");
+    /* Comments, blank lines, tabs, default names. */
+    net = make("# a net\n\n  input size=4x5x2   # HxWxC\n\tconv filters=3 size=3\n"
+               "conv filters=2 size=1\nfc outputs=classes\nsoftmax\n",
+               0, 0, 0, 4, 1);
+    CHECK_EQ(net->input.h, 4);
+    CHECK_EQ(net->input.w, 5);
+    CHECK_EQ(net->input.c, 2);
+    CHECK_STR_EQ(net->layers[1].name, "conv_1");
+    CHECK_STR_EQ(net->layers[2].name, "conv_2");
+    CHECK_EQ(net->layers[2].line, 5);
+    CHECK_EQ(net->classes, 4);
+    dsrt_net_destroy(net);
+    char help[8192];
+    CHECK(dsrt__desc_help(help, sizeof help) < sizeof help);
+    CHECK_CONTAINS(help, "conv");
+    CHECK_CONTAINS(help, "filters=(required)");
+}
+
+static size_t learnable(const dsrt_net *net) {
+    size_t s = 0;
+    for (int i = 0; i < net->n_layers; i++) s += net->layers[i].w_n + net->layers[i].b_n;
+    return s;
+}
+
+static void test_builtin_sizes(void) {
+    /* Parameter counts of the peer benchmark's PyTorch modules (BN scale and
+     * shift included, running statistics not). */
+    dsrt_net *d = make("digits", 0, 0, 0, 10, 1);
+    CHECK_EQ(learnable(d), 520 + 40 + 3620 + 40 + 3620 + 40 + 115210);
+    CHECK_EQ(d->layers[d->n_layers - 2].in.c * d->layers[d->n_layers - 2].in.h *
+                 d->layers[d->n_layers - 2].in.w,
+             24 * 24 * 20);
+    dsrt_net_destroy(d);
+    dsrt_net *c = make("cifar", 0, 0, 0, 10, 1);
+    size_t conv = 0, widths[] = {32, 64, 128}, cin = 3;
+    for (int b = 0; b < 3; b++)
+        for (int k = 0; k < 4; k++) {
+            conv += widths[b] * cin * 9 + widths[b] + 2 * widths[b];
+            cin = widths[b];
+        }
+    CHECK_EQ(learnable(c), conv + 128 * 10 + 10);
+    CHECK_EQ(c->layers[c->n_layers - 2].in.h, 1);
+    dsrt_net_destroy(c);
+    dsrt_net *a = make("alexnet", 0, 0, 0, 55, 1);
+    CHECK_EQ(learnable(a),
+             34944 + 307456 + 885120 + 663936 + 442624 + 37752832 + 16781312 + (4096 * 55 + 55));
+    int fc6 = 0;
+    while (strcmp(a->layers[fc6].name, "fc6")) fc6++;
+    CHECK_EQ(a->layers[fc6].in.c, 256);
+    CHECK_EQ(a->layers[fc6].in.h, 6);
+    dsrt_net_info info;
+    dsrt_net_get_info(a, &info);
+    CHECK_EQ(info.classes, 55);
+    CHECK(info.forward_flops > 1.3e9 && info.forward_flops < 1.6e9);
+    dsrt_net_destroy(a);
+}
+
+// ----------------------------------------------------------------------------
+// Buckets
+
+typedef struct {
+    int calls, order[64];
+    dsrt_range r[64];
+} ready_log;
+
+static void on_ready(void *ctx, int bucket, dsrt_range range) {
+    ready_log *log = ctx;
+    if (log->calls < 64) {
+        log->order[log->calls] = bucket;
+        log->r[log->calls] = range;
+    }
+    log->calls++;
+}
+
+static void test_buckets(void) {
+    dsrt_net *net = make("cifar", 0, 0, 0, 10, 1);
+    dsrt_range r[64];
+    int nb = dsrt_net_buckets(net, 64 << 10, r, 64);
+    CHECK(nb > 1 && nb < 64);
+    /* Contiguous, back to front, covering the buffer. */
+    size_t end = net->n_params;
+    for (int k = 0; k < nb; k++) {
+        CHECK_EQ(r[k].offset + r[k].count, end);
+        end = r[k].offset;
+        if (k < nb - 1) CHECK_GE(r[k].count * 4, 64 << 10);
+    }
+    CHECK_EQ(end, 0);
+    CHECK_EQ(dsrt_net_buckets(net, 0, NULL, 0), 25); /* one a layer: 12 conv, 12 bn, fc */
+    ready_log log = {0};
+    CHECK_OK(dsrt_net_set_grad_ready(net, 64 << 10, on_ready, &log));
+    float *x = malloc(2 * 3 * 32 * 32 * sizeof *x);
+    int32_t y[2] = {0, 1};
+    REQUIRE(x);
+    fill(x, 2 * 3 * 32 * 32, 1, 0, 1);
+    CHECK_OK(dsrt_net_forward_backward(net, x, y, 2, NULL, NULL));
+    CHECK_EQ(log.calls, nb);
+    for (int k = 0; k < nb && k < 64; k++) {
+        CHECK_EQ(log.order[k], k);
+        CHECK_EQ(log.r[k].offset, r[k].offset);
+    }
+    CHECK_OK(dsrt_net_set_grad_ready(net, 0, NULL, NULL));
+    log.calls = 0;
+    CHECK_OK(dsrt_net_forward_backward(net, x, y, 2, NULL, NULL));
+    CHECK_EQ(log.calls, 0);
+    free(x);
+    dsrt_net_destroy(net);
+}
+
+// ----------------------------------------------------------------------------
+// Training
+
+/* Two classes: a bright 3x3 blob in the left or the right half, on noise. */
+static void make_blobs(float *x, int32_t *y, int n, uint64_t seed) {
+    dsrt_rng r = dsrt_rng_init(seed, 0, 0, 9);
+    for (int b = 0; b < n; b++) {
+        float *im = x + (size_t)b * 12 * 12;
+        for (int k = 0; k < 144; k++) im[k] = 0.3f * (float)dsrt_rng_uniform(&r);
+        int cls = (int)dsrt_rng_below(&r, 2);
+        int cx = (int)dsrt_rng_below(&r, 4) + (cls ? 7 : 1), cy = (int)dsrt_rng_below(&r, 9) + 1;
+        for (int dy = -1; dy <= 1; dy++)
+            for (int dx = -1; dx <= 1; dx++) im[(cy + dy) * 12 + cx + dx] += 1.0f;
+        y[b] = cls;
+    }
+}
+
+static void train_easy(dsrt_solver solver, double lr) {
+    dsrt_net *net =
+        make("input size=12x12x1 normalization=zerocenter mean=0.2\n"
+             "conv filters=4 size=3 pad=same\nbatchnorm\nrelu\nmaxpool size=2 stride=2\n"
+             "conv filters=8 size=3 pad=same\nbatchnorm\nrelu\ngap\n"
+             "dropout p=0.1\nfc outputs=classes\nsoftmax\n",
+             0, 0, 0, 2, 1);
+    dsrt_optimizer_options o = dsrt_optimizer_defaults(solver);
+    o.learn_rate = lr;
+    dsrt_optimizer *opt;
+    CHECK_OK(dsrt_optimizer_create(&opt, net, &o));
+    enum { B = 32, TEST = 256 };
+    float x[B * 144], tx[TEST * 144];
+    int32_t y[B], ty[TEST];
+    float loss = 0;
+    for (int step = 0; step < 150; step++) {
+        make_blobs(x, y, B, (uint64_t)step);
+        CHECK_OK(dsrt_net_forward_backward(net, x, y, B, &loss, NULL));
+        CHECK_OK(dsrt_optimizer_step(opt, net, 0));
+    }
+    make_blobs(tx, ty, TEST, 99999);
+    int correct = 0;
+    float tloss;
+    CHECK_OK(dsrt_net_predict(net, tx, TEST, NULL, ty, &tloss, &correct));
+    fprintf(stderr, "  solver %d: last training loss %.4f, test accuracy %d/%d, test loss %.4f\n",
+            (int)solver, (double)loss, correct, TEST, (double)tloss);
+    CHECK_GE(correct, TEST * 98 / 100);
+    dsrt_optimizer_destroy(opt);
+    dsrt_net_destroy(net);
+}
+
+static void test_training_converges(void) {
+    train_easy(DSRT_SOLVER_SGDM, 0.05);
+    train_easy(DSRT_SOLVER_ADAM, 0.01);
+    train_easy(DSRT_SOLVER_RMSPROP, 0.005);
+}
+
+/* The same seed gives the same weights and the same training. */
+static void test_determinism(void) {
+    dsrt_net *a = make("digits", 0, 0, 0, 10, 1), *b = make("digits", 0, 0, 0, 10, 1);
+    CHECK(memcmp(a->params, b->params, a->n_params * sizeof(float)) == 0);
+    dsrt_net_options o = dsrt_net_defaults();
+    o.seed = 8;
+    dsrt_net *c;
+    CHECK_OK(dsrt_net_create(&c, "digits", 0, 0, 0, 10, &o));
+    CHECK(memcmp(a->params, c->params, a->n_params * sizeof(float)) != 0);
+    /* Glorot bound of conv2: sqrt(6 / (9*20 + 9*20)) */
+    const dsrt_layer *l = &a->layers[4];
+    double bound = sqrt(6.0 / 360), mx = 0;
+    for (size_t k = 0; k < l->w_n; k++) mx = fmax(mx, fabs(a->params[l->w_off + k]));
+    CHECK(mx <= bound && mx > 0.9 * bound);
+    dsrt_net_destroy(c);
+    o.init = DSRT_INIT_HE;
+    CHECK_OK(dsrt_net_create(&c, "digits", 0, 0, 0, 10, &o));
+    double ss = 0;
+    for (size_t k = 0; k < l->w_n; k++) ss += pow(c->params[l->w_off + k], 2);
+    CHECK_NEAR(sqrt(ss / l->w_n), sqrt(2.0 / 180), 0.2 * sqrt(2.0 / 180));
+    dsrt_net_destroy(c);
+    float x[3 * 784];
+    int32_t y[3] = {1, 2, 3};
+    fill(x, 3 * 784, 5, 0, 1);
+    float la, lb;
+    CHECK_OK(dsrt_net_forward_backward(a, x, y, 3, &la, NULL));
+    CHECK_OK(dsrt_net_forward_backward(b, x, y, 3, &lb, NULL));
+    CHECK(la == lb);
+    CHECK(memcmp(a->grads, b->grads, a->n_params * sizeof(float)) == 0);
+    CHECK_EQ(dsrt_net_iteration(a), 1);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
+int main(void) {
+    RUN(test_parse_errors);
+    RUN(test_builtin_sizes);
+    RUN(test_forward_layers);
+    RUN(test_input_normalization);
+    RUN(test_grad_conv);
+    RUN(test_grad_batchnorm);
+    RUN(test_grad_relu);
+    RUN(test_grad_pool);
+    RUN(test_grad_misc);
+    RUN(test_fusion_equivalence);
+    RUN(test_batch_sizes_and_modes);
+    RUN(test_buckets);
+    RUN(test_determinism);
+    RUN(test_training_converges);
+    return TEST_RESULT();
+}
