@@ -7,5 +7,7 @@
 
 #include <dsrt/core.h>
 #include <dsrt/datastore.h>
+#include <dsrt/augment.h>
+#include <dsrt/pipeline.h>
 
 #endif

@@ -1,0 +1,239 @@
+/*
+ * dsrt pipeline: batches of augmented samples made in the background.
+ *
+ * A pipeline owns a fixed pool of batch slots in pinned host memory and a
+ * team of worker threads, pinned to cores with hwloc. Each worker has its own
+ * file reader (io_uring, several files in flight), JPEG/PNG decoder and
+ * augmenter; it reads, decodes and augments each sample straight into its
+ * place in the slot of the batch that carries it. While the consumer works on
+ * batch k, batches k+1 ... k+prefetch are being made. Batches come out in
+ * order, epoch after epoch, and are bit-identical whatever the number of
+ * threads, the io back-end or the timing: every random choice is keyed by
+ * (seed, epoch, sample id).
+ *
+ *   dsrt_pipeline *p;
+ *   dsrt_pipeline_options po = dsrt_pipeline_defaults();
+ *   dsrt_augment_options ao;
+ *   dsrt_augment_preset_227(&ao);
+ *   if (dsrt_pipeline_open(&p, ds, &ao, &po) != 0) ... dsrt_last_error() ...
+ *   dsrt_batch *b;
+ *   while (dsrt_pipeline_next(p, &b) == 0) {
+ *       consume(b->data, b->labels, b->count);
+ *       dsrt_batch_release(p, b);
+ *   }
+ *   dsrt_pipeline_close(p);
+ *
+ * Bad samples. A sample that cannot be read or decoded is skipped, counted
+ * and named (dsrt_pipeline_stats), and its place is taken by the next sample
+ * of the epoch's order that succeeds (position p + 1, p + 2, ..., wrapping
+ * around), so batches are never short, and the replacement is the same on
+ * every run. Samples found bad are remembered and not read again in later
+ * epochs. With fail_on_error set, the first bad sample fails the run instead.
+ *
+ * Memory does not grow with the dataset: the slots, the reads in flight and
+ * the read buffers are fixed when the pipeline opens. Only the epoch orders
+ * (4 bytes a sample, a few epochs' worth) follow the dataset's size.
+ *
+ * Threads. dsrt_pipeline_next, dsrt_batch_release and dsrt_pipeline_stats are
+ * thread-safe: several threads may take batches (each gets a different one)
+ * and release them (for example from a GPU stream callback). dsrt_pipeline_open,
+ * dsrt_pipeline_reset and dsrt_pipeline_close belong to one thread and must not
+ * run while any other call on the same pipeline does. The datastore must stay
+ * open until the pipeline is closed.
+ */
+#ifndef DSRT_PIPELINE_H
+#define DSRT_PIPELINE_H
+
+#include <dsrt/augment.h>
+#include <dsrt/datastore.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ----------------------------------------------------------------------------
+// Options
+
+/* Sample order per epoch (PyTorch DataLoader's shuffle, MATLAB
+ * trainingOptions 'Shuffle'). */
+typedef enum {
+    DSRT_SHUFFLE_NEVER = 0,   /* the datastore's order, every epoch */
+    DSRT_SHUFFLE_ONCE,        /* one random order, kept for every epoch */
+    DSRT_SHUFFLE_EVERY_EPOCH, /* a new random order each epoch */
+} dsrt_shuffle;
+
+typedef struct {
+    size_t batch;      /* samples a batch; default 128 */
+    unsigned prefetch; /* batches made ahead of the one the consumer holds: the
+                          pool has prefetch + 1 slots. 1 to 1024; default 4 */
+    /* Worker threads. 0 (default): one per core of the chosen cores. More
+     * workers than cores share them round-robin. At most 1024. */
+    unsigned threads;
+    /* The cores to run on, as OS CPU numbers in list form ("0-3,8", as
+     * taskset -c takes them), or NULL (default): the cores near the GPU when
+     * dsrt is built with CUDA and one is present, else every core this
+     * process may run on. Workers get one core each (all its hardware
+     * threads that are in the list). */
+    const char *cpus;
+    int pin;              /* 1 (default): bind each worker to its core; 0: let the OS place them */
+    int drop_last;        /* 1: drop each epoch's last, partial batch; 0 (default): keep it short */
+    dsrt_shuffle shuffle; /* default DSRT_SHUFFLE_EVERY_EPOCH */
+    uint64_t seed;        /* keys the shuffles and every random augmentation; default 0 */
+    uint64_t epochs;      /* epochs to deliver; 0 (default): endless */
+    /* Each worker's reader: io back-end, reads in flight per worker (each
+     * with its own buffer), O_DIRECT. Default dsrt_reader_defaults(). */
+    dsrt_reader_options reader;
+    dsrt_decoder_options decoder; /* default dsrt_decoder_defaults() */
+    /* 1: the first sample that cannot be read or decoded fails the run:
+     * dsrt_pipeline_next returns its code and dsrt_last_error() names the
+     * file. 0 (default): skip it and fill its place (see above). */
+    int fail_on_error;
+    /* Give up with DSRT_ESKIPPED when this many positions in a row of an
+     * epoch's order fail while filling one place. Default 1000. */
+    unsigned max_consecutive_bad;
+    /* Largest file read, in bytes; larger ones are bad samples
+     * (DSRT_ETOOBIG). Each read buffer reserves this much address space but
+     * only the pages a file touches cost memory. Default 64 MiB. */
+    size_t max_file_bytes;
+    /* Samples a work item: a worker claims this many places of a batch at a
+     * time and keeps up to reader.depth of their reads in flight. 0
+     * (default): 16, or the batch when smaller. */
+    size_t chunk;
+    /*
+     * 1: native size. Samples are not augmented: each is decoded at its own
+     * size and written with the augment options' channels, layout and
+     * normalisation only (torchvision's bare ToTensor with the defaults);
+     * every other augment option is ignored. Each place of a slot holds up to
+     * native_max_pixels pixels, and each batch says each sample's size
+     * (dsrt_batch sizes); larger images are bad samples (DSRT_ETOOBIG).
+     * 0 (default): every sample is augmented to the output size.
+     */
+    int native;
+    uint64_t native_max_pixels; /* default 2097152 (2 Mpx: 24 MiB a place as float RGB) */
+    /* CUDA device whose cores and pinned memory to use: -1 (default) the
+     * first one, if any. Without CUDA, or without a device, ignored. */
+    int gpu;
+} dsrt_pipeline_options;
+
+/* The defaults described above. */
+DSRT_API dsrt_pipeline_options dsrt_pipeline_defaults(void);
+
+// ----------------------------------------------------------------------------
+// Batches
+
+typedef struct {
+    /* The samples, sample i at (char *)data + i * sample_stride:
+     * float NCHW: (count, channels, height, width); uint8 NHWC:
+     * (count, height, width, channels). In native mode sample i is
+     * (channels, sizes[2i], sizes[2i+1]) (or HWC), packed at the start of its
+     * place. The memory is pinned (page-locked) when the stats say so. */
+    void *data;
+    int32_t *labels;      /* (count) class index of each sample */
+    uint32_t *ids;        /* (count) dsrt_datastore_id of the sample that filled each place */
+    int32_t *sizes;       /* (count, 2) height, width of each sample */
+    size_t count;         /* samples in this batch: batch, or fewer in the last of an epoch */
+    size_t capacity;      /* places of a slot: the batch option */
+    size_t sample_stride; /* bytes from one sample's start to the next */
+    size_t sample_bytes;  /* bytes of one sample at the output size (native: the largest) */
+    int shape[4];         /* (count, C, H, W) for float NCHW; (count, H, W, C) for uint8 NHWC;
+                             native mode: H and W are 0 (see sizes) */
+    dsrt_augment_layout layout;
+    uint64_t epoch;  /* from 0 */
+    uint64_t index;  /* batch in its epoch, from 0 */
+    uint64_t global; /* epoch * batches_per_epoch + index: the same on a resumed run */
+} dsrt_batch;
+
+// ----------------------------------------------------------------------------
+// Opening, taking batches, closing
+
+typedef struct dsrt_pipeline dsrt_pipeline;
+
+/*
+ * Opens a pipeline over ds that delivers batches of samples augmented as
+ * augment says (NULL: dsrt_augment_defaults()), shaped by o (NULL: the
+ * defaults), starting at epoch 0, batch 0. Every option is checked before
+ * any thread starts: a bad one fails with DSRT_EOPTION and dsrt_last_error()
+ * names it. The options are copied (cpus included); ds is not: it must stay
+ * open until dsrt_pipeline_close. On failure *p is NULL.
+ */
+DSRT_API int dsrt_pipeline_open(dsrt_pipeline **p, const dsrt_datastore *ds,
+                                const dsrt_augment_options *augment,
+                                const dsrt_pipeline_options *o);
+
+/*
+ * Lends the next batch, in order, waiting for it if it is not ready yet.
+ * The batch stays valid until dsrt_batch_release (or the next reset or the
+ * close). Several batches may be held at once, up to the number of slots;
+ * asking for one more than that fails with -EDEADLK. Returns 0, DSRT_EEOF
+ * after the last batch of the last epoch, or the code of the failure that
+ * stopped the run (with fail_on_error: the bad sample's code, and
+ * dsrt_last_error() says "pipeline: PATH: reason"; DSRT_ESKIPPED; -ENOMEM).
+ * A failure stays until dsrt_pipeline_reset.
+ */
+DSRT_API int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **b);
+
+/* Gives a lent batch's slot back to the workers. Returns 0, or DSRT_EOPTION
+ * when b is not a batch of p lent out now. */
+DSRT_API int dsrt_batch_release(dsrt_pipeline *p, dsrt_batch *b);
+
+/*
+ * Restarts the pipeline at batch batch_in_epoch of epoch epoch, as a
+ * training run resuming from a checkpoint does: the batches delivered from
+ * there are the same as those of an uninterrupted run. Work in progress is
+ * abandoned and every lent batch is taken back: batches lent before the reset
+ * must be neither used nor released after it. Clears a failure. Returns 0,
+ * or DSRT_EOPTION when the position is past the end.
+ */
+DSRT_API int dsrt_pipeline_reset(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoch);
+
+/* Batches in each epoch: ceil(count / batch), or floor with drop_last. */
+DSRT_API uint64_t dsrt_pipeline_batches_per_epoch(const dsrt_pipeline *p);
+
+/* Stops the workers (mid-epoch is fine), waits for them and frees
+ * everything, the slots included. NULL is accepted. */
+DSRT_API void dsrt_pipeline_close(dsrt_pipeline *p);
+
+// ----------------------------------------------------------------------------
+// Statistics
+
+/* Bad-sample messages kept: "PATH: read: reason" or "PATH: decode: reason". */
+#define DSRT_PIPELINE_BAD_MESSAGES 8
+
+typedef struct {
+    /* Seconds summed over the workers since the pipeline opened. */
+    double read_s;      /* opening files and waiting for reads */
+    double decode_s;    /* header and pixel decoding */
+    double augment_s;   /* augmentation, writing into the slot */
+    double slot_wait_s; /* waiting for a free slot: the consumer is the bottleneck */
+    double idle_s;      /* waiting for work at the end of the last epoch or after a failure */
+    /* Seconds the consumer spent in dsrt_pipeline_next waiting for a batch:
+     * the pipeline is the bottleneck. */
+    double consumer_wait_s;
+    uint64_t samples; /* places filled */
+    uint64_t batches; /* batches delivered */
+    uint64_t skipped; /* times a bad sample was passed over (a bad sample met again counts again) */
+    uint64_t bad_samples;    /* distinct samples found bad */
+    uint64_t bytes_read;     /* bytes of files read */
+    uint64_t direct_refused; /* files read through the page cache although O_DIRECT was asked */
+    unsigned threads;        /* workers */
+    unsigned pinned_threads; /* workers bound to their core */
+    unsigned slots;
+    size_t slot_bytes;       /* bytes of each slot's samples */
+    dsrt_io io;              /* the back-end in use: DSRT_IO_URING or DSRT_IO_PREAD */
+    const char *io_fallback; /* why not io_uring, or NULL */
+    int pinned_memory; /* slots allocated with cudaHostAlloc (page-locked, for async copies) */
+    int locked_memory; /* slots locked in memory (cudaHostAlloc or mlock) */
+    const char *cpus;  /* the cores in use, list form ("0-15") */
+    /* The first DSRT_PIPELINE_BAD_MESSAGES bad samples found, then only
+     * counted in bad_samples. */
+    const char *bad_messages[DSRT_PIPELINE_BAD_MESSAGES];
+    unsigned bad_message_count;
+} dsrt_pipeline_statistics;
+
+/* Fills *s. Strings point into the pipeline and live as long as it. */
+DSRT_API void dsrt_pipeline_stats(const dsrt_pipeline *p, dsrt_pipeline_statistics *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1082 @@
+/*
+ * The pipeline: worker threads that read, decode and augment samples straight
+ * into a fixed pool of batch slots, and a consumer that takes the batches in
+ * order. This is dsrt's background dispatch.
+ *
+ * Work. The batches of a run (from the last open or reset) are numbered
+ * b = 0, 1, 2, ...; batch b is run position start + b, that is epoch
+ * (start + b) / batches_per_epoch. Each batch is cut into chunks of `chunk`
+ * places, and the chunks of all batches form one sequence of work items that
+ * workers claim in order under the pipeline's mutex (item i is chunk
+ * i % chunks_per_batch of batch i / chunks_per_batch). Batch b lives in slot
+ * b % nslots; a worker that claims a chunk of batch b waits until that slot
+ * has been released for b (the consumer gave back batch b - nslots). Inside a
+ * chunk the worker keeps up to reader.depth reads in flight on its own reader
+ * and decodes and augments each file as it arrives, straight into its place.
+ * The slot counts its chunks left; the worker that finishes the last one
+ * marks the batch ready and wakes the consumer, which takes batches in order.
+ * Claiming chunks in order keeps the batches being made within nslots of the
+ * consumer, so a slot is never waited for by a worker that holds unfinished
+ * work an earlier batch needs: no deadlock, and memory stays fixed.
+ *
+ * Why chunks rather than whole batches or single samples: several workers
+ * share a batch (its latency falls with the thread count, so a small prefetch
+ * suffices), while the mutex is taken once per chunk, not per sample, and a
+ * chunk gives the reader enough files to keep several reads in flight.
+ *
+ * Determinism. A place's sample is fixed by (epoch, position in the epoch's
+ * order); its random augmentation by (seed, epoch, dsrt_datastore_id). A bad
+ * sample's place is filled by positions p + 1, p + 2, ... of the same order,
+ * the first that succeeds; since badness is a property of the file, the fill
+ * is the same whichever thread finds it and whether it was already known.
+ * Known-bad samples are kept in an atomic bitmap over datastore positions.
+ *
+ * Epoch orders live in a small ring keyed by epoch. The batches in progress
+ * span fewer than nslots consecutive batches, hence at most
+ * 2 + nslots / batches_per_epoch epochs, which is the ring's size: an entry is
+ * only rebuilt when no worker can still be using it.
+ *
+ * Reset and close stop the workers at the next sample (an atomic flag), wait
+ * until none holds work (reset) or join them (close). A worker that stops
+ * mid-chunk first collects its reads in flight, since the kernel writes into
+ * its buffers.
+ */
+#include <dsrt/pipeline.h>
+
+#include "runtime/internal.h"
+
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define PIPE_MAX_THREADS  1024
+#define PIPE_MAX_PREFETCH 1024
+#define PIPE_MAX_BATCH    (1u << 24)
+#define PIPE_MAX_CHUNK    4096
+#define PIPE_CHUNK        16
+#define PIPE_MSG          512
+#define PIPE_PAGE         4096
+#define PIPE_NONE         UINT64_MAX
+
+// ----------------------------------------------------------------------------
+// Shapes
+
+/* One batch slot. Everything but b's memory is guarded by the pipeline's mu. */
+typedef struct {
+    dsrt_batch b;       /* what the consumer sees; data, labels, ids, sizes fixed at open */
+    uint64_t free_for;  /* the run batch this slot may be filled for */
+    uint64_t ready_for; /* the run batch finished in it, or PIPE_NONE */
+    unsigned remaining; /* chunks of free_for not finished yet */
+    int lent;
+    /* The failure of the lowest place of this batch, if any. */
+    int fail_code;
+    size_t fail_place;
+    char fail_msg[PIPE_MSG];
+} pipe_slot;
+
+/* One place of the chunk a worker is filling. */
+typedef struct {
+    size_t place; /* in the batch */
+    uint64_t k;   /* positions tried past its own: the fill offset */
+    uint32_t pos; /* datastore position of the sample being read */
+    int buf;      /* read buffer in use, or -1 */
+} pipe_place;
+
+/* The lowest-place fatal failure of a chunk. */
+typedef struct {
+    int code;
+    size_t place;
+    char msg[PIPE_MSG];
+} pipe_fail;
+
+typedef struct {
+    /* Counters, read by dsrt_pipeline_stats from any thread. */
+    alignas(64) atomic_uint_fast64_t read_ns;
+    atomic_uint_fast64_t decode_ns, augment_ns, wait_ns, idle_ns;
+    atomic_uint_fast64_t samples, skipped, bytes, direct_refused;
+    atomic_int pinned;
+
+    dsrt_pipeline *p;
+    unsigned index;
+    pthread_t thread;
+    int started;
+    dsrt_reader *reader;
+    dsrt_decoder *dec;
+    dsrt_augmenter *aug;
+    uint8_t **bufs; /* (nbufs) read buffers of buf_cap bytes, mmap'd */
+    int *free_bufs; /* (nbufs) stack */
+    unsigned nbufs, nfree;
+    pipe_place *places; /* (chunk) */
+    size_t *pending;    /* (chunk) places waiting for a read */
+} pipe_worker;
+
+typedef struct {
+    uint64_t key;
+    int valid;
+    uint32_t *order; /* (n) datastore positions in the epoch's order */
+} pipe_order;
+
+struct dsrt_pipeline {
+    const dsrt_datastore *ds;
+    size_t n;
+    dsrt_augment_options aug;    /* as given */
+    dsrt_augment_options native; /* native mode: channels, layout and norm only */
+    dsrt_pipeline_options o;
+    char *cpus_opt;
+    int in_memory;
+    size_t sample_bytes, stride, slot_bytes, chunk, cpb, buf_cap;
+    uint64_t bpe; /* batches per epoch */
+    unsigned nslots, nthreads;
+
+    dsrt_host_mem mem;
+    pipe_slot *slots;
+    void *meta;                /* labels, ids and sizes of every slot */
+    atomic_uint_fast64_t *bad; /* (ceil(n / 64)) bitmap of known-bad positions */
+
+    pthread_mutex_t order_mu;
+    pipe_order *orders;
+    unsigned norders;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, ready_cv, ctl_cv;
+    uint64_t start;       /* run position of run batch 0: epoch * bpe + batch */
+    uint64_t run_batches; /* batches in this run, PIPE_NONE when endless */
+    uint64_t next_item, next_batch;
+    uint64_t fatal_batch; /* lowest run batch with a fatal failure, or PIPE_NONE */
+    int sticky_code;
+    char sticky_msg[PIPE_MSG];
+    int pause, stop;
+    unsigned active;
+    atomic_int abort;
+    atomic_uint_fast64_t consumer_wait_ns, batches;
+
+    pthread_mutex_t bad_mu;
+    char bad_msgs[DSRT_PIPELINE_BAD_MESSAGES][PIPE_MSG];
+    atomic_uint nbad_msgs;
+    atomic_uint_fast64_t nbad;
+
+    dsrt_io io;
+    char io_fallback[256];
+    int has_fallback;
+    dsrt_cpus *cpus;
+    pipe_worker *workers;
+    int sync_ready; /* mutex and condvars initialised */
+};
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static void add(atomic_uint_fast64_t *c, uint64_t v) {
+    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+/* Copies a message into a PIPE_MSG buffer, cut if longer. */
+static void msg_copy(char *dst, const char *src) {
+    size_t n = strnlen(src, PIPE_MSG - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static size_t round_up(size_t x, size_t a) {
+    return (x + a - 1) / a * a;
+}
+
+// ----------------------------------------------------------------------------
+// Options
+
+dsrt_pipeline_options dsrt_pipeline_defaults(void) {
+    dsrt_pipeline_options o;
+    memset(&o, 0, sizeof o);
+    o.batch = 128;
+    o.prefetch = 4;
+    o.threads = 0;
+    o.cpus = NULL;
+    o.pin = 1;
+    o.drop_last = 0;
+    o.shuffle = DSRT_SHUFFLE_EVERY_EPOCH;
+    o.seed = 0;
+    o.epochs = 0;
+    o.reader = dsrt_reader_defaults();
+    o.decoder = dsrt_decoder_defaults();
+    o.fail_on_error = 0;
+    o.max_consecutive_bad = 1000;
+    o.max_file_bytes = (size_t)64 << 20;
+    o.chunk = 0;
+    o.native = 0;
+    o.native_max_pixels = (uint64_t)1 << 21;
+    o.gpu = -1;
+    return o;
+}
+
+static int check_options(const dsrt_pipeline_options *o, size_t n) {
+    if (o->batch < 1 || o->batch > PIPE_MAX_BATCH)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: batch: %zu: not in [1, %u]", o->batch,
+                          PIPE_MAX_BATCH);
+    if (o->prefetch < 1 || o->prefetch > PIPE_MAX_PREFETCH)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: prefetch: %u: not in [1, %d]", o->prefetch,
+                          PIPE_MAX_PREFETCH);
+    if (o->threads > PIPE_MAX_THREADS)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: threads: %u: not in [0, %d]", o->threads,
+                          PIPE_MAX_THREADS);
+    if (o->pin != 0 && o->pin != 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: pin: %d: not 0 or 1", o->pin);
+    if (o->drop_last != 0 && o->drop_last != 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: drop_last: %d: not 0 or 1", o->drop_last);
+    if (o->drop_last && o->batch > n)
+        return dsrt__fail(DSRT_EOPTION,
+                          "pipeline: drop_last: batch %zu is larger than the %zu samples: "
+                          "no batch left",
+                          o->batch, n);
+    if ((unsigned)o->shuffle > DSRT_SHUFFLE_EVERY_EPOCH)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: shuffle: %d: unknown", (int)o->shuffle);
+    if (o->fail_on_error != 0 && o->fail_on_error != 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: fail_on_error: %d: not 0 or 1",
+                          o->fail_on_error);
+    if (o->max_consecutive_bad < 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: max_consecutive_bad: 0: must be at least 1");
+    if (o->max_file_bytes < 1 || o->max_file_bytes > ((size_t)1 << 40))
+        return dsrt__fail(DSRT_EOPTION, "pipeline: max_file_bytes: %zu: not in [1, 2^40]",
+                          o->max_file_bytes);
+    if (o->chunk > PIPE_MAX_CHUNK)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: chunk: %zu: not in [0, %d]", o->chunk,
+                          PIPE_MAX_CHUNK);
+    if (o->native != 0 && o->native != 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: native: %d: not 0 or 1", o->native);
+    if (o->native && (o->native_max_pixels < 1 || o->native_max_pixels > ((uint64_t)1 << 32)))
+        return dsrt__fail(DSRT_EOPTION, "pipeline: native_max_pixels: %llu: not in [1, 2^32]",
+                          (unsigned long long)o->native_max_pixels);
+    if (o->gpu < -1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: gpu: %d: not -1 (auto) or a device", o->gpu);
+    if (o->reader.io != DSRT_IO_AUTO && o->reader.io != DSRT_IO_URING &&
+        o->reader.io != DSRT_IO_PREAD)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: reader.io: %d: unknown", (int)o->reader.io);
+    if (o->reader.depth < 1 || o->reader.depth > 4096)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: reader.depth: %u: not in [1, 4096]",
+                          o->reader.depth);
+    if (o->reader.direct != 0 && o->reader.direct != 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: reader.direct: %d: not 0 or 1",
+                          o->reader.direct);
+    if (o->decoder.max_pixels < 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: decoder.max_pixels: 0: must be at least 1");
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Run positions and slots
+
+/* Samples in batch `index` of an epoch. */
+static size_t batch_count(const dsrt_pipeline *p, uint64_t index) {
+    size_t first = (size_t)index * p->o.batch;
+    return DSRT_MIN(p->o.batch, p->n - first);
+}
+
+/* Makes slot s free for run batch b (guarded by mu). */
+static void slot_prepare(dsrt_pipeline *p, pipe_slot *s, uint64_t b) {
+    uint64_t g = p->start + b;
+    s->free_for = b;
+    s->ready_for = PIPE_NONE;
+    s->lent = 0;
+    s->fail_code = 0;
+    s->fail_place = SIZE_MAX;
+    s->fail_msg[0] = '\0';
+    s->b.epoch = g / p->bpe;
+    s->b.index = g % p->bpe;
+    s->b.global = g;
+    s->b.count = batch_count(p, s->b.index);
+    s->b.shape[0] = (int)s->b.count;
+    s->remaining = (unsigned)((s->b.count + p->chunk - 1) / p->chunk);
+}
+
+/* Starts a run at position start (guarded by mu, no worker active). */
+static void run_start(dsrt_pipeline *p, uint64_t start) {
+    p->start = start;
+    p->run_batches = p->o.epochs ? p->o.epochs * p->bpe - start : PIPE_NONE;
+    p->next_item = 0;
+    p->next_batch = 0;
+    p->fatal_batch = PIPE_NONE;
+    p->sticky_code = 0;
+    p->sticky_msg[0] = '\0';
+    for (unsigned i = 0; i < p->nslots; i++) slot_prepare(p, &p->slots[i], i);
+}
+
+// ----------------------------------------------------------------------------
+// Epoch orders and known-bad samples
+
+/* The order of the epoch: positions of the datastore. */
+static const uint32_t *order_get(dsrt_pipeline *p, uint64_t epoch) {
+    uint64_t key = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0;
+    pthread_mutex_lock(&p->order_mu);
+    pipe_order *e = &p->orders[key % p->norders];
+    if (!e->valid || e->key != key) {
+        for (size_t i = 0; i < p->n; i++) e->order[i] = (uint32_t)i;
+        if (p->o.shuffle != DSRT_SHUFFLE_NEVER)
+            dsrt_shuffle_indices(e->order, p->n, p->o.seed, key);
+        e->key = key;
+        e->valid = 1;
+    }
+    const uint32_t *order = e->order;
+    pthread_mutex_unlock(&p->order_mu);
+    return order;
+}
+
+static int bad_known(const dsrt_pipeline *p, uint32_t pos) {
+    uint64_t w = atomic_load_explicit(&p->bad[pos / 64], memory_order_relaxed);
+    return (int)((w >> (pos % 64)) & 1);
+}
+
+/* Marks pos bad; the first time, counts it and keeps its message. */
+static void bad_mark(dsrt_pipeline *p, uint32_t pos, const char *msg) {
+    uint64_t bit = (uint64_t)1 << (pos % 64);
+    uint64_t old = atomic_fetch_or_explicit(&p->bad[pos / 64], bit, memory_order_relaxed);
+    if (old & bit) return;
+    atomic_fetch_add_explicit(&p->nbad, 1, memory_order_relaxed);
+    pthread_mutex_lock(&p->bad_mu);
+    unsigned k = atomic_load_explicit(&p->nbad_msgs, memory_order_relaxed);
+    if (k < DSRT_PIPELINE_BAD_MESSAGES) {
+        msg_copy(p->bad_msgs[k], msg);
+        atomic_store_explicit(&p->nbad_msgs, k + 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&p->bad_mu);
+}
+
+// ----------------------------------------------------------------------------
+// One sample
+
+/* "PATH: what: reason" from this thread's last error, dropping the module
+ * prefix and path the message may already carry. */
+static void sample_msg(char *out, const char *path, const char *what, int code) {
+    const char *m = dsrt_last_error();
+    size_t wl = strlen(what), pl = path ? strlen(path) : 0;
+    if (strncmp(m, what, wl) == 0 && m[wl] == ':' && m[wl + 1] == ' ') m += wl + 2;
+    if (path && strncmp(m, path, pl) == 0 && m[pl] == ':' && m[pl + 1] == ' ') m += pl + 2;
+    if (!m[0]) m = dsrt_strerror(code);
+    snprintf(out, PIPE_MSG, "%s: %s: %s", path ? path : "(memory)", what, m);
+}
+
+/* What became of one attempt at a place. */
+enum { SAMPLE_OK = 0, SAMPLE_BAD = 1, SAMPLE_FATAL = 2 };
+
+/* Decodes (or converts) and augments the sample at pos into place `place` of
+ * slot s. buf is the file's bytes, or NULL for in-memory sources. */
+static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos, const uint8_t *buf,
+                       size_t size, char *msg, int *code) {
+    dsrt_pipeline *p = w->p;
+    const char *path = dsrt_datastore_path(p->ds, pos);
+    int ch = p->aug.output_channels;
+    uint64_t t0 = now_ns();
+    dsrt_image img;
+    int full_w, full_h, rc;
+    dsrt_decode_request req = {.channels = ch};
+    if (!buf) {
+        rc = dsrt_datastore_read_image(p->ds, pos, w->dec, &req, &img);
+        if (rc != 0) goto bad_decode;
+        full_w = img.width;
+        full_h = img.height;
+    } else {
+        dsrt_image_info info;
+        rc = dsrt_decoder_info(w->dec, buf, size, &info);
+        if (rc != 0) goto bad_decode;
+        full_w = info.width;
+        full_h = info.height;
+        if (p->o.native) {
+            if ((uint64_t)full_w * (uint64_t)full_h > p->o.native_max_pixels || full_w > 65535 ||
+                full_h > 65535) {
+                *code = DSRT_ETOOBIG;
+                snprintf(msg, PIPE_MSG,
+                         "%s: decode: %dx%d pixels, more than native_max_pixels (%llu)", path,
+                         full_w, full_h, (unsigned long long)p->o.native_max_pixels);
+                return SAMPLE_BAD;
+            }
+        } else {
+            dsrt_augment_decode_size(&p->aug, full_w, full_h, &req.min_width, &req.min_height);
+        }
+        rc = dsrt_decode(w->dec, buf, size, &req, &img);
+        if (rc != 0) goto bad_decode;
+    }
+    uint64_t t1 = now_ns();
+    add(&w->decode_ns, t1 - t0);
+
+    const dsrt_augment_options *ao = &p->aug;
+    dsrt_augment_options nat;
+    if (p->o.native) {
+        if ((uint64_t)img.width * (uint64_t)img.height > p->o.native_max_pixels) {
+            *code = DSRT_ETOOBIG;
+            snprintf(msg, PIPE_MSG, "%s: decode: %dx%d pixels, more than native_max_pixels (%llu)",
+                     path ? path : "(memory)", img.width, img.height,
+                     (unsigned long long)p->o.native_max_pixels);
+            return SAMPLE_BAD;
+        }
+        nat = p->native;
+        nat.output_width = img.width;
+        nat.output_height = img.height;
+        ao = &nat;
+    }
+    uint8_t *dst = (uint8_t *)s->b.data + place * p->stride;
+    rc = dsrt_augment_apply(w->aug, ao, &img, full_w, full_h, p->o.seed, s->b.epoch,
+                            dsrt_datastore_id(p->ds, pos), dst);
+    add(&w->augment_ns, now_ns() - t1);
+    if (rc != 0) {
+        /* Not the sample's fault: options or memory. */
+        *code = rc;
+        snprintf(msg, PIPE_MSG, "pipeline: augment: %s: %s", path ? path : "(memory)",
+                 dsrt_last_error());
+        return SAMPLE_FATAL;
+    }
+    s->b.labels[place] = dsrt_datastore_label(p->ds, pos);
+    s->b.ids[place] = dsrt_datastore_id(p->ds, pos);
+    if (p->o.native) {
+        s->b.sizes[2 * place] = img.height;
+        s->b.sizes[2 * place + 1] = img.width;
+    }
+    add(&w->samples, 1);
+    add(&w->bytes, size);
+    return SAMPLE_OK;
+
+bad_decode:
+    add(&w->decode_ns, now_ns() - t0);
+    *code = rc;
+    if (rc == -ENOMEM) {
+        snprintf(msg, PIPE_MSG, "pipeline: %s", dsrt_last_error());
+        return SAMPLE_FATAL;
+    }
+    if (!buf && dsrt_last_error()[0]) {
+        snprintf(msg, PIPE_MSG, "%s", dsrt_last_error());
+        return SAMPLE_BAD;
+    }
+    sample_msg(msg, path, "decode", rc);
+    return SAMPLE_BAD;
+}
+
+// ----------------------------------------------------------------------------
+// One chunk
+
+/* Keeps the lowest-place fatal failure of the chunk. */
+static void chunk_fail(pipe_fail *f, size_t place, int code, const char *msg) {
+    if (f->code != 0 && f->place <= place) return;
+    f->code = code;
+    f->place = place;
+    msg_copy(f->msg, msg);
+}
+
+/* The datastore position to try next for place pl, passing over known-bad
+ * samples; SAMPLE_FATAL when max_consecutive_bad positions in a row failed. */
+static int place_next(pipe_worker *w, const uint32_t *order, uint64_t epoch_pos, pipe_place *pl,
+                      pipe_fail *f) {
+    dsrt_pipeline *p = w->p;
+    uint64_t limit = DSRT_MIN((uint64_t)p->o.max_consecutive_bad, (uint64_t)p->n);
+    for (;;) {
+        if (pl->k >= limit) {
+            char m[PIPE_MSG];
+            snprintf(m, sizeof m,
+                     "pipeline: %llu samples in a row failed from position %llu of the epoch's "
+                     "order (see the bad-sample messages)",
+                     (unsigned long long)pl->k, (unsigned long long)epoch_pos);
+            chunk_fail(f, pl->place, DSRT_ESKIPPED, m);
+            return SAMPLE_FATAL;
+        }
+        uint32_t pos = order[(epoch_pos + pl->k) % p->n];
+        if (p->o.fail_on_error || !bad_known(p, pos)) {
+            pl->pos = pos;
+            return SAMPLE_OK;
+        }
+        add(&w->skipped, 1);
+        pl->k++;
+    }
+}
+
+/* A failed attempt at place pl: with fail_on_error it is fatal, else the
+ * sample is marked bad and the place tries the next position. Returns 1 when
+ * the place must be tried again. */
+static int place_failed(pipe_worker *w, pipe_place *pl, int code, const char *msg, pipe_fail *f) {
+    dsrt_pipeline *p = w->p;
+    bad_mark(p, pl->pos, msg);
+    if (p->o.fail_on_error) {
+        char m[PIPE_MSG + 16];
+        snprintf(m, sizeof m, "pipeline: %s", msg);
+        chunk_fail(f, pl->place, code, m);
+        return 0;
+    }
+    add(&w->skipped, 1);
+    pl->k++;
+    return 1;
+}
+
+/* Collects every read still in flight, dropping the results. */
+static void reader_drain(pipe_worker *w) {
+    dsrt_read_result r;
+    while (dsrt_reader_in_flight(w->reader) > 0)
+        if (dsrt_reader_collect(w->reader, &r, 1) <= 0) break;
+    w->nfree = 0;
+    for (unsigned i = 0; i < w->nbufs; i++) w->free_bufs[w->nfree++] = (int)i;
+}
+
+/* Fills places [lo, hi) of run batch b's slot s. Returns 1 when stopped by
+ * reset or close (the slot is then rebuilt or freed), else 0 with any fatal
+ * failure in *f. */
+static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fail *f) {
+    dsrt_pipeline *p = w->p;
+    const uint32_t *order = order_get(p, s->b.epoch);
+    uint64_t first = s->b.index * (uint64_t)p->o.batch;
+    size_t npending = 0;
+    for (size_t i = lo; i < hi; i++) {
+        pipe_place *pl = &w->places[i - lo];
+        *pl = (pipe_place){.place = i, .k = 0, .buf = -1};
+        w->pending[npending++] = i - lo;
+    }
+    unsigned in_flight = 0;
+    char msg[PIPE_MSG];
+    int code;
+
+    while (npending > 0 || in_flight > 0) {
+        if (atomic_load_explicit(&p->abort, memory_order_relaxed)) {
+            reader_drain(w);
+            return 1;
+        }
+        /* Start reads for waiting places while buffers last. */
+        uint64_t t0 = now_ns();
+        while (npending > 0 && (p->in_memory || w->nfree > 0)) {
+            pipe_place *pl = &w->places[w->pending[--npending]];
+            if (place_next(w, order, first + pl->place, pl, f) != SAMPLE_OK) continue;
+            if (p->in_memory) {
+                add(&w->read_ns, now_ns() - t0);
+                int r = sample_fill(w, s, pl->place, pl->pos, NULL, 0, msg, &code);
+                t0 = now_ns();
+                if (r == SAMPLE_FATAL) chunk_fail(f, pl->place, code, msg);
+                if (r == SAMPLE_BAD && place_failed(w, pl, code, msg, f))
+                    w->pending[npending++] = (size_t)(pl - w->places);
+                if (atomic_load_explicit(&p->abort, memory_order_relaxed)) return 1;
+                continue;
+            }
+            int bi = w->free_bufs[--w->nfree];
+            const char *path = dsrt_datastore_path(p->ds, pl->pos);
+            int rc = dsrt_reader_submit(w->reader, path, w->bufs[bi], p->buf_cap,
+                                        (uint64_t)(pl - w->places));
+            if (rc != 0) {
+                /* Only a full reader or a misaligned buffer: neither the file's fault. */
+                w->free_bufs[w->nfree++] = bi;
+                snprintf(msg, sizeof msg, "pipeline: %s", dsrt_last_error());
+                chunk_fail(f, pl->place, rc, msg);
+                continue;
+            }
+            pl->buf = bi;
+            in_flight++;
+        }
+        if (in_flight == 0) {
+            add(&w->read_ns, now_ns() - t0);
+            continue;
+        }
+        dsrt_read_result res;
+        int rc = dsrt_reader_collect(w->reader, &res, 1);
+        add(&w->read_ns, now_ns() - t0);
+        if (rc <= 0) {
+            /* The reader itself failed: every place still in flight fails. */
+            if (rc == 0) rc = -EIO;
+            snprintf(msg, sizeof msg, "pipeline: %s", dsrt_last_error());
+            for (size_t i = 0; i < hi - lo; i++)
+                if (w->places[i].buf >= 0) chunk_fail(f, w->places[i].place, rc, msg);
+            reader_drain(w);
+            for (size_t i = 0; i < hi - lo; i++) w->places[i].buf = -1;
+            return 0;
+        }
+        in_flight--;
+        if (p->o.reader.direct)
+            atomic_store_explicit(&w->direct_refused, dsrt_reader_direct_refused(w->reader),
+                                  memory_order_relaxed);
+        pipe_place *pl = &w->places[res.tag];
+        int r;
+        if (res.status != 0) {
+            code = res.status;
+            sample_msg(msg, res.path, "read", code);
+            r = SAMPLE_BAD;
+        } else {
+            r = sample_fill(w, s, pl->place, pl->pos, res.buf, res.size, msg, &code);
+        }
+        w->free_bufs[w->nfree++] = pl->buf;
+        pl->buf = -1;
+        if (r == SAMPLE_FATAL) chunk_fail(f, pl->place, code, msg);
+        if (r == SAMPLE_BAD && place_failed(w, pl, code, msg, f))
+            w->pending[npending++] = (size_t)(pl - w->places);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Workers
+
+/* Waits on cv, adding the time to *ns. */
+static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, atomic_uint_fast64_t *ns) {
+    uint64_t t = now_ns();
+    pthread_cond_wait(cv, mu);
+    add(ns, now_ns() - t);
+}
+
+static void *worker_main(void *arg) {
+    pipe_worker *w = arg;
+    dsrt_pipeline *p = w->p;
+    if (p->o.pin && dsrt__cpus_bind(p->cpus, w->index) == 0)
+        atomic_store_explicit(&w->pinned, 1, memory_order_relaxed);
+    pipe_fail f;
+
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        if (p->stop) break;
+        if (p->pause) {
+            timed_wait(&p->work_cv, &p->mu, &w->idle_ns);
+            continue;
+        }
+        uint64_t item = p->next_item, b = item / p->cpb;
+        if (p->run_batches != PIPE_NONE && b >= p->run_batches) {
+            timed_wait(&p->work_cv, &p->mu, &w->idle_ns);
+            continue;
+        }
+        if (p->fatal_batch != PIPE_NONE && b > p->fatal_batch) {
+            timed_wait(&p->work_cv, &p->mu, &w->idle_ns);
+            continue;
+        }
+        pipe_slot *s = &p->slots[b % p->nslots];
+        if (s->free_for != b) {
+            timed_wait(&p->work_cv, &p->mu, &w->wait_ns);
+            continue;
+        }
+        p->next_item++;
+        size_t lo = (size_t)(item % p->cpb) * p->chunk;
+        if (lo >= s->b.count) continue; /* the short last batch has fewer chunks */
+        size_t hi = DSRT_MIN(lo + p->chunk, s->b.count);
+        p->active++;
+        pthread_mutex_unlock(&p->mu);
+
+        f.code = 0;
+        int stopped = chunk_run(w, s, lo, hi, &f);
+
+        pthread_mutex_lock(&p->mu);
+        p->active--;
+        if (!stopped && !p->pause && !p->stop) {
+            if (f.code != 0) {
+                if (f.place < s->fail_place) {
+                    s->fail_code = f.code;
+                    s->fail_place = f.place;
+                    msg_copy(s->fail_msg, f.msg);
+                }
+                if (p->fatal_batch == PIPE_NONE || b < p->fatal_batch) p->fatal_batch = b;
+            }
+            if (--s->remaining == 0) {
+                s->ready_for = b;
+                pthread_cond_broadcast(&p->ready_cv);
+            }
+        }
+        if (p->active == 0 && (p->pause || p->stop)) pthread_cond_broadcast(&p->ctl_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void worker_free(dsrt_pipeline *p, pipe_worker *w) {
+    dsrt_reader_destroy(w->reader);
+    dsrt_decoder_destroy(w->dec);
+    dsrt_augmenter_destroy(w->aug);
+    if (w->bufs)
+        for (unsigned i = 0; i < w->nbufs; i++)
+            if (w->bufs[i]) munmap(w->bufs[i], p->buf_cap);
+    free(w->bufs);
+    free(w->free_bufs);
+    free(w->places);
+    free(w->pending);
+}
+
+/* A worker's reader, decoder, augmenter and read buffers. The buffers only
+ * reserve address space: pages cost memory when a file lands in them, on
+ * the worker's own NUMA node. */
+static int worker_init(dsrt_pipeline *p, pipe_worker *w, unsigned index) {
+    w->p = p;
+    w->index = index;
+    int rc;
+    if (!p->in_memory) {
+        dsrt_reader_options ro = p->o.reader;
+        ro.depth = (unsigned)DSRT_MIN((size_t)ro.depth, p->chunk);
+        w->nbufs = ro.depth;
+        if ((rc = dsrt_reader_create(&w->reader, &ro)) != 0)
+            return dsrt__fail_prefix(rc, "pipeline: worker %u", index);
+        w->bufs = dsrt__calloc(w->nbufs, sizeof *w->bufs);
+        w->free_bufs = dsrt__calloc(w->nbufs, sizeof *w->free_bufs);
+        if (!w->bufs || !w->free_bufs) return -ENOMEM;
+        for (unsigned i = 0; i < w->nbufs; i++) {
+            void *b = mmap(NULL, p->buf_cap, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (b == MAP_FAILED)
+                return dsrt__fail(-ENOMEM,
+                                  "pipeline: out of address space for %u read buffers "
+                                  "of %zu bytes (max_file_bytes)",
+                                  w->nbufs, p->buf_cap);
+            w->bufs[i] = b;
+            w->free_bufs[w->nfree++] = (int)i;
+        }
+    }
+    if ((rc = dsrt_decoder_create(&w->dec, &p->o.decoder)) != 0)
+        return dsrt__fail_prefix(rc, "pipeline: decoder");
+    if ((rc = dsrt_augmenter_create(&w->aug)) != 0)
+        return dsrt__fail(rc, "pipeline: out of memory for an augmenter");
+    w->places = dsrt__calloc(p->chunk, sizeof *w->places);
+    w->pending = dsrt__calloc(p->chunk, sizeof *w->pending);
+    if (!w->places || !w->pending) return -ENOMEM;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Open and close
+
+void dsrt_pipeline_close(dsrt_pipeline *p) {
+    if (!p) return;
+    if (p->sync_ready) {
+        pthread_mutex_lock(&p->mu);
+        p->stop = 1;
+        atomic_store(&p->abort, 1);
+        pthread_cond_broadcast(&p->work_cv);
+        pthread_cond_broadcast(&p->ready_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    if (p->workers) {
+        for (unsigned i = 0; i < p->nthreads; i++)
+            if (p->workers[i].started) pthread_join(p->workers[i].thread, NULL);
+        for (unsigned i = 0; i < p->nthreads; i++) worker_free(p, &p->workers[i]);
+        free(p->workers);
+    }
+    if (p->sync_ready) {
+        pthread_cond_destroy(&p->ctl_cv);
+        pthread_cond_destroy(&p->ready_cv);
+        pthread_cond_destroy(&p->work_cv);
+        pthread_mutex_destroy(&p->mu);
+        pthread_mutex_destroy(&p->order_mu);
+        pthread_mutex_destroy(&p->bad_mu);
+    }
+    if (p->orders)
+        for (unsigned i = 0; i < p->norders; i++) free(p->orders[i].order);
+    free(p->orders);
+    free(p->bad);
+    free(p->meta);
+    free(p->slots);
+    dsrt__host_free(&p->mem);
+    dsrt__cpus_close(p->cpus);
+    free(p->cpus_opt);
+    free(p);
+}
+
+/* The options native mode writes with: the output's channels, layout and
+ * normalisation; no geometry. */
+static dsrt_augment_options native_options(const dsrt_augment_options *a) {
+    dsrt_augment_options n = dsrt_augment_defaults();
+    n.output_channels = a->output_channels;
+    n.layout = a->layout;
+    n.norm = a->norm;
+    memcpy(n.mean, a->mean, sizeof n.mean);
+    memcpy(n.std, a->std, sizeof n.std);
+    return n;
+}
+
+/* Slots, their batch headers and their labels, ids and sizes. */
+static int slots_init(dsrt_pipeline *p) {
+    const dsrt_augment_options *a = &p->aug;
+    size_t elem = a->layout == DSRT_AUGMENT_F32_NCHW ? sizeof(float) : 1;
+    p->sample_bytes = p->o.native ? (size_t)p->o.native_max_pixels * a->output_channels * elem
+                                  : dsrt_augment_sample_bytes(a);
+    p->stride = p->sample_bytes;
+    if (p->stride > SIZE_MAX / p->o.batch / (p->nslots + 1))
+        return dsrt__fail(DSRT_EOPTION,
+                          "pipeline: batch %zu of %zu-byte samples does not fit "
+                          "in memory",
+                          p->o.batch, p->stride);
+    p->slot_bytes = round_up(p->o.batch * p->stride, PIPE_PAGE);
+    int rc = dsrt__host_alloc(&p->mem, p->slot_bytes * p->nslots, p->o.gpu);
+    if (rc != 0) return rc;
+
+    size_t B = p->o.batch;
+    size_t per = B * (sizeof(int32_t) + sizeof(uint32_t) + 2 * sizeof(int32_t));
+    p->slots = dsrt__calloc(p->nslots, sizeof *p->slots);
+    p->meta = dsrt__calloc(p->nslots, per);
+    if (!p->slots || !p->meta) return -ENOMEM;
+    for (unsigned i = 0; i < p->nslots; i++) {
+        dsrt_batch *b = &p->slots[i].b;
+        char *m = (char *)p->meta + i * per;
+        b->data = (char *)p->mem.ptr + i * p->slot_bytes;
+        b->labels = (int32_t *)m;
+        b->ids = (uint32_t *)(m + B * sizeof(int32_t));
+        b->sizes = (int32_t *)(m + B * 2 * sizeof(int32_t));
+        b->capacity = B;
+        b->sample_stride = p->stride;
+        b->sample_bytes = p->sample_bytes;
+        b->layout = a->layout;
+        int C = a->output_channels, H = p->o.native ? 0 : a->output_height,
+            W = p->o.native ? 0 : a->output_width;
+        if (a->layout == DSRT_AUGMENT_F32_NCHW) {
+            b->shape[1] = C;
+            b->shape[2] = H;
+            b->shape[3] = W;
+        } else {
+            b->shape[1] = H;
+            b->shape[2] = W;
+            b->shape[3] = C;
+        }
+        for (size_t j = 0; j < B; j++) {
+            b->sizes[2 * j] = H;
+            b->sizes[2 * j + 1] = W;
+        }
+    }
+    return 0;
+}
+
+static int sync_init(dsrt_pipeline *p) {
+    if (pthread_mutex_init(&p->mu, NULL) != 0) return -ENOMEM;
+    pthread_mutex_init(&p->order_mu, NULL);
+    pthread_mutex_init(&p->bad_mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->ready_cv, NULL);
+    pthread_cond_init(&p->ctl_cv, NULL);
+    p->sync_ready = 1;
+    return 0;
+}
+
+int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
+                       const dsrt_augment_options *augment, const dsrt_pipeline_options *o) {
+    if (!out) return dsrt__fail(DSRT_EOPTION, "pipeline: NULL handle pointer");
+    *out = NULL;
+    if (!ds) return dsrt__fail(DSRT_EOPTION, "pipeline: datastore: NULL");
+    size_t n = dsrt_datastore_count(ds);
+    if (n == 0) return dsrt__fail(DSRT_EEMPTY, "pipeline: the datastore has no sample");
+    if (n > UINT32_MAX)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: %zu samples: more than 2^32 - 1", n);
+    dsrt_pipeline_options opt = o ? *o : dsrt_pipeline_defaults();
+    dsrt_augment_options aug = augment ? *augment : dsrt_augment_defaults();
+    int rc = check_options(&opt, n);
+    if (rc != 0) return rc;
+    if ((rc = dsrt_augment_check(&aug)) != 0) return dsrt__fail_prefix(rc, "pipeline");
+
+    dsrt_pipeline *p = dsrt__calloc(1, sizeof *p);
+    if (!p) return -ENOMEM;
+    rc = -ENOMEM;
+    p->ds = ds;
+    p->n = n;
+    p->o = opt;
+    p->aug = aug;
+    p->native = native_options(&aug);
+    p->in_memory = dsrt_datastore_path(ds, 0) == NULL;
+    if (opt.cpus && !(p->cpus_opt = dsrt__strdup(opt.cpus))) goto fail;
+    p->o.cpus = p->cpus_opt;
+    p->chunk = opt.chunk ? DSRT_MIN(opt.chunk, opt.batch) : DSRT_MIN((size_t)PIPE_CHUNK, opt.batch);
+    p->cpb = (opt.batch + p->chunk - 1) / p->chunk;
+    p->bpe = opt.drop_last ? n / opt.batch : (n + opt.batch - 1) / opt.batch;
+    if (opt.epochs > UINT64_MAX / p->bpe / p->cpb) {
+        rc = dsrt__fail(DSRT_EOPTION, "pipeline: epochs: %llu: too many",
+                        (unsigned long long)opt.epochs);
+        goto fail;
+    }
+    p->nslots = opt.prefetch + 1;
+    p->buf_cap = round_up(opt.max_file_bytes, DSRT_DIRECT_ALIGN);
+
+    /* Cores: checks the cpus option, so before anything large is allocated. */
+    unsigned threads = opt.threads;
+    if ((rc = dsrt__cpus_open(&p->cpus, p->cpus_opt, opt.gpu, &threads)) != 0) goto fail;
+    p->nthreads = threads;
+    if (opt.gpu >= 0) {
+        int ndev = dsrt__cuda_device_count();
+        if (ndev > 0 && opt.gpu >= ndev) {
+            rc = dsrt__fail(DSRT_EOPTION, "pipeline: gpu: %d: there are %d CUDA devices", opt.gpu,
+                            ndev);
+            goto fail;
+        }
+    }
+
+    /* Every worker's reader, decoder and augmenter, before any thread. */
+    p->workers = dsrt__calloc(p->nthreads, sizeof *p->workers);
+    if (!p->workers) goto fail;
+    for (unsigned i = 0; i < p->nthreads; i++)
+        if ((rc = worker_init(p, &p->workers[i], i)) != 0) goto fail;
+    if (!p->in_memory) {
+        p->io = dsrt_reader_io(p->workers[0].reader);
+        const char *why = dsrt_reader_fallback_reason(p->workers[0].reader);
+        if (why) {
+            snprintf(p->io_fallback, sizeof p->io_fallback, "%s", why);
+            p->has_fallback = 1;
+        }
+    } else {
+        p->io = DSRT_IO_AUTO;
+    }
+
+    rc = -ENOMEM;
+    if ((rc = slots_init(p)) != 0) goto fail;
+    rc = -ENOMEM;
+    p->bad = dsrt__calloc((n + 63) / 64, sizeof *p->bad);
+    if (!p->bad) goto fail;
+    p->norders = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH
+                     ? 2 + (unsigned)((p->nslots + p->bpe - 1) / p->bpe)
+                     : 1;
+    p->orders = dsrt__calloc(p->norders, sizeof *p->orders);
+    if (!p->orders) goto fail;
+    for (unsigned i = 0; i < p->norders; i++)
+        if (!(p->orders[i].order = dsrt__malloc(n * sizeof(uint32_t)))) goto fail;
+    if ((rc = sync_init(p)) != 0) goto fail;
+    run_start(p, 0);
+
+    for (unsigned i = 0; i < p->nthreads; i++) {
+        int e = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
+        if (e != 0) {
+            rc = dsrt__fail(-e, "pipeline: starting worker %u of %u: %s", i, p->nthreads,
+                            strerror(e));
+            goto fail;
+        }
+        p->workers[i].started = 1;
+    }
+    *out = p;
+    return 0;
+
+fail:
+    if (rc == -ENOMEM && !strstr(dsrt_last_error(), "memory"))
+        dsrt__fail(rc, "pipeline: out of memory");
+    dsrt_pipeline_close(p);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// The consumer
+
+int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **out) {
+    *out = NULL;
+    int rc = 0;
+    uint64_t waited = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        if (p->sticky_code != 0) {
+            rc = dsrt__fail(p->sticky_code, "%s", p->sticky_msg);
+            break;
+        }
+        if (p->stop) {
+            rc = dsrt__fail(DSRT_ECLOSED, "pipeline: closed");
+            break;
+        }
+        uint64_t b = p->next_batch;
+        if (p->run_batches != PIPE_NONE && b >= p->run_batches) {
+            rc = dsrt__fail(DSRT_EEOF, "pipeline: end of the last epoch (%llu)",
+                            (unsigned long long)p->o.epochs);
+            break;
+        }
+        pipe_slot *s = &p->slots[b % p->nslots];
+        if (s->lent) {
+            rc = dsrt__fail(-EDEADLK, "pipeline: all %u slots are lent out: release a batch first",
+                            p->nslots);
+            break;
+        }
+        if (s->ready_for != b) {
+            /* Another consumer thread may take b meanwhile: look again after. */
+            uint64_t t = now_ns();
+            pthread_cond_wait(&p->ready_cv, &p->mu);
+            waited += now_ns() - t;
+            continue;
+        }
+        if (s->fail_code != 0) {
+            p->sticky_code = s->fail_code;
+            msg_copy(p->sticky_msg, s->fail_msg);
+            rc = dsrt__fail(p->sticky_code, "%s", p->sticky_msg);
+            break;
+        }
+        s->lent = 1;
+        p->next_batch++;
+        add(&p->batches, 1);
+        *out = &s->b;
+        break;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (waited) add(&p->consumer_wait_ns, waited);
+    return rc;
+}
+
+int dsrt_batch_release(dsrt_pipeline *p, dsrt_batch *b) {
+    if (!b) return dsrt__fail(DSRT_EOPTION, "pipeline: release: NULL batch");
+    pipe_slot *s = (pipe_slot *)((char *)b - offsetof(pipe_slot, b));
+    size_t i = (size_t)(s - p->slots);
+    if (s < p->slots || i >= p->nslots || &p->slots[i].b != b)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: release: not a batch of this pipeline");
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    if (!s->lent) {
+        rc = dsrt__fail(DSRT_EOPTION, "pipeline: release: batch %llu is not lent out",
+                        (unsigned long long)b->global);
+    } else {
+        slot_prepare(p, s, s->free_for + p->nslots);
+        pthread_cond_broadcast(&p->work_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int dsrt_pipeline_reset(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoch) {
+    if (batch_in_epoch >= p->bpe)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: reset: batch %llu: an epoch has %llu",
+                          (unsigned long long)batch_in_epoch, (unsigned long long)p->bpe);
+    if (epoch > UINT64_MAX / p->bpe / p->cpb - 1 ||
+        (p->o.epochs && epoch * p->bpe + batch_in_epoch > p->o.epochs * p->bpe))
+        return dsrt__fail(DSRT_EOPTION, "pipeline: reset: epoch %llu batch %llu is past the end",
+                          (unsigned long long)epoch, (unsigned long long)batch_in_epoch);
+    pthread_mutex_lock(&p->mu);
+    p->pause = 1;
+    atomic_store(&p->abort, 1);
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_cond_broadcast(&p->ready_cv);
+    while (p->active > 0) pthread_cond_wait(&p->ctl_cv, &p->mu);
+    run_start(p, epoch * p->bpe + batch_in_epoch);
+    atomic_store(&p->abort, 0);
+    p->pause = 0;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+uint64_t dsrt_pipeline_batches_per_epoch(const dsrt_pipeline *p) {
+    return p->bpe;
+}
+
+// ----------------------------------------------------------------------------
+// Statistics
+
+void dsrt_pipeline_stats(const dsrt_pipeline *p, dsrt_pipeline_statistics *s) {
+    memset(s, 0, sizeof *s);
+    uint64_t r = 0, d = 0, a = 0, wt = 0, id = 0;
+    for (unsigned i = 0; i < p->nthreads; i++) {
+        pipe_worker *w = &p->workers[i];
+        r += atomic_load_explicit(&w->read_ns, memory_order_relaxed);
+        d += atomic_load_explicit(&w->decode_ns, memory_order_relaxed);
+        a += atomic_load_explicit(&w->augment_ns, memory_order_relaxed);
+        wt += atomic_load_explicit(&w->wait_ns, memory_order_relaxed);
+        id += atomic_load_explicit(&w->idle_ns, memory_order_relaxed);
+        s->samples += atomic_load_explicit(&w->samples, memory_order_relaxed);
+        s->skipped += atomic_load_explicit(&w->skipped, memory_order_relaxed);
+        s->bytes_read += atomic_load_explicit(&w->bytes, memory_order_relaxed);
+        s->direct_refused += atomic_load_explicit(&w->direct_refused, memory_order_relaxed);
+        s->pinned_threads += (unsigned)atomic_load_explicit(&w->pinned, memory_order_relaxed);
+    }
+    s->read_s = r * 1e-9;
+    s->decode_s = d * 1e-9;
+    s->augment_s = a * 1e-9;
+    s->slot_wait_s = wt * 1e-9;
+    s->idle_s = id * 1e-9;
+    s->consumer_wait_s =
+        atomic_load_explicit(&((dsrt_pipeline *)p)->consumer_wait_ns, memory_order_relaxed) * 1e-9;
+    s->batches = atomic_load_explicit(&((dsrt_pipeline *)p)->batches, memory_order_relaxed);
+    s->bad_samples = atomic_load_explicit(&((dsrt_pipeline *)p)->nbad, memory_order_relaxed);
+    s->threads = p->nthreads;
+    s->slots = p->nslots;
+    s->slot_bytes = p->slot_bytes;
+    s->io = p->io;
+    s->io_fallback = p->has_fallback ? p->io_fallback : NULL;
+    s->pinned_memory = p->mem.cuda;
+    s->locked_memory = p->mem.locked;
+    s->cpus = dsrt__cpus_list(p->cpus);
+    unsigned k = atomic_load_explicit(&((dsrt_pipeline *)p)->nbad_msgs, memory_order_acquire);
+    for (unsigned i = 0; i < k; i++) s->bad_messages[i] = p->bad_msgs[i];
+    s->bad_message_count = k;
+}

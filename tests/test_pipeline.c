@@ -1,0 +1,946 @@
+/*
+ * Tests of the pipeline: every batch is checked byte for byte against a
+ * reference made on the test's own thread (read, decode at the size the
+ * augment options ask, augment with the same key), whatever the thread
+ * count, the io back-end, the consumer's pace or a reset in the middle;
+ * batches come in order and cover each epoch exactly once; shuffles differ
+ * as the option says; bad files (truncated, empty, not an image, gone after
+ * the scan) are skipped, counted, named and replaced by the next sample of
+ * the order, or stop the run with fail_on_error; slots are reused safely when
+ * the consumer holds several; close mid-epoch joins and frees everything; bad
+ * options are refused before any thread starts.
+ *
+ * Images are made on the spot (tests/testimg.h) under $DSRT_TEST_TMP.
+ */
+#include <dsrt/pipeline.h>
+#include <endian.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "task.h"
+#include "testimg.h"
+
+static char base_dir[4096];
+
+// ----------------------------------------------------------------------------
+// Datasets
+
+/* Writes n images into dir/<class>/imgNNN.{jpg,png}: mostly JPEGs of several
+ * kinds and sizes (some large enough for DCT scaling), a few PNGs. Labels
+ * alternate between `classes` folders in runs, so folder order is file order. */
+static void make_folder(const char *dir, size_t n, int classes) {
+    REQUIRE(timg_mkdirs(dir) == 0);
+    for (size_t i = 0; i < n; i++) {
+        int c = (int)(i * classes / n);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/class%d", dir, c);
+        REQUIRE(timg_mkdirs(path) == 0);
+        uint32_t h = timg_hash((uint32_t)i + 99);
+        int w = 40 + (int)(h % 70), ht = 36 + (int)((h >> 8) % 60);
+        if (i % 9 == 4) w = 260, ht = 190; /* decoded at 1/2 or 1/4 scale */
+        size_t len = 0;
+        uint8_t *buf;
+        if (i % 11 == 7) {
+            buf = timg_make_png(TIMG_PNG_RGB8, w, ht, (uint32_t)i, &len, NULL);
+            snprintf(path, sizeof path, "%s/class%d/img%03zu.png", dir, c, i);
+        } else {
+            static const int kinds[] = {TIMG_JPEG_420, TIMG_JPEG_444, TIMG_JPEG_GRAY,
+                                        TIMG_JPEG_PROGRESSIVE, TIMG_JPEG_422};
+            buf = timg_make_jpeg(kinds[i % 5], w, ht, (uint32_t)i, &len);
+            snprintf(path, sizeof path, "%s/class%d/img%03zu.jpg", dir, c, i);
+        }
+        REQUIRE(buf);
+        REQUIRE(timg_write_file(path, buf, len) == 0);
+        free(buf);
+    }
+}
+
+/* Path of image i as make_folder names it. */
+static void image_path(char *out, size_t cap, const char *dir, size_t i, size_t n, int classes) {
+    int c = (int)(i * classes / n);
+    snprintf(out, cap, "%s/class%d/img%03zu.%s", dir, c, i, i % 11 == 7 ? "png" : "jpg");
+}
+
+static dsrt_datastore *open_folder(const char *dir) {
+    dsrt_datastore *ds = NULL;
+    int rc = dsrt_datastore_open(&ds, dir, NULL);
+    if (rc != 0) fprintf(stderr, "open %s: %s\n", dir, dsrt_last_error());
+    REQUIRE(rc == 0);
+    return ds;
+}
+
+// ----------------------------------------------------------------------------
+// Hashes and the reference
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+#define FNV0 0xcbf29ce484222325ULL
+
+/* Hash of a batch's samples, labels and ids. */
+static uint64_t batch_hash(const dsrt_batch *b) {
+    uint64_t h = FNV0;
+    for (size_t i = 0; i < b->count; i++) {
+        size_t bytes = b->sample_bytes;
+        if (b->shape[2] == 0) { /* native */
+            size_t elem = b->layout == DSRT_AUGMENT_F32_NCHW ? 4 : 1;
+            bytes = (size_t)b->sizes[2 * i] * b->sizes[2 * i + 1] *
+                    (b->layout == DSRT_AUGMENT_F32_NCHW ? b->shape[1] : b->shape[3]) * elem;
+        }
+        h = fnv(h, (const char *)b->data + i * b->sample_stride, bytes);
+    }
+    h = fnv(h, b->labels, b->count * sizeof *b->labels);
+    return fnv(h, b->ids, b->count * sizeof *b->ids);
+}
+
+/* What the test checks of each batch. */
+typedef struct {
+    uint64_t hash, epoch, index, global;
+    size_t count;
+    uint32_t ids[64];
+} rec;
+
+/* Takes up to max batches (until DSRT_EEOF); returns how many, *end the
+ * code that ended it. */
+static size_t take(dsrt_pipeline *p, rec *out, size_t max, int *end) {
+    size_t k = 0;
+    *end = 0;
+    while (k < max) {
+        dsrt_batch *b;
+        int rc = dsrt_pipeline_next(p, &b);
+        if (rc != 0) {
+            *end = rc;
+            break;
+        }
+        out[k].hash = batch_hash(b);
+        out[k].epoch = b->epoch;
+        out[k].index = b->index;
+        out[k].global = b->global;
+        out[k].count = b->count;
+        memcpy(out[k].ids, b->ids, DSRT_MIN(b->count, (size_t)64) * sizeof(uint32_t));
+        CHECK_OK(dsrt_batch_release(p, b));
+        k++;
+    }
+    return k;
+}
+
+static dsrt_pipeline *open_pipe(const dsrt_datastore *ds, const dsrt_augment_options *a,
+                                const dsrt_pipeline_options *o) {
+    dsrt_pipeline *p = NULL;
+    int rc = dsrt_pipeline_open(&p, ds, a, o);
+    if (rc != 0) fprintf(stderr, "pipeline_open: %s\n", dsrt_last_error());
+    REQUIRE(rc == 0);
+    return p;
+}
+
+/* The reference: batch (epoch, index) made on this thread with the public
+ * read, decode and augment calls. bad[pos] marks samples that must be
+ * skipped. Returns the batch's hash and fills ids. */
+typedef struct {
+    const dsrt_datastore *ds;
+    const dsrt_augment_options *a;
+    const dsrt_pipeline_options *o;
+    const uint8_t *bad;
+    int native;
+    dsrt_decoder *dec;
+    dsrt_augmenter *aug;
+    uint8_t *sample;
+    size_t sample_cap;
+} ref_ctx;
+
+static void ref_sample(ref_ctx *r, uint32_t pos, uint64_t epoch, size_t *bytes) {
+    const char *path = dsrt_datastore_path(r->ds, pos);
+    dsrt_image img;
+    int full_w, full_h;
+    dsrt_decode_request req = {.channels = r->a->output_channels};
+    if (!path) {
+        CHECK_OK(dsrt_datastore_read_image(r->ds, pos, r->dec, &req, &img));
+        full_w = img.width;
+        full_h = img.height;
+    } else {
+        FILE *f = fopen(path, "rb");
+        REQUIRE(f);
+        uint8_t *buf = malloc(1 << 20);
+        size_t len = fread(buf, 1, 1 << 20, f);
+        fclose(f);
+        dsrt_image_info info;
+        CHECK_OK(dsrt_decoder_info(r->dec, buf, len, &info));
+        full_w = info.width;
+        full_h = info.height;
+        if (!r->native)
+            dsrt_augment_decode_size(r->a, full_w, full_h, &req.min_width, &req.min_height);
+        CHECK_OK(dsrt_decode(r->dec, buf, len, &req, &img));
+        /* img points into the decoder's scratch, not buf */
+        free(buf);
+    }
+    dsrt_augment_options a = *r->a;
+    if (r->native) {
+        dsrt_augment_options n = dsrt_augment_defaults();
+        n.output_channels = a.output_channels;
+        n.layout = a.layout;
+        n.norm = a.norm;
+        memcpy(n.mean, a.mean, sizeof n.mean);
+        memcpy(n.std, a.std, sizeof n.std);
+        n.output_width = img.width;
+        n.output_height = img.height;
+        a = n;
+    }
+    *bytes = dsrt_augment_sample_bytes(&a);
+    if (*bytes > r->sample_cap) {
+        r->sample = realloc(r->sample, *bytes);
+        r->sample_cap = *bytes;
+    }
+    CHECK_OK(dsrt_augment_apply(r->aug, &a, &img, full_w, full_h, r->o->seed, epoch,
+                                dsrt_datastore_id(r->ds, pos), r->sample));
+}
+
+static uint64_t ref_batch(ref_ctx *r, uint64_t epoch, uint64_t index, size_t *count,
+                          uint32_t *ids) {
+    size_t n = dsrt_datastore_count(r->ds), B = r->o->batch;
+    uint32_t *order = malloc(n * sizeof *order);
+    for (size_t i = 0; i < n; i++) order[i] = (uint32_t)i;
+    if (r->o->shuffle != DSRT_SHUFFLE_NEVER)
+        dsrt_shuffle_indices(order, n, r->o->seed,
+                             r->o->shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0);
+    size_t first = index * B, cnt = DSRT_MIN(B, n - first);
+    uint64_t h = FNV0;
+    int32_t labels[64];
+    for (size_t j = 0; j < cnt; j++) {
+        size_t k = 0;
+        while (r->bad && r->bad[order[(first + j + k) % n]]) k++;
+        uint32_t pos = order[(first + j + k) % n];
+        size_t bytes;
+        ref_sample(r, pos, epoch, &bytes);
+        h = fnv(h, r->sample, bytes);
+        labels[j] = dsrt_datastore_label(r->ds, pos);
+        ids[j] = dsrt_datastore_id(r->ds, pos);
+    }
+    h = fnv(h, labels, cnt * sizeof *labels);
+    h = fnv(h, ids, cnt * sizeof *ids);
+    *count = cnt;
+    free(order);
+    return h;
+}
+
+static ref_ctx ref_open(const dsrt_datastore *ds, const dsrt_augment_options *a,
+                        const dsrt_pipeline_options *o, const uint8_t *bad) {
+    ref_ctx r = {.ds = ds, .a = a, .o = o, .bad = bad, .native = o->native};
+    REQUIRE(dsrt_decoder_create(&r.dec, NULL) == 0);
+    REQUIRE(dsrt_augmenter_create(&r.aug) == 0);
+    return r;
+}
+
+static void ref_close(ref_ctx *r) {
+    dsrt_decoder_destroy(r->dec);
+    dsrt_augmenter_destroy(r->aug);
+    free(r->sample);
+}
+
+/* Checks recs against the reference, batch by batch. */
+static void check_against_ref(ref_ctx *r, const rec *recs, size_t k) {
+    int bad = 0;
+    for (size_t i = 0; i < k; i++) {
+        size_t cnt;
+        uint32_t ids[64];
+        uint64_t h = ref_batch(r, recs[i].epoch, recs[i].index, &cnt, ids);
+        if (h != recs[i].hash || cnt != recs[i].count) {
+            if (bad++ < 3)
+                fprintf(stderr,
+                        "batch %zu (epoch %llu index %llu): hash %016llx, expected %016llx\n", i,
+                        (unsigned long long)recs[i].epoch, (unsigned long long)recs[i].index,
+                        (unsigned long long)recs[i].hash, (unsigned long long)h);
+        }
+    }
+    CHECK_EQ(bad, 0);
+}
+
+// ----------------------------------------------------------------------------
+// Tests
+
+static char good_dir[4096];
+#define GOOD_N 90
+
+static dsrt_pipeline_options small_options(void) {
+    dsrt_pipeline_options o = dsrt_pipeline_defaults();
+    o.batch = 16;
+    o.prefetch = 2;
+    o.epochs = 2;
+    o.seed = 7;
+    o.chunk = 5;
+    return o;
+}
+
+/* The same bytes with 1, 2 and 4 workers, io_uring and pread, and the
+ * reference's bytes. */
+static void test_determinism(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    rec first[16], got[16];
+    size_t k0 = 0;
+    const unsigned threads[] = {1, 2, 4};
+    const dsrt_io ios[] = {DSRT_IO_AUTO, DSRT_IO_PREAD};
+    for (int t = 0; t < 3; t++) {
+        for (int io = 0; io < 2; io++) {
+            o.threads = threads[t];
+            o.reader.io = ios[io];
+            o.reader.depth = io ? 3 : 16;
+            dsrt_pipeline *p = open_pipe(ds, &a, &o);
+            int end;
+            size_t k = take(p, got, 16, &end);
+            CHECK_EQ(end, DSRT_EEOF);
+            CHECK_EQ(k, 12); /* 2 epochs of ceil(90 / 16) */
+            dsrt_pipeline_statistics s;
+            dsrt_pipeline_stats(p, &s);
+            CHECK_EQ(s.samples, 2 * GOOD_N);
+            CHECK_EQ(s.threads, threads[t]);
+            CHECK_EQ(s.skipped, 0);
+            CHECK_EQ(s.batches, 12);
+            CHECK(ios[io] == DSRT_IO_PREAD ? s.io == DSRT_IO_PREAD : s.io != DSRT_IO_AUTO);
+            dsrt_pipeline_close(p);
+            if (t == 0 && io == 0) {
+                memcpy(first, got, sizeof got);
+                k0 = k;
+                continue;
+            }
+            for (size_t i = 0; i < k && i < k0; i++) CHECK_EQ(got[i].hash, first[i].hash);
+        }
+    }
+    ref_ctx r = ref_open(ds, &a, &o, NULL);
+    check_against_ref(&r, first, k0);
+    ref_close(&r);
+
+    /* Another shape: shorter side, random crop, both flips, uint8 NHWC,
+     * one channel, chunks that do not divide the batch. */
+    dsrt_augment_options b = dsrt_augment_defaults();
+    b.output_height = 30;
+    b.output_width = 34;
+    b.resize_shorter = 40;
+    b.size_mode = DSRT_AUGMENT_RANDCROP;
+    b.rand_x_reflection = b.rand_y_reflection = 1;
+    b.layout = DSRT_AUGMENT_U8_NHWC;
+    b.norm = DSRT_AUGMENT_NORM_NONE;
+    b.output_channels = 1;
+    o = small_options();
+    o.batch = 13;
+    o.chunk = 4;
+    o.epochs = 1;
+    o.threads = 3;
+    dsrt_pipeline *p = open_pipe(ds, &b, &o);
+    int end;
+    size_t k = take(p, got, 16, &end);
+    CHECK_EQ(k, 7);
+    CHECK_EQ(got[6].count, GOOD_N - 6 * 13);
+    dsrt_pipeline_close(p);
+    r = ref_open(ds, &b, &o, NULL);
+    check_against_ref(&r, got, k);
+    ref_close(&r);
+    dsrt_datastore_close(ds);
+}
+
+static int is_permutation_epoch(const rec *r, size_t k, uint64_t epoch, size_t n) {
+    uint8_t *seen = calloc(n, 1);
+    size_t total = 0;
+    int ok = 1;
+    for (size_t i = 0; i < k; i++) {
+        if (r[i].epoch != epoch) continue;
+        for (size_t j = 0; j < r[i].count; j++) {
+            if (r[i].ids[j] >= n || seen[r[i].ids[j]])
+                ok = 0;
+            else
+                seen[r[i].ids[j]] = 1;
+            total++;
+        }
+    }
+    free(seen);
+    return ok && total == n;
+}
+
+/* Order of the ids delivered in an epoch, as one hash. */
+static uint64_t epoch_order(const rec *r, size_t k, uint64_t epoch) {
+    uint64_t h = FNV0;
+    for (size_t i = 0; i < k; i++)
+        if (r[i].epoch == epoch) h = fnv(h, r[i].ids, r[i].count * sizeof(uint32_t));
+    return h;
+}
+
+/* Batches in order, each epoch exactly once, shuffles as asked. */
+static void test_ordering(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    rec r[32];
+    uint64_t ident = FNV0;
+    for (uint32_t i = 0; i < GOOD_N; i++) ident = fnv(ident, &i, sizeof i);
+    for (int sh = 0; sh < 3; sh++) {
+        dsrt_pipeline_options o = small_options();
+        o.batch = 32;
+        o.epochs = 3;
+        o.threads = 2;
+        o.shuffle = (dsrt_shuffle)sh;
+        dsrt_pipeline *p = open_pipe(ds, &a, &o);
+        CHECK_EQ(dsrt_pipeline_batches_per_epoch(p), 3);
+        int end;
+        size_t k = take(p, r, 32, &end);
+        CHECK_EQ(k, 9);
+        CHECK_EQ(end, DSRT_EEOF);
+        for (size_t i = 0; i < k; i++) {
+            CHECK_EQ(r[i].global, i);
+            CHECK_EQ(r[i].epoch, i / 3);
+            CHECK_EQ(r[i].index, i % 3);
+            CHECK_EQ(r[i].count, i % 3 == 2 ? GOOD_N - 64 : 32);
+        }
+        for (uint64_t e = 0; e < 3; e++) CHECK(is_permutation_epoch(r, k, e, GOOD_N));
+        uint64_t e0 = epoch_order(r, k, 0), e1 = epoch_order(r, k, 1), e2 = epoch_order(r, k, 2);
+        if (sh == DSRT_SHUFFLE_NEVER) {
+            CHECK(e0 == ident && e1 == ident && e2 == ident);
+        } else if (sh == DSRT_SHUFFLE_ONCE) {
+            CHECK(e0 != ident && e0 == e1 && e1 == e2);
+        } else {
+            CHECK(e0 != ident && e0 != e1 && e1 != e2 && e0 != e2);
+        }
+        /* Augmentation differs between epochs even when the order does not. */
+        if (sh != DSRT_SHUFFLE_EVERY_EPOCH) CHECK(r[0].hash != r[3].hash);
+        /* Nothing after the end, again. */
+        dsrt_batch *b;
+        CHECK_EQ(dsrt_pipeline_next(p, &b), DSRT_EEOF);
+        dsrt_pipeline_close(p);
+    }
+    dsrt_datastore_close(ds);
+}
+
+static void test_drop_last(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    o.drop_last = 1;
+    o.shuffle = DSRT_SHUFFLE_NEVER;
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    CHECK_EQ(dsrt_pipeline_batches_per_epoch(p), 5);
+    rec r[16];
+    int end;
+    size_t k = take(p, r, 16, &end);
+    CHECK_EQ(k, 10);
+    for (size_t i = 0; i < k; i++) CHECK_EQ(r[i].count, 16);
+    CHECK_EQ(r[5].ids[0], 0); /* epoch 1 starts over: samples 80..89 never appear */
+    for (size_t i = 0; i < k; i++)
+        for (size_t j = 0; j < r[i].count; j++) CHECK_LT(r[i].ids[j], 80);
+    dsrt_pipeline_close(p);
+    dsrt_datastore_close(ds);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* A slow consumer, a fast one, and several batches held at once: slots are
+ * reused only once released, and what is held never changes. */
+static void test_slots(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    o.threads = 2;
+    o.epochs = 1;
+    ref_ctx r = ref_open(ds, &a, &o, NULL);
+
+    /* Slow: the workers fill every slot and wait. */
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    rec got[8];
+    size_t k = 0;
+    dsrt_batch *b;
+    while (dsrt_pipeline_next(p, &b) == 0) {
+        sleep_ms(15);
+        got[k].hash = batch_hash(b);
+        got[k].epoch = b->epoch;
+        got[k].index = b->index;
+        got[k].count = b->count;
+        k++;
+        CHECK_OK(dsrt_batch_release(p, b));
+    }
+    CHECK_EQ(k, 6);
+    check_against_ref(&r, got, k);
+    dsrt_pipeline_statistics s;
+    dsrt_pipeline_stats(p, &s);
+    CHECK(s.slot_wait_s > 0);
+    dsrt_pipeline_close(p);
+
+    /* Holding: prefetch 2 means 3 slots. */
+    p = open_pipe(ds, &a, &o);
+    dsrt_batch *held[3];
+    uint64_t h[3];
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(dsrt_pipeline_next(p, &held[i]));
+        h[i] = batch_hash(held[i]);
+        CHECK_EQ(held[i]->index, i);
+    }
+    CHECK_EQ(dsrt_pipeline_next(p, &b), -EDEADLK);
+    sleep_ms(50);
+    for (int i = 0; i < 3; i++) CHECK_EQ(batch_hash(held[i]), h[i]);
+    /* Batch 3 needs batch 0's slot: releasing batch 1 is not enough. */
+    CHECK_OK(dsrt_batch_release(p, held[1]));
+    CHECK_EQ(dsrt_batch_release(p, held[1]), DSRT_EOPTION);
+    CHECK_EQ(dsrt_pipeline_next(p, &b), -EDEADLK);
+    CHECK_OK(dsrt_batch_release(p, held[0]));
+    CHECK_OK(dsrt_pipeline_next(p, &b)); /* batch 3 */
+    CHECK_EQ(b->index, 3);
+    CHECK_EQ(batch_hash(held[2]), h[2]);
+    got[0].hash = batch_hash(b);
+    got[0].epoch = 0;
+    got[0].index = 3;
+    got[0].count = b->count;
+    got[1].hash = h[2];
+    got[1].epoch = 0;
+    got[1].index = 2;
+    got[1].count = held[2]->count;
+    check_against_ref(&r, got, 2);
+    CHECK_OK(dsrt_batch_release(p, b));
+    CHECK_OK(dsrt_batch_release(p, held[2]));
+    CHECK_OK(dsrt_pipeline_next(p, &b));
+    CHECK_EQ(b->index, 4);
+    dsrt_batch fake = *b;
+    CHECK_EQ(dsrt_batch_release(p, &fake), DSRT_EOPTION);
+    CHECK_OK(dsrt_batch_release(p, b));
+    dsrt_pipeline_close(p);
+    ref_close(&r);
+    dsrt_datastore_close(ds);
+}
+
+/* Reset to (epoch, batch) gives the batches of an uninterrupted run. */
+static void test_reset(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    o.epochs = 3;
+    o.threads = 2;
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    rec all[32], r[32];
+    int end;
+    size_t k = take(p, all, 32, &end);
+    CHECK_EQ(k, 18);
+    dsrt_pipeline_close(p);
+
+    p = open_pipe(ds, &a, &o);
+    size_t k2 = take(p, r, 4, &end);
+    CHECK_EQ(k2, 4);
+    dsrt_batch *held;
+    CHECK_OK(dsrt_pipeline_next(p, &held)); /* lent across the reset: taken back */
+    CHECK_OK(dsrt_pipeline_reset(p, 1, 2));
+    k2 = take(p, r, 32, &end);
+    CHECK_EQ(end, DSRT_EEOF);
+    CHECK_EQ(k2, 18 - 8);
+    for (size_t i = 0; i < k2; i++) {
+        CHECK_EQ(r[i].global, 8 + i);
+        CHECK_EQ(r[i].hash, all[8 + i].hash);
+    }
+    /* Back to the start after the end; then a reset mid-flight. */
+    CHECK_OK(dsrt_pipeline_reset(p, 0, 0));
+    k2 = take(p, r, 2, &end);
+    CHECK_EQ(r[0].hash, all[0].hash);
+    CHECK_EQ(r[1].hash, all[1].hash);
+    CHECK_OK(dsrt_pipeline_reset(p, 2, 5));
+    k2 = take(p, r, 32, &end);
+    CHECK_EQ(k2, 1);
+    CHECK_EQ(r[0].hash, all[17].hash);
+    CHECK_OK(dsrt_pipeline_reset(p, 3, 0)); /* exactly the end: nothing left */
+    CHECK_EQ(dsrt_pipeline_next(p, &held), DSRT_EEOF);
+    CHECK_EQ(dsrt_pipeline_reset(p, 3, 1), DSRT_EOPTION);
+    CHECK_EQ(dsrt_pipeline_reset(p, 0, 6), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "reset");
+    dsrt_pipeline_close(p);
+    dsrt_datastore_close(ds);
+}
+
+/* Close at any moment: nothing leaks (ASan), nothing races (TSan). */
+static void test_close_mid_epoch(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    for (int i = 0; i < 6; i++) {
+        dsrt_pipeline_options o = small_options();
+        o.epochs = 0; /* endless */
+        o.threads = 1 + i % 3;
+        o.prefetch = 1 + i % 2;
+        dsrt_pipeline *p = open_pipe(ds, &a, &o);
+        dsrt_batch *b;
+        for (int j = 0; j < i; j++) {
+            CHECK_OK(dsrt_pipeline_next(p, &b));
+            if (j + 1 < i) CHECK_OK(dsrt_batch_release(p, b)); /* the last one stays lent */
+        }
+        if (i == 5) sleep_ms(20);
+        dsrt_pipeline_close(p);
+    }
+    dsrt_pipeline_close(NULL);
+    dsrt_datastore_close(ds);
+}
+
+// ----------------------------------------------------------------------------
+// Bad files
+
+#define BAD_N 64
+static const size_t bad_at[] = {5, 17, 18, 40, 63}; /* 17, 18 in a row; 63 wraps to 0 */
+
+static void test_bad_files(void) {
+    char dir[4096], path[4096];
+    snprintf(dir, sizeof dir, "%s/bad", base_dir);
+    make_folder(dir, BAD_N, 2);
+    /* 5: truncated JPEG; 17: empty; 18: text; 40: vanishes after the scan;
+     * 63: corrupt PNG... or JPEG, whichever it is. */
+    image_path(path, sizeof path, dir, 5, BAD_N, 2);
+    {
+        FILE *f = fopen(path, "rb");
+        uint8_t buf[1 << 16];
+        size_t len = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        REQUIRE(timg_write_file(path, buf, len / 2) == 0);
+    }
+    image_path(path, sizeof path, dir, 17, BAD_N, 2);
+    REQUIRE(timg_write_file(path, "", 0) == 0);
+    image_path(path, sizeof path, dir, 18, BAD_N, 2);
+    REQUIRE(timg_write_file(path, "hello, not an image\n", 20) == 0);
+    image_path(path, sizeof path, dir, 63, BAD_N, 2);
+    {
+        uint8_t junk[300];
+        timg_noise(junk, sizeof junk, 5);
+        junk[0] = 0xff, junk[1] = 0xd8, junk[2] = 0xff; /* looks like a JPEG */
+        REQUIRE(timg_write_file(path, junk, sizeof junk) == 0);
+    }
+    dsrt_datastore *ds = open_folder(dir);
+    REQUIRE(dsrt_datastore_count(ds) == BAD_N);
+    image_path(path, sizeof path, dir, 40, BAD_N, 2);
+    REQUIRE(unlink(path) == 0);
+
+    uint8_t bad[BAD_N] = {0};
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(bad_at); i++) bad[bad_at[i]] = 1;
+
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    o.batch = 8;
+    o.chunk = 3;
+    o.shuffle = DSRT_SHUFFLE_NEVER;
+    rec first[32];
+    size_t k0 = 0;
+    for (unsigned t = 1; t <= 3; t += 2) {
+        o.threads = t;
+        dsrt_pipeline *p = open_pipe(ds, &a, &o);
+        rec r[32];
+        int end;
+        size_t k = take(p, r, 32, &end);
+        CHECK_EQ(end, DSRT_EEOF);
+        CHECK_EQ(k, 16);
+        int bad_seen = 0;
+        for (size_t i = 0; i < k; i++) {
+            CHECK_EQ(r[i].count, 8);
+            for (size_t j = 0; j < r[i].count; j++) bad_seen += bad[r[i].ids[j]];
+        }
+        CHECK_EQ(bad_seen, 0);
+        /* Filled places: 5 <- 6, 17 and 18 <- 19, 40 <- 41, 63 <- 0. */
+        CHECK_EQ(r[0].ids[5], 6);
+        CHECK_EQ(r[2].ids[1], 19);
+        CHECK_EQ(r[2].ids[2], 19);
+        CHECK_EQ(r[5].ids[0], 41);
+        CHECK_EQ(r[7].ids[7], 0);
+        dsrt_pipeline_statistics s;
+        dsrt_pipeline_stats(p, &s);
+        CHECK_EQ(s.bad_samples, 5);
+        /* Per epoch: 5, 17, 18 (place 17), 18 (place 18), 40, 63. */
+        CHECK_EQ(s.skipped, 12);
+        CHECK_EQ(s.samples, 2 * BAD_N);
+        CHECK_EQ(s.bad_message_count, 5);
+        for (size_t i = 0; i < DSRT_ARRAY_SIZE(bad_at); i++) {
+            image_path(path, sizeof path, dir, bad_at[i], BAD_N, 2);
+            int named = 0;
+            for (unsigned m = 0; m < s.bad_message_count; m++)
+                named += strncmp(s.bad_messages[m], path, strlen(path)) == 0;
+            CHECK_EQ(named, 1);
+        }
+        for (unsigned m = 0; m < s.bad_message_count; m++) {
+            if (strstr(s.bad_messages[m], "img017") || strstr(s.bad_messages[m], "img040"))
+                CHECK_CONTAINS(s.bad_messages[m], ": read: ");
+            else
+                CHECK_CONTAINS(s.bad_messages[m], ": decode: ");
+        }
+        dsrt_pipeline_close(p);
+        if (t == 1) {
+            memcpy(first, r, sizeof r);
+            k0 = k;
+        } else {
+            for (size_t i = 0; i < k; i++) CHECK_EQ(r[i].hash, first[i].hash);
+        }
+    }
+    ref_ctx rc = ref_open(ds, &a, &o, bad);
+    check_against_ref(&rc, first, k0);
+    ref_close(&rc);
+
+    /* fail_on_error: batches 0 (positions 0..7) holds the truncated file. */
+    o.fail_on_error = 1;
+    o.threads = 2;
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    dsrt_batch *b;
+    int code = dsrt_pipeline_next(p, &b);
+    CHECK(code < 0 && code != DSRT_EEOF && code != DSRT_ESKIPPED);
+    image_path(path, sizeof path, dir, 5, BAD_N, 2);
+    CHECK_CONTAINS(dsrt_last_error(), path);
+    CHECK_EQ(dsrt_pipeline_next(p, &b), code); /* it stays failed */
+    /* Resume past it: the next failure is the empty file in batch 2. */
+    CHECK_OK(dsrt_pipeline_reset(p, 0, 1));
+    CHECK_OK(dsrt_pipeline_next(p, &b));
+    CHECK_OK(dsrt_batch_release(p, b));
+    code = dsrt_pipeline_next(p, &b);
+    CHECK_EQ(code, DSRT_EEMPTY);
+    image_path(path, sizeof path, dir, 17, BAD_N, 2);
+    CHECK_CONTAINS(dsrt_last_error(), path);
+    dsrt_pipeline_close(p);
+
+    /* Every sample bad: give up instead of spinning. */
+    dsrt_datastore *sub = NULL;
+    uint32_t only_bad[] = {5, 17, 18, 40, 63, 5, 17};
+    CHECK_OK(dsrt_datastore_subset(ds, only_bad, 7, &sub));
+    o.fail_on_error = 0;
+    o.batch = 4;
+    p = open_pipe(sub, &a, &o);
+    CHECK_EQ(dsrt_pipeline_next(p, &b), DSRT_ESKIPPED);
+    dsrt_pipeline_close(p);
+    o.max_consecutive_bad = 2;
+    o.shuffle = DSRT_SHUFFLE_NEVER;
+    p = open_pipe(ds, &a, &o); /* 17, 18 in a row is 2: batch 4 fails */
+    int end;
+    rec r[8];
+    CHECK_EQ(take(p, r, 8, &end), 4);
+    CHECK_EQ(end, DSRT_ESKIPPED);
+    dsrt_pipeline_close(p);
+    dsrt_datastore_close(sub);
+    dsrt_datastore_close(ds);
+}
+
+// ----------------------------------------------------------------------------
+// In-memory samples and native size
+
+static void write_idx(const char *dir, size_t n, int h, int w) {
+    size_t bytes = 16 + n * (size_t)h * w;
+    uint8_t *img = malloc(bytes), lab[8 + 256];
+    uint32_t hdr[4] = {htobe32(0x803), htobe32((uint32_t)n), htobe32((uint32_t)h),
+                       htobe32((uint32_t)w)};
+    memcpy(img, hdr, 16);
+    timg_noise(img + 16, n * (size_t)h * w, 3);
+    uint32_t lh[2] = {htobe32(0x801), htobe32((uint32_t)n)};
+    memcpy(lab, lh, 8);
+    for (size_t i = 0; i < n; i++) lab[8 + i] = (uint8_t)(i % 10);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte", dir);
+    REQUIRE(timg_write_file(p, img, bytes) == 0);
+    snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte", dir);
+    REQUIRE(timg_write_file(p, lab, 8 + n) == 0);
+    free(img);
+}
+
+static void test_memory_source(void) {
+    char dir[4096], path[4096];
+    snprintf(dir, sizeof dir, "%s/idx", base_dir);
+    REQUIRE(timg_mkdirs(dir) == 0);
+    write_idx(dir, 50, 28, 28);
+    snprintf(path, sizeof path, "%s/train-images-idx3-ubyte", dir);
+    dsrt_datastore *ds = open_folder(path);
+    REQUIRE(dsrt_datastore_count(ds) == 50);
+    dsrt_augment_options a = dsrt_augment_defaults();
+    a.output_height = a.output_width = 28;
+    a.output_channels = 1;
+    a.rand_x_translation[0] = a.rand_y_translation[0] = -3;
+    a.rand_x_translation[1] = a.rand_y_translation[1] = 3;
+    a.rand_rotation[0] = -10;
+    a.rand_rotation[1] = 10;
+    dsrt_pipeline_options o = small_options();
+    rec r1[16], r3[16];
+    int end;
+    o.threads = 1;
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    size_t k1 = take(p, r1, 16, &end);
+    dsrt_pipeline_statistics s;
+    dsrt_pipeline_stats(p, &s);
+    CHECK_EQ(s.bytes_read, 0);
+    dsrt_pipeline_close(p);
+    o.threads = 3;
+    p = open_pipe(ds, &a, &o);
+    size_t k3 = take(p, r3, 16, &end);
+    dsrt_pipeline_close(p);
+    CHECK_EQ(k1, 8);
+    CHECK_EQ(k3, 8);
+    for (size_t i = 0; i < k1; i++) CHECK_EQ(r1[i].hash, r3[i].hash);
+    ref_ctx r = ref_open(ds, &a, &o, NULL);
+    check_against_ref(&r, r1, k1);
+    ref_close(&r);
+    dsrt_datastore_close(ds);
+}
+
+/* Native size: each sample as decoded, float CHW in [0, 1]. */
+static void test_native(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_pipeline_options o = small_options();
+    o.native = 1;
+    o.native_max_pixels = 300 * 200;
+    o.batch = 3;
+    o.epochs = 1;
+    o.threads = 2;
+    dsrt_augment_options a = dsrt_augment_defaults();
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    rec r[32];
+    int end;
+    dsrt_batch *b;
+    CHECK_OK(dsrt_pipeline_next(p, &b));
+    CHECK_EQ(b->shape[1], 3);
+    CHECK_EQ(b->shape[2], 0);
+    CHECK_EQ(b->sample_stride, (size_t)300 * 200 * 3 * 4);
+    /* Sample 0 against the decoder: value / 255. */
+    dsrt_decoder *dec;
+    REQUIRE(dsrt_decoder_create(&dec, NULL) == 0);
+    dsrt_image img;
+    dsrt_decode_request req = {.channels = 3};
+    CHECK_OK(dsrt_datastore_read_image(ds, b->ids[0], dec, &req, &img));
+    CHECK_EQ(b->sizes[0], img.height);
+    CHECK_EQ(b->sizes[1], img.width);
+    const float *f = b->data;
+    double worst = 0;
+    for (int c = 0; c < 3; c++)
+        for (int y = 0; y < img.height; y++)
+            for (int x = 0; x < img.width; x++) {
+                double want = img.data[(size_t)y * img.stride + (size_t)x * 3 + c] / 255.0;
+                double got = f[((size_t)c * img.height + y) * img.width + x];
+                worst = fmax(worst, fabs(got - want));
+            }
+    CHECK_NEAR(worst, 0, 1e-6);
+    dsrt_decoder_destroy(dec);
+    CHECK_OK(dsrt_batch_release(p, b));
+    size_t k = take(p, r, 32, &end);
+    CHECK_EQ(k, 29);
+    dsrt_pipeline_close(p);
+
+    /* Too large for the places: skipped, the rest goes on. */
+    o.native_max_pixels = 120 * 100;
+    p = open_pipe(ds, &a, &o);
+    k = take(p, r, 32, &end);
+    CHECK_EQ(k, 30);
+    dsrt_pipeline_statistics s;
+    dsrt_pipeline_stats(p, &s);
+    CHECK_EQ(s.bad_samples, 10); /* the 260 x 190 ones */
+    CHECK(s.bad_message_count > 0 && strstr(s.bad_messages[0], "native_max_pixels"));
+    ref_ctx rc = ref_open(ds, &a, &o, NULL);
+    uint8_t bad[GOOD_N] = {0};
+    for (size_t i = 4; i < GOOD_N; i += 9) bad[i] = 1;
+    rc.bad = bad;
+    check_against_ref(&rc, r, k);
+    ref_close(&rc);
+    dsrt_pipeline_close(p);
+    dsrt_datastore_close(ds);
+}
+
+// ----------------------------------------------------------------------------
+// Options
+
+static void expect_option(const dsrt_datastore *ds, const dsrt_augment_options *a,
+                          const dsrt_pipeline_options *o, const char *name) {
+    dsrt_pipeline *p = (dsrt_pipeline *)1;
+    int rc = dsrt_pipeline_open(&p, ds, a, o);
+    CHECK_EQ(rc, DSRT_EOPTION);
+    CHECK(p == NULL);
+    CHECK_CONTAINS(dsrt_last_error(), name);
+    if (rc == 0) dsrt_pipeline_close(p);
+}
+
+static void test_bad_options(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o;
+#define BAD(field, value, name)                                                                    \
+    o = small_options();                                                                           \
+    o.field = value;                                                                               \
+    expect_option(ds, &a, &o, name)
+    BAD(batch, 0, "batch");
+    BAD(prefetch, 0, "prefetch");
+    BAD(prefetch, 5000, "prefetch");
+    BAD(threads, 100000, "threads");
+    BAD(cpus, "abc", "cpus");
+    BAD(cpus, "", "cpus");
+    BAD(cpus, "0-3;8", "cpus");
+    BAD(cpus, "4000", "cpus");
+    BAD(pin, 2, "pin");
+    BAD(drop_last, 3, "drop_last");
+    BAD(shuffle, (dsrt_shuffle)9, "shuffle");
+    BAD(fail_on_error, -1, "fail_on_error");
+    BAD(max_consecutive_bad, 0, "max_consecutive_bad");
+    BAD(max_file_bytes, 0, "max_file_bytes");
+    BAD(chunk, 100000, "chunk");
+    BAD(native, 2, "native");
+    BAD(gpu, -5, "gpu");
+    BAD(reader.depth, 0, "depth");
+    BAD(reader.io, (dsrt_io)7, "io");
+    BAD(decoder.max_pixels, 0, "max_pixels");
+    o = small_options();
+    o.drop_last = 1;
+    o.batch = 1000;
+    expect_option(ds, &a, &o, "drop_last");
+#undef BAD
+    dsrt_augment_options bad_a = a;
+    bad_a.output_channels = 2;
+    o = small_options();
+    expect_option(ds, &bad_a, &o, "output_channels");
+    dsrt_pipeline *p = NULL;
+    CHECK_EQ(dsrt_pipeline_open(&p, NULL, &a, &o), DSRT_EOPTION);
+
+    /* Good ones: a CPU list, no pinning, the defaults. */
+    o = small_options();
+    o.cpus = "0";
+    o.threads = 2;
+    p = open_pipe(ds, &a, &o);
+    dsrt_pipeline_statistics s;
+    dsrt_pipeline_stats(p, &s);
+    CHECK_STR_EQ(s.cpus, "0");
+    CHECK_EQ(s.threads, 2);
+    dsrt_pipeline_close(p);
+    o.cpus = NULL;
+    o.threads = 0;
+    o.pin = 0;
+    p = open_pipe(ds, &a, &o);
+    dsrt_pipeline_stats(p, &s);
+    CHECK_GE(s.threads, 1);
+    CHECK_EQ(s.pinned_threads, 0);
+    CHECK_EQ(s.slots, 3);
+    CHECK_EQ(s.slot_bytes, (16 * 32 * 32 * 3 * 4 + 4095) / 4096 * 4096);
+    dsrt_pipeline_close(p);
+    o = dsrt_pipeline_defaults();
+    o.prefetch = 1;
+    p = open_pipe(ds, NULL, &o);
+    dsrt_batch *b;
+    CHECK_OK(dsrt_pipeline_next(p, &b));
+    CHECK_EQ(b->count, GOOD_N); /* batch 128 > 90 samples */
+    CHECK_EQ(b->shape[2], 224);
+    dsrt_pipeline_close(p);
+    dsrt_datastore_close(ds);
+}
+
+int main(void) {
+    REQUIRE(timg_tmpdir("pipeline", base_dir, sizeof base_dir) == 0);
+    snprintf(good_dir, sizeof good_dir, "%s/good", base_dir);
+    make_folder(good_dir, GOOD_N, 3);
+    RUN(test_determinism);
+    RUN(test_ordering);
+    RUN(test_drop_last);
+    RUN(test_slots);
+    RUN(test_reset);
+    RUN(test_close_mid_epoch);
+    RUN(test_bad_files);
+    RUN(test_memory_source);
+    RUN(test_native);
+    RUN(test_bad_options);
+    return TEST_RESULT();
+}
