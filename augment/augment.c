@@ -30,6 +30,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define DEG2RAD (3.14159265358979323846 / 180.0)
 
@@ -409,6 +412,9 @@ typedef struct {
      * [run_first, run_first + run_len), reading run_src + dir * j. */
     int copy;
     int run_first, run_len, run_src, run_dir;
+    /* Every non-fill output has taps taps (padded with zero weights), so
+     * the horizontal pass can unroll; 0 when they differ. */
+    int taps;
 } axis;
 
 struct dsrt_augmenter {
@@ -545,6 +551,29 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
         }
         t->run_len++;
         prev = src;
+    }
+    /* Pad every entry to the same number of taps: zero weights, the window
+     * moved left where it would leave the source. */
+    int most = 0;
+    for (int i = 0; i < n; i++) most = DSRT_MAX(most, t->count[i]);
+    t->taps = most <= len ? most : 0;
+    if (t->copy || !t->taps) return 0;
+    t->lo = len;
+    t->hi = 0;
+    for (int i = 0; i < n; i++) {
+        int cnt = t->count[i];
+        if (cnt == 0) continue;
+        if (cnt < most) {
+            float *w = t->w + (size_t)i * k;
+            int start = DSRT_MIN(t->start[i], len - most), off = t->start[i] - start;
+            memmove(w + off, w, (size_t)cnt * sizeof *w);
+            for (int j = 0; j < off; j++) w[j] = 0.0f;
+            for (int j = off + cnt; j < most; j++) w[j] = 0.0f;
+            t->start[i] = start;
+            t->count[i] = most;
+        }
+        t->lo = DSRT_MIN(t->lo, t->start[i]);
+        t->hi = DSRT_MAX(t->hi, t->start[i] + most);
     }
     return 0;
 }
@@ -702,16 +731,18 @@ enum { TO_HWC, TO_PLANES, TO_U8 };
 /*
  * The horizontal pass: output u is sum_j w[u][j] * tmp[start[u] + j] (tmp
  * holding source pixels from ax->lo), or the fill value, written as floats
- * (ch, interleaved) to hwc, or straight into output row v of the sample. ch
- * and to are constants at each call, so the loops specialise.
+ * (ch, interleaved) to hwc, or straight into output row v of the sample. ch,
+ * to and taps (the count of every entry, or 0 for each its own) are constants
+ * at each call, so the loops specialise and unroll.
  */
 static inline __attribute__((always_inline)) void
-hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, int to,
+hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, int to, int taps,
          float *restrict hwc, const sink *s, int v) {
     const int k = ax->k;
     float *restrict pl[3] = {NULL, NULL, NULL};
     uint8_t *restrict o8 = NULL;
-    float sub[3] = {0.0f, 0.0f, 0.0f}, inv[3] = {1.0f, 1.0f, 1.0f};
+    v4sf sub = {0.0f, 0.0f, 0.0f, 0.0f}, inv = {1.0f, 1.0f, 1.0f, 1.0f};
+    v4sf fill4 = {fill[0], ch == 3 ? fill[1] : 0.0f, ch == 3 ? fill[2] : 0.0f, 0.0f};
     if (to == TO_PLANES) {
         size_t plane = (size_t)s->ow * s->oh;
         for (int c = 0; c < ch; c++) {
@@ -724,53 +755,74 @@ hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, i
     }
     for (int u = 0; u < ax->n; u++) {
         int cnt = ax->count[u];
-        float acc[3] = {0.0f, 0.0f, 0.0f};
-        if (cnt == 0) {
-            for (int c = 0; c < ch; c++) acc[c] = fill[c];
-        } else if (ch == 3) {
-            /* One 4-lane multiply-add per tap: lanes R, G, B and the next
-             * pixel's R (ignored; tmp has a float of slack at its end). */
-            const float *restrict p = tmp + (size_t)(ax->start[u] - ax->lo) * 3;
-            const float *restrict w = ax->w + (size_t)u * k;
-            v4sf a4 = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int j = 0; j < cnt; j++) {
-                v4sf x;
-                memcpy(&x, p + 3 * j, sizeof x);
-                a4 += w[j] * x;
-            }
-            acc[0] = a4[0], acc[1] = a4[1], acc[2] = a4[2];
-        } else {
+        v4sf acc = fill4;
+        if (cnt != 0) {
             const float *restrict p = tmp + (size_t)(ax->start[u] - ax->lo) * ch;
             const float *restrict w = ax->w + (size_t)u * k;
-            for (int j = 0; j < cnt; j++)
-                for (int c = 0; c < ch; c++) acc[c] += w[j] * p[j * ch + c];
+            int m = taps ? taps : cnt;
+            acc = (v4sf){0.0f, 0.0f, 0.0f, 0.0f};
+            if (ch == 3) {
+                /* One 4-lane multiply-add per tap: lanes R, G, B and the next
+                 * pixel's R (ignored; tmp has slack at its end). */
+                for (int j = 0; j < m; j++) {
+                    v4sf x;
+                    memcpy(&x, p + 3 * j, sizeof x);
+                    acc += w[j] * x;
+                }
+            } else {
+                float a = 0.0f;
+                for (int j = 0; j < m; j++) a += w[j] * p[j];
+                acc[0] = a;
+            }
+        }
+        if (to == TO_PLANES) {
+            v4sf r = (acc - sub) * inv;
+            for (int c = 0; c < ch; c++) pl[c][u] = r[c];
         }
         for (int c = 0; c < ch; c++) {
             if (to == TO_HWC) hwc[(size_t)u * ch + c] = acc[c];
-            if (to == TO_PLANES) pl[c][u] = (acc[c] - sub[c]) * inv[c];
             if (to == TO_U8) o8[(size_t)u * ch + c] = to_u8(acc[c]);
         }
     }
 }
 
+/* hpass_ch for 3 channels with the common tap counts unrolled. */
+#define HPASS3(to, hwc, s, v)                                                                      \
+    switch (ax->taps) {                                                                            \
+    case 2:                                                                                        \
+        hpass_ch(ax, tmp, fill, 3, to, 2, hwc, s, v);                                              \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        hpass_ch(ax, tmp, fill, 3, to, 3, hwc, s, v);                                              \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        hpass_ch(ax, tmp, fill, 3, to, 4, hwc, s, v);                                              \
+        break;                                                                                     \
+    default:                                                                                       \
+        hpass_ch(ax, tmp, fill, 3, to, 0, hwc, s, v);                                              \
+    }
+
 /* The horizontal pass into floats (ax->n, ch). */
 static void hpass_hwc(float *hwc, const float *tmp, const axis *ax, const float *fill, int ch) {
-    if (ch == 3)
-        hpass_ch(ax, tmp, fill, 3, TO_HWC, hwc, NULL, 0);
-    else
-        hpass_ch(ax, tmp, fill, 1, TO_HWC, hwc, NULL, 0);
+    if (ch == 3) {
+        HPASS3(TO_HWC, hwc, NULL, 0)
+    } else {
+        hpass_ch(ax, tmp, fill, 1, TO_HWC, 0, hwc, NULL, 0);
+    }
 }
 
 /* The horizontal pass into output row v of the sample. */
 static void hpass_sink(const sink *s, int v, const float *tmp, const axis *ax) {
-    if (s->f32 && s->ch == 3)
-        hpass_ch(ax, tmp, s->fill, 3, TO_PLANES, NULL, s, v);
-    else if (s->f32)
-        hpass_ch(ax, tmp, s->fill, 1, TO_PLANES, NULL, s, v);
-    else if (s->ch == 3)
-        hpass_ch(ax, tmp, s->fill, 3, TO_U8, NULL, s, v);
-    else
-        hpass_ch(ax, tmp, s->fill, 1, TO_U8, NULL, s, v);
+    const float *fill = s->fill;
+    if (s->f32 && s->ch == 3) {
+        HPASS3(TO_PLANES, NULL, s, v)
+    } else if (s->f32) {
+        hpass_ch(ax, tmp, fill, 1, TO_PLANES, 0, NULL, s, v);
+    } else if (s->ch == 3) {
+        HPASS3(TO_U8, NULL, s, v)
+    } else {
+        hpass_ch(ax, tmp, fill, 1, TO_U8, 0, NULL, s, v);
+    }
 }
 
 static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img, affine t) {
@@ -800,31 +852,48 @@ static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img
 // ----------------------------------------------------------------------------
 // Affine resampling
 
+/* Four consecutive values as floats. */
+static inline v4sf load4_f32(const float *p) {
+    v4sf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline v4sf load4_u8(const uint8_t *p) {
+#if defined(__SSE2__)
+    int32_t bytes;
+    memcpy(&bytes, p, sizeof bytes);
+    __m128i z = _mm_setzero_si128(), v = _mm_cvtsi32_si128(bytes);
+    return (v4sf)_mm_cvtepi32_ps(_mm_unpacklo_epi16(_mm_unpacklo_epi8(v, z), z));
+#else
+    v4sf v = {p[0], p[1], p[2], p[3]};
+    return v;
+#endif
+}
+
+#define load4(p) _Generic((p), const float * : load4_f32, const uint8_t * : load4_u8)(p)
+
 /* Bilinear sample at (x, y) in pixel-index coordinates (pixel i's centre at
- * i); neighbours outside the w x h source count as the fill value. With vec,
- * 3-channel float sources are read four floats at a time (the source needs a
- * float of slack after its last pixel). */
+ * i); neighbours outside the w x h source count as the fill value.
+ * 3-channel pixels are read four values at a time, the fourth ignored: vec
+ * says the source has slack after its last pixel; without it only pixels
+ * with another one after them on their row take that path. */
 #define DEFINE_BILERP(name, type, vec)                                                             \
     static inline __attribute__((always_inline)) void name(                                        \
         float *restrict out, const type *restrict src, size_t stride, int w, int h, int ch,        \
         double x, double y, const float *fill) {                                                   \
-        double fx0 = floor(x), fy0 = floor(y);                                                     \
-        if (!(fx0 >= -1.0 && fx0 < w && fy0 >= -1.0 && fy0 < h)) {                                 \
+        if (!(x > -1.0 && x < w && y > -1.0 && y < h)) {                                           \
             for (int c = 0; c < ch; c++) out[c] = fill[c];                                         \
             return;                                                                                \
         }                                                                                          \
-        int x0 = (int)fx0, y0 = (int)fy0;                                                          \
-        float ax = (float)(x - fx0), ay = (float)(y - fy0);                                        \
+        int x0 = (int)(x + 1.0) - 1, y0 = (int)(y + 1.0) - 1; /* floor, as x, y > -1 */            \
+        float ax = (float)(x - x0), ay = (float)(y - y0);                                          \
         float w00 = (1.0f - ax) * (1.0f - ay), w01 = ax * (1.0f - ay);                             \
         float w10 = (1.0f - ax) * ay, w11 = ax * ay;                                               \
         if (x0 >= 0 && x0 + 1 < w && y0 >= 0 && y0 + 1 < h) {                                      \
             const type *p = src + (size_t)y0 * stride + (size_t)x0 * ch, *q = p + stride;          \
-            if (vec && ch == 3) { /* 4 lanes: R, G, B and one ignored */                           \
-                v4sf a, b, c, d;                                                                   \
-                memcpy(&a, p, sizeof a);                                                           \
-                memcpy(&b, p + 3, sizeof b);                                                       \
-                memcpy(&c, q, sizeof c);                                                           \
-                memcpy(&d, q + 3, sizeof d);                                                       \
+            if (ch == 3 && (vec || x0 + 2 < w)) { /* 4 lanes: R, G, B and one ignored */           \
+                v4sf a = load4(p), b = load4(p + 3), c = load4(q), d = load4(q + 3);               \
                 v4sf r = w00 * a + w01 * b + w10 * c + w11 * d;                                    \
                 out[0] = r[0], out[1] = r[1], out[2] = r[2];                                       \
                 return;                                                                            \

@@ -3,10 +3,10 @@
  * 500 x 375 RGB images (and on the size a JPEG's DCT scaling would hand the
  * 32 preset), the normalising float write alone (a 227 x 227 uint8 HWC image
  * to float CHW in [0, 1], no resampling), and a rotation for comparison.
- * Prints images per second of thread CPU time per case; exits 0 unless a
- * call fails.
+ * Prints images per second of thread CPU time per case (the best of five
+ * rounds); exits 0 unless a call fails.
  *
- * DSRT_BENCH_SECONDS sets the time per case (default 0.5).
+ * DSRT_BENCH_SECONDS sets the time per case (default 1).
  */
 #include <dsrt/augment.h>
 #include <time.h>
@@ -41,19 +41,25 @@ static double rate(const char *name, const dsrt_augment_options *o, const dsrt_i
     REQUIRE(batch);
     for (int i = 0; i < 8; i++) /* warm up: scratch grown, caches filled */
         REQUIRE(dsrt_augment_apply(a, o, img, fw, fh, 1, 0, i, batch + (i % 64) * bytes) == 0);
+    /* Best of 5 rounds: on a shared machine the slowest rounds measure the
+     * neighbours. */
     uint64_t n = 0;
-    double t0 = now(), t;
-    do {
-        for (int i = 0; i < 16; i++, n++) {
-            int rc = dsrt_augment_apply(a, o, img, fw, fh, 1, 0, n, batch + (n % 64) * bytes);
-            if (rc) {
-                fprintf(stderr, "%s: %s\n", name, dsrt_last_error());
-                exit(1);
+    double r = 0;
+    for (int round = 0; round < 5; round++) {
+        uint64_t n0 = n;
+        double t0 = now(), t;
+        do {
+            for (int i = 0; i < 16; i++, n++) {
+                int rc = dsrt_augment_apply(a, o, img, fw, fh, 1, 0, n, batch + (n % 64) * bytes);
+                if (rc) {
+                    fprintf(stderr, "%s: %s\n", name, dsrt_last_error());
+                    exit(1);
+                }
             }
-        }
-        t = now() - t0;
-    } while (t < seconds);
-    double r = n / t;
+            t = now() - t0;
+        } while (t < seconds / 5);
+        r = DSRT_MAX(r, (n - n0) / t);
+    }
     printf("%-44s %9.0f images/s  %8.1f us/image\n", name, r, 1e6 / r);
     free(batch);
     dsrt_augmenter_destroy(a);
@@ -62,8 +68,8 @@ static double rate(const char *name, const dsrt_augment_options *o, const dsrt_i
 
 int main(void) {
     const char *env = getenv("DSRT_BENCH_SECONDS");
-    double seconds = env ? atof(env) : 0.5;
-    if (!(seconds > 0)) seconds = 0.5;
+    double seconds = env ? atof(env) : 1.0;
+    if (!(seconds > 0)) seconds = 1.0;
     dsrt_image full = make_image(500, 375, 1);
     dsrt_augment_options o;
     int mw, mh;
@@ -103,5 +109,5 @@ int main(void) {
     free(full.data);
     free(quarter.data);
     free(same.data);
-    return 0;
+    return TEST_RESULT();
 }
