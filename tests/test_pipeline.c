@@ -457,6 +457,14 @@ static void test_slots(void) {
     rec got[8];
     size_t k = 0;
     dsrt_batch *b;
+    dsrt_pipeline_statistics s;
+    for (int i = 0; i < 1000; i++) { /* until the 3 slots are full */
+        dsrt_pipeline_stats(p, &s);
+        if (s.samples >= 3 * 16) break;
+        sleep_ms(10);
+    }
+    CHECK_EQ(s.samples, 3 * 16);
+    sleep_ms(20);
     while (dsrt_pipeline_next(p, &b) == 0) {
         sleep_ms(15);
         got[k].hash = batch_hash(b);
@@ -468,7 +476,6 @@ static void test_slots(void) {
     }
     CHECK_EQ(k, 6);
     check_against_ref(&r, got, k);
-    dsrt_pipeline_statistics s;
     dsrt_pipeline_stats(p, &s);
     CHECK(s.slot_wait_s > 0);
     dsrt_pipeline_close(p);
