@@ -960,23 +960,41 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
         }
         return 0;
     }
+    /* Only the part of the shrunk image that the output reads is made: the
+     * bounding box of the output's corners, with a pixel to spare for the
+     * bilinear neighbours. Outside it the warp sees fill, which is right only
+     * where the box stops at the image's edge: the margin sees to it. */
+    t = compose(linear((double)pw / w, 0, 0, (double)ph / h), t);
+    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+    for (int corner = 0; corner < 4; corner++) {
+        double u = (corner & 1) ? s->ow : 0, v = (corner & 2) ? s->oh : 0;
+        double x = t.m[0] * u + t.m[1] * v + t.m[2], y = t.m[3] * u + t.m[4] * v + t.m[5];
+        x0 = fmin(x0, x), x1 = fmax(x1, x), y0 = fmin(y0, y), y1 = fmax(y1, y);
+    }
+    int rx0 = (int)fmax(0.0, floor(x0 - 0.5)), rx1 = (int)fmin(pw, floor(x1 - 0.5) + 2);
+    int ry0 = (int)fmax(0.0, floor(y0 - 0.5)), ry1 = (int)fmin(ph, floor(y1 - 0.5) + 2);
+    if (rx1 <= rx0 || ry1 <= ry0) { /* the output sees none of the image */
+        for (int v = 0; v < s->oh; v++) sink_fill(s, v, 0, s->ow);
+        return 0;
+    }
+    int rw = rx1 - rx0, rh = ry1 - ry0;
     axis *ax = &a->ax, *ay = &a->ay;
-    if ((rc = axis_build(ax, pw, (double)w / pw, 0.0, w)) ||
-        (rc = axis_build(ay, ph, (double)h / ph, 0.0, h)) ||
+    double sx = (double)w / pw, sy = (double)h / ph;
+    if ((rc = axis_build(ax, rw, sx, rx0 * sx, w)) || (rc = axis_build(ay, rh, sy, ry0 * sy, h)) ||
         (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 4,
                       sizeof(float))) ||
-        (rc = reserve((void **)&a->pre, &a->cap_pre, (size_t)pw * ph * ch + 4, sizeof(float))))
+        (rc = reserve((void **)&a->pre, &a->cap_pre, (size_t)rw * rh * ch + 4, sizeof(float))))
         return rc;
     size_t lo = (size_t)ax->lo * ch, len = (size_t)(ax->hi - ax->lo) * ch;
-    size_t pstride = (size_t)pw * ch;
-    for (int y = 0; y < ph; y++) {
+    size_t pstride = (size_t)rw * ch;
+    for (int y = 0; y < rh; y++) {
         vpass(a->tmp, img->data, img->stride, ay->start[y], ay->count[y], ay->w + (size_t)y * ay->k,
               lo, len);
         hpass_hwc(a->pre + y * pstride, a->tmp, ax, s->fill, ch);
     }
-    t = compose(linear((double)pw / w, 0, 0, (double)ph / h), t);
+    t = compose(shift(-rx0, -ry0), t);
     for (int v = 0; v < s->oh; v++) {
-        warp_row_f32(a->row, s->ow, v, &t, a->pre, pstride, pw, ph, ch, s->fill);
+        warp_row_f32(a->row, s->ow, v, &t, a->pre, pstride, rw, rh, ch, s->fill);
         sink_row(s, v, a->row);
     }
     return 0;

@@ -593,6 +593,95 @@ static void test_affine_antialias(void) {
     dsrt_augmenter_destroy(a);
 }
 
+/* The warp of a shrinking map against its reference: the source resized
+ * (Pillow's filter) to the output's density, then sampled bilinearly; the
+ * windows of the crop and zoom-out cases read only part of it. */
+static void test_affine_prefilter_reference(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(120, 90, 3, 51);
+    struct {
+        int ow, oh, mode;
+        double rot, scale, tx;
+    } cases[] = {
+        {40, 30, DSRT_AUGMENT_RESIZE, 20, 1.0, 7.5},      /* resize, 3x */
+        {40, 40, DSRT_AUGMENT_CENTERCROP, 8, 0.5, -3.0},  /* zoom out 2x, a window */
+        {30, 20, DSRT_AUGMENT_CENTERCROP, -60, 0.4, 0.0}, /* 2.5x */
+        {16, 16, DSRT_AUGMENT_CENTERCROP, 5, 0.25, 200},  /* moved out of sight */
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        dsrt_augment_options o = dsrt_augment_defaults();
+        o.output_width = cases[k].ow, o.output_height = cases[k].oh;
+        o.size_mode = cases[k].mode;
+        o.norm = DSRT_AUGMENT_NORM_NONE;
+        o.fill_value[0] = 30, o.fill_value[1] = 60, o.fill_value[2] = 90;
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 120, 90, 0, 0, 0, &p); /* the centre crop's offset */
+        p.rotation = cases[k].rot, p.x_scale = p.y_scale = cases[k].scale;
+        p.x_translation = cases[k].tx;
+        float *dst = alloc_sample(&o);
+        CHECK_OK(dsrt_augment_apply_params(a, &o, &t.img, 120, 90, &p, dst));
+        /* The map's linear part, and the shrunk size it asks for. */
+        double x00, y00, x10, y10, x01, y01;
+        ref_map(&o, 120, 90, 120, 90, &p, 0, 0, &x00, &y00);
+        ref_map(&o, 120, 90, 120, 90, &p, 1, 0, &x10, &y10);
+        ref_map(&o, 120, 90, 120, 90, &p, 0, 1, &x01, &y01);
+        double fx = hypot(x10 - x00, x01 - x00), fy = hypot(y10 - y00, y01 - y00);
+        int pw = fx > 1 + 1e-9 ? (int)lround(120 / fx) : 120;
+        int ph = fy > 1 + 1e-9 ? (int)lround(90 / fy) : 90;
+        CHECK(pw < 120 && ph < 90);
+        double *shrunk = malloc(sizeof(double) * pw * ph * 3);
+        REQUIRE(shrunk);
+        double sx = 120.0 / pw, sy = 90.0 / ph, wx[512], wy[512];
+        for (int y = 0; y < ph; y++)
+            for (int x = 0; x < pw; x++) {
+                int ax, ay;
+                int nx = ref_taps((x + 0.5) * sx, fmax(sx, 1), 120, &ax, wx, 512);
+                int ny = ref_taps((y + 0.5) * sy, fmax(sy, 1), 90, &ay, wy, 512);
+                for (int c = 0; c < 3; c++) {
+                    double v = 0;
+                    for (int j = 0; j < ny; j++)
+                        for (int i = 0; i < nx; i++)
+                            v += wy[j] * wx[i] * px(&t.img, ax + i, ay + j, c);
+                    shrunk[(y * pw + x) * 3 + c] = v;
+                }
+            }
+        double worst = 0;
+        for (int v = 0; v < o.output_height; v++)
+            for (int u = 0; u < o.output_width; u++) {
+                double x, y;
+                ref_map(&o, 120, 90, 120, 90, &p, u + 0.5, v + 0.5, &x, &y);
+                x = x / sx - 0.5, y = y / sy - 0.5;
+                double fx0 = floor(x), fy0 = floor(y), bx = x - fx0, by = y - fy0;
+                for (int c = 0; c < 3; c++) {
+                    double r = 0;
+                    for (int j = 0; j < 2; j++)
+                        for (int i = 0; i < 2; i++) {
+                            int xi = (int)fx0 + i, yj = (int)fy0 + j;
+                            double val = xi >= 0 && xi < pw && yj >= 0 && yj < ph
+                                             ? shrunk[(yj * pw + xi) * 3 + c]
+                                             : o.fill_value[c];
+                            r += (i ? bx : 1 - bx) * (j ? by : 1 - by) * val;
+                        }
+                    worst = fmax(worst, fabs(out_px(&o, dst, u, v, c) - r));
+                }
+            }
+        if (worst > TOL) fprintf(stderr, "prefilter case %zu: max error %g\n", k, worst);
+        CHECK(worst <= TOL);
+        /* Cases but the last see the image, the last only fill. */
+        int filled = 0;
+        for (int i = 0; i < o.output_width * o.output_height; i++) filled += dst[i] == 30.0f;
+        if (k + 1 < DSRT_ARRAY_SIZE(cases))
+            CHECK_LT(filled, o.output_width * o.output_height / 2);
+        else
+            CHECK_EQ(filled, o.output_width * o.output_height);
+        free(shrunk);
+        free(dst);
+    }
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
 // ----------------------------------------------------------------------------
 // Normalisation and layout
 
@@ -905,6 +994,7 @@ int main(void) {
     RUN(test_resize_reference);
     RUN(test_affine_reference);
     RUN(test_affine_antialias);
+    RUN(test_affine_prefilter_reference);
     RUN(test_normalisation);
     RUN(test_presets);
     RUN(test_determinism);
