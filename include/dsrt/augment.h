@@ -25,11 +25,15 @@
  * reduction factor when shrinking, so they antialias: the same filter as
  * Pillow's Image.resize(BILINEAR), which is what torchvision's Resize applies
  * to the PIL images an ImageFolder yields (torchvision 0.14 ignores its
- * antialias argument for PIL input). When the map has no rotation, scale or
- * shear, the two axes are resampled separately (flips, whole-pixel shifts and
- * crops are exact copies); otherwise every output pixel is a bilinear sample
- * of the source, first shrunk with the antialiasing filter when the map
- * reduces it. MATLAB resizes with bicubic interpolation: dsrt does not.
+ * antialias argument for PIL input). When the map keeps the axes (no
+ * rotation or shear), the two axes are resampled separately, with tables of
+ * taps per output row and column; flips, whole-pixel shifts and crops are
+ * exact copies. An output pixel whose centre falls outside the source is
+ * fill; one inside reads only source pixels (Pillow's edge handling).
+ * Otherwise every output pixel is a bilinear sample of the source, its
+ * neighbours outside the source counting as fill (MATLAB's imwarp), the
+ * source first shrunk with the antialiasing filter where the map reduces it.
+ * MATLAB resizes with bicubic interpolation: dsrt does not.
  *
  * Threads: options are plain data, read-only during a call, and may be shared
  * by every thread. A dsrt_augmenter (scratch memory) belongs to one thread at
@@ -52,7 +56,8 @@ extern "C" {
 typedef enum {
     DSRT_AUGMENT_RESIZE = 0, /* the whole working image resized to the output size */
     DSRT_AUGMENT_CENTERCROP, /* the central window, offset floor((W - w) / 2) */
-    DSRT_AUGMENT_RANDCROP,   /* a window at a uniform random whole-pixel offset */
+    DSRT_AUGMENT_RANDCROP,   /* a window at a uniform random whole-pixel offset
+                              * in [0, W - w] (centred where W < w) */
 } dsrt_augment_size_mode;
 
 /* Layout and type of one sample in the batch. */
@@ -100,8 +105,9 @@ typedef struct {
 
     /* Every range below is [low, high] and drawn uniformly; [v, v] means
      * the constant v, and the defaults are the identity. */
-    /* Rotation in degrees; positive turns the image counter-clockwise as
-     * displayed (like MATLAB's imrotate). Default [0, 0]. */
+    /* Rotation in degrees, within [-360, 360]; positive turns the image
+     * counter-clockwise as displayed (like MATLAB's imrotate). Default
+     * [0, 0]. */
     double rand_rotation[2];
     /* Scale factor, the same for x and y, > 0 (> 1 enlarges). When it is not
      * [1, 1], rand_x_scale and rand_y_scale are ignored (as in MATLAB). */
@@ -170,7 +176,7 @@ DSRT_API size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o);
  * The smallest decoded size (*min_w x *min_h) that keeps full quality for an
  * image stored at full_w x full_h: the output's pixel density on the source,
  * times decode_oversample (times the largest random scale, and the same
- * density on both axes when there is rotation), never more than the full
+ * density on both axes under rotation or shear), never more than the full
  * size. Put it in dsrt_decode_request min_width / min_height. The 227 preset
  * on a 500 x 375 JPEG asks for 341 x 256 (its shorter side must reach 256),
  * so the full size; the 32 preset asks for 64 x 64, which a 500 x 375 JPEG
