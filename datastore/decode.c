@@ -275,9 +275,11 @@ static int jpeg_truncated(const uint8_t *buf, size_t len) {
 }
 
 /*
- * After a TurboJPEG call returned -1: 0 when the problem is a warning the
- * options accept (the pixels are complete), else the failure. Replaces the
- * handle either way.
+ * After a TurboJPEG call returned -1: 0 when the problem is one the options
+ * accept (a warning, the pixels being complete; or a header whose sampling
+ * factors TurboJPEG has no name for, which libjpeg still decodes), else the
+ * failure: truncated, unsupported ("Unsupported JPEG process", 12-bit data)
+ * or corrupt. Replaces the handle either way.
  */
 static int jpeg_failed(dsrt_decoder *d, const uint8_t *buf, size_t len, int may_accept) {
     char msg[TJ_MESSAGE_MAX];
@@ -286,10 +288,13 @@ static int jpeg_failed(dsrt_decoder *d, const uint8_t *buf, size_t len, int may_
     jpeg_reset(d);
     int premature = strstr(msg, "Premature end of JPEG file") != NULL;
     int truncated = premature || jpeg_truncated(buf, len);
-    if (may_accept && warning && !truncated && !d->opt.strict) return 0;
+    int odd_sampling = strstr(msg, "Could not determine subsampling type") != NULL;
+    if (may_accept && !truncated && (odd_sampling || (warning && !d->opt.strict))) return 0;
     if (truncated)
         return dsrt__fail(DSRT_ETRUNCATED, premature ? "decode: %s" : "decode: %s (truncated file)",
                           msg);
+    if (strncmp(msg, "Unsupported", 11) == 0 || strstr(msg, "Could not determine colorspace"))
+        return dsrt__fail(DSRT_EUNSUPPORTED, "decode: %s", msg);
     return dsrt__fail(DSRT_ECORRUPT, "decode: %s", msg);
 }
 
@@ -298,9 +303,9 @@ static int jpeg_info(dsrt_decoder *d, const uint8_t *buf, size_t len, dsrt_image
     if (rc != 0) return rc;
     int w = 0, h = 0, subsamp = -1, colorspace = -1;
     if (tjDecompressHeader3(d->tj, buf, (unsigned long)len, &w, &h, &subsamp, &colorspace) != 0) {
-        /* A warning in the header ("extraneous bytes before marker") still
-         * gives the header's values. */
-        rc = jpeg_failed(d, buf, len, w > 0 && h > 0);
+        /* A warning in the header ("extraneous bytes before marker") and
+         * unnamed sampling factors still give the header's values. */
+        rc = jpeg_failed(d, buf, len, w > 0 && h > 0 && colorspace >= 0);
         if (rc != 0) return rc;
     }
     if (w <= 0 || h <= 0) {

@@ -22,6 +22,8 @@
 #include "task.h"
 #include "testimg.h"
 
+#include <dlfcn.h>
+#include <jpeglib.h>
 #include <malloc.h>
 
 static const char *corpus_dir;
@@ -364,6 +366,111 @@ static void test_jpeg_large(void) {
         free(jpeg);
     }
     dsrt_decoder_destroy(d);
+}
+
+// ----------------------------------------------------------------------------
+// JPEGs with sampling factors TurboJPEG has no name for
+
+/*
+ * Compresses an RGB image with the given per-component sampling factors
+ * (h, v), through libjpeg's own API. TurboJPEG can only make its named
+ * subsamplings and libturbojpeg does not export the libjpeg API, so
+ * libjpeg.so.62 is opened at run time; NULL when it is not there.
+ */
+static uint8_t *jpeg_with_sampling(const uint8_t *rgb, int w, int h, const int samp[3][2],
+                                   size_t *len) {
+    void *lib = dlopen("libjpeg.so.62", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return NULL;
+    struct jpeg_error_mgr *(*std_error)(struct jpeg_error_mgr *) = dlsym(lib, "jpeg_std_error");
+    void (*create)(j_compress_ptr, int, size_t) = dlsym(lib, "jpeg_CreateCompress");
+    void (*mem_dest)(j_compress_ptr, unsigned char **, unsigned long *) =
+        dlsym(lib, "jpeg_mem_dest");
+    void (*set_defaults)(j_compress_ptr) = dlsym(lib, "jpeg_set_defaults");
+    void (*set_quality)(j_compress_ptr, int, boolean) = dlsym(lib, "jpeg_set_quality");
+    void (*start)(j_compress_ptr, boolean) = dlsym(lib, "jpeg_start_compress");
+    JDIMENSION(*write)
+    (j_compress_ptr, JSAMPARRAY, JDIMENSION) = dlsym(lib, "jpeg_write_scanlines");
+    void (*finish)(j_compress_ptr) = dlsym(lib, "jpeg_finish_compress");
+    void (*destroy)(j_compress_ptr) = dlsym(lib, "jpeg_destroy_compress");
+    if (!std_error || !create || !mem_dest || !set_defaults || !set_quality || !start || !write ||
+        !finish || !destroy) {
+        dlclose(lib);
+        return NULL;
+    }
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr err;
+    unsigned char *mem = NULL;
+    unsigned long size = 0;
+    c.err = std_error(&err);
+    create(&c, JPEG_LIB_VERSION, sizeof c);
+    mem_dest(&c, &mem, &size);
+    c.image_width = (JDIMENSION)w;
+    c.image_height = (JDIMENSION)h;
+    c.input_components = 3;
+    c.in_color_space = JCS_RGB;
+    set_defaults(&c);
+    set_quality(&c, 90, TRUE);
+    for (int i = 0; i < 3; i++) {
+        c.comp_info[i].h_samp_factor = samp[i][0];
+        c.comp_info[i].v_samp_factor = samp[i][1];
+    }
+    start(&c, TRUE);
+    while (c.next_scanline < c.image_height) {
+        JSAMPROW row = (JSAMPROW)(rgb + (size_t)c.next_scanline * w * 3);
+        write(&c, &row, 1);
+    }
+    finish(&c);
+    destroy(&c);
+    uint8_t *out = malloc(size);
+    if (out) {
+        memcpy(out, mem, size);
+        *len = size;
+    }
+    free(mem); /* jpeg_mem_dest allocates with malloc */
+    dlclose(lib);
+    return out;
+}
+
+/* tjDecompressHeader3 refuses sampling factors it has no name for; the
+ * decoder goes on, and libjpeg decodes them. */
+static void test_jpeg_odd_sampling(void) {
+    static const int samplings[][3][2] = {
+        {{2, 2}, {2, 1}, {1, 1}},
+        {{1, 2}, {1, 1}, {1, 2}},
+        {{3, 1}, {1, 1}, {1, 1}},
+    };
+    int w = 53, h = 35;
+    uint8_t *rgb = malloc((size_t)w * h * 3);
+    REQUIRE(rgb);
+    timg_pattern(rgb, w, h, 3, 77);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(samplings); i++) {
+        size_t len;
+        uint8_t *jpeg = jpeg_with_sampling(rgb, w, h, samplings[i], &len);
+        if (!jpeg) {
+            fprintf(stderr, "libjpeg.so.62 not found: odd sampling not tested\n");
+            break;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "sampling%zu.jpg", i);
+        corpus(name, jpeg, len);
+        tjhandle tj = tjInitDecompress();
+        int tw, th, ts, tc;
+        CHECK_EQ(tjDecompressHeader3(tj, jpeg, len, &tw, &th, &ts, &tc), -1); /* still refused */
+        tjDestroy(tj);
+        dsrt_image_info info;
+        CHECK_OK(dsrt_decoder_info(d, jpeg, len, &info));
+        CHECK_EQ(info.width, w);
+        CHECK_EQ(info.channels, 3);
+        for (int denom = 1; denom <= 8; denom *= 2)
+            for (int ch = 1; ch <= 3; ch += 2)
+                check_jpeg(d, jpeg, len, TIMG_JPEG_444, ch, (w + denom - 1) / denom,
+                           (h + denom - 1) / denom, denom == 2);
+        free(jpeg);
+    }
+    dsrt_decoder_destroy(d);
+    free(rgb);
 }
 
 // ----------------------------------------------------------------------------
@@ -714,6 +821,36 @@ static void test_corrupt(void) {
     dsrt_decoder_destroy(d);
 }
 
+/* Valid JPEGs libjpeg-turbo 2.1 does not decode: EUNSUPPORTED, not corrupt. */
+static void test_jpeg_unsupported(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    size_t len;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_444, 32, 32, 3, &len);
+    REQUIRE(jpeg);
+    size_t sof = 0;
+    for (size_t i = 2; i + 1 < len; i++)
+        if (jpeg[i] == 0xff && jpeg[i + 1] == 0xc0) {
+            sof = i;
+            break;
+        }
+    REQUIRE(sof > 0);
+    dsrt_decode_request r = request(3, 0, 0);
+    dsrt_image img;
+    jpeg[sof + 1] = 0xc3; /* lossless */
+    corpus("lossless.jpg", jpeg, len);
+    CHECK_FAILS(dsrt_decode(d, jpeg, len, &r, &img), DSRT_EUNSUPPORTED);
+    CHECK_CONTAINS(dsrt_last_error(), "decode: Unsupported JPEG process");
+    jpeg[sof + 1] = 0xc0;
+    jpeg[sof + 4] = 12; /* 12-bit samples */
+    CHECK_FAILS(dsrt_decoder_info(d, jpeg, len, &(dsrt_image_info){0}), DSRT_EUNSUPPORTED);
+    CHECK_CONTAINS(dsrt_last_error(), "precision 12");
+    jpeg[sof + 4] = 8;
+    check_still_works(d, jpeg, len, TIMG_JPEG_444);
+    free(jpeg);
+    dsrt_decoder_destroy(d);
+}
+
 /* Extraneous bytes before a marker: a libjpeg warning, accepted by default
  * (same pixels as without them), an error when strict. */
 static void test_jpeg_warning(void) {
@@ -904,6 +1041,7 @@ int main(void) {
     RUN(test_scale_choice);
     RUN(test_jpeg_kinds);
     RUN(test_jpeg_large);
+    RUN(test_jpeg_odd_sampling);
     RUN(test_png_kinds);
     RUN(test_png_16bit_rule);
     RUN(test_png_write);
@@ -912,6 +1050,7 @@ int main(void) {
     RUN(test_truncated_png);
     RUN(test_corrupt);
     RUN(test_jpeg_warning);
+    RUN(test_jpeg_unsupported);
     RUN(test_bombs);
     RUN(test_dst_too_small);
     RUN(test_scratch_reuse);
