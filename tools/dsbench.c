@@ -3,28 +3,47 @@
  *
  *   dsbench FOLDER --index [--json]      scan the dataset and report classes and counts
  *   dsbench convert SRC OUT              write an IDX or CIFAR source as an image folder
+ *   dsbench FOLDER [--pipeline 227|32|none] [--threads N] [--sweep] [--cold] ...
+ *                                        run the input pipeline alone and report images/s,
+ *                                        per epoch and per stage
+ *
+ * The pipeline mode does the work of torch_loader_bench.py (a PyTorch
+ * DataLoader over an ImageFolder) with dsrt: 227 and 32 are the augment
+ * presets of the same names, none decodes each image at its own size into
+ * float CHW in [0, 1] (the pipeline's native mode, one image a batch, as the
+ * PyTorch script does). The consumer only takes and releases batches (and
+ * hashes them with --checksum), so the figure is the pipeline's own rate.
  *
  * Uses only the public API, like any program that embeds libdsrt.
  */
 #include <dsrt.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tool_common.h"
 
 static const char usage[] =
-    "usage: dsbench DATA --index [options]\n"
+    "usage: dsbench DATA [pipeline options]\n"
+    "       dsbench DATA --index [options]\n"
     "       dsbench convert SRC OUT [options]\n"
     "\n"
     "Profiles dsrt's datastore on DATA: a folder of class sub-folders, a CSV manifest\n"
     "(path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100 binary batches.\n"
     "\n"
     "Commands:\n"
+    "  DATA                  run the input pipeline alone over DATA (read, decode,\n"
+    "                        augment into batch slots, in background threads) and\n"
+    "                        report images/s per epoch, their median after the first\n"
+    "                        (warm-up) epoch, and where the time went\n"
     "  DATA --index          scan DATA and report the classes, the images per class\n"
     "                        and the time the scan took\n"
     "  convert SRC OUT       write an IDX or CIFAR source as OUT/<class>/<n>.png; a\n"
@@ -45,6 +64,44 @@ static const char usage[] =
     "  --json                one JSON line instead of a table:\n"
     "                        {\"classes\":[...],\"counts\":[...],\"images\":N,\"scan_s\":S}\n"
     "\n"
+    "Pipeline options:\n"
+    "  --pipeline 227|32|none  the work per image (default 227), as\n"
+    "                        torch_loader_bench.py does it:\n"
+    "                        227: shorter side to 256, random 227x227 crop, random\n"
+    "                        left-right flip, float NCHW in [0, 1]\n"
+    "                        32: resize to 32x32, random flip, random shift of up to\n"
+    "                        4 pixels (zero fill), float NCHW in [0, 1]\n"
+    "                        none: decode only: each image at its own size as float\n"
+    "                        CHW in [0, 1], one image a batch unless --batch says\n"
+    "  --threads N           worker threads (default 0: one per core); with --sweep,\n"
+    "                        a list of counts such as 1,2,4\n"
+    "  --sweep               run once per thread count (1, 2, 4, ... up to the cores,\n"
+    "                        or the --threads list) and print a scaling table\n"
+    "  --cpus LIST           run the workers on these CPUs (e.g. 0-3,8)\n"
+    "  --no-pin              do not bind workers to cores\n"
+    "  --batch B             images per batch (default 128; 1 with --pipeline none)\n"
+    "  --prefetch P          batches made ahead of the consumer (default 4)\n"
+    "  --epochs E            epochs to run, the first a warm-up (default 3)\n"
+    "  --seed S              shuffle and augmentation seed (default 0)\n"
+    "  --shuffle never|once|epoch  sample order (default epoch: a new one each epoch)\n"
+    "  --drop-last           drop each epoch's last, partial batch\n"
+    "  --io auto|uring|pread file reads: io_uring (auto falls back to pread where the\n"
+    "                        kernel refuses it), or pread (default auto)\n"
+    "  --depth N             reads in flight per worker (default 16)\n"
+    "  --direct              open files with O_DIRECT (bypass the page cache)\n"
+    "  --cold                drop DATA's files from the page cache before each epoch\n"
+    "                        (posix_fadvise DONTNEED on every file)\n"
+    "  --fail-on-error       stop at the first bad image instead of skipping it\n"
+    "  --checksum            hash every delivered batch (samples and labels, in order;\n"
+    "                        FNV-1a over 64-bit words in 4 lanes) and print the hash:\n"
+    "                        the same for any thread count, io back-end or timing\n"
+    "  --json                one JSON line per epoch, then a summary line with\n"
+    "                        images_per_s (median after the warm-up), images,\n"
+    "                        skipped, threads, io, per-stage seconds and, with\n"
+    "                        --checksum, checksum (hex); no progress bar\n"
+    "  Also --source, --labels, --extensions, --no-subfolders, --no-follow, --split,\n"
+    "  --coarse as for --index.\n"
+    "\n"
     "Options for convert:\n"
     "  --split train|test|both  which split of a folder of IDX/CIFAR files (default both)\n"
     "  --class-names LIST    comma-separated folder names, one per class, in class order\n"
@@ -53,9 +110,18 @@ static const char usage[] =
     "  -h, --help            this help\n"
     "  --version             dsrt's version\n";
 
+typedef enum { PIPE_227 = 0, PIPE_32, PIPE_NONE } pipe_kind;
+
 typedef struct {
     const char *data;
     int index, json;
+    /* pipeline mode */
+    pipe_kind kind;
+    dsrt_pipeline_options po;
+    int batch_given, sweep, cold, checksum;
+    const char *threads_list;
+    unsigned epochs;
+    int pipeline_given; /* some pipeline option was given */
     dsrt_datastore_options ds;
     /* convert */
     const char *out;
@@ -234,12 +300,443 @@ static int run_convert(options *o) {
 }
 
 // ----------------------------------------------------------------------------
+// dsbench DATA: the pipeline alone
+
+static const char *const kind_names[] = {"227", "32", "none"};
+
+/* The --checksum hash: FNV-1a over 64-bit words, in 4 interleaved lanes so
+ * that it runs at memory speed; the tail bytes and each buffer's length go
+ * into the lanes too, and the lanes are folded with byte-wise FNV-1a. */
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME  0x100000001b3ULL
+
+typedef struct {
+    uint64_t lane[4];
+} checksum;
+
+static void checksum_init(checksum *c) {
+    for (int i = 0; i < 4; i++) c->lane[i] = FNV_OFFSET ^ (uint64_t)i;
+}
+
+static void checksum_add(checksum *c, const void *data, size_t n) {
+    const uint8_t *p = data;
+    uint64_t l0 = c->lane[0], l1 = c->lane[1], l2 = c->lane[2], l3 = c->lane[3];
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        uint64_t w[4];
+        memcpy(w, p + i, sizeof w);
+        l0 = (l0 ^ w[0]) * FNV_PRIME;
+        l1 = (l1 ^ w[1]) * FNV_PRIME;
+        l2 = (l2 ^ w[2]) * FNV_PRIME;
+        l3 = (l3 ^ w[3]) * FNV_PRIME;
+    }
+    for (; i < n; i++) l0 = (l0 ^ p[i]) * FNV_PRIME;
+    l1 = (l1 ^ (uint64_t)n) * FNV_PRIME;
+    c->lane[0] = l0, c->lane[1] = l1, c->lane[2] = l2, c->lane[3] = l3;
+}
+
+static uint64_t checksum_final(const checksum *c) {
+    uint64_t h = FNV_OFFSET;
+    for (int i = 0; i < 4; i++)
+        for (int b = 0; b < 8; b++) h = (h ^ ((c->lane[i] >> (8 * b)) & 0xff)) * FNV_PRIME;
+    return h;
+}
+
+/* A batch's samples (each at its own size in native mode) and labels. */
+static void checksum_batch(checksum *c, const dsrt_batch *b) {
+    int f32 = b->layout == DSRT_AUGMENT_F32_NCHW;
+    int ch = f32 ? b->shape[1] : b->shape[3];
+    for (size_t i = 0; i < b->count; i++) {
+        size_t bytes = b->sample_bytes;
+        if (b->shape[2] == 0)
+            bytes = (size_t)b->sizes[2 * i] * (size_t)b->sizes[2 * i + 1] * (size_t)ch *
+                    (f32 ? sizeof(float) : 1);
+        checksum_add(c, (const char *)b->data + i * b->sample_stride, bytes);
+    }
+    checksum_add(c, b->labels, b->count * sizeof *b->labels);
+}
+
+/* Drops every file of ds from the page cache (--cold). */
+static void drop_cache(const dsrt_datastore *ds) {
+    size_t n = dsrt_datastore_count(ds);
+    for (size_t i = 0; i < n; i++) {
+        const char *path = dsrt_datastore_path(ds, i);
+        if (!path) return; /* pixels in memory: nothing to drop */
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of the epochs after the first (all of them when there is one). */
+static double median_rate(const double *rates, unsigned n) {
+    unsigned first = n > 1 ? 1 : 0, k = n - first;
+    double *v = malloc(k * sizeof *v);
+    if (!v) tool_die("out of memory");
+    memcpy(v, rates + first, k * sizeof *v);
+    qsort(v, k, sizeof *v, cmp_double);
+    double m = k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+    free(v);
+    return m;
+}
+
+typedef struct {
+    unsigned threads;
+    double *rates; /* (epochs) images/s */
+    double median, seconds;
+    uint64_t delivered;
+    uint64_t hash;
+    dsrt_pipeline_statistics st;
+    char cpus[256], io_fallback[256];
+} run_result;
+
+static void progress(const options *o, unsigned epoch, size_t done, size_t total, double t0) {
+    double dt = now_s() - t0;
+    int width = 30, fill = total ? (int)((double)done / total * width) : width;
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
+    bar[width] = '\0';
+    fprintf(stderr, "\r  epoch %u/%u [%s] %zu/%zu images %8.1f images/s ", epoch + 1, o->epochs,
+            bar, done, total, dt > 0 ? done / dt : 0.0);
+}
+
+/* Runs o->epochs epochs with `threads` workers. */
+static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
+                              const dsrt_augment_options *aug, unsigned threads, run_result *r) {
+    dsrt_pipeline_options po = o->po;
+    po.threads = threads;
+    po.epochs = o->epochs;
+    dsrt_pipeline *p;
+    if (dsrt_pipeline_open(&p, ds, aug, &po) != 0) tool_die("%s", dsrt_last_error());
+    uint64_t bpe = dsrt_pipeline_batches_per_epoch(p);
+    size_t per_epoch = po.drop_last ? (size_t)bpe * po.batch : dsrt_datastore_count(ds);
+    int bar = !o->json && isatty(2);
+    checksum c;
+    checksum_init(&c);
+    memset(r, 0, sizeof *r);
+    r->rates = calloc(o->epochs, sizeof *r->rates);
+    if (!r->rates) tool_die("out of memory");
+    uint64_t skipped_before = 0;
+    double t_run = now_s(), t0 = t_run;
+    for (unsigned e = 0; e < o->epochs; e++) {
+        if (o->cold) {
+            /* Park the workers (a run with nothing left), drop, restart. */
+            if (dsrt_pipeline_reset(p, o->epochs, 0) != 0) tool_die("%s", dsrt_last_error());
+            drop_cache(ds);
+            if (dsrt_pipeline_reset(p, e, 0) != 0) tool_die("%s", dsrt_last_error());
+            t0 = now_s();
+        }
+        size_t images = 0;
+        double last_bar = 0;
+        for (uint64_t k = 0; k < bpe; k++) {
+            dsrt_batch *b;
+            if (dsrt_pipeline_next(p, &b) != 0) {
+                if (bar) fputc('\n', stderr);
+                tool_die("%s", dsrt_last_error());
+            }
+            if (b->epoch != e || b->index != k)
+                tool_die("internal error: batch %llu of epoch %llu where %llu of %u was due",
+                         (unsigned long long)b->index, (unsigned long long)b->epoch,
+                         (unsigned long long)k, e);
+            images += b->count;
+            if (o->checksum) checksum_batch(&c, b);
+            if (dsrt_batch_release(p, b) != 0) tool_die("%s", dsrt_last_error());
+            if (bar && (now_s() - last_bar > 0.1 || k + 1 == bpe)) {
+                last_bar = now_s();
+                progress(o, e, images, per_epoch, t0);
+            }
+        }
+        double t1 = now_s(), dt = t1 - t0;
+        r->rates[e] = images / dt;
+        r->delivered += images;
+        dsrt_pipeline_stats(p, &r->st);
+        uint64_t skipped = r->st.skipped - skipped_before;
+        skipped_before = r->st.skipped;
+        if (bar) fputs("\r\033[K", stderr);
+        if (o->json) {
+            printf("{\"threads\":%u,\"epoch\":%u,\"images\":%zu,\"seconds\":%.6f,"
+                   "\"images_per_s\":%.1f,\"skipped\":%llu,\"warmup\":%s}\n",
+                   r->st.threads, e, images, dt, r->rates[e], (unsigned long long)skipped,
+                   e == 0 && o->epochs > 1 ? "true" : "false");
+            fflush(stdout);
+        } else if (!o->sweep) {
+            if (e == 0)
+                printf("%5s  %8s  %9s  %10s  %7s\n", "epoch", "images", "seconds", "images/s",
+                       "skipped");
+            printf("%5u  %8zu  %9.3f  %10.1f  %7llu%s\n", e, images, dt, r->rates[e],
+                   (unsigned long long)skipped, e == 0 && o->epochs > 1 ? "  (warm-up)" : "");
+        }
+        t0 = t1;
+    }
+    r->seconds = now_s() - t_run;
+    dsrt_pipeline_stats(p, &r->st);
+    r->threads = r->st.threads;
+    snprintf(r->cpus, sizeof r->cpus, "%s", r->st.cpus ? r->st.cpus : "");
+    snprintf(r->io_fallback, sizeof r->io_fallback, "%s",
+             r->st.io_fallback ? r->st.io_fallback : "");
+    if (r->st.bad_message_count > 0 && !o->json) {
+        fprintf(stderr, "dsbench: %llu bad image%s skipped:\n",
+                (unsigned long long)r->st.bad_samples, r->st.bad_samples == 1 ? "" : "s");
+        for (unsigned i = 0; i < r->st.bad_message_count; i++)
+            fprintf(stderr, "  %s\n", r->st.bad_messages[i]);
+        if (r->st.bad_samples > r->st.bad_message_count)
+            fprintf(stderr, "  ... and %llu more\n",
+                    (unsigned long long)(r->st.bad_samples - r->st.bad_message_count));
+    }
+    /* Stats strings point into the pipeline: copied above. */
+    r->st.cpus = NULL;
+    r->st.io_fallback = NULL;
+    for (unsigned i = 0; i < DSRT_PIPELINE_BAD_MESSAGES; i++) r->st.bad_messages[i] = NULL;
+    dsrt_pipeline_close(p);
+    r->median = median_rate(r->rates, o->epochs);
+    r->hash = checksum_final(&c);
+}
+
+/* Where the time went, in words. */
+static void print_stages(const run_result *r) {
+    const dsrt_pipeline_statistics *s = &r->st;
+    double n = s->samples ? (double)s->samples : 1.0;
+    double work = s->read_s + s->decode_s + s->augment_s;
+    printf("per image, summed over %u worker%s (ms): read %.3f  decode %.3f  augment %.3f  "
+           "waiting for a slot %.3f\n",
+           s->threads, s->threads == 1 ? "" : "s", 1e3 * s->read_s / n, 1e3 * s->decode_s / n,
+           1e3 * s->augment_s / n, 1e3 * s->slot_wait_s / n);
+    double waited = r->seconds > 0 ? s->consumer_wait_s / r->seconds : 0;
+    const char *stage = "decode";
+    double top = s->decode_s;
+    if (s->augment_s > top) stage = "augment", top = s->augment_s;
+    if (s->read_s > top) stage = "read", top = s->read_s;
+    if (waited > 0.5)
+        printf("the consumer waited %.0f%% of the run: the pipeline is the bottleneck, and "
+               "%s its largest stage (%.0f%% of the workers' busy time)\n",
+               100 * waited, stage, work > 0 ? 100 * top / work : 0.0);
+    else
+        printf("the consumer waited %.0f%% of the run; the workers waited %.1f s for free slots: "
+               "the consumer is the bottleneck\n",
+               100 * waited, s->slot_wait_s);
+}
+
+static void json_summary(const options *o, const run_result *r, size_t images) {
+    const dsrt_pipeline_statistics *s = &r->st;
+    printf("{\"data\":");
+    tool_json_string(stdout, o->data);
+    printf(",\"pipeline\":\"%s\",\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
+           "\"pinned_threads\":%u,\"io\":\"%s\",\"io_fallback\":",
+           kind_names[o->kind], o->po.batch, o->po.prefetch, r->threads, r->cpus, s->pinned_threads,
+           dsrt_io_name(s->io));
+    if (r->io_fallback[0])
+        tool_json_string(stdout, r->io_fallback);
+    else
+        printf("null");
+    printf(",\"direct\":%s,\"cold\":%s,\"epochs\":%u,\"images\":%zu,\"delivered\":%llu,"
+           "\"images_per_s\":%.1f,\"epochs_images_per_s\":[",
+           o->po.reader.direct ? "true" : "false", o->cold ? "true" : "false", o->epochs, images,
+           (unsigned long long)r->delivered, r->median);
+    for (unsigned e = 0; e < o->epochs; e++) printf("%s%.1f", e ? "," : "", r->rates[e]);
+    printf("],\"skipped\":%llu,\"bad_samples\":%llu,\"read_s\":%.3f,\"decode_s\":%.3f,"
+           "\"augment_s\":%.3f,\"slot_wait_s\":%.3f,\"consumer_wait_s\":%.3f,\"seconds\":%.3f,"
+           "\"locked_memory\":%s,\"pinned_memory\":%s",
+           (unsigned long long)s->skipped, (unsigned long long)s->bad_samples, s->read_s,
+           s->decode_s, s->augment_s, s->slot_wait_s, s->consumer_wait_s, r->seconds,
+           s->locked_memory ? "true" : "false", s->pinned_memory ? "true" : "false");
+    if (o->checksum) printf(",\"checksum\":\"%016llx\"", (unsigned long long)r->hash);
+    printf("}\n");
+    fflush(stdout);
+}
+
+/* Thread counts for --sweep: the --threads list, or 1, 2, 4, ... and the cores. */
+static unsigned sweep_counts(const options *o, const dsrt_datastore *ds, unsigned *counts,
+                             unsigned max) {
+    unsigned n = 0;
+    if (o->threads_list) {
+        char *copy = strdup(o->threads_list);
+        if (!copy) tool_die("out of memory");
+        for (char *tok = strtok(copy, ","); tok && n < max; tok = strtok(NULL, ","))
+            counts[n++] = (unsigned)tool_int("--threads", tok, 1, 1024);
+        free(copy);
+        return n;
+    }
+    /* The cores the pipeline would use: ask it, with a tiny one. */
+    dsrt_pipeline_options po = o->po;
+    po.threads = 0;
+    po.batch = 1;
+    po.prefetch = 1;
+    po.epochs = 1;
+    dsrt_pipeline *p;
+    if (dsrt_pipeline_open(&p, ds, NULL, &po) != 0) tool_die("%s", dsrt_last_error());
+    dsrt_pipeline_statistics s;
+    dsrt_pipeline_stats(p, &s);
+    dsrt_pipeline_close(p);
+    for (unsigned t = 1; t < s.threads && n < max; t *= 2) counts[n++] = t;
+    if (n < max) counts[n++] = s.threads;
+    return n;
+}
+
+static int run_pipeline(options *o) {
+    dsrt_datastore *ds;
+    if (dsrt_datastore_open(&ds, o->data, &o->ds) != 0) tool_die("%s", dsrt_last_error());
+    print_warnings(ds);
+    dsrt_augment_options aug;
+    if (o->kind == PIPE_227)
+        dsrt_augment_preset_227(&aug);
+    else if (o->kind == PIPE_32)
+        dsrt_augment_preset_32(&aug);
+    else
+        aug = dsrt_augment_defaults(); /* native: float CHW in [0, 1], nothing else */
+    o->po.native = o->kind == PIPE_NONE;
+    if (!o->batch_given) o->po.batch = o->kind == PIPE_NONE ? 1 : 128;
+    size_t images = dsrt_datastore_count(ds);
+
+    unsigned counts[64], ncounts = 1;
+    counts[0] = o->po.threads;
+    if (o->sweep) ncounts = sweep_counts(o, ds, counts, 64);
+    run_result *res = calloc(ncounts, sizeof *res);
+    if (!res) tool_die("out of memory");
+    for (unsigned i = 0; i < ncounts; i++) {
+        run_result *r = &res[i];
+        run_pipeline_once(o, ds, &aug, counts[i], r);
+        if (o->json) {
+            json_summary(o, r, images);
+            continue;
+        }
+        const dsrt_pipeline_statistics *s = &r->st;
+        if (!o->sweep || i == 0) {
+            if (o->sweep)
+                printf("%s: %zu images\n", o->data, images);
+            else
+                printf("%s: %zu images, pipeline %s, batch %zu, %u thread%s on CPUs %s (%u "
+                       "pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
+                       o->data, images, kind_names[o->kind], o->po.batch, r->threads,
+                       r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, dsrt_io_name(s->io),
+                       r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
+                       s->slots, s->slot_bytes / 1e6,
+                       s->pinned_memory   ? "pinned with cudaHostAlloc"
+                       : s->locked_memory ? "locked"
+                                          : "not locked");
+        }
+        if (!o->sweep) {
+            printf("median %.1f images/s%s\n", r->median,
+                   o->epochs > 1 ? " over the epochs after the warm-up" : "");
+            print_stages(r);
+            if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
+        } else {
+            if (i == 0)
+                printf("%7s  %10s  %8s  %10s  %8s  %8s  %8s%s\n", "threads", "images/s", "speedup",
+                       "efficiency", "read ms", "decode", "augment",
+                       o->checksum ? "  checksum" : "");
+            double n = s->samples ? (double)s->samples : 1.0;
+            double sp = r->median / res[0].median * counts[0];
+            printf("%7u  %10.1f  %7.2fx  %9.0f%%  %8.3f  %8.3f  %8.3f", r->threads, r->median, sp,
+                   100.0 * sp / r->threads, 1e3 * s->read_s / n, 1e3 * s->decode_s / n,
+                   1e3 * s->augment_s / n);
+            if (o->checksum) printf("  %016llx", (unsigned long long)r->hash);
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+    if (o->json && o->sweep) {
+        printf("{\"sweep\":[");
+        for (unsigned i = 0; i < ncounts; i++)
+            printf("%s{\"threads\":%u,\"images_per_s\":%.1f}", i ? "," : "", res[i].threads,
+                   res[i].median);
+        printf("]}\n");
+    }
+    for (unsigned i = 0; i < ncounts; i++) free(res[i].rates);
+    free(res);
+    dsrt_datastore_close(ds);
+    return 0;
+}
+
+/* Parses the pipeline options; returns 1 when argv[*i] was one. */
+static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
+    const char *a = argv[*i];
+    dsrt_pipeline_options *po = &o->po;
+    if (strcmp(a, "--pipeline") == 0) {
+        const char *v = tool_value(argc, argv, i);
+        int k = 0;
+        while (k < 3 && strcmp(v, kind_names[k]) != 0) k++;
+        if (k == 3) tool_die_usage("--pipeline: '%s' is not 227, 32 or none", v);
+        o->kind = (pipe_kind)k;
+    } else if (strcmp(a, "--threads") == 0) {
+        const char *v = tool_value(argc, argv, i);
+        if (strchr(v, ',')) {
+            o->threads_list = v;
+            for (const char *c = v; *c; c++)
+                if (!(*c == ',' || (*c >= '0' && *c <= '9')))
+                    tool_die_usage("--threads: '%s' is not a count or a list like 1,2,4", v);
+        } else {
+            po->threads = (unsigned)tool_int("--threads", v, 0, 1024);
+            o->threads_list = po->threads ? v : NULL;
+        }
+    } else if (strcmp(a, "--sweep") == 0) {
+        o->sweep = 1;
+    } else if (strcmp(a, "--cpus") == 0) {
+        po->cpus = tool_value(argc, argv, i);
+    } else if (strcmp(a, "--no-pin") == 0) {
+        po->pin = 0;
+    } else if (strcmp(a, "--batch") == 0) {
+        po->batch = (size_t)tool_int("--batch", tool_value(argc, argv, i), 1, 1 << 24);
+        o->batch_given = 1;
+    } else if (strcmp(a, "--prefetch") == 0) {
+        po->prefetch = (unsigned)tool_int("--prefetch", tool_value(argc, argv, i), 1, 1024);
+    } else if (strcmp(a, "--epochs") == 0) {
+        o->epochs = (unsigned)tool_int("--epochs", tool_value(argc, argv, i), 1, 1000000);
+    } else if (strcmp(a, "--seed") == 0) {
+        po->seed = (uint64_t)tool_int("--seed", tool_value(argc, argv, i), 0, INT64_MAX);
+    } else if (strcmp(a, "--shuffle") == 0) {
+        const char *v = tool_value(argc, argv, i);
+        if (strcmp(v, "never") == 0)
+            po->shuffle = DSRT_SHUFFLE_NEVER;
+        else if (strcmp(v, "once") == 0)
+            po->shuffle = DSRT_SHUFFLE_ONCE;
+        else if (strcmp(v, "epoch") == 0)
+            po->shuffle = DSRT_SHUFFLE_EVERY_EPOCH;
+        else
+            tool_die_usage("--shuffle: '%s' is not never, once or epoch", v);
+    } else if (strcmp(a, "--drop-last") == 0) {
+        po->drop_last = 1;
+    } else if (strcmp(a, "--io") == 0) {
+        const char *v = tool_value(argc, argv, i);
+        if (strcmp(v, "auto") == 0)
+            po->reader.io = DSRT_IO_AUTO;
+        else if (strcmp(v, "uring") == 0 || strcmp(v, "io_uring") == 0)
+            po->reader.io = DSRT_IO_URING;
+        else if (strcmp(v, "pread") == 0)
+            po->reader.io = DSRT_IO_PREAD;
+        else
+            tool_die_usage("--io: '%s' is not auto, uring or pread", v);
+    } else if (strcmp(a, "--depth") == 0) {
+        po->reader.depth = (unsigned)tool_int("--depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--direct") == 0) {
+        po->reader.direct = 1;
+    } else if (strcmp(a, "--cold") == 0) {
+        o->cold = 1;
+    } else if (strcmp(a, "--fail-on-error") == 0) {
+        po->fail_on_error = 1;
+    } else if (strcmp(a, "--checksum") == 0) {
+        o->checksum = 1;
+    } else {
+        return 0;
+    }
+    o->pipeline_given = 1;
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
     options o;
     memset(&o, 0, sizeof o);
     o.ds = dsrt_datastore_defaults();
     o.split_both = 1;
+    o.po = dsrt_pipeline_defaults();
+    o.epochs = 3;
     tool_set_name("dsbench");
     if (argc < 2) tool_die_usage("no data given");
 
@@ -260,6 +757,8 @@ int main(int argc, char **argv) {
             o.index = 1;
         } else if (!convert && strcmp(a, "--json") == 0) {
             o.json = 1;
+        } else if (!convert && parse_pipeline_option(argc, argv, &i, &o)) {
+            continue;
         } else if (convert && strcmp(a, "--class-names") == 0) {
             o.class_names = tool_value(argc, argv, &i);
         } else if (a[0] == '-' && a[1] != '\0') {
@@ -278,6 +777,11 @@ int main(int argc, char **argv) {
     }
     if (n_pos != 1) tool_die_usage("no data given");
     o.data = positional[0];
-    if (!o.index) tool_die_usage("nothing to do: give --index");
-    return run_index(&o);
+    if (o.index) {
+        if (o.pipeline_given) tool_die_usage("--index scans only: pipeline options do not apply");
+        return run_index(&o);
+    }
+    if (o.threads_list && strchr(o.threads_list, ',') && !o.sweep)
+        tool_die_usage("--threads: a list needs --sweep");
+    return run_pipeline(&o);
 }
