@@ -868,14 +868,6 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     p->in_memory = dsrt_datastore_path(ds, 0) == NULL;
     if (opt.cpus && !(p->cpus_opt = dsrt__strdup(opt.cpus))) goto fail;
     p->o.cpus = p->cpus_opt;
-    p->chunk = opt.chunk ? DSRT_MIN(opt.chunk, opt.batch) : DSRT_MIN((size_t)PIPE_CHUNK, opt.batch);
-    p->cpb = (opt.batch + p->chunk - 1) / p->chunk;
-    p->bpe = opt.drop_last ? n / opt.batch : (n + opt.batch - 1) / opt.batch;
-    if (opt.epochs > UINT64_MAX / p->bpe / p->cpb) {
-        rc = dsrt__fail(DSRT_EOPTION, "pipeline: epochs: %llu: too many",
-                        (unsigned long long)opt.epochs);
-        goto fail;
-    }
     p->nslots = opt.prefetch + 1;
     p->buf_cap = round_up(opt.max_file_bytes, DSRT_DIRECT_ALIGN);
 
@@ -883,6 +875,22 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     unsigned threads = opt.threads;
     if ((rc = dsrt__cpus_open(&p->cpus, p->cpus_opt, opt.gpu, &threads)) != 0) goto fail;
     p->nthreads = threads;
+
+    /* Chunks small enough that the prefetched batches hold a chunk for every
+     * worker (many cores, small batches), at most PIPE_CHUNK. */
+    size_t chunk = opt.chunk;
+    if (chunk == 0) {
+        chunk = opt.batch * opt.prefetch / threads;
+        chunk = DSRT_MAX((size_t)1, DSRT_MIN(chunk, (size_t)PIPE_CHUNK));
+    }
+    p->chunk = DSRT_MIN(chunk, opt.batch);
+    p->cpb = (opt.batch + p->chunk - 1) / p->chunk;
+    p->bpe = opt.drop_last ? n / opt.batch : (n + opt.batch - 1) / opt.batch;
+    if (opt.epochs > UINT64_MAX / p->bpe / p->cpb) {
+        rc = dsrt__fail(DSRT_EOPTION, "pipeline: epochs: %llu: too many",
+                        (unsigned long long)opt.epochs);
+        goto fail;
+    }
     if (opt.gpu >= 0) {
         int ndev = dsrt__cuda_device_count();
         if (ndev > 0 && opt.gpu >= ndev) {

@@ -81,7 +81,8 @@ typedef struct {
     uint64_t seed;        /* keys the shuffles and every random augmentation; default 0 */
     uint64_t epochs;      /* epochs to deliver; 0 (default): endless */
     /* Each worker's reader: io back-end, reads in flight per worker (each
-     * with its own buffer), O_DIRECT. Default dsrt_reader_defaults(). */
+     * with its own buffer; at most chunk of them), O_DIRECT. Default
+     * dsrt_reader_defaults(). */
     dsrt_reader_options reader;
     dsrt_decoder_options decoder; /* default dsrt_decoder_defaults() */
     /* 1: the first sample that cannot be read or decoded fails the run:
@@ -97,7 +98,9 @@ typedef struct {
     size_t max_file_bytes;
     /* Samples a work item: a worker claims this many places of a batch at a
      * time and keeps up to reader.depth of their reads in flight. 0
-     * (default): 16, or the batch when smaller. */
+     * (default): 16, or less when the prefetched batches would not give
+     * every worker a chunk (batch * prefetch / threads), or the batch when
+     * smaller. */
     size_t chunk;
     /*
      * 1: native size. Samples are not augmented: each is decoded at its own
@@ -218,8 +221,8 @@ typedef struct {
     unsigned threads;        /* workers */
     unsigned pinned_threads; /* workers bound to their core */
     unsigned slots;
-    size_t slot_bytes;       /* bytes of each slot's samples */
-    dsrt_io io;              /* the back-end in use: DSRT_IO_URING or DSRT_IO_PREAD */
+    size_t slot_bytes; /* bytes of each slot's samples */
+    dsrt_io io; /* the back-end in use: DSRT_IO_URING or DSRT_IO_PREAD (AUTO: pixels in memory) */
     const char *io_fallback; /* why not io_uring, or NULL */
     int pinned_memory; /* slots allocated with cudaHostAlloc (page-locked, for async copies) */
     int locked_memory; /* slots locked in memory (cudaHostAlloc or mlock) */
