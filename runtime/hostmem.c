@@ -43,6 +43,12 @@ static int cuda_alloc(dsrt_host_mem *m, size_t bytes, int gpu) {
     if (n <= 0) return -ENODEV;
     int dev = gpu < 0 ? 0 : gpu;
     if (dev >= n) return -ENODEV;
+    /* The caller's current device is theirs: restore it afterwards. */
+    int old = -1;
+    if (cudaGetDevice(&old) != cudaSuccess) {
+        (void)cudaGetLastError();
+        old = -1;
+    }
     cudaError_t e = cudaSetDevice(dev);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -50,6 +56,7 @@ static int cuda_alloc(dsrt_host_mem *m, size_t bytes, int gpu) {
     }
     void *p = NULL;
     e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (old >= 0 && old != dev && cudaSetDevice(old) != cudaSuccess) (void)cudaGetLastError();
     if (e != cudaSuccess || !p) {
         (void)cudaGetLastError();
         return -ENOMEM;
