@@ -109,7 +109,9 @@ typedef struct {
      * every other augment option is ignored. Each place of a slot holds up to
      * native_max_pixels pixels, and each batch says each sample's size
      * (dsrt_batch sizes); larger images are bad samples (DSRT_ETOOBIG).
-     * 0 (default): every sample is augmented to the output size.
+     * Slots are batch places of that size: keep the batch small (dsbench's
+     * decode-only mode uses 1). 0 (default): every sample is augmented to
+     * the output size.
      */
     int native;
     uint64_t native_max_pixels; /* default 2097152 (2 Mpx: 24 MiB a place as float RGB) */
