@@ -619,7 +619,7 @@ int dsrt_png_write(const char *path, const dsrt_image *img) {
     }
     png = spng_get_png_buffer(ctx, &size, &err);
     if (!png) goto spng_fail;
-    rc = dsrt__write_file_atomic(path, png, size);
+    rc = dsrt__write_file_replace(path, png, size);
     if (rc != 0) dsrt__fail_prefix(rc, "png");
     goto out;
 spng_fail:

@@ -308,11 +308,17 @@ DSRT_API void dsrt_decoder_destroy(dsrt_decoder *d);
 DSRT_API dsrt_format dsrt_detect_format(const void *buf, size_t len);
 
 /* Reads the header of the encoded image in buf. Fails with DSRT_EFORMAT,
- * DSRT_ECORRUPT, DSRT_ETRUNCATED, DSRT_EEMPTY or DSRT_ETOOBIG. */
+ * DSRT_ECORRUPT, DSRT_ETRUNCATED, DSRT_EEMPTY, DSRT_ETOOBIG, DSRT_EUNSUPPORTED
+ * (lossless or 12-bit JPEG) or -ENOMEM. Palette PNGs report 3 channels. */
 DSRT_API int dsrt_decoder_info(dsrt_decoder *d, const void *buf, size_t len, dsrt_image_info *info);
 
 typedef struct {
-    int channels; /* 1: gray (rgb2gray of colour images); 3: RGB (gray2rgb of gray ones) */
+    /* 1: gray; 3: RGB (gray images are replicated). Gray from a colour JPEG
+     * is the file's own luma (the Y channel, BT.601 like rgb2gray, within a
+     * couple of levels of rgb2gray of the decoded RGB); gray from a colour PNG
+     * is rgb2gray of its pixels. CMYK JPEGs are read as Adobe (Photoshop)
+     * writes them, inverted: R = C K / 255. */
+    int channels;
     /*
      * The smallest size the caller needs: JPEGs are decoded at the smallest
      * of the scales 1, 1/2, 1/4, 1/8 whose result is still at least
@@ -364,7 +370,8 @@ DSRT_API int64_t dsrt_datastore_export(const dsrt_datastore *ds, const char *out
                                        const char *const *class_names);
 
 /* Encodes img as a PNG file at path (written to a temporary name first and
- * renamed, so a crash never leaves half a file). */
+ * renamed, so a crash never leaves half a file). Not fsync'd: writing many
+ * files stays fast; call syncfs(2) or sync(2) after the last for durability. */
 DSRT_API int dsrt_png_write(const char *path, const dsrt_image *img);
 
 #ifdef __cplusplus
