@@ -243,6 +243,7 @@ void dsrt_net_get_info(const dsrt_net *net, dsrt_net_info *info) {
     int first = 1;
     for (int i = 1; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
+        info->learnable += l->w_n + l->b_n;
         info->forward_flops += l->flops;
         info->train_flops += l->flops * (first && l->flops > 0 ? 2.0 : 3.0);
         if (l->flops > 0) first = 0;

@@ -285,11 +285,11 @@ static int cmd_bench(int argc, char **argv) {
                "\"ms_per_step_min\": %.3f, \"ms_first_step\": %.1f, \"gflop_per_step\": %.3f, "
                "\"gflops\": %.1f, \"loss\": %.4f}\n",
                bench.net, batch, threads, bench.steps, bench.warmup, bench.solver, info.backend,
-               info.params, ips, 1e3 * median, 1e3 * times[0], 1e3 * plan_t, gflop, gflop / median,
-               (double)loss);
+               info.learnable, ips, 1e3 * median, 1e3 * times[0], 1e3 * plan_t, gflop,
+               gflop / median, (double)loss);
     } else {
         printf("%s: batch %d, %d threads, %s, %zu parameters\n", bench.net, batch, threads,
-               info.backend, info.params);
+               info.backend, info.learnable);
         printf("  %.1f images/s (median %.2f ms/step over %d steps, min %.2f; first step %.0f "
                "ms)\n",
                ips, 1e3 * median, bench.steps, 1e3 * times[0], 1e3 * plan_t);

@@ -89,6 +89,7 @@ typedef struct {
     int height, width, channels; /* input image size */
     int classes;                 /* number of scores the net outputs */
     size_t params;               /* length of the parameter and gradient buffers */
+    size_t learnable;            /* parameters proper (params less alignment gaps) */
     size_t state;                /* non-learnable state (running statistics) */
     double forward_flops;        /* multiply-adds x 2 of one image's forward pass */
     double train_flops;          /* forward + backward (data and weights) of one image */
