@@ -522,6 +522,11 @@ static void print_stages(const run_result *r) {
                100 * waited, s->slot_wait_s);
 }
 
+/* The reader in use; "memory" when the samples are pixels held in memory. */
+static const char *io_name(const dsrt_pipeline_statistics *s) {
+    return s->io == DSRT_IO_AUTO ? "memory" : dsrt_io_name(s->io);
+}
+
 static void json_summary(const options *o, const run_result *r, size_t images) {
     const dsrt_pipeline_statistics *s = &r->st;
     printf("{\"data\":");
@@ -529,7 +534,7 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
     printf(",\"pipeline\":\"%s\",\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
            "\"pinned_threads\":%u,\"io\":\"%s\",\"io_fallback\":",
            kind_names[o->kind], o->po.batch, o->po.prefetch, r->threads, r->cpus, s->pinned_threads,
-           dsrt_io_name(s->io));
+           io_name(s));
     if (r->io_fallback[0])
         tool_json_string(stdout, r->io_fallback);
     else
@@ -613,7 +618,7 @@ static int run_pipeline(options *o) {
                 printf("%s: %zu images, pipeline %s, batch %zu, %u thread%s on CPUs %s (%u "
                        "pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
                        o->data, images, kind_names[o->kind], o->po.batch, r->threads,
-                       r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, dsrt_io_name(s->io),
+                       r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
                        r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
                        s->slots, s->slot_bytes / 1e6,
                        s->pinned_memory   ? "pinned with cudaHostAlloc"
