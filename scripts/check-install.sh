@@ -29,10 +29,14 @@ echo "-- CMake package"
 cmake -S examples -B "$tmp/ex-cmake" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/ex-cmake" >/dev/null
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/ex-cmake/embed_datastore" "$tmp/folder" 3
+LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/ex-cmake/pipeline" "$tmp/folder" 8 2
 
 echo "-- pkg-config (static)"
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
-cc -O2 -o "$tmp/embed_pc" examples/embed_datastore.c \
-   $(pkg-config --cflags dsrt) "$tmp/prefix/lib/libdsrt.a" $(pkg-config --libs --static dsrt | sed 's/-ldsrt//')
-"$tmp/embed_pc" "$tmp/folder" 3
+libs_static=$(pkg-config --libs --static dsrt | sed 's/-ldsrt//')
+for ex in embed_datastore pipeline; do
+  cc -O2 -o "$tmp/${ex}_pc" examples/$ex.c $(pkg-config --cflags dsrt) "$tmp/prefix/lib/libdsrt.a" $libs_static
+done
+"$tmp/embed_datastore_pc" "$tmp/folder" 3
+"$tmp/pipeline_pc" "$tmp/folder" 8 2
 echo "install check passed"
