@@ -70,6 +70,8 @@ typedef struct {
     dnnl_memory_t mean, var; /* batchnorm statistics of the batch */
     float *mask;             /* dropout: (size of out) 0 or 1/(1-p) */
     size_t mask_n;
+    float *fc_t;              /* plain fc: (outputs, n) product before the transpose */
+    dnnl_memory_t fc_w, fc_b; /* plain fc: weights and bias in the flat buffer */
     dnnl_memory_t plain_in;   /* softmax: the logits, plain (n, classes) */
     dnnl_memory_t plain_diff; /* softmax: its gradient, plain, before a reorder */
     uint64_t w_fwd_version, w_bwd_version;
@@ -433,6 +435,33 @@ static int step_softmax_bwd(cpu_backend *be, cpu_plan *p, int i) {
         float *db = d + (size_t)b * k;
         for (int j = 0; j < k; j++) db[j] = pb[j] * inv;
         db[p->labels[b]] -= inv;
+    }
+    return 0;
+}
+
+/* Plain fully connected forward as one sgemm, y^T (outputs x n) = W (outputs
+ * x in) * x^T, then bias, ReLU and the transpose to y (n x outputs) in one
+ * pass. With few images and many weights this orientation streams W once;
+ * oneDNN 2.6's inner product computes x * W^T and runs 3-4x slower on such
+ * shapes (AlexNet fc6: 62 ms against 15 ms on two cores). */
+static int step_fc_fwd(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    int n = p->n, oc = L->out.c, ic = L->in.c * L->in.h * L->in.w;
+    const float *x = handle_of(lp->src), *w = handle_of(lp->fc_w);
+    const float *b = lp->fc_b ? handle_of(lp->fc_b) : NULL;
+    float *t = lp->fc_t, *y = handle_of(lp->out.mem);
+    dnnl_status_t st = dnnl_sgemm('N', 'T', oc, n, ic, 1.0f, w, ic, x, ic, 0.0f, t, n);
+    if (st != dnnl_success) return dnnl_fail(st, "fc sgemm", L);
+    float leak = L->fuse_leak;
+    for (int o = 0; o < oc; o++) {
+        float bo = b ? b[o] : 0.0f;
+        const float *to = t + (size_t)o * n;
+        for (int k = 0; k < n; k++) {
+            float v = to[k] + bo;
+            if (L->fuse_relu && v < 0) v *= leak;
+            y[(size_t)k * oc + o] = v;
+        }
     }
     return 0;
 }
@@ -945,12 +974,23 @@ static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
                          &lp->w_fwd_version, &wfwd);
     if (!rc && L->b_n) rc = mem_new(p, &b_md, be->engine, net->params + L->b_off, &b, L);
     if (!rc) rc = new_output(be, p, i, &dst_md);
-    if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
     if (rc) goto out;
-    arg(s, DNNL_ARG_SRC, lp->src);
-    arg(s, DNNL_ARG_WEIGHTS, wfwd);
-    arg(s, DNNL_ARG_BIAS, b);
-    arg(s, DNNL_ARG_DST, lp->out.mem);
+    if (plain) {
+        lp->fc_w = wplain;
+        lp->fc_b = b;
+        lp->fc_t = aligned_alloc(64, ((size_t)p->n * L->out.c * sizeof(float) + 63) & ~(size_t)63);
+        if (!lp->fc_t) {
+            rc = dsrt__fail(-ENOMEM, "cpu backend: layer '%s': out of memory", L->name);
+            goto out;
+        }
+        if ((rc = c_step(p, 0, step_fc_fwd, i))) goto out;
+    } else {
+        if ((rc = prim_step(p, be, fpd, 0, i, &s, L))) goto out;
+        arg(s, DNNL_ARG_SRC, lp->src);
+        arg(s, DNNL_ARG_WEIGHTS, wfwd);
+        arg(s, DNNL_ARG_BIAS, b);
+        arg(s, DNNL_ARG_DST, lp->out.mem);
+    }
     if (!p->train) goto out;
 
     if (L->fuse_relu && (rc = fused_relu_bwd(be, p, i))) goto out;
@@ -1067,7 +1107,10 @@ static void plan_free(cpu_plan *p) {
     for (size_t k = 0; k < p->n_prims; k++) dnnl_primitive_destroy(p->prims[k]);
     for (size_t k = 0; k < p->n_mems; k++) dnnl_memory_destroy(p->mems[k]);
     for (size_t k = 0; k < p->n_scratch; k++) dnnl_memory_destroy(p->scratch_mems[k]);
-    for (int i = 0; p->lp && i < p->n_layers; i++) free(p->lp[i].mask);
+    for (int i = 0; p->lp && i < p->n_layers; i++) {
+        free(p->lp[i].mask);
+        free(p->lp[i].fc_t);
+    }
     free(p->lp);
     free(p->fwd);
     free(p->bwd);

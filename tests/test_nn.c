@@ -163,6 +163,11 @@ static void test_grad_conv(void) {
                5, 5, 2, 3, 3, 0);
     grad_check("input\nconv filters=3 size=3 bias=0\nfc outputs=2 bias=0\nsoftmax\n", 5, 5, 1, 2, 2,
                0);
+    /* fc weights smaller than the batch's activations: the fc reads its input
+     * in the convolution's layout */
+    grad_check("input\nconv filters=16 size=1\nfc outputs=2\nsoftmax\n", 4, 4, 2, 2, 6, 0);
+    grad_check("input\nconv filters=20 size=3 pad=1\nrelu\nfc outputs=2\nsoftmax\n", 4, 4, 2, 2, 6,
+               1);
 }
 
 static void test_grad_batchnorm(void) {
@@ -439,6 +444,10 @@ static void test_forward_layers(void) {
                       "leakyrelu leak=0.2\navgpool size=3 stride=2 pad=1\nlrn size=5 alpha=0.1 "
                       "beta=0.75 k=1\ngap\nfc outputs=3\nsoftmax\n",
                       9, 8, 3, 3, 2, train);
+        forward_check("input\nconv filters=16 size=1\nbatchnorm\nfc outputs=3\nsoftmax\n", 4, 4, 3,
+                      3, 8, train);
+        forward_check("input\nconv filters=20 size=3 pad=1\nbatchnorm\nfc outputs=3\nsoftmax\n", 4,
+                      4, 1, 3, 8, train);
         forward_check("input\nconv filters=4 size=5 stride=2 pad=2,1,0,2 bias=0\n"
                       "maxpool size=3 stride=2 pad=1\nfc outputs=16\nbatchnorm\nrelu\n"
                       "dropout p=0.4\nfc outputs=5\nsoftmax\n",
