@@ -7,11 +7,12 @@
  * that must reach (nearly) 100%.
  *
  * Tolerances: forward outputs within 1e-4 (absolute, plus 1e-4 relative) of
- * the double-precision reference; gradients within a relative error (norm of
- * the difference over the larger norm) of 2e-2 against central differences
- * with step 1e-3 in float32 (retried at 1e-4 and 1e-5 for an entry whose
- * step crosses a ReLU or max-pooling kink), on up to 24 sampled entries per
- * tensor.
+ * the double-precision reference (Winograd convolutions included); gradients
+ * within a relative error (norm of the difference over the larger norm) of
+ * 2e-2 against central differences with step 1e-3 in float32 (retried at 1e-4
+ * and 1e-5 for an entry whose step crosses a ReLU or max-pooling kink), on up
+ * to 24 sampled entries per tensor; Winograd weight gradients within 1e-2 of
+ * the direct convolution's.
  */
 #include "nn/internal.h"
 #include "task.h"
@@ -168,6 +169,51 @@ static void test_grad_conv(void) {
     grad_check("input\nconv filters=16 size=1\nfc outputs=2\nsoftmax\n", 4, 4, 2, 2, 6, 0);
     grad_check("input\nconv filters=20 size=3 pad=1\nrelu\nfc outputs=2\nsoftmax\n", 4, 4, 2, 2, 6,
                1);
+}
+
+static void forward_check(const char *desc, int h, int w, int c, int classes, int n, int train);
+
+/* Large enough that oneDNN computes the 3x3 convolution with Winograd. */
+static void test_winograd(void) {
+    const char *desc = "input\nconv filters=32 size=3 pad=1\nconv filters=32 size=3 pad=1\n"
+                       "gap\nfc outputs=3\nsoftmax\n";
+    forward_check(desc, 16, 16, 32, 3, 64, 1);
+    grad_check(desc, 16, 16, 32, 3, 64, 0);
+    /* At cifar's size oneDNN also takes Winograd for weight gradients: those
+     * must agree with the direct convolutions (checked above against finite
+     * differences) on the loss (1e-4) and every gradient (1e-2 relative:
+     * Winograd's rounding, about 4e-4 at the last layer, grows to about 5e-3
+     * through twelve convolution and batch-norm layers). */
+    setenv("DSRT_CPU_CONV", "direct", 1);
+    dsrt_net *direct = make("cifar", 0, 0, 0, 10, 1);
+    unsetenv("DSRT_CPU_CONV");
+    dsrt_net *wino = make("cifar", 0, 0, 0, 10, 1);
+    enum { N = 128 };
+    float *x = malloc((size_t)N * 3 * 32 * 32 * sizeof *x);
+    int32_t y[N];
+    REQUIRE(x);
+    fill(x, (size_t)N * 3 * 32 * 32, 8, 0, 1);
+    for (int i = 0; i < N; i++) y[i] = i % 10;
+    float ld, lw;
+    CHECK_OK(dsrt_net_forward_backward(direct, x, y, N, &ld, NULL));
+    CHECK_OK(dsrt_net_forward_backward(wino, x, y, N, &lw, NULL));
+    CHECK_NEAR(lw, ld, 1e-4 * ld);
+    for (int i = 1; i < direct->n_layers; i++) {
+        const dsrt_layer *l = &direct->layers[i];
+        double dd = 0, nn = 0;
+        for (size_t k = l->w_off; k < l->w_off + l->w_n; k++) {
+            dd += pow(wino->grads[k] - direct->grads[k], 2);
+            nn += pow(direct->grads[k], 2);
+        }
+        if (l->w_n && !(sqrt(dd) <= 1e-2 * sqrt(nn))) {
+            fprintf(stderr, "  %s: Winograd and direct gradients differ by %.3g of %.3g\n", l->name,
+                    sqrt(dd), sqrt(nn));
+            test_failures++;
+        }
+    }
+    free(x);
+    dsrt_net_destroy(direct);
+    dsrt_net_destroy(wino);
 }
 
 static void test_grad_batchnorm(void) {
@@ -813,6 +859,7 @@ int main(void) {
     RUN(test_forward_layers);
     RUN(test_input_normalization);
     RUN(test_grad_conv);
+    RUN(test_winograd);
     RUN(test_grad_batchnorm);
     RUN(test_grad_relu);
     RUN(test_grad_pool);
