@@ -253,6 +253,11 @@ static int walk(walker *w, int fd, int32_t group, const char *dir_name) {
 // ----------------------------------------------------------------------------
 // Sorting and labels
 
+/* qsort, which may not be given a NULL array even with no element. */
+static void sort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *)) {
+    if (n > 1) qsort(base, n, size, cmp);
+}
+
 static int cmp_name(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -286,7 +291,7 @@ static int label_by_parent(walker *w) {
     int rc = -ENOMEM;
     if (!names || !class_of) goto out;
     memcpy(names, w->dir_names, nd * sizeof *names);
-    qsort(names, nd, sizeof *names, cmp_name);
+    sort(names, nd, sizeof *names, cmp_name);
     size_t nc = 0;
     for (size_t k = 0; k < nd; k++)
         if (nc == 0 || strcmp(names[nc - 1], names[k]) != 0) names[nc++] = names[k];
@@ -367,8 +372,8 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
             rc = label_by_parent(w);
         }
         if (rc != 0) goto out;
-        qsort(w->files, w->n_files, sizeof *w->files,
-              o->label_source == DSRT_LABEL_NONE ? cmp_entry_path : cmp_entry);
+        sort(w->files, w->n_files, sizeof *w->files,
+             o->label_source == DSRT_LABEL_NONE ? cmp_entry_path : cmp_entry);
     } else {
         /* Classes: the sub-folders of the root, sorted by name. */
         d = fdopendir(root);
@@ -396,7 +401,7 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
                 }
             }
         }
-        qsort(classes, n_classes, sizeof *classes, cmp_name);
+        sort(classes, n_classes, sizeof *classes, cmp_name);
         if (root_files)
             dsrt__index_warn(ix,
                              "%s: %zu image file%s directly in the root ignored (not inside "
@@ -419,7 +424,7 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
                                  classes[c]);
         }
         if ((rc = dsrt__index_set_classes(ix, classes, n_classes)) != 0) goto out;
-        qsort(w->files, w->n_files, sizeof *w->files, cmp_entry);
+        sort(w->files, w->n_files, sizeof *w->files, cmp_entry);
     }
 
     ix->n = w->n_files;
