@@ -15,12 +15,21 @@
  * convolution or fully connected layer is an eltwise post-op of it, and after
  * batch normalisation the normalisation's own ReLU flag.
  *
+ * Convolutions whose channel counts are off the 16-float block (digits' 20)
+ * run in NHWC instead, which does not pad; oneDNN picks direct or Winograd
+ * arithmetic per convolution. Fully connected layers with large weights run
+ * forward as one sgemm in the orientation that streams the weights once.
+ *
  * A plan is two lists of steps, forward and backward, each a primitive with
  * its arguments or a small C function (input normalisation, dropout, softmax
  * with cross-entropy, running averages). Every primitive shares one user
  * scratchpad. Threads come from the OpenMP runtime oneDNN is built on
  * (Debian's libdnnl 2.6 uses GNU OpenMP): the count is set on the calling
  * thread before planning and running.
+ *
+ * Two environment variables override the choices, for measurements:
+ * DSRT_CPU_LAYOUT=blocked|nhwc (every convolution in that layout) and
+ * DSRT_CPU_CONV=direct (no Winograd).
  */
 #include "internal.h"
 
