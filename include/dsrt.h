@@ -9,5 +9,6 @@
 #include <dsrt/datastore.h>
 #include <dsrt/augment.h>
 #include <dsrt/pipeline.h>
+#include <dsrt/train.h>
 
 #endif

@@ -1,0 +1,409 @@
+/*
+ * dsrt train: the training loop, evaluation, transfer learning, and the
+ * records a person reads (a history that draws itself as an SVG plot).
+ *
+ * dsrt_train() is MATLAB's trainNetwork(imds, layers, trainingOptions(...))
+ * for a dsrt_net and a datastore: a pipeline (<dsrt/pipeline.h>) makes the
+ * batches in the background on its own pinned cores while the calling
+ * thread, with its team of compute threads pinned to the other cores, runs
+ * forward, backward and the optimizer step. The split of the cores is an
+ * option (MATLAB's WorkerLoad) with an automatic default (see
+ * dsrt_train_options.workers).
+ *
+ *   dsrt_train_options o = dsrt_train_defaults();
+ *   o.max_epochs = 3;
+ *   o.validation = val_ds;
+ *   o.callback = print_progress;     // the library prints nothing
+ *   dsrt_train_result r;
+ *   if (dsrt_train(net, train_ds, &o, &r) != 0) ... dsrt_last_error() ...
+ *
+ * Determinism. Every random choice of a run is keyed by (seed, epoch, sample
+ * id) or (seed, iteration): the order of each epoch, each sample's
+ * augmentation, dropout masks. So a run resumed from a checkpoint, even in
+ * the middle of an epoch, ends with the same weights, bit for bit, as the run
+ * that was never interrupted (on the same machine with the same number of
+ * compute threads: the backend's sums are ordered by its thread count).
+ *
+ * Checkpoints. With checkpoint_path set, the loop writes
+ * checkpoint_path/dsrt_ckpt_e<epoch>_i<iteration>.dsrt (dsrt_checkpoint_save:
+ * temporary file, fsync, rename, so a file with that name is always complete)
+ * and next to it a small text file with the state of the loop itself
+ * (<same name>.state: validation patience, best validation loss, batch size)
+ * written the same way before it. A run stopped by a non-finite loss or
+ * killed at any moment leaves every checkpoint it finished loadable.
+ *
+ * Threads: dsrt_train and dsrt_evaluate run on the calling thread and
+ * create their own threads, which are gone when they return; the callback
+ * runs on the calling thread. The net, the datastores and the options belong
+ * to the call while it runs. The other functions are thread-safe on distinct
+ * objects.
+ */
+#ifndef DSRT_TRAIN_H
+#define DSRT_TRAIN_H
+
+#include <dsrt/nn.h>
+#include <dsrt/pipeline.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ----------------------------------------------------------------------------
+// Options
+
+/* Where the arithmetic runs (MATLAB ExecutionEnvironment). Only AUTO and CPU
+ * run in this build; the others are refused with DSRT_EUNSUPPORTED. */
+typedef enum {
+    DSRT_EXEC_AUTO = 0, /* the CPU (a GPU when dsrt has a GPU backend) */
+    DSRT_EXEC_CPU,
+    DSRT_EXEC_GPU,
+    DSRT_EXEC_MULTI_GPU,
+    DSRT_EXEC_PARALLEL,
+} dsrt_execution;
+
+/* Which weights dsrt_train leaves in the net (MATLAB OutputNetwork). */
+typedef enum {
+    DSRT_OUTPUT_LAST = 0,        /* those of the last iteration */
+    DSRT_OUTPUT_BEST_VALIDATION, /* those with the lowest validation loss */
+} dsrt_output_network;
+
+/* The unit of checkpoint_frequency (MATLAB CheckpointFrequencyUnit). */
+typedef enum {
+    DSRT_UNIT_EPOCH = 0,
+    DSRT_UNIT_ITERATION,
+} dsrt_frequency_unit;
+
+typedef struct dsrt_train_event dsrt_train_event;
+
+/* Called by dsrt_train on its calling thread at each event (see
+ * dsrt_train_event). Return 0 to go on, anything else to stop training
+ * after this event (MATLAB's OutputFcn returning true): dsrt_train then
+ * finishes as if the last epoch had ended, and returns 0. */
+typedef int (*dsrt_train_callback)(void *ctx, const dsrt_train_event *e);
+
+typedef struct {
+    int max_epochs; /* MaxEpochs: default 30 */
+    int batch;      /* MiniBatchSize: default 128 */
+    /* Shuffle: DSRT_SHUFFLE_EVERY_EPOCH (default), _ONCE, _NEVER. */
+    dsrt_shuffle shuffle;
+    /* 1: drop each epoch's last, partial batch (MATLAB does); 0 (default):
+     * train on it too (PyTorch's DataLoader does). */
+    int drop_last;
+    /* Solver, InitialLearnRate, LearnRateSchedule, LearnRateDropFactor,
+     * LearnRateDropPeriod, Momentum, L2Regularization, GradientThreshold and
+     * GradientThresholdMethod: dsrt_optimizer_defaults(DSRT_SOLVER_SGDM). */
+    dsrt_optimizer_options optimizer;
+
+    /* ValidationData: NULL (default) for none. Its classes are matched to
+     * the net's (or the training data's) by name, so it may hold fewer. */
+    const dsrt_datastore *validation;
+    /* ValidationFrequency, in iterations; 0 (default): at the end of each
+     * epoch. A validation also follows the last iteration. MATLAB's default
+     * is 50 iterations: on a CPU a validation pass costs as much as a tenth
+     * of an epoch of training for Fashion-MNIST, so dsrt validates per epoch. */
+    int validation_frequency;
+    /* ValidationPatience: stop when the validation loss has been larger
+     * than or equal to the smallest so far this many times in a row; 0
+     * (default): never (MATLAB's Inf). */
+    int validation_patience;
+    /* Images a validation batch; 0 (default): batch. */
+    int validation_batch;
+    /* VerboseFrequency: iterations between the events that carry verbose = 1
+     * (the lines a tool prints); default 50. */
+    int verbose_frequency;
+    dsrt_output_network output_network; /* OutputNetwork: default DSRT_OUTPUT_LAST */
+
+    /* CheckpointPath: a folder (created if missing, one level), or NULL
+     * (default): no checkpoints. */
+    const char *checkpoint_path;
+    int checkpoint_frequency;            /* CheckpointFrequency: default 1 */
+    dsrt_frequency_unit checkpoint_unit; /* CheckpointFrequencyUnit: default epoch */
+    /* A checkpoint file to continue from, or a folder: its latest
+     * dsrt_ckpt_*.dsrt. The net given to dsrt_train must have the same
+     * description (its weights are replaced by the checkpoint's); the
+     * optimizer's state, the position (epoch, iteration, batch within the
+     * epoch) and the seed come from the checkpoint, the other options from
+     * here. NULL (default): start from the net as it is, at epoch 0. */
+    const char *resume;
+
+    dsrt_execution execution; /* ExecutionEnvironment: default DSRT_EXEC_AUTO */
+
+    /* How each training sample is made (imageDataAugmenter and
+     * augmentedImageDatastore): output_height, output_width and
+     * output_channels 0 (the default) take the net's input size; the
+     * defaults are otherwise dsrt_augment_defaults(): no random transform,
+     * float NCHW rescaled to [0, 1]. Validation samples get the same
+     * options without the random transforms (random crops become centre
+     * crops). */
+    dsrt_augment_options augment;
+    /* Keys the epoch orders and every random augmentation (the weights'
+     * initialisation and dropout are keyed by the net's own seed).
+     * Default 0. */
+    uint64_t seed;
+
+    /*
+     * Cores. The cores (cpus, as dsrt_pipeline_options.cpus; NULL: every core
+     * this process may run on) are split between the pipeline's workers and
+     * the compute threads, each pinned to its core when pin is 1 (default).
+     * workers and compute_threads 0 (default) choose automatically: the
+     * pipeline's share of the work is estimated from the sample size and the
+     * net's arithmetic (about 5 us + 20 ns per output value to load a sample,
+     * against the net's train_flops at 20 GFLOP/s per core), which gives
+     * L = cores x share cores of loading; workers = ceil(L) (at least 1) get
+     * the last cores, and the compute threads every core but the floor(L)
+     * that loading fills: the partly used core is shared, the workers
+     * sleeping whenever the prefetched batches are ready. For digits on
+     * Fashion-MNIST L is about 0.05 cores: one worker and every core
+     * computing. Given values are used as they are (workers + compute
+     * threads may exceed the cores: then they share).
+     */
+    unsigned workers;
+    int compute_threads;
+    const char *cpus;
+    int pin;
+    unsigned prefetch; /* batches made ahead (dsrt_pipeline_options.prefetch); default 4 */
+    /* 1: the first sample that cannot be read or decoded fails the run;
+     * 0 (default): it is skipped and counted in the result. */
+    int fail_on_error;
+
+    dsrt_train_callback callback; /* NULL (default): none */
+    void *callback_ctx;
+} dsrt_train_options;
+
+/* The defaults described above. */
+DSRT_API dsrt_train_options dsrt_train_defaults(void);
+
+/*
+ * Checks every option against the net and the training data without doing
+ * any work (no file is written, no thread started): returns 0, or
+ * DSRT_EOPTION with dsrt_last_error() naming the option and its value
+ * ("train: batch: 0: must be at least 1"), or DSRT_EUNSUPPORTED for an
+ * execution environment this build lacks. dsrt_train calls it first.
+ */
+DSRT_API int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
+                              const dsrt_datastore *train);
+
+// ----------------------------------------------------------------------------
+// Events
+
+typedef enum {
+    DSRT_EVENT_START = 0,  /* once, before the first iteration */
+    DSRT_EVENT_ITERATION,  /* after each optimizer step */
+    DSRT_EVENT_VALIDATION, /* after each validation pass */
+    DSRT_EVENT_EPOCH,      /* after the last iteration of each epoch */
+    DSRT_EVENT_CHECKPOINT, /* after a checkpoint is written */
+    DSRT_EVENT_END,        /* once, after the last (also after a failure) */
+} dsrt_train_event_kind;
+
+/* What the loop reports. Fields that do not apply to an event are 0, or
+ * NaN for the floating-point measures. */
+struct dsrt_train_event {
+    dsrt_train_event_kind kind;
+    int64_t epoch; /* 1-based: the epoch in progress (or just ended) */
+    int64_t max_epochs;
+    int64_t iteration; /* iterations completed, over the whole run (resumes included) */
+    int64_t iterations_per_epoch;
+    int64_t max_iterations;
+    int64_t batch_in_epoch;        /* iterations completed in this epoch */
+    double elapsed_s;              /* since this call started */
+    double learn_rate;             /* base learning rate of the epoch */
+    double loss, accuracy;         /* ITERATION: the mini-batch's loss and accuracy (0..1) */
+    double val_loss, val_accuracy; /* VALIDATION (and END when validated): the last pass */
+    double images_per_s;           /* images trained per second by this call so far, loading
+                                      included, validation excluded */
+    uint64_t images;               /* images trained by this call */
+    int verbose;                   /* ITERATION: 1 on the first, every verbose_frequency-th and
+                                      the last iteration */
+    const char *checkpoint;        /* CHECKPOINT: the file written */
+    int status;                    /* END: what dsrt_train returns */
+    unsigned workers;              /* pipeline workers (every event) */
+    int compute_threads;           /* compute threads (every event) */
+    int pinned;                    /* 1: the compute threads are bound to their cores */
+};
+
+// ----------------------------------------------------------------------------
+// Training
+
+/* Why a run ended. */
+typedef enum {
+    DSRT_STOP_MAX_EPOCHS = 0, /* every epoch done */
+    DSRT_STOP_PATIENCE,       /* validation_patience reached */
+    DSRT_STOP_CALLBACK,       /* the callback asked */
+    DSRT_STOP_ERROR,          /* a failure: see the return value */
+} dsrt_stop_reason;
+
+typedef struct {
+    dsrt_stop_reason stop;
+    int64_t epochs;                /* epochs completed, over the whole run */
+    int64_t iterations;            /* iterations completed, over the whole run */
+    int64_t start_iteration;       /* where this call began (0, or the checkpoint's) */
+    uint64_t images;               /* images trained by this call */
+    double train_s;                /* seconds of training: the loop, loading and checkpoints
+                                      included, validation excluded */
+    double val_s;                  /* seconds of validation */
+    double checkpoint_s;           /* seconds writing checkpoints (part of train_s) */
+    double images_per_s;           /* images / train_s */
+    double loss, accuracy;         /* the last mini-batch's */
+    double val_loss, val_accuracy; /* the last validation's, NaN when none ran */
+    double best_val_loss;          /* the lowest validation loss, NaN when none ran */
+    int64_t best_iteration;        /* where it was reached */
+    double consumer_wait_s;        /* seconds the compute waited for a batch (data-bound time) */
+    uint64_t skipped;              /* bad samples passed over */
+    unsigned workers;              /* pipeline workers used */
+    int compute_threads;           /* compute threads used */
+    int pinned;                    /* 1: the compute threads were bound to their cores */
+    uint64_t seed;                 /* the run's seed (the checkpoint's when resuming) */
+    uint64_t weights_checksum;     /* dsrt_weights_checksum of the net returned */
+    char checkpoint[4096];         /* the last checkpoint written or resumed from, or "" */
+} dsrt_train_result;
+
+/*
+ * Trains net on the samples of train (labels in [0, classes of the net)) as
+ * o says (NULL: the defaults). Checks every option first (dsrt_train_check).
+ * Fills *r (may be NULL) also on failure, as far as the run went.
+ *
+ * Returns 0 when training ended normally (every epoch, patience, or the
+ * callback), DSRT_ENAN when a loss or the weights became non-finite (the net
+ * then holds the last weights that were finite at a checkpoint, or the
+ * initial ones; checkpoints already written stay as they were), or the code
+ * of another failure (options, files, the pipeline, the backend).
+ */
+DSRT_API int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                        dsrt_train_result *r);
+
+/*
+ * FNV-1a (64-bit) of the net's flat parameter buffer as bytes: two nets
+ * have the same checksum when their weights are bit-identical.
+ */
+DSRT_API uint64_t dsrt_weights_checksum(dsrt_net *net);
+
+/*
+ * The latest checkpoint in folder dir (the dsrt_ckpt_*.dsrt with the most
+ * iterations) into path (size bytes). Returns 0, -ENOENT when there is none,
+ * or another negative code.
+ */
+DSRT_API int dsrt_checkpoint_latest(const char *dir, char *path, size_t size);
+
+// ----------------------------------------------------------------------------
+// Evaluation
+
+typedef struct {
+    int batch;           /* images a batch; default 128 */
+    unsigned workers;    /* 0 (default): as dsrt_train chooses */
+    int compute_threads; /* 0 (default): as dsrt_train chooses */
+    const char *cpus;    /* NULL (default): every core */
+    int pin;             /* default 1 */
+    int fail_on_error;   /* default 0 */
+    /* Output size 0 (default): the net's input; random options are ignored. */
+    dsrt_augment_options augment;
+} dsrt_eval_options;
+
+DSRT_API dsrt_eval_options dsrt_eval_defaults(void);
+
+typedef struct {
+    uint64_t images, correct;
+    double accuracy; /* correct / images */
+    double loss;     /* mean cross-entropy */
+    int classes;     /* the net's */
+    /* (classes, classes): confusion[t * classes + p] counts the images of
+     * true class t predicted as p. Owned by the result:
+     * dsrt_eval_result_free. */
+    uint64_t *confusion;
+    double seconds, images_per_s;
+    uint64_t skipped; /* bad samples passed over */
+} dsrt_eval_result;
+
+/*
+ * Runs the net in inference mode over every sample of ds (each once; a bad
+ * sample is skipped and counted) and fills *r. The data's classes are
+ * matched to the net's by name when the net's description names them
+ * (dsrt_net_class_name), else by index; a data class the net does not know
+ * fails with DSRT_EOPTION. Returns 0 or a negative code.
+ */
+DSRT_API int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_options *o,
+                           dsrt_eval_result *r);
+
+/* Frees what dsrt_evaluate allocated in r. A zeroed r is accepted. */
+DSRT_API void dsrt_eval_result_free(dsrt_eval_result *r);
+
+// ----------------------------------------------------------------------------
+// Class names and transfer learning
+
+/*
+ * Returns a new description (malloc'd, the caller frees it): spec (the name
+ * of a built-in network or a description text) with one comment line
+ * "# dsrt-class: NAME" per class appended, in class order, after removing any
+ * such lines it had. Model files keep the description, so a saved model
+ * knows its class names. names[i] must not hold a newline. Returns NULL with
+ * the thread's message set on failure (unknown built-in name, bad name, no
+ * memory).
+ */
+DSRT_API char *dsrt_describe_classes(const char *spec, const char *const *names, size_t n);
+
+/* The same with the class names of a datastore. */
+DSRT_API char *dsrt_describe_datastore_classes(const char *spec, const dsrt_datastore *ds);
+
+/*
+ * Copies the name of class c, as the net's description names it, into buf
+ * (size bytes, truncated and NUL-terminated). Returns the name's length,
+ * -ENOENT when the description names no classes (or not class c), or
+ * -EINVAL.
+ */
+DSRT_API int dsrt_net_class_name(const dsrt_net *net, int c, char *buf, size_t size);
+
+typedef struct {
+    int classes; /* the new class count (required, >= 1) */
+    /* Class names for the new classes (classes of them), or NULL. */
+    const char *const *class_names;
+    /* Learn-rate factors of the new fully connected layer's weights and
+     * bias: default 20 and 20 (MATLAB's transfer-learning example). */
+    float new_weight_lr, new_bias_lr;
+    /* Multiplies the learn-rate factors of every layer kept from the base
+     * net: 1 (default) trains them as the new one, 0.1 slows them, 0 freezes
+     * them (their weights and biases never change). */
+    float base_lr_factor;
+    /* Name of the layer to replace; NULL (default): the last "fc". */
+    const char *layer;
+} dsrt_transfer_options;
+
+DSRT_API dsrt_transfer_options dsrt_transfer_defaults(void);
+
+/*
+ * Makes *out from base for a new task: the fully connected layer before the
+ * classification output is replaced by a new one with `classes` outputs and
+ * the given learn-rate factors, initialised from options->seed (net options,
+ * NULL: defaults), the classification layer follows the new class count, and
+ * every other layer keeps base's weights and state, its learn-rate factors
+ * multiplied by base_lr_factor. base is not changed. Returns 0 or a negative
+ * code (DSRT_EOPTION when base has no such layer).
+ */
+DSRT_API int dsrt_net_transfer(dsrt_net **out, const dsrt_net *base, const dsrt_transfer_options *o,
+                               const dsrt_net_options *options);
+
+// ----------------------------------------------------------------------------
+// History and plot
+
+/* The events of a run, kept for the training-progress plot. */
+typedef struct dsrt_train_history dsrt_train_history;
+
+DSRT_API int dsrt_train_history_create(dsrt_train_history **h);
+DSRT_API void dsrt_train_history_destroy(dsrt_train_history *h);
+
+/* Records an ITERATION, VALIDATION or EPOCH event (others are ignored).
+ * Returns 0 or -ENOMEM. */
+DSRT_API int dsrt_train_history_add(dsrt_train_history *h, const dsrt_train_event *e);
+
+/*
+ * Writes the training-progress plot as an SVG file (replaced atomically):
+ * accuracy (top) and loss (bottom) against the iteration, the mini-batch
+ * values faint with a smoothed line over them, validation points joined by
+ * a dashed line, epochs marked. title may be NULL. Returns 0 or a negative
+ * code.
+ */
+DSRT_API int dsrt_train_history_svg(const dsrt_train_history *h, const char *path,
+                                    const char *title);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
