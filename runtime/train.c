@@ -349,21 +349,41 @@ typedef struct {
     int team_pinned;
 } cores_plan;
 
+/* What each member of the OpenMP team runs once. The atomics order every
+ * access to the argument before the caller's next step in a way thread
+ * sanitizers see (libgomp's own barriers are not instrumented). */
 typedef struct {
     cores_plan *cp;
     int restore;
-    atomic_int failures;
+    atomic_int ready, done, failures;
 } team_arg;
 
 static void team_member(void *arg) {
     team_arg *t = arg;
+    (void)atomic_load_explicit(&t->ready, memory_order_acquire);
     int i = omp_get_thread_num ? omp_get_thread_num() : 0;
     int rc;
     if (t->restore)
         rc = sched_setaffinity(0, sizeof t->cp->saved_mask, &t->cp->saved_mask);
     else
         rc = dsrt__cpus_bind(t->cp->cpus, (unsigned)i % t->cp->ncores);
-    if (rc) atomic_fetch_add(&t->failures, 1);
+    if (rc) atomic_fetch_add_explicit(&t->failures, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->done, 1, memory_order_release);
+}
+
+/* Runs team_member on each of the calling thread's team. Returns the
+ * failures. */
+static int run_team(cores_plan *cp, int restore) {
+    team_arg t;
+    t.cp = cp;
+    t.restore = restore;
+    atomic_init(&t.done, 0);
+    atomic_init(&t.failures, 0);
+    atomic_init(&t.ready, 0);
+    atomic_store_explicit(&t.ready, 1, memory_order_release);
+    GOMP_parallel(team_member, &t, (unsigned)cp->threads, 0);
+    (void)atomic_load_explicit(&t.done, memory_order_acquire);
+    return atomic_load_explicit(&t.failures, memory_order_relaxed);
 }
 
 /* Appends core k's CPUs (as this thread sees them once bound there) to the
@@ -427,19 +447,14 @@ static void cores_start_compute(cores_plan *cp) {
     if (omp_set_num_threads) omp_set_num_threads(cp->threads);
     if (!cp->pin) return;
     if (GOMP_parallel && omp_get_thread_num) {
-        team_arg t = {cp, 0, 0};
-        GOMP_parallel(team_member, &t, (unsigned)cp->threads, 0);
-        cp->team_pinned = atomic_load(&t.failures) == 0;
+        cp->team_pinned = run_team(cp, 0) == 0;
     } else {
         cp->team_pinned = dsrt__cpus_bind(cp->cpus, 0) == 0 && cp->threads == 1;
     }
 }
 
 static void cores_close(cores_plan *cp) {
-    if (cp->team_pinned && cp->saved_mask_ok && GOMP_parallel) {
-        team_arg t = {cp, 1, 0};
-        GOMP_parallel(team_member, &t, (unsigned)cp->threads, 0);
-    }
+    if (cp->team_pinned && cp->saved_mask_ok && GOMP_parallel) run_team(cp, 1);
     if (cp->saved_mask_ok) sched_setaffinity(0, sizeof cp->saved_mask, &cp->saved_mask);
     if (cp->net) cp->net->opts.threads = cp->saved_net_threads;
     if (omp_set_num_threads && cp->saved_max_threads > 0)
