@@ -24,5 +24,7 @@ else
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+# oneDNN's OpenMP runtime is not instrumented: tests/tsan.supp names what TSan
+# cannot see through there.
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp}
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE slow "$@"
