@@ -263,10 +263,11 @@ typedef struct {
  * Fills *r (may be NULL) also on failure, as far as the run went.
  *
  * Returns 0 when training ended normally (every epoch, patience, or the
- * callback), DSRT_ENAN when a loss or the weights became non-finite (the net
- * then holds the last weights that were finite at a checkpoint, or the
- * initial ones; checkpoints already written stay as they were), or the code
- * of another failure (options, files, the pipeline, the backend).
+ * callback), DSRT_ENAN when a loss or the weights became non-finite (the
+ * message names the iteration and the last checkpoint, which like every
+ * checkpoint already written stays as it was: no checkpoint is written with
+ * non-finite weights; the net keeps the weights of the failing step), or the
+ * code of another failure (options, files, the pipeline, the backend).
  */
 DSRT_API int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
                         dsrt_train_result *r);
