@@ -978,7 +978,8 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
             goto done;
         }
         int64_t epoch = (int64_t)b->epoch;
-        int end_of_epoch = (int64_t)b->index == bpe - 1;
+        int64_t index = (int64_t)b->index;
+        int end_of_epoch = index == bpe - 1;
         float loss = 0;
         int correct = 0;
         size_t count = b->count;
@@ -1014,7 +1015,7 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
         ev->images = r->images;
         ev->iteration = it;
         ev->epoch = epoch + 1;
-        ev->batch_in_epoch = (int64_t)b->index + 1;
+        ev->batch_in_epoch = index + 1; /* b is back with the workers now */
         ev->learn_rate = dsrt_optimizer_learn_rate(R.opt, (int)epoch);
         ev->loss = loss;
         ev->accuracy = r->accuracy;

@@ -191,6 +191,9 @@ static int count_events(void *ctx, const dsrt_train_event *e) {
         c->last_iteration = e->iteration;
         c->iterations++;
         if (!(e->loss >= 0) || !(e->accuracy >= 0 && e->accuracy <= 1)) c->order_ok = 0;
+        if (e->batch_in_epoch != (e->iteration - 1) % e->iterations_per_epoch + 1 ||
+            e->epoch != (e->iteration - 1) / e->iterations_per_epoch + 1)
+            c->order_ok = 0;
         break;
     case DSRT_EVENT_VALIDATION:
         c->validations++;
