@@ -153,7 +153,7 @@ typedef struct {
      * the last cores, and the compute threads every core but the floor(L)
      * that loading fills: the partly used core is shared, the workers
      * sleeping whenever the prefetched batches are ready. For digits on
-     * Fashion-MNIST L is about 0.05 cores: one worker and every core
+     * Fashion-MNIST L is about 0.03 cores on 2 cores: one worker and every core
      * computing. Given values are used as they are (workers + compute
      * threads may exceed the cores: then they share).
      */
