@@ -346,7 +346,8 @@ typedef struct {
     int saved_max_threads;
     int saved_net_threads;
     dsrt_net *net;
-    int team_pinned;
+    int team_pinned; /* every member bound to its core */
+    int team_bound;  /* members were bound (some may have failed): restore them */
 } cores_plan;
 
 /* What each member of the OpenMP team runs once. The atomics order every
@@ -447,6 +448,7 @@ static void cores_start_compute(cores_plan *cp) {
     if (omp_set_num_threads) omp_set_num_threads(cp->threads);
     if (!cp->pin) return;
     if (GOMP_parallel && omp_get_thread_num) {
+        cp->team_bound = 1;
         cp->team_pinned = run_team(cp, 0) == 0;
     } else {
         cp->team_pinned = dsrt__cpus_bind(cp->cpus, 0) == 0 && cp->threads == 1;
@@ -454,7 +456,7 @@ static void cores_start_compute(cores_plan *cp) {
 }
 
 static void cores_close(cores_plan *cp) {
-    if (cp->team_pinned && cp->saved_mask_ok && GOMP_parallel) run_team(cp, 1);
+    if (cp->team_bound && cp->saved_mask_ok && GOMP_parallel) run_team(cp, 1);
     if (cp->saved_mask_ok) sched_setaffinity(0, sizeof cp->saved_mask, &cp->saved_mask);
     if (cp->net) cp->net->opts.threads = cp->saved_net_threads;
     if (omp_set_num_threads && cp->saved_max_threads > 0)
