@@ -148,7 +148,10 @@ static void bench_usage(FILE *f) {
             "usage: %s bench [options]\n\n"
             "Times training steps (forward, backward, optimizer step) on random data, with no\n"
             "data loading: the median step time after the warm-up steps, as images/s. SGD with\n"
-            "momentum 0.9, learning rate 0.01, L2 1e-4 unless --solver says otherwise.\n\n"
+            "momentum 0.9, learning rate 0.01, L2 1e-4 unless --solver says otherwise.\n"
+            "GFLOP counts the arithmetic of direct convolutions and matrix products (forward,\n"
+            "backward data and weights); Winograd convolutions do less, so GFLOP/s can pass\n"
+            "the machine's peak.\n\n"
             "options:\n",
             prog);
     print_options(f, BENCH_OPTIONS);
