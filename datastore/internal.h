@@ -19,9 +19,9 @@
 typedef struct dsrt_index {
     atomic_int refs;
     dsrt_source source;
-    size_t n;             /* samples */
-    const char **paths;   /* (n) file paths in the arena; NULL for in-memory sources */
-    int32_t *labels;      /* (n) class index of each sample */
+    size_t n;           /* samples */
+    const char **paths; /* (n) file paths in the arena; NULL for in-memory sources */
+    int32_t *labels;    /* (n) class index of each sample */
     size_t num_classes;
     const char **classes; /* (num_classes) class names, in class-index order */
     dsrt_arena arena;     /* every path and class name */
