@@ -851,16 +851,10 @@ static void classify_usage(FILE *f) {
     print_options(f, CLASSIFY_OPTIONS);
 }
 
-static int classify_one(dsrt_net *net, dsrt_decoder *dec, dsrt_augmenter *aug,
-                        const dsrt_augment_options *ao, const char *path, const dsrt_datastore *ds,
-                        size_t i, float *x, float *scores, int k) {
-    dsrt_decode_request req = {.channels = ao->output_channels};
-    dsrt_image img;
-    if (dsrt_datastore_read_image(ds, i, dec, &req, &img) != 0) {
-        fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
-        return 1;
-    }
-    if (dsrt_augment_apply(aug, ao, &img, img.width, img.height, 0, 0, 0, x) != 0 ||
+/* Runs the net on one decoded image and prints its likeliest classes. */
+static int classify_image(dsrt_net *net, dsrt_augmenter *aug, const dsrt_augment_options *ao,
+                          const char *path, const dsrt_image *img, float *x, float *scores, int k) {
+    if (dsrt_augment_apply(aug, ao, img, img->width, img->height, 0, 0, 0, x) != 0 ||
         dsrt_net_predict(net, x, 1, scores, NULL, NULL, NULL) != 0) {
         fprintf(stderr, "%s classify: %s: %s\n", prog, path, dsrt_last_error());
         return 1;
@@ -955,13 +949,20 @@ static int cmd_classify(int argc, char **argv) {
                 bad++;
                 continue;
             }
-            for (size_t i = 0; i < dsrt_datastore_count(ds); i++)
-                bad += classify_one(net, dec, aug, &ao, dsrt_datastore_path(ds, i), ds, i, x,
-                                    scores, info.classes);
+            dsrt_decode_request req = {.channels = info.channels};
+            for (size_t i = 0; i < dsrt_datastore_count(ds); i++) {
+                dsrt_image img;
+                if (dsrt_datastore_read_image(ds, i, dec, &req, &img) != 0) {
+                    fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
+                    bad++;
+                    continue;
+                }
+                bad += classify_image(net, aug, &ao, dsrt_datastore_path(ds, i), &img, x, scores,
+                                      info.classes);
+            }
             dsrt_datastore_close(ds);
         } else {
-            /* One file: a one-line manifest in memory is not public API, so
-             * decode it directly. */
+            /* One file: read and decoded here, not through a datastore. */
             FILE *f = fopen(argv[a], "rb");
             unsigned char *buf = NULL;
             long n = -1;
@@ -972,24 +973,8 @@ static int cmd_classify(int argc, char **argv) {
                 if (dsrt_decode(dec, buf, (size_t)n, &req, &img) != 0) {
                     fprintf(stderr, "%s classify: %s: %s\n", prog, argv[a], dsrt_last_error());
                     bad++;
-                } else if (dsrt_augment_apply(aug, &ao, &img, img.width, img.height, 0, 0, 0, x) !=
-                               0 ||
-                           dsrt_net_predict(net, x, 1, scores, NULL, NULL, NULL) != 0) {
-                    fprintf(stderr, "%s classify: %s: %s\n", prog, argv[a], dsrt_last_error());
-                    bad++;
                 } else {
-                    /* Reuse the printing of classify_one through a tiny path: */
-                    int order_best = 0;
-                    for (int c = 1; c < info.classes; c++)
-                        if (scores[c] > scores[order_best]) order_best = c;
-                    char name[256];
-                    if (dsrt_net_class_name(net, order_best, name, sizeof name) < 0)
-                        snprintf(name, sizeof name, "%d", order_best);
-                    if (cl.json)
-                        printf("{\"file\":\"%s\",\"class\":\"%s\",\"index\":%d,\"score\":%.5f}\n",
-                               argv[a], name, order_best, scores[order_best]);
-                    else
-                        printf("%s: %s %.4f\n", argv[a], name, scores[order_best]);
+                    bad += classify_image(net, aug, &ao, argv[a], &img, x, scores, info.classes);
                 }
             } else {
                 fprintf(stderr, "%s classify: %s: cannot read\n", prog, argv[a]);
