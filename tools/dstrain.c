@@ -19,6 +19,7 @@
 #include <dsrt.h>
 
 #include <errno.h>
+#include <math.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +28,8 @@
 #include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "tool_common.h"
 
 // ----------------------------------------------------------------------------
 // Options
@@ -338,394 +341,725 @@ out:
 }
 
 // ----------------------------------------------------------------------------
+// Shared by train, eval and classify
+
+/* A floating-point option given as text: dies (returns -1 after a message)
+ * when it is not a number in [min, max]. */
+static int parse_double(const char *cmd, const char *name, const char *v, double min, double max,
+                        double *out) {
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno || isnan(x) || x < min || x > max) {
+        fprintf(stderr, "%s %s: --%s: expected a number in [%g, %g], got '%s'\n", prog, cmd, name,
+                min, max, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* "LO,HI" or "V" (meaning [-V, V] when symmetric, else [V, V]). */
+static int parse_range(const char *cmd, const char *name, const char *v, int symmetric, double min,
+                       double max, double out[2]) {
+    if (!v) return 0;
+    char *end;
+    double a = strtod(v, &end), b;
+    if (end == v) goto bad;
+    if (*end == ',') {
+        const char *s = end + 1;
+        b = strtod(s, &end);
+        if (end == s || *end) goto bad;
+    } else if (*end == '\0') {
+        b = a;
+        if (symmetric) a = -a;
+    } else {
+        goto bad;
+    }
+    if (!(a >= min && b <= max && a <= b)) goto bad;
+    out[0] = a;
+    out[1] = b;
+    return 0;
+bad:
+    fprintf(stderr, "%s %s: --%s: expected LO,HI with %g <= LO <= HI <= %g, got '%s'\n", prog, cmd,
+            name, min, max, v);
+    return -1;
+}
+
+/* Index of v in the NULL-terminated list names, or -1 after a message. */
+static int parse_choice(const char *cmd, const char *name, const char *v,
+                        const char *const *names) {
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(v, names[i])) return i;
+    fprintf(stderr, "%s %s: --%s: '%s' is not one of ", prog, cmd, name, v);
+    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
+    fprintf(stderr, "\n");
+    return -1;
+}
+
+static int is_model_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char magic[8] = {0};
+    if (!f) return 0;
+    size_t n = fread(magic, 1, 8, f);
+    fclose(f);
+    return n == 8 && !memcmp(magic, "DSRTMODL", 8);
+}
+
+static int open_data(const char *cmd, const char *what, const char *path, dsrt_datastore **ds) {
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    if (dsrt_datastore_open(ds, path, &o) != 0) {
+        fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static void print_hms(FILE *f, double s) {
+    long t = (long)(s + 0.5);
+    fprintf(f, "%02ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+}
+
+/* A number for JSON: null when it is not finite. buf holds 32 bytes. */
+static const char *jnum(char *buf, double v) {
+    if (!isfinite(v)) return "null";
+    snprintf(buf, 32, "%.6g", v);
+    return buf;
+}
+
+// ----------------------------------------------------------------------------
 // train
 
 static struct {
-    const char *data, *val, *net, *checkpoint_dir, *resume, *shuffle, *output_network, *exec,
-        *schedule, *solver, *plot, *log, *save, *transfer, *cpus;
-    int epochs, batch, threads, workers, json, val_frequency, val_patience, checkpoint_frequency,
-        verbose_frequency, drop_period, x_reflection, y_reflection, drop_last, fail_on_error,
-        prefetch, quiet;
-    double lr, momentum, l2, drop_factor, grad_threshold, lr_factor, translation;
+    const char *data, *val, *net, *resume, *checkpoint_dir, *checkpoint_unit, *solver, *shuffle;
+    const char *lr, *momentum, *l2, *lr_schedule, *lr_drop_factor, *grad_threshold,
+        *grad_threshold_method, *output_network, *execution, *plot, *log, *save, *transfer,
+        *lr_factor, *new_lr_factor, *cpus, *rand_rotation, *rand_scale, *rand_x_translation,
+        *rand_y_translation, *rand_x_shear, *rand_y_shear, *layer, *size_mode, *rand_translation;
+    int epochs, batch, threads, workers, val_frequency, val_patience, val_batch, verbose_frequency,
+        checkpoint_frequency, lr_drop_period, prefetch, json, drop_last, no_pin, quiet, no_progress,
+        rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter;
     uint64_t seed;
+    int seed_given;
 } tr;
 
 static const option TRAIN_OPTIONS[] = {
     {"data", OPT_STR, &tr.data, 0, 0, "DIR",
-     "training data: a folder of class folders (or any dsbench source)"},
-    {"val", OPT_STR, &tr.val, 0, 0, "DIR", "validation data, evaluated after each epoch"},
+     "training images: a folder of class folders (or IDX, "
+     "CIFAR, CSV manifest) (required)"},
+    {"val", OPT_STR, &tr.val, 0, 0, "DIR", "validation images (ValidationData) [none]"},
     {"net", OPT_STR, &tr.net, 0, 0, "NAME|FILE",
-     "digits, cifar, alexnet, or a description file [digits]"},
-    {"transfer", OPT_STR, &tr.transfer, 0, 0, "MODEL",
-     "start from a trained model: new last fc layer for this data's classes"},
-    {"lr-factor", OPT_DBL, &tr.lr_factor, 0, 1000, "F",
-     "with --transfer: learn-rate factor of the kept layers (0 freezes) [1]"},
+     "digits, cifar, alexnet, a description file, or a model file to go on from [digits; with "
+     "--resume: the checkpoint's]"},
     {"epochs", OPT_INT, &tr.epochs, 1, 1000000, "E", "MaxEpochs [30]"},
     {"batch", OPT_INT, &tr.batch, 1, 1 << 20, "B", "MiniBatchSize [128]"},
-    {"solver", OPT_STR, &tr.solver, 0, 0, "sgdm|adam|rmsprop", "optimizer [sgdm]"},
-    {"lr", OPT_DBL, &tr.lr, 0, 1000, "X", "InitialLearnRate [0.01 sgdm, 0.001 adam/rmsprop]"},
-    {"momentum", OPT_DBL, &tr.momentum, 0, 1, "M", "Momentum [0.9]"},
-    {"l2", OPT_DBL, &tr.l2, 0, 1000, "X", "L2Regularization [1e-4]"},
-    {"lr-schedule", OPT_STR, &tr.schedule, 0, 0, "none|piecewise", "LearnRateSchedule [none]"},
-    {"lr-drop-factor", OPT_DBL, &tr.drop_factor, 0, 1, "F", "LearnRateDropFactor [0.1]"},
-    {"lr-drop-period", OPT_INT, &tr.drop_period, 1, 1000000, "E",
-     "LearnRateDropPeriod, epochs [10]"},
-    {"gradient-threshold", OPT_DBL, &tr.grad_threshold, 0, 1000000000, "T",
-     "GradientThreshold, l2norm per layer [none]"},
-    {"shuffle", OPT_STR, &tr.shuffle, 0, 0, "every-epoch|once|never", "Shuffle [every-epoch]"},
-    {"drop-last", OPT_FLAG, &tr.drop_last, 0, 0, NULL, "drop each epoch's last, partial batch"},
-    {"rand-x-reflection", OPT_FLAG, &tr.x_reflection, 0, 0, NULL,
-     "RandXReflection: random left-right flips"},
-    {"rand-y-reflection", OPT_FLAG, &tr.y_reflection, 0, 0, NULL,
-     "RandYReflection: random top-bottom flips"},
-    {"rand-translation", OPT_DBL, &tr.translation, 0, 10000, "PX",
-     "RandX/YTranslation: random shifts in [-PX, PX] pixels"},
+    {"lr", OPT_STR, &tr.lr, 0, 0, "X", "InitialLearnRate [0.01 sgdm, 0.001 adam and rmsprop]"},
     {"seed", OPT_U64, &tr.seed, 0, 0, "S",
-     "seed of the weights, the order and the augmentation [0]"},
-    {"threads", OPT_INT, &tr.threads, 0, 4096, "T", "compute threads [0: automatic]"},
-    {"workers", OPT_INT, &tr.workers, 0, 4096, "N",
-     "pipeline workers (MATLAB WorkerLoad) [0: automatic]"},
-    {"cpus", OPT_STR, &tr.cpus, 0, 0, "LIST", "cores to use, e.g. 0-3 [all]"},
-    {"prefetch", OPT_INT, &tr.prefetch, 1, 1024, "P", "batches made ahead [4]"},
+     "seed of the weights, the epoch orders and the augmentation [0]"},
+    {"threads", OPT_INT, &tr.threads, 0, 4096, "T", "compute threads [auto, see above]"},
+    {"workers", OPT_INT, &tr.workers, 0, 1024, "W", "pipeline workers [auto, see above]"},
+    {"cpus", OPT_STR, &tr.cpus, 0, 0, "LIST", "run on these CPUs, e.g. 0-3 [all]"},
+    {"no-pin", OPT_FLAG, &tr.no_pin, 0, 0, NULL, "do not bind threads to cores"},
+    {"prefetch", OPT_INT, &tr.prefetch, 1, 1024, "N", "batches made ahead [4]"},
+    {"solver", OPT_STR, &tr.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
+    {"momentum", OPT_STR, &tr.momentum, 0, 0, "X", "Momentum (sgdm) [0.9]"},
+    {"l2", OPT_STR, &tr.l2, 0, 0, "X", "L2Regularization [1e-4]"},
+    {"shuffle", OPT_STR, &tr.shuffle, 0, 0, "WHEN", "once, never or every-epoch [every-epoch]"},
+    {"drop-last", OPT_FLAG, &tr.drop_last, 0, 0, NULL,
+     "drop each epoch's last, partial batch (MATLAB does; default: keep it, as PyTorch)"},
+    {"lr-schedule", OPT_STR, &tr.lr_schedule, 0, 0, "NAME", "none or piecewise [none]"},
+    {"lr-drop-factor", OPT_STR, &tr.lr_drop_factor, 0, 0, "X", "LearnRateDropFactor [0.1]"},
+    {"lr-drop-period", OPT_INT, &tr.lr_drop_period, 1, 1000000, "E", "LearnRateDropPeriod [10]"},
+    {"gradient-threshold", OPT_STR, &tr.grad_threshold, 0, 0, "X", "GradientThreshold [inf: none]"},
+    {"gradient-threshold-method", OPT_STR, &tr.grad_threshold_method, 0, 0, "NAME",
+     "l2norm, global-l2norm or absolute-value [l2norm]"},
     {"val-frequency", OPT_INT, &tr.val_frequency, 0, INT_MAX, "N",
-     "ValidationFrequency, iterations [0: each epoch]"},
+     "ValidationFrequency in iterations; 0: every epoch [0]"},
     {"val-patience", OPT_INT, &tr.val_patience, 0, INT_MAX, "N",
-     "ValidationPatience [0: never stop early]"},
-    {"output-network", OPT_STR, &tr.output_network, 0, 0, "last|best-validation",
-     "OutputNetwork [last]"},
-    {"checkpoint-dir", OPT_STR, &tr.checkpoint_dir, 0, 0, "DIR",
-     "CheckpointPath: write checkpoints there"},
-    {"checkpoint-frequency", OPT_INT, &tr.checkpoint_frequency, 1, INT_MAX, "E",
-     "CheckpointFrequency, epochs [1]"},
+     "ValidationPatience; 0: never stop early [0]"},
+    {"val-batch", OPT_INT, &tr.val_batch, 0, 1 << 20, "B", "validation batch [--batch]"},
+    {"output-network", OPT_STR, &tr.output_network, 0, 0, "WHICH",
+     "last or best-validation (lowest validation loss) [last]"},
+    {"checkpoint-dir", OPT_STR, &tr.checkpoint_dir, 0, 0, "DIR", "CheckpointPath [none]"},
+    {"checkpoint-frequency", OPT_INT, &tr.checkpoint_frequency, 1, INT_MAX, "N",
+     "CheckpointFrequency [1]"},
+    {"checkpoint-unit", OPT_STR, &tr.checkpoint_unit, 0, 0, "UNIT", "epoch or iteration [epoch]"},
     {"resume", OPT_STR, &tr.resume, 0, 0, "FILE|DIR",
-     "continue from a checkpoint (or a folder's latest)"},
-    {"execution-environment", OPT_STR, &tr.exec, 0, 0, "auto|cpu|gpu|multi-gpu|parallel",
-     "ExecutionEnvironment [auto]"},
-    {"fail-on-error", OPT_FLAG, &tr.fail_on_error, 0, 0, NULL,
-     "stop at the first unreadable image instead of skipping it"},
+     "go on from a checkpoint (a folder: its latest); ends with the weights of an "
+     "uninterrupted run"},
+    {"execution-environment", OPT_STR, &tr.execution, 0, 0, "WHERE",
+     "auto or cpu (gpu, multi-gpu and parallel are not available in this build) [auto]"},
+    {"rand-x-reflection", OPT_FLAG, &tr.rand_x_reflection, 0, 0, NULL,
+     "random left-right reflection (the default)"},
+    {"no-rand-x-reflection", OPT_FLAG, &tr.no_rand_x_reflection, 0, 0, NULL,
+     "no random left-right reflection"},
+    {"rand-y-reflection", OPT_FLAG, &tr.rand_y_reflection, 0, 0, NULL,
+     "random top-bottom reflection"},
+    {"rand-rotation", OPT_STR, &tr.rand_rotation, 0, 0, "LO,HI", "random rotation, degrees"},
+    {"rand-scale", OPT_STR, &tr.rand_scale, 0, 0, "LO,HI", "random scale factor"},
+    {"rand-translation", OPT_STR, &tr.rand_translation, 0, 0, "PX",
+     "random shift in x and y, in [-PX, PX] pixels"},
+    {"rand-x-translation", OPT_STR, &tr.rand_x_translation, 0, 0, "LO,HI",
+     "random shift in x, pixels"},
+    {"rand-y-translation", OPT_STR, &tr.rand_y_translation, 0, 0, "LO,HI",
+     "random shift in y, pixels"},
+    {"rand-x-shear", OPT_STR, &tr.rand_x_shear, 0, 0, "LO,HI", "random shear in x, degrees"},
+    {"rand-y-shear", OPT_STR, &tr.rand_y_shear, 0, 0, "LO,HI", "random shear in y, degrees"},
+    {"size-mode", OPT_STR, &tr.size_mode, 0, 0, "MODE",
+     "how the input size is taken: resize, centercrop or randcrop [resize]"},
+    {"resize-shorter", OPT_INT, &tr.resize_shorter, 0, 1 << 16, "N",
+     "first resize each image so that its shorter side is N [0: no]"},
+    {"transfer", OPT_STR, &tr.transfer, 0, 0, "MODEL",
+     "start from a trained model, its last fc layer replaced for --data's classes"},
+    {"lr-factor", OPT_STR, &tr.lr_factor, 0, 0, "X",
+     "with --transfer: learn-rate factor of the kept layers; 0 freezes them [1]"},
+    {"new-lr-factor", OPT_STR, &tr.new_lr_factor, 0, 0, "X",
+     "with --transfer: weight and bias learn-rate factor of the new fc layer [20]"},
+    {"transfer-layer", OPT_STR, &tr.layer, 0, 0, "NAME",
+     "with --transfer: the layer to replace [the last fc]"},
+    {"save", OPT_STR, &tr.save, 0, 0, "MODEL", "write the trained net to this model file"},
+    {"plot", OPT_STR, &tr.plot, 0, 0, "FILE.svg",
+     "training-progress plot, rewritten after each epoch"},
+    {"log", OPT_STR, &tr.log, 0, 0, "FILE",
+     "every iteration, as CSV (.csv) or JSON lines (.jsonl)"},
     {"verbose-frequency", OPT_INT, &tr.verbose_frequency, 1, INT_MAX, "N",
-     "VerboseFrequency, iterations [50]"},
-    {"plot", OPT_STR, &tr.plot, 0, 0, "FILE.svg", "write the training-progress plot"},
-    {"log", OPT_STR, &tr.log, 0, 0, "FILE", "write every event, JSON lines (.jsonl) or CSV (.csv)"},
-    {"save", OPT_STR, &tr.save, 0, 0, "MODEL", "save the trained network"},
-    {"json", OPT_FLAG, &tr.json, 0, 0, NULL, "one JSON object a line; the last is the summary"},
-    {"quiet", OPT_FLAG, &tr.quiet, 0, 0, NULL, "no table, no progress bar"},
+     "VerboseFrequency: iterations between table rows [50]"},
+    {"fail-on-error", OPT_FLAG, &tr.fail_on_error, 0, 0, NULL,
+     "stop at the first image that cannot be read (default: skip it)"},
+    {"quiet", OPT_FLAG, &tr.quiet, 0, 0, NULL, "no table, only the summary"},
+    {"no-progress", OPT_FLAG, &tr.no_progress, 0, 0, NULL, "no progress bar on the terminal"},
+    {"json", OPT_FLAG, &tr.json, 0, 0, NULL,
+     "JSON lines on stdout (iterations, validations, epochs, a summary last)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
 static void train_usage(FILE *f) {
     fprintf(f,
             "usage: %s train --data DIR [--val DIR] [--net NAME|FILE] [options]\n\n"
-            "Trains a network while the next batches are read, decoded and augmented in the\n"
-            "background. Names follow MATLAB's trainingOptions.\n\n",
-            prog);
+            "Trains a network on a folder of class sub-folders with MATLAB trainingOptions'\n"
+            "semantics: SGD with momentum 0.9, L2 1e-4, learning rate 0.01, batch 128, shuffled\n"
+            "every epoch, random left-right reflection, float input in [0, 1] at the net's\n"
+            "input size (gray or RGB as the net takes). For digits on Fashion-MNIST this is\n"
+            "the recipe of torch_train_folder.py:\n\n"
+            "  %s train --data fm/train --val fm/test --net digits --epochs 3\n\n"
+            "Batches are made in the background on pipeline workers while compute threads\n"
+            "train; both are pinned. By default the pipeline gets ceil(L) workers on the last\n"
+            "cores and the compute every core but floor(L), L being the cores loading needs\n"
+            "(estimated from the sample size against the net's arithmetic: for digits, 0.03\n"
+            "on 2 cores, so 1 worker sharing a core with the compute). Validation runs at the\n"
+            "end of each epoch unless --val-frequency says otherwise. A non-finite loss stops\n"
+            "the run (exit status 1) and leaves the last checkpoint as it was. With --resume,\n"
+            "the seed and the position come from the checkpoint.\n\n"
+            "options:\n",
+            prog, prog);
     print_options(f, TRAIN_OPTIONS);
 }
 
 typedef struct {
     FILE *log;
-    int log_csv;
-    dsrt_train_history *history;
-    int tty;
-} train_ctx;
+    int log_json;
+    dsrt_train_history *hist;
+    const char *plot;
+    int table, json, progress;
+    double last_bar;
+    int bar_shown;
+    int64_t ipe;
+    const char *title;
+} train_ui;
 
-static void fmt_time(double s, char *buf, size_t n) {
-    int t = (int)s;
-    snprintf(buf, n, "%02d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
+static void bar_clear(train_ui *u) {
+    if (u->bar_shown) {
+        fprintf(stderr, "\r\033[K");
+        u->bar_shown = 0;
+    }
 }
 
-static int on_event(void *p, const dsrt_train_event *e) {
-    train_ctx *c = p;
-    if (c->history) dsrt_train_history_add(c->history, e);
-    if (c->log && (e->kind == DSRT_EVENT_ITERATION || e->kind == DSRT_EVENT_VALIDATION ||
-                   e->kind == DSRT_EVENT_EPOCH)) {
-        static const char *const kinds[] = {"start", "iteration",  "validation",
-                                            "epoch", "checkpoint", "end"};
-        if (c->log_csv)
-            fprintf(c->log, "%s,%lld,%lld,%.3f,%.6g,%.6g,%.6g,%.6g,%.6g\n", kinds[e->kind],
-                    (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->learn_rate,
-                    e->loss, e->accuracy, e->val_loss, e->val_accuracy);
-        else
-            fprintf(c->log,
-                    "{\"event\":\"%s\",\"epoch\":%lld,\"iteration\":%lld,\"elapsed_s\":%.3f,"
-                    "\"learn_rate\":%.6g,\"loss\":%.6g,\"accuracy\":%.6g,\"val_loss\":%.6g,"
-                    "\"val_accuracy\":%.6g}\n",
-                    kinds[e->kind], (long long)e->epoch, (long long)e->iteration, e->elapsed_s,
-                    e->learn_rate, e->kind == DSRT_EVENT_ITERATION ? e->loss : 0,
-                    e->kind == DSRT_EVENT_ITERATION ? e->accuracy : 0,
-                    e->val_loss == e->val_loss ? e->val_loss : -1,
-                    e->val_accuracy == e->val_accuracy ? e->val_accuracy : -1);
-    }
-    if (tr.quiet) return 0;
-    char t[32];
-    fmt_time(e->elapsed_s, t, sizeof t);
-    if (tr.json) {
-        if (e->kind == DSRT_EVENT_EPOCH)
-            printf("{\"epoch\":%lld,\"iteration\":%lld,\"elapsed_s\":%.2f,\"loss\":%.5f,"
-                   "\"accuracy\":%.4f,\"images_per_s\":%.1f,\"learn_rate\":%.6g}\n",
+static void table_rule(void) {
+    printf("|");
+    for (int i = 0; i < 118; i++) putchar('=');
+    printf("|\n");
+}
+
+static void table_head(void) {
+    table_rule();
+    printf("|  Epoch  |  Iteration  |  Time Elapsed  |  Mini-batch  |  Validation  |  Mini-batch  "
+           "|  Validation  |  Base Learning  |\n");
+    printf("|         |             |   (hh:mm:ss)   |   Accuracy   |   Accuracy   |     Loss     "
+           "|     Loss     |      Rate       |\n");
+    table_rule();
+}
+
+static void fmt_pct(char *b, size_t n, double v) {
+    if (isnan(v))
+        snprintf(b, n, "%s", "");
+    else
+        snprintf(b, n, "%.2f%%", 100 * v);
+}
+
+static void fmt_loss(char *b, size_t n, double v) {
+    if (isnan(v))
+        snprintf(b, n, "%s", "");
+    else
+        snprintf(b, n, "%.4f", v);
+}
+
+static int train_event(void *ctx, const dsrt_train_event *e) {
+    train_ui *u = ctx;
+    if (u->hist) dsrt_train_history_add(u->hist, e);
+    switch (e->kind) {
+    case DSRT_EVENT_START:
+        u->ipe = e->iterations_per_epoch;
+        if (u->table) {
+            printf("%lld iterations a epoch, %lld in all; %u pipeline worker%s, %d compute "
+                   "thread%s%s\n",
+                   (long long)e->iterations_per_epoch, (long long)e->max_iterations, e->workers,
+                   e->workers == 1 ? "" : "s", e->compute_threads,
+                   e->compute_threads == 1 ? "" : "s", e->pinned ? " (pinned)" : "");
+            table_head();
+        }
+        if (u->json)
+            printf("{\"event\": \"start\", \"iteration\": %lld, \"iterations_per_epoch\": %lld, "
+                   "\"max_iterations\": %lld, \"workers\": %u, \"compute_threads\": %d, "
+                   "\"pinned\": %d}\n",
+                   (long long)e->iteration, (long long)e->iterations_per_epoch,
+                   (long long)e->max_iterations, e->workers, e->compute_threads, e->pinned);
+        break;
+    case DSRT_EVENT_ITERATION:
+        if (u->log) {
+            if (u->log_json)
+                fprintf(u->log,
+                        "{\"epoch\": %lld, \"iteration\": %lld, \"time_s\": %.3f, \"loss\": "
+                        "%.6g, \"accuracy\": %.6g, \"learn_rate\": %.6g%s",
+                        (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->loss,
+                        e->accuracy, e->learn_rate, isnan(e->val_loss) ? "}\n" : "");
+            else
+                fprintf(u->log, "%lld,%lld,%.3f,%.6g,%.6g,%.6g,", (long long)e->epoch,
+                        (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy, e->learn_rate);
+            if (!isnan(e->val_loss))
+                fprintf(u->log,
+                        u->log_json ? ", \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n"
+                                    : "%.6g,%.6g\n",
+                        e->val_loss, e->val_accuracy);
+            else if (!u->log_json)
+                fprintf(u->log, ",\n");
+        }
+        if (e->verbose && u->table) {
+            bar_clear(u);
+            char a[16], va[16], l[16], vl[16];
+            fmt_pct(a, sizeof a, e->accuracy);
+            fmt_pct(va, sizeof va, e->val_accuracy);
+            fmt_loss(l, sizeof l, e->loss);
+            fmt_loss(vl, sizeof vl, e->val_loss);
+            printf("| %7lld | %11lld |       ", (long long)e->epoch, (long long)e->iteration);
+            print_hms(stdout, e->elapsed_s);
+            printf(" | %12s | %12s | %12s | %12s | %15.4g |\n", a, va, l, vl, e->learn_rate);
+            fflush(stdout);
+        }
+        if (e->verbose && u->json)
+            printf("{\"event\": \"iteration\", \"epoch\": %lld, \"iteration\": %lld, \"time_s\": "
+                   "%.3f, \"loss\": %.6g, \"accuracy\": %.6g, \"learn_rate\": %.6g, "
+                   "\"images_per_s\": %.1f}\n",
                    (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy,
-                   e->images_per_s, e->learn_rate);
-        else if (e->kind == DSRT_EVENT_VALIDATION)
-            printf("{\"validation\":true,\"epoch\":%lld,\"iteration\":%lld,\"val_loss\":%.5f,"
-                   "\"val_accuracy\":%.4f}\n",
-                   (long long)e->epoch, (long long)e->iteration, e->val_loss, e->val_accuracy);
-        fflush(stdout);
-        return 0;
+                   e->learn_rate, e->images_per_s);
+        if (u->progress) {
+            double t = now();
+            if (t - u->last_bar > 0.1 || e->batch_in_epoch == e->iterations_per_epoch) {
+                u->last_bar = t;
+                int width = 30,
+                    fill = (int)(width * e->batch_in_epoch /
+                                 (e->iterations_per_epoch ? e->iterations_per_epoch : 1));
+                char bar[64];
+                for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+                bar[width] = '\0';
+                double left = e->images_per_s > 0 && e->iteration > 0
+                                  ? (double)(e->max_iterations - e->iteration) *
+                                        ((double)e->images / (double)e->iteration) / e->images_per_s
+                                  : 0;
+                fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  %.0f images/s  ",
+                        (long long)e->epoch, (long long)e->max_epochs, bar,
+                        (long long)e->batch_in_epoch, (long long)e->iterations_per_epoch,
+                        e->images_per_s);
+                fprintf(stderr, "left ");
+                print_hms(stderr, left);
+                fprintf(stderr, "\033[K");
+                u->bar_shown = 1;
+            }
+        }
+        break;
+    case DSRT_EVENT_VALIDATION:
+        if (u->json)
+            printf("{\"event\": \"validation\", \"epoch\": %lld, \"iteration\": %lld, \"time_s\": "
+                   "%.3f, \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n",
+                   (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->val_loss,
+                   e->val_accuracy);
+        break;
+    case DSRT_EVENT_EPOCH:
+        if (u->json)
+            printf("{\"event\": \"epoch\", \"epoch\": %lld, \"iteration\": %lld, \"time_s\": %.3f, "
+                   "\"images_per_s\": %.1f}\n",
+                   (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->images_per_s);
+        if (u->plot && u->hist && dsrt_train_history_svg(u->hist, u->plot, u->title) != 0) {
+            bar_clear(u);
+            fprintf(stderr, "%s train: %s\n", prog, dsrt_last_error());
+        }
+        if (u->log) fflush(u->log);
+        break;
+    case DSRT_EVENT_CHECKPOINT:
+        if (u->json) {
+            printf("{\"event\": \"checkpoint\", \"iteration\": %lld, \"path\": ",
+                   (long long)e->iteration);
+            tool_json_string(stdout, e->checkpoint);
+            printf("}\n");
+        }
+        break;
+    case DSRT_EVENT_END:
+        bar_clear(u);
+        if (u->table) table_rule();
+        break;
     }
-    if (e->kind == DSRT_EVENT_START) {
-        printf("Training on the CPU: %u pipeline worker%s, %d compute thread%s%s\n", e->workers,
-               e->workers == 1 ? "" : "s", e->compute_threads, e->compute_threads == 1 ? "" : "s",
-               e->pinned ? " (pinned)" : "");
-        printf("|=================================================================================="
-               "=====|\n"
-               "|  Epoch  |  Iteration  |  Time Elapsed  |  Mini-batch  |  Validation  |  "
-               "Mini-batch  |  Base Learning  |\n"
-               "|         |             |   (hh:mm:ss)   |   Accuracy   |   Accuracy   |     Loss  "
-               "   |      Rate       |\n"
-               "|=================================================================================="
-               "=====|\n");
-    } else if (e->kind == DSRT_EVENT_ITERATION && e->verbose) {
-        if (c->tty) fprintf(stderr, "\r\033[K");
-        printf("| %7lld | %11lld | %14s | %11.2f%% | %12s | %12.4f | %15.4g |\n",
-               (long long)e->epoch, (long long)e->iteration, t, 100 * e->accuracy, "", e->loss,
-               e->learn_rate);
-        fflush(stdout);
-    } else if (e->kind == DSRT_EVENT_VALIDATION) {
-        if (c->tty) fprintf(stderr, "\r\033[K");
-        char v[32];
-        snprintf(v, sizeof v, "%.2f%%", 100 * e->val_accuracy);
-        printf("| %7lld | %11lld | %14s | %12s | %12s | %12s | %15s |\n", (long long)e->epoch,
-               (long long)e->iteration, t, "", v, "", "");
-        fflush(stdout);
-    } else if (e->kind == DSRT_EVENT_ITERATION && c->tty && e->max_iterations > 0) {
-        int width = 30, done = (int)(width * e->iteration / e->max_iterations);
-        fprintf(stderr, "\r[%.*s%*s] %lld/%lld  %.0f images/s", done,
-                "##############################", width - done, "", (long long)e->iteration,
-                (long long)e->max_iterations, e->images_per_s);
-    } else if (e->kind == DSRT_EVENT_END) {
-        if (c->tty) fprintf(stderr, "\r\033[K");
-        printf("|=================================================================================="
-               "=====|\n");
-    }
+    if (u->json) fflush(stdout);
     return 0;
 }
 
-/* Reads a description file, or returns the built-in name as it is. */
-static char *load_spec(const char *net) {
-    if (dsrt_net_builtin(net, NULL)) return strdup(net);
-    FILE *f = fopen(net, "rb");
-    if (!f) {
-        fprintf(stderr,
-                "%s train: --net %s: neither a built-in network (digits, cifar, alexnet) "
-                "nor a readable file (%s)\n",
-                prog, net, strerror(errno));
-        return NULL;
-    }
-    char *text = NULL;
-    size_t len = 0, cap = 0, got;
-    char buf[65536];
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
-        if (len + got + 1 > cap) {
-            cap = 2 * (len + got + 1);
-            char *t = realloc(text, cap);
-            if (!t) break;
-            text = t;
-        }
-        memcpy(text + len, buf, got);
-        len += got;
-    }
-    fclose(f);
-    if (text) text[len] = '\0';
-    return text;
-}
-
-static int parse_choice(const char *opt, const char *v, const char *const *names, int n, int *out) {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(v, names[i])) {
-            *out = i;
-            return 0;
-        }
-    fprintf(stderr, "%s: --%s: '%s' is not one of", prog, opt, v);
-    for (int i = 0; i < n; i++) fprintf(stderr, " %s", names[i]);
-    fputc('\n', stderr);
-    return -1;
+static void print_args(FILE *f, int argc, char **argv) {
+    for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
 }
 
 static int cmd_train(int argc, char **argv) {
     memset(&tr, 0, sizeof tr);
-    tr.net = "digits";
     tr.epochs = 30;
     tr.batch = 128;
-    tr.lr = -1;
-    tr.momentum = -1;
-    tr.l2 = -1;
-    tr.drop_factor = -1;
-    tr.lr_factor = 1;
     tr.verbose_frequency = 50;
     tr.checkpoint_frequency = 1;
+    tr.lr_drop_period = 10;
     tr.prefetch = 4;
     int rc = parse_options("train", argc, argv, TRAIN_OPTIONS, train_usage);
     if (rc) return rc > 0 ? 0 : 2;
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--seed") || !strncmp(argv[i], "--seed=", 7)) tr.seed_given = 1;
+
+    /* Every option checked before anything is opened. */
+    const char *cmd = "train";
+    dsrt_train_options o = dsrt_train_defaults();
     if (!tr.data) {
         fprintf(stderr, "%s train: --data DIR is required (see %s train --help)\n", prog, prog);
         return 2;
     }
-
-    /* Every choice is checked before any work starts. */
-    static const char *const solvers[] = {"sgdm", "adam", "rmsprop"};
-    static const char *const shuffles[] = {"never", "once", "every-epoch"};
-    static const char *const outputs[] = {"last", "best-validation"};
-    static const char *const execs[] = {"auto", "cpu", "gpu", "multi-gpu", "parallel"};
-    static const char *const schedules[] = {"none", "piecewise"};
-    int solver = 0, shuffle = 2, output = 0, exec = 0, schedule = 0;
-    if ((tr.solver && parse_choice("solver", tr.solver, solvers, 3, &solver)) ||
-        (tr.shuffle && parse_choice("shuffle", tr.shuffle, shuffles, 3, &shuffle)) ||
-        (tr.output_network &&
-         parse_choice("output-network", tr.output_network, outputs, 2, &output)) ||
-        (tr.exec && parse_choice("execution-environment", tr.exec, execs, 5, &exec)) ||
-        (tr.schedule && parse_choice("lr-schedule", tr.schedule, schedules, 2, &schedule)))
+    static const char *const solvers[] = {"sgdm", "adam", "rmsprop", NULL};
+    static const char *const shuffles[] = {"never", "once", "every-epoch", NULL};
+    static const char *const schedules[] = {"none", "piecewise", NULL};
+    static const char *const clips[] = {"l2norm", "global-l2norm", "absolute-value", NULL};
+    static const char *const outputs[] = {"last", "best-validation", NULL};
+    static const char *const units[] = {"epoch", "iteration", NULL};
+    static const char *const execs[] = {"auto", "cpu", "gpu", "multi-gpu", "parallel", NULL};
+    int k;
+    if (tr.solver) {
+        if ((k = parse_choice(cmd, "solver", tr.solver, solvers)) < 0) return 2;
+        o.optimizer = dsrt_optimizer_defaults((dsrt_solver)k);
+    }
+    if (tr.shuffle) {
+        if ((k = parse_choice(cmd, "shuffle", tr.shuffle, shuffles)) < 0) return 2;
+        o.shuffle = (dsrt_shuffle)k;
+    }
+    if (tr.lr_schedule) {
+        if ((k = parse_choice(cmd, "lr-schedule", tr.lr_schedule, schedules)) < 0) return 2;
+        o.optimizer.schedule = (dsrt_lr_schedule)k;
+    }
+    if (tr.grad_threshold_method) {
+        if ((k = parse_choice(cmd, "gradient-threshold-method", tr.grad_threshold_method, clips)) <
+            0)
+            return 2;
+        o.optimizer.clip = (dsrt_grad_clip)k;
+    }
+    if (tr.output_network) {
+        if ((k = parse_choice(cmd, "output-network", tr.output_network, outputs)) < 0) return 2;
+        o.output_network = (dsrt_output_network)k;
+    }
+    if (tr.checkpoint_unit) {
+        if ((k = parse_choice(cmd, "checkpoint-unit", tr.checkpoint_unit, units)) < 0) return 2;
+        o.checkpoint_unit = (dsrt_frequency_unit)k;
+    }
+    if (tr.size_mode) {
+        static const char *const modes[] = {"resize", "centercrop", "randcrop", NULL};
+        if ((k = parse_choice(cmd, "size-mode", tr.size_mode, modes)) < 0) return 2;
+        o.augment.size_mode = (dsrt_augment_size_mode)k;
+    }
+    o.augment.resize_shorter = tr.resize_shorter;
+    if (tr.execution) {
+        if ((k = parse_choice(cmd, "execution-environment", tr.execution, execs)) < 0) return 2;
+        o.execution = (dsrt_execution)k;
+        if (o.execution >= DSRT_EXEC_GPU) {
+            fprintf(stderr,
+                    "%s train: --execution-environment %s: not available in this build: dsrt "
+                    "trains on the CPU only for now (auto or cpu)\n",
+                    prog, tr.execution);
+            return 2;
+        }
+    }
+    double lr_factor = 1, new_lr_factor = 20;
+    if (parse_double(cmd, "lr", tr.lr, 1e-300, 1e6, &o.optimizer.learn_rate) ||
+        parse_double(cmd, "momentum", tr.momentum, 0, 0.999999, &o.optimizer.momentum) ||
+        parse_double(cmd, "l2", tr.l2, 0, 1e6, &o.optimizer.l2) ||
+        parse_double(cmd, "lr-drop-factor", tr.lr_drop_factor, 0, 1, &o.optimizer.drop_factor) ||
+        parse_double(cmd, "gradient-threshold", tr.grad_threshold, 1e-300, INFINITY,
+                     &o.optimizer.grad_threshold) ||
+        parse_double(cmd, "lr-factor", tr.lr_factor, 0, 1e6, &lr_factor) ||
+        parse_double(cmd, "new-lr-factor", tr.new_lr_factor, 0, 1e6, &new_lr_factor))
         return 2;
-    if (exec >= DSRT_EXEC_GPU) {
+    if (tr.rand_x_reflection && tr.no_rand_x_reflection) {
+        fprintf(stderr, "%s train: --rand-x-reflection and --no-rand-x-reflection contradict\n",
+                prog);
+        return 2;
+    }
+    o.augment.rand_x_reflection = !tr.no_rand_x_reflection;
+    o.augment.rand_y_reflection = tr.rand_y_reflection;
+    if (parse_range(cmd, "rand-rotation", tr.rand_rotation, 1, -360, 360,
+                    o.augment.rand_rotation) ||
+        parse_range(cmd, "rand-scale", tr.rand_scale, 0, 1e-3, 1e3, o.augment.rand_scale) ||
+        parse_range(cmd, "rand-translation", tr.rand_translation, 1, -1e4, 1e4,
+                    o.augment.rand_x_translation) ||
+        parse_range(cmd, "rand-translation", tr.rand_translation, 1, -1e4, 1e4,
+                    o.augment.rand_y_translation) ||
+        parse_range(cmd, "rand-x-translation", tr.rand_x_translation, 1, -1e4, 1e4,
+                    o.augment.rand_x_translation) ||
+        parse_range(cmd, "rand-y-translation", tr.rand_y_translation, 1, -1e4, 1e4,
+                    o.augment.rand_y_translation) ||
+        parse_range(cmd, "rand-x-shear", tr.rand_x_shear, 1, -89, 89, o.augment.rand_x_shear) ||
+        parse_range(cmd, "rand-y-shear", tr.rand_y_shear, 1, -89, 89, o.augment.rand_y_shear))
+        return 2;
+    if ((tr.lr_factor || tr.new_lr_factor || tr.layer) && !tr.transfer) {
         fprintf(stderr,
-                "%s train: --execution-environment %s: this build of dsrt trains on the "
-                "CPU only (auto or cpu); GPU training is not available yet\n",
-                prog, tr.exec);
+                "%s train: --lr-factor, --new-lr-factor and --transfer-layer go with "
+                "--transfer MODEL\n",
+                prog);
         return 2;
     }
-    if (tr.plot && (strlen(tr.plot) < 4 || strcmp(tr.plot + strlen(tr.plot) - 4, ".svg"))) {
-        fprintf(stderr, "%s train: --plot %s: the plot is an SVG file (name it .svg)\n", prog,
-                tr.plot);
+    if (tr.transfer && (tr.net || tr.resume)) {
+        fprintf(stderr,
+                "%s train: --transfer makes the net: give neither --net nor --resume "
+                "with it\n",
+                prog);
         return 2;
     }
-
-    int status = 1;
-    dsrt_datastore *ds = NULL, *val = NULL;
-    dsrt_net *net = NULL, *base = NULL;
-    char *spec = NULL, *desc = NULL;
-    train_ctx ctx = {0};
-    ctx.tty = isatty(2) && !tr.json && !tr.quiet;
-
-    if (dsrt_datastore_open(&ds, tr.data, NULL) != 0) goto fail;
-    if (tr.val && dsrt_datastore_open(&val, tr.val, NULL) != 0) goto fail;
-    if (dsrt_datastore_warning_count(ds) && !tr.json)
-        fprintf(stderr, "%s", dsrt_datastore_warnings(ds));
-
-    dsrt_net_options no = dsrt_net_defaults();
-    no.seed = tr.seed;
-    no.threads = tr.threads;
-    int classes = (int)dsrt_datastore_num_classes(ds);
-    if (tr.transfer) {
-        if (dsrt_model_load(&base, tr.transfer, &no) != 0) goto fail;
-        dsrt_transfer_options to = dsrt_transfer_defaults();
-        to.classes = classes;
-        to.base_lr_factor = (float)tr.lr_factor;
-        const char **names = calloc((size_t)classes, sizeof *names);
-        if (!names) goto fail;
-        for (int c = 0; c < classes; c++) names[c] = dsrt_datastore_class_name(ds, (size_t)c);
-        to.class_names = names;
-        int trc = dsrt_net_transfer(&net, base, &to, &no);
-        free(names);
-        if (trc != 0) goto fail;
-    } else {
-        if (!(spec = load_spec(tr.net))) goto done;
-        if (!(desc = dsrt_describe_datastore_classes(spec, ds))) goto fail;
-        if (dsrt_net_create(&net, desc, 0, 0, 0, classes, &no) != 0) goto fail;
+    FILE *logf = NULL;
+    int log_json = 0;
+    if (tr.log) {
+        size_t n = strlen(tr.log);
+        if (n > 4 && !strcmp(tr.log + n - 4, ".csv"))
+            log_json = 0;
+        else if ((n > 6 && !strcmp(tr.log + n - 6, ".jsonl")) ||
+                 (n > 5 && !strcmp(tr.log + n - 5, ".json")))
+            log_json = 1;
+        else {
+            fprintf(stderr, "%s train: --log %s: name it .csv or .jsonl\n", prog, tr.log);
+            return 2;
+        }
     }
-
-    dsrt_train_options o = dsrt_train_defaults();
+    if (tr.plot) {
+        size_t n = strlen(tr.plot);
+        if (n < 5 || strcmp(tr.plot + n - 4, ".svg") != 0) {
+            fprintf(stderr, "%s train: --plot %s: the plot is an SVG file (name it .svg)\n", prog,
+                    tr.plot);
+            return 2;
+        }
+    }
     o.max_epochs = tr.epochs;
     o.batch = tr.batch;
-    o.shuffle = (dsrt_shuffle)shuffle;
     o.drop_last = tr.drop_last;
-    o.optimizer = dsrt_optimizer_defaults((dsrt_solver)solver);
-    if (tr.lr >= 0) o.optimizer.learn_rate = tr.lr;
-    if (tr.momentum >= 0) o.optimizer.momentum = tr.momentum;
-    if (tr.l2 >= 0) o.optimizer.l2 = tr.l2;
-    o.optimizer.schedule = (dsrt_lr_schedule)schedule;
-    if (tr.drop_factor >= 0) o.optimizer.drop_factor = tr.drop_factor;
-    if (tr.drop_period) o.optimizer.drop_period = tr.drop_period;
-    if (tr.grad_threshold > 0) o.optimizer.grad_threshold = tr.grad_threshold;
-    o.validation = val;
+    o.optimizer.drop_period = tr.lr_drop_period;
     o.validation_frequency = tr.val_frequency;
     o.validation_patience = tr.val_patience;
+    o.validation_batch = tr.val_batch;
     o.verbose_frequency = tr.verbose_frequency;
-    o.output_network = (dsrt_output_network)output;
     o.checkpoint_path = tr.checkpoint_dir;
     o.checkpoint_frequency = tr.checkpoint_frequency;
     o.resume = tr.resume;
-    o.execution = (dsrt_execution)exec;
-    o.augment.rand_x_reflection = tr.x_reflection;
-    o.augment.rand_y_reflection = tr.y_reflection;
-    if (tr.translation > 0) {
-        o.augment.rand_x_translation[0] = o.augment.rand_y_translation[0] = -tr.translation;
-        o.augment.rand_x_translation[1] = o.augment.rand_y_translation[1] = tr.translation;
-    }
     o.seed = tr.seed;
     o.workers = (unsigned)tr.workers;
     o.compute_threads = tr.threads;
     o.cpus = tr.cpus;
+    o.pin = !tr.no_pin;
     o.prefetch = (unsigned)tr.prefetch;
     o.fail_on_error = tr.fail_on_error;
-    o.callback = on_event;
-    o.callback_ctx = &ctx;
-    if (dsrt_train_check(&o, net, ds) != 0) goto fail;
 
-    if (tr.log) {
-        if (!(ctx.log = fopen(tr.log, "w"))) {
-            fprintf(stderr, "%s train: --log %s: %s\n", prog, tr.log, strerror(errno));
-            goto done;
-        }
-        size_t n = strlen(tr.log);
-        ctx.log_csv = n > 4 && !strcmp(tr.log + n - 4, ".csv");
-        if (ctx.log_csv)
-            fprintf(ctx.log, "event,epoch,iteration,elapsed_s,learn_rate,loss,accuracy,val_loss,"
-                             "val_accuracy\n");
+    /* The data, then the net: built, loaded, transferred or the checkpoint's. */
+    dsrt_datastore *train = NULL, *val = NULL;
+    dsrt_net *net = NULL, *base = NULL;
+    char *text = NULL, *desc = NULL;
+    dsrt_train_history *hist = NULL;
+    int status = 1;
+    if (open_data(cmd, "--data", tr.data, &train) ||
+        (tr.val && open_data(cmd, "--val", tr.val, &val))) {
+        status = 2;
+        goto out;
     }
-    if (tr.plot && dsrt_train_history_create(&ctx.history) != 0) goto fail;
+    o.validation = val;
+    dsrt_net_options no = dsrt_net_defaults();
+    no.seed = tr.seed;
+    const char *netname = tr.net;
+    char ckpt[4096];
+    if (!netname && tr.resume) {
+        struct stat st;
+        if (stat(tr.resume, &st) == 0 && S_ISDIR(st.st_mode)) {
+            if (dsrt_checkpoint_latest(tr.resume, ckpt, sizeof ckpt) != 0) {
+                fprintf(stderr, "%s train: --resume: %s\n", prog, dsrt_last_error());
+                status = 2;
+                goto out;
+            }
+        } else {
+            snprintf(ckpt, sizeof ckpt, "%s", tr.resume);
+        }
+        netname = ckpt;
+    }
+    if (!netname && !tr.transfer) netname = "digits";
+    int classes = (int)dsrt_datastore_num_classes(train);
+    if (tr.transfer) {
+        if (dsrt_model_load(&base, tr.transfer, &no) != 0) {
+            fprintf(stderr, "%s train: --transfer: %s\n", prog, dsrt_last_error());
+            goto out;
+        }
+        dsrt_transfer_options to = dsrt_transfer_defaults();
+        to.classes = classes;
+        to.base_lr_factor = (float)lr_factor;
+        to.new_weight_lr = to.new_bias_lr = (float)new_lr_factor;
+        to.layer = tr.layer;
+        const char **names = calloc((size_t)classes, sizeof *names);
+        if (!names) goto out;
+        for (int c = 0; c < classes; c++) names[c] = dsrt_datastore_class_name(train, (size_t)c);
+        to.class_names = names;
+        rc = dsrt_net_transfer(&net, base, &to, &no);
+        free(names);
+        if (rc) {
+            fprintf(stderr, "%s train: --transfer: %s\n", prog, dsrt_last_error());
+            goto out;
+        }
+    } else if (dsrt_net_builtin(netname, NULL)) {
+        desc = dsrt_describe_datastore_classes(netname, train);
+    } else if (is_model_file(netname)) {
+        if (dsrt_model_load(&net, netname, &no) != 0) {
+            fprintf(stderr, "%s train: --net: %s\n", prog, dsrt_last_error());
+            goto out;
+        }
+    } else {
+        text = read_text(netname);
+        if (!text) {
+            fprintf(stderr,
+                    "%s train: --net: '%s' is neither a built-in network nor a readable "
+                    "file: %s\n",
+                    prog, netname, strerror(errno));
+            status = 2;
+            goto out;
+        }
+        desc = dsrt_describe_datastore_classes(text, train);
+    }
+    if (!net) {
+        if (!desc || dsrt_net_create(&net, desc, 0, 0, 0, classes, &no) != 0) {
+            fprintf(stderr, "%s train: --net: %s\n", prog, dsrt_last_error());
+            status = 2;
+            goto out;
+        }
+    }
+    if (dsrt_train_check(&o, net, train) != 0) {
+        fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
+        status = 2;
+        goto out;
+    }
+    if (tr.log && !(logf = fopen(tr.log, "w"))) {
+        fprintf(stderr, "%s train: --log: %s: %s\n", prog, tr.log, strerror(errno));
+        goto out;
+    }
+    if (logf && !log_json)
+        fprintf(logf, "epoch,iteration,time_s,loss,accuracy,learn_rate,val_loss,val_accuracy\n");
+    if ((tr.plot && dsrt_train_history_create(&hist) != 0)) goto out;
+
+    dsrt_net_info ni;
+    dsrt_net_get_info(net, &ni);
+    train_ui ui = {0};
+    ui.log = logf;
+    ui.log_json = log_json;
+    ui.hist = hist;
+    ui.plot = tr.plot;
+    ui.json = tr.json;
+    ui.table = !tr.json && !tr.quiet;
+    ui.progress = !tr.json && !tr.no_progress && isatty(STDERR_FILENO);
+    char title[8400];
+    snprintf(title, sizeof title, "%s on %s", tr.transfer ? "transfer" : netname, tr.data);
+    ui.title = title;
+    o.callback = train_event;
+    o.callback_ctx = &ui;
+    if (ui.table) {
+        printf("Training %s (%zu parameters, input %dx%dx%d, %d classes) on %zu images",
+               tr.transfer ? tr.transfer : netname, ni.learnable, ni.height, ni.width, ni.channels,
+               ni.classes, dsrt_datastore_count(train));
+        if (val) printf(", validating on %zu", dsrt_datastore_count(val));
+        printf("\n");
+    }
 
     dsrt_train_result r;
-    int trc = dsrt_train(net, ds, &o, &r);
-    if (ctx.history && dsrt_train_history_svg(ctx.history, tr.plot, "dstrain") != 0)
-        fprintf(stderr, "%s train: --plot: %s\n", prog, dsrt_last_error());
-    if (trc != 0) goto fail;
-    if (tr.save && dsrt_model_save(tr.save, net) != 0) goto fail;
-
-    static const char *const stops[] = {"max-epochs", "validation-patience", "callback", "error"};
+    rc = dsrt_train(net, train, &o, &r);
+    if (hist && tr.plot && dsrt_train_history_svg(hist, tr.plot, title) != 0)
+        fprintf(stderr, "%s train: %s\n", prog, dsrt_last_error());
+    if (rc) {
+        fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
+        if (tr.json)
+            printf(
+                "{\"event\": \"error\", \"code\": %d, \"error\": \"%s\", \"iterations\": %lld}\n",
+                rc, dsrt_strerror(rc), (long long)r.iterations);
+        goto out;
+    }
+    if (tr.save && dsrt_model_save(tr.save, net) != 0) {
+        fprintf(stderr, "%s train: --save: %s\n", prog, dsrt_last_error());
+        goto out;
+    }
+    static const char *const stops[] = {"max epochs completed", "validation patience reached",
+                                        "stopped by request", "error"};
     if (tr.json) {
-        printf("{\"summary\":true,\"images_per_s\":%.1f,\"val_accuracy\":%.4f,\"val_loss\":%.5f,"
-               "\"epochs\":%lld,\"iterations\":%lld,\"train_s\":%.2f,\"val_s\":%.2f,"
-               "\"images\":%llu,\"skipped\":%llu,\"loss\":%.5f,\"accuracy\":%.4f,"
-               "\"workers\":%u,\"compute_threads\":%d,\"consumer_wait_s\":%.3f,"
-               "\"stop\":\"%s\",\"seed\":%llu,\"weights_checksum\":\"%016llx\"}\n",
-               r.images_per_s, r.val_accuracy == r.val_accuracy ? r.val_accuracy : -1.0,
-               r.val_loss == r.val_loss ? r.val_loss : -1.0, (long long)r.epochs,
-               (long long)r.iterations, r.train_s, r.val_s, (unsigned long long)r.images,
-               (unsigned long long)r.skipped, r.loss, r.accuracy, r.workers, r.compute_threads,
-               r.consumer_wait_s, stops[r.stop], (unsigned long long)r.seed,
+        char b1[32], b2[32], b3[32], b4[32];
+        printf("{\"event\": \"summary\", \"net\": ");
+        tool_json_string(stdout, tr.transfer ? tr.transfer : netname);
+        printf(", \"stop\": \"%s\", \"epochs\": %lld, \"iterations\": %lld, \"images\": %llu, "
+               "\"train_s\": %.3f, \"val_s\": %.3f, \"images_per_s\": %.1f, \"val_accuracy\": "
+               "%s, \"val_loss\": %s, \"loss\": %s, \"accuracy\": %s, \"batch\": %d, "
+               "\"workers\": %u, \"compute_threads\": %d, \"pinned\": %d, "
+               "\"consumer_wait_s\": %.3f, \"skipped\": %llu, \"seed\": %llu, "
+               "\"weights_checksum\": \"%016llx\"",
+               stops[r.stop], (long long)r.epochs, (long long)r.iterations,
+               (unsigned long long)r.images, r.train_s, r.val_s, r.images_per_s,
+               jnum(b1, r.val_accuracy), jnum(b2, r.val_loss), jnum(b3, r.loss),
+               jnum(b4, r.accuracy), o.batch, r.workers, r.compute_threads, r.pinned,
+               r.consumer_wait_s, (unsigned long long)r.skipped, (unsigned long long)r.seed,
                (unsigned long long)r.weights_checksum);
-    } else if (!tr.quiet) {
-        printf("Training finished (%s): %lld epochs, %lld iterations, %.1f s, %.0f images/s "
-               "(loading included; the compute waited %.2f s for data)\n",
+        if (r.checkpoint[0]) {
+            printf(", \"checkpoint\": ");
+            tool_json_string(stdout, r.checkpoint);
+        }
+        printf("}\n");
+    } else {
+        printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training: %.0f "
+               "images/s (loading included; the compute waited %.2f s for data).\n",
                stops[r.stop], (long long)r.epochs, (long long)r.iterations, r.train_s,
                r.images_per_s, r.consumer_wait_s);
-        if (r.val_accuracy == r.val_accuracy)
-            printf("Validation accuracy: %.2f%% (loss %.4f)\n", 100 * r.val_accuracy, r.val_loss);
-        if (r.skipped) printf("%llu unreadable images skipped\n", (unsigned long long)r.skipped);
-        printf("Weights checksum: %016llx\n", (unsigned long long)r.weights_checksum);
+        if (!isnan(r.val_accuracy))
+            printf("Validation accuracy %.2f%%, loss %.4f (validation took %.1f s).\n",
+                   100 * r.val_accuracy, r.val_loss, r.val_s);
+        printf("Weights checksum %016llx", (unsigned long long)r.weights_checksum);
+        if (r.checkpoint[0]) printf("; last checkpoint %s", r.checkpoint);
+        if (tr.save) printf("; model saved to %s", tr.save);
+        printf("\n");
+        if (r.skipped) printf("%llu bad images skipped.\n", (unsigned long long)r.skipped);
     }
     status = 0;
-    goto done;
-fail:
-    fprintf(stderr, "%s train: %s\n", prog, dsrt_last_error());
-done:
-    if (ctx.log) fclose(ctx.log);
-    dsrt_train_history_destroy(ctx.history);
-    free(spec);
-    free(desc);
+out:
+    if (logf) fclose(logf);
+    dsrt_train_history_destroy(hist);
     dsrt_net_destroy(net);
     dsrt_net_destroy(base);
     dsrt_datastore_close(val);
-    dsrt_datastore_close(ds);
+    dsrt_datastore_close(train);
+    free(text);
+    free(desc);
+    (void)print_args;
     return status;
 }
 
@@ -733,25 +1067,30 @@ done:
 // eval
 
 static struct {
-    const char *model, *data;
-    int batch, threads, json;
+    const char *model, *data, *cpus;
+    int batch, threads, workers, json, no_pin;
 } ev;
 
 static const option EVAL_OPTIONS[] = {
-    {"model", OPT_STR, &ev.model, 0, 0, "MODEL", "a model saved by dstrain train --save"},
-    {"data", OPT_STR, &ev.data, 0, 0, "DIR", "labelled data (a folder of class folders, ...)"},
+    {"model", OPT_STR, &ev.model, 0, 0, "FILE", "a model or checkpoint file (required)"},
+    {"data", OPT_STR, &ev.data, 0, 0, "DIR", "labelled images, as for train (required)"},
     {"batch", OPT_INT, &ev.batch, 1, 1 << 20, "B", "images a batch [128]"},
-    {"threads", OPT_INT, &ev.threads, 0, 4096, "T", "compute threads [0: automatic]"},
-    {"json", OPT_FLAG, &ev.json, 0, 0, NULL, "one JSON line"},
+    {"threads", OPT_INT, &ev.threads, 0, 4096, "T", "compute threads [auto]"},
+    {"workers", OPT_INT, &ev.workers, 0, 1024, "W", "pipeline workers [auto]"},
+    {"cpus", OPT_STR, &ev.cpus, 0, 0, "LIST", "run on these CPUs [all]"},
+    {"no-pin", OPT_FLAG, &ev.no_pin, 0, 0, NULL, "do not bind threads to cores"},
+    {"json", OPT_FLAG, &ev.json, 0, 0, NULL,
+     "one JSON line: accuracy, per_class, confusion (rows true, columns predicted)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
 static void eval_usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: %s eval --model MODEL --data DIR [options]\n\n"
-        "Accuracy, per-class accuracy and the confusion matrix of a model on labelled data.\n\n",
-        prog);
+    fprintf(f,
+            "usage: %s eval --model FILE --data DIR [options]\n\n"
+            "Runs a trained model over labelled images and reports the accuracy, the accuracy\n"
+            "of each class and the confusion matrix (rows: true class, columns: predicted).\n"
+            "The data's classes are matched to the model's by name.\n\noptions:\n",
+            prog);
     print_options(f, EVAL_OPTIONS);
 }
 
@@ -761,39 +1100,61 @@ static int cmd_eval(int argc, char **argv) {
     int rc = parse_options("eval", argc, argv, EVAL_OPTIONS, eval_usage);
     if (rc) return rc > 0 ? 0 : 2;
     if (!ev.model || !ev.data) {
-        fprintf(stderr, "%s eval: --model and --data are required\n", prog);
+        fprintf(stderr, "%s eval: --model FILE and --data DIR are required (see %s eval --help)\n",
+                prog, prog);
         return 2;
     }
-    int status = 1;
-    dsrt_net *net = NULL;
     dsrt_datastore *ds = NULL;
-    dsrt_eval_result r;
-    memset(&r, 0, sizeof r);
-    dsrt_net_options no = dsrt_net_defaults();
-    no.threads = ev.threads;
-    if (dsrt_model_load(&net, ev.model, &no) != 0 || dsrt_datastore_open(&ds, ev.data, NULL) != 0)
-        goto fail;
+    dsrt_net *net = NULL;
+    dsrt_eval_result r = {0};
+    int status = 1;
+    if (dsrt_model_load(&net, ev.model, NULL) != 0) {
+        fprintf(stderr, "%s eval: --model: %s\n", prog, dsrt_last_error());
+        goto out;
+    }
+    if (open_data("eval", "--data", ev.data, &ds)) goto out;
     dsrt_eval_options eo = dsrt_eval_defaults();
     eo.batch = ev.batch;
     eo.compute_threads = ev.threads;
-    if (dsrt_evaluate(net, ds, &eo, &r) != 0) goto fail;
-    int k = r.classes;
+    eo.workers = (unsigned)ev.workers;
+    eo.cpus = ev.cpus;
+    eo.pin = !ev.no_pin;
+    if (dsrt_evaluate(net, ds, &eo, &r) != 0) {
+        fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
+        goto out;
+    }
+    int C = r.classes;
     char name[256];
     if (ev.json) {
-        printf("{\"images\":%llu,\"correct\":%llu,\"accuracy\":%.5f,\"loss\":%.5f,"
-               "\"images_per_s\":%.1f,\"skipped\":%llu,\"per_class\":[",
-               (unsigned long long)r.images, (unsigned long long)r.correct, r.accuracy, r.loss,
-               r.images_per_s, (unsigned long long)r.skipped);
-        for (int t = 0; t < k; t++) {
-            uint64_t n = 0;
-            for (int p = 0; p < k; p++) n += r.confusion[t * k + p];
-            printf("%s%.5f", t ? "," : "", n ? (double)r.confusion[t * k + t] / n : 0.0);
+        printf("{\"model\": ");
+        tool_json_string(stdout, ev.model);
+        printf(", \"data\": ");
+        tool_json_string(stdout, ev.data);
+        char b1[32], b2[32];
+        printf(", \"images\": %llu, \"correct\": %llu, \"accuracy\": %s, \"loss\": %s, "
+               "\"seconds\": %.3f, \"images_per_s\": %.1f, \"classes\": [",
+               (unsigned long long)r.images, (unsigned long long)r.correct, jnum(b1, r.accuracy),
+               jnum(b2, r.loss), r.seconds, r.images_per_s);
+        for (int c = 0; c < C; c++) {
+            if (dsrt_net_class_name(net, c, name, sizeof name) < 0)
+                snprintf(name, sizeof name, "%d", c);
+            printf(c ? ", " : "");
+            tool_json_string(stdout, name);
         }
-        printf("],\"confusion\":[");
-        for (int t = 0; t < k; t++) {
-            printf("%s[", t ? "," : "");
-            for (int p = 0; p < k; p++)
-                printf("%s%llu", p ? "," : "", (unsigned long long)r.confusion[t * k + p]);
+        printf("], \"per_class\": [");
+        for (int c = 0; c < C; c++) {
+            uint64_t n = 0;
+            for (int p = 0; p < C; p++) n += r.confusion[(size_t)c * C + p];
+            if (n)
+                printf("%s%.6g", c ? ", " : "", (double)r.confusion[(size_t)c * C + c] / (double)n);
+            else
+                printf("%snull", c ? ", " : "");
+        }
+        printf("], \"confusion\": [");
+        for (int c = 0; c < C; c++) {
+            printf("%s[", c ? ", " : "");
+            for (int p = 0; p < C; p++)
+                printf("%s%llu", p ? ", " : "", (unsigned long long)r.confusion[(size_t)c * C + p]);
             printf("]");
         }
         printf("]}\n");
@@ -801,27 +1162,32 @@ static int cmd_eval(int argc, char **argv) {
         printf("%s on %s: accuracy %.2f%% (%llu of %llu), loss %.4f, %.0f images/s\n", ev.model,
                ev.data, 100 * r.accuracy, (unsigned long long)r.correct,
                (unsigned long long)r.images, r.loss, r.images_per_s);
-        if (r.skipped) printf("%llu unreadable images skipped\n", (unsigned long long)r.skipped);
-        printf("\n%-20s %9s %9s\n", "class", "images", "accuracy");
-        for (int t = 0; t < k; t++) {
+        if (r.skipped) printf("%llu bad images skipped\n", (unsigned long long)r.skipped);
+        printf("\nper class:\n");
+        for (int c = 0; c < C; c++) {
             uint64_t n = 0;
-            for (int p = 0; p < k; p++) n += r.confusion[t * k + p];
-            if (dsrt_net_class_name(net, t, name, sizeof name) < 0)
-                snprintf(name, sizeof name, "%d", t);
-            printf("%-20s %9llu %8.2f%%\n", name, (unsigned long long)n,
-                   n ? 100.0 * r.confusion[t * k + t] / n : 0.0);
+            for (int p = 0; p < C; p++) n += r.confusion[(size_t)c * C + p];
+            if (dsrt_net_class_name(net, c, name, sizeof name) < 0)
+                snprintf(name, sizeof name, "%d", c);
+            if (n)
+                printf("  %3d %-20s %7.2f%%  (%llu images)\n", c, name,
+                       100.0 * (double)r.confusion[(size_t)c * C + c] / (double)n,
+                       (unsigned long long)n);
+            else
+                printf("  %3d %-20s       -  (no images)\n", c, name);
         }
-        printf("\nconfusion matrix (rows: true class, columns: predicted)\n");
-        for (int t = 0; t < k; t++) {
-            for (int p = 0; p < k; p++) printf("%7llu", (unsigned long long)r.confusion[t * k + p]);
-            putchar('\n');
+        printf("\nconfusion matrix (rows: true class, columns: predicted):\n      ");
+        for (int p = 0; p < C; p++) printf(" %6d", p);
+        printf("\n");
+        for (int c = 0; c < C; c++) {
+            printf("  %3d ", c);
+            for (int p = 0; p < C; p++)
+                printf(" %6llu", (unsigned long long)r.confusion[(size_t)c * C + p]);
+            printf("\n");
         }
     }
     status = 0;
-    goto done;
-fail:
-    fprintf(stderr, "%s eval: %s\n", prog, dsrt_last_error());
-done:
+out:
     dsrt_eval_result_free(&r);
     dsrt_datastore_close(ds);
     dsrt_net_destroy(net);
@@ -833,167 +1199,223 @@ done:
 
 static struct {
     const char *model;
-    int top, json;
+    int top, batch, threads, json;
 } cl;
 
 static const option CLASSIFY_OPTIONS[] = {
-    {"model", OPT_STR, &cl.model, 0, 0, "MODEL", "a model saved by dstrain train --save"},
-    {"top", OPT_INT, &cl.top, 1, 1000, "K", "scores of the K likeliest classes [3]"},
-    {"json", OPT_FLAG, &cl.json, 0, 0, NULL, "one JSON line per image"},
+    {"model", OPT_STR, &cl.model, 0, 0, "FILE", "a model or checkpoint file (required)"},
+    {"top", OPT_INT, &cl.top, 1, 1 << 24, "K", "classes to list for each image [3]"},
+    {"batch", OPT_INT, &cl.batch, 1, 4096, "B", "images a batch [64]"},
+    {"threads", OPT_INT, &cl.threads, 0, 4096, "T", "compute threads [all cores]"},
+    {"json", OPT_FLAG, &cl.json, 0, 0, NULL, "one JSON line an image: path, label, scores"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
 static void classify_usage(FILE *f) {
     fprintf(f,
-            "usage: %s classify --model MODEL [options] IMAGE|FOLDER...\n\n"
-            "The label and scores of each image (JPEG or PNG), or of every image in a folder.\n\n",
+            "usage: %s classify --model FILE [options] PATH...\n\n"
+            "Labels images: each PATH is a JPEG or PNG file, or a folder whose images (in its\n"
+            "sub-folders too) are all labelled. Prints, for each image, its path and the K\n"
+            "likeliest labels (--top, 3 by default) with their scores (softmax probabilities),\n"
+            "or with --json all the scores. Images are resized to the model's input size and\n"
+            "converted to its channels, as in training.\n\noptions:\n",
             prog);
     print_options(f, CLASSIFY_OPTIONS);
 }
 
-/* Runs the net on one decoded image and prints its likeliest classes. */
-static int classify_image(dsrt_net *net, dsrt_augmenter *aug, const dsrt_augment_options *ao,
-                          const char *path, const dsrt_image *img, float *x, float *scores, int k) {
-    if (dsrt_augment_apply(aug, ao, img, img->width, img->height, 0, 0, 0, x) != 0 ||
-        dsrt_net_predict(net, x, 1, scores, NULL, NULL, NULL) != 0) {
-        fprintf(stderr, "%s classify: %s: %s\n", prog, path, dsrt_last_error());
-        return 1;
-    }
-    int order[1000], top = cl.top < k ? cl.top : k;
-    for (int j = 0; j < top; j++) {
-        int best = -1;
-        for (int c = 0; c < k; c++) {
-            int used = 0;
-            for (int q = 0; q < j; q++) used |= order[q] == c;
-            if (!used && (best < 0 || scores[c] > scores[best])) best = c;
-        }
-        order[j] = best;
-    }
-    char name[256];
-    if (cl.json) {
-        printf("{\"file\":");
-        putchar('"');
-        for (const char *s = path; *s; s++) {
-            if (*s == '"' || *s == '\\') putchar('\\');
-            putchar(*s);
-        }
-        printf("\",\"top\":[");
+typedef struct {
+    dsrt_net *net;
+    dsrt_net_info ni;
+    dsrt_decoder *dec;
+    dsrt_augmenter *aug;
+    dsrt_augment_options ao;
+    float *x, *scores;
+    char **paths;
+    int n, failures;
+} classifier;
+
+static void classify_flush(classifier *c) {
+    if (c->n == 0) return;
+    int C = c->ni.classes;
+    if (dsrt_net_predict(c->net, c->x, c->n, c->scores, NULL, NULL, NULL) != 0) {
+        fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
+        c->failures += c->n;
     } else {
-        printf("%s:", path);
+        char name[256];
+        for (int i = 0; i < c->n; i++) {
+            const float *s = c->scores + (size_t)i * C;
+            int k = cl.top < C ? cl.top : C;
+            int best[64];
+            if (k > 64) k = 64;
+            for (int j = 0; j < k; j++) {
+                int b = -1;
+                for (int q = 0; q < C; q++) {
+                    int taken = 0;
+                    for (int t = 0; t < j; t++) taken |= best[t] == q;
+                    if (!taken && (b < 0 || s[q] > s[b])) b = q;
+                }
+                best[j] = b;
+            }
+            if (cl.json) {
+                printf("{\"path\": ");
+                tool_json_string(stdout, c->paths[i]);
+                if (dsrt_net_class_name(c->net, best[0], name, sizeof name) < 0)
+                    snprintf(name, sizeof name, "%d", best[0]);
+                printf(", \"label\": ");
+                tool_json_string(stdout, name);
+                printf(", \"class\": %d, \"score\": %.6g, \"scores\": [", best[0],
+                       (double)s[best[0]]);
+                for (int q = 0; q < C; q++) printf("%s%.6g", q ? ", " : "", (double)s[q]);
+                printf("]}\n");
+            } else {
+                printf("%s", c->paths[i]);
+                for (int j = 0; j < k; j++) {
+                    if (dsrt_net_class_name(c->net, best[j], name, sizeof name) < 0)
+                        snprintf(name, sizeof name, "%d", best[j]);
+                    printf("\t%s\t%.4f", name, (double)s[best[j]]);
+                }
+                printf("\n");
+            }
+        }
     }
-    for (int j = 0; j < top; j++) {
-        if (dsrt_net_class_name(net, order[j], name, sizeof name) < 0)
-            snprintf(name, sizeof name, "%d", order[j]);
-        if (cl.json)
-            printf("%s{\"class\":\"%s\",\"index\":%d,\"score\":%.5f}", j ? "," : "", name, order[j],
-                   scores[order[j]]);
-        else
-            printf(" %s %.4f", name, scores[order[j]]);
+    for (int i = 0; i < c->n; i++) free(c->paths[i]);
+    c->n = 0;
+}
+
+static void classify_file(classifier *c, const char *path) {
+    char *data = NULL;
+    size_t len = 0;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        size_t cap = 1 << 16;
+        data = malloc(cap);
+        for (size_t r; data && (r = fread(data + len, 1, cap - len, f)) > 0;) {
+            len += r;
+            if (len == cap) {
+                char *t = realloc(data, cap *= 2);
+                if (!t) free(data);
+                data = t;
+            }
+        }
+        fclose(f);
     }
-    printf(cl.json ? "]}\n" : "\n");
-    return 0;
+    dsrt_image_info info;
+    dsrt_image img;
+    if (!data) {
+        fprintf(stderr, "%s classify: %s: %s\n", prog, path, strerror(errno));
+        c->failures++;
+        return;
+    }
+    dsrt_decode_request req = {.channels = c->ni.channels};
+    int ok = dsrt_decoder_info(c->dec, data, len, &info) == 0;
+    if (ok) {
+        dsrt_augment_decode_size(&c->ao, info.width, info.height, &req.min_width, &req.min_height);
+        ok = dsrt_decode(c->dec, data, len, &req, &img) == 0;
+    }
+    float *dst = c->x + (size_t)c->n * c->ni.channels * c->ni.height * c->ni.width;
+    if (ok)
+        ok = dsrt_augment_apply(c->aug, &c->ao, &img, info.width, info.height, 0, 0, 0, dst) == 0;
+    free(data);
+    if (!ok) {
+        fprintf(stderr, "%s classify: %s: %s\n", prog, path, dsrt_last_error());
+        c->failures++;
+        return;
+    }
+    c->paths[c->n++] = strdup(path);
+    if (c->n == cl.batch) classify_flush(c);
 }
 
 static int cmd_classify(int argc, char **argv) {
     memset(&cl, 0, sizeof cl);
     cl.top = 3;
-    /* Options first, then the images. */
-    int nopt = 0;
-    while (nopt < argc && !strncmp(argv[nopt], "--", 2)) {
-        const option *o = CLASSIFY_OPTIONS;
-        const char *name = argv[nopt] + 2;
-        while (o->name && strncmp(o->name, name, strlen(o->name))) o++;
-        nopt += (o->name && o->type != OPT_FLAG && !strchr(name, '=')) ? 2 : 1;
-    }
-    if (nopt > argc) nopt = argc;
-    int rc = parse_options("classify", nopt, argv, CLASSIFY_OPTIONS, classify_usage);
-    if (rc) return rc > 0 ? 0 : 2;
-    if (!cl.model || nopt == argc) {
-        fprintf(stderr,
-                "%s classify: --model MODEL and at least one image or folder are "
-                "required\n",
-                prog);
-        return 2;
-    }
-    int status = 1, bad = 0;
-    dsrt_net *net = NULL;
-    dsrt_decoder *dec = NULL;
-    dsrt_augmenter *aug = NULL;
-    float *x = NULL, *scores = NULL;
-    if (dsrt_model_load(&net, cl.model, NULL) != 0 || dsrt_decoder_create(&dec, NULL) != 0 ||
-        dsrt_augmenter_create(&aug) != 0)
-        goto fail;
-    dsrt_net_info info;
-    dsrt_net_get_info(net, &info);
-    dsrt_augment_options ao = dsrt_augment_defaults();
-    ao.output_height = info.height;
-    ao.output_width = info.width;
-    ao.output_channels = info.channels;
-    x = malloc(dsrt_augment_sample_bytes(&ao));
-    scores = malloc((size_t)info.classes * sizeof *scores);
-    if (!x || !scores) goto fail;
-    for (int a = nopt; a < argc; a++) {
-        dsrt_datastore *ds = NULL;
-        dsrt_datastore_options dso = dsrt_datastore_defaults();
-        struct stat st;
-        if (stat(argv[a], &st) != 0) {
-            fprintf(stderr, "%s classify: %s: %s\n", prog, argv[a], strerror(errno));
-            bad++;
+    cl.batch = 64;
+    /* Paths are the arguments that are neither options nor their values. */
+    char **opts = calloc((size_t)argc + 1, sizeof *opts);
+    char **paths = calloc((size_t)argc + 1, sizeof *paths);
+    int nopts = 0, npaths = 0, status = 1;
+    if (!opts || !paths) return 1;
+    for (int i = 0; i < argc; i++) {
+        if (strncmp(argv[i], "--", 2) != 0 && strcmp(argv[i], "-h") != 0) {
+            paths[npaths++] = argv[i];
             continue;
         }
-        if (S_ISDIR(st.st_mode)) {
-            dso.label_source = DSRT_LABEL_NONE;
-            dso.source = DSRT_SOURCE_FOLDER;
-            if (dsrt_datastore_open(&ds, argv[a], &dso) != 0) {
-                fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
-                bad++;
-                continue;
-            }
-            dsrt_decode_request req = {.channels = info.channels};
-            for (size_t i = 0; i < dsrt_datastore_count(ds); i++) {
-                dsrt_image img;
-                if (dsrt_datastore_read_image(ds, i, dec, &req, &img) != 0) {
-                    fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
-                    bad++;
-                    continue;
-                }
-                bad += classify_image(net, aug, &ao, dsrt_datastore_path(ds, i), &img, x, scores,
-                                      info.classes);
-            }
-            dsrt_datastore_close(ds);
-        } else {
-            /* One file: read and decoded here, not through a datastore. */
-            FILE *f = fopen(argv[a], "rb");
-            unsigned char *buf = NULL;
-            long n = -1;
-            if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
-                (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-                dsrt_decode_request req = {.channels = info.channels};
-                dsrt_image img;
-                if (dsrt_decode(dec, buf, (size_t)n, &req, &img) != 0) {
-                    fprintf(stderr, "%s classify: %s: %s\n", prog, argv[a], dsrt_last_error());
-                    bad++;
-                } else {
-                    bad += classify_image(net, aug, &ao, argv[a], &img, x, scores, info.classes);
-                }
-            } else {
-                fprintf(stderr, "%s classify: %s: cannot read\n", prog, argv[a]);
-                bad++;
-            }
-            free(buf);
-            if (f) fclose(f);
-        }
+        opts[nopts++] = argv[i];
+        const option *o = CLASSIFY_OPTIONS;
+        while (o->name && strcmp(argv[i] + 2, o->name) != 0) o++;
+        if (o->name && o->type != OPT_FLAG && i + 1 < argc) opts[nopts++] = argv[++i];
     }
-    status = bad ? 1 : 0;
-    goto done;
-fail:
-    fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
-done:
-    free(x);
-    free(scores);
-    dsrt_augmenter_destroy(aug);
-    dsrt_decoder_destroy(dec);
-    dsrt_net_destroy(net);
+    int rc = parse_options("classify", nopts, opts, CLASSIFY_OPTIONS, classify_usage);
+    if (rc) {
+        free(opts);
+        free(paths);
+        return rc > 0 ? 0 : 2;
+    }
+    if (!cl.model || npaths == 0) {
+        fprintf(stderr,
+                "%s classify: --model FILE and at least one PATH are required (see %s "
+                "classify --help)\n",
+                prog, prog);
+        free(opts);
+        free(paths);
+        return 2;
+    }
+    classifier c = {0};
+    dsrt_net_options no = dsrt_net_defaults();
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    no.threads = cl.threads ? cl.threads : (int)(ncpu > 0 ? ncpu : 1);
+    if (dsrt_model_load(&c.net, cl.model, &no) != 0) {
+        fprintf(stderr, "%s classify: --model: %s\n", prog, dsrt_last_error());
+        goto out;
+    }
+    dsrt_net_get_info(c.net, &c.ni);
+    c.ao = dsrt_augment_defaults();
+    c.ao.output_height = c.ni.height;
+    c.ao.output_width = c.ni.width;
+    c.ao.output_channels = c.ni.channels;
+    size_t per = (size_t)c.ni.channels * c.ni.height * c.ni.width;
+    c.x = malloc((size_t)cl.batch * per * sizeof *c.x);
+    c.scores = malloc((size_t)cl.batch * c.ni.classes * sizeof *c.scores);
+    c.paths = calloc((size_t)cl.batch, sizeof *c.paths);
+    if (!c.x || !c.scores || !c.paths || dsrt_decoder_create(&c.dec, NULL) != 0 ||
+        dsrt_augmenter_create(&c.aug) != 0) {
+        fprintf(stderr, "%s classify: out of memory\n", prog);
+        goto out;
+    }
+    for (int i = 0; i < npaths; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0) {
+            fprintf(stderr, "%s classify: %s: %s\n", prog, paths[i], strerror(errno));
+            c.failures++;
+            continue;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            classify_file(&c, paths[i]);
+            continue;
+        }
+        dsrt_datastore_options dso = dsrt_datastore_defaults();
+        dso.source = DSRT_SOURCE_FOLDER;
+        dso.label_source = DSRT_LABEL_NONE;
+        dsrt_datastore *ds;
+        if (dsrt_datastore_open(&ds, paths[i], &dso) != 0) {
+            fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
+            c.failures++;
+            continue;
+        }
+        for (size_t k = 0; k < dsrt_datastore_count(ds); k++)
+            classify_file(&c, dsrt_datastore_path(ds, k));
+        dsrt_datastore_close(ds);
+    }
+    classify_flush(&c);
+    status = c.failures ? 1 : 0;
+out:
+    free(c.x);
+    free(c.scores);
+    free(c.paths);
+    dsrt_decoder_destroy(c.dec);
+    dsrt_augmenter_destroy(c.aug);
+    dsrt_net_destroy(c.net);
+    free(opts);
+    free(paths);
     return status;
 }
 
