@@ -36,12 +36,18 @@
 #include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* From the OpenMP runtime oneDNN loads; weak so that the library links and
- * runs without it (then the count is OpenMP's default). */
+/* From the OpenMP runtime oneDNN loads (libgomp); weak so that the library
+ * links and runs without it (then the count is OpenMP's default and the team
+ * is not reached for binding). */
 extern void omp_set_num_threads(int n) __attribute__((weak));
+extern void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags)
+    __attribute__((weak));
+extern int omp_get_thread_num(void) __attribute__((weak));
+extern int omp_get_max_threads(void) __attribute__((weak));
 
 #define RNG_STREAM_DROPOUT 0x44524f50u /* "DROP" */
 #define PLAN_SLOTS         4
@@ -82,7 +88,7 @@ typedef struct {
     float *fc_t;              /* plain fc: (outputs, n) product before the transpose */
     dnnl_memory_t fc_w, fc_b; /* plain fc: weights and bias in the flat buffer */
     dnnl_memory_t plain_in;   /* softmax: the logits, plain (n, classes) */
-    dnnl_memory_t plain_diff; /* softmax: its gradient, plain, before a reorder */
+    dnnl_memory_t plain_diff; /* softmax, dropout: the input gradient, plain, before a reorder */
     uint64_t w_fwd_version, w_bwd_version;
 } layer_plan;
 
@@ -120,8 +126,12 @@ struct cpu_backend {
     cpu_plan *plans[PLAN_SLOTS];
     cpu_plan *last_train, *last_infer;
     uint64_t clock;
-    int *need_diff; /* (n_layers) 1: backward must produce the gradient of layer i's output */
-    const float *x; /* the batch of the current forward */
+    int *need_diff;   /* (n_layers) 1: backward must produce the gradient of layer i's output */
+    const float *x;   /* the batch of the current forward */
+    cpu_plan *last;   /* the plan of the last forward */
+    float grad_scale; /* 1 / images the loss gradient is averaged over */
+    float *xbuf;      /* uint8 batches converted to float */
+    size_t xbuf_n;
 };
 
 static int dnnl_fail(dnnl_status_t st, const char *what, const dsrt_layer *l) {
@@ -380,11 +390,14 @@ static int step_bn_running(cpu_backend *be, cpu_plan *p, int i) {
     return 0;
 }
 
+/* Masks are indexed by the logical NCHW position of each value, so every
+ * backend draws the same ones: value j keeps when draw j/2 + 1 of the
+ * layer's generator (low half for even j, high half for odd) reaches p. */
 static int step_dropout_fwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_net *net = be->net;
     const dsrt_layer *l = &net->layers[i];
     layer_plan *lp = &p->lp[i];
-    const float *x = handle_of(p->lp[i - 1].out.mem);
+    const float *x = handle_of(lp->src);
     float *y = handle_of(lp->out.mem), *m = lp->mask;
     size_t n = lp->mask_n;
     float keep = 1.0f / (1.0f - l->o.p);
@@ -403,7 +416,7 @@ static int step_dropout_fwd(cpu_backend *be, cpu_plan *p, int i) {
 static int step_dropout_bwd(cpu_backend *be, cpu_plan *p, int i) {
     layer_plan *lp = &p->lp[i];
     const float *dy = handle_of(lp->out.diff), *m = lp->mask;
-    float *dx = handle_of(p->lp[i - 1].out.diff);
+    float *dx = handle_of(lp->plain_diff);
     for (size_t k = 0; k < lp->mask_n; k++) dx[k] = dy[k] * m[k];
     return 0;
 }
@@ -439,7 +452,7 @@ static int step_softmax_fwd(cpu_backend *be, cpu_plan *p, int i) {
 static int step_softmax_bwd(cpu_backend *be, cpu_plan *p, int i) {
     int k = be->net->classes;
     float *d = handle_of(p->lp[i].plain_diff);
-    float inv = 1.0f / p->n;
+    float inv = be->grad_scale;
     for (int b = 0; b < p->n; b++) {
         const float *pb = p->probs + (size_t)b * k;
         float *db = d + (size_t)b * k;
@@ -1076,13 +1089,22 @@ static int plan_dropout(cpu_backend *be, cpu_plan *p, int i) {
         lp->out = *in;
         return 0;
     }
-    int rc = new_output(be, p, i, &in->md);
+    /* In plain layout, where memory order is the logical order the masks
+     * are defined in. */
+    dnnl_memory_desc_t plain;
+    if (md_plain_like(&plain, &in->md)) return dnnl_fail(dnnl_invalid_arguments, "dropout", L);
+    int rc = ensure(p, be, in->mem, &plain, 0, i, &lp->src, L);
+    if (!rc) rc = new_output(be, p, i, &plain);
     if (rc) return rc;
-    lp->mask_n = dnnl_memory_desc_get_size(&in->md) / sizeof(float);
+    lp->mask_n = dnnl_memory_desc_get_size(&plain) / sizeof(float);
     lp->mask = aligned_alloc(64, (lp->mask_n * sizeof(float) + 63) & ~(size_t)63);
     if (!lp->mask) return dsrt__fail(-ENOMEM, "cpu backend: layer '%s': out of memory", L->name);
     if ((rc = c_step(p, 0, step_dropout_fwd, i))) return rc;
-    if (be->need_diff[i - 1]) rc = c_step(p, 1, step_dropout_bwd, i);
+    if (!be->need_diff[i - 1]) return 0;
+    dnnl_memory_t tmp;
+    if ((rc = deliver(p, be, in->diff, &plain, &lp->plain_diff, &tmp, L))) return rc;
+    if ((rc = c_step(p, 1, step_dropout_bwd, i))) return rc;
+    if (tmp) rc = reorder_step(p, be, tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L);
     return rc;
 }
 
@@ -1279,28 +1301,49 @@ static int run_steps(cpu_backend *be, cpu_plan *p, step *steps, size_t n) {
     return st == dnnl_success ? 0 : dnnl_fail(st, "stream wait", NULL);
 }
 
-static int cpu_forward(dsrt_backend *b, const float *x, int n, int train, const int32_t *labels,
-                       double *loss, int *correct, float *probs) {
+static int cpu_stage(dsrt_backend *b, const dsrt_net_batch *batch) {
+    return 0; /* read in place */
+}
+
+static int cpu_stage_wait(dsrt_backend *b) {
+    return 0;
+}
+
+static int cpu_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train) {
     cpu_backend *be = (cpu_backend *)b;
-    set_threads(be->net);
+    const dsrt_net *net = be->net;
+    int n = batch->n;
+    set_threads(net);
     cpu_plan *p;
     int rc = plan_get(be, n, train, &p);
     if (rc) return rc;
+    const float *x = batch->data;
+    if (batch->layout == DSRT_INPUT_U8_NHWC) {
+        const dsrt_shape *in = &net->input;
+        size_t values = (size_t)n * in->c * in->h * in->w;
+        if (values > be->xbuf_n) {
+            float *nb = aligned_alloc(64, (values * sizeof(float) + 63) & ~(size_t)63);
+            if (!nb) return dsrt__fail(-ENOMEM, "cpu backend: out of memory for a batch");
+            free(be->xbuf);
+            be->xbuf = nb;
+            be->xbuf_n = values;
+        }
+        dsrt__batch_u8_to_f32(batch->data, be->xbuf, n, in->c, in->h, in->w, batch->sub,
+                              batch->div);
+        x = be->xbuf;
+    }
     be->x = x;
-    p->labels = labels;
-    if (be->net->layers[0].o.norm == DSRT_NORM_NONE &&
+    be->grad_scale = 1.0f / (float)(batch->global_n > 0 ? batch->global_n : n);
+    p->labels = batch->labels;
+    if (net->layers[0].o.norm == DSRT_NORM_NONE &&
         dnnl_memory_set_data_handle(p->lp[0].out.mem, (void *)x) != dnnl_success)
         return dsrt__fail(DSRT_EBACKEND, "cpu backend: input handle");
     if (train)
         be->last_train = p;
     else
         be->last_infer = p;
-    rc = run_steps(be, p, p->fwd, p->n_fwd);
-    if (rc) return rc;
-    if (loss) *loss = p->loss;
-    if (correct) *correct = p->correct;
-    if (probs) memcpy(probs, p->probs, (size_t)n * be->net->classes * sizeof(float));
-    return 0;
+    be->last = p;
+    return run_steps(be, p, p->fwd, p->n_fwd);
 }
 
 static int cpu_backward(dsrt_backend *b) {
@@ -1309,6 +1352,63 @@ static int cpu_backward(dsrt_backend *b) {
     if (!p || !p->labels) return dsrt__fail(-EINVAL, "cpu backend: backward without forward");
     set_threads(be->net);
     return run_steps(be, p, p->bwd, p->n_bwd);
+}
+
+static int cpu_results(dsrt_backend *b, double *loss, int *correct, float *probs) {
+    cpu_backend *be = (cpu_backend *)b;
+    cpu_plan *p = be->last;
+    if (!p) return dsrt__fail(-EINVAL, "cpu backend: no forward pass");
+    if (loss) *loss = p->loss;
+    if (correct) *correct = p->correct;
+    if (probs) memcpy(probs, p->probs, (size_t)p->n * be->net->classes * sizeof(float));
+    return 0;
+}
+
+static int cpu_optimize(dsrt_backend *b, const dsrt_optim_step *s) {
+    cpu_backend *be = (cpu_backend *)b;
+    dsrt__optim_host(be->net->params, be->net->grads, s);
+    be->net->version++;
+    return 0;
+}
+
+/* What each member of the OpenMP team runs once. The atomics order every
+ * access to the argument before the caller's next step in a way thread
+ * sanitizers see (libgomp's own barriers are not instrumented). */
+typedef struct {
+    int (*fn)(void *, int);
+    void *ctx;
+    atomic_int ready, done, failures;
+} team_arg;
+
+static void team_member(void *arg) {
+    team_arg *t = arg;
+    (void)atomic_load_explicit(&t->ready, memory_order_acquire);
+    int i = omp_get_thread_num ? omp_get_thread_num() : 0;
+    if (t->fn(t->ctx, i)) atomic_fetch_add_explicit(&t->failures, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->done, 1, memory_order_release);
+}
+
+/* oneDNN runs its primitives on the OpenMP team of the thread that calls
+ * it, and libgomp keeps that team's threads between parallel regions, so
+ * what fn does to a member (binding it to a core) holds for the compute of
+ * every later call. */
+static int cpu_run_on_threads(dsrt_backend *b, int (*fn)(void *, int), void *ctx) {
+    cpu_backend *be = (cpu_backend *)b;
+    if (!GOMP_parallel || !omp_get_thread_num) return fn(ctx, 0) != 0;
+    int n = be->net->opts.threads > 0 ? be->net->opts.threads
+            : omp_get_max_threads     ? omp_get_max_threads()
+                                      : 1;
+    set_threads(be->net);
+    team_arg t;
+    t.fn = fn;
+    t.ctx = ctx;
+    atomic_init(&t.done, 0);
+    atomic_init(&t.failures, 0);
+    atomic_init(&t.ready, 0);
+    atomic_store_explicit(&t.ready, 1, memory_order_release);
+    GOMP_parallel(team_member, &t, (unsigned)n, 0);
+    (void)atomic_load_explicit(&t.done, memory_order_acquire);
+    return atomic_load_explicit(&t.failures, memory_order_relaxed);
 }
 
 static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
@@ -1350,14 +1450,23 @@ static void cpu_destroy(dsrt_backend *b) {
     if (be->stream) dnnl_stream_destroy(be->stream);
     if (be->engine) dnnl_engine_destroy(be->engine);
     free(be->need_diff);
+    free(be->xbuf);
     free(be);
 }
 
 static int cpu_create(dsrt_backend **out, dsrt_net *net) {
     const dsrt_layer *L = NULL;
+    if (net->opts.precision == DSRT_PRECISION_BF16)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "%s: precision bf16: the CPU backend computes in float32 only (bf16 is "
+                          "for GPUs)",
+                          net->source);
+    /* TensorFloat-32 is a GPU product format: float32 here. */
+    net->precision = DSRT_PRECISION_FP32;
     cpu_backend *be = dsrt__calloc(1, sizeof *be);
     if (!be) return -ENOMEM;
     be->net = net;
+    be->grad_scale = 1.0f;
     be->need_diff = dsrt__calloc((size_t)net->n_layers, sizeof *be->need_diff);
     if (!be->need_diff) {
         free(be);
@@ -1394,9 +1503,15 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
 
 const dsrt_backend_ops dsrt__backend_cpu = {
     .name = "cpu-onednn",
+    .device_kind = 0,
     .create = cpu_create,
     .destroy = cpu_destroy,
+    .stage = cpu_stage,
+    .stage_wait = cpu_stage_wait,
     .forward = cpu_forward,
     .backward = cpu_backward,
+    .results = cpu_results,
+    .optimize = cpu_optimize,
+    .run_on_threads = cpu_run_on_threads,
     .read_output = cpu_read_output,
 };

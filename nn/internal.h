@@ -198,6 +198,23 @@ struct dsrt_net {
 
     const dsrt_backend_ops *ops;
     dsrt_backend *be;
+    /* DSRT_BUF_* bits: the backend's (device) copy of these buffers is newer
+     * than the host's; the public accessors copy them back first. */
+    unsigned host_stale;
+    dsrt_precision precision; /* as the backend resolved it (never DEFAULT) */
+    const void *staged;       /* data of the batch staged last, NULL when none */
+    int started;              /* a train_start awaits its train_finish */
+    /* The optimizer whose state a device backend holds newer than its host
+     * buffers (it is brought back before the net goes away or moves). */
+    dsrt_optimizer *opt_on_device;
+};
+
+/* The flat buffers, as bits. */
+enum {
+    DSRT_BUF_PARAMS = 1,
+    DSRT_BUF_GRADS = 2,
+    DSRT_BUF_STATE = 4,
+    DSRT_BUF_ALL = 7,
 };
 
 /* Builds a net from a parsed description (takes ownership of d->layers).
@@ -208,45 +225,160 @@ int dsrt__net_build(dsrt_net **net, dsrt_desc *d, const char *text, const char *
                     int w, int c, int classes, const dsrt_net_options *o, int init,
                     const size_t *expect);
 
-/* Called by backends when layer i's gradients are final. */
+/* Called by backends when layer i's gradients are final (on a device: when
+ * the work that writes them is queued). */
 void dsrt__net_grads_ready(dsrt_net *net, int layer);
+
+/* Copies the backend's newer copies of the buffers in `what` (DSRT_BUF_*)
+ * to the host. Returns 0 or the backend's error. */
+int dsrt__net_host(dsrt_net *net, unsigned what);
+
+/* One forward pass over a float NCHW batch, with the loss, correct count and
+ * probabilities of the backend (each may be NULL). For tests. */
+int dsrt__net_forward(dsrt_net *net, const float *x, int n, int train, const int32_t *labels,
+                      double *loss, int *correct, float *probs);
 
 /* Copies layer i's output for the last forward (plain NCHW, n x out.c x
  * out.h x out.w floats) into out. For tests. */
 int dsrt__net_layer_output(dsrt_net *net, int layer, float *out, int train);
 
+/* Checks a batch against the net: size, layout, labels, uint8 divisors. */
+int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need_labels);
+
+/* dst (n, c, h, w) = (src (n, h, w, c) - sub[c]) / div[c]: a uint8 batch as
+ * the pipeline's float output would hold it, bit for bit. */
+void dsrt__batch_u8_to_f32(const uint8_t *src, float *dst, int n, int c, int h, int w,
+                           const float *sub, const float *div);
+
+// ----------------------------------------------------------------------------
+// Optimizer steps, as a backend runs them
+
+/* One parameter tensor (a layer's weights or its bias): a contiguous range
+ * of the flat buffers with its learn-rate and L2 factors (lr 0: frozen). */
+typedef struct {
+    size_t off, n;
+    float lr, l2;
+} dsrt_segment;
+
+/* Everything one optimizer step needs, resolved for the step. */
+typedef struct {
+    dsrt_solver solver;
+    double lr;      /* the schedule's rate for this step (times each segment's factor) */
+    double l2;      /* L2Regularization (times each segment's factor) */
+    float momentum; /* SGDM */
+    float b1, b2;   /* Adam: gradient decay and squared gradient decay; RMSProp: b2 */
+    float c1, c2;   /* Adam's bias corrections 1 / (1 - b^t) for this step */
+    float eps;
+    dsrt_grad_clip clip;
+    double threshold; /* INFINITY: no clipping */
+    const dsrt_segment *seg;
+    int n_seg;
+    /* The optimizer's state on the host (n_params floats each): SGDM
+     * velocity; Adam first and second moments; RMSProp mean square. */
+    float *buf[2];
+    int n_buf;
+    /* Who owns the state, and its host version (bumped when the host
+     * buffers are written from outside): a device backend keeps a copy and
+     * uploads it when either differs from the last step's. */
+    const dsrt_optimizer *owner;
+    uint64_t version;
+} dsrt_optim_step;
+
+/* The update on host buffers: clipping, L2 and the solver's rule over
+ * w (params) from g (grads, clipped in place). The CPU backend's step, and
+ * the reference every other backend is tested against. */
+void dsrt__optim_host(float *w, float *g, const dsrt_optim_step *s);
+
+/* Brings the optimizer's state back from the device holding it, if any. */
+int dsrt__optimizer_host(dsrt_optimizer *opt);
+/* The net that holds opt's state goes away or moves: bring it back. */
+void dsrt__optimizer_release(dsrt_optimizer *opt);
+
 // ----------------------------------------------------------------------------
 // Backends
 
+/* Where a backend's buffers are, for a communicator reducing gradients in
+ * place. */
+typedef struct {
+    int device;   /* DSRT_DEVICE_CPU or the CUDA device */
+    float *grads; /* (n_params) where backward writes gradients: net->grads on the CPU */
+    float *params;
+    void *stream; /* cudaStream_t the step's work is queued on; NULL on the CPU */
+} dsrt_backend_memory;
+
 /*
- * What a backend does for a net. A backend instance belongs to one net; it
- * reads the layer list and the flat buffers of the net it is created for and
- * writes gradients into net->grads and running statistics into net->state.
+ * What a backend does for a net. A backend instance belongs to one net and
+ * reads its layer list. The CPU backend works on the net's host buffers
+ * directly; a device backend keeps its own copies of them, uploads the host
+ * ones whenever net->version differs from the version it last saw, and sets
+ * net->host_stale bits for what it changed (state in a training forward,
+ * gradients in backward, parameters in an optimizer step).
+ *
+ * The calls of a training step are stage (optional), forward (train = 1),
+ * backward, results, then optimize; a device backend may queue the work and
+ * return at once from all but results, stage_wait and the read-backs.
  */
 struct dsrt_backend_ops {
-    const char *name;
+    const char *name; /* "cpu-onednn", "cuda-cudnn" */
+    int device_kind;  /* 0: the CPU; 1: CUDA devices */
+    /* Devices this backend can use now (device backends); when none, why
+     * (a sentence) into why[size] unless why is NULL. */
+    int (*devices)(char *why, size_t size);
     int (*create)(dsrt_backend **be, dsrt_net *net);
     void (*destroy)(dsrt_backend *be);
-    /* Forward over n images (x: n x c x h x w). train: batch statistics and
-     * dropout, keeps what backward needs. labels may be NULL; then loss and
-     * correct are not computed. probs (n x classes) may be NULL. */
-    int (*forward)(dsrt_backend *be, const float *x, int n, int train, const int32_t *labels,
-                   double *loss, int *correct, float *probs);
-    /* Backward of the last training forward: gradients into net->grads,
-     * calling dsrt__net_grads_ready as layers finish. */
+    /* Starts moving batch b (checked) where the backend computes: 1 when it
+     * is being copied, 0 when forward reads b->data in place. */
+    int (*stage)(dsrt_backend *be, const dsrt_net_batch *b);
+    /* Waits until the host memory of the last staged batch may be reused. */
+    int (*stage_wait)(dsrt_backend *be);
+    /* Forward over batch b (the staged copy when b->data was staged last).
+     * train: batch statistics and dropout, keeps what backward needs.
+     * Without labels, loss and correct are not computed. */
+    int (*forward)(dsrt_backend *be, const dsrt_net_batch *b, int train);
+    /* Backward of the last training forward: gradients, calling
+     * dsrt__net_grads_ready as layers finish. */
     int (*backward)(dsrt_backend *be);
+    /* Waits for the last forward (and backward) and gives its loss (mean
+     * over the batch), correct count and probabilities (n x classes);
+     * each may be NULL. */
+    int (*results)(dsrt_backend *be, double *loss, int *correct, float *probs);
+    /* One optimizer step over the net's parameters from its gradients. */
+    int (*optimize)(dsrt_backend *be, const dsrt_optim_step *s);
+    /* Copies the backend's buffers in `what` (DSRT_BUF_*) to the net's host
+     * buffers. NULL: the host buffers are the backend's own. */
+    int (*to_host)(dsrt_backend *be, unsigned what);
+    /* Copies the optimizer state it holds for s->owner into s->buf. NULL:
+     * the backend works on s->buf itself. */
+    int (*optim_to_host)(dsrt_backend *be, const dsrt_optim_step *s);
+    /* Runs fn(ctx, member) on each compute thread; returns the failures. */
+    int (*run_on_threads)(dsrt_backend *be, int (*fn)(void *, int), void *ctx);
+    /* Waits for every piece of queued work. NULL: nothing is queued. */
+    int (*sync)(dsrt_backend *be);
+    /* Seconds of device work and of device idleness between steps. NULL:
+     * not a device. */
+    void (*device_time)(dsrt_backend *be, double *busy_s, double *idle_s);
+    void (*memory)(dsrt_backend *be, dsrt_backend_memory *m);
     /* Layer i's output of the last forward in plain NCHW. */
     int (*read_output)(dsrt_backend *be, int layer, int train, float *out);
 };
 
 extern const dsrt_backend_ops dsrt__backend_cpu;
+#ifdef DSRT_WITH_CUDA_BACKEND
+extern const dsrt_backend_ops dsrt__backend_cuda;
+#endif
+
+/* Where net's backend keeps its buffers. */
+void dsrt__net_memory(dsrt_net *net, dsrt_backend_memory *m);
 
 // ----------------------------------------------------------------------------
 // Optimizers (optim.c), for model files
 
 /* Number of state buffers (each n_params floats) the optimizer keeps. */
 int dsrt__optimizer_n_buffers(const dsrt_optimizer *opt);
+/* State buffer i for writing (brought back from a device first; NULL when
+ * that fails), and as it stands on the host for reading. */
 float *dsrt__optimizer_buffer(dsrt_optimizer *opt, int i);
+const float *dsrt__optimizer_state(const dsrt_optimizer *opt, int i);
 int64_t dsrt__optimizer_steps(const dsrt_optimizer *opt);
 void dsrt__optimizer_set_steps(dsrt_optimizer *opt, int64_t t);
 

@@ -151,8 +151,11 @@ static int section(writer *w, const char *tag, const void *const *parts, const s
 static int write_file(const char *path, const dsrt_net *net, const dsrt_optimizer *opt,
                       const dsrt_train_position *pos, uint32_t kind) {
     writer w = {0};
-    int rc = reserve(&w, HEADER_SIZE);
-    if (rc) return rc;
+    /* The newest numbers, where a device backend holds them. */
+    int rc = dsrt__net_host((dsrt_net *)net, DSRT_BUF_PARAMS | DSRT_BUF_STATE);
+    if (!rc && opt) rc = dsrt__optimizer_host((dsrt_optimizer *)opt);
+    if (rc) return dsrt__fail_prefix(rc, "model: %s", path);
+    if ((rc = reserve(&w, HEADER_SIZE))) return rc;
     w.len = HEADER_SIZE;
     const void *parts[3];
     size_t sizes[3];
@@ -182,7 +185,7 @@ static int write_file(const char *path, const dsrt_net *net, const dsrt_optimize
         parts[0] = fixed;
         sizes[0] = sizeof fixed;
         for (int k = 0; k < nb; k++) {
-            parts[1 + k] = dsrt__optimizer_buffer((dsrt_optimizer *)opt, k);
+            parts[1 + k] = dsrt__optimizer_state(opt, k);
             sizes[1 + k] = net->n_params * sizeof(float);
         }
         if ((rc = section(&w, "OPTM", parts, sizes, 1 + nb))) goto fail;

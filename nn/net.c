@@ -2,8 +2,13 @@
  * Networks: from a parsed description to layers with shapes, one flat buffer
  * of parameters and one of gradients (layers hold offsets into them), the
  * initial weights, and a backend that runs them. Also the public calls that
- * run a net and describe it, and the gradient buckets a data-parallel trainer
- * reduces while backward is still running.
+ * run a net and describe it, the gradient buckets a data-parallel trainer
+ * reduces while backward is still running, and the bookkeeping of where the
+ * newest numbers are when a backend keeps its own copies on a device.
+ *
+ * Backends are chosen from one table by the kind of device (CPU or CUDA);
+ * everything above this file talks to a net through the calls here, never
+ * to a backend.
  */
 #include "internal.h"
 
@@ -24,8 +29,101 @@ dsrt_net_options dsrt_net_defaults(void) {
     o.seed = 0;
     o.init = DSRT_INIT_GLOROT;
     o.fuse = 1;
-    o.device = -1;
+    o.device = DSRT_DEVICE_CPU;
+    o.precision = DSRT_PRECISION_DEFAULT;
+    o.deterministic = 0;
     return o;
+}
+
+// ----------------------------------------------------------------------------
+// Backends
+
+static const dsrt_backend_ops *const BACKENDS[] = {
+    &dsrt__backend_cpu,
+#ifdef DSRT_WITH_CUDA_BACKEND
+    &dsrt__backend_cuda,
+#endif
+};
+#define N_BACKENDS (sizeof BACKENDS / sizeof BACKENDS[0])
+
+static const dsrt_backend_ops *backend_for(int device_kind) {
+    for (size_t k = 0; k < N_BACKENDS; k++)
+        if (BACKENDS[k]->device_kind == device_kind) return BACKENDS[k];
+    return NULL;
+}
+
+int dsrt_gpu_count(void) {
+    const dsrt_backend_ops *ops = backend_for(1);
+    return ops && ops->devices ? ops->devices(NULL, 0) : 0;
+}
+
+const char *dsrt_precision_name(dsrt_precision p) {
+    static const char *const names[] = {"default", "fp32", "tf32", "bf16"};
+    return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : NULL;
+}
+
+/* The backend for device, checked: the device exists in this build and on
+ * this machine. Messages start "GPU n: ". */
+static int pick_backend(int device, const dsrt_backend_ops **out) {
+    if (device < DSRT_DEVICE_CPU)
+        return dsrt__fail(DSRT_EOPTION, "device %d: not the CPU (-1) or a GPU index", device);
+    const dsrt_backend_ops *ops = backend_for(device >= 0);
+    if (!ops)
+        return dsrt__fail(DSRT_ENODEVICE,
+                          "GPU %d: this build of dsrt has no GPU backend (build it where the CUDA "
+                          "toolkit, cuDNN and cuBLAS are installed)",
+                          device);
+    if (device >= 0) {
+        char why[256] = "";
+        int n = ops->devices(why, sizeof why);
+        if (device >= n)
+            return dsrt__fail(DSRT_ENODEVICE, "GPU %d: %s", device,
+                              n > 0  ? "there is no such CUDA device"
+                              : *why ? why
+                                     : "no CUDA device is visible on this machine");
+    }
+    *out = ops;
+    return 0;
+}
+
+int dsrt_gpu_check(int device) {
+    const dsrt_backend_ops *ops;
+    if (device < 0) return dsrt__fail(DSRT_ENODEVICE, "GPU %d: not a device index", device);
+    return pick_backend(device, &ops);
+}
+
+/* Creates net's backend for its options' device; on failure the net has
+ * none. */
+static int attach_backend(dsrt_net *net) {
+    const dsrt_backend_ops *ops;
+    int rc = pick_backend(net->opts.device, &ops);
+    if (rc) return dsrt__fail_prefix(rc, "%s", net->source);
+    if ((unsigned)net->opts.precision > DSRT_PRECISION_BF16)
+        return dsrt__fail(DSRT_EOPTION, "%s: precision %d: unknown", net->source,
+                          (int)net->opts.precision);
+    net->ops = ops;
+    net->be = NULL;
+    net->host_stale = 0;
+    net->staged = NULL;
+    net->started = 0;
+    if ((rc = ops->create(&net->be, net))) {
+        net->ops = NULL;
+        net->be = NULL;
+    }
+    return rc;
+}
+
+/* Brings every newer copy home and destroys the backend. */
+static int detach_backend(dsrt_net *net) {
+    int rc = 0;
+    if (net->opt_on_device) dsrt__optimizer_release(net->opt_on_device);
+    if (net->ops && net->be) {
+        rc = dsrt__net_host(net, DSRT_BUF_ALL);
+        net->ops->destroy(net->be);
+    }
+    net->ops = NULL;
+    net->be = NULL;
+    return rc;
 }
 
 static float *alloc_floats(size_t n) {
@@ -168,13 +266,7 @@ int dsrt__net_build(dsrt_net **out, dsrt_desc *d, const char *text, const char *
         dsrt_rng rng = dsrt_rng_init(net->opts.seed, 0, (uint64_t)i, RNG_STREAM_INIT);
         l->def->init(l, net->params, net->state, &rng, net->opts.init);
     }
-    if (net->opts.device >= 0) {
-        rc = dsrt__fail(DSRT_ENODEVICE, "%s: device %d: this build has only the CPU backend",
-                        source, net->opts.device);
-        goto fail;
-    }
-    net->ops = &dsrt__backend_cpu;
-    if ((rc = net->ops->create(&net->be, net))) goto fail;
+    if ((rc = attach_backend(net))) goto fail;
     *out = net;
     return 0;
 fail:
@@ -212,7 +304,7 @@ int dsrt_net_create(dsrt_net **net, const char *spec, int height, int width, int
 
 void dsrt_net_destroy(dsrt_net *net) {
     if (!net) return;
-    if (net->ops && net->be) net->ops->destroy(net->be);
+    detach_backend(net);
     free(net->layers);
     free(net->desc);
     free(net->source);
@@ -237,6 +329,8 @@ void dsrt_net_get_info(const dsrt_net *net, dsrt_net_info *info) {
     info->params = net->n_params;
     info->state = net->n_state;
     info->backend = net->ops->name;
+    info->device = net->opts.device;
+    info->precision = net->precision;
     /* Backward costs the forward's flops twice (data and weights), except
      * that nothing needs the gradient of the input: the first layer with
      * parameters computes only its weight gradient. */
@@ -274,6 +368,8 @@ int dsrt_net_set_input_stats(dsrt_net *net, const float *mean, const float *std,
                              const float *max) {
     const dsrt_layer *l = &net->layers[0];
     int c = l->out.c;
+    int rc = dsrt__net_host(net, DSRT_BUF_ALL);
+    if (rc) return rc;
     float *s = net->state + l->s_off;
     const float *src[] = {mean, std, min, max};
     for (int k = 0; k < 4; k++) {
@@ -293,26 +389,93 @@ int dsrt_net_set_input_stats(dsrt_net *net, const float *mean, const float *std,
 // ----------------------------------------------------------------------------
 // Running
 
-static int check_batch(dsrt_net *net, const float *x, const int32_t *labels, int n) {
-    if (!x || n < 1) return dsrt__fail(-EINVAL, "net: empty batch (n = %d)", n);
-    if (labels)
-        for (int i = 0; i < n; i++)
-            if (labels[i] < 0 || labels[i] >= net->classes)
+int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need_labels) {
+    if (!b || !b->data || b->n < 1)
+        return dsrt__fail(-EINVAL, "net: empty batch (n = %d)", b ? b->n : 0);
+    if (b->layout != DSRT_INPUT_F32_NCHW && b->layout != DSRT_INPUT_U8_NHWC)
+        return dsrt__fail(DSRT_EOPTION, "net: batch layout %d: unknown", (int)b->layout);
+    if (b->global_n != 0 && b->global_n < b->n)
+        return dsrt__fail(DSRT_EOPTION, "net: global batch %d is smaller than the batch (%d)",
+                          b->global_n, b->n);
+    if (b->layout == DSRT_INPUT_U8_NHWC) {
+        if (net->input.c > 4)
+            return dsrt__fail(DSRT_EOPTION,
+                              "net: uint8 batches have at most 4 channels, the net "
+                              "takes %d",
+                              net->input.c);
+        for (int c = 0; c < net->input.c; c++)
+            if (!(b->div[c] > 0) || !isfinite(b->div[c]) || !isfinite(b->sub[c]))
+                return dsrt__fail(DSRT_EOPTION, "net: uint8 batch: sub[%d] = %g, div[%d] = %g", c,
+                                  (double)b->sub[c], c, (double)b->div[c]);
+    }
+    if (need_labels && !b->labels) return dsrt__fail(-EINVAL, "net: training needs labels");
+    if (b->labels)
+        for (int i = 0; i < b->n; i++)
+            if (b->labels[i] < 0 || b->labels[i] >= net->classes)
                 return dsrt__fail(DSRT_EOPTION, "net: label %d of image %d is outside [0, %d)",
-                                  (int)labels[i], i, net->classes);
+                                  (int)b->labels[i], i, net->classes);
     return 0;
 }
 
-int dsrt_net_forward_backward(dsrt_net *net, const float *x, const int32_t *labels, int n,
-                              float *loss, int *correct) {
-    if (!labels) return dsrt__fail(-EINVAL, "net: training needs labels");
-    int rc = check_batch(net, x, labels, n);
+void dsrt__batch_u8_to_f32(const uint8_t *src, float *dst, int n, int c, int h, int w,
+                           const float *sub, const float *div) {
+    size_t hw = (size_t)h * w;
+    for (int ch = 0; ch < c; ch++) {
+        /* The value of each byte, computed as the pipeline computes it. */
+        float lut[256];
+        for (int x = 0; x < 256; x++) lut[x] = ((float)x - sub[ch]) / div[ch];
+        for (int b = 0; b < n; b++) {
+            const uint8_t *s = src + (size_t)b * hw * c + ch;
+            float *d = dst + ((size_t)b * c + ch) * hw;
+            for (size_t k = 0; k < hw; k++) d[k] = lut[s[k * c]];
+        }
+    }
+}
+
+static dsrt_net_batch f32_batch(const float *x, const int32_t *labels, int n) {
+    dsrt_net_batch b;
+    memset(&b, 0, sizeof b);
+    b.data = x;
+    b.layout = DSRT_INPUT_F32_NCHW;
+    b.labels = labels;
+    b.n = n;
+    return b;
+}
+
+int dsrt_net_stage(dsrt_net *net, const dsrt_net_batch *b) {
+    int rc = dsrt__net_check_batch(net, b, 0);
     if (rc) return rc;
+    rc = net->ops->stage(net->be, b);
+    net->staged = rc >= 0 ? b->data : NULL;
+    return rc;
+}
+
+int dsrt_net_stage_wait(dsrt_net *net) {
+    return net->ops->stage_wait(net->be);
+}
+
+int dsrt_net_train_start(dsrt_net *net, const dsrt_net_batch *b) {
+    int rc = dsrt__net_check_batch(net, b, 1);
+    if (rc) return rc;
+    if (net->started)
+        return dsrt__fail(-EINVAL, "net: train_start twice without train_finish between");
+    if (b->data != net->staged && (rc = net->ops->stage(net->be, b)) < 0) return rc;
+    net->staged = NULL;
+    if ((rc = net->ops->forward(net->be, b, 1))) return rc;
+    if ((rc = net->ops->backward(net->be))) {
+        net->iteration++;
+        return rc;
+    }
+    net->started = 1;
+    return 0;
+}
+
+int dsrt_net_train_finish(dsrt_net *net, float *loss, int *correct) {
+    if (!net->started) return dsrt__fail(-EINVAL, "net: train_finish without train_start");
+    net->started = 0;
     double l = 0;
     int ok = 0;
-    rc = net->ops->forward(net->be, x, n, 1, labels, &l, &ok, NULL);
-    if (rc) return rc;
-    rc = net->ops->backward(net->be);
+    int rc = net->ops->results(net->be, &l, &ok, NULL);
     net->iteration++;
     if (loss) *loss = (float)l;
     if (correct) *correct = ok;
@@ -321,17 +484,43 @@ int dsrt_net_forward_backward(dsrt_net *net, const float *x, const int32_t *labe
     return 0;
 }
 
+int dsrt_net_forward_backward(dsrt_net *net, const float *x, const int32_t *labels, int n,
+                              float *loss, int *correct) {
+    if (!labels) return dsrt__fail(-EINVAL, "net: training needs labels");
+    dsrt_net_batch b = f32_batch(x, labels, n);
+    int rc = dsrt_net_train_start(net, &b);
+    return rc ? rc : dsrt_net_train_finish(net, loss, correct);
+}
+
+int dsrt__net_forward(dsrt_net *net, const float *x, int n, int train, const int32_t *labels,
+                      double *loss, int *correct, float *probs) {
+    dsrt_net_batch b = f32_batch(x, labels, n);
+    int rc = dsrt__net_check_batch(net, &b, train);
+    if (rc) return rc;
+    if ((rc = net->ops->forward(net->be, &b, train))) return rc;
+    return net->ops->results(net->be, loss, correct, probs);
+}
+
 int dsrt_net_predict(dsrt_net *net, const float *x, int n, float *scores, const int32_t *labels,
                      float *loss, int *correct) {
-    int rc = check_batch(net, x, labels, n);
-    if (rc) return rc;
     double l = 0;
     int ok = 0;
-    rc = net->ops->forward(net->be, x, n, 0, labels, &l, &ok, scores);
+    int rc = dsrt__net_forward(net, x, n, 0, labels, &l, &ok, scores);
     if (rc) return rc;
     if (loss) *loss = labels ? (float)l : 0.0f;
     if (correct) *correct = labels ? ok : 0;
     return 0;
+}
+
+int dsrt_net_sync(dsrt_net *net) {
+    return net->ops->sync ? net->ops->sync(net->be) : 0;
+}
+
+void dsrt_net_device_time(dsrt_net *net, double *busy_s, double *idle_s) {
+    double b = 0, i = 0;
+    if (net->ops->device_time) net->ops->device_time(net->be, &b, &i);
+    if (busy_s) *busy_s = b;
+    if (idle_s) *idle_s = i;
 }
 
 void dsrt_net_set_iteration(dsrt_net *net, int64_t iteration) {
@@ -348,25 +537,84 @@ int dsrt__net_layer_output(dsrt_net *net, int layer, float *out, int train) {
 }
 
 // ----------------------------------------------------------------------------
+// Devices and threads
+
+int dsrt_net_set_device(dsrt_net *net, int device) {
+    if (device == net->opts.device) return 0;
+    const dsrt_backend_ops *ops;
+    int rc = pick_backend(device, &ops);
+    if (rc) return dsrt__fail_prefix(rc, "%s", net->source);
+    if (net->started) return dsrt__fail(-EINVAL, "net: moved between train_start and finish");
+    /* Everything home first: while that fails the net stays where it is. */
+    if (net->opt_on_device && (rc = dsrt__optimizer_host(net->opt_on_device))) return rc;
+    if ((rc = dsrt__net_host(net, DSRT_BUF_ALL))) return rc;
+    detach_backend(net);
+    int old = net->opts.device;
+    net->opts.device = device;
+    net->version++;
+    if ((rc = attach_backend(net)) == 0) return 0;
+    /* Back where it was, from the host copies. */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+    net->opts.device = old;
+    if (attach_backend(net) != 0)
+        return dsrt__fail(rc, "%s (and the net could not go back: %s)", msg, dsrt_last_error());
+    return dsrt__fail(rc, "%s", msg);
+}
+
+void dsrt_net_set_threads(dsrt_net *net, int threads) {
+    net->opts.threads = threads < 0 ? 0 : threads;
+}
+
+int dsrt_net_threads(const dsrt_net *net) {
+    return net->opts.threads;
+}
+
+int dsrt_net_run_on_threads(dsrt_net *net, int (*fn)(void *ctx, int member), void *ctx) {
+    return net->ops->run_on_threads(net->be, fn, ctx);
+}
+
+void dsrt__net_memory(dsrt_net *net, dsrt_backend_memory *m) {
+    memset(m, 0, sizeof *m);
+    m->device = DSRT_DEVICE_CPU;
+    m->grads = net->grads;
+    m->params = net->params;
+    if (net->ops->memory) net->ops->memory(net->be, m);
+}
+
+// ----------------------------------------------------------------------------
 // Flat buffers and buckets
+
+int dsrt__net_host(dsrt_net *net, unsigned what) {
+    what &= net->host_stale;
+    if (!what || !net->ops || !net->ops->to_host) return 0;
+    int rc = net->ops->to_host(net->be, what);
+    if (rc == 0) net->host_stale &= ~what;
+    return rc;
+}
 
 float *dsrt_net_params(dsrt_net *net, size_t *count) {
     if (count) *count = net->n_params;
-    return net->params;
+    return dsrt__net_host(net, DSRT_BUF_PARAMS) ? NULL : net->params;
 }
 
 void dsrt_net_params_changed(dsrt_net *net) {
+    /* A buffer the caller has not read since the device changed it is
+     * brought home now, so the upload that follows sends its newest values;
+     * the ones read (and perhaps written) are the host's. */
+    (void)dsrt__net_host(net, DSRT_BUF_PARAMS | DSRT_BUF_STATE);
+    net->host_stale &= ~(unsigned)(DSRT_BUF_PARAMS | DSRT_BUF_STATE);
     net->version++;
 }
 
 float *dsrt_net_grads(dsrt_net *net, size_t *count) {
     if (count) *count = net->n_params;
-    return net->grads;
+    return dsrt__net_host(net, DSRT_BUF_GRADS) ? NULL : net->grads;
 }
 
 float *dsrt_net_state(dsrt_net *net, size_t *count) {
     if (count) *count = net->n_state;
-    return net->state;
+    return dsrt__net_host(net, DSRT_BUF_STATE) ? NULL : net->state;
 }
 
 /* Buckets of whole layers from the last layer back; first_layer[k] receives

@@ -24,19 +24,19 @@
 #define DSRT_VECTOR_MATH
 #endif
 
-typedef struct {
-    size_t off, n;
-    float lr, l2; /* factors */
-} segment;
-
 struct dsrt_optimizer {
     dsrt_optimizer_options o;
     size_t n_params;
-    segment *seg;
+    dsrt_segment *seg;
     int n_seg;
     float *buf[2]; /* SGDM: velocity; Adam: first and second moments; RMSProp: mean square */
     int n_buf;
-    int64_t t; /* steps taken */
+    int64_t t;        /* steps taken */
+    uint64_t version; /* bumped when buf is written from outside a step */
+    /* The net whose device backend holds this state (newer than buf when
+     * host_stale), or NULL. */
+    dsrt_net *held_by;
+    int host_stale;
 };
 
 dsrt_optimizer_options dsrt_optimizer_defaults(dsrt_solver solver) {
@@ -90,8 +90,8 @@ int dsrt_optimizer_create(dsrt_optimizer **out, const dsrt_net *net,
     if (!opt->seg) goto nomem;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
-        if (l->w_n) opt->seg[opt->n_seg++] = (segment){l->w_off, l->w_n, l->o.wlr, l->o.wl2};
-        if (l->b_n) opt->seg[opt->n_seg++] = (segment){l->b_off, l->b_n, l->o.blr, l->o.bl2};
+        if (l->w_n) opt->seg[opt->n_seg++] = (dsrt_segment){l->w_off, l->w_n, l->o.wlr, l->o.wl2};
+        if (l->b_n) opt->seg[opt->n_seg++] = (dsrt_segment){l->b_off, l->b_n, l->o.blr, l->o.bl2};
     }
     opt->n_buf = o.solver == DSRT_SOLVER_ADAM ? 2 : 1;
     for (int k = 0; k < opt->n_buf; k++) {
@@ -109,6 +109,7 @@ nomem:
 
 void dsrt_optimizer_destroy(dsrt_optimizer *opt) {
     if (!opt) return;
+    if (opt->held_by) opt->held_by->opt_on_device = NULL;
     free(opt->seg);
     free(opt->buf[0]);
     free(opt->buf[1]);
@@ -185,63 +186,134 @@ static void rmsprop(float *restrict w, const float *restrict g, float *restrict 
 // ----------------------------------------------------------------------------
 // A step
 
-int dsrt_optimizer_step(dsrt_optimizer *opt, dsrt_net *net, int epoch) {
-    if (net->n_params != opt->n_params)
-        return dsrt__fail(-EINVAL, "optimizer: made for %zu parameters, the net has %zu",
-                          opt->n_params, net->n_params);
-    const dsrt_optimizer_options *o = &opt->o;
-    float *w = net->params, *g = net->grads;
-
+void dsrt__optim_host(float *w, float *g, const dsrt_optim_step *s) {
     /* Clipping, on the loss gradient before L2 is added. */
-    if (isfinite(o->grad_threshold)) {
-        double t = o->grad_threshold;
-        if (o->clip == DSRT_CLIP_GLOBAL_L2NORM) {
-            double s = 0;
-            for (int k = 0; k < opt->n_seg; k++)
-                if (opt->seg[k].lr != 0) s += sum_squares(g + opt->seg[k].off, opt->seg[k].n);
-            double norm = sqrt(s);
+    if (isfinite(s->threshold)) {
+        double t = s->threshold;
+        if (s->clip == DSRT_CLIP_GLOBAL_L2NORM) {
+            double sum = 0;
+            for (int k = 0; k < s->n_seg; k++)
+                if (s->seg[k].lr != 0) sum += sum_squares(g + s->seg[k].off, s->seg[k].n);
+            double norm = sqrt(sum);
             if (norm > t)
-                for (int k = 0; k < opt->n_seg; k++)
-                    scale(g + opt->seg[k].off, opt->seg[k].n, (float)(t / norm));
+                for (int k = 0; k < s->n_seg; k++)
+                    scale(g + s->seg[k].off, s->seg[k].n, (float)(t / norm));
         } else {
-            for (int k = 0; k < opt->n_seg; k++) {
-                const segment *s = &opt->seg[k];
-                if (o->clip == DSRT_CLIP_ABSOLUTE) {
-                    clamp(g + s->off, s->n, (float)t);
+            for (int k = 0; k < s->n_seg; k++) {
+                const dsrt_segment *sg = &s->seg[k];
+                if (s->clip == DSRT_CLIP_ABSOLUTE) {
+                    clamp(g + sg->off, sg->n, (float)t);
                 } else {
-                    double norm = sqrt(sum_squares(g + s->off, s->n));
-                    if (norm > t) scale(g + s->off, s->n, (float)(t / norm));
+                    double norm = sqrt(sum_squares(g + sg->off, sg->n));
+                    if (norm > t) scale(g + sg->off, sg->n, (float)(t / norm));
                 }
             }
         }
     }
-
-    double lr = dsrt_optimizer_learn_rate(opt, epoch);
-    opt->t++;
-    double c1 = 1.0 / (1.0 - pow(o->gradient_decay, (double)opt->t));
-    double c2 = 1.0 / (1.0 - pow(o->sq_gradient_decay, (double)opt->t));
-    for (int k = 0; k < opt->n_seg; k++) {
-        const segment *s = &opt->seg[k];
-        if (s->lr == 0) continue; /* frozen */
-        float slr = (float)(lr * s->lr), sl2 = (float)(o->l2 * s->l2);
-        float *ws = w + s->off;
-        const float *gs = g + s->off;
-        switch (o->solver) {
+    for (int k = 0; k < s->n_seg; k++) {
+        const dsrt_segment *sg = &s->seg[k];
+        if (sg->lr == 0) continue; /* frozen */
+        float slr = (float)(s->lr * sg->lr), sl2 = (float)(s->l2 * sg->l2);
+        float *ws = w + sg->off;
+        const float *gs = g + sg->off;
+        switch (s->solver) {
         case DSRT_SOLVER_SGDM:
-            sgdm(ws, gs, opt->buf[0] + s->off, s->n, slr, sl2, (float)o->momentum);
+            sgdm(ws, gs, s->buf[0] + sg->off, sg->n, slr, sl2, s->momentum);
             break;
         case DSRT_SOLVER_ADAM:
-            adam(ws, gs, opt->buf[0] + s->off, opt->buf[1] + s->off, s->n, slr, sl2,
-                 (float)o->gradient_decay, (float)o->sq_gradient_decay, (float)c1, (float)c2,
-                 (float)o->epsilon);
+            adam(ws, gs, s->buf[0] + sg->off, s->buf[1] + sg->off, sg->n, slr, sl2, s->b1, s->b2,
+                 s->c1, s->c2, s->eps);
             break;
         case DSRT_SOLVER_RMSPROP:
-            rmsprop(ws, gs, opt->buf[0] + s->off, s->n, slr, sl2, (float)o->sq_gradient_decay,
-                    (float)o->epsilon);
+            rmsprop(ws, gs, s->buf[0] + sg->off, sg->n, slr, sl2, s->b2, s->eps);
             break;
         }
     }
-    net->version++;
+}
+
+/* The step's arguments for the optimizer as it stands (t already counted). */
+static dsrt_optim_step step_args(dsrt_optimizer *opt, int epoch) {
+    const dsrt_optimizer_options *o = &opt->o;
+    dsrt_optim_step s;
+    memset(&s, 0, sizeof s);
+    s.solver = o->solver;
+    s.lr = dsrt_optimizer_learn_rate(opt, epoch);
+    s.l2 = o->l2;
+    s.momentum = (float)o->momentum;
+    s.b1 = (float)o->gradient_decay;
+    s.b2 = (float)o->sq_gradient_decay;
+    s.c1 = (float)(1.0 / (1.0 - pow(o->gradient_decay, (double)opt->t)));
+    s.c2 = (float)(1.0 / (1.0 - pow(o->sq_gradient_decay, (double)opt->t)));
+    s.eps = (float)o->epsilon;
+    s.clip = o->clip;
+    s.threshold = o->grad_threshold;
+    s.seg = opt->seg;
+    s.n_seg = opt->n_seg;
+    s.buf[0] = opt->buf[0];
+    s.buf[1] = opt->buf[1];
+    s.n_buf = opt->n_buf;
+    s.owner = opt;
+    s.version = opt->version;
+    return s;
+}
+
+int dsrt_optimizer_step(dsrt_optimizer *opt, dsrt_net *net, int epoch) {
+    if (net->n_params != opt->n_params)
+        return dsrt__fail(-EINVAL, "optimizer: made for %zu parameters, the net has %zu",
+                          opt->n_params, net->n_params);
+    /* State held by another net's device comes home first. */
+    if (opt->held_by && opt->held_by != net) dsrt__optimizer_release(opt);
+    opt->t++;
+    dsrt_optim_step s = step_args(opt, epoch);
+    int rc = net->ops->optimize(net->be, &s);
+    if (rc) {
+        opt->t--;
+        return rc;
+    }
+    if (net->ops->optim_to_host) {
+        /* A device backend keeps the state: the host buffers are behind. */
+        if (net->opt_on_device && net->opt_on_device != opt)
+            dsrt__optimizer_release(net->opt_on_device);
+        net->opt_on_device = opt;
+        opt->held_by = net;
+        opt->host_stale = 1;
+    }
+    return 0;
+}
+
+int dsrt__optimizer_host(dsrt_optimizer *opt) {
+    if (!opt->held_by || !opt->host_stale) return 0;
+    dsrt_net *net = opt->held_by;
+    dsrt_optim_step s = step_args(opt, 0);
+    int rc = net->ops->optim_to_host(net->be, &s);
+    if (rc) return dsrt__fail_prefix(rc, "optimizer: reading its state back from the device");
+    opt->host_stale = 0;
+    return 0;
+}
+
+void dsrt__optimizer_release(dsrt_optimizer *opt) {
+    dsrt_net *net = opt->held_by;
+    if (!net) return;
+    (void)dsrt__optimizer_host(opt);
+    opt->host_stale = 0;
+    opt->held_by = NULL;
+    opt->version++; /* a backend that sees it again uploads it afresh */
+    if (net->opt_on_device == opt) net->opt_on_device = NULL;
+}
+
+int dsrt_optimizer_copy_state(dsrt_optimizer *opt, dsrt_optimizer *src) {
+    if (opt->o.solver != src->o.solver || opt->n_params != src->n_params)
+        return dsrt__fail(DSRT_EOPTION,
+                          "optimizer: state of solver %d over %zu parameters does not fit solver "
+                          "%d over %zu",
+                          (int)src->o.solver, src->n_params, (int)opt->o.solver, opt->n_params);
+    int rc = dsrt__optimizer_host(src);
+    if (rc) return rc;
+    if (opt->held_by) dsrt__optimizer_release(opt);
+    for (int k = 0; k < opt->n_buf; k++)
+        memcpy(opt->buf[k], src->buf[k], opt->n_params * sizeof(float));
+    opt->t = src->t;
+    opt->version++;
     return 0;
 }
 
@@ -253,6 +325,12 @@ int dsrt__optimizer_n_buffers(const dsrt_optimizer *opt) {
 }
 
 float *dsrt__optimizer_buffer(dsrt_optimizer *opt, int i) {
+    if (dsrt__optimizer_host(opt)) return NULL;
+    opt->version++; /* the caller may write it */
+    return opt->buf[i];
+}
+
+const float *dsrt__optimizer_state(const dsrt_optimizer *opt, int i) {
     return opt->buf[i];
 }
 

@@ -8,8 +8,11 @@
  */
 #include "runtime/internal.h"
 
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+
+#include <dsrt/pipeline.h>
 
 #if defined(DSRT_WITH_CUDA) && __has_include(<cuda_runtime_api.h>)
 #include <cuda_runtime_api.h>
@@ -103,4 +106,28 @@ void dsrt__host_free(dsrt_host_mem *m) {
 #endif
     munmap(m->ptr, m->bytes); /* also unlocks */
     memset(m, 0, sizeof *m);
+}
+
+// ----------------------------------------------------------------------------
+// Public: pinned buffers for callers
+
+/* A page in front of the caller's bytes records how they were allocated. */
+#define PINNED_HEADER 4096
+
+void *dsrt_pinned_alloc(size_t bytes, int gpu) {
+    dsrt_host_mem m;
+    if (bytes > SIZE_MAX - PINNED_HEADER) {
+        dsrt__fail(-ENOMEM, "pinned memory: %zu bytes is too much", bytes);
+        return NULL;
+    }
+    if (dsrt__host_alloc(&m, bytes + PINNED_HEADER, gpu) != 0) return NULL;
+    memcpy(m.ptr, &m, sizeof m);
+    return (char *)m.ptr + PINNED_HEADER;
+}
+
+void dsrt_pinned_free(void *p) {
+    if (!p) return;
+    dsrt_host_mem m;
+    memcpy(&m, (char *)p - PINNED_HEADER, sizeof m);
+    dsrt__host_free(&m);
 }

@@ -11,15 +11,23 @@
  *
  * The split of the cores. The pipeline's share of the work per image is
  * estimated from the sample size (loading) and the net's train_flops
- * (computing); see dsrt_train_options.workers. Compute threads are OpenMP's:
- * oneDNN runs its primitives on the team of the thread that calls it, and
- * libgomp keeps that team's threads between parallel regions, so one parallel
- * region at the start binds each member to its core for the whole run (and
- * one at the end gives them back the caller's affinity).
+ * (computing); see dsrt_train_options.workers. The net's compute threads are
+ * bound to their cores once at the start (dsrt_net_run_on_threads: the CPU
+ * backend's team keeps its threads for the whole run) and given back the
+ * caller's affinity at the end. On a GPU the calling thread only queues work:
+ * it keeps one core and the workers, pinned to the cores nearest the device,
+ * get the others.
+ *
+ * The step. dsrt_net_train_start queues forward and backward; while the
+ * device computes, the loop takes the next batch from the pipeline and
+ * stages it (a copy from its pinned slot on the device's copy stream, which
+ * hands the slot back as soon as the copy is done); dsrt_net_train_finish
+ * then waits for the loss. On the CPU the same calls compute in place and
+ * the slot goes back after the step. Batches for a GPU travel as uint8 NHWC
+ * (a quarter of the float bytes) and are normalised there, exactly as the
+ * pipeline's float output would be made from the same pixels.
  */
 #include "runtime/internal.h"
-
-#include "nn/internal.h"
 
 #include <dsrt/train.h>
 
@@ -34,14 +42,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-/* libgomp, which oneDNN is built on; weak so that the library still links
- * and runs on another OpenMP (then the team is not pinned). */
-extern void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags)
-    __attribute__((weak));
-extern int omp_get_thread_num(void) __attribute__((weak));
-extern int omp_get_max_threads(void) __attribute__((weak));
-extern void omp_set_num_threads(int n) __attribute__((weak));
 
 #define CKPT_PREFIX  "dsrt_ckpt_"
 #define CKPT_SUFFIX  ".dsrt"
@@ -81,6 +81,8 @@ dsrt_train_options dsrt_train_defaults(void) {
     o.checkpoint_unit = DSRT_UNIT_EPOCH;
     o.resume = NULL;
     o.execution = DSRT_EXEC_AUTO;
+    o.gpu = -1;
+    o.uint8_batches = -1;
     o.augment = dsrt_augment_defaults();
     o.augment.output_height = o.augment.output_width = o.augment.output_channels = 0;
     o.seed = 0;
@@ -104,6 +106,35 @@ dsrt_eval_options dsrt_eval_defaults(void) {
 }
 
 static const char *const EXEC_NAMES[] = {"auto", "cpu", "gpu", "multi-gpu", "parallel"};
+
+/* The device the options' execution environment means: DSRT_DEVICE_CPU or a
+ * GPU index. Fails, naming the option, when it is not there. */
+static int resolve_device(const dsrt_train_options *o, int *device) {
+    int n = dsrt_gpu_count(), want = o->gpu < 0 ? 0 : o->gpu, dev;
+    switch (o->execution) {
+    case DSRT_EXEC_AUTO:
+        dev = n > want ? want : DSRT_DEVICE_CPU;
+        break;
+    case DSRT_EXEC_CPU:
+        dev = DSRT_DEVICE_CPU;
+        break;
+    case DSRT_EXEC_GPU: {
+        int rc = dsrt_gpu_check(want);
+        if (rc)
+            return dsrt__fail_prefix(rc, "train: execution_environment (ExecutionEnvironment) "
+                                         "'gpu'");
+        dev = want;
+        break;
+    }
+    default:
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "train: execution_environment (ExecutionEnvironment): '%s': not "
+                          "available in this build (use auto, cpu or gpu)",
+                          EXEC_NAMES[o->execution]);
+    }
+    if (device) *device = dev;
+    return 0;
+}
 
 static int check_optimizer(const dsrt_optimizer_options *o) {
 #define BAD(cond, fmt, ...)                                                                        \
@@ -277,12 +308,10 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
     }
     BADO((unsigned)o->execution <= DSRT_EXEC_PARALLEL,
          "execution_environment (ExecutionEnvironment): %d: unknown", (int)o->execution);
-    if (o->execution >= DSRT_EXEC_GPU)
-        return dsrt__fail(DSRT_EUNSUPPORTED,
-                          "train: execution_environment (ExecutionEnvironment): '%s': not "
-                          "available in this build (dsrt trains on the CPU only for now; use auto "
-                          "or cpu)",
-                          EXEC_NAMES[o->execution]);
+    BADO(o->gpu >= -1, "gpu: %d: not a device index (-1: the first)", o->gpu);
+    BADO(o->uint8_batches >= -1 && o->uint8_batches <= 1, "uint8_batches: %d: not -1, 0 or 1",
+         o->uint8_batches);
+    if ((rc = resolve_device(o, NULL))) return rc;
     BADO(o->workers <= 1024, "workers: %u: not in [0, 1024]", o->workers);
     BADO(o->compute_threads >= 0 && o->compute_threads <= 4096,
          "compute_threads: %d: not in [0, 4096]", o->compute_threads);
@@ -343,48 +372,22 @@ typedef struct {
     /* What is restored at the end. */
     cpu_set_t saved_mask;
     int saved_mask_ok;
-    int saved_max_threads;
     int saved_net_threads;
     dsrt_net *net;
     int team_pinned; /* every member bound to its core */
     int team_bound;  /* members were bound (some may have failed): restore them */
 } cores_plan;
 
-/* What each member of the OpenMP team runs once. The atomics order every
- * access to the argument before the caller's next step in a way thread
- * sanitizers see (libgomp's own barriers are not instrumented). */
-typedef struct {
-    cores_plan *cp;
-    int restore;
-    atomic_int ready, done, failures;
-} team_arg;
-
-static void team_member(void *arg) {
-    team_arg *t = arg;
-    (void)atomic_load_explicit(&t->ready, memory_order_acquire);
-    int i = omp_get_thread_num ? omp_get_thread_num() : 0;
-    int rc;
-    if (t->restore)
-        rc = sched_setaffinity(0, sizeof t->cp->saved_mask, &t->cp->saved_mask);
-    else
-        rc = dsrt__cpus_bind(t->cp->cpus, (unsigned)i % t->cp->ncores);
-    if (rc) atomic_fetch_add_explicit(&t->failures, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&t->done, 1, memory_order_release);
+/* Binds compute thread `member` to its core. */
+static int bind_member(void *arg, int member) {
+    cores_plan *cp = arg;
+    return dsrt__cpus_bind(cp->cpus, (unsigned)member % cp->ncores);
 }
 
-/* Runs team_member on each of the calling thread's team. Returns the
- * failures. */
-static int run_team(cores_plan *cp, int restore) {
-    team_arg t;
-    t.cp = cp;
-    t.restore = restore;
-    atomic_init(&t.done, 0);
-    atomic_init(&t.failures, 0);
-    atomic_init(&t.ready, 0);
-    atomic_store_explicit(&t.ready, 1, memory_order_release);
-    GOMP_parallel(team_member, &t, (unsigned)cp->threads, 0);
-    (void)atomic_load_explicit(&t.done, memory_order_acquire);
-    return atomic_load_explicit(&t.failures, memory_order_relaxed);
+/* Gives a compute thread the caller's affinity back. */
+static int unbind_member(void *arg, int member) {
+    cores_plan *cp = arg;
+    return sched_setaffinity(0, sizeof cp->saved_mask, &cp->saved_mask);
 }
 
 /* Appends core k's CPUs (as this thread sees them once bound there) to the
@@ -402,27 +405,35 @@ static int append_core_cpus(cores_plan *cp, unsigned k, char *buf, size_t size) 
 
 /*
  * Chooses the split for a net whose samples have `values` output values, and
- * the CPU list of the worker cores. workers / threads 0: automatic.
+ * the CPU list of the worker cores. workers / threads 0: automatic. device:
+ * the net's (a GPU computes: one core queues its work, the workers get the
+ * rest, nearest the device first).
  */
 static int cores_open(cores_plan *cp, const char *list, int pin, unsigned workers, int threads,
                       const dsrt_net_info *ni, dsrt_net *net, const char *who) {
     memset(cp, 0, sizeof *cp);
     cp->pin = pin;
     cp->net = net;
-    cp->saved_net_threads = net->opts.threads;
-    cp->saved_max_threads = omp_get_max_threads ? omp_get_max_threads() : 0;
+    cp->saved_net_threads = dsrt_net_threads(net);
     cp->saved_mask_ok = sched_getaffinity(0, sizeof cp->saved_mask, &cp->saved_mask) == 0;
     unsigned t = 0;
-    int rc = dsrt__cpus_open(&cp->cpus, list, -1, &t);
+    int rc = dsrt__cpus_open(&cp->cpus, list, ni->device, &t);
     if (rc) return dsrt__fail_prefix(rc, "%s", who);
     unsigned C = cp->ncores = dsrt__cpus_cores(cp->cpus);
-    double values = (double)ni->height * ni->width * ni->channels;
-    double load = LOAD_FIXED_S + LOAD_VALUE_S * values;
-    double compute = ni->train_flops / CORE_FLOPS;
-    double L = C * load / (load + compute);
-    unsigned w = workers ? workers : (unsigned)DSRT_MAX(1.0, ceil(L - 1e-9));
-    if (!workers && w > C) w = C;
-    int T = threads ? threads : (int)DSRT_MAX(1.0, (double)C - floor(L));
+    unsigned w;
+    int T;
+    if (ni->device >= 0) {
+        w = workers ? workers : (C > 1 ? C - 1 : 1);
+        T = threads ? threads : 1;
+    } else {
+        double values = (double)ni->height * ni->width * ni->channels;
+        double load = LOAD_FIXED_S + LOAD_VALUE_S * values;
+        double compute = ni->train_flops / CORE_FLOPS;
+        double L = C * load / (load + compute);
+        w = workers ? workers : (unsigned)DSRT_MAX(1.0, ceil(L - 1e-9));
+        if (!workers && w > C) w = C;
+        T = threads ? threads : (int)DSRT_MAX(1.0, (double)C - floor(L));
+    }
     cp->workers = w;
     cp->threads = T;
 
@@ -442,25 +453,18 @@ static int cores_open(cores_plan *cp, const char *list, int pin, unsigned worker
     return 0;
 }
 
-/* Sets the compute thread count and pins the calling thread's team. */
+/* Sets the compute thread count and pins the net's compute threads. */
 static void cores_start_compute(cores_plan *cp) {
-    cp->net->opts.threads = cp->threads;
-    if (omp_set_num_threads) omp_set_num_threads(cp->threads);
+    dsrt_net_set_threads(cp->net, cp->threads);
     if (!cp->pin) return;
-    if (GOMP_parallel && omp_get_thread_num) {
-        cp->team_bound = 1;
-        cp->team_pinned = run_team(cp, 0) == 0;
-    } else {
-        cp->team_pinned = dsrt__cpus_bind(cp->cpus, 0) == 0 && cp->threads == 1;
-    }
+    cp->team_bound = 1;
+    cp->team_pinned = dsrt_net_run_on_threads(cp->net, bind_member, cp) == 0;
 }
 
 static void cores_close(cores_plan *cp) {
-    if (cp->team_bound && cp->saved_mask_ok && GOMP_parallel) run_team(cp, 1);
+    if (cp->team_bound && cp->saved_mask_ok) dsrt_net_run_on_threads(cp->net, unbind_member, cp);
     if (cp->saved_mask_ok) sched_setaffinity(0, sizeof cp->saved_mask, &cp->saved_mask);
-    if (cp->net) cp->net->opts.threads = cp->saved_net_threads;
-    if (omp_set_num_threads && cp->saved_max_threads > 0)
-        omp_set_num_threads(cp->saved_max_threads);
+    if (cp->net) dsrt_net_set_threads(cp->net, cp->saved_net_threads);
     dsrt__cpus_close(cp->cpus);
     free(cp->worker_cpus);
     memset(cp, 0, sizeof *cp);
@@ -599,7 +603,72 @@ typedef struct {
     dsrt_train_event ev;
     double t0, val_s, train_images_t;
     int stop;
+    /* The batch taken for the next step, whether it was copied to the
+     * device, and why taking it failed (reported when it is due). */
+    dsrt_batch *b;
+    int copied;
+    int pending;
+    char pending_msg[1024];
+    /* Batches travel as uint8 NHWC, normalised by the net: (x - sub) / div. */
+    int u8;
+    float sub_div[2][4];
 } run;
+
+/* Takes batch `it` (for messages) from the training pipeline. */
+static int take_batch(run *R, dsrt_batch **b, int64_t it, int64_t bpe) {
+    int rc = dsrt_pipeline_next(R->p, b);
+    if (rc == 0) return 0;
+    *b = NULL;
+    if (rc == DSRT_EEOF)
+        return dsrt__fail(DSRT_EEOF, "train: the pipeline ended early at iteration %lld",
+                          (long long)it);
+    return dsrt__fail_prefix(rc, "train: epoch %lld", (long long)(it / bpe) + 1);
+}
+
+/* A pipeline batch as the net takes it. */
+static dsrt_net_batch net_batch(const run *R, const dsrt_batch *b) {
+    dsrt_net_batch in;
+    memset(&in, 0, sizeof in);
+    in.data = b->data;
+    in.layout = R->u8 ? DSRT_INPUT_U8_NHWC : DSRT_INPUT_F32_NCHW;
+    in.labels = b->labels;
+    in.n = (int)b->count;
+    memcpy(in.sub, R->sub_div[0], sizeof in.sub);
+    memcpy(in.div, R->sub_div[1], sizeof in.div);
+    return in;
+}
+
+/* Starts moving b to the net's device; *copied: its slot may go back once
+ * the copy is done. */
+static int stage_batch(run *R, dsrt_batch *b, int *copied) {
+    dsrt_net_batch in = net_batch(R, b);
+    int rc = dsrt_net_stage(R->net, &in);
+    if (rc < 0) return dsrt__fail_prefix(rc, "train");
+    *copied = rc;
+    return 0;
+}
+
+/*
+ * Whether samples made with a (float NCHW) can travel as uint8 NHWC and be
+ * normalised by the net to the same values: the pipeline then writes uint8
+ * (a is changed) and sub_div receives the per-channel (x - sub) / div.
+ */
+static int u8_transfer(dsrt_augment_options *a, float sub_div[2][4]) {
+    if (a->layout != DSRT_AUGMENT_F32_NCHW || a->output_channels > 3) return 0;
+    for (int c = 0; c < 4; c++) {
+        float sub = 0.0f, div = 1.0f;
+        int k = c < a->output_channels ? c : 0;
+        if (a->norm == DSRT_AUGMENT_NORM_RESCALE) div = 255.0f;
+        if (a->norm == DSRT_AUGMENT_NORM_ZEROCENTER || a->norm == DSRT_AUGMENT_NORM_ZSCORE)
+            sub = a->mean[k];
+        if (a->norm == DSRT_AUGMENT_NORM_ZSCORE) div = a->std[k];
+        sub_div[0][c] = sub;
+        sub_div[1][c] = div;
+    }
+    a->layout = DSRT_AUGMENT_U8_NHWC;
+    a->norm = DSRT_AUGMENT_NORM_NONE;
+    return 1;
+}
 
 static int emit(run *R, dsrt_train_event_kind kind) {
     R->ev.kind = kind;
@@ -742,11 +811,10 @@ static int load_resume(run *R, dsrt_train_position *pos, char *used, size_t used
                         used, (int)co.solver, (int)o->optimizer.solver);
         goto out;
     }
-    int nb = dsrt__optimizer_n_buffers(copt);
-    for (int k = 0; k < nb; k++)
-        memcpy(dsrt__optimizer_buffer(R->opt, k), dsrt__optimizer_buffer(copt, k),
-               cp * sizeof(float));
-    dsrt__optimizer_set_steps(R->opt, dsrt__optimizer_steps(copt));
+    if ((rc = dsrt_optimizer_copy_state(R->opt, copt))) {
+        dsrt__fail_prefix(rc, "train: resume: %s", used);
+        goto out;
+    }
 
     /* The loop's own state, and the best weights it names. */
     char *sp = dsrt__malloc(strlen(used) + 8);
@@ -858,6 +926,13 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     int rc = dsrt_train_check(o, net, train);
     if (rc) return rc;
 
+    /* The net computes where the execution environment says. */
+    int device = DSRT_DEVICE_CPU;
+    if ((rc = resolve_device(o, &device))) return rc;
+    if ((rc = dsrt_net_set_device(net, device))) return dsrt__fail_prefix(rc, "train");
+    double busy0, idle0;
+    dsrt_net_device_time(net, &busy0, &idle0);
+
     dsrt_net_info ni;
     dsrt_net_get_info(net, &ni);
     dsrt_net_params(net, &R.n_params);
@@ -869,6 +944,8 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     resolve_augment(&o->augment, &ni, &aug, "train");
     vaug = aug;
     fixed_augment(&vaug);
+    R.u8 = (o->uint8_batches == 1 || (o->uint8_batches < 0 && ni.device >= 0)) &&
+           u8_transfer(&aug, R.sub_div);
 
     if ((rc = dsrt_optimizer_create(&R.opt, net, &o->optimizer))) goto done;
     if (o->output_network == DSRT_OUTPUT_BEST_VALIDATION) {
@@ -905,6 +982,7 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     po.seed = r->seed;
     po.epochs = (uint64_t)o->max_epochs;
     po.fail_on_error = o->fail_on_error;
+    po.gpu = ni.device;
     if ((rc = dsrt_pipeline_open(&R.p, train, &aug, &po))) {
         dsrt__fail_prefix(rc, "train");
         goto done;
@@ -969,24 +1047,48 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     ev->pinned = cp.team_pinned;
     if (emit(&R, DSRT_EVENT_START)) R.stop = DSRT_STOP_CALLBACK + 1;
     int validated_last = 0;
+    if (it < max_it && (rc = take_batch(&R, &R.b, it, bpe))) goto done;
+    if (R.b && (rc = stage_batch(&R, R.b, &R.copied))) goto done;
     while (!R.stop && it < max_it) {
-        dsrt_batch *b;
-        if ((rc = dsrt_pipeline_next(R.p, &b))) {
-            if (rc == DSRT_EEOF)
-                rc = dsrt__fail(DSRT_EEOF, "train: the pipeline ended early at iteration %lld",
-                                (long long)it);
-            else
-                dsrt__fail_prefix(rc, "train: epoch %lld", (long long)it / bpe + 1);
+        dsrt_batch *b = R.b;
+        if (!b) {
+            /* Taking this batch failed during the last step. */
+            rc = dsrt__fail(R.pending, "%s", R.pending_msg);
             goto done;
         }
         int64_t epoch = (int64_t)b->epoch;
         int64_t index = (int64_t)b->index;
         int end_of_epoch = index == bpe - 1;
+        size_t count = b->count;
         float loss = 0;
         int correct = 0;
-        size_t count = b->count;
-        rc = dsrt_net_forward_backward(net, b->data, b->labels, (int)count, &loss, &correct);
-        dsrt_batch_release(R.p, b);
+        dsrt_net_batch in = net_batch(&R, b);
+        R.b = NULL;
+        if (R.copied) {
+            /* The copy is done: the slot goes back to the workers now. */
+            rc = dsrt_net_stage_wait(net);
+            dsrt_batch_release(R.p, b);
+            b = NULL;
+        }
+        if (rc == 0) rc = dsrt_net_train_start(net, &in);
+        if (rc == 0) {
+            /* While the step runs: the next batch, on its way to the device.
+             * A failure to take it is reported when it is due. */
+            R.copied = 0;
+            if (it + 1 < max_it) {
+                int rn = take_batch(&R, &R.b, it + 1, bpe);
+                if (rn == 0 && (rn = stage_batch(&R, R.b, &R.copied)) != 0) {
+                    dsrt_batch_release(R.p, R.b);
+                    R.b = NULL;
+                }
+                if (rn) {
+                    R.pending = rn;
+                    snprintf(R.pending_msg, sizeof R.pending_msg, "%s", dsrt_last_error());
+                }
+            }
+            rc = dsrt_net_train_finish(net, &loss, &correct);
+        }
+        if (b) dsrt_batch_release(R.p, b);
         if (rc == 0 && !isfinite(loss)) rc = DSRT_ENAN;
         if (rc == DSRT_ENAN) {
             rc = dsrt__fail(
@@ -1017,7 +1119,7 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
         ev->images = r->images;
         ev->iteration = it;
         ev->epoch = epoch + 1;
-        ev->batch_in_epoch = index + 1; /* b is back with the workers now */
+        ev->batch_in_epoch = index + 1;
         ev->learn_rate = dsrt_optimizer_learn_rate(R.opt, (int)epoch);
         ev->loss = loss;
         ev->accuracy = r->accuracy;
@@ -1081,7 +1183,13 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     r->stop = R.stop ? (dsrt_stop_reason)(R.stop - 1) : DSRT_STOP_MAX_EPOCHS;
     rc = 0;
 
-done:;
+done:
+    /* A batch taken ahead of a stop or failure goes back unused. */
+    if (R.b) {
+        if (R.copied) dsrt_net_stage_wait(net);
+        dsrt_batch_release(R.p, R.b);
+        R.b = NULL;
+    }
     double wall = R.t0 > 0 ? now_s() - R.t0 : 0;
     r->val_s = R.val_s;
     r->train_s = wall - R.val_s;
@@ -1099,6 +1207,10 @@ done:;
         r->skipped = s.skipped;
     }
     r->weights_checksum = dsrt_weights_checksum(net);
+    r->device = ni.device;
+    dsrt_net_device_time(net, &r->device_busy_s, &r->device_idle_s);
+    r->device_busy_s -= busy0;
+    r->device_idle_s -= idle0;
     if (rc) r->stop = DSRT_STOP_ERROR;
     if (R.t0 > 0) {
         /* The END event keeps the thread's message: callbacks may call dsrt. */

@@ -57,7 +57,7 @@ static float *layer_out(dsrt_net *net, int i, int n, int train) {
 static double loss_of(dsrt_net *net, const float *x, const int32_t *labels, int n) {
     double loss = 0;
     int correct;
-    int rc = net->ops->forward(net->be, x, n, 1, labels, &loss, &correct, NULL);
+    int rc = dsrt__net_forward(net, x, n, 1, labels, &loss, &correct, NULL);
     REQUIRE(rc == 0);
     return loss;
 }
@@ -393,7 +393,7 @@ static void forward_check(const char *desc, int h, int w, int c, int classes, in
     int correct;
     float *probs = malloc((size_t)n * classes * sizeof *probs);
     REQUIRE(probs);
-    REQUIRE(net->ops->forward(net->be, x, n, train, labels, &loss, &correct, probs) == 0);
+    REQUIRE(dsrt__net_forward(net, x, n, train, labels, &loss, &correct, probs) == 0);
     double ref_loss = 0;
     int ref_correct = 0;
     for (int i = 1; i < net->n_layers; i++) {

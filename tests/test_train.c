@@ -591,7 +591,9 @@ static void test_bad_options(void) {
     CASE(DSRT_EOPTION, "checkpoint_frequency", o.checkpoint_frequency = 0);
     CASE(DSRT_EOPTION, "checkpoint_path", o.checkpoint_path = missing);
     CASE(DSRT_EOPTION, "resume", o.resume = missing);
-    CASE(DSRT_EUNSUPPORTED, "'gpu': not available", o.execution = DSRT_EXEC_GPU);
+    if (dsrt_gpu_count() == 0) CASE(DSRT_ENODEVICE, "'gpu': GPU 0: ", o.execution = DSRT_EXEC_GPU);
+    CASE(DSRT_ENODEVICE, "'gpu': GPU 9999: ", o.execution = DSRT_EXEC_GPU; o.gpu = 9999);
+    CASE(DSRT_EOPTION, "gpu: -2", o.gpu = -2);
     CASE(DSRT_EUNSUPPORTED, "'multi-gpu'", o.execution = DSRT_EXEC_MULTI_GPU);
     CASE(DSRT_EUNSUPPORTED, "'parallel'", o.execution = DSRT_EXEC_PARALLEL);
     CASE(DSRT_EOPTION, "augment output size", o.augment.output_width = 28);
@@ -632,6 +634,28 @@ static void test_bad_options(void) {
     dsrt_datastore_close(train);
 }
 
+/* Batches sent as uint8 and normalised by the net train exactly as float
+ * batches do when no pixel is resampled (16x16 images, a 16x16 net). */
+static void test_uint8_batches(void) {
+    dsrt_datastore *train = open_ds(train_dir);
+    uint64_t sums[2];
+    for (int u8 = 0; u8 < 2; u8++) {
+        dsrt_net *net = make_net(train, 3);
+        dsrt_train_options o = base_options();
+        o.max_epochs = 2;
+        o.augment.rand_x_reflection = 1;
+        o.uint8_batches = u8;
+        dsrt_train_result r;
+        CHECK_OK(dsrt_train(net, train, &o, &r));
+        CHECK_EQ(r.iterations, 2 * 6);
+        CHECK_EQ(r.device, DSRT_DEVICE_CPU);
+        sums[u8] = r.weights_checksum;
+        dsrt_net_destroy(net);
+    }
+    CHECK_EQ(sums[0], sums[1]);
+    dsrt_datastore_close(train);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
     REQUIRE(timg_tmpdir("train", root, sizeof root) == 0);
@@ -644,6 +668,7 @@ int main(int argc, char **argv) {
     make_folder(two_dir, two, 2, PER_CLASS / 2, 90001);
     RUN(test_bad_options);
     RUN(test_learns);
+    RUN(test_uint8_batches);
     RUN(test_resume);
     RUN(test_nan);
     RUN(test_transfer);

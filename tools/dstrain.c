@@ -136,6 +136,88 @@ static int parse_options(const char *cmd, int argc, char **argv, const option *o
     return 0;
 }
 
+/* Index of v in the NULL-terminated list names, or -1 after a message. */
+static int parse_choice(const char *cmd, const char *name, const char *v,
+                        const char *const *names) {
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(v, names[i])) return i;
+    fprintf(stderr, "%s %s: --%s: '%s' is not one of ", prog, cmd, name, v);
+    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
+    fprintf(stderr, "\n");
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// Where nets compute
+
+/* --execution-environment, --gpu, --precision and --deterministic, shared by
+ * the commands that run a net. */
+typedef struct {
+    const char *where, *precision;
+    int gpu, deterministic;
+} device_args;
+
+#define DEVICE_OPTIONS(d, where_help)                                                              \
+    {"execution-environment", OPT_STR, &(d).where, 0, 0, "WHERE", where_help},                     \
+        {"gpu", OPT_INT, &(d).gpu, 0, 1 << 16, "N", "the CUDA device for gpu and auto [0]"},       \
+        {"precision",                                                                              \
+         OPT_STR,                                                                                  \
+         &(d).precision,                                                                           \
+         0,                                                                                        \
+         0,                                                                                        \
+         "P",                                                                                      \
+         "GPU arithmetic: fp32, tf32 or bf16 (mixed, float32 master weights) [tf32]"},             \
+    {                                                                                              \
+        "deterministic", OPT_FLAG, &(d).deterministic, 0, 0, NULL,                                 \
+            "GPU: only algorithms whose results do not vary between runs"                          \
+    }
+
+/*
+ * Resolves them into the net options and the execution environment, before
+ * any work: a GPU that is not there, or bf16 on the CPU, is refused with a
+ * message. Returns 0, or 2 after the message.
+ */
+static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_options *no,
+                               dsrt_execution *exec) {
+    static const char *const wheres[] = {"auto", "cpu", "gpu", "multi-gpu", "parallel", NULL};
+    static const char *const precisions[] = {"default", "fp32", "tf32", "bf16", NULL};
+    int k = DSRT_EXEC_AUTO, p = DSRT_PRECISION_DEFAULT;
+    if (d->where && (k = parse_choice(cmd, "execution-environment", d->where, wheres)) < 0)
+        return 2;
+    if (k >= DSRT_EXEC_MULTI_GPU) {
+        fprintf(stderr,
+                "%s %s: --execution-environment %s: not available in this build (auto, cpu or "
+                "gpu)\n",
+                prog, cmd, d->where);
+        return 2;
+    }
+    if (d->precision && (p = parse_choice(cmd, "precision", d->precision, precisions)) < 0)
+        return 2;
+    int device = DSRT_DEVICE_CPU;
+    if (k == DSRT_EXEC_GPU) {
+        if (dsrt_gpu_check(d->gpu) != 0) {
+            fprintf(stderr, "%s %s: --execution-environment gpu: %s\n", prog, cmd,
+                    dsrt_last_error());
+            return 2;
+        }
+        device = d->gpu;
+    } else if (k == DSRT_EXEC_AUTO && dsrt_gpu_count() > d->gpu) {
+        device = d->gpu;
+    }
+    if (device < 0 && p == DSRT_PRECISION_BF16) {
+        fprintf(stderr,
+                "%s %s: --precision bf16: the CPU computes in fp32 only (bf16 is for "
+                "GPUs)\n",
+                prog, cmd);
+        return 2;
+    }
+    no->device = device;
+    no->precision = (dsrt_precision)p;
+    no->deterministic = d->deterministic;
+    if (exec) *exec = device >= 0 ? DSRT_EXEC_GPU : DSRT_EXEC_CPU;
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // bench
 
@@ -143,6 +225,7 @@ static struct {
     const char *net, *solver;
     int batch, steps, warmup, threads, classes, json, no_fuse;
     uint64_t seed;
+    device_args dev;
 } bench;
 
 static const option BENCH_OPTIONS[] = {
@@ -157,6 +240,7 @@ static const option BENCH_OPTIONS[] = {
     {"solver", OPT_STR, &bench.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
     {"seed", OPT_U64, &bench.seed, 0, 0, "N", "seed of weights and data [0]"},
     {"no-fuse", OPT_FLAG, &bench.no_fuse, 0, 0, NULL, "do not fold ReLUs into the layer before"},
+    DEVICE_OPTIONS(bench.dev, "cpu, gpu or auto (a GPU when there is one) [auto]"),
     {"json", OPT_FLAG, &bench.json, 0, 0, NULL, "print one JSON line"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
@@ -169,7 +253,9 @@ static void bench_usage(FILE *f) {
             "momentum 0.9, learning rate 0.01, L2 1e-4 unless --solver says otherwise.\n"
             "GFLOP counts the arithmetic of direct convolutions and matrix products (forward,\n"
             "backward data and weights); Winograd convolutions do less, so GFLOP/s can pass\n"
-            "the machine's peak.\n\n"
+            "the machine's peak. On a GPU each step's batch is copied from pinned host memory\n"
+            "while the step before computes, as in training, and each step is timed to the\n"
+            "end of its work on the device.\n\n"
             "options:\n",
             prog);
     print_options(f, BENCH_OPTIONS);
@@ -254,6 +340,10 @@ static int cmd_bench(int argc, char **argv) {
     no.threads = threads;
     no.seed = bench.seed;
     no.fuse = !bench.no_fuse;
+    if ((rc = resolve_device_args("bench", &bench.dev, &no, NULL))) {
+        free(text);
+        return rc;
+    }
     dsrt_net *net = NULL;
     dsrt_optimizer *opt = NULL;
     float *x = NULL;
@@ -271,7 +361,7 @@ static int cmd_bench(int argc, char **argv) {
         goto out;
     }
     size_t per = (size_t)info.channels * info.height * info.width;
-    x = malloc((size_t)batch * per * sizeof *x);
+    x = dsrt_pinned_alloc((size_t)batch * per * sizeof *x, info.device);
     y = malloc((size_t)batch * sizeof *y);
     times = malloc((size_t)bench.steps * sizeof *times);
     opt_times = malloc((size_t)bench.steps * sizeof *opt_times);
@@ -291,11 +381,16 @@ static int cmd_bench(int argc, char **argv) {
     }
     double plan_t = 0;
     float loss = 0;
+    dsrt_net_batch in = {.data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = batch};
     for (int step = 0; step < bench.warmup + bench.steps; step++) {
         double t0 = now();
-        int rc = dsrt_net_forward_backward(net, x, y, batch, &loss, NULL);
+        /* The next step's batch is staged while this one computes. */
+        int rc = dsrt_net_train_start(net, &in);
+        if (rc == 0 && dsrt_net_stage(net, &in) < 0) rc = -1;
+        if (rc == 0) rc = dsrt_net_train_finish(net, &loss, NULL);
         double t1 = now();
         if (rc == 0) rc = dsrt_optimizer_step(opt, net, 0);
+        if (rc == 0) rc = dsrt_net_sync(net);
         if (rc != 0) {
             fprintf(stderr, "%s bench: step %d: %s\n", prog, step, dsrt_last_error());
             goto out;
@@ -313,15 +408,16 @@ static int cmd_bench(int argc, char **argv) {
     if (bench.json) {
         printf("{\"tool\": \"dstrain bench\", \"net\": \"%s\", \"batch\": %d, \"threads\": %d, "
                "\"steps\": %d, \"warmup\": %d, \"solver\": \"%s\", \"backend\": \"%s\", "
+               "\"device\": %d, \"precision\": \"%s\", "
                "\"params\": %zu, \"images_per_s\": %.1f, \"ms_per_step\": %.3f, "
                "\"ms_per_step_min\": %.3f, \"ms_optimizer\": %.3f, \"ms_first_step\": %.1f, "
                "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"loss\": %.4f}\n",
                bench.net, batch, threads, bench.steps, bench.warmup, bench.solver, info.backend,
-               info.learnable, ips, 1e3 * median, 1e3 * times[0], 1e3 * opt_median, 1e3 * plan_t,
-               gflop, gflop / median, (double)loss);
+               info.device, dsrt_precision_name(info.precision), info.learnable, ips, 1e3 * median,
+               1e3 * times[0], 1e3 * opt_median, 1e3 * plan_t, gflop, gflop / median, (double)loss);
     } else {
-        printf("%s: batch %d, %d threads, %s, %zu parameters\n", bench.net, batch, threads,
-               info.backend, info.learnable);
+        printf("%s: batch %d, %d threads, %s (%s), %zu parameters\n", bench.net, batch, threads,
+               info.backend, dsrt_precision_name(info.precision), info.learnable);
         printf("  %.1f images/s (median %.2f ms/step over %d steps, min %.2f; first step %.0f "
                "ms)\n",
                ips, 1e3 * median, bench.steps, 1e3 * times[0], 1e3 * plan_t);
@@ -332,7 +428,7 @@ static int cmd_bench(int argc, char **argv) {
 out:
     free(times);
     free(opt_times);
-    free(x);
+    dsrt_pinned_free(x);
     free(y);
     free(text);
     dsrt_optimizer_destroy(opt);
@@ -387,17 +483,6 @@ bad:
     return -1;
 }
 
-/* Index of v in the NULL-terminated list names, or -1 after a message. */
-static int parse_choice(const char *cmd, const char *name, const char *v,
-                        const char *const *names) {
-    for (int i = 0; names[i]; i++)
-        if (!strcmp(v, names[i])) return i;
-    fprintf(stderr, "%s %s: --%s: '%s' is not one of ", prog, cmd, name, v);
-    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
-    fprintf(stderr, "\n");
-    return -1;
-}
-
 static int is_model_file(const char *path) {
     FILE *f = fopen(path, "rb");
     char magic[8] = {0};
@@ -434,14 +519,15 @@ static const char *jnum(char *buf, double v) {
 static struct {
     const char *data, *val, *net, *resume, *checkpoint_dir, *checkpoint_unit, *solver, *shuffle;
     const char *lr, *momentum, *l2, *lr_schedule, *lr_drop_factor, *grad_threshold,
-        *grad_threshold_method, *output_network, *execution, *plot, *log, *save, *transfer,
-        *lr_factor, *new_lr_factor, *cpus, *rand_rotation, *rand_scale, *rand_x_translation,
+        *grad_threshold_method, *output_network, *plot, *log, *save, *transfer, *lr_factor,
+        *new_lr_factor, *cpus, *rand_rotation, *rand_scale, *rand_x_translation,
         *rand_y_translation, *rand_x_shear, *rand_y_shear, *layer, *size_mode, *rand_translation;
     int epochs, batch, threads, workers, val_frequency, val_patience, val_batch, verbose_frequency,
         checkpoint_frequency, lr_drop_period, prefetch, json, drop_last, no_pin, quiet, no_progress,
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter;
     uint64_t seed;
-    int seed_given;
+    int seed_given, uint8_batches;
+    device_args dev;
 } tr;
 
 static const option TRAIN_OPTIONS[] = {
@@ -488,8 +574,9 @@ static const option TRAIN_OPTIONS[] = {
     {"resume", OPT_STR, &tr.resume, 0, 0, "FILE|DIR",
      "go on from a checkpoint (a folder: its latest); ends with the weights of an "
      "uninterrupted run"},
-    {"execution-environment", OPT_STR, &tr.execution, 0, 0, "WHERE",
-     "auto or cpu (gpu, multi-gpu and parallel are not available in this build) [auto]"},
+    DEVICE_OPTIONS(tr.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
+    {"uint8-batches", OPT_INT, &tr.uint8_batches, -1, 1, "N",
+     "batches travel as uint8 (1), floats (0), or uint8 to a GPU only (-1) [-1]"},
     {"rand-x-reflection", OPT_FLAG, &tr.rand_x_reflection, 0, 0, NULL,
      "random left-right reflection (the default)"},
     {"no-rand-x-reflection", OPT_FLAG, &tr.no_rand_x_reflection, 0, 0, NULL,
@@ -734,6 +821,7 @@ static int cmd_train(int argc, char **argv) {
     tr.checkpoint_frequency = 1;
     tr.lr_drop_period = 10;
     tr.prefetch = 4;
+    tr.uint8_batches = -1;
     int rc = parse_options("train", argc, argv, TRAIN_OPTIONS, train_usage);
     if (rc) return rc > 0 ? 0 : 2;
     for (int i = 0; i < argc; i++)
@@ -752,7 +840,6 @@ static int cmd_train(int argc, char **argv) {
     static const char *const clips[] = {"l2norm", "global-l2norm", "absolute-value", NULL};
     static const char *const outputs[] = {"last", "best-validation", NULL};
     static const char *const units[] = {"epoch", "iteration", NULL};
-    static const char *const execs[] = {"auto", "cpu", "gpu", "multi-gpu", "parallel", NULL};
     int k;
     if (tr.solver) {
         if ((k = parse_choice(cmd, "solver", tr.solver, solvers)) < 0) return 2;
@@ -786,17 +873,10 @@ static int cmd_train(int argc, char **argv) {
         o.augment.size_mode = (dsrt_augment_size_mode)k;
     }
     o.augment.resize_shorter = tr.resize_shorter;
-    if (tr.execution) {
-        if ((k = parse_choice(cmd, "execution-environment", tr.execution, execs)) < 0) return 2;
-        o.execution = (dsrt_execution)k;
-        if (o.execution >= DSRT_EXEC_GPU) {
-            fprintf(stderr,
-                    "%s train: --execution-environment %s: not available in this build: dsrt "
-                    "trains on the CPU only for now (auto or cpu)\n",
-                    prog, tr.execution);
-            return 2;
-        }
-    }
+    dsrt_net_options no = dsrt_net_defaults();
+    if ((rc = resolve_device_args(cmd, &tr.dev, &no, &o.execution))) return rc;
+    o.gpu = tr.dev.gpu;
+    o.uint8_batches = tr.uint8_batches;
     double lr_factor = 1, new_lr_factor = 20;
     if (parse_double(cmd, "lr", tr.lr, 1e-300, 1e6, &o.optimizer.learn_rate) ||
         parse_double(cmd, "momentum", tr.momentum, 0, 0.999999, &o.optimizer.momentum) ||
@@ -895,7 +975,6 @@ static int cmd_train(int argc, char **argv) {
         goto out;
     }
     o.validation = val;
-    dsrt_net_options no = dsrt_net_defaults();
     no.seed = tr.seed;
     const char *netname = tr.net;
     char ckpt[4096];
@@ -1034,12 +1113,24 @@ static int cmd_train(int argc, char **argv) {
             printf(", \"checkpoint\": ");
             tool_json_string(stdout, r.checkpoint);
         }
+        printf(", \"device\": %d, \"precision\": \"%s\"", r.device,
+               dsrt_precision_name(ni.precision));
+        if (r.device >= 0) {
+            double dev_s = r.device_busy_s + r.device_idle_s;
+            printf(", \"device_busy_s\": %.3f, \"device_idle_s\": %.3f, \"device_idle_share\": "
+                   "%.4f",
+                   r.device_busy_s, r.device_idle_s, dev_s > 0 ? r.device_idle_s / dev_s : 0.0);
+        }
         printf("}\n");
     } else {
         printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training: %.0f "
                "images/s (loading included; the compute waited %.2f s for data).\n",
                stops[r.stop], (long long)r.epochs, (long long)r.iterations, r.train_s,
                r.images_per_s, r.consumer_wait_s);
+        if (r.device >= 0)
+            printf("GPU %d (%s): busy %.1f s, idle between steps %.2f s (%.1f%%).\n", r.device,
+                   dsrt_precision_name(ni.precision), r.device_busy_s, r.device_idle_s,
+                   100 * r.device_idle_s / (r.device_busy_s + r.device_idle_s + 1e-9));
         if (!isnan(r.val_accuracy))
             printf("Validation accuracy %.2f%%, loss %.4f (validation took %.1f s).\n",
                    100 * r.val_accuracy, r.val_loss, r.val_s);
@@ -1069,6 +1160,7 @@ out:
 static struct {
     const char *model, *data, *cpus;
     int batch, threads, workers, json, no_pin;
+    device_args dev;
 } ev;
 
 static const option EVAL_OPTIONS[] = {
@@ -1079,6 +1171,7 @@ static const option EVAL_OPTIONS[] = {
     {"workers", OPT_INT, &ev.workers, 0, 1024, "W", "pipeline workers [auto]"},
     {"cpus", OPT_STR, &ev.cpus, 0, 0, "LIST", "run on these CPUs [all]"},
     {"no-pin", OPT_FLAG, &ev.no_pin, 0, 0, NULL, "do not bind threads to cores"},
+    DEVICE_OPTIONS(ev.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
     {"json", OPT_FLAG, &ev.json, 0, 0, NULL,
      "one JSON line: accuracy, per_class, confusion (rows true, columns predicted)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
@@ -1104,11 +1197,13 @@ static int cmd_eval(int argc, char **argv) {
                 prog, prog);
         return 2;
     }
+    dsrt_net_options no = dsrt_net_defaults();
+    if ((rc = resolve_device_args("eval", &ev.dev, &no, NULL))) return rc;
     dsrt_datastore *ds = NULL;
     dsrt_net *net = NULL;
     dsrt_eval_result r = {0};
     int status = 1;
-    if (dsrt_model_load(&net, ev.model, NULL) != 0) {
+    if (dsrt_model_load(&net, ev.model, &no) != 0) {
         fprintf(stderr, "%s eval: --model: %s\n", prog, dsrt_last_error());
         goto out;
     }
@@ -1200,6 +1295,7 @@ out:
 static struct {
     const char *model;
     int top, batch, threads, json;
+    device_args dev;
 } cl;
 
 static const option CLASSIFY_OPTIONS[] = {
@@ -1207,6 +1303,7 @@ static const option CLASSIFY_OPTIONS[] = {
     {"top", OPT_INT, &cl.top, 1, 1 << 24, "K", "classes to list for each image [3]"},
     {"batch", OPT_INT, &cl.batch, 1, 4096, "B", "images a batch [64]"},
     {"threads", OPT_INT, &cl.threads, 0, 4096, "T", "compute threads [all cores]"},
+    DEVICE_OPTIONS(cl.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
     {"json", OPT_FLAG, &cl.json, 0, 0, NULL, "one JSON line an image: path, label, scores"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
@@ -1361,6 +1458,11 @@ static int cmd_classify(int argc, char **argv) {
     }
     classifier c = {0};
     dsrt_net_options no = dsrt_net_defaults();
+    if ((rc = resolve_device_args("classify", &cl.dev, &no, NULL))) {
+        free(opts);
+        free(paths);
+        return rc;
+    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     no.threads = cl.threads ? cl.threads : (int)(ncpu > 0 ? ncpu : 1);
     if (dsrt_model_load(&c.net, cl.model, &no) != 0) {

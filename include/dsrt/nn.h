@@ -10,19 +10,35 @@
  * parallel trainer reduces while backward is still running are contiguous
  * ranges of the gradient buffer, handed out in reverse layer order.
  *
- * The arithmetic runs on a backend: oneDNN on the CPU today. Inputs are
- * batches of float32 images in NCHW order (n, channels, height, width) with
- * int32 labels in [0, classes).
+ * The arithmetic runs on a backend chosen by dsrt_net_options.device: oneDNN
+ * on the CPU, or cuDNN and cuBLAS on an NVIDIA GPU in a build with the GPU
+ * backend. Inputs are batches of float32 images in NCHW order (n, channels,
+ * height, width), or of uint8 pixels in NHWC order, with int32 labels in
+ * [0, classes).
  *
  * A training step is:
  *
  *     dsrt_net_forward_backward(net, x, labels, n, &loss, &correct);
- *     (optionally all-reduce dsrt_net_grads(net) here, bucket by bucket)
+ *     (optionally all-reduce the gradients here, bucket by bucket)
  *     dsrt_optimizer_step(opt, net, epoch);
  *
+ * On a GPU the same step overlaps the copy of the next batch with the
+ * compute of this one: dsrt_net_stage() starts the copy, and
+ * dsrt_net_train_start() / dsrt_net_train_finish() split the step so the
+ * caller can fetch and stage the next batch while the device computes.
+ *
+ * Where the numbers live. The flat buffers (parameters, gradients, state)
+ * have one layout on every backend. A GPU backend keeps its own copies on
+ * the device; dsrt_net_params(), dsrt_net_grads() and dsrt_net_state() bring
+ * the device's values back to the host when it has newer ones, so the
+ * pointers they return hold the values of that moment (call them again after
+ * more steps). Host writes are sent to the device by
+ * dsrt_net_params_changed().
+ *
  * Threads: a dsrt_net and a dsrt_optimizer belong to one thread at a time;
- * different nets may run on different threads at once. The compute itself is
- * spread over dsrt_net_options.threads threads by the backend.
+ * different nets may run on different threads at once. On the CPU the
+ * compute itself is spread over dsrt_net_options.threads threads by the
+ * backend (see dsrt_net_set_threads).
  */
 #ifndef DSRT_NN_H
 #define DSRT_NN_H
@@ -47,17 +63,49 @@ typedef enum {
     DSRT_INIT_HE,         /* normal with standard deviation sqrt(2 / fan_in) */
 } dsrt_init;
 
+/* The arithmetic of a GPU backend (MATLAB and PyTorch defaults differ; dsrt
+ * takes PyTorch's cuDNN default). The CPU backend computes in float32 for
+ * fp32 and tf32 and refuses bf16. */
+typedef enum {
+    DSRT_PRECISION_DEFAULT = 0, /* tf32 on a GPU, fp32 on the CPU */
+    DSRT_PRECISION_FP32,        /* float32 throughout */
+    DSRT_PRECISION_TF32,        /* float32 storage, TensorFloat-32 products in convolutions and
+                                   matrix products (10-bit mantissa inputs, float32 sums) */
+    DSRT_PRECISION_BF16,        /* mixed: bfloat16 activations and weight copies, float32
+                                   master weights, gradients summed in float32 */
+} dsrt_precision;
+
+/* Where a net computes: the CPU, or a CUDA device index. */
+#define DSRT_DEVICE_CPU (-1)
+
 typedef struct {
-    int threads;    /* compute threads; 0 leaves the OpenMP default (all cores) */
-    uint64_t seed;  /* weight initialisation and dropout masks; default 0 */
-    dsrt_init init; /* default initialiser; DSRT_INIT_GLOROT */
-    int fuse;       /* 1 (default): fold a ReLU into the convolution, fully
-                     * connected or batch-normalisation layer before it */
-    int device;     /* -1 (default): the CPU; GPU indices later */
+    int threads;              /* CPU compute threads; 0 leaves the OpenMP default (all cores) */
+    uint64_t seed;            /* weight initialisation and dropout masks; default 0 */
+    dsrt_init init;           /* default initialiser; DSRT_INIT_GLOROT */
+    int fuse;                 /* 1 (default): fold a ReLU into the convolution, fully
+                               * connected or batch-normalisation layer before it */
+    int device;               /* DSRT_DEVICE_CPU (-1, default), or a CUDA device index (a build with
+                               * the GPU backend and a visible device; see dsrt_gpu_count) */
+    dsrt_precision precision; /* default DSRT_PRECISION_DEFAULT */
+    int deterministic;        /* 1: only algorithms whose results do not depend on
+                               * scheduling (GPU: no atomics-based cuDNN algorithms);
+                               * the CPU backend always is, for a given thread count */
 } dsrt_net_options;
 
 /* The default options. */
 DSRT_API dsrt_net_options dsrt_net_defaults(void);
+
+/* CUDA devices the GPU backend can use: 0 in a build without it, without a
+ * driver, or without a device. Never fails. */
+DSRT_API int dsrt_gpu_count(void);
+
+/* Whether a net can compute on CUDA device `device`: 0, or DSRT_ENODEVICE
+ * with dsrt_last_error() saying why not (no GPU backend in this build, no
+ * driver or device visible, no such device). */
+DSRT_API int dsrt_gpu_check(int device);
+
+/* The name of a precision ("default", "fp32", "tf32", "bf16"), or NULL. */
+DSRT_API const char *dsrt_precision_name(dsrt_precision p);
 
 /*
  * The description text of a built-in network ("digits", "cifar", "alexnet"),
@@ -93,7 +141,9 @@ typedef struct {
     size_t state;                /* non-learnable state (running statistics) */
     double forward_flops;        /* multiply-adds x 2 of one image's forward pass */
     double train_flops;          /* forward + backward (data and weights) of one image */
-    const char *backend;         /* "cpu-onednn" */
+    const char *backend;         /* "cpu-onednn" or "cuda-cudnn" */
+    int device;                  /* DSRT_DEVICE_CPU or the CUDA device */
+    dsrt_precision precision;    /* as resolved for the backend (never DEFAULT) */
 } dsrt_net_info;
 
 DSRT_API void dsrt_net_get_info(const dsrt_net *net, dsrt_net_info *info);
@@ -123,6 +173,32 @@ DSRT_API const char *dsrt_net_description(const dsrt_net *net);
 DSRT_API int dsrt_net_set_input_stats(dsrt_net *net, const float *mean, const float *std,
                                       const float *min, const float *max);
 
+/*
+ * Moves the net to device (DSRT_DEVICE_CPU or a CUDA device index), keeping
+ * its weights and state: the backend of the other side is created and the
+ * old one destroyed. Returns 0, DSRT_ENODEVICE when the device is not there
+ * (the message says why), or another negative code; on failure the net is
+ * where it was. An optimizer used with the net keeps its state.
+ */
+DSRT_API int dsrt_net_set_device(dsrt_net *net, int device);
+
+/*
+ * CPU compute threads: how many the backend spreads its work over (0: the
+ * OpenMP default). A GPU backend launches work from the calling thread
+ * alone and ignores the count.
+ */
+DSRT_API void dsrt_net_set_threads(dsrt_net *net, int threads);
+DSRT_API int dsrt_net_threads(const dsrt_net *net);
+
+/*
+ * Runs fn(ctx, member) once on each of the threads that compute for the net,
+ * member from 0: on the CPU every thread of the OpenMP team of the calling
+ * thread (as many as dsrt_net_threads), on a GPU the calling thread alone.
+ * For binding them to cores: the team keeps its threads between calls.
+ * Returns how many calls of fn returned non-zero (0: all succeeded).
+ */
+DSRT_API int dsrt_net_run_on_threads(dsrt_net *net, int (*fn)(void *ctx, int member), void *ctx);
+
 // ----------------------------------------------------------------------------
 // Running a network
 
@@ -149,6 +225,68 @@ DSRT_API int dsrt_net_forward_backward(dsrt_net *net, const float *x, const int3
 DSRT_API int dsrt_net_predict(dsrt_net *net, const float *x, int n, float *scores,
                               const int32_t *labels, float *loss, int *correct);
 
+/* The layout of a batch handed to a net. The values equal those of
+ * dsrt_augment_layout, so a pipeline batch's layout can be passed on. */
+typedef enum {
+    DSRT_INPUT_F32_NCHW = 0, /* float (n, c, h, w), as the input layer normalises it */
+    DSRT_INPUT_U8_NHWC,      /* uint8 (n, h, w, c): converted to (x - sub[c]) / div[c]
+                              * first, exactly as the pipeline's float output is made */
+} dsrt_input_layout;
+
+/* A batch for the split training step (dsrt_net_stage, dsrt_net_train_start). */
+typedef struct {
+    const void *data;         /* n images of the net's input size, in host memory */
+    dsrt_input_layout layout; /* DSRT_INPUT_F32_NCHW (0) or DSRT_INPUT_U8_NHWC */
+    const int32_t *labels;    /* (n) in [0, classes) */
+    int n;
+    /* Images of the global batch this one is part of, for data-parallel
+     * training: the loss gradient is averaged over global_n so that summing
+     * the workers' gradients gives the global mean. 0: n. */
+    int global_n;
+    /* uint8 only, per channel (at most 4): the value the net sees is
+     * (x - sub[c]) / div[c]; {0, 255} gives [0, 1]. div must be positive. */
+    float sub[4], div[4];
+} dsrt_net_batch;
+
+/*
+ * Starts moving batch b where the net computes. On a GPU the copy runs
+ * asynchronously on a copy stream (into one of two device buffers, so it
+ * overlaps the step in progress); b's memory may be reused once
+ * dsrt_net_stage_wait() returns. On the CPU nothing is copied: the next
+ * dsrt_net_train_start() with the same data reads it in place, and it must
+ * stay until dsrt_net_train_finish().
+ *
+ * Returns 1 when the batch is being copied, 0 when it will be read in place,
+ * or a negative code (a label out of range: DSRT_EOPTION).
+ */
+DSRT_API int dsrt_net_stage(dsrt_net *net, const dsrt_net_batch *b);
+
+/* Waits until the memory of the last staged batch may be reused. */
+DSRT_API int dsrt_net_stage_wait(dsrt_net *net);
+
+/*
+ * dsrt_net_forward_backward in two halves. train_start runs (on a GPU:
+ * queues) forward and backward on b, which the caller may have staged with
+ * dsrt_net_stage (then the staged copy is used; else it is staged now).
+ * Gradient buckets are announced as backward produces them.
+ * train_finish waits for the step and gives its loss and correct count
+ * (either may be NULL), with forward_backward's return codes. Between the
+ * two the caller may do host work, such as fetching and staging the next
+ * batch.
+ */
+DSRT_API int dsrt_net_train_start(dsrt_net *net, const dsrt_net_batch *b);
+DSRT_API int dsrt_net_train_finish(dsrt_net *net, float *loss, int *correct);
+
+/* Waits until every piece of work queued for the net is done (on the CPU
+ * there is none). For timing. */
+DSRT_API int dsrt_net_sync(dsrt_net *net);
+
+/* Seconds a GPU spent computing and waiting between steps since the net
+ * was created or moved (idle: from the end of one training step's work to
+ * the start of the next's, which is the time it waited for the host and its
+ * data). Zero on the CPU. */
+DSRT_API void dsrt_net_device_time(dsrt_net *net, double *busy_s, double *idle_s);
+
 /*
  * The training-step counter: it keys dropout masks (with the seed and the
  * layer), and forward_backward increments it. Set it when resuming.
@@ -164,11 +302,14 @@ DSRT_API int64_t dsrt_net_iteration(const dsrt_net *net);
  * every layer's weights in plain layout (conv: (filters, channels/groups,
  * kh, kw); fc: (outputs, in_c, in_h, in_w); batchnorm: scale (c), offset
  * (c)), in layer order. After writing into it, call dsrt_net_params_changed.
+ * On a GPU the device's values are copied back first; NULL (with the
+ * message) when that fails.
  */
 DSRT_API float *dsrt_net_params(dsrt_net *net, size_t *count);
 DSRT_API void dsrt_net_params_changed(dsrt_net *net);
 
-/* The gradient buffer: same length and layout as the parameters. */
+/* The gradient buffer: same length and layout as the parameters (on a GPU a
+ * copy of the device's, for reading). */
 DSRT_API float *dsrt_net_grads(dsrt_net *net, size_t *count);
 
 /* Non-learnable state (batch-norm running mean and variance, input
@@ -260,6 +401,13 @@ DSRT_API double dsrt_optimizer_learn_rate(const dsrt_optimizer *opt, int epoch);
 
 /* The options the optimizer runs with. */
 DSRT_API dsrt_optimizer_options dsrt_optimizer_get_options(const dsrt_optimizer *opt);
+
+/*
+ * Copies the state of src (moments and the step count) into opt, which
+ * must have the same solver and parameter count: resuming into an
+ * optimizer made with new options. Returns 0 or DSRT_EOPTION.
+ */
+DSRT_API int dsrt_optimizer_copy_state(dsrt_optimizer *opt, dsrt_optimizer *src);
 
 // ----------------------------------------------------------------------------
 // Model files and checkpoints

@@ -198,6 +198,16 @@ DSRT_API uint64_t dsrt_pipeline_batches_per_epoch(const dsrt_pipeline *p);
  * everything, the slots included. NULL is accepted. */
 DSRT_API void dsrt_pipeline_close(dsrt_pipeline *p);
 
+/*
+ * Host memory as the pipeline's slots are made: page-locked (cudaHostAlloc
+ * for CUDA device gpu, -1: the first, when a device is present; else mmap and
+ * mlock where the limits allow), so a GPU can copy from it asynchronously.
+ * Zeroed, page-aligned. NULL (with the message) when out of memory.
+ * dsrt_pinned_free accepts NULL.
+ */
+DSRT_API void *dsrt_pinned_alloc(size_t bytes, int gpu);
+DSRT_API void dsrt_pinned_free(void *p);
+
 // ----------------------------------------------------------------------------
 // Statistics
 

@@ -51,12 +51,12 @@ extern "C" {
 // ----------------------------------------------------------------------------
 // Options
 
-/* Where the arithmetic runs (MATLAB ExecutionEnvironment). Only AUTO and CPU
- * run in this build; the others are refused with DSRT_EUNSUPPORTED. */
+/* Where the arithmetic runs (MATLAB ExecutionEnvironment). dsrt_train moves
+ * the net there (dsrt_net_set_device) and leaves it there. */
 typedef enum {
-    DSRT_EXEC_AUTO = 0, /* the CPU (a GPU when dsrt has a GPU backend) */
+    DSRT_EXEC_AUTO = 0, /* a GPU when one is usable (dsrt_gpu_count), else the CPU */
     DSRT_EXEC_CPU,
-    DSRT_EXEC_GPU,
+    DSRT_EXEC_GPU, /* the GPU `gpu`; refused with DSRT_ENODEVICE when it is not there */
     DSRT_EXEC_MULTI_GPU,
     DSRT_EXEC_PARALLEL,
 } dsrt_execution;
@@ -127,6 +127,13 @@ typedef struct {
     const char *resume;
 
     dsrt_execution execution; /* ExecutionEnvironment: default DSRT_EXEC_AUTO */
+    int gpu;                  /* CUDA device for auto and gpu; -1 (default): the first */
+    /* How training batches travel to the net: -1 (default): as uint8 NHWC
+     * when the net is on a GPU (a quarter of the bytes over PCIe, made into
+     * floats there exactly as the pipeline makes them from the same pixels;
+     * resampled pixels are rounded to 8 bits first), as floats on the CPU;
+     * 0: always floats; 1: uint8 on the CPU too. */
+    int uint8_batches;
 
     /* How each training sample is made (imageDataAugmenter and
      * augmentedImageDatastore): output_height, output_width and
@@ -248,6 +255,10 @@ typedef struct {
     double best_val_loss;          /* the lowest validation loss, NaN when none ran */
     int64_t best_iteration;        /* where it was reached */
     double consumer_wait_s;        /* seconds the compute waited for a batch (data-bound time) */
+    int device;                    /* where the net trained: DSRT_DEVICE_CPU or the CUDA device */
+    double device_busy_s;          /* GPU: seconds of device work (CUDA events) */
+    double device_idle_s;          /* GPU: seconds the device sat idle between steps, waiting
+                                      for the host and its data */
     uint64_t skipped;              /* bad samples passed over */
     unsigned workers;              /* pipeline workers used */
     int compute_threads;           /* compute threads used */
