@@ -37,6 +37,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -615,8 +616,10 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
         md_plain(&w_plain, wnd, wdims) || md_plain(&b_md, 1, bdims) || md_any(&dst_any, 4, ddims))
         return dnnl_fail(dnnl_invalid_arguments, "memory descriptors", L);
     if (conv_nhwc(be, L)) {
-        dnnl_memory_desc_init_by_tag(&src_any, 4, sdims, dnnl_f32, dnnl_acdb);
-        dnnl_memory_desc_init_by_tag(&dst_any, 4, ddims, dnnl_f32, dnnl_acdb);
+        DN("memory descriptors",
+           dnnl_memory_desc_init_by_tag(&src_any, 4, sdims, dnnl_f32, dnnl_acdb));
+        DN("memory descriptors",
+           dnnl_memory_desc_init_by_tag(&dst_any, 4, ddims, dnnl_f32, dnnl_acdb));
     }
     const dnnl_memory_desc_t *bias = L->b_n ? &b_md : NULL;
     dnnl_prop_kind_t prop = p->train ? dnnl_forward_training : dnnl_forward_inference;
@@ -736,8 +739,9 @@ static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
      * generic kernel: such inputs are reordered to the blocked layout. */
     dnnl_memory_desc_t data_md = in->md;
     if (in->md.ndims == 4 && md_is(&in->md, dnnl_acdb) && c % be->block != 0)
-        dnnl_memory_desc_init_by_tag(&data_md, 4, in->md.dims, dnnl_f32,
-                                     be->block == 16 ? dnnl_aBcd16b : dnnl_aBcd8b);
+        DN("batchnorm layout",
+           dnnl_memory_desc_init_by_tag(&data_md, 4, in->md.dims, dnnl_f32,
+                                        be->block == 16 ? dnnl_aBcd16b : dnnl_aBcd8b));
     if ((rc = ensure(p, be, in->mem, &data_md, 0, i, &lp->src, L))) return rc;
     dnnl_batch_normalization_desc_t fd;
     dnnl_primitive_desc_t fpd;
@@ -808,147 +812,134 @@ out:
     return rc;
 }
 
-static int plan_relu(cpu_backend *be, cpu_plan *p, int i) {
+/* The op descriptor of a layer that is one primitive each way. */
+typedef union {
+    dnnl_eltwise_desc_t eltwise;
+    dnnl_pooling_v2_desc_t pool;
+    dnnl_lrn_desc_t lrn;
+} op_desc;
+
+/* Such a layer's backward: how its descriptor is made once the forward
+ * chose the output layout (dst), and which forward tensors it reads. */
+typedef struct {
+    const char *what;
+    dnnl_status_t (*init)(op_desc *bd, const dsrt_layer *L, const dnnl_memory_desc_t *src,
+                          const dnnl_memory_desc_t *dst);
+    int reads_src, reads_dst;
+} one_backward;
+
+/*
+ * ReLU, pooling and LRN: one primitive forward (descriptor fd) into a new
+ * output in the layout it chooses, with its workspace when training, and
+ * one backward into the input's gradient when that is needed.
+ */
+static int plan_one_primitive(cpu_backend *be, cpu_plan *p, int i, const op_desc *fd,
+                              const one_backward *b) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
     tensor *in = &p->lp[i - 1].out;
-    if (L->fused_away) {
-        lp->out = *in;
-        return 0;
-    }
-    dnnl_eltwise_desc_t fd;
     dnnl_primitive_desc_t fpd;
-    DN("relu", dnnl_eltwise_forward_desc_init(
-                   &fd, p->train ? dnnl_forward_training : dnnl_forward_inference,
-                   dnnl_eltwise_relu_use_dst_for_bwd, &in->md, L->o.leak, 0));
-    int rc = pd_new(&fpd, &fd, be, 0, 0, NULL, "relu", L);
+    int rc = pd_new(&fpd, fd, be, 0, 0, NULL, b->what, L);
     if (rc) return rc;
+    dnnl_memory_t ws = NULL;
     step *s;
     rc = new_output(be, p, i, dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0));
+    const dnnl_memory_desc_t *wsmd = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
+    if (!rc && p->train && wsmd && dnnl_memory_desc_get_size(wsmd))
+        rc = mem_new(p, wsmd, be->engine, NULL, &ws, L);
     if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
     if (rc) goto out;
     arg(s, DNNL_ARG_SRC, in->mem);
     arg(s, DNNL_ARG_DST, lp->out.mem);
+    arg(s, DNNL_ARG_WORKSPACE, ws);
     if (!p->train || !be->need_diff[i - 1]) goto out;
-    {
-        dnnl_eltwise_desc_t bd;
-        dnnl_primitive_desc_t bpd;
-        dnnl_status_t st = dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_relu_use_dst_for_bwd,
-                                                           &in->md, &lp->out.md, L->o.leak, 0);
-        if (st != dnnl_success) {
-            rc = dnnl_fail(st, "relu backward", L);
-            goto out;
-        }
-        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "relu backward", L))) goto out;
-        rc = prim_step(p, be, bpd, 1, i, &s, L);
-        dnnl_primitive_desc_destroy(bpd);
-        if (rc) goto out;
-        arg(s, DNNL_ARG_DST, lp->out.mem);
-        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
-        arg(s, DNNL_ARG_DIFF_SRC, in->diff);
+    op_desc bd;
+    dnnl_primitive_desc_t bpd;
+    char what[64];
+    snprintf(what, sizeof what, "%s backward", b->what);
+    dnnl_status_t st = b->init(&bd, L, &in->md, &lp->out.md);
+    if (st != dnnl_success) {
+        rc = dnnl_fail(st, what, L);
+        goto out;
     }
+    if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, what, L))) goto out;
+    rc = prim_step(p, be, bpd, 1, i, &s, L);
+    dnnl_primitive_desc_destroy(bpd);
+    if (rc) goto out;
+    if (b->reads_src) arg(s, DNNL_ARG_SRC, in->mem);
+    if (b->reads_dst) arg(s, DNNL_ARG_DST, lp->out.mem);
+    arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
+    arg(s, DNNL_ARG_WORKSPACE, ws);
+    arg(s, DNNL_ARG_DIFF_SRC, in->diff);
 out:
     dnnl_primitive_desc_destroy(fpd);
     return rc;
 }
 
+static dnnl_status_t relu_backward(op_desc *bd, const dsrt_layer *L, const dnnl_memory_desc_t *src,
+                                   const dnnl_memory_desc_t *dst) {
+    return dnnl_eltwise_backward_desc_init(&bd->eltwise, dnnl_eltwise_relu_use_dst_for_bwd, src,
+                                           dst, L->o.leak, 0);
+}
+
+static int plan_relu(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    tensor *in = &p->lp[i - 1].out;
+    if (L->fused_away) {
+        p->lp[i].out = *in;
+        return 0;
+    }
+    op_desc fd;
+    DN("relu", dnnl_eltwise_forward_desc_init(
+                   &fd.eltwise, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                   dnnl_eltwise_relu_use_dst_for_bwd, &in->md, L->o.leak, 0));
+    static const one_backward b = {"relu", relu_backward, 0, 1};
+    return plan_one_primitive(be, p, i, &fd, &b);
+}
+
+static dnnl_alg_kind_t pool_alg(const dsrt_layer *L) {
+    return L->kind == DSRT_LAYER_MAXPOOL ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
+}
+
+static dnnl_status_t pool_backward(op_desc *bd, const dsrt_layer *L, const dnnl_memory_desc_t *src,
+                                   const dnnl_memory_desc_t *dst) {
+    dnnl_dims_t strides = {L->o.sh, L->o.sw}, kernel = {L->o.kh, L->o.kw}, dil = {0, 0};
+    dnnl_dims_t pad_l = {L->pt, L->pl}, pad_r = {L->pb, L->pr};
+    return dnnl_pooling_v2_backward_desc_init(&bd->pool, pool_alg(L), src, dst, strides, kernel,
+                                              dil, pad_l, pad_r);
+}
+
 static int plan_pool(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    layer_plan *lp = &p->lp[i];
     tensor *in = &p->lp[i - 1].out;
-    dnnl_alg_kind_t alg =
-        L->kind == DSRT_LAYER_MAXPOOL ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
     dnnl_dims_t ddims = {p->n, L->out.c, L->out.h, L->out.w};
     dnnl_dims_t strides = {L->o.sh, L->o.sw}, kernel = {L->o.kh, L->o.kw}, dil = {0, 0};
     dnnl_dims_t pad_l = {L->pt, L->pl}, pad_r = {L->pb, L->pr};
     dnnl_memory_desc_t dst_any;
     if (md_any(&dst_any, 4, ddims)) return dnnl_fail(dnnl_invalid_arguments, "pooling", L);
-    dnnl_pooling_v2_desc_t fd;
-    dnnl_primitive_desc_t fpd;
+    op_desc fd;
     DN("pooling", dnnl_pooling_v2_forward_desc_init(
-                      &fd, p->train ? dnnl_forward_training : dnnl_forward_inference, alg, &in->md,
-                      &dst_any, strides, kernel, dil, pad_l, pad_r));
-    int rc = pd_new(&fpd, &fd, be, 0, 0, NULL, "pooling", L);
-    if (rc) return rc;
-    dnnl_memory_t ws = NULL;
-    step *s;
-    rc = new_output(be, p, i, dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0));
-    const dnnl_memory_desc_t *wsmd = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
-    if (!rc && p->train && wsmd && dnnl_memory_desc_get_size(wsmd))
-        rc = mem_new(p, wsmd, be->engine, NULL, &ws, L);
-    if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
-    if (rc) goto out;
-    arg(s, DNNL_ARG_SRC, in->mem);
-    arg(s, DNNL_ARG_DST, lp->out.mem);
-    arg(s, DNNL_ARG_WORKSPACE, ws);
-    if (!p->train || !be->need_diff[i - 1]) goto out;
-    {
-        dnnl_pooling_v2_desc_t bd;
-        dnnl_primitive_desc_t bpd;
-        dnnl_status_t st = dnnl_pooling_v2_backward_desc_init(&bd, alg, &in->md, &lp->out.md,
-                                                              strides, kernel, dil, pad_l, pad_r);
-        if (st != dnnl_success) {
-            rc = dnnl_fail(st, "pooling backward", L);
-            goto out;
-        }
-        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "pooling backward", L))) goto out;
-        rc = prim_step(p, be, bpd, 1, i, &s, L);
-        dnnl_primitive_desc_destroy(bpd);
-        if (rc) goto out;
-        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
-        arg(s, DNNL_ARG_WORKSPACE, ws);
-        arg(s, DNNL_ARG_DIFF_SRC, in->diff);
-    }
-out:
-    dnnl_primitive_desc_destroy(fpd);
-    return rc;
+                      &fd.pool, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                      pool_alg(L), &in->md, &dst_any, strides, kernel, dil, pad_l, pad_r));
+    static const one_backward b = {"pooling", pool_backward, 0, 0};
+    return plan_one_primitive(be, p, i, &fd, &b);
+}
+
+static dnnl_status_t lrn_backward(op_desc *bd, const dsrt_layer *L, const dnnl_memory_desc_t *src,
+                                  const dnnl_memory_desc_t *dst) {
+    return dnnl_lrn_backward_desc_init(&bd->lrn, dnnl_lrn_across_channels, dst, src, L->o.lrn_size,
+                                       L->o.alpha, L->o.beta, L->o.k);
 }
 
 static int plan_lrn(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    layer_plan *lp = &p->lp[i];
     tensor *in = &p->lp[i - 1].out;
-    dnnl_lrn_desc_t fd;
-    dnnl_primitive_desc_t fpd;
+    op_desc fd;
     DN("lrn", dnnl_lrn_forward_desc_init(
-                  &fd, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                  &fd.lrn, p->train ? dnnl_forward_training : dnnl_forward_inference,
                   dnnl_lrn_across_channels, &in->md, L->o.lrn_size, L->o.alpha, L->o.beta, L->o.k));
-    int rc = pd_new(&fpd, &fd, be, 0, 0, NULL, "lrn", L);
-    if (rc) return rc;
-    dnnl_memory_t ws = NULL;
-    step *s;
-    rc = new_output(be, p, i, dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0));
-    const dnnl_memory_desc_t *wsmd = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
-    if (!rc && p->train && wsmd && dnnl_memory_desc_get_size(wsmd))
-        rc = mem_new(p, wsmd, be->engine, NULL, &ws, L);
-    if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
-    if (rc) goto out;
-    arg(s, DNNL_ARG_SRC, in->mem);
-    arg(s, DNNL_ARG_DST, lp->out.mem);
-    arg(s, DNNL_ARG_WORKSPACE, ws);
-    if (!p->train || !be->need_diff[i - 1]) goto out;
-    {
-        dnnl_lrn_desc_t bd;
-        dnnl_primitive_desc_t bpd;
-        dnnl_status_t st =
-            dnnl_lrn_backward_desc_init(&bd, dnnl_lrn_across_channels, &lp->out.md, &in->md,
-                                        L->o.lrn_size, L->o.alpha, L->o.beta, L->o.k);
-        if (st != dnnl_success) {
-            rc = dnnl_fail(st, "lrn backward", L);
-            goto out;
-        }
-        if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "lrn backward", L))) goto out;
-        rc = prim_step(p, be, bpd, 1, i, &s, L);
-        dnnl_primitive_desc_destroy(bpd);
-        if (rc) goto out;
-        arg(s, DNNL_ARG_SRC, in->mem);
-        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
-        arg(s, DNNL_ARG_WORKSPACE, ws);
-        arg(s, DNNL_ARG_DIFF_SRC, in->diff);
-    }
-out:
-    dnnl_primitive_desc_destroy(fpd);
-    return rc;
+    static const one_backward b = {"lrn", lrn_backward, 1, 0};
+    return plan_one_primitive(be, p, i, &fd, &b);
 }
 
 /*

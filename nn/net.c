@@ -285,11 +285,11 @@ int dsrt_net_create(dsrt_net **net, const char *spec, int height, int width, int
         snprintf(source, sizeof source, "net '%s'", spec);
     } else {
         if (!strpbrk(spec, " \t\n=#")) {
-            char list[128];
-            size_t at = 0;
-            for (int i = 0; names[i]; i++)
-                at +=
-                    (size_t)snprintf(list + at, sizeof list - at, "%s%s", i ? ", " : "", names[i]);
+            char list[128] = "";
+            for (int i = 0; names[i]; i++) {
+                size_t at = strlen(list);
+                snprintf(list + at, sizeof list - at, "%s%s", i ? ", " : "", names[i]);
+            }
             return dsrt__fail(DSRT_EOPTION, "net: unknown network '%s' (built in: %s)", spec, list);
         }
         text = spec;
