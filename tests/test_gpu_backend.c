@@ -1,0 +1,546 @@
+/*
+ * The GPU backend against the CPU backend, on a machine with a CUDA device
+ * (exit 77, skipped, without one): every layer's forward and backward, the
+ * optimizer for every solver and gradient-threshold method, dropout masks,
+ * staged and uint8 batches, a 200-step training run, determinism, and model
+ * files and checkpoints moving between the CPU and the GPU.
+ *
+ * Tolerances, as the norm of the difference over the norm of the CPU's
+ * tensor: fp32 1e-4, tf32 3e-3, bf16 2e-2 (layer outputs, gradients, batch
+ * statistics, probabilities and the loss). Layers followed by batch
+ * normalisation have no bias here: its gradient is zero in theory and
+ * rounding noise in practice, which no relative tolerance can compare (and
+ * which Adam would turn into steps of the full learning rate). The CPU backend runs direct
+ * convolutions here (DSRT_CPU_CONV=direct): its Winograd arithmetic rounds
+ * differently enough to blur an fp32 comparison. Dropout masks are compared
+ * bit for bit (which values are zero), and the deterministic GPU mode must
+ * give bit-identical weights run after run.
+ */
+#include "nn/internal.h"
+#include "task.h"
+#include "testimg.h"
+
+#include <dsrt/train.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double TOL[] = {0, 1e-4, 3e-3, 2e-2}; /* by dsrt_precision */
+static char tmpdir[4096];
+/* The device under test: GPU 0, or the CPU when DSRT_TEST_GPU_SELF_CHECK=1
+ * runs every comparison with the CPU on both sides, to check the test
+ * itself on a machine without a GPU. */
+static int G = 0;
+
+// ----------------------------------------------------------------------------
+// Helpers
+
+static dsrt_net *make_on(const char *desc, int h, int w, int c, int classes, int device,
+                         dsrt_precision p, int deterministic) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 5;
+    o.device = device;
+    o.precision = p;
+    o.deterministic = deterministic;
+    dsrt_net *net = NULL;
+    int rc = dsrt_net_create(&net, desc, h, w, c, classes, &o);
+    if (rc) fprintf(stderr, "net_create (device %d): %s\n", device, dsrt_last_error());
+    REQUIRE(rc == 0);
+    return net;
+}
+
+static void fill(float *x, size_t n, uint64_t seed, float lo, float hi) {
+    dsrt_rng r = dsrt_rng_init(seed, 9, 9, 9);
+    for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * (float)dsrt_rng_uniform(&r);
+}
+
+static void labels_for(int32_t *y, int n, int classes, uint64_t seed) {
+    dsrt_rng r = dsrt_rng_init(seed, 1, 1, 1);
+    for (int i = 0; i < n; i++) y[i] = (int32_t)dsrt_rng_below(&r, (uint64_t)classes);
+}
+
+/* ||a - b|| / ||b|| (absolute when b is all but zero); reports above tol. */
+static int close_to(const float *a, const float *b, size_t n, double tol, const char *what) {
+    double dd = 0, bb = 0;
+    size_t worst = 0;
+    double wd = -1;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        if (!isfinite(a[i])) d = INFINITY;
+        dd += d * d;
+        bb += (double)b[i] * b[i];
+        if (fabs(d) > wd) wd = fabs(d), worst = i;
+    }
+    double rel = sqrt(dd) / fmax(sqrt(bb), 1e-6);
+    if (rel <= tol) return 1;
+    fprintf(stderr, "  %s: relative error %.3g > %.3g (worst [%zu]: gpu %.7g, cpu %.7g, of %zu)\n",
+            what, rel, tol, worst, n ? (double)a[worst] : 0.0, n ? (double)b[worst] : 0.0, n);
+    return 0;
+}
+
+static size_t out_count(const dsrt_net *net, int i, int n) {
+    const dsrt_shape *s = &net->layers[i].out;
+    return (size_t)n * s->c * s->h * s->w;
+}
+
+/* Compares every layer's output of the last forward (train or not). */
+static void compare_outputs(dsrt_net *g, dsrt_net *c, int n, int train, double tol,
+                            const char *tag) {
+    for (int i = 0; i < c->n_layers; i++) {
+        size_t m = out_count(c, i, n);
+        float *a = malloc(m * sizeof *a), *b = malloc(m * sizeof *b);
+        REQUIRE(a && b);
+        CHECK_OK(dsrt__net_layer_output(g, i, a, train));
+        CHECK_OK(dsrt__net_layer_output(c, i, b, train));
+        char what[160];
+        snprintf(what, sizeof what, "%s: %s output of layer %d (%s)", tag,
+                 train ? "training" : "inference", i, c->layers[i].type);
+        if (!close_to(a, b, m, tol, what)) test_failures++;
+        free(a);
+        free(b);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Layers, forward and backward
+
+typedef struct {
+    const char *desc;
+    int h, w, c, classes, n;
+} case_net;
+
+/* Between them, every layer type and option the CPU backend has. */
+static const case_net NETS[] = {
+    {"input\nconv filters=5 size=3 pad=1 bias=0\nbatchnorm\nrelu\nmaxpool size=2 stride=2\n"
+     "fc outputs=4\nsoftmax\n",
+     8, 8, 3, 4, 6},
+    {"input\nconv filters=6 size=3x2 stride=2x1 dilation=2 pad=same groups=3\n"
+     "leakyrelu leak=0.2\navgpool size=3 stride=2 pad=1\nlrn size=5 alpha=0.1 beta=0.75 k=1\n"
+     "gap\nfc outputs=3\nsoftmax\n",
+     9, 8, 3, 3, 4},
+    {"input\nconv filters=4 size=5 stride=2 pad=2,1,0,2 bias=0\nmaxpool size=3 stride=2 pad=1\n"
+     "fc outputs=16 bias=0\nbatchnorm\nrelu\ndropout p=0.4\nfc outputs=5\nsoftmax\n",
+     11, 10, 2, 5, 8},
+    {"input\nconv filters=20 size=3 pad=1 bias=0\nbatchnorm\nrelu\nconv filters=16 size=1 bias=0\n"
+     "batchnorm eps=1e-3 momentum=0.3\nleakyrelu leak=0.1\nfc outputs=3\nsoftmax\n",
+     6, 6, 1, 3, 8},
+    {"input normalization=zscore mean=0.4,0.5,0.6 std=0.2,0.25,0.3\n"
+     "conv filters=8 size=3 stride=2\nrelu\nconv filters=8 size=3 groups=2 pad=1\nrelu\n"
+     "avgpool size=2 stride=2\nfc outputs=12\nrelu\ndropout p=0.5\nfc outputs=4\nsoftmax\n",
+     13, 13, 3, 4, 5},
+    {"input normalization=rescale-symmetric min=0 max=1\nconv filters=4 size=3 pad=1 "
+     "bias=0\nlrn size=3 alpha=1e-2 beta=0.5 k=2\nmaxpool size=2 stride=1\nfc outputs=3\n"
+     "softmax\n",
+     7, 7, 1, 3, 3},
+};
+
+static void check_layers(dsrt_precision prec) {
+    double tol = TOL[prec];
+    for (size_t k = 0; k < sizeof NETS / sizeof NETS[0]; k++) {
+        const case_net *cn = &NETS[k];
+        dsrt_net *c =
+            make_on(cn->desc, cn->h, cn->w, cn->c, cn->classes, -1, DSRT_PRECISION_FP32, 0);
+        dsrt_net *g = make_on(cn->desc, cn->h, cn->w, cn->c, cn->classes, G, prec, 0);
+        size_t values = (size_t)cn->n * cn->c * cn->h * cn->w;
+        float *x = malloc(values * sizeof *x);
+        int32_t y[16];
+        REQUIRE(x);
+        fill(x, values, k + 1, 0.0f, 1.0f);
+        labels_for(y, cn->n, cn->classes, k);
+        char tag[64];
+        snprintf(tag, sizeof tag, "net %zu, %s", k, dsrt_precision_name(prec));
+        for (int step = 0; step < 2; step++) {
+            dsrt_net_set_iteration(c, 7 + step);
+            dsrt_net_set_iteration(g, 7 + step);
+            float lc, lg;
+            int cc, cg;
+            CHECK_OK(dsrt_net_forward_backward(c, x, y, cn->n, &lc, &cc));
+            CHECK_OK(dsrt_net_forward_backward(g, x, y, cn->n, &lg, &cg));
+            if (!close_to(&lg, &lc, 1, tol, tag)) test_failures++;
+            if (prec == DSRT_PRECISION_FP32) CHECK_EQ(cg, cc);
+            compare_outputs(g, c, cn->n, 1, tol, tag);
+            size_t np;
+            const float *gc = dsrt_net_grads(c, &np);
+            const float *gg = dsrt_net_grads(g, NULL);
+            REQUIRE(gc && gg);
+            for (int i = 1; i < c->n_layers; i++) {
+                const dsrt_layer *L = &c->layers[i];
+                char what[128];
+                if (L->w_n) {
+                    snprintf(what, sizeof what, "%s: weight gradient of %s", tag, L->name);
+                    if (!close_to(gg + L->w_off, gc + L->w_off, L->w_n, tol, what)) test_failures++;
+                }
+                if (L->b_n) {
+                    snprintf(what, sizeof what, "%s: bias gradient of %s", tag, L->name);
+                    if (!close_to(gg + L->b_off, gc + L->b_off, L->b_n, tol, what)) test_failures++;
+                }
+            }
+            size_t ns;
+            const float *sc = dsrt_net_state(c, &ns);
+            const float *sg = dsrt_net_state(g, NULL);
+            char what[128];
+            snprintf(what, sizeof what, "%s: running statistics", tag);
+            if (ns && !close_to(sg, sc, ns, tol, what)) test_failures++;
+        }
+        /* Inference with the running statistics the training updated. */
+        float *pc = malloc((size_t)cn->n * cn->classes * sizeof *pc);
+        float *pg = malloc((size_t)cn->n * cn->classes * sizeof *pg);
+        REQUIRE(pc && pg);
+        CHECK_OK(dsrt_net_predict(c, x, cn->n, pc, NULL, NULL, NULL));
+        CHECK_OK(dsrt_net_predict(g, x, cn->n, pg, NULL, NULL, NULL));
+        if (!close_to(pg, pc, (size_t)cn->n * cn->classes, tol, "inference probabilities"))
+            test_failures++;
+        compare_outputs(g, c, cn->n, 0, tol, tag);
+        free(pc);
+        free(pg);
+        free(x);
+        dsrt_net_destroy(c);
+        dsrt_net_destroy(g);
+    }
+}
+
+static void test_layers_fp32(void) {
+    check_layers(DSRT_PRECISION_FP32);
+}
+
+static void test_layers_tf32(void) {
+    check_layers(DSRT_PRECISION_TF32);
+}
+
+static void test_layers_bf16(void) {
+    check_layers(DSRT_PRECISION_BF16);
+}
+
+// ----------------------------------------------------------------------------
+// Dropout masks
+
+static void test_dropout_masks(void) {
+    const char *desc = "input\nfc outputs=64\nrelu\ndropout p=0.3\nfc outputs=3\nsoftmax\n";
+    const int n = 16;
+    dsrt_net *c = make_on(desc, 4, 4, 2, 3, -1, DSRT_PRECISION_FP32, 0);
+    dsrt_net *g = make_on(desc, 4, 4, 2, 3, G, DSRT_PRECISION_FP32, 0);
+    float x[16 * 32];
+    int32_t y[16];
+    fill(x, sizeof x / sizeof x[0], 3, -1, 1);
+    labels_for(y, n, 3, 3);
+    for (int it = 0; it < 3; it++) {
+        dsrt_net_set_iteration(c, 1000 + it);
+        dsrt_net_set_iteration(g, 1000 + it);
+        CHECK_OK(dsrt_net_forward_backward(c, x, y, n, NULL, NULL));
+        CHECK_OK(dsrt_net_forward_backward(g, x, y, n, NULL, NULL));
+        float in[16 * 64], a[16 * 64], b[16 * 64];
+        CHECK_OK(dsrt__net_layer_output(c, 2, in, 1));
+        CHECK_OK(dsrt__net_layer_output(g, 3, a, 1));
+        CHECK_OK(dsrt__net_layer_output(c, 3, b, 1));
+        int differ = 0, dropped = 0;
+        for (int j = 0; j < 16 * 64; j++) {
+            if (in[j] == 0) continue; /* ReLU zeros say nothing about the mask */
+            differ += (a[j] == 0) != (b[j] == 0);
+            dropped += b[j] == 0;
+        }
+        CHECK_EQ(differ, 0);
+        CHECK_GT(dropped, 0);
+    }
+    dsrt_net_destroy(c);
+    dsrt_net_destroy(g);
+}
+
+// ----------------------------------------------------------------------------
+// The optimizer
+
+static void test_optimizer(void) {
+    const char *desc = "input\nconv filters=6 size=3 pad=1 bias=0\nbatchnorm\nrelu\nfc outputs=8\n"
+                       "relu\nfc outputs=4 wlr=2 bl2=1\nsoftmax\n";
+    const int n = 8;
+    float x[8 * 3 * 6 * 6];
+    int32_t y[8];
+    fill(x, sizeof x / sizeof x[0], 11, 0, 1);
+    labels_for(y, n, 4, 11);
+    for (int solver = 0; solver < 3; solver++)
+        for (int clip = -1; clip < 3; clip++) {
+            dsrt_optimizer_options oo = dsrt_optimizer_defaults((dsrt_solver)solver);
+            if (clip >= 0) {
+                oo.clip = (dsrt_grad_clip)clip;
+                oo.grad_threshold = clip == DSRT_CLIP_ABSOLUTE ? 0.01 : 0.05;
+            }
+            dsrt_net *c = make_on(desc, 6, 6, 3, 4, -1, DSRT_PRECISION_FP32, 0);
+            dsrt_net *g = make_on(desc, 6, 6, 3, 4, G, DSRT_PRECISION_FP32, 0);
+            dsrt_optimizer *oc, *og;
+            CHECK_OK(dsrt_optimizer_create(&oc, c, &oo));
+            CHECK_OK(dsrt_optimizer_create(&og, g, &oo));
+            for (int s = 0; s < 4; s++) {
+                CHECK_OK(dsrt_net_forward_backward(c, x, y, n, NULL, NULL));
+                CHECK_OK(dsrt_net_forward_backward(g, x, y, n, NULL, NULL));
+                CHECK_OK(dsrt_optimizer_step(oc, c, s));
+                CHECK_OK(dsrt_optimizer_step(og, g, s));
+            }
+            char what[96];
+            snprintf(what, sizeof what, "solver %d, threshold method %d: weights", solver, clip);
+            size_t np;
+            const float *wc = dsrt_net_params(c, &np);
+            if (!close_to(dsrt_net_params(g, NULL), wc, np, 1e-4, what)) test_failures++;
+            /* The optimizer state comes back from the device for a
+             * checkpoint, and goes on from it on the CPU. */
+            char path[4200];
+            snprintf(path, sizeof path, "%s/opt.dsrt", tmpdir);
+            CHECK_OK(dsrt_checkpoint_save(path, g, og, NULL));
+            dsrt_net *back = NULL;
+            dsrt_optimizer *ob = NULL;
+            CHECK_OK(dsrt_checkpoint_load(path, &back, &ob, NULL, NULL));
+            for (int k = 0; k < dsrt__optimizer_n_buffers(oc); k++) {
+                snprintf(what, sizeof what, "solver %d, method %d: optimizer state %d", solver,
+                         clip, k);
+                if (!close_to(dsrt__optimizer_state(ob, k), dsrt__optimizer_state(oc, k), np, 1e-3,
+                              what))
+                    test_failures++;
+            }
+            CHECK_EQ(dsrt__optimizer_steps(ob), 4);
+            dsrt_optimizer_destroy(ob);
+            dsrt_net_destroy(back);
+            dsrt_optimizer_destroy(oc);
+            dsrt_optimizer_destroy(og);
+            dsrt_net_destroy(c);
+            dsrt_net_destroy(g);
+        }
+}
+
+// ----------------------------------------------------------------------------
+// Staged and uint8 batches, device facts
+
+static void test_staging(void) {
+    const char *desc = "input\nconv filters=8 size=3 pad=1\nbatchnorm\nrelu\nfc outputs=5\n"
+                       "softmax\n";
+    const int n = 12, c = 3, h = 8, w = 8;
+    size_t values = (size_t)n * c * h * w;
+    uint8_t *px = dsrt_pinned_alloc(values, 0);
+    float *x = dsrt_pinned_alloc(values * sizeof(float), 0);
+    int32_t y[12];
+    REQUIRE(px && x);
+    dsrt_rng r = dsrt_rng_init(1, 2, 3, 4);
+    for (size_t i = 0; i < values; i++) px[i] = (uint8_t)dsrt_rng_u64(&r);
+    labels_for(y, n, 5, 2);
+    const float sub[4] = {0, 0, 0, 0}, div[4] = {255, 255, 255, 255};
+    dsrt__batch_u8_to_f32(px, x, n, c, h, w, sub, div);
+
+    dsrt_net *a = make_on(desc, h, w, c, 5, 0, DSRT_PRECISION_FP32, 1);
+    dsrt_net *b = make_on(desc, h, w, c, 5, 0, DSRT_PRECISION_FP32, 1);
+    dsrt_net *u = make_on(desc, h, w, c, 5, 0, DSRT_PRECISION_FP32, 1);
+    float la, lb, lu;
+    CHECK_OK(dsrt_net_forward_backward(a, x, y, n, &la, NULL));
+    dsrt_net_batch fb = {.data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = n};
+    CHECK_EQ(dsrt_net_stage(b, &fb), 1); /* copied to the device */
+    CHECK_OK(dsrt_net_stage_wait(b));
+    CHECK_OK(dsrt_net_train_start(b, &fb));
+    CHECK_OK(dsrt_net_train_finish(b, &lb, NULL));
+    CHECK(la == lb);
+    dsrt_net_batch ub = {.data = px, .layout = DSRT_INPUT_U8_NHWC, .labels = y, .n = n};
+    memcpy(ub.sub, sub, sizeof sub);
+    memcpy(ub.div, div, sizeof div);
+    CHECK_EQ(dsrt_net_stage(u, &ub), 1);
+    CHECK_OK(dsrt_net_train_start(u, &ub));
+    CHECK_OK(dsrt_net_train_finish(u, &lu, NULL));
+    CHECK(la == lu);
+    size_t np;
+    const float *ga = dsrt_net_grads(a, &np);
+    CHECK(memcmp(ga, dsrt_net_grads(b, NULL), np * sizeof(float)) == 0);
+    CHECK(memcmp(ga, dsrt_net_grads(u, NULL), np * sizeof(float)) == 0);
+
+    /* Half the global batch: the gradient is half. */
+    dsrt_net *h2 = make_on(desc, h, w, c, 5, 0, DSRT_PRECISION_FP32, 1);
+    dsrt_net_batch gb = fb;
+    gb.global_n = 2 * n;
+    CHECK_OK(dsrt_net_train_start(h2, &gb));
+    CHECK_OK(dsrt_net_train_finish(h2, NULL, NULL));
+    const float *gh = dsrt_net_grads(h2, NULL);
+    size_t off = 0;
+    for (size_t i = 0; i < np; i++) off += 2.0f * gh[i] != ga[i];
+    CHECK_EQ(off, 0);
+
+    /* Where the numbers are, and the device's clock. */
+    dsrt_backend_memory m;
+    dsrt__net_memory(a, &m);
+    CHECK_EQ(m.device, 0);
+    CHECK(m.grads != NULL && m.grads != a->grads && m.stream != NULL);
+    dsrt_net_info ni;
+    dsrt_net_get_info(a, &ni);
+    CHECK_STR_EQ(ni.backend, "cuda-cudnn");
+    CHECK_EQ(ni.device, 0);
+    CHECK_EQ(ni.precision, DSRT_PRECISION_FP32);
+    CHECK_OK(dsrt_net_sync(a));
+    double busy, idle;
+    dsrt_net_device_time(a, &busy, &idle);
+    CHECK(busy > 0 && idle >= 0);
+    dsrt_net *d = make_on(desc, h, w, c, 5, 0, DSRT_PRECISION_DEFAULT, 0);
+    dsrt_net_get_info(d, &ni);
+    CHECK_EQ(ni.precision, DSRT_PRECISION_TF32);
+    CHECK_EQ(dsrt_gpu_check(dsrt_gpu_count()), DSRT_ENODEVICE);
+
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+    dsrt_net_destroy(u);
+    dsrt_net_destroy(h2);
+    dsrt_net_destroy(d);
+    dsrt_pinned_free(px);
+    dsrt_pinned_free(x);
+}
+
+// ----------------------------------------------------------------------------
+// Training runs
+
+#define SMALL_NET                                                                                  \
+    "input size=16x16x1\nconv filters=8 size=3 pad=1 bias=0\nbatchnorm\nrelu\nmaxpool size=2 "     \
+    "stride=2\n"                                                                                   \
+    "conv filters=16 size=3 pad=1 bias=0\nbatchnorm\nrelu\ngap\nfc outputs=4\nsoftmax\n"
+
+/* A batch of an easy four-class problem: bright centre, stripes both ways,
+ * dark; with noise. */
+static void problem_batch(float *x, int32_t *y, int n, uint64_t step) {
+    dsrt_rng r = dsrt_rng_init(99, step, 0, 0);
+    for (int i = 0; i < n; i++) {
+        int k = (int)dsrt_rng_below(&r, 4);
+        y[i] = k;
+        for (int p = 0; p < 256; p++) {
+            int row = p / 16, col = p % 16;
+            float v = k == 0   ? ((row - 8) * (row - 8) + (col - 8) * (col - 8) < 20 ? 0.9f : 0.1f)
+                      : k == 1 ? (row / 2 % 2 ? 0.8f : 0.2f)
+                      : k == 2 ? (col / 2 % 2 ? 0.8f : 0.2f)
+                               : 0.15f;
+            x[(size_t)i * 256 + p] = v + 0.2f * ((float)dsrt_rng_uniform(&r) - 0.5f);
+        }
+    }
+}
+
+/* Trains `steps` steps, writing each step's loss into losses (may be NULL).
+ * Returns the weights' checksum. */
+static uint64_t run(dsrt_net *net, dsrt_optimizer *opt, int from, int steps, float *losses) {
+    float x[32 * 256];
+    int32_t y[32];
+    for (int s = from; s < from + steps; s++) {
+        problem_batch(x, y, 32, (uint64_t)s);
+        float l;
+        CHECK_OK(dsrt_net_forward_backward(net, x, y, 32, &l, NULL));
+        CHECK_OK(dsrt_optimizer_step(opt, net, 0));
+        if (losses) losses[s] = l;
+    }
+    return dsrt_weights_checksum(net);
+}
+
+static void test_train_200(void) {
+    float lc[200], lg[200];
+    dsrt_optimizer *oc, *og;
+    dsrt_net *c = make_on(SMALL_NET, 0, 0, 0, 4, -1, DSRT_PRECISION_FP32, 0);
+    dsrt_net *g = make_on(SMALL_NET, 0, 0, 0, 4, G, DSRT_PRECISION_FP32, 0);
+    CHECK_OK(dsrt_optimizer_create(&oc, c, NULL));
+    CHECK_OK(dsrt_optimizer_create(&og, g, NULL));
+    run(c, oc, 0, 200, lc);
+    run(g, og, 0, 200, lg);
+    /* The runs follow each other: step by step at first, then in the mean
+     * of each 20 steps (rounding differences grow as training goes). */
+    for (int s = 0; s < 10; s++) CHECK(fabs(lg[s] - lc[s]) <= 1e-3 * fabs(lc[s]) + 1e-5);
+    for (int w = 0; w < 10; w++) {
+        double mc = 0, mg = 0;
+        for (int s = 20 * w; s < 20 * w + 20; s++) mc += lc[s], mg += lg[s];
+        if (!(fabs(mg - mc) <= 0.1 * mc + 0.02)) {
+            fprintf(stderr, "  steps %d-%d: mean loss gpu %.4f, cpu %.4f\n", 20 * w, 20 * w + 19,
+                    mg / 20, mc / 20);
+            test_failures++;
+        }
+    }
+    CHECK(lg[199] < 0.5 * lg[0]);
+    printf("  200 steps: loss %.4f -> %.4f on the GPU, %.4f -> %.4f on the CPU\n", lg[0], lg[199],
+           lc[0], lc[199]);
+    dsrt_optimizer_destroy(oc);
+    dsrt_optimizer_destroy(og);
+    dsrt_net_destroy(c);
+    dsrt_net_destroy(g);
+}
+
+static void test_deterministic(void) {
+    uint64_t sums[3];
+    for (int k = 0; k < 3; k++) {
+        dsrt_net *g = make_on(SMALL_NET, 0, 0, 0, 4, G, DSRT_PRECISION_FP32, 1);
+        dsrt_optimizer *og;
+        CHECK_OK(dsrt_optimizer_create(&og, g, NULL));
+        sums[k] = run(g, og, 0, 40, NULL);
+        dsrt_optimizer_destroy(og);
+        dsrt_net_destroy(g);
+    }
+    CHECK_EQ(sums[0], sums[1]);
+    CHECK_EQ(sums[0], sums[2]);
+}
+
+/* Trained on one side, saved, loaded and continued on the other: the same
+ * weights (to tolerance) as going on where it was. */
+static void cross(int from, int to) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cross.dsrt", tmpdir);
+    dsrt_net *a = make_on(SMALL_NET, 0, 0, 0, 4, from, DSRT_PRECISION_FP32, 0);
+    dsrt_optimizer *oa;
+    dsrt_optimizer_options oo = dsrt_optimizer_defaults(DSRT_SOLVER_ADAM);
+    CHECK_OK(dsrt_optimizer_create(&oa, a, &oo));
+    run(a, oa, 0, 10, NULL);
+    dsrt_train_position pos = {0, 10, 0};
+    CHECK_OK(dsrt_checkpoint_save(path, a, oa, &pos));
+    dsrt_net_options no = dsrt_net_defaults();
+    no.device = to;
+    no.threads = 2;
+    dsrt_net *b = NULL;
+    dsrt_optimizer *ob = NULL;
+    CHECK_OK(dsrt_checkpoint_load(path, &b, &ob, NULL, &no));
+    REQUIRE(b && ob);
+    size_t np;
+    const float *pa = dsrt_net_params(a, &np);
+    CHECK(memcmp(pa, dsrt_net_params(b, NULL), np * sizeof(float)) == 0);
+    run(a, oa, 10, 10, NULL);
+    run(b, ob, 10, 10, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "trained on %d, continued on %d", from, to);
+    if (!close_to(dsrt_net_params(b, NULL), dsrt_net_params(a, NULL), np, 1e-3, what))
+        test_failures++;
+    /* A move keeps every number. */
+    float *keep = malloc(np * sizeof *keep);
+    REQUIRE(keep);
+    memcpy(keep, dsrt_net_params(b, NULL), np * sizeof *keep);
+    CHECK_OK(dsrt_net_set_device(b, from));
+    CHECK(memcmp(keep, dsrt_net_params(b, NULL), np * sizeof *keep) == 0);
+    CHECK_OK(dsrt_net_set_device(b, to));
+    CHECK(memcmp(keep, dsrt_net_params(b, NULL), np * sizeof *keep) == 0);
+    free(keep);
+    dsrt_optimizer_destroy(oa);
+    dsrt_optimizer_destroy(ob);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
+static void test_cpu_gpu_files(void) {
+    cross(G, -1);
+    cross(-1, G);
+}
+
+int main(void) {
+    const char *self = getenv("DSRT_TEST_GPU_SELF_CHECK");
+    if (self && !strcmp(self, "1")) {
+        G = DSRT_DEVICE_CPU;
+    } else if (dsrt_gpu_count() == 0) {
+        printf("no usable GPU: %s\n",
+               dsrt_gpu_check(0) ? dsrt_last_error() : "dsrt_gpu_count says none");
+        return TEST_SKIP;
+    }
+    setenv("DSRT_CPU_CONV", "direct", 1);
+    REQUIRE(timg_tmpdir("gpu", tmpdir, sizeof tmpdir) == 0);
+    RUN(test_layers_fp32);
+    if (G >= 0) {
+        RUN(test_layers_tf32);
+        RUN(test_layers_bf16);
+    }
+    RUN(test_dropout_masks);
+    RUN(test_optimizer);
+    if (G >= 0) RUN(test_staging);
+    RUN(test_train_200);
+    RUN(test_deterministic);
+    RUN(test_cpu_gpu_files);
+    return TEST_RESULT();
+}
