@@ -33,9 +33,12 @@ set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -lspng -luring -lhwloc -ldnnl -lz -lpthrea
 
 if(DSRT_WITH_CUDA)
   find_package(CUDAToolkit REQUIRED)
-  list(APPEND DSRT_DEP_LIBRARIES CUDA::cudart)
+  list(APPEND DSRT_DEP_LIBRARIES CUDA::cudart CUDA::cublas)
   list(APPEND DSRT_DEP_INCLUDE_DIRS ${CUDAToolkit_INCLUDE_DIRS})
   # The folder that really holds libcudart (lib64 on most installs).
   get_filename_component(_dsrt_cudart_dir "${CUDA_cudart_LIBRARY}" DIRECTORY)
-  set(DSRT_PC_LIBS_PRIVATE "${DSRT_PC_LIBS_PRIVATE} -L${_dsrt_cudart_dir} -lcudart")
+  get_filename_component(_dsrt_cublas_dir "${CUDA_cublas_LIBRARY}" DIRECTORY)
+  set(DSRT_PC_LIBS_PRIVATE
+      "${DSRT_PC_LIBS_PRIVATE} -L${_dsrt_cudart_dir} -L${_dsrt_cublas_dir} -lcublas -lcudart")
+  include(dsrtFindGpuLibs)
 endif()
