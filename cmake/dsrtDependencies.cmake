@@ -38,7 +38,13 @@ if(DSRT_WITH_CUDA)
   # The folder that really holds libcudart (lib64 on most installs).
   get_filename_component(_dsrt_cudart_dir "${CUDA_cudart_LIBRARY}" DIRECTORY)
   get_filename_component(_dsrt_cublas_dir "${CUDA_cublas_LIBRARY}" DIRECTORY)
+  set(_dsrt_cuda_dirs "-L${_dsrt_cudart_dir}")
+  if(NOT _dsrt_cublas_dir STREQUAL _dsrt_cudart_dir)
+    string(APPEND _dsrt_cuda_dirs " -L${_dsrt_cublas_dir}")
+  endif()
+  # The kernels' host code comes from the C++ compiler (nvcc's host pass):
+  # static links need its runtime too.
   set(DSRT_PC_LIBS_PRIVATE
-      "${DSRT_PC_LIBS_PRIVATE} -L${_dsrt_cudart_dir} -L${_dsrt_cublas_dir} -lcublas -lcudart")
+      "${DSRT_PC_LIBS_PRIVATE} ${_dsrt_cuda_dirs} -lcublas -lcudart -lstdc++")
   include(dsrtFindGpuLibs)
 endif()

@@ -8,6 +8,7 @@
  * divided by 255 is its float output, bit for bit.
  */
 #include "nn/arith.h"
+#include "nnref.h"
 #include "task.h"
 
 #include <dsrt.h>
@@ -22,19 +23,6 @@
 #define FUSED_TOL 0.0
 #endif
 
-/* The CPU backend's masks: one draw a pair of elements, low half first. */
-static void dropout_sequential(float *m, size_t n, uint64_t seed, uint64_t iter, uint64_t layer,
-                               float p) {
-    float keep = 1.0f / (1.0f - p);
-    uint32_t thresh = (uint32_t)fmin(4294967295.0, ldexp((double)p, 32));
-    dsrt_rng rng = dsrt_rng_init(seed, iter, layer, 0x44524f50u);
-    for (size_t k = 0; k < n; k += 2) {
-        uint64_t r = dsrt_rng_u64(&rng);
-        m[k] = (uint32_t)r >= thresh ? keep : 0.0f;
-        if (k + 1 < n) m[k + 1] = (uint32_t)(r >> 32) >= thresh ? keep : 0.0f;
-    }
-}
-
 static void test_dropout_mask(void) {
     enum { N = 4097 };
     static float ref[N];
@@ -43,7 +31,7 @@ static void test_dropout_mask(void) {
         for (uint64_t seed = 0; seed < 3; seed++) {
             float p = ps[pi];
             uint64_t iter = 17 * seed + 5, layer = 2 + seed;
-            dropout_sequential(ref, N, seed, iter, layer, p);
+            ref_dropout_mask(ref, N, seed, iter, layer, p);
             dsrt_rng rng = dsrt_dropout_rng(seed, iter, layer);
             uint32_t t = dsrt_dropout_threshold(p);
             float s = dsrt_dropout_scale(p);
@@ -151,9 +139,10 @@ static void test_bf16(void) {
     CHECK_EQ(bad, 0);
 }
 
-/* For whole-pixel transforms (reflection, integer translation, no resize)
- * the pipeline's float output is its uint8 output through x / 255, which is
- * what the GPU input stage computes from uint8 batches. */
+/* For whole-pixel transforms (reflections, integer translations, no
+ * resize) the pipeline's float output is its uint8 output through the
+ * float path's per-byte division ((x - mean) / std, x / 255): what the GPU
+ * input stage computes from uint8 batches. The cases of test_gpu_kernels. */
 static void test_u8_premise(void) {
     enum { H = 23, W = 31, C = 3 };
     static uint8_t px[H * W * C], u8[H * W * C];
@@ -164,25 +153,34 @@ static void test_u8_premise(void) {
     dsrt_augment_options o = dsrt_augment_defaults();
     o.output_height = H, o.output_width = W, o.output_channels = C;
     o.fill_value[0] = 17, o.fill_value[1] = 0, o.fill_value[2] = 255;
-    dsrt_augment_params p;
-    memset(&p, 0, sizeof p);
-    p.x_reflect = 1, p.x_scale = p.y_scale = 1.0;
-    p.x_translation = 3, p.y_translation = -2;
+    o.mean[0] = 120, o.mean[1] = 110.5f, o.mean[2] = 100;
+    o.std[0] = 60, o.std[1] = 50, o.std[2] = 41.7f;
     dsrt_augmenter *a = NULL;
     CHECK_OK(dsrt_augmenter_create(&a));
-    o.layout = DSRT_AUGMENT_F32_NCHW, o.norm = DSRT_AUGMENT_NORM_RESCALE;
-    CHECK_OK(dsrt_augment_apply_params(a, &o, &img, W, H, &p, f32));
-    o.layout = DSRT_AUGMENT_U8_NHWC, o.norm = DSRT_AUGMENT_NORM_NONE;
-    CHECK_OK(dsrt_augment_apply_params(a, &o, &img, W, H, &p, u8));
-    int bad = 0, filled = 0;
-    for (int c = 0; c < C; c++)
-        for (int i = 0; i < H * W; i++) {
-            float want = (float)u8[i * C + c] / 255.0f;
-            bad += bits(f32[c * H * W + i]) != bits(want);
+    for (int b = 0; b < 3; b++)
+        for (int zscore = 0; zscore < 2; zscore++) {
+            dsrt_augment_params p;
+            memset(&p, 0, sizeof p);
+            p.x_scale = p.y_scale = 1.0;
+            p.x_reflect = b & 1, p.y_reflect = b == 2;
+            p.x_translation = 3 * b - 2, p.y_translation = 2 - b;
+            o.layout = DSRT_AUGMENT_F32_NCHW;
+            o.norm = zscore ? DSRT_AUGMENT_NORM_ZSCORE : DSRT_AUGMENT_NORM_RESCALE;
+            CHECK_OK(dsrt_augment_apply_params(a, &o, &img, W, H, &p, f32));
+            o.layout = DSRT_AUGMENT_U8_NHWC, o.norm = DSRT_AUGMENT_NORM_NONE;
+            CHECK_OK(dsrt_augment_apply_params(a, &o, &img, W, H, &p, u8));
+            int bad = 0, filled = 0;
+            for (int c = 0; c < C; c++)
+                for (int i = 0; i < H * W; i++) {
+                    float x = (float)u8[i * C + c];
+                    float want = zscore ? (x - o.mean[c]) / o.std[c] : x / 255.0f;
+                    bad += bits(f32[c * H * W + i]) != bits(want);
+                }
+            /* The rows the downward translations uncover hold the fill. */
+            for (int i = 0; i < W * C; i += C) filled += u8[i] == 17;
+            CHECK_EQ(bad, 0);
+            if (b < 2) CHECK_EQ(filled, W);
         }
-    for (int i = 0; i < W * C; i += C) filled += u8[(H - 1) * W * C + i] == 17;
-    CHECK_EQ(bad, 0);
-    CHECK_EQ(filled, W); /* the bottom rows are fill */
     dsrt_augmenter_destroy(a);
 }
 
