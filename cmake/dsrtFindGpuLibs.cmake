@@ -2,8 +2,9 @@
 # <NAME>_ROOT (CMake variable or environment variable: an install prefix, or
 # the nvidia/cudnn and nvidia/nccl folders of the nvidia-cudnn-cu13 and
 # nvidia-nccl-cu13 Python packages, whose libraries carry only the versioned
-# name libcudnn.so.9 / libnccl.so.2), then in the CUDA toolkit's folders,
-# then on CMAKE_PREFIX_PATH and the system paths.
+# name libcudnn.so.9 / libnccl.so.2), then on CMAKE_PREFIX_PATH and the
+# system paths, then in the CUDA toolkit's folders. Each folder is searched
+# for both names before the next (NAMES_PER_DIR), so that a root given wins.
 #
 # DSRT_WITH_CUDNN and DSRT_WITH_NCCL are AUTO (default), ON or OFF. AUTO turns
 # off, with a warning naming what to install, only what needs the missing
@@ -41,7 +42,7 @@ function(dsrt_find_gpu_lib var name soname header major_macro min_major install)
   find_path(${var}_INCLUDE_DIR NAMES ${header}
     HINTS ${roots} PATH_SUFFIXES include
     PATHS ${CUDAToolkit_INCLUDE_DIRS} ${cuda_root}/include)
-  find_library(${var}_LIBRARY NAMES ${name} ${soname}
+  find_library(${var}_LIBRARY NAMES ${name} ${soname} NAMES_PER_DIR
     HINTS ${roots} PATH_SUFFIXES lib lib64
     PATHS ${CUDAToolkit_LIBRARY_DIR} ${cuda_root}/lib ${cuda_root}/lib64)
   set(problem "")
