@@ -31,8 +31,14 @@ set(DSRT_DEP_INCLUDE_DIRS
 # For dsrt.pc: the same libraries as -l flags.
 set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -lspng -luring -lhwloc -ldnnl -lz -lpthread -lm")
 
+set(DSRT_HAVE_CUDNN 0)
+set(DSRT_HAVE_NCCL 0)
 if(DSRT_WITH_CUDA)
   find_package(CUDAToolkit REQUIRED)
+  if(NOT TARGET CUDA::cublas)
+    message(FATAL_ERROR "dsrt: the CUDA toolkit in ${CUDAToolkit_LIBRARY_DIR} has no cuBLAS: "
+                        "install its cuBLAS (libcublas), or configure with -DDSRT_WITH_CUDA=OFF")
+  endif()
   list(APPEND DSRT_DEP_LIBRARIES CUDA::cudart CUDA::cublas)
   list(APPEND DSRT_DEP_INCLUDE_DIRS ${CUDAToolkit_INCLUDE_DIRS})
   # The folder that really holds libcudart (lib64 on most installs).

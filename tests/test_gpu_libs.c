@@ -224,7 +224,9 @@ static void test_nccl(void) {
 int main(void) {
     int skip = gpu_skip();
     if (skip) return skip;
-    CU(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
+    /* A blocking stream: its kernels wait for the copies and memsets that the
+     * tests issue on the default stream. */
+    CU(cudaStreamCreate(&S));
     RUN(test_cublas);
 #ifdef DSRT_HAVE_CUDNN
     RUN(test_cudnn);
