@@ -31,11 +31,26 @@ set(DSRT_DEP_INCLUDE_DIRS
 # For dsrt.pc: the same libraries as -l flags.
 set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -lspng -luring -lhwloc -ldnnl -lz -lpthread -lm")
 
+set(DSRT_HAVE_CUDNN 0)
+set(DSRT_HAVE_NCCL 0)
 if(DSRT_WITH_CUDA)
   find_package(CUDAToolkit REQUIRED)
-  list(APPEND DSRT_DEP_LIBRARIES CUDA::cudart)
+  if(NOT TARGET CUDA::cublas)
+    message(FATAL_ERROR "dsrt: the CUDA toolkit in ${CUDAToolkit_LIBRARY_DIR} has no cuBLAS: "
+                        "install its cuBLAS (libcublas), or configure with -DDSRT_WITH_CUDA=OFF")
+  endif()
+  list(APPEND DSRT_DEP_LIBRARIES CUDA::cudart CUDA::cublas)
   list(APPEND DSRT_DEP_INCLUDE_DIRS ${CUDAToolkit_INCLUDE_DIRS})
   # The folder that really holds libcudart (lib64 on most installs).
   get_filename_component(_dsrt_cudart_dir "${CUDA_cudart_LIBRARY}" DIRECTORY)
-  set(DSRT_PC_LIBS_PRIVATE "${DSRT_PC_LIBS_PRIVATE} -L${_dsrt_cudart_dir} -lcudart")
+  get_filename_component(_dsrt_cublas_dir "${CUDA_cublas_LIBRARY}" DIRECTORY)
+  set(_dsrt_cuda_dirs "-L${_dsrt_cudart_dir}")
+  if(NOT _dsrt_cublas_dir STREQUAL _dsrt_cudart_dir)
+    string(APPEND _dsrt_cuda_dirs " -L${_dsrt_cublas_dir}")
+  endif()
+  # The kernels' host code comes from the C++ compiler (nvcc's host pass):
+  # static links need its runtime too.
+  set(DSRT_PC_LIBS_PRIVATE
+      "${DSRT_PC_LIBS_PRIVATE} ${_dsrt_cuda_dirs} -lcublas -lcudart -lstdc++")
+  include(dsrtFindGpuLibs)
 endif()

@@ -26,6 +26,14 @@
 #define DSRT_UNLIKELY(x) (x)
 #endif
 
+/* Marks the inline functions that CUDA kernels share with the C code (the
+ * generator below, nn/arith.h), so that both compute the same bits. */
+#if defined(__CUDACC__)
+#define DSRT_HOST_DEVICE __host__ __device__
+#else
+#define DSRT_HOST_DEVICE
+#endif
+
 // ----------------------------------------------------------------------------
 // Errors
 
@@ -53,14 +61,15 @@ typedef struct {
     uint64_t counter;
 } dsrt_rng;
 
-static inline uint64_t dsrt__mix64(uint64_t z) {
+static inline DSRT_HOST_DEVICE uint64_t dsrt__mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
 
 /* A generator keyed by four words; the same words always give the same stream. */
-static inline dsrt_rng dsrt_rng_init(uint64_t seed, uint64_t epoch, uint64_t id, uint64_t stream) {
+static inline DSRT_HOST_DEVICE dsrt_rng dsrt_rng_init(uint64_t seed, uint64_t epoch, uint64_t id,
+                                                      uint64_t stream) {
     uint64_t k = dsrt__mix64(seed + 0x9e3779b97f4a7c15ULL);
     k = dsrt__mix64(k ^ (epoch + 0x632be59bd9b4e019ULL));
     k = dsrt__mix64(k ^ (id + 0x8cb92ba72f3d8dd7ULL));
@@ -69,7 +78,7 @@ static inline dsrt_rng dsrt_rng_init(uint64_t seed, uint64_t epoch, uint64_t id,
     return r;
 }
 
-static inline uint64_t dsrt_rng_u64(dsrt_rng *r) {
+static inline DSRT_HOST_DEVICE uint64_t dsrt_rng_u64(dsrt_rng *r) {
     r->counter++;
     return dsrt__mix64(r->key + r->counter * 0x9e3779b97f4a7c15ULL);
 }

@@ -1,0 +1,773 @@
+/*
+ * Tests of the GPU backend's kernels (nn/kernels.h) against plain C
+ * references, on a CUDA device; exits 77 (skipped) where none is visible,
+ * or fails then if DSRT_REQUIRE_GPU is set (the device kit sets it).
+ *
+ * Tolerances: bit for bit for the input stage (against the pipeline's own
+ * float output), padding, ReLU, the bias, dropout (against the CPU
+ * backend's sequential masks), the softmax gradient and the conversions;
+ * softmax probabilities and loss within 1e-6 relative (exp in double on
+ * either side); bias gradients within 1e-5 of the column's absolute sum
+ * (float sums in another order); the optimizer against nn/optim.c through
+ * dsrt_optimizer_step, bit for bit without norm clipping and within 1e-5
+ * relative with it (optim.c sums squares in float lanes, the GPU in
+ * double). Where the C compiler may fuse multiplies and adds (__FMA__), the
+ * bit-for-bit checks allow 1e-6 relative.
+ */
+#include "gpu.h"
+#include "nn/arith.h"
+#include "nn/kernels.h"
+#include "nnref.h"
+
+#include <dsrt.h>
+#include <math.h>
+#include <string.h>
+
+#ifdef __FMA__
+#define FUSED_TOL 1e-6
+#else
+#define FUSED_TOL 0.0
+#endif
+
+static cudaStream_t S;
+
+/* A launcher, then the stream: errors of the launch and of the run. */
+#define LAUNCH(call)                                                                               \
+    do {                                                                                           \
+        CU(call);                                                                                  \
+        CU(cudaStreamSynchronize(S));                                                              \
+    } while (0)
+
+static void *dalloc(size_t bytes) {
+    void *p = NULL;
+    CU(cudaMalloc(&p, bytes ? bytes : 1));
+    CU(cudaMemset(p, 0, bytes ? bytes : 1));
+    return p;
+}
+
+static void *dcopy(const void *host, size_t bytes) {
+    void *p = dalloc(bytes);
+    CU(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    return p;
+}
+
+static void put(void *dev, const void *host, size_t bytes) {
+    CU(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+}
+
+static void get(void *host, const void *dev, size_t bytes) {
+    CU(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void *hmalloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    REQUIRE(p);
+    return p;
+}
+
+static float uniform(dsrt_rng *r, float lo, float hi) {
+    return lo + (hi - lo) * (float)dsrt_rng_uniform(r);
+}
+
+static int same_bits(float a, float b) {
+    return dsrt_f32_bits(a) == dsrt_f32_bits(b);
+}
+
+/* Elements of got that differ from want by more than rel * |want| + abs
+ * (NaN matches NaN; with rel = abs = 0, the bits must match); prints the
+ * first few. */
+static int mismatches(const char *what, const float *got, const float *want, size_t n, double rel,
+                      double abs) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        int ok;
+        if (isnan(want[i]) || isnan(got[i]))
+            ok = isnan(want[i]) && isnan(got[i]);
+        else if (rel == 0 && abs == 0)
+            ok = same_bits(got[i], want[i]);
+        else
+            ok = fabs((double)got[i] - want[i]) <= rel * fabs((double)want[i]) + abs;
+        if (!ok && bad++ < 5)
+            fprintf(stderr, "  %s[%zu]: got %.9g, want %.9g\n", what, i, got[i], want[i]);
+    }
+    return bad;
+}
+
+static int mismatches16(const char *what, const dsrt_bf16 *got, const float *want, size_t n) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        dsrt_bf16 w = dsrt_bf16_from_f32(want[i]);
+        int ok = got[i] == w || (isnan(want[i]) && isnan(dsrt_f32_from_bf16(got[i])));
+        if (!ok && bad++ < 5)
+            fprintf(stderr, "  %s[%zu]: got 0x%04x, want 0x%04x (%.9g)\n", what, i, got[i], w,
+                    want[i]);
+    }
+    return bad;
+}
+
+/* Index of logical element (b, c, h, w) in a layout. */
+static size_t at(const dsrt_k_desc *d, size_t b, int c, int h, int w) {
+    if (d->nhwc) return ((b * d->h + h) * d->w + w) * d->c + c;
+    return ((b * d->c + c) * d->h + h) * d->w + w;
+}
+
+static size_t count_of(const dsrt_k_desc *d) {
+    return (size_t)d->n * d->c * d->h * d->w;
+}
+
+static size_t bytes_of(const dsrt_k_desc *d) {
+    return count_of(d) * (d->type == DSRT_K_BF16 ? 2 : 4);
+}
+
+/* want (NCHW) rearranged into d's layout. */
+static void to_layout(const dsrt_k_desc *d, const float *nchw, float *out) {
+    dsrt_k_desc plain = *d;
+    plain.nhwc = 0;
+    for (int b = 0; b < d->n; b++)
+        for (int c = 0; c < d->c; c++)
+            for (int h = 0; h < d->h; h++)
+                for (int w = 0; w < d->w; w++)
+                    out[at(d, b, c, h, w)] = nchw[at(&plain, b, c, h, w)];
+}
+
+/* Checks a device tensor of desc d against want (in d's layout, float). */
+static int check_tensor(const char *what, const dsrt_k_desc *d, const void *dev, const float *want,
+                        double rel) {
+    size_t n = count_of(d);
+    int bad;
+    if (d->type == DSRT_K_BF16) {
+        dsrt_bf16 *h = hmalloc(n * sizeof *h);
+        get(h, dev, n * sizeof *h);
+        bad = mismatches16(what, h, want, n);
+        free(h);
+    } else {
+        float *h = hmalloc(n * sizeof *h);
+        get(h, dev, n * sizeof *h);
+        bad = mismatches(what, h, want, n, rel, 0);
+        free(h);
+    }
+    return bad;
+}
+
+// ----------------------------------------------------------------------------
+// Input
+
+/* Three images through the augmenter with whole-pixel transforms, as uint8
+ * NHWC and as float NCHW: the kernel on the bytes gives the floats. */
+static void test_input_u8(void) {
+    enum { N = 3, H = 23, W = 31, C = 3, PLANE = H * W * C };
+    uint8_t *px = hmalloc(N * PLANE), *u8 = hmalloc(N * PLANE);
+    float *f32 = hmalloc(N * PLANE * sizeof(float)), *fz = hmalloc(N * PLANE * sizeof(float));
+    float *want = hmalloc(N * PLANE * sizeof(float));
+    dsrt_rng r = dsrt_rng_init(21, 0, 0, 0);
+    for (int i = 0; i < N * PLANE; i++) px[i] = (uint8_t)dsrt_rng_below(&r, 256);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_height = H, o.output_width = W, o.output_channels = C;
+    o.fill_value[0] = 17, o.fill_value[1] = 0, o.fill_value[2] = 255;
+    o.mean[0] = 120, o.mean[1] = 110.5f, o.mean[2] = 100;
+    o.std[0] = 60, o.std[1] = 50, o.std[2] = 41.7f;
+    dsrt_augmenter *a = NULL;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    for (int b = 0; b < N; b++) {
+        dsrt_image img = {px + b * PLANE, W, H, C, W * C};
+        dsrt_augment_params p;
+        memset(&p, 0, sizeof p);
+        p.x_scale = p.y_scale = 1.0;
+        p.x_reflect = b & 1, p.y_reflect = b == 2;
+        p.x_translation = 3 * b - 2, p.y_translation = 2 - b;
+        o.layout = DSRT_AUGMENT_F32_NCHW, o.norm = DSRT_AUGMENT_NORM_RESCALE;
+        CHECK_OK(dsrt_augment_apply_params(a, &o, &img, W, H, &p, f32 + b * PLANE));
+        o.norm = DSRT_AUGMENT_NORM_ZSCORE;
+        CHECK_OK(dsrt_augment_apply_params(a, &o, &img, W, H, &p, fz + b * PLANE));
+        o.layout = DSRT_AUGMENT_U8_NHWC, o.norm = DSRT_AUGMENT_NORM_NONE;
+        CHECK_OK(dsrt_augment_apply_params(a, &o, &img, W, H, &p, u8 + b * PLANE));
+    }
+    dsrt_augmenter_destroy(a);
+
+    uint8_t *dx = dcopy(u8, N * PLANE);
+    void *dy = dalloc(N * PLANE * sizeof(float));
+    dsrt_k_pixel unit = {{0, 0, 0, 0}, {255, 255, 255, 255}};
+    dsrt_k_pixel z = {{o.mean[0], o.mean[1], o.mean[2], 0}, {o.std[0], o.std[1], o.std[2], 1}};
+    for (int nhwc = 0; nhwc < 2; nhwc++)
+        for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++) {
+            dsrt_k_desc d = {N, C, H, W, nhwc, (dsrt_k_type)t};
+            LAUNCH(dsrt_k_input_u8(dx, &unit, DSRT_NORM_NONE, NULL, &d, dy, S));
+            to_layout(&d, f32, want);
+            CHECK_EQ(check_tensor("x/255", &d, dy, want, 0), 0);
+            LAUNCH(dsrt_k_input_u8(dx, &z, DSRT_NORM_NONE, NULL, &d, dy, S));
+            to_layout(&d, fz, want);
+            CHECK_EQ(check_tensor("(x-mean)/std", &d, dy, want, 0), 0);
+        }
+
+    /* Then the input layer's own normalisation, from its state. */
+    const float stats[4 * C] = {0.5f, 0.45f, 0.4f, 0.25f, 0.2f, 0.3f, 0, 0.1f, 0, 1, 0.9f, 1};
+    float *ds = dcopy(stats, sizeof stats);
+    for (int norm = DSRT_NORM_ZEROCENTER; norm <= DSRT_NORM_RESCALE_SYMMETRIC; norm++) {
+        dsrt_k_desc d = {N, C, H, W, norm & 1, DSRT_K_F32};
+        float *ref = hmalloc(N * PLANE * sizeof(float));
+        for (int i = 0; i < N * PLANE; i++) {
+            float aa, oo;
+            dsrt_input_affine(norm, stats, C, (i / (H * W)) % C, &aa, &oo);
+            ref[i] = dsrt_input_apply(aa, oo, f32[i]);
+        }
+        to_layout(&d, ref, want);
+        LAUNCH(dsrt_k_input_u8(dx, &unit, norm, ds, &d, dy, S));
+        CHECK_EQ(check_tensor("normalised", &d, dy, want, FUSED_TOL), 0);
+        free(ref);
+    }
+    /* Refused: more channels than pixel statistics, no state. */
+    dsrt_k_desc wide = {1, 5, 2, 2, 0, DSRT_K_F32};
+    CHECK_EQ(dsrt_k_input_u8(dx, &unit, DSRT_NORM_NONE, NULL, &wide, dy, S), cudaErrorInvalidValue);
+    dsrt_k_desc d3 = {1, 3, 2, 2, 0, DSRT_K_F32};
+    CHECK_EQ(dsrt_k_input_u8(dx, &unit, DSRT_NORM_ZSCORE, NULL, &d3, dy, S), cudaErrorInvalidValue);
+    CU(cudaFree(ds));
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    free(px), free(u8), free(f32), free(fz), free(want);
+}
+
+static void test_input_f32(void) {
+    enum { N = 2, C = 5, H = 3, W = 7, CNT = N * C * H * W };
+    float x[CNT], ref[CNT], want[CNT], stats[4 * C];
+    dsrt_rng r = dsrt_rng_init(22, 0, 0, 0);
+    for (int i = 0; i < CNT; i++) x[i] = uniform(&r, -3, 300);
+    for (int c = 0; c < C; c++) {
+        stats[c] = uniform(&r, 0, 200);
+        stats[C + c] = uniform(&r, 0.5f, 80);
+        stats[2 * C + c] = uniform(&r, -10, 10);
+        stats[3 * C + c] = stats[2 * C + c] + uniform(&r, 1, 300);
+    }
+    float *dx = dcopy(x, sizeof x), *ds = dcopy(stats, sizeof stats);
+    void *dy = dalloc(sizeof x);
+    for (int norm = DSRT_NORM_NONE; norm <= DSRT_NORM_RESCALE_SYMMETRIC; norm++) {
+        for (int i = 0; i < CNT; i++) {
+            float a, o;
+            dsrt_input_affine(norm, stats, C, (i / (H * W)) % C, &a, &o);
+            ref[i] = norm == DSRT_NORM_NONE ? x[i] : dsrt_input_apply(a, o, x[i]);
+        }
+        for (int nhwc = 0; nhwc < 2; nhwc++)
+            for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++) {
+                dsrt_k_desc d = {N, C, H, W, nhwc, (dsrt_k_type)t};
+                to_layout(&d, ref, want);
+                LAUNCH(dsrt_k_input_f32(dx, norm, norm ? ds : NULL, &d, dy, S));
+                CHECK_EQ(check_tensor("input f32", &d, dy, want, FUSED_TOL), 0);
+            }
+    }
+    CU(cudaFree(dx));
+    CU(cudaFree(ds));
+    CU(cudaFree(dy));
+}
+
+// ----------------------------------------------------------------------------
+// Padding and cropping
+
+/* The reference: want (yd's layout) from x (xd's layout, as floats). */
+static void ref_pad(const dsrt_k_desc *xd, const float *x, const dsrt_k_desc *yd, float *y, int top,
+                    int left, float fill, int accumulate) {
+    for (int b = 0; b < yd->n; b++)
+        for (int c = 0; c < yd->c; c++)
+            for (int h = 0; h < yd->h; h++)
+                for (int w = 0; w < yd->w; w++) {
+                    int sh = h - top, sw = w - left;
+                    float v = fill;
+                    if (sh >= 0 && sh < xd->h && sw >= 0 && sw < xd->w) v = x[at(xd, b, c, sh, sw)];
+                    size_t i = at(yd, b, c, h, w);
+                    y[i] = accumulate ? y[i] + v : v;
+                }
+}
+
+/* Host floats of a tensor as its type stores them. */
+static void *as_type(const dsrt_k_desc *d, const float *v) {
+    size_t n = count_of(d);
+    if (d->type == DSRT_K_F32) {
+        float *p = hmalloc(n * sizeof *p);
+        memcpy(p, v, n * sizeof *p);
+        return p;
+    }
+    dsrt_bf16 *p = hmalloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++) p[i] = dsrt_bf16_from_f32(v[i]);
+    return p;
+}
+
+/* The floats a tensor of d's type holds for v. */
+static void round_to_type(const dsrt_k_desc *d, float *v) {
+    if (d->type == DSRT_K_BF16)
+        for (size_t i = 0; i < count_of(d); i++)
+            v[i] = dsrt_f32_from_bf16(dsrt_bf16_from_f32(v[i]));
+}
+
+static void pad_case(dsrt_k_desc xd, dsrt_k_desc yd, int top, int left, float fill,
+                     int accumulate) {
+    size_t nx = count_of(&xd), ny = count_of(&yd);
+    float *x = hmalloc(nx * sizeof *x), *y = hmalloc(ny * sizeof *y);
+    dsrt_rng r = dsrt_rng_init(23, (uint64_t)top + 100, (uint64_t)left + 100, accumulate);
+    for (size_t i = 0; i < nx; i++) x[i] = uniform(&r, -2, 2);
+    for (size_t i = 0; i < ny; i++) y[i] = uniform(&r, -2, 2);
+    round_to_type(&xd, x);
+    round_to_type(&yd, y);
+    void *hx = as_type(&xd, x), *hy = as_type(&yd, y);
+    void *dx = dcopy(hx, bytes_of(&xd)), *dy = dcopy(hy, bytes_of(&yd));
+    LAUNCH(dsrt_k_pad(&xd, dx, &yd, dy, top, left, fill, accumulate, S));
+    ref_pad(&xd, x, &yd, y, top, left, fill, accumulate);
+    char what[96];
+    snprintf(what, sizeof what, "pad %dx%d%s->%dx%d%s at (%d,%d)%s", xd.h, xd.w,
+             xd.nhwc ? " nhwc" : "", yd.h, yd.w, yd.nhwc ? " nhwc" : "", top, left,
+             accumulate ? " +=" : "");
+    CHECK_EQ(check_tensor(what, &yd, dy, y, 0), 0);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    free(hx), free(hy), free(x), free(y);
+}
+
+static void test_pad(void) {
+    dsrt_k_desc x = {2, 3, 5, 6, 0, DSRT_K_F32}, big = {2, 3, 8, 9, 0, DSRT_K_F32};
+    dsrt_k_desc small = {2, 3, 3, 4, 0, DSRT_K_F32};
+    pad_case(x, big, 1, 2, -INFINITY, 0);
+    pad_case(x, big, 0, 0, 0.0f, 0);
+    pad_case(x, big, 3, 3, 0.0f, 0);
+    big.nhwc = 1, big.type = DSRT_K_BF16;
+    pad_case(x, big, 2, 1, -INFINITY, 0);
+    x.nhwc = 1;
+    big.nhwc = 0, big.type = DSRT_K_F32;
+    pad_case(x, big, 1, 0, 0.5f, 0);
+    /* Crops (the backward of a pad), plain and accumulating. */
+    x.nhwc = 0;
+    pad_case(x, small, -1, -2, 0.0f, 0);
+    pad_case(x, small, -2, -1, 0.0f, 1);
+    small.type = DSRT_K_BF16, small.nhwc = 1;
+    pad_case(x, small, -1, -1, 0.0f, 1);
+    dsrt_k_desc other = {2, 4, 5, 6, 0, DSRT_K_F32};
+    CHECK_EQ(dsrt_k_pad(&x, NULL, &other, NULL, 0, 0, 0, 0, S), cudaErrorInvalidValue);
+}
+
+// ----------------------------------------------------------------------------
+// ReLU and the fully connected bias
+
+static void test_relu(void) {
+    enum { N = 1031 };
+    float x[N], dy[N], y[N], dx[N];
+    dsrt_rng r = dsrt_rng_init(24, 0, 0, 0);
+    for (int i = 0; i < N; i++) x[i] = uniform(&r, -4, 4), dy[i] = uniform(&r, -1, 1);
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = INFINITY, x[3] = -INFINITY, x[4] = 1e-30f, x[5] = -1e-30f;
+    const float leaks[] = {0.0f, 0.1f, 0.01f};
+    for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++) {
+        dsrt_k_desc d = {1, 1, 1, N, 0, (dsrt_k_type)t};
+        float xs[N], dys[N];
+        memcpy(xs, x, sizeof x), memcpy(dys, dy, sizeof dy);
+        round_to_type(&d, xs), round_to_type(&d, dys);
+        void *hx = as_type(&d, xs), *hdy = as_type(&d, dys);
+        void *dxx = dcopy(hx, bytes_of(&d)), *ddy = dcopy(hdy, bytes_of(&d));
+        void *dyy = dalloc(bytes_of(&d)), *ddx = dalloc(bytes_of(&d));
+        for (size_t k = 0; k < DSRT_ARRAY_SIZE(leaks); k++) {
+            float leak = leaks[k];
+            for (int i = 0; i < N; i++) y[i] = xs[i] > 0 ? xs[i] : xs[i] * leak;
+            LAUNCH(dsrt_k_relu_fwd(d.type, dxx, dyy, N, leak, S));
+            CHECK_EQ(check_tensor("relu", &d, dyy, y, 0), 0);
+            round_to_type(&d, y);
+            for (int i = 0; i < N; i++) dx[i] = y[i] > 0 ? dys[i] : dys[i] * leak;
+            LAUNCH(dsrt_k_relu_bwd(d.type, dyy, ddy, ddx, N, leak, S));
+            CHECK_EQ(check_tensor("relu backward", &d, ddx, dx, 0), 0);
+        }
+        /* In place. */
+        for (int i = 0; i < N; i++) y[i] = xs[i] > 0 ? xs[i] : xs[i] * 0.2f;
+        LAUNCH(dsrt_k_relu_fwd(d.type, dxx, dxx, N, 0.2f, S));
+        CHECK_EQ(check_tensor("relu in place", &d, dxx, y, 0), 0);
+        CU(cudaFree(dxx));
+        CU(cudaFree(ddy));
+        CU(cudaFree(dyy));
+        CU(cudaFree(ddx));
+        free(hx), free(hdy);
+    }
+}
+
+static void test_bias(void) {
+    const int shapes[][2] = {{7, 45}, {300, 70}, {1, 1}, {129, 33}};
+    for (size_t s = 0; s < DSRT_ARRAY_SIZE(shapes); s++) {
+        int n = shapes[s][0], out = shapes[s][1];
+        size_t cnt = (size_t)n * out;
+        float *x = hmalloc(cnt * 4), *y = hmalloc(cnt * 4), *b = hmalloc(out * 4);
+        float *db = hmalloc(out * 4), *db2 = hmalloc(out * 4);
+        dsrt_rng r = dsrt_rng_init(25, s, 0, 0);
+        for (size_t i = 0; i < cnt; i++) x[i] = uniform(&r, -3, 3);
+        for (int o = 0; o < out; o++) b[o] = uniform(&r, -1, 1);
+        float *dx = dcopy(x, cnt * 4), *dbias = dcopy(b, out * 4), *dout = dalloc(cnt * 4);
+        float *ddb = dalloc(out * 4);
+        for (int relu = 0; relu < 2; relu++) {
+            for (size_t i = 0; i < cnt; i++) {
+                float v = x[i] + b[i % out];
+                if (relu && v < 0) v *= 0.25f;
+                y[i] = v;
+            }
+            LAUNCH(dsrt_k_bias_act(dx, dbias, dout, n, out, relu, 0.25f, S));
+            float *got = hmalloc(cnt * 4);
+            get(got, dout, cnt * 4);
+            CHECK_EQ(mismatches("bias", got, y, cnt, 0, 0), 0);
+            free(got);
+        }
+        /* No bias: + 0 (turns -0 into +0, as the CPU backend). */
+        for (size_t i = 0; i < cnt; i++) y[i] = x[i] + 0.0f;
+        LAUNCH(dsrt_k_bias_act(dx, NULL, dout, n, out, 0, 0.0f, S));
+        CHECK_EQ(
+            check_tensor("no bias", &(dsrt_k_desc){1, 1, 1, (int)cnt, 0, DSRT_K_F32}, dout, y, 0),
+            0);
+        /* Gradient: column sums, within 1e-5 of the column's absolute sum. */
+        LAUNCH(dsrt_k_bias_grad(dx, ddb, n, out, S));
+        get(db, ddb, out * 4);
+        int bad = 0;
+        for (int o = 0; o < out; o++) {
+            double sum = 0, abs = 0;
+            for (int k = 0; k < n; k++)
+                sum += x[(size_t)k * out + o], abs += fabs(x[(size_t)k * out + o]);
+            if (!(fabs(db[o] - sum) <= 1e-5 * abs) && bad++ < 5)
+                fprintf(stderr, "  bias grad[%d]: got %.9g, want %.9g\n", o, db[o], sum);
+        }
+        CHECK_EQ(bad, 0);
+        LAUNCH(dsrt_k_bias_grad(dx, ddb, n, out, S));
+        get(db2, ddb, out * 4);
+        CHECK_EQ(memcmp(db, db2, out * 4), 0); /* run to run identical */
+        CU(cudaFree(dx));
+        CU(cudaFree(dbias));
+        CU(cudaFree(dout));
+        CU(cudaFree(ddb));
+        free(x), free(y), free(b), free(db), free(db2);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Dropout
+
+static void test_dropout(void) {
+    enum { N = 3, C = 5, H = 7, W = 9, CNT = N * C * H * W };
+    float x[CNT], m[CNT], ref[CNT], want[CNT];
+    dsrt_rng r = dsrt_rng_init(26, 0, 0, 0);
+    for (int i = 0; i < CNT; i++) x[i] = uniform(&r, -2, 2);
+    const float ps[] = {0.0f, 0.3f, 0.5f};
+    const uint64_t seeds[] = {0, 42, 0x123456789abcdefULL};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(ps); k++)
+        for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++)
+            for (int nhwc = 0; nhwc < 2; nhwc++) {
+                float p = ps[k];
+                uint64_t seed = seeds[k], iter = 5000000000ULL + k;
+                int layer = 3 + (int)k;
+                dsrt_k_desc d = {N, C, H, W, nhwc, (dsrt_k_type)t}, plain = d;
+                plain.nhwc = 0;
+                float xs[CNT];
+                memcpy(xs, x, sizeof x);
+                round_to_type(&plain, xs);
+                ref_dropout_mask(m, CNT, seed, iter, (uint64_t)layer, p);
+                for (int i = 0; i < CNT; i++) ref[i] = xs[i] * m[i];
+                float xl[CNT];
+                to_layout(&d, xs, xl);
+                void *hx = as_type(&d, xl), *dx = dcopy(hx, bytes_of(&d)),
+                     *dy = dalloc(bytes_of(&d));
+                LAUNCH(dsrt_k_dropout(&d, dx, dy, seed, iter, layer, p, S));
+                to_layout(&d, ref, want);
+                CHECK_EQ(check_tensor("dropout", &d, dy, want, 0), 0);
+                /* In place (the backward on dy uses the same call). */
+                LAUNCH(dsrt_k_dropout(&d, dx, dx, seed, iter, layer, p, S));
+                CHECK_EQ(check_tensor("dropout in place", &d, dx, want, 0), 0);
+                CU(cudaFree(dx));
+                CU(cudaFree(dy));
+                free(hx);
+            }
+    /* The mask itself: x = 1. */
+    float ones[CNT];
+    for (int i = 0; i < CNT; i++) ones[i] = 1.0f;
+    dsrt_k_desc d = {N, C, H, W, 0, DSRT_K_F32};
+    float *dx = dcopy(ones, sizeof ones);
+    LAUNCH(dsrt_k_dropout(&d, dx, dx, 9, 10, 11, 0.25f, S));
+    ref_dropout_mask(m, CNT, 9, 10, 11, 0.25f);
+    CHECK_EQ(check_tensor("mask", &d, dx, m, 0), 0);
+    CHECK_EQ(dsrt_k_dropout(&d, dx, dx, 9, 10, 11, 1.0f, S), cudaErrorInvalidValue);
+    CU(cudaFree(dx));
+}
+
+// ----------------------------------------------------------------------------
+// Softmax and cross-entropy
+
+static void softmax_case(const char *what, const float *z, const int32_t *labels, int n, int k,
+                         int expect_nan) {
+    size_t cnt = (size_t)n * k;
+    float *probs = hmalloc(cnt * 4), *got = hmalloc(cnt * 4), *dz = hmalloc(cnt * 4);
+    double loss, gl, gl2;
+    int correct;
+    int32_t gc, gc2;
+    ref_softmax_xent(z, labels, n, k, probs, &loss, &correct);
+    float *dzz = dcopy(z, cnt * 4), *dp = dalloc(cnt * 4), *ddz = dalloc(cnt * 4);
+    int32_t *dl = dcopy(labels, n * 4), *dc = dalloc(4);
+    double *dloss = dalloc(8);
+    void *work = dalloc(dsrt_k_softmax_xent_work(n));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, dl, n, k, dp, dloss, dc, work, S));
+    get(got, dp, cnt * 4), get(&gl, dloss, 8), get(&gc, dc, 4);
+    fprintf(stderr, "  %s: loss %.17g (C %.17g), correct %d (C %d)\n", what, gl, loss, gc, correct);
+    CHECK_EQ(mismatches(what, got, probs, cnt, 1e-6, 1e-30), 0);
+    CHECK_EQ(gc, correct);
+    if (expect_nan) {
+        CHECK(isnan(gl) && isnan(loss));
+    } else {
+        CHECK(isfinite(loss));
+        CHECK_NEAR(gl, loss, 1e-6 * fabs(loss));
+    }
+    /* Run to run identical. */
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, dl, n, k, dp, dloss, dc, work, S));
+    get(&gl2, dloss, 8), get(&gc2, dc, 4);
+    CHECK(memcmp(&gl, &gl2, 8) == 0 && gc == gc2);
+    /* Backward from the GPU's probabilities, as the CPU rounds it. */
+    float scale = 1.0f / n;
+    for (size_t i = 0; i < cnt; i++) dz[i] = got[i] * scale;
+    for (int b = 0; b < n; b++) dz[(size_t)b * k + labels[b]] -= scale;
+    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, n, k, scale, ddz, S));
+    float *gdz = hmalloc(cnt * 4);
+    get(gdz, ddz, cnt * 4);
+    CHECK_EQ(mismatches("softmax backward", gdz, dz, cnt, FUSED_TOL, 0), 0);
+    /* Without labels: probabilities only, the scalars untouched. */
+    CU(cudaMemset(dloss, 0, 8));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, NULL, n, k, dp, dloss, dc, work, S));
+    get(&gl2, dloss, 8);
+    CHECK(gl2 == 0.0);
+    get(got, dp, cnt * 4);
+    CHECK_EQ(mismatches(what, got, probs, cnt, 1e-6, 1e-30), 0);
+    CU(cudaFree(dzz));
+    CU(cudaFree(dp));
+    CU(cudaFree(ddz));
+    CU(cudaFree(dl));
+    CU(cudaFree(dc));
+    CU(cudaFree(dloss));
+    CU(cudaFree(work));
+    free(probs), free(got), free(dz), free(gdz);
+}
+
+static void test_softmax(void) {
+    const int shapes[][2] = {{37, 10}, {5, 1000}, {256, 33}, {1, 1}};
+    for (size_t s = 0; s < DSRT_ARRAY_SIZE(shapes); s++) {
+        int n = shapes[s][0], k = shapes[s][1];
+        float *z = hmalloc((size_t)n * k * 4);
+        int32_t *labels = hmalloc(n * 4);
+        dsrt_rng r = dsrt_rng_init(27, s, 0, 0);
+        for (size_t i = 0; i < (size_t)n * k; i++) z[i] = uniform(&r, -8, 8);
+        for (int b = 0; b < n; b++) {
+            labels[b] = (int32_t)dsrt_rng_below(&r, (uint64_t)k);
+            /* Ties: the first maximum counts. */
+            if (k > 7 && b % 3 == 0) z[(size_t)b * k + 7] = z[(size_t)b * k + 3] = 20.0f;
+            if (k > 7 && b % 3 == 0) labels[b] = b % 2 ? 3 : 7;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "softmax %dx%d", n, k);
+        softmax_case(what, z, labels, n, k, 0);
+        free(z), free(labels);
+    }
+    /* Non-finite logits: NaN first (the CPU keeps it as the maximum), NaN
+     * later, +inf, -inf everywhere. */
+    float z[4 * 3] = {NAN, 1, 2, 1, NAN, 3, 0, INFINITY, 1, -INFINITY, -INFINITY, -INFINITY};
+    int32_t labels[4] = {0, 2, 1, 0};
+    for (int row = 0; row < 4; row++) {
+        char what[64];
+        snprintf(what, sizeof what, "softmax non-finite row %d", row);
+        softmax_case(what, z + 3 * row, labels + row, 1, 3, 1);
+    }
+    softmax_case("softmax batch with a NaN row", z, labels, 4, 3, 1);
+}
+
+// ----------------------------------------------------------------------------
+// The optimizer
+
+/* A net with multi-block segments (fc 64 -> 100: 6400 weights), factors,
+ * and a frozen layer. */
+static const char *OPT_NET = "input size=6x6x2\n"
+                             "conv filters=4 size=3 wlr=2 bl2=0.5\n"
+                             "batchnorm wl2=0\n"
+                             "relu\n"
+                             "fc outputs=100 wl2=3 blr=0.5\n"
+                             "relu\n"
+                             "fc outputs=classes wlr=0 blr=0\n"
+                             "softmax\n";
+
+/* Segments as nn/optim.c makes them. */
+static int segments_of(const dsrt_net *net, dsrt_k_segment *seg) {
+    int n = 0;
+    for (int i = 0; i < net->n_layers; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        if (l->w_n) seg[n++] = (dsrt_k_segment){l->w_off, l->w_n, l->o.wlr, l->o.wl2, 0, 0};
+        if (l->b_n) seg[n++] = (dsrt_k_segment){l->b_off, l->b_n, l->o.blr, l->o.bl2, 0, 0};
+    }
+    return n;
+}
+
+/* Gradients of step `step`: each segment at its own scale, so that norm
+ * clipping applies to some and not others. */
+static void make_grads(float *g, size_t n_params, const dsrt_k_segment *seg, int n_seg, int step) {
+    dsrt_rng r = dsrt_rng_init(28, (uint64_t)step, 0, 0);
+    for (size_t i = 0; i < n_params; i++) g[i] = uniform(&r, -0.1f, 0.1f);
+    for (int k = 0; k < n_seg; k++) {
+        float s = k % 3 == 0 ? 0.2f : k % 3 == 1 ? 1.0f : 8.0f;
+        for (size_t i = 0; i < seg[k].n; i++) g[seg[k].off + i] *= s;
+    }
+}
+
+typedef struct {
+    float *w, *g, *m, *v;
+    dsrt_bf16 *w16;
+} gpu_state;
+
+static void optim_case(dsrt_solver solver, int clip, double threshold) {
+    dsrt_net *net = NULL;
+    CHECK_OK(dsrt_net_create(&net, OPT_NET, 0, 0, 0, 3, NULL));
+    REQUIRE(net);
+    size_t np = net->n_params, bytes = np * sizeof(float);
+    dsrt_k_segment seg[16];
+    int n_seg = segments_of(net, seg);
+    dsrt_optimizer_options o = dsrt_optimizer_defaults(solver);
+    o.l2 = 1e-3;
+    o.schedule = DSRT_LR_PIECEWISE, o.drop_period = 1, o.drop_factor = 0.5;
+    if (clip >= 0) o.clip = (dsrt_grad_clip)clip, o.grad_threshold = threshold;
+    dsrt_optimizer *opt = NULL;
+    CHECK_OK(dsrt_optimizer_create(&opt, net, &o));
+    REQUIRE(opt);
+
+    uint32_t blocks;
+    size_t work_bytes = dsrt_k_optim_layout(seg, n_seg, &blocks);
+    dsrt_k_optim ko = {dcopy(seg, n_seg * sizeof *seg), n_seg, blocks, dalloc(work_bytes)};
+    /* Two device copies of the state, run alike: run to run identical. */
+    gpu_state gs[2];
+    for (int c = 0; c < 2; c++) {
+        gs[c].w = dcopy(net->params, bytes);
+        gs[c].g = dalloc(bytes), gs[c].m = dalloc(bytes), gs[c].v = dalloc(bytes);
+        gs[c].w16 = dalloc(np * sizeof(dsrt_bf16));
+    }
+    float *g = hmalloc(bytes), *hw = hmalloc(bytes), *hg = hmalloc(bytes), *hm = hmalloc(bytes);
+    float *hw2 = hmalloc(bytes);
+    dsrt_bf16 *h16 = hmalloc(np * sizeof(dsrt_bf16));
+    int norm = clip == DSRT_CLIP_L2NORM || clip == DSRT_CLIP_GLOBAL_L2NORM;
+    double rel = norm ? 1e-5 : FUSED_TOL, abs = norm ? 1e-8 : 0;
+    char what[96];
+    snprintf(what, sizeof what, "solver %d clip %d threshold %g", (int)solver, clip, threshold);
+    float *init = hmalloc(bytes);
+    memcpy(init, net->params, bytes);
+    for (int step = 0; step < 3; step++) {
+        make_grads(g, np, seg, n_seg, step);
+        memcpy(net->grads, g, bytes);
+        int epoch = step;
+        double lr = dsrt_optimizer_learn_rate(opt, epoch);
+        CHECK_OK(dsrt_optimizer_step(opt, net, epoch));
+        dsrt_k_step st;
+        dsrt_k_optim_step_params(&st, &o, lr, step + 1);
+        for (int c = 0; c < 2; c++) {
+            put(gs[c].g, g, bytes);
+            LAUNCH(dsrt_k_optim_update(&ko, &st, gs[c].w, gs[c].g, gs[c].m,
+                                       solver == DSRT_SOLVER_ADAM ? gs[c].v : NULL, gs[c].w16, S));
+        }
+        get(hw, gs[0].w, bytes), get(hg, gs[0].g, bytes), get(h16, gs[0].w16, np * 2);
+        /* Clipping changed the gradients of some segments (all for a global
+         * scale), or of none when it is off or not reached. */
+        int clipped = 0;
+        for (int k = 0; k < n_seg; k++)
+            clipped += memcmp(net->grads + seg[k].off, g + seg[k].off, seg[k].n * 4) != 0;
+        if (step == 0) fprintf(stderr, "  %s: %d of %d segments clipped\n", what, clipped, n_seg);
+        if (clip < 0 || threshold > 1e3)
+            CHECK_EQ(clipped, 0);
+        else if (clip == DSRT_CLIP_GLOBAL_L2NORM)
+            CHECK_EQ(clipped, n_seg);
+        else
+            CHECK(clipped > 0 && clipped < n_seg);
+        CHECK_EQ(mismatches("weights", hw, net->params, np, rel, abs), 0);
+        CHECK_EQ(mismatches("clipped gradients", hg, net->grads, np, rel, abs), 0);
+        for (int b = 0; b < dsrt__optimizer_n_buffers(opt); b++) {
+            get(hm, b ? gs[0].v : gs[0].m, bytes);
+            CHECK_EQ(mismatches("state", hm, dsrt__optimizer_buffer(opt, b), np, rel, abs), 0);
+        }
+        int bad16 = 0;
+        for (int k = 0; k < n_seg; k++)
+            bad16 += mismatches16("bf16 weights", h16 + seg[k].off, hw + seg[k].off, seg[k].n);
+        CHECK_EQ(bad16, 0);
+        get(hw2, gs[1].w, bytes);
+        CHECK_EQ(memcmp(hw, hw2, bytes), 0);
+    }
+    /* The frozen layer (weights and bias) did not move; the others did. */
+    int frozen = 0;
+    for (int k = 0; k < n_seg; k++) {
+        int same = !memcmp(hw + seg[k].off, init + seg[k].off, seg[k].n * sizeof(float));
+        CHECK_EQ(same, seg[k].lr == 0.0f);
+        frozen += seg[k].lr == 0.0f;
+    }
+    CHECK_EQ(frozen, 2);
+    for (int c = 0; c < 2; c++) {
+        CU(cudaFree(gs[c].w));
+        CU(cudaFree(gs[c].g));
+        CU(cudaFree(gs[c].m));
+        CU(cudaFree(gs[c].v));
+        CU(cudaFree(gs[c].w16));
+    }
+    CU(cudaFree((void *)ko.seg));
+    CU(cudaFree(ko.work));
+    free(g), free(hw), free(hg), free(hm), free(hw2), free(h16), free(init);
+    dsrt_optimizer_destroy(opt);
+    dsrt_net_destroy(net);
+}
+
+static void test_optimizer(void) {
+    const dsrt_solver solvers[] = {DSRT_SOLVER_SGDM, DSRT_SOLVER_ADAM, DSRT_SOLVER_RMSPROP};
+    for (size_t s = 0; s < DSRT_ARRAY_SIZE(solvers); s++) {
+        optim_case(solvers[s], -1, INFINITY);
+        /* Segment norms are about 0.1 to 40: some clipped, some not. */
+        optim_case(solvers[s], DSRT_CLIP_L2NORM, 1.5);
+        optim_case(solvers[s], DSRT_CLIP_GLOBAL_L2NORM, 2.0);
+        optim_case(solvers[s], DSRT_CLIP_GLOBAL_L2NORM, 1e6); /* not reached */
+        optim_case(solvers[s], DSRT_CLIP_ABSOLUTE, 0.05);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Conversions and helpers
+
+static void test_convert(void) {
+    enum { N = 65536 };
+    dsrt_bf16 *h = hmalloc(N * 2), *h2 = hmalloc(N * 2);
+    float *f = hmalloc(N * 4), *want = hmalloc(N * 4);
+    for (int i = 0; i < N; i++) h[i] = (dsrt_bf16)i, want[i] = dsrt_f32_from_bf16((dsrt_bf16)i);
+    dsrt_bf16 *dh = dcopy(h, N * 2);
+    float *df = dalloc(N * 4);
+    LAUNCH(dsrt_k_bf16_to_f32(dh, df, N, S));
+    get(f, df, N * 4);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += dsrt_f32_bits(f[i]) != dsrt_f32_bits(want[i]);
+    CHECK_EQ(bad, 0);
+    dsrt_rng r = dsrt_rng_init(29, 0, 0, 0);
+    for (int i = 0; i < N; i++)
+        f[i] = dsrt_f32_from_bits((uint32_t)dsrt_rng_u64(&r)); /* any bits, NaNs too */
+    f[0] = INFINITY, f[1] = -0.0f, f[2] = dsrt_f32_from_bits(0x3f808000u);
+    put(df, f, N * 4);
+    LAUNCH(dsrt_k_f32_to_bf16(df, dh, N, S));
+    get(h2, dh, N * 2);
+    CHECK_EQ(mismatches16("to bf16", h2, f, N), 0);
+    LAUNCH(dsrt_k_fill(df, N, -1.5f, S));
+    for (int i = 0; i < N; i++) want[i] = -1.5f;
+    CHECK_EQ(check_tensor("fill", &(dsrt_k_desc){1, 1, 1, N, 0, DSRT_K_F32}, df, want, 0), 0);
+    for (int i = 0; i < N; i++) f[i] = uniform(&r, -100, 100), want[i] = 0.125f * f[i];
+    put(df, f, N * 4);
+    LAUNCH(dsrt_k_scale(df, df, N, 0.125f, S));
+    CHECK_EQ(check_tensor("scale", &(dsrt_k_desc){1, 1, 1, N, 0, DSRT_K_F32}, df, want, 0), 0);
+    /* Nothing to do is no launch. */
+    CHECK_EQ(dsrt_k_fill(df, 0, 0.0f, S), cudaSuccess);
+    CU(cudaFree(dh));
+    CU(cudaFree(df));
+    free(h), free(h2), free(f), free(want);
+}
+
+int main(void) {
+    int skip = gpu_skip();
+    if (skip) return skip;
+    /* A blocking stream: its kernels wait for the copies and memsets that the
+     * tests issue on the default stream. */
+    CU(cudaStreamCreate(&S));
+    RUN(test_input_u8);
+    RUN(test_input_f32);
+    RUN(test_pad);
+    RUN(test_relu);
+    RUN(test_bias);
+    RUN(test_dropout);
+    RUN(test_softmax);
+    RUN(test_optimizer);
+    RUN(test_convert);
+    CU(cudaStreamDestroy(S));
+    return TEST_RESULT();
+}
