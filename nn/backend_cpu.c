@@ -33,6 +33,8 @@
  */
 #include "internal.h"
 
+#include "arith.h"
+
 #include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -50,7 +52,6 @@ extern void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, 
 extern int omp_get_thread_num(void) __attribute__((weak));
 extern int omp_get_max_threads(void) __attribute__((weak));
 
-#define RNG_STREAM_DROPOUT 0x44524f50u /* "DROP" */
 #define PLAN_SLOTS         4
 
 // ----------------------------------------------------------------------------
@@ -345,34 +346,16 @@ static int step_normalize(cpu_backend *be, cpu_plan *p, int i) {
     int c = l->out.c;
     size_t hw = (size_t)l->out.h * l->out.w;
     const float *st = net->state + l->s_off;
-    const float *mean = st, *sd = st + c, *mn = st + 2 * c, *mx = st + 3 * c;
     float *y = handle_of(p->lp[0].out.mem);
-    for (int b = 0; b < p->n; b++)
-        for (int ch = 0; ch < c; ch++) {
-            float a = 1.0f, o = 0.0f; /* y = a * x + o */
-            switch (l->o.norm) {
-            case DSRT_NORM_ZEROCENTER:
-                o = -mean[ch];
-                break;
-            case DSRT_NORM_ZSCORE:
-                a = 1.0f / sd[ch];
-                o = -mean[ch] * a;
-                break;
-            case DSRT_NORM_RESCALE:
-                a = 1.0f / (mx[ch] - mn[ch]);
-                o = -mn[ch] * a;
-                break;
-            case DSRT_NORM_RESCALE_SYMMETRIC:
-                a = 2.0f / (mx[ch] - mn[ch]);
-                o = -mn[ch] * a - 1.0f;
-                break;
-            default:
-                break;
-            }
+    for (int ch = 0; ch < c; ch++) {
+        float a, o;
+        dsrt_input_affine(l->o.norm, st, c, ch, &a, &o);
+        for (int b = 0; b < p->n; b++) {
             const float *xs = be->x + ((size_t)b * c + ch) * hw;
             float *ys = y + ((size_t)b * c + ch) * hw;
-            for (size_t k = 0; k < hw; k++) ys[k] = a * xs[k] + o;
+            for (size_t k = 0; k < hw; k++) ys[k] = dsrt_input_apply(a, o, xs[k]);
         }
+    }
     return 0;
 }
 
@@ -391,9 +374,9 @@ static int step_bn_running(cpu_backend *be, cpu_plan *p, int i) {
     return 0;
 }
 
-/* Masks are indexed by the logical NCHW position of each value, so every
- * backend draws the same ones: value j keeps when draw j/2 + 1 of the
- * layer's generator (low half for even j, high half for odd) reaches p. */
+/* Masks are indexed by the logical NCHW position of each value (the layer
+ * works on the plain layout), as nn/arith.h defines them for every backend:
+ * one draw of the layer's generator gives two elements' masks. */
 static int step_dropout_fwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_net *net = be->net;
     const dsrt_layer *l = &net->layers[i];
@@ -401,10 +384,9 @@ static int step_dropout_fwd(cpu_backend *be, cpu_plan *p, int i) {
     const float *x = handle_of(lp->src);
     float *y = handle_of(lp->out.mem), *m = lp->mask;
     size_t n = lp->mask_n;
-    float keep = 1.0f / (1.0f - l->o.p);
-    uint32_t thresh = (uint32_t)fmin(4294967295.0, ldexp((double)l->o.p, 32));
-    dsrt_rng rng =
-        dsrt_rng_init(net->opts.seed, (uint64_t)net->iteration, (uint64_t)i, RNG_STREAM_DROPOUT);
+    float keep = dsrt_dropout_scale(l->o.p);
+    uint32_t thresh = dsrt_dropout_threshold(l->o.p);
+    dsrt_rng rng = dsrt_dropout_rng(net->opts.seed, (uint64_t)net->iteration, (uint64_t)i);
     for (size_t k = 0; k < n; k += 2) {
         uint64_t r = dsrt_rng_u64(&rng);
         m[k] = (uint32_t)r >= thresh ? keep : 0.0f;

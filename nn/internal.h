@@ -331,7 +331,8 @@ struct dsrt_backend_ops {
     int (*stage)(dsrt_backend *be, const dsrt_net_batch *b);
     /* Waits until the host memory of the last staged batch may be reused. */
     int (*stage_wait)(dsrt_backend *be);
-    /* Forward over batch b (the staged copy when b->data was staged last).
+    /* Forward over the batch staged last, which is b (net.c stages b first
+     * when the caller did not; b gives n, labels and global_n again).
      * train: batch statistics and dropout, keeps what backward needs.
      * Without labels, loss and correct are not computed. */
     int (*forward)(dsrt_backend *be, const dsrt_net_batch *b, int train);

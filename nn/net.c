@@ -454,14 +454,20 @@ int dsrt_net_stage_wait(dsrt_net *net) {
     return net->ops->stage_wait(net->be);
 }
 
+/* Forward over b: the copy staged for it, or one staged now. */
+static int forward_staged(dsrt_net *net, const dsrt_net_batch *b, int train) {
+    int rc = b->data == net->staged ? 0 : net->ops->stage(net->be, b);
+    net->staged = NULL;
+    if (rc < 0) return rc;
+    return net->ops->forward(net->be, b, train);
+}
+
 int dsrt_net_train_start(dsrt_net *net, const dsrt_net_batch *b) {
     int rc = dsrt__net_check_batch(net, b, 1);
     if (rc) return rc;
     if (net->started)
         return dsrt__fail(-EINVAL, "net: train_start twice without train_finish between");
-    if (b->data != net->staged && (rc = net->ops->stage(net->be, b)) < 0) return rc;
-    net->staged = NULL;
-    if ((rc = net->ops->forward(net->be, b, 1))) return rc;
+    if ((rc = forward_staged(net, b, 1))) return rc;
     if ((rc = net->ops->backward(net->be))) {
         net->iteration++;
         return rc;
@@ -497,7 +503,7 @@ int dsrt__net_forward(dsrt_net *net, const float *x, int n, int train, const int
     dsrt_net_batch b = f32_batch(x, labels, n);
     int rc = dsrt__net_check_batch(net, &b, train);
     if (rc) return rc;
-    if ((rc = net->ops->forward(net->be, &b, train))) return rc;
+    if ((rc = forward_staged(net, &b, train))) return rc;
     return net->ops->results(net->be, loss, correct, probs);
 }
 
