@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -346,6 +347,50 @@ static void test_idx_parse(void) {
 
 // ----------------------------------------------------------------------------
 // IDX loader
+
+/* A gzip'd IDX file whose header says 1 x 1 x 1 followed by 256 MiB of zeros
+ * (about 256 KiB compressed): refused from the header, without inflating
+ * the rest. Runs first, so that the peak memory is still low. */
+static void test_idx_gzip_bomb(void) {
+    size_t cap = (size_t)1 << 20, zeros = (size_t)256 << 20;
+    uint8_t *gz = malloc(cap), *chunk = calloc(1, 1 << 20);
+    REQUIRE(gz && chunk);
+    uint8_t head[17];
+    uint32_t dims[3] = {1, 1, 1};
+    make_idx(head, 0x08, 3, dims, (const uint8_t *)"x", 1);
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    REQUIRE(deflateInit2(&zs, 9, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    zs.next_out = gz;
+    zs.avail_out = (uInt)cap;
+    zs.next_in = head;
+    zs.avail_in = sizeof head;
+    REQUIRE(deflate(&zs, Z_NO_FLUSH) == Z_OK);
+    for (size_t done = 0; done < zeros; done += 1 << 20) {
+        zs.next_in = chunk;
+        zs.avail_in = 1 << 20;
+        REQUIRE(deflate(&zs, done + (1 << 20) < zeros ? Z_NO_FLUSH : Z_FINISH) != Z_STREAM_ERROR);
+    }
+    size_t n = zs.total_out;
+    deflateEnd(&zs);
+    REQUIRE(n < cap / 2);
+
+    struct rusage before, after;
+    getrusage(RUSAGE_SELF, &before);
+    dsrt_idx idx;
+    CHECK_EQ(dsrt__idx_parse(gz, n, "bomb.gz", (size_t)8 << 30, &idx), DSRT_ECORRUPT);
+    CHECK_CONTAINS(dsrt_last_error(), "bomb.gz");
+    CHECK_CONTAINS(dsrt_last_error(), "1 x 1 x 1");
+    CHECK(idx.data == NULL);
+    getrusage(RUSAGE_SELF, &after);
+    /* Inflating it all would touch 256 MiB. */
+    CHECK_LT(after.ru_maxrss - before.ru_maxrss, 32 << 10);
+
+    /* A header cut inside the compressed stream is still a truncated header. */
+    CHECK_EQ(dsrt__idx_parse(gz, 12, "cut.gz", (size_t)8 << 30, &idx), DSRT_ETRUNCATED);
+    free(gz);
+    free(chunk);
+}
 
 static void test_idx_load(void) {
     dsrt_index ix = {0};
@@ -1076,6 +1121,7 @@ int main(void) {
     snprintf(tmp_root, sizeof tmp_root, "%s/sources.XXXXXX", base);
     REQUIRE(mkdtemp(tmp_root));
 
+    RUN(test_idx_gzip_bomb);
     RUN(test_gunzip);
     RUN(test_idx_parse);
     RUN(test_idx_load);
