@@ -139,11 +139,12 @@ int dsrt__detect_source(const char *path, dsrt_source *kind) {
         return 0;
     }
     if (!S_ISREG(st.st_mode))
-        return dsrt__fail(DSRT_EFORMAT, "open: %s: neither a folder nor a regular file", path);
+        return dsrt__fail(DSRT_EFORMAT, "open: %s: is %s, neither a folder nor a regular file",
+                          path, dsrt__file_kind(st.st_mode));
 
     unsigned char head[4] = {0};
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
+    int fd, rc = dsrt__open_regular(path, &fd, &st);
+    if (rc != 0) return dsrt__fail_prefix(rc, "open");
     ssize_t got = pread(fd, head, sizeof head, 0);
     close(fd);
     if (got < 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
@@ -459,17 +460,9 @@ out:
 // One decoded sample, on the calling thread
 
 static int read_file(const char *path, dsrt_decoder *d, uint8_t **data, size_t *size) {
-    int rc, fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
+    int rc, fd;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = dsrt__fail(-EISDIR, "read: %s: not a regular file", path);
-        goto out;
-    }
+    if ((rc = dsrt__open_regular(path, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "read");
     if (st.st_size == 0) {
         rc = dsrt__fail(DSRT_EEMPTY, "read: %s: empty file", path);
         goto out;

@@ -436,6 +436,9 @@ int dsrt__idx_load(dsrt_index *ix, const char *path, const dsrt_datastore_option
     int rc;
 
     if (stat(path, &st) != 0) return dsrt__fail(-errno, "idx: %s: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return dsrt__fail(DSRT_EFORMAT, "idx: %s: is %s, neither a folder nor a regular file", path,
+                          dsrt__file_kind(st.st_mode));
     if (S_ISDIR(st.st_mode)) {
         if ((rc = find_in_folder(path, split, "images-idx3", images, sizeof images)) != 0)
             return rc;

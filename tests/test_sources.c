@@ -920,6 +920,50 @@ static void test_manifest_load(void) {
 // ----------------------------------------------------------------------------
 // Through the public API
 
+/* Sources given a FIFO or a device: refused at once, never waited on or
+ * read until memory runs out. An alarm turns a hang into a failure. */
+static void test_non_regular(void) {
+    KEEP_PATH(fifo, "fifo.csv");
+    unlink(fifo);
+    REQUIRE(mkfifo(fifo, 0644) == 0);
+    dsrt_datastore *ds = NULL;
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    alarm(60);
+    static const dsrt_source kinds[] = {DSRT_SOURCE_AUTO, DSRT_SOURCE_MANIFEST, DSRT_SOURCE_IDX,
+                                        DSRT_SOURCE_CIFAR10};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(kinds); k++) {
+        o.source = kinds[k];
+        CHECK_EQ(dsrt_datastore_open(&ds, fifo, &o), DSRT_EFORMAT);
+        CHECK_CONTAINS(dsrt_last_error(), fifo);
+        CHECK_CONTAINS(dsrt_last_error(), "FIFO");
+        CHECK(ds == NULL);
+        o.source = kinds[k];
+        CHECK_NE(dsrt_datastore_open(&ds, "/dev/zero", &o), 0);
+        CHECK_CONTAINS(dsrt_last_error(), "/dev/zero");
+        CHECK(ds == NULL);
+    }
+    /* A manifest naming a FIFO: the sample read on the calling thread is
+     * refused, naming it. */
+    KEEP_PATH(man, "fifo-list.csv");
+    char text[PATH_MAX + 16];
+    snprintf(text, sizeof text, "%s,a\n", fifo);
+    write_text(man, text);
+    o.source = DSRT_SOURCE_MANIFEST;
+    CHECK_OK(dsrt_datastore_open(&ds, man, &o));
+    if (ds) {
+        dsrt_decoder *dec;
+        CHECK_OK(dsrt_decoder_create(&dec, NULL));
+        dsrt_decode_request req = {.channels = 1};
+        dsrt_image img;
+        CHECK_EQ(dsrt_datastore_read_image(ds, 0, dec, &req, &img), DSRT_EFORMAT);
+        CHECK_CONTAINS(dsrt_last_error(), "FIFO");
+        dsrt_decoder_destroy(dec);
+        dsrt_datastore_close(ds);
+    }
+    alarm(0);
+    unlink(fifo);
+}
+
 static void test_open(void) {
     dsrt_datastore *ds;
     dsrt_datastore_options o = dsrt_datastore_defaults();
@@ -1131,6 +1175,7 @@ int main(void) {
     RUN(test_manifest_large);
     RUN(test_manifest_load);
     RUN(test_open);
+    RUN(test_non_regular);
     RUN(test_export_roundtrip);
     RUN(test_fashion_mnist);
 

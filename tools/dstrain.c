@@ -18,6 +18,7 @@
  */
 #include <dsrt.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <limits.h>
@@ -192,22 +193,32 @@ static double median_of(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, len = 0;
-    char *s = malloc(cap);
-    for (size_t r; s && (r = fread(s + len, 1, cap - len - 1, f)) > 0;) {
-        len += r;
-        if (len + 1 == cap) {
-            char *t = realloc(s, cap *= 2);
-            if (!t) free(s);
-            s = t;
-        }
+/* Largest network description file read. */
+#define NET_TEXT_MAX ((size_t)1 << 20)
+/* Largest image file classify reads. */
+#define IMAGE_FILE_MAX ((size_t)256 << 20)
+
+/* A network description file: NULL with the reason in why when it is not a
+ * regular file, too large, empty or not text. */
+static char *read_net_text(const char *path, char *why, size_t why_cap) {
+    size_t len;
+    char *text = tool_read_file(path, NET_TEXT_MAX, &len, why, why_cap);
+    if (!text) return NULL;
+    const char *bad = NULL;
+    size_t words = 0;
+    for (size_t i = 0; i < len && !bad; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == 0 || (c < 0x20 && c != '\n' && c != '\r' && c != '\t') || c == 0x7f)
+            bad = "binary data, not a network description (one layer a line)";
+        words += !isspace(c) && (i == 0 || isspace((unsigned char)text[i - 1]));
     }
-    fclose(f);
-    if (s) s[len] = '\0';
-    return s;
+    if (!bad && words == 0) bad = "empty: a network description lists one layer a line";
+    if (bad) {
+        snprintf(why, why_cap, "%s", bad);
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 static int cmd_bench(int argc, char **argv) {
@@ -234,14 +245,15 @@ static int cmd_bench(int argc, char **argv) {
     int is_alexnet = !strcmp(bench.net, "alexnet");
     char *text = NULL;
     if (!builtin) {
-        text = read_text(bench.net);
+        char why[256];
+        text = read_net_text(bench.net, why, sizeof why);
         if (!text) {
             const char *const *names;
             dsrt_net_builtin(NULL, &names);
             fprintf(stderr, "%s bench: --net: '%s' is neither a built-in network (", prog,
                     bench.net);
             for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
-            fprintf(stderr, ") nor a readable file: %s\n", strerror(errno));
+            fprintf(stderr, ") nor a network description file: %s\n", why);
             return 2;
         }
     }
@@ -398,12 +410,14 @@ static int parse_choice(const char *cmd, const char *name, const char *v,
     return -1;
 }
 
+/* 1 when path is a regular file that starts as a dsrt model does. */
 static int is_model_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char magic[8] = {0};
-    if (!f) return 0;
-    size_t n = fread(magic, 1, 8, f);
-    fclose(f);
+    char magic[8] = {0}, why[8];
+    long long size;
+    int fd = tool_open_regular(path, why, sizeof why, &size);
+    if (fd < 0) return 0;
+    ssize_t n = pread(fd, magic, 8, 0);
+    close(fd);
     return n == 8 && !memcmp(magic, "DSRTMODL", 8);
 }
 
@@ -942,12 +956,16 @@ static int cmd_train(int argc, char **argv) {
             goto out;
         }
     } else {
-        text = read_text(netname);
+        char why[256];
+        text = read_net_text(netname, why, sizeof why);
         if (!text) {
-            fprintf(stderr,
-                    "%s train: --net: '%s' is neither a built-in network nor a readable "
-                    "file: %s\n",
-                    prog, netname, strerror(errno));
+            if (netname == ckpt)
+                fprintf(stderr, "%s train: --resume: %s: %s\n", prog, netname, why);
+            else
+                fprintf(stderr,
+                        "%s train: --net: '%s' is neither a built-in network nor a network "
+                        "description file: %s\n",
+                        prog, netname, why);
             status = 2;
             goto out;
         }
@@ -1283,26 +1301,13 @@ static void classify_flush(classifier *c) {
 }
 
 static void classify_file(classifier *c, const char *path) {
-    char *data = NULL;
     size_t len = 0;
-    FILE *f = fopen(path, "rb");
-    if (f) {
-        size_t cap = 1 << 16;
-        data = malloc(cap);
-        for (size_t r; data && (r = fread(data + len, 1, cap - len, f)) > 0;) {
-            len += r;
-            if (len == cap) {
-                char *t = realloc(data, cap *= 2);
-                if (!t) free(data);
-                data = t;
-            }
-        }
-        fclose(f);
-    }
+    char why[256];
+    char *data = tool_read_file(path, IMAGE_FILE_MAX, &len, why, sizeof why);
     dsrt_image_info info;
     dsrt_image img;
     if (!data) {
-        fprintf(stderr, "%s classify: %s: %s\n", prog, path, strerror(errno));
+        fprintf(stderr, "%s classify: %s: %s\n", prog, path, why);
         c->failures++;
         return;
     }

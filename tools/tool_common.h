@@ -25,7 +25,27 @@ const char *tool_value(int argc, char **argv, int *i);
 long long tool_int(const char *option, const char *value, long long min, long long max);
 double tool_double(const char *option, const char *value, double min, double max);
 
-/* Writes s as a JSON string literal, with quotes and escapes. */
+/* Writes s as a JSON string literal, with quotes and escapes; bytes that are
+ * not UTF-8 become U+FFFD, so the output is always valid JSON. */
 void tool_json_string(FILE *f, const char *s);
+
+/* Writes s for a tab-separated text column: tab, newline, carriage return,
+ * other control bytes and backslash as C escapes (\t, \n, \x01, \\), so
+ * that a name never breaks the columns. */
+void tool_text_field(FILE *f, const char *s);
+
+/* Opens path for reading without waiting (a FIFO does not block) and
+ * refuses anything but a regular file. Returns the descriptor and the size
+ * in *size, or -1 with the reason in why. */
+int tool_open_regular(const char *path, char *why, size_t why_cap, long long *size);
+
+/*
+ * Reads the whole file at path into a new NUL-terminated buffer (the caller
+ * frees it) of *len bytes. Refuses, without waiting or reading, anything but
+ * a regular file (a FIFO, a device, a folder) and files larger than max
+ * bytes. Returns NULL with the reason in why (why_cap bytes): "is a FIFO,
+ * not a regular file", "No such file or directory", ...
+ */
+char *tool_read_file(const char *path, size_t max, size_t *len, char *why, size_t why_cap);
 
 #endif
