@@ -831,15 +831,22 @@ static int slots_init(dsrt_pipeline *p) {
     return 0;
 }
 
+/* The mutexes and condition variables; on a failure the ones made are
+ * destroyed again and sync_ready stays 0. */
 static int sync_init(dsrt_pipeline *p) {
-    if (pthread_mutex_init(&p->mu, NULL) != 0) return -ENOMEM;
-    pthread_mutex_init(&p->order_mu, NULL);
-    pthread_mutex_init(&p->bad_mu, NULL);
-    pthread_cond_init(&p->work_cv, NULL);
-    pthread_cond_init(&p->ready_cv, NULL);
-    pthread_cond_init(&p->ctl_cv, NULL);
-    p->sync_ready = 1;
-    return 0;
+    pthread_mutex_t *mus[] = {&p->mu, &p->order_mu, &p->bad_mu};
+    pthread_cond_t *cvs[] = {&p->work_cv, &p->ready_cv, &p->ctl_cv};
+    size_t nm = 0, nc = 0;
+    int e = 0;
+    while (nm < DSRT_ARRAY_SIZE(mus) && (e = pthread_mutex_init(mus[nm], NULL)) == 0) nm++;
+    while (e == 0 && nc < DSRT_ARRAY_SIZE(cvs) && (e = pthread_cond_init(cvs[nc], NULL)) == 0) nc++;
+    if (e == 0) {
+        p->sync_ready = 1;
+        return 0;
+    }
+    while (nc > 0) pthread_cond_destroy(cvs[--nc]);
+    while (nm > 0) pthread_mutex_destroy(mus[--nm]);
+    return dsrt__fail(-e, "pipeline: making its locks: %s", strerror(e));
 }
 
 int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,

@@ -13,7 +13,10 @@
  * Images are made on the spot (tests/testimg.h) under $DSRT_TEST_TMP.
  */
 #include <dsrt/pipeline.h>
+#include <dlfcn.h>
 #include <endian.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -941,6 +944,67 @@ static void test_bad_options(void) {
     dsrt_datastore_close(ds);
 }
 
+// ----------------------------------------------------------------------------
+// Failing locks
+
+/* TSan keeps its own books on condition variables: no fault injection there. */
+#if defined(__SANITIZE_THREAD__)
+#define FAULT_INJECTION 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FAULT_INJECTION 0
+#endif
+#endif
+#ifndef FAULT_INJECTION
+#define FAULT_INJECTION 1
+#endif
+
+#if FAULT_INJECTION
+/* While fail_cond_at > 0, the fail_cond_at-th pthread_cond_init call from
+ * then on fails with EAGAIN, as it may when the system is short of
+ * resources. The executable's definition takes the place of libc's. */
+static atomic_int cond_calls, fail_cond_at;
+
+int pthread_cond_init(pthread_cond_t *restrict c, const pthread_condattr_t *restrict a) {
+    int (*real)(pthread_cond_t *, const pthread_condattr_t *);
+    *(void **)&real = dlsym(RTLD_NEXT, "pthread_cond_init");
+    if (atomic_load(&fail_cond_at) > 0 && atomic_fetch_add(&cond_calls, 1) + 1 == fail_cond_at)
+        return EAGAIN;
+    return real(c, a);
+}
+#endif
+
+/* Every lock the pipeline makes is checked: a failing one fails the open
+ * with the reason, and nothing made is left behind. */
+static void test_lock_failure(void) {
+#if FAULT_INJECTION
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_pipeline_options o = small_options();
+    int fired = 0;
+    for (int k = 1; k <= 16; k++) {
+        atomic_store(&cond_calls, 0);
+        atomic_store(&fail_cond_at, k);
+        dsrt_pipeline *p = NULL;
+        int rc = dsrt_pipeline_open(&p, ds, NULL, &o);
+        int calls = atomic_load(&cond_calls);
+        atomic_store(&fail_cond_at, 0);
+        if (calls < k) { /* no call of that rank: the open went through */
+            CHECK_OK(rc);
+            dsrt_pipeline_close(p);
+            break;
+        }
+        fired++;
+        CHECK_EQ(rc, -EAGAIN);
+        CHECK(p == NULL);
+        CHECK_CONTAINS(dsrt_last_error(), "pipeline");
+    }
+    CHECK_GE(fired, 3);
+    dsrt_datastore_close(ds);
+#else
+    printf("  (no fault injection under TSan)\n");
+#endif
+}
+
 int main(void) {
     REQUIRE(timg_tmpdir("pipeline", base_dir, sizeof base_dir) == 0);
     snprintf(good_dir, sizeof good_dir, "%s/good", base_dir);
@@ -955,5 +1019,6 @@ int main(void) {
     RUN(test_memory_source);
     RUN(test_native);
     RUN(test_bad_options);
+    RUN(test_lock_failure);
     return TEST_RESULT();
 }

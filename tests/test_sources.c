@@ -920,6 +920,30 @@ static void test_manifest_load(void) {
 // ----------------------------------------------------------------------------
 // Through the public API
 
+/* Every source has its name, detection and loader in one table: the names
+ * round-trip and an unknown kind is named so. */
+static void test_source_names(void) {
+    static const char *const names[] = {"auto", "folder", "manifest", "idx", "cifar10", "cifar100"};
+    for (int k = 0; k <= DSRT_SOURCE_CIFAR100; k++)
+        CHECK_STR_EQ(dsrt_source_name((dsrt_source)k), names[k]);
+    CHECK_STR_EQ(dsrt_source_name((dsrt_source)(DSRT_SOURCE_CIFAR100 + 1)), "unknown");
+    dsrt_datastore *ds;
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    o.source = (dsrt_source)(DSRT_SOURCE_CIFAR100 + 1);
+    CHECK_EQ(dsrt_datastore_open(&ds, tmp_root, &o), DSRT_EOPTION);
+    /* A .bin file that starts with an IDX header is IDX, whatever its size. */
+    KEEP_PATH(bin, "idxlike.bin");
+    uint8_t buf[3073 * 2] = {0, 0, 8, 3};
+    write_file(bin, buf, sizeof buf);
+    dsrt_source kind = DSRT_SOURCE_AUTO;
+    CHECK_OK(dsrt__detect_source(bin, &kind));
+    CHECK_EQ(kind, DSRT_SOURCE_IDX);
+    buf[2] = 9;
+    write_file(bin, buf, sizeof buf);
+    CHECK_OK(dsrt__detect_source(bin, &kind));
+    CHECK_EQ(kind, DSRT_SOURCE_CIFAR10);
+}
+
 /* Sources given a FIFO or a device: refused at once, never waited on or
  * read until memory runs out. An alarm turns a hang into a failure. */
 static void test_non_regular(void) {
@@ -1176,6 +1200,7 @@ int main(void) {
     RUN(test_manifest_load);
     RUN(test_open);
     RUN(test_non_regular);
+    RUN(test_source_names);
     RUN(test_export_roundtrip);
     RUN(test_fashion_mnist);
 
