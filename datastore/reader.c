@@ -412,7 +412,7 @@ static void dsrt__finish(dsrt_reader *r, dsrt_read_req *q, dsrt_read_result *res
     res->tag = q->tag;
     res->path = q->path;
     res->buf = q->buf;
-    res->size = q->done;
+    res->size = q->status == DSRT_ETOOBIG ? q->size : q->done;
     res->status = q->status;
     switch (q->status) {
     case 0:

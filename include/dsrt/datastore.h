@@ -254,7 +254,7 @@ typedef struct {
     uint64_t tag;     /* as given to dsrt_reader_submit */
     const char *path; /* as given to dsrt_reader_submit */
     void *buf;
-    size_t size; /* bytes of the file now in buf */
+    size_t size; /* bytes of the file now in buf; for DSRT_ETOOBIG, the file's size */
     int status;  /* 0, -errno, DSRT_ETOOBIG (file larger than cap), DSRT_EEMPTY */
 } dsrt_read_result;
 
