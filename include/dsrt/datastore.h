@@ -97,6 +97,11 @@ typedef struct {
     /* Folder: follow symbolic links to files and folders. Loops are detected,
      * reported in the warnings and not followed. Default 1. */
     int follow_symlinks;
+    /* Folder, DSRT_LABEL_FOLDER_NAMES: 1: a class folder that holds no image
+     * is not a class (the warning says it was dropped); 0 (default): it is a
+     * class with no sample (dsrt_datastore_class_counts says 0), which the
+     * caller may refuse. */
+    int drop_empty_classes;
     /* IDX: path of the labels file; NULL derives it from the images file
      * ("train-images-idx3-ubyte.gz" -> "train-labels-idx1-ubyte.gz"). */
     const char *labels_path;
