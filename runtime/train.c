@@ -600,7 +600,8 @@ typedef struct {
     dsrt_train_event ev;
     double t0, val_s, train_images_t;
     int stop;
-    size_t bad_told[2]; /* bad samples of the training and validation data told so far */
+    size_t bad_told[2];    /* bad samples of the training and validation data told so far */
+    uint64_t val_left_out; /* samples left out of the validation passes, summed */
 } run;
 
 /* BAD_SAMPLE events for the samples of pipeline p found bad since the last
@@ -665,6 +666,7 @@ static int validate(run *R, double *loss, double *acc) {
     *loss = images ? lsum / (double)images : NAN;
     *acc = images ? (double)correct / (double)images : NAN;
     R->val_s += now_s() - t;
+    R->val_left_out += dsrt_datastore_count(R->o->validation) - images;
     return 0;
 }
 
@@ -1137,7 +1139,7 @@ done:;
     if (R.vp) {
         dsrt_pipeline_statistics s;
         dsrt_pipeline_stats(R.vp, &s);
-        r->val_skipped = s.skipped;
+        r->val_skipped = R.val_left_out; /* not s.skipped: that counts prefetched passes */
         r->val_bad_samples = s.bad_samples;
     }
     r->weights_checksum = dsrt_weights_checksum(net);

@@ -259,8 +259,8 @@ typedef struct {
     double consumer_wait_s;        /* seconds the compute waited for a batch (data-bound time) */
     uint64_t skipped;              /* times a bad training sample was passed over */
     uint64_t bad_samples;          /* distinct training samples found bad (BAD_SAMPLE events) */
-    /* Validation: distinct samples found bad, and the times one was left out
-     * (once a pass: a validation visits each readable sample exactly once). */
+    /* Validation: distinct samples found bad, and the samples left out of
+     * the passes, summed (a pass visits each readable sample exactly once). */
     uint64_t val_bad_samples, val_skipped;
     unsigned workers;          /* pipeline workers used */
     int compute_threads;       /* compute threads used */
