@@ -142,7 +142,8 @@ int dsrt__read_whole_file(const char *path, size_t max, uint8_t **data, size_t *
 
 /* Writes data to path atomically and durably: a temporary file in the same
  * folder, fsync, rename, then fsync of the folder. For checkpoints and
- * models: after a crash the file is either the old one or the new one. */
+ * models: after a crash the file is either the old one or the new one.
+ * Both writers refuse to replace anything but a regular file (or a link). */
 int dsrt__write_file_atomic(const char *path, const void *data, size_t size);
 
 /* Writes data to path through a temporary file and a rename, without

@@ -170,6 +170,13 @@ fail:
 }
 
 static int write_file(const char *path, const void *data, size_t size, int durable) {
+    /* The rename would replace whatever is there: never a device, a FIFO
+     * or a folder (as root, "/dev/null" would go). */
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+        return dsrt__fail(S_ISDIR(st.st_mode) ? -EISDIR : DSRT_EFORMAT,
+                          "%s: is %s, not a regular file: not replaced", path,
+                          dsrt__file_kind(st.st_mode));
     size_t n = strlen(path);
     char *tmp = dsrt__malloc(n + 32), *dir = dsrt__strdup(path);
     int rc = 0, fd = -1;

@@ -359,6 +359,16 @@ static void test_non_regular(void) {
     CHECK_EQ(dsrt_checkpoint_load(fifo, &net, &opt, &pos, NULL), DSRT_EFORMAT);
     CHECK(net == NULL);
     alarm(0);
+    /* Saving never renames over a FIFO (or a device: think of /dev/null). */
+    CHECK_OK(dsrt_net_create(&net, "digits", 0, 0, 0, 10, NULL));
+    if (net) {
+        CHECK_EQ(dsrt_model_save(fifo, net), DSRT_EFORMAT);
+        CHECK_CONTAINS(dsrt_last_error(), "not replaced");
+        struct stat st;
+        CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+        CHECK_EQ(dsrt_model_save(dir, net), -EISDIR);
+        dsrt_net_destroy(net);
+    }
 }
 
 int main(void) {

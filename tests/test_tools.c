@@ -285,13 +285,16 @@ static void test_eval_counts(void) {
 /* Output paths are checked before any work; a --save or --plot that fails
  * at the end keeps the weights elsewhere and exits non-zero. */
 static void test_output_paths(void) {
-    char fifo[4300];
+    /* (Never a device such as /dev/null here: a tool that failed this test
+     * would rename its model over it.) */
+    char fifo[4300], fifo_save[4300];
     snprintf(fifo, sizeof fifo, "%s/log.csv", root);
-    REQUIRE(mkfifo(fifo, 0644) == 0);
+    snprintf(fifo_save, sizeof fifo_save, "%s/save.dsrt", root);
+    REQUIRE(mkfifo(fifo, 0644) == 0 && mkfifo(fifo_save, 0644) == 0);
     const char *opts[][2] = {
         {"--save", "/nonexistent/m.dsrt"},      {"--plot", "/nonexistent/p.svg"},
         {"--log", "/nonexistent/l.csv"},        {"--log", fifo},
-        {"--bad-list", "/nonexistent/b.jsonl"}, {"--save", "/dev/null"}};
+        {"--bad-list", "/nonexistent/b.jsonl"}, {"--save", fifo_save}};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
         result r = run(ARGV(bin_train, "train", "--data", good, "--epochs", "1", (char *)opts[i][0],
                             (char *)opts[i][1]),
@@ -439,9 +442,11 @@ static void test_process_limits(void) {
     r = run_limited(ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--workers", "2",
                          "--threads", "1", "--quiet"),
                     120, 5, 0);
-    CHECK_EQ(r.status, 1);
+    /* The scan (or, with a few more, the reads) meets the limit: either way
+     * the run fails naming it, and no file is blamed. */
+    CHECK(r.status == 1 || r.status == 2);
     CHECK_CONTAINS(r.err, "Too many open files");
-    CHECK_CONTAINS(r.err, "not a fault of the file");
+    CHECK_CONTAINS(r.err, "a limit of the process or the system");
     CHECK(!strstr(r.err, "bad training file"));
     result_free(&r);
     r = run_limited(ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--workers", "2",
