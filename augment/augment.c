@@ -1007,11 +1007,10 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
 // ----------------------------------------------------------------------------
 // Applying
 
-int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
-                              const dsrt_image *img, int full_w, int full_h,
-                              const dsrt_augment_params *p, void *dst) {
-    int rc = dsrt_augment_check(o);
-    if (rc) return rc;
+/* dsrt_augment_apply_params on options already checked. */
+static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
+                         int full_w, int full_h, const dsrt_augment_params *p, void *dst) {
+    int rc;
     if (!img || !img->data || img->width <= 0 || img->height <= 0)
         return dsrt__fail(DSRT_EOPTION, "augment: image: empty");
     if (img->channels != o->output_channels)
@@ -1062,14 +1061,23 @@ int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
     return run_affine(a, &s, img, t);
 }
 
+int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
+                              const dsrt_image *img, int full_w, int full_h,
+                              const dsrt_augment_params *p, void *dst) {
+    int rc = dsrt_augment_check(o);
+    if (rc) return rc;
+    return apply_checked(a, o, img, full_w, full_h, p, dst);
+}
+
 int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
                        int full_w, int full_h, uint64_t seed, uint64_t epoch, uint64_t sample_id,
                        void *dst) {
+    /* The options are checked once a sample, here. */
     int rc = dsrt_augment_check(o);
     if (rc) return rc;
     if (full_w <= 0 || full_h <= 0)
         return dsrt__fail(DSRT_EOPTION, "augment: full size %d x %d: not positive", full_w, full_h);
     dsrt_augment_params p;
     dsrt_augment_draw(o, full_w, full_h, seed, epoch, sample_id, &p);
-    return dsrt_augment_apply_params(a, o, img, full_w, full_h, &p, dst);
+    return apply_checked(a, o, img, full_w, full_h, &p, dst);
 }

@@ -133,13 +133,26 @@ void dsrt_arena_free(dsrt_arena *a);
 // ----------------------------------------------------------------------------
 // Files
 
+struct stat;
+
+/* "a FIFO", "a character device", ...: what a file of this st_mode is. */
+const char *dsrt__file_kind(unsigned mode);
+
+/* Opens path for reading without waiting (a FIFO does not block the open)
+ * and refuses anything but a regular file (-EISDIR for a folder,
+ * DSRT_EFORMAT for a FIFO, device or socket), with "PATH: reason". On 0,
+ * *fd is open and *st its fstat. */
+int dsrt__open_regular(const char *path, int *fd, struct stat *st);
+
 /* Reads the whole file at path into a new buffer (NUL-terminated, not
- * counted in *size), refusing files larger than max bytes. */
+ * counted in *size), refusing files larger than max bytes and anything but
+ * a regular file. */
 int dsrt__read_whole_file(const char *path, size_t max, uint8_t **data, size_t *size);
 
 /* Writes data to path atomically and durably: a temporary file in the same
  * folder, fsync, rename, then fsync of the folder. For checkpoints and
- * models: after a crash the file is either the old one or the new one. */
+ * models: after a crash the file is either the old one or the new one.
+ * Both writers refuse to replace anything but a regular file (or a link). */
 int dsrt__write_file_atomic(const char *path, const void *data, size_t size);
 
 /* Writes data to path through a temporary file and a rename, without

@@ -102,21 +102,41 @@ void dsrt_arena_free(dsrt_arena *a) {
 // ----------------------------------------------------------------------------
 // Files
 
+const char *dsrt__file_kind(unsigned mode) {
+    if (S_ISDIR(mode)) return "a folder";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    return "not a regular file";
+}
+
+int dsrt__open_regular(const char *path, int *fd, struct stat *st) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    *fd = -1;
+    if (f < 0) return dsrt__fail(-errno, "%s: %s", path, strerror(errno));
+    if (fstat(f, st) != 0) {
+        int e = errno;
+        close(f);
+        return dsrt__fail(-e, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(f);
+        return dsrt__fail(S_ISDIR(st->st_mode) ? -EISDIR : DSRT_EFORMAT,
+                          "%s: is %s, not a regular file", path, dsrt__file_kind(st->st_mode));
+    }
+    *fd = f;
+    return 0;
+}
+
 int dsrt__read_whole_file(const char *path, size_t max, uint8_t **data, size_t *size) {
-    int rc, fd = open(path, O_RDONLY | O_CLOEXEC);
+    int rc, fd;
     uint8_t *buf = NULL;
     *data = NULL;
     *size = 0;
-    if (fd < 0) return dsrt__fail(-errno, "%s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = dsrt__fail(-errno, "%s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = dsrt__fail(-EISDIR, "%s: not a regular file", path);
-        goto fail;
-    }
+    if ((rc = dsrt__open_regular(path, &fd, &st)) != 0) return rc;
     if ((uint64_t)st.st_size > max) {
         rc = dsrt__fail(DSRT_ETOOBIG, "%s: %lld bytes, more than the limit of %zu", path,
                         (long long)st.st_size, max);
@@ -150,6 +170,13 @@ fail:
 }
 
 static int write_file(const char *path, const void *data, size_t size, int durable) {
+    /* The rename would replace whatever is there: never a device, a FIFO
+     * or a folder (as root, "/dev/null" would go). */
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+        return dsrt__fail(S_ISDIR(st.st_mode) ? -EISDIR : DSRT_EFORMAT,
+                          "%s: is %s, not a regular file: not replaced", path,
+                          dsrt__file_kind(st.st_mode));
     size_t n = strlen(path);
     char *tmp = dsrt__malloc(n + 32), *dir = dsrt__strdup(path);
     int rc = 0, fd = -1;

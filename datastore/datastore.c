@@ -89,23 +89,18 @@ dsrt_datastore_options dsrt_datastore_defaults(void) {
     return o;
 }
 
-const char *dsrt_source_name(dsrt_source s) {
-    switch (s) {
-    case DSRT_SOURCE_AUTO:
-        return "auto";
-    case DSRT_SOURCE_FOLDER:
-        return "folder";
-    case DSRT_SOURCE_MANIFEST:
-        return "manifest";
-    case DSRT_SOURCE_IDX:
-        return "idx";
-    case DSRT_SOURCE_CIFAR10:
-        return "cifar10";
-    case DSRT_SOURCE_CIFAR100:
-        return "cifar100";
-    }
-    return "unknown";
-}
+// ----------------------------------------------------------------------------
+// The sources: one table of names, recognisers and loaders
+
+/* What detection looks at: a folder, or a file's first bytes, size and name. */
+typedef struct {
+    const char *path;
+    int folder;
+    unsigned char head[4];
+    size_t got;    /* bytes in head */
+    uint64_t size; /* of the file */
+    int idx_head;  /* the file starts as an IDX file or a gzip stream does */
+} probe;
 
 static int exists_in(const char *dir, const char *name) {
     char p[4096];
@@ -119,54 +114,101 @@ static int ends_with_ci(const char *s, const char *suffix) {
     return n >= m && strcasecmp(s + n - m, suffix) == 0;
 }
 
+static int is_folder(const probe *p) {
+    return p->folder;
+}
+
+static int is_manifest(const probe *p) {
+    return !p->folder && (ends_with_ci(p->path, ".csv") || ends_with_ci(p->path, ".txt") ||
+                          ends_with_ci(p->path, ".lst"));
+}
+
+static int is_idx(const probe *p) {
+    static const char *const names[] = {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz",
+                                        "t10k-images-idx3-ubyte",  "t10k-images-idx3-ubyte.gz",
+                                        "train-images.idx3-ubyte", "t10k-images.idx3-ubyte"};
+    if (!p->folder) return p->idx_head;
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(names); k++)
+        if (exists_in(p->path, names[k])) return 1;
+    return 0;
+}
+
+/* A CIFAR .bin batch is whole records; an IDX header wins over the size. */
+static int is_cifar10(const probe *p) {
+    if (p->folder)
+        return exists_in(p->path, "batches.meta.txt") || exists_in(p->path, "data_batch_1.bin");
+    return !p->idx_head && ends_with_ci(p->path, ".bin") && p->size % 3073 == 0;
+}
+
+static int is_cifar100(const probe *p) {
+    if (p->folder)
+        return exists_in(p->path, "fine_label_names.txt") ||
+               (exists_in(p->path, "train.bin") && exists_in(p->path, "test.bin"));
+    return !p->idx_head && ends_with_ci(p->path, ".bin") && p->size % 3074 == 0;
+}
+
+static int load_cifar10(dsrt_index *ix, const char *path, const dsrt_datastore_options *o) {
+    return dsrt__cifar_load(ix, path, DSRT_SOURCE_CIFAR10, o);
+}
+
+static int load_cifar100(dsrt_index *ix, const char *path, const dsrt_datastore_options *o) {
+    return dsrt__cifar_load(ix, path, DSRT_SOURCE_CIFAR100, o);
+}
+
+/* In the order detection tries them: the CIFAR folders' marker files before
+ * MNIST names, and a folder of class folders when nothing else matched. */
+static const struct {
+    dsrt_source kind;
+    const char *name;
+    int (*detect)(const probe *p);
+    int (*load)(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
+} SOURCES[] = {
+    {DSRT_SOURCE_CIFAR10, "cifar10", is_cifar10, load_cifar10},
+    {DSRT_SOURCE_CIFAR100, "cifar100", is_cifar100, load_cifar100},
+    {DSRT_SOURCE_IDX, "idx", is_idx, dsrt__idx_load},
+    {DSRT_SOURCE_MANIFEST, "manifest", is_manifest, dsrt__manifest_load},
+    {DSRT_SOURCE_FOLDER, "folder", is_folder, dsrt__folder_load},
+};
+
+const char *dsrt_source_name(dsrt_source s) {
+    if (s == DSRT_SOURCE_AUTO) return "auto";
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(SOURCES); k++)
+        if (SOURCES[k].kind == s) return SOURCES[k].name;
+    return "unknown";
+}
+
 int dsrt__detect_source(const char *path, dsrt_source *kind) {
     struct stat st;
+    probe pr = {.path = path};
     if (stat(path, &st) != 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode)) {
-        static const char *const idx_names[] = {
-            "train-images-idx3-ubyte",   "train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte",
-            "t10k-images-idx3-ubyte.gz", "train-images.idx3-ubyte",    "t10k-images.idx3-ubyte"};
-        if (exists_in(path, "batches.meta.txt") || exists_in(path, "data_batch_1.bin"))
-            *kind = DSRT_SOURCE_CIFAR10;
-        else if (exists_in(path, "fine_label_names.txt") ||
-                 (exists_in(path, "train.bin") && exists_in(path, "test.bin")))
-            *kind = DSRT_SOURCE_CIFAR100;
-        else {
-            *kind = DSRT_SOURCE_FOLDER;
-            for (size_t k = 0; k < DSRT_ARRAY_SIZE(idx_names); k++)
-                if (exists_in(path, idx_names[k])) *kind = DSRT_SOURCE_IDX;
+    pr.folder = S_ISDIR(st.st_mode);
+    if (!pr.folder) {
+        if (!S_ISREG(st.st_mode))
+            return dsrt__fail(DSRT_EFORMAT, "open: %s: is %s, neither a folder nor a regular file",
+                              path, dsrt__file_kind(st.st_mode));
+        int fd, rc = dsrt__open_regular(path, &fd, &st);
+        if (rc != 0) return dsrt__fail_prefix(rc, "open");
+        ssize_t got = pread(fd, pr.head, sizeof pr.head, 0);
+        int e = errno;
+        close(fd);
+        if (got < 0) return dsrt__fail(-e, "open: %s: %s", path, strerror(e));
+        if (got == 0) return dsrt__fail(DSRT_EEMPTY, "open: %s: empty file", path);
+        pr.got = (size_t)got;
+        pr.size = (uint64_t)st.st_size;
+        const unsigned char *h = pr.head;
+        pr.idx_head =
+            (got >= 2 && h[0] == 0x1f && h[1] == 0x8b) ||
+            (got == 4 && h[0] == 0 && h[1] == 0 && h[2] == 0x08 && h[3] >= 1 && h[3] <= 4);
+    }
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(SOURCES); k++)
+        if (SOURCES[k].detect(&pr)) {
+            *kind = SOURCES[k].kind;
+            return 0;
         }
-        return 0;
-    }
-    if (!S_ISREG(st.st_mode))
-        return dsrt__fail(DSRT_EFORMAT, "open: %s: neither a folder nor a regular file", path);
-
-    unsigned char head[4] = {0};
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
-    ssize_t got = pread(fd, head, sizeof head, 0);
-    close(fd);
-    if (got < 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
-    if (got == 0) return dsrt__fail(DSRT_EEMPTY, "open: %s: empty file", path);
-
-    if ((got >= 2 && head[0] == 0x1f && head[1] == 0x8b) ||
-        (got == 4 && head[0] == 0 && head[1] == 0 && head[2] == 0x08 && head[3] >= 1 &&
-         head[3] <= 4)) {
-        *kind = DSRT_SOURCE_IDX;
-    } else if (ends_with_ci(path, ".bin") && st.st_size % 3073 == 0) {
-        *kind = DSRT_SOURCE_CIFAR10;
-    } else if (ends_with_ci(path, ".bin") && st.st_size % 3074 == 0) {
-        *kind = DSRT_SOURCE_CIFAR100;
-    } else if (ends_with_ci(path, ".csv") || ends_with_ci(path, ".txt") ||
-               ends_with_ci(path, ".lst")) {
-        *kind = DSRT_SOURCE_MANIFEST;
-    } else {
-        return dsrt__fail(DSRT_EFORMAT,
-                          "open: %s: cannot tell the kind of source (expected a folder, a .csv "
-                          "manifest, an IDX file or a CIFAR .bin batch); set the source option",
-                          path);
-    }
-    return 0;
+    return dsrt__fail(DSRT_EFORMAT,
+                      "open: %s: cannot tell the kind of source (expected a folder, a .csv "
+                      "manifest, an IDX file or a CIFAR .bin batch); set the source option",
+                      path);
 }
 
 static int view_new(dsrt_index *ix, uint32_t *order, size_t n, dsrt_datastore **out) {
@@ -213,24 +255,10 @@ int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datast
     if (!ix) return -ENOMEM;
     atomic_init(&ix->refs, 0);
     ix->source = kind;
-    switch (kind) {
-    case DSRT_SOURCE_FOLDER:
-        rc = dsrt__folder_load(ix, path, o);
-        break;
-    case DSRT_SOURCE_MANIFEST:
-        rc = dsrt__manifest_load(ix, path, o);
-        break;
-    case DSRT_SOURCE_IDX:
-        rc = dsrt__idx_load(ix, path, o);
-        break;
-    case DSRT_SOURCE_CIFAR10:
-    case DSRT_SOURCE_CIFAR100:
-        rc = dsrt__cifar_load(ix, path, kind, o);
-        break;
-    default:
-        rc = dsrt__fail(DSRT_EOPTION, "datastore: unknown source");
-        break;
-    }
+    size_t k = 0;
+    while (k < DSRT_ARRAY_SIZE(SOURCES) && SOURCES[k].kind != kind) k++;
+    rc = k < DSRT_ARRAY_SIZE(SOURCES) ? SOURCES[k].load(ix, path, o)
+                                      : dsrt__fail(DSRT_EOPTION, "datastore: unknown source");
     if (rc != 0) goto fail;
     ix->source = kind;
     if (ix->n == 0) {
@@ -459,17 +487,9 @@ out:
 // One decoded sample, on the calling thread
 
 static int read_file(const char *path, dsrt_decoder *d, uint8_t **data, size_t *size) {
-    int rc, fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
+    int rc, fd;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = dsrt__fail(-EISDIR, "read: %s: not a regular file", path);
-        goto out;
-    }
+    if ((rc = dsrt__open_regular(path, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "read");
     if (st.st_size == 0) {
         rc = dsrt__fail(DSRT_EEMPTY, "read: %s: empty file", path);
         goto out;

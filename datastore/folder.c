@@ -141,6 +141,16 @@ static int add_file(walker *w, const char *name, int32_t group) {
     return 0;
 }
 
+/* Errors of the process, not of the folder (too many files open, no
+ * memory): they fail the scan instead of dropping the folder's images. */
+static int process_error(walker *w, const char *name, int e) {
+    if (e != EMFILE && e != ENFILE && e != ENOMEM) return 0;
+    return dsrt__fail(-e,
+                      "datastore: %s%s%s: %s (a limit of the process or the system, not a "
+                      "fault of the folder)",
+                      w->path, name ? "/" : "", name ? name : "", strerror(e));
+}
+
 /* Opens sub-folder name of dirfd and pushes it: 1 when entered, 0 when it
  * was skipped (unreadable, a loop; reported), negative on failure. On 1 the
  * caller owns *fd and must call leave(). */
@@ -153,7 +163,9 @@ static int enter(walker *w, int dirfd, const char *name, int *fd) {
     }
     int f = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (f < 0) {
-        dsrt__index_warn(w->ix, "%s/%s: %s, skipped", w->path, name, strerror(errno));
+        int e = errno, rc = process_error(w, name, e);
+        if (rc) return rc;
+        dsrt__index_warn(w->ix, "%s/%s: %s, skipped", w->path, name, strerror(e));
         return 0;
     }
     struct stat st;
@@ -207,8 +219,10 @@ static int walk(walker *w, int fd, int32_t group, const char *dir_name) {
     int rc = 0;
     DIR *d = fdopendir(fd);
     if (!d) {
-        dsrt__index_warn(w->ix, "%s: %s, skipped", w->path, strerror(errno));
+        int e = errno;
         close(fd);
+        if ((rc = process_error(w, NULL, e)) != 0) return rc;
+        dsrt__index_warn(w->ix, "%s: %s, skipped", w->path, strerror(e));
         return 0;
     }
     int32_t files_group = group;
@@ -244,7 +258,7 @@ static int walk(walker *w, int fd, int32_t group, const char *dir_name) {
         }
         errno = 0;
     }
-    if (rc == 0 && errno != 0)
+    if (rc == 0 && errno != 0 && (rc = process_error(w, NULL, errno)) == 0)
         dsrt__index_warn(w->ix, "%s: %s while listing", w->path, strerror(errno));
     closedir(d);
     return rc;
@@ -318,6 +332,24 @@ out:
     free(names);
     free(class_of);
     return rc;
+}
+
+/* Folder-name labels: removes the classes no file has, numbering the rest
+ * in the same order. */
+static int drop_empty(walker *w, const char **classes, size_t *n_classes) {
+    size_t n = *n_classes, kept = 0;
+    int32_t *renum = dsrt__calloc(n ? n : 1, sizeof *renum);
+    if (!renum) return -ENOMEM;
+    for (size_t i = 0; i < w->n_files; i++) renum[w->files[i].group] = 1;
+    for (size_t c = 0; c < n; c++) {
+        int used = renum[c];
+        renum[c] = used ? (int32_t)kept : -1;
+        if (used) classes[kept++] = classes[c];
+    }
+    for (size_t i = 0; i < w->n_files; i++) w->files[i].group = renum[w->files[i].group];
+    free(renum);
+    *n_classes = kept;
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -420,9 +452,10 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
             leave(w, saved);
             if (rc != 0) goto out;
             if (w->n_files == before)
-                dsrt__index_warn(ix, "%s/%s: class folder holds no image file", w->path,
-                                 classes[c]);
+                dsrt__index_warn(ix, "%s/%s: class folder holds no image file%s", w->path,
+                                 classes[c], o->drop_empty_classes ? ": not a class" : "");
         }
+        if (o->drop_empty_classes && (rc = drop_empty(w, classes, &n_classes)) != 0) goto out;
         if ((rc = dsrt__index_set_classes(ix, classes, n_classes)) != 0) goto out;
         sort(w->files, w->n_files, sizeof *w->files, cmp_entry);
     }

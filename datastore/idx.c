@@ -61,14 +61,17 @@ static size_t gunzip_first_cap(const uint8_t *buf, size_t len, size_t limit) {
     return DSRT_MIN(hint, limit);
 }
 
-int dsrt__gunzip(const uint8_t *buf, size_t len, const char *name, size_t max, uint8_t **out,
-                 size_t *out_len) {
+/* Inflates buf into a new buffer of at most max bytes. With prefix set, stops
+ * without error after the first max bytes (fewer when the stream is shorter):
+ * enough to read a header without inflating what follows. */
+static int gunzip_run(const uint8_t *buf, size_t len, const char *name, size_t max, int prefix,
+                      uint8_t **out, size_t *out_len) {
     z_stream zs;
     uint8_t *dst = NULL;
     size_t cap = 0, have = 0, in_pos = 0;
     /* One byte past max, so that "exactly max bytes" and "more than max"
      * can be told apart. */
-    size_t limit = max < SIZE_MAX ? max + 1 : max;
+    size_t limit = prefix ? max : max < SIZE_MAX ? max + 1 : max;
     int rc = 0;
 
     *out = NULL;
@@ -85,6 +88,7 @@ int dsrt__gunzip(const uint8_t *buf, size_t len, const char *name, size_t max, u
             in_pos += chunk;
         }
         if (have == cap) {
+            if (prefix && have == limit && have > 0) break;
             if (cap >= limit) {
                 rc =
                     dsrt__fail(DSRT_ETOOBIG,
@@ -166,6 +170,11 @@ fail:
     return rc;
 }
 
+int dsrt__gunzip(const uint8_t *buf, size_t len, const char *name, size_t max, uint8_t **out,
+                 size_t *out_len) {
+    return gunzip_run(buf, len, name, max, 0, out, out_len);
+}
+
 // ----------------------------------------------------------------------------
 // IDX parsing
 
@@ -196,67 +205,85 @@ static const char *idx_dims_str(const uint32_t *dims, int ndim, char *s, size_t 
     return s;
 }
 
+/* Reads the header at buf (len bytes, possibly only the start of the file):
+ * the dimensions into out, the header's length into *header and the data's
+ * into *size. */
+static int idx_header(const uint8_t *buf, size_t len, const char *name, size_t max_bytes,
+                      dsrt_idx *out, size_t *header, size_t *size) {
+    char dims[64];
+    if (len < 4)
+        return dsrt__fail(DSRT_ETRUNCATED, "idx: %s: %zu bytes, too short for an IDX header", name,
+                          len);
+    if (buf[0] != 0 || buf[1] != 0)
+        return dsrt__fail(DSRT_EFORMAT,
+                          "idx: %s: not an IDX file: it starts with %02x %02x, not with two zero "
+                          "bytes",
+                          name, buf[0], buf[1]);
+    if (buf[2] != 0x08)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "idx: %s: element type 0x%02x (%s) is not supported; only 0x08 "
+                          "(unsigned byte) is",
+                          name, buf[2], idx_type_name(buf[2]));
+    int ndim = buf[3];
+    if (ndim == 0 || ndim > 4)
+        return dsrt__fail(ndim ? DSRT_EUNSUPPORTED : DSRT_ECORRUPT,
+                          "idx: %s: %d dimensions; 1 to 4 are supported", name, ndim);
+    *header = 4 + 4 * (size_t)ndim;
+    if (len < *header)
+        return dsrt__fail(DSRT_ETRUNCATED, "idx: %s: truncated in the header (%zu bytes)", name,
+                          len);
+    size_t n = 1;
+    int overflow = 0;
+    for (int d = 0; d < ndim; d++) {
+        out->dims[d] = load_be32(buf + 4 + 4 * d);
+        overflow |= __builtin_mul_overflow(n, (size_t)out->dims[d], &n);
+    }
+    out->ndim = ndim;
+    idx_dims_str(out->dims, ndim, dims, sizeof dims);
+    if (overflow)
+        return dsrt__fail(DSRT_ETOOBIG, "idx: %s: dimensions %s: the size overflows", name, dims);
+    if (n > max_bytes)
+        return dsrt__fail(DSRT_ETOOBIG,
+                          "idx: %s: dimensions %s make %zu bytes, more than the limit of %zu", name,
+                          dims, n, max_bytes);
+    *size = n;
+    return 0;
+}
+
 int dsrt__idx_parse(const uint8_t *buf, size_t len, const char *name, size_t max_bytes,
                     dsrt_idx *out) {
     uint8_t *raw = NULL; /* the inflated file, when it was gzip */
     char dims[64];
+    size_t header = 0, size = 0;
     int rc;
 
     memset(out, 0, sizeof *out);
     if (len >= 2 && buf[0] == 0x1f && buf[1] == 0x8b) {
-        size_t raw_len, lim = max_bytes <= SIZE_MAX - 20 ? max_bytes + 20 : SIZE_MAX;
-        if ((rc = dsrt__gunzip(buf, len, name, lim, &raw, &raw_len)) != 0) return rc;
+        /* The header first, from the first inflated bytes; then the data,
+         * never more than the header declares (and one byte, to tell a
+         * longer stream): a small file whose header claims little cannot
+         * inflate to gigabytes. */
+        size_t head_len;
+        if ((rc = gunzip_run(buf, len, name, 4 + 4 * 4, 1, &raw, &head_len)) != 0) return rc;
+        rc = idx_header(raw, head_len, name, max_bytes, out, &header, &size);
+        free(raw);
+        raw = NULL;
+        if (rc != 0) goto fail;
+        size_t raw_len;
+        rc = gunzip_run(buf, len, name, header + size, 0, &raw, &raw_len);
+        if (rc == DSRT_ETOOBIG) {
+            idx_dims_str(out->dims, out->ndim, dims, sizeof dims);
+            rc = dsrt__fail(DSRT_ECORRUPT,
+                            "idx: %s: the compressed data hold more than the %zu bytes of data "
+                            "that dimensions %s describe",
+                            name, size, dims);
+        }
+        if (rc != 0) goto fail;
         buf = raw;
         len = raw_len;
     }
-    if (len < 4) {
-        rc = dsrt__fail(DSRT_ETRUNCATED, "idx: %s: %zu bytes, too short for an IDX header", name,
-                        len);
-        goto fail;
-    }
-    if (buf[0] != 0 || buf[1] != 0) {
-        rc = dsrt__fail(DSRT_EFORMAT,
-                        "idx: %s: not an IDX file: it starts with %02x %02x, not with two zero "
-                        "bytes",
-                        name, buf[0], buf[1]);
-        goto fail;
-    }
-    if (buf[2] != 0x08) {
-        rc = dsrt__fail(DSRT_EUNSUPPORTED,
-                        "idx: %s: element type 0x%02x (%s) is not supported; only 0x08 "
-                        "(unsigned byte) is",
-                        name, buf[2], idx_type_name(buf[2]));
-        goto fail;
-    }
-    int ndim = buf[3];
-    if (ndim == 0 || ndim > 4) {
-        rc = dsrt__fail(ndim ? DSRT_EUNSUPPORTED : DSRT_ECORRUPT,
-                        "idx: %s: %d dimensions; 1 to 4 are supported", name, ndim);
-        goto fail;
-    }
-    size_t header = 4 + 4 * (size_t)ndim;
-    if (len < header) {
-        rc = dsrt__fail(DSRT_ETRUNCATED, "idx: %s: truncated in the header (%zu bytes)", name, len);
-        goto fail;
-    }
-    size_t size = 1;
-    int overflow = 0;
-    for (int d = 0; d < ndim; d++) {
-        out->dims[d] = load_be32(buf + 4 + 4 * d);
-        overflow |= __builtin_mul_overflow(size, (size_t)out->dims[d], &size);
-    }
-    out->ndim = ndim;
-    idx_dims_str(out->dims, ndim, dims, sizeof dims);
-    if (overflow) {
-        rc = dsrt__fail(DSRT_ETOOBIG, "idx: %s: dimensions %s: the size overflows", name, dims);
-        goto fail;
-    }
-    if (size > max_bytes) {
-        rc = dsrt__fail(DSRT_ETOOBIG,
-                        "idx: %s: dimensions %s make %zu bytes, more than the limit of %zu", name,
-                        dims, size, max_bytes);
-        goto fail;
-    }
+    if ((rc = idx_header(buf, len, name, max_bytes, out, &header, &size)) != 0) goto fail;
+    idx_dims_str(out->dims, out->ndim, dims, sizeof dims);
     size_t avail = len - header;
     if (avail < size) {
         rc =
@@ -409,6 +436,9 @@ int dsrt__idx_load(dsrt_index *ix, const char *path, const dsrt_datastore_option
     int rc;
 
     if (stat(path, &st) != 0) return dsrt__fail(-errno, "idx: %s: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return dsrt__fail(DSRT_EFORMAT, "idx: %s: is %s, neither a folder nor a regular file", path,
+                          dsrt__file_kind(st.st_mode));
     if (S_ISDIR(st.st_mode)) {
         if ((rc = find_in_folder(path, split, "images-idx3", images, sizeof images)) != 0)
             return rc;

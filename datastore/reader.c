@@ -406,21 +406,13 @@ static void dsrt__pread_req(dsrt_reader *r, dsrt_read_req *q) {
     }
 }
 
-static const char *dsrt__file_kind(unsigned mode) {
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISSOCK(mode)) return "a socket";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
-    return "not a regular file";
-}
-
 /* Hands q's outcome to the caller and frees its slot. */
 static void dsrt__finish(dsrt_reader *r, dsrt_read_req *q, dsrt_read_result *res) {
     dsrt__close_req(q);
     res->tag = q->tag;
     res->path = q->path;
     res->buf = q->buf;
-    res->size = q->done;
+    res->size = q->status == DSRT_ETOOBIG ? q->size : q->done;
     res->status = q->status;
     switch (q->status) {
     case 0:

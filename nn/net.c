@@ -290,7 +290,22 @@ int dsrt_net_create(dsrt_net **net, const char *spec, int height, int width, int
                 size_t at = strlen(list);
                 snprintf(list + at, sizeof list - at, "%s%s", i ? ", " : "", names[i]);
             }
-            return dsrt__fail(DSRT_EOPTION, "net: unknown network '%s' (built in: %s)", spec, list);
+            if (!spec[0])
+                return dsrt__fail(DSRT_EOPTION,
+                                  "net: empty description: give a built-in network (%s) or "
+                                  "layers, one a line",
+                                  list);
+            /* The name as it can be printed: bytes that are not printable
+             * ASCII (binary data given as a name) as \xNN, cut at 40. */
+            char shown[4 * 40 + 4];
+            size_t k = 0;
+            for (const unsigned char *c = (const unsigned char *)spec; *c && k < 4 * 40; c++)
+                k += (size_t)snprintf(shown + k, sizeof shown - k,
+                                      *c >= 0x20 && *c < 0x7f ? "%c" : "\\x%02x", *c);
+            return dsrt__fail(DSRT_EOPTION,
+                              "net: unknown network '%s%s' (built in: %s; a description lists "
+                              "layers, one a line)",
+                              shown, strlen(spec) > 40 ? "..." : "", list);
         }
         text = spec;
         snprintf(source, sizeof source, "net description");

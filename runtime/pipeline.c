@@ -29,7 +29,20 @@
  * sample's place is filled by positions p + 1, p + 2, ... of the same order,
  * the first that succeeds; since badness is a property of the file, the fill
  * is the same whichever thread finds it and whether it was already known.
- * Known-bad samples are kept in an atomic bitmap over datastore positions.
+ * Known-bad samples are kept in an atomic bitmap over datastore positions,
+ * and each, with its path and reason, in a list the caller can read. With
+ * drop_bad the place of a bad sample is left empty instead, and the batch is
+ * closed up before the consumer gets it: each good sample once an epoch.
+ *
+ * Errors of the process rather than of the file (too many open files, no
+ * memory for the kernel, an interrupted or refused read) never make a sample
+ * bad: the read is tried again after a pause that doubles, and when it still
+ * fails the run stops with that reason.
+ *
+ * Read buffers start small and grow, one at a time, to the size of the
+ * largest file they had to hold (up to max_file_bytes): reserving
+ * max_file_bytes for every read in flight of every worker would take
+ * gigabytes of address space for datasets of kilobyte images.
  *
  * Epoch orders live in a small ring keyed by epoch. The batches in progress
  * span fewer than nslots consecutive batches, hence at most
@@ -62,6 +75,13 @@
 #define PIPE_MSG          512
 #define PIPE_PAGE         4096
 #define PIPE_NONE         UINT64_MAX
+#define PIPE_EMPTY        UINT32_MAX        /* id of a place left empty (drop_bad) */
+#define PIPE_BUF_START    ((size_t)1 << 18) /* first size of a read buffer */
+#define PIPE_BACKOFF_NS   1000000ULL        /* first pause before retrying a read that failed */
+#define PIPE_BACKOFF_MAX  100000000ULL      /* for the process's sake; doubling up to this */
+#define PIPE_STALL_NS     3000000000ULL     /* give up after this long with no read done */
+#define PIPE_WAIT_READ    UINT64_MAX        /* hold_until: until one of the worker's reads ends */
+#define PIPE_BAD_TEXT_MAX ((size_t)4 << 20) /* bytes of bad-sample reasons kept in full */
 
 // ----------------------------------------------------------------------------
 // Shapes
@@ -81,10 +101,14 @@ typedef struct {
 
 /* One place of the chunk a worker is filling. */
 typedef struct {
-    size_t place; /* in the batch */
-    uint64_t k;   /* positions tried past its own: the fill offset */
-    uint32_t pos; /* datastore position of the sample being read */
-    int buf;      /* read buffer in use, or -1 */
+    size_t place;   /* in the batch */
+    uint64_t k;     /* positions tried past its own: the fill offset */
+    uint32_t pos;   /* datastore position of the sample being read */
+    int buf;        /* read buffer in use, or -1 */
+    unsigned tries; /* reads of pos that failed for the process's sake */
+    uint64_t since; /* when the first of them failed after the last read done anywhere (ns) */
+    uint64_t done;  /* reads done in the pipeline then */
+    size_t need;    /* bytes the file needs in a buffer (0: unknown) */
 } pipe_place;
 
 /* The lowest-place fatal failure of a chunk. */
@@ -108,8 +132,13 @@ typedef struct {
     dsrt_reader *reader;
     dsrt_decoder *dec;
     dsrt_augmenter *aug;
-    uint8_t **bufs; /* (nbufs) read buffers of buf_cap bytes, mmap'd */
-    int *free_bufs; /* (nbufs) stack */
+    uint8_t **bufs;   /* (nbufs) read buffers, mmap'd */
+    size_t *buf_size; /* (nbufs) bytes of each, up to buf_cap */
+    int *free_bufs;   /* (nbufs) stack */
+    /* No read is started before this time (ns), or before one of the
+     * worker's reads ends (PIPE_WAIT_READ): a retry's pause. */
+    uint64_t hold_until;
+    unsigned streak; /* reads failed for the process's sake since the worker's last success */
     unsigned nbufs, nfree;
     pipe_place *places; /* (chunk) */
     size_t *pending;    /* (chunk) places waiting for a read */
@@ -154,11 +183,17 @@ struct dsrt_pipeline {
     unsigned active;
     atomic_int abort;
     atomic_uint_fast64_t consumer_wait_ns, batches;
+    atomic_uint_fast64_t reads_done; /* reads that succeeded, for telling a stall */
+    atomic_int stalled; /* a read gave up for the process's sake, and none succeeded since */
 
     pthread_mutex_t bad_mu;
     char bad_msgs[DSRT_PIPELINE_BAD_MESSAGES][PIPE_MSG];
     atomic_uint nbad_msgs;
     atomic_uint_fast64_t nbad;
+    dsrt_bad_sample *bad_list; /* (nbad_list) every bad sample, in the order found */
+    size_t nbad_list, cap_bad_list;
+    dsrt_arena bad_text;     /* their reasons */
+    char last_bad[PIPE_MSG]; /* the latest bad sample's message */
 
     dsrt_io io;
     char io_fallback[256];
@@ -207,6 +242,7 @@ dsrt_pipeline_options dsrt_pipeline_defaults(void) {
     o.reader = dsrt_reader_defaults();
     o.decoder = dsrt_decoder_defaults();
     o.fail_on_error = 0;
+    o.drop_bad = 0;
     o.max_consecutive_bad = 1000;
     o.max_file_bytes = (size_t)64 << 20;
     o.chunk = 0;
@@ -240,6 +276,8 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
     if (o->fail_on_error != 0 && o->fail_on_error != 1)
         return dsrt__fail(DSRT_EOPTION, "pipeline: fail_on_error: %d: not 0 or 1",
                           o->fail_on_error);
+    if (o->drop_bad != 0 && o->drop_bad != 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: drop_bad: %d: not 0 or 1", o->drop_bad);
     if (o->max_consecutive_bad < 1)
         return dsrt__fail(DSRT_EOPTION, "pipeline: max_consecutive_bad: 0: must be at least 1");
     if (o->max_file_bytes < 1 || o->max_file_bytes > ((size_t)1 << 40))
@@ -304,6 +342,7 @@ static void run_start(dsrt_pipeline *p, uint64_t start) {
     p->fatal_batch = PIPE_NONE;
     p->sticky_code = 0;
     p->sticky_msg[0] = '\0';
+    atomic_store_explicit(&p->stalled, 0, memory_order_relaxed);
     for (unsigned i = 0; i < p->nslots; i++) slot_prepare(p, &p->slots[i], i);
 }
 
@@ -332,19 +371,50 @@ static int bad_known(const dsrt_pipeline *p, uint32_t pos) {
     return (int)((w >> (pos % 64)) & 1);
 }
 
-/* Marks pos bad; the first time, counts it and keeps its message. */
-static void bad_mark(dsrt_pipeline *p, uint32_t pos, const char *msg) {
+/* Marks pos bad; the first time, counts it and keeps it in the list with
+ * its reason. msg is "PATH: what: reason" (see sample_msg). */
+static void bad_mark(dsrt_pipeline *p, uint32_t pos, int code, const char *msg) {
     uint64_t bit = (uint64_t)1 << (pos % 64);
     uint64_t old = atomic_fetch_or_explicit(&p->bad[pos / 64], bit, memory_order_relaxed);
-    if (old & bit) return;
-    atomic_fetch_add_explicit(&p->nbad, 1, memory_order_relaxed);
     pthread_mutex_lock(&p->bad_mu);
+    msg_copy(p->last_bad, msg);
+    if (old & bit) {
+        pthread_mutex_unlock(&p->bad_mu);
+        return;
+    }
+    atomic_fetch_add_explicit(&p->nbad, 1, memory_order_relaxed);
     unsigned k = atomic_load_explicit(&p->nbad_msgs, memory_order_relaxed);
     if (k < DSRT_PIPELINE_BAD_MESSAGES) {
         msg_copy(p->bad_msgs[k], msg);
         atomic_store_explicit(&p->nbad_msgs, k + 1, memory_order_release);
     }
+    void *list = p->bad_list;
+    if (dsrt__grow(&list, &p->cap_bad_list, p->nbad_list + 1, sizeof *p->bad_list) == 0) {
+        p->bad_list = list;
+        const char *path = dsrt_datastore_path(p->ds, pos);
+        const char *reason = msg;
+        size_t pl = path ? strlen(path) : 0;
+        if (path && strncmp(msg, path, pl) == 0 && msg[pl] == ':' && msg[pl + 1] == ' ')
+            reason = msg + pl + 2;
+        size_t rl = strlen(reason);
+        char *text = NULL;
+        if (p->bad_text.total + rl + 1 <= PIPE_BAD_TEXT_MAX)
+            text = dsrt_arena_strndup(&p->bad_text, reason, rl);
+        p->bad_list[p->nbad_list++] = (dsrt_bad_sample){
+            .id = dsrt_datastore_id(p->ds, pos),
+            .path = path,
+            .code = code,
+            .error = text ? text : dsrt_strerror(code),
+        };
+    }
     pthread_mutex_unlock(&p->bad_mu);
+}
+
+/* Errors that belong to the process or the system, not to the file: too
+ * many files open, memory, a read refused or interrupted for now. */
+static int is_transient(int code) {
+    return code == -EMFILE || code == -ENFILE || code == -ENOMEM || code == -EAGAIN ||
+           code == -EINTR;
 }
 
 // ----------------------------------------------------------------------------
@@ -466,19 +536,29 @@ static void chunk_fail(pipe_fail *f, size_t place, int code, const char *msg) {
     msg_copy(f->msg, msg);
 }
 
+/* Leaves place pl empty (drop_bad): the batch is closed up before delivery. */
+static void place_empty(pipe_slot *s, const pipe_place *pl) {
+    s->b.ids[pl->place] = PIPE_EMPTY;
+}
+
 /* The datastore position to try next for place pl, passing over known-bad
- * samples; SAMPLE_FATAL when max_consecutive_bad positions in a row failed. */
-static int place_next(pipe_worker *w, const uint32_t *order, uint64_t epoch_pos, pipe_place *pl,
-                      pipe_fail *f) {
+ * samples: SAMPLE_OK, SAMPLE_BAD when the place stays empty (drop_bad), or
+ * SAMPLE_FATAL when max_consecutive_bad positions in a row failed. */
+static int place_next(pipe_worker *w, pipe_slot *s, const uint32_t *order, uint64_t epoch_pos,
+                      pipe_place *pl, pipe_fail *f) {
     dsrt_pipeline *p = w->p;
     uint64_t limit = DSRT_MIN((uint64_t)p->o.max_consecutive_bad, (uint64_t)p->n);
     for (;;) {
         if (pl->k >= limit) {
-            char m[PIPE_MSG];
+            char m[PIPE_MSG], last[PIPE_MSG];
+            pthread_mutex_lock(&p->bad_mu);
+            msg_copy(last, p->last_bad);
+            pthread_mutex_unlock(&p->bad_mu);
             snprintf(m, sizeof m,
                      "pipeline: %llu samples in a row failed from position %llu of the epoch's "
-                     "order (see the bad-sample messages)",
-                     (unsigned long long)pl->k, (unsigned long long)epoch_pos);
+                     "order; the last: %.400s",
+                     (unsigned long long)pl->k, (unsigned long long)epoch_pos,
+                     last[0] ? last : "(none kept)");
             chunk_fail(f, pl->place, DSRT_ESKIPPED, m);
             return SAMPLE_FATAL;
         }
@@ -488,16 +568,21 @@ static int place_next(pipe_worker *w, const uint32_t *order, uint64_t epoch_pos,
             return SAMPLE_OK;
         }
         add(&w->skipped, 1);
+        if (p->o.drop_bad) {
+            place_empty(s, pl);
+            return SAMPLE_BAD;
+        }
         pl->k++;
     }
 }
 
 /* A failed attempt at place pl: with fail_on_error it is fatal, else the
- * sample is marked bad and the place tries the next position. Returns 1 when
- * the place must be tried again. */
-static int place_failed(pipe_worker *w, pipe_place *pl, int code, const char *msg, pipe_fail *f) {
+ * sample is marked bad and the place tries the next position (or, with
+ * drop_bad, stays empty). Returns 1 when the place must be tried again. */
+static int place_failed(pipe_worker *w, pipe_slot *s, pipe_place *pl, int code, const char *msg,
+                        pipe_fail *f) {
     dsrt_pipeline *p = w->p;
-    bad_mark(p, pl->pos, msg);
+    bad_mark(p, pl->pos, code, msg);
     if (p->o.fail_on_error) {
         char m[PIPE_MSG + 16];
         snprintf(m, sizeof m, "pipeline: %s", msg);
@@ -505,8 +590,63 @@ static int place_failed(pipe_worker *w, pipe_place *pl, int code, const char *ms
         return 0;
     }
     add(&w->skipped, 1);
+    if (p->o.drop_bad) {
+        place_empty(s, pl);
+        return 0;
+    }
     pl->k++;
     return 1;
+}
+
+/* A read of place pl that failed for the process's sake (is_transient).
+ * While other reads of the worker are in flight, the next starts when one of
+ * them ends (it gives back its file); else after a pause that doubles. The
+ * run fails when no read at all succeeded in the pipeline for PIPE_STALL_NS
+ * since the place's first such failure. Returns 1 when the place is to be
+ * tried again, 0 with the failure in f. */
+static int place_retry(pipe_worker *w, pipe_place *pl, unsigned in_flight, int code,
+                       const char *path, pipe_fail *f) {
+    dsrt_pipeline *p = w->p;
+    uint64_t t = now_ns(), done = atomic_load_explicit(&p->reads_done, memory_order_relaxed);
+    if (pl->tries++ == 0 || pl->done != done) {
+        pl->since = t;
+        pl->done = done;
+    }
+    if (t - pl->since < PIPE_STALL_NS && !atomic_load_explicit(&p->stalled, memory_order_relaxed)) {
+        uint64_t pause = PIPE_BACKOFF_NS << DSRT_MIN(w->streak, 30u);
+        w->streak++;
+        w->hold_until = in_flight > 0 ? PIPE_WAIT_READ : t + DSRT_MIN(pause, PIPE_BACKOFF_MAX);
+        return 1;
+    }
+    char m[PIPE_MSG];
+    snprintf(m, sizeof m,
+             "pipeline: %.300s: read: %s: a limit of the process or the system, not a fault of "
+             "the file (tried %u times; no read succeeded for %.1f s)",
+             path, dsrt_strerror(code), pl->tries, (double)(t - pl->since) * 1e-9);
+    chunk_fail(f, pl->place, code, m);
+    atomic_store_explicit(&p->stalled, 1, memory_order_relaxed);
+    return 0;
+}
+
+/* Makes read buffer bi hold at least need bytes (up to buf_cap). A failure
+ * is the process's: out of address space. */
+static int buf_fit(pipe_worker *w, int bi, size_t need, const char *path) {
+    dsrt_pipeline *p = w->p;
+    if (w->buf_size[bi] >= need) return 0;
+    size_t size = w->buf_size[bi] ? w->buf_size[bi] : PIPE_BUF_START;
+    while (size < need && size < p->buf_cap) size = size > p->buf_cap / 2 ? p->buf_cap : size * 2;
+    size = round_up(DSRT_MIN(size, p->buf_cap), DSRT_DIRECT_ALIGN);
+    void *b = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (b == MAP_FAILED)
+        return dsrt__fail(-ENOMEM,
+                          "pipeline: %s: no address space left for a read buffer of %zu bytes "
+                          "(ulimit -v?): %s",
+                          path ? path : "(start)", size, strerror(errno));
+    if (w->bufs[bi]) munmap(w->bufs[bi], w->buf_size[bi]);
+    w->bufs[bi] = b;
+    w->buf_size[bi] = size;
+    return 0;
 }
 
 /* Collects every read still in flight, dropping the results. */
@@ -516,6 +656,16 @@ static void reader_drain(pipe_worker *w) {
         if (dsrt_reader_collect(w->reader, &r, 1) <= 0) break;
     w->nfree = 0;
     for (unsigned i = 0; i < w->nbufs; i++) w->free_bufs[w->nfree++] = (int)i;
+}
+
+/* Sleeps until t (ns) or abort, whichever comes first. */
+static void pause_until(dsrt_pipeline *p, uint64_t t) {
+    for (uint64_t now = now_ns(); now < t && !atomic_load_explicit(&p->abort, memory_order_relaxed);
+         now = now_ns()) {
+        uint64_t d = DSRT_MIN(t - now, (uint64_t)10000000);
+        struct timespec ts = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* Fills places [lo, hi) of run batch b's slot s. Returns 1 when stopped by
@@ -540,29 +690,35 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
             reader_drain(w);
             return 1;
         }
-        /* Start reads for waiting places while buffers last. */
+        /* Start reads for waiting places while buffers last, unless a retry
+         * asked for a pause. */
         uint64_t t0 = now_ns();
-        while (npending > 0 && (p->in_memory || w->nfree > 0)) {
+        while (npending > 0 && (p->in_memory || (w->nfree > 0 && t0 >= w->hold_until))) {
             pipe_place *pl = &w->places[w->pending[--npending]];
-            if (place_next(w, order, first + pl->place, pl, f) != SAMPLE_OK) continue;
+            if (place_next(w, s, order, first + pl->place, pl, f) != SAMPLE_OK) continue;
             if (p->in_memory) {
                 add(&w->read_ns, now_ns() - t0);
                 int r = sample_fill(w, s, pl->place, pl->pos, NULL, 0, msg, &code);
                 t0 = now_ns();
                 if (r == SAMPLE_FATAL) chunk_fail(f, pl->place, code, msg);
-                if (r == SAMPLE_BAD && place_failed(w, pl, code, msg, f))
+                if (r == SAMPLE_BAD && place_failed(w, s, pl, code, msg, f))
                     w->pending[npending++] = (size_t)(pl - w->places);
                 if (atomic_load_explicit(&p->abort, memory_order_relaxed)) return 1;
                 continue;
             }
             int bi = w->free_bufs[--w->nfree];
             const char *path = dsrt_datastore_path(p->ds, pl->pos);
-            int rc = dsrt_reader_submit(w->reader, path, w->bufs[bi], p->buf_cap,
+            int rc = buf_fit(w, bi, pl->need, path);
+            if (rc == 0)
+                rc = dsrt_reader_submit(w->reader, path, w->bufs[bi], w->buf_size[bi],
                                         (uint64_t)(pl - w->places));
             if (rc != 0) {
-                /* Only a full reader or a misaligned buffer: neither the file's fault. */
+                /* No address space for the buffer, a full reader or a
+                 * misaligned buffer: none of them the file's fault. */
                 w->free_bufs[w->nfree++] = bi;
-                snprintf(msg, sizeof msg, "pipeline: %s", dsrt_last_error());
+                snprintf(msg, sizeof msg, "%s%s",
+                         strncmp(dsrt_last_error(), "pipeline: ", 10) ? "pipeline: " : "",
+                         dsrt_last_error());
                 chunk_fail(f, pl->place, rc, msg);
                 continue;
             }
@@ -571,6 +727,8 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
         }
         if (in_flight == 0) {
             add(&w->read_ns, now_ns() - t0);
+            if (npending > 0 && w->hold_until != PIPE_WAIT_READ) pause_until(p, w->hold_until);
+            if (w->hold_until == PIPE_WAIT_READ) w->hold_until = 0; /* none in flight */
             continue;
         }
         dsrt_read_result res;
@@ -587,22 +745,44 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
             return 0;
         }
         in_flight--;
+        if (w->hold_until == PIPE_WAIT_READ) w->hold_until = 0; /* a file given back */
+        if (res.status == 0) {
+            w->streak = 0;
+            atomic_fetch_add_explicit(&p->reads_done, 1, memory_order_relaxed);
+            if (atomic_load_explicit(&p->stalled, memory_order_relaxed))
+                atomic_store_explicit(&p->stalled, 0, memory_order_relaxed);
+        }
         if (p->o.reader.direct)
             atomic_store_explicit(&w->direct_refused, dsrt_reader_direct_refused(w->reader),
                                   memory_order_relaxed);
         pipe_place *pl = &w->places[res.tag];
+        w->free_bufs[w->nfree++] = pl->buf;
+        pl->buf = -1;
         int r;
+        if (res.status == DSRT_ETOOBIG && res.size <= p->o.max_file_bytes && res.size > pl->need) {
+            /* Larger than its buffer, not than the limit: again, in a larger one. */
+            pl->need = res.size;
+            w->pending[npending++] = (size_t)(pl - w->places);
+            continue;
+        }
+        if (is_transient(res.status)) {
+            if (place_retry(w, pl, in_flight, res.status, res.path, f))
+                w->pending[npending++] = (size_t)(pl - w->places);
+            continue;
+        }
         if (res.status != 0) {
             code = res.status;
-            sample_msg(msg, res.path, "read", code);
+            if (code == DSRT_ETOOBIG)
+                snprintf(msg, sizeof msg, "%s: read: %zu bytes, more than max_file_bytes (%zu)",
+                         res.path, res.size, p->o.max_file_bytes);
+            else
+                sample_msg(msg, res.path, "read", code);
             r = SAMPLE_BAD;
         } else {
             r = sample_fill(w, s, pl->place, pl->pos, res.buf, res.size, msg, &code);
         }
-        w->free_bufs[w->nfree++] = pl->buf;
-        pl->buf = -1;
         if (r == SAMPLE_FATAL) chunk_fail(f, pl->place, code, msg);
-        if (r == SAMPLE_BAD && place_failed(w, pl, code, msg, f))
+        if (r == SAMPLE_BAD && place_failed(w, s, pl, code, msg, f))
             w->pending[npending++] = (size_t)(pl - w->places);
     }
     return 0;
@@ -678,22 +858,23 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-static void worker_free(dsrt_pipeline *p, pipe_worker *w) {
+static void worker_free(pipe_worker *w) {
     dsrt_reader_destroy(w->reader);
     dsrt_decoder_destroy(w->dec);
     dsrt_augmenter_destroy(w->aug);
     if (w->bufs)
         for (unsigned i = 0; i < w->nbufs; i++)
-            if (w->bufs[i]) munmap(w->bufs[i], p->buf_cap);
+            if (w->bufs[i]) munmap(w->bufs[i], w->buf_size[i]);
     free(w->bufs);
+    free(w->buf_size);
     free(w->free_bufs);
     free(w->places);
     free(w->pending);
 }
 
 /* A worker's reader, decoder, augmenter and read buffers. The buffers only
- * reserve address space: pages cost memory when a file lands in them, on
- * the worker's own NUMA node. */
+ * reserve address space, a small size first (grown as files need): pages
+ * cost memory when a file lands in them, on the worker's own NUMA node. */
 static int worker_init(dsrt_pipeline *p, pipe_worker *w, unsigned index) {
     w->p = p;
     w->index = index;
@@ -705,17 +886,12 @@ static int worker_init(dsrt_pipeline *p, pipe_worker *w, unsigned index) {
         if ((rc = dsrt_reader_create(&w->reader, &ro)) != 0)
             return dsrt__fail_prefix(rc, "pipeline: worker %u", index);
         w->bufs = dsrt__calloc(w->nbufs, sizeof *w->bufs);
+        w->buf_size = dsrt__calloc(w->nbufs, sizeof *w->buf_size);
         w->free_bufs = dsrt__calloc(w->nbufs, sizeof *w->free_bufs);
-        if (!w->bufs || !w->free_bufs) return -ENOMEM;
+        if (!w->bufs || !w->buf_size || !w->free_bufs) return -ENOMEM;
         for (unsigned i = 0; i < w->nbufs; i++) {
-            void *b = mmap(NULL, p->buf_cap, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (b == MAP_FAILED)
-                return dsrt__fail(-ENOMEM,
-                                  "pipeline: out of address space for %u read buffers "
-                                  "of %zu bytes (max_file_bytes)",
-                                  w->nbufs, p->buf_cap);
-            w->bufs[i] = b;
+            if ((rc = buf_fit(w, (int)i, DSRT_MIN(PIPE_BUF_START, p->buf_cap), NULL)) != 0)
+                return rc;
             w->free_bufs[w->nfree++] = (int)i;
         }
     }
@@ -745,7 +921,7 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
     if (p->workers) {
         for (unsigned i = 0; i < p->nthreads; i++)
             if (p->workers[i].started) pthread_join(p->workers[i].thread, NULL);
-        for (unsigned i = 0; i < p->nthreads; i++) worker_free(p, &p->workers[i]);
+        for (unsigned i = 0; i < p->nthreads; i++) worker_free(&p->workers[i]);
         free(p->workers);
     }
     if (p->sync_ready) {
@@ -760,6 +936,8 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
         for (unsigned i = 0; i < p->norders; i++) free(p->orders[i].order);
     free(p->orders);
     free(p->bad);
+    free(p->bad_list);
+    dsrt_arena_free(&p->bad_text);
     free(p->meta);
     free(p->slots);
     dsrt__host_free(&p->mem);
@@ -831,21 +1009,29 @@ static int slots_init(dsrt_pipeline *p) {
     return 0;
 }
 
+/* The mutexes and condition variables; on a failure the ones made are
+ * destroyed again and sync_ready stays 0. */
 static int sync_init(dsrt_pipeline *p) {
-    if (pthread_mutex_init(&p->mu, NULL) != 0) return -ENOMEM;
-    pthread_mutex_init(&p->order_mu, NULL);
-    pthread_mutex_init(&p->bad_mu, NULL);
-    pthread_cond_init(&p->work_cv, NULL);
-    pthread_cond_init(&p->ready_cv, NULL);
-    pthread_cond_init(&p->ctl_cv, NULL);
-    p->sync_ready = 1;
-    return 0;
+    pthread_mutex_t *mus[] = {&p->mu, &p->order_mu, &p->bad_mu};
+    pthread_cond_t *cvs[] = {&p->work_cv, &p->ready_cv, &p->ctl_cv};
+    size_t nm = 0, nc = 0;
+    int e = 0;
+    while (nm < DSRT_ARRAY_SIZE(mus) && (e = pthread_mutex_init(mus[nm], NULL)) == 0) nm++;
+    while (e == 0 && nc < DSRT_ARRAY_SIZE(cvs) && (e = pthread_cond_init(cvs[nc], NULL)) == 0) nc++;
+    if (e == 0) {
+        p->sync_ready = 1;
+        return 0;
+    }
+    while (nc > 0) pthread_cond_destroy(cvs[--nc]);
+    while (nm > 0) pthread_mutex_destroy(mus[--nm]);
+    return dsrt__fail(-e, "pipeline: making its locks: %s", strerror(e));
 }
 
 int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
                        const dsrt_augment_options *augment, const dsrt_pipeline_options *o) {
     if (!out) return dsrt__fail(DSRT_EOPTION, "pipeline: NULL handle pointer");
     *out = NULL;
+    dsrt__clear_error(); /* a failure below keeps its own message (see fail:) */
     if (!ds) return dsrt__fail(DSRT_EOPTION, "pipeline: datastore: NULL");
     size_t n = dsrt_datastore_count(ds);
     if (n == 0) return dsrt__fail(DSRT_EEMPTY, "pipeline: the datastore has no sample");
@@ -944,14 +1130,32 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     return 0;
 
 fail:
-    if (rc == -ENOMEM && !strstr(dsrt_last_error(), "memory"))
-        dsrt__fail(rc, "pipeline: out of memory");
+    if (rc == -ENOMEM && !dsrt_last_error()[0]) dsrt__fail(rc, "pipeline: out of memory");
     dsrt_pipeline_close(p);
     return rc;
 }
 
 // ----------------------------------------------------------------------------
 // The consumer
+
+/* drop_bad: closes up the places left empty, keeping the order of the rest.
+ * The slot is lent to the caller, so no worker touches it. */
+static void slot_close_up(dsrt_pipeline *p, dsrt_batch *b) {
+    size_t kept = 0;
+    for (size_t i = 0; i < b->count; i++) {
+        if (b->ids[i] == PIPE_EMPTY) continue;
+        if (kept != i) {
+            memmove((char *)b->data + kept * p->stride, (char *)b->data + i * p->stride, p->stride);
+            b->labels[kept] = b->labels[i];
+            b->ids[kept] = b->ids[i];
+            b->sizes[2 * kept] = b->sizes[2 * i];
+            b->sizes[2 * kept + 1] = b->sizes[2 * i + 1];
+        }
+        kept++;
+    }
+    b->count = kept;
+    b->shape[0] = (int)kept;
+}
 
 int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **out) {
     *out = NULL;
@@ -999,6 +1203,7 @@ int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **out) {
         break;
     }
     pthread_mutex_unlock(&p->mu);
+    if (*out && p->o.drop_bad) slot_close_up(p, *out);
     if (waited) add(&p->consumer_wait_ns, waited);
     return rc;
 }
@@ -1087,4 +1292,14 @@ void dsrt_pipeline_stats(const dsrt_pipeline *p, dsrt_pipeline_statistics *s) {
     unsigned k = atomic_load_explicit(&((dsrt_pipeline *)p)->nbad_msgs, memory_order_acquire);
     for (unsigned i = 0; i < k; i++) s->bad_messages[i] = p->bad_msgs[i];
     s->bad_message_count = k;
+}
+
+size_t dsrt_pipeline_bad_samples(const dsrt_pipeline *p, size_t first, dsrt_bad_sample *out,
+                                 size_t max) {
+    dsrt_pipeline *q = (dsrt_pipeline *)p; /* the list's lock */
+    pthread_mutex_lock(&q->bad_mu);
+    size_t n = p->nbad_list;
+    for (size_t i = first; i < n && i - first < max; i++) out[i - first] = p->bad_list[i];
+    pthread_mutex_unlock(&q->bad_mu);
+    return n;
 }

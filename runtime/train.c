@@ -317,6 +317,7 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
          "compute_threads: %d: not in [0, 4096]", o->compute_threads);
     BADO(o->pin == 0 || o->pin == 1, "pin: %d: not 0 or 1", o->pin);
     BADO(o->prefetch >= 1 && o->prefetch <= 1024, "prefetch: %u: not in [1, 1024]", o->prefetch);
+    BADO(o->read_depth <= 4096, "read_depth: %u: not in [0, 4096]", o->read_depth);
     BADO(o->fail_on_error == 0 || o->fail_on_error == 1, "fail_on_error: %d: not 0 or 1",
          o->fail_on_error);
 
@@ -612,6 +613,8 @@ typedef struct {
     /* Batches travel as uint8 NHWC, normalised by the net: (x - sub) / div. */
     int u8;
     float sub_div[2][4];
+    size_t bad_told[2];    /* bad samples of the training and validation data told so far */
+    uint64_t val_left_out; /* samples left out of the validation passes, summed */
 } run;
 
 /* Takes batch `it` (for messages) from the training pipeline. */
@@ -670,16 +673,43 @@ static int u8_transfer(dsrt_augment_options *a, float sub_div[2][4]) {
     return 1;
 }
 
+/* BAD_SAMPLE events for the samples of pipeline p found bad since the last
+ * call. Returns 1 when the callback asked to stop. */
+static int emit_bad(run *R, dsrt_pipeline *p, int validation) {
+    int stop = 0;
+    dsrt_bad_sample b[16];
+    size_t *told = &R->bad_told[validation];
+    for (;;) {
+        size_t total = dsrt_pipeline_bad_samples(p, *told, b, DSRT_ARRAY_SIZE(b));
+        if (total <= *told) break;
+        size_t n = DSRT_MIN(total - *told, DSRT_ARRAY_SIZE(b));
+        for (size_t i = 0; i < n; i++) {
+            R->ev.kind = DSRT_EVENT_BAD_SAMPLE;
+            R->ev.bad_sample = &b[i];
+            R->ev.validation = validation;
+            stop |= R->o->callback(R->o->callback_ctx, &R->ev) != 0;
+        }
+        *told += n;
+    }
+    R->ev.bad_sample = NULL;
+    R->ev.validation = 0;
+    return stop;
+}
+
 static int emit(run *R, dsrt_train_event_kind kind) {
-    R->ev.kind = kind;
+    int stop = 0;
     R->ev.elapsed_s = now_s() - R->t0;
     double ts = R->ev.elapsed_s - R->val_s;
     R->ev.images_per_s = ts > 0 ? (double)R->ev.images / ts : 0;
     if (!R->o->callback) return 0;
-    return R->o->callback(R->o->callback_ctx, &R->ev) != 0;
+    if (R->p) stop |= emit_bad(R, R->p, 0);
+    if (R->vp) stop |= emit_bad(R, R->vp, 1);
+    R->ev.kind = kind;
+    return (R->o->callback(R->o->callback_ctx, &R->ev) != 0) | stop;
 }
 
-/* One pass over the validation data. */
+/* One pass over the validation data: each readable sample once (the
+ * pipeline leaves bad ones out rather than repeat another). */
 static int validate(run *R, double *loss, double *acc) {
     double t = now_s(), lsum = 0;
     uint64_t images = 0, correct = 0;
@@ -687,6 +717,10 @@ static int validate(run *R, double *loss, double *acc) {
         dsrt_batch *b;
         int rc = dsrt_pipeline_next(R->vp, &b);
         if (rc) return dsrt__fail_prefix(rc, "train: validation");
+        if (b->count == 0) { /* every sample of the batch bad */
+            dsrt_batch_release(R->vp, b);
+            continue;
+        }
         for (size_t i = 0; i < b->count; i++) R->vlabels[i] = R->vmap[b->labels[i]];
         float l = 0;
         int c = 0;
@@ -701,6 +735,7 @@ static int validate(run *R, double *loss, double *acc) {
     *loss = images ? lsum / (double)images : NAN;
     *acc = images ? (double)correct / (double)images : NAN;
     R->val_s += now_s() - t;
+    R->val_left_out += dsrt_datastore_count(R->o->validation) - images;
     return 0;
 }
 
@@ -983,6 +1018,7 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     po.epochs = (uint64_t)o->max_epochs;
     po.fail_on_error = o->fail_on_error;
     po.gpu = ni.device;
+    if (o->read_depth) po.reader.depth = o->read_depth;
     if ((rc = dsrt_pipeline_open(&R.p, train, &aug, &po))) {
         dsrt__fail_prefix(rc, "train");
         goto done;
@@ -995,6 +1031,7 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
         vo.drop_last = 0;
         vo.shuffle = DSRT_SHUFFLE_NEVER;
         vo.epochs = 0;
+        vo.drop_bad = 1;
         if ((rc = dsrt_pipeline_open(&R.vp, o->validation, &vaug, &vo))) {
             dsrt__fail_prefix(rc, "train: validation");
             goto done;
@@ -1205,6 +1242,13 @@ done:
         dsrt_pipeline_stats(R.p, &s);
         r->consumer_wait_s = s.consumer_wait_s;
         r->skipped = s.skipped;
+        r->bad_samples = s.bad_samples;
+    }
+    if (R.vp) {
+        dsrt_pipeline_statistics s;
+        dsrt_pipeline_stats(R.vp, &s);
+        r->val_skipped = R.val_left_out; /* not s.skipped: that counts prefetched passes */
+        r->val_bad_samples = s.bad_samples;
     }
     r->weights_checksum = dsrt_weights_checksum(net);
     r->device = ni.device;
@@ -1240,6 +1284,42 @@ void dsrt_eval_result_free(dsrt_eval_result *r) {
     if (!r) return;
     free(r->confusion);
     r->confusion = NULL;
+    free(r->bad);
+    r->bad = NULL;
+}
+
+/* Copies the bad samples of p into r->bad: one block, the array followed by
+ * its strings, so that the result owns them after the pipeline closes. */
+static int copy_bad(dsrt_pipeline *p, dsrt_eval_result *r) {
+    size_t n = dsrt_pipeline_bad_samples(p, 0, NULL, 0);
+    r->bad_samples = n;
+    if (n == 0) return 0;
+    dsrt_bad_sample *list = dsrt__malloc(n * sizeof *list);
+    if (!list) return -ENOMEM;
+    n = DSRT_MIN(n, dsrt_pipeline_bad_samples(p, 0, list, n));
+    size_t text = 0;
+    for (size_t i = 0; i < n; i++)
+        text += (list[i].path ? strlen(list[i].path) + 1 : 0) + strlen(list[i].error) + 1;
+    char *block = dsrt__malloc(n * sizeof *list + text);
+    if (!block) {
+        free(list);
+        return -ENOMEM;
+    }
+    dsrt_bad_sample *out = (dsrt_bad_sample *)block;
+    char *at = block + n * sizeof *list;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = list[i];
+        if (list[i].path) {
+            out[i].path = strcpy(at, list[i].path);
+            at += strlen(at) + 1;
+        }
+        out[i].error = strcpy(at, list[i].error);
+        at += strlen(at) + 1;
+    }
+    free(list);
+    r->bad = out;
+    r->bad_samples = n;
+    return 0;
 }
 
 int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_options *options,
@@ -1255,6 +1335,9 @@ int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_optio
                           o->compute_threads, o->workers);
     if (o->pin != 0 && o->pin != 1)
         return dsrt__fail(DSRT_EOPTION, "evaluate: pin: %d: not 0 or 1", o->pin);
+    if (o->read_depth > 4096)
+        return dsrt__fail(DSRT_EOPTION, "evaluate: read_depth: %u: not in [0, 4096]",
+                          o->read_depth);
     dsrt_net_info ni;
     dsrt_net_get_info(net, &ni);
     dsrt_augment_options aug;
@@ -1287,6 +1370,8 @@ int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_optio
     po.shuffle = DSRT_SHUFFLE_NEVER;
     po.epochs = 1;
     po.fail_on_error = o->fail_on_error;
+    po.drop_bad = 1; /* each readable sample once, none in the place of a bad one */
+    if (o->read_depth) po.reader.depth = o->read_depth;
     if ((rc = dsrt_pipeline_open(&p, ds, &aug, &po))) {
         dsrt__fail_prefix(rc, "evaluate");
         goto out;
@@ -1296,6 +1381,10 @@ int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_optio
     dsrt_batch *b;
     while ((rc = dsrt_pipeline_next(p, &b)) == 0) {
         int n = (int)b->count;
+        if (n == 0) { /* every sample of the batch bad */
+            dsrt_batch_release(p, b);
+            continue;
+        }
         for (int i = 0; i < n; i++) labels[i] = map[b->labels[i]];
         float l = 0;
         int c = 0;
@@ -1320,7 +1409,7 @@ int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_optio
         dsrt__fail_prefix(rc, "evaluate");
         goto out;
     }
-    rc = 0;
+    if ((rc = copy_bad(p, r))) goto out;
     r->seconds = now_s() - t0;
     r->images_per_s = r->seconds > 0 ? (double)r->images / r->seconds : 0;
     r->accuracy = r->images ? (double)r->correct / (double)r->images : NAN;

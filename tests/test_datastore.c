@@ -8,7 +8,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -210,6 +212,72 @@ static void test_folder_links(void) {
         dsrt_datastore_close(ds);
         chmod(a, 0755);
     }
+}
+
+/* A class folder without images is a class of 0 samples, which the
+ * warnings name; drop_empty_classes leaves it out and numbers the rest. */
+static void test_empty_classes(void) {
+    make_root("empty");
+    touch("ant/1.jpg");
+    touch("bee/notes.txt");
+    touch("cow/2.jpg");
+    char p[8192];
+    snprintf(p, sizeof p, "%s/deer", root);
+    REQUIRE(mkdir(p, 0755) == 0);
+    dsrt_datastore *ds = open_ok(root, NULL);
+    CHECK_EQ(dsrt_datastore_num_classes(ds), 4);
+    size_t counts[4];
+    dsrt_datastore_class_counts(ds, counts);
+    CHECK_EQ(counts[1], 0);
+    CHECK_EQ(counts[3], 0);
+    CHECK_CONTAINS(dsrt_datastore_warnings(ds), "bee: class folder holds no image file");
+    CHECK_CONTAINS(dsrt_datastore_warnings(ds), "deer: class folder holds no image file");
+    dsrt_datastore_close(ds);
+
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    o.drop_empty_classes = 1;
+    ds = open_ok(root, &o);
+    CHECK_EQ(dsrt_datastore_num_classes(ds), 2);
+    CHECK_STR_EQ(dsrt_datastore_class_name(ds, 0), "ant");
+    CHECK_STR_EQ(dsrt_datastore_class_name(ds, 1), "cow");
+    CHECK_EQ(dsrt_datastore_label(ds, 0), 0);
+    CHECK_EQ(dsrt_datastore_label(ds, 1), 1);
+    CHECK_CONTAINS(dsrt_datastore_warnings(ds),
+                   "bee: class folder holds no image file: not a class");
+    dsrt_datastore_close(ds);
+}
+
+/* Too many files open while scanning is the process's limit: the scan
+ * fails with it instead of skipping the folders it could not open. */
+static void test_scan_open_files_limit(void) {
+    make_root("limit");
+    touch("a/deep/1.jpg");
+    touch("b/deep/2.jpg");
+    int low = 0;
+    {
+        uint8_t used[4096] = {0};
+        DIR *d = opendir("/proc/self/fd");
+        REQUIRE(d);
+        for (struct dirent *e; (e = readdir(d)) != NULL;) {
+            int fd = atoi(e->d_name);
+            if (e->d_name[0] != '.' && fd >= 0 && fd < 4096 && fd != dirfd(d)) used[fd] = 1;
+        }
+        closedir(d);
+        while (low < 4096 && used[low]) low++;
+    }
+    struct rlimit old, lim;
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)low + 2; /* the root and a class folder, not its sub-folder */
+    dsrt_datastore *ds = NULL;
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &lim) == 0);
+    int rc = dsrt_datastore_open(&ds, root, NULL);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    CHECK_EQ(rc, -EMFILE);
+    CHECK(ds == NULL);
+    CHECK_CONTAINS(dsrt_last_error(), "Too many open files");
+    CHECK_CONTAINS(dsrt_last_error(), "deep");
+    dsrt_datastore_close(ds);
 }
 
 static void test_open_errors(void) {
@@ -434,6 +502,8 @@ int main(void) {
     RUN(test_folder_order);
     RUN(test_folder_links);
     RUN(test_open_errors);
+    RUN(test_empty_classes);
+    RUN(test_scan_open_files_limit);
     RUN(test_split_each_label);
     RUN(test_shuffle_partition);
     RUN(test_shuffle_indices);

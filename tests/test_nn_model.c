@@ -9,6 +9,7 @@
  */
 #include "nn/internal.h"
 #include "task.h"
+#include "testimg.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 static char dir[512];
@@ -338,6 +340,37 @@ static void test_damaged(void) {
     dsrt_net_destroy(net);
 }
 
+/* A model path that is a FIFO or a device is refused at once: never waited
+ * on, never read until memory runs out. An alarm turns a hang into a failure. */
+static void test_non_regular(void) {
+    char dir[4096], fifo[4200];
+    REQUIRE(timg_tmpdir("model-fifo", dir, sizeof dir) == 0);
+    snprintf(fifo, sizeof fifo, "%s/m.dsrt", dir);
+    REQUIRE(mkfifo(fifo, 0644) == 0);
+    alarm(60);
+    dsrt_net *net = NULL;
+    CHECK_EQ(dsrt_model_load(&net, fifo, NULL), DSRT_EFORMAT);
+    CHECK_CONTAINS(dsrt_last_error(), "FIFO");
+    CHECK(net == NULL);
+    CHECK_NE(dsrt_model_load(&net, "/dev/zero", NULL), 0);
+    CHECK_CONTAINS(dsrt_last_error(), "character device");
+    dsrt_optimizer *opt = NULL;
+    dsrt_train_position pos;
+    CHECK_EQ(dsrt_checkpoint_load(fifo, &net, &opt, &pos, NULL), DSRT_EFORMAT);
+    CHECK(net == NULL);
+    alarm(0);
+    /* Saving never renames over a FIFO (or a device: think of /dev/null). */
+    CHECK_OK(dsrt_net_create(&net, "digits", 0, 0, 0, 10, NULL));
+    if (net) {
+        CHECK_EQ(dsrt_model_save(fifo, net), DSRT_EFORMAT);
+        CHECK_CONTAINS(dsrt_last_error(), "not replaced");
+        struct stat st;
+        CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+        CHECK_EQ(dsrt_model_save(dir, net), -EISDIR);
+        dsrt_net_destroy(net);
+    }
+}
+
 int main(void) {
     const char *t = getenv("DSRT_TEST_TMP");
     snprintf(dir, sizeof dir, "%s/nn_model", t ? t : "/tmp/dsrt-test");
@@ -348,5 +381,6 @@ int main(void) {
     RUN(test_round_trip);
     RUN(test_checkpoint);
     RUN(test_damaged);
+    RUN(test_non_regular);
     return TEST_RESULT();
 }

@@ -13,7 +13,13 @@
  * Images are made on the spot (tests/testimg.h) under $DSRT_TEST_TMP.
  */
 #include <dsrt/pipeline.h>
+#include <dlfcn.h>
 #include <endian.h>
+#include <pthread.h>
+#include <dirent.h>
+#include <stdatomic.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -709,7 +715,7 @@ static void test_bad_files(void) {
     CHECK_CONTAINS(dsrt_last_error(), path);
     dsrt_pipeline_close(p);
 
-    /* Every sample bad: give up instead of spinning. */
+    /* Every sample bad: give up instead of spinning, saying why. */
     dsrt_datastore *sub = NULL;
     uint32_t only_bad[] = {5, 17, 18, 40, 63, 5, 17};
     CHECK_OK(dsrt_datastore_subset(ds, only_bad, 7, &sub));
@@ -717,7 +723,67 @@ static void test_bad_files(void) {
     o.batch = 4;
     p = open_pipe(sub, &a, &o);
     CHECK_EQ(dsrt_pipeline_next(p, &b), DSRT_ESKIPPED);
+    CHECK_CONTAINS(dsrt_last_error(), "the last: ");
+    CHECK_CONTAINS(dsrt_last_error(), dir);
     dsrt_pipeline_close(p);
+
+    /* drop_bad: no replacement; every good sample once an epoch, the bad
+     * ones listed with their reasons. */
+    o.batch = 8;
+    o.drop_bad = 1;
+    o.shuffle = DSRT_SHUFFLE_EVERY_EPOCH;
+    for (unsigned t = 1; t <= 3; t += 2) {
+        o.threads = t;
+        p = open_pipe(ds, &a, &o);
+        uint8_t seen[2][BAD_N] = {{0}};
+        size_t total = 0;
+        for (;;) {
+            int rc = dsrt_pipeline_next(p, &b);
+            if (rc == DSRT_EEOF) break;
+            CHECK_OK(rc);
+            if (rc) break;
+            CHECK_LE(b->count, 8);
+            CHECK_EQ(b->shape[0], (int)b->count);
+            for (size_t j = 0; j < b->count; j++) {
+                CHECK_EQ(bad[b->ids[j]], 0);
+                CHECK_EQ(b->labels[j], dsrt_datastore_label(ds, b->ids[j]));
+                seen[b->epoch][b->ids[j]]++;
+            }
+            total += b->count;
+            CHECK_OK(dsrt_batch_release(p, b));
+        }
+        CHECK_EQ(total, 2 * (BAD_N - DSRT_ARRAY_SIZE(bad_at)));
+        for (int e = 0; e < 2; e++)
+            for (size_t i = 0; i < BAD_N; i++) CHECK_EQ(seen[e][i], bad[i] ? 0 : 1);
+        dsrt_pipeline_statistics st;
+        dsrt_pipeline_stats(p, &st);
+        CHECK_EQ(st.bad_samples, DSRT_ARRAY_SIZE(bad_at));
+        CHECK_EQ(st.skipped, 2 * DSRT_ARRAY_SIZE(bad_at));
+        dsrt_bad_sample list[8];
+        size_t nb = dsrt_pipeline_bad_samples(p, 0, list, 8);
+        CHECK_EQ(nb, DSRT_ARRAY_SIZE(bad_at));
+        for (size_t i = 0; i < DSRT_MIN(nb, (size_t)8); i++) {
+            CHECK(list[i].path != NULL);
+            CHECK_EQ(bad[list[i].id], 1);
+            CHECK_STR_EQ(list[i].path, dsrt_datastore_path(ds, list[i].id));
+            if (list[i].id == 17) {
+                CHECK_EQ(list[i].code, DSRT_EEMPTY);
+                CHECK_STR_EQ(list[i].error, "read: empty file");
+            }
+            if (list[i].id == 40) {
+                CHECK_EQ(list[i].code, -ENOENT);
+                CHECK_CONTAINS(list[i].error, "read: ");
+            }
+            if (list[i].id == 5) CHECK_CONTAINS(list[i].error, "decode: ");
+        }
+        /* From an offset, and the count alone. */
+        CHECK_EQ(dsrt_pipeline_bad_samples(p, 3, list, 8), nb);
+        CHECK_EQ(dsrt_pipeline_bad_samples(p, 0, NULL, 0), nb);
+        dsrt_pipeline_close(p);
+    }
+    o.drop_bad = 0;
+    o.batch = 4;
+    o.threads = 3;
     o.max_consecutive_bad = 2;
     o.shuffle = DSRT_SHUFFLE_NEVER;
     p = open_pipe(ds, &a, &o); /* 17, 18 in a row is 2: batch 4 fails */
@@ -941,6 +1007,249 @@ static void test_bad_options(void) {
     dsrt_datastore_close(ds);
 }
 
+// ----------------------------------------------------------------------------
+// Limits of the process
+
+/* The lowest descriptor number not in use, and the highest in use. */
+static void fd_span(int *lowest_free, int *highest) {
+    uint8_t used[4096] = {0};
+    DIR *d = opendir("/proc/self/fd");
+    REQUIRE(d);
+    struct dirent *e;
+    int top = 0;
+    while ((e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] == '.' || fd < 0 || fd >= 4096 || fd == dirfd(d)) continue;
+        used[fd] = 1;
+        top = DSRT_MAX(top, fd);
+    }
+    closedir(d);
+    int low = 0;
+    while (low < 4096 && used[low]) low++;
+    *lowest_free = low;
+    *highest = top;
+}
+
+/* Too many open files is the process's limit, not the files' fault: with a
+ * few descriptors left the reads wait for each other and every sample comes
+ * as without the limit; with none left the run fails with the reason after
+ * a few seconds, and no sample is marked bad. */
+static void test_open_files_limit(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    o.threads = 2;
+    o.reader.depth = 16;
+    o.chunk = 8;
+    rec want[16], got[16];
+    int end;
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    size_t k = take(p, want, 16, &end);
+    CHECK_EQ(end, DSRT_EEOF);
+    dsrt_pipeline_close(p);
+
+    struct rlimit old;
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    /* Parked at the end (nothing to make) while the limit is set, then
+     * started from the beginning under it. */
+    p = open_pipe(ds, &a, &o);
+    CHECK_OK(dsrt_pipeline_reset(p, o.epochs, 0));
+    int low, high;
+    fd_span(&low, &high);
+    /* Three descriptors for 2 x 8 reads in flight. */
+    struct rlimit lim = old;
+    lim.rlim_cur = (rlim_t)high + 4;
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &lim) == 0);
+    CHECK_OK(dsrt_pipeline_reset(p, 0, 0));
+    size_t k2 = take(p, got, 16, &end);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    CHECK_EQ(end, DSRT_EEOF);
+    CHECK_EQ(k2, k);
+    for (size_t i = 0; i < DSRT_MIN(k, k2); i++) CHECK_EQ(got[i].hash, want[i].hash);
+    dsrt_pipeline_statistics st;
+    dsrt_pipeline_stats(p, &st);
+    CHECK_EQ(st.bad_samples, 0);
+    CHECK_EQ(st.skipped, 0);
+    dsrt_pipeline_close(p);
+
+    /* None left: fails, naming the reason; nothing is marked bad. */
+    p = open_pipe(ds, &a, &o);
+    CHECK_OK(dsrt_pipeline_reset(p, o.epochs, 0));
+    fd_span(&low, &high);
+    lim.rlim_cur = (rlim_t)low;
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &lim) == 0);
+    CHECK_OK(dsrt_pipeline_reset(p, 0, 0));
+    dsrt_batch *b;
+    int rc = dsrt_pipeline_next(p, &b);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    CHECK_EQ(rc, -EMFILE);
+    CHECK_CONTAINS(dsrt_last_error(), "Too many open files");
+    CHECK_CONTAINS(dsrt_last_error(), "not a fault of the file");
+    dsrt_pipeline_stats(p, &st);
+    CHECK_EQ(st.bad_samples, 0);
+    CHECK_EQ(dsrt_pipeline_bad_samples(p, 0, NULL, 0), 0);
+    dsrt_pipeline_close(p);
+    dsrt_datastore_close(ds);
+}
+
+/* Read buffers are sized from the data: opening reserves little address
+ * space (not max_file_bytes for every read in flight), and a file larger
+ * than a buffer's first size is read all the same. */
+static long vm_size_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %ld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+static void test_read_buffers(void) {
+    char dir[4096], path[4096];
+    snprintf(dir, sizeof dir, "%s/big", base_dir);
+    make_folder(dir, 12, 2);
+    /* A 600 x 400 RGB PNG of noise: about 700 KB. */
+    size_t npx = 600 * 400 * 3, len;
+    uint8_t *px = malloc(npx);
+    timg_noise(px, npx, 11);
+    uint8_t *png = timg_png(px, 600, 400, 2, 8, 0, NULL, NULL, &len);
+    REQUIRE(png && len > 600000);
+    snprintf(path, sizeof path, "%s/class1/zbig.png", dir);
+    REQUIRE(timg_write_file(path, png, len) == 0);
+    free(png);
+    free(px);
+    dsrt_datastore *ds = open_folder(dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    o.batch = 4;
+    o.threads = 4;
+    o.reader.depth = 16;
+    o.chunk = 16;
+    long before = vm_size_kb();
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    long after = vm_size_kb();
+    /* 4 workers x 4 reads of 64 MiB would be 1 GiB. */
+    if (before > 0) CHECK_LT(after - before, 256 << 10);
+    rec r[16];
+    int end;
+    size_t k = take(p, r, 16, &end);
+    CHECK_EQ(end, DSRT_EEOF);
+    dsrt_pipeline_statistics st;
+    dsrt_pipeline_stats(p, &st);
+    CHECK_EQ(st.bad_samples, 0);
+    dsrt_pipeline_close(p);
+    ref_ctx rc = ref_open(ds, &a, &o, NULL);
+    check_against_ref(&rc, r, k);
+    ref_close(&rc);
+
+    /* Larger than max_file_bytes: a bad sample that says so. */
+    o.max_file_bytes = 100000;
+    o.threads = 1;
+    p = open_pipe(ds, &a, &o);
+    k = take(p, r, 16, &end);
+    CHECK_EQ(end, DSRT_EEOF);
+    dsrt_bad_sample bs[2];
+    CHECK_EQ(dsrt_pipeline_bad_samples(p, 0, bs, 2), 1);
+    CHECK_STR_EQ(bs[0].path, path);
+    CHECK_EQ(bs[0].code, DSRT_ETOOBIG);
+    CHECK_CONTAINS(bs[0].error, "max_file_bytes");
+    dsrt_pipeline_close(p);
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    /* Out of address space for the buffer a 48 MB file needs: the run
+     * fails with that reason, not a bare "out of memory". */
+    snprintf(path, sizeof path, "%s/class0/huge.png", dir);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f && ftruncate(fileno(f), 48 << 20) == 0 && fclose(f) == 0);
+    dsrt_datastore_close(ds);
+    ds = open_folder(dir);
+    o.max_file_bytes = (size_t)64 << 20;
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        p = open_pipe(ds, &a, &o);
+        struct rlimit as = {(rlim_t)(vm_size_kb() + (16 << 10)) << 10, RLIM_INFINITY};
+        if (setrlimit(RLIMIT_AS, &as) != 0) _exit(3);
+        dsrt_batch *b;
+        int code = 0;
+        while ((code = dsrt_pipeline_next(p, &b)) == 0) dsrt_batch_release(p, b);
+        int ok = code == -ENOMEM && strstr(dsrt_last_error(), "address space") &&
+                 strstr(dsrt_last_error(), "huge.png");
+        if (!ok) fprintf(stderr, "child: %d: %s\n", code, dsrt_last_error());
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    unlink(path);
+#endif
+    dsrt_datastore_close(ds);
+}
+
+// ----------------------------------------------------------------------------
+// Failing locks
+
+/* TSan keeps its own books on condition variables: no fault injection there. */
+#if defined(__SANITIZE_THREAD__)
+#define FAULT_INJECTION 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FAULT_INJECTION 0
+#endif
+#endif
+#ifndef FAULT_INJECTION
+#define FAULT_INJECTION 1
+#endif
+
+#if FAULT_INJECTION
+/* While fail_cond_at > 0, the fail_cond_at-th pthread_cond_init call from
+ * then on fails with EAGAIN, as it may when the system is short of
+ * resources. The executable's definition takes the place of libc's. */
+static atomic_int cond_calls, fail_cond_at;
+
+int pthread_cond_init(pthread_cond_t *restrict c, const pthread_condattr_t *restrict a) {
+    int (*real)(pthread_cond_t *, const pthread_condattr_t *);
+    *(void **)&real = dlsym(RTLD_NEXT, "pthread_cond_init");
+    if (atomic_load(&fail_cond_at) > 0 && atomic_fetch_add(&cond_calls, 1) + 1 == fail_cond_at)
+        return EAGAIN;
+    return real(c, a);
+}
+#endif
+
+/* Every lock the pipeline makes is checked: a failing one fails the open
+ * with the reason, and nothing made is left behind. */
+static void test_lock_failure(void) {
+#if FAULT_INJECTION
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_pipeline_options o = small_options();
+    int fired = 0;
+    for (int k = 1; k <= 16; k++) {
+        atomic_store(&cond_calls, 0);
+        atomic_store(&fail_cond_at, k);
+        dsrt_pipeline *p = NULL;
+        int rc = dsrt_pipeline_open(&p, ds, NULL, &o);
+        int calls = atomic_load(&cond_calls);
+        atomic_store(&fail_cond_at, 0);
+        if (calls < k) { /* no call of that rank: the open went through */
+            CHECK_OK(rc);
+            dsrt_pipeline_close(p);
+            break;
+        }
+        fired++;
+        CHECK_EQ(rc, -EAGAIN);
+        CHECK(p == NULL);
+        CHECK_CONTAINS(dsrt_last_error(), "pipeline");
+    }
+    CHECK_GE(fired, 3);
+    dsrt_datastore_close(ds);
+#else
+    printf("  (no fault injection under TSan)\n");
+#endif
+}
+
 int main(void) {
     REQUIRE(timg_tmpdir("pipeline", base_dir, sizeof base_dir) == 0);
     snprintf(good_dir, sizeof good_dir, "%s/good", base_dir);
@@ -955,5 +1264,8 @@ int main(void) {
     RUN(test_memory_source);
     RUN(test_native);
     RUN(test_bad_options);
+    RUN(test_lock_failure);
+    RUN(test_open_files_limit);
+    RUN(test_read_buffers);
     return TEST_RESULT();
 }

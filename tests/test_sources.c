@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -346,6 +347,50 @@ static void test_idx_parse(void) {
 
 // ----------------------------------------------------------------------------
 // IDX loader
+
+/* A gzip'd IDX file whose header says 1 x 1 x 1 followed by 256 MiB of zeros
+ * (about 256 KiB compressed): refused from the header, without inflating
+ * the rest. Runs first, so that the peak memory is still low. */
+static void test_idx_gzip_bomb(void) {
+    size_t cap = (size_t)1 << 20, zeros = (size_t)256 << 20;
+    uint8_t *gz = malloc(cap), *chunk = calloc(1, 1 << 20);
+    REQUIRE(gz && chunk);
+    uint8_t head[17];
+    uint32_t dims[3] = {1, 1, 1};
+    make_idx(head, 0x08, 3, dims, (const uint8_t *)"x", 1);
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    REQUIRE(deflateInit2(&zs, 9, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    zs.next_out = gz;
+    zs.avail_out = (uInt)cap;
+    zs.next_in = head;
+    zs.avail_in = sizeof head;
+    REQUIRE(deflate(&zs, Z_NO_FLUSH) == Z_OK);
+    for (size_t done = 0; done < zeros; done += 1 << 20) {
+        zs.next_in = chunk;
+        zs.avail_in = 1 << 20;
+        REQUIRE(deflate(&zs, done + (1 << 20) < zeros ? Z_NO_FLUSH : Z_FINISH) != Z_STREAM_ERROR);
+    }
+    size_t n = zs.total_out;
+    deflateEnd(&zs);
+    REQUIRE(n < cap / 2);
+
+    struct rusage before, after;
+    getrusage(RUSAGE_SELF, &before);
+    dsrt_idx idx;
+    CHECK_EQ(dsrt__idx_parse(gz, n, "bomb.gz", (size_t)8 << 30, &idx), DSRT_ECORRUPT);
+    CHECK_CONTAINS(dsrt_last_error(), "bomb.gz");
+    CHECK_CONTAINS(dsrt_last_error(), "1 x 1 x 1");
+    CHECK(idx.data == NULL);
+    getrusage(RUSAGE_SELF, &after);
+    /* Inflating it all would touch 256 MiB. */
+    CHECK_LT(after.ru_maxrss - before.ru_maxrss, 32 << 10);
+
+    /* A header cut inside the compressed stream is still a truncated header. */
+    CHECK_EQ(dsrt__idx_parse(gz, 12, "cut.gz", (size_t)8 << 30, &idx), DSRT_ETRUNCATED);
+    free(gz);
+    free(chunk);
+}
 
 static void test_idx_load(void) {
     dsrt_index ix = {0};
@@ -875,6 +920,74 @@ static void test_manifest_load(void) {
 // ----------------------------------------------------------------------------
 // Through the public API
 
+/* Every source has its name, detection and loader in one table: the names
+ * round-trip and an unknown kind is named so. */
+static void test_source_names(void) {
+    static const char *const names[] = {"auto", "folder", "manifest", "idx", "cifar10", "cifar100"};
+    for (int k = 0; k <= DSRT_SOURCE_CIFAR100; k++)
+        CHECK_STR_EQ(dsrt_source_name((dsrt_source)k), names[k]);
+    CHECK_STR_EQ(dsrt_source_name((dsrt_source)(DSRT_SOURCE_CIFAR100 + 1)), "unknown");
+    dsrt_datastore *ds;
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    o.source = (dsrt_source)(DSRT_SOURCE_CIFAR100 + 1);
+    CHECK_EQ(dsrt_datastore_open(&ds, tmp_root, &o), DSRT_EOPTION);
+    /* A .bin file that starts with an IDX header is IDX, whatever its size. */
+    KEEP_PATH(bin, "idxlike.bin");
+    uint8_t buf[3073 * 2] = {0, 0, 8, 3};
+    write_file(bin, buf, sizeof buf);
+    dsrt_source kind = DSRT_SOURCE_AUTO;
+    CHECK_OK(dsrt__detect_source(bin, &kind));
+    CHECK_EQ(kind, DSRT_SOURCE_IDX);
+    buf[2] = 9;
+    write_file(bin, buf, sizeof buf);
+    CHECK_OK(dsrt__detect_source(bin, &kind));
+    CHECK_EQ(kind, DSRT_SOURCE_CIFAR10);
+}
+
+/* Sources given a FIFO or a device: refused at once, never waited on or
+ * read until memory runs out. An alarm turns a hang into a failure. */
+static void test_non_regular(void) {
+    KEEP_PATH(fifo, "fifo.csv");
+    unlink(fifo);
+    REQUIRE(mkfifo(fifo, 0644) == 0);
+    dsrt_datastore *ds = NULL;
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    alarm(60);
+    static const dsrt_source kinds[] = {DSRT_SOURCE_AUTO, DSRT_SOURCE_MANIFEST, DSRT_SOURCE_IDX,
+                                        DSRT_SOURCE_CIFAR10};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(kinds); k++) {
+        o.source = kinds[k];
+        CHECK_EQ(dsrt_datastore_open(&ds, fifo, &o), DSRT_EFORMAT);
+        CHECK_CONTAINS(dsrt_last_error(), fifo);
+        CHECK_CONTAINS(dsrt_last_error(), "FIFO");
+        CHECK(ds == NULL);
+        o.source = kinds[k];
+        CHECK_NE(dsrt_datastore_open(&ds, "/dev/zero", &o), 0);
+        CHECK_CONTAINS(dsrt_last_error(), "/dev/zero");
+        CHECK(ds == NULL);
+    }
+    /* A manifest naming a FIFO: the sample read on the calling thread is
+     * refused, naming it. */
+    KEEP_PATH(man, "fifo-list.csv");
+    char text[PATH_MAX + 16];
+    snprintf(text, sizeof text, "%s,a\n", fifo);
+    write_text(man, text);
+    o.source = DSRT_SOURCE_MANIFEST;
+    CHECK_OK(dsrt_datastore_open(&ds, man, &o));
+    if (ds) {
+        dsrt_decoder *dec;
+        CHECK_OK(dsrt_decoder_create(&dec, NULL));
+        dsrt_decode_request req = {.channels = 1};
+        dsrt_image img;
+        CHECK_EQ(dsrt_datastore_read_image(ds, 0, dec, &req, &img), DSRT_EFORMAT);
+        CHECK_CONTAINS(dsrt_last_error(), "FIFO");
+        dsrt_decoder_destroy(dec);
+        dsrt_datastore_close(ds);
+    }
+    alarm(0);
+    unlink(fifo);
+}
+
 static void test_open(void) {
     dsrt_datastore *ds;
     dsrt_datastore_options o = dsrt_datastore_defaults();
@@ -1076,6 +1189,7 @@ int main(void) {
     snprintf(tmp_root, sizeof tmp_root, "%s/sources.XXXXXX", base);
     REQUIRE(mkdtemp(tmp_root));
 
+    RUN(test_idx_gzip_bomb);
     RUN(test_gunzip);
     RUN(test_idx_parse);
     RUN(test_idx_load);
@@ -1085,6 +1199,8 @@ int main(void) {
     RUN(test_manifest_large);
     RUN(test_manifest_load);
     RUN(test_open);
+    RUN(test_non_regular);
+    RUN(test_source_names);
     RUN(test_export_roundtrip);
     RUN(test_fashion_mnist);
 

@@ -176,6 +176,8 @@ typedef struct {
     int64_t last_iteration;
     int order_ok;
     int64_t stop_at; /* ask to stop after this iteration (0: never) */
+    int bad[2];      /* BAD_SAMPLE events: training data, validation data */
+    int bad_ok;      /* every one had a path, a reason and an empty file's code */
     dsrt_train_history *hist;
 } counter;
 
@@ -207,6 +209,12 @@ static int count_events(void *ctx, const dsrt_train_event *e) {
         break;
     case DSRT_EVENT_END:
         c->end++;
+        break;
+    case DSRT_EVENT_BAD_SAMPLE:
+        c->bad[e->validation != 0]++;
+        if (!e->bad_sample || !e->bad_sample->path || e->bad_sample->code != DSRT_EEMPTY ||
+            strcmp(e->bad_sample->error, "read: empty file") != 0)
+            c->bad_ok = 0;
         break;
     }
     return c->stop_at && e->kind == DSRT_EVENT_ITERATION && e->iteration >= c->stop_at;
@@ -304,6 +312,90 @@ static void test_learns(void) {
     CHECK(strstr((char *)svg, "</svg>") != NULL);
     free(svg);
     dsrt_train_history_destroy(c.hist);
+    dsrt_net_destroy(net);
+    dsrt_datastore_close(val);
+    dsrt_datastore_close(train);
+}
+
+/* A folder of per images a class, every other one (in file order) empty;
+ * returns how many are empty. */
+static int empty_every_other(const char *to, const int *classes, int n, int per, uint32_t seed) {
+    make_folder(to, classes, n, per, seed);
+    int emptied = 0;
+    for (int k = 0; k < n; k++)
+        for (int i = 0; i < per; i += 2) {
+            char path[4600];
+            snprintf(path, sizeof path, "%s/%s/%03d.png", to, CLASSES[classes[k]], i);
+            REQUIRE(timg_write_file(path, "", 0) == 0);
+            emptied++;
+        }
+    return emptied;
+}
+
+/* Bad samples are counted once each and never stand in for another:
+ * evaluation and validation visit each readable sample exactly once, and
+ * every bad one is told (BAD_SAMPLE) with its path and reason. */
+static void test_bad_samples(void) {
+    char half[4400], tbad[4400];
+    snprintf(half, sizeof half, "%s/data/half", root);
+    snprintf(tbad, sizeof tbad, "%s/data/trainbad", root);
+    const int all[] = {0, 1, 2, 3};
+    int nhalf = empty_every_other(half, all, 4, 25, 70001);
+    CHECK_EQ(nhalf, 4 * 13);
+    dsrt_datastore *train = open_ds(train_dir), *val = open_ds(half);
+    REQUIRE(dsrt_datastore_count(val) == 100);
+    dsrt_net *net = make_net(train, 3);
+
+    dsrt_eval_result er;
+    dsrt_eval_options eo = dsrt_eval_defaults();
+    eo.batch = 16;
+    CHECK_OK(dsrt_evaluate(net, val, &eo, &er));
+    CHECK_EQ(er.images, 100 - nhalf);
+    CHECK_EQ(er.bad_samples, nhalf);
+    CHECK_EQ(er.skipped, nhalf);
+    uint64_t sum = 0;
+    for (int t = 0; t < er.classes * er.classes; t++) sum += er.confusion[t];
+    CHECK_EQ(sum, er.images);
+    int named = 0;
+    for (uint64_t i = 0; i < er.bad_samples; i++) {
+        named += er.bad[i].path && strstr(er.bad[i].path, half) == er.bad[i].path;
+        CHECK_EQ(er.bad[i].code, DSRT_EEMPTY);
+        CHECK_STR_EQ(er.bad[i].error, "read: empty file");
+    }
+    CHECK_EQ(named, nhalf);
+    dsrt_eval_result_free(&er);
+    CHECK(er.bad == NULL);
+
+    /* Training data with bad files too: each told once, in training and
+     * validation alike, however many epochs and passes. */
+    int ntrain = empty_every_other(tbad, all, 4, 6, 80001);
+    dsrt_datastore *tb = open_ds(tbad);
+    dsrt_net_destroy(net);
+    net = make_net(tb, 3);
+    dsrt_train_options o = base_options();
+    o.max_epochs = 2;
+    o.batch = 4;
+    o.validation = val;
+    o.validation_batch = 16;
+    counter c = {.order_ok = 1, .bad_ok = 1};
+    o.callback = count_events;
+    o.callback_ctx = &c;
+    dsrt_train_result r;
+    CHECK_OK(dsrt_train(net, tb, &o, &r));
+    CHECK_EQ(c.validations, 2);
+    CHECK_EQ(c.bad[1], nhalf);
+    CHECK_EQ(c.bad[0], ntrain);
+    CHECK(c.bad_ok);
+    CHECK_EQ(r.val_bad_samples, nhalf);
+    CHECK_EQ(r.val_skipped, 2 * nhalf);
+    CHECK_EQ(r.bad_samples, ntrain);
+    CHECK_GE(r.skipped, 2 * ntrain);
+    /* The last validation saw what an evaluation of the same net sees. */
+    CHECK_OK(dsrt_evaluate(net, val, &eo, &er));
+    CHECK_NEAR(r.val_accuracy, er.accuracy, 1e-12);
+    CHECK_EQ(er.images, 100 - nhalf);
+    dsrt_eval_result_free(&er);
+    dsrt_datastore_close(tb);
     dsrt_net_destroy(net);
     dsrt_datastore_close(val);
     dsrt_datastore_close(train);
@@ -669,6 +761,7 @@ int main(int argc, char **argv) {
     RUN(test_bad_options);
     RUN(test_learns);
     RUN(test_uint8_batches);
+    RUN(test_bad_samples);
     RUN(test_resume);
     RUN(test_nan);
     RUN(test_transfer);

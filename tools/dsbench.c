@@ -31,6 +31,8 @@
 
 #include "tool_common.h"
 
+#define DSRT_MIN_SIZE(a, b) ((a) < (b) ? (a) : (b))
+
 static const char usage[] =
     "usage: dsbench DATA [pipeline options]\n"
     "       dsbench DATA --index [options]\n"
@@ -92,13 +94,17 @@ static const char usage[] =
     "  --cold                drop DATA's files from the page cache before each epoch\n"
     "                        (posix_fadvise DONTNEED on every file)\n"
     "  --fail-on-error       stop at the first bad image instead of skipping it\n"
+    "  --bad-list FILE       write every bad image, with the reason, to FILE (one JSON\n"
+    "                        object a line: path, error); the report names the first 20\n"
     "  --checksum            hash every delivered batch (samples and labels, in order;\n"
     "                        FNV-1a over 64-bit words in 4 lanes) and print the hash:\n"
     "                        the same for any thread count, io back-end or timing\n"
     "  --json                one JSON line per epoch, then a summary line with\n"
     "                        images_per_s (median after the warm-up), images,\n"
-    "                        skipped, threads, io, per-stage seconds and, with\n"
-    "                        --checksum, checksum (hex); no progress bar\n"
+    "                        bad_files (the first 20: path, error), bad_files_total,\n"
+    "                        skipped (times a bad file was passed over), threads,\n"
+    "                        io, per-stage seconds and, with --checksum, checksum\n"
+    "                        (hex); no progress bar\n"
     "  Also --source, --labels, --extensions, --no-subfolders, --no-follow, --split,\n"
     "  --coarse as for --index.\n"
     "\n"
@@ -120,6 +126,8 @@ typedef struct {
     dsrt_pipeline_options po;
     int batch_given, sweep, cold, checksum;
     const char *threads_list;
+    const char *bad_list; /* --bad-list FILE */
+    FILE *bad_out;
     unsigned epochs;
     int pipeline_given; /* some pipeline option was given */
     dsrt_datastore_options ds;
@@ -388,6 +396,7 @@ static double median_rate(const double *rates, unsigned n) {
 
 typedef struct {
     unsigned threads;
+    tool_bad_list bad;
     double *rates; /* (epochs) images/s */
     double median, seconds;
     uint64_t delivered;
@@ -406,6 +415,28 @@ static void progress(const options *o, unsigned epoch, size_t done, size_t total
             bar, done, total, dt > 0 ? done / dt : 0.0);
 }
 
+/* Adds the bad samples of p from the first-th on to l. */
+static void collect_bad(const dsrt_pipeline *p, tool_bad_list *l) {
+    dsrt_bad_sample b[256];
+    for (;;) {
+        size_t first = (size_t)l->total;
+        size_t total = dsrt_pipeline_bad_samples(p, first, b, 256);
+        if (total <= first) break;
+        for (size_t i = 0; i < DSRT_MIN_SIZE(total - first, 256); i++) tool_bad_add(l, &b[i]);
+    }
+}
+
+/* The pipeline failed: name the bad files found so far, then the failure. */
+static void die_pipeline(const options *o, const dsrt_pipeline *p, run_result *r) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+    collect_bad(p, &r->bad);
+    dsrt_pipeline_statistics st;
+    dsrt_pipeline_stats(p, &st);
+    tool_bad_print("dsbench", "", &r->bad, st.skipped, 0, o->bad_list);
+    tool_die("%s", msg);
+}
+
 /* Runs o->epochs epochs with `threads` workers. */
 static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
                               const dsrt_augment_options *aug, unsigned threads, run_result *r) {
@@ -420,6 +451,7 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
     checksum c;
     checksum_init(&c);
     memset(r, 0, sizeof *r);
+    r->bad.out = o->bad_out;
     r->rates = calloc(o->epochs, sizeof *r->rates);
     if (!r->rates) tool_die("out of memory");
     uint64_t skipped_before = 0;
@@ -438,7 +470,7 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
             dsrt_batch *b;
             if (dsrt_pipeline_next(p, &b) != 0) {
                 if (bar) fputc('\n', stderr);
-                tool_die("%s", dsrt_last_error());
+                die_pipeline(o, p, r);
             }
             if (b->epoch != e || b->index != k)
                 tool_die("internal error: batch %llu of epoch %llu where %llu of %u was due",
@@ -480,15 +512,8 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
     snprintf(r->cpus, sizeof r->cpus, "%s", r->st.cpus ? r->st.cpus : "");
     snprintf(r->io_fallback, sizeof r->io_fallback, "%s",
              r->st.io_fallback ? r->st.io_fallback : "");
-    if (r->st.bad_message_count > 0 && !o->json) {
-        fprintf(stderr, "dsbench: %llu bad image%s skipped:\n",
-                (unsigned long long)r->st.bad_samples, r->st.bad_samples == 1 ? "" : "s");
-        for (unsigned i = 0; i < r->st.bad_message_count; i++)
-            fprintf(stderr, "  %s\n", r->st.bad_messages[i]);
-        if (r->st.bad_samples > r->st.bad_message_count)
-            fprintf(stderr, "  ... and %llu more\n",
-                    (unsigned long long)(r->st.bad_samples - r->st.bad_message_count));
-    }
+    collect_bad(p, &r->bad);
+    if (!o->json) tool_bad_print("dsbench", "", &r->bad, r->st.skipped, 0, o->bad_list);
     /* Stats strings point into the pipeline: copied above. */
     r->st.cpus = NULL;
     r->st.io_fallback = NULL;
@@ -544,11 +569,12 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
            o->po.reader.direct ? "true" : "false", o->cold ? "true" : "false", o->epochs, images,
            (unsigned long long)r->delivered, r->median);
     for (unsigned e = 0; e < o->epochs; e++) printf("%s%.1f", e ? "," : "", r->rates[e]);
-    printf("],\"skipped\":%llu,\"bad_samples\":%llu,\"read_s\":%.3f,\"decode_s\":%.3f,"
+    printf("]");
+    tool_bad_json(stdout, "", &r->bad, s->skipped);
+    printf(",\"read_s\":%.3f,\"decode_s\":%.3f,"
            "\"augment_s\":%.3f,\"slot_wait_s\":%.3f,\"consumer_wait_s\":%.3f,\"seconds\":%.3f,"
            "\"locked_memory\":%s,\"pinned_memory\":%s",
-           (unsigned long long)s->skipped, (unsigned long long)s->bad_samples, s->read_s,
-           s->decode_s, s->augment_s, s->slot_wait_s, s->consumer_wait_s, r->seconds,
+           s->read_s, s->decode_s, s->augment_s, s->slot_wait_s, s->consumer_wait_s, r->seconds,
            s->locked_memory ? "true" : "false", s->pinned_memory ? "true" : "false");
     if (o->checksum) printf(",\"checksum\":\"%016llx\"", (unsigned long long)r->hash);
     printf("}\n");
@@ -603,9 +629,11 @@ static int run_pipeline(options *o) {
     if (o->sweep) ncounts = sweep_counts(o, ds, counts, 64);
     run_result *res = calloc(ncounts, sizeof *res);
     if (!res) tool_die("out of memory");
+    FILE *bad_out = o->bad_out; /* the first run writes the list */
     for (unsigned i = 0; i < ncounts; i++) {
         run_result *r = &res[i];
         run_pipeline_once(o, ds, &aug, counts[i], r);
+        o->bad_out = NULL;
         if (o->json) {
             json_summary(o, r, images);
             continue;
@@ -652,7 +680,11 @@ static int run_pipeline(options *o) {
                    res[i].median);
         printf("]}\n");
     }
-    for (unsigned i = 0; i < ncounts; i++) free(res[i].rates);
+    o->bad_out = bad_out;
+    for (unsigned i = 0; i < ncounts; i++) {
+        free(res[i].rates);
+        tool_bad_free(&res[i].bad);
+    }
     free(res);
     dsrt_datastore_close(ds);
     return 0;
@@ -726,6 +758,8 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
         po->fail_on_error = 1;
     } else if (strcmp(a, "--checksum") == 0) {
         o->checksum = 1;
+    } else if (strcmp(a, "--bad-list") == 0) {
+        o->bad_list = tool_value(argc, argv, i);
     } else {
         return 0;
     }
@@ -788,5 +822,12 @@ int main(int argc, char **argv) {
     }
     if (o.threads_list && strchr(o.threads_list, ',') && !o.sweep)
         tool_die_usage("--threads: a list needs --sweep");
-    return run_pipeline(&o);
+    char why[512];
+    if (o.bad_list && (tool_check_output(o.bad_list, 0, why, sizeof why) ||
+                       !(o.bad_out = tool_open_output(o.bad_list, why, sizeof why))))
+        tool_die_usage("--bad-list %s: %s", o.bad_list, why);
+    int rc = run_pipeline(&o);
+    if (o.bad_out && (ferror(o.bad_out) | fclose(o.bad_out)))
+        tool_die("--bad-list %s: the list could not be written in full", o.bad_list);
+    return rc;
 }

@@ -18,8 +18,10 @@
  */
 #include <dsrt.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -278,22 +280,32 @@ static double median_of(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, len = 0;
-    char *s = malloc(cap);
-    for (size_t r; s && (r = fread(s + len, 1, cap - len - 1, f)) > 0;) {
-        len += r;
-        if (len + 1 == cap) {
-            char *t = realloc(s, cap *= 2);
-            if (!t) free(s);
-            s = t;
-        }
+/* Largest network description file read. */
+#define NET_TEXT_MAX ((size_t)1 << 20)
+/* Largest image file classify reads. */
+#define IMAGE_FILE_MAX ((size_t)256 << 20)
+
+/* A network description file: NULL with the reason in why when it is not a
+ * regular file, too large, empty or not text. */
+static char *read_net_text(const char *path, char *why, size_t why_cap) {
+    size_t len;
+    char *text = tool_read_file(path, NET_TEXT_MAX, &len, why, why_cap);
+    if (!text) return NULL;
+    const char *bad = NULL;
+    size_t words = 0;
+    for (size_t i = 0; i < len && !bad; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == 0 || (c < 0x20 && c != '\n' && c != '\r' && c != '\t') || c == 0x7f)
+            bad = "binary data, not a network description (one layer a line)";
+        words += !isspace(c) && (i == 0 || isspace((unsigned char)text[i - 1]));
     }
-    fclose(f);
-    if (s) s[len] = '\0';
-    return s;
+    if (!bad && words == 0) bad = "empty: a network description lists one layer a line";
+    if (bad) {
+        snprintf(why, why_cap, "%s", bad);
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 static int cmd_bench(int argc, char **argv) {
@@ -320,14 +332,15 @@ static int cmd_bench(int argc, char **argv) {
     int is_alexnet = !strcmp(bench.net, "alexnet");
     char *text = NULL;
     if (!builtin) {
-        text = read_text(bench.net);
+        char why[256];
+        text = read_net_text(bench.net, why, sizeof why);
         if (!text) {
             const char *const *names;
             dsrt_net_builtin(NULL, &names);
             fprintf(stderr, "%s bench: --net: '%s' is neither a built-in network (", prog,
                     bench.net);
             for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
-            fprintf(stderr, ") nor a readable file: %s\n", strerror(errno));
+            fprintf(stderr, ") nor a network description file: %s\n", why);
             return 2;
         }
     }
@@ -483,19 +496,65 @@ bad:
     return -1;
 }
 
+/* 1 when path is a regular file that starts as a dsrt model does. */
 static int is_model_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char magic[8] = {0};
-    if (!f) return 0;
-    size_t n = fread(magic, 1, 8, f);
-    fclose(f);
+    char magic[8] = {0}, why[8];
+    long long size;
+    int fd = tool_open_regular(path, why, sizeof why, &size);
+    if (fd < 0) return 0;
+    ssize_t n = pread(fd, magic, 8, 0);
+    close(fd);
     return n == 8 && !memcmp(magic, "DSRTMODL", 8);
 }
 
-static int open_data(const char *cmd, const char *what, const char *path, dsrt_datastore **ds) {
+/* Opens labelled data: prints the scan's warnings (broken or looping links,
+ * unreadable folders, ...) and refuses classes without images unless
+ * drop_empty leaves them out. */
+static int open_data(const char *cmd, const char *what, const char *path, int drop_empty,
+                     dsrt_datastore **ds) {
     dsrt_datastore_options o = dsrt_datastore_defaults();
+    o.drop_empty_classes = drop_empty;
     if (dsrt_datastore_open(ds, path, &o) != 0) {
         fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
+        return -1;
+    }
+    size_t nw = dsrt_datastore_warning_count(*ds), nc = dsrt_datastore_num_classes(*ds);
+    if (nw) {
+        fprintf(stderr, "%s %s: %s %s: %zu warning%s while indexing:\n", prog, cmd, what, path, nw,
+                nw == 1 ? "" : "s");
+        const char *w = dsrt_datastore_warnings(*ds);
+        while (*w) {
+            const char *e = strchr(w, '\n');
+            size_t len = e ? (size_t)(e - w) : strlen(w);
+            fprintf(stderr, "  %.*s\n", (int)len, w);
+            w += len + (e != NULL);
+        }
+        size_t shown = 0;
+        for (const char *c = dsrt_datastore_warnings(*ds); *c; c++) shown += *c == '\n';
+        if (nw > shown) fprintf(stderr, "  ... and %zu more\n", nw - shown);
+    }
+    size_t *counts = calloc(nc ? nc : 1, sizeof *counts);
+    if (!counts) {
+        fprintf(stderr, "%s %s: out of memory\n", prog, cmd);
+        return -1;
+    }
+    dsrt_datastore_class_counts(*ds, counts);
+    size_t empty = 0;
+    for (size_t c = 0; c < nc; c++) {
+        if (counts[c]) continue;
+        if (empty++ == 0)
+            fprintf(stderr, "%s %s: %s %s: classes without images:", prog, cmd, what, path);
+        fputc(' ', stderr);
+        tool_text_field(stderr, dsrt_datastore_class_name(*ds, c));
+    }
+    free(counts);
+    if (empty) {
+        fprintf(stderr,
+                "\n  (a class must have images to be learnt or tested: add some, remove "
+                "the folder%s, or give --drop-empty-classes to leave %s out)\n",
+                empty == 1 ? "" : "s", empty == 1 ? "it" : "them");
+        dsrt_datastore_close(*ds);
+        *ds = NULL;
         return -1;
     }
     return 0;
@@ -504,6 +563,18 @@ static int open_data(const char *cmd, const char *what, const char *path, dsrt_d
 static void print_hms(FILE *f, double s) {
     long t = (long)(s + 0.5);
     fprintf(f, "%02ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+}
+
+/* A name in a text column: escaped (tool_text_field), padded to width. */
+static void print_padded(const char *s, int width) {
+    tool_text_field(stdout, s);
+    int used = 0; /* columns: escapes as written, a UTF-8 character as one */
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        used += *p == '\t' || *p == '\n' || *p == '\r' || *p == '\\' ? 2
+                : *p < 0x20 || *p == 0x7f                            ? 4
+                : (*p & 0xc0) == 0x80                                ? 0
+                                                                     : 1;
+    for (int i = used; i < width; i++) putchar(' ');
 }
 
 /* A number for JSON: null when it is not finite. buf holds 32 bytes. */
@@ -521,10 +592,12 @@ static struct {
     const char *lr, *momentum, *l2, *lr_schedule, *lr_drop_factor, *grad_threshold,
         *grad_threshold_method, *output_network, *plot, *log, *save, *transfer, *lr_factor,
         *new_lr_factor, *cpus, *rand_rotation, *rand_scale, *rand_x_translation,
-        *rand_y_translation, *rand_x_shear, *rand_y_shear, *layer, *size_mode, *rand_translation;
+        *rand_y_translation, *rand_x_shear, *rand_y_shear, *layer, *size_mode, *rand_translation,
+        *bad_list;
     int epochs, batch, threads, workers, val_frequency, val_patience, val_batch, verbose_frequency,
         checkpoint_frequency, lr_drop_period, prefetch, json, drop_last, no_pin, quiet, no_progress,
-        rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter;
+        rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
+        depth, drop_empty_classes;
     uint64_t seed;
     int seed_given, uint8_batches;
     device_args dev;
@@ -548,6 +621,7 @@ static const option TRAIN_OPTIONS[] = {
     {"cpus", OPT_STR, &tr.cpus, 0, 0, "LIST", "run on these CPUs, e.g. 0-3 [all]"},
     {"no-pin", OPT_FLAG, &tr.no_pin, 0, 0, NULL, "do not bind threads to cores"},
     {"prefetch", OPT_INT, &tr.prefetch, 1, 1024, "N", "batches made ahead [4]"},
+    {"depth", OPT_INT, &tr.depth, 1, 4096, "N", "file reads in flight per pipeline worker [16]"},
     {"solver", OPT_STR, &tr.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
     {"momentum", OPT_STR, &tr.momentum, 0, 0, "X", "Momentum (sgdm) [0.9]"},
     {"l2", OPT_STR, &tr.l2, 0, 0, "X", "L2Regularization [1e-4]"},
@@ -614,6 +688,10 @@ static const option TRAIN_OPTIONS[] = {
      "VerboseFrequency: iterations between table rows [50]"},
     {"fail-on-error", OPT_FLAG, &tr.fail_on_error, 0, 0, NULL,
      "stop at the first image that cannot be read (default: skip it)"},
+    {"bad-list", OPT_STR, &tr.bad_list, 0, 0, "FILE",
+     "write every bad image (path and reason, one JSON object a line) to FILE"},
+    {"drop-empty-classes", OPT_FLAG, &tr.drop_empty_classes, 0, 0, NULL,
+     "leave out class folders without images (default: refuse them)"},
     {"quiet", OPT_FLAG, &tr.quiet, 0, 0, NULL, "no table, only the summary"},
     {"no-progress", OPT_FLAG, &tr.no_progress, 0, 0, NULL, "no progress bar on the terminal"},
     {"json", OPT_FLAG, &tr.json, 0, 0, NULL,
@@ -627,8 +705,9 @@ static void train_usage(FILE *f) {
             "Trains a network on a folder of class sub-folders with MATLAB trainingOptions'\n"
             "semantics: SGD with momentum 0.9, L2 1e-4, learning rate 0.01, batch 128, shuffled\n"
             "every epoch, random left-right reflection, float input in [0, 1] at the net's\n"
-            "input size (gray or RGB as the net takes). For digits on Fashion-MNIST this is\n"
-            "the recipe of torch_train_folder.py:\n\n"
+            "input size (gray or RGB as the net takes). For digits on Fashion-MNIST (a folder\n"
+            "made by `dsbench convert`) the usual recipe is 3 epochs of batch 128 at learning\n"
+            "rate 0.01, validated on the test split after each epoch:\n\n"
             "  %s train --data fm/train --val fm/test --net digits --epochs 3\n\n"
             "Batches are made in the background on pipeline workers while compute threads\n"
             "train; both are pinned. By default the pipeline gets ceil(L) workers on the last\n"
@@ -638,8 +717,16 @@ static void train_usage(FILE *f) {
             "end of each epoch unless --val-frequency says otherwise. A non-finite loss stops\n"
             "the run (exit status 1) and leaves the last checkpoint as it was. With --resume,\n"
             "the seed and the position come from the checkpoint.\n\n"
+            "Images that cannot be read or decoded are skipped (a training place takes the\n"
+            "next image; validation leaves them out) and named at the end, on stderr and in\n"
+            "the JSON summary (the first %d; --bad-list writes all). Ctrl-C or SIGTERM stops\n"
+            "after the current step, writes a checkpoint (with --checkpoint-dir) and the\n"
+            "model (with --save), says what was kept and exits with 130 or 143; a second\n"
+            "Ctrl-C exits at once. Output paths (--save, --plot, --log, --bad-list) are\n"
+            "checked before any work; if --save cannot be written at the end, the weights go\n"
+            "to a file in the current folder (or /tmp) and the exit status is 1.\n\n"
             "options:\n",
-            prog, prog);
+            prog, prog, TOOL_BAD_SHOWN);
     print_options(f, TRAIN_OPTIONS);
 }
 
@@ -648,12 +735,26 @@ typedef struct {
     int log_json;
     dsrt_train_history *hist;
     const char *plot;
+    int plot_failed; /* a plot could not be written */
     int table, json, progress;
     double last_bar;
     int bar_shown;
     int64_t ipe;
     const char *title;
+    tool_bad_list bad[2]; /* training, validation */
 } train_ui;
+
+/* SIGINT or SIGTERM: the first stops training after the current step, a
+ * second exits at once. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+    if (stop_signal) _exit(128 + sig);
+    stop_signal = sig;
+    static const char msg[] = "\ndstrain: stopping after this step (again to quit at once)\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+}
 
 static void bar_clear(train_ui *u) {
     if (u->bar_shown) {
@@ -788,7 +889,8 @@ static int train_event(void *ctx, const dsrt_train_event *e) {
                    (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->images_per_s);
         if (u->plot && u->hist && dsrt_train_history_svg(u->hist, u->plot, u->title) != 0) {
             bar_clear(u);
-            fprintf(stderr, "%s train: %s\n", prog, dsrt_last_error());
+            fprintf(stderr, "%s train: --plot: %s\n", prog, dsrt_last_error());
+            u->plot_failed = 1;
         }
         if (u->log) fflush(u->log);
         break;
@@ -804,9 +906,31 @@ static int train_event(void *ctx, const dsrt_train_event *e) {
         bar_clear(u);
         if (u->table) table_rule();
         break;
+    case DSRT_EVENT_BAD_SAMPLE:
+        tool_bad_add(&u->bad[e->validation != 0], e->bad_sample);
+        break;
     }
     if (u->json) fflush(stdout);
-    return 0;
+    return stop_signal != 0;
+}
+
+/* dsrt_net_create failed on the description read from file: the message
+ * names the file, not "net description". */
+static void net_file_error(const char *file, const char *text) {
+    const char *m = dsrt_last_error();
+    static const char prefix[] = "net description: ";
+    if (!strncmp(m, prefix, sizeof prefix - 1)) m += sizeof prefix - 1;
+    fprintf(stderr, "%s train: --net %s: %s\n", prog, file, m);
+    /* A file holding only a built-in network's name. */
+    char word[32];
+    if (sscanf(text, " %31s", word) == 1 && dsrt_net_builtin(word, NULL)) {
+        char rest[2];
+        if (sscanf(text, " %*s %1s", rest) != 1)
+            fprintf(stderr,
+                    "  (the file names a built-in network: give --net %s for it; a description "
+                    "file lists layers, one a line)\n",
+                    word);
+    }
 }
 
 static void print_args(FILE *f, int argc, char **argv) {
@@ -944,6 +1068,35 @@ static int cmd_train(int argc, char **argv) {
             return 2;
         }
     }
+    /* Every output path, before any work: a run must not end with nowhere
+     * to put its results. */
+    const struct {
+        const char *option, *path;
+        int regular; /* written by rename: only a regular file may be replaced */
+    } out_paths[] = {{"save", tr.save, 1},
+                     {"plot", tr.plot, 1},
+                     {"log", tr.log, 0},
+                     {"bad-list", tr.bad_list, 0}};
+    char why[512];
+    for (size_t i = 0; i < sizeof out_paths / sizeof out_paths[0]; i++)
+        if (out_paths[i].path &&
+            tool_check_output(out_paths[i].path, out_paths[i].regular, why, sizeof why)) {
+            fprintf(stderr, "%s train: --%s %s: %s\n", prog, out_paths[i].option, out_paths[i].path,
+                    why);
+            return 2;
+        }
+    if (tr.log && !(logf = tool_open_output(tr.log, why, sizeof why))) {
+        fprintf(stderr, "%s train: --log %s: %s\n", prog, tr.log, why);
+        return 2;
+    }
+    train_ui ui = {0};
+    if (tr.bad_list && !(ui.bad[0].out = tool_open_output(tr.bad_list, why, sizeof why))) {
+        fprintf(stderr, "%s train: --bad-list %s: %s\n", prog, tr.bad_list, why);
+        fclose(logf);
+        return 2;
+    }
+    ui.bad[1].out = ui.bad[0].out;
+    ui.bad[1].data = "val";
     o.max_epochs = tr.epochs;
     o.batch = tr.batch;
     o.drop_last = tr.drop_last;
@@ -961,6 +1114,7 @@ static int cmd_train(int argc, char **argv) {
     o.cpus = tr.cpus;
     o.pin = !tr.no_pin;
     o.prefetch = (unsigned)tr.prefetch;
+    o.read_depth = (unsigned)tr.depth;
     o.fail_on_error = tr.fail_on_error;
 
     /* The data, then the net: built, loaded, transferred or the checkpoint's. */
@@ -969,8 +1123,8 @@ static int cmd_train(int argc, char **argv) {
     char *text = NULL, *desc = NULL;
     dsrt_train_history *hist = NULL;
     int status = 1;
-    if (open_data(cmd, "--data", tr.data, &train) ||
-        (tr.val && open_data(cmd, "--val", tr.val, &val))) {
+    if (open_data(cmd, "--data", tr.data, tr.drop_empty_classes, &train) ||
+        (tr.val && open_data(cmd, "--val", tr.val, tr.drop_empty_classes, &val))) {
         status = 2;
         goto out;
     }
@@ -1021,12 +1175,16 @@ static int cmd_train(int argc, char **argv) {
             goto out;
         }
     } else {
-        text = read_text(netname);
+        char why[256];
+        text = read_net_text(netname, why, sizeof why);
         if (!text) {
-            fprintf(stderr,
-                    "%s train: --net: '%s' is neither a built-in network nor a readable "
-                    "file: %s\n",
-                    prog, netname, strerror(errno));
+            if (netname == ckpt)
+                fprintf(stderr, "%s train: --resume: %s: %s\n", prog, netname, why);
+            else
+                fprintf(stderr,
+                        "%s train: --net: '%s' is neither a built-in network nor a network "
+                        "description file: %s\n",
+                        prog, netname, why);
             status = 2;
             goto out;
         }
@@ -1034,7 +1192,10 @@ static int cmd_train(int argc, char **argv) {
     }
     if (!net) {
         if (!desc || dsrt_net_create(&net, desc, 0, 0, 0, classes, &no) != 0) {
-            fprintf(stderr, "%s train: --net: %s\n", prog, dsrt_last_error());
+            if (text)
+                net_file_error(netname, text);
+            else
+                fprintf(stderr, "%s train: --net: %s\n", prog, dsrt_last_error());
             status = 2;
             goto out;
         }
@@ -1044,17 +1205,12 @@ static int cmd_train(int argc, char **argv) {
         status = 2;
         goto out;
     }
-    if (tr.log && !(logf = fopen(tr.log, "w"))) {
-        fprintf(stderr, "%s train: --log: %s: %s\n", prog, tr.log, strerror(errno));
-        goto out;
-    }
     if (logf && !log_json)
         fprintf(logf, "epoch,iteration,time_s,loss,accuracy,learn_rate,val_loss,val_accuracy\n");
     if ((tr.plot && dsrt_train_history_create(&hist) != 0)) goto out;
 
     dsrt_net_info ni;
     dsrt_net_get_info(net, &ni);
-    train_ui ui = {0};
     ui.log = logf;
     ui.log_json = log_json;
     ui.hist = hist;
@@ -1075,22 +1231,64 @@ static int cmd_train(int argc, char **argv) {
         printf("\n");
     }
 
+    /* From here a signal stops after the current step (see on_stop_signal). */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
     dsrt_train_result r;
     rc = dsrt_train(net, train, &o, &r);
-    if (hist && tr.plot && dsrt_train_history_svg(hist, tr.plot, title) != 0)
-        fprintf(stderr, "%s train: %s\n", prog, dsrt_last_error());
+    if (hist && tr.plot && dsrt_train_history_svg(hist, tr.plot, title) != 0) {
+        fprintf(stderr, "%s train: --plot: %s\n", prog, dsrt_last_error());
+        ui.plot_failed = 1;
+    }
     if (rc) {
         fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
-        if (tr.json)
-            printf(
-                "{\"event\": \"error\", \"code\": %d, \"error\": \"%s\", \"iterations\": %lld}\n",
-                rc, dsrt_strerror(rc), (long long)r.iterations);
+        if (tr.json) {
+            printf("{\"event\": \"error\", \"code\": %d, \"error\": ", rc);
+            tool_json_string(stdout, dsrt_last_error());
+            printf(", \"iterations\": %lld", (long long)r.iterations);
+            tool_bad_json(stdout, "", &ui.bad[0], r.skipped);
+            tool_bad_json(stdout, "val_", &ui.bad[1], r.val_skipped);
+            printf("}\n");
+        } else {
+            tool_bad_print("dstrain train", "training", &ui.bad[0], r.skipped, 0, tr.bad_list);
+            tool_bad_print("dstrain train", "validation", &ui.bad[1], r.val_skipped, 1,
+                           tr.bad_list);
+        }
         goto out;
     }
+    /* The weights: to --save, or, when that fails, where they are kept anyway. */
+    const char *saved = tr.save;
+    char fallback[4200] = "";
     if (tr.save && dsrt_model_save(tr.save, net) != 0) {
-        fprintf(stderr, "%s train: --save: %s\n", prog, dsrt_last_error());
-        goto out;
+        fprintf(stderr, "%s train: --save %s: %s\n", prog, tr.save, dsrt_last_error());
+        saved = NULL;
+        if (r.checkpoint[0] && !strcmp(r.checkpoint + strlen(r.checkpoint) - 5, ".dsrt")) {
+            fprintf(stderr, "%s train: the trained weights are in the last checkpoint, %s\n", prog,
+                    r.checkpoint);
+        } else {
+            const char *tmp = getenv("TMPDIR");
+            const char *dirs[] = {".", tmp && *tmp ? tmp : "/tmp"};
+            for (int d = 0; d < 2 && !saved; d++) {
+                snprintf(fallback, sizeof fallback, "%s/dstrain-weights-%ld.dsrt", dirs[d],
+                         (long)getpid());
+                if (dsrt_model_save(fallback, net) == 0) saved = fallback;
+            }
+            if (saved)
+                fprintf(stderr, "%s train: the trained weights were written to %s instead\n", prog,
+                        saved);
+            else
+                fprintf(stderr, "%s train: the trained weights could not be written anywhere\n",
+                        prog);
+        }
     }
+    int interrupted = r.stop == DSRT_STOP_CALLBACK && stop_signal;
+    const char *signame = stop_signal == SIGTERM ? "SIGTERM" : "SIGINT";
     static const char *const stops[] = {"max epochs completed", "validation patience reached",
                                         "stopped by request", "error"};
     if (tr.json) {
@@ -1101,14 +1299,17 @@ static int cmd_train(int argc, char **argv) {
                "\"train_s\": %.3f, \"val_s\": %.3f, \"images_per_s\": %.1f, \"val_accuracy\": "
                "%s, \"val_loss\": %s, \"loss\": %s, \"accuracy\": %s, \"batch\": %d, "
                "\"workers\": %u, \"compute_threads\": %d, \"pinned\": %d, "
-               "\"consumer_wait_s\": %.3f, \"skipped\": %llu, \"seed\": %llu, "
-               "\"weights_checksum\": \"%016llx\"",
-               stops[r.stop], (long long)r.epochs, (long long)r.iterations,
-               (unsigned long long)r.images, r.train_s, r.val_s, r.images_per_s,
-               jnum(b1, r.val_accuracy), jnum(b2, r.val_loss), jnum(b3, r.loss),
-               jnum(b4, r.accuracy), o.batch, r.workers, r.compute_threads, r.pinned,
-               r.consumer_wait_s, (unsigned long long)r.skipped, (unsigned long long)r.seed,
+               "\"consumer_wait_s\": %.3f, \"seed\": %llu, \"weights_checksum\": \"%016llx\"",
+               interrupted
+                   ? (stop_signal == SIGTERM ? "interrupted by SIGTERM" : "interrupted by SIGINT")
+                   : stops[r.stop],
+               (long long)r.epochs, (long long)r.iterations, (unsigned long long)r.images,
+               r.train_s, r.val_s, r.images_per_s, jnum(b1, r.val_accuracy), jnum(b2, r.val_loss),
+               jnum(b3, r.loss), jnum(b4, r.accuracy), o.batch, r.workers, r.compute_threads,
+               r.pinned, r.consumer_wait_s, (unsigned long long)r.seed,
                (unsigned long long)r.weights_checksum);
+        tool_bad_json(stdout, "", &ui.bad[0], r.skipped);
+        if (val) tool_bad_json(stdout, "val_", &ui.bad[1], r.val_skipped);
         if (r.checkpoint[0]) {
             printf(", \"checkpoint\": ");
             tool_json_string(stdout, r.checkpoint);
@@ -1121,12 +1322,22 @@ static int cmd_train(int argc, char **argv) {
                    "%.4f",
                    r.device_busy_s, r.device_idle_s, dev_s > 0 ? r.device_idle_s / dev_s : 0.0);
         }
+        printf(", \"model\": ");
+        if (saved)
+            tool_json_string(stdout, saved);
+        else
+            printf("null");
         printf("}\n");
     } else {
-        printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training: %.0f "
-               "images/s (loading included; the compute waited %.2f s for data).\n",
-               stops[r.stop], (long long)r.epochs, (long long)r.iterations, r.train_s,
-               r.images_per_s, r.consumer_wait_s);
+        if (interrupted)
+            printf("Training interrupted by %s after iteration %lld of %lld, %.1f s of "
+                   "training.\n",
+                   signame, (long long)r.iterations, (long long)(ui.ipe * o.max_epochs), r.train_s);
+        else
+            printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training: %.0f "
+                   "images/s (loading included; the compute waited %.2f s for data).\n",
+                   stops[r.stop], (long long)r.epochs, (long long)r.iterations, r.train_s,
+                   r.images_per_s, r.consumer_wait_s);
         if (r.device >= 0)
             printf("GPU %d (%s): busy %.1f s, idle between steps %.2f s (%.1f%%).\n", r.device,
                    dsrt_precision_name(ni.precision), r.device_busy_s, r.device_idle_s,
@@ -1136,13 +1347,40 @@ static int cmd_train(int argc, char **argv) {
                    100 * r.val_accuracy, r.val_loss, r.val_s);
         printf("Weights checksum %016llx", (unsigned long long)r.weights_checksum);
         if (r.checkpoint[0]) printf("; last checkpoint %s", r.checkpoint);
-        if (tr.save) printf("; model saved to %s", tr.save);
+        if (saved) printf("; model saved to %s", saved);
         printf("\n");
-        if (r.skipped) printf("%llu bad images skipped.\n", (unsigned long long)r.skipped);
     }
-    status = 0;
+    fflush(stdout);
+    if (!tr.json) {
+        tool_bad_print("dstrain train", "training", &ui.bad[0], r.skipped, 0, tr.bad_list);
+        tool_bad_print("dstrain train", "validation", &ui.bad[1], r.val_skipped, 1, tr.bad_list);
+    }
+    if (interrupted) {
+        if (r.checkpoint[0] || saved)
+            fprintf(stderr, "%s train: interrupted by %s; kept%s%s%s%s\n", prog, signame,
+                    r.checkpoint[0] ? " the checkpoint " : "", r.checkpoint,
+                    saved ? (r.checkpoint[0] ? " and the model " : " the model ") : "",
+                    saved ? saved : "");
+        else
+            fprintf(stderr,
+                    "%s train: interrupted by %s; nothing kept (give --checkpoint-dir or --save "
+                    "to keep the weights of an interrupted run)\n",
+                    prog, signame);
+    }
+    status = interrupted ? 128 + stop_signal : 0;
+    if ((tr.save && saved != tr.save) || ui.plot_failed) status = status ? status : 1;
 out:
-    if (logf) fclose(logf);
+    if (logf && (ferror(logf) | fclose(logf))) {
+        fprintf(stderr, "%s train: --log %s: the log could not be written in full\n", prog, tr.log);
+        if (status == 0) status = 1;
+    }
+    if (ui.bad[0].out && (ui.bad[0].write_failed | ferror(ui.bad[0].out) | fclose(ui.bad[0].out))) {
+        fprintf(stderr, "%s train: --bad-list %s: the list could not be written in full\n", prog,
+                tr.bad_list);
+        if (status == 0) status = 1;
+    }
+    tool_bad_free(&ui.bad[0]);
+    tool_bad_free(&ui.bad[1]);
     dsrt_train_history_destroy(hist);
     dsrt_net_destroy(net);
     dsrt_net_destroy(base);
@@ -1158,8 +1396,8 @@ out:
 // eval
 
 static struct {
-    const char *model, *data, *cpus;
-    int batch, threads, workers, json, no_pin;
+    const char *model, *data, *cpus, *bad_list;
+    int batch, threads, workers, json, no_pin, depth, drop_empty_classes;
     device_args dev;
 } ev;
 
@@ -1172,6 +1410,11 @@ static const option EVAL_OPTIONS[] = {
     {"cpus", OPT_STR, &ev.cpus, 0, 0, "LIST", "run on these CPUs [all]"},
     {"no-pin", OPT_FLAG, &ev.no_pin, 0, 0, NULL, "do not bind threads to cores"},
     DEVICE_OPTIONS(ev.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
+    {"depth", OPT_INT, &ev.depth, 1, 4096, "N", "file reads in flight per pipeline worker [16]"},
+    {"bad-list", OPT_STR, &ev.bad_list, 0, 0, "FILE",
+     "write every bad image (path and reason, one JSON object a line) to FILE"},
+    {"drop-empty-classes", OPT_FLAG, &ev.drop_empty_classes, 0, 0, NULL,
+     "leave out class folders without images (default: refuse them)"},
     {"json", OPT_FLAG, &ev.json, 0, 0, NULL,
      "one JSON line: accuracy, per_class, confusion (rows true, columns predicted)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
@@ -1182,8 +1425,10 @@ static void eval_usage(FILE *f) {
             "usage: %s eval --model FILE --data DIR [options]\n\n"
             "Runs a trained model over labelled images and reports the accuracy, the accuracy\n"
             "of each class and the confusion matrix (rows: true class, columns: predicted).\n"
-            "The data's classes are matched to the model's by name.\n\noptions:\n",
-            prog);
+            "The data's classes are matched to the model's by name. Each image that can be\n"
+            "read counts once; those that cannot are left out and named (the first %d;\n"
+            "--bad-list writes all).\n\noptions:\n",
+            prog, TOOL_BAD_SHOWN);
     print_options(f, EVAL_OPTIONS);
 }
 
@@ -1202,22 +1447,31 @@ static int cmd_eval(int argc, char **argv) {
     dsrt_datastore *ds = NULL;
     dsrt_net *net = NULL;
     dsrt_eval_result r = {0};
+    tool_bad_list bad = {0};
     int status = 1;
+    char why[512];
+    if (ev.bad_list && (tool_check_output(ev.bad_list, 0, why, sizeof why) ||
+                        !(bad.out = tool_open_output(ev.bad_list, why, sizeof why)))) {
+        fprintf(stderr, "%s eval: --bad-list %s: %s\n", prog, ev.bad_list, why);
+        return 2;
+    }
     if (dsrt_model_load(&net, ev.model, &no) != 0) {
         fprintf(stderr, "%s eval: --model: %s\n", prog, dsrt_last_error());
         goto out;
     }
-    if (open_data("eval", "--data", ev.data, &ds)) goto out;
+    if (open_data("eval", "--data", ev.data, ev.drop_empty_classes, &ds)) goto out;
     dsrt_eval_options eo = dsrt_eval_defaults();
     eo.batch = ev.batch;
     eo.compute_threads = ev.threads;
     eo.workers = (unsigned)ev.workers;
     eo.cpus = ev.cpus;
     eo.pin = !ev.no_pin;
+    eo.read_depth = (unsigned)ev.depth;
     if (dsrt_evaluate(net, ds, &eo, &r) != 0) {
         fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
         goto out;
     }
+    for (uint64_t i = 0; i < r.bad_samples; i++) tool_bad_add(&bad, &r.bad[i]);
     int C = r.classes;
     char name[256];
     if (ev.json) {
@@ -1252,24 +1506,31 @@ static int cmd_eval(int argc, char **argv) {
                 printf("%s%llu", p ? ", " : "", (unsigned long long)r.confusion[(size_t)c * C + p]);
             printf("]");
         }
-        printf("]}\n");
+        printf("]");
+        tool_bad_json(stdout, "", &bad, r.skipped);
+        printf("}\n");
     } else {
         printf("%s on %s: accuracy %.2f%% (%llu of %llu), loss %.4f, %.0f images/s\n", ev.model,
                ev.data, 100 * r.accuracy, (unsigned long long)r.correct,
                (unsigned long long)r.images, r.loss, r.images_per_s);
-        if (r.skipped) printf("%llu bad images skipped\n", (unsigned long long)r.skipped);
+        if (r.bad_samples)
+            printf("%llu image%s could not be read and %s left out (see stderr)\n",
+                   (unsigned long long)r.bad_samples, r.bad_samples == 1 ? "" : "s",
+                   r.bad_samples == 1 ? "is" : "are");
         printf("\nper class:\n");
         for (int c = 0; c < C; c++) {
             uint64_t n = 0;
             for (int p = 0; p < C; p++) n += r.confusion[(size_t)c * C + p];
             if (dsrt_net_class_name(net, c, name, sizeof name) < 0)
                 snprintf(name, sizeof name, "%d", c);
+            printf("  %3d ", c);
+            print_padded(name, 20);
             if (n)
-                printf("  %3d %-20s %7.2f%%  (%llu images)\n", c, name,
+                printf(" %7.2f%%  (%llu images)\n",
                        100.0 * (double)r.confusion[(size_t)c * C + c] / (double)n,
                        (unsigned long long)n);
             else
-                printf("  %3d %-20s       -  (no images)\n", c, name);
+                printf("       -  (no images)\n");
         }
         printf("\nconfusion matrix (rows: true class, columns: predicted):\n      ");
         for (int p = 0; p < C; p++) printf(" %6d", p);
@@ -1280,9 +1541,17 @@ static int cmd_eval(int argc, char **argv) {
                 printf(" %6llu", (unsigned long long)r.confusion[(size_t)c * C + p]);
             printf("\n");
         }
+        fflush(stdout);
+        tool_bad_print("dstrain eval", "", &bad, r.skipped, 1, ev.bad_list);
     }
     status = 0;
 out:
+    if (bad.out && (bad.write_failed | ferror(bad.out) | fclose(bad.out))) {
+        fprintf(stderr, "%s eval: --bad-list %s: the list could not be written in full\n", prog,
+                ev.bad_list);
+        if (status == 0) status = 1;
+    }
+    tool_bad_free(&bad);
     dsrt_eval_result_free(&r);
     dsrt_datastore_close(ds);
     dsrt_net_destroy(net);
@@ -1315,7 +1584,9 @@ static void classify_usage(FILE *f) {
             "sub-folders too) are all labelled. Prints, for each image, its path and the K\n"
             "likeliest labels (--top, 3 by default) with their scores (softmax probabilities),\n"
             "or with --json all the scores. Images are resized to the model's input size and\n"
-            "converted to its channels, as in training.\n\noptions:\n",
+            "converted to its channels, as in training. Columns are separated by tabs; a tab,\n"
+            "newline or backslash in a path or class name is written \\t, \\n or \\\\.\n\n"
+            "options:\n",
             prog);
     print_options(f, CLASSIFY_OPTIONS);
 }
@@ -1365,11 +1636,14 @@ static void classify_flush(classifier *c) {
                 for (int q = 0; q < C; q++) printf("%s%.6g", q ? ", " : "", (double)s[q]);
                 printf("]}\n");
             } else {
-                printf("%s", c->paths[i]);
+                /* Tab-separated: tabs and newlines in names are escaped. */
+                tool_text_field(stdout, c->paths[i]);
                 for (int j = 0; j < k; j++) {
                     if (dsrt_net_class_name(c->net, best[j], name, sizeof name) < 0)
                         snprintf(name, sizeof name, "%d", best[j]);
-                    printf("\t%s\t%.4f", name, (double)s[best[j]]);
+                    putchar('\t');
+                    tool_text_field(stdout, name);
+                    printf("\t%.4f", (double)s[best[j]]);
                 }
                 printf("\n");
             }
@@ -1380,26 +1654,13 @@ static void classify_flush(classifier *c) {
 }
 
 static void classify_file(classifier *c, const char *path) {
-    char *data = NULL;
     size_t len = 0;
-    FILE *f = fopen(path, "rb");
-    if (f) {
-        size_t cap = 1 << 16;
-        data = malloc(cap);
-        for (size_t r; data && (r = fread(data + len, 1, cap - len, f)) > 0;) {
-            len += r;
-            if (len == cap) {
-                char *t = realloc(data, cap *= 2);
-                if (!t) free(data);
-                data = t;
-            }
-        }
-        fclose(f);
-    }
+    char why[256];
+    char *data = tool_read_file(path, IMAGE_FILE_MAX, &len, why, sizeof why);
     dsrt_image_info info;
     dsrt_image img;
     if (!data) {
-        fprintf(stderr, "%s classify: %s: %s\n", prog, path, strerror(errno));
+        fprintf(stderr, "%s classify: %s: %s\n", prog, path, why);
         c->failures++;
         return;
     }

@@ -4,10 +4,14 @@
 #include "tool_common.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *tool_name = "dsrt";
 
@@ -60,9 +64,40 @@ double tool_double(const char *option, const char *value, double min, double max
     return v;
 }
 
+/* Length of the UTF-8 sequence at p (1 to 4), or 0 when it is not valid
+ * UTF-8 (overlong forms, surrogates and code points past U+10FFFF too). */
+static int utf8_length(const unsigned char *p) {
+    unsigned c = p[0];
+    int n = c < 0x80             ? 1
+            : (c & 0xe0) == 0xc0 ? 2
+            : (c & 0xf0) == 0xe0 ? 3
+            : (c & 0xf8) == 0xf0 ? 4
+                                 : 0;
+    if (n <= 1) return n;
+    uint32_t cp = c & (0x7f >> n);
+    for (int i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return n;
+}
+
 void tool_json_string(FILE *f, const char *s) {
     fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = utf8_length(p);
+        if (n == 0) {
+            fputs("\\ufffd", f);
+            p++;
+            continue;
+        }
+        if (n > 1) {
+            fwrite(p, 1, (size_t)n, f);
+            p += n;
+            continue;
+        }
         switch (*p) {
         case '"':
             fputs("\\\"", f);
@@ -80,11 +115,261 @@ void tool_json_string(FILE *f, const char *s) {
             fputs("\\t", f);
             break;
         default:
-            if (*p < 0x20)
+            if (*p < 0x20 || *p == 0x7f)
                 fprintf(f, "\\u%04x", *p);
             else
                 fputc(*p, f);
         }
+        p++;
     }
     fputc('"', f);
+}
+
+void tool_text_field(FILE *f, const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        int n = utf8_length(p);
+        if (n > 1) {
+            fwrite(p, 1, (size_t)n, f);
+            p += n - 1;
+        } else if (n == 0)
+            fprintf(f, "\\x%02x", *p);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\r')
+            fputs("\\r", f);
+        else if (*p == '\\')
+            fputs("\\\\", f);
+        else if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\x%02x", *p);
+        else
+            fputc(*p, f);
+    }
+}
+
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a folder";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    return "not a regular file";
+}
+
+int tool_open_regular(const char *path, char *why, size_t why_cap, long long *size) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+        snprintf(why, why_cap, "%s", strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, why_cap, "%s", strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        snprintf(why, why_cap, "is %s, not a regular file", file_kind(st.st_mode));
+    } else {
+        *size = (long long)st.st_size;
+        return fd;
+    }
+    close(fd);
+    return -1;
+}
+
+char *tool_read_file(const char *path, size_t max, size_t *len, char *why, size_t why_cap) {
+    *len = 0;
+    long long size;
+    int fd = tool_open_regular(path, why, why_cap, &size);
+    if (fd < 0) return NULL;
+    char *buf = NULL;
+    if ((unsigned long long)size > max) {
+        snprintf(why, why_cap, "%lld bytes, more than the limit of %zu", size, max);
+        goto fail;
+    }
+    size_t n = (size_t)size, got = 0;
+    buf = malloc(n + 1);
+    if (!buf) {
+        snprintf(why, why_cap, "out of memory for %zu bytes", n);
+        goto fail;
+    }
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            snprintf(why, why_cap, "%s", strerror(errno));
+            goto fail;
+        }
+        if (r == 0) break; /* it shrank */
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = '\0';
+    *len = got;
+    return buf;
+fail:
+    free(buf);
+    close(fd);
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// Bad files
+
+void tool_bad_add(tool_bad_list *l, const dsrt_bad_sample *b) {
+    l->total++;
+    if (l->n_shown < TOOL_BAD_SHOWN) {
+        dsrt_bad_sample *k = &l->shown[l->n_shown];
+        *k = *b;
+        k->path = b->path ? strdup(b->path) : NULL;
+        k->error = strdup(b->error ? b->error : "");
+        if ((b->path && !k->path) || !k->error) {
+            free((char *)k->path);
+            free((char *)k->error);
+        } else {
+            l->n_shown++;
+        }
+    }
+    if (l->out) {
+        fputs("{\"path\": ", l->out);
+        if (b->path)
+            tool_json_string(l->out, b->path);
+        else
+            fprintf(l->out, "null, \"id\": %u", (unsigned)b->id);
+        fputs(", \"error\": ", l->out);
+        tool_json_string(l->out, b->error ? b->error : "");
+        if (l->data) {
+            fputs(", \"data\": ", l->out);
+            tool_json_string(l->out, l->data);
+        }
+        if (fputs("}\n", l->out) == EOF) l->write_failed = 1;
+    }
+}
+
+void tool_bad_free(tool_bad_list *l) {
+    for (size_t i = 0; i < l->n_shown; i++) {
+        free((char *)l->shown[i].path);
+        free((char *)l->shown[i].error);
+    }
+    l->n_shown = 0;
+}
+
+void tool_bad_print(const char *who, const char *what, const tool_bad_list *l, uint64_t skipped,
+                    int left_out, const char *list_path) {
+    if (l->total == 0) return;
+    fprintf(stderr, "%s: %llu bad %s%sfile%s", who, (unsigned long long)l->total, what,
+            what[0] ? " " : "", l->total == 1 ? "" : "s");
+    if (left_out)
+        fprintf(stderr, " left out");
+    else
+        fprintf(stderr, ", skipped %llu time%s", (unsigned long long)skipped,
+                skipped == 1 ? "" : "s");
+    fprintf(stderr, ":\n");
+    for (size_t i = 0; i < l->n_shown; i++) {
+        fputs("  ", stderr);
+        if (l->shown[i].path)
+            tool_text_field(stderr, l->shown[i].path);
+        else
+            fprintf(stderr, "(sample %u)", (unsigned)l->shown[i].id);
+        fputs(": ", stderr);
+        tool_text_field(stderr, l->shown[i].error);
+        fputc('\n', stderr);
+    }
+    if (l->total > l->n_shown) {
+        fprintf(stderr, "  ... and %llu more", (unsigned long long)(l->total - l->n_shown));
+        if (list_path)
+            fprintf(stderr, " (all of them in %s)\n", list_path);
+        else
+            fprintf(stderr, " (--bad-list FILE writes them all)\n");
+    }
+}
+
+void tool_bad_json(FILE *f, const char *prefix, const tool_bad_list *l, uint64_t skipped) {
+    fprintf(f, ", \"%sbad_files\": [", prefix);
+    for (size_t i = 0; i < l->n_shown; i++) {
+        fputs(i ? ", {\"path\": " : "{\"path\": ", f);
+        if (l->shown[i].path)
+            tool_json_string(f, l->shown[i].path);
+        else
+            fprintf(f, "null, \"id\": %u", (unsigned)l->shown[i].id);
+        fputs(", \"error\": ", f);
+        tool_json_string(f, l->shown[i].error);
+        fputc('}', f);
+    }
+    fprintf(f, "], \"%sbad_files_total\": %llu, \"%sskipped\": %llu", prefix,
+            (unsigned long long)l->total, prefix, (unsigned long long)skipped);
+}
+
+// ----------------------------------------------------------------------------
+// Output files
+
+FILE *tool_open_output(const char *path, char *why, size_t why_cap) {
+    /* O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of
+     * waiting; it is cleared again for the writes. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644);
+    if (fd < 0) {
+        snprintf(why, why_cap, "%s",
+                 errno == ENXIO ? "a FIFO that nothing reads" : strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+        snprintf(why, why_cap, "%s", S_ISDIR(st.st_mode) ? "is a folder" : strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) {
+        snprintf(why, why_cap, "%s", strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        snprintf(why, why_cap, "%s", strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+int tool_check_output(const char *path, int regular, char *why, size_t why_cap) {
+    struct stat st;
+    if (!path[0]) {
+        snprintf(why, why_cap, "an empty name");
+        return -1;
+    }
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) {
+            snprintf(why, why_cap, "is a folder");
+            return -1;
+        }
+        if (regular && !S_ISREG(st.st_mode)) {
+            snprintf(why, why_cap, "is %s, not a regular file", file_kind(st.st_mode));
+            return -1;
+        }
+    }
+    /* The folder must take a new file: try one. */
+    size_t n = strlen(path);
+    char *probe = malloc(n + 48);
+    if (!probe) {
+        snprintf(why, why_cap, "out of memory");
+        return -1;
+    }
+    snprintf(probe, n + 48, "%s.write-check.%ld", path, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        const char *slash = strrchr(path, '/');
+        if (slash)
+            snprintf(why, why_cap, "cannot write in %.*s: %s", (int)(slash - path + 1), path,
+                     strerror(errno));
+        else
+            snprintf(why, why_cap, "cannot write in the current folder: %s", strerror(errno));
+        free(probe);
+        return -1;
+    }
+    close(fd);
+    unlink(probe);
+    free(probe);
+    return 0;
 }

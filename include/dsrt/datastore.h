@@ -97,6 +97,11 @@ typedef struct {
     /* Folder: follow symbolic links to files and folders. Loops are detected,
      * reported in the warnings and not followed. Default 1. */
     int follow_symlinks;
+    /* Folder, DSRT_LABEL_FOLDER_NAMES: 1: a class folder that holds no image
+     * is not a class (the warning says it was dropped); 0 (default): it is a
+     * class with no sample (dsrt_datastore_class_counts says 0), which the
+     * caller may refuse. */
+    int drop_empty_classes;
     /* IDX: path of the labels file; NULL derives it from the images file
      * ("train-images-idx3-ubyte.gz" -> "train-labels-idx1-ubyte.gz"). */
     const char *labels_path;
@@ -254,7 +259,7 @@ typedef struct {
     uint64_t tag;     /* as given to dsrt_reader_submit */
     const char *path; /* as given to dsrt_reader_submit */
     void *buf;
-    size_t size; /* bytes of the file now in buf */
+    size_t size; /* bytes of the file now in buf; for DSRT_ETOOBIG, the file's size */
     int status;  /* 0, -errno, DSRT_ETOOBIG (file larger than cap), DSRT_EEMPTY */
 } dsrt_read_result;
 

@@ -24,15 +24,25 @@
  *   dsrt_pipeline_close(p);
  *
  * Bad samples. A sample that cannot be read or decoded is skipped, counted
- * and named (dsrt_pipeline_stats), and its place is taken by the next sample
- * of the epoch's order that succeeds (position p + 1, p + 2, ..., wrapping
- * around), so batches are never short, and the replacement is the same on
- * every run. Samples found bad are remembered and not read again in later
- * epochs. With fail_on_error set, the first bad sample fails the run instead.
+ * and named (dsrt_pipeline_stats, dsrt_pipeline_bad_samples), and its place
+ * is taken by the next sample of the epoch's order that succeeds (position
+ * p + 1, p + 2, ..., wrapping around), so batches are never short, and the
+ * replacement is the same on every run. Samples found bad are remembered and
+ * not read again in later epochs. With drop_bad set the place is left out
+ * instead (the batch is shorter): each readable sample comes exactly once an
+ * epoch, as evaluation wants. With fail_on_error set, the first bad sample
+ * fails the run instead.
  *
- * Memory does not grow with the dataset: the slots, the reads in flight and
- * the read buffers are fixed when the pipeline opens. Only the epoch orders
- * (4 bytes a sample, a few epochs' worth) follow the dataset's size.
+ * Failures that are not the file's (too many open files, the kernel short
+ * of memory, a read refused for now or interrupted) never make a sample
+ * bad: the read is tried again after a pause that doubles (from 1 ms, for a
+ * few seconds in all), then the run fails with that reason.
+ *
+ * Memory does not grow with the dataset: the slots and the reads in flight
+ * are fixed when the pipeline opens, and each read buffer grows only to the
+ * largest file it held (up to max_file_bytes). The epoch orders (4 bytes a
+ * sample, a few epochs' worth) follow the dataset's size, and so does the
+ * list of bad samples (a few dozen bytes for each one found).
  *
  * Threads. dsrt_pipeline_next, dsrt_batch_release and dsrt_pipeline_stats are
  * thread-safe: several threads may take batches (each gets a different one)
@@ -89,12 +99,18 @@ typedef struct {
      * dsrt_pipeline_next returns its code and dsrt_last_error() names the
      * file. 0 (default): skip it and fill its place (see above). */
     int fail_on_error;
+    /* 1: a bad sample's place is left out and its batch delivered shorter
+     * (count falls; a batch may even be empty): every readable sample once
+     * an epoch, none twice. 0 (default): the place is filled by the next
+     * sample of the order (see above). */
+    int drop_bad;
     /* Give up with DSRT_ESKIPPED when this many positions in a row of an
      * epoch's order fail while filling one place. Default 1000. */
     unsigned max_consecutive_bad;
     /* Largest file read, in bytes; larger ones are bad samples
-     * (DSRT_ETOOBIG). Each read buffer reserves this much address space but
-     * only the pages a file touches cost memory. Default 64 MiB. */
+     * (DSRT_ETOOBIG). Read buffers start at 256 KiB of address space and
+     * grow to the largest file they hold, up to this; only the pages a file
+     * touches cost memory. Default 64 MiB. */
     size_t max_file_bytes;
     /* Samples a work item: a worker claims this many places of a batch at a
      * time and keeps up to reader.depth of their reads in flight. 0
@@ -247,6 +263,26 @@ typedef struct {
 
 /* Fills *s. Strings point into the pipeline and live as long as it. */
 DSRT_API void dsrt_pipeline_stats(const dsrt_pipeline *p, dsrt_pipeline_statistics *s);
+
+/* A sample found bad. */
+typedef struct {
+    uint32_t id;      /* dsrt_datastore_id */
+    const char *path; /* the file, or NULL for a sample held in memory */
+    int code;         /* why: DSRT_EEMPTY, DSRT_ECORRUPT, -ENOENT, ... */
+    /* What was wrong, without the path: "read: empty file", "decode:
+     * Premature end of JPEG file" (past the first 4 MiB of such text, only
+     * dsrt_strerror(code)). */
+    const char *error;
+} dsrt_bad_sample;
+
+/*
+ * Copies the bad samples found so far, from the first-th in the order they
+ * were found, at most max of them, into out, and returns how many were
+ * found in all. Strings live as long as the pipeline (paths as long as the
+ * datastore). Thread-safe.
+ */
+DSRT_API size_t dsrt_pipeline_bad_samples(const dsrt_pipeline *p, size_t first,
+                                          dsrt_bad_sample *out, size_t max);
 
 #ifdef __cplusplus
 }

@@ -169,6 +169,9 @@ typedef struct {
     const char *cpus;
     int pin;
     unsigned prefetch; /* batches made ahead (dsrt_pipeline_options.prefetch); default 4 */
+    /* Reads in flight per pipeline worker (dsrt_reader_options.depth), 1 to
+     * 4096; 0 (default): the reader's default, 16. */
+    unsigned read_depth;
     /* 1: the first sample that cannot be read or decoded fails the run;
      * 0 (default): it is skipped and counted in the result. */
     int fail_on_error;
@@ -200,6 +203,9 @@ typedef enum {
     DSRT_EVENT_EPOCH,      /* after the last iteration of each epoch */
     DSRT_EVENT_CHECKPOINT, /* after a checkpoint is written */
     DSRT_EVENT_END,        /* once, after the last (also after a failure) */
+    /* A sample found bad (once each, training or validation data), before
+     * the next other event: bad_sample and validation say which. */
+    DSRT_EVENT_BAD_SAMPLE,
 } dsrt_train_event_kind;
 
 /* What the loop reports. Fields that do not apply to an event are 0, or
@@ -226,6 +232,9 @@ struct dsrt_train_event {
     unsigned workers;              /* pipeline workers (every event) */
     int compute_threads;           /* compute threads (every event) */
     int pinned;                    /* 1: the compute threads are bound to their cores */
+    /* BAD_SAMPLE: the sample, its path and reason (valid during the call). */
+    const dsrt_bad_sample *bad_sample;
+    int validation; /* BAD_SAMPLE: 1 when it is a sample of the validation data */
 };
 
 // ----------------------------------------------------------------------------
@@ -259,13 +268,17 @@ typedef struct {
     double device_busy_s;          /* GPU: seconds of device work (CUDA events) */
     double device_idle_s;          /* GPU: seconds the device sat idle between steps, waiting
                                       for the host and its data */
-    uint64_t skipped;              /* bad samples passed over */
-    unsigned workers;              /* pipeline workers used */
-    int compute_threads;           /* compute threads used */
-    int pinned;                    /* 1: the compute threads were bound to their cores */
-    uint64_t seed;                 /* the run's seed (the checkpoint's when resuming) */
-    uint64_t weights_checksum;     /* dsrt_weights_checksum of the net returned */
-    char checkpoint[4096];         /* the last checkpoint written or resumed from, or "" */
+    uint64_t skipped;              /* times a bad training sample was passed over */
+    uint64_t bad_samples;          /* distinct training samples found bad (BAD_SAMPLE events) */
+    /* Validation: distinct samples found bad, and the samples left out of
+     * the passes, summed (a pass visits each readable sample exactly once). */
+    uint64_t val_bad_samples, val_skipped;
+    unsigned workers;          /* pipeline workers used */
+    int compute_threads;       /* compute threads used */
+    int pinned;                /* 1: the compute threads were bound to their cores */
+    uint64_t seed;             /* the run's seed (the checkpoint's when resuming) */
+    uint64_t weights_checksum; /* dsrt_weights_checksum of the net returned */
+    char checkpoint[4096];     /* the last checkpoint written or resumed from, or "" */
 } dsrt_train_result;
 
 /*
@@ -306,6 +319,7 @@ typedef struct {
     const char *cpus;    /* NULL (default): every core */
     int pin;             /* default 1 */
     int fail_on_error;   /* default 0 */
+    unsigned read_depth; /* reads in flight per worker; 0 (default): 16 */
     /* Output size 0 (default): the net's input; random options are ignored. */
     dsrt_augment_options augment;
 } dsrt_eval_options;
@@ -322,12 +336,18 @@ typedef struct {
      * dsrt_eval_result_free. */
     uint64_t *confusion;
     double seconds, images_per_s;
-    uint64_t skipped; /* bad samples passed over */
+    uint64_t skipped; /* bad samples passed over: each once */
+    /* (bad_samples) the samples that could not be read or decoded, with their
+     * paths and reasons, in the order found. Owned by the result (strings
+     * included): dsrt_eval_result_free. */
+    dsrt_bad_sample *bad;
+    uint64_t bad_samples;
 } dsrt_eval_result;
 
 /*
- * Runs the net in inference mode over every sample of ds (each once; a bad
- * sample is skipped and counted) and fills *r. The data's classes are
+ * Runs the net in inference mode over every sample of ds and fills *r: each
+ * readable sample exactly once (images counts them); a bad sample is left
+ * out, counted and listed in r->bad. The data's classes are
  * matched to the net's by name when the net's description names them
  * (dsrt_net_class_name), else by index; a data class the net does not know
  * fails with DSRT_EOPTION. Returns 0 or a negative code.

@@ -1,0 +1,592 @@
+/*
+ * Tests of the command-line tools, run as a user runs them: dstrain and
+ * dsbench are started as child processes (from $DSRT_BIN_DIR/tools) on small
+ * folders made here, and their exit status, stdout and stderr are checked.
+ * Each case is a way a careless or hostile user can hurt a run: files that
+ * are FIFOs or devices, unreadable images, output paths that cannot be
+ * written, Ctrl-C, limits on open files and address space, odd folders, and
+ * names that would break JSON or columns. A child that hangs is killed after
+ * a deadline and counts as a failure.
+ */
+#include <dsrt.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "task.h"
+#include "testimg.h"
+
+static char bin_train[4096], bin_bench[4096], root[4096];
+static char good[4200], model[4200];
+
+// ----------------------------------------------------------------------------
+// Running a tool
+
+typedef struct {
+    int status;  /* exit status, or 128 + the signal that killed it */
+    int timeout; /* killed at the deadline */
+    char *out, *err;
+} result;
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strdup("");
+    char *s = malloc(1 << 20);
+    size_t n = s ? fread(s, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (s) s[n] = '\0';
+    return s;
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef struct {
+    pid_t pid;
+    char out[4300], err[4300];
+} child;
+
+/* Starts argv (NULL-terminated) in root, stdout and stderr to files; with
+ * nofile or as_kb > 0 under those limits. */
+static child spawn(char *const *argv, long nofile, long as_kb) {
+    static int seq;
+    child c;
+    snprintf(c.out, sizeof c.out, "%s/out.%d", root, seq);
+    snprintf(c.err, sizeof c.err, "%s/err.%d", root, seq++);
+    fflush(NULL);
+    c.pid = fork();
+    REQUIRE(c.pid >= 0);
+    if (c.pid == 0) {
+        int o = open(c.out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(c.err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int in = open("/dev/null", O_RDONLY);
+        if (o < 0 || e < 0 || in < 0 || chdir(root) != 0) _exit(126);
+        dup2(in, 0);
+        dup2(o, 1);
+        dup2(e, 2);
+        close(in);
+        close(o);
+        close(e);
+        if (nofile > 0) {
+            struct rlimit r = {(rlim_t)nofile, (rlim_t)nofile};
+            if (setrlimit(RLIMIT_NOFILE, &r) != 0) _exit(125);
+        }
+        if (as_kb > 0) {
+            struct rlimit r = {(rlim_t)as_kb << 10, (rlim_t)as_kb << 10};
+            if (setrlimit(RLIMIT_AS, &r) != 0) _exit(125);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return c;
+}
+
+/* Waits for c at most seconds, killing it then. */
+static result finish(child c, double seconds) {
+    result r = {0};
+    double end = now() + seconds;
+    int st = 0;
+    for (;;) {
+        pid_t w = waitpid(c.pid, &st, WNOHANG);
+        if (w == c.pid) break;
+        if (now() > end) {
+            kill(c.pid, SIGKILL);
+            waitpid(c.pid, &st, 0);
+            r.timeout = 1;
+            break;
+        }
+        usleep(10000);
+    }
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = slurp(c.out);
+    r.err = slurp(c.err);
+    if (r.timeout) fprintf(stderr, "  %s: killed after %.0f s\n", c.out, seconds);
+    return r;
+}
+
+static result run_limited(char *const *argv, double seconds, long nofile, long as_kb) {
+    return finish(spawn(argv, nofile, as_kb), seconds);
+}
+
+static result run(char *const *argv, double seconds) {
+    return run_limited(argv, seconds, 0, 0);
+}
+
+static void result_free(result *r) {
+    free(r->out);
+    free(r->err);
+}
+
+/* Lines in the file at path. */
+static int count_lines(const char *path) {
+    char *s = slurp(path);
+    int n = 0;
+    for (char *c = s; c && *c; c++) n += *c == '\n';
+    free(s);
+    return n;
+}
+
+/* Waits until file path holds needle (or the child ended, or seconds passed). */
+static int wait_for(const child *c, const char *path, const char *needle, double seconds) {
+    double end = now() + seconds;
+    while (now() < end) {
+        char *s = slurp(path);
+        int hit = s && strstr(s, needle);
+        free(s);
+        if (hit) return 1;
+        if (waitpid(c->pid, NULL, WNOHANG) == c->pid) return 0;
+        usleep(5000);
+    }
+    return 0;
+}
+
+#define ARGV(...) ((char *const[]){__VA_ARGS__, NULL})
+
+/* The unsigned value after "key": in a JSON line, or -1. */
+static long long json_int(const char *s, const char *key) {
+    char k[128];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = s ? strstr(s, k) : NULL;
+    if (!p) return -1;
+    p += strlen(k);
+    while (*p == ' ') p++;
+    return strtoll(p, NULL, 10);
+}
+
+/* 1 when s is valid UTF-8 throughout. */
+static int valid_utf8(const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = *p < 0x80             ? 1
+                : (*p & 0xe0) == 0xc0 ? 2
+                : (*p & 0xf0) == 0xe0 ? 3
+                : (*p & 0xf8) == 0xf0 ? 4
+                                      : 0;
+        if (!n) return 0;
+        for (int i = 1; i < n; i++)
+            if ((p[i] & 0xc0) != 0x80) return 0;
+        p += n;
+    }
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
+// Data
+
+/* dir/<class>/<i>.png, 28 x 28 gray, per images a class; class k draws
+ * pattern k so that a small net can tell them apart. */
+static void make_images(const char *dir, const char *const *classes, int n, int per) {
+    uint8_t px[28 * 28];
+    for (int k = 0; k < n; k++) {
+        char sub[4400];
+        snprintf(sub, sizeof sub, "%s/%s", dir, classes[k]);
+        REQUIRE(timg_mkdirs(sub) == 0);
+        for (int i = 0; i < per; i++) {
+            for (int y = 0; y < 28; y++)
+                for (int x = 0; x < 28; x++) {
+                    int v = k == 0   ? (y / 3 % 2) * 200
+                            : k == 1 ? (x / 3 % 2) * 200
+                                     : ((x + y) / 4 % 2) * 200;
+                    px[y * 28 + x] =
+                        (uint8_t)(v + (int)(timg_hash((uint32_t)(i * 977 + y * 28 + x)) % 40));
+                }
+            char path[4600];
+            snprintf(path, sizeof path, "%s/%03d.png", sub, i);
+            dsrt_image img = {px, 28, 28, 1, 28};
+            REQUIRE(dsrt_png_write(path, &img) == 0);
+        }
+    }
+}
+
+static const char *const ABC[] = {"alpha", "beta", "gamma"};
+
+/* The folder dir with every other image of each class emptied; returns how many. */
+static int half_bad(const char *dir, int per) {
+    make_images(dir, ABC, 3, per);
+    int n = 0;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < per; i += 2) {
+            char p[4600];
+            snprintf(p, sizeof p, "%s/%s/%03d.png", dir, ABC[k], i);
+            REQUIRE(timg_write_file(p, "", 0) == 0);
+            n++;
+        }
+    return n;
+}
+
+// ----------------------------------------------------------------------------
+// Cases
+
+/* FIFOs and devices are refused at once, wherever a file is read. */
+static void test_non_regular(void) {
+    char fifo[4300], csv[4300];
+    snprintf(fifo, sizeof fifo, "%s/fifo", root);
+    snprintf(csv, sizeof csv, "%s/x.csv", root);
+    REQUIRE(mkfifo(fifo, 0644) == 0 && mkfifo(csv, 0644) == 0);
+    struct {
+        char *const *argv;
+        const char *says;
+    } cases[] = {
+        {ARGV(bin_train, "classify", "--model", fifo, good), "FIFO"},
+        {ARGV(bin_train, "classify", "--model", model, fifo), "FIFO"},
+        {ARGV(bin_train, "classify", "--model", model, "/dev/zero"), "character device"},
+        {ARGV(bin_train, "train", "--data", good, "--net", fifo), "FIFO"},
+        {ARGV(bin_train, "train", "--data", good, "--net", "/dev/zero"), "character device"},
+        {ARGV(bin_train, "eval", "--model", fifo, "--data", good), "FIFO"},
+        {ARGV(bin_train, "train", "--data", good, "--resume", fifo), "FIFO"},
+        {ARGV(bin_train, "bench", "--net", fifo), "FIFO"},
+        {ARGV(bin_bench, csv, "--source", "manifest", "--index"), "FIFO"},
+        {ARGV(bin_bench, "/dev/zero", "--source", "idx", "--index"), "character device"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        result r = run(cases[i].argv, 60);
+        CHECK(!r.timeout);
+        CHECK_NE(r.status, 0);
+        CHECK_LT(r.status, 128);
+        CHECK_CONTAINS(r.err, cases[i].says);
+        result_free(&r);
+    }
+}
+
+/* Evaluation counts each readable image once and names the others. */
+static void test_eval_counts(void) {
+    char half[4300], list[4300];
+    snprintf(half, sizeof half, "%s/half", root);
+    snprintf(list, sizeof list, "%s/eval-bad.jsonl", root);
+    int nbad = half_bad(half, 20);
+    result r =
+        run(ARGV(bin_train, "eval", "--model", model, "--data", half, "--json", "--bad-list", list),
+            120);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(json_int(r.out, "images"), 60 - nbad);
+    CHECK_EQ(json_int(r.out, "bad_files_total"), nbad);
+    CHECK_EQ(json_int(r.out, "skipped"), nbad);
+    CHECK_CONTAINS(r.out, "\"error\": \"read: empty file\"");
+    CHECK_EQ(count_lines(list), nbad);
+    result_free(&r);
+    r = run(ARGV(bin_train, "eval", "--model", model, "--data", half), 120);
+    CHECK_EQ(r.status, 0);
+    char want[64];
+    snprintf(want, sizeof want, " of %d)", 60 - nbad);
+    CHECK_CONTAINS(r.out, want);
+    snprintf(want, sizeof want, "%d bad files left out:", nbad);
+    CHECK_CONTAINS(r.err, want);
+    CHECK_CONTAINS(r.err, "--bad-list FILE writes them all");
+    result_free(&r);
+}
+
+/* Output paths are checked before any work; a --save or --plot that fails
+ * at the end keeps the weights elsewhere and exits non-zero. */
+static void test_output_paths(void) {
+    /* (Never a device such as /dev/null here: a tool that failed this test
+     * would rename its model over it.) */
+    char fifo[4300], fifo_save[4300];
+    snprintf(fifo, sizeof fifo, "%s/log.csv", root);
+    snprintf(fifo_save, sizeof fifo_save, "%s/save.dsrt", root);
+    REQUIRE(mkfifo(fifo, 0644) == 0 && mkfifo(fifo_save, 0644) == 0);
+    const char *opts[][2] = {
+        {"--save", "/nonexistent/m.dsrt"},      {"--plot", "/nonexistent/p.svg"},
+        {"--log", "/nonexistent/l.csv"},        {"--log", fifo},
+        {"--bad-list", "/nonexistent/b.jsonl"}, {"--save", fifo_save}};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        result r = run(ARGV(bin_train, "train", "--data", good, "--epochs", "1", (char *)opts[i][0],
+                            (char *)opts[i][1]),
+                       60);
+        CHECK_EQ(r.status, 2);
+        CHECK_CONTAINS(r.err, opts[i][0]);
+        CHECK_CONTAINS(r.err, opts[i][1]);
+        CHECK(!strstr(r.out, "Training"));
+        result_free(&r);
+    }
+
+    /* The folders vanish while it trains. */
+    char sdir[4300], pdir[4300], save[4400], plot[4400];
+    snprintf(sdir, sizeof sdir, "%s/gone-save", root);
+    snprintf(pdir, sizeof pdir, "%s/gone-plot", root);
+    snprintf(save, sizeof save, "%s/m.dsrt", sdir);
+    snprintf(plot, sizeof plot, "%s/p.svg", pdir);
+    REQUIRE(mkdir(sdir, 0755) == 0 && mkdir(pdir, 0755) == 0);
+    child c = spawn(ARGV(bin_train, "train", "--data", good, "--epochs", "40", "--batch", "4",
+                         "--json", "--save", save, "--plot", plot),
+                    0, 0);
+    CHECK(wait_for(&c, c.out, "\"event\": \"start\"", 120));
+    CHECK(rmdir(sdir) == 0);
+    CHECK(rmdir(pdir) == 0);
+    result r = finish(c, 300);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "--save");
+    CHECK_CONTAINS(r.err, "--plot");
+    CHECK_CONTAINS(r.err, "written to ./dstrain-weights-");
+    const char *at = strstr(r.err, "written to ");
+    if (at) {
+        char path[4400];
+        if (sscanf(at + 11, "%4399s", path) == 1) {
+            char full[8900];
+            snprintf(full, sizeof full, "%s/%s", root, path);
+            dsrt_net *net = NULL;
+            CHECK_OK(dsrt_model_load(&net, full, NULL));
+            dsrt_net_destroy(net);
+        }
+    }
+    result_free(&r);
+}
+
+/* Bad files are named, with their reasons, in text and JSON alike, and a
+ * run that gives up on them shows them. */
+static void test_bad_files_named(void) {
+    char dir[4300], list[4300], all_bad[4300];
+    snprintf(dir, sizeof dir, "%s/manybad", root);
+    snprintf(list, sizeof list, "%s/bad.jsonl", root);
+    snprintf(all_bad, sizeof all_bad, "%s/allbad", root);
+    int nbad = half_bad(dir, 16); /* 24 bad: more than are named in full */
+    result r = run(ARGV(bin_train, "train", "--data", dir, "--epochs", "2", "--batch", "8",
+                        "--quiet", "--bad-list", list),
+                   120);
+    CHECK_EQ(r.status, 0);
+    char want[128];
+    snprintf(want, sizeof want, "%d bad training files, skipped", nbad);
+    CHECK_CONTAINS(r.err, want);
+    CHECK_CONTAINS(r.err, "/000.png: read: empty file");
+    snprintf(want, sizeof want, "... and %d more (all of them in %s)", nbad - 20, list);
+    CHECK_CONTAINS(r.err, want);
+    CHECK_EQ(count_lines(list), nbad);
+    result_free(&r);
+
+    r = run(ARGV(bin_train, "train", "--data", dir, "--epochs", "1", "--batch", "8", "--json"),
+            120);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(json_int(r.out, "bad_files_total"), nbad);
+    CHECK_GE(json_int(r.out, "skipped"), nbad);
+    CHECK_CONTAINS(r.out, "\"bad_files\": [{\"path\": ");
+    result_free(&r);
+
+    r = run(ARGV(bin_bench, dir, "--pipeline", "32", "--epochs", "1", "--json"), 120);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(json_int(r.out, "bad_files_total"), nbad);
+    CHECK_CONTAINS(r.out, "\"error\": \"read: empty file\"");
+    result_free(&r);
+
+    /* Nothing readable: the run fails, naming the files. */
+    make_images(all_bad, ABC, 3, 2);
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 2; i++) {
+            char p[4600];
+            snprintf(p, sizeof p, "%s/%s/%03d.png", all_bad, ABC[k], i);
+            REQUIRE(timg_write_file(p, "not an image", 12) == 0);
+        }
+    r = run(ARGV(bin_train, "train", "--data", all_bad, "--epochs", "1", "--quiet"), 120);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "in a row failed");
+    CHECK_CONTAINS(r.err, "6 bad training files");
+    CHECK_CONTAINS(r.err, "alpha/000.png: decode: ");
+    result_free(&r);
+}
+
+/* Ctrl-C and SIGTERM stop after the step, keep what can be kept and exit
+ * 130 and 143; a second Ctrl-C exits at once. */
+static void test_signals(void) {
+    const int sigs[] = {SIGINT, SIGTERM};
+    for (int k = 0; k < 2; k++) {
+        char ck[4300], save[4300];
+        snprintf(ck, sizeof ck, "%s/sig-ck-%d", root, k);
+        snprintf(save, sizeof save, "%s/sig-%d.dsrt", root, k);
+        child c = spawn(ARGV(bin_train, "train", "--data", good, "--epochs", "100000", "--batch",
+                             "4", "--json", "--checkpoint-dir", ck, "--save", save),
+                        0, 0);
+        CHECK(wait_for(&c, c.out, "\"event\": \"start\"", 120));
+        kill(c.pid, sigs[k]);
+        result r = finish(c, 120);
+        CHECK_EQ(r.status, 128 + sigs[k]);
+        CHECK_CONTAINS(r.out, k ? "interrupted by SIGTERM" : "interrupted by SIGINT");
+        CHECK_CONTAINS(r.err, "kept the checkpoint ");
+        dsrt_net *net = NULL;
+        CHECK_OK(dsrt_model_load(&net, save, NULL));
+        dsrt_net_destroy(net);
+        char latest[4400];
+        CHECK_OK(dsrt_checkpoint_latest(ck, latest, sizeof latest));
+        result_free(&r);
+    }
+    /* Twice: out at once, still with Ctrl-C's status. */
+    child c = spawn(
+        ARGV(bin_train, "train", "--data", good, "--epochs", "100000", "--batch", "4", "--json"), 0,
+        0);
+    CHECK(wait_for(&c, c.out, "\"event\": \"start\"", 120));
+    kill(c.pid, SIGINT);
+    CHECK(wait_for(&c, c.err, "stopping after this step", 30));
+    kill(c.pid, SIGINT);
+    result r = finish(c, 60);
+    CHECK_EQ(r.status, 130);
+    result_free(&r);
+}
+
+/* Too many open files never turns good images bad; with none to be had the
+ * run fails with that reason. Little address space is enough for 28 x 28
+ * images. */
+static void test_process_limits(void) {
+    result r = run_limited(ARGV(bin_train, "train", "--data", good, "--epochs", "2", "--batch", "8",
+                                "--workers", "2", "--threads", "1", "--json"),
+                           120, 37, 0);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(json_int(r.out, "bad_files_total"), 0);
+    CHECK_EQ(json_int(r.out, "images"), 2 * 60);
+    result_free(&r);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    /* (Sanitizers need descriptors and address space of their own.) */
+    r = run_limited(ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--workers", "2",
+                         "--threads", "1", "--quiet"),
+                    120, 5, 0);
+    /* The scan (or, with a few more, the reads) meets the limit: either way
+     * the run fails naming it, and no file is blamed. */
+    CHECK(r.status == 1 || r.status == 2);
+    CHECK_CONTAINS(r.err, "Too many open files");
+    CHECK_CONTAINS(r.err, "a limit of the process or the system");
+    CHECK(!strstr(r.err, "bad training file"));
+    result_free(&r);
+    r = run_limited(ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--workers", "2",
+                         "--depth", "4", "--quiet"),
+                    120, 0, 600000);
+    CHECK_EQ(r.status, 0);
+    CHECK(!strstr(r.err, "out of memory"));
+    result_free(&r);
+#endif
+}
+
+/* The scan's warnings are printed, and a class without images is refused
+ * (or left out with --drop-empty-classes). */
+static void test_scan_warnings(void) {
+    char dir[4300], p[4500], q[4500];
+    snprintf(dir, sizeof dir, "%s/scan", root);
+    make_images(dir, ABC, 2, 4);
+    snprintf(p, sizeof p, "%s/%s/broken.png", dir, ABC[0]);
+    REQUIRE(symlink("/nonexistent/x.png", p) == 0);
+    snprintf(p, sizeof p, "%s/%s/loop", dir, ABC[1]);
+    REQUIRE(symlink("..", p) == 0);
+    snprintf(q, sizeof q, "%s/empty", dir);
+    REQUIRE(mkdir(q, 0755) == 0);
+    result r = run(ARGV(bin_train, "train", "--data", dir, "--epochs", "1", "--quiet"), 60);
+    CHECK_EQ(r.status, 2);
+    CHECK_CONTAINS(r.err, "broken symbolic link");
+    CHECK_CONTAINS(r.err, "symbolic link loop");
+    CHECK_CONTAINS(r.err, "classes without images: empty");
+    CHECK(!strstr(r.out, "Training"));
+    result_free(&r);
+    r = run(
+        ARGV(bin_train, "train", "--data", dir, "--epochs", "1", "--quiet", "--drop-empty-classes"),
+        120);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.err, "broken symbolic link");
+    CHECK_CONTAINS(r.err, "empty: class folder holds no image file: not a class");
+    result_free(&r);
+}
+
+/* Names that are not UTF-8 give valid JSON, tabs do not break classify's
+ * columns, odd --net files get a message about the file, and the help
+ * describes the recipe without naming scripts users do not have. */
+static void test_output_hygiene(void) {
+    char dir[4300], m[4300];
+    snprintf(dir, sizeof dir, "%s/names", root);
+    snprintf(m, sizeof m, "%s/names.dsrt", root);
+    static const char *const odd[] = {"caf\xe9", "tab\there", "plain"};
+    make_images(dir, odd, 3, 4);
+    result r =
+        run(ARGV(bin_train, "train", "--data", dir, "--epochs", "1", "--quiet", "--save", m), 120);
+    CHECK_EQ(r.status, 0);
+    result_free(&r);
+
+    r = run(ARGV(bin_train, "eval", "--model", m, "--data", dir, "--json"), 120);
+    CHECK_EQ(r.status, 0);
+    CHECK(valid_utf8(r.out));
+    CHECK_CONTAINS(r.out, "caf\\ufffd");
+    CHECK_CONTAINS(r.out, "tab\\there");
+    result_free(&r);
+    r = run(ARGV(bin_bench, dir, "--index", "--json"), 60);
+    CHECK_EQ(r.status, 0);
+    CHECK(valid_utf8(r.out));
+    CHECK_CONTAINS(r.out, "caf\\ufffd");
+    result_free(&r);
+
+    char tabbed[4500];
+    snprintf(tabbed, sizeof tabbed, "%s/tab\there", dir);
+    r = run(ARGV(bin_train, "classify", "--model", m, "--top", "3", tabbed), 120);
+    CHECK_EQ(r.status, 0);
+    int lines = 0;
+    for (char *line = r.out; *line;) {
+        char *end = strchr(line, '\n');
+        if (!end) break;
+        int tabs = 0;
+        for (char *c = line; c < end; c++) tabs += *c == '\t';
+        CHECK_EQ(tabs, 6); /* path, then 3 x (label, score) */
+        lines++;
+        line = end + 1;
+    }
+    CHECK_EQ(lines, 4);
+    CHECK_CONTAINS(r.out, "tab\\there");
+    result_free(&r);
+
+    struct {
+        const char *name, *content;
+        size_t len;
+        const char *says;
+    } nets[] = {{"empty.net", "", 0, "empty"},
+                {"word.net", "digits\n", 7, "give --net digits"},
+                {"binary.net", "\xff\xfe\x00\x01", 4, "binary data"}};
+    for (size_t i = 0; i < 3; i++) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", root, nets[i].name);
+        REQUIRE(timg_write_file(p, nets[i].content, nets[i].len) == 0);
+        r = run(ARGV(bin_train, "train", "--data", good, "--net", p), 60);
+        CHECK_EQ(r.status, 2);
+        CHECK_CONTAINS(r.err, p);
+        CHECK_CONTAINS(r.err, nets[i].says);
+        CHECK(!strstr(r.err, "unknown network"));
+        result_free(&r);
+    }
+
+    r = run(ARGV(bin_train, "train", "--help"), 30);
+    CHECK_EQ(r.status, 0);
+    CHECK(!strstr(r.out, ".py"));
+    CHECK_CONTAINS(r.out, "dstrain train --data fm/train --val fm/test");
+    result_free(&r);
+}
+
+int main(void) {
+    const char *bin = getenv("DSRT_BIN_DIR");
+    if (!bin || !*bin) {
+        printf("DSRT_BIN_DIR is not set: no tools to run\n");
+        return TEST_SKIP;
+    }
+    snprintf(bin_train, sizeof bin_train, "%s/tools/dstrain", bin);
+    snprintf(bin_bench, sizeof bin_bench, "%s/tools/dsbench", bin);
+    if (access(bin_train, X_OK) != 0 || access(bin_bench, X_OK) != 0) {
+        printf("%s or %s missing: tools not built\n", bin_train, bin_bench);
+        return TEST_SKIP;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    REQUIRE(timg_tmpdir("tools", root, sizeof root) == 0);
+    snprintf(good, sizeof good, "%s/good", root);
+    snprintf(model, sizeof model, "%s/good.dsrt", root);
+    make_images(good, ABC, 3, 20);
+    result r = run(ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--batch", "16",
+                        "--quiet", "--save", model),
+                   300);
+    if (r.status != 0) fprintf(stderr, "training the model: %s\n", r.err);
+    REQUIRE(r.status == 0);
+    result_free(&r);
+
+    RUN(test_non_regular);
+    RUN(test_eval_counts);
+    RUN(test_output_paths);
+    RUN(test_bad_files_named);
+    RUN(test_signals);
+    RUN(test_process_limits);
+    RUN(test_scan_warnings);
+    RUN(test_output_hygiene);
+    return TEST_RESULT();
+}
