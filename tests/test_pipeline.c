@@ -111,6 +111,16 @@ typedef struct {
     uint32_t ids[64];
 } rec;
 
+/* What the test checks of batch b. */
+static void rec_fill(rec *r, const dsrt_batch *b) {
+    r->hash = batch_hash(b);
+    r->epoch = b->epoch;
+    r->index = b->index;
+    r->global = b->global;
+    r->count = b->count;
+    memcpy(r->ids, b->ids, DSRT_MIN(b->count, (size_t)64) * sizeof(uint32_t));
+}
+
 /* Takes up to max batches (until DSRT_EEOF); returns how many, *end the
  * code that ended it. */
 static size_t take(dsrt_pipeline *p, rec *out, size_t max, int *end) {
@@ -123,12 +133,7 @@ static size_t take(dsrt_pipeline *p, rec *out, size_t max, int *end) {
             *end = rc;
             break;
         }
-        out[k].hash = batch_hash(b);
-        out[k].epoch = b->epoch;
-        out[k].index = b->index;
-        out[k].global = b->global;
-        out[k].count = b->count;
-        memcpy(out[k].ids, b->ids, DSRT_MIN(b->count, (size_t)64) * sizeof(uint32_t));
+        rec_fill(&out[k], b);
         CHECK_OK(dsrt_batch_release(p, b));
         k++;
     }
@@ -479,11 +484,7 @@ static void test_slots(void) {
     sleep_ms(20);
     while (dsrt_pipeline_next(p, &b) == 0) {
         sleep_ms(15);
-        got[k].hash = batch_hash(b);
-        got[k].epoch = b->epoch;
-        got[k].index = b->index;
-        got[k].count = b->count;
-        k++;
+        rec_fill(&got[k++], b);
         CHECK_OK(dsrt_batch_release(p, b));
     }
     CHECK_EQ(k, 6);
@@ -562,11 +563,7 @@ static void test_next_timed(void) {
         }
         CHECK_OK(rc);
         if (rc != 0 || k == 8) break;
-        got[k].hash = batch_hash(b);
-        got[k].epoch = b->epoch;
-        got[k].index = b->index;
-        got[k].count = b->count;
-        k++;
+        rec_fill(&got[k++], b);
         CHECK_OK(dsrt_batch_release(p, b));
     }
     CHECK_EQ(k, 6);

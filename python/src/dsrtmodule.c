@@ -233,6 +233,28 @@ static int get_str(PyObject *v, const char *what, const char **out) {
 }
 
 // ----------------------------------------------------------------------------
+// Building sequences
+
+typedef PyObject *(*item_fn)(void *ctx, size_t i);
+
+/* A list (or a tuple) of item(ctx, i) for i in [0, n). */
+static PyObject *sequence_of(size_t n, int tuple, item_fn item, void *ctx) {
+    PyObject *seq = tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; seq && i < n; i++) {
+        PyObject *v = item(ctx, i);
+        if (!v) {
+            Py_CLEAR(seq);
+            break;
+        }
+        if (tuple)
+            PyTuple_SET_ITEM(seq, (Py_ssize_t)i, v);
+        else
+            PyList_SET_ITEM(seq, (Py_ssize_t)i, v);
+    }
+    return seq;
+}
+
+// ----------------------------------------------------------------------------
 // Datastore
 
 typedef struct {
@@ -355,17 +377,22 @@ static int datastore_index(DatastoreObject *self, Py_ssize_t i, size_t *out) {
     return 0;
 }
 
+/* The sample index given as a method's argument. */
+static int datastore_arg(DatastoreObject *self, PyObject *arg, size_t *i) {
+    Py_ssize_t k = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if (k == -1 && PyErr_Occurred()) return -1;
+    return datastore_index(self, k, i);
+}
+
 static PyObject *datastore_label(DatastoreObject *self, PyObject *arg) {
     size_t i;
-    Py_ssize_t k = PyNumber_AsSsize_t(arg, PyExc_IndexError);
-    if ((k == -1 && PyErr_Occurred()) || datastore_index(self, k, &i) != 0) return NULL;
+    if (datastore_arg(self, arg, &i) != 0) return NULL;
     return PyLong_FromLong(dsrt_datastore_label(self->ds, i));
 }
 
 static PyObject *datastore_path(DatastoreObject *self, PyObject *arg) {
     size_t i;
-    Py_ssize_t k = PyNumber_AsSsize_t(arg, PyExc_IndexError);
-    if ((k == -1 && PyErr_Occurred()) || datastore_index(self, k, &i) != 0) return NULL;
+    if (datastore_arg(self, arg, &i) != 0) return NULL;
     const char *p = dsrt_datastore_path(self->ds, i);
     if (!p) Py_RETURN_NONE;
     return PyUnicode_DecodeFSDefault(p);
@@ -373,39 +400,30 @@ static PyObject *datastore_path(DatastoreObject *self, PyObject *arg) {
 
 static PyObject *datastore_id(DatastoreObject *self, PyObject *arg) {
     size_t i;
-    Py_ssize_t k = PyNumber_AsSsize_t(arg, PyExc_IndexError);
-    if ((k == -1 && PyErr_Occurred()) || datastore_index(self, k, &i) != 0) return NULL;
+    if (datastore_arg(self, arg, &i) != 0) return NULL;
     return PyLong_FromUnsignedLong(dsrt_datastore_id(self->ds, i));
+}
+
+static PyObject *label_item(void *ds, size_t i) {
+    return PyLong_FromLong(dsrt_datastore_label(ds, i));
 }
 
 static PyObject *datastore_labels(DatastoreObject *self, PyObject *unused) {
     if (datastore_ready(self) != 0) return NULL;
-    size_t n = dsrt_datastore_count(self->ds);
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        PyObject *v = PyLong_FromLong(dsrt_datastore_label(self->ds, i));
-        if (!v) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, v);
-    }
-    return l;
+    return sequence_of(dsrt_datastore_count(self->ds), 0, label_item, self->ds);
+}
+
+static PyObject *class_item(void *ds, size_t c) {
+    return PyUnicode_DecodeFSDefault(dsrt_datastore_class_name(ds, c));
 }
 
 static PyObject *datastore_classes(DatastoreObject *self, void *unused) {
     if (datastore_ready(self) != 0) return NULL;
-    size_t n = dsrt_datastore_num_classes(self->ds);
-    PyObject *t = PyTuple_New((Py_ssize_t)n);
-    for (size_t c = 0; t && c < n; c++) {
-        PyObject *s = PyUnicode_DecodeFSDefault(dsrt_datastore_class_name(self->ds, c));
-        if (!s) {
-            Py_CLEAR(t);
-            break;
-        }
-        PyTuple_SET_ITEM(t, (Py_ssize_t)c, s);
-    }
-    return t;
+    return sequence_of(dsrt_datastore_num_classes(self->ds), 1, class_item, self->ds);
+}
+
+static PyObject *count_item(void *counts, size_t c) {
+    return PyLong_FromSize_t(((size_t *)counts)[c]);
 }
 
 static PyObject *datastore_class_counts(DatastoreObject *self, PyObject *unused) {
@@ -414,15 +432,7 @@ static PyObject *datastore_class_counts(DatastoreObject *self, PyObject *unused)
     size_t *counts = PyMem_Calloc(n ? n : 1, sizeof *counts);
     if (!counts) return PyErr_NoMemory();
     dsrt_datastore_class_counts(self->ds, counts);
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t c = 0; l && c < n; c++) {
-        PyObject *v = PyLong_FromSize_t(counts[c]);
-        if (!v) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, (Py_ssize_t)c, v);
-    }
+    PyObject *l = sequence_of(n, 0, count_item, counts);
     PyMem_Free(counts);
     return l;
 }
@@ -800,17 +810,12 @@ static void tensor_releasebuffer(TensorObject *self, Py_buffer *view) {
     PyMem_Free(view->internal);
 }
 
+static PyObject *dim_item(void *shape, size_t i) {
+    return PyLong_FromLongLong(((int64_t *)shape)[i]);
+}
+
 static PyObject *tensor_shape(TensorObject *self, void *unused) {
-    PyObject *t = PyTuple_New(self->ndim);
-    for (int i = 0; t && i < self->ndim; i++) {
-        PyObject *v = PyLong_FromLongLong(self->shape[i]);
-        if (!v) {
-            Py_CLEAR(t);
-            break;
-        }
-        PyTuple_SET_ITEM(t, i, v);
-    }
-    return t;
+    return sequence_of((size_t)self->ndim, 1, dim_item, self->shape);
 }
 
 static const char *dtype_name(DLDataType d) {
@@ -887,7 +892,8 @@ static const DLDataType dt_f32 = {DL_FLOAT, 32, 1}, dt_u8 = {DL_UINT, 8, 1},
                         dt_i32 = {DL_INT, 32, 1}, dt_u32 = {DL_UINT, 32, 1};
 
 /* Sample i of a native-size batch: (C, h, w) or (h, w, C). */
-static PyObject *native_sample(BatchObject *self, size_t i) {
+static PyObject *native_sample(void *batch, size_t i) {
+    BatchObject *self = batch;
     const dsrt_batch *b = self->b;
     int f32 = b->layout == DSRT_AUGMENT_F32_NCHW;
     int64_t h = b->sizes[2 * i], w = b->sizes[2 * i + 1];
@@ -901,18 +907,8 @@ static PyObject *native_sample(BatchObject *self, size_t i) {
 static PyObject *batch_images(BatchObject *self, void *unused) {
     const dsrt_batch *b = self->b;
     int f32 = b->layout == DSRT_AUGMENT_F32_NCHW;
-    if (b->shape[2] == 0) { /* native: one tensor a sample */
-        PyObject *t = PyTuple_New((Py_ssize_t)b->count);
-        for (size_t i = 0; t && i < b->count; i++) {
-            PyObject *s = native_sample(self, i);
-            if (!s) {
-                Py_CLEAR(t);
-                break;
-            }
-            PyTuple_SET_ITEM(t, (Py_ssize_t)i, s);
-        }
-        return t;
-    }
+    if (b->shape[2] == 0) /* native: one tensor a sample */
+        return sequence_of(b->count, 1, native_sample, self);
     int64_t shape[4] = {(int64_t)b->count, b->shape[1], b->shape[2], b->shape[3]};
     return (PyObject *)tensor_new(self, b->data, f32 ? dt_f32 : dt_u8, f32 ? "f" : "B", 4, shape);
 }

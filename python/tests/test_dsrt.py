@@ -17,6 +17,7 @@ import collections
 import gc
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -70,41 +71,42 @@ def _write_images(folder, n, classes, seed, big=False):
             Image.fromarray(img).save(os.path.join(d, f"img{i:03d}.jpg"), quality=90)
 
 
-@pytest.fixture(scope="session")
-def folder(tmp_path_factory):
-    path = os.path.join(_base(tmp_path_factory, "good"), "data")
+def _dataset(tmp_path_factory, name, make):
+    """The folder `name`/data, made by make(folder) once (kept between runs)."""
+    path = os.path.join(_base(tmp_path_factory, name), "data")
     if not os.path.isdir(path):
-        _write_images(path + ".part", 48, 3, seed=1)
+        shutil.rmtree(path + ".part", ignore_errors=True)
+        make(path + ".part")
         os.rename(path + ".part", path)
     return path
+
+
+@pytest.fixture(scope="session")
+def folder(tmp_path_factory):
+    return _dataset(tmp_path_factory, "good", lambda d: _write_images(d, 48, 3, seed=1))
 
 
 @pytest.fixture(scope="session")
 def big_folder(tmp_path_factory):
     """Larger images: slow enough (with one worker) to keep the consumer waiting."""
-    path = os.path.join(_base(tmp_path_factory, "big"), "data")
-    if not os.path.isdir(path):
-        _write_images(path + ".part", 24, 2, seed=2, big=True)
-        os.rename(path + ".part", path)
-    return path
+    return _dataset(tmp_path_factory, "big", lambda d: _write_images(d, 24, 2, seed=2, big=True))
+
+
+def _write_bad(folder):
+    _write_images(folder, 20, 2, seed=3)
+    open(os.path.join(folder, "class0", "empty.jpg"), "wb").close()
+    with open(os.path.join(folder, "class1", "img011.jpg"), "rb") as f:
+        data = f.read()
+    with open(os.path.join(folder, "class1", "truncated.jpg"), "wb") as f:
+        f.write(data[: len(data) // 3])
+    with open(os.path.join(folder, "class1", "text.png"), "w") as f:
+        f.write("this is not an image\n")
 
 
 @pytest.fixture(scope="session")
 def bad_folder(tmp_path_factory):
     """Good images and three bad ones: empty, truncated, not an image."""
-    path = os.path.join(_base(tmp_path_factory, "bad"), "data")
-    if not os.path.isdir(path):
-        tmp = path + ".part"
-        _write_images(tmp, 20, 2, seed=3)
-        open(os.path.join(tmp, "class0", "empty.jpg"), "wb").close()
-        good = os.path.join(tmp, "class1", "img011.jpg")
-        data = open(good, "rb").read()
-        with open(os.path.join(tmp, "class1", "truncated.jpg"), "wb") as f:
-            f.write(data[: len(data) // 3])
-        with open(os.path.join(tmp, "class1", "text.png"), "w") as f:
-            f.write("this is not an image\n")
-        os.rename(tmp, path)
-    return path
+    return _dataset(tmp_path_factory, "bad", _write_bad)
 
 
 @pytest.fixture(scope="session")
