@@ -1168,6 +1168,10 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
         if (validate_now) {
             double vl, va;
             if ((rc = validate(&R, &vl, &va))) goto done;
+            /* Validation staged batches of its own where the next training
+             * batch waits on the device: that batch goes again (its slot is
+             * still held), or the step would read what validation left. */
+            if (R.b && R.copied && (rc = stage_batch(&R, R.b, &R.copied))) goto done;
             after_validation(&R, vl, va, it);
             ev->val_loss = r->val_loss = vl;
             ev->val_accuracy = r->val_accuracy = va;
