@@ -138,7 +138,8 @@ DSRT_API int dsrt_comm_bcast(dsrt_comm *c, void *buf, size_t bytes, int root);
  * bucket_bytes) so that every bucket's sum starts the moment backward has
  * written it. The net must compute where the communicator works (MPI: the
  * CPU; NCCL: its device). One net per communicator; attaching another
- * replaces it, NULL detaches. Collective.
+ * replaces it, NULL detaches. Collective. The net must stay until it is
+ * detached or the communicator closed.
  */
 DSRT_API int dsrt_comm_attach(dsrt_comm *c, dsrt_net *net);
 
