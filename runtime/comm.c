@@ -206,6 +206,9 @@ static void on_backward(void *ctx, int end) {
     }
     c->bw_start = dsrt__comm_now();
     c->bw_end = 0;
+    /* Where backward writes this step (a device backend may have moved its
+     * buffers since the last one). */
+    dsrt__net_memory(c->net, &c->mem);
 }
 
 static void announce(dsrt_comm *c, int k) {
@@ -290,8 +293,6 @@ int dsrt_comm_grads_wait(dsrt_comm *c) {
     int rc = usable(c, "gradients");
     if (rc) return rc;
     if (!c->net) return dsrt__fail(-EINVAL, "comm: grads_wait without an attached net");
-    /* The grads pointer may move when a device backend replans. */
-    dsrt__net_memory(c->net, &c->mem);
     for (int k = 0; k < c->n_bk; k++) announce(c, k);
     rc = c->grad->wait(c);
     if (rc) return rc;
