@@ -131,6 +131,9 @@ int dsrt_comm_open_local(dsrt_comm **comms, int n, const int *devices,
 }
 
 static void detach(dsrt_comm *c) {
+    /* Sums of a step nobody waited for finish first: they write into the
+     * net's gradients. */
+    if (c->grad && c->bk && c->n_announced && !atomic_load(&c->broken)) (void)c->grad->wait(c);
     if (c->net) {
         dsrt_net_set_grad_hook(c->net, NULL);
         if (c->net->bn_sync_ctx == c) dsrt_net_set_bn_sync(c->net, NULL, NULL);

@@ -331,36 +331,35 @@ static void *comm_thread(void *arg) {
 // ----------------------------------------------------------------------------
 // Gradient buckets (queued by the hook, reduced by the thread)
 
-static int mpi_grad_attach(dsrt_comm *c) {
-    comm_mpi *m = c->mpi;
-    int n = c->n_bk;
-    pthread_mutex_lock(&m->mu);
-    free(m->queue);
-    free(m->req);
-    free(m->inflight);
-    free(m->bucket_seq);
-    m->queue = dsrt__calloc((size_t)n + 1, sizeof *m->queue);
-    m->req = dsrt__calloc((size_t)n + 1, sizeof *m->req);
-    m->inflight = dsrt__calloc((size_t)n + 1, sizeof *m->inflight);
-    m->bucket_seq = dsrt__calloc((size_t)n + 1, sizeof *m->bucket_seq);
-    m->q_head = m->q_tail = m->q_len = m->n_inflight = m->n_done = 0;
-    int ok = m->queue && m->req && m->inflight && m->bucket_seq;
-    pthread_mutex_unlock(&m->mu);
-    return ok ? 0 : -ENOMEM;
-}
-
 static void mpi_grad_detach(dsrt_comm *c) {
     comm_mpi *m = c->mpi;
     pthread_mutex_lock(&m->mu);
+    /* Requests still in flight (a communicator that broke) are left to MPI;
+     * the thread forgets them. */
     free(m->queue);
     free(m->req);
     free(m->inflight);
     free(m->bucket_seq);
+    m->q_head = m->q_tail = m->q_len = m->n_inflight = m->n_done = 0;
     m->queue = NULL;
     m->req = NULL;
     m->inflight = NULL;
     m->bucket_seq = NULL;
     pthread_mutex_unlock(&m->mu);
+}
+
+static int mpi_grad_attach(dsrt_comm *c) {
+    comm_mpi *m = c->mpi;
+    int n = c->n_bk;
+    mpi_grad_detach(c);
+    pthread_mutex_lock(&m->mu);
+    m->queue = dsrt__calloc((size_t)n + 1, sizeof *m->queue);
+    m->req = dsrt__calloc((size_t)n + 1, sizeof *m->req);
+    m->inflight = dsrt__calloc((size_t)n + 1, sizeof *m->inflight);
+    m->bucket_seq = dsrt__calloc((size_t)n + 1, sizeof *m->bucket_seq);
+    int ok = m->queue && m->req && m->inflight && m->bucket_seq;
+    pthread_mutex_unlock(&m->mu);
+    return ok ? 0 : -ENOMEM;
 }
 
 static void mpi_grad_start(dsrt_comm *c, int k) {
