@@ -599,7 +599,7 @@ static struct {
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
         depth, drop_empty_classes;
     uint64_t seed;
-    int seed_given, uint8_batches;
+    int uint8_batches;
     device_args dev;
 } tr;
 
@@ -933,11 +933,48 @@ static void net_file_error(const char *file, const char *text) {
     }
 }
 
-static void print_args(FILE *f, int argc, char **argv) {
-    for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
-}
+/* What one `dstrain train` holds from parsing to exit. */
+typedef struct {
+    dsrt_train_options o;
+    dsrt_net_options no;
+    double lr_factor, new_lr_factor; /* --lr-factor, --new-lr-factor */
+    FILE *logf;
+    int log_json;
+    train_ui ui;
+    dsrt_datastore *train, *val;
+    dsrt_net *net, *base;
+    char *text, *desc; /* a description file's text; the description with class names */
+    dsrt_train_history *hist;
+    const char *netname;
+    char ckpt[4096]; /* the checkpoint --resume names, when the net comes from it */
+    char title[8400];
+} train_job;
 
-static int cmd_train(int argc, char **argv) {
+/* The options that name one of a list, and where the index goes. */
+typedef struct {
+    const char *option;
+    const char *const *value;
+    const char *const *choices;
+    int *out;
+} train_choice;
+
+/* The options given as numbers in text, checked against [min, max]. */
+typedef struct {
+    const char *option;
+    const char *const *value;
+    double min, max;
+    double *out;
+} train_number;
+
+/* The options given as "LO,HI" (or V: [-V, V]). */
+typedef struct {
+    const char *option;
+    const char *const *value;
+    double min, max;
+    double *out;
+} train_range;
+
+static void train_set_defaults(void) {
     memset(&tr, 0, sizeof tr);
     tr.epochs = 30;
     tr.batch = 128;
@@ -946,92 +983,105 @@ static int cmd_train(int argc, char **argv) {
     tr.lr_drop_period = 10;
     tr.prefetch = 4;
     tr.uint8_batches = -1;
-    int rc = parse_options("train", argc, argv, TRAIN_OPTIONS, train_usage);
-    if (rc) return rc > 0 ? 0 : 2;
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--seed") || !strncmp(argv[i], "--seed=", 7)) tr.seed_given = 1;
+}
 
-    /* Every option checked before anything is opened. */
-    const char *cmd = "train";
-    dsrt_train_options o = dsrt_train_defaults();
-    if (!tr.data) {
-        fprintf(stderr, "%s train: --data DIR is required (see %s train --help)\n", prog, prog);
-        return 2;
-    }
+/*
+ * Turns the parsed flags into the train and net options, through the tables
+ * above: every choice, number and range checked before anything is opened.
+ * Returns 0, or 2 after a message.
+ */
+static int train_resolve_options(train_job *j) {
     static const char *const solvers[] = {"sgdm", "adam", "rmsprop", NULL};
     static const char *const shuffles[] = {"never", "once", "every-epoch", NULL};
     static const char *const schedules[] = {"none", "piecewise", NULL};
     static const char *const clips[] = {"l2norm", "global-l2norm", "absolute-value", NULL};
     static const char *const outputs[] = {"last", "best-validation", NULL};
     static const char *const units[] = {"epoch", "iteration", NULL};
-    int k;
-    if (tr.solver) {
-        if ((k = parse_choice(cmd, "solver", tr.solver, solvers)) < 0) return 2;
-        o.optimizer = dsrt_optimizer_defaults((dsrt_solver)k);
-    }
-    if (tr.shuffle) {
-        if ((k = parse_choice(cmd, "shuffle", tr.shuffle, shuffles)) < 0) return 2;
-        o.shuffle = (dsrt_shuffle)k;
-    }
-    if (tr.lr_schedule) {
-        if ((k = parse_choice(cmd, "lr-schedule", tr.lr_schedule, schedules)) < 0) return 2;
-        o.optimizer.schedule = (dsrt_lr_schedule)k;
-    }
-    if (tr.grad_threshold_method) {
-        if ((k = parse_choice(cmd, "gradient-threshold-method", tr.grad_threshold_method, clips)) <
-            0)
-            return 2;
-        o.optimizer.clip = (dsrt_grad_clip)k;
-    }
-    if (tr.output_network) {
-        if ((k = parse_choice(cmd, "output-network", tr.output_network, outputs)) < 0) return 2;
-        o.output_network = (dsrt_output_network)k;
-    }
-    if (tr.checkpoint_unit) {
-        if ((k = parse_choice(cmd, "checkpoint-unit", tr.checkpoint_unit, units)) < 0) return 2;
-        o.checkpoint_unit = (dsrt_frequency_unit)k;
-    }
-    if (tr.size_mode) {
-        static const char *const modes[] = {"resize", "centercrop", "randcrop", NULL};
-        if ((k = parse_choice(cmd, "size-mode", tr.size_mode, modes)) < 0) return 2;
-        o.augment.size_mode = (dsrt_augment_size_mode)k;
-    }
-    o.augment.resize_shorter = tr.resize_shorter;
-    dsrt_net_options no = dsrt_net_defaults();
-    if ((rc = resolve_device_args(cmd, &tr.dev, &no, &o.execution))) return rc;
-    o.gpu = tr.dev.gpu;
-    o.uint8_batches = tr.uint8_batches;
-    double lr_factor = 1, new_lr_factor = 20;
-    if (parse_double(cmd, "lr", tr.lr, 1e-300, 1e6, &o.optimizer.learn_rate) ||
-        parse_double(cmd, "momentum", tr.momentum, 0, 0.999999, &o.optimizer.momentum) ||
-        parse_double(cmd, "l2", tr.l2, 0, 1e6, &o.optimizer.l2) ||
-        parse_double(cmd, "lr-drop-factor", tr.lr_drop_factor, 0, 1, &o.optimizer.drop_factor) ||
-        parse_double(cmd, "gradient-threshold", tr.grad_threshold, 1e-300, INFINITY,
-                     &o.optimizer.grad_threshold) ||
-        parse_double(cmd, "lr-factor", tr.lr_factor, 0, 1e6, &lr_factor) ||
-        parse_double(cmd, "new-lr-factor", tr.new_lr_factor, 0, 1e6, &new_lr_factor))
+    static const char *const modes[] = {"resize", "centercrop", "randcrop", NULL};
+    const char *cmd = "train";
+    dsrt_train_options *o = &j->o;
+    *o = dsrt_train_defaults();
+    if (!tr.data) {
+        fprintf(stderr, "%s train: --data DIR is required (see %s train --help)\n", prog, prog);
         return 2;
+    }
+    /* The solver first: its defaults are the optimizer's starting point. */
+    int solver = -1;
+    if (tr.solver && (solver = parse_choice(cmd, "solver", tr.solver, solvers)) < 0) return 2;
+    if (solver >= 0) o->optimizer = dsrt_optimizer_defaults((dsrt_solver)solver);
+    int shuffle = o->shuffle, schedule = o->optimizer.schedule, clip = o->optimizer.clip,
+        output = o->output_network, unit = o->checkpoint_unit, mode = o->augment.size_mode;
+    const train_choice choices[] = {
+        {"shuffle", &tr.shuffle, shuffles, &shuffle},
+        {"lr-schedule", &tr.lr_schedule, schedules, &schedule},
+        {"gradient-threshold-method", &tr.grad_threshold_method, clips, &clip},
+        {"output-network", &tr.output_network, outputs, &output},
+        {"checkpoint-unit", &tr.checkpoint_unit, units, &unit},
+        {"size-mode", &tr.size_mode, modes, &mode},
+    };
+    for (size_t i = 0; i < sizeof choices / sizeof choices[0]; i++) {
+        const train_choice *c = &choices[i];
+        if (*c->value && (*c->out = parse_choice(cmd, c->option, *c->value, c->choices)) < 0)
+            return 2;
+    }
+    o->shuffle = (dsrt_shuffle)shuffle;
+    o->optimizer.schedule = (dsrt_lr_schedule)schedule;
+    o->optimizer.clip = (dsrt_grad_clip)clip;
+    o->output_network = (dsrt_output_network)output;
+    o->checkpoint_unit = (dsrt_frequency_unit)unit;
+    o->augment.size_mode = (dsrt_augment_size_mode)mode;
+    o->augment.resize_shorter = tr.resize_shorter;
+
+    j->no = dsrt_net_defaults();
+    int rc = resolve_device_args(cmd, &tr.dev, &j->no, &o->execution);
+    if (rc) return rc;
+    o->gpu = tr.dev.gpu;
+    o->uint8_batches = tr.uint8_batches;
+
+    j->lr_factor = 1;
+    j->new_lr_factor = 20;
+    const train_number numbers[] = {
+        {"lr", &tr.lr, 1e-300, 1e6, &o->optimizer.learn_rate},
+        {"momentum", &tr.momentum, 0, 0.999999, &o->optimizer.momentum},
+        {"l2", &tr.l2, 0, 1e6, &o->optimizer.l2},
+        {"lr-drop-factor", &tr.lr_drop_factor, 0, 1, &o->optimizer.drop_factor},
+        {"gradient-threshold", &tr.grad_threshold, 1e-300, INFINITY, &o->optimizer.grad_threshold},
+        {"lr-factor", &tr.lr_factor, 0, 1e6, &j->lr_factor},
+        {"new-lr-factor", &tr.new_lr_factor, 0, 1e6, &j->new_lr_factor},
+    };
+    for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
+        const train_number *n = &numbers[i];
+        if (parse_double(cmd, n->option, *n->value, n->min, n->max, n->out)) return 2;
+    }
     if (tr.rand_x_reflection && tr.no_rand_x_reflection) {
         fprintf(stderr, "%s train: --rand-x-reflection and --no-rand-x-reflection contradict\n",
                 prog);
         return 2;
     }
-    o.augment.rand_x_reflection = !tr.no_rand_x_reflection;
-    o.augment.rand_y_reflection = tr.rand_y_reflection;
-    if (parse_range(cmd, "rand-rotation", tr.rand_rotation, 1, -360, 360,
-                    o.augment.rand_rotation) ||
-        parse_range(cmd, "rand-scale", tr.rand_scale, 0, 1e-3, 1e3, o.augment.rand_scale) ||
-        parse_range(cmd, "rand-translation", tr.rand_translation, 1, -1e4, 1e4,
-                    o.augment.rand_x_translation) ||
-        parse_range(cmd, "rand-translation", tr.rand_translation, 1, -1e4, 1e4,
-                    o.augment.rand_y_translation) ||
-        parse_range(cmd, "rand-x-translation", tr.rand_x_translation, 1, -1e4, 1e4,
-                    o.augment.rand_x_translation) ||
-        parse_range(cmd, "rand-y-translation", tr.rand_y_translation, 1, -1e4, 1e4,
-                    o.augment.rand_y_translation) ||
-        parse_range(cmd, "rand-x-shear", tr.rand_x_shear, 1, -89, 89, o.augment.rand_x_shear) ||
-        parse_range(cmd, "rand-y-shear", tr.rand_y_shear, 1, -89, 89, o.augment.rand_y_shear))
-        return 2;
+    o->augment.rand_x_reflection = !tr.no_rand_x_reflection;
+    o->augment.rand_y_reflection = tr.rand_y_reflection;
+    /* Symmetric ranges take V as [-V, V]; --rand-translation sets both
+     * shifts, the axis options given after it in this table override it. */
+    const struct {
+        train_range r;
+        int symmetric;
+    } ranges[] = {
+        {{"rand-rotation", &tr.rand_rotation, -360, 360, o->augment.rand_rotation}, 1},
+        {{"rand-scale", &tr.rand_scale, 1e-3, 1e3, o->augment.rand_scale}, 0},
+        {{"rand-translation", &tr.rand_translation, -1e4, 1e4, o->augment.rand_x_translation}, 1},
+        {{"rand-translation", &tr.rand_translation, -1e4, 1e4, o->augment.rand_y_translation}, 1},
+        {{"rand-x-translation", &tr.rand_x_translation, -1e4, 1e4, o->augment.rand_x_translation},
+         1},
+        {{"rand-y-translation", &tr.rand_y_translation, -1e4, 1e4, o->augment.rand_y_translation},
+         1},
+        {{"rand-x-shear", &tr.rand_x_shear, -89, 89, o->augment.rand_x_shear}, 1},
+        {{"rand-y-shear", &tr.rand_y_shear, -89, 89, o->augment.rand_y_shear}, 1},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        const train_range *r = &ranges[i].r;
+        if (parse_range(cmd, r->option, *r->value, ranges[i].symmetric, r->min, r->max, r->out))
+            return 2;
+    }
     if ((tr.lr_factor || tr.new_lr_factor || tr.layer) && !tr.transfer) {
         fprintf(stderr,
                 "%s train: --lr-factor, --new-lr-factor and --transfer-layer go with "
@@ -1046,15 +1096,39 @@ static int cmd_train(int argc, char **argv) {
                 prog);
         return 2;
     }
-    FILE *logf = NULL;
-    int log_json = 0;
+    o->max_epochs = tr.epochs;
+    o->batch = tr.batch;
+    o->drop_last = tr.drop_last;
+    o->optimizer.drop_period = tr.lr_drop_period;
+    o->validation_frequency = tr.val_frequency;
+    o->validation_patience = tr.val_patience;
+    o->validation_batch = tr.val_batch;
+    o->verbose_frequency = tr.verbose_frequency;
+    o->checkpoint_path = tr.checkpoint_dir;
+    o->checkpoint_frequency = tr.checkpoint_frequency;
+    o->resume = tr.resume;
+    o->seed = tr.seed;
+    o->workers = (unsigned)tr.workers;
+    o->compute_threads = tr.threads;
+    o->cpus = tr.cpus;
+    o->pin = !tr.no_pin;
+    o->prefetch = (unsigned)tr.prefetch;
+    o->read_depth = (unsigned)tr.depth;
+    o->fail_on_error = tr.fail_on_error;
+    return 0;
+}
+
+/* Checks every output path and opens the log and the bad-file list, before
+ * any work: a run must not end with nowhere to put its results. Returns 0
+ * or 2 after a message. */
+static int train_open_outputs(train_job *j) {
     if (tr.log) {
         size_t n = strlen(tr.log);
         if (n > 4 && !strcmp(tr.log + n - 4, ".csv"))
-            log_json = 0;
+            j->log_json = 0;
         else if ((n > 6 && !strcmp(tr.log + n - 6, ".jsonl")) ||
                  (n > 5 && !strcmp(tr.log + n - 5, ".json")))
-            log_json = 1;
+            j->log_json = 1;
         else {
             fprintf(stderr, "%s train: --log %s: name it .csv or .jsonl\n", prog, tr.log);
             return 2;
@@ -1068,8 +1142,6 @@ static int cmd_train(int argc, char **argv) {
             return 2;
         }
     }
-    /* Every output path, before any work: a run must not end with nowhere
-     * to put its results. */
     const struct {
         const char *option, *path;
         int regular; /* written by rename: only a regular file may be replaced */
@@ -1085,152 +1157,253 @@ static int cmd_train(int argc, char **argv) {
                     why);
             return 2;
         }
-    if (tr.log && !(logf = tool_open_output(tr.log, why, sizeof why))) {
+    if (tr.log && !(j->logf = tool_open_output(tr.log, why, sizeof why))) {
         fprintf(stderr, "%s train: --log %s: %s\n", prog, tr.log, why);
         return 2;
     }
-    train_ui ui = {0};
-    if (tr.bad_list && !(ui.bad[0].out = tool_open_output(tr.bad_list, why, sizeof why))) {
+    if (tr.bad_list && !(j->ui.bad[0].out = tool_open_output(tr.bad_list, why, sizeof why))) {
         fprintf(stderr, "%s train: --bad-list %s: %s\n", prog, tr.bad_list, why);
-        fclose(logf);
         return 2;
     }
-    ui.bad[1].out = ui.bad[0].out;
-    ui.bad[1].data = "val";
-    o.max_epochs = tr.epochs;
-    o.batch = tr.batch;
-    o.drop_last = tr.drop_last;
-    o.optimizer.drop_period = tr.lr_drop_period;
-    o.validation_frequency = tr.val_frequency;
-    o.validation_patience = tr.val_patience;
-    o.validation_batch = tr.val_batch;
-    o.verbose_frequency = tr.verbose_frequency;
-    o.checkpoint_path = tr.checkpoint_dir;
-    o.checkpoint_frequency = tr.checkpoint_frequency;
-    o.resume = tr.resume;
-    o.seed = tr.seed;
-    o.workers = (unsigned)tr.workers;
-    o.compute_threads = tr.threads;
-    o.cpus = tr.cpus;
-    o.pin = !tr.no_pin;
-    o.prefetch = (unsigned)tr.prefetch;
-    o.read_depth = (unsigned)tr.depth;
-    o.fail_on_error = tr.fail_on_error;
+    j->ui.bad[1].out = j->ui.bad[0].out;
+    j->ui.bad[1].data = "val";
+    return 0;
+}
 
-    /* The data, then the net: built, loaded, transferred or the checkpoint's. */
-    dsrt_datastore *train = NULL, *val = NULL;
-    dsrt_net *net = NULL, *base = NULL;
-    char *text = NULL, *desc = NULL;
-    dsrt_train_history *hist = NULL;
-    int status = 1;
-    if (open_data(cmd, "--data", tr.data, tr.drop_empty_classes, &train) ||
-        (tr.val && open_data(cmd, "--val", tr.val, tr.drop_empty_classes, &val))) {
-        status = 2;
-        goto out;
+/* The net for --transfer: the base model with a new last layer for the
+ * data's classes. Returns 0 or 1 after a message. */
+static int train_transfer_net(train_job *j) {
+    if (dsrt_model_load(&j->base, tr.transfer, &j->no) != 0) {
+        fprintf(stderr, "%s train: --transfer: %s\n", prog, dsrt_last_error());
+        return 1;
     }
-    o.validation = val;
-    no.seed = tr.seed;
-    const char *netname = tr.net;
-    char ckpt[4096];
-    if (!netname && tr.resume) {
+    int classes = (int)dsrt_datastore_num_classes(j->train);
+    dsrt_transfer_options to = dsrt_transfer_defaults();
+    to.classes = classes;
+    to.base_lr_factor = (float)j->lr_factor;
+    to.new_weight_lr = to.new_bias_lr = (float)j->new_lr_factor;
+    to.layer = tr.layer;
+    const char **names = calloc((size_t)classes, sizeof *names);
+    if (!names) return 1;
+    for (int c = 0; c < classes; c++) names[c] = dsrt_datastore_class_name(j->train, (size_t)c);
+    to.class_names = names;
+    int rc = dsrt_net_transfer(&j->net, j->base, &to, &j->no);
+    free(names);
+    if (rc) {
+        fprintf(stderr, "%s train: --transfer: %s\n", prog, dsrt_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* The data, then the net: built, loaded, transferred or the checkpoint's.
+ * Returns 0, or the exit status after a message. */
+static int train_open_data_and_net(train_job *j) {
+    const char *cmd = "train";
+    if (open_data(cmd, "--data", tr.data, tr.drop_empty_classes, &j->train) ||
+        (tr.val && open_data(cmd, "--val", tr.val, tr.drop_empty_classes, &j->val)))
+        return 2;
+    j->o.validation = j->val;
+    j->no.seed = tr.seed;
+    j->netname = tr.net;
+    if (!j->netname && tr.resume) {
         struct stat st;
         if (stat(tr.resume, &st) == 0 && S_ISDIR(st.st_mode)) {
-            if (dsrt_checkpoint_latest(tr.resume, ckpt, sizeof ckpt) != 0) {
+            if (dsrt_checkpoint_latest(tr.resume, j->ckpt, sizeof j->ckpt) != 0) {
                 fprintf(stderr, "%s train: --resume: %s\n", prog, dsrt_last_error());
-                status = 2;
-                goto out;
+                return 2;
             }
         } else {
-            snprintf(ckpt, sizeof ckpt, "%s", tr.resume);
+            snprintf(j->ckpt, sizeof j->ckpt, "%s", tr.resume);
         }
-        netname = ckpt;
+        j->netname = j->ckpt;
     }
-    if (!netname && !tr.transfer) netname = "digits";
-    int classes = (int)dsrt_datastore_num_classes(train);
+    if (!j->netname && !tr.transfer) j->netname = "digits";
+    const char *netname = j->netname;
     if (tr.transfer) {
-        if (dsrt_model_load(&base, tr.transfer, &no) != 0) {
-            fprintf(stderr, "%s train: --transfer: %s\n", prog, dsrt_last_error());
-            goto out;
-        }
-        dsrt_transfer_options to = dsrt_transfer_defaults();
-        to.classes = classes;
-        to.base_lr_factor = (float)lr_factor;
-        to.new_weight_lr = to.new_bias_lr = (float)new_lr_factor;
-        to.layer = tr.layer;
-        const char **names = calloc((size_t)classes, sizeof *names);
-        if (!names) goto out;
-        for (int c = 0; c < classes; c++) names[c] = dsrt_datastore_class_name(train, (size_t)c);
-        to.class_names = names;
-        rc = dsrt_net_transfer(&net, base, &to, &no);
-        free(names);
-        if (rc) {
-            fprintf(stderr, "%s train: --transfer: %s\n", prog, dsrt_last_error());
-            goto out;
-        }
+        if (train_transfer_net(j)) return 1;
     } else if (dsrt_net_builtin(netname, NULL)) {
-        desc = dsrt_describe_datastore_classes(netname, train);
+        j->desc = dsrt_describe_datastore_classes(netname, j->train);
     } else if (is_model_file(netname)) {
-        if (dsrt_model_load(&net, netname, &no) != 0) {
+        if (dsrt_model_load(&j->net, netname, &j->no) != 0) {
             fprintf(stderr, "%s train: --net: %s\n", prog, dsrt_last_error());
-            goto out;
+            return 1;
         }
     } else {
         char why[256];
-        text = read_net_text(netname, why, sizeof why);
-        if (!text) {
-            if (netname == ckpt)
+        j->text = read_net_text(netname, why, sizeof why);
+        if (!j->text) {
+            if (netname == j->ckpt)
                 fprintf(stderr, "%s train: --resume: %s: %s\n", prog, netname, why);
             else
                 fprintf(stderr,
                         "%s train: --net: '%s' is neither a built-in network nor a network "
                         "description file: %s\n",
                         prog, netname, why);
-            status = 2;
-            goto out;
+            return 2;
         }
-        desc = dsrt_describe_datastore_classes(text, train);
+        j->desc = dsrt_describe_datastore_classes(j->text, j->train);
     }
-    if (!net) {
-        if (!desc || dsrt_net_create(&net, desc, 0, 0, 0, classes, &no) != 0) {
-            if (text)
-                net_file_error(netname, text);
+    if (!j->net) {
+        int classes = (int)dsrt_datastore_num_classes(j->train);
+        if (!j->desc || dsrt_net_create(&j->net, j->desc, 0, 0, 0, classes, &j->no) != 0) {
+            if (j->text)
+                net_file_error(netname, j->text);
             else
                 fprintf(stderr, "%s train: --net: %s\n", prog, dsrt_last_error());
-            status = 2;
-            goto out;
+            return 2;
         }
     }
-    if (dsrt_train_check(&o, net, train) != 0) {
-        fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
-        status = 2;
-        goto out;
-    }
-    if (logf && !log_json)
-        fprintf(logf, "epoch,iteration,time_s,loss,accuracy,learn_rate,val_loss,val_accuracy\n");
-    if ((tr.plot && dsrt_train_history_create(&hist) != 0)) goto out;
+    return 0;
+}
 
-    dsrt_net_info ni;
-    dsrt_net_get_info(net, &ni);
-    ui.log = logf;
-    ui.log_json = log_json;
-    ui.hist = hist;
-    ui.plot = tr.plot;
-    ui.json = tr.json;
-    ui.table = !tr.json && !tr.quiet;
-    ui.progress = !tr.json && !tr.no_progress && isatty(STDERR_FILENO);
-    char title[8400];
-    snprintf(title, sizeof title, "%s on %s", tr.transfer ? "transfer" : netname, tr.data);
-    ui.title = title;
-    o.callback = train_event;
-    o.callback_ctx = &ui;
-    if (ui.table) {
+/* The display: table, JSON lines, progress bar, log, plot. */
+static int train_setup_ui(train_job *j) {
+    if (j->logf && !j->log_json)
+        fprintf(j->logf, "epoch,iteration,time_s,loss,accuracy,learn_rate,val_loss,val_accuracy\n");
+    if ((tr.plot && dsrt_train_history_create(&j->hist) != 0)) return 1;
+    train_ui *ui = &j->ui;
+    ui->log = j->logf;
+    ui->log_json = j->log_json;
+    ui->hist = j->hist;
+    ui->plot = tr.plot;
+    ui->json = tr.json;
+    ui->table = !tr.json && !tr.quiet;
+    ui->progress = !tr.json && !tr.no_progress && isatty(STDERR_FILENO);
+    snprintf(j->title, sizeof j->title, "%s on %s", tr.transfer ? "transfer" : j->netname, tr.data);
+    ui->title = j->title;
+    j->o.callback = train_event;
+    j->o.callback_ctx = ui;
+    if (ui->table) {
+        dsrt_net_info ni;
+        dsrt_net_get_info(j->net, &ni);
         printf("Training %s (%zu parameters, input %dx%dx%d, %d classes) on %zu images",
-               tr.transfer ? tr.transfer : netname, ni.learnable, ni.height, ni.width, ni.channels,
-               ni.classes, dsrt_datastore_count(train));
-        if (val) printf(", validating on %zu", dsrt_datastore_count(val));
+               tr.transfer ? tr.transfer : j->netname, ni.learnable, ni.height, ni.width,
+               ni.channels, ni.classes, dsrt_datastore_count(j->train));
+        if (j->val) printf(", validating on %zu", dsrt_datastore_count(j->val));
         printf("\n");
     }
+    return 0;
+}
 
+/* A failed run: the message, and the bad files met on the way. */
+static void train_report_failure(train_job *j, int rc, const dsrt_train_result *r) {
+    fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
+    if (tr.json) {
+        printf("{\"event\": \"error\", \"code\": %d, \"error\": ", rc);
+        tool_json_string(stdout, dsrt_last_error());
+        printf(", \"iterations\": %lld", (long long)r->iterations);
+        tool_bad_json(stdout, "", &j->ui.bad[0], r->skipped);
+        tool_bad_json(stdout, "val_", &j->ui.bad[1], r->val_skipped);
+        printf("}\n");
+    } else {
+        tool_bad_print("dstrain train", "training", &j->ui.bad[0], r->skipped, 0, tr.bad_list);
+        tool_bad_print("dstrain train", "validation", &j->ui.bad[1], r->val_skipped, 1,
+                       tr.bad_list);
+    }
+}
+
+/* The weights: to --save, or, when that fails, where they are kept anyway.
+ * Returns the file holding them, or NULL (then a message said why). */
+static const char *train_save(train_job *j, const dsrt_train_result *r, char *fallback,
+                              size_t size) {
+    if (!tr.save) return NULL;
+    if (dsrt_model_save(tr.save, j->net) == 0) return tr.save;
+    fprintf(stderr, "%s train: --save %s: %s\n", prog, tr.save, dsrt_last_error());
+    const char *saved = NULL;
+    if (r->checkpoint[0] && !strcmp(r->checkpoint + strlen(r->checkpoint) - 5, ".dsrt")) {
+        fprintf(stderr, "%s train: the trained weights are in the last checkpoint, %s\n", prog,
+                r->checkpoint);
+        return NULL;
+    }
+    const char *tmp = getenv("TMPDIR");
+    const char *dirs[] = {".", tmp && *tmp ? tmp : "/tmp"};
+    for (int d = 0; d < 2 && !saved; d++) {
+        snprintf(fallback, size, "%s/dstrain-weights-%ld.dsrt", dirs[d], (long)getpid());
+        if (dsrt_model_save(fallback, j->net) == 0) saved = fallback;
+    }
+    if (saved)
+        fprintf(stderr, "%s train: the trained weights were written to %s instead\n", prog, saved);
+    else
+        fprintf(stderr, "%s train: the trained weights could not be written anywhere\n", prog);
+    return saved;
+}
+
+static const char *const train_stops[] = {"max epochs completed", "validation patience reached",
+                                          "stopped by request", "error"};
+
+/* The summary as one JSON line. */
+static void train_summary_json(train_job *j, const dsrt_train_result *r, const char *saved,
+                               int interrupted) {
+    dsrt_net_info ni;
+    dsrt_net_get_info(j->net, &ni);
+    char b1[32], b2[32], b3[32], b4[32];
+    printf("{\"event\": \"summary\", \"net\": ");
+    tool_json_string(stdout, tr.transfer ? tr.transfer : j->netname);
+    printf(", \"stop\": \"%s\", \"epochs\": %lld, \"iterations\": %lld, \"images\": %llu, "
+           "\"train_s\": %.3f, \"val_s\": %.3f, \"images_per_s\": %.1f, \"val_accuracy\": "
+           "%s, \"val_loss\": %s, \"loss\": %s, \"accuracy\": %s, \"batch\": %d, "
+           "\"workers\": %u, \"compute_threads\": %d, \"pinned\": %d, "
+           "\"consumer_wait_s\": %.3f, \"seed\": %llu, \"weights_checksum\": \"%016llx\"",
+           interrupted
+               ? (stop_signal == SIGTERM ? "interrupted by SIGTERM" : "interrupted by SIGINT")
+               : train_stops[r->stop],
+           (long long)r->epochs, (long long)r->iterations, (unsigned long long)r->images,
+           r->train_s, r->val_s, r->images_per_s, jnum(b1, r->val_accuracy), jnum(b2, r->val_loss),
+           jnum(b3, r->loss), jnum(b4, r->accuracy), j->o.batch, r->workers, r->compute_threads,
+           r->pinned, r->consumer_wait_s, (unsigned long long)r->seed,
+           (unsigned long long)r->weights_checksum);
+    tool_bad_json(stdout, "", &j->ui.bad[0], r->skipped);
+    if (j->val) tool_bad_json(stdout, "val_", &j->ui.bad[1], r->val_skipped);
+    if (r->checkpoint[0]) {
+        printf(", \"checkpoint\": ");
+        tool_json_string(stdout, r->checkpoint);
+    }
+    printf(", \"device\": %d, \"precision\": \"%s\"", r->device, dsrt_precision_name(ni.precision));
+    if (r->device >= 0) {
+        double dev_s = r->device_busy_s + r->device_idle_s;
+        printf(", \"device_busy_s\": %.3f, \"device_idle_s\": %.3f, \"device_idle_share\": "
+               "%.4f",
+               r->device_busy_s, r->device_idle_s, dev_s > 0 ? r->device_idle_s / dev_s : 0.0);
+    }
+    printf(", \"model\": ");
+    if (saved)
+        tool_json_string(stdout, saved);
+    else
+        printf("null");
+    printf("}\n");
+}
+
+/* The summary as text. */
+static void train_summary_text(train_job *j, const dsrt_train_result *r, const char *saved,
+                               int interrupted, const char *signame) {
+    dsrt_net_info ni;
+    dsrt_net_get_info(j->net, &ni);
+    if (interrupted)
+        printf("Training interrupted by %s after iteration %lld of %lld, %.1f s of "
+               "training.\n",
+               signame, (long long)r->iterations, (long long)(j->ui.ipe * j->o.max_epochs),
+               r->train_s);
+    else
+        printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training: %.0f "
+               "images/s (loading included; the compute waited %.2f s for data).\n",
+               train_stops[r->stop], (long long)r->epochs, (long long)r->iterations, r->train_s,
+               r->images_per_s, r->consumer_wait_s);
+    if (r->device >= 0)
+        printf("GPU %d (%s): busy %.1f s, idle between steps %.2f s (%.1f%%).\n", r->device,
+               dsrt_precision_name(ni.precision), r->device_busy_s, r->device_idle_s,
+               100 * r->device_idle_s / (r->device_busy_s + r->device_idle_s + 1e-9));
+    if (!isnan(r->val_accuracy))
+        printf("Validation accuracy %.2f%%, loss %.4f (validation took %.1f s).\n",
+               100 * r->val_accuracy, r->val_loss, r->val_s);
+    printf("Weights checksum %016llx", (unsigned long long)r->weights_checksum);
+    if (r->checkpoint[0]) printf("; last checkpoint %s", r->checkpoint);
+    if (saved) printf("; model saved to %s", saved);
+    printf("\n");
+}
+
+/* Trains and reports. Returns the exit status. */
+static int train_run(train_job *j) {
     /* From here a signal stops after the current step (see on_stop_signal). */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -1241,119 +1414,27 @@ static int cmd_train(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
 
     dsrt_train_result r;
-    rc = dsrt_train(net, train, &o, &r);
-    if (hist && tr.plot && dsrt_train_history_svg(hist, tr.plot, title) != 0) {
+    int rc = dsrt_train(j->net, j->train, &j->o, &r);
+    if (j->hist && tr.plot && dsrt_train_history_svg(j->hist, tr.plot, j->title) != 0) {
         fprintf(stderr, "%s train: --plot: %s\n", prog, dsrt_last_error());
-        ui.plot_failed = 1;
+        j->ui.plot_failed = 1;
     }
     if (rc) {
-        fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
-        if (tr.json) {
-            printf("{\"event\": \"error\", \"code\": %d, \"error\": ", rc);
-            tool_json_string(stdout, dsrt_last_error());
-            printf(", \"iterations\": %lld", (long long)r.iterations);
-            tool_bad_json(stdout, "", &ui.bad[0], r.skipped);
-            tool_bad_json(stdout, "val_", &ui.bad[1], r.val_skipped);
-            printf("}\n");
-        } else {
-            tool_bad_print("dstrain train", "training", &ui.bad[0], r.skipped, 0, tr.bad_list);
-            tool_bad_print("dstrain train", "validation", &ui.bad[1], r.val_skipped, 1,
-                           tr.bad_list);
-        }
-        goto out;
+        train_report_failure(j, rc, &r);
+        return 1;
     }
-    /* The weights: to --save, or, when that fails, where they are kept anyway. */
-    const char *saved = tr.save;
     char fallback[4200] = "";
-    if (tr.save && dsrt_model_save(tr.save, net) != 0) {
-        fprintf(stderr, "%s train: --save %s: %s\n", prog, tr.save, dsrt_last_error());
-        saved = NULL;
-        if (r.checkpoint[0] && !strcmp(r.checkpoint + strlen(r.checkpoint) - 5, ".dsrt")) {
-            fprintf(stderr, "%s train: the trained weights are in the last checkpoint, %s\n", prog,
-                    r.checkpoint);
-        } else {
-            const char *tmp = getenv("TMPDIR");
-            const char *dirs[] = {".", tmp && *tmp ? tmp : "/tmp"};
-            for (int d = 0; d < 2 && !saved; d++) {
-                snprintf(fallback, sizeof fallback, "%s/dstrain-weights-%ld.dsrt", dirs[d],
-                         (long)getpid());
-                if (dsrt_model_save(fallback, net) == 0) saved = fallback;
-            }
-            if (saved)
-                fprintf(stderr, "%s train: the trained weights were written to %s instead\n", prog,
-                        saved);
-            else
-                fprintf(stderr, "%s train: the trained weights could not be written anywhere\n",
-                        prog);
-        }
-    }
+    const char *saved = train_save(j, &r, fallback, sizeof fallback);
     int interrupted = r.stop == DSRT_STOP_CALLBACK && stop_signal;
     const char *signame = stop_signal == SIGTERM ? "SIGTERM" : "SIGINT";
-    static const char *const stops[] = {"max epochs completed", "validation patience reached",
-                                        "stopped by request", "error"};
-    if (tr.json) {
-        char b1[32], b2[32], b3[32], b4[32];
-        printf("{\"event\": \"summary\", \"net\": ");
-        tool_json_string(stdout, tr.transfer ? tr.transfer : netname);
-        printf(", \"stop\": \"%s\", \"epochs\": %lld, \"iterations\": %lld, \"images\": %llu, "
-               "\"train_s\": %.3f, \"val_s\": %.3f, \"images_per_s\": %.1f, \"val_accuracy\": "
-               "%s, \"val_loss\": %s, \"loss\": %s, \"accuracy\": %s, \"batch\": %d, "
-               "\"workers\": %u, \"compute_threads\": %d, \"pinned\": %d, "
-               "\"consumer_wait_s\": %.3f, \"seed\": %llu, \"weights_checksum\": \"%016llx\"",
-               interrupted
-                   ? (stop_signal == SIGTERM ? "interrupted by SIGTERM" : "interrupted by SIGINT")
-                   : stops[r.stop],
-               (long long)r.epochs, (long long)r.iterations, (unsigned long long)r.images,
-               r.train_s, r.val_s, r.images_per_s, jnum(b1, r.val_accuracy), jnum(b2, r.val_loss),
-               jnum(b3, r.loss), jnum(b4, r.accuracy), o.batch, r.workers, r.compute_threads,
-               r.pinned, r.consumer_wait_s, (unsigned long long)r.seed,
-               (unsigned long long)r.weights_checksum);
-        tool_bad_json(stdout, "", &ui.bad[0], r.skipped);
-        if (val) tool_bad_json(stdout, "val_", &ui.bad[1], r.val_skipped);
-        if (r.checkpoint[0]) {
-            printf(", \"checkpoint\": ");
-            tool_json_string(stdout, r.checkpoint);
-        }
-        printf(", \"device\": %d, \"precision\": \"%s\"", r.device,
-               dsrt_precision_name(ni.precision));
-        if (r.device >= 0) {
-            double dev_s = r.device_busy_s + r.device_idle_s;
-            printf(", \"device_busy_s\": %.3f, \"device_idle_s\": %.3f, \"device_idle_share\": "
-                   "%.4f",
-                   r.device_busy_s, r.device_idle_s, dev_s > 0 ? r.device_idle_s / dev_s : 0.0);
-        }
-        printf(", \"model\": ");
-        if (saved)
-            tool_json_string(stdout, saved);
-        else
-            printf("null");
-        printf("}\n");
-    } else {
-        if (interrupted)
-            printf("Training interrupted by %s after iteration %lld of %lld, %.1f s of "
-                   "training.\n",
-                   signame, (long long)r.iterations, (long long)(ui.ipe * o.max_epochs), r.train_s);
-        else
-            printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training: %.0f "
-                   "images/s (loading included; the compute waited %.2f s for data).\n",
-                   stops[r.stop], (long long)r.epochs, (long long)r.iterations, r.train_s,
-                   r.images_per_s, r.consumer_wait_s);
-        if (r.device >= 0)
-            printf("GPU %d (%s): busy %.1f s, idle between steps %.2f s (%.1f%%).\n", r.device,
-                   dsrt_precision_name(ni.precision), r.device_busy_s, r.device_idle_s,
-                   100 * r.device_idle_s / (r.device_busy_s + r.device_idle_s + 1e-9));
-        if (!isnan(r.val_accuracy))
-            printf("Validation accuracy %.2f%%, loss %.4f (validation took %.1f s).\n",
-                   100 * r.val_accuracy, r.val_loss, r.val_s);
-        printf("Weights checksum %016llx", (unsigned long long)r.weights_checksum);
-        if (r.checkpoint[0]) printf("; last checkpoint %s", r.checkpoint);
-        if (saved) printf("; model saved to %s", saved);
-        printf("\n");
-    }
+    if (tr.json)
+        train_summary_json(j, &r, saved, interrupted);
+    else
+        train_summary_text(j, &r, saved, interrupted, signame);
     fflush(stdout);
     if (!tr.json) {
-        tool_bad_print("dstrain train", "training", &ui.bad[0], r.skipped, 0, tr.bad_list);
-        tool_bad_print("dstrain train", "validation", &ui.bad[1], r.val_skipped, 1, tr.bad_list);
+        tool_bad_print("dstrain train", "training", &j->ui.bad[0], r.skipped, 0, tr.bad_list);
+        tool_bad_print("dstrain train", "validation", &j->ui.bad[1], r.val_skipped, 1, tr.bad_list);
     }
     if (interrupted) {
         if (r.checkpoint[0] || saved)
@@ -1367,29 +1448,55 @@ static int cmd_train(int argc, char **argv) {
                     "to keep the weights of an interrupted run)\n",
                     prog, signame);
     }
-    status = interrupted ? 128 + stop_signal : 0;
-    if ((tr.save && saved != tr.save) || ui.plot_failed) status = status ? status : 1;
-out:
-    if (logf && (ferror(logf) | fclose(logf))) {
+    int status = interrupted ? 128 + stop_signal : 0;
+    if ((tr.save && saved != tr.save) || j->ui.plot_failed) status = status ? status : 1;
+    return status;
+}
+
+/* Closes what the job opened; a status 0 becomes 1 when the log or the
+ * bad-file list could not be written in full. */
+static int train_close(train_job *j, int status) {
+    if (j->logf && (ferror(j->logf) | fclose(j->logf))) {
         fprintf(stderr, "%s train: --log %s: the log could not be written in full\n", prog, tr.log);
         if (status == 0) status = 1;
     }
-    if (ui.bad[0].out && (ui.bad[0].write_failed | ferror(ui.bad[0].out) | fclose(ui.bad[0].out))) {
+    FILE *bad = j->ui.bad[0].out;
+    if (bad && (j->ui.bad[0].write_failed | ferror(bad) | fclose(bad))) {
         fprintf(stderr, "%s train: --bad-list %s: the list could not be written in full\n", prog,
                 tr.bad_list);
         if (status == 0) status = 1;
     }
-    tool_bad_free(&ui.bad[0]);
-    tool_bad_free(&ui.bad[1]);
-    dsrt_train_history_destroy(hist);
-    dsrt_net_destroy(net);
-    dsrt_net_destroy(base);
-    dsrt_datastore_close(val);
-    dsrt_datastore_close(train);
-    free(text);
-    free(desc);
-    (void)print_args;
+    tool_bad_free(&j->ui.bad[0]);
+    tool_bad_free(&j->ui.bad[1]);
+    dsrt_train_history_destroy(j->hist);
+    dsrt_net_destroy(j->net);
+    dsrt_net_destroy(j->base);
+    dsrt_datastore_close(j->val);
+    dsrt_datastore_close(j->train);
+    free(j->text);
+    free(j->desc);
     return status;
+}
+
+/* dstrain train: parse, open the outputs, the data and the net, check the
+ * options against them, train, report, close. */
+static int cmd_train(int argc, char **argv) {
+    train_set_defaults();
+    int rc = parse_options("train", argc, argv, TRAIN_OPTIONS, train_usage);
+    if (rc) return rc > 0 ? 0 : 2;
+    train_job job;
+    train_job *j = &job;
+    memset(j, 0, sizeof *j);
+    if ((rc = train_resolve_options(j))) return rc;
+    int status = train_open_outputs(j);
+    if (status == 0) status = train_open_data_and_net(j);
+    if (status == 0 && dsrt_train_check(&j->o, j->net, j->train) != 0) {
+        fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
+        status = 2;
+    }
+    if (status == 0) status = train_setup_ui(j);
+    if (status == 0) status = train_run(j);
+    return train_close(j, status);
 }
 
 // ----------------------------------------------------------------------------
