@@ -31,6 +31,34 @@ set(DSRT_DEP_INCLUDE_DIRS
 # For dsrt.pc: the same libraries as -l flags.
 set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -lspng -luring -lhwloc -ldnnl -lz -lpthread -lm")
 
+# MPI (Open MPI: libopenmpi-dev) for the communicators. DSRT_WITH_MPI is
+# AUTO (default: with MPI when found), ON (a missing MPI is an error) or OFF.
+# Without it the communicators refuse to open and say why.
+set(DSRT_WITH_MPI AUTO CACHE STRING "MPI communicators for data-parallel training (AUTO, ON, OFF)")
+set_property(CACHE DSRT_WITH_MPI PROPERTY STRINGS AUTO ON OFF)
+set(DSRT_HAVE_MPI 0)
+if(NOT DSRT_WITH_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS C QUIET)
+  if(MPI_C_FOUND)
+    set(DSRT_HAVE_MPI 1)
+    list(APPEND DSRT_DEP_LIBRARIES ${MPI_C_LIBRARIES})
+    list(APPEND DSRT_DEP_INCLUDE_DIRS ${MPI_C_INCLUDE_DIRS})
+    foreach(lib ${MPI_C_LIBRARIES})
+      get_filename_component(dir "${lib}" DIRECTORY)
+      get_filename_component(name "${lib}" NAME_WE)
+      string(REGEX REPLACE "^lib" "" name "${name}")
+      string(APPEND DSRT_PC_LIBS_PRIVATE " -L${dir} -l${name}")
+    endforeach()
+    message(STATUS "dsrt: MPI ${MPI_C_VERSION}: ${MPI_C_LIBRARIES} (launcher ${MPIEXEC_EXECUTABLE})")
+  elseif(DSRT_WITH_MPI STREQUAL "ON")
+    message(FATAL_ERROR "dsrt: MPI not found: install libopenmpi-dev and openmpi-bin "
+                        "(scripts/install-deps.sh), or configure with -DDSRT_WITH_MPI=OFF")
+  else()
+    message(WARNING "dsrt: MPI not found (install libopenmpi-dev): building without "
+                    "communicators (-DDSRT_WITH_MPI=OFF silences this)")
+  endif()
+endif()
+
 set(DSRT_HAVE_CUDNN 0)
 set(DSRT_HAVE_NCCL 0)
 if(DSRT_WITH_CUDA)

@@ -11,5 +11,6 @@
 #include <dsrt/pipeline.h>
 #include <dsrt/nn.h>
 #include <dsrt/train.h>
+#include <dsrt/comm.h>
 
 #endif

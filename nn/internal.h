@@ -192,6 +192,11 @@ struct dsrt_net {
     dsrt_grad_ready_fn ready_fn;
     void *ready_ctx;
     size_t ready_min_bytes;
+    void (*backward_fn)(void *ctx, int end); /* around the backward pass */
+    /* Synchronised batchnorm (dsrt_net_set_bn_sync): backends that support
+     * it call bn_sync_fn in training forward and backward of batchnorm. */
+    dsrt_bn_sync_fn bn_sync_fn;
+    void *bn_sync_ctx;
     int *layer_bucket;   /* (n_layers) bucket a layer's gradients close, or -1 */
     dsrt_range *buckets; /* (n_buckets) */
     int n_buckets;
@@ -361,6 +366,8 @@ struct dsrt_backend_ops {
     void (*memory)(dsrt_backend *be, dsrt_backend_memory *m);
     /* Layer i's output of the last forward in plain NCHW. */
     int (*read_output)(dsrt_backend *be, int layer, int train, float *out);
+    /* 1: the backend calls net->bn_sync_fn (synchronised batchnorm). */
+    int bn_sync;
 };
 
 extern const dsrt_backend_ops dsrt__backend_cpu;

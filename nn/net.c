@@ -483,7 +483,10 @@ int dsrt_net_train_start(dsrt_net *net, const dsrt_net_batch *b) {
     if (net->started)
         return dsrt__fail(-EINVAL, "net: train_start twice without train_finish between");
     if ((rc = forward_staged(net, b, 1))) return rc;
-    if ((rc = net->ops->backward(net->be))) {
+    if (net->backward_fn) net->backward_fn(net->ready_ctx, 0);
+    rc = net->ops->backward(net->be);
+    if (net->backward_fn) net->backward_fn(net->ready_ctx, 1);
+    if (rc) {
         net->iteration++;
         return rc;
     }
@@ -566,6 +569,11 @@ int dsrt_net_set_device(dsrt_net *net, int device) {
     int rc = pick_backend(device, &ops);
     if (rc) return dsrt__fail_prefix(rc, "%s", net->source);
     if (net->started) return dsrt__fail(-EINVAL, "net: moved between train_start and finish");
+    if (net->bn_sync_fn && !ops->bn_sync)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "net: the %s backend does not synchronise batch normalisation, which "
+                          "this net does (dsrt_net_set_bn_sync)",
+                          ops->name);
     /* Everything home first: while that fails the net stays where it is. */
     if (net->opt_on_device && (rc = dsrt__optimizer_host(net->opt_on_device))) return rc;
     if ((rc = dsrt__net_host(net, DSRT_BUF_ALL))) return rc;
@@ -638,10 +646,11 @@ float *dsrt_net_state(dsrt_net *net, size_t *count) {
     return dsrt__net_host(net, DSRT_BUF_STATE) ? NULL : net->state;
 }
 
-/* Buckets of whole layers from the last layer back; first_layer[k] receives
- * the lowest layer of bucket k. */
-static int make_buckets(const dsrt_net *net, size_t min_bytes, dsrt_range *out, int cap,
-                        int *first_layer) {
+/* Buckets of whole layers from the last layer back, the first at least
+ * first_bytes, the others min_bytes; first_layer[k] receives the lowest
+ * layer of bucket k. */
+static int make_buckets(const dsrt_net *net, size_t first_bytes, size_t min_bytes, dsrt_range *out,
+                        int cap, int *first_layer) {
     int nb = 0;
     size_t end = net->n_params, acc = 0;
     int lowest = -1;
@@ -650,7 +659,7 @@ static int make_buckets(const dsrt_net *net, size_t min_bytes, dsrt_range *out, 
         if (!l->w_n && !l->b_n) continue;
         acc += (l->w_n + l->b_n) * sizeof(float);
         lowest = i;
-        if (acc >= min_bytes) {
+        if (acc >= (nb == 0 ? first_bytes : min_bytes)) {
             size_t start = l->w_n ? l->w_off : l->b_off;
             if (nb < cap) out[nb] = (dsrt_range){start, end - start};
             if (first_layer && nb < cap) first_layer[nb] = i;
@@ -671,17 +680,23 @@ static int make_buckets(const dsrt_net *net, size_t min_bytes, dsrt_range *out, 
 }
 
 int dsrt_net_buckets(const dsrt_net *net, size_t min_bytes, dsrt_range *out, int cap) {
-    return make_buckets(net, min_bytes, out, out ? cap : 0, NULL);
+    return make_buckets(net, min_bytes, min_bytes, out, out ? cap : 0, NULL);
 }
 
-int dsrt_net_set_grad_ready(dsrt_net *net, size_t min_bytes, dsrt_grad_ready_fn fn, void *ctx) {
+int dsrt_net_buckets_sized(const dsrt_net *net, size_t first_bytes, size_t min_bytes,
+                           dsrt_range *out, int cap) {
+    return make_buckets(net, first_bytes, min_bytes, out, out ? cap : 0, NULL);
+}
+
+int dsrt_net_set_grad_hook(dsrt_net *net, const dsrt_grad_hook *h) {
     for (int i = 0; i < net->n_layers; i++) net->layer_bucket[i] = -1;
     free(net->buckets);
     net->buckets = NULL;
     net->n_buckets = 0;
     net->ready_fn = NULL;
-    if (!fn) return 0;
-    int nb = make_buckets(net, min_bytes, NULL, 0, NULL);
+    net->backward_fn = NULL;
+    if (!h || (!h->ready && !h->backward)) return 0;
+    int nb = make_buckets(net, h->first_bytes, h->min_bytes, NULL, 0, NULL);
     dsrt_range *r = dsrt__calloc((size_t)nb + 1, sizeof *r);
     int *first = dsrt__calloc((size_t)nb + 1, sizeof *first);
     if (!r || !first) {
@@ -689,14 +704,31 @@ int dsrt_net_set_grad_ready(dsrt_net *net, size_t min_bytes, dsrt_grad_ready_fn 
         free(first);
         return -ENOMEM;
     }
-    make_buckets(net, min_bytes, r, nb, first);
+    make_buckets(net, h->first_bytes, h->min_bytes, r, nb, first);
     for (int k = 0; k < nb; k++) net->layer_bucket[first[k]] = k;
     free(first);
     net->buckets = r;
     net->n_buckets = nb;
-    net->ready_fn = fn;
-    net->ready_ctx = ctx;
-    net->ready_min_bytes = min_bytes;
+    net->ready_fn = h->ready;
+    net->backward_fn = h->backward;
+    net->ready_ctx = h->ctx;
+    net->ready_min_bytes = h->min_bytes;
+    return 0;
+}
+
+int dsrt_net_set_grad_ready(dsrt_net *net, size_t min_bytes, dsrt_grad_ready_fn fn, void *ctx) {
+    if (!fn) return dsrt_net_set_grad_hook(net, NULL);
+    dsrt_grad_hook h = {min_bytes, min_bytes, fn, NULL, ctx};
+    return dsrt_net_set_grad_hook(net, &h);
+}
+
+int dsrt_net_set_bn_sync(dsrt_net *net, dsrt_bn_sync_fn fn, void *ctx) {
+    if (fn && !net->ops->bn_sync)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "net: the %s backend does not synchronise batch normalisation",
+                          net->ops->name);
+    net->bn_sync_fn = fn;
+    net->bn_sync_ctx = fn ? ctx : NULL;
     return 0;
 }
 

@@ -340,6 +340,67 @@ typedef void (*dsrt_grad_ready_fn)(void *ctx, int bucket, dsrt_range range);
 DSRT_API int dsrt_net_set_grad_ready(dsrt_net *net, size_t min_bytes, dsrt_grad_ready_fn fn,
                                      void *ctx);
 
+/*
+ * dsrt_net_buckets with a first bucket of its own size: bucket 0 (the last
+ * layers, which backward finishes first) holds at least first_bytes, every
+ * later one at least min_bytes. A small first bucket starts communication
+ * early; larger later ones keep the per-call overhead low (PyTorch DDP's
+ * 1 MiB then 25 MiB). first_bytes == min_bytes is dsrt_net_buckets.
+ */
+DSRT_API int dsrt_net_buckets_sized(const dsrt_net *net, size_t first_bytes, size_t min_bytes,
+                                    dsrt_range *out, int cap);
+
+/* The gradient hook of a data-parallel trainer. */
+typedef struct {
+    size_t first_bytes, min_bytes; /* bucket sizes, as dsrt_net_buckets_sized */
+    dsrt_grad_ready_fn ready;      /* bucket k is final (as dsrt_net_set_grad_ready) */
+    /* Called with end 0 just before backward starts and with end 1 when it
+     * has returned (on the CPU: done; on a GPU: queued), on the thread of
+     * the training step. May be NULL. */
+    void (*backward)(void *ctx, int end);
+    void *ctx;
+} dsrt_grad_hook;
+
+/* Installs hook (copied), replacing dsrt_net_set_grad_ready's; NULL removes
+ * it. Returns 0 or -ENOMEM. */
+DSRT_API int dsrt_net_set_grad_hook(dsrt_net *net, const dsrt_grad_hook *hook);
+
+/*
+ * Synchronised batch normalisation. With a hook set, every batchnorm layer
+ * in a training forward and backward hands its per-channel sums to fn,
+ * which must replace them by their sums over every worker of the global
+ * batch (an all-reduce) before returning; the layer then normalises with
+ * the global mean and variance, and its backward uses the global means of
+ * the gradient terms. The running statistics follow the global batch too.
+ *
+ * Forward sums (n = 2c + 1 doubles): sum of x per channel (c), sum of x^2
+ * per channel (c), and the number of values per channel. Backward sums
+ * (n = 2c): sum of dy per channel (c), sum of dy * xhat per channel (c),
+ * with dy the gradient after the layer's fused ReLU, if any, and xhat the
+ * normalised input.
+ *
+ * Where the sums live: the CPU backend passes host memory (device
+ * DSRT_DEVICE_CPU, stream NULL). A device backend passes memory of its
+ * CUDA device (device >= 0) with the stream the layer's work is queued on;
+ * fn must queue its reduction on that stream (NCCL does) and may return
+ * before it runs. fn returns 0 or a negative code, which fails the step.
+ */
+typedef struct {
+    int layer;    /* the batchnorm layer, as dsrt_net_layer numbers it */
+    int backward; /* 0: forward sums; 1: backward sums */
+    int channels;
+    double *sums; /* (n) see above */
+    size_t n;
+    int device;   /* DSRT_DEVICE_CPU: host memory; else that CUDA device's */
+    void *stream; /* cudaStream_t on a device, NULL on the CPU */
+} dsrt_bn_sums;
+
+typedef int (*dsrt_bn_sync_fn)(void *ctx, dsrt_bn_sums *sums);
+
+/* Sets (fn != NULL) or removes the synchronised batchnorm hook. Returns 0,
+ * or DSRT_EUNSUPPORTED when the net's backend does not support it. */
+DSRT_API int dsrt_net_set_bn_sync(dsrt_net *net, dsrt_bn_sync_fn fn, void *ctx);
+
 // ----------------------------------------------------------------------------
 // Optimizers
 
