@@ -853,6 +853,12 @@ static void *worker_main(void *arg) {
             continue;
         }
         pipe_slot *s = &p->slots[b % p->nslots];
+        if (s->free_for > b) {
+            /* An empty part: ready when its slot was prepared, it may be
+             * taken and its slot reused before its items are claimed. */
+            p->next_item++;
+            continue;
+        }
         if (s->free_for != b) {
             timed_wait(&p->work_cv, &p->mu, &w->wait_ns);
             continue;
@@ -1046,9 +1052,18 @@ static int sync_init(dsrt_pipeline *p) {
     pthread_mutex_t *mus[] = {&p->mu, &p->order_mu, &p->bad_mu};
     pthread_cond_t *cvs[] = {&p->work_cv, &p->ready_cv, &p->ctl_cv};
     size_t nm = 0, nc = 0;
-    int e = 0;
-    while (nm < DSRT_ARRAY_SIZE(mus) && (e = pthread_mutex_init(mus[nm], NULL)) == 0) nm++;
-    while (e == 0 && nc < DSRT_ARRAY_SIZE(cvs) && (e = pthread_cond_init(cvs[nc], NULL)) == 0) nc++;
+    /* The monotonic clock: dsrt_pipeline_next_timed's deadline must not move
+     * with the wall clock. */
+    pthread_condattr_t ca;
+    int e = pthread_condattr_init(&ca);
+    if (e == 0) {
+        e = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        while (e == 0 && nm < DSRT_ARRAY_SIZE(mus) && (e = pthread_mutex_init(mus[nm], NULL)) == 0)
+            nm++;
+        while (e == 0 && nc < DSRT_ARRAY_SIZE(cvs) && (e = pthread_cond_init(cvs[nc], &ca)) == 0)
+            nc++;
+        pthread_condattr_destroy(&ca);
+    }
     if (e == 0) {
         p->sync_ready = 1;
         return 0;
@@ -1190,7 +1205,9 @@ static void slot_close_up(dsrt_pipeline *p, dsrt_batch *b) {
     b->shape[0] = (int)kept;
 }
 
-int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **out) {
+/* dsrt_pipeline_next and dsrt_pipeline_next_timed: waits until deadline
+ * (CLOCK_MONOTONIC, ns), or for ever when it is UINT64_MAX. */
+static int pipeline_next(dsrt_pipeline *p, dsrt_batch **out, uint64_t deadline) {
     *out = NULL;
     int rc = 0;
     uint64_t waited = 0;
@@ -1219,7 +1236,17 @@ int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **out) {
         if (s->ready_for != b) {
             /* Another consumer thread may take b meanwhile: look again after. */
             uint64_t t = now_ns();
-            pthread_cond_wait(&p->ready_cv, &p->mu);
+            if (deadline == UINT64_MAX) {
+                pthread_cond_wait(&p->ready_cv, &p->mu);
+            } else if (t >= deadline) {
+                rc = dsrt__fail(-ETIMEDOUT, "pipeline: batch %llu is not ready yet",
+                                (unsigned long long)b);
+                break;
+            } else {
+                struct timespec ts = {(time_t)(deadline / 1000000000u),
+                                      (long)(deadline % 1000000000u)};
+                pthread_cond_timedwait(&p->ready_cv, &p->mu, &ts);
+            }
             waited += now_ns() - t;
             continue;
         }
@@ -1239,6 +1266,15 @@ int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **out) {
     if (*out && p->o.drop_bad) slot_close_up(p, *out);
     if (waited) add(&p->consumer_wait_ns, waited);
     return rc;
+}
+
+int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **out) {
+    return pipeline_next(p, out, UINT64_MAX);
+}
+
+int dsrt_pipeline_next_timed(dsrt_pipeline *p, dsrt_batch **out, int timeout_ms) {
+    if (timeout_ms < 0) return pipeline_next(p, out, UINT64_MAX);
+    return pipeline_next(p, out, now_ns() + (uint64_t)timeout_ms * 1000000u);
 }
 
 int dsrt_batch_release(dsrt_pipeline *p, dsrt_batch *b) {

@@ -45,6 +45,12 @@ dsrt_train_options dsrt_train_defaults(void) {
     o.resume = NULL;
     o.execution = DSRT_EXEC_AUTO;
     o.gpu = -1;
+    o.comm = NULL;
+    o.gpus = 0;
+    o.comm_options = dsrt_comm_defaults();
+    o.averaging_frequency = 0;
+    o.average_optimizer_state = 0;
+    o.bn_statistics = DSRT_BN_AVERAGE;
     o.uint8_batches = -1;
     o.augment = dsrt_augment_defaults();
     o.augment.output_height = o.augment.output_width = o.augment.output_channels = 0;
@@ -68,8 +74,6 @@ dsrt_eval_options dsrt_eval_defaults(void) {
     return o;
 }
 
-static const char *const EXEC_NAMES[] = {"auto", "cpu", "gpu", "multi-gpu", "parallel"};
-
 /* The device the options' execution environment means: DSRT_DEVICE_CPU or a
  * GPU index. Fails, naming the option, when it is not there. */
 int dsrt__train_resolve_device(const dsrt_train_options *o, int *device) {
@@ -89,11 +93,43 @@ int dsrt__train_resolve_device(const dsrt_train_options *o, int *device) {
         dev = want;
         break;
     }
+    case DSRT_EXEC_PARALLEL: {
+        /* The worker computes where its communicator works: gpu, or the CPU. */
+        if (!o->comm)
+            return dsrt__fail(DSRT_EOPTION,
+                              "train: execution_environment (ExecutionEnvironment) 'parallel': "
+                              "no communicator (comm: dsrt_comm_open in every process of the MPI "
+                              "job)");
+        int rc = o->gpu >= 0 ? dsrt_gpu_check(o->gpu) : 0;
+        if (rc)
+            return dsrt__fail_prefix(rc,
+                                     "train: execution_environment (ExecutionEnvironment) "
+                                     "'parallel': gpu %d",
+                                     o->gpu);
+        dev = o->gpu >= 0 ? o->gpu : DSRT_DEVICE_CPU;
+        break;
+    }
+    case DSRT_EXEC_MULTI_GPU: {
+        int rc = dsrt_comm_available(DSRT_COMM_NCCL);
+        if (rc)
+            return dsrt__fail_prefix(rc, "train: execution_environment (ExecutionEnvironment) "
+                                         "'multi-gpu'");
+        if (n < 1)
+            return dsrt__fail(DSRT_ENODEVICE,
+                              "train: execution_environment (ExecutionEnvironment) 'multi-gpu': "
+                              "no CUDA device is visible (see CUDA_VISIBLE_DEVICES); use cpu, "
+                              "or parallel under mpirun for CPU workers");
+        if (o->gpus > n)
+            return dsrt__fail(DSRT_ENODEVICE, "train: gpus: %d: only %d CUDA device%s visible",
+                              o->gpus, n, n == 1 ? " is" : "s are");
+        dev = 0;
+        break;
+    }
     default:
-        return dsrt__fail(DSRT_EUNSUPPORTED,
-                          "train: execution_environment (ExecutionEnvironment): '%s': not "
-                          "available in this build (use auto, cpu or gpu)",
-                          EXEC_NAMES[o->execution]);
+        return dsrt__fail(DSRT_EOPTION,
+                          "train: execution_environment (ExecutionEnvironment): %d: "
+                          "unknown",
+                          (int)o->execution);
     }
     if (device) *device = dev;
     return 0;
@@ -274,7 +310,25 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
     BADO(o->gpu >= -1, "gpu: %d: not a device index (-1: the first)", o->gpu);
     BADO(o->uint8_batches >= -1 && o->uint8_batches <= 1, "uint8_batches: %d: not -1, 0 or 1",
          o->uint8_batches);
+    BADO(o->gpus >= 0, "gpus: %d: must be >= 0 (0: every visible GPU)", o->gpus);
+    BADO(o->averaging_frequency >= 0,
+         "averaging_frequency: %d: must be >= 0 (0: gradients summed at every step)",
+         o->averaging_frequency);
+    BADO(o->average_optimizer_state == 0 || o->average_optimizer_state == 1,
+         "average_optimizer_state: %d: not 0 or 1", o->average_optimizer_state);
+    BADO(!o->average_optimizer_state || o->averaging_frequency > 0,
+         "average_optimizer_state: %d: goes with averaging_frequency (parameter averaging)",
+         o->average_optimizer_state);
+    BADO((unsigned)o->bn_statistics <= DSRT_BN_SYNC, "bn_statistics: %d: unknown",
+         (int)o->bn_statistics);
+    BADO(o->bn_statistics != DSRT_BN_SYNC || o->averaging_frequency == 0,
+         "bn_statistics: sync: goes with gradients summed at every step, not with "
+         "averaging_frequency %d",
+         o->averaging_frequency);
     if ((rc = dsrt__train_resolve_device(o, NULL))) return rc;
+    int world = o->execution == DSRT_EXEC_PARALLEL    ? dsrt_comm_size(o->comm)
+                : o->execution == DSRT_EXEC_MULTI_GPU ? (o->gpus ? o->gpus : dsrt_gpu_count())
+                                                      : 1;
     BADO(o->workers <= 1024, "workers: %u: not in [0, 1024]", o->workers);
     BADO(o->compute_threads >= 0 && o->compute_threads <= 4096,
          "compute_threads: %d: not in [0, 4096]", o->compute_threads);
@@ -297,6 +351,16 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
     BADO(!o->drop_last || (size_t)o->batch <= n,
          "batch (MiniBatchSize): %d: more than the %zu training samples with drop_last", o->batch,
          n);
+    /* Every worker gets at least one sample of every batch. */
+    BADO(o->batch >= world,
+         "batch (MiniBatchSize): %d: fewer than the %d workers (the batch is the global "
+         "mini-batch, split between them)",
+         o->batch, world);
+    size_t last = n % (size_t)o->batch;
+    BADO(o->drop_last || last == 0 || last >= (size_t)world,
+         "batch (MiniBatchSize): %d: the last batch of each epoch would hold %zu samples, fewer "
+         "than the %d workers (give drop_last, or a batch that leaves each worker a sample)",
+         o->batch, last, world);
     char name[1024];
     for (size_t c = 0; c < nc; c++)
         if (dsrt_net_class_name(net, (int)c, name, sizeof name) >= 0 &&

@@ -174,7 +174,7 @@ int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration) 
     snprintf(R->r->checkpoint, sizeof R->r->checkpoint, "%s", path);
     R->r->checkpoint_s += dsrt__now_s() - t;
     R->ev.checkpoint = R->r->checkpoint;
-    if (dsrt__train_emit(R, DSRT_EVENT_CHECKPOINT)) R->stop = DSRT_STOP_CALLBACK + 1;
+    if (dsrt__train_emit(R, DSRT_EVENT_CHECKPOINT)) R->stop_request = 1;
     R->ev.checkpoint = NULL;
 out:
     free(path);

@@ -113,7 +113,9 @@ typedef struct {
     int best_dirty; /* best weights newer than the last best file */
     dsrt_train_event ev;
     double t0, val_s, train_images_t;
-    int stop; /* 0, or a dsrt_stop_reason + 1 */
+    int stop;         /* 0, or a dsrt_stop_reason + 1 */
+    int stop_request; /* a callback asked to stop during this step */
+    int64_t ckpt_it;  /* iteration of the last checkpoint due (written by worker 0), or -1 */
     /* The position: batches an epoch, iterations in all, iterations done. */
     int64_t bpe, max_it, it;
     int validated_last; /* the last step ended with a validation */
@@ -128,6 +130,13 @@ typedef struct {
     float sub_div[2][4];
     size_t bad_told[2];    /* bad samples of the training and validation data told so far */
     uint64_t val_left_out; /* samples left out of the validation passes, summed */
+    /* Data parallel: this worker's communicator (NULL: one worker alone),
+     * its rank, the workers, and whether parameters are averaged every
+     * averaging_frequency iterations rather than gradients summed. */
+    dsrt_comm *comm;
+    int rank, world;
+    int averaging;
+    char *cpus; /* the cores of this worker when the workers share the process's (malloc'd) */
 } run;
 
 /* Tells the callback of an event (with the bad samples found since the last
@@ -142,5 +151,43 @@ int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration);
 int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t used_size);
 /* Creates the checkpoint folder (one level) when missing. */
 int dsrt__train_make_dir(const char *path);
+
+// ----------------------------------------------------------------------------
+// Data parallel (train_dp.c): no-ops for one worker alone
+
+/* The workers of a run: rank, world and mode from the options (no
+ * collective). */
+void dsrt__dp_setup(run *R);
+/*
+ * Agreement: every worker tells whether it failed (rc) while x (n doubles)
+ * is summed over the workers. Returns rc on a worker that failed; on the
+ * others a failure that names the first worker that failed and says its
+ * message; 0 when none failed (x then holds the sums). A failure of the
+ * communicator itself is returned as it is.
+ */
+int dsrt__dp_agree(run *R, int rc, double *x, size_t n);
+/* A CPU worker whose process shares its cores with other workers (ranks
+ * launched without binding) takes its share of them: R->cpus. Collective. */
+int dsrt__dp_cpus(run *R);
+/* Joins the net to the communicator: every worker starts from worker 0's
+ * weights; gradients summed in buckets during backward (or, averaging, not);
+ * sync batchnorm when asked. Collective. */
+int dsrt__dp_attach(run *R);
+/* Before a validation, a checkpoint or the end: averaged batchnorm
+ * statistics (DSRT_BN_AVERAGE) and, averaging, parameters, so that every
+ * worker holds the same net. Collective. */
+int dsrt__dp_sync(run *R);
+/* After the optimizer step of iteration it (1-based): parameter averaging
+ * when due. Collective. */
+int dsrt__dp_after_step(run *R, int64_t it);
+/* At the end: fails when the weights differ between workers. Collective. */
+int dsrt__dp_check_weights(run *R);
+/* DSRT_EXEC_MULTI_GPU: one worker a visible GPU, each on a thread of its own
+ * with a copy of the net, through the same run as a parallel worker. */
+int dsrt__train_multi_gpu(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                          dsrt_train_result *r);
+/* One worker's run (dsrt_train without the multi-gpu dispatch). */
+int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                       dsrt_train_result *r);
 
 #endif

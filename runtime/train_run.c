@@ -54,6 +54,8 @@ static dsrt_net_batch net_batch(const run *R, const dsrt_batch *b) {
     in.layout = R->u8 ? DSRT_INPUT_U8_NHWC : DSRT_INPUT_F32_NCHW;
     in.labels = b->labels;
     in.n = (int)b->count;
+    /* Gradients summed over the workers: each scales by its share. */
+    in.global_n = R->comm && !R->averaging ? (int)b->global_count : 0;
     memcpy(in.sub, R->sub_div[0], sizeof in.sub);
     memcpy(in.div, R->sub_div[1], sizeof in.div);
     return in;
@@ -131,11 +133,17 @@ int dsrt__train_emit(run *R, dsrt_train_event_kind kind) {
 static int validate(run *R, double *loss, double *acc) {
     double t = dsrt__now_s(), lsum = 0;
     uint64_t images = 0, correct = 0;
-    for (uint64_t k = 0; k < R->vbpe; k++) {
+    /* Every worker validates the same net, each its part of the data. */
+    int rc = dsrt__dp_sync(R);
+    if (rc) return rc;
+    for (uint64_t k = 0; k < R->vbpe && !rc; k++) {
         dsrt_batch *b;
-        int rc = dsrt_pipeline_next(R->vp, &b);
-        if (rc) return dsrt__fail_prefix(rc, "train: validation");
-        if (b->count == 0) { /* every sample of the batch bad */
+        rc = dsrt_pipeline_next(R->vp, &b);
+        if (rc) {
+            dsrt__fail_prefix(rc, "train: validation");
+            break;
+        }
+        if (b->count == 0) { /* every sample of the batch bad, or an empty part */
             dsrt_batch_release(R->vp, b);
             continue;
         }
@@ -145,11 +153,19 @@ static int validate(run *R, double *loss, double *acc) {
         rc = dsrt_net_predict(R->net, b->data, (int)b->count, NULL, R->vlabels, &l, &c);
         size_t n = b->count;
         dsrt_batch_release(R->vp, b);
-        if (rc) return dsrt__fail_prefix(rc, "train: validation");
+        if (rc) {
+            dsrt__fail_prefix(rc, "train: validation");
+            break;
+        }
         lsum += (double)l * (double)n;
         correct += (uint64_t)c;
         images += n;
     }
+    double x[3] = {lsum, (double)correct, (double)images};
+    if ((rc = dsrt__dp_agree(R, rc, x, 3))) return rc;
+    lsum = x[0];
+    correct = (uint64_t)x[1];
+    images = (uint64_t)x[2];
     *loss = images ? lsum / (double)images : NAN;
     *acc = images ? (double)correct / (double)images : NAN;
     R->val_s += dsrt__now_s() - t;
@@ -207,6 +223,8 @@ static int open_pipelines(run *R, const dsrt_augment_options *aug,
     po.epochs = (uint64_t)o->max_epochs;
     po.fail_on_error = o->fail_on_error;
     po.gpu = R->ni.device;
+    po.parts = (unsigned)R->world;
+    po.part = (unsigned)R->rank;
     if (o->read_depth) po.reader.depth = o->read_depth;
     if ((rc = dsrt_pipeline_open(&R->p, R->train, aug, &po))) return dsrt__fail_prefix(rc, "train");
     if (!o->validation) return 0;
@@ -244,49 +262,72 @@ static int run_open(run *R) {
     R->u8 = (o->uint8_batches == 1 || (o->uint8_batches < 0 && R->ni.device >= 0)) &&
             u8_transfer(&aug, R->sub_div);
 
-    if ((rc = dsrt_optimizer_create(&R->opt, net, &o->optimizer))) return rc;
-    if (o->output_network == DSRT_OUTPUT_BEST_VALIDATION) {
+    /* What each worker opens for itself, then agreed: a worker that could
+     * not fails every worker here, before any step. */
+    rc = dsrt_optimizer_create(&R->opt, net, &o->optimizer);
+    if (!rc && o->output_network == DSRT_OUTPUT_BEST_VALIDATION) {
         R->best_params = dsrt__malloc(R->n_params * sizeof(float) + 1);
         R->best_state = dsrt__malloc(R->n_state * sizeof(float) + 1);
-        if (!R->best_params || !R->best_state) return -ENOMEM;
+        if (!R->best_params || !R->best_state) rc = -ENOMEM;
     }
-    if (o->validation && (rc = dsrt__train_class_map(net, o->validation, R->train, R->ni.classes,
-                                                     "train: validation data", &R->vmap)))
-        return rc;
+    if (!rc && o->validation)
+        rc = dsrt__train_class_map(net, o->validation, R->train, R->ni.classes,
+                                   "train: validation data", &R->vmap);
 
     /* The position: a checkpoint's, or the start. */
     dsrt_train_position pos = {0, 0, o->seed};
-    if (o->resume) {
-        if ((rc = dsrt__train_load_resume(R, &pos, r->checkpoint, sizeof r->checkpoint))) return rc;
-        r->seed = pos.seed;
+    if (!rc && o->resume) {
+        rc = dsrt__train_load_resume(R, &pos, r->checkpoint, sizeof r->checkpoint);
+        if (!rc) r->seed = pos.seed;
     }
-    if (o->checkpoint_path && (rc = dsrt__train_make_dir(o->checkpoint_path))) return rc;
+    if (!rc && o->checkpoint_path && R->rank == 0) rc = dsrt__train_make_dir(o->checkpoint_path);
+    if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) return rc;
 
-    /* Cores, then the pipelines on the worker cores. */
-    if ((rc = dsrt__cores_open(&R->cp, o->cpus, o->pin, o->workers, o->compute_threads, &R->ni, net,
-                               "train")))
-        return rc;
-    if ((rc = open_pipelines(R, &aug, &vaug))) return rc;
-    R->bpe = (int64_t)dsrt_pipeline_batches_per_epoch(R->p);
-    R->max_it = R->bpe * o->max_epochs;
-    R->it = pos.iteration;
+    /* Cores (a share of them when workers share this process's), then the
+     * pipelines on the worker cores. */
+    if ((rc = dsrt__dp_cpus(R))) return rc;
+    rc = dsrt__cores_open(&R->cp, R->cpus ? R->cpus : o->cpus, o->pin, o->workers,
+                          o->compute_threads, &R->ni, net, "train");
+    if (!rc) rc = open_pipelines(R, &aug, &vaug);
     int64_t epoch0 = pos.epoch;
-    if (o->resume) {
+    if (!rc) {
+        R->bpe = (int64_t)dsrt_pipeline_batches_per_epoch(R->p);
+        R->max_it = R->bpe * o->max_epochs;
+        R->it = pos.iteration;
         int64_t in_epoch = R->it - epoch0 * R->bpe;
-        if (epoch0 < 0 || in_epoch < 0 || in_epoch >= R->bpe || R->it > R->max_it)
-            return dsrt__fail(DSRT_EOPTION,
-                              "train: resume: %s: epoch %lld, iteration %lld do not fit %lld "
-                              "batches an epoch and max_epochs %d",
-                              r->checkpoint, (long long)epoch0, (long long)R->it, (long long)R->bpe,
-                              o->max_epochs);
-        if (R->it < R->max_it &&
-            (rc = dsrt_pipeline_reset(R->p, (uint64_t)epoch0, (uint64_t)in_epoch)))
-            return rc;
+        if (o->resume && (epoch0 < 0 || in_epoch < 0 || in_epoch >= R->bpe || R->it > R->max_it))
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "train: resume: %s: epoch %lld, iteration %lld do not fit %lld "
+                            "batches an epoch and max_epochs %d",
+                            r->checkpoint, (long long)epoch0, (long long)R->it, (long long)R->bpe,
+                            o->max_epochs);
+        else if (o->resume && R->it < R->max_it)
+            rc = dsrt_pipeline_reset(R->p, (uint64_t)epoch0, (uint64_t)in_epoch);
     }
+    if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) return rc;
+    /* Every worker from worker 0's weights, gradients summed as backward
+     * goes (or parameters averaged). */
+    if ((rc = dsrt__dp_attach(R))) return rc;
     r->start_iteration = R->it;
     r->iterations = R->it;
     r->epochs = epoch0;
+    R->ckpt_it = o->resume ? R->it : -1;
     return 0;
+}
+
+/* Takes the batch for iteration it and starts it on its way to the device;
+ * a failure is kept in R->pending, reported when the batch is due. */
+static void take_next(run *R, int64_t it) {
+    R->copied = 0;
+    int rn = take_batch(R, &R->b, it, R->bpe);
+    if (rn == 0 && (rn = stage_batch(R, R->b, &R->copied)) != 0) {
+        dsrt_batch_release(R->p, R->b);
+        R->b = NULL;
+    }
+    if (rn) {
+        R->pending = rn;
+        snprintf(R->pending_msg, sizeof R->pending_msg, "%s", dsrt_last_error());
+    }
 }
 
 /* Pins the compute threads, tells the START event and takes the first batch. */
@@ -311,10 +352,14 @@ static int run_start(run *R) {
     ev->workers = R->cp.workers;
     ev->compute_threads = R->cp.threads;
     ev->pinned = R->cp.team_pinned;
-    if (dsrt__train_emit(R, DSRT_EVENT_START)) R->stop = DSRT_STOP_CALLBACK + 1;
-    int rc;
-    if (R->it < R->max_it && (rc = take_batch(R, &R->b, R->it, R->bpe))) return rc;
-    if (R->b && (rc = stage_batch(R, R->b, &R->copied))) return rc;
+    ev->rank = R->rank;
+    ev->world = R->world;
+    /* A stop asked by any worker's callback stops every worker. */
+    double stop = dsrt__train_emit(R, DSRT_EVENT_START);
+    int rc = dsrt__dp_agree(R, 0, &stop, 1);
+    if (rc) return rc;
+    if (stop != 0) R->stop = DSRT_STOP_CALLBACK + 1;
+    if (R->it < R->max_it) take_next(R, R->it);
     return 0;
 }
 
@@ -340,32 +385,32 @@ static int forward_backward(run *R, dsrt_batch *b, float *loss, int *correct) {
         /* While the step runs: the next batch, on its way to the device.
          * A failure to take it is reported when it is due. */
         R->copied = 0;
-        if (R->it + 1 < R->max_it) {
-            int rn = take_batch(R, &R->b, R->it + 1, R->bpe);
-            if (rn == 0 && (rn = stage_batch(R, R->b, &R->copied)) != 0) {
-                dsrt_batch_release(R->p, R->b);
-                R->b = NULL;
-            }
-            if (rn) {
-                R->pending = rn;
-                snprintf(R->pending_msg, sizeof R->pending_msg, "%s", dsrt_last_error());
-            }
-        }
+        if (R->it + 1 < R->max_it) take_next(R, R->it + 1);
         rc = dsrt_net_train_finish(net, loss, correct);
     }
     if (b) dsrt_batch_release(R->p, b);
     return rc;
 }
 
+/* A checkpoint after iteration it, epochs_done epochs: every worker holds
+ * the same net first; worker 0 writes it. */
+static int checkpoint(run *R, int64_t epochs_done, int64_t it) {
+    R->ckpt_it = it;
+    int rc = dsrt__dp_sync(R);
+    if (rc == 0 && R->rank == 0) rc = dsrt__train_save_checkpoint(R, epochs_done, it);
+    return rc;
+}
+
 /* After the optimizer step of iteration R->it (batch `index` of epoch
- * `epoch`): validation when due, the events, the checkpoint when due. */
+ * `epoch`): validation when due, the events, the checkpoint when due, then
+ * the workers agree on stopping. */
 static int after_step(run *R, int64_t epoch, int64_t index) {
     const dsrt_train_options *o = R->o;
     dsrt_train_result *r = R->r;
     dsrt_train_event *ev = &R->ev;
     int64_t it = R->it;
     int end_of_epoch = index == R->bpe - 1;
-    int rc;
+    int rc = 0;
     int validate_now =
         R->vp && ((o->validation_frequency > 0 && it % o->validation_frequency == 0) ||
                   (o->validation_frequency == 0 && end_of_epoch) || it == R->max_it);
@@ -379,64 +424,98 @@ static int after_step(run *R, int64_t epoch, int64_t index) {
     R->validated_last = validate_now;
     ev->verbose = it == r->start_iteration + 1 || it % o->verbose_frequency == 0 ||
                   it == R->max_it || validate_now;
-    if (dsrt__train_emit(R, DSRT_EVENT_ITERATION)) R->stop = DSRT_STOP_CALLBACK + 1;
+    R->stop_request = 0;
+    int patience = 0;
+    if (dsrt__train_emit(R, DSRT_EVENT_ITERATION)) R->stop_request = 1;
     if (validate_now) {
-        if (dsrt__train_emit(R, DSRT_EVENT_VALIDATION)) R->stop = DSRT_STOP_CALLBACK + 1;
-        if (o->validation_patience > 0 && R->ls.bad_count >= o->validation_patience && !R->stop)
-            R->stop = DSRT_STOP_PATIENCE + 1;
+        if (dsrt__train_emit(R, DSRT_EVENT_VALIDATION)) R->stop_request = 1;
+        patience = o->validation_patience > 0 && R->ls.bad_count >= o->validation_patience;
     }
     if (end_of_epoch) {
         r->epochs = epoch + 1;
-        if (dsrt__train_emit(R, DSRT_EVENT_EPOCH)) R->stop = DSRT_STOP_CALLBACK + 1;
+        if (dsrt__train_emit(R, DSRT_EVENT_EPOCH)) R->stop_request = 1;
     }
     int ckpt = o->checkpoint_path &&
                ((o->checkpoint_unit == DSRT_UNIT_EPOCH && end_of_epoch &&
                  (epoch + 1) % o->checkpoint_frequency == 0) ||
                 (o->checkpoint_unit == DSRT_UNIT_ITERATION && it % o->checkpoint_frequency == 0));
-    if (ckpt && (rc = dsrt__train_save_checkpoint(R, end_of_epoch ? epoch + 1 : epoch, it)))
-        return rc;
+    if (ckpt) rc = checkpoint(R, end_of_epoch ? epoch + 1 : epoch, it);
+    /* A stop asked on any worker stops them all; patience is the same on
+     * every worker (the validation figures are). */
+    double stop = R->stop_request;
+    if ((rc = dsrt__dp_agree(R, rc, &stop, 1))) return rc;
+    if (stop != 0)
+        R->stop = DSRT_STOP_CALLBACK + 1;
+    else if (patience)
+        R->stop = DSRT_STOP_PATIENCE + 1;
     return 0;
 }
 
-/* One iteration on the batch taken. */
+/* One iteration on the batch taken: forward and backward, the gradients
+ * summed over the workers, the figures agreed, the optimizer step. */
 static int run_step(run *R) {
     dsrt_train_result *r = R->r;
     dsrt_train_event *ev = &R->ev;
     dsrt_batch *b = R->b;
-    if (!b) /* Taking this batch failed during the last step. */
-        return dsrt__fail(R->pending, "%s", R->pending_msg);
-    int64_t epoch = (int64_t)b->epoch;
-    int64_t index = (int64_t)b->index;
-    size_t count = b->count;
+    int64_t epoch = R->it / R->bpe, index = R->it % R->bpe;
+    size_t count = 0;
     float loss = 0;
-    int correct = 0;
-    int rc = forward_backward(R, b, &loss, &correct);
-    if (rc == 0 && !isfinite(loss)) rc = DSRT_ENAN;
-    if (rc == DSRT_ENAN)
+    int correct = 0, rc;
+    if (!b) {
+        /* Taking this batch failed during the last step. */
+        rc = dsrt__fail(R->pending, "%s", R->pending_msg);
+    } else {
+        epoch = (int64_t)b->epoch;
+        index = (int64_t)b->index;
+        count = b->count;
+        rc = forward_backward(R, b, &loss, &correct);
+        if (rc == DSRT_ENAN) {
+            loss = NAN;
+            rc = 0;
+        }
+        if (rc)
+            dsrt__fail_prefix(rc, "train: epoch %lld, iteration %lld", (long long)epoch + 1,
+                              (long long)R->it + 1);
+    }
+    double dloss = loss;
+    if (R->comm) {
+        if (!R->averaging) {
+            int cr = dsrt_comm_grads_wait(R->comm);
+            if (cr)
+                return rc ? rc
+                          : dsrt__fail_prefix(cr, "train: epoch %lld, iteration %lld: gradients",
+                                              (long long)epoch + 1, (long long)R->it + 1);
+        }
+        double x[3] = {(double)loss * (double)count, (double)correct, (double)count};
+        if ((rc = dsrt__dp_agree(R, rc, x, 3))) return rc;
+        dloss = x[2] > 0 ? x[0] / x[2] : NAN;
+        correct = (int)x[1];
+        count = (size_t)x[2];
+    }
+    if (rc) return rc;
+    if (!isfinite(dloss))
         return dsrt__fail(DSRT_ENAN,
                           "train: epoch %lld, iteration %lld: the loss is not finite (%g): "
                           "training stopped (learn rate %g too high? try a lower one or a "
                           "gradient threshold); %s%s",
-                          (long long)epoch + 1, (long long)R->it + 1, (double)loss,
+                          (long long)epoch + 1, (long long)R->it + 1, dloss,
                           dsrt_optimizer_learn_rate(R->opt, (int)epoch),
                           r->checkpoint[0] ? "the last good checkpoint is "
                                            : "no checkpoint was written",
                           r->checkpoint);
-    if (rc)
-        return dsrt__fail_prefix(rc, "train: epoch %lld, iteration %lld", (long long)epoch + 1,
-                                 (long long)R->it + 1);
     if ((rc = dsrt_optimizer_step(R->opt, R->net, (int)epoch))) return rc;
     R->it++;
+    if ((rc = dsrt__dp_after_step(R, R->it))) return rc;
     r->images += count;
     r->iterations = R->it;
-    r->loss = loss;
+    r->loss = dloss;
     r->accuracy = (double)correct / (double)count;
     ev->images = r->images;
     ev->iteration = R->it;
     ev->epoch = epoch + 1;
     ev->batch_in_epoch = index + 1;
     ev->learn_rate = dsrt_optimizer_learn_rate(R->opt, (int)epoch);
-    ev->loss = loss;
+    ev->loss = dloss;
     ev->accuracy = r->accuracy;
     ev->val_loss = ev->val_accuracy = NAN;
     return after_step(R, epoch, index);
@@ -445,22 +524,22 @@ static int run_step(run *R) {
 // ----------------------------------------------------------------------------
 // Finish and close
 
-/* After the last iteration: the final checkpoint (unless one was just
- * written), then a validation if the run stopped early without one. It
- * only reports: the checkpoint holds the state of the loop as the
- * uninterrupted run has it. Then the best weights, when asked for. */
+/* After the last iteration: every worker holds the same net; the final
+ * checkpoint (unless one was just written), then a validation if the run
+ * stopped early without one. It only reports: the checkpoint holds the
+ * state of the loop as the uninterrupted run has it. Then the best weights,
+ * when asked for. */
 static int run_finish(run *R) {
     const dsrt_train_options *o = R->o;
     dsrt_train_result *r = R->r;
     int64_t it = R->it;
     int rc;
-    if (o->checkpoint_path && it > r->start_iteration) {
-        char want[64];
-        snprintf(want, sizeof want, "_i%09lld" CKPT_SUFFIX, (long long)it);
-        size_t lc = strlen(r->checkpoint), lw = strlen(want);
-        if (lc < lw || strcmp(r->checkpoint + lc - lw, want) != 0) {
-            if ((rc = dsrt__train_save_checkpoint(R, it / R->bpe, it))) return rc;
-        }
+    if ((rc = dsrt__dp_sync(R))) return rc;
+    if (o->checkpoint_path && it > r->start_iteration && R->ckpt_it != it) {
+        R->stop_request = 0;
+        rc = checkpoint(R, it / R->bpe, it);
+        if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) return rc;
+        if (R->stop_request) R->stop = DSRT_STOP_CALLBACK + 1;
     }
     if (R->vp && !R->validated_last && it > r->start_iteration) {
         double vl, va;
@@ -474,6 +553,7 @@ static int run_finish(run *R) {
         memcpy(dsrt_net_state(R->net, NULL), R->best_state, R->n_state * sizeof(float));
         dsrt_net_params_changed(R->net);
     }
+    if ((rc = dsrt__dp_check_weights(R))) return rc;
     r->stop = R->stop ? (dsrt_stop_reason)(R->stop - 1) : DSRT_STOP_MAX_EPOCHS;
     return 0;
 }
@@ -483,6 +563,10 @@ static int run_finish(run *R) {
 static int run_close(run *R, int rc) {
     dsrt_train_result *r = R->r;
     dsrt_net *net = R->net;
+    /* The failure's message, kept through what follows (callbacks may call
+     * dsrt). */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", rc ? dsrt_last_error() : "");
     /* A batch taken ahead of a stop or failure goes back unused. */
     if (R->b) {
         if (R->copied) dsrt_net_stage_wait(net);
@@ -513,20 +597,25 @@ static int run_close(run *R, int rc) {
         r->val_bad_samples = s.bad_samples;
     }
     r->weights_checksum = dsrt_weights_checksum(net);
+    r->rank = R->rank;
+    r->world = R->world;
     r->device = R->ni.device;
     dsrt_net_device_time(net, &r->device_busy_s, &r->device_idle_s);
     r->device_busy_s -= R->busy0;
     r->device_idle_s -= R->idle0;
     if (rc) r->stop = DSRT_STOP_ERROR;
     if (R->t0 > 0) {
-        /* The END event keeps the thread's message: callbacks may call dsrt. */
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", dsrt_last_error());
         R->ev.status = rc;
         R->ev.val_loss = r->val_loss;
         R->ev.val_accuracy = r->val_accuracy;
-        dsrt__train_emit(R, DSRT_EVENT_END);
         if (rc) dsrt__fail(rc, "%s", msg);
+        dsrt__train_emit(R, DSRT_EVENT_END);
+    }
+    if (R->comm) {
+        /* The net leaves the communicator (a broken one keeps it until
+         * dsrt_comm_close). */
+        dsrt_comm_attach(R->comm, NULL);
+        dsrt_comm_sync_batchnorm(R->comm, net, 0);
     }
     dsrt_pipeline_close(R->vp);
     dsrt_pipeline_close(R->p);
@@ -536,21 +625,20 @@ static int run_close(run *R, int rc) {
     free(R->best_state);
     free(R->vmap);
     free(R->vlabels);
+    free(R->cpus);
+    if (rc) dsrt__fail(rc, "%s", msg);
     return rc;
 }
 
-int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *options,
-               dsrt_train_result *res) {
-    dsrt_train_options defaults = dsrt_train_defaults();
-    const dsrt_train_options *o = options ? options : &defaults;
-    dsrt_train_result local;
-    dsrt_train_result *r = res ? res : &local;
+int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                       dsrt_train_result *r) {
     memset(r, 0, sizeof *r);
     r->stop = DSRT_STOP_ERROR;
     r->val_loss = r->val_accuracy = r->best_val_loss = NAN;
     r->best_iteration = -1;
     r->seed = o->seed;
     r->loss = r->accuracy = NAN;
+    r->world = 1;
 
     run R;
     memset(&R, 0, sizeof R);
@@ -559,12 +647,34 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     R.train = train;
     R.r = r;
     dsrt__loop_state_init(&R.ls);
+    dsrt__dp_setup(&R);
     int rc = dsrt_train_check(o, net, train);
     if (rc == 0) rc = run_device(&R);
-    if (rc) return rc;
+    /* Options refused or the device missing on any worker: every worker
+     * fails, before any work. */
+    if ((rc = dsrt__dp_agree(&R, rc, NULL, 0))) return rc;
+    r->rank = R.rank;
+    r->world = R.world;
     rc = run_open(&R);
     if (rc == 0) rc = run_start(&R);
     while (rc == 0 && !R.stop && R.it < R.max_it) rc = run_step(&R);
     if (rc == 0) rc = run_finish(&R);
     return run_close(&R, rc);
+}
+
+int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *options,
+               dsrt_train_result *res) {
+    dsrt_train_options defaults = dsrt_train_defaults();
+    const dsrt_train_options *o = options ? options : &defaults;
+    dsrt_train_result local;
+    dsrt_train_result *r = res ? res : &local;
+    if (o->execution != DSRT_EXEC_MULTI_GPU) return dsrt__train_worker(net, train, o, r);
+    memset(r, 0, sizeof *r);
+    r->stop = DSRT_STOP_ERROR;
+    r->val_loss = r->val_accuracy = r->best_val_loss = NAN;
+    r->best_iteration = -1;
+    r->seed = o->seed;
+    r->loss = r->accuracy = NAN;
+    r->world = 1;
+    return dsrt__train_multi_gpu(net, train, o, r);
 }

@@ -18,9 +18,14 @@
 #       with the kit folder: unpacks the packages with dpkg -x into
 #       device/prefix (never into /), builds dsrt with CUDA into build-device
 #       against that prefix, runs the GPU tests (ctest -L gpu, which must not
-#       skip) and the GPU benchmarks, and writes everything to OUT (default
-#       $OUT, else device/out): env.txt, build.log, tests.log, bench.log,
-#       summary.txt. Exits non-zero when the build or a test fails.
+#       skip), test_gpu_backend under compute-sanitizer (memcheck, and
+#       racecheck over a subset), the GPU benchmarks against PyTorch's, and
+#       the end-to-end run (dstrain train from a folder of JPEGs made there
+#       with make_photos.py, against torch_gpu_train_folder.py, with the GPU's
+#       busy share sampled by nvidia-smi), and writes everything to OUT
+#       (default $OUT, else device/out): env.txt, build.log, tests.log,
+#       sanitizer.log, bench.log, e2e.log, summary.txt. Exits non-zero when
+#       the build, a test or the sanitizer fails.
 #
 # cuDNN and NCCL come from, in order: CUDNN_ROOT / NCCL_ROOT (a prefix, or a
 # Python package's nvidia/cudnn, nvidia/nccl folder), the nvidia.cudnn and
@@ -28,8 +33,13 @@
 # CUDA toolkit's folders. The machine needs nvcc, cmake (>= 3.22), ninja,
 # gcc and python3. Variables: DSRT_KIT_DIR (the kit folder for run),
 # DSRT_KIT_REQUIRE_GPU=0 (let GPU tests skip, for a dry run without a GPU),
-# DSRT_KIT_BENCH=0 (no benchmarks), DSRT_KIT_BASELINES (pack: a folder whose
-# torch_*.py baseline scripts travel in the kit and run beside dstrain's).
+# DSRT_KIT_BENCH=0 (no benchmarks), DSRT_KIT_SANITIZE=0 (no compute-sanitizer),
+# DSRT_KIT_E2E=0 (no end-to-end run), DSRT_KIT_PHOTOS (JPEGs it makes, default
+# 20000), DSRT_KIT_EPOCHS (of the end-to-end runs, default 3),
+# DSRT_KIT_BASELINES (pack: a folder whose torch_*.py baselines and
+# make_photos.py travel in the kit), DSRT_KIT_PHOTO_PACKAGES (pack: the Debian
+# wallpaper packages make_photos.py crops, default lomiri-wallpapers-20.04;
+# fetched only with DSRT_KIT_BASELINES).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -111,6 +121,16 @@ pack() {
   } >"$kit/manifest.txt"
   if [ -n "${DSRT_KIT_BASELINES:-}" ]; then
     cp "$DSRT_KIT_BASELINES"/torch_*.py "$kit"/ 2>/dev/null || die "no torch_*.py in $DSRT_KIT_BASELINES"
+    # The end-to-end run's images are made there, from photographs in
+    # Debian wallpaper packages that travel here (the machine has no apt).
+    if [ -f "$DSRT_KIT_BASELINES/make_photos.py" ]; then
+      cp "$DSRT_KIT_BASELINES/make_photos.py" "$kit"/
+      rm -rf "$kit/photo-src"
+      mkdir -p "$kit/photo-src"
+      # shellcheck disable=SC2086
+      (cd "$kit/photo-src" && apt-get download -q ${DSRT_KIT_PHOTO_PACKAGES:-lomiri-wallpapers-20.04} \
+        >/dev/null) || die "cannot fetch the wallpaper packages for make_photos.py"
+    fi
   fi
   if [ "${DSRT_KIT_WHEELS:-0}" = 1 ]; then
     local py=${DSRT_KIT_PYTHON:-3.12}
@@ -304,8 +324,40 @@ run() {
   fi
   grep -E 'Skipped|Not Run' "$out/tests.log" | tee -a "$summary" || true
 
+  if [ "${DSRT_KIT_SANITIZE:-1}" != 0 ]; then
+    sanitize "$build" "$nvcc" "$out/sanitizer.log" || status=1
+  fi
   [ "${DSRT_KIT_BENCH:-1}" = 0 ] || bench "$build" "$kit" "$out/bench.log"
+  [ "${DSRT_KIT_E2E:-1}" = 0 ] || e2e "$build" "$kit" "$out/e2e.log"
   return $status
+}
+
+# test_gpu_backend under compute-sanitizer: memcheck over every test,
+# racecheck (much slower) over the layers, the optimizer and staging.
+sanitize() {
+  local build=$1 nvcc=$2 log=$3 cs
+  cs=$(dirname "$nvcc")/compute-sanitizer
+  [ -x "$cs" ] || cs=$(command -v compute-sanitizer || true)
+  : >"$log"
+  if [ -z "$cs" ]; then
+    note "compute-sanitizer: not found next to nvcc or on PATH: skipped"
+    return 0
+  fi
+  local rc=0 tool only
+  for tool in memcheck racecheck; do
+    only=""
+    [ $tool = memcheck ] || only=test_layers_fp32,test_optimizer,test_staging
+    echo "== compute-sanitizer --tool $tool test_gpu_backend ${only:+(DSRT_TEST_ONLY=$only)}" >>"$log"
+    local t0=$SECONDS
+    if DSRT_TEST_ONLY=$only DSRT_TEST_TMP=$build/tests/tmp timeout "${DSRT_KIT_SANITIZE_TIMEOUT:-1800}" \
+      "$cs" --tool "$tool" --error-exitcode 99 "$build/tests/test_gpu_backend" >>"$log" 2>&1; then
+      note "compute-sanitizer $tool: clean in $((SECONDS - t0)) s"
+    else
+      note "compute-sanitizer $tool: FAILED (status $?): see sanitizer.log"
+      rc=1
+    fi
+  done
+  return $rc
 }
 
 # Each GPU benchmark that exists in this build; one that this build refuses
@@ -314,12 +366,11 @@ bench() {
   local build=$1 kit=$2 log=$3
   local dstrain=$build/tools/dstrain
   : >"$log"
-  local -a runs=(
-    "--net alexnet --batch 128 --precision tf32"
-    "--net alexnet --batch 128 --precision bf16"
-    "--net alexnet --batch 256 --precision tf32"
-    "--net cifar --batch 256 --precision tf32"
-  )
+  local -a runs=()
+  local shape prec
+  for shape in "--net alexnet --batch 128" "--net alexnet --batch 256" "--net cifar --batch 256"; do
+    for prec in tf32 bf16; do runs+=("$shape --precision $prec"); done
+  done
   for args in "${runs[@]}"; do
     echo "== dstrain bench --execution-environment gpu $args --json" >>"$log"
     # shellcheck disable=SC2086
@@ -328,17 +379,90 @@ bench() {
     else
       note "bench dstrain $args: skipped or failed: $(tail -1 "$log")"
     fi
-    local torch_bench=$kit/torch_train_bench.py
+    local torch_bench=$kit/torch_train_bench.py layout
     if [ -f "$torch_bench" ] && python3 -c 'import torch' 2>/dev/null; then
-      echo "== torch_train_bench.py --device cuda $args" >>"$log"
-      # shellcheck disable=SC2086
-      if timeout 300 python3 "$torch_bench" --device cuda $args >>"$log" 2>&1; then
-        note "bench torch $args: $(tail -1 "$log")"
-      else
-        note "bench torch $args: failed: $(tail -1 "$log")"
-      fi
+      for layout in "" --channels-last; do
+        echo "== torch_train_bench.py --device cuda $args $layout" >>"$log"
+        # shellcheck disable=SC2086
+        if timeout 300 python3 "$torch_bench" --device cuda $args $layout >>"$log" 2>&1; then
+          note "bench torch $args $layout: $(tail -1 "$log")"
+        else
+          note "bench torch $args $layout: failed: $(tail -1 "$log")"
+        fi
+      done
     fi
   done
+}
+
+# Runs "$@" while nvidia-smi samples the GPU's utilisation; notes the mean.
+with_gpu_busy() {
+  local what=$1 log=$2
+  shift 2
+  local smi=$root/device/smi.$$ rc=0 pid=""
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --id="${DSRT_KIT_GPU:-0}" --query-gpu=utilization.gpu --format=csv,noheader,nounits \
+      -lms 250 >"$smi" 2>/dev/null &
+    pid=$!
+  fi
+  "$@" >>"$log" 2>&1 || rc=$?
+  if [ -n "$pid" ]; then
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    note "$what: GPU busy $(awk '$1 ~ /^[0-9]+$/ { s += $1; n++ } END { if (n) printf "%.1f%% (mean of %d nvidia-smi samples)", s / n, n; else print "not sampled" }' "$smi")"
+    rm -f "$smi"
+  fi
+  return $rc
+}
+
+# End to end from JPEGs: a folder made with make_photos.py (from the kit's
+# wallpaper packages), dstrain train on the GPU against PyTorch's DataLoader
+# with 16 workers and pinned memory, AlexNet at 227 with the same recipe.
+e2e() {
+  local build=$1 kit=$2 log=$3
+  local photos=$root/device/photos count=${DSRT_KIT_PHOTOS:-20000} epochs=${DSRT_KIT_EPOCHS:-3}
+  : >"$log"
+  if [ ! -f "$kit/make_photos.py" ] || ! ls "$kit"/photo-src/*.deb >/dev/null 2>&1; then
+    note "e2e: no make_photos.py and wallpaper packages in the kit (pack with DSRT_KIT_BASELINES): skipped"
+    return 0
+  fi
+  if [ "$(find "$photos" -name '*.jpg' 2>/dev/null | wc -l)" != "$count" ]; then
+    rm -rf "$photos" "$root/device/photo-src"
+    for deb in "$kit"/photo-src/*.deb; do extract_deb "$deb" "$root/device/photo-src" || return 1; done
+    echo "== make_photos.py $photos --count $count" >>"$log"
+    if ! python3 - "$kit" "$root/device/photo-src" "$photos" "$count" >>"$log" 2>&1 <<'PY'; then
+import glob, os, sys
+sys.path.insert(0, sys.argv[1])
+import make_photos
+src = sys.argv[2]
+# The packages are unpacked already: take their photographs as make_photos
+# would after downloading them.
+make_photos.fetch_sources = lambda packages, workdir: sorted(
+    p for p in glob.glob(os.path.join(src, "**", "*"), recursive=True)
+    if p.lower().endswith((".jpg", ".jpeg")) and "screenshot" not in p)
+sys.argv = ["make_photos.py", sys.argv[3], "--count", sys.argv[4]]
+make_photos.main()
+PY
+      note "e2e: make_photos.py failed: see e2e.log"
+      return 0
+    fi
+  fi
+  local args=(--net alexnet --batch 128 --epochs "$epochs")
+  echo "== dstrain train --execution-environment gpu ${args[*]} --resize-shorter 256 --size-mode randcrop" >>"$log"
+  if with_gpu_busy "e2e dstrain" "$log" timeout 1800 "$build/tools/dstrain" train --data "$photos" \
+    --execution-environment gpu "${args[@]}" --resize-shorter 256 --size-mode randcrop --json; then
+    note "e2e dstrain: $(grep '"images_per_s"' "$log" | tail -1)"
+  else
+    note "e2e dstrain: failed: $(tail -1 "$log")"
+  fi
+  if [ -f "$kit/torch_gpu_train_folder.py" ] && python3 -c 'import torch, torchvision' 2>/dev/null; then
+    echo "== torch_gpu_train_folder.py ${args[*]} --workers 16" >>"$log"
+    if with_gpu_busy "e2e torch" "$log" timeout 1800 python3 "$kit/torch_gpu_train_folder.py" \
+      "$photos" "${args[@]}" --workers 16; then
+      note "e2e torch: $(tail -1 "$log")"
+    else
+      note "e2e torch: failed: $(tail -1 "$log")"
+    fi
+  fi
 }
 
 case ${1:-} in

@@ -12,9 +12,10 @@ pkgs=(
   zlib1g-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev liburing-dev libhwloc-dev
   libdnnl-dev libopenmpi-dev openmpi-bin
   dataset-fashion-mnist
+  python3-dev python3-numpy python3-pytest python3-pil python3-torch
 )
 if [ "${1:-}" = "--bench" ]; then
-  pkgs+=(python3-torch python3-torchvision python3-pil python3-numpy)
+  pkgs+=(python3-torchvision)
 fi
 
 missing=()

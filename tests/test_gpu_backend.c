@@ -520,6 +520,22 @@ static void test_cpu_gpu_files(void) {
     cross(-1, G);
 }
 
+/* DSRT_TEST_ONLY=name,name runs only those tests (the device kit runs a
+ * subset under compute-sanitizer's slower tools). */
+static int wanted(const char *name) {
+    const char *only = getenv("DSRT_TEST_ONLY");
+    if (!only || !*only) return 1;
+    size_t n = strlen(name);
+    for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
+    return 0;
+}
+
+#define RUN_WANTED(fn)                                                                             \
+    do {                                                                                           \
+        if (wanted(#fn)) RUN(fn);                                                                  \
+    } while (0)
+
 int main(void) {
     const char *self = getenv("DSRT_TEST_GPU_SELF_CHECK");
     if (self && !strcmp(self, "1")) {
@@ -531,16 +547,16 @@ int main(void) {
     }
     setenv("DSRT_CPU_CONV", "direct", 1);
     REQUIRE(timg_tmpdir("gpu", tmpdir, sizeof tmpdir) == 0);
-    RUN(test_layers_fp32);
+    RUN_WANTED(test_layers_fp32);
     if (G >= 0) {
-        RUN(test_layers_tf32);
-        RUN(test_layers_bf16);
+        RUN_WANTED(test_layers_tf32);
+        RUN_WANTED(test_layers_bf16);
     }
-    RUN(test_dropout_masks);
-    RUN(test_optimizer);
-    if (G >= 0) RUN(test_staging);
-    RUN(test_train_200);
-    RUN(test_deterministic);
-    RUN(test_cpu_gpu_files);
+    RUN_WANTED(test_dropout_masks);
+    RUN_WANTED(test_optimizer);
+    if (G >= 0) RUN_WANTED(test_staging);
+    RUN_WANTED(test_train_200);
+    RUN_WANTED(test_deterministic);
+    RUN_WANTED(test_cpu_gpu_files);
     return TEST_RESULT();
 }

@@ -111,6 +111,16 @@ typedef struct {
     uint32_t ids[64];
 } rec;
 
+/* What the test checks of batch b. */
+static void rec_fill(rec *r, const dsrt_batch *b) {
+    r->hash = batch_hash(b);
+    r->epoch = b->epoch;
+    r->index = b->index;
+    r->global = b->global;
+    r->count = b->count;
+    memcpy(r->ids, b->ids, DSRT_MIN(b->count, (size_t)64) * sizeof(uint32_t));
+}
+
 /* Takes up to max batches (until DSRT_EEOF); returns how many, *end the
  * code that ended it. */
 static size_t take(dsrt_pipeline *p, rec *out, size_t max, int *end) {
@@ -123,12 +133,7 @@ static size_t take(dsrt_pipeline *p, rec *out, size_t max, int *end) {
             *end = rc;
             break;
         }
-        out[k].hash = batch_hash(b);
-        out[k].epoch = b->epoch;
-        out[k].index = b->index;
-        out[k].global = b->global;
-        out[k].count = b->count;
-        memcpy(out[k].ids, b->ids, DSRT_MIN(b->count, (size_t)64) * sizeof(uint32_t));
+        rec_fill(&out[k], b);
         CHECK_OK(dsrt_batch_release(p, b));
         k++;
     }
@@ -447,6 +452,12 @@ static void sleep_ms(int ms) {
     nanosleep(&t, NULL);
 }
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* A slow consumer, a fast one, and several batches held at once: slots are
  * reused only once released, and what is held never changes. */
 static void test_slots(void) {
@@ -473,11 +484,7 @@ static void test_slots(void) {
     sleep_ms(20);
     while (dsrt_pipeline_next(p, &b) == 0) {
         sleep_ms(15);
-        got[k].hash = batch_hash(b);
-        got[k].epoch = b->epoch;
-        got[k].index = b->index;
-        got[k].count = b->count;
-        k++;
+        rec_fill(&got[k++], b);
         CHECK_OK(dsrt_batch_release(p, b));
     }
     CHECK_EQ(k, 6);
@@ -522,6 +529,60 @@ static void test_slots(void) {
     dsrt_batch fake = *b;
     CHECK_EQ(dsrt_batch_release(p, &fake), DSRT_EOPTION);
     CHECK_OK(dsrt_batch_release(p, b));
+    dsrt_pipeline_close(p);
+    ref_close(&r);
+    dsrt_datastore_close(ds);
+}
+
+/* dsrt_pipeline_next_timed: -ETIMEDOUT while the batch is not ready, after
+ * waiting about as long as asked, and nothing lost: the batches taken with
+ * timeouts are those of the reference. */
+static void test_next_timed(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_227(&a); /* slow enough for a batch to keep us waiting */
+    dsrt_pipeline_options o = small_options();
+    o.threads = 1;
+    o.epochs = 1;
+    ref_ctx r = ref_open(ds, &a, &o, NULL);
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    dsrt_batch *b = (dsrt_batch *)&o;
+    double t0 = now_s();
+    CHECK_EQ(dsrt_pipeline_next_timed(p, &b, 0), -ETIMEDOUT);
+    CHECK(b == NULL);
+    CHECK_EQ(dsrt_pipeline_next_timed(p, &b, 2), -ETIMEDOUT);
+    CHECK(now_s() - t0 >= 0.002);
+    CHECK(strstr(dsrt_last_error(), "batch 0 is not ready") != NULL);
+    rec got[8];
+    size_t k = 0, timeouts = 0;
+    int rc;
+    while ((rc = dsrt_pipeline_next_timed(p, &b, 1)) != DSRT_EEOF) {
+        if (rc == -ETIMEDOUT) {
+            timeouts++;
+            continue;
+        }
+        CHECK_OK(rc);
+        if (rc != 0 || k == 8) break;
+        rec_fill(&got[k++], b);
+        CHECK_OK(dsrt_batch_release(p, b));
+    }
+    CHECK_EQ(k, 6);
+    CHECK_GT(timeouts, 0);
+    check_against_ref(&r, got, k);
+    /* Negative: waits for ever, as dsrt_pipeline_next; the end stays the end. */
+    CHECK_EQ(dsrt_pipeline_next_timed(p, &b, -1), DSRT_EEOF);
+    CHECK_OK(dsrt_pipeline_reset(p, 0, 5));
+    CHECK_OK(dsrt_pipeline_next_timed(p, &b, -1));
+    CHECK_EQ(b->index, 5);
+    /* Holding every slot is refused at once, not waited on. */
+    dsrt_pipeline_close(p);
+    o.epochs = 0;
+    p = open_pipe(ds, &a, &o);
+    dsrt_batch *held[3];
+    for (int i = 0; i < 3; i++) CHECK_OK(dsrt_pipeline_next_timed(p, &held[i], -1));
+    t0 = now_s();
+    CHECK_EQ(dsrt_pipeline_next_timed(p, &b, 5000), -EDEADLK);
+    CHECK(now_s() - t0 < 1.0);
     dsrt_pipeline_close(p);
     ref_close(&r);
     dsrt_datastore_close(ds);
@@ -1368,6 +1429,7 @@ int main(void) {
     RUN(test_drop_last);
     RUN(test_slots);
     RUN(test_reset);
+    RUN(test_next_timed);
     RUN(test_close_mid_epoch);
     RUN(test_bad_files);
     RUN(test_parts);

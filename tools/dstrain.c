@@ -186,11 +186,24 @@ static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_o
     int k = DSRT_EXEC_AUTO, p = DSRT_PRECISION_DEFAULT;
     if (d->where && (k = parse_choice(cmd, "execution-environment", d->where, wheres)) < 0)
         return 2;
-    if (k >= DSRT_EXEC_MULTI_GPU) {
+    if (k >= DSRT_EXEC_MULTI_GPU && !exec) {
         fprintf(stderr,
-                "%s %s: --execution-environment %s: not available in this build (auto, cpu or "
-                "gpu)\n",
-                prog, cmd, d->where);
+                "%s %s: --execution-environment %s: data-parallel training is for %s train "
+                "(here: auto, cpu or gpu)\n",
+                prog, cmd, d->where, prog);
+        return 2;
+    }
+    if (k >= DSRT_EXEC_MULTI_GPU &&
+        dsrt_comm_available(k == DSRT_EXEC_MULTI_GPU ? DSRT_COMM_NCCL : DSRT_COMM_MPI) != 0) {
+        fprintf(stderr, "%s %s: --execution-environment %s: %s\n", prog, cmd, d->where,
+                dsrt_last_error());
+        return 2;
+    }
+    if (k == DSRT_EXEC_MULTI_GPU && dsrt_gpu_count() < 1) {
+        fprintf(stderr,
+                "%s %s: --execution-environment multi-gpu: no CUDA device is visible (it trains "
+                "on every GPU of this machine; for CPU workers use parallel under mpirun)\n",
+                prog, cmd);
         return 2;
     }
     if (d->precision && (p = parse_choice(cmd, "precision", d->precision, precisions)) < 0)
@@ -205,6 +218,8 @@ static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_o
         device = d->gpu;
     } else if (k == DSRT_EXEC_AUTO && dsrt_gpu_count() > d->gpu) {
         device = d->gpu;
+    } else if (k == DSRT_EXEC_MULTI_GPU || (k == DSRT_EXEC_PARALLEL && dsrt_gpu_count() > 0)) {
+        device = 0; /* parallel: the rank's GPU is chosen once MPI has started */
     }
     if (device < 0 && p == DSRT_PRECISION_BF16) {
         fprintf(stderr,
@@ -216,7 +231,9 @@ static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_o
     no->device = device;
     no->precision = (dsrt_precision)p;
     no->deterministic = d->deterministic;
-    if (exec) *exec = device >= 0 ? DSRT_EXEC_GPU : DSRT_EXEC_CPU;
+    if (exec)
+        *exec = k >= DSRT_EXEC_MULTI_GPU ? (dsrt_execution)k
+                                         : (device >= 0 ? DSRT_EXEC_GPU : DSRT_EXEC_CPU);
     return 0;
 }
 
@@ -593,13 +610,13 @@ static struct {
         *grad_threshold_method, *output_network, *plot, *log, *save, *transfer, *lr_factor,
         *new_lr_factor, *cpus, *rand_rotation, *rand_scale, *rand_x_translation,
         *rand_y_translation, *rand_x_shear, *rand_y_shear, *layer, *size_mode, *rand_translation,
-        *bad_list;
+        *bad_list, *bucket_size, *bn_statistics, *comm_timeout;
     int epochs, batch, threads, workers, val_frequency, val_patience, val_batch, verbose_frequency,
         checkpoint_frequency, lr_drop_period, prefetch, json, drop_last, no_pin, quiet, no_progress,
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
         depth, drop_empty_classes;
     uint64_t seed;
-    int uint8_batches;
+    int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
     device_args dev;
 } tr;
 
@@ -648,7 +665,21 @@ static const option TRAIN_OPTIONS[] = {
     {"resume", OPT_STR, &tr.resume, 0, 0, "FILE|DIR",
      "go on from a checkpoint (a folder: its latest); ends with the weights of an "
      "uninterrupted run"},
-    DEVICE_OPTIONS(tr.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
+    DEVICE_OPTIONS(tr.dev, "auto (a GPU when there is one), cpu, gpu, multi-gpu (every GPU of "
+                           "this machine) or parallel (one worker a process under mpirun) [auto]"),
+    {"averaging-frequency", OPT_INT, &tr.averaging_frequency, 0, INT_MAX, "N",
+     "data parallel: average the parameters every N iterations (DL4J) instead of summing "
+     "gradients at every step [0: sum]"},
+    {"average-optimizer-state", OPT_FLAG, &tr.average_optimizer_state, 0, 0, NULL,
+     "with --averaging-frequency: average the optimizer state (momentum) too"},
+    {"bucket-size", OPT_STR, &tr.bucket_size, 0, 0, "MIB",
+     "data parallel: gradient buckets summed while backward runs, in MiB [25; the first 1]"},
+    {"bn-statistics", OPT_STR, &tr.bn_statistics, 0, 0, "HOW",
+     "data parallel: batchnorm statistics per worker, running ones averaged (average), or over "
+     "the global batch (sync) [average]"},
+    {"comm-timeout", OPT_STR, &tr.comm_timeout, 0, 0, "S",
+     "data parallel: seconds a worker waits for the others before failing, naming them [60]"},
+    {"gpus", OPT_INT, &tr.gpus, 0, 4096, "N", "multi-gpu: the first N GPUs [every one]"},
     {"uint8-batches", OPT_INT, &tr.uint8_batches, -1, 1, "N",
      "batches travel as uint8 (1), floats (0), or uint8 to a GPU only (-1) [-1]"},
     {"rand-x-reflection", OPT_FLAG, &tr.rand_x_reflection, 0, 0, NULL,
@@ -948,6 +979,12 @@ typedef struct {
     const char *netname;
     char ckpt[4096]; /* the checkpoint --resume names, when the net comes from it */
     char title[8400];
+    /* --execution-environment parallel: this process's communicator, its
+     * rank among the world's, whether MPI was started here, and " (worker K
+     * of N)" for messages. */
+    dsrt_comm *comm;
+    int rank, world, mpi;
+    char worker[48];
 } train_job;
 
 /* The options that name one of a list, and where the index goes. */
@@ -998,6 +1035,7 @@ static int train_resolve_options(train_job *j) {
     static const char *const outputs[] = {"last", "best-validation", NULL};
     static const char *const units[] = {"epoch", "iteration", NULL};
     static const char *const modes[] = {"resize", "centercrop", "randcrop", NULL};
+    static const char *const bns[] = {"average", "sync", NULL};
     const char *cmd = "train";
     dsrt_train_options *o = &j->o;
     *o = dsrt_train_defaults();
@@ -1010,7 +1048,8 @@ static int train_resolve_options(train_job *j) {
     if (tr.solver && (solver = parse_choice(cmd, "solver", tr.solver, solvers)) < 0) return 2;
     if (solver >= 0) o->optimizer = dsrt_optimizer_defaults((dsrt_solver)solver);
     int shuffle = o->shuffle, schedule = o->optimizer.schedule, clip = o->optimizer.clip,
-        output = o->output_network, unit = o->checkpoint_unit, mode = o->augment.size_mode;
+        output = o->output_network, unit = o->checkpoint_unit, mode = o->augment.size_mode,
+        bn = o->bn_statistics;
     const train_choice choices[] = {
         {"shuffle", &tr.shuffle, shuffles, &shuffle},
         {"lr-schedule", &tr.lr_schedule, schedules, &schedule},
@@ -1018,6 +1057,7 @@ static int train_resolve_options(train_job *j) {
         {"output-network", &tr.output_network, outputs, &output},
         {"checkpoint-unit", &tr.checkpoint_unit, units, &unit},
         {"size-mode", &tr.size_mode, modes, &mode},
+        {"bn-statistics", &tr.bn_statistics, bns, &bn},
     };
     for (size_t i = 0; i < sizeof choices / sizeof choices[0]; i++) {
         const train_choice *c = &choices[i];
@@ -1030,6 +1070,7 @@ static int train_resolve_options(train_job *j) {
     o->output_network = (dsrt_output_network)output;
     o->checkpoint_unit = (dsrt_frequency_unit)unit;
     o->augment.size_mode = (dsrt_augment_size_mode)mode;
+    o->bn_statistics = (dsrt_bn_statistics)bn;
     o->augment.resize_shorter = tr.resize_shorter;
 
     j->no = dsrt_net_defaults();
@@ -1040,6 +1081,7 @@ static int train_resolve_options(train_job *j) {
 
     j->lr_factor = 1;
     j->new_lr_factor = 20;
+    double bucket_mib = (double)o->comm_options.bucket_bytes / (1 << 20);
     const train_number numbers[] = {
         {"lr", &tr.lr, 1e-300, 1e6, &o->optimizer.learn_rate},
         {"momentum", &tr.momentum, 0, 0.999999, &o->optimizer.momentum},
@@ -1048,6 +1090,8 @@ static int train_resolve_options(train_job *j) {
         {"gradient-threshold", &tr.grad_threshold, 1e-300, INFINITY, &o->optimizer.grad_threshold},
         {"lr-factor", &tr.lr_factor, 0, 1e6, &j->lr_factor},
         {"new-lr-factor", &tr.new_lr_factor, 0, 1e6, &j->new_lr_factor},
+        {"bucket-size", &tr.bucket_size, 1.0 / 1024, 4096, &bucket_mib},
+        {"comm-timeout", &tr.comm_timeout, 1, 86400, &o->comm_options.timeout_s},
     };
     for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
         const train_number *n = &numbers[i];
@@ -1089,6 +1133,31 @@ static int train_resolve_options(train_job *j) {
                 prog);
         return 2;
     }
+    int dp = o->execution == DSRT_EXEC_PARALLEL || o->execution == DSRT_EXEC_MULTI_GPU;
+    if (!dp && (tr.averaging_frequency || tr.average_optimizer_state || tr.bucket_size ||
+                tr.bn_statistics || tr.comm_timeout || tr.gpus)) {
+        fprintf(stderr,
+                "%s train: --averaging-frequency, --average-optimizer-state, --bucket-size, "
+                "--bn-statistics, --comm-timeout and --gpus go with --execution-environment "
+                "parallel or multi-gpu\n",
+                prog);
+        return 2;
+    }
+    if (tr.gpus && o->execution != DSRT_EXEC_MULTI_GPU) {
+        fprintf(stderr, "%s train: --gpus goes with --execution-environment multi-gpu\n", prog);
+        return 2;
+    }
+    if (tr.average_optimizer_state && !tr.averaging_frequency) {
+        fprintf(stderr, "%s train: --average-optimizer-state goes with --averaging-frequency N\n",
+                prog);
+        return 2;
+    }
+    o->averaging_frequency = tr.averaging_frequency;
+    o->average_optimizer_state = tr.average_optimizer_state;
+    o->gpus = tr.gpus;
+    o->comm_options.bucket_bytes = (size_t)(bucket_mib * (1 << 20));
+    if (o->comm_options.first_bucket_bytes > o->comm_options.bucket_bytes)
+        o->comm_options.first_bucket_bytes = o->comm_options.bucket_bytes;
     if (tr.transfer && (tr.net || tr.resume)) {
         fprintf(stderr,
                 "%s train: --transfer makes the net: give neither --net nor --resume "
@@ -1116,6 +1185,85 @@ static int train_resolve_options(train_job *j) {
     o->read_depth = (unsigned)tr.depth;
     o->fail_on_error = tr.fail_on_error;
     return 0;
+}
+
+/* This process's place among the launcher's processes on its node (Open
+ * MPI, MPICH's Hydra, Slurm), or 0. */
+static int local_rank_from_launcher(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                       "SLURM_LOCALID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+/*
+ * --execution-environment parallel: starts MPI and opens this worker's
+ * communicator: on a machine with GPUs one GPU a worker, picked by its
+ * place on the node (NCCL), else CPU workers (MPI). Only worker 0 prints,
+ * logs, plots and saves. Returns 0 or 2 after a message.
+ */
+static int train_start_comm(train_job *j) {
+    j->world = 1;
+    if (j->o.execution != DSRT_EXEC_PARALLEL) return 0;
+    if (dsrt_comm_init(NULL, NULL) != 0) {
+        fprintf(stderr, "%s train: --execution-environment parallel: %s\n", prog,
+                dsrt_last_error());
+        return 2;
+    }
+    j->mpi = 1;
+    dsrt_comm_options co = j->o.comm_options;
+    int ngpu = dsrt_gpu_count();
+    if (ngpu > 0 && dsrt_comm_available(DSRT_COMM_NCCL) == 0) {
+        co.kind = DSRT_COMM_NCCL;
+        co.device = local_rank_from_launcher() % ngpu;
+        j->o.gpu = j->no.device = co.device;
+    } else {
+        co.kind = DSRT_COMM_MPI;
+        j->o.gpu = -1;
+        j->no.device = DSRT_DEVICE_CPU;
+    }
+    if (dsrt_comm_open(&j->comm, &co) != 0) {
+        fprintf(stderr, "%s train: --execution-environment parallel: %s\n", prog,
+                dsrt_last_error());
+        return 2;
+    }
+    j->o.comm = j->comm;
+    j->rank = dsrt_comm_rank(j->comm);
+    j->world = dsrt_comm_size(j->comm);
+    snprintf(j->worker, sizeof j->worker, " (worker %d of %d)", j->rank, j->world);
+    if (j->rank != 0) {
+        tr.json = 0;
+        tr.quiet = 1;
+        tr.no_progress = 1;
+    }
+    return 0;
+}
+
+/* Every worker says whether it could start (status 0); when one could not,
+ * the others stop too, naming it. Returns the status to go on with. */
+static int train_agree(train_job *j, int status) {
+    if (!j->comm) return status;
+    double *v = calloc((size_t)j->world, sizeof *v);
+    if (!v) return status ? status : 1;
+    v[j->rank] = status != 0;
+    if (dsrt_comm_sum_f64(j->comm, v, (size_t)j->world) != 0) {
+        fprintf(stderr, "%s train%s: %s\n", prog, j->worker, dsrt_last_error());
+        free(v);
+        return status ? status : 1;
+    }
+    int first = -1;
+    for (int k = 0; k < j->world && first < 0; k++)
+        if (v[k] != 0) first = k;
+    free(v);
+    if (first >= 0 && !status) {
+        fprintf(stderr, "%s train%s: worker %d could not start (see its message); stopping\n", prog,
+                j->worker, first);
+        status = 2;
+    }
+    return status;
 }
 
 /* Checks every output path and opens the log and the bad-file list, before
@@ -1157,6 +1305,11 @@ static int train_open_outputs(train_job *j) {
                     why);
             return 2;
         }
+    if (j->rank != 0) {
+        /* Checked on every worker alike; written by worker 0 only. */
+        tr.save = tr.plot = tr.log = tr.bad_list = NULL;
+        return 0;
+    }
     if (tr.log && !(j->logf = tool_open_output(tr.log, why, sizeof why))) {
         fprintf(stderr, "%s train: --log %s: %s\n", prog, tr.log, why);
         return 2;
@@ -1281,6 +1434,9 @@ static int train_setup_ui(train_job *j) {
                tr.transfer ? tr.transfer : j->netname, ni.learnable, ni.height, ni.width,
                ni.channels, ni.classes, dsrt_datastore_count(j->train));
         if (j->val) printf(", validating on %zu", dsrt_datastore_count(j->val));
+        if (j->world > 1)
+            printf(", %d workers (MPI ranks) sharing each batch of %d", j->world, j->o.batch);
+        if (j->o.execution == DSRT_EXEC_MULTI_GPU) printf(", one worker a GPU");
         printf("\n");
     }
     return 0;
@@ -1288,7 +1444,8 @@ static int train_setup_ui(train_job *j) {
 
 /* A failed run: the message, and the bad files met on the way. */
 static void train_report_failure(train_job *j, int rc, const dsrt_train_result *r) {
-    fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
+    fprintf(stderr, "%s%s %s\n", prog, j->worker, dsrt_last_error());
+    if (j->rank != 0) return;
     if (tr.json) {
         printf("{\"event\": \"error\", \"code\": %d, \"error\": ", rc);
         tool_json_string(stdout, dsrt_last_error());
@@ -1359,7 +1516,8 @@ static void train_summary_json(train_job *j, const dsrt_train_result *r, const c
         printf(", \"checkpoint\": ");
         tool_json_string(stdout, r->checkpoint);
     }
-    printf(", \"device\": %d, \"precision\": \"%s\"", r->device, dsrt_precision_name(ni.precision));
+    printf(", \"world\": %d, \"device\": %d, \"precision\": \"%s\"", r->world, r->device,
+           dsrt_precision_name(ni.precision));
     if (r->device >= 0) {
         double dev_s = r->device_busy_s + r->device_idle_s;
         printf(", \"device_busy_s\": %.3f, \"device_idle_s\": %.3f, \"device_idle_share\": "
@@ -1423,6 +1581,7 @@ static int train_run(train_job *j) {
         train_report_failure(j, rc, &r);
         return 1;
     }
+    if (j->rank != 0) return 0; /* worker 0 reports and saves */
     char fallback[4200] = "";
     const char *saved = train_save(j, &r, fallback, sizeof fallback);
     int interrupted = r.stop == DSRT_STOP_CALLBACK && stop_signal;
@@ -1469,12 +1628,14 @@ static int train_close(train_job *j, int status) {
     tool_bad_free(&j->ui.bad[0]);
     tool_bad_free(&j->ui.bad[1]);
     dsrt_train_history_destroy(j->hist);
+    dsrt_comm_close(j->comm); /* before the net it may still hold */
     dsrt_net_destroy(j->net);
     dsrt_net_destroy(j->base);
     dsrt_datastore_close(j->val);
     dsrt_datastore_close(j->train);
     free(j->text);
     free(j->desc);
+    if (j->mpi) dsrt_comm_finalize();
     return status;
 }
 
@@ -1488,12 +1649,14 @@ static int cmd_train(int argc, char **argv) {
     train_job *j = &job;
     memset(j, 0, sizeof *j);
     if ((rc = train_resolve_options(j))) return rc;
-    int status = train_open_outputs(j);
+    int status = train_start_comm(j);
+    if (status == 0) status = train_open_outputs(j);
     if (status == 0) status = train_open_data_and_net(j);
     if (status == 0 && dsrt_train_check(&j->o, j->net, j->train) != 0) {
-        fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
+        fprintf(stderr, "%s%s %s\n", prog, j->worker, dsrt_last_error());
         status = 2;
     }
+    if (j->mpi) status = train_agree(j, status);
     if (status == 0) status = train_setup_ui(j);
     if (status == 0) status = train_run(j);
     return train_close(j, status);

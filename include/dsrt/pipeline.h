@@ -44,7 +44,7 @@
  * sample, a few epochs' worth) follow the dataset's size, and so does the
  * list of bad samples (a few dozen bytes for each one found).
  *
- * Threads. dsrt_pipeline_next, dsrt_batch_release and dsrt_pipeline_stats are
+ * Threads. dsrt_pipeline_next(_timed), dsrt_batch_release and dsrt_pipeline_stats are
  * thread-safe: several threads may take batches (each gets a different one)
  * and release them (for example from a GPU stream callback). dsrt_pipeline_open,
  * dsrt_pipeline_reset and dsrt_pipeline_close belong to one thread and must not
@@ -209,6 +209,15 @@ DSRT_API int dsrt_pipeline_open(dsrt_pipeline **p, const dsrt_datastore *ds,
  * A failure stays until dsrt_pipeline_reset.
  */
 DSRT_API int dsrt_pipeline_next(dsrt_pipeline *p, dsrt_batch **b);
+
+/*
+ * dsrt_pipeline_next waiting at most timeout_ms milliseconds (0: not at all,
+ * negative: for ever): -ETIMEDOUT when the next batch is not ready by then,
+ * and nothing changes, so the call can simply be made again. For a caller
+ * that must look up between waits (a language runtime checking for Ctrl-C, an
+ * event loop). Otherwise as dsrt_pipeline_next, thread-safe like it.
+ */
+DSRT_API int dsrt_pipeline_next_timed(dsrt_pipeline *p, dsrt_batch **b, int timeout_ms);
 
 /* Gives a lent batch's slot back to the workers. Returns 0, or DSRT_EOPTION
  * when b is not a batch of p lent out now. */

@@ -1,0 +1,71 @@
+"""dsrt: background-dispatch image datastore and augmentation pipeline.
+
+The Python face of libdsrt's input side. A Datastore indexes samples (a folder of
+class sub-folders, a CSV manifest, IDX or CIFAR files); a Pipeline makes batches
+of augmented samples from it in background threads, in order and bit-identical
+for a seed whatever the thread count. Each Batch's ``images`` and ``labels``
+are lent without a copy: ``torch.from_dlpack(batch.images)`` and
+``numpy.from_dlpack(batch.images)`` view the pipeline's pinned host memory, and
+the slot goes back to the pipeline when the last such view is freed.
+
+TorchLoader wraps a Pipeline as a drop-in for ``torch.utils.data.DataLoader``:
+iterating it yields ``(images, labels)`` torch tensors, one epoch at a time.
+"""
+
+from ._dsrt import Batch, Datastore, Error, Pipeline, Tensor, version
+
+__all__ = ["Batch", "Datastore", "Error", "Pipeline", "Tensor", "TorchLoader", "version"]
+__version__ = version()
+
+
+class TorchLoader:
+    """An iterable of ``(images, labels)`` torch tensors over a Pipeline.
+
+    Usable where a ``torch.utils.data.DataLoader`` was: each ``iter()`` yields the
+    batches of one epoch, ``len()`` is the batches per epoch. ``images`` is the
+    batch itself (a zero-copy view of the pipeline's memory, float32 NCHW or
+    uint8 NHWC); ``labels`` are converted to ``labels_dtype`` (int64 by default,
+    what ``nn.CrossEntropyLoss`` takes; ``None`` keeps the int32 view).
+
+    With ``device`` (e.g. ``"cuda"``) each batch is copied there asynchronously
+    from the pinned memory; the host batch is kept until the copy has finished
+    (a CUDA event), so the slot is never reused under a copy in flight.
+
+    A host-side tensor keeps its slot lent while it lives: keep at most
+    ``pipeline.slots - 1`` batches referenced while taking the next one.
+    """
+
+    def __init__(self, pipeline, device=None, non_blocking=True, labels_dtype="int64"):
+        import torch
+
+        self.pipeline = pipeline
+        self.device = torch.device(device) if device is not None else None
+        self.non_blocking = non_blocking
+        self.labels_dtype = getattr(torch, labels_dtype) if isinstance(labels_dtype, str) else labels_dtype
+        self._torch = torch
+
+    def __len__(self):
+        return len(self.pipeline)
+
+    def __iter__(self):
+        torch = self._torch
+        on_gpu = self.device is not None and self.device.type == "cuda"
+        pending = None  # (host batch, event) of the copy in flight
+        for batch in self.pipeline:
+            x = torch.from_dlpack(batch.images)
+            y = torch.from_dlpack(batch.labels)
+            if self.labels_dtype is not None and y.dtype != self.labels_dtype:
+                y = y.to(self.labels_dtype)
+            if self.device is not None:
+                x = x.to(self.device, non_blocking=self.non_blocking)
+                y = y.to(self.device, non_blocking=self.non_blocking)
+                if on_gpu and self.non_blocking:
+                    event = torch.cuda.Event()
+                    event.record()
+                    if pending is not None:
+                        pending[1].synchronize()
+                    pending = (batch, event)
+            del batch
+            yield x, y
+        if pending is not None:
+            pending[1].synchronize()

@@ -1,0 +1,1617 @@
+/*
+ * dsrt._dsrt: the CPython extension behind the dsrt Python package.
+ *
+ * It wraps the public C API (the headers under include/dsrt) and nothing else: a Datastore
+ * is a dsrt_datastore, a Pipeline a dsrt_pipeline, a Batch one lent
+ * dsrt_batch. A batch's samples and labels are handed to NumPy and PyTorch
+ * without a copy, through DLPack (__dlpack__, __dlpack_device__) and the
+ * buffer protocol: each exported tensor keeps its Batch alive, and the Batch
+ * gives its slot back to the pipeline (dsrt_batch_release) when the last
+ * tensor viewing it is freed. Holding tensors therefore holds slots: the
+ * pipeline makes at most prefetch + 1 consecutive batches at a time, and
+ * asking for one more while the oldest is still referenced raises dsrt.Error
+ * (after a garbage collection, in case only a reference cycle held it)
+ * rather than waiting for ever.
+ *
+ * Waiting for a batch releases the GIL and wakes every 100 ms to let Python
+ * run its signal handlers, so Ctrl-C raises KeyboardInterrupt promptly;
+ * closing the pipeline (close(), the context manager, or the object's end)
+ * stops and joins the workers. A Pipeline belongs to one thread at a time.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dsrt.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+// ----------------------------------------------------------------------------
+// DLPack: the ABI of dlpack.h (v0.8, DLManagedTensor), which every consumer
+// (torch.from_dlpack, numpy.from_dlpack) reads.
+
+typedef struct {
+    int32_t device_type; /* kDLCPU = 1 */
+    int32_t device_id;
+} DLDevice;
+
+typedef struct {
+    uint8_t code; /* kDLInt = 0, kDLUInt = 1, kDLFloat = 2 */
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements */
+    uint64_t byte_offset;
+} DLTensor;
+
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+enum { DL_CPU = 1, DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2 };
+
+// ----------------------------------------------------------------------------
+// Errors
+
+static PyObject *dsrt_error; /* dsrt.Error, a RuntimeError with .code */
+
+/* Raises the exception for dsrt code rc with message msg (NULL:
+ * dsrt_last_error()): ValueError for a bad option, MemoryError for -ENOMEM,
+ * OSError (FileNotFoundError, ...) for other -errno, else dsrt.Error. */
+static PyObject *raise_code(int rc, const char *msg) {
+    if (!msg || !*msg) msg = dsrt_last_error();
+    if (!*msg) msg = dsrt_strerror(rc);
+    if (rc == DSRT_EOPTION) {
+        PyErr_SetString(PyExc_ValueError, msg);
+    } else if (rc == -ENOMEM) {
+        PyErr_SetString(PyExc_MemoryError, msg);
+    } else if (rc < 0 && rc > -4096) {
+        PyObject *args = Py_BuildValue("(is)", -rc, msg);
+        if (args) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
+    } else {
+        PyObject *args = Py_BuildValue("(s)", msg);
+        PyObject *e = args ? PyObject_Call(dsrt_error, args, NULL) : NULL;
+        Py_XDECREF(args);
+        if (e) {
+            PyObject *code = PyLong_FromLong(rc);
+            if (code) PyObject_SetAttrString(e, "code", code);
+            Py_XDECREF(code);
+            PyErr_SetObject(dsrt_error, e);
+            Py_DECREF(e);
+        }
+    }
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// Reading keyword values
+
+/* v as a non-negative integer no larger than max; ValueError naming what. */
+static int get_u64(PyObject *v, const char *what, uint64_t max, uint64_t *out) {
+    if (PyBool_Check(v) || !PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an integer, not %.100s", what,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (overflow < 0 || x < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: %S: must not be negative", what, v);
+        return -1;
+    }
+    unsigned long long u = overflow ? PyLong_AsUnsignedLongLong(v) : (unsigned long long)x;
+    if (u == (unsigned long long)-1 && PyErr_Occurred()) PyErr_Clear(), u = UINT64_MAX;
+    if (overflow > 0 && u == UINT64_MAX) u = UINT64_MAX;
+    if (u > max) {
+        PyErr_Format(PyExc_ValueError, "%s: %S: at most %llu", what, v, (unsigned long long)max);
+        return -1;
+    }
+    *out = u;
+    return 0;
+}
+
+static int get_int(PyObject *v, const char *what, int *out) {
+    if (PyBool_Check(v) || !PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an integer, not %.100s", what,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long x = PyLong_AsLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (overflow || x < INT32_MIN || x > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: %S: out of range", what, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int get_double(PyObject *v, const char *what, double *out) {
+    if (PyBool_Check(v) || !(PyFloat_Check(v) || PyLong_Check(v))) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a number, not %.100s", what,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(v);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int get_bool(PyObject *v, const char *what, int *out) {
+    int b = PyObject_IsTrue(v);
+    if (b < 0) return -1;
+    *out = b;
+    return 0;
+}
+
+/* v as exactly n numbers (a scalar too when scalar_ok: every element). */
+static int get_doubles(PyObject *v, const char *what, double *out, Py_ssize_t n, int scalar_ok) {
+    if (scalar_ok && (PyFloat_Check(v) || PyLong_Check(v)) && !PyBool_Check(v)) {
+        double x;
+        if (get_double(v, what, &x) != 0) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = x;
+        return 0;
+    }
+    PyObject *seq = PySequence_Check(v) && !PyUnicode_Check(v) ? PySequence_Fast(v, "") : NULL;
+    if (!seq || PySequence_Fast_GET_SIZE(seq) != n) {
+        Py_XDECREF(seq);
+        PyErr_Clear();
+        if (n == 2)
+            PyErr_Format(PyExc_ValueError, "%s: %R: expected (low, high)", what, v);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: %R: expected %zd numbers%s", what, v, n,
+                         scalar_ok ? " or one" : "");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (get_double(PySequence_Fast_GET_ITEM(seq, i), what, &out[i]) != 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* A name from a table of (name, value) pairs ending with a NULL name. */
+typedef struct {
+    const char *name;
+    int value;
+} name_value;
+
+static int get_enum(PyObject *v, const char *what, const name_value *t, int *out) {
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (!s) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "%s: expected a string, not %.100s", what,
+                         Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    char names[512] = "";
+    size_t len = 0;
+    for (const name_value *e = t; e->name; e++) {
+        if (strcmp(s, e->name) == 0) {
+            *out = e->value;
+            return 0;
+        }
+        len += (size_t)snprintf(names + len, len < sizeof names ? sizeof names - len : 0, "%s%s",
+                                e == t ? "" : ", ", e->name);
+    }
+    PyErr_Format(PyExc_ValueError, "%s: '%s': expected one of %s", what, s, names);
+    return -1;
+}
+
+static int get_str(PyObject *v, const char *what, const char **out) {
+    if (v == Py_None) {
+        *out = NULL;
+        return 0;
+    }
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (!s) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "%s: expected a string or None, not %.100s", what,
+                         Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Building sequences
+
+typedef PyObject *(*item_fn)(void *ctx, size_t i);
+
+/* A list (or a tuple) of item(ctx, i) for i in [0, n). */
+static PyObject *sequence_of(size_t n, int tuple, item_fn item, void *ctx) {
+    PyObject *seq = tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; seq && i < n; i++) {
+        PyObject *v = item(ctx, i);
+        if (!v) {
+            Py_CLEAR(seq);
+            break;
+        }
+        if (tuple)
+            PyTuple_SET_ITEM(seq, (Py_ssize_t)i, v);
+        else
+            PyList_SET_ITEM(seq, (Py_ssize_t)i, v);
+    }
+    return seq;
+}
+
+// ----------------------------------------------------------------------------
+// Datastore
+
+typedef struct {
+    PyObject ob_base;
+    dsrt_datastore *ds;
+} DatastoreObject;
+
+static PyTypeObject Datastore_Type;
+
+static const name_value source_names[] = {{"auto", DSRT_SOURCE_AUTO},
+                                          {"folder", DSRT_SOURCE_FOLDER},
+                                          {"manifest", DSRT_SOURCE_MANIFEST},
+                                          {"idx", DSRT_SOURCE_IDX},
+                                          {"cifar10", DSRT_SOURCE_CIFAR10},
+                                          {"cifar100", DSRT_SOURCE_CIFAR100},
+                                          {NULL, 0}};
+static const name_value label_names[] = {{"folder", DSRT_LABEL_FOLDER_NAMES},
+                                         {"parent", DSRT_LABEL_PARENT_FOLDER},
+                                         {"none", DSRT_LABEL_NONE},
+                                         {NULL, 0}};
+static const name_value split_names[] = {
+    {"train", DSRT_SPLIT_TRAIN}, {"test", DSRT_SPLIT_TEST}, {NULL, 0}};
+
+static PyObject *datastore_wrap(dsrt_datastore *ds) {
+    DatastoreObject *o = PyObject_New(DatastoreObject, &Datastore_Type);
+    if (!o) {
+        dsrt_datastore_close(ds);
+        return NULL;
+    }
+    o->ds = ds;
+    return (PyObject *)o;
+}
+
+static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"path",
+                             "source",
+                             "labels",
+                             "include_subfolders",
+                             "extensions",
+                             "follow_symlinks",
+                             "drop_empty_classes",
+                             "labels_path",
+                             "split",
+                             "cifar100_coarse",
+                             "manifest_header",
+                             NULL};
+    PyObject *path = NULL, *source = NULL, *labels = NULL, *subfolders = NULL, *ext = NULL,
+             *follow = NULL, *drop_empty = NULL, *labels_path = NULL, *split = NULL, *coarse = NULL,
+             *header = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$OOOOOOOOOO:Datastore", kwlist,
+                                     PyUnicode_FSConverter, &path, &source, &labels, &subfolders,
+                                     &ext, &follow, &drop_empty, &labels_path, &split, &coarse,
+                                     &header))
+        return -1;
+    int rc = -1, v;
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    if (source && get_enum(source, "source", source_names, &v) != 0) goto done;
+    if (source) o.source = (dsrt_source)v;
+    if (labels && get_enum(labels, "labels", label_names, &v) != 0) goto done;
+    if (labels) o.label_source = (dsrt_label_source)v;
+    if (subfolders && get_bool(subfolders, "include_subfolders", &o.include_subfolders) != 0)
+        goto done;
+    if (ext && get_str(ext, "extensions", &o.extensions) != 0) goto done;
+    if (follow && get_bool(follow, "follow_symlinks", &o.follow_symlinks) != 0) goto done;
+    if (drop_empty && get_bool(drop_empty, "drop_empty_classes", &o.drop_empty_classes) != 0)
+        goto done;
+    if (labels_path && get_str(labels_path, "labels_path", &o.labels_path) != 0) goto done;
+    if (split && get_enum(split, "split", split_names, &v) != 0) goto done;
+    if (split) o.split = (dsrt_split)v;
+    if (coarse && get_bool(coarse, "cifar100_coarse", &o.cifar100_coarse) != 0) goto done;
+    if (header == Py_None) {
+        o.manifest_header = -1;
+    } else if (get_bool(header, "manifest_header", &o.manifest_header) != 0) {
+        goto done;
+    }
+    dsrt_datastore *ds = NULL;
+    int code;
+    const char *p = PyBytes_AS_STRING(path);
+    PyThreadState *ts = PyEval_SaveThread();
+    code = dsrt_datastore_open(&ds, p, &o);
+    PyEval_RestoreThread(ts);
+    if (code != 0) {
+        raise_code(code, NULL);
+        goto done;
+    }
+    dsrt_datastore_close(self->ds);
+    self->ds = ds;
+    rc = 0;
+done:
+    Py_XDECREF(path);
+    return rc;
+}
+
+static void datastore_dealloc(DatastoreObject *self) {
+    dsrt_datastore_close(self->ds);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int datastore_ready(DatastoreObject *self) {
+    if (self->ds) return 0;
+    PyErr_SetString(PyExc_ValueError, "Datastore: not opened");
+    return -1;
+}
+
+static Py_ssize_t datastore_len(DatastoreObject *self) {
+    if (datastore_ready(self) != 0) return -1;
+    return (Py_ssize_t)dsrt_datastore_count(self->ds);
+}
+
+/* Sample index i, negative counting from the end. */
+static int datastore_index(DatastoreObject *self, Py_ssize_t i, size_t *out) {
+    if (datastore_ready(self) != 0) return -1;
+    Py_ssize_t n = (Py_ssize_t)dsrt_datastore_count(self->ds);
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) {
+        PyErr_Format(PyExc_IndexError, "sample %zd: the datastore has %zd", i, n);
+        return -1;
+    }
+    *out = (size_t)i;
+    return 0;
+}
+
+/* The sample index given as a method's argument. */
+static int datastore_arg(DatastoreObject *self, PyObject *arg, size_t *i) {
+    Py_ssize_t k = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if (k == -1 && PyErr_Occurred()) return -1;
+    return datastore_index(self, k, i);
+}
+
+static PyObject *datastore_label(DatastoreObject *self, PyObject *arg) {
+    size_t i;
+    if (datastore_arg(self, arg, &i) != 0) return NULL;
+    return PyLong_FromLong(dsrt_datastore_label(self->ds, i));
+}
+
+static PyObject *datastore_path(DatastoreObject *self, PyObject *arg) {
+    size_t i;
+    if (datastore_arg(self, arg, &i) != 0) return NULL;
+    const char *p = dsrt_datastore_path(self->ds, i);
+    if (!p) Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(p);
+}
+
+static PyObject *datastore_id(DatastoreObject *self, PyObject *arg) {
+    size_t i;
+    if (datastore_arg(self, arg, &i) != 0) return NULL;
+    return PyLong_FromUnsignedLong(dsrt_datastore_id(self->ds, i));
+}
+
+static PyObject *label_item(void *ds, size_t i) {
+    return PyLong_FromLong(dsrt_datastore_label(ds, i));
+}
+
+static PyObject *datastore_labels(DatastoreObject *self, PyObject *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    return sequence_of(dsrt_datastore_count(self->ds), 0, label_item, self->ds);
+}
+
+static PyObject *class_item(void *ds, size_t c) {
+    return PyUnicode_DecodeFSDefault(dsrt_datastore_class_name(ds, c));
+}
+
+static PyObject *datastore_classes(DatastoreObject *self, void *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    return sequence_of(dsrt_datastore_num_classes(self->ds), 1, class_item, self->ds);
+}
+
+static PyObject *count_item(void *counts, size_t c) {
+    return PyLong_FromSize_t(((size_t *)counts)[c]);
+}
+
+static PyObject *datastore_class_counts(DatastoreObject *self, PyObject *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    size_t n = dsrt_datastore_num_classes(self->ds);
+    size_t *counts = PyMem_Calloc(n ? n : 1, sizeof *counts);
+    if (!counts) return PyErr_NoMemory();
+    dsrt_datastore_class_counts(self->ds, counts);
+    PyObject *l = sequence_of(n, 0, count_item, counts);
+    PyMem_Free(counts);
+    return l;
+}
+
+static PyObject *datastore_source(DatastoreObject *self, void *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    return PyUnicode_FromString(dsrt_source_name(dsrt_datastore_source(self->ds)));
+}
+
+static PyObject *datastore_warnings(DatastoreObject *self, void *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    return PyUnicode_DecodeFSDefault(dsrt_datastore_warnings(self->ds));
+}
+
+static PyObject *datastore_split_each_label(DatastoreObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"fraction", "randomized", "seed", "count", NULL};
+    PyObject *frac = Py_None, *count = Py_None, *seed = NULL;
+    int randomized = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Op$OO:split_each_label", kwlist, &frac,
+                                     &randomized, &seed, &count) ||
+        datastore_ready(self) != 0)
+        return NULL;
+    dsrt_split_options o = {0};
+    o.randomized = randomized;
+    if (seed && get_u64(seed, "split_each_label: seed", UINT64_MAX, &o.seed) != 0) return NULL;
+    /* An integer first argument is a count per label, as MATLAB's. */
+    if (count == Py_None && frac != Py_None && PyLong_Check(frac) && !PyBool_Check(frac))
+        count = frac, frac = Py_None;
+    if ((frac == Py_None) == (count == Py_None)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "split_each_label: give a fraction in (0, 1) or a count per label");
+        return NULL;
+    }
+    if (frac != Py_None) {
+        if (get_double(frac, "split_each_label: fraction", &o.fraction) != 0) return NULL;
+        if (!(o.fraction > 0 && o.fraction < 1)) {
+            PyErr_Format(PyExc_ValueError, "split_each_label: fraction %R: must lie in (0, 1)",
+                         frac);
+            return NULL;
+        }
+    } else {
+        uint64_t c;
+        if (get_u64(count, "split_each_label: count", SIZE_MAX, &c) != 0) return NULL;
+        o.count = (size_t)c;
+    }
+    dsrt_datastore *a = NULL, *b = NULL;
+    int rc = dsrt_datastore_split_each_label(self->ds, &o, &a, &b);
+    if (rc != 0) return raise_code(rc, NULL);
+    PyObject *pa = datastore_wrap(a);
+    if (!pa) {
+        dsrt_datastore_close(b);
+        return NULL;
+    }
+    PyObject *pb = datastore_wrap(b);
+    if (!pb) {
+        Py_DECREF(pa);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", pa, pb);
+}
+
+static PyObject *datastore_shuffle(DatastoreObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"seed", NULL};
+    PyObject *seedo = NULL;
+    uint64_t seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:shuffle", kwlist, &seedo) ||
+        datastore_ready(self) != 0)
+        return NULL;
+    if (seedo && get_u64(seedo, "shuffle: seed", UINT64_MAX, &seed) != 0) return NULL;
+    dsrt_datastore *v = NULL;
+    int rc = dsrt_datastore_shuffle(self->ds, seed, &v);
+    return rc != 0 ? raise_code(rc, NULL) : datastore_wrap(v);
+}
+
+static PyObject *datastore_partition(DatastoreObject *self, PyObject *args) {
+    Py_ssize_t n, i;
+    if (!PyArg_ParseTuple(args, "nn:partition", &n, &i) || datastore_ready(self) != 0) return NULL;
+    if (n <= 0 || i < 0 || i >= n) {
+        PyErr_Format(PyExc_ValueError, "partition: part %zd of %zd: need 0 <= i < n", i, n);
+        return NULL;
+    }
+    dsrt_datastore *v = NULL;
+    int rc = dsrt_datastore_partition(self->ds, (size_t)n, (size_t)i, &v);
+    return rc != 0 ? raise_code(rc, NULL) : datastore_wrap(v);
+}
+
+static PyObject *datastore_subset(DatastoreObject *self, PyObject *arg) {
+    if (datastore_ready(self) != 0) return NULL;
+    PyObject *seq = PySequence_Fast(arg, "subset: expected a sequence of sample positions");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint32_t *idx = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *idx);
+    PyObject *res = NULL;
+    if (!idx) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint64_t v;
+        if (get_u64(PySequence_Fast_GET_ITEM(seq, k), "subset: position", UINT32_MAX, &v) != 0)
+            goto done;
+        idx[k] = (uint32_t)v;
+    }
+    dsrt_datastore *v = NULL;
+    int rc = dsrt_datastore_subset(self->ds, idx, (size_t)n, &v);
+    res = rc != 0 ? raise_code(rc, NULL) : datastore_wrap(v);
+done:
+    PyMem_Free(idx);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyObject *datastore_repr(DatastoreObject *self) {
+    if (!self->ds) return PyUnicode_FromString("<dsrt.Datastore (not opened)>");
+    return PyUnicode_FromFormat("<dsrt.Datastore %s: %zu samples, %zu classes>",
+                                dsrt_source_name(dsrt_datastore_source(self->ds)),
+                                dsrt_datastore_count(self->ds),
+                                dsrt_datastore_num_classes(self->ds));
+}
+
+static PyMethodDef datastore_methods[] = {
+    {"label", (PyCFunction)datastore_label, METH_O, "label(i) -> class index of sample i"},
+    {"labels", (PyCFunction)datastore_labels, METH_NOARGS, "labels() -> every sample's label"},
+    {"path", (PyCFunction)datastore_path, METH_O,
+     "path(i) -> the file of sample i, or None for pixels held in memory"},
+    {"id", (PyCFunction)datastore_id, METH_O,
+     "id(i) -> the stable identity of sample i (its position as opened)"},
+    {"class_counts", (PyCFunction)datastore_class_counts, METH_NOARGS,
+     "class_counts() -> samples of each class"},
+    {"split_each_label", (PyCFunction)(void (*)(void))datastore_split_each_label,
+     METH_VARARGS | METH_KEYWORDS,
+     "split_each_label(fraction_or_count, randomized=False, *, seed=0) -> (first, rest)\n\n"
+     "MATLAB's splitEachLabel: a fraction in (0, 1) (or an integer count) of each label\n"
+     "into the first view, the rest into the second."},
+    {"shuffle", (PyCFunction)(void (*)(void))datastore_shuffle, METH_VARARGS | METH_KEYWORDS,
+     "shuffle(seed=0) -> a view in a random order keyed by seed"},
+    {"partition", (PyCFunction)datastore_partition, METH_VARARGS,
+     "partition(n, i) -> part i of n contiguous parts (for rank i of n)"},
+    {"subset", (PyCFunction)datastore_subset, METH_O,
+     "subset(positions) -> a view holding these sample positions, in this order"},
+    {NULL}};
+
+static PyGetSetDef datastore_getset[] = {
+    {"classes", (getter)datastore_classes, NULL, "class names, in class-index order", NULL},
+    {"source", (getter)datastore_source, NULL, "folder, manifest, idx, cifar10 or cifar100", NULL},
+    {"warnings", (getter)datastore_warnings, NULL,
+     "problems met while opening that did not stop it, one a line", NULL},
+    {NULL}};
+
+static PySequenceMethods datastore_as_sequence = {.sq_length = (lenfunc)datastore_len};
+
+static PyTypeObject Datastore_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dsrt.Datastore",
+    .tp_basicsize = sizeof(DatastoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Datastore(path, *, source='auto', labels='folder', include_subfolders=True,\n"
+              "          extensions=None, follow_symlinks=True, drop_empty_classes=False,\n"
+              "          labels_path=None, split='train', cifar100_coarse=False,\n"
+              "          manifest_header=None)\n\n"
+              "An index of samples with labels: a folder of class sub-folders, a CSV manifest\n"
+              "(path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100 batches.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)datastore_init,
+    .tp_dealloc = (destructor)datastore_dealloc,
+    .tp_repr = (reprfunc)datastore_repr,
+    .tp_methods = datastore_methods,
+    .tp_getset = datastore_getset,
+    .tp_as_sequence = &datastore_as_sequence,
+};
+
+// ----------------------------------------------------------------------------
+// Pipeline, Batch and Tensor objects
+
+typedef struct {
+    PyObject ob_base;
+    dsrt_pipeline *p;
+    PyObject *ds;      /* the Datastore, kept open while p is */
+    uint64_t bpe;      /* batches per epoch */
+    uint64_t end;      /* global index past the last batch; UINT64_MAX: endless */
+    uint64_t pos;      /* global index of the next batch */
+    uint64_t iter_end; /* the current iteration stops before this batch */
+    uint64_t *held;    /* (slots) global index of the live batch in each slot, or UINT64_MAX */
+    unsigned slots;    /* prefetch + 1 */
+    unsigned live;     /* Batch objects alive */
+    int busy;          /* a call that released the GIL is in progress */
+    int closing;       /* close() asked while batches were alive */
+    int native;        /* native-size mode */
+    uint64_t images;   /* samples delivered since the open or the last reset */
+    double t0;         /* time of the open or the last reset (monotonic, s) */
+} PipelineObject;
+
+typedef struct {
+    PyObject ob_base;
+    PipelineObject *pipe;
+    dsrt_batch *b;
+} BatchObject;
+
+/* A view of part of a batch (the samples, the labels, ...). */
+typedef struct {
+    PyObject ob_base;
+    BatchObject *owner;
+    void *data;
+    int ndim;
+    int64_t shape[4];
+    int64_t strides[4]; /* elements */
+    DLDataType dtype;
+    const char *format; /* struct module format of one element */
+    Py_ssize_t itemsize;
+} TensorObject;
+
+static PyTypeObject Pipeline_Type, Batch_Type, Tensor_Type;
+
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Really closes the C pipeline: stops and joins the workers, frees slots. */
+static void pipeline_really_close(PipelineObject *self) {
+    dsrt_pipeline *p = self->p;
+    self->p = NULL;
+    if (p) {
+        PyThreadState *ts = PyEval_SaveThread();
+        dsrt_pipeline_close(p);
+        PyEval_RestoreThread(ts);
+    }
+    PyMem_Free(self->held);
+    self->held = NULL;
+    Py_CLEAR(self->ds);
+}
+
+// ----------------------------------------------------------------------------
+// Tensor: DLPack and the buffer protocol
+
+static TensorObject *tensor_new(BatchObject *owner, void *data, DLDataType dtype,
+                                const char *format, int ndim, const int64_t *shape) {
+    TensorObject *t = PyObject_New(TensorObject, &Tensor_Type);
+    if (!t) return NULL;
+    Py_INCREF(owner);
+    t->owner = owner;
+    t->data = data;
+    t->dtype = dtype;
+    t->format = format;
+    t->itemsize = dtype.bits / 8;
+    t->ndim = ndim;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t->shape[i] = shape[i];
+        t->strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
+static void tensor_dealloc(TensorObject *self) {
+    Py_XDECREF(self->owner);
+    PyObject_Free(self);
+}
+
+/* One DLPack export: the managed tensor and its shape, freed together. */
+typedef struct {
+    DLManagedTensor m;
+    int64_t shape[4], strides[4];
+} dl_export;
+
+static void dl_deleter(DLManagedTensor *m) {
+    /* Called by the consumer when its last view is freed, from any thread,
+     * with or without the GIL. */
+    if (!Py_IsInitialized()) return; /* the interpreter is gone: nothing to give back */
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_XDECREF((PyObject *)m->manager_ctx);
+    PyMem_RawFree(m);
+    PyGILState_Release(g);
+}
+
+static void dl_capsule_destructor(PyObject *cap) {
+    if (PyCapsule_IsValid(cap, "used_dltensor")) return; /* the consumer owns it now */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m) {
+        if (m->deleter) m->deleter(m);
+    } else {
+        PyErr_WriteUnraisable(cap);
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist, &stream, &max_version,
+                                     &dl_device, &copy))
+        return NULL;
+    if (stream != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "__dlpack__: stream must be None for host memory");
+        return NULL;
+    }
+    if (dl_device != Py_None) {
+        int dt = -1, di = -1;
+        if (!PyArg_ParseTuple(dl_device, "ii", &dt, &di)) return NULL;
+        if (dt != DL_CPU) {
+            PyErr_SetString(PyExc_BufferError,
+                            "__dlpack__: dsrt batches live in host memory (kDLCPU) only");
+            return NULL;
+        }
+    }
+    if (copy != Py_None && PyObject_IsTrue(copy) == 1) {
+        PyErr_SetString(PyExc_BufferError,
+                        "__dlpack__: dsrt lends its batches without a copy (copy=True refused)");
+        return NULL;
+    }
+    dl_export *e = PyMem_RawCalloc(1, sizeof *e);
+    if (!e) return PyErr_NoMemory();
+    memcpy(e->shape, self->shape, sizeof e->shape);
+    memcpy(e->strides, self->strides, sizeof e->strides);
+    DLTensor *t = &e->m.dl_tensor;
+    t->data = self->data;
+    t->device.device_type = DL_CPU;
+    t->device.device_id = 0;
+    t->ndim = self->ndim;
+    t->dtype = self->dtype;
+    t->shape = e->shape;
+    t->strides = e->strides;
+    t->byte_offset = 0;
+    Py_INCREF(self); /* the export keeps the tensor, hence the batch, alive */
+    e->m.manager_ctx = self;
+    e->m.deleter = dl_deleter;
+    PyObject *cap = PyCapsule_New(&e->m, "dltensor", dl_capsule_destructor);
+    if (!cap) {
+        Py_DECREF(self);
+        PyMem_RawFree(e);
+    }
+    return cap;
+}
+
+static PyObject *tensor_dlpack_device(TensorObject *self, PyObject *unused) {
+    return Py_BuildValue("(ii)", DL_CPU, 0);
+}
+
+static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
+    if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE) {
+        /* Writable is fine: the slot belongs to the consumer while lent. */
+    }
+    view->buf = self->data;
+    view->obj = (PyObject *)self;
+    Py_INCREF(self);
+    view->readonly = 0;
+    view->itemsize = self->itemsize;
+    Py_ssize_t len = self->itemsize;
+    for (int i = 0; i < self->ndim; i++) len *= (Py_ssize_t)self->shape[i];
+    view->len = len;
+    view->ndim = self->ndim;
+    view->format = (flags & PyBUF_FORMAT) ? (char *)self->format : NULL;
+    /* shape and strides live in the object: Py_ssize_t copies of them. */
+    Py_ssize_t *dims = PyMem_Malloc(2 * 4 * sizeof *dims);
+    if (!dims) {
+        Py_CLEAR(view->obj);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < self->ndim; i++) {
+        dims[i] = (Py_ssize_t)self->shape[i];
+        dims[4 + i] = (Py_ssize_t)(self->strides[i] * self->itemsize);
+    }
+    view->shape = dims;
+    view->strides = dims + 4;
+    view->suboffsets = NULL;
+    view->internal = dims;
+    return 0;
+}
+
+static void tensor_releasebuffer(TensorObject *self, Py_buffer *view) {
+    PyMem_Free(view->internal);
+}
+
+static PyObject *dim_item(void *shape, size_t i) {
+    return PyLong_FromLongLong(((int64_t *)shape)[i]);
+}
+
+static PyObject *tensor_shape(TensorObject *self, void *unused) {
+    return sequence_of((size_t)self->ndim, 1, dim_item, self->shape);
+}
+
+static const char *dtype_name(DLDataType d) {
+    if (d.code == DL_FLOAT) return "float32";
+    if (d.code == DL_UINT) return d.bits == 8 ? "uint8" : "uint32";
+    return "int32";
+}
+
+static PyObject *tensor_dtype(TensorObject *self, void *unused) {
+    return PyUnicode_FromString(dtype_name(self->dtype));
+}
+
+static PyObject *tensor_repr(TensorObject *self) {
+    PyObject *shape = tensor_shape(self, NULL);
+    if (!shape) return NULL;
+    PyObject *r = PyUnicode_FromFormat("<dsrt.Tensor %s %R>", dtype_name(self->dtype), shape);
+    Py_DECREF(shape);
+    return r;
+}
+
+static PyMethodDef tensor_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None) -> capsule\n\n"
+     "A DLPack capsule viewing this memory, without a copy; the batch stays lent until\n"
+     "the consumer's last view of it is freed."},
+    {"__dlpack_device__", (PyCFunction)tensor_dlpack_device, METH_NOARGS,
+     "(kDLCPU, 0): host memory"},
+    {NULL}};
+
+static PyGetSetDef tensor_getset[] = {
+    {"shape", (getter)tensor_shape, NULL, "the dimensions", NULL},
+    {"dtype", (getter)tensor_dtype, NULL, "float32, uint8, int32 or uint32", NULL},
+    {NULL}};
+
+static PyBufferProcs tensor_as_buffer = {(getbufferproc)tensor_getbuffer,
+                                         (releasebufferproc)tensor_releasebuffer};
+
+static PyTypeObject Tensor_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dsrt.Tensor",
+    .tp_basicsize = sizeof(TensorObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A view of a batch's memory (pinned host memory), exported without a copy\n"
+              "through DLPack (torch.from_dlpack, numpy.from_dlpack) or the buffer protocol\n"
+              "(numpy.asarray, memoryview). It keeps its batch lent while alive.",
+    .tp_dealloc = (destructor)tensor_dealloc,
+    .tp_repr = (reprfunc)tensor_repr,
+    .tp_methods = tensor_methods,
+    .tp_getset = tensor_getset,
+    .tp_as_buffer = &tensor_as_buffer,
+};
+
+// ----------------------------------------------------------------------------
+// Batch
+
+static void batch_dealloc(BatchObject *self) {
+    PipelineObject *pipe = self->pipe;
+    if (pipe && self->b) {
+        uint64_t g = self->b->global;
+        if (pipe->p) {
+            if (pipe->held) pipe->held[g % pipe->slots] = UINT64_MAX;
+            if (dsrt_batch_release(pipe->p, self->b) != 0) {
+                PyErr_SetString(PyExc_RuntimeError, dsrt_last_error());
+                PyErr_WriteUnraisable((PyObject *)self);
+            }
+        }
+        pipe->live--;
+        if (pipe->closing && pipe->live == 0) pipeline_really_close(pipe);
+    }
+    Py_XDECREF(pipe);
+    PyObject_Free(self);
+}
+
+static const DLDataType dt_f32 = {DL_FLOAT, 32, 1}, dt_u8 = {DL_UINT, 8, 1},
+                        dt_i32 = {DL_INT, 32, 1}, dt_u32 = {DL_UINT, 32, 1};
+
+/* Sample i of a native-size batch: (C, h, w) or (h, w, C). */
+static PyObject *native_sample(void *batch, size_t i) {
+    BatchObject *self = batch;
+    const dsrt_batch *b = self->b;
+    int f32 = b->layout == DSRT_AUGMENT_F32_NCHW;
+    int64_t h = b->sizes[2 * i], w = b->sizes[2 * i + 1];
+    int64_t c = f32 ? b->shape[1] : b->shape[3];
+    int64_t shape[3] = {c, h, w};
+    if (!f32) shape[0] = h, shape[1] = w, shape[2] = c;
+    return (PyObject *)tensor_new(self, (char *)b->data + i * b->sample_stride,
+                                  f32 ? dt_f32 : dt_u8, f32 ? "f" : "B", 3, shape);
+}
+
+static PyObject *batch_images(BatchObject *self, void *unused) {
+    const dsrt_batch *b = self->b;
+    int f32 = b->layout == DSRT_AUGMENT_F32_NCHW;
+    if (b->shape[2] == 0) /* native: one tensor a sample */
+        return sequence_of(b->count, 1, native_sample, self);
+    int64_t shape[4] = {(int64_t)b->count, b->shape[1], b->shape[2], b->shape[3]};
+    return (PyObject *)tensor_new(self, b->data, f32 ? dt_f32 : dt_u8, f32 ? "f" : "B", 4, shape);
+}
+
+static PyObject *batch_labels(BatchObject *self, void *unused) {
+    int64_t shape[1] = {(int64_t)self->b->count};
+    return (PyObject *)tensor_new(self, self->b->labels, dt_i32, "i", 1, shape);
+}
+
+static PyObject *batch_ids(BatchObject *self, void *unused) {
+    int64_t shape[1] = {(int64_t)self->b->count};
+    return (PyObject *)tensor_new(self, self->b->ids, dt_u32, "I", 1, shape);
+}
+
+static PyObject *batch_sizes(BatchObject *self, void *unused) {
+    int64_t shape[2] = {(int64_t)self->b->count, 2};
+    return (PyObject *)tensor_new(self, self->b->sizes, dt_i32, "i", 2, shape);
+}
+
+static PyObject *batch_count(BatchObject *self, void *unused) {
+    return PyLong_FromSize_t(self->b->count);
+}
+static PyObject *batch_epoch(BatchObject *self, void *unused) {
+    return PyLong_FromUnsignedLongLong(self->b->epoch);
+}
+static PyObject *batch_index(BatchObject *self, void *unused) {
+    return PyLong_FromUnsignedLongLong(self->b->index);
+}
+static PyObject *batch_global(BatchObject *self, void *unused) {
+    return PyLong_FromUnsignedLongLong(self->b->global);
+}
+
+static Py_ssize_t batch_len(BatchObject *self) {
+    return (Py_ssize_t)self->b->count;
+}
+
+static PyObject *batch_repr(BatchObject *self) {
+    return PyUnicode_FromFormat("<dsrt.Batch epoch %llu index %llu: %zu samples>",
+                                (unsigned long long)self->b->epoch,
+                                (unsigned long long)self->b->index, self->b->count);
+}
+
+static PyGetSetDef batch_getset[] = {
+    {"images", (getter)batch_images, NULL,
+     "the samples: a Tensor (count, C, H, W) float32 or (count, H, W, C) uint8; in native\n"
+     "mode a tuple of one Tensor per sample, each at its own size",
+     NULL},
+    {"labels", (getter)batch_labels, NULL, "class index of each sample: Tensor (count,) int32",
+     NULL},
+    {"ids", (getter)batch_ids, NULL,
+     "datastore id of the sample that filled each place: Tensor (count,) uint32", NULL},
+    {"sizes", (getter)batch_sizes, NULL, "height and width of each sample: Tensor (count, 2) int32",
+     NULL},
+    {"count", (getter)batch_count, NULL, "samples in this batch", NULL},
+    {"epoch", (getter)batch_epoch, NULL, "epoch, from 0", NULL},
+    {"index", (getter)batch_index, NULL, "batch in its epoch, from 0", NULL},
+    {"global_index", (getter)batch_global, NULL, "epoch * batches_per_epoch + index", NULL},
+    {NULL}};
+
+static PySequenceMethods batch_as_sequence = {.sq_length = (lenfunc)batch_len};
+
+static PyTypeObject Batch_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dsrt.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A batch lent by a Pipeline. Its slot goes back to the pipeline when the Batch\n"
+              "and every Tensor (and every DLPack or buffer view) made from it are freed.",
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_repr = (reprfunc)batch_repr,
+    .tp_getset = batch_getset,
+    .tp_as_sequence = &batch_as_sequence,
+};
+
+// ----------------------------------------------------------------------------
+// Pipeline options: one table for the augment keywords
+
+typedef enum { K_INT, K_BOOL, K_DOUBLE, K_RANGE, K_RGB, K_ENUM, K_SIZE } key_kind;
+
+static const name_value size_mode_names[] = {{"resize", DSRT_AUGMENT_RESIZE},
+                                             {"centercrop", DSRT_AUGMENT_CENTERCROP},
+                                             {"randcrop", DSRT_AUGMENT_RANDCROP},
+                                             {NULL, 0}};
+static const name_value units_names[] = {
+    {"input", DSRT_AUGMENT_UNITS_INPUT}, {"output", DSRT_AUGMENT_UNITS_OUTPUT}, {NULL, 0}};
+static const name_value norm_names[] = {{"none", DSRT_AUGMENT_NORM_NONE},
+                                        {"rescale", DSRT_AUGMENT_NORM_RESCALE},
+                                        {"zerocenter", DSRT_AUGMENT_NORM_ZEROCENTER},
+                                        {"zscore", DSRT_AUGMENT_NORM_ZSCORE},
+                                        {NULL, 0}};
+
+typedef struct {
+    const char *name;
+    key_kind kind;
+    size_t offset;
+    const name_value *names; /* K_ENUM */
+} augment_key;
+
+#define AUG(field, kind)                                                                           \
+    { #field, kind, offsetof(dsrt_augment_options, field), NULL }
+#define AUGE(field, names)                                                                         \
+    { #field, K_ENUM, offsetof(dsrt_augment_options, field), names }
+
+static const augment_key augment_keys[] = {
+    {"output_size", K_SIZE, offsetof(dsrt_augment_options, output_height), NULL},
+    AUG(output_height, K_INT),
+    AUG(output_width, K_INT),
+    AUG(output_channels, K_INT),
+    AUGE(size_mode, size_mode_names),
+    AUG(resize_shorter, K_INT),
+    AUG(rand_x_reflection, K_BOOL),
+    AUG(rand_y_reflection, K_BOOL),
+    AUG(reflection_probability, K_DOUBLE),
+    AUG(rand_rotation, K_RANGE),
+    AUG(rand_scale, K_RANGE),
+    AUG(rand_x_scale, K_RANGE),
+    AUG(rand_y_scale, K_RANGE),
+    AUG(rand_x_shear, K_RANGE),
+    AUG(rand_y_shear, K_RANGE),
+    AUG(rand_x_translation, K_RANGE),
+    AUG(rand_y_translation, K_RANGE),
+    AUGE(translation_units, units_names),
+    AUG(translation_whole_pixels, K_BOOL),
+    AUG(fill_value, K_RGB),
+    AUGE(norm, norm_names),
+    AUG(mean, K_RGB),
+    AUG(std, K_RGB),
+    AUG(decode_oversample, K_DOUBLE),
+};
+
+/* Sets the augment option named key to v. */
+static int augment_set(dsrt_augment_options *o, PyObject *key, PyObject *v) {
+    const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+    if (!k) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "augment: keys must be strings");
+        return -1;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "augment: %s", k);
+    for (size_t i = 0; i < sizeof augment_keys / sizeof *augment_keys; i++) {
+        const augment_key *e = &augment_keys[i];
+        if (strcmp(e->name, k) != 0) continue;
+        char *f = (char *)o + e->offset;
+        double d[3];
+        switch (e->kind) {
+        case K_INT:
+            return get_int(v, what, (int *)f);
+        case K_BOOL:
+            return get_bool(v, what, (int *)f);
+        case K_DOUBLE:
+            return get_double(v, what, (double *)f);
+        case K_RANGE:
+            return get_doubles(v, what, (double *)f, 2, 0);
+        case K_ENUM: {
+            int x;
+            if (get_enum(v, what, e->names, &x) != 0) return -1;
+            memcpy(f, &x, sizeof x); /* the enums are int-sized */
+            return 0;
+        }
+        case K_RGB:
+            if (get_doubles(v, what, d, 3, 1) != 0) return -1;
+            for (int c = 0; c < 3; c++) ((float *)f)[c] = (float)d[c];
+            return 0;
+        case K_SIZE:
+            if (get_doubles(v, what, d, 2, 1) != 0) return -1;
+            if (d[0] != (int)d[0] || d[1] != (int)d[1]) {
+                PyErr_Format(PyExc_ValueError, "%s: %R: expected whole pixels", what, v);
+                return -1;
+            }
+            o->output_height = (int)d[0];
+            o->output_width = (int)d[1];
+            return 0;
+        }
+    }
+    char names[1024] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < sizeof augment_keys / sizeof *augment_keys; i++)
+        len += (size_t)snprintf(names + len, len < sizeof names ? sizeof names - len : 0, "%s%s",
+                                i ? ", " : "", augment_keys[i].name);
+    PyErr_Format(PyExc_ValueError, "augment: unknown option '%s' (options: %s)", k, names);
+    return -1;
+}
+
+static const name_value shuffle_names[] = {{"never", DSRT_SHUFFLE_NEVER},
+                                           {"once", DSRT_SHUFFLE_ONCE},
+                                           {"epoch", DSRT_SHUFFLE_EVERY_EPOCH},
+                                           {NULL, 0}};
+static const name_value io_names[] = {
+    {"auto", DSRT_IO_AUTO}, {"uring", DSRT_IO_URING}, {"pread", DSRT_IO_PREAD}, {NULL, 0}};
+static const name_value preset_names[] = {{"default", 0}, {"227", 227}, {"32", 32}, {NULL, 0}};
+static const name_value layout_names[] = {{"NCHW", 0}, {"NHWC", 1}, {NULL, 0}};
+static const name_value dtype_names[] = {{"float32", 0}, {"uint8", 1}, {NULL, 0}};
+
+// ----------------------------------------------------------------------------
+// Pipeline
+
+static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"datastore",
+                             "preset",
+                             "augment",
+                             "layout",
+                             "dtype",
+                             "batch",
+                             "prefetch",
+                             "workers",
+                             "cpus",
+                             "pin",
+                             "drop_last",
+                             "shuffle",
+                             "seed",
+                             "epochs",
+                             "io",
+                             "io_depth",
+                             "direct",
+                             "max_pixels",
+                             "strict_decode",
+                             "fail_on_error",
+                             "drop_bad",
+                             "max_consecutive_bad",
+                             "max_file_bytes",
+                             "chunk",
+                             "native",
+                             "native_max_pixels",
+                             "gpu",
+                             NULL};
+    PyObject *ds = NULL, *preset = Py_None, *augment = Py_None, *layout = Py_None, *dtype = Py_None,
+             *batch = NULL, *prefetch = NULL, *workers = NULL, *cpus = Py_None, *pin = NULL,
+             *drop_last = NULL, *shuffle = NULL, *seed = NULL, *epochs = NULL, *io = NULL,
+             *depth = NULL, *direct = NULL, *max_pixels = NULL, *strict = NULL, *fail = NULL,
+             *drop_bad = NULL, *max_bad = NULL, *max_file = NULL, *chunk = NULL, *native = NULL,
+             *native_px = NULL, *gpu = NULL;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist, &Datastore_Type, &ds,
+            &preset, &augment, &layout, &dtype, &batch, &prefetch, &workers, &cpus, &pin,
+            &drop_last, &shuffle, &seed, &epochs, &io, &depth, &direct, &max_pixels, &strict, &fail,
+            &drop_bad, &max_bad, &max_file, &chunk, &native, &native_px, &gpu))
+        return -1;
+    if (self->p) {
+        PyErr_SetString(PyExc_RuntimeError, "Pipeline: already open");
+        return -1;
+    }
+    if (datastore_ready((DatastoreObject *)ds) != 0) return -1;
+
+    /* Augmentation: the preset, then the augment keywords, then layout and dtype. */
+    dsrt_augment_options a = dsrt_augment_defaults();
+    int v;
+    if (preset != Py_None) {
+        if (get_enum(preset, "preset", preset_names, &v) != 0) return -1;
+        if (v == 227) dsrt_augment_preset_227(&a);
+        if (v == 32) dsrt_augment_preset_32(&a);
+    }
+    int norm_given = 0;
+    if (augment != Py_None) {
+        if (!PyDict_Check(augment)) {
+            PyErr_Format(PyExc_TypeError, "augment: expected a dict, not %.100s",
+                         Py_TYPE(augment)->tp_name);
+            return -1;
+        }
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(augment, &pos, &key, &value))
+            if (augment_set(&a, key, value) != 0) return -1;
+        norm_given = PyDict_GetItemString(augment, "norm") != NULL;
+    }
+    int lay = -1, dt = -1;
+    if (layout != Py_None && get_enum(layout, "layout", layout_names, &lay) != 0) return -1;
+    if (dtype != Py_None && get_enum(dtype, "dtype", dtype_names, &dt) != 0) return -1;
+    if (lay >= 0 && dt >= 0 && lay != dt) {
+        PyErr_Format(PyExc_ValueError,
+                     "layout %s with dtype %s: dsrt makes float32 NCHW or uint8 NHWC batches",
+                     layout_names[lay].name, dtype_names[dt].name);
+        return -1;
+    }
+    if (lay < 0) lay = dt;
+    if (lay == 1) {
+        a.layout = DSRT_AUGMENT_U8_NHWC;
+        if (!norm_given) a.norm = DSRT_AUGMENT_NORM_NONE; /* uint8 takes no normalisation */
+    } else if (lay == 0) {
+        a.layout = DSRT_AUGMENT_F32_NCHW;
+    }
+    int rc = dsrt_augment_check(&a);
+    if (rc != 0) {
+        raise_code(rc, NULL);
+        return -1;
+    }
+
+    dsrt_pipeline_options o = dsrt_pipeline_defaults();
+    uint64_t u;
+#define U64_OPT(obj, name, max, dst)                                                               \
+    if (obj) {                                                                                     \
+        if (get_u64(obj, name, max, &u) != 0) return -1;                                           \
+        dst = u;                                                                                   \
+    }
+#define BOOL_OPT(obj, name, dst)                                                                   \
+    if (obj && get_bool(obj, name, &dst) != 0) return -1;
+    U64_OPT(batch, "batch", SIZE_MAX, o.batch);
+    U64_OPT(prefetch, "prefetch", UINT32_MAX, o.prefetch);
+    U64_OPT(workers, "workers", UINT32_MAX, o.threads);
+    if (get_str(cpus, "cpus", &o.cpus) != 0) return -1;
+    BOOL_OPT(pin, "pin", o.pin);
+    BOOL_OPT(drop_last, "drop_last", o.drop_last);
+    if (shuffle) {
+        if (PyBool_Check(shuffle)) {
+            o.shuffle = shuffle == Py_True ? DSRT_SHUFFLE_EVERY_EPOCH : DSRT_SHUFFLE_NEVER;
+        } else {
+            if (get_enum(shuffle, "shuffle", shuffle_names, &v) != 0) return -1;
+            o.shuffle = (dsrt_shuffle)v;
+        }
+    }
+    U64_OPT(seed, "seed", UINT64_MAX, o.seed);
+    U64_OPT(epochs, "epochs", UINT64_MAX, o.epochs);
+    if (io) {
+        if (get_enum(io, "io", io_names, &v) != 0) return -1;
+        o.reader.io = (dsrt_io)v;
+    }
+    U64_OPT(depth, "io_depth", UINT32_MAX, o.reader.depth);
+    BOOL_OPT(direct, "direct", o.reader.direct);
+    U64_OPT(max_pixels, "max_pixels", UINT64_MAX, o.decoder.max_pixels);
+    BOOL_OPT(strict, "strict_decode", o.decoder.strict);
+    BOOL_OPT(fail, "fail_on_error", o.fail_on_error);
+    BOOL_OPT(drop_bad, "drop_bad", o.drop_bad);
+    U64_OPT(max_bad, "max_consecutive_bad", UINT32_MAX, o.max_consecutive_bad);
+    U64_OPT(max_file, "max_file_bytes", SIZE_MAX, o.max_file_bytes);
+    U64_OPT(chunk, "chunk", SIZE_MAX, o.chunk);
+    BOOL_OPT(native, "native", o.native);
+    U64_OPT(native_px, "native_max_pixels", UINT64_MAX, o.native_max_pixels);
+    if (gpu && get_int(gpu, "gpu", &o.gpu) != 0) return -1;
+#undef U64_OPT
+#undef BOOL_OPT
+
+    dsrt_pipeline *p = NULL;
+    const dsrt_datastore *cds = ((DatastoreObject *)ds)->ds;
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = dsrt_pipeline_open(&p, cds, &a, &o);
+    PyEval_RestoreThread(ts);
+    if (rc != 0) {
+        raise_code(rc, NULL);
+        return -1;
+    }
+    dsrt_pipeline_statistics st;
+    dsrt_pipeline_stats(p, &st);
+    self->held = PyMem_Malloc(st.slots * sizeof *self->held);
+    if (!self->held) {
+        dsrt_pipeline_close(p);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (unsigned i = 0; i < st.slots; i++) self->held[i] = UINT64_MAX;
+    self->slots = st.slots;
+    self->p = p;
+    Py_INCREF(ds);
+    self->ds = ds;
+    self->bpe = dsrt_pipeline_batches_per_epoch(p);
+    self->end = o.epochs && o.epochs <= UINT64_MAX / self->bpe ? o.epochs * self->bpe : UINT64_MAX;
+    self->pos = 0;
+    self->iter_end = self->bpe;
+    self->native = o.native;
+    self->images = 0;
+    self->t0 = mono_s();
+    return 0;
+}
+
+static void pipeline_dealloc(PipelineObject *self) {
+    /* No Batch is alive: each holds a reference to the pipeline. */
+    pipeline_really_close(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int pipeline_usable(PipelineObject *self) {
+    if (!self->p || self->closing) {
+        PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Pipeline: in use by another thread (a pipeline belongs to one thread)");
+        return -1;
+    }
+    return 0;
+}
+
+/* The next batch, or NULL: with an exception set, or without at the end of
+ * the iteration. */
+static PyObject *pipeline_take(PipelineObject *self) {
+    if (pipeline_usable(self) != 0) return NULL;
+    if (self->pos >= self->iter_end || self->pos >= self->end) return NULL;
+    dsrt_batch *b = NULL;
+    int rc, collected = 0;
+    self->busy = 1;
+    for (;;) {
+        PyThreadState *ts = PyEval_SaveThread();
+        rc = dsrt_pipeline_next_timed(self->p, &b, 100);
+        PyEval_RestoreThread(ts);
+        if (rc == -ETIMEDOUT) {
+            if (PyErr_CheckSignals() != 0) {
+                self->busy = 0;
+                return NULL;
+            }
+            continue;
+        }
+        if (rc == -EDEADLK && !collected) {
+            /* Perhaps only a reference cycle still holds the old batch. */
+            collected = 1;
+            self->busy = 0;
+            PyGC_Collect();
+            if (!self->p || self->closing) return pipeline_usable(self), NULL;
+            self->busy = 1;
+            continue;
+        }
+        break;
+    }
+    self->busy = 0;
+    if (rc == DSRT_EEOF) return NULL;
+    if (rc == -EDEADLK) {
+        uint64_t want = self->pos, old = self->held[want % self->slots];
+        PyErr_Format(dsrt_error,
+                     "Pipeline: batch %llu needs the slot of batch %llu, which is still "
+                     "referenced (by its Batch or a tensor made from it): at most %u "
+                     "consecutive batches (prefetch + 1) can be held; drop the old references "
+                     "or open the pipeline with a larger prefetch",
+                     (unsigned long long)want, (unsigned long long)old, self->slots);
+        return NULL;
+    }
+    if (rc != 0) return raise_code(rc, NULL);
+    BatchObject *bo = PyObject_New(BatchObject, &Batch_Type);
+    if (!bo) {
+        dsrt_batch_release(self->p, b);
+        return NULL;
+    }
+    Py_INCREF(self);
+    bo->pipe = self;
+    bo->b = b;
+    self->live++;
+    self->held[b->global % self->slots] = b->global;
+    self->pos = b->global + 1;
+    self->images += b->count;
+    return (PyObject *)bo;
+}
+
+static PyObject *pipeline_iter(PipelineObject *self) {
+    if (!self->p || self->closing) {
+        PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
+        return NULL;
+    }
+    /* One epoch: from where the pipeline stands to the end of that epoch. */
+    self->iter_end = (self->pos / self->bpe + 1) * self->bpe;
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *pipeline_iternext(PipelineObject *self) {
+    return pipeline_take(self); /* NULL without an exception: StopIteration */
+}
+
+static PyObject *pipeline_next_method(PipelineObject *self, PyObject *unused) {
+    if (pipeline_usable(self) != 0) return NULL;
+    self->iter_end = UINT64_MAX;
+    PyObject *b = pipeline_take(self);
+    if (!b && !PyErr_Occurred()) Py_RETURN_NONE;
+    return b;
+}
+
+static Py_ssize_t pipeline_len(PipelineObject *self) {
+    if (!self->p) {
+        PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
+        return -1;
+    }
+    return (Py_ssize_t)self->bpe;
+}
+
+static PyObject *pipeline_reset(PipelineObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"epoch", "batch", NULL};
+    PyObject *eo = NULL, *bo = NULL;
+    uint64_t epoch = 0, batch = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:reset", kwlist, &eo, &bo) ||
+        pipeline_usable(self) != 0)
+        return NULL;
+    if (get_u64(eo, "reset: epoch", UINT64_MAX, &epoch) != 0) return NULL;
+    if (bo && get_u64(bo, "reset: batch", UINT64_MAX, &batch) != 0) return NULL;
+    if (self->live > 0) PyGC_Collect();
+    if (!self->p || self->closing) return pipeline_usable(self), NULL;
+    if (self->live > 0) {
+        PyErr_Format(dsrt_error,
+                     "Pipeline: reset: %u batch%s still referenced (by a Batch or a tensor made "
+                     "from it); a reset takes every slot back, so drop them first",
+                     self->live, self->live == 1 ? " is" : "es are");
+        return NULL;
+    }
+    int rc;
+    self->busy = 1;
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = dsrt_pipeline_reset(self->p, epoch, batch);
+    PyEval_RestoreThread(ts);
+    self->busy = 0;
+    if (rc != 0) return raise_code(rc, NULL);
+    self->pos = epoch * self->bpe + batch;
+    self->iter_end = (epoch + 1) * self->bpe;
+    self->images = 0;
+    self->t0 = mono_s();
+    Py_RETURN_NONE;
+}
+
+static PyObject *pipeline_close(PipelineObject *self, PyObject *unused) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Pipeline: close: in use by another thread");
+        return NULL;
+    }
+    if (!self->p) Py_RETURN_NONE;
+    self->closing = 1;
+    if (self->live == 0) pipeline_really_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pipeline_enter(PipelineObject *self, PyObject *unused) {
+    if (!self->p || self->closing) {
+        PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
+        return NULL;
+    }
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *pipeline_exit(PipelineObject *self, PyObject *args) {
+    PyObject *r = pipeline_close(self, NULL);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+/* Sets d[key] = v, stealing v. */
+static int dict_put(PyObject *d, const char *key, PyObject *v) {
+    if (!v) return -1;
+    int rc = PyDict_SetItemString(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *str_or_none(const char *s) {
+    if (!s) Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(s);
+}
+
+static PyObject *pipeline_stats(PipelineObject *self, PyObject *unused) {
+    if (!self->p) {
+        PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
+        return NULL;
+    }
+    dsrt_pipeline_statistics s;
+    dsrt_pipeline_stats(self->p, &s);
+    double dt = mono_s() - self->t0;
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    int bad = 0;
+    bad |= dict_put(d, "images_per_s", PyFloat_FromDouble(dt > 0 ? self->images / dt : 0.0));
+    bad |= dict_put(d, "images", PyLong_FromUnsignedLongLong(self->images));
+    bad |= dict_put(d, "seconds", PyFloat_FromDouble(dt));
+    bad |= dict_put(d, "read_s", PyFloat_FromDouble(s.read_s));
+    bad |= dict_put(d, "decode_s", PyFloat_FromDouble(s.decode_s));
+    bad |= dict_put(d, "augment_s", PyFloat_FromDouble(s.augment_s));
+    bad |= dict_put(d, "slot_wait_s", PyFloat_FromDouble(s.slot_wait_s));
+    bad |= dict_put(d, "idle_s", PyFloat_FromDouble(s.idle_s));
+    bad |= dict_put(d, "consumer_wait_s", PyFloat_FromDouble(s.consumer_wait_s));
+    bad |= dict_put(d, "samples", PyLong_FromUnsignedLongLong(s.samples));
+    bad |= dict_put(d, "batches", PyLong_FromUnsignedLongLong(s.batches));
+    bad |= dict_put(d, "skipped", PyLong_FromUnsignedLongLong(s.skipped));
+    bad |= dict_put(d, "bad_samples", PyLong_FromUnsignedLongLong(s.bad_samples));
+    bad |= dict_put(d, "bytes_read", PyLong_FromUnsignedLongLong(s.bytes_read));
+    bad |= dict_put(d, "direct_refused", PyLong_FromUnsignedLongLong(s.direct_refused));
+    bad |= dict_put(d, "threads", PyLong_FromUnsignedLong(s.threads));
+    bad |= dict_put(d, "pinned_threads", PyLong_FromUnsignedLong(s.pinned_threads));
+    bad |= dict_put(d, "slots", PyLong_FromUnsignedLong(s.slots));
+    bad |= dict_put(d, "slot_bytes", PyLong_FromSize_t(s.slot_bytes));
+    bad |= dict_put(d, "io", PyUnicode_FromString(dsrt_io_name(s.io)));
+    bad |= dict_put(d, "io_fallback", str_or_none(s.io_fallback));
+    bad |= dict_put(d, "pinned_memory", PyBool_FromLong(s.pinned_memory));
+    bad |= dict_put(d, "locked_memory", PyBool_FromLong(s.locked_memory));
+    bad |= dict_put(d, "cpus", str_or_none(s.cpus));
+    /* Every bad sample found so far: (path, reason). */
+    PyObject *l = PyList_New(0);
+    bad |= l == NULL;
+    dsrt_bad_sample buf[64];
+    for (size_t first = 0; l;) {
+        size_t total = dsrt_pipeline_bad_samples(self->p, first, buf, 64);
+        if (total <= first) break;
+        size_t k = total - first < 64 ? total - first : 64;
+        for (size_t i = 0; i < k; i++) {
+            PyObject *t = Py_BuildValue("(NN)", str_or_none(buf[i].path),
+                                        PyUnicode_DecodeFSDefault(buf[i].error));
+            if (!t || PyList_Append(l, t) != 0) bad = 1;
+            Py_XDECREF(t);
+        }
+        first += k;
+        if (bad) break;
+    }
+    if (l) bad |= dict_put(d, "bad_files", l);
+    if (bad) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *pipeline_get_position(PipelineObject *self, void *unused) {
+    return Py_BuildValue("(KK)", (unsigned long long)(self->pos / self->bpe),
+                         (unsigned long long)(self->pos % self->bpe));
+}
+
+static PyObject *pipeline_get_bpe(PipelineObject *self, void *unused) {
+    return PyLong_FromUnsignedLongLong(self->bpe);
+}
+
+static PyObject *pipeline_get_closed(PipelineObject *self, void *unused) {
+    return PyBool_FromLong(!self->p || self->closing);
+}
+
+static PyObject *pipeline_get_slots(PipelineObject *self, void *unused) {
+    return PyLong_FromUnsignedLong(self->slots);
+}
+
+static PyMethodDef pipeline_methods[] = {
+    {"next", (PyCFunction)pipeline_next_method, METH_NOARGS,
+     "next() -> the next Batch, across epochs, or None after the last epoch"},
+    {"reset", (PyCFunction)(void (*)(void))pipeline_reset, METH_VARARGS | METH_KEYWORDS,
+     "reset(epoch, batch=0): resume at batch `batch` of epoch `epoch`, exactly as an\n"
+     "uninterrupted run delivers it. No batch may still be referenced."},
+    {"close", (PyCFunction)pipeline_close, METH_NOARGS,
+     "close(): stop the workers and free the slots (at once, or when the last batch\n"
+     "still referenced is freed). Closing twice is fine."},
+    {"stats", (PyCFunction)pipeline_stats, METH_NOARGS,
+     "stats() -> dict: images_per_s (delivered since the open or the last reset),\n"
+     "per-stage seconds summed over the workers (read_s, decode_s, augment_s,\n"
+     "slot_wait_s, idle_s), consumer_wait_s, skipped, bad_files [(path, reason)], ..."},
+    {"__enter__", (PyCFunction)pipeline_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)pipeline_exit, METH_VARARGS, NULL},
+    {NULL}};
+
+static PyGetSetDef pipeline_getset[] = {
+    {"position", (getter)pipeline_get_position, NULL, "(epoch, batch) of the next batch", NULL},
+    {"batches_per_epoch", (getter)pipeline_get_bpe, NULL, "batches in each epoch", NULL},
+    {"slots", (getter)pipeline_get_slots, NULL, "prefetch + 1: batches that can be held at once",
+     NULL},
+    {"closed", (getter)pipeline_get_closed, NULL, "whether close() was called", NULL},
+    {NULL}};
+
+static PySequenceMethods pipeline_as_sequence = {.sq_length = (lenfunc)pipeline_len};
+
+static PyTypeObject Pipeline_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dsrt.Pipeline",
+    .tp_basicsize = sizeof(PipelineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Pipeline(datastore, *, preset=None, augment=None, layout=None, dtype=None,\n"
+              "         batch=128, prefetch=4, workers=0, cpus=None, pin=True, drop_last=False,\n"
+              "         shuffle='epoch', seed=0, epochs=0, io='auto', io_depth=16, direct=False,\n"
+              "         max_pixels=178956970, strict_decode=False, fail_on_error=False,\n"
+              "         drop_bad=False, max_consecutive_bad=1000, max_file_bytes=64 MiB, chunk=0,\n"
+              "         native=False, native_max_pixels=2097152, gpu=-1)\n\n"
+              "Batches of augmented samples made in the background by `workers` threads (0: one\n"
+              "per core), in order, bit-identical for a seed whatever the thread count.\n"
+              "Iterating yields the batches of one epoch (from the current position to the end\n"
+              "of its epoch); len() is the batches per epoch. See the README for every option.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)pipeline_init,
+    .tp_dealloc = (destructor)pipeline_dealloc,
+    .tp_iter = (getiterfunc)pipeline_iter,
+    .tp_iternext = (iternextfunc)pipeline_iternext,
+    .tp_methods = pipeline_methods,
+    .tp_getset = pipeline_getset,
+    .tp_as_sequence = &pipeline_as_sequence,
+};
+
+// ----------------------------------------------------------------------------
+// Module
+
+static PyObject *mod_version(PyObject *m, PyObject *unused) {
+    return PyUnicode_FromString(dsrt_version_string());
+}
+
+static PyMethodDef module_methods[] = {
+    {"version", mod_version, METH_NOARGS, "version() -> the version of libdsrt in use"}, {NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_dsrt",
+    .m_doc = "dsrt's datastore and background pipeline, with batches lent to NumPy and\n"
+             "PyTorch without a copy (DLPack).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__dsrt(void) {
+    PyTypeObject *types[] = {&Datastore_Type, &Pipeline_Type, &Batch_Type, &Tensor_Type};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        if (PyType_Ready(types[i]) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m) return NULL;
+    dsrt_error = PyErr_NewExceptionWithDoc(
+        "dsrt.Error", "A failure reported by libdsrt; .code is its (negative) code.",
+        PyExc_RuntimeError, NULL);
+    if (!dsrt_error || PyModule_AddObjectRef(m, "Error", dsrt_error) < 0) goto fail;
+    static const char *names[] = {"Datastore", "Pipeline", "Batch", "Tensor"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

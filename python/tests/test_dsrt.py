@@ -1,0 +1,634 @@
+"""Tests of the dsrt Python package (run by CTest as test_python).
+
+Batches are compared with what the C library delivers for the same options
+(dsbench --checksum, the same hash computed here); tensors made with
+torch.from_dlpack and numpy.from_dlpack view the pipeline's memory without a
+copy and stay unchanged while referenced; holding batches bounds the prefetch
+(and holding too many raises dsrt.Error) without ever deadlocking; memory
+stays flat over 10 000 batches; bad files are skipped and named (or raise with
+fail_on_error); bad options raise ValueError before any thread starts; Ctrl-C
+while waiting for a batch raises KeyboardInterrupt and closing stops every
+worker.
+
+Images are made on the spot with Pillow under $DSRT_TEST_TMP (or pytest's
+temporary folder).
+"""
+import collections
+import gc
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import dsrt
+
+BIN_DIR = os.environ.get("DSRT_BIN_DIR", "")
+DSBENCH = os.path.join(BIN_DIR, "tools", "dsbench")
+
+
+# ----------------------------------------------------------------------------
+# Datasets
+
+
+def _base(tmp_path_factory, name):
+    root = os.environ.get("DSRT_TEST_TMP")
+    if root:
+        path = os.path.join(root, "python", name)
+        os.makedirs(path, exist_ok=True)
+        return path
+    return str(tmp_path_factory.mktemp(name))
+
+
+def _write_images(folder, n, classes, seed, big=False):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        c = i * classes // n
+        d = os.path.join(folder, f"class{c}")
+        os.makedirs(d, exist_ok=True)
+        w, h = (int(rng.integers(40, 110)), int(rng.integers(36, 96)))
+        if big:
+            w, h = 640, 480
+        yy, xx = np.mgrid[0:h, 0:w]
+        img = np.stack([(xx * 255 // w), (yy * 255 // h), (xx + yy) % 256], axis=-1)
+        img = (img + rng.integers(0, 40, img.shape)).clip(0, 255).astype(np.uint8)
+        if i % 7 == 3:
+            Image.fromarray(img).save(os.path.join(d, f"img{i:03d}.png"))
+        elif i % 5 == 2:
+            Image.fromarray(img[..., 0]).save(os.path.join(d, f"img{i:03d}.jpg"), quality=85)
+        else:
+            Image.fromarray(img).save(os.path.join(d, f"img{i:03d}.jpg"), quality=90)
+
+
+def _dataset(tmp_path_factory, name, make):
+    """The folder `name`/data, made by make(folder) once (kept between runs)."""
+    path = os.path.join(_base(tmp_path_factory, name), "data")
+    if not os.path.isdir(path):
+        shutil.rmtree(path + ".part", ignore_errors=True)
+        make(path + ".part")
+        os.rename(path + ".part", path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def folder(tmp_path_factory):
+    return _dataset(tmp_path_factory, "good", lambda d: _write_images(d, 48, 3, seed=1))
+
+
+@pytest.fixture(scope="session")
+def big_folder(tmp_path_factory):
+    """Larger images: slow enough (with one worker) to keep the consumer waiting."""
+    return _dataset(tmp_path_factory, "big", lambda d: _write_images(d, 24, 2, seed=2, big=True))
+
+
+def _write_bad(folder):
+    _write_images(folder, 20, 2, seed=3)
+    open(os.path.join(folder, "class0", "empty.jpg"), "wb").close()
+    with open(os.path.join(folder, "class1", "img011.jpg"), "rb") as f:
+        data = f.read()
+    with open(os.path.join(folder, "class1", "truncated.jpg"), "wb") as f:
+        f.write(data[: len(data) // 3])
+    with open(os.path.join(folder, "class1", "text.png"), "w") as f:
+        f.write("this is not an image\n")
+
+
+@pytest.fixture(scope="session")
+def bad_folder(tmp_path_factory):
+    """Good images and three bad ones: empty, truncated, not an image."""
+    return _dataset(tmp_path_factory, "bad", _write_bad)
+
+
+@pytest.fixture(scope="session")
+def idx_file(tmp_path_factory):
+    """A small IDX image file (8 x 8 gray, 64 samples) and its labels: pixels in memory."""
+    base = _base(tmp_path_factory, "idx")
+    images = os.path.join(base, "train-images-idx3-ubyte")
+    labels = os.path.join(base, "train-labels-idx1-ubyte")
+    rng = np.random.default_rng(4)
+    n = 64
+    with open(images, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 8, 8))
+        f.write(rng.integers(0, 256, (n, 8, 8), dtype=np.uint8).tobytes())
+    with open(labels, "wb") as f:
+        f.write(struct.pack(">II", 0x801, n))
+        f.write((np.arange(n) % 10).astype(np.uint8).tobytes())
+    return images
+
+
+# ----------------------------------------------------------------------------
+# dsbench's --checksum hash: FNV-1a over 64-bit words in 4 lanes, the tail
+# bytes and each buffer's length into lanes 0 and 1, folded byte-wise.
+
+FNV_OFFSET = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+MASK = (1 << 64) - 1
+
+
+class Checksum:
+    def __init__(self):
+        self.lane = [FNV_OFFSET ^ i for i in range(4)]
+
+    def add(self, data):
+        data = bytes(data)
+        n = len(data)
+        words = np.frombuffer(data[: n - n % 32], dtype="<u8").tolist()
+        l0, l1, l2, l3 = self.lane
+        for i in range(0, len(words), 4):
+            l0 = ((l0 ^ words[i]) * FNV_PRIME) & MASK
+            l1 = ((l1 ^ words[i + 1]) * FNV_PRIME) & MASK
+            l2 = ((l2 ^ words[i + 2]) * FNV_PRIME) & MASK
+            l3 = ((l3 ^ words[i + 3]) * FNV_PRIME) & MASK
+        for b in data[n - n % 32 :]:
+            l0 = ((l0 ^ b) * FNV_PRIME) & MASK
+        l1 = ((l1 ^ n) * FNV_PRIME) & MASK
+        self.lane = [l0, l1, l2, l3]
+
+    def batch(self, b):
+        images = b.images
+        if isinstance(images, tuple):  # native: one tensor a sample
+            for t in images:
+                self.add(np.from_dlpack(t).tobytes())
+        else:
+            x = np.from_dlpack(images)
+            for i in range(len(b)):
+                self.add(x[i].tobytes())
+        self.add(np.from_dlpack(b.labels).tobytes())
+
+    def final(self):
+        h = FNV_OFFSET
+        for lane in self.lane:
+            for k in range(8):
+                h = ((h ^ ((lane >> (8 * k)) & 0xFF)) * FNV_PRIME) & MASK
+        return f"{h:016x}"
+
+
+def dsbench_checksum(data, *args):
+    if not os.access(DSBENCH, os.X_OK):
+        pytest.fail(f"{DSBENCH} is not built")
+    out = subprocess.run(
+        [DSBENCH, data, "--checksum", "--json", *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])["checksum"]
+
+
+def python_checksum(p):
+    c = Checksum()
+    while (b := p.next()) is not None:
+        c.batch(b)
+        del b
+    return c.final()
+
+
+# ----------------------------------------------------------------------------
+# Same bytes as the C library
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_batches_equal_c_api(folder, workers):
+    ds = dsrt.Datastore(folder)
+    c_sum = dsbench_checksum(
+        folder, "--pipeline", "32", "--batch", "10", "--epochs", "2", "--seed", "5",
+        "--threads", str(workers),
+    )
+    with dsrt.Pipeline(ds, preset="32", batch=10, epochs=2, seed=5, workers=workers) as p:
+        assert python_checksum(p) == c_sum
+    # Native size (dsbench --pipeline none): each image at its own size.
+    c_sum = dsbench_checksum(folder, "--pipeline", "none", "--epochs", "1", "--threads", str(workers))
+    with dsrt.Pipeline(ds, native=True, batch=1, epochs=1, workers=workers) as p:
+        assert python_checksum(p) == c_sum
+    # The 227 preset on a few images.
+    sub = ds.subset(range(6))
+    ref = None
+    for w in (1, workers):
+        with dsrt.Pipeline(sub, preset="227", batch=3, epochs=1, seed=9, workers=w) as p:
+            s = python_checksum(p)
+        ref = ref or s
+        assert s == ref
+
+
+def test_same_for_any_worker_count_with_augmentation(folder):
+    ds = dsrt.Datastore(folder)
+    aug = dict(
+        output_size=(24, 20), rand_rotation=(-20, 20), rand_x_scale=(0.9, 1.2),
+        rand_y_shear=(-5, 5), rand_x_translation=(-3, 3), rand_x_reflection=True,
+        fill_value=(10, 20, 30), norm="zscore", mean=(120, 110, 100), std=(60, 61, 62),
+    )
+    sums = []
+    for w in (1, 2):
+        with dsrt.Pipeline(ds, augment=aug, batch=7, epochs=2, seed=3, workers=w) as p:
+            sums.append(python_checksum(p))
+    assert sums[0] == sums[1]
+
+
+# ----------------------------------------------------------------------------
+# Zero copy, lifetime, holding
+
+
+def test_zero_copy_numpy_and_torch(folder):
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=8, epochs=1, seed=1, workers=1) as p:
+        b = p.next()
+        x = torch.from_dlpack(b.images)
+        a = np.from_dlpack(b.images)
+        m = np.asarray(b.images)  # the buffer protocol
+        y = torch.from_dlpack(b.labels)
+        assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32
+        assert a.shape == (8, 3, 32, 32) and a.dtype == np.float32
+        assert y.dtype == torch.int32 and y.shape == (8,)
+        assert x.data_ptr() == a.ctypes.data == m.ctypes.data
+        assert b.images.__dlpack_device__() == (1, 0)
+        assert [ds.label(0)] * 0 == [] and 0 <= int(y.min()) and int(y.max()) < 3
+        ids = np.from_dlpack(b.ids)
+        assert list(np.from_dlpack(b.labels)) == [ds.label(int(i)) for i in ids]
+        assert float(x.min()) >= 0 and float(x.max()) <= 1
+        sizes = np.from_dlpack(b.sizes)
+        assert (sizes == 32).all()
+
+
+def test_tensors_valid_while_referenced(folder):
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=4, prefetch=3, epochs=3, seed=2, workers=2) as p:
+        assert p.slots == 4
+        b = p.next()
+        x = torch.from_dlpack(b.images)
+        y = np.from_dlpack(b.labels)
+        ptr = x.data_ptr()
+        copy_x, copy_y = x.clone(), y.copy()
+        del b  # the tensors alone keep the slot
+        kept = []
+        for _ in range(p.slots - 1):  # every other slot cycles...
+            nb = p.next()
+            kept.append(torch.from_dlpack(nb.images))
+            del nb
+            time.sleep(0.01)  # ... while the workers fill the free ones
+        kept.clear()  # the workers fill the slots given back...
+        time.sleep(0.1)
+        assert torch.equal(x, copy_x) and (y == copy_y).all()  # ... never batch 0's
+        with pytest.raises(dsrt.Error, match="needs the slot of batch 0"):
+            p.next()
+        # Once dropped, the slot is used again, for batch 4.
+        del x, y
+        nb = p.next()
+        assert nb.global_index == 4 and torch.from_dlpack(nb.images).data_ptr() == ptr
+
+
+def test_many_epochs_holding_prefetch_batches(folder):
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=4, prefetch=2, epochs=25, workers=2) as p:
+        held = collections.deque(maxlen=2)  # prefetch batches held while taking the next
+        n = 0
+        for epoch in range(25):
+            for b in p:
+                held.append((torch.from_dlpack(b.images), np.from_dlpack(b.labels)))
+                n += 1
+            del b
+            assert p.position == (epoch + 1, 0)
+        assert n == 25 * len(p) == 25 * 12
+        assert list(p) == [] and p.next() is None
+
+
+def test_holding_every_slot_raises(folder):
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=4, prefetch=2, epochs=2, workers=2) as p:
+        held = [p.next() for _ in range(p.slots)]
+        t0 = time.monotonic()
+        with pytest.raises(dsrt.Error, match=r"batch 3 needs the slot of batch 0.*prefetch"):
+            p.next()
+        assert time.monotonic() - t0 < 5
+        # Holding the newest ones is fine once the oldest is gone; batches
+        # held only by a reference cycle are collected first.
+        x = torch.from_dlpack(held[0].images)
+        cycle = [x]
+        cycle.append(cycle)
+        del held[0], x, cycle
+        b = p.next()
+        assert b.global_index == 3
+        with pytest.raises(dsrt.Error, match="batch 4 needs the slot of batch 1"):
+            p.next()
+        del held[0]
+        assert p.next().global_index == 4
+
+
+def test_no_leak_over_10000_batches(idx_file):
+    ds = dsrt.Datastore(idx_file)
+    aug = dict(output_size=(4, 4), output_channels=1)
+
+    def rss_kib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+    with dsrt.Pipeline(ds, augment=aug, batch=4, prefetch=4, epochs=0, workers=2) as p:
+        def run(n):
+            for _ in range(n):
+                b = p.next()
+                x = torch.from_dlpack(b.images)
+                y = np.from_dlpack(b.labels)
+                z = np.asarray(b.ids)
+                del b, x, y, z
+
+        run(1000)
+        gc.collect()
+        before = rss_kib()
+        run(9000)
+        gc.collect()
+        grown = rss_kib() - before
+        assert p.stats()["batches"] == 10000
+    assert grown < 1024, f"RSS grew by {grown} KiB over 9000 batches"
+
+
+def test_close_with_live_tensors(folder):
+    ds = dsrt.Datastore(folder)
+    p = dsrt.Pipeline(ds, preset="32", batch=4, epochs=1, workers=2)
+    b = p.next()
+    x = torch.from_dlpack(b.images)
+    ref = x.clone()
+    del b
+    p.close()
+    assert p.closed
+    with pytest.raises(ValueError, match="closed"):
+        p.next()
+    with pytest.raises(ValueError, match="closed"):
+        iter(p)
+    gc.collect()
+    assert torch.equal(x, ref)  # the slots live until the last view is freed
+    del x
+    p.close()
+
+
+# ----------------------------------------------------------------------------
+# Epochs, len, reset
+
+
+def test_len_epochs_reset(folder):
+    ds = dsrt.Datastore(folder)
+    opts = dict(preset="32", batch=5, epochs=3, seed=11, workers=2)
+    with dsrt.Pipeline(ds, **opts) as p:
+        assert len(p) == p.batches_per_epoch == 10
+        full = {}
+        for e in range(3):
+            got = []
+            for b in p:
+                c = Checksum()
+                c.batch(b)
+                full[b.global_index] = c.final()
+                got.append((b.epoch, b.index, len(b)))
+            del b
+            assert got == [(e, i, 5 if i < 9 else 3) for i in range(10)]
+        assert list(p) == []
+    with dsrt.Pipeline(ds, **opts) as p:
+        next(iter(p))  # a batch or so, then resume elsewhere
+        gc.collect()
+        p.reset(1, 4)
+        assert p.position == (1, 4)
+        resumed = {}
+        for _ in range(2):
+            for b in p:
+                c = Checksum()
+                c.batch(b)
+                resumed[b.global_index] = c.final()
+            del b
+        assert sorted(resumed) == list(range(14, 30))
+        assert all(resumed[g] == full[g] for g in resumed)
+        b = (p.reset(0), p.next())[1]
+        with pytest.raises(dsrt.Error, match="still referenced"):
+            p.reset(2)
+        del b
+        with pytest.raises(ValueError, match="past the end"):
+            p.reset(5)
+        with pytest.raises(ValueError, match="an epoch has 10"):
+            p.reset(0, 10)
+
+
+def test_drop_last_and_shuffle(folder):
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=10, epochs=2, drop_last=True, shuffle="never") as p:
+        assert len(p) == 4
+        ids = [list(np.from_dlpack(b.ids)) for b in p]
+        assert sum(ids, []) == list(range(40))
+
+
+# ----------------------------------------------------------------------------
+# The drop-in loader
+
+
+def test_torch_loader(folder):
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=16, epochs=2, seed=1, workers=2) as p:
+        loader = dsrt.TorchLoader(p)
+        assert len(loader) == 3
+        for epoch in range(2):
+            n = 0
+            for x, y in loader:
+                assert x.shape[1:] == (3, 32, 32) and y.dtype == torch.int64
+                assert x.shape[0] == y.shape[0]
+                n += len(y)
+            assert n == 48
+    with dsrt.Pipeline(ds, preset="32", batch=16, epochs=1, seed=1, workers=2) as p:
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 3))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for x, y in dsrt.TorchLoader(p, device="cpu"):
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert torch.isfinite(loss)
+
+
+# ----------------------------------------------------------------------------
+# Datastore
+
+
+def test_datastore(folder, idx_file, tmp_path):
+    ds = dsrt.Datastore(folder)
+    assert len(ds) == 48 and ds.classes == ("class0", "class1", "class2")
+    assert ds.source == "folder" and ds.class_counts() == [16, 16, 16]
+    assert ds.path(0).endswith("class0/img000.jpg") and ds.path(-1).endswith("img047.jpg")
+    train, val = ds.split_each_label(0.75, randomized=True, seed=1)
+    assert (len(train), len(val)) == (36, 12)
+    assert sorted(map(train.id, range(36)) ) + [] != [] and set(map(train.id, range(36))).isdisjoint(
+        map(val.id, range(12))
+    )
+    first, rest = ds.split_each_label(2)
+    assert first.class_counts() == [2, 2, 2] and len(rest) == 42
+    assert len(ds.partition(3, 1)) == 16 and len(ds.subset([5, 5, 1])) == 3
+    assert sorted(ds.shuffle(3).labels()) == sorted(ds.labels())
+    with pytest.raises(IndexError):
+        ds.label(48)
+    idx = dsrt.Datastore(idx_file)
+    assert idx.source == "idx" and len(idx) == 64 and idx.path(0) is None
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,label\n" + "".join(f"{ds.path(i)},c{i % 2}\n" for i in range(10)))
+    m = dsrt.Datastore(str(manifest))
+    assert m.source == "manifest" and len(m) == 10 and m.classes == ("c0", "c1")
+    none = dsrt.Datastore(folder, labels="none")
+    assert none.classes == ("",)
+    with pytest.raises(FileNotFoundError, match="/nonexistent"):
+        dsrt.Datastore("/nonexistent/data")
+    with pytest.raises(ValueError, match="source: 'jpeg'"):
+        dsrt.Datastore(folder, source="jpeg")
+
+
+# ----------------------------------------------------------------------------
+# Bad files, bad options
+
+
+def test_bad_files_skipped_and_named(bad_folder):
+    ds = dsrt.Datastore(bad_folder)
+    assert len(ds) == 23
+    with dsrt.Pipeline(ds, preset="32", batch=8, epochs=1, workers=2) as p:
+        counts = [len(b) for b in p]
+        s = p.stats()
+    assert counts == [8, 8, 7]  # places of bad files are filled by the next good ones
+    bad = dict(s["bad_files"])
+    assert s["bad_samples"] == 3 and s["skipped"] >= 3
+    names = sorted(os.path.basename(k) for k in bad)
+    assert names == ["empty.jpg", "text.png", "truncated.jpg"]
+    assert all(os.path.isabs(k) and v for k, v in bad.items())
+    with dsrt.Pipeline(ds, preset="32", batch=8, epochs=1, workers=2, drop_bad=True) as p:
+        assert sum(len(b) for b in p) == 20
+    with dsrt.Pipeline(ds, preset="32", batch=8, epochs=1, workers=1, fail_on_error=True,
+                       shuffle="never") as p:
+        with pytest.raises((dsrt.Error, OSError)) as e:
+            for b in p:
+                pass
+        assert "empty.jpg" in str(e.value) or "truncated.jpg" in str(e.value) or "text.png" in str(
+            e.value
+        )
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(batch=0), "batch: 0"),
+        (dict(prefetch=0), "prefetch: 0"),
+        (dict(workers=5000), "threads: 5000"),
+        (dict(cpus="0-zz"), "cpus"),
+        (dict(augment=dict(rand_rotation=(30, -30))), r"rand_rotation: \[30, -30\]"),
+        (dict(augment=dict(output_size=(0, 32))), "output"),
+        (dict(augment=dict(reflection_probability=1.5)), "reflection_probability"),
+        (dict(augment=dict(no_such=1)), "unknown option 'no_such'"),
+        (dict(augment=dict(rand_scale=3)), r"rand_scale: 3: expected \(low, high\)"),
+        (dict(augment=dict(norm="zscore", std=(0, 1, 1))), "std"),
+        (dict(augment=dict(size_mode="stretch")), "size_mode: 'stretch'"),
+        (dict(layout="NHWC", dtype="float32"), "float32 NCHW or uint8 NHWC"),
+        (dict(dtype="float16"), "dtype: 'float16'"),
+        (dict(preset="64"), "preset: '64'"),
+        (dict(shuffle="always"), "shuffle: 'always'"),
+        (dict(io="aio"), "io: 'aio'"),
+        (dict(io_depth=0), "depth"),
+        (dict(seed=-1), "seed: -1: must not be negative"),
+    ],
+)
+def test_bad_options_raise_before_work(folder, kwargs, message):
+    ds = dsrt.Datastore(folder)
+    before = _threads()
+    with pytest.raises(ValueError, match=message):
+        dsrt.Pipeline(ds, **kwargs)
+    assert _threads() == before
+
+
+def test_wrong_types(folder):
+    ds = dsrt.Datastore(folder)
+    with pytest.raises(TypeError):
+        dsrt.Pipeline(ds, batch="128")
+    with pytest.raises(TypeError):
+        dsrt.Pipeline(ds, no_such_option=1)
+    with pytest.raises(TypeError):
+        dsrt.Pipeline("not a datastore")
+
+
+# ----------------------------------------------------------------------------
+# Waiting: the GIL is released, Ctrl-C interrupts
+
+
+def test_gil_released_while_waiting(big_folder):
+    ds = dsrt.Datastore(big_folder)
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    with dsrt.Pipeline(ds, preset="227", batch=12, prefetch=1, epochs=1, workers=1) as p:
+        t = threading.Thread(target=spin)
+        t.start()
+        try:
+            ticks[0] = 0
+            t0 = time.monotonic()
+            b = p.next()  # waits for a batch of 12 images with one worker
+            during, waited = ticks[0], time.monotonic() - t0
+        finally:
+            stop.set()
+            t.join()
+        assert waited > 0.02 and p.stats()["consumer_wait_s"] > 0.01
+        assert during >= 5, "the other thread did not run while the pipeline was waited on"
+        del b
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path[:0] = [{pythonpath!r}]
+    import dsrt
+    ds = dsrt.Datastore({data!r})
+    p = dsrt.Pipeline(ds, preset="227", batch=24, prefetch=1, epochs=0, workers=1)
+    n = 0
+    try:
+        for epoch in range(1000):
+            for b in p:
+                n += 1
+                if n == 1:
+                    print("ready", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted after", n, "waited", p.stats()["consumer_wait_s"] > 0, flush=True)
+        threads = len(os.listdir("/proc/self/task"))
+        b = None
+        p.close()
+        print("threads", threads, "->", len(os.listdir("/proc/self/task")), flush=True)
+        sys.exit(0)
+    """
+)
+
+
+def test_ctrl_c_stops_cleanly(big_folder, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(
+        CHILD.format(pythonpath=os.path.dirname(os.path.dirname(dsrt.__file__)), data=big_folder)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # waiting for a batch now, most likely
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert time.monotonic() - t0 < 5
+    lines = out.splitlines()
+    assert lines[0].startswith("interrupted after") and lines[0].endswith("waited True")
+    before, after = int(lines[1].split()[1]), int(lines[1].split()[3])
+    assert before >= 2 and after == 1  # the worker is gone, only the main thread is left

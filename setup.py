@@ -1,0 +1,56 @@
+"""Builds the extension dsrt._dsrt with this repository's CMake build.
+
+setuptools drives the packaging (pyproject.toml); the one extension is built by
+CMake (target dsrt_python: python/src/dsrtmodule.c with libdsrt linked in
+statically) for the interpreter running pip, and copied where setuptools
+expects it. Extra CMake options come from $DSRT_CMAKE_ARGS (for example
+"-DDSRT_WITH_CUDA=OFF").
+"""
+import glob
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def version():
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        return re.search(r"project\(dsrt VERSION ([0-9.]+)", f.read()).group(1)
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        build = os.path.abspath(os.path.join(self.build_temp, "cmake"))
+        args = [
+            "cmake", "-S", ROOT, "-B", build,
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            "-DDSRT_BUILD_PYTHON=ON", "-DDSRT_BUILD_TESTS=OFF",
+            "-DDSRT_BUILD_TOOLS=OFF", "-DDSRT_BUILD_EXAMPLES=OFF",
+        ]
+        if shutil.which("ninja") and not os.path.exists(os.path.join(build, "CMakeCache.txt")):
+            args += ["-G", "Ninja"]
+        args += shlex.split(os.environ.get("DSRT_CMAKE_ARGS", ""))
+        subprocess.check_call(args)
+        jobs = str(os.cpu_count() or 1)
+        subprocess.check_call(["cmake", "--build", build, "--target", "dsrt_python", "-j", jobs])
+        built = glob.glob(os.path.join(build, "python", "dsrt", "_dsrt*.so"))
+        if len(built) != 1:
+            raise RuntimeError(f"CMake built {built!r}, expected one _dsrt module")
+        dest = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(built[0], dest)
+
+
+setup(
+    version=version(),
+    ext_modules=[Extension("dsrt._dsrt", sources=[])],
+    cmdclass={"build_ext": CMakeBuild},
+)
