@@ -34,6 +34,12 @@
  * kernel itself), accumulate in float32, and everything else, the master
  * weights and the optimizer state included, stays float32.
  *
+ * Synchronised batchnorm (dsrt_net_set_bn_sync): in training, each
+ * batchnorm layer's per-channel sums (kernels in double) go to the net's
+ * hook in device memory with the compute stream, and the statistics, the
+ * running averages and the input gradient come from the totals as in the
+ * CPU backend.
+ *
  * Padding that cuDNN cannot express (asymmetric, 'same' with an odd total)
  * is done by copying the input into a padded buffer (dsrt_k_pad; -infinity
  * for max pooling) and running cuDNN unpadded; the backward crops the
@@ -161,8 +167,11 @@ typedef struct {
     cudnnFilterDescriptor_t wd16;
     dsrt_bf16 *x16; /* the input as the product reads it (padded); then its gradient */
     dsrt_bf16 *y16; /* the product's output; then the output gradient */
-    /* Batchnorm: the batch's mean and inverse standard deviation (c each). */
-    float *save_mean, *save_inv;
+    /* Batchnorm: the batch's mean and inverse standard deviation (c each);
+     * synchronised, also its variance (c) and the sums the hook adds up over
+     * the workers: forward (2c + 1) and backward (2c). */
+    float *save_mean, *save_inv, *save_var;
+    double *bn_sums, *bn_bsums;
     cudnnPoolingDescriptor_t pool;
     cudnnLRNDescriptor_t lrn;
 } gpu_layer;
@@ -178,6 +187,7 @@ typedef struct {
     void *sm_work;         /* softmax reductions */
     const int32_t *labels; /* device labels of the batch of the last forward, or NULL */
     uint64_t iteration;    /* of the last forward (dropout masks) */
+    int bn_sync;           /* the last forward synchronised its batchnorm layers */
 } gpu_plan;
 
 /* One device buffer a batch is copied into. */
@@ -320,6 +330,9 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
         if (l->kind == DSRT_LAYER_BATCHNORM && p->train) {
             g->save_mean = take(c, (size_t)l->out.c * sizeof(float));
             g->save_inv = take(c, (size_t)l->out.c * sizeof(float));
+            g->save_var = take(c, (size_t)l->out.c * sizeof(float));
+            g->bn_sums = take(c, ((size_t)2 * l->out.c + 1) * sizeof(double));
+            g->bn_bsums = take(c, (size_t)2 * l->out.c * sizeof(double));
         }
         if (l->kind == DSRT_LAYER_SOFTMAX) {
             p->loss = take(c, sizeof(double));
@@ -793,6 +806,28 @@ static int fwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     return 0;
 }
 
+/* Synchronised batchnorm, forward: this batch's sums of x and x^2 per
+ * channel go through the net's hook (which queues their sum over the
+ * workers on the compute stream), the statistics and the running averages
+ * come from the totals exactly as in the CPU backend, and cuDNN normalises
+ * with them as given statistics. */
+static int fwd_batchnorm_sync(cuda_backend *be, gpu_plan *p, int i) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    int c = L->out.c, hw = L->out.h * L->out.w;
+    float *rm = be->state + L->s_off, *rv = rm + c;
+    CU(dsrt_k_bn_sums(in->y, p->n, c, hw, g->bn_sums, be->compute));
+    dsrt_bn_sums bs = {i, 0, c, g->bn_sums, (size_t)2 * c + 1, be->device, be->compute};
+    TRY(net->bn_sync_fn(net->bn_sync_ctx, &bs));
+    CU(dsrt_k_bn_stats(g->bn_sums, c, L->o.eps, L->o.momentum, g->save_mean, g->save_var,
+                       g->save_inv, rm, rv, be->compute));
+    DNN(cudnnBatchNormalizationForwardInference(
+        be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, in->yd, in->y, g->yd, g->y, g->bd,
+        be->params + L->w_off, be->params + L->b_off, g->save_mean, g->save_var, (double)L->o.eps));
+    return 0;
+}
+
 static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
@@ -803,7 +838,9 @@ static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
      * momentum batch, the variance unbiased (cuDNN's definition too). One
      * value per channel has no unbiased variance: the CPU backend then
      * takes the biased one (0), done here by hand. */
-    if (p->train) {
+    if (p->bn_sync) {
+        TRY(fwd_batchnorm_sync(be, p, i));
+    } else if (p->train) {
         int one = (size_t)p->n * L->out.h * L->out.w == 1;
         DNN(cudnnBatchNormalizationForwardTraining(
             be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, in->yd, in->y, g->yd, g->y, g->bd, scale,
@@ -969,6 +1006,26 @@ static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
     if (L->fuse_relu)
         CU(dsrt_k_relu_bwd(DSRT_K_F32, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
                            be->compute));
+    if (p->bn_sync) {
+        /* Synchronised: the local sums of dy' (after the fused ReLU) and of
+         * dy' xhat are the shift's and the scale's gradients (the gradient
+         * all-reduce adds them up); their sums over the workers give the
+         * input gradient's mean and variance terms. */
+        int c = L->out.c, hw = L->out.h * L->out.w;
+        if (!net->bn_sync_fn)
+            return dsrt__fail(DSRT_EBACKEND,
+                              "cuda backend: layer '%s': the batchnorm hook was removed between "
+                              "a synchronised forward and its backward",
+                              L->name);
+        CU(dsrt_k_bn_bwd_sums(in->y, g->dy, g->save_mean, g->save_inv, p->n, c, hw, g->bn_bsums,
+                              be->grads + L->w_off, be->grads + L->b_off, be->compute));
+        dsrt_bn_sums bs = {i, 1, c, g->bn_bsums, (size_t)2 * c, be->device, be->compute};
+        TRY(net->bn_sync_fn(net->bn_sync_ctx, &bs));
+        CU(dsrt_k_bn_bwd_dx(in->y, g->dy, g->save_mean, g->save_inv, be->params + L->w_off,
+                            g->bn_bsums, g->bn_sums + 2 * c, p->n, c, hw, in->dy, be->compute));
+        dsrt__net_grads_ready(net, i);
+        return 0;
+    }
     DNN(cudnnBatchNormalizationBackward(
         be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, &ONE, &ZERO, in->yd, in->y, g->yd, g->dy,
         in->yd, in->dy, g->bd, be->params + L->w_off, be->grads + L->w_off, be->grads + L->b_off,
@@ -1216,6 +1273,7 @@ static int cuda_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train)
     TRY(plan_get(be, batch->n, train, &p));
     p->labels = batch->labels && s->has_labels ? s->labels : NULL;
     p->iteration = (uint64_t)net->iteration;
+    p->bn_sync = train && net->bn_sync_fn != NULL;
     be->grad_scale = 1.0f / (float)(batch->global_n > 0 ? batch->global_n : batch->n);
     be->last = p;
     if (train)
@@ -1585,4 +1643,5 @@ const dsrt_backend_ops dsrt__backend_cuda = {
     .device_time = cuda_device_time,
     .memory = cuda_memory,
     .read_output = cuda_read_output,
+    .bn_sync = 1,
 };

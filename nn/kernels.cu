@@ -582,6 +582,132 @@ extern "C" cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_s
 }
 
 // ----------------------------------------------------------------------------
+// Synchronised batch normalisation
+//
+// One block a channel walks the channel's n * hw values of NCHW in a fixed
+// order and adds the threads' partial sums with block_sum: run to run the
+// same bits.
+
+__global__ void bn_sums_kernel(const float *__restrict__ x, int n, int c, int hw,
+                               double *__restrict__ sums) {
+    __shared__ double sh[THREADS];
+    int ch = blockIdx.x;
+    size_t per = (size_t)n * hw;
+    double s = 0.0, q = 0.0;
+    for (size_t j = threadIdx.x; j < per; j += THREADS) {
+        double v = x[((j / hw) * c + ch) * hw + j % hw];
+        s += v;
+        q += v * v;
+    }
+    s = block_sum(s, sh);
+    q = block_sum(q, sh);
+    if (threadIdx.x == 0) {
+        sums[ch] = s;
+        sums[c + ch] = q;
+        if (ch == 0) sums[2 * c] = (double)per;
+    }
+}
+
+extern "C" cudaError_t dsrt_k_bn_sums(const float *x, int n, int c, int hw, double *sums,
+                                      cudaStream_t stream) {
+    if (n < 0 || c < 0 || hw < 0) return cudaErrorInvalidValue;
+    if (!c) return cudaSuccess;
+    bn_sums_kernel<<<(unsigned)c, THREADS, 0, stream>>>(x, n, c, hw, sums);
+    return cudaGetLastError();
+}
+
+__global__ void bn_stats_kernel(const double *__restrict__ sums, int c, float eps, float momentum,
+                                float *mean, float *var, float *inv, float *run_mean,
+                                float *run_var) {
+    double count = sums[2 * c];
+    for (size_t k = tid(); k < (size_t)c; k += stride()) {
+        if (!(count > 0)) {
+            mean[k] = var[k] = inv[k] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        double m = sums[k] / count, v = sums[c + k] / count - m * m;
+        float mf = (float)m, vf = (float)(v > 0 ? v : 0);
+        mean[k] = mf;
+        var[k] = vf;
+        inv[k] = (float)(1.0 / sqrt((double)vf + eps));
+        float unbias = count > 1 ? (float)(count / (count - 1)) : 1.0f, keep = 1.0f - momentum;
+        run_mean[k] = DSRT_FADD(DSRT_FMUL(keep, run_mean[k]), DSRT_FMUL(momentum, mf));
+        run_var[k] =
+            DSRT_FADD(DSRT_FMUL(keep, run_var[k]), DSRT_FMUL(DSRT_FMUL(momentum, vf), unbias));
+    }
+}
+
+extern "C" cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum,
+                                       float *mean, float *var, float *inv, float *run_mean,
+                                       float *run_var, cudaStream_t stream) {
+    if (c < 0) return cudaErrorInvalidValue;
+    if (!c) return cudaSuccess;
+    bn_stats_kernel<<<grid_for((size_t)c), THREADS, 0, stream>>>(sums, c, eps, momentum, mean, var,
+                                                                 inv, run_mean, run_var);
+    return cudaGetLastError();
+}
+
+__global__ void bn_bwd_sums_kernel(const float *__restrict__ x, const float *__restrict__ dy,
+                                   const float *__restrict__ mean, const float *__restrict__ inv,
+                                   int n, int c, int hw, double *__restrict__ sums, float *dscale,
+                                   float *dshift) {
+    __shared__ double sh[THREADS];
+    int ch = blockIdx.x;
+    size_t per = (size_t)n * hw;
+    double mu = mean[ch], is = inv[ch], s = 0.0, q = 0.0;
+    for (size_t j = threadIdx.x; j < per; j += THREADS) {
+        size_t i = ((j / hw) * c + ch) * hw + j % hw;
+        double d = dy[i];
+        s += d;
+        q += d * ((x[i] - mu) * is);
+    }
+    s = block_sum(s, sh);
+    q = block_sum(q, sh);
+    if (threadIdx.x == 0) {
+        sums[ch] = s;
+        sums[c + ch] = q;
+        if (dshift) dshift[ch] = (float)s;
+        if (dscale) dscale[ch] = (float)q;
+    }
+}
+
+extern "C" cudaError_t dsrt_k_bn_bwd_sums(const float *x, const float *dy, const float *mean,
+                                          const float *inv, int n, int c, int hw, double *sums,
+                                          float *dscale, float *dshift, cudaStream_t stream) {
+    if (n < 0 || c < 0 || hw < 0) return cudaErrorInvalidValue;
+    if (!c) return cudaSuccess;
+    bn_bwd_sums_kernel<<<(unsigned)c, THREADS, 0, stream>>>(x, dy, mean, inv, n, c, hw, sums,
+                                                            dscale, dshift);
+    return cudaGetLastError();
+}
+
+__global__ void bn_bwd_dx_kernel(const float *__restrict__ x, const float *__restrict__ dy,
+                                 const float *__restrict__ mean, const float *__restrict__ inv,
+                                 const float *__restrict__ scale, const double *__restrict__ sums,
+                                 const double *__restrict__ count, int c, int hw, size_t total,
+                                 float *__restrict__ dx) {
+    double inv_m = 1.0 / *count;
+    for (size_t i = tid(); i < total; i += stride()) {
+        int ch = (int)((i / hw) % c);
+        double is = inv[ch], a = (double)scale[ch] * is;
+        double k1 = a * sums[ch] * inv_m, k2 = a * sums[c + ch] * inv_m * is;
+        dx[i] = (float)(a * dy[i] - k1 - ((double)x[i] - mean[ch]) * k2);
+    }
+}
+
+extern "C" cudaError_t dsrt_k_bn_bwd_dx(const float *x, const float *dy, const float *mean,
+                                        const float *inv, const float *scale, const double *sums,
+                                        const double *count, int n, int c, int hw, float *dx,
+                                        cudaStream_t stream) {
+    if (n < 0 || c < 0 || hw < 0) return cudaErrorInvalidValue;
+    size_t total = (size_t)n * c * hw;
+    if (!total) return cudaSuccess;
+    bn_bwd_dx_kernel<<<grid_for(total), THREADS, 0, stream>>>(x, dy, mean, inv, scale, sums, count,
+                                                              c, hw, total, dx);
+    return cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
 // Conversions and helpers
 
 __global__ void to_bf16_kernel(const float *__restrict__ x, dsrt_bf16 *__restrict__ y, size_t n) {

@@ -2,7 +2,8 @@
  * The CUDA kernels the GPU backend needs beside cuDNN and cuBLAS: the input
  * stage (pipeline bytes to normalised floats), explicit padding and
  * cropping, leaky ReLU, the fully connected bias, dropout with the CPU
- * backend's masks, softmax with cross-entropy, the fused optimizer step, and
+ * backend's masks, softmax with cross-entropy, synchronised batch
+ * normalisation's sums and statistics, the fused optimizer step, and
  * float32 <-> bfloat16 conversions. Each one computes exactly what the CPU
  * backend (nn/backend_cpu.c) or the optimizer (nn/optim.c) computes; the
  * definitions they share live in nn/arith.h.
@@ -151,6 +152,56 @@ cudaError_t dsrt_k_softmax_xent_fwd(const float *z, const int32_t *labels, int n
  * batch mean, 1 / (n * ranks) for a data-parallel average. */
 cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k,
                                     float scale, float *dz, cudaStream_t stream);
+
+// ----------------------------------------------------------------------------
+// Synchronised batch normalisation
+
+/*
+ * The sums of synchronised batchnorm (dsrt_bn_sums in include/dsrt/nn.h),
+ * in double, over x (n, c, hw) float32 NCHW: sums[ch] = sum of x,
+ * sums[c + ch] = sum of x^2 over channel ch, sums[2c] = n * hw. Each channel
+ * is summed in a fixed order (identical from run to run). sums: 2c + 1
+ * device doubles.
+ */
+cudaError_t dsrt_k_bn_sums(const float *x, int n, int c, int hw, double *sums, cudaStream_t stream);
+
+/*
+ * The batch statistics from the summed sums (over every worker, 2c + 1),
+ * as the CPU backend's synchronised batchnorm: with M = sums[2c], mean =
+ * sums[ch] / M and the biased variance var = sums[c + ch] / M - mean^2
+ * (0 where rounding makes it negative), each rounded to float, and inv =
+ * 1 / sqrt(var + eps). Then the running statistics (run_mean, run_var: c
+ * floats each, updated in place) as the CPU backend updates them:
+ * r = (1 - momentum) r + momentum batch, the variance times M / (M - 1)
+ * (1 for M <= 1). A count that is not positive (a broken hook) makes mean,
+ * var and inv NaN and leaves the running statistics alone.
+ */
+cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum, float *mean,
+                            float *var, float *inv, float *run_mean, float *run_var,
+                            cudaStream_t stream);
+
+/*
+ * The backward sums over dy and x (n, c, hw) with the layer's mean and inv
+ * (c each; xhat = (x - mean) * inv): sums[ch] = sum of dy, sums[c + ch] =
+ * sum of dy * xhat, in double, each channel in a fixed order. dshift and
+ * dscale (c floats each; may be NULL) receive the same sums rounded to
+ * float: this worker's gradients of the shift and the scale. sums: 2c
+ * device doubles.
+ */
+cudaError_t dsrt_k_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv,
+                               int n, int c, int hw, double *sums, float *dscale, float *dshift,
+                               cudaStream_t stream);
+
+/*
+ * The input gradient with the global terms, as the CPU backend's
+ * synchronised batchnorm: with a = scale * inv, M = *count (the summed
+ * count, a device double) and S1, S2 the summed backward sums (2c),
+ *     dx = a dy - a S1 / M - (x - mean) a inv S2 / M,
+ * in double, rounded to float. dx may not alias x or dy.
+ */
+cudaError_t dsrt_k_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
+                             const float *scale, const double *sums, const double *count, int n,
+                             int c, int hw, float *dx, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // The optimizer

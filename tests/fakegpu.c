@@ -123,6 +123,27 @@ cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
     memset(d, v, n);
     return cudaSuccess;
 }
+cudaError_t cudaMemset(void *d, int v, size_t n) {
+    memset(d, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    *s = calloc(1, sizeof **s);
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "CPU stand-in (tests/fakegpu.c)");
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int *v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int *v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) {
     *s = calloc(1, sizeof **s);
     return cudaSuccess;
@@ -923,6 +944,28 @@ cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, i
     }
     return cudaSuccess;
 }
+cudaError_t dsrt_k_bn_sums(const float *x, int n, int c, int hw, double *sums, cudaStream_t s) {
+    ref_bn_sums(x, n, c, hw, sums);
+    return cudaSuccess;
+}
+cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum, float *mean,
+                            float *var, float *inv, float *run_mean, float *run_var,
+                            cudaStream_t s) {
+    ref_bn_stats(sums, c, eps, momentum, mean, var, inv, run_mean, run_var);
+    return cudaSuccess;
+}
+cudaError_t dsrt_k_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv,
+                               int n, int c, int hw, double *sums, float *dscale, float *dshift,
+                               cudaStream_t s) {
+    ref_bn_bwd_sums(x, dy, mean, inv, n, c, hw, sums, dscale, dshift);
+    return cudaSuccess;
+}
+cudaError_t dsrt_k_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
+                             const float *scale, const double *sums, const double *count, int n,
+                             int c, int hw, float *dx, cudaStream_t s) {
+    ref_bn_bwd_dx(x, dy, mean, inv, scale, sums, *count, n, c, hw, dx);
+    return cudaSuccess;
+}
 size_t dsrt_k_optim_layout(dsrt_k_segment *seg, int n_seg, uint32_t *blocks) {
     uint32_t b = 0;
     for (int k = 0; k < n_seg; k++) {
@@ -966,6 +1009,28 @@ cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, fl
     if (w16)
         for (size_t i = 0; i < end; i++) w16[i] = dsrt_bf16_from_f32(w[i]);
     free(seg);
+    return cudaSuccess;
+}
+void dsrt_k_optim_step_params(dsrt_k_step *st, const dsrt_optimizer_options *o, double lr,
+                              int64_t t) {
+    *st = (dsrt_k_step){(int)o->solver,
+                        (int)o->clip,
+                        o->grad_threshold,
+                        lr,
+                        o->l2,
+                        (float)o->momentum,
+                        (float)o->gradient_decay,
+                        (float)o->sq_gradient_decay,
+                        (float)(1.0 / (1.0 - pow(o->gradient_decay, (double)t))),
+                        (float)(1.0 / (1.0 - pow(o->sq_gradient_decay, (double)t))),
+                        (float)o->epsilon};
+}
+cudaError_t dsrt_k_fill(float *y, size_t n, float v, cudaStream_t s) {
+    for (size_t i = 0; i < n; i++) y[i] = v;
+    return cudaSuccess;
+}
+cudaError_t dsrt_k_scale(const float *x, float *y, size_t n, float a, cudaStream_t s) {
+    for (size_t i = 0; i < n; i++) y[i] = a * x[i];
     return cudaSuccess;
 }
 cudaError_t dsrt_k_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n, cudaStream_t s) {

@@ -2,7 +2,9 @@
  * Plain C references of the CPU backend's definitions (nn/backend_cpu.c),
  * written out as that backend computes them, for tests of the other
  * implementations: dropout masks drawn sequentially, one draw a pair of
- * elements, and softmax with cross-entropy in double.
+ * elements, softmax with cross-entropy in double, and synchronised batch
+ * normalisation's sums, statistics and input gradient (step_bn_sync_fwd,
+ * step_bn_running and step_bn_sync_bwd).
  */
 #ifndef DSRT_TEST_NNREF_H
 #define DSRT_TEST_NNREF_H
@@ -49,6 +51,76 @@ static inline void ref_softmax_xent(const float *z, const int32_t *labels, int n
     }
     *loss_out = loss / n;
     *correct_out = correct;
+}
+
+/* Forward sums of x (n, c, hw) NCHW: sum, sum of squares, count (2c + 1). */
+static inline void ref_bn_sums(const float *x, int n, int c, int hw, double *sums) {
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0, q = 0;
+        for (int b = 0; b < n; b++)
+            for (int k = 0; k < hw; k++) {
+                double v = x[((size_t)b * c + ch) * hw + k];
+                s += v;
+                q += v * v;
+            }
+        sums[ch] = s;
+        sums[c + ch] = q;
+    }
+    sums[2 * c] = (double)n * hw;
+}
+
+/* Batch statistics from summed sums, then the running statistics. */
+static inline void ref_bn_stats(const double *sums, int c, float eps, float momentum, float *mean,
+                                float *var, float *inv, float *run_mean, float *run_var) {
+    double count = sums[2 * c];
+    for (int k = 0; k < c; k++) {
+        if (!(count > 0)) {
+            mean[k] = var[k] = inv[k] = NAN;
+            continue;
+        }
+        double m = sums[k] / count, v = sums[c + k] / count - m * m;
+        mean[k] = (float)m;
+        var[k] = (float)(v > 0 ? v : 0);
+        inv[k] = (float)(1.0 / sqrt((double)var[k] + eps));
+        float unbias = count > 1 ? (float)(count / (count - 1)) : 1.0f;
+        run_mean[k] = (1.0f - momentum) * run_mean[k] + momentum * mean[k];
+        run_var[k] = (1.0f - momentum) * run_var[k] + momentum * var[k] * unbias;
+    }
+}
+
+/* Backward sums: sum of dy and of dy * xhat a channel (2c); dscale and
+ * dshift (may be NULL) get them rounded to float. */
+static inline void ref_bn_bwd_sums(const float *x, const float *dy, const float *mean,
+                                   const float *inv, int n, int c, int hw, double *sums,
+                                   float *dscale, float *dshift) {
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0, q = 0, mu = mean[ch], is = inv[ch];
+        for (int b = 0; b < n; b++)
+            for (int k = 0; k < hw; k++) {
+                size_t i = ((size_t)b * c + ch) * hw + k;
+                s += dy[i];
+                q += dy[i] * ((x[i] - mu) * is);
+            }
+        sums[ch] = s;
+        sums[c + ch] = q;
+        if (dshift) dshift[ch] = (float)s;
+        if (dscale) dscale[ch] = (float)q;
+    }
+}
+
+/* The input gradient with the global terms of the summed backward sums. */
+static inline void ref_bn_bwd_dx(const float *x, const float *dy, const float *mean,
+                                 const float *inv, const float *scale, const double *sums,
+                                 double count, int n, int c, int hw, float *dx) {
+    for (int b = 0; b < n; b++)
+        for (int ch = 0; ch < c; ch++) {
+            double is = inv[ch], a = (double)scale[ch] * is;
+            double k1 = a * sums[ch] / count, k2 = a * sums[c + ch] / count * is;
+            for (int k = 0; k < hw; k++) {
+                size_t i = ((size_t)b * c + ch) * hw + k;
+                dx[i] = (float)(a * dy[i] - k1 - ((double)x[i] - mean[ch]) * k2);
+            }
+        }
 }
 
 #endif

@@ -2,8 +2,9 @@
  * The GPU backend against the CPU backend, on a machine with a CUDA device
  * (exit 77, skipped, without one): every layer's forward and backward, the
  * optimizer for every solver and gradient-threshold method, dropout masks,
- * staged and uint8 batches, a 200-step training run, determinism, and model
- * files and checkpoints moving between the CPU and the GPU.
+ * staged and uint8 batches, synchronised batchnorm through its hook, a
+ * 200-step training run, determinism, and model files and checkpoints
+ * moving between the CPU and the GPU.
  *
  * Tolerances, as the norm of the difference over the norm of the CPU's
  * tensor: fp32 1e-4, tf32 3e-3, bf16 2e-2 (layer outputs, gradients, batch
@@ -21,12 +22,14 @@
  * bit for bit (which values are zero), and the deterministic GPU mode must
  * give bit-identical weights run after run.
  */
+#include "gpu.h"
 #include "nn/internal.h"
 #include "task.h"
 #include "testimg.h"
 
 #include <dsrt/train.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -536,6 +539,143 @@ static void test_staging(void) {
 }
 
 // ----------------------------------------------------------------------------
+// Synchronised batchnorm
+
+/* A batchnorm hook standing for the workers' sum: factor 1 is one worker
+ * (the sums unchanged), factor 2 two workers holding the same batch. It
+ * notes each call; device sums are scaled on the layer's stream's order
+ * (copied to the host and back after the stream's work). */
+typedef struct {
+    double factor;
+    int device; /* where the net runs */
+    int calls, bad, last_layer, last_backward;
+} bn_hook;
+
+static int bn_hook_fn(void *ctx, dsrt_bn_sums *s) {
+    bn_hook *h = ctx;
+    h->calls++;
+    /* Forward in layer order, then backward in reverse. */
+    int order =
+        h->calls == 1 || (s->backward == h->last_backward
+                              ? (s->backward ? s->layer < h->last_layer : s->layer > h->last_layer)
+                              : s->backward || s->layer > 0);
+    int size = s->n == (size_t)2 * s->channels + (s->backward ? 0 : 1) && s->channels > 0;
+    int where = s->device == h->device && (h->device < 0) == (s->stream == NULL);
+    if (!order || !size || !where) {
+        if (h->bad++ < 3)
+            fprintf(stderr, "  hook: layer %d backward %d: %zu sums of %d channels, device %d\n",
+                    s->layer, s->backward, s->n, s->channels, s->device);
+    }
+    h->last_layer = s->layer;
+    h->last_backward = s->backward;
+    if (h->factor == 1) return 0;
+    if (h->factor < 0) return -EIO;
+    if (s->device == DSRT_DEVICE_CPU) {
+        for (size_t k = 0; k < s->n; k++) s->sums[k] *= h->factor;
+        return 0;
+    }
+    double *t = malloc(s->n * sizeof *t);
+    REQUIRE(t);
+    cudaStream_t st = (cudaStream_t)s->stream;
+    CU(cudaMemcpyAsync(t, s->sums, s->n * sizeof *t, cudaMemcpyDeviceToHost, st));
+    CU(cudaStreamSynchronize(st));
+    for (size_t k = 0; k < s->n; k++) t[k] *= h->factor;
+    CU(cudaMemcpyAsync(s->sums, t, s->n * sizeof *t, cudaMemcpyHostToDevice, st));
+    CU(cudaStreamSynchronize(st));
+    free(t);
+    return 0;
+}
+
+#define BN_NET                                                                                     \
+    "input\nconv filters=6 size=3 pad=1 bias=0\nbatchnorm\nrelu\nconv filters=5 size=3 stride=2 "  \
+    "bias=0\nbatchnorm eps=1e-3 momentum=0.3\nleakyrelu leak=0.1\nfc outputs=8 bias=0\n"           \
+    "batchnorm\nrelu\nfc outputs=3\nsoftmax\n"
+
+/* Three SGDM steps on fixed batches; hook NULL: not synchronised. */
+static dsrt_net *bn_run(int device, bn_hook *hook) {
+    const int n = 8, c = 2, h = 7, w = 6;
+    dsrt_net *net = make_on(BN_NET, h, w, c, 3, device, DSRT_PRECISION_FP32, 0);
+    if (hook) CHECK_OK(dsrt_net_set_bn_sync(net, bn_hook_fn, hook));
+    dsrt_optimizer *opt;
+    CHECK_OK(dsrt_optimizer_create(&opt, net, NULL));
+    float x[8 * 2 * 7 * 6];
+    int32_t y[8];
+    for (int s = 0; s < 3; s++) {
+        fill(x, sizeof x / sizeof x[0], 40 + s, -1, 1);
+        labels_for(y, n, 3, 40 + s);
+        CHECK_OK(dsrt_net_forward_backward(net, x, y, n, NULL, NULL));
+        if (s < 2) CHECK_OK(dsrt_optimizer_step(opt, net, 0));
+    }
+    dsrt_optimizer_destroy(opt);
+    return net;
+}
+
+/* Weights, the last step's gradients and the running statistics within
+ * tol; returns the running statistics' relative difference. */
+static double bn_compare(dsrt_net *a, dsrt_net *b, double tol, const char *what) {
+    char w[128];
+    size_t np, ns;
+    const float *pb = dsrt_net_params(b, &np);
+    snprintf(w, sizeof w, "%s: weights", what);
+    if (!close_to(dsrt_net_params(a, NULL), pb, np, tol, w)) test_failures++;
+    const float *gb = dsrt_net_grads(b, NULL);
+    snprintf(w, sizeof w, "%s: gradients", what);
+    if (!close_to(dsrt_net_grads(a, NULL), gb, np, tol, w)) test_failures++;
+    const float *sa = dsrt_net_state(a, &ns), *sb = dsrt_net_state(b, NULL);
+    double dd = 0, bb = 0;
+    for (size_t k = 0; k < ns; k++) dd += (sa[k] - sb[k]) * (sa[k] - sb[k]), bb += sb[k] * sb[k];
+    return sqrt(dd / bb);
+}
+
+static void test_bn_sync(void) {
+    const double tol = TOL[DSRT_PRECISION_FP32];
+    const int per_step = 2 * 3; /* three batchnorm layers, forward and backward */
+    bn_hook g1 = {.factor = 1, .device = G}, c1 = {.factor = 1, .device = DSRT_DEVICE_CPU};
+    bn_hook g2 = {.factor = 2, .device = G}, c2 = {.factor = 2, .device = DSRT_DEVICE_CPU};
+    dsrt_net *gu = bn_run(G, NULL);
+    dsrt_net *ng1 = bn_run(G, &g1), *nc1 = bn_run(DSRT_DEVICE_CPU, &c1);
+    dsrt_net *ng2 = bn_run(G, &g2), *nc2 = bn_run(DSRT_DEVICE_CPU, &c2);
+    bn_hook *hooks[] = {&g1, &c1, &g2, &c2};
+    for (int k = 0; k < 4; k++) {
+        CHECK_EQ(hooks[k]->calls, 3 * per_step);
+        CHECK_EQ(hooks[k]->bad, 0);
+    }
+    /* One worker: the synchronised run is the plain one, and the CPU's. */
+    CHECK(bn_compare(ng1, gu, tol, "synchronised, one worker, against unsynchronised") <= tol);
+    CHECK(bn_compare(ng1, nc1, tol, "synchronised, one worker, against the CPU") <= tol);
+    /* Two identical workers: the same statistics, so the same weights and
+     * gradients; only the running variance's unbiasing sees the doubled
+     * count, as on the CPU. */
+    CHECK(bn_compare(ng2, nc2, tol, "two identical workers against the CPU") <= tol);
+    double moved = bn_compare(ng2, ng1, tol, "two identical workers against one");
+    CHECK(moved > 1e-3);
+    size_t ns;
+    const float *s1 = dsrt_net_state(ng1, &ns), *s2 = dsrt_net_state(ng2, NULL);
+    const dsrt_layer *L = &ng1->layers[2];
+    REQUIRE(L->kind == DSRT_LAYER_BATCHNORM);
+    if (!close_to(s2 + L->s_off, s1 + L->s_off, (size_t)L->out.c, tol, "running mean"))
+        test_failures++;
+
+    /* A failing hook fails the step. */
+    bn_hook bad = {.factor = -1, .device = G};
+    dsrt_net *nb = make_on(BN_NET, 7, 6, 2, 3, G, DSRT_PRECISION_FP32, 0);
+    CHECK_OK(dsrt_net_set_bn_sync(nb, bn_hook_fn, &bad));
+    float x[8 * 2 * 7 * 6];
+    int32_t y[8];
+    fill(x, sizeof x / sizeof x[0], 1, -1, 1);
+    labels_for(y, 8, 3, 1);
+    CHECK(dsrt_net_forward_backward(nb, x, y, 8, NULL, NULL) != 0);
+    /* Inference never calls the hook. */
+    CHECK_OK(dsrt_net_set_bn_sync(nb, bn_hook_fn, &g1));
+    g1.calls = 0;
+    float pr[8 * 3];
+    CHECK_OK(dsrt_net_predict(nb, x, 8, pr, NULL, NULL, NULL));
+    CHECK_EQ(g1.calls, 0);
+    dsrt_net *nets[] = {gu, ng1, nc1, ng2, nc2, nb};
+    for (int k = 0; k < 6; k++) dsrt_net_destroy(nets[k]);
+}
+
+// ----------------------------------------------------------------------------
 // Training runs
 
 #define SMALL_NET                                                                                  \
@@ -668,22 +808,6 @@ static void test_cpu_gpu_files(void) {
     cross(-1, G);
 }
 
-/* DSRT_TEST_ONLY=name,name runs only those tests (the device kit runs a
- * subset under compute-sanitizer's slower tools). */
-static int wanted(const char *name) {
-    const char *only = getenv("DSRT_TEST_ONLY");
-    if (!only || !*only) return 1;
-    size_t n = strlen(name);
-    for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
-        if ((p == only || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
-    return 0;
-}
-
-#define RUN_WANTED(fn)                                                                             \
-    do {                                                                                           \
-        if (wanted(#fn)) RUN(fn);                                                                  \
-    } while (0)
-
 int main(void) {
     const char *self = getenv("DSRT_TEST_GPU_SELF_CHECK");
     if (self && !strcmp(self, "1")) {
@@ -704,6 +828,7 @@ int main(void) {
     RUN_WANTED(test_dropout_masks);
     RUN_WANTED(test_optimizer);
     if (G >= 0) RUN_WANTED(test_staging);
+    RUN_WANTED(test_bn_sync);
     RUN_WANTED(test_train_200);
     RUN_WANTED(test_deterministic);
     RUN_WANTED(test_cpu_gpu_files);
