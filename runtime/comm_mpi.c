@@ -57,7 +57,10 @@ struct comm_mpi {
     pthread_cond_t cv;   /* wakes the thread: a bucket queued, stop */
     pthread_cond_t done; /* wakes grads_wait: a bucket finished */
     int stop;
-    int hurry; /* the training thread waits for the buckets: poll without naps */
+    /* Until then poll without naps: backward is over (the last bucket is
+     * queued, or the training thread waits), so the sums are all there is
+     * to do. 100 ms after, the peers are late, not the transfer. */
+    double hurry_until;
 
     /* Buckets: queued by the hook, started and tested by the thread. */
     int *queue; /* (n_bk) ring of bucket indices */
@@ -91,6 +94,17 @@ static int mpi_fail(int err, const char *what) {
     int len = 0;
     if (MPI_Error_string(err, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "error %d", err);
     return dsrt__fail(DSRT_EBACKEND, "comm: %s: MPI: %s", what, s);
+}
+
+/* Waits on cv (mu held; both condition variables use CLOCK_MONOTONIC) for
+ * at most seconds. */
+static void cond_wait_for(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long ns = ts.tv_nsec + (long)((seconds - (double)(time_t)seconds) * 1e9);
+    ts.tv_sec += (time_t)seconds + ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    pthread_cond_timedwait(cv, mu, &ts);
 }
 
 static void nap(int *round) {
@@ -311,34 +325,25 @@ static void *comm_thread(void *arg) {
             pthread_cond_broadcast(&m->done);
         }
         if (m->stop) break;
-        if (m->n_inflight > 0 || m->q_len > 0) {
-            /* While backward computes, naps leave it the core; once the
-             * training thread waits, the sums are all there is to do. */
-            int hurry = m->hurry;
-            pthread_mutex_unlock(&m->mu);
-            if (hurry)
+        if (m->q_len > 0) continue; /* start it now */
+        if (m->n_inflight > 0) {
+            /* While backward computes, naps leave it the core (a queued
+             * bucket or grads_wait ends one at once); once backward is
+             * over, the sums are all there is to do. */
+            if (dsrt__comm_now() < m->hurry_until) {
+                pthread_mutex_unlock(&m->mu);
                 sched_yield();
-            else
-                nap(&round);
-            pthread_mutex_lock(&m->mu);
+                pthread_mutex_lock(&m->mu);
+            } else {
+                cond_wait_for(&m->cv, &m->mu, 5e-6 * (1 << DSRT_MIN(round, 5)));
+                round++;
+            }
             continue;
         }
         round = 0;
         /* Idle: sleep until a bucket is queued or the next heartbeat. */
-        double wake = m->hb_next;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double wait = wake - dsrt__comm_now();
-        if (wait > 0) {
-            wait = DSRT_MIN(wait, 1.0);
-            ts.tv_sec += (time_t)wait;
-            ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&m->cv, &m->mu, &ts);
-        }
+        double wait = m->hb_next - dsrt__comm_now();
+        if (wait > 0) cond_wait_for(&m->cv, &m->mu, DSRT_MIN(wait, 1.0));
     }
     pthread_mutex_unlock(&m->mu);
     return NULL;
@@ -384,6 +389,7 @@ static void mpi_grad_start(dsrt_comm *c, int k) {
     m->queue[m->q_tail] = k;
     m->q_tail = (m->q_tail + 1) % c->n_bk;
     m->q_len++;
+    if (k == c->n_bk - 1) m->hurry_until = dsrt__comm_now() + 0.1;
     pthread_cond_signal(&m->cv);
     pthread_mutex_unlock(&m->mu);
 }
@@ -393,21 +399,23 @@ static int mpi_grad_wait(dsrt_comm *c) {
     double deadline = dsrt__comm_now() + c->o.timeout_s;
     int rc = 0;
     pthread_mutex_lock(&m->mu);
-    m->hurry = 1;
+    double start = dsrt__comm_now();
+    m->hurry_until = start + 0.1;
+    pthread_cond_signal(&m->cv);
     while (m->n_done < c->n_announced && !m->err) {
-        double left = deadline - dsrt__comm_now();
+        double now = dsrt__comm_now(), left = deadline - now;
         if (left <= 0) break;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        left = DSRT_MIN(left, 0.5);
-        ts.tv_nsec += (long)(left * 1e9);
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&m->done, &m->mu, &ts);
-        /* After 100 ms the peers are late, not the transfer: nap again. */
-        if (deadline - dsrt__comm_now() < c->o.timeout_s - 0.1) m->hurry = 0;
+        if (now - start < 0.1) {
+            /* The last sums take microseconds: look again at once rather
+             * than sleep until the thread's signal is scheduled. */
+            pthread_mutex_unlock(&m->mu);
+            sched_yield();
+            pthread_mutex_lock(&m->mu);
+            continue;
+        }
+        cond_wait_for(&m->done, &m->mu, DSRT_MIN(left, 0.5));
     }
-    m->hurry = 0;
+    m->hurry_until = 0;
     if (m->err) {
         rc = dsrt__fail(DSRT_EBACKEND, "comm: gradient all-reduce: MPI: %s", m->errmsg);
         pthread_mutex_unlock(&m->mu);
