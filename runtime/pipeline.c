@@ -34,6 +34,14 @@
  * drop_bad the place of a bad sample is left empty instead, and the batch is
  * closed up before the consumer gets it: each good sample once an epoch.
  *
+ * Parts. With parts > 1 (data-parallel training, one pipeline a worker
+ * process), every pipeline walks the same epoch orders and batches of the
+ * full size, and delivers only its own contiguous share of each batch:
+ * places [count * part / parts, count * (part + 1) / parts) of it. The
+ * union of the parts of a batch is the batch one pipeline with parts = 1
+ * makes, sample for sample (bad-sample fills included, since a fill depends
+ * only on the order and the files).
+ *
  * Errors of the process rather than of the file (too many open files, no
  * memory for the kernel, an interrupted or refused read) never make a sample
  * bad: the read is tried again after a pause that doubles, and when it still
@@ -71,6 +79,7 @@
 #define PIPE_MAX_PREFETCH 1024
 #define PIPE_MAX_BATCH    (1u << 24)
 #define PIPE_MAX_CHUNK    4096
+#define PIPE_MAX_PARTS    65536
 #define PIPE_CHUNK        16
 #define PIPE_MSG          512
 #define PIPE_PAGE         4096
@@ -159,6 +168,7 @@ struct dsrt_pipeline {
     char *cpus_opt;
     int in_memory;
     size_t sample_bytes, stride, slot_bytes, chunk, cpb, buf_cap;
+    size_t cap;   /* places of a slot: the largest part of a batch */
     uint64_t bpe; /* batches per epoch */
     unsigned nslots, nthreads;
 
@@ -249,6 +259,8 @@ dsrt_pipeline_options dsrt_pipeline_defaults(void) {
     o.native = 0;
     o.native_max_pixels = (uint64_t)1 << 21;
     o.gpu = -1;
+    o.parts = 1;
+    o.part = 0;
     return o;
 }
 
@@ -293,6 +305,12 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
                           (unsigned long long)o->native_max_pixels);
     if (o->gpu < -1)
         return dsrt__fail(DSRT_EOPTION, "pipeline: gpu: %d: not -1 (auto) or a device", o->gpu);
+    if (o->parts > PIPE_MAX_PARTS)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: parts: %u: not in [0, %d]", o->parts,
+                          PIPE_MAX_PARTS);
+    if (o->part >= DSRT_MAX(o->parts, 1u))
+        return dsrt__fail(DSRT_EOPTION, "pipeline: part: %u: not in [0, parts %u)", o->part,
+                          DSRT_MAX(o->parts, 1u));
     if (o->reader.io != DSRT_IO_AUTO && o->reader.io != DSRT_IO_URING &&
         o->reader.io != DSRT_IO_PREAD)
         return dsrt__fail(DSRT_EOPTION, "pipeline: reader.io: %d: unknown", (int)o->reader.io);
@@ -310,10 +328,15 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
 // ----------------------------------------------------------------------------
 // Run positions and slots
 
-/* Samples in batch `index` of an epoch. */
+/* Samples in batch `index` of an epoch, over all parts. */
 static size_t batch_count(const dsrt_pipeline *p, uint64_t index) {
     size_t first = (size_t)index * p->o.batch;
     return DSRT_MIN(p->o.batch, p->n - first);
+}
+
+/* The first place of this pipeline's part in a batch of `count` samples. */
+static size_t part_start(const dsrt_pipeline *p, size_t count, unsigned part) {
+    return (size_t)((uint64_t)count * part / p->o.parts);
 }
 
 /* Makes slot s free for run batch b (guarded by mu). */
@@ -328,9 +351,17 @@ static void slot_prepare(dsrt_pipeline *p, pipe_slot *s, uint64_t b) {
     s->b.epoch = g / p->bpe;
     s->b.index = g % p->bpe;
     s->b.global = g;
-    s->b.count = batch_count(p, s->b.index);
+    size_t all = batch_count(p, s->b.index), lo = part_start(p, all, p->o.part);
+    s->b.global_count = all;
+    s->b.part_offset = lo;
+    s->b.count = part_start(p, all, p->o.part + 1) - lo;
     s->b.shape[0] = (int)s->b.count;
     s->remaining = (unsigned)((s->b.count + p->chunk - 1) / p->chunk);
+    if (s->remaining == 0) {
+        /* An empty part (a batch smaller than the parts): ready as it is. */
+        s->ready_for = b;
+        pthread_cond_broadcast(&p->ready_cv);
+    }
 }
 
 /* Starts a run at position start (guarded by mu, no worker active). */
@@ -674,7 +705,7 @@ static void pause_until(dsrt_pipeline *p, uint64_t t) {
 static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fail *f) {
     dsrt_pipeline *p = w->p;
     const uint32_t *order = order_get(p, s->b.epoch);
-    uint64_t first = s->b.index * (uint64_t)p->o.batch;
+    uint64_t first = s->b.index * (uint64_t)p->o.batch + s->b.part_offset;
     size_t npending = 0;
     for (size_t i = lo; i < hi; i++) {
         pipe_place *pl = &w->places[i - lo];
@@ -822,6 +853,12 @@ static void *worker_main(void *arg) {
             continue;
         }
         pipe_slot *s = &p->slots[b % p->nslots];
+        if (s->free_for > b) {
+            /* An empty part: ready when its slot was prepared, it may be
+             * taken and its slot reused before its items are claimed. */
+            p->next_item++;
+            continue;
+        }
         if (s->free_for != b) {
             timed_wait(&p->work_cv, &p->mu, &w->wait_ns);
             continue;
@@ -965,16 +1002,16 @@ static int slots_init(dsrt_pipeline *p) {
     p->sample_bytes = p->o.native ? (size_t)p->o.native_max_pixels * a->output_channels * elem
                                   : dsrt_augment_sample_bytes(a);
     p->stride = p->sample_bytes;
-    if (p->stride > SIZE_MAX / p->o.batch / (p->nslots + 1))
+    size_t B = p->cap;
+    if (p->stride > SIZE_MAX / B / (p->nslots + 1))
         return dsrt__fail(DSRT_EOPTION,
                           "pipeline: batch %zu of %zu-byte samples does not fit "
                           "in memory",
-                          p->o.batch, p->stride);
-    p->slot_bytes = round_up(p->o.batch * p->stride, PIPE_PAGE);
+                          B, p->stride);
+    p->slot_bytes = round_up(B * p->stride, PIPE_PAGE);
     int rc = dsrt__host_alloc(&p->mem, p->slot_bytes * p->nslots, p->o.gpu);
     if (rc != 0) return rc;
 
-    size_t B = p->o.batch;
     size_t per = B * (sizeof(int32_t) + sizeof(uint32_t) + 2 * sizeof(int32_t));
     p->slots = dsrt__calloc(p->nslots, sizeof *p->slots);
     p->meta = dsrt__calloc(p->nslots, per);
@@ -1050,6 +1087,7 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     dsrt_augment_options aug = augment ? *augment : dsrt_augment_defaults();
     int rc = check_options(&opt, n);
     if (rc != 0) return rc;
+    if (opt.parts == 0) opt.parts = 1;
     if ((rc = dsrt_augment_check(&aug)) != 0) return dsrt__fail_prefix(rc, "pipeline");
 
     dsrt_pipeline *p = dsrt__calloc(1, sizeof *p);
@@ -1073,13 +1111,14 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
 
     /* Chunks small enough that the prefetched batches hold a chunk for every
      * worker (many cores, small batches), at most PIPE_CHUNK. */
+    p->cap = (opt.batch + opt.parts - 1) / opt.parts; /* the largest part of a batch */
     size_t chunk = opt.chunk;
     if (chunk == 0) {
-        chunk = opt.batch * opt.prefetch / threads;
+        chunk = p->cap * opt.prefetch / threads;
         chunk = DSRT_MAX((size_t)1, DSRT_MIN(chunk, (size_t)PIPE_CHUNK));
     }
-    p->chunk = DSRT_MIN(chunk, opt.batch);
-    p->cpb = (opt.batch + p->chunk - 1) / p->chunk;
+    p->chunk = DSRT_MIN(chunk, p->cap);
+    p->cpb = (p->cap + p->chunk - 1) / p->chunk;
     p->bpe = opt.drop_last ? n / opt.batch : (n + opt.batch - 1) / opt.batch;
     if (opt.epochs > UINT64_MAX / p->bpe / p->cpb) {
         rc = dsrt__fail(DSRT_EOPTION, "pipeline: epochs: %llu: too many",

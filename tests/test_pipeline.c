@@ -1311,6 +1311,115 @@ static void test_lock_failure(void) {
 #endif
 }
 
+// ----------------------------------------------------------------------------
+// Parts: data-parallel shares of each batch
+
+/* Every sample of a run, batch after batch: id and hash of its bytes. */
+typedef struct {
+    uint32_t id[256];
+    uint64_t hash[256];
+    size_t count[16], global_count[16];
+    size_t n, batches;
+} samples_rec;
+
+static void take_samples(dsrt_pipeline *p, samples_rec *r) {
+    dsrt_batch *b;
+    memset(r, 0, sizeof *r);
+    while (dsrt_pipeline_next(p, &b) == 0) {
+        REQUIRE(r->batches < 16 && r->n + b->count <= 256);
+        r->count[r->batches] = b->count;
+        r->global_count[r->batches++] = b->global_count;
+        for (size_t i = 0; i < b->count; i++, r->n++) {
+            r->id[r->n] = b->ids[i];
+            r->hash[r->n] =
+                fnv(FNV0, (const char *)b->data + i * b->sample_stride, b->sample_bytes);
+        }
+        CHECK_OK(dsrt_batch_release(p, b));
+    }
+}
+
+/* parts pipelines, each with its part: batch by batch, part after part,
+ * their samples are the samples of one whole pipeline; every part walks
+ * the same batches (empty parts included), and a reset part resumes the
+ * same. */
+static void check_parts(const dsrt_datastore *ds, dsrt_pipeline_options o, unsigned parts) {
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    static samples_rec whole, part[16];
+    o.parts = 1;
+    o.part = 0;
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    take_samples(p, &whole);
+    dsrt_pipeline_close(p);
+    REQUIRE(parts <= 16);
+    for (unsigned k = 0; k < parts; k++) {
+        o.parts = parts;
+        o.part = k;
+        o.threads = 1 + k % 2;
+        p = open_pipe(ds, &a, &o);
+        CHECK_EQ(dsrt_pipeline_batches_per_epoch(p), whole.batches / o.epochs);
+        take_samples(p, &part[k]);
+        CHECK_EQ(part[k].batches, whole.batches);
+        /* A reset to epoch 1, batch 2 delivers what the uninterrupted part
+         * delivered from there. */
+        uint64_t bpe = dsrt_pipeline_batches_per_epoch(p);
+        CHECK_OK(dsrt_pipeline_reset(p, 1, 2));
+        samples_rec again;
+        take_samples(p, &again);
+        size_t skip = 0;
+        for (size_t i = 0; i < bpe + 2; i++) skip += part[k].count[i];
+        CHECK_EQ(again.n, part[k].n - skip);
+        CHECK(memcmp(again.hash, part[k].hash + skip, again.n * sizeof again.hash[0]) == 0);
+        dsrt_pipeline_close(p);
+    }
+    size_t at[16] = {0}, w = 0;
+    for (size_t b = 0; b < whole.batches; b++) {
+        for (unsigned k = 0; k < parts; k++) {
+            CHECK_EQ(part[k].global_count[b], whole.count[b]);
+            CHECK_EQ(part[k].count[b],
+                     whole.count[b] * (k + 1) / parts - whole.count[b] * k / parts);
+            for (size_t i = 0; i < part[k].count[b]; i++, w++, at[k]++) {
+                CHECK_EQ(part[k].id[at[k]], whole.id[w]);
+                CHECK(part[k].hash[at[k]] == whole.hash[w]);
+            }
+        }
+    }
+    CHECK_EQ(w, whole.n);
+}
+
+static void test_parts(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_pipeline_options o = small_options();
+    check_parts(ds, o, 2);
+    check_parts(ds, o, 3);
+    /* The last batch of each epoch holds 10: parts 12 to 15 of it are empty. */
+    check_parts(ds, o, 16);
+    o.drop_last = 1;
+    check_parts(ds, o, 2);
+    dsrt_datastore_close(ds);
+    /* Bad files: the fills are the same whichever part finds them. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/bad", base_dir);
+    ds = open_folder(dir);
+    o = small_options();
+    o.batch = 8;
+    o.chunk = 3;
+    o.shuffle = DSRT_SHUFFLE_NEVER;
+    check_parts(ds, o, 3);
+    dsrt_datastore_close(ds);
+    /* Bad parts. */
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    ds = open_folder(good_dir);
+    o = small_options();
+    o.parts = 2;
+    o.part = 2;
+    dsrt_pipeline *p = NULL;
+    CHECK_EQ(dsrt_pipeline_open(&p, ds, &a, &o), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "part: 2");
+    dsrt_datastore_close(ds);
+}
+
 int main(void) {
     REQUIRE(timg_tmpdir("pipeline", base_dir, sizeof base_dir) == 0);
     snprintf(good_dir, sizeof good_dir, "%s/good", base_dir);
@@ -1323,6 +1432,7 @@ int main(void) {
     RUN(test_next_timed);
     RUN(test_close_mid_epoch);
     RUN(test_bad_files);
+    RUN(test_parts);
     RUN(test_memory_source);
     RUN(test_native);
     RUN(test_bad_options);

@@ -654,7 +654,7 @@ static void test_bad_options(void) {
         const char *what;
         int code;
         dsrt_train_options o;
-    } cases[40];
+    } cases[48];
     int n = 0;
 #define CASE(code_, what_, stmt)                                                                   \
     do {                                                                                           \
@@ -686,8 +686,15 @@ static void test_bad_options(void) {
     if (dsrt_gpu_count() == 0) CASE(DSRT_ENODEVICE, "'gpu': GPU 0: ", o.execution = DSRT_EXEC_GPU);
     CASE(DSRT_ENODEVICE, "'gpu': GPU 9999: ", o.execution = DSRT_EXEC_GPU; o.gpu = 9999);
     CASE(DSRT_EOPTION, "gpu: -2", o.gpu = -2);
-    CASE(DSRT_EUNSUPPORTED, "'multi-gpu'", o.execution = DSRT_EXEC_MULTI_GPU);
-    CASE(DSRT_EUNSUPPORTED, "'parallel'", o.execution = DSRT_EXEC_PARALLEL);
+    if (dsrt_gpu_count() == 0)
+        CASE(dsrt_comm_available(DSRT_COMM_NCCL) ? DSRT_EUNSUPPORTED : DSRT_ENODEVICE,
+             "'multi-gpu'", o.execution = DSRT_EXEC_MULTI_GPU);
+    CASE(DSRT_EOPTION, "'parallel': no communicator", o.execution = DSRT_EXEC_PARALLEL);
+    CASE(DSRT_EOPTION, "averaging_frequency", o.averaging_frequency = -1);
+    CASE(DSRT_EOPTION, "average_optimizer_state", o.average_optimizer_state = 1);
+    CASE(DSRT_EOPTION, "bn_statistics", o.bn_statistics = (dsrt_bn_statistics)7);
+    CASE(DSRT_EOPTION, "bn_statistics: sync",
+         (o.bn_statistics = DSRT_BN_SYNC, o.averaging_frequency = 2));
     CASE(DSRT_EOPTION, "augment output size", o.augment.output_width = 28);
     CASE(DSRT_EOPTION, "rand_rotation",
          (o.augment.rand_rotation[0] = 10, o.augment.rand_rotation[1] = -10));

@@ -134,6 +134,18 @@ typedef struct {
     /* CUDA device whose cores and pinned memory to use: -1 (default) the
      * first one, if any. Without CUDA, or without a device, ignored. */
     int gpu;
+    /*
+     * Data-parallel sharing: parts pipelines (one a worker process) with the
+     * same options and data each deliver part (0 to parts - 1) of every
+     * batch: places [count * part / parts, count * (part + 1) / parts) of
+     * the batch of `batch` samples a single pipeline would make, so the
+     * union of the parts is that batch, sample for sample. Every part walks
+     * the same epoch orders; batches_per_epoch and positions (reset) are
+     * those of the whole batches. A part may be empty (count 0) when a batch
+     * has fewer samples than parts. Default 1 and 0 (parts 0 counts as 1):
+     * the whole batch.
+     */
+    unsigned parts, part;
 } dsrt_pipeline_options;
 
 /* The defaults described above. */
@@ -152,8 +164,9 @@ typedef struct {
     int32_t *labels;      /* (count) class index of each sample */
     uint32_t *ids;        /* (count) dsrt_datastore_id of the sample that filled each place */
     int32_t *sizes;       /* (count, 2) height, width of each sample */
-    size_t count;         /* samples in this batch: batch, or fewer in the last of an epoch */
-    size_t capacity;      /* places of a slot: the batch option */
+    size_t count;         /* samples in this batch: batch, or fewer in the last of an epoch
+                             (with parts: this part's share) */
+    size_t capacity;      /* places of a slot: the batch option (with parts: the largest part) */
     size_t sample_stride; /* bytes from one sample's start to the next */
     size_t sample_bytes;  /* bytes of one sample at the output size (native: the largest) */
     int shape[4];         /* (count, C, H, W) for float NCHW; (count, H, W, C) for uint8 NHWC;
@@ -162,6 +175,10 @@ typedef struct {
     uint64_t epoch;  /* from 0 */
     uint64_t index;  /* batch in its epoch, from 0 */
     uint64_t global; /* epoch * batches_per_epoch + index: the same on a resumed run */
+    /* With parts: the samples of the whole batch over every part, and the
+     * place in it of this part's first sample (count and 0 without parts;
+     * before drop_bad leaves any out). */
+    size_t global_count, part_offset;
 } dsrt_batch;
 
 // ----------------------------------------------------------------------------

@@ -32,6 +32,24 @@
  * written the same way before it. A run stopped by a non-finite loss or
  * killed at any moment leaves every checkpoint it finished loadable.
  *
+ * Data parallel (MATLAB's ExecutionEnvironment 'parallel' and 'multi-gpu',
+ * PyTorch's DistributedDataParallel, DL4J's ParallelWrapper). Workers are
+ * the processes of an MPI job (DSRT_EXEC_PARALLEL: each calls dsrt_train
+ * with its communicator) or the GPUs of this process (DSRT_EXEC_MULTI_GPU:
+ * one thread each). `batch` is the global mini-batch: every worker walks the
+ * same epoch orders and trains on its share of each batch (pipeline parts),
+ * so a run depends on the number of workers only through floating-point
+ * rounding, and checkpoints, which hold the global position, resume with
+ * any number. Gradients are summed over the workers in buckets while
+ * backward runs (dsrt_comm_attach), or, with averaging_frequency N, each
+ * worker steps on its own gradient and the parameters are averaged every N
+ * iterations. Losses, accuracies, validation figures, stops (a non-finite
+ * loss, patience, a callback asking on any worker) and failures are agreed
+ * over the workers after each step, so every worker stops at the same
+ * iteration; only worker 0 writes checkpoints. Each process's callback sees
+ * the same figures (event rank and world say which worker it is); with
+ * multi-gpu only the calling thread's worker calls it.
+ *
  * Threads: dsrt_train and dsrt_evaluate run on the calling thread and
  * create their own threads, which are gone when they return; the callback
  * runs on the calling thread. The net, the datastores and the options belong
@@ -41,6 +59,7 @@
 #ifndef DSRT_TRAIN_H
 #define DSRT_TRAIN_H
 
+#include <dsrt/comm.h>
 #include <dsrt/nn.h>
 #include <dsrt/pipeline.h>
 
@@ -66,6 +85,17 @@ typedef enum {
     DSRT_OUTPUT_LAST = 0,        /* those of the last iteration */
     DSRT_OUTPUT_BEST_VALIDATION, /* those with the lowest validation loss */
 } dsrt_output_network;
+
+/* Batchnorm statistics with several workers. */
+typedef enum {
+    /* Each worker normalises with its own share's statistics; the running
+     * statistics are averaged over the workers before each validation and
+     * checkpoint and at the end (MATLAB's aggregation of state). */
+    DSRT_BN_AVERAGE = 0,
+    /* Batch statistics over the global batch (per-channel sums summed over
+     * the workers in forward and backward: dsrt_comm_sync_batchnorm). */
+    DSRT_BN_SYNC,
+} dsrt_bn_statistics;
 
 /* The unit of checkpoint_frequency (MATLAB CheckpointFrequencyUnit). */
 typedef enum {
@@ -127,7 +157,29 @@ typedef struct {
     const char *resume;
 
     dsrt_execution execution; /* ExecutionEnvironment: default DSRT_EXEC_AUTO */
-    int gpu;                  /* CUDA device for auto and gpu; -1 (default): the first */
+    int gpu; /* CUDA device for auto, gpu and parallel; -1 (default): the first (parallel: the CPU)
+              */
+
+    /* Data parallel (see the top of this header). */
+    /* parallel: the communicator of this worker (dsrt_comm_open in every
+     * process of the MPI job; its kind matches where the net computes).
+     * Required for DSRT_EXEC_PARALLEL, ignored otherwise. */
+    dsrt_comm *comm;
+    /* multi-gpu: the GPUs used, the first `gpus` devices; 0 (default): every
+     * visible one. */
+    int gpus;
+    /* multi-gpu: the communicators' bucket sizes and timeout (default
+     * dsrt_comm_defaults()); parallel takes them from comm. */
+    dsrt_comm_options comm_options;
+    /* 0 (default): gradients summed over the workers at every step. N >= 1:
+     * parameter averaging (DL4J): each worker steps on its own share's
+     * gradient and the parameters are replaced by their mean every N
+     * iterations (and before each validation, checkpoint and the end). */
+    int averaging_frequency;
+    /* With averaging_frequency: 1 averages the optimizer state (momentum,
+     * moments) too; 0 (default) leaves each worker its own. */
+    int average_optimizer_state;
+    dsrt_bn_statistics bn_statistics; /* default DSRT_BN_AVERAGE */
     /* How training batches travel to the net: -1 (default): as uint8 NHWC
      * when the net is on a GPU (a quarter of the bytes over PCIe, made into
      * floats there exactly as the pipeline makes them from the same pixels;
@@ -224,7 +276,7 @@ struct dsrt_train_event {
     double val_loss, val_accuracy; /* VALIDATION (and END when validated): the last pass */
     double images_per_s;           /* images trained per second by this call so far, loading
                                       included, validation excluded */
-    uint64_t images;               /* images trained by this call */
+    uint64_t images;               /* images trained by this call (over every worker) */
     int verbose;                   /* ITERATION: 1 on the first, every verbose_frequency-th and
                                       the last iteration */
     const char *checkpoint;        /* CHECKPOINT: the file written */
@@ -234,7 +286,8 @@ struct dsrt_train_event {
     int pinned;                    /* 1: the compute threads are bound to their cores */
     /* BAD_SAMPLE: the sample, its path and reason (valid during the call). */
     const dsrt_bad_sample *bad_sample;
-    int validation; /* BAD_SAMPLE: 1 when it is a sample of the validation data */
+    int validation;  /* BAD_SAMPLE: 1 when it is a sample of the validation data */
+    int rank, world; /* this worker and the number of workers (1 without data parallel) */
 };
 
 // ----------------------------------------------------------------------------
@@ -253,7 +306,7 @@ typedef struct {
     int64_t epochs;                /* epochs completed, over the whole run */
     int64_t iterations;            /* iterations completed, over the whole run */
     int64_t start_iteration;       /* where this call began (0, or the checkpoint's) */
-    uint64_t images;               /* images trained by this call */
+    uint64_t images;               /* images trained by this call (over every worker) */
     double train_s;                /* seconds of training: the loop, loading and checkpoints
                                       included, validation excluded */
     double val_s;                  /* seconds of validation */
@@ -278,6 +331,7 @@ typedef struct {
     int pinned;                /* 1: the compute threads were bound to their cores */
     uint64_t seed;             /* the run's seed (the checkpoint's when resuming) */
     uint64_t weights_checksum; /* dsrt_weights_checksum of the net returned */
+    int rank, world;           /* this worker and the number of workers */
     char checkpoint[4096];     /* the last checkpoint written or resumed from, or "" */
 } dsrt_train_result;
 

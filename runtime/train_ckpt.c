@@ -1,0 +1,307 @@
+/*
+ * Checkpoints of a training run: the net and optimizer in one file
+ * (dsrt_checkpoint_save: temporary file, fsync, rename) and the loop's own
+ * state in a small text file beside it (patience, best validation loss, the
+ * batch size and sample count the position counts in), written the same way
+ * before it; the best-validation weights as a model file the state names;
+ * finding the latest checkpoint of a folder; and loading one to resume from.
+ */
+#include "runtime/train_internal.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// Checkpoints and the loop's state beside them
+
+void dsrt__loop_state_init(loop_state *s) {
+    memset(s, 0, sizeof *s);
+    s->best_val_loss = s->last_val_loss = s->last_val_accuracy = NAN;
+    s->best_iteration = -1;
+}
+
+static int write_state(const char *path, const loop_state *s, const dsrt_train_position *pos) {
+    char buf[1024];
+    int n = snprintf(buf, sizeof buf,
+                     STATE_MAGIC "\nepoch %lld\niteration %lld\nbatch %lld\nsamples %lld\n"
+                                 "drop_last %d\nbad_count %lld\nbest_val_loss %.17g\n"
+                                 "best_iteration %lld\nlast_val_loss %.17g\n"
+                                 "last_val_accuracy %.17g\nbest_file %s\n",
+                     (long long)pos->epoch, (long long)pos->iteration, (long long)s->batch,
+                     (long long)s->samples, s->drop_last, (long long)s->bad_count, s->best_val_loss,
+                     (long long)s->best_iteration, s->last_val_loss, s->last_val_accuracy,
+                     s->best_file[0] ? s->best_file : "-");
+    int rc = dsrt__write_file_atomic(path, buf, (size_t)n);
+    return rc ? dsrt__fail_prefix(rc, "train: checkpoint state") : 0;
+}
+
+/* Reads the state file of a checkpoint; 1 when it is there and belongs to
+ * the checkpoint's iteration, 0 when not. */
+static int read_state(const char *path, loop_state *s, int64_t iteration) {
+    uint8_t *data;
+    size_t size;
+    if (dsrt__read_whole_file(path, 1 << 16, &data, &size) != 0) {
+        dsrt__clear_error();
+        return 0;
+    }
+    loop_state t;
+    dsrt__loop_state_init(&t);
+    long long it = -1, v;
+    int ok = strncmp((char *)data, STATE_MAGIC "\n", sizeof STATE_MAGIC) == 0;
+    for (char *line = (char *)data; ok && line && *line;) {
+        char *next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        char key[32], val[256];
+        if (sscanf(line, "%31s %255s", key, val) == 2) {
+            if (!strcmp(key, "iteration") && sscanf(val, "%lld", &v) == 1) it = v;
+            if (!strcmp(key, "batch") && sscanf(val, "%lld", &v) == 1) t.batch = v;
+            if (!strcmp(key, "samples") && sscanf(val, "%lld", &v) == 1) t.samples = v;
+            if (!strcmp(key, "drop_last") && sscanf(val, "%lld", &v) == 1) t.drop_last = (int)v;
+            if (!strcmp(key, "bad_count") && sscanf(val, "%lld", &v) == 1) t.bad_count = v;
+            if (!strcmp(key, "best_iteration") && sscanf(val, "%lld", &v) == 1)
+                t.best_iteration = v;
+            if (!strcmp(key, "best_val_loss")) t.best_val_loss = strtod(val, NULL);
+            if (!strcmp(key, "last_val_loss")) t.last_val_loss = strtod(val, NULL);
+            if (!strcmp(key, "last_val_accuracy")) t.last_val_accuracy = strtod(val, NULL);
+            if (!strcmp(key, "best_file") && strcmp(val, "-") != 0 && !strchr(val, '/'))
+                snprintf(t.best_file, sizeof t.best_file, "%s", val);
+        }
+        line = next;
+    }
+    free(data);
+    if (!ok || it != iteration) return 0;
+    *s = t;
+    return 1;
+}
+
+int dsrt_checkpoint_latest(const char *dir, char *path, size_t size) {
+    DIR *d = opendir(dir);
+    if (!d) return dsrt__fail(-errno, "checkpoint: %s: %s", dir, strerror(errno));
+    long long best = -1;
+    char name[512] = "";
+    const size_t np = strlen(CKPT_PREFIX), ns = strlen(CKPT_SUFFIX);
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n <= np + ns || strncmp(e->d_name, CKPT_PREFIX, np) != 0 ||
+            strcmp(e->d_name + n - ns, CKPT_SUFFIX) != 0 || n >= sizeof name)
+            continue;
+        const char *i = strstr(e->d_name, "_i");
+        long long it;
+        if (!i || sscanf(i + 2, "%lld", &it) != 1) continue;
+        if (it > best) {
+            best = it;
+            memcpy(name, e->d_name, n + 1);
+        }
+    }
+    closedir(d);
+    if (best < 0)
+        return dsrt__fail(-ENOENT, "checkpoint: %s: no %s*%s file", dir, CKPT_PREFIX, CKPT_SUFFIX);
+    if ((size_t)snprintf(path, size, "%s/%s", dir, name) >= size)
+        return dsrt__fail(-ENAMETOOLONG, "checkpoint: %s/%s: path too long", dir, name);
+    return 0;
+}
+
+uint64_t dsrt_weights_checksum(dsrt_net *net) {
+    size_t n;
+    const uint8_t *p = (const uint8_t *)dsrt_net_params(net, &n);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static int all_finite(const float *x, size_t n) {
+    float acc = 0;
+    for (size_t i = 0; i < n; i++) acc += x[i] * 0.0f; /* NaN for any NaN or inf */
+    return acc == 0.0f;
+}
+
+// ----------------------------------------------------------------------------
+// Writing and resuming
+
+int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration) {
+    const dsrt_train_options *o = R->o;
+    double t = dsrt__now_s();
+    size_t np = 0;
+    const float *w = dsrt_net_params(R->net, &np);
+    if (!all_finite(w, np))
+        return dsrt__fail(DSRT_ENAN,
+                          "train: epoch %lld, iteration %lld: the weights are not finite; no "
+                          "checkpoint written",
+                          (long long)epochs_done, (long long)iteration);
+    size_t dl = strlen(o->checkpoint_path) + 96;
+    char *path = dsrt__malloc(dl), *spath = dsrt__malloc(dl + 8), *bpath = dsrt__malloc(dl);
+    int rc = -ENOMEM;
+    if (!path || !spath || !bpath) goto out;
+    dsrt_train_position pos = {epochs_done, iteration, R->r->seed};
+    if (R->best_dirty && R->best_params) {
+        /* The best weights so far, as a model file the state names. */
+        char name[64];
+        snprintf(name, sizeof name, "dsrt_best_i%09lld.dsrt", (long long)R->ls.best_iteration);
+        snprintf(bpath, dl, "%s/%s", o->checkpoint_path, name);
+        /* Swap the best weights in, save, swap back. */
+        size_t n;
+        float *pp = dsrt_net_params(R->net, &n), *ss = dsrt_net_state(R->net, NULL);
+        float *keep_p = dsrt__malloc(R->n_params * sizeof(float) + 1);
+        float *keep_s = dsrt__malloc(R->n_state * sizeof(float) + 1);
+        if (!keep_p || !keep_s) {
+            free(keep_p);
+            free(keep_s);
+            goto out;
+        }
+        memcpy(keep_p, pp, R->n_params * sizeof(float));
+        memcpy(keep_s, ss, R->n_state * sizeof(float));
+        memcpy(pp, R->best_params, R->n_params * sizeof(float));
+        memcpy(ss, R->best_state, R->n_state * sizeof(float));
+        rc = dsrt_model_save(bpath, R->net);
+        memcpy(pp, keep_p, R->n_params * sizeof(float));
+        memcpy(ss, keep_s, R->n_state * sizeof(float));
+        free(keep_p);
+        free(keep_s);
+        if (rc) goto out;
+        snprintf(R->ls.best_file, sizeof R->ls.best_file, "%s", name);
+        R->best_dirty = 0;
+    }
+    snprintf(path, dl, "%s/" CKPT_PREFIX "e%03lld_i%09lld" CKPT_SUFFIX, o->checkpoint_path,
+             (long long)epochs_done, (long long)iteration);
+    snprintf(spath, dl + 8, "%s" STATE_SUFFIX, path);
+    if ((rc = write_state(spath, &R->ls, &pos))) goto out;
+    if ((rc = dsrt_checkpoint_save(path, R->net, R->opt, &pos))) goto out;
+    snprintf(R->r->checkpoint, sizeof R->r->checkpoint, "%s", path);
+    R->r->checkpoint_s += dsrt__now_s() - t;
+    R->ev.checkpoint = R->r->checkpoint;
+    if (dsrt__train_emit(R, DSRT_EVENT_CHECKPOINT)) R->stop_request = 1;
+    R->ev.checkpoint = NULL;
+out:
+    free(path);
+    free(spath);
+    free(bpath);
+    return rc;
+}
+
+/* Loads the checkpoint to resume from into the run: weights, state,
+ * optimizer, position and loop state. */
+
+int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t used_size) {
+    const dsrt_train_options *o = R->o;
+    struct stat st;
+    int rc;
+    if (stat(o->resume, &st) == 0 && S_ISDIR(st.st_mode)) {
+        if ((rc = dsrt_checkpoint_latest(o->resume, used, used_size)))
+            return dsrt__fail_prefix(rc, "train: resume");
+    } else {
+        snprintf(used, used_size, "%s", o->resume);
+    }
+    dsrt_net *c = NULL;
+    dsrt_optimizer *copt = NULL;
+    dsrt_net_options no = dsrt_net_defaults();
+    no.threads = 1;
+    if ((rc = dsrt_checkpoint_load(used, &c, &copt, pos, &no)))
+        return dsrt__fail_prefix(rc, "train: resume");
+    size_t cp, cs;
+    float *src_p = dsrt_net_params(c, &cp), *src_s = dsrt_net_state(c, &cs);
+    if (strcmp(dsrt_net_description(c), dsrt_net_description(R->net)) != 0 || cp != R->n_params ||
+        cs != R->n_state) {
+        rc = dsrt__fail(DSRT_EOPTION,
+                        "train: resume: %s: the checkpoint's network is not the one given "
+                        "(description or size differ)",
+                        used);
+        goto out;
+    }
+    if (!copt) {
+        rc = dsrt__fail(DSRT_EOPTION,
+                        "train: resume: %s: a model file, not a checkpoint (no "
+                        "optimizer state)",
+                        used);
+        goto out;
+    }
+    memcpy(dsrt_net_params(R->net, NULL), src_p, cp * sizeof(float));
+    memcpy(dsrt_net_state(R->net, NULL), src_s, cs * sizeof(float));
+    dsrt_net_params_changed(R->net);
+    dsrt_net_set_iteration(R->net, pos->iteration);
+    dsrt_optimizer_options co = dsrt_optimizer_get_options(copt);
+    if (co.solver != o->optimizer.solver) {
+        rc = dsrt__fail(DSRT_EOPTION,
+                        "train: resume: %s: the checkpoint's solver (%d) is not the "
+                        "options' (%d)",
+                        used, (int)co.solver, (int)o->optimizer.solver);
+        goto out;
+    }
+    if ((rc = dsrt_optimizer_copy_state(R->opt, copt))) {
+        dsrt__fail_prefix(rc, "train: resume: %s", used);
+        goto out;
+    }
+
+    /* The loop's own state, and the best weights it names. */
+    char *sp = dsrt__malloc(strlen(used) + 8);
+    if (!sp) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    sprintf(sp, "%s" STATE_SUFFIX, used);
+    loop_state s;
+    if (read_state(sp, &s, pos->iteration)) {
+        R->ls.bad_count = s.bad_count;
+        R->ls.best_val_loss = s.best_val_loss;
+        R->ls.best_iteration = s.best_iteration;
+        R->ls.last_val_loss = s.last_val_loss;
+        R->ls.last_val_accuracy = s.last_val_accuracy;
+        memcpy(R->ls.best_file, s.best_file, sizeof s.best_file);
+        if (s.batch != o->batch || s.drop_last != o->drop_last || s.samples != R->ls.samples) {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "train: resume: %s: made with batch %lld, drop_last %d over %lld "
+                            "samples; the options say batch %d, drop_last %d over %lld samples",
+                            used, (long long)s.batch, s.drop_last, (long long)s.samples, o->batch,
+                            o->drop_last, (long long)R->ls.samples);
+            free(sp);
+            goto out;
+        }
+    }
+    free(sp);
+    if (R->best_params && R->ls.best_file[0]) {
+        char *dir = dsrt__strdup(used);
+        char *bp = dir ? dsrt__malloc(strlen(used) + sizeof R->ls.best_file + 2) : NULL;
+        dsrt_net *b = NULL;
+        if (!dir || !bp) {
+            free(dir);
+            rc = -ENOMEM;
+            goto out;
+        }
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            slash[1] = '\0';
+        else
+            dir[0] = '\0';
+        sprintf(bp, "%s%s", dir, R->ls.best_file);
+        if (dsrt_model_load(&b, bp, &no) == 0 && dsrt_net_params(b, NULL) &&
+            strcmp(dsrt_net_description(b), dsrt_net_description(R->net)) == 0) {
+            memcpy(R->best_params, dsrt_net_params(b, NULL), R->n_params * sizeof(float));
+            memcpy(R->best_state, dsrt_net_state(b, NULL), R->n_state * sizeof(float));
+        } else {
+            /* Without the file the best so far is unknown: start afresh. */
+            dsrt__clear_error();
+            R->ls.best_val_loss = NAN;
+            R->ls.best_iteration = -1;
+            R->ls.best_file[0] = '\0';
+        }
+        dsrt_net_destroy(b);
+        free(dir);
+        free(bp);
+    }
+    rc = 0;
+out:
+    dsrt_optimizer_destroy(copt);
+    dsrt_net_destroy(c);
+    return rc;
+}
+
+/* Records a validation result: best weights, patience. */
+
+int dsrt__train_make_dir(const char *path) {
+    if (mkdir(path, 0777) == 0 || errno == EEXIST) return 0;
+    return dsrt__fail(-errno, "train: checkpoint_path: %s: %s", path, strerror(errno));
+}

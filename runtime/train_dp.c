@@ -1,0 +1,292 @@
+/*
+ * The training run with several workers: agreement, cores, joining the net
+ * to the communicator, averaging, and multi-gpu.
+ *
+ * Every worker makes the same collective calls in the same order, whatever
+ * happened to it locally: a step that failed on one worker still reaches
+ * the sum of the gradients (dsrt_comm_grads_wait reduces the buckets the
+ * hook did not announce) and the agreement that follows, where each worker
+ * says whether it failed; the first one that did broadcasts its message, so
+ * every worker fails at the same point with the same reason. A worker that
+ * died or hangs is found by the communicator's timeout, which names it.
+ *
+ * Multi-gpu is the same run: one worker a GPU, each on a thread of its own
+ * with its own copy of the net and a communicator joining the GPUs of this
+ * process (dsrt_comm_open_local), exactly as the processes of an MPI job
+ * with one GPU each.
+ */
+#include "runtime/train_internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DP_MSG 512 /* bytes of a failing worker's message broadcast to the others */
+
+void dsrt__dp_setup(run *R) {
+    const dsrt_train_options *o = R->o;
+    R->comm = o->execution == DSRT_EXEC_PARALLEL ? o->comm : NULL;
+    R->rank = R->comm ? dsrt_comm_rank(R->comm) : 0;
+    R->world = R->comm ? dsrt_comm_size(R->comm) : 1;
+    R->averaging = R->comm && o->averaging_frequency > 0;
+}
+
+// ----------------------------------------------------------------------------
+// Agreement
+
+int dsrt__dp_agree(run *R, int rc, double *x, size_t n) {
+    if (!R->comm) return rc;
+    /* x, then one failure flag a worker. */
+    size_t m = n + (size_t)R->world;
+    double *v = dsrt__calloc(m, sizeof *v);
+    if (!v) return rc ? rc : -ENOMEM;
+    if (n) memcpy(v, x, n * sizeof *v);
+    v[n + (size_t)R->rank] = rc ? 1 : 0;
+    char msg[DP_MSG];
+    snprintf(msg, sizeof msg, "%s", rc ? dsrt_last_error() : "");
+    int cr = dsrt_comm_sum_f64(R->comm, v, m);
+    if (cr) {
+        free(v);
+        return rc ? dsrt__fail(rc, "%s", msg) : dsrt__fail_prefix(cr, "train");
+    }
+    int first = -1, failed = 0;
+    for (int k = 0; k < R->world; k++)
+        if (v[n + (size_t)k] != 0) {
+            if (first < 0) first = k;
+            failed++;
+        }
+    if (n) memcpy(x, v, n * sizeof *v);
+    free(v);
+    if (first < 0) return 0;
+    /* The first failing worker tells the others why. */
+    int code = rc;
+    double c = rc;
+    char told[DP_MSG];
+    snprintf(told, sizeof told, "%s", msg);
+    if ((cr = dsrt_comm_bcast(R->comm, told, sizeof told, first)) ||
+        (cr = dsrt_comm_bcast(R->comm, &c, sizeof c, first)))
+        return rc ? dsrt__fail(rc, "%s", msg) : dsrt__fail_prefix(cr, "train");
+    if (rc) return dsrt__fail(rc, "%s", msg);
+    told[sizeof told - 1] = '\0';
+    code = (int)c;
+    return dsrt__fail(code ? code : DSRT_ECLOSED, "train: worker %d of %d failed%s: %s", first,
+                      R->world, failed > 1 ? " (and others)" : "", told);
+}
+
+// ----------------------------------------------------------------------------
+// Cores
+
+/* The number of processes of this job on this node, as the launcher says
+ * (Open MPI, MPICH's Hydra, Slurm), or 0 when it does not. */
+static int launcher_local_size(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                                       "SLURM_NTASKS_PER_NODE"};
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(vars); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return 0;
+}
+
+int dsrt__dp_cpus(run *R) {
+    if (!R->comm || R->world < 2 || R->o->cpus || R->ni.device >= 0) return 0;
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
+    double *v = dsrt__calloc(CPU_SETSIZE, sizeof *v);
+    if (!v) return -ENOMEM;
+    for (int c = 0; c < CPU_SETSIZE; c++) v[c] = CPU_ISSET(c, &mine) ? 1 : 0;
+    int rc = dsrt_comm_sum_f64(R->comm, v, CPU_SETSIZE);
+    if (rc) {
+        free(v);
+        return dsrt__fail_prefix(rc, "train: cores");
+    }
+    /* Workers that share this process's CPUs: the most that share any of
+     * them (on this node: the sums add every node's ranks). */
+    int sharers = 0, m = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &mine)) {
+            sharers = DSRT_MAX(sharers, (int)v[c]);
+            m++;
+        }
+    free(v);
+    int local = launcher_local_size();
+    if (local > 0) sharers = DSRT_MIN(sharers, local);
+    if (sharers < 2 || m < sharers) return 0; /* bound by the launcher, or too few to split */
+    int slot = dsrt_comm_local_rank(R->comm) % sharers;
+    int lo = m * slot / sharers, hi = m * (slot + 1) / sharers, k = 0;
+    size_t size = (size_t)(hi - lo) * 8 + 1;
+    R->cpus = dsrt__calloc(1, size);
+    if (!R->cpus) return -ENOMEM;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &mine)) continue;
+        if (k >= lo && k < hi) {
+            size_t at = strlen(R->cpus);
+            snprintf(R->cpus + at, size - at, "%s%d", at ? "," : "", c);
+        }
+        k++;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The net and the communicator
+
+int dsrt__dp_attach(run *R) {
+    if (!R->comm) return 0;
+    int rc;
+    if (!R->averaging) {
+        /* Worker 0's weights to every worker, and the gradient hook. */
+        if ((rc = dsrt_comm_attach(R->comm, R->net))) return dsrt__fail_prefix(rc, "train");
+    } else {
+        size_t np, ns;
+        float *p = dsrt_net_params(R->net, &np), *s = dsrt_net_state(R->net, &ns);
+        if ((rc = dsrt_comm_bcast(R->comm, p, np * sizeof *p, 0)) ||
+            (ns && (rc = dsrt_comm_bcast(R->comm, s, ns * sizeof *s, 0))))
+            return dsrt__fail_prefix(rc, "train");
+        dsrt_net_params_changed(R->net);
+    }
+    if (R->o->bn_statistics == DSRT_BN_SYNC && (rc = dsrt_comm_sync_batchnorm(R->comm, R->net, 1)))
+        return dsrt__fail_prefix(rc, "train: bn_statistics sync");
+    return 0;
+}
+
+int dsrt__dp_sync(run *R) {
+    if (!R->comm) return 0;
+    int rc = 0;
+    if (R->averaging)
+        rc = dsrt_comm_average(R->comm, R->net, R->o->average_optimizer_state ? R->opt : NULL);
+    if (!rc && R->n_state && R->o->bn_statistics == DSRT_BN_AVERAGE)
+        rc = dsrt_comm_average_state(R->comm, R->net);
+    return rc ? dsrt__fail_prefix(rc, "train: averaging over the workers") : 0;
+}
+
+int dsrt__dp_after_step(run *R, int64_t it) {
+    if (!R->averaging || it % R->o->averaging_frequency != 0) return 0;
+    int rc = dsrt_comm_average(R->comm, R->net, R->o->average_optimizer_state ? R->opt : NULL);
+    return rc ? dsrt__fail_prefix(rc, "train: iteration %lld: parameter averaging", (long long)it)
+              : 0;
+}
+
+int dsrt__dp_check_weights(run *R) {
+    if (!R->comm) return 0;
+    uint64_t h = dsrt_weights_checksum(R->net);
+    double x[2] = {(double)(h >> 32), (double)(h & 0xffffffffu)};
+    int rc = dsrt_comm_sum_f64(R->comm, x, 2);
+    if (rc) return dsrt__fail_prefix(rc, "train: comparing the weights");
+    if (x[0] != (double)(h >> 32) * R->world || x[1] != (double)(h & 0xffffffffu) * R->world)
+        return dsrt__fail(DSRT_ECORRUPT,
+                          "train: worker %d: its weights (checksum %016llx) differ from the other "
+                          "workers'",
+                          R->rank, (unsigned long long)h);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Multi-gpu: one worker a GPU, a thread each
+
+typedef struct {
+    dsrt_net *net;
+    const dsrt_datastore *train;
+    dsrt_train_options o;
+    dsrt_train_result r;
+    int rc;
+    char msg[1024];
+    pthread_t thread;
+    int started;
+} gpu_worker;
+
+static void *gpu_worker_main(void *arg) {
+    gpu_worker *w = arg;
+    w->rc = dsrt__train_worker(w->net, w->train, &w->o, &w->r);
+    if (w->rc) snprintf(w->msg, sizeof w->msg, "%s", dsrt_last_error());
+    return NULL;
+}
+
+/* A copy of net on device: through a model file, which keeps everything
+ * the net needs (description, weights, state, input statistics). */
+static int copy_net(const dsrt_net *net, int device, const char *tmp, dsrt_net **out) {
+    dsrt_net_info ni;
+    dsrt_net_get_info(net, &ni);
+    dsrt_net_options no = dsrt_net_defaults();
+    no.device = device;
+    no.precision = ni.precision;
+    int rc = dsrt_model_load(out, tmp, &no);
+    return rc ? dsrt__fail_prefix(rc, "train: multi-gpu: a copy of the net for GPU %d", device) : 0;
+}
+
+int dsrt__train_multi_gpu(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                          dsrt_train_result *r) {
+    int rc = dsrt_train_check(o, net, train);
+    if (rc) return rc;
+    int n = o->gpus ? o->gpus : dsrt_gpu_count();
+    gpu_worker *w = dsrt__calloc((size_t)n, sizeof *w);
+    dsrt_comm **comms = dsrt__calloc((size_t)n, sizeof *comms);
+    int *devices = dsrt__calloc((size_t)n, sizeof *devices);
+    char tmp[4096] = "";
+    if (!w || !comms || !devices) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (int k = 0; k < n; k++) devices[k] = k;
+    if ((rc = dsrt_comm_open_local(comms, n, devices, &o->comm_options))) {
+        dsrt__fail_prefix(rc, "train: multi-gpu");
+        goto out;
+    }
+    if (n > 1) {
+        const char *dir = getenv("TMPDIR");
+        snprintf(tmp, sizeof tmp, "%s/dsrt-multi-gpu-%ld.dsrt", dir && *dir ? dir : "/tmp",
+                 (long)getpid());
+        if ((rc = dsrt_model_save(tmp, net))) {
+            dsrt__fail_prefix(rc, "train: multi-gpu: copying the net");
+            tmp[0] = '\0';
+            goto out;
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        w[k].train = train;
+        w[k].o = *o;
+        w[k].o.execution = DSRT_EXEC_PARALLEL;
+        w[k].o.comm = comms[k];
+        w[k].o.gpu = devices[k];
+        if (k > 0) {
+            w[k].o.callback = NULL; /* the calling thread's worker tells */
+            if ((rc = copy_net(net, devices[k], tmp, &w[k].net))) goto out;
+        } else {
+            w[k].net = net;
+        }
+    }
+    for (int k = 1; k < n; k++) {
+        int e = pthread_create(&w[k].thread, NULL, gpu_worker_main, &w[k]);
+        if (e) {
+            /* The workers started would wait for this one: the
+             * communicator's timeout ends them. */
+            rc = dsrt__fail(-e, "train: multi-gpu: starting the worker of GPU %d: %s", k,
+                            strerror(e));
+            break;
+        }
+        w[k].started = 1;
+    }
+    if (rc == 0) {
+        gpu_worker_main(&w[0]);
+        rc = w[0].rc;
+    }
+    for (int k = 1; k < n; k++)
+        if (w[k].started) pthread_join(w[k].thread, NULL);
+    if (rc == 0)
+        for (int k = 1; k < n && !rc; k++)
+            if (w[k].rc) rc = dsrt__fail(w[k].rc, "%s", w[k].msg);
+    if (w[0].rc) dsrt__fail(w[0].rc, "%s", w[0].msg);
+    *r = w[0].r;
+out:
+    if (tmp[0]) unlink(tmp);
+    if (w)
+        for (int k = 1; k < n; k++) dsrt_net_destroy(w[k].net);
+    if (comms)
+        for (int k = 0; k < n; k++) dsrt_comm_close(comms[k]);
+    free(w);
+    free(comms);
+    free(devices);
+    return rc;
+}

@@ -1,0 +1,193 @@
+/*
+ * What the files of the training loop share: runtime/train.c (options, their
+ * checks, the split of the cores, evaluation), runtime/train_ckpt.c
+ * (checkpoints, the loop's state beside them, resume) and runtime/train_run.c
+ * (the run itself: open, step, finish, close). Nothing here is public; names
+ * of functions carry a double underscore.
+ */
+#ifndef DSRT_TRAIN_INTERNAL_H
+#define DSRT_TRAIN_INTERNAL_H
+
+#include "runtime/internal.h"
+
+#include <dsrt/train.h>
+
+#include <sched.h>
+#include <time.h>
+
+#define CKPT_PREFIX  "dsrt_ckpt_"
+#define CKPT_SUFFIX  ".dsrt"
+#define STATE_SUFFIX ".state"
+#define STATE_MAGIC  "dsrt-train-state 1"
+#define MAX_EPOCHS   1000000
+#define MAX_BATCH    (1 << 20)
+#define LOAD_FIXED_S 5e-6  /* loading a sample: fixed cost (open, read, decode headers) */
+#define LOAD_VALUE_S 20e-9 /* and per output value (decode, augment, write) */
+#define CORE_FLOPS   20e9  /* arithmetic one core sustains in the backend */
+
+static inline double dsrt__now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// ----------------------------------------------------------------------------
+// Options (train.c)
+
+/* The device the options' execution environment means: DSRT_DEVICE_CPU or a
+ * GPU index (device may be NULL). Fails, naming the option, when it is not
+ * there. */
+int dsrt__train_resolve_device(const dsrt_train_options *o, int *device);
+/* The augment options with the net's input size filled in and checked;
+ * who prefixes the messages. */
+int dsrt__train_resolve_augment(const dsrt_augment_options *in, const dsrt_net_info *ni,
+                                dsrt_augment_options *out, const char *who);
+/* The same without random transforms: validation and evaluation samples. */
+void dsrt__train_fixed_augment(dsrt_augment_options *a);
+/* *out (malloc'd, (classes of ds)) maps each class of ds to the net's; see
+ * train.c. */
+int dsrt__train_class_map(const dsrt_net *net, const dsrt_datastore *ds, const dsrt_datastore *ref,
+                          int classes, const char *who, int32_t **out);
+
+// ----------------------------------------------------------------------------
+// Cores: the split between pipeline workers and compute threads (train.c)
+
+typedef struct {
+    dsrt_cpus *cpus;
+    unsigned ncores;
+    unsigned workers;
+    int threads;
+    char *worker_cpus; /* CPU list of the worker cores, for the pipeline */
+    int pin;
+    /* What is restored at the end. */
+    cpu_set_t saved_mask;
+    int saved_mask_ok;
+    int saved_net_threads;
+    dsrt_net *net;
+    int team_pinned; /* every member bound to its core */
+    int team_bound;  /* members were bound (some may have failed): restore them */
+} cores_plan;
+
+/* Chooses the split for net (workers / threads 0: automatic) and the CPU
+ * list of the worker cores. */
+int dsrt__cores_open(cores_plan *cp, const char *list, int pin, unsigned workers, int threads,
+                     const dsrt_net_info *ni, dsrt_net *net, const char *who);
+/* Sets the compute thread count and pins the net's compute threads. */
+void dsrt__cores_start_compute(cores_plan *cp);
+/* Gives the threads back their affinity and count. A zeroed cp is accepted. */
+void dsrt__cores_close(cores_plan *cp);
+
+// ----------------------------------------------------------------------------
+// The run (train_run.c) and its checkpoints (train_ckpt.c)
+
+/* The loop's own state, written beside each checkpoint. */
+typedef struct {
+    int64_t bad_count;    /* validations in a row not below the best loss */
+    double best_val_loss; /* NaN: none yet */
+    int64_t best_iteration;
+    double last_val_loss, last_val_accuracy;
+    int64_t batch, samples;
+    int drop_last;
+    char best_file[256]; /* in the checkpoint folder, "" when none */
+} loop_state;
+
+void dsrt__loop_state_init(loop_state *s);
+
+/* Everything one dsrt_train call holds. */
+typedef struct {
+    const dsrt_train_options *o;
+    dsrt_net *net;
+    const dsrt_datastore *train;
+    dsrt_optimizer *opt;
+    dsrt_train_result *r;
+    dsrt_pipeline *p, *vp;
+    cores_plan cp;
+    dsrt_net_info ni;
+    double busy0, idle0; /* the device's busy and idle seconds when the call began */
+    int32_t *vmap, *vlabels;
+    int vbatch;
+    uint64_t vbpe;
+    size_t n_params, n_state;
+    float *best_params, *best_state;
+    loop_state ls;
+    int best_dirty; /* best weights newer than the last best file */
+    dsrt_train_event ev;
+    double t0, val_s, train_images_t;
+    int stop;         /* 0, or a dsrt_stop_reason + 1 */
+    int stop_request; /* a callback asked to stop during this step */
+    int64_t ckpt_it;  /* iteration of the last checkpoint due (written by worker 0), or -1 */
+    /* The position: batches an epoch, iterations in all, iterations done. */
+    int64_t bpe, max_it, it;
+    int validated_last; /* the last step ended with a validation */
+    /* The batch taken for the next step, whether it was copied to the
+     * device, and why taking it failed (reported when it is due). */
+    dsrt_batch *b;
+    int copied;
+    int pending;
+    char pending_msg[1024];
+    /* Batches travel as uint8 NHWC, normalised by the net: (x - sub) / div. */
+    int u8;
+    float sub_div[2][4];
+    size_t bad_told[2];    /* bad samples of the training and validation data told so far */
+    uint64_t val_left_out; /* samples left out of the validation passes, summed */
+    /* Data parallel: this worker's communicator (NULL: one worker alone),
+     * its rank, the workers, and whether parameters are averaged every
+     * averaging_frequency iterations rather than gradients summed. */
+    dsrt_comm *comm;
+    int rank, world;
+    int averaging;
+    char *cpus; /* the cores of this worker when the workers share the process's (malloc'd) */
+} run;
+
+/* Tells the callback of an event (with the bad samples found since the last
+ * one first). Returns 1 when the callback asked to stop. */
+int dsrt__train_emit(run *R, dsrt_train_event_kind kind);
+
+/* Writes a checkpoint of the run (and the best weights, when newer) after
+ * `iteration` iterations, epochs_done epochs. */
+int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration);
+/* Loads the checkpoint R->o->resume names into the run: weights, state,
+ * optimizer, position (*pos) and loop state; used receives its path. */
+int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t used_size);
+/* Creates the checkpoint folder (one level) when missing. */
+int dsrt__train_make_dir(const char *path);
+
+// ----------------------------------------------------------------------------
+// Data parallel (train_dp.c): no-ops for one worker alone
+
+/* The workers of a run: rank, world and mode from the options (no
+ * collective). */
+void dsrt__dp_setup(run *R);
+/*
+ * Agreement: every worker tells whether it failed (rc) while x (n doubles)
+ * is summed over the workers. Returns rc on a worker that failed; on the
+ * others a failure that names the first worker that failed and says its
+ * message; 0 when none failed (x then holds the sums). A failure of the
+ * communicator itself is returned as it is.
+ */
+int dsrt__dp_agree(run *R, int rc, double *x, size_t n);
+/* A CPU worker whose process shares its cores with other workers (ranks
+ * launched without binding) takes its share of them: R->cpus. Collective. */
+int dsrt__dp_cpus(run *R);
+/* Joins the net to the communicator: every worker starts from worker 0's
+ * weights; gradients summed in buckets during backward (or, averaging, not);
+ * sync batchnorm when asked. Collective. */
+int dsrt__dp_attach(run *R);
+/* Before a validation, a checkpoint or the end: averaged batchnorm
+ * statistics (DSRT_BN_AVERAGE) and, averaging, parameters, so that every
+ * worker holds the same net. Collective. */
+int dsrt__dp_sync(run *R);
+/* After the optimizer step of iteration it (1-based): parameter averaging
+ * when due. Collective. */
+int dsrt__dp_after_step(run *R, int64_t it);
+/* At the end: fails when the weights differ between workers. Collective. */
+int dsrt__dp_check_weights(run *R);
+/* DSRT_EXEC_MULTI_GPU: one worker a visible GPU, each on a thread of its own
+ * with a copy of the net, through the same run as a parallel worker. */
+int dsrt__train_multi_gpu(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                          dsrt_train_result *r);
+/* One worker's run (dsrt_train without the multi-gpu dispatch). */
+int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                       dsrt_train_result *r);
+
+#endif

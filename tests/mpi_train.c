@@ -1,0 +1,510 @@
+/*
+ * Data-parallel training under mpirun (2 ranks, one compute thread each),
+ * against the same training in one process.
+ *
+ *   mpi_train CASE      runs one case: launches workers, compares their files
+ *   mpi_train --worker  a worker (under mpirun, or alone for the reference)
+ *
+ * Cases (each a CTest test, label "mpi"):
+ *   equal     2 ranks x 64 train as 1 process x 128: losses and weights
+ *             after 20 steps within 1e-5 (relative), the weights of both
+ *             ranks bit-identical after every step, and identical again in a
+ *             second 2-rank run; parameter averaging every step with plain
+ *             SGD equals summing the gradients.
+ *   resume    a 1-process checkpoint resumed by 2 ranks, and a 2-rank
+ *             checkpoint resumed by 1 process, end as the uninterrupted run.
+ *   fault     rank 1 hangs at iteration 7: rank 0 exits non-zero within 60 s
+ *             naming rank 1, and the last checkpoint loads.
+ *   refuse    bad options are refused by every rank of `mpirun dstrain
+ *             train --execution-environment parallel`, before any work.
+ *
+ * Exit 77 when this dsrt lacks MPI or mpirun is missing.
+ */
+#include "commtest.h"
+#include "testimg.h"
+
+#include <dsrt.h>
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+
+#define SIDE      16
+#define PER_CLASS 64 /* 4 classes: 256 images, 2 batches of 128 an epoch */
+#define STEPS     20
+
+static const char NET[] = "input size=16x16x1\n"
+                          "conv name=conv1 filters=8 size=3 pad=1\n"
+                          "relu name=relu1\n"
+                          "maxpool name=pool1 size=2 stride=2\n"
+                          "fc name=fc1 outputs=16\n"
+                          "relu name=relu2\n"
+                          "fc name=fc2 outputs=classes\n"
+                          "softmax name=output\n";
+
+static const char *const CLASSES[] = {"centre", "checker", "hstripes", "vstripes"};
+
+// ----------------------------------------------------------------------------
+// Data
+
+static void make_image(uint8_t *px, int cls, uint32_t seed) {
+    int phase = (int)(timg_hash(seed) % 4);
+    for (int y = 0; y < SIDE; y++)
+        for (int x = 0; x < SIDE; x++) {
+            int v = cls == 0
+                        ? ((x - 8 + phase) * (x - 8 + phase) + (y - 8) * (y - 8) < 20 ? 220 : 40)
+                    : cls == 1 ? ((((x + phase) / 2 + y / 2) % 2) ? 200 : 50)
+                    : cls == 2 ? (((y + phase) / 2 % 2) ? 210 : 40)
+                               : (((x + phase) / 2 % 2) ? 210 : 40);
+            v += (int)(timg_hash(seed * 977u + (uint32_t)(y * SIDE + x)) % 41) - 20;
+            px[y * SIDE + x] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+}
+
+static void make_data(const char *dir) {
+    uint8_t px[SIDE * SIDE];
+    for (int k = 0; k < 4; k++) {
+        char sub[4400];
+        snprintf(sub, sizeof sub, "%s/%s", dir, CLASSES[k]);
+        REQUIRE(timg_mkdirs(sub) == 0);
+        for (int i = 0; i < PER_CLASS; i++) {
+            make_image(px, k, (uint32_t)(k * 1000 + i));
+            char path[4500];
+            snprintf(path, sizeof path, "%s/%03d.png", sub, i);
+            dsrt_image img = {px, SIDE, SIDE, 1, SIDE};
+            REQUIRE(dsrt_png_write(path, &img) == 0);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Workers
+
+/* What a worker records: per iteration its loss and weights checksum. */
+typedef struct {
+    dsrt_net *net;
+    FILE *out;
+    int rank, hang_at;
+} recorder;
+
+static int record(void *ctx, const dsrt_train_event *e) {
+    recorder *r = ctx;
+    if (e->kind != DSRT_EVENT_ITERATION) return 0;
+    fprintf(r->out, "%lld %.9g %016llx\n", (long long)e->iteration, e->loss,
+            (unsigned long long)dsrt_weights_checksum(r->net));
+    fflush(r->out);
+    if (r->hang_at && r->rank == 1 && e->iteration == r->hang_at) raise(SIGSTOP);
+    return 0;
+}
+
+/*
+ * mpi_train --worker DIR TAG EPOCHS RESUME CKPT AVG HANG: trains the net on
+ * DIR/data (under mpirun: parallel, batch 128 split between the ranks) for
+ * EPOCHS epochs, resuming from RESUME ("-": no), checkpoints every 2
+ * iterations in CKPT ("-": none), averaging parameters every AVG iterations
+ * with plain SGD (0: gradients summed, SGD with momentum; -1: summed, plain
+ * SGD), rank 1 hanging at iteration HANG (0: never). Writes
+ * DIR/TAG.<rank>.log (iteration, loss, checksum a line) and DIR/TAG.<rank>.w
+ * (the final weights).
+ */
+static int worker(int argc, char **argv) {
+    if (argc < 9) return 2;
+    const char *dir = argv[2], *tag = argv[3], *resume = argv[5], *ckpt = argv[6];
+    int epochs = atoi(argv[4]), avg = atoi(argv[7]), hang = atoi(argv[8]);
+    int parallel = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
+    dsrt_comm *comm = NULL;
+    if (parallel) {
+        if (dsrt_comm_init(&argc, &argv) != 0) return 1;
+        dsrt_comm_options co = dsrt_comm_defaults();
+        co.timeout_s = 8;
+        if (dsrt_comm_open(&comm, &co) != 0) {
+            fprintf(stderr, "comm: %s\n", dsrt_last_error());
+            return 1;
+        }
+    }
+    char data[4400], path[4400];
+    snprintf(data, sizeof data, "%s/data", dir);
+    dsrt_datastore *ds = NULL;
+    REQUIRE(dsrt_datastore_open(&ds, data, NULL) == 0);
+    char *desc = dsrt_describe_datastore_classes(NET, ds);
+    dsrt_net_options no = dsrt_net_defaults();
+    no.seed = 5;
+    no.threads = 1;
+    dsrt_net *net = NULL;
+    REQUIRE(dsrt_net_create(&net, desc, 0, 0, 0, 4, &no) == 0);
+    free(desc);
+
+    dsrt_train_options o = dsrt_train_defaults();
+    o.execution = parallel ? DSRT_EXEC_PARALLEL : DSRT_EXEC_CPU;
+    o.comm = comm;
+    o.max_epochs = epochs;
+    o.batch = 128;
+    o.seed = 3;
+    o.compute_threads = 1;
+    o.workers = 1;
+    o.pin = 0;
+    o.augment.rand_x_reflection = 1;
+    o.optimizer.learn_rate = 0.05;
+    o.averaging_frequency = avg > 0 ? avg : 0;
+    if (avg) o.optimizer.momentum = 0; /* plain SGD (-1: with gradients summed) */
+    if (strcmp(resume, "-")) o.resume = resume;
+    if (strcmp(ckpt, "-")) {
+        o.checkpoint_path = ckpt;
+        o.checkpoint_unit = DSRT_UNIT_ITERATION;
+        o.checkpoint_frequency = 2;
+    }
+    int rank = comm ? dsrt_comm_rank(comm) : 0;
+    snprintf(path, sizeof path, "%s/%s.%d.log", dir, tag, rank);
+    recorder rec = {net, fopen(path, "w"), rank, hang};
+    REQUIRE(rec.out);
+    o.callback = record;
+    o.callback_ctx = &rec;
+    dsrt_train_result r;
+    int rc = dsrt_train(net, ds, &o, &r);
+    fclose(rec.out);
+    if (rc) fprintf(stderr, "rank %d: %s\n", rank, dsrt_last_error());
+    size_t n;
+    const float *w = dsrt_net_params(net, &n);
+    snprintf(path, sizeof path, "%s/%s.%d.w", dir, tag, rank);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f && fwrite(w, sizeof *w, n, f) == n && fclose(f) == 0);
+    dsrt_comm_close(comm);
+    dsrt_net_destroy(net);
+    dsrt_datastore_close(ds);
+    if (parallel) dsrt_comm_finalize();
+    return rc ? 1 : 0;
+}
+
+// ----------------------------------------------------------------------------
+// The launcher
+
+static char root[4096], self[4096];
+
+/* The whole file at path, NUL-terminated (malloc'd), or NULL. */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    rewind(f);
+    char *text = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (text && fread(text, 1, (size_t)len, f) != (size_t)len) {
+        free(text);
+        text = NULL;
+    }
+    fclose(f);
+    if (text) text[len] = 0;
+    return text;
+}
+
+/* Runs a worker: under mpirun with np ranks, or alone (np 0). Its stderr
+ * goes to root/TAG.err. Returns the exit status; *seconds the time taken. */
+static int run_worker(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
+                      int avg, int hang, double *seconds) {
+    char nps[16], eps[16], avgs[16], hangs[16], err[4400];
+    snprintf(nps, sizeof nps, "%d", np);
+    snprintf(eps, sizeof eps, "%d", epochs);
+    snprintf(avgs, sizeof avgs, "%d", avg);
+    snprintf(hangs, sizeof hangs, "%d", hang);
+    snprintf(err, sizeof err, "%s/%s.err", root, tag);
+    char *args[24];
+    int k = 0;
+    if (np > 0) {
+        args[k++] = (char *)comm_test_mpirun();
+        args[k++] = "--allow-run-as-root";
+        args[k++] = "--oversubscribe";
+        args[k++] = "-np";
+        args[k++] = nps;
+    }
+    args[k++] = self;
+    args[k++] = "--worker";
+    args[k++] = root;
+    args[k++] = (char *)tag;
+    args[k++] = eps;
+    args[k++] = (char *)(resume ? resume : "-");
+    args[k++] = (char *)(ckpt ? ckpt : "-");
+    args[k++] = avgs;
+    args[k++] = hangs;
+    args[k] = NULL;
+    fflush(stderr);
+    int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0 && saved >= 0);
+    dup2(fd, 2);
+    close(fd);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int st = comm_test_run(args, 120);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    dup2(saved, 2);
+    close(saved);
+    if (seconds) *seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    return st;
+}
+
+typedef struct {
+    int n;
+    long long it[64];
+    double loss[64];
+    char sum[64][17];
+} run_log;
+
+static void read_log(const char *tag, int rank, run_log *l) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s.%d.log", root, tag, rank);
+    FILE *f = fopen(path, "r");
+    memset(l, 0, sizeof *l);
+    if (!f) {
+        fprintf(stderr, "%s: missing\n", path);
+        test_failures++;
+        return;
+    }
+    while (l->n < 64 && fscanf(f, "%lld %lf %16s", &l->it[l->n], &l->loss[l->n], l->sum[l->n]) == 3)
+        l->n++;
+    fclose(f);
+}
+
+static float *read_weights(const char *tag, int rank, size_t *n) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s.%d.w", root, tag, rank);
+    size_t len = 0;
+    uint8_t *data = NULL;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        len = (size_t)ftell(f);
+        rewind(f);
+        data = malloc(len + 1);
+        if (data && fread(data, 1, len, f) != len) len = 0;
+        fclose(f);
+    }
+    *n = len / sizeof(float);
+    REQUIRE(data && *n > 0);
+    return (float *)data;
+}
+
+/* ||a - b|| / ||a|| over the weights of two runs (2-norms). */
+static double weights_rel_diff(const char *ta, int ra, const char *tb, int rb) {
+    size_t na, nb;
+    float *a = read_weights(ta, ra, &na), *b = read_weights(tb, rb, &nb);
+    CHECK_EQ(na, nb);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < na && i < nb; i++) {
+        double d = (double)a[i] - b[i];
+        diff += d * d;
+        norm += (double)a[i] * a[i];
+    }
+    free(a);
+    free(b);
+    return norm > 0 ? sqrt(diff / norm) : sqrt(diff);
+}
+
+/* The losses of two runs, iteration by iteration, within tol (relative). */
+static void check_losses(const run_log *a, const run_log *b, int from, double tol) {
+    for (int i = 0; i < b->n; i++) {
+        int j = (int)(b->it[i] - 1) - from; /* a's entry of the same iteration */
+        if (j < 0 || j >= a->n) continue;
+        CHECK_EQ(a->it[j], b->it[i]);
+        CHECK_NEAR(a->loss[j], b->loss[i], tol * fmax(1, fabs(a->loss[j])));
+    }
+}
+
+static void test_equal(void) {
+    double s;
+    /* The reference: one process, batch 128. */
+    CHECK_EQ(run_worker(0, "one", 10, NULL, NULL, 0, 0, &s), 0);
+    /* Two ranks, 64 each; twice. */
+    CHECK_EQ(run_worker(2, "two", 10, NULL, NULL, 0, 0, &s), 0);
+    fprintf(stderr, "  2 ranks, %d steps: %.1f s\n", STEPS, s);
+    CHECK_EQ(run_worker(2, "again", 10, NULL, NULL, 0, 0, NULL), 0);
+    run_log one, r0, r1, again;
+    read_log("one", 0, &one);
+    read_log("two", 0, &r0);
+    read_log("two", 1, &r1);
+    read_log("again", 0, &again);
+    CHECK_EQ(one.n, STEPS);
+    CHECK_EQ(r0.n, STEPS);
+    CHECK_EQ(r1.n, STEPS);
+    check_losses(&one, &r0, 0, 1e-5);
+    for (int i = 0; i < r0.n && i < r1.n && i < again.n; i++) {
+        CHECK_STR_EQ(r0.sum[i], r1.sum[i]);    /* every rank the same weights, every step */
+        CHECK_STR_EQ(r0.sum[i], again.sum[i]); /* and so every run */
+        CHECK(r0.loss[i] == r1.loss[i]);       /* the agreed figures */
+    }
+    double d = weights_rel_diff("one", 0, "two", 0);
+    fprintf(stderr, "  weights after %d steps, 2 x 64 against 1 x 128: %.2e relative\n", STEPS, d);
+    CHECK(d < 1e-5);
+    CHECK(weights_rel_diff("two", 0, "two", 1) == 0);
+
+    /* Parameter averaging every step with plain SGD: the same as summing
+     * the gradients (each rank's gradient is its half's mean). */
+    CHECK_EQ(run_worker(2, "avg", 10, NULL, NULL, 1, 0, NULL), 0);
+    CHECK_EQ(run_worker(2, "sgd", 10, NULL, NULL, -1, 0, NULL), 0);
+    run_log avg, sgd;
+    read_log("avg", 0, &avg);
+    read_log("sgd", 0, &sgd);
+    CHECK_EQ(avg.n, STEPS);
+    CHECK(weights_rel_diff("avg", 0, "avg", 1) == 0);
+    check_losses(&sgd, &avg, 0, 1e-5);
+    d = weights_rel_diff("sgd", 0, "avg", 0);
+    fprintf(stderr, "  averaging every step against summed gradients (SGD): %.2e relative\n", d);
+    CHECK(d < 1e-5);
+}
+
+/* The last checkpoint in folder dir loads, at the iteration expected. */
+static void check_checkpoint(const char *dir, long long want_it) {
+    char path[4400];
+    CHECK_OK(dsrt_checkpoint_latest(dir, path, sizeof path));
+    dsrt_net *net = NULL;
+    dsrt_optimizer *opt = NULL;
+    dsrt_train_position pos;
+    CHECK_OK(dsrt_checkpoint_load(path, &net, &opt, &pos, NULL));
+    if (want_it >= 0) CHECK_EQ(pos.iteration, want_it);
+    dsrt_optimizer_destroy(opt);
+    dsrt_net_destroy(net);
+}
+
+static void test_resume(void) {
+    char c1[4400], c2[4400];
+    snprintf(c1, sizeof c1, "%s/ckpt1", root);
+    snprintf(c2, sizeof c2, "%s/ckpt2", root);
+    /* Uninterrupted, 20 steps, one process. */
+    CHECK_EQ(run_worker(0, "full", 10, NULL, NULL, 0, 0, NULL), 0);
+    /* One process for 10 steps, then 2 ranks from its checkpoint. */
+    CHECK_EQ(run_worker(0, "half1", 5, NULL, c1, 0, 0, NULL), 0);
+    check_checkpoint(c1, 10);
+    CHECK_EQ(run_worker(2, "rest2", 10, c1, NULL, 0, 0, NULL), 0);
+    /* 2 ranks for 10 steps, then one process. */
+    CHECK_EQ(run_worker(2, "half2", 5, NULL, c2, 0, 0, NULL), 0);
+    check_checkpoint(c2, 10);
+    CHECK_EQ(run_worker(0, "rest1", 10, c2, NULL, 0, 0, NULL), 0);
+    run_log full, rest2, rest1;
+    read_log("full", 0, &full);
+    read_log("rest2", 0, &rest2);
+    read_log("rest1", 0, &rest1);
+    CHECK_EQ(rest2.n, 10);
+    CHECK_EQ(rest1.n, 10);
+    if (rest2.n) CHECK_EQ(rest2.it[0], 11);
+    check_losses(&full, &rest2, 0, 1e-5);
+    check_losses(&full, &rest1, 0, 1e-5);
+    double d2 = weights_rel_diff("full", 0, "rest2", 0),
+           d1 = weights_rel_diff("full", 0, "rest1", 0);
+    fprintf(stderr, "  resumed: 1 -> 2 ranks %.2e, 2 ranks -> 1 %.2e relative\n", d2, d1);
+    CHECK(d2 < 1e-5);
+    CHECK(d1 < 1e-5);
+}
+
+static void test_fault(void) {
+    char c[4400], err[4400];
+    snprintf(c, sizeof c, "%s/ckpt_fault", root);
+    double s = 0;
+    int st = run_worker(2, "fault", 10, NULL, c, 0, 7, &s);
+    fprintf(stderr, "  rank 1 hung at iteration 7: the job exited with %d after %.1f s\n", st, s);
+    CHECK_NE(st, 0);
+    CHECK(s < 60);
+    snprintf(err, sizeof err, "%s/fault.err", root);
+    char *text = read_text(err);
+    REQUIRE(text);
+    CHECK_CONTAINS(text, "rank 0: ");
+    CHECK_CONTAINS(text, "rank 1 not responding");
+    free(text);
+    /* Rank 0 went on to iteration 7's collectives; the checkpoints before
+     * stay loadable, the last at iteration 6. */
+    check_checkpoint(c, 6);
+}
+
+/* dstrain under mpirun refuses bad options on every rank, before any work. */
+static void test_refuse(void) {
+    char dstrain[4400], data[4400], err[4400];
+    const char *bin = getenv("DSRT_BIN_DIR");
+    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
+    if (access(dstrain, X_OK) != 0) {
+        fprintf(stderr, "  no %s: skipped\n", dstrain);
+        return;
+    }
+    snprintf(data, sizeof data, "%s/data", root);
+    snprintf(err, sizeof err, "%s/refuse.err", root);
+    struct {
+        const char *extra[4], *expect;
+    } cases[] = {
+        {{"--batch", "0", NULL}, "--batch: expected an integer"},
+        {{"--bn-statistics", "global", NULL}, "'global' is not one of"},
+        {{"--batch", "1", NULL}, "fewer than the 2 workers"},
+        {{"--average-optimizer-state", NULL}, "goes with --averaging-frequency"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *args[32];
+        int k = 0;
+        args[k++] = (char *)comm_test_mpirun();
+        args[k++] = "--allow-run-as-root";
+        args[k++] = "--oversubscribe";
+        args[k++] = "-np";
+        args[k++] = "2";
+        args[k++] = dstrain;
+        args[k++] = "train";
+        args[k++] = "--data";
+        args[k++] = data;
+        args[k++] = "--execution-environment";
+        args[k++] = "parallel";
+        args[k++] = "--threads";
+        args[k++] = "1";
+        for (int e = 0; cases[i].extra[e]; e++) args[k++] = (char *)cases[i].extra[e];
+        args[k] = NULL;
+        fflush(stderr);
+        int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int out = dup(1);
+        dup2(fd, 2);
+        dup2(fd, 1);
+        close(fd);
+        int st = comm_test_run(args, 60);
+        dup2(saved, 2);
+        dup2(out, 1);
+        close(saved);
+        close(out);
+        CHECK_NE(st, 0);
+        char *text = read_text(err);
+        REQUIRE(text);
+        /* Both ranks said it, and nothing trained. */
+        int said = 0;
+        for (char *p = text; (p = strstr(p, cases[i].expect)); p++) said++;
+        if (said != 2) fprintf(stderr, "case %zu: said %d times:\n%s\n", i, said, text);
+        CHECK_EQ(said, 2);
+        CHECK(strstr(text, "Training finished") == NULL);
+        free(text);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "--worker")) return worker(argc, argv);
+    const char *which = argc >= 2 ? argv[1] : "equal";
+    if (dsrt_comm_available(DSRT_COMM_MPI) != 0) {
+        fprintf(stderr, "skipped: %s\n", dsrt_last_error());
+        return TEST_SKIP;
+    }
+    if (!comm_test_mpirun()) {
+        fprintf(stderr, "skipped: no mpirun on PATH (install openmpi-bin)\n");
+        return TEST_SKIP;
+    }
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    REQUIRE(len > 0);
+    self[len] = 0;
+    char name[64];
+    snprintf(name, sizeof name, "mpi_train_%s", which);
+    REQUIRE(timg_tmpdir(name, root, sizeof root) == 0);
+    char data[4400];
+    snprintf(data, sizeof data, "%s/data", root);
+    make_data(data);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    if (!strcmp(which, "equal"))
+        RUN(test_equal);
+    else if (!strcmp(which, "resume"))
+        RUN(test_resume);
+    else if (!strcmp(which, "fault"))
+        RUN(test_fault);
+    else if (!strcmp(which, "refuse"))
+        RUN(test_refuse);
+    else {
+        fprintf(stderr, "mpi_train: no case '%s' (equal, resume, fault, refuse)\n", which);
+        return 2;
+    }
+    return TEST_RESULT();
+}
