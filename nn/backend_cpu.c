@@ -52,7 +52,7 @@ extern void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, 
 extern int omp_get_thread_num(void) __attribute__((weak));
 extern int omp_get_max_threads(void) __attribute__((weak));
 
-#define PLAN_SLOTS         4
+#define PLAN_SLOTS 4
 
 // ----------------------------------------------------------------------------
 // Plans
@@ -92,10 +92,17 @@ typedef struct {
     dnnl_memory_t plain_in;   /* softmax: the logits, plain (n, classes) */
     dnnl_memory_t plain_diff; /* softmax, dropout: the input gradient, plain, before a reorder */
     uint64_t w_fwd_version, w_bwd_version;
+    /* Synchronised batchnorm (plain NCHW data): the gradient of the input
+     * as the primitive wrote it, the sums handed to the net's hook, and
+     * the values per channel over the global batch. */
+    dnnl_memory_t bn_dsrc;
+    double *bn_sums; /* (2c + 1) */
+    double bn_count;
 } layer_plan;
 
 struct cpu_plan {
     int n, train;
+    int bn_sync; /* built for synchronised batchnorm (net->bn_sync_fn set) */
     int n_layers;
     uint64_t used; /* for least-recently-used eviction */
     layer_plan *lp;
@@ -365,11 +372,95 @@ static int step_bn_running(cpu_backend *be, cpu_plan *p, int i) {
     int c = l->out.c;
     const float *mean = handle_of(p->lp[i].mean), *var = handle_of(p->lp[i].var);
     float *rm = net->state + l->s_off, *rv = rm + c;
-    double count = (double)p->n * l->out.h * l->out.w;
+    double count = p->bn_sync ? p->lp[i].bn_count : (double)p->n * l->out.h * l->out.w;
     float m = l->o.momentum, unbias = count > 1 ? (float)(count / (count - 1)) : 1.0f;
     for (int k = 0; k < c; k++) {
         rm[k] = (1.0f - m) * rm[k] + m * mean[k];
         rv[k] = (1.0f - m) * rv[k] + m * var[k] * unbias;
+    }
+    return 0;
+}
+
+/* Synchronised batchnorm, forward: the batch statistics over every
+ * worker's batch. Sums of x and x^2 per channel over this batch's plain
+ * NCHW input go through the net's hook (which sums them over the workers);
+ * the mean and the biased variance come from the totals, and the primitive
+ * normalises with them as given statistics. */
+static int step_bn_sync_fwd(cpu_backend *be, cpu_plan *p, int i) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *l = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    int c = l->out.c;
+    size_t hw = (size_t)l->out.h * l->out.w;
+    const float *x = handle_of(lp->src);
+    double *sums = lp->bn_sums;
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0, q = 0;
+        for (int b = 0; b < p->n; b++) {
+            const float *xs = x + ((size_t)b * c + ch) * hw;
+            for (size_t k = 0; k < hw; k++) {
+                s += xs[k];
+                q += (double)xs[k] * xs[k];
+            }
+        }
+        sums[ch] = s;
+        sums[c + ch] = q;
+    }
+    sums[2 * c] = (double)p->n * (double)hw;
+    dsrt_bn_sums bs = {i, 0, c, sums, (size_t)2 * c + 1, DSRT_DEVICE_CPU, NULL};
+    int rc = net->bn_sync_fn(net->bn_sync_ctx, &bs);
+    if (rc) return rc;
+    double count = sums[2 * c];
+    if (!(count > 0))
+        return dsrt__fail(DSRT_EBACKEND, "%s: synchronised batchnorm: %g values over the workers",
+                          l->name, count);
+    lp->bn_count = count;
+    float *mean = handle_of(lp->mean), *var = handle_of(lp->var);
+    for (int ch = 0; ch < c; ch++) {
+        double m = sums[ch] / count, v = sums[c + ch] / count - m * m;
+        mean[ch] = (float)m;
+        var[ch] = (float)(v > 0 ? v : 0);
+    }
+    return 0;
+}
+
+/* Synchronised batchnorm, backward. The primitive, run with the statistics
+ * as given constants, wrote dx = scale / sigma * dy' (dy' after the fused
+ * ReLU) and the local sums of dy' (the shift's gradient) and of dy' * xhat
+ * (the scale's). Over the global batch of M values a channel, the gradient
+ * also has the terms of the mean and variance:
+ *     dx -= scale / sigma * (sum dy' + xhat * sum dy' xhat) / M
+ * with the sums over every worker, which the hook gives. The parameters'
+ * own gradients stay local sums: the gradient all-reduce adds them up. */
+static int step_bn_sync_bwd(cpu_backend *be, cpu_plan *p, int i) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *l = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    int c = l->out.c;
+    size_t hw = (size_t)l->out.h * l->out.w;
+    double *sums = lp->bn_sums;
+    const float *dshift = net->grads + l->b_off, *dscale = net->grads + l->w_off;
+    for (int ch = 0; ch < c; ch++) {
+        sums[ch] = dshift[ch];
+        sums[c + ch] = dscale[ch];
+    }
+    dsrt_bn_sums bs = {i, 1, c, sums, (size_t)2 * c, DSRT_DEVICE_CPU, NULL};
+    int rc = net->bn_sync_fn(net->bn_sync_ctx, &bs);
+    if (rc) return rc;
+    const float *x = handle_of(lp->src), *mean = handle_of(lp->mean), *var = handle_of(lp->var);
+    const float *scale = net->params + l->w_off;
+    float *dx = handle_of(lp->bn_dsrc);
+    double inv_m = 1.0 / lp->bn_count;
+    for (int ch = 0; ch < c; ch++) {
+        double inv_sigma = 1.0 / sqrt((double)var[ch] + l->o.eps);
+        double a = scale[ch] * inv_sigma;
+        double k1 = a * sums[ch] * inv_m, k2 = a * sums[c + ch] * inv_m * inv_sigma;
+        double mu = mean[ch];
+        for (int b = 0; b < p->n; b++) {
+            const float *xs = x + ((size_t)b * c + ch) * hw;
+            float *ds = dx + ((size_t)b * c + ch) * hw;
+            for (size_t k = 0; k < hw; k++) ds[k] = (float)(ds[k] - k1 - (xs[k] - mu) * k2);
+        }
     }
     return 0;
 }
@@ -716,11 +807,19 @@ static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
     dnnl_memory_desc_t c_md;
     if (md_plain(&c_md, 1, cdims)) return dnnl_fail(dnnl_invalid_arguments, "batchnorm", L);
     unsigned flags = dnnl_use_scale | dnnl_use_shift | (L->fuse_relu ? dnnl_fuse_norm_relu : 0);
-    if (!p->train) flags |= dnnl_use_global_stats;
+    /* Synchronised: the statistics come from every worker (step_bn_sync_*),
+     * the primitive takes them as given, and the data is plain NCHW so that
+     * the C steps can walk it. */
+    int sync = p->train && p->bn_sync;
+    if (!p->train || sync) flags |= dnnl_use_global_stats;
     /* oneDNN 2.6 normalises NHWC with channels off the block only in a slow
      * generic kernel: such inputs are reordered to the blocked layout. */
     dnnl_memory_desc_t data_md = in->md;
-    if (in->md.ndims == 4 && md_is(&in->md, dnnl_acdb) && c % be->block != 0)
+    if (sync && md_plain_like(&data_md, &in->md))
+        return dnnl_fail(dnnl_invalid_arguments, "batchnorm", L);
+    if (sync && !(lp->bn_sums = dsrt__calloc((size_t)2 * c + 1, sizeof *lp->bn_sums)))
+        return -ENOMEM;
+    if (!sync && in->md.ndims == 4 && md_is(&in->md, dnnl_acdb) && c % be->block != 0)
         DN("batchnorm layout",
            dnnl_memory_desc_init_by_tag(&data_md, 4, in->md.dims, dnnl_f32,
                                         be->block == 16 ? dnnl_aBcd16b : dnnl_aBcd8b));
@@ -742,6 +841,7 @@ static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
     const dnnl_memory_desc_t *wsmd = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
     if (!rc && wsmd && dnnl_memory_desc_get_size(wsmd))
         rc = mem_new(p, wsmd, be->engine, NULL, &ws, L);
+    if (!rc && sync) rc = c_step(p, 0, step_bn_sync_fwd, i);
     if (!rc) rc = prim_step(p, be, fpd, 0, i, &s, L);
     if (rc) goto out;
     arg(s, DNNL_ARG_SRC, lp->src);
@@ -785,6 +885,9 @@ static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
         arg(s, DNNL_ARG_DIFF_SRC, dsrc);
         arg(s, DNNL_ARG_DIFF_SCALE, dscale);
         arg(s, DNNL_ARG_DIFF_SHIFT, dshift);
+        /* Without a gradient to pass down there is nothing to correct. */
+        lp->bn_dsrc = dsrc;
+        if (sync && in->diff && (rc = c_step(p, 1, step_bn_sync_bwd, i))) goto out;
         if (dsrc_tmp && (rc = reorder_step(p, be, dsrc_tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L)))
             goto out;
         rc = c_step(p, 1, step_ready, i);
@@ -1115,6 +1218,7 @@ static void plan_free(cpu_plan *p) {
     for (int i = 0; p->lp && i < p->n_layers; i++) {
         free(p->lp[i].mask);
         free(p->lp[i].fc_t);
+        free(p->lp[i].bn_sums);
     }
     free(p->lp);
     free(p->fwd);
@@ -1135,6 +1239,7 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
     if (!p) return -ENOMEM;
     p->n = n;
     p->train = train;
+    p->bn_sync = train && net->bn_sync_fn != NULL;
     p->n_layers = net->n_layers;
     p->lp = dsrt__calloc((size_t)net->n_layers, sizeof *p->lp);
     if (!p->lp) {
@@ -1225,7 +1330,8 @@ static int plan_get(cpu_backend *be, int n, int train, cpu_plan **out) {
     int slot = -1;
     for (int k = 0; k < PLAN_SLOTS; k++) {
         cpu_plan *p = be->plans[k];
-        if (p && p->n == n && p->train == train) {
+        if (p && p->n == n && p->train == train &&
+            p->bn_sync == (train && be->net->bn_sync_fn != NULL)) {
             p->used = ++be->clock;
             *out = p;
             return 0;
@@ -1487,4 +1593,5 @@ const dsrt_backend_ops dsrt__backend_cpu = {
     .optimize = cpu_optimize,
     .run_on_threads = cpu_run_on_threads,
     .read_output = cpu_read_output,
+    .bn_sync = 1,
 };

@@ -795,12 +795,21 @@ static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
     const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
     float *rm = be->state + L->s_off, *rv = rm + c;
     /* Running averages as the CPU backend keeps them: r = (1 - momentum) r +
-     * momentum batch, the variance unbiased (cuDNN's definition too). */
-    if (p->train)
+     * momentum batch, the variance unbiased (cuDNN's definition too). One
+     * value per channel has no unbiased variance: the CPU backend then
+     * takes the biased one (0), done here by hand. */
+    if (p->train) {
+        int one = (size_t)p->n * L->out.h * L->out.w == 1;
         DNN(cudnnBatchNormalizationForwardTraining(
             be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, in->yd, in->y, g->yd, g->y, g->bd, scale,
-            shift, (double)L->o.momentum, rm, rv, (double)L->o.eps, g->save_mean, g->save_inv));
-    else
+            shift, (double)L->o.momentum, one ? NULL : rm, one ? NULL : rv, (double)L->o.eps,
+            g->save_mean, g->save_inv));
+        if (one) {
+            float m = L->o.momentum, keep = 1.0f - m;
+            DNN(cudnnAddTensor(be->dnn, &m, g->bd, g->save_mean, &keep, g->bd, rm));
+            DNN(cudnnScaleTensor(be->dnn, g->bd, rv, &keep));
+        }
+    } else
         DNN(cudnnBatchNormalizationForwardInference(be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO,
                                                     in->yd, in->y, g->yd, g->y, g->bd, scale, shift,
                                                     rm, rv, (double)L->o.eps));

@@ -131,6 +131,9 @@ int dsrt_comm_open_local(dsrt_comm **comms, int n, const int *devices,
 }
 
 static void detach(dsrt_comm *c) {
+    /* Sums of a step nobody waited for finish first: they write into the
+     * net's gradients. */
+    if (c->grad && c->bk && c->n_announced && !atomic_load(&c->broken)) (void)c->grad->wait(c);
     if (c->net) {
         dsrt_net_set_grad_hook(c->net, NULL);
         if (c->net->bn_sync_ctx == c) dsrt_net_set_bn_sync(c->net, NULL, NULL);
@@ -206,6 +209,9 @@ static void on_backward(void *ctx, int end) {
     }
     c->bw_start = dsrt__comm_now();
     c->bw_end = 0;
+    /* Where backward writes this step (a device backend may have moved its
+     * buffers since the last one). */
+    dsrt__net_memory(c->net, &c->mem);
 }
 
 static void announce(dsrt_comm *c, int k) {
@@ -290,8 +296,6 @@ int dsrt_comm_grads_wait(dsrt_comm *c) {
     int rc = usable(c, "gradients");
     if (rc) return rc;
     if (!c->net) return dsrt__fail(-EINVAL, "comm: grads_wait without an attached net");
-    /* The grads pointer may move when a device backend replans. */
-    dsrt__net_memory(c->net, &c->mem);
     for (int k = 0; k < c->n_bk; k++) announce(c, k);
     rc = c->grad->wait(c);
     if (rc) return rc;

@@ -62,8 +62,8 @@ static void nap(void) {
     nanosleep(&t, NULL);
 }
 
-/* Waits for a non-blocking communicator's pending work (set-up,
- * finalisation) with the deadline. */
+/* Waits for a non-blocking communicator's pending call (set-up, a
+ * collective being queued, finalisation) with the deadline. */
 static int nccl_settle(dsrt_comm *c, const char *what) {
     comm_nccl *g = c->nccl;
     double deadline = dsrt__comm_now() + c->o.timeout_s;
@@ -126,7 +126,8 @@ static void nccl_start(dsrt_comm *c, int k) {
     if (g->err) return;
     dsrt_range r = c->bk[k];
     cudaStream_t compute = (cudaStream_t)c->mem.stream;
-    cudaError_t e = cudaEventRecord(g->ready[k], compute);
+    cudaError_t e = cudaSetDevice(g->device);
+    if (e == cudaSuccess) e = cudaEventRecord(g->ready[k], compute);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(g->stream, g->ready[k], 0);
     if (e != cudaSuccess) {
         g->err = 1;
@@ -136,9 +137,14 @@ static void nccl_start(dsrt_comm *c, int k) {
     if (c->mpi) g->bucket_seq[k] = dsrt__comm_mpi_enter(c, CHAN_GRAD);
     float *x = c->mem.grads + r.offset;
     ncclResult_t nr = ncclAllReduce(x, x, r.count, ncclFloat32, ncclSum, g->comm, g->stream);
-    if (nr != ncclSuccess && nr != ncclInProgress) {
+    /* A non-blocking communicator may answer before the work is on the
+     * stream: the done event must come after it. */
+    if (nr == ncclInProgress && nccl_settle(c, "gradient all-reduce") == 0) nr = ncclSuccess;
+    if (nr != ncclSuccess) {
         g->err = 1;
-        snprintf(g->errmsg, sizeof g->errmsg, "NCCL: %s", ncclGetErrorString(nr));
+        snprintf(g->errmsg, sizeof g->errmsg, "%s", dsrt_last_error());
+        if (nr != ncclInProgress)
+            snprintf(g->errmsg, sizeof g->errmsg, "NCCL: %s", ncclGetErrorString(nr));
         return;
     }
     if ((e = cudaEventRecord(g->done[k], g->stream)) != cudaSuccess) {
@@ -155,7 +161,9 @@ static int nccl_wait(dsrt_comm *c) {
         return dsrt__fail(DSRT_EBACKEND, "comm: gradient all-reduce: %s", g->errmsg);
     }
     /* Later work on the compute stream (the optimizer) runs after the sums. */
-    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)c->mem.stream, g->done[c->n_bk - 1], 0);
+    cudaError_t e = cudaSetDevice(g->device);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent((cudaStream_t)c->mem.stream, g->done[c->n_bk - 1], 0);
     if (e != cudaSuccess) return cuda_fail(e, "gradient all-reduce");
     double deadline = dsrt__comm_now() + c->o.timeout_s;
     for (int k = 0; k < c->n_bk;) {
@@ -189,7 +197,8 @@ static int nccl_wait(dsrt_comm *c) {
 static int nccl_sum_device(dsrt_comm *c, double *x, size_t n, void *stream) {
     comm_nccl *g = c->nccl;
     ncclResult_t r = ncclAllReduce(x, x, n, ncclFloat64, ncclSum, g->comm, (cudaStream_t)stream);
-    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, g->comm, "batchnorm sums");
+    if (r == ncclInProgress) return nccl_settle(c, "batchnorm sums");
+    if (r != ncclSuccess) return nccl_fail(r, g->comm, "batchnorm sums");
     return 0;
 }
 
@@ -222,21 +231,22 @@ static int nccl_prepare(dsrt_comm *c, int device) {
 void dsrt__comm_nccl_close(dsrt_comm *c) {
     comm_nccl *g = c->nccl;
     if (!g) return;
-    free_events(g);
     if (g->have_comm) {
-        if (atomic_load(&c->broken)) {
-            ncclCommAbort(g->comm);
-        } else {
-            cudaSetDevice(g->device);
+        cudaSetDevice(g->device);
+        int ok = 0;
+        if (!atomic_load(&c->broken)) {
+            /* Flushes what is queued; settle aborts it if that never ends. */
             ncclResult_t r = ncclCommFinalize(g->comm);
-            if (r == ncclSuccess || r == ncclInProgress)
-                r = nccl_settle(c, "close") ? ncclSystemError : ncclSuccess;
-            if (r == ncclSuccess)
+            ok = (r == ncclSuccess || r == ncclInProgress) && nccl_settle(c, "close") == 0;
+        }
+        if (g->have_comm) {
+            if (ok)
                 ncclCommDestroy(g->comm);
             else
                 ncclCommAbort(g->comm);
         }
     }
+    free_events(g);
     if (g->stream) cudaStreamDestroy(g->stream);
     free(g);
     c->nccl = NULL;

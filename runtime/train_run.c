@@ -417,6 +417,10 @@ static int after_step(run *R, int64_t epoch, int64_t index) {
     if (validate_now) {
         double vl, va;
         if ((rc = validate(R, &vl, &va))) return rc;
+        /* Validation staged batches of its own where the next training
+         * batch waits on the device: that batch goes again (its slot is
+         * still held), or the step would read what validation left. */
+        if (R->b && R->copied && (rc = stage_batch(R, R->b, &R->copied))) return rc;
         after_validation(R, vl, va, it);
         ev->val_loss = r->val_loss = vl;
         ev->val_accuracy = r->val_accuracy = va;

@@ -23,6 +23,8 @@ else
   DSRT_BUILD_TYPE=RelWithDebInfo bash scripts/build.sh "$build" -DDSRT_SANITIZE="$san"
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+# Open MPI's own leaks in the communicator tests: tests/lsan.supp says which.
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # oneDNN's OpenMP runtime is not instrumented: tests/tsan.supp names what TSan
 # cannot see through there.

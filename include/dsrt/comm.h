@@ -138,7 +138,8 @@ DSRT_API int dsrt_comm_bcast(dsrt_comm *c, void *buf, size_t bytes, int root);
  * bucket_bytes) so that every bucket's sum starts the moment backward has
  * written it. The net must compute where the communicator works (MPI: the
  * CPU; NCCL: its device). One net per communicator; attaching another
- * replaces it, NULL detaches. Collective.
+ * replaces it, NULL detaches. Collective. The net must stay until it is
+ * detached or the communicator closed.
  */
 DSRT_API int dsrt_comm_attach(dsrt_comm *c, dsrt_net *net);
 
@@ -148,8 +149,9 @@ DSRT_API int dsrt_comm_attach(dsrt_comm *c, dsrt_net *net);
  * train_finish), waits until the whole gradient buffer holds the sum over
  * the workers. Buckets the hook did not announce (a step that failed part
  * way) are reduced here, so every worker makes the same calls. Returns 0 or
- * a negative code; on a GPU the sums are queued on the net's stream (a later
- * optimizer step waits for them).
+ * a negative code. On a GPU the net's stream is also ordered after the sums,
+ * and the call returns when the device has done them (it polls, so that the
+ * deadline holds): do host work such as staging the next batch before it.
  */
 DSRT_API int dsrt_comm_grads_wait(dsrt_comm *c);
 
