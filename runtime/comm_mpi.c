@@ -12,8 +12,15 @@
  * MPI's shared-memory and TCP transports advance a nonblocking collective
  * only inside MPI calls, so the thread starts each bucket's MPI_Iallreduce
  * (in place) the moment the gradient hook queues it and keeps testing the
- * requests in flight, sleeping a few microseconds between rounds. Between
- * steps it waits on a condition variable and wakes for heartbeats.
+ * requests in flight. While backward computes it naps 5 to 160 us between
+ * rounds on its condition variable (a newly queued bucket ends the nap);
+ * once backward is over (the last bucket queued, or grads_wait waiting) it
+ * polls without naps, since the sums are then all there is to do. Between
+ * steps it sleeps on the condition variable and wakes for heartbeats.
+ *
+ * Open MPI's nonblocking all-reduce defaults to a binomial tree that runs
+ * large buffers at half the speed of the blocking call; dsrt_comm_init asks
+ * for the ring instead (see dsrt__comm_mpi_init).
  *
  * Heartbeats name the ranks a timed-out collective waits for: every period
  * (a tenth of the timeout, within 0.05 .. 2 s) each rank's thread sends every
@@ -57,7 +64,10 @@ struct comm_mpi {
     pthread_cond_t cv;   /* wakes the thread: a bucket queued, stop */
     pthread_cond_t done; /* wakes grads_wait: a bucket finished */
     int stop;
-    int hurry; /* the training thread waits for the buckets: poll without naps */
+    /* Until then poll without naps: backward is over (the last bucket is
+     * queued, or the training thread waits), so the sums are all there is
+     * to do. 100 ms after, the peers are late, not the transfer. */
+    double hurry_until;
 
     /* Buckets: queued by the hook, started and tested by the thread. */
     int *queue; /* (n_bk) ring of bucket indices */
@@ -65,8 +75,10 @@ struct comm_mpi {
     MPI_Request *req; /* (n_bk) */
     int *inflight;    /* (n_bk) bucket indices with a request */
     int n_inflight;
-    int n_done; /* buckets of this step whose sum is complete */
-    int err;    /* an MPI failure in the thread, for wait */
+    int n_done;   /* buckets of this step whose sum is complete */
+    int in_mpi;   /* the thread is in an MPI call on a bucket (mu released) */
+    uint64_t gen; /* bumped when the buckets go (detach): the thread forgets */
+    int err;      /* an MPI failure in the thread, for wait */
     char errmsg[256];
     int64_t *bucket_seq; /* (n_bk) grad position each bucket was given */
 
@@ -91,6 +103,17 @@ static int mpi_fail(int err, const char *what) {
     int len = 0;
     if (MPI_Error_string(err, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "error %d", err);
     return dsrt__fail(DSRT_EBACKEND, "comm: %s: MPI: %s", what, s);
+}
+
+/* Waits on cv (mu held; both condition variables use CLOCK_MONOTONIC) for
+ * at most seconds. */
+static void cond_wait_for(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long ns = ts.tv_nsec + (long)((seconds - (double)(time_t)seconds) * 1e9);
+    ts.tv_sec += (time_t)seconds + ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    pthread_cond_timedwait(cv, mu, &ts);
 }
 
 static void nap(int *round) {
@@ -265,18 +288,30 @@ static int pump_buckets(dsrt_comm *c) {
         m->q_len--;
         dsrt_range r = c->bk[k];
         m->bucket_seq[k] = atomic_fetch_add(&m->seq[CHAN_GRAD], 1) + 1;
+        float *x = c->mem.grads + r.offset;
+        MPI_Request *rq = &m->req[k];
+        uint64_t gen = m->gen;
+        m->in_mpi = 1;
         pthread_mutex_unlock(&m->mu);
-        int e = MPI_Iallreduce(MPI_IN_PLACE, c->mem.grads + r.offset, (int)r.count, MPI_FLOAT,
-                               MPI_SUM, m->grad, &m->req[k]);
+        int e = MPI_Iallreduce(MPI_IN_PLACE, x, (int)r.count, MPI_FLOAT, MPI_SUM, m->grad, rq);
         pthread_mutex_lock(&m->mu);
+        m->in_mpi = 0;
+        pthread_cond_broadcast(&m->done);
+        if (m->gen != gen) return MPI_SUCCESS;
         if (e != MPI_SUCCESS) return e;
         m->inflight[m->n_inflight++] = k;
     }
     for (int i = 0; i < m->n_inflight;) {
         int k = m->inflight[i], flag = 0;
+        MPI_Request *rq = &m->req[k];
+        uint64_t gen = m->gen;
+        m->in_mpi = 1;
         pthread_mutex_unlock(&m->mu);
-        int e = MPI_Test(&m->req[k], &flag, MPI_STATUS_IGNORE);
+        int e = MPI_Test(rq, &flag, MPI_STATUS_IGNORE);
         pthread_mutex_lock(&m->mu);
+        m->in_mpi = 0;
+        pthread_cond_broadcast(&m->done);
+        if (m->gen != gen) return MPI_SUCCESS;
         if (e != MPI_SUCCESS) return e;
         if (!flag) {
             i++;
@@ -311,34 +346,25 @@ static void *comm_thread(void *arg) {
             pthread_cond_broadcast(&m->done);
         }
         if (m->stop) break;
-        if (m->n_inflight > 0 || m->q_len > 0) {
-            /* While backward computes, naps leave it the core; once the
-             * training thread waits, the sums are all there is to do. */
-            int hurry = m->hurry;
-            pthread_mutex_unlock(&m->mu);
-            if (hurry)
+        if (m->q_len > 0) continue; /* start it now */
+        if (m->n_inflight > 0) {
+            /* While backward computes, naps leave it the core (a queued
+             * bucket or grads_wait ends one at once); once backward is
+             * over, the sums are all there is to do. */
+            if (dsrt__comm_now() < m->hurry_until) {
+                pthread_mutex_unlock(&m->mu);
                 sched_yield();
-            else
-                nap(&round);
-            pthread_mutex_lock(&m->mu);
+                pthread_mutex_lock(&m->mu);
+            } else {
+                cond_wait_for(&m->cv, &m->mu, 5e-6 * (1 << DSRT_MIN(round, 5)));
+                round++;
+            }
             continue;
         }
         round = 0;
         /* Idle: sleep until a bucket is queued or the next heartbeat. */
-        double wake = m->hb_next;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double wait = wake - dsrt__comm_now();
-        if (wait > 0) {
-            wait = DSRT_MIN(wait, 1.0);
-            ts.tv_sec += (time_t)wait;
-            ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&m->cv, &m->mu, &ts);
-        }
+        double wait = m->hb_next - dsrt__comm_now();
+        if (wait > 0) cond_wait_for(&m->cv, &m->mu, DSRT_MIN(wait, 1.0));
     }
     pthread_mutex_unlock(&m->mu);
     return NULL;
@@ -350,6 +376,9 @@ static void *comm_thread(void *arg) {
 static void mpi_grad_detach(dsrt_comm *c) {
     comm_mpi *m = c->mpi;
     pthread_mutex_lock(&m->mu);
+    /* The thread finishes the MPI call it is in, then sees gen changed. */
+    while (m->in_mpi) cond_wait_for(&m->done, &m->mu, 0.01);
+    m->gen++;
     /* Requests still in flight (a communicator that broke) are left to MPI;
      * the thread forgets them. */
     free(m->queue);
@@ -384,6 +413,7 @@ static void mpi_grad_start(dsrt_comm *c, int k) {
     m->queue[m->q_tail] = k;
     m->q_tail = (m->q_tail + 1) % c->n_bk;
     m->q_len++;
+    if (k == c->n_bk - 1) m->hurry_until = dsrt__comm_now() + 0.1;
     pthread_cond_signal(&m->cv);
     pthread_mutex_unlock(&m->mu);
 }
@@ -393,21 +423,23 @@ static int mpi_grad_wait(dsrt_comm *c) {
     double deadline = dsrt__comm_now() + c->o.timeout_s;
     int rc = 0;
     pthread_mutex_lock(&m->mu);
-    m->hurry = 1;
+    double start = dsrt__comm_now();
+    m->hurry_until = start + 0.1;
+    pthread_cond_signal(&m->cv);
     while (m->n_done < c->n_announced && !m->err) {
-        double left = deadline - dsrt__comm_now();
+        double now = dsrt__comm_now(), left = deadline - now;
         if (left <= 0) break;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        left = DSRT_MIN(left, 0.5);
-        ts.tv_nsec += (long)(left * 1e9);
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&m->done, &m->mu, &ts);
-        /* After 100 ms the peers are late, not the transfer: nap again. */
-        if (deadline - dsrt__comm_now() < c->o.timeout_s - 0.1) m->hurry = 0;
+        if (now - start < 0.1) {
+            /* The last sums take microseconds: look again at once rather
+             * than sleep until the thread's signal is scheduled. */
+            pthread_mutex_unlock(&m->mu);
+            sched_yield();
+            pthread_mutex_lock(&m->mu);
+            continue;
+        }
+        cond_wait_for(&m->done, &m->mu, DSRT_MIN(left, 0.5));
     }
-    m->hurry = 0;
+    m->hurry_until = 0;
     if (m->err) {
         rc = dsrt__fail(DSRT_EBACKEND, "comm: gradient all-reduce: MPI: %s", m->errmsg);
         pthread_mutex_unlock(&m->mu);

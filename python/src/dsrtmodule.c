@@ -110,13 +110,16 @@ static int get_u64(PyObject *v, const char *what, uint64_t max, uint64_t *out) {
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (x == -1 && PyErr_Occurred()) return -1;
-    if (overflow < 0 || x < 0) {
+    if (overflow < 0 || (!overflow && x < 0)) {
         PyErr_Format(PyExc_ValueError, "%s: %S: must not be negative", what, v);
         return -1;
     }
     unsigned long long u = overflow ? PyLong_AsUnsignedLongLong(v) : (unsigned long long)x;
-    if (u == (unsigned long long)-1 && PyErr_Occurred()) PyErr_Clear(), u = UINT64_MAX;
-    if (overflow > 0 && u == UINT64_MAX) u = UINT64_MAX;
+    if (u == (unsigned long long)-1 && PyErr_Occurred()) { /* above 2^64 - 1 */
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: %S: at most %llu", what, v, (unsigned long long)max);
+        return -1;
+    }
     if (u > max) {
         PyErr_Format(PyExc_ValueError, "%s: %S: at most %llu", what, v, (unsigned long long)max);
         return -1;
@@ -775,9 +778,8 @@ static PyObject *tensor_dlpack_device(TensorObject *self, PyObject *unused) {
 }
 
 static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
-    if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE) {
-        /* Writable is fine: the slot belongs to the consumer while lent. */
-    }
+    /* Writable: the slot belongs to the consumer while it is lent. C order,
+     * so shape and strides may be left out when not asked for. */
     view->buf = self->data;
     view->obj = (PyObject *)self;
     Py_INCREF(self);
@@ -799,8 +801,8 @@ static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
         dims[i] = (Py_ssize_t)self->shape[i];
         dims[4 + i] = (Py_ssize_t)(self->strides[i] * self->itemsize);
     }
-    view->shape = dims;
-    view->strides = dims + 4;
+    view->shape = (flags & PyBUF_ND) == PyBUF_ND ? dims : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? dims + 4 : NULL;
     view->suboffsets = NULL;
     view->internal = dims;
     return 0;

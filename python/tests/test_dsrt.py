@@ -248,6 +248,9 @@ def test_zero_copy_numpy_and_torch(folder):
         assert a.shape == (8, 3, 32, 32) and a.dtype == np.float32
         assert y.dtype == torch.int32 and y.shape == (8,)
         assert x.data_ptr() == a.ctypes.data == m.ctypes.data
+        mv = memoryview(b.labels)
+        assert mv.format == "i" and mv.shape == (8,) and mv.tolist() == y.tolist()
+        assert len(bytes(memoryview(b.images))) == 8 * 3 * 32 * 32 * 4
         assert b.images.__dlpack_device__() == (1, 0)
         assert [ds.label(0)] * 0 == [] and 0 <= int(y.min()) and int(y.max()) < 3
         ids = np.from_dlpack(b.ids)
@@ -533,6 +536,8 @@ def _threads():
         (dict(io="aio"), "io: 'aio'"),
         (dict(io_depth=0), "depth"),
         (dict(seed=-1), "seed: -1: must not be negative"),
+        (dict(seed=2**64), "seed: 18446744073709551616: at most 18446744073709551615"),
+        (dict(epochs=2**70), "epochs: .*: at most"),
     ],
 )
 def test_bad_options_raise_before_work(folder, kwargs, message):
