@@ -679,9 +679,14 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
             if ((rc = plan_conv_algos(be, p, i, fws, fws_size, dwl, &need))) goto fail;
         }
     }
+    /* The search's memory goes back before the workspace grows. */
+    cudaError_t e1 = fws ? cudaFree(fws) : cudaSuccess, e2 = dw ? cudaFree(dw) : cudaSuccess;
+    fws = dw = NULL;
+    if (e1 != cudaSuccess || e2 != cudaSuccess) {
+        rc = cu_fail(e1 != cudaSuccess ? e1 : e2, "cudaFree", NULL);
+        goto fail;
+    }
     if ((rc = ensure_workspace(be, need))) goto fail;
-    if (fws) cudaFree(fws);
-    if (dw) cudaFree(dw);
     free(need_dy);
     *out = p;
     return 0;
@@ -1305,10 +1310,13 @@ static int optim_plan(cuda_backend *be, const dsrt_optim_step *s) {
     cudaError_t e = cudaStreamSynchronize(be->compute);
     const char *call = "cudaStreamSynchronize";
     if (e == cudaSuccess) {
-        if (be->seg_dev) cudaFree(be->seg_dev);
-        if (be->kopt.work) cudaFree(be->kopt.work);
+        call = "cudaFree";
+        if (be->seg_dev) e = cudaFree(be->seg_dev);
+        if (be->kopt.work && e == cudaSuccess) e = cudaFree(be->kopt.work);
         be->seg_dev = NULL;
         be->kopt.work = NULL;
+    }
+    if (e == cudaSuccess) {
         call = "cudaMalloc";
         e = cudaMalloc((void **)&be->seg_dev, ((size_t)s->n_seg + 1) * sizeof *ks);
     }

@@ -337,6 +337,7 @@ run() {
 sanitize() {
   local build=$1 nvcc=$2 log=$3 cs
   cs=$(dirname "$nvcc")/compute-sanitizer
+  [ -x "$cs" ] || cs=$(dirname "$nvcc")/../compute-sanitizer/compute-sanitizer
   [ -x "$cs" ] || cs=$(command -v compute-sanitizer || true)
   : >"$log"
   if [ -z "$cs" ]; then

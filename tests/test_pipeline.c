@@ -545,29 +545,47 @@ static void test_next_timed(void) {
     o.threads = 1;
     o.epochs = 1;
     ref_ctx r = ref_open(ds, &a, &o, NULL);
-    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    /* A batch takes its worker milliseconds, so a wait right after opening
+     * finds none ready; on a loaded machine the worker may still win, so a
+     * few fresh pipelines are tried before that counts as a failure. */
+    dsrt_pipeline *p = NULL;
     dsrt_batch *b = (dsrt_batch *)&o;
-    double t0 = now_s();
-    CHECK_EQ(dsrt_pipeline_next_timed(p, &b, 0), -ETIMEDOUT);
-    CHECK(b == NULL);
-    CHECK_EQ(dsrt_pipeline_next_timed(p, &b, 2), -ETIMEDOUT);
-    CHECK(now_s() - t0 >= 0.002);
-    CHECK(strstr(dsrt_last_error(), "batch 0 is not ready") != NULL);
-    rec got[8];
-    size_t k = 0, timeouts = 0;
-    int rc;
-    while ((rc = dsrt_pipeline_next_timed(p, &b, 1)) != DSRT_EEOF) {
-        if (rc == -ETIMEDOUT) {
-            timeouts++;
+    int timed_out = 0;
+    for (int attempt = 0; attempt < 8 && !timed_out; attempt++) {
+        dsrt_pipeline_close(p);
+        p = open_pipe(ds, &a, &o);
+        double t0 = now_s();
+        int rc0 = dsrt_pipeline_next_timed(p, &b, 0);
+        if (rc0 == 0) {
+            CHECK_OK(dsrt_batch_release(p, b));
             continue;
         }
+        CHECK_EQ(rc0, -ETIMEDOUT);
+        CHECK(b == NULL);
+        CHECK(strstr(dsrt_last_error(), "batch 0 is not ready") != NULL);
+        int rc2 = dsrt_pipeline_next_timed(p, &b, 2);
+        if (rc2 == 0) {
+            CHECK_OK(dsrt_batch_release(p, b));
+        } else {
+            CHECK_EQ(rc2, -ETIMEDOUT);
+            CHECK(now_s() - t0 >= 0.002);
+        }
+        timed_out = 1;
+    }
+    CHECK(timed_out);
+    /* Then every batch arrives, in order, whatever the waits. */
+    CHECK_OK(dsrt_pipeline_reset(p, 0, 0));
+    rec got[8];
+    size_t k = 0;
+    int rc;
+    while ((rc = dsrt_pipeline_next_timed(p, &b, 1)) != DSRT_EEOF) {
+        if (rc == -ETIMEDOUT) continue;
         CHECK_OK(rc);
         if (rc != 0 || k == 8) break;
         rec_fill(&got[k++], b);
         CHECK_OK(dsrt_batch_release(p, b));
     }
     CHECK_EQ(k, 6);
-    CHECK_GT(timeouts, 0);
     check_against_ref(&r, got, k);
     /* Negative: waits for ever, as dsrt_pipeline_next; the end stays the end. */
     CHECK_EQ(dsrt_pipeline_next_timed(p, &b, -1), DSRT_EEOF);
@@ -580,9 +598,9 @@ static void test_next_timed(void) {
     p = open_pipe(ds, &a, &o);
     dsrt_batch *held[3];
     for (int i = 0; i < 3; i++) CHECK_OK(dsrt_pipeline_next_timed(p, &held[i], -1));
-    t0 = now_s();
+    double t0 = now_s();
     CHECK_EQ(dsrt_pipeline_next_timed(p, &b, 5000), -EDEADLK);
-    CHECK(now_s() - t0 < 1.0);
+    CHECK(now_s() - t0 < 4.0);
     dsrt_pipeline_close(p);
     ref_close(&r);
     dsrt_datastore_close(ds);
