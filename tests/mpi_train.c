@@ -11,6 +11,7 @@
  *             ranks bit-identical after every step, and identical again in a
  *             second 2-rank run; parameter averaging every step with plain
  *             SGD equals summing the gradients.
+ *   sync_bn   the same for a net with batch normalisation in sync mode.
  *   resume    a 1-process checkpoint resumed by 2 ranks, and a 2-rank
  *             checkpoint resumed by 1 process, end as the uninterrupted run.
  *   fault     rank 1 hangs at iteration 7: rank 0 exits non-zero within 60 s
@@ -41,6 +42,17 @@ static const char NET[] = "input size=16x16x1\n"
                           "relu name=relu2\n"
                           "fc name=fc2 outputs=classes\n"
                           "softmax name=output\n";
+
+/* The same with batch normalisation, for sync batchnorm. */
+static const char NET_BN[] = "input size=16x16x1\n"
+                             "conv name=conv1 filters=8 size=3 pad=1\n"
+                             "batchnorm name=bn1\n"
+                             "relu name=relu1\n"
+                             "maxpool name=pool1 size=2 stride=2\n"
+                             "fc name=fc1 outputs=16\n"
+                             "relu name=relu2\n"
+                             "fc name=fc2 outputs=classes\n"
+                             "softmax name=output\n";
 
 static const char *const CLASSES[] = {"centre", "checker", "hstripes", "vstripes"};
 
@@ -98,19 +110,20 @@ static int record(void *ctx, const dsrt_train_event *e) {
 }
 
 /*
- * mpi_train --worker DIR TAG EPOCHS RESUME CKPT AVG HANG: trains the net on
+ * mpi_train --worker DIR TAG EPOCHS RESUME CKPT AVG HANG BN: trains the net on
  * DIR/data (under mpirun: parallel, batch 128 split between the ranks) for
  * EPOCHS epochs, resuming from RESUME ("-": no), checkpoints every 2
  * iterations in CKPT ("-": none), averaging parameters every AVG iterations
  * with plain SGD (0: gradients summed, SGD with momentum; -1: summed, plain
- * SGD), rank 1 hanging at iteration HANG (0: never). Writes
+ * SGD), rank 1 hanging at iteration HANG (0: never); BN 1: the net with
+ * batch normalisation, in sync mode under mpirun. Writes
  * DIR/TAG.<rank>.log (iteration, loss, checksum a line) and DIR/TAG.<rank>.w
  * (the final weights).
  */
 static int worker(int argc, char **argv) {
-    if (argc < 9) return 2;
+    if (argc < 10) return 2;
     const char *dir = argv[2], *tag = argv[3], *resume = argv[5], *ckpt = argv[6];
-    int epochs = atoi(argv[4]), avg = atoi(argv[7]), hang = atoi(argv[8]);
+    int epochs = atoi(argv[4]), avg = atoi(argv[7]), hang = atoi(argv[8]), bn = atoi(argv[9]);
     int parallel = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
     dsrt_comm *comm = NULL;
     if (parallel) {
@@ -126,7 +139,7 @@ static int worker(int argc, char **argv) {
     snprintf(data, sizeof data, "%s/data", dir);
     dsrt_datastore *ds = NULL;
     REQUIRE(dsrt_datastore_open(&ds, data, NULL) == 0);
-    char *desc = dsrt_describe_datastore_classes(NET, ds);
+    char *desc = dsrt_describe_datastore_classes(bn ? NET_BN : NET, ds);
     dsrt_net_options no = dsrt_net_defaults();
     no.seed = 5;
     no.threads = 1;
@@ -146,6 +159,12 @@ static int worker(int argc, char **argv) {
     o.augment.rand_x_reflection = 1;
     o.optimizer.learn_rate = 0.05;
     o.averaging_frequency = avg > 0 ? avg : 0;
+    if (bn) {
+        /* A gentler rate: batch normalisation early in training amplifies
+         * rounding differences step after step at 0.05. */
+        o.bn_statistics = DSRT_BN_SYNC;
+        o.optimizer.learn_rate = 0.01;
+    }
     if (avg) o.optimizer.momentum = 0; /* plain SGD (-1: with gradients summed) */
     if (strcmp(resume, "-")) o.resume = resume;
     if (strcmp(ckpt, "-")) {
@@ -199,9 +218,10 @@ static char *read_text(const char *path) {
 
 /* Runs a worker: under mpirun with np ranks, or alone (np 0). Its stderr
  * goes to root/TAG.err. Returns the exit status; *seconds the time taken. */
-static int run_worker(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
-                      int avg, int hang, double *seconds) {
-    char nps[16], eps[16], avgs[16], hangs[16], err[4400];
+static int run_worker_bn(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
+                         int avg, int hang, int bn, double *seconds) {
+    char nps[16], eps[16], avgs[16], hangs[16], bns[16], err[4400];
+    snprintf(bns, sizeof bns, "%d", bn);
     snprintf(nps, sizeof nps, "%d", np);
     snprintf(eps, sizeof eps, "%d", epochs);
     snprintf(avgs, sizeof avgs, "%d", avg);
@@ -225,6 +245,7 @@ static int run_worker(int np, const char *tag, int epochs, const char *resume, c
     args[k++] = (char *)(ckpt ? ckpt : "-");
     args[k++] = avgs;
     args[k++] = hangs;
+    args[k++] = bns;
     args[k] = NULL;
     fflush(stderr);
     int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -239,6 +260,11 @@ static int run_worker(int np, const char *tag, int epochs, const char *resume, c
     close(saved);
     if (seconds) *seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
     return st;
+}
+
+static int run_worker(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
+                      int avg, int hang, double *seconds) {
+    return run_worker_bn(np, tag, epochs, resume, ckpt, avg, hang, 0, seconds);
 }
 
 typedef struct {
@@ -347,6 +373,24 @@ static void test_equal(void) {
     check_losses(&sgd, &avg, 0, 1e-5);
     d = weights_rel_diff("sgd", 0, "avg", 0);
     fprintf(stderr, "  averaging every step against summed gradients (SGD): %.2e relative\n", d);
+    CHECK(d < 1e-5);
+}
+
+/* Batch normalisation over the global batch: 2 ranks x 64 in sync mode
+ * train as one process x 128. */
+static void test_sync_bn(void) {
+    CHECK_EQ(run_worker_bn(0, "bn_one", 10, NULL, NULL, 0, 0, 1, NULL), 0);
+    CHECK_EQ(run_worker_bn(2, "bn_two", 10, NULL, NULL, 0, 0, 1, NULL), 0);
+    run_log one, r0, r1;
+    read_log("bn_one", 0, &one);
+    read_log("bn_two", 0, &r0);
+    read_log("bn_two", 1, &r1);
+    CHECK_EQ(r0.n, STEPS);
+    check_losses(&one, &r0, 0, 1e-5);
+    for (int i = 0; i < r0.n && i < r1.n; i++) CHECK_STR_EQ(r0.sum[i], r1.sum[i]);
+    double d = weights_rel_diff("bn_one", 0, "bn_two", 0);
+    fprintf(stderr, "  sync batchnorm, 2 x 64 against 1 x 128 after %d steps: %.2e relative\n",
+            STEPS, d);
     CHECK(d < 1e-5);
 }
 
@@ -498,12 +542,14 @@ int main(int argc, char **argv) {
         RUN(test_equal);
     else if (!strcmp(which, "resume"))
         RUN(test_resume);
+    else if (!strcmp(which, "sync_bn"))
+        RUN(test_sync_bn);
     else if (!strcmp(which, "fault"))
         RUN(test_fault);
     else if (!strcmp(which, "refuse"))
         RUN(test_refuse);
     else {
-        fprintf(stderr, "mpi_train: no case '%s' (equal, resume, fault, refuse)\n", which);
+        fprintf(stderr, "mpi_train: no case '%s' (equal, sync_bn, resume, fault, refuse)\n", which);
         return 2;
     }
     return TEST_RESULT();
