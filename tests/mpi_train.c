@@ -14,6 +14,8 @@
  *   sync_bn   the same for a net with batch normalisation in sync mode.
  *   resume    a 1-process checkpoint resumed by 2 ranks, and a 2-rank
  *             checkpoint resumed by 1 process, end as the uninterrupted run.
+ *   local_failure  a bad image in rank 1's part only: both ranks fail at the
+ *             same step, rank 0 naming worker 1 and the file.
  *   fault     rank 1 hangs at iteration 7: rank 0 exits non-zero within 60 s
  *             naming rank 1, and the last checkpoint loads.
  *   refuse    bad options are refused by every rank of `mpirun dstrain
@@ -110,20 +112,22 @@ static int record(void *ctx, const dsrt_train_event *e) {
 }
 
 /*
- * mpi_train --worker DIR TAG EPOCHS RESUME CKPT AVG HANG BN: trains the net on
+ * mpi_train --worker DIR TAG EPOCHS RESUME CKPT AVG HANG FLAGS: trains the net on
  * DIR/data (under mpirun: parallel, batch 128 split between the ranks) for
  * EPOCHS epochs, resuming from RESUME ("-": no), checkpoints every 2
  * iterations in CKPT ("-": none), averaging parameters every AVG iterations
  * with plain SGD (0: gradients summed, SGD with momentum; -1: summed, plain
- * SGD), rank 1 hanging at iteration HANG (0: never); BN 1: the net with
- * batch normalisation, in sync mode under mpirun. Writes
+ * SGD), rank 1 hanging at iteration HANG (0: never); FLAGS 1: the net with
+ * batch normalisation, in sync mode under mpirun; FLAGS 2: the data's own
+ * order and the first bad image fails the run. Writes
  * DIR/TAG.<rank>.log (iteration, loss, checksum a line) and DIR/TAG.<rank>.w
  * (the final weights).
  */
 static int worker(int argc, char **argv) {
     if (argc < 10) return 2;
     const char *dir = argv[2], *tag = argv[3], *resume = argv[5], *ckpt = argv[6];
-    int epochs = atoi(argv[4]), avg = atoi(argv[7]), hang = atoi(argv[8]), bn = atoi(argv[9]);
+    int epochs = atoi(argv[4]), avg = atoi(argv[7]), hang = atoi(argv[8]), flags = atoi(argv[9]);
+    int bn = flags & 1;
     int parallel = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
     dsrt_comm *comm = NULL;
     if (parallel) {
@@ -159,6 +163,10 @@ static int worker(int argc, char **argv) {
     o.augment.rand_x_reflection = 1;
     o.optimizer.learn_rate = 0.05;
     o.averaging_frequency = avg > 0 ? avg : 0;
+    if (flags & 2) {
+        o.shuffle = DSRT_SHUFFLE_NEVER;
+        o.fail_on_error = 1;
+    }
     if (bn) {
         /* A gentler rate: batch normalisation early in training amplifies
          * rounding differences step after step at 0.05. */
@@ -394,6 +402,29 @@ static void test_sync_bn(void) {
     CHECK(d < 1e-5);
 }
 
+/* A failure on one rank only (a bad image in its part of the first batch,
+ * with fail_on_error): every rank fails at the same step, the other one
+ * with a message that names the failing worker and the file. */
+static void test_local_failure(void) {
+    char bad[4400];
+    snprintf(bad, sizeof bad, "%s/data/checker/010.png", root);
+    REQUIRE(timg_write_file(bad, "not a png\n", 10) == 0);
+    /* The data's order: batch 0 is centre (rank 0's half) then checker. */
+    int st = run_worker_bn(2, "local", 10, NULL, NULL, 0, 0, 2, NULL);
+    CHECK_NE(st, 0);
+    char err[4400];
+    snprintf(err, sizeof err, "%s/local.err", root);
+    char *text = read_text(err);
+    REQUIRE(text);
+    CHECK_CONTAINS(text, "rank 0: train: worker 1 of 2 failed: ");
+    CHECK_CONTAINS(text, "checker/010.png");
+    CHECK_CONTAINS(text, "rank 1: ");
+    free(text);
+    run_log l0;
+    read_log("local", 0, &l0);
+    CHECK_EQ(l0.n, 0); /* no step was taken */
+}
+
 /* The last checkpoint in folder dir loads, at the iteration expected. */
 static void check_checkpoint(const char *dir, long long want_it) {
     char path[4400];
@@ -544,12 +575,17 @@ int main(int argc, char **argv) {
         RUN(test_resume);
     else if (!strcmp(which, "sync_bn"))
         RUN(test_sync_bn);
+    else if (!strcmp(which, "local_failure"))
+        RUN(test_local_failure);
     else if (!strcmp(which, "fault"))
         RUN(test_fault);
     else if (!strcmp(which, "refuse"))
         RUN(test_refuse);
     else {
-        fprintf(stderr, "mpi_train: no case '%s' (equal, sync_bn, resume, fault, refuse)\n", which);
+        fprintf(stderr,
+                "mpi_train: no case '%s' (equal, sync_bn, resume, local_failure, fault, "
+                "refuse)\n",
+                which);
         return 2;
     }
     return TEST_RESULT();
