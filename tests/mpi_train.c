@@ -17,7 +17,8 @@
  *   local_failure  a bad image in rank 1's part only: both ranks fail at the
  *             same step, rank 0 naming worker 1 and the file.
  *   fault     rank 1 hangs at iteration 7: rank 0 exits non-zero within 60 s
- *             naming rank 1, and the last checkpoint loads.
+ *             naming rank 1, and the last checkpoint loads; the same when
+ *             rank 1 is killed (then mpirun ends the job and names it).
  *   refuse    bad options are refused by every rank of `mpirun dstrain
  *             train --execution-environment parallel`, before any work.
  *
@@ -107,7 +108,8 @@ static int record(void *ctx, const dsrt_train_event *e) {
     fprintf(r->out, "%lld %.9g %016llx\n", (long long)e->iteration, e->loss,
             (unsigned long long)dsrt_weights_checksum(r->net));
     fflush(r->out);
-    if (r->hang_at && r->rank == 1 && e->iteration == r->hang_at) raise(SIGSTOP);
+    if (r->hang_at && r->rank == 1 && e->iteration == (r->hang_at > 0 ? r->hang_at : -r->hang_at))
+        raise(r->hang_at > 0 ? SIGSTOP : SIGKILL);
     return 0;
 }
 
@@ -117,7 +119,8 @@ static int record(void *ctx, const dsrt_train_event *e) {
  * EPOCHS epochs, resuming from RESUME ("-": no), checkpoints every 2
  * iterations in CKPT ("-": none), averaging parameters every AVG iterations
  * with plain SGD (0: gradients summed, SGD with momentum; -1: summed, plain
- * SGD), rank 1 hanging at iteration HANG (0: never); FLAGS 1: the net with
+ * SGD), rank 1 hanging at iteration HANG (0: never; negative: killed at
+ * iteration -HANG); FLAGS 1: the net with
  * batch normalisation, in sync mode under mpirun; FLAGS 2: the data's own
  * order and the first bad image fails the run. Writes
  * DIR/TAG.<rank>.log (iteration, loss, checksum a line) and DIR/TAG.<rank>.w
@@ -484,6 +487,19 @@ static void test_fault(void) {
     free(text);
     /* Rank 0 went on to iteration 7's collectives; the checkpoints before
      * stay loadable, the last at iteration 6. */
+    check_checkpoint(c, 6);
+
+    /* Killed: mpirun ends the job at once and names the rank. */
+    snprintf(c, sizeof c, "%s/ckpt_kill", root);
+    st = run_worker(2, "kill", 10, NULL, c, 0, -7, &s);
+    fprintf(stderr, "  rank 1 killed at iteration 7: the job exited with %d after %.1f s\n", st, s);
+    CHECK_NE(st, 0);
+    CHECK(s < 60);
+    snprintf(err, sizeof err, "%s/kill.err", root);
+    text = read_text(err);
+    REQUIRE(text);
+    CHECK(strstr(text, "rank 1 not responding") || strstr(text, "rank 1 with PID"));
+    free(text);
     check_checkpoint(c, 6);
 }
 
