@@ -14,7 +14,8 @@ left-right reflection; torch uses `threads` threads for compute on both
 sides, and the loader `workers` workers (DataLoader processes, dsrt
 threads). On a shared machine the two sides run alternately, `segment`
 training steps at a time, so both see the same load; each segment's time
-covers the steps and the waits for data. Prints a JSON line per epoch and a
+covers the steps and the waits for data. With --loaders-only, no training:
+each loader's own rate, whole epochs alternately. Prints a JSON line per epoch and a
 summary with each side's images/s, their ratio (overall and the median of the
 per-segment ratios), test accuracy, and the load average.
 """
@@ -43,6 +44,8 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--peer-dir", default=os.path.join(here, "..", "..", "..", "shared", "bench"))
+    ap.add_argument("--loaders-only", action="store_true",
+                    help="no training: each loader's own images/s (alternate epochs)")
     a = ap.parse_args()
     sys.path.insert(0, os.path.abspath(a.peer_dir))
     from torch_train_bench import digits_net
@@ -68,6 +71,25 @@ def main():
     v = dsrt.Pipeline(d_test, batch=512, epochs=a.epochs, shuffle="never", workers=a.workers,
                       augment=gray28)
 
+    def dsrt_batches():
+        for b in p:
+            yield torch.from_dlpack(b.images), torch.from_dlpack(b.labels).long()
+
+    if a.loaders_only:
+        rates = {"dsrt": [], "torch": []}
+        for epoch in range(a.epochs):
+            for side in ("dsrt", "torch") if epoch % 2 == 0 else ("torch", "dsrt"):
+                t0 = time.perf_counter()
+                n = 0
+                for x, y in (dsrt_batches() if side == "dsrt" else t_dl):
+                    n += len(y)
+                rates[side].append(n / (time.perf_counter() - t0))
+        print(json.dumps({"loaders_only": True, "workers": a.workers, "epochs": a.epochs,
+                          "dsrt_images_per_s": round(statistics.median(rates["dsrt"]), 1),
+                          "torch_images_per_s": round(statistics.median(rates["torch"]), 1),
+                          "load_average": round(os.getloadavg()[0], 2)}))
+        return
+
     def setup():
         torch.manual_seed(0)
         net = digits_net()
@@ -83,10 +105,6 @@ def main():
         loss = loss_fn(net(x), y)
         loss.backward()
         opt.step()
-
-    def dsrt_batches():
-        for b in p:
-            yield torch.from_dlpack(b.images), torch.from_dlpack(b.labels).long()
 
     def accuracy(side, batches, n):
         net = sides[side][0]
