@@ -60,8 +60,7 @@ int dsrt__dp_agree(run *R, int rc, double *x, size_t n) {
     if (n) memcpy(x, v, n * sizeof *v);
     free(v);
     if (first < 0) return 0;
-    /* The first failing worker tells the others why. */
-    int code = rc;
+    /* The first failing worker tells the others why, and its code. */
     double c = rc;
     char told[DP_MSG];
     snprintf(told, sizeof told, "%s", msg);
@@ -70,8 +69,7 @@ int dsrt__dp_agree(run *R, int rc, double *x, size_t n) {
         return rc ? dsrt__fail(rc, "%s", msg) : dsrt__fail_prefix(cr, "train");
     if (rc) return dsrt__fail(rc, "%s", msg);
     told[sizeof told - 1] = '\0';
-    code = (int)c;
-    return dsrt__fail(code ? code : DSRT_ECLOSED, "train: worker %d of %d failed%s: %s", first,
+    return dsrt__fail(c != 0 ? (int)c : DSRT_ECLOSED, "train: worker %d of %d failed%s: %s", first,
                       R->world, failed > 1 ? " (and others)" : "", told);
 }
 

@@ -79,6 +79,22 @@ static int comm_test_run(char **argv, double limit_s) {
     return comm_test_run_to(argv, limit_s, NULL, NULL);
 }
 
+/* The environment MPI jobs of the tests inherit: one compute thread a rank,
+ * and under ASan the slow unwinder, without which the leaks Open MPI leaves
+ * cannot be told apart from dsrt's (tests/lsan.supp names frames deep in
+ * their stacks that the fast unwinder does not reach through Open MPI's
+ * code). Only MPI jobs pay for it: it slows every allocation. Call before
+ * starting them. */
+static void comm_test_env(void) {
+    static char asan[1024];
+    setenv("OMP_NUM_THREADS", "1", 1);
+    const char *a = getenv("ASAN_OPTIONS");
+    if (a && !strstr(a, "fast_unwind_on_malloc")) {
+        snprintf(asan, sizeof asan, "%s:fast_unwind_on_malloc=0", a);
+        setenv("ASAN_OPTIONS", asan, 1);
+    }
+}
+
 /* The mpirun command line for np ranks of this program with --worker and
  * extra, in args (room for 32). Returns 0, or 77 when MPI or mpirun is
  * missing. */
@@ -107,16 +123,7 @@ static int comm_test_command(char **args, int np, const char *const *extra) {
     args[k++] = "--worker";
     for (int i = 0; extra && extra[i] && k < 31; i++) args[k++] = (char *)extra[i];
     args[k] = NULL;
-    setenv("OMP_NUM_THREADS", "1", 1);
-    /* Under ASan, the leaks Open MPI leaves are suppressed by frames deep
-     * in their stacks (tests/lsan.supp), which only the slow unwinder finds
-     * through Open MPI's code. Workers only: it slows every allocation. */
-    static char asan[1024];
-    const char *a = getenv("ASAN_OPTIONS");
-    if (a && !strstr(a, "fast_unwind_on_malloc")) {
-        snprintf(asan, sizeof asan, "%s:fast_unwind_on_malloc=0", a);
-        setenv("ASAN_OPTIONS", asan, 1);
-    }
+    comm_test_env();
     return 0;
 }
 

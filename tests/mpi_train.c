@@ -11,10 +11,14 @@
  *             ranks bit-identical after every step, and identical again in a
  *             second 2-rank run; parameter averaging every step with plain
  *             SGD equals summing the gradients.
+ *   sync_bn   the same for a net with batch normalisation in sync mode.
  *   resume    a 1-process checkpoint resumed by 2 ranks, and a 2-rank
  *             checkpoint resumed by 1 process, end as the uninterrupted run.
+ *   local_failure  a bad image in rank 1's part only: both ranks fail at the
+ *             same step, rank 0 naming worker 1 and the file.
  *   fault     rank 1 hangs at iteration 7: rank 0 exits non-zero within 60 s
- *             naming rank 1, and the last checkpoint loads.
+ *             naming rank 1, and the last checkpoint loads; the same when
+ *             rank 1 is killed (then mpirun ends the job and names it).
  *   refuse    bad options are refused by every rank of `mpirun dstrain
  *             train --execution-environment parallel`, before any work.
  *
@@ -41,6 +45,17 @@ static const char NET[] = "input size=16x16x1\n"
                           "relu name=relu2\n"
                           "fc name=fc2 outputs=classes\n"
                           "softmax name=output\n";
+
+/* The same with batch normalisation, for sync batchnorm. */
+static const char NET_BN[] = "input size=16x16x1\n"
+                             "conv name=conv1 filters=8 size=3 pad=1\n"
+                             "batchnorm name=bn1\n"
+                             "relu name=relu1\n"
+                             "maxpool name=pool1 size=2 stride=2\n"
+                             "fc name=fc1 outputs=16\n"
+                             "relu name=relu2\n"
+                             "fc name=fc2 outputs=classes\n"
+                             "softmax name=output\n";
 
 static const char *const CLASSES[] = {"centre", "checker", "hstripes", "vstripes"};
 
@@ -93,24 +108,29 @@ static int record(void *ctx, const dsrt_train_event *e) {
     fprintf(r->out, "%lld %.9g %016llx\n", (long long)e->iteration, e->loss,
             (unsigned long long)dsrt_weights_checksum(r->net));
     fflush(r->out);
-    if (r->hang_at && r->rank == 1 && e->iteration == r->hang_at) raise(SIGSTOP);
+    if (r->hang_at && r->rank == 1 && e->iteration == (r->hang_at > 0 ? r->hang_at : -r->hang_at))
+        raise(r->hang_at > 0 ? SIGSTOP : SIGKILL);
     return 0;
 }
 
 /*
- * mpi_train --worker DIR TAG EPOCHS RESUME CKPT AVG HANG: trains the net on
+ * mpi_train --worker DIR TAG EPOCHS RESUME CKPT AVG HANG FLAGS: trains the net on
  * DIR/data (under mpirun: parallel, batch 128 split between the ranks) for
  * EPOCHS epochs, resuming from RESUME ("-": no), checkpoints every 2
  * iterations in CKPT ("-": none), averaging parameters every AVG iterations
  * with plain SGD (0: gradients summed, SGD with momentum; -1: summed, plain
- * SGD), rank 1 hanging at iteration HANG (0: never). Writes
+ * SGD), rank 1 hanging at iteration HANG (0: never; negative: killed at
+ * iteration -HANG); FLAGS 1: the net with
+ * batch normalisation, in sync mode under mpirun; FLAGS 2: the data's own
+ * order and the first bad image fails the run. Writes
  * DIR/TAG.<rank>.log (iteration, loss, checksum a line) and DIR/TAG.<rank>.w
  * (the final weights).
  */
 static int worker(int argc, char **argv) {
-    if (argc < 9) return 2;
+    if (argc < 10) return 2;
     const char *dir = argv[2], *tag = argv[3], *resume = argv[5], *ckpt = argv[6];
-    int epochs = atoi(argv[4]), avg = atoi(argv[7]), hang = atoi(argv[8]);
+    int epochs = atoi(argv[4]), avg = atoi(argv[7]), hang = atoi(argv[8]), flags = atoi(argv[9]);
+    int bn = flags & 1;
     int parallel = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
     dsrt_comm *comm = NULL;
     if (parallel) {
@@ -126,7 +146,7 @@ static int worker(int argc, char **argv) {
     snprintf(data, sizeof data, "%s/data", dir);
     dsrt_datastore *ds = NULL;
     REQUIRE(dsrt_datastore_open(&ds, data, NULL) == 0);
-    char *desc = dsrt_describe_datastore_classes(NET, ds);
+    char *desc = dsrt_describe_datastore_classes(bn ? NET_BN : NET, ds);
     dsrt_net_options no = dsrt_net_defaults();
     no.seed = 5;
     no.threads = 1;
@@ -146,6 +166,16 @@ static int worker(int argc, char **argv) {
     o.augment.rand_x_reflection = 1;
     o.optimizer.learn_rate = 0.05;
     o.averaging_frequency = avg > 0 ? avg : 0;
+    if (flags & 2) {
+        o.shuffle = DSRT_SHUFFLE_NEVER;
+        o.fail_on_error = 1;
+    }
+    if (bn) {
+        /* A gentler rate: batch normalisation early in training amplifies
+         * rounding differences step after step at 0.05. */
+        o.bn_statistics = DSRT_BN_SYNC;
+        o.optimizer.learn_rate = 0.01;
+    }
     if (avg) o.optimizer.momentum = 0; /* plain SGD (-1: with gradients summed) */
     if (strcmp(resume, "-")) o.resume = resume;
     if (strcmp(ckpt, "-")) {
@@ -199,9 +229,10 @@ static char *read_text(const char *path) {
 
 /* Runs a worker: under mpirun with np ranks, or alone (np 0). Its stderr
  * goes to root/TAG.err. Returns the exit status; *seconds the time taken. */
-static int run_worker(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
-                      int avg, int hang, double *seconds) {
-    char nps[16], eps[16], avgs[16], hangs[16], err[4400];
+static int run_worker_bn(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
+                         int avg, int hang, int bn, double *seconds) {
+    char nps[16], eps[16], avgs[16], hangs[16], bns[16], err[4400];
+    snprintf(bns, sizeof bns, "%d", bn);
     snprintf(nps, sizeof nps, "%d", np);
     snprintf(eps, sizeof eps, "%d", epochs);
     snprintf(avgs, sizeof avgs, "%d", avg);
@@ -225,6 +256,7 @@ static int run_worker(int np, const char *tag, int epochs, const char *resume, c
     args[k++] = (char *)(ckpt ? ckpt : "-");
     args[k++] = avgs;
     args[k++] = hangs;
+    args[k++] = bns;
     args[k] = NULL;
     fflush(stderr);
     int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -239,6 +271,11 @@ static int run_worker(int np, const char *tag, int epochs, const char *resume, c
     close(saved);
     if (seconds) *seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
     return st;
+}
+
+static int run_worker(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
+                      int avg, int hang, double *seconds) {
+    return run_worker_bn(np, tag, epochs, resume, ckpt, avg, hang, 0, seconds);
 }
 
 typedef struct {
@@ -350,6 +387,47 @@ static void test_equal(void) {
     CHECK(d < 1e-5);
 }
 
+/* Batch normalisation over the global batch: 2 ranks x 64 in sync mode
+ * train as one process x 128. */
+static void test_sync_bn(void) {
+    CHECK_EQ(run_worker_bn(0, "bn_one", 10, NULL, NULL, 0, 0, 1, NULL), 0);
+    CHECK_EQ(run_worker_bn(2, "bn_two", 10, NULL, NULL, 0, 0, 1, NULL), 0);
+    run_log one, r0, r1;
+    read_log("bn_one", 0, &one);
+    read_log("bn_two", 0, &r0);
+    read_log("bn_two", 1, &r1);
+    CHECK_EQ(r0.n, STEPS);
+    check_losses(&one, &r0, 0, 1e-5);
+    for (int i = 0; i < r0.n && i < r1.n; i++) CHECK_STR_EQ(r0.sum[i], r1.sum[i]);
+    double d = weights_rel_diff("bn_one", 0, "bn_two", 0);
+    fprintf(stderr, "  sync batchnorm, 2 x 64 against 1 x 128 after %d steps: %.2e relative\n",
+            STEPS, d);
+    CHECK(d < 1e-5);
+}
+
+/* A failure on one rank only (a bad image in its part of the first batch,
+ * with fail_on_error): every rank fails at the same step, the other one
+ * with a message that names the failing worker and the file. */
+static void test_local_failure(void) {
+    char bad[4400];
+    snprintf(bad, sizeof bad, "%s/data/checker/010.png", root);
+    REQUIRE(timg_write_file(bad, "not a png\n", 10) == 0);
+    /* The data's order: batch 0 is centre (rank 0's half) then checker. */
+    int st = run_worker_bn(2, "local", 10, NULL, NULL, 0, 0, 2, NULL);
+    CHECK_NE(st, 0);
+    char err[4400];
+    snprintf(err, sizeof err, "%s/local.err", root);
+    char *text = read_text(err);
+    REQUIRE(text);
+    CHECK_CONTAINS(text, "rank 0: train: worker 1 of 2 failed: ");
+    CHECK_CONTAINS(text, "checker/010.png");
+    CHECK_CONTAINS(text, "rank 1: ");
+    free(text);
+    run_log l0;
+    read_log("local", 0, &l0);
+    CHECK_EQ(l0.n, 0); /* no step was taken */
+}
+
 /* The last checkpoint in folder dir loads, at the iteration expected. */
 static void check_checkpoint(const char *dir, long long want_it) {
     char path[4400];
@@ -410,6 +488,19 @@ static void test_fault(void) {
     /* Rank 0 went on to iteration 7's collectives; the checkpoints before
      * stay loadable, the last at iteration 6. */
     check_checkpoint(c, 6);
+
+    /* Killed: mpirun ends the job at once and names the rank. */
+    snprintf(c, sizeof c, "%s/ckpt_kill", root);
+    st = run_worker(2, "kill", 10, NULL, c, 0, -7, &s);
+    fprintf(stderr, "  rank 1 killed at iteration 7: the job exited with %d after %.1f s\n", st, s);
+    CHECK_NE(st, 0);
+    CHECK(s < 60);
+    snprintf(err, sizeof err, "%s/kill.err", root);
+    text = read_text(err);
+    REQUIRE(text);
+    CHECK(strstr(text, "rank 1 not responding") || strstr(text, "rank 1 with PID"));
+    free(text);
+    check_checkpoint(c, 6);
 }
 
 /* dstrain under mpirun refuses bad options on every rank, before any work. */
@@ -431,46 +522,59 @@ static void test_refuse(void) {
         {{"--batch", "1", NULL}, "fewer than the 2 workers"},
         {{"--average-optimizer-state", NULL}, "goes with --averaging-frequency"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *args[32];
-        int k = 0;
-        args[k++] = (char *)comm_test_mpirun();
-        args[k++] = "--allow-run-as-root";
-        args[k++] = "--oversubscribe";
-        args[k++] = "-np";
-        args[k++] = "2";
-        args[k++] = dstrain;
-        args[k++] = "train";
-        args[k++] = "--data";
-        args[k++] = data;
-        args[k++] = "--execution-environment";
-        args[k++] = "parallel";
-        args[k++] = "--threads";
-        args[k++] = "1";
-        for (int e = 0; cases[i].extra[e]; e++) args[k++] = (char *)cases[i].extra[e];
-        args[k] = NULL;
-        fflush(stderr);
-        int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int out = dup(1);
-        dup2(fd, 2);
-        dup2(fd, 1);
-        close(fd);
-        int st = comm_test_run(args, 60);
-        dup2(saved, 2);
-        dup2(out, 1);
-        close(saved);
-        close(out);
-        CHECK_NE(st, 0);
-        char *text = read_text(err);
-        REQUIRE(text);
-        /* Both ranks said it, and nothing trained. */
-        int said = 0;
-        for (char *p = text; (p = strstr(p, cases[i].expect)); p++) said++;
-        if (said != 2) fprintf(stderr, "case %zu: said %d times:\n%s\n", i, said, text);
-        CHECK_EQ(said, 2);
-        CHECK(strstr(text, "Training finished") == NULL);
-        free(text);
-    }
+    /* Each case twice: as a user runs it (mpirun ends the job when the
+     * first rank exits non-zero: the status says so), then with Open MPI
+     * told to let every rank finish (the status is then 0): both ranks say
+     * it. */
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            if (pass)
+                setenv("OMPI_MCA_orte_abort_on_non_zero_status", "0", 1);
+            else
+                unsetenv("OMPI_MCA_orte_abort_on_non_zero_status");
+            char *args[32];
+            int k = 0;
+            args[k++] = (char *)comm_test_mpirun();
+            args[k++] = "--allow-run-as-root";
+            args[k++] = "--oversubscribe";
+            args[k++] = "-np";
+            args[k++] = "2";
+            args[k++] = dstrain;
+            args[k++] = "train";
+            args[k++] = "--data";
+            args[k++] = data;
+            args[k++] = "--execution-environment";
+            args[k++] = "parallel";
+            args[k++] = "--threads";
+            args[k++] = "1";
+            for (int e = 0; cases[i].extra[e]; e++) args[k++] = (char *)cases[i].extra[e];
+            args[k] = NULL;
+            fflush(stderr);
+            int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            int out = dup(1);
+            dup2(fd, 2);
+            dup2(fd, 1);
+            close(fd);
+            int st = comm_test_run(args, 60);
+            dup2(saved, 2);
+            dup2(out, 1);
+            close(saved);
+            close(out);
+            if (!pass) CHECK_NE(st, 0);
+            char *text = read_text(err);
+            REQUIRE(text);
+            int said = 0;
+            for (char *p = text; (p = strstr(p, cases[i].expect)); p++) said++;
+            if (said != (pass ? 2 : said ? said : 1))
+                fprintf(stderr, "case %zu, pass %d: said %d times:\n%s\n", i, pass, said, text);
+            if (pass)
+                CHECK_EQ(said, 2);
+            else
+                CHECK_GE(said, 1);
+            CHECK(strstr(text, "Training finished") == NULL); /* nothing trained */
+            free(text);
+        }
+    unsetenv("OMPI_MCA_orte_abort_on_non_zero_status");
 }
 
 int main(int argc, char **argv) {
@@ -493,17 +597,24 @@ int main(int argc, char **argv) {
     char data[4400];
     snprintf(data, sizeof data, "%s/data", root);
     make_data(data);
-    setenv("OMP_NUM_THREADS", "1", 1);
+    comm_test_env(); /* one thread a rank; under ASan, what tests/lsan.supp needs */
     if (!strcmp(which, "equal"))
         RUN(test_equal);
     else if (!strcmp(which, "resume"))
         RUN(test_resume);
+    else if (!strcmp(which, "sync_bn"))
+        RUN(test_sync_bn);
+    else if (!strcmp(which, "local_failure"))
+        RUN(test_local_failure);
     else if (!strcmp(which, "fault"))
         RUN(test_fault);
     else if (!strcmp(which, "refuse"))
         RUN(test_refuse);
     else {
-        fprintf(stderr, "mpi_train: no case '%s' (equal, resume, fault, refuse)\n", which);
+        fprintf(stderr,
+                "mpi_train: no case '%s' (equal, sync_bn, resume, local_failure, fault, "
+                "refuse)\n",
+                which);
         return 2;
     }
     return TEST_RESULT();

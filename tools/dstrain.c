@@ -756,8 +756,15 @@ static void train_usage(FILE *f) {
             "Ctrl-C exits at once. Output paths (--save, --plot, --log, --bad-list) are\n"
             "checked before any work; if --save cannot be written at the end, the weights go\n"
             "to a file in the current folder (or /tmp) and the exit status is 1.\n\n"
+            "Data parallel: `mpirun -np N %s train --execution-environment parallel ...` runs\n"
+            "N workers (CPU, or one GPU each), `--execution-environment multi-gpu` one worker a\n"
+            "GPU of this machine. --batch is the global mini-batch, split between the workers;\n"
+            "gradients are summed in buckets while backward runs (or, with\n"
+            "--averaging-frequency N, parameters averaged every N iterations); every worker\n"
+            "stops at the same iteration, worker 0 alone prints and writes, and a worker that\n"
+            "dies or hangs is named by the others after --comm-timeout seconds.\n\n"
             "options:\n",
-            prog, prog, TOOL_BAD_SHOWN);
+            prog, prog, TOOL_BAD_SHOWN, prog);
     print_options(f, TRAIN_OPTIONS);
 }
 
