@@ -75,8 +75,11 @@ struct comm_mpi {
     MPI_Request *req; /* (n_bk) */
     int *inflight;    /* (n_bk) bucket indices with a request */
     int n_inflight;
-    int n_done;   /* buckets of this step whose sum is complete */
-    int in_mpi;   /* the thread is in an MPI call on a bucket (mu released) */
+    int n_done;  /* buckets of this step whose sum is complete */
+    int in_mpi;  /* the thread is in an MPI call on a bucket (mu released) */
+    int issuing; /* ... and that call starts a bucket's sum */
+    int *own;    /* (n_bk) buckets grads_wait started and tests itself */
+    int n_own;
     uint64_t gen; /* bumped when the buckets go (detach): the thread forgets */
     int err;      /* an MPI failure in the thread, for wait */
     char errmsg[256];
@@ -291,11 +294,11 @@ static int pump_buckets(dsrt_comm *c) {
         float *x = c->mem.grads + r.offset;
         MPI_Request *rq = &m->req[k];
         uint64_t gen = m->gen;
-        m->in_mpi = 1;
+        m->in_mpi = m->issuing = 1;
         pthread_mutex_unlock(&m->mu);
         int e = MPI_Iallreduce(MPI_IN_PLACE, x, (int)r.count, MPI_FLOAT, MPI_SUM, m->grad, rq);
         pthread_mutex_lock(&m->mu);
-        m->in_mpi = 0;
+        m->in_mpi = m->issuing = 0;
         pthread_cond_broadcast(&m->done);
         if (m->gen != gen) return MPI_SUCCESS;
         if (e != MPI_SUCCESS) return e;
@@ -385,6 +388,9 @@ static void mpi_grad_detach(dsrt_comm *c) {
     free(m->req);
     free(m->inflight);
     free(m->bucket_seq);
+    free(m->own);
+    m->own = NULL;
+    m->n_own = 0;
     m->q_head = m->q_tail = m->q_len = m->n_inflight = m->n_done = 0;
     m->queue = NULL;
     m->req = NULL;
@@ -402,7 +408,8 @@ static int mpi_grad_attach(dsrt_comm *c) {
     m->req = dsrt__calloc((size_t)n + 1, sizeof *m->req);
     m->inflight = dsrt__calloc((size_t)n + 1, sizeof *m->inflight);
     m->bucket_seq = dsrt__calloc((size_t)n + 1, sizeof *m->bucket_seq);
-    int ok = m->queue && m->req && m->inflight && m->bucket_seq;
+    m->own = dsrt__calloc((size_t)n + 1, sizeof *m->own);
+    int ok = m->queue && m->req && m->inflight && m->bucket_seq && m->own;
     pthread_mutex_unlock(&m->mu);
     return ok ? 0 : -ENOMEM;
 }
@@ -418,6 +425,47 @@ static void mpi_grad_start(dsrt_comm *c, int k) {
     pthread_mutex_unlock(&m->mu);
 }
 
+/* grads_wait starts the buckets still queued itself (the thread is not
+ * starting one: the order of the starts stays the queue's), so the last
+ * bucket, queued as backward ends, waits for no thread to be scheduled.
+ * With mu held. */
+static int start_queued(dsrt_comm *c) {
+    comm_mpi *m = c->mpi;
+    while (m->issuing) cond_wait_for(&m->done, &m->mu, 0.001);
+    while (m->q_len > 0) {
+        int k = m->queue[m->q_head];
+        m->q_head = (m->q_head + 1) % c->n_bk;
+        m->q_len--;
+        dsrt_range r = c->bk[k];
+        m->bucket_seq[k] = atomic_fetch_add(&m->seq[CHAN_GRAD], 1) + 1;
+        int e = MPI_Iallreduce(MPI_IN_PLACE, c->mem.grads + r.offset, (int)r.count, MPI_FLOAT,
+                               MPI_SUM, m->grad, &m->req[k]);
+        if (e != MPI_SUCCESS) return e;
+        m->own[m->n_own++] = k;
+    }
+    return MPI_SUCCESS;
+}
+
+/* Tests the buckets grads_wait started (mu held, released around MPI). */
+static int test_own(dsrt_comm *c) {
+    comm_mpi *m = c->mpi;
+    for (int i = 0; i < m->n_own;) {
+        int k = m->own[i], flag = 0;
+        pthread_mutex_unlock(&m->mu);
+        int e = MPI_Test(&m->req[k], &flag, MPI_STATUS_IGNORE);
+        pthread_mutex_lock(&m->mu);
+        if (e != MPI_SUCCESS) return e;
+        if (!flag) {
+            i++;
+            continue;
+        }
+        c->times[k].done_s = dsrt__comm_now();
+        m->own[i] = m->own[--m->n_own];
+        m->n_done++;
+    }
+    return MPI_SUCCESS;
+}
+
 static int mpi_grad_wait(dsrt_comm *c) {
     comm_mpi *m = c->mpi;
     double deadline = dsrt__comm_now() + c->o.timeout_s;
@@ -426,7 +474,9 @@ static int mpi_grad_wait(dsrt_comm *c) {
     double start = dsrt__comm_now();
     m->hurry_until = start + 0.1;
     pthread_cond_signal(&m->cv);
-    while (m->n_done < c->n_announced && !m->err) {
+    int e = m->err ? MPI_SUCCESS : start_queued(c);
+    while (e == MPI_SUCCESS && m->n_done < c->n_announced && !m->err) {
+        if ((e = test_own(c)) != MPI_SUCCESS || m->n_done >= c->n_announced) break;
         double now = dsrt__comm_now(), left = deadline - now;
         if (left <= 0) break;
         if (now - start < 0.1) {
@@ -437,9 +487,16 @@ static int mpi_grad_wait(dsrt_comm *c) {
             pthread_mutex_lock(&m->mu);
             continue;
         }
-        cond_wait_for(&m->done, &m->mu, DSRT_MIN(left, 0.5));
+        cond_wait_for(&m->done, &m->mu, DSRT_MIN(left, m->n_own ? 0.001 : 0.5));
     }
     m->hurry_until = 0;
+    if (e != MPI_SUCCESS && !m->err) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(e, msg, &len);
+        snprintf(m->errmsg, sizeof m->errmsg, "%s", msg);
+        m->err = e;
+    }
     if (m->err) {
         rc = dsrt__fail(DSRT_EBACKEND, "comm: gradient all-reduce: MPI: %s", m->errmsg);
         pthread_mutex_unlock(&m->mu);
@@ -447,11 +504,13 @@ static int mpi_grad_wait(dsrt_comm *c) {
         return rc;
     }
     if (m->n_done < c->n_announced) {
-        /* The first bucket not done: the queue order is the start order. */
+        /* The first bucket not done: the start order is the queue's. */
         int64_t seq = INT64_MAX;
         int k_late = -1;
         for (int i = 0; i < m->n_inflight; i++)
             if (m->bucket_seq[m->inflight[i]] < seq) seq = m->bucket_seq[k_late = m->inflight[i]];
+        for (int i = 0; i < m->n_own; i++)
+            if (m->bucket_seq[m->own[i]] < seq) seq = m->bucket_seq[k_late = m->own[i]];
         if (k_late < 0) seq = atomic_load(&m->seq[CHAN_GRAD]) + 1;
         pthread_mutex_unlock(&m->mu);
         char what[64];
