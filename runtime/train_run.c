@@ -634,8 +634,8 @@ static int run_close(run *R, int rc) {
     return rc;
 }
 
-int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
-                       dsrt_train_result *r) {
+/* The result of a run that has not begun: a failure, nothing measured. */
+static void result_init(dsrt_train_result *r, const dsrt_train_options *o) {
     memset(r, 0, sizeof *r);
     r->stop = DSRT_STOP_ERROR;
     r->val_loss = r->val_accuracy = r->best_val_loss = NAN;
@@ -643,6 +643,11 @@ int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_tr
     r->seed = o->seed;
     r->loss = r->accuracy = NAN;
     r->world = 1;
+}
+
+int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                       dsrt_train_result *r) {
+    result_init(r, o);
 
     run R;
     memset(&R, 0, sizeof R);
@@ -673,12 +678,6 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     dsrt_train_result local;
     dsrt_train_result *r = res ? res : &local;
     if (o->execution != DSRT_EXEC_MULTI_GPU) return dsrt__train_worker(net, train, o, r);
-    memset(r, 0, sizeof *r);
-    r->stop = DSRT_STOP_ERROR;
-    r->val_loss = r->val_accuracy = r->best_val_loss = NAN;
-    r->best_iteration = -1;
-    r->seed = o->seed;
-    r->loss = r->accuracy = NAN;
-    r->world = 1;
+    result_init(r, o);
     return dsrt__train_multi_gpu(net, train, o, r);
 }

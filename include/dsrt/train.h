@@ -157,8 +157,9 @@ typedef struct {
     const char *resume;
 
     dsrt_execution execution; /* ExecutionEnvironment: default DSRT_EXEC_AUTO */
-    int gpu; /* CUDA device for auto, gpu and parallel; -1 (default): the first (parallel: the CPU)
-              */
+    /* CUDA device for auto and gpu; -1 (default): the first. parallel: this
+     * worker's GPU, or -1 (default) for the CPU. */
+    int gpu;
 
     /* Data parallel (see the top of this header). */
     /* parallel: the communicator of this worker (dsrt_comm_open in every
