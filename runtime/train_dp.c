@@ -167,6 +167,123 @@ int dsrt__dp_after_step(run *R, int64_t it) {
               : 0;
 }
 
+// ----------------------------------------------------------------------------
+// Bad samples
+
+/* A bad sample on the wire: this header, then the path (when has_path) and
+ * the reason, each ending in a NUL. */
+typedef struct {
+    uint32_t id;
+    int32_t code;
+    uint8_t validation, has_path;
+} bad_head;
+
+/* Appends n bytes at data to the buffer b (len used of cap). */
+static int put(char **b, size_t *len, size_t *cap, const void *data, size_t n) {
+    if (*len + n > *cap) {
+        size_t c = DSRT_MAX(*cap * 2, *len + n + 4096);
+        char *m = realloc(*b, c);
+        if (!m) return -ENOMEM;
+        *b = m;
+        *cap = c;
+    }
+    memcpy(*b + *len, data, n);
+    *len += n;
+    return 0;
+}
+
+/* This worker's bad samples not sent yet, packed into *b (*len bytes). */
+static int pack_bad(run *R, char **b, size_t *len) {
+    size_t cap = 0;
+    dsrt_pipeline *ps[2] = {R->p, R->vp};
+    for (int v = 0; v < 2; v++) {
+        if (!ps[v]) continue;
+        dsrt_bad_sample s[16];
+        for (;;) {
+            size_t total = dsrt_pipeline_bad_samples(ps[v], R->bad_sent[v], s, DSRT_ARRAY_SIZE(s));
+            if (total <= R->bad_sent[v]) break;
+            size_t n = DSRT_MIN(total - R->bad_sent[v], DSRT_ARRAY_SIZE(s));
+            for (size_t i = 0; i < n; i++) {
+                bad_head h = {s[i].id, s[i].code, (uint8_t)v, s[i].path != NULL};
+                const char *err = s[i].error ? s[i].error : "";
+                if (put(b, len, &cap, &h, sizeof h) ||
+                    (h.has_path && put(b, len, &cap, s[i].path, strlen(s[i].path) + 1)) ||
+                    put(b, len, &cap, err, strlen(err) + 1))
+                    return -ENOMEM;
+            }
+            R->bad_sent[v] += n;
+        }
+    }
+    return 0;
+}
+
+/* Tells the callback the samples worker k packed into b (len bytes).
+ * Returns 1 when it asked to stop. */
+static int tell_bad(run *R, int k, const char *b, size_t len) {
+    int stop = 0;
+    size_t at = 0;
+    while (at + sizeof(bad_head) <= len) {
+        bad_head h;
+        memcpy(&h, b + at, sizeof h);
+        at += sizeof h;
+        dsrt_bad_sample s = {h.id, NULL, h.code, NULL};
+        const char *end = memchr(b + at, 0, len - at);
+        if (h.has_path) {
+            if (!end) break;
+            s.path = b + at;
+            at = (size_t)(end - b) + 1;
+            end = at < len ? memchr(b + at, 0, len - at) : NULL;
+        }
+        if (!end) break;
+        s.error = b + at;
+        at = (size_t)(end - b) + 1;
+        R->ev.kind = DSRT_EVENT_BAD_SAMPLE;
+        R->ev.bad_sample = &s;
+        R->ev.validation = h.validation;
+        R->ev.bad_worker = k;
+        stop |= R->o->callback(R->o->callback_ctx, &R->ev) != 0;
+    }
+    R->ev.bad_sample = NULL;
+    R->ev.validation = 0;
+    R->ev.bad_worker = R->rank;
+    return stop;
+}
+
+int dsrt__dp_share_bad(run *R) {
+    if (!R->comm) return 0;
+    char *mine = NULL, *theirs = NULL;
+    size_t len = 0;
+    int stop = 0;
+    double *bytes = dsrt__calloc((size_t)R->world, sizeof *bytes);
+    int rc = bytes ? pack_bad(R, &mine, &len) : -ENOMEM;
+    /* Who has how much (one sum, nearly always of zeros), then a broadcast
+     * from each worker that has some. */
+    if (bytes) bytes[R->rank] = (double)len;
+    if ((rc = dsrt__dp_agree(R, rc, bytes, bytes ? (size_t)R->world : 0))) goto out;
+    for (int k = 0; k < R->world && rc == 0; k++) {
+        size_t n = (size_t)bytes[k];
+        if (n == 0) continue;
+        char *b = mine;
+        if (k != R->rank) {
+            if (!(b = realloc(theirs, n))) {
+                rc = -ENOMEM;
+                break;
+            }
+            theirs = b;
+        }
+        if ((rc = dsrt_comm_bcast(R->comm, b, n, k))) {
+            rc = dsrt__fail_prefix(rc, "train: telling the workers of bad samples");
+            break;
+        }
+        if (k != R->rank && R->o->callback) stop |= tell_bad(R, k, b, n);
+    }
+out:
+    free(bytes);
+    free(mine);
+    free(theirs);
+    return rc ? rc : stop;
+}
+
 int dsrt__dp_check_weights(run *R) {
     if (!R->comm) return 0;
     uint64_t h = dsrt_weights_checksum(R->net);

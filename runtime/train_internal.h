@@ -129,6 +129,7 @@ typedef struct {
     int u8;
     float sub_div[2][4];
     size_t bad_told[2];    /* bad samples of the training and validation data told so far */
+    size_t bad_sent[2];    /* ... and sent to the other workers so far */
     uint64_t val_left_out; /* samples left out of the validation passes, summed */
     /* Data parallel: this worker's communicator (NULL: one worker alone),
      * its rank, the workers, and whether parameters are averaged every
@@ -180,6 +181,10 @@ int dsrt__dp_sync(run *R);
 /* After the optimizer step of iteration it (1-based): parameter averaging
  * when due. Collective. */
 int dsrt__dp_after_step(run *R, int64_t it);
+/* Every worker hears of the bad samples the others found since the last
+ * call (BAD_SAMPLE events with bad_worker set). Returns 1 when the callback
+ * asked to stop, or a negative code. Collective. */
+int dsrt__dp_share_bad(run *R);
 /* At the end: fails when the weights differ between workers. Collective. */
 int dsrt__dp_check_weights(run *R);
 /* DSRT_EXEC_MULTI_GPU: one worker a visible GPU, each on a thread of its own

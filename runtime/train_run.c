@@ -107,6 +107,7 @@ static int emit_bad(run *R, dsrt_pipeline *p, int validation) {
             R->ev.kind = DSRT_EVENT_BAD_SAMPLE;
             R->ev.bad_sample = &b[i];
             R->ev.validation = validation;
+            R->ev.bad_worker = R->rank;
             stop |= R->o->callback(R->o->callback_ctx, &R->ev) != 0;
         }
         *told += n;
@@ -429,6 +430,8 @@ static int after_step(run *R, int64_t epoch, int64_t index) {
     ev->verbose = it == r->start_iteration + 1 || it % o->verbose_frequency == 0 ||
                   it == R->max_it || validate_now;
     R->stop_request = 0;
+    if ((rc = dsrt__dp_share_bad(R)) < 0) return rc;
+    if (rc) R->stop_request = 1;
     int patience = 0;
     if (dsrt__train_emit(R, DSRT_EVENT_ITERATION)) R->stop_request = 1;
     if (validate_now) {
@@ -550,6 +553,8 @@ static int run_finish(run *R) {
         if ((rc = validate(R, &vl, &va))) return rc;
         R->ev.val_loss = r->val_loss = vl;
         R->ev.val_accuracy = r->val_accuracy = va;
+        if ((rc = dsrt__dp_share_bad(R)) < 0) return rc;
+        rc = 0;
         dsrt__train_emit(R, DSRT_EVENT_VALIDATION);
     }
     if (R->best_params && !isnan(R->ls.best_val_loss) && R->ls.best_iteration != it) {

@@ -21,6 +21,8 @@
  *             rank 1 is killed (then mpirun ends the job and names it).
  *   refuse    bad options are refused by every rank of `mpirun dstrain
  *             train --execution-environment parallel`, before any work.
+ *   bad_named bad files in every worker's share are skipped, and rank 0
+ *             names each once in dstrain's --bad-list.
  *
  * Exit 77 when this dsrt lacks MPI or mpirun is missing.
  */
@@ -577,6 +579,75 @@ static void test_refuse(void) {
     unsetenv("OMPI_MCA_orte_abort_on_non_zero_status");
 }
 
+/* Bad files skipped wherever they fall: worker 0, the only one that
+ * writes, names every worker's in --bad-list, and the run succeeds. */
+static void test_bad_named(void) {
+    char dstrain[4400], data[4400], list[4400], err[4400], bad[8][4400];
+    const char *bin = getenv("DSRT_BIN_DIR");
+    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
+    if (access(dstrain, X_OK) != 0) {
+        fprintf(stderr, "  no %s: skipped\n", dstrain);
+        return;
+    }
+    snprintf(data, sizeof data, "%s/data", root);
+    snprintf(list, sizeof list, "%s/bad.jsonl", root);
+    snprintf(err, sizeof err, "%s/bad_named.err", root);
+    /* Eight files of every class: each worker's share of the epoch holds
+     * some of them whatever the order. */
+    for (int i = 0; i < 8; i++) {
+        snprintf(bad[i], sizeof bad[i], "%s/%s/%03d.png", data, CLASSES[i % 4], 3 + 7 * i);
+        REQUIRE(timg_write_file(bad[i], "not a png\n", 10) == 0);
+    }
+    char *args[] = {(char *)comm_test_mpirun(),
+                    "--allow-run-as-root",
+                    "--oversubscribe",
+                    "-np",
+                    "2",
+                    dstrain,
+                    "train",
+                    "--data",
+                    data,
+                    "--net",
+                    "digits",
+                    "--execution-environment",
+                    "parallel",
+                    "--threads",
+                    "1",
+                    "--epochs",
+                    "1",
+                    "--batch",
+                    "64",
+                    "--quiet",
+                    "--bad-list",
+                    list,
+                    NULL};
+    fflush(stderr);
+    int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int out = dup(1);
+    dup2(fd, 2);
+    dup2(fd, 1);
+    close(fd);
+    int st = comm_test_run(args, 60);
+    dup2(saved, 2);
+    dup2(out, 1);
+    close(saved);
+    close(out);
+    char *log = read_text(err);
+    REQUIRE(log);
+    if (st != 0) fprintf(stderr, "dstrain exited %d:\n%s\n", st, log);
+    CHECK_EQ(st, 0);
+    free(log);
+    char *text = read_text(list);
+    REQUIRE(text);
+    for (int i = 0; i < 8; i++) {
+        char *at = strstr(text, bad[i]);
+        if (!at) fprintf(stderr, "%s not named in %s:\n%s\n", bad[i], list, text);
+        CHECK(at != NULL);
+        CHECK(at && !strstr(at + 1, bad[i])); /* once */
+    }
+    free(text);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "--worker")) return worker(argc, argv);
     const char *which = argc >= 2 ? argv[1] : "equal";
@@ -610,6 +681,8 @@ int main(int argc, char **argv) {
         RUN(test_fault);
     else if (!strcmp(which, "refuse"))
         RUN(test_refuse);
+    else if (!strcmp(which, "bad_named"))
+        RUN(test_bad_named);
     else {
         fprintf(stderr,
                 "mpi_train: no case '%s' (equal, sync_bn, resume, local_failure, fault, "

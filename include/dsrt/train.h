@@ -288,6 +288,8 @@ struct dsrt_train_event {
     /* BAD_SAMPLE: the sample, its path and reason (valid during the call). */
     const dsrt_bad_sample *bad_sample;
     int validation;  /* BAD_SAMPLE: 1 when it is a sample of the validation data */
+    int bad_worker;  /* BAD_SAMPLE: the worker that found it (every worker hears of every
+                        worker's bad samples, each once) */
     int rank, world; /* this worker and the number of workers (1 without data parallel) */
 };
 
