@@ -178,48 +178,39 @@ typedef struct {
     uint8_t validation, has_path;
 } bad_head;
 
-/* Appends n bytes at data to the buffer b (len used of cap). */
-static int put(char **b, size_t *len, size_t *cap, const void *data, size_t n) {
-    if (*len + n > *cap) {
-        size_t c = DSRT_MAX(*cap * 2, *len + n + 4096);
-        char *m = realloc(*b, c);
+/* A growing buffer of packed bad samples. */
+typedef struct {
+    char *b;
+    size_t len, cap;
+} bad_pack;
+
+/* Appends n bytes at data. */
+static int put(bad_pack *k, const void *data, size_t n) {
+    if (k->len + n > k->cap) {
+        size_t c = DSRT_MAX(k->cap * 2, k->len + n + 4096);
+        char *m = realloc(k->b, c);
         if (!m) return -ENOMEM;
-        *b = m;
-        *cap = c;
+        k->b = m;
+        k->cap = c;
     }
-    memcpy(*b + *len, data, n);
-    *len += n;
+    memcpy(k->b + k->len, data, n);
+    k->len += n;
     return 0;
 }
 
-/* This worker's bad samples not sent yet, packed into *b (*len bytes). */
-static int pack_bad(run *R, char **b, size_t *len) {
-    size_t cap = 0;
-    dsrt_pipeline *ps[2] = {R->p, R->vp};
-    for (int v = 0; v < 2; v++) {
-        if (!ps[v]) continue;
-        dsrt_bad_sample s[16];
-        for (;;) {
-            size_t total = dsrt_pipeline_bad_samples(ps[v], R->bad_sent[v], s, DSRT_ARRAY_SIZE(s));
-            if (total <= R->bad_sent[v]) break;
-            size_t n = DSRT_MIN(total - R->bad_sent[v], DSRT_ARRAY_SIZE(s));
-            for (size_t i = 0; i < n; i++) {
-                bad_head h = {s[i].id, s[i].code, (uint8_t)v, s[i].path != NULL};
-                const char *err = s[i].error ? s[i].error : "";
-                if (put(b, len, &cap, &h, sizeof h) ||
-                    (h.has_path && put(b, len, &cap, s[i].path, strlen(s[i].path) + 1)) ||
-                    put(b, len, &cap, err, strlen(err) + 1))
-                    return -ENOMEM;
-            }
-            R->bad_sent[v] += n;
-        }
-    }
+static int pack_one(void *ctx, const dsrt_bad_sample *s, int validation) {
+    bad_pack *k = ctx;
+    bad_head h = {s->id, s->code, (uint8_t)validation, s->path != NULL};
+    const char *err = s->error ? s->error : "";
+    if (put(k, &h, sizeof h) || (h.has_path && put(k, s->path, strlen(s->path) + 1)) ||
+        put(k, err, strlen(err) + 1))
+        return -ENOMEM;
     return 0;
 }
 
-/* Tells the callback the samples worker k packed into b (len bytes).
+/* Tells the callback the samples worker w packed into b (len bytes).
  * Returns 1 when it asked to stop. */
-static int tell_bad(run *R, int k, const char *b, size_t len) {
+static int tell_bad(run *R, int w, const char *b, size_t len) {
     int stop = 0;
     size_t at = 0;
     while (at + sizeof(bad_head) <= len) {
@@ -237,33 +228,29 @@ static int tell_bad(run *R, int k, const char *b, size_t len) {
         if (!end) break;
         s.error = b + at;
         at = (size_t)(end - b) + 1;
-        R->ev.kind = DSRT_EVENT_BAD_SAMPLE;
-        R->ev.bad_sample = &s;
-        R->ev.validation = h.validation;
-        R->ev.bad_worker = k;
-        stop |= R->o->callback(R->o->callback_ctx, &R->ev) != 0;
+        stop |= dsrt__train_tell_bad(R, &s, h.validation, w);
     }
-    R->ev.bad_sample = NULL;
-    R->ev.validation = 0;
-    R->ev.bad_worker = R->rank;
     return stop;
 }
 
 int dsrt__dp_share_bad(run *R) {
     if (!R->comm) return 0;
-    char *mine = NULL, *theirs = NULL;
-    size_t len = 0;
+    bad_pack mine = {0};
+    char *theirs = NULL;
     int stop = 0;
     double *bytes = dsrt__calloc((size_t)R->world, sizeof *bytes);
-    int rc = bytes ? pack_bad(R, &mine, &len) : -ENOMEM;
+    int rc = bytes ? 0 : -ENOMEM;
+    dsrt_pipeline *ps[2] = {R->p, R->vp};
+    for (int v = 0; v < 2 && rc == 0; v++)
+        if (ps[v]) rc = dsrt__train_each_bad(ps[v], &R->bad_sent[v], v, pack_one, &mine);
     /* Who has how much (one sum, nearly always of zeros), then a broadcast
      * from each worker that has some. */
-    if (bytes) bytes[R->rank] = (double)len;
+    if (bytes) bytes[R->rank] = (double)mine.len;
     if ((rc = dsrt__dp_agree(R, rc, bytes, bytes ? (size_t)R->world : 0))) goto out;
     for (int k = 0; k < R->world && rc == 0; k++) {
         size_t n = (size_t)bytes[k];
         if (n == 0) continue;
-        char *b = mine;
+        char *b = mine.b;
         if (k != R->rank) {
             if (!(b = realloc(theirs, n))) {
                 rc = -ENOMEM;
@@ -279,7 +266,7 @@ int dsrt__dp_share_bad(run *R) {
     }
 out:
     free(bytes);
-    free(mine);
+    free(mine.b);
     free(theirs);
     return rc ? rc : stop;
 }

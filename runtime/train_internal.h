@@ -181,6 +181,14 @@ int dsrt__dp_sync(run *R);
 /* After the optimizer step of iteration it (1-based): parameter averaging
  * when due. Collective. */
 int dsrt__dp_after_step(run *R, int64_t it);
+/* Calls fn for each sample of pipeline p found bad past the first *from,
+ * advancing *from. Returns fn's results or'ed together, or the first
+ * negative one. */
+int dsrt__train_each_bad(dsrt_pipeline *p, size_t *from, int validation,
+                         int (*fn)(void *ctx, const dsrt_bad_sample *s, int validation), void *ctx);
+/* A BAD_SAMPLE event for s, found by worker `worker`. Returns 1 when the
+ * callback asked to stop. */
+int dsrt__train_tell_bad(run *R, const dsrt_bad_sample *s, int validation, int worker);
 /* Every worker hears of the bad samples the others found since the last
  * call (BAD_SAMPLE events with bad_worker set). Returns 1 when the callback
  * asked to stop, or a negative code. Collective. */

@@ -93,28 +93,46 @@ static int u8_transfer(dsrt_augment_options *a, float sub_div[2][4]) {
     return 1;
 }
 
+int dsrt__train_each_bad(dsrt_pipeline *p, size_t *from, int validation,
+                         int (*fn)(void *ctx, const dsrt_bad_sample *s, int validation),
+                         void *ctx) {
+    int res = 0;
+    dsrt_bad_sample b[16];
+    for (;;) {
+        size_t total = dsrt_pipeline_bad_samples(p, *from, b, DSRT_ARRAY_SIZE(b));
+        if (total <= *from) break;
+        size_t n = DSRT_MIN(total - *from, DSRT_ARRAY_SIZE(b));
+        for (size_t i = 0; i < n; i++) {
+            int r = fn(ctx, &b[i], validation);
+            if (r < 0) return r;
+            res |= r;
+        }
+        *from += n;
+    }
+    return res;
+}
+
+int dsrt__train_tell_bad(run *R, const dsrt_bad_sample *s, int validation, int worker) {
+    R->ev.kind = DSRT_EVENT_BAD_SAMPLE;
+    R->ev.bad_sample = s;
+    R->ev.validation = validation;
+    R->ev.bad_worker = worker;
+    int stop = R->o->callback(R->o->callback_ctx, &R->ev) != 0;
+    R->ev.bad_sample = NULL;
+    R->ev.validation = 0;
+    R->ev.bad_worker = R->rank;
+    return stop;
+}
+
+static int tell_own_bad(void *ctx, const dsrt_bad_sample *s, int validation) {
+    run *R = ctx;
+    return dsrt__train_tell_bad(R, s, validation, R->rank);
+}
+
 /* BAD_SAMPLE events for the samples of pipeline p found bad since the last
  * call. Returns 1 when the callback asked to stop. */
 static int emit_bad(run *R, dsrt_pipeline *p, int validation) {
-    int stop = 0;
-    dsrt_bad_sample b[16];
-    size_t *told = &R->bad_told[validation];
-    for (;;) {
-        size_t total = dsrt_pipeline_bad_samples(p, *told, b, DSRT_ARRAY_SIZE(b));
-        if (total <= *told) break;
-        size_t n = DSRT_MIN(total - *told, DSRT_ARRAY_SIZE(b));
-        for (size_t i = 0; i < n; i++) {
-            R->ev.kind = DSRT_EVENT_BAD_SAMPLE;
-            R->ev.bad_sample = &b[i];
-            R->ev.validation = validation;
-            R->ev.bad_worker = R->rank;
-            stop |= R->o->callback(R->o->callback_ctx, &R->ev) != 0;
-        }
-        *told += n;
-    }
-    R->ev.bad_sample = NULL;
-    R->ev.validation = 0;
-    return stop;
+    return dsrt__train_each_bad(p, &R->bad_told[validation], validation, tell_own_bad, R);
 }
 
 int dsrt__train_emit(run *R, dsrt_train_event_kind kind) {

@@ -231,6 +231,24 @@ static char *read_text(const char *path) {
 
 /* Runs a worker: under mpirun with np ranks, or alone (np 0). Its stderr
  * goes to root/TAG.err. Returns the exit status; *seconds the time taken. */
+/* Runs args (a NULL-ended argv) with its standard output and error into
+ * the file out; its exit status as comm_test_run gives it. */
+static int run_into(char **args, const char *out, int timeout_s) {
+    fflush(stdout);
+    fflush(stderr);
+    int saved_err = dup(2), saved_out = dup(1), fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0 && saved_err >= 0 && saved_out >= 0);
+    dup2(fd, 2);
+    dup2(fd, 1);
+    close(fd);
+    int st = comm_test_run(args, timeout_s);
+    dup2(saved_err, 2);
+    dup2(saved_out, 1);
+    close(saved_err);
+    close(saved_out);
+    return st;
+}
+
 static int run_worker_bn(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
                          int avg, int hang, int bn, double *seconds) {
     char nps[16], eps[16], avgs[16], hangs[16], bns[16], err[4400];
@@ -260,17 +278,10 @@ static int run_worker_bn(int np, const char *tag, int epochs, const char *resume
     args[k++] = hangs;
     args[k++] = bns;
     args[k] = NULL;
-    fflush(stderr);
-    int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    REQUIRE(fd >= 0 && saved >= 0);
-    dup2(fd, 2);
-    close(fd);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int st = comm_test_run(args, 120);
+    int st = run_into(args, err, 120);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    dup2(saved, 2);
-    close(saved);
     if (seconds) *seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
     return st;
 }
@@ -551,17 +562,7 @@ static void test_refuse(void) {
             args[k++] = "1";
             for (int e = 0; cases[i].extra[e]; e++) args[k++] = (char *)cases[i].extra[e];
             args[k] = NULL;
-            fflush(stderr);
-            int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            int out = dup(1);
-            dup2(fd, 2);
-            dup2(fd, 1);
-            close(fd);
-            int st = comm_test_run(args, 60);
-            dup2(saved, 2);
-            dup2(out, 1);
-            close(saved);
-            close(out);
+            int st = run_into(args, err, 60);
             if (!pass) CHECK_NE(st, 0);
             char *text = read_text(err);
             REQUIRE(text);
@@ -621,17 +622,7 @@ static void test_bad_named(void) {
                     "--bad-list",
                     list,
                     NULL};
-    fflush(stderr);
-    int saved = dup(2), fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int out = dup(1);
-    dup2(fd, 2);
-    dup2(fd, 1);
-    close(fd);
-    int st = comm_test_run(args, 60);
-    dup2(saved, 2);
-    dup2(out, 1);
-    close(saved);
-    close(out);
+    int st = run_into(args, err, 60);
     char *log = read_text(err);
     REQUIRE(log);
     if (st != 0) fprintf(stderr, "dstrain exited %d:\n%s\n", st, log);
