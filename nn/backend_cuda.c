@@ -1533,18 +1533,6 @@ static int cuda_results(dsrt_backend *b, double *loss, int *correct, float *prob
 // ----------------------------------------------------------------------------
 // The optimizer
 
-/* The segments of every parameter tensor of the net, as nn/optim.c makes
- * them, in seg (n_layers * 2 entries): returns their number. */
-static int net_segments(const dsrt_net *net, dsrt_k_segment *seg) {
-    int n = 0;
-    for (int i = 0; i < net->n_layers; i++) {
-        const dsrt_layer *l = &net->layers[i];
-        if (l->w_n) seg[n++] = (dsrt_k_segment){l->w_off, l->w_n, l->o.wlr, l->o.wl2, 0, 0};
-        if (l->b_n) seg[n++] = (dsrt_k_segment){l->b_off, l->b_n, l->o.blr, l->o.bl2, 0, 0};
-    }
-    return n;
-}
-
 /* Room for a segment table of n_seg entries and a workspace of work bytes:
  * made with the backend for the net's own segments; growth (another
  * table) waits for the device first. */
@@ -1857,7 +1845,7 @@ static int cuda_setup(cuda_backend *be) {
      * segments, so that its first step allocates nothing. */
     dsrt_k_segment *ks = dsrt__calloc(2 * (size_t)net->n_layers + 1, sizeof *ks);
     if (!ks) return -ENOMEM;
-    int n_seg = net_segments(net, ks);
+    int n_seg = dsrt_kb_net_segments(net, ks);
     uint32_t blocks = 0;
     size_t work = dsrt_k_optim_layout(ks, n_seg, &blocks),
            tbytes = ((size_t)n_seg + 1) * sizeof *ks;

@@ -483,6 +483,19 @@ static inline size_t dsrt_kb_optim_layout(dsrt_k_segment *seg, int n_seg, uint32
     return (size_t)(b ? b : 1) * sizeof(double) + (size_t)(n_seg > 0 ? n_seg : 1) * sizeof(float);
 }
 
+/* The segments of every parameter tensor of net as nn/optim.c makes them
+ * (each layer's weights, then its bias) into seg (2 n_layers entries at
+ * most); returns their number. */
+static inline int dsrt_kb_net_segments(const dsrt_net *net, dsrt_k_segment *seg) {
+    int n = 0;
+    for (int i = 0; i < net->n_layers; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        if (l->w_n) seg[n++] = (dsrt_k_segment){l->w_off, l->w_n, l->o.wlr, l->o.wl2, 0, 0};
+        if (l->b_n) seg[n++] = (dsrt_k_segment){l->b_off, l->b_n, l->o.blr, l->o.bl2, 0, 0};
+    }
+    return n;
+}
+
 /* The scalars of step t (1 for the first) at learning rate lr. */
 static inline void dsrt_kb_optim_step_params(dsrt_k_step *st, const dsrt_optimizer_options *o,
                                              double lr, int64_t t) {

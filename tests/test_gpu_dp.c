@@ -224,12 +224,18 @@ static void test_multi_gpu_bn_sync(void) {
 static float X[8 * SIDE * SIDE];
 static int32_t Y[8];
 
-static void step(dsrt_net *net, dsrt_comm *c, dsrt_optimizer *opt) {
+/* The 8 images of X with their labels. */
+static dsrt_net_batch batch8(void) {
     dsrt_net_batch b;
     memset(&b, 0, sizeof b);
     b.data = X;
     b.labels = Y;
     b.n = 8;
+    return b;
+}
+
+static void step(dsrt_net *net, dsrt_comm *c, dsrt_optimizer *opt) {
+    dsrt_net_batch b = batch8();
     CHECK_OK(dsrt_net_train_start(net, &b));
     CHECK_OK(dsrt_comm_grads_wait(c));
     CHECK_OK(dsrt_net_train_finish(net, NULL, NULL));
@@ -278,11 +284,7 @@ static void test_grads_wait_queues(void) {
     CHECK_OK(dsrt_optimizer_create(&popt, plain, NULL));
     CHECK_OK(dsrt_comm_attach(c, net));
     for (int s = 0; s < 5; s++) {
-        dsrt_net_batch b;
-        memset(&b, 0, sizeof b);
-        b.data = X;
-        b.labels = Y;
-        b.n = 8;
+        dsrt_net_batch b = batch8();
         CHECK_OK(dsrt_net_train_start(net, &b));
 #ifdef DSRT_FAKE_GPU
         long waits = fakegpu_get_stats().host_waits;
@@ -331,11 +333,7 @@ static void test_deadline(void) {
     step(net, c, opt);
     fakegpu_reset_stats();
     fakegpu_hang_collectives(1);
-    dsrt_net_batch b;
-    memset(&b, 0, sizeof b);
-    b.data = X;
-    b.labels = Y;
-    b.n = 8;
+    dsrt_net_batch b = batch8();
     int rc = 0, waited = 0;
     for (int s = 0; s < 3 && !rc; s++) {
         rc = dsrt_net_train_start(net, &b);

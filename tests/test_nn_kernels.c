@@ -22,48 +22,19 @@
  * give the same bits run to run. Where the C compiler may fuse multiplies
  * and adds in the CPU code (__FMA__), the bit-for-bit checks allow 1e-6.
  */
+#include "kernelcheck.h"
 #include "kernels_host.h"
 #include "nn/internal.h"
 #include "nnref.h"
-#include "task.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef __FMA__
-#define FUSED_TOL 1e-6
-#else
-#define FUSED_TOL 0.0
-#endif
-
 static void *zalloc(size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
     REQUIRE(p);
     return p;
-}
-
-static float uniform(dsrt_rng *r, float lo, float hi) {
-    return lo + (hi - lo) * (float)dsrt_rng_uniform(r);
-}
-
-/* Elements of got that differ from want by more than rel * |want| + abs
- * (NaN matches NaN; with rel = abs = 0 the bits must match); prints a few. */
-static int mismatches(const char *what, const float *got, const float *want, size_t n, double rel,
-                      double abs) {
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        int ok;
-        if (isnan(want[i]) || isnan(got[i]))
-            ok = isnan(want[i]) && isnan(got[i]);
-        else if (rel == 0 && abs == 0)
-            ok = dsrt_f32_bits(got[i]) == dsrt_f32_bits(want[i]);
-        else
-            ok = fabs((double)got[i] - want[i]) <= rel * fabs((double)want[i]) + abs;
-        if (!ok && bad++ < 5)
-            fprintf(stderr, "  %s[%zu]: got %.9g, want %.9g\n", what, i, got[i], want[i]);
-    }
-    return bad;
 }
 
 static dsrt_net *cpu_net(const char *desc, int h, int w, int c, int classes) {
@@ -77,36 +48,32 @@ static dsrt_net *cpu_net(const char *desc, int h, int w, int c, int classes) {
     return net;
 }
 
-/* Index of logical element (b, c, h, w) in a layout. */
-static size_t at(const dsrt_k_desc *d, size_t b, int c, int h, int w) {
-    if (d->nhwc) return ((b * d->h + h) * d->w + w) * d->c + c;
-    return ((b * d->c + c) * d->h + h) * d->w + w;
-}
-
-/* NCHW floats into d's layout and type (as floats: bf16 rounded). */
-static void *to_tensor(const dsrt_k_desc *d, const float *nchw) {
-    size_t n = dsrt_kb_count(d);
-    void *t = zalloc(n * (d->type == DSRT_K_BF16 ? 2 : 4));
+/* Copies every element between NCHW floats and a tensor of d (its layout
+ * and type; bf16 rounded): into the tensor t with to_t, else out of it. */
+static void convert(const dsrt_k_desc *d, float *nchw, void *t, int to_t) {
     dsrt_k_desc plain = *d;
     plain.nhwc = 0;
     for (int b = 0; b < d->n; b++)
         for (int c = 0; c < d->c; c++)
             for (int h = 0; h < d->h; h++)
-                for (int w = 0; w < d->w; w++)
-                    dsrt_kb_store(t, d->type, at(d, b, c, h, w), nchw[at(&plain, b, c, h, w)]);
+                for (int w = 0; w < d->w; w++) {
+                    size_t i = at(&plain, b, c, h, w), j = at(d, b, c, h, w);
+                    if (to_t)
+                        dsrt_kb_store(t, d->type, j, nchw[i]);
+                    else
+                        nchw[i] = dsrt_kb_load(t, d->type, j);
+                }
+}
+
+static void *to_tensor(const dsrt_k_desc *d, const float *nchw) {
+    void *t = zalloc(dsrt_kb_count(d) * (d->type == DSRT_K_BF16 ? 2 : 4));
+    convert(d, (float *)nchw, t, 1);
     return t;
 }
 
-/* A tensor of d back to NCHW floats. */
 static float *to_nchw(const dsrt_k_desc *d, const void *t) {
     float *out = zalloc(dsrt_kb_count(d) * sizeof(float));
-    dsrt_k_desc plain = *d;
-    plain.nhwc = 0;
-    for (int b = 0; b < d->n; b++)
-        for (int c = 0; c < d->c; c++)
-            for (int h = 0; h < d->h; h++)
-                for (int w = 0; w < d->w; w++)
-                    out[at(&plain, b, c, h, w)] = dsrt_kb_load(t, d->type, at(d, b, c, h, w));
+    convert(d, out, (void *)t, 0);
     return out;
 }
 
@@ -375,32 +342,11 @@ static void test_bn_sync(void) {
 // ----------------------------------------------------------------------------
 // The optimizer
 
-/* Multi-block segments (fc 64 -> 100: 6400 weights), factors, and a
- * frozen layer. */
-static const char *OPT_NET = "input size=6x6x2\n"
-                             "conv filters=4 size=3 wlr=2 bl2=0.5\n"
-                             "batchnorm wl2=0\n"
-                             "relu\n"
-                             "fc outputs=100 wl2=3 blr=0.5\n"
-                             "relu\n"
-                             "fc outputs=classes wlr=0 blr=0\n"
-                             "softmax\n";
-
-static int segments_of(const dsrt_net *net, dsrt_k_segment *seg) {
-    int n = 0;
-    for (int i = 0; i < net->n_layers; i++) {
-        const dsrt_layer *l = &net->layers[i];
-        if (l->w_n) seg[n++] = (dsrt_k_segment){l->w_off, l->w_n, l->o.wlr, l->o.wl2, 0, 0};
-        if (l->b_n) seg[n++] = (dsrt_k_segment){l->b_off, l->b_n, l->o.blr, l->o.bl2, 0, 0};
-    }
-    return n;
-}
-
 static void optim_case(dsrt_solver solver, int clip, double threshold) {
     dsrt_net *net = cpu_net(OPT_NET, 0, 0, 0, 3);
     size_t np = net->n_params, bytes = np * sizeof(float);
     dsrt_k_segment seg[16];
-    int n_seg = segments_of(net, seg);
+    int n_seg = dsrt_kb_net_segments(net, seg);
     dsrt_optimizer_options o = dsrt_optimizer_defaults(solver);
     o.l2 = 1e-3;
     o.schedule = DSRT_LR_PIECEWISE, o.drop_period = 1, o.drop_factor = 0.5;
@@ -419,12 +365,7 @@ static void optim_case(dsrt_solver solver, int clip, double threshold) {
     int norm = clip == DSRT_CLIP_L2NORM || clip == DSRT_CLIP_GLOBAL_L2NORM;
     double rel = norm ? 1e-5 : FUSED_TOL, abs = norm ? 1e-8 : 0;
     for (int step = 0; step < 3; step++) {
-        dsrt_rng r = dsrt_rng_init(35, (uint64_t)step, 0, 0);
-        for (size_t i = 0; i < np; i++) g[i] = uniform(&r, -0.1f, 0.1f);
-        for (int k = 0; k < n_seg; k++) {
-            float s = k % 3 == 0 ? 0.2f : k % 3 == 1 ? 1.0f : 8.0f;
-            for (size_t i = 0; i < seg[k].n; i++) g[seg[k].off + i] *= s;
-        }
+        make_grads(g, np, seg, n_seg, 35, step);
         memcpy(net->grads, g, bytes);
         memcpy(g2, g, bytes);
         double lr = dsrt_optimizer_learn_rate(opt, step);
@@ -452,14 +393,9 @@ static void optim_case(dsrt_solver solver, int clip, double threshold) {
 }
 
 static void test_optimizer(void) {
-    const dsrt_solver solvers[] = {DSRT_SOLVER_SGDM, DSRT_SOLVER_ADAM, DSRT_SOLVER_RMSPROP};
-    for (size_t s = 0; s < DSRT_ARRAY_SIZE(solvers); s++) {
-        optim_case(solvers[s], -1, INFINITY);
-        optim_case(solvers[s], DSRT_CLIP_L2NORM, 1.5);
-        optim_case(solvers[s], DSRT_CLIP_GLOBAL_L2NORM, 2.0);
-        optim_case(solvers[s], DSRT_CLIP_GLOBAL_L2NORM, 1e6); /* not reached */
-        optim_case(solvers[s], DSRT_CLIP_ABSOLUTE, 0.05);
-    }
+    for (size_t s = 0; s < DSRT_ARRAY_SIZE(OPT_SOLVERS); s++)
+        for (size_t k = 0; k < DSRT_ARRAY_SIZE(OPT_CLIPS); k++)
+            optim_case(OPT_SOLVERS[s], OPT_CLIPS[k].clip, OPT_CLIPS[k].threshold);
     dsrt_k_step st;
     memset(&st, 0, sizeof st);
     st.solver = DSRT_SOLVER_ADAM;
