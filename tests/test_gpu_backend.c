@@ -377,6 +377,19 @@ static void test_layers_bf16(void) {
     check_layers(DSRT_PRECISION_BF16);
 }
 
+/* One small net (asymmetric padding, pooling with padding, batchnorm,
+ * dropout, fully connected layers) in each precision: the device kit's
+ * short run under compute-sanitizer. */
+static void test_small_nets(void) {
+    for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec++) {
+        if (G < 0 && prec != DSRT_PRECISION_FP32) continue;
+        char tag[64];
+        snprintf(tag, sizeof tag, "small net, %s", dsrt_precision_name((dsrt_precision)prec));
+        check_net(&NETS[2], (dsrt_precision)prec, 3, TOL[prec],
+                  prec == DSRT_PRECISION_FP32 ? TOL[prec] : -1, tag);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Dropout masks
 
@@ -951,6 +964,7 @@ int main(void) {
         RUN_WANTED(test_layers_tf32);
         RUN_WANTED(test_layers_bf16);
     }
+    RUN_WANTED(test_small_nets);
     RUN_WANTED(test_dropout_masks);
     RUN_WANTED(test_optimizer);
     if (G >= 0) RUN_WANTED(test_staging);
