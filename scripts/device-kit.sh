@@ -21,30 +21,36 @@
 #
 #   scripts/device-kit.sh run PART [OUT]   there, in a copy of this working
 #       tree with the kit folder; each part ends within its time budget
-#       (DSRT_KIT_PART_S, default 480 s: well inside a 10-minute command) and
-#       writes env.txt, its logs and summary.txt (one line an item, "PASS
-#       item: figure" or "FAIL item: why", written as each item ends, so a
-#       loan cut short still reports) to OUT (default $OUT, else
-#       device/out/PART). Parts, about 20 minutes of GPU time in all:
+#       (DSRT_KIT_PART_S; by default build 420 s, sanitize 300, bench 360,
+#       photos 180, e2e 240: each well inside a 10-minute command, 25
+#       minutes for all) and writes env.txt, its logs and summary.txt (one
+#       line an item, "PASS item: figure" or "FAIL item: why", written as
+#       each item ends, so a loan cut short still reports) to OUT (default
+#       $OUT, else device/out/PART). The parts:
 #         build     unpacks the kit with dpkg -x into device/prefix (never
 #                   into /), builds dsrt with CUDA into build-device against
 #                   it, runs ctest -L gpu and test_comm_nccl (a skip is a
 #                   failure): build.log, tests.log
-#         sanitize  compute-sanitizer over a bounded subset (the kernels'
-#                   tests, one small net in each precision, the optimizer,
-#                   staging), memcheck and racecheck, each capped; counts the
+#         sanitize  compute-sanitizer over a bounded subset: memcheck over
+#                   the kernels' tests and one small net in each precision,
+#                   the optimizer and staging, racecheck over the kernels'
+#                   tests, each capped; counts the
 #                   errors of dsrt's own calls and kernels apart from those
 #                   inside cuDNN, cuBLAS and NCCL (their own probes):
 #                   sanitizer.log. DSRT_KIT_SANITIZE_FULL=1 runs memcheck
-#                   over every GPU test instead (not within one part's time).
+#                   over every GPU test instead (give it DSRT_KIT_PART_S and
+#                   DSRT_KIT_SANITIZE_TIMEOUT of a longer loan).
 #         bench     dstrain bench (AlexNet at batch 128 and 256, cifar at 256,
 #                   tf32 and bf16), each beside torch_train_bench.py
 #                   --device cuda with and without --channels-last: bench.log
-#         e2e       dstrain train of AlexNet on DSRT_KIT_PHOTOS JPEGs (default
-#                   20000) that make_photos.py makes there, beside
-#                   torch_gpu_train_folder.py with 16 workers, nvidia-smi
-#                   sampling how busy the GPU is: e2e.log
-#         all       the four, one after another
+#         photos    DSRT_KIT_PHOTOS JPEGs (default 20000) in device/photos,
+#                   made by make_photos.py from the kit's wallpaper package,
+#                   a process a core (about two minutes on 16 cores; no GPU
+#                   work, but the photos must be made there): photos.log
+#         e2e       dstrain train of AlexNet on those photos (made first when
+#                   missing), beside torch_gpu_train_folder.py with 16
+#                   workers, nvidia-smi sampling how busy the GPU is: e2e.log
+#         all       the five, one after another
 #       A part that needs the build makes it first when build-device lacks
 #       it. Exits non-zero when an item failed.
 #
@@ -201,9 +207,10 @@ torch_python() {
     p=$(command -v "$p" 2>/dev/null) || continue
     if "$p" -c 'import torch' >/dev/null 2>&1; then
       echo "$p"
-      return
+      return 0
     fi
   done
+  return 0
 }
 
 # The site-packages folders of Python $1.
@@ -220,9 +227,10 @@ site_find() {
   while IFS= read -r d; do
     [ -e "$d/$2" ] && {
       echo "$d/$2"
-      return
+      return 0
     }
   done < <(site_dirs "$1")
+  return 0
 }
 
 # Prints "LIBRARY LT_LIBRARY INCLUDE_DIR" of cuBLAS, where found: CUBLAS_ROOT,
@@ -246,11 +254,12 @@ find_cublas() {
           local lt=$dir/$lib/libcublasLt.so
           [ -e "$lt" ] || lt=$dir/$lib/libcublasLt.so.13
           echo "$dir/$lib/$name $lt $dir/include"
-          return
+          return 0
         fi
       done
     done
   done
+  return 0
 }
 
 # The folder of a Python package of Python $1 (nvidia/cudnn), or nothing.
@@ -545,6 +554,8 @@ sanitize_one() {
     item FAIL "$name" "not done after $c s ($counts)"
   elif [ "${dsrt_n:-1}" != 0 ]; then
     item FAIL "$name" "$counts, in $((SECONDS - t0)) s (see sanitizer.log)"
+  elif [ "$rc" = 77 ] && dry; then
+    item SKIP "$name" "the test skipped: no GPU (dry run; $counts)"
   elif [ "$rc" != 0 ]; then
     item FAIL "$name" "the test failed under the tool (status $rc; $counts)"
   else
@@ -569,11 +580,12 @@ part_sanitize() {
     for t in test_gpu_kernels test_gpu_backend test_gpu_dp; do sanitize_one memcheck "$t" ""; done
     return 0
   fi
-  local subset=test_small_nets,test_optimizer,test_staging
+  # memcheck over dsrt's kernels and a small net in each precision with the
+  # optimizer and staging; racecheck over dsrt's kernels (the ones with
+  # shared memory: sums, softmax, the bias gradient, the optimizer).
   sanitize_one memcheck test_gpu_kernels ""
-  sanitize_one memcheck test_gpu_backend "$subset"
+  sanitize_one memcheck test_gpu_backend test_small_nets,test_optimizer,test_staging
   sanitize_one racecheck test_gpu_kernels ""
-  sanitize_one racecheck test_gpu_backend test_small_nets
 }
 
 # The images/s of the last JSON line of a log, or nothing.
@@ -703,29 +715,43 @@ PY
   rm -rf "$photos.parts" "$src"
 }
 
+# The photos of the end-to-end run in device/photos, made unless there.
+ensure_photos() {
+  local log=$1 photos=$root/device/photos count=${DSRT_KIT_PHOTOS:-20000}
+  if [ ! -f "$kit/make_photos.py" ] || ! ls "$kit"/photo-src/*.deb >/dev/null 2>&1; then
+    item FAIL photos "no make_photos.py and wallpaper packages in the kit (pack with DSRT_KIT_BASELINES)"
+    return 1
+  fi
+  if [ -z "$tpy" ] || ! "$tpy" -c 'import PIL' 2>/dev/null; then
+    item FAIL photos "no Python with PyTorch and PIL to make the photos"
+    return 1
+  fi
+  local have
+  have=$(find "$photos" -name '*.jpg' 2>/dev/null | wc -l)
+  if [ "$have" = "$count" ]; then
+    item PASS photos "$count JPEGs there already"
+    return 0
+  fi
+  local t0=$SECONDS
+  echo "== make_photos.py $photos --count $count, $(nproc) processes" >>"$log"
+  if ! make_photos "$photos" "$count" "$log" "$(cap 420)"; then
+    item FAIL photos "make_photos.py failed or ran out of time after $((SECONDS - t0)) s (see the log)"
+    return 1
+  fi
+  item PASS photos "$count JPEGs in $((SECONDS - t0)) s ($(du -sm "$photos" | cut -f1) MB)"
+}
+
+part_photos() {
+  : >"$out/photos.log"
+  ensure_photos "$out/photos.log" || true
+}
+
 part_e2e() {
   ensure_built || return 0
   library_path
-  local log=$out/e2e.log photos=$root/device/photos count=${DSRT_KIT_PHOTOS:-20000}
-  local epochs=${DSRT_KIT_EPOCHS:-3}
+  local log=$out/e2e.log photos=$root/device/photos epochs=${DSRT_KIT_EPOCHS:-3}
   : >"$log"
-  if [ ! -f "$kit/make_photos.py" ] || ! ls "$kit"/photo-src/*.deb >/dev/null 2>&1; then
-    item FAIL e2e "no make_photos.py and wallpaper packages in the kit (pack with DSRT_KIT_BASELINES)"
-    return 0
-  fi
-  if [ -z "$tpy" ] || ! "$tpy" -c 'import PIL' 2>/dev/null; then
-    item FAIL e2e "no Python with PyTorch and PIL to make the photos"
-    return 0
-  fi
-  if [ "$(find "$photos" -name '*.jpg' 2>/dev/null | wc -l)" != "$count" ]; then
-    local t0=$SECONDS
-    echo "== make_photos.py $photos --count $count" >>"$log"
-    if ! make_photos "$photos" "$count" "$log" "$(cap 240)"; then
-      item FAIL "e2e photos" "make_photos.py failed or ran out of time (see e2e.log)"
-      return 0
-    fi
-    item PASS "e2e photos" "$count JPEGs in $((SECONDS - t0)) s"
-  fi
+  ensure_photos "$log" || return 0
   local args=(--net alexnet --batch 128 --epochs "$epochs")
   local c
   c=$(cap 200)
@@ -757,14 +783,25 @@ part_e2e() {
   fi
 }
 
+# A part's time budget in seconds: 25 minutes for the five together.
+budget_of() {
+  case $1 in
+  build) echo 420 ;;
+  sanitize) echo 300 ;;
+  bench) echo 360 ;;
+  photos) echo 180 ;;
+  *) echo 240 ;;
+  esac
+}
+
 run() {
   local what=${1:-all}
   case $what in
-  build | sanitize | bench | e2e | all) shift || true ;;
+  build | sanitize | bench | photos | e2e | all) shift || true ;;
   *) what=all ;;
   esac
   local parts=("$what")
-  [ "$what" != all ] || parts=(build sanitize bench e2e)
+  [ "$what" != all ] || parts=(build sanitize bench photos e2e)
   status_all=0
   for part in "${parts[@]}"; do
     out=${1:-${OUT:-device/out/$part}}
@@ -774,7 +811,7 @@ run() {
     summary=$out/summary.txt
     : >"$summary"
     part_t0=$SECONDS
-    part_budget=${DSRT_KIT_PART_S:-480}
+    part_budget=${DSRT_KIT_PART_S:-$(budget_of "$part")}
     setup
     echo "device-kit: part $part into $out (budget $part_budget s)"
     "part_$part"
