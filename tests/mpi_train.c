@@ -16,9 +16,10 @@
  *             checkpoint resumed by 1 process, end as the uninterrupted run.
  *   local_failure  a bad image in rank 1's part only: both ranks fail at the
  *             same step, rank 0 naming worker 1 and the file.
- *   fault     rank 1 hangs at iteration 7: rank 0 exits non-zero within 60 s
- *             naming rank 1, and the last checkpoint loads; the same when
- *             rank 1 is killed (then mpirun ends the job and names it).
+ *   fault     rank 1 hangs at iteration 7: rank 0 exits non-zero by itself
+ *             (the communicator's timeout), naming rank 1, and the last
+ *             checkpoint loads; the same when rank 1 is killed (then mpirun
+ *             ends the job and names it).
  *   refuse    bad options are refused by every rank of `mpirun dstrain
  *             train --execution-environment parallel`, before any work.
  *   bad_named bad files in every worker's share are skipped, and rank 0
@@ -138,7 +139,9 @@ static int worker(int argc, char **argv) {
     if (parallel) {
         if (dsrt_comm_init(&argc, &argv) != 0) return 1;
         dsrt_comm_options co = dsrt_comm_defaults();
-        co.timeout_s = 8;
+        /* A short timeout where rank 1 hangs on purpose; the default
+         * elsewhere, so that no rank of a loaded machine is taken for hung. */
+        if (hang > 0) co.timeout_s = 8;
         if (dsrt_comm_open(&comm, &co) != 0) {
             fprintf(stderr, "comm: %s\n", dsrt_last_error());
             return 1;
@@ -229,8 +232,6 @@ static char *read_text(const char *path) {
     return text;
 }
 
-/* Runs a worker: under mpirun with np ranks, or alone (np 0). Its stderr
- * goes to root/TAG.err. Returns the exit status; *seconds the time taken. */
 /* Runs args (a NULL-ended argv) with its standard output and error into
  * the file out; its exit status as comm_test_run gives it. */
 static int run_into(char **args, const char *out, int timeout_s) {
@@ -249,6 +250,9 @@ static int run_into(char **args, const char *out, int timeout_s) {
     return st;
 }
 
+/* Runs a worker: under mpirun with np ranks, or alone (np 0). Its stderr
+ * goes to root/TAG.err. Returns the exit status; *seconds the time taken
+ * (for reports). */
 static int run_worker_bn(int np, const char *tag, int epochs, const char *resume, const char *ckpt,
                          int avg, int hang, int bn, double *seconds) {
     char nps[16], eps[16], avgs[16], hangs[16], bns[16], err[4400];
@@ -491,7 +495,7 @@ static void test_fault(void) {
     int st = run_worker(2, "fault", 10, NULL, c, 0, 7, &s);
     fprintf(stderr, "  rank 1 hung at iteration 7: the job exited with %d after %.1f s\n", st, s);
     CHECK_NE(st, 0);
-    CHECK(s < 60);
+    CHECK_NE(st, 124); /* ended by itself, not by the launcher's deadline */
     snprintf(err, sizeof err, "%s/fault.err", root);
     char *text = read_text(err);
     REQUIRE(text);
@@ -507,7 +511,7 @@ static void test_fault(void) {
     st = run_worker(2, "kill", 10, NULL, c, 0, -7, &s);
     fprintf(stderr, "  rank 1 killed at iteration 7: the job exited with %d after %.1f s\n", st, s);
     CHECK_NE(st, 0);
-    CHECK(s < 60);
+    CHECK_NE(st, 124);
     snprintf(err, sizeof err, "%s/kill.err", root);
     text = read_text(err);
     REQUIRE(text);
