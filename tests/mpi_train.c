@@ -28,6 +28,8 @@
  *             train --execution-environment parallel`, before any work.
  *   bad_named bad files in every worker's share are skipped, and rank 0
  *             names each once in dstrain's --bad-list.
+ *   signal    SIGTERM or SIGINT to rank 1 of `mpirun dstrain train`: every
+ *             rank exits 143 or 130, and rank 0 says what it kept.
  *
  * Exit 77 when this dsrt lacks MPI or mpirun is missing.
  */
@@ -36,6 +38,7 @@
 
 #include <dsrt.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -663,6 +666,140 @@ static void test_refuse(void) {
     unsetenv("OMPI_MCA_orte_abort_on_non_zero_status");
 }
 
+/* Process pid's parent, from /proc (0 when it is gone). */
+static pid_t parent_of(pid_t pid) {
+    char path[64], text[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    const char *paren = strrchr(text, ')');
+    int ppid = 0;
+    if (!paren || sscanf(paren + 1, " %*c %d", &ppid) != 1) return 0;
+    return (pid_t)ppid;
+}
+
+/* The process of rank `rank` that job (mpirun's pid) started: a descendant
+ * of it whose environment says OMPI_COMM_WORLD_RANK=rank. 0 when none. */
+static pid_t rank_pid(pid_t job, int rank) {
+    char want[64];
+    int wl = snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank) + 1;
+    DIR *d = opendir("/proc");
+    pid_t found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 0 || pid == job) continue;
+        pid_t up = pid;
+        for (int depth = 0; depth < 8 && up > 1 && up != job; depth++) up = parent_of(up);
+        if (up != job) continue;
+        char path[64];
+        static char env[1 << 16]; /* NUL-separated NAME=VALUE */
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+        FILE *f = fopen(path, "rb");
+        size_t len = f ? fread(env, 1, sizeof env - 1, f) : 0;
+        if (f) fclose(f);
+        env[len] = 0;
+        for (size_t at = 0; at < len; at += strlen(env + at) + 1)
+            if (!memcmp(env + at, want, (size_t)wl)) found = pid;
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+/* A signal to worker 1 alone ends the job as it would worker 0's: every
+ * rank stops after the step and exits 128 + the signal, and worker 0 says
+ * what it kept. */
+static void test_signal(void) {
+    char dstrain[4400], data[4400], out[4400], ck[4400], save[4400];
+    const char *bin = getenv("DSRT_BIN_DIR");
+    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
+    if (access(dstrain, X_OK) != 0) {
+        fprintf(stderr, "  no %s: skipped\n", dstrain);
+        return;
+    }
+    snprintf(data, sizeof data, "%s/data", root);
+    const int sigs[] = {SIGTERM, SIGINT};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, sizeof out, "%s/signal%d.out", root, k);
+        snprintf(ck, sizeof ck, "%s/signal%d-ck", root, k);
+        snprintf(save, sizeof save, "%s/signal%d.dsrt", root, k);
+        char *args[] = {(char *)comm_test_mpirun(),
+                        "--allow-run-as-root",
+                        "--oversubscribe",
+                        "-np",
+                        "2",
+                        dstrain,
+                        "train",
+                        "--data",
+                        data,
+                        "--net",
+                        "digits",
+                        "--execution-environment",
+                        "parallel",
+                        "--threads",
+                        "1",
+                        "--epochs",
+                        "100000",
+                        "--batch",
+                        "64",
+                        "--json",
+                        "--checkpoint-dir",
+                        ck,
+                        "--save",
+                        save,
+                        NULL};
+        fflush(stderr);
+        pid_t job = fork();
+        REQUIRE(job >= 0);
+        if (job == 0) {
+            int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(126);
+            execv(args[0], args);
+            _exit(127);
+        }
+        /* Training has begun on both ranks once worker 0 tells the start
+         * (both agreed to it); the job trains for ever unless stopped. */
+        int started = 0, st = 0, ended = 0;
+        while (!started && !(ended = waitpid(job, &st, WNOHANG) == job)) {
+            char *text = read_text(out);
+            started = text && strstr(text, "\"event\": \"start\"");
+            free(text);
+            usleep(20000);
+        }
+        CHECK(started);
+        pid_t r1 = started ? rank_pid(job, 1) : 0;
+        CHECK(r1 > 0);
+        if (r1 > 0) kill(r1, sigs[k]);
+        /* A guard against a hang only: the job ends by itself. */
+        for (int t = 0; !ended && t < 12000; t++) {
+            ended = waitpid(job, &st, WNOHANG) == job;
+            if (!ended) usleep(10000);
+        }
+        if (!ended) {
+            kill(job, SIGKILL);
+            waitpid(job, &st, 0);
+        }
+        CHECK(ended);
+        char *text = read_text(out);
+        REQUIRE(text);
+        int status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        if (status != 128 + sigs[k]) fprintf(stderr, "exit %d:\n%s\n", status, text);
+        CHECK_EQ(status, 128 + sigs[k]);
+        char want[128];
+        snprintf(want, sizeof want, "interrupted by %s to worker 1; kept the checkpoint ",
+                 sigs[k] == SIGTERM ? "SIGTERM" : "SIGINT");
+        CHECK_CONTAINS(text, want);
+        CHECK_CONTAINS(text, " and the model ");
+        free(text);
+        dsrt_net *net = NULL;
+        CHECK_OK(dsrt_model_load(&net, save, NULL));
+        dsrt_net_destroy(net);
+        check_checkpoint(ck, -1);
+    }
+}
+
 /* Bad files skipped wherever they fall: worker 0, the only one that
  * writes, names every worker's in --bad-list, and the run succeeds. */
 static void test_bad_named(void) {
@@ -759,10 +896,12 @@ int main(int argc, char **argv) {
         RUN(test_refuse);
     else if (!strcmp(which, "bad_named"))
         RUN(test_bad_named);
+    else if (!strcmp(which, "signal"))
+        RUN(test_signal);
     else {
         fprintf(stderr,
                 "mpi_train: no case '%s' (equal, sync_bn, resume, resume_exact, local_failure, "
-                "fault, refuse, bad_named)\n",
+                "fault, refuse, bad_named, signal)\n",
                 which);
         return 2;
     }
