@@ -28,6 +28,8 @@
  *             train --execution-environment parallel`, before any work.
  *   bad_named bad files in every worker's share are skipped, and rank 0
  *             names each once in dstrain's --bad-list.
+ *   bad_counts  a bad file is one file, skipped as often as by one process,
+ *             whichever worker found it: text, JSON and --bad-list alike.
  *   signal    SIGTERM or SIGINT to rank 1 of `mpirun dstrain train`: every
  *             rank exits 143 or 130, and rank 0 says what it kept.
  *
@@ -666,6 +668,107 @@ static void test_refuse(void) {
     unsetenv("OMPI_MCA_orte_abort_on_non_zero_status");
 }
 
+/* dstrain train on data under mpirun with np ranks (0: one process alone),
+ * with extra options, its output into root/TAG.out. Returns the status. */
+static int dstrain_job(int np, const char *tag, const char *data, const char *const *extra) {
+    char dstrain[4400], out[4400], nps[16];
+    const char *bin = getenv("DSRT_BIN_DIR");
+    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
+    snprintf(out, sizeof out, "%s/%s.out", root, tag);
+    snprintf(nps, sizeof nps, "%d", np);
+    char *args[64];
+    int k = 0;
+    if (np > 0) {
+        args[k++] = (char *)comm_test_mpirun();
+        args[k++] = "--allow-run-as-root";
+        args[k++] = "--oversubscribe";
+        args[k++] = "-np";
+        args[k++] = nps;
+    }
+    args[k++] = dstrain;
+    args[k++] = "train";
+    args[k++] = "--data";
+    args[k++] = (char *)data;
+    args[k++] = "--net";
+    args[k++] = "digits";
+    args[k++] = "--threads";
+    args[k++] = "1";
+    if (np > 0) {
+        args[k++] = "--execution-environment";
+        args[k++] = "parallel";
+    }
+    for (int e = 0; extra[e] && k < 62; e++) args[k++] = (char *)extra[e];
+    args[k] = NULL;
+    return run_into(args, out, 120);
+}
+
+/* The output of dstrain_job's run TAG (malloc'd). */
+static char *job_output(const char *tag) {
+    char out[4400];
+    snprintf(out, sizeof out, "%s/%s.out", root, tag);
+    char *text = read_text(out);
+    REQUIRE(text);
+    return text;
+}
+
+/* The number after "key": in JSON text, or -1. */
+static long long json_number(const char *text, const char *key) {
+    char k[128];
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    const char *at = strstr(text, k);
+    return at ? atoll(at + strlen(k)) : -1;
+}
+
+/* A bad file counts as one, skipped as often as one process skips it,
+ * whichever workers found it: in the text, the JSON and --bad-list. */
+static void test_bad_counts(void) {
+    char dstrain[4400], data[4400], bad[4400], list[4400];
+    const char *bin = getenv("DSRT_BIN_DIR");
+    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
+    if (access(dstrain, X_OK) != 0) {
+        fprintf(stderr, "  no %s: skipped\n", dstrain);
+        return;
+    }
+    snprintf(data, sizeof data, "%s/data", root);
+    /* In the data's own order, batch 0 is centre/000..063: rank 1's share
+     * is 032..063, so rank 0 never reads 040. */
+    snprintf(bad, sizeof bad, "%s/centre/040.png", data);
+    REQUIRE(timg_write_file(bad, "not a png\n", 10) == 0);
+    const char *order[] = {"--epochs", "2", "--batch", "64", "--shuffle", "never", "--quiet", NULL};
+    CHECK_EQ(dstrain_job(0, "order1", data, order), 0);
+    CHECK_EQ(dstrain_job(2, "order2", data, order), 0);
+    for (int np = 1; np <= 2; np++) {
+        char *text = job_output(np == 1 ? "order1" : "order2");
+        if (!strstr(text, "1 bad training file, skipped 2 times:"))
+            fprintf(stderr, "%d process(es):\n%s\n", np, text);
+        CHECK_CONTAINS(text, "1 bad training file, skipped 2 times:");
+        free(text);
+    }
+    /* Shuffled over 4 epochs: the same counts in JSON, one line a file. */
+    for (int np = 0; np <= 2; np += 2) {
+        char tag[32], n[8];
+        snprintf(tag, sizeof tag, "shuffled%d", np);
+        snprintf(list, sizeof list, "%s/%s.jsonl", root, tag);
+        snprintf(n, sizeof n, "%d", np);
+        const char *opts[] = {"--epochs", "4",  "--batch",    "64", "--json",
+                              "--seed",   "11", "--bad-list", list, NULL};
+        CHECK_EQ(dstrain_job(np, tag, data, opts), 0);
+        char *text = job_output(tag);
+        CHECK_EQ(json_number(text, "bad_files_total"), 1);
+        CHECK_EQ(json_number(text, "skipped"), 4);
+        const char *first = strstr(text, "\"bad_files\": [");
+        CHECK(first && strstr(first, "centre/040.png") &&
+              !strstr(strstr(first, "040.png") + 1, "040.png"));
+        free(text);
+        char *lines = read_text(list);
+        REQUIRE(lines);
+        int count = 0;
+        for (char *p = lines; (p = strchr(p, '\n')); p++) count++;
+        CHECK_EQ(count, 1);
+        free(lines);
+    }
+}
+
 /* Process pid's parent, from /proc (0 when it is gone). */
 static pid_t parent_of(pid_t pid) {
     char path[64], text[1024];
@@ -898,10 +1001,12 @@ int main(int argc, char **argv) {
         RUN(test_bad_named);
     else if (!strcmp(which, "signal"))
         RUN(test_signal);
+    else if (!strcmp(which, "bad_counts"))
+        RUN(test_bad_counts);
     else {
         fprintf(stderr,
                 "mpi_train: no case '%s' (equal, sync_bn, resume, resume_exact, local_failure, "
-                "fault, refuse, bad_named, signal)\n",
+                "fault, refuse, bad_named, bad_counts, signal)\n",
                 which);
         return 2;
     }
