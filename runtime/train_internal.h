@@ -229,6 +229,13 @@ int dsrt__dp_own_states(const run *R);
  * Collective; st->ws.workers 1 otherwise. */
 int dsrt__dp_gather_states(run *R, dp_states *st);
 void dsrt__dp_states_free(dp_states *st);
+/* Before any work: fails on every worker, naming the first option, class
+ * or file that differs and the workers, unless every worker runs the same
+ * job (options, net, data; see train_job.c). Collective. */
+int dsrt__dp_same_job(run *R);
+/* After loading the checkpoint to resume from: fails on every worker unless
+ * every worker resumes at the same position. Collective. */
+int dsrt__dp_same_position(run *R, const dsrt_train_position *pos);
 /* At the end: fails when the weights differ between workers. Collective. */
 int dsrt__dp_check_weights(run *R);
 /* DSRT_EXEC_MULTI_GPU: one worker a visible GPU, each on a thread of its own

@@ -332,6 +332,7 @@ static int run_open(run *R) {
     }
     if (!rc && o->checkpoint_path && R->rank == 0) rc = dsrt__train_make_dir(o->checkpoint_path);
     if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) return rc;
+    if (o->resume && (rc = dsrt__dp_same_position(R, &pos))) return rc;
 
     /* Cores (a share of them when workers share this process's), then the
      * pipelines on the worker cores. */
@@ -722,8 +723,10 @@ int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_tr
     int rc = dsrt_train_check(o, net, train);
     if (rc == 0) rc = run_device(&R);
     /* Options refused or the device missing on any worker: every worker
-     * fails, before any work. */
+     * fails, before any work; so does every worker when they do not all
+     * run the same job. */
     if ((rc = dsrt__dp_agree(&R, rc, NULL, 0))) return rc;
+    if ((rc = dsrt__dp_same_job(&R))) return rc;
     r->rank = R.rank;
     r->world = R.world;
     rc = run_open(&R);

@@ -30,6 +30,10 @@
  *             names each once in dstrain's --bad-list.
  *   bad_counts  a bad file is one file, skipped as often as by one process,
  *             whichever worker found it: text, JSON and --bad-list alike.
+ *   agree     ranks given another seed, batch, epoch count, checkpoint
+ *             folder, sample count, class list or file size refuse at once,
+ *             naming it; `mpirun -np 2 dstrain train` without
+ *             --execution-environment parallel is refused.
  *   signal    SIGTERM or SIGINT to rank 1 of `mpirun dstrain train`: every
  *             rank exits 143 or 130, and rank 0 says what it kept.
  *
@@ -769,6 +773,147 @@ static void test_bad_counts(void) {
     }
 }
 
+/* mpirun with one rank of dstrain train on data0 with extra0 and one on
+ * data1 with extra1 (an MPMD launch), output into root/TAG.out. */
+static int dstrain_pair(const char *tag, const char *data0, const char *const *extra0,
+                        const char *data1, const char *const *extra1) {
+    char dstrain[4400], out[4400];
+    const char *bin = getenv("DSRT_BIN_DIR");
+    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
+    snprintf(out, sizeof out, "%s/%s.out", root, tag);
+    char *args[96];
+    int k = 0;
+    args[k++] = (char *)comm_test_mpirun();
+    args[k++] = "--allow-run-as-root";
+    args[k++] = "--oversubscribe";
+    for (int r = 0; r < 2; r++) {
+        if (r) args[k++] = ":";
+        const char *fixed[] = {"-np",
+                               "1",
+                               dstrain,
+                               "train",
+                               "--data",
+                               r ? data1 : data0,
+                               "--net",
+                               "digits",
+                               "--threads",
+                               "1",
+                               "--execution-environment",
+                               "parallel",
+                               "--epochs",
+                               "1",
+                               "--drop-last",
+                               "--quiet",
+                               NULL};
+        for (int e = 0; fixed[e]; e++) args[k++] = (char *)fixed[e];
+        const char *const *extra = r ? extra1 : extra0;
+        for (int e = 0; extra[e] && k < 90; e++) args[k++] = (char *)extra[e];
+    }
+    args[k] = NULL;
+    return run_into(args, out, 120);
+}
+
+/* Workers that do not run the same job refuse at once, before any step,
+ * naming the option, class or file that differs and the workers; and
+ * `mpirun -np 2 dstrain train` without --execution-environment parallel is
+ * refused by each process. */
+static void test_agree(void) {
+    char dstrain[4400], data[4400], more[4400], classes[4400], sizes[4400], path[4600];
+    const char *bin = getenv("DSRT_BIN_DIR");
+    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
+    if (access(dstrain, X_OK) != 0) {
+        fprintf(stderr, "  no %s: skipped\n", dstrain);
+        return;
+    }
+    snprintf(data, sizeof data, "%s/data", root);
+    /* The same images elsewhere, with one more; with a class more; with one
+     * file of another size. */
+    snprintf(more, sizeof more, "%s/more", root);
+    snprintf(classes, sizeof classes, "%s/classes", root);
+    snprintf(sizes, sizeof sizes, "%s/sizes", root);
+    make_data(more);
+    make_data(classes);
+    make_data(sizes);
+    uint8_t px[SIDE * SIDE];
+    make_image(px, 0, 4242);
+    dsrt_image img = {px, SIDE, SIDE, 1, SIDE};
+    snprintf(path, sizeof path, "%s/centre/064.png", more);
+    REQUIRE(dsrt_png_write(path, &img) == 0);
+    snprintf(path, sizeof path, "%s/dots", classes);
+    REQUIRE(timg_mkdirs(path) == 0);
+    snprintf(path, sizeof path, "%s/dots/000.png", classes);
+    REQUIRE(dsrt_png_write(path, &img) == 0);
+    snprintf(path, sizeof path, "%s/checker/005.png", sizes);
+    REQUIRE(timg_write_file(path, "not a png\n", 10) == 0);
+    static const char *const none[] = {NULL}, *const seed1[] = {"--seed", "1", NULL},
+                             *const seed2[] = {"--seed", "2", NULL},
+                             *const b64[] = {"--batch", "64", NULL},
+                             *const b32[] = {"--batch", "32", NULL},
+                             *const e2[] = {"--epochs", "2", NULL},
+                             *const ck[] = {"--checkpoint-dir", "/tmp/dsrt-agree-ck", NULL};
+    const struct {
+        const char *tag, *data1;
+        const char *const *extra0, *const *extra1;
+        const char *expect;
+    } cases[] = {
+        {"seed", data, seed1, seed2, "seed is 1 on worker 0, 2 on worker 1"},
+        {"batch", data, b64, b32, "batch is 64 on worker 0, 32 on worker 1"},
+        {"epochs", data, none, e2, "max_epochs is 1 on worker 0, 2 on worker 1"},
+        {"ckpt", data, none, ck, "checkpoint_path (given or not) is 0 on worker 0, 1 on worker 1"},
+        {"count", more, none, none,
+         "training data: samples is 256 on worker 0, 257 on worker 1; sample 64 is "
+         "'checker/000.png'"},
+        {"classes", classes, none, none,
+         "training data: classes is 4 on worker 0, 5 on worker 1; class 2 is 'hstripes' on "
+         "worker 0, 'dots' on worker 1"},
+        {"sizes", sizes, none, none,
+         "training data: files (names, sizes, labels) differ between worker 0 and worker 1; "
+         "sample 69 is 'checker/005.png' (340 bytes, class 1) on worker 0, 'checker/005.png' "
+         "(10 bytes, class 1) on worker 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "agree_%s", cases[i].tag);
+        int st = dstrain_pair(tag, data, cases[i].extra0, cases[i].data1, cases[i].extra1);
+        CHECK_NE(st, 0);
+        CHECK_NE(st, 124);
+        char *text = job_output(tag);
+        int said = 0;
+        for (char *p = text; (p = strstr(p, cases[i].expect)); p++) said++;
+        if (said < 1) fprintf(stderr, "case %s:\n%s\n", cases[i].tag, text);
+        CHECK_GE(said, 1);
+        CHECK(strstr(text, "do not run the same job") != NULL);
+        CHECK(strstr(text, "not responding") == NULL);
+        CHECK(strstr(text, "Training finished") == NULL);
+        free(text);
+    }
+    /* Two processes without --execution-environment parallel. */
+    char out[4400];
+    snprintf(out, sizeof out, "%s/lone.out", root);
+    char *args[] = {(char *)comm_test_mpirun(),
+                    "--allow-run-as-root",
+                    "--oversubscribe",
+                    "-np",
+                    "2",
+                    dstrain,
+                    "train",
+                    "--data",
+                    data,
+                    "--net",
+                    "digits",
+                    "--epochs",
+                    "1",
+                    "--quiet",
+                    NULL};
+    CHECK_NE(run_into(args, out, 120), 0);
+    char *text = read_text(out);
+    REQUIRE(text);
+    CHECK_CONTAINS(text, "started as one of 2 processes of an MPI job (OMPI_COMM_WORLD_SIZE=2) "
+                         "without --execution-environment parallel");
+    CHECK(strstr(text, "Training finished") == NULL);
+    free(text);
+}
+
 /* Process pid's parent, from /proc (0 when it is gone). */
 static pid_t parent_of(pid_t pid) {
     char path[64], text[1024];
@@ -1003,10 +1148,12 @@ int main(int argc, char **argv) {
         RUN(test_signal);
     else if (!strcmp(which, "bad_counts"))
         RUN(test_bad_counts);
+    else if (!strcmp(which, "agree"))
+        RUN(test_agree);
     else {
         fprintf(stderr,
                 "mpi_train: no case '%s' (equal, sync_bn, resume, resume_exact, local_failure, "
-                "fault, refuse, bad_named, bad_counts, signal)\n",
+                "fault, refuse, bad_named, bad_counts, agree, signal)\n",
                 which);
         return 2;
     }

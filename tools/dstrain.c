@@ -1261,6 +1261,29 @@ static int train_start_comm(train_job *j) {
     return 0;
 }
 
+/* A process that mpirun (or another MPI launcher) started as one of
+ * several, without --execution-environment parallel, would train the whole
+ * job alone, as would each of the others, into the same outputs: refused.
+ * Open MPI and MPICH's Hydra say so in the environment, MPI library or not.
+ * Returns 0 or 2 after a message. */
+static int train_refuse_lone_rank(const train_job *j) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    if (j->o.execution == DSRT_EXEC_PARALLEL) return 0;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 1) {
+            fprintf(stderr,
+                    "%s train: started as one of %d processes of an MPI job (%s=%s) without "
+                    "--execution-environment parallel: each would train the whole job alone and "
+                    "write the same outputs; give --execution-environment parallel, or start "
+                    "one process\n",
+                    prog, atoi(v), vars[i], v);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 /* Every worker says whether it could start (status 0); when one could not,
  * the others stop too, naming it. Returns the status to go on with. */
 static int train_agree(train_job *j, int status) {
@@ -1714,7 +1737,7 @@ static int cmd_train(int argc, char **argv) {
     train_job job;
     train_job *j = &job;
     memset(j, 0, sizeof *j);
-    if ((rc = train_resolve_options(j))) return rc;
+    if ((rc = train_resolve_options(j)) || (rc = train_refuse_lone_rank(j))) return rc;
     int status = train_start_comm(j);
     if (status == 0) status = train_open_outputs(j);
     if (status == 0) status = train_open_data_and_net(j);
