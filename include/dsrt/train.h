@@ -332,8 +332,10 @@ typedef struct {
     double device_busy_s;          /* GPU: seconds of device work (CUDA events) */
     double device_idle_s;          /* GPU: seconds the device sat idle between steps, waiting
                                       for the host and its data */
-    uint64_t skipped;              /* times a bad training sample was passed over */
-    uint64_t bad_samples;          /* distinct training samples found bad (BAD_SAMPLE events) */
+    uint64_t skipped;              /* times a bad training sample was passed over, by every
+                                      worker together */
+    uint64_t bad_samples;          /* distinct training samples found bad by any worker, each
+                                      once (its BAD_SAMPLE event) */
     /* Validation: distinct samples found bad, and the samples left out of
      * the passes, summed (a pass visits each readable sample exactly once). */
     uint64_t val_bad_samples, val_skipped;
