@@ -504,6 +504,9 @@ library_path() {
   done
   [ -z "$cublas" ] || libs=$libs:$(dirname "$cublas")
   export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # The test programs load the build's modules (the tools find them beside
+  # the library).
+  export DSRT_MODULE_PATH=$build/dsrt
   dry || export DSRT_REQUIRE_GPU=1
 }
 
