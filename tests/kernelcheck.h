@@ -62,6 +62,31 @@ static const char *const OPT_NET = "input size=6x6x2\n"
                                    "fc outputs=classes wlr=0 blr=0\n"
                                    "softmax\n";
 
+/* The padding cases: pads of either layout and type with 0, -infinity (max
+ * pooling) and another fill, then crops (the backward of a pad), plain and
+ * accumulating. */
+#define KC_X                                                                                       \
+    { 2, 3, 5, 6, 0, DSRT_K_F32 }
+#define KC_X_HWC                                                                                   \
+    { 2, 3, 5, 6, 1, DSRT_K_F32 }
+static const struct {
+    dsrt_k_desc x, y;
+    int top, left;
+    float fill;
+    int accumulate;
+} PAD_CASES[] = {
+    {KC_X, {2, 3, 8, 9, 0, DSRT_K_F32}, 1, 2, -INFINITY, 0},
+    {KC_X, {2, 3, 8, 9, 0, DSRT_K_F32}, 0, 0, 0.0f, 0},
+    {KC_X, {2, 3, 8, 9, 0, DSRT_K_F32}, 3, 3, 0.0f, 0},
+    {KC_X, {2, 3, 8, 9, 1, DSRT_K_BF16}, 2, 1, -INFINITY, 0},
+    {KC_X_HWC, {2, 3, 8, 9, 0, DSRT_K_F32}, 1, 0, 0.5f, 0},
+    {KC_X, {2, 3, 3, 4, 0, DSRT_K_F32}, -1, -2, 0.0f, 0},
+    {KC_X, {2, 3, 3, 4, 0, DSRT_K_F32}, -2, -1, 0.0f, 1},
+    {KC_X, {2, 3, 3, 4, 1, DSRT_K_BF16}, -1, -1, 0.0f, 1},
+};
+/* A pad between tensors of other channel counts: refused. */
+static const dsrt_k_desc PAD_BAD_X = KC_X, PAD_BAD_Y = {2, 4, 5, 6, 0, DSRT_K_F32};
+
 /* The solvers, and the gradient-threshold methods each is tested with:
  * none; per tensor and global norms (segment norms are about 0.1 to 40:
  * some clipped, some not), one never reached; absolute values. */

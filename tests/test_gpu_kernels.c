@@ -283,24 +283,10 @@ static void pad_case(dsrt_k_desc xd, dsrt_k_desc yd, int top, int left, float fi
 }
 
 static void test_pad(void) {
-    dsrt_k_desc x = {2, 3, 5, 6, 0, DSRT_K_F32}, big = {2, 3, 8, 9, 0, DSRT_K_F32};
-    dsrt_k_desc small = {2, 3, 3, 4, 0, DSRT_K_F32};
-    pad_case(x, big, 1, 2, -INFINITY, 0);
-    pad_case(x, big, 0, 0, 0.0f, 0);
-    pad_case(x, big, 3, 3, 0.0f, 0);
-    big.nhwc = 1, big.type = DSRT_K_BF16;
-    pad_case(x, big, 2, 1, -INFINITY, 0);
-    x.nhwc = 1;
-    big.nhwc = 0, big.type = DSRT_K_F32;
-    pad_case(x, big, 1, 0, 0.5f, 0);
-    /* Crops (the backward of a pad), plain and accumulating. */
-    x.nhwc = 0;
-    pad_case(x, small, -1, -2, 0.0f, 0);
-    pad_case(x, small, -2, -1, 0.0f, 1);
-    small.type = DSRT_K_BF16, small.nhwc = 1;
-    pad_case(x, small, -1, -1, 0.0f, 1);
-    dsrt_k_desc other = {2, 4, 5, 6, 0, DSRT_K_F32};
-    CHECK_EQ(dsrt_k_pad(&x, NULL, &other, NULL, 0, 0, 0, 0, S), cudaErrorInvalidValue);
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(PAD_CASES); k++)
+        pad_case(PAD_CASES[k].x, PAD_CASES[k].y, PAD_CASES[k].top, PAD_CASES[k].left,
+                 PAD_CASES[k].fill, PAD_CASES[k].accumulate);
+    CHECK_EQ(dsrt_k_pad(&PAD_BAD_X, NULL, &PAD_BAD_Y, NULL, 0, 0, 0, 0, S), cudaErrorInvalidValue);
 }
 
 // ----------------------------------------------------------------------------
