@@ -30,8 +30,9 @@
  * the host's whenever net->version moves.
  *
  * Memory before collectives. Allocating or freeing device memory while NCCL
- * kernels may be in flight can hang them, so a data-parallel run reserves
- * (cuda_reserve, dsrt__net_reserve) before its first collective the plans
+ * kernels may be in flight can hang them, so a training run (dsrt_train,
+ * through dsrt__net_reserve and cuda_reserve) reserves before its first
+ * collective the plans
  * of every batch size its steps take, the workspace, the staging slots and
  * the optimizer's state; the optimizer's segment table and workspace are
  * sized when the backend is made. From then on the backend allocates

@@ -168,7 +168,8 @@ static int reserve(run *R) {
 }
 
 int dsrt__dp_attach(run *R) {
-    int rc = reserve(R);
+    /* A worker that could not reserve fails every worker here. */
+    int rc = dsrt__dp_agree(R, reserve(R), NULL, 0);
     if (rc || !R->comm) return rc;
     if (!R->averaging) {
         /* Worker 0's weights to every worker, and the gradient hook. */
