@@ -10,7 +10,8 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config ninja-build clang clang-format libclang-rt-14-dev
   zlib1g-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev liburing-dev libhwloc-dev
-  libdnnl-dev libopenmpi-dev openmpi-bin
+  libdnnl-dev libopenmpi-dev openmpi-bin libcurl4-openssl-dev libssl-dev ca-certificates
+  python3-venv
   dataset-fashion-mnist
   python3-dev python3-numpy python3-pytest python3-pil python3-torch
 )
