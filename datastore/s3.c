@@ -939,7 +939,7 @@ int dsrt__s3_folder_load(dsrt_index *ix, const char *url, const dsrt_datastore_o
             (dsrt__sb_add(&query, "continuation-token=", 19) ||
              dsrt__sb_encode(&query, token.s, token.len, 0) || dsrt__sb_add(&query, "&", 1)))
             goto out;
-        if (dsrt__sb_add(&query, "encoding-type=url&list-type=2&max-keys=1000&prefix=", 51) ||
+        if (dsrt__sb_add(&query, "list-type=2&max-keys=1000&prefix=", 33) ||
             dsrt__sb_encode(&query, prefix.s ? prefix.s : "", prefix.len, 0))
             goto out;
         uint8_t *page;

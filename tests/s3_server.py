@@ -24,7 +24,11 @@ and then takes commands on standard input, one a line, answering "ok":
                   (429, 500, 503: an S3 XML error, as a throttled store does)
     reset N       the proxy resets the connection of the next N requests
     stall N       the proxy never answers the next N requests
-    requests      answers "requests N": requests the proxy has forwarded
+    requests      answers "requests N signed S connections C most_open M":
+                  requests forwarded (S of them signed), connections accepted,
+                  most open at once since the last clear
+    hold-after N  forward N more requests, then hold every later one unanswered
+    clear         drops the faults not yet used and any hold
     auth on|off   moto checks signatures (the default after set-up), or not
                   (moto answers unsigned requests with 500 while it checks)
 
@@ -57,7 +61,10 @@ def parse_args():
 def client(endpoint, service, **creds):
     import boto3
 
+    from botocore.config import Config
+
     return boto3.client(service, endpoint_url=endpoint, region_name=REGION,
+                        config=Config(retries={"max_attempts": 1}, read_timeout=30),
                         aws_access_key_id=creds.get("key", "setup"),
                         aws_secret_access_key=creds.get("secret", "setup"),
                         aws_session_token=creds.get("token"))
@@ -74,9 +81,10 @@ def ensure_bucket(s3, bucket, made):
         made.add(bucket)
 
 
-def upload_dir(s3, local, dest, made):
+def upload_dir(s3, local, dest, made, public):
     bucket, prefix = split_dest(dest)
     ensure_bucket(s3, bucket, made)
+    acl = {"ACL": "public-read"} if bucket in public else {}
     for root, dirs, files in os.walk(local):
         dirs.sort()
         for name in sorted(files):
@@ -84,34 +92,36 @@ def upload_dir(s3, local, dest, made):
             rel = os.path.relpath(path, local).replace(os.sep, "/")
             key = f"{prefix}/{rel}" if prefix else rel
             with open(path, "rb") as f:
-                s3.put_object(Bucket=bucket, Key=key, Body=f.read())
-        # An empty folder becomes a folder marker, as consoles make them.
+                s3.put_object(Bucket=bucket, Key=key, Body=f.read(), **acl)
+        # An empty folder becomes a folder marker, as consoles make them
+        # (straight into the backend: waitress and moto disagree on empty PUTs).
         for d in dirs:
             sub = os.path.join(root, d)
             if not os.listdir(sub):
                 rel = os.path.relpath(sub, local).replace(os.sep, "/")
-                s3.put_object(Bucket=bucket, Key=(f"{prefix}/{rel}/" if prefix else rel + "/"),
-                              Body=b"")
+                backend().put_object(bucket, f"{prefix}/{rel}/" if prefix else rel + "/", b"")
+
+
+def backend():
+    from moto.s3.models import s3_backends
+
+    return s3_backends["123456789012"]["aws"]
 
 
 def fill_keys(dest, count, made, s3):
     """Many small objects straight into moto's backend: a listing benchmark
     needs 100 000 keys, which would take minutes through the HTTP API."""
-    from moto.s3.models import s3_backends
-
     bucket, prefix = split_dest(dest)
     ensure_bucket(s3, bucket, made)
-    backend = s3_backends["123456789012"]["aws"]
+    b = backend()
     for i in range(count):
-        cls = i % 100
-        backend.put_object(bucket, f"{prefix}/c{cls:03d}/{i:08d}.jpg", b"x")
+        cls = i * 100 // count
+        b.put_object(bucket, f"{prefix}/c{cls:03d}/{i:08d}.jpg", b"x")
 
 
 def make_public(s3, bucket):
-    policy = {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:ListBucket"],
-        "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}
-    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+    """Anyone may list the bucket and read the objects uploaded to it."""
+    s3.put_bucket_acl(Bucket=bucket, ACL="public-read")
 
 
 def make_credentials(endpoint):
@@ -145,11 +155,25 @@ class Proxy:
         self.latency = latency_ms / 1000.0
         self.faults = []  # (kind, code) for the next requests, in order
         self.forwarded = 0
+        self.signed = 0
+        self.connections = 0
+        self.open = 0
+        self.most_open = 0
+        self.hold_after = None  # forward this many more requests, then hold the rest
 
     def take_fault(self):
         return self.faults.pop(0) if self.faults else None
 
     async def handle(self, creader, cwriter):
+        self.connections += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            await self.serve(creader, cwriter)
+        finally:
+            self.open -= 1
+
+    async def serve(self, creader, cwriter):
         try:
             ureader, uwriter = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
@@ -163,9 +187,16 @@ class Proxy:
                     break
                 if self.latency > 0:
                     await asyncio.sleep(self.latency)
+                if self.hold_after is not None:
+                    if self.hold_after == 0:
+                        while await creader.read(1 << 16):
+                            pass
+                        break
+                    self.hold_after -= 1
                 fault = self.take_fault()
                 if fault is None:
                     self.forwarded += 1
+                    self.signed += b"\nauthorization:" in data.lower()
                     uwriter.write(data)
                     await uwriter.drain()
                 elif fault[0] == "fail":
@@ -229,7 +260,14 @@ def run_proxy(upstream_port, latency_ms, conn):
         elif words[0] in ("reset", "stall"):
             proxy.faults.extend([(words[0], 0)] * int(words[1]))
         elif words[0] == "requests":
-            reply = f"requests {proxy.forwarded}"
+            reply = (f"requests {proxy.forwarded} signed {proxy.signed} connections "
+                     f"{proxy.connections} most_open {proxy.most_open}")
+        elif words[0] == "clear":
+            proxy.faults.clear()
+            proxy.hold_after = None
+            proxy.most_open = proxy.open
+        elif words[0] == "hold-after":
+            proxy.hold_after = int(words[1])
         conn.send(reply)
 
     loop.add_reader(conn.fileno(), command)
@@ -262,19 +300,28 @@ def main():
         threading.Thread(target=server.run, daemon=True).start()
         return server.effective_port
 
-    setup = f"http://127.0.0.1:{serve(DomainDispatcherApplication(create_backend_app))}"
-    port = serve(create_backend_app("s3"))
+    def raw_uri(application):
+        """moto matches keys on the path as it arrived (RAW_URI, which
+        werkzeug's server sets): waitress calls it REQUEST_URI."""
+        def wrapped(environ, start_response):
+            environ.setdefault("RAW_URI", environ.get("REQUEST_URI", ""))
+            return application(environ, start_response)
+        return wrapped
+
+    setup = f"http://127.0.0.1:{serve(raw_uri(DomainDispatcherApplication(create_backend_app)))}"
+    port = serve(raw_uri(create_backend_app("s3")))
     endpoint = f"http://127.0.0.1:{port}"
 
     creds = make_credentials(setup)
     s3 = client(endpoint, "s3")
     made = set()
+    for bucket in args.public:
+        ensure_bucket(s3, bucket, made)
     for local, dest in args.upload:
-        upload_dir(s3, local, dest, made)
+        upload_dir(s3, local, dest, made, args.public)
     for dest, n in args.fill:
         fill_keys(dest, int(n), made, s3)
     for bucket in args.public:
-        ensure_bucket(s3, bucket, made)
         make_public(s3, bucket)
     # From here on every request must be signed with a key moto knows.
     requests.post(f"{setup}/moto-api/reset-auth", data=b"0").raise_for_status()
@@ -298,7 +345,7 @@ def main():
             count = b"0" if words[1] == "on" else b"inf"
             requests.post(f"{setup}/moto-api/reset-auth", data=count).raise_for_status()
             reply = "ok"
-        elif words[0] in ("latency", "fail", "reset", "stall", "requests"):
+        elif words[0] in ("latency", "fail", "reset", "stall", "requests", "clear", "hold-after"):
             ours.send(words)
             reply = ours.recv()
         else:
