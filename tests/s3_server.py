@@ -240,6 +240,13 @@ class Proxy:
 def run_proxy(upstream_port, latency_ms, conn):
     """The proxy's own process (moto's requests hold the GIL long enough to
     add their own latency to the proxy's): takes commands on conn."""
+    # Ends with the server, however the server ends (a test may SIGKILL it).
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os._exit(0)
     proxy = Proxy(upstream_port, latency_ms)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
