@@ -276,6 +276,7 @@ static int open_pipelines(run *R, const dsrt_augment_options *aug,
     po.parts = (unsigned)R->world;
     po.part = (unsigned)R->rank;
     if (o->read_depth) po.reader.depth = o->read_depth;
+    dsrt__remote_apply(&po.reader.remote, &o->remote);
     if ((rc = dsrt_pipeline_open(&R->p, R->train, aug, &po))) return dsrt__fail_prefix(rc, "train");
     if (!o->validation) return 0;
     dsrt_pipeline_options vo = po;

@@ -40,6 +40,11 @@ static const char usage[] =
     "\n"
     "Profiles dsrt's datastore on DATA: a folder of class sub-folders, a CSV manifest\n"
     "(path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100 binary batches.\n"
+    "A folder may be a prefix in an object store (s3://bucket/prefix) and a manifest a\n"
+    "URL (s3://, https://) whose paths may be URLs; credentials, region and endpoint\n"
+    "come from the environment and ~/.aws as for the AWS tools (AWS_ACCESS_KEY_ID,\n"
+    "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL,\n"
+    "AWS_PROFILE; none, or AWS_NO_SIGN_REQUEST=YES: anonymous).\n"
     "\n"
     "Commands:\n"
     "  DATA                  run the input pipeline alone over DATA (read, decode,\n"
@@ -90,6 +95,15 @@ static const char usage[] =
     "  --io auto|uring|pread file reads: io_uring (auto falls back to pread where the\n"
     "                        kernel refuses it), or pread (default auto)\n"
     "  --depth N             reads in flight per worker (default 16)\n"
+    "  --remote-depth N      requests to an object store in flight per worker\n"
+    "                        (default 64)\n"
+    "  --max-connections N   connections per host and worker (default: the remote\n"
+    "                        depth, or $DSRT_S3_MAX_CONNECTIONS)\n"
+    "  --retry-deadline S    give up on a request the store keeps failing (throttled,\n"
+    "                        errors, unreachable) S seconds after its first failure\n"
+    "                        and stop the run (default 60)\n"
+    "  --request-timeout S   retry a request that receives nothing for S seconds\n"
+    "                        (default 30)\n"
     "  --direct              open files with O_DIRECT (bypass the page cache)\n"
     "  --cold                drop DATA's files from the page cache before each epoch\n"
     "                        (posix_fadvise DONTNEED on every file)\n"
@@ -369,7 +383,8 @@ static void drop_cache(const dsrt_datastore *ds) {
     size_t n = dsrt_datastore_count(ds);
     for (size_t i = 0; i < n; i++) {
         const char *path = dsrt_datastore_path(ds, i);
-        if (!path) return; /* pixels in memory: nothing to drop */
+        if (!path) return;                    /* pixels in memory: nothing to drop */
+        if (dsrt_path_is_url(path)) continue; /* an object: not in this machine's cache */
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
         posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -577,6 +592,12 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
            s->read_s, s->decode_s, s->augment_s, s->slot_wait_s, s->consumer_wait_s, r->seconds,
            s->locked_memory ? "true" : "false", s->pinned_memory ? "true" : "false");
     if (o->checksum) printf(",\"checksum\":\"%016llx\"", (unsigned long long)r->hash);
+    printf(",\"bytes_per_s\":%.0f", r->seconds > 0 ? s->bytes_read / r->seconds : 0.0);
+    if (s->remote_requests)
+        printf(",\"remote\":{\"requests\":%llu,\"retries\":%llu,\"connections\":%llu,"
+               "\"in_flight\":%.1f}",
+               (unsigned long long)s->remote_requests, (unsigned long long)s->remote_retries,
+               (unsigned long long)s->remote_connections, s->remote_in_flight);
     printf("}\n");
     fflush(stdout);
 }
@@ -657,6 +678,14 @@ static int run_pipeline(options *o) {
             printf("median %.1f images/s%s\n", r->median,
                    o->epochs > 1 ? " over the epochs after the warm-up" : "");
             print_stages(r);
+            printf("read %.1f MB/s", r->seconds > 0 ? s->bytes_read / r->seconds / 1e6 : 0.0);
+            if (s->remote_requests)
+                printf(" from the store: %llu requests (%llu retried), %llu connections, %.1f "
+                       "in flight on average",
+                       (unsigned long long)s->remote_requests,
+                       (unsigned long long)s->remote_retries,
+                       (unsigned long long)s->remote_connections, s->remote_in_flight);
+            printf("\n");
             if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
         } else {
             if (i == 0)
@@ -750,6 +779,18 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
             tool_die_usage("--io: '%s' is not auto, uring or pread", v);
     } else if (strcmp(a, "--depth") == 0) {
         po->reader.depth = (unsigned)tool_int("--depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--remote-depth") == 0) {
+        po->reader.remote.depth =
+            (unsigned)tool_int("--remote-depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--max-connections") == 0) {
+        po->reader.remote.max_connections =
+            (unsigned)tool_int("--max-connections", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--retry-deadline") == 0) {
+        po->reader.remote.retry_deadline_s =
+            tool_double("--retry-deadline", tool_value(argc, argv, i), 0, 86400);
+    } else if (strcmp(a, "--request-timeout") == 0) {
+        po->reader.remote.timeout_s =
+            tool_double("--request-timeout", tool_value(argc, argv, i), 0.001, 86400);
     } else if (strcmp(a, "--direct") == 0) {
         po->reader.direct = 1;
     } else if (strcmp(a, "--cold") == 0) {

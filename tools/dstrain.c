@@ -152,6 +152,47 @@ static int parse_choice(const char *cmd, const char *name, const char *v,
 // ----------------------------------------------------------------------------
 // Where nets compute
 
+/* Requests to an object store, shared by train and eval: 0 leaves the
+ * reader's default. */
+typedef struct {
+    int depth, max_connections;
+    double retry_deadline, timeout;
+} remote_opts;
+
+#define REMOTE_OPTIONS(r)                                                                          \
+    {"remote-depth",                                                                               \
+     OPT_INT,                                                                                      \
+     &(r).depth,                                                                                   \
+     1,                                                                                            \
+     4096,                                                                                         \
+     "N",                                                                                          \
+     "requests to an object store (s3://, https://) in flight per worker [64]"},                   \
+        {"max-connections",                                                                        \
+         OPT_INT,                                                                                  \
+         &(r).max_connections,                                                                     \
+         1,                                                                                        \
+         4096,                                                                                     \
+         "N",                                                                                      \
+         "connections per host and worker [the remote depth, or $DSRT_S3_MAX_CONNECTIONS]"},       \
+        {"retry-deadline",                                                                         \
+         OPT_DBL,                                                                                  \
+         &(r).retry_deadline,                                                                      \
+         0,                                                                                        \
+         86400,                                                                                    \
+         "S",                                                                                      \
+         "stop when a request to the store still fails S seconds after its first failure [60]"},   \
+    {                                                                                              \
+        "request-timeout", OPT_DBL, &(r).timeout, 0, 86400, "S",                                   \
+            "retry a request to the store that receives nothing for S seconds [30]"                \
+    }
+
+static void remote_set(dsrt_remote_options *o, const remote_opts *r) {
+    o->depth = (unsigned)r->depth;
+    o->max_connections = (unsigned)r->max_connections;
+    o->retry_deadline_s = r->retry_deadline;
+    o->timeout_s = r->timeout;
+}
+
 /* --execution-environment, --gpu, --precision and --deterministic, shared by
  * the commands that run a net. */
 typedef struct {
@@ -615,6 +656,7 @@ static struct {
         checkpoint_frequency, lr_drop_period, prefetch, json, drop_last, no_pin, quiet, no_progress,
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
         depth, drop_empty_classes;
+    remote_opts remote;
     uint64_t seed;
     int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
     device_args dev;
@@ -639,6 +681,7 @@ static const option TRAIN_OPTIONS[] = {
     {"no-pin", OPT_FLAG, &tr.no_pin, 0, 0, NULL, "do not bind threads to cores"},
     {"prefetch", OPT_INT, &tr.prefetch, 1, 1024, "N", "batches made ahead [4]"},
     {"depth", OPT_INT, &tr.depth, 1, 4096, "N", "file reads in flight per pipeline worker [16]"},
+    REMOTE_OPTIONS(tr.remote),
     {"solver", OPT_STR, &tr.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
     {"momentum", OPT_STR, &tr.momentum, 0, 0, "X", "Momentum (sgdm) [0.9]"},
     {"l2", OPT_STR, &tr.l2, 0, 0, "X", "L2Regularization [1e-4]"},
@@ -1202,6 +1245,7 @@ static int train_resolve_options(train_job *j) {
     o->pin = !tr.no_pin;
     o->prefetch = (unsigned)tr.prefetch;
     o->read_depth = (unsigned)tr.depth;
+    remote_set(&o->remote, &tr.remote);
     o->fail_on_error = tr.fail_on_error;
     return 0;
 }
@@ -1757,6 +1801,7 @@ static int cmd_train(int argc, char **argv) {
 static struct {
     const char *model, *data, *cpus, *bad_list;
     int batch, threads, workers, json, no_pin, depth, drop_empty_classes;
+    remote_opts remote;
     device_args dev;
 } ev;
 
@@ -1770,6 +1815,7 @@ static const option EVAL_OPTIONS[] = {
     {"no-pin", OPT_FLAG, &ev.no_pin, 0, 0, NULL, "do not bind threads to cores"},
     DEVICE_OPTIONS(ev.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
     {"depth", OPT_INT, &ev.depth, 1, 4096, "N", "file reads in flight per pipeline worker [16]"},
+    REMOTE_OPTIONS(ev.remote),
     {"bad-list", OPT_STR, &ev.bad_list, 0, 0, "FILE",
      "write every bad image (path and reason, one JSON object a line) to FILE"},
     {"drop-empty-classes", OPT_FLAG, &ev.drop_empty_classes, 0, 0, NULL,
@@ -1826,6 +1872,7 @@ static int cmd_eval(int argc, char **argv) {
     eo.cpus = ev.cpus;
     eo.pin = !ev.no_pin;
     eo.read_depth = (unsigned)ev.depth;
+    remote_set(&eo.remote, &ev.remote);
     if (dsrt_evaluate(net, ds, &eo, &r) != 0) {
         fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
         goto out;

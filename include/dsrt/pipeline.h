@@ -286,6 +286,12 @@ typedef struct {
     int pinned_memory;       /* slots registered with CUDA (page-locked, for async copies) */
     int locked_memory;       /* slots locked in memory (registered with CUDA, or mlock) */
     const char *cpus;        /* the cores in use, list form ("0-15") */
+    /* Objects in a store: requests finished, attempts repeated after a
+     * throttle, error, reset or stall, connections opened (the other
+     * requests reused one), and requests in flight at once over all
+     * workers, on average while they fetched. */
+    uint64_t remote_requests, remote_retries, remote_connections;
+    double remote_in_flight;
     /* The first DSRT_PIPELINE_BAD_MESSAGES bad samples found, then only
      * counted in bad_samples. */
     const char *bad_messages[DSRT_PIPELINE_BAD_MESSAGES];

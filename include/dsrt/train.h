@@ -233,6 +233,9 @@ typedef struct {
     /* Reads in flight per pipeline worker (dsrt_reader_options.depth), 1 to
      * 4096; 0 (default): the reader's default, 16. */
     unsigned read_depth;
+    /* Requests to an object store (s3://, https:// data): fields left 0
+     * take the reader's defaults (dsrt_reader_defaults().remote). */
+    dsrt_remote_options remote;
     /* 1: the first sample that cannot be read or decoded fails the run;
      * 0 (default): it is skipped and counted in the result. */
     int fail_on_error;
@@ -384,13 +387,14 @@ DSRT_API int dsrt_checkpoint_latest(const char *dir, char *path, size_t size);
 // Evaluation
 
 typedef struct {
-    int batch;           /* images a batch; default 128 */
-    unsigned workers;    /* 0 (default): as dsrt_train chooses */
-    int compute_threads; /* 0 (default): as dsrt_train chooses */
-    const char *cpus;    /* NULL (default): every core */
-    int pin;             /* default 1 */
-    int fail_on_error;   /* default 0 */
-    unsigned read_depth; /* reads in flight per worker; 0 (default): 16 */
+    int batch;                  /* images a batch; default 128 */
+    unsigned workers;           /* 0 (default): as dsrt_train chooses */
+    int compute_threads;        /* 0 (default): as dsrt_train chooses */
+    const char *cpus;           /* NULL (default): every core */
+    int pin;                    /* default 1 */
+    int fail_on_error;          /* default 0 */
+    unsigned read_depth;        /* reads in flight per worker; 0 (default): 16 */
+    dsrt_remote_options remote; /* 0 fields: the reader's defaults */
     /* Output size 0 (default): the net's input; random options are ignored. */
     dsrt_augment_options augment;
 } dsrt_eval_options;
