@@ -486,9 +486,10 @@ static int parse_double(const char *cmd, const char *name, const char *v, double
     return 0;
 }
 
-/* "LO,HI" or "V" (meaning [-V, V] when symmetric, else [V, V]). */
-static int parse_range(const char *cmd, const char *name, const char *v, int symmetric, double min,
-                       double max, double out[2]) {
+/* "LO,HI", or V: [V, V], or [-V, V] when symmetric; the range itself is
+ * dsrt_augment_check's to judge. */
+static int parse_range(const char *cmd, const char *name, const char *v, int symmetric,
+                       double out[2]) {
     if (!v) return 0;
     char *end;
     double a = strtod(v, &end), b;
@@ -503,13 +504,11 @@ static int parse_range(const char *cmd, const char *name, const char *v, int sym
     } else {
         goto bad;
     }
-    if (!(a >= min && b <= max && a <= b)) goto bad;
     out[0] = a;
     out[1] = b;
     return 0;
 bad:
-    fprintf(stderr, "%s %s: --%s: expected LO,HI with %g <= LO <= HI <= %g, got '%s'\n", prog, cmd,
-            name, min, max, v);
+    fprintf(stderr, "%s %s: --%s: expected LO,HI or V (numbers), got '%s'\n", prog, cmd, name, v);
     return -1;
 }
 
@@ -700,7 +699,7 @@ static const option TRAIN_OPTIONS[] = {
     {"rand-y-shear", OPT_STR, &tr.rand_y_shear, 0, 0, "LO,HI", "random shear in y, degrees"},
     {"size-mode", OPT_STR, &tr.size_mode, 0, 0, "MODE",
      "how the input size is taken: resize, centercrop or randcrop [resize]"},
-    {"resize-shorter", OPT_INT, &tr.resize_shorter, 0, 1 << 16, "N",
+    {"resize-shorter", OPT_INT, &tr.resize_shorter, 0, 65535, "N",
      "first resize each image so that its shorter side is N [0: no]"},
     {"transfer", OPT_STR, &tr.transfer, 0, 0, "MODEL",
      "start from a trained model, its last fc layer replaced for --data's classes"},
@@ -1022,14 +1021,6 @@ typedef struct {
     double *out;
 } train_number;
 
-/* The options given as "LO,HI" (or V: [-V, V]). */
-typedef struct {
-    const char *option;
-    const char *const *value;
-    double min, max;
-    double *out;
-} train_range;
-
 static void train_set_defaults(void) {
     memset(&tr, 0, sizeof tr);
     tr.epochs = 30;
@@ -1124,26 +1115,37 @@ static int train_resolve_options(train_job *j) {
     o->augment.rand_x_reflection = !tr.no_rand_x_reflection;
     o->augment.rand_y_reflection = tr.rand_y_reflection;
     /* Symmetric ranges take V as [-V, V]; --rand-translation sets both
-     * shifts, the axis options given after it in this table override it. */
+     * shifts, the axis options given after it in this table override it.
+     * What a range may hold is the library's one check (dsrt_augment_check),
+     * asked here for each option alone so that the message names it. */
     const struct {
-        train_range r;
+        const char *option;
+        const char *const *value;
+        double *out;
         int symmetric;
     } ranges[] = {
-        {{"rand-rotation", &tr.rand_rotation, -360, 360, o->augment.rand_rotation}, 1},
-        {{"rand-scale", &tr.rand_scale, 1e-3, 1e3, o->augment.rand_scale}, 0},
-        {{"rand-translation", &tr.rand_translation, -1e4, 1e4, o->augment.rand_x_translation}, 1},
-        {{"rand-translation", &tr.rand_translation, -1e4, 1e4, o->augment.rand_y_translation}, 1},
-        {{"rand-x-translation", &tr.rand_x_translation, -1e4, 1e4, o->augment.rand_x_translation},
-         1},
-        {{"rand-y-translation", &tr.rand_y_translation, -1e4, 1e4, o->augment.rand_y_translation},
-         1},
-        {{"rand-x-shear", &tr.rand_x_shear, -89, 89, o->augment.rand_x_shear}, 1},
-        {{"rand-y-shear", &tr.rand_y_shear, -89, 89, o->augment.rand_y_shear}, 1},
+        {"rand-rotation", &tr.rand_rotation, o->augment.rand_rotation, 1},
+        {"rand-scale", &tr.rand_scale, o->augment.rand_scale, 0},
+        {"rand-translation", &tr.rand_translation, o->augment.rand_x_translation, 1},
+        {"rand-translation", &tr.rand_translation, o->augment.rand_y_translation, 1},
+        {"rand-x-translation", &tr.rand_x_translation, o->augment.rand_x_translation, 1},
+        {"rand-y-translation", &tr.rand_y_translation, o->augment.rand_y_translation, 1},
+        {"rand-x-shear", &tr.rand_x_shear, o->augment.rand_x_shear, 1},
+        {"rand-y-shear", &tr.rand_y_shear, o->augment.rand_y_shear, 1},
     };
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
-        const train_range *r = &ranges[i].r;
-        if (parse_range(cmd, r->option, *r->value, ranges[i].symmetric, r->min, r->max, r->out))
+        if (!*ranges[i].value) continue;
+        if (parse_range(cmd, ranges[i].option, *ranges[i].value, ranges[i].symmetric,
+                        ranges[i].out))
             return 2;
+        dsrt_augment_options probe = dsrt_augment_defaults();
+        size_t at = (size_t)((char *)ranges[i].out - (char *)&o->augment);
+        memcpy((char *)&probe + at, ranges[i].out, 2 * sizeof(double));
+        if (dsrt_augment_check(&probe) != 0) {
+            fprintf(stderr, "%s %s: --%s %s: %s\n", prog, cmd, ranges[i].option, *ranges[i].value,
+                    dsrt_last_error());
+            return 2;
+        }
     }
     if ((tr.lr_factor || tr.new_lr_factor || tr.layer) && !tr.transfer) {
         fprintf(stderr,

@@ -521,6 +521,9 @@ def _threads():
         (dict(augment=dict(reflection_probability=1.5)), "reflection_probability"),
         (dict(augment=dict(no_such=1)), "unknown option 'no_such'"),
         (dict(augment=dict(rand_scale=3)), r"rand_scale: 3: expected \(low, high\)"),
+        (dict(augment=dict(rand_x_scale=(1e-9, 1e-9))), r"rand_x_scale: \[1e-09, 1e-09\]: outside"),
+        (dict(augment=dict(rand_scale=(1e-300, 1e-300))), r"rand_scale: .*: outside \[0.001, 1000\]"),
+        (dict(augment=dict(rand_y_shear=(-89.5, 0))), r"rand_y_shear: \[-89.5, 0\]: outside"),
         (dict(augment=dict(norm="zscore", std=(0, 1, 1))), "std"),
         (dict(augment=dict(size_mode="stretch")), "size_mode: 'stretch'"),
         (dict(layout="NHWC", dtype="float32"), "float32 NCHW or uint8 NHWC"),
@@ -848,3 +851,21 @@ def test_messages_name_what_was_given(folder):
         ds.split_each_label()
     first, rest = ds.split_each_label(1.0)
     assert len(first) == 48 and len(rest) == 0
+
+
+def test_augment_limits_hold(folder):
+    # At the ends of every range dsrt_augment_check allows, every sample is
+    # made: nothing accepted at construction fails while iterating.
+    ds = dsrt.Datastore(folder)
+    aug = dict(
+        output_size=(16, 16), rand_x_scale=(1e-3, 1e3), rand_y_scale=(1e-3, 1e-3),
+        rand_x_shear=(-89, 89), rand_y_shear=(89, 89), rand_rotation=(-360, 360),
+        rand_x_translation=(-1e6, 1e6), decode_oversample=64,
+    )
+    with dsrt.Pipeline(ds, augment=aug, batch=8, epochs=2, workers=2, fail_on_error=True) as p:
+        assert sum(len(b) for b in p) + sum(len(b) for b in p) == 96
+        assert p.stats()["bad_files"] == []
+    with dsrt.Pipeline(ds, augment=dict(output_size=(8, 8), rand_scale=(1e-3, 1e-3),
+                                        resize_shorter=65535, size_mode="randcrop"),
+                       batch=16, epochs=1, workers=1, fail_on_error=True) as p:
+        assert sum(len(b) for b in p) == 48
