@@ -55,6 +55,9 @@ typedef struct {
 
 static const char *prog = "dstrain";
 
+/* The loop's state file beside each checkpoint (see dsrt/train.h). */
+#define STATE_SUFFIX_TEXT ".state"
+
 static void print_options(FILE *f, const option *opts) {
     for (const option *o = opts; o->name; o++) {
         char left[64];
@@ -1417,15 +1420,36 @@ static int train_open_data_and_net(train_job *j) {
     }
     if (!j->netname && !tr.transfer) j->netname = "digits";
     const char *netname = j->netname;
+    /* Where the net comes from, for messages: --resume's checkpoint or --net. */
+    const char *from = netname == j->ckpt ? "--resume" : "--net";
     if (tr.transfer) {
         if (train_transfer_net(j)) return 1;
     } else if (dsrt_net_builtin(netname, NULL)) {
         j->desc = dsrt_describe_datastore_classes(netname, j->train);
     } else if (is_model_file(netname)) {
         if (dsrt_model_load(&j->net, netname, &j->no) != 0) {
-            fprintf(stderr, "%s train: --net: %s\n", prog, dsrt_last_error());
+            fprintf(stderr, "%s train: %s: %s\n", prog, from, dsrt_last_error());
             return 1;
         }
+    } else if (netname == j->ckpt) {
+        /* --resume names something that is not a checkpoint. */
+        size_t n = strlen(netname), ns = strlen(STATE_SUFFIX_TEXT);
+        char why[256];
+        char *text = read_net_text(netname, why, sizeof why);
+        free(text);
+        if (!text)
+            fprintf(stderr, "%s train: --resume: %s: %s\n", prog, netname, why);
+        else if (n > ns && !strcmp(netname + n - ns, STATE_SUFFIX_TEXT))
+            fprintf(stderr,
+                    "%s train: --resume %s: the state of the training loop kept beside a "
+                    "checkpoint, not the checkpoint: give %.*s\n",
+                    prog, netname, (int)(n - ns), netname);
+        else
+            fprintf(stderr,
+                    "%s train: --resume %s: not a checkpoint (a dsrt checkpoint file, or a folder "
+                    "of them)\n",
+                    prog, netname);
+        return 2;
     } else {
         char why[256];
         j->text = read_net_text(netname, why, sizeof why);
@@ -1440,6 +1464,11 @@ static int train_open_data_and_net(train_job *j) {
             return 2;
         }
         j->desc = dsrt_describe_datastore_classes(j->text, j->train);
+    }
+    if (!j->net && !j->desc && !strncmp(dsrt_last_error(), "class names:", 12)) {
+        /* The names come from the data's class folders. */
+        fprintf(stderr, "%s train: --data %s: %s\n", prog, tr.data, dsrt_last_error());
+        return 2;
     }
     if (!j->net) {
         int classes = (int)dsrt_datastore_num_classes(j->train);

@@ -869,3 +869,15 @@ def test_augment_limits_hold(folder):
                                         resize_shorter=65535, size_mode="randcrop"),
                        batch=16, epochs=1, workers=1, fail_on_error=True) as p:
         assert sum(len(b) for b in p) == 48
+
+
+def test_max_file_bytes_to_the_byte(folder):
+    # The cap is the option's to the byte, not a page: every image is larger
+    # than 10 bytes.
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=8, epochs=1, workers=1, max_file_bytes=10,
+                       drop_bad=True) as p:
+        assert sum(len(b) for b in p) == 0
+        bad = p.stats()["bad_files"]
+    assert len(bad) == 48
+    assert all("more than max_file_bytes (10)" in why for _, why in bad)
