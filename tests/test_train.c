@@ -504,19 +504,27 @@ static void test_nan(void) {
     dsrt_datastore_close(train);
 }
 
-/* The child of test_killed: trains for ever with a checkpoint every
- * iteration. */
-static int child_main(const char *data, const char *dir) {
+/* Trains for epochs epochs with a checkpoint every iteration in dir, on one
+ * compute thread. Returns dsrt_train's code. */
+static int checkpointing_train(const char *data, const char *dir, int epochs) {
     dsrt_datastore *train = open_ds(data);
     dsrt_net *net = make_net(train, 11);
     dsrt_train_options o = base_options();
-    o.max_epochs = 100000;
+    o.max_epochs = epochs;
     o.checkpoint_path = dir;
     o.checkpoint_unit = DSRT_UNIT_ITERATION;
     o.compute_threads = 1;
     int rc = dsrt_train(net, train, &o, NULL);
-    fprintf(stderr, "child: %s\n", dsrt_last_error());
-    return rc ? 1 : 0;
+    fprintf(stderr, "  child: %s\n", dsrt_last_error());
+    dsrt_net_destroy(net);
+    dsrt_datastore_close(train);
+    return rc;
+}
+
+/* The child of test_killed: trains for ever with a checkpoint every
+ * iteration. */
+static int child_main(const char *data, const char *dir) {
+    return checkpointing_train(data, dir, 100000) ? 1 : 0;
 }
 
 /* The child of test_full_disk: files larger than 4 KiB cannot be written
@@ -526,18 +534,7 @@ static int full_disk_main(const char *data, const char *dir) {
     struct rlimit lim = {4096, 4096};
     signal(SIGXFSZ, SIG_IGN);
     if (setrlimit(RLIMIT_FSIZE, &lim) != 0) return 2;
-    dsrt_datastore *train = open_ds(data);
-    dsrt_net *net = make_net(train, 11);
-    dsrt_train_options o = base_options();
-    o.max_epochs = 1;
-    o.checkpoint_path = dir;
-    o.checkpoint_unit = DSRT_UNIT_ITERATION;
-    o.compute_threads = 1;
-    int rc = dsrt_train(net, train, &o, NULL);
-    fprintf(stderr, "  full disk: %s\n", dsrt_last_error());
-    dsrt_net_destroy(net);
-    dsrt_datastore_close(train);
-    return rc == -EFBIG ? 0 : 1;
+    return checkpointing_train(data, dir, 1) == -EFBIG ? 0 : 1;
 }
 
 /* A checkpoint that cannot be written (full disk) fails the run and leaves
