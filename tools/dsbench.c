@@ -649,7 +649,7 @@ static int run_pipeline(options *o) {
                        r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
                        r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
                        s->slots, s->slot_bytes / 1e6,
-                       s->pinned_memory   ? "pinned with cudaHostAlloc"
+                       s->pinned_memory   ? "pinned for CUDA (cudaHostRegister)"
                        : s->locked_memory ? "locked"
                                           : "not locked");
         }

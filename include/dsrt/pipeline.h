@@ -283,9 +283,9 @@ typedef struct {
     size_t slot_bytes; /* bytes of each slot's samples */
     dsrt_io io; /* the back-end in use: DSRT_IO_URING or DSRT_IO_PREAD (AUTO: pixels in memory) */
     const char *io_fallback; /* why not io_uring, or NULL */
-    int pinned_memory; /* slots allocated with cudaHostAlloc (page-locked, for async copies) */
-    int locked_memory; /* slots locked in memory (cudaHostAlloc or mlock) */
-    const char *cpus;  /* the cores in use, list form ("0-15") */
+    int pinned_memory;       /* slots registered with CUDA (page-locked, for async copies) */
+    int locked_memory;       /* slots locked in memory (registered with CUDA, or mlock) */
+    const char *cpus;        /* the cores in use, list form ("0-15") */
     /* The first DSRT_PIPELINE_BAD_MESSAGES bad samples found, then only
      * counted in bad_samples. */
     const char *bad_messages[DSRT_PIPELINE_BAD_MESSAGES];
