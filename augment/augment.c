@@ -78,16 +78,15 @@ void dsrt_augment_preset_32(dsrt_augment_options *o) {
     o->decode_oversample = 2.0;
 }
 
-static int check_range(const char *name, const double r[2], double min, double max, int open) {
+static int check_range(const char *name, const double r[2], double min, double max) {
     if (!isfinite(r[0]) || !isfinite(r[1]))
         return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: not finite", name, r[0], r[1]);
     if (r[0] > r[1])
         return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: low is above high", name, r[0],
                           r[1]);
-    int bad = open ? (r[0] <= min || r[1] >= max) : (r[0] < min || r[1] > max);
-    if (bad)
-        return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: outside %s%g, %g%s", name, r[0],
-                          r[1], open ? "(" : "[", min, max, open ? ")" : "]");
+    if (r[0] < min || r[1] > max)
+        return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: outside [%g, %g]", name, r[0], r[1],
+                          min, max);
     return 0;
 }
 
@@ -117,14 +116,20 @@ int dsrt_augment_check(const dsrt_augment_options *o) {
     if (!(o->reflection_probability >= 0.0 && o->reflection_probability <= 1.0))
         return dsrt__fail(DSRT_EOPTION, "augment: reflection_probability: %g: not in [0, 1]",
                           o->reflection_probability);
-    if ((rc = check_range("rand_rotation", o->rand_rotation, -360.0, 360.0, 0))) return rc;
-    if ((rc = check_range("rand_scale", o->rand_scale, 0.0, 1e6, 1))) return rc;
-    if ((rc = check_range("rand_x_scale", o->rand_x_scale, 0.0, 1e6, 1))) return rc;
-    if ((rc = check_range("rand_y_scale", o->rand_y_scale, 0.0, 1e6, 1))) return rc;
-    if ((rc = check_range("rand_x_shear", o->rand_x_shear, -90.0, 90.0, 1))) return rc;
-    if ((rc = check_range("rand_y_shear", o->rand_y_shear, -90.0, 90.0, 1))) return rc;
-    if ((rc = check_range("rand_x_translation", o->rand_x_translation, -1e6, 1e6, 0))) return rc;
-    if ((rc = check_range("rand_y_translation", o->rand_y_translation, -1e6, 1e6, 0))) return rc;
+    /* Closed ranges within which no combination fails at a sample: scales
+     * far from 0 (a tiny one made resampling tables of hundreds of GB),
+     * shears far from 90 degrees (the transform became singular). */
+    const double smin = DSRT_AUGMENT_SCALE_MIN, smax = DSRT_AUGMENT_SCALE_MAX,
+                 shear = DSRT_AUGMENT_SHEAR_MAX, rot = DSRT_AUGMENT_ROTATION_MAX,
+                 shift = DSRT_AUGMENT_TRANSLATION_MAX;
+    if ((rc = check_range("rand_rotation", o->rand_rotation, -rot, rot))) return rc;
+    if ((rc = check_range("rand_scale", o->rand_scale, smin, smax))) return rc;
+    if ((rc = check_range("rand_x_scale", o->rand_x_scale, smin, smax))) return rc;
+    if ((rc = check_range("rand_y_scale", o->rand_y_scale, smin, smax))) return rc;
+    if ((rc = check_range("rand_x_shear", o->rand_x_shear, -shear, shear))) return rc;
+    if ((rc = check_range("rand_y_shear", o->rand_y_shear, -shear, shear))) return rc;
+    if ((rc = check_range("rand_x_translation", o->rand_x_translation, -shift, shift))) return rc;
+    if ((rc = check_range("rand_y_translation", o->rand_y_translation, -shift, shift))) return rc;
     if ((unsigned)o->translation_units > DSRT_AUGMENT_UNITS_OUTPUT)
         return dsrt__fail(DSRT_EOPTION, "augment: translation_units: %d: unknown",
                           (int)o->translation_units);

@@ -47,20 +47,21 @@ static void index_free(dsrt_index *ix) {
 void dsrt__index_warn(dsrt_index *ix, const char *fmt, ...) {
     ix->warning_count++;
     if (ix->warning_count > WARNING_LINES) return;
-    char line[1024];
-    va_list ap;
+    /* Whole, however long the paths in it: the reason comes last. */
+    va_list ap, again;
     va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
-    n = DSRT_MIN(n, (int)sizeof line - 1);
     void *buf = ix->warnings;
-    if (dsrt__grow(&buf, &ix->warnings_cap, ix->warnings_len + (size_t)n + 2, 1) != 0) return;
-    ix->warnings = buf;
-    memcpy(ix->warnings + ix->warnings_len, line, (size_t)n);
-    ix->warnings_len += (size_t)n;
-    ix->warnings[ix->warnings_len++] = '\n';
-    ix->warnings[ix->warnings_len] = '\0';
+    if (n >= 0 && dsrt__grow(&buf, &ix->warnings_cap, ix->warnings_len + (size_t)n + 2, 1) == 0) {
+        ix->warnings = buf;
+        vsnprintf(ix->warnings + ix->warnings_len, (size_t)n + 1, fmt, again);
+        ix->warnings_len += (size_t)n;
+        ix->warnings[ix->warnings_len++] = '\n';
+        ix->warnings[ix->warnings_len] = '\0';
+    }
+    va_end(again);
 }
 
 int dsrt__index_set_classes(dsrt_index *ix, const char *const *names, size_t count) {

@@ -814,6 +814,8 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
         pipe_place *pl = &w->places[res.tag];
         w->free_bufs[w->nfree++] = pl->buf;
         pl->buf = -1;
+        /* The buffers are whole pages: the cap is the option's, to the byte. */
+        if (res.status == 0 && res.size > p->o.max_file_bytes) res.status = DSRT_ETOOBIG;
         int r;
         if (res.status == DSRT_ETOOBIG && res.size <= p->o.max_file_bytes && res.size > pl->need) {
             /* Larger than its buffer, not than the limit: again, in a larger one. */

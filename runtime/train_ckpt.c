@@ -171,8 +171,11 @@ int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration,
              (long long)epochs_done, (long long)iteration);
     snprintf(spath, dl + 8, "%s" STATE_SUFFIX, path);
     if ((rc = write_state(spath, &R->ls, &pos))) goto out;
-    if ((rc = dsrt__checkpoint_save_workers(path, R->net, R->opt, &pos, ws ? &ws->ws : NULL)))
+    if ((rc = dsrt__checkpoint_save_workers(path, R->net, R->opt, &pos, ws ? &ws->ws : NULL))) {
+        /* (A full disk:) no state without its checkpoint. */
+        unlink(spath);
         goto out;
+    }
     snprintf(R->r->checkpoint, sizeof R->r->checkpoint, "%s", path);
     R->r->checkpoint_s += dsrt__now_s() - t;
     R->ev.checkpoint = R->r->checkpoint;

@@ -90,9 +90,21 @@ static void copy_without_classes(strbuf *b, const char *text) {
 
 static int add_classes(strbuf *b, const char *const *names, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        if (!names[i] || strpbrk(names[i], "\r\n"))
-            return dsrt__fail(DSRT_EOPTION, "class names: name %zu is missing or holds a newline",
-                              i);
+        if (!names[i]) return dsrt__fail(DSRT_EOPTION, "class names: name %zu is missing", i);
+        if (strpbrk(names[i], "\r\n")) {
+            /* The name as it reads, line breaks shown. */
+            char shown[300];
+            size_t k = 0;
+            for (const char *c = names[i]; *c && k + 3 < sizeof shown; c++) {
+                if (*c == '\n' || *c == '\r') shown[k++] = '\\';
+                shown[k++] = *c == '\n' ? 'n' : *c == '\r' ? 'r' : *c;
+            }
+            shown[k] = '\0';
+            return dsrt__fail(DSRT_EOPTION,
+                              "class names: class %zu, \"%s\": a name with a line break cannot be "
+                              "kept in a model (its description holds one name a line); rename it",
+                              i, shown);
+        }
         sb_str(b, CLASS_PREFIX);
         sb_str(b, names[i]);
         sb_add(b, "\n", 1);

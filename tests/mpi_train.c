@@ -269,6 +269,19 @@ static int run_into(char **args, const char *out, int timeout_s) {
     return st;
 }
 
+/* The start of a command line: mpirun for np ranks (nps, 16 bytes, holds
+ * the count), or nothing for np 0. Returns the arguments written. */
+static int launcher(char **args, int np, char *nps) {
+    if (np <= 0) return 0;
+    snprintf(nps, 16, "%d", np);
+    args[0] = (char *)comm_test_mpirun();
+    args[1] = "--allow-run-as-root";
+    args[2] = "--oversubscribe";
+    args[3] = "-np";
+    args[4] = nps;
+    return 5;
+}
+
 /* Runs a worker: under mpirun with np ranks, or alone (np 0). Its stderr
  * goes to root/TAG.err. Returns the exit status; *seconds the time taken
  * (for reports). */
@@ -276,20 +289,12 @@ static int run_worker_bn(int np, const char *tag, int epochs, const char *resume
                          int avg, int hang, int bn, double *seconds) {
     char nps[16], eps[16], avgs[16], hangs[16], bns[16], err[4400];
     snprintf(bns, sizeof bns, "%d", bn);
-    snprintf(nps, sizeof nps, "%d", np);
     snprintf(eps, sizeof eps, "%d", epochs);
     snprintf(avgs, sizeof avgs, "%d", avg);
     snprintf(hangs, sizeof hangs, "%d", hang);
     snprintf(err, sizeof err, "%s/%s.err", root, tag);
     char *args[24];
-    int k = 0;
-    if (np > 0) {
-        args[k++] = (char *)comm_test_mpirun();
-        args[k++] = "--allow-run-as-root";
-        args[k++] = "--oversubscribe";
-        args[k++] = "-np";
-        args[k++] = nps;
-    }
+    int k = launcher(args, np, nps);
     args[k++] = self;
     args[k++] = "--worker";
     args[k++] = root;
@@ -608,17 +613,57 @@ static void test_fault(void) {
     check_checkpoint(c, 6);
 }
 
+/* The dstrain this build made, or NULL (after saying the test is skipped)
+ * when there is none. */
+static const char *dstrain_path(void) {
+    static char path[4400];
+    const char *bin = getenv("DSRT_BIN_DIR");
+    snprintf(path, sizeof path, "%s/tools/dstrain", bin ? bin : ".");
+    if (access(path, X_OK) == 0) return path;
+    fprintf(stderr, "  no %s: skipped\n", path);
+    return NULL;
+}
+
+/* The command line of dstrain train on data under mpirun with np ranks (0:
+ * one process alone), digits on one compute thread, then extra (NULL-ended),
+ * into args (room for 64). */
+static void dstrain_argv(char **args, int np, const char *data, const char *const *extra) {
+    static char nps[16];
+    int k = launcher(args, np, nps);
+    const char *fixed[] = {dstrain_path(), "train",     "--data", data, "--net",
+                           "digits",       "--threads", "1",      NULL};
+    for (int e = 0; fixed[e]; e++) args[k++] = (char *)fixed[e];
+    if (np > 0) {
+        args[k++] = "--execution-environment";
+        args[k++] = "parallel";
+    }
+    for (int e = 0; extra[e] && k < 62; e++) args[k++] = (char *)extra[e];
+    args[k] = NULL;
+}
+
+/* dstrain_argv's job run to its end, its output into root/TAG.out.
+ * Returns the status. */
+static int dstrain_job(int np, const char *tag, const char *data, const char *const *extra) {
+    char out[4400], *args[64];
+    snprintf(out, sizeof out, "%s/%s.out", root, tag);
+    dstrain_argv(args, np, data, extra);
+    return run_into(args, out, 120);
+}
+
+/* The output of dstrain_job's run TAG (malloc'd). */
+static char *job_output(const char *tag) {
+    char out[4400];
+    snprintf(out, sizeof out, "%s/%s.out", root, tag);
+    char *text = read_text(out);
+    REQUIRE(text);
+    return text;
+}
+
 /* dstrain under mpirun refuses bad options on every rank, before any work. */
 static void test_refuse(void) {
-    char dstrain[4400], data[4400], err[4400];
-    const char *bin = getenv("DSRT_BIN_DIR");
-    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
-    if (access(dstrain, X_OK) != 0) {
-        fprintf(stderr, "  no %s: skipped\n", dstrain);
-        return;
-    }
+    char data[4400];
+    if (!dstrain_path()) return;
     snprintf(data, sizeof data, "%s/data", root);
-    snprintf(err, sizeof err, "%s/refuse.err", root);
     struct {
         const char *extra[4], *expect;
     } cases[] = {
@@ -637,27 +682,9 @@ static void test_refuse(void) {
                 setenv("OMPI_MCA_orte_abort_on_non_zero_status", "0", 1);
             else
                 unsetenv("OMPI_MCA_orte_abort_on_non_zero_status");
-            char *args[32];
-            int k = 0;
-            args[k++] = (char *)comm_test_mpirun();
-            args[k++] = "--allow-run-as-root";
-            args[k++] = "--oversubscribe";
-            args[k++] = "-np";
-            args[k++] = "2";
-            args[k++] = dstrain;
-            args[k++] = "train";
-            args[k++] = "--data";
-            args[k++] = data;
-            args[k++] = "--execution-environment";
-            args[k++] = "parallel";
-            args[k++] = "--threads";
-            args[k++] = "1";
-            for (int e = 0; cases[i].extra[e]; e++) args[k++] = (char *)cases[i].extra[e];
-            args[k] = NULL;
-            int st = run_into(args, err, 60);
+            int st = dstrain_job(2, "refuse", data, cases[i].extra);
             if (!pass) CHECK_NE(st, 0);
-            char *text = read_text(err);
-            REQUIRE(text);
+            char *text = job_output("refuse");
             int said = 0;
             for (char *p = text; (p = strstr(p, cases[i].expect)); p++) said++;
             if (said != (pass ? 2 : said ? said : 1))
@@ -672,49 +699,6 @@ static void test_refuse(void) {
     unsetenv("OMPI_MCA_orte_abort_on_non_zero_status");
 }
 
-/* dstrain train on data under mpirun with np ranks (0: one process alone),
- * with extra options, its output into root/TAG.out. Returns the status. */
-static int dstrain_job(int np, const char *tag, const char *data, const char *const *extra) {
-    char dstrain[4400], out[4400], nps[16];
-    const char *bin = getenv("DSRT_BIN_DIR");
-    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
-    snprintf(out, sizeof out, "%s/%s.out", root, tag);
-    snprintf(nps, sizeof nps, "%d", np);
-    char *args[64];
-    int k = 0;
-    if (np > 0) {
-        args[k++] = (char *)comm_test_mpirun();
-        args[k++] = "--allow-run-as-root";
-        args[k++] = "--oversubscribe";
-        args[k++] = "-np";
-        args[k++] = nps;
-    }
-    args[k++] = dstrain;
-    args[k++] = "train";
-    args[k++] = "--data";
-    args[k++] = (char *)data;
-    args[k++] = "--net";
-    args[k++] = "digits";
-    args[k++] = "--threads";
-    args[k++] = "1";
-    if (np > 0) {
-        args[k++] = "--execution-environment";
-        args[k++] = "parallel";
-    }
-    for (int e = 0; extra[e] && k < 62; e++) args[k++] = (char *)extra[e];
-    args[k] = NULL;
-    return run_into(args, out, 120);
-}
-
-/* The output of dstrain_job's run TAG (malloc'd). */
-static char *job_output(const char *tag) {
-    char out[4400];
-    snprintf(out, sizeof out, "%s/%s.out", root, tag);
-    char *text = read_text(out);
-    REQUIRE(text);
-    return text;
-}
-
 /* The number after "key": in JSON text, or -1. */
 static long long json_number(const char *text, const char *key) {
     char k[128];
@@ -726,13 +710,8 @@ static long long json_number(const char *text, const char *key) {
 /* A bad file counts as one, skipped as often as one process skips it,
  * whichever workers found it: in the text, the JSON and --bad-list. */
 static void test_bad_counts(void) {
-    char dstrain[4400], data[4400], bad[4400], list[4400];
-    const char *bin = getenv("DSRT_BIN_DIR");
-    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
-    if (access(dstrain, X_OK) != 0) {
-        fprintf(stderr, "  no %s: skipped\n", dstrain);
-        return;
-    }
+    char data[4400], bad[4400], list[4400];
+    if (!dstrain_path()) return;
     snprintf(data, sizeof data, "%s/data", root);
     /* In the data's own order, batch 0 is centre/000..063: rank 1's share
      * is 032..063, so rank 0 never reads 040. */
@@ -777,9 +756,8 @@ static void test_bad_counts(void) {
  * data1 with extra1 (an MPMD launch), output into root/TAG.out. */
 static int dstrain_pair(const char *tag, const char *data0, const char *const *extra0,
                         const char *data1, const char *const *extra1) {
-    char dstrain[4400], out[4400];
-    const char *bin = getenv("DSRT_BIN_DIR");
-    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
+    char out[4400];
+    const char *dstrain = dstrain_path();
     snprintf(out, sizeof out, "%s/%s.out", root, tag);
     char *args[96];
     int k = 0;
@@ -818,13 +796,8 @@ static int dstrain_pair(const char *tag, const char *data0, const char *const *e
  * `mpirun -np 2 dstrain train` without --execution-environment parallel is
  * refused by each process. */
 static void test_agree(void) {
-    char dstrain[4400], data[4400], more[4400], classes[4400], sizes[4400], path[4600];
-    const char *bin = getenv("DSRT_BIN_DIR");
-    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
-    if (access(dstrain, X_OK) != 0) {
-        fprintf(stderr, "  no %s: skipped\n", dstrain);
-        return;
-    }
+    char data[4400], more[4400], classes[4400], sizes[4400], path[4600];
+    if (!dstrain_path()) return;
     snprintf(data, sizeof data, "%s/data", root);
     /* The same images elsewhere, with one more; with a class more; with one
      * file of another size. */
@@ -888,23 +861,11 @@ static void test_agree(void) {
         free(text);
     }
     /* Two processes without --execution-environment parallel. */
-    char out[4400];
+    char out[4400], *args[64];
     snprintf(out, sizeof out, "%s/lone.out", root);
-    char *args[] = {(char *)comm_test_mpirun(),
-                    "--allow-run-as-root",
-                    "--oversubscribe",
-                    "-np",
-                    "2",
-                    dstrain,
-                    "train",
-                    "--data",
-                    data,
-                    "--net",
-                    "digits",
-                    "--epochs",
-                    "1",
-                    "--quiet",
-                    NULL};
+    dstrain_argv(args, 2, data, (const char *const[]){"--epochs", "1", "--quiet", NULL});
+    for (int k = 0; args[k]; k++)
+        if (!strcmp(args[k], "--execution-environment")) args[k + 1] = "cpu";
     CHECK_NE(run_into(args, out, 120), 0);
     char *text = read_text(out);
     REQUIRE(text);
@@ -960,44 +921,18 @@ static pid_t rank_pid(pid_t job, int rank) {
  * rank stops after the step and exits 128 + the signal, and worker 0 says
  * what it kept. */
 static void test_signal(void) {
-    char dstrain[4400], data[4400], out[4400], ck[4400], save[4400];
-    const char *bin = getenv("DSRT_BIN_DIR");
-    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
-    if (access(dstrain, X_OK) != 0) {
-        fprintf(stderr, "  no %s: skipped\n", dstrain);
-        return;
-    }
+    char data[4400], out[4400], ck[4400], save[4400];
+    if (!dstrain_path()) return;
     snprintf(data, sizeof data, "%s/data", root);
     const int sigs[] = {SIGTERM, SIGINT};
     for (int k = 0; k < 2; k++) {
         snprintf(out, sizeof out, "%s/signal%d.out", root, k);
         snprintf(ck, sizeof ck, "%s/signal%d-ck", root, k);
         snprintf(save, sizeof save, "%s/signal%d.dsrt", root, k);
-        char *args[] = {(char *)comm_test_mpirun(),
-                        "--allow-run-as-root",
-                        "--oversubscribe",
-                        "-np",
-                        "2",
-                        dstrain,
-                        "train",
-                        "--data",
-                        data,
-                        "--net",
-                        "digits",
-                        "--execution-environment",
-                        "parallel",
-                        "--threads",
-                        "1",
-                        "--epochs",
-                        "100000",
-                        "--batch",
-                        "64",
-                        "--json",
-                        "--checkpoint-dir",
-                        ck,
-                        "--save",
-                        save,
-                        NULL};
+        char *args[64];
+        dstrain_argv(args, 2, data,
+                     (const char *const[]){"--epochs", "100000", "--batch", "64", "--json",
+                                           "--checkpoint-dir", ck, "--save", save, NULL});
         fflush(stderr);
         pid_t job = fork();
         REQUIRE(job >= 0);
@@ -1051,48 +986,20 @@ static void test_signal(void) {
 /* Bad files skipped wherever they fall: worker 0, the only one that
  * writes, names every worker's in --bad-list, and the run succeeds. */
 static void test_bad_named(void) {
-    char dstrain[4400], data[4400], list[4400], err[4400], bad[8][4400];
-    const char *bin = getenv("DSRT_BIN_DIR");
-    snprintf(dstrain, sizeof dstrain, "%s/tools/dstrain", bin ? bin : ".");
-    if (access(dstrain, X_OK) != 0) {
-        fprintf(stderr, "  no %s: skipped\n", dstrain);
-        return;
-    }
+    char data[4400], list[4400], bad[8][4400];
+    if (!dstrain_path()) return;
     snprintf(data, sizeof data, "%s/data", root);
     snprintf(list, sizeof list, "%s/bad.jsonl", root);
-    snprintf(err, sizeof err, "%s/bad_named.err", root);
     /* Eight files of every class: each worker's share of the epoch holds
      * some of them whatever the order. */
     for (int i = 0; i < 8; i++) {
         snprintf(bad[i], sizeof bad[i], "%s/%s/%03d.png", data, CLASSES[i % 4], 3 + 7 * i);
         REQUIRE(timg_write_file(bad[i], "not a png\n", 10) == 0);
     }
-    char *args[] = {(char *)comm_test_mpirun(),
-                    "--allow-run-as-root",
-                    "--oversubscribe",
-                    "-np",
-                    "2",
-                    dstrain,
-                    "train",
-                    "--data",
-                    data,
-                    "--net",
-                    "digits",
-                    "--execution-environment",
-                    "parallel",
-                    "--threads",
-                    "1",
-                    "--epochs",
-                    "1",
-                    "--batch",
-                    "64",
-                    "--quiet",
-                    "--bad-list",
-                    list,
-                    NULL};
-    int st = run_into(args, err, 60);
-    char *log = read_text(err);
-    REQUIRE(log);
+    int st = dstrain_job(2, "bad_named", data,
+                         (const char *const[]){"--epochs", "1", "--batch", "64", "--quiet",
+                                               "--bad-list", list, NULL});
+    char *log = job_output("bad_named");
     if (st != 0) fprintf(stderr, "dstrain exited %d:\n%s\n", st, log);
     CHECK_EQ(st, 0);
     free(log);

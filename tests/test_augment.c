@@ -234,11 +234,11 @@ static void test_options(void) {
     o = d, o.rand_rotation[0] = 30, o.rand_rotation[1] = -30;
     expect_option_error(&o, "rand_rotation: [30, -30]: low is above high");
     o = d, o.rand_scale[0] = 0;
-    expect_option_error(&o, "rand_scale: [0, 1]");
+    expect_option_error(&o, "rand_scale: [0, 1]: outside [0.001, 1000]");
     o = d, o.rand_y_scale[0] = 2, o.rand_y_scale[1] = 1;
     expect_option_error(&o, "rand_y_scale: [2, 1]");
     o = d, o.rand_x_shear[1] = 90;
-    expect_option_error(&o, "rand_x_shear: [0, 90]");
+    expect_option_error(&o, "rand_x_shear: [0, 90]: outside [-89, 89]");
     o = d, o.rand_y_translation[0] = NAN;
     expect_option_error(&o, "rand_y_translation");
     o = d, o.rand_x_translation[0] = 0.2, o.rand_x_translation[1] = 0.8,
@@ -268,6 +268,79 @@ static void test_options(void) {
     image_free(&t);
     dsrt_augmenter_destroy(a);
     dsrt_augmenter_destroy(NULL);
+}
+
+/* What dsrt_augment_check accepts never fails at a sample: the random
+ * transforms at the ends of their ranges, together, on images from 1 x 1 to
+ * 3000 pixels long, decoded as small as dsrt_augment_decode_size allows,
+ * into outputs of 1 x 1 and 224 x 224; a hair beyond a range is refused. */
+static void test_limits_hold(void) {
+    const double s0 = DSRT_AUGMENT_SCALE_MIN, s1 = DSRT_AUGMENT_SCALE_MAX,
+                 sh = DSRT_AUGMENT_SHEAR_MAX, rot = DSRT_AUGMENT_ROTATION_MAX,
+                 tr = DSRT_AUGMENT_TRANSLATION_MAX;
+    dsrt_augment_options cases[8];
+    for (int k = 0; k < 8; k++) cases[k] = dsrt_augment_defaults();
+    cases[0].rand_scale[0] = cases[0].rand_scale[1] = s0;
+    cases[1].rand_scale[0] = cases[1].rand_scale[1] = s1;
+    cases[2].rand_x_scale[0] = cases[2].rand_x_scale[1] = s0;
+    cases[2].rand_y_scale[0] = cases[2].rand_y_scale[1] = s1;
+    cases[3].rand_x_scale[0] = cases[3].rand_x_scale[1] = s1;
+    cases[3].rand_y_scale[0] = cases[3].rand_y_scale[1] = s0;
+    cases[3].rand_x_shear[0] = cases[3].rand_x_shear[1] = sh;
+    cases[3].rand_y_shear[0] = cases[3].rand_y_shear[1] = sh;
+    cases[3].rand_rotation[0] = cases[3].rand_rotation[1] = 45;
+    cases[4].rand_x_shear[0] = cases[4].rand_y_shear[0] = -sh;
+    cases[4].rand_x_shear[1] = cases[4].rand_y_shear[1] = sh;
+    cases[4].rand_rotation[0] = -rot, cases[4].rand_rotation[1] = rot;
+    cases[4].rand_scale[0] = s0, cases[4].rand_scale[1] = s1;
+    cases[5].rand_x_translation[0] = cases[5].rand_y_translation[0] = -tr;
+    cases[5].rand_x_translation[1] = cases[5].rand_y_translation[1] = tr;
+    cases[5].translation_units = DSRT_AUGMENT_UNITS_OUTPUT;
+    cases[5].resize_shorter = 65535;
+    cases[6].decode_oversample = 64;
+    cases[6].rand_scale[0] = cases[6].rand_scale[1] = s1;
+    cases[7].resize_shorter = 65535;
+    cases[7].size_mode = DSRT_AUGMENT_RANDCROP;
+    cases[7].rand_scale[0] = cases[7].rand_scale[1] = s0;
+    static const int sizes[][2] = {{1, 1}, {3000, 2}, {2, 3000}, {640, 480}};
+    static const int outs[] = {1, 224};
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    int failed = 0, runs = 0;
+    for (int k = 0; k < 8; k++)
+        for (int z = 0; z < 4; z++)
+            for (int q = 0; q < 2; q++) {
+                dsrt_augment_options o = cases[k];
+                o.output_height = o.output_width = outs[q];
+                CHECK_OK(dsrt_augment_check(&o));
+                int fw = sizes[z][0], fh = sizes[z][1], dw, dh;
+                dsrt_augment_decode_size(&o, fw, fh, &dw, &dh);
+                test_image t = image_random(dw, dh, 3, (uint64_t)(k * 16 + z));
+                void *dst = alloc_sample(&o);
+                for (uint64_t id = 0; id < 3; id++, runs++)
+                    if (dsrt_augment_apply(a, &o, &t.img, fw, fh, 5, 0, id, dst) != 0) {
+                        if (failed++ < 5)
+                            fprintf(stderr, "  case %d, %dx%d -> %d: %s\n", k, fw, fh, outs[q],
+                                    dsrt_last_error());
+                    }
+                free(dst);
+                image_free(&t);
+            }
+    CHECK_EQ(failed, 0);
+    fprintf(stderr, "  %d samples at the limits, none failed\n", runs);
+    dsrt_augmenter_destroy(a);
+
+    dsrt_augment_options d = dsrt_augment_defaults(), o;
+    o = d, o.rand_scale[0] = s0 * 0.999;
+    expect_option_error(&o, "rand_scale: [0.000999, 1]: outside [0.001, 1000]");
+    o = d, o.rand_x_scale[1] = s1 * 1.001;
+    expect_option_error(&o, "rand_x_scale");
+    o = d, o.rand_y_scale[0] = o.rand_y_scale[1] = 1e-9;
+    expect_option_error(&o, "rand_y_scale: [1e-09, 1e-09]");
+    o = d, o.rand_y_shear[0] = -89.01;
+    expect_option_error(&o, "rand_y_shear: [-89.01, 0]: outside [-89, 89]");
+    o = d, o.rand_x_translation[1] = 1.5e6;
+    expect_option_error(&o, "rand_x_translation");
 }
 
 // ----------------------------------------------------------------------------
@@ -987,6 +1060,7 @@ static void test_jpeg_flow(void) {
 
 int main(void) {
     RUN(test_options);
+    RUN(test_limits_hold);
     RUN(test_identity_exact);
     RUN(test_flips_exact);
     RUN(test_translation_exact);

@@ -194,6 +194,25 @@ static void test_folder_links(void) {
     CHECK_GE(dsrt_datastore_warning_count(ds), 3);
     dsrt_datastore_close(ds);
 
+    /* A broken link deep in folders of long names: its warning is whole,
+     * the reason at its end included. */
+    char deep[4096], name[256], want[4400];
+    memset(name, 'n', 200);
+    name[200] = '\0';
+    int at = snprintf(deep, sizeof deep, "%s/cat", root);
+    for (int k = 0; k < 6; k++) {
+        at += snprintf(deep + at, sizeof deep - (size_t)at, "/%s%d", name, k);
+        REQUIRE(mkdir(deep, 0755) == 0 || errno == EEXIST);
+    }
+    snprintf(b, sizeof b, "%s/gone.jpg", deep);
+    REQUIRE(symlink("/nonexistent/file.jpg", b) == 0);
+    ds = open_ok(root, NULL);
+    snprintf(want, sizeof want, "%s: broken symbolic link (%s), skipped\n", b, strerror(ENOENT));
+    CHECK(strlen(b) > 1200);
+    CHECK_CONTAINS(dsrt_datastore_warnings(ds), want);
+    dsrt_datastore_close(ds);
+    REQUIRE(unlink(b) == 0);
+
     /* Not following links: no loop, no link classes. */
     dsrt_datastore_options o = dsrt_datastore_defaults();
     o.follow_symlinks = 0;

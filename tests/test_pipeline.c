@@ -1223,6 +1223,37 @@ static void test_read_buffers(void) {
     CHECK_CONTAINS(bs[0].error, "max_file_bytes");
     dsrt_pipeline_close(p);
 
+    /* The cap holds to the byte, below a page too: a cap of the smallest
+     * file's size keeps that file alone (10 bytes: none). */
+    size_t smallest = SIZE_MAX, n_small = 0, count = dsrt_datastore_count(ds);
+    struct stat fst;
+    for (size_t i = 0; i < count; i++)
+        if (stat(dsrt_datastore_path(ds, i), &fst) == 0 && (size_t)fst.st_size < smallest)
+            smallest = (size_t)fst.st_size;
+    for (size_t i = 0; i < count; i++)
+        n_small += stat(dsrt_datastore_path(ds, i), &fst) == 0 && (size_t)fst.st_size == smallest;
+    REQUIRE(smallest < 4096);
+    const size_t caps[2] = {10, smallest};
+    for (int c = 0; c < 2; c++) {
+        o.max_file_bytes = caps[c];
+        o.drop_bad = 1;
+        o.max_consecutive_bad = 100;
+        p = open_pipe(ds, &a, &o);
+        size_t samples = 0;
+        dsrt_batch *b;
+        while (dsrt_pipeline_next(p, &b) == 0) {
+            samples += b->count;
+            CHECK_OK(dsrt_batch_release(p, b));
+        }
+        CHECK_EQ(samples, 2 * (c ? n_small : 0)); /* 2 epochs */
+        CHECK_EQ(dsrt_pipeline_bad_samples(p, 0, bs, 1), count - (c ? n_small : 0));
+        CHECK_CONTAINS(bs[0].error,
+                       c ? "more than max_file_bytes (" : "more than max_file_bytes (10)");
+        dsrt_pipeline_close(p);
+    }
+    o.drop_bad = 0;
+    o.max_consecutive_bad = dsrt_pipeline_defaults().max_consecutive_bad;
+
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
     /* Out of address space for the buffer a 48 MB file needs: the run
      * fails with that reason, not a bare "out of memory". */

@@ -307,20 +307,21 @@ static void test_output_paths(void) {
         result_free(&r);
     }
 
-    /* The folders vanish while it trains. */
+    /* The folders vanish while it trains (90 steps: seconds, where the
+     * folders go within milliseconds of the start). */
     char sdir[4300], pdir[4300], save[4400], plot[4400];
     snprintf(sdir, sizeof sdir, "%s/gone-save", root);
     snprintf(pdir, sizeof pdir, "%s/gone-plot", root);
     snprintf(save, sizeof save, "%s/m.dsrt", sdir);
     snprintf(plot, sizeof plot, "%s/p.svg", pdir);
     REQUIRE(mkdir(sdir, 0755) == 0 && mkdir(pdir, 0755) == 0);
-    child c = spawn(ARGV(bin_train, "train", "--data", good, "--epochs", "40", "--batch", "4",
+    child c = spawn(ARGV(bin_train, "train", "--data", good, "--epochs", "6", "--batch", "4",
                          "--json", "--save", save, "--plot", plot),
                     0, 0);
     CHECK(wait_for(&c, c.out, "\"event\": \"start\"", 120));
     CHECK(rmdir(sdir) == 0);
     CHECK(rmdir(pdir) == 0);
-    result r = finish(c, 300);
+    result r = finish(c, 600); /* a guard against a hang only */
     CHECK_EQ(r.status, 1);
     CHECK_CONTAINS(r.err, "--save");
     CHECK_CONTAINS(r.err, "--plot");
@@ -567,6 +568,39 @@ static void test_output_hygiene(void) {
     result_free(&r);
 }
 
+/* Messages name what the user gave: --resume given a checkpoint's state
+ * file says so (not --net), and a class folder whose name holds a line
+ * break is blamed on --data, naming it. */
+static void test_blame(void) {
+    char ck[4300], nl[4300], state[4400];
+    snprintf(ck, sizeof ck, "%s/blame-ck", root);
+    result r = run(ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--batch", "64",
+                        "--quiet", "--checkpoint-dir", ck),
+                   120);
+    CHECK_EQ(r.status, 0);
+    result_free(&r);
+    char latest[4400];
+    CHECK_OK(dsrt_checkpoint_latest(ck, latest, sizeof latest));
+    snprintf(state, sizeof state, "%s.state", latest);
+    r = run(ARGV(bin_train, "train", "--data", good, "--resume", state), 60);
+    CHECK_EQ(r.status, 2);
+    CHECK_CONTAINS(r.err, "--resume ");
+    CHECK_CONTAINS(r.err, "not the checkpoint: give ");
+    CHECK_CONTAINS(r.err, latest);
+    CHECK(!strstr(r.err, "--net"));
+    result_free(&r);
+
+    static const char *const names[] = {"one\ntwo", "three"};
+    snprintf(nl, sizeof nl, "%s/newline", root);
+    make_images(nl, names, 2, 2);
+    r = run(ARGV(bin_train, "train", "--data", nl, "--epochs", "1"), 60);
+    CHECK_EQ(r.status, 2);
+    CHECK_CONTAINS(r.err, "--data ");
+    CHECK_CONTAINS(r.err, "\"one\\ntwo\": a name with a line break cannot be kept in a model");
+    CHECK(!strstr(r.err, "--net"));
+    result_free(&r);
+}
+
 int main(void) {
     const char *bin = getenv("DSRT_BIN_DIR");
     if (!bin || !*bin) {
@@ -599,5 +633,6 @@ int main(void) {
     RUN(test_process_limits);
     RUN(test_scan_warnings);
     RUN(test_output_hygiene);
+    RUN(test_blame);
     return TEST_RESULT();
 }

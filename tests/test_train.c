@@ -24,6 +24,7 @@
 #include <dirent.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <zlib.h>
@@ -503,19 +504,63 @@ static void test_nan(void) {
     dsrt_datastore_close(train);
 }
 
-/* The child of test_killed: trains for ever with a checkpoint every
- * iteration. */
-static int child_main(const char *data, const char *dir) {
+/* Trains for epochs epochs with a checkpoint every iteration in dir, on one
+ * compute thread. Returns dsrt_train's code. */
+static int checkpointing_train(const char *data, const char *dir, int epochs) {
     dsrt_datastore *train = open_ds(data);
     dsrt_net *net = make_net(train, 11);
     dsrt_train_options o = base_options();
-    o.max_epochs = 100000;
+    o.max_epochs = epochs;
     o.checkpoint_path = dir;
     o.checkpoint_unit = DSRT_UNIT_ITERATION;
     o.compute_threads = 1;
     int rc = dsrt_train(net, train, &o, NULL);
-    fprintf(stderr, "child: %s\n", dsrt_last_error());
-    return rc ? 1 : 0;
+    fprintf(stderr, "  child: %s\n", dsrt_last_error());
+    dsrt_net_destroy(net);
+    dsrt_datastore_close(train);
+    return rc;
+}
+
+/* The child of test_killed: trains for ever with a checkpoint every
+ * iteration. */
+static int child_main(const char *data, const char *dir) {
+    return checkpointing_train(data, dir, 100000) ? 1 : 0;
+}
+
+/* The child of test_full_disk: files larger than 4 KiB cannot be written
+ * (RLIMIT_FSIZE, as a full disk): the state beside the first checkpoint
+ * fits, the checkpoint does not. Exits 0 when training failed on it. */
+static int full_disk_main(const char *data, const char *dir) {
+    struct rlimit lim = {4096, 4096};
+    signal(SIGXFSZ, SIG_IGN);
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) return 2;
+    return checkpointing_train(data, dir, 1) == -EFBIG ? 0 : 1;
+}
+
+/* A checkpoint that cannot be written (full disk) fails the run and leaves
+ * nothing behind: no state file without its checkpoint, no temporary file. */
+static void test_full_disk(void) {
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    REQUIRE(timg_mkdirs(dir) == 0);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        execl("/proc/self/exe", "test_train", "--full-disk", train_dir, dir, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    int left = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (e->d_name[0] != '.') {
+            fprintf(stderr, "  left behind: %s\n", e->d_name);
+            left++;
+        }
+    if (d) closedir(d);
+    CHECK_EQ(left, 0);
 }
 
 static void test_killed(void) {
@@ -858,6 +903,7 @@ static void test_worker_states(void) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
+    if (argc == 4 && !strcmp(argv[1], "--full-disk")) return full_disk_main(argv[2], argv[3]);
     REQUIRE(timg_tmpdir("train", root, sizeof root) == 0);
     snprintf(train_dir, sizeof train_dir, "%s/data/train", root);
     snprintf(val_dir, sizeof val_dir, "%s/data/val", root);
@@ -875,5 +921,6 @@ int main(int argc, char **argv) {
     RUN(test_nan);
     RUN(test_transfer);
     RUN(test_killed);
+    RUN(test_full_disk);
     return TEST_RESULT();
 }

@@ -55,6 +55,9 @@ typedef struct {
 
 static const char *prog = "dstrain";
 
+/* The loop's state file beside each checkpoint (see dsrt/train.h). */
+#define STATE_SUFFIX_TEXT ".state"
+
 static void print_options(FILE *f, const option *opts) {
     for (const option *o = opts; o->name; o++) {
         char left[64];
@@ -527,9 +530,10 @@ static int parse_double(const char *cmd, const char *name, const char *v, double
     return 0;
 }
 
-/* "LO,HI" or "V" (meaning [-V, V] when symmetric, else [V, V]). */
-static int parse_range(const char *cmd, const char *name, const char *v, int symmetric, double min,
-                       double max, double out[2]) {
+/* "LO,HI", or V: [V, V], or [-V, V] when symmetric; the range itself is
+ * dsrt_augment_check's to judge. */
+static int parse_range(const char *cmd, const char *name, const char *v, int symmetric,
+                       double out[2]) {
     if (!v) return 0;
     char *end;
     double a = strtod(v, &end), b;
@@ -544,13 +548,11 @@ static int parse_range(const char *cmd, const char *name, const char *v, int sym
     } else {
         goto bad;
     }
-    if (!(a >= min && b <= max && a <= b)) goto bad;
     out[0] = a;
     out[1] = b;
     return 0;
 bad:
-    fprintf(stderr, "%s %s: --%s: expected LO,HI with %g <= LO <= HI <= %g, got '%s'\n", prog, cmd,
-            name, min, max, v);
+    fprintf(stderr, "%s %s: --%s: expected LO,HI or V (numbers), got '%s'\n", prog, cmd, name, v);
     return -1;
 }
 
@@ -743,7 +745,7 @@ static const option TRAIN_OPTIONS[] = {
     {"rand-y-shear", OPT_STR, &tr.rand_y_shear, 0, 0, "LO,HI", "random shear in y, degrees"},
     {"size-mode", OPT_STR, &tr.size_mode, 0, 0, "MODE",
      "how the input size is taken: resize, centercrop or randcrop [resize]"},
-    {"resize-shorter", OPT_INT, &tr.resize_shorter, 0, 1 << 16, "N",
+    {"resize-shorter", OPT_INT, &tr.resize_shorter, 0, 65535, "N",
      "first resize each image so that its shorter side is N [0: no]"},
     {"transfer", OPT_STR, &tr.transfer, 0, 0, "MODEL",
      "start from a trained model, its last fc layer replaced for --data's classes"},
@@ -1065,14 +1067,6 @@ typedef struct {
     double *out;
 } train_number;
 
-/* The options given as "LO,HI" (or V: [-V, V]). */
-typedef struct {
-    const char *option;
-    const char *const *value;
-    double min, max;
-    double *out;
-} train_range;
-
 static void train_set_defaults(void) {
     memset(&tr, 0, sizeof tr);
     tr.epochs = 30;
@@ -1167,26 +1161,37 @@ static int train_resolve_options(train_job *j) {
     o->augment.rand_x_reflection = !tr.no_rand_x_reflection;
     o->augment.rand_y_reflection = tr.rand_y_reflection;
     /* Symmetric ranges take V as [-V, V]; --rand-translation sets both
-     * shifts, the axis options given after it in this table override it. */
+     * shifts, the axis options given after it in this table override it.
+     * What a range may hold is the library's one check (dsrt_augment_check),
+     * asked here for each option alone so that the message names it. */
     const struct {
-        train_range r;
+        const char *option;
+        const char *const *value;
+        double *out;
         int symmetric;
     } ranges[] = {
-        {{"rand-rotation", &tr.rand_rotation, -360, 360, o->augment.rand_rotation}, 1},
-        {{"rand-scale", &tr.rand_scale, 1e-3, 1e3, o->augment.rand_scale}, 0},
-        {{"rand-translation", &tr.rand_translation, -1e4, 1e4, o->augment.rand_x_translation}, 1},
-        {{"rand-translation", &tr.rand_translation, -1e4, 1e4, o->augment.rand_y_translation}, 1},
-        {{"rand-x-translation", &tr.rand_x_translation, -1e4, 1e4, o->augment.rand_x_translation},
-         1},
-        {{"rand-y-translation", &tr.rand_y_translation, -1e4, 1e4, o->augment.rand_y_translation},
-         1},
-        {{"rand-x-shear", &tr.rand_x_shear, -89, 89, o->augment.rand_x_shear}, 1},
-        {{"rand-y-shear", &tr.rand_y_shear, -89, 89, o->augment.rand_y_shear}, 1},
+        {"rand-rotation", &tr.rand_rotation, o->augment.rand_rotation, 1},
+        {"rand-scale", &tr.rand_scale, o->augment.rand_scale, 0},
+        {"rand-translation", &tr.rand_translation, o->augment.rand_x_translation, 1},
+        {"rand-translation", &tr.rand_translation, o->augment.rand_y_translation, 1},
+        {"rand-x-translation", &tr.rand_x_translation, o->augment.rand_x_translation, 1},
+        {"rand-y-translation", &tr.rand_y_translation, o->augment.rand_y_translation, 1},
+        {"rand-x-shear", &tr.rand_x_shear, o->augment.rand_x_shear, 1},
+        {"rand-y-shear", &tr.rand_y_shear, o->augment.rand_y_shear, 1},
     };
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
-        const train_range *r = &ranges[i].r;
-        if (parse_range(cmd, r->option, *r->value, ranges[i].symmetric, r->min, r->max, r->out))
+        if (!*ranges[i].value) continue;
+        if (parse_range(cmd, ranges[i].option, *ranges[i].value, ranges[i].symmetric,
+                        ranges[i].out))
             return 2;
+        dsrt_augment_options probe = dsrt_augment_defaults();
+        size_t at = (size_t)((char *)ranges[i].out - (char *)&o->augment);
+        memcpy((char *)&probe + at, ranges[i].out, 2 * sizeof(double));
+        if (dsrt_augment_check(&probe) != 0) {
+            fprintf(stderr, "%s %s: --%s %s: %s\n", prog, cmd, ranges[i].option, *ranges[i].value,
+                    dsrt_last_error());
+            return 2;
+        }
     }
     if ((tr.lr_factor || tr.new_lr_factor || tr.layer) && !tr.transfer) {
         fprintf(stderr,
@@ -1459,15 +1464,36 @@ static int train_open_data_and_net(train_job *j) {
     }
     if (!j->netname && !tr.transfer) j->netname = "digits";
     const char *netname = j->netname;
+    /* Where the net comes from, for messages: --resume's checkpoint or --net. */
+    const char *from = netname == j->ckpt ? "--resume" : "--net";
     if (tr.transfer) {
         if (train_transfer_net(j)) return 1;
     } else if (dsrt_net_builtin(netname, NULL)) {
         j->desc = dsrt_describe_datastore_classes(netname, j->train);
     } else if (is_model_file(netname)) {
         if (dsrt_model_load(&j->net, netname, &j->no) != 0) {
-            fprintf(stderr, "%s train: --net: %s\n", prog, dsrt_last_error());
+            fprintf(stderr, "%s train: %s: %s\n", prog, from, dsrt_last_error());
             return 1;
         }
+    } else if (netname == j->ckpt) {
+        /* --resume names something that is not a checkpoint. */
+        size_t n = strlen(netname), ns = strlen(STATE_SUFFIX_TEXT);
+        char why[256];
+        char *text = read_net_text(netname, why, sizeof why);
+        free(text);
+        if (!text)
+            fprintf(stderr, "%s train: --resume: %s: %s\n", prog, netname, why);
+        else if (n > ns && !strcmp(netname + n - ns, STATE_SUFFIX_TEXT))
+            fprintf(stderr,
+                    "%s train: --resume %s: the state of the training loop kept beside a "
+                    "checkpoint, not the checkpoint: give %.*s\n",
+                    prog, netname, (int)(n - ns), netname);
+        else
+            fprintf(stderr,
+                    "%s train: --resume %s: not a checkpoint (a dsrt checkpoint file, or a folder "
+                    "of them)\n",
+                    prog, netname);
+        return 2;
     } else {
         char why[256];
         j->text = read_net_text(netname, why, sizeof why);
@@ -1482,6 +1508,11 @@ static int train_open_data_and_net(train_job *j) {
             return 2;
         }
         j->desc = dsrt_describe_datastore_classes(j->text, j->train);
+    }
+    if (!j->net && !j->desc && !strncmp(dsrt_last_error(), "class names:", 12)) {
+        /* The names come from the data's class folders. */
+        fprintf(stderr, "%s train: --data %s: %s\n", prog, tr.data, dsrt_last_error());
+        return 2;
     }
     if (!j->net) {
         int classes = (int)dsrt_datastore_num_classes(j->train);

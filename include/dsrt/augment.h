@@ -109,15 +109,18 @@ typedef struct {
      * counter-clockwise as displayed (like MATLAB's imrotate). Default
      * [0, 0]. */
     double rand_rotation[2];
-    /* Scale factor, the same for x and y, > 0 (> 1 enlarges). When it is not
-     * [1, 1], rand_x_scale and rand_y_scale are ignored (as in MATLAB). */
+    /* Scale factor, the same for x and y, within [DSRT_AUGMENT_SCALE_MIN,
+     * DSRT_AUGMENT_SCALE_MAX] (> 1 enlarges). When it is not [1, 1],
+     * rand_x_scale and rand_y_scale are ignored (as in MATLAB). */
     double rand_scale[2];
-    double rand_x_scale[2], rand_y_scale[2]; /* each > 0; default [1, 1] */
-    /* Shear angles in degrees, in (-90, 90): x' = x + tan(a) y for x shear,
-     * y' = y + tan(a) x for y shear (x shear first). Default [0, 0]. */
+    double rand_x_scale[2], rand_y_scale[2]; /* each within the same; default [1, 1] */
+    /* Shear angles in degrees, within [-DSRT_AUGMENT_SHEAR_MAX,
+     * DSRT_AUGMENT_SHEAR_MAX]: x' = x + tan(a) y for x shear, y' = y + tan(a) x
+     * for y shear (x shear first). Default [0, 0]. */
     double rand_x_shear[2], rand_y_shear[2];
-    /* Translation, in translation_units pixels; positive moves the content
-     * right / down. Default [0, 0]. */
+    /* Translation, in translation_units pixels, within
+     * [-DSRT_AUGMENT_TRANSLATION_MAX, DSRT_AUGMENT_TRANSLATION_MAX];
+     * positive moves the content right / down. Default [0, 0]. */
     double rand_x_translation[2], rand_y_translation[2];
     dsrt_augment_units translation_units; /* default DSRT_AUGMENT_UNITS_INPUT */
     /* 1: translations are whole pixels, uniform over the integers in the
@@ -161,10 +164,22 @@ DSRT_API void dsrt_augment_preset_227(dsrt_augment_options *o);
  */
 DSRT_API void dsrt_augment_preset_32(dsrt_augment_options *o);
 
+/* The ranges dsrt_augment_check allows for the random transforms. Within
+ * them every combination is applied to any image without failing (the
+ * transform stays far from singular, the resampling tables stay small);
+ * dstrain, dsbench and the Python package take their limits from here. */
+#define DSRT_AUGMENT_SCALE_MIN       1e-3
+#define DSRT_AUGMENT_SCALE_MAX       1e3
+#define DSRT_AUGMENT_SHEAR_MAX       89.0
+#define DSRT_AUGMENT_ROTATION_MAX    360.0
+#define DSRT_AUGMENT_TRANSLATION_MAX 1e6
+
 /*
- * Checks every option. Returns 0, or DSRT_EOPTION with dsrt_last_error()
- * naming the option and its value ("augment: rand_rotation: [30, -30]: low
- * is above high").
+ * Checks every option: the one check every way into dsrt makes before any
+ * work (dsrt_pipeline_open, dsrt_train_check, the tools, the Python
+ * package), so that options it accepts never fail later, at a sample.
+ * Returns 0, or DSRT_EOPTION with dsrt_last_error() naming the option and
+ * its value ("augment: rand_rotation: [30, -30]: low is above high").
  */
 DSRT_API int dsrt_augment_check(const dsrt_augment_options *o);
 

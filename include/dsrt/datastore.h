@@ -188,7 +188,7 @@ DSRT_API int dsrt_datastore_subset(const dsrt_datastore *ds, const uint32_t *idx
 
 /* MATLAB's splitEachLabel. */
 typedef struct {
-    double fraction; /* of each label into the first view, in (0, 1) ... */
+    double fraction; /* of each label into the first view, in (0, 1] ... */
     size_t count;    /* ... or this many of each label (used when fraction is 0) */
     int randomized;  /* pick at random (seeded) rather than the first ones */
     uint64_t seed;

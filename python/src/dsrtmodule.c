@@ -17,6 +17,14 @@
  * run its signal handlers, so Ctrl-C raises KeyboardInterrupt promptly;
  * closing the pipeline (close(), the context manager, or the object's end)
  * stops and joins the workers. A Pipeline belongs to one thread at a time.
+ *
+ * Misuse raises rather than crashes or hangs: in a child made by os.fork()
+ * the parent's pipelines are dead (fork copies only the calling thread, so
+ * their workers do not exist there): using one raises, closing or freeing
+ * it abandons it at once, and the child may open pipelines of its own.
+ * Opening again (__init__) a Datastore a Pipeline reads, or a Pipeline that
+ * is open or has batches alive, is refused; every method and getter of an
+ * object whose __init__ never ran raises ValueError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,6 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // DLPack: the ABI of dlpack.h (v0.8, DLManagedTensor), which every consumer
@@ -263,6 +272,8 @@ static PyObject *sequence_of(size_t n, int tuple, item_fn item, void *ctx) {
 typedef struct {
     PyObject ob_base;
     dsrt_datastore *ds;
+    unsigned users; /* open Pipelines reading it: it may not be re-opened under them */
+    int opening;    /* __init__ in progress (it releases the GIL) */
 } DatastoreObject;
 
 static PyTypeObject Datastore_Type;
@@ -288,6 +299,8 @@ static PyObject *datastore_wrap(dsrt_datastore *ds) {
         return NULL;
     }
     o->ds = ds;
+    o->users = 0;
+    o->opening = 0;
     return (PyObject *)o;
 }
 
@@ -313,6 +326,14 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
                                      &header))
         return -1;
     int rc = -1, v;
+    if (self->users > 0 || self->opening) {
+        /* A Pipeline reads the index this would free. */
+        PyErr_Format(PyExc_RuntimeError,
+                     "Datastore: already open and in use (by %u Pipeline%s): it cannot be opened "
+                     "again; make a new Datastore",
+                     self->users, self->users == 1 ? "" : "s");
+        goto done;
+    }
     dsrt_datastore_options o = dsrt_datastore_defaults();
     if (source && get_enum(source, "source", source_names, &v) != 0) goto done;
     if (source) o.source = (dsrt_source)v;
@@ -336,9 +357,11 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     dsrt_datastore *ds = NULL;
     int code;
     const char *p = PyBytes_AS_STRING(path);
+    self->opening = 1;
     PyThreadState *ts = PyEval_SaveThread();
     code = dsrt_datastore_open(&ds, p, &o);
     PyEval_RestoreThread(ts);
+    self->opening = 0;
     if (code != 0) {
         raise_code(code, NULL);
         goto done;
@@ -371,12 +394,13 @@ static Py_ssize_t datastore_len(DatastoreObject *self) {
 static int datastore_index(DatastoreObject *self, Py_ssize_t i, size_t *out) {
     if (datastore_ready(self) != 0) return -1;
     Py_ssize_t n = (Py_ssize_t)dsrt_datastore_count(self->ds);
-    if (i < 0) i += n;
-    if (i < 0 || i >= n) {
-        PyErr_Format(PyExc_IndexError, "sample %zd: the datastore has %zd", i, n);
+    Py_ssize_t k = i < 0 ? i + n : i;
+    if (k < 0 || k >= n) {
+        PyErr_Format(PyExc_IndexError, "sample %zd: the datastore has %zd (from -%zd to %zd)", i, n,
+                     n, n - 1);
         return -1;
     }
-    *out = (size_t)i;
+    *out = (size_t)k;
     return 0;
 }
 
@@ -466,16 +490,12 @@ static PyObject *datastore_split_each_label(DatastoreObject *self, PyObject *arg
         count = frac, frac = Py_None;
     if ((frac == Py_None) == (count == Py_None)) {
         PyErr_SetString(PyExc_TypeError,
-                        "split_each_label: give a fraction in (0, 1) or a count per label");
+                        "split_each_label: give a fraction in (0, 1] or a count > 0 of each label");
         return NULL;
     }
+    /* The range is the library's to check (and to name). */
     if (frac != Py_None) {
         if (get_double(frac, "split_each_label: fraction", &o.fraction) != 0) return NULL;
-        if (!(o.fraction > 0 && o.fraction < 1)) {
-            PyErr_Format(PyExc_ValueError, "split_each_label: fraction %R: must lie in (0, 1)",
-                         frac);
-            return NULL;
-        }
     } else {
         uint64_t c;
         if (get_u64(count, "split_each_label: count", SIZE_MAX, &c) != 0) return NULL;
@@ -568,8 +588,8 @@ static PyMethodDef datastore_methods[] = {
     {"split_each_label", (PyCFunction)(void (*)(void))datastore_split_each_label,
      METH_VARARGS | METH_KEYWORDS,
      "split_each_label(fraction_or_count, randomized=False, *, seed=0) -> (first, rest)\n\n"
-     "MATLAB's splitEachLabel: a fraction in (0, 1) (or an integer count) of each label\n"
-     "into the first view, the rest into the second."},
+     "MATLAB's splitEachLabel: a fraction in (0, 1] (or an integer count > 0) of each\n"
+     "label into the first view, the rest into the second."},
     {"shuffle", (PyCFunction)(void (*)(void))datastore_shuffle, METH_VARARGS | METH_KEYWORDS,
      "shuffle(seed=0) -> a view in a random order keyed by seed"},
     {"partition", (PyCFunction)datastore_partition, METH_VARARGS,
@@ -628,6 +648,8 @@ typedef struct {
     int native;        /* native-size mode */
     uint64_t images;   /* samples delivered since the open or the last reset */
     double t0;         /* time of the open or the last reset (monotonic, s) */
+    pid_t pid;         /* the process that opened it: in a child made by fork, whose
+                          copy has no worker threads, it is dead (see pipeline_forked) */
 } PipelineObject;
 
 typedef struct {
@@ -657,17 +679,36 @@ static double mono_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Really closes the C pipeline: stops and joins the workers, frees slots. */
+/* Whether this is a child made by fork after the pipeline was opened: its
+ * copy of the pipeline has no worker threads (fork copies only the calling
+ * thread) and its locks may be held by threads that do not exist here, so
+ * it may be neither used nor closed; it is left as it is. */
+static int pipeline_forked(const PipelineObject *self) {
+    return self->bpe && self->pid != getpid();
+}
+
+static int raise_forked(void) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "Pipeline: opened in another process; this is a child made by fork, where "
+                    "its worker threads do not exist: open a Pipeline in this process");
+    return -1;
+}
+
+/* Really closes the C pipeline: stops and joins the workers, frees slots.
+ * In a child made by fork the pipeline is abandoned instead: there are no
+ * workers to join, and freeing could wait on locks no thread here holds. */
 static void pipeline_really_close(PipelineObject *self) {
+    int forked = pipeline_forked(self);
     dsrt_pipeline *p = self->p;
     self->p = NULL;
-    if (p) {
+    if (p && !forked) {
         PyThreadState *ts = PyEval_SaveThread();
         dsrt_pipeline_close(p);
         PyEval_RestoreThread(ts);
     }
     PyMem_Free(self->held);
     self->held = NULL;
+    if (self->ds) ((DatastoreObject *)self->ds)->users--;
     Py_CLEAR(self->ds);
 }
 
@@ -692,6 +733,16 @@ static TensorObject *tensor_new(BatchObject *owner, void *data, DLDataType dtype
         stride *= shape[i];
     }
     return t;
+}
+
+/* A tensor of a pipeline opened in another process (see pipeline_forked):
+ * its memory may not have been copied by fork (pinned memory). Raises. */
+static int tensor_forked(const TensorObject *self) {
+    if (!self->owner->pipe || !pipeline_forked(self->owner->pipe)) return 0;
+    PyErr_SetString(PyExc_BufferError,
+                    "dsrt.Tensor: its batch belongs to a pipeline of another process (this is a "
+                    "child made by fork): not exported");
+    return 1;
 }
 
 static void tensor_dealloc(TensorObject *self) {
@@ -740,13 +791,27 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
     }
     if (dl_device != Py_None) {
         int dt = -1, di = -1;
-        if (!PyArg_ParseTuple(dl_device, "ii", &dt, &di)) return NULL;
-        if (dt != DL_CPU) {
-            PyErr_SetString(PyExc_BufferError,
-                            "__dlpack__: dsrt batches live in host memory (kDLCPU) only");
+        if (!PyTuple_Check(dl_device) || PyTuple_GET_SIZE(dl_device) != 2 ||
+            get_int(PyTuple_GET_ITEM(dl_device, 0), "__dlpack__: dl_device[0]", &dt) != 0 ||
+            get_int(PyTuple_GET_ITEM(dl_device, 1), "__dlpack__: dl_device[1]", &di) != 0) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError,
+                             "__dlpack__: dl_device: expected a (device_type, device_id) tuple "
+                             "of integers, not %R",
+                             dl_device);
+            }
+            return NULL;
+        }
+        if (dt != DL_CPU || di != 0) {
+            PyErr_Format(PyExc_BufferError,
+                         "__dlpack__: dl_device (%d, %d): dsrt batches live in host memory "
+                         "(kDLCPU, 0) only",
+                         dt, di);
             return NULL;
         }
     }
+    if (tensor_forked(self)) return NULL;
     if (copy != Py_None && PyObject_IsTrue(copy) == 1) {
         PyErr_SetString(PyExc_BufferError,
                         "__dlpack__: dsrt lends its batches without a copy (copy=True refused)");
@@ -783,6 +848,10 @@ static PyObject *tensor_dlpack_device(TensorObject *self, PyObject *unused) {
 static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
     /* Writable: the slot belongs to the consumer while it is lent. C order,
      * so shape and strides may be left out when not asked for. */
+    if (tensor_forked(self)) {
+        view->obj = NULL;
+        return -1;
+    }
     view->buf = self->data;
     view->obj = (PyObject *)self;
     Py_INCREF(self);
@@ -879,7 +948,7 @@ static void batch_dealloc(BatchObject *self) {
     PipelineObject *pipe = self->pipe;
     if (pipe && self->b) {
         uint64_t g = self->b->global;
-        if (pipe->p) {
+        if (pipe->p && !pipeline_forked(pipe)) {
             if (pipe->held) pipe->held[g % pipe->slots] = UINT64_MAX;
             if (dsrt_batch_release(pipe->p, self->b) != 0) {
                 PyErr_SetString(PyExc_RuntimeError, dsrt_last_error());
@@ -1156,8 +1225,11 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
             &drop_bad, &max_bad, &max_file, &chunk, &native, &native_px, &gpu, &remote_depth,
             &max_conns, &deadline, &req_timeout))
         return -1;
-    if (self->p) {
-        PyErr_SetString(PyExc_RuntimeError, "Pipeline: already open");
+    if (self->p || self->live || self->busy) {
+        /* Open, or its batches still alive: in use. */
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Pipeline: already open and in use: it cannot be opened again; close() "
+                        "it and drop its batches first, or make a new Pipeline");
         return -1;
     }
     if (datastore_ready((DatastoreObject *)ds) != 0) return -1;
@@ -1256,10 +1328,17 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
 #undef BOOL_OPT
 
     dsrt_pipeline *p = NULL;
-    const dsrt_datastore *cds = ((DatastoreObject *)ds)->ds;
+    DatastoreObject *dso = (DatastoreObject *)ds;
+    const dsrt_datastore *cds = dso->ds;
+    /* The datastore stays as it is while this opens (the GIL is released)
+     * and while the pipeline lives; so does this object. */
+    dso->users++;
+    self->busy = 1;
     PyThreadState *ts = PyEval_SaveThread();
     rc = dsrt_pipeline_open(&p, cds, &a, &o);
     PyEval_RestoreThread(ts);
+    self->busy = 0;
+    if (rc != 0) dso->users--;
     if (rc != 0) {
         raise_code(rc, NULL);
         return -1;
@@ -1269,6 +1348,7 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
     self->held = PyMem_Malloc(st.slots * sizeof *self->held);
     if (!self->held) {
         dsrt_pipeline_close(p);
+        dso->users--;
         PyErr_NoMemory();
         return -1;
     }
@@ -1283,6 +1363,9 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
     self->iter_end = self->bpe;
     self->native = o.native;
     self->images = 0;
+    self->closing = 0;
+    self->live = 0;
+    self->pid = getpid();
     self->t0 = mono_s();
     return 0;
 }
@@ -1293,11 +1376,26 @@ static void pipeline_dealloc(PipelineObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int pipeline_usable(PipelineObject *self) {
+/* Whether the pipeline was ever opened (__init__ ran); raises if not. */
+static int pipeline_opened(const PipelineObject *self) {
+    if (self->bpe) return 0;
+    PyErr_SetString(PyExc_ValueError, "Pipeline: not opened (__init__ was not called)");
+    return -1;
+}
+
+/* Open, in this process: raises otherwise (closed, never opened, forked). */
+static int pipeline_open_here(PipelineObject *self) {
+    if (pipeline_opened(self) != 0) return -1;
     if (!self->p || self->closing) {
         PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
         return -1;
     }
+    if (pipeline_forked(self)) return raise_forked();
+    return 0;
+}
+
+static int pipeline_usable(PipelineObject *self) {
+    if (pipeline_open_here(self) != 0) return -1;
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError,
                         "Pipeline: in use by another thread (a pipeline belongs to one thread)");
@@ -1365,10 +1463,7 @@ static PyObject *pipeline_take(PipelineObject *self) {
 }
 
 static PyObject *pipeline_iter(PipelineObject *self) {
-    if (!self->p || self->closing) {
-        PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
-        return NULL;
-    }
+    if (pipeline_open_here(self) != 0) return NULL;
     /* One epoch: from where the pipeline stands to the end of that epoch. */
     self->iter_end = (self->pos / self->bpe + 1) * self->bpe;
     Py_INCREF(self);
@@ -1388,6 +1483,7 @@ static PyObject *pipeline_next_method(PipelineObject *self, PyObject *unused) {
 }
 
 static Py_ssize_t pipeline_len(PipelineObject *self) {
+    if (pipeline_opened(self) != 0) return -1;
     if (!self->p) {
         PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
         return -1;
@@ -1428,6 +1524,13 @@ static PyObject *pipeline_reset(PipelineObject *self, PyObject *args, PyObject *
 }
 
 static PyObject *pipeline_close(PipelineObject *self, PyObject *unused) {
+    if (pipeline_forked(self)) {
+        /* A child made by fork: abandoned at once, nothing to wait for (the
+         * thread that may have been busy with it is not in this process). */
+        self->closing = 1;
+        pipeline_really_close(self);
+        Py_RETURN_NONE;
+    }
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "Pipeline: close: in use by another thread");
         return NULL;
@@ -1439,10 +1542,7 @@ static PyObject *pipeline_close(PipelineObject *self, PyObject *unused) {
 }
 
 static PyObject *pipeline_enter(PipelineObject *self, PyObject *unused) {
-    if (!self->p || self->closing) {
-        PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
-        return NULL;
-    }
+    if (pipeline_open_here(self) != 0) return NULL;
     Py_INCREF(self);
     return (PyObject *)self;
 }
@@ -1468,10 +1568,12 @@ static PyObject *str_or_none(const char *s) {
 }
 
 static PyObject *pipeline_stats(PipelineObject *self, PyObject *unused) {
+    if (pipeline_opened(self) != 0) return NULL;
     if (!self->p) {
         PyErr_SetString(PyExc_ValueError, "Pipeline: closed");
         return NULL;
     }
+    if (pipeline_forked(self)) return raise_forked(), NULL;
     dsrt_pipeline_statistics s;
     dsrt_pipeline_stats(self->p, &s);
     double dt = mono_s() - self->t0;
@@ -1528,19 +1630,23 @@ static PyObject *pipeline_stats(PipelineObject *self, PyObject *unused) {
 }
 
 static PyObject *pipeline_get_position(PipelineObject *self, void *unused) {
+    if (pipeline_opened(self) != 0) return NULL;
     return Py_BuildValue("(KK)", (unsigned long long)(self->pos / self->bpe),
                          (unsigned long long)(self->pos % self->bpe));
 }
 
 static PyObject *pipeline_get_bpe(PipelineObject *self, void *unused) {
+    if (pipeline_opened(self) != 0) return NULL;
     return PyLong_FromUnsignedLongLong(self->bpe);
 }
 
 static PyObject *pipeline_get_closed(PipelineObject *self, void *unused) {
+    if (pipeline_opened(self) != 0) return NULL;
     return PyBool_FromLong(!self->p || self->closing);
 }
 
 static PyObject *pipeline_get_slots(PipelineObject *self, void *unused) {
+    if (pipeline_opened(self) != 0) return NULL;
     return PyLong_FromUnsignedLong(self->slots);
 }
 

@@ -521,6 +521,9 @@ def _threads():
         (dict(augment=dict(reflection_probability=1.5)), "reflection_probability"),
         (dict(augment=dict(no_such=1)), "unknown option 'no_such'"),
         (dict(augment=dict(rand_scale=3)), r"rand_scale: 3: expected \(low, high\)"),
+        (dict(augment=dict(rand_x_scale=(1e-9, 1e-9))), r"rand_x_scale: \[1e-09, 1e-09\]: outside"),
+        (dict(augment=dict(rand_scale=(1e-300, 1e-300))), r"rand_scale: .*: outside \[0.001, 1000\]"),
+        (dict(augment=dict(rand_y_shear=(-89.5, 0))), r"rand_y_shear: \[-89.5, 0\]: outside"),
         (dict(augment=dict(norm="zscore", std=(0, 1, 1))), "std"),
         (dict(augment=dict(size_mode="stretch")), "size_mode: 'stretch'"),
         (dict(layout="NHWC", dtype="float32"), "float32 NCHW or uint8 NHWC"),
@@ -694,3 +697,187 @@ def test_ctrl_c_stops_cleanly(held_folder, tmp_path):
     assert lines[0] == "interrupted after 1 waited True", proc.stdout
     before, after = int(lines[1].split()[1]), int(lines[1].split()[3])
     assert before >= 2 and after == 1  # the worker is gone, only the main thread is left
+
+
+# ----------------------------------------------------------------------------
+# Misuse: fork, re-initialisation, objects never initialised, DLPack devices
+
+FORK_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path[:0] = [{pythonpath!r}]
+    import numpy as np
+    import dsrt
+    signal.alarm(60)  # a hang is a failure, not a stuck test
+    ds = dsrt.Datastore({data!r})
+    p = dsrt.Pipeline(ds, preset="32", batch=4, epochs=0, workers=2)
+    b = p.next()
+
+    def child(what):
+        pid = os.fork()
+        if pid:
+            _, st = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(st)
+            print(what, "exit", code, flush=True)
+            return
+        if what == "exit":  # leave with the pipeline and a batch alive
+            sys.exit(0)
+        try:
+            if what == "use":
+                for use in (p.next, lambda: iter(p), p.stats, lambda: p.reset(0)):
+                    try:
+                        use()
+                        print("use: no error", flush=True)
+                    except RuntimeError as e:
+                        assert "fork" in str(e), e
+                try:
+                    np.from_dlpack(b.images)
+                    print("use: exported", flush=True)
+                except BufferError:
+                    pass
+                del b_child[:]
+            p.close()
+            # The datastore serves a pipeline of the child's own.
+            with dsrt.Pipeline(ds, preset="32", batch=4, epochs=1, workers=1) as q:
+                n = sum(len(x) for x in q)
+            print(what, "own pipeline", n, flush=True)
+        except BaseException as e:
+            print(what, "failed:", repr(e), flush=True)
+            os._exit(1)
+        os._exit(0)
+
+    b_child = [b]
+    for what in ("close", "use", "exit"):
+        child(what)
+    # The parent's pipeline is untouched.
+    print("parent", p.next().global_index, flush=True)
+    """
+)
+
+
+def test_fork_child_pipeline_is_dead(folder, tmp_path):
+    script = tmp_path / "fork_child.py"
+    script.write_text(
+        FORK_CHILD.format(pythonpath=os.path.dirname(os.path.dirname(dsrt.__file__)), data=folder)
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        "close own pipeline 48",
+        "close exit 0",
+        "use own pipeline 48",
+        "use exit 0",
+        "exit exit 0",
+        "parent 1",
+    ], proc.stdout + proc.stderr
+
+
+def test_reinit_in_use_refused(folder, idx_file):
+    ds = dsrt.Datastore(folder)
+    p = dsrt.Pipeline(ds, preset="32", batch=4, epochs=1, workers=1)
+    with pytest.raises(RuntimeError, match="in use"):
+        ds.__init__(idx_file)
+    with pytest.raises(RuntimeError, match="already open"):
+        p.__init__(ds, preset="32", batch=8)
+    b = p.next()
+    p.close()  # the batch keeps it open
+    with pytest.raises(RuntimeError, match="in use"):
+        ds.__init__(idx_file)
+    with pytest.raises(RuntimeError, match="already open"):
+        p.__init__(ds, preset="32", batch=8)
+    assert len(ds) == 48 and b.count == 4
+    del b
+    # Closed and free: both may be opened again.
+    p.__init__(ds, preset="32", batch=8, epochs=1, workers=1)
+    assert not p.closed and p.next().count == 8
+    p.close()
+    ds.__init__(idx_file)
+    assert len(ds) == 64 and ds.source == "idx"
+
+
+def test_uninitialised_objects_raise():
+    p = dsrt.Pipeline.__new__(dsrt.Pipeline)
+    uses = [
+        lambda: p.position, lambda: p.batches_per_epoch, lambda: p.slots, lambda: p.closed,
+        lambda: len(p), p.stats, p.next, lambda: iter(p), lambda: p.reset(0),
+        lambda: p.__enter__(),
+    ]
+    for use in uses:
+        with pytest.raises(ValueError, match="not opened"):
+            use()
+    p.close()  # nothing to close
+    d = dsrt.Datastore.__new__(dsrt.Datastore)
+    uses = [
+        lambda: d.classes, lambda: d.source, lambda: d.warnings, lambda: len(d),
+        lambda: d.label(0), d.labels, d.class_counts, lambda: d.shuffle(1),
+        lambda: d.split_each_label(0.5), lambda: d.subset([0]), lambda: d.partition(2, 0),
+        lambda: dsrt.Pipeline(d),
+    ]
+    for use in uses:
+        with pytest.raises(ValueError, match="not opened"):
+            use()
+    assert "not opened" in repr(d)
+
+
+def test_dlpack_device_argument(folder):
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=4, epochs=1, workers=1) as p:
+        t = p.next().images
+        for bad in ("x", (1,), (1, 0, 0), (1.5, 0), ("1", 0), [1, 0]):
+            with pytest.raises(TypeError, match="dl_device"):
+                t.__dlpack__(dl_device=bad)
+        for other in ((2, 0), (1, 3)):
+            with pytest.raises(BufferError, match="host memory"):
+                t.__dlpack__(dl_device=other)
+        x = torch.from_dlpack(t)
+        assert x.shape == (4, 3, 32, 32)
+        assert t.__dlpack__(dl_device=(1, 0)) is not None
+
+
+def test_messages_name_what_was_given(folder):
+    ds = dsrt.Datastore(folder)
+    with pytest.raises(IndexError, match=r"sample -401: the datastore has 48 \(from -48 to 47\)"):
+        ds.label(-401)
+    with pytest.raises(IndexError, match="sample 48: "):
+        ds.path(48)
+    # One range, named one way, whatever is wrong.
+    for bad in (1.5, -0.5, 0.0, float("nan")):
+        with pytest.raises(ValueError, match=r"give a fraction in \(0, 1\] or a count > 0"):
+            ds.split_each_label(bad)
+    with pytest.raises(ValueError, match=r"give a fraction in \(0, 1\] or a count > 0"):
+        ds.split_each_label(0)
+    with pytest.raises(TypeError, match=r"give a fraction in \(0, 1\] or a count > 0"):
+        ds.split_each_label()
+    first, rest = ds.split_each_label(1.0)
+    assert len(first) == 48 and len(rest) == 0
+
+
+def test_augment_limits_hold(folder):
+    # At the ends of every range dsrt_augment_check allows, every sample is
+    # made: nothing accepted at construction fails while iterating.
+    ds = dsrt.Datastore(folder)
+    aug = dict(
+        output_size=(16, 16), rand_x_scale=(1e-3, 1e3), rand_y_scale=(1e-3, 1e-3),
+        rand_x_shear=(-89, 89), rand_y_shear=(89, 89), rand_rotation=(-360, 360),
+        rand_x_translation=(-1e6, 1e6), decode_oversample=64,
+    )
+    with dsrt.Pipeline(ds, augment=aug, batch=8, epochs=2, workers=2, fail_on_error=True) as p:
+        assert sum(len(b) for b in p) + sum(len(b) for b in p) == 96
+        assert p.stats()["bad_files"] == []
+    with dsrt.Pipeline(ds, augment=dict(output_size=(8, 8), rand_scale=(1e-3, 1e-3),
+                                        resize_shorter=65535, size_mode="randcrop"),
+                       batch=16, epochs=1, workers=1, fail_on_error=True) as p:
+        assert sum(len(b) for b in p) == 48
+
+
+def test_max_file_bytes_to_the_byte(folder):
+    # The cap is the option's to the byte, not a page: every image is larger
+    # than 10 bytes.
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=8, epochs=1, workers=1, max_file_bytes=10,
+                       drop_bad=True) as p:
+        assert sum(len(b) for b in p) == 0
+        bad = p.stats()["bad_files"]
+    assert len(bad) == 48
+    assert all("more than max_file_bytes (10)" in why for _, why in bad)
