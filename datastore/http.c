@@ -36,6 +36,7 @@
 #include <strings.h>
 
 #define HTTP_MAX_DEPTH     4096
+#define HTTP_MAX_SECONDS   86400         /* longest deadline or timeout accepted */
 #define HTTP_BACKOFF_NS    100000000ULL  /* first pause before a retry */
 #define HTTP_BACKOFF_MAX   5000000000ULL /* longest pause */
 #define HTTP_ERR_BODY      2048          /* bytes of an error answer kept */
@@ -198,16 +199,27 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
 // ----------------------------------------------------------------------------
 // Create and destroy
 
+int dsrt__remote_options_check(const dsrt_remote_options *o, const char *who) {
+    if (o->depth < 1 || o->depth > HTTP_MAX_DEPTH)
+        return dsrt__fail(DSRT_EOPTION, "%s: remote.depth: %u: not in [1, %d]", who, o->depth,
+                          HTTP_MAX_DEPTH);
+    if (o->max_connections > HTTP_MAX_DEPTH)
+        return dsrt__fail(DSRT_EOPTION, "%s: remote.max_connections: %u: not in [0, %d]", who,
+                          o->max_connections, HTTP_MAX_DEPTH);
+    if (!(o->retry_deadline_s >= 0 && o->retry_deadline_s <= HTTP_MAX_SECONDS))
+        return dsrt__fail(DSRT_EOPTION, "%s: remote.retry_deadline_s: %g: not in [0, %d]", who,
+                          o->retry_deadline_s, HTTP_MAX_SECONDS);
+    if (!(o->timeout_s > 0 && o->timeout_s <= HTTP_MAX_SECONDS))
+        return dsrt__fail(DSRT_EOPTION, "%s: remote.timeout_s: %g: not in (0, %d]", who,
+                          o->timeout_s, HTTP_MAX_SECONDS);
+    return 0;
+}
+
 int dsrt__http_create(dsrt_http **out, const dsrt_remote_options *o) {
     *out = NULL;
     dsrt_remote_options opt = o ? *o : dsrt_reader_defaults().remote;
-    if (opt.depth < 1 || opt.depth > HTTP_MAX_DEPTH)
-        return dsrt__fail(DSRT_EOPTION, "remote: depth %u is not in 1..%d", opt.depth,
-                          HTTP_MAX_DEPTH);
-    if (!(opt.retry_deadline_s >= 0) || !(opt.timeout_s > 0))
-        return dsrt__fail(DSRT_EOPTION,
-                          "remote: retry_deadline_s %g must be >= 0 and timeout_s %g > 0",
-                          opt.retry_deadline_s, opt.timeout_s);
+    int rc = dsrt__remote_options_check(&opt, "remote");
+    if (rc != 0) return rc;
     if (opt.max_connections == 0) {
         const char *e = getenv(HTTP_DEFAULT_CONNS);
         if (e && *e) {
@@ -221,7 +233,7 @@ int dsrt__http_create(dsrt_http **out, const dsrt_remote_options *o) {
             opt.max_connections = opt.depth;
         }
     }
-    int rc = -ENOMEM;
+    rc = -ENOMEM;
     dsrt_http *h = dsrt__calloc(1, sizeof *h);
     if (!h) return rc;
     h->o = opt;

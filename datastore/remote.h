@@ -100,6 +100,10 @@ int dsrt__http_status_transient(long status, const char *body, size_t body_len);
 // ----------------------------------------------------------------------------
 // The client
 
+/* Refuses remote options out of range (DSRT_EOPTION, the message naming
+ * who and the field), so that a pipeline refuses them before any thread. */
+int dsrt__remote_options_check(const dsrt_remote_options *o, const char *who);
+
 typedef struct dsrt_http dsrt_http;
 
 /* A client for one thread: a curl multi handle with o->depth requests in
