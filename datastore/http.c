@@ -580,7 +580,9 @@ static void deliver(dsrt_http *h, http_req *q, dsrt_read_result *res) {
     res->buf = q->buf;
     res->size = q->status == DSRT_ETOOBIG ? (size_t)DSRT_MIN(q->total, (uint64_t)SIZE_MAX) : q->got;
     res->status = q->status;
-    if (q->status != 0) dsrt__fail(q->status, "read: %s", q->msg);
+    /* Whole objects come NUL-terminated (own_fit keeps a byte for it). */
+    if (q->own && q->buf) q->buf[q->got] = '\0';
+    if (q->status != 0) dsrt__fail(q->status, q->own ? "%s" : "read: %s", q->msg);
     req_clear(q);
     q->state = REQ_FREE;
     q->loc = NULL;
@@ -686,12 +688,17 @@ void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s) {
     s->busy_s = (double)h->busy_ns * 1e-9;
 }
 
+int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, size_t max,
+                            uint64_t tag) {
+    return submit(h, url, query, 0, 0, NULL, max, 1, tag);
+}
+
 int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
                      size_t *len) {
     *out = NULL;
     *len = 0;
     assert(h->in_flight == 0);
-    int rc = submit(h, url, query, 0, 0, NULL, max, 1, 0);
+    int rc = dsrt__http_submit_whole(h, url, query, max, 0);
     if (rc != 0) return rc;
     dsrt_read_result res = {0};
     do rc = dsrt__http_collect(h, &res, 1, -1);
@@ -699,15 +706,10 @@ int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t ma
     if (rc < 0) return rc;
     if (res.status != 0) {
         free(res.buf);
-        /* "read: URL: reason" -> "URL: reason" */
-        const char *m = dsrt_last_error();
-        char copy[1024];
-        snprintf(copy, sizeof copy, "%s", strncmp(m, "read: ", 6) == 0 ? m + 6 : m);
-        return dsrt__fail(res.status, "%s", copy);
+        return res.status; /* the message is the thread's */
     }
     uint8_t *b = res.buf;
-    if (!b && !(b = malloc(1))) return -ENOMEM;
-    b[res.size] = '\0';
+    if (!b && !(b = calloc(1, 1))) return -ENOMEM;
     *out = b;
     *len = res.size;
     return 0;

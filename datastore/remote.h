@@ -93,6 +93,19 @@ int dsrt__s3_sign(const char *secret, const char *region, const char *date8, con
 int dsrt__s3_http_error(const char *display, long status, const char *body, size_t body_len,
                         const char *bucket_region, const dsrt_s3_config *c, int is_s3);
 
+/* What a listing page holds: each key (is_prefix 0) or sub-prefix (1),
+ * decoded, s[0..n) NUL-terminated. A non-zero return stops the page. */
+typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_prefix);
+
+/* Reads one ListObjectsV2 page: each <Contents><Key> and each
+ * <CommonPrefixes><Prefix>, decoded (XML entities, and %XX and '+' where
+ * the page says EncodingType url), to on_entry; *token gets the next page's
+ * continuation token, "" on the last page. scratch is reused between calls
+ * (free its s at the end). DSRT_EREMOTE for a truncated page without a
+ * token. */
+int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_strbuf *token,
+                       dsrt_list_entry_fn on_entry, void *ud);
+
 /* Whether an HTTP answer is worth trying again (throttling, server errors,
  * the store's RequestTimeout). */
 int dsrt__http_status_transient(long status, const char *body, size_t body_len);
@@ -125,6 +138,14 @@ unsigned dsrt__http_in_flight(const dsrt_http *h);
 /* Drops every request in flight or finished and not collected. */
 void dsrt__http_cancel(dsrt_http *h);
 void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s);
+
+/* Queues a GET of a whole object (at most max bytes) into a buffer of its
+ * own, which the result hands over NUL-terminated (res.buf: the caller
+ * frees it, also on failure). query as dsrt__http_fetch's; it and url stay
+ * valid until the result is collected. A failed result's message is the
+ * location's and the cause's, without the reader's "read: ". */
+int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, size_t max,
+                            uint64_t tag);
 
 /* A whole object (at most max bytes) into a new NUL-terminated buffer, on
  * the calling thread, retried like any request. query, for s3:// URLs, is a

@@ -26,9 +26,10 @@ and then takes commands on standard input, one a line, answering "ok":
     stall N       the proxy never answers the next N requests
     requests      answers "requests N signed S connections C most_open M":
                   requests forwarded (S of them signed), connections accepted,
-                  most open at once since the last clear
+                  most open at once of those accepted since the last clear
     hold-after N  forward N more requests, then hold every later one unanswered
-    clear         drops the faults not yet used and any hold
+    clear         drops the faults not yet used and any hold, and starts
+                  counting open connections afresh
     auth on|off   moto checks signatures (the default after set-up), or not
                   (moto answers unsigned requests with 500 while it checks)
 
@@ -160,18 +161,23 @@ class Proxy:
         self.open = 0
         self.most_open = 0
         self.hold_after = None  # forward this many more requests, then hold the rest
+        self.gen = 0  # clears so far
 
     def take_fault(self):
         return self.faults.pop(0) if self.faults else None
 
     async def handle(self, creader, cwriter):
+        # Connections are counted from the last clear: one accepted before it
+        # is not counted as open after it, however late its close is seen.
+        gen = self.gen
         self.connections += 1
         self.open += 1
         self.most_open = max(self.most_open, self.open)
         try:
             await self.serve(creader, cwriter)
         finally:
-            self.open -= 1
+            if gen == self.gen:
+                self.open -= 1
 
     async def serve(self, creader, cwriter):
         try:
@@ -272,7 +278,8 @@ def run_proxy(upstream_port, latency_ms, conn):
         elif words[0] == "clear":
             proxy.faults.clear()
             proxy.hold_after = None
-            proxy.most_open = proxy.open
+            proxy.gen += 1
+            proxy.open = proxy.most_open = 0
         elif words[0] == "hold-after":
             proxy.hold_after = int(words[1])
         conn.send(reply)

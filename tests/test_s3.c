@@ -20,6 +20,7 @@
  */
 #include <dsrt.h>
 
+#include "commtest.h"
 #include "datastore/remote.h"
 #include "task.h"
 #include "testimg.h"
@@ -35,6 +36,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Requests of a listing of s3://bkt/clean: the prefix, then its 3 classes. */
+#define LIST_CLEAN (1 + 3)
 
 static char root[PATH_MAX];  /* this program's temporary folder */
 static char local[PATH_MAX]; /* the folder uploaded as s3://bkt/data */
@@ -365,9 +369,15 @@ static void test_same_index(void) {
                     dsrt_datastore_close(a);
                     dsrt_datastore_close(b);
                 }
-    /* A prefix that is the whole bucket's "data" folder without the slash,
-     * and the listing of 2500 keys over three pages. */
+    /* A prefix without the trailing slash, holding 2500 keys in 100 class
+     * folders: one listing of the prefix, then the 100 classes', together. */
+    env_default(1);
+    server("clear");
+    unsigned long long r0 = server_count("requests");
     dsrt_datastore *many = open_ok("s3://bkt/many", NULL);
+    CHECK_EQ(server_count("requests") - r0, 1 + 100);
+    CHECK_GT(server_count("most_open"), 1);
+    env_default(0);
     if (many) {
         CHECK_EQ(dsrt_datastore_count(many), 2500);
         CHECK_EQ(dsrt_datastore_num_classes(many), 100);
@@ -780,11 +790,12 @@ static void test_dsbench(void) {
 /* Two ranks under mpirun read disjoint shares: the store serves each image
  * of the epoch once (and each rank's listing). */
 static void test_mpirun(void) {
-    const char *bin = getenv("DSRT_BIN_DIR"), *mpi = getenv("DSRT_MPIEXEC");
-    if (!bin || !mpi || !*mpi || access(mpi, X_OK) != 0) {
+    const char *bin = getenv("DSRT_BIN_DIR"), *mpi = comm_test_mpirun();
+    if (!bin || !mpi) {
         fprintf(stderr, "  (no mpirun: skipped)\n");
         return;
     }
+    comm_test_env(); /* under ASan, Open MPI's own leaks are told apart */
     env_default(1);
     server("clear");
     unsigned long long r0 = server_count("requests");
@@ -797,7 +808,7 @@ static void test_mpirun(void) {
                 mpi, bin, out);
     CHECK_EQ(rc, 0);
     unsigned long long got = server_count("requests") - r0;
-    CHECK_EQ(got, 24 + 2);
+    CHECK_EQ(got, 24 + 2 * LIST_CLEAN);
     char *o = slurp(out);
     if (rc != 0 && o) fprintf(stderr, "%s\n", o);
     if (o) CHECK_CONTAINS(o, "\"images\": 24");
@@ -808,13 +819,17 @@ static void test_mpirun(void) {
 /* The server dies mid-epoch under dstrain: the requests are retried, the
  * run fails with the cause, the last checkpoint stays whole. The second
  * epoch's requests are held unanswered until the first epoch's checkpoint
- * is on disk; then the server is killed. */
+ * is on disk; then the server is killed. One request in flight, so that
+ * the requests reach the proxy in the order of the epochs. */
 static void test_dstrain_server_killed(void) {
     const char *bin = getenv("DSRT_BIN_DIR");
     if (!bin) return;
     env_default(1);
     server("clear");
-    server("hold-after 25"); /* the listing, then the 24 images of epoch 1 */
+    /* The listing, epoch 1's 24 images and the first batch of epoch 2 (the
+     * training loop takes batch k + 1 before it ends step k, so the
+     * checkpoint after epoch 1 waits for that batch). */
+    server("hold-after %d", LIST_CLEAN + 24 + 8);
     char ck[PATH_MAX], out[PATH_MAX], ckfile[PATH_MAX];
     snprintf(ck, sizeof ck, "%s/ck", root);
     snprintf(out, sizeof out, "%s/dstrain.out", root);
@@ -824,8 +839,8 @@ static void test_dstrain_server_killed(void) {
         char cmd[4096];
         snprintf(cmd, sizeof cmd,
                  "exec '%s/tools/dstrain' train --data s3://bkt/clean --net cifar --epochs 3 "
-                 "--batch 8 --threads 1 --workers 1 --checkpoint-dir '%s' --retry-deadline 1 "
-                 "--json > '%s' 2>&1",
+                 "--batch 8 --threads 1 --workers 1 --remote-depth 1 --checkpoint-dir '%s' "
+                 "--retry-deadline 1 --json > '%s' 2>&1",
                  bin, ck, out);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
