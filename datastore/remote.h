@@ -32,6 +32,10 @@ void dsrt__url_display(const char *url, char *out, size_t cap);
 
 typedef enum { DSRT_S3_ADDR_AUTO = 0, DSRT_S3_ADDR_PATH, DSRT_S3_ADDR_VIRTUAL } dsrt_s3_addressing;
 
+/* What signing keeps from one request to the next (datastore/s3.c). */
+typedef struct dsrt_s3_signer dsrt_s3_signer;
+void dsrt__s3_signer_free(dsrt_s3_signer *s);
+
 typedef struct {
     char key[128], secret[128];
     char *token; /* session token, or NULL */
@@ -42,7 +46,8 @@ typedef struct {
     int custom;     /* an endpoint was configured (not AWS's) */
     int anonymous;  /* no signature */
     dsrt_s3_addressing addressing;
-    char source[96]; /* where the credentials came from, for messages (never the keys) */
+    char source[96];        /* where the credentials came from, for messages (never the keys) */
+    dsrt_s3_signer *signer; /* made at the first signature, freed with the rest */
 } dsrt_s3_config;
 
 /* Reads the configuration: credentials from AWS_ACCESS_KEY_ID /
@@ -78,8 +83,8 @@ int dsrt__sb_encode(dsrt_strbuf *b, const char *s, size_t n, int keep_slash);
  * x-amz-content-sha256, x-amz-security-token, Authorization) appended to
  * *headers as "Name: value" lines separated by '\n'. now is the signing time.
  */
-int dsrt__s3_request(const dsrt_s3_config *c, const char *s3url, const char *query,
-                     const char *range, time_t now, dsrt_strbuf *url, dsrt_strbuf *headers);
+int dsrt__s3_request(dsrt_s3_config *c, const char *s3url, const char *query, const char *range,
+                     time_t now, dsrt_strbuf *url, dsrt_strbuf *headers);
 
 /* The signature of a canonical request, for the test vectors: fills
  * sig[65] (hex). */

@@ -24,9 +24,12 @@ and then takes commands on standard input, one a line, answering "ok":
                   (429, 500, 503: an S3 XML error, as a throttled store does)
     reset N       the proxy resets the connection of the next N requests
     stall N       the proxy never answers the next N requests
-    requests      answers "requests N signed S connections C most_open M":
-                  requests forwarded (S of them signed), connections accepted,
-                  most open at once of those accepted since the last clear
+    requests      answers "requests N signed S connections C most_open M
+                  busy_ms B": requests forwarded (S of them signed),
+                  connections accepted, most open at once of those accepted
+                  since the last clear, and the milliseconds since the last
+                  clear during which moto had a request to answer (its own
+                  time, without the latency added here)
     hold-after N  forward N more requests, then hold every later one unanswered
     clear         drops the faults not yet used and any hold, and starts
                   counting open connections afresh
@@ -42,6 +45,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 REGION = "us-east-1"
 
@@ -162,6 +166,11 @@ class Proxy:
         self.most_open = 0
         self.hold_after = None  # forward this many more requests, then hold the rest
         self.gen = 0  # clears so far
+        # The store's own time: while at least one forwarded request has no
+        # answer yet (latency added here is not in it), since the last clear.
+        self.waiting = 0
+        self.busy_since = 0.0
+        self.busy = 0.0
 
     def take_fault(self):
         return self.faults.pop(0) if self.faults else None
@@ -179,13 +188,21 @@ class Proxy:
             if gen == self.gen:
                 self.open -= 1
 
+    def answer_started(self, conn):
+        if conn["waiting"] > 0:
+            conn["waiting"] -= 1
+            self.waiting -= 1
+            if self.waiting == 0:
+                self.busy += time.monotonic() - self.busy_since
+
     async def serve(self, creader, cwriter):
         try:
             ureader, uwriter = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
             cwriter.close()
             return
-        pump = asyncio.ensure_future(self.pump(ureader, cwriter))
+        conn = {"waiting": 0, "gen": self.gen}  # requests forwarded, not yet answered
+        pump = asyncio.ensure_future(self.pump(ureader, cwriter, lambda: self.answer_started(conn)))
         try:
             while True:
                 data = await creader.read(1 << 16)
@@ -203,6 +220,10 @@ class Proxy:
                 if fault is None:
                     self.forwarded += 1
                     self.signed += b"\nauthorization:" in data.lower()
+                    if self.waiting == 0:
+                        self.busy_since = time.monotonic()
+                    self.waiting += 1
+                    conn["waiting"] += 1
                     uwriter.write(data)
                     await uwriter.drain()
                 elif fault[0] == "fail":
@@ -225,16 +246,19 @@ class Proxy:
             pass
         finally:
             pump.cancel()
+            while conn["waiting"] > 0:  # never answered
+                self.answer_started(conn)
             uwriter.close()
             cwriter.close()
 
     @staticmethod
-    async def pump(src, dst):
+    async def pump(src, dst, started):
         try:
             while True:
                 data = await src.read(1 << 16)
                 if not data:
                     break
+                started()
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError, asyncio.CancelledError):
@@ -273,13 +297,16 @@ def run_proxy(upstream_port, latency_ms, conn):
         elif words[0] in ("reset", "stall"):
             proxy.faults.extend([(words[0], 0)] * int(words[1]))
         elif words[0] == "requests":
+            busy = proxy.busy + (time.monotonic() - proxy.busy_since if proxy.waiting else 0)
             reply = (f"requests {proxy.forwarded} signed {proxy.signed} connections "
-                     f"{proxy.connections} most_open {proxy.most_open}")
+                     f"{proxy.connections} most_open {proxy.most_open} busy_ms {busy * 1e3:.1f}")
         elif words[0] == "clear":
             proxy.faults.clear()
             proxy.hold_after = None
             proxy.gen += 1
             proxy.open = proxy.most_open = 0
+            proxy.busy = 0.0
+            proxy.busy_since = time.monotonic()
         elif words[0] == "hold-after":
             proxy.hold_after = int(words[1])
         conn.send(reply)
