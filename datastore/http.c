@@ -19,7 +19,9 @@
  * up to 5 s, each drawn between half and all of that (jitter, so that many
  * clients throttled together do not come back together). A request still
  * failing retry_deadline_s after its first failure finishes with
- * DSRT_EREMOTE and the last cause. Other answers finish at once: 404 with
+ * DSRT_EREMOTE and the last cause. Expired temporary credentials
+ * (ExpiredToken) are read again from where they came from, and the request
+ * signed again when they changed. Other answers finish at once: 404 with
  * -ENOENT (a missing object is a bad sample, like a missing file), denials,
  * wrong regions and missing buckets with DSRT_EREMOTE and what to check
  * (datastore/s3.c says it), an empty object with DSRT_EEMPTY, one larger
@@ -71,6 +73,8 @@ typedef struct {
     char bucket_region[64];
     char curl_err[CURL_ERROR_SIZE];
     unsigned attempts;
+    unsigned s3_gen; /* the credentials this attempt was signed with */
+    int refreshed;   /* they were read again once for this request */
     uint64_t first_fail, retry_at;
     char cause[HTTP_MSG]; /* why the last attempt failed */
     char msg[HTTP_MSG];   /* the result's message */
@@ -82,7 +86,8 @@ struct dsrt_http {
     int global;
     dsrt_remote_options o;
     dsrt_s3_config s3;
-    int s3_state; /* 0 not loaded, 1 loaded, < 0 the load's code */
+    int s3_state;    /* 0 not loaded, 1 loaded, < 0 the load's code */
+    unsigned s3_gen; /* credentials read again after they expired */
     char s3_msg[HTTP_MSG];
     http_req *reqs;       /* (depth) */
     uint32_t *free_slots; /* (depth) */
@@ -311,6 +316,36 @@ const dsrt_s3_config *dsrt__http_s3(const dsrt_http *h) {
     return h->s3_state == 1 ? &h->s3 : NULL;
 }
 
+/*
+ * Temporary credentials expire (the store answers ExpiredToken): the
+ * configuration is read again, from the environment and the AWS files as at
+ * the start, where whatever renews them (an SSO login, a credential helper
+ * writing ~/.aws/credentials, a program setting AWS_SESSION_TOKEN) has put
+ * new ones. Returns 0 when q may be signed again: the credentials changed
+ * since q's attempt was signed (by this reading or an earlier one), once a
+ * request; else the store's answer stands.
+ */
+static int s3_refresh(dsrt_http *h, http_req *q) {
+    if (q->refreshed) return -1;
+    q->refreshed = 1;
+    if (q->s3_gen != h->s3_gen) return 0; /* renewed since q was signed */
+    dsrt_s3_config c;
+    if (dsrt__s3_config_load(&c) != 0) {
+        dsrt__clear_error();
+        return -1;
+    }
+    int same = strcmp(c.key, h->s3.key) == 0 && strcmp(c.secret, h->s3.secret) == 0 &&
+               strcmp(c.token ? c.token : "", h->s3.token ? h->s3.token : "") == 0;
+    if (same || c.anonymous) {
+        dsrt__s3_config_free(&c);
+        return -1;
+    }
+    dsrt__s3_config_free(&h->s3);
+    h->s3 = c;
+    h->s3_gen++;
+    return 0;
+}
+
 /* Loads the S3 configuration the first time an s3:// URL comes. */
 static int s3_config(dsrt_http *h) {
     if (h->s3_state == 0) {
@@ -377,6 +412,7 @@ static int attempt_start(dsrt_http *h, http_req *q) {
         rc = dsrt__s3_request(&h->s3, q->loc, q->query, range[0] ? range : NULL, time(NULL),
                               &q->url, &q->headers);
         if (rc != 0) return rc;
+        q->s3_gen = h->s3_gen;
     } else {
         if (dsrt__sb_add(&q->url, q->loc, strlen(q->loc)) != 0) return -ENOMEM;
         if (range[0] && dsrt__sb_printf(&q->headers, "Range: %s\n", range) != 0) return -ENOMEM;
@@ -500,6 +536,17 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
         return;
     }
     if (c == CURLE_OK) {
+        if (q->is_s3 && dsrt__s3_token_expired(q->http, q->err, q->err_len) &&
+            s3_refresh(h, q) == 0) {
+            /* Signed again with the credentials found now. */
+            h->retries++;
+            int rc = attempt_start(h, q);
+            if (rc != 0) {
+                dsrt__fail_prefix(rc, "%s", display);
+                finish_msg(h, q, rc);
+            }
+            return;
+        }
         if (dsrt__http_status_transient(q->http, q->err, q->err_len)) {
             /* Keep the store's own words for the message at the deadline. */
             dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
@@ -565,6 +612,7 @@ static int submit(dsrt_http *h, const char *url, const char *query, uint64_t off
     q->status = 0;
     q->total = 0;
     q->attempts = 0;
+    q->refreshed = 0;
     q->first_fail = 0;
     q->cause[0] = q->msg[0] = '\0';
     if ((rc = attempt_start(h, q)) != 0) {

@@ -111,6 +111,11 @@ typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_pref
 int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_strbuf *token,
                        dsrt_list_entry_fn on_entry, void *ud);
 
+/* Whether an answer refuses the session token (ExpiredToken,
+ * TokenRefreshRequired, InvalidToken): worth reading the credentials
+ * again. */
+int dsrt__s3_token_expired(long status, const char *body, size_t body_len);
+
 /* Whether an HTTP answer is worth trying again (throttling, server errors,
  * the store's RequestTimeout). */
 int dsrt__http_status_transient(long status, const char *body, size_t body_len);

@@ -699,6 +699,14 @@ static void xml_text(const char *body, size_t n, const char *tag, char *out, siz
 // ----------------------------------------------------------------------------
 // The store's answers
 
+int dsrt__s3_token_expired(long status, const char *body, size_t body_len) {
+    if (status != 400 && status != 403) return 0;
+    char code[64];
+    xml_text(body, body_len, "Code", code, sizeof code);
+    return strcmp(code, "ExpiredToken") == 0 || strcmp(code, "TokenRefreshRequired") == 0 ||
+           strcmp(code, "InvalidToken") == 0;
+}
+
 int dsrt__http_status_transient(long status, const char *body, size_t body_len) {
     if (status == 429 || status == 500 || status == 502 || status == 503 || status == 504 ||
         status == 408)
@@ -757,8 +765,9 @@ int dsrt__s3_http_error(const char *display, long status, const char *body, size
     if (strcmp(code, "ExpiredToken") == 0 || strcmp(code, "InvalidToken") == 0 ||
         strcmp(code, "TokenRefreshRequired") == 0)
         return dsrt__fail(DSRT_EREMOTE,
-                          "%s: the session token was refused (%s; credentials from %s): renew the "
-                          "temporary credentials (AWS_SESSION_TOKEN)",
+                          "%s: the session token was refused (%s; credentials from %s, read "
+                          "again): renew the temporary credentials (AWS_SESSION_TOKEN, or the "
+                          "profile's aws_session_token)",
                           display, what, from);
     if (status == 403 || status == 401)
         return dsrt__fail(DSRT_EREMOTE,

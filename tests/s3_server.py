@@ -15,7 +15,9 @@ refused as AWS refuses it. When ready the server prints one JSON line:
 
     {"endpoint": "http://127.0.0.1:P", "proxy": "http://127.0.0.1:Q",
      "key": ..., "secret": ..., "session_key": ..., "session_secret": ...,
-     "session_token": ...}
+     "session_token": ..., "session2_key": ..., ...}
+
+(two sets of temporary credentials, session and session2).
 
 and then takes commands on standard input, one a line, answering "ok":
 
@@ -31,6 +33,8 @@ and then takes commands on standard input, one a line, answering "ok":
                   clear during which moto had a request to answer (its own
                   time, without the latency added here)
     hold-after N  forward N more requests, then hold every later one unanswered
+    expire-token T  the proxy answers every request signed with session token
+                  T itself: 400 ExpiredToken, as a store does once it expired
     clear         drops the faults not yet used and any hold, and starts
                   counting open connections afresh
     auth on|off   moto checks signatures (the default after set-up), or not
@@ -144,14 +148,26 @@ def make_credentials(endpoint):
     iam.put_role_policy(RoleName="dsrt-role", PolicyName="read",
                         PolicyDocument=json.dumps(policy))
     sts = client(endpoint, "sts", key=key["AccessKeyId"], secret=key["SecretAccessKey"])
-    temp = sts.assume_role(RoleArn=role["Role"]["Arn"], RoleSessionName="dsrt")["Credentials"]
-    return {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"],
-            "session_key": temp["AccessKeyId"], "session_secret": temp["SecretAccessKey"],
-            "session_token": temp["SessionToken"]}
+    out = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    # Two sessions: a test expires the first and renews with the second.
+    for n, name in ((1, "session"), (2, "session2")):
+        temp = sts.assume_role(RoleArn=role["Role"]["Arn"],
+                               RoleSessionName=f"dsrt{n}")["Credentials"]
+        out.update({f"{name}_key": temp["AccessKeyId"], f"{name}_secret": temp["SecretAccessKey"],
+                    f"{name}_token": temp["SessionToken"]})
+    return out
 
 
 # ----------------------------------------------------------------------------
 # The proxy: latency and faults between the client and moto
+
+
+ERRORS = {
+    "fail": (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+             b'<Message>Please reduce your request rate.</Message></Error>'),
+    "expired": (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ExpiredToken</Code>'
+                b'<Message>The provided token has expired.</Message></Error>'),
+}
 
 
 class Proxy:
@@ -165,6 +181,7 @@ class Proxy:
         self.open = 0
         self.most_open = 0
         self.hold_after = None  # forward this many more requests, then hold the rest
+        self.expired = []  # session tokens refused as expired (bytes)
         self.gen = 0  # clears so far
         # The store's own time: while at least one forwarded request has no
         # answer yet (latency added here is not in it), since the last clear.
@@ -217,6 +234,8 @@ class Proxy:
                         break
                     self.hold_after -= 1
                 fault = self.take_fault()
+                if fault is None and any(t in data for t in self.expired):
+                    fault = ("expired", 400)
                 if fault is None:
                     self.forwarded += 1
                     self.signed += b"\nauthorization:" in data.lower()
@@ -226,9 +245,8 @@ class Proxy:
                     conn["waiting"] += 1
                     uwriter.write(data)
                     await uwriter.drain()
-                elif fault[0] == "fail":
-                    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                            b'<Message>Please reduce your request rate.</Message></Error>')
+                elif fault[0] in ("fail", "expired"):
+                    body = ERRORS[fault[0]]
                     head = (f"HTTP/1.1 {fault[1]} Injected\r\nContent-Type: application/xml\r\n"
                             f"Content-Length: {len(body)}\r\n\r\n").encode()
                     cwriter.write(head + body)
@@ -302,6 +320,7 @@ def run_proxy(upstream_port, latency_ms, conn):
                      f"{proxy.connections} most_open {proxy.most_open} busy_ms {busy * 1e3:.1f}")
         elif words[0] == "clear":
             proxy.faults.clear()
+            proxy.expired.clear()
             proxy.hold_after = None
             proxy.gen += 1
             proxy.open = proxy.most_open = 0
@@ -309,6 +328,8 @@ def run_proxy(upstream_port, latency_ms, conn):
             proxy.busy_since = time.monotonic()
         elif words[0] == "hold-after":
             proxy.hold_after = int(words[1])
+        elif words[0] == "expire-token":
+            proxy.expired.append(words[1].encode())
         conn.send(reply)
 
     loop.add_reader(conn.fileno(), command)
@@ -386,7 +407,8 @@ def main():
             count = b"0" if words[1] == "on" else b"inf"
             requests.post(f"{setup}/moto-api/reset-auth", data=count).raise_for_status()
             reply = "ok"
-        elif words[0] in ("latency", "fail", "reset", "stall", "requests", "clear", "hold-after"):
+        elif words[0] in ("latency", "fail", "reset", "stall", "requests", "clear", "hold-after",
+                          "expire-token"):
             ours.send(words)
             reply = ours.recv()
         else:

@@ -49,6 +49,7 @@ static struct {
     FILE *in, *out;
     char endpoint[128], proxy[128];
     char key[128], secret[128], session_key[128], session_secret[128], token[2048];
+    char session2_key[128], session2_secret[128], token2[2048]; /* a second session */
 } srv;
 
 // ----------------------------------------------------------------------------
@@ -145,6 +146,9 @@ static int server_start(void) {
     json_get(line, "session_key", srv.session_key, sizeof srv.session_key);
     json_get(line, "session_secret", srv.session_secret, sizeof srv.session_secret);
     json_get(line, "session_token", srv.token, sizeof srv.token);
+    json_get(line, "session2_key", srv.session2_key, sizeof srv.session2_key);
+    json_get(line, "session2_secret", srv.session2_secret, sizeof srv.session2_secret);
+    json_get(line, "session2_token", srv.token2, sizeof srv.token2);
     return srv.endpoint[0] && srv.key[0] ? 0 : 1;
 }
 
@@ -175,7 +179,8 @@ static void env_default(int via_proxy) {
 
 /* No credential of the test may be in a message. */
 static void check_no_secret(const char *msg) {
-    const char *secrets[] = {srv.secret, srv.session_secret, srv.token, srv.key, srv.session_key};
+    const char *secrets[] = {srv.secret,      srv.session_secret,  srv.token,        srv.key,
+                             srv.session_key, srv.session2_secret, srv.session2_key, srv.token2};
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(secrets); k++)
         if (secrets[k][0] && strstr(msg, secrets[k])) {
             fprintf(stderr, "a credential appears in: %s\n", msg);
@@ -268,8 +273,10 @@ typedef struct {
     char bad_msgs[DSRT_PIPELINE_BAD_MESSAGES][512]; /* copies: the stats' point into the pipeline */
 } run_out;
 
-/* Runs 2 epochs of 32x32 batches of 4 and hashes everything delivered. */
-static run_out run(const dsrt_datastore *ds, const dsrt_reader_options *ro, unsigned threads) {
+/* Runs 2 epochs of 32x32 batches of 4 and hashes everything delivered;
+ * after_first (if not NULL) is called once the first batch is in. */
+static run_out run_hook(const dsrt_datastore *ds, const dsrt_reader_options *ro, unsigned threads,
+                        void (*after_first)(void)) {
     run_out r = {.hash = 1469598103934665603ULL};
     dsrt_augment_options aug;
     dsrt_augment_preset_32(&aug);
@@ -295,6 +302,7 @@ static run_out run(const dsrt_datastore *ds, const dsrt_reader_options *ro, unsi
         for (size_t i = 0; i < b->count; i++) r.hash = (r.hash ^ (uint64_t)b->labels[i]) * 31;
         r.batches++;
         dsrt_batch_release(p, b);
+        if (r.batches == 1 && after_first) after_first();
     }
     snprintf(r.msg, sizeof r.msg, "%s", dsrt_last_error());
     if (r.rc == DSRT_EEOF) r.rc = 0;
@@ -308,6 +316,10 @@ static run_out run(const dsrt_datastore *ds, const dsrt_reader_options *ro, unsi
     dsrt_pipeline_close(p);
     check_no_secret(r.msg);
     return r;
+}
+
+static run_out run(const dsrt_datastore *ds, const dsrt_reader_options *ro, unsigned threads) {
+    return run_hook(ds, ro, threads, NULL);
 }
 
 static dsrt_datastore *open_ok(const char *path, const dsrt_datastore_options *o) {
@@ -788,6 +800,63 @@ static void test_credentials(void) {
     env_default(0);
 }
 
+/* A credentials file holding one session's temporary credentials. */
+static char cred_file[PATH_MAX];
+static void write_session(const char *key, const char *secret, const char *token) {
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.new", cred_file);
+    FILE *f = fopen(tmp, "w");
+    REQUIRE(f);
+    fprintf(f,
+            "[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n"
+            "aws_session_token = %s\n",
+            key, secret, token);
+    fclose(f);
+    REQUIRE(rename(tmp, cred_file) == 0); /* whole, as a credential helper writes it */
+}
+
+/* The first session expires mid-run; the file has the second by then. */
+static void expire_and_renew(void) {
+    CHECK_STR_EQ(server("expire-token %s", srv.token), "ok");
+    write_session(srv.session2_key, srv.session2_secret, srv.token2);
+}
+
+/* Temporary credentials that expire mid-run (400 ExpiredToken) are read
+ * again from where they came from, and the run goes on with the new ones,
+ * the same batches; when nothing renewed them, the run stops with the
+ * store's answer before any batch, no credential in it. */
+static void test_token_expired(void) {
+    snprintf(cred_file, sizeof cred_file, "%s/session-credentials", root);
+    write_session(srv.session_key, srv.session_secret, srv.token);
+    env_default(1);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    setenv("AWS_SHARED_CREDENTIALS_FILE", cred_file, 1);
+    server("clear");
+    dsrt_datastore *a = open_ok(clean, NULL), *b = open_ok("s3://bkt/clean", NULL);
+    if (a && b) {
+        run_out ra = run(a, NULL, 2), rb = run_hook(b, NULL, 2, expire_and_renew);
+        CHECK_EQ(rb.rc, 0);
+        if (rb.rc != 0) fprintf(stderr, "  %s\n", rb.msg);
+        CHECK_EQ(ra.hash, rb.hash);
+        CHECK_EQ(rb.bad, 0);
+        CHECK_GE(rb.st.remote_retries, 1); /* every worker signed again at least once */
+        /* Expired again, and not renewed. */
+        CHECK_STR_EQ(server("expire-token %s", srv.token2), "ok");
+        run_out rc = run(b, NULL, 2);
+        CHECK_EQ(rc.rc, DSRT_EREMOTE);
+        CHECK_EQ(rc.batches, 0);
+        CHECK_EQ(rc.bad, 0);
+        CHECK_CONTAINS(rc.msg, "ExpiredToken");
+        CHECK_CONTAINS(rc.msg, "session token");
+        CHECK_CONTAINS(rc.msg, "s3://bkt/clean/");
+    }
+    dsrt_datastore_close(a);
+    dsrt_datastore_close(b);
+    server("clear");
+    env_default(0);
+}
+
 /* Virtual-host addressing (bkt.localhost), and anonymous requests. */
 static void test_addressing_and_anonymous(void) {
     env_default(0);
@@ -1054,6 +1123,7 @@ int main(void) {
     RUN(test_manifest_at_url);
     RUN(test_ranges);
     RUN(test_credentials);
+    RUN(test_token_expired);
     RUN(test_addressing_and_anonymous);
     RUN(test_connections);
     RUN(test_slow_server);
