@@ -60,6 +60,13 @@ typedef struct {
  * s3.addressing_style. No credentials anywhere, or AWS_NO_SIGN_REQUEST set,
  * means anonymous requests. Fails only on a malformed setting. */
 int dsrt__s3_config_load(dsrt_s3_config *c);
+
+/* Looks up key in section `section` of the NUL-terminated text of an AWS
+ * INI file (sub is a nested sub-section such as "s3", or NULL). Returns 1
+ * and the value in out (cap bytes), 0 when absent; *found_section (if not
+ * NULL) is set to 1 when the section exists. */
+int dsrt__aws_ini_get(const char *text, const char *section, const char *sub, const char *key,
+                      char *out, size_t cap, int *found_section);
 void dsrt__s3_config_free(dsrt_s3_config *c);
 
 /* "s3://bucket/key" -> bucket and key (key may be empty). The pointers

@@ -135,11 +135,8 @@ int dsrt__s3_split(const char *url, const char **bucket, size_t *bucket_len, con
 // ----------------------------------------------------------------------------
 // Configuration: environment, ~/.aws/credentials, ~/.aws/config
 
-/* Looks up key in section `section` of an AWS INI file (sub is a nested
- * sub-section such as "s3", or NULL). Returns 1 and the value in out, 0
- * when absent; *found_section says whether the section exists. */
-static int ini_get(const char *text, const char *section, const char *sub, const char *key,
-                   char *out, size_t cap, int *found_section) {
+int dsrt__aws_ini_get(const char *text, const char *section, const char *sub, const char *key,
+                      char *out, size_t cap, int *found_section) {
     const char *p = text;
     int in_section = 0, in_sub = 0, hit = 0;
     while (*p) {
@@ -277,10 +274,11 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
         int *found[2] = {&in_creds, &in_conf};
         for (int f = 0; f < 2 && !c->key[0]; f++) {
             if (!files[f]) continue;
-            int have_key = ini_get(files[f], sections[f], NULL, "aws_access_key_id", c->key,
-                                   sizeof c->key, found[f]);
-            int have_secret = ini_get(files[f], sections[f], NULL, "aws_secret_access_key",
-                                      c->secret, sizeof c->secret, NULL);
+            int have_key = dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_access_key_id",
+                                             c->key, sizeof c->key, found[f]);
+            int have_secret =
+                dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_secret_access_key", c->secret,
+                                  sizeof c->secret, NULL);
             if (have_key != have_secret) {
                 rc = dsrt__fail(DSRT_EOPTION, "s3: %s: profile [%s] has %s but not %s", paths[f],
                                 sections[f],
@@ -289,14 +287,16 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
                 goto out;
             }
             if (have_key) {
-                if (ini_get(files[f], sections[f], NULL, "aws_session_token", v, sizeof v, NULL) &&
+                if (dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_session_token", v, sizeof v,
+                                      NULL) &&
                     !(c->token = dsrt__strdup(v)))
                     goto nomem;
                 snprintf(c->source, sizeof c->source, "%.60s profile %.30s",
                          f == 0 ? "the credentials file" : "the config file", profile);
             }
         }
-        if (conf && !in_conf) ini_get(conf, conf_section, NULL, "region", v, sizeof v, &in_conf);
+        if (conf && !in_conf)
+            dsrt__aws_ini_get(conf, conf_section, NULL, "region", v, sizeof v, &in_conf);
         if (named && !in_creds && !in_conf) {
             rc = dsrt__fail(DSRT_EOPTION,
                             "s3: AWS_PROFILE names profile \"%s\", which is in neither %s nor %s",
@@ -313,7 +313,7 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
     if (!r || !*r) r = getenv("AWS_DEFAULT_REGION");
     if (r && *r)
         snprintf(c->region, sizeof c->region, "%s", r);
-    else if (conf && ini_get(conf, conf_section, NULL, "region", v, sizeof v, NULL))
+    else if (conf && dsrt__aws_ini_get(conf, conf_section, NULL, "region", v, sizeof v, NULL))
         snprintf(c->region, sizeof c->region, "%.63s", v);
     else
         snprintf(c->region, sizeof c->region, "us-east-1");
@@ -332,8 +332,9 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
     }
     if (ep && *ep) {
         if ((rc = set_endpoint(c, ep, from)) != 0) goto out;
-    } else if (conf && (ini_get(conf, conf_section, "s3", "endpoint_url", v, sizeof v, NULL) ||
-                        ini_get(conf, conf_section, NULL, "endpoint_url", v, sizeof v, NULL))) {
+    } else if (conf &&
+               (dsrt__aws_ini_get(conf, conf_section, "s3", "endpoint_url", v, sizeof v, NULL) ||
+                dsrt__aws_ini_get(conf, conf_section, NULL, "endpoint_url", v, sizeof v, NULL))) {
         if ((rc = set_endpoint(c, v, conf_path)) != 0) goto out;
     } else {
         snprintf(c->scheme, sizeof c->scheme, "https");
@@ -343,7 +344,7 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
     /* Addressing. */
     const char *a = getenv("DSRT_S3_ADDRESSING");
     if (!(a && *a) && conf &&
-        ini_get(conf, conf_section, "s3", "addressing_style", v, sizeof v, NULL))
+        dsrt__aws_ini_get(conf, conf_section, "s3", "addressing_style", v, sizeof v, NULL))
         a = v;
     if (a && *a) {
         static const struct {
