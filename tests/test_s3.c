@@ -483,6 +483,57 @@ static void test_canonical_request(void) {
     CHECK_EQ(lines, DSRT_ARRAY_SIZE(cases));
 }
 
+typedef struct {
+    char got[8][64];
+    int prefix[8];
+    int n;
+} page_entries;
+
+static int page_entry(void *ud, const char *s, size_t n, int is_prefix) {
+    page_entries *e = ud;
+    if (e->n < 8) {
+        snprintf(e->got[e->n], sizeof e->got[0], "%.*s", (int)n, s);
+        e->prefix[e->n++] = is_prefix;
+    }
+    return 0;
+}
+
+/* A listing page: keys and sub-prefixes decoded (entities; %XX and '+'
+ * for a space when url-encoded, as S3 writes them), the token kept. */
+static void test_list_page(void) {
+    static const char page[] =
+        "<?xml version=\"1.0\"?><ListBucketResult><Name>b</Name><Prefix>p%2F</Prefix>"
+        "<EncodingType>url</EncodingType><IsTruncated>true</IsTruncated>"
+        "<Contents><Key>p/a+b%2Bc%25.jpg</Key><Size>3</Size></Contents>"
+        "<Contents><Key>p/caf%C3%A9&amp;x.png</Key></Contents>"
+        "<CommonPrefixes><Prefix>p/cls+1/</Prefix></CommonPrefixes>"
+        "<NextContinuationToken>1ue/+&amp;==</NextContinuationToken></ListBucketResult>";
+    dsrt_strbuf scratch = {0}, token = {0};
+    page_entries e = {0};
+    CHECK_OK(dsrt__s3_list_page(page, strlen(page), &scratch, &token, page_entry, &e));
+    CHECK_EQ(e.n, 3);
+    CHECK_STR_EQ(e.got[0], "p/a b+c%.jpg");
+    CHECK_STR_EQ(e.got[1], "p/caf\xc3\xa9&x.png");
+    CHECK_STR_EQ(e.got[2], "p/cls 1/");
+    CHECK(!e.prefix[0] && !e.prefix[1] && e.prefix[2]);
+    CHECK_STR_EQ(token.s ? token.s : "", "1ue/+&==");
+    /* Not url-encoded: a '+' is a '+'; the last page has no token. */
+    static const char plain[] = "<ListBucketResult><IsTruncated>false</IsTruncated>"
+                                "<Contents><Key>a+b %.jpg</Key></Contents></ListBucketResult>";
+    memset(&e, 0, sizeof e);
+    CHECK_OK(dsrt__s3_list_page(plain, strlen(plain), &scratch, &token, page_entry, &e));
+    CHECK_EQ(e.n, 1);
+    CHECK_STR_EQ(e.got[0], "a+b %.jpg");
+    CHECK_EQ(token.len, 0);
+    static const char broken[] = "<ListBucketResult><IsTruncated>true</IsTruncated>"
+                                 "</ListBucketResult>";
+    CHECK_EQ(dsrt__s3_list_page(broken, strlen(broken), &scratch, &token, page_entry, &e),
+             DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "without a continuation token");
+    free(scratch.s);
+    free(token.s);
+}
+
 static void test_same_index(void) {
     env_default(0);
     static const dsrt_label_source modes[] = {DSRT_LABEL_FOLDER_NAMES, DSRT_LABEL_PARENT_FOLDER,
@@ -1111,6 +1162,7 @@ int main(void) {
     fclose(f);
 
     RUN(test_signature_vector);
+    RUN(test_list_page);
     int rc = server_start();
     RUN(test_canonical_request); /* with botocore when the server's python is there */
     if (rc != 0) {
