@@ -6,9 +6,10 @@
  * others: the CPU backend and the GPU kernels (nn/kernels.cu) draw the same
  * dropout masks and normalise inputs to the same floats.
  *
- * Device code rounds each product and sum separately (__fmul_rn and
- * friends), as the C code does when the compiler does not fuse a multiply
- * and an add (x86-64 without -march: no FMA instructions).
+ * Device code rounds each product and sum separately (__fmul_rn, __dmul_rn
+ * and friends, which nvcc never contracts into a fused multiply-add), as the
+ * C code does when the compiler does not fuse a multiply and an add (x86-64
+ * without -march: no FMA instructions; or -ffp-contract=off).
  */
 #ifndef DSRT_NN_ARITH_H
 #define DSRT_NN_ARITH_H
@@ -24,11 +25,19 @@
 #define DSRT_FADD(a, b) __fadd_rn(a, b)
 #define DSRT_FSUB(a, b) __fsub_rn(a, b)
 #define DSRT_FDIV(a, b) __fdiv_rn(a, b)
+#define DSRT_FSQRT(a)   __fsqrt_rn(a)
+#define DSRT_DMUL(a, b) __dmul_rn(a, b)
+#define DSRT_DADD(a, b) __dadd_rn(a, b)
+#define DSRT_DSUB(a, b) __dsub_rn(a, b)
 #else
 #define DSRT_FMUL(a, b) ((a) * (b))
 #define DSRT_FADD(a, b) ((a) + (b))
 #define DSRT_FSUB(a, b) ((a) - (b))
 #define DSRT_FDIV(a, b) ((a) / (b))
+#define DSRT_FSQRT(a)   sqrtf(a)
+#define DSRT_DMUL(a, b) ((a) * (b))
+#define DSRT_DADD(a, b) ((a) + (b))
+#define DSRT_DSUB(a, b) ((a) - (b))
 #endif
 
 // ----------------------------------------------------------------------------

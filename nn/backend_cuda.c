@@ -20,12 +20,34 @@
  * For each batch size, training and inference separately, a plan is built
  * once: every activation and gradient tensor of the step carved from one
  * device allocation, the cuDNN descriptors, and the convolution algorithms,
- * timed once with cudnnFind*AlgorithmEx (or, in deterministic mode, taken
- * from the cudnnGet*_v7 heuristics, which do not depend on timing, keeping
- * only deterministic algorithms). Every plan shares one workspace, grown to
- * the largest need. Activations are float32 NCHW between layers; the
- * device keeps its own copies of the flat buffers and uploads the host's
- * whenever net->version moves.
+ * timed once with cudnnFind*AlgorithmEx on the very tensors, weights and
+ * gradients the steps will use (or, in deterministic mode, taken from the
+ * cudnnGet*_v7 heuristics, which do not depend on timing, keeping only
+ * deterministic algorithms, each tried once on those pointers). Every plan
+ * shares one workspace, grown to the largest need. Activations are float32
+ * NCHW between layers; the device keeps its own copies of the flat buffers
+ * (params, grads, state, each starting on a 256-byte boundary) and uploads
+ * the host's whenever net->version moves.
+ *
+ * Memory before collectives. Allocating or freeing device memory while NCCL
+ * kernels may be in flight can hang them, so a training run (dsrt_train,
+ * through dsrt__net_reserve and cuda_reserve) reserves before its first
+ * collective the plans
+ * of every batch size its steps take, the workspace, the staging slots and
+ * the optimizer's state; the optimizer's segment table and workspace are
+ * sized when the backend is made. From then on the backend allocates
+ * nothing: an inference pass of another size (a validation batch short of
+ * a bad image) gets a plan whose tensors lie in the memory of a larger
+ * inference plan, with algorithms that fit the workspace as it is. Growth
+ * beyond that, and any allocation while a communicator's hooks are on the
+ * net, first waits for the device's queued work (and so for the
+ * collectives it waits for) to finish.
+ *
+ * Host waits. With a communicator on the net (net->wait_check), the host
+ * never blocks on the device in one call: it polls, and the communicator's
+ * check fails the wait when a collective the device waits for has passed
+ * its deadline, so that a lost peer ends the step with a message instead
+ * of a hang; the communicator itself never waits for its sums on the host.
  *
  * Precision: fp32 (cuDNN FMA math, plain cuBLAS sgemm), tf32 (TensorFloat-32
  * tensor-core products in convolutions and matrix products, float32 sums) or
@@ -63,13 +85,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#define PLAN_SLOTS 4
+#define PLAN_SLOTS 16
 #define EV_RING    4
 /* The most workspace the algorithm search may try, and the most any
  * chosen algorithm may keep. */
 #define FIND_WS_MAX ((size_t)1 << 30)
 #define ALIGN       256
+
+/* The scaling factors of cuDNN and cuBLAS calls: out = 1 * result + 0 * out. */
+static const float ONE = 1.0f, ZERO = 0.0f;
 
 // ----------------------------------------------------------------------------
 // Errors
@@ -182,19 +208,23 @@ typedef struct {
     cudnnLRNDescriptor_t lrn;
 } gpu_layer;
 
-typedef struct {
+typedef struct gpu_plan gpu_plan;
+struct gpu_plan {
     int n, train;
     int n_layers;
     uint64_t used;
     gpu_layer *gl;
-    void *mem; /* every tensor of the plan */
+    void *mem;       /* every tensor of the plan */
+    size_t mem_size; /* what the plan's tensors take */
+    gpu_plan *owner; /* whose memory mem is (NULL: the plan's own allocation) */
+    int reserved;    /* made by cuda_reserve: kept while the run lasts */
     double *loss;
     int32_t *correct;
     void *sm_work;         /* softmax reductions */
     const int32_t *labels; /* device labels of the batch of the last forward, or NULL */
     uint64_t iteration;    /* of the last forward (dropout masks) */
     int bn_sync;           /* the last forward synchronised its batchnorm layers */
-} gpu_plan;
+};
 
 /* One device buffer a batch is copied into. */
 typedef struct {
@@ -216,7 +246,8 @@ typedef struct cuda_backend {
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     cudnnMathType_t conv_math;
-    void *flat; /* one allocation: params, grads (n_params floats each), state */
+    void *flat; /* one allocation: params, grads (n_params floats each), state; each
+                 * starting on an ALIGN boundary */
     float *params, *grads, *state;
     dsrt_bf16 *w16, *g16; /* bf16: weight copy and gradient staging (n_params each) */
     uint64_t seen_version;
@@ -235,13 +266,22 @@ typedef struct cuda_backend {
     int32_t *h_correct;
     cudaEvent_t results_ev;
     int results_labels;
-    /* The optimizer state held here, and the step's segment table. */
+    /* The optimizer state held here, and the step's segment table: its
+     * device copy (seg_cap entries, workspace work_cap bytes), written from
+     * the pinned seg_pin on the compute stream that reads it (seg_copied:
+     * that copy is done, seg_pin may be written again). */
     float *opt_buf[2];
     uint64_t opt_version;
     dsrt_segment *seg_host;
     int n_seg;
-    dsrt_k_segment *seg_dev;
+    dsrt_k_segment *seg_dev, *seg_pin;
+    int seg_cap;
+    size_t work_cap;
+    cudaEvent_t seg_copied;
     dsrt_k_optim kopt;
+    /* Sizes were reserved: the backend allocates no more (cuda_reserve). */
+    int frozen;
+    cudaEvent_t sync_ev; /* recorded to wait for a stream */
     /* Device time: per step, the data arrived (go) and the last queued work
      * (done); accumulated two steps behind. */
     cudaEvent_t ev_go[EV_RING], ev_done[EV_RING];
@@ -267,6 +307,76 @@ static int set_4d(cudnnTensorDescriptor_t *d, cudnnDataType_t t, int n, int c, i
 static dsrt_k_desc kdesc(int n, int c, int h, int w, dsrt_k_type t) {
     dsrt_k_desc d = {n, c, h, w, 0, t};
     return d;
+}
+
+static size_t align_up(size_t bytes) {
+    return (bytes + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+}
+
+// ----------------------------------------------------------------------------
+// Host waits and device memory
+
+/* Whether a communicator's collectives may be queued on this device or
+ * waited for by its streams: its hooks are on the net. */
+static int collectives_possible(const cuda_backend *be) {
+    const dsrt_net *net = be->net;
+    return net->ready_fn || net->bn_sync_fn || net->wait_check;
+}
+
+/* Waits until ev has happened. With a communicator's check on the net, by
+ * polling, and the check's failure (a collective past its deadline) ends
+ * the wait; what names the wait in messages. */
+static int wait_event(cuda_backend *be, cudaEvent_t ev, const char *what) {
+    dsrt_net *net = be->net;
+    if (!net->wait_check) {
+        cudaError_t e = cudaEventSynchronize(ev);
+        return e == cudaSuccess ? 0 : cu_fail(e, what, NULL);
+    }
+    for (;;) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess) return 0;
+        if (e != cudaErrorNotReady) return cu_fail(e, what, NULL);
+        int rc = net->wait_check(net->wait_ctx);
+        if (rc) return rc;
+        struct timespec t = {0, 20000};
+        nanosleep(&t, NULL);
+    }
+}
+
+/* Waits until the work queued on s so far is done. */
+static int wait_stream(cuda_backend *be, cudaStream_t s) {
+    const dsrt_layer *L = NULL;
+    CU(cudaEventRecord(be->sync_ev, s));
+    return wait_event(be, be->sync_ev, "cudaStreamSynchronize");
+}
+
+/* Waits until the device has nothing queued: the collectives the compute
+ * stream waits for included. */
+static int quiet(cuda_backend *be) {
+    TRY(wait_stream(be, be->copy));
+    return wait_stream(be, be->compute);
+}
+
+/* Device memory after the backend was made: once its sizes are reserved,
+ * or with collectives possible, only when the device is quiet (cudaMalloc
+ * and cudaFree while NCCL kernels may run can hang them). */
+static int dev_alloc(cuda_backend *be, void **p, size_t bytes, const dsrt_layer *L) {
+    if (be->frozen || collectives_possible(be)) TRY(quiet(be));
+    *p = NULL;
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return cu_fail(e, "cudaMalloc", L);
+    }
+    return 0;
+}
+
+static int dev_free(cuda_backend *be, void *p) {
+    const dsrt_layer *L = NULL;
+    if (!p) return 0;
+    if (be->frozen || collectives_possible(be)) TRY(quiet(be));
+    CU(cudaFree(p));
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -348,6 +458,8 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
     }
 }
 
+/* Frees p's descriptors and, when it owns it, its memory (no queued work
+ * may use it any more). */
 static void plan_free(gpu_plan *p) {
     if (!p) return;
     for (int i = 0; p->gl && i < p->n_layers; i++) {
@@ -363,19 +475,109 @@ static void plan_free(gpu_plan *p) {
         if (g->pool) cudnnDestroyPoolingDescriptor(g->pool);
         if (g->lrn) cudnnDestroyLRNDescriptor(g->lrn);
     }
-    if (p->mem) cudaFree(p->mem);
+    if (p->mem && !p->owner) cudaFree(p->mem);
     free(p->gl);
     free(p);
 }
 
 // ----------------------------------------------------------------------------
 // Convolution algorithms
+//
+// Each direction (forward, backward data, backward filter) is searched on
+// the tensors it will run on: the call's three pointers a, b, c in its
+// order (forward: x, w, y; data: w, dy, dx; filter: x, dy, dw).
 
-/* Whether a search result may be used: it ran, its workspace is affordable,
- * and in deterministic mode it is deterministic. */
+enum { DIR_FWD, DIR_DATA, DIR_FILTER };
+
+static const char *const DIR_NAME[] = {"forward", "backward data", "backward filter"};
+
+/* One search result, whichever direction. */
+typedef struct {
+    int algo;
+    cudnnStatus_t status;
+    size_t memory;
+    cudnnDeterminism_t determinism;
+    cudnnMathType_t math;
+} algo_perf;
+
+#define ALGO_MAX 8
+
+#define COPY_PERF(out, r, got)                                                                     \
+    for (int k_ = 0; k_ < (got); k_++) (out)[k_] = (algo_perf) {                                   \
+            (int)(r)[k_].algo, (r)[k_].status, (r)[k_].memory, (r)[k_].determinism,                \
+                (r)[k_].mathType                                                                   \
+        }
+
+static cudnnStatus_t dir_search(cuda_backend *be, gpu_layer *g, int dir, int bf, const void *a,
+                                const void *b, void *c, void *ws, size_t ws_size, algo_perf *out,
+                                int *got) {
+    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
+    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
+    cudnnStatus_t st;
+    if (dir == DIR_FWD) {
+        cudnnConvolutionFwdAlgoPerf_t r[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        int n = DSRT_MIN(CUDNN_CONVOLUTION_FWD_ALGO_COUNT, ALGO_MAX);
+        st = be->det ? cudnnGetConvolutionForwardAlgorithm_v7(be->dnn, xd, wd, g->cd, yd, n, got, r)
+                     : cudnnFindConvolutionForwardAlgorithmEx(be->dnn, xd, a, wd, b, g->cd, yd, c,
+                                                              n, got, r, ws, ws_size);
+        if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
+    } else if (dir == DIR_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        int n = DSRT_MIN(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, ALGO_MAX);
+        st = be->det ? cudnnGetConvolutionBackwardDataAlgorithm_v7(be->dnn, wd, yd, g->cd, xd, n,
+                                                                   got, r)
+                     : cudnnFindConvolutionBackwardDataAlgorithmEx(be->dnn, wd, a, yd, b, g->cd, xd,
+                                                                   c, n, got, r, ws, ws_size);
+        if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
+    } else {
+        cudnnConvolutionBwdFilterAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        int n = DSRT_MIN(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, ALGO_MAX);
+        st = be->det ? cudnnGetConvolutionBackwardFilterAlgorithm_v7(be->dnn, xd, yd, g->cd, wd, n,
+                                                                     got, r)
+                     : cudnnFindConvolutionBackwardFilterAlgorithmEx(be->dnn, xd, a, yd, b, g->cd,
+                                                                     wd, c, n, got, r, ws, ws_size);
+        if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
+    }
+    return st;
+}
+
+static cudnnStatus_t dir_workspace(cuda_backend *be, gpu_layer *g, int dir, int bf, int algo,
+                                   size_t *sz) {
+    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
+    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
+    if (dir == DIR_FWD)
+        return cudnnGetConvolutionForwardWorkspaceSize(be->dnn, xd, wd, g->cd, yd,
+                                                       (cudnnConvolutionFwdAlgo_t)algo, sz);
+    if (dir == DIR_DATA)
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            be->dnn, wd, yd, g->cd, xd, (cudnnConvolutionBwdDataAlgo_t)algo, sz);
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        be->dnn, xd, yd, g->cd, wd, (cudnnConvolutionBwdFilterAlgo_t)algo, sz);
+}
+
+/* One run of algo on the direction's pointers (what it writes is scratch
+ * until the step writes it again). */
+static cudnnStatus_t dir_run(cuda_backend *be, gpu_layer *g, int dir, int bf, int algo,
+                             const void *a, const void *b, void *c) {
+    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
+    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
+    if (dir == DIR_FWD)
+        return cudnnConvolutionForward(be->dnn, &ONE, xd, a, wd, b, g->cd,
+                                       (cudnnConvolutionFwdAlgo_t)algo, be->ws, be->ws_size, &ZERO,
+                                       yd, c);
+    if (dir == DIR_DATA)
+        return cudnnConvolutionBackwardData(be->dnn, &ONE, wd, a, yd, b, g->cd,
+                                            (cudnnConvolutionBwdDataAlgo_t)algo, be->ws,
+                                            be->ws_size, &ZERO, xd, c);
+    return cudnnConvolutionBackwardFilter(be->dnn, &ONE, xd, a, yd, b, g->cd,
+                                          (cudnnConvolutionBwdFilterAlgo_t)algo, be->ws,
+                                          be->ws_size, &ZERO, wd, c);
+}
+
+/* Whether a search result may be used: it ran, and in deterministic mode
+ * it is deterministic. */
 #define USABLE(be, r)                                                                              \
-    ((r).status == CUDNN_STATUS_SUCCESS && (r).memory <= FIND_WS_MAX &&                            \
-     (!(be)->det || (r).determinism == CUDNN_DETERMINISTIC))
+    ((r).status == CUDNN_STATUS_SUCCESS && (!(be)->det || (r).determinism == CUDNN_DETERMINISTIC))
 
 /* The math type an algorithm runs with: fp32 runs are held to FMA
  * arithmetic whatever the search tried; otherwise the result's own. */
@@ -383,106 +585,55 @@ static cudnnMathType_t math_for(const cuda_backend *be, cudnnMathType_t found) {
     return be->conv_math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : found;
 }
 
-static int pick_fwd(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int bf, const void *x,
-                    const void *w, void *y, void *fws, size_t fws_size, size_t *need) {
-    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
-    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
-    cudnnConvolutionFwdAlgoPerf_t r[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int got = 0;
-    DNN(cudnnSetConvolutionMathType(g->cd, be->conv_math));
-    if (be->det)
-        DNN(cudnnGetConvolutionForwardAlgorithm_v7(be->dnn, xd, wd, g->cd, yd,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, r));
-    else
-        DNN(cudnnFindConvolutionForwardAlgorithmEx(be->dnn, xd, x, wd, w, g->cd, yd, y,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, r, fws,
-                                                   fws_size));
-    for (int k = 0; k < got; k++) {
-        if (!USABLE(be, r[k])) continue;
-        size_t sz = 0;
-        cudnnMathType_t m = math_for(be, r[k].mathType);
-        DNN(cudnnSetConvolutionMathType(g->cd, m));
-        if (cudnnGetConvolutionForwardWorkspaceSize(be->dnn, xd, wd, g->cd, yd, r[k].algo, &sz) !=
-                CUDNN_STATUS_SUCCESS ||
-            sz > FIND_WS_MAX)
-            continue;
-        g->al.fwd = r[k].algo;
-        g->al.m_fwd = m;
-        if (sz > *need) *need = sz;
-        return 0;
-    }
-    return dsrt__fail(DSRT_EUNSUPPORTED,
-                      "cuda backend: layer '%s' (line %d): cuDNN has no %sforward convolution "
-                      "algorithm for it",
-                      L->name, L->line, be->det ? "deterministic " : "");
-}
+static int ensure_workspace(cuda_backend *be, size_t need);
 
-static int pick_data(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int bf, const void *w,
-                     const void *dy, void *dx, void *fws, size_t fws_size, size_t *need) {
-    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
-    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
-    cudnnConvolutionBwdDataAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+/*
+ * Picks direction dir's algorithm of layer L (plan layer g) for the
+ * pointers a, b, c: the fastest usable one whose workspace the backend can
+ * give (at most FIND_WS_MAX; once sizes are reserved, what the workspace
+ * holds). In deterministic mode the heuristics' candidates are tried once
+ * on those very pointers, as the timed search runs them. *need grows to
+ * the workspace it takes.
+ */
+static int pick(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int dir, int bf, const void *a,
+                const void *b, void *c, void *fws, size_t fws_size, size_t *need) {
+    algo_perf r[ALGO_MAX];
     int got = 0;
+    size_t cap = be->frozen ? be->ws_size : FIND_WS_MAX;
     DNN(cudnnSetConvolutionMathType(g->cd, be->conv_math));
-    if (be->det)
-        DNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-            be->dnn, wd, yd, g->cd, xd, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, r));
-    else
-        DNN(cudnnFindConvolutionBackwardDataAlgorithmEx(be->dnn, wd, w, yd, dy, g->cd, xd, dx,
-                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got,
-                                                        r, fws, fws_size));
+    DNN(dir_search(be, g, dir, bf, a, b, c, fws, fws_size, r, &got));
     for (int k = 0; k < got; k++) {
-        if (!USABLE(be, r[k])) continue;
+        if (!USABLE(be, r[k]) || r[k].memory > cap) continue;
         size_t sz = 0;
-        cudnnMathType_t m = math_for(be, r[k].mathType);
+        cudnnMathType_t m = math_for(be, r[k].math);
         DNN(cudnnSetConvolutionMathType(g->cd, m));
-        if (cudnnGetConvolutionBackwardDataWorkspaceSize(be->dnn, wd, yd, g->cd, xd, r[k].algo,
-                                                         &sz) != CUDNN_STATUS_SUCCESS ||
-            sz > FIND_WS_MAX)
+        if (dir_workspace(be, g, dir, bf, r[k].algo, &sz) != CUDNN_STATUS_SUCCESS || sz > cap)
             continue;
-        g->al.data = r[k].algo;
-        g->al.m_data = m;
+        if (be->det) {
+            TRY(ensure_workspace(be, sz));
+            if (dir_run(be, g, dir, bf, r[k].algo, a, b, c) != CUDNN_STATUS_SUCCESS) {
+                (void)cudaGetLastError();
+                continue;
+            }
+        }
+        if (dir == DIR_FWD) {
+            g->al.fwd = (cudnnConvolutionFwdAlgo_t)r[k].algo;
+            g->al.m_fwd = m;
+        } else if (dir == DIR_DATA) {
+            g->al.data = (cudnnConvolutionBwdDataAlgo_t)r[k].algo;
+            g->al.m_data = m;
+        } else {
+            g->al.filter = (cudnnConvolutionBwdFilterAlgo_t)r[k].algo;
+            g->al.m_filter = m;
+        }
         if (sz > *need) *need = sz;
         return 0;
     }
     return dsrt__fail(DSRT_EUNSUPPORTED,
-                      "cuda backend: layer '%s' (line %d): cuDNN has no %sbackward data "
-                      "algorithm for it",
-                      L->name, L->line, be->det ? "deterministic " : "");
-}
-
-static int pick_filter(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int bf, const void *x,
-                       const void *dy, void *dw, void *fws, size_t fws_size, size_t *need) {
-    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
-    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
-    cudnnConvolutionBwdFilterAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int got = 0;
-    DNN(cudnnSetConvolutionMathType(g->cd, be->conv_math));
-    if (be->det)
-        DNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            be->dnn, xd, yd, g->cd, wd, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, r));
-    else
-        DNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(be->dnn, xd, x, yd, dy, g->cd, wd, dw,
-                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                                                          &got, r, fws, fws_size));
-    for (int k = 0; k < got; k++) {
-        if (!USABLE(be, r[k])) continue;
-        size_t sz = 0;
-        cudnnMathType_t m = math_for(be, r[k].mathType);
-        DNN(cudnnSetConvolutionMathType(g->cd, m));
-        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(be->dnn, xd, yd, g->cd, wd, r[k].algo,
-                                                           &sz) != CUDNN_STATUS_SUCCESS ||
-            sz > FIND_WS_MAX)
-            continue;
-        g->al.filter = r[k].algo;
-        g->al.m_filter = m;
-        if (sz > *need) *need = sz;
-        return 0;
-    }
-    return dsrt__fail(DSRT_EUNSUPPORTED,
-                      "cuda backend: layer '%s' (line %d): cuDNN has no %sbackward filter "
-                      "algorithm for it",
-                      L->name, L->line, be->det ? "deterministic " : "");
+                      "cuda backend: layer '%s' (line %d): cuDNN has no %s%s convolution "
+                      "algorithm for it%s",
+                      L->name, L->line, be->det ? "deterministic " : "", DIR_NAME[dir],
+                      be->frozen ? " within the workspace reserved" : "");
 }
 
 // ----------------------------------------------------------------------------
@@ -576,10 +727,11 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i) {
                       (int)L->kind);
 }
 
-/* The convolution algorithms of layer i, timed on the plan's own tensors.
- * dw: scratch the size of the layer's weights (the search writes it). */
+/* The convolution algorithms of layer i, searched on the plan's own
+ * tensors, the layer's weights and its gradient in the flat buffers: the
+ * pointers the steps use. */
 static int plan_conv_algos(cuda_backend *be, gpu_plan *p, int i, void *fws, size_t fws_size,
-                           void *dw, size_t *need) {
+                           size_t *need) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i];
     int bf = uses_bf16(be, L);
@@ -587,37 +739,50 @@ static int plan_conv_algos(cuda_backend *be, gpu_plan *p, int i, void *fws, size
     const void *x = bf ? (const void *)g->x16 : g->pad_explicit ? (const void *)g->xp : prev;
     const void *w = bf ? (const void *)(be->w16 + L->w_off) : (const void *)(be->params + L->w_off);
     void *y = bf ? (void *)g->y16 : (void *)g->y;
-    TRY(pick_fwd(be, g, L, bf, x, w, y, fws, fws_size, need));
+    TRY(pick(be, g, L, DIR_FWD, bf, x, w, y, fws, fws_size, need));
     if (!p->train) return 0;
     void *dyb = bf ? (void *)g->y16 : (void *)g->dy;
-    TRY(pick_filter(be, g, L, bf, x, dyb, dw, fws, fws_size, need));
+    void *dw = bf ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
+    TRY(pick(be, g, L, DIR_FILTER, bf, x, dyb, dw, fws, fws_size, need));
     g->al.has_data = be->need_diff[i - 1];
     if (g->al.has_data) {
         void *dx = bf ? (void *)g->x16 : g->pad_explicit ? (void *)g->xp : (void *)p->gl[i - 1].dy;
-        TRY(pick_data(be, g, L, bf, w, dyb, dx, fws, fws_size, need));
+        TRY(pick(be, g, L, DIR_DATA, bf, w, dyb, dx, fws, fws_size, need));
     }
     return 0;
 }
 
 /* Makes the shared workspace at least `need` bytes. */
 static int ensure_workspace(cuda_backend *be, size_t need) {
-    const dsrt_layer *L = NULL;
     if (need <= be->ws_size) return 0;
     if (be->ws) {
-        CU(cudaStreamSynchronize(be->compute));
-        CU(cudaFree(be->ws));
+        TRY(quiet(be)); /* queued work may still use it */
+        TRY(dev_free(be, be->ws));
         be->ws = NULL;
         be->ws_size = 0;
     }
-    CU(cudaMalloc(&be->ws, need));
+    TRY(dev_alloc(be, &be->ws, need, NULL));
     be->ws_size = need;
     return 0;
+}
+
+/* The smallest plan of the same mode whose own memory holds `bytes`. */
+static gpu_plan *plan_owner(cuda_backend *be, int train, size_t bytes) {
+    gpu_plan *best = NULL;
+    for (int k = 0; k < PLAN_SLOTS; k++) {
+        gpu_plan *q = be->plans[k];
+        if (q && !q->owner && q->train == train && q->mem_size >= bytes &&
+            (!best || q->mem_size < best->mem_size))
+            best = q;
+    }
+    return best;
 }
 
 static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     dsrt_net *net = be->net;
     int nl = net->n_layers, rc = 0;
-    void *fws = NULL, *dw = NULL;
+    void *fws = NULL;
+    int fws_own = 0;
     int *need_dy = NULL;
     *out = NULL;
     gpu_plan *p = dsrt__calloc(1, sizeof *p);
@@ -639,39 +804,46 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
         need_dy[i] |= be->need_diff[i] || net->layers[i + 1].kind == DSRT_LAYER_BATCHNORM;
         if (i > 0 && aliases(&net->layers[i], train) && need_dy[i]) need_dy[i - 1] = 1;
     }
-    size_t w_max = 0;
     for (int i = 1; i < nl; i++) {
         const dsrt_layer *l = &net->layers[i];
         gpu_layer *g = &p->gl[i];
         g->pad_explicit = pad_explicit(l);
         g->ph = l->in.h + (g->pad_explicit ? l->pt + l->pb : 0);
         g->pw = l->in.w + (g->pad_explicit ? l->pl + l->pr : 0);
-        if (l->kind == DSRT_LAYER_CONV && l->w_n > w_max) w_max = l->w_n;
     }
     carve c = {NULL, 0};
     plan_layout(be, p, &c, need_dy);
-    cudaError_t e = cudaMalloc(&p->mem, c.at ? c.at : 1);
-    if (e != cudaSuccess) {
-        rc = cu_fail(e, "cudaMalloc", NULL);
-        p->mem = NULL;
+    p->mem_size = c.at ? c.at : 1;
+    /* Once sizes are reserved, a smaller batch's tensors lie in the memory of
+     * a larger batch's plan of the same mode (only one of them runs at a
+     * time: they share the compute stream). */
+    p->owner = be->frozen ? plan_owner(be, train, p->mem_size) : NULL;
+    if (p->owner)
+        p->mem = p->owner->mem;
+    else if ((rc = dev_alloc(be, &p->mem, p->mem_size, NULL)))
         goto fail;
-    }
     c.base = p->mem;
     c.at = 0;
     plan_layout(be, p, &c, need_dy);
     for (int i = 0; i < nl; i++)
         if ((rc = plan_layer_desc(be, p, i))) goto fail;
 
-    /* Convolution algorithms, searched with a temporary workspace as large
-     * as memory allows (up to FIND_WS_MAX). */
+    /* Convolution algorithms, timed with a scratch workspace as large as
+     * memory allows (up to FIND_WS_MAX), or once sizes are reserved, in the
+     * workspace as it is. */
     int convs = 0;
     for (int i = 1; i < nl; i++) convs += net->layers[i].kind == DSRT_LAYER_CONV;
-    size_t need = 0;
-    if (convs) {
-        size_t fws_size = 0;
-        if (!be->det) {
+    size_t need = 0, fws_size = 0;
+    /* A search blocks the host until the device is done with what is
+     * queued: with collectives possible, wait for that with the deadline. */
+    if (convs && (be->frozen || collectives_possible(be)) && (rc = quiet(be))) goto fail;
+    if (convs && !be->det) {
+        if (be->frozen) {
+            fws = be->ws;
+            fws_size = be->ws_size;
+        } else {
             size_t free_b = 0, total_b = 0;
-            e = cudaMemGetInfo(&free_b, &total_b);
+            cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
             if (e != cudaSuccess) {
                 rc = cu_fail(e, "cudaMemGetInfo", NULL);
                 goto fail;
@@ -682,45 +854,48 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
                 fws = NULL;
                 fws_size /= 2;
             }
+            fws_own = fws != NULL;
             if (!fws) fws_size = 0;
         }
-        if (train && !be->bf16 && w_max) {
-            e = cudaMalloc(&dw, w_max * sizeof(float));
-            if (e != cudaSuccess) {
-                rc = cu_fail(e, "cudaMalloc", NULL);
-                goto fail;
-            }
-        }
-        for (int i = 1; i < nl; i++) {
-            const dsrt_layer *l = &net->layers[i];
-            if (l->kind != DSRT_LAYER_CONV) continue;
-            void *dwl = be->bf16 ? (void *)(be->g16 + l->w_off) : dw;
-            if ((rc = plan_conv_algos(be, p, i, fws, fws_size, dwl, &need))) goto fail;
-        }
+    }
+    for (int i = 1; i < nl; i++) {
+        if (net->layers[i].kind != DSRT_LAYER_CONV) continue;
+        if ((rc = plan_conv_algos(be, p, i, fws, fws_size, &need))) goto fail;
     }
     /* The search's memory goes back before the workspace grows. */
-    cudaError_t e1 = fws ? cudaFree(fws) : cudaSuccess, e2 = dw ? cudaFree(dw) : cudaSuccess;
-    fws = dw = NULL;
-    if (e1 != cudaSuccess || e2 != cudaSuccess) {
-        rc = cu_fail(e1 != cudaSuccess ? e1 : e2, "cudaFree", NULL);
-        goto fail;
+    if (fws_own) {
+        cudaError_t e = cudaFree(fws);
+        fws = NULL;
+        fws_own = 0;
+        if (e != cudaSuccess) {
+            rc = cu_fail(e, "cudaFree", NULL);
+            goto fail;
+        }
     }
     if ((rc = ensure_workspace(be, need))) goto fail;
     free(need_dy);
     *out = p;
     return 0;
 fail:
-    if (fws) cudaFree(fws);
-    if (dw) cudaFree(dw);
+    if (fws_own) cudaFree(fws);
     free(need_dy);
     plan_free(p);
     return rc;
 }
 
-/* The plan for (n, train), built on first use; the least recently used plan
- * gives way when every slot is taken. */
+/* Whether plan slot k may give way: not reserved, and no other plan lives
+ * in its memory. */
+static int evictable(const cuda_backend *be, int k) {
+    const gpu_plan *p = be->plans[k];
+    if (!p || p->reserved) return 0;
+    for (int j = 0; j < PLAN_SLOTS; j++)
+        if (be->plans[j] && be->plans[j]->owner == p) return 0;
+    return 1;
+}
+
+/* The plan for (n, train), built on first use; the least recently used
+ * plan that may give way does when every slot is taken. */
 static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
-    const dsrt_layer *L = NULL;
     int slot = -1;
     for (int k = 0; k < PLAN_SLOTS; k++) {
         gpu_plan *p = be->plans[k];
@@ -732,15 +907,20 @@ static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
         if (!p && slot < 0) slot = k;
     }
     if (slot < 0) {
-        slot = 0;
-        for (int k = 1; k < PLAN_SLOTS; k++)
-            if (be->plans[k]->used < be->plans[slot]->used) slot = k;
+        for (int k = 0; k < PLAN_SLOTS; k++)
+            if (evictable(be, k) && (slot < 0 || be->plans[k]->used < be->plans[slot]->used))
+                slot = k;
+        if (slot < 0)
+            return dsrt__fail(DSRT_EBACKEND,
+                              "cuda backend: %d batch shapes are in use at once, the most it keeps",
+                              PLAN_SLOTS);
+        gpu_plan *old = be->plans[slot];
         /* Its tensors may still be in use by queued work. */
-        CU(cudaStreamSynchronize(be->compute));
-        if (be->last_train == be->plans[slot]) be->last_train = NULL;
-        if (be->last_infer == be->plans[slot]) be->last_infer = NULL;
-        if (be->last == be->plans[slot]) be->last = NULL;
-        plan_free(be->plans[slot]);
+        if (!old->owner) TRY(quiet(be));
+        if (be->last_train == old) be->last_train = NULL;
+        if (be->last_infer == old) be->last_infer = NULL;
+        if (be->last == old) be->last = NULL;
+        plan_free(old);
         be->plans[slot] = NULL;
     }
     TRY(plan_build(be, n, train, &be->plans[slot]));
@@ -751,8 +931,6 @@ static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
 
 // ----------------------------------------------------------------------------
 // Forward
-
-static const float ONE = 1.0f, ZERO = 0.0f;
 
 /* The input stage: the staged batch, normalised into layer 0's output. */
 static int fwd_input(cuda_backend *be, gpu_plan *p, const stage_slot *s) {
@@ -1139,6 +1317,9 @@ static int upload(cuda_backend *be) {
     dsrt_net *net = be->net;
     const dsrt_layer *L = NULL;
     if (be->seen_version == net->version) return 0;
+    /* A copy from pageable memory first waits for the stream's work without
+     * a deadline: with collectives possible, wait for it here instead. */
+    if (collectives_possible(be)) TRY(wait_stream(be, be->compute));
     /* From pageable memory: each copy returns once the host buffer is read. */
     if (net->n_params) {
         CU(cudaMemcpyAsync(be->params, net->params, net->n_params * sizeof(float),
@@ -1157,7 +1338,7 @@ static int cuda_to_host(dsrt_backend *b, unsigned what) {
     dsrt_net *net = be->net;
     const dsrt_layer *L = NULL;
     CU(cudaSetDevice(be->device));
-    CU(cudaStreamSynchronize(be->compute));
+    TRY(wait_stream(be, be->compute));
     if ((what & DSRT_BUF_PARAMS) && net->n_params)
         CU(cudaMemcpy(net->params, be->params, net->n_params * sizeof(float),
                       cudaMemcpyDeviceToHost));
@@ -1178,10 +1359,6 @@ static int cuda_to_host(dsrt_backend *b, unsigned what) {
 static void account(cuda_backend *be, int64_t s) {
     int k = (int)(s % EV_RING), pk = (int)((s + EV_RING - 1) % EV_RING);
     float ms = 0;
-    if (cudaEventSynchronize(be->ev_done[k]) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return;
-    }
     if (cudaEventElapsedTime(&ms, be->ev_go[k], be->ev_done[k]) == cudaSuccess)
         be->busy_s += ms / 1e3;
     else
@@ -1190,6 +1367,24 @@ static void account(cuda_backend *be, int64_t s) {
         be->idle_s += ms / 1e3;
     else
         (void)cudaGetLastError();
+}
+
+/* Accounts for the steps up to two behind whose work is done, without
+ * waiting for the device, unless the ring of events is about to reuse a
+ * step's (then it waits for that step). */
+static int account_done(cuda_backend *be) {
+    while (be->acc_upto + 2 <= be->steps) {
+        cudaEvent_t done = be->ev_done[be->acc_upto % EV_RING];
+        cudaError_t e = cudaEventQuery(done);
+        if (e == cudaErrorNotReady && be->acc_upto + EV_RING <= be->steps + 1) {
+            TRY(wait_event(be, done, "cudaEventSynchronize"));
+            e = cudaSuccess;
+        }
+        if (e == cudaErrorNotReady) break;
+        if (e != cudaSuccess) (void)cudaGetLastError();
+        account(be, be->acc_upto++);
+    }
+    return 0;
 }
 
 /* Marks the end of the work queued so far for the current step. */
@@ -1202,8 +1397,7 @@ static int mark_done(cuda_backend *be) {
 
 static void cuda_device_time(dsrt_backend *b, double *busy_s, double *idle_s) {
     cuda_backend *be = (cuda_backend *)b;
-    if (cudaSetDevice(be->device) == cudaSuccess &&
-        cudaStreamSynchronize(be->compute) == cudaSuccess)
+    if (cudaSetDevice(be->device) == cudaSuccess && wait_stream(be, be->compute) == 0)
         while (be->acc_upto < be->steps) account(be, be->acc_upto++);
     else
         (void)cudaGetLastError();
@@ -1214,14 +1408,15 @@ static void cuda_device_time(dsrt_backend *b, double *busy_s, double *idle_s) {
 // ----------------------------------------------------------------------------
 // Staging
 
-static int grow(void **buf, size_t *cap, size_t need, const dsrt_layer *L) {
+/* Makes *buf at least need bytes (what it held is lost). */
+static int grow(cuda_backend *be, void **buf, size_t *cap, size_t need) {
     if (need <= *cap) return 0;
     if (*buf) {
-        CU(cudaFree(*buf)); /* waits for the work that may read it */
+        TRY(dev_free(be, *buf)); /* cudaFree waits for the work that may read it */
         *buf = NULL;
         *cap = 0;
     }
-    CU(cudaMalloc(buf, need));
+    TRY(dev_alloc(be, buf, need, NULL));
     *cap = need;
     return 0;
 }
@@ -1234,8 +1429,8 @@ static int cuda_stage(dsrt_backend *b, const dsrt_net_batch *batch) {
     stage_slot *s = &be->slot[be->next_slot];
     size_t values = (size_t)batch->n * net->input.c * net->input.h * net->input.w;
     size_t bytes = values * (batch->layout == DSRT_INPUT_U8_NHWC ? 1 : sizeof(float));
-    TRY(grow(&s->x, &s->cap, bytes, L));
-    if (batch->labels) TRY(grow((void **)&s->labels, &s->lcap, batch->n * sizeof(int32_t), L));
+    TRY(grow(be, &s->x, &s->cap, bytes));
+    if (batch->labels) TRY(grow(be, (void **)&s->labels, &s->lcap, batch->n * sizeof(int32_t)));
     /* The slot is refilled only once the step that read it is done. */
     CU(cudaStreamWaitEvent(be->copy, s->consumed, 0));
     CU(cudaMemcpyAsync(s->x, batch->data, bytes, cudaMemcpyHostToDevice, be->copy));
@@ -1257,10 +1452,8 @@ static int cuda_stage(dsrt_backend *b, const dsrt_net_batch *batch) {
 
 static int cuda_stage_wait(dsrt_backend *b) {
     cuda_backend *be = (cuda_backend *)b;
-    const dsrt_layer *L = NULL;
     if (be->staged < 0) return 0;
-    CU(cudaEventSynchronize(be->slot[be->staged].copied));
-    return 0;
+    return wait_event(be, be->slot[be->staged].copied, "cudaEventSynchronize");
 }
 
 // ----------------------------------------------------------------------------
@@ -1288,8 +1481,8 @@ static int cuda_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train)
         be->last_infer = p;
     be->results_labels = p->labels != NULL;
 
-    /* A new step: account for the one two back, then wait for the batch. */
-    while (be->acc_upto + 2 <= be->steps) account(be, be->acc_upto++);
+    /* A new step: account for the ones done, then wait for the batch. */
+    TRY(account_done(be));
     int k = (int)(be->steps % EV_RING);
     CU(cudaStreamWaitEvent(be->compute, s->copied, 0));
     CU(cudaEventRecord(be->ev_go[k], be->compute));
@@ -1332,21 +1525,53 @@ static int cuda_results(dsrt_backend *b, double *loss, int *correct, float *prob
     gpu_plan *p = be->last;
     if (!p) return dsrt__fail(-EINVAL, "cuda backend: no forward pass");
     CU(cudaSetDevice(be->device));
-    CU(cudaEventSynchronize(be->results_ev));
+    TRY(wait_event(be, be->results_ev, "cudaEventSynchronize"));
     if (loss) *loss = be->results_labels ? *be->h_loss : 0.0;
     if (correct) *correct = be->results_labels ? (int)*be->h_correct : 0;
     if (probs) {
         const gpu_layer *g = &p->gl[p->n_layers - 1];
         CU(cudaMemcpyAsync(probs, g->y, (size_t)p->n * be->net->classes * sizeof(float),
                            cudaMemcpyDeviceToHost, be->compute));
-        CU(cudaStreamSynchronize(be->compute));
+        TRY(wait_stream(be, be->compute));
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The optimizer
+
+/* Room for a segment table of n_seg entries and a workspace of work bytes:
+ * made with the backend for the net's own segments; growth (another
+ * table) waits for the device first. */
+static int optim_room(cuda_backend *be, int n_seg, size_t work) {
+    const dsrt_layer *L = NULL;
+    if (n_seg > be->seg_cap) {
+        size_t bytes = ((size_t)n_seg + 1) * sizeof(dsrt_k_segment);
+        TRY(wait_event(be, be->seg_copied, "cudaEventSynchronize"));
+        TRY(dev_free(be, be->seg_dev));
+        be->seg_dev = NULL;
+        be->seg_cap = 0;
+        if (be->seg_pin) CU(cudaFreeHost(be->seg_pin));
+        be->seg_pin = NULL;
+        CU(cudaMallocHost((void **)&be->seg_pin, bytes));
+        TRY(dev_alloc(be, (void **)&be->seg_dev, bytes, NULL));
+        be->seg_cap = n_seg;
+    }
+    if (work > be->work_cap) {
+        TRY(dev_free(be, be->kopt.work));
+        be->kopt.work = NULL;
+        be->work_cap = 0;
+        TRY(dev_alloc(be, &be->kopt.work, work, NULL));
+        be->work_cap = work;
     }
     return 0;
 }
 
 /* The step's segment table on the device, rebuilt when the segments differ
- * from the last step's. */
+ * from the last step's: written into the pinned copy, then copied on the
+ * compute stream, which the optimizer kernel reads it on. */
 static int optim_plan(cuda_backend *be, const dsrt_optim_step *s) {
+    const dsrt_layer *L = NULL;
     if (be->seg_host && be->n_seg == s->n_seg) {
         int same = 1;
         for (int k = 0; k < s->n_seg && same; k++)
@@ -1356,46 +1581,30 @@ static int optim_plan(cuda_backend *be, const dsrt_optim_step *s) {
     }
     dsrt_k_segment *ks = dsrt__calloc((size_t)s->n_seg + 1, sizeof *ks);
     dsrt_segment *copy = dsrt__calloc((size_t)s->n_seg + 1, sizeof *copy);
-    if (!ks || !copy) {
-        free(ks);
-        free(copy);
-        return -ENOMEM;
-    }
-    for (int k = 0; k < s->n_seg; k++) {
-        ks[k].off = s->seg[k].off;
-        ks[k].n = s->seg[k].n;
-        ks[k].lr = s->seg[k].lr;
-        ks[k].l2 = s->seg[k].l2;
+    int rc = ks && copy ? 0 : -ENOMEM;
+    for (int k = 0; !rc && k < s->n_seg; k++) {
+        ks[k] = (dsrt_k_segment){s->seg[k].off, s->seg[k].n, s->seg[k].lr, s->seg[k].l2, 0, 0};
         copy[k] = s->seg[k];
     }
     uint32_t blocks = 0;
-    size_t work = dsrt_k_optim_layout(ks, s->n_seg, &blocks);
-    int rc = 0;
-    cudaError_t e = cudaStreamSynchronize(be->compute);
-    const char *call = "cudaStreamSynchronize";
-    if (e == cudaSuccess) {
-        call = "cudaFree";
-        if (be->seg_dev) e = cudaFree(be->seg_dev);
-        if (be->kopt.work && e == cudaSuccess) e = cudaFree(be->kopt.work);
-        be->seg_dev = NULL;
-        be->kopt.work = NULL;
-    }
-    if (e == cudaSuccess) {
-        call = "cudaMalloc";
-        e = cudaMalloc((void **)&be->seg_dev, ((size_t)s->n_seg + 1) * sizeof *ks);
-    }
-    if (e == cudaSuccess) e = cudaMalloc(&be->kopt.work, work);
-    if (e == cudaSuccess) {
-        call = "cudaMemcpy";
-        e = cudaMemcpy(be->seg_dev, ks, ((size_t)s->n_seg + 1) * sizeof *ks,
-                       cudaMemcpyHostToDevice);
+    size_t work = rc ? 0 : dsrt_k_optim_layout(ks, s->n_seg, &blocks);
+    if (!rc) rc = optim_room(be, s->n_seg, work);
+    /* The pinned table may still be read by the last copy from it. */
+    if (!rc) rc = wait_event(be, be->seg_copied, "cudaEventSynchronize");
+    if (!rc) {
+        size_t bytes = ((size_t)s->n_seg + 1) * sizeof *ks;
+        memcpy(be->seg_pin, ks, bytes);
+        cudaError_t e =
+            cudaMemcpyAsync(be->seg_dev, be->seg_pin, bytes, cudaMemcpyHostToDevice, be->compute);
+        if (e == cudaSuccess) e = cudaEventRecord(be->seg_copied, be->compute);
+        if (e != cudaSuccess) rc = cu_fail(e, "cudaMemcpyAsync", L);
     }
     free(ks);
-    if (e != cudaSuccess) {
+    if (rc) {
         free(copy);
         free(be->seg_host);
         be->seg_host = NULL;
-        return cu_fail(e, call, NULL);
+        return rc;
     }
     free(be->seg_host);
     be->seg_host = copy;
@@ -1403,7 +1612,7 @@ static int optim_plan(cuda_backend *be, const dsrt_optim_step *s) {
     be->kopt.seg = be->seg_dev;
     be->kopt.n_seg = s->n_seg;
     be->kopt.blocks = blocks;
-    return rc;
+    return 0;
 }
 
 static int cuda_optimize(dsrt_backend *b, const dsrt_optim_step *s) {
@@ -1415,10 +1624,11 @@ static int cuda_optimize(dsrt_backend *b, const dsrt_optim_step *s) {
     TRY(optim_plan(be, s));
     size_t bytes = net->n_params * sizeof(float);
     for (int k = 0; k < s->n_buf; k++)
-        if (!be->opt_buf[k]) CU(cudaMalloc((void **)&be->opt_buf[k], bytes ? bytes : 1));
+        if (!be->opt_buf[k]) TRY(dev_alloc(be, (void **)&be->opt_buf[k], bytes, NULL));
     /* The device holds this optimizer's state only when the net says so and
      * the host's has not been written since. */
     if (net->opt_on_device != s->owner || be->opt_version != s->version) {
+        if (bytes && collectives_possible(be)) TRY(wait_stream(be, be->compute));
         for (int k = 0; k < s->n_buf; k++)
             if (bytes)
                 CU(cudaMemcpyAsync(be->opt_buf[k], s->buf[k], bytes, cudaMemcpyHostToDevice,
@@ -1451,7 +1661,7 @@ static int cuda_optim_to_host(dsrt_backend *b, const dsrt_optim_step *s) {
     const dsrt_layer *L = NULL;
     size_t bytes = be->net->n_params * sizeof(float);
     CU(cudaSetDevice(be->device));
-    CU(cudaStreamSynchronize(be->compute));
+    TRY(wait_stream(be, be->compute));
     for (int k = 0; k < s->n_buf; k++)
         if (be->opt_buf[k] && bytes)
             CU(cudaMemcpy(s->buf[k], be->opt_buf[k], bytes, cudaMemcpyDeviceToHost));
@@ -1462,9 +1672,7 @@ static int cuda_sync(dsrt_backend *b) {
     cuda_backend *be = (cuda_backend *)b;
     const dsrt_layer *L = NULL;
     CU(cudaSetDevice(be->device));
-    CU(cudaStreamSynchronize(be->copy));
-    CU(cudaStreamSynchronize(be->compute));
-    return 0;
+    return quiet(be);
 }
 
 /* No compute threads of its own: the thread that queues the work is the
@@ -1478,6 +1686,7 @@ static void cuda_memory(dsrt_backend *b, dsrt_backend_memory *m) {
     m->device = be->device;
     m->grads = be->grads;
     m->params = be->params;
+    m->state = be->state;
     m->stream = be->compute;
 }
 
@@ -1487,8 +1696,49 @@ static int cuda_read_output(dsrt_backend *b, int layer, int train, float *out) {
     gpu_plan *p = train ? be->last_train : be->last_infer;
     if (!p) return dsrt__fail(-EINVAL, "cuda backend: no forward pass to read");
     CU(cudaSetDevice(be->device));
-    CU(cudaStreamSynchronize(be->compute));
+    TRY(wait_stream(be, be->compute));
     CU(cudaMemcpy(out, p->gl[layer].y, out_count(L, p->n) * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Reserving before the collectives
+
+/*
+ * Builds the plans of every shape in r (each keeps its own memory and stays
+ * while the run lasts), grows the workspace to what they need, sizes both
+ * staging slots for the largest batch in its layout, and allocates the
+ * optimizer's state buffers; then freezes the sizes: later shapes borrow
+ * (plan_build), later growth waits for a quiet device (dev_alloc).
+ */
+static int cuda_reserve(dsrt_backend *b, const dsrt_net_reserve *r) {
+    cuda_backend *be = (cuda_backend *)b;
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = NULL;
+    CU(cudaSetDevice(be->device));
+    be->frozen = 0;
+    for (int k = 0; k < PLAN_SLOTS; k++)
+        if (be->plans[k]) be->plans[k]->reserved = 0;
+    size_t bytes = 0, per = (size_t)net->input.c * net->input.h * net->input.w;
+    int max_n = 0;
+    for (int k = 0; k < r->n_train + r->n_infer; k++) {
+        int train = k < r->n_train, n = train ? r->train_n[k] : r->infer_n[k - r->n_train];
+        gpu_plan *p = NULL;
+        TRY(plan_get(be, n, train, &p));
+        p->reserved = 1;
+        max_n = DSRT_MAX(max_n, n);
+        int layout = train ? r->layout : r->infer_layout;
+        bytes = DSRT_MAX(bytes, n * per * (layout == DSRT_INPUT_U8_NHWC ? 1 : sizeof(float)));
+    }
+    for (int k = 0; k < 2; k++) {
+        stage_slot *s = &be->slot[k];
+        TRY(grow(be, &s->x, &s->cap, bytes));
+        TRY(grow(be, (void **)&s->labels, &s->lcap, (size_t)max_n * sizeof(int32_t)));
+    }
+    for (int k = 0; k < r->opt_buffers && k < 2; k++)
+        if (!be->opt_buf[k])
+            TRY(dev_alloc(be, (void **)&be->opt_buf[k], net->n_params * sizeof(float), L));
+    be->frozen = 1;
     return 0;
 }
 
@@ -1502,6 +1752,12 @@ static void cuda_destroy(dsrt_backend *b) {
         if (be->compute) cudaStreamSynchronize(be->compute);
         if (be->copy) cudaStreamSynchronize(be->copy);
     }
+    /* Plans that borrow memory first, then the owners. */
+    for (int k = 0; k < PLAN_SLOTS; k++)
+        if (be->plans[k] && be->plans[k]->owner) {
+            plan_free(be->plans[k]);
+            be->plans[k] = NULL;
+        }
     for (int k = 0; k < PLAN_SLOTS; k++) plan_free(be->plans[k]);
     for (int k = 0; k < 2; k++) {
         stage_slot *s = &be->slot[k];
@@ -1516,7 +1772,10 @@ static void cuda_destroy(dsrt_backend *b) {
         if (be->ev_done[k]) cudaEventDestroy(be->ev_done[k]);
     }
     if (be->results_ev) cudaEventDestroy(be->results_ev);
+    if (be->seg_copied) cudaEventDestroy(be->seg_copied);
+    if (be->sync_ev) cudaEventDestroy(be->sync_ev);
     if (be->seg_dev) cudaFree(be->seg_dev);
+    if (be->seg_pin) cudaFreeHost(be->seg_pin);
     if (be->kopt.work) cudaFree(be->kopt.work);
     if (be->ws) cudaFree(be->ws);
     if (be->flat) cudaFree(be->flat);
@@ -1556,23 +1815,39 @@ static int cuda_setup(cuda_backend *be) {
         CU(cudaEventCreate(&be->ev_done[k]));
     }
     CU(cudaEventCreateWithFlags(&be->results_ev, cudaEventDisableTiming));
+    CU(cudaEventCreateWithFlags(&be->seg_copied, cudaEventDisableTiming));
+    CU(cudaEventCreateWithFlags(&be->sync_ev, cudaEventDisableTiming));
     CU(cudaMallocHost((void **)&be->h_loss, sizeof(double)));
     CU(cudaMallocHost((void **)&be->h_correct, sizeof(int32_t)));
     /* params, grads and state, then the bfloat16 weights and gradient
-     * staging: one allocation. */
-    size_t np = net->n_params, f = (2 * np + net->n_state) * sizeof(float);
-    size_t at16 = (f + ALIGN - 1) & ~(size_t)(ALIGN - 1);
-    size_t total =
-        be->bf16 ? at16 + 2 * ((np * sizeof(dsrt_bf16) + ALIGN - 1) & ~(size_t)(ALIGN - 1)) : f;
+     * staging: one allocation, each buffer on an ALIGN boundary (cuDNN's
+     * and cuBLAS's vectorised kernels want aligned tensors, and the
+     * algorithm search ran on these very pointers). */
+    size_t np = net->n_params, f32 = align_up(np * sizeof(float)), b16 = align_up(np * 2);
+    size_t at_state = 2 * f32, at16 = at_state + align_up(net->n_state * sizeof(float));
+    size_t total = be->bf16 ? at16 + 2 * b16 : at16;
     CU(cudaMalloc(&be->flat, total ? total : 1));
     be->params = be->flat;
-    be->grads = be->params + np;
-    be->state = be->grads + np;
+    be->grads = (float *)((char *)be->flat + f32);
+    be->state = (float *)((char *)be->flat + at_state);
     if (be->bf16) {
         be->w16 = (dsrt_bf16 *)((char *)be->flat + at16);
-        be->g16 = (dsrt_bf16 *)((char *)be->w16 +
-                                ((np * sizeof(dsrt_bf16) + ALIGN - 1) & ~(size_t)(ALIGN - 1)));
+        be->g16 = (dsrt_bf16 *)((char *)be->flat + at16 + b16);
     }
+    /* The optimizer's segment table and workspace for the net's own
+     * segments, so that its first step allocates nothing. */
+    dsrt_k_segment *ks = dsrt__calloc(2 * (size_t)net->n_layers + 1, sizeof *ks);
+    if (!ks) return -ENOMEM;
+    int n_seg = dsrt_kb_net_segments(net, ks);
+    uint32_t blocks = 0;
+    size_t work = dsrt_k_optim_layout(ks, n_seg, &blocks),
+           tbytes = ((size_t)n_seg + 1) * sizeof *ks;
+    free(ks);
+    CU(cudaMallocHost((void **)&be->seg_pin, tbytes));
+    CU(cudaMalloc((void **)&be->seg_dev, tbytes));
+    CU(cudaMalloc(&be->kopt.work, work));
+    be->seg_cap = n_seg;
+    be->work_cap = work;
     if (np) CU(cudaMemsetAsync(be->grads, 0, np * sizeof(float), be->compute));
     be->seen_version = net->version - 1;
     TRY(upload(be));
@@ -1636,6 +1911,7 @@ const dsrt_backend_ops dsrt__backend_cuda = {
     .memory = cuda_memory,
     .read_output = cuda_read_output,
     .bn_sync = 1,
+    .reserve = cuda_reserve,
 };
 
 DSRT_MODULE_DEFINE(cuda, &dsrt__backend_cuda, dsrt__net_grads_ready);

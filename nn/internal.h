@@ -212,6 +212,13 @@ struct dsrt_net {
     /* The optimizer whose state a device backend holds newer than its host
      * buffers (it is brought back before the net goes away or moves). */
     dsrt_optimizer *opt_on_device;
+    /* Set by a communicator whose collectives the device's queued work
+     * waits for (NULL: none): while the host waits on the device, a device
+     * backend calls it now and then and fails the wait with its non-zero
+     * result (a collective past its deadline, the communicator aborted),
+     * so that no host wait outlives the communicator's timeout. */
+    int (*wait_check)(void *ctx);
+    void *wait_ctx;
 };
 
 /* The flat buffers, as bits. */
@@ -246,6 +253,29 @@ int dsrt__net_forward(dsrt_net *net, const float *x, int n, int train, const int
 /* Copies layer i's output for the last forward (plain NCHW, n x out.c x
  * out.h x out.w floats) into out. For tests. */
 int dsrt__net_layer_output(dsrt_net *net, int layer, float *out, int train);
+
+/*
+ * The shapes a run's steps will take, so that a device backend sizes and
+ * allocates everything they need at once, before the first collective:
+ * allocating or freeing device memory while another worker's NCCL kernels
+ * may be in flight can hang them. A batch of another size later still
+ * works (an inference pass borrows the memory of a larger one's plan);
+ * growth beyond what was reserved waits for the device to be idle first.
+ */
+#define DSRT_RESERVE_SHAPES 4
+typedef struct {
+    int train_n[DSRT_RESERVE_SHAPES]; /* batch sizes of training steps */
+    int n_train;
+    int infer_n[DSRT_RESERVE_SHAPES]; /* batch sizes of inference passes */
+    int n_infer;
+    int layout;       /* dsrt_input_layout of the training batches */
+    int infer_layout; /* ... and of the inference batches */
+    int opt_buffers;  /* optimizer state buffers the steps use (0: no optimizer) */
+} dsrt_net_reserve;
+
+/* Reserves what the shapes in r need on the net's backend (a no-op on the
+ * CPU). Returns 0 or a negative code. */
+int dsrt__net_reserve(dsrt_net *net, const dsrt_net_reserve *r);
 
 /* Checks a batch against the net: size, layout, labels, uint8 divisors. */
 int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need_labels);
@@ -308,6 +338,7 @@ typedef struct {
     int device;   /* DSRT_DEVICE_CPU or the CUDA device */
     float *grads; /* (n_params) where backward writes gradients: net->grads on the CPU */
     float *params;
+    float *state;
     void *stream; /* cudaStream_t the step's work is queued on; NULL on the CPU */
 } dsrt_backend_memory;
 
@@ -368,6 +399,9 @@ struct dsrt_backend_ops {
     int (*read_output)(dsrt_backend *be, int layer, int train, float *out);
     /* 1: the backend calls net->bn_sync_fn (synchronised batchnorm). */
     int bn_sync;
+    /* Sizes and allocates what the shapes of r need (dsrt__net_reserve).
+     * NULL: nothing to reserve. */
+    int (*reserve)(dsrt_backend *be, const dsrt_net_reserve *r);
 };
 
 extern const dsrt_backend_ops dsrt__backend_cpu;

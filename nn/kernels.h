@@ -13,10 +13,14 @@
  * and returns cudaGetLastError() (cudaSuccess, or the launch's error); it
  * never synchronises, allocates or copies, and an empty tensor launches
  * nothing. Pointers are device pointers unless a comment says otherwise;
- * tensors are dense. Included by C files, compiled by gcc.
+ * tensors are dense. Included by C files, compiled by gcc. The types, and
+ * the arithmetic of every kernel (which the host runs too), are in
+ * nn/kernels_body.h.
  */
 #ifndef DSRT_NN_KERNELS_H
 #define DSRT_NN_KERNELS_H
+
+#include "nn/kernels_body.h"
 
 #include <cuda_runtime_api.h>
 #include <dsrt/nn.h>
@@ -27,34 +31,8 @@
 extern "C" {
 #endif
 
-/* bfloat16 as its bits: the high half of a float32 (nn/arith.h converts). */
-typedef uint16_t dsrt_bf16;
-
-typedef enum {
-    DSRT_K_F32 = 0,
-    DSRT_K_BF16 = 1,
-} dsrt_k_type;
-
-/* A 4-d tensor of n images, c channels, h x w pixels, in NCHW or NHWC order,
- * of float32 or bfloat16. */
-typedef struct {
-    int n, c, h, w;
-    int nhwc; /* 0: (n, c, h, w); 1: (n, h, w, c) */
-    dsrt_k_type type;
-} dsrt_k_desc;
-
 // ----------------------------------------------------------------------------
 // Input
-
-#define DSRT_K_PIXEL_CH_MAX 4
-
-/* How a pipeline byte p of channel ch becomes a float, as dsrt_augment's
- * float output writes whole pixels: ((float)p - sub[ch]) / div[ch],
- * correctly rounded. sub 0, div 255 is x / 255 (DSRT_AUGMENT_NORM_RESCALE). */
-typedef struct {
-    float sub[DSRT_K_PIXEL_CH_MAX];
-    float div[DSRT_K_PIXEL_CH_MAX];
-} dsrt_k_pixel;
 
 /*
  * The input stage from the pipeline's uint8 batch x (yd->n, yd->h, yd->w,
@@ -206,15 +184,6 @@ cudaError_t dsrt_k_bn_bwd_dx(const float *x, const float *dy, const float *mean,
 // ----------------------------------------------------------------------------
 // The optimizer
 
-/* One parameter tensor the optimizer updates, as nn/optim.c's segments. */
-typedef struct {
-    size_t off, n;   /* the range of the flat buffers, in floats */
-    float lr, l2;    /* learn-rate factor (0: frozen) and L2 factor */
-    uint32_t block0; /* first block of the step's grids on this segment: set by
-                      * dsrt_k_optim_layout */
-    uint32_t blocks; /* its blocks */
-} dsrt_k_segment;
-
 /*
  * Lays out the step's grids over the segments seg (host memory, n_seg of
  * them, in flat-buffer order): fills their block0 and blocks, sets *blocks to
@@ -222,28 +191,6 @@ typedef struct {
  * once per net, then copy seg to the device.
  */
 size_t dsrt_k_optim_layout(dsrt_k_segment *seg, int n_seg, uint32_t *blocks);
-
-/* The optimizer's device-side plan. */
-typedef struct {
-    const dsrt_k_segment *seg; /* device copy of the table dsrt_k_optim_layout filled */
-    int n_seg;
-    uint32_t blocks; /* as dsrt_k_optim_layout returned */
-    void *work;      /* device workspace of the size it returned */
-} dsrt_k_optim;
-
-/* The scalars of one step. dsrt_k_optim_step_params fills them from the
- * options as nn/optim.c does. */
-typedef struct {
-    int solver;            /* dsrt_solver */
-    int clip;              /* dsrt_grad_clip */
-    double threshold;      /* gradient threshold; INFINITY: no clipping */
-    double lr;             /* this step's learning rate (schedule applied) */
-    double l2;             /* L2 regularisation */
-    float momentum;        /* SGDM */
-    float decay, sq_decay; /* gradient decay (Adam beta1), squared gradient decay */
-    float c1, c2;          /* Adam's bias corrections 1 / (1 - decay^t), 1 / (1 - sq_decay^t) */
-    float eps;
-} dsrt_k_step;
 
 /* Host: the scalars of step number t (1 for the first step) at learning rate
  * lr (dsrt_optimizer_learn_rate of the epoch), as dsrt_optimizer_step. */

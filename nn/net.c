@@ -660,7 +660,21 @@ void dsrt__net_memory(dsrt_net *net, dsrt_backend_memory *m) {
     m->device = DSRT_DEVICE_CPU;
     m->grads = net->grads;
     m->params = net->params;
+    m->state = net->state;
     if (net->ops->memory) net->ops->memory(net->be, m);
+}
+
+int dsrt__net_reserve(dsrt_net *net, const dsrt_net_reserve *r) {
+    if (r->n_train < 0 || r->n_train > DSRT_RESERVE_SHAPES || r->n_infer < 0 ||
+        r->n_infer > DSRT_RESERVE_SHAPES || r->opt_buffers < 0 || r->opt_buffers > 2 ||
+        (r->layout != DSRT_INPUT_F32_NCHW && r->layout != DSRT_INPUT_U8_NHWC) ||
+        (r->infer_layout != DSRT_INPUT_F32_NCHW && r->infer_layout != DSRT_INPUT_U8_NHWC))
+        return dsrt__fail(-EINVAL, "net: reserve: bad shapes");
+    for (int k = 0; k < r->n_train + r->n_infer; k++) {
+        int n = k < r->n_train ? r->train_n[k] : r->infer_n[k - r->n_train];
+        if (n < 1) return dsrt__fail(-EINVAL, "net: reserve: batch size %d", n);
+    }
+    return net->ops->reserve ? net->ops->reserve(net->be, r) : 0;
 }
 
 // ----------------------------------------------------------------------------

@@ -363,12 +363,14 @@ int dsrt_comm_grads_wait(dsrt_comm *c) {
     if (!c->net) return dsrt__fail(-EINVAL, "comm: grads_wait without an attached net");
     for (int k = 0; k < c->n_bk; k++) announce(c, k);
     rc = c->grad->wait(c);
-    if (rc) return rc;
-    double end = dsrt__comm_now();
-    memcpy(c->last_times, c->times, (size_t)c->n_bk * sizeof *c->times);
-    c->last =
-        (dsrt_comm_timeline){c->bw_start, c->bw_end ? c->bw_end : end, end, c->n_bk, c->last_times};
-    c->have_last = 1;
+    if (rc < 0) return rc;
+    if (rc == 0) { /* 1: the engine gives the timeline once the sums are done */
+        double end = dsrt__comm_now();
+        memcpy(c->last_times, c->times, (size_t)c->n_bk * sizeof *c->times);
+        c->last = (dsrt_comm_timeline){c->bw_start, c->bw_end ? c->bw_end : end, end, c->n_bk,
+                                       c->last_times};
+        c->have_last = 1;
+    }
     memset(c->announced, 0, (size_t)c->n_bk * sizeof *c->announced);
     c->n_announced = 0;
     return 0;

@@ -35,7 +35,11 @@ typedef struct {
     /* Bucket k is ready: start its sum (on the training thread, from the
      * net's gradient hook). Failures are kept for wait. */
     void (*start)(dsrt_comm *c, int k);
-    /* Waits until every started bucket holds its sum; records done times. */
+    /* Waits until every started bucket holds its sum and records their done
+     * times (returns 0); or, on a device, orders the net's stream after the
+     * sums and returns 1 at once: the engine then checks their deadline
+     * while the host waits on the device, and fills c->last itself once it
+     * sees them done. A negative code on failure. */
     int (*wait)(dsrt_comm *c);
     /* In-place sum of n doubles in device memory, queued on stream (sync
      * batchnorm on a device). NULL: host memory only. */

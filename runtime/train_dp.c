@@ -17,6 +17,8 @@
  */
 #include "runtime/train_internal.h"
 
+#include "nn/internal.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,9 +133,44 @@ int dsrt__dp_cpus(run *R) {
 // ----------------------------------------------------------------------------
 // The net and the communicator
 
+/* Adds to shapes (n of them, at most DSRT_RESERVE_SHAPES) this worker's
+ * share of the batches of `batch` samples over `count` (the pipeline's
+ * parts: places [all * rank / world, all * (rank + 1) / world) of a batch
+ * of `all`): the full batches' and the last one's. */
+static void add_shapes(const run *R, size_t count, size_t batch, int drop_last, int *shapes,
+                       int *n) {
+    size_t all[2] = {DSRT_MIN(batch, count), drop_last || count < batch ? 0 : count % batch};
+    for (int k = 0; k < 2; k++) {
+        size_t r = (size_t)R->rank, w = (size_t)R->world;
+        int part = (int)(all[k] * (r + 1) / w - all[k] * r / w), seen = 0;
+        for (int j = 0; j < *n; j++) seen |= shapes[j] == part;
+        if (part > 0 && !seen && *n < DSRT_RESERVE_SHAPES) shapes[(*n)++] = part;
+    }
+}
+
+/* Before the first collective: every batch shape this worker's steps and
+ * validation passes take, so that a device backend allocates nothing once
+ * NCCL kernels may be in flight (dsrt__net_reserve). */
+static int reserve(run *R) {
+    const dsrt_train_options *o = R->o;
+    dsrt_net_reserve r;
+    memset(&r, 0, sizeof r);
+    add_shapes(R, dsrt_datastore_count(R->train), (size_t)o->batch, o->drop_last, r.train_n,
+               &r.n_train);
+    if (o->validation && R->vbatch > 0)
+        add_shapes(R, dsrt_datastore_count(o->validation), (size_t)R->vbatch, 0, r.infer_n,
+                   &r.n_infer);
+    r.layout = R->u8 ? DSRT_INPUT_U8_NHWC : DSRT_INPUT_F32_NCHW;
+    r.infer_layout = DSRT_INPUT_F32_NCHW; /* validation batches are floats */
+    r.opt_buffers = R->opt ? dsrt__optimizer_n_buffers(R->opt) : 0;
+    int rc = dsrt__net_reserve(R->net, &r);
+    return rc ? dsrt__fail_prefix(rc, "train: reserving device memory") : 0;
+}
+
 int dsrt__dp_attach(run *R) {
-    if (!R->comm) return 0;
-    int rc;
+    /* A worker that could not reserve fails every worker here. */
+    int rc = dsrt__dp_agree(R, reserve(R), NULL, 0);
+    if (rc || !R->comm) return rc;
     if (!R->averaging) {
         /* Worker 0's weights to every worker, and the gradient hook. */
         if ((rc = dsrt_comm_attach(R->comm, R->net))) return dsrt__fail_prefix(rc, "train");
@@ -446,10 +483,13 @@ int dsrt__train_multi_gpu(dsrt_net *net, const dsrt_datastore *train, const dsrt
     *r = w[0].r;
 out:
     if (tmp[0]) unlink(tmp);
-    if (w)
-        for (int k = 1; k < n; k++) dsrt_net_destroy(w[k].net);
+    /* The communicators first (they are attached to the nets, and the last
+     * one closed finalises every member's NCCL communicator together, in
+     * one group, from this thread), then the workers' nets. */
     if (comms)
         for (int k = 0; k < n; k++) dsrt_comm_close(comms[k]);
+    if (w)
+        for (int k = 1; k < n; k++) dsrt_net_destroy(w[k].net);
     free(w);
     free(comms);
     free(devices);

@@ -197,9 +197,11 @@ int dsrt__dp_agree(run *R, int rc, double *x, size_t n);
 /* A CPU worker whose process shares its cores with other workers (ranks
  * launched without binding) takes its share of them: R->cpus. Collective. */
 int dsrt__dp_cpus(run *R);
-/* Joins the net to the communicator: every worker starts from worker 0's
- * weights; gradients summed in buckets during backward (or, averaging, not);
- * sync batchnorm when asked. Collective. */
+/* Reserves the device memory of every batch shape the run takes (every
+ * run, before any collective), then joins the net to the communicator:
+ * every worker starts from worker 0's weights; gradients summed in buckets
+ * during backward (or, averaging, not); sync batchnorm when asked.
+ * Collective. */
 int dsrt__dp_attach(run *R);
 /* Before a validation, a checkpoint or the end: averaged batchnorm
  * statistics (DSRT_BN_AVERAGE) and, averaging, parameters, so that every

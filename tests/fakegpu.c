@@ -1,13 +1,28 @@
 /*
- * A CPU stand-in for the CUDA runtime, cuDNN and cuBLAS calls of the GPU
- * backend (nn/backend_cuda.c) and for dsrt's kernels (nn/kernels.h), so that
- * test_gpu_backend can run the backend's own host code (plans, tensor
- * aliasing, padding copies, staging slots, the optimizer hand-off, the
- * read-backs) against the CPU backend on a machine without a GPU. Built only
- * with -DDSRT_FAKE_GPU_TEST=ON (test_fakegpu_backend); it proves the
- * plumbing, not cuDNN: each call computes what its documentation says
- * (naive loops, sums in double), memory is host memory, streams are
- * synchronous, and every search offers one deterministic algorithm.
+ * A CPU stand-in for the CUDA runtime, cuDNN, cuBLAS and NCCL calls of the
+ * GPU backend (nn/backend_cuda.c) and the NCCL communicator
+ * (runtime/comm_nccl.c), and for dsrt's kernels (nn/kernels.h), so that the
+ * tests can run the library's own host code (plans, tensor aliasing,
+ * padding copies, staging slots, the optimizer hand-off, the read-backs,
+ * gradient buckets, multi-GPU groups and their shutdown) against the CPU
+ * backend on a machine without a GPU. Built only with
+ * -DDSRT_FAKE_GPU_TEST=ON (the test_fakegpu_* programs).
+ *
+ * It proves the plumbing, not cuDNN: each cuDNN and cuBLAS call computes
+ * what its documentation says (naive loops, sums in double), memory is host
+ * memory, streams run their work at once, and every search offers one
+ * deterministic algorithm. dsrt's own kernels run their real bodies
+ * (nn/kernels_body.h) through tests/kernels_host.c. NCCL's all-reduce sums
+ * over the members of an in-process clique, one thread a member.
+ *
+ * It also watches what a device would punish and the tests assert on it
+ * (tests/fakegpu.h): cudaMalloc returns 256-byte aligned memory as CUDA
+ * does, and the stand-in counts allocations made after the first
+ * collective while a communicator lives, an optimizer kernel reading a
+ * segment table last written on another stream, convolutions run on other
+ * pointers than their algorithm search saw, NCCL finalize, destroy and
+ * abort calls of one clique not grouped together, host waits, and waits on
+ * work that could never finish (fakegpu_hang_collectives).
  *
  * bfloat16 tensors are rounded as the device rounds them, and with
  * DSRT_FAKEGPU_TF32=1 the inputs of convolutions and matrix products that
@@ -17,28 +32,43 @@
 #include "nn/internal.h"
 #include "nn/arith.h"
 #include "nn/kernels.h"
-#include "nnref.h"
+#include "fakegpu.h"
+#include "kernels_host.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+#ifdef DSRT_HAVE_NCCL
+#include <nccl.h>
+#endif
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAGIC_STREAM 0x5354524du
+#define MAGIC_EVENT  0x4556454eu
 
 struct CUstream_st {
-    int x;
+    unsigned magic;
+    int hung; /* behind a collective that never finishes */
+    struct CUstream_st *next;
 };
 struct CUevent_st {
+    unsigned magic;
     double t;
     int rec;
+    int never; /* recorded behind a hung collective */
+    struct CUevent_st *next;
 };
 struct cudnnContext {
     int x;
 };
 struct cublasContext {
-    int x;
+    int tf32;
 };
 struct cudnnTensorStruct {
     cudnnDataType_t dt;
@@ -51,6 +81,10 @@ struct cudnnFilterStruct {
 struct cudnnConvolutionStruct {
     int ph, pw, sh, sw, dh, dw, groups;
     cudnnMathType_t m;
+    /* The pointers each search (forward, backward data, backward filter) was
+     * given, in the order of the call's tensors. */
+    const void *sp[3][3];
+    int searched[3];
 };
 struct cudnnPoolingStruct {
     cudnnPoolingMode_t mode;
@@ -61,8 +95,60 @@ struct cudnnLRNStruct {
     double a, b, k;
 };
 
-static double clk;
-static int blas_tf32;
+/* A live device allocation, and the stream of the last copy or memset that
+ * wrote into it (NULL: the legacy stream, or a synchronous call). */
+typedef struct alloc_rec {
+    char *p;
+    size_t n;
+    int written;
+    cudaStream_t writer;
+    struct alloc_rec *next;
+} alloc_rec;
+
+/* Everything the stand-in keeps. Tests are its only users: one per process. */
+static struct {
+    pthread_mutex_t mu;
+    int devices;
+    double clk;
+    fakegpu_stats st;
+    alloc_rec *allocs;
+    struct CUstream_st *streams;
+    struct CUevent_st *events;
+    int hang;
+    int live_comms;
+} fk = {.mu = PTHREAD_MUTEX_INITIALIZER, .devices = 1};
+
+static _Thread_local int round_tf32;
+
+static void lock(void) {
+    pthread_mutex_lock(&fk.mu);
+}
+
+static void unlock(void) {
+    pthread_mutex_unlock(&fk.mu);
+}
+
+fakegpu_stats fakegpu_get_stats(void) {
+    lock();
+    fakegpu_stats s = fk.st;
+    unlock();
+    return s;
+}
+
+void fakegpu_reset_stats(void) {
+    lock();
+    memset(&fk.st, 0, sizeof fk.st);
+    unlock();
+}
+
+void fakegpu_set_devices(int n) {
+    fk.devices = n;
+}
+
+void fakegpu_hang_collectives(int on) {
+    fk.hang = on;
+}
+
 static float tf32(float v) {
     uint32_t u;
     memcpy(&u, &v, 4);
@@ -70,15 +156,68 @@ static float tf32(float v) {
     memcpy(&v, &u, 4);
     return v;
 }
-static long allocs;
 
-/* ---- runtime */
+/* An allocation or a free: counted, and counted again when a communicator
+ * lives and has run a collective (a device would risk a hang there). */
+static void count_alloc(long *counter) {
+    lock();
+    (*counter)++;
+    if (fk.st.collectives && fk.live_comms) fk.st.allocs_after_collective++;
+    unlock();
+}
+
+/* The live allocation holding p, or NULL (host memory). Under the lock. */
+static alloc_rec *alloc_of(const void *p) {
+    for (alloc_rec *a = fk.allocs; a; a = a->next)
+        if ((const char *)p >= a->p && (const char *)p < a->p + a->n) return a;
+    return NULL;
+}
+
+static void record_copy(const void *dst, size_t n, cudaStream_t s) {
+    lock();
+    alloc_rec *a = alloc_of(dst);
+    if (a) {
+        a->written = 1;
+        a->writer = s;
+    }
+    unlock();
+}
+
+/* The stream of the last copy that wrote into p's allocation, or
+ * (cudaStream_t)-1 when none did. */
+static cudaStream_t last_writer(const void *p) {
+    lock();
+    alloc_rec *a = alloc_of(p);
+    cudaStream_t w = a && a->written ? a->writer : (cudaStream_t)-1;
+    unlock();
+    return w;
+}
+
+static int stream_ok(cudaStream_t s) {
+    if (!s || s->magic == MAGIC_STREAM) return 1;
+    lock();
+    fk.st.bad_handles++;
+    unlock();
+    return 0;
+}
+
+static int event_ok(cudaEvent_t e) {
+    if (e && e->magic == MAGIC_EVENT) return 1;
+    lock();
+    fk.st.bad_handles++;
+    unlock();
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Runtime
+
 cudaError_t cudaGetDeviceCount(int *n) {
-    *n = 1;
+    *n = fk.devices;
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
-    return cudaSuccess;
+    return d >= 0 && d < fk.devices ? cudaSuccess : cudaErrorInvalidDevice;
 }
 cudaError_t cudaGetDevice(int *d) {
     *d = 0;
@@ -95,28 +234,62 @@ cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int d) {
     return cudaSuccess;
 }
 const char *cudaGetErrorString(cudaError_t e) {
-    return "fake error";
+    switch (e) {
+    case cudaErrorNotReady:
+        return "fake: device not ready";
+    case cudaErrorInvalidResourceHandle:
+        return "fake: invalid resource handle";
+    case cudaErrorLaunchTimeout:
+        return "fake: a wait on work that never finishes (a hung collective)";
+    default:
+        return "fake error";
+    }
 }
 cudaError_t cudaGetLastError(void) {
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
-    *p = calloc(1, n + 256);
-    allocs++;
-    if (*p) memset(*p, 0x7f, n); /* garbage-ish: NaN-free large floats */
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    /* Device allocations are 256-byte aligned. */
+    alloc_rec *a = calloc(1, sizeof *a);
+    *p = aligned_alloc(256, (n + 511) & ~(size_t)255);
+    if (!*p || !a) {
+        free(*p);
+        free(a);
+        return cudaErrorMemoryAllocation;
+    }
+    memset(*p, 0x7f, n); /* garbage-ish: NaN-free large floats */
+    a->p = *p;
+    a->n = n ? n : 1;
+    lock();
+    a->next = fk.allocs;
+    fk.allocs = a;
+    unlock();
+    count_alloc(&fk.st.mallocs);
+    return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    lock();
+    for (alloc_rec **q = &fk.allocs; *q; q = &(*q)->next)
+        if ((*q)->p == p) {
+            alloc_rec *a = *q;
+            *q = a->next;
+            free(a);
+            break;
+        }
+    unlock();
     free(p);
-    allocs--;
+    count_alloc(&fk.st.frees);
     return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void **p, size_t n) {
     *p = calloc(1, n);
-    return cudaSuccess;
+    count_alloc(&fk.st.host_allocs);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void *p) {
     free(p);
+    count_alloc(&fk.st.host_frees);
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
@@ -126,23 +299,24 @@ cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
     memcpy(d, s, n);
+    record_copy(d, n, NULL);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k,
                             cudaStream_t st) {
+    if (!stream_ok(st)) return cudaErrorInvalidResourceHandle;
     memcpy(d, s, n);
+    record_copy(d, n, st);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
     memset(d, v, n);
+    record_copy(d, n, st);
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) {
     memset(d, v, n);
-    return cudaSuccess;
-}
-cudaError_t cudaStreamCreate(cudaStream_t *s) {
-    *s = calloc(1, sizeof **s);
+    record_copy(d, n, NULL);
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
@@ -160,44 +334,135 @@ cudaError_t cudaDriverGetVersion(int *v) {
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) {
     *s = calloc(1, sizeof **s);
+    if (!*s) return cudaErrorMemoryAllocation;
+    (*s)->magic = MAGIC_STREAM;
+    lock();
+    (*s)->next = fk.streams;
+    fk.streams = *s;
+    unlock();
     return cudaSuccess;
 }
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    return cudaStreamCreateWithFlags(s, 0);
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!stream_ok(s) || !s) return cudaErrorInvalidResourceHandle;
+    lock();
+    for (struct CUstream_st **p = &fk.streams; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    unlock();
+    s->magic = 0;
     free(s);
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    return cudaSuccess;
+    if (!stream_ok(s)) return cudaErrorInvalidResourceHandle;
+    lock();
+    fk.st.host_waits++;
+    int dead = s && s->hung;
+    if (dead) fk.st.deadlocks++;
+    unlock();
+    return dead ? cudaErrorLaunchTimeout : cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
-    clk += 0.001;
-    return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t *e) {
-    *e = calloc(1, sizeof **e);
+    if (!stream_ok(s) || !event_ok(e)) return cudaErrorInvalidResourceHandle;
+    lock();
+    fk.clk += 0.001;
+    if (e->never && s) s->hung = 1;
+    unlock();
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
     *e = calloc(1, sizeof **e);
+    if (!*e) return cudaErrorMemoryAllocation;
+    (*e)->magic = MAGIC_EVENT;
+    lock();
+    (*e)->next = fk.events;
+    fk.events = *e;
+    unlock();
     return cudaSuccess;
 }
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    return cudaEventCreateWithFlags(e, 0);
+}
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!event_ok(e)) return cudaErrorInvalidResourceHandle;
+    lock();
+    for (struct CUevent_st **p = &fk.events; *p; p = &(*p)->next)
+        if (*p == e) {
+            *p = e->next;
+            break;
+        }
+    unlock();
+    e->magic = 0;
     free(e);
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    clk += 0.5;
-    e->t = clk;
+    if (!event_ok(e) || !stream_ok(s)) return cudaErrorInvalidResourceHandle;
+    lock();
+    fk.clk += 0.5;
+    e->t = fk.clk;
     e->rec = 1;
+    e->never = s && s->hung;
+    unlock();
     return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (!event_ok(e)) return cudaErrorInvalidResourceHandle;
+    lock();
+    fk.st.event_queries++;
+    int never = e->never;
+    unlock();
+    return never ? cudaErrorNotReady : cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    return cudaSuccess;
+    if (!event_ok(e)) return cudaErrorInvalidResourceHandle;
+    lock();
+    fk.st.host_waits++;
+    int dead = e->never;
+    if (dead) fk.st.deadlocks++;
+    unlock();
+    return dead ? cudaErrorLaunchTimeout : cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
-    if (!a->rec || !b->rec) return cudaErrorInvalidResourceHandle;
+    if (!event_ok(a) || !event_ok(b)) return cudaErrorInvalidResourceHandle;
+    if (!a->rec || !b->rec || a->never || b->never) return cudaErrorNotReady;
     *ms = (float)(b->t - a->t);
     return cudaSuccess;
+}
+
+/* A communicator was aborted: NCCL's kernels quit, and the work behind
+ * them completes. */
+static void release_hung(void) {
+    lock();
+    for (struct CUstream_st *s = fk.streams; s; s = s->next) s->hung = 0;
+    for (struct CUevent_st *e = fk.events; e; e = e->next) e->never = 0;
+    unlock();
+}
+
+// ----------------------------------------------------------------------------
+// cuDNN's algorithm search: which pointers it saw, and whether the run uses
+// the same ones.
+
+static void searched(cudnnConvolutionDescriptor_t cd, int k, const void *a, const void *b,
+                     const void *c) {
+    cd->sp[k][0] = a;
+    cd->sp[k][1] = b;
+    cd->sp[k][2] = c;
+    cd->searched[k] = 1;
+}
+
+static void used(cudnnConvolutionDescriptor_t cd, int k, const void *a, const void *b,
+                 const void *c) {
+    if (!cd->searched[k]) return;
+    lock();
+    fk.st.search_checked++;
+    if (cd->sp[k][0] != a || cd->sp[k][1] != b || cd->sp[k][2] != c) fk.st.search_mismatches++;
+    unlock();
 }
 
 /* ---- cuBLAS */
@@ -213,14 +478,13 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) {
-    blas_tf32 = m == CUBLAS_TF32_TENSOR_OP_MATH;
+    h->tf32 = m == CUBLAS_TF32_TENSOR_OP_MATH;
     return CUBLAS_STATUS_SUCCESS;
 }
 const char *cublasGetStatusString(cublasStatus_t s) {
     return "fake blas error";
 }
 
-static int round_tf32;
 static float ld(const void *p, size_t i, int bf) {
     float v = bf ? dsrt_f32_from_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
     return round_tf32 && !bf ? tf32(v) : v;
@@ -245,7 +509,7 @@ static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k
 cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                               int n, int k, const float *alpha, const float *A, int lda,
                               const float *B, int ldb, const float *beta, float *C, int ldc) {
-    round_tf32 = blas_tf32;
+    round_tf32 = h->tf32;
     gemm(ta, tb, m, n, k, *alpha, A, 0, lda, B, 0, ldb, *beta, C, ldc);
     round_tf32 = 0;
     return CUBLAS_STATUS_SUCCESS;
@@ -418,6 +682,7 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
     const cudnnTensorDescriptor_t yd, void *y, const int req, int *got,
     cudnnConvolutionFwdAlgoPerf_t *r, void *ws, size_t wss) {
     if (xd->dt != wd->dt || xd->dt != yd->dt) return CUDNN_STATUS_BAD_PARAM;
+    searched(cd, 0, x, w, y);
     ONE_ALGO(r, cd, got);
 }
 cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(
@@ -431,6 +696,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
     const cudnnTensorDescriptor_t dyd, const void *dy, const cudnnConvolutionDescriptor_t cd,
     const cudnnTensorDescriptor_t dxd, void *dx, const int req, int *got,
     cudnnConvolutionBwdDataAlgoPerf_t *r, void *ws, size_t wss) {
+    searched(cd, 1, w, dy, dx);
     ONE_ALGO(r, cd, got);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -444,6 +710,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
     const cudnnTensorDescriptor_t dyd, const void *dy, const cudnnConvolutionDescriptor_t cd,
     const cudnnFilterDescriptor_t dwd, void *dw, const int req, int *got,
     cudnnConvolutionBwdFilterAlgoPerf_t *r, void *ws, size_t wss) {
+    searched(cd, 2, x, dy, dw);
     ONE_ALGO(r, cd, got);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -501,6 +768,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
                                       const cudnnConvolutionDescriptor_t cd,
                                       cudnnConvolutionFwdAlgo_t algo, void *ws, size_t wss,
                                       const void *beta, const cudnnTensorDescriptor_t yd, void *y) {
+    used(cd, 0, x, w, y);
     round_tf32 = cd->m != CUDNN_FMA_MATH && getenv("DSRT_FAKEGPU_TF32");
     if (wss < 64 || !ws) return CUDNN_STATUS_BAD_PARAM;
     int G = cd->groups, Kg = wd->k / G, Cg = wd->c;
@@ -535,6 +803,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
                                            cudnnConvolutionBwdDataAlgo_t algo, void *ws, size_t wss,
                                            const void *beta, const cudnnTensorDescriptor_t dxd,
                                            void *dx) {
+    used(cd, 1, w, dy, dx);
     round_tf32 = cd->m != CUDNN_FMA_MATH && getenv("DSRT_FAKEGPU_TF32");
     if (wss < 128 || !ws) return CUDNN_STATUS_BAD_PARAM;
     double *acc = calloc(tcount(dxd), sizeof *acc);
@@ -569,6 +838,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                                              cudnnConvolutionBwdFilterAlgo_t algo, void *ws,
                                              size_t wss, const void *beta,
                                              const cudnnFilterDescriptor_t wd, void *dw) {
+    used(cd, 2, x, dy, dw);
     round_tf32 = cd->m != CUDNN_FMA_MATH && getenv("DSRT_FAKEGPU_TF32");
     if (wss < 32 || !ws) return CUDNN_STATUS_BAD_PARAM;
     size_t wn = (size_t)wd->k * wd->c * wd->h * wd->w;
@@ -826,232 +1096,342 @@ cudnnStatus_t cudnnLRNCrossChannelBackward(cudnnHandle_t h, cudnnLRNDescriptor_t
     return 0;
 }
 
-/* ---- dsrt kernels */
-static float kget(dsrt_k_type t, const void *p, size_t i) {
-    return ld(p, i, t == DSRT_K_BF16);
+// ----------------------------------------------------------------------------
+// dsrt's kernels: their own bodies, on the host (tests/kernels_host.c)
+
+static cudaError_t kr(int rc) {
+    return rc ? cudaErrorInvalidValue : cudaSuccess;
 }
-static void kset(dsrt_k_type t, void *p, size_t i, float v) {
-    if (t == DSRT_K_BF16)
-        ((uint16_t *)p)[i] = dsrt_bf16_from_f32(v);
-    else
-        ((float *)p)[i] = v;
-}
-static size_t kat(const dsrt_k_desc *d, int n, int c, int h, int w) {
-    return d->nhwc ? (((size_t)n * d->h + h) * d->w + w) * d->c + c
-                   : (((size_t)n * d->c + c) * d->h + h) * d->w + w;
-}
+
 cudaError_t dsrt_k_input_u8(const uint8_t *x, const dsrt_k_pixel *pix, int norm, const float *stats,
                             const dsrt_k_desc *yd, void *y, cudaStream_t s) {
-    for (int n = 0; n < yd->n; n++)
-        for (int c = 0; c < yd->c; c++) {
-            float a, o;
-            dsrt_input_affine(norm, stats, yd->c, c, &a, &o);
-            for (int h = 0; h < yd->h; h++)
-                for (int w = 0; w < yd->w; w++) {
-                    float v = ((float)x[(((size_t)n * yd->h + h) * yd->w + w) * yd->c + c] -
-                               pix->sub[c]) /
-                              pix->div[c];
-                    kset(yd->type, y, kat(yd, n, c, h, w), dsrt_input_apply(a, o, v));
-                }
-        }
-    return cudaSuccess;
+    return kr(dsrt_kh_input_u8(x, pix, norm, stats, yd, y));
 }
 cudaError_t dsrt_k_input_f32(const float *x, int norm, const float *stats, const dsrt_k_desc *yd,
                              void *y, cudaStream_t s) {
-    for (int n = 0; n < yd->n; n++)
-        for (int c = 0; c < yd->c; c++) {
-            float a, o;
-            dsrt_input_affine(norm, stats, yd->c, c, &a, &o);
-            for (int h = 0; h < yd->h; h++)
-                for (int w = 0; w < yd->w; w++)
-                    kset(yd->type, y, kat(yd, n, c, h, w),
-                         dsrt_input_apply(a, o,
-                                          x[(((size_t)n * yd->c + c) * yd->h + h) * yd->w + w]));
-        }
-    return cudaSuccess;
+    return kr(dsrt_kh_input_f32(x, norm, stats, yd, y));
 }
 cudaError_t dsrt_k_pad(const dsrt_k_desc *xd, const void *x, const dsrt_k_desc *yd, void *y,
                        int top, int left, float fill, int accumulate, cudaStream_t s) {
-    if (xd->n != yd->n || xd->c != yd->c) return cudaErrorInvalidValue;
-    for (int n = 0; n < yd->n; n++)
-        for (int c = 0; c < yd->c; c++)
-            for (int h = 0; h < yd->h; h++)
-                for (int w = 0; w < yd->w; w++) {
-                    int sh = h - top, sw = w - left;
-                    float v = sh >= 0 && sw >= 0 && sh < xd->h && sw < xd->w
-                                  ? kget(xd->type, x, kat(xd, n, c, sh, sw))
-                                  : fill;
-                    size_t k = kat(yd, n, c, h, w);
-                    kset(yd->type, y, k, accumulate ? kget(yd->type, y, k) + v : v);
-                }
-    return cudaSuccess;
+    return kr(dsrt_kh_pad(xd, x, yd, y, top, left, fill, accumulate));
 }
 cudaError_t dsrt_k_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, float leak,
                             cudaStream_t s) {
-    for (size_t i = 0; i < n; i++) {
-        float v = kget(t, x, i);
-        kset(t, y, i, v > 0 ? v : v * leak);
-    }
-    return cudaSuccess;
+    return kr(dsrt_kh_relu_fwd(t, x, y, n, leak));
 }
 cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n,
                             float leak, cudaStream_t s) {
-    for (size_t i = 0; i < n; i++) {
-        float d = kget(t, dy, i);
-        kset(t, dx, i, kget(t, y, i) > 0 ? d : d * leak);
-    }
-    return cudaSuccess;
+    return kr(dsrt_kh_relu_bwd(t, y, dy, dx, n, leak));
 }
 cudaError_t dsrt_k_bias_act(const float *x, const float *b, float *y, int n, int out, int relu,
                             float leak, cudaStream_t s) {
-    for (int i = 0; i < n; i++)
-        for (int o = 0; o < out; o++) {
-            float v = x[(size_t)i * out + o] + (b ? b[o] : 0.0f);
-            if (relu && v < 0) v *= leak;
-            y[(size_t)i * out + o] = v;
-        }
-    return cudaSuccess;
+    return kr(dsrt_kh_bias_act(x, b, y, n, out, relu, leak));
 }
 cudaError_t dsrt_k_bias_grad(const float *dy, float *db, int n, int out, cudaStream_t s) {
-    for (int o = 0; o < out; o++) {
-        double a = 0;
-        for (int i = 0; i < n; i++) a += dy[(size_t)i * out + o];
-        db[o] = (float)a;
-    }
-    return cudaSuccess;
+    return kr(dsrt_kh_bias_grad(dy, db, n, out));
 }
 cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t it,
                            int layer, float p, cudaStream_t s) {
-    dsrt_rng r = dsrt_dropout_rng(seed, it, (uint64_t)layer);
-    uint32_t th = dsrt_dropout_threshold(p);
-    float sc = dsrt_dropout_scale(p);
-    size_t j = 0;
-    for (int n = 0; n < d->n; n++)
-        for (int c = 0; c < d->c; c++)
-            for (int h = 0; h < d->h; h++)
-                for (int w = 0; w < d->w; w++, j++) {
-                    size_t k = kat(d, n, c, h, w);
-                    kset(d->type, y, k, kget(d->type, x, k) * dsrt_dropout_mask(&r, j, th, sc));
-                }
-    return cudaSuccess;
+    return kr(dsrt_kh_dropout(d, x, y, seed, it, layer, p));
 }
 size_t dsrt_k_softmax_xent_work(int n) {
-    return 16 * (size_t)n + 16;
+    return dsrt_kb_softmax_work(n);
 }
 cudaError_t dsrt_k_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k,
                                     float *probs, double *loss, int32_t *correct, void *work,
                                     cudaStream_t s) {
-    int32_t *any = labels ? NULL : calloc((size_t)n, sizeof *any);
-    double l;
-    int ok;
-    ref_softmax_xent(z, labels ? labels : any, n, k, probs, &l, &ok);
-    free(any);
-    if (loss) *loss = l;
-    if (correct) *correct = ok;
-    return cudaSuccess;
+    return kr(dsrt_kh_softmax_xent_fwd(z, labels, n, k, probs, loss, correct, work));
 }
 cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k,
                                     float scale, float *dz, cudaStream_t s) {
-    for (int b = 0; b < n; b++) {
-        for (int j = 0; j < k; j++) dz[(size_t)b * k + j] = probs[(size_t)b * k + j] * scale;
-        dz[(size_t)b * k + labels[b]] -= scale;
-    }
-    return cudaSuccess;
+    return kr(dsrt_kh_softmax_xent_bwd(probs, labels, n, k, scale, dz));
 }
 cudaError_t dsrt_k_bn_sums(const float *x, int n, int c, int hw, double *sums, cudaStream_t s) {
-    ref_bn_sums(x, n, c, hw, sums);
-    return cudaSuccess;
+    return kr(dsrt_kh_bn_sums(x, n, c, hw, sums));
 }
 cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum, float *mean,
                             float *var, float *inv, float *run_mean, float *run_var,
                             cudaStream_t s) {
-    ref_bn_stats(sums, c, eps, momentum, mean, var, inv, run_mean, run_var);
-    return cudaSuccess;
+    return kr(dsrt_kh_bn_stats(sums, c, eps, momentum, mean, var, inv, run_mean, run_var));
 }
 cudaError_t dsrt_k_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv,
                                int n, int c, int hw, double *sums, float *dscale, float *dshift,
                                cudaStream_t s) {
-    ref_bn_bwd_sums(x, dy, mean, inv, n, c, hw, sums, dscale, dshift);
-    return cudaSuccess;
+    return kr(dsrt_kh_bn_bwd_sums(x, dy, mean, inv, n, c, hw, sums, dscale, dshift));
 }
 cudaError_t dsrt_k_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
                              const float *scale, const double *sums, const double *count, int n,
                              int c, int hw, float *dx, cudaStream_t s) {
-    ref_bn_bwd_dx(x, dy, mean, inv, scale, sums, *count, n, c, hw, dx);
-    return cudaSuccess;
+    return kr(dsrt_kh_bn_bwd_dx(x, dy, mean, inv, scale, sums, count, n, c, hw, dx));
 }
 size_t dsrt_k_optim_layout(dsrt_k_segment *seg, int n_seg, uint32_t *blocks) {
-    uint32_t b = 0;
-    for (int k = 0; k < n_seg; k++) {
-        seg[k].block0 = b;
-        seg[k].blocks = (uint32_t)((seg[k].n + 1023) / 1024);
-        b += seg[k].blocks;
-    }
-    *blocks = b;
-    return (size_t)(b ? b : 1) * 8 + 8;
-}
-cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w, float *g,
-                                float *buf0, float *buf1, dsrt_bf16 *w16, cudaStream_t s) {
-    dsrt_segment *seg = calloc((size_t)o->n_seg + 1, sizeof *seg);
-    size_t end = 0;
-    for (int k = 0; k < o->n_seg; k++) {
-        seg[k].off = o->seg[k].off;
-        seg[k].n = o->seg[k].n;
-        seg[k].lr = o->seg[k].lr;
-        seg[k].l2 = o->seg[k].l2;
-        if (seg[k].off + seg[k].n > end) end = seg[k].off + seg[k].n;
-    }
-    dsrt_optim_step t;
-    memset(&t, 0, sizeof t);
-    t.solver = st->solver;
-    t.lr = st->lr;
-    t.l2 = st->l2;
-    t.momentum = st->momentum;
-    t.b1 = st->decay;
-    t.b2 = st->sq_decay;
-    t.c1 = st->c1;
-    t.c2 = st->c2;
-    t.eps = st->eps;
-    t.clip = st->clip;
-    t.threshold = st->threshold;
-    t.seg = seg;
-    t.n_seg = o->n_seg;
-    t.buf[0] = buf0;
-    t.buf[1] = buf1;
-    if (!o->work) return cudaErrorInvalidValue;
-    dsrt__optim_host(w, g, &t);
-    if (w16)
-        for (size_t i = 0; i < end; i++) w16[i] = dsrt_bf16_from_f32(w[i]);
-    free(seg);
-    return cudaSuccess;
+    return dsrt_kb_optim_layout(seg, n_seg, blocks);
 }
 void dsrt_k_optim_step_params(dsrt_k_step *st, const dsrt_optimizer_options *o, double lr,
                               int64_t t) {
-    *st = (dsrt_k_step){(int)o->solver,
-                        (int)o->clip,
-                        o->grad_threshold,
-                        lr,
-                        o->l2,
-                        (float)o->momentum,
-                        (float)o->gradient_decay,
-                        (float)o->sq_gradient_decay,
-                        (float)(1.0 / (1.0 - pow(o->gradient_decay, (double)t))),
-                        (float)(1.0 / (1.0 - pow(o->sq_gradient_decay, (double)t))),
-                        (float)o->epsilon};
+    dsrt_kb_optim_step_params(st, o, lr, t);
+}
+cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w, float *g,
+                                float *buf0, float *buf1, dsrt_bf16 *w16, cudaStream_t s) {
+    /* The kernel reads the segment table on s: the copy that wrote it must
+     * be ordered before it, on s itself. */
+    if (o && o->n_seg) {
+        cudaStream_t w = last_writer(o->seg);
+        lock();
+        fk.st.optim_launches++;
+        if (w != s) fk.st.seg_table_races++;
+        unlock();
+    }
+    return kr(dsrt_kh_optim_update(o, st, w, g, buf0, buf1, w16));
 }
 cudaError_t dsrt_k_fill(float *y, size_t n, float v, cudaStream_t s) {
-    for (size_t i = 0; i < n; i++) y[i] = v;
-    return cudaSuccess;
+    return kr(dsrt_kh_fill(y, n, v));
 }
 cudaError_t dsrt_k_scale(const float *x, float *y, size_t n, float a, cudaStream_t s) {
-    for (size_t i = 0; i < n; i++) y[i] = a * x[i];
-    return cudaSuccess;
+    return kr(dsrt_kh_scale(x, y, n, a));
 }
 cudaError_t dsrt_k_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n, cudaStream_t s) {
-    for (size_t i = 0; i < n; i++) y[i] = dsrt_bf16_from_f32(x[i]);
-    return cudaSuccess;
+    return kr(dsrt_kh_f32_to_bf16(x, y, n));
 }
 cudaError_t dsrt_k_bf16_to_f32(const dsrt_bf16 *x, float *y, size_t n, cudaStream_t s) {
-    for (size_t i = 0; i < n; i++) y[i] = dsrt_f32_from_bf16(x[i]);
-    return cudaSuccess;
+    return kr(dsrt_kh_bf16_to_f32(x, y, n));
 }
+
+// ----------------------------------------------------------------------------
+// NCCL: cliques of in-process members, one thread a member
+
+#ifdef DSRT_HAVE_NCCL
+
+#define MAGIC_COMM 0x434f4d4du
+#define CLIQUES    16
+
+/* The members that share a unique id. A collective: every member posts its
+ * buffer, the last to arrive sums them in member order into each. */
+typedef struct {
+    char id[NCCL_UNIQUE_ID_BYTES];
+    int used;
+    int n, members; /* ranks, and members created so far */
+    pthread_cond_t cv;
+    uint64_t gen;
+    int arrived;
+    void *buf[8];
+    size_t count;
+    ncclDataType_t type;
+    long close_group[3]; /* the group of the last finalize, destroy, abort */
+    int close_seen[3];
+} clique;
+
+struct ncclComm {
+    unsigned magic;
+    clique *cl;
+    int rank;
+    int blocking;
+};
+
+static clique cliques[CLIQUES];
+static long next_id, group_serial;
+static _Thread_local int group_depth;
+static _Thread_local long group_now;
+
+static clique *clique_for(const ncclUniqueId *id, int n) {
+    lock();
+    clique *found = NULL;
+    for (int k = 0; k < CLIQUES && !found; k++)
+        if (cliques[k].used && !memcmp(cliques[k].id, id->internal, NCCL_UNIQUE_ID_BYTES))
+            found = &cliques[k];
+    for (int k = 0; k < CLIQUES && !found; k++)
+        if (!cliques[k].used) {
+            found = &cliques[k];
+            memset(found, 0, sizeof *found);
+            memcpy(found->id, id->internal, NCCL_UNIQUE_ID_BYTES);
+            found->used = 1;
+            found->n = n;
+            pthread_cond_init(&found->cv, NULL);
+        }
+    unlock();
+    return found;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) {
+    return r == ncclSuccess ? "no error" : "fake NCCL error";
+}
+const char *ncclGetLastError(ncclComm_t comm) {
+    return "";
+}
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof *id);
+    lock();
+    long k = ++next_id;
+    unlock();
+    snprintf(id->internal, sizeof id->internal, "fake-%ld-%ld", (long)getpid(), k);
+    return ncclSuccess;
+}
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config) {
+    if (nranks < 1 || nranks > 8 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+    clique *cl = clique_for(&id, nranks);
+    if (!cl || cl->n != nranks) return ncclInvalidUsage;
+    struct ncclComm *c = calloc(1, sizeof *c);
+    if (!c) return ncclSystemError;
+    c->magic = MAGIC_COMM;
+    c->cl = cl;
+    c->rank = rank;
+    c->blocking = !config || config->blocking != 0;
+    lock();
+    cl->members++;
+    fk.live_comms++;
+    unlock();
+    *comm = c;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    return ncclCommInitRankConfig(comm, nranks, id, rank, NULL);
+}
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devs) {
+    ncclUniqueId id;
+    ncclGetUniqueId(&id);
+    for (int i = 0; i < n; i++) {
+        ncclResult_t r = ncclCommInitRank(&comms[i], n, id, i);
+        if (r != ncclSuccess) return r;
+    }
+    return ncclSuccess;
+}
+ncclResult_t ncclGroupStart(void) {
+    if (group_depth++ == 0) {
+        lock();
+        group_now = ++group_serial;
+        unlock();
+    }
+    return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth <= 0) return ncclInvalidUsage;
+    if (--group_depth == 0) {
+        lock();
+        fk.st.groups++;
+        unlock();
+    }
+    return ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *st) {
+    if (!comm || comm->magic != MAGIC_COMM) return ncclInvalidArgument;
+    *st = ncclSuccess;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *n) {
+    *n = comm->cl->n;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *r) {
+    *r = comm->rank;
+    return ncclSuccess;
+}
+
+static size_t type_size(ncclDataType_t t) {
+    return t == ncclFloat64 ? 8 : 4;
+}
+
+/* The sum over the clique, in member order, into every member's buffer. */
+static void sum_members(clique *cl) {
+    size_t n = cl->count;
+    for (size_t i = 0; i < n; i++) {
+        double s = 0;
+        float f = 0;
+        for (int m = 0; m < cl->n; m++) {
+            if (cl->type == ncclFloat64)
+                s += ((const double *)cl->buf[m])[i];
+            else
+                f += ((const float *)cl->buf[m])[i];
+        }
+        for (int m = 0; m < cl->n; m++) {
+            if (cl->type == ncclFloat64)
+                ((double *)cl->buf[m])[i] = s;
+            else
+                ((float *)cl->buf[m])[i] = f;
+        }
+    }
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    if (!comm || comm->magic != MAGIC_COMM || op != ncclSum ||
+        (type != ncclFloat32 && type != ncclFloat64) || group_depth)
+        return ncclInvalidUsage;
+    if (send != recv) memcpy(recv, send, count * type_size(type));
+    clique *cl = comm->cl;
+    int ok = 1;
+    lock();
+    if (fk.hang) {
+        /* A peer that never comes: the work behind this stays undone. */
+        if (stream) stream->hung = 1;
+        fk.st.collectives++;
+        unlock();
+        return ncclSuccess;
+    }
+    uint64_t gen = cl->gen;
+    cl->buf[comm->rank] = recv;
+    cl->count = count;
+    cl->type = type;
+    if (++cl->arrived == cl->n) {
+        sum_members(cl);
+        cl->arrived = 0;
+        cl->gen++;
+        fk.st.collectives++;
+        pthread_cond_broadcast(&cl->cv);
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 120;
+    while (cl->gen == gen && ok) ok = pthread_cond_timedwait(&cl->cv, &fk.mu, &until) == 0;
+    unlock();
+    return ok ? ncclSuccess : ncclSystemError;
+}
+
+/* A finalize, destroy or abort of comm (kind 0, 1, 2): counted with its
+ * group. The members of a clique closed by one thread must share one
+ * group for each kind of call. */
+static void count_close(ncclComm_t comm, int kind, long *counter) {
+    lock();
+    (*counter)++;
+    long g = group_depth ? group_now : -1;
+    if (g < 0) fk.st.ungrouped_closes++;
+    clique *cl = comm->cl;
+    if (cl->n > 1 && (g < 0 || (cl->close_seen[kind] && cl->close_group[kind] != g)))
+        fk.st.split_closes++;
+    cl->close_group[kind] = g;
+    cl->close_seen[kind] = 1;
+    unlock();
+}
+
+static void free_comm(ncclComm_t comm) {
+    lock();
+    fk.live_comms--;
+    if (--comm->cl->members == 0) {
+        pthread_cond_destroy(&comm->cl->cv);
+        comm->cl->used = 0;
+    }
+    unlock();
+    comm->magic = 0;
+    free(comm);
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+    if (!comm || comm->magic != MAGIC_COMM) return ncclInvalidArgument;
+    count_close(comm, 0, &fk.st.finalizes);
+    return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    if (!comm || comm->magic != MAGIC_COMM) return ncclInvalidArgument;
+    count_close(comm, 1, &fk.st.destroys);
+    free_comm(comm);
+    return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    if (!comm || comm->magic != MAGIC_COMM) return ncclInvalidArgument;
+    count_close(comm, 2, &fk.st.aborts);
+    free_comm(comm);
+    release_hung();
+    return ncclSuccess;
+}
+
+#endif

@@ -4,7 +4,13 @@
  * optimizer for every solver and gradient-threshold method, dropout masks,
  * staged and uint8 batches, synchronised batchnorm through its hook, a
  * 200-step training run, determinism, and model files and checkpoints
- * moving between the CPU and the GPU.
+ * moving between the CPU and the GPU; the flat buffers' alignment, and
+ * batch shapes reserved before a run (then nothing more is allocated, and
+ * an inference of another size borrows a larger plan's memory). In the
+ * fake build (test_fakegpu_backend) the stand-in also checks that cuDNN's
+ * algorithm search saw the very pointers the steps use, that the
+ * optimizer's segment table is written on the stream its kernel reads it
+ * on, and counts allocations.
  *
  * Tolerances, as the norm of the difference over the norm of the CPU's
  * tensor: fp32 1e-4, tf32 3e-3, bf16 2e-2 (layer outputs, gradients, batch
@@ -34,6 +40,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef DSRT_FAKE_GPU
+#include "fakegpu.h"
+#endif
 
 static const double TOL[] = {0, 1e-4, 3e-3, 2e-2}; /* by dsrt_precision */
 static char tmpdir[4096];
@@ -367,6 +377,19 @@ static void test_layers_bf16(void) {
     check_layers(DSRT_PRECISION_BF16);
 }
 
+/* One small net (asymmetric padding, pooling with padding, batchnorm,
+ * dropout, fully connected layers) in each precision: the device kit's
+ * short run under compute-sanitizer. */
+static void test_small_nets(void) {
+    for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec++) {
+        if (G < 0 && prec != DSRT_PRECISION_FP32) continue;
+        char tag[64];
+        snprintf(tag, sizeof tag, "small net, %s", dsrt_precision_name((dsrt_precision)prec));
+        check_net(&NETS[2], (dsrt_precision)prec, 3, TOL[prec],
+                  prec == DSRT_PRECISION_FP32 ? TOL[prec] : -1, tag);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Dropout masks
 
@@ -408,6 +431,9 @@ static void test_optimizer(void) {
     const char *desc = "input\nconv filters=6 size=3 pad=1 bias=0\nbatchnorm\nrelu\nfc outputs=8\n"
                        "relu\nfc outputs=4 wlr=2 bl2=1\nsoftmax\n";
     const int n = 8;
+#ifdef DSRT_FAKE_GPU
+    fakegpu_reset_stats();
+#endif
     float x[8 * 3 * 6 * 6];
     int32_t y[8];
     fill(x, sizeof x / sizeof x[0], 11, 0, 1);
@@ -458,6 +484,12 @@ static void test_optimizer(void) {
             dsrt_net_destroy(c);
             dsrt_net_destroy(g);
         }
+#ifdef DSRT_FAKE_GPU
+    /* The segment table was copied on the stream its kernel reads it on. */
+    fakegpu_stats st = fakegpu_get_stats();
+    CHECK(st.optim_launches > 0);
+    CHECK_EQ(st.seg_table_races, 0);
+#endif
 }
 
 // ----------------------------------------------------------------------------
@@ -810,6 +842,111 @@ static void test_cpu_gpu_files(void) {
     cross(-1, G);
 }
 
+// ----------------------------------------------------------------------------
+// Device memory: alignment, reserved shapes
+
+/* params, grads and state start on 256-byte boundaries whatever the counts
+ * (this net has an odd number of parameters), in fp32 and bf16; in the
+ * fake build the algorithm search saw the pointers the steps use. */
+static void test_flat_alignment(void) {
+    const char *desc = "input\nconv filters=3 size=3 pad=1\nbatchnorm\nrelu\n"
+                       "conv filters=5 size=3 stride=2\nfc outputs=7\nsoftmax\n";
+    const dsrt_precision precs[] = {DSRT_PRECISION_FP32, DSRT_PRECISION_BF16};
+    float x[4 * 3 * 9 * 9];
+    int32_t y[4];
+    fill(x, sizeof x / sizeof x[0], 5, 0, 1);
+    labels_for(y, 4, 7, 5);
+    for (size_t k = 0; k < (G >= 0 ? DSRT_ARRAY_SIZE(precs) : 1); k++) {
+#ifdef DSRT_FAKE_GPU
+        fakegpu_reset_stats();
+#endif
+        dsrt_net *g = make_on(desc, 9, 9, 3, 7, G, precs[k], 0);
+        size_t np, ns;
+        dsrt_net_params(g, &np);
+        dsrt_net_state(g, &ns);
+        CHECK(np % 2 == 1 && ns > 0);
+        dsrt_backend_memory m;
+        dsrt__net_memory(g, &m);
+        if (G >= 0) {
+            CHECK_EQ((uintptr_t)m.params % 256, 0);
+            CHECK_EQ((uintptr_t)m.grads % 256, 0);
+            CHECK_EQ((uintptr_t)m.state % 256, 0);
+        }
+        for (int s = 0; s < 2; s++) CHECK_OK(dsrt_net_forward_backward(g, x, y, 4, NULL, NULL));
+#ifdef DSRT_FAKE_GPU
+        fakegpu_stats st = fakegpu_get_stats();
+        CHECK(st.search_checked >= 6); /* two convolutions, three directions */
+        CHECK_EQ(st.search_mismatches, 0);
+#endif
+        dsrt_net_destroy(g);
+    }
+}
+
+/* Shapes reserved before training (batches of 12 and a last one of 5,
+ * inference of 9 and 4): steps of those sizes and an inference of 7 (in
+ * the memory of the plan for 9) give the CPU's results, and in the fake
+ * build nothing is allocated or freed after the reservation. */
+static void test_reserve(void) {
+    const char *desc = "input\nconv filters=4 size=3 pad=1 bias=0\nbatchnorm\nrelu\n"
+                       "maxpool size=2 stride=2\nfc outputs=5\nsoftmax\n";
+    const int h = 8, w = 8, c = 3;
+    float x[12 * 3 * 8 * 8];
+    int32_t y[12];
+    fill(x, sizeof x / sizeof x[0], 9, 0, 1);
+    labels_for(y, 12, 5, 9);
+    dsrt_net *nc = make_on(desc, h, w, c, 5, -1, DSRT_PRECISION_FP32, 0);
+    dsrt_net *ng = make_on(desc, h, w, c, 5, G, DSRT_PRECISION_FP32, 0);
+    dsrt_net_reserve r;
+    memset(&r, 0, sizeof r);
+    r.train_n[0] = 12, r.train_n[1] = 5, r.n_train = 2;
+    r.infer_n[0] = 9, r.infer_n[1] = 4, r.n_infer = 2;
+    r.layout = r.infer_layout = DSRT_INPUT_F32_NCHW;
+    r.opt_buffers = 1;
+    CHECK_OK(dsrt__net_reserve(nc, &r));
+    CHECK_OK(dsrt__net_reserve(ng, &r));
+    r.train_n[0] = 0;
+    CHECK_EQ(dsrt__net_reserve(ng, &r), -EINVAL);
+    r.train_n[0] = 12;
+    dsrt_optimizer *oc, *og;
+    CHECK_OK(dsrt_optimizer_create(&oc, nc, NULL));
+    CHECK_OK(dsrt_optimizer_create(&og, ng, NULL));
+#ifdef DSRT_FAKE_GPU
+    fakegpu_stats before = fakegpu_get_stats();
+#endif
+    const int sizes[] = {12, 5, 12, 5};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(sizes); k++) {
+        float lc, lg;
+        CHECK_OK(dsrt_net_forward_backward(nc, x, y, sizes[k], &lc, NULL));
+        CHECK_OK(dsrt_net_forward_backward(ng, x, y, sizes[k], &lg, NULL));
+        if (!close_to(&lg, &lc, 1, TOL[DSRT_PRECISION_FP32], "reserved step loss")) test_failures++;
+        CHECK_OK(dsrt_optimizer_step(oc, nc, 0));
+        CHECK_OK(dsrt_optimizer_step(og, ng, 0));
+    }
+    const int infer[] = {9, 4, 7, 9};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(infer); k++) {
+        float pc[12 * 5], pg[12 * 5];
+        CHECK_OK(dsrt_net_predict(nc, x, infer[k], pc, NULL, NULL, NULL));
+        CHECK_OK(dsrt_net_predict(ng, x, infer[k], pg, NULL, NULL, NULL));
+        char what[64];
+        snprintf(what, sizeof what, "reserved inference of %d", infer[k]);
+        if (!close_to(pg, pc, (size_t)infer[k] * 5, TOL[DSRT_PRECISION_FP32], what))
+            test_failures++;
+    }
+    size_t np;
+    const float *wc = dsrt_net_params(nc, &np);
+    if (!close_to(dsrt_net_params(ng, NULL), wc, np, 1e-4, "reserved: weights")) test_failures++;
+#ifdef DSRT_FAKE_GPU
+    fakegpu_stats after = fakegpu_get_stats();
+    CHECK_EQ(after.mallocs, before.mallocs);
+    CHECK_EQ(after.frees, before.frees);
+    CHECK_EQ(after.host_allocs, before.host_allocs);
+#endif
+    dsrt_optimizer_destroy(oc);
+    dsrt_optimizer_destroy(og);
+    dsrt_net_destroy(nc);
+    dsrt_net_destroy(ng);
+}
+
 int main(void) {
     const char *self = getenv("DSRT_TEST_GPU_SELF_CHECK");
     if (self && !strcmp(self, "1")) {
@@ -827,6 +964,7 @@ int main(void) {
         RUN_WANTED(test_layers_tf32);
         RUN_WANTED(test_layers_bf16);
     }
+    RUN_WANTED(test_small_nets);
     RUN_WANTED(test_dropout_masks);
     RUN_WANTED(test_optimizer);
     if (G >= 0) RUN_WANTED(test_staging);
@@ -834,5 +972,7 @@ int main(void) {
     RUN_WANTED(test_train_200);
     RUN_WANTED(test_deterministic);
     RUN_WANTED(test_cpu_gpu_files);
+    RUN_WANTED(test_flat_alignment);
+    RUN_WANTED(test_reserve);
     return TEST_RESULT();
 }

@@ -17,6 +17,7 @@
  * bit-for-bit checks allow 1e-6 relative.
  */
 #include "gpu.h"
+#include "kernelcheck.h"
 #include "nn/arith.h"
 #include "nn/kernels.h"
 #include "nnref.h"
@@ -24,12 +25,6 @@
 #include <dsrt.h>
 #include <math.h>
 #include <string.h>
-
-#ifdef __FMA__
-#define FUSED_TOL 1e-6
-#else
-#define FUSED_TOL 0.0
-#endif
 
 static cudaStream_t S;
 
@@ -67,34 +62,6 @@ static void *hmalloc(size_t bytes) {
     return p;
 }
 
-static float uniform(dsrt_rng *r, float lo, float hi) {
-    return lo + (hi - lo) * (float)dsrt_rng_uniform(r);
-}
-
-static int same_bits(float a, float b) {
-    return dsrt_f32_bits(a) == dsrt_f32_bits(b);
-}
-
-/* Elements of got that differ from want by more than rel * |want| + abs
- * (NaN matches NaN; with rel = abs = 0, the bits must match); prints the
- * first few. */
-static int mismatches(const char *what, const float *got, const float *want, size_t n, double rel,
-                      double abs) {
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        int ok;
-        if (isnan(want[i]) || isnan(got[i]))
-            ok = isnan(want[i]) && isnan(got[i]);
-        else if (rel == 0 && abs == 0)
-            ok = same_bits(got[i], want[i]);
-        else
-            ok = fabs((double)got[i] - want[i]) <= rel * fabs((double)want[i]) + abs;
-        if (!ok && bad++ < 5)
-            fprintf(stderr, "  %s[%zu]: got %.9g, want %.9g\n", what, i, got[i], want[i]);
-    }
-    return bad;
-}
-
 static int mismatches16(const char *what, const dsrt_bf16 *got, const float *want, size_t n) {
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -105,12 +72,6 @@ static int mismatches16(const char *what, const dsrt_bf16 *got, const float *wan
                     want[i]);
     }
     return bad;
-}
-
-/* Index of logical element (b, c, h, w) in a layout. */
-static size_t at(const dsrt_k_desc *d, size_t b, int c, int h, int w) {
-    if (d->nhwc) return ((b * d->h + h) * d->w + w) * d->c + c;
-    return ((b * d->c + c) * d->h + h) * d->w + w;
 }
 
 static size_t count_of(const dsrt_k_desc *d) {
@@ -322,24 +283,10 @@ static void pad_case(dsrt_k_desc xd, dsrt_k_desc yd, int top, int left, float fi
 }
 
 static void test_pad(void) {
-    dsrt_k_desc x = {2, 3, 5, 6, 0, DSRT_K_F32}, big = {2, 3, 8, 9, 0, DSRT_K_F32};
-    dsrt_k_desc small = {2, 3, 3, 4, 0, DSRT_K_F32};
-    pad_case(x, big, 1, 2, -INFINITY, 0);
-    pad_case(x, big, 0, 0, 0.0f, 0);
-    pad_case(x, big, 3, 3, 0.0f, 0);
-    big.nhwc = 1, big.type = DSRT_K_BF16;
-    pad_case(x, big, 2, 1, -INFINITY, 0);
-    x.nhwc = 1;
-    big.nhwc = 0, big.type = DSRT_K_F32;
-    pad_case(x, big, 1, 0, 0.5f, 0);
-    /* Crops (the backward of a pad), plain and accumulating. */
-    x.nhwc = 0;
-    pad_case(x, small, -1, -2, 0.0f, 0);
-    pad_case(x, small, -2, -1, 0.0f, 1);
-    small.type = DSRT_K_BF16, small.nhwc = 1;
-    pad_case(x, small, -1, -1, 0.0f, 1);
-    dsrt_k_desc other = {2, 4, 5, 6, 0, DSRT_K_F32};
-    CHECK_EQ(dsrt_k_pad(&x, NULL, &other, NULL, 0, 0, 0, 0, S), cudaErrorInvalidValue);
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(PAD_CASES); k++)
+        pad_case(PAD_CASES[k].x, PAD_CASES[k].y, PAD_CASES[k].top, PAD_CASES[k].left,
+                 PAD_CASES[k].fill, PAD_CASES[k].accumulate);
+    CHECK_EQ(dsrt_k_pad(&PAD_BAD_X, NULL, &PAD_BAD_Y, NULL, 0, 0, 0, 0, S), cudaErrorInvalidValue);
 }
 
 // ----------------------------------------------------------------------------
@@ -690,39 +637,6 @@ static void test_softmax(void) {
 // ----------------------------------------------------------------------------
 // The optimizer
 
-/* A net with multi-block segments (fc 64 -> 100: 6400 weights), factors,
- * and a frozen layer. */
-static const char *OPT_NET = "input size=6x6x2\n"
-                             "conv filters=4 size=3 wlr=2 bl2=0.5\n"
-                             "batchnorm wl2=0\n"
-                             "relu\n"
-                             "fc outputs=100 wl2=3 blr=0.5\n"
-                             "relu\n"
-                             "fc outputs=classes wlr=0 blr=0\n"
-                             "softmax\n";
-
-/* Segments as nn/optim.c makes them. */
-static int segments_of(const dsrt_net *net, dsrt_k_segment *seg) {
-    int n = 0;
-    for (int i = 0; i < net->n_layers; i++) {
-        const dsrt_layer *l = &net->layers[i];
-        if (l->w_n) seg[n++] = (dsrt_k_segment){l->w_off, l->w_n, l->o.wlr, l->o.wl2, 0, 0};
-        if (l->b_n) seg[n++] = (dsrt_k_segment){l->b_off, l->b_n, l->o.blr, l->o.bl2, 0, 0};
-    }
-    return n;
-}
-
-/* Gradients of step `step`: each segment at its own scale, so that norm
- * clipping applies to some and not others. */
-static void make_grads(float *g, size_t n_params, const dsrt_k_segment *seg, int n_seg, int step) {
-    dsrt_rng r = dsrt_rng_init(28, (uint64_t)step, 0, 0);
-    for (size_t i = 0; i < n_params; i++) g[i] = uniform(&r, -0.1f, 0.1f);
-    for (int k = 0; k < n_seg; k++) {
-        float s = k % 3 == 0 ? 0.2f : k % 3 == 1 ? 1.0f : 8.0f;
-        for (size_t i = 0; i < seg[k].n; i++) g[seg[k].off + i] *= s;
-    }
-}
-
 typedef struct {
     float *w, *g, *m, *v;
     dsrt_bf16 *w16;
@@ -734,7 +648,7 @@ static void optim_case(dsrt_solver solver, int clip, double threshold) {
     REQUIRE(net);
     size_t np = net->n_params, bytes = np * sizeof(float);
     dsrt_k_segment seg[16];
-    int n_seg = segments_of(net, seg);
+    int n_seg = dsrt_kb_net_segments(net, seg);
     dsrt_optimizer_options o = dsrt_optimizer_defaults(solver);
     o.l2 = 1e-3;
     o.schedule = DSRT_LR_PIECEWISE, o.drop_period = 1, o.drop_factor = 0.5;
@@ -763,7 +677,7 @@ static void optim_case(dsrt_solver solver, int clip, double threshold) {
     float *init = hmalloc(bytes);
     memcpy(init, net->params, bytes);
     for (int step = 0; step < 3; step++) {
-        make_grads(g, np, seg, n_seg, step);
+        make_grads(g, np, seg, n_seg, 28, step);
         memcpy(net->grads, g, bytes);
         int epoch = step;
         double lr = dsrt_optimizer_learn_rate(opt, epoch);
@@ -824,15 +738,9 @@ static void optim_case(dsrt_solver solver, int clip, double threshold) {
 }
 
 static void test_optimizer(void) {
-    const dsrt_solver solvers[] = {DSRT_SOLVER_SGDM, DSRT_SOLVER_ADAM, DSRT_SOLVER_RMSPROP};
-    for (size_t s = 0; s < DSRT_ARRAY_SIZE(solvers); s++) {
-        optim_case(solvers[s], -1, INFINITY);
-        /* Segment norms are about 0.1 to 40: some clipped, some not. */
-        optim_case(solvers[s], DSRT_CLIP_L2NORM, 1.5);
-        optim_case(solvers[s], DSRT_CLIP_GLOBAL_L2NORM, 2.0);
-        optim_case(solvers[s], DSRT_CLIP_GLOBAL_L2NORM, 1e6); /* not reached */
-        optim_case(solvers[s], DSRT_CLIP_ABSOLUTE, 0.05);
-    }
+    for (size_t s = 0; s < DSRT_ARRAY_SIZE(OPT_SOLVERS); s++)
+        for (size_t k = 0; k < DSRT_ARRAY_SIZE(OPT_CLIPS); k++)
+            optim_case(OPT_SOLVERS[s], OPT_CLIPS[k].clip, OPT_CLIPS[k].threshold);
 }
 
 // ----------------------------------------------------------------------------

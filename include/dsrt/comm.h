@@ -101,11 +101,14 @@ DSRT_API void dsrt_comm_finalize(void);
 DSRT_API int dsrt_comm_open(dsrt_comm **c, const dsrt_comm_options *o);
 
 /*
- * Opens n communicators that join n CUDA devices of this process (NCCL,
- * ncclCommInitAll; no MPI): comms[i] drives devices[i] and must then be
- * used from a thread of its own (one training thread per GPU). Their ranks
- * are 0 .. n-1. options->kind is ignored. Returns 0, or a negative code
- * (DSRT_EUNSUPPORTED without NCCL, DSRT_ENODEVICE for a missing device).
+ * Opens n communicators that join n CUDA devices of this process (NCCL, the
+ * devices' communicators made together in one group; no MPI): comms[i]
+ * drives devices[i] and must then be used from a thread of its own (one
+ * training thread per GPU). Their ranks are 0 .. n-1. options->kind is
+ * ignored. Close each once, from any thread: their NCCL communicators are
+ * finalised and destroyed together (in one group) by the thread that closes
+ * the last of them. Returns 0, or a negative code (DSRT_EUNSUPPORTED
+ * without NCCL, DSRT_ENODEVICE for a missing device).
  */
 DSRT_API int dsrt_comm_open_local(dsrt_comm **comms, int n, const int *devices,
                                   const dsrt_comm_options *o);
@@ -149,9 +152,11 @@ DSRT_API int dsrt_comm_attach(dsrt_comm *c, dsrt_net *net);
  * train_finish), waits until the whole gradient buffer holds the sum over
  * the workers. Buckets the hook did not announce (a step that failed part
  * way) are reduced here, so every worker makes the same calls. Returns 0 or
- * a negative code. On a GPU the net's stream is also ordered after the sums,
- * and the call returns when the device has done them (it polls, so that the
- * deadline holds): do host work such as staging the next batch before it.
+ * a negative code. On a GPU (NCCL) the call orders the net's stream after
+ * the sums and returns at once: the optimizer step and the next forward are
+ * queued behind them on the device. Their deadline holds where the host
+ * next waits for that device (the net's results, read-backs,
+ * synchronisation), which then fails with the communicator's message.
  */
 DSRT_API int dsrt_comm_grads_wait(dsrt_comm *c);
 
@@ -180,9 +185,12 @@ DSRT_API int dsrt_comm_sync_batchnorm(dsrt_comm *c, dsrt_net *net, int on);
  * models: per bucket its bytes, when backward made it ready and when its
  * reduction completed, and when backward began and ended and grads_wait
  * returned. Seconds on one monotonic clock (CLOCK_MONOTONIC). On a GPU the
- * times are when the host queued the work, and done_s when the host saw
- * the reduction complete. The bucket array belongs to c and is valid until
- * the next step. Returns 0, or -ENOENT before the first step.
+ * timeline is that of the last step whose sums the host has seen complete
+ * (usually the step before the last): ready_s is when the host queued a
+ * bucket's sum, done_s that plus the device's time from the bucket's
+ * gradients being ready to its sum being done (CUDA events). The bucket
+ * array belongs to c and is valid until the next step. Returns 0, or
+ * -ENOENT before the first step.
  */
 typedef struct {
     size_t bytes;

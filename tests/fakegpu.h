@@ -1,0 +1,48 @@
+/*
+ * What the CPU stand-in of the GPU (tests/fakegpu.c) tells a test about the
+ * calls the library made: allocations and when they came, which stream
+ * wrote the optimizer's segment table, which pointers cuDNN's algorithm
+ * search saw, how NCCL's finalize, destroy and abort were grouped, and the
+ * host's waits on the device. Only in the fake builds (DSRT_FAKE_GPU).
+ */
+#ifndef DSRT_TEST_FAKEGPU_H
+#define DSRT_TEST_FAKEGPU_H
+
+typedef struct {
+    /* Device and pinned host memory: cudaMalloc/cudaFree,
+     * cudaMallocHost/cudaFreeHost; and how many of them came after the
+     * first NCCL collective (an all-reduce, or a batchnorm sum). */
+    long mallocs, frees, host_allocs, host_frees;
+    long collectives;
+    long allocs_after_collective;
+    /* The optimizer kernel read its segment table while the last copy into
+     * it was queued on another stream (or the legacy one). */
+    long optim_launches, seg_table_races;
+    /* Convolutions run on other pointers than cuDNN's search was given for
+     * the same descriptor; of those checked. */
+    long search_checked, search_mismatches;
+    /* NCCL: finalize, destroy and abort calls, those made outside a
+     * ncclGroupStart/End, and the groups ended. One thread driving several
+     * members of one clique must group them: a clique's finalize calls made
+     * in more than one group, or outside one, are counted in split_closes. */
+    long finalizes, destroys, aborts, ungrouped_closes, split_closes, groups;
+    /* Host waits: cudaEventSynchronize, cudaStreamSynchronize and
+     * cudaEventQuery calls; waits on work that can never finish (a hung
+     * collective) that would block for ever; invalid handles. */
+    long host_waits, event_queries, deadlocks, bad_handles;
+} fakegpu_stats;
+
+/* A snapshot of the counters since the start or the last reset. */
+fakegpu_stats fakegpu_get_stats(void);
+void fakegpu_reset_stats(void);
+
+/* The CUDA devices the stand-in shows (1 unless set). */
+void fakegpu_set_devices(int n);
+
+/* With on, the next NCCL all-reduces never finish (a peer that does not
+ * arrive): every event recorded behind them, on their stream or on a
+ * stream that waits for one of those events, stays incomplete until a
+ * communicator is aborted. */
+void fakegpu_hang_collectives(int on);
+
+#endif

@@ -1,0 +1,271 @@
+/*
+ * The GPU backend's kernels on the host: the grid of each kernel of
+ * nn/kernels.cu walked in plain loops, every element computed by the same
+ * body (nn/kernels_body.h) the device runs. Where a kernel reduces, the
+ * lanes' shares are kept in arrays and combined in the order the device
+ * combines them: a block's tree (dsrt_kb_tree_*, lane t adding lane t + s),
+ * a warp's butterfly (lane l adding lane l ^ o, as __shfl_xor_sync hands
+ * it), or a bias column's lanes in order. Compiled without contraction of
+ * multiplies and adds (-ffp-contract=off), as the device's intrinsics are.
+ * tests/kernels_host.h says what each function takes.
+ */
+#include "kernels_host.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define THREADS DSRT_KB_THREADS
+#define WARP    DSRT_KB_WARP
+
+/* The block's tree over THREADS doubles (and ints, when c is not NULL):
+ * the result in v[0]. */
+static void tree(double *v, int *c) {
+    for (int s = THREADS / 2; s > 0; s >>= 1)
+        for (int t = 0; t < s; t++) {
+            dsrt_kb_tree_d(v, t, s);
+            if (c) dsrt_kb_tree_i(c, t, s);
+        }
+}
+
+// ----------------------------------------------------------------------------
+// Input, padding, activations
+
+int dsrt_kh_input_u8(const uint8_t *x, const dsrt_k_pixel *pix, int norm, const float *stats,
+                     const dsrt_k_desc *yd, void *y) {
+    if (!dsrt_kb_input_u8_ok(pix, norm, stats, yd)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(yd); i < n; i++)
+        dsrt_kb_input_u8(x, pix, norm, stats, yd, y, i);
+    return 0;
+}
+
+int dsrt_kh_input_f32(const float *x, int norm, const float *stats, const dsrt_k_desc *yd,
+                      void *y) {
+    if (!dsrt_kb_input_ok(norm, stats, yd)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(yd); i < n; i++)
+        dsrt_kb_input_f32(x, norm, stats, yd, y, i);
+    return 0;
+}
+
+int dsrt_kh_pad(const dsrt_k_desc *xd, const void *x, const dsrt_k_desc *yd, void *y, int top,
+                int left, float fill, int accumulate) {
+    if (!dsrt_kb_pad_ok(xd, yd)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(yd); i < n; i++)
+        dsrt_kb_pad(xd, x, yd, y, top, left, fill, accumulate, i);
+    return 0;
+}
+
+int dsrt_kh_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, float leak) {
+    if (!dsrt_kb_type_ok(t)) return -EINVAL;
+    for (size_t i = 0; i < n; i++) dsrt_kb_relu_fwd(t, x, y, leak, i);
+    return 0;
+}
+
+int dsrt_kh_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n, float leak) {
+    if (!dsrt_kb_type_ok(t)) return -EINVAL;
+    for (size_t i = 0; i < n; i++) dsrt_kb_relu_bwd(t, y, dy, dx, leak, i);
+    return 0;
+}
+
+int dsrt_kh_bias_act(const float *x, const float *b, float *y, int n, int out, int relu,
+                     float leak) {
+    if (n < 0 || out < 0) return -EINVAL;
+    for (size_t i = 0, cnt = (size_t)n * out; i < cnt; i++)
+        dsrt_kb_bias_act(x, b, y, out, relu, leak, i);
+    return 0;
+}
+
+int dsrt_kh_bias_grad(const float *dy, float *db, int n, int out) {
+    if (n < 0 || out < 0) return -EINVAL;
+    for (int col = 0; col < out; col++) {
+        float lanes[DSRT_KB_BIAS_LANES];
+        for (int k = 0; k < DSRT_KB_BIAS_LANES; k++)
+            lanes[k] = dsrt_kb_bias_grad_lane(dy, n, out, col, k);
+        db[col] = dsrt_kb_bias_grad_total(lanes);
+    }
+    return 0;
+}
+
+int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t iteration,
+                    int layer, float p) {
+    if (!dsrt_kb_dropout_ok(d, p, layer)) return -EINVAL;
+    dsrt_rng rng = dsrt_dropout_rng(seed, iteration, (uint64_t)layer);
+    uint32_t threshold = dsrt_dropout_threshold(p);
+    float scale = dsrt_dropout_scale(p);
+    for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++)
+        dsrt_kb_dropout(d, x, y, &rng, threshold, scale, i);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Softmax and cross-entropy
+
+int dsrt_kh_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k, float *probs,
+                             double *loss, int32_t *correct, void *work) {
+    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, work)) return -EINVAL;
+    dsrt_k_row_result *res = work;
+    for (int row = 0; row < n; row++) {
+        const float *zr = z + (size_t)row * k;
+        float best[WARP], nb[WARP];
+        int arg[WARP], na[WARP];
+        double sum[WARP], ns[WARP];
+        for (int l = 0; l < WARP; l++) dsrt_kb_sm_lane_max(zr, k, l, &best[l], &arg[l]);
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            for (int l = 0; l < WARP; l++) {
+                nb[l] = best[l], na[l] = arg[l];
+                dsrt_kb_sm_merge(&nb[l], &na[l], best[l ^ o], arg[l ^ o]);
+            }
+            memcpy(best, nb, sizeof best);
+            memcpy(arg, na, sizeof arg);
+        }
+        int a = arg[0];
+        float mx = dsrt_kb_sm_row_max(zr, best[0], &a);
+        double dm = (double)mx;
+        for (int l = 0; l < WARP; l++) sum[l] = dsrt_kb_sm_lane_sumexp(zr, k, l, dm);
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            for (int l = 0; l < WARP; l++) ns[l] = DSRT_DADD(sum[l], sum[l ^ o]);
+            memcpy(sum, ns, sizeof sum);
+        }
+        for (int l = 0; l < WARP; l++)
+            dsrt_kb_sm_lane_store(zr, probs + (size_t)row * k, k, l, dm, 1.0 / sum[0]);
+        if (labels) dsrt_kb_sm_row_result(zr, labels[row], k, mx, sum[0], a, &res[row]);
+    }
+    if (!labels || !n || (!loss && !correct)) return 0;
+    double l[THREADS];
+    int c[THREADS];
+    for (int t = 0; t < THREADS; t++) dsrt_kb_sm_total_part(res, n, t, &l[t], &c[t]);
+    tree(l, c);
+    if (loss) *loss = l[0] / n;
+    if (correct) *correct = c[0];
+    return 0;
+}
+
+int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k, float scale,
+                             float *dz) {
+    if (!dsrt_kb_softmax_bwd_ok(n, k, labels)) return -EINVAL;
+    for (size_t i = 0, cnt = (size_t)n * k; i < cnt; i++)
+        dsrt_kb_sm_bwd(probs, labels, k, scale, dz, i);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Synchronised batch normalisation
+
+int dsrt_kh_bn_sums(const float *x, int n, int c, int hw, double *sums) {
+    if (!dsrt_kb_bn_ok(n, c, hw)) return -EINVAL;
+    for (int ch = 0; ch < c; ch++) {
+        double s[THREADS], q[THREADS];
+        for (int t = 0; t < THREADS; t++) dsrt_kb_bn_sums_part(x, n, c, hw, ch, t, &s[t], &q[t]);
+        tree(s, NULL);
+        tree(q, NULL);
+        sums[ch] = s[0];
+        sums[c + ch] = q[0];
+    }
+    if (c) sums[2 * c] = (double)((size_t)n * hw);
+    return 0;
+}
+
+int dsrt_kh_bn_stats(const double *sums, int c, float eps, float momentum, float *mean, float *var,
+                     float *inv, float *run_mean, float *run_var) {
+    if (c < 0) return -EINVAL;
+    for (int k = 0; k < c; k++)
+        dsrt_kb_bn_stats(sums, c, eps, momentum, mean, var, inv, run_mean, run_var, (size_t)k);
+    return 0;
+}
+
+int dsrt_kh_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv, int n,
+                        int c, int hw, double *sums, float *dscale, float *dshift) {
+    if (!dsrt_kb_bn_ok(n, c, hw)) return -EINVAL;
+    for (int ch = 0; ch < c; ch++) {
+        double s[THREADS], q[THREADS];
+        for (int t = 0; t < THREADS; t++)
+            dsrt_kb_bn_bwd_part(x, dy, mean[ch], inv[ch], n, c, hw, ch, t, &s[t], &q[t]);
+        tree(s, NULL);
+        tree(q, NULL);
+        sums[ch] = s[0];
+        sums[c + ch] = q[0];
+        if (dshift) dshift[ch] = (float)s[0];
+        if (dscale) dscale[ch] = (float)q[0];
+    }
+    return 0;
+}
+
+int dsrt_kh_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
+                      const float *scale, const double *sums, const double *count, int n, int c,
+                      int hw, float *dx) {
+    if (!dsrt_kb_bn_ok(n, c, hw)) return -EINVAL;
+    double inv_m = 1.0 / *count;
+    for (size_t i = 0, total = (size_t)n * c * hw; i < total; i++)
+        dsrt_kb_bn_bwd_dx(x, dy, mean, inv, scale, sums, inv_m, c, hw, dx, i);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The optimizer
+
+int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w, float *g,
+                         float *buf0, float *buf1, dsrt_bf16 *w16) {
+    if (!dsrt_kb_optim_ok(o, st, buf0, buf1)) return -EINVAL;
+    if (!o->n_seg || !o->blocks) return 0;
+    const float *scale = NULL;
+    if (dsrt_kb_optim_norm_clip(st)) {
+        if (!o->work) return -EINVAL;
+        double *partial = o->work, v[THREADS];
+        float *sc = (float *)(partial + o->blocks);
+        for (uint32_t b = 0; b < o->blocks; b++) {
+            for (int t = 0; t < THREADS; t++)
+                v[t] = dsrt_kb_optim_sumsq_part(o->seg, o->n_seg, g, b, t);
+            tree(v, NULL);
+            partial[b] = v[0];
+        }
+        int global = st->clip == DSRT_CLIP_GLOBAL_L2NORM;
+        double total = 0.0;
+        for (int k = 0; k < o->n_seg; k++) {
+            for (int t = 0; t < THREADS; t++) v[t] = dsrt_kb_optim_seg_part(&o->seg[k], partial, t);
+            tree(v, NULL);
+            if (!global)
+                sc[k] = dsrt_kb_clip_scale(v[0], st->threshold);
+            else if (o->seg[k].lr != 0.0f)
+                total = DSRT_DADD(total, v[0]);
+        }
+        if (global) {
+            float f = dsrt_kb_clip_scale(total, st->threshold);
+            for (int k = 0; k < o->n_seg; k++) sc[k] = f;
+        }
+        scale = sc;
+    }
+    for (uint32_t b = 0; b < o->blocks; b++) {
+        int k = dsrt_kb_segment_of(o->seg, o->n_seg, b);
+        const dsrt_k_segment *s = &o->seg[k];
+        float sc = scale ? scale[k] : 1.0f;
+        if (!dsrt_kb_optim_moves(st, s, sc, w16)) continue;
+        size_t begin, end;
+        dsrt_kb_block_range(s, b, &begin, &end);
+        for (size_t i = s->off + begin; i < s->off + end; i++)
+            dsrt_kb_optim_update(st, s, sc, i, w, g, buf0, buf1, w16);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Conversions and helpers
+
+int dsrt_kh_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = dsrt_bf16_from_f32(x[i]);
+    return 0;
+}
+
+int dsrt_kh_bf16_to_f32(const dsrt_bf16 *x, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = dsrt_f32_from_bf16(x[i]);
+    return 0;
+}
+
+int dsrt_kh_fill(float *y, size_t n, float v) {
+    for (size_t i = 0; i < n; i++) y[i] = v;
+    return 0;
+}
+
+int dsrt_kh_scale(const float *x, float *y, size_t n, float a) {
+    for (size_t i = 0; i < n; i++) y[i] = DSRT_FMUL(a, x[i]);
+    return 0;
+}

@@ -1,0 +1,48 @@
+/*
+ * The GPU backend's kernels run on the host (tests/kernels_host.c): each
+ * dsrt_kh_* takes the arguments of its dsrt_k_* launcher (nn/kernels.h)
+ * without the stream, makes the same checks, and runs the kernel's bodies
+ * (nn/kernels_body.h) in plain loops over the grid the device would run, so
+ * every element, every reduction order and so every bit is what the device
+ * kernel computes (up to exp and log in softmax). Pointers are host memory.
+ * Each returns 0, or -EINVAL where the launcher returns
+ * cudaErrorInvalidValue. Used by test_nn_kernels and by the CPU stand-in of
+ * the GPU (tests/fakegpu.c).
+ */
+#ifndef DSRT_TEST_KERNELS_HOST_H
+#define DSRT_TEST_KERNELS_HOST_H
+
+#include "nn/kernels_body.h"
+
+int dsrt_kh_input_u8(const uint8_t *x, const dsrt_k_pixel *pix, int norm, const float *stats,
+                     const dsrt_k_desc *yd, void *y);
+int dsrt_kh_input_f32(const float *x, int norm, const float *stats, const dsrt_k_desc *yd, void *y);
+int dsrt_kh_pad(const dsrt_k_desc *xd, const void *x, const dsrt_k_desc *yd, void *y, int top,
+                int left, float fill, int accumulate);
+int dsrt_kh_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, float leak);
+int dsrt_kh_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n, float leak);
+int dsrt_kh_bias_act(const float *x, const float *b, float *y, int n, int out, int relu,
+                     float leak);
+int dsrt_kh_bias_grad(const float *dy, float *db, int n, int out);
+int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t iteration,
+                    int layer, float p);
+int dsrt_kh_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k, float *probs,
+                             double *loss, int32_t *correct, void *work);
+int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k, float scale,
+                             float *dz);
+int dsrt_kh_bn_sums(const float *x, int n, int c, int hw, double *sums);
+int dsrt_kh_bn_stats(const double *sums, int c, float eps, float momentum, float *mean, float *var,
+                     float *inv, float *run_mean, float *run_var);
+int dsrt_kh_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv, int n,
+                        int c, int hw, double *sums, float *dscale, float *dshift);
+int dsrt_kh_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
+                      const float *scale, const double *sums, const double *count, int n, int c,
+                      int hw, float *dx);
+int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w, float *g,
+                         float *buf0, float *buf1, dsrt_bf16 *w16);
+int dsrt_kh_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n);
+int dsrt_kh_bf16_to_f32(const dsrt_bf16 *x, float *y, size_t n);
+int dsrt_kh_fill(float *y, size_t n, float v);
+int dsrt_kh_scale(const float *x, float *y, size_t n, float a);
+
+#endif
