@@ -21,7 +21,8 @@
  * failing retry_deadline_s after its first failure finishes with
  * DSRT_EREMOTE and the last cause. Expired temporary credentials
  * (ExpiredToken) are read again from where they came from, and the request
- * signed again when they changed. Other answers finish at once: 404 with
+ * signed again at once when they changed, else retried like a throttled one
+ * (reading them again at each refusal). Other answers finish at once: 404 with
  * -ENOENT (a missing object is a bad sample, like a missing file), denials,
  * wrong regions and missing buckets with DSRT_EREMOTE and what to check
  * (datastore/s3.c says it), an empty object with DSRT_EEMPTY, one larger
@@ -74,7 +75,7 @@ typedef struct {
     char curl_err[CURL_ERROR_SIZE];
     unsigned attempts;
     unsigned s3_gen; /* the credentials this attempt was signed with */
-    int refreshed;   /* they were read again once for this request */
+    int token;       /* the last answer refused the session token */
     uint64_t first_fail, retry_at;
     char cause[HTTP_MSG]; /* why the last attempt failed */
     char msg[HTTP_MSG];   /* the result's message */
@@ -321,13 +322,13 @@ const dsrt_s3_config *dsrt__http_s3(const dsrt_http *h) {
  * configuration is read again, from the environment and the AWS files as at
  * the start, where whatever renews them (an SSO login, a credential helper
  * writing ~/.aws/credentials, a program setting AWS_SESSION_TOKEN) has put
- * new ones. Returns 0 when q may be signed again: the credentials changed
- * since q's attempt was signed (by this reading or an earlier one), once a
- * request; else the store's answer stands.
+ * new ones. Returns 0 when q may be signed again at once: the credentials
+ * changed since q's attempt was signed (by this reading or an earlier one).
+ * Otherwise the request waits like a throttled one and asks again, reading
+ * them again at each refusal, until the retry deadline: a renewal that comes
+ * a little late loses nothing.
  */
 static int s3_refresh(dsrt_http *h, http_req *q) {
-    if (q->refreshed) return -1;
-    q->refreshed = 1;
     if (q->s3_gen != h->s3_gen) return 0; /* renewed since q was signed */
     dsrt_s3_config c;
     if (dsrt__s3_config_load(&c) != 0) {
@@ -474,9 +475,10 @@ static void retry_or_fail(dsrt_http *h, http_req *q, const char *display) {
     uint64_t deadline = q->first_fail + (uint64_t)(h->o.retry_deadline_s * 1e9);
     if (t >= deadline) {
         dsrt__fail(DSRT_EREMOTE,
-                   "%s: the store did not answer after %u attempts over %.1f s (retry deadline "
-                   "%g s); the last: %s",
-                   display, q->attempts, (double)(t - q->first_fail) * 1e-9, h->o.retry_deadline_s,
+                   "%s: the store %s after %u attempts over %.1f s (retry deadline %g s); the "
+                   "last: %s",
+                   display, q->token ? "still refused the session token" : "did not answer",
+                   q->attempts, (double)(t - q->first_fail) * 1e-9, h->o.retry_deadline_s,
                    q->cause);
         finish_msg(h, q, DSRT_EREMOTE);
         return;
@@ -536,8 +538,8 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
         return;
     }
     if (c == CURLE_OK) {
-        if (q->is_s3 && dsrt__s3_token_expired(q->http, q->err, q->err_len) &&
-            s3_refresh(h, q) == 0) {
+        q->token = q->is_s3 && dsrt__s3_token_expired(q->http, q->err, q->err_len);
+        if (q->token && s3_refresh(h, q) == 0) {
             /* Signed again with the credentials found now. */
             h->retries++;
             int rc = attempt_start(h, q);
@@ -547,7 +549,7 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
             }
             return;
         }
-        if (dsrt__http_status_transient(q->http, q->err, q->err_len)) {
+        if (q->token || dsrt__http_status_transient(q->http, q->err, q->err_len)) {
             /* Keep the store's own words for the message at the deadline. */
             dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
                                 dsrt__http_s3(h), q->is_s3);
@@ -612,7 +614,7 @@ static int submit(dsrt_http *h, const char *url, const char *query, uint64_t off
     q->status = 0;
     q->total = 0;
     q->attempts = 0;
-    q->refreshed = 0;
+    q->token = 0;
     q->first_fail = 0;
     q->cause[0] = q->msg[0] = '\0';
     if ((rc = attempt_start(h, q)) != 0) {

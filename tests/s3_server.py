@@ -27,11 +27,12 @@ and then takes commands on standard input, one a line, answering "ok":
     reset N       the proxy resets the connection of the next N requests
     stall N       the proxy never answers the next N requests
     requests      answers "requests N signed S connections C most_open M
-                  busy_ms B": requests forwarded (S of them signed),
+                  busy_ms B refused R": requests forwarded (S of them signed),
                   connections accepted, most open at once of those accepted
                   since the last clear, and the milliseconds since the last
                   clear during which moto had a request to answer (its own
-                  time, without the latency added here)
+                  time, without the latency added here), and the requests
+                  refused for an expired token
     hold-after N  forward N more requests, then hold every later one unanswered
     expire-token T  the proxy answers every request signed with session token
                   T itself: 400 ExpiredToken, as a store does once it expired
@@ -182,6 +183,7 @@ class Proxy:
         self.most_open = 0
         self.hold_after = None  # forward this many more requests, then hold the rest
         self.expired = []  # session tokens refused as expired (bytes)
+        self.refused = 0  # requests refused for them
         self.gen = 0  # clears so far
         # The store's own time: while at least one forwarded request has no
         # answer yet (latency added here is not in it), since the last clear.
@@ -236,6 +238,7 @@ class Proxy:
                 fault = self.take_fault()
                 if fault is None and any(t in data for t in self.expired):
                     fault = ("expired", 400)
+                    self.refused += 1
                 if fault is None:
                     self.forwarded += 1
                     self.signed += b"\nauthorization:" in data.lower()
@@ -317,7 +320,8 @@ def run_proxy(upstream_port, latency_ms, conn):
         elif words[0] == "requests":
             busy = proxy.busy + (time.monotonic() - proxy.busy_since if proxy.waiting else 0)
             reply = (f"requests {proxy.forwarded} signed {proxy.signed} connections "
-                     f"{proxy.connections} most_open {proxy.most_open} busy_ms {busy * 1e3:.1f}")
+                     f"{proxy.connections} most_open {proxy.most_open} busy_ms {busy * 1e3:.1f} "
+                     f"refused {proxy.refused}")
         elif words[0] == "clear":
             proxy.faults.clear()
             proxy.expired.clear()

@@ -866,16 +866,22 @@ static void write_session(const char *key, const char *secret, const char *token
     REQUIRE(rename(tmp, cred_file) == 0); /* whole, as a credential helper writes it */
 }
 
-/* The first session expires mid-run; the file has the second by then. */
+/* The first session expires mid-run; once a worker has been refused, the
+ * file gets the second (minutes of slack for the refusal). */
 static void expire_and_renew(void) {
+    unsigned long long r0 = server_count("refused");
     CHECK_STR_EQ(server("expire-token %s", srv.token), "ok");
+    for (int i = 0; i < 12000 && server_count("refused") == r0; i++) usleep(10000);
+    CHECK_GT(server_count("refused"), r0);
     write_session(srv.session2_key, srv.session2_secret, srv.token2);
 }
 
 /* Temporary credentials that expire mid-run (400 ExpiredToken) are read
  * again from where they came from, and the run goes on with the new ones,
- * the same batches; when nothing renewed them, the run stops with the
- * store's answer before any batch, no credential in it. */
+ * the same batches (a worker refused before the file is renewed asks again
+ * after a pause, reading them again); when nothing renews
+ * them, the run stops at the retry deadline with the store's answer, before
+ * any batch, no credential in it. */
 static void test_token_expired(void) {
     snprintf(cred_file, sizeof cred_file, "%s/session-credentials", root);
     write_session(srv.session_key, srv.session_secret, srv.token);
@@ -892,10 +898,13 @@ static void test_token_expired(void) {
         CHECK_EQ(ra.hash, rb.hash);
         CHECK_EQ(rb.bad, 0);
         CHECK_GE(rb.st.remote_retries, 1); /* every worker signed again at least once */
-        /* Expired again, and not renewed. */
+        /* Expired again, and not renewed by the deadline. */
         CHECK_STR_EQ(server("expire-token %s", srv.token2), "ok");
-        run_out rc = run(b, NULL, 2);
+        dsrt_reader_options ro = dsrt_reader_defaults();
+        ro.remote.retry_deadline_s = 0.5;
+        run_out rc = run(b, &ro, 2);
         CHECK_EQ(rc.rc, DSRT_EREMOTE);
+        CHECK_CONTAINS(rc.msg, "still refused the session token");
         CHECK_EQ(rc.batches, 0);
         CHECK_EQ(rc.bad, 0);
         CHECK_CONTAINS(rc.msg, "ExpiredToken");
