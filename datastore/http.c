@@ -19,7 +19,10 @@
  * up to 5 s, each drawn between half and all of that (jitter, so that many
  * clients throttled together do not come back together). A request still
  * failing retry_deadline_s after its first failure finishes with
- * DSRT_EREMOTE and the last cause. Other answers finish at once: 404 with
+ * DSRT_EREMOTE and the last cause. Expired temporary credentials
+ * (ExpiredToken) are read again from where they came from, and the request
+ * signed again at once when they changed, else retried like a throttled one
+ * (reading them again at each refusal). Other answers finish at once: 404 with
  * -ENOENT (a missing object is a bad sample, like a missing file), denials,
  * wrong regions and missing buckets with DSRT_EREMOTE and what to check
  * (datastore/s3.c says it), an empty object with DSRT_EEMPTY, one larger
@@ -36,10 +39,12 @@
 #include <strings.h>
 
 #define HTTP_MAX_DEPTH     4096
+#define HTTP_MAX_SECONDS   86400         /* longest deadline or timeout accepted */
 #define HTTP_BACKOFF_NS    100000000ULL  /* first pause before a retry */
 #define HTTP_BACKOFF_MAX   5000000000ULL /* longest pause */
 #define HTTP_ERR_BODY      2048          /* bytes of an error answer kept */
 #define HTTP_MSG           768
+#define HTTP_RECV_BUFFER   (64L << 10) /* curl's receive buffer, per request slot */
 #define HTTP_POLL_MAX_MS   1000
 #define HTTP_DEFAULT_CONNS "DSRT_S3_MAX_CONNECTIONS"
 
@@ -69,6 +74,8 @@ typedef struct {
     char bucket_region[64];
     char curl_err[CURL_ERROR_SIZE];
     unsigned attempts;
+    unsigned s3_gen; /* the credentials this attempt was signed with */
+    int token;       /* the last answer refused the session token */
     uint64_t first_fail, retry_at;
     char cause[HTTP_MSG]; /* why the last attempt failed */
     char msg[HTTP_MSG];   /* the result's message */
@@ -80,7 +87,8 @@ struct dsrt_http {
     int global;
     dsrt_remote_options o;
     dsrt_s3_config s3;
-    int s3_state; /* 0 not loaded, 1 loaded, < 0 the load's code */
+    int s3_state;    /* 0 not loaded, 1 loaded, < 0 the load's code */
+    unsigned s3_gen; /* credentials read again after they expired */
     char s3_msg[HTTP_MSG];
     http_req *reqs;       /* (depth) */
     uint32_t *free_slots; /* (depth) */
@@ -198,16 +206,27 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
 // ----------------------------------------------------------------------------
 // Create and destroy
 
+int dsrt__remote_options_check(const dsrt_remote_options *o, const char *who) {
+    if (o->depth < 1 || o->depth > HTTP_MAX_DEPTH)
+        return dsrt__fail(DSRT_EOPTION, "%s: remote.depth: %u: not in [1, %d]", who, o->depth,
+                          HTTP_MAX_DEPTH);
+    if (o->max_connections > HTTP_MAX_DEPTH)
+        return dsrt__fail(DSRT_EOPTION, "%s: remote.max_connections: %u: not in [0, %d]", who,
+                          o->max_connections, HTTP_MAX_DEPTH);
+    if (!(o->retry_deadline_s >= 0 && o->retry_deadline_s <= HTTP_MAX_SECONDS))
+        return dsrt__fail(DSRT_EOPTION, "%s: remote.retry_deadline_s: %g: not in [0, %d]", who,
+                          o->retry_deadline_s, HTTP_MAX_SECONDS);
+    if (!(o->timeout_s > 0 && o->timeout_s <= HTTP_MAX_SECONDS))
+        return dsrt__fail(DSRT_EOPTION, "%s: remote.timeout_s: %g: not in (0, %d]", who,
+                          o->timeout_s, HTTP_MAX_SECONDS);
+    return 0;
+}
+
 int dsrt__http_create(dsrt_http **out, const dsrt_remote_options *o) {
     *out = NULL;
     dsrt_remote_options opt = o ? *o : dsrt_reader_defaults().remote;
-    if (opt.depth < 1 || opt.depth > HTTP_MAX_DEPTH)
-        return dsrt__fail(DSRT_EOPTION, "remote: depth %u is not in 1..%d", opt.depth,
-                          HTTP_MAX_DEPTH);
-    if (!(opt.retry_deadline_s >= 0) || !(opt.timeout_s > 0))
-        return dsrt__fail(DSRT_EOPTION,
-                          "remote: retry_deadline_s %g must be >= 0 and timeout_s %g > 0",
-                          opt.retry_deadline_s, opt.timeout_s);
+    int rc = dsrt__remote_options_check(&opt, "remote");
+    if (rc != 0) return rc;
     if (opt.max_connections == 0) {
         const char *e = getenv(HTTP_DEFAULT_CONNS);
         if (e && *e) {
@@ -221,7 +240,7 @@ int dsrt__http_create(dsrt_http **out, const dsrt_remote_options *o) {
             opt.max_connections = opt.depth;
         }
     }
-    int rc = -ENOMEM;
+    rc = -ENOMEM;
     dsrt_http *h = dsrt__calloc(1, sizeof *h);
     if (!h) return rc;
     h->o = opt;
@@ -298,6 +317,36 @@ const dsrt_s3_config *dsrt__http_s3(const dsrt_http *h) {
     return h->s3_state == 1 ? &h->s3 : NULL;
 }
 
+/*
+ * Temporary credentials expire (the store answers ExpiredToken): the
+ * configuration is read again, from the environment and the AWS files as at
+ * the start, where whatever renews them (an SSO login, a credential helper
+ * writing ~/.aws/credentials, a program setting AWS_SESSION_TOKEN) has put
+ * new ones. Returns 0 when q may be signed again at once: the credentials
+ * changed since q's attempt was signed (by this reading or an earlier one).
+ * Otherwise the request waits like a throttled one and asks again, reading
+ * them again at each refusal, until the retry deadline: a renewal that comes
+ * a little late loses nothing.
+ */
+static int s3_refresh(dsrt_http *h, http_req *q) {
+    if (q->s3_gen != h->s3_gen) return 0; /* renewed since q was signed */
+    dsrt_s3_config c;
+    if (dsrt__s3_config_load(&c) != 0) {
+        dsrt__clear_error();
+        return -1;
+    }
+    int same = strcmp(c.key, h->s3.key) == 0 && strcmp(c.secret, h->s3.secret) == 0 &&
+               strcmp(c.token ? c.token : "", h->s3.token ? h->s3.token : "") == 0;
+    if (same || c.anonymous) {
+        dsrt__s3_config_free(&c);
+        return -1;
+    }
+    dsrt__s3_config_free(&h->s3);
+    h->s3 = c;
+    h->s3_gen++;
+    return 0;
+}
+
 /* Loads the S3 configuration the first time an s3:// URL comes. */
 static int s3_config(dsrt_http *h) {
     if (h->s3_state == 0) {
@@ -337,6 +386,8 @@ static int easy_init(dsrt_http *h, http_req *q) {
     SET(CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     SET(CURLOPT_MAXREDIRS, 5L);
     SET(CURLOPT_USERAGENT, "dsrt");
+    /* An image in one read from the socket, rather than several of 16 KiB. */
+    SET(CURLOPT_BUFFERSIZE, HTTP_RECV_BUFFER);
 #undef SET
     if (c != CURLE_OK) {
         curl_easy_cleanup(e);
@@ -362,6 +413,7 @@ static int attempt_start(dsrt_http *h, http_req *q) {
         rc = dsrt__s3_request(&h->s3, q->loc, q->query, range[0] ? range : NULL, time(NULL),
                               &q->url, &q->headers);
         if (rc != 0) return rc;
+        q->s3_gen = h->s3_gen;
     } else {
         if (dsrt__sb_add(&q->url, q->loc, strlen(q->loc)) != 0) return -ENOMEM;
         if (range[0] && dsrt__sb_printf(&q->headers, "Range: %s\n", range) != 0) return -ENOMEM;
@@ -423,9 +475,10 @@ static void retry_or_fail(dsrt_http *h, http_req *q, const char *display) {
     uint64_t deadline = q->first_fail + (uint64_t)(h->o.retry_deadline_s * 1e9);
     if (t >= deadline) {
         dsrt__fail(DSRT_EREMOTE,
-                   "%s: the store did not answer after %u attempts over %.1f s (retry deadline "
-                   "%g s); the last: %s",
-                   display, q->attempts, (double)(t - q->first_fail) * 1e-9, h->o.retry_deadline_s,
+                   "%s: the store %s after %u attempts over %.1f s (retry deadline %g s); the "
+                   "last: %s",
+                   display, q->token ? "still refused the session token" : "did not answer",
+                   q->attempts, (double)(t - q->first_fail) * 1e-9, h->o.retry_deadline_s,
                    q->cause);
         finish_msg(h, q, DSRT_EREMOTE);
         return;
@@ -440,14 +493,23 @@ static void retry_or_fail(dsrt_http *h, http_req *q, const char *display) {
 
 /* curl finished one attempt of q with result c. */
 static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
-    char display[512];
-    dsrt__url_display(q->loc, display, sizeof display);
     long conns = 0;
     if (curl_easy_getinfo(q->easy, CURLINFO_NUM_CONNECTS, &conns) == CURLE_OK && conns > 0)
         h->connections += (uint64_t)conns;
     curl_multi_remove_handle(h->multi, q->easy);
     if (q->http == 0) curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+    if (c == CURLE_OK && q->http >= 200 && q->http < 300 && q->got > 0 &&
+        (!q->length || q->got == q->length)) {
+        h->requests++;
+        h->bytes += q->got;
+        q->msg[0] = '\0';
+        finish(h, q, 0);
+        return;
+    }
 
+    /* Something to say: the location as messages show it. */
+    char display[512];
+    dsrt__url_display(q->loc, display, sizeof display);
     if (c == CURLE_WRITE_ERROR && q->toobig) {
         dsrt__fail(DSRT_ETOOBIG, "%s: %llu bytes, larger than the buffer of %zu bytes", display,
                    (unsigned long long)q->total, q->own ? q->max : q->cap);
@@ -476,7 +538,18 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
         return;
     }
     if (c == CURLE_OK) {
-        if (dsrt__http_status_transient(q->http, q->err, q->err_len)) {
+        q->token = q->is_s3 && dsrt__s3_token_expired(q->http, q->err, q->err_len);
+        if (q->token && s3_refresh(h, q) == 0) {
+            /* Signed again with the credentials found now. */
+            h->retries++;
+            int rc = attempt_start(h, q);
+            if (rc != 0) {
+                dsrt__fail_prefix(rc, "%s", display);
+                finish_msg(h, q, rc);
+            }
+            return;
+        }
+        if (q->token || dsrt__http_status_transient(q->http, q->err, q->err_len)) {
             /* Keep the store's own words for the message at the deadline. */
             dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
                                 dsrt__http_s3(h), q->is_s3);
@@ -541,6 +614,7 @@ static int submit(dsrt_http *h, const char *url, const char *query, uint64_t off
     q->status = 0;
     q->total = 0;
     q->attempts = 0;
+    q->token = 0;
     q->first_fail = 0;
     q->cause[0] = q->msg[0] = '\0';
     if ((rc = attempt_start(h, q)) != 0) {
@@ -568,7 +642,9 @@ static void deliver(dsrt_http *h, http_req *q, dsrt_read_result *res) {
     res->buf = q->buf;
     res->size = q->status == DSRT_ETOOBIG ? (size_t)DSRT_MIN(q->total, (uint64_t)SIZE_MAX) : q->got;
     res->status = q->status;
-    if (q->status != 0) dsrt__fail(q->status, "read: %s", q->msg);
+    /* Whole objects come NUL-terminated (own_fit keeps a byte for it). */
+    if (q->own && q->buf) q->buf[q->got] = '\0';
+    if (q->status != 0) dsrt__fail(q->status, q->own ? "%s" : "read: %s", q->msg);
     req_clear(q);
     q->state = REQ_FREE;
     q->loc = NULL;
@@ -674,12 +750,17 @@ void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s) {
     s->busy_s = (double)h->busy_ns * 1e-9;
 }
 
+int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, size_t max,
+                            uint64_t tag) {
+    return submit(h, url, query, 0, 0, NULL, max, 1, tag);
+}
+
 int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
                      size_t *len) {
     *out = NULL;
     *len = 0;
     assert(h->in_flight == 0);
-    int rc = submit(h, url, query, 0, 0, NULL, max, 1, 0);
+    int rc = dsrt__http_submit_whole(h, url, query, max, 0);
     if (rc != 0) return rc;
     dsrt_read_result res = {0};
     do rc = dsrt__http_collect(h, &res, 1, -1);
@@ -687,15 +768,10 @@ int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t ma
     if (rc < 0) return rc;
     if (res.status != 0) {
         free(res.buf);
-        /* "read: URL: reason" -> "URL: reason" */
-        const char *m = dsrt_last_error();
-        char copy[1024];
-        snprintf(copy, sizeof copy, "%s", strncmp(m, "read: ", 6) == 0 ? m + 6 : m);
-        return dsrt__fail(res.status, "%s", copy);
+        return res.status; /* the message is the thread's */
     }
     uint8_t *b = res.buf;
-    if (!b && !(b = malloc(1))) return -ENOMEM;
-    b[res.size] = '\0';
+    if (!b && !(b = calloc(1, 1))) return -ENOMEM;
     *out = b;
     *len = res.size;
     return 0;

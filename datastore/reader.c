@@ -210,20 +210,10 @@ int dsrt_reader_create(dsrt_reader **out, const dsrt_reader_options *o) {
     if (opt.depth < 1 || opt.depth > DSRT_READER_MAX_DEPTH)
         return dsrt__fail(DSRT_EOPTION, "reader: depth %u is not in 1..%d", opt.depth,
                           DSRT_READER_MAX_DEPTH);
-    if (opt.remote.depth < 1 || opt.remote.depth > DSRT_READER_MAX_DEPTH)
-        return dsrt__fail(DSRT_EOPTION, "reader: remote.depth %u is not in 1..%d", opt.remote.depth,
-                          DSRT_READER_MAX_DEPTH);
-    if (opt.remote.max_connections > DSRT_READER_MAX_DEPTH)
-        return dsrt__fail(DSRT_EOPTION, "reader: remote.max_connections %u is not in 0..%d",
-                          opt.remote.max_connections, DSRT_READER_MAX_DEPTH);
-    if (!(opt.remote.retry_deadline_s >= 0 && opt.remote.retry_deadline_s <= 86400) ||
-        !(opt.remote.timeout_s > 0 && opt.remote.timeout_s <= 86400))
-        return dsrt__fail(DSRT_EOPTION,
-                          "reader: remote.retry_deadline_s %g must be in [0, 86400] and "
-                          "remote.timeout_s %g in (0, 86400]",
-                          opt.remote.retry_deadline_s, opt.remote.timeout_s);
+    int rc = dsrt__remote_options_check(&opt.remote, "reader");
+    if (rc != 0) return rc;
 
-    int rc = -ENOMEM;
+    rc = -ENOMEM;
     dsrt_reader *r = dsrt__calloc(1, sizeof *r);
     if (!r) goto fail;
     r->depth = opt.depth;

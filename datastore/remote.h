@@ -32,6 +32,10 @@ void dsrt__url_display(const char *url, char *out, size_t cap);
 
 typedef enum { DSRT_S3_ADDR_AUTO = 0, DSRT_S3_ADDR_PATH, DSRT_S3_ADDR_VIRTUAL } dsrt_s3_addressing;
 
+/* What signing keeps from one request to the next (datastore/s3.c). */
+typedef struct dsrt_s3_signer dsrt_s3_signer;
+void dsrt__s3_signer_free(dsrt_s3_signer *s);
+
 typedef struct {
     char key[128], secret[128];
     char *token; /* session token, or NULL */
@@ -42,7 +46,8 @@ typedef struct {
     int custom;     /* an endpoint was configured (not AWS's) */
     int anonymous;  /* no signature */
     dsrt_s3_addressing addressing;
-    char source[96]; /* where the credentials came from, for messages (never the keys) */
+    char source[96];        /* where the credentials came from, for messages (never the keys) */
+    dsrt_s3_signer *signer; /* made at the first signature, freed with the rest */
 } dsrt_s3_config;
 
 /* Reads the configuration: credentials from AWS_ACCESS_KEY_ID /
@@ -55,6 +60,13 @@ typedef struct {
  * s3.addressing_style. No credentials anywhere, or AWS_NO_SIGN_REQUEST set,
  * means anonymous requests. Fails only on a malformed setting. */
 int dsrt__s3_config_load(dsrt_s3_config *c);
+
+/* Looks up key in section `section` of the NUL-terminated text of an AWS
+ * INI file (sub is a nested sub-section such as "s3", or NULL). Returns 1
+ * and the value in out (cap bytes), 0 when absent; *found_section (if not
+ * NULL) is set to 1 when the section exists. */
+int dsrt__aws_ini_get(const char *text, const char *section, const char *sub, const char *key,
+                      char *out, size_t cap, int *found_section);
 void dsrt__s3_config_free(dsrt_s3_config *c);
 
 /* "s3://bucket/key" -> bucket and key (key may be empty). The pointers
@@ -78,8 +90,8 @@ int dsrt__sb_encode(dsrt_strbuf *b, const char *s, size_t n, int keep_slash);
  * x-amz-content-sha256, x-amz-security-token, Authorization) appended to
  * *headers as "Name: value" lines separated by '\n'. now is the signing time.
  */
-int dsrt__s3_request(const dsrt_s3_config *c, const char *s3url, const char *query,
-                     const char *range, time_t now, dsrt_strbuf *url, dsrt_strbuf *headers);
+int dsrt__s3_request(dsrt_s3_config *c, const char *s3url, const char *query, const char *range,
+                     time_t now, dsrt_strbuf *url, dsrt_strbuf *headers);
 
 /* The signature of a canonical request, for the test vectors: fills
  * sig[65] (hex). */
@@ -93,12 +105,34 @@ int dsrt__s3_sign(const char *secret, const char *region, const char *date8, con
 int dsrt__s3_http_error(const char *display, long status, const char *body, size_t body_len,
                         const char *bucket_region, const dsrt_s3_config *c, int is_s3);
 
+/* What a listing page holds: each key (is_prefix 0) or sub-prefix (1),
+ * decoded, s[0..n) NUL-terminated. A non-zero return stops the page. */
+typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_prefix);
+
+/* Reads one ListObjectsV2 page: each <Contents><Key> and each
+ * <CommonPrefixes><Prefix>, decoded (XML entities, and %XX and '+' where
+ * the page says EncodingType url), to on_entry; *token gets the next page's
+ * continuation token, "" on the last page. scratch is reused between calls
+ * (free its s at the end). DSRT_EREMOTE for a truncated page without a
+ * token. */
+int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_strbuf *token,
+                       dsrt_list_entry_fn on_entry, void *ud);
+
+/* Whether an answer refuses the session token (ExpiredToken,
+ * TokenRefreshRequired, InvalidToken): worth reading the credentials
+ * again. */
+int dsrt__s3_token_expired(long status, const char *body, size_t body_len);
+
 /* Whether an HTTP answer is worth trying again (throttling, server errors,
  * the store's RequestTimeout). */
 int dsrt__http_status_transient(long status, const char *body, size_t body_len);
 
 // ----------------------------------------------------------------------------
 // The client
+
+/* Refuses remote options out of range (DSRT_EOPTION, the message naming
+ * who and the field), so that a pipeline refuses them before any thread. */
+int dsrt__remote_options_check(const dsrt_remote_options *o, const char *who);
 
 typedef struct dsrt_http dsrt_http;
 
@@ -121,6 +155,14 @@ unsigned dsrt__http_in_flight(const dsrt_http *h);
 /* Drops every request in flight or finished and not collected. */
 void dsrt__http_cancel(dsrt_http *h);
 void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s);
+
+/* Queues a GET of a whole object (at most max bytes) into a buffer of its
+ * own, which the result hands over NUL-terminated (res.buf: the caller
+ * frees it, also on failure). query as dsrt__http_fetch's; it and url stay
+ * valid until the result is collected. A failed result's message is the
+ * location's and the cause's, without the reader's "read: ". */
+int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, size_t max,
+                            uint64_t tag);
 
 /* A whole object (at most max bytes) into a new NUL-terminated buffer, on
  * the calling thread, retried like any request. query, for s3:// URLs, is a

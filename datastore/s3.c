@@ -10,13 +10,18 @@
  * through without putting it in canonical order, and has no place for a
  * session token, so S3 refuses what it signs. The hashes are OpenSSL's.
  *
- * Listing: ListObjectsV2 pages of up to 1000 keys, followed by their
- * continuation tokens; each page is parsed and dropped, and every key that
- * the folder rules take goes straight into the index's arena as a URL, so
- * memory grows with the index only. The folder rules are the local
- * folder's (labels from the first sub-prefix, from the prefix holding the
- * object, or none; extensions; sub-folders or not; empty class folders; the
- * same sort), so a bucket holding a copy of a folder gives the same index.
+ * Listing: ListObjectsV2 pages of up to 1000 keys (encoding-type=url, so
+ * that any key survives the XML), followed by their continuation tokens.
+ * The prefix is listed first with delimiter '/', which names its class
+ * folders; then every class folder is listed, all of them at once through
+ * one multi handle, so that a bucket of many classes is indexed in a few
+ * round trips rather than one per page. Each page is parsed and dropped,
+ * and every key that the folder rules take goes straight into the index's
+ * arena as a URL, so memory grows with the index only. The folder rules are
+ * the local folder's (labels from the first sub-prefix, from the prefix
+ * holding the object, or none; extensions; sub-folders or not; empty class
+ * folders; the same sort), so a bucket holding a copy of a folder gives the
+ * same index, whatever order the pages come in.
  * Keys with an empty path component ("a//b.jpg") have no folder equivalent
  * and are left out with a warning.
  */
@@ -24,7 +29,7 @@
 
 #include <ctype.h>
 #include <openssl/evp.h>
-#include <openssl/sha.h>
+#include <openssl/crypto.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,11 +135,8 @@ int dsrt__s3_split(const char *url, const char **bucket, size_t *bucket_len, con
 // ----------------------------------------------------------------------------
 // Configuration: environment, ~/.aws/credentials, ~/.aws/config
 
-/* Looks up key in section `section` of an AWS INI file (sub is a nested
- * sub-section such as "s3", or NULL). Returns 1 and the value in out, 0
- * when absent; *found_section says whether the section exists. */
-static int ini_get(const char *text, const char *section, const char *sub, const char *key,
-                   char *out, size_t cap, int *found_section) {
+int dsrt__aws_ini_get(const char *text, const char *section, const char *sub, const char *key,
+                      char *out, size_t cap, int *found_section) {
     const char *p = text;
     int in_section = 0, in_sub = 0, hit = 0;
     while (*p) {
@@ -272,10 +274,11 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
         int *found[2] = {&in_creds, &in_conf};
         for (int f = 0; f < 2 && !c->key[0]; f++) {
             if (!files[f]) continue;
-            int have_key = ini_get(files[f], sections[f], NULL, "aws_access_key_id", c->key,
-                                   sizeof c->key, found[f]);
-            int have_secret = ini_get(files[f], sections[f], NULL, "aws_secret_access_key",
-                                      c->secret, sizeof c->secret, NULL);
+            int have_key = dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_access_key_id",
+                                             c->key, sizeof c->key, found[f]);
+            int have_secret =
+                dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_secret_access_key", c->secret,
+                                  sizeof c->secret, NULL);
             if (have_key != have_secret) {
                 rc = dsrt__fail(DSRT_EOPTION, "s3: %s: profile [%s] has %s but not %s", paths[f],
                                 sections[f],
@@ -284,14 +287,16 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
                 goto out;
             }
             if (have_key) {
-                if (ini_get(files[f], sections[f], NULL, "aws_session_token", v, sizeof v, NULL) &&
+                if (dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_session_token", v, sizeof v,
+                                      NULL) &&
                     !(c->token = dsrt__strdup(v)))
                     goto nomem;
                 snprintf(c->source, sizeof c->source, "%.60s profile %.30s",
                          f == 0 ? "the credentials file" : "the config file", profile);
             }
         }
-        if (conf && !in_conf) ini_get(conf, conf_section, NULL, "region", v, sizeof v, &in_conf);
+        if (conf && !in_conf)
+            dsrt__aws_ini_get(conf, conf_section, NULL, "region", v, sizeof v, &in_conf);
         if (named && !in_creds && !in_conf) {
             rc = dsrt__fail(DSRT_EOPTION,
                             "s3: AWS_PROFILE names profile \"%s\", which is in neither %s nor %s",
@@ -308,7 +313,7 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
     if (!r || !*r) r = getenv("AWS_DEFAULT_REGION");
     if (r && *r)
         snprintf(c->region, sizeof c->region, "%s", r);
-    else if (conf && ini_get(conf, conf_section, NULL, "region", v, sizeof v, NULL))
+    else if (conf && dsrt__aws_ini_get(conf, conf_section, NULL, "region", v, sizeof v, NULL))
         snprintf(c->region, sizeof c->region, "%.63s", v);
     else
         snprintf(c->region, sizeof c->region, "us-east-1");
@@ -327,8 +332,9 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
     }
     if (ep && *ep) {
         if ((rc = set_endpoint(c, ep, from)) != 0) goto out;
-    } else if (conf && (ini_get(conf, conf_section, "s3", "endpoint_url", v, sizeof v, NULL) ||
-                        ini_get(conf, conf_section, NULL, "endpoint_url", v, sizeof v, NULL))) {
+    } else if (conf &&
+               (dsrt__aws_ini_get(conf, conf_section, "s3", "endpoint_url", v, sizeof v, NULL) ||
+                dsrt__aws_ini_get(conf, conf_section, NULL, "endpoint_url", v, sizeof v, NULL))) {
         if ((rc = set_endpoint(c, v, conf_path)) != 0) goto out;
     } else {
         snprintf(c->scheme, sizeof c->scheme, "https");
@@ -338,7 +344,7 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
     /* Addressing. */
     const char *a = getenv("DSRT_S3_ADDRESSING");
     if (!(a && *a) && conf &&
-        ini_get(conf, conf_section, "s3", "addressing_style", v, sizeof v, NULL))
+        dsrt__aws_ini_get(conf, conf_section, "s3", "addressing_style", v, sizeof v, NULL))
         a = v;
     if (a && *a) {
         static const struct {
@@ -367,6 +373,7 @@ out:
 }
 
 void dsrt__s3_config_free(dsrt_s3_config *c) {
+    dsrt__s3_signer_free(c->signer);
     if (c->token) {
         memset(c->token, 0, strlen(c->token));
         free(c->token);
@@ -376,6 +383,20 @@ void dsrt__s3_config_free(dsrt_s3_config *c) {
 
 // ----------------------------------------------------------------------------
 // Signature Version 4
+//
+// A signature is HMAC-SHA256(signing key, string to sign), the signing key
+// being four HMACs of the secret, the date, the region and the service. The
+// key changes once a day: a signer keeps it, and the HMAC's inner and outer
+// SHA-256 states after the key's block, so that signing a request costs two
+// short hashes and the hash of the canonical request. OpenSSL's SHA-256 is
+// fetched once per signer: its one-shot functions look the algorithm up in
+// the provider tables at every call, which cost more than the hashing.
+
+struct dsrt_s3_signer {
+    EVP_MD *md;
+    char date8[9];                   /* the day of the key below */
+    EVP_MD_CTX *inner, *outer, *ctx; /* HMAC states keyed by the signing key */
+};
 
 static void to_hex(const unsigned char *d, size_t n, char *out) {
     static const char hex[] = "0123456789abcdef";
@@ -386,32 +407,113 @@ static void to_hex(const unsigned char *d, size_t n, char *out) {
     out[2 * n] = '\0';
 }
 
-static int hmac(const void *key, size_t klen, const char *data, unsigned char out[32]) {
-    size_t outlen = 0;
-    if (!EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, key, klen, (const unsigned char *)data,
-                   strlen(data), out, 32, &outlen) ||
-        outlen != 32)
-        return dsrt__fail(DSRT_EREMOTE, "s3: HMAC-SHA256 failed in OpenSSL");
+static int crypto_fail(void) {
+    return dsrt__fail(DSRT_EREMOTE, "s3: SHA-256 failed in OpenSSL");
+}
+
+/* The HMAC states of key into inner and outer (RFC 2104; the key is at most
+ * one block here, 64 bytes). */
+static int hmac_key(EVP_MD *md, const void *key, size_t klen, EVP_MD_CTX *inner,
+                    EVP_MD_CTX *outer) {
+    unsigned char ipad[64], opad[64];
+    if (klen > sizeof ipad) return dsrt__fail(DSRT_EOPTION, "s3: the secret key is too long");
+    memset(ipad, 0x36, sizeof ipad);
+    memset(opad, 0x5c, sizeof opad);
+    for (size_t i = 0; i < klen; i++) {
+        ipad[i] ^= ((const unsigned char *)key)[i];
+        opad[i] ^= ((const unsigned char *)key)[i];
+    }
+    int ok = EVP_DigestInit_ex(inner, md, NULL) && EVP_DigestUpdate(inner, ipad, sizeof ipad) &&
+             EVP_DigestInit_ex(outer, md, NULL) && EVP_DigestUpdate(outer, opad, sizeof opad);
+    OPENSSL_cleanse(ipad, sizeof ipad);
+    OPENSSL_cleanse(opad, sizeof opad);
+    return ok ? 0 : crypto_fail();
+}
+
+/* HMAC of data[0..n) from the states of a key; ctx is scratch. */
+static int hmac_run(const EVP_MD_CTX *inner, const EVP_MD_CTX *outer, EVP_MD_CTX *ctx,
+                    const void *data, size_t n, unsigned char out[32]) {
+    unsigned char h[32];
+    int ok = EVP_MD_CTX_copy_ex(ctx, inner) && EVP_DigestUpdate(ctx, data, n) &&
+             EVP_DigestFinal_ex(ctx, h, NULL) && EVP_MD_CTX_copy_ex(ctx, outer) &&
+             EVP_DigestUpdate(ctx, h, 32) && EVP_DigestFinal_ex(ctx, out, NULL);
+    return ok ? 0 : crypto_fail();
+}
+
+/* HMAC-SHA256 with a key used once (deriving the signing key). */
+static int hmac_once(dsrt_s3_signer *s, const void *key, size_t klen, const char *data,
+                     unsigned char out[32]) {
+    int rc = hmac_key(s->md, key, klen, s->inner, s->outer);
+    return rc ? rc : hmac_run(s->inner, s->outer, s->ctx, data, strlen(data), out);
+}
+
+void dsrt__s3_signer_free(dsrt_s3_signer *s) {
+    if (!s) return;
+    EVP_MD_CTX_free(s->inner);
+    EVP_MD_CTX_free(s->outer);
+    EVP_MD_CTX_free(s->ctx);
+    EVP_MD_free(s->md);
+    free(s);
+}
+
+static int signer_new(dsrt_s3_signer **out) {
+    dsrt_s3_signer *s = dsrt__calloc(1, sizeof *s);
+    if (!s) return -ENOMEM;
+    s->md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    s->inner = EVP_MD_CTX_new();
+    s->outer = EVP_MD_CTX_new();
+    s->ctx = EVP_MD_CTX_new();
+    if (!s->md || !s->inner || !s->outer || !s->ctx) {
+        dsrt__s3_signer_free(s);
+        return dsrt__fail(DSRT_EREMOTE, "s3: OpenSSL has no SHA-256 (EVP_MD_fetch)");
+    }
+    *out = s;
+    return 0;
+}
+
+/* The signature of canonical_request at amz_date, with s keyed for its day
+ * (the key derived again when the day changed). */
+static int sign_with(dsrt_s3_signer *s, const char *secret, const char *region,
+                     const char *amz_date, const char *canonical, size_t canonical_len,
+                     char sig[65]) {
+    unsigned char h[32], k[32];
+    char hex[65], sts[512];
+    int rc = 0;
+    if (memcmp(s->date8, amz_date, 8) != 0) {
+        char date8[9], scope_key[160];
+        memcpy(date8, amz_date, 8);
+        date8[8] = '\0';
+        s->date8[0] = '\0';
+        snprintf(scope_key, sizeof scope_key, "AWS4%s", secret);
+        rc = hmac_once(s, scope_key, strlen(scope_key), date8, k);
+        OPENSSL_cleanse(scope_key, sizeof scope_key);
+        if (rc == 0) rc = hmac_once(s, k, 32, region, k);
+        if (rc == 0) rc = hmac_once(s, k, 32, "s3", k);
+        if (rc == 0) rc = hmac_once(s, k, 32, "aws4_request", k);
+        if (rc == 0) rc = hmac_key(s->md, k, 32, s->inner, s->outer);
+        OPENSSL_cleanse(k, sizeof k);
+        if (rc != 0) return rc;
+        memcpy(s->date8, date8, sizeof date8);
+    }
+    if (!EVP_Digest(canonical, canonical_len, h, NULL, s->md, NULL)) return crypto_fail();
+    to_hex(h, 32, hex);
+    int n = snprintf(sts, sizeof sts, "AWS4-HMAC-SHA256\n%s\n%.8s/%s/s3/aws4_request\n%s", amz_date,
+                     amz_date, region, hex);
+    if ((rc = hmac_run(s->inner, s->outer, s->ctx, sts, (size_t)n, h)) != 0) return rc;
+    to_hex(h, 32, sig);
     return 0;
 }
 
 int dsrt__s3_sign(const char *secret, const char *region, const char *date8, const char *amz_date,
                   const char *canonical_request, char sig[65]) {
-    unsigned char h[32], k[32];
-    char hex[65], scope_key[160], sts[512];
-    SHA256((const unsigned char *)canonical_request, strlen(canonical_request), h);
-    to_hex(h, 32, hex);
-    snprintf(sts, sizeof sts, "AWS4-HMAC-SHA256\n%s\n%s/%s/s3/aws4_request\n%s", amz_date, date8,
-             region, hex);
-    snprintf(scope_key, sizeof scope_key, "AWS4%s", secret);
-    int rc = hmac(scope_key, strlen(scope_key), date8, k);
-    memset(scope_key, 0, sizeof scope_key);
-    if (rc == 0) rc = hmac(k, 32, region, k);
-    if (rc == 0) rc = hmac(k, 32, "s3", k);
-    if (rc == 0) rc = hmac(k, 32, "aws4_request", k);
-    if (rc == 0) rc = hmac(k, 32, sts, h);
-    memset(k, 0, sizeof k);
-    if (rc == 0) to_hex(h, 32, sig);
+    if (strncmp(date8, amz_date, 8) != 0)
+        return dsrt__fail(DSRT_EOPTION, "s3: date %s is not the day of %s", date8, amz_date);
+    dsrt_s3_signer *s;
+    int rc = signer_new(&s);
+    if (rc == 0)
+        rc = sign_with(s, secret, region, amz_date, canonical_request, strlen(canonical_request),
+                       sig);
+    dsrt__s3_signer_free(s);
     return rc;
 }
 
@@ -427,8 +529,8 @@ static int dns_bucket(const char *b, size_t n, int https) {
     return b[0] != '-' && b[n - 1] != '-';
 }
 
-int dsrt__s3_request(const dsrt_s3_config *c, const char *s3url, const char *query,
-                     const char *range, time_t now, dsrt_strbuf *url, dsrt_strbuf *headers) {
+int dsrt__s3_request(dsrt_s3_config *c, const char *s3url, const char *query, const char *range,
+                     time_t now, dsrt_strbuf *url, dsrt_strbuf *headers) {
     const char *bucket, *key;
     size_t blen;
     int rc;
@@ -482,7 +584,9 @@ int dsrt__s3_request(const dsrt_s3_config *c, const char *s3url, const char *que
               : (c->token ? "host;x-amz-content-sha256;x-amz-date;x-amz-security-token"
                           : "host;x-amz-content-sha256;x-amz-date");
     if (dsrt__sb_printf(&canon, "\n%s\n%s", signed_headers, payload)) goto out;
-    if ((rc = dsrt__s3_sign(c->secret, c->region, date8, amz_date, canon.s, sig)) != 0) goto out;
+    if (!c->signer && (rc = signer_new(&c->signer)) != 0) goto out;
+    if ((rc = sign_with(c->signer, c->secret, c->region, amz_date, canon.s, canon.len, sig)) != 0)
+        goto out;
     rc = -ENOMEM;
     if (dsrt__sb_printf(headers, "x-amz-content-sha256: %s\nx-amz-date: %s\n", payload, amz_date))
         goto out;
@@ -596,6 +700,14 @@ static void xml_text(const char *body, size_t n, const char *tag, char *out, siz
 // ----------------------------------------------------------------------------
 // The store's answers
 
+int dsrt__s3_token_expired(long status, const char *body, size_t body_len) {
+    if (status != 400 && status != 403) return 0;
+    char code[64];
+    xml_text(body, body_len, "Code", code, sizeof code);
+    return strcmp(code, "ExpiredToken") == 0 || strcmp(code, "TokenRefreshRequired") == 0 ||
+           strcmp(code, "InvalidToken") == 0;
+}
+
 int dsrt__http_status_transient(long status, const char *body, size_t body_len) {
     if (status == 429 || status == 500 || status == 502 || status == 503 || status == 504 ||
         status == 408)
@@ -654,8 +766,9 @@ int dsrt__s3_http_error(const char *display, long status, const char *body, size
     if (strcmp(code, "ExpiredToken") == 0 || strcmp(code, "InvalidToken") == 0 ||
         strcmp(code, "TokenRefreshRequired") == 0)
         return dsrt__fail(DSRT_EREMOTE,
-                          "%s: the session token was refused (%s; credentials from %s): renew the "
-                          "temporary credentials (AWS_SESSION_TOKEN)",
+                          "%s: the session token was refused (%s; credentials from %s, read "
+                          "again): renew the temporary credentials (AWS_SESSION_TOKEN, or the "
+                          "profile's aws_session_token)",
                           display, what, from);
     if (status == 403 || status == 401)
         return dsrt__fail(DSRT_EREMOTE,
@@ -690,8 +803,7 @@ typedef struct {
     size_t nslots;
     size_t *name_files; /* (n_names) files under each */
     size_t root_files, odd_keys;
-    char *scratch;
-    size_t scratch_cap;
+    char *odd_first; /* the smallest key with an empty folder name */
 } lister;
 
 static uint64_t name_hash(const char *s, size_t n) {
@@ -759,6 +871,13 @@ static int add_file(lister *l, const char *rel, size_t rel_len, size_t dir_rel_l
     return 0;
 }
 
+/* Whether a[0..n) comes before the string b in S3's order of keys (bytes). */
+static int key_less(const char *a, size_t n, const char *b) {
+    size_t bn = strlen(b);
+    int c = memcmp(a, b, DSRT_MIN(n, bn));
+    return c < 0 || (c == 0 && n < bn);
+}
+
 /* One key of the listing, relative to the prefix: rel[0..n). */
 static int take_key(lister *l, const char *rel, size_t n) {
     if (n == 0) return 0; /* the prefix's own folder marker */
@@ -767,11 +886,16 @@ static int take_key(lister *l, const char *rel, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (rel[i] == '/') {
             if (i == 0 || rel[i - 1] == '/') {
-                if (l->odd_keys++ == 0)
-                    dsrt__index_warn(l->ix,
-                                     "%s/%.*s: a key with an empty folder name has no folder "
-                                     "equivalent, left out",
-                                     l->root, (int)n, rel);
+                /* Named at the end: the smallest, whatever the order of pages. */
+                l->odd_keys++;
+                if (!l->odd_first || key_less(rel, n, l->odd_first)) {
+                    char *c = dsrt__malloc(n + 1);
+                    if (!c) return -ENOMEM;
+                    memcpy(c, rel, n);
+                    c[n] = '\0';
+                    free(l->odd_first);
+                    l->odd_first = c;
+                }
                 return 0;
             }
             slashes++;
@@ -813,53 +937,64 @@ static int take_key(lister *l, const char *rel, size_t n) {
     return add_file(l, rel, n, dir_len, g);
 }
 
-/* Decodes %XX escapes in place; returns the new length. */
-static size_t percent_decode(char *s, size_t n) {
+/* Decodes the escapes of a listing asked with encoding-type=url in place:
+ * %XX, and '+' for a space (as S3 writes spaces there; a '+' of a key comes
+ * as %2B). Returns the new length. */
+static size_t url_decode(char *s, size_t n) {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
-        if (s[i] == '%' && i + 2 < n + 0 && isxdigit((unsigned char)s[i + 1]) &&
+        if (s[i] == '%' && i + 2 < n && isxdigit((unsigned char)s[i + 1]) &&
             isxdigit((unsigned char)s[i + 2])) {
             char h[3] = {s[i + 1], s[i + 2], '\0'};
             s[o++] = (char)strtol(h, NULL, 16);
             i += 2;
         } else {
-            s[o++] = s[i];
+            s[o++] = s[i] == '+' ? ' ' : s[i];
         }
     }
     return o;
 }
 
-/* Takes every key of one ListObjectsV2 page; sets *token to the next
- * page's continuation token ("" on the last page). */
-static int take_page(lister *l, const char *body, size_t len, dsrt_strbuf *token) {
-    const char *end = body + len, *p = body;
-    size_t n;
+/* The text of an element, decoded into scratch (and NUL-terminated). */
+static int list_text(dsrt_strbuf *scratch, const char *text, size_t n, int url_encoded) {
+    void *buf = scratch->s;
+    if (dsrt__grow(&buf, &scratch->cap, n + 1, 1) != 0) return -ENOMEM;
+    scratch->s = buf;
+    size_t k = xml_unescape(text, n, scratch->s);
+    if (url_encoded) k = url_decode(scratch->s, k);
+    scratch->s[k] = '\0';
+    scratch->len = k;
+    return 0;
+}
+
+int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_strbuf *token,
+                       dsrt_list_entry_fn on_entry, void *ud) {
+    const char *end = body + len;
     char enc[16];
     xml_text(body, len, "EncodingType", enc, sizeof enc);
     int url_encoded = strcmp(enc, "url") == 0;
-    const char *t;
-    while ((t = xml_find(p, end, "Key", &n)) != NULL) {
-        p = t + n;
-        void *buf = l->scratch;
-        if (dsrt__grow(&buf, &l->scratch_cap, n + 1, 1) != 0) return -ENOMEM;
-        l->scratch = buf;
-        size_t k = xml_unescape(t, n, l->scratch);
-        if (url_encoded) k = percent_decode(l->scratch, k);
-        l->scratch[k] = '\0';
-        if (k < l->prefix_len) continue; /* not under the prefix: cannot happen */
-        if (memchr(l->scratch, '\0', k)) continue;
-        int rc = take_key(l, l->scratch + l->prefix_len, k - l->prefix_len);
-        if (rc != 0) return rc;
+    /* Keys (<Contents><Key>), then sub-prefixes (<CommonPrefixes><Prefix>). */
+    static const char *const blocks[2][2] = {{"Contents", "Key"}, {"CommonPrefixes", "Prefix"}};
+    for (int is_prefix = 0; is_prefix < 2; is_prefix++) {
+        const char *p = body, *b, *t;
+        size_t bn, n;
+        while ((b = xml_find(p, end, blocks[is_prefix][0], &bn)) != NULL) {
+            p = b + bn;
+            if (!(t = xml_find(b, b + bn, blocks[is_prefix][1], &n))) continue;
+            int rc = list_text(scratch, t, n, url_encoded);
+            if (rc == 0) rc = on_entry(ud, scratch->s, scratch->len, is_prefix);
+            if (rc != 0) return rc;
+        }
     }
     char truncated[8];
     xml_text(body, len, "IsTruncated", truncated, sizeof truncated);
     token->len = 0;
     if (token->s) token->s[0] = '\0';
     if (strcmp(truncated, "true") != 0) return 0;
-    t = xml_find(body, end, "NextContinuationToken", &n);
+    size_t n;
+    const char *t = xml_find(body, end, "NextContinuationToken", &n);
     if (!t || n == 0)
-        return dsrt__fail(DSRT_EREMOTE,
-                          "s3: %s: a truncated listing page without a continuation token", l->root);
+        return dsrt__fail(DSRT_EREMOTE, "a truncated listing page without a continuation token");
     if (dsrt__sb_add(token, t, n) != 0) return -ENOMEM;
     token->len = xml_unescape(token->s, token->len, token->s);
     token->s[token->len] = '\0';
@@ -878,7 +1013,7 @@ static int finish_classes(lister *l) {
     const char **sorted = dsrt__malloc((n ? n : 1) * sizeof *sorted);
     int32_t *renum = dsrt__malloc((n ? n : 1) * sizeof *renum);
     if (!sorted || !renum) goto out;
-    memcpy(sorted, l->names, n * sizeof *sorted);
+    if (n) memcpy(sorted, l->names, n * sizeof *sorted);
     if (n > 1) qsort(sorted, n, sizeof *sorted, cmp_str);
     int folders = l->o->label_source == DSRT_LABEL_FOLDER_NAMES;
     size_t kept = 0;
@@ -904,10 +1039,165 @@ out:
     return rc;
 }
 
+/*
+ * Listing a prefix concurrently. The first listing asks for the prefix with
+ * delimiter '/': it answers the keys right under the prefix and each
+ * sub-prefix ("prefix/cat/") once. Each sub-prefix is then listed whole
+ * (without delimiter) as a job of its own, all of them in flight together
+ * on one multi handle, each job following its own continuation tokens. The
+ * keys of the prefix are exactly the first listing's keys plus every job's,
+ * so the index is the one a single listing gives: the order of arrival
+ * changes nothing once the entries are sorted. Only with sub-folders left
+ * out and labels not from class folders do the sub-prefixes hold nothing
+ * the index takes, and they are not listed.
+ */
+#define S3_LIST_DEPTH 64 /* listing requests in flight */
+
+typedef struct {
+    char *prefix; /* the key prefix this job lists (decoded) */
+    dsrt_strbuf token, query;
+    int delimited; /* the prefix's own listing, with delimiter '/' */
+} list_job;
+
+typedef struct {
+    lister *l;
+    list_job *jobs;
+    size_t n_jobs, cap_jobs;
+    size_t *ready; /* jobs with a page to ask for, FIFO */
+    size_t ready_head, ready_len, cap_ready;
+    int spawn; /* sub-prefixes become jobs */
+} list_run;
+
+static int push_ready(list_run *r, size_t job) {
+    if (r->ready_head > 0 && r->ready_head + r->ready_len == r->cap_ready) {
+        memmove(r->ready, r->ready + r->ready_head, r->ready_len * sizeof *r->ready);
+        r->ready_head = 0;
+    }
+    void *buf = r->ready;
+    if (dsrt__grow(&buf, &r->cap_ready, r->ready_head + r->ready_len + 1, sizeof *r->ready) != 0)
+        return -ENOMEM;
+    r->ready = buf;
+    r->ready[r->ready_head + r->ready_len++] = job;
+    return 0;
+}
+
+static int add_job(list_run *r, const char *prefix, size_t n, int delimited) {
+    void *buf = r->jobs;
+    if (dsrt__grow(&buf, &r->cap_jobs, r->n_jobs + 1, sizeof *r->jobs) != 0) return -ENOMEM;
+    r->jobs = buf;
+    list_job *j = &r->jobs[r->n_jobs];
+    *j = (list_job){.delimited = delimited};
+    if (!(j->prefix = dsrt__malloc(n + 1))) return -ENOMEM;
+    memcpy(j->prefix, prefix, n);
+    j->prefix[n] = '\0';
+    r->n_jobs++;
+    return push_ready(r, r->n_jobs - 1);
+}
+
+/* One entry of a page: a key goes to the folder rules, a sub-prefix (of
+ * the first listing) becomes a job. */
+static int take_entry(void *ud, const char *s, size_t n, int is_prefix) {
+    list_run *r = ud;
+    lister *l = r->l;
+    if (n < l->prefix_len || memcmp(s, r->jobs[0].prefix, l->prefix_len) != 0)
+        return 0; /* not under the prefix: cannot happen */
+    if (memchr(s, '\0', n)) return 0;
+    if (is_prefix) return r->spawn ? add_job(r, s, n, 0) : 0;
+    return take_key(l, s + l->prefix_len, n - l->prefix_len);
+}
+
+static int job_query(const list_job *j, dsrt_strbuf *q) {
+    /* Parameters in canonical (sorted) order, values encoded. */
+    q->len = 0;
+    if (j->token.len &&
+        (dsrt__sb_add(q, "continuation-token=", 19) ||
+         dsrt__sb_encode(q, j->token.s, j->token.len, 0) || dsrt__sb_add(q, "&", 1)))
+        return -ENOMEM;
+    if (j->delimited && dsrt__sb_add(q, "delimiter=%2F&", 14)) return -ENOMEM;
+    if (dsrt__sb_add(q, "encoding-type=url&list-type=2&max-keys=1000&prefix=", 51) ||
+        dsrt__sb_encode(q, j->prefix, strlen(j->prefix), 0))
+        return -ENOMEM;
+    return 0;
+}
+
+static void list_run_free(list_run *r) {
+    for (size_t i = 0; i < r->n_jobs; i++) {
+        free(r->jobs[i].prefix);
+        free(r->jobs[i].token.s);
+        free(r->jobs[i].query.s);
+    }
+    free(r->jobs);
+    free(r->ready);
+}
+
+/* Lists every key under the lister's prefix into it. */
+static int list_all(lister *l, const char *bucket, size_t blen, const char *prefix,
+                    size_t prefix_len) {
+    list_run r = {.l = l};
+    dsrt_http *h = NULL;
+    dsrt_strbuf scratch = {0}, next = {0};
+    char list_url[300];
+    snprintf(list_url, sizeof list_url, "s3://%.*s/", (int)blen, bucket);
+    const dsrt_datastore_options *o = l->o;
+    r.spawn = o->include_subfolders || o->label_source == DSRT_LABEL_FOLDER_NAMES;
+    dsrt_remote_options ro = dsrt_reader_defaults().remote;
+    ro.depth = DSRT_MIN(ro.depth, (unsigned)S3_LIST_DEPTH);
+    int rc = dsrt__http_create(&h, &ro);
+    if (rc == 0) rc = add_job(&r, prefix, prefix_len, 1);
+    while (rc == 0 && (r.ready_len > 0 || dsrt__http_in_flight(h) > 0)) {
+        while (r.ready_len > 0 && dsrt__http_in_flight(h) < ro.depth) {
+            size_t id = r.ready[r.ready_head++];
+            r.ready_len--;
+            list_job *j = &r.jobs[id];
+            if ((rc = job_query(j, &j->query)) != 0) goto out;
+            if ((rc = dsrt__http_submit_whole(h, list_url, j->query.s, S3_LIST_MAX_PAGE, id)) != 0)
+                goto out;
+        }
+        dsrt_read_result res;
+        if ((rc = dsrt__http_collect(h, &res, 1, -1)) < 0) goto out;
+        if (rc == 0) continue;
+        list_job *j = &r.jobs[res.tag];
+        if (res.status != 0) {
+            free(res.buf);
+            rc = res.status;
+            if (rc == -ENOENT)
+                rc = dsrt__fail(DSRT_EREMOTE, "datastore: %s: the store answered 404 to a listing",
+                                l->root);
+            else
+                dsrt__fail_prefix(rc, "datastore: listing %s", l->root);
+            goto out;
+        }
+        /* take_entry may add jobs (and move them): the token comes apart. */
+        rc = dsrt__s3_list_page((const char *)res.buf, res.size, &scratch, &next, take_entry, &r);
+        free(res.buf);
+        j = &r.jobs[res.tag];
+        if (rc != 0) {
+            dsrt__fail_prefix(rc, "datastore: listing %s (prefix \"%s\")", l->root, j->prefix);
+            goto out;
+        }
+        dsrt_strbuf t = j->token;
+        j->token = next;
+        next = t;
+        if (j->token.len > 0) {
+            if ((rc = push_ready(&r, res.tag)) != 0) goto out;
+        } else {
+            free(j->query.s);
+            free(j->token.s);
+            j->query = j->token = (dsrt_strbuf){0};
+        }
+    }
+out:
+    dsrt__http_cancel(h);
+    dsrt__http_destroy(h);
+    list_run_free(&r);
+    free(scratch.s);
+    free(next.s);
+    return rc;
+}
+
 int dsrt__s3_folder_load(dsrt_index *ix, const char *url, const dsrt_datastore_options *o) {
     lister l = {.o = o, .ix = ix};
-    dsrt_http *h = NULL;
-    dsrt_strbuf query = {0}, token = {0}, prefix = {0};
+    dsrt_strbuf prefix = {0};
     const char *bucket, *key;
     size_t blen;
     int rc;
@@ -926,37 +1216,12 @@ int dsrt__s3_folder_load(dsrt_index *ix, const char *url, const dsrt_datastore_o
     const char *base = strrchr(l.root + 5, '/');
     l.root_base = base ? base + 1 : l.root + 5;
 
-    dsrt_remote_options ro = dsrt_reader_defaults().remote;
-    ro.depth = 1;
-    if ((rc = dsrt__http_create(&h, &ro)) != 0) goto out;
-    char list_url[300];
-    snprintf(list_url, sizeof list_url, "s3://%.*s/", (int)blen, bucket);
-    do {
-        /* Parameters in canonical (sorted) order, values encoded. */
-        query.len = 0;
-        rc = -ENOMEM;
-        if (token.len &&
-            (dsrt__sb_add(&query, "continuation-token=", 19) ||
-             dsrt__sb_encode(&query, token.s, token.len, 0) || dsrt__sb_add(&query, "&", 1)))
-            goto out;
-        if (dsrt__sb_add(&query, "list-type=2&max-keys=1000&prefix=", 33) ||
-            dsrt__sb_encode(&query, prefix.s ? prefix.s : "", prefix.len, 0))
-            goto out;
-        uint8_t *page;
-        size_t len;
-        if ((rc = dsrt__http_fetch(h, list_url, query.s, S3_LIST_MAX_PAGE, &page, &len)) != 0) {
-            if (rc == -ENOENT)
-                rc = dsrt__fail(DSRT_EREMOTE, "datastore: %s: the store answered 404 to a listing",
-                                l.root);
-            else
-                dsrt__fail_prefix(rc, "datastore: listing %s", l.root);
-            goto out;
-        }
-        rc = take_page(&l, (const char *)page, len, &token);
-        free(page);
-        if (rc != 0) goto out;
-    } while (token.len > 0);
+    if ((rc = list_all(&l, bucket, blen, prefix.s ? prefix.s : "", prefix.len)) != 0) goto out;
 
+    if (l.odd_keys > 0)
+        dsrt__index_warn(
+            ix, "%s/%s: a key with an empty folder name has no folder equivalent, left out", l.root,
+            l.odd_first);
     if (l.odd_keys > 1)
         dsrt__index_warn(ix, "%s: %zu keys with empty folder names left out", l.root, l.odd_keys);
     if (l.root_files)
@@ -979,15 +1244,12 @@ int dsrt__s3_folder_load(dsrt_index *ix, const char *url, const dsrt_datastore_o
                         "and that the credentials may list it)",
                         l.root);
 out:
-    dsrt__http_destroy(h);
-    free(query.s);
-    free(token.s);
     free(prefix.s);
     free(l.files);
     free(l.names);
     free(l.slots);
     free(l.name_files);
-    free(l.scratch);
+    free(l.odd_first);
     return rc;
 }
 

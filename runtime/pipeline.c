@@ -71,6 +71,7 @@
  */
 #include <dsrt/pipeline.h>
 
+#include "datastore/remote.h"
 #include "runtime/internal.h"
 
 #include <pthread.h>
@@ -329,9 +330,8 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
     if (o->reader.depth < 1 || o->reader.depth > 4096)
         return dsrt__fail(DSRT_EOPTION, "pipeline: reader.depth: %u: not in [1, 4096]",
                           o->reader.depth);
-    if (o->reader.remote.depth < 1 || o->reader.remote.depth > 4096)
-        return dsrt__fail(DSRT_EOPTION, "pipeline: reader.remote.depth: %u: not in [1, 4096]",
-                          o->reader.remote.depth);
+    int rc = dsrt__remote_options_check(&o->reader.remote, "pipeline: reader");
+    if (rc != 0) return rc;
     if (o->reader.direct != 0 && o->reader.direct != 1)
         return dsrt__fail(DSRT_EOPTION, "pipeline: reader.direct: %d: not 0 or 1",
                           o->reader.direct);

@@ -6,9 +6,10 @@
 #     libraries from where it lies);
 #   - libdsrt.so, dsbench and an example that embeds the datastore need none
 #     of oneDNN, MPI, CUDA, cuBLAS, cuDNN or NCCL;
-#   - the examples build and run through the CMake package, through dsrt.pc
-#     alone (embed_datastore, pipeline: shared and static) and dsrt-train.pc
-#     (train: shared and static);
+#   - the examples build and run through the CMake package (embed_datastore
+#     also with dsrt::dsrt_static), through dsrt.pc alone (embed_datastore,
+#     pipeline: shared and static; the static libraries named, libcurl and
+#     libcrypto included) and dsrt-train.pc (train: shared and static);
 #   - the installed tools load the installed modules: dstrain asks for a GPU
 #     (the CUDA host module loads; without a GPU the message says so), and
 #     trains data-parallel under mpirun (the MPI module).
@@ -57,6 +58,10 @@ done
 if pkg-config --libs --static "$lib/pkgconfig/dsrt.pc" | grep -Eq 'dnnl|mpi|cuda|cudnn|nccl'; then
   fail "dsrt.pc names a training library"
 fi
+for l in -lcurl -lcrypto; do
+  pkg-config --libs --static "$lib/pkgconfig/dsrt.pc" | grep -qw -- "$l" ||
+    fail "dsrt.pc does not name $l, which the static libdsrt needs (object storage)"
+done
 
 # A tiny dataset: Fashion-MNIST's test images as a folder would be big; the
 # converter makes a small one from a generated IDX pair instead.
@@ -80,6 +85,22 @@ fi
 LD_LIBRARY_PATH=$lib "$tmp/ex-cmake/embed_datastore" "$tmp/folder" 3
 LD_LIBRARY_PATH=$lib "$tmp/ex-cmake/pipeline" "$tmp/folder" 8 2
 LD_LIBRARY_PATH=$lib "$tmp/ex-cmake/train" "$tmp/folder" 1 cpu
+
+echo "-- CMake package, static (dsrt::dsrt_static brings libdsrt's libraries: libcurl, libcrypto, ...)"
+mkdir -p "$tmp/ex-static-src"
+cat > "$tmp/ex-static-src/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.22)
+project(dsrt_static_example LANGUAGES C)
+find_package(dsrt REQUIRED)
+add_executable(embed_datastore $PWD/examples/embed_datastore.c)
+target_link_libraries(embed_datastore PRIVATE dsrt::dsrt_static)
+EOF
+cmake -S "$tmp/ex-static-src" -B "$tmp/ex-static" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$tmp/ex-static" >/dev/null
+if readelf -d "$tmp/ex-static/embed_datastore" | grep -q 'libdsrt'; then
+  fail "embed_datastore, linked with dsrt::dsrt_static, needs a shared libdsrt"
+fi
+"$tmp/ex-static/embed_datastore" "$tmp/folder" 3
 
 echo "-- pkg-config: dsrt.pc alone (shared, then static)"
 export PKG_CONFIG_PATH=$lib/pkgconfig

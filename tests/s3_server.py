@@ -15,7 +15,9 @@ refused as AWS refuses it. When ready the server prints one JSON line:
 
     {"endpoint": "http://127.0.0.1:P", "proxy": "http://127.0.0.1:Q",
      "key": ..., "secret": ..., "session_key": ..., "session_secret": ...,
-     "session_token": ...}
+     "session_token": ..., "session2_key": ..., ...}
+
+(two sets of temporary credentials, session and session2).
 
 and then takes commands on standard input, one a line, answering "ok":
 
@@ -24,11 +26,18 @@ and then takes commands on standard input, one a line, answering "ok":
                   (429, 500, 503: an S3 XML error, as a throttled store does)
     reset N       the proxy resets the connection of the next N requests
     stall N       the proxy never answers the next N requests
-    requests      answers "requests N signed S connections C most_open M":
-                  requests forwarded (S of them signed), connections accepted,
-                  most open at once since the last clear
+    requests      answers "requests N signed S connections C most_open M
+                  busy_ms B refused R": requests forwarded (S of them signed),
+                  connections accepted, most open at once of those accepted
+                  since the last clear, and the milliseconds since the last
+                  clear during which moto had a request to answer (its own
+                  time, without the latency added here), and the requests
+                  refused for an expired token
     hold-after N  forward N more requests, then hold every later one unanswered
-    clear         drops the faults not yet used and any hold
+    expire-token T  the proxy answers every request signed with session token
+                  T itself: 400 ExpiredToken, as a store does once it expired
+    clear         drops the faults not yet used and any hold, and starts
+                  counting open connections afresh
     auth on|off   moto checks signatures (the default after set-up), or not
                   (moto answers unsigned requests with 500 while it checks)
 
@@ -41,6 +50,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 REGION = "us-east-1"
 
@@ -139,14 +149,26 @@ def make_credentials(endpoint):
     iam.put_role_policy(RoleName="dsrt-role", PolicyName="read",
                         PolicyDocument=json.dumps(policy))
     sts = client(endpoint, "sts", key=key["AccessKeyId"], secret=key["SecretAccessKey"])
-    temp = sts.assume_role(RoleArn=role["Role"]["Arn"], RoleSessionName="dsrt")["Credentials"]
-    return {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"],
-            "session_key": temp["AccessKeyId"], "session_secret": temp["SecretAccessKey"],
-            "session_token": temp["SessionToken"]}
+    out = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    # Two sessions: a test expires the first and renews with the second.
+    for n, name in ((1, "session"), (2, "session2")):
+        temp = sts.assume_role(RoleArn=role["Role"]["Arn"],
+                               RoleSessionName=f"dsrt{n}")["Credentials"]
+        out.update({f"{name}_key": temp["AccessKeyId"], f"{name}_secret": temp["SecretAccessKey"],
+                    f"{name}_token": temp["SessionToken"]})
+    return out
 
 
 # ----------------------------------------------------------------------------
 # The proxy: latency and faults between the client and moto
+
+
+ERRORS = {
+    "fail": (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+             b'<Message>Please reduce your request rate.</Message></Error>'),
+    "expired": (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ExpiredToken</Code>'
+                b'<Message>The provided token has expired.</Message></Error>'),
+}
 
 
 class Proxy:
@@ -160,18 +182,37 @@ class Proxy:
         self.open = 0
         self.most_open = 0
         self.hold_after = None  # forward this many more requests, then hold the rest
+        self.expired = []  # session tokens refused as expired (bytes)
+        self.refused = 0  # requests refused for them
+        self.gen = 0  # clears so far
+        # The store's own time: while at least one forwarded request has no
+        # answer yet (latency added here is not in it), since the last clear.
+        self.waiting = 0
+        self.busy_since = 0.0
+        self.busy = 0.0
 
     def take_fault(self):
         return self.faults.pop(0) if self.faults else None
 
     async def handle(self, creader, cwriter):
+        # Connections are counted from the last clear: one accepted before it
+        # is not counted as open after it, however late its close is seen.
+        gen = self.gen
         self.connections += 1
         self.open += 1
         self.most_open = max(self.most_open, self.open)
         try:
             await self.serve(creader, cwriter)
         finally:
-            self.open -= 1
+            if gen == self.gen:
+                self.open -= 1
+
+    def answer_started(self, conn):
+        if conn["waiting"] > 0:
+            conn["waiting"] -= 1
+            self.waiting -= 1
+            if self.waiting == 0:
+                self.busy += time.monotonic() - self.busy_since
 
     async def serve(self, creader, cwriter):
         try:
@@ -179,7 +220,8 @@ class Proxy:
         except OSError:
             cwriter.close()
             return
-        pump = asyncio.ensure_future(self.pump(ureader, cwriter))
+        conn = {"waiting": 0, "gen": self.gen}  # requests forwarded, not yet answered
+        pump = asyncio.ensure_future(self.pump(ureader, cwriter, lambda: self.answer_started(conn)))
         try:
             while True:
                 data = await creader.read(1 << 16)
@@ -194,14 +236,20 @@ class Proxy:
                         break
                     self.hold_after -= 1
                 fault = self.take_fault()
+                if fault is None and any(t in data for t in self.expired):
+                    fault = ("expired", 400)
+                    self.refused += 1
                 if fault is None:
                     self.forwarded += 1
                     self.signed += b"\nauthorization:" in data.lower()
+                    if self.waiting == 0:
+                        self.busy_since = time.monotonic()
+                    self.waiting += 1
+                    conn["waiting"] += 1
                     uwriter.write(data)
                     await uwriter.drain()
-                elif fault[0] == "fail":
-                    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                            b'<Message>Please reduce your request rate.</Message></Error>')
+                elif fault[0] in ("fail", "expired"):
+                    body = ERRORS[fault[0]]
                     head = (f"HTTP/1.1 {fault[1]} Injected\r\nContent-Type: application/xml\r\n"
                             f"Content-Length: {len(body)}\r\n\r\n").encode()
                     cwriter.write(head + body)
@@ -219,16 +267,19 @@ class Proxy:
             pass
         finally:
             pump.cancel()
+            while conn["waiting"] > 0:  # never answered
+                self.answer_started(conn)
             uwriter.close()
             cwriter.close()
 
     @staticmethod
-    async def pump(src, dst):
+    async def pump(src, dst, started):
         try:
             while True:
                 data = await src.read(1 << 16)
                 if not data:
                     break
+                started()
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError, asyncio.CancelledError):
@@ -267,14 +318,22 @@ def run_proxy(upstream_port, latency_ms, conn):
         elif words[0] in ("reset", "stall"):
             proxy.faults.extend([(words[0], 0)] * int(words[1]))
         elif words[0] == "requests":
+            busy = proxy.busy + (time.monotonic() - proxy.busy_since if proxy.waiting else 0)
             reply = (f"requests {proxy.forwarded} signed {proxy.signed} connections "
-                     f"{proxy.connections} most_open {proxy.most_open}")
+                     f"{proxy.connections} most_open {proxy.most_open} busy_ms {busy * 1e3:.1f} "
+                     f"refused {proxy.refused}")
         elif words[0] == "clear":
             proxy.faults.clear()
+            proxy.expired.clear()
             proxy.hold_after = None
-            proxy.most_open = proxy.open
+            proxy.gen += 1
+            proxy.open = proxy.most_open = 0
+            proxy.busy = 0.0
+            proxy.busy_since = time.monotonic()
         elif words[0] == "hold-after":
             proxy.hold_after = int(words[1])
+        elif words[0] == "expire-token":
+            proxy.expired.append(words[1].encode())
         conn.send(reply)
 
     loop.add_reader(conn.fileno(), command)
@@ -352,7 +411,8 @@ def main():
             count = b"0" if words[1] == "on" else b"inf"
             requests.post(f"{setup}/moto-api/reset-auth", data=count).raise_for_status()
             reply = "ok"
-        elif words[0] in ("latency", "fail", "reset", "stall", "requests", "clear", "hold-after"):
+        elif words[0] in ("latency", "fail", "reset", "stall", "requests", "clear", "hold-after",
+                          "expire-token"):
             ours.send(words)
             reply = ours.recv()
         else:

@@ -85,7 +85,7 @@ static PyObject *raise_code(int rc, const char *msg) {
         PyErr_SetString(PyExc_ValueError, msg);
     } else if (rc == -ENOMEM) {
         PyErr_SetString(PyExc_MemoryError, msg);
-    } else if (rc < 0 && rc > -4096) {
+    } else if (rc < 0 && rc > DSRT_EFORMAT) { /* -errno: dsrt's own codes start at -1001 */
         PyObject *args = Py_BuildValue("(is)", -rc, msg);
         if (args) {
             PyErr_SetObject(PyExc_OSError, args);
@@ -1604,6 +1604,12 @@ static PyObject *pipeline_stats(PipelineObject *self, PyObject *unused) {
     bad |= dict_put(d, "pinned_memory", PyBool_FromLong(s.pinned_memory));
     bad |= dict_put(d, "locked_memory", PyBool_FromLong(s.locked_memory));
     bad |= dict_put(d, "cpus", str_or_none(s.cpus));
+    /* Object storage: requests answered, retried, connections opened, the
+     * mean requests in flight while any was. */
+    bad |= dict_put(d, "remote_requests", PyLong_FromUnsignedLongLong(s.remote_requests));
+    bad |= dict_put(d, "remote_retries", PyLong_FromUnsignedLongLong(s.remote_retries));
+    bad |= dict_put(d, "remote_connections", PyLong_FromUnsignedLongLong(s.remote_connections));
+    bad |= dict_put(d, "remote_in_flight", PyFloat_FromDouble(s.remote_in_flight));
     /* Every bad sample found so far: (path, reason). */
     PyObject *l = PyList_New(0);
     bad |= l == NULL;
