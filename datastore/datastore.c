@@ -8,6 +8,7 @@
  * datastore costs four bytes a sample and copies no path.
  */
 #include "internal.h"
+#include "shards.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ static void index_free(dsrt_index *ix) {
     free(ix->classes);
     free(ix->pixels);
     free(ix->warnings);
+    dsrt__shardset_free(ix->shards);
     dsrt_arena_free(&ix->arena);
     free(ix);
 }
@@ -86,6 +88,8 @@ dsrt_datastore_options dsrt_datastore_defaults(void) {
     o.follow_symlinks = 1;
     o.split = DSRT_SPLIT_TRAIN;
     o.manifest_header = -1;
+    o.shard_order = DSRT_SHARD_ORDER_AUTO;
+    o.shuffle_buffer = 1000;
     return o;
 }
 
@@ -100,6 +104,8 @@ typedef struct {
     size_t got;    /* bytes in head */
     uint64_t size; /* of the file */
     int idx_head;  /* the file starts as an IDX file or a gzip stream does */
+    int remote;    /* an s3:// or http(s):// address */
+    int pattern;   /* a glob or brace list, not a file */
 } probe;
 
 static int exists_in(const char *dir, const char *name) {
@@ -118,6 +124,10 @@ static int is_folder(const probe *p) {
     return p->folder;
 }
 
+static int is_shards(const probe *p) {
+    return p->remote || dsrt__is_shardset(p->path, p->folder);
+}
+
 static int is_manifest(const probe *p) {
     return !p->folder && (ends_with_ci(p->path, ".csv") || ends_with_ci(p->path, ".txt") ||
                           ends_with_ci(p->path, ".lst"));
@@ -127,6 +137,7 @@ static int is_idx(const probe *p) {
     static const char *const names[] = {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz",
                                         "t10k-images-idx3-ubyte",  "t10k-images-idx3-ubyte.gz",
                                         "train-images.idx3-ubyte", "t10k-images.idx3-ubyte"};
+    if (p->pattern) return 0;
     if (!p->folder) return p->idx_head;
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(names); k++)
         if (exists_in(p->path, names[k])) return 1;
@@ -135,12 +146,14 @@ static int is_idx(const probe *p) {
 
 /* A CIFAR .bin batch is whole records; an IDX header wins over the size. */
 static int is_cifar10(const probe *p) {
+    if (p->pattern) return 0;
     if (p->folder)
         return exists_in(p->path, "batches.meta.txt") || exists_in(p->path, "data_batch_1.bin");
     return !p->idx_head && ends_with_ci(p->path, ".bin") && p->size % 3073 == 0;
 }
 
 static int is_cifar100(const probe *p) {
+    if (p->pattern) return 0;
     if (p->folder)
         return exists_in(p->path, "fine_label_names.txt") ||
                (exists_in(p->path, "train.bin") && exists_in(p->path, "test.bin"));
@@ -166,6 +179,7 @@ static const struct {
     {DSRT_SOURCE_CIFAR10, "cifar10", is_cifar10, load_cifar10},
     {DSRT_SOURCE_CIFAR100, "cifar100", is_cifar100, load_cifar100},
     {DSRT_SOURCE_IDX, "idx", is_idx, dsrt__idx_load},
+    {DSRT_SOURCE_SHARDS, "shards", is_shards, dsrt__shards_load},
     {DSRT_SOURCE_MANIFEST, "manifest", is_manifest, dsrt__manifest_load},
     {DSRT_SOURCE_FOLDER, "folder", is_folder, dsrt__folder_load},
 };
@@ -180,6 +194,14 @@ const char *dsrt_source_name(dsrt_source s) {
 int dsrt__detect_source(const char *path, dsrt_source *kind) {
     struct stat st;
     probe pr = {.path = path};
+    pr.remote = strncmp(path, "s3://", 5) == 0 || strncmp(path, "http://", 7) == 0 ||
+                strncmp(path, "https://", 8) == 0;
+    if (pr.remote || (stat(path, &st) != 0 && strpbrk(path, "*?[{"))) {
+        /* An address or a pattern: only a shard set is named so. */
+        pr.pattern = 1;
+        *kind = DSRT_SOURCE_SHARDS;
+        return 0;
+    }
     if (stat(path, &st) != 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
     pr.folder = S_ISDIR(st.st_mode);
     if (!pr.folder) {
@@ -207,7 +229,8 @@ int dsrt__detect_source(const char *path, dsrt_source *kind) {
         }
     return dsrt__fail(DSRT_EFORMAT,
                       "open: %s: cannot tell the kind of source (expected a folder, a .csv "
-                      "manifest, an IDX file or a CIFAR .bin batch); set the source option",
+                      "manifest, an IDX file, a CIFAR .bin batch or tar shards); set the source "
+                      "option",
                       path);
 }
 
@@ -226,7 +249,7 @@ static int view_new(dsrt_index *ix, uint32_t *order, size_t n, dsrt_datastore **
 }
 
 static int check_options(const dsrt_datastore_options *o) {
-    if ((unsigned)o->source > DSRT_SOURCE_CIFAR100)
+    if ((unsigned)o->source > DSRT_SOURCE_SHARDS)
         return dsrt__fail(DSRT_EOPTION, "datastore: source %d is not a known source", o->source);
     if ((unsigned)o->label_source > DSRT_LABEL_NONE)
         return dsrt__fail(DSRT_EOPTION, "datastore: label_source %d is not a known label source",
@@ -236,6 +259,12 @@ static int check_options(const dsrt_datastore_options *o) {
     if (o->manifest_header < -1 || o->manifest_header > 1)
         return dsrt__fail(DSRT_EOPTION, "datastore: manifest_header %d is not -1, 0 or 1",
                           o->manifest_header);
+    if ((unsigned)o->shard_order > DSRT_SHARD_ORDER_SHARD)
+        return dsrt__fail(DSRT_EOPTION, "datastore: shard_order %d is not auto, exact or shard",
+                          (int)o->shard_order);
+    if (o->shuffle_buffer > ((size_t)1 << 24))
+        return dsrt__fail(DSRT_EOPTION, "datastore: shuffle_buffer %zu is not in [1, 2^24] (0: the default)",
+                          o->shuffle_buffer);
     return 0;
 }
 
@@ -392,6 +421,12 @@ int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i, dsrt_
     *out = NULL;
     if (n == 0 || i >= n)
         return dsrt__fail(DSRT_EOPTION, "partition: part %zu of %zu does not exist", i, n);
+    if (ds->index->shards) {
+        uint32_t *order;
+        size_t count;
+        int rc = dsrt__shards_partition(ds, n, i, &order, &count);
+        return rc ? rc : view_new(ds->index, order, count, out);
+    }
     size_t begin = (size_t)((__uint128_t)ds->n * i / n);
     size_t end = (size_t)((__uint128_t)ds->n * (i + 1) / n);
     uint32_t *order = dsrt__malloc((end - begin) * sizeof *order);
@@ -547,6 +582,43 @@ static int convert_pixels(const dsrt_image *src, dsrt_decoder *d, const dsrt_dec
     return 0;
 }
 
+/* The bytes of shard sample i into the decoder's file buffer. */
+static int read_member(const dsrt_datastore *ds, size_t i, dsrt_decoder *d, uint8_t **data,
+                       size_t *size) {
+    dsrt_sample_location loc;
+    int rc, fd;
+    struct stat st;
+    dsrt_datastore_location(ds, i, &loc);
+    const char *shard = dsrt_datastore_shard_path(ds, loc.shard), *path = dsrt_datastore_path(ds, i);
+    if (loc.size == 0) return dsrt__fail(DSRT_EEMPTY, "read: %s: empty member", path);
+    if (loc.size > READ_IMAGE_MAX)
+        return dsrt__fail(DSRT_ETOOBIG, "read: %s: %llu bytes, more than %zu", path,
+                          (unsigned long long)loc.size, READ_IMAGE_MAX);
+    if ((rc = dsrt__open_regular(shard, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "read");
+    uint8_t *buf = dsrt__decoder_file_buffer(d, (size_t)loc.size);
+    size_t got = 0, want = (size_t)loc.size;
+    while (buf && got < want) {
+        ssize_t r = pread(fd, buf + got, want - got, (off_t)(loc.offset + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            rc = dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
+            break;
+        }
+        if (r == 0) {
+            rc = dsrt__fail(DSRT_ETRUNCATED,
+                            "read: %s: member cut short (%zu of %zu bytes): the shard is truncated",
+                            path, got, want);
+            break;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!buf) return -ENOMEM;
+    *data = buf;
+    *size = got;
+    return rc;
+}
+
 int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *d,
                               const dsrt_decode_request *req, dsrt_image *out) {
     if (i >= ds->n)
@@ -561,7 +633,8 @@ int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *
     const char *path = dsrt_datastore_path(ds, i);
     uint8_t *data = NULL;
     size_t size = 0;
-    int rc = read_file(path, d, &data, &size);
+    int rc = ds->index->shards ? read_member(ds, i, d, &data, &size)
+                               : read_file(path, d, &data, &size);
     if (rc != 0) return rc;
     rc = dsrt_decode(d, data, size, req, out);
     if (rc != 0) {

@@ -281,6 +281,10 @@ typedef struct {
     int pinned_memory; /* slots allocated with cudaHostAlloc (page-locked, for async copies) */
     int locked_memory; /* slots locked in memory (cudaHostAlloc or mlock) */
     const char *cpus;  /* the cores in use, list form ("0-15") */
+    /* A shard set read in the shard order: bytes the stream read, samples it
+     * handed over, and samples read by offset instead (after a resume, the
+     * replacements of bad samples, the few another part lends). */
+    uint64_t stream_bytes, stream_samples, stream_ranged;
     /* The first DSRT_PIPELINE_BAD_MESSAGES bad samples found, then only
      * counted in bad_samples. */
     const char *bad_messages[DSRT_PIPELINE_BAD_MESSAGES];
