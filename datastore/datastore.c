@@ -263,7 +263,8 @@ static int check_options(const dsrt_datastore_options *o) {
         return dsrt__fail(DSRT_EOPTION, "datastore: shard_order %d is not auto, exact or shard",
                           (int)o->shard_order);
     if (o->shuffle_buffer > ((size_t)1 << 24))
-        return dsrt__fail(DSRT_EOPTION, "datastore: shuffle_buffer %zu is not in [1, 2^24] (0: the default)",
+        return dsrt__fail(DSRT_EOPTION,
+                          "datastore: shuffle_buffer %zu is not in [1, 2^24] (0: the default)",
                           o->shuffle_buffer);
     return 0;
 }
@@ -589,7 +590,8 @@ static int read_member(const dsrt_datastore *ds, size_t i, dsrt_decoder *d, uint
     int rc, fd;
     struct stat st;
     dsrt_datastore_location(ds, i, &loc);
-    const char *shard = dsrt_datastore_shard_path(ds, loc.shard), *path = dsrt_datastore_path(ds, i);
+    const char *shard = dsrt_datastore_shard_path(ds, loc.shard),
+               *path = dsrt_datastore_path(ds, i);
     if (loc.size == 0) return dsrt__fail(DSRT_EEMPTY, "read: %s: empty member", path);
     if (loc.size > READ_IMAGE_MAX)
         return dsrt__fail(DSRT_ETOOBIG, "read: %s: %llu bytes, more than %zu", path,
@@ -633,8 +635,8 @@ int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *
     const char *path = dsrt_datastore_path(ds, i);
     uint8_t *data = NULL;
     size_t size = 0;
-    int rc = ds->index->shards ? read_member(ds, i, d, &data, &size)
-                               : read_file(path, d, &data, &size);
+    int rc =
+        ds->index->shards ? read_member(ds, i, d, &data, &size) : read_file(path, d, &data, &size);
     if (rc != 0) return rc;
     rc = dsrt_decode(d, data, size, req, out);
     if (rc != 0) {

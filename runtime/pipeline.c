@@ -1144,9 +1144,12 @@ static void *stream_main(void *arg) {
 }
 
 static int stream_open(dsrt_pipeline *p) {
-    dsrt_shard_plan_options po = {.shuffle = p->o.shuffle, .seed = p->o.seed,
-                                  .batch = p->o.batch, .drop_last = p->o.drop_last,
-                                  .parts = p->o.parts, .part = p->o.part};
+    dsrt_shard_plan_options po = {.shuffle = p->o.shuffle,
+                                  .seed = p->o.seed,
+                                  .batch = p->o.batch,
+                                  .drop_last = p->o.drop_last,
+                                  .parts = p->o.parts,
+                                  .part = p->o.part};
     dsrt_shard_stream_options so = {.reader = p->o.reader, .epochs = p->o.epochs};
     int rc = dsrt__shard_stream_create(&p->stream, p->ds, &po, &so);
     return rc ? dsrt__fail_prefix(rc, "pipeline") : 0;

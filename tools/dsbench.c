@@ -331,14 +331,15 @@ static int64_t convert_one(const options *o, dsrt_split split, const char *out) 
         int64_t shards = dsrt_shards_write(ds, out, &so, &samples);
         if (shards < 0) tool_die("%s", dsrt_last_error());
         n = (int64_t)samples;
-        fprintf(stderr, "dsbench: wrote %lld images in %zu classes to %s as %lld shard%s in %.1f s\n",
+        fprintf(stderr,
+                "dsbench: wrote %lld images in %zu classes to %s as %lld shard%s in %.1f s\n",
                 (long long)n, dsrt_datastore_num_classes(ds), out, (long long)shards,
                 shards == 1 ? "" : "s", now_s() - t0);
     } else {
         n = dsrt_datastore_export(ds, out, names);
         if (n < 0) tool_die("%s", dsrt_last_error());
-        fprintf(stderr, "dsbench: wrote %lld images in %zu classes to %s in %.1f s\n",
-                (long long)n, dsrt_datastore_num_classes(ds), out, now_s() - t0);
+        fprintf(stderr, "dsbench: wrote %lld images in %zu classes to %s in %.1f s\n", (long long)n,
+                dsrt_datastore_num_classes(ds), out, now_s() - t0);
     }
     free(names);
     free(copy);
@@ -769,8 +770,7 @@ static int run_pipeline(options *o) {
                 printf(" (shuffle buffer %zu; the stream read %.1f MB, handed over %llu samples, "
                        "%llu read by offset)",
                        r->shuffle_buffer, s->stream_bytes / 1e6,
-                       (unsigned long long)s->stream_samples,
-                       (unsigned long long)s->stream_ranged);
+                       (unsigned long long)s->stream_samples, (unsigned long long)s->stream_ranged);
             if (o->cold)
                 printf("%spage cache dropped before each epoch (%s)", r->shards ? "; " : "",
                        o->cold_method == COLD_DROP_CACHES
