@@ -859,16 +859,15 @@ static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_option
             } else if (!f->cls || !f->cls[0]) {
                 unlabelled++;
                 if (unlabelled <= 3)
-                    dsrt__index_warn(ix, "%s: %.*s: no .cls label, left out", g->shards.v[k],
-                                     (int)f->key_len, f->member);
+                    dsrt__index_warn(ix, "%s: %s: no .cls label, left out", g->shards.v[k],
+                                     f->member);
             } else if (!text && as_index(f->cls, &v)) {
                 if (nknown && (size_t)v >= nknown) {
                     if (++unknown <= 3)
                         dsrt__index_warn(ix,
-                                         "%s: %.*s: label %d, but there are %zu classes; "
+                                         "%s: %s: label %d, but there are %zu classes; "
                                          "left out",
-                                         g->shards.v[k], (int)f->key_len, f->member, (int)v,
-                                         nknown);
+                                         g->shards.v[k], f->member, (int)v, nknown);
                     v = -1;
                 }
             } else {
@@ -901,10 +900,9 @@ static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_option
                 }
                 if (v < 0 && ++unknown <= 3)
                     dsrt__index_warn(ix,
-                                     "%s: %.*s: class '%.*s' is not one of the %zu classes; "
+                                     "%s: %s: class '%.*s' is not one of the %zu classes; "
                                      "left out",
-                                     g->shards.v[k], (int)f->key_len, f->member, (int)klen, key,
-                                     nknown);
+                                     g->shards.v[k], f->member, (int)klen, key, nknown);
             }
             labels[k][j] = v;
             if (v > max_index) max_index = v;
