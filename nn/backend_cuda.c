@@ -45,8 +45,13 @@
  * for max pooling) and running cuDNN unpadded; the backward crops the
  * gradient back. Every CUDA, cuDNN and cuBLAS return is checked, the message
  * naming the call and the layer.
+ *
+ * It is the module dsrt_cuda.so (core/module.h), which net.c's backend table
+ * loads when a net first asks for a GPU.
  */
 #include "internal.h"
+
+#include "core/module.h"
 
 #include "kernels.h"
 
@@ -1645,3 +1650,5 @@ const dsrt_backend_ops dsrt__backend_cuda = {
     .read_output = cuda_read_output,
     .bn_sync = 1,
 };
+
+DSRT_MODULE_DEFINE(cuda, &dsrt__backend_cuda, dsrt__net_grads_ready);

@@ -77,7 +77,9 @@ dsrt_eval_options dsrt_eval_defaults(void) {
 /* The device the options' execution environment means: DSRT_DEVICE_CPU or a
  * GPU index. Fails, naming the option, when it is not there. */
 int dsrt__train_resolve_device(const dsrt_train_options *o, int *device) {
-    int n = dsrt_gpu_count(), want = o->gpu < 0 ? 0 : o->gpu, dev;
+    /* Only auto and multi-gpu count the devices: cpu loads no GPU library. */
+    int auto_or_multi = o->execution == DSRT_EXEC_AUTO || o->execution == DSRT_EXEC_MULTI_GPU;
+    int n = auto_or_multi ? dsrt_gpu_count() : 0, want = o->gpu < 0 ? 0 : o->gpu, dev;
     switch (o->execution) {
     case DSRT_EXEC_AUTO:
         dev = n > want ? want : DSRT_DEVICE_CPU;

@@ -168,6 +168,62 @@ int dsrt__dp_after_step(run *R, int64_t it) {
 }
 
 // ----------------------------------------------------------------------------
+// Optimizer states for checkpoints
+
+int dsrt__dp_own_states(const run *R) {
+    return R->averaging && !R->o->average_optimizer_state && R->world > 1;
+}
+
+void dsrt__dp_states_free(dp_states *st) {
+    free(st->buf);
+    free(st->states);
+    free(st->steps);
+    memset(st, 0, sizeof *st);
+    st->ws.workers = 1;
+}
+
+int dsrt__dp_gather_states(run *R, dp_states *st) {
+    memset(st, 0, sizeof *st);
+    st->ws.workers = 1;
+    if (!dsrt__dp_own_states(R)) return 0;
+    int rc = dsrt__optimizer_host(R->opt);
+    int nb = dsrt__optimizer_n_buffers(R->opt), others = R->world - 1;
+    size_t n = R->n_params;
+    /* Worker 0 keeps every other worker's buffers; the others need room for
+     * one buffer as it passes. */
+    size_t keep = R->rank == 0 ? (size_t)others * (size_t)nb * n : n;
+    if (!rc) {
+        st->buf = dsrt__malloc(keep * sizeof(float) + 1);
+        st->states = dsrt__calloc((size_t)others, sizeof *st->states);
+        st->steps = dsrt__calloc((size_t)others, sizeof *st->steps);
+        if (!st->buf || !st->states || !st->steps) rc = -ENOMEM;
+    }
+    /* A worker without the memory still takes part (every worker makes the
+     * same calls): agreed first. */
+    if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) goto fail;
+    for (int k = 1; k <= others; k++) {
+        if (R->rank == 0) st->states[k - 1] = st->buf + (size_t)(k - 1) * (size_t)nb * n;
+        for (int b = 0; b < nb; b++) {
+            float *at = R->rank == 0 ? st->states[k - 1] + (size_t)b * n : st->buf;
+            if (R->rank == k) at = (float *)dsrt__optimizer_state(R->opt, b);
+            if ((rc = dsrt_comm_bcast(R->comm, at, n * sizeof(float), k))) {
+                dsrt__fail_prefix(rc, "train: checkpoint: worker %d's optimizer state", k);
+                goto fail;
+            }
+        }
+        /* Every worker steps at every iteration: the same count. */
+        st->steps[k - 1] = dsrt__optimizer_steps(R->opt);
+    }
+    st->ws.workers = R->world;
+    st->ws.states = (const float *const *)st->states;
+    st->ws.steps = st->steps;
+    return 0;
+fail:
+    dsrt__dp_states_free(st);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
 // Bad samples
 
 /* A bad sample on the wire: this header, then the path (when has_path) and

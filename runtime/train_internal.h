@@ -8,6 +8,7 @@
 #ifndef DSRT_TRAIN_INTERNAL_H
 #define DSRT_TRAIN_INTERNAL_H
 
+#include "nn/internal.h"
 #include "runtime/internal.h"
 
 #include <dsrt/train.h>
@@ -144,9 +145,21 @@ typedef struct {
  * one first). Returns 1 when the callback asked to stop. */
 int dsrt__train_emit(run *R, dsrt_train_event_kind kind);
 
+/* The other workers' optimizer states worker 0 writes into a checkpoint
+ * when each worker keeps its own (parameter averaging without the optimizer
+ * state averaged): ws.workers 1 when there are none to write. */
+typedef struct {
+    float *buf;     /* (workers - 1, buffers, parameters) on worker 0 */
+    float **states; /* (workers - 1) pointers into buf */
+    int64_t *steps; /* (workers - 1) */
+    dsrt_ckpt_workers ws;
+} dp_states;
+
 /* Writes a checkpoint of the run (and the best weights, when newer) after
- * `iteration` iterations, epochs_done epochs. */
-int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration);
+ * `iteration` iterations, epochs_done epochs, with the other workers'
+ * optimizer states ws (NULL: none). */
+int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration,
+                                const dp_states *ws);
 /* Loads the checkpoint R->o->resume names into the run: weights, state,
  * optimizer, position (*pos) and loop state; used receives its path. */
 int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t used_size);
@@ -193,6 +206,14 @@ int dsrt__train_tell_bad(run *R, const dsrt_bad_sample *s, int validation, int w
  * call (BAD_SAMPLE events with bad_worker set). Returns 1 when the callback
  * asked to stop, or a negative code. Collective. */
 int dsrt__dp_share_bad(run *R);
+/* Whether every worker keeps an optimizer state of its own (parameter
+ * averaging without the optimizer state averaged). */
+int dsrt__dp_own_states(const run *R);
+/* Before a checkpoint, when every worker keeps its own optimizer state:
+ * worker 0 receives the others' into *st (freed by dsrt__dp_states_free).
+ * Collective; st->ws.workers 1 otherwise. */
+int dsrt__dp_gather_states(run *R, dp_states *st);
+void dsrt__dp_states_free(dp_states *st);
 /* At the end: fails when the weights differ between workers. Collective. */
 int dsrt__dp_check_weights(run *R);
 /* DSRT_EXEC_MULTI_GPU: one worker a visible GPU, each on a thread of its own

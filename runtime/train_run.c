@@ -415,8 +415,12 @@ static int forward_backward(run *R, dsrt_batch *b, float *loss, int *correct) {
  * the same net first; worker 0 writes it. */
 static int checkpoint(run *R, int64_t epochs_done, int64_t it) {
     R->ckpt_it = it;
+    dp_states st;
     int rc = dsrt__dp_sync(R);
-    if (rc == 0 && R->rank == 0) rc = dsrt__train_save_checkpoint(R, epochs_done, it);
+    if (rc) return rc;
+    if ((rc = dsrt__dp_gather_states(R, &st))) return rc;
+    if (R->rank == 0) rc = dsrt__train_save_checkpoint(R, epochs_done, it, &st);
+    dsrt__dp_states_free(&st);
     return rc;
 }
 

@@ -426,14 +426,6 @@ static void test_signals(void) {
     result_free(&r);
 }
 
-/* Address space the GPU libraries a CUDA build links take when a tool
- * starts (they are mapped whole, used or not). */
-#ifdef DSRT_TEST_GPU_LIBS_KB
-#define GPU_LIBS_KB DSRT_TEST_GPU_LIBS_KB
-#else
-#define GPU_LIBS_KB 0
-#endif
-
 /* Too many open files never turns good images bad; with none to be had the
  * run fails with that reason. Little address space is enough for 28 x 28
  * images. */
@@ -459,7 +451,7 @@ static void test_process_limits(void) {
     result_free(&r);
     r = run_limited(ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--workers", "2",
                          "--depth", "4", "--quiet"),
-                    120, 0, 600000 + GPU_LIBS_KB);
+                    120, 0, 600000);
     CHECK_EQ(r.status, 0);
     CHECK(!strstr(r.err, "out of memory"));
     result_free(&r);

@@ -1525,6 +1525,7 @@ static void train_summary_json(train_job *j, const dsrt_train_result *r, const c
     }
     printf(", \"world\": %d, \"device\": %d, \"precision\": \"%s\"", r->world, r->device,
            dsrt_precision_name(ni.precision));
+    if (r->resume_states) printf(", \"resume_states\": %d", r->resume_states);
     if (r->device >= 0) {
         double dev_s = r->device_busy_s + r->device_idle_s;
         printf(", \"device_busy_s\": %.3f, \"device_idle_s\": %.3f, \"device_idle_share\": "
@@ -1561,6 +1562,14 @@ static void train_summary_text(train_job *j, const dsrt_train_result *r, const c
     if (!isnan(r->val_accuracy))
         printf("Validation accuracy %.2f%%, loss %.4f (validation took %.1f s).\n",
                100 * r->val_accuracy, r->val_loss, r->val_s);
+    /* A checkpoint of workers with optimizer states of their own, resumed
+     * other than by as many workers keeping theirs: the mean was taken. */
+    int own = j->o.averaging_frequency > 0 && !j->o.average_optimizer_state &&
+              r->world == r->resume_states;
+    if (r->resume_states > 1 && !own)
+        printf("Resumed from a checkpoint of %d workers, each with its optimizer state: every "
+               "worker started from their mean.\n",
+               r->resume_states);
     printf("Weights checksum %016llx", (unsigned long long)r->weights_checksum);
     if (r->checkpoint[0]) printf("; last checkpoint %s", r->checkpoint);
     if (saved) printf("; model saved to %s", saved);

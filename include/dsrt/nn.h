@@ -508,7 +508,9 @@ DSRT_API int dsrt_checkpoint_save(const char *path, const dsrt_net *net, const d
  * Loads a checkpoint: a new network, a new optimizer with the saved options
  * and state (opt may be NULL; *opt is NULL when the file holds none), and the
  * position (pos may be NULL; zeros when the file holds none). The net's
- * iteration counter is set from the position.
+ * iteration counter is set from the position. A checkpoint of a
+ * data-parallel run that holds one optimizer state a worker (see
+ * dsrt_train_options.resume) gives the mean of those states.
  */
 DSRT_API int dsrt_checkpoint_load(const char *path, dsrt_net **net, dsrt_optimizer **opt,
                                   dsrt_train_position *pos, const dsrt_net_options *options);

@@ -131,8 +131,12 @@ typedef struct {
      */
     int native;
     uint64_t native_max_pixels; /* default 2097152 (2 Mpx: 24 MiB a place as float RGB) */
-    /* CUDA device whose cores and pinned memory to use: -1 (default) the
-     * first one, if any. Without CUDA, or without a device, ignored. */
+    /* CUDA device the batches go to (>= 0): the workers run on the cores
+     * near it and the slots are registered with CUDA for asynchronous
+     * copies (the CUDA runtime is loaded then, through dsrt's CUDA host
+     * module). -1 (default): no device, and no CUDA library is loaded; the
+     * slots are mlock'ed. Without CUDA, or without that device, the slots
+     * are mlock'ed as for -1. */
     int gpu;
     /*
      * Data-parallel sharing: parts pipelines (one a worker process) with the
@@ -241,9 +245,10 @@ DSRT_API uint64_t dsrt_pipeline_batches_per_epoch(const dsrt_pipeline *p);
 DSRT_API void dsrt_pipeline_close(dsrt_pipeline *p);
 
 /*
- * Host memory as the pipeline's slots are made: page-locked (cudaHostAlloc
- * for CUDA device gpu, -1: the first, when a device is present; else mmap and
- * mlock where the limits allow), so a GPU can copy from it asynchronously.
+ * Host memory as the pipeline's slots are made: page-locked (mmap, then
+ * registered with CUDA for device gpu >= 0 when the CUDA runtime and the
+ * device are there, else mlock where the limits allow; -1: no device), so a
+ * GPU can copy from it asynchronously.
  * Zeroed, page-aligned. NULL (with the message) when out of memory.
  * dsrt_pinned_free accepts NULL.
  */

@@ -153,7 +153,15 @@ typedef struct {
      * description (its weights are replaced by the checkpoint's); the
      * optimizer's state, the position (epoch, iteration, batch within the
      * epoch) and the seed come from the checkpoint, the other options from
-     * here. NULL (default): start from the net as it is, at epoch 0. */
+     * here. NULL (default): start from the net as it is, at epoch 0.
+     * A checkpoint of a data-parallel run whose workers each kept their own
+     * optimizer state (averaging_frequency without average_optimizer_state)
+     * holds every worker's: resumed the same way by as many workers, each
+     * takes its own and the run goes on bit for bit as if never stopped;
+     * resumed any other way (another worker count, gradients summed, the
+     * state averaged), every worker starts from the mean of those states,
+     * as average_optimizer_state would have made it (result.resume_states
+     * says how many there were). */
     const char *resume;
 
     dsrt_execution execution; /* ExecutionEnvironment: default DSRT_EXEC_AUTO */
@@ -336,6 +344,10 @@ typedef struct {
     uint64_t weights_checksum; /* dsrt_weights_checksum of the net returned */
     int rank, world;           /* this worker and the number of workers */
     char checkpoint[4096];     /* the last checkpoint written or resumed from, or "" */
+    /* Resumed: the optimizer states the checkpoint held, 1 for every worker
+     * alike, or one a worker of the run that wrote it (see resume); 0 when
+     * the run did not resume. */
+    int resume_states;
 } dsrt_train_result;
 
 /*
