@@ -707,6 +707,7 @@ struct dsrt_shard_stream {
     size_t next;    /* next stream index to read */
     uint64_t gen;
     int seek_pending;
+    int running; /* the thread is in dsrt__shard_stream_run */
     uint64_t seek_epoch, seek_place;
     /* The furthest request: its epoch and consumption index. */
     uint64_t want_epoch;
@@ -916,6 +917,9 @@ void dsrt__shard_stream_seek(dsrt_shard_stream *s, uint64_t epoch, uint64_t plac
     s->seek_place = place;
     s->want_any = 0;
     pthread_cond_broadcast(&s->wake);
+    /* When this returns no read of the old position is in flight (a caller
+     * may drop the page cache, or look at the files). */
+    while (s->seek_pending && !s->stop && s->running) pthread_cond_wait(&s->ready, &s->mu);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -1032,35 +1036,39 @@ static int sfd_get(dsrt_shard_stream *s, uint32_t k) {
     return victim;
 }
 
-/* Hands a finished block's samples to the store (mu held). got < 0: the
- * error of the read. */
+/* Hands a finished block's samples to the store (mu held; let go while the
+ * bytes are copied: the entries stay pending meanwhile, and workers touch
+ * only entries that are ready). err < 0: the error of the read. */
 static void block_deliver(dsrt_shard_stream *s, block *b, long long err) {
     plan_rec *rec = b->gen == s->gen ? rec_for(s, b->epoch) : NULL;
     s->st.bytes += b->got;
     s->st.blocks++;
+    if (rec && err >= 0) {
+        pthread_mutex_unlock(&s->mu);
+        for (size_t i = b->first; i < b->first + b->count; i++) {
+            uint32_t pos = rec->stream[i], slot = rec->slot[pos];
+            if (slot == NONE) continue;
+            entry *e = &s->entries[slot];
+            uint32_t p = dsrt__pos(s->ds, pos);
+            uint64_t off = s->set->offset[p] - b->off, size = s->set->size[p];
+            e->got = b->got > off ? DSRT_MIN((uint64_t)b->got - off, size) : 0;
+            e->status = e->got < size ? DSRT_ETRUNCATED : 0;
+            if (e->status) continue;
+            e->data = malloc(size ? size : 1);
+            if (!e->data) {
+                e->status = -ENOMEM;
+                continue;
+            }
+            memcpy(e->data, b->buf + off, size);
+        }
+        pthread_mutex_lock(&s->mu);
+    }
     for (size_t i = b->first; rec && i < b->first + b->count; i++) {
-        uint32_t pos = rec->stream[i], slot = rec->slot[pos];
+        uint32_t slot = rec->slot[rec->stream[i]];
         if (slot == NONE) continue;
         entry *e = &s->entries[slot];
-        uint32_t p = dsrt__pos(s->ds, pos);
-        uint64_t off = s->set->offset[p] - b->off, size = s->set->size[p];
         e->state = ENTRY_READY;
-        if (err < 0) {
-            e->status = (int)err;
-            continue;
-        }
-        e->got = b->got > off ? DSRT_MIN((uint64_t)b->got - off, size) : 0;
-        if (e->got < size) {
-            e->status = DSRT_ETRUNCATED;
-            continue;
-        }
-        e->data = malloc(size ? size : 1);
-        if (!e->data) {
-            e->status = -ENOMEM;
-            continue;
-        }
-        memcpy(e->data, b->buf + off, size);
-        e->status = 0;
+        if (err < 0) e->status = (int)err;
     }
     s->fds[b->fdi].busy--;
     b->busy = 0;
@@ -1209,6 +1217,10 @@ static int seek_apply(dsrt_shard_stream *s) {
             s->recs[k].valid = 0;
         }
     s->epoch = s->seek_epoch;
+    s->next = 0;
+    s->want_any = 0;
+    pthread_cond_broadcast(&s->ready);
+    if (s->epochs && s->epoch >= s->epochs) return 0; /* past the run's end: nothing to read */
     int rc = rec_fill(s, &s->recs[0], s->epoch);
     if (rc != 0) return rc;
     plan_rec *rec = &s->recs[0];
@@ -1229,6 +1241,7 @@ static int seek_apply(dsrt_shard_stream *s) {
 
 void dsrt__shard_stream_run(dsrt_shard_stream *s) {
     pthread_mutex_lock(&s->mu);
+    s->running = 1;
     while (!s->stop) {
         if (s->seek_pending && s->inflight == 0) {
             if (seek_apply(s) != 0) {
@@ -1241,8 +1254,10 @@ void dsrt__shard_stream_run(dsrt_shard_stream *s) {
         int issued = 0;
         if (rec && s->next >= rec->nstream && s->inflight == 0 &&
             (s->epochs == 0 || s->epoch + 1 < s->epochs) && s->want_any &&
-            s->want_epoch > s->epoch) {
-            /* On to the next epoch: the older of the two records goes. */
+            s->want_epoch >= s->epoch) {
+            /* On to the next epoch once this one is asked for, its first
+             * samples read while the last of this one are used: the older of
+             * the two records (the epoch before) goes. */
             plan_rec *old = &s->recs[0] == rec ? &s->recs[1] : &s->recs[0];
             s->epoch++;
             s->next = 0;
@@ -1291,5 +1306,7 @@ void dsrt__shard_stream_run(dsrt_shard_stream *s) {
         b->busy = 0;
         s->inflight--;
     }
+    s->running = 0;
+    pthread_cond_broadcast(&s->ready);
     pthread_mutex_unlock(&s->mu);
 }
