@@ -360,7 +360,9 @@ typedef struct {
     const char *shard;
     const char *extensions;
     dsrt_arena *arena;
-    /* Reading through a window. */
+    /* Reading: through a window of the file fd, or read/read_ctx. */
+    dsrt_tar_read_fn read;
+    void *read_ctx;
     int fd;
     uint8_t *win;
     uint64_t win_off;
@@ -472,7 +474,7 @@ static int scan_member(void *ctx, const dsrt_tar_member *m) {
             s->cls_bad = 1;
             return 0;
         }
-        int64_t got = scan_read(s, m->offset, text, (size_t)m->size);
+        int64_t got = s->read(s->read_ctx, m->offset, text, (size_t)m->size);
         if (got < 0) return (int)got;
         if ((uint64_t)got < m->size) {
             s->cls_bad = 1;
@@ -487,21 +489,14 @@ static int scan_member(void *ctx, const dsrt_tar_member *m) {
     return 0;
 }
 
-/* Scans one shard into s->samples. */
-static int scan_shard(scanner *s, const char *path, uint64_t size) {
-    int rc, fd;
-    struct stat st;
-    if ((rc = dsrt__open_regular(path, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "shards");
-    s->fd = fd;
+/* Scans one shard (size bytes, read through s->read) into s->samples. */
+static int scan_walk(scanner *s, const char *path, uint64_t size) {
     s->shard = path;
-    s->win_len = 0;
-    s->win_off = 0;
     s->open = 0;
     s->n = 0;
     s->no_image = s->two_images = 0;
-    rc = dsrt__tar_scan(path, size, scan_read, s, scan_member, scan_warn, s);
+    int rc = dsrt__tar_scan(path, size, s->read, s->read_ctx, scan_member, scan_warn, s);
     if (rc == 0) rc = group_end(s);
-    close(fd);
     if (rc != 0) return rc;
     if (s->no_image)
         dsrt__index_warn(s->ix, "%s: %zu sample%s without an image member (extensions %s) left out",
@@ -510,6 +505,62 @@ static int scan_shard(scanner *s, const char *path, uint64_t size) {
         dsrt__index_warn(s->ix, "%s: %zu sample%s with more than one image member: the first taken",
                          path, s->two_images, s->two_images == 1 ? "" : "s");
     return 0;
+}
+
+/* Scans the shard file at path. */
+static int scan_shard(scanner *s, const char *path, uint64_t size) {
+    int rc, fd;
+    struct stat st;
+    if ((rc = dsrt__open_regular(path, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "shards");
+    s->fd = fd;
+    s->win_len = 0;
+    s->win_off = 0;
+    s->read = scan_read;
+    s->read_ctx = s;
+    rc = scan_walk(s, path, size);
+    close(fd);
+    return rc;
+}
+
+typedef struct {
+    const uint8_t *buf;
+    size_t len;
+} memory;
+
+static int64_t memory_read(void *ctx, uint64_t off, void *buf, size_t len) {
+    const memory *m = ctx;
+    if (off >= m->len) return 0;
+    size_t n = DSRT_MIN(len, m->len - (size_t)off);
+    memcpy(buf, m->buf + off, n);
+    return (int64_t)n;
+}
+
+int dsrt__shard_scan_memory(const uint8_t *buf, size_t len, const char *name,
+                            const char *extensions, dsrt_index *ix, dsrt_shard_sample **out,
+                            size_t *n) {
+    dsrt_arena arena = {0};
+    memory m = {buf, len};
+    scanner s = {.ix = ix,
+                 .arena = &arena,
+                 .extensions = extensions ? extensions : DEFAULT_EXTENSIONS,
+                 .read = memory_read,
+                 .read_ctx = &m,
+                 .fd = -1};
+    *out = NULL;
+    *n = 0;
+    int rc = scan_walk(&s, name, len);
+    if (rc == 0 && s.n) {
+        *out = dsrt__calloc(s.n, sizeof **out);
+        if (!*out) rc = -ENOMEM;
+        for (size_t i = 0; rc == 0 && i < s.n; i++)
+            (*out)[i] = (dsrt_shard_sample){s.samples[i].offset, s.samples[i].size,
+                                            s.samples[i].cls != NULL};
+        if (rc == 0) *n = s.n;
+    }
+    free(s.samples);
+    free(s.key);
+    dsrt_arena_free(&arena);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------

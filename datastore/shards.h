@@ -102,6 +102,19 @@ void dsrt__shardset_free(dsrt_shardset *s);
  * into ix. */
 int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
 
+/* What a scan finds of one sample (for the fuzzer and the tests). */
+typedef struct {
+    uint64_t offset, size; /* of its image member */
+    int has_cls;           /* it has a .cls member */
+} dsrt_shard_sample;
+
+/* Scans a shard held in memory as dsrt__shards_load scans shard files:
+ * members grouped into samples by key, images by extension (NULL: the
+ * default list). Warnings go to ix; *out is a new array of *n samples. */
+int dsrt__shard_scan_memory(const uint8_t *buf, size_t len, const char *name,
+                            const char *extensions, dsrt_index *ix, dsrt_shard_sample **out,
+                            size_t *n);
+
 /* Part i of n of view ds in whole shards (dsrt_datastore_partition): a new
  * array of the part's index positions. */
 int dsrt__shards_partition(const dsrt_datastore *ds, size_t n, size_t i, uint32_t **order,
