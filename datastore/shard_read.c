@@ -405,6 +405,15 @@ static void read_layout(dsrt_shard_reader *r, sread *d) {
 /* Puts read d in the ring (or, without one, does it at once). */
 static void read_issue(dsrt_shard_reader *r, sread *d);
 
+/* Appends request i to the list (*head, *tail) linked by next. */
+static void chain_add(dsrt_shard_reader *r, int *head, int *tail, int i) {
+    if (*head < 0)
+        *head = i;
+    else
+        r->reqs[*tail].next = i;
+    *tail = i;
+}
+
 /* Finishes the requests of read d after `got` bytes (or the error got < 0). */
 static void read_done(dsrt_shard_reader *r, sread *d, long long got) {
     fd_entry *f = &r->fds[d->fdi];
@@ -453,11 +462,7 @@ static void read_done(dsrt_shard_reader *r, sread *d, long long got) {
             s->done = DSRT_MIN(member, s->size);
             if (s->done < s->size && got > 0) {
                 /* Short, not at the end: the rest in another read. */
-                if (again < 0)
-                    again = i;
-                else
-                    r->reqs[again_tail].next = i;
-                again_tail = i;
+                chain_add(r, &again, &again_tail, i);
                 continue;
             }
             if (s->done < s->size) s->status = DSRT_ETRUNCATED;
@@ -470,11 +475,7 @@ static void read_done(dsrt_shard_reader *r, sread *d, long long got) {
                     s->status = DSRT_ETRUNCATED;
                 } else {
                     /* Short: the rest in a read of its own. */
-                    if (again < 0)
-                        again = i;
-                    else
-                        r->reqs[again_tail].next = i;
-                    again_tail = i;
+                    chain_add(r, &again, &again_tail, i);
                     continue;
                 }
             }

@@ -17,6 +17,11 @@
 # WDS_PYTHON (e.g. ~/wds-env/bin/python; see python/bench/wds_loader_bench.py).
 # Dropping the cache with /proc/sys/vm/drop_caches needs root; otherwise
 # dsbench and the baseline drop each file with posix_fadvise, and say so.
+#
+# STORAGE_IOPS=N runs every command in a blkio cgroup (v1, root) that lets
+# it read at most N requests a second from the disk holding PHOTOS: storage
+# that seeks like a spinning disk or answers like a network file system (a
+# virtual disk served from the host's cache is not I/O-bound at all).
 set -euo pipefail
 photos=${1:?"usage: scripts/bench-shards.sh PHOTOS [ROUNDS] [SHARD_SIZE]"}
 rounds=${2:-3}
@@ -32,7 +37,24 @@ if [ ! -f "$shards/dsrt-shards.index" ]; then
   "$dsbench" convert "$photos" "$shards" --shards "$size"
 fi
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+cg=""
+cleanup() {
+  rm -rf "$out"
+  [ -n "$cg" ] && rmdir "$cg" 2>/dev/null || true
+}
+trap cleanup EXIT
+wrap=()
+if [ -n "${STORAGE_IOPS:-}" ]; then
+  dev=$(stat -c '%d' "$photos")
+  majmin="$((dev >> 8)):$((dev & 255))"
+  base=$(lsblk -no PKNAME "/dev/block/$majmin" 2>/dev/null || true)
+  [ -n "$base" ] && majmin=$(lsblk -dno MAJ:MIN "/dev/$base" | tr -d ' ')
+  cg=/sys/fs/cgroup/blkio/dsrt-bench-$$
+  mkdir "$cg"
+  echo "$majmin $STORAGE_IOPS" > "$cg/blkio.throttle.read_iops_device"
+  wrap=(sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg")
+  echo "reads throttled to $STORAGE_IOPS requests/s on device $majmin"
+fi
 
 run() { # kind, command...
   local kind=$1
@@ -40,7 +62,7 @@ run() { # kind, command...
   local load
   load=$(cut -d' ' -f1 /proc/loadavg)
   local line
-  line=$("$@" 2>/dev/null | tail -1)
+  line=$("${wrap[@]}" "$@" 2>/dev/null | tail -1)
   local rate
   rate=$(printf '%s' "$line" | sed -n 's/.*"images_per_s":\s*\([0-9.]*\).*/\1/p')
   printf '%-14s %9s images/s  (load %s before)\n' "$kind" "${rate:-failed}" "$load"
@@ -63,7 +85,7 @@ done
 
 med() { sort -g "$out/$1" | awk '{v[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 echo
-echo "medians over $rounds rounds ($threads threads, pipeline $pipe, $(nproc) cores, load now: $(cut -d' ' -f1-3 /proc/loadavg)):"
+echo "medians over $rounds rounds ($threads threads, pipeline $pipe, $(nproc) cores${STORAGE_IOPS:+, reads throttled to $STORAGE_IOPS/s}, load now: $(cut -d' ' -f1-3 /proc/loadavg)):"
 for k in folder-cold shard-cold exact-cold shard-warm folder-warm wds-cold; do
   [ -f "$out/$k" ] && printf '  %-12s %9.1f images/s\n' "$k" "$(med "$k")"
 done
