@@ -177,8 +177,11 @@ static void load(const dsrt_module_spec *spec, module_slot *s) {
                  getenv("DSRT_MODULE_PATH") ? " (from DSRT_MODULE_PATH)" : "", spec->needs);
         return;
     }
+    /* Local: a module's libraries stay out of the program's namespace. MPI
+     * too: Open MPI (>= 3.0) links its own plugins against libmpi, so they
+     * need no global libmpi. */
     dlerror();
-    void *h = dlopen(found, RTLD_NOW | (spec->global ? RTLD_GLOBAL : RTLD_LOCAL));
+    void *h = dlopen(found, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *why = dlerror();
         char reason[1024];

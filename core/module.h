@@ -65,7 +65,6 @@ typedef struct {
      * rebuild"). */
     int built;
     const char *unbuilt;
-    int global; /* loaded RTLD_GLOBAL: its libraries load plugins of their own */
     /* The libdsrt_train function the module must have bound to this
      * process's copy (the loader checks dsrt__fail itself); NULL: none. */
     const void *train_anchor;

@@ -6,8 +6,13 @@
  * An index is immutable once opened and reference-counted; every view holds a
  * reference and an array of index positions, so splitting a million-sample
  * datastore costs four bytes a sample and copies no path.
+ *
+ * A path that is a URL opens through the same table: a folder at
+ * s3://bucket/prefix is listed, a manifest at a URL fetched (datastore/s3.c);
+ * the other sources are files only.
  */
 #include "internal.h"
+#include "remote.h"
 #include "shards.h"
 
 #include <fcntl.h>
@@ -104,8 +109,6 @@ typedef struct {
     size_t got;    /* bytes in head */
     uint64_t size; /* of the file */
     int idx_head;  /* the file starts as an IDX file or a gzip stream does */
-    int remote;    /* an s3:// or http(s):// address */
-    int pattern;   /* a glob or brace list, not a file */
 } probe;
 
 static int exists_in(const char *dir, const char *name) {
@@ -125,7 +128,7 @@ static int is_folder(const probe *p) {
 }
 
 static int is_shards(const probe *p) {
-    return p->remote || dsrt__is_shardset(p->path, p->folder);
+    return dsrt__is_shardset(p->path, p->folder);
 }
 
 static int is_manifest(const probe *p) {
@@ -137,7 +140,6 @@ static int is_idx(const probe *p) {
     static const char *const names[] = {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz",
                                         "t10k-images-idx3-ubyte",  "t10k-images-idx3-ubyte.gz",
                                         "train-images.idx3-ubyte", "t10k-images.idx3-ubyte"};
-    if (p->pattern) return 0;
     if (!p->folder) return p->idx_head;
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(names); k++)
         if (exists_in(p->path, names[k])) return 1;
@@ -146,14 +148,12 @@ static int is_idx(const probe *p) {
 
 /* A CIFAR .bin batch is whole records; an IDX header wins over the size. */
 static int is_cifar10(const probe *p) {
-    if (p->pattern) return 0;
     if (p->folder)
         return exists_in(p->path, "batches.meta.txt") || exists_in(p->path, "data_batch_1.bin");
     return !p->idx_head && ends_with_ci(p->path, ".bin") && p->size % 3073 == 0;
 }
 
 static int is_cifar100(const probe *p) {
-    if (p->pattern) return 0;
     if (p->folder)
         return exists_in(p->path, "fine_label_names.txt") ||
                (exists_in(p->path, "train.bin") && exists_in(p->path, "test.bin"));
@@ -175,14 +175,48 @@ static const struct {
     const char *name;
     int (*detect)(const probe *p);
     int (*load)(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
+    /* The loader for a URL, or NULL when the source must be a local file. */
+    int (*load_url)(dsrt_index *ix, const char *url, const dsrt_datastore_options *o);
 } SOURCES[] = {
-    {DSRT_SOURCE_CIFAR10, "cifar10", is_cifar10, load_cifar10},
-    {DSRT_SOURCE_CIFAR100, "cifar100", is_cifar100, load_cifar100},
-    {DSRT_SOURCE_IDX, "idx", is_idx, dsrt__idx_load},
-    {DSRT_SOURCE_SHARDS, "shards", is_shards, dsrt__shards_load},
-    {DSRT_SOURCE_MANIFEST, "manifest", is_manifest, dsrt__manifest_load},
-    {DSRT_SOURCE_FOLDER, "folder", is_folder, dsrt__folder_load},
+    {DSRT_SOURCE_CIFAR10, "cifar10", is_cifar10, load_cifar10, NULL},
+    {DSRT_SOURCE_CIFAR100, "cifar100", is_cifar100, load_cifar100, NULL},
+    {DSRT_SOURCE_IDX, "idx", is_idx, dsrt__idx_load, NULL},
+    {DSRT_SOURCE_SHARDS, "shards", is_shards, dsrt__shards_load, dsrt__shards_load},
+    {DSRT_SOURCE_MANIFEST, "manifest", is_manifest, dsrt__manifest_load,
+     dsrt__remote_manifest_load},
+    {DSRT_SOURCE_FOLDER, "folder", is_folder, dsrt__folder_load, dsrt__s3_folder_load},
 };
+
+/* The kind of source at a URL: a manifest by its name (the query left out),
+ * a shard set by its name, or an s3:// prefix holding shards (one listing
+ * page looked at), else a folder, which only s3:// can list. */
+static int detect_url(const char *url, dsrt_source *kind) {
+    char name[1024];
+    const char *q = strchr(url, '?');
+    snprintf(name, sizeof name, "%.*s", (int)(q ? (size_t)(q - url) : strlen(url)), url);
+    probe pr = {.path = name};
+    if (is_manifest(&pr)) {
+        *kind = DSRT_SOURCE_MANIFEST;
+        return 0;
+    }
+    const char *last = strrchr(name, '/');
+    if (ends_with_ci(name, ".tar") || (last && strpbrk(last, "*?[{"))) {
+        *kind = DSRT_SOURCE_SHARDS; /* a shard, or a glob or brace list of them */
+        return 0;
+    }
+    if (strncasecmp(url, "s3://", 5) == 0) {
+        int shards = dsrt__s3_is_shardset(url);
+        if (shards < 0) return shards;
+        *kind = shards ? DSRT_SOURCE_SHARDS : DSRT_SOURCE_FOLDER;
+        return 0;
+    }
+    char display[512];
+    dsrt__url_display(url, display, sizeof display);
+    return dsrt__fail(DSRT_EFORMAT,
+                      "open: %s: an http(s) URL must name a CSV manifest (.csv, .txt, .lst): "
+                      "only s3:// prefixes can be listed as folders",
+                      display);
+}
 
 const char *dsrt_source_name(dsrt_source s) {
     if (s == DSRT_SOURCE_AUTO) return "auto";
@@ -194,11 +228,9 @@ const char *dsrt_source_name(dsrt_source s) {
 int dsrt__detect_source(const char *path, dsrt_source *kind) {
     struct stat st;
     probe pr = {.path = path};
-    pr.remote = strncmp(path, "s3://", 5) == 0 || strncmp(path, "http://", 7) == 0 ||
-                strncmp(path, "https://", 8) == 0;
-    if (pr.remote || (stat(path, &st) != 0 && strpbrk(path, "*?[{"))) {
-        /* An address or a pattern: only a shard set is named so. */
-        pr.pattern = 1;
+    if (dsrt__is_url(path)) return detect_url(path, kind);
+    if (stat(path, &st) != 0 && strpbrk(path, "*?[{")) {
+        /* A pattern: only a shard set is named so. */
         *kind = DSRT_SOURCE_SHARDS;
         return 0;
     }
@@ -287,8 +319,18 @@ int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datast
     ix->source = kind;
     size_t k = 0;
     while (k < DSRT_ARRAY_SIZE(SOURCES) && SOURCES[k].kind != kind) k++;
-    rc = k < DSRT_ARRAY_SIZE(SOURCES) ? SOURCES[k].load(ix, path, o)
-                                      : dsrt__fail(DSRT_EOPTION, "datastore: unknown source");
+    if (k == DSRT_ARRAY_SIZE(SOURCES))
+        rc = dsrt__fail(DSRT_EOPTION, "datastore: unknown source");
+    else if (!dsrt__is_url(path))
+        rc = SOURCES[k].load(ix, path, o);
+    else if (SOURCES[k].load_url &&
+             (kind != DSRT_SOURCE_FOLDER || strncasecmp(path, "s3://", 5) == 0))
+        rc = SOURCES[k].load_url(ix, path, o);
+    else
+        rc = dsrt__fail(DSRT_EUNSUPPORTED,
+                        "datastore: a %s source cannot be read from a URL (folders from s3:// "
+                        "prefixes and manifests can): copy it to a local file",
+                        dsrt_source_name(kind));
     if (rc != 0) goto fail;
     ix->source = kind;
     if (ix->n == 0) {
@@ -332,6 +374,10 @@ int dsrt_datastore_label(const dsrt_datastore *ds, size_t i) {
 
 uint32_t dsrt_datastore_id(const dsrt_datastore *ds, size_t i) {
     return i < ds->n ? dsrt__pos(ds, i) : UINT32_MAX;
+}
+
+int dsrt_datastore_remote(const dsrt_datastore *ds) {
+    return ds->index->remote;
 }
 
 const char *dsrt_datastore_path(const dsrt_datastore *ds, size_t i) {
@@ -522,9 +568,25 @@ out:
 // ----------------------------------------------------------------------------
 // One decoded sample, on the calling thread
 
+/* An object at a URL, fetched whole into the decoder's file buffer. */
+static int read_url(const char *url, dsrt_decoder *d, uint8_t **data, size_t *size) {
+    uint8_t *tmp;
+    size_t len;
+    int rc = dsrt__remote_read_whole(url, READ_IMAGE_MAX, &tmp, &len);
+    if (rc != 0) return dsrt__fail_prefix(rc, "read");
+    uint8_t *buf = dsrt__decoder_file_buffer(d, len ? len : 1);
+    if (buf) memcpy(buf, tmp, len);
+    free(tmp);
+    if (!buf) return -ENOMEM;
+    *data = buf;
+    *size = len;
+    return 0;
+}
+
 static int read_file(const char *path, dsrt_decoder *d, uint8_t **data, size_t *size) {
     int rc, fd;
     struct stat st;
+    if (dsrt__is_url(path)) return read_url(path, d, data, size);
     if ((rc = dsrt__open_regular(path, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "read");
     if (st.st_size == 0) {
         rc = dsrt__fail(DSRT_EEMPTY, "read: %s: empty file", path);
@@ -586,39 +648,15 @@ static int convert_pixels(const dsrt_image *src, dsrt_decoder *d, const dsrt_dec
 /* The bytes of shard sample i into the decoder's file buffer. */
 static int read_member(const dsrt_datastore *ds, size_t i, dsrt_decoder *d, uint8_t **data,
                        size_t *size) {
-    dsrt_sample_location loc;
-    int rc, fd;
-    struct stat st;
-    dsrt_datastore_location(ds, i, &loc);
-    const char *shard = dsrt_datastore_shard_path(ds, loc.shard),
-               *path = dsrt_datastore_path(ds, i);
-    if (loc.size == 0) return dsrt__fail(DSRT_EEMPTY, "read: %s: empty member", path);
-    if (loc.size > READ_IMAGE_MAX)
-        return dsrt__fail(DSRT_ETOOBIG, "read: %s: %llu bytes, more than %zu", path,
-                          (unsigned long long)loc.size, READ_IMAGE_MAX);
-    if ((rc = dsrt__open_regular(shard, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "read");
-    uint8_t *buf = dsrt__decoder_file_buffer(d, (size_t)loc.size);
-    size_t got = 0, want = (size_t)loc.size;
-    while (buf && got < want) {
-        ssize_t r = pread(fd, buf + got, want - got, (off_t)(loc.offset + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            rc = dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
-            break;
-        }
-        if (r == 0) {
-            rc = dsrt__fail(DSRT_ETRUNCATED,
-                            "read: %s: member cut short (%zu of %zu bytes): the shard is truncated",
-                            path, got, want);
-            break;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
+    size_t want = (size_t)dsrt__shard_sample_size(ds, (uint32_t)i);
+    if (want > READ_IMAGE_MAX)
+        return dsrt__fail(DSRT_ETOOBIG, "read: %s: %zu bytes, more than %zu",
+                          dsrt_datastore_path(ds, i), want, READ_IMAGE_MAX);
+    uint8_t *buf = dsrt__decoder_file_buffer(d, want);
     if (!buf) return -ENOMEM;
     *data = buf;
-    *size = got;
-    return rc;
+    *size = want;
+    return dsrt__shard_member_read(ds, (uint32_t)i, buf, NULL);
 }
 
 int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *d,

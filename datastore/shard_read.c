@@ -21,7 +21,13 @@
  * twice, as the replacement of a bad sample; left behind by a resume; lent
  * to this part by another) is read by offset instead, so every request is
  * answered whatever the timing.
+ *
+ * Shards in an object store (s3://, https://) are read through dsrt's HTTP
+ * client (datastore/http.c) the same way: each sample by a ranged GET (many
+ * in flight, reader.remote.depth), the stream's blocks by ranged GETs of
+ * 8 MiB, eight in flight.
  */
+#include "datastore/remote.h"
 #include "datastore/shards.h"
 
 #include <assert.h>
@@ -30,20 +36,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
-#define FD_CACHE     16                 /* shard files a reader keeps open */
-#define MERGE_GAP    ((size_t)64 << 10) /* bytes between neighbours read along */
-#define MERGE_BYTES  ((size_t)16 << 20) /* bytes one merged read covers at most */
-#define MERGE_COUNT  64                 /* samples one merged read holds at most */
-#define STREAM_BLOCK ((size_t)4 << 20)  /* default bytes a stream read */
-#define STREAM_DEPTH 4                  /* stream reads in flight */
-#define STREAM_FDS   4                  /* shard files the stream keeps open */
-#define NONE         UINT32_MAX
-#define RETRIES      8
+#define FD_CACHE            16                 /* shard files a reader keeps open */
+#define MERGE_GAP           ((size_t)64 << 10) /* bytes between neighbours read along */
+#define MERGE_BYTES         ((size_t)16 << 20) /* bytes one merged read covers at most */
+#define MERGE_COUNT         64                 /* samples one merged read holds at most */
+#define STREAM_BLOCK        ((size_t)4 << 20)  /* default bytes a stream read */
+#define STREAM_DEPTH        4                  /* stream reads in flight */
+#define STREAM_BLOCK_REMOTE ((size_t)8 << 20)  /* the same from an object store */
+#define STREAM_DEPTH_REMOTE 8
+#define STREAM_DEPTH_MAX    8
+#define REMOTE_POLL_MS      2 /* a worker waiting on both the store and the stream */
+#define STREAM_FDS          4 /* shard files the stream keeps open */
+#define NONE                UINT32_MAX
+#define RETRIES             8
 
 static size_t align_down(uint64_t x) {
     return (size_t)(x / DSRT_DIRECT_ALIGN * DSRT_DIRECT_ALIGN);
@@ -128,6 +139,7 @@ typedef struct {
     int next; /* the next request of its merged read, or -1 */
     int fdi;  /* its shard's cache entry while a read is in flight */
     int retries;
+    char *msg; /* an object store's message for a failure, or NULL */
 } sreq;
 
 typedef struct {
@@ -172,7 +184,9 @@ struct dsrt_shard_reader {
     sread *reads;     /* (depth) */
     fd_entry fds[FD_CACHE];
     uint64_t clock;
-    uint8_t *gap; /* (MERGE_GAP) where the bytes between neighbours go */
+    uint8_t *gap;     /* (MERGE_GAP) where the bytes between neighbours go */
+    dsrt_http *http;  /* shards in an object store: the client */
+    unsigned in_http; /* requests the client holds */
 };
 
 static void done_push(dsrt_shard_reader *r, int i) {
@@ -214,7 +228,13 @@ int dsrt__shard_reader_create(dsrt_shard_reader **out, const dsrt_datastore *ds,
     r->ds = ds;
     r->set = ds->index->shards;
     r->stream = stream;
-    r->depth = opt.depth;
+    r->depth = r->set->remote ? DSRT_MAX(1u, DSRT_MIN(opt.remote.depth, 4096u)) : opt.depth;
+    if (r->set->remote) {
+        opt.direct = 0; /* nothing to bypass */
+        opt.remote.depth = r->depth;
+        if ((rc = dsrt__http_create(&r->http, &opt.remote)) != 0) goto fail;
+        rc = -ENOMEM;
+    }
     r->direct = opt.direct != 0;
     r->reqs = dsrt__calloc(r->depth, sizeof *r->reqs);
     r->free_reqs = dsrt__calloc(r->depth, sizeof *r->free_reqs);
@@ -262,6 +282,8 @@ void dsrt__shard_reader_destroy(dsrt_shard_reader *r) {
     }
     for (int k = 0; k < FD_CACHE; k++)
         if (r->fds[k].fd >= 0) close(r->fds[k].fd);
+    dsrt__http_destroy(r->http);
+    for (unsigned i = 0; r->reqs && i < r->depth; i++) free(r->reqs[i].msg);
     free(r->reqs);
     free(r->free_reqs);
     free(r->queued);
@@ -319,6 +341,7 @@ int dsrt__shard_reader_submit(dsrt_shard_reader *r, uint32_t pos, uint64_t epoch
     int i = r->free_reqs[--r->nfree];
     sreq *q = &r->reqs[i];
     uint32_t p = dsrt__pos(r->ds, pos);
+    free(q->msg);
     *q = (sreq){.pos = pos,
                 .epoch = epoch,
                 .buf = buf,
@@ -525,9 +548,52 @@ static void read_issue(dsrt_shard_reader *r, sread *d) {
     r->in_kernel++;
 }
 
+/* Hands the queued requests to the object store's client: a ranged GET each. */
+static void issue_remote(dsrt_shard_reader *r) {
+    for (unsigned k = 0; k < r->nqueued; k++) {
+        int i = r->queued[k];
+        sreq *q = &r->reqs[i];
+        int rc = dsrt__http_submit(r->http, r->set->shards[q->shard].path, q->off, q->size, q->buf,
+                                   q->cap, (uint64_t)i);
+        if (rc != 0) {
+            q->status = rc;
+            q->msg = dsrt__strdup(dsrt_last_error());
+            done_push(r, i);
+            continue;
+        }
+        q->state = REQ_KERNEL;
+        r->in_http++;
+    }
+    r->nqueued = 0;
+}
+
+/* Takes the finished GETs from the client; a negative code when the client
+ * itself failed. */
+static int collect_remote(dsrt_shard_reader *r, int wait) {
+    dsrt_read_result hr;
+    int rc;
+    while (r->in_http > 0 && (rc = dsrt__http_collect(r->http, &hr, wait, -1)) != 0) {
+        if (rc < 0) return rc;
+        sreq *q = &r->reqs[hr.tag];
+        r->in_http--;
+        q->status = hr.status;
+        q->done = hr.status == 0 || hr.status == DSRT_ETRUNCATED ? DSRT_MIN(hr.size, q->size) : 0;
+        if (hr.status == 0 && hr.size < q->size) q->status = DSRT_ETRUNCATED;
+        if (hr.status != 0 && hr.status != DSRT_ETRUNCATED)
+            q->msg = dsrt__strdup(dsrt_last_error());
+        done_push(r, (int)hr.tag);
+        wait = 0;
+    }
+    return 0;
+}
+
 /* Turns the queued requests into reads: sorted by place, neighbours merged. */
 static void issue_queued(dsrt_shard_reader *r) {
     if (r->nqueued == 0) return;
+    if (r->http) {
+        issue_remote(r);
+        return;
+    }
     qsort_r(r->queued, r->nqueued, sizeof *r->queued, by_place, r->reqs);
     unsigned i = 0;
     while (i < r->nqueued) {
@@ -569,9 +635,24 @@ static void issue_queued(dsrt_shard_reader *r) {
 }
 
 void dsrt__shard_reader_cancel(dsrt_shard_reader *r) {
+    /* Reads the kernel holds write into the buffers: let them end. */
+    while (r->have_ring && r->in_kernel > 0) {
+        struct io_uring_cqe *cqe;
+        if (io_uring_sq_ready(&r->ring) > 0) io_uring_submit(&r->ring);
+        int rc = io_uring_wait_cqe(&r->ring, &cqe);
+        if (rc == -EINTR) continue;
+        if (rc < 0) break;
+        sread *d = io_uring_cqe_get_data(cqe);
+        long long n = cqe->res;
+        io_uring_cqe_seen(&r->ring, cqe);
+        r->in_kernel--;
+        read_done(r, d, n);
+    }
+    if (r->http) dsrt__http_cancel(r->http);
+    r->in_http = 0;
     for (unsigned i = 0; i < r->depth; i++) {
         sreq *q = &r->reqs[i];
-        if (q->state != REQ_STREAM && q->state != REQ_QUEUED && q->state != REQ_DONE) continue;
+        if (q->state == REQ_FREE || (q->state == REQ_KERNEL && !r->http)) continue;
         q->state = REQ_FREE;
         r->free_reqs[r->nfree++] = (int)i;
     }
@@ -580,8 +661,9 @@ void dsrt__shard_reader_cancel(dsrt_shard_reader *r) {
     r->ndone = 0;
 }
 
-/* Takes what the stream has for the waiting requests; 1 when any finished. */
-static int stream_poll(dsrt_shard_reader *r, int wait);
+/* Takes what the stream has for the waiting requests; 1 when any finished.
+ * wait_ms: 0 not at all, > 0 at most that long, < 0 until one finishes. */
+static int stream_poll(dsrt_shard_reader *r, int wait_ms);
 
 int dsrt__shard_reader_collect(dsrt_shard_reader *r, dsrt_read_result *res, int wait) {
     for (;;) {
@@ -593,7 +675,7 @@ int dsrt__shard_reader_collect(dsrt_shard_reader *r, dsrt_read_result *res, int 
             if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
                 return dsrt__fail(rc, "read: io_uring_submit: %s", strerror(-rc));
         }
-        /* Completions the kernel has. */
+        /* Completions the kernel and the store's client have. */
         struct io_uring_cqe *cqe;
         while (r->have_ring && r->in_kernel > 0 && io_uring_peek_cqe(&r->ring, &cqe) == 0) {
             sread *d = io_uring_cqe_get_data(cqe);
@@ -602,6 +684,8 @@ int dsrt__shard_reader_collect(dsrt_shard_reader *r, dsrt_read_result *res, int 
             r->in_kernel--;
             read_done(r, d, n);
         }
+        int rc = collect_remote(r, 0);
+        if (rc != 0) return rc;
         if (r->nstream) stream_poll(r, 0);
         if (r->ndone > 0) {
             int i = r->done[r->done_head];
@@ -614,29 +698,39 @@ int dsrt__shard_reader_collect(dsrt_shard_reader *r, dsrt_read_result *res, int 
             res->size = q->status == DSRT_ETOOBIG ? dsrt__shard_reader_need(r, (size_t)q->size)
                                                   : (size_t)q->done;
             res->status = q->status;
-            if (q->status) fail_msg(q->status, q->path, q->done, q->size);
+            if (q->status && q->msg)
+                dsrt__fail(q->status, "%s", q->msg);
+            else if (q->status)
+                fail_msg(q->status, q->path, q->done, q->size);
             q->state = REQ_FREE;
             r->free_reqs[r->nfree++] = i;
             return 1;
         }
         if (r->nqueued > 0) continue;
-        if (r->in_kernel == 0 && r->nstream == 0) return 0;
+        if (r->in_kernel == 0 && r->in_http == 0 && r->nstream == 0) return 0;
         if (!wait) return 0;
-        if (r->in_kernel > 0 && r->nstream == 0) {
-            int rc;
+        if (r->nstream == 0 && r->in_http == 0) {
             do rc = io_uring_wait_cqe(&r->ring, &cqe);
             while (rc == -EINTR);
             if (rc < 0) return dsrt__fail(rc, "read: io_uring_wait_cqe: %s", strerror(-rc));
+        } else if (r->nstream == 0 && r->in_kernel == 0) {
+            if ((rc = collect_remote(r, 1)) != 0) return rc;
         } else if (r->in_kernel > 0) {
-            /* Both: the ring briefly, then the stream. */
+            /* The ring and the stream: the ring briefly, then the stream. */
             struct __kernel_timespec ts = {0, 1000000};
-            int rc = io_uring_wait_cqe_timeout(&r->ring, &cqe, &ts);
+            rc = io_uring_wait_cqe_timeout(&r->ring, &cqe, &ts);
             if (rc < 0 && rc != -ETIME && rc != -EINTR)
                 return dsrt__fail(rc, "read: io_uring_wait_cqe: %s", strerror(-rc));
         } else {
-            stream_poll(r, 1);
+            /* The stream, and the store now and then. */
+            stream_poll(r, r->in_http ? REMOTE_POLL_MS : -1);
         }
     }
+}
+
+void dsrt__shard_reader_remote_stats(const dsrt_shard_reader *r, dsrt_remote_stats *st) {
+    memset(st, 0, sizeof *st);
+    if (r->http) dsrt__http_stats(r->http, st);
 }
 
 // ----------------------------------------------------------------------------
@@ -650,6 +744,7 @@ typedef struct {
     int status;
     uint64_t got; /* bytes read (less than size when truncated) */
     uint8_t *data;
+    char *msg; /* an object store's message for a failure, or NULL */
     int next_free;
 } entry;
 
@@ -678,6 +773,7 @@ typedef struct {
     size_t first, count; /* stream indices [first, first + count) of that epoch */
     uint8_t *buf;        /* (block) */
     int retries;
+    char *msg; /* an object store's message for a failure, or NULL */
 } block;
 
 typedef struct {
@@ -719,8 +815,11 @@ struct dsrt_shard_stream {
     size_t nentries, cap_entries;
     int free_entry;
 
-    block blocks[STREAM_DEPTH];
+    block blocks[STREAM_DEPTH_MAX];
+    unsigned nblocks; /* reads in flight at most */
     unsigned inflight;
+    dsrt_http *http; /* shards in an object store: the client, and an */
+    int wake_fd;     /* eventfd that wakes the thread from waiting on it */
     sfd fds[STREAM_FDS];
     uint64_t clock;
     int have_ring;
@@ -728,6 +827,7 @@ struct dsrt_shard_stream {
     char fallback[192];
 
     dsrt_shard_stream_stats st;
+    dsrt_remote_stats remote; /* the client's, as of its last answer */
 };
 
 static plan_rec *rec_for(dsrt_shard_stream *s, uint64_t epoch) {
@@ -740,7 +840,9 @@ static void entry_free(dsrt_shard_stream *s, plan_rec *rec, uint32_t slot) {
     entry *e = &s->entries[slot];
     if (rec && rec->slot[e->pos] == slot) rec->slot[e->pos] = NONE;
     free(e->data);
+    free(e->msg);
     e->data = NULL;
+    e->msg = NULL;
     e->state = ENTRY_FREE;
     e->next_free = s->free_entry;
     s->free_entry = (int)slot;
@@ -802,8 +904,12 @@ int dsrt__shard_stream_create(dsrt_shard_stream **out, const dsrt_datastore *ds,
     if (s->po.parts == 0) s->po.parts = 1;
     s->o = *o;
     s->n = ds->n;
-    s->block_bytes = (size_t)align_up(o->block ? o->block : STREAM_BLOCK);
+    s->nblocks = s->set->remote ? STREAM_DEPTH_REMOTE : STREAM_DEPTH;
+    s->block_bytes = (size_t)align_up(o->block         ? o->block
+                                      : s->set->remote ? STREAM_BLOCK_REMOTE
+                                                       : STREAM_BLOCK);
     s->epochs = o->epochs;
+    s->wake_fd = -1;
     s->buffer = s->set->shuffle_buffer;
     s->free_entry = -1;
     for (int k = 0; k < STREAM_FDS; k++) s->fds[k].fd = -1;
@@ -820,7 +926,7 @@ int dsrt__shard_stream_create(dsrt_shard_stream **out, const dsrt_datastore *ds,
     uint64_t bytes = 0;
     for (size_t v = 0; v < s->n && v < 4096; v++) bytes += dsrt__shard_sample_size(ds, (uint32_t)v);
     size_t mean = (size_t)(bytes / DSRT_MIN(s->n, (size_t)4096)) + 1024;
-    s->ahead = o->ahead ? o->ahead : DSRT_MAX(2 * B, STREAM_DEPTH * s->block_bytes / mean + 64);
+    s->ahead = o->ahead ? o->ahead : DSRT_MAX(2 * B, s->nblocks * s->block_bytes / mean + 64);
     if ((rc = dsrt__shard_plan_create(&s->plan, ds, &s->po)) != 0) goto fail;
     rc = -ENOMEM;
     for (int k = 0; k < 2; k++) {
@@ -831,12 +937,21 @@ int dsrt__shard_stream_create(dsrt_shard_stream **out, const dsrt_datastore *ds,
         r->slot = dsrt__malloc(s->n * sizeof *r->slot);
         if (!r->stream || !r->use || !r->sidx || !r->slot) goto fail;
     }
-    for (int k = 0; k < STREAM_DEPTH; k++) {
+    for (unsigned k = 0; k < s->nblocks; k++) {
         void *b = NULL;
         if (posix_memalign(&b, DSRT_DIRECT_ALIGN, s->block_bytes) != 0) goto fail;
         s->blocks[k].buf = b;
     }
-    if (o->reader.io != DSRT_IO_PREAD) {
+    if (s->set->remote) {
+        dsrt_remote_options ro = o->reader.remote;
+        ro.depth = s->nblocks;
+        if ((rc = dsrt__http_create(&s->http, &ro)) != 0) goto fail;
+        s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (s->wake_fd < 0) {
+            rc = dsrt__fail(-errno, "shards: stream: eventfd: %s", strerror(errno));
+            goto fail;
+        }
+    } else if (o->reader.io != DSRT_IO_PREAD) {
         rc = ring_init(&s->ring, STREAM_DEPTH * 2, s->fallback, sizeof s->fallback);
         if (rc == 0) {
             s->have_ring = 1;
@@ -873,10 +988,18 @@ fail:
 void dsrt__shard_stream_destroy(dsrt_shard_stream *s) {
     if (!s) return;
     if (s->have_ring) io_uring_queue_exit(&s->ring);
+    dsrt__http_destroy(s->http);
+    if (s->wake_fd >= 0) close(s->wake_fd);
     for (int k = 0; k < STREAM_FDS; k++)
         if (s->fds[k].fd >= 0) close(s->fds[k].fd);
-    for (int k = 0; k < STREAM_DEPTH; k++) free(s->blocks[k].buf);
-    for (size_t k = 0; k < s->nentries; k++) free(s->entries[k].data);
+    for (unsigned k = 0; k < s->nblocks; k++) {
+        free(s->blocks[k].buf);
+        free(s->blocks[k].msg);
+    }
+    for (size_t k = 0; k < s->nentries; k++) {
+        free(s->entries[k].data);
+        free(s->entries[k].msg);
+    }
     free(s->entries);
     for (int k = 0; k < 2; k++) {
         free(s->recs[k].stream);
@@ -903,11 +1026,24 @@ void dsrt__shard_stream_stats(dsrt_shard_stream *s, dsrt_shard_stream_stats *st)
     pthread_mutex_unlock(&s->mu);
 }
 
+void dsrt__shard_stream_remote_stats(dsrt_shard_stream *s, dsrt_remote_stats *st) {
+    memset(st, 0, sizeof *st);
+    pthread_mutex_lock(&s->mu);
+    if (s->http) *st = s->remote;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Wakes the thread where it waits on the store's client. */
+static void poke(dsrt_shard_stream *s) {
+    if (s->wake_fd >= 0) eventfd_write(s->wake_fd, 1);
+}
+
 void dsrt__shard_stream_stop(dsrt_shard_stream *s) {
     pthread_mutex_lock(&s->mu);
     s->stop = 1;
     pthread_cond_broadcast(&s->wake);
     pthread_cond_broadcast(&s->ready);
+    poke(s);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -918,6 +1054,7 @@ void dsrt__shard_stream_seek(dsrt_shard_stream *s, uint64_t epoch, uint64_t plac
     s->seek_place = place;
     s->want_any = 0;
     pthread_cond_broadcast(&s->wake);
+    poke(s);
     /* When this returns no read of the old position is in flight (a caller
      * may drop the page cache, or look at the files). */
     while (s->seek_pending && !s->stop && s->running) pthread_cond_wait(&s->ready, &s->mu);
@@ -931,6 +1068,7 @@ static void want(dsrt_shard_stream *s, uint64_t epoch, size_t c) {
         s->want_epoch = epoch;
         s->want_c = c;
         pthread_cond_signal(&s->wake);
+        poke(s);
     }
 }
 
@@ -957,6 +1095,7 @@ static int stream_take(dsrt_shard_stream *s, uint32_t pos, uint64_t epoch, entry
         if (x->state == ENTRY_PENDING) return TAKE_WAIT;
         *e = *x;
         x->data = NULL;
+        x->msg = NULL;
         entry_free(s, rec, slot);
         return TAKE_HAVE;
     }
@@ -969,7 +1108,7 @@ static int stream_take(dsrt_shard_stream *s, uint32_t pos, uint64_t epoch, entry
     return TAKE_MISS;
 }
 
-static int stream_poll(dsrt_shard_reader *r, int wait) {
+static int stream_poll(dsrt_shard_reader *r, int wait_ms) {
     dsrt_shard_stream *s = r->stream;
     int any = 0;
     pthread_mutex_lock(&s->mu);
@@ -993,18 +1132,21 @@ static int stream_poll(dsrt_shard_reader *r, int wait) {
             pthread_mutex_unlock(&s->mu);
             q->status = e.status;
             q->done = DSRT_MIN(e.got, q->size);
+            q->msg = e.msg;
             if (e.status == 0) memcpy(q->buf, e.data, (size_t)q->size);
             free(e.data);
             done_push(r, (int)i);
             any = 1;
             pthread_mutex_lock(&s->mu);
         }
-        if (any || !wait || r->nstream == 0) break;
+        if (any || wait_ms == 0 || r->nstream == 0) break;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        long ns = wait_ms > 0 ? (long)wait_ms * 1000000L : 50000000L;
+        ts.tv_nsec += ns;
+        while (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&s->ready, &s->mu, &ts);
+        if (wait_ms > 0) wait_ms = 0; /* one look after the wait */
     }
     pthread_mutex_unlock(&s->mu);
     return any;
@@ -1069,9 +1211,14 @@ static void block_deliver(dsrt_shard_stream *s, block *b, long long err) {
         if (slot == NONE) continue;
         entry *e = &s->entries[slot];
         e->state = ENTRY_READY;
-        if (err < 0) e->status = (int)err;
+        if (err < 0) {
+            e->status = (int)err;
+            if (b->msg) e->msg = dsrt__strdup(b->msg);
+        }
     }
-    s->fds[b->fdi].busy--;
+    free(b->msg);
+    b->msg = NULL;
+    if (!s->http) s->fds[b->fdi].busy--;
     b->busy = 0;
     s->inflight--;
     pthread_cond_broadcast(&s->ready);
@@ -1079,6 +1226,16 @@ static void block_deliver(dsrt_shard_stream *s, block *b, long long err) {
 
 /* Starts (or continues) the read of block b. */
 static void block_read(dsrt_shard_stream *s, block *b) {
+    if (s->http) {
+        /* A ranged GET; its answer comes from the client's collect. */
+        int rc = dsrt__http_submit(s->http, s->set->shards[b->shard].path, b->off, b->len, b->buf,
+                                   s->block_bytes, (uint64_t)(b - s->blocks));
+        if (rc != 0) {
+            b->msg = dsrt__strdup(dsrt_last_error());
+            block_deliver(s, b, rc);
+        }
+        return;
+    }
     sfd *f = &s->fds[b->fdi];
     size_t len = b->len - b->got;
     if (f->direct && b->got % DSRT_DIRECT_ALIGN != 0) {
@@ -1138,13 +1295,13 @@ static void block_complete(dsrt_shard_stream *s, block *b, long long n) {
 /* Starts the next block of the stream (mu held); 0 when none could be. */
 static int block_next(dsrt_shard_stream *s, plan_rec *rec) {
     block *b = NULL;
-    for (int k = 0; k < STREAM_DEPTH && !b; k++)
+    for (unsigned k = 0; k < s->nblocks && !b; k++)
         if (!s->blocks[k].busy) b = &s->blocks[k];
     if (!b) return 0;
     size_t i = s->next;
     uint32_t pos = rec->stream[i], p = dsrt__pos(s->ds, pos);
     uint32_t shard = s->set->shard_of[p];
-    int fdi = sfd_get(s, shard);
+    int fdi = s->http ? 0 : sfd_get(s, shard);
     if (fdi < 0) {
         /* The shard cannot be opened: its samples fail, each named. */
         uint32_t slot;
@@ -1160,7 +1317,7 @@ static int block_next(dsrt_shard_stream *s, plan_rec *rec) {
         pthread_cond_broadcast(&s->ready);
         return 1;
     }
-    int direct = s->fds[fdi].direct;
+    int direct = !s->http && s->fds[fdi].direct;
     uint64_t start = direct ? align_down(s->set->offset[p]) : s->set->offset[p];
     uint64_t end = s->set->offset[p] + s->set->size[p];
     size_t j = i + 1;
@@ -1168,7 +1325,8 @@ static int block_next(dsrt_shard_stream *s, plan_rec *rec) {
         uint32_t q = dsrt__pos(s->ds, rec->stream[j]);
         uint64_t qe = s->set->offset[q] + s->set->size[q];
         if (s->set->shard_of[q] != shard || s->set->offset[q] < end ||
-            s->set->offset[q] - end > MERGE_GAP || align_up(qe) - start > s->block_bytes)
+            s->set->offset[q] - end > MERGE_GAP ||
+            (direct ? align_up(qe) : qe) - start > s->block_bytes)
             break;
         end = qe;
         j++;
@@ -1201,7 +1359,7 @@ static int block_next(dsrt_shard_stream *s, plan_rec *rec) {
                  .first = i,
                  .count = j - i,
                  .buf = b->buf};
-    s->fds[fdi].busy++;
+    if (!s->http) s->fds[fdi].busy++;
     s->inflight++;
     s->next = j;
     block_read(s, b);
@@ -1270,10 +1428,45 @@ void dsrt__shard_stream_run(dsrt_shard_stream *s) {
                            : s->want_any && s->want_epoch == s->epoch
                                ? DSRT_MIN(rec->nstream, s->want_c + s->buffer + s->ahead)
                                : DSRT_MIN(rec->nstream, s->buffer + s->ahead);
-            while (s->next < limit && s->inflight < STREAM_DEPTH && block_next(s, rec)) issued = 1;
+            while (s->next < limit && s->inflight < s->nblocks && block_next(s, rec)) issued = 1;
         }
         if (s->have_ring && io_uring_sq_ready(&s->ring) > 0) io_uring_submit(&s->ring);
         if (issued) continue;
+        if (s->inflight > 0 && s->http) {
+            /* Wait for a GET, or for a poke (a request, a seek, a stop). */
+            pthread_mutex_unlock(&s->mu);
+            dsrt_read_result res;
+            int rc = dsrt__http_collect(s->http, &res, 1, s->wake_fd);
+            char msg[512] = "";
+            if (rc != 0 && res.status != 0 && res.status != DSRT_ETRUNCATED)
+                snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+            if (rc < 0) snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+            pthread_mutex_lock(&s->mu);
+            if (rc == 1) {
+                block *b = &s->blocks[res.tag];
+                /* A shard cut short answers with what it has. */
+                if (res.status == 0 || res.status == DSRT_ETRUNCATED) {
+                    b->got = DSRT_MIN(res.size, b->len);
+                    block_deliver(s, b, 0);
+                } else {
+                    b->msg = dsrt__strdup(msg);
+                    block_deliver(s, b, res.status);
+                }
+            } else if (rc == 0) {
+                eventfd_t v;
+                eventfd_read(s->wake_fd, &v);
+            } else {
+                /* The client itself failed: every read in flight fails. */
+                for (unsigned k = 0; k < s->nblocks; k++)
+                    if (s->blocks[k].busy) {
+                        s->blocks[k].msg = dsrt__strdup(msg);
+                        block_deliver(s, &s->blocks[k], rc);
+                    }
+                dsrt__http_cancel(s->http);
+            }
+            dsrt__http_stats(s->http, &s->remote);
+            continue;
+        }
         if (s->inflight > 0 && s->have_ring) {
             /* Wait for a read, waking now and then for new requests. */
             pthread_mutex_unlock(&s->mu);
@@ -1292,7 +1485,13 @@ void dsrt__shard_stream_run(dsrt_shard_stream *s) {
         }
         pthread_cond_wait(&s->wake, &s->mu);
     }
-    /* Reads the kernel still holds write into the blocks: wait for them. */
+    /* GETs in flight are dropped; reads the kernel still holds write into
+     * the blocks: wait for them. */
+    if (s->http) {
+        dsrt__http_cancel(s->http);
+        for (unsigned k = 0; k < s->nblocks; k++) s->blocks[k].busy = 0;
+        s->inflight = 0;
+    }
     while (s->have_ring && s->inflight > 0) {
         if (io_uring_sq_ready(&s->ring) > 0) io_uring_submit(&s->ring);
         pthread_mutex_unlock(&s->mu);

@@ -23,6 +23,13 @@
  * by the end of its file stays a sample: reading it fails, and the pipeline
  * names it and skips it like any bad file.
  *
+ * In an object store, the shard set is a prefix ("s3://bucket/shards", its
+ * .tar objects, listed) or a selection like the local ones (globs and brace
+ * lists in the last component, matched against the listing; https:// URLs
+ * take brace lists only, having no listing). The index and classes.json are
+ * fetched from beside the shards; a shard the index does not describe is
+ * fetched whole once and scanned in memory.
+ *
  * Writing. dsrt_shards_write puts the samples of a datastore, in its order,
  * into shards of at most shard_bytes: <key>.cls then <key>.jpg|png for each,
  * ustar headers, the files' bytes unchanged (in-memory pixels as PNG). Each
@@ -31,9 +38,11 @@
  * before into the same folder, index first, so that no index ever describes
  * shards it did not see written.
  */
+#include "datastore/remote.h"
 #include "datastore/shards.h"
 
 #include <ctype.h>
+#include <fnmatch.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -622,9 +631,15 @@ typedef struct {
     const char **json_classes; /* classes.json's names */
     size_t njson;
     dsrt_arena tmp; /* names of scanned samples */
+    /* An object store: the client, and each shard's size from the listing
+     * (UINT64_MAX when unknown: https:// has no listing). */
+    dsrt_http *http;
+    uint64_t *listed;
 } gather;
 
 static void gather_free(gather *g) {
+    dsrt__http_destroy(g->http);
+    free(g->listed);
     if (g->scanned)
         for (size_t k = 0; k < g->shards.n; k++) free(g->scanned[k]);
     free(g->scanned);
@@ -658,18 +673,232 @@ static int by_shard_name(const void *a, const void *b, void *ctx) {
     return strcmp(x->shard_names[*(const size_t *)a], x->shard_names[*(const size_t *)b]);
 }
 
+// ----------------------------------------------------------------------------
+// Shard sets in an object store
+
+/* One folder's listing: the objects directly in it, with their sizes. */
+typedef struct {
+    size_t prefix_len; /* of the folder's key prefix, '/' included */
+    strlist names;
+    uint64_t *sizes;
+    size_t cap_sizes;
+} listing;
+
+static int list_one(void *ctx, const char *key, size_t len, uint64_t size) {
+    listing *l = ctx;
+    if (len <= l->prefix_len || memchr(key + l->prefix_len, '/', len - l->prefix_len)) return 0;
+    void *v = l->sizes;
+    if (dsrt__grow(&v, &l->cap_sizes, l->names.n + 1, sizeof *l->sizes) != 0) return -ENOMEM;
+    l->sizes = v;
+    l->sizes[l->names.n] = size;
+    return strlist_add(&l->names, key + l->prefix_len, len - l->prefix_len);
+}
+
+/* The size the listing gives name, or UINT64_MAX. */
+static uint64_t listed_size(const listing *l, const char *name) {
+    for (size_t i = 0; i < l->names.n; i++)
+        if (!strcmp(l->names.v[i], name)) return l->sizes[i];
+    return UINT64_MAX;
+}
+
+/* What the start of a prefix's listing says: an index, tar objects, keys in
+ * folders below. */
+typedef struct {
+    size_t prefix_len, keys;
+    int index, tars, folders;
+} peek;
+
+static int peek_one(void *ctx, const char *key, size_t len, uint64_t size) {
+    peek *k = ctx;
+    if (len <= k->prefix_len) return 0;
+    const char *rel = key + k->prefix_len;
+    size_t n = len - k->prefix_len;
+    if (memchr(rel, '/', n)) {
+        k->folders = 1;
+    } else {
+        k->index |= n == strlen(DSRT_SHARD_INDEX_NAME) && !memcmp(rel, DSRT_SHARD_INDEX_NAME, n);
+        k->tars |= n > 4 && !strncasecmp(rel + n - 4, ".tar", 4);
+    }
+    /* Enough seen (the first page tells): stop the listing. */
+    return k->index || (k->tars && k->folders) || ++k->keys >= 1000 ? 1 : 0;
+}
+
+int dsrt__s3_is_shardset(const char *url) {
+    const char *bucket, *key;
+    size_t blen;
+    int rc = dsrt__s3_split(url, &bucket, &blen, &key);
+    if (rc != 0) return rc;
+    dsrt_http *h;
+    dsrt_remote_options ro = dsrt_reader_defaults().remote;
+    ro.depth = 1;
+    if ((rc = dsrt__http_create(&h, &ro)) != 0) return rc;
+    dsrt_strbuf prefix = {0};
+    size_t klen = strlen(key);
+    while (klen > 0 && key[klen - 1] == '/') klen--;
+    rc = -ENOMEM;
+    if (!klen || (dsrt__sb_add(&prefix, key, klen) == 0 && dsrt__sb_add(&prefix, "/", 1) == 0)) {
+        peek k = {.prefix_len = prefix.len};
+        rc = dsrt__s3_list(h, bucket, blen, prefix.s, prefix.len, url, peek_one, &k);
+        if (rc >= 0) rc = k.index || (k.tars && !k.folders);
+    }
+    free(prefix.s);
+    dsrt__http_destroy(h);
+    return rc;
+}
+
+/* A whole object into a new buffer; -ENOENT when there is none. */
+static int fetch(gather *g, const char *url, size_t max, uint8_t **out, size_t *len) {
+    return dsrt__http_fetch(g->http, url, NULL, max, out, len);
+}
+
+/* The shards at the URL path, their sizes, and the index and classes.json
+ * beside them. */
+static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *index_path,
+                         size_t index_cap) {
+    int rc;
+    listing l = {0};
+    strlist pats = {0};
+    char dir[4096], url[8192];
+    const char *q = strchr(path, '?');
+    if (q) return dsrt__fail(DSRT_EOPTION, "shards: %s: a shard set's URL takes no query", path);
+    /* The folder, and in its last component a pattern or a name. */
+    size_t n = strlen(path);
+    while (n > 0 && path[n - 1] == '/') n--;
+    const char *last = path + n;
+    while (last > path && last[-1] != '/') last--;
+    int selection = ends_with(path, ".tar") || strpbrk(last, "*?[{") != NULL;
+    size_t dlen = selection ? (size_t)(last - path - 1) : n;
+    snprintf(dir, sizeof dir, "%.*s", (int)dlen, path);
+    int s3 = strncasecmp(path, "s3://", 5) == 0;
+    dsrt_remote_options ro = dsrt_reader_defaults().remote;
+    ro.depth = 1;
+    if ((rc = dsrt__http_create(&g->http, &ro)) != 0) return rc;
+    ix->remote = 1;
+    if (s3) {
+        const char *bucket, *key;
+        size_t blen;
+        if ((rc = dsrt__s3_split(dir, &bucket, &blen, &key)) != 0) return rc;
+        dsrt_strbuf prefix = {0};
+        rc = -ENOMEM;
+        if (*key && (dsrt__sb_add(&prefix, key, strlen(key)) || dsrt__sb_add(&prefix, "/", 1)))
+            goto out;
+        l.prefix_len = prefix.len;
+        rc = dsrt__s3_list(g->http, bucket, blen, prefix.s, prefix.len, dir, list_one, &l);
+        free(prefix.s);
+        if (rc != 0) goto out;
+    }
+    if (selection) {
+        if ((rc = expand_braces(last, &pats)) != 0) goto out;
+        for (size_t i = 0; i < pats.n; i++) {
+            size_t before = g->shards.n;
+            if (!has_glob(pats.v[i])) {
+                if (s3 && listed_size(&l, pats.v[i]) == UINT64_MAX) {
+                    rc = dsrt__fail(-ENOENT, "shards: %s/%s: no such object", dir, pats.v[i]);
+                    goto out;
+                }
+                snprintf(url, sizeof url, "%s/%s", dir, pats.v[i]);
+                if ((rc = strlist_add(&g->shards, url, strlen(url))) != 0) goto out;
+                continue;
+            }
+            if (!s3) {
+                rc = dsrt__fail(DSRT_EOPTION,
+                                "shards: %s: an https:// shard set has no listing to match a "
+                                "glob against: name the shards (a brace list)",
+                                path);
+                goto out;
+            }
+            strlist match = {0};
+            for (size_t k = 0; rc == 0 && k < l.names.n; k++)
+                if (fnmatch(pats.v[i], l.names.v[k], 0) == 0)
+                    rc = strlist_add(&match, l.names.v[k], strlen(l.names.v[k]));
+            if (rc == 0) qsort(match.v, match.n, sizeof *match.v, strcmp_p);
+            for (size_t k = 0; rc == 0 && k < match.n; k++) {
+                snprintf(url, sizeof url, "%s/%s", dir, match.v[k]);
+                rc = strlist_add(&g->shards, url, strlen(url));
+            }
+            strlist_free(&match);
+            if (rc != 0) goto out;
+            if (g->shards.n == before) {
+                rc = dsrt__fail(-ENOENT, "shards: %s/%s: no object matches", dir, pats.v[i]);
+                goto out;
+            }
+        }
+    } else {
+        if (!s3) {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: an https:// folder cannot be listed: name its shards "
+                            "(a brace list such as .../shard-{000000..000009}.tar)",
+                            path);
+            goto out;
+        }
+        strlist tars = {0};
+        for (size_t k = 0; rc == 0 && k < l.names.n; k++)
+            if (ends_with(l.names.v[k], ".tar"))
+                rc = strlist_add(&tars, l.names.v[k], strlen(l.names.v[k]));
+        if (rc == 0) qsort(tars.v, tars.n, sizeof *tars.v, strcmp_p);
+        for (size_t k = 0; rc == 0 && k < tars.n; k++) {
+            snprintf(url, sizeof url, "%s/%s", dir, tars.v[k]);
+            rc = strlist_add(&g->shards, url, strlen(url));
+        }
+        strlist_free(&tars);
+        if (rc != 0) goto out;
+    }
+
+    /* The index and the class names, when they are there. */
+    uint8_t *data = NULL;
+    size_t len = 0;
+    snprintf(url, sizeof url, "%s/" DSRT_SHARD_INDEX_NAME, dir);
+    if (!s3 || listed_size(&l, DSRT_SHARD_INDEX_NAME) != UINT64_MAX) {
+        rc = fetch(g, url, (size_t)16 << 30, &data, &len);
+        if (rc == 0) rc = dsrt__shard_index_parse(data, len, url, &g->x, &ix->arena);
+        free(data);
+        if (rc == 0) {
+            snprintf(index_path, index_cap, "%s", url);
+        } else if (rc == -ENOMEM || (rc != -ENOENT && rc != DSRT_ECORRUPT && rc != DSRT_ECHECKSUM &&
+                                     rc != DSRT_ETRUNCATED)) {
+            goto out; /* the store failed: say so rather than scan every shard */
+        } else if (rc != -ENOENT) {
+            dsrt__index_warn(ix, "%s; the shards are scanned instead", dsrt_last_error());
+        }
+        dsrt__clear_error();
+    }
+    snprintf(url, sizeof url, "%s/" DSRT_SHARD_CLASSES_NAME, dir);
+    if (!index_path[0] && (!s3 || listed_size(&l, DSRT_SHARD_CLASSES_NAME) != UINT64_MAX)) {
+        rc = fetch(g, url, (size_t)64 << 20, &data, &len);
+        if (rc == 0)
+            rc = dsrt__classes_json_parse((const char *)data, len, url, &g->tmp, &g->json_classes,
+                                          &g->njson);
+        free(data);
+        if (rc == -ENOMEM) goto out;
+        if (rc != 0 && rc != -ENOENT)
+            dsrt__index_warn(ix, "%s; class names not taken from it", dsrt_last_error());
+        dsrt__clear_error();
+    }
+    if (g->shards.n == 0) {
+        rc = dsrt__fail(DSRT_EEMPTY, "shards: %s: no .tar object under this prefix", path);
+        goto out;
+    }
+    rc = -ENOMEM;
+    g->listed = dsrt__calloc(g->shards.n, sizeof *g->listed);
+    if (!g->listed) goto out;
+    for (size_t k = 0; k < g->shards.n; k++)
+        g->listed[k] = s3 ? listed_size(&l, base_of(g->shards.v[k])) : UINT64_MAX;
+    rc = 0;
+out:
+    strlist_free(&pats);
+    strlist_free(&l.names);
+    free(l.sizes);
+    return rc;
+}
+
 /* Which shards, and the index and class names beside them. */
 static int gather_shards(gather *g, dsrt_index *ix, const char *path, char *index_path,
                          size_t index_cap) {
     struct stat st;
     int rc;
     char dir[4096];
-    if (strncmp(path, "s3://", 5) == 0 || strncmp(path, "http://", 7) == 0 ||
-        strncmp(path, "https://", 8) == 0)
-        return dsrt__fail(DSRT_EUNSUPPORTED,
-                          "shards: %s: shard sets on object storage need dsrt's object-storage "
-                          "client, which this build lacks",
-                          path);
+    index_path[0] = '\0';
+    if (dsrt__is_url(path)) return gather_remote(g, ix, path, index_path, index_cap);
     int folder = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
     if (folder) {
         size_t n = strlen(path);
@@ -772,18 +1001,23 @@ static int gather_samples(gather *g, dsrt_index *ix, const dsrt_datastore_option
 
     for (size_t k = 0; k < ns; k++) {
         const char *p = g->shards.v[k];
+        int xi = g->x.nshards ? index_find(g, by_name, base_of(p)) : -1;
         struct stat st;
-        if (stat(p, &st) != 0) {
+        if (g->http) {
+            /* The listing's size; without one (https://), the index's. */
+            g->sizes[k] = g->listed[k] != UINT64_MAX ? g->listed[k]
+                          : xi >= 0                  ? g->x.shard_size[xi]
+                                                     : UINT64_MAX;
+        } else if (stat(p, &st) != 0) {
             rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
             goto out;
-        }
-        if (!S_ISREG(st.st_mode)) {
+        } else if (!S_ISREG(st.st_mode)) {
             rc = dsrt__fail(DSRT_EFORMAT, "shards: %s: is %s, not a tar file", p,
                             dsrt__file_kind(st.st_mode));
             goto out;
+        } else {
+            g->sizes[k] = (uint64_t)st.st_size;
         }
-        g->sizes[k] = (uint64_t)st.st_size;
-        int xi = g->x.nshards ? index_find(g, by_name, base_of(p)) : -1;
         if (xi >= 0 && g->sizes[k] < g->x.shard_size[xi]) {
             /* Cut short since the index was written: its samples past the end
              * fail when read, each named. */
@@ -802,7 +1036,24 @@ static int gather_samples(gather *g, dsrt_index *ix, const dsrt_datastore_option
         }
         g->from_index[k] = xi;
         if (xi >= 0) continue;
-        if ((rc = scan_shard(&s, p, g->sizes[k])) != 0) goto out;
+        if (g->http) {
+            /* Fetched whole once, and scanned in memory. */
+            uint8_t *data;
+            size_t len;
+            if ((rc = dsrt__http_fetch(g->http, p, NULL, (size_t)1 << 40, &data, &len)) != 0) {
+                dsrt__fail_prefix(rc, "shards");
+                goto out;
+            }
+            memory m = {data, len};
+            s.read = memory_read;
+            s.read_ctx = &m;
+            g->sizes[k] = len;
+            rc = scan_walk(&s, p, len);
+            free(data);
+            if (rc != 0) goto out;
+        } else if ((rc = scan_shard(&s, p, g->sizes[k])) != 0) {
+            goto out;
+        }
         g->scanned[k] = s.samples;
         g->nscanned[k] = s.n;
         s.samples = NULL;
@@ -1099,7 +1350,8 @@ int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
         snprintf(s->index_path, sizeof s->index_path, "%s", index_path);
         s->indexed = 1;
         for (size_t k = 0; k < g.shards.n; k++) s->indexed &= g.from_index[k] >= 0;
-        s->rotational = on_rotational(g.shards.v[0]);
+        s->remote = ix->remote;
+        s->rotational = !s->remote && on_rotational(g.shards.v[0]);
         s->shuffle_buffer = o->shuffle_buffer ? o->shuffle_buffer : 1000;
         s->order = o->shard_order;
         if (s->order == DSRT_SHARD_ORDER_AUTO)
@@ -1217,6 +1469,52 @@ out:
     free(occ);
     free(mine);
     return rc;
+}
+
+int dsrt__shard_member_read(const dsrt_datastore *ds, uint32_t pos, uint8_t *buf, int64_t *mtime) {
+    const dsrt_shardset *s = ds->index->shards;
+    uint32_t p = dsrt__pos(ds, pos);
+    const char *shard = s->shards[s->shard_of[p]].path, *path = ds->index->paths[p];
+    size_t want = (size_t)s->size[p], got = 0;
+    int rc = 0;
+    if (mtime) *mtime = 0;
+    if (want == 0) return dsrt__fail(DSRT_EEMPTY, "read: %s: empty member", path);
+    if (s->remote) {
+        /* A ranged GET with a client of its own. */
+        dsrt_http *h;
+        dsrt_remote_options ro = dsrt_reader_defaults().remote;
+        ro.depth = 1;
+        if ((rc = dsrt__http_create(&h, &ro)) != 0) return rc;
+        dsrt_read_result res;
+        rc = dsrt__http_submit(h, shard, s->offset[p], want, buf, want, 0);
+        if (rc == 0) rc = dsrt__http_collect(h, &res, 1, -1) == 1 ? res.status : -EIO;
+        if (rc == DSRT_ETRUNCATED) got = res.size;
+        dsrt__http_destroy(h);
+        if (rc != 0 && rc != DSRT_ETRUNCATED) return rc;
+    } else {
+        int fd;
+        struct stat st;
+        if ((rc = dsrt__open_regular(shard, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "read");
+        if (mtime) *mtime = (int64_t)st.st_mtime;
+        while (got < want) {
+            ssize_t r = pread(fd, buf + got, want - got, (off_t)(s->offset[p] + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) {
+                rc = dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
+                break;
+            }
+            if (r == 0) break;
+            got += (size_t)r;
+        }
+        close(fd);
+        if (rc != 0) return rc;
+        rc = got < want ? DSRT_ETRUNCATED : 0;
+    }
+    if (rc == DSRT_ETRUNCATED)
+        return dsrt__fail(rc,
+                          "read: %s: member cut short (%zu of %zu bytes): the shard is truncated",
+                          path, got, want);
+    return 0;
 }
 
 uint64_t dsrt__shard_sample_size(const dsrt_datastore *ds, uint32_t pos) {
@@ -1473,29 +1771,17 @@ static int sample_bytes(const dsrt_datastore *ds, size_t i, uint8_t **data, size
     }
     if (ds->index->shards) {
         /* From a shard set: the member's bytes. */
-        const dsrt_shardset *s = ds->index->shards;
-        uint32_t p = dsrt__pos(ds, i);
-        const char *shard = s->shards[s->shard_of[p]].path;
-        size_t n = (size_t)s->size[p];
+        size_t n = (size_t)dsrt__shard_sample_size(ds, (uint32_t)i);
         uint8_t *b = dsrt__malloc(n ? n : 1);
-        int fd, rc;
-        struct stat st;
         if (!b) return -ENOMEM;
-        if ((rc = dsrt__open_regular(shard, &fd, &st)) != 0) {
+        int rc = dsrt__shard_member_read(ds, (uint32_t)i, b, mtime);
+        if (rc != 0) {
             free(b);
             return dsrt__fail_prefix(rc, "shards");
         }
-        ssize_t got = pread(fd, b, n, (off_t)s->offset[p]);
-        int e = errno;
-        close(fd);
-        if (got < 0 || (size_t)got != n) {
-            free(b);
-            return dsrt__fail(got < 0 ? -e : DSRT_ETRUNCATED, "shards: %s: %s", path,
-                              got < 0 ? strerror(e) : "member cut short");
-        }
         *owned = b;
         *data = b;
-        *mtime = (int64_t)st.st_mtime;
+        *len = n;
         return 0;
     }
     struct stat st;

@@ -120,6 +120,10 @@ int dsrt__shard_scan_memory(const uint8_t *buf, size_t len, const char *name,
 int dsrt__shards_partition(const dsrt_datastore *ds, size_t n, size_t i, uint32_t **order,
                            size_t *count);
 
+/* 1 when the s3:// prefix url holds a shard set (dsrt's index, or .tar
+ * objects and no folder), 0 when not, or a negative code from the store. */
+int dsrt__s3_is_shardset(const char *url);
+
 /* 1 when path names a shard set: a .tar file, a glob or brace list of them,
  * or a folder holding an index or tar files and no sub-folder. */
 int dsrt__is_shardset(const char *path, int folder);
@@ -213,6 +217,8 @@ uint64_t dsrt__shard_reader_direct_refused(const dsrt_shard_reader *r);
 int dsrt__shard_reader_submit(dsrt_shard_reader *r, uint32_t pos, uint64_t epoch, void *buf,
                               size_t cap, uint64_t tag);
 int dsrt__shard_reader_collect(dsrt_shard_reader *r, dsrt_read_result *res, int wait);
+/* What its requests to an object store did (zeros for local shards). */
+void dsrt__shard_reader_remote_stats(const dsrt_shard_reader *r, dsrt_remote_stats *st);
 /* Forgets every request that the kernel does not hold (waiting for the
  * stream, queued, or finished and not collected): for a pipeline that stops
  * mid-chunk. Reads the kernel holds are still collected. */
@@ -220,6 +226,11 @@ void dsrt__shard_reader_cancel(dsrt_shard_reader *r);
 unsigned dsrt__shard_reader_in_flight(const dsrt_shard_reader *r);
 /* Buffer bytes a sample of size bytes needs (more than size with O_DIRECT). */
 size_t dsrt__shard_reader_need(const dsrt_shard_reader *r, size_t size);
+/* Reads the bytes of the sample at view position pos into buf (its size):
+ * pread from a local shard (*mtime, may be NULL, the shard's), a ranged GET
+ * from an object store. A member cut short fails with DSRT_ETRUNCATED and
+ * "read: SHARD:MEMBER: member cut short ...". */
+int dsrt__shard_member_read(const dsrt_datastore *ds, uint32_t pos, uint8_t *buf, int64_t *mtime);
 /* The size of the sample at view position pos. */
 uint64_t dsrt__shard_sample_size(const dsrt_datastore *ds, uint32_t pos);
 
@@ -254,5 +265,7 @@ typedef struct {
     uint64_t bytes, served, ranged, blocks;
 } dsrt_shard_stream_stats;
 void dsrt__shard_stream_stats(dsrt_shard_stream *s, dsrt_shard_stream_stats *st);
+/* What the stream's requests to an object store did (zeros for local shards). */
+void dsrt__shard_stream_remote_stats(dsrt_shard_stream *s, dsrt_remote_stats *st);
 
 #endif

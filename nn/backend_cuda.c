@@ -52,6 +52,7 @@
 #include "internal.h"
 
 #include "core/module.h"
+#include "runtime/internal.h"
 
 #include "kernels.h"
 
@@ -1494,20 +1495,6 @@ static int cuda_read_output(dsrt_backend *b, int layer, int train, float *out) {
 // ----------------------------------------------------------------------------
 // Lifetime and the ops table
 
-static int cuda_devices(char *why, size_t size) {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        if (why && size)
-            snprintf(why, size, "no usable CUDA device (the CUDA runtime says: %s)",
-                     cudaGetErrorString(e));
-        return 0;
-    }
-    if (n == 0 && why && size) snprintf(why, size, "no CUDA device is visible on this machine");
-    return n;
-}
-
 static void cuda_destroy(dsrt_backend *b) {
     cuda_backend *be = (cuda_backend *)b;
     if (!be) return;
@@ -1632,7 +1619,7 @@ static int cuda_create(dsrt_backend **out, dsrt_net *net) {
 const dsrt_backend_ops dsrt__backend_cuda = {
     .name = "cuda-cudnn",
     .device_kind = 1,
-    .devices = cuda_devices,
+    .devices = dsrt__cuda_devices, /* the CUDA runtime's count (runtime/hostmem.c) */
     .create = cuda_create,
     .destroy = cuda_destroy,
     .stage = cuda_stage,

@@ -42,55 +42,51 @@ void dsrt__comm_break(dsrt_comm *c) {
 // ----------------------------------------------------------------------------
 // The engines' modules
 
-static const dsrt_module_spec MPI_MODULE = {
-    .name = "mpi",
-    .what = "the MPI communicator",
-    .needs = "Open MPI (libmpi)",
+/* The communicator table: each engine's module, by dsrt_comm_kind. */
+static const dsrt_module_spec ENGINES[] = {
+    [DSRT_COMM_MPI] = {.name = "mpi",
+                       .what = "the MPI communicator",
+                       .needs = "Open MPI (libmpi)",
 #ifdef DSRT_HAVE_MPI
-    .built = 1,
+                       .built = 1,
 #endif
-    .unbuilt = "this dsrt was built without MPI (install libopenmpi-dev and rebuild)",
-    .train_anchor = (const void *)dsrt__comm_now,
-    .uses_dsrt = 1,
-};
-
-static const dsrt_module_spec NCCL_MODULE = {
-    .name = "nccl",
-    .what = "the NCCL communicator",
-    .needs = "NCCL 2 and the CUDA runtime (libnccl.so.2, libcudart)",
+                       .unbuilt = "this dsrt was built without MPI (install libopenmpi-dev and "
+                                  "rebuild)",
+                       .train_anchor = (const void *)dsrt__comm_now,
+                       .uses_dsrt = 1},
+    [DSRT_COMM_NCCL] = {.name = "nccl",
+                        .what = "the NCCL communicator",
+                        .needs = "NCCL 2 and the CUDA runtime (libnccl.so.2, libcudart)",
 #ifdef DSRT_HAVE_NCCL
-    .built = 1,
+                        .built = 1,
 #endif
-    .unbuilt = "this dsrt was built without NCCL",
-    .train_anchor = (const void *)dsrt__comm_now,
-    .uses_dsrt = 1,
+                        .unbuilt = "this dsrt was built without NCCL",
+                        .train_anchor = (const void *)dsrt__comm_now,
+                        .uses_dsrt = 1},
 };
+#define MPI_MODULE  ENGINES[DSRT_COMM_MPI]
+#define NCCL_MODULE ENGINES[DSRT_COMM_NCCL]
 
-static int mpi_engine(const comm_mpi_engine **e) {
-    const void *ops;
-    int rc = dsrt__module_load(&MPI_MODULE, &ops);
-    *e = ops;
-    return rc;
-}
-
-static int nccl_engine(const comm_nccl_engine **e) {
-    const void *ops;
-    int rc = dsrt__module_load(&NCCL_MODULE, &ops);
-    *e = ops;
-    return rc;
+/* The table of spec's engine, loaded the first time; NULL with *rc set
+ * when it cannot be. */
+static const void *engine(const dsrt_module_spec *spec, int *rc) {
+    const void *ops = NULL;
+    *rc = dsrt__module_load(spec, &ops);
+    return ops;
 }
 
 /* The NCCL engine's calls into MPI's heartbeats: c has MPI, so its module
  * is loaded. */
 int64_t dsrt__comm_mpi_enter(dsrt_comm *c, int chan) {
-    const comm_mpi_engine *e;
-    return mpi_engine(&e) == 0 ? e->enter(c, chan) : 0;
+    int rc;
+    const comm_mpi_engine *e = engine(&MPI_MODULE, &rc);
+    return e ? e->enter(c, chan) : 0;
 }
 
 int dsrt__comm_mpi_timeout(dsrt_comm *c, int chan, int64_t seq, const char *what) {
-    const comm_mpi_engine *e;
-    int rc = mpi_engine(&e);
-    return rc ? rc : e->timeout(c, chan, seq, what);
+    int rc;
+    const comm_mpi_engine *e = engine(&MPI_MODULE, &rc);
+    return e ? e->timeout(c, chan, seq, what) : rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -110,8 +106,8 @@ dsrt_comm_options dsrt_comm_defaults(void) {
 int dsrt_comm_available(dsrt_comm_kind kind) {
     if (kind != DSRT_COMM_MPI && kind != DSRT_COMM_NCCL)
         return dsrt__fail(-EINVAL, "comm: no engine %d", (int)kind);
-    const void *ops;
-    int rc = dsrt__module_load(kind == DSRT_COMM_MPI ? &MPI_MODULE : &NCCL_MODULE, &ops);
+    int rc;
+    engine(&ENGINES[kind], &rc);
     return rc ? dsrt__fail_prefix(rc, "comm") : 0;
 }
 
@@ -129,16 +125,17 @@ int dsrt_comm_world_size(void) {
 }
 
 int dsrt_comm_init(int *argc, char ***argv) {
-    const comm_mpi_engine *e;
-    int rc = mpi_engine(&e);
-    return rc ? dsrt__fail_prefix(rc, "comm: init") : e->init(argc, argv);
+    int rc;
+    const comm_mpi_engine *e = engine(&MPI_MODULE, &rc);
+    return e ? e->init(argc, argv) : dsrt__fail_prefix(rc, "comm: init");
 }
 
 void dsrt_comm_finalize(void) {
     /* Only a process that started MPI (so loaded its module) ends it. */
-    const comm_mpi_engine *e;
-    if (!atomic_load(&any_broken) && dsrt__module_loaded(&MPI_MODULE, (const void **)&e) == 0)
-        e->finalize();
+    const void *ops;
+    if (atomic_load(&any_broken) || dsrt__module_loaded(&MPI_MODULE, &ops) != 0) return;
+    const comm_mpi_engine *e = ops;
+    e->finalize();
 }
 
 // ----------------------------------------------------------------------------
@@ -162,10 +159,10 @@ int dsrt_comm_open(dsrt_comm **out, const dsrt_comm_options *options) {
     dsrt_comm_options o = options ? *options : dsrt_comm_defaults();
     int rc = check_options(&o);
     if (rc) return rc;
-    const comm_mpi_engine *mpi;
+    const comm_mpi_engine *mpi = engine(&MPI_MODULE, &rc);
     const comm_nccl_engine *nccl = NULL;
-    if ((rc = mpi_engine(&mpi)) || (o.kind == DSRT_COMM_NCCL && (rc = nccl_engine(&nccl))))
-        return dsrt__fail_prefix(rc, "comm");
+    if (mpi && o.kind == DSRT_COMM_NCCL) nccl = engine(&NCCL_MODULE, &rc);
+    if (rc) return dsrt__fail_prefix(rc, "comm");
     dsrt_comm *c = dsrt__calloc(1, sizeof *c);
     if (!c) return -ENOMEM;
     c->o = o;
@@ -188,8 +185,8 @@ int dsrt_comm_open_local(dsrt_comm **comms, int n, const int *devices,
     int rc = check_options(&o);
     if (rc) return rc;
     if (n < 1) return dsrt__fail(-EINVAL, "comm: open_local: %d devices", n);
-    const comm_nccl_engine *nccl;
-    if ((rc = nccl_engine(&nccl))) {
+    const comm_nccl_engine *nccl = engine(&NCCL_MODULE, &rc);
+    if (!nccl) {
         for (int i = 0; i < n; i++) comms[i] = NULL;
         return dsrt__fail_prefix(rc, "comm");
     }
@@ -220,8 +217,9 @@ static void detach(dsrt_comm *c) {
 void dsrt_comm_close(dsrt_comm *c) {
     if (!c) return;
     detach(c);
-    const comm_nccl_engine *nccl;
-    if (c->nccl && nccl_engine(&nccl) == 0) nccl->close(c);
+    int rc;
+    const comm_nccl_engine *nccl = c->nccl ? engine(&NCCL_MODULE, &rc) : NULL;
+    if (nccl) nccl->close(c);
     if (c->host) c->host->close(c);
     free(c);
 }

@@ -11,6 +11,8 @@
 
 #include "core/internal.h"
 
+#include <dsrt/datastore.h>
+
 // ----------------------------------------------------------------------------
 // Cores
 
@@ -77,5 +79,14 @@ typedef struct {
 int dsrt__host_alloc(dsrt_host_mem *m, size_t bytes, int gpu);
 /* Frees what dsrt__host_alloc gave. A zeroed m is accepted. */
 void dsrt__host_free(dsrt_host_mem *m);
+
+/* Copies the fields of src that are set (non-zero) into dst: a training
+ * run's object-store options over the reader's defaults. */
+static inline void dsrt__remote_apply(dsrt_remote_options *dst, const dsrt_remote_options *src) {
+    if (src->depth) dst->depth = src->depth;
+    if (src->max_connections) dst->max_connections = src->max_connections;
+    if (src->retry_deadline_s > 0) dst->retry_deadline_s = src->retry_deadline_s;
+    if (src->timeout_s > 0) dst->timeout_s = src->timeout_s;
+}
 
 #endif

@@ -580,6 +580,7 @@ int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_optio
     po.fail_on_error = o->fail_on_error;
     po.drop_bad = 1; /* each readable sample once, none in the place of a bad one */
     if (o->read_depth) po.reader.depth = o->read_depth;
+    dsrt__remote_apply(&po.reader.remote, &o->remote);
     if ((rc = dsrt_pipeline_open(&p, ds, &aug, &po))) {
         dsrt__fail_prefix(rc, "evaluate");
         goto out;

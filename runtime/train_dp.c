@@ -294,15 +294,22 @@ int dsrt__dp_share_bad(run *R) {
     bad_pack mine = {0};
     char *theirs = NULL;
     int stop = 0;
-    double *bytes = dsrt__calloc((size_t)R->world, sizeof *bytes);
+    /* Bytes each worker has to tell, then the training skips of all. */
+    double *bytes = dsrt__calloc((size_t)R->world + 1, sizeof *bytes);
     int rc = bytes ? 0 : -ENOMEM;
     dsrt_pipeline *ps[2] = {R->p, R->vp};
     for (int v = 0; v < 2 && rc == 0; v++)
         if (ps[v]) rc = dsrt__train_each_bad(ps[v], &R->bad_sent[v], v, pack_one, &mine);
     /* Who has how much (one sum, nearly always of zeros), then a broadcast
      * from each worker that has some. */
-    if (bytes) bytes[R->rank] = (double)mine.len;
-    if ((rc = dsrt__dp_agree(R, rc, bytes, bytes ? (size_t)R->world : 0))) goto out;
+    if (bytes) {
+        dsrt_pipeline_statistics st;
+        dsrt_pipeline_stats(R->p, &st);
+        bytes[R->rank] = (double)mine.len;
+        bytes[R->world] = (double)st.skipped;
+    }
+    if ((rc = dsrt__dp_agree(R, rc, bytes, bytes ? (size_t)R->world + 1 : 0))) goto out;
+    R->skipped_all = (uint64_t)bytes[R->world];
     for (int k = 0; k < R->world && rc == 0; k++) {
         size_t n = (size_t)bytes[k];
         if (n == 0) continue;
@@ -318,7 +325,7 @@ int dsrt__dp_share_bad(run *R) {
             rc = dsrt__fail_prefix(rc, "train: telling the workers of bad samples");
             break;
         }
-        if (k != R->rank && R->o->callback) stop |= tell_bad(R, k, b, n);
+        if (k != R->rank) stop |= tell_bad(R, k, b, n);
     }
 out:
     free(bytes);

@@ -9,6 +9,7 @@
  * a deadline and counts as a failure.
  */
 #include <dsrt.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -475,11 +476,14 @@ static void test_shards_cli(void) {
     result_free(&r);
 }
 
-/* Ctrl-C and SIGTERM stop after the step, keep what can be kept and exit
- * 130 and 143; a second Ctrl-C exits at once. */
+/* Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop after the step, keep
+ * what can be kept, leave no temporary file and exit 130, 143 and 129; a
+ * second Ctrl-C exits at once. */
 static void test_signals(void) {
-    const int sigs[] = {SIGINT, SIGTERM};
-    for (int k = 0; k < 2; k++) {
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    static const char *const said[] = {"interrupted by SIGINT", "interrupted by SIGTERM",
+                                       "interrupted by SIGHUP"};
+    for (int k = 0; k < 3; k++) {
         char ck[4300], save[4300];
         snprintf(ck, sizeof ck, "%s/sig-ck-%d", root, k);
         snprintf(save, sizeof save, "%s/sig-%d.dsrt", root, k);
@@ -490,8 +494,15 @@ static void test_signals(void) {
         kill(c.pid, sigs[k]);
         result r = finish(c, 120);
         CHECK_EQ(r.status, 128 + sigs[k]);
-        CHECK_CONTAINS(r.out, k ? "interrupted by SIGTERM" : "interrupted by SIGINT");
+        CHECK_CONTAINS(r.out, said[k]);
         CHECK_CONTAINS(r.err, "kept the checkpoint ");
+        DIR *d = opendir(ck);
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (strstr(e->d_name, ".tmp.")) {
+                fprintf(stderr, "  left behind: %s/%s\n", ck, e->d_name);
+                test_failures++;
+            }
+        if (d) closedir(d);
         dsrt_net *net = NULL;
         CHECK_OK(dsrt_model_load(&net, save, NULL));
         dsrt_net_destroy(net);

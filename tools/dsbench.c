@@ -43,6 +43,11 @@ static const char usage[] =
     "(path,label), IDX files (MNIST, Fashion-MNIST), CIFAR-10/100 binary batches, or\n"
     "tar shards (a folder of them, a .tar, a glob 'dir/shard-*.tar' or a brace list\n"
     "'dir/shard-{000000..000146}.tar'; members <key>.jpg|png and <key>.cls).\n"
+    "A folder or a shard set may be a prefix in an object store (s3://bucket/prefix)\n"
+    "and a manifest a URL (s3://, https://) whose paths may be URLs; credentials,\n"
+    "region and endpoint come from the environment and ~/.aws as for the AWS tools\n"
+    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
+    "AWS_ENDPOINT_URL, AWS_PROFILE; none, or AWS_NO_SIGN_REQUEST=YES: anonymous).\n"
     "\n"
     "Commands:\n"
     "  DATA                  run the input pipeline alone over DATA (read, decode,\n"
@@ -107,6 +112,15 @@ static const char usage[] =
     "  --io auto|uring|pread file reads: io_uring (auto falls back to pread where the\n"
     "                        kernel refuses it), or pread (default auto)\n"
     "  --depth N             reads in flight per worker (default 16)\n"
+    "  --remote-depth N      requests to an object store in flight per worker\n"
+    "                        (default 64)\n"
+    "  --max-connections N   connections per host and worker (default: the remote\n"
+    "                        depth, or $DSRT_S3_MAX_CONNECTIONS)\n"
+    "  --retry-deadline S    give up on a request the store keeps failing (throttled,\n"
+    "                        errors, unreachable) S seconds after its first failure\n"
+    "                        and stop the run (default 60)\n"
+    "  --request-timeout S   retry a request that receives nothing for S seconds\n"
+    "                        (default 30)\n"
     "  --direct              open files with O_DIRECT (bypass the page cache)\n"
     "  --cold                drop DATA's files from the page cache before each epoch:\n"
     "                        the whole cache (sync, /proc/sys/vm/drop_caches = 3) when\n"
@@ -462,11 +476,14 @@ static int drop_cache(const dsrt_datastore *ds, int method) {
         if (fd >= 0) close(fd);
     }
     size_t shards = dsrt_datastore_shard_count(ds);
-    for (size_t k = 0; k < shards; k++) fadvise_drop(dsrt_datastore_shard_path(ds, k));
+    for (size_t k = 0; k < shards; k++)
+        if (!dsrt_path_is_url(dsrt_datastore_shard_path(ds, k)))
+            fadvise_drop(dsrt_datastore_shard_path(ds, k));
     size_t n = shards ? 0 : dsrt_datastore_count(ds);
     for (size_t i = 0; i < n; i++) {
         const char *path = dsrt_datastore_path(ds, i);
-        if (!path) break; /* pixels in memory: nothing to drop */
+        if (!path) break;                     /* pixels in memory: nothing to drop */
+        if (dsrt_path_is_url(path)) continue; /* an object: not in this machine's cache */
         fadvise_drop(path);
     }
     return method == COLD_DROP_CACHES ? -1 : 0;
@@ -685,6 +702,12 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
                r->shards, dsrt_shard_order_name(r->order), r->shuffle_buffer,
                (unsigned long long)s->stream_bytes, (unsigned long long)s->stream_samples,
                (unsigned long long)s->stream_ranged);
+    printf(",\"bytes_per_s\":%.0f", r->seconds > 0 ? s->bytes_read / r->seconds : 0.0);
+    if (s->remote_requests)
+        printf(",\"remote\":{\"requests\":%llu,\"retries\":%llu,\"connections\":%llu,"
+               "\"in_flight\":%.1f}",
+               (unsigned long long)s->remote_requests, (unsigned long long)s->remote_retries,
+               (unsigned long long)s->remote_connections, s->remote_in_flight);
     printf("}\n");
     fflush(stdout);
 }
@@ -759,7 +782,7 @@ static int run_pipeline(options *o) {
                        r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
                        r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
                        s->slots, s->slot_bytes / 1e6,
-                       s->pinned_memory   ? "pinned with cudaHostAlloc"
+                       s->pinned_memory   ? "pinned for CUDA (cudaHostRegister)"
                        : s->locked_memory ? "locked"
                                           : "not locked");
         }
@@ -782,6 +805,14 @@ static int run_pipeline(options *o) {
             printf("median %.1f images/s%s\n", r->median,
                    o->epochs > 1 ? " over the epochs after the warm-up" : "");
             print_stages(r);
+            printf("read %.1f MB/s", r->seconds > 0 ? s->bytes_read / r->seconds / 1e6 : 0.0);
+            if (s->remote_requests)
+                printf(" from the store: %llu requests (%llu retried), %llu connections, %.1f "
+                       "in flight on average",
+                       (unsigned long long)s->remote_requests,
+                       (unsigned long long)s->remote_retries,
+                       (unsigned long long)s->remote_connections, s->remote_in_flight);
+            printf("\n");
             if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
         } else {
             if (i == 0)
@@ -875,6 +906,18 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
             tool_die_usage("--io: '%s' is not auto, uring or pread", v);
     } else if (strcmp(a, "--depth") == 0) {
         po->reader.depth = (unsigned)tool_int("--depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--remote-depth") == 0) {
+        po->reader.remote.depth =
+            (unsigned)tool_int("--remote-depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--max-connections") == 0) {
+        po->reader.remote.max_connections =
+            (unsigned)tool_int("--max-connections", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--retry-deadline") == 0) {
+        po->reader.remote.retry_deadline_s =
+            tool_double("--retry-deadline", tool_value(argc, argv, i), 0, 86400);
+    } else if (strcmp(a, "--request-timeout") == 0) {
+        po->reader.remote.timeout_s =
+            tool_double("--request-timeout", tool_value(argc, argv, i), 0.001, 86400);
     } else if (strcmp(a, "--direct") == 0) {
         po->reader.direct = 1;
     } else if (strcmp(a, "--cold") == 0) {

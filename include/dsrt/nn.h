@@ -98,12 +98,17 @@ typedef struct {
 DSRT_API dsrt_net_options dsrt_net_defaults(void);
 
 /* CUDA devices the GPU backend can use: 0 in a build without it, without a
- * driver, or without a device. Never fails. */
+ * driver, without a device, or without the CUDA runtime (counted through
+ * dsrt's small CUDA host module; the GPU backend's own libraries are not
+ * loaded). Never fails. */
 DSRT_API int dsrt_gpu_count(void);
 
 /* Whether a net can compute on CUDA device `device`: 0, or DSRT_ENODEVICE
  * with dsrt_last_error() saying why not (no GPU backend in this build, no
- * driver or device visible, no such device). */
+ * driver or device visible, no such device), or DSRT_EMODULE when the GPU
+ * backend's module or a library it needs (cuBLAS, cuDNN) cannot be loaded:
+ * the message names the module, the library and the package to install.
+ * Loads the GPU backend's module when the device is there. */
 DSRT_API int dsrt_gpu_check(int device);
 
 /* The name of a precision ("default", "fp32", "tf32", "bf16"), or NULL. */

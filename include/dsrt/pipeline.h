@@ -283,9 +283,15 @@ typedef struct {
     size_t slot_bytes; /* bytes of each slot's samples */
     dsrt_io io; /* the back-end in use: DSRT_IO_URING or DSRT_IO_PREAD (AUTO: pixels in memory) */
     const char *io_fallback; /* why not io_uring, or NULL */
-    int pinned_memory; /* slots allocated with cudaHostAlloc (page-locked, for async copies) */
-    int locked_memory; /* slots locked in memory (cudaHostAlloc or mlock) */
-    const char *cpus;  /* the cores in use, list form ("0-15") */
+    int pinned_memory;       /* slots registered with CUDA (page-locked, for async copies) */
+    int locked_memory;       /* slots locked in memory (registered with CUDA, or mlock) */
+    const char *cpus;        /* the cores in use, list form ("0-15") */
+    /* Objects in a store: requests finished, attempts repeated after a
+     * throttle, error, reset or stall, connections opened (the other
+     * requests reused one), and requests in flight at once over all
+     * workers, on average while they fetched. */
+    uint64_t remote_requests, remote_retries, remote_connections;
+    double remote_in_flight;
     /* A shard set read in the shard order: bytes the stream read, samples it
      * handed over, and samples read by offset instead (after a resume, the
      * replacements of bad samples, the few another part lends). */
