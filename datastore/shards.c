@@ -93,16 +93,12 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= m && strcasecmp(s + n - m, suffix) == 0;
 }
 
-/* 1 when ext (len bytes) is one of the comma-separated list, any case, the
- * list's entries with or without their dot. */
-static int ext_listed(const char *list, const char *ext, size_t len) {
-    for (const char *p = list; *p;) {
-        while (*p == ',' || *p == ' ' || *p == '.') p++;
-        const char *s = p;
-        while (*p && *p != ',' && *p != ' ') p++;
-        if ((size_t)(p - s) == len && len > 0 && strncasecmp(s, ext, len) == 0) return 1;
-    }
-    return 0;
+/* 1 when a member's extension ext (len bytes, after the key's dot) is an
+ * image's: one of the list, whole ("seg.png" is not "png", as in
+ * WebDataset). The key before the dot is never empty. */
+static int ext_listed(const dsrt_extensions *e, const char *ext, size_t len) {
+    /* From the key's last byte: the matcher takes a name, not a lone ".jpg". */
+    return !memchr(ext, '.', len) && dsrt__extensions_match_n(e, ext - 2, len + 2);
 }
 
 static int strcmp_p(const void *a, const void *b) {
@@ -367,7 +363,8 @@ typedef struct {
 typedef struct {
     dsrt_index *ix;
     const char *shard;
-    const char *extensions;
+    const char *extensions; /* as given, for messages */
+    dsrt_extensions ext;
     dsrt_arena *arena;
     /* Reading: through a window of the file fd, or read/read_ctx. */
     dsrt_tar_read_fn read;
@@ -464,7 +461,7 @@ static int scan_member(void *ctx, const dsrt_tar_member *m) {
         s->cls_bad = 0;
         memset(&s->cur, 0, sizeof s->cur);
     }
-    if (ext_listed(s->extensions, ext, ext_len)) {
+    if (ext_listed(&s->ext, ext, ext_len)) {
         if (s->cur.member) {
             s->two_images++;
             return 0;
@@ -557,7 +554,8 @@ int dsrt__shard_scan_memory(const uint8_t *buf, size_t len, const char *name,
                  .fd = -1};
     *out = NULL;
     *n = 0;
-    int rc = scan_walk(&s, name, len);
+    int rc = dsrt__extensions_parse(&s.ext, s.extensions);
+    if (rc == 0) rc = scan_walk(&s, name, len);
     if (rc == 0 && s.n) {
         *out = dsrt__calloc(s.n, sizeof **out);
         if (!*out) rc = -ENOMEM;
@@ -988,6 +986,8 @@ static int gather_samples(gather *g, dsrt_index *ix, const dsrt_datastore_option
     scanner s = {.ix = ix,
                  .arena = &g->tmp,
                  .extensions = o->extensions ? o->extensions : DEFAULT_EXTENSIONS};
+    if ((rc = dsrt__extensions_parse(&s.ext, s.extensions)) != 0) goto out;
+    rc = -ENOMEM;
     s.win = dsrt__malloc(SCAN_WINDOW);
     if (!g->sizes || !g->from_index || !g->scanned || !g->nscanned || !by_name || !g->x_first ||
         !s.win)

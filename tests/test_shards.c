@@ -875,6 +875,8 @@ static void test_foreign_problems(void) {
     arc_file(&a, 'u', "s3.json", "{}", 2);
     arc_file(&a, 'u', "s4.cls", " 0\n", 3);
     arc_file(&a, 'u', "s4.jpg", "not a jpeg", 10); /* bad when read */
+    arc_file(&a, 'u', "s5.cls", "1", 1);
+    arc_file(&a, 'u', "s5.seg.png", "x", 1); /* extension "seg.png": no image */
     arc_end(&a);
     snprintf(p, sizeof p, "%s/x.tar", dir);
     REQUIRE(timg_write_file(p, a.buf, a.len) == 0);
@@ -884,7 +886,7 @@ static void test_foreign_problems(void) {
     CHECK_STR_EQ(dsrt_datastore_class_name(s, 1), "1");
     CHECK_EQ(dsrt_datastore_label(s, 0), 1);
     CHECK_CONTAINS(dsrt_datastore_warnings(s), "x.tar: s2.jpg: no .cls label, left out");
-    CHECK_CONTAINS(dsrt_datastore_warnings(s), "1 sample without an image member");
+    CHECK_CONTAINS(dsrt_datastore_warnings(s), "2 samples without an image member");
     dsrt_pipeline_options o = small_options();
     o.batch = 2;
     o.fail_on_error = 1;
