@@ -1550,16 +1550,26 @@ static int make_dirs(const char *path) {
     return rc;
 }
 
-/* A name this writer makes: shard-NNNNNN.tar, its temporary form, the index
- * (and its temporary form) or classes.json. */
-static int ours(const char *name) {
-    size_t n = strlen(name);
-    if (!strcmp(name, DSRT_SHARD_INDEX_NAME) || !strcmp(name, DSRT_SHARD_CLASSES_NAME)) return 1;
-    if (name[0] == '.' && n > 1) return ours(name + 1) || (strstr(name, ".tmp") != NULL);
-    if (strncmp(name, "shard-", 6) != 0) return 0;
-    const char *p = name + 6;
+/* 1 when name is base followed by a run of digits and then tail. */
+static int digits_between(const char *name, const char *base, const char *tail) {
+    size_t b = strlen(base);
+    if (strncmp(name, base, b) != 0) return 0;
+    const char *p = name + b;
     while (isdigit((unsigned char)*p)) p++;
-    return p > name + 6 && (!strcmp(p, ".tar") || !strncmp(p, ".tar.tmp", 8));
+    return p > name + b && strcmp(p, tail) == 0;
+}
+
+/* A name this writer makes: shard-NNNNNN.tar and its temporary form
+ * .shard-NNNNNN.tar.tmp, the index and classes.json and their temporary
+ * forms (NAME.tmp.TID). */
+static int ours(const char *name) {
+    static const char *const files[] = {DSRT_SHARD_INDEX_NAME, DSRT_SHARD_CLASSES_NAME};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(files); k++) {
+        char base[64];
+        snprintf(base, sizeof base, "%s.tmp.", files[k]);
+        if (!strcmp(name, files[k]) || digits_between(name, base, "")) return 1;
+    }
+    return digits_between(name, "shard-", ".tar") || digits_between(name, ".shard-", ".tar.tmp");
 }
 
 /* Makes out an empty folder for a new set: a set written before is removed
@@ -1785,10 +1795,11 @@ static int sample_bytes(const dsrt_datastore *ds, size_t i, uint8_t **data, size
         return 0;
     }
     struct stat st;
-    int rc = dsrt__read_whole_file(path, (size_t)1 << 33, data, len);
+    int rc = dsrt__is_url(path) ? dsrt__remote_read_whole(path, (size_t)1 << 33, data, len)
+                                : dsrt__read_whole_file(path, (size_t)1 << 33, data, len);
     if (rc != 0) return dsrt__fail_prefix(rc, "shards");
     *owned = *data;
-    if (stat(path, &st) == 0) *mtime = (int64_t)st.st_mtime;
+    if (!dsrt__is_url(path) && stat(path, &st) == 0) *mtime = (int64_t)st.st_mtime;
     return 0;
 }
 

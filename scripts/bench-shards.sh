@@ -63,9 +63,14 @@ run() { # kind, command...
   load=$(cut -d' ' -f1 /proc/loadavg)
   local line
   line=$("${wrap[@]}" "$@" 2>/dev/null | tail -1)
-  local rate
+  local rate wait
   rate=$(printf '%s' "$line" | sed -n 's/.*"images_per_s":\s*\([0-9.]*\).*/\1/p')
-  printf '%-14s %9s images/s  (load %s before)\n' "$kind" "${rate:-failed}" "$load"
+  # dsbench: the workers' wait for reads, per image (summed over workers).
+  wait=$(printf '%s' "$line" | awk -F'"read_s":' 'NF > 1 {split($2, a, ","); r = a[1]}
+    {n = split($0, b, "\"delivered\":"); if (n > 1) {split(b[2], c, ","); d = c[1]}}
+    END {if (r != "" && d > 0) printf "%.3f", 1000 * r / d}')
+  printf '%-14s %9s images/s  %s(load %s before)\n' "$kind" "${rate:-failed}" \
+    "${wait:+read wait $wait ms/image  }" "$load"
   echo "$rate" >> "$out/$kind"
 }
 
