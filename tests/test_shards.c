@@ -428,11 +428,20 @@ static void test_write_and_open(void) {
     t = open_ds(shards, DSRT_SHARD_ORDER_AUTO);
     CHECK_EQ(dsrt_datastore_shard_count(t), 1);
     dsrt_datastore_close(t);
-    snprintf(p, sizeof p, "%s/notes.txt", shards);
+    const char *foreign[] = {"notes.txt", ".mydata.tmp", "shard-1.tar.bak"};
+    for (size_t k = 0; k < 3; k++) {
+        snprintf(p, sizeof p, "%s/%s", shards, foreign[k]);
+        REQUIRE(timg_write_file(p, "x", 1) == 0);
+        CHECK_EQ(write_shards(f, shards, 1 << 20, 0), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), foreign[k]);
+        CHECK_EQ(access(p, F_OK), 0); /* refused, and kept */
+        unlink(p);
+    }
+    /* Leftovers of a writer killed mid-set are its own: removed. */
+    snprintf(p, sizeof p, "%s/.shard-000009.tar.tmp", shards);
     REQUIRE(timg_write_file(p, "x", 1) == 0);
-    CHECK_EQ(write_shards(f, shards, 1 << 20, 0), DSRT_EOPTION);
-    CHECK_CONTAINS(dsrt_last_error(), "notes.txt");
-    unlink(p);
+    snprintf(p, sizeof p, "%s/dsrt-shards.index.tmp.1234", shards);
+    REQUIRE(timg_write_file(p, "x", 1) == 0);
     CHECK_EQ(write_shards(f, shards, 64 << 10, 0) > 4, 1);
     dsrt_datastore_close(s);
     dsrt_datastore_close(f);
