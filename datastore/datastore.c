@@ -13,6 +13,7 @@
  */
 #include "internal.h"
 #include "remote.h"
+#include "shards.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -40,6 +41,7 @@ static void index_free(dsrt_index *ix) {
     free(ix->classes);
     free(ix->pixels);
     free(ix->warnings);
+    dsrt__shardset_free(ix->shards);
     dsrt_arena_free(&ix->arena);
     free(ix);
 }
@@ -92,6 +94,8 @@ dsrt_datastore_options dsrt_datastore_defaults(void) {
     o.follow_symlinks = 1;
     o.split = DSRT_SPLIT_TRAIN;
     o.manifest_header = -1;
+    o.shard_order = DSRT_SHARD_ORDER_AUTO;
+    o.shuffle_buffer = 1000;
     return o;
 }
 
@@ -122,6 +126,10 @@ static int ends_with_ci(const char *s, const char *suffix) {
 
 static int is_folder(const probe *p) {
     return p->folder;
+}
+
+static int is_shards(const probe *p) {
+    return dsrt__is_shardset(p->path, p->folder);
 }
 
 static int is_manifest(const probe *p) {
@@ -174,13 +182,15 @@ static const struct {
     {DSRT_SOURCE_CIFAR10, "cifar10", is_cifar10, load_cifar10, NULL},
     {DSRT_SOURCE_CIFAR100, "cifar100", is_cifar100, load_cifar100, NULL},
     {DSRT_SOURCE_IDX, "idx", is_idx, dsrt__idx_load, NULL},
+    {DSRT_SOURCE_SHARDS, "shards", is_shards, dsrt__shards_load, dsrt__shards_load},
     {DSRT_SOURCE_MANIFEST, "manifest", is_manifest, dsrt__manifest_load,
      dsrt__remote_manifest_load},
     {DSRT_SOURCE_FOLDER, "folder", is_folder, dsrt__folder_load, dsrt__s3_folder_load},
 };
 
 /* The kind of source at a URL: a manifest by its name (the query left out),
- * else a folder, which only s3:// can list. */
+ * a shard set by its name, or an s3:// prefix holding shards (one listing
+ * page looked at), else a folder, which only s3:// can list. */
 static int detect_url(const char *url, dsrt_source *kind) {
     char name[1024];
     const char *q = strchr(url, '?');
@@ -190,8 +200,15 @@ static int detect_url(const char *url, dsrt_source *kind) {
         *kind = DSRT_SOURCE_MANIFEST;
         return 0;
     }
+    const char *last = strrchr(name, '/');
+    if (ends_with_ci(name, ".tar") || (last && strpbrk(last, "*?[{"))) {
+        *kind = DSRT_SOURCE_SHARDS; /* a shard, or a glob or brace list of them */
+        return 0;
+    }
     if (strncasecmp(url, "s3://", 5) == 0) {
-        *kind = DSRT_SOURCE_FOLDER;
+        int shards = dsrt__s3_is_shardset(url);
+        if (shards < 0) return shards;
+        *kind = shards ? DSRT_SOURCE_SHARDS : DSRT_SOURCE_FOLDER;
         return 0;
     }
     char display[512];
@@ -213,6 +230,11 @@ int dsrt__detect_source(const char *path, dsrt_source *kind) {
     struct stat st;
     probe pr = {.path = path};
     if (dsrt__is_url(path)) return detect_url(path, kind);
+    if (stat(path, &st) != 0 && strpbrk(path, "*?[{")) {
+        /* A pattern: only a shard set is named so. */
+        *kind = DSRT_SOURCE_SHARDS;
+        return 0;
+    }
     if (stat(path, &st) != 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
     pr.folder = S_ISDIR(st.st_mode);
     if (!pr.folder) {
@@ -240,7 +262,8 @@ int dsrt__detect_source(const char *path, dsrt_source *kind) {
         }
     return dsrt__fail(DSRT_EFORMAT,
                       "open: %s: cannot tell the kind of source (expected a folder, a .csv "
-                      "manifest, an IDX file or a CIFAR .bin batch); set the source option",
+                      "manifest, an IDX file, a CIFAR .bin batch or tar shards); set the source "
+                      "option",
                       path);
 }
 
@@ -259,7 +282,7 @@ static int view_new(dsrt_index *ix, uint32_t *order, size_t n, dsrt_datastore **
 }
 
 static int check_options(const dsrt_datastore_options *o) {
-    if ((unsigned)o->source > DSRT_SOURCE_CIFAR100)
+    if ((unsigned)o->source > DSRT_SOURCE_SHARDS)
         return dsrt__fail(DSRT_EOPTION, "datastore: source %d is not a known source", o->source);
     if ((unsigned)o->label_source > DSRT_LABEL_NONE)
         return dsrt__fail(DSRT_EOPTION, "datastore: label_source %d is not a known label source",
@@ -269,6 +292,13 @@ static int check_options(const dsrt_datastore_options *o) {
     if (o->manifest_header < -1 || o->manifest_header > 1)
         return dsrt__fail(DSRT_EOPTION, "datastore: manifest_header %d is not -1, 0 or 1",
                           o->manifest_header);
+    if ((unsigned)o->shard_order > DSRT_SHARD_ORDER_SHARD)
+        return dsrt__fail(DSRT_EOPTION, "datastore: shard_order %d is not auto, exact or shard",
+                          (int)o->shard_order);
+    if (o->shuffle_buffer > ((size_t)1 << 24))
+        return dsrt__fail(DSRT_EOPTION,
+                          "datastore: shuffle_buffer %zu is not in [1, 2^24] (0: the default)",
+                          o->shuffle_buffer);
     return 0;
 }
 
@@ -439,6 +469,12 @@ int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i, dsrt_
     *out = NULL;
     if (n == 0 || i >= n)
         return dsrt__fail(DSRT_EOPTION, "partition: part %zu of %zu does not exist", i, n);
+    if (ds->index->shards) {
+        uint32_t *order;
+        size_t count;
+        int rc = dsrt__shards_partition(ds, n, i, &order, &count);
+        return rc ? rc : view_new(ds->index, order, count, out);
+    }
     size_t begin = (size_t)((__uint128_t)ds->n * i / n);
     size_t end = (size_t)((__uint128_t)ds->n * (i + 1) / n);
     uint32_t *order = dsrt__malloc((end - begin) * sizeof *order);
@@ -610,6 +646,20 @@ static int convert_pixels(const dsrt_image *src, dsrt_decoder *d, const dsrt_dec
     return 0;
 }
 
+/* The bytes of shard sample i into the decoder's file buffer. */
+static int read_member(const dsrt_datastore *ds, size_t i, dsrt_decoder *d, uint8_t **data,
+                       size_t *size) {
+    size_t want = (size_t)dsrt__shard_sample_size(ds, (uint32_t)i);
+    if (want > READ_IMAGE_MAX)
+        return dsrt__fail(DSRT_ETOOBIG, "read: %s: %zu bytes, more than %zu",
+                          dsrt_datastore_path(ds, i), want, READ_IMAGE_MAX);
+    uint8_t *buf = dsrt__decoder_file_buffer(d, want);
+    if (!buf) return -ENOMEM;
+    *data = buf;
+    *size = want;
+    return dsrt__shard_member_read(ds, (uint32_t)i, buf, NULL);
+}
+
 int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *d,
                               const dsrt_decode_request *req, dsrt_image *out) {
     if (i >= ds->n)
@@ -624,7 +674,8 @@ int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *
     const char *path = dsrt_datastore_path(ds, i);
     uint8_t *data = NULL;
     size_t size = 0;
-    int rc = read_file(path, d, &data, &size);
+    int rc =
+        ds->index->shards ? read_member(ds, i, d, &data, &size) : read_file(path, d, &data, &size);
     if (rc != 0) return rc;
     rc = dsrt_decode(d, data, size, req, out);
     if (rc != 0) {

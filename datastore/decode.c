@@ -572,24 +572,24 @@ fail:
 // ----------------------------------------------------------------------------
 // Writing PNG
 
-int dsrt_png_write(const char *path, const dsrt_image *img) {
-    assert(path && img);
+int dsrt__png_encode(const dsrt_image *img, const char *name, void **png, size_t *size) {
+    assert(img && png && size);
+    *png = NULL;
+    *size = 0;
     if (!img->data || img->width <= 0 || img->height <= 0 ||
         (img->channels != 1 && img->channels != 3))
-        return dsrt__fail(DSRT_EOPTION, "png: %s: cannot write a %dx%dx%d image", path, img->width,
+        return dsrt__fail(DSRT_EOPTION, "png: %s: cannot write a %dx%dx%d image", name, img->width,
                           img->height, img->channels);
     size_t row = (size_t)img->width * (size_t)img->channels;
     if (img->stride < row)
-        return dsrt__fail(DSRT_EOPTION, "png: %s: stride %zu is less than a row (%zu bytes)", path,
+        return dsrt__fail(DSRT_EOPTION, "png: %s: stride %zu is less than a row (%zu bytes)", name,
                           img->stride, row);
     if ((size_t)img->height > SIZE_MAX / img->stride)
-        return dsrt__fail(DSRT_ETOOBIG, "png: %s: image too large", path);
+        return dsrt__fail(DSRT_ETOOBIG, "png: %s: image too large", name);
 
     int rc = 0, err;
-    void *png = NULL;
-    size_t size = 0;
     spng_ctx *ctx = spng_ctx_new(SPNG_CTX_ENCODER);
-    if (!ctx) return dsrt__fail(-ENOMEM, "png: %s: out of memory", path);
+    if (!ctx) return dsrt__fail(-ENOMEM, "png: %s: out of memory", name);
     struct spng_ihdr ihdr = {
         .width = (uint32_t)img->width,
         .height = (uint32_t)img->height,
@@ -617,16 +617,25 @@ int dsrt_png_write(const char *path, const dsrt_image *img) {
             goto spng_fail;
         }
     }
-    png = spng_get_png_buffer(ctx, &size, &err);
-    if (!png) goto spng_fail;
-    rc = dsrt__write_file_replace(path, png, size);
-    if (rc != 0) dsrt__fail_prefix(rc, "png");
+    *png = spng_get_png_buffer(ctx, size, &err);
+    if (!*png) goto spng_fail;
     goto out;
 spng_fail:
     rc = err == SPNG_EMEM ? -ENOMEM : DSRT_EUNSUPPORTED;
-    dsrt__fail(rc, "png: %s: %s", path, spng_strerror(err));
+    dsrt__fail(rc, "png: %s: %s", name, spng_strerror(err));
 out:
-    free(png);
     spng_ctx_free(ctx);
+    return rc;
+}
+
+int dsrt_png_write(const char *path, const dsrt_image *img) {
+    assert(path && img);
+    void *png;
+    size_t size;
+    int rc = dsrt__png_encode(img, path, &png, &size);
+    if (rc != 0) return rc;
+    rc = dsrt__write_file_replace(path, png, size);
+    if (rc != 0) dsrt__fail_prefix(rc, "png");
+    free(png);
     return rc;
 }

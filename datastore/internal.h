@@ -31,6 +31,9 @@ typedef struct dsrt_index {
     uint8_t *pixels; /* (n, height, width, channels) */
     int width, height, channels;
 
+    /* Shard sets: which shard and which bytes each sample is (shards.h). */
+    struct dsrt_shardset *shards;
+
     /* Problems met while opening that did not stop it. */
     char *warnings; /* lines, NUL-terminated; NULL when none */
     size_t warnings_len, warnings_cap;
@@ -65,6 +68,7 @@ int dsrt__manifest_load(dsrt_index *ix, const char *path, const dsrt_datastore_o
 int dsrt__idx_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
 int dsrt__cifar_load(dsrt_index *ix, const char *path, dsrt_source kind,
                      const dsrt_datastore_options *o);
+/* The shards source: datastore/shards.h. */
 
 /* Folder sources, shared by the local walk and the listing of a prefix in
  * an object store, so that both index the same files the same way. */
@@ -146,5 +150,9 @@ uint8_t *dsrt__decoder_file_buffer(dsrt_decoder *d, size_t need);
 /* The decoder's pixel scratch (the one dsrt_decode uses when req->dst is
  * NULL), at least need bytes. */
 uint8_t *dsrt__decoder_pixel_buffer(dsrt_decoder *d, size_t need);
+
+/* Encodes img as a PNG in a new buffer (*png, freed with free); name is for
+ * messages. */
+int dsrt__png_encode(const dsrt_image *img, const char *name, void **png, size_t *size);
 
 #endif

@@ -105,9 +105,11 @@ int dsrt__s3_sign(const char *secret, const char *region, const char *date8, con
 int dsrt__s3_http_error(const char *display, long status, const char *body, size_t body_len,
                         const char *bucket_region, const dsrt_s3_config *c, int is_s3);
 
-/* What a listing page holds: each key (is_prefix 0) or sub-prefix (1),
- * decoded, s[0..n) NUL-terminated. A non-zero return stops the page. */
-typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_prefix);
+/* What a listing page holds: each key (is_prefix 0, with its object's
+ * size) or sub-prefix (1, size 0), decoded, s[0..n) NUL-terminated. A
+ * non-zero return stops the page with that code. */
+typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_prefix,
+                                  uint64_t size);
 
 /* Reads one ListObjectsV2 page: each <Contents><Key> and each
  * <CommonPrefixes><Prefix>, decoded (XML entities, and %XX and '+' where
@@ -175,6 +177,16 @@ const dsrt_s3_config *dsrt__http_s3(const dsrt_http *h);
 
 // ----------------------------------------------------------------------------
 // Sources in a store
+
+/* One object of a listing: its key (decoded, from the bucket's root) and
+ * size. A non-zero return stops the listing with that code. */
+typedef int (*dsrt_s3_each_fn)(void *ctx, const char *key, size_t len, uint64_t size);
+
+/* Lists every object whose key starts with prefix[0..plen) in the bucket
+ * (ListObjectsV2, page after page, with h), calling each for each; display
+ * names the place in messages. */
+int dsrt__s3_list(dsrt_http *h, const char *bucket, size_t blen, const char *prefix, size_t plen,
+                  const char *display, dsrt_s3_each_fn each, void *ctx);
 
 /* A folder at s3://bucket/prefix: lists the keys and indexes them as
  * dsrt__folder_load indexes a folder's files. */

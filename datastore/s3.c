@@ -981,8 +981,14 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
         while ((b = xml_find(p, end, blocks[is_prefix][0], &bn)) != NULL) {
             p = b + bn;
             if (!(t = xml_find(b, b + bn, blocks[is_prefix][1], &n))) continue;
+            /* An object's size: the <Size> of its <Contents>. */
+            uint64_t size = 0;
+            size_t sl;
+            const char *sz = is_prefix ? NULL : xml_find(b, b + bn, "Size", &sl);
+            for (size_t i = 0; sz && i < sl && isdigit((unsigned char)sz[i]); i++)
+                size = size * 10 + (uint64_t)(sz[i] - '0');
             int rc = list_text(scratch, t, n, url_encoded);
-            if (rc == 0) rc = on_entry(ud, scratch->s, scratch->len, is_prefix);
+            if (rc == 0) rc = on_entry(ud, scratch->s, scratch->len, is_prefix, size);
             if (rc != 0) return rc;
         }
     }
@@ -1000,6 +1006,59 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
     token->s[token->len] = '\0';
     return 0;
 }
+
+/* The flat listing's entries: keys only (no delimiter, no sub-prefixes). */
+typedef struct {
+    dsrt_s3_each_fn each;
+    void *ctx;
+} flat_list;
+
+static int flat_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size) {
+    flat_list *f = ud;
+    if (is_prefix || memchr(s, '\0', n)) return 0;
+    return f->each(f->ctx, s, n, size);
+}
+
+int dsrt__s3_list(dsrt_http *h, const char *bucket, size_t blen, const char *prefix, size_t plen,
+                  const char *display, dsrt_s3_each_fn each, void *ctx) {
+    dsrt_strbuf query = {0}, token = {0}, scratch = {0};
+    flat_list f = {each, ctx};
+    char list_url[300];
+    int rc;
+    snprintf(list_url, sizeof list_url, "s3://%.*s/", (int)blen, bucket);
+    do {
+        /* Parameters in canonical (sorted) order, values encoded. */
+        query.len = 0;
+        rc = -ENOMEM;
+        if (token.len &&
+            (dsrt__sb_add(&query, "continuation-token=", 19) ||
+             dsrt__sb_encode(&query, token.s, token.len, 0) || dsrt__sb_add(&query, "&", 1)))
+            break;
+        if (dsrt__sb_add(&query, "encoding-type=url&list-type=2&max-keys=1000&prefix=", 51) ||
+            dsrt__sb_encode(&query, prefix ? prefix : "", plen, 0))
+            break;
+        uint8_t *page;
+        size_t len;
+        if ((rc = dsrt__http_fetch(h, list_url, query.s, S3_LIST_MAX_PAGE, &page, &len)) != 0) {
+            if (rc == -ENOENT)
+                rc = dsrt__fail(DSRT_EREMOTE, "datastore: %s: the store answered 404 to a listing",
+                                display);
+            else
+                dsrt__fail_prefix(rc, "datastore: listing %s", display);
+            break;
+        }
+        rc = dsrt__s3_list_page((const char *)page, len, &scratch, &token, flat_entry, &f);
+        free(page);
+        if (rc < 0) dsrt__fail_prefix(rc, "datastore: listing %s", display);
+    } while (rc == 0 && token.len > 0);
+    free(query.s);
+    free(token.s);
+    free(scratch.s);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// A folder in a bucket, from its listing
 
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
@@ -1096,7 +1155,8 @@ static int add_job(list_run *r, const char *prefix, size_t n, int delimited) {
 
 /* One entry of a page: a key goes to the folder rules, a sub-prefix (of
  * the first listing) becomes a job. */
-static int take_entry(void *ud, const char *s, size_t n, int is_prefix) {
+static int take_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size) {
+    (void)size;
     list_run *r = ud;
     lister *l = r->l;
     if (n < l->prefix_len || memcmp(s, r->jobs[0].prefix, l->prefix_len) != 0)

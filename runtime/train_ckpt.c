@@ -31,11 +31,13 @@ static int write_state(const char *path, const loop_state *s, const dsrt_train_p
                      STATE_MAGIC "\nepoch %lld\niteration %lld\nbatch %lld\nsamples %lld\n"
                                  "drop_last %d\nbad_count %lld\nbest_val_loss %.17g\n"
                                  "best_iteration %lld\nlast_val_loss %.17g\n"
-                                 "last_val_accuracy %.17g\nbest_file %s\n",
+                                 "last_val_accuracy %.17g\nbest_file %s\norder %s\n"
+                                 "shuffle_buffer %lld\n",
                      (long long)pos->epoch, (long long)pos->iteration, (long long)s->batch,
                      (long long)s->samples, s->drop_last, (long long)s->bad_count, s->best_val_loss,
                      (long long)s->best_iteration, s->last_val_loss, s->last_val_accuracy,
-                     s->best_file[0] ? s->best_file : "-");
+                     s->best_file[0] ? s->best_file : "-", s->order[0] ? s->order : "exact",
+                     (long long)s->shuffle_buffer);
     int rc = dsrt__write_file_atomic(path, buf, (size_t)n);
     return rc ? dsrt__fail_prefix(rc, "train: checkpoint state") : 0;
 }
@@ -62,6 +64,9 @@ static int read_state(const char *path, loop_state *s, int64_t iteration) {
             if (!strcmp(key, "batch") && sscanf(val, "%lld", &v) == 1) t.batch = v;
             if (!strcmp(key, "samples") && sscanf(val, "%lld", &v) == 1) t.samples = v;
             if (!strcmp(key, "drop_last") && sscanf(val, "%lld", &v) == 1) t.drop_last = (int)v;
+            if (!strcmp(key, "order")) snprintf(t.order, sizeof t.order, "%.7s", val);
+            if (!strcmp(key, "shuffle_buffer") && sscanf(val, "%lld", &v) == 1)
+                t.shuffle_buffer = v;
             if (!strcmp(key, "bad_count") && sscanf(val, "%lld", &v) == 1) t.bad_count = v;
             if (!strcmp(key, "best_iteration") && sscanf(val, "%lld", &v) == 1)
                 t.best_iteration = v;
@@ -267,6 +272,25 @@ int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t
                             "samples; the options say batch %d, drop_last %d over %lld samples",
                             used, (long long)s.batch, s.drop_last, (long long)s.samples, o->batch,
                             o->drop_last, (long long)R->ls.samples);
+            free(sp);
+            goto out;
+        }
+        /* A tar shard set read in another order gives other batches from here
+         * on: refused like another batch size (states from before the
+         * orders existed read as exact). */
+        int shard_now = !strcmp(R->ls.order, "shard"), shard_then = !strcmp(s.order, "shard");
+        if (shard_now != shard_then || (shard_now && s.shuffle_buffer != R->ls.shuffle_buffer)) {
+            char then[64], now[64];
+            snprintf(then, sizeof then,
+                     shard_then ? "shard order (shuffle buffer %lld)" : "exact order",
+                     (long long)s.shuffle_buffer);
+            snprintf(now, sizeof now,
+                     shard_now ? "shard order (shuffle buffer %lld)" : "exact order",
+                     (long long)R->ls.shuffle_buffer);
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "train: resume: %s: made reading the data in the %s; the options "
+                            "say the %s: give the same --order and --shuffle-buffer",
+                            used, then, now);
             free(sp);
             goto out;
         }

@@ -89,6 +89,10 @@ typedef struct {
     double last_val_loss, last_val_accuracy;
     int64_t batch, samples;
     int drop_last;
+    /* How the training data is read: "exact", or "shard" and its shuffle
+     * buffer (a tar shard set's other order gives other batches). */
+    char order[8];
+    int64_t shuffle_buffer;
     char best_file[256]; /* in the checkpoint folder, "" when none */
 } loop_state;
 

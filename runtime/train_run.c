@@ -306,6 +306,9 @@ static int run_open(run *R) {
     R->ls.batch = o->batch;
     R->ls.samples = (int64_t)dsrt_datastore_count(R->train);
     R->ls.drop_last = o->drop_last;
+    snprintf(R->ls.order, sizeof R->ls.order, "%s",
+             dsrt_shard_order_name(dsrt_datastore_shard_order(R->train)));
+    R->ls.shuffle_buffer = (int64_t)dsrt_datastore_shuffle_buffer(R->train);
     dsrt_augment_options aug, vaug;
     dsrt__train_resolve_augment(&o->augment, &R->ni, &aug, "train");
     vaug = aug;

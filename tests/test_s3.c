@@ -12,9 +12,9 @@
  * token, anonymous requests, virtual-host addressing, the connection cap,
  * and what happens when things go wrong (wrong keys, a missing object, a
  * non-image object, faults that are retried, a store that keeps failing,
- * the server killed under dstrain). No outcome depends on timing: faults
- * are counted, and waits are for files or processes, with deadlines orders
- * of magnitude above the work.
+ * the server killed under dstrain), and tar shards in the bucket. No outcome depends on timing:
+ * faults are counted, and waits are for files or processes, with deadlines orders of magnitude
+ * above the work.
  *
  * Skips (77) only when the server's packages cannot be installed.
  */
@@ -27,6 +27,7 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,12 +38,16 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Requests of a listing of s3://bkt/clean: the prefix, then its 3 classes. */
-#define LIST_CLEAN (1 + 3)
+/* Requests of opening s3://bkt/clean: the look at the prefix (a shard set
+ * or a folder), the prefix's listing, then its 3 classes'. */
+#define LIST_CLEAN (1 + 1 + 3)
 
-static char root[PATH_MAX];  /* this program's temporary folder */
-static char local[PATH_MAX]; /* the folder uploaded as s3://bkt/data */
-static char clean[PATH_MAX]; /* good images only, as s3://bkt/clean */
+static char root[PATH_MAX];   /* this program's temporary folder */
+static char local[PATH_MAX];  /* the folder uploaded as s3://bkt/data */
+static char clean[PATH_MAX];  /* good images only, as s3://bkt/clean */
+static char shards[PATH_MAX]; /* local's tar shards, as s3://bkt/shards */
+static char scan[PATH_MAX];   /* the same without dsrt's index, as s3://bkt/scan */
+static char cut[PATH_MAX];    /* the same with shard 1 cut short, as s3://bkt/trunc */
 
 static struct {
     pid_t pid;
@@ -127,7 +132,9 @@ static int server_start(void) {
         close(to[1]);
         close(from[0]);
         execl(py, py, script, "--upload", up1, "bkt/data", "--upload", up2, "bkt/clean", "--upload",
-              up2, "pub/clean", "--public", "pub", "--fill", "bkt/many", "2500", (char *)NULL);
+              up2, "pub/clean", "--public", "pub", "--fill", "bkt/many", "2500", "--upload", shards,
+              "bkt/shards", "--upload", scan, "bkt/scan", "--upload", cut, "bkt/trunc",
+              (char *)NULL);
         _exit(127);
     }
     close(to[0]);
@@ -240,6 +247,28 @@ static void make_data(void) {
             REQUIRE(timg_write_file(p, j, len) == 0);
             free(j);
         }
+}
+
+/* local as tar shards of 5 samples; the same without the index; and with
+ * shard 1 cut inside its second sample. */
+static void make_shards(void) {
+    dsrt_datastore *ds;
+    REQUIRE(dsrt_datastore_open(&ds, local, NULL) == 0);
+    dsrt_shard_write_options o = dsrt_shard_write_defaults();
+    o.shard_samples = 5;
+    const char *outs[] = {shards, scan, cut};
+    for (int k = 0; k < 3; k++) REQUIRE(dsrt_shards_write(ds, outs[k], &o, NULL) > 2);
+    char p[PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/dsrt-shards.index", scan);
+    REQUIRE(unlink(p) == 0);
+    dsrt_datastore *t;
+    REQUIRE(dsrt_datastore_open(&t, cut, NULL) == 0);
+    dsrt_sample_location loc;
+    REQUIRE(dsrt_datastore_location(t, 6, &loc) == 0 && loc.shard == 1);
+    snprintf(p, sizeof p, "%s", dsrt_datastore_shard_path(t, 1));
+    REQUIRE(truncate(p, (off_t)(loc.offset + 10)) == 0);
+    dsrt_datastore_close(t);
+    dsrt_datastore_close(ds);
 }
 
 // ----------------------------------------------------------------------------
@@ -486,13 +515,15 @@ static void test_canonical_request(void) {
 typedef struct {
     char got[8][64];
     int prefix[8];
+    uint64_t size[8];
     int n;
 } page_entries;
 
-static int page_entry(void *ud, const char *s, size_t n, int is_prefix) {
+static int page_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size) {
     page_entries *e = ud;
     if (e->n < 8) {
         snprintf(e->got[e->n], sizeof e->got[0], "%.*s", (int)n, s);
+        e->size[e->n] = size;
         e->prefix[e->n++] = is_prefix;
     }
     return 0;
@@ -516,6 +547,7 @@ static void test_list_page(void) {
     CHECK_STR_EQ(e.got[1], "p/caf\xc3\xa9&x.png");
     CHECK_STR_EQ(e.got[2], "p/cls 1/");
     CHECK(!e.prefix[0] && !e.prefix[1] && e.prefix[2]);
+    CHECK(e.size[0] == 3 && e.size[1] == 0 && e.size[2] == 0); /* a key's own <Size> */
     CHECK_STR_EQ(token.s ? token.s : "", "1ue/+&==");
     /* Not url-encoded: a '+' is a '+'; the last page has no token. */
     static const char plain[] = "<ListBucketResult><IsTruncated>false</IsTruncated>"
@@ -566,12 +598,13 @@ static void test_same_index(void) {
                     dsrt_datastore_close(b);
                 }
     /* A prefix without the trailing slash, holding 2500 keys in 100 class
-     * folders: one listing of the prefix, then the 100 classes', together. */
+     * folders: the look at the prefix (its first page), one listing of the
+     * prefix, then the 100 classes', together. */
     env_default(1);
     server("clear");
     unsigned long long r0 = server_count("requests");
     dsrt_datastore *many = open_ok("s3://bkt/many", NULL);
-    CHECK_EQ(server_count("requests") - r0, 1 + 100);
+    CHECK_EQ(server_count("requests") - r0, 2 + 100);
     CHECK_GT(server_count("most_open"), 1);
     env_default(0);
     if (many) {
@@ -602,6 +635,112 @@ static void test_same_batches(void) {
     CHECK(rb.st.bad_message_count == 1 &&
           strstr(rb.bad_msgs[0], "s3://bkt/data/dog/bad.jpg: decode:") != NULL);
 out:
+    dsrt_datastore_close(a);
+    dsrt_datastore_close(b);
+}
+
+/* Tar shards in the bucket: recognised at their prefix, the local shards'
+ * index and batches in both orders (the exact order's are the folder's), the
+ * stream's few large GETs, globs and brace lists matched against the listing,
+ * shards without an index fetched once and scanned, and a shard cut short
+ * whose lost samples are named and skipped. */
+static void test_shards(void) {
+    env_default(0);
+    dsrt_datastore_options ex = dsrt_datastore_defaults(), sh = ex;
+    ex.shard_order = DSRT_SHARD_ORDER_EXACT;
+    sh.shard_order = DSRT_SHARD_ORDER_SHARD;
+    dsrt_datastore *f = open_ok(local, NULL), *a = open_ok(shards, &ex),
+                   *b = open_ok("s3://bkt/shards", &ex);
+    if (!f || !a || !b) goto out;
+    CHECK_EQ(dsrt_datastore_source(b), DSRT_SOURCE_SHARDS);
+    CHECK(dsrt_datastore_remote(b));
+    CHECK_EQ(dsrt_datastore_shard_count(a), dsrt_datastore_shard_count(b));
+    check_same_index(a, shards, b, "s3://bkt/shards", "shards");
+    run_out rf = run(f, NULL, 2), ra = run(a, NULL, 2), rb = run(b, NULL, 2);
+    CHECK_EQ(rb.rc, 0);
+    CHECK_EQ(ra.hash, rf.hash);
+    CHECK_EQ(rb.hash, ra.hash);
+    CHECK_EQ(rb.bad, 1); /* dog/bad.jpg, stored as it is */
+    CHECK(rb.st.bad_message_count == 1 && strstr(rb.bad_msgs[0], "s3://bkt/shards/shard-") &&
+          strstr(rb.bad_msgs[0], "_bad.jpg: decode:"));
+    dsrt_datastore_close(a);
+    dsrt_datastore_close(b);
+    a = open_ok(shards, &sh);
+    b = open_ok("s3://bkt/shards", NULL); /* remote: the shard order by default */
+    if (!a || !b) goto out;
+    CHECK_EQ(dsrt_datastore_shard_order(b), DSRT_SHARD_ORDER_SHARD);
+    ra = run(a, NULL, 2);
+    rb = run(b, NULL, 1);
+    CHECK_EQ(rb.rc, 0);
+    CHECK_EQ(rb.hash, ra.hash);
+    /* Every sample once an epoch, and the bad one's replacement the first
+     * time (read by offset: the stream has handed it over already). */
+    CHECK_GE(rb.st.stream_samples + rb.st.stream_ranged, 2 * dsrt_datastore_count(b));
+    CHECK_LE(rb.st.stream_samples + rb.st.stream_ranged, 2 * dsrt_datastore_count(b) + 2);
+    CHECK_LE(rb.st.stream_ranged, 2);
+    /* A GET a shard an epoch, and the one of the bad sample's replacement. */
+    CHECK_LE(rb.st.remote_requests, 2 * dsrt_datastore_shard_count(b) + 4);
+    dsrt_datastore_close(a);
+    dsrt_datastore_close(b);
+    a = b = NULL;
+
+    /* Globs and brace lists, matched against the listing. */
+    dsrt_datastore *g = open_ok("s3://bkt/shards/shard-00000[02].tar", NULL),
+                   *br = open_ok("s3://bkt/shards/shard-{000000,000002}.tar", NULL);
+    if (g && br) {
+        CHECK_EQ(dsrt_datastore_shard_count(g), 2);
+        CHECK_EQ(dsrt_datastore_count(g), 10);
+        CHECK_EQ(dsrt_datastore_count(br), 10);
+        CHECK_STR_EQ(dsrt_datastore_shard_path(br, 1), "s3://bkt/shards/shard-000002.tar");
+    }
+    dsrt_datastore_close(g);
+    dsrt_datastore_close(br);
+    dsrt_datastore *none = NULL;
+    CHECK_EQ(dsrt_datastore_open(&none, "s3://bkt/shards/shard-{000000,000999}.tar", NULL),
+             -ENOENT);
+    CHECK_CONTAINS(dsrt_last_error(), "shard-000999.tar");
+
+    /* Without the index: each shard fetched once and scanned. */
+    dsrt_datastore *sc = open_ok("s3://bkt/scan", &ex), *la = open_ok(scan, &ex);
+    if (sc && la) {
+        check_same_index(la, scan, sc, "s3://bkt/scan", "scanned shards");
+        run_out rs = run(sc, NULL, 2);
+        CHECK_EQ(rs.hash, rf.hash);
+        /* The simple read of one sample, by a ranged GET. */
+        dsrt_decoder *d;
+        REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+        dsrt_decode_request req = {.channels = 3};
+        dsrt_image x, y;
+        CHECK_OK(dsrt_datastore_read_image(sc, 3, d, &req, &x));
+        size_t bytes = (size_t)x.width * x.height * 3;
+        uint8_t *copy = malloc(bytes);
+        memcpy(copy, x.data, bytes);
+        CHECK_OK(dsrt_datastore_read_image(la, 3, d, &req, &y));
+        CHECK(memcmp(copy, y.data, bytes) == 0);
+        free(copy);
+        dsrt_decoder_destroy(d);
+    }
+    dsrt_datastore_close(sc);
+    dsrt_datastore_close(la);
+
+    /* A shard cut short: its samples past the end are bad, named. */
+    for (int order = DSRT_SHARD_ORDER_EXACT; order <= DSRT_SHARD_ORDER_SHARD; order++) {
+        dsrt_datastore_options o = order == DSRT_SHARD_ORDER_EXACT ? ex : sh;
+        dsrt_datastore *t = open_ok("s3://bkt/trunc", &o);
+        if (!t) continue;
+        CHECK_CONTAINS(dsrt_datastore_warnings(t), "truncated");
+        run_out rt = run(t, NULL, 2);
+        CHECK_EQ(rt.rc, 0);
+        CHECK_EQ(rt.bad, 4); /* samples 6 to 9 (6 is dog/bad.jpg, cut short first) */
+        int named = 0;
+        for (unsigned i = 0; i < rt.st.bad_message_count; i++)
+            named += strstr(rt.bad_msgs[i], "s3://bkt/trunc/shard-000001.tar:000006_") &&
+                     strstr(rt.bad_msgs[i], "cut short");
+        CHECK_EQ(named, 1);
+        dsrt_datastore_close(t);
+    }
+out:
+    dsrt_datastore_close(f);
     dsrt_datastore_close(a);
     dsrt_datastore_close(b);
 }
@@ -867,13 +1006,25 @@ static void write_session(const char *key, const char *secret, const char *token
 }
 
 /* The first session expires mid-run; once a worker has been refused, the
- * file gets the second (minutes of slack for the refusal). */
-static void expire_and_renew(void) {
-    unsigned long long r0 = server_count("refused");
-    CHECK_STR_EQ(server("expire-token %s", srv.token), "ok");
-    for (int i = 0; i < 12000 && server_count("refused") == r0; i++) usleep(10000);
-    CHECK_GT(server_count("refused"), r0);
+ * file gets the second. The wait runs on a thread of its own, so that the
+ * run goes on (and its workers meet the refusal) meanwhile; minutes of
+ * slack for the refusal. */
+static pthread_t renewer;
+static int renewer_started;
+static unsigned long long refused0;
+
+static void *renew_after_refusal(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 12000 && server_count("refused") == refused0; i++) usleep(10000);
     write_session(srv.session2_key, srv.session2_secret, srv.token2);
+    return NULL;
+}
+
+static void expire_and_renew(void) {
+    refused0 = server_count("refused");
+    CHECK_STR_EQ(server("expire-token %s", srv.token), "ok");
+    renewer_started = pthread_create(&renewer, NULL, renew_after_refusal, NULL) == 0;
+    CHECK(renewer_started);
 }
 
 /* Temporary credentials that expire mid-run (400 ExpiredToken) are read
@@ -893,6 +1044,9 @@ static void test_token_expired(void) {
     dsrt_datastore *a = open_ok(clean, NULL), *b = open_ok("s3://bkt/clean", NULL);
     if (a && b) {
         run_out ra = run(a, NULL, 2), rb = run_hook(b, NULL, 2, expire_and_renew);
+        if (renewer_started) pthread_join(renewer, NULL);
+        renewer_started = 0;
+        CHECK_GT(server_count("refused"), refused0); /* the run met the expiry */
         CHECK_EQ(rb.rc, 0);
         if (rb.rc != 0) fprintf(stderr, "  %s\n", rb.msg);
         CHECK_EQ(ra.hash, rb.hash);
@@ -1050,7 +1204,8 @@ static void test_dsbench(void) {
 }
 
 /* Two ranks under mpirun read disjoint shares: the store serves each image
- * of the epoch once (and each rank's listing). */
+ * of the epoch once (and each rank's look at the prefix, which tells a
+ * folder from a shard set, and its listing). */
 static void test_mpirun(void) {
     const char *bin = getenv("DSRT_BIN_DIR"), *mpi = comm_test_mpirun();
     if (!bin || !mpi) {
@@ -1160,8 +1315,12 @@ int main(void) {
     REQUIRE(timg_tmpdir("s3", root, sizeof root) == 0);
     snprintf(local, sizeof local, "%s/data", root);
     snprintf(clean, sizeof clean, "%s/clean", root);
+    snprintf(shards, sizeof shards, "%s/shards", root);
+    snprintf(scan, sizeof scan, "%s/scan", root);
+    snprintf(cut, sizeof cut, "%s/trunc", root);
     REQUIRE(timg_mkdirs(local) == 0 && timg_mkdirs(clean) == 0);
     make_data();
+    make_shards();
     /* A manifest with paths relative to itself, uploaded with the folder. */
     char mpath[PATH_MAX];
     snprintf(mpath, sizeof mpath, "%s/labels.csv", local);
@@ -1183,6 +1342,7 @@ int main(void) {
     RUN(test_manifests);
     RUN(test_manifest_at_url);
     RUN(test_ranges);
+    RUN(test_shards);
     RUN(test_credentials);
     RUN(test_token_expired);
     RUN(test_addressing_and_anonymous);

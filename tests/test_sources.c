@@ -923,13 +923,14 @@ static void test_manifest_load(void) {
 /* Every source has its name, detection and loader in one table: the names
  * round-trip and an unknown kind is named so. */
 static void test_source_names(void) {
-    static const char *const names[] = {"auto", "folder", "manifest", "idx", "cifar10", "cifar100"};
-    for (int k = 0; k <= DSRT_SOURCE_CIFAR100; k++)
+    static const char *const names[] = {"auto",    "folder",   "manifest", "idx",
+                                        "cifar10", "cifar100", "shards"};
+    for (int k = 0; k <= DSRT_SOURCE_SHARDS; k++)
         CHECK_STR_EQ(dsrt_source_name((dsrt_source)k), names[k]);
-    CHECK_STR_EQ(dsrt_source_name((dsrt_source)(DSRT_SOURCE_CIFAR100 + 1)), "unknown");
+    CHECK_STR_EQ(dsrt_source_name((dsrt_source)(DSRT_SOURCE_SHARDS + 1)), "unknown");
     dsrt_datastore *ds;
     dsrt_datastore_options o = dsrt_datastore_defaults();
-    o.source = (dsrt_source)(DSRT_SOURCE_CIFAR100 + 1);
+    o.source = (dsrt_source)(DSRT_SOURCE_SHARDS + 1);
     CHECK_EQ(dsrt_datastore_open(&ds, tmp_root, &o), DSRT_EOPTION);
     /* A .bin file that starts with an IDX header is IDX, whatever its size. */
     KEEP_PATH(bin, "idxlike.bin");

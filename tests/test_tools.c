@@ -391,6 +391,92 @@ static void test_bad_files_named(void) {
     result_free(&r);
 }
 
+/* The weights_checksum of a dstrain --json summary ("" when none). */
+static void summary_checksum(const char *out, char *sum, size_t cap) {
+    const char *w = strstr(out ? out : "", "\"weights_checksum\": \"");
+    sum[0] = '\0';
+    if (w) snprintf(sum, cap, "%.16s", w + strlen("\"weights_checksum\": \""));
+}
+
+/* Tar shards through the tools: dsbench convert --shards writes them, dsbench
+ * reads them (the exact order with the folder's checksum), --cold says how
+ * it dropped the cache, and dstrain trains on them in the shard order, resumes
+ * mid-epoch to the uninterrupted run's weights and refuses a resume in
+ * another order. */
+static void test_shards_cli(void) {
+    char dir[4300], out[4300], again[4300], ck[4300], ckpt[4400];
+    snprintf(dir, sizeof dir, "%s/shardsrc", root);
+    snprintf(out, sizeof out, "%s/shards", root);
+    snprintf(again, sizeof again, "%s/shards2", root);
+    snprintf(ck, sizeof ck, "%s/shardck", root);
+    make_images(dir, ABC, 3, 24);
+    result r = run(ARGV(bin_bench, "convert", dir, out, "--shards", "16K"), 60);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.err, "wrote 72 images in 3 classes");
+    result_free(&r);
+    r = run(ARGV(bin_bench, out, "--index", "--json"), 60);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.out, "\"source\":\"shards\",\"classes\":[\"alpha\",\"beta\",\"gamma\"]");
+    CHECK_GE(json_int(r.out, "shards"), 3);
+    result_free(&r);
+    /* The exact order: the folder's batches. */
+    r = run(ARGV(bin_bench, dir, "--pipeline", "32", "--epochs", "2", "--checksum", "--json"), 60);
+    result s = run(ARGV(bin_bench, out, "--order", "exact", "--pipeline", "32", "--epochs", "2",
+                        "--checksum", "--json", "--cold", "--cold-method", "fadvise"),
+                   60);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(s.status, 0);
+    const char *a = strstr(r.out, "\"checksum\""), *b = strstr(s.out, "\"checksum\"");
+    CHECK(a && b && strncmp(a, b, 29) == 0); /* "checksum":"<16 hex digits>" */
+    CHECK_CONTAINS(s.out, "\"cold\":\"fadvise\"");
+    CHECK_CONTAINS(s.out, "\"order\":\"exact\"");
+    result_free(&r);
+    result_free(&s);
+    r = run(ARGV(bin_bench, out, "--order", "shard", "--pipeline", "32", "--epochs", "1",
+                 "--cold", "--cold-method", "fadvise"),
+            60);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.out, "shard order (shuffle buffer 1000");
+    CHECK_CONTAINS(r.out, "posix_fadvise DONTNEED on each file");
+    result_free(&r);
+    /* Shards of shards. */
+    r = run(ARGV(bin_bench, "convert", out, again, "--shards", "1M", "--shard-samples", "30"), 60);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.err, "as 3 shards");
+    result_free(&r);
+
+    /* dstrain in the shard order: a resume mid-epoch ends as the uninterrupted
+     * run; a resume in the other order is refused. */
+    char full[32], resumed[32];
+    r = run(ARGV(bin_train, "train", "--data", out, "--order", "shard", "--shuffle-buffer", "20",
+                 "--epochs", "2", "--batch", "8", "--json", "--quiet", "--checkpoint-dir", ck,
+                 "--checkpoint-unit", "iteration", "--checkpoint-frequency", "4"),
+            120);
+    CHECK_EQ(r.status, 0);
+    summary_checksum(r.out, full, sizeof full);
+    CHECK(full[0]);
+    result_free(&r);
+    snprintf(ckpt, sizeof ckpt, "%s/dsrt_ckpt_e000_i000000004.dsrt", ck);
+    r = run(ARGV(bin_train, "train", "--data", out, "--order", "shard", "--shuffle-buffer", "20",
+                 "--epochs", "2", "--batch", "8", "--json", "--quiet", "--resume", ckpt),
+            120);
+    CHECK_EQ(r.status, 0);
+    summary_checksum(r.out, resumed, sizeof resumed);
+    CHECK_STR_EQ(resumed, full);
+    result_free(&r);
+    r = run(ARGV(bin_train, "train", "--data", out, "--order", "exact", "--epochs", "2", "--batch",
+                 "8", "--quiet", "--resume", ckpt),
+            120);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "made reading the data in the shard order (shuffle buffer 20); the "
+                          "options say the exact order");
+    result_free(&r);
+    r = run(ARGV(bin_train, "train", "--data", out, "--order", "random", "--epochs", "1"), 60);
+    CHECK_EQ(r.status, 2);
+    CHECK_CONTAINS(r.err, "--order: 'random' is not auto, exact or shard");
+    result_free(&r);
+}
+
 /* Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop after the step, keep
  * what can be kept, leave no temporary file and exit 130, 143 and 129; a
  * second Ctrl-C exits at once. */
@@ -634,5 +720,6 @@ int main(void) {
     RUN(test_scan_warnings);
     RUN(test_output_hygiene);
     RUN(test_blame);
+    RUN(test_shards_cli);
     return TEST_RESULT();
 }

@@ -3,6 +3,7 @@
  *
  *   dsbench FOLDER --index [--json]      scan the dataset and report classes and counts
  *   dsbench convert SRC OUT              write an IDX or CIFAR source as an image folder
+ *   dsbench convert SRC OUT --shards SIZE  write any source as tar shards
  *   dsbench FOLDER [--pipeline 227|32|none] [--threads N] [--sweep] [--cold] ...
  *                                        run the input pipeline alone and report images/s,
  *                                        per epoch and per stage
@@ -39,12 +40,14 @@ static const char usage[] =
     "       dsbench convert SRC OUT [options]\n"
     "\n"
     "Profiles dsrt's datastore on DATA: a folder of class sub-folders, a CSV manifest\n"
-    "(path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100 binary batches.\n"
-    "A folder may be a prefix in an object store (s3://bucket/prefix) and a manifest a\n"
-    "URL (s3://, https://) whose paths may be URLs; credentials, region and endpoint\n"
-    "come from the environment and ~/.aws as for the AWS tools (AWS_ACCESS_KEY_ID,\n"
-    "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL,\n"
-    "AWS_PROFILE; none, or AWS_NO_SIGN_REQUEST=YES: anonymous).\n"
+    "(path,label), IDX files (MNIST, Fashion-MNIST), CIFAR-10/100 binary batches, or\n"
+    "tar shards (a folder of them, a .tar, a glob 'dir/shard-*.tar' or a brace list\n"
+    "'dir/shard-{000000..000146}.tar'; members <key>.jpg|png and <key>.cls).\n"
+    "A folder or a shard set may be a prefix in an object store (s3://bucket/prefix)\n"
+    "and a manifest a URL (s3://, https://) whose paths may be URLs; credentials,\n"
+    "region and endpoint come from the environment and ~/.aws as for the AWS tools\n"
+    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
+    "AWS_ENDPOINT_URL, AWS_PROFILE; none, or AWS_NO_SIGN_REQUEST=YES: anonymous).\n"
     "\n"
     "Commands:\n"
     "  DATA                  run the input pipeline alone over DATA (read, decode,\n"
@@ -56,9 +59,16 @@ static const char usage[] =
     "  convert SRC OUT       write an IDX or CIFAR source as OUT/<class>/<n>.png; a\n"
     "                        folder holding both splits gives OUT/train and OUT/test\n"
     "                        (a folder named 'convert' is written './convert')\n"
+    "  convert SRC OUT --shards SIZE\n"
+    "                        write any source (folder, manifest, IDX, CIFAR, shards)\n"
+    "                        as WebDataset tar shards OUT/shard-000000.tar, ... of at\n"
+    "                        most SIZE bytes (256M, 1G, ...): <key>.cls and\n"
+    "                        <key>.jpg|png, files as they are, pixels as PNG; with\n"
+    "                        OUT/classes.json and the index OUT/dsrt-shards.index\n"
     "\n"
     "Options for DATA:\n"
-    "  --source KIND         auto (default), folder, manifest, idx, cifar10, cifar100\n"
+    "  --source KIND         auto (default), folder, manifest, idx, cifar10, cifar100,\n"
+    "                        shards\n"
     "  --labels FROM         folder (default: the first sub-folder under DATA names the\n"
     "                        class, as torchvision's ImageFolder), parent (the folder\n"
     "                        holding the file, as MATLAB's 'foldernames'), none\n"
@@ -68,6 +78,13 @@ static const char usage[] =
     "  --no-follow           do not follow symbolic links\n"
     "  --split train|test    for IDX and CIFAR folders (default train)\n"
     "  --coarse              CIFAR-100: the 20 coarse labels instead of the 100 fine\n"
+    "  --order auto|exact|shard  shards: exact reads each sample by offset in the same\n"
+    "                        global shuffle as any datastore (batches equal the\n"
+    "                        folder's); shard streams each shard front to back, shards\n"
+    "                        shuffled each epoch, samples mixed in a shuffle buffer;\n"
+    "                        auto: exact with dsrt's index on a disk that seeks\n"
+    "                        cheaply, else shard\n"
+    "  --shuffle-buffer N    shards, shard order: samples mixed at once (default 1000)\n"
     "  --json                one JSON line instead of a table:\n"
     "                        {\"classes\":[...],\"counts\":[...],\"images\":N,\"scan_s\":S}\n"
     "\n"
@@ -105,8 +122,11 @@ static const char usage[] =
     "  --request-timeout S   retry a request that receives nothing for S seconds\n"
     "                        (default 30)\n"
     "  --direct              open files with O_DIRECT (bypass the page cache)\n"
-    "  --cold                drop DATA's files from the page cache before each epoch\n"
-    "                        (posix_fadvise DONTNEED on every file)\n"
+    "  --cold                drop DATA's files from the page cache before each epoch:\n"
+    "                        the whole cache (sync, /proc/sys/vm/drop_caches = 3) when\n"
+    "                        allowed (root), else posix_fadvise DONTNEED on every file\n"
+    "                        of DATA; the report says which\n"
+    "  --cold-method M       auto (default), drop-caches or fadvise (implies --cold)\n"
     "  --fail-on-error       stop at the first bad image instead of skipping it\n"
     "  --bad-list FILE       write every bad image, with the reason, to FILE (one JSON\n"
     "                        object a line: path, error); the report names the first 20\n"
@@ -125,7 +145,9 @@ static const char usage[] =
     "Options for convert:\n"
     "  --split train|test|both  which split of a folder of IDX/CIFAR files (default both)\n"
     "  --class-names LIST    comma-separated folder names, one per class, in class order\n"
-    "  --source, --coarse    as above\n"
+    "  --shards SIZE         write tar shards of at most SIZE bytes instead (any source)\n"
+    "  --shard-samples N     with --shards: at most N samples a shard as well\n"
+    "  --source, --coarse, --labels, --extensions, ...  as above\n"
     "\n"
     "  -h, --help            this help\n"
     "  --version             dsrt's version\n";
@@ -139,6 +161,7 @@ typedef struct {
     pipe_kind kind;
     dsrt_pipeline_options po;
     int batch_given, sweep, cold, checksum;
+    int cold_method; /* COLD_AUTO, COLD_DROP_CACHES, COLD_FADVISE */
     const char *threads_list;
     const char *bad_list; /* --bad-list FILE */
     FILE *bad_out;
@@ -149,7 +172,11 @@ typedef struct {
     const char *out;
     int split_both;
     const char *class_names;
+    uint64_t shard_bytes, shard_samples; /* --shards, --shard-samples */
 } options;
+
+enum { COLD_AUTO = 0, COLD_DROP_CACHES, COLD_FADVISE };
+static const char *const cold_names[] = {"auto", "drop-caches", "fadvise"};
 
 static double now_s(void) {
     struct timespec t;
@@ -161,8 +188,9 @@ static double now_s(void) {
 // Options
 
 static int parse_source(const char *v, dsrt_source *s) {
-    static const char *const names[] = {"auto", "folder", "manifest", "idx", "cifar10", "cifar100"};
-    for (int k = 0; k < 6; k++)
+    static const char *const names[] = {"auto",    "folder",   "manifest", "idx",
+                                        "cifar10", "cifar100", "shards"};
+    for (int k = 0; k < 7; k++)
         if (strcmp(v, names[k]) == 0) {
             *s = (dsrt_source)k;
             return 0;
@@ -176,8 +204,8 @@ static int parse_datastore_option(int argc, char **argv, int *i, options *o) {
     if (strcmp(a, "--source") == 0) {
         const char *v = tool_value(argc, argv, i);
         if (parse_source(v, &o->ds.source) != 0)
-            tool_die_usage("--source: '%s' is not auto, folder, manifest, idx, cifar10 or "
-                           "cifar100",
+            tool_die_usage("--source: '%s' is not auto, folder, manifest, idx, cifar10, "
+                           "cifar100 or shards",
                            v);
     } else if (strcmp(a, "--labels") == 0) {
         const char *v = tool_value(argc, argv, i);
@@ -197,6 +225,11 @@ static int parse_datastore_option(int argc, char **argv, int *i, options *o) {
         o->ds.follow_symlinks = 0;
     } else if (strcmp(a, "--coarse") == 0) {
         o->ds.cifar100_coarse = 1;
+    } else if (strcmp(a, "--order") == 0) {
+        o->ds.shard_order = tool_shard_order("--order", tool_value(argc, argv, i));
+    } else if (strcmp(a, "--shuffle-buffer") == 0) {
+        o->ds.shuffle_buffer =
+            (size_t)tool_int("--shuffle-buffer", tool_value(argc, argv, i), 1, 1 << 24);
     } else if (strcmp(a, "--split") == 0) {
         const char *v = tool_value(argc, argv, i);
         o->split_both = 0;
@@ -245,11 +278,22 @@ static int run_index(const options *o) {
         }
         printf("],\"counts\":[");
         for (size_t c = 0; c < nc; c++) printf("%s%zu", c ? "," : "", counts[c]);
-        printf("],\"images\":%zu,\"scan_s\":%.6f,\"warnings\":%zu}\n", n, scan_s,
+        printf("],\"images\":%zu,\"scan_s\":%.6f,\"warnings\":%zu", n, scan_s,
                dsrt_datastore_warning_count(ds));
+        if (dsrt_datastore_shard_count(ds))
+            printf(",\"shards\":%zu,\"order\":\"%s\",\"shuffle_buffer\":%zu",
+                   dsrt_datastore_shard_count(ds),
+                   dsrt_shard_order_name(dsrt_datastore_shard_order(ds)),
+                   dsrt_datastore_shuffle_buffer(ds));
+        printf("}\n");
     } else {
         printf("%s: %zu images in %zu classes (%s source), indexed in %.3f s\n", o->data, n, nc,
                dsrt_source_name(dsrt_datastore_source(ds)), scan_s);
+        if (dsrt_datastore_shard_count(ds))
+            printf("%zu shards, read in the %s order (shuffle buffer %zu)\n",
+                   dsrt_datastore_shard_count(ds),
+                   dsrt_shard_order_name(dsrt_datastore_shard_order(ds)),
+                   dsrt_datastore_shuffle_buffer(ds));
         printf("%6s  %10s  %s\n", "class", "images", "name");
         for (size_t c = 0; c < nc; c++)
             printf("%6zu  %10zu  %s\n", c, counts[c], dsrt_datastore_class_name(ds, c));
@@ -291,20 +335,46 @@ static int64_t convert_one(const options *o, dsrt_split split, const char *out) 
                      dsrt_datastore_num_classes(ds));
     }
     double t0 = now_s();
-    int64_t n = dsrt_datastore_export(ds, out, names);
-    if (n < 0) tool_die("%s", dsrt_last_error());
-    fprintf(stderr, "dsbench: wrote %lld images in %zu classes to %s in %.1f s\n", (long long)n,
-            dsrt_datastore_num_classes(ds), out, now_s() - t0);
+    int64_t n;
+    if (o->shard_bytes) {
+        dsrt_shard_write_options so = dsrt_shard_write_defaults();
+        so.shard_bytes = o->shard_bytes;
+        so.shard_samples = o->shard_samples;
+        so.class_names = names;
+        uint64_t samples;
+        int64_t shards = dsrt_shards_write(ds, out, &so, &samples);
+        if (shards < 0) tool_die("%s", dsrt_last_error());
+        n = (int64_t)samples;
+        fprintf(stderr,
+                "dsbench: wrote %lld images in %zu classes to %s as %lld shard%s in %.1f s\n",
+                (long long)n, dsrt_datastore_num_classes(ds), out, (long long)shards,
+                shards == 1 ? "" : "s", now_s() - t0);
+    } else {
+        n = dsrt_datastore_export(ds, out, names);
+        if (n < 0) tool_die("%s", dsrt_last_error());
+        fprintf(stderr, "dsbench: wrote %lld images in %zu classes to %s in %.1f s\n", (long long)n,
+                dsrt_datastore_num_classes(ds), out, now_s() - t0);
+    }
     free(names);
     free(copy);
     dsrt_datastore_close(ds);
     return n;
 }
 
+/* 1 when SRC is a folder of IDX or CIFAR files, which holds both splits. */
+static int has_splits(const options *o) {
+    dsrt_datastore *ds;
+    if (dsrt_datastore_open(&ds, o->data, &o->ds) != 0) tool_die("%s", dsrt_last_error());
+    dsrt_source s = dsrt_datastore_source(ds);
+    dsrt_datastore_close(ds);
+    return s == DSRT_SOURCE_IDX || s == DSRT_SOURCE_CIFAR10 || s == DSRT_SOURCE_CIFAR100;
+}
+
 static int run_convert(options *o) {
     struct stat st;
-    if (stat(o->data, &st) != 0) tool_die("convert: %s: %s", o->data, strerror(errno));
-    int both = o->split_both && S_ISDIR(st.st_mode);
+    if (stat(o->data, &st) != 0 && !strpbrk(o->data, "*?[{"))
+        tool_die("convert: %s: %s", o->data, strerror(errno));
+    int both = o->split_both && S_ISDIR(st.st_mode) && (!o->shard_bytes || has_splits(o));
     if (!both) {
         convert_one(o, o->ds.split, o->out);
         return 0;
@@ -378,18 +448,45 @@ static void checksum_batch(checksum *c, const dsrt_batch *b) {
     checksum_add(c, b->labels, b->count * sizeof *b->labels);
 }
 
-/* Drops every file of ds from the page cache (--cold). */
-static void drop_cache(const dsrt_datastore *ds) {
-    size_t n = dsrt_datastore_count(ds);
+/* Drops the pages of one file from the page cache. */
+static void fadvise_drop(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+}
+
+/* --cold with auto: 1 when the whole page cache may be dropped here. */
+static int can_drop_caches(void) {
+    return access("/proc/sys/vm/drop_caches", W_OK) == 0;
+}
+
+/* Drops ds's data from the page cache (--cold): the whole cache, dentries
+ * and inodes included, when method says so; else every file of ds (its
+ * shards, for a shard set) with posix_fadvise. Returns 0, or -1 when
+ * drop_caches was refused (the files were dropped instead). */
+static int drop_cache(const dsrt_datastore *ds, int method) {
+    if (method == COLD_DROP_CACHES) {
+        sync();
+        int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+        if (fd >= 0 && write(fd, "3\n", 2) == 2) {
+            close(fd);
+            return 0;
+        }
+        if (fd >= 0) close(fd);
+    }
+    size_t shards = dsrt_datastore_shard_count(ds);
+    for (size_t k = 0; k < shards; k++)
+        if (!dsrt_path_is_url(dsrt_datastore_shard_path(ds, k)))
+            fadvise_drop(dsrt_datastore_shard_path(ds, k));
+    size_t n = shards ? 0 : dsrt_datastore_count(ds);
     for (size_t i = 0; i < n; i++) {
         const char *path = dsrt_datastore_path(ds, i);
-        if (!path) return;                    /* pixels in memory: nothing to drop */
+        if (!path) break;                     /* pixels in memory: nothing to drop */
         if (dsrt_path_is_url(path)) continue; /* an object: not in this machine's cache */
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) continue;
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        close(fd);
+        fadvise_drop(path);
     }
+    return method == COLD_DROP_CACHES ? -1 : 0;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -418,6 +515,8 @@ typedef struct {
     uint64_t hash;
     dsrt_pipeline_statistics st;
     char cpus[256], io_fallback[256];
+    size_t shards, shuffle_buffer; /* a shard set: its shards, and how it is read */
+    dsrt_shard_order order;
 } run_result;
 
 static void progress(const options *o, unsigned epoch, size_t done, size_t total, double t0) {
@@ -475,7 +574,8 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
         if (o->cold) {
             /* Park the workers (a run with nothing left), drop, restart. */
             if (dsrt_pipeline_reset(p, o->epochs, 0) != 0) tool_die("%s", dsrt_last_error());
-            drop_cache(ds);
+            if (drop_cache(ds, o->cold_method) != 0)
+                tool_die("--cold-method drop-caches: /proc/sys/vm/drop_caches refused (not root?)");
             if (dsrt_pipeline_reset(p, e, 0) != 0) tool_die("%s", dsrt_last_error());
             t0 = now_s();
         }
@@ -523,6 +623,9 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
     }
     r->seconds = now_s() - t_run;
     dsrt_pipeline_stats(p, &r->st);
+    r->shards = dsrt_datastore_shard_count(ds);
+    r->order = dsrt_datastore_shard_order(ds);
+    r->shuffle_buffer = dsrt_datastore_shuffle_buffer(ds);
     r->threads = r->st.threads;
     snprintf(r->cpus, sizeof r->cpus, "%s", r->st.cpus ? r->st.cpus : "");
     snprintf(r->io_fallback, sizeof r->io_fallback, "%s",
@@ -579,9 +682,10 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
         tool_json_string(stdout, r->io_fallback);
     else
         printf("null");
-    printf(",\"direct\":%s,\"cold\":%s,\"epochs\":%u,\"images\":%zu,\"delivered\":%llu,"
+    printf(",\"direct\":%s,\"cold\":%s%s%s,\"epochs\":%u,\"images\":%zu,\"delivered\":%llu,"
            "\"images_per_s\":%.1f,\"epochs_images_per_s\":[",
-           o->po.reader.direct ? "true" : "false", o->cold ? "true" : "false", o->epochs, images,
+           o->po.reader.direct ? "true" : "false", o->cold ? "\"" : "",
+           o->cold ? cold_names[o->cold_method] : "false", o->cold ? "\"" : "", o->epochs, images,
            (unsigned long long)r->delivered, r->median);
     for (unsigned e = 0; e < o->epochs; e++) printf("%s%.1f", e ? "," : "", r->rates[e]);
     printf("]");
@@ -592,6 +696,12 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
            s->read_s, s->decode_s, s->augment_s, s->slot_wait_s, s->consumer_wait_s, r->seconds,
            s->locked_memory ? "true" : "false", s->pinned_memory ? "true" : "false");
     if (o->checksum) printf(",\"checksum\":\"%016llx\"", (unsigned long long)r->hash);
+    if (r->shards)
+        printf(",\"shards\":%zu,\"order\":\"%s\",\"shuffle_buffer\":%zu,\"stream_bytes\":%llu,"
+               "\"stream_samples\":%llu,\"stream_ranged\":%llu",
+               r->shards, dsrt_shard_order_name(r->order), r->shuffle_buffer,
+               (unsigned long long)s->stream_bytes, (unsigned long long)s->stream_samples,
+               (unsigned long long)s->stream_ranged);
     printf(",\"bytes_per_s\":%.0f", r->seconds > 0 ? s->bytes_read / r->seconds : 0.0);
     if (s->remote_requests)
         printf(",\"remote\":{\"requests\":%llu,\"retries\":%llu,\"connections\":%llu,"
@@ -632,6 +742,8 @@ static unsigned sweep_counts(const options *o, const dsrt_datastore *ds, unsigne
 
 static int run_pipeline(options *o) {
     dsrt_datastore *ds;
+    if (o->cold && o->cold_method == COLD_AUTO)
+        o->cold_method = can_drop_caches() ? COLD_DROP_CACHES : COLD_FADVISE;
     if (dsrt_datastore_open(&ds, o->data, &o->ds) != 0) tool_die("%s", dsrt_last_error());
     print_warnings(ds);
     dsrt_augment_options aug;
@@ -673,6 +785,21 @@ static int run_pipeline(options *o) {
                        s->pinned_memory   ? "pinned for CUDA (cudaHostRegister)"
                        : s->locked_memory ? "locked"
                                           : "not locked");
+        }
+        if (!o->sweep && (r->shards || o->cold)) {
+            if (r->shards)
+                printf("%zu shards, %s order", r->shards, dsrt_shard_order_name(r->order));
+            if (r->shards && r->order == DSRT_SHARD_ORDER_SHARD)
+                printf(" (shuffle buffer %zu; the stream read %.1f MB, handed over %llu samples, "
+                       "%llu read by offset)",
+                       r->shuffle_buffer, s->stream_bytes / 1e6,
+                       (unsigned long long)s->stream_samples, (unsigned long long)s->stream_ranged);
+            if (o->cold)
+                printf("%spage cache dropped before each epoch (%s)", r->shards ? "; " : "",
+                       o->cold_method == COLD_DROP_CACHES
+                           ? "the whole cache: /proc/sys/vm/drop_caches"
+                           : "posix_fadvise DONTNEED on each file");
+            printf("\n");
         }
         if (!o->sweep) {
             printf("median %.1f images/s%s\n", r->median,
@@ -795,6 +922,13 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
         po->reader.direct = 1;
     } else if (strcmp(a, "--cold") == 0) {
         o->cold = 1;
+    } else if (strcmp(a, "--cold-method") == 0) {
+        const char *v = tool_value(argc, argv, i);
+        int k = 0;
+        while (k < 3 && strcmp(v, cold_names[k]) != 0) k++;
+        if (k == 3) tool_die_usage("--cold-method: '%s' is not auto, drop-caches or fadvise", v);
+        o->cold = 1;
+        o->cold_method = k;
     } else if (strcmp(a, "--fail-on-error") == 0) {
         po->fail_on_error = 1;
     } else if (strcmp(a, "--checksum") == 0) {
@@ -841,6 +975,12 @@ int main(int argc, char **argv) {
             continue;
         } else if (convert && strcmp(a, "--class-names") == 0) {
             o.class_names = tool_value(argc, argv, &i);
+        } else if (convert && strcmp(a, "--shards") == 0) {
+            o.shard_bytes =
+                tool_bytes("--shards", tool_value(argc, argv, &i), 4096, (uint64_t)1 << 44);
+        } else if (convert && strcmp(a, "--shard-samples") == 0) {
+            o.shard_samples = (uint64_t)tool_int("--shard-samples", tool_value(argc, argv, &i), 1,
+                                                 (long long)1 << 40);
         } else if (a[0] == '-' && a[1] != '\0') {
             tool_die_usage("unknown option '%s'", a);
         } else if (n_pos < (size_t)(convert ? 2 : 1)) {
@@ -851,6 +991,7 @@ int main(int argc, char **argv) {
     }
     if (convert) {
         if (n_pos != 2) tool_die_usage("convert needs SRC and OUT");
+        if (o.shard_samples && !o.shard_bytes) tool_die_usage("--shard-samples needs --shards");
         o.data = positional[0];
         o.out = positional[1];
         return run_convert(&o);

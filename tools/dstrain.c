@@ -567,13 +567,32 @@ static int is_model_file(const char *path) {
     return n == 8 && !memcmp(magic, "DSRTMODL", 8);
 }
 
+/* How data is opened besides its path: --drop-empty-classes, and for shard
+ * sets --order and --shuffle-buffer. */
+typedef struct {
+    int drop_empty;
+    const char *order;
+    int shuffle_buffer;
+} data_args;
+
 /* Opens labelled data: prints the scan's warnings (broken or looping links,
  * unreadable folders, ...) and refuses classes without images unless
  * drop_empty leaves them out. */
-static int open_data(const char *cmd, const char *what, const char *path, int drop_empty,
+static int open_data(const char *cmd, const char *what, const char *path, const data_args *a,
                      dsrt_datastore **ds) {
     dsrt_datastore_options o = dsrt_datastore_defaults();
-    o.drop_empty_classes = drop_empty;
+    o.drop_empty_classes = a->drop_empty;
+    if (a->order) {
+        int k = DSRT_SHARD_ORDER_AUTO;
+        while (k <= DSRT_SHARD_ORDER_SHARD && strcmp(a->order, dsrt_shard_order_name(k)) != 0) k++;
+        if (k > DSRT_SHARD_ORDER_SHARD) {
+            fprintf(stderr, "%s %s: --order: '%s' is not auto, exact or shard\n", prog, cmd,
+                    a->order);
+            return -1;
+        }
+        o.shard_order = (dsrt_shard_order)k;
+    }
+    if (a->shuffle_buffer) o.shuffle_buffer = (size_t)a->shuffle_buffer;
     if (dsrt_datastore_open(ds, path, &o) != 0) {
         fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
         return -1;
@@ -657,7 +676,8 @@ static struct {
     int epochs, batch, threads, workers, val_frequency, val_patience, val_batch, verbose_frequency,
         checkpoint_frequency, lr_drop_period, prefetch, json, drop_last, no_pin, quiet, no_progress,
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
-        depth, drop_empty_classes;
+        depth, drop_empty_classes, shuffle_buffer;
+    const char *order;
     remote_opts remote;
     uint64_t seed;
     int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
@@ -667,7 +687,7 @@ static struct {
 static const option TRAIN_OPTIONS[] = {
     {"data", OPT_STR, &tr.data, 0, 0, "DIR",
      "training images: a folder of class folders (or IDX, "
-     "CIFAR, CSV manifest) (required)"},
+     "CIFAR, CSV manifest, tar shards) (required)"},
     {"val", OPT_STR, &tr.val, 0, 0, "DIR", "validation images (ValidationData) [none]"},
     {"net", OPT_STR, &tr.net, 0, 0, "NAME|FILE",
      "digits, cifar, alexnet, a description file, or a model file to go on from [digits; with "
@@ -768,6 +788,12 @@ static const option TRAIN_OPTIONS[] = {
      "write every bad image (path and reason, one JSON object a line) to FILE"},
     {"drop-empty-classes", OPT_FLAG, &tr.drop_empty_classes, 0, 0, NULL,
      "leave out class folders without images (default: refuse them)"},
+    {"order", OPT_STR, &tr.order, 0, 0, "HOW",
+     "tar shards: exact (each sample by offset, the folder's batches) or shard (each shard "
+     "streamed, samples mixed in a shuffle buffer; data-parallel workers take whole shards) "
+     "[auto: exact with dsrt's index on a disk that seeks cheaply]"},
+    {"shuffle-buffer", OPT_INT, &tr.shuffle_buffer, 1, 1 << 24, "N",
+     "tar shards, shard order: samples mixed at once [1000]"},
     {"quiet", OPT_FLAG, &tr.quiet, 0, 0, NULL, "no table, only the summary"},
     {"no-progress", OPT_FLAG, &tr.no_progress, 0, 0, NULL, "no progress bar on the terminal"},
     {"json", OPT_FLAG, &tr.json, 0, 0, NULL,
@@ -1444,8 +1470,9 @@ static int train_transfer_net(train_job *j) {
  * Returns 0, or the exit status after a message. */
 static int train_open_data_and_net(train_job *j) {
     const char *cmd = "train";
-    if (open_data(cmd, "--data", tr.data, tr.drop_empty_classes, &j->train) ||
-        (tr.val && open_data(cmd, "--val", tr.val, tr.drop_empty_classes, &j->val)))
+    data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer};
+    if (open_data(cmd, "--data", tr.data, &da, &j->train) ||
+        (tr.val && open_data(cmd, "--val", tr.val, &da, &j->val)))
         return 2;
     j->o.validation = j->val;
     j->no.seed = tr.seed;
@@ -1831,7 +1858,8 @@ static int cmd_train(int argc, char **argv) {
 
 static struct {
     const char *model, *data, *cpus, *bad_list;
-    int batch, threads, workers, json, no_pin, depth, drop_empty_classes;
+    int batch, threads, workers, json, no_pin, depth, drop_empty_classes, shuffle_buffer;
+    const char *order;
     remote_opts remote;
     device_args dev;
 } ev;
@@ -1851,6 +1879,8 @@ static const option EVAL_OPTIONS[] = {
      "write every bad image (path and reason, one JSON object a line) to FILE"},
     {"drop-empty-classes", OPT_FLAG, &ev.drop_empty_classes, 0, 0, NULL,
      "leave out class folders without images (default: refuse them)"},
+    {"order", OPT_STR, &ev.order, 0, 0, "HOW",
+     "tar shards: exact or shard (streamed), as for train [auto]"},
     {"json", OPT_FLAG, &ev.json, 0, 0, NULL,
      "one JSON line: accuracy, per_class, confusion (rows true, columns predicted)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
@@ -1895,7 +1925,8 @@ static int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "%s eval: --model: %s\n", prog, dsrt_last_error());
         goto out;
     }
-    if (open_data("eval", "--data", ev.data, ev.drop_empty_classes, &ds)) goto out;
+    data_args da = {ev.drop_empty_classes, ev.order, 0};
+    if (open_data("eval", "--data", ev.data, &da, &ds)) goto out;
     dsrt_eval_options eo = dsrt_eval_defaults();
     eo.batch = ev.batch;
     eo.compute_threads = ev.threads;

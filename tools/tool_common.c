@@ -54,6 +54,42 @@ long long tool_int(const char *option, const char *value, long long min, long lo
     return v;
 }
 
+uint64_t tool_bytes(const char *option, const char *value, uint64_t min, uint64_t max) {
+    static const struct {
+        char c;
+        int shift;
+    } units[] = {{'K', 10}, {'M', 20}, {'G', 30}, {'T', 40}};
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(value, &end, 10);
+    int shift = 0, ok = end != value && errno == 0 && value[0] != '-';
+    if (ok && *end) {
+        size_t k = 0;
+        while (k < sizeof units / sizeof units[0] && units[k].c != (*end & ~0x20)) k++;
+        ok = k < sizeof units / sizeof units[0];
+        if (ok) {
+            shift = units[k].shift;
+            end++;
+            if (*end == 'i') end++;
+            if (*end == 'B' || *end == 'b') end++;
+            ok = *end == '\0';
+        }
+    }
+    if (ok && shift && v > (UINT64_MAX >> shift)) ok = 0;
+    uint64_t bytes = ok ? (uint64_t)v << shift : 0;
+    if (!ok || bytes < min || bytes > max)
+        tool_die_usage("%s: '%s' is not a size in bytes from %llu to %llu (suffixes K, M, G, T)",
+                       option, value, (unsigned long long)min, (unsigned long long)max);
+    return bytes;
+}
+
+dsrt_shard_order tool_shard_order(const char *option, const char *value) {
+    for (int k = DSRT_SHARD_ORDER_AUTO; k <= DSRT_SHARD_ORDER_SHARD; k++)
+        if (strcmp(value, dsrt_shard_order_name((dsrt_shard_order)k)) == 0)
+            return (dsrt_shard_order)k;
+    tool_die_usage("%s: '%s' is not auto, exact or shard", option, value);
+}
+
 double tool_double(const char *option, const char *value, double min, double max) {
     char *end;
     errno = 0;

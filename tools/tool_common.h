@@ -27,6 +27,14 @@ const char *tool_value(int argc, char **argv, int *i);
 long long tool_int(const char *option, const char *value, long long min, long long max);
 double tool_double(const char *option, const char *value, double min, double max);
 
+/* A size in bytes: digits with an optional K, M, G or T (powers of 1024,
+ * "KiB", "MB" and "M" alike); dies naming the option when it is not one or
+ * lies outside [min, max]. */
+uint64_t tool_bytes(const char *option, const char *value, uint64_t min, uint64_t max);
+
+/* auto, exact or shard; dies naming the option otherwise. */
+dsrt_shard_order tool_shard_order(const char *option, const char *value);
+
 /* Writes s as a JSON string literal, with quotes and escapes; bytes that are
  * not UTF-8 become U+FFFD, so the output is always valid JSON. */
 void tool_json_string(FILE *f, const char *s);

@@ -4,10 +4,11 @@
  *
  * A datastore is an index of samples with labels and a class list, opened
  * from one of several sources: a folder of class sub-folders, a manifest
- * (CSV of path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100
- * binary batches. Samples of a folder or manifest are files, read with a
- * dsrt_reader and decoded with a dsrt_decoder; samples of IDX and CIFAR
- * sources are pixels held in memory.
+ * (CSV of path,label), IDX files (MNIST, Fashion-MNIST), CIFAR-10/100
+ * binary batches or a set of tar shards (WebDataset's layout). Samples of a
+ * folder or manifest are files, read with a dsrt_reader and decoded with a
+ * dsrt_decoder; samples of a shard set are byte ranges of its tar files;
+ * samples of IDX and CIFAR sources are pixels held in memory.
  *
  * A folder may be a prefix in an object store, "s3://bucket/prefix": its
  * keys are listed (ListObjectsV2) and indexed as the same folder's files
@@ -74,7 +75,29 @@ typedef enum {
     DSRT_SOURCE_IDX,
     DSRT_SOURCE_CIFAR10,
     DSRT_SOURCE_CIFAR100,
+    /* Tar shards: a folder of them (with or without dsrt's index), one .tar
+     * file, a glob ("dir/shard-*.tar") or a brace list
+     * ("dir/shard-{000000..000146}.tar"). Members <key>.jpg|png are the
+     * images, <key>.cls their labels (WebDataset's layout). */
+    DSRT_SOURCE_SHARDS,
 } dsrt_source;
+
+/* How the pipeline reads a shard set. Both give every sample once an epoch
+ * and are pure functions of (seed, epoch): runs and resumes are
+ * bit-identical. */
+typedef enum {
+    /* EXACT where dsrt's index is there and the storage seeks cheaply (a
+     * local disk that is not a spinning one); SHARD otherwise. */
+    DSRT_SHARD_ORDER_AUTO = 0,
+    /* The same global shuffle as any datastore (the batches equal those of
+     * the folder the shards were written from); each sample read by offset,
+     * neighbours that are wanted together in one read. */
+    DSRT_SHARD_ORDER_EXACT,
+    /* Shards in an order shuffled each epoch, each read once front to back
+     * in large blocks; samples mixed in a shuffle buffer of shuffle_buffer
+     * samples. With pipeline parts, each part takes whole shards. */
+    DSRT_SHARD_ORDER_SHARD,
+} dsrt_shard_order;
 
 typedef enum {
     /* The first sub-folder under the root names the class; files anywhere
@@ -118,6 +141,12 @@ typedef struct {
     /* Manifest: 1 the first line is a header, 0 it is not, -1 (default)
      * guess: a header when its label field is "label" or "class". */
     int manifest_header;
+    /* Shards: how the pipeline reads them (default AUTO). */
+    dsrt_shard_order shard_order;
+    /* Shards, SHARD order: samples held in the shuffle buffer that mixes the
+     * samples of consecutive shards, 1 to 2^24 (1 and shuffle never keep
+     * the shards' own order). Default 1000. */
+    size_t shuffle_buffer;
 } dsrt_datastore_options;
 
 /* The defaults: AUTO source, folder-name labels, sub-folders included. */
@@ -137,7 +166,7 @@ DSRT_API int dsrt_datastore_open(dsrt_datastore **ds, const char *path,
 DSRT_API void dsrt_datastore_close(dsrt_datastore *ds);
 
 DSRT_API dsrt_source dsrt_datastore_source(const dsrt_datastore *ds);
-/* "folder", "manifest", "idx", "cifar10", "cifar100". */
+/* "folder", "manifest", "idx", "cifar10", "cifar100", "shards". */
 DSRT_API const char *dsrt_source_name(dsrt_source s);
 
 /* Samples in this datastore (or view). */
@@ -156,8 +185,9 @@ DSRT_API uint32_t dsrt_datastore_id(const dsrt_datastore *ds, size_t i);
 /* 1 when some samples are objects in a store (URLs), 0 when all are local. */
 DSRT_API int dsrt_datastore_remote(const dsrt_datastore *ds);
 
-/* The file of sample i, or NULL when the sample is pixels in memory. The
- * string lives as long as the datastore. */
+/* The file of sample i, or NULL when the sample is pixels in memory; for a
+ * shard set "SHARD:MEMBER", the shard's path (or URL) and the image member's
+ * name in it. The string lives as long as the datastore. */
 DSRT_API const char *dsrt_datastore_path(const dsrt_datastore *ds, size_t i);
 
 /* For in-memory sources: a read-only view of sample i's pixels (no copy).
@@ -177,6 +207,65 @@ DSRT_API void dsrt_datastore_class_counts(const dsrt_datastore *ds, size_t *coun
  * a few lines then a count; "" when there were none. */
 DSRT_API const char *dsrt_datastore_warnings(const dsrt_datastore *ds);
 DSRT_API size_t dsrt_datastore_warning_count(const dsrt_datastore *ds);
+
+// ----------------------------------------------------------------------------
+// Shard sets
+
+/* Shards of the datastore's shard set (every shard of the set, whatever the
+ * view), 0 for other sources. */
+DSRT_API size_t dsrt_datastore_shard_count(const dsrt_datastore *ds);
+/* The path of shard k, or NULL. */
+DSRT_API const char *dsrt_datastore_shard_path(const dsrt_datastore *ds, size_t k);
+
+/* Where a sample of a shard set lies. */
+typedef struct {
+    size_t shard;       /* index of its shard, for dsrt_datastore_shard_path */
+    uint64_t offset;    /* of the image member's data in the shard */
+    uint64_t size;      /* bytes of it */
+    const char *member; /* the image member's name */
+} dsrt_sample_location;
+
+/* Fills *loc for sample i of a shard set; DSRT_EUNSUPPORTED for other sources. */
+DSRT_API int dsrt_datastore_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc);
+
+/* The order a shard set is read in, resolved (EXACT or SHARD), and its
+ * shuffle buffer; EXACT for other sources, whose samples are read by
+ * position. */
+DSRT_API dsrt_shard_order dsrt_datastore_shard_order(const dsrt_datastore *ds);
+DSRT_API size_t dsrt_datastore_shuffle_buffer(const dsrt_datastore *ds);
+/* "auto", "exact", "shard". */
+DSRT_API const char *dsrt_shard_order_name(dsrt_shard_order o);
+
+/* Options of dsrt_shards_write. */
+typedef struct {
+    /* Bytes a shard holds at most (a shard holds at least one sample).
+     * Default 256 MiB. */
+    uint64_t shard_bytes;
+    /* Samples a shard holds at most; 0 (default): no limit. */
+    uint64_t shard_samples;
+    /* Overrides the datastore's class names (one per class), or NULL. */
+    const char *const *class_names;
+} dsrt_shard_write_options;
+
+DSRT_API dsrt_shard_write_options dsrt_shard_write_defaults(void);
+
+/*
+ * Writes the samples of ds (any source, any view, in its order) as tar
+ * shards out/shard-000000.tar, ...: members <key>.cls (the label, as
+ * decimal text) and <key>.jpg or <key>.png (a file's bytes as they are;
+ * in-memory pixels encoded as PNG, losslessly), where key is the sample's
+ * position zero-padded, then the file's name. Beside them classes.json (the
+ * class names, a JSON array) and the index dsrt-shards.index (each sample's
+ * shard, offset, size and label; the exact class names), written last. Each
+ * shard is written under a temporary name, fsync'd and renamed, so a shard
+ * with its final name is always complete; the index goes last, so a set
+ * with an index is always whole. out must be empty, absent, or hold only a
+ * shard set written before (which is replaced). A file that cannot be read
+ * fails the write with its name. Returns the shards written, or a negative
+ * code; *samples (may be NULL) gets the samples written.
+ */
+DSRT_API int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
+                                   const dsrt_shard_write_options *o, uint64_t *samples);
 
 // ----------------------------------------------------------------------------
 // Order: views of a datastore. Every function is deterministic for a seed.
@@ -209,6 +298,10 @@ DSRT_API int dsrt_datastore_shuffle(const dsrt_datastore *ds, uint64_t seed, dsr
 /*
  * Part i of n (0 <= i < n) for rank i of n: contiguous parts whose sizes
  * differ by at most one and that together hold every sample exactly once.
+ * For a shard set, parts of whole shards instead: part i holds the samples of
+ * the view that lie in a contiguous range of shards, the ranges cut where the
+ * counts come closest to even; fails with DSRT_EOPTION when the view's
+ * samples lie in fewer shards than n.
  */
 DSRT_API int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i,
                                       dsrt_datastore **out);

@@ -292,6 +292,10 @@ typedef struct {
      * workers, on average while they fetched. */
     uint64_t remote_requests, remote_retries, remote_connections;
     double remote_in_flight;
+    /* A shard set read in the shard order: bytes the stream read, samples it
+     * handed over, and samples read by offset instead (after a resume, the
+     * replacements of bad samples, the few another part lends). */
+    uint64_t stream_bytes, stream_samples, stream_ranged;
     /* The first DSRT_PIPELINE_BAD_MESSAGES bad samples found, then only
      * counted in bad_samples. */
     const char *bad_messages[DSRT_PIPELINE_BAD_MESSAGES];

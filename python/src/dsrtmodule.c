@@ -278,13 +278,15 @@ typedef struct {
 
 static PyTypeObject Datastore_Type;
 
-static const name_value source_names[] = {{"auto", DSRT_SOURCE_AUTO},
-                                          {"folder", DSRT_SOURCE_FOLDER},
-                                          {"manifest", DSRT_SOURCE_MANIFEST},
-                                          {"idx", DSRT_SOURCE_IDX},
-                                          {"cifar10", DSRT_SOURCE_CIFAR10},
-                                          {"cifar100", DSRT_SOURCE_CIFAR100},
-                                          {NULL, 0}};
+static const name_value source_names[] = {
+    {"auto", DSRT_SOURCE_AUTO},         {"folder", DSRT_SOURCE_FOLDER},
+    {"manifest", DSRT_SOURCE_MANIFEST}, {"idx", DSRT_SOURCE_IDX},
+    {"cifar10", DSRT_SOURCE_CIFAR10},   {"cifar100", DSRT_SOURCE_CIFAR100},
+    {"shards", DSRT_SOURCE_SHARDS},     {NULL, 0}};
+static const name_value order_names[] = {{"auto", DSRT_SHARD_ORDER_AUTO},
+                                         {"exact", DSRT_SHARD_ORDER_EXACT},
+                                         {"shard", DSRT_SHARD_ORDER_SHARD},
+                                         {NULL, 0}};
 static const name_value label_names[] = {{"folder", DSRT_LABEL_FOLDER_NAMES},
                                          {"parent", DSRT_LABEL_PARENT_FOLDER},
                                          {"none", DSRT_LABEL_NONE},
@@ -316,14 +318,16 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
                              "split",
                              "cifar100_coarse",
                              "manifest_header",
+                             "order",
+                             "shuffle_buffer",
                              NULL};
     PyObject *path = NULL, *source = NULL, *labels = NULL, *subfolders = NULL, *ext = NULL,
              *follow = NULL, *drop_empty = NULL, *labels_path = NULL, *split = NULL, *coarse = NULL,
-             *header = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$OOOOOOOOOO:Datastore", kwlist,
+             *header = Py_None, *order = NULL, *buffer = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$OOOOOOOOOOOO:Datastore", kwlist,
                                      PyUnicode_FSConverter, &path, &source, &labels, &subfolders,
                                      &ext, &follow, &drop_empty, &labels_path, &split, &coarse,
-                                     &header))
+                                     &header, &order, &buffer))
         return -1;
     int rc = -1, v;
     if (self->users > 0 || self->opening) {
@@ -354,6 +358,15 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     } else if (get_bool(header, "manifest_header", &o.manifest_header) != 0) {
         goto done;
     }
+    if (order && get_enum(order, "order", order_names, &v) != 0) goto done;
+    if (order) o.shard_order = (dsrt_shard_order)v;
+    uint64_t sb;
+    if (buffer && get_u64(buffer, "shuffle_buffer", (uint64_t)1 << 24, &sb) != 0) goto done;
+    if (buffer && sb == 0) {
+        PyErr_SetString(PyExc_ValueError, "shuffle_buffer: must be at least 1");
+        goto done;
+    }
+    if (buffer) o.shuffle_buffer = (size_t)sb;
     dsrt_datastore *ds = NULL;
     int code;
     const char *p = PyBytes_AS_STRING(path);
@@ -568,6 +581,88 @@ done:
     return res;
 }
 
+static PyObject *datastore_location(DatastoreObject *self, PyObject *arg) {
+    size_t i;
+    if (datastore_arg(self, arg, &i) != 0) return NULL;
+    dsrt_sample_location loc;
+    int rc = dsrt_datastore_location(self->ds, i, &loc);
+    if (rc != 0) return raise_code(rc, NULL);
+    return Py_BuildValue("(NKKs)",
+                         PyUnicode_DecodeFSDefault(dsrt_datastore_shard_path(self->ds, loc.shard)),
+                         (unsigned long long)loc.offset, (unsigned long long)loc.size, loc.member);
+}
+
+static PyObject *datastore_shards(DatastoreObject *self, void *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    size_t n = dsrt_datastore_shard_count(self->ds);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t k = 0; l && k < n; k++) {
+        PyObject *s = PyUnicode_DecodeFSDefault(dsrt_datastore_shard_path(self->ds, k));
+        if (!s) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)k, s);
+    }
+    return l;
+}
+
+static PyObject *datastore_order(DatastoreObject *self, void *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    return PyUnicode_FromString(dsrt_shard_order_name(dsrt_datastore_shard_order(self->ds)));
+}
+
+static PyObject *datastore_shuffle_buffer(DatastoreObject *self, void *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    return PyLong_FromSize_t(dsrt_datastore_shuffle_buffer(self->ds));
+}
+
+/* write_shards(out, *, shard_bytes=256 MiB, shard_samples=0, class_names=None). */
+static PyObject *datastore_write_shards(DatastoreObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"out", "shard_bytes", "shard_samples", "class_names", NULL};
+    PyObject *out = NULL, *bytes = NULL, *samples = NULL, *names = Py_None, *res = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$OOO:write_shards", kwlist,
+                                     PyUnicode_FSConverter, &out, &bytes, &samples, &names))
+        return NULL;
+    dsrt_shard_write_options o = dsrt_shard_write_defaults();
+    const char **cn = NULL;
+    PyObject *seq = NULL;
+    if (datastore_ready(self) != 0) goto done;
+    if (bytes && get_u64(bytes, "shard_bytes", UINT64_MAX, &o.shard_bytes) != 0) goto done;
+    if (samples && get_u64(samples, "shard_samples", UINT64_MAX, &o.shard_samples) != 0) goto done;
+    if (names != Py_None) {
+        size_t nc = dsrt_datastore_num_classes(self->ds);
+        seq = PySequence_Fast(names, "write_shards: class_names must be a sequence of str");
+        if (!seq) goto done;
+        if ((size_t)PySequence_Fast_GET_SIZE(seq) != nc) {
+            PyErr_Format(PyExc_ValueError, "write_shards: %zd class names for %zu classes",
+                         PySequence_Fast_GET_SIZE(seq), nc);
+            goto done;
+        }
+        cn = PyMem_Calloc(nc ? nc : 1, sizeof *cn);
+        if (!cn) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (size_t c = 0; c < nc; c++)
+            if (get_str(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)c), "class_names", &cn[c]) != 0 ||
+                !cn[c])
+                goto done;
+        o.class_names = cn;
+    }
+    uint64_t written = 0;
+    const char *path = PyBytes_AS_STRING(out);
+    PyThreadState *ts = PyEval_SaveThread();
+    int64_t k = dsrt_shards_write(self->ds, path, &o, &written);
+    PyEval_RestoreThread(ts);
+    res = k < 0 ? raise_code((int)k, NULL) : PyLong_FromLongLong(k);
+done:
+    PyMem_Free(cn);
+    Py_XDECREF(seq);
+    Py_XDECREF(out);
+    return res;
+}
+
 static PyObject *datastore_repr(DatastoreObject *self) {
     if (!self->ds) return PyUnicode_FromString("<dsrt.Datastore (not opened)>");
     return PyUnicode_FromFormat("<dsrt.Datastore %s: %zu samples, %zu classes>",
@@ -596,11 +691,25 @@ static PyMethodDef datastore_methods[] = {
      "partition(n, i) -> part i of n contiguous parts (for rank i of n)"},
     {"subset", (PyCFunction)datastore_subset, METH_O,
      "subset(positions) -> a view holding these sample positions, in this order"},
+    {"location", (PyCFunction)datastore_location, METH_O,
+     "location(i) -> (shard, offset, size, member): where sample i of a shard set lies"},
+    {"write_shards", (PyCFunction)(void (*)(void))datastore_write_shards,
+     METH_VARARGS | METH_KEYWORDS,
+     "write_shards(out, *, shard_bytes=256 MiB, shard_samples=0, class_names=None) -> shards\n\n"
+     "Writes the samples (in this view's order) as WebDataset tar shards\n"
+     "out/shard-000000.tar, ... (<key>.cls, <key>.jpg|png), classes.json and dsrt's index."},
     {NULL}};
 
 static PyGetSetDef datastore_getset[] = {
     {"classes", (getter)datastore_classes, NULL, "class names, in class-index order", NULL},
-    {"source", (getter)datastore_source, NULL, "folder, manifest, idx, cifar10 or cifar100", NULL},
+    {"source", (getter)datastore_source, NULL, "folder, manifest, idx, cifar10, cifar100 or shards",
+     NULL},
+    {"shards", (getter)datastore_shards, NULL, "the shard files of a shard set ([] otherwise)",
+     NULL},
+    {"order", (getter)datastore_order, NULL,
+     "how a shard set is read: 'exact' or 'shard' ('exact' for other sources)", NULL},
+    {"shuffle_buffer", (getter)datastore_shuffle_buffer, NULL,
+     "a shard set's shuffle buffer in the shard order, in samples", NULL},
     {"warnings", (getter)datastore_warnings, NULL,
      "problems met while opening that did not stop it, one a line", NULL},
     {NULL}};
@@ -614,12 +723,14 @@ static PyTypeObject Datastore_Type = {
     .tp_doc = "Datastore(path, *, source='auto', labels='folder', include_subfolders=True,\n"
               "          extensions=None, follow_symlinks=True, drop_empty_classes=False,\n"
               "          labels_path=None, split='train', cifar100_coarse=False,\n"
-              "          manifest_header=None)\n\n"
+              "          manifest_header=None, order='auto', shuffle_buffer=1000)\n\n"
               "An index of samples with labels: a folder of class sub-folders, a CSV manifest\n"
-              "(path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100 batches. A\n"
-              "folder may be a prefix in an object store ('s3://bucket/prefix') and a manifest\n"
-              "a URL (s3://, https://) naming objects by URL; credentials, region and endpoint\n"
-              "come from the environment and ~/.aws as for the AWS tools.",
+              "(path,label), IDX files (MNIST, Fashion-MNIST), CIFAR-10/100 batches or tar\n"
+              "shards (a folder of them, a .tar, a glob or a brace list; order 'exact' or\n"
+              "'shard' says how a pipeline reads them). A folder or shard set may be a prefix\n"
+              "in an object store ('s3://bucket/prefix') and a manifest a URL (s3://, https://)\n"
+              "naming objects by URL; credentials, region and endpoint come from the\n"
+              "environment and ~/.aws as for the AWS tools.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)datastore_init,
     .tp_dealloc = (destructor)datastore_dealloc,
@@ -1610,6 +1721,11 @@ static PyObject *pipeline_stats(PipelineObject *self, PyObject *unused) {
     bad |= dict_put(d, "remote_retries", PyLong_FromUnsignedLongLong(s.remote_retries));
     bad |= dict_put(d, "remote_connections", PyLong_FromUnsignedLongLong(s.remote_connections));
     bad |= dict_put(d, "remote_in_flight", PyFloat_FromDouble(s.remote_in_flight));
+    /* Tar shards in the shard order: bytes and samples the stream read, its
+     * ranged reads. */
+    bad |= dict_put(d, "stream_bytes", PyLong_FromUnsignedLongLong(s.stream_bytes));
+    bad |= dict_put(d, "stream_samples", PyLong_FromUnsignedLongLong(s.stream_samples));
+    bad |= dict_put(d, "stream_ranged", PyLong_FromUnsignedLongLong(s.stream_ranged));
     /* Every bad sample found so far: (path, reason). */
     PyObject *l = PyList_New(0);
     bad |= l == NULL;

@@ -477,6 +477,48 @@ def test_datastore(folder, idx_file, tmp_path):
         dsrt.Datastore(folder, source="jpeg")
 
 
+def test_shards(folder, tmp_path):
+    ds = dsrt.Datastore(folder)
+    out = str(tmp_path / "shards")
+    assert ds.write_shards(out, shard_bytes=64 << 10) > 1
+    exact = dsrt.Datastore(out, order="exact")
+    assert exact.source == "shards" and len(exact) == len(ds) and exact.classes == ds.classes
+    assert exact.order == "exact" and exact.labels() == ds.labels()
+    assert len(exact.shards) > 1 and exact.shards[0].endswith("shard-000000.tar")
+    shard, offset, size, member = exact.location(5)
+    assert shard == exact.shards[0] and member == "000005_img005.jpg"
+    with open(ds.path(5), "rb") as f:
+        want = f.read()
+    with open(shard, "rb") as f:
+        f.seek(offset)
+        assert f.read(size) == want
+    assert exact.path(5) == f"{shard}:{member}"
+    # The exact order gives the folder's batches; the shard order its own,
+    # every sample once an epoch, and the same as dsbench's.
+    with dsrt.Pipeline(exact, preset="32", batch=10, epochs=2, seed=5, workers=2) as p:
+        assert python_checksum(p) == dsbench_checksum(
+            folder, "--pipeline", "32", "--batch", "10", "--epochs", "2", "--seed", "5"
+        )
+    sh = dsrt.Datastore(out, order="shard", shuffle_buffer=8)
+    assert sh.order == "shard" and sh.shuffle_buffer == 8
+    with dsrt.Pipeline(sh, preset="32", batch=10, epochs=1, seed=5, workers=2) as p:
+        ids = [i for b in p for i in np.asarray(b.ids).tolist()]
+        assert sorted(ids) == list(range(len(ds)))
+        assert p.stats()["stream_samples"] == len(ds)
+    with dsrt.Pipeline(sh, preset="32", batch=10, epochs=2, seed=5, workers=1) as p:
+        assert python_checksum(p) == dsbench_checksum(
+            out, "--order", "shard", "--shuffle-buffer", "8", "--pipeline", "32", "--batch",
+            "10", "--epochs", "2", "--seed", "5",
+        )
+    with pytest.raises(ValueError, match="order: 'random'"):
+        dsrt.Datastore(out, order="random")
+    with pytest.raises(ValueError, match="shuffle_buffer"):
+        dsrt.Datastore(out, shuffle_buffer=0)
+    with pytest.raises(dsrt.Error, match="a folder datastore has no shards"):
+        ds.location(0)
+    assert exact.location(-1)[3].startswith(f"{len(ds) - 1:06d}_")
+
+
 # ----------------------------------------------------------------------------
 # Bad files, bad options
 

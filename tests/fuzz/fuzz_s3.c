@@ -23,8 +23,9 @@ typedef struct {
     size_t keys, prefixes;
 } seen;
 
-static int on_entry(void *ud, const char *s, size_t n, int is_prefix) {
+static int on_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size) {
     seen *e = ud;
+    (void)size;
     if (s[n] != '\0') __builtin_trap();
     if (is_prefix)
         e->prefixes++;

@@ -1,0 +1,1931 @@
+/*
+ * The shards source: a set of tar files in WebDataset's layout opened as a
+ * datastore, and the writer that makes such sets from any datastore.
+ *
+ * Opening. The path names the shards: a folder (its index's shards, or
+ * every .tar in it), one .tar, a glob ("dir/shard-*.tar") or a brace list
+ * ("dir/shard-{000000..000146}.tar", "{a,b}.tar"). Where dsrt-shards.index
+ * lies beside them, every shard it describes at its recorded size is taken
+ * from it without a read; any other shard is scanned once (its tar headers
+ * and .cls members, nothing else). A sample is the run of consecutive
+ * members with one key; its image is the member whose extension is in the
+ * extensions option (jpg, jpeg, jpe, jfif, png), its label the text of its
+ * .cls member: an integer (a class index, names from the index or
+ * classes.json, else the numbers themselves) or a class name (classes
+ * sorted). A set without any .cls member is labelled by the folders of its
+ * members, like the folder source. Samples keep the order of the shards (as
+ * listed, or sorted by name) and of their members, so a set written from a
+ * folder has the folder's sample positions, labels and class names.
+ *
+ * What cannot be a sample is said in the warnings, with its shard and key: a
+ * sample without an image member, or without a label where others have one,
+ * a damaged header (the scan skips to the next good one). A member cut short
+ * by the end of its file stays a sample: reading it fails, and the pipeline
+ * names it and skips it like any bad file.
+ *
+ * In an object store, the shard set is a prefix ("s3://bucket/shards", its
+ * .tar objects, listed) or a selection like the local ones (globs and brace
+ * lists in the last component, matched against the listing; https:// URLs
+ * take brace lists only, having no listing). The index and classes.json are
+ * fetched from beside the shards; a shard the index does not describe is
+ * fetched whole once and scanned in memory.
+ *
+ * Writing. dsrt_shards_write puts the samples of a datastore, in its order,
+ * into shards of at most shard_bytes: <key>.cls then <key>.jpg|png for each,
+ * ustar headers, the files' bytes unchanged (in-memory pixels as PNG). Each
+ * shard is written to a temporary name, fsync'd and renamed; classes.json and
+ * the index follow the last shard. The writer first removes a set written
+ * before into the same folder, index first, so that no index ever describes
+ * shards it did not see written.
+ */
+#include "datastore/remote.h"
+#include "datastore/shards.h"
+
+#include <ctype.h>
+#include <fnmatch.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_EXTENSIONS "jpg,jpeg,jpe,jfif,png"
+#define CLS_MAX            256                /* bytes of a .cls member read */
+#define SCAN_WINDOW        ((size_t)64 << 10) /* bytes read at once while scanning */
+#define EXPAND_MAX         ((size_t)1 << 22)  /* paths a brace list may give */
+#define WRITE_BUFFER       ((size_t)4 << 20)  /* bytes gathered before a write */
+#define SHARD_NAME_FMT     "shard-%06zu.tar"
+
+// ----------------------------------------------------------------------------
+// Small helpers
+
+typedef struct {
+    char **v;
+    size_t n, cap;
+} strlist;
+
+static int strlist_add(strlist *l, const char *s, size_t len) {
+    void *v = l->v;
+    if (dsrt__grow(&v, &l->cap, l->n + 1, sizeof *l->v) != 0) return -ENOMEM;
+    l->v = v;
+    char *c = dsrt__malloc(len + 1);
+    if (!c) return -ENOMEM;
+    memcpy(c, s, len);
+    c[len] = '\0';
+    l->v[l->n++] = c;
+    return 0;
+}
+
+static void strlist_free(strlist *l) {
+    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcasecmp(s + n - m, suffix) == 0;
+}
+
+/* 1 when a member's extension ext (len bytes, after the key's dot) is an
+ * image's: one of the list, whole ("seg.png" is not "png", as in
+ * WebDataset). The key before the dot is never empty. */
+static int ext_listed(const dsrt_extensions *e, const char *ext, size_t len) {
+    /* From the key's last byte: the matcher takes a name, not a lone ".jpg". */
+    return !memchr(ext, '.', len) && dsrt__extensions_match_n(e, ext - 2, len + 2);
+}
+
+static int strcmp_p(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+void dsrt__shardset_free(dsrt_shardset *s) {
+    if (!s) return;
+    free(s->shards);
+    free(s->offset);
+    free(s->size);
+    free(s->shard_of);
+    free(s->member);
+    free(s);
+}
+
+// ----------------------------------------------------------------------------
+// Which shards: folders, globs, brace lists
+
+static int has_glob(const char *s) {
+    return strpbrk(s, "*?[") != NULL;
+}
+
+/* The matching '}' of the '{' at s[0], or NULL. */
+static const char *brace_end(const char *s) {
+    int depth = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p == '{') depth++;
+        if (*p == '}' && --depth == 0) return p;
+    }
+    return NULL;
+}
+
+/* Parses "A..B" (decimal integers) in [s, e). */
+static int parse_range(const char *s, const char *e, long long *a, long long *b, int *width) {
+    const char *dots = NULL;
+    for (const char *p = s; p + 1 < e; p++)
+        if (p[0] == '.' && p[1] == '.') {
+            dots = p;
+            break;
+        }
+    if (!dots || dots == s || dots + 2 == e) return 0;
+    char buf[2][32];
+    size_t la = (size_t)(dots - s), lb = (size_t)(e - dots - 2);
+    if (la >= 32 || lb >= 32) return 0;
+    memcpy(buf[0], s, la);
+    buf[0][la] = '\0';
+    memcpy(buf[1], dots + 2, lb);
+    buf[1][lb] = '\0';
+    char *end;
+    for (int k = 0; k < 2; k++) {
+        const char *t = buf[k];
+        if (*t == '-' || *t == '+') t++;
+        if (!*t) return 0;
+        for (; *t; t++)
+            if (!isdigit((unsigned char)*t)) return 0;
+    }
+    *a = strtoll(buf[0], &end, 10);
+    *b = strtoll(buf[1], &end, 10);
+    int pad = (buf[0][0] == '0' && la > 1) || (buf[1][0] == '0' && lb > 1);
+    *width = pad ? (int)DSRT_MAX(la, lb) : 0;
+    return 1;
+}
+
+/* Expands the first brace group of pat, then the rest recursively, as a
+ * shell does: {a,b,c} and {000..146}. */
+static int expand_braces(const char *pat, strlist *out) {
+    const char *open = strchr(pat, '{');
+    const char *close = open ? brace_end(open) : NULL;
+    if (!open || !close) return strlist_add(out, pat, strlen(pat));
+    size_t pre = (size_t)(open - pat);
+    const char *post = close + 1, *in = open + 1;
+    size_t plen = strlen(post), cap = strlen(pat) + 64;
+    char *buf = dsrt__malloc(cap + 1);
+    if (!buf) return -ENOMEM;
+    int rc = 0;
+    long long a, b;
+    int width;
+    if (parse_range(in, close, &a, &b, &width)) {
+        long long step = a <= b ? 1 : -1;
+        if ((unsigned long long)(a <= b ? b - a : a - b) >= EXPAND_MAX) {
+            free(buf);
+            return dsrt__fail(DSRT_EOPTION, "shards: %s: a range of more than %zu names", pat,
+                              EXPAND_MAX);
+        }
+        for (long long v = a;; v += step) {
+            int n = snprintf(buf, cap, "%.*s%0*lld%s", (int)pre, pat, width, v, post);
+            if (n < 0 || (size_t)n >= cap) {
+                rc = dsrt__fail(DSRT_EOPTION, "shards: %s: expansion too long", pat);
+                break;
+            }
+            if ((rc = expand_braces(buf, out)) != 0) break;
+            if (v == b) break;
+        }
+        free(buf);
+        return rc;
+    }
+    /* Comma alternatives at the top level of the group. */
+    int depth = 0, commas = 0;
+    for (const char *p = in; p < close; p++) {
+        if (*p == '{') depth++;
+        if (*p == '}') depth--;
+        if (*p == ',' && depth == 0) commas++;
+    }
+    if (commas == 0) {
+        /* "{x}" is no group: keep it literally, expand what follows. */
+        free(buf);
+        return strlist_add(out, pat, strlen(pat));
+    }
+    const char *s = in;
+    depth = 0;
+    for (const char *p = in; p <= close; p++) {
+        if (p < close && *p == '{') depth++;
+        if (p < close && *p == '}') depth--;
+        if (p == close || (*p == ',' && depth == 0)) {
+            size_t alen = (size_t)(p - s), need = pre + alen + plen + 1;
+            char *t = dsrt__malloc(need);
+            if (!t) {
+                rc = -ENOMEM;
+                break;
+            }
+            memcpy(t, pat, pre);
+            memcpy(t + pre, s, alen);
+            memcpy(t + pre + alen, post, plen + 1);
+            rc = expand_braces(t, out);
+            free(t);
+            if (rc != 0) break;
+            if (out->n > EXPAND_MAX) {
+                rc = dsrt__fail(DSRT_EOPTION, "shards: %s: more than %zu names", pat, EXPAND_MAX);
+                break;
+            }
+            s = p + 1;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/* The .tar files of a folder, sorted by name. */
+static int list_folder(const char *dir, strlist *out) {
+    DIR *d = opendir(dir);
+    if (!d) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    strlist names = {0};
+    int rc = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.' || !ends_with(de->d_name, ".tar")) continue;
+        if ((rc = strlist_add(&names, de->d_name, strlen(de->d_name))) != 0) break;
+    }
+    closedir(d);
+    if (rc == 0) qsort(names.v, names.n, sizeof *names.v, strcmp_p);
+    for (size_t i = 0; rc == 0 && i < names.n; i++) {
+        size_t len = strlen(dir) + strlen(names.v[i]) + 2;
+        char *p = dsrt__malloc(len);
+        if (!p) {
+            rc = -ENOMEM;
+            break;
+        }
+        snprintf(p, len, "%s/%s", dir, names.v[i]);
+        rc = strlist_add(out, p, strlen(p));
+        free(p);
+    }
+    strlist_free(&names);
+    return rc;
+}
+
+/* The shard paths a selection names (not a folder): brace groups expanded,
+ * then globs matched (sorted); a name without a glob must exist. */
+static int expand_selection(const char *path, strlist *out) {
+    strlist pats = {0};
+    int rc = expand_braces(path, &pats);
+    for (size_t i = 0; rc == 0 && i < pats.n; i++) {
+        const char *p = pats.v[i];
+        if (!has_glob(p)) {
+            rc = strlist_add(out, p, strlen(p));
+            continue;
+        }
+        glob_t g;
+        int e = glob(p, GLOB_ERR, NULL, &g);
+        if (e == GLOB_NOMATCH) {
+            rc = dsrt__fail(-ENOENT, "shards: %s: no file matches", p);
+        } else if (e != 0) {
+            rc = dsrt__fail(-EIO, "shards: %s: cannot be matched (%s)", p,
+                            e == GLOB_NOSPACE ? "out of memory" : "read error");
+        } else {
+            for (size_t k = 0; rc == 0 && k < g.gl_pathc; k++)
+                rc = strlist_add(out, g.gl_pathv[k], strlen(g.gl_pathv[k]));
+        }
+        if (e == 0 || e == GLOB_NOMATCH) globfree(&g);
+    }
+    strlist_free(&pats);
+    return rc;
+}
+
+int dsrt__is_shardset(const char *path, int folder) {
+    if (!folder) return ends_with(path, ".tar") || has_glob(path) || strchr(path, '{') != NULL;
+    char p[4096];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, path);
+    if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) return 1;
+    /* Tar files and no sub-folder: a folder of classes it is not. */
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    int tars = 0, dirs = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL && !dirs) {
+        if (de->d_name[0] == '.') continue;
+        if (de->d_type == DT_DIR) dirs = 1;
+        if (ends_with(de->d_name, ".tar")) tars = 1;
+    }
+    closedir(d);
+    return tars && !dirs;
+}
+
+/* The folder part of path ("." when it has none). */
+static void dir_of(const char *path, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(out, cap, ".");
+    else if (slash == path)
+        snprintf(out, cap, "/");
+    else
+        snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
+static const char *base_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* 1 when the shard files lie on a disk the kernel calls rotational. */
+static int on_rotational(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    char p[128];
+    unsigned ma = major(st.st_dev), mi = minor(st.st_dev);
+    const char *forms[] = {"/sys/dev/block/%u:%u/queue/rotational",
+                           "/sys/dev/block/%u:%u/../queue/rotational"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, forms[k], ma, mi);
+        FILE *f = fopen(p, "re");
+        if (!f) continue;
+        int v = 0;
+        int got = fscanf(f, "%d", &v);
+        fclose(f);
+        if (got == 1) return v == 1;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Scanning a shard that the index does not describe
+
+/* One sample found by a scan. */
+typedef struct {
+    uint64_t offset, size;
+    const char *member; /* the image member's name (scan arena) */
+    const char *cls;    /* its .cls text, trimmed, or NULL */
+    size_t key_len;     /* bytes of member that are the key */
+} found;
+
+typedef struct {
+    dsrt_index *ix;
+    const char *shard;
+    const char *extensions; /* as given, for messages */
+    dsrt_extensions ext;
+    dsrt_arena *arena;
+    /* Reading: through a window of the file fd, or read/read_ctx. */
+    dsrt_tar_read_fn read;
+    void *read_ctx;
+    int fd;
+    uint8_t *win;
+    uint64_t win_off;
+    size_t win_len;
+    /* The group of members being gathered. */
+    char *key;
+    size_t key_len, key_cap;
+    int open, members, cls_bad;
+    found cur;
+    /* Results. */
+    found *samples;
+    size_t n, cap;
+    size_t no_image, two_images;
+    int failed;
+} scanner;
+
+static int64_t scan_read(void *ctx, uint64_t off, void *buf, size_t len) {
+    scanner *s = ctx;
+    if (off >= s->win_off && off - s->win_off <= s->win_len &&
+        len <= s->win_len - (off - s->win_off)) {
+        memcpy(buf, s->win + (off - s->win_off), len);
+        return (int64_t)len;
+    }
+    if (len > SCAN_WINDOW) {
+        size_t got = 0;
+        while (got < len) {
+            ssize_t r = pread(s->fd, (char *)buf + got, len - got, (off_t)(off + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) return dsrt__fail(-errno, "shards: %s: %s", s->shard, strerror(errno));
+            if (r == 0) break;
+            got += (size_t)r;
+        }
+        return (int64_t)got;
+    }
+    size_t got = 0;
+    while (got < SCAN_WINDOW) {
+        ssize_t r = pread(s->fd, s->win + got, SCAN_WINDOW - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return dsrt__fail(-errno, "shards: %s: %s", s->shard, strerror(errno));
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    s->win_off = off;
+    s->win_len = got;
+    size_t n = DSRT_MIN(len, got);
+    memcpy(buf, s->win, n);
+    return (int64_t)n;
+}
+
+static void scan_warn(void *ctx, const char *msg) {
+    scanner *s = ctx;
+    dsrt__index_warn(s->ix, "%s", msg);
+}
+
+/* Ends the group being gathered: a sample when it has an image. */
+static int group_end(scanner *s) {
+    if (!s->open) return 0;
+    s->open = 0;
+    if (!s->cur.member) {
+        s->no_image++;
+        return 0;
+    }
+    if (s->cls_bad) s->cur.cls = ""; /* present but unreadable: no label */
+    void *v = s->samples;
+    if (dsrt__grow(&v, &s->cap, s->n + 1, sizeof *s->samples) != 0) return -ENOMEM;
+    s->samples = v;
+    s->samples[s->n++] = s->cur;
+    return 0;
+}
+
+static int scan_member(void *ctx, const dsrt_tar_member *m) {
+    scanner *s = ctx;
+    size_t key_len, ext_len;
+    const char *ext;
+    if (m->type != '0') return 0; /* folders, links: not part of any sample */
+    const char *name = m->name;
+    size_t len = m->name_len;
+    while (len >= 2 && name[0] == '.' && name[1] == '/') name += 2, len -= 2;
+    if (!dsrt__tar_split_key(name, len, &key_len, &ext, &ext_len)) return 0;
+    if (!s->open || key_len != s->key_len || memcmp(name, s->key, key_len) != 0) {
+        int rc = group_end(s);
+        if (rc != 0) return rc;
+        void *k = s->key;
+        if (dsrt__grow(&k, &s->key_cap, key_len + 1, 1) != 0) return -ENOMEM;
+        s->key = k;
+        memcpy(s->key, name, key_len);
+        s->key[key_len] = '\0';
+        s->key_len = key_len;
+        s->open = 1;
+        s->cls_bad = 0;
+        memset(&s->cur, 0, sizeof s->cur);
+    }
+    if (ext_listed(&s->ext, ext, ext_len)) {
+        if (s->cur.member) {
+            s->two_images++;
+            return 0;
+        }
+        s->cur.member = dsrt_arena_strndup(s->arena, name, len);
+        if (!s->cur.member) return -ENOMEM;
+        s->cur.offset = m->offset;
+        s->cur.size = m->size;
+        s->cur.key_len = key_len;
+    } else if (ext_len == 3 && strncasecmp(ext, "cls", 3) == 0 && !s->cur.cls) {
+        char text[CLS_MAX + 1];
+        if (m->truncated || m->size > CLS_MAX) {
+            dsrt__index_warn(s->ix, "%s: %.*s: %s .cls member (%llu bytes): no label", s->shard,
+                             (int)len, name, m->truncated ? "truncated" : "too long a",
+                             (unsigned long long)m->size);
+            s->cls_bad = 1;
+            return 0;
+        }
+        int64_t got = s->read(s->read_ctx, m->offset, text, (size_t)m->size);
+        if (got < 0) return (int)got;
+        if ((uint64_t)got < m->size) {
+            s->cls_bad = 1;
+            return 0;
+        }
+        size_t a = 0, b = (size_t)got;
+        while (a < b && isspace((unsigned char)text[a])) a++;
+        while (b > a && isspace((unsigned char)text[b - 1])) b--;
+        s->cur.cls = dsrt_arena_strndup(s->arena, text + a, b - a);
+        if (!s->cur.cls) return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Scans one shard (size bytes, read through s->read) into s->samples. */
+static int scan_walk(scanner *s, const char *path, uint64_t size) {
+    s->shard = path;
+    s->open = 0;
+    s->n = 0;
+    s->no_image = s->two_images = 0;
+    int rc = dsrt__tar_scan(path, size, s->read, s->read_ctx, scan_member, scan_warn, s);
+    if (rc == 0) rc = group_end(s);
+    if (rc != 0) return rc;
+    if (s->no_image)
+        dsrt__index_warn(s->ix, "%s: %zu sample%s without an image member (extensions %s) left out",
+                         path, s->no_image, s->no_image == 1 ? "" : "s", s->extensions);
+    if (s->two_images)
+        dsrt__index_warn(s->ix, "%s: %zu sample%s with more than one image member: the first taken",
+                         path, s->two_images, s->two_images == 1 ? "" : "s");
+    return 0;
+}
+
+/* Scans the shard file at path. */
+static int scan_shard(scanner *s, const char *path, uint64_t size) {
+    int rc, fd;
+    struct stat st;
+    if ((rc = dsrt__open_regular(path, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "shards");
+    s->fd = fd;
+    s->win_len = 0;
+    s->win_off = 0;
+    s->read = scan_read;
+    s->read_ctx = s;
+    rc = scan_walk(s, path, size);
+    close(fd);
+    return rc;
+}
+
+typedef struct {
+    const uint8_t *buf;
+    size_t len;
+} memory;
+
+static int64_t memory_read(void *ctx, uint64_t off, void *buf, size_t len) {
+    const memory *m = ctx;
+    if (off >= m->len) return 0;
+    size_t n = DSRT_MIN(len, m->len - (size_t)off);
+    memcpy(buf, m->buf + off, n);
+    return (int64_t)n;
+}
+
+int dsrt__shard_scan_memory(const uint8_t *buf, size_t len, const char *name,
+                            const char *extensions, dsrt_index *ix, dsrt_shard_sample **out,
+                            size_t *n) {
+    dsrt_arena arena = {0};
+    memory m = {buf, len};
+    scanner s = {.ix = ix,
+                 .arena = &arena,
+                 .extensions = extensions ? extensions : DEFAULT_EXTENSIONS,
+                 .read = memory_read,
+                 .read_ctx = &m,
+                 .fd = -1};
+    *out = NULL;
+    *n = 0;
+    int rc = dsrt__extensions_parse(&s.ext, s.extensions);
+    if (rc == 0) rc = scan_walk(&s, name, len);
+    if (rc == 0 && s.n) {
+        *out = dsrt__calloc(s.n, sizeof **out);
+        if (!*out) rc = -ENOMEM;
+        for (size_t i = 0; rc == 0 && i < s.n; i++)
+            (*out)[i] = (dsrt_shard_sample){s.samples[i].offset, s.samples[i].size,
+                                            s.samples[i].cls != NULL};
+        if (rc == 0) *n = s.n;
+    }
+    free(s.samples);
+    free(s.key);
+    dsrt_arena_free(&arena);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Labels of scanned samples
+
+/* 1 when s is a decimal integer in [0, 2^31). */
+static int as_index(const char *s, int32_t *v) {
+    if (!*s || strlen(s) > 10) return 0;
+    long long x = 0;
+    for (const char *p = s; *p; p++) {
+        if (!isdigit((unsigned char)*p)) return 0;
+        x = x * 10 + (*p - '0');
+    }
+    if (x > INT32_MAX) return 0;
+    *v = (int32_t)x;
+    return 1;
+}
+
+/* The class of a sample labelled by its folders: the first folder under the
+ * common root of all keys (folder names), or the folder holding it (parent). */
+static void folder_label(const found *f, size_t root, int parent, const char **name, size_t *len) {
+    const char *k = f->member + root;
+    size_t kl = f->key_len - root;
+    const char *last = NULL;
+    for (size_t i = kl; i > 0; i--)
+        if (k[i - 1] == '/') {
+            last = k + i - 1;
+            break;
+        }
+    if (!last) {
+        *name = "";
+        *len = 0;
+        return;
+    }
+    if (parent) {
+        const char *s = last;
+        while (s > k && s[-1] != '/') s--;
+        *name = s;
+        *len = (size_t)(last - s);
+    } else {
+        const char *slash = memchr(k, '/', kl);
+        *name = k;
+        *len = (size_t)(slash - k);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Opening
+
+/* Everything gathered before the index of the datastore is built. */
+typedef struct {
+    strlist shards;            /* paths */
+    uint64_t *sizes;           /* (shards.n) */
+    int *from_index;           /* (shards.n) index shard number, or -1: scanned */
+    found **scanned;           /* (shards.n) samples of scanned shards */
+    size_t *nscanned;          /* (shards.n) */
+    dsrt_shard_index x;        /* the index, when there is one */
+    size_t *x_first;           /* (x.nshards) first sample of each index shard */
+    const char **json_classes; /* classes.json's names */
+    size_t njson;
+    dsrt_arena tmp; /* names of scanned samples */
+    /* An object store: the client, and each shard's size from the listing
+     * (UINT64_MAX when unknown: https:// has no listing). */
+    dsrt_http *http;
+    uint64_t *listed;
+} gather;
+
+static void gather_free(gather *g) {
+    dsrt__http_destroy(g->http);
+    free(g->listed);
+    if (g->scanned)
+        for (size_t k = 0; k < g->shards.n; k++) free(g->scanned[k]);
+    free(g->scanned);
+    free(g->nscanned);
+    free(g->sizes);
+    free(g->from_index);
+    free(g->x_first);
+    free(g->json_classes);
+    dsrt__shard_index_clear(&g->x);
+    strlist_free(&g->shards);
+    dsrt_arena_free(&g->tmp);
+}
+
+/* Finds name among the index's shards (sorted copy in by_name). */
+static int index_find(const gather *g, const size_t *by_name, const char *name) {
+    size_t lo = 0, hi = g->x.nshards;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = strcmp(g->x.shard_names[by_name[mid]], name);
+        if (c == 0) return (int)by_name[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+static int by_shard_name(const void *a, const void *b, void *ctx) {
+    const dsrt_shard_index *x = ctx;
+    return strcmp(x->shard_names[*(const size_t *)a], x->shard_names[*(const size_t *)b]);
+}
+
+// ----------------------------------------------------------------------------
+// Shard sets in an object store
+
+/* One folder's listing: the objects directly in it, with their sizes. */
+typedef struct {
+    size_t prefix_len; /* of the folder's key prefix, '/' included */
+    strlist names;
+    uint64_t *sizes;
+    size_t cap_sizes;
+} listing;
+
+static int list_one(void *ctx, const char *key, size_t len, uint64_t size) {
+    listing *l = ctx;
+    if (len <= l->prefix_len || memchr(key + l->prefix_len, '/', len - l->prefix_len)) return 0;
+    void *v = l->sizes;
+    if (dsrt__grow(&v, &l->cap_sizes, l->names.n + 1, sizeof *l->sizes) != 0) return -ENOMEM;
+    l->sizes = v;
+    l->sizes[l->names.n] = size;
+    return strlist_add(&l->names, key + l->prefix_len, len - l->prefix_len);
+}
+
+/* The size the listing gives name, or UINT64_MAX. */
+static uint64_t listed_size(const listing *l, const char *name) {
+    for (size_t i = 0; i < l->names.n; i++)
+        if (!strcmp(l->names.v[i], name)) return l->sizes[i];
+    return UINT64_MAX;
+}
+
+/* What the start of a prefix's listing says: an index, tar objects, keys in
+ * folders below. */
+typedef struct {
+    size_t prefix_len, keys;
+    int index, tars, folders;
+} peek;
+
+static int peek_one(void *ctx, const char *key, size_t len, uint64_t size) {
+    peek *k = ctx;
+    if (len <= k->prefix_len) return 0;
+    const char *rel = key + k->prefix_len;
+    size_t n = len - k->prefix_len;
+    if (memchr(rel, '/', n)) {
+        k->folders = 1;
+    } else {
+        k->index |= n == strlen(DSRT_SHARD_INDEX_NAME) && !memcmp(rel, DSRT_SHARD_INDEX_NAME, n);
+        k->tars |= n > 4 && !strncasecmp(rel + n - 4, ".tar", 4);
+    }
+    /* Enough seen (the first page tells): stop the listing. */
+    return k->index || (k->tars && k->folders) || ++k->keys >= 1000 ? 1 : 0;
+}
+
+int dsrt__s3_is_shardset(const char *url) {
+    const char *bucket, *key;
+    size_t blen;
+    int rc = dsrt__s3_split(url, &bucket, &blen, &key);
+    if (rc != 0) return rc;
+    dsrt_http *h;
+    dsrt_remote_options ro = dsrt_reader_defaults().remote;
+    ro.depth = 1;
+    if ((rc = dsrt__http_create(&h, &ro)) != 0) return rc;
+    dsrt_strbuf prefix = {0};
+    size_t klen = strlen(key);
+    while (klen > 0 && key[klen - 1] == '/') klen--;
+    rc = -ENOMEM;
+    if (!klen || (dsrt__sb_add(&prefix, key, klen) == 0 && dsrt__sb_add(&prefix, "/", 1) == 0)) {
+        peek k = {.prefix_len = prefix.len};
+        rc = dsrt__s3_list(h, bucket, blen, prefix.s, prefix.len, url, peek_one, &k);
+        if (rc >= 0) rc = k.index || (k.tars && !k.folders);
+    }
+    free(prefix.s);
+    dsrt__http_destroy(h);
+    return rc;
+}
+
+/* A whole object into a new buffer; -ENOENT when there is none. */
+static int fetch(gather *g, const char *url, size_t max, uint8_t **out, size_t *len) {
+    return dsrt__http_fetch(g->http, url, NULL, max, out, len);
+}
+
+/* The shards at the URL path, their sizes, and the index and classes.json
+ * beside them. */
+static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *index_path,
+                         size_t index_cap) {
+    int rc;
+    listing l = {0};
+    strlist pats = {0};
+    char dir[4096], url[8192];
+    const char *q = strchr(path, '?');
+    if (q) return dsrt__fail(DSRT_EOPTION, "shards: %s: a shard set's URL takes no query", path);
+    /* The folder, and in its last component a pattern or a name. */
+    size_t n = strlen(path);
+    while (n > 0 && path[n - 1] == '/') n--;
+    const char *last = path + n;
+    while (last > path && last[-1] != '/') last--;
+    int selection = ends_with(path, ".tar") || strpbrk(last, "*?[{") != NULL;
+    size_t dlen = selection ? (size_t)(last - path - 1) : n;
+    snprintf(dir, sizeof dir, "%.*s", (int)dlen, path);
+    int s3 = strncasecmp(path, "s3://", 5) == 0;
+    dsrt_remote_options ro = dsrt_reader_defaults().remote;
+    ro.depth = 1;
+    if ((rc = dsrt__http_create(&g->http, &ro)) != 0) return rc;
+    ix->remote = 1;
+    if (s3) {
+        const char *bucket, *key;
+        size_t blen;
+        if ((rc = dsrt__s3_split(dir, &bucket, &blen, &key)) != 0) return rc;
+        dsrt_strbuf prefix = {0};
+        rc = -ENOMEM;
+        if (*key && (dsrt__sb_add(&prefix, key, strlen(key)) || dsrt__sb_add(&prefix, "/", 1)))
+            goto out;
+        l.prefix_len = prefix.len;
+        rc = dsrt__s3_list(g->http, bucket, blen, prefix.s, prefix.len, dir, list_one, &l);
+        free(prefix.s);
+        if (rc != 0) goto out;
+    }
+    if (selection) {
+        if ((rc = expand_braces(last, &pats)) != 0) goto out;
+        for (size_t i = 0; i < pats.n; i++) {
+            size_t before = g->shards.n;
+            if (!has_glob(pats.v[i])) {
+                if (s3 && listed_size(&l, pats.v[i]) == UINT64_MAX) {
+                    rc = dsrt__fail(-ENOENT, "shards: %s/%s: no such object", dir, pats.v[i]);
+                    goto out;
+                }
+                snprintf(url, sizeof url, "%s/%s", dir, pats.v[i]);
+                if ((rc = strlist_add(&g->shards, url, strlen(url))) != 0) goto out;
+                continue;
+            }
+            if (!s3) {
+                rc = dsrt__fail(DSRT_EOPTION,
+                                "shards: %s: an https:// shard set has no listing to match a "
+                                "glob against: name the shards (a brace list)",
+                                path);
+                goto out;
+            }
+            strlist match = {0};
+            for (size_t k = 0; rc == 0 && k < l.names.n; k++)
+                if (fnmatch(pats.v[i], l.names.v[k], 0) == 0)
+                    rc = strlist_add(&match, l.names.v[k], strlen(l.names.v[k]));
+            if (rc == 0) qsort(match.v, match.n, sizeof *match.v, strcmp_p);
+            for (size_t k = 0; rc == 0 && k < match.n; k++) {
+                snprintf(url, sizeof url, "%s/%s", dir, match.v[k]);
+                rc = strlist_add(&g->shards, url, strlen(url));
+            }
+            strlist_free(&match);
+            if (rc != 0) goto out;
+            if (g->shards.n == before) {
+                rc = dsrt__fail(-ENOENT, "shards: %s/%s: no object matches", dir, pats.v[i]);
+                goto out;
+            }
+        }
+    } else {
+        if (!s3) {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: an https:// folder cannot be listed: name its shards "
+                            "(a brace list such as .../shard-{000000..000009}.tar)",
+                            path);
+            goto out;
+        }
+        strlist tars = {0};
+        for (size_t k = 0; rc == 0 && k < l.names.n; k++)
+            if (ends_with(l.names.v[k], ".tar"))
+                rc = strlist_add(&tars, l.names.v[k], strlen(l.names.v[k]));
+        if (rc == 0) qsort(tars.v, tars.n, sizeof *tars.v, strcmp_p);
+        for (size_t k = 0; rc == 0 && k < tars.n; k++) {
+            snprintf(url, sizeof url, "%s/%s", dir, tars.v[k]);
+            rc = strlist_add(&g->shards, url, strlen(url));
+        }
+        strlist_free(&tars);
+        if (rc != 0) goto out;
+    }
+
+    /* The index and the class names, when they are there. */
+    uint8_t *data = NULL;
+    size_t len = 0;
+    snprintf(url, sizeof url, "%s/" DSRT_SHARD_INDEX_NAME, dir);
+    if (!s3 || listed_size(&l, DSRT_SHARD_INDEX_NAME) != UINT64_MAX) {
+        rc = fetch(g, url, (size_t)16 << 30, &data, &len);
+        if (rc == 0) rc = dsrt__shard_index_parse(data, len, url, &g->x, &ix->arena);
+        free(data);
+        if (rc == 0) {
+            snprintf(index_path, index_cap, "%s", url);
+        } else if (rc == -ENOMEM || (rc != -ENOENT && rc != DSRT_ECORRUPT && rc != DSRT_ECHECKSUM &&
+                                     rc != DSRT_ETRUNCATED)) {
+            goto out; /* the store failed: say so rather than scan every shard */
+        } else if (rc != -ENOENT) {
+            dsrt__index_warn(ix, "%s; the shards are scanned instead", dsrt_last_error());
+        }
+        dsrt__clear_error();
+    }
+    snprintf(url, sizeof url, "%s/" DSRT_SHARD_CLASSES_NAME, dir);
+    if (!index_path[0] && (!s3 || listed_size(&l, DSRT_SHARD_CLASSES_NAME) != UINT64_MAX)) {
+        rc = fetch(g, url, (size_t)64 << 20, &data, &len);
+        if (rc == 0)
+            rc = dsrt__classes_json_parse((const char *)data, len, url, &g->tmp, &g->json_classes,
+                                          &g->njson);
+        free(data);
+        if (rc == -ENOMEM) goto out;
+        if (rc != 0 && rc != -ENOENT)
+            dsrt__index_warn(ix, "%s; class names not taken from it", dsrt_last_error());
+        dsrt__clear_error();
+    }
+    if (g->shards.n == 0) {
+        rc = dsrt__fail(DSRT_EEMPTY, "shards: %s: no .tar object under this prefix", path);
+        goto out;
+    }
+    rc = -ENOMEM;
+    g->listed = dsrt__calloc(g->shards.n, sizeof *g->listed);
+    if (!g->listed) goto out;
+    for (size_t k = 0; k < g->shards.n; k++)
+        g->listed[k] = s3 ? listed_size(&l, base_of(g->shards.v[k])) : UINT64_MAX;
+    rc = 0;
+out:
+    strlist_free(&pats);
+    strlist_free(&l.names);
+    free(l.sizes);
+    return rc;
+}
+
+/* Which shards, and the index and class names beside them. */
+static int gather_shards(gather *g, dsrt_index *ix, const char *path, char *index_path,
+                         size_t index_cap) {
+    struct stat st;
+    int rc;
+    char dir[4096];
+    index_path[0] = '\0';
+    if (dsrt__is_url(path)) return gather_remote(g, ix, path, index_path, index_cap);
+    int folder = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (folder) {
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/') n--;
+        snprintf(dir, sizeof dir, "%.*s", (int)n, path);
+    } else {
+        if ((rc = expand_selection(path, &g->shards)) != 0) return rc;
+        if (g->shards.n == 0) return dsrt__fail(DSRT_EEMPTY, "shards: %s: names no shard", path);
+        dir_of(g->shards.v[0], dir, sizeof dir);
+        /* An index serves only shards of its own folder. */
+        for (size_t k = 1; k < g->shards.n; k++) {
+            char d[4096];
+            dir_of(g->shards.v[k], d, sizeof d);
+            if (strcmp(d, dir) != 0) {
+                dir[0] = '\0';
+                break;
+            }
+        }
+    }
+
+    index_path[0] = '\0';
+    if (dir[0]) {
+        char p[4096 + 32];
+        snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, dir);
+        if (stat(p, &st) == 0) {
+            rc = dsrt__shard_index_read(p, &g->x, &ix->arena);
+            if (rc == -ENOMEM) return rc;
+            if (rc != 0) {
+                dsrt__index_warn(ix, "%s: %s; the shards are scanned instead", p,
+                                 dsrt_last_error());
+                dsrt__clear_error();
+            } else {
+                size_t pl = strlen(p);
+                memcpy(index_path, p, DSRT_MIN(pl + 1, index_cap));
+                index_path[index_cap - 1] = '\0';
+            }
+        }
+        snprintf(p, sizeof p, "%s/" DSRT_SHARD_CLASSES_NAME, dir);
+        if (!index_path[0] && stat(p, &st) == 0) {
+            uint8_t *text;
+            size_t len;
+            rc = dsrt__read_whole_file(p, (size_t)64 << 20, &text, &len);
+            if (rc == 0)
+                rc = dsrt__classes_json_parse((const char *)text, len, p, &g->tmp, &g->json_classes,
+                                              &g->njson);
+            if (rc == 0) free(text);
+            if (rc == -ENOMEM) return rc;
+            if (rc != 0) {
+                dsrt__index_warn(ix, "%s: %s; class names not taken from it", p, dsrt_last_error());
+                dsrt__clear_error();
+            }
+        }
+    }
+    if (folder) {
+        if (index_path[0]) {
+            /* The index's shards; other tar files in the folder are said. */
+            for (size_t k = 0; k < g->x.nshards; k++) {
+                char p[8192];
+                snprintf(p, sizeof p, "%s/%s", dir, g->x.shard_names[k]);
+                if ((rc = strlist_add(&g->shards, p, strlen(p))) != 0) return rc;
+            }
+            strlist all = {0};
+            if (list_folder(dir, &all) == 0 && all.n > g->x.nshards)
+                dsrt__index_warn(ix, "%s: %zu tar file%s not in the index, left out", dir,
+                                 all.n - g->x.nshards, all.n - g->x.nshards == 1 ? "" : "s");
+            dsrt__clear_error();
+            strlist_free(&all);
+        } else if ((rc = list_folder(dir, &g->shards)) != 0) {
+            return rc;
+        }
+        if (g->shards.n == 0)
+            return dsrt__fail(DSRT_EEMPTY, "shards: %s: no .tar file in the folder", path);
+    }
+    return 0;
+}
+
+/* Sizes, index matches and scans of every shard. */
+static int gather_samples(gather *g, dsrt_index *ix, const dsrt_datastore_options *o) {
+    size_t ns = g->shards.n;
+    int rc = -ENOMEM;
+    g->sizes = dsrt__calloc(ns, sizeof *g->sizes);
+    g->from_index = dsrt__calloc(ns, sizeof *g->from_index);
+    g->scanned = dsrt__calloc(ns, sizeof *g->scanned);
+    g->nscanned = dsrt__calloc(ns, sizeof *g->nscanned);
+    size_t *by_name = dsrt__calloc(g->x.nshards ? g->x.nshards : 1, sizeof *by_name);
+    g->x_first = dsrt__calloc(g->x.nshards ? g->x.nshards : 1, sizeof *g->x_first);
+    scanner s = {.ix = ix,
+                 .arena = &g->tmp,
+                 .extensions = o->extensions ? o->extensions : DEFAULT_EXTENSIONS};
+    if ((rc = dsrt__extensions_parse(&s.ext, s.extensions)) != 0) goto out;
+    rc = -ENOMEM;
+    s.win = dsrt__malloc(SCAN_WINDOW);
+    if (!g->sizes || !g->from_index || !g->scanned || !g->nscanned || !by_name || !g->x_first ||
+        !s.win)
+        goto out;
+    for (size_t k = 0, first = 0; k < g->x.nshards; k++) {
+        by_name[k] = k;
+        g->x_first[k] = first;
+        first += g->x.shard_count[k];
+    }
+    qsort_r(by_name, g->x.nshards, sizeof *by_name, by_shard_name, &g->x);
+
+    for (size_t k = 0; k < ns; k++) {
+        const char *p = g->shards.v[k];
+        int xi = g->x.nshards ? index_find(g, by_name, base_of(p)) : -1;
+        struct stat st;
+        if (g->http) {
+            /* The listing's size; without one (https://), the index's. */
+            g->sizes[k] = g->listed[k] != UINT64_MAX ? g->listed[k]
+                          : xi >= 0                  ? g->x.shard_size[xi]
+                                                     : UINT64_MAX;
+        } else if (stat(p, &st) != 0) {
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+            goto out;
+        } else if (!S_ISREG(st.st_mode)) {
+            rc = dsrt__fail(DSRT_EFORMAT, "shards: %s: is %s, not a tar file", p,
+                            dsrt__file_kind(st.st_mode));
+            goto out;
+        } else {
+            g->sizes[k] = (uint64_t)st.st_size;
+        }
+        if (xi >= 0 && g->sizes[k] < g->x.shard_size[xi]) {
+            /* Cut short since the index was written: its samples past the end
+             * fail when read, each named. */
+            dsrt__index_warn(ix,
+                             "%s: %llu bytes where the index says %llu: truncated; samples "
+                             "past its end will be skipped",
+                             p, (unsigned long long)g->sizes[k],
+                             (unsigned long long)g->x.shard_size[xi]);
+        } else if (xi >= 0 && g->sizes[k] != g->x.shard_size[xi]) {
+            dsrt__index_warn(ix,
+                             "%s: %llu bytes where the index says %llu: changed since, "
+                             "scanned again",
+                             p, (unsigned long long)g->sizes[k],
+                             (unsigned long long)g->x.shard_size[xi]);
+            xi = -1;
+        }
+        g->from_index[k] = xi;
+        if (xi >= 0) continue;
+        if (g->http) {
+            /* Fetched whole once, and scanned in memory. */
+            uint8_t *data;
+            size_t len;
+            if ((rc = dsrt__http_fetch(g->http, p, NULL, (size_t)1 << 40, &data, &len)) != 0) {
+                dsrt__fail_prefix(rc, "shards");
+                goto out;
+            }
+            memory m = {data, len};
+            s.read = memory_read;
+            s.read_ctx = &m;
+            g->sizes[k] = len;
+            rc = scan_walk(&s, p, len);
+            free(data);
+            if (rc != 0) goto out;
+        } else if ((rc = scan_shard(&s, p, g->sizes[k])) != 0) {
+            goto out;
+        }
+        g->scanned[k] = s.samples;
+        g->nscanned[k] = s.n;
+        s.samples = NULL;
+        s.n = s.cap = 0;
+    }
+    rc = 0;
+out:
+    free(by_name);
+    free(s.win);
+    free(s.samples);
+    free(s.key);
+    return rc;
+}
+
+/* Class names and the label of every scanned sample (labels[k][j]); samples
+ * that get no label are marked -1 and left out with a warning. */
+static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_options *o,
+                          int32_t **labels, const char ***names, size_t *nnames) {
+    size_t ns = g->shards.n;
+    size_t total = 0, with_cls = 0, numeric = 0;
+    for (size_t k = 0; k < ns; k++)
+        for (size_t j = 0; j < g->nscanned[k]; j++) {
+            const found *f = &g->scanned[k][j];
+            int32_t v;
+            total++;
+            if (f->cls && f->cls[0]) {
+                with_cls++;
+                numeric += as_index(f->cls, &v);
+            }
+        }
+    /* The names known before looking at the samples. */
+    const char **known = g->x.n || g->x.nshards ? g->x.classes : g->json_classes;
+    size_t nknown = g->x.nshards ? g->x.nclasses : g->njson;
+    int by_folder =
+        with_cls == 0 && total > 0 && g->x.nshards == 0 && o->label_source != DSRT_LABEL_NONE;
+    int text = with_cls > 0 && numeric < with_cls; /* some .cls is a name */
+    int none = o->label_source == DSRT_LABEL_NONE;
+
+    /* Distinct names from the samples (text labels or folders), sorted. */
+    const char **list = NULL;
+    size_t nlist = 0;
+    size_t root = 0;
+    if (!none && (by_folder || (text && nknown == 0))) {
+        list = dsrt__calloc(total ? total : 1, sizeof *list);
+        if (!list) return -ENOMEM;
+        if (by_folder) {
+            /* The folders every key starts with are no class. */
+            const found *f0 = NULL;
+            for (size_t k = 0; k < ns && !f0; k++)
+                if (g->nscanned[k]) f0 = &g->scanned[k][0];
+            root = f0->key_len;
+            for (size_t k = 0; k < ns; k++)
+                for (size_t j = 0; j < g->nscanned[k]; j++) {
+                    const found *f = &g->scanned[k][j];
+                    size_t m = 0;
+                    while (m < root && m < f->key_len && f->member[m] == f0->member[m]) m++;
+                    root = m;
+                }
+            while (root > 0 && f0->member[root - 1] != '/') root--;
+        }
+        for (size_t k = 0; k < ns; k++)
+            for (size_t j = 0; j < g->nscanned[k]; j++) {
+                const found *f = &g->scanned[k][j];
+                if (by_folder) {
+                    const char *nm;
+                    size_t nl;
+                    folder_label(f, root, o->label_source == DSRT_LABEL_PARENT_FOLDER, &nm, &nl);
+                    list[nlist] = dsrt_arena_strndup(&g->tmp, nm, nl);
+                    if (!list[nlist]) {
+                        free(list);
+                        return -ENOMEM;
+                    }
+                    nlist++;
+                } else if (f->cls && f->cls[0]) {
+                    list[nlist++] = f->cls;
+                }
+            }
+        qsort(list, nlist, sizeof *list, strcmp_p);
+        size_t u = 0;
+        for (size_t i = 0; i < nlist; i++)
+            if (u == 0 || strcmp(list[u - 1], list[i]) != 0) list[u++] = list[i];
+        nlist = u;
+        known = list;
+        nknown = nlist;
+    }
+
+    /* Labels. */
+    size_t unlabelled = 0, unknown = 0;
+    int32_t max_index = -1;
+    for (size_t k = 0; k < ns; k++) {
+        labels[k] = dsrt__calloc(g->nscanned[k] ? g->nscanned[k] : 1, sizeof *labels[k]);
+        if (!labels[k]) {
+            free(list);
+            return -ENOMEM;
+        }
+        for (size_t j = 0; j < g->nscanned[k]; j++) {
+            const found *f = &g->scanned[k][j];
+            int32_t v = -1;
+            const char *key = NULL;
+            size_t klen = 0;
+            if (none) {
+                v = 0;
+            } else if (by_folder) {
+                folder_label(f, root, o->label_source == DSRT_LABEL_PARENT_FOLDER, &key, &klen);
+            } else if (!f->cls || !f->cls[0]) {
+                unlabelled++;
+                if (unlabelled <= 3)
+                    dsrt__index_warn(ix, "%s: %s: no .cls label, left out", g->shards.v[k],
+                                     f->member);
+            } else if (!text && as_index(f->cls, &v)) {
+                if (nknown && (size_t)v >= nknown) {
+                    if (++unknown <= 3)
+                        dsrt__index_warn(ix,
+                                         "%s: %s: label %d, but there are %zu classes; "
+                                         "left out",
+                                         g->shards.v[k], f->member, (int)v, nknown);
+                    v = -1;
+                }
+            } else {
+                key = f->cls;
+                klen = strlen(f->cls);
+            }
+            if (key) {
+                /* A name: its place in the known names. */
+                v = -1;
+                size_t lo = 0, hi = nknown;
+                int sorted = known == list;
+                if (sorted) {
+                    while (lo < hi) {
+                        size_t mid = (lo + hi) / 2;
+                        int c = strncmp(known[mid], key, klen);
+                        if (c == 0 && known[mid][klen] != '\0') c = 1;
+                        if (c == 0) {
+                            v = (int32_t)mid;
+                            break;
+                        }
+                        if (c < 0)
+                            lo = mid + 1;
+                        else
+                            hi = mid;
+                    }
+                } else {
+                    for (size_t c = 0; c < nknown && v < 0; c++)
+                        if (strlen(known[c]) == klen && memcmp(known[c], key, klen) == 0)
+                            v = (int32_t)c;
+                }
+                if (v < 0 && ++unknown <= 3)
+                    dsrt__index_warn(ix,
+                                     "%s: %s: class '%.*s' is not one of the %zu classes; "
+                                     "left out",
+                                     g->shards.v[k], f->member, (int)klen, key, nknown);
+            }
+            labels[k][j] = v;
+            if (v > max_index) max_index = v;
+        }
+    }
+    if (unlabelled > 3)
+        dsrt__index_warn(ix, "... %zu samples without a .cls label left out in all", unlabelled);
+    if (unknown > 3)
+        dsrt__index_warn(ix, "... %zu samples with an unknown class left out", unknown);
+
+    /* The class names. */
+    if (none) {
+        static const char *const one[] = {""};
+        *names = dsrt__calloc(1, sizeof **names);
+        if (!*names) {
+            free(list);
+            return -ENOMEM;
+        }
+        (*names)[0] = one[0];
+        *nnames = 1;
+        free(list);
+        return 0;
+    }
+    if (nknown) {
+        *names = dsrt__calloc(nknown, sizeof **names);
+        if (!*names) {
+            free(list);
+            return -ENOMEM;
+        }
+        memcpy(*names, known, nknown * sizeof *known);
+        *nnames = nknown;
+    } else {
+        /* Integer labels and no names: the numbers are the names. */
+        size_t nc = (size_t)(max_index + 1);
+        *names = dsrt__calloc(nc ? nc : 1, sizeof **names);
+        if (!*names) {
+            free(list);
+            return -ENOMEM;
+        }
+        for (size_t c = 0; c < nc; c++) {
+            char num[16];
+            snprintf(num, sizeof num, "%zu", c);
+            (*names)[c] = dsrt_arena_strndup(&g->tmp, num, strlen(num));
+            if (!(*names)[c]) {
+                free(list);
+                return -ENOMEM;
+            }
+        }
+        *nnames = nc;
+    }
+    free(list);
+    return 0;
+}
+
+/* Fills ix and its shard set from what was gathered. */
+static int build_index(gather *g, dsrt_index *ix, int32_t **labels, const char **names,
+                       size_t nnames) {
+    size_t ns = g->shards.n, n = 0;
+    for (size_t k = 0; k < ns; k++) {
+        if (g->from_index[k] >= 0) {
+            n += g->x.shard_count[g->from_index[k]];
+        } else {
+            for (size_t j = 0; j < g->nscanned[k]; j++) n += labels[k][j] >= 0;
+        }
+    }
+    if (n > UINT32_MAX) return dsrt__fail(DSRT_ETOOBIG, "shards: %zu samples, more than 2^32-1", n);
+    dsrt_shardset *s = dsrt__calloc(1, sizeof *s);
+    if (!s) return -ENOMEM;
+    ix->shards = s;
+    s->nshards = ns;
+    s->shards = dsrt__calloc(ns, sizeof *s->shards);
+    s->offset = dsrt__malloc((n ? n : 1) * sizeof *s->offset);
+    s->size = dsrt__malloc((n ? n : 1) * sizeof *s->size);
+    s->shard_of = dsrt__malloc((n ? n : 1) * sizeof *s->shard_of);
+    s->member = dsrt__malloc((n ? n : 1) * sizeof *s->member);
+    ix->paths = dsrt__malloc((n ? n : 1) * sizeof *ix->paths);
+    ix->labels = dsrt__malloc((n ? n : 1) * sizeof *ix->labels);
+    if (!s->shards || !s->offset || !s->size || !s->shard_of || !s->member || !ix->paths ||
+        !ix->labels)
+        return -ENOMEM;
+    int rc = dsrt__index_set_classes(ix, names, nnames);
+    if (rc != 0) return rc;
+
+    size_t i = 0;
+    for (size_t k = 0; k < ns; k++) {
+        dsrt_shard *sh = &s->shards[k];
+        sh->path = dsrt_arena_strndup(&ix->arena, g->shards.v[k], strlen(g->shards.v[k]));
+        if (!sh->path) return -ENOMEM;
+        sh->size = g->sizes[k];
+        sh->first = (uint32_t)i;
+        size_t plen = strlen(sh->path);
+        int xi = g->from_index[k];
+        size_t cnt = xi >= 0 ? g->x.shard_count[xi] : g->nscanned[k];
+        for (size_t j = 0; j < cnt; j++) {
+            const char *member;
+            if (xi >= 0) {
+                size_t at = g->x_first[xi] + j;
+                member = g->x.member[at];
+                s->offset[i] = g->x.offset[at];
+                s->size[i] = g->x.size[at];
+                ix->labels[i] = g->x.label[at];
+            } else {
+                if (labels[k][j] < 0) continue;
+                const found *f = &g->scanned[k][j];
+                member = f->member;
+                s->offset[i] = f->offset;
+                s->size[i] = f->size;
+                ix->labels[i] = labels[k][j];
+            }
+            size_t mlen = strlen(member);
+            char *p = dsrt_arena_alloc(&ix->arena, plen + mlen + 2, 1);
+            if (!p) return -ENOMEM;
+            memcpy(p, sh->path, plen);
+            p[plen] = ':';
+            memcpy(p + plen + 1, member, mlen + 1);
+            ix->paths[i] = p;
+            s->member[i] = (uint32_t)(plen + 1);
+            s->shard_of[i] = (uint32_t)k;
+            i++;
+        }
+        sh->count = (uint32_t)(i - sh->first);
+    }
+    ix->n = i;
+    return 0;
+}
+
+int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o) {
+    gather g;
+    memset(&g, 0, sizeof g);
+    int32_t **labels = NULL;
+    const char **names = NULL;
+    size_t nnames = 0;
+    char index_path[4096];
+    int rc = gather_shards(&g, ix, path, index_path, sizeof index_path);
+    if (rc == 0) rc = gather_samples(&g, ix, o);
+    if (rc == 0) {
+        labels = dsrt__calloc(g.shards.n, sizeof *labels);
+        rc = labels ? resolve_labels(&g, ix, o, labels, &names, &nnames) : -ENOMEM;
+    }
+    if (rc == 0) rc = build_index(&g, ix, labels, names, nnames);
+    if (rc == 0) {
+        dsrt_shardset *s = ix->shards;
+        snprintf(s->index_path, sizeof s->index_path, "%s", index_path);
+        s->indexed = 1;
+        for (size_t k = 0; k < g.shards.n; k++) s->indexed &= g.from_index[k] >= 0;
+        s->remote = ix->remote;
+        s->rotational = !s->remote && on_rotational(g.shards.v[0]);
+        s->shuffle_buffer = o->shuffle_buffer ? o->shuffle_buffer : 1000;
+        s->order = o->shard_order;
+        if (s->order == DSRT_SHARD_ORDER_AUTO)
+            s->order = s->indexed && !s->rotational && !s->remote ? DSRT_SHARD_ORDER_EXACT
+                                                                  : DSRT_SHARD_ORDER_SHARD;
+    }
+    if (labels)
+        for (size_t k = 0; k < g.shards.n; k++) free(labels[k]);
+    free(labels);
+    free(names);
+    gather_free(&g);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Queries
+
+size_t dsrt_datastore_shard_count(const dsrt_datastore *ds) {
+    return ds->index->shards ? ds->index->shards->nshards : 0;
+}
+
+const char *dsrt_datastore_shard_path(const dsrt_datastore *ds, size_t k) {
+    const dsrt_shardset *s = ds->index->shards;
+    return s && k < s->nshards ? s->shards[k].path : NULL;
+}
+
+int dsrt_datastore_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc) {
+    const dsrt_shardset *s = ds->index->shards;
+    if (!s)
+        return dsrt__fail(DSRT_EUNSUPPORTED, "datastore: a %s datastore has no shards",
+                          dsrt_source_name(ds->index->source));
+    if (i >= ds->n)
+        return dsrt__fail(DSRT_EOPTION, "datastore: sample %zu out of range (%zu samples)", i,
+                          ds->n);
+    uint32_t p = dsrt__pos(ds, i);
+    loc->shard = s->shard_of[p];
+    loc->offset = s->offset[p];
+    loc->size = s->size[p];
+    loc->member = ds->index->paths[p] + s->member[p];
+    return 0;
+}
+
+dsrt_shard_order dsrt_datastore_shard_order(const dsrt_datastore *ds) {
+    return ds->index->shards ? ds->index->shards->order : DSRT_SHARD_ORDER_EXACT;
+}
+
+size_t dsrt_datastore_shuffle_buffer(const dsrt_datastore *ds) {
+    return ds->index->shards ? ds->index->shards->shuffle_buffer : 0;
+}
+
+const char *dsrt_shard_order_name(dsrt_shard_order o) {
+    static const char *const names[] = {"auto", "exact", "shard"};
+    return (unsigned)o < DSRT_ARRAY_SIZE(names) ? names[o] : "unknown";
+}
+
+int dsrt__shards_partition(const dsrt_datastore *ds, size_t n, size_t i, uint32_t **order,
+                           size_t *count) {
+    const dsrt_shardset *s = ds->index->shards;
+    size_t ns = s->nshards;
+    size_t *per = dsrt__calloc(ns + 1, sizeof *per);
+    size_t *occ = dsrt__calloc(ns + 1, sizeof *occ);
+    uint8_t *mine = dsrt__calloc(ns ? ns : 1, 1);
+    int rc = -ENOMEM;
+    *order = NULL;
+    *count = 0;
+    if (!per || !occ || !mine) goto out;
+    for (size_t v = 0; v < ds->n; v++) per[s->shard_of[dsrt__pos(ds, v)]]++;
+    /* The shards that hold samples of the view, in shard order. */
+    size_t nocc = 0;
+    for (size_t k = 0; k < ns; k++)
+        if (per[k]) occ[nocc++] = k;
+    if (nocc < n) {
+        rc = dsrt__fail(DSRT_EOPTION,
+                        "partition: the samples lie in %zu shard%s, too few for %zu parts of whole "
+                        "shards",
+                        nocc, nocc == 1 ? "" : "s", n);
+        goto out;
+    }
+    /* Cut j before the shard where the running count comes closest to
+     * total * j / n, leaving every part a shard at least. */
+    size_t lo = 0, hi = nocc, run = 0, j = 0, k = 0;
+    for (size_t p = 1; p <= i + 1 && p <= n; p++) {
+        size_t cut = nocc;
+        if (p < n) {
+            double want = (double)ds->n * (double)p / (double)n;
+            while (k < nocc && (double)(run + per[occ[k]]) <= want) run += per[occ[k++]];
+            cut = k;
+            if (k < nocc && want - (double)run > (double)(run + per[occ[k]]) - want) {
+                run += per[occ[k++]];
+                cut = k;
+            }
+            cut = DSRT_MAX(cut, j + 1);
+            cut = DSRT_MIN(cut, nocc - (n - p));
+            while (k < cut) run += per[occ[k++]];
+            while (k > cut) run -= per[occ[--k]];
+        }
+        if (p == i) lo = cut;
+        if (p == i + 1) hi = cut;
+        j = cut;
+    }
+    size_t m = 0;
+    for (size_t q = lo; q < hi; q++) {
+        mine[occ[q]] = 1;
+        m += per[occ[q]];
+    }
+    *order = dsrt__malloc((m ? m : 1) * sizeof **order);
+    if (!*order) goto out;
+    for (size_t v = 0; v < ds->n; v++) {
+        uint32_t p = dsrt__pos(ds, v);
+        if (mine[s->shard_of[p]]) (*order)[(*count)++] = p;
+    }
+    rc = 0;
+out:
+    free(per);
+    free(occ);
+    free(mine);
+    return rc;
+}
+
+int dsrt__shard_member_read(const dsrt_datastore *ds, uint32_t pos, uint8_t *buf, int64_t *mtime) {
+    const dsrt_shardset *s = ds->index->shards;
+    uint32_t p = dsrt__pos(ds, pos);
+    const char *shard = s->shards[s->shard_of[p]].path, *path = ds->index->paths[p];
+    size_t want = (size_t)s->size[p], got = 0;
+    int rc = 0;
+    if (mtime) *mtime = 0;
+    if (want == 0) return dsrt__fail(DSRT_EEMPTY, "read: %s: empty member", path);
+    if (s->remote) {
+        /* A ranged GET with a client of its own. */
+        dsrt_http *h;
+        dsrt_remote_options ro = dsrt_reader_defaults().remote;
+        ro.depth = 1;
+        if ((rc = dsrt__http_create(&h, &ro)) != 0) return rc;
+        dsrt_read_result res;
+        rc = dsrt__http_submit(h, shard, s->offset[p], want, buf, want, 0);
+        if (rc == 0) rc = dsrt__http_collect(h, &res, 1, -1) == 1 ? res.status : -EIO;
+        if (rc == DSRT_ETRUNCATED) got = res.size;
+        dsrt__http_destroy(h);
+        if (rc != 0 && rc != DSRT_ETRUNCATED) return rc;
+    } else {
+        int fd;
+        struct stat st;
+        if ((rc = dsrt__open_regular(shard, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "read");
+        if (mtime) *mtime = (int64_t)st.st_mtime;
+        while (got < want) {
+            ssize_t r = pread(fd, buf + got, want - got, (off_t)(s->offset[p] + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) {
+                rc = dsrt__fail(-errno, "read: %s: %s", path, strerror(errno));
+                break;
+            }
+            if (r == 0) break;
+            got += (size_t)r;
+        }
+        close(fd);
+        if (rc != 0) return rc;
+        rc = got < want ? DSRT_ETRUNCATED : 0;
+    }
+    if (rc == DSRT_ETRUNCATED)
+        return dsrt__fail(rc,
+                          "read: %s: member cut short (%zu of %zu bytes): the shard is truncated",
+                          path, got, want);
+    return 0;
+}
+
+uint64_t dsrt__shard_sample_size(const dsrt_datastore *ds, uint32_t pos) {
+    return ds->index->shards->size[dsrt__pos(ds, pos)];
+}
+
+// ----------------------------------------------------------------------------
+// Writing
+
+dsrt_shard_write_options dsrt_shard_write_defaults(void) {
+    dsrt_shard_write_options o = {
+        .shard_bytes = (uint64_t)256 << 20, .shard_samples = 0, .class_names = NULL};
+    return o;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path) {
+    char *p = dsrt__strdup(path);
+    if (!p) return -ENOMEM;
+    int rc = 0;
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+            break;
+        }
+        *s = c;
+        if (!c) break;
+    }
+    free(p);
+    return rc;
+}
+
+/* 1 when name is base followed by a run of digits and then tail. */
+static int digits_between(const char *name, const char *base, const char *tail) {
+    size_t b = strlen(base);
+    if (strncmp(name, base, b) != 0) return 0;
+    const char *p = name + b;
+    while (isdigit((unsigned char)*p)) p++;
+    return p > name + b && strcmp(p, tail) == 0;
+}
+
+/* A name this writer makes: shard-NNNNNN.tar and its temporary form
+ * .shard-NNNNNN.tar.tmp, the index and classes.json and their temporary
+ * forms (NAME.tmp.TID). */
+static int ours(const char *name) {
+    static const char *const files[] = {DSRT_SHARD_INDEX_NAME, DSRT_SHARD_CLASSES_NAME};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(files); k++) {
+        char base[64];
+        snprintf(base, sizeof base, "%s.tmp.", files[k]);
+        if (!strcmp(name, files[k]) || digits_between(name, base, "")) return 1;
+    }
+    return digits_between(name, "shard-", ".tar") || digits_between(name, ".shard-", ".tar.tmp");
+}
+
+/* Makes out an empty folder for a new set: a set written before is removed
+ * (its index first); anything else there is refused. */
+static int prepare_out(const char *out) {
+    int rc = make_dirs(out);
+    if (rc != 0) return rc;
+    DIR *d = opendir(out);
+    if (!d) return dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
+    strlist names = {0};
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        if (!ours(de->d_name)) {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: holds '%s', which no shard set of dsrt's makes: give "
+                            "an empty or new folder",
+                            out, de->d_name);
+            break;
+        }
+        if ((rc = strlist_add(&names, de->d_name, strlen(de->d_name))) != 0) break;
+    }
+    closedir(d);
+    char p[8192];
+    /* The index goes first: without it no stale description survives. */
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, out);
+    if (rc == 0 && unlink(p) != 0 && errno != ENOENT)
+        rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+    for (size_t i = 0; rc == 0 && i < names.n; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, names.v[i]);
+        if (unlink(p) != 0 && errno != ENOENT)
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+    }
+    strlist_free(&names);
+    return rc;
+}
+
+/* A shard being written: a temporary file and a buffer in front of it. */
+typedef struct {
+    int fd;
+    char tmp[4096], final[4096];
+    uint8_t *buf;
+    size_t used;
+    uint64_t size; /* bytes written so far, the buffer included */
+} shard_file;
+
+static int sf_flush(shard_file *f) {
+    size_t done = 0;
+    while (done < f->used) {
+        ssize_t w = write(f->fd, f->buf + done, f->used - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return dsrt__fail(-errno, "shards: %s: %s", f->tmp, strerror(errno));
+        done += (size_t)w;
+    }
+    f->used = 0;
+    return 0;
+}
+
+static int sf_put(shard_file *f, const void *data, size_t len) {
+    const uint8_t *p = data;
+    while (len > 0) {
+        if (f->used == WRITE_BUFFER) {
+            int rc = sf_flush(f);
+            if (rc != 0) return rc;
+        }
+        size_t k = DSRT_MIN(len, WRITE_BUFFER - f->used);
+        memcpy(f->buf + f->used, p, k);
+        f->used += k;
+        f->size += k;
+        p += k;
+        len -= k;
+    }
+    return 0;
+}
+
+/* A member: header, data, padding to the block size. */
+static int sf_member(shard_file *f, const char *name, const void *data, size_t len, int64_t mtime) {
+    uint8_t hdr[DSRT_TAR_BLOCK];
+    static const uint8_t zeros[DSRT_TAR_BLOCK];
+    int rc = dsrt__tar_header_make(hdr, name, len, mtime);
+    if (rc == 0) rc = sf_put(f, hdr, sizeof hdr);
+    if (rc == 0) rc = sf_put(f, data, len);
+    size_t pad = (DSRT_TAR_BLOCK - len % DSRT_TAR_BLOCK) % DSRT_TAR_BLOCK;
+    if (rc == 0 && pad) rc = sf_put(f, zeros, pad);
+    return rc;
+}
+
+static int sf_open(shard_file *f, const char *out, size_t k) {
+    char name[64];
+    snprintf(name, sizeof name, SHARD_NAME_FMT, k);
+    snprintf(f->final, sizeof f->final, "%s/%s", out, name);
+    snprintf(f->tmp, sizeof f->tmp, "%s/.%s.tmp", out, name);
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f->fd < 0) return dsrt__fail(-errno, "shards: %s: %s", f->tmp, strerror(errno));
+    f->used = 0;
+    f->size = 0;
+    return 0;
+}
+
+/* The end-of-archive marker, fsync, and the final name. */
+static int sf_close(shard_file *f) {
+    static const uint8_t zeros[2 * DSRT_TAR_BLOCK];
+    int rc = sf_put(f, zeros, sizeof zeros);
+    if (rc == 0) rc = sf_flush(f);
+    if (rc == 0 && fsync(f->fd) != 0)
+        rc = dsrt__fail(-errno, "shards: %s: fsync: %s", f->tmp, strerror(errno));
+    if (close(f->fd) != 0 && rc == 0)
+        rc = dsrt__fail(-errno, "shards: %s: close: %s", f->tmp, strerror(errno));
+    f->fd = -1;
+    if (rc == 0 && rename(f->tmp, f->final) != 0)
+        rc = dsrt__fail(-errno, "shards: %s: %s", f->final, strerror(errno));
+    return rc;
+}
+
+/* The key of sample i: its position, then the file's name without its
+ * extension and with characters WebDataset splits on made '_'. */
+static void make_key(char *key, size_t cap, size_t i, int width, const char *path) {
+    int n = snprintf(key, cap, "%0*zu", DSRT_MIN(width, 20), i);
+    if (!path || n < 0 || (size_t)n >= cap) return;
+    const char *b = base_of(path);
+    const char *dot = strrchr(b, '.');
+    size_t len = dot && dot > b ? (size_t)(dot - b) : strlen(b);
+    len = DSRT_MIN(len, (size_t)64);
+    size_t at = (size_t)n;
+    key[at++] = '_';
+    for (size_t k = 0; k < len && at + 1 < cap; k++) {
+        unsigned char c = (unsigned char)b[k];
+        key[at++] = c == '.' || c == '/' || c < 0x20 || c == 0x7f ? '_' : (char)c;
+    }
+    key[at] = '\0';
+}
+
+/* The extension a sample's image member gets, into ext (8 bytes). */
+static void image_ext(const uint8_t *data, size_t len, const char *path, char ext[8]) {
+    dsrt_format f = dsrt_detect_format(data, len);
+    snprintf(ext, 8, "%s", f == DSRT_FORMAT_PNG ? "png" : "jpg");
+    if (f == DSRT_FORMAT_JPEG || f == DSRT_FORMAT_PNG) return;
+    /* Not an image (it will be a bad sample when read): keep its own
+     * extension if it is a short plain one. */
+    const char *dot = path ? strrchr(base_of(path), '.') : NULL;
+    if (!dot || !dot[1] || strlen(dot + 1) >= 8) return;
+    for (const char *p = dot + 1; *p; p++)
+        if (!isalnum((unsigned char)*p)) return;
+    size_t k = 0;
+    for (const char *p = dot + 1; *p; p++) ext[k++] = (char)tolower((unsigned char)*p);
+    ext[k] = '\0';
+}
+
+/* Writes classes.json: a JSON array; bytes that are not UTF-8 become U+FFFD. */
+static int write_classes_json(const char *out, const char *const *names, size_t n) {
+    size_t cap = 16;
+    for (size_t c = 0; c < n; c++) cap += 6 * strlen(names[c]) + 8;
+    char *t = dsrt__malloc(cap), *w = t;
+    if (!t) return -ENOMEM;
+    *w++ = '[';
+    for (size_t c = 0; c < n; c++) {
+        if (c) *w++ = ',', *w++ = ' ';
+        *w++ = '"';
+        const unsigned char *s = (const unsigned char *)names[c];
+        while (*s) {
+            unsigned char ch = *s;
+            int len = ch < 0x80             ? 1
+                      : (ch & 0xe0) == 0xc0 ? 2
+                      : (ch & 0xf0) == 0xe0 ? 3
+                      : (ch & 0xf8) == 0xf0 ? 4
+                                            : 0;
+            int ok = len > 0;
+            for (int k = 1; ok && k < len; k++) ok = (s[k] & 0xc0) == 0x80;
+            if (!ok) {
+                memcpy(w, "\\ufffd", 6);
+                w += 6;
+                s++;
+                continue;
+            }
+            if (ch == '"' || ch == '\\') {
+                *w++ = '\\';
+                *w++ = (char)ch;
+            } else if (ch < 0x20) {
+                w += sprintf(w, "\\u%04x", ch);
+            } else {
+                memcpy(w, s, (size_t)len);
+                w += len;
+            }
+            s += len;
+        }
+        *w++ = '"';
+    }
+    *w++ = ']';
+    *w++ = '\n';
+    char p[4096 + 32];
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_CLASSES_NAME, out);
+    int rc = dsrt__write_file_atomic(p, t, (size_t)(w - t));
+    free(t);
+    return rc ? dsrt__fail_prefix(rc, "shards") : 0;
+}
+
+/* The bytes of sample i: the file's, or its pixels as a PNG. */
+static int sample_bytes(const dsrt_datastore *ds, size_t i, uint8_t **data, size_t *len,
+                        int64_t *mtime, void **owned) {
+    const char *path = dsrt_datastore_path(ds, i);
+    *owned = NULL;
+    *mtime = 0;
+    if (!path) {
+        dsrt_image img;
+        int rc = dsrt_datastore_pixels(ds, i, &img);
+        if (rc == 0) rc = dsrt__png_encode(&img, "shards", owned, len);
+        *data = *owned;
+        return rc;
+    }
+    if (ds->index->shards) {
+        /* From a shard set: the member's bytes. */
+        size_t n = (size_t)dsrt__shard_sample_size(ds, (uint32_t)i);
+        uint8_t *b = dsrt__malloc(n ? n : 1);
+        if (!b) return -ENOMEM;
+        int rc = dsrt__shard_member_read(ds, (uint32_t)i, b, mtime);
+        if (rc != 0) {
+            free(b);
+            return dsrt__fail_prefix(rc, "shards");
+        }
+        *owned = b;
+        *data = b;
+        *len = n;
+        return 0;
+    }
+    struct stat st;
+    int rc = dsrt__is_url(path) ? dsrt__remote_read_whole(path, (size_t)1 << 33, data, len)
+                                : dsrt__read_whole_file(path, (size_t)1 << 33, data, len);
+    if (rc != 0) return dsrt__fail_prefix(rc, "shards");
+    *owned = *data;
+    if (!dsrt__is_url(path) && stat(path, &st) == 0) *mtime = (int64_t)st.st_mtime;
+    return 0;
+}
+
+int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
+                          const dsrt_shard_write_options *o, uint64_t *written) {
+    dsrt_shard_write_options opt = o ? *o : dsrt_shard_write_defaults();
+    if (written) *written = 0;
+    if (!ds || !out || !*out) return dsrt__fail(DSRT_EOPTION, "shards: no datastore or no folder");
+    if (opt.shard_bytes < 4 * DSRT_TAR_BLOCK)
+        return dsrt__fail(DSRT_EOPTION, "shards: shard_bytes %llu: at least %d",
+                          (unsigned long long)opt.shard_bytes, 4 * DSRT_TAR_BLOCK);
+    const dsrt_index *ix = ds->index;
+    const char *const *names = opt.class_names ? opt.class_names : ix->classes;
+    for (size_t c = 0; c < ix->num_classes; c++)
+        if (!names[c]) return dsrt__fail(DSRT_EOPTION, "shards: class %zu has no name", c);
+    int rc = prepare_out(out);
+    if (rc != 0) return rc;
+
+    size_t n = ds->n;
+    int width = 6;
+    for (size_t m = n; m >= 1000000; m /= 10) width++;
+    dsrt_shard_index x = {0};
+    int64_t result;
+    strlist shard_names = {0}, members = {0};
+    size_t nshards = 0, cap_shards = 0;
+    shard_file f = {.fd = -1};
+    f.buf = dsrt__malloc(WRITE_BUFFER);
+    x.offset = dsrt__malloc((n ? n : 1) * sizeof *x.offset);
+    x.size = dsrt__malloc((n ? n : 1) * sizeof *x.size);
+    x.label = dsrt__malloc((n ? n : 1) * sizeof *x.label);
+    result = -ENOMEM;
+    if (!f.buf || !x.offset || !x.size || !x.label) goto fail;
+
+    uint64_t in_shard = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *data;
+        size_t len;
+        int64_t mtime;
+        void *owned;
+        if ((rc = sample_bytes(ds, i, &data, &len, &mtime, &owned)) != 0) goto fail;
+        const char *path = dsrt_datastore_path(ds, i);
+        char key[128], member[160], cls[16], ext[8];
+        make_key(key, sizeof key, i, width, ix->shards ? NULL : path);
+        image_ext(data, len, path, ext);
+        int32_t label = ix->labels[dsrt__pos(ds, i)];
+        int cl = snprintf(cls, sizeof cls, "%d", (int)label);
+        uint64_t need = 3 * DSRT_TAR_BLOCK + ((len + DSRT_TAR_BLOCK - 1) & ~(uint64_t)511);
+        if (f.fd >= 0 && (f.size + need + 2 * DSRT_TAR_BLOCK > opt.shard_bytes ||
+                          (opt.shard_samples && in_shard >= opt.shard_samples))) {
+            if ((rc = sf_close(&f)) != 0) goto fail_sample;
+        }
+        if (f.fd < 0) {
+            if ((rc = sf_open(&f, out, nshards)) != 0) goto fail_sample;
+            void *v = x.shard_count;
+            if (dsrt__grow(&v, &cap_shards, nshards + 1, sizeof *x.shard_count) != 0) {
+                rc = -ENOMEM;
+                goto fail_sample;
+            }
+            x.shard_count = v;
+            uint64_t *sizes = dsrt__realloc(x.shard_size, cap_shards * sizeof *sizes);
+            if (!sizes) {
+                rc = -ENOMEM;
+                goto fail_sample;
+            }
+            x.shard_size = sizes;
+            x.shard_count[nshards] = 0;
+            if ((rc = strlist_add(&shard_names, base_of(f.final), strlen(base_of(f.final)))) != 0)
+                goto fail_sample;
+            nshards++;
+            in_shard = 0;
+        }
+        snprintf(member, sizeof member, "%s.cls", key);
+        rc = sf_member(&f, member, cls, (size_t)cl, mtime);
+        snprintf(member, sizeof member, "%s.%s", key, ext);
+        x.offset[i] = f.size + DSRT_TAR_BLOCK;
+        x.size[i] = len;
+        x.label[i] = label;
+        if (rc == 0) rc = sf_member(&f, member, data, len, mtime);
+        if (rc == 0) rc = strlist_add(&members, member, strlen(member));
+        free(owned);
+        if (rc != 0) goto fail;
+        x.shard_count[nshards - 1]++;
+        in_shard++;
+        continue;
+    fail_sample:
+        free(owned);
+        goto fail;
+    }
+    if (f.fd >= 0 && (rc = sf_close(&f)) != 0) goto fail;
+    /* Sizes as they lie on disk. */
+    for (size_t k = 0; k < nshards; k++) {
+        char p[8192];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", out, shard_names.v[k]);
+        if (stat(p, &st) != 0) {
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+            goto fail;
+        }
+        x.shard_size[k] = (uint64_t)st.st_size;
+    }
+    if ((rc = write_classes_json(out, names, ix->num_classes)) != 0) goto fail;
+    x.nshards = nshards;
+    x.n = n;
+    x.nclasses = ix->num_classes;
+    x.shard_names = (const char **)shard_names.v;
+    x.member = (const char **)members.v;
+    x.classes = (const char **)names;
+    char p[4096 + 32];
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, out);
+    rc = dsrt__shard_index_write(p, &x);
+    if (rc != 0) goto fail;
+    if (written) *written = n;
+    result = (int64_t)nshards;
+fail:
+    if (rc != 0) result = rc;
+    if (f.fd >= 0) {
+        close(f.fd);
+        unlink(f.tmp);
+    }
+    free(f.buf);
+    free(x.offset);
+    free(x.size);
+    free(x.label);
+    free(x.shard_count);
+    free(x.shard_size);
+    strlist_free(&shard_names);
+    strlist_free(&members);
+    return result;
+}
