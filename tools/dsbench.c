@@ -75,6 +75,13 @@ static const char usage[] =
     "                        4 pixels (zero fill), float NCHW in [0, 1]\n"
     "                        none: decode only: each image at its own size as float\n"
     "                        CHW in [0, 1], one image a batch unless --batch says\n"
+    "  --layout nchw|nhwc    the samples' layout: nchw (default) is float32 planes,\n"
+    "                        nhwc is uint8 rows of interleaved channels (what a GPU\n"
+    "                        stages and normalises itself), no normalisation\n"
+    "  --dtype float32|uint8 the samples' type: float32 goes with nchw (the\n"
+    "                        default), uint8 with nhwc; either option alone picks both\n"
+    "  --channels 1|3        output channels (default 3): 1 decodes JPEGs to their\n"
+    "                        luma alone\n"
     "  --threads N           worker threads (default 0: one per core); with --sweep,\n"
     "                        a list of counts such as 1,2,4\n"
     "  --sweep               run once per thread count (1, 2, 4, ... up to the cores,\n"
@@ -123,6 +130,9 @@ typedef struct {
     int index, json;
     /* pipeline mode */
     pipe_kind kind;
+    int nhwc;         /* --layout nhwc / --dtype uint8: uint8 NHWC samples */
+    int layout_given; /* -1 nchw/float32 asked, 1 nhwc/uint8 asked, 0 neither */
+    int channels;     /* --channels: 1 or 3 */
     dsrt_pipeline_options po;
     int batch_given, sweep, cold, checksum;
     const char *threads_list;
@@ -556,9 +566,11 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
     const dsrt_pipeline_statistics *s = &r->st;
     printf("{\"data\":");
     tool_json_string(stdout, o->data);
-    printf(",\"pipeline\":\"%s\",\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
+    printf(",\"pipeline\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\",\"channels\":%d,"
+           "\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
            "\"pinned_threads\":%u,\"io\":\"%s\",\"io_fallback\":",
-           kind_names[o->kind], o->po.batch, o->po.prefetch, r->threads, r->cpus, s->pinned_threads,
+           kind_names[o->kind], o->nhwc ? "nhwc" : "nchw", o->nhwc ? "uint8" : "float32",
+           o->channels, o->po.batch, o->po.prefetch, r->threads, r->cpus, s->pinned_threads,
            io_name(s));
     if (r->io_fallback[0])
         tool_json_string(stdout, r->io_fallback);
@@ -620,6 +632,11 @@ static int run_pipeline(options *o) {
         dsrt_augment_preset_32(&aug);
     else
         aug = dsrt_augment_defaults(); /* native: float CHW in [0, 1], nothing else */
+    aug.output_channels = o->channels;
+    if (o->nhwc) {
+        aug.layout = DSRT_AUGMENT_U8_NHWC;
+        aug.norm = DSRT_AUGMENT_NORM_NONE;
+    }
     o->po.native = o->kind == PIPE_NONE;
     if (!o->batch_given) o->po.batch = o->kind == PIPE_NONE ? 1 : 128;
     size_t images = dsrt_datastore_count(ds);
@@ -643,12 +660,13 @@ static int run_pipeline(options *o) {
             if (o->sweep)
                 printf("%s: %zu images\n", o->data, images);
             else
-                printf("%s: %zu images, pipeline %s, batch %zu, %u thread%s on CPUs %s (%u "
-                       "pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
-                       o->data, images, kind_names[o->kind], o->po.batch, r->threads,
-                       r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
-                       r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
-                       s->slots, s->slot_bytes / 1e6,
+                printf("%s: %zu images, pipeline %s (%s %s, %d channel%s), batch %zu, %u thread%s "
+                       "on CPUs %s (%u pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
+                       o->data, images, kind_names[o->kind], o->nhwc ? "uint8" : "float32",
+                       o->nhwc ? "NHWC" : "NCHW", o->channels, o->channels == 1 ? "" : "s",
+                       o->po.batch, r->threads, r->threads == 1 ? "" : "s", r->cpus,
+                       s->pinned_threads, io_name(s), r->io_fallback[0] ? " (" : "", r->io_fallback,
+                       r->io_fallback[0] ? ")" : "", s->slots, s->slot_bytes / 1e6,
                        s->pinned_memory   ? "pinned with cudaHostAlloc"
                        : s->locked_memory ? "locked"
                                           : "not locked");
@@ -700,6 +718,26 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
         while (k < 3 && strcmp(v, kind_names[k]) != 0) k++;
         if (k == 3) tool_die_usage("--pipeline: '%s' is not 227, 32 or none", v);
         o->kind = (pipe_kind)k;
+    } else if (strcmp(a, "--layout") == 0 || strcmp(a, "--dtype") == 0) {
+        /* Two names for one choice: the augmenter writes float32 NCHW or
+         * uint8 NHWC. Each option alone picks the pair; together they must
+         * agree. */
+        static const char *const names[2][2] = {{"nchw", "nhwc"}, {"float32", "uint8"}};
+        const char *v = tool_value(argc, argv, i);
+        int which = strcmp(a, "--dtype") == 0, pick = -1;
+        for (int k = 0; k < 2; k++)
+            if (strcmp(v, names[which][k]) == 0) pick = k;
+        if (pick < 0)
+            tool_die_usage("%s: '%s' is not %s or %s", a, v, names[which][0], names[which][1]);
+        int want = pick ? 1 : -1;
+        if (o->layout_given && o->layout_given != want)
+            tool_die_usage("%s %s: dsrt writes float32 NCHW or uint8 NHWC samples, not %s with %s",
+                           a, v, v, names[!which][o->layout_given > 0]);
+        o->layout_given = want;
+        o->nhwc = pick;
+    } else if (strcmp(a, "--channels") == 0) {
+        o->channels = (int)tool_int("--channels", tool_value(argc, argv, i), 1, 3);
+        if (o->channels == 2) tool_die_usage("--channels: 2 is not 1 or 3");
     } else if (strcmp(a, "--threads") == 0) {
         const char *v = tool_value(argc, argv, i);
         if (strchr(v, ',')) {
@@ -776,6 +814,7 @@ int main(int argc, char **argv) {
     o.split_both = 1;
     o.po = dsrt_pipeline_defaults();
     o.epochs = 3;
+    o.channels = 3;
     tool_set_name("dsbench");
     if (argc < 2) tool_die_usage("no data given");
 
