@@ -419,10 +419,11 @@ typedef struct {
 
 struct dsrt_augmenter {
     axis ax, ay;
-    float *tmp; // (source row width * channels): the vertical pass
-    float *row; // (output width, channels): one output row before the write
-    float *pre; // (pre_h, pre_w, channels): the source shrunk before a warp
-    size_t cap_tmp, cap_row, cap_pre;
+    float *tmp;   // (source row width * channels): the vertical pass
+    float *row;   // (output width, channels): one output row before the write
+    float *pre;   // (pre_h, pre_w, channels): the source shrunk before a warp
+    uint8_t *rgb; // (h, w, 3): a gray image as RGB, for a warp
+    size_t cap_tmp, cap_row, cap_pre, cap_rgb;
     /* The normalised value of every byte per channel, for the sub and div
      * it was made with (rebuilt when they change). */
     float lut[3 * 256]; // (3, 256)
@@ -446,6 +447,7 @@ void dsrt_augmenter_destroy(dsrt_augmenter *a) {
     free(a->tmp);
     free(a->row);
     free(a->pre);
+    free(a->rgb);
     free(a);
 }
 
@@ -600,6 +602,7 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
  */
 typedef struct {
     int ch, ow, oh;
+    int sch;          // channels of the source: ch, or 1 for a gray source replicated
     int f32;          // 1: float NCHW, 0: uint8 NHWC
     float sub[3];     // (ch)
     float div[3];     // (ch)
@@ -685,18 +688,22 @@ static void sink_copy(const sink *s, int v, const uint8_t *restrict src, const a
     sink_fill(s, v, 0, n ? u0 : s->ow);
     if (!n) return;
     sink_fill(s, v, u0 + n, s->ow);
-    int ch = s->ch;
-    const uint8_t *p = src + (size_t)ax->run_src * ch;
+    int ch = s->ch, sch = s->sch;
+    const uint8_t *p = src + (size_t)ax->run_src * sch;
     if (s->f32) {
         size_t plane = (size_t)s->ow * s->oh;
         float *o = (float *)s->dst + (size_t)v * s->ow + u0;
-        if (ch == 3)
+        if (sch == 3)
             planes3_u8(o, o + plane, o + 2 * plane, p, ax->run_dir * 3, n, s->lut);
         else
-            plane1_u8(o, p, ax->run_dir, n, s->lut);
+            for (int c = 0; c < ch; c++)
+                plane1_u8(o + c * plane, p, ax->run_dir, n, s->lut + 256 * c);
     } else {
         uint8_t *restrict o = (uint8_t *)s->dst + ((size_t)v * s->ow + u0) * ch;
-        if (ax->run_dir > 0) {
+        if (sch != ch) {
+            for (int j = 0; j < n; j++)
+                for (int c = 0; c < ch; c++) o[j * ch + c] = p[j * ax->run_dir];
+        } else if (ax->run_dir > 0) {
             memcpy(o, p, (size_t)n * ch);
         } else {
             for (int j = 0; j < n; j++)
@@ -736,22 +743,22 @@ enum { TO_HWC, TO_PLANES, TO_U8 };
  * at each call, so the loops specialise and unroll.
  */
 static inline __attribute__((always_inline)) void
-hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, int to, int taps,
-         float *restrict hwc, const sink *s, int v) {
+hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, int och, int to,
+         int taps, float *restrict hwc, const sink *s, int v) {
     const int k = ax->k;
     float *restrict pl[3] = {NULL, NULL, NULL};
     uint8_t *restrict o8 = NULL;
     v4sf sub = {0.0f, 0.0f, 0.0f, 0.0f}, inv = {1.0f, 1.0f, 1.0f, 1.0f};
-    v4sf fill4 = {fill[0], ch == 3 ? fill[1] : 0.0f, ch == 3 ? fill[2] : 0.0f, 0.0f};
+    v4sf fill4 = {fill[0], och == 3 ? fill[1] : 0.0f, och == 3 ? fill[2] : 0.0f, 0.0f};
     if (to == TO_PLANES) {
         size_t plane = (size_t)s->ow * s->oh;
-        for (int c = 0; c < ch; c++) {
+        for (int c = 0; c < och; c++) {
             pl[c] = (float *)s->dst + c * plane + (size_t)v * s->ow;
             sub[c] = s->sub[c];
             inv[c] = s->inv[c];
         }
     } else if (to == TO_U8) {
-        o8 = (uint8_t *)s->dst + (size_t)v * s->ow * ch;
+        o8 = (uint8_t *)s->dst + (size_t)v * s->ow * och;
     }
     for (int u = 0; u < ax->n; u++) {
         int cnt = ax->count[u];
@@ -772,16 +779,16 @@ hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, i
             } else {
                 float a = 0.0f;
                 for (int j = 0; j < m; j++) a += w[j] * p[j];
-                acc[0] = a;
+                acc[0] = acc[1] = acc[2] = a; /* a gray source gives every channel */
             }
         }
         if (to == TO_PLANES) {
             v4sf r = (acc - sub) * inv;
-            for (int c = 0; c < ch; c++) pl[c][u] = r[c];
+            for (int c = 0; c < och; c++) pl[c][u] = r[c];
         }
-        for (int c = 0; c < ch; c++) {
-            if (to == TO_HWC) hwc[(size_t)u * ch + c] = acc[c];
-            if (to == TO_U8) o8[(size_t)u * ch + c] = to_u8(acc[c]);
+        for (int c = 0; c < och; c++) {
+            if (to == TO_HWC) hwc[(size_t)u * och + c] = acc[c];
+            if (to == TO_U8) o8[(size_t)u * och + c] = to_u8(acc[c]);
         }
     }
 }
@@ -790,16 +797,16 @@ hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, i
 #define HPASS3(to, hwc, s, v)                                                                      \
     switch (ax->taps) {                                                                            \
     case 2:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, to, 2, hwc, s, v);                                              \
+        hpass_ch(ax, tmp, fill, 3, 3, to, 2, hwc, s, v);                                           \
         break;                                                                                     \
     case 3:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, to, 3, hwc, s, v);                                              \
+        hpass_ch(ax, tmp, fill, 3, 3, to, 3, hwc, s, v);                                           \
         break;                                                                                     \
     case 4:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, to, 4, hwc, s, v);                                              \
+        hpass_ch(ax, tmp, fill, 3, 3, to, 4, hwc, s, v);                                           \
         break;                                                                                     \
     default:                                                                                       \
-        hpass_ch(ax, tmp, fill, 3, to, 0, hwc, s, v);                                              \
+        hpass_ch(ax, tmp, fill, 3, 3, to, 0, hwc, s, v);                                           \
     }
 
 /* The horizontal pass into floats (ax->n, ch). */
@@ -807,42 +814,69 @@ static void hpass_hwc(float *hwc, const float *tmp, const axis *ax, const float 
     if (ch == 3) {
         HPASS3(TO_HWC, hwc, NULL, 0)
     } else {
-        hpass_ch(ax, tmp, fill, 1, TO_HWC, 0, hwc, NULL, 0);
+        hpass_ch(ax, tmp, fill, 1, 1, TO_HWC, 0, hwc, NULL, 0);
     }
 }
 
 /* The horizontal pass into output row v of the sample. */
 static void hpass_sink(const sink *s, int v, const float *tmp, const axis *ax) {
     const float *fill = s->fill;
-    if (s->f32 && s->ch == 3) {
+    if (s->sch == 3 && s->f32) {
         HPASS3(TO_PLANES, NULL, s, v)
-    } else if (s->f32) {
-        hpass_ch(ax, tmp, fill, 1, TO_PLANES, 0, NULL, s, v);
-    } else if (s->ch == 3) {
+    } else if (s->sch == 3) {
         HPASS3(TO_U8, NULL, s, v)
+    } else if (s->ch == 3 && s->f32) {
+        hpass_ch(ax, tmp, fill, 1, 3, TO_PLANES, 0, NULL, s, v);
+    } else if (s->ch == 3) {
+        hpass_ch(ax, tmp, fill, 1, 3, TO_U8, 0, NULL, s, v);
+    } else if (s->f32) {
+        hpass_ch(ax, tmp, fill, 1, 1, TO_PLANES, 0, NULL, s, v);
     } else {
-        hpass_ch(ax, tmp, fill, 1, TO_U8, 0, NULL, s, v);
+        hpass_ch(ax, tmp, fill, 1, 1, TO_U8, 0, NULL, s, v);
     }
 }
 
-static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img, affine t) {
+/* Fails unless the window holds every source pixel the axis tables read. */
+static int check_window(const axis *ax, const axis *ay, const dsrt_image *img,
+                        const dsrt_window *win) {
+    if (ax->hi <= ax->lo || ay->hi <= ay->lo) return 0; /* all fill: nothing read */
+    if (ax->lo >= win->x0 && ax->hi <= win->x0 + img->width && ay->lo >= win->y0 &&
+        ay->hi <= win->y0 + img->height)
+        return 0;
+    return dsrt__fail(DSRT_EOPTION,
+                      "augment: the sample reads columns %d..%d and rows %d..%d of the %dx%d "
+                      "decoded image, the %dx%d window at %d,%d does not hold them",
+                      ax->lo, ax->hi - 1, ay->lo, ay->hi - 1, win->decoded_width,
+                      win->decoded_height, img->width, img->height, win->x0, win->y0);
+}
+
+/* The separable resampler: t keeps the axes. img is the window win of the
+ * decoded image that t maps into. */
+static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img,
+                         const dsrt_window *win, affine t) {
     axis *ax = &a->ax, *ay = &a->ay;
     int ch = img->channels, rc;
-    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], img->width)) ||
-        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], img->height)) ||
+    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], win->decoded_width)) ||
+        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], win->decoded_height)) ||
+        (rc = check_window(ax, ay, img, win)) ||
         (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 4,
                       sizeof(float))))
         return rc;
-    size_t lo = (size_t)ax->lo * ch, len = (size_t)(ax->hi - ax->lo) * ch;
+    /* The window's first pixel stands for (win->x0, win->y0): the run of a
+     * copy axis and the first column read, shifted to the window. */
+    axis cx = *ax;
+    cx.run_src -= win->x0;
+    const uint8_t *rows = img->data;
+    size_t lo = (size_t)(ax->lo - win->x0) * ch, len = (size_t)(ax->hi - ax->lo) * ch;
     for (int v = 0; v < s->oh; v++) {
-        int cnt = ay->count[v];
+        int cnt = ay->count[v], y = ay->start[v] - win->y0;
         const float *w = ay->w + (size_t)v * ay->k;
         if (cnt == 0) {
             sink_fill(s, v, 0, s->ow);
         } else if (cnt == 1 && w[0] == 1.0f && ax->copy) {
-            sink_copy(s, v, img->data + (size_t)ay->start[v] * img->stride, ax);
+            sink_copy(s, v, rows + (size_t)y * img->stride, &cx);
         } else {
-            vpass(a->tmp, img->data, img->stride, ay->start[v], cnt, w, lo, len);
+            vpass(a->tmp, rows, img->stride, y, cnt, w, lo, len);
             hpass_sink(s, v, a->tmp, ax);
         }
     }
@@ -1007,13 +1041,12 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
 // ----------------------------------------------------------------------------
 // Applying
 
-/* dsrt_augment_apply_params on options already checked. */
-static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
-                         int full_w, int full_h, const dsrt_augment_params *p, void *dst) {
-    int rc;
+/* The image and where it lies, checked: win NULL is the whole image. */
+static int check_image(const dsrt_augment_options *o, const dsrt_image *img, const dsrt_window *win,
+                       dsrt_window *out) {
     if (!img || !img->data || img->width <= 0 || img->height <= 0)
         return dsrt__fail(DSRT_EOPTION, "augment: image: empty");
-    if (img->channels != o->output_channels)
+    if (img->channels != o->output_channels && !(img->channels == 1 && o->output_channels == 3))
         return dsrt__fail(DSRT_EOPTION,
                           "augment: image has %d channel(s), output_channels is %d: decode with "
                           "channels = %d",
@@ -1021,13 +1054,59 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
     if (img->stride < (size_t)img->width * img->channels)
         return dsrt__fail(DSRT_EOPTION, "augment: image: stride %zu below width %d x %d channels",
                           img->stride, img->width, img->channels);
+    dsrt_window whole = {0, 0, img->width, img->height};
+    if (!win) win = &whole;
+    if (win->x0 < 0 || win->y0 < 0 || win->decoded_width <= 0 || win->decoded_height <= 0 ||
+        win->x0 > win->decoded_width - img->width || win->y0 > win->decoded_height - img->height)
+        return dsrt__fail(
+            DSRT_EOPTION, "augment: window: %dx%d at %d,%d does not lie in a %dx%d image",
+            img->width, img->height, win->x0, win->y0, win->decoded_width, win->decoded_height);
+    *out = *win;
+    return 0;
+}
+
+/* A gray image as RGB, in the augmenter's scratch. */
+static int gray_to_rgb(dsrt_augmenter *a, const dsrt_image *img, dsrt_image *rgb) {
+    size_t row = (size_t)img->width * 3;
+    int rc = reserve((void **)&a->rgb, &a->cap_rgb, row * (size_t)img->height, 1);
+    if (rc) return rc;
+    for (int y = 0; y < img->height; y++) {
+        const uint8_t *g = img->data + (size_t)y * img->stride;
+        uint8_t *o = a->rgb + (size_t)y * row;
+        for (int x = 0; x < img->width; x++) o[3 * x] = o[3 * x + 1] = o[3 * x + 2] = g[x];
+    }
+    *rgb = (dsrt_image){a->rgb, img->width, img->height, 3, row};
+    return 0;
+}
+
+/* dsrt_augment_apply_params on options already checked, with img the
+ * window win (NULL: the whole image) of the decoded image. */
+static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
+                         const dsrt_window *win, int full_w, int full_h,
+                         const dsrt_augment_params *p, void *dst) {
+    int rc;
+    dsrt_window w;
+    if ((rc = check_image(o, img, win, &w))) return rc;
     if (full_w <= 0 || full_h <= 0)
         return dsrt__fail(DSRT_EOPTION, "augment: full size %d x %d: not positive", full_w, full_h);
     affine t;
-    if ((rc = sample_map(o, full_w, full_h, img->width, img->height, p, &t))) return rc;
+    if ((rc = sample_map(o, full_w, full_h, w.decoded_width, w.decoded_height, p, &t))) return rc;
+    int separable = t.m[1] == 0.0 && t.m[3] == 0.0;
+    dsrt_image rgb;
+    if (!separable) {
+        /* The warp reads the whole image, in the output's channels. */
+        if (w.x0 || w.y0 || w.decoded_width != img->width || w.decoded_height != img->height)
+            return dsrt__fail(DSRT_EOPTION, "augment: a rotated or sheared sample needs the "
+                                            "whole image, not a window of it");
+        if (img->channels != o->output_channels) {
+            if ((rc = gray_to_rgb(a, img, &rgb))) return rc;
+            img = &rgb;
+        }
+    }
     sink s;
     memset(&s, 0, sizeof s);
     s.ch = o->output_channels;
+    s.sch = img->channels;
     s.ow = o->output_width;
     s.oh = o->output_height;
     s.f32 = o->layout == DSRT_AUGMENT_F32_NCHW;
@@ -1057,7 +1136,7 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
         }
         s.lut = a->lut;
     }
-    if (t.m[1] == 0.0 && t.m[3] == 0.0) return run_separable(a, &s, img, t);
+    if (separable) return run_separable(a, &s, img, &w, t);
     return run_affine(a, &s, img, t);
 }
 
@@ -1066,12 +1145,12 @@ int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
                               const dsrt_augment_params *p, void *dst) {
     int rc = dsrt_augment_check(o);
     if (rc) return rc;
-    return apply_checked(a, o, img, full_w, full_h, p, dst);
+    return apply_checked(a, o, img, NULL, full_w, full_h, p, dst);
 }
 
-int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
-                       int full_w, int full_h, uint64_t seed, uint64_t epoch, uint64_t sample_id,
-                       void *dst) {
+int dsrt_augment_apply_window(dsrt_augmenter *a, const dsrt_augment_options *o,
+                              const dsrt_image *img, const dsrt_window *win, int full_w, int full_h,
+                              uint64_t seed, uint64_t epoch, uint64_t sample_id, void *dst) {
     /* The options are checked once a sample, here. */
     int rc = dsrt_augment_check(o);
     if (rc) return rc;
@@ -1079,5 +1158,57 @@ int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o, const d
         return dsrt__fail(DSRT_EOPTION, "augment: full size %d x %d: not positive", full_w, full_h);
     dsrt_augment_params p;
     dsrt_augment_draw(o, full_w, full_h, seed, epoch, sample_id, &p);
-    return apply_checked(a, o, img, full_w, full_h, &p, dst);
+    return apply_checked(a, o, img, win, full_w, full_h, &p, dst);
+}
+
+int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
+                       int full_w, int full_h, uint64_t seed, uint64_t epoch, uint64_t sample_id,
+                       void *dst) {
+    return dsrt_augment_apply_window(a, o, img, NULL, full_w, full_h, seed, epoch, sample_id, dst);
+}
+
+// ----------------------------------------------------------------------------
+// The decode request: what of the image a sample reads
+
+/* The DCT scale (1, 2, 4 or 8) that turns full into dec on both axes; 1 when
+ * none does (a PNG, or a caller's own size). */
+static int decode_scale(int full_w, int full_h, int dec_w, int dec_h) {
+    for (int s = 8; s > 1; s /= 2)
+        if ((full_w + s - 1) / s == dec_w && (full_h + s - 1) / s == dec_h) return s;
+    return 1;
+}
+
+int dsrt_augment_decode_request(dsrt_augmenter *a, const dsrt_augment_options *o,
+                                const dsrt_image_info *info, uint64_t seed, uint64_t epoch,
+                                uint64_t sample_id, dsrt_decode_request *req) {
+    int rc = dsrt_augment_check(o);
+    if (rc) return rc;
+    int fw = info->width, fh = info->height;
+    req->channels = o->output_channels;
+    req->allow_gray = o->output_channels == 3;
+    req->region_x = req->region_y = req->region_width = req->region_height = 0;
+    dsrt_augment_decode_size(o, fw, fh, &req->min_width, &req->min_height);
+    if (fw <= 0 || fh <= 0) return 0;
+    int dw, dh;
+    dsrt_decode_size(info, req, &dw, &dh);
+    dsrt_augment_params p;
+    dsrt_augment_draw(o, fw, fh, seed, epoch, sample_id, &p);
+    affine t;
+    if ((rc = sample_map(o, fw, fh, dw, dh, &p, &t))) return rc;
+    if (t.m[1] != 0.0 || t.m[3] != 0.0) return 0; /* a warp: the whole image */
+    axis *ax = &a->ax, *ay = &a->ay;
+    if ((rc = axis_build(ax, o->output_width, t.m[0], t.m[2], dw)) ||
+        (rc = axis_build(ay, o->output_height, t.m[4], t.m[5], dh)))
+        return rc;
+    int s = decode_scale(fw, fh, dw, dh);
+    if (ax->hi <= ax->lo || ay->hi <= ay->lo) {
+        /* Every output pixel is fill: a pixel is decoded all the same. */
+        req->region_width = req->region_height = 1;
+        return 0;
+    }
+    req->region_x = ax->lo * s;
+    req->region_width = DSRT_MIN(fw, ax->hi * s) - req->region_x;
+    req->region_y = ay->lo * s;
+    req->region_height = DSRT_MIN(fh, ay->hi * s) - req->region_y;
+    return 0;
 }

@@ -16,6 +16,7 @@ function(dsrt_find_lib var lib header package)
 endfunction()
 
 dsrt_find_lib(TURBOJPEG turbojpeg turbojpeg.h libturbojpeg0-dev)
+dsrt_find_lib(JPEG jpeg jpeglib.h libjpeg62-turbo-dev)
 dsrt_find_lib(SPNG spng spng.h libspng-dev)
 dsrt_find_lib(URING uring liburing.h liburing-dev)
 dsrt_find_lib(HWLOC hwloc hwloc.h libhwloc-dev)
@@ -23,13 +24,13 @@ dsrt_find_lib(DNNL dnnl oneapi/dnnl/dnnl.h libdnnl-dev)
 dsrt_find_lib(ZLIB z zlib.h zlib1g-dev)
 
 set(DSRT_DEP_LIBRARIES
-  ${TURBOJPEG_LIBRARY} ${SPNG_LIBRARY} ${URING_LIBRARY} ${HWLOC_LIBRARY} ${DNNL_LIBRARY}
+  ${TURBOJPEG_LIBRARY} ${JPEG_LIBRARY} ${SPNG_LIBRARY} ${URING_LIBRARY} ${HWLOC_LIBRARY} ${DNNL_LIBRARY}
   ${ZLIB_LIBRARY} Threads::Threads m)
 set(DSRT_DEP_INCLUDE_DIRS
-  ${TURBOJPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR} ${URING_INCLUDE_DIR} ${HWLOC_INCLUDE_DIR}
+  ${TURBOJPEG_INCLUDE_DIR} ${JPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR} ${URING_INCLUDE_DIR} ${HWLOC_INCLUDE_DIR}
   ${DNNL_INCLUDE_DIR} ${ZLIB_INCLUDE_DIR})
 # For dsrt.pc: the same libraries as -l flags.
-set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -lspng -luring -lhwloc -ldnnl -lz -lpthread -lm")
+set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -ljpeg -lspng -luring -lhwloc -ldnnl -lz -lpthread -lm")
 
 # MPI (Open MPI: libopenmpi-dev) for the communicators. DSRT_WITH_MPI is
 # AUTO (default: with MPI when found), ON (a missing MPI is an error) or OFF.
