@@ -8,12 +8,14 @@
  * what a sample reads (dsrt_augment_decode_request, a region decode,
  * dsrt_augment_apply_window) must write the bytes of the whole decode's
  * sample, and a gray image for RGB output the bytes of its replication.
+ * Every kernel this CPU has (scalar, AVX2, AVX-512) writes the same bytes.
  *
  * Tolerances: resampled values are compared in [0, 255] pixel units; float
  * weights against the double reference differ by about 3e-5 (TOL 1e-3).
  */
 #include <dsrt/augment.h>
 
+#include "augment/internal.h"
 #include "core/internal.h"
 #include "task.h"
 #include "testimg.h"
@@ -1185,6 +1187,131 @@ static void test_gray_replicated(void) {
     dsrt_augmenter_destroy(a);
 }
 
+// ----------------------------------------------------------------------------
+// Every instruction set writes the same bytes
+
+/* The sample of img under o from an augmenter on the given kernels. */
+static int apply_isa(const char *isa, const dsrt_augment_options *o, const dsrt_image *img,
+                     const dsrt_window *win, int fw, int fh, uint64_t id, void *dst) {
+    dsrt_augmenter *a;
+    REQUIRE(dsrt_augmenter_create(&a) == 0);
+    int rc = dsrt__augmenter_set_isa(a, isa);
+    if (rc == 0) {
+        CHECK_STR_EQ(dsrt_augmenter_isa(a), isa);
+        CHECK_OK(dsrt_augment_apply_window(a, o, img, win, fw, fh, 7, 2, id, dst));
+    }
+    dsrt_augmenter_destroy(a);
+    return rc;
+}
+
+/*
+ * The AVX2 and AVX-512 kernels against the scalar one, byte for byte, on
+ * every option set, layout and channel count, on images of many shapes
+ * (rows with slack, one pixel wide or high, large reductions that gather),
+ * and on windows. Kernels this CPU lacks are skipped and said so.
+ */
+static void test_isa_identical(void) {
+    static const char *const isas[] = {"avx2", "avx512"};
+    int have[2];
+    for (int i = 0; i < 2; i++) {
+        dsrt_augmenter *a;
+        REQUIRE(dsrt_augmenter_create(&a) == 0);
+        have[i] = dsrt__augmenter_set_isa(a, isas[i]) == 0;
+        dsrt_augmenter_destroy(a);
+        printf("  %s: %s\n", isas[i], have[i] ? "compared with scalar" : "not on this CPU");
+    }
+    static const int shapes[][2] = {{500, 375}, {333, 500},   {61, 47},   {1, 40},
+                                    {40, 1},    {2000, 1500}, {256, 256}, {17, 300}};
+    long differ = 0, samples = 0;
+    for (size_t si = 0; si < DSRT_ARRAY_SIZE(shapes); si++)
+        for (int ch = 1; ch <= 3; ch += 2) {
+            int w = shapes[si][0], h = shapes[si][1];
+            /* Rows with 5 bytes of slack after them. */
+            test_image t = image_random(w * ch + 5, h, 1, 300 + si * 3 + ch);
+            dsrt_image img = {t.buf, w, h, ch, (size_t)w * ch + 5};
+            dsrt_augment_options o;
+            for (int k = 0; variant(k, &o); k++)
+                for (int l = 0; l < 3; l++)
+                    for (int och = 1; och <= 3; och += 2) {
+                        if (och < ch) continue;
+                        set_layout(&o, l);
+                        o.output_channels = och;
+                        size_t n = dsrt_augment_sample_bytes(&o);
+                        uint8_t *ref = malloc(n), *got = malloc(n);
+                        REQUIRE(ref && got);
+                        for (uint64_t id = 0; id < 2; id++) {
+                            CHECK_OK(apply_isa("scalar", &o, &img, NULL, w, h, id, ref));
+                            for (int i = 0; i < 2; i++) {
+                                if (!have[i]) continue;
+                                memset(got, 0xA5, n);
+                                apply_isa(isas[i], &o, &img, NULL, w, h, id, got);
+                                samples++;
+                                if (memcmp(ref, got, n) != 0 && differ++ < 5)
+                                    fprintf(stderr,
+                                            "%s: %dx%dx%d, options %d, layout %d, %d channel(s), "
+                                            "id %d differ\n",
+                                            isas[i], w, h, ch, k, l, och, (int)id);
+                            }
+                        }
+                        free(ref);
+                        free(got);
+                    }
+            image_free(&t);
+        }
+    /* A window: the middle of a larger decoded image. */
+    test_image t = image_random(300, 200, 3, 9);
+    dsrt_window win = {37, 21, 400, 260};
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = o.output_height = 150;
+    o.size_mode = DSRT_AUGMENT_CENTERCROP;
+    o.resize_shorter = 240;
+    size_t n = dsrt_augment_sample_bytes(&o);
+    uint8_t *ref = malloc(n), *got = malloc(n);
+    REQUIRE(ref && got);
+    CHECK_OK(apply_isa("scalar", &o, &t.img, &win, 400, 260, 0, ref));
+    for (int i = 0; i < 2; i++)
+        if (have[i]) {
+            CHECK_OK(apply_isa(isas[i], &o, &t.img, &win, 400, 260, 0, got));
+            CHECK_EQ(memcmp(ref, got, n), 0);
+        }
+    free(ref);
+    free(got);
+    image_free(&t);
+    CHECK_EQ(differ, 0);
+    CHECK(samples > 0 || (!have[0] && !have[1]));
+    /* Names checked. */
+    dsrt_augmenter *a;
+    REQUIRE(dsrt_augmenter_create(&a) == 0);
+    CHECK_EQ(dsrt__augmenter_set_isa(a, "sse9"), DSRT_EOPTION);
+    CHECK_OK(dsrt__augmenter_set_isa(a, "scalar"));
+    dsrt_augmenter_destroy(a);
+}
+
+/* DSRT_MAX_CPU_ISA caps the kernels; a name it does not know is refused. */
+static void test_isa_environment(void) {
+    const char *old = getenv("DSRT_MAX_CPU_ISA");
+    char *saved = old ? strdup(old) : NULL;
+    dsrt_augmenter *a;
+    setenv("DSRT_MAX_CPU_ISA", "scalar", 1);
+    REQUIRE(dsrt_augmenter_create(&a) == 0);
+    CHECK_STR_EQ(dsrt_augmenter_isa(a), "scalar");
+    dsrt_augmenter_destroy(a);
+    setenv("DSRT_MAX_CPU_ISA", "avx2", 1);
+    REQUIRE(dsrt_augmenter_create(&a) == 0);
+    CHECK(strcmp(dsrt_augmenter_isa(a), "avx512") != 0);
+    dsrt_augmenter_destroy(a);
+    setenv("DSRT_MAX_CPU_ISA", "neon", 1);
+    a = NULL;
+    CHECK_EQ(dsrt_augmenter_create(&a), DSRT_EOPTION);
+    CHECK(a == NULL);
+    CHECK_CONTAINS(dsrt_last_error(), "DSRT_MAX_CPU_ISA: 'neon'");
+    if (saved)
+        setenv("DSRT_MAX_CPU_ISA", saved, 1);
+    else
+        unsetenv("DSRT_MAX_CPU_ISA");
+    free(saved);
+}
+
 int main(void) {
     RUN(test_options);
     RUN(test_identity_exact);
@@ -1203,5 +1330,7 @@ int main(void) {
     RUN(test_window);
     RUN(test_window_errors);
     RUN(test_gray_replicated);
+    RUN(test_isa_identical);
+    RUN(test_isa_environment);
     return TEST_RESULT();
 }

@@ -217,8 +217,16 @@ DSRT_API void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int f
  * on demand and kept between calls. */
 typedef struct dsrt_augmenter dsrt_augmenter;
 
-/* Creates an augmenter. Returns 0 or -ENOMEM. */
+/*
+ * Creates an augmenter. Its resampling runs on the widest vectors the CPU
+ * has (AVX-512, AVX2, or plain C), chosen here; the environment variable
+ * DSRT_MAX_CPU_ISA=scalar|avx2|avx512 caps the choice. Every choice writes
+ * the same bytes. Returns 0, -ENOMEM, or DSRT_EOPTION when DSRT_MAX_CPU_ISA
+ * names no instruction set.
+ */
 DSRT_API int dsrt_augmenter_create(dsrt_augmenter **a);
+/* The instructions a's resampling runs on: "avx512", "avx2" or "scalar". */
+DSRT_API const char *dsrt_augmenter_isa(const dsrt_augmenter *a);
 /* Frees an augmenter. NULL is accepted. */
 DSRT_API void dsrt_augmenter_destroy(dsrt_augmenter *a);
 
