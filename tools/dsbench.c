@@ -103,6 +103,13 @@ static const char usage[] =
     "  --fail-on-error       stop at the first bad image instead of skipping it\n"
     "  --bad-list FILE       write every bad image, with the reason, to FILE (one JSON\n"
     "                        object a line: path, error); the report names the first 20\n"
+    "  --limit               also measure the limit: one core decoding the same files at\n"
+    "                        full size to RGB with TurboJPEG (fast DCT; libspng for PNG),\n"
+    "                        files in memory, nothing else; and report each run's\n"
+    "                        images/s per thread as a share of it\n"
+    "  --limit-images N      files the limit decodes, spread over DATA (default 2000;\n"
+    "                        0: all)\n"
+    "  --limit-passes N      passes over them; the best counts (default 3)\n"
     "  --checksum            hash every delivered batch (samples and labels, in order;\n"
     "                        FNV-1a over 64-bit words in 4 lanes) and print the hash:\n"
     "                        the same for any thread count, io back-end or timing\n"
@@ -135,6 +142,9 @@ typedef struct {
     int channels;     /* --channels: 1 or 3 */
     dsrt_pipeline_options po;
     int batch_given, sweep, cold, checksum;
+    int limit; /* --limit */
+    size_t limit_images;
+    unsigned limit_passes;
     const char *threads_list;
     const char *bad_list; /* --bad-list FILE */
     FILE *bad_out;
@@ -562,7 +572,20 @@ static const char *io_name(const dsrt_pipeline_statistics *s) {
     return s->io == DSRT_IO_AUTO ? "memory" : dsrt_io_name(s->io);
 }
 
-static void json_summary(const options *o, const run_result *r, size_t images) {
+/* What every report says about the machine and the limit. */
+typedef struct {
+    double load[3];  /* load average over 1, 5 and 15 minutes, before the runs */
+    const char *isa; /* the augmenters' kernels */
+    int have_limit;
+    dsrt_decode_limit limit;
+} context;
+
+/* Images/s per worker thread, and its share of the limit. */
+static double per_thread(const run_result *r) {
+    return r->threads ? r->median / r->threads : 0.0;
+}
+
+static void json_summary(const options *o, const context *cx, const run_result *r, size_t images) {
     const dsrt_pipeline_statistics *s = &r->st;
     printf("{\"data\":");
     tool_json_string(stdout, o->data);
@@ -589,6 +612,14 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
            s->read_s, s->decode_s, s->augment_s, s->slot_wait_s, s->consumer_wait_s, r->seconds,
            s->locked_memory ? "true" : "false", s->pinned_memory ? "true" : "false");
     if (o->checksum) printf(",\"checksum\":\"%016llx\"", (unsigned long long)r->hash);
+    printf(",\"per_thread_images_per_s\":%.1f,\"augment_isa\":\"%s\",\"load_average\":[%.2f,%.2f,"
+           "%.2f]",
+           per_thread(r), cx->isa, cx->load[0], cx->load[1], cx->load[2]);
+    if (cx->have_limit)
+        printf(",\"limit\":{\"images\":%zu,\"skipped\":%zu,\"passes\":%u,\"images_per_s\":%.1f,"
+               "\"megapixels_per_s\":%.1f},\"of_limit\":%.4f",
+               cx->limit.images, cx->limit.skipped, o->limit_passes, cx->limit.images_per_s,
+               cx->limit.megapixels_per_s, per_thread(r) / cx->limit.images_per_s);
     printf("}\n");
     fflush(stdout);
 }
@@ -641,6 +672,25 @@ static int run_pipeline(options *o) {
     if (!o->batch_given) o->po.batch = o->kind == PIPE_NONE ? 1 : 128;
     size_t images = dsrt_datastore_count(ds);
 
+    context cx;
+    memset(&cx, 0, sizeof cx);
+    if (getloadavg(cx.load, 3) != 3) cx.load[0] = cx.load[1] = cx.load[2] = -1;
+    dsrt_augmenter *probe;
+    if (dsrt_augmenter_create(&probe) != 0) tool_die("%s", dsrt_last_error());
+    cx.isa = dsrt_augmenter_isa(probe); /* a static string */
+    dsrt_augmenter_destroy(probe);
+    if (o->limit) {
+        if (dsrt_datastore_decode_limit(ds, o->limit_images, o->limit_passes, &cx.limit) != 0)
+            tool_die("--limit: %s", dsrt_last_error());
+        cx.have_limit = 1;
+        if (!o->json)
+            printf("limit: one core decodes %zu of these files at %.1f images/s (%.1f MP/s): "
+                   "full size to RGB, TurboJPEG fast DCT, files in memory, nothing else (best of "
+                   "%u passes)\n",
+                   cx.limit.images, cx.limit.images_per_s, cx.limit.megapixels_per_s,
+                   o->limit_passes);
+    }
+
     unsigned counts[64], ncounts = 1;
     counts[0] = o->po.threads;
     if (o->sweep) ncounts = sweep_counts(o, ds, counts, 64);
@@ -652,7 +702,7 @@ static int run_pipeline(options *o) {
         run_pipeline_once(o, ds, &aug, counts[i], r);
         o->bad_out = NULL;
         if (o->json) {
-            json_summary(o, r, images);
+            json_summary(o, &cx, r, images);
             continue;
         }
         const dsrt_pipeline_statistics *s = &r->st;
@@ -672,20 +722,24 @@ static int run_pipeline(options *o) {
                                           : "not locked");
         }
         if (!o->sweep) {
-            printf("median %.1f images/s%s\n", r->median,
-                   o->epochs > 1 ? " over the epochs after the warm-up" : "");
+            printf("median %.1f images/s%s; %.1f per thread", r->median,
+                   o->epochs > 1 ? " over the epochs after the warm-up" : "", per_thread(r));
+            if (cx.have_limit)
+                printf(", %.0f%% of the limit", 100.0 * per_thread(r) / cx.limit.images_per_s);
+            printf(" (load average %.2f before the run; augment kernels %s)\n", cx.load[0], cx.isa);
             print_stages(r);
             if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
         } else {
             if (i == 0)
-                printf("%7s  %10s  %8s  %10s  %8s  %8s  %8s%s\n", "threads", "images/s", "speedup",
-                       "efficiency", "read ms", "decode", "augment",
-                       o->checksum ? "  checksum" : "");
+                printf("%7s  %10s  %8s  %10s  %8s  %8s  %8s%s%s\n", "threads", "images/s",
+                       "speedup", "efficiency", "read ms", "decode", "augment",
+                       cx.have_limit ? "  of limit" : "", o->checksum ? "  checksum" : "");
             double n = s->samples ? (double)s->samples : 1.0;
             double sp = r->median / res[0].median * counts[0];
             printf("%7u  %10.1f  %7.2fx  %9.0f%%  %8.3f  %8.3f  %8.3f", r->threads, r->median, sp,
                    100.0 * sp / r->threads, 1e3 * s->read_s / n, 1e3 * s->decode_s / n,
                    1e3 * s->augment_s / n);
+            if (cx.have_limit) printf("  %7.0f%%", 100.0 * per_thread(r) / cx.limit.images_per_s);
             if (o->checksum) printf("  %016llx", (unsigned long long)r->hash);
             printf("\n");
             fflush(stdout);
@@ -693,9 +747,13 @@ static int run_pipeline(options *o) {
     }
     if (o->json && o->sweep) {
         printf("{\"sweep\":[");
-        for (unsigned i = 0; i < ncounts; i++)
-            printf("%s{\"threads\":%u,\"images_per_s\":%.1f}", i ? "," : "", res[i].threads,
+        for (unsigned i = 0; i < ncounts; i++) {
+            printf("%s{\"threads\":%u,\"images_per_s\":%.1f", i ? "," : "", res[i].threads,
                    res[i].median);
+            if (cx.have_limit)
+                printf(",\"of_limit\":%.4f", per_thread(&res[i]) / cx.limit.images_per_s);
+            printf("}");
+        }
         printf("]}\n");
     }
     o->bad_out = bad_out;
@@ -796,6 +854,15 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
         po->fail_on_error = 1;
     } else if (strcmp(a, "--checksum") == 0) {
         o->checksum = 1;
+    } else if (strcmp(a, "--limit") == 0) {
+        o->limit = 1;
+    } else if (strcmp(a, "--limit-images") == 0) {
+        o->limit_images =
+            (size_t)tool_int("--limit-images", tool_value(argc, argv, i), 0, INT64_MAX);
+        o->limit = 1;
+    } else if (strcmp(a, "--limit-passes") == 0) {
+        o->limit_passes = (unsigned)tool_int("--limit-passes", tool_value(argc, argv, i), 1, 1000);
+        o->limit = 1;
     } else if (strcmp(a, "--bad-list") == 0) {
         o->bad_list = tool_value(argc, argv, i);
     } else {
@@ -815,6 +882,8 @@ int main(int argc, char **argv) {
     o.po = dsrt_pipeline_defaults();
     o.epochs = 3;
     o.channels = 3;
+    o.limit_images = 2000;
+    o.limit_passes = 3;
     tool_set_name("dsbench");
     if (argc < 2) tool_die_usage("no data given");
 

@@ -407,6 +407,33 @@ DSRT_API int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_
                                        const dsrt_decode_request *req, dsrt_image *out);
 
 // ----------------------------------------------------------------------------
+// The limit: what one core decodes, and nothing else.
+
+/* What dsrt_datastore_decode_limit measured. */
+typedef struct {
+    size_t images;           /* files decoded in each pass */
+    size_t skipped;          /* files left out: unreadable, not decodable */
+    double megapixels;       /* of the images decoded in a pass, at full size */
+    double images_per_s;     /* the best pass */
+    double megapixels_per_s; /* the same pass */
+    double seconds;          /* the whole measurement, reading the files included */
+} dsrt_decode_limit;
+
+/*
+ * The reference an input pipeline is measured against: how fast one core
+ * decodes the files of ds at full size to RGB, files already in memory,
+ * and does nothing else. JPEGs go through TurboJPEG (tjDecompress2, fast
+ * integer DCT: libjpeg-turbo's fastest full-size decode), PNGs through
+ * libspng. At most max_images files are taken (0: all), spread evenly over
+ * ds, read into memory first (at most 1 GiB of them); then passes passes
+ * (at least 1) decode them all on the calling thread, and the best pass's
+ * wall-clock rate is the limit. Fails with DSRT_EUNSUPPORTED for in-memory
+ * sources (no files to decode) and DSRT_EEMPTY when no file decodes.
+ */
+DSRT_API int dsrt_datastore_decode_limit(const dsrt_datastore *ds, size_t max_images,
+                                         unsigned passes, dsrt_decode_limit *out);
+
+// ----------------------------------------------------------------------------
 // Writing image folders from in-memory sources.
 
 /*
