@@ -1,10 +1,12 @@
 """Builds the extension dsrt._dsrt with this repository's CMake build.
 
 setuptools drives the packaging (pyproject.toml); the one extension is built by
-CMake (target dsrt_python: python/src/dsrtmodule.c with libdsrt linked in
-statically) for the interpreter running pip, and copied where setuptools
-expects it. Extra CMake options come from $DSRT_CMAKE_ARGS (for example
-"-DDSRT_WITH_CUDA=OFF").
+CMake (target dsrt_python: python/src/dsrtmodule.c with the data library
+libdsrt linked in statically) for the interpreter running pip, and copied where
+setuptools expects it, with the CUDA host module (dsrt_cuda_host.so, built when
+the CUDA toolkit is found) beside it: a Pipeline with gpu=N loads it for its
+pinned slots, and importing dsrt loads no CUDA library. Extra CMake options
+come from $DSRT_CMAKE_ARGS (for example "-DDSRT_WITH_CUDA=OFF").
 """
 import glob
 import os
@@ -47,6 +49,9 @@ class CMakeBuild(build_ext):
         dest = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(built[0], dest)
+        # Modules the extension loads on demand lie beside it.
+        for module in glob.glob(os.path.join(build, "python", "dsrt", "dsrt_*.so")):
+            shutil.copyfile(module, os.path.join(os.path.dirname(dest), os.path.basename(module)))
 
 
 setup(

@@ -1,7 +1,15 @@
-# Finds the libraries dsrt links and collects them in DSRT_DEP_LIBRARIES and
-# DSRT_DEP_INCLUDE_DIRS. Every one is a Debian package that
-# scripts/install-deps.sh installs; a missing one stops the configure with the
-# package to install.
+# Finds the libraries dsrt links, library by library:
+#   DSRT_DEP_LIBRARIES        libdsrt (the data library): image, I/O, topology
+#   DSRT_TRAIN_DEP_LIBRARIES  libdsrt_train: oneDNN (and zlib for model files)
+#   DSRT_MPI_LIBRARIES        the module dsrt_mpi (Open MPI)
+#   DSRT_CUDA_LIBRARIES       the module dsrt_cuda (CUDA runtime, cuBLAS, cuDNN)
+#   DSRT_NCCL_LIBRARIES       the module dsrt_nccl (NCCL, CUDA runtime)
+# and every include folder in DSRT_DEP_INCLUDE_DIRS; DSRT_PC_LIBS_PRIVATE and
+# DSRT_TRAIN_PC_LIBS_PRIVATE are the same libraries as flags for dsrt.pc and
+# dsrt-train.pc (the modules' libraries are in neither: nothing links them
+# but the modules). Every one is a Debian package that
+# scripts/install-deps.sh installs; a missing one stops the configure with
+# the package to install.
 find_package(Threads REQUIRED)
 
 function(dsrt_find_lib var lib header package)
@@ -22,19 +30,29 @@ dsrt_find_lib(URING uring liburing.h liburing-dev)
 dsrt_find_lib(HWLOC hwloc hwloc.h libhwloc-dev)
 dsrt_find_lib(DNNL dnnl oneapi/dnnl/dnnl.h libdnnl-dev)
 dsrt_find_lib(ZLIB z zlib.h zlib1g-dev)
+# Object storage (s3://, https://): libcurl's multi interface, and OpenSSL's
+# libcrypto for the SHA-256 of AWS Signature Version 4.
+dsrt_find_lib(CURL curl curl/curl.h libcurl4-openssl-dev)
+dsrt_find_lib(CRYPTO crypto openssl/evp.h libssl-dev)
 
 set(DSRT_DEP_LIBRARIES
-  ${TURBOJPEG_LIBRARY} ${JPEG_LIBRARY} ${SPNG_LIBRARY} ${URING_LIBRARY} ${HWLOC_LIBRARY} ${DNNL_LIBRARY}
-  ${ZLIB_LIBRARY} Threads::Threads m)
+  ${TURBOJPEG_LIBRARY} ${JPEG_LIBRARY} ${SPNG_LIBRARY} ${URING_LIBRARY} ${HWLOC_LIBRARY} ${ZLIB_LIBRARY}
+  ${CURL_LIBRARY} ${CRYPTO_LIBRARY} Threads::Threads ${CMAKE_DL_LIBS} m)
+set(DSRT_TRAIN_DEP_LIBRARIES ${DNNL_LIBRARY} ${ZLIB_LIBRARY} m)
 set(DSRT_DEP_INCLUDE_DIRS
   ${TURBOJPEG_INCLUDE_DIR} ${JPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR} ${URING_INCLUDE_DIR} ${HWLOC_INCLUDE_DIR}
-  ${DNNL_INCLUDE_DIR} ${ZLIB_INCLUDE_DIR})
-# For dsrt.pc: the same libraries as -l flags.
-set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -ljpeg -lspng -luring -lhwloc -ldnnl -lz -lpthread -lm")
+  ${DNNL_INCLUDE_DIR} ${ZLIB_INCLUDE_DIR} ${CURL_INCLUDE_DIR} ${CRYPTO_INCLUDE_DIR})
+# For dsrt.pc and dsrt-train.pc: the same libraries as -l flags.
+set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -ljpeg -lspng -luring -lhwloc -lz -lcurl -lcrypto -lpthread -ldl -lm")
+set(DSRT_TRAIN_PC_LIBS_PRIVATE "-ldnnl -lz -lm")
+set(DSRT_MPI_LIBRARIES "")
+set(DSRT_CUDA_LIBRARIES "")
+set(DSRT_NCCL_LIBRARIES "")
 
 # MPI (Open MPI: libopenmpi-dev) for the communicators. DSRT_WITH_MPI is
 # AUTO (default: with MPI when found), ON (a missing MPI is an error) or OFF.
-# Without it the communicators refuse to open and say why.
+# Without it the communicators refuse to open and say why. Only the module
+# dsrt_mpi links MPI.
 set(DSRT_WITH_MPI AUTO CACHE STRING "MPI communicators for data-parallel training (AUTO, ON, OFF)")
 set_property(CACHE DSRT_WITH_MPI PROPERTY STRINGS AUTO ON OFF)
 set(DSRT_HAVE_MPI 0)
@@ -42,14 +60,8 @@ if(NOT DSRT_WITH_MPI STREQUAL "OFF")
   find_package(MPI COMPONENTS C QUIET)
   if(MPI_C_FOUND)
     set(DSRT_HAVE_MPI 1)
-    list(APPEND DSRT_DEP_LIBRARIES ${MPI_C_LIBRARIES})
+    set(DSRT_MPI_LIBRARIES ${MPI_C_LIBRARIES})
     list(APPEND DSRT_DEP_INCLUDE_DIRS ${MPI_C_INCLUDE_DIRS})
-    foreach(lib ${MPI_C_LIBRARIES})
-      get_filename_component(dir "${lib}" DIRECTORY)
-      get_filename_component(name "${lib}" NAME_WE)
-      string(REGEX REPLACE "^lib" "" name "${name}")
-      string(APPEND DSRT_PC_LIBS_PRIVATE " -L${dir} -l${name}")
-    endforeach()
     message(STATUS "dsrt: MPI ${MPI_C_VERSION}: ${MPI_C_LIBRARIES} (launcher ${MPIEXEC_EXECUTABLE})")
   elseif(DSRT_WITH_MPI STREQUAL "ON")
     message(FATAL_ERROR "dsrt: MPI not found: install libopenmpi-dev and openmpi-bin "
@@ -68,18 +80,13 @@ if(DSRT_WITH_CUDA)
     message(FATAL_ERROR "dsrt: the CUDA toolkit in ${CUDAToolkit_LIBRARY_DIR} has no cuBLAS: "
                         "install its cuBLAS (libcublas), or configure with -DDSRT_WITH_CUDA=OFF")
   endif()
-  list(APPEND DSRT_DEP_LIBRARIES CUDA::cudart CUDA::cublas)
+  set(DSRT_CUDA_LIBRARIES CUDA::cudart CUDA::cublas)
   list(APPEND DSRT_DEP_INCLUDE_DIRS ${CUDAToolkit_INCLUDE_DIRS})
-  # The folder that really holds libcudart (lib64 on most installs).
-  get_filename_component(_dsrt_cudart_dir "${CUDA_cudart_LIBRARY}" DIRECTORY)
-  get_filename_component(_dsrt_cublas_dir "${CUDA_cublas_LIBRARY}" DIRECTORY)
-  set(_dsrt_cuda_dirs "-L${_dsrt_cudart_dir}")
-  if(NOT _dsrt_cublas_dir STREQUAL _dsrt_cudart_dir)
-    string(APPEND _dsrt_cuda_dirs " -L${_dsrt_cublas_dir}")
-  endif()
-  # The kernels' host code comes from the C++ compiler (nvcc's host pass):
-  # static links need its runtime too.
-  set(DSRT_PC_LIBS_PRIVATE
-      "${DSRT_PC_LIBS_PRIVATE} ${_dsrt_cuda_dirs} -lcublas -lcudart -lstdc++")
   include(dsrtFindGpuLibs)
+  if(DSRT_HAVE_CUDNN)
+    list(APPEND DSRT_CUDA_LIBRARIES ${CUDNN_LIBRARY})
+  endif()
+  if(DSRT_HAVE_NCCL)
+    set(DSRT_NCCL_LIBRARIES ${NCCL_LIBRARY} CUDA::cudart)
+  endif()
 endif()

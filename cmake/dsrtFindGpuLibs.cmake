@@ -11,21 +11,8 @@
 # library: without cuDNN the GPU nn backend (the kernels still build), without
 # NCCL the GPU collectives. ON makes a missing library a configure error.
 # Sets DSRT_HAVE_CUDNN / DSRT_HAVE_NCCL (0 or 1), which the sources see as
-# macros of the same names, and adds what was found to DSRT_DEP_LIBRARIES,
-# DSRT_DEP_INCLUDE_DIRS and DSRT_PC_LIBS_PRIVATE.
-
-# Adds one library (absolute path) to dsrt.pc: -L/-l when the file has the
-# plain name, else the path itself (the Python packages' versioned names).
-function(dsrt_pc_add_library lib name)
-  get_filename_component(dir "${lib}" DIRECTORY)
-  get_filename_component(file "${lib}" NAME)
-  if(file STREQUAL "lib${name}.so")
-    set(flag "-L${dir} -l${name}")
-  else()
-    set(flag "${lib}")
-  endif()
-  set(DSRT_PC_LIBS_PRIVATE "${DSRT_PC_LIBS_PRIVATE} ${flag}" PARENT_SCOPE)
-endfunction()
+# macros of the same names, and CUDNN_LIBRARY / NCCL_LIBRARY, and adds the
+# include folders to DSRT_DEP_INCLUDE_DIRS. Only the modules link them.
 
 # dsrt_find_gpu_lib(VAR name soname header major_macro min_major what_to_install)
 function(dsrt_find_gpu_lib var name soname header major_macro min_major install)
@@ -74,10 +61,7 @@ function(dsrt_find_gpu_lib var name soname header major_macro min_major install)
   endif()
   message(STATUS "dsrt: ${name} ${major}: ${${var}_LIBRARY}")
   set(DSRT_HAVE_${var} 1 PARENT_SCOPE)
-  set(DSRT_DEP_LIBRARIES ${DSRT_DEP_LIBRARIES} ${${var}_LIBRARY} PARENT_SCOPE)
   set(DSRT_DEP_INCLUDE_DIRS ${DSRT_DEP_INCLUDE_DIRS} ${${var}_INCLUDE_DIR} PARENT_SCOPE)
-  dsrt_pc_add_library("${${var}_LIBRARY}" ${name})
-  set(DSRT_PC_LIBS_PRIVATE "${DSRT_PC_LIBS_PRIVATE}" PARENT_SCOPE)
 endfunction()
 
 dsrt_find_gpu_lib(CUDNN cudnn libcudnn.so.9 cudnn.h CUDNN_MAJOR 9

@@ -6,8 +6,13 @@
  * An index is immutable once opened and reference-counted; every view holds a
  * reference and an array of index positions, so splitting a million-sample
  * datastore costs four bytes a sample and copies no path.
+ *
+ * A path that is a URL opens through the same table: a folder at
+ * s3://bucket/prefix is listed, a manifest at a URL fetched (datastore/s3.c);
+ * the other sources are files only.
  */
 #include "internal.h"
+#include "remote.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -162,13 +167,39 @@ static const struct {
     const char *name;
     int (*detect)(const probe *p);
     int (*load)(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
+    /* The loader for a URL, or NULL when the source must be a local file. */
+    int (*load_url)(dsrt_index *ix, const char *url, const dsrt_datastore_options *o);
 } SOURCES[] = {
-    {DSRT_SOURCE_CIFAR10, "cifar10", is_cifar10, load_cifar10},
-    {DSRT_SOURCE_CIFAR100, "cifar100", is_cifar100, load_cifar100},
-    {DSRT_SOURCE_IDX, "idx", is_idx, dsrt__idx_load},
-    {DSRT_SOURCE_MANIFEST, "manifest", is_manifest, dsrt__manifest_load},
-    {DSRT_SOURCE_FOLDER, "folder", is_folder, dsrt__folder_load},
+    {DSRT_SOURCE_CIFAR10, "cifar10", is_cifar10, load_cifar10, NULL},
+    {DSRT_SOURCE_CIFAR100, "cifar100", is_cifar100, load_cifar100, NULL},
+    {DSRT_SOURCE_IDX, "idx", is_idx, dsrt__idx_load, NULL},
+    {DSRT_SOURCE_MANIFEST, "manifest", is_manifest, dsrt__manifest_load,
+     dsrt__remote_manifest_load},
+    {DSRT_SOURCE_FOLDER, "folder", is_folder, dsrt__folder_load, dsrt__s3_folder_load},
 };
+
+/* The kind of source at a URL: a manifest by its name (the query left out),
+ * else a folder, which only s3:// can list. */
+static int detect_url(const char *url, dsrt_source *kind) {
+    char name[1024];
+    const char *q = strchr(url, '?');
+    snprintf(name, sizeof name, "%.*s", (int)(q ? (size_t)(q - url) : strlen(url)), url);
+    probe pr = {.path = name};
+    if (is_manifest(&pr)) {
+        *kind = DSRT_SOURCE_MANIFEST;
+        return 0;
+    }
+    if (strncasecmp(url, "s3://", 5) == 0) {
+        *kind = DSRT_SOURCE_FOLDER;
+        return 0;
+    }
+    char display[512];
+    dsrt__url_display(url, display, sizeof display);
+    return dsrt__fail(DSRT_EFORMAT,
+                      "open: %s: an http(s) URL must name a CSV manifest (.csv, .txt, .lst): "
+                      "only s3:// prefixes can be listed as folders",
+                      display);
+}
 
 const char *dsrt_source_name(dsrt_source s) {
     if (s == DSRT_SOURCE_AUTO) return "auto";
@@ -180,6 +211,7 @@ const char *dsrt_source_name(dsrt_source s) {
 int dsrt__detect_source(const char *path, dsrt_source *kind) {
     struct stat st;
     probe pr = {.path = path};
+    if (dsrt__is_url(path)) return detect_url(path, kind);
     if (stat(path, &st) != 0) return dsrt__fail(-errno, "open: %s: %s", path, strerror(errno));
     pr.folder = S_ISDIR(st.st_mode);
     if (!pr.folder) {
@@ -257,8 +289,18 @@ int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datast
     ix->source = kind;
     size_t k = 0;
     while (k < DSRT_ARRAY_SIZE(SOURCES) && SOURCES[k].kind != kind) k++;
-    rc = k < DSRT_ARRAY_SIZE(SOURCES) ? SOURCES[k].load(ix, path, o)
-                                      : dsrt__fail(DSRT_EOPTION, "datastore: unknown source");
+    if (k == DSRT_ARRAY_SIZE(SOURCES))
+        rc = dsrt__fail(DSRT_EOPTION, "datastore: unknown source");
+    else if (!dsrt__is_url(path))
+        rc = SOURCES[k].load(ix, path, o);
+    else if (SOURCES[k].load_url &&
+             (kind != DSRT_SOURCE_FOLDER || strncasecmp(path, "s3://", 5) == 0))
+        rc = SOURCES[k].load_url(ix, path, o);
+    else
+        rc = dsrt__fail(DSRT_EUNSUPPORTED,
+                        "datastore: a %s source cannot be read from a URL (folders from s3:// "
+                        "prefixes and manifests can): copy it to a local file",
+                        dsrt_source_name(kind));
     if (rc != 0) goto fail;
     ix->source = kind;
     if (ix->n == 0) {
@@ -302,6 +344,10 @@ int dsrt_datastore_label(const dsrt_datastore *ds, size_t i) {
 
 uint32_t dsrt_datastore_id(const dsrt_datastore *ds, size_t i) {
     return i < ds->n ? dsrt__pos(ds, i) : UINT32_MAX;
+}
+
+int dsrt_datastore_remote(const dsrt_datastore *ds) {
+    return ds->index->remote;
 }
 
 const char *dsrt_datastore_path(const dsrt_datastore *ds, size_t i) {
@@ -486,9 +532,25 @@ out:
 // ----------------------------------------------------------------------------
 // One decoded sample, on the calling thread
 
+/* An object at a URL, fetched whole into the decoder's file buffer. */
+static int read_url(const char *url, dsrt_decoder *d, uint8_t **data, size_t *size) {
+    uint8_t *tmp;
+    size_t len;
+    int rc = dsrt__remote_read_whole(url, READ_IMAGE_MAX, &tmp, &len);
+    if (rc != 0) return dsrt__fail_prefix(rc, "read");
+    uint8_t *buf = dsrt__decoder_file_buffer(d, len ? len : 1);
+    if (buf) memcpy(buf, tmp, len);
+    free(tmp);
+    if (!buf) return -ENOMEM;
+    *data = buf;
+    *size = len;
+    return 0;
+}
+
 static int read_file(const char *path, dsrt_decoder *d, uint8_t **data, size_t *size) {
     int rc, fd;
     struct stat st;
+    if (dsrt__is_url(path)) return read_url(path, d, data, size);
     if ((rc = dsrt__open_regular(path, &fd, &st)) != 0) return dsrt__fail_prefix(rc, "read");
     if (st.st_size == 0) {
         rc = dsrt__fail(DSRT_EEMPTY, "read: %s: empty file", path);

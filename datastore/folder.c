@@ -28,23 +28,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define MAX_DEPTH      256
-#define MAX_EXTENSIONS 32
-#define MAX_EXT_LEN    15
+#define MAX_DEPTH 256
 
 static const char *const default_extensions = "jpg,jpeg,jpe,jfif,png";
 
-typedef struct {
-    const char *path; /* full path, in the index arena */
-    uint32_t dir_len; /* length of the folder part of path (before the last '/') */
-    int32_t group;    /* class index, or folder id while walking (parent-folder labels) */
-} entry;
+typedef dsrt_folder_entry entry;
 
 typedef struct {
     dsrt_index *ix;
     const dsrt_datastore_options *o;
-    char ext[MAX_EXTENSIONS][MAX_EXT_LEN + 1]; /* lower case, no dot */
-    size_t n_ext;
+    dsrt_extensions ext;
 
     entry *files;
     size_t n_files, cap_files;
@@ -66,7 +59,9 @@ typedef struct {
 // ----------------------------------------------------------------------------
 // Extensions
 
-static int parse_extensions(walker *w, const char *list) {
+int dsrt__extensions_parse(dsrt_extensions *e, const char *list) {
+    if (!list) list = default_extensions;
+    e->n = 0;
     const char *p = list;
     while (*p) {
         while (*p == ',' || *p == ' ') p++;
@@ -76,27 +71,36 @@ static int parse_extensions(walker *w, const char *list) {
         while (*p && *p != ',' && *p != ' ') p++;
         size_t n = (size_t)(p - start);
         if (n == 0) continue;
-        if (n > MAX_EXT_LEN || w->n_ext == MAX_EXTENSIONS)
+        if (n > DSRT_MAX_EXT_LEN || e->n == DSRT_MAX_EXTENSIONS)
             return dsrt__fail(DSRT_EOPTION,
                               "datastore: extensions \"%s\": at most %d, of at most "
                               "%d characters each",
-                              list, MAX_EXTENSIONS, MAX_EXT_LEN);
-        for (size_t k = 0; k < n; k++) w->ext[w->n_ext][k] = (char)tolower((unsigned char)start[k]);
-        w->ext[w->n_ext][n] = '\0';
-        w->n_ext++;
+                              list, DSRT_MAX_EXTENSIONS, DSRT_MAX_EXT_LEN);
+        for (size_t k = 0; k < n; k++) e->ext[e->n][k] = (char)tolower((unsigned char)start[k]);
+        e->ext[e->n][n] = '\0';
+        e->n++;
     }
-    if (w->n_ext == 0)
+    if (e->n == 0)
         return dsrt__fail(DSRT_EOPTION, "datastore: extensions \"%s\" names no extension", list);
     return 0;
 }
 
-static int wanted(const walker *w, const char *name) {
-    const char *dot = strrchr(name, '.');
+int dsrt__extensions_match_n(const dsrt_extensions *e, const char *name, size_t n) {
+    const char *dot = memrchr(name, '.', n);
     if (!dot || dot == name) return 0;
     dot++;
-    for (size_t k = 0; k < w->n_ext; k++)
-        if (strcasecmp(dot, w->ext[k]) == 0) return 1;
+    size_t len = (size_t)(name + n - dot);
+    for (size_t k = 0; k < e->n; k++)
+        if (strlen(e->ext[k]) == len && strncasecmp(dot, e->ext[k], len) == 0) return 1;
     return 0;
+}
+
+int dsrt__extensions_match(const dsrt_extensions *e, const char *name) {
+    return dsrt__extensions_match_n(e, name, strlen(name));
+}
+
+static int wanted(const walker *w, const char *name) {
+    return dsrt__extensions_match(&w->ext, name);
 }
 
 // ----------------------------------------------------------------------------
@@ -297,6 +301,22 @@ static int cmp_entry_path(const void *pa, const void *pb) {
     return strcmp(a->path + la + 1, b->path + lb + 1);
 }
 
+void dsrt__folder_sort(dsrt_folder_entry *e, size_t n, int by_group) {
+    sort(e, n, sizeof *e, by_group ? cmp_entry : cmp_entry_path);
+}
+
+int dsrt__folder_fill(dsrt_index *ix, const dsrt_folder_entry *e, size_t n) {
+    ix->n = n;
+    ix->paths = dsrt__malloc((n ? n : 1) * sizeof *ix->paths);
+    ix->labels = dsrt__malloc((n ? n : 1) * sizeof *ix->labels);
+    if (!ix->paths || !ix->labels) return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        ix->paths[i] = e[i].path;
+        ix->labels[i] = e[i].group;
+    }
+    return 0;
+}
+
 /* Parent-folder labels: folder ids -> classes named by distinct folder names. */
 static int label_by_parent(walker *w) {
     size_t nd = w->n_dirs;
@@ -364,8 +384,7 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
     if (!w) return -ENOMEM;
     w->ix = ix;
     w->o = o;
-    if ((rc = parse_extensions(w, o->extensions ? o->extensions : default_extensions)) != 0)
-        goto out;
+    if ((rc = dsrt__extensions_parse(&w->ext, o->extensions)) != 0) goto out;
 
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/') n--; /* "data/" and "data" index the same */
@@ -404,8 +423,7 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
             rc = label_by_parent(w);
         }
         if (rc != 0) goto out;
-        sort(w->files, w->n_files, sizeof *w->files,
-             o->label_source == DSRT_LABEL_NONE ? cmp_entry_path : cmp_entry);
+        dsrt__folder_sort(w->files, w->n_files, o->label_source != DSRT_LABEL_NONE);
     } else {
         /* Classes: the sub-folders of the root, sorted by name. */
         d = fdopendir(root);
@@ -457,21 +475,9 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
         }
         if (o->drop_empty_classes && (rc = drop_empty(w, classes, &n_classes)) != 0) goto out;
         if ((rc = dsrt__index_set_classes(ix, classes, n_classes)) != 0) goto out;
-        sort(w->files, w->n_files, sizeof *w->files, cmp_entry);
+        dsrt__folder_sort(w->files, w->n_files, 1);
     }
-
-    ix->n = w->n_files;
-    ix->paths = dsrt__malloc((w->n_files ? w->n_files : 1) * sizeof *ix->paths);
-    ix->labels = dsrt__malloc((w->n_files ? w->n_files : 1) * sizeof *ix->labels);
-    if (!ix->paths || !ix->labels) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0; i < w->n_files; i++) {
-        ix->paths[i] = w->files[i].path;
-        ix->labels[i] = w->files[i].group;
-    }
-    rc = 0;
+    rc = dsrt__folder_fill(ix, w->files, w->n_files);
 out:
     if (d) closedir(d);
     if (root >= 0) close(root);

@@ -19,6 +19,7 @@
 typedef struct dsrt_index {
     atomic_int refs;
     dsrt_source source;
+    int remote;         /* some paths are URLs of objects in a store */
     size_t n;           /* samples */
     const char **paths; /* (n) file paths in the arena; NULL for in-memory sources */
     int32_t *labels;    /* (n) class index of each sample */
@@ -64,6 +65,34 @@ int dsrt__manifest_load(dsrt_index *ix, const char *path, const dsrt_datastore_o
 int dsrt__idx_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
 int dsrt__cifar_load(dsrt_index *ix, const char *path, dsrt_source kind,
                      const dsrt_datastore_options *o);
+
+/* Folder sources, shared by the local walk and the listing of a prefix in
+ * an object store, so that both index the same files the same way. */
+#define DSRT_MAX_EXTENSIONS 32
+#define DSRT_MAX_EXT_LEN    15
+typedef struct {
+    char ext[DSRT_MAX_EXTENSIONS][DSRT_MAX_EXT_LEN + 1]; /* lower case, no dot */
+    size_t n;
+} dsrt_extensions;
+/* Parses "jpg,png" (NULL: the default list). */
+int dsrt__extensions_parse(dsrt_extensions *e, const char *list);
+/* Whether file name (or name[0..n)) has one of the extensions. */
+int dsrt__extensions_match(const dsrt_extensions *e, const char *name);
+int dsrt__extensions_match_n(const dsrt_extensions *e, const char *name, size_t n);
+
+typedef struct {
+    const char *path; /* full path, in the index arena */
+    uint32_t dir_len; /* length of the folder part of path (before the last '/') */
+    int32_t group;    /* class index, or folder id while walking (parent-folder labels) */
+} dsrt_folder_entry;
+/* Sorts by (class, folder, name) (ImageFolder's order), or by_group 0 by
+ * (folder, name). */
+void dsrt__folder_sort(dsrt_folder_entry *e, size_t n, int by_group);
+/* Fills ix's paths and labels (group) from entries. */
+int dsrt__folder_fill(dsrt_index *ix, const dsrt_folder_entry *e, size_t n);
+
+/* 1 when p[0..n) starts with s3://, http:// or https:// (datastore/s3.c). */
+int dsrt__is_url_n(const char *p, size_t n);
 
 /* Guesses the source kind of path (a folder, an IDX or CIFAR file or folder
  * of them, a manifest) for DSRT_SOURCE_AUTO. */

@@ -18,6 +18,10 @@
  * lines are read, so a manifest of millions of lines costs one pass and one
  * sort of the distinct labels.
  *
+ * Paths may be URLs of objects (s3://, https://), and the manifest itself
+ * may sit at a URL (datastore/s3.c fetches it); a relative path is taken
+ * relative to the manifest's folder or URL.
+ *
  * The files a manifest names are not checked at open: a missing or
  * unreadable one is a per-sample read error when it is read, counted and
  * reported with its path like any other bad file. Stat-ing millions of files
@@ -286,7 +290,9 @@ int dsrt__manifest_parse(dsrt_index *ix, const char *text, size_t len, const cha
         ix->labels = labels;
 
         char *p;
-        if (base_len && f[0].p[0] != '/') {
+        int url = dsrt__is_url_n(f[0].p, f[0].n);
+        ix->remote |= url;
+        if (base_len && f[0].p[0] != '/' && !url) {
             size_t n = base_len + !base_slash + f[0].n;
             if (!(p = dsrt_arena_alloc(&ix->arena, n + 1, 1))) goto nomem;
             memcpy(p, base_dir, base_len);

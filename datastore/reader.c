@@ -17,9 +17,18 @@
  * naming the path. Only programmer errors (a full reader, a misaligned
  * O_DIRECT buffer) come back from submit itself.
  *
+ * A request may name a byte range (dsrt_reader_submit_range) instead of the
+ * whole file: the reads then start at its offset.
+ *
+ * Paths that are URLs (s3://, https://) go to the reader's HTTP client
+ * (datastore/http.c, made at the first URL), which keeps remote.depth
+ * requests in flight on its own; collect takes finished work from both, and
+ * when it must wait with both busy it waits on curl with the ring's file
+ * descriptor among the ones watched.
+ *
  * Memory is bounded: one array of depth request records, allocated at create.
  */
-#include "datastore/internal.h"
+#include "datastore/remote.h"
 
 #include <assert.h>
 #include <fcntl.h>
@@ -46,7 +55,9 @@ typedef struct {
     uint8_t *buf;     /* (cap) the caller's buffer */
     size_t cap;
     uint64_t tag;
-    size_t size;      /* bytes to read: the file's size when it was opened */
+    uint64_t offset;  /* of the first byte to read */
+    uint64_t length;  /* bytes asked (0: to the end of the file) */
+    size_t size;      /* bytes to read: the file's size (or the range's) when it was opened */
     size_t done;      /* bytes read so far */
     int fd;           /* -1 once closed (or never opened) */
     int status;       /* 0, or the result's status once it failed */
@@ -55,6 +66,7 @@ typedef struct {
     uint8_t refused;  /* counted in direct_refused */
     uint8_t nonblock; /* fd still has O_NONBLOCK */
     uint8_t retries;  /* EAGAIN answers so far */
+    uint8_t past_end; /* the range asked lies past the end of the file */
 } dsrt_read_req;
 
 struct dsrt_reader {
@@ -78,6 +90,9 @@ struct dsrt_reader {
     unsigned in_kernel;  /* reads the kernel has taken whose CQE is not reaped */
 
     char fallback[192]; /* why io_uring is not in use; "" when it is or was not asked for */
+
+    dsrt_remote_options remote;
+    dsrt_http *http; /* for URLs; made at the first one */
 };
 
 static uint32_t dsrt__slot(const dsrt_reader *r, const dsrt_read_req *q) {
@@ -114,6 +129,8 @@ static int dsrt__clear_flag(int fd, int flag) {
 
 dsrt_reader_options dsrt_reader_defaults(void) {
     dsrt_reader_options o = {.io = DSRT_IO_AUTO, .depth = 16, .direct = 0};
+    o.remote = (dsrt_remote_options){
+        .depth = 64, .max_connections = 0, .retry_deadline_s = 60, .timeout_s = 30};
     return o;
 }
 
@@ -142,7 +159,11 @@ uint64_t dsrt_reader_direct_refused(const dsrt_reader *r) {
 }
 
 unsigned dsrt_reader_in_flight(const dsrt_reader *r) {
-    return r->used;
+    return r->used + dsrt__http_in_flight(r->http);
+}
+
+void dsrt_reader_remote_stats(const dsrt_reader *r, dsrt_remote_stats *s) {
+    dsrt__http_stats(r->http, s);
 }
 
 // ----------------------------------------------------------------------------
@@ -189,12 +210,25 @@ int dsrt_reader_create(dsrt_reader **out, const dsrt_reader_options *o) {
     if (opt.depth < 1 || opt.depth > DSRT_READER_MAX_DEPTH)
         return dsrt__fail(DSRT_EOPTION, "reader: depth %u is not in 1..%d", opt.depth,
                           DSRT_READER_MAX_DEPTH);
+    if (opt.remote.depth < 1 || opt.remote.depth > DSRT_READER_MAX_DEPTH)
+        return dsrt__fail(DSRT_EOPTION, "reader: remote.depth %u is not in 1..%d", opt.remote.depth,
+                          DSRT_READER_MAX_DEPTH);
+    if (opt.remote.max_connections > DSRT_READER_MAX_DEPTH)
+        return dsrt__fail(DSRT_EOPTION, "reader: remote.max_connections %u is not in 0..%d",
+                          opt.remote.max_connections, DSRT_READER_MAX_DEPTH);
+    if (!(opt.remote.retry_deadline_s >= 0 && opt.remote.retry_deadline_s <= 86400) ||
+        !(opt.remote.timeout_s > 0 && opt.remote.timeout_s <= 86400))
+        return dsrt__fail(DSRT_EOPTION,
+                          "reader: remote.retry_deadline_s %g must be in [0, 86400] and "
+                          "remote.timeout_s %g in (0, 86400]",
+                          opt.remote.retry_deadline_s, opt.remote.timeout_s);
 
     int rc = -ENOMEM;
     dsrt_reader *r = dsrt__calloc(1, sizeof *r);
     if (!r) goto fail;
     r->depth = opt.depth;
     r->direct = opt.direct != 0;
+    r->remote = opt.remote;
     /* The records and both index arrays in one allocation. */
     size_t reqs_bytes = (size_t)r->depth * sizeof *r->reqs;
     size_t idx_bytes = (size_t)r->depth * sizeof *r->queue;
@@ -229,6 +263,7 @@ fail:
 
 void dsrt_reader_destroy(dsrt_reader *r) {
     if (!r) return;
+    dsrt__http_destroy(r->http);
     if (r->have_ring) {
         /* Reads the kernel holds still write into the callers' buffers: wait
          * for every one before they can be freed. SQEs not yet submitted are
@@ -282,13 +317,17 @@ static void dsrt__open_req(dsrt_reader *r, dsrt_read_req *q) {
     } else if (!S_ISREG(st.st_mode)) {
         q->status = DSRT_EFORMAT;
         q->mode = (unsigned)st.st_mode;
-    } else if (st.st_size == 0) {
+    } else if (st.st_size == 0 && !q->offset && !q->length) {
         q->status = DSRT_EEMPTY;
-    } else if ((uint64_t)st.st_size > q->cap) {
-        q->status = DSRT_ETOOBIG;
+    } else if (q->offset + q->length > (uint64_t)st.st_size ||
+               (q->offset && q->offset >= (uint64_t)st.st_size)) {
+        q->status = DSRT_ETRUNCATED;
+        q->past_end = 1;
         q->size = (size_t)DSRT_MIN((uint64_t)st.st_size, (uint64_t)SIZE_MAX);
     } else {
-        q->size = (size_t)st.st_size;
+        uint64_t want = q->length ? q->length : (uint64_t)st.st_size - q->offset;
+        q->size = (size_t)DSRT_MIN(want, (uint64_t)SIZE_MAX);
+        if (want > q->cap) q->status = DSRT_ETOOBIG;
     }
     if (q->status != 0) dsrt__close_req(q);
 }
@@ -299,7 +338,7 @@ static void dsrt__open_req(dsrt_reader *r, dsrt_read_req *q) {
  * grew again) turns O_DIRECT off for the rest of the file. */
 static size_t dsrt__next_len(dsrt_read_req *q) {
     size_t left = q->size - q->done;
-    if (q->direct && q->done % DSRT_DIRECT_ALIGN != 0) {
+    if (q->direct && (q->offset + q->done) % DSRT_DIRECT_ALIGN != 0) {
         if (dsrt__clear_flag(q->fd, O_DIRECT) == 0) q->direct = 0;
     }
     if (q->direct) left = (left + DSRT_DIRECT_ALIGN - 1) / DSRT_DIRECT_ALIGN * DSRT_DIRECT_ALIGN;
@@ -321,14 +360,28 @@ static int dsrt__prep_read(dsrt_reader *r, dsrt_read_req *q) {
         if (!sqe) return dsrt__fail(-EBUSY, "read: %s: io_uring submission queue full", q->path);
     }
     size_t len = dsrt__next_len(q);
-    io_uring_prep_read(sqe, q->fd, q->buf + q->done, (unsigned)len, (uint64_t)q->done);
+    io_uring_prep_read(sqe, q->fd, q->buf + q->done, (unsigned)len, q->offset + q->done);
     io_uring_sqe_set_data(sqe, q);
     r->sq_pending++;
     return 0;
 }
 
 int dsrt_reader_submit(dsrt_reader *r, const char *path, void *buf, size_t cap, uint64_t tag) {
+    return dsrt_reader_submit_range(r, path, 0, 0, buf, cap, tag);
+}
+
+int dsrt_reader_submit_range(dsrt_reader *r, const char *path, uint64_t offset, uint64_t length,
+                             void *buf, size_t cap, uint64_t tag) {
     assert(r && path && (buf || cap == 0));
+    if (dsrt__is_url(path)) {
+        int rc;
+        if (!r->http && (rc = dsrt__http_create(&r->http, &r->remote)) != 0)
+            return dsrt__fail_prefix(rc, "read: %s", path);
+        return dsrt__http_submit(r->http, path, offset, length, buf, cap, tag);
+    }
+    if (length > UINT64_MAX - offset)
+        return dsrt__fail(-EINVAL, "read: %s: range %llu+%llu overflows", path,
+                          (unsigned long long)offset, (unsigned long long)length);
     if (r->used == r->depth)
         return dsrt__fail(-EBUSY, "read: %s: %u reads already in flight", path, r->depth);
     if (r->direct && ((uintptr_t)buf % DSRT_DIRECT_ALIGN != 0 || cap % DSRT_DIRECT_ALIGN != 0))
@@ -338,7 +391,13 @@ int dsrt_reader_submit(dsrt_reader *r, const char *path, void *buf, size_t cap, 
                           path, DSRT_DIRECT_ALIGN, buf, cap);
 
     dsrt_read_req *q = &r->reqs[r->free_slots[--r->free_top]];
-    *q = (dsrt_read_req){.path = path, .buf = buf, .cap = cap, .tag = tag, .fd = -1};
+    *q = (dsrt_read_req){.path = path,
+                         .buf = buf,
+                         .cap = cap,
+                         .tag = tag,
+                         .fd = -1,
+                         .offset = offset,
+                         .length = length};
     r->used++;
     dsrt__open_req(r, q);
     if (q->status != 0 || r->io == DSRT_IO_PREAD) {
@@ -400,7 +459,7 @@ static int dsrt__read_step(dsrt_reader *r, dsrt_read_req *q, long long res) {
 static void dsrt__pread_req(dsrt_reader *r, dsrt_read_req *q) {
     for (;;) {
         size_t len = dsrt__next_len(q);
-        ssize_t n = pread(q->fd, q->buf + q->done, len, (off_t)q->done);
+        ssize_t n = pread(q->fd, q->buf + q->done, len, (off_t)(q->offset + q->done));
         if (dsrt__read_step(r, q, n < 0 ? -(long long)errno : (long long)n) == DSRT_READ_DONE)
             return;
     }
@@ -429,8 +488,13 @@ static void dsrt__finish(dsrt_reader *r, dsrt_read_req *q, dsrt_read_result *res
                    dsrt__file_kind(q->mode));
         break;
     case DSRT_ETRUNCATED:
-        dsrt__fail(q->status, "read: %s: file shrank while being read (%zu of %zu bytes)", q->path,
-                   q->done, q->size);
+        if (q->past_end)
+            dsrt__fail(q->status, "read: %s: range %llu+%llu lies past the end (%zu bytes)",
+                       q->path, (unsigned long long)q->offset, (unsigned long long)q->length,
+                       q->size);
+        else
+            dsrt__fail(q->status, "read: %s: file shrank while being read (%zu of %zu bytes)",
+                       q->path, q->done, q->size);
         break;
     default:
         dsrt__fail(q->status, "read: %s: %s", q->path, dsrt_strerror(q->status));
@@ -458,8 +522,8 @@ static int dsrt__ring_submit(dsrt_reader *r, unsigned wait_nr) {
     return dsrt__fail(rc, "read: io_uring_submit: %s", strerror(-rc));
 }
 
-int dsrt_reader_collect(dsrt_reader *r, dsrt_read_result *res, int wait) {
-    assert(r && res);
+/* Collects one local read (dsrt_reader_collect without URLs). */
+static int local_collect(dsrt_reader *r, dsrt_read_result *res, int wait) {
     for (;;) {
         int rc;
         if (r->sq_pending > 0) {
@@ -498,4 +562,26 @@ int dsrt_reader_collect(dsrt_reader *r, dsrt_read_result *res, int wait) {
         dsrt__finish(r, q, res);
         return 1;
     }
+}
+
+int dsrt_reader_collect(dsrt_reader *r, dsrt_read_result *res, int wait) {
+    assert(r && res);
+    if (dsrt__http_in_flight(r->http) == 0) return local_collect(r, res, wait);
+    if (r->used == 0) return dsrt__http_collect(r->http, res, wait, -1);
+    for (;;) {
+        int rc = local_collect(r, res, 0);
+        if (rc == 0) rc = dsrt__http_collect(r->http, res, 0, -1);
+        if (rc != 0 || !wait) return rc;
+        /* Both busy: wait on curl, and on the ring for a local read. Without
+         * a ring, local reads are done by local_collect itself. */
+        rc = dsrt__http_collect(r->http, res, 1, r->have_ring ? r->ring.ring_fd : -1);
+        if (rc != 0) return rc;
+    }
+}
+
+void dsrt_reader_cancel(dsrt_reader *r) {
+    dsrt__http_cancel(r->http);
+    dsrt_read_result res;
+    while (r->used > 0)
+        if (local_collect(r, &res, 1) <= 0) break;
 }

@@ -45,8 +45,14 @@
  * for max pooling) and running cuDNN unpadded; the backward crops the
  * gradient back. Every CUDA, cuDNN and cuBLAS return is checked, the message
  * naming the call and the layer.
+ *
+ * It is the module dsrt_cuda.so (core/module.h), which net.c's backend table
+ * loads when a net first asks for a GPU.
  */
 #include "internal.h"
+
+#include "core/module.h"
+#include "runtime/internal.h"
 
 #include "kernels.h"
 
@@ -1489,20 +1495,6 @@ static int cuda_read_output(dsrt_backend *b, int layer, int train, float *out) {
 // ----------------------------------------------------------------------------
 // Lifetime and the ops table
 
-static int cuda_devices(char *why, size_t size) {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        if (why && size)
-            snprintf(why, size, "no usable CUDA device (the CUDA runtime says: %s)",
-                     cudaGetErrorString(e));
-        return 0;
-    }
-    if (n == 0 && why && size) snprintf(why, size, "no CUDA device is visible on this machine");
-    return n;
-}
-
 static void cuda_destroy(dsrt_backend *b) {
     cuda_backend *be = (cuda_backend *)b;
     if (!be) return;
@@ -1627,7 +1619,7 @@ static int cuda_create(dsrt_backend **out, dsrt_net *net) {
 const dsrt_backend_ops dsrt__backend_cuda = {
     .name = "cuda-cudnn",
     .device_kind = 1,
-    .devices = cuda_devices,
+    .devices = dsrt__cuda_devices, /* the CUDA runtime's count (runtime/hostmem.c) */
     .create = cuda_create,
     .destroy = cuda_destroy,
     .stage = cuda_stage,
@@ -1645,3 +1637,5 @@ const dsrt_backend_ops dsrt__backend_cuda = {
     .read_output = cuda_read_output,
     .bn_sync = 1,
 };
+
+DSRT_MODULE_DEFINE(cuda, &dsrt__backend_cuda, dsrt__net_grads_ready);

@@ -399,4 +399,30 @@ int dsrt__model_read(const uint8_t *data, size_t size, const char *name, dsrt_ne
                      dsrt_optimizer **opt, dsrt_train_position *pos,
                      const dsrt_net_options *options);
 
+/* The optimizer states of the other workers of a data-parallel run whose
+ * workers each keep their own (parameter averaging without averaging the
+ * optimizer state): states[k - 1] and steps[k - 1] are worker k's (k from 1
+ * to workers - 1), each its optimizer's buffers one after the other. */
+typedef struct {
+    int workers;
+    const float *const *states;
+    const int64_t *steps;
+} dsrt_ckpt_workers;
+
+/* dsrt_checkpoint_save with the other workers' optimizer states (ws NULL or
+ * ws->workers < 2: none), in the optional section WOPT. */
+int dsrt__checkpoint_save_workers(const char *path, const dsrt_net *net, const dsrt_optimizer *opt,
+                                  const dsrt_train_position *pos, const dsrt_ckpt_workers *ws);
+/* dsrt_checkpoint_load for worker `rank`: from a file with one optimizer
+ * state a worker, the worker's own when the file holds own_world of them
+ * (own_world 0: never), else the mean of them all; *workers (may be NULL)
+ * receives how many the file holds, 1 when one serves every worker. */
+int dsrt__checkpoint_load_worker(const char *path, dsrt_net **net, dsrt_optimizer **opt,
+                                 dsrt_train_position *pos, const dsrt_net_options *options,
+                                 int rank, int own_world, int *workers);
+int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, dsrt_net **net,
+                            dsrt_optimizer **opt, dsrt_train_position *pos,
+                            const dsrt_net_options *options, int rank, int own_world,
+                            int *workers);
+
 #endif

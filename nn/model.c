@@ -42,6 +42,11 @@
  *           parameter count floats (SGDM velocity; Adam first and second
  *           moments; RMSProp mean square)
  *     POSN  checkpoints  i64 epoch, i64 iteration, u64 seed
+ *     WOPT  optional, checkpoints of data-parallel runs whose workers each
+ *           keep their own optimizer state (parameter averaging): u32
+ *           workers W (at least 2), u32 buffer count B (OPTM's), u64
+ *           parameter count, then for each worker 1 .. W-1: i64 steps
+ *           taken, B x parameter count floats (worker 0's state is OPTM)
  *
  * The net is rebuilt from DESC for the stored input size and class count,
  * and must come out with exactly the stored parameter and state counts.
@@ -123,9 +128,10 @@ static int reserve(writer *w, size_t more) {
     return dsrt__grow((void **)&w->buf, &w->cap, w->len + more, 1);
 }
 
-/* Appends a section whose payload is the concatenation of parts. */
-static int section(writer *w, const char *tag, const void *const *parts, const size_t *sizes,
-                   int nparts) {
+/* Appends a section (flags: FLAG_OPTIONAL or 0) whose payload is the
+ * concatenation of parts. */
+static int section(writer *w, const char *tag, uint32_t flags, const void *const *parts,
+                   const size_t *sizes, int nparts) {
     size_t n = 0;
     for (int k = 0; k < nparts; k++) n += sizes[k];
     size_t padded = (n + 7) & ~(size_t)7;
@@ -139,7 +145,7 @@ static int section(writer *w, const char *tag, const void *const *parts, const s
     }
     memset(p + n, 0, padded - n);
     memcpy(h, tag, 4);
-    put32(h + 4, 0);
+    put32(h + 4, flags);
     put64(h + 8, n);
     put32(h + 16, crc(p, n));
     put32(h + 20, crc(h, 20));
@@ -148,8 +154,38 @@ static int section(writer *w, const char *tag, const void *const *parts, const s
     return 0;
 }
 
+/* Section WOPT: the optimizer states of workers 1 .. ws->workers - 1. */
+static int workers_section(writer *w, const dsrt_net *net, const dsrt_optimizer *opt,
+                           const dsrt_ckpt_workers *ws) {
+    int nb = dsrt__optimizer_n_buffers(opt), n = ws->workers - 1;
+    size_t bytes = (size_t)nb * net->n_params * sizeof(float);
+    const void **parts = dsrt__calloc(1 + 2 * (size_t)n, sizeof *parts);
+    size_t *sizes = dsrt__calloc(1 + 2 * (size_t)n, sizeof *sizes);
+    uint8_t *heads = dsrt__calloc(16 + 8 * (size_t)n, 1);
+    int rc = -ENOMEM;
+    if (parts && sizes && heads) {
+        put32(heads, (uint32_t)ws->workers);
+        put32(heads + 4, (uint32_t)nb);
+        put64(heads + 8, net->n_params);
+        parts[0] = heads;
+        sizes[0] = 16;
+        for (int k = 0; k < n; k++) {
+            put64(heads + 16 + 8 * k, (uint64_t)ws->steps[k]);
+            parts[1 + 2 * k] = heads + 16 + 8 * k;
+            sizes[1 + 2 * k] = 8;
+            parts[2 + 2 * k] = ws->states[k];
+            sizes[2 + 2 * k] = bytes;
+        }
+        rc = section(w, "WOPT", FLAG_OPTIONAL, parts, sizes, 1 + 2 * n);
+    }
+    free(parts);
+    free(sizes);
+    free(heads);
+    return rc;
+}
+
 static int write_file(const char *path, const dsrt_net *net, const dsrt_optimizer *opt,
-                      const dsrt_train_position *pos, uint32_t kind) {
+                      const dsrt_train_position *pos, const dsrt_ckpt_workers *ws, uint32_t kind) {
     writer w = {0};
     /* The newest numbers, where a device backend holds them. */
     int rc = dsrt__net_host((dsrt_net *)net, DSRT_BUF_PARAMS | DSRT_BUF_STATE);
@@ -161,13 +197,13 @@ static int write_file(const char *path, const dsrt_net *net, const dsrt_optimize
     size_t sizes[3];
     parts[0] = net->desc;
     sizes[0] = strlen(net->desc);
-    if ((rc = section(&w, "DESC", parts, sizes, 1))) goto fail;
+    if ((rc = section(&w, "DESC", 0, parts, sizes, 1))) goto fail;
     parts[0] = net->params;
     sizes[0] = net->n_params * sizeof(float);
-    if ((rc = section(&w, "PARM", parts, sizes, 1))) goto fail;
+    if ((rc = section(&w, "PARM", 0, parts, sizes, 1))) goto fail;
     parts[0] = net->state;
     sizes[0] = net->n_state * sizeof(float);
-    if ((rc = section(&w, "STAT", parts, sizes, 1))) goto fail;
+    if ((rc = section(&w, "STAT", 0, parts, sizes, 1))) goto fail;
     if (opt) {
         dsrt_optimizer_options o = dsrt_optimizer_get_options(opt);
         uint8_t fixed[OPTM_FIXED];
@@ -188,7 +224,8 @@ static int write_file(const char *path, const dsrt_net *net, const dsrt_optimize
             parts[1 + k] = dsrt__optimizer_state(opt, k);
             sizes[1 + k] = net->n_params * sizeof(float);
         }
-        if ((rc = section(&w, "OPTM", parts, sizes, 1 + nb))) goto fail;
+        if ((rc = section(&w, "OPTM", 0, parts, sizes, 1 + nb))) goto fail;
+        if (ws && ws->workers > 1 && (rc = workers_section(&w, net, opt, ws))) goto fail;
     }
     if (pos) {
         uint8_t b[24];
@@ -197,7 +234,7 @@ static int write_file(const char *path, const dsrt_net *net, const dsrt_optimize
         put64(b + 16, pos->seed);
         parts[0] = b;
         sizes[0] = sizeof b;
-        if ((rc = section(&w, "POSN", parts, sizes, 1))) goto fail;
+        if ((rc = section(&w, "POSN", 0, parts, sizes, 1))) goto fail;
     }
     uint8_t *h = w.buf;
     memcpy(h, MAGIC, 8);
@@ -221,12 +258,17 @@ fail:
 }
 
 int dsrt_model_save(const char *path, const dsrt_net *net) {
-    return write_file(path, net, NULL, NULL, KIND_MODEL);
+    return write_file(path, net, NULL, NULL, NULL, KIND_MODEL);
 }
 
 int dsrt_checkpoint_save(const char *path, const dsrt_net *net, const dsrt_optimizer *opt,
                          const dsrt_train_position *pos) {
-    return write_file(path, net, opt, pos, KIND_CKPT);
+    return write_file(path, net, opt, pos, NULL, KIND_CKPT);
+}
+
+int dsrt__checkpoint_save_workers(const char *path, const dsrt_net *net, const dsrt_optimizer *opt,
+                                  const dsrt_train_position *pos, const dsrt_ckpt_workers *ws) {
+    return write_file(path, net, opt, pos, ws, KIND_CKPT);
 }
 
 // ----------------------------------------------------------------------------
@@ -238,8 +280,8 @@ typedef struct {
     int present;
 } sect;
 
-enum { S_DESC, S_PARM, S_STAT, S_OPTM, S_POSN, S_COUNT };
-static const char *const TAGS[S_COUNT] = {"DESC", "PARM", "STAT", "OPTM", "POSN"};
+enum { S_DESC, S_PARM, S_STAT, S_OPTM, S_POSN, S_WOPT, S_COUNT };
+static const char *const TAGS[S_COUNT] = {"DESC", "PARM", "STAT", "OPTM", "POSN", "WOPT"};
 
 static int read_optimizer(const sect *s, const char *name, dsrt_net *net, dsrt_optimizer **out) {
     const uint8_t *p = s->data;
@@ -277,9 +319,66 @@ static int read_optimizer(const sect *s, const char *name, dsrt_net *net, dsrt_o
     return 0;
 }
 
+/* Replaces opt's state (read from OPTM: worker 0's) from section WOPT:
+ * by worker rank's when the file holds own_world states, else by the mean
+ * of every worker's (the sum in worker order times 1 / W, as the
+ * communicators average). */
+static int read_workers(const sect *s, const char *name, const dsrt_net *net, dsrt_optimizer *opt,
+                        int rank, int own_world, int *workers) {
+    const uint8_t *p = s->data;
+    uint32_t nb = (uint32_t)dsrt__optimizer_n_buffers(opt);
+    uint64_t per = 8 + (uint64_t)nb * net->n_params * sizeof(float);
+    uint32_t w = s->len >= 16 ? get32(p) : 0;
+    if (s->len < 16 || w < 2 || w > (1u << 20) || get32(p + 4) != nb ||
+        get64(p + 8) != net->n_params || (s->len - 16) / per != w - 1 || (s->len - 16) % per)
+        return dsrt__fail(DSRT_ECORRUPT,
+                          "model: %s: section WOPT: %llu bytes do not hold the optimizer states "
+                          "of %u workers (%u buffers of %zu parameters each)",
+                          name, (unsigned long long)s->len, w, nb, net->n_params);
+    *workers = (int)w;
+    int worker = own_world == (int)w && rank >= 0 && rank < (int)w ? rank : -1;
+    if (worker == 0) return 0;
+    size_t n = net->n_params;
+    for (uint32_t k = 1; k < w; k++)
+        if ((int64_t)get64(p + 16 + (k - 1) * per) < 0)
+            return dsrt__fail(DSRT_ECORRUPT, "model: %s: section WOPT: worker %u: negative steps",
+                              name, k);
+    for (uint32_t b = 0; b < nb; b++) {
+        float *dst = dsrt__optimizer_buffer(opt, (int)b);
+        if (!dst) return DSRT_EBACKEND;
+        for (uint32_t k = 1; k < w; k++) {
+            if (worker > 0 && k != (uint32_t)worker) continue;
+            const uint8_t *src = p + 16 + (k - 1) * per + 8 + (size_t)b * n * sizeof(float);
+            if (worker > 0) {
+                memcpy(dst, src, n * sizeof(float));
+                continue;
+            }
+            for (size_t i = 0; i < n; i++) {
+                float v;
+                memcpy(&v, src + i * sizeof(float), sizeof v);
+                dst[i] += v;
+            }
+        }
+        if (worker < 0) {
+            float inv = 1.0f / (float)w;
+            for (size_t i = 0; i < n; i++) dst[i] *= inv;
+        }
+    }
+    if (worker > 0) dsrt__optimizer_set_steps(opt, (int64_t)get64(p + 16 + (worker - 1) * per));
+    return 0;
+}
+
 int dsrt__model_read(const uint8_t *data, size_t size, const char *name, dsrt_net **netp,
                      dsrt_optimizer **optp, dsrt_train_position *pos,
                      const dsrt_net_options *options) {
+    return dsrt__model_read_worker(data, size, name, netp, optp, pos, options, 0, 0, NULL);
+}
+
+int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, dsrt_net **netp,
+                            dsrt_optimizer **optp, dsrt_train_position *pos,
+                            const dsrt_net_options *options, int rank, int own_world,
+                            int *workers) {
+    if (workers) *workers = 1;
     dsrt_net *net = NULL;
     char *text = NULL;
     int rc;
@@ -421,6 +520,16 @@ int dsrt__model_read(const uint8_t *data, size_t size, const char *name, dsrt_ne
             *pos = (dsrt_train_position){(int64_t)get64(p), (int64_t)get64(p + 8), get64(p + 16)};
     }
     if (optp && s[S_OPTM].present && (rc = read_optimizer(&s[S_OPTM], name, net, optp))) goto fail;
+    if (optp && *optp && s[S_WOPT].present) {
+        int w = 1;
+        rc = read_workers(&s[S_WOPT], name, net, *optp, rank, own_world, &w);
+        if (workers) *workers = w;
+        if (rc) {
+            dsrt_optimizer_destroy(*optp);
+            *optp = NULL;
+            goto fail;
+        }
+    }
     free(text);
     *netp = net;
     return 0;
@@ -431,23 +540,30 @@ fail:
 }
 
 static int load(const char *path, dsrt_net **net, dsrt_optimizer **opt, dsrt_train_position *pos,
-                const dsrt_net_options *options) {
+                const dsrt_net_options *options, int rank, int own_world, int *workers) {
     uint8_t *data;
     size_t size;
     if (!path || !net) return dsrt__fail(-EINVAL, "model: no path");
     *net = NULL;
     int rc = dsrt__read_whole_file(path, MAX_FILE, &data, &size);
     if (rc) return dsrt__fail_prefix(rc, "model");
-    rc = dsrt__model_read(data, size, path, net, opt, pos, options);
+    rc =
+        dsrt__model_read_worker(data, size, path, net, opt, pos, options, rank, own_world, workers);
     free(data);
     return rc;
 }
 
 int dsrt_model_load(dsrt_net **net, const char *path, const dsrt_net_options *options) {
-    return load(path, net, NULL, NULL, options);
+    return load(path, net, NULL, NULL, options, 0, 0, NULL);
 }
 
 int dsrt_checkpoint_load(const char *path, dsrt_net **net, dsrt_optimizer **opt,
                          dsrt_train_position *pos, const dsrt_net_options *options) {
-    return load(path, net, opt, pos, options);
+    return load(path, net, opt, pos, options, 0, 0, NULL);
+}
+
+int dsrt__checkpoint_load_worker(const char *path, dsrt_net **net, dsrt_optimizer **opt,
+                                 dsrt_train_position *pos, const dsrt_net_options *options,
+                                 int rank, int own_world, int *workers) {
+    return load(path, net, opt, pos, options, rank, own_world, workers);
 }

@@ -6,11 +6,15 @@
  * reduces while backward is still running, and the bookkeeping of where the
  * newest numbers are when a backend keeps its own copies on a device.
  *
- * Backends are chosen from one table by the kind of device (CPU or CUDA);
- * everything above this file talks to a net through the calls here, never
- * to a backend.
+ * Backends are chosen from one table by the kind of device (CPU or CUDA):
+ * the CPU backend is built in, the CUDA backend is the module dsrt_cuda.so,
+ * loaded when a net first asks for a GPU. Everything above this file talks
+ * to a net through the calls here, never to a backend.
  */
 #include "internal.h"
+
+#include "core/module.h"
+#include "runtime/internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -38,23 +42,69 @@ dsrt_net_options dsrt_net_defaults(void) {
 // ----------------------------------------------------------------------------
 // Backends
 
-static const dsrt_backend_ops *const BACKENDS[] = {
-    &dsrt__backend_cpu,
-#ifdef DSRT_WITH_CUDA_BACKEND
-    &dsrt__backend_cuda,
-#endif
-};
-#define N_BACKENDS (sizeof BACKENDS / sizeof BACKENDS[0])
+/* One entry a backend: built in (ops), or a module (core/module.h) loaded
+ * the first time a net asks for its kind of device. probe counts the
+ * devices without loading the module (NULL: ask the module). Adding a
+ * backend is its file (filling a dsrt_backend_ops, exported with
+ * DSRT_MODULE_DEFINE when it is a module) and its line here. */
+typedef struct {
+    int device_kind; /* 0: the CPU; 1: CUDA devices */
+    const dsrt_backend_ops *ops;
+    const dsrt_module_spec *module;
+    int (*probe)(char *why, size_t size);
+} backend_entry;
 
-static const dsrt_backend_ops *backend_for(int device_kind) {
-    for (size_t k = 0; k < N_BACKENDS; k++)
-        if (BACKENDS[k]->device_kind == device_kind) return BACKENDS[k];
+static const dsrt_module_spec CUDA_MODULE = {
+    .name = "cuda",
+    .what = "the GPU backend",
+    .needs = "the CUDA runtime, cuBLAS and cuDNN 9",
+#ifdef DSRT_WITH_CUDA_BACKEND
+    .built = 1,
+#endif
+    .unbuilt = "this build of dsrt has no GPU backend (build it where the CUDA toolkit, cuDNN "
+               "and cuBLAS are installed)",
+    .train_anchor = (const void *)dsrt__net_grads_ready,
+    .uses_dsrt = 1,
+};
+
+static const backend_entry BACKENDS[] = {
+    {0, &dsrt__backend_cpu, NULL, NULL},
+    {1, NULL, &CUDA_MODULE, dsrt__cuda_devices},
+};
+
+static const backend_entry *backend_entry_for(int device_kind) {
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(BACKENDS); k++)
+        if (BACKENDS[k].device_kind == device_kind) return &BACKENDS[k];
     return NULL;
 }
 
+/* The entry's ops, loading its module the first time. */
+static int backend_ops(const backend_entry *b, const dsrt_backend_ops **ops) {
+    if (b->ops) {
+        *ops = b->ops;
+        return 0;
+    }
+    const void *t;
+    int rc = dsrt__module_load(b->module, &t);
+    *ops = t;
+    return rc;
+}
+
+/* Devices of a kind now, with the reason when none; loads nothing that
+ * the probe can answer without. */
+static int kind_devices(const backend_entry *b, char *why, size_t size) {
+    const dsrt_backend_ops *ops;
+    if (!b || (b->module && !b->module->built)) return 0;
+    if (b->probe) return b->probe(why, size);
+    if (backend_ops(b, &ops) != 0) {
+        if (why && size) snprintf(why, size, "%s", dsrt_last_error());
+        return 0;
+    }
+    return ops->devices ? ops->devices(why, size) : 0;
+}
+
 int dsrt_gpu_count(void) {
-    const dsrt_backend_ops *ops = backend_for(1);
-    return ops && ops->devices ? ops->devices(NULL, 0) : 0;
+    return kind_devices(backend_entry_for(1), NULL, 0);
 }
 
 const char *dsrt_precision_name(dsrt_precision p) {
@@ -63,25 +113,27 @@ const char *dsrt_precision_name(dsrt_precision p) {
 }
 
 /* The backend for device, checked: the device exists in this build and on
- * this machine. Messages start "GPU n: ". */
+ * this machine, and its module loads. Messages start "GPU n: ". */
 static int pick_backend(int device, const dsrt_backend_ops **out) {
+    *out = NULL;
     if (device < DSRT_DEVICE_CPU)
         return dsrt__fail(DSRT_EOPTION, "device %d: not the CPU (-1) or a GPU index", device);
-    const dsrt_backend_ops *ops = backend_for(device >= 0);
-    if (!ops)
-        return dsrt__fail(DSRT_ENODEVICE,
-                          "GPU %d: this build of dsrt has no GPU backend (build it where the CUDA "
-                          "toolkit, cuDNN and cuBLAS are installed)",
-                          device);
+    const backend_entry *b = backend_entry_for(device >= 0);
+    if (!b || (b->module && !b->module->built))
+        return dsrt__fail(DSRT_ENODEVICE, "GPU %d: %s", device,
+                          b ? b->module->unbuilt : "this build of dsrt has no GPU backend");
+    const dsrt_backend_ops *ops;
     if (device >= 0) {
-        char why[256] = "";
-        int n = ops->devices(why, sizeof why);
+        char why[1024] = "";
+        int n = kind_devices(b, why, sizeof why);
         if (device >= n)
             return dsrt__fail(DSRT_ENODEVICE, "GPU %d: %s", device,
                               n > 0  ? "there is no such CUDA device"
                               : *why ? why
                                      : "no CUDA device is visible on this machine");
     }
+    int rc = backend_ops(b, &ops);
+    if (rc) return dsrt__fail_prefix(rc, "GPU %d", device);
     *out = ops;
     return 0;
 }

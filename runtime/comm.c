@@ -9,8 +9,13 @@
  * engines see only "bucket k is ready" and "wait for all", so the bucket
  * code, the timeline that shows the overlap, parameter averaging and the
  * synchronised batchnorm hook are the same for both.
+ *
+ * The engines are modules (core/module.h): dsrt_mpi.so and dsrt_nccl.so,
+ * loaded from the table below when a communicator first asks for one, so a
+ * program that never opens a communicator maps neither MPI nor NCCL.
  */
 #include "comm_internal.h"
+#include "core/module.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +40,56 @@ void dsrt__comm_break(dsrt_comm *c) {
 }
 
 // ----------------------------------------------------------------------------
+// The engines' modules
+
+/* The communicator table: each engine's module, by dsrt_comm_kind. */
+static const dsrt_module_spec ENGINES[] = {
+    [DSRT_COMM_MPI] = {.name = "mpi",
+                       .what = "the MPI communicator",
+                       .needs = "Open MPI (libmpi)",
+#ifdef DSRT_HAVE_MPI
+                       .built = 1,
+#endif
+                       .unbuilt = "this dsrt was built without MPI (install libopenmpi-dev and "
+                                  "rebuild)",
+                       .train_anchor = (const void *)dsrt__comm_now,
+                       .uses_dsrt = 1},
+    [DSRT_COMM_NCCL] = {.name = "nccl",
+                        .what = "the NCCL communicator",
+                        .needs = "NCCL 2 and the CUDA runtime (libnccl.so.2, libcudart)",
+#ifdef DSRT_HAVE_NCCL
+                        .built = 1,
+#endif
+                        .unbuilt = "this dsrt was built without NCCL",
+                        .train_anchor = (const void *)dsrt__comm_now,
+                        .uses_dsrt = 1},
+};
+#define MPI_MODULE  ENGINES[DSRT_COMM_MPI]
+#define NCCL_MODULE ENGINES[DSRT_COMM_NCCL]
+
+/* The table of spec's engine, loaded the first time; NULL with *rc set
+ * when it cannot be. */
+static const void *engine(const dsrt_module_spec *spec, int *rc) {
+    const void *ops = NULL;
+    *rc = dsrt__module_load(spec, &ops);
+    return ops;
+}
+
+/* The NCCL engine's calls into MPI's heartbeats: c has MPI, so its module
+ * is loaded. */
+int64_t dsrt__comm_mpi_enter(dsrt_comm *c, int chan) {
+    int rc;
+    const comm_mpi_engine *e = engine(&MPI_MODULE, &rc);
+    return e ? e->enter(c, chan) : 0;
+}
+
+int dsrt__comm_mpi_timeout(dsrt_comm *c, int chan, int64_t seq, const char *what) {
+    int rc;
+    const comm_mpi_engine *e = engine(&MPI_MODULE, &rc);
+    return e ? e->timeout(c, chan, seq, what) : rc;
+}
+
+// ----------------------------------------------------------------------------
 // Options, the job, MPI itself
 
 dsrt_comm_options dsrt_comm_defaults(void) {
@@ -49,17 +104,11 @@ dsrt_comm_options dsrt_comm_defaults(void) {
 }
 
 int dsrt_comm_available(dsrt_comm_kind kind) {
-#ifndef DSRT_HAVE_MPI
-    return dsrt__fail(DSRT_EUNSUPPORTED, "comm: this dsrt was built without MPI "
-                                         "(install libopenmpi-dev and rebuild)");
-#endif
-    if (kind == DSRT_COMM_MPI) return 0;
-    if (kind != DSRT_COMM_NCCL) return dsrt__fail(-EINVAL, "comm: no engine %d", (int)kind);
-#ifndef DSRT_HAVE_NCCL
-    return dsrt__fail(DSRT_EUNSUPPORTED, "comm: this dsrt was built without NCCL");
-#else
-    return 0;
-#endif
+    if (kind != DSRT_COMM_MPI && kind != DSRT_COMM_NCCL)
+        return dsrt__fail(-EINVAL, "comm: no engine %d", (int)kind);
+    int rc;
+    engine(&ENGINES[kind], &rc);
+    return rc ? dsrt__fail_prefix(rc, "comm") : 0;
 }
 
 int dsrt_comm_world_size(void) {
@@ -76,11 +125,17 @@ int dsrt_comm_world_size(void) {
 }
 
 int dsrt_comm_init(int *argc, char ***argv) {
-    return dsrt__comm_mpi_init(argc, argv);
+    int rc;
+    const comm_mpi_engine *e = engine(&MPI_MODULE, &rc);
+    return e ? e->init(argc, argv) : dsrt__fail_prefix(rc, "comm: init");
 }
 
 void dsrt_comm_finalize(void) {
-    if (!atomic_load(&any_broken)) dsrt__comm_mpi_finalize();
+    /* Only a process that started MPI (so loaded its module) ends it. */
+    const void *ops;
+    if (atomic_load(&any_broken) || dsrt__module_loaded(&MPI_MODULE, &ops) != 0) return;
+    const comm_mpi_engine *e = ops;
+    e->finalize();
 }
 
 // ----------------------------------------------------------------------------
@@ -104,12 +159,15 @@ int dsrt_comm_open(dsrt_comm **out, const dsrt_comm_options *options) {
     dsrt_comm_options o = options ? *options : dsrt_comm_defaults();
     int rc = check_options(&o);
     if (rc) return rc;
-    if ((rc = dsrt_comm_available(o.kind))) return rc;
+    const comm_mpi_engine *mpi = engine(&MPI_MODULE, &rc);
+    const comm_nccl_engine *nccl = NULL;
+    if (mpi && o.kind == DSRT_COMM_NCCL) nccl = engine(&NCCL_MODULE, &rc);
+    if (rc) return dsrt__fail_prefix(rc, "comm");
     dsrt_comm *c = dsrt__calloc(1, sizeof *c);
     if (!c) return -ENOMEM;
     c->o = o;
-    rc = dsrt__comm_mpi_open(c, o.kind == DSRT_COMM_MPI);
-    if (!rc && o.kind == DSRT_COMM_NCCL) rc = dsrt__comm_nccl_open(c);
+    rc = mpi->open(c, o.kind == DSRT_COMM_MPI);
+    if (!rc && nccl) rc = nccl->open(c);
     if (rc) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dsrt_last_error());
@@ -127,7 +185,12 @@ int dsrt_comm_open_local(dsrt_comm **comms, int n, const int *devices,
     int rc = check_options(&o);
     if (rc) return rc;
     if (n < 1) return dsrt__fail(-EINVAL, "comm: open_local: %d devices", n);
-    return dsrt__comm_nccl_open_local(comms, n, devices, &o);
+    const comm_nccl_engine *nccl = engine(&NCCL_MODULE, &rc);
+    if (!nccl) {
+        for (int i = 0; i < n; i++) comms[i] = NULL;
+        return dsrt__fail_prefix(rc, "comm");
+    }
+    return nccl->open_local(comms, n, devices, &o);
 }
 
 static void detach(dsrt_comm *c) {
@@ -154,7 +217,9 @@ static void detach(dsrt_comm *c) {
 void dsrt_comm_close(dsrt_comm *c) {
     if (!c) return;
     detach(c);
-    if (c->nccl) dsrt__comm_nccl_close(c);
+    int rc;
+    const comm_nccl_engine *nccl = c->nccl ? engine(&NCCL_MODULE, &rc) : NULL;
+    if (nccl) nccl->close(c);
     if (c->host) c->host->close(c);
     free(c);
 }

@@ -77,25 +77,44 @@ double dsrt__comm_now(void);
  * process-wide flag that keeps dsrt_comm_finalize from waiting on MPI. */
 void dsrt__comm_break(dsrt_comm *c);
 
-/* MPI (comm_mpi.c): opens c->mpi over MPI_COMM_WORLD and sets rank, size,
- * local_rank, host; grad when with_grads. */
+/* MPI (comm_mpi.c, the module dsrt_mpi.so): opens c->mpi over
+ * MPI_COMM_WORLD and sets rank, size, local_rank, host; grad when
+ * with_grads. */
 int dsrt__comm_mpi_open(dsrt_comm *c, int with_grads);
 int dsrt__comm_mpi_init(int *argc, char ***argv);
 /* Channels of the heartbeat positions: host collectives, gradient buckets. */
 #define CHAN_COLL 0
 #define CHAN_GRAD 1
-/* Enters the next collective on chan: returns its position. */
+/* Enters the next collective on chan: returns its position (c has MPI). */
 int64_t dsrt__comm_mpi_enter(dsrt_comm *c, int chan);
 /* Fails a collective at position seq of chan that ran out of time, naming
- * the ranks the heartbeats say are missing; breaks c. */
+ * the ranks the heartbeats say are missing; breaks c (c has MPI). */
 int dsrt__comm_mpi_timeout(dsrt_comm *c, int chan, int64_t seq, const char *what);
 void dsrt__comm_mpi_finalize(void);
 
-/* NCCL (comm_nccl.c): the gradient engine over c->mpi's ranks, and the
- * in-process group. */
+/* NCCL (comm_nccl.c, the module dsrt_nccl.so): the gradient engine over
+ * c->mpi's ranks, and the in-process group. */
 int dsrt__comm_nccl_open(dsrt_comm *c);
 int dsrt__comm_nccl_open_local(dsrt_comm **comms, int n, const int *devices,
                                const dsrt_comm_options *o);
 void dsrt__comm_nccl_close(dsrt_comm *c);
+
+/* The engines' tables, which their modules export (core/module.h) and
+ * comm.c loads when a communicator asks for them. dsrt__comm_mpi_enter and
+ * dsrt__comm_mpi_timeout (comm.c) call through the MPI table, so that the
+ * NCCL module reaches the MPI module's heartbeats without linking it. */
+typedef struct {
+    int (*init)(int *argc, char ***argv);
+    void (*finalize)(void);
+    int (*open)(dsrt_comm *c, int with_grads);
+    int64_t (*enter)(dsrt_comm *c, int chan);
+    int (*timeout)(dsrt_comm *c, int chan, int64_t seq, const char *what);
+} comm_mpi_engine;
+
+typedef struct {
+    int (*open)(dsrt_comm *c);
+    int (*open_local)(dsrt_comm **comms, int n, const int *devices, const dsrt_comm_options *o);
+    void (*close)(dsrt_comm *c);
+} comm_nccl_engine;
 
 #endif

@@ -32,8 +32,12 @@
  *
  * Every wait polls MPI_Test with a deadline: MPI has no cancellable
  * collectives, so a collective that times out breaks the communicator.
+ *
+ * It is the module dsrt_mpi.so (core/module.h), which comm.c loads when a
+ * communicator first asks for it.
  */
 #include "comm_internal.h"
+#include "core/module.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -195,11 +199,11 @@ static int wait_request(dsrt_comm *c, MPI_Request *r, int64_t seq, const char *w
     }
 }
 
-int64_t dsrt__comm_mpi_enter(dsrt_comm *c, int chan) {
+static int64_t mpi_enter(dsrt_comm *c, int chan) {
     return atomic_fetch_add(&c->mpi->seq[chan], 1) + 1;
 }
 
-int dsrt__comm_mpi_timeout(dsrt_comm *c, int chan, int64_t seq, const char *what) {
+static int mpi_timeout(dsrt_comm *c, int chan, int64_t seq, const char *what) {
     return timeout_fail(c, chan, seq, what);
 }
 
@@ -747,17 +751,17 @@ void dsrt__comm_mpi_finalize(void) {
     if (inited && !fin && atomic_exchange(&mpi_ours, 0)) MPI_Finalize();
 }
 
-#else /* without MPI */
+// ----------------------------------------------------------------------------
+// The module's entry
 
-int dsrt__comm_mpi_open(dsrt_comm *c, int with_grads) {
-    return dsrt__fail(DSRT_EUNSUPPORTED, "comm: this dsrt was built without MPI "
-                                         "(install libopenmpi-dev and rebuild)");
-}
+static const comm_mpi_engine mpi_engine = {
+    .init = dsrt__comm_mpi_init,
+    .finalize = dsrt__comm_mpi_finalize,
+    .open = dsrt__comm_mpi_open,
+    .enter = mpi_enter,
+    .timeout = mpi_timeout,
+};
 
-int dsrt__comm_mpi_init(int *argc, char ***argv) {
-    return dsrt__comm_mpi_open(NULL, 0);
-}
-
-void dsrt__comm_mpi_finalize(void) {}
+DSRT_MODULE_DEFINE(mpi, &mpi_engine, dsrt__comm_now);
 
 #endif

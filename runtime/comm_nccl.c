@@ -22,8 +22,12 @@
  * host sums meet in a small group structure in the process (a mutex, a
  * condition variable, sums in member order so every member gets the same
  * bits).
+ *
+ * It is the module dsrt_nccl.so (core/module.h), which comm.c loads when a
+ * communicator first asks for it.
  */
 #include "comm_internal.h"
+#include "core/module.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -512,18 +516,15 @@ int dsrt__comm_nccl_open_local(dsrt_comm **comms, int n, const int *devices,
     return 0;
 }
 
-#else /* without NCCL */
+// ----------------------------------------------------------------------------
+// The module's entry
 
-int dsrt__comm_nccl_open(dsrt_comm *c) {
-    return dsrt__fail(DSRT_EUNSUPPORTED, "comm: this dsrt was built without NCCL");
-}
+static const comm_nccl_engine nccl_engine = {
+    .open = dsrt__comm_nccl_open,
+    .open_local = dsrt__comm_nccl_open_local,
+    .close = dsrt__comm_nccl_close,
+};
 
-int dsrt__comm_nccl_open_local(dsrt_comm **comms, int n, const int *devices,
-                               const dsrt_comm_options *o) {
-    for (int i = 0; i < n; i++) comms[i] = NULL;
-    return dsrt__comm_nccl_open(NULL);
-}
-
-void dsrt__comm_nccl_close(dsrt_comm *c) {}
+DSRT_MODULE_DEFINE(nccl, &nccl_engine, dsrt__comm_now);
 
 #endif

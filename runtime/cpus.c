@@ -1,9 +1,10 @@
 /*
  * Which cores the pipeline's workers run on, and binding them there, with
  * hwloc. By default a worker gets each core this process may run on (its
- * affinity mask within the cgroup's cpuset), or, in a CUDA build with a
- * device present, each core near that device (its PCI bus's local CPUs), so
- * that a batch is made on the NUMA node the copy to the GPU starts from. A
+ * affinity mask within the cgroup's cpuset), or, for a pipeline that feeds
+ * CUDA device N, each core near that device (its PCI bus's local CPUs, as
+ * sysfs lists them for the bus id the CUDA host module gives), so that a
+ * batch is made on the NUMA node the copy to the GPU starts from. A
  * CPU list given by the user replaces either choice. Each worker is bound to
  * all the hardware threads of its core that are in the chosen set: one
  * worker per core keeps TurboJPEG's and the augmenter's working sets in that
@@ -16,11 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(DSRT_WITH_CUDA) && __has_include(<cuda_runtime_api.h>)
-#include <cuda_runtime_api.h>
-#include <hwloc/cudart.h>
-#define DSRT_CPUS_CUDA 1
-#endif
+#include <ctype.h>
+#include <hwloc/linux.h>
 
 struct dsrt_cpus {
     hwloc_topology_t topo;
@@ -74,24 +72,23 @@ static int user_cpus(hwloc_topology_t topo, const char *list, hwloc_bitmap_t ava
     return 0;
 }
 
-#ifdef DSRT_CPUS_CUDA
-/* The CPUs near CUDA device gpu (-1: the first), within avail; leaves out
- * unchanged when there is no device or the bus does not say. */
-static void cuda_cpus(hwloc_topology_t topo, int gpu, hwloc_const_bitmap_t avail,
-                      hwloc_bitmap_t out) {
-    int n = dsrt__cuda_device_count();
-    if (n <= 0) return;
-    int dev = gpu < 0 ? 0 : gpu;
-    if (dev >= n) return;
+/* The CPUs near CUDA device gpu, within avail; leaves out unchanged when
+ * the device is not there or the bus does not say. */
+static void cuda_cpus(int gpu, hwloc_const_bitmap_t avail, hwloc_bitmap_t out) {
+    const dsrt_cuda_host_ops *ops;
+    char bus[64], path[160];
+    if (dsrt__cuda_host(&ops) != 0 || gpu >= ops->devices(NULL, 0)) return;
+    if (ops->pci_bus_id(gpu, bus, sizeof bus) != 0) return;
+    for (char *c = bus; *c; c++) *c = (char)tolower((unsigned char)*c);
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/local_cpus", bus);
     hwloc_bitmap_t near = hwloc_bitmap_alloc();
     if (!near) return;
-    if (hwloc_cudart_get_device_cpuset(topo, dev, near) == 0) {
+    if (hwloc_linux_read_path_as_cpumask(path, near) == 0) {
         hwloc_bitmap_and(near, near, avail);
         if (!hwloc_bitmap_iszero(near)) hwloc_bitmap_copy(out, near);
     }
     hwloc_bitmap_free(near);
 }
-#endif
 
 // ----------------------------------------------------------------------------
 // Open, bind, close
@@ -123,11 +120,7 @@ int dsrt__cpus_open(dsrt_cpus **out, const char *list, int gpu, unsigned *thread
         if ((rc = user_cpus(c->topo, list, avail, c->set)) != 0) goto fail;
     } else {
         hwloc_bitmap_copy(c->set, avail);
-#ifdef DSRT_CPUS_CUDA
-        cuda_cpus(c->topo, gpu, avail, c->set);
-#else
-        (void)gpu;
-#endif
+        if (gpu >= 0) cuda_cpus(gpu, avail, c->set);
     }
     rc = -ENOMEM;
 

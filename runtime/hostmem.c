@@ -1,77 +1,70 @@
 /*
- * Host memory for batch slots, and the count of CUDA devices. Slots are
- * page-locked so that a GPU can copy from them asynchronously and the kernel
- * never pages them out: with cudaHostAlloc in a CUDA build that finds a
- * device, else with mmap (page-aligned, so O_DIRECT and SIMD stores are
- * happy) and mlock where RLIMIT_MEMLOCK allows. Failing to lock is not an
- * error: the memory works the same, only unlocked, and the caller is told.
+ * Host memory for batch slots, and the CUDA devices the input side sees.
+ * Slots are page-locked so that a GPU can copy from them asynchronously and
+ * the kernel never pages them out: mmap'd (page-aligned, so O_DIRECT and
+ * SIMD stores are happy), then, for a pipeline that feeds CUDA device N,
+ * registered with CUDA through the CUDA host module (runtime/hostmem_cuda.c,
+ * loaded here on first use), else mlock'ed where RLIMIT_MEMLOCK allows.
+ * Failing to lock is not an error: the memory works the same, only
+ * unlocked, and the caller is told.
  */
+#include "core/module.h"
 #include "runtime/internal.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include <dsrt/pipeline.h>
 
-#if defined(DSRT_WITH_CUDA) && __has_include(<cuda_runtime_api.h>)
-#include <cuda_runtime_api.h>
-#define DSRT_HOSTMEM_CUDA 1
-#elif defined(DSRT_WITH_CUDA)
-#warning "cuda_runtime_api.h is not on the include path: slots use mmap + mlock"
+#ifndef DSRT_CUDA_MAJOR
+#define DSRT_CUDA_MAJOR "13"
 #endif
 
 // ----------------------------------------------------------------------------
-// CUDA
+// CUDA, through its module
 
-int dsrt__cuda_device_count(void) {
-#ifdef DSRT_HOSTMEM_CUDA
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        /* No driver or no device: clear the sticky error and say none. */
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
-#else
-    return 0;
+static const dsrt_module_spec CUDA_HOST = {
+    .name = "cuda_host",
+    .what = "the CUDA runtime",
+    .needs = "the CUDA runtime (libcudart.so." DSRT_CUDA_MAJOR ")",
+#ifdef DSRT_HAVE_CUDA_HOST
+    .built = 1,
 #endif
+    .unbuilt = "this dsrt was built without the CUDA toolkit",
+};
+
+int dsrt__cuda_host(const dsrt_cuda_host_ops **ops) {
+    const void *t = NULL;
+    int rc = dsrt__module_load(&CUDA_HOST, &t);
+    *ops = t;
+    return rc;
 }
 
-#ifdef DSRT_HOSTMEM_CUDA
-/* cudaHostAlloc on device gpu; 0, or nonzero to fall back to mmap. */
-static int cuda_alloc(dsrt_host_mem *m, size_t bytes, int gpu) {
-    int n = dsrt__cuda_device_count();
-    if (n <= 0) return -ENODEV;
-    int dev = gpu < 0 ? 0 : gpu;
-    if (dev >= n) return -ENODEV;
-    /* The caller's current device is theirs: restore it afterwards. */
-    int old = -1;
-    if (cudaGetDevice(&old) != cudaSuccess) {
-        (void)cudaGetLastError();
-        old = -1;
+int dsrt__cuda_devices(char *why, size_t size) {
+    const dsrt_cuda_host_ops *ops;
+    if (dsrt__cuda_host(&ops) != 0) {
+        if (why && size) snprintf(why, size, "%s", dsrt_last_error());
+        return 0;
     }
-    cudaError_t e = cudaSetDevice(dev);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return -ENODEV;
-    }
-    void *p = NULL;
-    e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    if (old >= 0 && old != dev && cudaSetDevice(old) != cudaSuccess) (void)cudaGetLastError();
-    if (e != cudaSuccess || !p) {
-        (void)cudaGetLastError();
-        return -ENOMEM;
-    }
-    memset(p, 0, bytes);
-    m->ptr = p;
-    m->bytes = bytes;
+    return ops->devices(why, size);
+}
+
+int dsrt__cuda_device_count(void) {
+    return dsrt__cuda_devices(NULL, 0);
+}
+
+/* Registers m's memory for device gpu; 0, or nonzero to fall back to mlock. */
+static int cuda_register(dsrt_host_mem *m, int gpu) {
+    const dsrt_cuda_host_ops *ops;
+    if (dsrt__cuda_host(&ops) != 0) return -ENODEV;
+    if (gpu >= ops->devices(NULL, 0)) return -ENODEV;
+    if (ops->host_register(m->ptr, m->bytes, gpu, NULL, 0) != 0) return -ENOMEM;
     m->cuda = 1;
     m->locked = 1;
     return 0;
 }
-#endif
 
 // ----------------------------------------------------------------------------
 // Allocate and free
@@ -79,16 +72,12 @@ static int cuda_alloc(dsrt_host_mem *m, size_t bytes, int gpu) {
 int dsrt__host_alloc(dsrt_host_mem *m, size_t bytes, int gpu) {
     memset(m, 0, sizeof *m);
     if (bytes == 0) bytes = 1;
-#ifdef DSRT_HOSTMEM_CUDA
-    if (cuda_alloc(m, bytes, gpu) == 0) return 0;
-#else
-    (void)gpu;
-#endif
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return dsrt__fail(-ENOMEM, "pipeline: out of memory: %zu bytes of batch slots", bytes);
     m->ptr = p;
     m->bytes = bytes;
+    if (gpu >= 0 && cuda_register(m, gpu) == 0) return 0;
     /* EPERM (no CAP_IPC_LOCK) and ENOMEM (over RLIMIT_MEMLOCK) leave the
      * memory usable, only unlocked. */
     m->locked = mlock(p, bytes) == 0;
@@ -97,13 +86,8 @@ int dsrt__host_alloc(dsrt_host_mem *m, size_t bytes, int gpu) {
 
 void dsrt__host_free(dsrt_host_mem *m) {
     if (!m->ptr) return;
-#ifdef DSRT_HOSTMEM_CUDA
-    if (m->cuda) {
-        if (cudaFreeHost(m->ptr) != cudaSuccess) (void)cudaGetLastError();
-        memset(m, 0, sizeof *m);
-        return;
-    }
-#endif
+    const dsrt_cuda_host_ops *ops;
+    if (m->cuda && dsrt__cuda_host(&ops) == 0) ops->host_unregister(m->ptr);
     munmap(m->ptr, m->bytes); /* also unlocks */
     memset(m, 0, sizeof *m);
 }

@@ -47,6 +47,13 @@
  * bad: the read is tried again after a pause that doubles, and when it still
  * fails the run stops with that reason.
  *
+ * Objects in a store (a datastore of URLs) are read the same way, by the
+ * reader's HTTP client: a worker keeps reader.remote.depth requests in
+ * flight (64 by default, for the store's latency), so chunks are at least
+ * that large. The client retries what the store did not answer; a request
+ * it gives up on (DSRT_EREMOTE: unreachable, refused, denied) stops the
+ * run with the cause, never marking a sample bad.
+ *
  * Read buffers start small and grow, one at a time, to the size of the
  * largest file they had to hold (up to max_file_bytes): reserving
  * max_file_bytes for every read in flight of every worker would take
@@ -132,6 +139,10 @@ typedef struct {
     alignas(64) atomic_uint_fast64_t read_ns;
     atomic_uint_fast64_t decode_ns, augment_ns, wait_ns, idle_ns;
     atomic_uint_fast64_t samples, skipped, bytes, direct_refused;
+    /* The reader's requests to a store (dsrt_remote_stats), copied after
+     * each collect: the reader itself belongs to the worker's thread. */
+    atomic_uint_fast64_t remote_requests, remote_retries, remote_connections;
+    atomic_uint_fast64_t remote_in_flight_us, remote_busy_us;
     atomic_int pinned;
 
     dsrt_pipeline *p;
@@ -167,6 +178,7 @@ struct dsrt_pipeline {
     dsrt_pipeline_options o;
     char *cpus_opt;
     int in_memory;
+    int remote; /* samples are objects in a store */
     size_t sample_bytes, stride, slot_bytes, chunk, cpb, buf_cap;
     size_t cap;   /* places of a slot: the largest part of a batch */
     uint64_t bpe; /* batches per epoch */
@@ -317,6 +329,9 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
     if (o->reader.depth < 1 || o->reader.depth > 4096)
         return dsrt__fail(DSRT_EOPTION, "pipeline: reader.depth: %u: not in [1, 4096]",
                           o->reader.depth);
+    if (o->reader.remote.depth < 1 || o->reader.remote.depth > 4096)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: reader.remote.depth: %u: not in [1, 4096]",
+                          o->reader.remote.depth);
     if (o->reader.direct != 0 && o->reader.direct != 1)
         return dsrt__fail(DSRT_EOPTION, "pipeline: reader.direct: %d: not 0 or 1",
                           o->reader.direct);
@@ -690,13 +705,22 @@ static int buf_fit(pipe_worker *w, int bi, size_t need, const char *path) {
     return 0;
 }
 
-/* Collects every read still in flight, dropping the results. */
+/* Drops every read still in flight. */
 static void reader_drain(pipe_worker *w) {
-    dsrt_read_result r;
-    while (dsrt_reader_in_flight(w->reader) > 0)
-        if (dsrt_reader_collect(w->reader, &r, 1) <= 0) break;
+    dsrt_reader_cancel(w->reader);
     w->nfree = 0;
     for (unsigned i = 0; i < w->nbufs; i++) w->free_bufs[w->nfree++] = (int)i;
+}
+
+static void remote_stats_copy(pipe_worker *w) {
+    dsrt_remote_stats rs;
+    dsrt_reader_remote_stats(w->reader, &rs);
+    atomic_store_explicit(&w->remote_requests, rs.requests, memory_order_relaxed);
+    atomic_store_explicit(&w->remote_retries, rs.retries, memory_order_relaxed);
+    atomic_store_explicit(&w->remote_connections, rs.connections, memory_order_relaxed);
+    atomic_store_explicit(&w->remote_in_flight_us, (uint64_t)(rs.in_flight_s * 1e6),
+                          memory_order_relaxed);
+    atomic_store_explicit(&w->remote_busy_us, (uint64_t)(rs.busy_s * 1e6), memory_order_relaxed);
 }
 
 /* Sleeps until t (ns) or abort, whichever comes first. */
@@ -796,6 +820,7 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
         if (p->o.reader.direct)
             atomic_store_explicit(&w->direct_refused, dsrt_reader_direct_refused(w->reader),
                                   memory_order_relaxed);
+        if (p->remote) remote_stats_copy(w);
         pipe_place *pl = &w->places[res.tag];
         w->free_bufs[w->nfree++] = pl->buf;
         pl->buf = -1;
@@ -804,6 +829,12 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
             /* Larger than its buffer, not than the limit: again, in a larger one. */
             pl->need = res.size;
             w->pending[npending++] = (size_t)(pl - w->places);
+            continue;
+        }
+        if (res.status == DSRT_EREMOTE) {
+            /* The store, not the object: the run stops with the cause. */
+            snprintf(msg, sizeof msg, "pipeline: %s", dsrt_last_error());
+            chunk_fail(f, pl->place, res.status, msg);
             continue;
         }
         if (is_transient(res.status)) {
@@ -929,7 +960,8 @@ static int worker_init(dsrt_pipeline *p, pipe_worker *w, unsigned index) {
     if (!p->in_memory) {
         dsrt_reader_options ro = p->o.reader;
         ro.depth = (unsigned)DSRT_MIN((size_t)ro.depth, p->chunk);
-        w->nbufs = ro.depth;
+        ro.remote.depth = (unsigned)DSRT_MIN((size_t)ro.remote.depth, p->chunk);
+        w->nbufs = p->remote ? ro.remote.depth : ro.depth;
         if ((rc = dsrt_reader_create(&w->reader, &ro)) != 0)
             return dsrt__fail_prefix(rc, "pipeline: worker %u", index);
         w->bufs = dsrt__calloc(w->nbufs, sizeof *w->bufs);
@@ -1109,6 +1141,7 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     p->aug = aug;
     p->native = native_options(&aug);
     p->in_memory = dsrt_datastore_path(ds, 0) == NULL;
+    p->remote = !p->in_memory && dsrt_datastore_remote(ds);
     if (opt.cpus && !(p->cpus_opt = dsrt__strdup(opt.cpus))) goto fail;
     p->o.cpus = p->cpus_opt;
     p->nslots = opt.prefetch + 1;
@@ -1124,8 +1157,10 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     p->cap = (opt.batch + opt.parts - 1) / opt.parts; /* the largest part of a batch */
     size_t chunk = opt.chunk;
     if (chunk == 0) {
+        size_t most = p->remote ? DSRT_MAX((size_t)PIPE_CHUNK, (size_t)opt.reader.remote.depth)
+                                : (size_t)PIPE_CHUNK;
         chunk = p->cap * opt.prefetch / threads;
-        chunk = DSRT_MAX((size_t)1, DSRT_MIN(chunk, (size_t)PIPE_CHUNK));
+        chunk = DSRT_MAX((size_t)1, DSRT_MIN(chunk, most));
     }
     p->chunk = DSRT_MIN(chunk, p->cap);
     p->cpb = (p->cap + p->chunk - 1) / p->chunk;
@@ -1350,6 +1385,15 @@ void dsrt_pipeline_stats(const dsrt_pipeline *p, dsrt_pipeline_statistics *s) {
         s->bytes_read += atomic_load_explicit(&w->bytes, memory_order_relaxed);
         s->direct_refused += atomic_load_explicit(&w->direct_refused, memory_order_relaxed);
         s->pinned_threads += (unsigned)atomic_load_explicit(&w->pinned, memory_order_relaxed);
+        s->remote_requests += atomic_load_explicit(&w->remote_requests, memory_order_relaxed);
+        s->remote_retries += atomic_load_explicit(&w->remote_retries, memory_order_relaxed);
+        s->remote_connections += atomic_load_explicit(&w->remote_connections, memory_order_relaxed);
+        /* Each worker's mean while it fetched, summed over the workers. */
+        uint64_t busy_us = atomic_load_explicit(&w->remote_busy_us, memory_order_relaxed);
+        if (busy_us)
+            s->remote_in_flight +=
+                (double)atomic_load_explicit(&w->remote_in_flight_us, memory_order_relaxed) /
+                (double)busy_us;
     }
     s->read_s = r * 1e-9;
     s->decode_s = d * 1e-9;

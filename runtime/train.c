@@ -77,7 +77,9 @@ dsrt_eval_options dsrt_eval_defaults(void) {
 /* The device the options' execution environment means: DSRT_DEVICE_CPU or a
  * GPU index. Fails, naming the option, when it is not there. */
 int dsrt__train_resolve_device(const dsrt_train_options *o, int *device) {
-    int n = dsrt_gpu_count(), want = o->gpu < 0 ? 0 : o->gpu, dev;
+    /* Only auto and multi-gpu count the devices: cpu loads no GPU library. */
+    int auto_or_multi = o->execution == DSRT_EXEC_AUTO || o->execution == DSRT_EXEC_MULTI_GPU;
+    int n = auto_or_multi ? dsrt_gpu_count() : 0, want = o->gpu < 0 ? 0 : o->gpu, dev;
     switch (o->execution) {
     case DSRT_EXEC_AUTO:
         dev = n > want ? want : DSRT_DEVICE_CPU;
@@ -578,6 +580,7 @@ int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_optio
     po.fail_on_error = o->fail_on_error;
     po.drop_bad = 1; /* each readable sample once, none in the place of a bad one */
     if (o->read_depth) po.reader.depth = o->read_depth;
+    dsrt__remote_apply(&po.reader.remote, &o->remote);
     if ((rc = dsrt_pipeline_open(&p, ds, &aug, &po))) {
         dsrt__fail_prefix(rc, "evaluate");
         goto out;

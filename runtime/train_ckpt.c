@@ -123,7 +123,8 @@ static int all_finite(const float *x, size_t n) {
 // ----------------------------------------------------------------------------
 // Writing and resuming
 
-int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration) {
+int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration,
+                                const dp_states *ws) {
     const dsrt_train_options *o = R->o;
     double t = dsrt__now_s();
     size_t np = 0;
@@ -170,7 +171,8 @@ int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration) 
              (long long)epochs_done, (long long)iteration);
     snprintf(spath, dl + 8, "%s" STATE_SUFFIX, path);
     if ((rc = write_state(spath, &R->ls, &pos))) goto out;
-    if ((rc = dsrt_checkpoint_save(path, R->net, R->opt, &pos))) goto out;
+    if ((rc = dsrt__checkpoint_save_workers(path, R->net, R->opt, &pos, ws ? &ws->ws : NULL)))
+        goto out;
     snprintf(R->r->checkpoint, sizeof R->r->checkpoint, "%s", path);
     R->r->checkpoint_s += dsrt__now_s() - t;
     R->ev.checkpoint = R->r->checkpoint;
@@ -200,8 +202,13 @@ int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t
     dsrt_optimizer *copt = NULL;
     dsrt_net_options no = dsrt_net_defaults();
     no.threads = 1;
-    if ((rc = dsrt_checkpoint_load(used, &c, &copt, pos, &no)))
+    /* A checkpoint of workers that each kept their own optimizer state:
+     * each worker takes its own when the run is the same kind with as many
+     * workers, else every worker the mean of them (see train.h). */
+    int own = dsrt__dp_own_states(R) ? R->world : 0, states = 1;
+    if ((rc = dsrt__checkpoint_load_worker(used, &c, &copt, pos, &no, R->rank, own, &states)))
         return dsrt__fail_prefix(rc, "train: resume");
+    R->r->resume_states = states;
     size_t cp, cs;
     float *src_p = dsrt_net_params(c, &cp), *src_s = dsrt_net_state(c, &cs);
     if (strcmp(dsrt_net_description(c), dsrt_net_description(R->net)) != 0 || cp != R->n_params ||

@@ -168,6 +168,62 @@ int dsrt__dp_after_step(run *R, int64_t it) {
 }
 
 // ----------------------------------------------------------------------------
+// Optimizer states for checkpoints
+
+int dsrt__dp_own_states(const run *R) {
+    return R->averaging && !R->o->average_optimizer_state && R->world > 1;
+}
+
+void dsrt__dp_states_free(dp_states *st) {
+    free(st->buf);
+    free(st->states);
+    free(st->steps);
+    memset(st, 0, sizeof *st);
+    st->ws.workers = 1;
+}
+
+int dsrt__dp_gather_states(run *R, dp_states *st) {
+    memset(st, 0, sizeof *st);
+    st->ws.workers = 1;
+    if (!dsrt__dp_own_states(R)) return 0;
+    int rc = dsrt__optimizer_host(R->opt);
+    int nb = dsrt__optimizer_n_buffers(R->opt), others = R->world - 1;
+    size_t n = R->n_params;
+    /* Worker 0 keeps every other worker's buffers; the others need room for
+     * one buffer as it passes. */
+    size_t keep = R->rank == 0 ? (size_t)others * (size_t)nb * n : n;
+    if (!rc) {
+        st->buf = dsrt__malloc(keep * sizeof(float) + 1);
+        st->states = dsrt__calloc((size_t)others, sizeof *st->states);
+        st->steps = dsrt__calloc((size_t)others, sizeof *st->steps);
+        if (!st->buf || !st->states || !st->steps) rc = -ENOMEM;
+    }
+    /* A worker without the memory still takes part (every worker makes the
+     * same calls): agreed first. */
+    if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) goto fail;
+    for (int k = 1; k <= others; k++) {
+        if (R->rank == 0) st->states[k - 1] = st->buf + (size_t)(k - 1) * (size_t)nb * n;
+        for (int b = 0; b < nb; b++) {
+            float *at = R->rank == 0 ? st->states[k - 1] + (size_t)b * n : st->buf;
+            if (R->rank == k) at = (float *)dsrt__optimizer_state(R->opt, b);
+            if ((rc = dsrt_comm_bcast(R->comm, at, n * sizeof(float), k))) {
+                dsrt__fail_prefix(rc, "train: checkpoint: worker %d's optimizer state", k);
+                goto fail;
+            }
+        }
+        /* Every worker steps at every iteration: the same count. */
+        st->steps[k - 1] = dsrt__optimizer_steps(R->opt);
+    }
+    st->ws.workers = R->world;
+    st->ws.states = (const float *const *)st->states;
+    st->ws.steps = st->steps;
+    return 0;
+fail:
+    dsrt__dp_states_free(st);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
 // Bad samples
 
 /* A bad sample on the wire: this header, then the path (when has_path) and
@@ -238,15 +294,22 @@ int dsrt__dp_share_bad(run *R) {
     bad_pack mine = {0};
     char *theirs = NULL;
     int stop = 0;
-    double *bytes = dsrt__calloc((size_t)R->world, sizeof *bytes);
+    /* Bytes each worker has to tell, then the training skips of all. */
+    double *bytes = dsrt__calloc((size_t)R->world + 1, sizeof *bytes);
     int rc = bytes ? 0 : -ENOMEM;
     dsrt_pipeline *ps[2] = {R->p, R->vp};
     for (int v = 0; v < 2 && rc == 0; v++)
         if (ps[v]) rc = dsrt__train_each_bad(ps[v], &R->bad_sent[v], v, pack_one, &mine);
     /* Who has how much (one sum, nearly always of zeros), then a broadcast
      * from each worker that has some. */
-    if (bytes) bytes[R->rank] = (double)mine.len;
-    if ((rc = dsrt__dp_agree(R, rc, bytes, bytes ? (size_t)R->world : 0))) goto out;
+    if (bytes) {
+        dsrt_pipeline_statistics st;
+        dsrt_pipeline_stats(R->p, &st);
+        bytes[R->rank] = (double)mine.len;
+        bytes[R->world] = (double)st.skipped;
+    }
+    if ((rc = dsrt__dp_agree(R, rc, bytes, bytes ? (size_t)R->world + 1 : 0))) goto out;
+    R->skipped_all = (uint64_t)bytes[R->world];
     for (int k = 0; k < R->world && rc == 0; k++) {
         size_t n = (size_t)bytes[k];
         if (n == 0) continue;
@@ -262,7 +325,7 @@ int dsrt__dp_share_bad(run *R) {
             rc = dsrt__fail_prefix(rc, "train: telling the workers of bad samples");
             break;
         }
-        if (k != R->rank && R->o->callback) stop |= tell_bad(R, k, b, n);
+        if (k != R->rank) stop |= tell_bad(R, k, b, n);
     }
 out:
     free(bytes);

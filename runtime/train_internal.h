@@ -8,6 +8,7 @@
 #ifndef DSRT_TRAIN_INTERNAL_H
 #define DSRT_TRAIN_INTERNAL_H
 
+#include "nn/internal.h"
 #include "runtime/internal.h"
 
 #include <dsrt/train.h>
@@ -93,6 +94,18 @@ typedef struct {
 
 void dsrt__loop_state_init(loop_state *s);
 
+/* A set of sample ids (open addressing; a slot holds id + 1, 0 when empty):
+ * the bad samples told of, so that each is told once however many workers
+ * found it. */
+typedef struct {
+    uint64_t *slot;
+    size_t cap, n;
+} id_set;
+
+/* Adds id: 1 when it was not there, 0 when it was, -ENOMEM. */
+int dsrt__id_set_add(id_set *s, uint32_t id);
+void dsrt__id_set_free(id_set *s);
+
 /* Everything one dsrt_train call holds. */
 typedef struct {
     const dsrt_train_options *o;
@@ -130,6 +143,8 @@ typedef struct {
     float sub_div[2][4];
     size_t bad_told[2];    /* bad samples of the training and validation data told so far */
     size_t bad_sent[2];    /* ... and sent to the other workers so far */
+    id_set bad_ids[2];     /* ... every worker's, each once: the distinct bad samples */
+    uint64_t skipped_all;  /* data parallel: training skips summed over the workers */
     uint64_t val_left_out; /* samples left out of the validation passes, summed */
     /* Data parallel: this worker's communicator (NULL: one worker alone),
      * its rank, the workers, and whether parameters are averaged every
@@ -144,9 +159,21 @@ typedef struct {
  * one first). Returns 1 when the callback asked to stop. */
 int dsrt__train_emit(run *R, dsrt_train_event_kind kind);
 
+/* The other workers' optimizer states worker 0 writes into a checkpoint
+ * when each worker keeps its own (parameter averaging without the optimizer
+ * state averaged): ws.workers 1 when there are none to write. */
+typedef struct {
+    float *buf;     /* (workers - 1, buffers, parameters) on worker 0 */
+    float **states; /* (workers - 1) pointers into buf */
+    int64_t *steps; /* (workers - 1) */
+    dsrt_ckpt_workers ws;
+} dp_states;
+
 /* Writes a checkpoint of the run (and the best weights, when newer) after
- * `iteration` iterations, epochs_done epochs. */
-int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration);
+ * `iteration` iterations, epochs_done epochs, with the other workers'
+ * optimizer states ws (NULL: none). */
+int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration,
+                                const dp_states *ws);
 /* Loads the checkpoint R->o->resume names into the run: weights, state,
  * optimizer, position (*pos) and loop state; used receives its path. */
 int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t used_size);
@@ -186,13 +213,29 @@ int dsrt__dp_after_step(run *R, int64_t it);
  * negative one. */
 int dsrt__train_each_bad(dsrt_pipeline *p, size_t *from, int validation,
                          int (*fn)(void *ctx, const dsrt_bad_sample *s, int validation), void *ctx);
-/* A BAD_SAMPLE event for s, found by worker `worker`. Returns 1 when the
+/* A BAD_SAMPLE event for s, found by worker `worker`, unless one was told
+ * for that sample already (by this worker or another). Returns 1 when the
  * callback asked to stop. */
 int dsrt__train_tell_bad(run *R, const dsrt_bad_sample *s, int validation, int worker);
 /* Every worker hears of the bad samples the others found since the last
  * call (BAD_SAMPLE events with bad_worker set). Returns 1 when the callback
  * asked to stop, or a negative code. Collective. */
 int dsrt__dp_share_bad(run *R);
+/* Whether every worker keeps an optimizer state of its own (parameter
+ * averaging without the optimizer state averaged). */
+int dsrt__dp_own_states(const run *R);
+/* Before a checkpoint, when every worker keeps its own optimizer state:
+ * worker 0 receives the others' into *st (freed by dsrt__dp_states_free).
+ * Collective; st->ws.workers 1 otherwise. */
+int dsrt__dp_gather_states(run *R, dp_states *st);
+void dsrt__dp_states_free(dp_states *st);
+/* Before any work: fails on every worker, naming the first option, class
+ * or file that differs and the workers, unless every worker runs the same
+ * job (options, net, data; see train_job.c). Collective. */
+int dsrt__dp_same_job(run *R);
+/* After loading the checkpoint to resume from: fails on every worker unless
+ * every worker resumes at the same position. Collective. */
+int dsrt__dp_same_position(run *R, const dsrt_train_position *pos);
 /* At the end: fails when the weights differ between workers. Collective. */
 int dsrt__dp_check_weights(run *R);
 /* DSRT_EXEC_MULTI_GPU: one worker a visible GPU, each on a thread of its own

@@ -112,7 +112,38 @@ int dsrt__train_each_bad(dsrt_pipeline *p, size_t *from, int validation,
     return res;
 }
 
+int dsrt__id_set_add(id_set *s, uint32_t id) {
+    if (2 * (s->n + 1) > s->cap) { /* at most half full */
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        uint64_t *slot = dsrt__calloc(cap, sizeof *slot);
+        if (!slot) return -ENOMEM;
+        for (size_t i = 0; i < s->cap; i++) {
+            if (!s->slot[i]) continue;
+            size_t h = (size_t)((s->slot[i] * 0x9e3779b97f4a7c15ULL) >> 20) & (cap - 1);
+            while (slot[h]) h = (h + 1) & (cap - 1);
+            slot[h] = s->slot[i];
+        }
+        free(s->slot);
+        s->slot = slot;
+        s->cap = cap;
+    }
+    uint64_t key = (uint64_t)id + 1;
+    size_t h = (size_t)((key * 0x9e3779b97f4a7c15ULL) >> 20) & (s->cap - 1);
+    for (; s->slot[h]; h = (h + 1) & (s->cap - 1))
+        if (s->slot[h] == key) return 0;
+    s->slot[h] = key;
+    s->n++;
+    return 1;
+}
+
+void dsrt__id_set_free(id_set *s) {
+    free(s->slot);
+    memset(s, 0, sizeof *s);
+}
+
 int dsrt__train_tell_bad(run *R, const dsrt_bad_sample *s, int validation, int worker) {
+    /* Told once, however many workers found it (no memory: told again). */
+    if (dsrt__id_set_add(&R->bad_ids[validation != 0], s->id) == 0 || !R->o->callback) return 0;
     R->ev.kind = DSRT_EVENT_BAD_SAMPLE;
     R->ev.bad_sample = s;
     R->ev.validation = validation;
@@ -140,9 +171,9 @@ int dsrt__train_emit(run *R, dsrt_train_event_kind kind) {
     R->ev.elapsed_s = dsrt__now_s() - R->t0;
     double ts = R->ev.elapsed_s - R->val_s;
     R->ev.images_per_s = ts > 0 ? (double)R->ev.images / ts : 0;
-    if (!R->o->callback) return 0;
     if (R->p) stop |= emit_bad(R, R->p, 0);
     if (R->vp) stop |= emit_bad(R, R->vp, 1);
+    if (!R->o->callback) return 0;
     R->ev.kind = kind;
     return (R->o->callback(R->o->callback_ctx, &R->ev) != 0) | stop;
 }
@@ -245,6 +276,7 @@ static int open_pipelines(run *R, const dsrt_augment_options *aug,
     po.parts = (unsigned)R->world;
     po.part = (unsigned)R->rank;
     if (o->read_depth) po.reader.depth = o->read_depth;
+    dsrt__remote_apply(&po.reader.remote, &o->remote);
     if ((rc = dsrt_pipeline_open(&R->p, R->train, aug, &po))) return dsrt__fail_prefix(rc, "train");
     if (!o->validation) return 0;
     dsrt_pipeline_options vo = po;
@@ -301,6 +333,7 @@ static int run_open(run *R) {
     }
     if (!rc && o->checkpoint_path && R->rank == 0) rc = dsrt__train_make_dir(o->checkpoint_path);
     if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) return rc;
+    if (o->resume && (rc = dsrt__dp_same_position(R, &pos))) return rc;
 
     /* Cores (a share of them when workers share this process's), then the
      * pipelines on the worker cores. */
@@ -415,8 +448,12 @@ static int forward_backward(run *R, dsrt_batch *b, float *loss, int *correct) {
  * the same net first; worker 0 writes it. */
 static int checkpoint(run *R, int64_t epochs_done, int64_t it) {
     R->ckpt_it = it;
+    dp_states st;
     int rc = dsrt__dp_sync(R);
-    if (rc == 0 && R->rank == 0) rc = dsrt__train_save_checkpoint(R, epochs_done, it);
+    if (rc) return rc;
+    if ((rc = dsrt__dp_gather_states(R, &st))) return rc;
+    if (R->rank == 0) rc = dsrt__train_save_checkpoint(R, epochs_done, it, &st);
+    dsrt__dp_states_free(&st);
     return rc;
 }
 
@@ -610,18 +647,20 @@ static int run_close(run *R, int rc) {
         r->val_loss = R->ls.last_val_loss;
         r->val_accuracy = R->ls.last_val_accuracy;
     }
+    /* Bad samples: each once, whichever workers found it (the last found
+     * here told first); skips summed over the workers. */
+    if (R->p) emit_bad(R, R->p, 0);
+    if (R->vp) emit_bad(R, R->vp, 1);
     if (R->p) {
         dsrt_pipeline_statistics s;
         dsrt_pipeline_stats(R->p, &s);
         r->consumer_wait_s = s.consumer_wait_s;
-        r->skipped = s.skipped;
-        r->bad_samples = s.bad_samples;
+        r->skipped = R->comm ? R->skipped_all : s.skipped;
+        r->bad_samples = R->bad_ids[0].n;
     }
     if (R->vp) {
-        dsrt_pipeline_statistics s;
-        dsrt_pipeline_stats(R->vp, &s);
-        r->val_skipped = R->val_left_out; /* not s.skipped: that counts prefetched passes */
-        r->val_bad_samples = s.bad_samples;
+        r->val_skipped = R->val_left_out; /* not the pipeline's: that counts prefetched passes */
+        r->val_bad_samples = R->bad_ids[1].n;
     }
     r->weights_checksum = dsrt_weights_checksum(net);
     r->rank = R->rank;
@@ -653,6 +692,8 @@ static int run_close(run *R, int rc) {
     free(R->vmap);
     free(R->vlabels);
     free(R->cpus);
+    dsrt__id_set_free(&R->bad_ids[0]);
+    dsrt__id_set_free(&R->bad_ids[1]);
     if (rc) dsrt__fail(rc, "%s", msg);
     return rc;
 }
@@ -683,8 +724,10 @@ int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_tr
     int rc = dsrt_train_check(o, net, train);
     if (rc == 0) rc = run_device(&R);
     /* Options refused or the device missing on any worker: every worker
-     * fails, before any work. */
+     * fails, before any work; so does every worker when they do not all
+     * run the same job. */
     if ((rc = dsrt__dp_agree(&R, rc, NULL, 0))) return rc;
+    if ((rc = dsrt__dp_same_job(&R))) return rc;
     r->rank = R.rank;
     r->world = R.world;
     rc = run_open(&R);

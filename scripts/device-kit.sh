@@ -350,7 +350,7 @@ sanitize() {
     [ $tool = memcheck ] || only=test_layers_fp32,test_optimizer,test_staging
     echo "== compute-sanitizer --tool $tool test_gpu_backend ${only:+(DSRT_TEST_ONLY=$only)}" >>"$log"
     local t0=$SECONDS
-    if DSRT_TEST_ONLY=$only DSRT_TEST_TMP=$build/tests/tmp timeout "${DSRT_KIT_SANITIZE_TIMEOUT:-1800}" \
+    if DSRT_TEST_ONLY=$only DSRT_TEST_TMP=$build/tests/tmp DSRT_MODULE_PATH=$build/dsrt timeout "${DSRT_KIT_SANITIZE_TIMEOUT:-1800}" \
       "$cs" --tool "$tool" --error-exitcode 99 "$build/tests/test_gpu_backend" >>"$log" 2>&1; then
       note "compute-sanitizer $tool: clean in $((SECONDS - t0)) s"
     else

@@ -10,12 +10,13 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config ninja-build clang clang-format libclang-rt-14-dev
   zlib1g-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev liburing-dev libhwloc-dev
-  libdnnl-dev libopenmpi-dev openmpi-bin
+  libdnnl-dev libopenmpi-dev openmpi-bin libcurl4-openssl-dev libssl-dev ca-certificates
+  python3-venv
   dataset-fashion-mnist
   python3-dev python3-numpy python3-pytest python3-pil python3-torch
 )
 if [ "${1:-}" = "--bench" ]; then
-  pkgs+=(python3-torchvision)
+  pkgs+=(python3-torchvision python3-boto3)
 fi
 
 missing=()
@@ -24,7 +25,17 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+# The S3-compatible server of the object-storage tests (moto, from PyPI, in a
+# virtual environment): where PyPI cannot be reached those tests skip.
+s3_venv() {
+  bash "$(dirname "$0")/s3-venv.sh" >/dev/null ||
+    echo "install-deps: the S3 test server could not be installed (PyPI?): its tests will skip" >&2
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+  s3_venv
+  exit 0
+fi
 
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -32,3 +43,4 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install-deps: installed ${missing[*]}"
+s3_venv

@@ -15,6 +15,7 @@
  *   fully connected layer for the new class count;
  * - bad options are refused before any work starts.
  */
+#include "nn/internal.h"
 #include "task.h"
 #include "testimg.h"
 
@@ -25,6 +26,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <zlib.h>
 
 #define SIDE      16
 #define PER_CLASS 48
@@ -530,12 +532,14 @@ static void test_killed(void) {
             execl("/proc/self/exe", "test_train", "--child", train_dir, dir, (char *)NULL);
             _exit(127);
         }
-        /* Wait for a new checkpoint, then kill at a random moment. */
-        for (int t = 0; t < 3000 && count_files(dir, ".dsrt") <= before; t++) usleep(2000);
+        /* Wait for a new checkpoint (however long the child takes to get
+         * there; it trains for ever), then kill at a random moment. */
+        int st, gone = 0;
+        while (count_files(dir, ".dsrt") <= before && !(gone = waitpid(pid, &st, WNOHANG) == pid))
+            usleep(2000);
         usleep((useconds_t)(rand() % 40000));
         kill(pid, SIGKILL);
-        int st;
-        waitpid(pid, &st, 0);
+        if (!gone) waitpid(pid, &st, 0);
         kills += WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
         CHECK_GE(check_checkpoints(dir), 1);
     }
@@ -755,6 +759,103 @@ static void test_uint8_batches(void) {
     dsrt_datastore_close(train);
 }
 
+/* A checkpoint with every worker's optimizer state (section WOPT): each
+ * worker's back for as many workers, the mean for any other count, and a
+ * section that does not add up is refused. */
+static void test_worker_states(void) {
+    dsrt_datastore *train = open_ds(train_dir);
+    dsrt_net *net = make_net(train, 4);
+    dsrt_optimizer *opt = NULL;
+    dsrt_optimizer_options oo = dsrt_optimizer_defaults(DSRT_SOLVER_SGDM);
+    CHECK_OK(dsrt_optimizer_create(&opt, net, &oo));
+    REQUIRE(opt);
+    size_t n;
+    dsrt_net_params(net, &n);
+    float *mine = dsrt__optimizer_buffer(opt, 0);
+    float *w1 = malloc(n * sizeof *w1), *w2 = malloc(n * sizeof *w2);
+    REQUIRE(w1 && w2);
+    for (size_t i = 0; i < n; i++) {
+        mine[i] = (float)i;
+        w1[i] = 2.0f * (float)i + 1.0f;
+        w2[i] = -3.0f;
+    }
+    const float *states[2] = {w1, w2};
+    const int64_t steps[2] = {5, 5};
+    dsrt_ckpt_workers ws = {3, states, steps};
+    dsrt_train_position pos = {1, 5, 7};
+    char path[4400];
+    snprintf(path, sizeof path, "%s/workers.dsrt", root);
+    CHECK_OK(dsrt__checkpoint_save_workers(path, net, opt, &pos, &ws));
+    for (int k = 0; k < 4; k++) {
+        /* k < 3: worker k of 3 takes its own; k == 3: as one of 2, the mean. */
+        dsrt_net *c = NULL;
+        dsrt_optimizer *co = NULL;
+        int held = 0;
+        CHECK_OK(
+            dsrt__checkpoint_load_worker(path, &c, &co, NULL, NULL, k % 3, k < 3 ? 3 : 2, &held));
+        CHECK_EQ(held, 3);
+        if (!co) continue;
+        const float *got = dsrt__optimizer_buffer(co, 0);
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            float mean = ((float)i + (2.0f * (float)i + 1.0f) + -3.0f) * (1.0f / 3.0f);
+            float want = k == 0 ? (float)i : k == 1 ? w1[i] : k == 2 ? w2[i] : mean;
+            bad += got[i] != want;
+        }
+        CHECK_EQ(bad, 0);
+        dsrt_optimizer_destroy(co);
+        dsrt_net_destroy(c);
+    }
+    /* The public loader gives the mean too; a plain checkpoint says 1. */
+    dsrt_net *c = NULL;
+    dsrt_optimizer *co = NULL;
+    CHECK_OK(dsrt_checkpoint_load(path, &c, &co, NULL, NULL));
+    if (co) CHECK(dsrt__optimizer_buffer(co, 0)[1] == (1.0f + 3.0f - 3.0f) * (1.0f / 3.0f));
+    dsrt_optimizer_destroy(co);
+    dsrt_net_destroy(c);
+    CHECK_OK(dsrt_checkpoint_save(path, net, opt, &pos));
+    int held = 0;
+    CHECK_OK(dsrt__checkpoint_load_worker(path, &c, &co, NULL, NULL, 1, 3, &held));
+    CHECK_EQ(held, 1);
+    if (co) CHECK(dsrt__optimizer_buffer(co, 0)[1] == 1.0f);
+    dsrt_optimizer_destroy(co);
+    dsrt_net_destroy(c);
+    /* A section that claims 4 workers over 3 workers' bytes. */
+    CHECK_OK(dsrt__checkpoint_save_workers(path, net, opt, &pos, &ws));
+    uint8_t *data = NULL;
+    size_t size = 0;
+    FILE *f = fopen(path, "rb");
+    REQUIRE(f);
+    fseek(f, 0, SEEK_END);
+    size = (size_t)ftell(f);
+    rewind(f);
+    data = malloc(size);
+    REQUIRE(data && fread(data, 1, size, f) == size);
+    fclose(f);
+    size_t at = 0;
+    for (size_t i = 0; i + 4 <= size; i++)
+        if (!memcmp(data + i, "WOPT", 4)) at = i;
+    REQUIRE(at > 0);
+    data[at + 24] = 4; /* the worker count, in the payload after the 24-byte header */
+    /* ... with the payload's CRC made right again, so that only its sense is wrong. */
+    uint64_t len = 0;
+    for (int i = 0; i < 8; i++) len |= (uint64_t)data[at + 8 + i] << (8 * i);
+    uint32_t crc = (uint32_t)crc32_z(0, data + at + 24, (size_t)len);
+    for (int i = 0; i < 4; i++) data[at + 16 + i] = (uint8_t)(crc >> (8 * i));
+    crc = (uint32_t)crc32_z(0, data + at, 20); /* and the section header's */
+    for (int i = 0; i < 4; i++) data[at + 20 + i] = (uint8_t)(crc >> (8 * i));
+    CHECK_EQ(dsrt__model_read_worker(data, size, "bad", &c, &co, NULL, NULL, 0, 0, NULL),
+             DSRT_ECORRUPT);
+    CHECK_CONTAINS(dsrt_last_error(), "section WOPT");
+    CHECK(c == NULL && co == NULL);
+    free(data);
+    free(w1);
+    free(w2);
+    dsrt_optimizer_destroy(opt);
+    dsrt_net_destroy(net);
+    dsrt_datastore_close(train);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
     REQUIRE(timg_tmpdir("train", root, sizeof root) == 0);
@@ -770,6 +871,7 @@ int main(int argc, char **argv) {
     RUN(test_uint8_batches);
     RUN(test_bad_samples);
     RUN(test_resume);
+    RUN(test_worker_states);
     RUN(test_nan);
     RUN(test_transfer);
     RUN(test_killed);

@@ -40,6 +40,11 @@ static const char usage[] =
     "\n"
     "Profiles dsrt's datastore on DATA: a folder of class sub-folders, a CSV manifest\n"
     "(path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100 binary batches.\n"
+    "A folder may be a prefix in an object store (s3://bucket/prefix) and a manifest a\n"
+    "URL (s3://, https://) whose paths may be URLs; credentials, region and endpoint\n"
+    "come from the environment and ~/.aws as for the AWS tools (AWS_ACCESS_KEY_ID,\n"
+    "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL,\n"
+    "AWS_PROFILE; none, or AWS_NO_SIGN_REQUEST=YES: anonymous).\n"
     "\n"
     "Commands:\n"
     "  DATA                  run the input pipeline alone over DATA (read, decode,\n"
@@ -97,6 +102,15 @@ static const char usage[] =
     "  --io auto|uring|pread file reads: io_uring (auto falls back to pread where the\n"
     "                        kernel refuses it), or pread (default auto)\n"
     "  --depth N             reads in flight per worker (default 16)\n"
+    "  --remote-depth N      requests to an object store in flight per worker\n"
+    "                        (default 64)\n"
+    "  --max-connections N   connections per host and worker (default: the remote\n"
+    "                        depth, or $DSRT_S3_MAX_CONNECTIONS)\n"
+    "  --retry-deadline S    give up on a request the store keeps failing (throttled,\n"
+    "                        errors, unreachable) S seconds after its first failure\n"
+    "                        and stop the run (default 60)\n"
+    "  --request-timeout S   retry a request that receives nothing for S seconds\n"
+    "                        (default 30)\n"
     "  --direct              open files with O_DIRECT (bypass the page cache)\n"
     "  --cold                drop DATA's files from the page cache before each epoch\n"
     "                        (posix_fadvise DONTNEED on every file)\n"
@@ -389,7 +403,8 @@ static void drop_cache(const dsrt_datastore *ds) {
     size_t n = dsrt_datastore_count(ds);
     for (size_t i = 0; i < n; i++) {
         const char *path = dsrt_datastore_path(ds, i);
-        if (!path) return; /* pixels in memory: nothing to drop */
+        if (!path) return;                    /* pixels in memory: nothing to drop */
+        if (dsrt_path_is_url(path)) continue; /* an object: not in this machine's cache */
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
         posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -620,6 +635,12 @@ static void json_summary(const options *o, const context *cx, const run_result *
                "\"megapixels_per_s\":%.1f},\"of_limit\":%.4f",
                cx->limit.images, cx->limit.skipped, o->limit_passes, cx->limit.images_per_s,
                cx->limit.megapixels_per_s, per_thread(r) / cx->limit.images_per_s);
+    printf(",\"bytes_per_s\":%.0f", r->seconds > 0 ? s->bytes_read / r->seconds : 0.0);
+    if (s->remote_requests)
+        printf(",\"remote\":{\"requests\":%llu,\"retries\":%llu,\"connections\":%llu,"
+               "\"in_flight\":%.1f}",
+               (unsigned long long)s->remote_requests, (unsigned long long)s->remote_retries,
+               (unsigned long long)s->remote_connections, s->remote_in_flight);
     printf("}\n");
     fflush(stdout);
 }
@@ -717,7 +738,7 @@ static int run_pipeline(options *o) {
                        o->po.batch, r->threads, r->threads == 1 ? "" : "s", r->cpus,
                        s->pinned_threads, io_name(s), r->io_fallback[0] ? " (" : "", r->io_fallback,
                        r->io_fallback[0] ? ")" : "", s->slots, s->slot_bytes / 1e6,
-                       s->pinned_memory   ? "pinned with cudaHostAlloc"
+                       s->pinned_memory   ? "pinned for CUDA (cudaHostRegister)"
                        : s->locked_memory ? "locked"
                                           : "not locked");
         }
@@ -728,6 +749,14 @@ static int run_pipeline(options *o) {
                 printf(", %.0f%% of the limit", 100.0 * per_thread(r) / cx.limit.images_per_s);
             printf(" (load average %.2f before the run; augment kernels %s)\n", cx.load[0], cx.isa);
             print_stages(r);
+            printf("read %.1f MB/s", r->seconds > 0 ? s->bytes_read / r->seconds / 1e6 : 0.0);
+            if (s->remote_requests)
+                printf(" from the store: %llu requests (%llu retried), %llu connections, %.1f "
+                       "in flight on average",
+                       (unsigned long long)s->remote_requests,
+                       (unsigned long long)s->remote_retries,
+                       (unsigned long long)s->remote_connections, s->remote_in_flight);
+            printf("\n");
             if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
         } else {
             if (i == 0)
@@ -846,6 +875,18 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
             tool_die_usage("--io: '%s' is not auto, uring or pread", v);
     } else if (strcmp(a, "--depth") == 0) {
         po->reader.depth = (unsigned)tool_int("--depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--remote-depth") == 0) {
+        po->reader.remote.depth =
+            (unsigned)tool_int("--remote-depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--max-connections") == 0) {
+        po->reader.remote.max_connections =
+            (unsigned)tool_int("--max-connections", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--retry-deadline") == 0) {
+        po->reader.remote.retry_deadline_s =
+            tool_double("--retry-deadline", tool_value(argc, argv, i), 0, 86400);
+    } else if (strcmp(a, "--request-timeout") == 0) {
+        po->reader.remote.timeout_s =
+            tool_double("--request-timeout", tool_value(argc, argv, i), 0.001, 86400);
     } else if (strcmp(a, "--direct") == 0) {
         po->reader.direct = 1;
     } else if (strcmp(a, "--cold") == 0) {

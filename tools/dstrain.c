@@ -152,6 +152,47 @@ static int parse_choice(const char *cmd, const char *name, const char *v,
 // ----------------------------------------------------------------------------
 // Where nets compute
 
+/* Requests to an object store, shared by train and eval: 0 leaves the
+ * reader's default. */
+typedef struct {
+    int depth, max_connections;
+    double retry_deadline, timeout;
+} remote_opts;
+
+#define REMOTE_OPTIONS(r)                                                                          \
+    {"remote-depth",                                                                               \
+     OPT_INT,                                                                                      \
+     &(r).depth,                                                                                   \
+     1,                                                                                            \
+     4096,                                                                                         \
+     "N",                                                                                          \
+     "requests to an object store (s3://, https://) in flight per worker [64]"},                   \
+        {"max-connections",                                                                        \
+         OPT_INT,                                                                                  \
+         &(r).max_connections,                                                                     \
+         1,                                                                                        \
+         4096,                                                                                     \
+         "N",                                                                                      \
+         "connections per host and worker [the remote depth, or $DSRT_S3_MAX_CONNECTIONS]"},       \
+        {"retry-deadline",                                                                         \
+         OPT_DBL,                                                                                  \
+         &(r).retry_deadline,                                                                      \
+         0,                                                                                        \
+         86400,                                                                                    \
+         "S",                                                                                      \
+         "stop when a request to the store still fails S seconds after its first failure [60]"},   \
+    {                                                                                              \
+        "request-timeout", OPT_DBL, &(r).timeout, 0, 86400, "S",                                   \
+            "retry a request to the store that receives nothing for S seconds [30]"                \
+    }
+
+static void remote_set(dsrt_remote_options *o, const remote_opts *r) {
+    o->depth = (unsigned)r->depth;
+    o->max_connections = (unsigned)r->max_connections;
+    o->retry_deadline_s = r->retry_deadline;
+    o->timeout_s = r->timeout;
+}
+
 /* --execution-environment, --gpu, --precision and --deterministic, shared by
  * the commands that run a net. */
 typedef struct {
@@ -615,6 +656,7 @@ static struct {
         checkpoint_frequency, lr_drop_period, prefetch, json, drop_last, no_pin, quiet, no_progress,
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
         depth, drop_empty_classes;
+    remote_opts remote;
     uint64_t seed;
     int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
     device_args dev;
@@ -639,6 +681,7 @@ static const option TRAIN_OPTIONS[] = {
     {"no-pin", OPT_FLAG, &tr.no_pin, 0, 0, NULL, "do not bind threads to cores"},
     {"prefetch", OPT_INT, &tr.prefetch, 1, 1024, "N", "batches made ahead [4]"},
     {"depth", OPT_INT, &tr.depth, 1, 4096, "N", "file reads in flight per pipeline worker [16]"},
+    REMOTE_OPTIONS(tr.remote),
     {"solver", OPT_STR, &tr.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
     {"momentum", OPT_STR, &tr.momentum, 0, 0, "X", "Momentum (sgdm) [0.9]"},
     {"l2", OPT_STR, &tr.l2, 0, 0, "X", "L2Regularization [1e-4]"},
@@ -750,12 +793,13 @@ static void train_usage(FILE *f) {
             "the seed and the position come from the checkpoint.\n\n"
             "Images that cannot be read or decoded are skipped (a training place takes the\n"
             "next image; validation leaves them out) and named at the end, on stderr and in\n"
-            "the JSON summary (the first %d; --bad-list writes all). Ctrl-C or SIGTERM stops\n"
-            "after the current step, writes a checkpoint (with --checkpoint-dir) and the\n"
-            "model (with --save), says what was kept and exits with 130 or 143; a second\n"
-            "Ctrl-C exits at once. Output paths (--save, --plot, --log, --bad-list) are\n"
-            "checked before any work; if --save cannot be written at the end, the weights go\n"
-            "to a file in the current folder (or /tmp) and the exit status is 1.\n\n"
+            "the JSON summary (the first %d; --bad-list writes all). Ctrl-C, SIGTERM or SIGHUP\n"
+            "(to any worker) stops after the current step, writes a checkpoint (with\n"
+            "--checkpoint-dir) and the model (with --save), says what was kept and exits with\n"
+            "130, 143 or 129 (every worker); a second one exits at once. Output paths (--save,\n"
+            "--plot, --log, --bad-list) are checked before any work; if --save cannot be\n"
+            "written at the end, the weights go to a file in the current folder (or /tmp) and\n"
+            "the exit status is 1.\n\n"
             "Data parallel: `mpirun -np N %s train --execution-environment parallel ...` runs\n"
             "N workers (CPU, or one GPU each), `--execution-environment multi-gpu` one worker a\n"
             "GPU of this machine. --batch is the global mini-batch, split between the workers;\n"
@@ -782,9 +826,20 @@ typedef struct {
     tool_bad_list bad[2]; /* training, validation */
 } train_ui;
 
-/* SIGINT or SIGTERM: the first stops training after the current step, a
- * second exits at once. */
+/* SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session): the first
+ * stops training after the current step, a second exits at once. */
 static volatile sig_atomic_t stop_signal;
+
+static const struct {
+    int sig;
+    const char *name;
+} stop_signals[] = {{SIGINT, "SIGINT"}, {SIGTERM, "SIGTERM"}, {SIGHUP, "SIGHUP"}};
+
+static const char *signal_name(int sig) {
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+        if (stop_signals[i].sig == sig) return stop_signals[i].name;
+    return "a signal";
+}
 
 static void on_stop_signal(int sig) {
     if (stop_signal) _exit(128 + sig);
@@ -1190,6 +1245,7 @@ static int train_resolve_options(train_job *j) {
     o->pin = !tr.no_pin;
     o->prefetch = (unsigned)tr.prefetch;
     o->read_depth = (unsigned)tr.depth;
+    remote_set(&o->remote, &tr.remote);
     o->fail_on_error = tr.fail_on_error;
     return 0;
 }
@@ -1245,6 +1301,29 @@ static int train_start_comm(train_job *j) {
         tr.json = 0;
         tr.quiet = 1;
         tr.no_progress = 1;
+    }
+    return 0;
+}
+
+/* A process that mpirun (or another MPI launcher) started as one of
+ * several, without --execution-environment parallel, would train the whole
+ * job alone, as would each of the others, into the same outputs: refused.
+ * Open MPI and MPICH's Hydra say so in the environment, MPI library or not.
+ * Returns 0 or 2 after a message. */
+static int train_refuse_lone_rank(const train_job *j) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    if (j->o.execution == DSRT_EXEC_PARALLEL) return 0;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 1) {
+            fprintf(stderr,
+                    "%s train: started as one of %d processes of an MPI job (%s=%s) without "
+                    "--execution-environment parallel: each would train the whole job alone and "
+                    "write the same outputs; give --execution-environment parallel, or start "
+                    "one process\n",
+                    prog, atoi(v), vars[i], v);
+            return 2;
+        }
     }
     return 0;
 }
@@ -1498,7 +1577,7 @@ static const char *const train_stops[] = {"max epochs completed", "validation pa
 
 /* The summary as one JSON line. */
 static void train_summary_json(train_job *j, const dsrt_train_result *r, const char *saved,
-                               int interrupted) {
+                               const char *interrupted) {
     dsrt_net_info ni;
     dsrt_net_get_info(j->net, &ni);
     char b1[32], b2[32], b3[32], b4[32];
@@ -1509,13 +1588,11 @@ static void train_summary_json(train_job *j, const dsrt_train_result *r, const c
            "%s, \"val_loss\": %s, \"loss\": %s, \"accuracy\": %s, \"batch\": %d, "
            "\"workers\": %u, \"compute_threads\": %d, \"pinned\": %d, "
            "\"consumer_wait_s\": %.3f, \"seed\": %llu, \"weights_checksum\": \"%016llx\"",
-           interrupted
-               ? (stop_signal == SIGTERM ? "interrupted by SIGTERM" : "interrupted by SIGINT")
-               : train_stops[r->stop],
-           (long long)r->epochs, (long long)r->iterations, (unsigned long long)r->images,
-           r->train_s, r->val_s, r->images_per_s, jnum(b1, r->val_accuracy), jnum(b2, r->val_loss),
-           jnum(b3, r->loss), jnum(b4, r->accuracy), j->o.batch, r->workers, r->compute_threads,
-           r->pinned, r->consumer_wait_s, (unsigned long long)r->seed,
+           interrupted ? interrupted : train_stops[r->stop], (long long)r->epochs,
+           (long long)r->iterations, (unsigned long long)r->images, r->train_s, r->val_s,
+           r->images_per_s, jnum(b1, r->val_accuracy), jnum(b2, r->val_loss), jnum(b3, r->loss),
+           jnum(b4, r->accuracy), j->o.batch, r->workers, r->compute_threads, r->pinned,
+           r->consumer_wait_s, (unsigned long long)r->seed,
            (unsigned long long)r->weights_checksum);
     tool_bad_json(stdout, "", &j->ui.bad[0], r->skipped);
     if (j->val) tool_bad_json(stdout, "val_", &j->ui.bad[1], r->val_skipped);
@@ -1525,6 +1602,7 @@ static void train_summary_json(train_job *j, const dsrt_train_result *r, const c
     }
     printf(", \"world\": %d, \"device\": %d, \"precision\": \"%s\"", r->world, r->device,
            dsrt_precision_name(ni.precision));
+    if (r->resume_states) printf(", \"resume_states\": %d", r->resume_states);
     if (r->device >= 0) {
         double dev_s = r->device_busy_s + r->device_idle_s;
         printf(", \"device_busy_s\": %.3f, \"device_idle_s\": %.3f, \"device_idle_share\": "
@@ -1541,14 +1619,12 @@ static void train_summary_json(train_job *j, const dsrt_train_result *r, const c
 
 /* The summary as text. */
 static void train_summary_text(train_job *j, const dsrt_train_result *r, const char *saved,
-                               int interrupted, const char *signame) {
+                               const char *interrupted) {
     dsrt_net_info ni;
     dsrt_net_get_info(j->net, &ni);
     if (interrupted)
-        printf("Training interrupted by %s after iteration %lld of %lld, %.1f s of "
-               "training.\n",
-               signame, (long long)r->iterations, (long long)(j->ui.ipe * j->o.max_epochs),
-               r->train_s);
+        printf("Training %s after iteration %lld of %lld, %.1f s of training.\n", interrupted,
+               (long long)r->iterations, (long long)(j->ui.ipe * j->o.max_epochs), r->train_s);
     else
         printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training: %.0f "
                "images/s (loading included; the compute waited %.2f s for data).\n",
@@ -1561,10 +1637,55 @@ static void train_summary_text(train_job *j, const dsrt_train_result *r, const c
     if (!isnan(r->val_accuracy))
         printf("Validation accuracy %.2f%%, loss %.4f (validation took %.1f s).\n",
                100 * r->val_accuracy, r->val_loss, r->val_s);
+    /* A checkpoint of workers with optimizer states of their own, resumed
+     * other than by as many workers keeping theirs: the mean was taken. */
+    int own = j->o.averaging_frequency > 0 && !j->o.average_optimizer_state &&
+              r->world == r->resume_states;
+    if (r->resume_states > 1 && !own)
+        printf("Resumed from a checkpoint of %d workers, each with its optimizer state: every "
+               "worker started from their mean.\n",
+               r->resume_states);
     printf("Weights checksum %016llx", (unsigned long long)r->weights_checksum);
     if (r->checkpoint[0]) printf("; last checkpoint %s", r->checkpoint);
     if (saved) printf("; model saved to %s", saved);
     printf("\n");
+}
+
+/* The signal that stopped the run, whichever worker it came to (every
+ * worker stopped at the same step, having agreed to): the first by rank
+ * that got one, *worker receiving which. 0 when none did. */
+static int train_stop_signal(train_job *j, int *worker) {
+    *worker = j->rank;
+    if (!j->comm) return stop_signal;
+    double *v = calloc((size_t)j->world, sizeof *v);
+    if (!v) return stop_signal;
+    v[j->rank] = stop_signal;
+    int sig = stop_signal;
+    if (dsrt_comm_sum_f64(j->comm, v, (size_t)j->world) != 0) {
+        fprintf(stderr, "%s train%s: %s\n", prog, j->worker, dsrt_last_error());
+    } else {
+        for (int k = 0; k < j->world; k++)
+            if (v[k] != 0) {
+                sig = (int)v[k];
+                *worker = k;
+                break;
+            }
+    }
+    free(v);
+    return sig;
+}
+
+/* Every worker exits with worker 0's status, once worker 0 has written
+ * and said what it kept (a worker that exits first with a non-zero status
+ * would have mpirun end the job under it). */
+static int train_final_status(train_job *j, int status) {
+    if (!j->comm) return status;
+    int32_t st = status;
+    if (dsrt_comm_bcast(j->comm, &st, sizeof st, 0) != 0) {
+        fprintf(stderr, "%s train%s: %s\n", prog, j->worker, dsrt_last_error());
+        return status ? status : 1;
+    }
+    return st;
 }
 
 /* Trains and reports. Returns the exit status. */
@@ -1575,8 +1696,8 @@ static int train_run(train_job *j) {
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+        sigaction(stop_signals[i].sig, &sa, NULL);
 
     dsrt_train_result r;
     int rc = dsrt_train(j->net, j->train, &j->o, &r);
@@ -1588,15 +1709,20 @@ static int train_run(train_job *j) {
         train_report_failure(j, rc, &r);
         return 1;
     }
-    if (j->rank != 0) return 0; /* worker 0 reports and saves */
-    char fallback[4200] = "";
+    int who, sig = train_stop_signal(j, &who);
+    int interrupted = r.stop == DSRT_STOP_CALLBACK && sig;
+    if (j->rank != 0) /* worker 0 reports and saves */
+        return train_final_status(j, interrupted ? 128 + sig : 0);
+    char fallback[4200] = "", how[96] = "";
+    if (interrupted && j->world > 1)
+        snprintf(how, sizeof how, "interrupted by %s to worker %d", signal_name(sig), who);
+    else if (interrupted)
+        snprintf(how, sizeof how, "interrupted by %s", signal_name(sig));
     const char *saved = train_save(j, &r, fallback, sizeof fallback);
-    int interrupted = r.stop == DSRT_STOP_CALLBACK && stop_signal;
-    const char *signame = stop_signal == SIGTERM ? "SIGTERM" : "SIGINT";
     if (tr.json)
-        train_summary_json(j, &r, saved, interrupted);
+        train_summary_json(j, &r, saved, interrupted ? how : NULL);
     else
-        train_summary_text(j, &r, saved, interrupted, signame);
+        train_summary_text(j, &r, saved, interrupted ? how : NULL);
     fflush(stdout);
     if (!tr.json) {
         tool_bad_print("dstrain train", "training", &j->ui.bad[0], r.skipped, 0, tr.bad_list);
@@ -1604,19 +1730,19 @@ static int train_run(train_job *j) {
     }
     if (interrupted) {
         if (r.checkpoint[0] || saved)
-            fprintf(stderr, "%s train: interrupted by %s; kept%s%s%s%s\n", prog, signame,
+            fprintf(stderr, "%s train: %s; kept%s%s%s%s\n", prog, how,
                     r.checkpoint[0] ? " the checkpoint " : "", r.checkpoint,
                     saved ? (r.checkpoint[0] ? " and the model " : " the model ") : "",
                     saved ? saved : "");
         else
             fprintf(stderr,
-                    "%s train: interrupted by %s; nothing kept (give --checkpoint-dir or --save "
-                    "to keep the weights of an interrupted run)\n",
-                    prog, signame);
+                    "%s train: %s; nothing kept (give --checkpoint-dir or --save to keep the "
+                    "weights of an interrupted run)\n",
+                    prog, how);
     }
-    int status = interrupted ? 128 + stop_signal : 0;
+    int status = interrupted ? 128 + sig : 0;
     if ((tr.save && saved != tr.save) || j->ui.plot_failed) status = status ? status : 1;
-    return status;
+    return train_final_status(j, status);
 }
 
 /* Closes what the job opened; a status 0 becomes 1 when the log or the
@@ -1655,7 +1781,7 @@ static int cmd_train(int argc, char **argv) {
     train_job job;
     train_job *j = &job;
     memset(j, 0, sizeof *j);
-    if ((rc = train_resolve_options(j))) return rc;
+    if ((rc = train_resolve_options(j)) || (rc = train_refuse_lone_rank(j))) return rc;
     int status = train_start_comm(j);
     if (status == 0) status = train_open_outputs(j);
     if (status == 0) status = train_open_data_and_net(j);
@@ -1675,6 +1801,7 @@ static int cmd_train(int argc, char **argv) {
 static struct {
     const char *model, *data, *cpus, *bad_list;
     int batch, threads, workers, json, no_pin, depth, drop_empty_classes;
+    remote_opts remote;
     device_args dev;
 } ev;
 
@@ -1688,6 +1815,7 @@ static const option EVAL_OPTIONS[] = {
     {"no-pin", OPT_FLAG, &ev.no_pin, 0, 0, NULL, "do not bind threads to cores"},
     DEVICE_OPTIONS(ev.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
     {"depth", OPT_INT, &ev.depth, 1, 4096, "N", "file reads in flight per pipeline worker [16]"},
+    REMOTE_OPTIONS(ev.remote),
     {"bad-list", OPT_STR, &ev.bad_list, 0, 0, "FILE",
      "write every bad image (path and reason, one JSON object a line) to FILE"},
     {"drop-empty-classes", OPT_FLAG, &ev.drop_empty_classes, 0, 0, NULL,
@@ -1744,6 +1872,7 @@ static int cmd_eval(int argc, char **argv) {
     eo.cpus = ev.cpus;
     eo.pin = !ev.no_pin;
     eo.read_depth = (unsigned)ev.depth;
+    remote_set(&eo.remote, &ev.remote);
     if (dsrt_evaluate(net, ds, &eo, &r) != 0) {
         fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
         goto out;

@@ -9,6 +9,12 @@
  * dsrt_reader and decoded with a dsrt_decoder; samples of IDX and CIFAR
  * sources are pixels held in memory.
  *
+ * A folder may be a prefix in an object store, "s3://bucket/prefix": its
+ * keys are listed (ListObjectsV2) and indexed as the same folder's files
+ * would be, so a bucket holding a copy of a folder gives the same classes,
+ * order and batches. A manifest may sit at a URL (s3://, https://) and name
+ * objects by URL.
+ *
  * The order functions (split_each_label, shuffle, partition, subset) return
  * new datastores that are views: they share the index of the datastore they
  * came from and hold only an array of sample positions. Each view must be
@@ -157,6 +163,9 @@ DSRT_API int dsrt_datastore_label(const dsrt_datastore *ds, size_t i);
  */
 DSRT_API uint32_t dsrt_datastore_id(const dsrt_datastore *ds, size_t i);
 
+/* 1 when some samples are objects in a store (URLs), 0 when all are local. */
+DSRT_API int dsrt_datastore_remote(const dsrt_datastore *ds);
+
 /* The file of sample i, or NULL when the sample is pixels in memory. The
  * string lives as long as the datastore. */
 DSRT_API const char *dsrt_datastore_path(const dsrt_datastore *ds, size_t i);
@@ -236,6 +245,29 @@ typedef enum {
  * their capacity a multiple of it. */
 #define DSRT_DIRECT_ALIGN 4096
 
+/*
+ * Objects in a store (s3://bucket/key, https://host/path, http://...): the
+ * reader fetches them with libcurl's multi interface, many requests in
+ * flight on kept-alive connections, signed with AWS Signature Version 4 for
+ * s3:// (credentials, region and endpoint as the AWS tools take them:
+ * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION or
+ * AWS_DEFAULT_REGION, AWS_ENDPOINT_URL, AWS_PROFILE and ~/.aws/credentials,
+ * ~/.aws/config; anonymous when there are none or AWS_NO_SIGN_REQUEST=YES).
+ * Throttling, server errors, resets and stalls are retried with jittered
+ * exponential backoff; a request that has not succeeded retry_deadline_s
+ * after its first failure fails with DSRT_EREMOTE and the cause.
+ */
+typedef struct {
+    unsigned depth; /* requests in flight at most, 1 to 4096; default 64 */
+    /* Connections to one host at most (each request in flight needs one
+     * with HTTP/1.1); 0 (default): $DSRT_S3_MAX_CONNECTIONS, else depth. */
+    unsigned max_connections;
+    double retry_deadline_s; /* default 60 */
+    /* A request that receives nothing for this long is dropped and retried;
+     * also the limit on connecting. Default 30. */
+    double timeout_s;
+} dsrt_remote_options;
+
 typedef struct {
     dsrt_io io;
     unsigned depth; /* reads in flight at most, 1 to 4096; default 16 */
@@ -243,6 +275,7 @@ typedef struct {
      * larger than memory). Where a file system refuses O_DIRECT the file is
      * read through the cache and the reader counts it. Default 0. */
     int direct;
+    dsrt_remote_options remote; /* for paths that are URLs */
 } dsrt_reader_options;
 
 DSRT_API dsrt_reader_options dsrt_reader_defaults(void);
@@ -287,6 +320,15 @@ DSRT_API int dsrt_reader_submit(dsrt_reader *r, const char *path, void *buf, siz
                                 uint64_t tag);
 
 /*
+ * Like dsrt_reader_submit, for the bytes [offset, offset + length) of the
+ * file or object (length 0: from offset to the end). A range that goes past
+ * the end fails with DSRT_ETRUNCATED in its result. Objects are fetched
+ * with a ranged GET, files with reads at the offset.
+ */
+DSRT_API int dsrt_reader_submit_range(dsrt_reader *r, const char *path, uint64_t offset,
+                                      uint64_t length, void *buf, size_t cap, uint64_t tag);
+
+/*
  * Collects one finished read into *res. With wait set, blocks until one is
  * done. Returns 1 when *res was filled, 0 when nothing is in flight (or, with
  * wait 0, nothing is done yet), or a negative code when the reader itself
@@ -297,6 +339,28 @@ DSRT_API int dsrt_reader_collect(dsrt_reader *r, dsrt_read_result *res, int wait
 
 /* Reads in flight. */
 DSRT_API unsigned dsrt_reader_in_flight(const dsrt_reader *r);
+
+/* Abandons every read in flight: waits for the local reads the kernel holds
+ * (it writes into their buffers), drops requests to stores at once. Every
+ * buffer given to the reader is free again when it returns. */
+DSRT_API void dsrt_reader_cancel(dsrt_reader *r);
+
+/* What a reader's requests to object stores did since it was created. */
+typedef struct {
+    uint64_t requests;    /* requests finished (a retried one counts once) */
+    uint64_t retries;     /* attempts repeated after a throttle, error, reset or stall */
+    uint64_t bytes;       /* bytes received for finished requests */
+    uint64_t connections; /* connections opened (the rest of the requests reused one) */
+    /* Requests in flight summed over time, and the time any was in flight:
+     * their ratio is the mean number in flight while the reader fetched. */
+    double in_flight_s, busy_s;
+} dsrt_remote_stats;
+
+/* Fills *s (zeros when the reader never fetched an object). */
+DSRT_API void dsrt_reader_remote_stats(const dsrt_reader *r, dsrt_remote_stats *s);
+
+/* 1 when path is a URL the reader fetches (s3://, http://, https://). */
+DSRT_API int dsrt_path_is_url(const char *path);
 
 // ----------------------------------------------------------------------------
 // Decoding: JPEG (TurboJPEG, with DCT-domain scaling) and PNG (libspng).

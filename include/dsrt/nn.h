@@ -98,12 +98,17 @@ typedef struct {
 DSRT_API dsrt_net_options dsrt_net_defaults(void);
 
 /* CUDA devices the GPU backend can use: 0 in a build without it, without a
- * driver, or without a device. Never fails. */
+ * driver, without a device, or without the CUDA runtime (counted through
+ * dsrt's small CUDA host module; the GPU backend's own libraries are not
+ * loaded). Never fails. */
 DSRT_API int dsrt_gpu_count(void);
 
 /* Whether a net can compute on CUDA device `device`: 0, or DSRT_ENODEVICE
  * with dsrt_last_error() saying why not (no GPU backend in this build, no
- * driver or device visible, no such device). */
+ * driver or device visible, no such device), or DSRT_EMODULE when the GPU
+ * backend's module or a library it needs (cuBLAS, cuDNN) cannot be loaded:
+ * the message names the module, the library and the package to install.
+ * Loads the GPU backend's module when the device is there. */
 DSRT_API int dsrt_gpu_check(int device);
 
 /* The name of a precision ("default", "fp32", "tf32", "bf16"), or NULL. */
@@ -508,7 +513,9 @@ DSRT_API int dsrt_checkpoint_save(const char *path, const dsrt_net *net, const d
  * Loads a checkpoint: a new network, a new optimizer with the saved options
  * and state (opt may be NULL; *opt is NULL when the file holds none), and the
  * position (pos may be NULL; zeros when the file holds none). The net's
- * iteration counter is set from the position.
+ * iteration counter is set from the position. A checkpoint of a
+ * data-parallel run that holds one optimizer state a worker (see
+ * dsrt_train_options.resume) gives the mean of those states.
  */
 DSRT_API int dsrt_checkpoint_load(const char *path, dsrt_net **net, dsrt_optimizer **opt,
                                   dsrt_train_position *pos, const dsrt_net_options *options);

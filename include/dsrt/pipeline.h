@@ -131,8 +131,12 @@ typedef struct {
      */
     int native;
     uint64_t native_max_pixels; /* default 2097152 (2 Mpx: 24 MiB a place as float RGB) */
-    /* CUDA device whose cores and pinned memory to use: -1 (default) the
-     * first one, if any. Without CUDA, or without a device, ignored. */
+    /* CUDA device the batches go to (>= 0): the workers run on the cores
+     * near it and the slots are registered with CUDA for asynchronous
+     * copies (the CUDA runtime is loaded then, through dsrt's CUDA host
+     * module). -1 (default): no device, and no CUDA library is loaded; the
+     * slots are mlock'ed. Without CUDA, or without that device, the slots
+     * are mlock'ed as for -1. */
     int gpu;
     /*
      * Data-parallel sharing: parts pipelines (one a worker process) with the
@@ -241,9 +245,10 @@ DSRT_API uint64_t dsrt_pipeline_batches_per_epoch(const dsrt_pipeline *p);
 DSRT_API void dsrt_pipeline_close(dsrt_pipeline *p);
 
 /*
- * Host memory as the pipeline's slots are made: page-locked (cudaHostAlloc
- * for CUDA device gpu, -1: the first, when a device is present; else mmap and
- * mlock where the limits allow), so a GPU can copy from it asynchronously.
+ * Host memory as the pipeline's slots are made: page-locked (mmap, then
+ * registered with CUDA for device gpu >= 0 when the CUDA runtime and the
+ * device are there, else mlock where the limits allow; -1: no device), so a
+ * GPU can copy from it asynchronously.
  * Zeroed, page-aligned. NULL (with the message) when out of memory.
  * dsrt_pinned_free accepts NULL.
  */
@@ -278,9 +283,15 @@ typedef struct {
     size_t slot_bytes; /* bytes of each slot's samples */
     dsrt_io io; /* the back-end in use: DSRT_IO_URING or DSRT_IO_PREAD (AUTO: pixels in memory) */
     const char *io_fallback; /* why not io_uring, or NULL */
-    int pinned_memory; /* slots allocated with cudaHostAlloc (page-locked, for async copies) */
-    int locked_memory; /* slots locked in memory (cudaHostAlloc or mlock) */
-    const char *cpus;  /* the cores in use, list form ("0-15") */
+    int pinned_memory;       /* slots registered with CUDA (page-locked, for async copies) */
+    int locked_memory;       /* slots locked in memory (registered with CUDA, or mlock) */
+    const char *cpus;        /* the cores in use, list form ("0-15") */
+    /* Objects in a store: requests finished, attempts repeated after a
+     * throttle, error, reset or stall, connections opened (the other
+     * requests reused one), and requests in flight at once over all
+     * workers, on average while they fetched. */
+    uint64_t remote_requests, remote_retries, remote_connections;
+    double remote_in_flight;
     /* The first DSRT_PIPELINE_BAD_MESSAGES bad samples found, then only
      * counted in bad_samples. */
     const char *bad_messages[DSRT_PIPELINE_BAD_MESSAGES];

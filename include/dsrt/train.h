@@ -153,7 +153,15 @@ typedef struct {
      * description (its weights are replaced by the checkpoint's); the
      * optimizer's state, the position (epoch, iteration, batch within the
      * epoch) and the seed come from the checkpoint, the other options from
-     * here. NULL (default): start from the net as it is, at epoch 0. */
+     * here. NULL (default): start from the net as it is, at epoch 0.
+     * A checkpoint of a data-parallel run whose workers each kept their own
+     * optimizer state (averaging_frequency without average_optimizer_state)
+     * holds every worker's: resumed the same way by as many workers, each
+     * takes its own and the run goes on bit for bit as if never stopped;
+     * resumed any other way (another worker count, gradients summed, the
+     * state averaged), every worker starts from the mean of those states,
+     * as average_optimizer_state would have made it (result.resume_states
+     * says how many there were). */
     const char *resume;
 
     dsrt_execution execution; /* ExecutionEnvironment: default DSRT_EXEC_AUTO */
@@ -225,6 +233,9 @@ typedef struct {
     /* Reads in flight per pipeline worker (dsrt_reader_options.depth), 1 to
      * 4096; 0 (default): the reader's default, 16. */
     unsigned read_depth;
+    /* Requests to an object store (s3://, https:// data): fields left 0
+     * take the reader's defaults (dsrt_reader_defaults().remote). */
+    dsrt_remote_options remote;
     /* 1: the first sample that cannot be read or decoded fails the run;
      * 0 (default): it is skipped and counted in the result. */
     int fail_on_error;
@@ -324,8 +335,10 @@ typedef struct {
     double device_busy_s;          /* GPU: seconds of device work (CUDA events) */
     double device_idle_s;          /* GPU: seconds the device sat idle between steps, waiting
                                       for the host and its data */
-    uint64_t skipped;              /* times a bad training sample was passed over */
-    uint64_t bad_samples;          /* distinct training samples found bad (BAD_SAMPLE events) */
+    uint64_t skipped;              /* times a bad training sample was passed over, by every
+                                      worker together */
+    uint64_t bad_samples;          /* distinct training samples found bad by any worker, each
+                                      once (its BAD_SAMPLE event) */
     /* Validation: distinct samples found bad, and the samples left out of
      * the passes, summed (a pass visits each readable sample exactly once). */
     uint64_t val_bad_samples, val_skipped;
@@ -336,6 +349,10 @@ typedef struct {
     uint64_t weights_checksum; /* dsrt_weights_checksum of the net returned */
     int rank, world;           /* this worker and the number of workers */
     char checkpoint[4096];     /* the last checkpoint written or resumed from, or "" */
+    /* Resumed: the optimizer states the checkpoint held, 1 for every worker
+     * alike, or one a worker of the run that wrote it (see resume); 0 when
+     * the run did not resume. */
+    int resume_states;
 } dsrt_train_result;
 
 /*
@@ -370,13 +387,14 @@ DSRT_API int dsrt_checkpoint_latest(const char *dir, char *path, size_t size);
 // Evaluation
 
 typedef struct {
-    int batch;           /* images a batch; default 128 */
-    unsigned workers;    /* 0 (default): as dsrt_train chooses */
-    int compute_threads; /* 0 (default): as dsrt_train chooses */
-    const char *cpus;    /* NULL (default): every core */
-    int pin;             /* default 1 */
-    int fail_on_error;   /* default 0 */
-    unsigned read_depth; /* reads in flight per worker; 0 (default): 16 */
+    int batch;                  /* images a batch; default 128 */
+    unsigned workers;           /* 0 (default): as dsrt_train chooses */
+    int compute_threads;        /* 0 (default): as dsrt_train chooses */
+    const char *cpus;           /* NULL (default): every core */
+    int pin;                    /* default 1 */
+    int fail_on_error;          /* default 0 */
+    unsigned read_depth;        /* reads in flight per worker; 0 (default): 16 */
+    dsrt_remote_options remote; /* 0 fields: the reader's defaults */
     /* Output size 0 (default): the net's input; random options are ignored. */
     dsrt_augment_options augment;
 } dsrt_eval_options;

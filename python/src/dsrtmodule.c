@@ -596,7 +596,10 @@ static PyTypeObject Datastore_Type = {
               "          labels_path=None, split='train', cifar100_coarse=False,\n"
               "          manifest_header=None)\n\n"
               "An index of samples with labels: a folder of class sub-folders, a CSV manifest\n"
-              "(path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100 batches.",
+              "(path,label), IDX files (MNIST, Fashion-MNIST) or CIFAR-10/100 batches. A\n"
+              "folder may be a prefix in an object store ('s3://bucket/prefix') and a manifest\n"
+              "a URL (s3://, https://) naming objects by URL; credentials, region and endpoint\n"
+              "come from the environment and ~/.aws as for the AWS tools.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)datastore_init,
     .tp_dealloc = (destructor)datastore_dealloc,
@@ -1134,18 +1137,24 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                              "native",
                              "native_max_pixels",
                              "gpu",
+                             "remote_depth",
+                             "max_connections",
+                             "retry_deadline",
+                             "request_timeout",
                              NULL};
     PyObject *ds = NULL, *preset = Py_None, *augment = Py_None, *layout = Py_None, *dtype = Py_None,
              *batch = NULL, *prefetch = NULL, *workers = NULL, *cpus = Py_None, *pin = NULL,
              *drop_last = NULL, *shuffle = NULL, *seed = NULL, *epochs = NULL, *io = NULL,
              *depth = NULL, *direct = NULL, *max_pixels = NULL, *strict = NULL, *fail = NULL,
              *drop_bad = NULL, *max_bad = NULL, *max_file = NULL, *chunk = NULL, *native = NULL,
-             *native_px = NULL, *gpu = NULL;
+             *native_px = NULL, *gpu = NULL, *remote_depth = NULL, *max_conns = NULL,
+             *deadline = NULL, *req_timeout = NULL;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist, &Datastore_Type, &ds,
+            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist, &Datastore_Type, &ds,
             &preset, &augment, &layout, &dtype, &batch, &prefetch, &workers, &cpus, &pin,
             &drop_last, &shuffle, &seed, &epochs, &io, &depth, &direct, &max_pixels, &strict, &fail,
-            &drop_bad, &max_bad, &max_file, &chunk, &native, &native_px, &gpu))
+            &drop_bad, &max_bad, &max_file, &chunk, &native, &native_px, &gpu, &remote_depth,
+            &max_conns, &deadline, &req_timeout))
         return -1;
     if (self->p) {
         PyErr_SetString(PyExc_RuntimeError, "Pipeline: already open");
@@ -1237,6 +1246,12 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
     BOOL_OPT(native, "native", o.native);
     U64_OPT(native_px, "native_max_pixels", UINT64_MAX, o.native_max_pixels);
     if (gpu && get_int(gpu, "gpu", &o.gpu) != 0) return -1;
+    U64_OPT(remote_depth, "remote_depth", UINT32_MAX, o.reader.remote.depth);
+    U64_OPT(max_conns, "max_connections", UINT32_MAX, o.reader.remote.max_connections);
+    if (deadline && get_double(deadline, "retry_deadline", &o.reader.remote.retry_deadline_s) != 0)
+        return -1;
+    if (req_timeout && get_double(req_timeout, "request_timeout", &o.reader.remote.timeout_s) != 0)
+        return -1;
 #undef U64_OPT
 #undef BOOL_OPT
 
@@ -1565,7 +1580,8 @@ static PyTypeObject Pipeline_Type = {
               "         shuffle='epoch', seed=0, epochs=0, io='auto', io_depth=16, direct=False,\n"
               "         max_pixels=178956970, strict_decode=False, fail_on_error=False,\n"
               "         drop_bad=False, max_consecutive_bad=1000, max_file_bytes=64 MiB, chunk=0,\n"
-              "         native=False, native_max_pixels=2097152, gpu=-1)\n\n"
+              "         native=False, native_max_pixels=2097152, gpu=-1, remote_depth=64,\n"
+              "         max_connections=0, retry_deadline=60.0, request_timeout=30.0)\n\n"
               "Batches of augmented samples made in the background by `workers` threads (0: one\n"
               "per core), in order, bit-identical for a seed whatever the thread count.\n"
               "Iterating yields the batches of one epoch (from the current position to the end\n"

@@ -8,12 +8,14 @@ copy and stay unchanged while referenced; holding batches bounds the prefetch
 stays flat over 10 000 batches; bad files are skipped and named (or raise with
 fail_on_error); bad options raise ValueError before any thread starts; Ctrl-C
 while waiting for a batch raises KeyboardInterrupt and closing stops every
-worker.
+worker. No outcome depends on how long anything takes: a wait the test needs
+is forced (a file held back with a lease until the test lets it go).
 
 Images are made on the spot with Pillow under $DSRT_TEST_TMP (or pytest's
 temporary folder).
 """
 import collections
+import fcntl
 import gc
 import json
 import os
@@ -49,7 +51,7 @@ def _base(tmp_path_factory, name):
     return str(tmp_path_factory.mktemp(name))
 
 
-def _write_images(folder, n, classes, seed, big=False):
+def _write_images(folder, n, classes, seed):
     from PIL import Image
 
     rng = np.random.default_rng(seed)
@@ -58,8 +60,6 @@ def _write_images(folder, n, classes, seed, big=False):
         d = os.path.join(folder, f"class{c}")
         os.makedirs(d, exist_ok=True)
         w, h = (int(rng.integers(40, 110)), int(rng.integers(36, 96)))
-        if big:
-            w, h = 640, 480
         yy, xx = np.mgrid[0:h, 0:w]
         img = np.stack([(xx * 255 // w), (yy * 255 // h), (xx + yy) % 256], axis=-1)
         img = (img + rng.integers(0, 40, img.shape)).clip(0, 255).astype(np.uint8)
@@ -84,12 +84,6 @@ def _dataset(tmp_path_factory, name, make):
 @pytest.fixture(scope="session")
 def folder(tmp_path_factory):
     return _dataset(tmp_path_factory, "good", lambda d: _write_images(d, 48, 3, seed=1))
-
-
-@pytest.fixture(scope="session")
-def big_folder(tmp_path_factory):
-    """Larger images: slow enough (with one worker) to keep the consumer waiting."""
-    return _dataset(tmp_path_factory, "big", lambda d: _write_images(d, 24, 2, seed=2, big=True))
 
 
 def _write_bad(folder):
@@ -306,10 +300,10 @@ def test_holding_every_slot_raises(folder):
     ds = dsrt.Datastore(folder)
     with dsrt.Pipeline(ds, preset="32", batch=4, prefetch=2, epochs=2, workers=2) as p:
         held = [p.next() for _ in range(p.slots)]
-        t0 = time.monotonic()
+        waited = p.stats()["consumer_wait_s"]
         with pytest.raises(dsrt.Error, match=r"batch 3 needs the slot of batch 0.*prefetch"):
             p.next()
-        assert time.monotonic() - t0 < 5
+        assert p.stats()["consumer_wait_s"] == waited  # refused at once, without waiting
         # Holding the newest ones is fine once the oldest is gone; batches
         # held only by a reference cycle are collected first.
         x = torch.from_dlpack(held[0].images)
@@ -562,54 +556,121 @@ def test_wrong_types(folder):
 # Waiting: the GIL is released, Ctrl-C interrupts
 
 
-def test_gil_released_while_waiting(big_folder):
-    ds = dsrt.Datastore(big_folder)
-    ticks = [0]
-    stop = threading.Event()
+class HeldFile:
+    """Holds back every open of a file until release(): a write lease (fcntl
+    F_SETLEASE). Any other open of the file, by this process or another, fails
+    with EAGAIN (dsrt's reader opens with O_NONBLOCK) while the lease is held;
+    dsrt takes that for a refusal of the moment and tries again, so the batch
+    carrying the file cannot be ready before the test lets it go. The kernel
+    tells the lease holder with SIGIO, ignored while held."""
 
-    def spin():
-        while not stop.is_set():
-            ticks[0] += 1
-            time.sleep(0.001)
+    def __init__(self, path):
+        self.old_sigio = signal.signal(signal.SIGIO, signal.SIG_IGN)
+        self.fd = os.open(path, os.O_RDONLY)
+        self.held = False
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except OSError as e:
+            self.close()
+            pytest.skip(f"no file leases here ({path}: {e})")
+        self.held = True
 
-    t = threading.Thread(target=spin)
-    t.start()
-    try:
-        # A fresh pipeline's first batch (12 large images, one worker) keeps
-        # next() waiting; tried again if this thread was kept off the CPU
-        # until it was ready.
-        for attempt in range(3):
-            with dsrt.Pipeline(ds, preset="227", batch=12, prefetch=1, epochs=1, workers=1) as p:
-                ticks[0] = 0
-                t0 = time.monotonic()
-                b = p.next()
-                during, waited = ticks[0], time.monotonic() - t0
-                wait_s = p.stats()["consumer_wait_s"]
-                del b
-            if waited > 0.03:
-                break
-    finally:
-        stop.set()
-        t.join()
-    assert waited > 0.03 and wait_s > 0.01
-    assert during >= 3, "the other thread did not run while the pipeline was waited on"
+    def release(self):
+        """Lets opens of the file through (once); callable from any thread."""
+        if self.held:
+            self.held = False
+            fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        signal.signal(signal.SIGIO, self.old_sigio)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@pytest.fixture(scope="session")
+def held_folder(tmp_path_factory):
+    """Six small images (two batches of three), one of which a test holds back."""
+    return _dataset(tmp_path_factory, "held", lambda d: _write_images(d, 6, 2, seed=6))
+
+
+def test_gil_released_while_waiting(held_folder):
+    # The first batch carries a file held back until another Python thread
+    # lets it go; that thread can only run while next() has released the GIL
+    # (the interpreter's switch interval, which would otherwise hand the GIL
+    # over between bytecodes, is made too long to matter). Should next() keep
+    # the GIL, the file is never let go and the pipeline gives up on it
+    # (a read refused for a few seconds): the test fails, it does not hang.
+    ds = dsrt.Datastore(held_folder)
+    seen = {}
+    go = threading.Event()
+    with HeldFile(ds.path(0)) as held:
+        p = dsrt.Pipeline(ds, preset="32", batch=6, prefetch=1, epochs=1, workers=1,
+                          shuffle="never")
+
+        def let_go():
+            go.wait()
+            seen["inside_next"] = "returned" not in seen
+            held.release()
+
+        t = threading.Thread(target=let_go)
+        t.start()
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1000.0)
+        try:
+            go.set()
+            b = p.next()
+            seen["returned"] = True
+        finally:
+            sys.setswitchinterval(interval)
+            held.release()
+            t.join()
+    assert seen["inside_next"], "the other thread ran only after next() returned"
+    assert list(np.from_dlpack(b.ids)) == list(range(6))
+    assert p.stats()["bad_files"] == [] and p.stats()["consumer_wait_s"] > 0
+    del b
+    p.close()
 
 
 CHILD = textwrap.dedent(
     """
-    import os, sys, time
+    import fcntl, os, signal, sys, threading
     sys.path[:0] = [{pythonpath!r}]
     import dsrt
+    signal.signal(signal.SIGIO, signal.SIG_IGN)
     ds = dsrt.Datastore({data!r})
-    p = dsrt.Pipeline(ds, preset="227", batch=24, prefetch=1, epochs=0, workers=1)
+    # The second batch's first file is held back (a write lease) until the
+    # main thread has been interrupted: it is certainly waiting for that batch
+    # when the signal comes.
+    fd = os.open(ds.path(3), os.O_RDONLY)
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    p = dsrt.Pipeline(ds, preset="32", batch=3, prefetch=1, epochs=0, workers=1, shuffle="never")
     n = 0
+
+    def interrupt():
+        # Runs only while the main thread has released the GIL: inside next()
+        # (the switch interval is too long for any other hand-over).
+        while n < 1:
+            threading.Event().wait(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Thread(target=interrupt)
+    sys.setswitchinterval(1000.0)
+    t.start()
     try:
         for epoch in range(1000):
             for b in p:
                 n += 1
-                if n == 1:
-                    print("ready", flush=True)
     except KeyboardInterrupt:
+        sys.setswitchinterval(0.005)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        t.join()
         print("interrupted after", n, "waited", p.stats()["consumer_wait_s"] > 0, flush=True)
         threads = len(os.listdir("/proc/self/task"))
         b = None
@@ -620,27 +681,16 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_ctrl_c_stops_cleanly(big_folder, tmp_path):
+def test_ctrl_c_stops_cleanly(held_folder, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(
-        CHILD.format(pythonpath=os.path.dirname(os.path.dirname(dsrt.__file__)), data=big_folder)
+        CHILD.format(pythonpath=os.path.dirname(os.path.dirname(dsrt.__file__)), data=held_folder)
     )
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
     )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.3)  # waiting for a batch now, most likely
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    assert time.monotonic() - t0 < 5
-    lines = out.splitlines()
-    assert lines[0].startswith("interrupted after") and lines[0].endswith("waited True")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "interrupted after 1 waited True", proc.stdout
     before, after = int(lines[1].split()[1]), int(lines[1].split()[3])
     assert before >= 2 and after == 1  # the worker is gone, only the main thread is left

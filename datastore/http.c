@@ -1,0 +1,702 @@
+/*
+ * The HTTP client of the datastore: GETs of objects (s3://, http://,
+ * https://), whole or by byte range, many in flight at once on one thread.
+ *
+ * A client belongs to one thread and drives one libcurl multi handle: the
+ * caller submits requests (up to depth of them), then collects them as they
+ * finish, exactly as it does local reads (dsrt_reader hands URLs here), so a
+ * pipeline worker keeps depth requests in flight while it decodes what has
+ * arrived. Each request slot keeps its curl easy handle from one request to
+ * the next, and the multi handle keeps the connections alive, so after the
+ * first requests a GET costs no connection set-up; a shared handle keeps
+ * DNS answers and TLS sessions for new connections. Connections to one host
+ * are capped (max_connections; requests beyond wait in curl).
+ *
+ * Faults. An answer of 429, 500, 502, 503, 504 (or S3's SlowDown,
+ * InternalError, RequestTimeout), a refused or reset connection, a
+ * connection that receives nothing for timeout_s, is not the object's
+ * fault: the request is tried again after a pause that doubles from 100 ms
+ * up to 5 s, each drawn between half and all of that (jitter, so that many
+ * clients throttled together do not come back together). A request still
+ * failing retry_deadline_s after its first failure finishes with
+ * DSRT_EREMOTE and the last cause. Other answers finish at once: 404 with
+ * -ENOENT (a missing object is a bad sample, like a missing file), denials,
+ * wrong regions and missing buckets with DSRT_EREMOTE and what to check
+ * (datastore/s3.c says it), an empty object with DSRT_EEMPTY, one larger
+ * than its buffer with DSRT_ETOOBIG and its size. Messages name the
+ * location without credentials: keys are only ever in the signature.
+ */
+#include "datastore/remote.h"
+
+#include <assert.h>
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define HTTP_MAX_DEPTH     4096
+#define HTTP_BACKOFF_NS    100000000ULL  /* first pause before a retry */
+#define HTTP_BACKOFF_MAX   5000000000ULL /* longest pause */
+#define HTTP_ERR_BODY      2048          /* bytes of an error answer kept */
+#define HTTP_MSG           768
+#define HTTP_POLL_MAX_MS   1000
+#define HTTP_DEFAULT_CONNS "DSRT_S3_MAX_CONNECTIONS"
+
+enum { REQ_FREE = 0, REQ_ACTIVE, REQ_WAITING, REQ_DONE };
+
+typedef struct {
+    CURL *easy;
+    struct curl_slist *hdrs;
+    dsrt_strbuf url, headers; /* this attempt's */
+    const char *loc;          /* as submitted */
+    const char *query;        /* fetch: canonical query for s3:// */
+    uint64_t offset, length;
+    uint8_t *buf;
+    size_t cap, got;
+    size_t max; /* own: the largest buffer allowed */
+    int own;    /* buf is ours and grows (fetch) */
+    int is_s3;
+    uint64_t tag;
+    int state, status;
+    long http;     /* status of the answer being received */
+    int sized;     /* the answer's length was looked at */
+    int toobig;    /* stopped: larger than the buffer */
+    uint64_t skip; /* bytes of a 200 answer to a ranged GET still to skip */
+    uint64_t total;
+    char err[HTTP_ERR_BODY];
+    size_t err_len;
+    char bucket_region[64];
+    char curl_err[CURL_ERROR_SIZE];
+    unsigned attempts;
+    uint64_t first_fail, retry_at;
+    char cause[HTTP_MSG]; /* why the last attempt failed */
+    char msg[HTTP_MSG];   /* the result's message */
+} http_req;
+
+struct dsrt_http {
+    CURLM *multi;
+    CURLSH *share;
+    int global;
+    dsrt_remote_options o;
+    dsrt_s3_config s3;
+    int s3_state; /* 0 not loaded, 1 loaded, < 0 the load's code */
+    char s3_msg[HTTP_MSG];
+    http_req *reqs;       /* (depth) */
+    uint32_t *free_slots; /* (depth) */
+    uint32_t *done;       /* (depth) FIFO of finished slots */
+    unsigned depth, free_top, done_head, done_len;
+    unsigned in_flight; /* submitted and not collected */
+    dsrt_rng rng;
+    uint64_t requests, retries, bytes, connections;
+    uint64_t last_ns, busy_ns;
+    double in_flight_ns;
+};
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Adds the time since the last change, weighted by the requests in flight. */
+static void account(dsrt_http *h) {
+    uint64_t t = now_ns();
+    if (h->in_flight > 0 && h->last_ns) {
+        h->busy_ns += t - h->last_ns;
+        h->in_flight_ns += (double)h->in_flight * (double)(t - h->last_ns);
+    }
+    h->last_ns = t;
+}
+
+// ----------------------------------------------------------------------------
+// Callbacks
+
+static size_t on_header(char *p, size_t size, size_t n, void *ud) {
+    http_req *q = ud;
+    size_t len = size * n;
+    if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
+        /* A new answer (after a redirect or a 100 Continue): forget the last. */
+        q->http = 0;
+        q->err_len = 0;
+        q->sized = 0;
+        q->bucket_region[0] = '\0';
+        return len;
+    }
+    static const char region[] = "x-amz-bucket-region:";
+    if (len > sizeof region && strncasecmp(p, region, sizeof region - 1) == 0) {
+        const char *v = p + sizeof region - 1;
+        size_t vn = len - (sizeof region - 1);
+        while (vn && (*v == ' ' || *v == '\t')) v++, vn--;
+        while (vn && (v[vn - 1] == '\r' || v[vn - 1] == '\n' || v[vn - 1] == ' ')) vn--;
+        snprintf(q->bucket_region, sizeof q->bucket_region, "%.*s", (int)DSRT_MIN(vn, (size_t)63),
+                 v);
+    }
+    return len;
+}
+
+/* Makes an owned buffer hold need bytes (and a NUL). */
+static int own_fit(http_req *q, size_t need) {
+    if (need + 1 <= q->cap) return 0;
+    size_t cap = q->cap ? q->cap : 4096;
+    while (cap < need + 1) cap *= 2;
+    uint8_t *b = realloc(q->buf, cap);
+    if (!b) return -ENOMEM;
+    q->buf = b;
+    q->cap = cap;
+    return 0;
+}
+
+static size_t on_data(char *p, size_t size, size_t n, void *ud) {
+    http_req *q = ud;
+    size_t len = size * n;
+    if (q->http == 0) curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+    if (q->http < 200 || q->http >= 300) {
+        size_t keep = DSRT_MIN(len, sizeof q->err - 1 - q->err_len);
+        memcpy(q->err + q->err_len, p, keep);
+        q->err_len += keep;
+        q->err[q->err_len] = '\0';
+        return len;
+    }
+    if (!q->sized) {
+        q->sized = 1;
+        /* A server that ignored the Range sends the whole object. */
+        q->skip = q->http == 200 ? q->offset : 0;
+        curl_off_t cl = -1;
+        curl_easy_getinfo(q->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
+        if (cl >= 0) {
+            uint64_t body = (uint64_t)cl > q->skip ? (uint64_t)cl - q->skip : 0;
+            if (q->length && body > q->length) body = q->length;
+            if (!q->total) q->total = body;
+            if ((!q->own && body > q->cap) || (q->own && body > q->max)) {
+                q->total = body;
+                q->toobig = 1;
+                return 0;
+            }
+            if (q->own && own_fit(q, (size_t)body) != 0) return 0;
+        }
+    }
+    if (q->skip) {
+        size_t s = (size_t)DSRT_MIN((uint64_t)len, q->skip);
+        q->skip -= s;
+        p += s;
+        len -= s;
+    }
+    if (q->length && q->got + len > q->length) len = (size_t)(q->length - q->got);
+    if (len == 0) return size * n;
+    if (q->got + len > (q->own ? q->max : q->cap)) {
+        q->total = DSRT_MAX(q->total, (uint64_t)(q->got + len));
+        q->toobig = 1;
+        return 0;
+    }
+    if (q->own && own_fit(q, q->got + len) != 0) return 0;
+    memcpy(q->buf + q->got, p, len);
+    q->got += len;
+    return size * n;
+}
+
+// ----------------------------------------------------------------------------
+// Create and destroy
+
+int dsrt__http_create(dsrt_http **out, const dsrt_remote_options *o) {
+    *out = NULL;
+    dsrt_remote_options opt = o ? *o : dsrt_reader_defaults().remote;
+    if (opt.depth < 1 || opt.depth > HTTP_MAX_DEPTH)
+        return dsrt__fail(DSRT_EOPTION, "remote: depth %u is not in 1..%d", opt.depth,
+                          HTTP_MAX_DEPTH);
+    if (!(opt.retry_deadline_s >= 0) || !(opt.timeout_s > 0))
+        return dsrt__fail(DSRT_EOPTION,
+                          "remote: retry_deadline_s %g must be >= 0 and timeout_s %g > 0",
+                          opt.retry_deadline_s, opt.timeout_s);
+    if (opt.max_connections == 0) {
+        const char *e = getenv(HTTP_DEFAULT_CONNS);
+        if (e && *e) {
+            char *end;
+            unsigned long v = strtoul(e, &end, 10);
+            if (*end || v < 1 || v > HTTP_MAX_DEPTH)
+                return dsrt__fail(DSRT_EOPTION, "remote: %s=%s: not a number in 1..%d",
+                                  HTTP_DEFAULT_CONNS, e, HTTP_MAX_DEPTH);
+            opt.max_connections = (unsigned)v;
+        } else {
+            opt.max_connections = opt.depth;
+        }
+    }
+    int rc = -ENOMEM;
+    dsrt_http *h = dsrt__calloc(1, sizeof *h);
+    if (!h) return rc;
+    h->o = opt;
+    h->depth = opt.depth;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        rc = dsrt__fail(DSRT_EREMOTE, "remote: curl_global_init failed");
+        goto fail;
+    }
+    h->global = 1;
+    h->reqs = dsrt__calloc(h->depth, sizeof *h->reqs);
+    h->free_slots = dsrt__calloc(h->depth, sizeof *h->free_slots);
+    h->done = dsrt__calloc(h->depth, sizeof *h->done);
+    if (!h->reqs || !h->free_slots || !h->done) goto fail;
+    if (!(h->multi = curl_multi_init()) || !(h->share = curl_share_init())) {
+        rc = dsrt__fail(-ENOMEM, "remote: curl_multi_init failed");
+        goto fail;
+    }
+    CURLMcode mc =
+        curl_multi_setopt(h->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)opt.max_connections);
+    if (mc == CURLM_OK)
+        mc = curl_multi_setopt(h->multi, CURLMOPT_MAXCONNECTS,
+                               (long)DSRT_MAX(opt.max_connections, opt.depth));
+    if (mc != CURLM_OK) {
+        rc = dsrt__fail(DSRT_EREMOTE, "remote: curl_multi_setopt: %s", curl_multi_strerror(mc));
+        goto fail;
+    }
+    CURLSHcode sc = curl_share_setopt(h->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    if (sc == CURLSHE_OK)
+        sc = curl_share_setopt(h->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+    if (sc != CURLSHE_OK) {
+        rc = dsrt__fail(DSRT_EREMOTE, "remote: curl_share_setopt: %s", curl_share_strerror(sc));
+        goto fail;
+    }
+    for (unsigned i = 0; i < h->depth; i++) h->free_slots[h->free_top++] = h->depth - 1 - i;
+    h->rng = dsrt_rng_init(now_ns(), (uint64_t)(uintptr_t)h, 0, 0x68747470);
+    *out = h;
+    return 0;
+fail:
+    dsrt__http_destroy(h);
+    return rc;
+}
+
+static void req_clear(http_req *q) {
+    curl_slist_free_all(q->hdrs);
+    q->hdrs = NULL;
+    q->url.len = 0;
+    q->headers.len = 0;
+}
+
+void dsrt__http_destroy(dsrt_http *h) {
+    if (!h) return;
+    for (unsigned i = 0; h->reqs && i < h->depth; i++) {
+        http_req *q = &h->reqs[i];
+        if (q->easy) {
+            if (q->state == REQ_ACTIVE) curl_multi_remove_handle(h->multi, q->easy);
+            curl_easy_cleanup(q->easy);
+        }
+        req_clear(q);
+        free(q->url.s);
+        free(q->headers.s);
+        if (q->own) free(q->buf);
+    }
+    if (h->multi) curl_multi_cleanup(h->multi);
+    if (h->share) curl_share_cleanup(h->share);
+    if (h->s3_state == 1) dsrt__s3_config_free(&h->s3);
+    free(h->reqs);
+    free(h->free_slots);
+    free(h->done);
+    if (h->global) curl_global_cleanup();
+    free(h);
+}
+
+const dsrt_s3_config *dsrt__http_s3(const dsrt_http *h) {
+    return h->s3_state == 1 ? &h->s3 : NULL;
+}
+
+/* Loads the S3 configuration the first time an s3:// URL comes. */
+static int s3_config(dsrt_http *h) {
+    if (h->s3_state == 0) {
+        int rc = dsrt__s3_config_load(&h->s3);
+        h->s3_state = rc == 0 ? 1 : rc;
+        if (rc != 0) snprintf(h->s3_msg, sizeof h->s3_msg, "%s", dsrt_last_error());
+    }
+    if (h->s3_state < 0) return dsrt__fail(h->s3_state, "%s", h->s3_msg);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Attempts
+
+/* The easy handle of slot q, made the first time. */
+static int easy_init(dsrt_http *h, http_req *q) {
+    if (q->easy) return 0;
+    CURL *e = curl_easy_init();
+    if (!e) return dsrt__fail(-ENOMEM, "remote: curl_easy_init failed");
+    long timeout = (long)(h->o.timeout_s + 0.999);
+    CURLcode c = CURLE_OK;
+#define SET(opt, val)                                                                              \
+    if (c == CURLE_OK) c = curl_easy_setopt(e, opt, val)
+    SET(CURLOPT_NOSIGNAL, 1L);
+    SET(CURLOPT_WRITEFUNCTION, on_data);
+    SET(CURLOPT_WRITEDATA, q);
+    SET(CURLOPT_HEADERFUNCTION, on_header);
+    SET(CURLOPT_HEADERDATA, q);
+    SET(CURLOPT_PRIVATE, q);
+    SET(CURLOPT_ERRORBUFFER, q->curl_err);
+    SET(CURLOPT_CONNECTTIMEOUT_MS, (long)(h->o.timeout_s * 1000));
+    SET(CURLOPT_LOW_SPEED_LIMIT, 1L);
+    SET(CURLOPT_LOW_SPEED_TIME, timeout > 0 ? timeout : 1L);
+    SET(CURLOPT_TCP_KEEPALIVE, 1L);
+    SET(CURLOPT_SHARE, h->share);
+    SET(CURLOPT_PROTOCOLS_STR, "http,https");
+    SET(CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    SET(CURLOPT_MAXREDIRS, 5L);
+    SET(CURLOPT_USERAGENT, "dsrt");
+#undef SET
+    if (c != CURLE_OK) {
+        curl_easy_cleanup(e);
+        return dsrt__fail(DSRT_EREMOTE, "remote: curl_easy_setopt: %s", curl_easy_strerror(c));
+    }
+    q->easy = e;
+    return 0;
+}
+
+/* Builds this attempt's URL and headers and hands the request to curl. */
+static int attempt_start(dsrt_http *h, http_req *q) {
+    int rc;
+    req_clear(q);
+    char range[64] = "";
+    if (q->offset || q->length) {
+        if (q->length)
+            snprintf(range, sizeof range, "bytes=%llu-%llu", (unsigned long long)q->offset,
+                     (unsigned long long)(q->offset + q->length - 1));
+        else
+            snprintf(range, sizeof range, "bytes=%llu-", (unsigned long long)q->offset);
+    }
+    if (q->is_s3) {
+        rc = dsrt__s3_request(&h->s3, q->loc, q->query, range[0] ? range : NULL, time(NULL),
+                              &q->url, &q->headers);
+        if (rc != 0) return rc;
+    } else {
+        if (dsrt__sb_add(&q->url, q->loc, strlen(q->loc)) != 0) return -ENOMEM;
+        if (range[0] && dsrt__sb_printf(&q->headers, "Range: %s\n", range) != 0) return -ENOMEM;
+    }
+    /* curl wants one list entry a header; the buffer has them '\n'-separated. */
+    for (char *line = q->headers.s; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        struct curl_slist *l = curl_slist_append(q->hdrs, line);
+        if (!l) return -ENOMEM;
+        q->hdrs = l;
+        if (!nl) break;
+        line = nl + 1;
+    }
+    /* No "Expect:" and no "Accept: *\/\*": nothing that is not signed. */
+    struct curl_slist *l = curl_slist_append(q->hdrs, "Accept:");
+    if (!l) return -ENOMEM;
+    q->hdrs = l;
+    q->http = 0;
+    q->sized = 0;
+    q->toobig = 0;
+    q->skip = 0;
+    q->err_len = 0;
+    q->got = 0;
+    q->bucket_region[0] = '\0';
+    q->curl_err[0] = '\0';
+    q->attempts++;
+    CURLcode c = curl_easy_setopt(q->easy, CURLOPT_URL, q->url.s);
+    if (c == CURLE_OK) c = curl_easy_setopt(q->easy, CURLOPT_HTTPHEADER, q->hdrs);
+    if (c == CURLE_OK) c = curl_easy_setopt(q->easy, CURLOPT_FOLLOWLOCATION, q->is_s3 ? 0L : 1L);
+    if (c != CURLE_OK)
+        return dsrt__fail(DSRT_EREMOTE, "remote: curl_easy_setopt: %s", curl_easy_strerror(c));
+    CURLMcode mc = curl_multi_add_handle(h->multi, q->easy);
+    if (mc != CURLM_OK)
+        return dsrt__fail(DSRT_EREMOTE, "remote: curl_multi_add_handle: %s",
+                          curl_multi_strerror(mc));
+    q->state = REQ_ACTIVE;
+    return 0;
+}
+
+static void finish(dsrt_http *h, http_req *q, int status) {
+    q->status = status;
+    q->state = REQ_DONE;
+    h->done[(h->done_head + h->done_len) % h->depth] = (uint32_t)(q - h->reqs);
+    h->done_len++;
+}
+
+/* Ends q with the thread's current message. */
+static void finish_msg(dsrt_http *h, http_req *q, int status) {
+    snprintf(q->msg, sizeof q->msg, "%s", dsrt_last_error());
+    finish(h, q, status);
+}
+
+/* A failure that is not the object's: try again after a jittered pause, or
+ * give up at the deadline. */
+static void retry_or_fail(dsrt_http *h, http_req *q, const char *display) {
+    uint64_t t = now_ns();
+    if (q->first_fail == 0) q->first_fail = t;
+    uint64_t deadline = q->first_fail + (uint64_t)(h->o.retry_deadline_s * 1e9);
+    if (t >= deadline) {
+        dsrt__fail(DSRT_EREMOTE,
+                   "%s: the store did not answer after %u attempts over %.1f s (retry deadline "
+                   "%g s); the last: %s",
+                   display, q->attempts, (double)(t - q->first_fail) * 1e-9, h->o.retry_deadline_s,
+                   q->cause);
+        finish_msg(h, q, DSRT_EREMOTE);
+        return;
+    }
+    unsigned k = DSRT_MIN(q->attempts - 1, 30u);
+    uint64_t pause = DSRT_MIN(HTTP_BACKOFF_NS << k, HTTP_BACKOFF_MAX);
+    pause = (uint64_t)((double)pause * (0.5 + 0.5 * dsrt_rng_uniform(&h->rng)));
+    q->retry_at = DSRT_MIN(t + pause, deadline);
+    q->state = REQ_WAITING;
+    h->retries++;
+}
+
+/* curl finished one attempt of q with result c. */
+static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
+    char display[512];
+    dsrt__url_display(q->loc, display, sizeof display);
+    long conns = 0;
+    if (curl_easy_getinfo(q->easy, CURLINFO_NUM_CONNECTS, &conns) == CURLE_OK && conns > 0)
+        h->connections += (uint64_t)conns;
+    curl_multi_remove_handle(h->multi, q->easy);
+    if (q->http == 0) curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+
+    if (c == CURLE_WRITE_ERROR && q->toobig) {
+        dsrt__fail(DSRT_ETOOBIG, "%s: %llu bytes, larger than the buffer of %zu bytes", display,
+                   (unsigned long long)q->total, q->own ? q->max : q->cap);
+        finish_msg(h, q, DSRT_ETOOBIG);
+        return;
+    }
+    if (c == CURLE_WRITE_ERROR && q->own) {
+        dsrt__fail(-ENOMEM, "%s: out of memory for the answer", display);
+        finish_msg(h, q, -ENOMEM);
+        return;
+    }
+    if (c == CURLE_OK && q->http >= 200 && q->http < 300) {
+        h->requests++;
+        h->bytes += q->got;
+        if (q->got == 0 && !q->length) {
+            dsrt__fail(DSRT_EEMPTY, "%s: empty object", display);
+            finish_msg(h, q, DSRT_EEMPTY);
+        } else if (q->length && q->got < q->length) {
+            dsrt__fail(DSRT_ETRUNCATED, "%s: the object ends before the range (%zu of %llu bytes)",
+                       display, q->got, (unsigned long long)q->length);
+            finish_msg(h, q, DSRT_ETRUNCATED);
+        } else {
+            q->msg[0] = '\0';
+            finish(h, q, 0);
+        }
+        return;
+    }
+    if (c == CURLE_OK) {
+        if (dsrt__http_status_transient(q->http, q->err, q->err_len)) {
+            /* Keep the store's own words for the message at the deadline. */
+            dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
+                                dsrt__http_s3(h), q->is_s3);
+            snprintf(q->cause, sizeof q->cause, "%s", dsrt_last_error() + strlen(display) + 2);
+            retry_or_fail(h, q, display);
+            return;
+        }
+        h->requests++;
+        int rc = dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
+                                     dsrt__http_s3(h), q->is_s3);
+        finish_msg(h, q, rc);
+        return;
+    }
+    switch (c) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_AGAIN:
+        snprintf(q->cause, sizeof q->cause, "%s%s%s", curl_easy_strerror(c),
+                 q->curl_err[0] ? ": " : "", q->curl_err);
+        retry_or_fail(h, q, display);
+        return;
+    default:
+        h->requests++;
+        dsrt__fail(DSRT_EREMOTE, "%s: %s%s%s", display, curl_easy_strerror(c),
+                   q->curl_err[0] ? ": " : "", q->curl_err);
+        finish_msg(h, q, DSRT_EREMOTE);
+        return;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Submit and collect
+
+static int submit(dsrt_http *h, const char *url, const char *query, uint64_t offset,
+                  uint64_t length, void *buf, size_t cap, int own, uint64_t tag) {
+    if (h->free_top == 0)
+        return dsrt__fail(-EBUSY, "read: %s: %u requests already in flight", url, h->depth);
+    int is_s3 = strncasecmp(url, "s3://", 5) == 0;
+    int rc;
+    if (is_s3 && (rc = s3_config(h)) != 0) return rc;
+    http_req *q = &h->reqs[h->free_slots[h->free_top - 1]];
+    if ((rc = easy_init(h, q)) != 0) return rc;
+    q->loc = url;
+    q->query = query;
+    q->offset = offset;
+    q->length = length;
+    q->own = own;
+    q->buf = own ? NULL : buf;
+    q->cap = own ? 0 : cap;
+    q->max = own ? cap : 0;
+    q->is_s3 = is_s3;
+    q->tag = tag;
+    q->status = 0;
+    q->total = 0;
+    q->attempts = 0;
+    q->first_fail = 0;
+    q->cause[0] = q->msg[0] = '\0';
+    if ((rc = attempt_start(h, q)) != 0) {
+        q->state = REQ_FREE;
+        q->loc = NULL;
+        if (own) free(q->buf);
+        q->buf = NULL;
+        return dsrt__fail_prefix(rc, "read: %s", url);
+    }
+    h->free_top--;
+    account(h);
+    h->in_flight++;
+    return 0;
+}
+
+int dsrt__http_submit(dsrt_http *h, const char *url, uint64_t offset, uint64_t length, void *buf,
+                      size_t cap, uint64_t tag) {
+    return submit(h, url, NULL, offset, length, buf, cap, 0, tag);
+}
+
+/* Hands finished slot q to the caller and frees it. */
+static void deliver(dsrt_http *h, http_req *q, dsrt_read_result *res) {
+    res->tag = q->tag;
+    res->path = q->loc;
+    res->buf = q->buf;
+    res->size = q->status == DSRT_ETOOBIG ? (size_t)DSRT_MIN(q->total, (uint64_t)SIZE_MAX) : q->got;
+    res->status = q->status;
+    if (q->status != 0) dsrt__fail(q->status, "read: %s", q->msg);
+    req_clear(q);
+    q->state = REQ_FREE;
+    q->loc = NULL;
+    q->buf = NULL;
+    account(h);
+    h->in_flight--;
+    h->free_slots[h->free_top++] = (uint32_t)(q - h->reqs);
+}
+
+/* Lets curl work, then moves finished attempts on and starts due retries. */
+static int pump(dsrt_http *h) {
+    int running;
+    CURLMcode mc = curl_multi_perform(h->multi, &running);
+    if (mc != CURLM_OK)
+        return dsrt__fail(DSRT_EREMOTE, "remote: curl_multi_perform: %s", curl_multi_strerror(mc));
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(h->multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE) continue;
+        http_req *q = NULL;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&q);
+        if (q && q->state == REQ_ACTIVE) attempt_done(h, q, m->data.result);
+    }
+    uint64_t t = now_ns();
+    for (unsigned i = 0; i < h->depth; i++) {
+        http_req *q = &h->reqs[i];
+        if (q->state != REQ_WAITING || q->retry_at > t) continue;
+        int rc = attempt_start(h, q);
+        if (rc != 0) {
+            char display[512];
+            dsrt__url_display(q->loc, display, sizeof display);
+            dsrt__fail_prefix(rc, "%s", display);
+            finish_msg(h, q, rc);
+        }
+    }
+    return 0;
+}
+
+int dsrt__http_collect(dsrt_http *h, dsrt_read_result *res, int wait, int extra_fd) {
+    for (;;) {
+        if (h->done_len > 0) {
+            http_req *q = &h->reqs[h->done[h->done_head]];
+            h->done_head = (h->done_head + 1) % h->depth;
+            h->done_len--;
+            deliver(h, q, res);
+            return 1;
+        }
+        if (h->in_flight == 0) return 0;
+        int rc = pump(h);
+        if (rc != 0) return rc;
+        if (h->done_len > 0) continue;
+        if (!wait) return 0;
+
+        long ms = -1;
+        curl_multi_timeout(h->multi, &ms);
+        if (ms < 0 || ms > HTTP_POLL_MAX_MS) ms = HTTP_POLL_MAX_MS;
+        uint64_t t = now_ns();
+        for (unsigned i = 0; i < h->depth; i++) {
+            const http_req *q = &h->reqs[i];
+            if (q->state != REQ_WAITING) continue;
+            long until = q->retry_at > t ? (long)((q->retry_at - t + 999999) / 1000000) : 0;
+            if (until < ms) ms = until;
+        }
+        struct curl_waitfd extra = {.fd = extra_fd, .events = CURL_WAIT_POLLIN};
+        CURLMcode mc = curl_multi_poll(h->multi, extra_fd >= 0 ? &extra : NULL,
+                                       extra_fd >= 0 ? 1 : 0, (int)ms, NULL);
+        if (mc != CURLM_OK)
+            return dsrt__fail(DSRT_EREMOTE, "remote: curl_multi_poll: %s", curl_multi_strerror(mc));
+        if (extra_fd >= 0 && extra.revents) return 0;
+    }
+}
+
+void dsrt__http_cancel(dsrt_http *h) {
+    if (!h) return;
+    for (unsigned i = 0; i < h->depth; i++) {
+        http_req *q = &h->reqs[i];
+        if (q->state == REQ_FREE) continue;
+        if (q->state == REQ_ACTIVE) curl_multi_remove_handle(h->multi, q->easy);
+        req_clear(q);
+        if (q->own) free(q->buf);
+        q->buf = NULL;
+        q->loc = NULL;
+        q->state = REQ_FREE;
+        h->free_slots[h->free_top++] = i;
+    }
+    account(h);
+    h->in_flight = 0;
+    h->done_len = 0;
+}
+
+unsigned dsrt__http_in_flight(const dsrt_http *h) {
+    return h ? h->in_flight : 0;
+}
+
+void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s) {
+    memset(s, 0, sizeof *s);
+    if (!h) return;
+    s->requests = h->requests;
+    s->retries = h->retries;
+    s->bytes = h->bytes;
+    s->connections = h->connections;
+    s->in_flight_s = h->in_flight_ns * 1e-9;
+    s->busy_s = (double)h->busy_ns * 1e-9;
+}
+
+int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
+                     size_t *len) {
+    *out = NULL;
+    *len = 0;
+    assert(h->in_flight == 0);
+    int rc = submit(h, url, query, 0, 0, NULL, max, 1, 0);
+    if (rc != 0) return rc;
+    dsrt_read_result res = {0};
+    do rc = dsrt__http_collect(h, &res, 1, -1);
+    while (rc == 0 && h->in_flight > 0);
+    if (rc < 0) return rc;
+    if (res.status != 0) {
+        free(res.buf);
+        /* "read: URL: reason" -> "URL: reason" */
+        const char *m = dsrt_last_error();
+        char copy[1024];
+        snprintf(copy, sizeof copy, "%s", strncmp(m, "read: ", 6) == 0 ? m + 6 : m);
+        return dsrt__fail(res.status, "%s", copy);
+    }
+    uint8_t *b = res.buf;
+    if (!b && !(b = malloc(1))) return -ENOMEM;
+    b[res.size] = '\0';
+    *out = b;
+    *len = res.size;
+    return 0;
+}

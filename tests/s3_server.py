@@ -1,0 +1,366 @@
+#!/usr/bin/env python3
+"""A real S3-compatible server on 127.0.0.1 for dsrt's object-storage tests
+and benchmarks: moto's S3 (moto[server], installed into a virtual
+environment by scripts/s3-venv.sh) served by waitress, with a proxy in front of it that can add
+latency and inject faults.
+
+    s3_server.py [--upload DIR BUCKET/PREFIX]... [--public BUCKET]...
+                 [--fill BUCKET/PREFIX N] [--latency-ms MS]
+
+Both listen on ports the kernel picks. Set-up runs unauthenticated (an IAM
+user with an S3 policy and its access key, a role assumed for temporary
+credentials with a session token, buckets, objects, public-read policies);
+then moto is told to check every request's signature, so a wrong key is
+refused as AWS refuses it. When ready the server prints one JSON line:
+
+    {"endpoint": "http://127.0.0.1:P", "proxy": "http://127.0.0.1:Q",
+     "key": ..., "secret": ..., "session_key": ..., "session_secret": ...,
+     "session_token": ...}
+
+and then takes commands on standard input, one a line, answering "ok":
+
+    latency MS    the proxy holds each request MS milliseconds
+    fail CODE N   the proxy answers the next N requests itself with CODE
+                  (429, 500, 503: an S3 XML error, as a throttled store does)
+    reset N       the proxy resets the connection of the next N requests
+    stall N       the proxy never answers the next N requests
+    requests      answers "requests N signed S connections C most_open M":
+                  requests forwarded (S of them signed), connections accepted,
+                  most open at once since the last clear
+    hold-after N  forward N more requests, then hold every later one unanswered
+    clear         drops the faults not yet used and any hold
+    auth on|off   moto checks signatures (the default after set-up), or not
+                  (moto answers unsigned requests with 500 while it checks)
+
+It exits when standard input closes, so a test that dies takes it along.
+"""
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import threading
+
+REGION = "us-east-1"
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--upload", nargs=2, action="append", default=[], metavar=("DIR", "DEST"))
+    ap.add_argument("--public", action="append", default=[], metavar="BUCKET")
+    ap.add_argument("--fill", nargs=2, action="append", default=[], metavar=("DEST", "N"))
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    return ap.parse_args()
+
+
+# ----------------------------------------------------------------------------
+# Set-up, through boto3 against the server itself
+
+
+def client(endpoint, service, **creds):
+    import boto3
+
+    from botocore.config import Config
+
+    return boto3.client(service, endpoint_url=endpoint, region_name=REGION,
+                        config=Config(retries={"max_attempts": 1}, read_timeout=30),
+                        aws_access_key_id=creds.get("key", "setup"),
+                        aws_secret_access_key=creds.get("secret", "setup"),
+                        aws_session_token=creds.get("token"))
+
+
+def split_dest(dest):
+    bucket, _, prefix = dest.partition("/")
+    return bucket, prefix.strip("/")
+
+
+def ensure_bucket(s3, bucket, made):
+    if bucket not in made:
+        s3.create_bucket(Bucket=bucket)
+        made.add(bucket)
+
+
+def upload_dir(s3, local, dest, made, public):
+    bucket, prefix = split_dest(dest)
+    ensure_bucket(s3, bucket, made)
+    acl = {"ACL": "public-read"} if bucket in public else {}
+    for root, dirs, files in os.walk(local):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, local).replace(os.sep, "/")
+            key = f"{prefix}/{rel}" if prefix else rel
+            with open(path, "rb") as f:
+                s3.put_object(Bucket=bucket, Key=key, Body=f.read(), **acl)
+        # An empty folder becomes a folder marker, as consoles make them
+        # (straight into the backend: waitress and moto disagree on empty PUTs).
+        for d in dirs:
+            sub = os.path.join(root, d)
+            if not os.listdir(sub):
+                rel = os.path.relpath(sub, local).replace(os.sep, "/")
+                backend().put_object(bucket, f"{prefix}/{rel}/" if prefix else rel + "/", b"")
+
+
+def backend():
+    from moto.s3.models import s3_backends
+
+    return s3_backends["123456789012"]["aws"]
+
+
+def fill_keys(dest, count, made, s3):
+    """Many small objects straight into moto's backend: a listing benchmark
+    needs 100 000 keys, which would take minutes through the HTTP API."""
+    bucket, prefix = split_dest(dest)
+    ensure_bucket(s3, bucket, made)
+    b = backend()
+    for i in range(count):
+        cls = i * 100 // count
+        b.put_object(bucket, f"{prefix}/c{cls:03d}/{i:08d}.jpg", b"x")
+
+
+def make_public(s3, bucket):
+    """Anyone may list the bucket and read the objects uploaded to it."""
+    s3.put_bucket_acl(Bucket=bucket, ACL="public-read")
+
+
+def make_credentials(endpoint):
+    iam = client(endpoint, "iam")
+    iam.create_user(UserName="dsrt-reader")
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["s3:*", "sts:AssumeRole"], "Resource": "*"}]}
+    iam.put_user_policy(UserName="dsrt-reader", PolicyName="read",
+                        PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="dsrt-reader")["AccessKey"]
+    trust = {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+        "Action": "sts:AssumeRole"}]}
+    role = iam.create_role(RoleName="dsrt-role", AssumeRolePolicyDocument=json.dumps(trust))
+    iam.put_role_policy(RoleName="dsrt-role", PolicyName="read",
+                        PolicyDocument=json.dumps(policy))
+    sts = client(endpoint, "sts", key=key["AccessKeyId"], secret=key["SecretAccessKey"])
+    temp = sts.assume_role(RoleArn=role["Role"]["Arn"], RoleSessionName="dsrt")["Credentials"]
+    return {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"],
+            "session_key": temp["AccessKeyId"], "session_secret": temp["SecretAccessKey"],
+            "session_token": temp["SessionToken"]}
+
+
+# ----------------------------------------------------------------------------
+# The proxy: latency and faults between the client and moto
+
+
+class Proxy:
+    def __init__(self, upstream_port, latency_ms):
+        self.upstream_port = upstream_port
+        self.latency = latency_ms / 1000.0
+        self.faults = []  # (kind, code) for the next requests, in order
+        self.forwarded = 0
+        self.signed = 0
+        self.connections = 0
+        self.open = 0
+        self.most_open = 0
+        self.hold_after = None  # forward this many more requests, then hold the rest
+
+    def take_fault(self):
+        return self.faults.pop(0) if self.faults else None
+
+    async def handle(self, creader, cwriter):
+        self.connections += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            await self.serve(creader, cwriter)
+        finally:
+            self.open -= 1
+
+    async def serve(self, creader, cwriter):
+        try:
+            ureader, uwriter = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            cwriter.close()
+            return
+        pump = asyncio.ensure_future(self.pump(ureader, cwriter))
+        try:
+            while True:
+                data = await creader.read(1 << 16)
+                if not data:
+                    break
+                if self.latency > 0:
+                    await asyncio.sleep(self.latency)
+                if self.hold_after is not None:
+                    if self.hold_after == 0:
+                        while await creader.read(1 << 16):
+                            pass
+                        break
+                    self.hold_after -= 1
+                fault = self.take_fault()
+                if fault is None:
+                    self.forwarded += 1
+                    self.signed += b"\nauthorization:" in data.lower()
+                    uwriter.write(data)
+                    await uwriter.drain()
+                elif fault[0] == "fail":
+                    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                            b'<Message>Please reduce your request rate.</Message></Error>')
+                    head = (f"HTTP/1.1 {fault[1]} Injected\r\nContent-Type: application/xml\r\n"
+                            f"Content-Length: {len(body)}\r\n\r\n").encode()
+                    cwriter.write(head + body)
+                    await cwriter.drain()
+                elif fault[0] == "reset":
+                    sock = cwriter.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                    cwriter.transport.abort()
+                    break
+                else:  # stall: swallow this request and every later byte of the connection
+                    while await creader.read(1 << 16):
+                        pass
+                    break
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            pump.cancel()
+            uwriter.close()
+            cwriter.close()
+
+    @staticmethod
+    async def pump(src, dst):
+        try:
+            while True:
+                data = await src.read(1 << 16)
+                if not data:
+                    break
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass
+        finally:
+            dst.close()
+
+
+def run_proxy(upstream_port, latency_ms, conn):
+    """The proxy's own process (moto's requests hold the GIL long enough to
+    add their own latency to the proxy's): takes commands on conn."""
+    # Ends with the server, however the server ends (a test may SIGKILL it).
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os._exit(0)
+    proxy = Proxy(upstream_port, latency_ms)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    server = loop.run_until_complete(asyncio.start_server(proxy.handle, "127.0.0.1", 0))
+    conn.send(server.sockets[0].getsockname()[1])
+
+    def command():
+        try:
+            words = conn.recv()
+        except EOFError:
+            loop.stop()
+            return
+        reply = "ok"
+        if words[0] == "latency":
+            proxy.latency = float(words[1]) / 1000.0
+        elif words[0] == "fail":
+            proxy.faults.extend([("fail", int(words[1]))] * int(words[2]))
+        elif words[0] in ("reset", "stall"):
+            proxy.faults.extend([(words[0], 0)] * int(words[1]))
+        elif words[0] == "requests":
+            reply = (f"requests {proxy.forwarded} signed {proxy.signed} connections "
+                     f"{proxy.connections} most_open {proxy.most_open}")
+        elif words[0] == "clear":
+            proxy.faults.clear()
+            proxy.hold_after = None
+            proxy.most_open = proxy.open
+        elif words[0] == "hold-after":
+            proxy.hold_after = int(words[1])
+        conn.send(reply)
+
+    loop.add_reader(conn.fileno(), command)
+    loop.run_forever()
+    os._exit(0)
+
+
+# ----------------------------------------------------------------------------
+
+
+def main():
+    args = parse_args()
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    logging.getLogger("waitress").setLevel(logging.ERROR)
+    import requests
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from waitress.server import create_server
+
+    # moto's application under waitress, which keeps connections alive
+    # (moto's own werkzeug server closes each one after its answer).
+    # Set-up (IAM, STS, moto's own API) goes through the dispatcher of every
+    # service; the S3 endpoint serves moto's S3 application alone, which
+    # spares each request the dispatcher's search. Both share moto's state.
+    def serve(application):
+        server = create_server(application, host="127.0.0.1", port=0, threads=4,
+                               connection_limit=4096, backlog=1024, channel_timeout=600,
+                               asyncore_use_poll=True)
+        threading.Thread(target=server.run, daemon=True).start()
+        return server.effective_port
+
+    def raw_uri(application):
+        """moto matches keys on the path as it arrived (RAW_URI, which
+        werkzeug's server sets): waitress calls it REQUEST_URI."""
+        def wrapped(environ, start_response):
+            environ.setdefault("RAW_URI", environ.get("REQUEST_URI", ""))
+            return application(environ, start_response)
+        return wrapped
+
+    setup = f"http://127.0.0.1:{serve(raw_uri(DomainDispatcherApplication(create_backend_app)))}"
+    port = serve(raw_uri(create_backend_app("s3")))
+    endpoint = f"http://127.0.0.1:{port}"
+
+    creds = make_credentials(setup)
+    s3 = client(endpoint, "s3")
+    made = set()
+    for bucket in args.public:
+        ensure_bucket(s3, bucket, made)
+    for local, dest in args.upload:
+        upload_dir(s3, local, dest, made, args.public)
+    for dest, n in args.fill:
+        fill_keys(dest, int(n), made, s3)
+    for bucket in args.public:
+        make_public(s3, bucket)
+    # From here on every request must be signed with a key moto knows.
+    requests.post(f"{setup}/moto-api/reset-auth", data=b"0").raise_for_status()
+
+    import multiprocessing
+
+    ours, theirs = multiprocessing.Pipe()
+    child = multiprocessing.get_context("fork").Process(
+        target=run_proxy, args=(port, args.latency_ms, theirs), daemon=True)
+    child.start()
+    proxy_port = ours.recv()
+    info = dict(creds, endpoint=endpoint, proxy=f"http://127.0.0.1:{proxy_port}", region=REGION,
+                pid=os.getpid())
+    print(json.dumps(info), flush=True)
+
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "auth" and len(words) == 2:
+            count = b"0" if words[1] == "on" else b"inf"
+            requests.post(f"{setup}/moto-api/reset-auth", data=count).raise_for_status()
+            reply = "ok"
+        elif words[0] in ("latency", "fail", "reset", "stall", "requests", "clear", "hold-after"):
+            ours.send(words)
+            reply = ours.recv()
+        else:
+            reply = f"error: unknown command {line.strip()!r}"
+        print(reply, flush=True)
+    child.kill()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
