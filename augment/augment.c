@@ -537,6 +537,15 @@ static int tmp_reserve(dsrt_augmenter *a, size_t n) {
 // ----------------------------------------------------------------------------
 // Axis tables
 
+/* floor(x) as an int, for x well inside int's range: the same value,
+ * without a call into libm (the x86-64 baseline has no rounding
+ * instruction). */
+static inline int ifloor(double x) {
+    if (!(x > -1e9 && x < 1e9)) return (int)floor(x);
+    int i = (int)x; /* truncated towards zero */
+    return i - (x < (double)i);
+}
+
 static inline double triangle(double x) {
     x = fabs(x);
     return x < 1.0 ? 1.0 - x : 0.0;
@@ -575,13 +584,13 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
         t->start[i] = 0;
         t->count[i] = 0;
         if (!(centre >= 0.0 && centre < len)) continue;
-        double px = centre - 0.5, r = nearbyint(px);
+        double px = centre - 0.5, r = whole ? nearbyint(px) : 0.0;
         if (whole && fabs(px - r) < 1e-6 && r >= 0 && r < len) {
             t->start[i] = (int)r;
             t->count[i] = 1;
             w[0] = 1.0f;
         } else {
-            int x0 = (int)floor(centre - support + 0.5), x1 = (int)floor(centre + support + 0.5);
+            int x0 = ifloor(centre - support + 0.5), x1 = ifloor(centre + support + 0.5);
             if (x0 < 0) x0 = 0;
             if (x1 > len) x1 = len;
             if (x1 - x0 > k) x1 = x0 + k; /* not reached: k bounds the support */
