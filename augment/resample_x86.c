@@ -23,6 +23,7 @@
  */
 #include "internal.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -145,9 +146,11 @@ AVX512 static inline void write16(const dsrt__sink *s, void *out, size_t ostride
         size_t plane = ostride;
         float *o = (float *)out + u0;
         for (int c = 0; c < och; c++) {
-            __m512 r =
-                _mm512_mul_ps(_mm512_sub_ps(acc[sch == 1 ? 0 : c], _mm512_set1_ps(s->sub[c])),
-                              _mm512_set1_ps(s->inv[c]));
+            /* x - (+0) is x: no subtraction when there is nothing to subtract. */
+            __m512 x = acc[sch == 1 ? 0 : c];
+            if (!(s->sub[c] == 0.0f && !signbit(s->sub[c])))
+                x = _mm512_sub_ps(x, _mm512_set1_ps(s->sub[c]));
+            __m512 r = _mm512_mul_ps(x, _mm512_set1_ps(s->inv[c]));
             _mm512_mask_storeu_ps(o + c * plane, m, r);
         }
         return;
@@ -174,6 +177,53 @@ AVX512 static inline void write16(const dsrt__sink *s, void *out, size_t ostride
     _mm512_mask_storeu_epi8(o, bm, packed);
 }
 
+/* The taps of one block for the sch planes (p: the block's first value in
+ * plane 0), every tap within the 32 values from p: one permute of two
+ * vectors a tap, the index vectors made once for all planes. taps is a
+ * constant where it is called, so the loops unroll into registers. */
+AVX512 static inline __attribute__((always_inline)) void
+taps_permute16(const float *p, size_t plane, int sch, __m512i idx0, const float *wv, int taps,
+               __m512 *acc) {
+    __m512i idx[8];
+    idx[0] = idx0;
+    for (int t = 1; t < taps; t++) idx[t] = _mm512_add_epi32(idx[t - 1], _mm512_set1_epi32(1));
+    for (int c = 0; c < sch; c++) {
+        const float *q = p + c * plane;
+        __m512 lo = _mm512_loadu_ps(q), hi = _mm512_loadu_ps(q + 16);
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(wv), _mm512_permutex2var_ps(lo, idx[0], hi));
+        for (int t = 1; t < taps; t++)
+            a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_loadu_ps(wv + 16 * t),
+                                               _mm512_permutex2var_ps(lo, idx[t], hi)));
+        acc[c] = a;
+    }
+}
+
+/* The same for any number of taps (up to 32), or gathered from anywhere. */
+AVX512 static void taps_any16(const float *p, size_t plane, int sch, __m512i idx0, const float *wv,
+                              int taps, int gather, __m512 *acc) {
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int c = 0; c < sch; c++) {
+        const float *q = p + c * plane;
+        __m512 a;
+        if (!gather) {
+            __m512 lo = _mm512_loadu_ps(q), hi = _mm512_loadu_ps(q + 16);
+            __m512i idx = idx0;
+            a = _mm512_mul_ps(_mm512_loadu_ps(wv), _mm512_permutex2var_ps(lo, idx, hi));
+            for (int t = 1; t < taps; t++) {
+                idx = _mm512_add_epi32(idx, one);
+                a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_loadu_ps(wv + 16 * t),
+                                                   _mm512_permutex2var_ps(lo, idx, hi)));
+            }
+        } else {
+            a = _mm512_mul_ps(_mm512_loadu_ps(wv), _mm512_i32gather_ps(idx0, q, 4));
+            for (int t = 1; t < taps; t++)
+                a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_loadu_ps(wv + 16 * t),
+                                                   _mm512_i32gather_ps(idx0, q + t, 4)));
+        }
+        acc[c] = a;
+    }
+}
+
 AVX512 static void row_avx512(const dsrt__row_job *j) {
     const dsrt__sink *s = j->s;
     const dsrt__axis *ax = j->ax;
@@ -183,7 +233,6 @@ AVX512 static void row_avx512(const dsrt__row_job *j) {
     size_t ostride = (size_t)s->ow * s->oh;
     void *out = s->f32 ? (void *)((float *)s->dst + (size_t)j->v * s->ow)
                        : (void *)((uint8_t *)s->dst + (size_t)j->v * s->ow * s->ch);
-    const __m512i one = _mm512_set1_epi32(1);
     for (int b = 0; b < ax->nb; b++) {
         int u0 = b * 16, lanes = DSRT_MIN(16, ax->n - u0);
         int mode = ax->bmode[b];
@@ -193,28 +242,20 @@ AVX512 static void row_avx512(const dsrt__row_job *j) {
         }
         __m512i idx0 = _mm512_loadu_si512(ax->bidx + (size_t)b * 16);
         const float *wv = ax->bw + (size_t)b * taps * 16;
+        const float *p = planes + ax->bbase[b];
         __m512 acc[3];
-        for (int c = 0; c < sch; c++) {
-            const float *p = planes + c * j->plane + ax->bbase[b];
-            __m512 a;
-            if (mode == BLOCK_PERMUTE) {
-                /* Every tap of the block lies in these 32 values. */
-                __m512 lo = _mm512_loadu_ps(p), hi = _mm512_loadu_ps(p + 16);
-                __m512i idx = idx0;
-                a = _mm512_mul_ps(_mm512_loadu_ps(wv), _mm512_permutex2var_ps(lo, idx, hi));
-                for (int t = 1; t < taps; t++) {
-                    idx = _mm512_add_epi32(idx, one);
-                    a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_loadu_ps(wv + 16 * t),
-                                                       _mm512_permutex2var_ps(lo, idx, hi)));
-                }
-            } else {
-                a = _mm512_mul_ps(_mm512_loadu_ps(wv), _mm512_i32gather_ps(idx0, p, 4));
-                for (int t = 1; t < taps; t++)
-                    a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_loadu_ps(wv + 16 * t),
-                                                       _mm512_i32gather_ps(idx0, p + t, 4)));
-            }
-            acc[c] = a;
-        }
+        if (mode == BLOCK_GATHER)
+            taps_any16(p, j->plane, sch, idx0, wv, taps, 1, acc);
+        else if (taps == 2)
+            taps_permute16(p, j->plane, sch, idx0, wv, 2, acc);
+        else if (taps == 3)
+            taps_permute16(p, j->plane, sch, idx0, wv, 3, acc);
+        else if (taps == 4)
+            taps_permute16(p, j->plane, sch, idx0, wv, 4, acc);
+        else if (taps == 5)
+            taps_permute16(p, j->plane, sch, idx0, wv, 5, acc);
+        else
+            taps_any16(p, j->plane, sch, idx0, wv, taps, 0, acc);
         write16(s, out, ostride, u0, lanes, acc);
     }
 }
@@ -304,9 +345,11 @@ AVX2 static inline void write8(const dsrt__sink *s, void *out, size_t ostride, i
         size_t plane = ostride;
         float *o = (float *)out + u0;
         for (int c = 0; c < och; c++) {
-            __m256 r =
-                _mm256_mul_ps(_mm256_sub_ps(acc[sch == 1 ? 0 : c], _mm256_set1_ps(s->sub[c])),
-                              _mm256_set1_ps(s->inv[c]));
+            /* x - (+0) is x: no subtraction when there is nothing to subtract. */
+            __m256 x = acc[sch == 1 ? 0 : c];
+            if (!(s->sub[c] == 0.0f && !signbit(s->sub[c])))
+                x = _mm256_sub_ps(x, _mm256_set1_ps(s->sub[c]));
+            __m256 r = _mm256_mul_ps(x, _mm256_set1_ps(s->inv[c]));
             if (lanes == 8)
                 _mm256_storeu_ps(o + c * plane, r);
             else
