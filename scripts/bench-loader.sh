@@ -99,11 +99,27 @@ for round in $(seq "$ROUNDS"); do
         for layout in $LAYOUTS; do
           l=$(load)
           record dsrt "$set" "$l" "$("$NEW" "$DATA/$set" --pipeline "$pipe" --layout "$layout" \
-            --threads "$t" --epochs "$EPOCHS" --limit --checksum --json | tail -1)"
+            --threads "$t" --epochs "$EPOCHS" --limit --json | tail -1)"
           if [ -n "$BASE" ]; then
             l=$(load)
             record base "$set" "$l" "$("$BASE" "$DATA/$set" --pipeline "$pipe" --layout "$layout" \
-              --threads "$t" --epochs "$EPOCHS" --checksum --json | tail -1)"
+              --threads "$t" --epochs "$EPOCHS" --json | tail -1)"
+          fi
+          if [ "$round" = 1 ]; then
+            # Checksums apart from the timed runs (hashing takes a core's time).
+            for who in dsrt base; do
+              b=$NEW; [ $who = base ] && b=$BASE
+              [ -n "$b" ] || continue
+              l=$(load)
+              record "$who-checksum" "$set" "$l" "$("$b" "$DATA/$set" --pipeline "$pipe" \
+                --layout "$layout" --threads "$t" --epochs 2 --checksum --json | tail -1)"
+            done
+            for isa in scalar avx2; do
+              l=$(load)
+              record "dsrt-checksum-$isa" "$set" "$l" "$(DSRT_MAX_CPU_ISA=$isa "$NEW" "$DATA/$set" \
+                --pipeline "$pipe" --layout "$layout" --threads "$t" --epochs 2 --checksum --json |
+                tail -1)"
+            done
           fi
         done
         peer dali "$DALI_PY" dali_loader_bench.py "$set" "$pipe" "$t" --threads "$t"
@@ -137,10 +153,14 @@ for k in sorted(g for g in groups if g[0] == "dsrt"):
     of = med([r["of_limit"] for r in rs])
     base = groups.get(("base",) + k[1:], [])
     brate = med([r["images_per_s"] for r in base])
-    same = ""
-    if base:
-        same = "same" if {r.get("checksum") for r in rs} == {r.get("checksum") for r in base} \
-            else "differ"
+    # Checksums: this dsrt's on every instruction set, and the older one's.
+    sums = {w: {r["checksum"] for r in groups.get((w,) + k[1:], [])}
+            for w in ("dsrt-checksum", "dsrt-checksum-scalar", "dsrt-checksum-avx2",
+                      "base-checksum")}
+    mine = sums["dsrt-checksum"] | sums["dsrt-checksum-scalar"] | sums["dsrt-checksum-avx2"]
+    same = ("one across isas" if len(mine) == 1 else "DIFFER across isas") if mine else ""
+    if sums["base-checksum"]:
+        same += ", = older" if sums["base-checksum"] == mine else ", != older"
     loads = [r["load"] for r in rs + base]
     out.append(f"| {k[1]} | {k[2]} | {k[3]} | {k[4]} | {rate:.0f} | {per:.0f} | {lim:.0f} | "
                f"{100 * of:.0f}% | {brate:.0f} | {rate / brate if base else float('nan'):.2f}x | "
