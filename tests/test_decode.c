@@ -76,6 +76,14 @@ static long first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
     return -1;
 }
 
+/* Offset of the first marker FF code in jpeg after its first two bytes, or
+ * 0 when there is none. */
+static size_t find_marker(const uint8_t *jpeg, size_t len, uint8_t code) {
+    for (size_t i = 2; i + 1 < len; i++)
+        if (jpeg[i] == 0xff && jpeg[i + 1] == code) return i;
+    return 0;
+}
+
 /* A call that must fail with code (or any negative code when code is 0) and
  * leave a message. */
 #define CHECK_FAILS(call, code)                                                                    \
@@ -831,12 +839,7 @@ static void test_jpeg_unsupported(void) {
     size_t len;
     uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_444, 32, 32, 3, &len);
     REQUIRE(jpeg);
-    size_t sof = 0;
-    for (size_t i = 2; i + 1 < len; i++)
-        if (jpeg[i] == 0xff && jpeg[i + 1] == 0xc0) {
-            sof = i;
-            break;
-        }
+    size_t sof = find_marker(jpeg, len, 0xc0);
     REQUIRE(sof > 0);
     dsrt_decode_request r = request(3, 0, 0);
     dsrt_image img;
@@ -860,12 +863,7 @@ static void test_jpeg_warning(void) {
     size_t len;
     uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_420, 64, 48, 11, &len);
     REQUIRE(jpeg);
-    size_t sos = 0;
-    for (size_t i = 2; i + 1 < len; i++)
-        if (jpeg[i] == 0xff && jpeg[i + 1] == 0xda) {
-            sos = i;
-            break;
-        }
+    size_t sos = find_marker(jpeg, len, 0xda);
     REQUIRE(sos > 0);
     uint8_t *junk = malloc(len + 3);
     REQUIRE(junk);
@@ -1220,12 +1218,7 @@ static void test_region_rest(void) {
     free(junk);
 
     /* A second scan in a single-scan image, after the first. */
-    size_t sos = 0;
-    for (size_t i = 2; i + 1 < len; i++)
-        if (jpeg[i] == 0xff && jpeg[i + 1] == 0xda) {
-            sos = i;
-            break;
-        }
+    size_t sos = find_marker(jpeg, len, 0xda);
     REQUIRE(sos > 0);
     size_t seg = 2 + ((size_t)jpeg[sos + 2] << 8 | jpeg[sos + 3]);
     uint8_t *two = malloc(len + seg + 16);
