@@ -8,6 +8,10 @@
 # CPU pipeline, Meta's SPDL and PyTorch's DataLoader. Every run records the
 # load average before it. Writes OUT/runs.jsonl (one JSON object a run) and
 # OUT/table.md (medians over the rounds, ratios, load), and prints the table.
+# Besides wall-clock rates, each figure is also given in CPU time (dsbench's
+# images per second of its process's CPU, its limit's in the decoding
+# thread's CPU; the older dsrt against this one in CPU seconds a delivered
+# image), which other work on the machine moves little.
 #
 #   scripts/bench-loader.sh                       # build/, 3 rounds, peers if found
 #   ROUNDS=5 PEERS=0 scripts/bench-loader.sh      # dsrt alone
@@ -77,6 +81,15 @@ fi
 
 load() { cut -d' ' -f1 /proc/loadavg; }
 
+# A dsbench run's JSON with the process's CPU seconds (user + system, every
+# epoch and the start included) added as "cpu_s".
+timed() {
+  local t; t=$(mktemp)
+  /usr/bin/time -f "%U %S" -o "$t" "$@" | tail -1 |
+    /usr/bin/python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); u,s=open(sys.argv[1]).read().split()[-2:]; j["cpu_s"]=float(u)+float(s); print(json.dumps(j))' "$t" || true
+  rm -f "$t"
+}
+
 # One run: appends {"who":..., "set":..., "load":..., <the tool's JSON>} to runs.
 record() { # who set load json
   [ -n "$4" ] || { echo "bench-loader: $1 on $2 gave nothing" >&2; return; }
@@ -101,9 +114,14 @@ for round in $(seq "$ROUNDS"); do
           record dsrt "$set" "$l" "$("$NEW" "$DATA/$set" --pipeline "$pipe" --layout "$layout" \
             --threads "$t" --epochs "$EPOCHS" --limit --json | tail -1)"
           if [ -n "$BASE" ]; then
-            l=$(load)
-            record base "$set" "$l" "$("$BASE" "$DATA/$set" --pipeline "$pipe" --layout "$layout" \
-              --threads "$t" --epochs "$EPOCHS" --json | tail -1)"
+            # The older dsrt and this one, the same runs without --limit,
+            # each with its CPU time: a comparison other load moves little.
+            for who in base dsrt-cpu; do
+              b=$BASE; [ $who = dsrt-cpu ] && b=$NEW
+              l=$(load)
+              record $who "$set" "$l" "$(timed "$b" "$DATA/$set" --pipeline "$pipe" \
+                --layout "$layout" --threads "$t" --epochs "$EPOCHS" --json)"
+            done
           fi
           if [ "$round" = 1 ]; then
             # Checksums apart from the timed runs (hashing takes a core's time).
@@ -143,8 +161,9 @@ for r in runs:
     groups.setdefault((r["who"],) + key(r), []).append(r)
 out = []
 out.append("| set | pipeline | layout | threads | dsrt images/s | per thread | limit images/s "
-           "| of limit | older dsrt | ratio | checksums | load |")
-out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+           "| of limit | of limit, CPU time | older dsrt | ratio | ratio, CPU time | checksums "
+           "| load |")
+out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for k in sorted(g for g in groups if g[0] == "dsrt"):
     rs = groups[k]
     rate = med([r["images_per_s"] for r in rs])
@@ -161,9 +180,15 @@ for k in sorted(g for g in groups if g[0] == "dsrt"):
     same = ("one across isas" if len(mine) == 1 else "DIFFER across isas") if mine else ""
     if sums["base-checksum"]:
         same += ", = older" if sums["base-checksum"] == mine else ", != older"
-    loads = [r["load"] for r in rs + base]
+    ofc = med([r["of_limit_cpu"] for r in rs])
+    # CPU time a delivered image, the older dsrt's over this one's.
+    mine_cpu = groups.get(("dsrt-cpu",) + k[1:], [])
+    cpu_per = lambda rr: med([r["cpu_s"] / r["delivered"] for r in rr if r.get("cpu_s")])
+    cpu_ratio = cpu_per(base) / cpu_per(mine_cpu) if base and mine_cpu else float("nan")
+    loads = [r["load"] for r in rs + base + mine_cpu]
     out.append(f"| {k[1]} | {k[2]} | {k[3]} | {k[4]} | {rate:.0f} | {per:.0f} | {lim:.0f} | "
-               f"{100 * of:.0f}% | {brate:.0f} | {rate / brate if base else float('nan'):.2f}x | "
+               f"{100 * of:.0f}% | {100 * ofc:.0f}% | {brate:.0f} | "
+               f"{rate / brate if base else float('nan'):.2f}x | {cpu_ratio:.2f}x | "
                f"{same} | {min(loads):.1f}-{max(loads):.1f} |")
 peers = [p for p in ("dali", "spdl", "torch") if any(g[0] == p for g in groups)]
 if peers:

@@ -177,6 +177,13 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* CPU seconds of the whole process, every thread. */
+static double cpu_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 // ----------------------------------------------------------------------------
 // Options
 
@@ -432,7 +439,9 @@ static double median_rate(const double *rates, unsigned n) {
 typedef struct {
     unsigned threads;
     tool_bad_list bad;
-    double *rates; /* (epochs) images/s */
+    double *rates;     /* (epochs) images/s */
+    double *cpu_rates; /* (epochs) images per second of the process's CPU time */
+    double cpu_median;
     double median, seconds;
     uint64_t delivered;
     uint64_t hash;
@@ -488,7 +497,9 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
     memset(r, 0, sizeof *r);
     r->bad.out = o->bad_out;
     r->rates = calloc(o->epochs, sizeof *r->rates);
-    if (!r->rates) tool_die("out of memory");
+    r->cpu_rates = calloc(o->epochs, sizeof *r->cpu_rates);
+    if (!r->rates || !r->cpu_rates) tool_die("out of memory");
+    double c0 = cpu_s();
     uint64_t skipped_before = 0;
     double t_run = now_s(), t0 = t_run;
     for (unsigned e = 0; e < o->epochs; e++) {
@@ -519,8 +530,10 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
                 progress(o, e, images, per_epoch, t0);
             }
         }
-        double t1 = now_s(), dt = t1 - t0;
+        double t1 = now_s(), dt = t1 - t0, c1 = cpu_s();
         r->rates[e] = images / dt;
+        r->cpu_rates[e] = images / (c1 - c0 > 1e-9 ? c1 - c0 : 1e-9);
+        c0 = c1;
         r->delivered += images;
         dsrt_pipeline_stats(p, &r->st);
         uint64_t skipped = r->st.skipped - skipped_before;
@@ -555,6 +568,7 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
     for (unsigned i = 0; i < DSRT_PIPELINE_BAD_MESSAGES; i++) r->st.bad_messages[i] = NULL;
     dsrt_pipeline_close(p);
     r->median = median_rate(r->rates, o->epochs);
+    r->cpu_median = median_rate(r->cpu_rates, o->epochs);
     r->hash = checksum_final(&c);
 }
 
@@ -627,14 +641,16 @@ static void json_summary(const options *o, const context *cx, const run_result *
            s->read_s, s->decode_s, s->augment_s, s->slot_wait_s, s->consumer_wait_s, r->seconds,
            s->locked_memory ? "true" : "false", s->pinned_memory ? "true" : "false");
     if (o->checksum) printf(",\"checksum\":\"%016llx\"", (unsigned long long)r->hash);
-    printf(",\"per_thread_images_per_s\":%.1f,\"augment_isa\":\"%s\",\"load_average\":[%.2f,%.2f,"
-           "%.2f]",
-           per_thread(r), cx->isa, cx->load[0], cx->load[1], cx->load[2]);
+    printf(",\"per_thread_images_per_s\":%.1f,\"images_per_cpu_s\":%.1f,\"augment_isa\":\"%s\","
+           "\"load_average\":[%.2f,%.2f,%.2f]",
+           per_thread(r), r->cpu_median, cx->isa, cx->load[0], cx->load[1], cx->load[2]);
     if (cx->have_limit)
         printf(",\"limit\":{\"images\":%zu,\"skipped\":%zu,\"passes\":%u,\"images_per_s\":%.1f,"
-               "\"megapixels_per_s\":%.1f},\"of_limit\":%.4f",
+               "\"megapixels_per_s\":%.1f,\"cpu_images_per_s\":%.1f},\"of_limit\":%.4f,"
+               "\"of_limit_cpu\":%.4f",
                cx->limit.images, cx->limit.skipped, o->limit_passes, cx->limit.images_per_s,
-               cx->limit.megapixels_per_s, per_thread(r) / cx->limit.images_per_s);
+               cx->limit.megapixels_per_s, cx->limit.cpu_images_per_s,
+               per_thread(r) / cx->limit.images_per_s, r->cpu_median / cx->limit.cpu_images_per_s);
     printf(",\"bytes_per_s\":%.0f", r->seconds > 0 ? s->bytes_read / r->seconds : 0.0);
     if (s->remote_requests)
         printf(",\"remote\":{\"requests\":%llu,\"retries\":%llu,\"connections\":%llu,"
@@ -705,11 +721,11 @@ static int run_pipeline(options *o) {
             tool_die("--limit: %s", dsrt_last_error());
         cx.have_limit = 1;
         if (!o->json)
-            printf("limit: one core decodes %zu of these files at %.1f images/s (%.1f MP/s): "
-                   "full size to RGB, TurboJPEG fast DCT, files in memory, nothing else (best of "
-                   "%u passes)\n",
+            printf("limit: one core decodes %zu of these files at %.1f images/s (%.1f MP/s; "
+                   "%.1f a second of its CPU time): full size to RGB, TurboJPEG fast DCT, files "
+                   "in memory, nothing else (best of %u passes)\n",
                    cx.limit.images, cx.limit.images_per_s, cx.limit.megapixels_per_s,
-                   o->limit_passes);
+                   cx.limit.cpu_images_per_s, o->limit_passes);
     }
 
     unsigned counts[64], ncounts = 1;
@@ -748,6 +764,13 @@ static int run_pipeline(options *o) {
             if (cx.have_limit)
                 printf(", %.0f%% of the limit", 100.0 * per_thread(r) / cx.limit.images_per_s);
             printf(" (load average %.2f before the run; augment kernels %s)\n", cx.load[0], cx.isa);
+            printf("in CPU time: %.1f images per second of the process's CPU", r->cpu_median);
+            if (cx.have_limit)
+                printf(", %.0f%% of the limit's %.1f (figures that other load on the machine "
+                       "does not move)",
+                       100.0 * r->cpu_median / cx.limit.cpu_images_per_s,
+                       cx.limit.cpu_images_per_s);
+            printf("\n");
             print_stages(r);
             printf("read %.1f MB/s", r->seconds > 0 ? s->bytes_read / r->seconds / 1e6 : 0.0);
             if (s->remote_requests)
@@ -788,6 +811,7 @@ static int run_pipeline(options *o) {
     o->bad_out = bad_out;
     for (unsigned i = 0; i < ncounts; i++) {
         free(res[i].rates);
+        free(res[i].cpu_rates);
         tool_bad_free(&res[i].bad);
     }
     free(res);

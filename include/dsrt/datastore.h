@@ -478,9 +478,12 @@ typedef struct {
     size_t images;           /* files decoded in each pass */
     size_t skipped;          /* files left out: unreadable, not decodable */
     double megapixels;       /* of the images decoded in a pass, at full size */
-    double images_per_s;     /* the best pass */
+    double images_per_s;     /* the best pass, wall-clock */
     double megapixels_per_s; /* the same pass */
-    double seconds;          /* the whole measurement, reading the files included */
+    /* The best pass in the calling thread's CPU time: the same as
+     * images_per_s on an idle core, unmoved by other work on the machine. */
+    double cpu_images_per_s;
+    double seconds; /* the whole measurement, reading the files included */
 } dsrt_decode_limit;
 
 /*
@@ -491,7 +494,8 @@ typedef struct {
  * libspng. At most max_images files are taken (0: all), spread evenly over
  * ds, read into memory first (at most 1 GiB of them); then passes passes
  * (at least 1) decode them all on the calling thread, and the best pass's
- * wall-clock rate is the limit. Fails with DSRT_EUNSUPPORTED for in-memory
+ * rate is the limit, in wall-clock and in CPU time. Fails with
+ * DSRT_EUNSUPPORTED for in-memory
  * sources (no files to decode) and DSRT_EEMPTY when no file decodes.
  */
 DSRT_API int dsrt_datastore_decode_limit(const dsrt_datastore *ds, size_t max_images,
