@@ -23,9 +23,16 @@
  * one stream per option, and are drawn from the full (header) size only, so
  * they never depend on the decode scale, the thread or the call order.
  */
-#include <dsrt/augment.h>
+#include "internal.h"
 
-#include "core/internal.h"
+/* The kernels of resample_x86.c repeat this file's arithmetic to the bit:
+ * no product here may be fused into a multiply-add either, whatever -march
+ * the library is built with. */
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -403,31 +410,17 @@ static int sample_map(const dsrt_augment_options *o, int full_w, int full_h, int
 // ----------------------------------------------------------------------------
 // Scratch
 
-/* Resampling taps of one axis: output index i reads source indices
- * start[i] .. start[i] + count[i] - 1 with weights w[i * k ...], or is fill
- * (count 0) when its centre falls outside the source. */
-typedef struct {
-    int *start; // (n)
-    int *count; // (n)
-    float *w;   // (n, k)
-    size_t cap_start, cap_count, cap_w;
-    int n, k;
-    int lo, hi; // source indices read: [lo, hi)
-    /* Every tap is one whole pixel: the non-fill outputs are the run
-     * [run_first, run_first + run_len), reading run_src + dir * j. */
-    int copy;
-    int run_first, run_len, run_src, run_dir;
-    /* Every non-fill output has taps taps (padded with zero weights), so
-     * the horizontal pass can unroll; 0 when they differ. */
-    int taps;
-} axis;
+typedef dsrt__axis axis;
+typedef dsrt__sink sink;
 
 struct dsrt_augmenter {
+    const dsrt__resample_ops *ops;
     axis ax, ay;
-    float *tmp; // (source row width * channels): the vertical pass
-    float *row; // (output width, channels): one output row before the write
-    float *pre; // (pre_h, pre_w, channels): the source shrunk before a warp
-    size_t cap_tmp, cap_row, cap_pre;
+    float *tmp;   // (source row width * channels): the vertical pass
+    float *row;   // (output width, channels): one output row before the write
+    float *pre;   // (pre_h, pre_w, channels): the source shrunk before a warp
+    uint8_t *rgb; // (h, w, 3): a gray image as RGB, for a warp
+    size_t cap_tmp, cap_row, cap_pre, cap_rgb;
     /* The normalised value of every byte per channel, for the sub and div
      * it was made with (rebuilt when they change). */
     float lut[3 * 256]; // (3, 256)
@@ -435,22 +428,93 @@ struct dsrt_augmenter {
     int lut_ok;
 };
 
+// ----------------------------------------------------------------------------
+// Kernels: scalar, AVX2, AVX-512
+
+static const dsrt__resample_ops scalar_ops = {"scalar", 0, 0, dsrt__row_scalar, dsrt__copy_scalar};
+
+static const dsrt__resample_ops *resample_scalar(void) {
+    return &scalar_ops;
+}
+
+/* Every kernel set, from the least to the most the CPU must have. */
+static const struct {
+    const char *name;
+    const dsrt__resample_ops *(*get)(void);
+} isas[] = {
+    {"scalar", resample_scalar},
+    {"avx2", dsrt__resample_avx2},
+    {"avx512", dsrt__resample_avx512},
+};
+
+static int isa_index(const char *name) {
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(isas); i++)
+        if (strcmp(name, isas[i].name) == 0) return (int)i;
+    return -1;
+}
+
+/* The kernels named isa, or (NULL) the best this CPU has up to
+ * DSRT_MAX_CPU_ISA. */
+static int pick_ops(const char *isa, const dsrt__resample_ops **out) {
+    if (isa) {
+        int i = isa_index(isa);
+        if (i < 0)
+            return dsrt__fail(DSRT_EOPTION,
+                              "augment: instruction set '%s' is not scalar, avx2 or "
+                              "avx512",
+                              isa);
+        if (!(*out = isas[i].get()))
+            return dsrt__fail(DSRT_EUNSUPPORTED, "augment: this CPU has no %s", isa);
+        return 0;
+    }
+    const char *cap = getenv("DSRT_MAX_CPU_ISA");
+    int top = (int)DSRT_ARRAY_SIZE(isas) - 1;
+    if (cap && cap[0] && (top = isa_index(cap)) < 0)
+        return dsrt__fail(DSRT_EOPTION,
+                          "augment: DSRT_MAX_CPU_ISA: '%s' is not scalar, avx2 or avx512", cap);
+    for (int i = top; i >= 0; i--)
+        if ((*out = isas[i].get())) return 0;
+    return dsrt__fail(DSRT_EUNSUPPORTED, "augment: no kernels"); /* not reached: scalar */
+}
+
+int dsrt__augmenter_set_isa(dsrt_augmenter *a, const char *isa) {
+    return pick_ops(isa, &a->ops);
+}
+
+const char *dsrt_augmenter_isa(const dsrt_augmenter *a) {
+    return a->ops->name;
+}
+
 int dsrt_augmenter_create(dsrt_augmenter **out) {
-    *out = dsrt__calloc(1, sizeof **out);
-    return *out ? 0 : -ENOMEM;
+    *out = NULL;
+    const dsrt__resample_ops *ops;
+    int rc = pick_ops(NULL, &ops);
+    if (rc) return rc;
+    dsrt_augmenter *a = dsrt__calloc(1, sizeof *a);
+    if (!a) return -ENOMEM;
+    a->ops = ops;
+    *out = a;
+    return 0;
+}
+
+static void axis_free(axis *t) {
+    free(t->start);
+    free(t->count);
+    free(t->w);
+    free(t->bbase);
+    free(t->bidx);
+    free(t->bw);
+    free(t->bmode);
 }
 
 void dsrt_augmenter_destroy(dsrt_augmenter *a) {
     if (!a) return;
-    free(a->ax.start);
-    free(a->ax.count);
-    free(a->ax.w);
-    free(a->ay.start);
-    free(a->ay.count);
-    free(a->ay.w);
+    axis_free(&a->ax);
+    axis_free(&a->ay);
     free(a->tmp);
     free(a->row);
     free(a->pre);
+    free(a->rgb);
     free(a);
 }
 
@@ -465,8 +529,27 @@ static int reserve(void **buf, size_t *cap, size_t n, size_t elem) {
     return 0;
 }
 
+/* The vertical pass's scratch, at least n floats, zeroed when it grows (the
+ * kernels read whole vectors past what they need: never anything
+ * uninitialised). */
+static int tmp_reserve(dsrt_augmenter *a, size_t n) {
+    if (n <= a->cap_tmp) return 0;
+    int rc = reserve((void **)&a->tmp, &a->cap_tmp, n, sizeof(float));
+    if (rc == 0) memset(a->tmp, 0, n * sizeof(float));
+    return rc;
+}
+
 // ----------------------------------------------------------------------------
 // Axis tables
+
+/* floor(x) as an int, for x well inside int's range: the same value,
+ * without a call into libm (the x86-64 baseline has no rounding
+ * instruction). */
+static inline int ifloor(double x) {
+    if (!(x > -1e9 && x < 1e9)) return (int)floor(x);
+    int i = (int)x; /* truncated towards zero */
+    return i - (x < (double)i);
+}
 
 static inline double triangle(double x) {
     x = fabs(x);
@@ -481,12 +564,20 @@ static inline double triangle(double x) {
  * With |a| = 1 and centres on pixel centres every tap is a single pixel.
  */
 static int axis_build(axis *t, int n, double a, double b, int len) {
+    if (t->start && t->built_n == n && t->built_len == len && t->built_a == a && t->built_b == b)
+        return 0; /* the tables of the last call: a pure function of these */
     double fs = DSRT_MAX(fabs(a), 1.0), support = fs;
     int k = (int)ceil(support) * 2 + 1;
+    t->built_n = -1;
+    t->block = 0;
     if (reserve((void **)&t->start, &t->cap_start, (size_t)n, sizeof(int)) ||
         reserve((void **)&t->count, &t->cap_count, (size_t)n, sizeof(int)) ||
         reserve((void **)&t->w, &t->cap_w, (size_t)n * k, sizeof(float)))
         return -ENOMEM;
+    t->built_n = n;
+    t->built_len = len;
+    t->built_a = a;
+    t->built_b = b;
     t->n = n;
     t->k = k;
     t->lo = len;
@@ -498,13 +589,13 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
         t->start[i] = 0;
         t->count[i] = 0;
         if (!(centre >= 0.0 && centre < len)) continue;
-        double px = centre - 0.5, r = nearbyint(px);
+        double px = centre - 0.5, r = whole ? nearbyint(px) : 0.0;
         if (whole && fabs(px - r) < 1e-6 && r >= 0 && r < len) {
             t->start[i] = (int)r;
             t->count[i] = 1;
             w[0] = 1.0f;
         } else {
-            int x0 = (int)floor(centre - support + 0.5), x1 = (int)floor(centre + support + 0.5);
+            int x0 = ifloor(centre - support + 0.5), x1 = ifloor(centre + support + 0.5);
             if (x0 < 0) x0 = 0;
             if (x1 > len) x1 = len;
             if (x1 - x0 > k) x1 = x0 + k; /* not reached: k bounds the support */
@@ -583,6 +674,52 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
     return 0;
 }
 
+/*
+ * The taps of t in blocks of `block` outputs for a vector kernel (see
+ * dsrt__axis). A block whose taps lie within span values of its first is
+ * permuted from two loads; one reaching further is gathered; one with fill
+ * outputs, or an axis whose tap counts differ, goes one output at a time.
+ */
+static int axis_blocks(axis *t, int block, int span) {
+    if (t->block == block && t->span == span) return 0;
+    int nb = (t->n + block - 1) / block, taps = t->taps;
+    t->block = 0;
+    if (reserve((void **)&t->bbase, &t->cap_bbase, (size_t)nb, sizeof(int)) ||
+        reserve((void **)&t->bidx, &t->cap_bidx, (size_t)nb * block, sizeof(int32_t)) ||
+        reserve((void **)&t->bw, &t->cap_bw, (size_t)nb * DSRT_MAX(taps, 1) * block,
+                sizeof(float)) ||
+        reserve((void **)&t->bmode, &t->cap_bmode, (size_t)nb, 1))
+        return -ENOMEM;
+    for (int b = 0; b < nb; b++) {
+        int u0 = b * block, lanes = DSRT_MIN(block, t->n - u0);
+        int base = INT32_MAX, top = 0, fill = 0;
+        for (int i = 0; i < lanes; i++) {
+            if (t->count[u0 + i] == 0) {
+                fill = 1;
+                continue;
+            }
+            base = DSRT_MIN(base, t->start[u0 + i]);
+            top = DSRT_MAX(top, t->start[u0 + i] + taps);
+        }
+        t->bmode[b] = fill || !taps        ? BLOCK_SCALAR
+                      : top - base <= span ? BLOCK_PERMUTE
+                                           : BLOCK_GATHER;
+        t->bbase[b] = t->bmode[b] == BLOCK_SCALAR ? 0 : base - t->lo;
+        int32_t *idx = t->bidx + (size_t)b * block;
+        float *w = t->bw + (size_t)b * DSRT_MAX(taps, 1) * block;
+        for (int i = 0; i < block; i++) {
+            int live = t->bmode[b] != BLOCK_SCALAR && i < lanes;
+            idx[i] = live ? t->start[u0 + i] - base : 0;
+            for (int j = 0; j < taps; j++)
+                w[(size_t)j * block + i] = live ? t->w[(size_t)(u0 + i) * t->k + j] : 0.0f;
+        }
+    }
+    t->nb = nb;
+    t->block = block;
+    t->span = span;
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // The write: one output row into the sample's place in the batch
 //
@@ -593,32 +730,8 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
-#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "fp-contract=off")
 #endif
-
-/*
- * Where and how a sample is written. Float output is (x - sub[c]) / div[c],
- * x in [0, 255]. Whole pixels (the copy path) go through lut, that value
- * computed exactly for each byte (x / 255 for rescaling, bit for bit as
- * torchvision's ToTensor); resampled values are multiplied by inv[c] =
- * 1 / div[c], within an ulp of the division.
- */
-typedef struct {
-    int ch, ow, oh;
-    int f32;          // 1: float NCHW, 0: uint8 NHWC
-    float sub[3];     // (ch)
-    float div[3];     // (ch)
-    float inv[3];     // (ch) 1 / div
-    float fill[3];    // (ch) fill value, [0, 255]
-    const float *lut; // (ch, 256) normalised value of each byte, float output only
-    void *dst;
-} sink;
-
-static inline uint8_t to_u8(float x) {
-    x += 0.5f;
-    x = x < 0.0f ? 0.0f : x > 255.0f ? 255.0f : x;
-    return (uint8_t)x;
-}
 
 /* o[j] = (p[j * step] - sub) * inv for j < n: one channel of interleaved
  * floats into a row of its plane. One channel a loop, so the strided loads
@@ -639,12 +752,11 @@ static void sink_row(const sink *s, int v, const float *restrict row) {
     } else {
         int n = ow * s->ch;
         uint8_t *restrict o = (uint8_t *)s->dst + (size_t)v * n;
-        for (int i = 0; i < n; i++) o[i] = to_u8(row[i]);
+        for (int i = 0; i < n; i++) o[i] = dsrt__to_u8(row[i]);
     }
 }
 
-/* Output columns [u0, u1) of row v set to the fill value. */
-static void sink_fill(const sink *s, int v, int u0, int u1) {
+void dsrt__sink_fill(const sink *s, int v, int u0, int u1) {
     if (u1 <= u0) return;
     if (s->f32) {
         size_t plane = (size_t)s->ow * s->oh;
@@ -656,7 +768,7 @@ static void sink_fill(const sink *s, int v, int u0, int u1) {
     } else {
         uint8_t *o = (uint8_t *)s->dst + (size_t)v * s->ow * s->ch;
         for (int c = 0; c < s->ch; c++) {
-            uint8_t f = to_u8(s->fill[c]);
+            uint8_t f = dsrt__to_u8(s->fill[c]);
             for (int u = u0; u < u1; u++) o[u * s->ch + c] = f;
         }
     }
@@ -685,23 +797,27 @@ static void plane1_u8(float *restrict o, const uint8_t *restrict p, ptrdiff_t st
  * the source row src (uint8, interleaved), fill before and after it. No
  * interpolation: rows are copied (memcpy for uint8 output), reversed for a
  * reflection, or converted once for float output. */
-static void sink_copy(const sink *s, int v, const uint8_t *restrict src, const axis *ax) {
+void dsrt__copy_scalar(const sink *s, int v, const uint8_t *restrict src, const axis *ax) {
     int n = ax->run_len, u0 = ax->run_first;
-    sink_fill(s, v, 0, n ? u0 : s->ow);
+    dsrt__sink_fill(s, v, 0, n ? u0 : s->ow);
     if (!n) return;
-    sink_fill(s, v, u0 + n, s->ow);
-    int ch = s->ch;
-    const uint8_t *p = src + (size_t)ax->run_src * ch;
+    dsrt__sink_fill(s, v, u0 + n, s->ow);
+    int ch = s->ch, sch = s->sch;
+    const uint8_t *p = src + (size_t)ax->run_src * sch;
     if (s->f32) {
         size_t plane = (size_t)s->ow * s->oh;
         float *o = (float *)s->dst + (size_t)v * s->ow + u0;
-        if (ch == 3)
+        if (sch == 3)
             planes3_u8(o, o + plane, o + 2 * plane, p, ax->run_dir * 3, n, s->lut);
         else
-            plane1_u8(o, p, ax->run_dir, n, s->lut);
+            for (int c = 0; c < ch; c++)
+                plane1_u8(o + c * plane, p, ax->run_dir, n, s->lut + 256 * c);
     } else {
         uint8_t *restrict o = (uint8_t *)s->dst + ((size_t)v * s->ow + u0) * ch;
-        if (ax->run_dir > 0) {
+        if (sch != ch) {
+            for (int j = 0; j < n; j++)
+                for (int c = 0; c < ch; c++) o[j * ch + c] = p[j * ax->run_dir];
+        } else if (ax->run_dir > 0) {
             memcpy(o, p, (size_t)n * ch);
         } else {
             for (int j = 0; j < n; j++)
@@ -741,22 +857,22 @@ enum { TO_HWC, TO_PLANES, TO_U8 };
  * at each call, so the loops specialise and unroll.
  */
 static inline __attribute__((always_inline)) void
-hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, int to, int taps,
-         float *restrict hwc, const sink *s, int v) {
+hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, int och, int to,
+         int taps, float *restrict hwc, const sink *s, int v) {
     const int k = ax->k;
     float *restrict pl[3] = {NULL, NULL, NULL};
     uint8_t *restrict o8 = NULL;
     v4sf sub = {0.0f, 0.0f, 0.0f, 0.0f}, inv = {1.0f, 1.0f, 1.0f, 1.0f};
-    v4sf fill4 = {fill[0], ch == 3 ? fill[1] : 0.0f, ch == 3 ? fill[2] : 0.0f, 0.0f};
+    v4sf fill4 = {fill[0], och == 3 ? fill[1] : 0.0f, och == 3 ? fill[2] : 0.0f, 0.0f};
     if (to == TO_PLANES) {
         size_t plane = (size_t)s->ow * s->oh;
-        for (int c = 0; c < ch; c++) {
+        for (int c = 0; c < och; c++) {
             pl[c] = (float *)s->dst + c * plane + (size_t)v * s->ow;
             sub[c] = s->sub[c];
             inv[c] = s->inv[c];
         }
     } else if (to == TO_U8) {
-        o8 = (uint8_t *)s->dst + (size_t)v * s->ow * ch;
+        o8 = (uint8_t *)s->dst + (size_t)v * s->ow * och;
     }
     for (int u = 0; u < ax->n; u++) {
         int cnt = ax->count[u];
@@ -777,16 +893,16 @@ hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, i
             } else {
                 float a = 0.0f;
                 for (int j = 0; j < m; j++) a += w[j] * p[j];
-                acc[0] = a;
+                acc[0] = acc[1] = acc[2] = a; /* a gray source gives every channel */
             }
         }
         if (to == TO_PLANES) {
             v4sf r = (acc - sub) * inv;
-            for (int c = 0; c < ch; c++) pl[c][u] = r[c];
+            for (int c = 0; c < och; c++) pl[c][u] = r[c];
         }
-        for (int c = 0; c < ch; c++) {
-            if (to == TO_HWC) hwc[(size_t)u * ch + c] = acc[c];
-            if (to == TO_U8) o8[(size_t)u * ch + c] = to_u8(acc[c]);
+        for (int c = 0; c < och; c++) {
+            if (to == TO_HWC) hwc[(size_t)u * och + c] = acc[c];
+            if (to == TO_U8) o8[(size_t)u * och + c] = dsrt__to_u8(acc[c]);
         }
     }
 }
@@ -795,16 +911,16 @@ hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, i
 #define HPASS3(to, hwc, s, v)                                                                      \
     switch (ax->taps) {                                                                            \
     case 2:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, to, 2, hwc, s, v);                                              \
+        hpass_ch(ax, tmp, fill, 3, 3, to, 2, hwc, s, v);                                           \
         break;                                                                                     \
     case 3:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, to, 3, hwc, s, v);                                              \
+        hpass_ch(ax, tmp, fill, 3, 3, to, 3, hwc, s, v);                                           \
         break;                                                                                     \
     case 4:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, to, 4, hwc, s, v);                                              \
+        hpass_ch(ax, tmp, fill, 3, 3, to, 4, hwc, s, v);                                           \
         break;                                                                                     \
     default:                                                                                       \
-        hpass_ch(ax, tmp, fill, 3, to, 0, hwc, s, v);                                              \
+        hpass_ch(ax, tmp, fill, 3, 3, to, 0, hwc, s, v);                                           \
     }
 
 /* The horizontal pass into floats (ax->n, ch). */
@@ -812,43 +928,122 @@ static void hpass_hwc(float *hwc, const float *tmp, const axis *ax, const float 
     if (ch == 3) {
         HPASS3(TO_HWC, hwc, NULL, 0)
     } else {
-        hpass_ch(ax, tmp, fill, 1, TO_HWC, 0, hwc, NULL, 0);
+        hpass_ch(ax, tmp, fill, 1, 1, TO_HWC, 0, hwc, NULL, 0);
     }
 }
 
 /* The horizontal pass into output row v of the sample. */
 static void hpass_sink(const sink *s, int v, const float *tmp, const axis *ax) {
     const float *fill = s->fill;
-    if (s->f32 && s->ch == 3) {
+    if (s->sch == 3 && s->f32) {
         HPASS3(TO_PLANES, NULL, s, v)
-    } else if (s->f32) {
-        hpass_ch(ax, tmp, fill, 1, TO_PLANES, 0, NULL, s, v);
-    } else if (s->ch == 3) {
+    } else if (s->sch == 3) {
         HPASS3(TO_U8, NULL, s, v)
+    } else if (s->ch == 3 && s->f32) {
+        hpass_ch(ax, tmp, fill, 1, 3, TO_PLANES, 0, NULL, s, v);
+    } else if (s->ch == 3) {
+        hpass_ch(ax, tmp, fill, 1, 3, TO_U8, 0, NULL, s, v);
+    } else if (s->f32) {
+        hpass_ch(ax, tmp, fill, 1, 1, TO_PLANES, 0, NULL, s, v);
     } else {
-        hpass_ch(ax, tmp, fill, 1, TO_U8, 0, NULL, s, v);
+        hpass_ch(ax, tmp, fill, 1, 1, TO_U8, 0, NULL, s, v);
     }
 }
 
-static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img, affine t) {
+/* The scalar row kernel: the vertical pass into interleaved floats, then
+ * the horizontal pass into the sink. */
+void dsrt__row_scalar(const dsrt__row_job *j) {
+    const axis *ax = j->ax;
+    size_t len = (size_t)(ax->hi - ax->lo) * (size_t)j->s->sch;
+    vpass(j->tmp, j->src, j->stride, 0, j->n, j->w, 0, len);
+    hpass_sink(j->s, j->v, j->tmp, ax);
+}
+
+void dsrt__hpass_outputs(const dsrt__row_job *j, const float *planes, int u0, int u1, void *out,
+                         size_t ostride) {
+    const sink *s = j->s;
+    const axis *ax = j->ax;
+    int sch = s->sch, och = s->ch;
+    for (int u = u0; u < u1; u++) {
+        float acc[3];
+        int cnt = ax->count[u];
+        if (cnt == 0) {
+            for (int c = 0; c < och; c++) acc[c] = s->fill[c];
+        } else {
+            const float *w = ax->w + (size_t)u * ax->k;
+            for (int c = 0; c < sch; c++) {
+                const float *p = planes + (size_t)c * j->plane + (ax->start[u] - ax->lo);
+                float a = 0.0f;
+                for (int t = 0; t < cnt; t++) a += w[t] * p[t];
+                acc[c] = a;
+            }
+            if (sch == 1) acc[1] = acc[2] = acc[0];
+        }
+        if (s->f32) {
+            float *o = (float *)out + u;
+            for (int c = 0; c < och; c++) o[c * ostride] = (acc[c] - s->sub[c]) * s->inv[c];
+        } else {
+            uint8_t *o = (uint8_t *)out + (size_t)u * och;
+            for (int c = 0; c < och; c++) o[c] = dsrt__to_u8(acc[c]);
+        }
+    }
+}
+
+/* Fails unless the window holds every source pixel the axis tables read. */
+static int check_window(const axis *ax, const axis *ay, const dsrt_image *img,
+                        const dsrt_window *win) {
+    if (ax->hi <= ax->lo || ay->hi <= ay->lo) return 0; /* all fill: nothing read */
+    if (ax->lo >= win->x0 && ax->hi <= win->x0 + img->width && ay->lo >= win->y0 &&
+        ay->hi <= win->y0 + img->height)
+        return 0;
+    return dsrt__fail(DSRT_EOPTION,
+                      "augment: the sample reads columns %d..%d and rows %d..%d of the %dx%d "
+                      "decoded image, the %dx%d window at %d,%d does not hold them",
+                      ax->lo, ax->hi - 1, ay->lo, ay->hi - 1, win->decoded_width,
+                      win->decoded_height, img->width, img->height, win->x0, win->y0);
+}
+
+/* The separable resampler: t keeps the axes. img is the window win of the
+ * decoded image that t maps into. */
+static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img,
+                         const dsrt_window *win, affine t) {
     axis *ax = &a->ax, *ay = &a->ay;
+    const dsrt__resample_ops *ops = a->ops;
     int ch = img->channels, rc;
-    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], img->width)) ||
-        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], img->height)) ||
-        (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 4,
-                      sizeof(float))))
+    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], win->decoded_width)) ||
+        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], win->decoded_height)) ||
+        (rc = check_window(ax, ay, img, win)))
         return rc;
-    size_t lo = (size_t)ax->lo * ch, len = (size_t)(ax->hi - ax->lo) * ch;
+    /* The kernels' scratch: three planes of the columns read, with slack for
+     * whole vectors past the end; zeroed when made, so that nothing
+     * uninitialised is ever read. */
+    size_t plane = ((size_t)DSRT_MAX(ax->hi - ax->lo, 0) + 64 + 15) & ~(size_t)15;
+    if ((rc = tmp_reserve(a, 3 * plane))) return rc;
+    if (ops->block && (rc = axis_blocks(ax, ops->block, ops->span))) return rc;
+    /* The window's first pixel stands for (win->x0, win->y0): the run of a
+     * copy axis and the first column read, shifted to the window. */
+    axis cx = *ax;
+    cx.run_src -= win->x0;
+    const uint8_t *rows = img->data;
+    size_t lo = (size_t)(ax->lo - win->x0) * ch;
+    dsrt__row_job job = {.s = s, .ax = ax, .stride = img->stride, .tmp = a->tmp, .plane = plane};
     for (int v = 0; v < s->oh; v++) {
-        int cnt = ay->count[v];
+        int cnt = ay->count[v], y = ay->start[v] - win->y0;
         const float *w = ay->w + (size_t)v * ay->k;
         if (cnt == 0) {
-            sink_fill(s, v, 0, s->ow);
+            dsrt__sink_fill(s, v, 0, s->ow);
         } else if (cnt == 1 && w[0] == 1.0f && ax->copy) {
-            sink_copy(s, v, img->data + (size_t)ay->start[v] * img->stride, ax);
+            ops->copy(s, v, rows + (size_t)y * img->stride, &cx);
         } else {
-            vpass(a->tmp, img->data, img->stride, ay->start[v], cnt, w, lo, len);
-            hpass_sink(s, v, a->tmp, ax);
+            /* Zero weights (padding near the bottom edge) add nothing:
+             * skipped, the sums are the same to the bit. */
+            while (cnt > 1 && w[0] == 0.0f) w++, cnt--, y++;
+            while (cnt > 1 && w[cnt - 1] == 0.0f) cnt--;
+            job.v = v;
+            job.src = rows + (size_t)y * img->stride + lo;
+            job.n = cnt;
+            job.w = w;
+            ops->row(&job);
         }
     }
     return 0;
@@ -979,15 +1174,14 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
     int rx0 = (int)fmax(0.0, floor(x0 - 0.5)), rx1 = (int)fmin(pw, floor(x1 - 0.5) + 2);
     int ry0 = (int)fmax(0.0, floor(y0 - 0.5)), ry1 = (int)fmin(ph, floor(y1 - 0.5) + 2);
     if (rx1 <= rx0 || ry1 <= ry0) { /* the output sees none of the image */
-        for (int v = 0; v < s->oh; v++) sink_fill(s, v, 0, s->ow);
+        for (int v = 0; v < s->oh; v++) dsrt__sink_fill(s, v, 0, s->ow);
         return 0;
     }
     int rw = rx1 - rx0, rh = ry1 - ry0;
     axis *ax = &a->ax, *ay = &a->ay;
     double sx = (double)w / pw, sy = (double)h / ph;
     if ((rc = axis_build(ax, rw, sx, rx0 * sx, w)) || (rc = axis_build(ay, rh, sy, ry0 * sy, h)) ||
-        (rc = reserve((void **)&a->tmp, &a->cap_tmp, (size_t)(ax->hi - ax->lo) * ch + 4,
-                      sizeof(float))) ||
+        (rc = tmp_reserve(a, (size_t)(ax->hi - ax->lo) * ch + 4)) ||
         (rc = reserve((void **)&a->pre, &a->cap_pre, (size_t)rw * rh * ch + 4, sizeof(float))))
         return rc;
     size_t lo = (size_t)ax->lo * ch, len = (size_t)(ax->hi - ax->lo) * ch;
@@ -1012,13 +1206,12 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
 // ----------------------------------------------------------------------------
 // Applying
 
-/* dsrt_augment_apply_params on options already checked. */
-static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
-                         int full_w, int full_h, const dsrt_augment_params *p, void *dst) {
-    int rc;
+/* The image and where it lies, checked: win NULL is the whole image. */
+static int check_image(const dsrt_augment_options *o, const dsrt_image *img, const dsrt_window *win,
+                       dsrt_window *out) {
     if (!img || !img->data || img->width <= 0 || img->height <= 0)
         return dsrt__fail(DSRT_EOPTION, "augment: image: empty");
-    if (img->channels != o->output_channels)
+    if (img->channels != o->output_channels && !(img->channels == 1 && o->output_channels == 3))
         return dsrt__fail(DSRT_EOPTION,
                           "augment: image has %d channel(s), output_channels is %d: decode with "
                           "channels = %d",
@@ -1026,13 +1219,59 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
     if (img->stride < (size_t)img->width * img->channels)
         return dsrt__fail(DSRT_EOPTION, "augment: image: stride %zu below width %d x %d channels",
                           img->stride, img->width, img->channels);
+    dsrt_window whole = {0, 0, img->width, img->height};
+    if (!win) win = &whole;
+    if (win->x0 < 0 || win->y0 < 0 || win->decoded_width <= 0 || win->decoded_height <= 0 ||
+        win->x0 > win->decoded_width - img->width || win->y0 > win->decoded_height - img->height)
+        return dsrt__fail(
+            DSRT_EOPTION, "augment: window: %dx%d at %d,%d does not lie in a %dx%d image",
+            img->width, img->height, win->x0, win->y0, win->decoded_width, win->decoded_height);
+    *out = *win;
+    return 0;
+}
+
+/* A gray image as RGB, in the augmenter's scratch. */
+static int gray_to_rgb(dsrt_augmenter *a, const dsrt_image *img, dsrt_image *rgb) {
+    size_t row = (size_t)img->width * 3;
+    int rc = reserve((void **)&a->rgb, &a->cap_rgb, row * (size_t)img->height, 1);
+    if (rc) return rc;
+    for (int y = 0; y < img->height; y++) {
+        const uint8_t *g = img->data + (size_t)y * img->stride;
+        uint8_t *o = a->rgb + (size_t)y * row;
+        for (int x = 0; x < img->width; x++) o[3 * x] = o[3 * x + 1] = o[3 * x + 2] = g[x];
+    }
+    *rgb = (dsrt_image){a->rgb, img->width, img->height, 3, row};
+    return 0;
+}
+
+/* dsrt_augment_apply_params on options already checked, with img the
+ * window win (NULL: the whole image) of the decoded image. */
+static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
+                         const dsrt_window *win, int full_w, int full_h,
+                         const dsrt_augment_params *p, void *dst) {
+    int rc;
+    dsrt_window w;
+    if ((rc = check_image(o, img, win, &w))) return rc;
     if (full_w <= 0 || full_h <= 0)
         return dsrt__fail(DSRT_EOPTION, "augment: full size %d x %d: not positive", full_w, full_h);
     affine t;
-    if ((rc = sample_map(o, full_w, full_h, img->width, img->height, p, &t))) return rc;
+    if ((rc = sample_map(o, full_w, full_h, w.decoded_width, w.decoded_height, p, &t))) return rc;
+    int separable = t.m[1] == 0.0 && t.m[3] == 0.0;
+    dsrt_image rgb;
+    if (!separable) {
+        /* The warp reads the whole image, in the output's channels. */
+        if (w.x0 || w.y0 || w.decoded_width != img->width || w.decoded_height != img->height)
+            return dsrt__fail(DSRT_EOPTION, "augment: a rotated or sheared sample needs the "
+                                            "whole image, not a window of it");
+        if (img->channels != o->output_channels) {
+            if ((rc = gray_to_rgb(a, img, &rgb))) return rc;
+            img = &rgb;
+        }
+    }
     sink s;
     memset(&s, 0, sizeof s);
     s.ch = o->output_channels;
+    s.sch = img->channels;
     s.ow = o->output_width;
     s.oh = o->output_height;
     s.f32 = o->layout == DSRT_AUGMENT_F32_NCHW;
@@ -1062,7 +1301,7 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
         }
         s.lut = a->lut;
     }
-    if (t.m[1] == 0.0 && t.m[3] == 0.0) return run_separable(a, &s, img, t);
+    if (separable) return run_separable(a, &s, img, &w, t);
     return run_affine(a, &s, img, t);
 }
 
@@ -1071,12 +1310,12 @@ int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
                               const dsrt_augment_params *p, void *dst) {
     int rc = dsrt_augment_check(o);
     if (rc) return rc;
-    return apply_checked(a, o, img, full_w, full_h, p, dst);
+    return apply_checked(a, o, img, NULL, full_w, full_h, p, dst);
 }
 
-int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
-                       int full_w, int full_h, uint64_t seed, uint64_t epoch, uint64_t sample_id,
-                       void *dst) {
+int dsrt_augment_apply_window(dsrt_augmenter *a, const dsrt_augment_options *o,
+                              const dsrt_image *img, const dsrt_window *win, int full_w, int full_h,
+                              uint64_t seed, uint64_t epoch, uint64_t sample_id, void *dst) {
     /* The options are checked once a sample, here. */
     int rc = dsrt_augment_check(o);
     if (rc) return rc;
@@ -1084,5 +1323,57 @@ int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o, const d
         return dsrt__fail(DSRT_EOPTION, "augment: full size %d x %d: not positive", full_w, full_h);
     dsrt_augment_params p;
     dsrt_augment_draw(o, full_w, full_h, seed, epoch, sample_id, &p);
-    return apply_checked(a, o, img, full_w, full_h, &p, dst);
+    return apply_checked(a, o, img, win, full_w, full_h, &p, dst);
+}
+
+int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o, const dsrt_image *img,
+                       int full_w, int full_h, uint64_t seed, uint64_t epoch, uint64_t sample_id,
+                       void *dst) {
+    return dsrt_augment_apply_window(a, o, img, NULL, full_w, full_h, seed, epoch, sample_id, dst);
+}
+
+// ----------------------------------------------------------------------------
+// The decode request: what of the image a sample reads
+
+/* The DCT scale (1, 2, 4 or 8) that turns full into dec on both axes; 1 when
+ * none does (a PNG, or a caller's own size). */
+static int decode_scale(int full_w, int full_h, int dec_w, int dec_h) {
+    for (int s = 8; s > 1; s /= 2)
+        if ((full_w + s - 1) / s == dec_w && (full_h + s - 1) / s == dec_h) return s;
+    return 1;
+}
+
+int dsrt_augment_decode_request(dsrt_augmenter *a, const dsrt_augment_options *o,
+                                const dsrt_image_info *info, uint64_t seed, uint64_t epoch,
+                                uint64_t sample_id, dsrt_decode_request *req) {
+    int rc = dsrt_augment_check(o);
+    if (rc) return rc;
+    int fw = info->width, fh = info->height;
+    req->channels = o->output_channels;
+    req->allow_gray = o->output_channels == 3;
+    req->region_x = req->region_y = req->region_width = req->region_height = 0;
+    dsrt_augment_decode_size(o, fw, fh, &req->min_width, &req->min_height);
+    if (fw <= 0 || fh <= 0) return 0;
+    int dw, dh;
+    dsrt_decode_size(info, req, &dw, &dh);
+    dsrt_augment_params p;
+    dsrt_augment_draw(o, fw, fh, seed, epoch, sample_id, &p);
+    affine t;
+    if ((rc = sample_map(o, fw, fh, dw, dh, &p, &t))) return rc;
+    if (t.m[1] != 0.0 || t.m[3] != 0.0) return 0; /* a warp: the whole image */
+    axis *ax = &a->ax, *ay = &a->ay;
+    if ((rc = axis_build(ax, o->output_width, t.m[0], t.m[2], dw)) ||
+        (rc = axis_build(ay, o->output_height, t.m[4], t.m[5], dh)))
+        return rc;
+    int s = decode_scale(fw, fh, dw, dh);
+    if (ax->hi <= ax->lo || ay->hi <= ay->lo) {
+        /* Every output pixel is fill: a pixel is decoded all the same. */
+        req->region_width = req->region_height = 1;
+        return 0;
+    }
+    req->region_x = ax->lo * s;
+    req->region_width = DSRT_MIN(fw, ax->hi * s) - req->region_x;
+    req->region_y = ay->lo * s;
+    req->region_height = DSRT_MIN(fh, ay->hi * s) - req->region_y;
+    return 0;
 }

@@ -24,6 +24,7 @@ function(dsrt_find_lib var lib header package)
 endfunction()
 
 dsrt_find_lib(TURBOJPEG turbojpeg turbojpeg.h libturbojpeg0-dev)
+dsrt_find_lib(JPEG jpeg jpeglib.h libjpeg62-turbo-dev)
 dsrt_find_lib(SPNG spng spng.h libspng-dev)
 dsrt_find_lib(URING uring liburing.h liburing-dev)
 dsrt_find_lib(HWLOC hwloc hwloc.h libhwloc-dev)
@@ -35,14 +36,14 @@ dsrt_find_lib(CURL curl curl/curl.h libcurl4-openssl-dev)
 dsrt_find_lib(CRYPTO crypto openssl/evp.h libssl-dev)
 
 set(DSRT_DEP_LIBRARIES
-  ${TURBOJPEG_LIBRARY} ${SPNG_LIBRARY} ${URING_LIBRARY} ${HWLOC_LIBRARY} ${ZLIB_LIBRARY}
+  ${TURBOJPEG_LIBRARY} ${JPEG_LIBRARY} ${SPNG_LIBRARY} ${URING_LIBRARY} ${HWLOC_LIBRARY} ${ZLIB_LIBRARY}
   ${CURL_LIBRARY} ${CRYPTO_LIBRARY} Threads::Threads ${CMAKE_DL_LIBS} m)
 set(DSRT_TRAIN_DEP_LIBRARIES ${DNNL_LIBRARY} ${ZLIB_LIBRARY} m)
 set(DSRT_DEP_INCLUDE_DIRS
-  ${TURBOJPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR} ${URING_INCLUDE_DIR} ${HWLOC_INCLUDE_DIR}
+  ${TURBOJPEG_INCLUDE_DIR} ${JPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR} ${URING_INCLUDE_DIR} ${HWLOC_INCLUDE_DIR}
   ${DNNL_INCLUDE_DIR} ${ZLIB_INCLUDE_DIR} ${CURL_INCLUDE_DIR} ${CRYPTO_INCLUDE_DIR})
 # For dsrt.pc and dsrt-train.pc: the same libraries as -l flags.
-set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -lspng -luring -lhwloc -lz -lcurl -lcrypto -lpthread -ldl -lm")
+set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -ljpeg -lspng -luring -lhwloc -lz -lcurl -lcrypto -lpthread -ldl -lm")
 set(DSRT_TRAIN_PC_LIBS_PRIVATE "-ldnnl -lz -lm")
 set(DSRT_MPI_LIBRARIES "")
 set(DSRT_CUDA_LIBRARIES "")

@@ -625,7 +625,7 @@ out:
 /* Converts in-memory pixels to the channels asked, into dst or the scratch. */
 static int convert_pixels(const dsrt_image *src, dsrt_decoder *d, const dsrt_decode_request *req,
                           dsrt_image *out) {
-    int ch = req->channels;
+    int ch = req->channels == 3 && req->allow_gray && src->channels == 1 ? 1 : req->channels;
     size_t pixels = (size_t)src->width * src->height, bytes = pixels * (size_t)ch;
     uint8_t *dst = req->dst;
     if (dst && req->dst_cap < bytes)

@@ -1,14 +1,40 @@
 /*
  * The decoder: encoded JPEG or PNG bytes in memory -> 8-bit gray or RGB
- * pixels, with DCT-domain downscaling for JPEGs.
+ * pixels, with DCT-domain downscaling and region decoding for JPEGs.
  *
- * A dsrt_decoder belongs to one thread. It holds one TurboJPEG handle and
- * three scratch buffers that grow on demand and are kept between calls: the
+ * A dsrt_decoder belongs to one thread. It holds one libjpeg decompressor
+ * and scratch buffers that grow on demand and are kept between calls: the
  * pixels dsrt_decode returns when the caller gives no destination, the
- * intermediate pixels of conversions (CMYK, or RGB on its way to gray), and
- * the bytes of a file for dsrt_datastore_read_image. After the first few
- * images the decoder's own allocations stop; what remains per image is
- * libjpeg's working memory and libspng's context.
+ * intermediate pixels of conversions (CMYK, or RGB on its way to gray), the
+ * row pointers libjpeg writes through, and the bytes of a file for
+ * dsrt_datastore_read_image. After the first few images the decoder's own
+ * allocations stop; what remains per image is libjpeg's working memory and
+ * libspng's context.
+ *
+ * Decoding is two steps, dsrt_decode_begin (the header) and
+ * dsrt_decode_finish (the pixels), so that a caller can choose the request
+ * from the header (the pipeline asks the augmenter) without the header being
+ * parsed twice; dsrt_decode does both.
+ *
+ * Doing less. JPEGs go through libjpeg's own API (libjpeg-turbo), which
+ * TurboJPEG's convenience calls hide the useful parts of:
+ * - DCT scaling: the smallest of 1/8, 1/4, 1/2 that still covers the
+ *   requested size. libjpeg-turbo also has the scales 3/8, 5/8, 6/8 and 7/8,
+ *   but their inverse DCTs have no SIMD code: on 500x375 photos at 6/8 a
+ *   decode takes 1.34 times as long as at full size (7/8: 1.74), so they are
+ *   never used.
+ * - Regions: with a region in the request only the DCT blocks that cover it
+ *   are inverse transformed, upsampled and colour converted (columns:
+ *   jpeg_crop_scanline; rows above: jpeg_skip_scanlines, which still
+ *   entropy-decodes them; rows below are not decoded at all). Inside the
+ *   region the pixels are a whole decode's, bit for bit: libjpeg's fancy
+ *   upsampling treats a crop's edge columns as image edges, so one column
+ *   more is decoded on each side (and at least 32 columns, below which
+ *   libjpeg changes its upsampler), and rows need no margin. The window
+ *   returned (a dsrt_window) starts at a block boundary to the left.
+ * - Gray: gray from a colour JPEG is its luma alone (the chroma is never
+ *   inverse transformed); a gray JPEG asked for RGB with allow_gray stays
+ *   gray (the caller replicates it), so nothing is converted.
  *
  * Bad input is data. Every header is checked before any pixel memory is
  * taken: the pixel count against max_pixels (decompression bombs), every size
@@ -16,7 +42,12 @@
  * accepted unless the options ask for strictness, but a truncated image is
  * always an error: libjpeg says so itself ("Premature end of JPEG file") when
  * that is its first warning, and otherwise a scan of the markers finds that
- * the data ends before the end-of-image marker.
+ * the data ends before the end-of-image marker. A region decode that stops
+ * before the last rows checks the rest the same way: the next marker after
+ * the entropy-coded data must be the end of the image (else the data is
+ * truncated, or something a whole decode would have looked at follows, and
+ * the image is decoded to its end after all). A strict decoder always
+ * decodes to the end, so every warning is seen.
  *
  * Conventions:
  * - CMYK and YCCK JPEGs are taken as Adobe (Photoshop) files, whose samples
@@ -29,28 +60,32 @@
  *   upsampling, rounding and clipping; on photos the two agree on 98% of
  *   pixels and within 2 levels on 99.7%, but differ more at saturated colour
  *   edges, where the RGB clips.
+ * - JPEG decoding uses libjpeg's defaults, as TurboJPEG's tjDecompress2 does
+ *   (accurate integer inverse DCT, fancy upsampling), and stops progressive
+ *   images of more than 500 scans (TurboJPEG's TJFLAG_LIMITSCANS): the
+ *   pixels are TurboJPEG's.
  * - PNG, as libspng decodes to 8 bits: palettes are expanded, alpha and tRNS
  *   are dropped (not composited, as Pillow's convert("RGB")), gamma is not
  *   applied, 1/2/4-bit gray is scaled to 0..255, and 16-bit samples keep
  *   their high byte (v >> 8).
  *
- * TurboJPEG 2.1 leaves a handle in a bad state after a failed call (the next
- * call on it can fail or succeed wrongly), so the handle is replaced after any
- * failure; failures are rare enough that this costs nothing. Its header call
- * also refuses sampling factors it has no name for (tjDecompressHeader3:
- * "Could not determine subsampling type"), which libjpeg decodes well: the
- * decoder takes the size from that call anyway and goes on. Valid JPEGs that
- * libjpeg-turbo 2.1 cannot decode (lossless, 12-bit) are DSRT_EUNSUPPORTED.
+ * Valid JPEGs that libjpeg-turbo 2.1 cannot decode (lossless, 12-bit) are
+ * DSRT_EUNSUPPORTED.
  */
 #include "internal.h"
 
 #include <assert.h>
 #include <limits.h>
+#include <setjmp.h>
 #include <spng.h>
-#include <stdio.h>
+#include <stdio.h> /* jpeglib.h needs FILE and size_t first */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <turbojpeg.h>
+
+#include <jerror.h>
+#include <jpeglib.h>
 
 /* Pillow's DecompressionBombError threshold. */
 #define DEFAULT_MAX_PIXELS 178956970u
@@ -65,18 +100,48 @@
 #define FILE_ALIGN  DSRT_DIRECT_ALIGN
 #define PIXEL_ALIGN 64
 
-/* libjpeg's messages are at most JMSG_LENGTH_MAX (200) bytes. */
-#define TJ_MESSAGE_MAX 256
+/* Progressive JPEGs with more scans than this are refused (TurboJPEG's
+ * TJFLAG_LIMITSCANS): each scan can make libjpeg walk every coefficient. */
+#define JPEG_MAX_SCANS 500
+
+/* Columns a JPEG region decode adds on each side (the fancy upsampler's
+ * reach), and the fewest it decodes. */
+#define CROP_MARGIN 1
+#define CROP_MIN    32
+
+/* libjpeg's error manager, extended: where to jump, and the message of the
+ * error or of the first warning (as TurboJPEG keeps it). */
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    int strict;  /* jump at the first warning too */
+    int stopped; /* the jump was taken at a warning */
+    char msg[JMSG_LENGTH_MAX];
+} jpeg_errors;
+
+/* What dsrt_decode_begin left for dsrt_decode_finish. */
+enum { OPEN_NONE = 0, OPEN_JPEG, OPEN_PNG };
 
 struct dsrt_decoder {
     dsrt_decoder_options opt;
-    tjhandle tj;     /* NULL after a failed re-creation; made again on the next call */
+    struct jpeg_decompress_struct jd;
+    jpeg_errors je;
+    struct jpeg_progress_mgr jp;
+    /* The image between begin and finish: its bytes, header and state. */
+    int open;
+    const uint8_t *buf;
+    size_t len;
+    dsrt_image_info info;
+    spng_ctx *png;
+    struct spng_ihdr ihdr;
     uint8_t *pixels; /* (pixels_cap) what dsrt_decode returns when req->dst is NULL */
     size_t pixels_cap;
     uint8_t *work; /* (work_cap) intermediate pixels: CMYK, or RGB before gray */
     size_t work_cap;
     uint8_t *file; /* (file_cap) a file's bytes, for dsrt_datastore_read_image */
     size_t file_cap;
+    uint8_t *rows; /* (rows_cap bytes) libjpeg's row pointers, JSAMPROW */
+    size_t rows_cap;
 };
 
 static const uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
@@ -124,6 +189,43 @@ uint8_t *dsrt__decoder_pixel_buffer(dsrt_decoder *d, size_t need) {
 }
 
 // ----------------------------------------------------------------------------
+// libjpeg's callbacks: errors jump back, warnings are kept, nothing prints
+
+static void jpeg_on_error(j_common_ptr c) {
+    jpeg_errors *e = (jpeg_errors *)c->err;
+    c->err->format_message(c, e->msg);
+    e->stopped = 0;
+    longjmp(e->jump, 1);
+}
+
+/* Warnings (level -1) are counted and the first one's message kept; trace
+ * messages (level >= 0) are dropped. */
+static void jpeg_on_message(j_common_ptr c, int level) {
+    jpeg_errors *e = (jpeg_errors *)c->err;
+    if (level >= 0) return;
+    if (c->err->num_warnings++ == 0) c->err->format_message(c, e->msg);
+    if (e->strict) {
+        e->stopped = 1;
+        longjmp(e->jump, 1);
+    }
+}
+
+static void jpeg_on_output(j_common_ptr c) {
+    (void)c;
+}
+
+static void jpeg_on_progress(j_common_ptr c) {
+    j_decompress_ptr j = (j_decompress_ptr)c;
+    if (j->input_scan_number > JPEG_MAX_SCANS) {
+        jpeg_errors *e = (jpeg_errors *)c->err;
+        snprintf(e->msg, sizeof e->msg, "Progressive JPEG image has more than %d scans",
+                 JPEG_MAX_SCANS);
+        e->stopped = 0;
+        longjmp(e->jump, 1);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // Decoder lifetime
 
 dsrt_decoder_options dsrt_decoder_defaults(void) {
@@ -137,48 +239,49 @@ dsrt_decoder_options dsrt_decoder_defaults(void) {
 /* The DCT scales dsrt_decode chooses from: 1/8, 1/4, 1/2 (and 1). */
 static const int scale_denoms[] = {8, 4, 2};
 
-/* 1 when TurboJPEG offers every scale in scale_denoms. */
-static int scales_available(void) {
-    int n = 0;
-    const tjscalingfactor *sf = tjGetScalingFactors(&n);
-    if (!sf) return 0;
-    for (size_t k = 0; k < DSRT_ARRAY_SIZE(scale_denoms); k++) {
-        int found = 0;
-        for (int i = 0; i < n; i++)
-            if (sf[i].num * scale_denoms[k] == sf[i].denom) found = 1;
-        if (!found) return 0;
-    }
-    return 1;
-}
-
 int dsrt_decoder_create(dsrt_decoder **out, const dsrt_decoder_options *o) {
     assert(out);
     *out = NULL;
     dsrt_decoder_options opt = o ? *o : dsrt_decoder_defaults();
     if (opt.max_pixels == 0)
         return dsrt__fail(DSRT_EOPTION, "decoder: max_pixels must be at least 1");
-    if (!scales_available())
-        return dsrt__fail(DSRT_EUNSUPPORTED,
-                          "decoder: this TurboJPEG lacks the scales 1/2, 1/4 and 1/8");
     dsrt_decoder *d = dsrt__calloc(1, sizeof *d);
     if (!d) return -ENOMEM;
     d->opt = opt;
-    d->tj = tjInitDecompress();
-    if (!d->tj) {
-        int rc = dsrt__fail(-ENOMEM, "decoder: tjInitDecompress: %s", tjGetErrorStr2(NULL));
+    d->jd.err = jpeg_std_error(&d->je.pub);
+    d->je.pub.error_exit = jpeg_on_error;
+    d->je.pub.emit_message = jpeg_on_message;
+    d->je.pub.output_message = jpeg_on_output;
+    d->jp.progress_monitor = jpeg_on_progress;
+    if (setjmp(d->je.jump)) { /* only out of memory */
+        int rc = dsrt__fail(-ENOMEM, "decoder: jpeg_create_decompress: %s", d->je.msg);
         free(d);
         return rc;
     }
+    jpeg_create_decompress(&d->jd);
+    d->jd.progress = &d->jp;
     *out = d;
     return 0;
 }
 
+/* Drops the image dsrt_decode_begin opened, if any. */
+static void close_image(dsrt_decoder *d) {
+    if (d->open == OPEN_JPEG) jpeg_abort_decompress(&d->jd);
+    spng_ctx_free(d->png);
+    d->png = NULL;
+    d->open = OPEN_NONE;
+    d->buf = NULL;
+    d->len = 0;
+}
+
 void dsrt_decoder_destroy(dsrt_decoder *d) {
     if (!d) return;
-    if (d->tj) tjDestroy(d->tj);
+    close_image(d);
+    jpeg_destroy_decompress(&d->jd);
     free(d->pixels);
     free(d->work);
     free(d->file);
+    free(d->rows);
     free(d);
 }
 
@@ -228,14 +331,19 @@ static int jpeg_scale(int w, int h, int min_w, int min_h) {
     return 1;
 }
 
+/* ceil(a / s) */
+static int div_up(int a, int s) {
+    return (int)(((int64_t)a + s - 1) / s);
+}
+
 void dsrt_decode_size(const dsrt_image_info *info, const dsrt_decode_request *req, int *width,
                       int *height) {
     assert(info && req && width && height);
     int w = info->width, h = info->height;
     if (info->format == DSRT_FORMAT_JPEG && w > 0 && h > 0) {
         int s = jpeg_scale(w, h, req->min_width, req->min_height);
-        w = (int)(((int64_t)w + s - 1) / s);
-        h = (int)(((int64_t)h + s - 1) / s);
+        w = div_up(w, s);
+        h = div_up(h, s);
     }
     *width = w;
     *height = h;
@@ -243,19 +351,6 @@ void dsrt_decode_size(const dsrt_image_info *info, const dsrt_decode_request *re
 
 // ----------------------------------------------------------------------------
 // JPEG
-
-/* Makes a fresh TurboJPEG handle, after a failure or on first use. */
-static int jpeg_handle(dsrt_decoder *d) {
-    if (d->tj) return 0;
-    d->tj = tjInitDecompress();
-    if (!d->tj) return dsrt__fail(-ENOMEM, "decode: tjInitDecompress: %s", tjGetErrorStr2(NULL));
-    return 0;
-}
-
-static void jpeg_reset(dsrt_decoder *d) {
-    if (d->tj) tjDestroy(d->tj);
-    d->tj = tjInitDecompress(); /* NULL is retried by jpeg_handle on the next call */
-}
 
 /*
  * 1 when the JPEG data ends before its end-of-image marker: the markers are
@@ -286,51 +381,80 @@ static int jpeg_truncated(const uint8_t *buf, size_t len) {
 }
 
 /*
- * After a TurboJPEG call returned -1: 0 when the problem is one the options
- * accept (a warning, the pixels being complete; or a header whose sampling
- * factors TurboJPEG has no name for, which libjpeg still decodes), else the
- * failure: truncated, unsupported ("Unsupported JPEG process", 12-bit data)
- * or corrupt. Replaces the handle either way.
+ * The marker that follows entropy-coded data from p on: its code, or 0 when
+ * the data ends first. Stuffed zeros, restart markers and fill bytes are
+ * part of the data.
  */
-static int jpeg_failed(dsrt_decoder *d, const uint8_t *buf, size_t len, int may_accept) {
-    char msg[TJ_MESSAGE_MAX];
-    int warning = tjGetErrorCode(d->tj) == TJERR_WARNING;
-    snprintf(msg, sizeof msg, "%s", tjGetErrorStr2(d->tj));
-    jpeg_reset(d);
-    int premature = strstr(msg, "Premature end of JPEG file") != NULL;
-    int truncated = premature || jpeg_truncated(buf, len);
-    int odd_sampling = strstr(msg, "Could not determine subsampling type") != NULL;
-    if (may_accept && !truncated && (odd_sampling || (warning && !d->opt.strict))) return 0;
-    if (truncated)
-        return dsrt__fail(DSRT_ETRUNCATED, premature ? "decode: %s" : "decode: %s (truncated file)",
-                          msg);
-    if (strncmp(msg, "Unsupported", 11) == 0 || strstr(msg, "Could not determine colorspace"))
-        return dsrt__fail(DSRT_EUNSUPPORTED, "decode: %s", msg);
-    return dsrt__fail(DSRT_ECORRUPT, "decode: %s", msg);
+static int jpeg_next_marker(const uint8_t *p, const uint8_t *end) {
+    while (p < end) {
+        const uint8_t *ff = memchr(p, 0xff, (size_t)(end - p));
+        if (!ff) return 0;
+        p = ff + 1;
+        while (p < end && *p == 0xff) p++;
+        if (p >= end) return 0;
+        uint8_t m = *p++;
+        if (m != 0x00 && !(m >= 0xd0 && m <= 0xd7)) return m;
+    }
+    return 0;
 }
 
-static int jpeg_info(dsrt_decoder *d, const uint8_t *buf, size_t len, dsrt_image_info *info) {
-    int rc = jpeg_handle(d);
-    if (rc != 0) return rc;
-    int w = 0, h = 0, subsamp = -1, colorspace = -1;
-    if (tjDecompressHeader3(d->tj, buf, (unsigned long)len, &w, &h, &subsamp, &colorspace) != 0) {
-        /* A warning in the header ("extraneous bytes before marker") and
-         * unnamed sampling factors still give the header's values. */
-        rc = jpeg_failed(d, buf, len, w > 0 && h > 0 && colorspace >= 0);
-        if (rc != 0) return rc;
+/*
+ * After libjpeg stopped (stopped: an error, or a warning of a strict
+ * decoder) or finished with warnings: 0 when the outcome is one the options
+ * accept (warnings only, the data not truncated, not strict), else the
+ * failure: truncated, unsupported ("Unsupported JPEG process", 12-bit data,
+ * a colour space libjpeg has no name for) or corrupt. Leaves the
+ * decompressor reset either way when stopped.
+ */
+static int jpeg_outcome(dsrt_decoder *d, int stopped) {
+    const jpeg_errors *e = &d->je;
+    int warning = !stopped || e->stopped;
+    int premature = strstr(e->msg, "Premature end of JPEG file") != NULL;
+    int truncated = premature || jpeg_truncated(d->buf, d->len);
+    if (stopped) close_image(d);
+    if (warning && !stopped && !truncated) return 0;
+    if (truncated)
+        return dsrt__fail(DSRT_ETRUNCATED, premature ? "decode: %s" : "decode: %s (truncated file)",
+                          e->msg);
+    if (strncmp(e->msg, "Unsupported", 11) == 0 || strstr(e->msg, "Could not determine colorspace"))
+        return dsrt__fail(DSRT_EUNSUPPORTED, "decode: %s", e->msg);
+    return dsrt__fail(DSRT_ECORRUPT, "decode: %s", e->msg);
+}
+
+/* Reads the header of d->buf. Called under the caller's setjmp. */
+static void jpeg_header(dsrt_decoder *d) {
+    j_decompress_ptr j = &d->jd;
+    d->je.msg[0] = '\0';
+    d->je.stopped = 0;
+    d->je.strict = d->opt.strict;
+    jpeg_mem_src(j, d->buf, (unsigned long)d->len);
+    jpeg_read_header(j, TRUE); /* an image, not tables only: else an error */
+}
+
+static int jpeg_begin(dsrt_decoder *d, dsrt_image_info *info) {
+    j_decompress_ptr j = &d->jd;
+    if (d->len > ULONG_MAX)
+        return dsrt__fail(DSRT_ETOOBIG, "decode: %zu bytes is too large for libjpeg", d->len);
+    d->open = OPEN_JPEG;
+    if (setjmp(d->je.jump)) return jpeg_outcome(d, 1);
+    jpeg_header(d);
+    if (j->jpeg_color_space == JCS_UNKNOWN) {
+        snprintf(d->je.msg, sizeof d->je.msg, "Could not determine colorspace of JPEG image");
+        return jpeg_outcome(d, 1);
     }
-    if (w <= 0 || h <= 0) {
-        /* Tables only, no frame header: TurboJPEG says nothing. */
-        jpeg_reset(d);
-        return dsrt__fail(jpeg_truncated(buf, len) ? DSRT_ETRUNCATED : DSRT_ECORRUPT,
-                          "decode: JPEG datastream contains no image");
+    if (j->err->num_warnings) {
+        int rc = jpeg_outcome(d, 0);
+        if (rc != 0) {
+            close_image(d);
+            return rc;
+        }
     }
     info->format = DSRT_FORMAT_JPEG;
-    info->width = w;
-    info->height = h;
+    info->width = (int)j->image_width;
+    info->height = (int)j->image_height;
     info->bit_depth = 8;
-    info->cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
-    info->channels = colorspace == TJCS_GRAY ? 1 : info->cmyk ? 4 : 3;
+    info->cmyk = j->jpeg_color_space == JCS_CMYK || j->jpeg_color_space == JCS_YCCK;
+    info->channels = j->jpeg_color_space == JCS_GRAYSCALE ? 1 : info->cmyk ? 4 : 3;
     return 0;
 }
 
@@ -360,33 +484,165 @@ static void cmyk_to_gray(const uint8_t *restrict cmyk, uint8_t *restrict gray, s
     }
 }
 
-static int jpeg_decode(dsrt_decoder *d, const uint8_t *buf, size_t len, const dsrt_image_info *info,
-                       int w, int h, int channels, uint8_t *dst) {
-    int flags = TJFLAG_LIMITSCANS | (d->opt.strict ? TJFLAG_STOPONWARNING : 0);
-    int rc = jpeg_handle(d);
-    if (rc != 0) return rc;
-    size_t pixels = (size_t)w * (size_t)h;
-    if (info->cmyk) {
-        if (pixels > SIZE_MAX / 4) return dsrt__fail(-ENOMEM, "decode: %dx%d CMYK too large", w, h);
-        uint8_t *cmyk = scratch(&d->work, &d->work_cap, pixels * 4, PIXEL_ALIGN);
-        if (!cmyk) return -ENOMEM;
-        if (tjDecompress2(d->tj, buf, (unsigned long)len, cmyk, w, w * 4, h, TJPF_CMYK, flags) !=
-            0) {
-            rc = jpeg_failed(d, buf, len, 1);
-            if (rc != 0) return rc;
-        }
-        if (channels == 3)
-            cmyk_to_rgb(cmyk, dst, pixels);
-        else
-            cmyk_to_gray(cmyk, dst, pixels);
-        return 0;
+/* What dsrt_decode_finish decodes: the scale, the output channels, and the
+ * window of the scaled image, [x0, x1) x [y0, y1). */
+typedef struct {
+    int scale, ch, sw, sh;
+    int x0, x1, y0, y1;
+    uint8_t *dst; /* the caller's, or NULL */
+    size_t dst_cap;
+} jpeg_plan;
+
+/*
+ * Decodes the planned window. early: rows below the window may be left
+ * undecoded. again: the header must be read again (a second pass). Returns
+ * 0, a failure, or 1 when the data after the window must be seen after all
+ * (decode again, with early 0). On success fills out; the image is closed
+ * in every case but the last.
+ */
+static int jpeg_rows(dsrt_decoder *d, const jpeg_plan *pl, int early, int again, dsrt_image *out,
+                     dsrt_window *win) {
+    j_decompress_ptr j = &d->jd;
+    if (setjmp(d->je.jump)) return jpeg_outcome(d, 1);
+    if (again) jpeg_header(d);
+    j->scale_num = 1;
+    j->scale_denom = (unsigned)pl->scale;
+    j->dct_method = JDCT_ISLOW;
+    j->do_fancy_upsampling = TRUE;
+    int cmyk = j->jpeg_color_space == JCS_CMYK || j->jpeg_color_space == JCS_YCCK;
+    j->out_color_space = cmyk ? JCS_CMYK : pl->ch == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    jpeg_start_decompress(j);
+    if ((int)j->output_width != pl->sw || (int)j->output_height != pl->sh) {
+        snprintf(d->je.msg, sizeof d->je.msg, "libjpeg scaled %dx%d to %ux%u, not %dx%d",
+                 d->info.width, d->info.height, j->output_width, j->output_height, pl->sw, pl->sh);
+        return jpeg_outcome(d, 1);
     }
-    int pf = channels == 1 ? TJPF_GRAY : TJPF_RGB;
-    if (tjDecompress2(d->tj, buf, (unsigned long)len, dst, w, w * channels, h, pf, flags) != 0)
-        return jpeg_failed(d, buf, len, 1);
+    JDIMENSION cx = (JDIMENSION)pl->x0, cw = (JDIMENSION)(pl->x1 - pl->x0);
+    if (cw < (JDIMENSION)pl->sw) jpeg_crop_scanline(j, &cx, &cw);
+    int ow = (int)j->output_width, rows = pl->y1 - pl->y0;
+    int in_ch = cmyk ? 4 : pl->ch;
+    size_t row_bytes = (size_t)ow * (size_t)in_ch, out_row = (size_t)ow * (size_t)pl->ch;
+    size_t bytes = out_row * (size_t)rows;
+    uint8_t *dst = pl->dst;
+    if (dst && pl->dst_cap < bytes) {
+        close_image(d);
+        return dsrt__fail(DSRT_ETOOBIG,
+                          "decode: destination holds %zu bytes, the %dx%dx%d image needs %zu",
+                          pl->dst_cap, ow, rows, pl->ch, bytes);
+    }
+    if (!dst && !(dst = dsrt__decoder_pixel_buffer(d, bytes))) {
+        close_image(d);
+        return -ENOMEM;
+    }
+    /* libjpeg writes into target: the destination, or CMYK scratch that
+     * holds one row more, the spare; else the spare is the work scratch. It
+     * takes the rows below the window when they are decoded only to be
+     * seen. */
+    uint8_t *target = dst, *spare;
+    if (cmyk) {
+        target = scratch(&d->work, &d->work_cap, row_bytes * ((size_t)rows + 1), PIXEL_ALIGN);
+        spare = target ? target + (size_t)rows * row_bytes : NULL;
+    } else {
+        spare = scratch(&d->work, &d->work_cap, row_bytes, PIXEL_ALIGN);
+    }
+    uint8_t *mem = scratch(&d->rows, &d->rows_cap, (size_t)rows * sizeof(JSAMPROW), PIXEL_ALIGN);
+    if (!target || !spare || !mem) {
+        close_image(d);
+        return -ENOMEM;
+    }
+    JSAMPROW *row = (JSAMPROW *)(void *)mem;
+    for (int y = 0; y < rows; y++) row[y] = target + (size_t)y * row_bytes;
+    if (pl->y0 > 0) jpeg_skip_scanlines(j, (JDIMENSION)pl->y0);
+    while ((int)j->output_scanline < pl->y1)
+        jpeg_read_scanlines(j, row + ((int)j->output_scanline - pl->y0),
+                            (JDIMENSION)(pl->y1 - (int)j->output_scanline));
+    if (pl->y1 < pl->sh && early) {
+        /* Rows left undecoded: fine when the entropy-coded data runs to the
+         * end-of-image marker (a progressive image is all read already). */
+        const uint8_t *end = d->buf + d->len;
+        int m = jpeg_input_complete(j) ? 0xd9
+                : j->unread_marker     ? j->unread_marker
+                                       : jpeg_next_marker(j->src->next_input_byte, end);
+        if (m == 0) {
+            if (!j->err->num_warnings) {
+                j->err->num_warnings = 1;
+                snprintf(d->je.msg, sizeof d->je.msg, "Premature end of JPEG file");
+            }
+            close_image(d);
+            return dsrt__fail(DSRT_ETRUNCATED,
+                              strstr(d->je.msg, "Premature") ? "decode: %s"
+                                                             : "decode: %s (truncated file)",
+                              d->je.msg);
+        }
+        if (m != 0xd9) {
+            jpeg_abort_decompress(j);
+            return 1;
+        }
+    } else {
+        while (j->output_scanline < j->output_height) jpeg_read_scanlines(j, &spare, 1);
+    }
+    if (j->output_scanline == j->output_height) jpeg_finish_decompress(j);
+    int rc = j->err->num_warnings ? jpeg_outcome(d, 0) : 0;
+    close_image(d);
+    if (rc != 0) return rc;
+    size_t px = (size_t)ow * (size_t)rows;
+    if (cmyk && pl->ch == 3) cmyk_to_rgb(target, dst, px);
+    if (cmyk && pl->ch == 1) cmyk_to_gray(target, dst, px);
+    out->data = dst;
+    out->width = ow;
+    out->height = rows;
+    out->channels = pl->ch;
+    out->stride = out_row;
+    win->x0 = (int)cx;
+    win->y0 = pl->y0;
+    win->decoded_width = pl->sw;
+    win->decoded_height = pl->sh;
     return 0;
 }
 
+/* The window of the scaled image that holds the request's region, widened
+ * for the upsampler (see the top of the file). */
+static void jpeg_window(const dsrt_decode_request *req, jpeg_plan *pl) {
+    int s = pl->scale;
+    pl->x0 = 0;
+    pl->x1 = pl->sw;
+    pl->y0 = 0;
+    pl->y1 = pl->sh;
+    if (req->region_width > 0) {
+        int x0 = req->region_x / s - CROP_MARGIN;
+        int x1 = div_up(req->region_x + req->region_width, s) + CROP_MARGIN;
+        x0 = DSRT_MAX(x0, 0);
+        x1 = DSRT_MIN(x1, pl->sw);
+        if (x1 - x0 < CROP_MIN) {
+            x1 = DSRT_MIN(x0 + CROP_MIN, pl->sw);
+            x0 = DSRT_MAX(x1 - CROP_MIN, 0);
+        }
+        pl->x0 = x0;
+        pl->x1 = x1;
+    }
+    if (req->region_height > 0) {
+        pl->y0 = DSRT_MIN(req->region_y / s, pl->sh - 1);
+        pl->y1 =
+            DSRT_MAX(DSRT_MIN(div_up(req->region_y + req->region_height, s), pl->sh), pl->y0 + 1);
+    }
+}
+
+static int jpeg_finish(dsrt_decoder *d, const dsrt_decode_request *req, int ch, dsrt_image *out,
+                       dsrt_window *win) {
+    jpeg_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.scale = jpeg_scale(d->info.width, d->info.height, req->min_width, req->min_height);
+    pl.sw = div_up(d->info.width, pl.scale);
+    pl.sh = div_up(d->info.height, pl.scale);
+    pl.ch = ch;
+    pl.dst = req->dst;
+    pl.dst_cap = req->dst_cap;
+    jpeg_window(req, &pl);
+    int rc = jpeg_rows(d, &pl, !d->opt.strict, 0, out, win);
+    if (rc == 1) /* something follows the data the window needed: decode to the end */
+        rc = jpeg_rows(d, &pl, 0, 1, out, win);
+    return rc;
+}
 // ----------------------------------------------------------------------------
 // PNG
 
@@ -487,85 +743,249 @@ static int png_decode(dsrt_decoder *d, spng_ctx *ctx, const struct spng_ihdr *ih
 // ----------------------------------------------------------------------------
 // Decoding
 
-int dsrt_decoder_info(dsrt_decoder *d, const void *buf, size_t len, dsrt_image_info *info) {
+int dsrt_decode_begin(dsrt_decoder *d, const void *buf, size_t len, dsrt_image_info *info) {
     assert(d && info);
+    close_image(d);
     memset(info, 0, sizeof *info);
     dsrt_format fmt = DSRT_FORMAT_UNKNOWN;
     int rc = check_input(buf, len, &fmt);
     if (rc != 0) return rc;
+    d->buf = buf;
+    d->len = len;
     if (fmt == DSRT_FORMAT_JPEG) {
-        rc = jpeg_info(d, buf, len, info);
+        rc = jpeg_begin(d, info);
     } else {
-        spng_ctx *ctx = NULL;
-        struct spng_ihdr ihdr;
-        rc = png_open(d, buf, len, &ctx, info, &ihdr);
-        spng_ctx_free(ctx);
+        rc = png_open(d, buf, len, &d->png, info, &d->ihdr);
+        if (rc == 0) d->open = OPEN_PNG;
     }
+    if (rc == 0) rc = check_pixels(d, info);
+    if (rc != 0) {
+        close_image(d);
+        return rc;
+    }
+    d->info = *info;
+    return 0;
+}
+
+int dsrt_decoder_info(dsrt_decoder *d, const void *buf, size_t len, dsrt_image_info *info) {
+    int rc = dsrt_decode_begin(d, buf, len, info);
+    close_image(d);
+    return rc;
+}
+
+/* The request's own checks, before any work. */
+static int check_request(const dsrt_decode_request *req) {
+    if (req->channels != 1 && req->channels != 3)
+        return dsrt__fail(DSRT_EOPTION, "decode: channels must be 1 or 3, not %d", req->channels);
+    if (req->min_width < 0 || req->min_height < 0)
+        return dsrt__fail(DSRT_EOPTION, "decode: negative minimum size %dx%d", req->min_width,
+                          req->min_height);
+    if (req->region_x < 0 || req->region_y < 0 || req->region_width < 0 || req->region_height < 0)
+        return dsrt__fail(DSRT_EOPTION, "decode: region %d,%d %dx%d: negative", req->region_x,
+                          req->region_y, req->region_width, req->region_height);
+    if (req->allow_gray != 0 && req->allow_gray != 1)
+        return dsrt__fail(DSRT_EOPTION, "decode: allow_gray: %d: not 0 or 1", req->allow_gray);
+    return 0;
+}
+
+/* A gray image that stays gray when allow_gray is set: a gray JPEG, or a
+ * gray PNG of at most 8 bits (whose RGB would replicate the same bytes). */
+static int stays_gray(const dsrt_decoder *d) {
+    if (d->open == OPEN_JPEG) return d->info.channels == 1;
+    return d->ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE && d->ihdr.bit_depth <= 8;
+}
+
+int dsrt_decode_finish(dsrt_decoder *d, const dsrt_decode_request *req, dsrt_image *out,
+                       dsrt_window *win) {
+    assert(d && req && out);
+    memset(out, 0, sizeof *out);
+    dsrt_window spare;
+    if (!win) win = &spare;
+    memset(win, 0, sizeof *win);
+    int rc = check_request(req);
+    if (rc == 0 && d->open == OPEN_NONE)
+        rc = dsrt__fail(DSRT_EOPTION, "decode: no image begun (dsrt_decode_begin)");
+    if (rc == 0 && ((req->region_width > 0 && req->region_x >= d->info.width) ||
+                    (req->region_height > 0 && req->region_y >= d->info.height)))
+        rc = dsrt__fail(DSRT_EOPTION, "decode: region at %d,%d lies outside the %dx%d image",
+                        req->region_x, req->region_y, d->info.width, d->info.height);
+    int w = 0, h = 0, ch = req->channels;
+    if (rc == 0) {
+        if (ch == 3 && req->allow_gray && stays_gray(d)) ch = 1;
+        dsrt_decode_size(&d->info, req, &w, &h);
+        /* w * h <= max_pixels, but max_pixels is the caller's: check anyway. */
+        if ((uint64_t)w * (uint64_t)h > SIZE_MAX / 4)
+            rc = dsrt__fail(DSRT_ETOOBIG, "decode: %dx%d does not fit in memory", w, h);
+    }
+    if (rc != 0) {
+        close_image(d);
+        return rc;
+    }
+    if (d->open == OPEN_JPEG) return jpeg_finish(d, req, ch, out, win);
+
+    size_t bytes = (size_t)w * (size_t)h * (size_t)ch;
+    uint8_t *dst = req->dst;
+    if (dst && req->dst_cap < bytes)
+        rc = dsrt__fail(DSRT_ETOOBIG,
+                        "decode: destination holds %zu bytes, the %dx%dx%d image needs %zu",
+                        req->dst_cap, w, h, ch, bytes);
+    else if (!dst && !(dst = dsrt__decoder_pixel_buffer(d, bytes)))
+        rc = -ENOMEM;
+    if (rc == 0) rc = png_decode(d, d->png, &d->ihdr, d->buf, d->len, w, h, ch, dst);
+    close_image(d);
     if (rc != 0) return rc;
-    return check_pixels(d, info);
+    out->data = dst;
+    out->width = w;
+    out->height = h;
+    out->channels = ch;
+    out->stride = (size_t)w * (size_t)ch;
+    win->decoded_width = w;
+    win->decoded_height = h;
+    return 0;
 }
 
 int dsrt_decode(dsrt_decoder *d, const void *buf, size_t len, const dsrt_decode_request *req,
                 dsrt_image *out) {
     assert(d && req && out);
     memset(out, 0, sizeof *out);
-    if (req->channels != 1 && req->channels != 3)
-        return dsrt__fail(DSRT_EOPTION, "decode: channels must be 1 or 3, not %d", req->channels);
-    if (req->min_width < 0 || req->min_height < 0)
-        return dsrt__fail(DSRT_EOPTION, "decode: negative minimum size %dx%d", req->min_width,
-                          req->min_height);
-    const uint8_t *p = buf;
-    dsrt_format fmt = DSRT_FORMAT_UNKNOWN;
-    int rc = check_input(p, len, &fmt);
+    int rc = check_request(req);
     if (rc != 0) return rc;
-
     dsrt_image_info info;
-    memset(&info, 0, sizeof info);
-    spng_ctx *ctx = NULL;
-    struct spng_ihdr ihdr;
-    if (fmt == DSRT_FORMAT_JPEG)
-        rc = jpeg_info(d, p, len, &info);
-    else
-        rc = png_open(d, p, len, &ctx, &info, &ihdr);
-    if (rc != 0) goto fail;
-    rc = check_pixels(d, &info);
-    if (rc != 0) goto fail;
+    if ((rc = dsrt_decode_begin(d, buf, len, &info)) != 0) return rc;
+    return dsrt_decode_finish(d, req, out, NULL);
+}
 
-    int w, h, ch = req->channels;
-    dsrt_decode_size(&info, req, &w, &h);
-    /* w * h <= max_pixels, but max_pixels is the caller's: check anyway. */
-    if ((uint64_t)w * (uint64_t)h > SIZE_MAX / (size_t)ch) {
-        rc = dsrt__fail(DSRT_ETOOBIG, "decode: %dx%d does not fit in memory", w, h);
+// ----------------------------------------------------------------------------
+// The limit: one core, full size, nothing else
+
+/* Files read for the limit, at most this many bytes in all. */
+#define LIMIT_MAX_BYTES ((size_t)1 << 30)
+
+static double clock_s(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double wall_s(void) {
+    return clock_s(CLOCK_MONOTONIC);
+}
+
+typedef struct {
+    uint8_t *data;
+    size_t size;
+    int width, height, jpeg;
+} limit_file;
+
+/* One pass over the files, its wall-clock seconds (*cpu: the thread's CPU
+ * seconds). A file that fails is marked (width -1) and left out after. */
+static double limit_pass(tjhandle *tj, dsrt_decoder *d, limit_file *f, size_t n, uint8_t *rgb,
+                         double *cpu) {
+    double t0 = wall_s(), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
+    for (size_t i = 0; i < n; i++) {
+        if (f[i].width <= 0) continue;
+        int rc;
+        if (f[i].jpeg) {
+            rc = tjDecompress2(*tj, f[i].data, (unsigned long)f[i].size, rgb, f[i].width, 0,
+                               f[i].height, TJPF_RGB, TJFLAG_FASTDCT);
+            if (rc != 0 && tjGetErrorCode(*tj) == TJERR_WARNING) rc = 0;
+            if (rc != 0) { /* a failed handle misbehaves: a fresh one */
+                tjDestroy(*tj);
+                *tj = tjInitDecompress();
+            }
+        } else {
+            dsrt_decode_request r = {
+                .channels = 3, .dst = rgb, .dst_cap = (size_t)f[i].width * f[i].height * 3};
+            dsrt_image img;
+            rc = dsrt_decode(d, f[i].data, f[i].size, &r, &img);
+        }
+        if (rc != 0) f[i].width = -1;
+    }
+    *cpu = clock_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+    return wall_s() - t0;
+}
+
+int dsrt_datastore_decode_limit(const dsrt_datastore *ds, size_t max_images, unsigned passes,
+                                dsrt_decode_limit *out) {
+    assert(ds && out);
+    memset(out, 0, sizeof *out);
+    double start = wall_s();
+    size_t n = dsrt_datastore_count(ds);
+    if (n == 0 || !dsrt_datastore_path(ds, 0))
+        return dsrt__fail(DSRT_EUNSUPPORTED, "decode limit: the samples are pixels in memory, "
+                                             "not files to decode");
+    if (max_images == 0 || max_images > n) max_images = n;
+    if (passes == 0) passes = 1;
+    int rc = 0;
+    tjhandle tj = tjInitDecompress();
+    dsrt_decoder *d = NULL;
+    limit_file *f = dsrt__calloc(max_images, sizeof *f);
+    uint8_t *rgb = NULL;
+    size_t taken = 0, bytes = 0, biggest = 0;
+    if (!tj || !f || (rc = dsrt_decoder_create(&d, NULL)) != 0) {
+        rc = rc ? rc : dsrt__fail(-ENOMEM, "decode limit: out of memory");
         goto fail;
     }
-    size_t bytes = (size_t)w * (size_t)h * (size_t)ch;
-    uint8_t *dst = req->dst;
-    if (dst) {
-        if (req->dst_cap < bytes) {
-            rc = dsrt__fail(DSRT_ETOOBIG,
-                            "decode: destination holds %zu bytes, the %dx%dx%d image needs %zu",
-                            req->dst_cap, w, h, ch, bytes);
+    /* Files spread evenly over ds: every class, not the first ones. */
+    for (size_t k = 0; k < max_images && bytes < LIMIT_MAX_BYTES; k++) {
+        const char *path = dsrt_datastore_path(ds, k * n / max_images);
+        limit_file *lf = &f[taken];
+        dsrt_image_info info;
+        if (dsrt__read_whole_file(path, (size_t)256 << 20, &lf->data, &lf->size) != 0 ||
+            dsrt_decoder_info(d, lf->data, lf->size, &info) != 0) {
+            free(lf->data);
+            lf->data = NULL;
+            out->skipped++;
+            continue;
+        }
+        lf->width = info.width;
+        lf->height = info.height;
+        lf->jpeg = info.format == DSRT_FORMAT_JPEG;
+        biggest = DSRT_MAX(biggest, (size_t)info.width * (size_t)info.height);
+        bytes += lf->size;
+        taken++;
+    }
+    if (taken == 0) {
+        rc = dsrt__fail(DSRT_EEMPTY, "decode limit: none of the files decodes");
+        goto fail;
+    }
+    if (!(rgb = dsrt__malloc(biggest * 3))) {
+        rc = dsrt__fail(-ENOMEM, "decode limit: out of memory for a %zu-pixel image", biggest);
+        goto fail;
+    }
+    double best = 0, best_cpu = 0;
+    for (unsigned p = 0; p < passes; p++) {
+        double cpu, t = limit_pass(&tj, d, f, taken, rgb, &cpu);
+        if (!tj) {
+            rc = dsrt__fail(-ENOMEM, "decode limit: tjInitDecompress: out of memory");
             goto fail;
         }
-    } else if (!(dst = dsrt__decoder_pixel_buffer(d, bytes))) {
-        rc = -ENOMEM;
+        if (p == 0 || t < best) best = t;
+        if (p == 0 || cpu < best_cpu) best_cpu = cpu;
+    }
+    for (size_t i = 0; i < taken; i++) {
+        if (f[i].width < 0) {
+            out->skipped++;
+            continue;
+        }
+        out->images++;
+        out->megapixels += (double)f[i].width * f[i].height / 1e6;
+    }
+    if (out->images == 0) {
+        rc = dsrt__fail(DSRT_EEMPTY, "decode limit: none of the files decodes");
         goto fail;
     }
-
-    if (fmt == DSRT_FORMAT_JPEG)
-        rc = jpeg_decode(d, p, len, &info, w, h, ch, dst);
-    else
-        rc = png_decode(d, ctx, &ihdr, p, len, w, h, ch, dst);
-    if (rc != 0) goto fail;
-    spng_ctx_free(ctx);
-    out->data = dst;
-    out->width = w;
-    out->height = h;
-    out->channels = ch;
-    out->stride = (size_t)w * (size_t)ch;
-    return 0;
+    best = DSRT_MAX(best, 1e-9);
+    out->images_per_s = (double)out->images / best;
+    out->megapixels_per_s = out->megapixels / best;
+    out->cpu_images_per_s = (double)out->images / DSRT_MAX(best_cpu, 1e-9);
 fail:
-    spng_ctx_free(ctx);
+    out->seconds = wall_s() - start;
+    for (size_t i = 0; f && i < max_images; i++) free(f[i].data);
+    free(f);
+    free(rgb);
+    dsrt_decoder_destroy(d);
+    if (tj) tjDestroy(tj);
     return rc;
 }
 

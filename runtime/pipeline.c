@@ -512,6 +512,7 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
     int ch = p->aug.output_channels;
     uint64_t t0 = now_ns();
     dsrt_image img;
+    dsrt_window win, *wp = NULL;
     int full_w, full_h, rc;
     dsrt_decode_request req = {.channels = ch};
     if (!buf) {
@@ -521,7 +522,7 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
         full_h = img.height;
     } else {
         dsrt_image_info info;
-        rc = dsrt_decoder_info(w->dec, buf, size, &info);
+        rc = dsrt_decode_begin(w->dec, buf, size, &info);
         if (rc != 0) goto bad_decode;
         full_w = info.width;
         full_h = info.height;
@@ -535,10 +536,19 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
                 return SAMPLE_BAD;
             }
         } else {
-            dsrt_augment_decode_size(&p->aug, full_w, full_h, &req.min_width, &req.min_height);
+            /* Only what the sample reads: its region, at the smallest scale. */
+            rc = dsrt_augment_decode_request(w->aug, &p->aug, &info, p->o.seed, s->b.epoch,
+                                             dsrt_datastore_id(p->ds, pos), &req);
+            if (rc != 0) {
+                *code = rc;
+                snprintf(msg, PIPE_MSG, "pipeline: augment: %s: %s", path ? path : "(memory)",
+                         dsrt_last_error());
+                return SAMPLE_FATAL;
+            }
         }
-        rc = dsrt_decode(w->dec, buf, size, &req, &img);
+        rc = dsrt_decode_finish(w->dec, &req, &img, &win);
         if (rc != 0) goto bad_decode;
+        wp = &win;
     }
     uint64_t t1 = now_ns();
     add(&w->decode_ns, t1 - t0);
@@ -559,8 +569,8 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
         ao = &nat;
     }
     uint8_t *dst = (uint8_t *)s->b.data + place * p->stride;
-    rc = dsrt_augment_apply(w->aug, ao, &img, full_w, full_h, p->o.seed, s->b.epoch,
-                            dsrt_datastore_id(p->ds, pos), dst);
+    rc = dsrt_augment_apply_window(w->aug, ao, &img, wp, full_w, full_h, p->o.seed, s->b.epoch,
+                                   dsrt_datastore_id(p->ds, pos), dst);
     add(&w->augment_ns, now_ns() - t1);
     if (rc != 0) {
         /* Not the sample's fault: options or memory. */

@@ -4,13 +4,18 @@
  * Pillow's triangle filter for resizes or bilinear sampling with fill for
  * warps), flips and whole-pixel shifts exact, crops within bounds, the presets'
  * shapes and values, determinism by (seed, epoch, id) and not by decode scale,
- * the normalisation modes bit for bit, and option validation.
+ * the normalisation modes bit for bit, and option validation. Decoding only
+ * what a sample reads (dsrt_augment_decode_request, a region decode,
+ * dsrt_augment_apply_window) must write the bytes of the whole decode's
+ * sample, and a gray image for RGB output the bytes of its replication.
+ * Every kernel this CPU has (scalar, AVX2, AVX-512) writes the same bytes.
  *
  * Tolerances: resampled values are compared in [0, 255] pixel units; float
  * weights against the double reference differ by about 3e-5 (TOL 1e-3).
  */
 #include <dsrt/augment.h>
 
+#include "augment/internal.h"
 #include "core/internal.h"
 #include "task.h"
 #include "testimg.h"
@@ -253,14 +258,16 @@ static void test_options(void) {
     o = d, o.decode_oversample = 0.5;
     expect_option_error(&o, "decode_oversample: 0.5");
 
-    /* apply refuses them too, and an image of the wrong channel count. */
+    /* apply refuses them too, and an image of the wrong channel count (a
+     * gray one for RGB output is replicated: see test_gray_replicated). */
     dsrt_augmenter *a;
     CHECK_OK(dsrt_augmenter_create(&a));
-    test_image t = image_random(8, 8, 1, 1);
-    o = d, o.output_width = o.output_height = 8;
-    float *dst = alloc_sample(&o);
+    test_image t = image_random(8, 8, 3, 1);
+    o = d, o.output_width = o.output_height = 8, o.output_channels = 1;
+    float *dst = alloc_sample(&d);
     CHECK_EQ(dsrt_augment_apply(a, &o, &t.img, 8, 8, 1, 0, 0, dst), DSRT_EOPTION);
-    CHECK_CONTAINS(dsrt_last_error(), "1 channel(s), output_channels is 3");
+    CHECK_CONTAINS(dsrt_last_error(), "3 channel(s), output_channels is 1");
+    o.output_channels = 3;
     o.rand_rotation[0] = 5;
     CHECK_EQ(dsrt_augment_apply(a, &o, &t.img, 8, 8, 1, 0, 0, dst), DSRT_EOPTION);
     CHECK_EQ(dsrt_augment_apply(a, &d, &t.img, 0, 8, 1, 0, 0, dst), DSRT_EOPTION);
@@ -1058,6 +1065,326 @@ static void test_jpeg_flow(void) {
     dsrt_decoder_destroy(dec);
 }
 
+// ----------------------------------------------------------------------------
+// Decoding only what a sample reads
+
+/* The option sets the window and gray tests run: the presets and variants
+ * that keep the axes (crops, flips, translations in both units, scales,
+ * fill) and two that turn. */
+static int variant(int k, dsrt_augment_options *o) {
+    switch (k) {
+    case 0:
+        dsrt_augment_preset_227(o);
+        return 1;
+    case 1:
+        dsrt_augment_preset_32(o);
+        return 1;
+    case 2:
+        dsrt_augment_preset_227(o);
+        o->size_mode = DSRT_AUGMENT_CENTERCROP;
+        o->rand_y_reflection = 1;
+        return 1;
+    case 3:
+        *o = dsrt_augment_defaults();
+        o->output_width = 97, o->output_height = 61;
+        o->rand_x_translation[0] = -60, o->rand_x_translation[1] = 60;
+        o->rand_y_translation[0] = -30, o->rand_y_translation[1] = 45;
+        o->fill_value[0] = 10, o->fill_value[1] = 100, o->fill_value[2] = 200;
+        return 1;
+    case 4:
+        *o = dsrt_augment_defaults();
+        o->output_width = o->output_height = 64;
+        o->resize_shorter = 80;
+        o->size_mode = DSRT_AUGMENT_RANDCROP;
+        o->rand_scale[0] = 0.7, o->rand_scale[1] = 1.4;
+        o->rand_x_reflection = 1;
+        o->translation_whole_pixels = 1;
+        o->rand_x_translation[0] = -9, o->rand_x_translation[1] = 9;
+        o->fill_value[0] = 255, o->fill_value[1] = 0, o->fill_value[2] = 50;
+        return 1;
+    case 5:
+        dsrt_augment_preset_32(o);
+        o->output_width = 20, o->output_height = 40; /* reduce x more than y */
+        o->translation_units = DSRT_AUGMENT_UNITS_INPUT;
+        o->translation_whole_pixels = 0;
+        o->rand_x_translation[0] = -100, o->rand_x_translation[1] = 100;
+        return 1;
+    case 6:
+        dsrt_augment_preset_227(o);
+        o->rand_rotation[0] = -20, o->rand_rotation[1] = 20;
+        o->fill_value[0] = 10, o->fill_value[1] = 100, o->fill_value[2] = 200;
+        return 1;
+    case 7:
+        *o = dsrt_augment_defaults();
+        o->output_width = o->output_height = 40;
+        o->rand_x_shear[0] = -10, o->rand_x_shear[1] = 15;
+        o->rand_scale[0] = 0.5, o->rand_scale[1] = 0.6;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Three ways of writing the samples: float NCHW in [0, 1] or z-scored, and
+ * uint8 NHWC. */
+static void set_layout(dsrt_augment_options *o, int l) {
+    o->layout = l == 2 ? DSRT_AUGMENT_U8_NHWC : DSRT_AUGMENT_F32_NCHW;
+    o->norm = l == 0   ? DSRT_AUGMENT_NORM_RESCALE
+              : l == 1 ? DSRT_AUGMENT_NORM_ZSCORE
+                       : DSRT_AUGMENT_NORM_NONE;
+    for (int c = 0; c < 3; c++) o->mean[c] = 100.0f + 20 * c, o->std[c] = 50.0f + 10 * c;
+}
+
+/* The pipeline's way (begin, dsrt_augment_decode_request, a region decode,
+ * apply_window) writes the bytes of the whole decode's apply, for every
+ * kind of JPEG, option set, layout and sample. */
+static void test_window(void) {
+    dsrt_decoder *dec;
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_decoder_create(&dec, NULL));
+    CHECK_OK(dsrt_augmenter_create(&a));
+    static const int kinds[] = {TIMG_JPEG_420, TIMG_JPEG_GRAY, TIMG_JPEG_PROGRESSIVE, TIMG_JPEG_444,
+                                TIMG_JPEG_CMYK};
+    static const int sizes[][2] = {{500, 375}, {300, 411}, {180, 90}};
+    long differ = 0, samples = 0, smaller = 0;
+    for (size_t ki = 0; ki < DSRT_ARRAY_SIZE(kinds); ki++)
+        for (size_t si = 0; si < DSRT_ARRAY_SIZE(sizes); si++) {
+            size_t len;
+            uint8_t *jpeg = timg_make_jpeg(kinds[ki], sizes[si][0], sizes[si][1],
+                                           (uint32_t)(ki * 10 + si), &len);
+            REQUIRE(jpeg);
+            dsrt_augment_options o;
+            for (int k = 0; variant(k, &o); k++)
+                for (int l = 0; l < 3; l++) {
+                    set_layout(&o, l);
+                    size_t n = dsrt_augment_sample_bytes(&o);
+                    uint8_t *x = malloc(n), *y = malloc(n);
+                    REQUIRE(x && y);
+                    for (uint64_t id = 0; id < 3; id++) {
+                        dsrt_image_info info;
+                        dsrt_image img;
+                        dsrt_window win;
+                        CHECK_OK(dsrt_decoder_info(dec, jpeg, len, &info));
+                        dsrt_decode_request whole = {.channels = o.output_channels};
+                        dsrt_augment_decode_size(&o, info.width, info.height, &whole.min_width,
+                                                 &whole.min_height);
+                        CHECK_OK(dsrt_decode(dec, jpeg, len, &whole, &img));
+                        CHECK_OK(
+                            dsrt_augment_apply(a, &o, &img, info.width, info.height, 4, 1, id, x));
+                        size_t whole_px = (size_t)img.width * img.height;
+                        dsrt_decode_request r;
+                        CHECK_OK(dsrt_decode_begin(dec, jpeg, len, &info));
+                        CHECK_OK(dsrt_augment_decode_request(a, &o, &info, 4, 1, id, &r));
+                        CHECK_OK(dsrt_decode_finish(dec, &r, &img, &win));
+                        CHECK_OK(dsrt_augment_apply_window(a, &o, &img, &win, info.width,
+                                                           info.height, 4, 1, id, y));
+                        smaller += (size_t)img.width * img.height < whole_px;
+                        samples++;
+                        if (memcmp(x, y, n) != 0) {
+                            if (differ++ < 5)
+                                fprintf(stderr, "%s %dx%d, options %d, layout %d, id %d differ\n",
+                                        timg_jpeg_kind_name(kinds[ki]), sizes[si][0], sizes[si][1],
+                                        k, l, (int)id);
+                        }
+                    }
+                    free(x);
+                    free(y);
+                }
+            free(jpeg);
+        }
+    CHECK_EQ(differ, 0);
+    CHECK_GT(smaller, samples / 3); /* the crops and shifts decode less */
+    dsrt_augmenter_destroy(a);
+    dsrt_decoder_destroy(dec);
+}
+
+/* A window that misses pixels the sample reads, or lies outside its image,
+ * is refused; so is a window for a turning sample. */
+static void test_window_errors(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(100, 80, 3, 5);
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = o.output_height = 50;
+    o.norm = DSRT_AUGMENT_NORM_NONE;
+    float *d = alloc_sample(&o);
+    dsrt_window in = {10, 10, 120, 100}, off = {30, 30, 120, 100}, big = {0, 0, 90, 80};
+    CHECK_EQ(dsrt_augment_apply_window(a, &o, &t.img, &in, 120, 100, 0, 0, 0, d), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "does not hold them");
+    CHECK_EQ(dsrt_augment_apply_window(a, &o, &t.img, &off, 120, 100, 0, 0, 0, d), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "does not lie in");
+    CHECK_EQ(dsrt_augment_apply_window(a, &o, &t.img, &big, 120, 100, 0, 0, 0, d), DSRT_EOPTION);
+    /* A window of the middle, for an output that reads only the middle. */
+    o.size_mode = DSRT_AUGMENT_CENTERCROP;
+    o.output_width = o.output_height = 20;
+    dsrt_window mid = {10, 10, 120, 100};
+    CHECK_OK(dsrt_augment_apply_window(a, &o, &t.img, &mid, 120, 100, 0, 0, 0, d));
+    o.rand_rotation[0] = o.rand_rotation[1] = 5;
+    CHECK_EQ(dsrt_augment_apply_window(a, &o, &t.img, &mid, 120, 100, 0, 0, 0, d), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "whole image");
+    free(d);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+/* A gray image for RGB output writes the bytes of its RGB replication:
+ * every option set (warps and fill of three different values included) and
+ * layout. */
+static void test_gray_replicated(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image g = image_random(151, 97, 1, 21), rgb = image_random(151, 97, 3, 0);
+    for (size_t i = 0; i < (size_t)151 * 97; i++)
+        rgb.buf[3 * i] = rgb.buf[3 * i + 1] = rgb.buf[3 * i + 2] = g.buf[i];
+    dsrt_augment_options o;
+    long differ = 0;
+    for (int k = 0; variant(k, &o); k++)
+        for (int l = 0; l < 3; l++) {
+            set_layout(&o, l);
+            o.decode_oversample = 1;
+            size_t n = dsrt_augment_sample_bytes(&o);
+            uint8_t *x = malloc(n), *y = malloc(n);
+            REQUIRE(x && y);
+            for (uint64_t id = 0; id < 4; id++) {
+                CHECK_OK(dsrt_augment_apply(a, &o, &rgb.img, 151, 97, 2, 0, id, x));
+                CHECK_OK(dsrt_augment_apply(a, &o, &g.img, 151, 97, 2, 0, id, y));
+                if (memcmp(x, y, n) != 0 && differ++ < 5)
+                    fprintf(stderr, "gray: options %d, layout %d, id %d differ\n", k, l, (int)id);
+            }
+            free(x);
+            free(y);
+        }
+    CHECK_EQ(differ, 0);
+    image_free(&g);
+    image_free(&rgb);
+    dsrt_augmenter_destroy(a);
+}
+
+// ----------------------------------------------------------------------------
+// Every instruction set writes the same bytes
+
+/* The sample of img under o from an augmenter on the given kernels. */
+static int apply_isa(const char *isa, const dsrt_augment_options *o, const dsrt_image *img,
+                     const dsrt_window *win, int fw, int fh, uint64_t id, void *dst) {
+    dsrt_augmenter *a;
+    REQUIRE(dsrt_augmenter_create(&a) == 0);
+    int rc = dsrt__augmenter_set_isa(a, isa);
+    if (rc == 0) {
+        CHECK_STR_EQ(dsrt_augmenter_isa(a), isa);
+        CHECK_OK(dsrt_augment_apply_window(a, o, img, win, fw, fh, 7, 2, id, dst));
+    }
+    dsrt_augmenter_destroy(a);
+    return rc;
+}
+
+/*
+ * The AVX2 and AVX-512 kernels against the scalar one, byte for byte, on
+ * every option set, layout and channel count, on images of many shapes
+ * (rows with slack, one pixel wide or high, large reductions that gather),
+ * and on windows. Kernels this CPU lacks are skipped and said so.
+ */
+static void test_isa_identical(void) {
+    static const char *const isas[] = {"avx2", "avx512"};
+    int have[2];
+    for (int i = 0; i < 2; i++) {
+        dsrt_augmenter *a;
+        REQUIRE(dsrt_augmenter_create(&a) == 0);
+        have[i] = dsrt__augmenter_set_isa(a, isas[i]) == 0;
+        dsrt_augmenter_destroy(a);
+        printf("  %s: %s\n", isas[i], have[i] ? "compared with scalar" : "not on this CPU");
+    }
+    static const int shapes[][2] = {{500, 375}, {333, 500},   {61, 47},   {1, 40},
+                                    {40, 1},    {2000, 1500}, {256, 256}, {17, 300}};
+    long differ = 0, samples = 0;
+    for (size_t si = 0; si < DSRT_ARRAY_SIZE(shapes); si++)
+        for (int ch = 1; ch <= 3; ch += 2) {
+            int w = shapes[si][0], h = shapes[si][1];
+            /* Rows with 5 bytes of slack after them. */
+            test_image t = image_random(w * ch + 5, h, 1, 300 + si * 3 + ch);
+            dsrt_image img = {t.buf, w, h, ch, (size_t)w * ch + 5};
+            dsrt_augment_options o;
+            for (int k = 0; variant(k, &o); k++)
+                for (int l = 0; l < 3; l++)
+                    for (int och = 1; och <= 3; och += 2) {
+                        if (och < ch) continue;
+                        set_layout(&o, l);
+                        o.output_channels = och;
+                        size_t n = dsrt_augment_sample_bytes(&o);
+                        uint8_t *ref = malloc(n), *got = malloc(n);
+                        REQUIRE(ref && got);
+                        for (uint64_t id = 0; id < 2; id++) {
+                            CHECK_OK(apply_isa("scalar", &o, &img, NULL, w, h, id, ref));
+                            for (int i = 0; i < 2; i++) {
+                                if (!have[i]) continue;
+                                memset(got, 0xA5, n);
+                                apply_isa(isas[i], &o, &img, NULL, w, h, id, got);
+                                samples++;
+                                if (memcmp(ref, got, n) != 0 && differ++ < 5)
+                                    fprintf(stderr,
+                                            "%s: %dx%dx%d, options %d, layout %d, %d channel(s), "
+                                            "id %d differ\n",
+                                            isas[i], w, h, ch, k, l, och, (int)id);
+                            }
+                        }
+                        free(ref);
+                        free(got);
+                    }
+            image_free(&t);
+        }
+    /* A window: the middle of a larger decoded image. */
+    test_image t = image_random(300, 200, 3, 9);
+    dsrt_window win = {37, 21, 400, 260};
+    dsrt_augment_options o = dsrt_augment_defaults();
+    o.output_width = o.output_height = 150;
+    o.size_mode = DSRT_AUGMENT_CENTERCROP;
+    o.resize_shorter = 240;
+    size_t n = dsrt_augment_sample_bytes(&o);
+    uint8_t *ref = malloc(n), *got = malloc(n);
+    REQUIRE(ref && got);
+    CHECK_OK(apply_isa("scalar", &o, &t.img, &win, 400, 260, 0, ref));
+    for (int i = 0; i < 2; i++)
+        if (have[i]) {
+            CHECK_OK(apply_isa(isas[i], &o, &t.img, &win, 400, 260, 0, got));
+            CHECK_EQ(memcmp(ref, got, n), 0);
+        }
+    free(ref);
+    free(got);
+    image_free(&t);
+    CHECK_EQ(differ, 0);
+    CHECK(samples > 0 || (!have[0] && !have[1]));
+    /* Names checked. */
+    dsrt_augmenter *a;
+    REQUIRE(dsrt_augmenter_create(&a) == 0);
+    CHECK_EQ(dsrt__augmenter_set_isa(a, "sse9"), DSRT_EOPTION);
+    CHECK_OK(dsrt__augmenter_set_isa(a, "scalar"));
+    dsrt_augmenter_destroy(a);
+}
+
+/* DSRT_MAX_CPU_ISA caps the kernels; a name it does not know is refused. */
+static void test_isa_environment(void) {
+    const char *old = getenv("DSRT_MAX_CPU_ISA");
+    char *saved = old ? strdup(old) : NULL;
+    dsrt_augmenter *a;
+    setenv("DSRT_MAX_CPU_ISA", "scalar", 1);
+    REQUIRE(dsrt_augmenter_create(&a) == 0);
+    CHECK_STR_EQ(dsrt_augmenter_isa(a), "scalar");
+    dsrt_augmenter_destroy(a);
+    setenv("DSRT_MAX_CPU_ISA", "avx2", 1);
+    REQUIRE(dsrt_augmenter_create(&a) == 0);
+    CHECK(strcmp(dsrt_augmenter_isa(a), "avx512") != 0);
+    dsrt_augmenter_destroy(a);
+    setenv("DSRT_MAX_CPU_ISA", "neon", 1);
+    a = NULL;
+    CHECK_EQ(dsrt_augmenter_create(&a), DSRT_EOPTION);
+    CHECK(a == NULL);
+    CHECK_CONTAINS(dsrt_last_error(), "DSRT_MAX_CPU_ISA: 'neon'");
+    if (saved)
+        setenv("DSRT_MAX_CPU_ISA", saved, 1);
+    else
+        unsetenv("DSRT_MAX_CPU_ISA");
+    free(saved);
+}
+
 int main(void) {
     RUN(test_options);
     RUN(test_limits_hold);
@@ -1074,5 +1401,10 @@ int main(void) {
     RUN(test_determinism);
     RUN(test_decode_scale);
     RUN(test_jpeg_flow);
+    RUN(test_window);
+    RUN(test_window_errors);
+    RUN(test_gray_replicated);
+    RUN(test_isa_identical);
+    RUN(test_isa_environment);
     return TEST_RESULT();
 }

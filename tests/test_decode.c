@@ -8,7 +8,10 @@
  * pixels that were encoded. Bad input (empty, not an image, truncated at
  * every byte, corrupted, decompression bombs, destinations too small) must
  * give a negative code and a message, never a crash, and must leave the
- * decoder usable.
+ * decoder usable. Region decodes must give a whole decode's pixels inside the
+ * region, for every kind of JPEG, scale and many regions, and must still see
+ * what follows the rows they need (truncation, a second scan, warnings of a
+ * strict decoder).
  *
  * The 16-bit PNG rule, checked here on values where it matters: libspng's
  * SPNG_FMT_RGB8 keeps the high byte of each sample (0x30FF -> 0x30), it
@@ -71,6 +74,14 @@ static long first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (a[i] != b[i]) return (long)i;
     return -1;
+}
+
+/* Offset of the first marker FF code in jpeg after its first two bytes, or
+ * 0 when there is none. */
+static size_t find_marker(const uint8_t *jpeg, size_t len, uint8_t code) {
+    for (size_t i = 2; i + 1 < len; i++)
+        if (jpeg[i] == 0xff && jpeg[i + 1] == code) return i;
+    return 0;
 }
 
 /* A call that must fail with code (or any negative code when code is 0) and
@@ -828,12 +839,7 @@ static void test_jpeg_unsupported(void) {
     size_t len;
     uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_444, 32, 32, 3, &len);
     REQUIRE(jpeg);
-    size_t sof = 0;
-    for (size_t i = 2; i + 1 < len; i++)
-        if (jpeg[i] == 0xff && jpeg[i + 1] == 0xc0) {
-            sof = i;
-            break;
-        }
+    size_t sof = find_marker(jpeg, len, 0xc0);
     REQUIRE(sof > 0);
     dsrt_decode_request r = request(3, 0, 0);
     dsrt_image img;
@@ -857,12 +863,7 @@ static void test_jpeg_warning(void) {
     size_t len;
     uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_420, 64, 48, 11, &len);
     REQUIRE(jpeg);
-    size_t sos = 0;
-    for (size_t i = 2; i + 1 < len; i++)
-        if (jpeg[i] == 0xff && jpeg[i + 1] == 0xda) {
-            sos = i;
-            break;
-        }
+    size_t sos = find_marker(jpeg, len, 0xda);
     REQUIRE(sos > 0);
     uint8_t *junk = malloc(len + 3);
     REQUIRE(junk);
@@ -1033,6 +1034,310 @@ static void test_scratch_reuse(void) {
     dsrt_decoder_destroy(d);
 }
 
+// ----------------------------------------------------------------------------
+// Regions: a window of the scaled image whose region is the whole decode's
+
+/* The full-image region [x, x + w) x [y, y + h) (w or h 0: all), scaled by
+ * 1/denom: [*x0, *x1) x [*y0, *y1) of the sw x sh decode. */
+static void scaled_region(int x, int y, int w, int h, int denom, int sw, int sh, int *x0, int *x1,
+                          int *y0, int *y1) {
+    *x0 = w ? x / denom : 0;
+    *x1 = w ? DSRT_MIN((x + w + denom - 1) / denom, sw) : sw;
+    *y0 = h ? y / denom : 0;
+    *y1 = h ? DSRT_MIN((y + h + denom - 1) / denom, sh) : sh;
+}
+
+/* Decodes region (x, y, w, h) of the image with d, at the scale min (sw x
+ * sh) picks, and compares the region's pixels with whole, the whole decode.
+ * Returns the number of pixels the window holds. */
+static size_t check_region(dsrt_decoder *d, const uint8_t *buf, size_t len, int channels, int denom,
+                           const uint8_t *whole, int sw, int sh, int x, int y, int w, int h,
+                           const char *what) {
+    dsrt_image_info info;
+    CHECK_OK(dsrt_decode_begin(d, buf, len, &info));
+    dsrt_decode_request r = request(channels, denom == 1 ? 0 : sw, denom == 1 ? 0 : sh);
+    r.region_x = x, r.region_y = y, r.region_width = w, r.region_height = h;
+    dsrt_image img;
+    dsrt_window win;
+    int rc = dsrt_decode_finish(d, &r, &img, &win);
+    CHECK_OK(rc);
+    if (rc != 0) return 0;
+    CHECK_EQ(win.decoded_width, sw);
+    CHECK_EQ(win.decoded_height, sh);
+    CHECK_EQ(img.channels, channels);
+    int x0, x1, y0, y1;
+    scaled_region(x, y, w, h, denom, sw, sh, &x0, &x1, &y0, &y1);
+    CHECK_LE(win.x0, x0);
+    CHECK_LE(win.y0, y0);
+    CHECK_GE(win.x0 + img.width, x1);
+    CHECK_GE(win.y0 + img.height, y1);
+    CHECK_LE(win.x0 + img.width, sw);
+    CHECK_LE(win.y0 + img.height, sh);
+    long bad = 0;
+    for (int yy = y0; yy < y1 && yy - win.y0 < img.height; yy++) {
+        const uint8_t *got =
+            img.data + (size_t)(yy - win.y0) * img.stride + (size_t)(x0 - win.x0) * channels;
+        const uint8_t *want = whole + ((size_t)yy * sw + x0) * channels;
+        if (memcmp(got, want, (size_t)(x1 - x0) * channels) != 0) bad++;
+    }
+    if (bad)
+        fprintf(stderr, "%s: %dx%d at 1/%d, %d channel(s), region %d,%d %dx%d: %ld rows differ\n",
+                what, info.width, info.height, denom, channels, x, y, w, h, bad);
+    CHECK_EQ(bad, 0);
+    return (size_t)img.width * img.height;
+}
+
+/* Every kind of JPEG, at every scale, in both channel counts, over fixed
+ * and random regions: the pixels of a region are a whole decode's, and
+ * small regions decode less. */
+static void check_regions(dsrt_decoder *d, const uint8_t *jpeg, size_t len, const char *what,
+                          uint64_t key) {
+    dsrt_image_info info;
+    CHECK_OK(dsrt_decoder_info(d, jpeg, len, &info));
+    int W = info.width, H = info.height;
+    for (int denom = 1; denom <= 8; denom *= 2)
+        for (int ch = 1; ch <= 3; ch += 2) {
+            int sw = (W + denom - 1) / denom, sh = (H + denom - 1) / denom;
+            dsrt_decode_request r = request(ch, denom == 1 ? 0 : sw, denom == 1 ? 0 : sh);
+            dsrt_image img;
+            CHECK_OK(dsrt_decode(d, jpeg, len, &r, &img));
+            if (img.width != sw || img.height != sh) continue;
+            size_t n = (size_t)sw * sh * ch;
+            uint8_t *whole = malloc(n);
+            REQUIRE(whole);
+            memcpy(whole, img.data, n);
+            int fixed[][4] = {{0, 0, 1, 1},
+                              {W - 1, H - 1, 1, 1},
+                              {W / 3, H / 4, W / 2, H / 3},
+                              {0, H / 2, W, 0},
+                              {W / 2, 0, 0, H / 2},
+                              {0, 0, 0, 0},
+                              {W / 5, H / 5, W - W / 5, H - H / 5}};
+            for (size_t k = 0; k < DSRT_ARRAY_SIZE(fixed); k++)
+                check_region(d, jpeg, len, ch, denom, whole, sw, sh, fixed[k][0], fixed[k][1],
+                             fixed[k][2], fixed[k][3], what);
+            for (int k = 0; k < 12; k++) {
+                uint64_t m = dsrt__mix64(key * 7919 + (uint64_t)(denom * 4 + ch) * 131 + k);
+                int x = (int)(m % W), y = (int)((m >> 16) % H);
+                int w = 1 + (int)((m >> 32) % (W - x)), h = 1 + (int)((m >> 48) % (H - y));
+                check_region(d, jpeg, len, ch, denom, whole, sw, sh, x, y, w, h, what);
+            }
+            /* A small region of a large image decodes a small window. */
+            if (sw >= 256 && sh >= 256) {
+                size_t px = check_region(d, jpeg, len, ch, denom, whole, sw, sh, W / 2, H / 2,
+                                         denom, denom, what);
+                CHECK_LT(px, (size_t)sw * sh / 4);
+            }
+            free(whole);
+        }
+}
+
+static void test_regions(void) {
+    static const int sizes[][2] = {{641, 479}, {37, 23}, {333, 2}, {17, 100}, {1, 1}, {300, 301}};
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (int kind = 0; kind < TIMG_JPEG_KINDS; kind++)
+        for (size_t s = 0; s < DSRT_ARRAY_SIZE(sizes); s++) {
+            size_t len;
+            uint8_t *jpeg =
+                timg_make_jpeg(kind, sizes[s][0], sizes[s][1], (uint32_t)(kind * 31 + s), &len);
+            REQUIRE(jpeg);
+            check_regions(d, jpeg, len, timg_jpeg_kind_name(kind), (uint64_t)kind * 100 + s);
+            free(jpeg);
+        }
+    /* Sampling factors TurboJPEG has no name for. */
+    static const int samplings[][3][2] = {
+        {{2, 2}, {2, 1}, {1, 1}},
+        {{1, 2}, {1, 1}, {1, 2}},
+        {{3, 1}, {1, 1}, {1, 1}},
+    };
+    int w = 213, h = 157;
+    uint8_t *rgb = malloc((size_t)w * h * 3);
+    REQUIRE(rgb);
+    timg_pattern(rgb, w, h, 3, 78);
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(samplings); i++) {
+        size_t len;
+        uint8_t *jpeg = jpeg_with_sampling(rgb, w, h, samplings[i], &len);
+        if (!jpeg) break;
+        check_regions(d, jpeg, len, "odd sampling", 1000 + i);
+        free(jpeg);
+    }
+    free(rgb);
+    /* PNGs decode whole, the window being the image. */
+    size_t len;
+    uint8_t *png = timg_make_png(TIMG_PNG_RGB8, 40, 30, 3, &len, NULL);
+    dsrt_image_info info;
+    CHECK_OK(dsrt_decode_begin(d, png, len, &info));
+    dsrt_decode_request r = request(3, 0, 0);
+    r.region_x = 10, r.region_y = 5, r.region_width = 3, r.region_height = 4;
+    dsrt_image img;
+    dsrt_window win;
+    CHECK_OK(dsrt_decode_finish(d, &r, &img, &win));
+    CHECK_EQ(img.width, 40);
+    CHECK_EQ(win.x0, 0);
+    CHECK_EQ(win.decoded_width, 40);
+    free(png);
+    dsrt_decoder_destroy(d);
+}
+
+/* What follows the rows a region needs is still looked at: a truncated file
+ * is an error, a second scan where none may be is the error it is for a
+ * whole decode, and a strict decoder still sees a warning there. */
+static void test_region_rest(void) {
+    size_t len;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_420, 641, 479, 12, &len);
+    REQUIRE(jpeg);
+    dsrt_decoder *d, *s;
+    dsrt_decoder_options o = dsrt_decoder_defaults();
+    o.strict = 1;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    REQUIRE(dsrt_decoder_create(&s, &o) == 0);
+    dsrt_decode_request top = request(3, 0, 0);
+    top.region_width = 641, top.region_height = 40;
+    dsrt_decode_request all = request(3, 0, 0);
+    dsrt_image img;
+    dsrt_image_info info;
+
+    /* Cut in the rows below the region. */
+    CHECK_FAILS(dsrt_decode(d, jpeg, len * 9 / 10, &all, &img), DSRT_ETRUNCATED);
+    CHECK_FAILS(dsrt_decode(d, jpeg, len * 9 / 10, &top, &img), DSRT_ETRUNCATED);
+    CHECK_FAILS(dsrt_decode(s, jpeg, len * 9 / 10, &top, &img), DSRT_ETRUNCATED);
+
+    /* Junk before the end-of-image marker (more than the entropy decoder
+     * reads ahead): a warning. */
+    uint8_t *junk = malloc(len + 100);
+    REQUIRE(junk);
+    memcpy(junk, jpeg, len - 2);
+    memset(junk + len - 2, 0x55, 100);
+    memcpy(junk + len + 98, "\xff\xd9", 2);
+    CHECK_OK(dsrt_decode(d, junk, len + 100, &all, &img));
+    CHECK_OK(dsrt_decode(d, junk, len + 100, &top, &img));
+    CHECK_FAILS(dsrt_decode(s, junk, len + 100, &all, &img), DSRT_ECORRUPT);
+    CHECK_FAILS(dsrt_decode(s, junk, len + 100, &top, &img), DSRT_ECORRUPT);
+    CHECK_CONTAINS(dsrt_last_error(), "extraneous bytes before marker 0xd9");
+    free(junk);
+
+    /* A second scan in a single-scan image, after the first. */
+    size_t sos = find_marker(jpeg, len, 0xda);
+    REQUIRE(sos > 0);
+    size_t seg = 2 + ((size_t)jpeg[sos + 2] << 8 | jpeg[sos + 3]);
+    uint8_t *two = malloc(len + seg + 16);
+    REQUIRE(two);
+    memcpy(two, jpeg, len - 2);
+    memcpy(two + len - 2, jpeg + sos, seg);
+    memset(two + len - 2 + seg, 0, 16);
+    memcpy(two + len - 2 + seg + 14, "\xff\xd9", 2);
+    size_t two_len = len - 2 + seg + 16;
+    corpus("second-scan.jpg", two, two_len);
+    dsrt__clear_error();
+    int whole_rc = dsrt_decode(d, two, two_len, &all, &img);
+    char whole_msg[256];
+    snprintf(whole_msg, sizeof whole_msg, "%s", dsrt_last_error());
+    CHECK_LT(whole_rc, 0);
+    CHECK_FAILS(dsrt_decode(d, two, two_len, &top, &img), whole_rc);
+    CHECK_STR_EQ(dsrt_last_error(), whole_msg);
+    free(two);
+
+    /* The decoders go on. */
+    CHECK_OK(dsrt_decode_begin(d, jpeg, len, &info));
+    CHECK_OK(dsrt_decode_finish(d, &top, &img, NULL));
+    CHECK_EQ(img.height, 40);
+    CHECK_OK(dsrt_decode(s, jpeg, len, &top, &img));
+    free(jpeg);
+    dsrt_decoder_destroy(s);
+    dsrt_decoder_destroy(d);
+}
+
+/* begin and finish used wrongly; bad regions and flags. */
+static void test_begin_finish(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    size_t len, len2;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_444, 64, 48, 3, &len);
+    uint8_t *other = timg_make_jpeg(TIMG_JPEG_GRAY, 20, 10, 4, &len2);
+    REQUIRE(jpeg && other);
+    dsrt_decode_request r = request(3, 0, 0);
+    dsrt_image img;
+    dsrt_image_info info;
+    CHECK_FAILS(dsrt_decode_finish(d, &r, &img, NULL), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "no image begun");
+    /* A second begin drops the first; a finish closes the image. */
+    CHECK_OK(dsrt_decode_begin(d, jpeg, len, &info));
+    CHECK_OK(dsrt_decode_begin(d, other, len2, &info));
+    CHECK_EQ(info.width, 20);
+    CHECK_OK(dsrt_decode_finish(d, &r, &img, NULL));
+    CHECK_EQ(img.width, 20);
+    CHECK_FAILS(dsrt_decode_finish(d, &r, &img, NULL), DSRT_EOPTION);
+    /* Bad requests fail and close the image. */
+    int bad[][5] = {
+        {-1, 0, 1, 1, 0}, {0, 0, -2, 1, 0}, {64, 0, 1, 1, 0}, {0, 48, 1, 1, 0}, {0, 0, 1, 1, 2}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bad); k++) {
+        CHECK_OK(dsrt_decode_begin(d, jpeg, len, &info));
+        dsrt_decode_request b = r;
+        b.region_x = bad[k][0], b.region_y = bad[k][1];
+        b.region_width = bad[k][2], b.region_height = bad[k][3];
+        b.allow_gray = bad[k][4];
+        CHECK_FAILS(dsrt_decode_finish(d, &b, &img, NULL), DSRT_EOPTION);
+        CHECK_FAILS(dsrt_decode_finish(d, &r, &img, NULL), DSRT_EOPTION);
+    }
+    /* A region reaching past the image is cut to it. */
+    r.region_x = 60, r.region_y = 40, r.region_width = 100, r.region_height = 100;
+    dsrt_window win;
+    CHECK_OK(dsrt_decode_begin(d, jpeg, len, &info));
+    CHECK_OK(dsrt_decode_finish(d, &r, &img, &win));
+    CHECK_EQ(win.x0 + img.width, 64);
+    CHECK_EQ(win.y0 + img.height, 48);
+    /* A bad file fails at begin, and finish then has nothing. */
+    CHECK_FAILS(dsrt_decode_begin(d, jpeg, 10, &info), DSRT_ETRUNCATED);
+    CHECK_FAILS(dsrt_decode_finish(d, &r, &img, NULL), DSRT_EOPTION);
+    check_still_works(d, jpeg, len, TIMG_JPEG_444);
+    free(jpeg);
+    free(other);
+    dsrt_decoder_destroy(d);
+}
+
+/* allow_gray: gray files stay gray (the same bytes as a gray decode, whose
+ * replication is the RGB decode); colour files and 16-bit gray PNGs do not. */
+static void test_allow_gray(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    struct {
+        int jpeg, kind, stays;
+    } cases[] = {
+        {1, TIMG_JPEG_GRAY, 1},  {1, TIMG_JPEG_420, 0},  {1, TIMG_JPEG_CMYK, 0},
+        {0, TIMG_PNG_GRAY8, 1},  {0, TIMG_PNG_GRAY1, 1}, {0, TIMG_PNG_GRAY4_INTERLACED, 1},
+        {0, TIMG_PNG_GRAY16, 0}, {0, TIMG_PNG_RGB8, 0},  {0, TIMG_PNG_GA8, 0},
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        size_t len;
+        uint8_t *buf = cases[k].jpeg ? timg_make_jpeg(cases[k].kind, 61, 37, 9, &len)
+                                     : timg_make_png(cases[k].kind, 61, 37, 9, &len, NULL);
+        REQUIRE(buf);
+        size_t n = 61 * 37;
+        dsrt_decode_request r = request(3, 0, 0);
+        dsrt_image img;
+        CHECK_OK(dsrt_decode(d, buf, len, &r, &img));
+        uint8_t *rgb = malloc(n * 3);
+        REQUIRE(rgb);
+        memcpy(rgb, img.data, n * 3);
+        r.allow_gray = 1;
+        CHECK_OK(dsrt_decode(d, buf, len, &r, &img));
+        CHECK_EQ(img.channels, cases[k].stays ? 1 : 3);
+        if (cases[k].stays) {
+            CHECK_EQ(img.stride, (size_t)61);
+            long bad = 0;
+            for (size_t i = 0; i < n; i++)
+                for (int c = 0; c < 3; c++) bad += img.data[i] != rgb[3 * i + c];
+            CHECK_EQ(bad, 0);
+        } else {
+            CHECK_EQ(first_diff(img.data, rgb, n * 3), -1);
+        }
+        free(rgb);
+        free(buf);
+    }
+    dsrt_decoder_destroy(d);
+}
+
 int main(void) {
     corpus_dir = getenv("DSRT_WRITE_CORPUS");
     if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
@@ -1054,5 +1359,9 @@ int main(void) {
     RUN(test_bombs);
     RUN(test_dst_too_small);
     RUN(test_scratch_reuse);
+    RUN(test_regions);
+    RUN(test_region_rest);
+    RUN(test_begin_finish);
+    RUN(test_allow_gray);
     return TEST_RESULT();
 }

@@ -687,6 +687,104 @@ static void test_blame(void) {
     result_free(&r);
 }
 
+/* The string value after "key": in a JSON line (copied into v), or "". */
+static const char *json_str(const char *s, const char *key, char *v, size_t cap) {
+    char k[128];
+    snprintf(k, sizeof k, "\"%s\":\"", key);
+    const char *p = s ? strstr(s, k) : NULL;
+    v[0] = '\0';
+    if (!p) return v;
+    p += strlen(k);
+    size_t n = 0;
+    while (p[n] && p[n] != '"' && n + 1 < cap) n++;
+    memcpy(v, p, n);
+    v[n] = '\0';
+    return v;
+}
+
+/* dsbench's layouts and its limit: uint8 NHWC and gray outputs run and say
+ * so, the limit is measured and each run set against it, the checksums are
+ * the same whatever instruction set the augmenters use, and bad choices are
+ * refused before any work. */
+static void test_bench_layouts_and_limit(void) {
+    char photos[4300];
+    snprintf(photos, sizeof photos, "%s/photos", root);
+    static const int kinds[] = {TIMG_JPEG_420, TIMG_JPEG_GRAY, TIMG_JPEG_PROGRESSIVE,
+                                TIMG_JPEG_444};
+    for (int i = 0; i < 24; i++) {
+        char dir[4400], path[4500];
+        snprintf(dir, sizeof dir, "%s/c%d", photos, i % 2);
+        REQUIRE(timg_mkdirs(dir) == 0);
+        size_t len;
+        uint8_t *jpeg = timg_make_jpeg(kinds[i % 4], 300 + 7 * i, 260 - 3 * i, (uint32_t)i, &len);
+        REQUIRE(jpeg);
+        snprintf(path, sizeof path, "%s/%02d.jpg", dir, i);
+        REQUIRE(timg_write_file(path, jpeg, len) == 0);
+        free(jpeg);
+    }
+    result r = run(ARGV(bin_bench, photos, "--layout", "nhwc", "--threads", "1", "--epochs", "1",
+                        "--batch", "8", "--limit", "--limit-passes", "1", "--json", "--checksum"),
+                   300);
+    CHECK_EQ(r.status, 0);
+    char v[64];
+    CHECK_STR_EQ(json_str(r.out, "layout", v, sizeof v), "nhwc");
+    CHECK_STR_EQ(json_str(r.out, "dtype", v, sizeof v), "uint8");
+    CHECK_CONTAINS(r.out, "\"limit\":{\"images\":24,");
+    CHECK_CONTAINS(r.out, "\"of_limit\":");
+    CHECK_CONTAINS(r.out, "\"load_average\":[");
+    CHECK(json_str(r.out, "augment_isa", v, sizeof v)[0] != '\0');
+    result_free(&r);
+    r = run(ARGV(bin_bench, photos, "--channels", "1", "--threads", "1", "--epochs", "1", "--limit",
+                 "--limit-passes", "1"),
+            300);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.out, "limit: one core decodes 24 of these files");
+    CHECK_CONTAINS(r.out, "(float32 NCHW, 1 channel)");
+    CHECK_CONTAINS(r.out, "% of the limit");
+    result_free(&r);
+
+    /* The same bytes from every instruction set, float and uint8. */
+    static const char *const isas[] = {"scalar", "avx2", "avx512"};
+    static char *const layouts[][3] = {
+        {"227", "nchw", "3"}, {"32", "nhwc", "3"}, {"32", "nchw", "1"}};
+    for (size_t l = 0; l < (sizeof layouts / sizeof layouts[0]); l++) {
+        char first[64] = "";
+        for (size_t i = 0; i < (sizeof isas / sizeof isas[0]); i++) {
+            setenv("DSRT_MAX_CPU_ISA", isas[i], 1);
+            r = run(ARGV(bin_bench, photos, "--pipeline", layouts[l][0], "--layout", layouts[l][1],
+                         "--channels", layouts[l][2], "--threads", "2", "--epochs", "1", "--batch",
+                         "8", "--json", "--checksum"),
+                    300);
+            unsetenv("DSRT_MAX_CPU_ISA");
+            CHECK_EQ(r.status, 0);
+            char sum[64];
+            json_str(r.out, "checksum", sum, sizeof sum);
+            CHECK(sum[0] != '\0');
+            if (i == 0) snprintf(first, sizeof first, "%s", sum);
+            if (strcmp(sum, first) != 0)
+                fprintf(stderr, "pipeline %s %s: %s gives %s, scalar %s\n", layouts[l][0],
+                        layouts[l][1], isas[i], sum, first);
+            CHECK_STR_EQ(sum, first);
+            result_free(&r);
+        }
+    }
+
+    /* Refused at once. */
+    r = run(ARGV(bin_bench, photos, "--layout", "nhwc", "--dtype", "float32"), 30);
+    CHECK_EQ(r.status, 2);
+    CHECK_CONTAINS(r.err, "float32 NCHW or uint8 NHWC");
+    result_free(&r);
+    r = run(ARGV(bin_bench, photos, "--channels", "2"), 30);
+    CHECK_EQ(r.status, 2);
+    result_free(&r);
+    setenv("DSRT_MAX_CPU_ISA", "sse9", 1);
+    r = run(ARGV(bin_bench, photos), 30);
+    unsetenv("DSRT_MAX_CPU_ISA");
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "DSRT_MAX_CPU_ISA: 'sse9'");
+    result_free(&r);
+}
+
 int main(void) {
     const char *bin = getenv("DSRT_BIN_DIR");
     if (!bin || !*bin) {
@@ -721,5 +819,6 @@ int main(void) {
     RUN(test_output_hygiene);
     RUN(test_blame);
     RUN(test_shards_cli);
+    RUN(test_bench_layouts_and_limit);
     return TEST_RESULT();
 }

@@ -97,6 +97,13 @@ static const char usage[] =
     "                        4 pixels (zero fill), float NCHW in [0, 1]\n"
     "                        none: decode only: each image at its own size as float\n"
     "                        CHW in [0, 1], one image a batch unless --batch says\n"
+    "  --layout nchw|nhwc    the samples' layout: nchw (default) is float32 planes,\n"
+    "                        nhwc is uint8 rows of interleaved channels (what a GPU\n"
+    "                        stages and normalises itself), no normalisation\n"
+    "  --dtype float32|uint8 the samples' type: float32 goes with nchw (the\n"
+    "                        default), uint8 with nhwc; either option alone picks both\n"
+    "  --channels 1|3        output channels (default 3): 1 decodes JPEGs to their\n"
+    "                        luma alone\n"
     "  --threads N           worker threads (default 0: one per core); with --sweep,\n"
     "                        a list of counts such as 1,2,4\n"
     "  --sweep               run once per thread count (1, 2, 4, ... up to the cores,\n"
@@ -130,6 +137,13 @@ static const char usage[] =
     "  --fail-on-error       stop at the first bad image instead of skipping it\n"
     "  --bad-list FILE       write every bad image, with the reason, to FILE (one JSON\n"
     "                        object a line: path, error); the report names the first 20\n"
+    "  --limit               also measure the limit: one core decoding the same files at\n"
+    "                        full size to RGB with TurboJPEG (fast DCT; libspng for PNG),\n"
+    "                        files in memory, nothing else; and report each run's\n"
+    "                        images/s per thread as a share of it\n"
+    "  --limit-images N      files the limit decodes, spread over DATA (default 2000;\n"
+    "                        0: all)\n"
+    "  --limit-passes N      passes over them; the best counts (default 3)\n"
     "  --checksum            hash every delivered batch (samples and labels, in order;\n"
     "                        FNV-1a over 64-bit words in 4 lanes) and print the hash:\n"
     "                        the same for any thread count, io back-end or timing\n"
@@ -159,9 +173,15 @@ typedef struct {
     int index, json;
     /* pipeline mode */
     pipe_kind kind;
+    int nhwc;         /* --layout nhwc / --dtype uint8: uint8 NHWC samples */
+    int layout_given; /* -1 nchw/float32 asked, 1 nhwc/uint8 asked, 0 neither */
+    int channels;     /* --channels: 1 or 3 */
     dsrt_pipeline_options po;
     int batch_given, sweep, cold, checksum;
     int cold_method; /* COLD_AUTO, COLD_DROP_CACHES, COLD_FADVISE */
+    int limit; /* --limit */
+    size_t limit_images;
+    unsigned limit_passes;
     const char *threads_list;
     const char *bad_list; /* --bad-list FILE */
     FILE *bad_out;
@@ -181,6 +201,13 @@ static const char *const cold_names[] = {"auto", "drop-caches", "fadvise"};
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* CPU seconds of the whole process, every thread. */
+static double cpu_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -509,7 +536,9 @@ static double median_rate(const double *rates, unsigned n) {
 typedef struct {
     unsigned threads;
     tool_bad_list bad;
-    double *rates; /* (epochs) images/s */
+    double *rates;     /* (epochs) images/s */
+    double *cpu_rates; /* (epochs) images per second of the process's CPU time */
+    double cpu_median;
     double median, seconds;
     uint64_t delivered;
     uint64_t hash;
@@ -567,7 +596,9 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
     memset(r, 0, sizeof *r);
     r->bad.out = o->bad_out;
     r->rates = calloc(o->epochs, sizeof *r->rates);
-    if (!r->rates) tool_die("out of memory");
+    r->cpu_rates = calloc(o->epochs, sizeof *r->cpu_rates);
+    if (!r->rates || !r->cpu_rates) tool_die("out of memory");
+    double c0 = cpu_s();
     uint64_t skipped_before = 0;
     double t_run = now_s(), t0 = t_run;
     for (unsigned e = 0; e < o->epochs; e++) {
@@ -599,8 +630,10 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
                 progress(o, e, images, per_epoch, t0);
             }
         }
-        double t1 = now_s(), dt = t1 - t0;
+        double t1 = now_s(), dt = t1 - t0, c1 = cpu_s();
         r->rates[e] = images / dt;
+        r->cpu_rates[e] = images / (c1 - c0 > 1e-9 ? c1 - c0 : 1e-9);
+        c0 = c1;
         r->delivered += images;
         dsrt_pipeline_stats(p, &r->st);
         uint64_t skipped = r->st.skipped - skipped_before;
@@ -638,6 +671,7 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
     for (unsigned i = 0; i < DSRT_PIPELINE_BAD_MESSAGES; i++) r->st.bad_messages[i] = NULL;
     dsrt_pipeline_close(p);
     r->median = median_rate(r->rates, o->epochs);
+    r->cpu_median = median_rate(r->cpu_rates, o->epochs);
     r->hash = checksum_final(&c);
 }
 
@@ -670,13 +704,28 @@ static const char *io_name(const dsrt_pipeline_statistics *s) {
     return s->io == DSRT_IO_AUTO ? "memory" : dsrt_io_name(s->io);
 }
 
-static void json_summary(const options *o, const run_result *r, size_t images) {
+/* What every report says about the machine and the limit. */
+typedef struct {
+    double load[3];  /* load average over 1, 5 and 15 minutes, before the runs */
+    const char *isa; /* the augmenters' kernels */
+    int have_limit;
+    dsrt_decode_limit limit;
+} context;
+
+/* Images/s per worker thread, and its share of the limit. */
+static double per_thread(const run_result *r) {
+    return r->threads ? r->median / r->threads : 0.0;
+}
+
+static void json_summary(const options *o, const context *cx, const run_result *r, size_t images) {
     const dsrt_pipeline_statistics *s = &r->st;
     printf("{\"data\":");
     tool_json_string(stdout, o->data);
-    printf(",\"pipeline\":\"%s\",\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
+    printf(",\"pipeline\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\",\"channels\":%d,"
+           "\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
            "\"pinned_threads\":%u,\"io\":\"%s\",\"io_fallback\":",
-           kind_names[o->kind], o->po.batch, o->po.prefetch, r->threads, r->cpus, s->pinned_threads,
+           kind_names[o->kind], o->nhwc ? "nhwc" : "nchw", o->nhwc ? "uint8" : "float32",
+           o->channels, o->po.batch, o->po.prefetch, r->threads, r->cpus, s->pinned_threads,
            io_name(s));
     if (r->io_fallback[0])
         tool_json_string(stdout, r->io_fallback);
@@ -702,6 +751,16 @@ static void json_summary(const options *o, const run_result *r, size_t images) {
                r->shards, dsrt_shard_order_name(r->order), r->shuffle_buffer,
                (unsigned long long)s->stream_bytes, (unsigned long long)s->stream_samples,
                (unsigned long long)s->stream_ranged);
+    printf(",\"per_thread_images_per_s\":%.1f,\"images_per_cpu_s\":%.1f,\"augment_isa\":\"%s\","
+           "\"load_average\":[%.2f,%.2f,%.2f]",
+           per_thread(r), r->cpu_median, cx->isa, cx->load[0], cx->load[1], cx->load[2]);
+    if (cx->have_limit)
+        printf(",\"limit\":{\"images\":%zu,\"skipped\":%zu,\"passes\":%u,\"images_per_s\":%.1f,"
+               "\"megapixels_per_s\":%.1f,\"cpu_images_per_s\":%.1f},\"of_limit\":%.4f,"
+               "\"of_limit_cpu\":%.4f",
+               cx->limit.images, cx->limit.skipped, o->limit_passes, cx->limit.images_per_s,
+               cx->limit.megapixels_per_s, cx->limit.cpu_images_per_s,
+               per_thread(r) / cx->limit.images_per_s, r->cpu_median / cx->limit.cpu_images_per_s);
     printf(",\"bytes_per_s\":%.0f", r->seconds > 0 ? s->bytes_read / r->seconds : 0.0);
     if (s->remote_requests)
         printf(",\"remote\":{\"requests\":%llu,\"retries\":%llu,\"connections\":%llu,"
@@ -753,9 +812,33 @@ static int run_pipeline(options *o) {
         dsrt_augment_preset_32(&aug);
     else
         aug = dsrt_augment_defaults(); /* native: float CHW in [0, 1], nothing else */
+    aug.output_channels = o->channels;
+    if (o->nhwc) {
+        aug.layout = DSRT_AUGMENT_U8_NHWC;
+        aug.norm = DSRT_AUGMENT_NORM_NONE;
+    }
     o->po.native = o->kind == PIPE_NONE;
     if (!o->batch_given) o->po.batch = o->kind == PIPE_NONE ? 1 : 128;
     size_t images = dsrt_datastore_count(ds);
+
+    context cx;
+    memset(&cx, 0, sizeof cx);
+    if (getloadavg(cx.load, 3) != 3) cx.load[0] = cx.load[1] = cx.load[2] = -1;
+    dsrt_augmenter *probe;
+    if (dsrt_augmenter_create(&probe) != 0) tool_die("%s", dsrt_last_error());
+    cx.isa = dsrt_augmenter_isa(probe); /* a static string */
+    dsrt_augmenter_destroy(probe);
+    if (o->limit) {
+        if (dsrt_datastore_decode_limit(ds, o->limit_images, o->limit_passes, &cx.limit) != 0)
+            tool_die("--limit: %s", dsrt_last_error());
+        cx.have_limit = 1;
+        if (!o->json)
+            printf("limit: one core decodes %zu of these files at %.1f images/s (%.1f MP/s; "
+                   "%.1f a second of its CPU time): full size to RGB, TurboJPEG fast DCT, files "
+                   "in memory, nothing else (best of %u passes)\n",
+                   cx.limit.images, cx.limit.images_per_s, cx.limit.megapixels_per_s,
+                   cx.limit.cpu_images_per_s, o->limit_passes);
+    }
 
     unsigned counts[64], ncounts = 1;
     counts[0] = o->po.threads;
@@ -768,7 +851,7 @@ static int run_pipeline(options *o) {
         run_pipeline_once(o, ds, &aug, counts[i], r);
         o->bad_out = NULL;
         if (o->json) {
-            json_summary(o, r, images);
+            json_summary(o, &cx, r, images);
             continue;
         }
         const dsrt_pipeline_statistics *s = &r->st;
@@ -776,12 +859,13 @@ static int run_pipeline(options *o) {
             if (o->sweep)
                 printf("%s: %zu images\n", o->data, images);
             else
-                printf("%s: %zu images, pipeline %s, batch %zu, %u thread%s on CPUs %s (%u "
-                       "pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
-                       o->data, images, kind_names[o->kind], o->po.batch, r->threads,
-                       r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
-                       r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
-                       s->slots, s->slot_bytes / 1e6,
+                printf("%s: %zu images, pipeline %s (%s %s, %d channel%s), batch %zu, %u thread%s "
+                       "on CPUs %s (%u pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
+                       o->data, images, kind_names[o->kind], o->nhwc ? "uint8" : "float32",
+                       o->nhwc ? "NHWC" : "NCHW", o->channels, o->channels == 1 ? "" : "s",
+                       o->po.batch, r->threads, r->threads == 1 ? "" : "s", r->cpus,
+                       s->pinned_threads, io_name(s), r->io_fallback[0] ? " (" : "", r->io_fallback,
+                       r->io_fallback[0] ? ")" : "", s->slots, s->slot_bytes / 1e6,
                        s->pinned_memory   ? "pinned for CUDA (cudaHostRegister)"
                        : s->locked_memory ? "locked"
                                           : "not locked");
@@ -802,8 +886,18 @@ static int run_pipeline(options *o) {
             printf("\n");
         }
         if (!o->sweep) {
-            printf("median %.1f images/s%s\n", r->median,
-                   o->epochs > 1 ? " over the epochs after the warm-up" : "");
+            printf("median %.1f images/s%s; %.1f per thread", r->median,
+                   o->epochs > 1 ? " over the epochs after the warm-up" : "", per_thread(r));
+            if (cx.have_limit)
+                printf(", %.0f%% of the limit", 100.0 * per_thread(r) / cx.limit.images_per_s);
+            printf(" (load average %.2f before the run; augment kernels %s)\n", cx.load[0], cx.isa);
+            printf("in CPU time: %.1f images per second of the process's CPU", r->cpu_median);
+            if (cx.have_limit)
+                printf(", %.0f%% of the limit's %.1f (figures that other load on the machine "
+                       "does not move)",
+                       100.0 * r->cpu_median / cx.limit.cpu_images_per_s,
+                       cx.limit.cpu_images_per_s);
+            printf("\n");
             print_stages(r);
             printf("read %.1f MB/s", r->seconds > 0 ? s->bytes_read / r->seconds / 1e6 : 0.0);
             if (s->remote_requests)
@@ -816,14 +910,15 @@ static int run_pipeline(options *o) {
             if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
         } else {
             if (i == 0)
-                printf("%7s  %10s  %8s  %10s  %8s  %8s  %8s%s\n", "threads", "images/s", "speedup",
-                       "efficiency", "read ms", "decode", "augment",
-                       o->checksum ? "  checksum" : "");
+                printf("%7s  %10s  %8s  %10s  %8s  %8s  %8s%s%s\n", "threads", "images/s",
+                       "speedup", "efficiency", "read ms", "decode", "augment",
+                       cx.have_limit ? "  of limit" : "", o->checksum ? "  checksum" : "");
             double n = s->samples ? (double)s->samples : 1.0;
             double sp = r->median / res[0].median * counts[0];
             printf("%7u  %10.1f  %7.2fx  %9.0f%%  %8.3f  %8.3f  %8.3f", r->threads, r->median, sp,
                    100.0 * sp / r->threads, 1e3 * s->read_s / n, 1e3 * s->decode_s / n,
                    1e3 * s->augment_s / n);
+            if (cx.have_limit) printf("  %7.0f%%", 100.0 * per_thread(r) / cx.limit.images_per_s);
             if (o->checksum) printf("  %016llx", (unsigned long long)r->hash);
             printf("\n");
             fflush(stdout);
@@ -831,14 +926,19 @@ static int run_pipeline(options *o) {
     }
     if (o->json && o->sweep) {
         printf("{\"sweep\":[");
-        for (unsigned i = 0; i < ncounts; i++)
-            printf("%s{\"threads\":%u,\"images_per_s\":%.1f}", i ? "," : "", res[i].threads,
+        for (unsigned i = 0; i < ncounts; i++) {
+            printf("%s{\"threads\":%u,\"images_per_s\":%.1f", i ? "," : "", res[i].threads,
                    res[i].median);
+            if (cx.have_limit)
+                printf(",\"of_limit\":%.4f", per_thread(&res[i]) / cx.limit.images_per_s);
+            printf("}");
+        }
         printf("]}\n");
     }
     o->bad_out = bad_out;
     for (unsigned i = 0; i < ncounts; i++) {
         free(res[i].rates);
+        free(res[i].cpu_rates);
         tool_bad_free(&res[i].bad);
     }
     free(res);
@@ -856,6 +956,26 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
         while (k < 3 && strcmp(v, kind_names[k]) != 0) k++;
         if (k == 3) tool_die_usage("--pipeline: '%s' is not 227, 32 or none", v);
         o->kind = (pipe_kind)k;
+    } else if (strcmp(a, "--layout") == 0 || strcmp(a, "--dtype") == 0) {
+        /* Two names for one choice: the augmenter writes float32 NCHW or
+         * uint8 NHWC. Each option alone picks the pair; together they must
+         * agree. */
+        static const char *const names[2][2] = {{"nchw", "nhwc"}, {"float32", "uint8"}};
+        const char *v = tool_value(argc, argv, i);
+        int which = strcmp(a, "--dtype") == 0, pick = -1;
+        for (int k = 0; k < 2; k++)
+            if (strcmp(v, names[which][k]) == 0) pick = k;
+        if (pick < 0)
+            tool_die_usage("%s: '%s' is not %s or %s", a, v, names[which][0], names[which][1]);
+        int want = pick ? 1 : -1;
+        if (o->layout_given && o->layout_given != want)
+            tool_die_usage("%s %s: dsrt writes float32 NCHW or uint8 NHWC samples, not %s with %s",
+                           a, v, v, names[!which][o->layout_given > 0]);
+        o->layout_given = want;
+        o->nhwc = pick;
+    } else if (strcmp(a, "--channels") == 0) {
+        o->channels = (int)tool_int("--channels", tool_value(argc, argv, i), 1, 3);
+        if (o->channels == 2) tool_die_usage("--channels: 2 is not 1 or 3");
     } else if (strcmp(a, "--threads") == 0) {
         const char *v = tool_value(argc, argv, i);
         if (strchr(v, ',')) {
@@ -933,6 +1053,15 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
         po->fail_on_error = 1;
     } else if (strcmp(a, "--checksum") == 0) {
         o->checksum = 1;
+    } else if (strcmp(a, "--limit") == 0) {
+        o->limit = 1;
+    } else if (strcmp(a, "--limit-images") == 0) {
+        o->limit_images =
+            (size_t)tool_int("--limit-images", tool_value(argc, argv, i), 0, INT64_MAX);
+        o->limit = 1;
+    } else if (strcmp(a, "--limit-passes") == 0) {
+        o->limit_passes = (unsigned)tool_int("--limit-passes", tool_value(argc, argv, i), 1, 1000);
+        o->limit = 1;
     } else if (strcmp(a, "--bad-list") == 0) {
         o->bad_list = tool_value(argc, argv, i);
     } else {
@@ -951,6 +1080,9 @@ int main(int argc, char **argv) {
     o.split_both = 1;
     o.po = dsrt_pipeline_defaults();
     o.epochs = 3;
+    o.channels = 3;
+    o.limit_images = 2000;
+    o.limit_passes = 3;
     tool_set_name("dsbench");
     if (argc < 2) tool_die_usage("no data given");
 

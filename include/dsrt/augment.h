@@ -232,8 +232,16 @@ DSRT_API void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int f
  * on demand and kept between calls. */
 typedef struct dsrt_augmenter dsrt_augmenter;
 
-/* Creates an augmenter. Returns 0 or -ENOMEM. */
+/*
+ * Creates an augmenter. Its resampling runs on the widest vectors the CPU
+ * has (AVX-512, AVX2, or plain C), chosen here; the environment variable
+ * DSRT_MAX_CPU_ISA=scalar|avx2|avx512 caps the choice. Every choice writes
+ * the same bytes. Returns 0, -ENOMEM, or DSRT_EOPTION when DSRT_MAX_CPU_ISA
+ * names no instruction set.
+ */
 DSRT_API int dsrt_augmenter_create(dsrt_augmenter **a);
+/* The instructions a's resampling runs on: "avx512", "avx2" or "scalar". */
+DSRT_API const char *dsrt_augmenter_isa(const dsrt_augmenter *a);
 /* Frees an augmenter. NULL is accepted. */
 DSRT_API void dsrt_augmenter_destroy(dsrt_augmenter *a);
 
@@ -244,8 +252,10 @@ DSRT_API void dsrt_augmenter_destroy(dsrt_augmenter *a);
  * starts at (float *)dst + c * output_height * output_width; for uint8 NHWC,
  * row y at (uint8_t *)dst + y * output_width * output_channels. The random
  * choices are dsrt_augment_draw(o, full_w, full_h, seed, epoch, sample_id).
- * Returns 0, DSRT_EOPTION (bad options, or img->channels is not
- * output_channels) or -ENOMEM; on failure dst is left as it was.
+ * img has output_channels channels, or 1 for 3 (a gray image, replicated:
+ * the bytes are those of its RGB). Returns 0, DSRT_EOPTION (bad options, or
+ * img->channels does not fit output_channels) or -ENOMEM; on failure dst
+ * is left as it was.
  */
 DSRT_API int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o,
                                 const dsrt_image *img, int full_w, int full_h, uint64_t seed,
@@ -256,6 +266,31 @@ DSRT_API int dsrt_augment_apply(dsrt_augmenter *a, const dsrt_augment_options *o
 DSRT_API int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
                                        const dsrt_image *img, int full_w, int full_h,
                                        const dsrt_augment_params *p, void *dst);
+
+/*
+ * Decoding only what a sample reads. dsrt_augment_decode_request fills the
+ * request for sample sample_id of an image whose header says info:
+ * channels (with allow_gray for 3: a gray image is replicated here, not
+ * converted by the decoder), the smallest size (dsrt_augment_decode_size)
+ * and the region of the stored image the sample reads, resampling filters'
+ * reach included (the random crop of the 227 preset keeps about 79% of a
+ * 256-pixel-short image). A rotation or shear asks for the whole image.
+ * Returns 0, or DSRT_EOPTION for bad options, -ENOMEM. The augmenter's
+ * scratch is used; apply_window rebuilds what it needs.
+ *
+ * dsrt_augment_apply_window is dsrt_augment_apply for img lying in a
+ * decoded image as win says (dsrt_decode_finish gives it; NULL: img is the
+ * whole image). The bytes written are those of dsrt_augment_apply on the
+ * whole decode, whatever the window, as long as the window holds the
+ * request's region; a window that does not is DSRT_EOPTION.
+ */
+DSRT_API int dsrt_augment_decode_request(dsrt_augmenter *a, const dsrt_augment_options *o,
+                                         const dsrt_image_info *info, uint64_t seed, uint64_t epoch,
+                                         uint64_t sample_id, dsrt_decode_request *req);
+DSRT_API int dsrt_augment_apply_window(dsrt_augmenter *a, const dsrt_augment_options *o,
+                                       const dsrt_image *img, const dsrt_window *win, int full_w,
+                                       int full_h, uint64_t seed, uint64_t epoch,
+                                       uint64_t sample_id, void *dst);
 
 #ifdef __cplusplus
 }

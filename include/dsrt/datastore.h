@@ -63,6 +63,16 @@ typedef struct {
     size_t stride;
 } dsrt_image;
 
+/* Where a decoded image lies in the image it was decoded from: a region
+ * decode (dsrt_decode_request region_*) gives a window of it, width x height
+ * pixels at (x0, y0) of the decoded_width x decoded_height image (the image
+ * as stored, or its DCT-scaled size). A whole decode is the window at 0, 0
+ * of its own size. */
+typedef struct {
+    int x0, y0;
+    int decoded_width, decoded_height;
+} dsrt_window;
+
 // ----------------------------------------------------------------------------
 // Opening a datastore
 
@@ -486,12 +496,32 @@ typedef struct {
      * of the scales 1, 1/2, 1/4, 1/8 whose result is still at least
      * min_width x min_height (DCT-domain scaling: the skipped pixels are never
      * computed). 0 x 0 decodes at full size. PNGs always decode at full size.
+     * (libjpeg's scales 3/8, 5/8, 6/8 and 7/8 are slower than a whole decode
+     * and are not used.)
      */
     int min_width, min_height;
     /* Where to write the pixels, rows packed (stride = width * channels), or
-     * NULL for the decoder's own scratch memory, valid until its next call. */
+     * NULL for the decoder's own scratch memory, valid until its next call.
+     * A region decode writes a window no larger than the whole decoded
+     * image: dsrt_decode_size's pixels always fit. */
     uint8_t *dst;
     size_t dst_cap;
+    /*
+     * The part of the image the caller will read, in pixels of the image as
+     * stored (full size): columns [region_x, region_x + region_width), rows
+     * [region_y, region_y + region_height); a width or height of 0 (default)
+     * means every column or row. A JPEG then decodes only what covers it:
+     * the result is a window of the scaled image (dsrt_decode_finish says
+     * where: dsrt_window) that holds the region, whose pixels
+     * inside the region are those of a whole decode, bit for bit (outside
+     * it, at the window's edges, they may differ). Rows below the region are
+     * not decoded at all (unless the decoder is strict). PNGs decode whole.
+     */
+    int region_x, region_y, region_width, region_height;
+    /* 1: with channels 3, an image stored gray (a gray JPEG, a gray PNG of at
+     * most 8 bits) comes back gray, 1 channel, for the caller to replicate
+     * (dsrt_augment_apply does): no conversion, a third of the memory. */
+    int allow_gray;
 } dsrt_decode_request;
 
 /* The size dsrt_decode gives for this header and request. */
@@ -507,6 +537,21 @@ DSRT_API void dsrt_decode_size(const dsrt_image_info *info, const dsrt_decode_re
 DSRT_API int dsrt_decode(dsrt_decoder *d, const void *buf, size_t len,
                          const dsrt_decode_request *req, dsrt_image *out);
 
+/*
+ * dsrt_decode in two steps, for a caller that chooses the request from the
+ * header without it being read twice: dsrt_decode_begin reads the header of
+ * buf[0..len) into *info (failing as dsrt_decoder_info does) and keeps the
+ * image open; dsrt_decode_finish decodes it as req asks, into *out, sets
+ * *win (when not NULL) to where out lies in the decoded image (a window of
+ * it when req has a region), and closes the image, whatever the outcome.
+ * buf must stay valid and unchanged in between. Another begin, dsrt_decode
+ * or dsrt_decoder_info closes an image left open; a finish without an open
+ * image fails with DSRT_EOPTION.
+ */
+DSRT_API int dsrt_decode_begin(dsrt_decoder *d, const void *buf, size_t len, dsrt_image_info *info);
+DSRT_API int dsrt_decode_finish(dsrt_decoder *d, const dsrt_decode_request *req, dsrt_image *out,
+                                dsrt_window *win);
+
 // ----------------------------------------------------------------------------
 // The simple way: sample i, decoded, on the calling thread.
 
@@ -517,6 +562,37 @@ DSRT_API int dsrt_decode(dsrt_decoder *d, const void *buf, size_t len,
  */
 DSRT_API int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *d,
                                        const dsrt_decode_request *req, dsrt_image *out);
+
+// ----------------------------------------------------------------------------
+// The limit: what one core decodes, and nothing else.
+
+/* What dsrt_datastore_decode_limit measured. */
+typedef struct {
+    size_t images;           /* files decoded in each pass */
+    size_t skipped;          /* files left out: unreadable, not decodable */
+    double megapixels;       /* of the images decoded in a pass, at full size */
+    double images_per_s;     /* the best pass, wall-clock */
+    double megapixels_per_s; /* the same pass */
+    /* The best pass in the calling thread's CPU time: the same as
+     * images_per_s on an idle core, unmoved by other work on the machine. */
+    double cpu_images_per_s;
+    double seconds; /* the whole measurement, reading the files included */
+} dsrt_decode_limit;
+
+/*
+ * The reference an input pipeline is measured against: how fast one core
+ * decodes the files of ds at full size to RGB, files already in memory,
+ * and does nothing else. JPEGs go through TurboJPEG (tjDecompress2, fast
+ * integer DCT: libjpeg-turbo's fastest full-size decode), PNGs through
+ * libspng. At most max_images files are taken (0: all), spread evenly over
+ * ds, read into memory first (at most 1 GiB of them); then passes passes
+ * (at least 1) decode them all on the calling thread, and the best pass's
+ * rate is the limit, in wall-clock and in CPU time. Fails with
+ * DSRT_EUNSUPPORTED for in-memory
+ * sources (no files to decode) and DSRT_EEMPTY when no file decodes.
+ */
+DSRT_API int dsrt_datastore_decode_limit(const dsrt_datastore *ds, size_t max_images,
+                                         unsigned passes, dsrt_decode_limit *out);
 
 // ----------------------------------------------------------------------------
 // Writing image folders from in-memory sources.
