@@ -36,6 +36,7 @@ dsrt_net_options dsrt_net_defaults(void) {
     o.device = DSRT_DEVICE_CPU;
     o.precision = DSRT_PRECISION_DEFAULT;
     o.deterministic = 0;
+    o.cuda_graphs = 1;
     return o;
 }
 

@@ -92,6 +92,9 @@ typedef struct {
     int deterministic;        /* 1: only algorithms whose results do not depend on
                                * scheduling (GPU: no atomics-based cuDNN algorithms);
                                * the CPU backend always is, for a given thread count */
+    int cuda_graphs;          /* GPU: 1 (default) records a training step's work as CUDA
+                               * graphs once its shape has run twice and replays them;
+                               * 0 launches every kernel of every step */
 } dsrt_net_options;
 
 /* The default options. */
