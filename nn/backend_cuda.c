@@ -1198,8 +1198,12 @@ static int evictable(const cuda_backend *be, int k) {
     return 1;
 }
 
+static int settle(cuda_backend *be);
+
 /* The plan for (n, train), built on first use; the least recently used
- * plan that may give way does when every slot is taken. */
+ * plan that may give way does when every slot is taken. Building one runs
+ * convolutions on the net's gradient buffer (the algorithm search): the
+ * work waiting for them (an optimizer step) is queued first. */
 static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
     int slot = -1;
     for (int k = 0; k < PLAN_SLOTS; k++) {
@@ -1211,6 +1215,7 @@ static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
         }
         if (!p && slot < 0) slot = k;
     }
+    TRY(settle(be));
     if (slot < 0) {
         for (int k = 0; k < PLAN_SLOTS; k++)
             if (evictable(be, k) && (slot < 0 || be->plans[k]->used < be->plans[slot]->used))
@@ -1320,7 +1325,7 @@ static int prof_ready(cuda_backend *be) {
 }
 
 static int profiling(const cuda_backend *be) {
-    return be->net->prof != NULL && be->prof.fwd0 != NULL;
+    return dsrt__prof_on(be->net) && be->prof.fwd0 != NULL;
 }
 
 /* Records the profile event set[i] when the step is profiled. */
@@ -1841,7 +1846,7 @@ static int step_pre(cuda_backend *be, stage_slot *s) {
     CU(cudaEventRecord(be->ev_go[k], be->compute));
     be->steps++;
     be->hconst.iteration = (uint64_t)be->net->iteration;
-    if (be->net->prof) {
+    if (dsrt__prof_on(be->net)) {
         TRY(prof_ready(be));
         be->prof.has_bwd = be->prof.has_opt = 0;
         be->prof.recorded = 1;
@@ -2028,12 +2033,17 @@ static int run_step(cuda_backend *be) {
     int with_opt = be->popt.on;
     TRY(step_pre(be, s));
     step_graph *sg = NULL;
+    step_key key;
+    step_key_of(be, p, be->pfwd.slot, &key);
+    /* Whatever happens now, that optimizer step is this step's (never run
+     * twice). */
+    be->popt.on = 0;
     if (be->graphs) {
-        step_key key;
-        step_key_of(be, p, be->pfwd.slot, &key);
         sg = graph_entry(be, &key, 1);
-        if (sg && !sg->n_seg && ++sg->warm > GRAPH_WARMUP && record(be, sg, p, s, with_opt) != 0)
-            sg = NULL;
+        if (sg && !sg->n_seg && ++sg->warm > GRAPH_WARMUP) {
+            int rc = record(be, sg, p, s, with_opt);
+            if (rc < 0) return rc;
+        }
         if (sg && !sg->n_seg) sg = NULL;
     }
     if (sg) {
@@ -2046,7 +2056,6 @@ static int run_step(cuda_backend *be) {
         TRY(fwd_body(be, p, s));
         TRY(bwd_body(be, p, s));
     }
-    be->popt.on = 0;
     if (profiling(be)) {
         be->prof.has_bwd = 1;
         be->prof.has_opt = with_opt;
@@ -2064,9 +2073,9 @@ static int settle(cuda_backend *be) {
     const dsrt_layer *L = NULL;
     CU(cudaSetDevice(be->device));
     if (be->popt.on) {
+        be->popt.on = 0;
         TRY(put_consts(be));
         TRY(opt_body(be));
-        be->popt.on = 0;
         TRY(mark_done(be));
     }
     if (be->pfwd.on) {

@@ -234,11 +234,27 @@ struct dsrt_net {
  * the clock, a device backend with device events.
  */
 typedef struct dsrt_net_prof {
+    int on;                /* steps are timed (off: what was measured stays) */
     double *fwd_s, *bwd_s; /* (n_layers) */
     double opt_s, span_s, gap_s;
     int64_t steps, opt_steps, gaps, graph_steps;
     int device; /* 1: device events; 0: the host's clock */
+    /* The step being timed by the host (dsrt__prof_piece). */
+    int open;
+    double step_t0, prev_t1;
 } dsrt_net_prof;
+
+/* The profile of net when it is timing steps, else NULL. */
+static inline dsrt_net_prof *dsrt__prof_on(const dsrt_net *net) {
+    return net->prof && net->prof->on ? net->prof : NULL;
+}
+
+/* A backend timing a step with the host's clock: layer `layer`'s forward
+ * (backward 0) or backward took [t0, t1] (seconds); pieces come in the
+ * order they ran, and the idle time between consecutive ones is a gap. */
+void dsrt__prof_piece(dsrt_net *net, int layer, int backward, double t0, double t1);
+/* The step timed by pieces is complete (after its backward). */
+void dsrt__prof_step_end(dsrt_net *net);
 
 /* The flat buffers, as bits. */
 enum {

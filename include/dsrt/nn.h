@@ -297,6 +297,58 @@ DSRT_API int dsrt_net_sync(dsrt_net *net);
  * data). Zero on the CPU. */
 DSRT_API void dsrt_net_device_time(dsrt_net *net, double *busy_s, double *idle_s);
 
+// ----------------------------------------------------------------------------
+// Profile
+
+/* One layer's share of a training step (dsrt_net_profile_read). */
+typedef struct {
+    const char *name, *type;        /* the layer's (owned by the net) */
+    double forward_ms, backward_ms; /* mean a step; 0 for a ReLU the layer before computes */
+    int relu_fused;                 /* 1: the layer computes the ReLU after it */
+} dsrt_layer_profile;
+
+/* Where the time of the timed training steps went. */
+typedef struct {
+    int64_t steps;        /* training steps timed (forward and backward) */
+    int device_events;    /* 1: timed with device events (a GPU); 0: the host's clock */
+    double step_ms;       /* mean span of a step: its first layer's start to its last one's end */
+    double layers_ms;     /* mean sum of the layers' forward and backward times */
+    double optimizer_ms;  /* mean optimizer step */
+    double gaps_ms;       /* mean idle time between consecutive layers of a step: on a GPU the
+                           * launch gaps, where the device waited for the host's next kernel */
+    double gaps_per_step; /* intervals between consecutive layers, a step */
+    int64_t graph_steps;  /* of the steps timed, those replayed from recorded CUDA graphs */
+    int64_t captures;     /* steps recorded as CUDA graphs since the net was made */
+    int graphs;           /* 1: the backend records steps as CUDA graphs */
+    int fused_library;    /* layers fused by the vendor library (cuDNN: convolution + bias +
+                           * ReLU, batchnorm + ReLU) */
+    int fused_kernel;     /* layers whose bias and ReLU run in one dsrt kernel */
+    const char *note;     /* what the backend says of how it runs (why CUDA graphs went off),
+                           * "" when nothing; owned by the net */
+} dsrt_net_profile;
+
+/*
+ * Starts timing every layer of each training step (forward, backward, the
+ * optimizer), from zero: on a GPU with events on the device around each
+ * layer (recorded into the CUDA graphs too), on the CPU with the clock.
+ * Timing costs a little (a device event or a clock read a layer), so time
+ * steps of their own. Returns 0 or -ENOMEM.
+ */
+DSRT_API int dsrt_net_profile_start(dsrt_net *net);
+
+/* Stops timing; what was measured stays readable. */
+DSRT_API void dsrt_net_profile_stop(dsrt_net *net);
+
+/*
+ * What the timed steps took: *p the step's totals, layers[i] (up to cap
+ * entries, may be NULL) layer i's means, the input layer first (on a GPU
+ * its forward is the input stage). Waits for the device's queued work.
+ * Returns the number of layers, or a negative code (-ENOENT: never
+ * started).
+ */
+DSRT_API int dsrt_net_profile_read(dsrt_net *net, dsrt_net_profile *p, dsrt_layer_profile *layers,
+                                   int cap);
+
 /*
  * The training-step counter: it keys dropout masks (with the seed and the
  * layer), and forward_backward increments it. Set it when resuming.
