@@ -40,10 +40,13 @@
  * cuDNN refuses. Training batchnorm runs cuDNN's NHWC persistent kernels
  * with the ReLU after it fused (cudnnBatchNormalizationForwardTrainingEx /
  * BackwardEx, CUDNN_BATCHNORM_OPS_BN_ACTIVATION), likewise tried and
- * replaced where refused. Backward, the ReLU's backward is folded into the
- * next kernel that reads the gradient: the bias gradient of a convolution
- * or fully connected layer (which masks the gradient in place while summing
- * it), batchnorm's fused backward, or synchronised batchnorm's sums.
+ * replaced by dsrt's batchnorm kernels (any layout and type, the ReLU folded
+ * in) where refused; those kernels also run batchnorm at inference and
+ * whenever its statistics are synchronised over the workers. Backward, the
+ * ReLU's backward is folded into the next kernel that reads the gradient:
+ * the bias gradient of a convolution or fully connected layer (which masks
+ * the gradient in place while summing it), batchnorm's fused backward, or
+ * the batchnorm kernels' sums and input gradient.
  *
  * Per device there is one compute stream and one copy stream. stage()
  * copies the next batch from host memory into one of two device slots on
@@ -1435,65 +1438,61 @@ static int fwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     return 0;
 }
 
-/* Synchronised batchnorm, forward: this batch's sums of x and x^2 per
- * channel go through the net's hook (which queues their sum over the
- * workers on the compute stream), the statistics and the running averages
- * come from the totals exactly as in the CPU backend, and cuDNN normalises
- * with them as given statistics. */
-static int fwd_batchnorm_sync(cuda_backend *be, gpu_plan *p, int i) {
+/*
+ * Batchnorm by dsrt's kernels: in training this batch's sums of x and x^2
+ * per channel (synchronised: handed to the net's hook, which queues their
+ * sum over the workers on the compute stream), the statistics and the
+ * running averages from them exactly as the CPU backend makes them, then
+ * the normalised output with the ReLU after it; at inference the running
+ * statistics. What runs when the statistics are synchronised, when cuDNN
+ * refused the layer's Ex calls, and at inference.
+ */
+static int fwd_batchnorm_kernels(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
     int c = L->out.c;
+    const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
     float *rm = be->state + L->s_off, *rv = rm + c;
+    if (!p->train) {
+        CU(dsrt_k_bn_apply(&in->kd, in->y, rm, NULL, rv, L->o.eps, scale, shift, L->fuse_relu,
+                           L->fuse_leak, g->y, be->compute));
+        return 0;
+    }
     CU(dsrt_k_bn_sums(&in->kd, in->y, g->bn_sums, be->compute));
-    TRY(bn_callout(be, i, 0, g->bn_sums, (size_t)2 * c + 1));
+    if (p->bn_sync) TRY(bn_callout(be, i, 0, g->bn_sums, (size_t)2 * c + 1));
     CU(dsrt_k_bn_stats(g->bn_sums, c, L->o.eps, L->o.momentum, g->save_mean, g->save_var,
                        g->save_inv, rm, rv, be->compute));
-    DNN(cudnnBatchNormalizationForwardInference(
-        be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, in->yd, in->y, g->yd, g->y, g->bd,
-        be->params + L->w_off, be->params + L->b_off, g->save_mean, g->save_var, (double)L->o.eps));
+    CU(dsrt_k_bn_apply(&in->kd, in->y, g->save_mean, g->save_inv, NULL, 0.0f, scale, shift,
+                       L->fuse_relu, L->fuse_leak, g->y, be->compute));
     return 0;
 }
 
+/* Batchnorm in training by cuDNN's persistent NHWC kernels (the ReLU after
+ * it fused, unless leaky), else by dsrt's kernels. */
 static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
-    int c = L->out.c, relu_done = 0;
+    if (!p->train || !g->bn_ex || p->bn_sync) return fwd_batchnorm_kernels(be, p, i);
+    int c = L->out.c;
     const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
     float *rm = be->state + L->s_off, *rv = rm + c;
     /* Running averages as the CPU backend keeps them: r = (1 - momentum) r +
      * momentum batch, the variance unbiased (cuDNN's definition too). One
      * value per channel has no unbiased variance: the CPU backend then
      * takes the biased one (0), done here by hand. */
-    if (p->bn_sync) {
-        TRY(fwd_batchnorm_sync(be, p, i));
-    } else if (p->train) {
-        int one = (size_t)p->n * L->out.h * L->out.w == 1;
-        if (g->bn_ex) {
-            int fused = g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
-            DNN(cudnnBatchNormalizationForwardTrainingEx(
-                be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, in->yd, in->y,
-                NULL, NULL, g->yd, g->y, g->bd, scale, shift, (double)L->o.momentum,
-                one ? NULL : rm, one ? NULL : rv, (double)L->o.eps, g->save_mean, g->save_inv,
-                fused ? g->act : NULL, be->ws, be->ws_size, g->bn_reserve, g->bn_reserve_size));
-            relu_done = fused;
-        } else {
-            DNN(cudnnBatchNormalizationForwardTraining(
-                be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, in->yd, in->y, g->yd, g->y, g->bd,
-                scale, shift, (double)L->o.momentum, one ? NULL : rm, one ? NULL : rv,
-                (double)L->o.eps, g->save_mean, g->save_inv));
-        }
-        if (one) {
-            float m = L->o.momentum, keep = 1.0f - m;
-            DNN(cudnnAddTensor(be->dnn, &m, g->bd, g->save_mean, &keep, g->bd, rm));
-            DNN(cudnnScaleTensor(be->dnn, g->bd, rv, &keep));
-        }
-    } else {
-        DNN(cudnnBatchNormalizationForwardInference(be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO,
-                                                    in->yd, in->y, g->yd, g->y, g->bd, scale, shift,
-                                                    rm, rv, (double)L->o.eps));
+    int one = (size_t)p->n * L->out.h * L->out.w == 1;
+    int fused = g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    DNN(cudnnBatchNormalizationForwardTrainingEx(
+        be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, in->yd, in->y, NULL,
+        NULL, g->yd, g->y, g->bd, scale, shift, (double)L->o.momentum, one ? NULL : rm,
+        one ? NULL : rv, (double)L->o.eps, g->save_mean, g->save_inv, fused ? g->act : NULL, be->ws,
+        be->ws_size, g->bn_reserve, g->bn_reserve_size));
+    if (one) {
+        float m = L->o.momentum, keep = 1.0f - m;
+        DNN(cudnnAddTensor(be->dnn, &m, g->bd, g->save_mean, &keep, g->bd, rm));
+        DNN(cudnnScaleTensor(be->dnn, g->bd, rv, &keep));
     }
-    if (L->fuse_relu && !relu_done)
+    if (L->fuse_relu && !fused)
         CU(dsrt_k_relu_fwd(be->act, g->y, g->y, out_count(L, p->n), L->fuse_leak, be->compute));
     return 0;
 }
@@ -1616,35 +1615,30 @@ static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
     const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
     float *dscale = be->grads + L->w_off, *dshift = be->grads + L->b_off;
-    if (p->bn_sync) {
-        /* Synchronised: the local sums of dy' (through the fused ReLU) and
-         * of dy' xhat are the shift's and the scale's gradients (the
-         * gradient all-reduce adds them up); their sums over the workers
-         * give the input gradient's mean and variance terms. */
+    if (!g->bn_ex || p->bn_sync) {
+        /* dsrt's kernels, the ReLU's backward folded into both passes: the
+         * sums of dy' and of dy' xhat are the shift's and the scale's
+         * gradients (the gradient all-reduce adds them up), and, summed
+         * over the workers when synchronised, give the input gradient's
+         * mean and variance terms. */
         int c = L->out.c;
         const void *y = L->fuse_relu ? g->y : NULL;
         CU(dsrt_k_bn_bwd_sums(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
                               g->bn_bsums, dscale, dshift, be->compute));
-        TRY(bn_callout(be, i, 1, g->bn_bsums, (size_t)2 * c));
+        if (p->bn_sync) TRY(bn_callout(be, i, 1, g->bn_bsums, (size_t)2 * c));
         CU(dsrt_k_bn_bwd_dx(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
                             scale, g->bn_bsums, g->bn_sums + 2 * c, in->dy, be->compute));
         return grads_ready(be, i);
     }
-    int fused = g->bn_ex && g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    int fused = g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
     if (L->fuse_relu && !fused)
         CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
                            be->compute));
-    if (g->bn_ex)
-        DNN(cudnnBatchNormalizationBackwardEx(
-            be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, &ONE, &ZERO,
-            in->yd, in->y, g->yd, g->y, g->yd, g->dy, NULL, NULL, in->yd, in->dy, g->bd, scale,
-            shift, dscale, dshift, (double)L->o.eps, g->save_mean, g->save_inv,
-            fused ? g->act : NULL, be->ws, be->ws_size, g->bn_reserve, g->bn_reserve_size));
-    else
-        DNN(cudnnBatchNormalizationBackward(be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, &ONE,
-                                            &ZERO, in->yd, in->y, g->yd, g->dy, in->yd, in->dy,
-                                            g->bd, scale, dscale, dshift, (double)L->o.eps,
-                                            g->save_mean, g->save_inv));
+    DNN(cudnnBatchNormalizationBackwardEx(
+        be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, &ONE, &ZERO, in->yd,
+        in->y, g->yd, g->y, g->yd, g->dy, NULL, NULL, in->yd, in->dy, g->bd, scale, shift, dscale,
+        dshift, (double)L->o.eps, g->save_mean, g->save_inv, fused ? g->act : NULL, be->ws,
+        be->ws_size, g->bn_reserve, g->bn_reserve_size));
     return grads_ready(be, i);
 }
 

@@ -551,6 +551,27 @@ extern "C" cudaError_t dsrt_k_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, co
     return cudaGetLastError();
 }
 
+__global__ void bn_apply_kernel(dsrt_k_desc d, const void *x, const float *__restrict__ mean,
+                                const float *__restrict__ inv, const float *__restrict__ var,
+                                float eps, const float *__restrict__ scale,
+                                const float *__restrict__ shift, int relu, float leak, void *y,
+                                size_t total) {
+    for (size_t i = tid(); i < total; i += stride())
+        dsrt_kb_bn_apply(&d, x, mean, inv, var, eps, scale, shift, relu, leak, y, i);
+}
+
+extern "C" cudaError_t dsrt_k_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean,
+                                       const float *inv, const float *var, float eps,
+                                       const float *scale, const float *shift, int relu, float leak,
+                                       void *y, cudaStream_t stream) {
+    if (!dsrt_kb_bn_ok(xd) || (!inv && !var)) return cudaErrorInvalidValue;
+    size_t total = dsrt_kb_count(xd);
+    if (!total) return cudaSuccess;
+    bn_apply_kernel<<<grid_for(total), THREADS, 0, stream>>>(*xd, x, mean, inv, var, eps, scale,
+                                                             shift, relu, leak, y, total);
+    return cudaGetLastError();
+}
+
 // ----------------------------------------------------------------------------
 // Conversions and helpers
 

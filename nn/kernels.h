@@ -225,6 +225,16 @@ cudaError_t dsrt_k_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *d
                              const double *sums, const double *count, void *dx,
                              cudaStream_t stream);
 
+/*
+ * Batchnorm's output: y = (x - mean) inv scale + shift per channel, in
+ * double, rounded to xd's type, then the ReLU after it when relu (leaky
+ * with leak). With inv NULL, inv = 1 / sqrt(var + eps) (the running
+ * statistics, at inference). In place (y == x) allowed.
+ */
+cudaError_t dsrt_k_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean,
+                            const float *inv, const float *var, float eps, const float *scale,
+                            const float *shift, int relu, float leak, void *y, cudaStream_t stream);
+
 // ----------------------------------------------------------------------------
 // The optimizer
 

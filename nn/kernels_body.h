@@ -610,6 +610,24 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_bn_bwd_dx(const dsrt_k_desc *d, cons
         (float)DSRT_DSUB(DSRT_DSUB(DSRT_DMUL(a, g), k1), DSRT_DMUL(xv - (double)mean[ch], k2)));
 }
 
+/* Element i of the normalised output: (x - mean) inv scale + shift, in
+ * double, then the ReLU when relu; inv NULL: 1 / sqrt(var + eps) (running
+ * statistics at inference). */
+static inline DSRT_HOST_DEVICE void dsrt_kb_bn_apply(const dsrt_k_desc *d, const void *x,
+                                                     const float *mean, const float *inv,
+                                                     const float *var, float eps,
+                                                     const float *scale, const float *shift,
+                                                     int relu, float leak, void *y, size_t i) {
+    int ch = dsrt_kb_channel(d, i);
+    double is = inv ? (double)inv[ch] : 1.0 / sqrt(DSRT_DADD((double)var[ch], (double)eps));
+    double xv = dsrt_kb_load(x, d->type, i);
+    double v = DSRT_DADD(DSRT_DMUL(DSRT_DMUL(xv - (double)mean[ch], is), (double)scale[ch]),
+                         (double)shift[ch]);
+    float f = (float)v;
+    if (relu && f < 0.0f) f = DSRT_FMUL(f, leak);
+    dsrt_kb_store(y, d->type, i, f);
+}
+
 // ----------------------------------------------------------------------------
 // Pooling: one thread an output element forward, one an input element
 // backward (it gathers the gradients of the windows that hold it, in window

@@ -1360,8 +1360,8 @@ cudnnStatus_t cudnnScaleTensor(cudnnHandle_t h, const cudnnTensorDescriptor_t yd
 
 /* ---- batchnorm */
 
-/* A batchnorm call's arguments by value: forward (training or inference)
- * or backward, plain or Ex (with the ReLU after it when act). */
+/* A batchnorm Ex call's arguments by value: forward (training) or
+ * backward, with the ReLU after it when act. */
 typedef struct {
     fk_op op;
     tdesc xd;
@@ -1377,25 +1377,18 @@ static void bn_fwd_run(fk_op *o, cudaStream_t s) {
     const float *S = a->scale, *B = a->bias;
     size_t M = (size_t)xd->n * xd->h * xd->w;
     for (int c = 0; c < xd->c; c++) {
-        double mean, inv, var = 0;
-        if (a->train) {
-            double sum = 0, q = 0;
-            for (int n = 0; n < xd->n; n++)
-                for (int y = 0; y < xd->h; y++)
-                    for (int x = 0; x < xd->w; x++) sum += getv(xd->dt, a->x, at4(xd, n, c, y, x));
-            mean = sum / M;
-            for (int n = 0; n < xd->n; n++)
-                for (int y = 0; y < xd->h; y++)
-                    for (int x = 0; x < xd->w; x++) {
-                        double d = getv(xd->dt, a->x, at4(xd, n, c, y, x)) - mean;
-                        q += d * d;
-                    }
-            var = q / M;
-            inv = 1.0 / sqrt(var + a->eps);
-        } else {
-            mean = ((const float *)a->mean)[c];
-            inv = 1.0 / sqrt(((const float *)a->var)[c] + a->eps);
-        }
+        double sum = 0, q = 0;
+        for (int n = 0; n < xd->n; n++)
+            for (int y = 0; y < xd->h; y++)
+                for (int x = 0; x < xd->w; x++) sum += getv(xd->dt, a->x, at4(xd, n, c, y, x));
+        double mean = sum / M;
+        for (int n = 0; n < xd->n; n++)
+            for (int y = 0; y < xd->h; y++)
+                for (int x = 0; x < xd->w; x++) {
+                    double d = getv(xd->dt, a->x, at4(xd, n, c, y, x)) - mean;
+                    q += d * d;
+                }
+        double var = q / M, inv = 1.0 / sqrt(var + a->eps);
         for (int n = 0; n < xd->n; n++)
             for (int y = 0; y < xd->h; y++)
                 for (int x = 0; x < xd->w; x++) {
@@ -1404,12 +1397,12 @@ static void bn_fwd_run(fk_op *o, cudaStream_t s) {
                     if (a->act && v < 0) v = 0;
                     setv(xd->dt, a->out, k, v, 1, 0);
                 }
-        if (a->train && a->rm) {
+        if (a->rm) {
             float *rm = a->rm, *rv = a->rv;
             rm[c] = (float)((1 - a->f) * rm[c] + a->f * mean);
             rv[c] = (float)((1 - a->f) * rv[c] + a->f * var * M / (M - 1));
         }
-        if (a->train && a->sm) {
+        if (a->sm) {
             ((float *)a->sm)[c] = (float)mean;
             ((float *)a->si)[c] = (float)inv;
         }
@@ -1477,44 +1470,6 @@ static cudnnStatus_t bn_fwd(cudnnHandle_t h, const tdesc *xd, const tdesc *yd, c
     return 0;
 }
 
-cudnnStatus_t cudnnBatchNormalizationForwardTraining(
-    cudnnHandle_t h, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
-    const cudnnTensorDescriptor_t xd, const void *x, const cudnnTensorDescriptor_t yd, void *y,
-    const cudnnTensorDescriptor_t bd, const void *scale, const void *bias, double f, void *rm,
-    void *rv, double eps, void *sm, void *si) {
-    return bn_fwd(h, xd, yd, x, y, scale, bias, f, rm, rv, eps, sm, si, 0);
-}
-
-cudnnStatus_t cudnnBatchNormalizationForwardInference(
-    cudnnHandle_t h, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
-    const cudnnTensorDescriptor_t xd, const void *x, const cudnnTensorDescriptor_t yd, void *y,
-    const cudnnTensorDescriptor_t bd, const void *scale, const void *bias, const void *em,
-    const void *ev, double eps) {
-    bn_op a = {{bn_fwd_run, 0, NULL},
-               *xd,
-               x,
-               NULL,
-               NULL,
-               scale,
-               bias,
-               em,
-               ev,
-               y,
-               NULL,
-               NULL,
-               NULL,
-               NULL,
-               NULL,
-               NULL,
-               NULL,
-               0,
-               eps,
-               0,
-               0};
-    submit(h->s, &a.op, sizeof a);
-    return 0;
-}
-
 static cudnnStatus_t bn_bwd(cudnnHandle_t h, const tdesc *xd, const void *x, const void *y,
                             const void *dy, void *dx, const void *scale, void *dscale, void *dbias,
                             double eps, const void *sm, const void *si, int act) {
@@ -1542,17 +1497,6 @@ static cudnnStatus_t bn_bwd(cudnnHandle_t h, const tdesc *xd, const void *x, con
                act};
     submit(h->s, &a.op, sizeof a);
     return 0;
-}
-
-cudnnStatus_t cudnnBatchNormalizationBackward(cudnnHandle_t h, cudnnBatchNormMode_t mode,
-                                              const void *a1, const void *b1, const void *a2,
-                                              const void *b2, const cudnnTensorDescriptor_t xd,
-                                              const void *x, const cudnnTensorDescriptor_t dyd,
-                                              const void *dy, const cudnnTensorDescriptor_t dxd,
-                                              void *dx, const cudnnTensorDescriptor_t bd,
-                                              const void *scale, void *dscale, void *dbias,
-                                              double eps, const void *sm, const void *si) {
-    return bn_bwd(h, xd, x, NULL, dy, dx, scale, dscale, dbias, eps, sm, si, 0);
 }
 
 /* The Ex calls: NHWC persistent only (as on a device), a plain ReLU the
@@ -1644,7 +1588,7 @@ typedef struct {
     dsrt_k_desc d, d2;
     const void *x, *y, *dy, *z;
     void *out, *out2, *work;
-    const float *fp, *fp2, *fp3, *fp4;
+    const float *fp, *fp2, *fp3, *fp4, *fp5;
     const double *dp, *dp2;
     double *dout;
     float *fout, *fout2, *fout3, *fout4, *fout5;
@@ -1685,6 +1629,7 @@ enum {
     K_BN_STATS,
     K_BN_BWD_SUMS,
     K_BN_BWD_DX,
+    K_BN_APPLY,
     K_OPTIM,
     K_CONSTS,
     K_TO_BF16,
@@ -1753,6 +1698,10 @@ static void k_run(fk_op *o, cudaStream_t s) {
     case K_BN_BWD_DX:
         dsrt_kh_bn_bwd_dx(&a->d, a->x, a->dy, a->y, a->f1, a->fp, a->fp2, a->fp3, a->dp, a->dp2,
                           a->out);
+        break;
+    case K_BN_APPLY:
+        dsrt_kh_bn_apply(&a->d, a->x, a->fp, a->fp2, a->fp3, a->f1, a->fp4, a->fp5, a->i1, a->f2,
+                         a->out);
         break;
     case K_OPTIM:
         dsrt_kh_optim_update(&a->optim, &a->step, a->stp, a->fout, a->fout2, a->fout3, a->fout4,
@@ -1933,6 +1882,16 @@ cudaError_t dsrt_k_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *d
     K_OP(a);
     a.kind = K_BN_BWD_DX, a.x = x, a.dy = dy, a.y = y, a.f1 = leak, a.fp = mean, a.fp2 = inv;
     a.fp3 = scale, a.dp = sums, a.dp2 = count, a.out = dx;
+    if (ok) a.d = *xd;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean,
+                            const float *inv, const float *var, float eps, const float *scale,
+                            const float *shift, int relu, float leak, void *y, cudaStream_t s) {
+    int ok = dsrt_kb_bn_ok(xd) && (inv || var);
+    K_OP(a);
+    a.kind = K_BN_APPLY, a.x = x, a.fp = mean, a.fp2 = inv, a.fp3 = var, a.f1 = eps;
+    a.fp4 = scale, a.fp5 = shift, a.i1 = relu, a.f2 = leak, a.out = y;
     if (ok) a.d = *xd;
     return k_submit(s, &a, ok);
 }

@@ -241,6 +241,15 @@ int dsrt_kh_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, cons
     return 0;
 }
 
+int dsrt_kh_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean, const float *inv,
+                     const float *var, float eps, const float *scale, const float *shift, int relu,
+                     float leak, void *y) {
+    if (!dsrt_kb_bn_ok(xd) || (!inv && !var)) return -EINVAL;
+    for (size_t i = 0, total = dsrt_kb_count(xd); i < total; i++)
+        dsrt_kb_bn_apply(xd, x, mean, inv, var, eps, scale, shift, relu, leak, y, i);
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // The optimizer
 

@@ -45,6 +45,9 @@ int dsrt_kh_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, co
 int dsrt_kh_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
                       float leak, const float *mean, const float *inv, const float *scale,
                       const double *sums, const double *count, void *dx);
+int dsrt_kh_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean, const float *inv,
+                     const float *var, float eps, const float *scale, const float *shift, int relu,
+                     float leak, void *y);
 int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, const dsrt_k_step *st_dev,
                          float *w, float *g, float *buf0, float *buf1, dsrt_bf16 *w16);
 int dsrt_kh_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v);

@@ -614,6 +614,30 @@ static void test_bn_sync(void) {
         ref_bn_bwd_dx(x, dy, st, st + 2 * c, scale, bref, sums[2 * c], n, c, hw, want);
         CHECK_EQ(mismatches("bn input gradient", got, want, cnt, 1e-6, 1e-7), 0);
 
+        /* The normalised output (leaky ReLU after it), from the batch's
+         * statistics and, at inference, from a variance. */
+        float *shift = hmalloc(c * 4);
+        for (int k = 0; k < c; k++) shift[k] = uniform(&r, -0.5f, 0.5f);
+        float *dshift = dcopy(shift, c * 4);
+        for (int pass = 0; pass < 2; pass++) {
+            for (int b = 0; b < n; b++)
+                for (int ch = 0; ch < c; ch++)
+                    for (int k = 0; k < hw; k++) {
+                        size_t i = ((size_t)b * c + ch) * hw + k;
+                        double is =
+                            pass ? 1.0 / sqrt((double)st[4 * c + ch] + 1e-3) : st[2 * c + ch];
+                        float v = (float)(((double)x[i] - st[ch]) * is * scale[ch] + shift[ch]);
+                        want[i] = v < 0 ? v * 0.1f : v;
+                    }
+            LAUNCH(dsrt_k_bn_apply(&xd, dx_, dst, pass ? NULL : dst + 2 * c,
+                                   pass ? dst + 4 * c : NULL, 1e-3f, dscale, dshift, 1, 0.1f, ddx,
+                                   S));
+            get(got, ddx, cnt * 4);
+            CHECK_EQ(mismatches("bn output", got, want, cnt, 1e-6, 1e-7), 0);
+        }
+        CU(cudaFree(dshift));
+        free(shift);
+
         /* A count that is not positive: NaN statistics, running ones kept. */
         double zero_count = 0;
         put(dsums + 2 * c, &zero_count, 8);

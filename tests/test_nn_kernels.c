@@ -351,6 +351,32 @@ static void test_bn_sync(void) {
     CHECK_EQ(mismatches("mean", mean, m2, C, 0, 0), 0);
     CHECK_EQ(mismatches("variance", var, v2, C, 0, 0), 0);
     CHECK_EQ(mismatches("inverse deviation", inv, i2, C, 0, 0), 0);
+    /* The normalised output with the fused ReLU: the CPU net's layer 2
+     * (within 1e-6: oneDNN normalises in float), in both layouts; then at
+     * inference from the running statistics. */
+    {
+        float out[CNT], got[CNT];
+        const float *params = dsrt_net_params(net, NULL);
+        const float *scale = params + L->w_off, *shift = params + L->b_off;
+        CHECK_OK(dsrt__net_layer_output(net, 2, out, 1));
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+            void *tx = to_tensor(&d, in), *ty = zalloc(CNT * 4);
+            CHECK_OK(dsrt_kh_bn_apply(&d, tx, mean, inv, NULL, 0, scale, shift, 1, 0.0f, ty));
+            float *g = to_nchw(&d, ty);
+            CHECK_EQ(mismatches("bn output", g, out, CNT, 1e-6, 1e-6), 0);
+            free(tx), free(ty), free(g);
+        }
+        CHECK_OK(dsrt__net_forward(net, x, N, 0, NULL, NULL, NULL, NULL));
+        float in2[CNT];
+        CHECK_OK(dsrt__net_layer_output(net, 1, in2, 0));
+        CHECK_OK(dsrt__net_layer_output(net, 2, out, 0));
+        const float *st = dsrt_net_state(net, NULL) + L->s_off;
+        CHECK_OK(
+            dsrt_kh_bn_apply(&xd, in2, st, NULL, st + C, L->o.eps, scale, shift, 1, 0.0f, got));
+        CHECK_EQ(mismatches("bn inference output", got, out, CNT, 1e-6, 1e-6), 0);
+        CHECK_EQ(dsrt_kh_bn_apply(&xd, in2, st, NULL, NULL, 0, scale, shift, 0, 0, got), -EINVAL);
+    }
     /* Backward sums and the input gradient, against the references. */
     float dy[CNT], dx[CNT], dxr[CNT], ds[C], dh[C], dsr[C], dhr[C], sc[C];
     for (int i = 0; i < CNT; i++) dy[i] = uniform(&r, -1, 1);
