@@ -289,6 +289,17 @@ item() {
   [ "$status" != FAIL ] || status_all=1
 }
 
+# A PASS or FAIL line for NUM / DEN against TARGET: NAME NUM DEN TARGET WHAT.
+ratio_item() {
+  local name=$1 num=$2 den=$3 target=$4 what=$5 ratio
+  ratio=$(awk "BEGIN{printf \"%.2f\", $num / $den}")
+  if awk "BEGIN{exit !($ratio >= $target)}"; then
+    item PASS "$name" "${ratio}x $what; target ${target}x"
+  else
+    item FAIL "$name" "${ratio}x $what; target ${target}x"
+  fi
+}
+
 # Seconds left of the part's budget.
 left() {
   echo $((part_budget - (SECONDS - part_t0)))
@@ -655,13 +666,7 @@ bench_config() {
       cat "$one" >>"$log"
     done
     if [ -n "$rd" ] && [ -n "$best" ]; then
-      local ratio
-      ratio=$(awk "BEGIN{printf \"%.2f\", $rd / $best}")
-      if awk "BEGIN{exit !($ratio >= $target)}"; then
-        item PASS "bench ratio $what" "${ratio}x PyTorch's best ($rd vs $best images/s; target ${target}x)"
-      else
-        item FAIL "bench ratio $what" "${ratio}x PyTorch's best ($rd vs $best images/s; target ${target}x)"
-      fi
+      ratio_item "bench ratio $what" "$rd" "$best" "$target" "PyTorch's best ($rd vs $best images/s)"
     fi
   done
   rm -f "$one"
@@ -850,13 +855,7 @@ part_e2e() {
       rt=$(rate_of "$one")
       item PASS "e2e torch" "${rt:-?} images/s, $busy"
       if [ -n "$rd" ] && [ -n "$rt" ]; then
-        local ratio
-        ratio=$(awk "BEGIN{printf \"%.2f\", $rd / $rt}")
-        if awk "BEGIN{exit !($ratio >= 2)}"; then
-          item PASS "e2e ratio" "${ratio}x the DataLoader's images/s (target 2x)"
-        else
-          item FAIL "e2e ratio" "${ratio}x the DataLoader's images/s (target 2x)"
-        fi
+        ratio_item "e2e ratio" "$rd" "$rt" 2 "the DataLoader's images/s ($rd vs $rt)"
       fi
     else
       if dry; then item SKIP "e2e torch" "$(tail -1 "$one")"; else item FAIL "e2e torch" "$(tail -1 "$one")"; fi

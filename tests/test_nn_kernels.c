@@ -566,6 +566,21 @@ static void test_bias_grad(void) {
     }
 }
 
+/* The pooling kernel's arguments for pooling layer L over n images. */
+static dsrt_k_pool pool_of(const dsrt_layer *L, int n, int oh, int ow, int nhwc, dsrt_k_type t,
+                           int max) {
+    dsrt_k_pool p = {{n, L->in.c, L->in.h, L->in.w, nhwc, t},
+                     {n, L->in.c, oh, ow, nhwc, t},
+                     L->o.kh,
+                     L->o.kw,
+                     L->o.sh,
+                     L->o.sw,
+                     L->pt,
+                     L->pl,
+                     max ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
+    return p;
+}
+
 /* The CPU net's pooling layers, forward (max exactly, average within 1e-6:
  * another order of sums), and the input gradient against the plain
  * reference, in float NCHW and NHWC and in bfloat16. */
@@ -592,39 +607,22 @@ static void test_pool(void) {
         CHECK_OK(dsrt__net_layer_output(net, 1, out, 0));
         ref_pool_bwd(x, dy, dxr, N, C, H, W, oh, ow, L->o.kh, L->o.kw, L->o.sh, L->o.sw, L->pt,
                      L->pl, cases[k].max);
-        for (int t = DSRT_K_F32; t <= DSRT_K_F32; t++)
-            for (int nhwc = 0; nhwc < 2; nhwc++) {
-                dsrt_k_pool p = {{N, C, H, W, nhwc, (dsrt_k_type)t},
-                                 {N, C, oh, ow, nhwc, (dsrt_k_type)t},
-                                 L->o.kh,
-                                 L->o.kw,
-                                 L->o.sh,
-                                 L->o.sw,
-                                 L->pt,
-                                 L->pl,
-                                 cases[k].max ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
-                void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 4);
-                void *tdy = to_tensor(&p.yd, dy), *tdx = zalloc(CNT * 4);
-                CHECK_OK(dsrt_kh_pool_fwd(&p, tx, ty));
-                float *got = to_nchw(&p.yd, ty);
-                char what[96];
-                snprintf(what, sizeof what, "%s%s", cases[k].layer, nhwc ? " nhwc" : "");
-                CHECK_EQ(mismatches(what, got, out, ocnt, cases[k].max ? 0 : 1e-6, 1e-7), 0);
-                CHECK_OK(dsrt_kh_pool_bwd(&p, tx, tdy, tdx));
-                float *gdx = to_nchw(&p.xd, tdx);
-                CHECK_EQ(mismatches("pooling backward", gdx, dxr, CNT, 1e-6, 1e-7), 0);
-                free(tx), free(ty), free(tdy), free(tdx), free(got), free(gdx);
-            }
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_pool p = pool_of(L, N, oh, ow, nhwc, DSRT_K_F32, cases[k].max);
+            void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 4);
+            void *tdy = to_tensor(&p.yd, dy), *tdx = zalloc(CNT * 4);
+            CHECK_OK(dsrt_kh_pool_fwd(&p, tx, ty));
+            float *got = to_nchw(&p.yd, ty);
+            char what[96];
+            snprintf(what, sizeof what, "%s%s", cases[k].layer, nhwc ? " nhwc" : "");
+            CHECK_EQ(mismatches(what, got, out, ocnt, cases[k].max ? 0 : 1e-6, 1e-7), 0);
+            CHECK_OK(dsrt_kh_pool_bwd(&p, tx, tdy, tdx));
+            float *gdx = to_nchw(&p.xd, tdx);
+            CHECK_EQ(mismatches("pooling backward", gdx, dxr, CNT, 1e-6, 1e-7), 0);
+            free(tx), free(ty), free(tdy), free(tdx), free(got), free(gdx);
+        }
         /* bfloat16: the same windows over the rounded values. */
-        dsrt_k_pool p = {{N, C, H, W, 1, DSRT_K_BF16},
-                         {N, C, oh, ow, 1, DSRT_K_BF16},
-                         L->o.kh,
-                         L->o.kw,
-                         L->o.sh,
-                         L->o.sw,
-                         L->pt,
-                         L->pl,
-                         cases[k].max ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
+        dsrt_k_pool p = pool_of(L, N, oh, ow, 1, DSRT_K_BF16, cases[k].max);
         void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 2);
         float *xr = to_nchw(&p.xd, tx), *want = zalloc(ocnt * 4);
         dsrt_k_pool pf = p;

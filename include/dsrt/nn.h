@@ -71,10 +71,10 @@ typedef enum {
     DSRT_PRECISION_FP32,        /* float32 throughout */
     DSRT_PRECISION_TF32,        /* float32 storage, TensorFloat-32 products in convolutions and
                                    matrix products (10-bit mantissa inputs, float32 sums) */
-    DSRT_PRECISION_BF16,        /* mixed: convolutions and matrix products on bfloat16
-                                   copies of their activations and weights, summed in
-                                   float32; float32 master weights, optimizer state and
-                                   every other layer */
+    DSRT_PRECISION_BF16,        /* mixed: activations and their gradients stored in
+                                   bfloat16, products summed in float32; float32 master
+                                   weights, weight gradients, batchnorm statistics, loss
+                                   and optimizer state */
 } dsrt_precision;
 
 /* Where a net computes: the CPU, or a CUDA device index. */
