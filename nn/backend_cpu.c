@@ -27,6 +27,9 @@
  * (Debian's libdnnl 2.6 uses GNU OpenMP): the count is set on the calling
  * thread before planning and running.
  *
+ * With a profile on (dsrt_net_profile_start), each layer's steps of a
+ * training pass are timed with the clock (run_steps).
+ *
  * Two environment variables override the choices, for measurements:
  * DSRT_CPU_LAYOUT=blocked|nhwc (every convolution in that layout) and
  * DSRT_CPU_CONV=direct (no Winograd).
@@ -42,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* From the OpenMP runtime oneDNN loads (libgomp); weak so that the library
  * links and runs without it (then the count is OpenMP's default and the team
@@ -1357,26 +1361,43 @@ static int plan_get(cpu_backend *be, int n, int train, cpu_plan **out) {
 // ----------------------------------------------------------------------------
 // Running
 
-static int run_steps(cpu_backend *be, cpu_plan *p, step *steps, size_t n) {
-    const dsrt_net *net = be->net;
+static double clock_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Runs a pass's steps; with a profile on and a training plan, the steps
+ * of each layer are timed together (a layer's steps are consecutive). */
+static int run_steps(cpu_backend *be, cpu_plan *p, step *steps, size_t n, int backward) {
+    dsrt_net *net = be->net;
+    int timed = p->train && dsrt__prof_on(net), layer = -1;
+    double t0 = 0, t1 = 0;
     for (size_t k = 0; k < n; k++) {
         step *s = &steps[k];
         if (s->kind == STEP_WEIGHTS) {
             if (*s->cache == net->version) continue;
             *s->cache = net->version;
         }
+        if (timed && s->layer != layer) {
+            if (layer >= 0) dsrt__prof_piece(net, layer, backward, t0, t1);
+            layer = s->layer;
+            t0 = clock_s();
+        }
         if (s->fn) {
             int rc = s->fn(be, p, s->layer);
             if (rc) return rc;
-            continue;
+        } else {
+            dnnl_status_t st = dnnl_primitive_execute(s->prim, be->stream, s->nargs, s->args);
+            if (st != dnnl_success) {
+                if (s->kind == STEP_WEIGHTS) *s->cache = UINT64_MAX;
+                return dnnl_fail(st, "execute", &net->layers[s->layer]);
+            }
         }
-        dnnl_status_t st = dnnl_primitive_execute(s->prim, be->stream, s->nargs, s->args);
-        if (st != dnnl_success) {
-            if (s->kind == STEP_WEIGHTS) *s->cache = UINT64_MAX;
-            return dnnl_fail(st, "execute", &net->layers[s->layer]);
-        }
+        if (timed) t1 = clock_s();
     }
     dnnl_status_t st = dnnl_stream_wait(be->stream);
+    if (timed && layer >= 0) dsrt__prof_piece(net, layer, backward, t0, clock_s());
     return st == dnnl_success ? 0 : dnnl_fail(st, "stream wait", NULL);
 }
 
@@ -1422,7 +1443,8 @@ static int cpu_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train) 
     else
         be->last_infer = p;
     be->last = p;
-    return run_steps(be, p, p->fwd, p->n_fwd);
+    if (train && net->prof) net->prof->open = 0; /* a new step */
+    return run_steps(be, p, p->fwd, p->n_fwd, 0);
 }
 
 static int cpu_backward(dsrt_backend *b) {
@@ -1430,7 +1452,9 @@ static int cpu_backward(dsrt_backend *b) {
     cpu_plan *p = be->last_train;
     if (!p || !p->labels) return dsrt__fail(-EINVAL, "cpu backend: backward without forward");
     set_threads(be->net);
-    return run_steps(be, p, p->bwd, p->n_bwd);
+    int rc = run_steps(be, p, p->bwd, p->n_bwd, 1);
+    if (!rc) dsrt__prof_step_end(be->net);
+    return rc;
 }
 
 static int cpu_results(dsrt_backend *b, double *loss, int *correct, float *probs) {
@@ -1445,8 +1469,14 @@ static int cpu_results(dsrt_backend *b, double *loss, int *correct, float *probs
 
 static int cpu_optimize(dsrt_backend *b, const dsrt_optim_step *s) {
     cpu_backend *be = (cpu_backend *)b;
+    dsrt_net_prof *pr = dsrt__prof_on(be->net);
+    double t0 = pr ? clock_s() : 0;
     dsrt__optim_host(be->net->params, be->net->grads, s);
     be->net->version++;
+    if (pr) {
+        pr->opt_s += clock_s() - t0;
+        pr->opt_steps++;
+    }
     return 0;
 }
 

@@ -1,75 +1,116 @@
 /*
  * The GPU backend: the nn ops table (internal.h) on one CUDA device, with
- * cuDNN 9's C API for convolutions, batch normalisation, pooling and LRN,
- * cuBLAS for fully connected layers, and dsrt's own kernels (nn/kernels.h)
- * for the input stage, padding, ReLU, dropout, softmax with cross-entropy
- * and the optimizer step. It computes what the CPU backend (backend_cpu.c)
- * computes, on the same flat layout of parameters, gradients and state, so
- * offsets, gradient buckets and model files mean the same on both.
+ * cuDNN 9's C API for convolutions and batch normalisation, cuBLAS for
+ * fully connected layers, and dsrt's own kernels (nn/kernels.h) for the
+ * input stage, padding, biases and ReLUs, pooling, LRN, dropout, softmax
+ * with cross-entropy and the optimizer step. It computes what the CPU
+ * backend (backend_cpu.c) computes, on the same flat buffers of parameters,
+ * gradients and state, so offsets, gradient buckets and model files mean
+ * the same on both.
  *
- * Per device there is one compute stream and one copy stream. stage() copies
- * the next batch (float NCHW or uint8 NHWC, with its labels) from host memory
- * into one of two device slots on the copy stream and records an event; the
- * compute stream waits for that event only where the input layer reads the
- * slot, so a batch crosses PCIe while the previous step computes, and the
- * copy stream waits for the step that last read a slot before refilling it.
- * Nothing in the step loop synchronises the device: results() waits for the
- * loss and correct count of the last forward (copied back asynchronously),
- * and the read-backs (to_host, read_output) wait for the compute stream.
+ * Activations: channels-last (NHWC) between every pair of layers, as the
+ * tensor cores' convolutions want them, from the input stage (which writes
+ * NHWC straight from the pipeline's uint8 slots) to the last fully
+ * connected layer. Under bf16 every activation and its gradient is stored
+ * in bfloat16 (the softmax's probabilities and the loss excepted): no layer
+ * converts its input or output; cuDNN and cuBLAS take bfloat16 tensors and
+ * sum in float32, and dsrt's kernels load and store bfloat16 and compute in
+ * float. fp32 and tf32 keep float32 activations (tf32: TensorFloat-32
+ * products). Master weights, their gradients (what the all-reduce sums),
+ * batchnorm statistics, the loss and the optimizer stay float32.
  *
- * For each batch size, training and inference separately, a plan is built
- * once: every activation and gradient tensor of the step carved from one
- * device allocation, the cuDNN descriptors, and the convolution algorithms,
- * timed once with cudnnFind*AlgorithmEx on the very tensors, weights and
- * gradients the steps will use (or, in deterministic mode, taken from the
- * cudnnGet*_v7 heuristics, which do not depend on timing, keeping only
- * deterministic algorithms, each tried once on those pointers). Every plan
- * shares one workspace, grown to the largest need. Activations are float32
- * NCHW between layers; the device keeps its own copies of the flat buffers
- * (params, grads, state, each starting on a 256-byte boundary) and uploads
- * the host's whenever net->version moves.
+ * Weights on the device. The device's flat buffers (params, grads, state,
+ * each starting on a 256-byte boundary) hold every layer's parameters at
+ * the host's offsets; a convolution's filters are kept in cuDNN's NHWC
+ * filter order (out, kh, kw, in / groups) instead of the host's (out, in /
+ * groups, kh, kw), and every transfer between host and device (parameters,
+ * gradients, optimizer state) reorders them, so that the host buffers,
+ * model files and checkpoints are the CPU backend's. A fully connected
+ * layer keeps the host's (out, in_c, in_h, in_w): its NHWC input is put in
+ * that order at the flatten (one small layout change forward, its inverse
+ * backward). Under bf16 a bfloat16 copy of the weights, in the device's
+ * order, is what convolutions and matrix products read; the optimizer
+ * kernel refreshes it as it updates the float32 weights.
+ *
+ * Fusion. A convolution with a bias runs as one cuDNN call with its bias
+ * and the ReLU after it (cudnnConvolutionBiasActivationForward: ReLU, or
+ * identity when the algorithm is IMPLICIT_PRECOMP_GEMM, which cuDNN
+ * requires then), tried once when the plan is made and replaced by the
+ * convolution and one dsrt kernel (bias and any ReLU in one pass) where
+ * cuDNN refuses. Training batchnorm runs cuDNN's NHWC persistent kernels
+ * with the ReLU after it fused (cudnnBatchNormalizationForwardTrainingEx /
+ * BackwardEx, CUDNN_BATCHNORM_OPS_BN_ACTIVATION), likewise tried and
+ * replaced by dsrt's batchnorm kernels (any layout and type, the ReLU folded
+ * in) where refused; those kernels also run batchnorm at inference and
+ * whenever its statistics are synchronised over the workers. Backward, the
+ * ReLU's backward is folded into the next kernel that reads the gradient:
+ * the bias gradient of a convolution or fully connected layer (which masks
+ * the gradient in place while summing it), batchnorm's fused backward, or
+ * the batchnorm kernels' sums and input gradient.
+ *
+ * Per device there is one compute stream and one copy stream. stage()
+ * copies the next batch from host memory into one of two device slots on
+ * the copy stream and records an event; the compute stream waits for that
+ * event only where the input layer reads the slot, so a batch crosses PCIe
+ * while the previous step computes, and the copy stream waits for the step
+ * that last read a slot before refilling it. results() waits for the loss
+ * of the last forward (copied back asynchronously); the read-backs wait for
+ * the compute stream.
+ *
+ * One CUDA graph a step. A training forward and its backward are queued
+ * together when backward is called, and the optimizer step is queued with
+ * the next training step (work that another call needs first is queued at
+ * once, op by op). After two steps of the same shape, a step's work (the
+ * optimizer, forward, loss, backward, the events the host polls) is
+ * recorded once as CUDA graphs and replayed from then on: a key of what the
+ * recording captured (the plan and its memory, the staging slot, the
+ * layout, the hooks, the optimizer's kernels) picks it, and a step whose key
+ * differs runs op by op and is recorded in turn. The per-step scalars
+ * (learn rate, Adam's corrections, dropout's step, the loss gradient's
+ * scale) are read from device memory, written by a small kernel before each
+ * replay, so a schedule changes no graph. The host's callouts within a step
+ * (a gradient bucket's all-reduce, synchronised batchnorm's sums) cut the
+ * recording into segments: NCCL's calls stay outside the graphs (NCCL's
+ * rules make a captured collective a collective property of every rank,
+ * and warn that several GPUs driven from one process may deadlock in graph
+ * launches; outside, the communicator's events and deadline watch work as
+ * before), and each replay launches segment, callout, segment, in order.
+ * Recording executes nothing, so a recording that fails leaves the step to
+ * run op by op.
+ *
+ * Plans. For each batch size, training and inference separately, a plan is
+ * built once: every activation and gradient tensor of the step carved from
+ * one device allocation, the cuDNN descriptors, and the convolution
+ * algorithms, timed once with cudnnFind*AlgorithmEx on the very tensors,
+ * weights and gradients the steps will use (or, in deterministic mode, taken
+ * from the cudnnGet*_v7 heuristics among deterministic algorithms only, each
+ * tried once on those pointers). Every plan shares one workspace, grown to
+ * the largest need.
  *
  * Memory before collectives. Allocating or freeing device memory while NCCL
  * kernels may be in flight can hang them, so a training run (dsrt_train,
  * through dsrt__net_reserve and cuda_reserve) reserves before its first
- * collective the plans
- * of every batch size its steps take, the workspace, the staging slots and
- * the optimizer's state; the optimizer's segment table and workspace are
- * sized when the backend is made. From then on the backend allocates
- * nothing: an inference pass of another size (a validation batch short of
- * a bad image) gets a plan whose tensors lie in the memory of a larger
- * inference plan, with algorithms that fit the workspace as it is. Growth
- * beyond that, and any allocation while a communicator's hooks are on the
- * net, first waits for the device's queued work (and so for the
- * collectives it waits for) to finish.
+ * collective the plans of every batch size its steps take, the workspace,
+ * the staging slots and the optimizer's state; the optimizer's segment
+ * table and workspace are sized when the backend is made. From then on the
+ * backend allocates nothing: an inference pass of another size gets a plan
+ * whose tensors lie in the memory of a larger inference plan. Growth beyond
+ * that, and any allocation (graph instantiation included) while a
+ * communicator's hooks are on the net, first waits for the device's queued
+ * work to finish.
  *
  * Host waits. With a communicator on the net (net->wait_check), the host
  * never blocks on the device in one call: it polls, and the communicator's
  * check fails the wait when a collective the device waits for has passed
- * its deadline, so that a lost peer ends the step with a message instead
- * of a hang; the communicator itself never waits for its sums on the host.
+ * its deadline.
  *
- * Precision: fp32 (cuDNN FMA math, plain cuBLAS sgemm), tf32 (TensorFloat-32
- * tensor-core products in convolutions and matrix products, float32 sums) or
- * bf16: convolutions and fully connected products take bfloat16 copies of
- * their inputs and weights (the weight copy refreshed by the optimizer
- * kernel itself), accumulate in float32, and everything else, the master
- * weights and the optimizer state included, stays float32.
+ * Profile (dsrt_net_profile_start): events around every layer's forward and
+ * backward and the optimizer, recorded in the graphs too, give each layer's
+ * device time and the idle gaps between consecutive pieces of a step.
  *
- * Synchronised batchnorm (dsrt_net_set_bn_sync): in training, each
- * batchnorm layer's per-channel sums (kernels in double) go to the net's
- * hook in device memory with the compute stream, and the statistics, the
- * running averages and the input gradient come from the totals as in the
- * CPU backend.
- *
- * Padding that cuDNN cannot express (asymmetric, 'same' with an odd total)
- * is done by copying the input into a padded buffer (dsrt_k_pad; -infinity
- * for max pooling) and running cuDNN unpadded; the backward crops the
- * gradient back. Every CUDA, cuDNN and cuBLAS return is checked, the message
- * naming the call and the layer.
- *
- * It is the module dsrt_cuda.so (core/module.h), which net.c's backend table
- * loads when a net first asks for a GPU.
+ * Every CUDA, cuDNN and cuBLAS return is checked, the message naming the
+ * call and the layer. It is the module dsrt_cuda.so (core/module.h), which
+ * net.c's backend table loads when a net first asks for a GPU.
  */
 #include "internal.h"
 
@@ -93,6 +134,13 @@
  * chosen algorithm may keep. */
 #define FIND_WS_MAX ((size_t)1 << 30)
 #define ALIGN       256
+/* cuBLAS's own workspace (set once, so that recording a step never makes
+ * it allocate): the size NVIDIA suggests for Hopper. */
+#define BLAS_WS ((size_t)32 << 20)
+/* Steps of one key run op by op before the key is recorded as graphs, and
+ * graphs kept. */
+#define GRAPH_WARMUP 2
+#define GRAPH_SLOTS  16
 
 /* The scaling factors of cuDNN and cuBLAS calls: out = 1 * result + 0 * out. */
 static const float ONE = 1.0f, ZERO = 0.0f;
@@ -178,34 +226,50 @@ typedef struct {
     int has_data; /* backward data runs (the input needs a gradient) */
 } conv_algos;
 
+/* How a layer's forward is fused (kept in the plan, said by the profile). */
+enum {
+    FUSE_NONE = 0,
+    FUSE_CUDNN, /* convolution + bias + activation, or batchnorm + ReLU, in one cuDNN call */
+    FUSE_KERNEL /* the bias and the ReLU in one dsrt kernel after the product */
+};
+
 typedef struct {
-    float *y;  /* (n, out.c, out.h, out.w) the layer's output; may be the previous layer's */
-    float *dy; /* same shape: gradient of the loss with respect to y; NULL when unused */
-    cudnnTensorDescriptor_t yd; /* y, float32 NCHW */
-    /* Convolution and pooling: the input as cuDNN reads it. */
+    /* (n, out.h, out.w, out.c) the layer's output, NHWC in the activation
+     * type; the softmax's probabilities (n, classes) in float32. May be the
+     * previous layer's (a ReLU computed by the layer before it, dropout at
+     * inference). */
+    void *y;
+    void *dy;       /* same shape: gradient of the loss with respect to y; NULL unused */
+    dsrt_k_desc kd; /* y as dsrt's kernels see it */
+    cudnnTensorDescriptor_t yd; /* y as cuDNN sees it (convolutions, batchnorm) */
+    /* Convolution: the input as cuDNN reads it. */
     int pad_explicit;           /* asymmetric padding: copied into xp */
     int ph, pw;                 /* the padded input's height and width */
-    float *xp;                  /* (n, in.c, ph, pw) padded input (float32 runs); convolutions
-                                 * reuse it for the padded input gradient */
-    float *dxp;                 /* pooling: (n, in.c, ph, pw) padded input gradient */
+    void *xp;                   /* (n, ph, pw, in.c) the padded input; then its gradient */
     cudnnTensorDescriptor_t xd; /* what cuDNN reads: the padded input or the previous y */
-    /* Convolution */
-    cudnnFilterDescriptor_t wd;      /* (out.c, in.c / groups, kh, kw) */
-    cudnnConvolutionDescriptor_t cd; /* padding, stride, dilation, groups */
-    cudnnTensorDescriptor_t bd;      /* (1, c, 1, 1): convolution bias, batchnorm parameters */
+    cudnnFilterDescriptor_t wd; /* (out.c, in.c / groups, kh, kw) as NHWC filters */
+    cudnnConvolutionDescriptor_t cd;
+    cudnnTensorDescriptor_t bd;      /* (1, c, 1, 1) float: conv bias, batchnorm parameters */
+    cudnnActivationDescriptor_t act; /* fused convolution or batchnorm: the activation */
     conv_algos al;
-    /* bfloat16 runs of convolutions and fully connected layers */
-    cudnnTensorDescriptor_t xd16, yd16;
-    cudnnFilterDescriptor_t wd16;
-    dsrt_bf16 *x16; /* the input as the product reads it (padded); then its gradient */
-    dsrt_bf16 *y16; /* the product's output; then the output gradient */
+    int fuse; /* FUSE_* of the forward */
+    /* Batchnorm in training: cuDNN's Ex calls (NHWC persistent kernels, the
+     * ReLU fused when bn_ops says so) with their reserve space; else the
+     * plain calls. */
+    int bn_ex;
+    cudnnBatchNormOps_t bn_ops;
+    void *bn_reserve;
+    size_t bn_reserve_size;
     /* Batchnorm: the batch's mean and inverse standard deviation (c each);
      * synchronised, also its variance (c) and the sums the hook adds up over
      * the workers: forward (2c + 1) and backward (2c). */
     float *save_mean, *save_inv, *save_var;
     double *bn_sums, *bn_bsums;
-    cudnnPoolingDescriptor_t pool;
-    cudnnLRNDescriptor_t lrn;
+    /* Fully connected over an image: its input in the host's (c, h, w)
+     * order, then the gradient in that order. */
+    void *xf;
+    dsrt_k_pool pool;
+    dsrt_k_lrn lrn;
 } gpu_layer;
 
 typedef struct gpu_plan gpu_plan;
@@ -221,8 +285,8 @@ struct gpu_plan {
     double *loss;
     int32_t *correct;
     void *sm_work;         /* softmax reductions */
+    void *bg_work;         /* bias gradients' partial sums (the largest layer's) */
     const int32_t *labels; /* device labels of the batch of the last forward, or NULL */
-    uint64_t iteration;    /* of the last forward (dropout masks) */
     int bn_sync;           /* the last forward synchronised its batchnorm layers */
 };
 
@@ -238,18 +302,97 @@ typedef struct {
     float sub[DSRT_K_PIXEL_CH_MAX], div[DSRT_K_PIXEL_CH_MAX];
 } stage_slot;
 
+// ----------------------------------------------------------------------------
+// Recorded steps
+
+/* What the host does between two segments of a recorded step. */
+typedef enum {
+    CALL_NONE = 0,
+    CALL_GRADS, /* dsrt__net_grads_ready(layer): a gradient bucket is complete */
+    CALL_BN,    /* the synchronised batchnorm hook, on bs */
+} callout_kind;
+
+typedef struct {
+    callout_kind kind;
+    int layer;
+    dsrt_bn_sums bs;
+} callout;
+
+typedef struct {
+    cudaGraphExec_t exec;
+    callout after;
+} segment;
+
+/* What a recording captured, beyond the backend's memory (whose changes
+ * bump graph_gen and drop every graph). Compared with memcmp: zeroed
+ * before it is filled. */
+typedef struct {
+    const gpu_plan *plan;
+    int slot, layout, labels, bn_sync;
+    const void *ready_fn, *buckets, *bn_fn; /* the hooks, and the bucket layout */
+    int n_buckets;
+    int with_opt; /* the optimizer step is queued first */
+    int solver, norm_clip, n_buf, bf16;
+    const void *seg;
+    int n_seg;
+    uint32_t blocks;
+    int profile;
+} step_key;
+
+typedef struct {
+    step_key key;
+    segment *seg; /* (n_seg) none while the key warms up */
+    int n_seg;
+    int warm; /* steps of this key seen */
+    uint64_t used;
+} step_graph;
+
+/* A recording in progress: segments captured so far. */
+typedef struct {
+    segment *seg;
+    int n_seg, cap;
+    int failed;
+} recording;
+
+/* The optimizer step waiting to be queued with the next training step. */
+typedef struct {
+    int on;
+    dsrt_k_step st;
+    int n_buf; /* the solver's state buffers */
+    int norm_clip;
+} pending_opt;
+
+/* The training forward waiting for its backward. */
+typedef struct {
+    int on;
+    gpu_plan *plan;
+    int slot;
+} pending_fwd;
+
+/* Profile events: per layer forward and backward, the optimizer. */
+typedef struct {
+    cudaEvent_t *fwd0, *fwd1, *bwd0, *bwd1; /* (n_layers) each */
+    cudaEvent_t opt0, opt1;
+    int recorded; /* a step's events are recorded and not yet read */
+    int has_bwd, has_opt;
+    int replayed; /* that step was a replay of recorded graphs */
+} prof_events;
+
 typedef struct cuda_backend {
     dsrt_net *net;
     int device;
     int bf16, det;
+    dsrt_k_type act;        /* the activations' type */
+    cudnnDataType_t act_dt; /* ... as cuDNN names it */
     cudaStream_t compute, copy;
     cudnnHandle_t dnn;
     cublasHandle_t blas;
+    void *blas_ws;
     cudnnMathType_t conv_math;
-    void *flat; /* one allocation: params, grads (n_params floats each), state; each
-                 * starting on an ALIGN boundary */
+    void *flat; /* one allocation: params, grads (n_params floats each), state, then under bf16
+                 * w16 and g16; each starting on an ALIGN boundary */
     float *params, *grads, *state;
-    dsrt_bf16 *w16, *g16; /* bf16: weight copy and gradient staging (n_params each) */
+    dsrt_bf16 *w16, *g16; /* bf16: the weights the products read, convolution gradients */
     uint64_t seen_version;
     int *need_diff; /* (n_layers) backward must produce the gradient of layer i's output */
     int any_bn;
@@ -260,7 +403,9 @@ typedef struct cuda_backend {
     gpu_plan *plans[PLAN_SLOTS];
     gpu_plan *last_train, *last_infer, *last;
     uint64_t clock;
-    float grad_scale;
+    /* The per-step scalars: on the device, and as the host last wrote them. */
+    dsrt_k_consts *dconst;
+    dsrt_k_consts hconst;
     /* Results of the last forward, copied back asynchronously. */
     double *h_loss;
     int32_t *h_correct;
@@ -287,6 +432,17 @@ typedef struct cuda_backend {
     cudaEvent_t ev_go[EV_RING], ev_done[EV_RING];
     int64_t steps, acc_upto;
     double busy_s, idle_s;
+    /* Deferred work and recorded steps. */
+    pending_opt popt;
+    pending_fwd pfwd;
+    int graphs; /* recording allowed (net option) */
+    step_graph *graph[GRAPH_SLOTS];
+    uint64_t graph_gen, graph_clock;
+    step_key warm_key;
+    int warm_count;
+    recording *rec; /* the recording in progress, or NULL */
+    int64_t graph_steps, captures;
+    prof_events prof;
 } cuda_backend;
 
 static size_t out_count(const dsrt_layer *l, int n) {
@@ -297,20 +453,42 @@ static size_t in_count(const dsrt_layer *l, int n) {
     return (size_t)n * l->in.c * l->in.h * l->in.w;
 }
 
-static int set_4d(cudnnTensorDescriptor_t *d, cudnnDataType_t t, int n, int c, int h, int w,
-                  const dsrt_layer *L) {
+static size_t type_size(dsrt_k_type t) {
+    return t == DSRT_K_BF16 ? sizeof(dsrt_bf16) : sizeof(float);
+}
+
+/* An NHWC tensor descriptor of cuDNN. */
+static int set_nhwc(cudnnTensorDescriptor_t *d, cudnnDataType_t t, int n, int c, int h, int w,
+                    const dsrt_layer *L) {
     if (!*d) DNN(cudnnCreateTensorDescriptor(d));
-    DNN(cudnnSetTensor4dDescriptor(*d, CUDNN_TENSOR_NCHW, t, n, c, h, w));
+    DNN(cudnnSetTensor4dDescriptor(*d, CUDNN_TENSOR_NHWC, t, n, c, h, w));
     return 0;
 }
 
-static dsrt_k_desc kdesc(int n, int c, int h, int w, dsrt_k_type t) {
-    dsrt_k_desc d = {n, c, h, w, 0, t};
+static int set_param_desc(cudnnTensorDescriptor_t *d, int c, const dsrt_layer *L) {
+    if (!*d) DNN(cudnnCreateTensorDescriptor(d));
+    DNN(cudnnSetTensor4dDescriptor(*d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, c, 1, 1));
+    return 0;
+}
+
+static dsrt_k_desc kdesc(int n, int c, int h, int w, int nhwc, dsrt_k_type t) {
+    dsrt_k_desc d = {n, c, h, w, nhwc, t};
     return d;
 }
 
 static size_t align_up(size_t bytes) {
     return (bytes + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+}
+
+/* The weights a product reads: the bfloat16 copy under bf16. */
+static const void *weights(const cuda_backend *be, const dsrt_layer *l) {
+    return be->bf16 ? (const void *)(be->w16 + l->w_off) : (const void *)(be->params + l->w_off);
+}
+
+/* Records a host-visible event on the compute stream: inside a recording
+ * it becomes an event node of the graph, so a replay records it. */
+static cudaError_t mark(cuda_backend *be, cudaEvent_t ev) {
+    return cudaEventRecordWithFlags(ev, be->compute, cudaEventRecordExternal);
 }
 
 // ----------------------------------------------------------------------------
@@ -357,9 +535,12 @@ static int quiet(cuda_backend *be) {
     return wait_stream(be, be->compute);
 }
 
+static void graphs_drop(cuda_backend *be);
+
 /* Device memory after the backend was made: once its sizes are reserved,
  * or with collectives possible, only when the device is quiet (cudaMalloc
- * and cudaFree while NCCL kernels may run can hang them). */
+ * and cudaFree while NCCL kernels may run can hang them). Recorded steps
+ * may hold the old pointers: they go. */
 static int dev_alloc(cuda_backend *be, void **p, size_t bytes, const dsrt_layer *L) {
     if (be->frozen || collectives_possible(be)) TRY(quiet(be));
     *p = NULL;
@@ -375,7 +556,78 @@ static int dev_free(cuda_backend *be, void *p) {
     const dsrt_layer *L = NULL;
     if (!p) return 0;
     if (be->frozen || collectives_possible(be)) TRY(quiet(be));
+    graphs_drop(be);
     CU(cudaFree(p));
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The device's order of convolution filters
+
+/* Whether layer l's weights are kept in another order on the device: a
+ * convolution's filters as NHWC filters (out, kh, kw, in / groups), where
+ * that order differs from the host's (out, in / groups, kh, kw). */
+static int reordered(const dsrt_layer *l) {
+    return l->kind == DSRT_LAYER_CONV && l->o.kh * l->o.kw > 1 && l->in.c / l->o.groups > 1;
+}
+
+/* Layer l's filters from the host's order into the device's (to_dev), or
+ * back. */
+static void reorder(const dsrt_layer *l, float *dst, const float *src, int to_dev) {
+    size_t K = (size_t)l->out.c, C = (size_t)(l->in.c / l->o.groups), R = (size_t)l->o.kh,
+           S = (size_t)l->o.kw;
+    for (size_t k = 0; k < K; k++)
+        for (size_t c = 0; c < C; c++)
+            for (size_t r = 0; r < R; r++)
+                for (size_t s = 0; s < S; s++) {
+                    size_t h = ((k * C + c) * R + r) * S + s, d = ((k * R + r) * S + s) * C + c;
+                    if (to_dev)
+                        dst[d] = src[h];
+                    else
+                        dst[h] = src[d];
+                }
+}
+
+/* A flat buffer of the host (n_params floats, the host's order) into the
+ * device's dst, reordered, on the compute stream. The copies are from
+ * pageable memory: each returns once its source is read, so the reordered
+ * filters' buffer may go at once. */
+static int put_flat(cuda_backend *be, float *dst, const float *src) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = NULL;
+    if (!net->n_params) return 0;
+    CU(cudaMemcpyAsync(dst, src, net->n_params * sizeof(float), cudaMemcpyHostToDevice,
+                       be->compute));
+    for (int i = 1; i < net->n_layers; i++) {
+        L = &net->layers[i];
+        if (!reordered(L)) continue;
+        float *t = malloc(L->w_n * sizeof *t);
+        if (!t) return dsrt__fail(-ENOMEM, "cuda backend: out of memory reordering filters");
+        reorder(L, t, src + L->w_off, 1);
+        cudaError_t e = cudaMemcpyAsync(dst + L->w_off, t, L->w_n * sizeof *t,
+                                        cudaMemcpyHostToDevice, be->compute);
+        free(t);
+        if (e != cudaSuccess) return cu_fail(e, "cudaMemcpyAsync", L);
+    }
+    return 0;
+}
+
+/* A device flat buffer into the host's dst, in the host's order (the
+ * compute stream's work done first). */
+static int get_flat(cuda_backend *be, float *dst, const float *src) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = NULL;
+    if (!net->n_params) return 0;
+    CU(cudaMemcpy(dst, src, net->n_params * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 1; i < net->n_layers; i++) {
+        L = &net->layers[i];
+        if (!reordered(L)) continue;
+        float *t = malloc(L->w_n * sizeof *t);
+        if (!t) return dsrt__fail(-ENOMEM, "cuda backend: out of memory reordering filters");
+        memcpy(t, dst + L->w_off, L->w_n * sizeof *t);
+        reorder(L, dst + L->w_off, t, 0);
+        free(t);
+    }
     return 0;
 }
 
@@ -399,56 +651,45 @@ static int aliases(const dsrt_layer *l, int train) {
     return l->fused_away || (l->kind == DSRT_LAYER_DROPOUT && !train);
 }
 
-static int uses_bf16(const cuda_backend *be, const dsrt_layer *l) {
-    return be->bf16 && (l->kind == DSRT_LAYER_CONV || l->kind == DSRT_LAYER_FC);
+/* Whether cuDNN's symmetric padding cannot express convolution l's. */
+static int pad_explicit(const dsrt_layer *l) {
+    return l->kind == DSRT_LAYER_CONV && (l->pt != l->pb || l->pl != l->pr);
 }
 
-/* Whether cuDNN's symmetric padding cannot express layer l's. */
-static int pad_explicit(const dsrt_layer *l) {
-    if (l->kind != DSRT_LAYER_CONV && l->kind != DSRT_LAYER_MAXPOOL &&
-        l->kind != DSRT_LAYER_AVGPOOL)
-        return 0;
-    return l->pt != l->pb || l->pl != l->pr;
+/* Whether a fully connected layer's input must be put in the host's (c, h,
+ * w) order first. */
+static int flattens(const dsrt_layer *l) {
+    return l->kind == DSRT_LAYER_FC && l->in.h * l->in.w > 1 && l->in.c > 1;
 }
 
 /* Lays the plan's tensors out over c (pointers are NULL while measuring). */
 static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy) {
     const dsrt_net *net = be->net;
     int n = p->n;
+    size_t at = type_size(be->act), bg = 0;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
         gpu_layer *g = &p->gl[i];
-        size_t cnt = out_count(l, n);
+        size_t cnt = out_count(l, n), el = l->kind == DSRT_LAYER_SOFTMAX ? sizeof(float) : at;
         if (i > 0 && aliases(l, p->train)) {
             g->y = p->gl[i - 1].y;
             g->dy = p->gl[i - 1].dy;
         } else {
-            g->y = take(c, cnt * sizeof(float));
-            g->dy = need_dy[i] ? take(c, cnt * sizeof(float)) : NULL;
+            g->y = take(c, cnt * el);
+            g->dy = need_dy[i] ? take(c, cnt * at) : NULL;
         }
         if (i == 0) continue;
-        size_t padded = (size_t)n * l->in.c * g->ph * g->pw;
-        int bf = uses_bf16(be, l);
-        if (l->kind == DSRT_LAYER_CONV) {
-            if (bf) {
-                g->x16 = take(c, padded * sizeof(dsrt_bf16));
-                g->y16 = take(c, cnt * sizeof(dsrt_bf16));
-            } else if (g->pad_explicit) {
-                g->xp = take(c, padded * sizeof(float));
-            }
-        } else if (l->kind == DSRT_LAYER_FC && bf) {
-            g->x16 = take(c, in_count(l, n) * sizeof(dsrt_bf16));
-            g->y16 = take(c, cnt * sizeof(dsrt_bf16));
-        } else if (g->pad_explicit) {
-            g->xp = take(c, padded * sizeof(float));
-            if (p->train) g->dxp = take(c, padded * sizeof(float));
-        }
+        if (g->pad_explicit) g->xp = take(c, (size_t)n * l->in.c * g->ph * g->pw * at);
+        if (flattens(l)) g->xf = take(c, in_count(l, n) * at);
+        if ((l->kind == DSRT_LAYER_CONV || l->kind == DSRT_LAYER_FC) && l->b_n && p->train)
+            bg = DSRT_MAX(bg, dsrt_k_bias_grad_work(&g->kd));
         if (l->kind == DSRT_LAYER_BATCHNORM && p->train) {
             g->save_mean = take(c, (size_t)l->out.c * sizeof(float));
             g->save_inv = take(c, (size_t)l->out.c * sizeof(float));
             g->save_var = take(c, (size_t)l->out.c * sizeof(float));
             g->bn_sums = take(c, ((size_t)2 * l->out.c + 1) * sizeof(double));
             g->bn_bsums = take(c, (size_t)2 * l->out.c * sizeof(double));
+            g->bn_reserve = g->bn_ex ? take(c, g->bn_reserve_size) : NULL;
         }
         if (l->kind == DSRT_LAYER_SOFTMAX) {
             p->loss = take(c, sizeof(double));
@@ -456,6 +697,7 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
             p->sm_work = take(c, dsrt_k_softmax_xent_work(n));
         }
     }
+    p->bg_work = bg ? take(c, bg) : NULL;
 }
 
 /* Frees p's descriptors and, when it owns it, its memory (no queued work
@@ -467,13 +709,9 @@ static void plan_free(gpu_plan *p) {
         if (g->yd) cudnnDestroyTensorDescriptor(g->yd);
         if (g->xd) cudnnDestroyTensorDescriptor(g->xd);
         if (g->bd) cudnnDestroyTensorDescriptor(g->bd);
-        if (g->xd16) cudnnDestroyTensorDescriptor(g->xd16);
-        if (g->yd16) cudnnDestroyTensorDescriptor(g->yd16);
         if (g->wd) cudnnDestroyFilterDescriptor(g->wd);
-        if (g->wd16) cudnnDestroyFilterDescriptor(g->wd16);
         if (g->cd) cudnnDestroyConvolutionDescriptor(g->cd);
-        if (g->pool) cudnnDestroyPoolingDescriptor(g->pool);
-        if (g->lrn) cudnnDestroyLRNDescriptor(g->lrn);
+        if (g->act) cudnnDestroyActivationDescriptor(g->act);
     }
     if (p->mem && !p->owner) cudaFree(p->mem);
     free(p->gl);
@@ -508,70 +746,64 @@ typedef struct {
                 (r)[k_].mathType                                                                   \
         }
 
-static cudnnStatus_t dir_search(cuda_backend *be, gpu_layer *g, int dir, int bf, const void *a,
+static cudnnStatus_t dir_search(cuda_backend *be, gpu_layer *g, int dir, const void *a,
                                 const void *b, void *c, void *ws, size_t ws_size, algo_perf *out,
                                 int *got) {
-    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
-    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
     cudnnStatus_t st;
     if (dir == DIR_FWD) {
         cudnnConvolutionFwdAlgoPerf_t r[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
         int n = DSRT_MIN(CUDNN_CONVOLUTION_FWD_ALGO_COUNT, ALGO_MAX);
-        st = be->det ? cudnnGetConvolutionForwardAlgorithm_v7(be->dnn, xd, wd, g->cd, yd, n, got, r)
-                     : cudnnFindConvolutionForwardAlgorithmEx(be->dnn, xd, a, wd, b, g->cd, yd, c,
-                                                              n, got, r, ws, ws_size);
+        st = be->det ? cudnnGetConvolutionForwardAlgorithm_v7(be->dnn, g->xd, g->wd, g->cd, g->yd,
+                                                              n, got, r)
+                     : cudnnFindConvolutionForwardAlgorithmEx(be->dnn, g->xd, a, g->wd, b, g->cd,
+                                                              g->yd, c, n, got, r, ws, ws_size);
         if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
     } else if (dir == DIR_DATA) {
         cudnnConvolutionBwdDataAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         int n = DSRT_MIN(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, ALGO_MAX);
-        st = be->det ? cudnnGetConvolutionBackwardDataAlgorithm_v7(be->dnn, wd, yd, g->cd, xd, n,
-                                                                   got, r)
-                     : cudnnFindConvolutionBackwardDataAlgorithmEx(be->dnn, wd, a, yd, b, g->cd, xd,
-                                                                   c, n, got, r, ws, ws_size);
+        st = be->det ? cudnnGetConvolutionBackwardDataAlgorithm_v7(be->dnn, g->wd, g->yd, g->cd,
+                                                                   g->xd, n, got, r)
+                     : cudnnFindConvolutionBackwardDataAlgorithmEx(
+                           be->dnn, g->wd, a, g->yd, b, g->cd, g->xd, c, n, got, r, ws, ws_size);
         if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
     } else {
         cudnnConvolutionBwdFilterAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
         int n = DSRT_MIN(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, ALGO_MAX);
-        st = be->det ? cudnnGetConvolutionBackwardFilterAlgorithm_v7(be->dnn, xd, yd, g->cd, wd, n,
-                                                                     got, r)
-                     : cudnnFindConvolutionBackwardFilterAlgorithmEx(be->dnn, xd, a, yd, b, g->cd,
-                                                                     wd, c, n, got, r, ws, ws_size);
+        st = be->det ? cudnnGetConvolutionBackwardFilterAlgorithm_v7(be->dnn, g->xd, g->yd, g->cd,
+                                                                     g->wd, n, got, r)
+                     : cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                           be->dnn, g->xd, a, g->yd, b, g->cd, g->wd, c, n, got, r, ws, ws_size);
         if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
     }
     return st;
 }
 
-static cudnnStatus_t dir_workspace(cuda_backend *be, gpu_layer *g, int dir, int bf, int algo,
-                                   size_t *sz) {
-    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
-    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
+static cudnnStatus_t dir_workspace(cuda_backend *be, gpu_layer *g, int dir, int algo, size_t *sz) {
     if (dir == DIR_FWD)
-        return cudnnGetConvolutionForwardWorkspaceSize(be->dnn, xd, wd, g->cd, yd,
+        return cudnnGetConvolutionForwardWorkspaceSize(be->dnn, g->xd, g->wd, g->cd, g->yd,
                                                        (cudnnConvolutionFwdAlgo_t)algo, sz);
     if (dir == DIR_DATA)
         return cudnnGetConvolutionBackwardDataWorkspaceSize(
-            be->dnn, wd, yd, g->cd, xd, (cudnnConvolutionBwdDataAlgo_t)algo, sz);
+            be->dnn, g->wd, g->yd, g->cd, g->xd, (cudnnConvolutionBwdDataAlgo_t)algo, sz);
     return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        be->dnn, xd, yd, g->cd, wd, (cudnnConvolutionBwdFilterAlgo_t)algo, sz);
+        be->dnn, g->xd, g->yd, g->cd, g->wd, (cudnnConvolutionBwdFilterAlgo_t)algo, sz);
 }
 
 /* One run of algo on the direction's pointers (what it writes is scratch
  * until the step writes it again). */
-static cudnnStatus_t dir_run(cuda_backend *be, gpu_layer *g, int dir, int bf, int algo,
-                             const void *a, const void *b, void *c) {
-    cudnnTensorDescriptor_t xd = bf ? g->xd16 : g->xd, yd = bf ? g->yd16 : g->yd;
-    cudnnFilterDescriptor_t wd = bf ? g->wd16 : g->wd;
+static cudnnStatus_t dir_run(cuda_backend *be, gpu_layer *g, int dir, int algo, const void *a,
+                             const void *b, void *c) {
     if (dir == DIR_FWD)
-        return cudnnConvolutionForward(be->dnn, &ONE, xd, a, wd, b, g->cd,
+        return cudnnConvolutionForward(be->dnn, &ONE, g->xd, a, g->wd, b, g->cd,
                                        (cudnnConvolutionFwdAlgo_t)algo, be->ws, be->ws_size, &ZERO,
-                                       yd, c);
+                                       g->yd, c);
     if (dir == DIR_DATA)
-        return cudnnConvolutionBackwardData(be->dnn, &ONE, wd, a, yd, b, g->cd,
+        return cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, a, g->yd, b, g->cd,
                                             (cudnnConvolutionBwdDataAlgo_t)algo, be->ws,
-                                            be->ws_size, &ZERO, xd, c);
-    return cudnnConvolutionBackwardFilter(be->dnn, &ONE, xd, a, yd, b, g->cd,
+                                            be->ws_size, &ZERO, g->xd, c);
+    return cudnnConvolutionBackwardFilter(be->dnn, &ONE, g->xd, a, g->yd, b, g->cd,
                                           (cudnnConvolutionBwdFilterAlgo_t)algo, be->ws,
-                                          be->ws_size, &ZERO, wd, c);
+                                          be->ws_size, &ZERO, g->wd, c);
 }
 
 /* Whether a search result may be used: it ran, and in deterministic mode
@@ -595,23 +827,22 @@ static int ensure_workspace(cuda_backend *be, size_t need);
  * on those very pointers, as the timed search runs them. *need grows to
  * the workspace it takes.
  */
-static int pick(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int dir, int bf, const void *a,
+static int pick(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int dir, const void *a,
                 const void *b, void *c, void *fws, size_t fws_size, size_t *need) {
     algo_perf r[ALGO_MAX];
     int got = 0;
     size_t cap = be->frozen ? be->ws_size : FIND_WS_MAX;
     DNN(cudnnSetConvolutionMathType(g->cd, be->conv_math));
-    DNN(dir_search(be, g, dir, bf, a, b, c, fws, fws_size, r, &got));
+    DNN(dir_search(be, g, dir, a, b, c, fws, fws_size, r, &got));
     for (int k = 0; k < got; k++) {
         if (!USABLE(be, r[k]) || r[k].memory > cap) continue;
         size_t sz = 0;
         cudnnMathType_t m = math_for(be, r[k].math);
         DNN(cudnnSetConvolutionMathType(g->cd, m));
-        if (dir_workspace(be, g, dir, bf, r[k].algo, &sz) != CUDNN_STATUS_SUCCESS || sz > cap)
-            continue;
+        if (dir_workspace(be, g, dir, r[k].algo, &sz) != CUDNN_STATUS_SUCCESS || sz > cap) continue;
         if (be->det) {
             TRY(ensure_workspace(be, sz));
-            if (dir_run(be, g, dir, bf, r[k].algo, a, b, c) != CUDNN_STATUS_SUCCESS) {
+            if (dir_run(be, g, dir, r[k].algo, a, b, c) != CUDNN_STATUS_SUCCESS) {
                 (void)cudaGetLastError();
                 continue;
             }
@@ -639,19 +870,50 @@ static int pick(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int dir, in
 // ----------------------------------------------------------------------------
 // Planning
 
-/* The descriptors of layer i (tensors carved already). */
-static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i) {
+/* Batchnorm in training through cuDNN's Ex calls: persistent NHWC kernels,
+ * the ReLU after it fused (not a leaky one). Sizes its workspaces and
+ * reserve space; bn_ex stays 0 where cuDNN refuses the layer. */
+static int plan_bn_ex(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
+    const dsrt_layer *L = &be->net->layers[i];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    g->bn_ex = 0;
+    if (!p->train) return 0;
+    int relu = L->fuse_relu && L->fuse_leak == 0.0f;
+    g->bn_ops = relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
+    cudnnActivationDescriptor_t act = relu ? g->act : NULL;
+    size_t fws = 0, bws = 0, res = 0;
+    cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    if (cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(be->dnn, mode, g->bn_ops, in->yd,
+                                                                 NULL, g->yd, g->bd, act,
+                                                                 &fws) != CUDNN_STATUS_SUCCESS ||
+        cudnnGetBatchNormalizationBackwardExWorkspaceSize(be->dnn, mode, g->bn_ops, in->yd, g->yd,
+                                                          g->yd, NULL, in->yd, g->bd, act,
+                                                          &bws) != CUDNN_STATUS_SUCCESS ||
+        cudnnGetBatchNormalizationTrainingExReserveSpaceSize(be->dnn, mode, g->bn_ops, act, in->yd,
+                                                             &res) != CUDNN_STATUS_SUCCESS)
+        return 0;
+    g->bn_ex = 1;
+    g->bn_reserve_size = res ? res : 1;
+    *need = DSRT_MAX(*need, DSRT_MAX(fws, bws));
+    return 0;
+}
+
+/* The descriptors of layer i (no tensor needed yet). */
+static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i];
     int n = p->n;
-    TRY(set_4d(&g->yd, CUDNN_DATA_FLOAT, n, L->out.c, L->out.h, L->out.w, L));
+    dsrt_k_type t = L->kind == DSRT_LAYER_SOFTMAX ? DSRT_K_F32 : be->act;
+    g->kd = kdesc(n, L->out.c, L->out.h, L->out.w, 1, t);
     if (i == 0) return 0;
+    const dsrt_k_desc xk = p->gl[i - 1].kd;
     switch (L->kind) {
     case DSRT_LAYER_CONV: {
         int sym = !g->pad_explicit;
-        TRY(set_4d(&g->xd, CUDNN_DATA_FLOAT, n, L->in.c, g->ph, g->pw, L));
+        TRY(set_nhwc(&g->yd, be->act_dt, n, L->out.c, L->out.h, L->out.w, L));
+        TRY(set_nhwc(&g->xd, be->act_dt, n, L->in.c, g->ph, g->pw, L));
         DNN(cudnnCreateFilterDescriptor(&g->wd));
-        DNN(cudnnSetFilter4dDescriptor(g->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, L->out.c,
+        DNN(cudnnSetFilter4dDescriptor(g->wd, be->act_dt, CUDNN_TENSOR_NHWC, L->out.c,
                                        L->in.c / L->o.groups, L->o.kh, L->o.kw));
         DNN(cudnnCreateConvolutionDescriptor(&g->cd));
         DNN(cudnnSetConvolution2dDescriptor(g->cd, sym ? L->pt : 0, sym ? L->pl : 0, L->o.sh,
@@ -659,14 +921,11 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i) {
                                             CUDNN_DATA_FLOAT));
         DNN(cudnnSetConvolutionGroupCount(g->cd, L->o.groups));
         DNN(cudnnSetConvolutionMathType(g->cd, be->conv_math));
-        if (L->b_n) TRY(set_4d(&g->bd, CUDNN_DATA_FLOAT, 1, L->out.c, 1, 1, L));
-        if (uses_bf16(be, L)) {
-            TRY(set_4d(&g->xd16, CUDNN_DATA_BFLOAT16, n, L->in.c, g->ph, g->pw, L));
-            TRY(set_4d(&g->yd16, CUDNN_DATA_BFLOAT16, n, L->out.c, L->out.h, L->out.w, L));
-            DNN(cudnnCreateFilterDescriptor(&g->wd16));
-            DNN(cudnnSetFilter4dDescriptor(g->wd16, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NCHW,
-                                           L->out.c, L->in.c / L->o.groups, L->o.kh, L->o.kw));
-        }
+        if (L->b_n) TRY(set_param_desc(&g->bd, L->out.c, L));
+        DNN(cudnnCreateActivationDescriptor(&g->act));
+        DNN(cudnnSetActivationDescriptor(
+            g->act, L->fuse_relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+            CUDNN_PROPAGATE_NAN, 0.0));
         int on, oc, oh, ow;
         DNN(cudnnGetConvolution2dForwardOutputDim(g->cd, g->xd, g->wd, &on, &oc, &oh, &ow));
         if (on != n || oc != L->out.c || oh != L->out.h || ow != L->out.w)
@@ -676,45 +935,37 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i) {
                               L->name, L->line, oc, oh, ow, L->out.c, L->out.h, L->out.w);
         return 0;
     }
-    case DSRT_LAYER_BATCHNORM:
-        TRY(set_4d(&g->bd, CUDNN_DATA_FLOAT, 1, L->out.c, 1, 1, L));
-        return 0;
+    case DSRT_LAYER_BATCHNORM: {
+        cudnnTensorDescriptor_t xd = p->gl[i - 1].yd;
+        if (!xd) {
+            /* Its input was made by a layer cuDNN does not see. */
+            TRY(set_nhwc(&p->gl[i - 1].yd, be->act_dt, n, L->in.c, L->in.h, L->in.w, L));
+            xd = p->gl[i - 1].yd;
+        }
+        TRY(set_nhwc(&g->yd, be->act_dt, n, L->out.c, L->out.h, L->out.w, L));
+        if (!g->bd) DNN(cudnnCreateTensorDescriptor(&g->bd));
+        DNN(cudnnDeriveBNTensorDescriptor(g->bd, xd, CUDNN_BATCHNORM_SPATIAL));
+        DNN(cudnnCreateActivationDescriptor(&g->act));
+        DNN(cudnnSetActivationDescriptor(g->act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
+        return plan_bn_ex(be, p, i, need);
+    }
     case DSRT_LAYER_MAXPOOL:
     case DSRT_LAYER_AVGPOOL:
     case DSRT_LAYER_GAP: {
-        int sym = !g->pad_explicit, gap = L->kind == DSRT_LAYER_GAP;
-        cudnnPoolingMode_t mode = L->kind != DSRT_LAYER_MAXPOOL
-                                      ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
-                                  : be->det ? CUDNN_POOLING_MAX_DETERMINISTIC
-                                            : CUDNN_POOLING_MAX;
-        TRY(set_4d(&g->xd, CUDNN_DATA_FLOAT, n, L->in.c, g->ph, g->pw, L));
-        DNN(cudnnCreatePoolingDescriptor(&g->pool));
-        DNN(cudnnSetPooling2dDescriptor(g->pool, mode, CUDNN_PROPAGATE_NAN, gap ? L->in.h : L->o.kh,
-                                        gap ? L->in.w : L->o.kw, gap || !sym ? 0 : L->pt,
-                                        gap || !sym ? 0 : L->pl, gap ? 1 : L->o.sh,
-                                        gap ? 1 : L->o.sw));
-        int on, oc, oh, ow;
-        DNN(cudnnGetPooling2dForwardOutputDim(g->pool, g->xd, &on, &oc, &oh, &ow));
-        if (on != n || oc != L->out.c || oh != L->out.h || ow != L->out.w)
-            return dsrt__fail(DSRT_EBACKEND,
-                              "cuda backend: layer '%s' (line %d): cuDNN pools to %dx%dx%d, the "
-                              "layer to %dx%dx%d",
-                              L->name, L->line, oc, oh, ow, L->out.c, L->out.h, L->out.w);
+        int gap = L->kind == DSRT_LAYER_GAP;
+        g->pool = (dsrt_k_pool){xk,
+                                g->kd,
+                                gap ? L->in.h : L->o.kh,
+                                gap ? L->in.w : L->o.kw,
+                                gap ? 1 : L->o.sh,
+                                gap ? 1 : L->o.sw,
+                                gap ? 0 : L->pt,
+                                gap ? 0 : L->pl,
+                                L->kind == DSRT_LAYER_MAXPOOL ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
         return 0;
     }
     case DSRT_LAYER_LRN:
-        if (L->o.lrn_size < CUDNN_LRN_MIN_N || L->o.lrn_size > CUDNN_LRN_MAX_N ||
-            L->o.k < CUDNN_LRN_MIN_K || L->o.beta < CUDNN_LRN_MIN_BETA)
-            return dsrt__fail(DSRT_EUNSUPPORTED,
-                              "cuda backend: layer '%s' (line %d): cuDNN's LRN takes size %d..%d, "
-                              "k >= %g and beta >= %g (size=%d k=%g beta=%g)",
-                              L->name, L->line, CUDNN_LRN_MIN_N, CUDNN_LRN_MAX_N, CUDNN_LRN_MIN_K,
-                              CUDNN_LRN_MIN_BETA, L->o.lrn_size, (double)L->o.k, (double)L->o.beta);
-        DNN(cudnnCreateLRNDescriptor(&g->lrn));
-        /* cuDNN divides alpha by the window size, as the CPU backend's
-         * oneDNN does. */
-        DNN(cudnnSetLRNDescriptor(g->lrn, (unsigned)L->o.lrn_size, L->o.alpha, L->o.beta, L->o.k));
-        TRY(set_4d(&g->xd, CUDNN_DATA_FLOAT, n, L->in.c, L->in.h, L->in.w, L));
+        g->lrn = (dsrt_k_lrn){L->o.lrn_size, L->o.alpha, L->o.beta, L->o.k};
         return 0;
     case DSRT_LAYER_INPUT:
     case DSRT_LAYER_RELU:
@@ -727,6 +978,59 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i) {
                       (int)L->kind);
 }
 
+/* The tensor a convolution reads: its input, or the padded copy. */
+static const void *conv_input(const gpu_plan *p, int i) {
+    const gpu_layer *g = &p->gl[i];
+    return g->pad_explicit ? g->xp : p->gl[i - 1].y;
+}
+
+/*
+ * Whether convolution i runs fused with its bias and activation in one
+ * cuDNN call: it has a bias, the activation after it is a plain ReLU or
+ * none (identity needs IMPLICIT_PRECOMP_GEMM, cuDNN's rule), and one trial
+ * call on the plan's tensors succeeds; else the bias and any ReLU run in
+ * one dsrt kernel after the convolution.
+ */
+static void plan_conv_fuse(cuda_backend *be, gpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    gpu_layer *g = &p->gl[i];
+    g->fuse = L->b_n || L->fuse_relu ? FUSE_KERNEL : FUSE_NONE;
+    if (!L->b_n || !be->net->opts.fuse) return;
+    if (L->fuse_relu ? L->fuse_leak != 0.0f
+                     : g->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
+        return;
+    if (cudnnSetConvolutionMathType(g->cd, g->al.m_fwd) != CUDNN_STATUS_SUCCESS) return;
+    cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
+        be->dnn, &ONE, g->xd, conv_input(p, i), g->wd, weights(be, L), g->cd, g->al.fwd, be->ws,
+        be->ws_size, &ZERO, g->yd, g->y, g->bd, be->params + L->b_off, g->act, g->yd, g->y);
+    (void)cudaGetLastError();
+    if (st == CUDNN_STATUS_SUCCESS) g->fuse = FUSE_CUDNN;
+}
+
+/* One trial of batchnorm i's Ex calls on the plan's tensors (running
+ * statistics and parameter gradients left alone: scratch takes them);
+ * bn_ex goes back to 0 where they fail. */
+static void plan_bn_try(cuda_backend *be, gpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    if (!g->bn_ex) return;
+    cudnnActivationDescriptor_t act =
+        g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION ? g->act : NULL;
+    const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
+    cudnnStatus_t st = cudnnBatchNormalizationForwardTrainingEx(
+        be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, in->yd, in->y, NULL,
+        NULL, g->yd, g->y, g->bd, scale, shift, 0.0, NULL, NULL, (double)L->o.eps, g->save_mean,
+        g->save_inv, act, be->ws, be->ws_size, g->bn_reserve, g->bn_reserve_size);
+    if (st == CUDNN_STATUS_SUCCESS && in->dy && g->dy)
+        st = cudnnBatchNormalizationBackwardEx(
+            be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, &ONE, &ZERO,
+            in->yd, in->y, g->yd, g->y, g->yd, g->dy, NULL, NULL, in->yd, in->dy, g->bd, scale,
+            shift, g->save_var, g->bn_bsums, (double)L->o.eps, g->save_mean, g->save_inv, act,
+            be->ws, be->ws_size, g->bn_reserve, g->bn_reserve_size);
+    (void)cudaGetLastError();
+    if (st != CUDNN_STATUS_SUCCESS) g->bn_ex = 0;
+}
+
 /* The convolution algorithms of layer i, searched on the plan's own
  * tensors, the layer's weights and its gradient in the flat buffers: the
  * pointers the steps use. */
@@ -734,20 +1038,15 @@ static int plan_conv_algos(cuda_backend *be, gpu_plan *p, int i, void *fws, size
                            size_t *need) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i];
-    int bf = uses_bf16(be, L);
-    const float *prev = p->gl[i - 1].y;
-    const void *x = bf ? (const void *)g->x16 : g->pad_explicit ? (const void *)g->xp : prev;
-    const void *w = bf ? (const void *)(be->w16 + L->w_off) : (const void *)(be->params + L->w_off);
-    void *y = bf ? (void *)g->y16 : (void *)g->y;
-    TRY(pick(be, g, L, DIR_FWD, bf, x, w, y, fws, fws_size, need));
+    const void *x = conv_input(p, i), *w = weights(be, L);
+    TRY(pick(be, g, L, DIR_FWD, x, w, g->y, fws, fws_size, need));
     if (!p->train) return 0;
-    void *dyb = bf ? (void *)g->y16 : (void *)g->dy;
-    void *dw = bf ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
-    TRY(pick(be, g, L, DIR_FILTER, bf, x, dyb, dw, fws, fws_size, need));
+    void *dw = be->bf16 ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
+    TRY(pick(be, g, L, DIR_FILTER, x, g->dy, dw, fws, fws_size, need));
     g->al.has_data = be->need_diff[i - 1];
     if (g->al.has_data) {
-        void *dx = bf ? (void *)g->x16 : g->pad_explicit ? (void *)g->xp : (void *)p->gl[i - 1].dy;
-        TRY(pick(be, g, L, DIR_DATA, bf, w, dyb, dx, fws, fws_size, need));
+        void *dx = g->pad_explicit ? g->xp : p->gl[i - 1].dy;
+        TRY(pick(be, g, L, DIR_DATA, w, g->dy, dx, fws, fws_size, need));
     }
     return 0;
 }
@@ -784,6 +1083,7 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     void *fws = NULL;
     int fws_own = 0;
     int *need_dy = NULL;
+    size_t need = 0;
     *out = NULL;
     gpu_plan *p = dsrt__calloc(1, sizeof *p);
     if (!p) return -ENOMEM;
@@ -811,6 +1111,8 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
         g->ph = l->in.h + (g->pad_explicit ? l->pt + l->pb : 0);
         g->pw = l->in.w + (g->pad_explicit ? l->pl + l->pr : 0);
     }
+    for (int i = 0; i < nl; i++)
+        if ((rc = plan_layer_desc(be, p, i, &need))) goto fail;
     carve c = {NULL, 0};
     plan_layout(be, p, &c, need_dy);
     p->mem_size = c.at ? c.at : 1;
@@ -825,18 +1127,19 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     c.base = p->mem;
     c.at = 0;
     plan_layout(be, p, &c, need_dy);
-    for (int i = 0; i < nl; i++)
-        if ((rc = plan_layer_desc(be, p, i))) goto fail;
 
     /* Convolution algorithms, timed with a scratch workspace as large as
      * memory allows (up to FIND_WS_MAX), or once sizes are reserved, in the
      * workspace as it is. */
-    int convs = 0;
-    for (int i = 1; i < nl; i++) convs += net->layers[i].kind == DSRT_LAYER_CONV;
-    size_t need = 0, fws_size = 0;
+    int convs = 0, bns = 0;
+    for (int i = 1; i < nl; i++) {
+        convs += net->layers[i].kind == DSRT_LAYER_CONV;
+        bns += p->gl[i].bn_ex;
+    }
+    size_t fws_size = 0;
     /* A search blocks the host until the device is done with what is
      * queued: with collectives possible, wait for that with the deadline. */
-    if (convs && (be->frozen || collectives_possible(be)) && (rc = quiet(be))) goto fail;
+    if ((convs || bns) && (be->frozen || collectives_possible(be)) && (rc = quiet(be))) goto fail;
     if (convs && !be->det) {
         if (be->frozen) {
             fws = be->ws;
@@ -873,6 +1176,11 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
         }
     }
     if ((rc = ensure_workspace(be, need))) goto fail;
+    /* The fused calls, tried once on the plan's tensors. */
+    for (int i = 1; i < nl; i++) {
+        if (net->layers[i].kind == DSRT_LAYER_CONV) plan_conv_fuse(be, p, i);
+        if (net->layers[i].kind == DSRT_LAYER_BATCHNORM) plan_bn_try(be, p, i);
+    }
     free(need_dy);
     *out = p;
     return 0;
@@ -893,8 +1201,12 @@ static int evictable(const cuda_backend *be, int k) {
     return 1;
 }
 
+static int settle(cuda_backend *be);
+
 /* The plan for (n, train), built on first use; the least recently used
- * plan that may give way does when every slot is taken. */
+ * plan that may give way does when every slot is taken. Building one runs
+ * convolutions on the net's gradient buffer (the algorithm search): the
+ * work waiting for them (an optimizer step) is queued first. */
 static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
     int slot = -1;
     for (int k = 0; k < PLAN_SLOTS; k++) {
@@ -906,6 +1218,7 @@ static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
         }
         if (!p && slot < 0) slot = k;
     }
+    TRY(settle(be));
     if (slot < 0) {
         for (int k = 0; k < PLAN_SLOTS; k++)
             if (evictable(be, k) && (slot < 0 || be->plans[k]->used < be->plans[slot]->used))
@@ -920,6 +1233,7 @@ static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
         if (be->last_train == old) be->last_train = NULL;
         if (be->last_infer == old) be->last_infer = NULL;
         if (be->last == old) be->last = NULL;
+        graphs_drop(be);
         plan_free(old);
         be->plans[slot] = NULL;
     }
@@ -930,91 +1244,235 @@ static int plan_get(cuda_backend *be, int n, int train, gpu_plan **out) {
 }
 
 // ----------------------------------------------------------------------------
+// Callouts: the host's part of a step
+
+static int rec_cut(cuda_backend *be, const callout *after);
+
+static int callout_run(cuda_backend *be, const callout *c) {
+    dsrt_net *net = be->net;
+    if (c->kind == CALL_GRADS) {
+        dsrt__net_grads_ready(net, c->layer);
+        return 0;
+    }
+    if (c->kind != CALL_BN) return 0;
+    if (!net->bn_sync_fn)
+        return dsrt__fail(DSRT_EBACKEND,
+                          "cuda backend: layer '%s': the batchnorm hook was removed during a "
+                          "synchronised step",
+                          net->layers[c->layer].name);
+    dsrt_bn_sums bs = c->bs;
+    return net->bn_sync_fn(net->bn_sync_ctx, &bs);
+}
+
+/* A callout where the step has come to: now, or in a recording after the
+ * segment recorded so far. */
+static int callout_at(cuda_backend *be, const callout *c) {
+    return be->rec ? rec_cut(be, c) : callout_run(be, c);
+}
+
+/* Layer i's gradients are queued: its bucket, if it closes one. */
+static int grads_ready(cuda_backend *be, int i) {
+    const dsrt_net *net = be->net;
+    if (!net->ready_fn || net->layer_bucket[i] < 0) return 0;
+    callout c = {CALL_GRADS, i, {0}};
+    return callout_at(be, &c);
+}
+
+static int bn_callout(cuda_backend *be, int i, int backward, double *sums, size_t n) {
+    const dsrt_layer *L = &be->net->layers[i];
+    callout c = {CALL_BN, i, {i, backward, L->out.c, sums, n, be->device, be->compute}};
+    return callout_at(be, &c);
+}
+
+// ----------------------------------------------------------------------------
+// Profile events
+
+static void prof_free(prof_events *e, int n_layers) {
+    for (int i = 0; i < n_layers && e->fwd0; i++) {
+        cudaEvent_t *all[] = {&e->fwd0[i], &e->fwd1[i], &e->bwd0[i], &e->bwd1[i]};
+        for (int k = 0; k < 4; k++)
+            if (*all[k]) cudaEventDestroy(*all[k]);
+    }
+    if (e->opt0) cudaEventDestroy(e->opt0);
+    if (e->opt1) cudaEventDestroy(e->opt1);
+    free(e->fwd0);
+    free(e->fwd1);
+    free(e->bwd0);
+    free(e->bwd1);
+    memset(e, 0, sizeof *e);
+}
+
+/* The events of a profiled step, made the first time. */
+static int prof_ready(cuda_backend *be) {
+    prof_events *e = &be->prof;
+    const dsrt_layer *L = NULL;
+    int n = be->net->n_layers;
+    if (e->fwd0) return 0;
+    e->fwd0 = dsrt__calloc((size_t)n, sizeof *e->fwd0);
+    e->fwd1 = dsrt__calloc((size_t)n, sizeof *e->fwd1);
+    e->bwd0 = dsrt__calloc((size_t)n, sizeof *e->bwd0);
+    e->bwd1 = dsrt__calloc((size_t)n, sizeof *e->bwd1);
+    if (!e->fwd0 || !e->fwd1 || !e->bwd0 || !e->bwd1) {
+        prof_free(e, n);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        CU(cudaEventCreate(&e->fwd0[i]));
+        CU(cudaEventCreate(&e->fwd1[i]));
+        CU(cudaEventCreate(&e->bwd0[i]));
+        CU(cudaEventCreate(&e->bwd1[i]));
+    }
+    CU(cudaEventCreate(&e->opt0));
+    CU(cudaEventCreate(&e->opt1));
+    return 0;
+}
+
+static int profiling(const cuda_backend *be) {
+    return dsrt__prof_on(be->net) && be->prof.fwd0 != NULL;
+}
+
+/* Records the profile event set[i] when the step is profiled. */
+static int prof_mark(cuda_backend *be, cudaEvent_t *set, int i) {
+    const dsrt_layer *L = NULL;
+    if (profiling(be)) CU(mark(be, set[i]));
+    return 0;
+}
+
+static double elapsed_s(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return ms / 1e3;
+}
+
+/* The last profiled step's times into the net's profile: each layer's
+ * forward and backward, the optimizer, and between consecutive pieces of
+ * the forward and backward the device's idle gaps. Waits for the step. */
+static int prof_collect(cuda_backend *be) {
+    prof_events *e = &be->prof;
+    dsrt_net *net = be->net;
+    dsrt_net_prof *pr = net->prof;
+    if (!e->recorded || !pr) return 0;
+    e->recorded = 0;
+    cudaEvent_t last = e->has_bwd ? e->bwd1[1] : e->fwd1[net->n_layers - 1];
+    TRY(wait_event(be, last, "cudaEventSynchronize"));
+    if (e->has_opt) {
+        TRY(wait_event(be, e->opt1, "cudaEventSynchronize"));
+        pr->opt_s += elapsed_s(e->opt0, e->opt1);
+        pr->opt_steps++;
+    }
+    if (!e->has_bwd) return 0;
+    cudaEvent_t first = e->fwd0[0], prev = NULL;
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < net->n_layers; k++) {
+            int i = pass ? net->n_layers - 1 - k : k;
+            if (pass && i == 0) continue;
+            if (i > 0 && net->layers[i].fused_away) continue;
+            cudaEvent_t a = pass ? e->bwd0[i] : e->fwd0[i], b = pass ? e->bwd1[i] : e->fwd1[i];
+            double t = elapsed_s(a, b);
+            if (pass)
+                pr->bwd_s[i] += t;
+            else
+                pr->fwd_s[i] += t;
+            if (prev) {
+                double gap = elapsed_s(prev, a);
+                if (gap > 0) pr->gap_s += gap;
+                pr->gaps++;
+            }
+            prev = b;
+        }
+    pr->span_s += elapsed_s(first, prev);
+    pr->steps++;
+    pr->graph_steps += e->replayed;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 // Forward
 
-/* The input stage: the staged batch, normalised into layer 0's output. */
+/* The input stage: the staged batch, normalised into layer 0's output
+ * (NHWC, the activations' type) straight from the slot. */
 static int fwd_input(cuda_backend *be, gpu_plan *p, const stage_slot *s) {
     const dsrt_layer *L = &be->net->layers[0];
-    dsrt_k_desc yd = kdesc(p->n, L->out.c, L->out.h, L->out.w, DSRT_K_F32);
+    const dsrt_k_desc *yd = &p->gl[0].kd;
     const float *stats = L->o.norm != DSRT_NORM_NONE ? be->state + L->s_off : NULL;
     if (s->layout == DSRT_INPUT_U8_NHWC) {
         dsrt_k_pixel pix;
         memcpy(pix.sub, s->sub, sizeof pix.sub);
         memcpy(pix.div, s->div, sizeof pix.div);
-        CU(dsrt_k_input_u8(s->x, &pix, L->o.norm, stats, &yd, p->gl[0].y, be->compute));
+        CU(dsrt_k_input_u8(s->x, &pix, L->o.norm, stats, yd, p->gl[0].y, be->compute));
     } else {
-        CU(dsrt_k_input_f32(s->x, L->o.norm, stats, &yd, p->gl[0].y, be->compute));
+        CU(dsrt_k_input_f32(s->x, L->o.norm, stats, yd, p->gl[0].y, be->compute));
     }
     return 0;
 }
 
-/* The tensor a convolution or pooling reads: its input, padded by copying
- * where cuDNN cannot pad (fill: 0, or -infinity for max pooling). */
-static int padded_input(cuda_backend *be, gpu_plan *p, int i, float fill, const float **x) {
+static dsrt_k_desc padded_desc(const cuda_backend *be, const gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    *x = p->gl[i - 1].y;
-    if (!g->pad_explicit) return 0;
-    dsrt_k_desc xd = kdesc(p->n, L->in.c, L->in.h, L->in.w, DSRT_K_F32);
-    dsrt_k_desc pd = kdesc(p->n, L->in.c, g->ph, g->pw, DSRT_K_F32);
-    CU(dsrt_k_pad(&xd, *x, &pd, g->xp, L->pt, L->pl, fill, 0, be->compute));
-    *x = g->xp;
-    return 0;
+    const gpu_layer *g = &p->gl[i];
+    return kdesc(p->n, L->in.c, g->ph, g->pw, 1, be->act);
 }
 
 static int fwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    size_t cnt = out_count(L, p->n);
-    if (uses_bf16(be, L)) {
-        /* The input to bfloat16 (padded on the way), the product, and back. */
-        dsrt_k_desc xd = kdesc(p->n, L->in.c, L->in.h, L->in.w, DSRT_K_F32);
-        dsrt_k_desc pd = kdesc(p->n, L->in.c, g->ph, g->pw, DSRT_K_BF16);
-        if (g->pad_explicit)
-            CU(dsrt_k_pad(&xd, p->gl[i - 1].y, &pd, g->x16, L->pt, L->pl, 0.0f, 0, be->compute));
-        else
-            CU(dsrt_k_f32_to_bf16(p->gl[i - 1].y, g->x16, in_count(L, p->n), be->compute));
-        DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_fwd));
-        DNN(cudnnConvolutionForward(be->dnn, &ONE, g->xd16, g->x16, g->wd16, be->w16 + L->w_off,
-                                    g->cd, g->al.fwd, be->ws, be->ws_size, &ZERO, g->yd16, g->y16));
-        CU(dsrt_k_bf16_to_f32(g->y16, g->y, cnt, be->compute));
-    } else {
-        const float *x;
-        TRY(padded_input(be, p, i, 0.0f, &x));
-        DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_fwd));
-        DNN(cudnnConvolutionForward(be->dnn, &ONE, g->xd, x, g->wd, be->params + L->w_off, g->cd,
-                                    g->al.fwd, be->ws, be->ws_size, &ZERO, g->yd, g->y));
+    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    if (g->pad_explicit) {
+        dsrt_k_desc pd = padded_desc(be, p, i);
+        CU(dsrt_k_pad(&in->kd, in->y, &pd, g->xp, L->pt, L->pl, 0.0f, 0, be->compute));
     }
-    if (L->b_n) DNN(cudnnAddTensor(be->dnn, &ONE, g->bd, be->params + L->b_off, &ONE, g->yd, g->y));
-    if (L->fuse_relu) CU(dsrt_k_relu_fwd(DSRT_K_F32, g->y, g->y, cnt, L->fuse_leak, be->compute));
+    const void *x = conv_input(p, i), *w = weights(be, L);
+    const float *b = L->b_n ? be->params + L->b_off : NULL;
+    DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_fwd));
+    if (g->fuse == FUSE_CUDNN) {
+        DNN(cudnnConvolutionBiasActivationForward(be->dnn, &ONE, g->xd, x, g->wd, w, g->cd,
+                                                  g->al.fwd, be->ws, be->ws_size, &ZERO, g->yd,
+                                                  g->y, g->bd, b, g->act, g->yd, g->y));
+        return 0;
+    }
+    DNN(cudnnConvolutionForward(be->dnn, &ONE, g->xd, x, g->wd, w, g->cd, g->al.fwd, be->ws,
+                                be->ws_size, &ZERO, g->yd, g->y));
+    if (g->fuse == FUSE_KERNEL)
+        CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, L->fuse_relu, L->fuse_leak, be->compute));
     return 0;
 }
 
-/* Synchronised batchnorm, forward: this batch's sums of x and x^2 per
- * channel go through the net's hook (which queues their sum over the
- * workers on the compute stream), the statistics and the running averages
- * come from the totals exactly as in the CPU backend, and cuDNN normalises
- * with them as given statistics. */
-static int fwd_batchnorm_sync(cuda_backend *be, gpu_plan *p, int i) {
-    dsrt_net *net = be->net;
-    const dsrt_layer *L = &net->layers[i];
+/*
+ * Batchnorm by dsrt's kernels: in training this batch's sums of x and x^2
+ * per channel (synchronised: handed to the net's hook, which queues their
+ * sum over the workers on the compute stream), the statistics and the
+ * running averages from them exactly as the CPU backend makes them, then
+ * the normalised output with the ReLU after it; at inference the running
+ * statistics. What runs when the statistics are synchronised, when cuDNN
+ * refused the layer's Ex calls, and at inference.
+ */
+static int fwd_batchnorm_kernels(cuda_backend *be, gpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
-    int c = L->out.c, hw = L->out.h * L->out.w;
+    int c = L->out.c;
+    const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
     float *rm = be->state + L->s_off, *rv = rm + c;
-    CU(dsrt_k_bn_sums(in->y, p->n, c, hw, g->bn_sums, be->compute));
-    dsrt_bn_sums bs = {i, 0, c, g->bn_sums, (size_t)2 * c + 1, be->device, be->compute};
-    TRY(net->bn_sync_fn(net->bn_sync_ctx, &bs));
+    if (!p->train) {
+        CU(dsrt_k_bn_apply(&in->kd, in->y, rm, NULL, rv, L->o.eps, scale, shift, L->fuse_relu,
+                           L->fuse_leak, g->y, be->compute));
+        return 0;
+    }
+    CU(dsrt_k_bn_sums(&in->kd, in->y, g->bn_sums, be->compute));
+    if (p->bn_sync) TRY(bn_callout(be, i, 0, g->bn_sums, (size_t)2 * c + 1));
     CU(dsrt_k_bn_stats(g->bn_sums, c, L->o.eps, L->o.momentum, g->save_mean, g->save_var,
                        g->save_inv, rm, rv, be->compute));
-    DNN(cudnnBatchNormalizationForwardInference(
-        be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, in->yd, in->y, g->yd, g->y, g->bd,
-        be->params + L->w_off, be->params + L->b_off, g->save_mean, g->save_var, (double)L->o.eps));
+    CU(dsrt_k_bn_apply(&in->kd, in->y, g->save_mean, g->save_inv, NULL, 0.0f, scale, shift,
+                       L->fuse_relu, L->fuse_leak, g->y, be->compute));
     return 0;
 }
 
+/* Batchnorm in training by cuDNN's persistent NHWC kernels (the ReLU after
+ * it fused, unless leaky), else by dsrt's kernels. */
 static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    if (!p->train || !g->bn_ex || p->bn_sync) return fwd_batchnorm_kernels(be, p, i);
     int c = L->out.c;
     const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
     float *rm = be->state + L->s_off, *rv = rm + c;
@@ -1022,73 +1480,56 @@ static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
      * momentum batch, the variance unbiased (cuDNN's definition too). One
      * value per channel has no unbiased variance: the CPU backend then
      * takes the biased one (0), done here by hand. */
-    if (p->bn_sync) {
-        TRY(fwd_batchnorm_sync(be, p, i));
-    } else if (p->train) {
-        int one = (size_t)p->n * L->out.h * L->out.w == 1;
-        DNN(cudnnBatchNormalizationForwardTraining(
-            be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, in->yd, in->y, g->yd, g->y, g->bd, scale,
-            shift, (double)L->o.momentum, one ? NULL : rm, one ? NULL : rv, (double)L->o.eps,
-            g->save_mean, g->save_inv));
-        if (one) {
-            float m = L->o.momentum, keep = 1.0f - m;
-            DNN(cudnnAddTensor(be->dnn, &m, g->bd, g->save_mean, &keep, g->bd, rm));
-            DNN(cudnnScaleTensor(be->dnn, g->bd, rv, &keep));
-        }
-    } else
-        DNN(cudnnBatchNormalizationForwardInference(be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO,
-                                                    in->yd, in->y, g->yd, g->y, g->bd, scale, shift,
-                                                    rm, rv, (double)L->o.eps));
-    if (L->fuse_relu)
-        CU(dsrt_k_relu_fwd(DSRT_K_F32, g->y, g->y, out_count(L, p->n), L->fuse_leak, be->compute));
-    return 0;
-}
-
-static int fwd_pool(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    const float *x;
-    TRY(padded_input(be, p, i, L->kind == DSRT_LAYER_MAXPOOL ? -INFINITY : 0.0f, &x));
-    DNN(cudnnPoolingForward(be->dnn, g->pool, &ONE, g->xd, x, &ZERO, g->yd, g->y));
-    return 0;
-}
-
-static int fwd_lrn(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    DNN(cudnnLRNCrossChannelForward(be->dnn, g->lrn, CUDNN_LRN_CROSS_CHANNEL_DIM1, &ONE, g->xd,
-                                    p->gl[i - 1].y, &ZERO, g->yd, g->y));
+    int one = (size_t)p->n * L->out.h * L->out.w == 1;
+    int fused = g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    DNN(cudnnBatchNormalizationForwardTrainingEx(
+        be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, in->yd, in->y, NULL,
+        NULL, g->yd, g->y, g->bd, scale, shift, (double)L->o.momentum, one ? NULL : rm,
+        one ? NULL : rv, (double)L->o.eps, g->save_mean, g->save_inv, fused ? g->act : NULL, be->ws,
+        be->ws_size, g->bn_reserve, g->bn_reserve_size));
+    if (one) {
+        float m = L->o.momentum, keep = 1.0f - m;
+        DNN(cudnnAddTensor(be->dnn, &m, g->bd, g->save_mean, &keep, g->bd, rm));
+        DNN(cudnnScaleTensor(be->dnn, g->bd, rv, &keep));
+    }
+    if (L->fuse_relu && !fused)
+        CU(dsrt_k_relu_fwd(be->act, g->y, g->y, out_count(L, p->n), L->fuse_leak, be->compute));
     return 0;
 }
 
 /*
  * Fully connected, on row-major tensors through column-major cuBLAS: y (n,
  * out) = x (n, in) W^T, W (out, in), is y^T = W^T' x^T' where cuBLAS sees W
- * as an (in x out) matrix and x as (in x n): gemm(T, N, out, n, in).
+ * as an (in x out) matrix and x as (in x n): gemm(T, N, out, n, in). An
+ * image input is put in the host's (c, h, w) order first, the order of W.
  */
 static int fwd_fc(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
     int n = p->n, oc = L->out.c, ic = L->in.c * L->in.h * L->in.w;
-    const float *x = p->gl[i - 1].y;
-    if (uses_bf16(be, L)) {
-        CU(dsrt_k_f32_to_bf16(x, g->x16, in_count(L, n), be->compute));
+    const void *x = in->y;
+    if (flattens(L)) {
+        dsrt_k_desc fk = in->kd;
+        fk.nhwc = 0;
+        CU(dsrt_k_pad(&in->kd, in->y, &fk, g->xf, 0, 0, 0.0f, 0, be->compute));
+        x = g->xf;
+    }
+    if (be->bf16)
         BLAS(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, be->w16 + L->w_off,
-                          CUDA_R_16BF, ic, g->x16, CUDA_R_16BF, ic, &ZERO, g->y, CUDA_R_32F, oc,
+                          CUDA_R_16BF, ic, x, CUDA_R_16BF, ic, &ZERO, g->y, CUDA_R_16BF, oc,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    } else {
+    else
         BLAS(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, be->params + L->w_off,
                          ic, x, ic, &ZERO, g->y, oc));
-    }
     if (L->b_n || L->fuse_relu)
-        CU(dsrt_k_bias_act(g->y, L->b_n ? be->params + L->b_off : NULL, g->y, n, oc, L->fuse_relu,
+        CU(dsrt_k_bias_act(&g->kd, g->y, L->b_n ? be->params + L->b_off : NULL, g->y, L->fuse_relu,
                            L->fuse_leak, be->compute));
     return 0;
 }
 
 static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
     switch (L->kind) {
     case DSRT_LAYER_CONV:
         return fwd_conv(be, p, i);
@@ -1096,26 +1537,25 @@ static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
         return fwd_batchnorm(be, p, i);
     case DSRT_LAYER_RELU:
         if (!L->fused_away)
-            CU(dsrt_k_relu_fwd(DSRT_K_F32, p->gl[i - 1].y, g->y, out_count(L, p->n), L->o.leak,
-                               be->compute));
+            CU(dsrt_k_relu_fwd(be->act, in->y, g->y, out_count(L, p->n), L->o.leak, be->compute));
         return 0;
     case DSRT_LAYER_MAXPOOL:
     case DSRT_LAYER_AVGPOOL:
     case DSRT_LAYER_GAP:
-        return fwd_pool(be, p, i);
+        CU(dsrt_k_pool_fwd(&g->pool, in->y, g->y, be->compute));
+        return 0;
     case DSRT_LAYER_FC:
         return fwd_fc(be, p, i);
     case DSRT_LAYER_DROPOUT:
-        if (p->train) {
-            dsrt_k_desc d = kdesc(p->n, L->out.c, L->out.h, L->out.w, DSRT_K_F32);
-            CU(dsrt_k_dropout(&d, p->gl[i - 1].y, g->y, be->net->opts.seed, p->iteration, i, L->o.p,
-                              be->compute));
-        }
+        if (p->train)
+            CU(dsrt_k_dropout(&g->kd, in->y, g->y, be->net->opts.seed, 0, &be->dconst->iteration, i,
+                              L->o.p, be->compute));
         return 0;
     case DSRT_LAYER_LRN:
-        return fwd_lrn(be, p, i);
+        CU(dsrt_k_lrn_fwd(&in->kd, &g->lrn, in->y, g->y, be->compute));
+        return 0;
     case DSRT_LAYER_SOFTMAX:
-        CU(dsrt_k_softmax_xent_fwd(p->gl[i - 1].y, p->labels, p->n, be->net->classes, g->y,
+        CU(dsrt_k_softmax_xent_fwd(in->y, be->act, p->labels, p->n, be->net->classes, g->y,
                                    p->labels ? p->loss : NULL, p->labels ? p->correct : NULL,
                                    p->sm_work, be->compute));
         return 0;
@@ -1129,137 +1569,112 @@ static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
 // ----------------------------------------------------------------------------
 // Backward
 
-/* dx of a convolution or pooling that read a padded copy: the padded
- * gradient cropped into the input's gradient. */
-static int crop_grad(cuda_backend *be, gpu_plan *p, int i, const void *dxp, dsrt_k_type t) {
+/* The gradient of a layer's output behind the ReLU the layer computes:
+ * folded into the bias gradient when there is one (the kernel masks dy in
+ * place as it sums it), else on its own. */
+static int bias_relu_bwd(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i];
-    dsrt_k_desc pd = kdesc(p->n, L->in.c, g->ph, g->pw, t);
-    dsrt_k_desc xd = kdesc(p->n, L->in.c, L->in.h, L->in.w, DSRT_K_F32);
-    CU(dsrt_k_pad(&pd, dxp, &xd, p->gl[i - 1].dy, -L->pt, -L->pl, 0.0f, 0, be->compute));
+    if (L->b_n)
+        CU(dsrt_k_bias_grad(&g->kd, g->dy, L->fuse_relu ? g->y : NULL, L->fuse_leak,
+                            be->grads + L->b_off, p->bg_work, be->compute));
+    else if (L->fuse_relu)
+        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
+                           be->compute));
     return 0;
 }
 
 static int bwd_conv(cuda_backend *be, gpu_plan *p, int i) {
-    dsrt_net *net = be->net;
-    const dsrt_layer *L = &net->layers[i];
+    const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
-    size_t cnt = out_count(L, p->n);
-    if (L->fuse_relu)
-        CU(dsrt_k_relu_bwd(DSRT_K_F32, g->y, g->dy, g->dy, cnt, L->fuse_leak, be->compute));
-    if (L->b_n)
-        DNN(cudnnConvolutionBackwardBias(be->dnn, &ONE, g->yd, g->dy, &ZERO, g->bd,
-                                         be->grads + L->b_off));
-    if (uses_bf16(be, L)) {
-        /* x16 still holds the (padded) input; y16 takes the output gradient. */
-        CU(dsrt_k_f32_to_bf16(g->dy, g->y16, cnt, be->compute));
-        DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_filter));
-        DNN(cudnnConvolutionBackwardFilter(be->dnn, &ONE, g->xd16, g->x16, g->yd16, g->y16, g->cd,
-                                           g->al.filter, be->ws, be->ws_size, &ZERO, g->wd16,
-                                           be->g16 + L->w_off));
-        CU(dsrt_k_bf16_to_f32(be->g16 + L->w_off, be->grads + L->w_off, L->w_n, be->compute));
-        dsrt__net_grads_ready(net, i);
-        if (!g->al.has_data) return 0;
-        DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_data));
-        DNN(cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd16, be->w16 + L->w_off, g->yd16,
-                                         g->y16, g->cd, g->al.data, be->ws, be->ws_size, &ZERO,
-                                         g->xd16, g->x16));
-        if (g->pad_explicit) return crop_grad(be, p, i, g->x16, DSRT_K_BF16);
-        CU(dsrt_k_bf16_to_f32(g->x16, in->dy, in_count(L, p->n), be->compute));
-        return 0;
-    }
-    const float *x = g->pad_explicit ? g->xp : in->y;
+    TRY(bias_relu_bwd(be, p, i));
+    const void *x = conv_input(p, i), *w = weights(be, L);
+    void *dw = be->bf16 ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
     DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_filter));
     DNN(cudnnConvolutionBackwardFilter(be->dnn, &ONE, g->xd, x, g->yd, g->dy, g->cd, g->al.filter,
-                                       be->ws, be->ws_size, &ZERO, g->wd, be->grads + L->w_off));
-    dsrt__net_grads_ready(net, i);
+                                       be->ws, be->ws_size, &ZERO, g->wd, dw));
+    /* The all-reduce and the optimizer take float32 gradients. */
+    if (be->bf16)
+        CU(dsrt_k_bf16_to_f32(be->g16 + L->w_off, be->grads + L->w_off, L->w_n, be->compute));
+    TRY(grads_ready(be, i));
     if (!g->al.has_data) return 0;
-    /* The padded input is read; its buffer takes the padded gradient. */
-    float *dx = g->pad_explicit ? g->xp : in->dy;
+    /* The padded input was read; its buffer takes the padded gradient. */
+    void *dx = g->pad_explicit ? g->xp : in->dy;
     DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_data));
-    DNN(cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, be->params + L->w_off, g->yd, g->dy,
-                                     g->cd, g->al.data, be->ws, be->ws_size, &ZERO, g->xd, dx));
-    if (g->pad_explicit) return crop_grad(be, p, i, g->xp, DSRT_K_F32);
+    DNN(cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, w, g->yd, g->dy, g->cd, g->al.data,
+                                     be->ws, be->ws_size, &ZERO, g->xd, dx));
+    if (g->pad_explicit) {
+        dsrt_k_desc pd = padded_desc(be, p, i);
+        CU(dsrt_k_pad(&pd, g->xp, &in->kd, in->dy, -L->pt, -L->pl, 0.0f, 0, be->compute));
+    }
     return 0;
 }
 
 static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
-    dsrt_net *net = be->net;
-    const dsrt_layer *L = &net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
-    if (L->fuse_relu)
-        CU(dsrt_k_relu_bwd(DSRT_K_F32, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
-                           be->compute));
-    if (p->bn_sync) {
-        /* Synchronised: the local sums of dy' (after the fused ReLU) and of
-         * dy' xhat are the shift's and the scale's gradients (the gradient
-         * all-reduce adds them up); their sums over the workers give the
-         * input gradient's mean and variance terms. */
-        int c = L->out.c, hw = L->out.h * L->out.w;
-        if (!net->bn_sync_fn)
-            return dsrt__fail(DSRT_EBACKEND,
-                              "cuda backend: layer '%s': the batchnorm hook was removed between "
-                              "a synchronised forward and its backward",
-                              L->name);
-        CU(dsrt_k_bn_bwd_sums(in->y, g->dy, g->save_mean, g->save_inv, p->n, c, hw, g->bn_bsums,
-                              be->grads + L->w_off, be->grads + L->b_off, be->compute));
-        dsrt_bn_sums bs = {i, 1, c, g->bn_bsums, (size_t)2 * c, be->device, be->compute};
-        TRY(net->bn_sync_fn(net->bn_sync_ctx, &bs));
-        CU(dsrt_k_bn_bwd_dx(in->y, g->dy, g->save_mean, g->save_inv, be->params + L->w_off,
-                            g->bn_bsums, g->bn_sums + 2 * c, p->n, c, hw, in->dy, be->compute));
-        dsrt__net_grads_ready(net, i);
-        return 0;
-    }
-    DNN(cudnnBatchNormalizationBackward(
-        be->dnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, &ONE, &ZERO, in->yd, in->y, g->yd, g->dy,
-        in->yd, in->dy, g->bd, be->params + L->w_off, be->grads + L->w_off, be->grads + L->b_off,
-        (double)L->o.eps, g->save_mean, g->save_inv));
-    dsrt__net_grads_ready(net, i);
-    return 0;
-}
-
-static int bwd_pool(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
-    const float *x = g->pad_explicit ? g->xp : in->y;
-    float *dx = g->pad_explicit ? g->dxp : in->dy;
-    DNN(cudnnPoolingBackward(be->dnn, g->pool, &ONE, g->yd, g->y, g->yd, g->dy, g->xd, x, &ZERO,
-                             g->xd, dx));
-    if (g->pad_explicit) return crop_grad(be, p, i, g->dxp, DSRT_K_F32);
-    return 0;
+    const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
+    float *dscale = be->grads + L->w_off, *dshift = be->grads + L->b_off;
+    if (!g->bn_ex || p->bn_sync) {
+        /* dsrt's kernels, the ReLU's backward folded into both passes: the
+         * sums of dy' and of dy' xhat are the shift's and the scale's
+         * gradients (the gradient all-reduce adds them up), and, summed
+         * over the workers when synchronised, give the input gradient's
+         * mean and variance terms. */
+        int c = L->out.c;
+        const void *y = L->fuse_relu ? g->y : NULL;
+        CU(dsrt_k_bn_bwd_sums(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
+                              g->bn_bsums, dscale, dshift, be->compute));
+        if (p->bn_sync) TRY(bn_callout(be, i, 1, g->bn_bsums, (size_t)2 * c));
+        CU(dsrt_k_bn_bwd_dx(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
+                            scale, g->bn_bsums, g->bn_sums + 2 * c, in->dy, be->compute));
+        return grads_ready(be, i);
+    }
+    int fused = g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    if (L->fuse_relu && !fused)
+        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
+                           be->compute));
+    DNN(cudnnBatchNormalizationBackwardEx(
+        be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, &ONE, &ZERO, in->yd,
+        in->y, g->yd, g->y, g->yd, g->dy, NULL, NULL, in->yd, in->dy, g->bd, scale, shift, dscale,
+        dshift, (double)L->o.eps, g->save_mean, g->save_inv, fused ? g->act : NULL, be->ws,
+        be->ws_size, g->bn_reserve, g->bn_reserve_size));
+    return grads_ready(be, i);
 }
 
 /* Column-major views as in fwd_fc: dW^T (in x out) = x^T (in x n) dy (n x
  * out): gemm(N, T, in, out, n); dx^T (in x n) = W^T (in x out) dy^T (out x
- * n): gemm(N, N, in, n, out). */
+ * n): gemm(N, N, in, n, out). An image input's gradient comes in the
+ * host's (c, h, w) order and is put back in NHWC. */
 static int bwd_fc(cuda_backend *be, gpu_plan *p, int i) {
-    dsrt_net *net = be->net;
-    const dsrt_layer *L = &net->layers[i];
+    const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
-    int n = p->n, oc = L->out.c, ic = L->in.c * L->in.h * L->in.w;
-    if (L->fuse_relu)
-        CU(dsrt_k_relu_bwd(DSRT_K_F32, g->y, g->dy, g->dy, (size_t)n * oc, L->fuse_leak,
-                           be->compute));
-    if (L->b_n) CU(dsrt_k_bias_grad(g->dy, be->grads + L->b_off, n, oc, be->compute));
-    int need_dx = be->need_diff[i - 1];
-    if (uses_bf16(be, L)) {
-        CU(dsrt_k_f32_to_bf16(g->dy, g->y16, (size_t)n * oc, be->compute));
-        BLAS(cublasGemmEx(be->blas, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &ONE, g->x16, CUDA_R_16BF,
-                          ic, g->y16, CUDA_R_16BF, oc, &ZERO, be->grads + L->w_off, CUDA_R_32F, ic,
+    int n = p->n, oc = L->out.c, ic = L->in.c * L->in.h * L->in.w, flat = flattens(L);
+    TRY(bias_relu_bwd(be, p, i));
+    const void *x = flat ? g->xf : in->y;
+    float *dw = be->grads + L->w_off;
+    if (be->bf16)
+        BLAS(cublasGemmEx(be->blas, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &ONE, x, CUDA_R_16BF, ic,
+                          g->dy, CUDA_R_16BF, oc, &ZERO, dw, CUDA_R_32F, ic, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
+    else
+        BLAS(cublasSgemm(be->blas, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &ONE, x, ic, g->dy, oc,
+                         &ZERO, dw, ic));
+    TRY(grads_ready(be, i));
+    if (!be->need_diff[i - 1]) return 0;
+    void *dx = flat ? g->xf : in->dy;
+    if (be->bf16)
+        BLAS(cublasGemmEx(be->blas, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &ONE, be->w16 + L->w_off,
+                          CUDA_R_16BF, ic, g->dy, CUDA_R_16BF, oc, &ZERO, dx, CUDA_R_16BF, ic,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        dsrt__net_grads_ready(net, i);
-        if (need_dx)
-            BLAS(cublasGemmEx(be->blas, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &ONE,
-                              be->w16 + L->w_off, CUDA_R_16BF, ic, g->y16, CUDA_R_16BF, oc, &ZERO,
-                              in->dy, CUDA_R_32F, ic, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        return 0;
-    }
-    BLAS(cublasSgemm(be->blas, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &ONE, in->y, ic, g->dy, oc,
-                     &ZERO, be->grads + L->w_off, ic));
-    dsrt__net_grads_ready(net, i);
-    if (need_dx)
+    else
         BLAS(cublasSgemm(be->blas, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &ONE, be->params + L->w_off,
-                         ic, g->dy, oc, &ZERO, in->dy, ic));
+                         ic, g->dy, oc, &ZERO, dx, ic));
+    if (flat) {
+        dsrt_k_desc fk = in->kd;
+        fk.nhwc = 0;
+        CU(dsrt_k_pad(&fk, g->xf, &in->kd, in->dy, 0, 0, 0.0f, 0, be->compute));
+    }
     return 0;
 }
 
@@ -1276,78 +1691,32 @@ static int bwd_layer(cuda_backend *be, gpu_plan *p, int i) {
         return bwd_fc(be, p, i);
     case DSRT_LAYER_RELU:
         if (need_dx && !L->fused_away)
-            CU(dsrt_k_relu_bwd(DSRT_K_F32, g->y, g->dy, in->dy, out_count(L, p->n), L->o.leak,
+            CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, in->dy, out_count(L, p->n), L->o.leak,
                                be->compute));
         return 0;
     case DSRT_LAYER_MAXPOOL:
     case DSRT_LAYER_AVGPOOL:
     case DSRT_LAYER_GAP:
-        return need_dx ? bwd_pool(be, p, i) : 0;
+        if (need_dx) CU(dsrt_k_pool_bwd(&g->pool, in->y, g->dy, in->dy, be->compute));
+        return 0;
     case DSRT_LAYER_DROPOUT:
-        if (need_dx) {
-            dsrt_k_desc d = kdesc(p->n, L->out.c, L->out.h, L->out.w, DSRT_K_F32);
-            CU(dsrt_k_dropout(&d, g->dy, in->dy, be->net->opts.seed, p->iteration, i, L->o.p,
-                              be->compute));
-        }
+        if (need_dx)
+            CU(dsrt_k_dropout(&g->kd, g->dy, in->dy, be->net->opts.seed, 0, &be->dconst->iteration,
+                              i, L->o.p, be->compute));
         return 0;
     case DSRT_LAYER_LRN:
-        if (need_dx)
-            DNN(cudnnLRNCrossChannelBackward(be->dnn, g->lrn, CUDNN_LRN_CROSS_CHANNEL_DIM1, &ONE,
-                                             g->yd, g->y, g->yd, g->dy, g->xd, in->y, &ZERO, g->xd,
-                                             in->dy));
+        if (need_dx) CU(dsrt_k_lrn_bwd(&in->kd, &g->lrn, in->y, g->y, g->dy, in->dy, be->compute));
         return 0;
     case DSRT_LAYER_SOFTMAX:
         if (need_dx)
-            CU(dsrt_k_softmax_xent_bwd(g->y, p->labels, p->n, be->net->classes, be->grad_scale,
-                                       in->dy, be->compute));
+            CU(dsrt_k_softmax_xent_bwd(g->y, p->labels, p->n, be->net->classes, 1.0f,
+                                       &be->dconst->grad_scale, in->dy, be->act, be->compute));
         return 0;
     case DSRT_LAYER_INPUT:
         break;
     }
     return dsrt__fail(DSRT_EUNSUPPORTED, "cuda backend: layer '%s': kind %d", L->name,
                       (int)L->kind);
-}
-
-// ----------------------------------------------------------------------------
-// Flat buffers between host and device
-
-/* Uploads the host's parameters and state when they changed since the
- * device last saw them (net->version). */
-static int upload(cuda_backend *be) {
-    dsrt_net *net = be->net;
-    const dsrt_layer *L = NULL;
-    if (be->seen_version == net->version) return 0;
-    /* A copy from pageable memory first waits for the stream's work without
-     * a deadline: with collectives possible, wait for it here instead. */
-    if (collectives_possible(be)) TRY(wait_stream(be, be->compute));
-    /* From pageable memory: each copy returns once the host buffer is read. */
-    if (net->n_params) {
-        CU(cudaMemcpyAsync(be->params, net->params, net->n_params * sizeof(float),
-                           cudaMemcpyHostToDevice, be->compute));
-        if (be->bf16) CU(dsrt_k_f32_to_bf16(be->params, be->w16, net->n_params, be->compute));
-    }
-    if (net->n_state)
-        CU(cudaMemcpyAsync(be->state, net->state, net->n_state * sizeof(float),
-                           cudaMemcpyHostToDevice, be->compute));
-    be->seen_version = net->version;
-    return 0;
-}
-
-static int cuda_to_host(dsrt_backend *b, unsigned what) {
-    cuda_backend *be = (cuda_backend *)b;
-    dsrt_net *net = be->net;
-    const dsrt_layer *L = NULL;
-    CU(cudaSetDevice(be->device));
-    TRY(wait_stream(be, be->compute));
-    if ((what & DSRT_BUF_PARAMS) && net->n_params)
-        CU(cudaMemcpy(net->params, be->params, net->n_params * sizeof(float),
-                      cudaMemcpyDeviceToHost));
-    if ((what & DSRT_BUF_GRADS) && net->n_params)
-        CU(cudaMemcpy(net->grads, be->grads, net->n_params * sizeof(float),
-                      cudaMemcpyDeviceToHost));
-    if ((what & DSRT_BUF_STATE) && net->n_state)
-        CU(cudaMemcpy(net->state, be->state, net->n_state * sizeof(float), cudaMemcpyDeviceToHost));
-    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -1395,9 +1764,365 @@ static int mark_done(cuda_backend *be) {
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// The step's work, as queued op by op or recorded
+
+/* The per-step scalars on the device, from the host's copy (a kernel whose
+ * argument carries them; queued before the work that reads them). */
+static int put_consts(cuda_backend *be) {
+    const dsrt_layer *L = NULL;
+    CU(dsrt_k_set_consts(be->dconst, &be->hconst, be->compute));
+    return 0;
+}
+
+/* The optimizer step waiting in popt (its scalars already in dconst). */
+static int opt_body(cuda_backend *be) {
+    const dsrt_layer *L = NULL;
+    const pending_opt *o = &be->popt;
+    TRY(prof_mark(be, &be->prof.opt0, 0));
+    CU(dsrt_k_optim_update(&be->kopt, &o->st, &be->dconst->step, be->params, be->grads,
+                           be->opt_buf[0], o->n_buf > 1 ? be->opt_buf[1] : NULL,
+                           be->bf16 ? be->w16 : NULL, be->compute));
+    TRY(prof_mark(be, &be->prof.opt1, 0));
+    if (profiling(be)) be->prof.has_opt = 1;
+    return 0;
+}
+
+/* Forward over plan p from slot s: the layers, the loss and correct count
+ * copied back, the events the host waits on. */
+static int fwd_body(cuda_backend *be, gpu_plan *p, stage_slot *s) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = NULL;
+    prof_events *e = &be->prof;
+    TRY(prof_mark(be, e->fwd0, 0));
+    TRY(fwd_input(be, p, s));
+    TRY(prof_mark(be, e->fwd1, 0));
+    for (int i = 1; i < net->n_layers; i++) {
+        if (net->layers[i].fused_away) continue;
+        TRY(prof_mark(be, e->fwd0, i));
+        TRY(fwd_layer(be, p, i));
+        TRY(prof_mark(be, e->fwd1, i));
+    }
+    if (p->labels) {
+        CU(cudaMemcpyAsync(be->h_loss, p->loss, sizeof(double), cudaMemcpyDeviceToHost,
+                           be->compute));
+        CU(cudaMemcpyAsync(be->h_correct, p->correct, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                           be->compute));
+    }
+    CU(mark(be, be->results_ev));
+    CU(mark(be, s->consumed));
+    return 0;
+}
+
+static int bwd_body(cuda_backend *be, gpu_plan *p, stage_slot *s) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = NULL;
+    prof_events *e = &be->prof;
+    for (int i = net->n_layers - 1; i >= 1; i--) {
+        if (net->layers[i].fused_away) continue;
+        TRY(prof_mark(be, e->bwd0, i));
+        TRY(bwd_layer(be, p, i));
+        TRY(prof_mark(be, e->bwd1, i));
+    }
+    /* The labels of the staged slot were read until here. */
+    CU(mark(be, s->consumed));
+    return 0;
+}
+
+/* Before a step's work: the steps before it accounted for, the batch
+ * waited for, the step's start marked, its scalars on the device. */
+static int step_pre(cuda_backend *be, stage_slot *s) {
+    const dsrt_layer *L = NULL;
+    TRY(prof_collect(be));
+    TRY(account_done(be));
+    int k = (int)(be->steps % EV_RING);
+    CU(cudaStreamWaitEvent(be->compute, s->copied, 0));
+    CU(cudaEventRecord(be->ev_go[k], be->compute));
+    be->steps++;
+    be->hconst.iteration = (uint64_t)be->net->iteration;
+    if (dsrt__prof_on(be->net)) {
+        TRY(prof_ready(be));
+        be->prof.has_bwd = be->prof.has_opt = 0;
+        be->prof.recorded = 1;
+    }
+    return put_consts(be);
+}
+
+// ----------------------------------------------------------------------------
+// Recorded steps
+
+static void graph_free(step_graph *sg) {
+    if (!sg) return;
+    for (int k = 0; k < sg->n_seg; k++)
+        if (sg->seg[k].exec) cudaGraphExecDestroy(sg->seg[k].exec);
+    free(sg->seg);
+    free(sg);
+}
+
+/* Every recorded step goes (their memory changed); a launched graph that
+ * is still running is freed when it completes. */
+static void graphs_drop(cuda_backend *be) {
+    for (int k = 0; k < GRAPH_SLOTS; k++) {
+        graph_free(be->graph[k]);
+        be->graph[k] = NULL;
+    }
+    be->graph_gen++;
+}
+
+/* What a recording of a training step on plan p from slot `slot` would
+ * capture, beyond memory. */
+static void step_key_of(const cuda_backend *be, const gpu_plan *p, int slot, step_key *k) {
+    const dsrt_net *net = be->net;
+    memset(k, 0, sizeof *k);
+    k->plan = p;
+    k->slot = slot;
+    k->layout = be->slot[slot].layout;
+    k->labels = p->labels != NULL;
+    k->bn_sync = p->bn_sync;
+    k->ready_fn = (const void *)net->ready_fn;
+    k->buckets = net->ready_fn ? (const void *)net->buckets : NULL;
+    k->n_buckets = net->ready_fn ? net->n_buckets : 0;
+    k->bn_fn = (const void *)net->bn_sync_fn;
+    k->with_opt = be->popt.on;
+    if (be->popt.on) {
+        k->solver = be->popt.st.solver;
+        k->norm_clip = be->popt.norm_clip;
+        k->n_buf = be->popt.n_buf;
+        k->bf16 = be->bf16;
+        k->seg = be->kopt.seg;
+        k->n_seg = be->kopt.n_seg;
+        k->blocks = be->kopt.blocks;
+    }
+    k->profile = profiling(be);
+}
+
+/* The cache entry of key k (recorded, or still warming up), made when
+ * `make`: the least recently used gives way. */
+static step_graph *graph_entry(cuda_backend *be, const step_key *k, int make) {
+    int free_slot = -1, old = -1;
+    for (int j = 0; j < GRAPH_SLOTS; j++) {
+        step_graph *sg = be->graph[j];
+        if (!sg) {
+            if (free_slot < 0) free_slot = j;
+            continue;
+        }
+        if (!memcmp(&sg->key, k, sizeof *k)) {
+            sg->used = ++be->graph_clock;
+            return sg;
+        }
+        if (old < 0 || sg->used < be->graph[old]->used) old = j;
+    }
+    if (!make) return NULL;
+    int j = free_slot >= 0 ? free_slot : old;
+    step_graph *sg = dsrt__calloc(1, sizeof *sg);
+    if (!sg) return NULL;
+    graph_free(be->graph[j]);
+    sg->key = *k;
+    sg->used = ++be->graph_clock;
+    be->graph[j] = sg;
+    return sg;
+}
+
+static int rec_begin(cuda_backend *be) {
+    const dsrt_layer *L = NULL;
+    CU(cudaStreamBeginCapture(be->compute, cudaStreamCaptureModeThreadLocal));
+    return 0;
+}
+
+/* Ends the segment being recorded (then the callout `after`), and begins
+ * the next unless after is none. */
+static int rec_cut(cuda_backend *be, const callout *after) {
+    const dsrt_layer *L = NULL;
+    recording *r = be->rec;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CU(cudaStreamEndCapture(be->compute, &graph));
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) return cu_fail(e, "cudaGraphInstantiate", L);
+    if (r->n_seg == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 8;
+        segment *ns = realloc(r->seg, (size_t)cap * sizeof *ns);
+        if (!ns) {
+            cudaGraphExecDestroy(exec);
+            return -ENOMEM;
+        }
+        r->seg = ns;
+        r->cap = cap;
+    }
+    r->seg[r->n_seg].exec = exec;
+    r->seg[r->n_seg].after = *after;
+    r->n_seg++;
+    return after->kind == CALL_NONE ? 0 : rec_begin(be);
+}
+
+/* Leaves a recording that failed: the capture ended and discarded. */
+static void rec_abandon(cuda_backend *be) {
+    recording *r = be->rec;
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(be->compute, &st) == cudaSuccess &&
+        st != cudaStreamCaptureStatusNone) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(be->compute, &g);
+        if (g) cudaGraphDestroy(g);
+    }
+    (void)cudaGetLastError();
+    for (int k = 0; k < r->n_seg; k++) cudaGraphExecDestroy(r->seg[k].exec);
+    free(r->seg);
+    memset(r, 0, sizeof *r);
+}
+
+/* Records the step's work (the optimizer first when with_opt) into sg's
+ * segments. Recording queues nothing: on failure the graphs are turned off
+ * for this backend and the caller runs the step op by op. */
+static int record(cuda_backend *be, step_graph *sg, gpu_plan *p, stage_slot *s, int with_opt) {
+    recording r;
+    memset(&r, 0, sizeof r);
+    /* Instantiating may allocate device memory: with collectives possible,
+     * only on a quiet device. */
+    if (collectives_possible(be)) TRY(quiet(be));
+    be->rec = &r;
+    int rc = rec_begin(be);
+    if (!rc && with_opt) rc = opt_body(be);
+    if (!rc) rc = fwd_body(be, p, s);
+    if (!rc) rc = bwd_body(be, p, s);
+    callout none = {CALL_NONE, 0, {0}};
+    if (!rc) rc = rec_cut(be, &none);
+    be->rec = NULL;
+    if (rc) {
+        rec_abandon(be);
+        be->graphs = 0;
+        snprintf(be->net->backend_note, sizeof be->net->backend_note,
+                 "CUDA graphs off: recording a step failed: %s", dsrt_last_error());
+        return 1;
+    }
+    sg->seg = r.seg;
+    sg->n_seg = r.n_seg;
+    be->captures++;
+    return 0;
+}
+
+/* Launches a recorded step: segment, callout, segment, ... */
+static int replay(cuda_backend *be, const step_graph *sg) {
+    const dsrt_layer *L = NULL;
+    for (int k = 0; k < sg->n_seg; k++) {
+        CU(cudaGraphLaunch(sg->seg[k].exec, be->compute));
+        TRY(callout_run(be, &sg->seg[k].after));
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Deferred work
+
+/* The training forward queued with its backward: the optimizer step
+ * waiting (if any), forward and backward, as a replay of the recorded step
+ * when its key has one, else op by op (recorded first once the key has
+ * warmed up). */
+static int run_step(cuda_backend *be) {
+    dsrt_net *net = be->net;
+    gpu_plan *p = be->pfwd.plan;
+    stage_slot *s = &be->slot[be->pfwd.slot];
+    be->pfwd.on = 0;
+    int with_opt = be->popt.on;
+    TRY(step_pre(be, s));
+    step_graph *sg = NULL;
+    step_key key;
+    step_key_of(be, p, be->pfwd.slot, &key);
+    /* Whatever happens now, that optimizer step is this step's (never run
+     * twice). */
+    be->popt.on = 0;
+    if (be->graphs) {
+        sg = graph_entry(be, &key, 1);
+        if (sg && !sg->n_seg && ++sg->warm > GRAPH_WARMUP) {
+            int rc = record(be, sg, p, s, with_opt);
+            if (rc < 0) return rc;
+        }
+        if (sg && !sg->n_seg) sg = NULL;
+    }
+    if (sg) {
+        TRY(replay(be, sg));
+        be->graph_steps++;
+        be->prof.replayed = 1;
+    } else {
+        be->prof.replayed = 0;
+        if (with_opt) TRY(opt_body(be));
+        TRY(fwd_body(be, p, s));
+        TRY(bwd_body(be, p, s));
+    }
+    if (profiling(be)) {
+        be->prof.has_bwd = 1;
+        be->prof.has_opt = with_opt;
+    }
+    TRY(mark_done(be));
+    if (be->any_bn) net->host_stale |= DSRT_BUF_STATE;
+    net->host_stale |= DSRT_BUF_GRADS;
+    return 0;
+}
+
+/* Queues whatever waits, op by op: the optimizer step, then a training
+ * forward whose backward never came. Every call that needs the device's
+ * state or queues other work comes here first. */
+static int settle(cuda_backend *be) {
+    const dsrt_layer *L = NULL;
+    CU(cudaSetDevice(be->device));
+    if (be->popt.on) {
+        be->popt.on = 0;
+        TRY(put_consts(be));
+        TRY(opt_body(be));
+        TRY(mark_done(be));
+    }
+    if (be->pfwd.on) {
+        gpu_plan *p = be->pfwd.plan;
+        stage_slot *s = &be->slot[be->pfwd.slot];
+        be->pfwd.on = 0;
+        TRY(step_pre(be, s));
+        TRY(fwd_body(be, p, s));
+        TRY(mark_done(be));
+        if (be->any_bn) be->net->host_stale |= DSRT_BUF_STATE;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Flat buffers between host and device
+
+/* Uploads the host's parameters and state when they changed since the
+ * device last saw them (net->version). */
+static int upload(cuda_backend *be) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = NULL;
+    if (be->seen_version == net->version) return 0;
+    /* A copy from pageable memory first waits for the stream's work without
+     * a deadline: with collectives possible, wait for it here instead. */
+    if (collectives_possible(be)) TRY(wait_stream(be, be->compute));
+    if (net->n_params) {
+        TRY(put_flat(be, be->params, net->params));
+        if (be->bf16) CU(dsrt_k_f32_to_bf16(be->params, be->w16, net->n_params, be->compute));
+    }
+    if (net->n_state)
+        CU(cudaMemcpyAsync(be->state, net->state, net->n_state * sizeof(float),
+                           cudaMemcpyHostToDevice, be->compute));
+    be->seen_version = net->version;
+    return 0;
+}
+
+static int cuda_to_host(dsrt_backend *b, unsigned what) {
+    cuda_backend *be = (cuda_backend *)b;
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = NULL;
+    TRY(settle(be));
+    TRY(wait_stream(be, be->compute));
+    if (what & DSRT_BUF_PARAMS) TRY(get_flat(be, net->params, be->params));
+    if (what & DSRT_BUF_GRADS) TRY(get_flat(be, net->grads, be->grads));
+    if ((what & DSRT_BUF_STATE) && net->n_state)
+        CU(cudaMemcpy(net->state, be->state, net->n_state * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 static void cuda_device_time(dsrt_backend *b, double *busy_s, double *idle_s) {
     cuda_backend *be = (cuda_backend *)b;
-    if (cudaSetDevice(be->device) == cudaSuccess && wait_stream(be, be->compute) == 0)
+    if (settle(be) == 0 && wait_stream(be, be->compute) == 0)
         while (be->acc_upto < be->steps) account(be, be->acc_upto++);
     else
         (void)cudaGetLastError();
@@ -1427,6 +2152,9 @@ static int cuda_stage(dsrt_backend *b, const dsrt_net_batch *batch) {
     const dsrt_layer *L = NULL;
     CU(cudaSetDevice(be->device));
     stage_slot *s = &be->slot[be->next_slot];
+    /* A forward waiting for its backward reads the other slot; nothing
+     * queued is lost by queuing it now if this one is refilled. */
+    if (be->pfwd.on && be->pfwd.slot == be->next_slot) TRY(settle(be));
     size_t values = (size_t)batch->n * net->input.c * net->input.h * net->input.w;
     size_t bytes = values * (batch->layout == DSRT_INPUT_U8_NHWC ? 1 : sizeof(float));
     TRY(grow(be, &s->x, &s->cap, bytes));
@@ -1459,64 +2187,53 @@ static int cuda_stage_wait(dsrt_backend *b) {
 // ----------------------------------------------------------------------------
 // Steps
 
+/*
+ * A forward. Inference runs at once, op by op (after anything waiting); a
+ * training forward waits for its backward, to be queued with it (and with
+ * the optimizer step waiting) as one step.
+ */
 static int cuda_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train) {
     cuda_backend *be = (cuda_backend *)b;
     dsrt_net *net = be->net;
-    const dsrt_layer *L = NULL;
     if (be->staged < 0 || be->slot[be->staged].n != batch->n)
         return dsrt__fail(-EINVAL, "cuda backend: forward without its batch staged");
-    stage_slot *s = &be->slot[be->staged];
+    /* Inference, a training forward that never got its backward, and an
+     * upload of host edits go after the work waiting; a training forward
+     * takes the optimizer step waiting with it. */
+    if (be->pfwd.on || !train || be->seen_version != net->version) TRY(settle(be));
+    const dsrt_layer *L = NULL;
     CU(cudaSetDevice(be->device));
+    stage_slot *s = &be->slot[be->staged];
     TRY(upload(be));
     gpu_plan *p = NULL;
     TRY(plan_get(be, batch->n, train, &p));
     p->labels = batch->labels && s->has_labels ? s->labels : NULL;
-    p->iteration = (uint64_t)net->iteration;
     p->bn_sync = train && net->bn_sync_fn != NULL;
-    be->grad_scale = 1.0f / (float)(batch->global_n > 0 ? batch->global_n : batch->n);
+    be->hconst.grad_scale = 1.0f / (float)(batch->global_n > 0 ? batch->global_n : batch->n);
     be->last = p;
     if (train)
         be->last_train = p;
     else
         be->last_infer = p;
     be->results_labels = p->labels != NULL;
-
-    /* A new step: account for the ones done, then wait for the batch. */
-    TRY(account_done(be));
-    int k = (int)(be->steps % EV_RING);
-    CU(cudaStreamWaitEvent(be->compute, s->copied, 0));
-    CU(cudaEventRecord(be->ev_go[k], be->compute));
-    be->steps++;
-
-    TRY(fwd_input(be, p, s));
-    for (int i = 1; i < net->n_layers; i++) TRY(fwd_layer(be, p, i));
-    if (p->labels) {
-        CU(cudaMemcpyAsync(be->h_loss, p->loss, sizeof(double), cudaMemcpyDeviceToHost,
-                           be->compute));
-        CU(cudaMemcpyAsync(be->h_correct, p->correct, sizeof(int32_t), cudaMemcpyDeviceToHost,
-                           be->compute));
+    if (train) {
+        be->pfwd = (pending_fwd){1, p, be->staged};
+        return 0;
     }
-    CU(cudaEventRecord(be->results_ev, be->compute));
-    CU(cudaEventRecord(s->consumed, be->compute));
+    TRY(step_pre(be, s));
+    TRY(fwd_body(be, p, s));
     TRY(mark_done(be));
-    if (train && be->any_bn) net->host_stale |= DSRT_BUF_STATE;
     return 0;
 }
 
 static int cuda_backward(dsrt_backend *b) {
     cuda_backend *be = (cuda_backend *)b;
-    dsrt_net *net = be->net;
     const dsrt_layer *L = NULL;
     gpu_plan *p = be->last_train;
-    if (!p || !p->labels || be->last != p)
+    if (!p || !p->labels || be->last != p || !be->pfwd.on || be->pfwd.plan != p)
         return dsrt__fail(-EINVAL, "cuda backend: backward without a training forward");
     CU(cudaSetDevice(be->device));
-    for (int i = net->n_layers - 1; i >= 1; i--) TRY(bwd_layer(be, p, i));
-    /* The labels of the staged slot were read until here. */
-    if (be->staged >= 0) CU(cudaEventRecord(be->slot[be->staged].consumed, be->compute));
-    TRY(mark_done(be));
-    net->host_stale |= DSRT_BUF_GRADS;
-    return 0;
+    return run_step(be);
 }
 
 static int cuda_results(dsrt_backend *b, double *loss, int *correct, float *probs) {
@@ -1524,7 +2241,7 @@ static int cuda_results(dsrt_backend *b, double *loss, int *correct, float *prob
     const dsrt_layer *L = NULL;
     gpu_plan *p = be->last;
     if (!p) return dsrt__fail(-EINVAL, "cuda backend: no forward pass");
-    CU(cudaSetDevice(be->device));
+    TRY(settle(be));
     TRY(wait_event(be, be->results_ev, "cudaEventSynchronize"));
     if (loss) *loss = be->results_labels ? *be->h_loss : 0.0;
     if (correct) *correct = be->results_labels ? (int)*be->h_correct : 0;
@@ -1615,11 +2332,14 @@ static int optim_plan(cuda_backend *be, const dsrt_optim_step *s) {
     return 0;
 }
 
+/* An optimizer step: what it needs is made ready now (parameters, the
+ * segment table, the state on the device), its kernels wait to be queued
+ * with the next training step (or at once, when another call comes
+ * first). */
 static int cuda_optimize(dsrt_backend *b, const dsrt_optim_step *s) {
     cuda_backend *be = (cuda_backend *)b;
     dsrt_net *net = be->net;
-    const dsrt_layer *L = NULL;
-    CU(cudaSetDevice(be->device));
+    TRY(settle(be));
     TRY(upload(be));
     TRY(optim_plan(be, s));
     size_t bytes = net->n_params * sizeof(float);
@@ -1629,49 +2349,45 @@ static int cuda_optimize(dsrt_backend *b, const dsrt_optim_step *s) {
      * the host's has not been written since. */
     if (net->opt_on_device != s->owner || be->opt_version != s->version) {
         if (bytes && collectives_possible(be)) TRY(wait_stream(be, be->compute));
-        for (int k = 0; k < s->n_buf; k++)
-            if (bytes)
-                CU(cudaMemcpyAsync(be->opt_buf[k], s->buf[k], bytes, cudaMemcpyHostToDevice,
-                                   be->compute));
+        for (int k = 0; k < s->n_buf; k++) TRY(put_flat(be, be->opt_buf[k], s->buf[k]));
         be->opt_version = s->version;
     }
-    dsrt_k_step st;
-    st.solver = (int)s->solver;
-    st.clip = (int)s->clip;
-    st.threshold = s->threshold;
-    st.lr = s->lr;
-    st.l2 = s->l2;
-    st.momentum = s->momentum;
-    st.decay = s->b1;
-    st.sq_decay = s->b2;
-    st.c1 = s->c1;
-    st.c2 = s->c2;
-    st.eps = s->eps;
-    CU(dsrt_k_optim_update(&be->kopt, &st, be->params, be->grads, be->opt_buf[0],
-                           s->n_buf > 1 ? be->opt_buf[1] : NULL, be->bf16 ? be->w16 : NULL,
-                           be->compute));
-    TRY(mark_done(be));
-    /* Clipping rewrote the gradients too. */
+    dsrt_k_step *st = &be->popt.st;
+    memset(st, 0, sizeof *st);
+    st->solver = (int)s->solver;
+    st->clip = (int)s->clip;
+    st->threshold = s->threshold;
+    st->lr = s->lr;
+    st->l2 = s->l2;
+    st->momentum = s->momentum;
+    st->decay = s->b1;
+    st->sq_decay = s->b2;
+    st->c1 = s->c1;
+    st->c2 = s->c2;
+    st->eps = s->eps;
+    be->popt.n_buf = s->n_buf;
+    be->popt.norm_clip = isfinite(s->threshold) &&
+                         (s->clip == DSRT_CLIP_L2NORM || s->clip == DSRT_CLIP_GLOBAL_L2NORM);
+    be->popt.on = 1;
+    be->hconst.step = *st;
+    /* Clipping rewrites the gradients too. */
     net->host_stale |= DSRT_BUF_PARAMS | DSRT_BUF_GRADS;
     return 0;
 }
 
 static int cuda_optim_to_host(dsrt_backend *b, const dsrt_optim_step *s) {
     cuda_backend *be = (cuda_backend *)b;
-    const dsrt_layer *L = NULL;
-    size_t bytes = be->net->n_params * sizeof(float);
-    CU(cudaSetDevice(be->device));
+    TRY(settle(be));
     TRY(wait_stream(be, be->compute));
     for (int k = 0; k < s->n_buf; k++)
-        if (be->opt_buf[k] && bytes)
-            CU(cudaMemcpy(s->buf[k], be->opt_buf[k], bytes, cudaMemcpyDeviceToHost));
+        if (be->opt_buf[k]) TRY(get_flat(be, s->buf[k], be->opt_buf[k]));
     return 0;
 }
 
 static int cuda_sync(dsrt_backend *b) {
     cuda_backend *be = (cuda_backend *)b;
-    const dsrt_layer *L = NULL;
-    CU(cudaSetDevice(be->device));
+    TRY(settle(be));
+    TRY(prof_collect(be));
     return quiet(be);
 }
 
@@ -1690,14 +2406,29 @@ static void cuda_memory(dsrt_backend *b, dsrt_backend_memory *m) {
     m->stream = be->compute;
 }
 
+/* Layer `layer`'s output of the last forward, as float NCHW. */
 static int cuda_read_output(dsrt_backend *b, int layer, int train, float *out) {
     cuda_backend *be = (cuda_backend *)b;
     const dsrt_layer *L = &be->net->layers[layer];
     gpu_plan *p = train ? be->last_train : be->last_infer;
     if (!p) return dsrt__fail(-EINVAL, "cuda backend: no forward pass to read");
-    CU(cudaSetDevice(be->device));
+    TRY(settle(be));
     TRY(wait_stream(be, be->compute));
-    CU(cudaMemcpy(out, p->gl[layer].y, out_count(L, p->n) * sizeof(float), cudaMemcpyDeviceToHost));
+    const gpu_layer *g = &p->gl[layer];
+    size_t cnt = out_count(L, p->n), el = type_size(g->kd.type);
+    char *h = malloc(cnt * el + 1);
+    if (!h) return -ENOMEM;
+    cudaError_t e = cudaMemcpy(h, g->y, cnt * el, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        free(h);
+        return cu_fail(e, "cudaMemcpy", L);
+    }
+    const dsrt_k_desc *d = &g->kd;
+    for (size_t i = 0; i < cnt; i++) {
+        dsrt_kb_coord k = dsrt_kb_coord_of(i, d->c, d->h, d->w, d->nhwc);
+        out[dsrt_kb_index_of(k, d->c, d->h, d->w, 0)] = dsrt_kb_load(h, d->type, i);
+    }
+    free(h);
     return 0;
 }
 
@@ -1715,7 +2446,7 @@ static int cuda_reserve(dsrt_backend *b, const dsrt_net_reserve *r) {
     cuda_backend *be = (cuda_backend *)b;
     const dsrt_net *net = be->net;
     const dsrt_layer *L = NULL;
-    CU(cudaSetDevice(be->device));
+    TRY(settle(be));
     be->frozen = 0;
     for (int k = 0; k < PLAN_SLOTS; k++)
         if (be->plans[k]) be->plans[k]->reserved = 0;
@@ -1749,9 +2480,12 @@ static void cuda_destroy(dsrt_backend *b) {
     cuda_backend *be = (cuda_backend *)b;
     if (!be) return;
     if (cudaSetDevice(be->device) == cudaSuccess) {
+        (void)settle(be); /* an optimizer step asked for is done before the weights go home */
         if (be->compute) cudaStreamSynchronize(be->compute);
         if (be->copy) cudaStreamSynchronize(be->copy);
     }
+    graphs_drop(be);
+    prof_free(&be->prof, be->net->n_layers);
     /* Plans that borrow memory first, then the owners. */
     for (int k = 0; k < PLAN_SLOTS; k++)
         if (be->plans[k] && be->plans[k]->owner) {
@@ -1778,6 +2512,8 @@ static void cuda_destroy(dsrt_backend *b) {
     if (be->seg_pin) cudaFreeHost(be->seg_pin);
     if (be->kopt.work) cudaFree(be->kopt.work);
     if (be->ws) cudaFree(be->ws);
+    if (be->blas_ws) cudaFree(be->blas_ws);
+    if (be->dconst) cudaFree(be->dconst);
     if (be->flat) cudaFree(be->flat);
     if (be->h_loss) cudaFreeHost(be->h_loss);
     if (be->h_correct) cudaFreeHost(be->h_correct);
@@ -1806,6 +2542,10 @@ static int cuda_setup(cuda_backend *be) {
     BLAS(cublasSetMathMode(be->blas, net->precision == DSRT_PRECISION_TF32
                                          ? CUBLAS_TF32_TENSOR_OP_MATH
                                          : CUBLAS_DEFAULT_MATH));
+    /* cuBLAS's workspace, set once: a recorded step must not make it
+     * allocate one. */
+    CU(cudaMalloc(&be->blas_ws, BLAS_WS));
+    BLAS(cublasSetWorkspace(be->blas, be->blas_ws, BLAS_WS));
     for (int k = 0; k < 2; k++) {
         CU(cudaEventCreateWithFlags(&be->slot[k].copied, cudaEventDisableTiming));
         CU(cudaEventCreateWithFlags(&be->slot[k].consumed, cudaEventDisableTiming));
@@ -1819,8 +2559,9 @@ static int cuda_setup(cuda_backend *be) {
     CU(cudaEventCreateWithFlags(&be->sync_ev, cudaEventDisableTiming));
     CU(cudaMallocHost((void **)&be->h_loss, sizeof(double)));
     CU(cudaMallocHost((void **)&be->h_correct, sizeof(int32_t)));
-    /* params, grads and state, then the bfloat16 weights and gradient
-     * staging: one allocation, each buffer on an ALIGN boundary (cuDNN's
+    CU(cudaMalloc((void **)&be->dconst, sizeof *be->dconst));
+    /* params, grads and state, then the bfloat16 weights and convolution
+     * gradients: one allocation, each buffer on an ALIGN boundary (cuDNN's
      * and cuBLAS's vectorised kernels want aligned tensors, and the
      * algorithm search ran on these very pointers). */
     size_t np = net->n_params, f32 = align_up(np * sizeof(float)), b16 = align_up(np * 2);
@@ -1849,6 +2590,8 @@ static int cuda_setup(cuda_backend *be) {
     be->seg_cap = n_seg;
     be->work_cap = work;
     if (np) CU(cudaMemsetAsync(be->grads, 0, np * sizeof(float), be->compute));
+    be->hconst.grad_scale = 1.0f;
+    TRY(put_consts(be));
     be->seen_version = net->version - 1;
     TRY(upload(be));
     CU(cudaStreamSynchronize(be->compute));
@@ -1863,13 +2606,16 @@ static int cuda_create(dsrt_backend **out, dsrt_net *net) {
     be->device = net->opts.device;
     be->det = net->opts.deterministic != 0;
     be->staged = -1;
-    be->grad_scale = 1.0f;
     net->precision =
         net->opts.precision == DSRT_PRECISION_DEFAULT ? DSRT_PRECISION_TF32 : net->opts.precision;
     be->bf16 = net->precision == DSRT_PRECISION_BF16;
+    be->act = be->bf16 ? DSRT_K_BF16 : DSRT_K_F32;
+    be->act_dt = be->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     be->conv_math = net->precision == DSRT_PRECISION_FP32   ? CUDNN_FMA_MATH
                     : net->precision == DSRT_PRECISION_BF16 ? CUDNN_TENSOR_OP_MATH
                                                             : CUDNN_DEFAULT_MATH;
+    be->graphs = net->opts.cuda_graphs != 0;
+    net->backend_note[0] = 0;
     be->need_diff = dsrt__calloc((size_t)net->n_layers, sizeof *be->need_diff);
     if (!be->need_diff) {
         free(be);
@@ -1889,6 +2635,21 @@ static int cuda_create(dsrt_backend **out, dsrt_net *net) {
     }
     *out = (dsrt_backend *)be;
     return 0;
+}
+
+/* How the backend runs the net: fused layers, recorded steps. */
+static void cuda_describe(dsrt_backend *b, dsrt_backend_report *r) {
+    cuda_backend *be = (cuda_backend *)b;
+    const gpu_plan *p = be->last_train ? be->last_train : be->last_infer;
+    memset(r, 0, sizeof *r);
+    r->graph_steps = be->graph_steps;
+    r->captures = be->captures;
+    r->graphs = be->graphs;
+    for (int i = 1; p && i < p->n_layers; i++) {
+        const gpu_layer *g = &p->gl[i];
+        r->fused_cudnn += g->fuse == FUSE_CUDNN || g->bn_ex;
+        r->fused_kernel += g->fuse == FUSE_KERNEL;
+    }
 }
 
 const dsrt_backend_ops dsrt__backend_cuda = {
@@ -1912,6 +2673,7 @@ const dsrt_backend_ops dsrt__backend_cuda = {
     .read_output = cuda_read_output,
     .bn_sync = 1,
     .reserve = cuda_reserve,
+    .describe = cuda_describe,
 };
 
 DSRT_MODULE_DEFINE(cuda, &dsrt__backend_cuda, dsrt__net_grads_ready);

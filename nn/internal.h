@@ -219,7 +219,42 @@ struct dsrt_net {
      * so that no host wait outlives the communicator's timeout. */
     int (*wait_check)(void *ctx);
     void *wait_ctx;
+    /* Per-layer timing of training steps (dsrt_net_profile_start), or NULL. */
+    struct dsrt_net_prof *prof;
+    /* What the backend has to say of how it runs the net (why CUDA graphs
+     * went off, ...), for the profile; empty when nothing. */
+    char backend_note[256];
 };
+
+/*
+ * Per-layer timing of training steps, summed: each layer's forward and
+ * backward, the optimizer, a step's span (its first timed piece of work to
+ * its last, forward and backward) and the idle gaps between consecutive
+ * pieces within it (launch gaps on a device). The CPU backend times with
+ * the clock, a device backend with device events.
+ */
+typedef struct dsrt_net_prof {
+    int on;                /* steps are timed (off: what was measured stays) */
+    double *fwd_s, *bwd_s; /* (n_layers) */
+    double opt_s, span_s, gap_s;
+    int64_t steps, opt_steps, gaps, graph_steps;
+    int device; /* 1: device events; 0: the host's clock */
+    /* The step being timed by the host (dsrt__prof_piece). */
+    int open;
+    double step_t0, prev_t1;
+} dsrt_net_prof;
+
+/* The profile of net when it is timing steps, else NULL. */
+static inline dsrt_net_prof *dsrt__prof_on(const dsrt_net *net) {
+    return net->prof && net->prof->on ? net->prof : NULL;
+}
+
+/* A backend timing a step with the host's clock: layer `layer`'s forward
+ * (backward 0) or backward took [t0, t1] (seconds); pieces come in the
+ * order they ran, and the idle time between consecutive ones is a gap. */
+void dsrt__prof_piece(dsrt_net *net, int layer, int backward, double t0, double t1);
+/* The step timed by pieces is complete (after its backward). */
+void dsrt__prof_step_end(dsrt_net *net);
 
 /* The flat buffers, as bits. */
 enum {
@@ -332,6 +367,15 @@ void dsrt__optimizer_release(dsrt_optimizer *opt);
 // ----------------------------------------------------------------------------
 // Backends
 
+/* How a backend runs a net, for the profile. */
+typedef struct {
+    int graphs;          /* steps may be recorded as CUDA graphs */
+    int64_t graph_steps; /* steps replayed from recorded graphs */
+    int64_t captures;    /* recordings made */
+    int fused_cudnn;     /* layers fused by cuDNN (convolution + bias + activation, BN + ReLU) */
+    int fused_kernel;    /* layers whose bias and ReLU run in one dsrt kernel */
+} dsrt_backend_report;
+
 /* Where a backend's buffers are, for a communicator reducing gradients in
  * place. */
 typedef struct {
@@ -402,6 +446,8 @@ struct dsrt_backend_ops {
     /* Sizes and allocates what the shapes of r need (dsrt__net_reserve).
      * NULL: nothing to reserve. */
     int (*reserve)(dsrt_backend *be, const dsrt_net_reserve *r);
+    /* How it runs the net (NULL: nothing to say). */
+    void (*describe)(dsrt_backend *be, dsrt_backend_report *r);
 };
 
 extern const dsrt_backend_ops dsrt__backend_cpu;
@@ -456,7 +502,6 @@ int dsrt__checkpoint_load_worker(const char *path, dsrt_net **net, dsrt_optimize
                                  int rank, int own_world, int *workers);
 int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, dsrt_net **net,
                             dsrt_optimizer **opt, dsrt_train_position *pos,
-                            const dsrt_net_options *options, int rank, int own_world,
-                            int *workers);
+                            const dsrt_net_options *options, int rank, int own_world, int *workers);
 
 #endif

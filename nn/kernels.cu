@@ -3,6 +3,9 @@
  * C-style CUDA: each __global__ kernel is a launch shape around a body of
  * nn/kernels_body.h, which holds all the arithmetic and which the host runs
  * too (tests/kernels_host.c); one extern "C" launcher a kernel, no state.
+ * Scalars that change from step to step (the optimizer's, dropout's step,
+ * the loss gradient's scale) can be read from device memory when the kernel
+ * runs, so that a step recorded as a CUDA graph replays with new values.
  * Element-wise kernels run grid-stride loops over size_t indices on blocks
  * of 256 threads. Reductions follow the bodies' fixed order (a thread's
  * strided share, then a tree over the block in shared memory, or a warp
@@ -99,7 +102,7 @@ extern "C" cudaError_t dsrt_k_pad(const dsrt_k_desc *xd, const void *x, const ds
 }
 
 // ----------------------------------------------------------------------------
-// Activations and the fully connected bias
+// Activations and biases
 
 __global__ void relu_fwd_kernel(dsrt_k_type t, const void *x, void *y, size_t n, float leak) {
     for (size_t i = tid(); i < n; i += stride()) dsrt_kb_relu_fwd(t, x, y, leak, i);
@@ -126,62 +129,145 @@ extern "C" cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void 
     return cudaGetLastError();
 }
 
-__global__ void bias_act_kernel(const float *x, const float *__restrict__ b, float *y, size_t count,
-                                int out, int relu, float leak) {
-    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_bias_act(x, b, y, out, relu, leak, i);
+__global__ void bias_act_kernel(dsrt_k_desc d, const void *x, const float *__restrict__ b, void *y,
+                                int relu, float leak, size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_bias_act(&d, x, b, y, relu, leak, i);
 }
 
-extern "C" cudaError_t dsrt_k_bias_act(const float *x, const float *b, float *y, int n, int out,
+extern "C" cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y,
                                        int relu, float leak, cudaStream_t stream) {
-    if (n < 0 || out < 0) return cudaErrorInvalidValue;
-    size_t count = (size_t)n * out;
+    if (!dsrt_kb_desc_ok(d)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(d);
     if (!count) return cudaSuccess;
-    bias_act_kernel<<<grid_for(count), THREADS, 0, stream>>>(x, b, y, count, out, relu, leak);
+    bias_act_kernel<<<grid_for(count), THREADS, 0, stream>>>(*d, x, b, y, relu, leak, count);
     return cudaGetLastError();
 }
 
-/* Blocks of BIAS_COLS columns x BIAS_LANES row lanes; lane 0 adds the
- * lanes' sums in lane order. */
-__global__ void bias_grad_kernel(const float *__restrict__ dy, float *__restrict__ db, int n,
-                                 int out) {
+extern "C" size_t dsrt_k_bias_grad_work(const dsrt_k_desc *d) {
+    return dsrt_kb_bias_grad_work(d);
+}
+
+/* Blocks of BIAS_COLS columns x BIAS_LANES row lanes over one chunk of rows
+ * (blockIdx.y); lane 0 adds the lanes' sums in lane order into the chunk's
+ * partial sum. */
+__global__ void bias_grad_kernel(dsrt_k_type t, void *dy, const void *y, float leak, size_t rows,
+                                 int cols, int chunks, float *__restrict__ partial) {
     __shared__ float part[DSRT_KB_BIAS_LANES][DSRT_KB_BIAS_COLS + 1];
-    int col = blockIdx.x * DSRT_KB_BIAS_COLS + threadIdx.x;
+    int col = blockIdx.x * DSRT_KB_BIAS_COLS + threadIdx.x, k = blockIdx.y;
+    size_t r0, r1;
+    dsrt_kb_bias_rows(rows, chunks, k, &r0, &r1);
     part[threadIdx.y][threadIdx.x] =
-        col < out ? dsrt_kb_bias_grad_lane(dy, n, out, col, (int)threadIdx.y) : 0.0f;
+        col < cols ? dsrt_kb_bias_lane(t, dy, y, leak, cols, col, r0, r1, (int)threadIdx.y) : 0.0f;
     __syncthreads();
-    if (threadIdx.y == 0 && col < out) {
+    if (threadIdx.y == 0 && col < cols) {
         float lanes[DSRT_KB_BIAS_LANES];
-        for (int k = 0; k < DSRT_KB_BIAS_LANES; k++) lanes[k] = part[k][threadIdx.x];
-        db[col] = dsrt_kb_bias_grad_total(lanes);
+        for (int l = 0; l < DSRT_KB_BIAS_LANES; l++) lanes[l] = part[l][threadIdx.x];
+        partial[(size_t)k * cols + col] = dsrt_kb_bias_lanes_total(lanes);
     }
 }
 
-extern "C" cudaError_t dsrt_k_bias_grad(const float *dy, float *db, int n, int out,
-                                        cudaStream_t stream) {
-    if (n < 0 || out < 0) return cudaErrorInvalidValue;
-    if (!out) return cudaSuccess;
-    bias_grad_kernel<<<(unsigned)((out + DSRT_KB_BIAS_COLS - 1) / DSRT_KB_BIAS_COLS),
-                       dim3(DSRT_KB_BIAS_COLS, DSRT_KB_BIAS_LANES), 0, stream>>>(dy, db, n, out);
+__global__ void bias_total_kernel(const float *__restrict__ partial, int chunks, int cols,
+                                  float *__restrict__ db) {
+    for (size_t c = tid(); c < (size_t)cols; c += stride())
+        db[c] = dsrt_kb_bias_total(partial, chunks, cols, (int)c);
+}
+
+extern "C" cudaError_t dsrt_k_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak,
+                                        float *db, void *work, cudaStream_t stream) {
+    if (!dsrt_kb_bias_grad_ok(d) || !work) return cudaErrorInvalidValue;
+    int cols = d->c;
+    size_t rows = (size_t)d->n * d->h * d->w;
+    if (!cols) return cudaSuccess;
+    int chunks = dsrt_kb_bias_chunks(rows);
+    dim3 grid((unsigned)((cols + DSRT_KB_BIAS_COLS - 1) / DSRT_KB_BIAS_COLS), (unsigned)chunks);
+    bias_grad_kernel<<<grid, dim3(DSRT_KB_BIAS_COLS, DSRT_KB_BIAS_LANES), 0, stream>>>(
+        d->type, dy, y, leak, rows, cols, chunks, (float *)work);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    bias_total_kernel<<<grid_for((size_t)cols), THREADS, 0, stream>>>((const float *)work, chunks,
+                                                                      cols, db);
+    return cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
+// Pooling and local response normalisation
+
+__global__ void pool_fwd_kernel(dsrt_k_pool p, const void *x, void *y, size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_pool_fwd(&p, x, y, i);
+}
+
+__global__ void pool_bwd_kernel(dsrt_k_pool p, const void *x, const void *dy, void *dx,
+                                size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_pool_bwd(&p, x, dy, dx, i);
+}
+
+extern "C" cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y,
+                                       cudaStream_t stream) {
+    if (!p || !dsrt_kb_pool_ok(p)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(&p->yd);
+    if (!count) return cudaSuccess;
+    pool_fwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, x, y, count);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy,
+                                       void *dx, cudaStream_t stream) {
+    if (!p || !dsrt_kb_pool_ok(p)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(&p->xd);
+    if (!count) return cudaSuccess;
+    pool_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, x, dy, dx, count);
+    return cudaGetLastError();
+}
+
+__global__ void lrn_fwd_kernel(dsrt_k_desc d, dsrt_k_lrn l, const void *x, void *y, size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_lrn_fwd(&d, x, &l, y, i);
+}
+
+__global__ void lrn_bwd_kernel(dsrt_k_desc d, dsrt_k_lrn l, const void *x, const void *y,
+                               const void *dy, void *dx, size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_lrn_bwd(&d, x, y, dy, &l, dx, i);
+}
+
+extern "C" cudaError_t dsrt_k_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x,
+                                      void *y, cudaStream_t stream) {
+    if (!dsrt_kb_lrn_ok(d, l)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(d);
+    if (!count) return cudaSuccess;
+    lrn_fwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*d, *l, x, y, count);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x,
+                                      const void *y, const void *dy, void *dx,
+                                      cudaStream_t stream) {
+    if (!dsrt_kb_lrn_ok(d, l)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(d);
+    if (!count) return cudaSuccess;
+    lrn_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*d, *l, x, y, dy, dx, count);
     return cudaGetLastError();
 }
 
 // ----------------------------------------------------------------------------
 // Dropout
 
-__global__ void dropout_kernel(dsrt_k_desc d, const void *x, void *y, dsrt_rng rng,
+__global__ void dropout_kernel(dsrt_k_desc d, const void *x, void *y, uint64_t seed,
+                               uint64_t iteration, const uint64_t *iteration_dev, int layer,
                                uint32_t threshold, float scale, size_t count) {
+    dsrt_rng rng =
+        dsrt_dropout_rng(seed, iteration_dev ? *iteration_dev : iteration, (uint64_t)layer);
     for (size_t i = tid(); i < count; i += stride())
         dsrt_kb_dropout(&d, x, y, &rng, threshold, scale, i);
 }
 
 extern "C" cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
-                                      uint64_t iteration, int layer, float p, cudaStream_t stream) {
+                                      uint64_t iteration, const uint64_t *iteration_dev, int layer,
+                                      float p, cudaStream_t stream) {
     if (!dsrt_kb_dropout_ok(d, p, layer)) return cudaErrorInvalidValue;
     size_t count = dsrt_kb_count(d);
     if (!count) return cudaSuccess;
-    dsrt_rng rng = dsrt_dropout_rng(seed, iteration, (uint64_t)layer);
     dropout_kernel<<<grid_for(count), THREADS, 0, stream>>>(
-        *d, x, y, rng, dsrt_dropout_threshold(p), dsrt_dropout_scale(p), count);
+        *d, x, y, seed, iteration, iteration_dev, layer, dsrt_dropout_threshold(p),
+        dsrt_dropout_scale(p), count);
     return cudaGetLastError();
 }
 
@@ -190,13 +276,14 @@ extern "C" cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void 
 
 /* One warp a row: each lane's share, then the butterfly (lane l takes lane
  * l ^ o's value, o = 16, 8, ..., 1). */
-__global__ void softmax_fwd_kernel(const float *__restrict__ z, const int32_t *__restrict__ labels,
-                                   int n, int k, float *__restrict__ probs,
-                                   dsrt_k_row_result *__restrict__ res) {
+__global__ void softmax_fwd_kernel(const void *z, dsrt_k_type zt,
+                                   const int32_t *__restrict__ labels, int n, int k,
+                                   float *__restrict__ probs, dsrt_k_row_result *__restrict__ res) {
     int lane = threadIdx.x & (DSRT_KB_WARP - 1);
     int row = blockIdx.x * DSRT_KB_SOFT_WARPS + (threadIdx.x / DSRT_KB_WARP);
     if (row >= n) return;
-    const float *zr = z + (size_t)row * k;
+    dsrt_kb_row zrow = {z, zt, (size_t)row * k};
+    const dsrt_kb_row *zr = &zrow;
     float best;
     int arg;
     dsrt_kb_sm_lane_max(zr, k, lane, &best, &arg);
@@ -236,14 +323,15 @@ extern "C" size_t dsrt_k_softmax_xent_work(int n) {
     return dsrt_kb_softmax_work(n);
 }
 
-extern "C" cudaError_t dsrt_k_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k,
-                                               float *probs, double *loss, int32_t *correct,
-                                               void *work, cudaStream_t stream) {
-    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, work)) return cudaErrorInvalidValue;
+extern "C" cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels,
+                                               int n, int k, float *probs, double *loss,
+                                               int32_t *correct, void *work, cudaStream_t stream) {
+    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, work) || !dsrt_kb_type_ok(zt))
+        return cudaErrorInvalidValue;
     if (!n) return cudaSuccess;
     dsrt_k_row_result *res = (dsrt_k_row_result *)work;
     softmax_fwd_kernel<<<(unsigned)((n + DSRT_KB_SOFT_WARPS - 1) / DSRT_KB_SOFT_WARPS),
-                         DSRT_KB_SOFT_WARPS * DSRT_KB_WARP, 0, stream>>>(z, labels, n, k, probs,
+                         DSRT_KB_SOFT_WARPS * DSRT_KB_WARP, 0, stream>>>(z, zt, labels, n, k, probs,
                                                                          res);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || !labels || (!loss && !correct)) return e;
@@ -253,16 +341,20 @@ extern "C" cudaError_t dsrt_k_softmax_xent_fwd(const float *z, const int32_t *la
 
 __global__ void softmax_bwd_kernel(const float *__restrict__ probs,
                                    const int32_t *__restrict__ labels, int k, float scale,
-                                   float *__restrict__ dz, size_t count) {
-    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_sm_bwd(probs, labels, k, scale, dz, i);
+                                   const float *scale_dev, void *dz, dsrt_k_type t, size_t count) {
+    float sc = scale_dev ? *scale_dev : scale;
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_sm_bwd(probs, labels, k, sc, dz, t, i);
 }
 
 extern "C" cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, int n,
-                                               int k, float scale, float *dz, cudaStream_t stream) {
-    if (!dsrt_kb_softmax_bwd_ok(n, k, labels)) return cudaErrorInvalidValue;
+                                               int k, float scale, const float *scale_dev, void *dz,
+                                               dsrt_k_type dzt, cudaStream_t stream) {
+    if (!dsrt_kb_softmax_bwd_ok(n, k, labels) || !dsrt_kb_type_ok(dzt))
+        return cudaErrorInvalidValue;
     size_t count = (size_t)n * k;
     if (!count) return cudaSuccess;
-    softmax_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(probs, labels, k, scale, dz, count);
+    softmax_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(probs, labels, k, scale, scale_dev,
+                                                                dz, dzt, count);
     return cudaGetLastError();
 }
 
@@ -296,8 +388,9 @@ __global__ void optim_sumsq_kernel(const dsrt_k_segment *__restrict__ seg, int n
 
 __global__ void optim_scale_kernel(const dsrt_k_segment *__restrict__ seg, int n_seg,
                                    const double *__restrict__ partial, int global, double threshold,
-                                   float *__restrict__ scale) {
+                                   const dsrt_k_step *st_dev, float *__restrict__ scale) {
     __shared__ double sh[THREADS];
+    if (st_dev) threshold = st_dev->threshold;
     double total = 0.0;
     for (int k = 0; k < n_seg; k++) {
         double acc = block_sum(dsrt_kb_optim_seg_part(&seg[k], partial, (int)threadIdx.x), sh);
@@ -315,8 +408,10 @@ __global__ void optim_scale_kernel(const dsrt_k_segment *__restrict__ seg, int n
 }
 
 __global__ void optim_update_kernel(const dsrt_k_segment *__restrict__ seg, int n_seg,
-                                    dsrt_k_step st, const float *__restrict__ scale, float *w,
-                                    float *g, float *m, float *v, dsrt_bf16 *w16) {
+                                    dsrt_k_step st_val, const dsrt_k_step *st_dev,
+                                    const float *__restrict__ scale, float *w, float *g, float *m,
+                                    float *v, dsrt_bf16 *w16) {
+    const dsrt_k_step st = st_dev ? *st_dev : st_val;
     uint32_t b = blockIdx.x;
     int k = dsrt_kb_segment_of(seg, n_seg, b);
     const dsrt_k_segment s = seg[k];
@@ -328,8 +423,9 @@ __global__ void optim_update_kernel(const dsrt_k_segment *__restrict__ seg, int 
         dsrt_kb_optim_update(&st, &s, sc, i, w, g, m, v, w16);
 }
 
-extern "C" cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w,
-                                           float *g, float *buf0, float *buf1, dsrt_bf16 *w16,
+extern "C" cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st,
+                                           const dsrt_k_step *st_dev, float *w, float *g,
+                                           float *buf0, float *buf1, dsrt_bf16 *w16,
                                            cudaStream_t stream) {
     if (!dsrt_kb_optim_ok(o, st, buf0, buf1)) return cudaErrorInvalidValue;
     if (!o->n_seg || !o->blocks) return cudaSuccess;
@@ -340,39 +436,50 @@ extern "C" cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_s
         optim_sumsq_kernel<<<o->blocks, THREADS, 0, stream>>>(o->seg, o->n_seg, g, partial);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
-        optim_scale_kernel<<<1, THREADS, 0, stream>>>(
-            o->seg, o->n_seg, partial, st->clip == DSRT_CLIP_GLOBAL_L2NORM, st->threshold, sc);
+        optim_scale_kernel<<<1, THREADS, 0, stream>>>(o->seg, o->n_seg, partial,
+                                                      st->clip == DSRT_CLIP_GLOBAL_L2NORM,
+                                                      st->threshold, st_dev, sc);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         scale = sc;
     }
-    optim_update_kernel<<<o->blocks, THREADS, 0, stream>>>(o->seg, o->n_seg, *st, scale, w, g, buf0,
-                                                           buf1, w16);
+    optim_update_kernel<<<o->blocks, THREADS, 0, stream>>>(o->seg, o->n_seg, *st, st_dev, scale, w,
+                                                           g, buf0, buf1, w16);
+    return cudaGetLastError();
+}
+
+__global__ void consts_kernel(dsrt_k_consts *dst, dsrt_k_consts v) {
+    *dst = v;
+}
+
+extern "C" cudaError_t dsrt_k_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v,
+                                         cudaStream_t stream) {
+    if (!dst || !v) return cudaErrorInvalidValue;
+    consts_kernel<<<1, 1, 0, stream>>>(dst, *v);
     return cudaGetLastError();
 }
 
 // ----------------------------------------------------------------------------
 // Synchronised batch normalisation: one block a channel
 
-__global__ void bn_sums_kernel(const float *__restrict__ x, int n, int c, int hw,
-                               double *__restrict__ sums) {
+__global__ void bn_sums_kernel(dsrt_k_desc d, const void *x, double *__restrict__ sums) {
     __shared__ double sh[THREADS];
-    int ch = blockIdx.x;
+    int ch = blockIdx.x, c = d.c;
     double s, q;
-    dsrt_kb_bn_sums_part(x, n, c, hw, ch, (int)threadIdx.x, &s, &q);
+    dsrt_kb_bn_sums_part(&d, x, ch, (int)threadIdx.x, &s, &q);
     s = block_sum(s, sh);
     q = block_sum(q, sh);
     if (threadIdx.x == 0) {
         sums[ch] = s;
         sums[c + ch] = q;
-        if (ch == 0) sums[2 * c] = (double)((size_t)n * hw);
+        if (ch == 0) sums[2 * c] = (double)((size_t)d.n * d.h * d.w);
     }
 }
 
-extern "C" cudaError_t dsrt_k_bn_sums(const float *x, int n, int c, int hw, double *sums,
+extern "C" cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums,
                                       cudaStream_t stream) {
-    if (!dsrt_kb_bn_ok(n, c, hw)) return cudaErrorInvalidValue;
-    if (!c) return cudaSuccess;
-    bn_sums_kernel<<<(unsigned)c, THREADS, 0, stream>>>(x, n, c, hw, sums);
+    if (!dsrt_kb_bn_ok(xd)) return cudaErrorInvalidValue;
+    if (!xd->c) return cudaSuccess;
+    bn_sums_kernel<<<(unsigned)xd->c, THREADS, 0, stream>>>(*xd, x, sums);
     return cudaGetLastError();
 }
 
@@ -393,14 +500,14 @@ extern "C" cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, flo
     return cudaGetLastError();
 }
 
-__global__ void bn_bwd_sums_kernel(const float *__restrict__ x, const float *__restrict__ dy,
-                                   const float *__restrict__ mean, const float *__restrict__ inv,
-                                   int n, int c, int hw, double *__restrict__ sums, float *dscale,
-                                   float *dshift) {
+__global__ void bn_bwd_sums_kernel(dsrt_k_desc d, const void *x, const void *dy, const void *y,
+                                   float leak, const float *__restrict__ mean,
+                                   const float *__restrict__ inv, double *__restrict__ sums,
+                                   float *dscale, float *dshift) {
     __shared__ double sh[THREADS];
-    int ch = blockIdx.x;
+    int ch = blockIdx.x, c = d.c;
     double s, q;
-    dsrt_kb_bn_bwd_part(x, dy, mean[ch], inv[ch], n, c, hw, ch, (int)threadIdx.x, &s, &q);
+    dsrt_kb_bn_bwd_part(&d, x, dy, y, leak, mean[ch], inv[ch], ch, (int)threadIdx.x, &s, &q);
     s = block_sum(s, sh);
     q = block_sum(q, sh);
     if (threadIdx.x == 0) {
@@ -411,35 +518,57 @@ __global__ void bn_bwd_sums_kernel(const float *__restrict__ x, const float *__r
     }
 }
 
-extern "C" cudaError_t dsrt_k_bn_bwd_sums(const float *x, const float *dy, const float *mean,
-                                          const float *inv, int n, int c, int hw, double *sums,
-                                          float *dscale, float *dshift, cudaStream_t stream) {
-    if (!dsrt_kb_bn_ok(n, c, hw)) return cudaErrorInvalidValue;
-    if (!c) return cudaSuccess;
-    bn_bwd_sums_kernel<<<(unsigned)c, THREADS, 0, stream>>>(x, dy, mean, inv, n, c, hw, sums,
-                                                            dscale, dshift);
+extern "C" cudaError_t dsrt_k_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy,
+                                          const void *y, float leak, const float *mean,
+                                          const float *inv, double *sums, float *dscale,
+                                          float *dshift, cudaStream_t stream) {
+    if (!dsrt_kb_bn_ok(xd)) return cudaErrorInvalidValue;
+    if (!xd->c) return cudaSuccess;
+    bn_bwd_sums_kernel<<<(unsigned)xd->c, THREADS, 0, stream>>>(*xd, x, dy, y, leak, mean, inv,
+                                                                sums, dscale, dshift);
     return cudaGetLastError();
 }
 
-__global__ void bn_bwd_dx_kernel(const float *__restrict__ x, const float *__restrict__ dy,
-                                 const float *__restrict__ mean, const float *__restrict__ inv,
-                                 const float *__restrict__ scale, const double *__restrict__ sums,
-                                 const double *__restrict__ count, int c, int hw, size_t total,
-                                 float *__restrict__ dx) {
+__global__ void bn_bwd_dx_kernel(dsrt_k_desc d, const void *x, const void *dy, const void *y,
+                                 float leak, const float *__restrict__ mean,
+                                 const float *__restrict__ inv, const float *__restrict__ scale,
+                                 const double *__restrict__ sums, const double *__restrict__ count,
+                                 size_t total, void *dx) {
     double inv_m = 1.0 / *count;
     for (size_t i = tid(); i < total; i += stride())
-        dsrt_kb_bn_bwd_dx(x, dy, mean, inv, scale, sums, inv_m, c, hw, dx, i);
+        dsrt_kb_bn_bwd_dx(&d, x, dy, y, leak, mean, inv, scale, sums, inv_m, dx, i);
 }
 
-extern "C" cudaError_t dsrt_k_bn_bwd_dx(const float *x, const float *dy, const float *mean,
+extern "C" cudaError_t dsrt_k_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy,
+                                        const void *y, float leak, const float *mean,
                                         const float *inv, const float *scale, const double *sums,
-                                        const double *count, int n, int c, int hw, float *dx,
-                                        cudaStream_t stream) {
-    if (!dsrt_kb_bn_ok(n, c, hw)) return cudaErrorInvalidValue;
-    size_t total = (size_t)n * c * hw;
+                                        const double *count, void *dx, cudaStream_t stream) {
+    if (!dsrt_kb_bn_ok(xd)) return cudaErrorInvalidValue;
+    size_t total = dsrt_kb_count(xd);
     if (!total) return cudaSuccess;
-    bn_bwd_dx_kernel<<<grid_for(total), THREADS, 0, stream>>>(x, dy, mean, inv, scale, sums, count,
-                                                              c, hw, total, dx);
+    bn_bwd_dx_kernel<<<grid_for(total), THREADS, 0, stream>>>(*xd, x, dy, y, leak, mean, inv, scale,
+                                                              sums, count, total, dx);
+    return cudaGetLastError();
+}
+
+__global__ void bn_apply_kernel(dsrt_k_desc d, const void *x, const float *__restrict__ mean,
+                                const float *__restrict__ inv, const float *__restrict__ var,
+                                float eps, const float *__restrict__ scale,
+                                const float *__restrict__ shift, int relu, float leak, void *y,
+                                size_t total) {
+    for (size_t i = tid(); i < total; i += stride())
+        dsrt_kb_bn_apply(&d, x, mean, inv, var, eps, scale, shift, relu, leak, y, i);
+}
+
+extern "C" cudaError_t dsrt_k_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean,
+                                       const float *inv, const float *var, float eps,
+                                       const float *scale, const float *shift, int relu, float leak,
+                                       void *y, cudaStream_t stream) {
+    if (!dsrt_kb_bn_ok(xd) || (!inv && !var)) return cudaErrorInvalidValue;
+    size_t total = dsrt_kb_count(xd);
+    if (!total) return cudaSuccess;
+    bn_apply_kernel<<<grid_for(total), THREADS, 0, stream>>>(*xd, x, mean, inv, var, eps, scale,
+                                                             shift, relu, leak, y, total);
     return cudaGetLastError();
 }
 

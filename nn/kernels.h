@@ -1,10 +1,12 @@
 /*
  * The CUDA kernels the GPU backend needs beside cuDNN and cuBLAS: the input
- * stage (pipeline bytes to normalised floats), explicit padding and
- * cropping, leaky ReLU, the fully connected bias, dropout with the CPU
- * backend's masks, softmax with cross-entropy, synchronised batch
- * normalisation's sums and statistics, the fused optimizer step, and
- * float32 <-> bfloat16 conversions. Each one computes exactly what the CPU
+ * stage (pipeline bytes to normalised activations, NHWC), explicit padding
+ * and cropping (and layout changes), leaky ReLU, the bias with the ReLU
+ * after it, the bias gradient with the ReLU's backward folded in, pooling,
+ * local response normalisation, dropout with the CPU backend's masks,
+ * softmax with cross-entropy, synchronised batch normalisation's sums and
+ * statistics, the fused optimizer step, the per-step scalars in device
+ * memory, and float32 <-> bfloat16 conversions. Each one computes exactly what the CPU
  * backend (nn/backend_cpu.c) or the optimizer (nn/optim.c) computes; the
  * definitions they share live in nn/arith.h.
  *
@@ -69,7 +71,7 @@ cudaError_t dsrt_k_pad(const dsrt_k_desc *xd, const void *x, const dsrt_k_desc *
                        int top, int left, float fill, int accumulate, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
-// Activations and the fully connected bias
+// Activations and biases
 
 /* y = x > 0 ? x : x * leak over n elements of type t (leak 0: ReLU). In place
  * (y == x) allowed. */
@@ -81,15 +83,46 @@ cudaError_t dsrt_k_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, flo
 cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n,
                             float leak, cudaStream_t stream);
 
-/* Fully connected output: y (n, out) = x (n, out) + b (out; NULL: none),
- * then with relu y < 0 ? y * leak : y, as the CPU backend's fully connected
- * step. In place (y == x) allowed. */
-cudaError_t dsrt_k_bias_act(const float *x, const float *b, float *y, int n, int out, int relu,
+/* A convolution's or fully connected layer's output (d: any layout and
+ * type; a fully connected layer's is (n, out, 1, 1)): y = x + b[channel]
+ * (b NULL: none), then with relu y < 0 ? y * leak : y, in float and rounded
+ * once, as the CPU backend's fused step. In place (y == x) allowed. */
+cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
                             float leak, cudaStream_t stream);
 
-/* db (out) = the column sums of dy (n, out), in a fixed order (run to run
- * identical). */
-cudaError_t dsrt_k_bias_grad(const float *dy, float *db, int n, int out, cudaStream_t stream);
+/* Bytes of workspace dsrt_k_bias_grad needs for d. */
+size_t dsrt_k_bias_grad_work(const dsrt_k_desc *d);
+
+/*
+ * db (d->c floats) = the per-channel sums of dy (d: NHWC, or h = w = 1),
+ * in a fixed order (run to run identical). With y (the layer's output, of
+ * d) the ReLU's backward is folded in: dy becomes y > 0 ? dy : dy * leak,
+ * in place, in the same pass, so the convolution's or matrix product's
+ * backward that follows reads the gradient behind the ReLU. work: a device
+ * buffer of dsrt_k_bias_grad_work(d) bytes.
+ */
+cudaError_t dsrt_k_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak, float *db,
+                             void *work, cudaStream_t stream);
+
+// ----------------------------------------------------------------------------
+// Pooling and local response normalisation
+
+/* Max or average pooling, y from x (nn/kernels_body.h dsrt_k_pool says
+ * how), padding included; every element of y is written. */
+cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, cudaStream_t stream);
+
+/* Its backward: dx (p->xd) from dy (p->yd) and the forward's input x (max
+ * pooling finds the winner of each window again: the first largest, as
+ * the forward); every element of dx is written, in a fixed order. */
+cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy, void *dx,
+                            cudaStream_t stream);
+
+/* Local response normalisation across channels of x (d: any layout and
+ * type) into y, and its backward from x, y and dy into dx, in double. */
+cudaError_t dsrt_k_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y,
+                           cudaStream_t stream);
+cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
+                           const void *dy, void *dx, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Dropout
@@ -99,11 +132,14 @@ cudaError_t dsrt_k_bias_grad(const float *dy, float *db, int n, int out, cudaStr
  * `layer` at training step `iteration` of a net seeded with `seed`, for drop
  * probability p: element (i, ch, r, col) takes dsrt_dropout_mask (nn/arith.h)
  * of its logical NCHW index, whatever d's layout, so masks are the CPU
- * backend's bit for bit. The forward passes the layer's input as x; the
- * backward passes dy as x and gets dx, with the same key. In place allowed.
+ * backend's bit for bit. With iteration_dev (device memory) the step is read
+ * from there when the kernel runs, not from `iteration`. The forward passes
+ * the layer's input as x; the backward passes dy as x and gets dx, with the
+ * same key. In place allowed.
  */
 cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
-                           uint64_t iteration, int layer, float p, cudaStream_t stream);
+                           uint64_t iteration, const uint64_t *iteration_dev, int layer, float p,
+                           cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Softmax and cross-entropy
@@ -112,8 +148,9 @@ cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_
 size_t dsrt_k_softmax_xent_work(int n);
 
 /*
- * Softmax of the logits z (n, k) into probs (n, k), as the CPU backend: in
- * double after subtracting the row's maximum, rounded to float. With labels
+ * Softmax of the logits z (n, k, of type zt) into probs (n, k, float32), as
+ * the CPU backend: in double after subtracting the row's maximum, rounded to
+ * float. With labels
  * (n int32 in [0, k)), *loss (device double) receives the mean cross-entropy
  * over the batch and *correct (device int32) how many rows have their label
  * as first maximum; loss or correct may be NULL. A row whose maximum is not
@@ -121,27 +158,31 @@ size_t dsrt_k_softmax_xent_work(int n);
  * buffer of dsrt_k_softmax_xent_work(n) bytes. The sums run in a fixed
  * order: the results are identical from run to run.
  */
-cudaError_t dsrt_k_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k,
-                                    float *probs, double *loss, int32_t *correct, void *work,
+cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n,
+                                    int k, float *probs, double *loss, int32_t *correct, void *work,
                                     cudaStream_t stream);
 
-/* dz (n, k) = (probs - onehot(labels)) * scale, rounded as the CPU backend
- * (probs * scale, then minus scale at the label). scale is 1 / n for the
- * batch mean, 1 / (n * ranks) for a data-parallel average. */
+/* dz (n, k, of type dzt) = (probs - onehot(labels)) * scale, rounded as the
+ * CPU backend (probs * scale, then minus scale at the label). scale is 1 / n
+ * for the batch mean, 1 / (n * ranks) for a data-parallel average; with
+ * scale_dev (device memory) it is read from there when the kernel runs. */
 cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k,
-                                    float scale, float *dz, cudaStream_t stream);
+                                    float scale, const float *scale_dev, void *dz, dsrt_k_type dzt,
+                                    cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Synchronised batch normalisation
+//
+// The tensors x, dy, y and dx are of xd (either layout, either type);
+// statistics and parameters are float32, a value a channel (c = xd->c).
 
 /*
  * The sums of synchronised batchnorm (dsrt_bn_sums in include/dsrt/nn.h),
- * in double, over x (n, c, hw) float32 NCHW: sums[ch] = sum of x,
- * sums[c + ch] = sum of x^2 over channel ch, sums[2c] = n * hw. Each channel
- * is summed in a fixed order (identical from run to run). sums: 2c + 1
- * device doubles.
+ * in double, over x: sums[ch] = sum of x, sums[c + ch] = sum of x^2 over
+ * channel ch, sums[2c] = n h w. Each channel is summed in a fixed order
+ * (identical from run to run). sums: 2c + 1 device doubles.
  */
-cudaError_t dsrt_k_bn_sums(const float *x, int n, int c, int hw, double *sums, cudaStream_t stream);
+cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, cudaStream_t stream);
 
 /*
  * The batch statistics from the summed sums (over every worker, 2c + 1),
@@ -159,27 +200,40 @@ cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum
                             cudaStream_t stream);
 
 /*
- * The backward sums over dy and x (n, c, hw) with the layer's mean and inv
- * (c each; xhat = (x - mean) * inv): sums[ch] = sum of dy, sums[c + ch] =
- * sum of dy * xhat, in double, each channel in a fixed order. dshift and
- * dscale (c floats each; may be NULL) receive the same sums rounded to
- * float: this worker's gradients of the shift and the scale. sums: 2c
- * device doubles.
+ * The backward sums over dy and x with the layer's mean and inv (xhat = (x
+ * - mean) * inv): sums[ch] = sum of dy, sums[c + ch] = sum of dy * xhat, in
+ * double, each channel in a fixed order; with y (the layer's output) dy is
+ * read through the ReLU the layer computes after it (y > 0 ? dy : dy *
+ * leak). dshift and dscale (c floats each; may be NULL) receive the same
+ * sums rounded to float: this worker's gradients of the shift and the
+ * scale. sums: 2c device doubles.
  */
-cudaError_t dsrt_k_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv,
-                               int n, int c, int hw, double *sums, float *dscale, float *dshift,
-                               cudaStream_t stream);
+cudaError_t dsrt_k_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                               float leak, const float *mean, const float *inv, double *sums,
+                               float *dscale, float *dshift, cudaStream_t stream);
 
 /*
  * The input gradient with the global terms, as the CPU backend's
  * synchronised batchnorm: with a = scale * inv, M = *count (the summed
  * count, a device double) and S1, S2 the summed backward sums (2c),
  *     dx = a dy - a S1 / M - (x - mean) a inv S2 / M,
- * in double, rounded to float. dx may not alias x or dy.
+ * in double, rounded to xd's type; dy through the folded ReLU as for the
+ * sums. dx may not alias x, dy or y.
  */
-cudaError_t dsrt_k_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
-                             const float *scale, const double *sums, const double *count, int n,
-                             int c, int hw, float *dx, cudaStream_t stream);
+cudaError_t dsrt_k_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                             float leak, const float *mean, const float *inv, const float *scale,
+                             const double *sums, const double *count, void *dx,
+                             cudaStream_t stream);
+
+/*
+ * Batchnorm's output: y = (x - mean) inv scale + shift per channel, in
+ * double, rounded to xd's type, then the ReLU after it when relu (leaky
+ * with leak). With inv NULL, inv = 1 / sqrt(var + eps) (the running
+ * statistics, at inference). In place (y == x) allowed.
+ */
+cudaError_t dsrt_k_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean,
+                            const float *inv, const float *var, float eps, const float *scale,
+                            const float *shift, int relu, float leak, void *y, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // The optimizer
@@ -209,9 +263,18 @@ void dsrt_k_optim_step_params(dsrt_k_step *st, const dsrt_optimizer_options *o, 
  * frozen ones included). Agrees with nn/optim.c to rounding: bit for bit
  * without norm clipping (on a CPU build without FMA contraction), within a
  * few float ulps with it (the norm is summed in double in another order).
+ * st decides which kernels run (the solver, whether a norm is clipped); with
+ * st_dev (device memory holding the same solver and clipping method) the
+ * kernels read the step's scalars from there when they run.
  */
-cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w, float *g,
-                                float *buf0, float *buf1, dsrt_bf16 *w16, cudaStream_t stream);
+cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st,
+                                const dsrt_k_step *st_dev, float *w, float *g, float *buf0,
+                                float *buf1, dsrt_bf16 *w16, cudaStream_t stream);
+
+/* Writes v into the device's per-step scalars *dst (one small kernel, whose
+ * argument is v: queued on the stream before the step that reads them, it
+ * is what changes from one replay of a recorded step to the next). */
+cudaError_t dsrt_k_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Conversions and helpers

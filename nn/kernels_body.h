@@ -18,6 +18,11 @@
  * without contraction (-ffp-contract=off); only exp and log, in softmax,
  * may differ between the device's and the C library's last bit.
  *
+ * Tensors are described by dsrt_k_desc (NCHW or NHWC, float32 or bfloat16):
+ * the GPU backend keeps its activations NHWC, in bfloat16 under bf16
+ * precision, and every body that touches them takes the layout and the type
+ * from the descriptor, so one body serves every layout and type.
+ *
  * Also the types the launchers (nn/kernels.h) take, which need no CUDA
  * header, and the argument checks every launcher makes.
  */
@@ -94,6 +99,41 @@ typedef struct {
     float eps;
 } dsrt_k_step;
 
+/* The per-step scalars the step's kernels read from device memory rather
+ * than from their launch arguments, so that a step recorded once as a CUDA
+ * graph replays with each new step's values: the optimizer's scalars (the
+ * learn rate of the schedule, Adam's bias corrections), the training step
+ * that keys dropout masks, and the loss gradient's scale. */
+typedef struct {
+    dsrt_k_step step;   /* the optimizer step */
+    uint64_t iteration; /* the training step (dropout masks) */
+    float grad_scale;   /* 1 / images of the global batch */
+    float pad_;
+} dsrt_k_consts;
+
+/* Pooling: x (xd) to y (yd), both of one n, c, layout and type; a kh x kw
+ * window moved by (sh, sw) from (-pt, -pl). Max ignores the padding (as
+ * padding with -infinity); average divides by kh * kw, the padding counted
+ * as zeros (as the CPU backend's pooling). Global average pooling is the
+ * window of the whole image. */
+typedef enum {
+    DSRT_K_POOL_MAX = 0,
+    DSRT_K_POOL_AVG = 1,
+} dsrt_k_pool_mode;
+
+typedef struct {
+    dsrt_k_desc xd, yd;
+    int kh, kw, sh, sw, pt, pl;
+    int mode; /* dsrt_k_pool_mode */
+} dsrt_k_pool;
+
+/* Local response normalisation across channels (AlexNet's): y = x / (k +
+ * alpha / size * sum of x^2 over the size channels centred on x)^beta. */
+typedef struct {
+    int size; /* odd */
+    float alpha, beta, k;
+} dsrt_k_lrn;
+
 /* Softmax's per-row results, in its workspace. */
 typedef struct {
     double loss;
@@ -104,12 +144,14 @@ typedef struct {
 // ----------------------------------------------------------------------------
 // The shape of the reductions
 
-#define DSRT_KB_THREADS    256   /* threads of a block, lanes of a tree reduction */
-#define DSRT_KB_WARP       32    /* lanes of a warp butterfly */
-#define DSRT_KB_SOFT_WARPS 8     /* softmax rows a block (one warp a row) */
-#define DSRT_KB_BIAS_COLS  32    /* bias gradient: columns a block */
-#define DSRT_KB_BIAS_LANES 8     /* ... and row lanes a column */
-#define DSRT_KB_OPT_CHUNK  4096u /* optimizer: elements of one block */
+#define DSRT_KB_THREADS     256   /* threads of a block, lanes of a tree reduction */
+#define DSRT_KB_WARP        32    /* lanes of a warp butterfly */
+#define DSRT_KB_SOFT_WARPS  8     /* softmax rows a block (one warp a row) */
+#define DSRT_KB_BIAS_COLS   32    /* bias gradient: columns a block */
+#define DSRT_KB_BIAS_LANES  8     /* ... and row lanes a column */
+#define DSRT_KB_BIAS_ROWS   256   /* ... rows a chunk at least */
+#define DSRT_KB_BIAS_CHUNKS 256   /* ... and chunks at most */
+#define DSRT_KB_OPT_CHUNK   4096u /* optimizer: elements of one block */
 
 /* One level s of the tree: lane t < s adds lane t + s. */
 static inline DSRT_HOST_DEVICE void dsrt_kb_tree_d(double *v, int t, int s) {
@@ -163,6 +205,12 @@ static inline DSRT_HOST_DEVICE size_t dsrt_kb_count(const dsrt_k_desc *d) {
 static inline int dsrt_kb_desc_ok(const dsrt_k_desc *d) {
     return d && d->n >= 0 && d->c >= 0 && d->h >= 0 && d->w >= 0 &&
            (d->type == DSRT_K_F32 || d->type == DSRT_K_BF16);
+}
+
+/* The channel of element i. */
+static inline DSRT_HOST_DEVICE int dsrt_kb_channel(const dsrt_k_desc *d, size_t i) {
+    if (d->nhwc) return (int)(i % (size_t)d->c);
+    return (int)((i / ((size_t)d->h * d->w)) % (size_t)d->c);
 }
 
 /* Loads and stores of either type, as float. */
@@ -260,26 +308,83 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_relu_bwd(dsrt_k_type t, const void *
     dsrt_kb_store(dx, t, i, dsrt_kb_load(y, t, i) > 0.0f ? d : DSRT_FMUL(d, leak));
 }
 
-/* Element i of the fully connected output (n, out): x + b, then the ReLU. */
-static inline DSRT_HOST_DEVICE void dsrt_kb_bias_act(const float *x, const float *b, float *y,
-                                                     int out, int relu, float leak, size_t i) {
-    float v = DSRT_FADD(x[i], b ? b[i % out] : 0.0f);
+/* Element i of a convolution's or fully connected layer's output: x plus
+ * the bias of its channel (b NULL: none), then with relu the (leaky) ReLU,
+ * in float and rounded once to d's type. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_bias_act(const dsrt_k_desc *d, const void *x,
+                                                     const float *b, void *y, int relu, float leak,
+                                                     size_t i) {
+    float v = DSRT_FADD(dsrt_kb_load(x, d->type, i), b ? b[dsrt_kb_channel(d, i)] : 0.0f);
     if (relu && v < 0.0f) v = DSRT_FMUL(v, leak);
-    y[i] = v;
+    dsrt_kb_store(y, d->type, i, v);
 }
 
-/* Lane `lane` of column col's sum: rows lane, lane + LANES, ... */
-static inline DSRT_HOST_DEVICE float dsrt_kb_bias_grad_lane(const float *dy, int n, int out,
-                                                            int col, int lane) {
+/*
+ * The bias gradient: the sum of dy over every pixel of every image, per
+ * channel, over dy (rows = n h w, cols = c) in NHWC (or with h = w = 1, as a
+ * fully connected layer's (n, out)). The rows are cut into chunks of at
+ * least BIAS_ROWS (at most BIAS_CHUNKS of them), each summed by BIAS_LANES
+ * lanes a column, the lanes added in order into the chunk's partial sum,
+ * then the chunks' partial sums in order. With y (the layer's output) the
+ * ReLU's backward is folded in: dy becomes y > 0 ? dy : dy * leak, in place,
+ * as it is read.
+ */
+static inline int dsrt_kb_bias_grad_ok(const dsrt_k_desc *d) {
+    return dsrt_kb_desc_ok(d) && (d->nhwc || (d->h == 1 && d->w == 1));
+}
+
+static inline DSRT_HOST_DEVICE int dsrt_kb_bias_chunks(size_t rows) {
+    size_t c = (rows + DSRT_KB_BIAS_ROWS - 1) / DSRT_KB_BIAS_ROWS;
+    return c < 1 ? 1 : c > DSRT_KB_BIAS_CHUNKS ? DSRT_KB_BIAS_CHUNKS : (int)c;
+}
+
+/* The rows [*r0, *r1) of chunk k. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_bias_rows(size_t rows, int chunks, int k, size_t *r0,
+                                                      size_t *r1) {
+    size_t per = (rows + (size_t)chunks - 1) / (size_t)chunks;
+    *r0 = per * (size_t)k < rows ? per * (size_t)k : rows;
+    *r1 = *r0 + per < rows ? *r0 + per : rows;
+}
+
+/* The workspace of a bias gradient over d: a partial sum a chunk a
+ * channel. */
+static inline size_t dsrt_kb_bias_grad_work(const dsrt_k_desc *d) {
+    size_t rows = (size_t)d->n * d->h * d->w;
+    return (size_t)dsrt_kb_bias_chunks(rows) * (size_t)(d->c > 0 ? d->c : 1) * sizeof(float);
+}
+
+/* Lane `lane` of column col's sum over rows [r0, r1): rows r0 + lane, r0 +
+ * lane + LANES, ...; with y, each dy masked by the ReLU first (and written
+ * back). */
+static inline DSRT_HOST_DEVICE float dsrt_kb_bias_lane(dsrt_k_type t, void *dy, const void *y,
+                                                       float leak, int cols, int col, size_t r0,
+                                                       size_t r1, int lane) {
     float s = 0.0f;
-    for (int r = lane; r < n; r += DSRT_KB_BIAS_LANES) s = DSRT_FADD(s, dy[(size_t)r * out + col]);
+    for (size_t r = r0 + (size_t)lane; r < r1; r += DSRT_KB_BIAS_LANES) {
+        size_t i = r * (size_t)cols + (size_t)col;
+        float v = dsrt_kb_load(dy, t, i);
+        if (y && !(dsrt_kb_load(y, t, i) > 0.0f)) {
+            dsrt_kb_store(dy, t, i, DSRT_FMUL(v, leak));
+            v = dsrt_kb_load(dy, t, i);
+        }
+        s = DSRT_FADD(s, v);
+    }
     return s;
 }
 
-/* The column's sum from its lanes' (LANES floats), added in lane order. */
-static inline DSRT_HOST_DEVICE float dsrt_kb_bias_grad_total(const float *lanes) {
+/* A chunk's sum from its lanes' (LANES floats), added in lane order. */
+static inline DSRT_HOST_DEVICE float dsrt_kb_bias_lanes_total(const float *lanes) {
     float t = lanes[0];
     for (int k = 1; k < DSRT_KB_BIAS_LANES; k++) t = DSRT_FADD(t, lanes[k]);
+    return t;
+}
+
+/* Column col's total from the chunks' partial sums (chunks x cols), in
+ * chunk order. */
+static inline DSRT_HOST_DEVICE float dsrt_kb_bias_total(const float *partial, int chunks, int cols,
+                                                        int col) {
+    float t = partial[col];
+    for (int k = 1; k < chunks; k++) t = DSRT_FADD(t, partial[(size_t)k * cols + col]);
     return t;
 }
 
@@ -312,13 +417,24 @@ static inline size_t dsrt_kb_softmax_work(int n) {
     return (size_t)(n > 0 ? n : 1) * sizeof(dsrt_k_row_result);
 }
 
+/* The logits of one row: k values of type t from z + base. */
+typedef struct {
+    const void *z;
+    dsrt_k_type t;
+    size_t base;
+} dsrt_kb_row;
+
+static inline DSRT_HOST_DEVICE float dsrt_kb_row_at(const dsrt_kb_row *r, int j) {
+    return dsrt_kb_load(r->z, r->t, r->base + (size_t)j);
+}
+
 /* Lane `lane`: the first of its largest logits (NaN never compares larger). */
-static inline DSRT_HOST_DEVICE void dsrt_kb_sm_lane_max(const float *zr, int k, int lane,
+static inline DSRT_HOST_DEVICE void dsrt_kb_sm_lane_max(const dsrt_kb_row *zr, int k, int lane,
                                                         float *best, int *arg) {
     float b = -INFINITY;
     int a = 0x7fffffff;
     for (int j = lane; j < k; j += DSRT_KB_WARP) {
-        float v = zr[j];
+        float v = dsrt_kb_row_at(zr, j);
         if (v > b || (v == b && j < a)) b = v, a = j;
     }
     *best = b;
@@ -334,36 +450,38 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_sm_merge(float *best, int *arg, floa
 /* The value subtracted from the row and its first maximum, from the
  * merged (best, *arg): what one pass from the left finds when the first
  * logit is a number; when it is NaN, the CPU's pass keeps it (index 0). */
-static inline DSRT_HOST_DEVICE float dsrt_kb_sm_row_max(const float *zr, float best, int *arg) {
-    float mx = zr[0];
+static inline DSRT_HOST_DEVICE float dsrt_kb_sm_row_max(const dsrt_kb_row *zr, float best,
+                                                        int *arg) {
+    float mx = dsrt_kb_row_at(zr, 0);
     if (mx == mx) return best;
     *arg = 0;
     return mx;
 }
 
 /* Lane `lane`'s share of the sum of exp(z - max), in double. */
-static inline DSRT_HOST_DEVICE double dsrt_kb_sm_lane_sumexp(const float *zr, int k, int lane,
+static inline DSRT_HOST_DEVICE double dsrt_kb_sm_lane_sumexp(const dsrt_kb_row *zr, int k, int lane,
                                                              double dm) {
     double s = 0.0;
-    for (int j = lane; j < k; j += DSRT_KB_WARP) s = DSRT_DADD(s, exp((double)zr[j] - dm));
+    for (int j = lane; j < k; j += DSRT_KB_WARP)
+        s = DSRT_DADD(s, exp((double)dsrt_kb_row_at(zr, j) - dm));
     return s;
 }
 
 /* Lane `lane`'s probabilities: exp(z - max) / sum, rounded to float. */
-static inline DSRT_HOST_DEVICE void dsrt_kb_sm_lane_store(const float *zr, float *pr, int k,
+static inline DSRT_HOST_DEVICE void dsrt_kb_sm_lane_store(const dsrt_kb_row *zr, float *pr, int k,
                                                           int lane, double dm, double inv) {
     for (int j = lane; j < k; j += DSRT_KB_WARP)
-        pr[j] = (float)DSRT_DMUL(exp((double)zr[j] - dm), inv);
+        pr[j] = (float)DSRT_DMUL(exp((double)dsrt_kb_row_at(zr, j) - dm), inv);
 }
 
 /* The row's loss and whether its first maximum is its label. A label out of
  * range or a maximum that is not finite gives NaN. */
-static inline DSRT_HOST_DEVICE void dsrt_kb_sm_row_result(const float *zr, int32_t label, int k,
-                                                          float mx, double sum, int arg,
+static inline DSRT_HOST_DEVICE void dsrt_kb_sm_row_result(const dsrt_kb_row *zr, int32_t label,
+                                                          int k, float mx, double sum, int arg,
                                                           dsrt_k_row_result *res) {
     double l = NAN;
     if (label >= 0 && label < k && isfinite(mx))
-        l = DSRT_DSUB(log(sum), (double)zr[label] - (double)mx);
+        l = DSRT_DSUB(log(sum), (double)dsrt_kb_row_at(zr, label) - (double)mx);
     res->loss = l;
     res->correct = arg == label;
 }
@@ -385,28 +503,50 @@ static inline int dsrt_kb_softmax_bwd_ok(int n, int k, const int32_t *labels) {
     return n >= 0 && k > 0 && labels;
 }
 
-/* Element i of dz = (probs - onehot) * scale, rounded as the CPU backend. */
+/* Element i of dz (type t) = (probs - onehot) * scale, rounded as the CPU
+ * backend. */
 static inline DSRT_HOST_DEVICE void dsrt_kb_sm_bwd(const float *probs, const int32_t *labels, int k,
-                                                   float scale, float *dz, size_t i) {
+                                                   float scale, void *dz, dsrt_k_type t, size_t i) {
     float d = DSRT_FMUL(probs[i], scale);
     if ((int)(i % k) == labels[i / k]) d = DSRT_FSUB(d, scale);
-    dz[i] = d;
+    dsrt_kb_store(dz, t, i, d);
 }
 
 // ----------------------------------------------------------------------------
 // Synchronised batch normalisation: one block a channel
+//
+// x, dy, y and dx are tensors of d (either layout, either type); the sums,
+// statistics and parameters are per channel. Where the layer computes the
+// ReLU after it (y, its output, given), the backward reads dy through the
+// ReLU's backward: y > 0 ? dy : dy * leak.
 
-static inline int dsrt_kb_bn_ok(int n, int c, int hw) {
-    return n >= 0 && c >= 0 && hw >= 0;
+static inline int dsrt_kb_bn_ok(const dsrt_k_desc *d) {
+    return dsrt_kb_desc_ok(d);
 }
 
-/* Thread t's share of channel ch's sums of x and x^2 over NCHW x. */
-static inline DSRT_HOST_DEVICE void dsrt_kb_bn_sums_part(const float *x, int n, int c, int hw,
+/* Index of element j (0 .. n h w - 1, image by image, pixel by pixel) of
+ * channel ch. */
+static inline DSRT_HOST_DEVICE size_t dsrt_kb_bn_index(const dsrt_k_desc *d, int ch, size_t j) {
+    size_t hw = (size_t)d->h * d->w;
+    if (d->nhwc) return j * (size_t)d->c + (size_t)ch;
+    return ((j / hw) * (size_t)d->c + (size_t)ch) * hw + j % hw;
+}
+
+/* dy at element i, through the folded ReLU when y is given. */
+static inline DSRT_HOST_DEVICE float dsrt_kb_bn_dy(const dsrt_k_desc *d, const void *dy,
+                                                   const void *y, float leak, size_t i) {
+    float v = dsrt_kb_load(dy, d->type, i);
+    if (y && !(dsrt_kb_load(y, d->type, i) > 0.0f)) v = DSRT_FMUL(v, leak);
+    return v;
+}
+
+/* Thread t's share of channel ch's sums of x and x^2. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_bn_sums_part(const dsrt_k_desc *d, const void *x,
                                                          int ch, int t, double *s, double *q) {
-    size_t per = (size_t)n * hw;
+    size_t per = (size_t)d->n * d->h * d->w;
     double a = 0.0, b = 0.0;
     for (size_t j = (size_t)t; j < per; j += DSRT_KB_THREADS) {
-        double v = x[((j / hw) * c + ch) * hw + j % hw];
+        double v = dsrt_kb_load(x, d->type, dsrt_kb_bn_index(d, ch, j));
         a = DSRT_DADD(a, v);
         b = DSRT_DADD(b, DSRT_DMUL(v, v));
     }
@@ -436,16 +576,18 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_bn_stats(const double *sums, int c, 
 }
 
 /* Thread t's share of channel ch's backward sums: dy, and dy * xhat. */
-static inline DSRT_HOST_DEVICE void dsrt_kb_bn_bwd_part(const float *x, const float *dy, double mu,
-                                                        double is, int n, int c, int hw, int ch,
-                                                        int t, double *s, double *q) {
-    size_t per = (size_t)n * hw;
+static inline DSRT_HOST_DEVICE void dsrt_kb_bn_bwd_part(const dsrt_k_desc *d, const void *x,
+                                                        const void *dy, const void *y, float leak,
+                                                        double mu, double is, int ch, int t,
+                                                        double *s, double *q) {
+    size_t per = (size_t)d->n * d->h * d->w;
     double a = 0.0, b = 0.0;
     for (size_t j = (size_t)t; j < per; j += DSRT_KB_THREADS) {
-        size_t i = ((j / hw) * c + ch) * hw + j % hw;
-        double d = dy[i];
-        a = DSRT_DADD(a, d);
-        b = DSRT_DADD(b, DSRT_DMUL(d, DSRT_DMUL((double)x[i] - mu, is)));
+        size_t i = dsrt_kb_bn_index(d, ch, j);
+        double g = dsrt_kb_bn_dy(d, dy, y, leak, i);
+        double xv = dsrt_kb_load(x, d->type, i);
+        a = DSRT_DADD(a, g);
+        b = DSRT_DADD(b, DSRT_DMUL(g, DSRT_DMUL(xv - mu, is)));
     }
     *s = a;
     *q = b;
@@ -453,17 +595,180 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_bn_bwd_part(const float *x, const fl
 
 /* Element i of the input gradient with the global terms:
  * a dy - a S1 / M - (x - mean) a inv S2 / M, a = scale * inv. */
-static inline DSRT_HOST_DEVICE void dsrt_kb_bn_bwd_dx(const float *x, const float *dy,
+static inline DSRT_HOST_DEVICE void dsrt_kb_bn_bwd_dx(const dsrt_k_desc *d, const void *x,
+                                                      const void *dy, const void *y, float leak,
                                                       const float *mean, const float *inv,
                                                       const float *scale, const double *sums,
-                                                      double inv_m, int c, int hw, float *dx,
-                                                      size_t i) {
-    int ch = (int)((i / hw) % c);
+                                                      double inv_m, void *dx, size_t i) {
+    int c = d->c, ch = dsrt_kb_channel(d, i);
     double is = inv[ch], a = DSRT_DMUL((double)scale[ch], is);
     double k1 = DSRT_DMUL(DSRT_DMUL(a, sums[ch]), inv_m);
     double k2 = DSRT_DMUL(DSRT_DMUL(DSRT_DMUL(a, sums[c + ch]), inv_m), is);
-    dx[i] = (float)DSRT_DSUB(DSRT_DSUB(DSRT_DMUL(a, (double)dy[i]), k1),
-                             DSRT_DMUL((double)x[i] - (double)mean[ch], k2));
+    double g = dsrt_kb_bn_dy(d, dy, y, leak, i), xv = dsrt_kb_load(x, d->type, i);
+    dsrt_kb_store(
+        dx, d->type, i,
+        (float)DSRT_DSUB(DSRT_DSUB(DSRT_DMUL(a, g), k1), DSRT_DMUL(xv - (double)mean[ch], k2)));
+}
+
+/* Element i of the normalised output: (x - mean) inv scale + shift, in
+ * double, then the ReLU when relu; inv NULL: 1 / sqrt(var + eps) (running
+ * statistics at inference). */
+static inline DSRT_HOST_DEVICE void dsrt_kb_bn_apply(const dsrt_k_desc *d, const void *x,
+                                                     const float *mean, const float *inv,
+                                                     const float *var, float eps,
+                                                     const float *scale, const float *shift,
+                                                     int relu, float leak, void *y, size_t i) {
+    int ch = dsrt_kb_channel(d, i);
+    double is = inv ? (double)inv[ch] : 1.0 / sqrt(DSRT_DADD((double)var[ch], (double)eps));
+    double xv = dsrt_kb_load(x, d->type, i);
+    double v = DSRT_DADD(DSRT_DMUL(DSRT_DMUL(xv - (double)mean[ch], is), (double)scale[ch]),
+                         (double)shift[ch]);
+    float f = (float)v;
+    if (relu && f < 0.0f) f = DSRT_FMUL(f, leak);
+    dsrt_kb_store(y, d->type, i, f);
+}
+
+// ----------------------------------------------------------------------------
+// Pooling: one thread an output element forward, one an input element
+// backward (it gathers the gradients of the windows that hold it, in window
+// order: no atomics, the same bits every run)
+
+static inline int dsrt_kb_pool_ok(const dsrt_k_pool *p) {
+    const dsrt_k_desc *x = &p->xd, *y = &p->yd;
+    return dsrt_kb_desc_ok(x) && dsrt_kb_desc_ok(y) && x->n == y->n && x->c == y->c &&
+           x->nhwc == y->nhwc && x->type == y->type && p->kh > 0 && p->kw > 0 && p->sh > 0 &&
+           p->sw > 0 && p->pt >= 0 && p->pl >= 0 && p->pt < p->kh && p->pl < p->kw &&
+           (p->mode == DSRT_K_POOL_MAX || p->mode == DSRT_K_POOL_AVG);
+}
+
+/* The first largest element of window (b, ch, oh, ow) (NaN wins: it
+ * propagates), as the index of x; *sum the window's sum, padding as zeros. */
+static inline DSRT_HOST_DEVICE size_t dsrt_kb_pool_window(const dsrt_k_pool *p, const void *x,
+                                                          dsrt_kb_coord o, float *best,
+                                                          float *sum) {
+    const dsrt_k_desc *xd = &p->xd;
+    int r0 = o.r * p->sh - p->pt, c0 = o.col * p->sw - p->pl;
+    float b = -INFINITY, s = 0.0f;
+    size_t arg = (size_t)-1;
+    for (int r = 0; r < p->kh; r++) {
+        int ih = r0 + r;
+        if (ih < 0 || ih >= xd->h) continue;
+        for (int q = 0; q < p->kw; q++) {
+            int iw = c0 + q;
+            if (iw < 0 || iw >= xd->w) continue;
+            dsrt_kb_coord k = o;
+            k.r = ih;
+            k.col = iw;
+            size_t i = dsrt_kb_index_of(k, xd->c, xd->h, xd->w, xd->nhwc);
+            float v = dsrt_kb_load(x, xd->type, i);
+            if (arg == (size_t)-1 || v > b || (v != v && b == b)) b = v, arg = i;
+            s = DSRT_FADD(s, v);
+        }
+    }
+    *best = b;
+    *sum = s;
+    return arg;
+}
+
+/* Element i of y. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_pool_fwd(const dsrt_k_pool *p, const void *x, void *y,
+                                                     size_t i) {
+    const dsrt_k_desc *yd = &p->yd;
+    dsrt_kb_coord o = dsrt_kb_coord_of(i, yd->c, yd->h, yd->w, yd->nhwc);
+    float best, sum;
+    dsrt_kb_pool_window(p, x, o, &best, &sum);
+    float v = p->mode == DSRT_K_POOL_MAX ? best : DSRT_FDIV(sum, (float)(p->kh * p->kw));
+    dsrt_kb_store(y, yd->type, i, v);
+}
+
+/* The first and last output index along one axis whose window holds input
+ * position at (window k, stride s, padding pad, n outputs); hi < lo: none. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_pool_span(int at, int k, int s, int pad, int n, int *lo,
+                                                      int *hi) {
+    int first = at + pad - k + 1;
+    *lo = first <= 0 ? 0 : (first + s - 1) / s;
+    int last = (at + pad) / s;
+    *hi = last < n - 1 ? last : n - 1;
+}
+
+/* Element i of dx (p->xd): the gradients of the windows holding it. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_pool_bwd(const dsrt_k_pool *p, const void *x,
+                                                     const void *dy, void *dx, size_t i) {
+    const dsrt_k_desc *xd = &p->xd, *yd = &p->yd;
+    dsrt_kb_coord k = dsrt_kb_coord_of(i, xd->c, xd->h, xd->w, xd->nhwc);
+    int h0, h1, w0, w1;
+    dsrt_kb_pool_span(k.r, p->kh, p->sh, p->pt, yd->h, &h0, &h1);
+    dsrt_kb_pool_span(k.col, p->kw, p->sw, p->pl, yd->w, &w0, &w1);
+    float acc = 0.0f, area = (float)(p->kh * p->kw);
+    for (int oh = h0; oh <= h1; oh++)
+        for (int ow = w0; ow <= w1; ow++) {
+            dsrt_kb_coord o = k;
+            o.r = oh;
+            o.col = ow;
+            float g =
+                dsrt_kb_load(dy, yd->type, dsrt_kb_index_of(o, yd->c, yd->h, yd->w, yd->nhwc));
+            if (p->mode == DSRT_K_POOL_MAX) {
+                float best, sum;
+                if (dsrt_kb_pool_window(p, x, o, &best, &sum) == i) acc = DSRT_FADD(acc, g);
+            } else {
+                acc = DSRT_FADD(acc, DSRT_FDIV(g, area));
+            }
+        }
+    dsrt_kb_store(dx, xd->type, i, acc);
+}
+
+// ----------------------------------------------------------------------------
+// Local response normalisation: one thread an element, its window of
+// channels summed in double
+
+static inline int dsrt_kb_lrn_ok(const dsrt_k_desc *d, const dsrt_k_lrn *l) {
+    return dsrt_kb_desc_ok(d) && l && l->size > 0 && l->size % 2 == 1 && l->k > 0.0f;
+}
+
+/* k + alpha / size * (sum of x^2 over the channels centred on k.ch). */
+static inline DSRT_HOST_DEVICE double dsrt_kb_lrn_scale(const dsrt_k_desc *d, const void *x,
+                                                        const dsrt_k_lrn *l, dsrt_kb_coord k) {
+    int half = (l->size - 1) / 2;
+    double s = 0.0;
+    for (int j = k.ch - half; j <= k.ch + half; j++) {
+        if (j < 0 || j >= d->c) continue;
+        dsrt_kb_coord kj = k;
+        kj.ch = j;
+        double v = dsrt_kb_load(x, d->type, dsrt_kb_index_of(kj, d->c, d->h, d->w, d->nhwc));
+        s = DSRT_DADD(s, DSRT_DMUL(v, v));
+    }
+    return DSRT_DADD((double)l->k, DSRT_DMUL((double)l->alpha / l->size, s));
+}
+
+/* Element i of y = x * scale^-beta. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_lrn_fwd(const dsrt_k_desc *d, const void *x,
+                                                    const dsrt_k_lrn *l, void *y, size_t i) {
+    dsrt_kb_coord k = dsrt_kb_coord_of(i, d->c, d->h, d->w, d->nhwc);
+    double v = dsrt_kb_load(x, d->type, i);
+    dsrt_kb_store(y, d->type, i, (float)DSRT_DMUL(v, pow(dsrt_kb_lrn_scale(d, x, l, k), -l->beta)));
+}
+
+/* Element i of dx = dy scale^-beta - 2 alpha beta / size x (sum over the
+ * channels j whose window holds i of dy_j y_j / scale_j). */
+static inline DSRT_HOST_DEVICE void dsrt_kb_lrn_bwd(const dsrt_k_desc *d, const void *x,
+                                                    const void *y, const void *dy,
+                                                    const dsrt_k_lrn *l, void *dx, size_t i) {
+    dsrt_kb_coord k = dsrt_kb_coord_of(i, d->c, d->h, d->w, d->nhwc);
+    int half = (l->size - 1) / 2;
+    double acc = 0.0;
+    for (int j = k.ch - half; j <= k.ch + half; j++) {
+        if (j < 0 || j >= d->c) continue;
+        dsrt_kb_coord kj = k;
+        kj.ch = j;
+        size_t ij = dsrt_kb_index_of(kj, d->c, d->h, d->w, d->nhwc);
+        double g = dsrt_kb_load(dy, d->type, ij), yv = dsrt_kb_load(y, d->type, ij);
+        acc = DSRT_DADD(acc, DSRT_DMUL(g, yv) / dsrt_kb_lrn_scale(d, x, l, kj));
+    }
+    double g = dsrt_kb_load(dy, d->type, i), xv = dsrt_kb_load(x, d->type, i);
+    double f = DSRT_DMUL(2.0 * l->alpha, (double)l->beta) / l->size;
+    double v = DSRT_DSUB(DSRT_DMUL(g, pow(dsrt_kb_lrn_scale(d, x, l, k), -l->beta)),
+                         DSRT_DMUL(DSRT_DMUL(f, xv), acc));
+    dsrt_kb_store(dx, d->type, i, (float)v);
 }
 
 // ----------------------------------------------------------------------------

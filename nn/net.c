@@ -36,6 +36,7 @@ dsrt_net_options dsrt_net_defaults(void) {
     o.device = DSRT_DEVICE_CPU;
     o.precision = DSRT_PRECISION_DEFAULT;
     o.deterministic = 0;
+    o.cuda_graphs = 1;
     return o;
 }
 
@@ -369,9 +370,17 @@ int dsrt_net_create(dsrt_net **net, const char *spec, int height, int width, int
                            NULL);
 }
 
+static void prof_free(dsrt_net_prof *pr) {
+    if (!pr) return;
+    free(pr->fwd_s);
+    free(pr->bwd_s);
+    free(pr);
+}
+
 void dsrt_net_destroy(dsrt_net *net) {
     if (!net) return;
     detach_backend(net);
+    prof_free(net->prof);
     free(net->layers);
     free(net->desc);
     free(net->source);
@@ -610,6 +619,102 @@ int64_t dsrt_net_iteration(const dsrt_net *net) {
 int dsrt__net_layer_output(dsrt_net *net, int layer, float *out, int train) {
     if (layer < 0 || layer >= net->n_layers) return -EINVAL;
     return net->ops->read_output(net->be, layer, train, out);
+}
+
+// ----------------------------------------------------------------------------
+// Profile
+
+int dsrt_net_profile_start(dsrt_net *net) {
+    dsrt_net_prof *pr = net->prof;
+    if (!pr) {
+        pr = dsrt__calloc(1, sizeof *pr);
+        if (pr) {
+            pr->fwd_s = dsrt__calloc((size_t)net->n_layers, sizeof *pr->fwd_s);
+            pr->bwd_s = dsrt__calloc((size_t)net->n_layers, sizeof *pr->bwd_s);
+        }
+        if (!pr || !pr->fwd_s || !pr->bwd_s) {
+            prof_free(pr);
+            return dsrt__fail(-ENOMEM, "net: out of memory for a profile");
+        }
+        net->prof = pr;
+    }
+    /* Work queued before is not this profile's. */
+    int rc = dsrt_net_sync(net);
+    if (rc) return rc;
+    double *f = pr->fwd_s, *b = pr->bwd_s;
+    memset(f, 0, (size_t)net->n_layers * sizeof *f);
+    memset(b, 0, (size_t)net->n_layers * sizeof *b);
+    memset(pr, 0, sizeof *pr);
+    pr->fwd_s = f;
+    pr->bwd_s = b;
+    pr->device = net->ops->device_kind;
+    pr->on = 1;
+    return 0;
+}
+
+void dsrt_net_profile_stop(dsrt_net *net) {
+    if (net->prof) net->prof->on = 0;
+}
+
+void dsrt__prof_piece(dsrt_net *net, int layer, int backward, double t0, double t1) {
+    dsrt_net_prof *pr = dsrt__prof_on(net);
+    if (!pr) return;
+    if (!pr->open) {
+        pr->open = 1;
+        pr->step_t0 = t0;
+    } else {
+        if (t0 > pr->prev_t1) pr->gap_s += t0 - pr->prev_t1;
+        pr->gaps++;
+    }
+    pr->prev_t1 = t1;
+    if (backward)
+        pr->bwd_s[layer] += t1 - t0;
+    else
+        pr->fwd_s[layer] += t1 - t0;
+}
+
+void dsrt__prof_step_end(dsrt_net *net) {
+    dsrt_net_prof *pr = dsrt__prof_on(net);
+    if (!pr || !pr->open) return;
+    pr->span_s += pr->prev_t1 - pr->step_t0;
+    pr->steps++;
+    pr->open = 0;
+}
+
+int dsrt_net_profile_read(dsrt_net *net, dsrt_net_profile *p, dsrt_layer_profile *layers, int cap) {
+    dsrt_net_prof *pr = net->prof;
+    if (!pr) return dsrt__fail(-ENOENT, "net: no profile (dsrt_net_profile_start)");
+    int rc = dsrt_net_sync(net); /* a device's events are read */
+    if (rc) return rc;
+    double steps = pr->steps > 0 ? (double)pr->steps : 1.0, ms = 1e3;
+    memset(p, 0, sizeof *p);
+    p->steps = pr->steps;
+    p->device_events = pr->device;
+    p->step_ms = ms * pr->span_s / steps;
+    for (int i = 0; i < net->n_layers; i++) p->layers_ms += ms * (pr->fwd_s[i] + pr->bwd_s[i]);
+    p->layers_ms /= steps;
+    p->optimizer_ms = pr->opt_steps ? ms * pr->opt_s / (double)pr->opt_steps : 0;
+    p->gaps_ms = ms * pr->gap_s / steps;
+    p->gaps_per_step = (double)pr->gaps / steps;
+    p->graph_steps = pr->graph_steps;
+    p->note = net->backend_note;
+    if (net->ops->describe) {
+        dsrt_backend_report r;
+        net->ops->describe(net->be, &r);
+        p->captures = r.captures;
+        p->graphs = r.graphs;
+        p->fused_library = r.fused_cudnn;
+        p->fused_kernel = r.fused_kernel;
+    }
+    for (int i = 0; layers && i < net->n_layers && i < cap; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        layers[i].name = l->name;
+        layers[i].type = l->type;
+        layers[i].forward_ms = ms * pr->fwd_s[i] / steps;
+        layers[i].backward_ms = ms * pr->bwd_s[i] / steps;
+        layers[i].relu_fused = l->fuse_relu;
+    }
+    return net->n_layers;
 }
 
 // ----------------------------------------------------------------------------

@@ -22,9 +22,10 @@
 #
 #   scripts/device-kit.sh run PART [OUT]   there, in a copy of this working
 #       tree with the kit folder; each part ends within its time budget
-#       (DSRT_KIT_PART_S; by default build 420 s, sanitize 300, bench 360,
-#       photos 180, e2e 240: each well inside a 10-minute command, 25
-#       minutes for all) and writes env.txt, its logs and summary.txt (one
+#       (DSRT_KIT_PART_S; by default build 420 s, sanitize 300, bench 330,
+#       bench-cifar 210, photos 180, e2e 240: each well inside a 10-minute
+#       command, 28 minutes for all) and writes env.txt, its logs and
+#       summary.txt (one
 #       line an item, "PASS item: figure" or "FAIL item: why", written as
 #       each item ends, so a loan cut short still reports) to OUT (default
 #       $OUT, else device/out/PART). The parts:
@@ -41,17 +42,25 @@
 #                   sanitizer.log. DSRT_KIT_SANITIZE_FULL=1 runs memcheck
 #                   over every GPU test instead (give it DSRT_KIT_PART_S and
 #                   DSRT_KIT_SANITIZE_TIMEOUT of a longer loan).
-#         bench     dstrain bench (AlexNet at batch 128 and 256, cifar at 256,
-#                   tf32 and bf16), each beside torch_train_bench.py
-#                   --device cuda with and without --channels-last: bench.log
+#         bench     dstrain bench of AlexNet at batch 128 and 256 in fp32,
+#                   tf32 and bf16, each beside torch_train_bench.py --device
+#                   cuda without and with --channels-last (interleaved), the
+#                   ratio to PyTorch's best against the target 1.2x; then
+#                   --profile of AlexNet bf16 at batch 256: bench.log,
+#                   bench-profile.txt
+#         bench-cifar  the same for the cifar net at batch 256 and 1024,
+#                   target 1.5x: bench.log
 #         photos    DSRT_KIT_PHOTOS JPEGs (default 20000) in device/photos,
 #                   made by make_photos.py from the kit's wallpaper package,
 #                   a process a core (about two minutes on 16 cores; no GPU
 #                   work, but the photos must be made there): photos.log
 #         e2e       dstrain train of AlexNet on those photos (made first when
 #                   missing), beside torch_gpu_train_folder.py with 16
-#                   workers, nvidia-smi sampling how busy the GPU is: e2e.log
-#         all       the five, one after another
+#                   workers and channels-last, nvidia-smi sampling how busy
+#                   the GPU is; targets: 2x the DataLoader's images/s, the
+#                   GPU idle between steps (waiting for data) under 10%:
+#                   e2e.log
+#         all       the six, one after another
 #       A part that needs the build makes it first when build-device lacks
 #       it. Exits non-zero when an item failed.
 #
@@ -278,6 +287,17 @@ item() {
   shift 2
   echo "$status $name: $*" | tee -a "$summary"
   [ "$status" != FAIL ] || status_all=1
+}
+
+# A PASS or FAIL line for NUM / DEN against TARGET: NAME NUM DEN TARGET WHAT.
+ratio_item() {
+  local name=$1 num=$2 den=$3 target=$4 what=$5 ratio
+  ratio=$(awk "BEGIN{printf \"%.2f\", $num / $den}")
+  if awk "BEGIN{exit !($ratio >= $target)}"; then
+    item PASS "$name" "${ratio}x $what; target ${target}x"
+  else
+    item FAIL "$name" "${ratio}x $what; target ${target}x"
+  fi
 }
 
 # Seconds left of the part's budget.
@@ -598,62 +618,106 @@ rate_of() {
   grep -oE '"images_per_s": ?[0-9.]+' "$1" | tail -1 | grep -oE '[0-9.]+$' || true
 }
 
-part_bench() {
-  ensure_built || return 0
+# One benchmark configuration, "NET BATCH TARGET": for each precision
+# (fp32, tf32, bf16) dstrain bench, then torch_train_bench.py --device cuda
+# without and with --channels-last (interleaved: one after the other on the
+# same GPU), then the ratio of dsrt's images/s to PyTorch's best, PASS when
+# it reaches TARGET. Each run is capped at cap_s seconds.
+bench_config() {
+  local net=$1 batch=$2 target=$3 cap_s=$4 log=$5 prec
+  local dstrain=$build/tools/dstrain tb=$kit/torch_train_bench.py
+  local one=$out/bench-one.log
+  for prec in fp32 tf32 bf16; do
+    local what="$net b$batch $prec" args=(--net "$net" --batch "$batch" --precision "$prec")
+    local c rd="" best=""
+    c=$(cap "$cap_s")
+    if [ "$c" -lt 20 ]; then
+      item FAIL "bench $what" "not run: the part's time is spent"
+      continue
+    fi
+    echo "== dstrain bench --execution-environment gpu ${args[*]} --steps 10 --json" >>"$log"
+    if timeout "$c" "$dstrain" bench --execution-environment gpu "${args[@]}" --steps 10 \
+      --json >"$one" 2>&1; then
+      rd=$(rate_of "$one")
+      item PASS "bench dstrain $what" "${rd:-?} images/s"
+    elif dry; then
+      item SKIP "bench dstrain $what" "$(tail -1 "$one")"
+    else
+      item FAIL "bench dstrain $what" "$(tail -1 "$one")"
+    fi
+    cat "$one" >>"$log"
+    [ "$torch" = 1 ] || continue
+    local layout
+    for layout in "" --channels-last; do
+      c=$(cap "$cap_s")
+      [ "$c" -ge 20 ] || break
+      echo "== torch_train_bench.py --device cuda ${args[*]} --steps 10 $layout" >>"$log"
+      # shellcheck disable=SC2086
+      if timeout "$c" "$tpy" "$tb" --device cuda "${args[@]}" --steps 10 $layout >"$one" 2>&1; then
+        local rt
+        rt=$(rate_of "$one")
+        item PASS "bench torch $what${layout:+ channels-last}" "${rt:-?} images/s"
+        if [ -n "$rt" ] && { [ -z "$best" ] || awk "BEGIN{exit !($rt > $best)}"; }; then best=$rt; fi
+      elif dry; then
+        item SKIP "bench torch $what${layout:+ channels-last}" "$(tail -1 "$one")"
+      else
+        item FAIL "bench torch $what${layout:+ channels-last}" "$(tail -1 "$one")"
+      fi
+      cat "$one" >>"$log"
+    done
+    if [ -n "$rd" ] && [ -n "$best" ]; then
+      ratio_item "bench ratio $what" "$rd" "$best" "$target" "PyTorch's best ($rd vs $best images/s)"
+    fi
+  done
+  rm -f "$one"
+}
+
+# The benchmarks' common start: the build, the libraries, PyTorch.
+bench_setup() {
+  ensure_built || return 1
   library_path
-  local log=$out/bench.log dstrain=$build/tools/dstrain
-  : >"$log"
-  local tb=$kit/torch_train_bench.py shape prec
-  local torch=1
-  if [ ! -f "$tb" ] || [ -z "$tpy" ]; then
+  torch=1
+  if [ ! -f "$kit/torch_train_bench.py" ] || [ -z "$tpy" ]; then
     torch=0
     item FAIL "bench torch" "no torch_train_bench.py in the kit or no Python with PyTorch: dsrt alone"
   fi
-  for shape in "alexnet 128" "alexnet 256" "cifar 256"; do
-    for prec in tf32 bf16; do
-      set -- $shape
-      local what="$1 b$2 $prec" args=(--net "$1" --batch "$2" --precision "$prec")
-      local c
-      c=$(cap 90)
-      if [ "$c" -lt 20 ]; then
-        item FAIL "bench $what" "not run: the part's time is spent"
-        continue
-      fi
-      echo "== dstrain bench --execution-environment gpu ${args[*]} --json" >>"$log"
-      local one=$out/bench-one.log rd best=""
-      if timeout "$c" "$dstrain" bench --execution-environment gpu "${args[@]}" --json >"$one" 2>&1; then
-        rd=$(rate_of "$one")
-        item PASS "bench dstrain $what" "${rd:-?} images/s"
-      else
-        rd=""
-        if dry; then item SKIP "bench dstrain $what" "$(tail -1 "$one")"; else
-          item FAIL "bench dstrain $what" "$(tail -1 "$one")"; fi
-      fi
-      cat "$one" >>"$log"
-      [ "$torch" = 1 ] || continue
-      local layout
-      for layout in "" --channels-last; do
-        c=$(cap 90)
-        [ "$c" -ge 20 ] || break
-        echo "== torch_train_bench.py --device cuda ${args[*]} $layout" >>"$log"
-        # shellcheck disable=SC2086
-        if timeout "$c" "$tpy" "$tb" --device cuda "${args[@]}" $layout >"$one" 2>&1; then
-          local rt
-          rt=$(rate_of "$one")
-          item PASS "bench torch $what${layout:+ channels-last}" "${rt:-?} images/s"
-          if [ -n "$rt" ] && { [ -z "$best" ] || awk "BEGIN{exit !($rt > $best)}"; }; then best=$rt; fi
-        else
-          if dry; then item SKIP "bench torch $what${layout:+ channels-last}" "$(tail -1 "$one")"; else
-            item FAIL "bench torch $what${layout:+ channels-last}" "$(tail -1 "$one")"; fi
-        fi
-        cat "$one" >>"$log"
-      done
-      if [ -n "$rd" ] && [ -n "$best" ]; then
-        item PASS "bench ratio $what" "$(awk "BEGIN{printf \"%.2fx PyTorch's best\", $rd / $best}")"
-      fi
-    done
-  done
-  rm -f "$out/bench-one.log"
+}
+
+# AlexNet (227x227) at batch 128 and 256 in every precision beside
+# PyTorch, target 1.2x its best; then the per-layer profile of AlexNet bf16
+# at batch 256 (bench-profile.txt, and its line in the summary).
+part_bench() {
+  bench_setup || return 0
+  local log=$out/bench.log
+  : >"$log"
+  bench_config alexnet 128 1.2 75 "$log"
+  bench_config alexnet 256 1.2 75 "$log"
+  local c prof=$out/bench-profile.txt
+  c=$(cap 90)
+  if [ "$c" -lt 20 ]; then
+    item FAIL "bench profile alexnet b256 bf16" "not run: the part's time is spent"
+    return 0
+  fi
+  echo "== dstrain bench --net alexnet --batch 256 --precision bf16 --steps 10 --profile" >>"$log"
+  if timeout "$c" "$build/tools/dstrain" bench --execution-environment gpu --net alexnet \
+    --batch 256 --precision bf16 --steps 10 --profile >"$prof" 2>&1; then
+    item PASS "bench profile alexnet b256 bf16" "$(grep -m1 'a step:' "$prof" | sed 's/^ *//') (table in bench-profile.txt)"
+  elif dry; then
+    item SKIP "bench profile alexnet b256 bf16" "$(tail -1 "$prof")"
+  else
+    item FAIL "bench profile alexnet b256 bf16" "$(tail -1 "$prof")"
+  fi
+  cat "$prof" >>"$log"
+}
+
+# The cifar net (32x32) at batch 256 and 1024 in every precision beside
+# PyTorch, target 1.5x its best (small kernels: launch costs count).
+part_bench_cifar() {
+  bench_setup || return 0
+  local log=$out/bench.log
+  : >"$log"
+  bench_config cifar 256 1.5 60 "$log"
+  bench_config cifar 1024 1.5 60 "$log"
 }
 
 # Runs "$@" while nvidia-smi samples the GPU's utilisation; sets busy.
@@ -757,27 +821,42 @@ part_e2e() {
   local log=$out/e2e.log photos=$root/device/photos epochs=${DSRT_KIT_EPOCHS:-3}
   : >"$log"
   ensure_photos "$log" || return 0
-  local args=(--net alexnet --batch 128 --epochs "$epochs")
-  local c
+  local args=(--net alexnet --batch 128 --epochs "$epochs" --precision tf32)
+  local c rd="" rt="" idle=""
   c=$(cap 200)
   echo "== dstrain train --execution-environment gpu ${args[*]} --resize-shorter 256 --size-mode randcrop" >>"$log"
   if [ "$c" -lt 30 ]; then
     item FAIL "e2e dstrain" "not run: the part's time is spent"
   elif with_gpu_busy "$log" timeout "$c" "$build/tools/dstrain" train --data "$photos" \
     --execution-environment gpu "${args[@]}" --resize-shorter 256 --size-mode randcrop --json; then
-    item PASS "e2e dstrain" "$(grep '"images_per_s"' "$log" | tail -1 | grep -oE '"images_per_s": ?[0-9.]+' | grep -oE '[0-9.]+$') images/s, $busy"
+    rd=$(grep '"images_per_s"' "$log" | tail -1 | grep -oE '"images_per_s": ?[0-9.]+' | grep -oE '[0-9.]+$' || true)
+    idle=$(grep -oE '"device_idle_share": ?[0-9.]+' "$log" | tail -1 | grep -oE '[0-9.]+$' || true)
+    item PASS "e2e dstrain" "${rd:-?} images/s, $busy"
+    if [ -n "$idle" ]; then
+      local share
+      share=$(awk "BEGIN{printf \"%.1f%%\", 100 * $idle}")
+      if awk "BEGIN{exit !($idle < 0.10)}"; then
+        item PASS "e2e GPU waiting for data" "$share of the device's time idle between steps (target < 10%)"
+      else
+        item FAIL "e2e GPU waiting for data" "$share of the device's time idle between steps (target < 10%)"
+      fi
+    fi
   else
     if dry; then item SKIP "e2e dstrain" "$(tail -1 "$log")"; else item FAIL "e2e dstrain" "$(tail -1 "$log")"; fi
   fi
   if [ -f "$kit/torch_gpu_train_folder.py" ] && "$tpy" -c 'import torchvision' 2>/dev/null; then
     c=$(cap 240)
-    echo "== torch_gpu_train_folder.py ${args[*]} --workers 16" >>"$log"
+    echo "== torch_gpu_train_folder.py ${args[*]} --workers 16 --channels-last" >>"$log"
     local one=$out/e2e-torch.log
     if [ "$c" -lt 30 ]; then
       item FAIL "e2e torch" "not run: the part's time is spent"
     elif with_gpu_busy "$one" timeout "$c" "$tpy" "$kit/torch_gpu_train_folder.py" "$photos" \
-      "${args[@]}" --workers 16; then
-      item PASS "e2e torch" "$(rate_of "$one") images/s, $busy"
+      "${args[@]}" --workers 16 --channels-last; then
+      rt=$(rate_of "$one")
+      item PASS "e2e torch" "${rt:-?} images/s, $busy"
+      if [ -n "$rd" ] && [ -n "$rt" ]; then
+        ratio_item "e2e ratio" "$rd" "$rt" 2 "the DataLoader's images/s ($rd vs $rt)"
+      fi
     else
       if dry; then item SKIP "e2e torch" "$(tail -1 "$one")"; else item FAIL "e2e torch" "$(tail -1 "$one")"; fi
     fi
@@ -788,12 +867,13 @@ part_e2e() {
   fi
 }
 
-# A part's time budget in seconds: 25 minutes for the five together.
+# A part's time budget in seconds: 28 minutes for the six together.
 budget_of() {
   case $1 in
   build) echo 420 ;;
   sanitize) echo 300 ;;
-  bench) echo 360 ;;
+  bench) echo 330 ;;
+  bench-cifar) echo 210 ;;
   photos) echo 180 ;;
   *) echo 240 ;;
   esac
@@ -802,11 +882,11 @@ budget_of() {
 run() {
   local what=${1:-all}
   case $what in
-  build | sanitize | bench | photos | e2e | all) shift || true ;;
+  build | sanitize | bench | bench-cifar | photos | e2e | all) shift || true ;;
   *) what=all ;;
   esac
   local parts=("$what")
-  [ "$what" != all ] || parts=(build sanitize bench photos e2e)
+  [ "$what" != all ] || parts=(build sanitize bench bench-cifar photos e2e)
   status_all=0
   for part in "${parts[@]}"; do
     out=${1:-${OUT:-device/out/$part}}
@@ -819,7 +899,7 @@ run() {
     part_budget=${DSRT_KIT_PART_S:-$(budget_of "$part")}
     setup
     echo "device-kit: part $part into $out (budget $part_budget s)"
-    "part_$part"
+    "part_${part//-/_}"
     item "$([ "$status_all" = 0 ] && echo PASS || echo FAIL)" "part $part" "$((SECONDS - part_t0)) s"
   done
   return $status_all

@@ -2,18 +2,33 @@
  * A CPU stand-in for the CUDA runtime, cuDNN, cuBLAS and NCCL calls of the
  * GPU backend (nn/backend_cuda.c) and the NCCL communicator
  * (runtime/comm_nccl.c), and for dsrt's kernels (nn/kernels.h), so that the
- * tests can run the library's own host code (plans, tensor aliasing,
- * padding copies, staging slots, the optimizer hand-off, the read-backs,
- * gradient buckets, multi-GPU groups and their shutdown) against the CPU
- * backend on a machine without a GPU. Built only with
+ * tests can run the library's own host code (plans, tensor aliasing, NHWC
+ * and bfloat16 tensors, padding copies, fused calls and their fallbacks,
+ * staging slots, the optimizer hand-off, recorded steps and their replays,
+ * the read-backs, gradient buckets, multi-GPU groups and their shutdown)
+ * against the CPU backend on a machine without a GPU. Built only with
  * -DDSRT_FAKE_GPU_TEST=ON (the test_fakegpu_* programs).
  *
  * It proves the plumbing, not cuDNN: each cuDNN and cuBLAS call computes
- * what its documentation says (naive loops, sums in double), memory is host
- * memory, streams run their work at once, and every search offers one
- * deterministic algorithm. dsrt's own kernels run their real bodies
+ * what its documentation says (naive loops, sums in double) in the layout
+ * (NCHW or NHWC tensors and filters) and type (float32 or bfloat16,
+ * rounded when stored as the device rounds) its descriptors give, memory is
+ * host memory, and every search offers one deterministic algorithm
+ * (IMPLICIT_PRECOMP_GEMM forward). dsrt's own kernels run their real bodies
  * (nn/kernels_body.h) through tests/kernels_host.c. NCCL's all-reduce sums
  * over the members of an in-process clique, one thread a member.
+ *
+ * Streams run their work at once, except while a stream is being captured
+ * (cudaStreamBeginCapture): then every call queued on it (a kernel, a cuDNN
+ * or cuBLAS call on a handle bound to it, a copy, an event record) is
+ * recorded with its arguments by value (descriptors too) instead of run, and
+ * cudaGraphLaunch runs the recorded calls in order, so that a replayed step
+ * computes what the launched one did. As on a device: waiting on a stream or
+ * an event, allocating or freeing memory from the capturing thread
+ * invalidates the capture; a captured wait on an event recorded outside the
+ * capture is an isolation error (unless external); an event recorded inside
+ * a capture without cudaEventRecordExternal is not recorded by a replay, and
+ * the stand-in counts host waits on such stale events.
  *
  * It also watches what a device would punish and the tests assert on it
  * (tests/fakegpu.h): cudaMalloc returns 256-byte aligned memory as CUDA
@@ -21,13 +36,14 @@
  * collective while a communicator lives, an optimizer kernel reading a
  * segment table last written on another stream, convolutions run on other
  * pointers than their algorithm search saw, NCCL finalize, destroy and
- * abort calls of one clique not grouped together, host waits, and waits on
- * work that could never finish (fakegpu_hang_collectives).
+ * abort calls of one clique not grouped together, host waits, waits on
+ * work that could never finish (fakegpu_hang_collectives), and capture
+ * violations. fakegpu_refuse() makes cuDNN refuse the fused calls, so that
+ * the backend's fallbacks run.
  *
- * bfloat16 tensors are rounded as the device rounds them, and with
- * DSRT_FAKEGPU_TF32=1 the inputs of convolutions and matrix products that
- * allow TensorFloat-32 are rounded to its 10-bit mantissa, which shows how
- * far reduced-precision gradients may move from the CPU's.
+ * With DSRT_FAKEGPU_TF32=1 the inputs of convolutions and matrix products
+ * that allow TensorFloat-32 are rounded to its 10-bit mantissa, which shows
+ * how far reduced-precision gradients may move from the CPU's.
  */
 #include "nn/internal.h"
 #include "nn/arith.h"
@@ -52,30 +68,69 @@
 #define MAGIC_STREAM 0x5354524du
 #define MAGIC_EVENT  0x4556454eu
 
+// ----------------------------------------------------------------------------
+// Recorded calls
+
+/* One call queued on a stream: its arguments by value after this header,
+ * run now or recorded into a capture and run by each launch of the graph
+ * (s: the stream it runs on). */
+typedef struct fk_op fk_op;
+struct fk_op {
+    void (*run)(fk_op *op, cudaStream_t s);
+    size_t size;
+    fk_op *next;
+};
+
+typedef struct {
+    fk_op *head, *tail;
+    int n;
+} fk_list;
+
+/* A capture in progress on one stream. */
+typedef struct {
+    fk_list ops;
+    int invalid;                  /* a forbidden call happened: EndCapture fails */
+    struct CUevent_st **recorded; /* events recorded in it (waits on them are inside) */
+    int n_recorded, cap_recorded;
+} fk_capture;
+
 struct CUstream_st {
     unsigned magic;
     int hung; /* behind a collective that never finishes */
+    fk_capture *cap;
     struct CUstream_st *next;
 };
 struct CUevent_st {
     unsigned magic;
     double t;
     int rec;
-    int never; /* recorded behind a hung collective */
+    int never;    /* recorded behind a hung collective */
+    int internal; /* last recorded inside a capture, as a dependency only */
     struct CUevent_st *next;
 };
+struct CUgraph_st {
+    fk_list ops;
+};
+struct CUgraphExec_st {
+    fk_list ops;
+};
 struct cudnnContext {
-    int x;
+    cudaStream_t s;
 };
 struct cublasContext {
     int tf32;
+    cudaStream_t s;
+    void *ws;
+    size_t wss;
 };
 struct cudnnTensorStruct {
     cudnnDataType_t dt;
+    int nhwc;
     int n, c, h, w;
 };
 struct cudnnFilterStruct {
     cudnnDataType_t dt;
+    int nhwc;
     int k, c, h, w;
 };
 struct cudnnConvolutionStruct {
@@ -86,13 +141,9 @@ struct cudnnConvolutionStruct {
     const void *sp[3][3];
     int searched[3];
 };
-struct cudnnPoolingStruct {
-    cudnnPoolingMode_t mode;
-    int wh, ww, ph, pw, sh, sw;
-};
-struct cudnnLRNStruct {
-    unsigned n;
-    double a, b, k;
+struct cudnnActivationStruct {
+    cudnnActivationMode_t mode;
+    double coef;
 };
 
 /* A live device allocation, and the stream of the last copy or memset that
@@ -116,8 +167,11 @@ static struct {
     struct CUevent_st *events;
     int hang;
     int live_comms;
+    unsigned refuse;
 } fk = {.mu = PTHREAD_MUTEX_INITIALIZER, .devices = 1};
 
+/* The capture this thread runs, if any. */
+static _Thread_local fk_capture *my_capture;
 static _Thread_local int round_tf32;
 
 static void lock(void) {
@@ -149,6 +203,16 @@ void fakegpu_hang_collectives(int on) {
     fk.hang = on;
 }
 
+void fakegpu_refuse(unsigned what) {
+    fk.refuse = what;
+}
+
+static void bump(long *counter) {
+    lock();
+    (*counter)++;
+    unlock();
+}
+
 static float tf32(float v) {
     uint32_t u;
     memcpy(&u, &v, 4);
@@ -157,9 +221,55 @@ static float tf32(float v) {
     return v;
 }
 
+static void list_add(fk_list *l, fk_op *op) {
+    op->next = NULL;
+    if (l->tail)
+        l->tail->next = op;
+    else
+        l->head = op;
+    l->tail = op;
+    l->n++;
+}
+
+static void list_free(fk_list *l) {
+    for (fk_op *o = l->head, *nx; o; o = nx) {
+        nx = o->next;
+        free(o);
+    }
+    memset(l, 0, sizeof *l);
+}
+
+/* A call from this thread that a capturing thread may not make (a host
+ * wait, an allocation): it invalidates the capture, as on a device. */
+static int capture_violation(void) {
+    if (!my_capture) return 0;
+    my_capture->invalid = 1;
+    bump(&fk.st.capture_violations);
+    return 1;
+}
+
+/* Runs op on s now, or records a copy of it (size bytes) when s is being
+ * captured. */
+static void submit(cudaStream_t s, fk_op *op, size_t size) {
+    fk_capture *c = s ? s->cap : NULL;
+    op->size = size;
+    if (!c) {
+        op->run(op, s);
+        return;
+    }
+    fk_op *copy = malloc(size);
+    if (!copy) {
+        c->invalid = 1;
+        return;
+    }
+    memcpy(copy, op, size);
+    list_add(&c->ops, copy);
+}
+
 /* An allocation or a free: counted, and counted again when a communicator
  * lives and has run a collective (a device would risk a hang there). */
 static void count_alloc(long *counter) {
+    capture_violation();
     lock();
     (*counter)++;
     if (fk.st.collectives && fk.live_comms) fk.st.allocs_after_collective++;
@@ -241,6 +351,12 @@ const char *cudaGetErrorString(cudaError_t e) {
         return "fake: invalid resource handle";
     case cudaErrorLaunchTimeout:
         return "fake: a wait on work that never finishes (a hung collective)";
+    case cudaErrorStreamCaptureUnsupported:
+        return "fake: operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "fake: the capture was invalidated";
+    case cudaErrorStreamCaptureIsolation:
+        return "fake: a captured wait on work outside the capture";
     default:
         return "fake error";
     }
@@ -249,6 +365,10 @@ cudaError_t cudaGetLastError(void) {
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
+    if (my_capture) {
+        capture_violation();
+        return cudaErrorStreamCaptureUnsupported;
+    }
     /* Device allocations are 256-byte aligned. */
     alloc_rec *a = calloc(1, sizeof *a);
     *p = aligned_alloc(256, (n + 511) & ~(size_t)255);
@@ -269,6 +389,10 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
+    if (my_capture) {
+        capture_violation();
+        return cudaErrorStreamCaptureUnsupported;
+    }
     lock();
     for (alloc_rec **q = &fk.allocs; *q; q = &(*q)->next)
         if ((*q)->p == p) {
@@ -293,28 +417,51 @@ cudaError_t cudaFreeHost(void *p) {
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
+    if (capture_violation()) return cudaErrorStreamCaptureUnsupported;
     *f = 1 << 28;
     *t = 1 << 30;
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
+    if (capture_violation()) return cudaErrorStreamCaptureUnsupported;
     memcpy(d, s, n);
     record_copy(d, n, NULL);
     return cudaSuccess;
 }
+
+typedef struct {
+    fk_op op;
+    void *d;
+    const void *s;
+    size_t n;
+    int value, set;
+} copy_op;
+
+static void copy_run(fk_op *o, cudaStream_t s) {
+    copy_op *a = (copy_op *)o;
+    if (a->set)
+        memset(a->d, a->value, a->n);
+    else
+        memcpy(a->d, a->s, a->n);
+}
+
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k,
                             cudaStream_t st) {
     if (!stream_ok(st)) return cudaErrorInvalidResourceHandle;
-    memcpy(d, s, n);
+    copy_op a = {{copy_run, 0, NULL}, d, s, n, 0, 0};
+    submit(st, &a.op, sizeof a);
     record_copy(d, n, st);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
-    memset(d, v, n);
+    if (!stream_ok(st)) return cudaErrorInvalidResourceHandle;
+    copy_op a = {{copy_run, 0, NULL}, d, NULL, n, v, 1};
+    submit(st, &a.op, sizeof a);
     record_copy(d, n, st);
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) {
+    if (capture_violation()) return cudaErrorStreamCaptureUnsupported;
     memset(d, v, n);
     record_copy(d, n, NULL);
     return cudaSuccess;
@@ -360,6 +507,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (!stream_ok(s)) return cudaErrorInvalidResourceHandle;
+    if (capture_violation()) return cudaErrorStreamCaptureUnsupported;
     lock();
     fk.st.host_waits++;
     int dead = s && s->hung;
@@ -367,12 +515,42 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     unlock();
     return dead ? cudaErrorLaunchTimeout : cudaSuccess;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
-    if (!stream_ok(s) || !event_ok(e)) return cudaErrorInvalidResourceHandle;
+
+typedef struct {
+    fk_op op;
+    cudaEvent_t e;
+} wait_op;
+
+static void wait_run(fk_op *o, cudaStream_t s) {
+    wait_op *a = (wait_op *)o;
     lock();
     fk.clk += 0.001;
-    if (e->never && s) s->hung = 1;
+    if (a->e->never && s) s->hung = 1;
     unlock();
+}
+
+/* Whether e was recorded in capture c. */
+static int recorded_in(const fk_capture *c, cudaEvent_t e) {
+    for (int k = 0; k < c->n_recorded; k++)
+        if (c->recorded[k] == e) return 1;
+    return 0;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
+    if (!stream_ok(s) || !event_ok(e)) return cudaErrorInvalidResourceHandle;
+    fk_capture *c = s ? s->cap : NULL;
+    if (c && !recorded_in(c, e)) {
+        /* A captured wait on work outside the capture. */
+        if (!(f & cudaEventWaitExternal)) {
+            c->invalid = 1;
+            bump(&fk.st.capture_violations);
+            return cudaErrorStreamCaptureIsolation;
+        }
+    } else if (c) {
+        return cudaSuccess; /* an edge inside the graph */
+    }
+    wait_op a = {{wait_run, 0, NULL}, e};
+    submit(s, &a.op, sizeof a);
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
@@ -401,18 +579,63 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     free(e);
     return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    if (!event_ok(e) || !stream_ok(s)) return cudaErrorInvalidResourceHandle;
+
+typedef struct {
+    fk_op op;
+    cudaEvent_t e;
+} record_op;
+
+static void record_run(fk_op *o, cudaStream_t s) {
+    record_op *a = (record_op *)o;
     lock();
     fk.clk += 0.5;
-    e->t = fk.clk;
-    e->rec = 1;
-    e->never = s && s->hung;
+    a->e->t = fk.clk;
+    a->e->rec = 1;
+    a->e->internal = 0;
+    a->e->never = s && s->hung;
     unlock();
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned f) {
+    if (!event_ok(e) || !stream_ok(s)) return cudaErrorInvalidResourceHandle;
+    fk_capture *c = s ? s->cap : NULL;
+    if (c) {
+        if (c->n_recorded == c->cap_recorded) {
+            int cap = c->cap_recorded ? 2 * c->cap_recorded : 16;
+            struct CUevent_st **r = realloc(c->recorded, (size_t)cap * sizeof *r);
+            if (!r) return cudaErrorMemoryAllocation;
+            c->recorded = r;
+            c->cap_recorded = cap;
+        }
+        c->recorded[c->n_recorded++] = e;
+        if (!(f & cudaEventRecordExternal)) {
+            /* A dependency inside the graph: a replay does not record it. */
+            lock();
+            e->internal = 1;
+            unlock();
+            return cudaSuccess;
+        }
+    }
+    record_op a = {{record_run, 0, NULL}, e};
+    submit(s, &a.op, sizeof a);
     return cudaSuccess;
 }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    return cudaEventRecordWithFlags(e, s, 0);
+}
+
+/* A host wait on e: counted; stale when its last record was a capture's
+ * internal dependency (a replay never records it). */
+static void host_wait_on(cudaEvent_t e) {
+    lock();
+    if (e->internal) fk.st.stale_event_waits++;
+    unlock();
+}
+
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!event_ok(e)) return cudaErrorInvalidResourceHandle;
+    if (capture_violation()) return cudaErrorStreamCaptureUnsupported;
+    host_wait_on(e);
     lock();
     fk.st.event_queries++;
     int never = e->never;
@@ -421,6 +644,8 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (!event_ok(e)) return cudaErrorInvalidResourceHandle;
+    if (capture_violation()) return cudaErrorStreamCaptureUnsupported;
+    host_wait_on(e);
     lock();
     fk.st.host_waits++;
     int dead = e->never;
@@ -445,6 +670,92 @@ static void release_hung(void) {
 }
 
 // ----------------------------------------------------------------------------
+// Graphs
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+    if (!stream_ok(s) || !s) return cudaErrorInvalidResourceHandle;
+    if (s->cap || my_capture) return cudaErrorStreamCaptureUnsupported;
+    fk_capture *c = calloc(1, sizeof *c);
+    if (!c) return cudaErrorMemoryAllocation;
+    s->cap = c;
+    my_capture = c;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st) {
+    if (!stream_ok(s)) return cudaErrorInvalidResourceHandle;
+    *st = s && s->cap ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    if (!stream_ok(s) || !s) return cudaErrorInvalidResourceHandle;
+    fk_capture *c = s->cap;
+    *g = NULL;
+    if (!c) return cudaErrorIllegalState;
+    s->cap = NULL;
+    if (my_capture == c) my_capture = NULL;
+    int invalid = c->invalid;
+    struct CUgraph_st *graph = invalid ? NULL : calloc(1, sizeof *graph);
+    if (graph)
+        graph->ops = c->ops;
+    else
+        list_free(&c->ops);
+    free(c->recorded);
+    free(c);
+    if (invalid) return cudaErrorStreamCaptureInvalidated;
+    if (!graph) return cudaErrorMemoryAllocation;
+    bump(&fk.st.captures);
+    *g = graph;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags) {
+    *x = NULL;
+    if (!g) return cudaErrorInvalidValue;
+    struct CUgraphExec_st *e = calloc(1, sizeof *e);
+    if (!e) return cudaErrorMemoryAllocation;
+    for (fk_op *o = g->ops.head; o; o = o->next) {
+        fk_op *copy = malloc(o->size);
+        if (!copy) {
+            list_free(&e->ops);
+            free(e);
+            return cudaErrorMemoryAllocation;
+        }
+        memcpy(copy, o, o->size);
+        list_add(&e->ops, copy);
+    }
+    bump(&fk.st.graph_instantiations);
+    *x = e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    if (!g) return cudaSuccess;
+    list_free(&g->ops);
+    free(g);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
+    if (!x) return cudaSuccess;
+    list_free(&x->ops);
+    free(x);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s) {
+    if (!x || !stream_ok(s)) return cudaErrorInvalidResourceHandle;
+    if (s && s->cap) return cudaErrorStreamCaptureUnsupported;
+    lock();
+    fk.st.graph_launches++;
+    fk.st.graph_ops += x->ops.n;
+    unlock();
+    for (fk_op *o = x->ops.head; o; o = o->next) o->run(o, s);
+    return cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------
 // cuDNN's algorithm search: which pointers it saw, and whether the run uses
 // the same ones.
 
@@ -465,7 +776,9 @@ static void used(cudnnConvolutionDescriptor_t cd, int k, const void *a, const vo
     unlock();
 }
 
-/* ---- cuBLAS */
+// ----------------------------------------------------------------------------
+// cuBLAS
+
 cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
     *h = calloc(1, sizeof **h);
     return CUBLAS_STATUS_SUCCESS;
@@ -475,10 +788,16 @@ cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
+    h->s = s;
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) {
     h->tf32 = m == CUBLAS_TF32_TENSOR_OP_MATH;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *ws, size_t n) {
+    h->ws = ws;
+    h->wss = n;
     return CUBLAS_STATUS_SUCCESS;
 }
 const char *cublasGetStatusString(cublasStatus_t s) {
@@ -489,29 +808,65 @@ static float ld(const void *p, size_t i, int bf) {
     float v = bf ? dsrt_f32_from_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
     return round_tf32 && !bf ? tf32(v) : v;
 }
-static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                 const void *A, int abf, int lda, const void *B, int bbf, int ldb, float beta,
-                 float *C, int ldc) {
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            double s = 0;
-            for (int p = 0; p < k; p++) {
-                float a = ta == CUBLAS_OP_N ? ld(A, (size_t)p * lda + i, abf)
-                                            : ld(A, (size_t)i * lda + p, abf);
-                float b = tb == CUBLAS_OP_N ? ld(B, (size_t)j * ldb + p, bbf)
-                                            : ld(B, (size_t)p * ldb + j, bbf);
-                s += (double)a * b;
+
+typedef struct {
+    fk_op op;
+    cublasOperation_t ta, tb;
+    int m, n, k;
+    float alpha, beta;
+    const void *A, *B;
+    void *C;
+    int abf, bbf, cbf, lda, ldb, ldc, tf32;
+} gemm_op;
+
+static void gemm_run(fk_op *o, cudaStream_t s) {
+    gemm_op *a = (gemm_op *)o;
+    round_tf32 = a->tf32;
+    for (int i = 0; i < a->m; i++)
+        for (int j = 0; j < a->n; j++) {
+            double sum = 0;
+            for (int p = 0; p < a->k; p++) {
+                float x = a->ta == CUBLAS_OP_N ? ld(a->A, (size_t)p * a->lda + i, a->abf)
+                                               : ld(a->A, (size_t)i * a->lda + p, a->abf);
+                float y = a->tb == CUBLAS_OP_N ? ld(a->B, (size_t)j * a->ldb + p, a->bbf)
+                                               : ld(a->B, (size_t)p * a->ldb + j, a->bbf);
+                sum += (double)x * y;
             }
-            float *c = &C[(size_t)j * ldc + i];
-            *c = alpha * (float)s + (beta != 0 ? beta * *c : 0);
+            size_t at = (size_t)j * a->ldc + i;
+            round_tf32 = 0;
+            float old = a->beta != 0 ? ld(a->C, at, a->cbf) : 0;
+            round_tf32 = a->tf32;
+            float v = a->alpha * (float)sum + (a->beta != 0 ? a->beta * old : 0);
+            if (a->cbf)
+                ((uint16_t *)a->C)[at] = dsrt_bf16_from_f32(v);
+            else
+                ((float *)a->C)[at] = v;
         }
+    round_tf32 = 0;
 }
+
 cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                               int n, int k, const float *alpha, const float *A, int lda,
                               const float *B, int ldb, const float *beta, float *C, int ldc) {
-    round_tf32 = h->tf32;
-    gemm(ta, tb, m, n, k, *alpha, A, 0, lda, B, 0, ldb, *beta, C, ldc);
-    round_tf32 = 0;
+    gemm_op a = {{gemm_run, 0, NULL},
+                 ta,
+                 tb,
+                 m,
+                 n,
+                 k,
+                 *alpha,
+                 *beta,
+                 A,
+                 B,
+                 C,
+                 0,
+                 0,
+                 0,
+                 lda,
+                 ldb,
+                 ldc,
+                 h->tf32};
+    submit(h->s, &a.op, sizeof a);
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
@@ -519,15 +874,34 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
                             void *C, cudaDataType ct, int ldc, cublasComputeType_t ctp,
                             cublasGemmAlgo_t al) {
-    if (ct != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    gemm(ta, tb, m, n, k, *(const float *)alpha, A, at == CUDA_R_16BF, lda, B, bt == CUDA_R_16BF,
-         ldb, *(const float *)beta, C, ldc);
+    if (ct != CUDA_R_32F && ct != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+    gemm_op a = {{gemm_run, 0, NULL},
+                 ta,
+                 tb,
+                 m,
+                 n,
+                 k,
+                 *(const float *)alpha,
+                 *(const float *)beta,
+                 A,
+                 B,
+                 C,
+                 at == CUDA_R_16BF,
+                 bt == CUDA_R_16BF,
+                 ct == CUDA_R_16BF,
+                 lda,
+                 ldb,
+                 ldc,
+                 0};
+    submit(h->s, &a.op, sizeof a);
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* ---- cuDNN descriptors */
+// ----------------------------------------------------------------------------
+// cuDNN descriptors
+
 const char *cudnnGetErrorString(cudnnStatus_t s) {
-    return "fake cudnn error";
+    return s == CUDNN_STATUS_NOT_SUPPORTED ? "fake cudnn: not supported" : "fake cudnn error";
 }
 void cudnnGetLastErrorString(char *m, size_t n) {
     if (n) *m = 0;
@@ -541,6 +915,7 @@ cudnnStatus_t cudnnDestroy(cudnnHandle_t h) {
     return 0;
 }
 cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s) {
+    h->s = s;
     return 0;
 }
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *d) {
@@ -553,13 +928,20 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
 }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t f,
                                          cudnnDataType_t t, int n, int c, int h, int w) {
-    if (f != CUDNN_TENSOR_NCHW || n < 1 || c < 1 || h < 1 || w < 1) return CUDNN_STATUS_BAD_PARAM;
+    if ((f != CUDNN_TENSOR_NCHW && f != CUDNN_TENSOR_NHWC) || n < 1 || c < 1 || h < 1 || w < 1 ||
+        (t != CUDNN_DATA_FLOAT && t != CUDNN_DATA_BFLOAT16))
+        return CUDNN_STATUS_BAD_PARAM;
     d->dt = t;
+    d->nhwc = f == CUDNN_TENSOR_NHWC;
     d->n = n;
     d->c = c;
     d->h = h;
     d->w = w;
     return 0;
+}
+cudnnStatus_t cudnnDeriveBNTensorDescriptor(cudnnTensorDescriptor_t d, cudnnTensorDescriptor_t x,
+                                            cudnnBatchNormMode_t mode) {
+    return cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, x->c, 1, 1);
 }
 cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *d) {
     *d = calloc(1, sizeof **d);
@@ -571,7 +953,9 @@ cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
 }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t t,
                                          cudnnTensorFormat_t f, int k, int c, int h, int w) {
+    if (f != CUDNN_TENSOR_NCHW && f != CUDNN_TENSOR_NHWC) return CUDNN_STATUS_BAD_PARAM;
     d->dt = t;
+    d->nhwc = f == CUDNN_TENSOR_NHWC;
     d->k = k;
     d->c = c;
     d->h = h;
@@ -618,55 +1002,25 @@ cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescri
     if (x->c != w->c * c->groups) return CUDNN_STATUS_BAD_PARAM;
     return 0;
 }
-cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *d) {
+cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t *d) {
     *d = calloc(1, sizeof **d);
     return 0;
 }
-cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t d) {
+cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t d) {
     free(d);
     return 0;
 }
-cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t d, cudnnPoolingMode_t m,
-                                          cudnnNanPropagation_t nan, int wh, int ww, int ph, int pw,
-                                          int sh, int sw) {
+cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t d, cudnnActivationMode_t m,
+                                           cudnnNanPropagation_t nan, double coef) {
+    if (m != CUDNN_ACTIVATION_RELU && m != CUDNN_ACTIVATION_IDENTITY) return CUDNN_STATUS_BAD_PARAM;
     d->mode = m;
-    d->wh = wh;
-    d->ww = ww;
-    d->ph = ph;
-    d->pw = pw;
-    d->sh = sh;
-    d->sw = sw;
-    return 0;
-}
-cudnnStatus_t cudnnGetPooling2dForwardOutputDim(const cudnnPoolingDescriptor_t p,
-                                                const cudnnTensorDescriptor_t x, int *n, int *c,
-                                                int *h, int *w) {
-    *n = x->n;
-    *c = x->c;
-    *h = (x->h + 2 * p->ph - p->wh) / p->sh + 1;
-    *w = (x->w + 2 * p->pw - p->ww) / p->sw + 1;
-    return 0;
-}
-cudnnStatus_t cudnnCreateLRNDescriptor(cudnnLRNDescriptor_t *d) {
-    *d = calloc(1, sizeof **d);
-    return 0;
-}
-cudnnStatus_t cudnnDestroyLRNDescriptor(cudnnLRNDescriptor_t d) {
-    free(d);
-    return 0;
-}
-cudnnStatus_t cudnnSetLRNDescriptor(cudnnLRNDescriptor_t d, unsigned n, double a, double b,
-                                    double k) {
-    d->n = n;
-    d->a = a;
-    d->b = b;
-    d->k = k;
+    d->coef = coef;
     return 0;
 }
 
-/* ---- algorithm search: one algorithm, no workspace */
-/* The one algorithm every search offers: deterministic, no workspace, the
- * descriptor's math type. */
+/* ---- algorithm search: one algorithm, a little workspace */
+/* The one algorithm every search offers: deterministic, the descriptor's
+ * math type; forward's is IMPLICIT_PRECOMP_GEMM (1). */
 #define ONE_ALGO(r, cd, got)                                                                       \
     do {                                                                                           \
         memset(&(r)[0], 0, sizeof(r)[0]);                                                          \
@@ -681,6 +1035,7 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
     const cudnnFilterDescriptor_t wd, const void *w, const cudnnConvolutionDescriptor_t cd,
     const cudnnTensorDescriptor_t yd, void *y, const int req, int *got,
     cudnnConvolutionFwdAlgoPerf_t *r, void *ws, size_t wss) {
+    if (capture_violation()) return CUDNN_STATUS_NOT_SUPPORTED;
     if (xd->dt != wd->dt || xd->dt != yd->dt) return CUDNN_STATUS_BAD_PARAM;
     searched(cd, 0, x, w, y);
     ONE_ALGO(r, cd, got);
@@ -696,6 +1051,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
     const cudnnTensorDescriptor_t dyd, const void *dy, const cudnnConvolutionDescriptor_t cd,
     const cudnnTensorDescriptor_t dxd, void *dx, const int req, int *got,
     cudnnConvolutionBwdDataAlgoPerf_t *r, void *ws, size_t wss) {
+    if (capture_violation()) return CUDNN_STATUS_NOT_SUPPORTED;
     searched(cd, 1, w, dy, dx);
     ONE_ALGO(r, cd, got);
 }
@@ -710,6 +1066,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
     const cudnnTensorDescriptor_t dyd, const void *dy, const cudnnConvolutionDescriptor_t cd,
     const cudnnFilterDescriptor_t dwd, void *dw, const int req, int *got,
     cudnnConvolutionBwdFilterAlgoPerf_t *r, void *ws, size_t wss) {
+    if (capture_violation()) return CUDNN_STATUS_NOT_SUPPORTED;
     searched(cd, 2, x, dy, dw);
     ONE_ALGO(r, cd, got);
 }
@@ -743,8 +1100,13 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     return 0;
 }
 
-/* ---- tensors */
-static size_t tcount(const struct cudnnTensorStruct *d) {
+// ----------------------------------------------------------------------------
+// cuDNN's arithmetic, on tensors of either layout and type
+
+typedef struct cudnnTensorStruct tdesc;
+typedef struct cudnnFilterStruct fdesc;
+
+static size_t tcount(const tdesc *d) {
     return (size_t)d->n * d->c * d->h * d->w;
 }
 static float getv(cudnnDataType_t t, const void *p, size_t i) {
@@ -758,8 +1120,87 @@ static void setv(cudnnDataType_t t, void *p, size_t i, float v, float alpha, flo
     else
         ((float *)p)[i] = r;
 }
-static size_t at4(const struct cudnnTensorStruct *d, int n, int c, int h, int w) {
+static size_t at4(const tdesc *d, int n, int c, int h, int w) {
+    if (d->nhwc) return (((size_t)n * d->h + h) * d->w + w) * d->c + c;
     return (((size_t)n * d->c + c) * d->h + h) * d->w + w;
+}
+/* Filter element (k, c, r, s) in its layout. */
+static size_t fat(const fdesc *d, int k, int c, int r, int s) {
+    if (d->nhwc) return (((size_t)k * d->h + r) * d->w + s) * d->c + c;
+    return (((size_t)k * d->c + c) * d->h + r) * d->w + s;
+}
+
+/* A convolution's arguments by value. */
+typedef struct {
+    fk_op op;
+    tdesc xd, yd;
+    fdesc wd;
+    struct cudnnConvolutionStruct cd;
+    const void *a, *b; /* forward: x, w; data: w, dy; filter: x, dy */
+    void *c;           /* forward: y; data: dx; filter: dw */
+    float alpha, beta;
+    int tf32;
+    /* Forward fused with bias and activation. */
+    const void *bias;
+    cudnnDataType_t bias_dt;
+    int relu;
+} conv_op;
+
+/* The window sweep of a convolution: calls fn for every (image, out
+ * channel, output pixel, in channel, tap) with the x and y indices. */
+#define CONV_LOOP(a, body)                                                                         \
+    do {                                                                                           \
+        const tdesc *xd_ = &(a)->xd, *yd_ = &(a)->yd;                                              \
+        const fdesc *wd_ = &(a)->wd;                                                               \
+        const struct cudnnConvolutionStruct *cd_ = &(a)->cd;                                       \
+        int Kg_ = wd_->k / cd_->groups, Cg_ = wd_->c;                                              \
+        for (int n_ = 0; n_ < yd_->n; n_++)                                                        \
+            for (int k_ = 0; k_ < yd_->c; k_++)                                                    \
+                for (int oh_ = 0; oh_ < yd_->h; oh_++)                                             \
+                    for (int ow_ = 0; ow_ < yd_->w; ow_++) {                                       \
+                        int g_ = k_ / Kg_;                                                         \
+                        size_t yi = at4(yd_, n_, k_, oh_, ow_);                                    \
+                        (void)yi;                                                                  \
+                        for (int c_ = 0; c_ < Cg_; c_++)                                           \
+                            for (int r_ = 0; r_ < wd_->h; r_++)                                    \
+                                for (int q_ = 0; q_ < wd_->w; q_++) {                              \
+                                    int ih_ = oh_ * cd_->sh - cd_->ph + r_ * cd_->dh,              \
+                                        iw_ = ow_ * cd_->sw - cd_->pw + q_ * cd_->dw;              \
+                                    if (ih_ < 0 || iw_ < 0 || ih_ >= xd_->h || iw_ >= xd_->w)      \
+                                        continue;                                                  \
+                                    size_t xi = at4(xd_, n_, g_ * Cg_ + c_, ih_, iw_),             \
+                                           wi = fat(wd_, k_, c_, r_, q_);                          \
+                                    body;                                                          \
+                                }                                                                  \
+                    }                                                                              \
+    } while (0)
+
+static void conv_fwd_run(fk_op *o, cudaStream_t s) {
+    conv_op *a = (conv_op *)o;
+    double *acc = calloc(tcount(&a->yd), sizeof *acc);
+    if (!acc) return;
+    round_tf32 = a->tf32;
+    CONV_LOOP(a, acc[yi] += (double)getv(a->xd.dt, a->a, xi) * getv(a->wd.dt, a->b, wi));
+    round_tf32 = 0;
+    for (int n = 0; n < a->yd.n; n++)
+        for (int k = 0; k < a->yd.c; k++)
+            for (int h = 0; h < a->yd.h; h++)
+                for (int w = 0; w < a->yd.w; w++) {
+                    size_t i = at4(&a->yd, n, k, h, w);
+                    float v = a->alpha * (float)acc[i];
+                    if (a->bias) {
+                        v += getv(a->bias_dt, a->bias, (size_t)k);
+                        if (a->relu && v < 0) v = 0;
+                        setv(a->yd.dt, a->c, i, v, 1, 0);
+                    } else {
+                        setv(a->yd.dt, a->c, i, (float)acc[i], a->alpha, a->beta);
+                    }
+                }
+    free(acc);
+}
+
+static int conv_tf32(const struct cudnnConvolutionStruct *cd) {
+    return cd->m != CUDNN_FMA_MATH && getenv("DSRT_FAKEGPU_TF32") != NULL;
 }
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
@@ -769,33 +1210,64 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
                                       cudnnConvolutionFwdAlgo_t algo, void *ws, size_t wss,
                                       const void *beta, const cudnnTensorDescriptor_t yd, void *y) {
     used(cd, 0, x, w, y);
-    round_tf32 = cd->m != CUDNN_FMA_MATH && getenv("DSRT_FAKEGPU_TF32");
     if (wss < 64 || !ws) return CUDNN_STATUS_BAD_PARAM;
-    int G = cd->groups, Kg = wd->k / G, Cg = wd->c;
-    for (int n = 0; n < yd->n; n++)
-        for (int k = 0; k < yd->c; k++)
-            for (int oh = 0; oh < yd->h; oh++)
-                for (int ow = 0; ow < yd->w; ow++) {
-                    int g = k / Kg;
-                    double s = 0;
-                    for (int c = 0; c < Cg; c++)
-                        for (int r = 0; r < wd->h; r++)
-                            for (int q = 0; q < wd->w; q++) {
-                                int ih = oh * cd->sh - cd->ph + r * cd->dh,
-                                    iw = ow * cd->sw - cd->pw + q * cd->dw;
-                                if (ih < 0 || iw < 0 || ih >= xd->h || iw >= xd->w) continue;
-                                s +=
-                                    (double)getv(xd->dt, x, at4(xd, n, g * Cg + c, ih, iw)) *
-                                    getv(wd->dt, w, (((size_t)k * Cg + c) * wd->h + r) * wd->w + q);
-                            }
-                    round_tf32 = 0;
-                    setv(yd->dt, y, at4(yd, n, k, oh, ow), (float)s, *(const float *)alpha,
-                         *(const float *)beta);
-                    round_tf32 = cd->m != CUDNN_FMA_MATH && getenv("DSRT_FAKEGPU_TF32");
-                }
-    round_tf32 = 0;
+    if (xd->nhwc != yd->nhwc || xd->dt != wd->dt || xd->dt != yd->dt) return CUDNN_STATUS_BAD_PARAM;
+    conv_op a = {
+        {conv_fwd_run, 0, NULL}, *xd,           *yd,  *wd, *cd, x, w, y, *(const float *)alpha,
+        *(const float *)beta,    conv_tf32(cd), NULL, 0,   0};
+    submit(h->s, &a.op, sizeof a);
     return 0;
 }
+
+/* y = act(alpha1 conv(x) + alpha2 z + bias): ReLU or identity, identity
+ * with IMPLICIT_PRECOMP_GEMM only (cuDNN's rule); alpha2 must be 0 here,
+ * z then unread. */
+cudnnStatus_t cudnnConvolutionBiasActivationForward(
+    cudnnHandle_t h, const void *alpha1, const cudnnTensorDescriptor_t xd, const void *x,
+    const cudnnFilterDescriptor_t wd, const void *w, const cudnnConvolutionDescriptor_t cd,
+    cudnnConvolutionFwdAlgo_t algo, void *ws, size_t wss, const void *alpha2,
+    const cudnnTensorDescriptor_t zd, const void *z, const cudnnTensorDescriptor_t bd,
+    const void *bias, const cudnnActivationDescriptor_t act, const cudnnTensorDescriptor_t yd,
+    void *y) {
+    if (fk.refuse & FAKEGPU_REFUSE_FUSED_CONV) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (act->mode == CUDNN_ACTIVATION_IDENTITY &&
+        algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
+        return CUDNN_STATUS_NOT_SUPPORTED;
+    if (*(const float *)alpha2 != 0 || !bias || bd->c != yd->c) return CUDNN_STATUS_BAD_PARAM;
+    if (wss < 64 || !ws) return CUDNN_STATUS_BAD_PARAM;
+    used(cd, 0, x, w, y);
+    conv_op a = {{conv_fwd_run, 0, NULL},
+                 *xd,
+                 *yd,
+                 *wd,
+                 *cd,
+                 x,
+                 w,
+                 y,
+                 *(const float *)alpha1,
+                 0,
+                 conv_tf32(cd),
+                 bias,
+                 bd->dt,
+                 act->mode == CUDNN_ACTIVATION_RELU};
+    submit(h->s, &a.op, sizeof a);
+    bump(&fk.st.fused_convs);
+    return 0;
+}
+
+static void conv_data_run(fk_op *o, cudaStream_t s) {
+    conv_op *a = (conv_op *)o;
+    /* a: w, b: dy, c: dx; xd is dx's, yd dy's */
+    double *acc = calloc(tcount(&a->xd), sizeof *acc);
+    if (!acc) return;
+    round_tf32 = a->tf32;
+    CONV_LOOP(a, acc[xi] += (double)getv(a->yd.dt, a->b, yi) * getv(a->wd.dt, a->a, wi));
+    round_tf32 = 0;
+    for (size_t i = 0; i < tcount(&a->xd); i++)
+        setv(a->xd.dt, a->c, i, (float)acc[i], a->alpha, a->beta);
+    free(acc);
+}
+
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
                                            const cudnnFilterDescriptor_t wd, const void *w,
                                            const cudnnTensorDescriptor_t dyd, const void *dy,
@@ -804,33 +1276,27 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
                                            const void *beta, const cudnnTensorDescriptor_t dxd,
                                            void *dx) {
     used(cd, 1, w, dy, dx);
-    round_tf32 = cd->m != CUDNN_FMA_MATH && getenv("DSRT_FAKEGPU_TF32");
     if (wss < 128 || !ws) return CUDNN_STATUS_BAD_PARAM;
-    double *acc = calloc(tcount(dxd), sizeof *acc);
-    int G = cd->groups, Kg = wd->k / G, Cg = wd->c;
-    for (int n = 0; n < dyd->n; n++)
-        for (int k = 0; k < dyd->c; k++)
-            for (int oh = 0; oh < dyd->h; oh++)
-                for (int ow = 0; ow < dyd->w; ow++) {
-                    int g = k / Kg;
-                    float d = getv(dyd->dt, dy, at4(dyd, n, k, oh, ow));
-                    for (int c = 0; c < Cg; c++)
-                        for (int r = 0; r < wd->h; r++)
-                            for (int q = 0; q < wd->w; q++) {
-                                int ih = oh * cd->sh - cd->ph + r * cd->dh,
-                                    iw = ow * cd->sw - cd->pw + q * cd->dw;
-                                if (ih < 0 || iw < 0 || ih >= dxd->h || iw >= dxd->w) continue;
-                                acc[at4(dxd, n, g * Cg + c, ih, iw)] +=
-                                    (double)d *
-                                    getv(wd->dt, w, (((size_t)k * Cg + c) * wd->h + r) * wd->w + q);
-                            }
-                }
-    round_tf32 = 0;
-    for (size_t i = 0; i < tcount(dxd); i++)
-        setv(dxd->dt, dx, i, (float)acc[i], *(const float *)alpha, *(const float *)beta);
-    free(acc);
+    conv_op a = {
+        {conv_data_run, 0, NULL}, *dxd,          *dyd, *wd, *cd, w, dy, dx, *(const float *)alpha,
+        *(const float *)beta,     conv_tf32(cd), NULL, 0,   0};
+    submit(h->s, &a.op, sizeof a);
     return 0;
 }
+
+static void conv_filter_run(fk_op *o, cudaStream_t s) {
+    conv_op *a = (conv_op *)o;
+    /* a: x, b: dy, c: dw */
+    size_t wn = (size_t)a->wd.k * a->wd.c * a->wd.h * a->wd.w;
+    double *acc = calloc(wn, sizeof *acc);
+    if (!acc) return;
+    round_tf32 = a->tf32;
+    CONV_LOOP(a, acc[wi] += (double)getv(a->yd.dt, a->b, yi) * getv(a->xd.dt, a->a, xi));
+    round_tf32 = 0;
+    for (size_t i = 0; i < wn; i++) setv(a->wd.dt, a->c, i, (float)acc[i], a->alpha, a->beta);
+    free(acc);
+}
+
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                                              const cudnnTensorDescriptor_t xd, const void *x,
                                              const cudnnTensorDescriptor_t dyd, const void *dy,
@@ -839,330 +1305,595 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                                              size_t wss, const void *beta,
                                              const cudnnFilterDescriptor_t wd, void *dw) {
     used(cd, 2, x, dy, dw);
-    round_tf32 = cd->m != CUDNN_FMA_MATH && getenv("DSRT_FAKEGPU_TF32");
     if (wss < 32 || !ws) return CUDNN_STATUS_BAD_PARAM;
-    size_t wn = (size_t)wd->k * wd->c * wd->h * wd->w;
-    double *acc = calloc(wn, sizeof *acc);
-    int G = cd->groups, Kg = wd->k / G, Cg = wd->c;
-    for (int n = 0; n < dyd->n; n++)
-        for (int k = 0; k < dyd->c; k++)
-            for (int oh = 0; oh < dyd->h; oh++)
-                for (int ow = 0; ow < dyd->w; ow++) {
-                    int g = k / Kg;
-                    float d = getv(dyd->dt, dy, at4(dyd, n, k, oh, ow));
-                    for (int c = 0; c < Cg; c++)
-                        for (int r = 0; r < wd->h; r++)
-                            for (int q = 0; q < wd->w; q++) {
-                                int ih = oh * cd->sh - cd->ph + r * cd->dh,
-                                    iw = ow * cd->sw - cd->pw + q * cd->dw;
-                                if (ih < 0 || iw < 0 || ih >= xd->h || iw >= xd->w) continue;
-                                acc[(((size_t)k * Cg + c) * wd->h + r) * wd->w + q] +=
-                                    (double)d * getv(xd->dt, x, at4(xd, n, g * Cg + c, ih, iw));
-                            }
-                }
-    round_tf32 = 0;
-    for (size_t i = 0; i < wn; i++)
-        setv(wd->dt, dw, i, (float)acc[i], *(const float *)alpha, *(const float *)beta);
-    free(acc);
+    conv_op a = {
+        {conv_filter_run, 0, NULL}, *xd,           *dyd, *wd, *cd, x, dy, dw, *(const float *)alpha,
+        *(const float *)beta,       conv_tf32(cd), NULL, 0,   0};
+    submit(h->s, &a.op, sizeof a);
     return 0;
 }
-cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t h, const void *alpha,
-                                           const cudnnTensorDescriptor_t dyd, const void *dy,
-                                           const void *beta, const cudnnTensorDescriptor_t dbd,
-                                           void *db) {
-    for (int k = 0; k < dyd->c; k++) {
-        double s = 0;
-        for (int n = 0; n < dyd->n; n++)
-            for (int i = 0; i < dyd->h * dyd->w; i++)
-                s += getv(dyd->dt, dy, at4(dyd, n, k, 0, 0) + i);
-        setv(dbd->dt, db, k, (float)s, *(const float *)alpha, *(const float *)beta);
+
+/* C = alpha A + beta C, A broadcast over C (the batchnorm's per-channel
+ * tensors), or C *= alpha (scale). */
+typedef struct {
+    fk_op op;
+    tdesc ad, cd;
+    const void *A;
+    void *C;
+    float alpha, beta;
+    int scale;
+} tensor_op;
+
+static void tensor_run(fk_op *o, cudaStream_t s) {
+    tensor_op *a = (tensor_op *)o;
+    const tdesc *ad = &a->ad, *cd = &a->cd;
+    if (a->scale) {
+        for (size_t i = 0; i < tcount(cd); i++)
+            setv(cd->dt, a->C, i, getv(cd->dt, a->C, i) * a->alpha, 1, 0);
+        return;
     }
-    return 0;
+    for (int n = 0; n < cd->n; n++)
+        for (int c = 0; c < cd->c; c++)
+            for (int y = 0; y < cd->h; y++)
+                for (int x = 0; x < cd->w; x++) {
+                    size_t ai = at4(ad, ad->n == 1 ? 0 : n, ad->c == 1 ? 0 : c, ad->h == 1 ? 0 : y,
+                                    ad->w == 1 ? 0 : x);
+                    setv(cd->dt, a->C, at4(cd, n, c, y, x), getv(ad->dt, a->A, ai), a->alpha,
+                         a->beta);
+                }
 }
+
 cudnnStatus_t cudnnAddTensor(cudnnHandle_t h, const void *alpha, const cudnnTensorDescriptor_t ad,
                              const void *A, const void *beta, const cudnnTensorDescriptor_t cdd,
                              void *C) {
-    for (int n = 0; n < cdd->n; n++)
-        for (int c = 0; c < cdd->c; c++)
-            for (int y = 0; y < cdd->h; y++)
-                for (int x = 0; x < cdd->w; x++) {
-                    size_t ai = at4(ad, ad->n == 1 ? 0 : n, ad->c == 1 ? 0 : c, ad->h == 1 ? 0 : y,
-                                    ad->w == 1 ? 0 : x);
-                    setv(cdd->dt, C, at4(cdd, n, c, y, x), getv(ad->dt, A, ai),
-                         *(const float *)alpha, *(const float *)beta);
-                }
+    tensor_op a = {{tensor_run, 0, NULL}, *ad, *cdd, A, C, *(const float *)alpha,
+                   *(const float *)beta,  0};
+    submit(h->s, &a.op, sizeof a);
     return 0;
 }
 cudnnStatus_t cudnnScaleTensor(cudnnHandle_t h, const cudnnTensorDescriptor_t yd, void *y,
                                const void *alpha) {
-    for (size_t i = 0; i < tcount(yd); i++) ((float *)y)[i] *= *(const float *)alpha;
+    tensor_op a = {{tensor_run, 0, NULL}, *yd, *yd, NULL, y, *(const float *)alpha, 0, 1};
+    submit(h->s, &a.op, sizeof a);
     return 0;
 }
 
 /* ---- batchnorm */
-cudnnStatus_t cudnnBatchNormalizationForwardTraining(
-    cudnnHandle_t h, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
-    const cudnnTensorDescriptor_t xd, const void *x, const cudnnTensorDescriptor_t yd, void *y,
-    const cudnnTensorDescriptor_t bd, const void *scale, const void *bias, double f, void *rm,
-    void *rv, double eps, void *sm, void *si) {
-    if ((rm == NULL) != (rv == NULL)) return CUDNN_STATUS_BAD_PARAM;
-    const float *X = x, *S = scale, *B = bias;
-    float *Y = y;
-    size_t M = (size_t)xd->n * xd->h * xd->w, hw = (size_t)xd->h * xd->w;
+
+/* A batchnorm Ex call's arguments by value: forward (training) or
+ * backward, with the ReLU after it when act. */
+typedef struct {
+    fk_op op;
+    tdesc xd;
+    const void *x, *dy, *y, *scale, *bias, *mean, *var;
+    void *out, *dx, *dscale, *dbias, *rm, *rv, *sm, *si;
+    double f, eps;
+    int train, act;
+} bn_op;
+
+static void bn_fwd_run(fk_op *o, cudaStream_t s) {
+    bn_op *a = (bn_op *)o;
+    const tdesc *xd = &a->xd;
+    const float *S = a->scale, *B = a->bias;
+    size_t M = (size_t)xd->n * xd->h * xd->w;
     for (int c = 0; c < xd->c; c++) {
-        double s = 0, q = 0;
+        double sum = 0, q = 0;
         for (int n = 0; n < xd->n; n++)
-            for (size_t i = 0; i < hw; i++) s += X[at4(xd, n, c, 0, 0) + i];
-        double mean = s / M;
+            for (int y = 0; y < xd->h; y++)
+                for (int x = 0; x < xd->w; x++) sum += getv(xd->dt, a->x, at4(xd, n, c, y, x));
+        double mean = sum / M;
         for (int n = 0; n < xd->n; n++)
-            for (size_t i = 0; i < hw; i++) {
-                double d = X[at4(xd, n, c, 0, 0) + i] - mean;
-                q += d * d;
-            }
-        double var = q / M, inv = 1.0 / sqrt(var + eps);
+            for (int y = 0; y < xd->h; y++)
+                for (int x = 0; x < xd->w; x++) {
+                    double d = getv(xd->dt, a->x, at4(xd, n, c, y, x)) - mean;
+                    q += d * d;
+                }
+        double var = q / M, inv = 1.0 / sqrt(var + a->eps);
         for (int n = 0; n < xd->n; n++)
-            for (size_t i = 0; i < hw; i++) {
-                size_t k = at4(xd, n, c, 0, 0) + i;
-                Y[k] = (float)(S[c] * (X[k] - mean) * inv + B[c]);
-            }
-        if (rm) {
-            ((float *)rm)[c] = (float)((1 - f) * ((float *)rm)[c] + f * mean);
-            ((float *)rv)[c] = (float)((1 - f) * ((float *)rv)[c] + f * var * M / (M - 1));
+            for (int y = 0; y < xd->h; y++)
+                for (int x = 0; x < xd->w; x++) {
+                    size_t k = at4(xd, n, c, y, x);
+                    float v = (float)(S[c] * (getv(xd->dt, a->x, k) - mean) * inv + B[c]);
+                    if (a->act && v < 0) v = 0;
+                    setv(xd->dt, a->out, k, v, 1, 0);
+                }
+        if (a->rm) {
+            float *rm = a->rm, *rv = a->rv;
+            rm[c] = (float)((1 - a->f) * rm[c] + a->f * mean);
+            rv[c] = (float)((1 - a->f) * rv[c] + a->f * var * M / (M - 1));
         }
-        if (sm) {
-            ((float *)sm)[c] = (float)mean;
-            ((float *)si)[c] = (float)inv;
+        if (a->sm) {
+            ((float *)a->sm)[c] = (float)mean;
+            ((float *)a->si)[c] = (float)inv;
         }
     }
-    return 0;
 }
-cudnnStatus_t cudnnBatchNormalizationForwardInference(
-    cudnnHandle_t h, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
-    const cudnnTensorDescriptor_t xd, const void *x, const cudnnTensorDescriptor_t yd, void *y,
-    const cudnnTensorDescriptor_t bd, const void *scale, const void *bias, const void *em,
-    const void *ev, double eps) {
-    const float *X = x, *S = scale, *B = bias, *M = em, *V = ev;
-    float *Y = y;
-    size_t hw = (size_t)xd->h * xd->w;
-    for (int n = 0; n < xd->n; n++)
-        for (int c = 0; c < xd->c; c++)
-            for (size_t i = 0; i < hw; i++) {
-                size_t k = at4(xd, n, c, 0, 0) + i;
-                Y[k] = (float)(S[c] * (X[k] - M[c]) / sqrt(V[c] + eps) + B[c]);
-            }
-    return 0;
-}
-cudnnStatus_t cudnnBatchNormalizationBackward(cudnnHandle_t h, cudnnBatchNormMode_t mode,
-                                              const void *a1, const void *b1, const void *a2,
-                                              const void *b2, const cudnnTensorDescriptor_t xd,
-                                              const void *x, const cudnnTensorDescriptor_t dyd,
-                                              const void *dy, const cudnnTensorDescriptor_t dxd,
-                                              void *dx, const cudnnTensorDescriptor_t bd,
-                                              const void *scale, void *dscale, void *dbias,
-                                              double eps, const void *sm, const void *si) {
-    const float *X = x, *DY = dy, *S = scale, *MEAN = sm, *INV = si;
-    float *DX = dx;
-    if (!sm || !si || x == dx) return CUDNN_STATUS_BAD_PARAM;
-    size_t M = (size_t)xd->n * xd->h * xd->w, hw = (size_t)xd->h * xd->w;
+
+static void bn_bwd_run(fk_op *o, cudaStream_t s) {
+    bn_op *a = (bn_op *)o;
+    const tdesc *xd = &a->xd;
+    const float *S = a->scale, *MEAN = a->mean, *INV = a->var;
+    size_t M = (size_t)xd->n * xd->h * xd->w;
     for (int c = 0; c < xd->c; c++) {
         double db = 0, ds = 0;
         for (int n = 0; n < xd->n; n++)
-            for (size_t i = 0; i < hw; i++) {
-                size_t k = at4(xd, n, c, 0, 0) + i;
-                db += DY[k];
-                ds += DY[k] * (X[k] - MEAN[c]) * INV[c];
-            }
-        ((float *)dscale)[c] = (float)ds;
-        ((float *)dbias)[c] = (float)db;
+            for (int y = 0; y < xd->h; y++)
+                for (int x = 0; x < xd->w; x++) {
+                    size_t k = at4(xd, n, c, y, x);
+                    double g = getv(xd->dt, a->dy, k);
+                    if (a->act && !(getv(xd->dt, a->y, k) > 0)) g = 0;
+                    db += g;
+                    ds += g * (getv(xd->dt, a->x, k) - MEAN[c]) * INV[c];
+                }
+        ((float *)a->dscale)[c] = (float)ds;
+        ((float *)a->dbias)[c] = (float)db;
         for (int n = 0; n < xd->n; n++)
-            for (size_t i = 0; i < hw; i++) {
-                size_t k = at4(xd, n, c, 0, 0) + i;
-                double xh = (X[k] - MEAN[c]) * INV[c];
-                DX[k] = (float)(S[c] * INV[c] / M * (M * DY[k] - db - xh * ds));
-            }
+            for (int y = 0; y < xd->h; y++)
+                for (int x = 0; x < xd->w; x++) {
+                    size_t k = at4(xd, n, c, y, x);
+                    double g = getv(xd->dt, a->dy, k);
+                    if (a->act && !(getv(xd->dt, a->y, k) > 0)) g = 0;
+                    double xh = (getv(xd->dt, a->x, k) - MEAN[c]) * INV[c];
+                    setv(xd->dt, a->dx, k, (float)(S[c] * INV[c] / M * (M * g - db - xh * ds)), 1,
+                         0);
+                }
     }
+}
+
+static cudnnStatus_t bn_fwd(cudnnHandle_t h, const tdesc *xd, const tdesc *yd, const void *x,
+                            void *y, const void *scale, const void *bias, double f, void *rm,
+                            void *rv, double eps, void *sm, void *si, int act) {
+    if ((rm == NULL) != (rv == NULL) || x == y || xd->nhwc != yd->nhwc || xd->dt != yd->dt)
+        return CUDNN_STATUS_BAD_PARAM;
+    bn_op a = {{bn_fwd_run, 0, NULL},
+               *xd,
+               x,
+               NULL,
+               NULL,
+               scale,
+               bias,
+               NULL,
+               NULL,
+               y,
+               NULL,
+               NULL,
+               NULL,
+               rm,
+               rv,
+               sm,
+               si,
+               f,
+               eps,
+               1,
+               act};
+    submit(h->s, &a.op, sizeof a);
     return 0;
 }
 
-/* ---- pooling */
-cudnnStatus_t cudnnPoolingForward(cudnnHandle_t h, const cudnnPoolingDescriptor_t p,
-                                  const void *alpha, const cudnnTensorDescriptor_t xd,
-                                  const void *x, const void *beta, const cudnnTensorDescriptor_t yd,
-                                  void *y) {
-    const float *X = x;
-    for (int n = 0; n < yd->n; n++)
-        for (int c = 0; c < yd->c; c++)
-            for (int oh = 0; oh < yd->h; oh++)
-                for (int ow = 0; ow < yd->w; ow++) {
-                    double s = 0;
-                    float mx = -INFINITY;
-                    for (int r = 0; r < p->wh; r++)
-                        for (int q = 0; q < p->ww; q++) {
-                            int ih = oh * p->sh - p->ph + r, iw = ow * p->sw - p->pw + q;
-                            if (ih < 0 || iw < 0 || ih >= xd->h || iw >= xd->w) continue;
-                            float v = X[at4(xd, n, c, ih, iw)];
-                            s += v;
-                            if (v > mx) mx = v;
-                        }
-                    float v =
-                        p->mode == CUDNN_POOLING_MAX || p->mode == CUDNN_POOLING_MAX_DETERMINISTIC
-                            ? mx
-                            : (float)(s / (p->wh * p->ww));
-                    ((float *)y)[at4(yd, n, c, oh, ow)] = v;
-                }
-    return 0;
-}
-cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t h, const cudnnPoolingDescriptor_t p,
-                                   const void *alpha, const cudnnTensorDescriptor_t yd,
-                                   const void *y, const cudnnTensorDescriptor_t dyd, const void *dy,
-                                   const cudnnTensorDescriptor_t xd, const void *x,
-                                   const void *beta, const cudnnTensorDescriptor_t dxd, void *dx) {
-    const float *X = x, *DY = dy;
-    float *DX = dx;
-    if (x == dx) return CUDNN_STATUS_BAD_PARAM;
-    memset(DX, 0, tcount(dxd) * sizeof(float));
-    int mx = p->mode == CUDNN_POOLING_MAX || p->mode == CUDNN_POOLING_MAX_DETERMINISTIC;
-    for (int n = 0; n < yd->n; n++)
-        for (int c = 0; c < yd->c; c++)
-            for (int oh = 0; oh < yd->h; oh++)
-                for (int ow = 0; ow < yd->w; ow++) {
-                    float d = DY[at4(yd, n, c, oh, ow)];
-                    int bi = -1;
-                    float bv = -INFINITY;
-                    for (int r = 0; r < p->wh; r++)
-                        for (int q = 0; q < p->ww; q++) {
-                            int ih = oh * p->sh - p->ph + r, iw = ow * p->sw - p->pw + q;
-                            if (ih < 0 || iw < 0 || ih >= xd->h || iw >= xd->w) continue;
-                            size_t k = at4(xd, n, c, ih, iw);
-                            if (mx) {
-                                if (X[k] > bv) bv = X[k], bi = (int)k;
-                            } else
-                                DX[k] += d / (p->wh * p->ww);
-                        }
-                    if (mx && bi >= 0) DX[bi] += d;
-                }
+static cudnnStatus_t bn_bwd(cudnnHandle_t h, const tdesc *xd, const void *x, const void *y,
+                            const void *dy, void *dx, const void *scale, void *dscale, void *dbias,
+                            double eps, const void *sm, const void *si, int act) {
+    if (!sm || !si || x == dx) return CUDNN_STATUS_BAD_PARAM;
+    bn_op a = {{bn_bwd_run, 0, NULL},
+               *xd,
+               x,
+               dy,
+               y,
+               scale,
+               NULL,
+               sm,
+               si,
+               NULL,
+               dx,
+               dscale,
+               dbias,
+               NULL,
+               NULL,
+               NULL,
+               NULL,
+               0,
+               eps,
+               1,
+               act};
+    submit(h->s, &a.op, sizeof a);
     return 0;
 }
 
-/* ---- LRN */
-static double lrn_sum(const struct cudnnLRNStruct *L, const struct cudnnTensorStruct *d,
-                      const float *X, int n, int c, int y, int x) {
-    int lb = (int)(L->n - 1) / 2, la = (int)L->n - lb - 1;
-    double s = 0;
-    for (int j = c - lb; j <= c + la; j++)
-        if (j >= 0 && j < d->c) {
-            double v = X[at4(d, n, j, y, x)];
-            s += v * v;
-        }
-    return L->k + L->a / L->n * s;
-}
-cudnnStatus_t cudnnLRNCrossChannelForward(cudnnHandle_t h, cudnnLRNDescriptor_t L, cudnnLRNMode_t m,
-                                          const void *alpha, const cudnnTensorDescriptor_t xd,
-                                          const void *x, const void *beta,
-                                          const cudnnTensorDescriptor_t yd, void *y) {
-    const float *X = x;
-    for (int n = 0; n < xd->n; n++)
-        for (int c = 0; c < xd->c; c++)
-            for (int a = 0; a < xd->h; a++)
-                for (int b = 0; b < xd->w; b++) {
-                    size_t k = at4(xd, n, c, a, b);
-                    ((float *)y)[k] = (float)(X[k] * pow(lrn_sum(L, xd, X, n, c, a, b), -L->b));
-                }
+/* The Ex calls: NHWC persistent only (as on a device), a plain ReLU the
+ * one activation; their workspace and reserve space are sizes the
+ * stand-in asks for and checks. */
+#define BN_EX_WS      96
+#define BN_EX_RESERVE 48
+
+static cudnnStatus_t bn_ex_ok(cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops, const tdesc *xd,
+                              const struct cudnnActivationStruct *act) {
+    if (fk.refuse & FAKEGPU_REFUSE_BN_EX) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT || !xd->nhwc) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION && (!act || act->mode != CUDNN_ACTIVATION_RELU))
+        return CUDNN_STATUS_BAD_PARAM;
+    if (ops != CUDNN_BATCHNORM_OPS_BN && ops != CUDNN_BATCHNORM_OPS_BN_ACTIVATION)
+        return CUDNN_STATUS_NOT_SUPPORTED;
     return 0;
 }
-cudnnStatus_t cudnnLRNCrossChannelBackward(cudnnHandle_t h, cudnnLRNDescriptor_t L,
-                                           cudnnLRNMode_t m, const void *alpha,
-                                           const cudnnTensorDescriptor_t yd, const void *y,
-                                           const cudnnTensorDescriptor_t dyd, const void *dy,
-                                           const cudnnTensorDescriptor_t xd, const void *x,
-                                           const void *beta, const cudnnTensorDescriptor_t dxd,
-                                           void *dx) {
-    const float *X = x, *Y = y, *DY = dy;
-    int lb = (int)(L->n - 1) / 2, la = (int)L->n - lb - 1;
-    for (int n = 0; n < xd->n; n++)
-        for (int c = 0; c < xd->c; c++)
-            for (int a = 0; a < xd->h; a++)
-                for (int b = 0; b < xd->w; b++) {
-                    size_t k = at4(xd, n, c, a, b);
-                    double s = lrn_sum(L, xd, X, n, c, a, b), acc = 0;
-                    for (int j = c - la; j <= c + lb; j++)
-                        if (j >= 0 && j < xd->c) {
-                            size_t kj = at4(xd, n, j, a, b);
-                            acc += DY[kj] * Y[kj] / lrn_sum(L, xd, X, n, j, a, b);
-                        }
-                    ((float *)dx)[k] =
-                        (float)(DY[k] * pow(s, -L->b) - 2.0 * L->b * L->a / L->n * X[k] * acc);
-                }
-    return 0;
+
+cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+    cudnnHandle_t h, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+    const cudnnTensorDescriptor_t xd, const cudnnTensorDescriptor_t zd,
+    const cudnnTensorDescriptor_t yd, const cudnnTensorDescriptor_t bd,
+    const cudnnActivationDescriptor_t act, size_t *size) {
+    *size = BN_EX_WS;
+    return bn_ex_ok(mode, ops, xd, act);
+}
+
+cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+    cudnnHandle_t h, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+    const cudnnTensorDescriptor_t xd, const cudnnTensorDescriptor_t yd,
+    const cudnnTensorDescriptor_t dyd, const cudnnTensorDescriptor_t dzd,
+    const cudnnTensorDescriptor_t dxd, const cudnnTensorDescriptor_t bd,
+    const cudnnActivationDescriptor_t act, size_t *size) {
+    *size = BN_EX_WS;
+    return bn_ex_ok(mode, ops, xd, act);
+}
+
+cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+    cudnnHandle_t h, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+    const cudnnActivationDescriptor_t act, const cudnnTensorDescriptor_t xd, size_t *size) {
+    *size = BN_EX_RESERVE;
+    return bn_ex_ok(mode, ops, xd, act);
+}
+
+cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
+    cudnnHandle_t h, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops, const void *alpha,
+    const void *beta, const cudnnTensorDescriptor_t xd, const void *x,
+    const cudnnTensorDescriptor_t zd, const void *z, const cudnnTensorDescriptor_t yd, void *y,
+    const cudnnTensorDescriptor_t bd, const void *scale, const void *bias, double f, void *rm,
+    void *rv, double eps, void *sm, void *si, cudnnActivationDescriptor_t act, void *ws, size_t wss,
+    void *reserve, size_t rss) {
+    cudnnStatus_t st = bn_ex_ok(mode, ops, xd, act);
+    if (st) return st;
+    if (!ws || wss < BN_EX_WS || !reserve || rss < BN_EX_RESERVE || z)
+        return CUDNN_STATUS_BAD_PARAM;
+    st = bn_fwd(h, xd, yd, x, y, scale, bias, f, rm, rv, eps, sm, si,
+                ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION);
+    if (!st) bump(&fk.st.bn_ex_calls);
+    return st;
+}
+
+cudnnStatus_t cudnnBatchNormalizationBackwardEx(
+    cudnnHandle_t h, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops, const void *a1,
+    const void *b1, const void *a2, const void *b2, const cudnnTensorDescriptor_t xd, const void *x,
+    const cudnnTensorDescriptor_t yd, const void *y, const cudnnTensorDescriptor_t dyd,
+    const void *dy, const cudnnTensorDescriptor_t dzd, void *dz, const cudnnTensorDescriptor_t dxd,
+    void *dx, const cudnnTensorDescriptor_t bd, const void *scale, const void *bias, void *dscale,
+    void *dbias, double eps, const void *sm, const void *si, cudnnActivationDescriptor_t act,
+    void *ws, size_t wss, void *reserve, size_t rss) {
+    cudnnStatus_t st = bn_ex_ok(mode, ops, xd, act);
+    if (st) return st;
+    int relu = ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    if (!ws || wss < BN_EX_WS || !reserve || rss < BN_EX_RESERVE || dz || (relu && (!y || !bias)))
+        return CUDNN_STATUS_BAD_PARAM;
+    st = bn_bwd(h, xd, x, y, dy, dx, scale, dscale, dbias, eps, sm, si, relu);
+    if (!st) bump(&fk.st.bn_ex_calls);
+    return st;
 }
 
 // ----------------------------------------------------------------------------
-// dsrt's kernels: their own bodies, on the host (tests/kernels_host.c)
+// dsrt's kernels: their own bodies, on the host (tests/kernels_host.c),
+// queued like any call on their stream
 
-static cudaError_t kr(int rc) {
-    return rc ? cudaErrorInvalidValue : cudaSuccess;
+/* Each kernel call's arguments, by value, and its run. */
+typedef struct {
+    fk_op op;
+    int kind;
+    dsrt_k_desc d, d2;
+    const void *x, *y, *dy, *z;
+    void *out, *out2, *work;
+    const float *fp, *fp2, *fp3, *fp4, *fp5;
+    const double *dp, *dp2;
+    double *dout;
+    float *fout, *fout2, *fout3, *fout4, *fout5;
+    const int32_t *labels;
+    int32_t *iout;
+    const uint64_t *up;
+    int n, k, i1, i2, i3;
+    float f1, f2, f3;
+    uint64_t u1, u2;
+    dsrt_k_type t;
+    size_t count;
+    dsrt_k_pixel pix;
+    dsrt_k_pool pool;
+    dsrt_k_lrn lrn;
+    dsrt_k_optim optim;
+    dsrt_k_step step;
+    const dsrt_k_step *stp;
+    dsrt_k_consts consts;
+    dsrt_k_consts *consts_out;
+} k_op;
+
+enum {
+    K_INPUT_U8,
+    K_INPUT_F32,
+    K_PAD,
+    K_RELU_FWD,
+    K_RELU_BWD,
+    K_BIAS_ACT,
+    K_BIAS_GRAD,
+    K_POOL_FWD,
+    K_POOL_BWD,
+    K_LRN_FWD,
+    K_LRN_BWD,
+    K_DROPOUT,
+    K_SM_FWD,
+    K_SM_BWD,
+    K_BN_SUMS,
+    K_BN_STATS,
+    K_BN_BWD_SUMS,
+    K_BN_BWD_DX,
+    K_BN_APPLY,
+    K_OPTIM,
+    K_CONSTS,
+    K_TO_BF16,
+    K_TO_F32,
+    K_FILL,
+    K_SCALE,
+};
+
+static void k_run(fk_op *o, cudaStream_t s) {
+    k_op *a = (k_op *)o;
+    switch (a->kind) {
+    case K_INPUT_U8:
+        dsrt_kh_input_u8(a->x, &a->pix, a->i1, a->fp, &a->d, a->out);
+        break;
+    case K_INPUT_F32:
+        dsrt_kh_input_f32(a->x, a->i1, a->fp, &a->d, a->out);
+        break;
+    case K_PAD:
+        dsrt_kh_pad(&a->d, a->x, &a->d2, a->out, a->i1, a->i2, a->f1, a->i3);
+        break;
+    case K_RELU_FWD:
+        dsrt_kh_relu_fwd(a->t, a->x, a->out, a->count, a->f1);
+        break;
+    case K_RELU_BWD:
+        dsrt_kh_relu_bwd(a->t, a->y, a->dy, a->out, a->count, a->f1);
+        break;
+    case K_BIAS_ACT:
+        dsrt_kh_bias_act(&a->d, a->x, a->fp, a->out, a->i1, a->f1);
+        break;
+    case K_BIAS_GRAD:
+        dsrt_kh_bias_grad(&a->d, a->out, a->y, a->f1, a->fout, a->work);
+        break;
+    case K_POOL_FWD:
+        dsrt_kh_pool_fwd(&a->pool, a->x, a->out);
+        break;
+    case K_POOL_BWD:
+        dsrt_kh_pool_bwd(&a->pool, a->x, a->dy, a->out);
+        break;
+    case K_LRN_FWD:
+        dsrt_kh_lrn_fwd(&a->d, &a->lrn, a->x, a->out);
+        break;
+    case K_LRN_BWD:
+        dsrt_kh_lrn_bwd(&a->d, &a->lrn, a->x, a->y, a->dy, a->out);
+        break;
+    case K_DROPOUT:
+        dsrt_kh_dropout(&a->d, a->x, a->out, a->u1, a->u2, a->up, a->i1, a->f1);
+        break;
+    case K_SM_FWD:
+        dsrt_kh_softmax_xent_fwd(a->z, a->t, a->labels, a->n, a->k, a->fout, a->dout, a->iout,
+                                 a->work);
+        break;
+    case K_SM_BWD:
+        dsrt_kh_softmax_xent_bwd(a->fp, a->labels, a->n, a->k, a->f1, a->fp2, a->out, a->t);
+        break;
+    case K_BN_SUMS:
+        dsrt_kh_bn_sums(&a->d, a->x, a->dout);
+        break;
+    case K_BN_STATS:
+        dsrt_kh_bn_stats(a->dp, a->i1, a->f1, a->f2, a->fout, a->fout2, a->fout3, a->fout4,
+                         a->fout5);
+        break;
+    case K_BN_BWD_SUMS:
+        dsrt_kh_bn_bwd_sums(&a->d, a->x, a->dy, a->y, a->f1, a->fp, a->fp2, a->dout, a->fout,
+                            a->fout2);
+        break;
+    case K_BN_BWD_DX:
+        dsrt_kh_bn_bwd_dx(&a->d, a->x, a->dy, a->y, a->f1, a->fp, a->fp2, a->fp3, a->dp, a->dp2,
+                          a->out);
+        break;
+    case K_BN_APPLY:
+        dsrt_kh_bn_apply(&a->d, a->x, a->fp, a->fp2, a->fp3, a->f1, a->fp4, a->fp5, a->i1, a->f2,
+                         a->out);
+        break;
+    case K_OPTIM:
+        dsrt_kh_optim_update(&a->optim, &a->step, a->stp, a->fout, a->fout2, a->fout3, a->fout4,
+                             a->out);
+        break;
+    case K_CONSTS:
+        dsrt_kh_set_consts(a->consts_out, &a->consts);
+        break;
+    case K_TO_BF16:
+        dsrt_kh_f32_to_bf16(a->fp, a->out, a->count);
+        break;
+    case K_TO_F32:
+        dsrt_kh_bf16_to_f32(a->x, a->fout, a->count);
+        break;
+    case K_FILL:
+        dsrt_kh_fill(a->fout, a->count, a->f1);
+        break;
+    case K_SCALE:
+        dsrt_kh_scale(a->fp, a->fout, a->count, a->f1);
+        break;
+    }
 }
+
+/* Queues kernel call a on s after the launcher's checks (ok). */
+static cudaError_t k_submit(cudaStream_t s, k_op *a, int ok) {
+    if (!ok) return cudaErrorInvalidValue;
+    if (!stream_ok(s)) return cudaErrorInvalidResourceHandle;
+    a->op.run = k_run;
+    submit(s, &a->op, sizeof *a);
+    return cudaSuccess;
+}
+
+#define K_OP(name) k_op name = {.kind = 0}
 
 cudaError_t dsrt_k_input_u8(const uint8_t *x, const dsrt_k_pixel *pix, int norm, const float *stats,
                             const dsrt_k_desc *yd, void *y, cudaStream_t s) {
-    return kr(dsrt_kh_input_u8(x, pix, norm, stats, yd, y));
+    int ok = dsrt_kb_input_u8_ok(pix, norm, stats, yd);
+    K_OP(a);
+    a.kind = K_INPUT_U8, a.x = x, a.i1 = norm, a.fp = stats, a.out = y;
+    if (ok) a.pix = *pix, a.d = *yd;
+    return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_input_f32(const float *x, int norm, const float *stats, const dsrt_k_desc *yd,
                              void *y, cudaStream_t s) {
-    return kr(dsrt_kh_input_f32(x, norm, stats, yd, y));
+    int ok = dsrt_kb_input_ok(norm, stats, yd);
+    K_OP(a);
+    a.kind = K_INPUT_F32, a.x = x, a.i1 = norm, a.fp = stats, a.out = y;
+    if (ok) a.d = *yd;
+    return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_pad(const dsrt_k_desc *xd, const void *x, const dsrt_k_desc *yd, void *y,
                        int top, int left, float fill, int accumulate, cudaStream_t s) {
-    return kr(dsrt_kh_pad(xd, x, yd, y, top, left, fill, accumulate));
+    int ok = dsrt_kb_pad_ok(xd, yd);
+    K_OP(a);
+    a.kind = K_PAD, a.x = x, a.out = y, a.i1 = top, a.i2 = left, a.f1 = fill, a.i3 = accumulate;
+    if (ok) a.d = *xd, a.d2 = *yd;
+    return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, float leak,
                             cudaStream_t s) {
-    return kr(dsrt_kh_relu_fwd(t, x, y, n, leak));
+    K_OP(a);
+    a.kind = K_RELU_FWD, a.t = t, a.x = x, a.out = y, a.count = n, a.f1 = leak;
+    return k_submit(s, &a, dsrt_kb_type_ok(t));
 }
 cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n,
                             float leak, cudaStream_t s) {
-    return kr(dsrt_kh_relu_bwd(t, y, dy, dx, n, leak));
+    K_OP(a);
+    a.kind = K_RELU_BWD, a.t = t, a.y = y, a.dy = dy, a.out = dx, a.count = n, a.f1 = leak;
+    return k_submit(s, &a, dsrt_kb_type_ok(t));
 }
-cudaError_t dsrt_k_bias_act(const float *x, const float *b, float *y, int n, int out, int relu,
+cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
                             float leak, cudaStream_t s) {
-    return kr(dsrt_kh_bias_act(x, b, y, n, out, relu, leak));
+    int ok = dsrt_kb_desc_ok(d);
+    K_OP(a);
+    a.kind = K_BIAS_ACT, a.x = x, a.fp = b, a.out = y, a.i1 = relu, a.f1 = leak;
+    if (ok) a.d = *d;
+    return k_submit(s, &a, ok);
 }
-cudaError_t dsrt_k_bias_grad(const float *dy, float *db, int n, int out, cudaStream_t s) {
-    return kr(dsrt_kh_bias_grad(dy, db, n, out));
+size_t dsrt_k_bias_grad_work(const dsrt_k_desc *d) {
+    return dsrt_kb_bias_grad_work(d);
+}
+cudaError_t dsrt_k_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak, float *db,
+                             void *work, cudaStream_t s) {
+    int ok = dsrt_kb_bias_grad_ok(d) && work;
+    K_OP(a);
+    a.kind = K_BIAS_GRAD, a.out = dy, a.y = y, a.f1 = leak, a.fout = db, a.work = work;
+    if (ok) a.d = *d;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, cudaStream_t s) {
+    int ok = p && dsrt_kb_pool_ok(p);
+    K_OP(a);
+    a.kind = K_POOL_FWD, a.x = x, a.out = y;
+    if (ok) a.pool = *p;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy, void *dx,
+                            cudaStream_t s) {
+    int ok = p && dsrt_kb_pool_ok(p);
+    K_OP(a);
+    a.kind = K_POOL_BWD, a.x = x, a.dy = dy, a.out = dx;
+    if (ok) a.pool = *p;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y,
+                           cudaStream_t s) {
+    int ok = dsrt_kb_lrn_ok(d, l);
+    K_OP(a);
+    a.kind = K_LRN_FWD, a.x = x, a.out = y;
+    if (ok) a.d = *d, a.lrn = *l;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
+                           const void *dy, void *dx, cudaStream_t s) {
+    int ok = dsrt_kb_lrn_ok(d, l);
+    K_OP(a);
+    a.kind = K_LRN_BWD, a.x = x, a.y = y, a.dy = dy, a.out = dx;
+    if (ok) a.d = *d, a.lrn = *l;
+    return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t it,
-                           int layer, float p, cudaStream_t s) {
-    return kr(dsrt_kh_dropout(d, x, y, seed, it, layer, p));
+                           const uint64_t *it_dev, int layer, float p, cudaStream_t s) {
+    int ok = dsrt_kb_dropout_ok(d, p, layer);
+    K_OP(a);
+    a.kind = K_DROPOUT, a.x = x, a.out = y, a.u1 = seed, a.u2 = it, a.up = it_dev, a.i1 = layer;
+    a.f1 = p;
+    if (ok) a.d = *d;
+    return k_submit(s, &a, ok);
 }
 size_t dsrt_k_softmax_xent_work(int n) {
     return dsrt_kb_softmax_work(n);
 }
-cudaError_t dsrt_k_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k,
-                                    float *probs, double *loss, int32_t *correct, void *work,
+cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n,
+                                    int k, float *probs, double *loss, int32_t *correct, void *work,
                                     cudaStream_t s) {
-    return kr(dsrt_kh_softmax_xent_fwd(z, labels, n, k, probs, loss, correct, work));
+    K_OP(a);
+    a.kind = K_SM_FWD, a.z = z, a.t = zt, a.labels = labels, a.n = n, a.k = k, a.fout = probs;
+    a.dout = loss, a.iout = correct, a.work = work;
+    return k_submit(s, &a, dsrt_kb_softmax_fwd_ok(n, k, labels, work) && dsrt_kb_type_ok(zt));
 }
 cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k,
-                                    float scale, float *dz, cudaStream_t s) {
-    return kr(dsrt_kh_softmax_xent_bwd(probs, labels, n, k, scale, dz));
+                                    float scale, const float *scale_dev, void *dz, dsrt_k_type dzt,
+                                    cudaStream_t s) {
+    K_OP(a);
+    a.kind = K_SM_BWD, a.fp = probs, a.labels = labels, a.n = n, a.k = k, a.f1 = scale;
+    a.fp2 = scale_dev, a.out = dz, a.t = dzt;
+    return k_submit(s, &a, dsrt_kb_softmax_bwd_ok(n, k, labels) && dsrt_kb_type_ok(dzt));
 }
-cudaError_t dsrt_k_bn_sums(const float *x, int n, int c, int hw, double *sums, cudaStream_t s) {
-    return kr(dsrt_kh_bn_sums(x, n, c, hw, sums));
+cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, cudaStream_t s) {
+    int ok = dsrt_kb_bn_ok(xd);
+    K_OP(a);
+    a.kind = K_BN_SUMS, a.x = x, a.dout = sums;
+    if (ok) a.d = *xd;
+    return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum, float *mean,
                             float *var, float *inv, float *run_mean, float *run_var,
                             cudaStream_t s) {
-    return kr(dsrt_kh_bn_stats(sums, c, eps, momentum, mean, var, inv, run_mean, run_var));
+    K_OP(a);
+    a.kind = K_BN_STATS, a.dp = sums, a.i1 = c, a.f1 = eps, a.f2 = momentum, a.fout = mean;
+    a.fout2 = var, a.fout3 = inv, a.fout4 = run_mean, a.fout5 = run_var;
+    return k_submit(s, &a, c >= 0);
 }
-cudaError_t dsrt_k_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv,
-                               int n, int c, int hw, double *sums, float *dscale, float *dshift,
-                               cudaStream_t s) {
-    return kr(dsrt_kh_bn_bwd_sums(x, dy, mean, inv, n, c, hw, sums, dscale, dshift));
+cudaError_t dsrt_k_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                               float leak, const float *mean, const float *inv, double *sums,
+                               float *dscale, float *dshift, cudaStream_t s) {
+    int ok = dsrt_kb_bn_ok(xd);
+    K_OP(a);
+    a.kind = K_BN_BWD_SUMS, a.x = x, a.dy = dy, a.y = y, a.f1 = leak, a.fp = mean, a.fp2 = inv;
+    a.dout = sums, a.fout = dscale, a.fout2 = dshift;
+    if (ok) a.d = *xd;
+    return k_submit(s, &a, ok);
 }
-cudaError_t dsrt_k_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
-                             const float *scale, const double *sums, const double *count, int n,
-                             int c, int hw, float *dx, cudaStream_t s) {
-    return kr(dsrt_kh_bn_bwd_dx(x, dy, mean, inv, scale, sums, count, n, c, hw, dx));
+cudaError_t dsrt_k_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                             float leak, const float *mean, const float *inv, const float *scale,
+                             const double *sums, const double *count, void *dx, cudaStream_t s) {
+    int ok = dsrt_kb_bn_ok(xd);
+    K_OP(a);
+    a.kind = K_BN_BWD_DX, a.x = x, a.dy = dy, a.y = y, a.f1 = leak, a.fp = mean, a.fp2 = inv;
+    a.fp3 = scale, a.dp = sums, a.dp2 = count, a.out = dx;
+    if (ok) a.d = *xd;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean,
+                            const float *inv, const float *var, float eps, const float *scale,
+                            const float *shift, int relu, float leak, void *y, cudaStream_t s) {
+    int ok = dsrt_kb_bn_ok(xd) && (inv || var);
+    K_OP(a);
+    a.kind = K_BN_APPLY, a.x = x, a.fp = mean, a.fp2 = inv, a.fp3 = var, a.f1 = eps;
+    a.fp4 = scale, a.fp5 = shift, a.i1 = relu, a.f2 = leak, a.out = y;
+    if (ok) a.d = *xd;
+    return k_submit(s, &a, ok);
 }
 size_t dsrt_k_optim_layout(dsrt_k_segment *seg, int n_seg, uint32_t *blocks) {
     return dsrt_kb_optim_layout(seg, n_seg, blocks);
@@ -1171,30 +1902,50 @@ void dsrt_k_optim_step_params(dsrt_k_step *st, const dsrt_optimizer_options *o, 
                               int64_t t) {
     dsrt_kb_optim_step_params(st, o, lr, t);
 }
-cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w, float *g,
-                                float *buf0, float *buf1, dsrt_bf16 *w16, cudaStream_t s) {
+cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st,
+                                const dsrt_k_step *st_dev, float *w, float *g, float *buf0,
+                                float *buf1, dsrt_bf16 *w16, cudaStream_t s) {
     /* The kernel reads the segment table on s: the copy that wrote it must
      * be ordered before it, on s itself. */
     if (o && o->n_seg) {
-        cudaStream_t w = last_writer(o->seg);
+        cudaStream_t wr = last_writer(o->seg);
         lock();
         fk.st.optim_launches++;
-        if (w != s) fk.st.seg_table_races++;
+        if (wr != s) fk.st.seg_table_races++;
         unlock();
     }
-    return kr(dsrt_kh_optim_update(o, st, w, g, buf0, buf1, w16));
+    int ok = dsrt_kb_optim_ok(o, st, buf0, buf1);
+    K_OP(a);
+    a.kind = K_OPTIM, a.stp = st_dev, a.fout = w, a.fout2 = g, a.fout3 = buf0, a.fout4 = buf1;
+    a.out = w16;
+    if (ok) a.optim = *o, a.step = *st;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v, cudaStream_t s) {
+    K_OP(a);
+    a.kind = K_CONSTS, a.consts_out = dst;
+    if (v) a.consts = *v;
+    return k_submit(s, &a, dst && v);
 }
 cudaError_t dsrt_k_fill(float *y, size_t n, float v, cudaStream_t s) {
-    return kr(dsrt_kh_fill(y, n, v));
+    K_OP(a);
+    a.kind = K_FILL, a.fout = y, a.count = n, a.f1 = v;
+    return k_submit(s, &a, 1);
 }
-cudaError_t dsrt_k_scale(const float *x, float *y, size_t n, float a, cudaStream_t s) {
-    return kr(dsrt_kh_scale(x, y, n, a));
+cudaError_t dsrt_k_scale(const float *x, float *y, size_t n, float v, cudaStream_t s) {
+    K_OP(a);
+    a.kind = K_SCALE, a.fp = x, a.fout = y, a.count = n, a.f1 = v;
+    return k_submit(s, &a, 1);
 }
 cudaError_t dsrt_k_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n, cudaStream_t s) {
-    return kr(dsrt_kh_f32_to_bf16(x, y, n));
+    K_OP(a);
+    a.kind = K_TO_BF16, a.fp = x, a.out = y, a.count = n;
+    return k_submit(s, &a, 1);
 }
 cudaError_t dsrt_k_bf16_to_f32(const dsrt_bf16 *x, float *y, size_t n, cudaStream_t s) {
-    return kr(dsrt_kh_bf16_to_f32(x, y, n));
+    K_OP(a);
+    a.kind = K_TO_F32, a.x = x, a.fout = y, a.count = n;
+    return k_submit(s, &a, 1);
 }
 
 // ----------------------------------------------------------------------------
@@ -1357,6 +2108,11 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     if (!comm || comm->magic != MAGIC_COMM || op != ncclSum ||
         (type != ncclFloat32 && type != ncclFloat64) || group_depth)
         return ncclInvalidUsage;
+    if (stream && stream->cap) {
+        /* NCCL stays outside dsrt's recorded steps. */
+        bump(&fk.st.capture_violations);
+        return ncclInvalidUsage;
+    }
     if (send != recv) memcpy(recv, send, count * type_size(type));
     clique *cl = comm->cl;
     int ok = 1;

@@ -2,8 +2,9 @@
  * What the CPU stand-in of the GPU (tests/fakegpu.c) tells a test about the
  * calls the library made: allocations and when they came, which stream
  * wrote the optimizer's segment table, which pointers cuDNN's algorithm
- * search saw, how NCCL's finalize, destroy and abort were grouped, and the
- * host's waits on the device. Only in the fake builds (DSRT_FAKE_GPU).
+ * search saw, how NCCL's finalize, destroy and abort were grouped, the
+ * host's waits on the device, the recorded steps and the fused calls. Only in the fake builds
+ * (DSRT_FAKE_GPU).
  */
 #ifndef DSRT_TEST_FAKEGPU_H
 #define DSRT_TEST_FAKEGPU_H
@@ -30,11 +31,26 @@ typedef struct {
      * cudaEventQuery calls; waits on work that can never finish (a hung
      * collective) that would block for ever; invalid handles. */
     long host_waits, event_queries, deadlocks, bad_handles;
+    /* Recorded steps: captures ended, graphs instantiated and launched, the
+     * calls the launches ran; calls a capture forbids (a host wait, an
+     * allocation, a wait on outside work, an NCCL call on a captured
+     * stream); host waits on an event whose last record was a capture's
+     * internal dependency (a replay never records it: the wait is stale). */
+    long captures, graph_instantiations, graph_launches, graph_ops;
+    long capture_violations, stale_event_waits;
+    /* Fused calls run: convolution + bias + activation, batchnorm Ex. */
+    long fused_convs, bn_ex_calls;
 } fakegpu_stats;
 
 /* A snapshot of the counters since the start or the last reset. */
 fakegpu_stats fakegpu_get_stats(void);
 void fakegpu_reset_stats(void);
+
+/* What cuDNN refuses (fakegpu_refuse): the fused convolution, the
+ * batchnorm Ex calls. 0: nothing. */
+#define FAKEGPU_REFUSE_FUSED_CONV 1u
+#define FAKEGPU_REFUSE_BN_EX      2u
+void fakegpu_refuse(unsigned what);
 
 /* The CUDA devices the stand-in shows (1 unless set). */
 void fakegpu_set_devices(int n);

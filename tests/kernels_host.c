@@ -67,29 +67,65 @@ int dsrt_kh_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, siz
     return 0;
 }
 
-int dsrt_kh_bias_act(const float *x, const float *b, float *y, int n, int out, int relu,
+int dsrt_kh_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
                      float leak) {
-    if (n < 0 || out < 0) return -EINVAL;
-    for (size_t i = 0, cnt = (size_t)n * out; i < cnt; i++)
-        dsrt_kb_bias_act(x, b, y, out, relu, leak, i);
+    if (!dsrt_kb_desc_ok(d)) return -EINVAL;
+    for (size_t i = 0, cnt = dsrt_kb_count(d); i < cnt; i++)
+        dsrt_kb_bias_act(d, x, b, y, relu, leak, i);
     return 0;
 }
 
-int dsrt_kh_bias_grad(const float *dy, float *db, int n, int out) {
-    if (n < 0 || out < 0) return -EINVAL;
-    for (int col = 0; col < out; col++) {
-        float lanes[DSRT_KB_BIAS_LANES];
-        for (int k = 0; k < DSRT_KB_BIAS_LANES; k++)
-            lanes[k] = dsrt_kb_bias_grad_lane(dy, n, out, col, k);
-        db[col] = dsrt_kb_bias_grad_total(lanes);
+int dsrt_kh_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak, float *db,
+                      void *work) {
+    if (!dsrt_kb_bias_grad_ok(d) || !work) return -EINVAL;
+    int cols = d->c;
+    size_t rows = (size_t)d->n * d->h * d->w;
+    int chunks = dsrt_kb_bias_chunks(rows);
+    float *partial = work;
+    for (int k = 0; k < chunks; k++) {
+        size_t r0, r1;
+        dsrt_kb_bias_rows(rows, chunks, k, &r0, &r1);
+        for (int col = 0; col < cols; col++) {
+            float lanes[DSRT_KB_BIAS_LANES];
+            for (int l = 0; l < DSRT_KB_BIAS_LANES; l++)
+                lanes[l] = dsrt_kb_bias_lane(d->type, dy, y, leak, cols, col, r0, r1, l);
+            partial[(size_t)k * cols + col] = dsrt_kb_bias_lanes_total(lanes);
+        }
     }
+    for (int col = 0; col < cols; col++) db[col] = dsrt_kb_bias_total(partial, chunks, cols, col);
+    return 0;
+}
+
+int dsrt_kh_pool_fwd(const dsrt_k_pool *p, const void *x, void *y) {
+    if (!p || !dsrt_kb_pool_ok(p)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(&p->yd); i < n; i++) dsrt_kb_pool_fwd(p, x, y, i);
+    return 0;
+}
+
+int dsrt_kh_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy, void *dx) {
+    if (!p || !dsrt_kb_pool_ok(p)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(&p->xd); i < n; i++) dsrt_kb_pool_bwd(p, x, dy, dx, i);
+    return 0;
+}
+
+int dsrt_kh_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y) {
+    if (!dsrt_kb_lrn_ok(d, l)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++) dsrt_kb_lrn_fwd(d, x, l, y, i);
+    return 0;
+}
+
+int dsrt_kh_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
+                    const void *dy, void *dx) {
+    if (!dsrt_kb_lrn_ok(d, l)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++) dsrt_kb_lrn_bwd(d, x, y, dy, l, dx, i);
     return 0;
 }
 
 int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t iteration,
-                    int layer, float p) {
+                    const uint64_t *iteration_dev, int layer, float p) {
     if (!dsrt_kb_dropout_ok(d, p, layer)) return -EINVAL;
-    dsrt_rng rng = dsrt_dropout_rng(seed, iteration, (uint64_t)layer);
+    dsrt_rng rng =
+        dsrt_dropout_rng(seed, iteration_dev ? *iteration_dev : iteration, (uint64_t)layer);
     uint32_t threshold = dsrt_dropout_threshold(p);
     float scale = dsrt_dropout_scale(p);
     for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++)
@@ -100,12 +136,13 @@ int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
 // ----------------------------------------------------------------------------
 // Softmax and cross-entropy
 
-int dsrt_kh_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k, float *probs,
-                             double *loss, int32_t *correct, void *work) {
-    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, work)) return -EINVAL;
+int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n, int k,
+                             float *probs, double *loss, int32_t *correct, void *work) {
+    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, work) || !dsrt_kb_type_ok(zt)) return -EINVAL;
     dsrt_k_row_result *res = work;
     for (int row = 0; row < n; row++) {
-        const float *zr = z + (size_t)row * k;
+        dsrt_kb_row zrow = {z, zt, (size_t)row * k};
+        const dsrt_kb_row *zr = &zrow;
         float best[WARP], nb[WARP];
         int arg[WARP], na[WARP];
         double sum[WARP], ns[WARP];
@@ -141,27 +178,29 @@ int dsrt_kh_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k
 }
 
 int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k, float scale,
-                             float *dz) {
-    if (!dsrt_kb_softmax_bwd_ok(n, k, labels)) return -EINVAL;
+                             const float *scale_dev, void *dz, dsrt_k_type dzt) {
+    if (!dsrt_kb_softmax_bwd_ok(n, k, labels) || !dsrt_kb_type_ok(dzt)) return -EINVAL;
+    float sc = scale_dev ? *scale_dev : scale;
     for (size_t i = 0, cnt = (size_t)n * k; i < cnt; i++)
-        dsrt_kb_sm_bwd(probs, labels, k, scale, dz, i);
+        dsrt_kb_sm_bwd(probs, labels, k, sc, dz, dzt, i);
     return 0;
 }
 
 // ----------------------------------------------------------------------------
 // Synchronised batch normalisation
 
-int dsrt_kh_bn_sums(const float *x, int n, int c, int hw, double *sums) {
-    if (!dsrt_kb_bn_ok(n, c, hw)) return -EINVAL;
+int dsrt_kh_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums) {
+    if (!dsrt_kb_bn_ok(xd)) return -EINVAL;
+    int c = xd->c;
     for (int ch = 0; ch < c; ch++) {
         double s[THREADS], q[THREADS];
-        for (int t = 0; t < THREADS; t++) dsrt_kb_bn_sums_part(x, n, c, hw, ch, t, &s[t], &q[t]);
+        for (int t = 0; t < THREADS; t++) dsrt_kb_bn_sums_part(xd, x, ch, t, &s[t], &q[t]);
         tree(s, NULL);
         tree(q, NULL);
         sums[ch] = s[0];
         sums[c + ch] = q[0];
     }
-    if (c) sums[2 * c] = (double)((size_t)n * hw);
+    if (c) sums[2 * c] = (double)((size_t)xd->n * xd->h * xd->w);
     return 0;
 }
 
@@ -173,13 +212,15 @@ int dsrt_kh_bn_stats(const double *sums, int c, float eps, float momentum, float
     return 0;
 }
 
-int dsrt_kh_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv, int n,
-                        int c, int hw, double *sums, float *dscale, float *dshift) {
-    if (!dsrt_kb_bn_ok(n, c, hw)) return -EINVAL;
+int dsrt_kh_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                        float leak, const float *mean, const float *inv, double *sums,
+                        float *dscale, float *dshift) {
+    if (!dsrt_kb_bn_ok(xd)) return -EINVAL;
+    int c = xd->c;
     for (int ch = 0; ch < c; ch++) {
         double s[THREADS], q[THREADS];
         for (int t = 0; t < THREADS; t++)
-            dsrt_kb_bn_bwd_part(x, dy, mean[ch], inv[ch], n, c, hw, ch, t, &s[t], &q[t]);
+            dsrt_kb_bn_bwd_part(xd, x, dy, y, leak, mean[ch], inv[ch], ch, t, &s[t], &q[t]);
         tree(s, NULL);
         tree(q, NULL);
         sums[ch] = s[0];
@@ -190,25 +231,37 @@ int dsrt_kh_bn_bwd_sums(const float *x, const float *dy, const float *mean, cons
     return 0;
 }
 
-int dsrt_kh_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
-                      const float *scale, const double *sums, const double *count, int n, int c,
-                      int hw, float *dx) {
-    if (!dsrt_kb_bn_ok(n, c, hw)) return -EINVAL;
+int dsrt_kh_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                      float leak, const float *mean, const float *inv, const float *scale,
+                      const double *sums, const double *count, void *dx) {
+    if (!dsrt_kb_bn_ok(xd)) return -EINVAL;
     double inv_m = 1.0 / *count;
-    for (size_t i = 0, total = (size_t)n * c * hw; i < total; i++)
-        dsrt_kb_bn_bwd_dx(x, dy, mean, inv, scale, sums, inv_m, c, hw, dx, i);
+    for (size_t i = 0, total = dsrt_kb_count(xd); i < total; i++)
+        dsrt_kb_bn_bwd_dx(xd, x, dy, y, leak, mean, inv, scale, sums, inv_m, dx, i);
+    return 0;
+}
+
+int dsrt_kh_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean, const float *inv,
+                     const float *var, float eps, const float *scale, const float *shift, int relu,
+                     float leak, void *y) {
+    if (!dsrt_kb_bn_ok(xd) || (!inv && !var)) return -EINVAL;
+    for (size_t i = 0, total = dsrt_kb_count(xd); i < total; i++)
+        dsrt_kb_bn_apply(xd, x, mean, inv, var, eps, scale, shift, relu, leak, y, i);
     return 0;
 }
 
 // ----------------------------------------------------------------------------
 // The optimizer
 
-int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w, float *g,
-                         float *buf0, float *buf1, dsrt_bf16 *w16) {
-    if (!dsrt_kb_optim_ok(o, st, buf0, buf1)) return -EINVAL;
+int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st_host,
+                         const dsrt_k_step *st_dev, float *w, float *g, float *buf0, float *buf1,
+                         dsrt_bf16 *w16) {
+    if (!dsrt_kb_optim_ok(o, st_host, buf0, buf1)) return -EINVAL;
+    /* The kernels read the step's scalars where the device would. */
+    const dsrt_k_step *st = st_dev ? st_dev : st_host;
     if (!o->n_seg || !o->blocks) return 0;
     const float *scale = NULL;
-    if (dsrt_kb_optim_norm_clip(st)) {
+    if (dsrt_kb_optim_norm_clip(st_host)) {
         if (!o->work) return -EINVAL;
         double *partial = o->work, v[THREADS];
         float *sc = (float *)(partial + o->blocks);
@@ -218,7 +271,7 @@ int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w,
             tree(v, NULL);
             partial[b] = v[0];
         }
-        int global = st->clip == DSRT_CLIP_GLOBAL_L2NORM;
+        int global = st_host->clip == DSRT_CLIP_GLOBAL_L2NORM;
         double total = 0.0;
         for (int k = 0; k < o->n_seg; k++) {
             for (int t = 0; t < THREADS; t++) v[t] = dsrt_kb_optim_seg_part(&o->seg[k], partial, t);
@@ -257,6 +310,12 @@ int dsrt_kh_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n) {
 
 int dsrt_kh_bf16_to_f32(const dsrt_bf16 *x, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = dsrt_f32_from_bf16(x[i]);
+    return 0;
+}
+
+int dsrt_kh_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v) {
+    if (!dst || !v) return -EINVAL;
+    *dst = *v;
     return 0;
 }
 

@@ -21,25 +21,36 @@ int dsrt_kh_pad(const dsrt_k_desc *xd, const void *x, const dsrt_k_desc *yd, voi
                 int left, float fill, int accumulate);
 int dsrt_kh_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, float leak);
 int dsrt_kh_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n, float leak);
-int dsrt_kh_bias_act(const float *x, const float *b, float *y, int n, int out, int relu,
+int dsrt_kh_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
                      float leak);
-int dsrt_kh_bias_grad(const float *dy, float *db, int n, int out);
+int dsrt_kh_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak, float *db,
+                      void *work);
+int dsrt_kh_pool_fwd(const dsrt_k_pool *p, const void *x, void *y);
+int dsrt_kh_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy, void *dx);
+int dsrt_kh_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y);
+int dsrt_kh_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
+                    const void *dy, void *dx);
 int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t iteration,
-                    int layer, float p);
-int dsrt_kh_softmax_xent_fwd(const float *z, const int32_t *labels, int n, int k, float *probs,
-                             double *loss, int32_t *correct, void *work);
+                    const uint64_t *iteration_dev, int layer, float p);
+int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n, int k,
+                             float *probs, double *loss, int32_t *correct, void *work);
 int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k, float scale,
-                             float *dz);
-int dsrt_kh_bn_sums(const float *x, int n, int c, int hw, double *sums);
+                             const float *scale_dev, void *dz, dsrt_k_type dzt);
+int dsrt_kh_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums);
 int dsrt_kh_bn_stats(const double *sums, int c, float eps, float momentum, float *mean, float *var,
                      float *inv, float *run_mean, float *run_var);
-int dsrt_kh_bn_bwd_sums(const float *x, const float *dy, const float *mean, const float *inv, int n,
-                        int c, int hw, double *sums, float *dscale, float *dshift);
-int dsrt_kh_bn_bwd_dx(const float *x, const float *dy, const float *mean, const float *inv,
-                      const float *scale, const double *sums, const double *count, int n, int c,
-                      int hw, float *dx);
-int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, float *w, float *g,
-                         float *buf0, float *buf1, dsrt_bf16 *w16);
+int dsrt_kh_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                        float leak, const float *mean, const float *inv, double *sums,
+                        float *dscale, float *dshift);
+int dsrt_kh_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                      float leak, const float *mean, const float *inv, const float *scale,
+                      const double *sums, const double *count, void *dx);
+int dsrt_kh_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean, const float *inv,
+                     const float *var, float eps, const float *scale, const float *shift, int relu,
+                     float leak, void *y);
+int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, const dsrt_k_step *st_dev,
+                         float *w, float *g, float *buf0, float *buf1, dsrt_bf16 *w16);
+int dsrt_kh_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v);
 int dsrt_kh_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n);
 int dsrt_kh_bf16_to_f32(const dsrt_bf16 *x, float *y, size_t n);
 int dsrt_kh_fill(float *y, size_t n, float v);

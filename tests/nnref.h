@@ -2,9 +2,11 @@
  * Plain C references of the CPU backend's definitions (nn/backend_cpu.c),
  * written out as that backend computes them, for tests of the other
  * implementations: dropout masks drawn sequentially, one draw a pair of
- * elements, softmax with cross-entropy in double, and synchronised batch
+ * elements, softmax with cross-entropy in double, synchronised batch
  * normalisation's sums, statistics and input gradient (step_bn_sync_fwd,
- * step_bn_running and step_bn_sync_bwd).
+ * step_bn_running and step_bn_sync_bwd), and the backward passes of pooling
+ * and local response normalisation (oneDNN's definitions: the first
+ * largest element of a window takes its gradient; LRN's derivative).
  */
 #ifndef DSRT_TEST_NNREF_H
 #define DSRT_TEST_NNREF_H
@@ -121,6 +123,68 @@ static inline void ref_bn_bwd_dx(const float *x, const float *dy, const float *m
                 dx[i] = (float)(a * dy[i] - k1 - ((double)x[i] - mean[ch]) * k2);
             }
         }
+}
+
+/* Pooling's input gradient over NCHW x (n, c, h, w) from dy (n, c, oh, ow):
+ * each window (kh x kw from (-pt, -pl), stride sh x sw) gives its gradient
+ * to its first largest element (max) or dy / (kh kw) to each of its
+ * elements inside the image (average, padding counted). dx is zeroed. */
+static inline void ref_pool_bwd(const float *x, const float *dy, float *dx, int n, int c, int h,
+                                int w, int oh, int ow, int kh, int kw, int sh, int sw, int pt,
+                                int pl, int max) {
+    for (size_t i = 0; i < (size_t)n * c * h * w; i++) dx[i] = 0;
+    for (int b = 0; b < n; b++)
+        for (int ch = 0; ch < c; ch++)
+            for (int y = 0; y < oh; y++)
+                for (int z = 0; z < ow; z++) {
+                    float g = dy[(((size_t)b * c + ch) * oh + y) * ow + z];
+                    size_t arg = 0;
+                    float best = -INFINITY;
+                    int any = 0;
+                    for (int r = 0; r < kh; r++)
+                        for (int q = 0; q < kw; q++) {
+                            int ih = y * sh - pt + r, iw = z * sw - pl + q;
+                            if (ih < 0 || iw < 0 || ih >= h || iw >= w) continue;
+                            size_t i = (((size_t)b * c + ch) * h + ih) * w + iw;
+                            if (!max)
+                                dx[i] += g / (float)(kh * kw);
+                            else if (!any || x[i] > best)
+                                best = x[i], arg = i, any = 1;
+                        }
+                    if (max && any) dx[arg] += g;
+                }
+}
+
+/* LRN across channels of NCHW x (n, c, hw): the scale k + alpha / size *
+ * (sum of x^2 over the window of channel ch), and the input gradient from
+ * the output y and dy, in double. */
+static inline double ref_lrn_scale(const float *x, int c, int hw, size_t b, int ch, int k, int size,
+                                   double alpha, double kk) {
+    double s = 0;
+    for (int j = ch - (size - 1) / 2; j <= ch + (size - 1) / 2; j++)
+        if (j >= 0 && j < c) {
+            double v = x[(b * c + j) * hw + k];
+            s += v * v;
+        }
+    return kk + alpha / size * s;
+}
+
+static inline void ref_lrn_bwd(const float *x, const float *y, const float *dy, float *dx, int n,
+                               int c, int hw, int size, double alpha, double beta, double kk) {
+    for (size_t b = 0; b < (size_t)n; b++)
+        for (int ch = 0; ch < c; ch++)
+            for (int k = 0; k < hw; k++) {
+                size_t i = (b * c + ch) * hw + k;
+                double acc = 0;
+                for (int j = ch - (size - 1) / 2; j <= ch + (size - 1) / 2; j++)
+                    if (j >= 0 && j < c) {
+                        size_t ij = (b * c + j) * hw + k;
+                        acc += (double)dy[ij] * y[ij] /
+                               ref_lrn_scale(x, c, hw, b, j, k, size, alpha, kk);
+                    }
+                double s = ref_lrn_scale(x, c, hw, b, ch, k, size, alpha, kk);
+                dx[i] = (float)(dy[i] * pow(s, -beta) - 2.0 * alpha * beta / size * x[i] * acc);
+            }
 }
 
 #endif

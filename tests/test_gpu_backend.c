@@ -6,11 +6,17 @@
  * 200-step training run, determinism, and model files and checkpoints
  * moving between the CPU and the GPU; the flat buffers' alignment, and
  * batch shapes reserved before a run (then nothing more is allocated, and
- * an inference of another size borrows a larger plan's memory). In the
+ * an inference of another size borrows a larger plan's memory); steps
+ * replayed from recorded CUDA graphs against the same steps launched op by
+ * op (bit for bit, across a learn-rate schedule, new batch sizes and a
+ * gradient hook), and model files saved on one side giving the same
+ * outputs on the other in every precision; the per-layer profile. In the
  * fake build (test_fakegpu_backend) the stand-in also checks that cuDNN's
  * algorithm search saw the very pointers the steps use, that the
  * optimizer's segment table is written on the stream its kernel reads it
- * on, and counts allocations.
+ * on, that no capture makes a forbidden call or leaves an event the host
+ * waits on unrecorded, that the fused calls run (and their fallbacks, when
+ * cuDNN refuses them, compute the same), and counts allocations.
  *
  * Tolerances, as the norm of the difference over the norm of the CPU's
  * tensor: fp32 1e-4, tf32 3e-3, bf16 2e-2 (layer outputs, gradients, batch
@@ -55,9 +61,13 @@ static int G = 0;
 // ----------------------------------------------------------------------------
 // Helpers
 
+/* Nets made by make_on record their steps as CUDA graphs (1) or not. */
+static int make_graphs = 1;
+
 static dsrt_net *make_on(const char *desc, int h, int w, int c, int classes, int device,
                          dsrt_precision p, int deterministic) {
     dsrt_net_options o = dsrt_net_defaults();
+    o.cuda_graphs = make_graphs;
     o.threads = 2;
     o.seed = 5;
     o.device = device;
@@ -837,9 +847,249 @@ static void cross(int from, int to) {
     dsrt_net_destroy(b);
 }
 
+/* A net trained on one side in precision prec, saved, loaded on the other:
+ * the same probabilities on a batch (within the precision's tolerance),
+ * before and after a move; the file holds the host's order of every
+ * weight, whatever order the device keeps convolution filters in. */
+static void cross_outputs(int from, int to, dsrt_precision prec) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cross-out.dsrt", tmpdir);
+    dsrt_net *a = make_on(SMALL_NET, 0, 0, 0, 4, from, from >= 0 ? prec : DSRT_PRECISION_FP32, 0);
+    dsrt_optimizer *oa;
+    CHECK_OK(dsrt_optimizer_create(&oa, a, NULL));
+    run(a, oa, 0, 6, NULL);
+    CHECK_OK(dsrt_model_save(path, a));
+    dsrt_net_options no = dsrt_net_defaults();
+    no.device = to;
+    no.threads = 2;
+    no.precision = to >= 0 ? prec : DSRT_PRECISION_FP32;
+    dsrt_net *b = NULL;
+    CHECK_OK(dsrt_model_load(&b, path, &no));
+    REQUIRE(b);
+    size_t np;
+    const float *pa = dsrt_net_params(a, &np);
+    CHECK(memcmp(pa, dsrt_net_params(b, NULL), np * sizeof(float)) == 0);
+    float x[16 * 256], qa[16 * 4], qb[16 * 4];
+    int32_t y[16];
+    problem_batch(x, y, 16, 99);
+    CHECK_OK(dsrt_net_predict(a, x, 16, qa, NULL, NULL, NULL));
+    CHECK_OK(dsrt_net_predict(b, x, 16, qb, NULL, NULL, NULL));
+    char what[96];
+    snprintf(what, sizeof what, "saved on %d (%s), loaded on %d: probabilities", from,
+             dsrt_precision_name(prec), to);
+    if (!close_to(qb, qa, 16 * 4, TOL[prec], what)) test_failures++;
+    dsrt_optimizer_destroy(oa);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
 static void test_cpu_gpu_files(void) {
     cross(G, -1);
     cross(-1, G);
+    if (G < 0) return;
+    for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec++) {
+        cross_outputs(G, -1, (dsrt_precision)prec);
+        cross_outputs(-1, G, (dsrt_precision)prec);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Recorded steps
+
+#define GRAPH_NET                                                                                  \
+    "input size=8x8x3\nconv filters=8 size=3 pad=1\nrelu\nconv filters=8 size=3 pad=1 bias=0\n"    \
+    "batchnorm\nrelu\nmaxpool size=2 stride=2\nfc outputs=16\nrelu\ndropout p=0.3\n"               \
+    "fc outputs=4\nsoftmax\n"
+
+/* Counts a grad hook's calls. */
+typedef struct {
+    int ready, backward;
+} hook_count;
+
+static void count_ready(void *ctx, int bucket, dsrt_range range) {
+    ((hook_count *)ctx)->ready++;
+}
+
+static void count_backward(void *ctx, int end) {
+    ((hook_count *)ctx)->backward++;
+}
+
+static void report(dsrt_net *net, dsrt_backend_report *r) {
+    memset(r, 0, sizeof *r);
+    if (net->ops->describe) net->ops->describe(net->be, r);
+}
+
+/* The phases of a run: (batch size, steps), a gradient hook from phase 3
+ * on; the learn rate changes every step (piecewise, dropping each
+ * "epoch"). Returns the net; losses[] gets every step's loss. */
+static dsrt_net *graph_run(int graphs, float *losses, int64_t *captures, hook_count *hc) {
+    static const int phases[][2] = {{8, 12}, {5, 6}, {8, 4}, {8, 6}};
+    make_graphs = graphs;
+    dsrt_net *net = make_on(GRAPH_NET, 0, 0, 0, 4, G, DSRT_PRECISION_FP32, 1);
+    make_graphs = 1;
+    dsrt_optimizer_options oo = dsrt_optimizer_defaults(DSRT_SOLVER_ADAM);
+    oo.schedule = DSRT_LR_PIECEWISE;
+    oo.drop_period = 1;
+    oo.drop_factor = 0.9;
+    dsrt_optimizer *opt;
+    CHECK_OK(dsrt_optimizer_create(&opt, net, &oo));
+    float x[8 * 3 * 8 * 8];
+    int32_t y[8];
+    int step = 0;
+    for (size_t ph = 0; ph < DSRT_ARRAY_SIZE(phases); ph++) {
+        if (ph == 3) {
+            dsrt_grad_hook h = {256, 256, count_ready, count_backward, hc};
+            CHECK_OK(dsrt_net_set_grad_hook(net, &h));
+        }
+        for (int k = 0; k < phases[ph][1]; k++, step++) {
+            int n = phases[ph][0];
+            fill(x, (size_t)n * 3 * 8 * 8, 70 + (uint64_t)step, -1, 1);
+            labels_for(y, n, 4, 70 + (uint64_t)step);
+            dsrt_net_set_iteration(net, step);
+            CHECK_OK(dsrt_net_forward_backward(net, x, y, n, &losses[step], NULL));
+            CHECK_OK(dsrt_optimizer_step(opt, net, step));
+        }
+        dsrt_backend_report r;
+        report(net, &r);
+        captures[ph] = r.captures;
+    }
+    dsrt_optimizer_destroy(opt);
+    return net;
+}
+
+/*
+ * Steps recorded as CUDA graphs and replayed give what the same steps
+ * launched op by op give, bit for bit (deterministic algorithms), with the
+ * learn rate changing every step (read from device memory: no new
+ * recording), dropout's step too; a new batch size records again, going
+ * back to a recorded size does not; a gradient hook installed mid-run cuts
+ * the recording at its buckets (a new recording) and is called as often
+ * as op by op. In the fake build: no forbidden call inside a capture and
+ * no host wait on an event a replay does not record.
+ */
+static void test_graphs(void) {
+    float la[28], lb[28];
+    int64_t ca[4], cb[4];
+    hook_count ha = {0, 0}, hb = {0, 0};
+#ifdef DSRT_FAKE_GPU
+    fakegpu_reset_stats();
+#endif
+    dsrt_net *a = graph_run(1, la, ca, &ha);
+#ifdef DSRT_FAKE_GPU
+    fakegpu_stats st = fakegpu_get_stats();
+    CHECK(st.captures > 0 && st.graph_launches > 0);
+    CHECK_EQ(st.capture_violations, 0);
+    CHECK_EQ(st.stale_event_waits, 0);
+    CHECK_EQ(st.seg_table_races, 0);
+#endif
+    dsrt_net *b = graph_run(0, lb, cb, &hb);
+    CHECK(memcmp(la, lb, sizeof la) == 0);
+    size_t np;
+    const float *wa = dsrt_net_params(a, &np);
+    CHECK(memcmp(wa, dsrt_net_params(b, NULL), np * sizeof(float)) == 0);
+    CHECK(memcmp(dsrt_net_state(a, NULL), dsrt_net_state(b, NULL), a->n_state * sizeof(float)) ==
+          0);
+    dsrt_backend_report ra, rb;
+    report(a, &ra);
+    report(b, &rb);
+    if (G >= 0) {
+        printf("  recordings after each phase: %lld %lld %lld %lld; %lld of 28 steps replayed\n",
+               (long long)ca[0], (long long)ca[1], (long long)ca[2], (long long)ca[3],
+               (long long)ra.graph_steps);
+        CHECK(ca[0] > 0);       /* recorded once warm */
+        CHECK(ca[1] > ca[0]);   /* a new shape records again */
+        CHECK_EQ(ca[2], ca[1]); /* a recorded shape replays: schedule and all */
+        CHECK(ca[3] > ca[2]);   /* the hook is part of what was recorded */
+        CHECK(ra.graph_steps > 10);
+        CHECK_EQ(rb.captures, 0);
+        CHECK_EQ(rb.graph_steps, 0);
+    }
+    CHECK(ha.ready > 0 && ha.ready == hb.ready && ha.backward == hb.backward);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
+#ifdef DSRT_FAKE_GPU
+/* With cuDNN refusing the fused convolution and batchnorm's Ex calls, the
+ * backend's fallbacks compute the same: layers against the CPU in fp32 and
+ * bf16; and without refusals the fused calls did run. */
+static void test_fused_fallback(void) {
+    const int nets[] = {0, 3};
+    for (int refuse = 0; refuse < 2; refuse++) {
+        fakegpu_refuse(refuse ? FAKEGPU_REFUSE_FUSED_CONV | FAKEGPU_REFUSE_BN_EX : 0);
+        fakegpu_reset_stats();
+        for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec += 2)
+            for (size_t k = 0; k < DSRT_ARRAY_SIZE(nets); k++) {
+                char tag[96];
+                snprintf(tag, sizeof tag, "net %d, %s, %s", nets[k],
+                         dsrt_precision_name((dsrt_precision)prec),
+                         refuse ? "fused calls refused" : "fused");
+                check_net(&NETS[nets[k]], (dsrt_precision)prec, (uint64_t)nets[k] + 1, TOL[prec],
+                          prec == DSRT_PRECISION_FP32 ? TOL[prec] : -1, tag);
+                check_net(&ISOLATED[0], (dsrt_precision)prec, 1, TOL[prec], -1, tag);
+            }
+        fakegpu_stats st = fakegpu_get_stats();
+        if (refuse) {
+            CHECK_EQ(st.fused_convs, 0);
+            CHECK_EQ(st.bn_ex_calls, 0);
+        } else {
+            CHECK(st.fused_convs > 0);
+            CHECK(st.bn_ex_calls > 0);
+        }
+    }
+    fakegpu_refuse(0);
+}
+#endif
+
+// ----------------------------------------------------------------------------
+// Profile
+
+/* Every layer that computes has a forward time, every one with parameters
+ * a backward time; steps and the optimizer counted, replays included. */
+static void test_profile(void) {
+    dsrt_net *g =
+        make_on(GRAPH_NET, 0, 0, 0, 4, G, G >= 0 ? DSRT_PRECISION_BF16 : DSRT_PRECISION_FP32, 0);
+    dsrt_optimizer *og;
+    CHECK_OK(dsrt_optimizer_create(&og, g, NULL));
+    float x[8 * 3 * 8 * 8];
+    int32_t y[8];
+    fill(x, sizeof x / sizeof x[0], 5, -1, 1);
+    labels_for(y, 8, 4, 5);
+    dsrt_net_profile pr;
+    CHECK_EQ(dsrt_net_profile_read(g, &pr, NULL, 0), -ENOENT);
+    for (int s = 0; s < 9; s++) {
+        if (s == 2) CHECK_OK(dsrt_net_profile_start(g));
+        CHECK_OK(dsrt_net_forward_backward(g, x, y, 8, NULL, NULL));
+        CHECK_OK(dsrt_optimizer_step(og, g, 0));
+    }
+    dsrt_net_profile_stop(g);
+    CHECK_OK(dsrt_net_forward_backward(g, x, y, 8, NULL, NULL)); /* not timed */
+    dsrt_layer_profile lp[16];
+    int n = dsrt_net_profile_read(g, &pr, lp, 16);
+    REQUIRE(n == g->n_layers);
+    CHECK_EQ(pr.steps, 7);
+    CHECK_EQ(pr.device_events, G >= 0);
+    CHECK(pr.step_ms > 0 && pr.layers_ms > 0 && pr.optimizer_ms > 0);
+    CHECK(pr.gaps_per_step > 0 && pr.gaps_ms >= 0);
+    for (int i = 1; i < n; i++) {
+        const dsrt_layer *L = &g->layers[i];
+        if (L->fused_away) {
+            CHECK(lp[i].forward_ms == 0 && lp[i].backward_ms == 0);
+            continue;
+        }
+        CHECK(lp[i].forward_ms > 0);
+        if (L->w_n) CHECK(lp[i].backward_ms > 0);
+    }
+    if (G >= 0) {
+        CHECK(pr.graph_steps > 0 && pr.captures > 0 && pr.graphs);
+        CHECK(pr.fused_library > 0);
+        printf("  profile: %.3f ms a step (layers %.3f, optimizer %.3f), gaps %.3f ms in %.0f; "
+               "%lld of %lld steps replayed\n",
+               pr.step_ms, pr.layers_ms, pr.optimizer_ms, pr.gaps_ms, pr.gaps_per_step,
+               (long long)pr.graph_steps, (long long)pr.steps);
+    }
+    dsrt_optimizer_destroy(og);
+    dsrt_net_destroy(g);
 }
 
 // ----------------------------------------------------------------------------
@@ -974,5 +1224,10 @@ int main(void) {
     RUN_WANTED(test_cpu_gpu_files);
     RUN_WANTED(test_flat_alignment);
     RUN_WANTED(test_reserve);
+    RUN_WANTED(test_graphs);
+#ifdef DSRT_FAKE_GPU
+    RUN_WANTED(test_fused_fallback);
+#endif
+    RUN_WANTED(test_profile);
     return TEST_RESULT();
 }

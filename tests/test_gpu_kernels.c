@@ -7,8 +7,13 @@
  * float output), padding, ReLU, the bias, dropout (against the CPU
  * backend's sequential masks), the softmax gradient and the conversions;
  * softmax probabilities and loss within 1e-6 relative (exp in double on
- * either side); bias gradients within 1e-5 of the column's absolute sum
- * (float sums in another order); the optimizer against nn/optim.c through
+ * either side), bfloat16 logits and gradients bit for bit against the
+ * float results of the rounded values; bias gradients within 1e-5 of the
+ * column's absolute sum (float sums in another order), the gradient masked
+ * by the folded ReLU bit for bit; pooling (max exactly, average and every
+ * backward within 1e-6) and LRN (1e-6) against plain references in both
+ * layouts; the step's scalars read from device memory giving what the
+ * launch arguments give; the optimizer against nn/optim.c through
  * dsrt_optimizer_step, bit for bit without norm clipping and within 1e-5
  * relative with it (optim.c sums squares in float lanes, the GPU in
  * double); synchronised batchnorm's sums within 1e-12 of the absolute
@@ -329,56 +334,189 @@ static void test_relu(void) {
     }
 }
 
+/* The bias and ReLU of a fully connected layer (n, out) and of a
+ * convolution (NHWC, both types); the bias gradient over NHWC with and
+ * without the ReLU's backward folded in: the masked gradient bit for bit,
+ * the sums within 1e-5 of the column's absolute sum (float sums in another
+ * order), the same bits run to run. */
 static void test_bias(void) {
-    const int shapes[][2] = {{7, 45}, {300, 70}, {1, 1}, {129, 33}};
-    for (size_t s = 0; s < DSRT_ARRAY_SIZE(shapes); s++) {
-        int n = shapes[s][0], out = shapes[s][1];
-        size_t cnt = (size_t)n * out;
-        float *x = hmalloc(cnt * 4), *y = hmalloc(cnt * 4), *b = hmalloc(out * 4);
-        float *db = hmalloc(out * 4), *db2 = hmalloc(out * 4);
-        dsrt_rng r = dsrt_rng_init(25, s, 0, 0);
-        for (size_t i = 0; i < cnt; i++) x[i] = uniform(&r, -3, 3);
-        for (int o = 0; o < out; o++) b[o] = uniform(&r, -1, 1);
-        float *dx = dcopy(x, cnt * 4), *dbias = dcopy(b, out * 4), *dout = dalloc(cnt * 4);
-        float *ddb = dalloc(out * 4);
-        for (int relu = 0; relu < 2; relu++) {
-            for (size_t i = 0; i < cnt; i++) {
-                float v = x[i] + b[i % out];
-                if (relu && v < 0) v *= 0.25f;
-                y[i] = v;
+    const int shapes[][4] = {
+        {7, 1, 1, 45}, {300, 1, 1, 70}, {1, 1, 1, 1}, {4, 13, 11, 33}, {3, 120, 100, 5}};
+    for (size_t sh = 0; sh < DSRT_ARRAY_SIZE(shapes); sh++)
+        for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++) {
+            int n = shapes[sh][0], h = shapes[sh][1], w = shapes[sh][2], out = shapes[sh][3];
+            dsrt_k_desc d = {n, out, h, w, 1, (dsrt_k_type)t};
+            size_t cnt = count_of(&d), rows = (size_t)n * h * w;
+            float *x = hmalloc(cnt * 4), *y = hmalloc(cnt * 4), *b = hmalloc(out * 4);
+            float *dy = hmalloc(cnt * 4), *db = hmalloc(out * 4), *db2 = hmalloc(out * 4);
+            dsrt_rng r = dsrt_rng_init(25, sh, t, 0);
+            for (size_t i = 0; i < cnt; i++) x[i] = uniform(&r, -3, 3), dy[i] = uniform(&r, -1, 1);
+            for (int o = 0; o < out; o++) b[o] = uniform(&r, -1, 1);
+            round_to_type(&d, x), round_to_type(&d, dy);
+            void *hx = as_type(&d, x), *hdy = as_type(&d, dy);
+            void *dx = dcopy(hx, bytes_of(&d)), *dout = dalloc(bytes_of(&d));
+            float *dbias = dcopy(b, out * 4), *ddb = dalloc(out * 4);
+            for (int relu = 0; relu < 2; relu++) {
+                for (size_t i = 0; i < cnt; i++) {
+                    float v = x[i] + b[i % out];
+                    if (relu && v < 0) v *= 0.25f;
+                    y[i] = v;
+                }
+                LAUNCH(dsrt_k_bias_act(&d, dx, dbias, dout, relu, 0.25f, S));
+                CHECK_EQ(check_tensor("bias", &d, dout, y, FUSED_TOL), 0);
             }
-            LAUNCH(dsrt_k_bias_act(dx, dbias, dout, n, out, relu, 0.25f, S));
-            float *got = hmalloc(cnt * 4);
-            get(got, dout, cnt * 4);
-            CHECK_EQ(mismatches("bias", got, y, cnt, 0, 0), 0);
+            /* The gradient behind a leaky ReLU whose output is x. */
+            void *work = dalloc(dsrt_k_bias_grad_work(&d));
+            for (int fold = 0; fold < 2; fold++) {
+                void *ddy = dcopy(hdy, bytes_of(&d));
+                float *want = hmalloc(cnt * 4);
+                for (size_t i = 0; i < cnt; i++)
+                    want[i] = fold && !(x[i] > 0) ? dy[i] * 0.1f : dy[i];
+                round_to_type(&d, want);
+                LAUNCH(dsrt_k_bias_grad(&d, ddy, fold ? dx : NULL, 0.1f, ddb, work, S));
+                CHECK_EQ(check_tensor("masked gradient", &d, ddy, want, 0), 0);
+                get(db, ddb, out * 4);
+                int bad = 0;
+                for (int o = 0; o < out; o++) {
+                    double sum = 0, abs = 0;
+                    for (size_t k = 0; k < rows; k++)
+                        sum += want[k * out + o], abs += fabs(want[k * out + o]);
+                    if (!(fabs(db[o] - sum) <= 1e-5 * abs + 1e-30) && bad++ < 5)
+                        fprintf(stderr, "  bias grad[%d]: got %.9g, want %.9g\n", o, db[o], sum);
+                }
+                CHECK_EQ(bad, 0);
+                put(ddy, hdy, bytes_of(&d));
+                LAUNCH(dsrt_k_bias_grad(&d, ddy, fold ? dx : NULL, 0.1f, ddb, work, S));
+                get(db2, ddb, out * 4);
+                CHECK_EQ(memcmp(db, db2, out * 4), 0); /* run to run identical */
+                CU(cudaFree(ddy));
+                free(want);
+            }
+            dsrt_k_desc nchw = d;
+            nchw.nhwc = 0;
+            nchw.h = 2;
+            CHECK_EQ(dsrt_k_bias_grad(&nchw, dx, NULL, 0, ddb, work, S), cudaErrorInvalidValue);
+            CU(cudaFree(work));
+            CU(cudaFree(dx));
+            CU(cudaFree(dbias));
+            CU(cudaFree(dout));
+            CU(cudaFree(ddb));
+            free(x), free(y), free(b), free(dy), free(db), free(db2), free(hx), free(hdy);
+        }
+}
+
+// ----------------------------------------------------------------------------
+// Pooling and local response normalisation
+
+/* Pooling forward against a plain loop (max exactly, average within
+ * 1e-6), backward against tests/nnref.h's reference (1e-6), in both
+ * layouts; bfloat16 forward exactly as the float result rounded (max) or
+ * within bf16 rounding (average). */
+static void test_pool(void) {
+    static const int cases[][9] = {
+        /* kh kw sh sw pt pl max pb pr */
+        {3, 3, 2, 2, 1, 1, 1, 1, 1}, {2, 2, 1, 1, 0, 0, 1, 0, 0}, {3, 3, 2, 2, 1, 0, 0, 0, 1},
+        {3, 3, 2, 2, 0, 1, 1, 1, 0}, {9, 8, 1, 1, 0, 0, 0, 0, 0},
+    };
+    enum { N = 2, C = 5, H = 9, W = 8, CNT = N * C * H * W };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        const int *cs = cases[k];
+        int oh = (H + cs[4] + cs[7] - cs[0]) / cs[2] + 1;
+        int ow = (W + cs[5] + cs[8] - cs[1]) / cs[3] + 1;
+        int ocnt = N * C * oh * ow;
+        float x[CNT], dy[CNT], out[CNT], dxr[CNT];
+        dsrt_rng r = dsrt_rng_init(41, k, 0, 0);
+        for (int i = 0; i < CNT; i++) x[i] = uniform(&r, -2, 2), dy[i] = uniform(&r, -1, 1);
+        for (int b = 0; b < N; b++)
+            for (int c = 0; c < C; c++)
+                for (int y = 0; y < oh; y++)
+                    for (int z = 0; z < ow; z++) {
+                        float best = -INFINITY, sum = 0;
+                        for (int rr = 0; rr < cs[0]; rr++)
+                            for (int q = 0; q < cs[1]; q++) {
+                                int ih = y * cs[2] - cs[4] + rr, iw = z * cs[3] - cs[5] + q;
+                                if (ih < 0 || iw < 0 || ih >= H || iw >= W) continue;
+                                float v = x[(((size_t)b * C + c) * H + ih) * W + iw];
+                                best = v > best ? v : best;
+                                sum += v;
+                            }
+                        out[(((size_t)b * C + c) * oh + y) * ow + z] =
+                            cs[6] ? best : sum / (float)(cs[0] * cs[1]);
+                    }
+        ref_pool_bwd(x, dy, dxr, N, C, H, W, oh, ow, cs[0], cs[1], cs[2], cs[3], cs[4], cs[5],
+                     cs[6]);
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_pool p = {{N, C, H, W, nhwc, DSRT_K_F32},
+                             {N, C, oh, ow, nhwc, DSRT_K_F32},
+                             cs[0],
+                             cs[1],
+                             cs[2],
+                             cs[3],
+                             cs[4],
+                             cs[5],
+                             cs[6] ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
+            float xl[CNT], dyl[CNT], want[CNT];
+            to_layout(&p.xd, x, xl);
+            to_layout(&p.yd, dy, dyl);
+            float *dxx = dcopy(xl, CNT * 4), *dyy = dalloc(ocnt * 4), *ddy = dcopy(dyl, ocnt * 4);
+            float *ddx = dalloc(CNT * 4);
+            LAUNCH(dsrt_k_pool_fwd(&p, dxx, dyy, S));
+            to_layout(&p.yd, out, want);
+            CHECK_EQ(check_tensor("pooling", &p.yd, dyy, want, cs[6] ? 0 : 1e-6), 0);
+            LAUNCH(dsrt_k_pool_bwd(&p, dxx, ddy, ddx, S));
+            float *got = hmalloc(CNT * 4);
+            get(got, ddx, CNT * 4);
+            to_layout(&p.xd, dxr, want);
+            CHECK_EQ(mismatches("pooling backward", got, want, CNT, 1e-6, 1e-7), 0);
+            CU(cudaFree(dxx));
+            CU(cudaFree(dyy));
+            CU(cudaFree(ddy));
+            CU(cudaFree(ddx));
             free(got);
         }
-        /* No bias: + 0 (turns -0 into +0, as the CPU backend). */
-        for (size_t i = 0; i < cnt; i++) y[i] = x[i] + 0.0f;
-        LAUNCH(dsrt_k_bias_act(dx, NULL, dout, n, out, 0, 0.0f, S));
-        CHECK_EQ(
-            check_tensor("no bias", &(dsrt_k_desc){1, 1, 1, (int)cnt, 0, DSRT_K_F32}, dout, y, 0),
-            0);
-        /* Gradient: column sums, within 1e-5 of the column's absolute sum. */
-        LAUNCH(dsrt_k_bias_grad(dx, ddb, n, out, S));
-        get(db, ddb, out * 4);
-        int bad = 0;
-        for (int o = 0; o < out; o++) {
-            double sum = 0, abs = 0;
-            for (int k = 0; k < n; k++)
-                sum += x[(size_t)k * out + o], abs += fabs(x[(size_t)k * out + o]);
-            if (!(fabs(db[o] - sum) <= 1e-5 * abs) && bad++ < 5)
-                fprintf(stderr, "  bias grad[%d]: got %.9g, want %.9g\n", o, db[o], sum);
-        }
-        CHECK_EQ(bad, 0);
-        LAUNCH(dsrt_k_bias_grad(dx, ddb, n, out, S));
-        get(db2, ddb, out * 4);
-        CHECK_EQ(memcmp(db, db2, out * 4), 0); /* run to run identical */
-        CU(cudaFree(dx));
-        CU(cudaFree(dbias));
-        CU(cudaFree(dout));
-        CU(cudaFree(ddb));
-        free(x), free(y), free(b), free(db), free(db2);
+    }
+    dsrt_k_pool bad = {{1, 1, 2, 2, 1, DSRT_K_F32},
+                       {1, 1, 1, 1, 0, DSRT_K_F32},
+                       2,
+                       2,
+                       1,
+                       1,
+                       0,
+                       0,
+                       DSRT_K_POOL_MAX};
+    CHECK_EQ(dsrt_k_pool_fwd(&bad, NULL, NULL, S), cudaErrorInvalidValue);
+}
+
+static void test_lrn(void) {
+    enum { N = 2, C = 9, H = 5, W = 4, HW = H * W, CNT = N * C * HW };
+    const dsrt_k_lrn l = {5, 1e-1f, 0.75f, 1.0f};
+    float x[CNT], dy[CNT], y[CNT], dxr[CNT];
+    dsrt_rng r = dsrt_rng_init(42, 0, 0, 0);
+    for (int i = 0; i < CNT; i++) x[i] = uniform(&r, -3, 3), dy[i] = uniform(&r, -1, 1);
+    for (size_t b = 0; b < N; b++)
+        for (int c = 0; c < C; c++)
+            for (int k = 0; k < HW; k++) {
+                size_t i = (b * C + c) * HW + k;
+                y[i] = (float)(x[i] * pow(ref_lrn_scale(x, C, HW, b, c, k, l.size, l.alpha, l.k),
+                                          -(double)l.beta));
+            }
+    ref_lrn_bwd(x, y, dy, dxr, N, C, HW, l.size, l.alpha, l.beta, l.k);
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+        float xl[CNT], dyl[CNT], yl[CNT], want[CNT];
+        to_layout(&d, x, xl), to_layout(&d, dy, dyl), to_layout(&d, y, yl);
+        float *dxx = dcopy(xl, CNT * 4), *dyy = dalloc(CNT * 4), *ddy = dcopy(dyl, CNT * 4);
+        float *ddx = dalloc(CNT * 4);
+        LAUNCH(dsrt_k_lrn_fwd(&d, &l, dxx, dyy, S));
+        CHECK_EQ(check_tensor("lrn", &d, dyy, yl, 1e-6), 0);
+        put(dyy, yl, CNT * 4);
+        LAUNCH(dsrt_k_lrn_bwd(&d, &l, dxx, dyy, ddy, ddx, S));
+        to_layout(&d, dxr, want);
+        CHECK_EQ(check_tensor("lrn backward", &d, ddx, want, 1e-6), 0);
+        CU(cudaFree(dxx));
+        CU(cudaFree(dyy));
+        CU(cudaFree(ddy));
+        CU(cudaFree(ddx));
     }
 }
 
@@ -416,7 +554,8 @@ static void test_bn_sync(void) {
         double *dsums = dalloc((2 * c + 1) * 8), *dbs = dalloc(2 * c * 8);
 
         /* Forward sums. */
-        LAUNCH(dsrt_k_bn_sums(dx_, n, c, hw, dsums, S));
+        const dsrt_k_desc xd = {n, c, 1, hw, 0, DSRT_K_F32};
+        LAUNCH(dsrt_k_bn_sums(&xd, dx_, dsums, S));
         get(sums, dsums, (2 * c + 1) * 8);
         ref_bn_sums(x, n, c, hw, ref);
         float *ax = hmalloc(cnt * 4), *ady = hmalloc(cnt * 4), *zero = hmalloc(c * 4);
@@ -424,7 +563,7 @@ static void test_bn_sync(void) {
         ref_bn_sums(ax, n, c, hw, mag);
         CHECK_EQ(dmismatches("bn sums", sums, ref, mag, 2 * (size_t)c + 1, 1e-12), 0);
         CHECK(sums[2 * c] == (double)n * hw);
-        LAUNCH(dsrt_k_bn_sums(dx_, n, c, hw, dsums, S));
+        LAUNCH(dsrt_k_bn_sums(&xd, dx_, dsums, S));
         get(again, dsums, (2 * c + 1) * 8);
         CHECK_EQ(memcmp(sums, again, (2 * c + 1) * 8), 0);
 
@@ -446,7 +585,8 @@ static void test_bn_sync(void) {
 
         /* Backward sums and parameter gradients. */
         float *dpar = dalloc(2 * c * 4), *par = hmalloc(2 * c * 4);
-        LAUNCH(dsrt_k_bn_bwd_sums(dx_, ddy, dst, dst + 2 * c, n, c, hw, dbs, dpar, dpar + c, S));
+        LAUNCH(dsrt_k_bn_bwd_sums(&xd, dx_, ddy, NULL, 0.0f, dst, dst + 2 * c, dbs, dpar, dpar + c,
+                                  S));
         double *bs = hmalloc(2 * c * 8), *bref = hmalloc(2 * c * 8), *babs = hmalloc(2 * c * 8);
         float *pref = hmalloc(2 * c * 4);
         get(bs, dbs, 2 * c * 8);
@@ -468,11 +608,35 @@ static void test_bn_sync(void) {
         for (int k = 0; k < c; k++) scale[k] = uniform(&r, 0.5f, 1.5f);
         float *dscale = dcopy(scale, c * 4);
         put(dbs, bref, 2 * c * 8);
-        LAUNCH(dsrt_k_bn_bwd_dx(dx_, ddy, dst, dst + 2 * c, dscale, dbs, dsums + 2 * c, n, c, hw,
-                                ddx, S));
+        LAUNCH(dsrt_k_bn_bwd_dx(&xd, dx_, ddy, NULL, 0.0f, dst, dst + 2 * c, dscale, dbs,
+                                dsums + 2 * c, ddx, S));
         get(got, ddx, cnt * 4);
         ref_bn_bwd_dx(x, dy, st, st + 2 * c, scale, bref, sums[2 * c], n, c, hw, want);
         CHECK_EQ(mismatches("bn input gradient", got, want, cnt, 1e-6, 1e-7), 0);
+
+        /* The normalised output (leaky ReLU after it), from the batch's
+         * statistics and, at inference, from a variance. */
+        float *shift = hmalloc(c * 4);
+        for (int k = 0; k < c; k++) shift[k] = uniform(&r, -0.5f, 0.5f);
+        float *dshift = dcopy(shift, c * 4);
+        for (int pass = 0; pass < 2; pass++) {
+            for (int b = 0; b < n; b++)
+                for (int ch = 0; ch < c; ch++)
+                    for (int k = 0; k < hw; k++) {
+                        size_t i = ((size_t)b * c + ch) * hw + k;
+                        double is =
+                            pass ? 1.0 / sqrt((double)st[4 * c + ch] + 1e-3) : st[2 * c + ch];
+                        float v = (float)(((double)x[i] - st[ch]) * is * scale[ch] + shift[ch]);
+                        want[i] = v < 0 ? v * 0.1f : v;
+                    }
+            LAUNCH(dsrt_k_bn_apply(&xd, dx_, dst, pass ? NULL : dst + 2 * c,
+                                   pass ? dst + 4 * c : NULL, 1e-3f, dscale, dshift, 1, 0.1f, ddx,
+                                   S));
+            get(got, ddx, cnt * 4);
+            CHECK_EQ(mismatches("bn output", got, want, cnt, 1e-6, 1e-7), 0);
+        }
+        CU(cudaFree(dshift));
+        free(shift);
 
         /* A count that is not positive: NaN statistics, running ones kept. */
         double zero_count = 0;
@@ -487,8 +651,9 @@ static void test_bn_sync(void) {
         CHECK_EQ(nans, 3 * c);
         CHECK_EQ(memcmp(st + 3 * c, keep, 2 * c * 4), 0);
         /* Nothing to do is no launch. */
-        CHECK_EQ(dsrt_k_bn_sums(dx_, n, 0, hw, dsums, S), cudaSuccess);
-        CHECK_EQ(dsrt_k_bn_bwd_dx(dx_, ddy, dst, dst, dscale, dbs, dsums, 0, c, hw, ddx, S),
+        const dsrt_k_desc none = {n, 0, 1, hw, 0, DSRT_K_F32}, empty = {0, c, 1, hw, 0, DSRT_K_F32};
+        CHECK_EQ(dsrt_k_bn_sums(&none, dx_, dsums, S), cudaSuccess);
+        CHECK_EQ(dsrt_k_bn_bwd_dx(&empty, dx_, ddy, NULL, 0, dst, dst, dscale, dbs, dsums, ddx, S),
                  cudaSuccess);
 
         void *dev[] = {dx_, ddy, ddx, dsums, dbs, dst, dpar, dscale};
@@ -526,11 +691,16 @@ static void test_dropout(void) {
                 to_layout(&d, xs, xl);
                 void *hx = as_type(&d, xl), *dx = dcopy(hx, bytes_of(&d)),
                      *dy = dalloc(bytes_of(&d));
-                LAUNCH(dsrt_k_dropout(&d, dx, dy, seed, iter, layer, p, S));
+                LAUNCH(dsrt_k_dropout(&d, dx, dy, seed, iter, NULL, layer, p, S));
                 to_layout(&d, ref, want);
                 CHECK_EQ(check_tensor("dropout", &d, dy, want, 0), 0);
+                /* The step read from device memory: the same masks. */
+                uint64_t *dit = dcopy(&iter, sizeof iter);
+                LAUNCH(dsrt_k_dropout(&d, dx, dy, seed, 0, dit, layer, p, S));
+                CHECK_EQ(check_tensor("dropout, step on the device", &d, dy, want, 0), 0);
+                CU(cudaFree(dit));
                 /* In place (the backward on dy uses the same call). */
-                LAUNCH(dsrt_k_dropout(&d, dx, dx, seed, iter, layer, p, S));
+                LAUNCH(dsrt_k_dropout(&d, dx, dx, seed, iter, NULL, layer, p, S));
                 CHECK_EQ(check_tensor("dropout in place", &d, dx, want, 0), 0);
                 CU(cudaFree(dx));
                 CU(cudaFree(dy));
@@ -541,10 +711,10 @@ static void test_dropout(void) {
     for (int i = 0; i < CNT; i++) ones[i] = 1.0f;
     dsrt_k_desc d = {N, C, H, W, 0, DSRT_K_F32};
     float *dx = dcopy(ones, sizeof ones);
-    LAUNCH(dsrt_k_dropout(&d, dx, dx, 9, 10, 11, 0.25f, S));
+    LAUNCH(dsrt_k_dropout(&d, dx, dx, 9, 10, NULL, 11, 0.25f, S));
     ref_dropout_mask(m, CNT, 9, 10, 11, 0.25f);
     CHECK_EQ(check_tensor("mask", &d, dx, m, 0), 0);
-    CHECK_EQ(dsrt_k_dropout(&d, dx, dx, 9, 10, 11, 1.0f, S), cudaErrorInvalidValue);
+    CHECK_EQ(dsrt_k_dropout(&d, dx, dx, 9, 10, NULL, 11, 1.0f, S), cudaErrorInvalidValue);
     CU(cudaFree(dx));
 }
 
@@ -563,7 +733,7 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
     int32_t *dl = dcopy(labels, n * 4), *dc = dalloc(4);
     double *dloss = dalloc(8);
     void *work = dalloc(dsrt_k_softmax_xent_work(n));
-    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, dl, n, k, dp, dloss, dc, work, S));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, n, k, dp, dloss, dc, work, S));
     get(got, dp, cnt * 4), get(&gl, dloss, 8), get(&gc, dc, 4);
     fprintf(stderr, "  %s: loss %.17g (C %.17g), correct %d (C %d)\n", what, gl, loss, gc, correct);
     CHECK_EQ(mismatches(what, got, probs, cnt, 1e-6, 1e-30), 0);
@@ -575,20 +745,44 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
         CHECK_NEAR(gl, loss, 1e-6 * fabs(loss));
     }
     /* Run to run identical. */
-    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, dl, n, k, dp, dloss, dc, work, S));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, n, k, dp, dloss, dc, work, S));
     get(&gl2, dloss, 8), get(&gc2, dc, 4);
     CHECK(memcmp(&gl, &gl2, 8) == 0 && gc == gc2);
     /* Backward from the GPU's probabilities, as the CPU rounds it. */
     float scale = 1.0f / n;
     for (size_t i = 0; i < cnt; i++) dz[i] = got[i] * scale;
     for (int b = 0; b < n; b++) dz[(size_t)b * k + labels[b]] -= scale;
-    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, n, k, scale, ddz, S));
+    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, n, k, scale, NULL, ddz, DSRT_K_F32, S));
     float *gdz = hmalloc(cnt * 4);
     get(gdz, ddz, cnt * 4);
     CHECK_EQ(mismatches("softmax backward", gdz, dz, cnt, FUSED_TOL, 0), 0);
+    /* bfloat16 logits and gradient, the scale read from the device: the
+     * float results of the rounded logits, the gradient rounded once. */
+    dsrt_k_desc bd = {1, 1, 1, (int)cnt, 0, DSRT_K_BF16};
+    float *zr = hmalloc(cnt * 4), *pr = hmalloc(cnt * 4), *dzr = hmalloc(cnt * 4);
+    memcpy(zr, z, cnt * 4);
+    round_to_type(&bd, zr);
+    void *hz16 = as_type(&bd, zr), *dz16 = dcopy(hz16, cnt * 2), *ddz16 = dalloc(cnt * 2);
+    float *dsc = dcopy(&scale, 4);
+    put(dzz, zr, cnt * 4);
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, n, k, dp, dloss, dc, work, S));
+    get(pr, dp, cnt * 4);
+    LAUNCH(dsrt_k_softmax_xent_fwd(dz16, DSRT_K_BF16, dl, n, k, dp, dloss, dc, work, S));
+    CHECK_EQ(check_tensor("softmax, bf16 logits", &(dsrt_k_desc){1, 1, 1, (int)cnt, 0, DSRT_K_F32},
+                          dp, pr, 0),
+             0);
+    for (size_t i = 0; i < cnt; i++) dzr[i] = pr[i] * scale;
+    for (int b = 0; b < n; b++) dzr[(size_t)b * k + labels[b]] -= scale;
+    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, n, k, 0.0f, dsc, ddz16, DSRT_K_BF16, S));
+    CHECK_EQ(check_tensor("softmax backward, bf16", &bd, ddz16, dzr, 0), 0);
+    put(dzz, z, cnt * 4);
+    CU(cudaFree(dz16));
+    CU(cudaFree(ddz16));
+    CU(cudaFree(dsc));
+    free(zr), free(pr), free(dzr), free(hz16);
     /* Without labels: probabilities only, the scalars untouched. */
     CU(cudaMemset(dloss, 0, 8));
-    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, NULL, n, k, dp, dloss, dc, work, S));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, NULL, n, k, dp, dloss, dc, work, S));
     get(&gl2, dloss, 8);
     CHECK(gl2 == 0.0);
     get(got, dp, cnt * 4);
@@ -684,11 +878,15 @@ static void optim_case(dsrt_solver solver, int clip, double threshold) {
         CHECK_OK(dsrt_optimizer_step(opt, net, epoch));
         dsrt_k_step st;
         dsrt_k_optim_step_params(&st, &o, lr, step + 1);
+        /* The second copy reads the step's scalars from the device. */
+        dsrt_k_consts *kc = dalloc(sizeof *kc);
+        LAUNCH(dsrt_k_set_consts(kc, &(dsrt_k_consts){st, 0, 0, 0}, S));
         for (int c = 0; c < 2; c++) {
             put(gs[c].g, g, bytes);
-            LAUNCH(dsrt_k_optim_update(&ko, &st, gs[c].w, gs[c].g, gs[c].m,
+            LAUNCH(dsrt_k_optim_update(&ko, &st, c ? &kc->step : NULL, gs[c].w, gs[c].g, gs[c].m,
                                        solver == DSRT_SOLVER_ADAM ? gs[c].v : NULL, gs[c].w16, S));
         }
+        CU(cudaFree(kc));
         get(hw, gs[0].w, bytes), get(hg, gs[0].g, bytes), get(h16, gs[0].w16, np * 2);
         /* Clipping changed the gradients of some segments (all for a global
          * scale), or of none when it is off or not reached. */
@@ -791,6 +989,8 @@ int main(void) {
     RUN_WANTED(test_pad);
     RUN_WANTED(test_relu);
     RUN_WANTED(test_bias);
+    RUN_WANTED(test_pool);
+    RUN_WANTED(test_lrn);
     RUN_WANTED(test_dropout);
     RUN_WANTED(test_bn_sync);
     RUN_WANTED(test_softmax);

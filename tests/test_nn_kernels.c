@@ -18,8 +18,12 @@
  * in double in another order). Against plain references (tests/nnref.h,
  * the CPU backend's formulas written out): the batchnorm backward sums and
  * input gradient, padding and cropping in every layout and type, ReLU, the
- * fully connected bias and its gradient, bfloat16 conversions. Reductions
- * give the same bits run to run. Where the C compiler may fuse multiplies
+ * bias with the ReLU after it and the bias gradient with the ReLU's backward
+ * folded in (NHWC, both types), pooling and local response normalisation
+ * (forward against the CPU net's layers, backward against references, both
+ * layouts and types), bfloat16 conversions, and the per-step scalars read
+ * from memory (dropout's step, the optimizer's scalars, the loss gradient's
+ * scale). Reductions give the same bits run to run. Where the C compiler may fuse multiplies
  * and adds in the CPU code (__FMA__), the bit-for-bit checks allow 1e-6.
  */
 #include "kernelcheck.h"
@@ -163,9 +167,16 @@ static void test_dropout(void) {
         for (int nhwc = 0; nhwc < 2; nhwc++) {
             dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
             void *t = to_tensor(&d, in);
-            CHECK_OK(dsrt_kh_dropout(&d, t, t, 17, (uint64_t)it, 2, 0.35f));
+            CHECK_OK(dsrt_kh_dropout(&d, t, t, 17, (uint64_t)it, NULL, 2, 0.35f));
             float *got = to_nchw(&d, t);
             CHECK_EQ(mismatches("dropout", got, out, CNT, 0, 0), 0);
+            free(got), free(t);
+            /* The step read from (device) memory instead: the same masks. */
+            uint64_t step = (uint64_t)it;
+            t = to_tensor(&d, in);
+            CHECK_OK(dsrt_kh_dropout(&d, t, t, 17, 0, &step, 2, 0.35f));
+            got = to_nchw(&d, t);
+            CHECK_EQ(mismatches("dropout, step in memory", got, out, CNT, 0, 0), 0);
             free(got), free(t);
         }
     }
@@ -173,10 +184,10 @@ static void test_dropout(void) {
     float ones[CNT], m[CNT];
     for (int i = 0; i < CNT; i++) ones[i] = 1.0f;
     dsrt_k_desc d = {N, C, H, W, 0, DSRT_K_F32};
-    CHECK_OK(dsrt_kh_dropout(&d, ones, ones, 9, 10, 11, 0.25f));
+    CHECK_OK(dsrt_kh_dropout(&d, ones, ones, 9, 10, NULL, 11, 0.25f));
     ref_dropout_mask(m, CNT, 9, 10, 11, 0.25f);
     CHECK_EQ(mismatches("mask", ones, m, CNT, 0, 0), 0);
-    CHECK_EQ(dsrt_kh_dropout(&d, ones, ones, 9, 10, 11, 1.0f), -EINVAL);
+    CHECK_EQ(dsrt_kh_dropout(&d, ones, ones, 9, 10, NULL, 11, 1.0f), -EINVAL);
     dsrt_net_destroy(net);
 }
 
@@ -197,7 +208,7 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
     int32_t ck = 0, ck2 = 0;
     CHECK_OK(dsrt__net_forward(net, z, n, 0, labels, &lc, &cc, pc));
     void *work = zalloc(dsrt_kb_softmax_work(n));
-    CHECK_OK(dsrt_kh_softmax_xent_fwd(z, labels, n, k, pk, &lk, &ck, work));
+    CHECK_OK(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, n, k, pk, &lk, &ck, work));
     CHECK_EQ(mismatches(what, pk, pc, cnt, 1e-6, 1e-30), 0);
     CHECK_EQ(ck, cc);
     if (isnan(lc))
@@ -205,14 +216,34 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
     else
         CHECK_NEAR(lk, lc, 1e-12 * fabs(lc) + 1e-15);
     /* Run to run, the same bits. */
-    CHECK_OK(dsrt_kh_softmax_xent_fwd(z, labels, n, k, pk, &lk2, &ck2, work));
+    CHECK_OK(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, n, k, pk, &lk2, &ck2, work));
     CHECK(memcmp(&lk, &lk2, sizeof lk) == 0 && ck == ck2);
     /* Backward from these probabilities, as the CPU rounds it. */
     float scale = 1.0f / n;
     for (size_t i = 0; i < cnt; i++) want[i] = pk[i] * scale;
     for (int b = 0; b < n; b++) want[(size_t)b * k + labels[b]] -= scale;
-    CHECK_OK(dsrt_kh_softmax_xent_bwd(pk, labels, n, k, scale, dz));
+    CHECK_OK(dsrt_kh_softmax_xent_bwd(pk, labels, n, k, scale, NULL, dz, DSRT_K_F32));
     CHECK_EQ(mismatches("softmax backward", dz, want, cnt, FUSED_TOL, 0), 0);
+    /* bfloat16 logits and gradient: the logits as bf16 holds them give the
+     * same bits as those values in float; the gradient is the float one
+     * rounded once, with the scale read from memory. */
+    dsrt_k_desc bd = {1, 1, 1, (int)cnt, 0, DSRT_K_BF16}, fd = bd;
+    fd.type = DSRT_K_F32;
+    void *z16 = to_tensor(&bd, z), *dz16 = zalloc(cnt * 2);
+    float *zr = to_nchw(&bd, z16), *p16 = zalloc(cnt * 4), *pr = zalloc(cnt * 4);
+    double l16 = 0, lr = 0;
+    int32_t c16 = 0, cr = 0;
+    CHECK_OK(dsrt_kh_softmax_xent_fwd(z16, DSRT_K_BF16, labels, n, k, p16, &l16, &c16, work));
+    CHECK_OK(dsrt_kh_softmax_xent_fwd(zr, DSRT_K_F32, labels, n, k, pr, &lr, &cr, work));
+    CHECK(memcmp(p16, pr, cnt * 4) == 0 && c16 == cr && (memcmp(&l16, &lr, 8) == 0 || isnan(lr)));
+    CHECK_OK(dsrt_kh_softmax_xent_bwd(pr, labels, n, k, 0.0f, &scale, dz16, DSRT_K_BF16));
+    CHECK_OK(dsrt_kh_softmax_xent_bwd(pr, labels, n, k, scale, NULL, dz, DSRT_K_F32));
+    float *got16 = to_nchw(&bd, dz16);
+    void *dzr = to_tensor(&bd, dz);
+    float *want16 = to_nchw(&bd, dzr);
+    CHECK_EQ(mismatches("softmax backward, bf16", got16, want16, cnt, 0, 0), 0);
+    (void)fd;
+    free(z16), free(dz16), free(zr), free(p16), free(pr), free(got16), free(dzr), free(want16);
     free(pc), free(pk), free(dz), free(want), free(work);
     dsrt_net_destroy(net);
 }
@@ -245,7 +276,7 @@ static void test_softmax(void) {
         softmax_case(what, z + 3 * row, labels + row, 1, 3);
     }
     float pr[3];
-    CHECK_EQ(dsrt_kh_softmax_xent_fwd(z, labels, 1, 0, pr, NULL, NULL, pr), -EINVAL);
+    CHECK_EQ(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, 1, 0, pr, NULL, NULL, pr), -EINVAL);
 }
 
 // ----------------------------------------------------------------------------
@@ -287,7 +318,8 @@ static void test_bn_sync(void) {
     CHECK_OK(dsrt__net_layer_output(net, 1, in, 1));
     /* Forward sums, against the CPU's. */
     double sums[2 * C + 1], sums2[2 * C + 1], scale[2 * C + 1];
-    CHECK_OK(dsrt_kh_bn_sums(in, N, C, HW, sums));
+    const dsrt_k_desc xd = {N, C, H, W, 0, DSRT_K_F32};
+    CHECK_OK(dsrt_kh_bn_sums(&xd, in, sums));
     memset(scale, 0, sizeof scale);
     for (int ch = 0; ch < C; ch++)
         for (int b = 0; b < N; b++)
@@ -302,7 +334,7 @@ static void test_bn_sync(void) {
         if (!(fabs(sums[i] - cap.fwd[i]) <= 1e-12 * scale[i]) && bad++ < 5)
             fprintf(stderr, "  bn sums[%d]: got %.17g, want %.17g\n", i, sums[i], cap.fwd[i]);
     CHECK_EQ(bad, 0);
-    CHECK_OK(dsrt_kh_bn_sums(in, N, C, HW, sums2));
+    CHECK_OK(dsrt_kh_bn_sums(&xd, in, sums2));
     CHECK(memcmp(sums, sums2, sizeof sums) == 0);
     /* Statistics and running averages from the CPU's sums, as the CPU net
      * updated its state. */
@@ -319,12 +351,38 @@ static void test_bn_sync(void) {
     CHECK_EQ(mismatches("mean", mean, m2, C, 0, 0), 0);
     CHECK_EQ(mismatches("variance", var, v2, C, 0, 0), 0);
     CHECK_EQ(mismatches("inverse deviation", inv, i2, C, 0, 0), 0);
+    /* The normalised output with the fused ReLU: the CPU net's layer 2
+     * (within 1e-6: oneDNN normalises in float), in both layouts; then at
+     * inference from the running statistics. */
+    {
+        float out[CNT], got[CNT];
+        const float *params = dsrt_net_params(net, NULL);
+        const float *scale = params + L->w_off, *shift = params + L->b_off;
+        CHECK_OK(dsrt__net_layer_output(net, 2, out, 1));
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+            void *tx = to_tensor(&d, in), *ty = zalloc(CNT * 4);
+            CHECK_OK(dsrt_kh_bn_apply(&d, tx, mean, inv, NULL, 0, scale, shift, 1, 0.0f, ty));
+            float *g = to_nchw(&d, ty);
+            CHECK_EQ(mismatches("bn output", g, out, CNT, 1e-6, 1e-6), 0);
+            free(tx), free(ty), free(g);
+        }
+        CHECK_OK(dsrt__net_forward(net, x, N, 0, NULL, NULL, NULL, NULL));
+        float in2[CNT];
+        CHECK_OK(dsrt__net_layer_output(net, 1, in2, 0));
+        CHECK_OK(dsrt__net_layer_output(net, 2, out, 0));
+        const float *st = dsrt_net_state(net, NULL) + L->s_off;
+        CHECK_OK(
+            dsrt_kh_bn_apply(&xd, in2, st, NULL, st + C, L->o.eps, scale, shift, 1, 0.0f, got));
+        CHECK_EQ(mismatches("bn inference output", got, out, CNT, 1e-6, 1e-6), 0);
+        CHECK_EQ(dsrt_kh_bn_apply(&xd, in2, st, NULL, NULL, 0, scale, shift, 0, 0, got), -EINVAL);
+    }
     /* Backward sums and the input gradient, against the references. */
     float dy[CNT], dx[CNT], dxr[CNT], ds[C], dh[C], dsr[C], dhr[C], sc[C];
     for (int i = 0; i < CNT; i++) dy[i] = uniform(&r, -1, 1);
     for (int ch = 0; ch < C; ch++) sc[ch] = uniform(&r, 0.5f, 1.5f);
     double bs[2 * C], bsr[2 * C], count = cap.fwd[2 * C];
-    CHECK_OK(dsrt_kh_bn_bwd_sums(in, dy, mean, inv, N, C, HW, bs, ds, dh));
+    CHECK_OK(dsrt_kh_bn_bwd_sums(&xd, in, dy, NULL, 0.0f, mean, inv, bs, ds, dh));
     ref_bn_bwd_sums(in, dy, mean, inv, N, C, HW, bsr, dsr, dhr);
     bad = 0;
     for (int i = 0; i < 2 * C; i++)
@@ -333,9 +391,35 @@ static void test_bn_sync(void) {
     CHECK_EQ(bad, 0);
     CHECK_EQ(mismatches("dscale", ds, dsr, C, 1e-6, 1e-7), 0);
     CHECK_EQ(mismatches("dshift", dh, dhr, C, 1e-6, 1e-7), 0);
-    CHECK_OK(dsrt_kh_bn_bwd_dx(in, dy, mean, inv, sc, bsr, &count, N, C, HW, dx));
+    CHECK_OK(dsrt_kh_bn_bwd_dx(&xd, in, dy, NULL, 0.0f, mean, inv, sc, bsr, &count, dx));
     ref_bn_bwd_dx(in, dy, mean, inv, sc, bsr, count, N, C, HW, dxr);
     CHECK_EQ(mismatches("bn input gradient", dx, dxr, CNT, 1e-6, 1e-7), 0);
+    /* NHWC bfloat16 with a leaky ReLU folded into the backward: the sums
+     * run over the same elements in the same order, so they equal those of
+     * float NCHW on the rounded values with dy masked by hand, bit for bit;
+     * the input gradient is the float one rounded. */
+    const dsrt_k_desc hd = {N, C, H, W, 1, DSRT_K_BF16};
+    void *x16 = to_tensor(&hd, in), *dy16 = to_tensor(&hd, dy), *dx16 = zalloc(CNT * 2);
+    float yv[CNT], dym[CNT];
+    for (int i = 0; i < CNT; i++) yv[i] = i % 3 ? uniform(&r, 0.1f, 1) : uniform(&r, -1, 0);
+    void *y16 = to_tensor(&hd, yv);
+    float *xr = to_nchw(&hd, x16), *dyr = to_nchw(&hd, dy16), *yr = to_nchw(&hd, y16);
+    for (int i = 0; i < CNT; i++) dym[i] = yr[i] > 0 ? dyr[i] : dyr[i] * 0.2f;
+    double s16[2 * C + 1], sf[2 * C + 1], b16[2 * C], bf[2 * C];
+    CHECK_OK(dsrt_kh_bn_sums(&hd, x16, s16));
+    CHECK_OK(dsrt_kh_bn_sums(&xd, xr, sf));
+    CHECK(memcmp(s16, sf, sizeof s16) == 0);
+    CHECK_OK(dsrt_kh_bn_bwd_sums(&hd, x16, dy16, y16, 0.2f, mean, inv, b16, NULL, NULL));
+    CHECK_OK(dsrt_kh_bn_bwd_sums(&xd, xr, dym, NULL, 0.0f, mean, inv, bf, NULL, NULL));
+    CHECK(memcmp(b16, bf, sizeof b16) == 0);
+    CHECK_OK(dsrt_kh_bn_bwd_dx(&hd, x16, dy16, y16, 0.2f, mean, inv, sc, bf, &count, dx16));
+    CHECK_OK(dsrt_kh_bn_bwd_dx(&xd, xr, dym, NULL, 0.0f, mean, inv, sc, bf, &count, dx));
+    float *got16 = to_nchw(&hd, dx16);
+    void *dxr16 = to_tensor(&hd, dx);
+    float *want16 = to_nchw(&hd, dxr16);
+    CHECK_EQ(mismatches("bn input gradient, nhwc bf16", got16, want16, CNT, 0, 0), 0);
+    free(x16), free(dy16), free(dx16), free(y16), free(xr), free(dyr), free(yr), free(got16);
+    free(dxr16), free(want16);
     dsrt_net_destroy(net);
 }
 
@@ -374,8 +458,12 @@ static void optim_case(dsrt_solver solver, int clip, double threshold) {
         dsrt_kb_optim_step_params(&st, &o, lr, step + 1);
         float *b1 = solver == DSRT_SOLVER_ADAM ? v : NULL,
               *b2 = solver == DSRT_SOLVER_ADAM ? v2 : NULL;
-        CHECK_OK(dsrt_kh_optim_update(&ko, &st, w, g, m, b1, w16));
-        CHECK_OK(dsrt_kh_optim_update(&ko, &st, w2, g2, m2, b2, NULL));
+        CHECK_OK(dsrt_kh_optim_update(&ko, &st, NULL, w, g, m, b1, w16));
+        /* The scalars read from (device) memory: the same step. */
+        dsrt_k_consts kc;
+        memset(&kc, 0, sizeof kc);
+        CHECK_OK(dsrt_kh_set_consts(&kc, &(dsrt_k_consts){st, 0, 0, 0}));
+        CHECK_OK(dsrt_kh_optim_update(&ko, &st, &kc.step, w2, g2, m2, b2, NULL));
         CHECK_EQ(mismatches("weights", w, net->params, np, rel, abs), 0);
         CHECK_EQ(mismatches("clipped gradients", g, net->grads, np, rel, abs), 0);
         for (int b = 0; b < dsrt__optimizer_n_buffers(opt); b++)
@@ -401,7 +489,197 @@ static void test_optimizer(void) {
     st.solver = DSRT_SOLVER_ADAM;
     float w;
     dsrt_k_optim ko = {NULL, 0, 0, NULL};
-    CHECK_EQ(dsrt_kh_optim_update(&ko, &st, &w, &w, &w, NULL, NULL), -EINVAL);
+    CHECK_EQ(dsrt_kh_optim_update(&ko, &st, NULL, &w, &w, &w, NULL, NULL), -EINVAL);
+}
+
+// ----------------------------------------------------------------------------
+// Biases, pooling, local response normalisation
+
+/* A convolution's bias and ReLU over NHWC bfloat16 and NCHW float: the
+ * channel of each element, the value rounded once; the bias gradient over
+ * NHWC with the ReLU's backward folded in: dy masked in place and summed
+ * per channel (within 1e-5 of the absolute sums, chunked so that every
+ * chunk count and the cap are met), the same bits run to run. */
+static void test_bias_grad(void) {
+    const int shapes[][4] = {{3, 5, 7, 6}, {2, 1, 1, 33}, {4, 20, 20, 9}, {2, 200, 200, 3}};
+    for (size_t sh = 0; sh < DSRT_ARRAY_SIZE(shapes); sh++) {
+        int n = shapes[sh][0], h = shapes[sh][1], w = shapes[sh][2], c = shapes[sh][3];
+        size_t cnt = (size_t)n * h * w * c;
+        float *x = zalloc(cnt * 4), *dy = zalloc(cnt * 4), *want = zalloc(cnt * 4);
+        float *bias = zalloc(c * 4), *db = zalloc(c * 4), *db2 = zalloc(c * 4);
+        dsrt_rng r = dsrt_rng_init(38, sh, 0, 0);
+        for (size_t i = 0; i < cnt; i++) x[i] = uniform(&r, -3, 3), dy[i] = uniform(&r, -1, 1);
+        for (int k = 0; k < c; k++) bias[k] = uniform(&r, -1, 1);
+        for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++)
+            for (int nhwc = 0; nhwc < 2; nhwc++) {
+                dsrt_k_desc d = {n, c, h, w, nhwc, (dsrt_k_type)t};
+                void *tx = to_tensor(&d, x), *ty = zalloc(cnt * 4);
+                float *xs = to_nchw(&d, tx);
+                for (int b = 0; b < n; b++)
+                    for (int k = 0; k < c; k++)
+                        for (size_t p = 0; p < (size_t)h * w; p++) {
+                            size_t i = ((size_t)b * c + k) * h * w + p;
+                            float v = xs[i] + bias[k];
+                            want[i] = v < 0 ? v * 0.1f : v;
+                        }
+                void *tw = to_tensor(&d, want);
+                float *ws = to_nchw(&d, tw);
+                CHECK_OK(dsrt_kh_bias_act(&d, tx, bias, ty, 1, 0.1f));
+                float *got = to_nchw(&d, ty);
+                CHECK_EQ(mismatches("bias and relu", got, ws, cnt, FUSED_TOL, 0), 0);
+                free(got), free(ws), free(tw), free(xs);
+                if (!nhwc) {
+                    if (h * w > 1) CHECK_EQ(dsrt_kh_bias_grad(&d, tx, NULL, 0, db, db), -EINVAL);
+                    free(tx), free(ty);
+                    continue;
+                }
+                /* The gradient behind a leaky ReLU of output y = x. */
+                void *tdy = to_tensor(&d, dy), *work = zalloc(dsrt_kb_bias_grad_work(&d));
+                float *dys = to_nchw(&d, tdy), *ys = to_nchw(&d, tx);
+                for (size_t i = 0; i < cnt; i++) {
+                    float v = ys[i] > 0 ? dys[i] : dys[i] * 0.1f;
+                    want[i] = t == DSRT_K_BF16 ? dsrt_f32_from_bf16(dsrt_bf16_from_f32(v)) : v;
+                }
+                CHECK_OK(dsrt_kh_bias_grad(&d, tdy, tx, 0.1f, db, work));
+                got = to_nchw(&d, tdy);
+                CHECK_EQ(mismatches("masked gradient", got, want, cnt, 0, 0), 0);
+                int bad = 0;
+                for (int k = 0; k < c; k++) {
+                    double s = 0, a = 0;
+                    for (int b = 0; b < n; b++)
+                        for (size_t p = 0; p < (size_t)h * w; p++) {
+                            double v = want[((size_t)b * c + k) * h * w + p];
+                            s += v, a += fabs(v);
+                        }
+                    if (!(fabs(db[k] - s) <= 1e-5 * a + 1e-30) && bad++ < 5)
+                        fprintf(stderr, "  bias grad[%d]: got %.9g, want %.9g\n", k, db[k], s);
+                }
+                CHECK_EQ(bad, 0);
+                /* Run to run, the same bits. */
+                free(tdy);
+                tdy = to_tensor(&d, dy);
+                CHECK_OK(dsrt_kh_bias_grad(&d, tdy, tx, 0.1f, db2, work));
+                CHECK(memcmp(db, db2, c * 4) == 0);
+                free(got), free(dys), free(ys), free(tdy), free(work), free(tx), free(ty);
+            }
+        free(x), free(dy), free(want), free(bias), free(db), free(db2);
+    }
+}
+
+/* The pooling kernel's arguments for pooling layer L over n images. */
+static dsrt_k_pool pool_of(const dsrt_layer *L, int n, int oh, int ow, int nhwc, dsrt_k_type t,
+                           int max) {
+    dsrt_k_pool p = {{n, L->in.c, L->in.h, L->in.w, nhwc, t},
+                     {n, L->in.c, oh, ow, nhwc, t},
+                     L->o.kh,
+                     L->o.kw,
+                     L->o.sh,
+                     L->o.sw,
+                     L->pt,
+                     L->pl,
+                     max ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
+    return p;
+}
+
+/* The CPU net's pooling layers, forward (max exactly, average within 1e-6:
+ * another order of sums), and the input gradient against the plain
+ * reference, in float NCHW and NHWC and in bfloat16. */
+static void test_pool(void) {
+    static const struct {
+        const char *layer;
+        int max;
+    } cases[] = {
+        {"maxpool size=3 stride=2 pad=1", 1},       {"maxpool size=2 stride=1", 1},
+        {"avgpool size=3 stride=2 pad=1", 0},       {"avgpool size=3 stride=2 pad=1,0,0,1", 0},
+        {"maxpool size=3 stride=2 pad=0,1,1,0", 1}, {"gap", 0}};
+    enum { N = 2, C = 3, H = 9, W = 8, CNT = N * C * H * W };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        char desc[160];
+        snprintf(desc, sizeof desc, "input\n%s\nfc outputs=2\nsoftmax\n", cases[k].layer);
+        dsrt_net *net = cpu_net(desc, H, W, C, 2);
+        const dsrt_layer *L = &net->layers[1];
+        int oh = L->out.h, ow = L->out.w, ocnt = N * C * oh * ow;
+        float x[CNT], dy[CNT], out[CNT], dxr[CNT];
+        dsrt_rng r = dsrt_rng_init(39, k, 0, 0);
+        for (int i = 0; i < CNT; i++) x[i] = uniform(&r, -2, 2), dy[i] = uniform(&r, -1, 1);
+        x[5] = x[6]; /* a tie */
+        CHECK_OK(dsrt__net_forward(net, x, N, 0, NULL, NULL, NULL, NULL));
+        CHECK_OK(dsrt__net_layer_output(net, 1, out, 0));
+        ref_pool_bwd(x, dy, dxr, N, C, H, W, oh, ow, L->o.kh, L->o.kw, L->o.sh, L->o.sw, L->pt,
+                     L->pl, cases[k].max);
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_pool p = pool_of(L, N, oh, ow, nhwc, DSRT_K_F32, cases[k].max);
+            void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 4);
+            void *tdy = to_tensor(&p.yd, dy), *tdx = zalloc(CNT * 4);
+            CHECK_OK(dsrt_kh_pool_fwd(&p, tx, ty));
+            float *got = to_nchw(&p.yd, ty);
+            char what[96];
+            snprintf(what, sizeof what, "%s%s", cases[k].layer, nhwc ? " nhwc" : "");
+            CHECK_EQ(mismatches(what, got, out, ocnt, cases[k].max ? 0 : 1e-6, 1e-7), 0);
+            CHECK_OK(dsrt_kh_pool_bwd(&p, tx, tdy, tdx));
+            float *gdx = to_nchw(&p.xd, tdx);
+            CHECK_EQ(mismatches("pooling backward", gdx, dxr, CNT, 1e-6, 1e-7), 0);
+            free(tx), free(ty), free(tdy), free(tdx), free(got), free(gdx);
+        }
+        /* bfloat16: the same windows over the rounded values. */
+        dsrt_k_pool p = pool_of(L, N, oh, ow, 1, DSRT_K_BF16, cases[k].max);
+        void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 2);
+        float *xr = to_nchw(&p.xd, tx), *want = zalloc(ocnt * 4);
+        dsrt_k_pool pf = p;
+        pf.xd.type = pf.yd.type = DSRT_K_F32;
+        pf.xd.nhwc = pf.yd.nhwc = 0;
+        CHECK_OK(dsrt_kh_pool_fwd(&pf, xr, want));
+        void *tw = to_tensor(&p.yd, want);
+        float *wr = to_nchw(&p.yd, tw);
+        CHECK_OK(dsrt_kh_pool_fwd(&p, tx, ty));
+        float *got = to_nchw(&p.yd, ty);
+        CHECK_EQ(mismatches("pooling, bf16", got, wr, ocnt, 0, 0), 0);
+        free(tx), free(ty), free(xr), free(want), free(tw), free(wr), free(got);
+        p.kh = 0;
+        CHECK_EQ(dsrt_kh_pool_fwd(&p, x, x), -EINVAL);
+        dsrt_net_destroy(net);
+    }
+}
+
+/* The CPU net's LRN layer forward (within 1e-5: oneDNN computes in
+ * float), its backward against the plain reference in double (1e-6), in
+ * both layouts. */
+static void test_lrn(void) {
+    static const dsrt_k_lrn cases[] = {
+        {5, 0.1f, 0.75f, 1.0f}, {3, 1e-2f, 0.5f, 2.0f}, {5, 1e-4f, 0.75f, 1.0f}};
+    enum { N = 2, C = 7, H = 4, W = 5, CNT = N * C * H * W };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        const dsrt_k_lrn *l = &cases[k];
+        char desc[160];
+        snprintf(desc, sizeof desc,
+                 "input\nlrn size=%d alpha=%g beta=%g k=%g\nfc outputs=2\nsoftmax\n", l->size,
+                 (double)l->alpha, (double)l->beta, (double)l->k);
+        dsrt_net *net = cpu_net(desc, H, W, C, 2);
+        float x[CNT], dy[CNT], out[CNT], dxr[CNT];
+        dsrt_rng r = dsrt_rng_init(40, k, 0, 0);
+        for (int i = 0; i < CNT; i++) x[i] = uniform(&r, -3, 3), dy[i] = uniform(&r, -1, 1);
+        CHECK_OK(dsrt__net_forward(net, x, N, 0, NULL, NULL, NULL, NULL));
+        CHECK_OK(dsrt__net_layer_output(net, 1, out, 0));
+        ref_lrn_bwd(x, out, dy, dxr, N, C, H * W, l->size, l->alpha, l->beta, l->k);
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+            void *tx = to_tensor(&d, x), *ty = zalloc(CNT * 4), *tdy = to_tensor(&d, dy);
+            void *tdx = zalloc(CNT * 4);
+            CHECK_OK(dsrt_kh_lrn_fwd(&d, l, tx, ty));
+            float *got = to_nchw(&d, ty);
+            CHECK_EQ(mismatches("lrn", got, out, CNT, 1e-5, 1e-7), 0);
+            void *tout = to_tensor(&d, out);
+            CHECK_OK(dsrt_kh_lrn_bwd(&d, l, tx, tout, tdy, tdx));
+            float *gdx = to_nchw(&d, tdx);
+            CHECK_EQ(mismatches("lrn backward", gdx, dxr, CNT, 1e-6, 1e-7), 0);
+            free(tx), free(ty), free(tdy), free(tdx), free(got), free(tout), free(gdx);
+        }
+        dsrt_net_destroy(net);
+    }
+    dsrt_k_desc d = {1, 2, 1, 1, 0, DSRT_K_F32};
+    dsrt_k_lrn even = {4, 1, 1, 1};
+    float v[2];
+    CHECK_EQ(dsrt_kh_lrn_fwd(&d, &even, v, v), -EINVAL);
 }
 
 // ----------------------------------------------------------------------------
@@ -460,24 +738,16 @@ static void test_relu_bias_convert(void) {
     for (int i = 0; i < N; i++) want[i] = y[i] > 0 ? dy[i] : dy[i] * 0.1f;
     CHECK_EQ(mismatches("relu backward", dx, want, N, 0, 0), 0);
     CHECK_EQ(dsrt_kh_relu_fwd((dsrt_k_type)7, x, y, N, 0), -EINVAL);
-    /* The fully connected bias and ReLU, and the bias gradient: column sums
-     * within 1e-5 of the column's absolute sum, the same bits run to run. */
-    float b[OUT], out[ROWS * OUT], db[OUT], db2[OUT];
+    /* The fully connected bias and ReLU: (n, out, 1, 1). */
+    float b[OUT], out[ROWS * OUT];
     for (int o = 0; o < OUT; o++) b[o] = uniform(&r, -1, 1);
-    CHECK_OK(dsrt_kh_bias_act(x, b, out, ROWS, OUT, 1, 0.25f));
+    const dsrt_k_desc fd = {ROWS, OUT, 1, 1, 0, DSRT_K_F32};
+    CHECK_OK(dsrt_kh_bias_act(&fd, x, b, out, 1, 0.25f));
     for (int i = 0; i < ROWS * OUT; i++) {
         float v = x[i] + b[i % OUT];
         want[i] = v < 0 ? v * 0.25f : v;
     }
     CHECK_EQ(mismatches("bias", out, want, ROWS * OUT, FUSED_TOL, 0), 0);
-    CHECK_OK(dsrt_kh_bias_grad(dy, db, ROWS, OUT));
-    CHECK_OK(dsrt_kh_bias_grad(dy, db2, ROWS, OUT));
-    CHECK(memcmp(db, db2, sizeof db) == 0);
-    for (int o = 0; o < OUT; o++) {
-        double s = 0, a = 0;
-        for (int k = 0; k < ROWS; k++) s += dy[k * OUT + o], a += fabs(dy[k * OUT + o]);
-        CHECK(fabs(db[o] - s) <= 1e-5 * a);
-    }
     /* bfloat16 both ways: every bf16 pattern exactly; floats rounded to
      * nearest even, NaN kept. */
     enum { M = 65536 };
@@ -505,5 +775,8 @@ int main(void) {
     RUN(test_optimizer);
     RUN(test_pad);
     RUN(test_relu_bias_convert);
+    RUN(test_bias_grad);
+    RUN(test_pool);
+    RUN(test_lrn);
     return TEST_RESULT();
 }

@@ -286,7 +286,7 @@ static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_o
 
 static struct {
     const char *net, *solver;
-    int batch, steps, warmup, threads, classes, json, no_fuse;
+    int batch, steps, warmup, threads, classes, json, no_fuse, profile, no_graphs;
     uint64_t seed;
     device_args dev;
 } bench;
@@ -303,6 +303,11 @@ static const option BENCH_OPTIONS[] = {
     {"solver", OPT_STR, &bench.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
     {"seed", OPT_U64, &bench.seed, 0, 0, "N", "seed of weights and data [0]"},
     {"no-fuse", OPT_FLAG, &bench.no_fuse, 0, 0, NULL, "do not fold ReLUs into the layer before"},
+    {"no-cuda-graphs", OPT_FLAG, &bench.no_graphs, 0, 0, NULL,
+     "GPU: launch every kernel of every step (no recorded CUDA graphs)"},
+    {"profile", OPT_FLAG, &bench.profile, 0, 0, NULL,
+     "after the timed steps, as many steps again timed layer by layer: each layer's forward "
+     "and backward, the optimizer, the idle gaps between layers (GPU: device events)"},
     DEVICE_OPTIONS(bench.dev, "cpu, gpu or auto (a GPU when there is one) [auto]"),
     {"json", OPT_FLAG, &bench.json, 0, 0, NULL, "print one JSON line"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
@@ -318,10 +323,78 @@ static void bench_usage(FILE *f) {
             "backward data and weights); Winograd convolutions do less, so GFLOP/s can pass\n"
             "the machine's peak. On a GPU each step's batch is copied from pinned host memory\n"
             "while the step before computes, as in training, and each step is timed to the\n"
-            "end of its work on the device.\n\n"
+            "end of its work on the device. --profile adds a table of where a step's time\n"
+            "goes, layer by layer (forward, backward, the optimizer, the idle gaps between\n"
+            "layers), from as many steps again timed with device events on a GPU and the\n"
+            "clock on the CPU.\n\n"
             "options:\n",
             prog);
     print_options(f, BENCH_OPTIONS);
+}
+
+/* The per-layer profile of net (dstrain bench --profile): a table on out,
+ * or with json the object's members after a comma (on the line). */
+static void print_profile(dsrt_net *net, int json) {
+    dsrt_net_info info;
+    dsrt_net_get_info(net, &info);
+    dsrt_layer_profile *lp = calloc((size_t)info.layers, sizeof *lp);
+    dsrt_net_profile p;
+    if (!lp || dsrt_net_profile_read(net, &p, lp, info.layers) < 0) {
+        fprintf(stderr, "%s bench: profile: %s\n", prog, lp ? dsrt_last_error() : "out of memory");
+        free(lp);
+        return;
+    }
+    if (json) {
+        printf(", \"profile\": {\"steps\": %lld, \"timer\": \"%s\", \"step_ms\": %.4f, "
+               "\"layers_ms\": %.4f, \"optimizer_ms\": %.4f, \"gaps_ms\": %.4f, "
+               "\"gaps_per_step\": %.1f, \"graph_steps\": %lld, \"captures\": %lld, "
+               "\"cuda_graphs\": %s, \"fused_library\": %d, \"fused_kernel\": %d, \"layers\": [",
+               (long long)p.steps, p.device_events ? "device events" : "host clock", p.step_ms,
+               p.layers_ms, p.optimizer_ms, p.gaps_ms, p.gaps_per_step, (long long)p.graph_steps,
+               (long long)p.captures, p.graphs ? "true" : "false", p.fused_library, p.fused_kernel);
+        for (int i = 0; i < info.layers; i++)
+            printf("%s{\"name\": \"%s\", \"type\": \"%s\", \"forward_ms\": %.4f, "
+                   "\"backward_ms\": %.4f, \"relu_fused\": %d}",
+                   i ? ", " : "", lp[i].name, lp[i].type, lp[i].forward_ms, lp[i].backward_ms,
+                   lp[i].relu_fused);
+        printf("]");
+        if (p.note && *p.note) {
+            printf(", \"note\": \"");
+            for (const char *c = p.note; *c; c++)
+                if (*c == '"' || *c == '\\')
+                    printf("\\%c", *c);
+                else if ((unsigned char)*c >= 0x20)
+                    putchar(*c);
+            printf("\"");
+        }
+        printf("}");
+        free(lp);
+        return;
+    }
+    double total = p.layers_ms + p.optimizer_ms;
+    printf("\nprofile: %lld steps timed by %s\n", (long long)p.steps,
+           p.device_events ? "device events" : "the host's clock");
+    printf("  %-16s %-15s %10s %10s %7s\n", "layer", "type", "fwd ms", "bwd ms", "share");
+    for (int i = 0; i < info.layers; i++) {
+        if (i > 0 && lp[i].forward_ms == 0 && lp[i].backward_ms == 0) continue; /* fused away */
+        char type[24];
+        snprintf(type, sizeof type, "%s%s", lp[i].type, lp[i].relu_fused ? "+relu" : "");
+        printf("  %-16s %-15s %10.3f %10.3f %6.1f%%\n", lp[i].name, type, lp[i].forward_ms,
+               lp[i].backward_ms,
+               total > 0 ? 100.0 * (lp[i].forward_ms + lp[i].backward_ms) / total : 0.0);
+    }
+    printf("  %-16s %-15s %10.3f %10s %6.1f%%\n", "optimizer", "", p.optimizer_ms, "",
+           total > 0 ? 100.0 * p.optimizer_ms / total : 0.0);
+    printf("  a step: %.3f ms from its first layer to its last, %.3f ms in layers; %.3f ms of "
+           "gaps between layers (%.0f intervals)\n",
+           p.step_ms, p.layers_ms, p.gaps_ms, p.gaps_per_step);
+    if (p.device_events)
+        printf("  %lld of %lld steps replayed from CUDA graphs (%lld recordings%s); %d layers "
+               "fused by cuDNN, %d by a dsrt kernel\n",
+               (long long)p.graph_steps, (long long)p.steps, (long long)p.captures,
+               p.graphs ? "" : ", graphs off", p.fused_library, p.fused_kernel);
+    if (p.note && *p.note) printf("  note: %s\n", p.note);
+    free(lp);
 }
 
 static double now(void) {
@@ -414,6 +487,7 @@ static int cmd_bench(int argc, char **argv) {
     no.threads = threads;
     no.seed = bench.seed;
     no.fuse = !bench.no_fuse;
+    no.cuda_graphs = !bench.no_graphs;
     if ((rc = resolve_device_args("bench", &bench.dev, &no, NULL))) {
         free(text);
         return rc;
@@ -476,6 +550,23 @@ static int cmd_bench(int argc, char **argv) {
             opt_times[step - bench.warmup] = t - (t1 - t0);
         }
     }
+    /* The profile: as many steps again, timed layer by layer (their timing
+     * costs a little, so they are not the steps measured above). */
+    if (bench.profile) {
+        int prc = dsrt_net_profile_start(net);
+        for (int step = 0; prc == 0 && step < bench.steps; step++) {
+            prc = dsrt_net_train_start(net, &in);
+            if (prc == 0 && dsrt_net_stage(net, &in) < 0) prc = -1;
+            if (prc == 0) prc = dsrt_net_train_finish(net, &loss, NULL);
+            if (prc == 0) prc = dsrt_optimizer_step(opt, net, 0);
+            if (prc == 0) prc = dsrt_net_sync(net);
+        }
+        dsrt_net_profile_stop(net);
+        if (prc != 0) {
+            fprintf(stderr, "%s bench: profile: %s\n", prog, dsrt_last_error());
+            goto out;
+        }
+    }
     int m = bench.steps;
     double median = median_of(times, m), opt_median = median_of(opt_times, m);
     double ips = batch / median, gflop = info.train_flops * batch * 1e-9;
@@ -485,10 +576,12 @@ static int cmd_bench(int argc, char **argv) {
                "\"device\": %d, \"precision\": \"%s\", "
                "\"params\": %zu, \"images_per_s\": %.1f, \"ms_per_step\": %.3f, "
                "\"ms_per_step_min\": %.3f, \"ms_optimizer\": %.3f, \"ms_first_step\": %.1f, "
-               "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"loss\": %.4f}\n",
+               "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"loss\": %.4f",
                bench.net, batch, threads, bench.steps, bench.warmup, bench.solver, info.backend,
                info.device, dsrt_precision_name(info.precision), info.learnable, ips, 1e3 * median,
                1e3 * times[0], 1e3 * opt_median, 1e3 * plan_t, gflop, gflop / median, (double)loss);
+        if (bench.profile) print_profile(net, 1);
+        printf("}\n");
     } else {
         printf("%s: batch %d, %d threads, %s (%s), %zu parameters\n", bench.net, batch, threads,
                info.backend, dsrt_precision_name(info.precision), info.learnable);
@@ -497,6 +590,7 @@ static int cmd_bench(int argc, char **argv) {
                ips, 1e3 * median, bench.steps, 1e3 * times[0], 1e3 * plan_t);
         printf("  %.2f GFLOP/step, %.1f GFLOP/s; the optimizer takes %.2f ms of a step\n", gflop,
                gflop / median, 1e3 * opt_median);
+        if (bench.profile) print_profile(net, 0);
     }
     status = 0;
 out:

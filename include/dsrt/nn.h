@@ -71,10 +71,10 @@ typedef enum {
     DSRT_PRECISION_FP32,        /* float32 throughout */
     DSRT_PRECISION_TF32,        /* float32 storage, TensorFloat-32 products in convolutions and
                                    matrix products (10-bit mantissa inputs, float32 sums) */
-    DSRT_PRECISION_BF16,        /* mixed: convolutions and matrix products on bfloat16
-                                   copies of their activations and weights, summed in
-                                   float32; float32 master weights, optimizer state and
-                                   every other layer */
+    DSRT_PRECISION_BF16,        /* mixed: activations and their gradients stored in
+                                   bfloat16, products summed in float32; float32 master
+                                   weights, weight gradients, batchnorm statistics, loss
+                                   and optimizer state */
 } dsrt_precision;
 
 /* Where a net computes: the CPU, or a CUDA device index. */
@@ -92,6 +92,9 @@ typedef struct {
     int deterministic;        /* 1: only algorithms whose results do not depend on
                                * scheduling (GPU: no atomics-based cuDNN algorithms);
                                * the CPU backend always is, for a given thread count */
+    int cuda_graphs;          /* GPU: 1 (default) records a training step's work as CUDA
+                               * graphs once its shape has run twice and replays them;
+                               * 0 launches every kernel of every step */
 } dsrt_net_options;
 
 /* The default options. */
@@ -293,6 +296,58 @@ DSRT_API int dsrt_net_sync(dsrt_net *net);
  * the start of the next's, which is the time it waited for the host and its
  * data). Zero on the CPU. */
 DSRT_API void dsrt_net_device_time(dsrt_net *net, double *busy_s, double *idle_s);
+
+// ----------------------------------------------------------------------------
+// Profile
+
+/* One layer's share of a training step (dsrt_net_profile_read). */
+typedef struct {
+    const char *name, *type;        /* the layer's (owned by the net) */
+    double forward_ms, backward_ms; /* mean a step; 0 for a ReLU the layer before computes */
+    int relu_fused;                 /* 1: the layer computes the ReLU after it */
+} dsrt_layer_profile;
+
+/* Where the time of the timed training steps went. */
+typedef struct {
+    int64_t steps;        /* training steps timed (forward and backward) */
+    int device_events;    /* 1: timed with device events (a GPU); 0: the host's clock */
+    double step_ms;       /* mean span of a step: its first layer's start to its last one's end */
+    double layers_ms;     /* mean sum of the layers' forward and backward times */
+    double optimizer_ms;  /* mean optimizer step */
+    double gaps_ms;       /* mean idle time between consecutive layers of a step: on a GPU the
+                           * launch gaps, where the device waited for the host's next kernel */
+    double gaps_per_step; /* intervals between consecutive layers, a step */
+    int64_t graph_steps;  /* of the steps timed, those replayed from recorded CUDA graphs */
+    int64_t captures;     /* steps recorded as CUDA graphs since the net was made */
+    int graphs;           /* 1: the backend records steps as CUDA graphs */
+    int fused_library;    /* layers fused by the vendor library (cuDNN: convolution + bias +
+                           * ReLU, batchnorm + ReLU) */
+    int fused_kernel;     /* layers whose bias and ReLU run in one dsrt kernel */
+    const char *note;     /* what the backend says of how it runs (why CUDA graphs went off),
+                           * "" when nothing; owned by the net */
+} dsrt_net_profile;
+
+/*
+ * Starts timing every layer of each training step (forward, backward, the
+ * optimizer), from zero: on a GPU with events on the device around each
+ * layer (recorded into the CUDA graphs too), on the CPU with the clock.
+ * Timing costs a little (a device event or a clock read a layer), so time
+ * steps of their own. Returns 0 or -ENOMEM.
+ */
+DSRT_API int dsrt_net_profile_start(dsrt_net *net);
+
+/* Stops timing; what was measured stays readable. */
+DSRT_API void dsrt_net_profile_stop(dsrt_net *net);
+
+/*
+ * What the timed steps took: *p the step's totals, layers[i] (up to cap
+ * entries, may be NULL) layer i's means, the input layer first (on a GPU
+ * its forward is the input stage). Waits for the device's queued work.
+ * Returns the number of layers, or a negative code (-ENOENT: never
+ * started).
+ */
+DSRT_API int dsrt_net_profile_read(dsrt_net *net, dsrt_net_profile *p, dsrt_layer_profile *layers,
+                                   int cap);
 
 /*
  * The training-step counter: it keys dropout masks (with the seed and the
