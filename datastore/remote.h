@@ -108,8 +108,7 @@ int dsrt__s3_http_error(const char *display, long status, const char *body, size
 /* What a listing page holds: each key (is_prefix 0, with its object's
  * size) or sub-prefix (1, size 0), decoded, s[0..n) NUL-terminated. A
  * non-zero return stops the page with that code. */
-typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_prefix,
-                                  uint64_t size);
+typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_prefix, uint64_t size);
 
 /* Reads one ListObjectsV2 page: each <Contents><Key> and each
  * <CommonPrefixes><Prefix>, decoded (XML entities, and %XX and '+' where

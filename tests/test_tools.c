@@ -432,8 +432,8 @@ static void test_shards_cli(void) {
     CHECK_CONTAINS(s.out, "\"order\":\"exact\"");
     result_free(&r);
     result_free(&s);
-    r = run(ARGV(bin_bench, out, "--order", "shard", "--pipeline", "32", "--epochs", "1",
-                 "--cold", "--cold-method", "fadvise"),
+    r = run(ARGV(bin_bench, out, "--order", "shard", "--pipeline", "32", "--epochs", "1", "--cold",
+                 "--cold-method", "fadvise"),
             60);
     CHECK_EQ(r.status, 0);
     CHECK_CONTAINS(r.out, "shard order (shuffle buffer 1000");

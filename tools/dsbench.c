@@ -179,7 +179,7 @@ typedef struct {
     dsrt_pipeline_options po;
     int batch_given, sweep, cold, checksum;
     int cold_method; /* COLD_AUTO, COLD_DROP_CACHES, COLD_FADVISE */
-    int limit; /* --limit */
+    int limit;       /* --limit */
     size_t limit_images;
     unsigned limit_passes;
     const char *threads_list;
