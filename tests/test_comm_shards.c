@@ -205,11 +205,35 @@ static int dstrain_job(const char *data, const char *order, char *checksum, size
     if (access(dstrain, X_OK) != 0) return TEST_SKIP;
     const char *mpirun = comm_test_mpirun();
     if (!mpirun || dsrt_comm_available(DSRT_COMM_MPI) != 0) return TEST_SKIP;
-    char *args[] = {(char *)mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
-                    dstrain, "train", "--data", (char *)data, "--order", (char *)order, "--net",
-                    "digits", "--epochs", "2", "--batch", "16", "--seed", "4", "--threads", "1",
-                    "--workers", "1", "--no-pin", "--execution-environment", "parallel", "--json",
-                    "--quiet", NULL};
+    char *args[] = {(char *)mpirun,
+                    "--allow-run-as-root",
+                    "--oversubscribe",
+                    "-np",
+                    "2",
+                    dstrain,
+                    "train",
+                    "--data",
+                    (char *)data,
+                    "--order",
+                    (char *)order,
+                    "--net",
+                    "digits",
+                    "--epochs",
+                    "2",
+                    "--batch",
+                    "16",
+                    "--seed",
+                    "4",
+                    "--threads",
+                    "1",
+                    "--workers",
+                    "1",
+                    "--no-pin",
+                    "--execution-environment",
+                    "parallel",
+                    "--json",
+                    "--quiet",
+                    NULL};
     snprintf(out, sizeof out, "%s/dstrain-%s.txt", root, order);
     comm_test_env();
     int rc = comm_test_run_to(args, 300, out, NULL);
@@ -227,7 +251,8 @@ static int dstrain_job(const char *data, const char *order, char *checksum, size
     }
     fclose(f);
     if (rc != 0 || !checksum[0]) {
-        fprintf(stderr, "dstrain on %s (%s order): status %d, output in %s\n", data, order, rc, out);
+        fprintf(stderr, "dstrain on %s (%s order): status %d, output in %s\n", data, order, rc,
+                out);
         return 1;
     }
     return 0;

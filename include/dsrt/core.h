@@ -54,7 +54,7 @@ DSRT_API const char *dsrt_version_string(void);
     XX(ENODEVICE, -1012, "no such device")                                                         \
     XX(ECLOSED, -1013, "handle closed")                                                            \
     XX(ESKIPPED, -1014, "too many samples skipped")                                                \
-    XX(EMODULE, -1015, "a module or a library it needs cannot be loaded")                        \
+    XX(EMODULE, -1015, "a module or a library it needs cannot be loaded")                          \
     XX(EREMOTE, -1016, "object store failure")
 
 enum {
