@@ -82,7 +82,7 @@ void dsrt_augment_preset_32(dsrt_augment_options *o) {
     o->rand_x_translation[1] = o->rand_y_translation[1] = 4;
     o->translation_units = DSRT_AUGMENT_UNITS_OUTPUT;
     o->translation_whole_pixels = 1;
-    o->decode_oversample = 2.0;
+    o->decode_oversample = 1.0;
 }
 
 static int check_range(const char *name, const double r[2], double min, double max) {

@@ -851,8 +851,8 @@ static void test_presets(void) {
     CHECK_EQ(o.output_width, 32);
     CHECK_EQ(dsrt_augment_sample_bytes(&o), 3 * 32 * 32 * 4);
     dsrt_augment_decode_size(&o, 500, 375, &mw, &mh);
-    CHECK_EQ(mw, 64);
-    CHECK_EQ(mh, 64);
+    CHECK_EQ(mw, 32); /* the output size: the DCT scale low-passes */
+    CHECK_EQ(mh, 32);
     dst = alloc_sample(&o);
     int seen_shift[9] = {0};
     for (uint64_t id = 0; id < 60; id++) {
@@ -1034,14 +1034,14 @@ static void test_jpeg_flow(void) {
     dsrt_augment_decode_size(&o, info.width, info.height, &req.min_width, &req.min_height);
     int dw, dh;
     dsrt_decode_size(&info, &req, &dw, &dh);
-    CHECK_EQ(dw, 125); /* 1/4 scale */
-    CHECK_EQ(dh, 94);
+    CHECK_EQ(dw, 63); /* 1/8 scale: the smallest that covers 32 x 32 */
+    CHECK_EQ(dh, 47);
     float *small = alloc_sample(&o), *full = alloc_sample(&o);
     size_t n = 3 * 32 * 32;
     for (uint64_t id = 0; id < 4; id++) {
         dsrt_image img;
         CHECK_OK(dsrt_decode(dec, jpeg, len, &req, &img));
-        CHECK_EQ(img.width, 125);
+        CHECK_EQ(img.width, 63);
         CHECK_OK(dsrt_augment_apply(a, &o, &img, info.width, info.height, 8, 0, id, small));
         dsrt_decode_request whole = {.channels = 3};
         CHECK_OK(dsrt_decode(dec, jpeg, len, &whole, &img));

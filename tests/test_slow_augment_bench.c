@@ -122,7 +122,7 @@ int main(void) {
 
     dsrt_augment_preset_32(&o);
     dsrt_augment_decode_size(&o, 500, 375, &mw, &mh);
-    printf("preset 32: decode at least %d x %d of 500 x 375 (a JPEG gives 125 x 94)\n", mw, mh);
+    printf("preset 32: decode at least %d x %d of 500 x 375 (a JPEG gives 63 x 47)\n", mw, mh);
     bench("preset 32, 500x375 -> 3x32x32 f32", &o, &full, 500, 375, seconds);
     dsrt_image quarter = make_image(125, 94, 2);
     bench("preset 32, 125x94 (DCT 1/4) -> 3x32x32 f32", &o, &quarter, 500, 375, seconds);

@@ -160,7 +160,10 @@ DSRT_API void dsrt_augment_preset_227(dsrt_augment_options *o);
  * RandomCrop(32, padding=4), ToTensor(): resize to 32 x 32 (antialiased
  * bilinear), left-right reflection with probability 0.5, a whole-pixel
  * translation in [-4, 4] output pixels in x and y with zero fill, float NCHW
- * in [0, 1]. decode_oversample is 2: JPEGs decode to at least 64 x 64.
+ * in [0, 1]. decode_oversample is 1: JPEGs decode at the smallest DCT scale
+ * that still covers 32 x 32 (the scaled inverse DCT is itself the low-pass
+ * filter: at 1/8 each pixel is its 8 x 8 block's mean), the resize
+ * antialiasing from there.
  */
 DSRT_API void dsrt_augment_preset_32(dsrt_augment_options *o);
 
@@ -194,8 +197,8 @@ DSRT_API size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o);
  * density on both axes under rotation or shear), never more than the full
  * size. Put it in dsrt_decode_request min_width / min_height. The 227 preset
  * on a 500 x 375 JPEG asks for 341 x 256 (its shorter side must reach 256),
- * so the full size; the 32 preset asks for 64 x 64, which a 500 x 375 JPEG
- * meets at 1/4 scale (125 x 94). Depends only on the options and the full
+ * so the full size; the 32 preset asks for 32 x 32, which a 500 x 375 JPEG
+ * meets at 1/8 scale (63 x 47). Depends only on the options and the full
  * size; a full size that is not positive gives 0 x 0 (decode at full size).
  */
 DSRT_API void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h,
