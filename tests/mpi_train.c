@@ -943,11 +943,15 @@ static void test_signal(void) {
             _exit(127);
         }
         /* Training has begun on both ranks once worker 0 tells the start
-         * (both agreed to it); the job trains for ever unless stopped. */
+         * and the first checkpoint is on disk: a signal that came before a
+         * worker reached the start would stop the run before its first
+         * step, with nothing trained to keep. The job trains for ever
+         * unless stopped. */
         int started = 0, st = 0, ended = 0;
         while (!started && !(ended = waitpid(job, &st, WNOHANG) == job)) {
-            char *text = read_text(out);
-            started = text && strstr(text, "\"event\": \"start\"");
+            char *text = read_text(out), latest[4400];
+            started = text && strstr(text, "\"event\": \"start\"") &&
+                      dsrt_checkpoint_latest(ck, latest, sizeof latest) == 0;
             free(text);
             usleep(20000);
         }
