@@ -749,6 +749,24 @@ static int fetch(gather *g, const char *url, size_t max, uint8_t **out, size_t *
     return dsrt__http_fetch(g->http, url, NULL, max, out, len);
 }
 
+/* Adds dir/NAME for the listed names that match the glob pattern (every
+ * .tar object when pattern is NULL) to the shards, sorted by name. */
+static int add_listed(gather *g, const char *dir, const strlist *names, const char *pattern) {
+    strlist pick = {0};
+    char url[8192];
+    int rc = 0;
+    for (size_t k = 0; rc == 0 && k < names->n; k++)
+        if (pattern ? fnmatch(pattern, names->v[k], 0) == 0 : ends_with(names->v[k], ".tar"))
+            rc = strlist_add(&pick, names->v[k], strlen(names->v[k]));
+    if (rc == 0) qsort(pick.v, pick.n, sizeof *pick.v, strcmp_p);
+    for (size_t k = 0; rc == 0 && k < pick.n; k++) {
+        snprintf(url, sizeof url, "%s/%s", dir, pick.v[k]);
+        rc = strlist_add(&g->shards, url, strlen(url));
+    }
+    strlist_free(&pick);
+    return rc;
+}
+
 /* The shards at the URL path, their sizes, and the index and classes.json
  * beside them. */
 static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *index_path,
@@ -805,17 +823,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
                                 path);
                 goto out;
             }
-            strlist match = {0};
-            for (size_t k = 0; rc == 0 && k < l.names.n; k++)
-                if (fnmatch(pats.v[i], l.names.v[k], 0) == 0)
-                    rc = strlist_add(&match, l.names.v[k], strlen(l.names.v[k]));
-            if (rc == 0) qsort(match.v, match.n, sizeof *match.v, strcmp_p);
-            for (size_t k = 0; rc == 0 && k < match.n; k++) {
-                snprintf(url, sizeof url, "%s/%s", dir, match.v[k]);
-                rc = strlist_add(&g->shards, url, strlen(url));
-            }
-            strlist_free(&match);
-            if (rc != 0) goto out;
+            if ((rc = add_listed(g, dir, &l.names, pats.v[i])) != 0) goto out;
             if (g->shards.n == before) {
                 rc = dsrt__fail(-ENOENT, "shards: %s/%s: no object matches", dir, pats.v[i]);
                 goto out;
@@ -829,17 +837,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
                             path);
             goto out;
         }
-        strlist tars = {0};
-        for (size_t k = 0; rc == 0 && k < l.names.n; k++)
-            if (ends_with(l.names.v[k], ".tar"))
-                rc = strlist_add(&tars, l.names.v[k], strlen(l.names.v[k]));
-        if (rc == 0) qsort(tars.v, tars.n, sizeof *tars.v, strcmp_p);
-        for (size_t k = 0; rc == 0 && k < tars.n; k++) {
-            snprintf(url, sizeof url, "%s/%s", dir, tars.v[k]);
-            rc = strlist_add(&g->shards, url, strlen(url));
-        }
-        strlist_free(&tars);
-        if (rc != 0) goto out;
+        if ((rc = add_listed(g, dir, &l.names, NULL)) != 0) goto out;
     }
 
     /* The index and the class names, when they are there. */
