@@ -293,14 +293,16 @@ void tool_bad_free(tool_bad_list *l) {
 void tool_bad_print(const char *who, const char *what, const tool_bad_list *l, uint64_t skipped,
                     int left_out, const char *list_path) {
     if (l->total == 0) return;
-    fprintf(stderr, "%s: %llu bad %s%sfile%s", who, (unsigned long long)l->total, what,
-            what[0] ? " " : "", l->total == 1 ? "" : "s");
+    /* The line in one write: stderr is unbuffered, and under mpirun a
+     * worker's stdout reaches the terminal apart from it, between writes. */
+    char how[64];
     if (left_out)
-        fprintf(stderr, " left out");
+        snprintf(how, sizeof how, " left out");
     else
-        fprintf(stderr, ", skipped %llu time%s", (unsigned long long)skipped,
-                skipped == 1 ? "" : "s");
-    fprintf(stderr, ":\n");
+        snprintf(how, sizeof how, ", skipped %llu time%s", (unsigned long long)skipped,
+                 skipped == 1 ? "" : "s");
+    fprintf(stderr, "%s: %llu bad %s%sfile%s%s:\n", who, (unsigned long long)l->total, what,
+            what[0] ? " " : "", l->total == 1 ? "" : "s", how);
     for (size_t i = 0; i < l->n_shown; i++) {
         fputs("  ", stderr);
         if (l->shown[i].path)
