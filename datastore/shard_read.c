@@ -20,7 +20,10 @@
  * the shuffle buffer. A sample the stream will never deliver again (taken
  * twice, as the replacement of a bad sample; left behind by a resume; lent
  * to this part by another) is read by offset instead, so every request is
- * answered whatever the timing.
+ * answered whatever the timing. The stream keeps the plans (and the samples
+ * not yet taken) of every epoch the consumer may still ask for, and one
+ * more: the one it reads ahead into. A worker that lags behind the others
+ * at an epoch's end still finds its samples there.
  *
  * Shards in an object store (s3://, https://) are read through dsrt's HTTP
  * client (datastore/http.c) the same way: each sample by a ranged GET (many
@@ -799,7 +802,8 @@ struct dsrt_shard_stream {
     pthread_cond_t wake;  /* the stream has something new to do */
     int stop;
 
-    plan_rec recs[2];
+    plan_rec *recs; /* (nrecs) epochs held; arrays made when first used */
+    unsigned nrecs;
     uint64_t epoch; /* streamed now */
     size_t next;    /* next stream index to read */
     uint64_t gen;
@@ -831,9 +835,21 @@ struct dsrt_shard_stream {
 };
 
 static plan_rec *rec_for(dsrt_shard_stream *s, uint64_t epoch) {
-    for (int k = 0; k < 2; k++)
+    for (unsigned k = 0; k < s->nrecs; k++)
         if (s->recs[k].valid && s->recs[k].epoch == epoch) return &s->recs[k];
     return NULL;
+}
+
+/* The record a new epoch takes: an unused one, else the oldest epoch's,
+ * which nobody can ask for any more (nrecs exceeds the epochs open at once). */
+static plan_rec *rec_spare(dsrt_shard_stream *s) {
+    plan_rec *old = NULL;
+    for (unsigned k = 0; k < s->nrecs; k++) {
+        plan_rec *r = &s->recs[k];
+        if (!r->valid) return r;
+        if (!old || r->epoch < old->epoch) old = r;
+    }
+    return old;
 }
 
 static void entry_free(dsrt_shard_stream *s, plan_rec *rec, uint32_t slot) {
@@ -870,9 +886,28 @@ static void rec_clear(dsrt_shard_stream *s, plan_rec *rec) {
     }
 }
 
+static void rec_free(plan_rec *rec) {
+    free(rec->stream);
+    free(rec->use);
+    free(rec->sidx);
+    free(rec->slot);
+    *rec = (plan_rec){0};
+}
+
 /* Makes rec the plan of epoch (mu held, or before the thread runs). */
 static int rec_fill(dsrt_shard_stream *s, plan_rec *rec, uint64_t epoch) {
     if (rec->valid) rec_clear(s, rec);
+    rec->valid = 0;
+    if (!rec->stream) {
+        rec->stream = dsrt__malloc(s->n * sizeof *rec->stream);
+        rec->use = dsrt__malloc(s->n * sizeof *rec->use);
+        rec->sidx = dsrt__malloc(s->n * sizeof *rec->sidx);
+        rec->slot = dsrt__malloc(s->n * sizeof *rec->slot);
+        if (!rec->stream || !rec->use || !rec->sidx || !rec->slot) {
+            rec_free(rec);
+            return -ENOMEM;
+        }
+    }
     uint64_t key = s->po.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0;
     uint32_t *order = dsrt__malloc(s->n * sizeof *order);
     if (!order) return -ENOMEM;
@@ -929,14 +964,9 @@ int dsrt__shard_stream_create(dsrt_shard_stream **out, const dsrt_datastore *ds,
     s->ahead = o->ahead ? o->ahead : DSRT_MAX(2 * B, s->nblocks * s->block_bytes / mean + 64);
     if ((rc = dsrt__shard_plan_create(&s->plan, ds, &s->po)) != 0) goto fail;
     rc = -ENOMEM;
-    for (int k = 0; k < 2; k++) {
-        plan_rec *r = &s->recs[k];
-        r->stream = dsrt__malloc(s->n * sizeof *r->stream);
-        r->use = dsrt__malloc(s->n * sizeof *r->use);
-        r->sidx = dsrt__malloc(s->n * sizeof *r->sidx);
-        r->slot = dsrt__malloc(s->n * sizeof *r->slot);
-        if (!r->stream || !r->use || !r->sidx || !r->slot) goto fail;
-    }
+    /* The epochs open at once, and the one read ahead into. */
+    s->nrecs = (o->open_epochs ? o->open_epochs : 2) + 1;
+    if (!(s->recs = dsrt__calloc(s->nrecs, sizeof *s->recs))) goto fail;
     for (unsigned k = 0; k < s->nblocks; k++) {
         void *b = NULL;
         if (posix_memalign(&b, DSRT_DIRECT_ALIGN, s->block_bytes) != 0) goto fail;
@@ -1001,12 +1031,8 @@ void dsrt__shard_stream_destroy(dsrt_shard_stream *s) {
         free(s->entries[k].msg);
     }
     free(s->entries);
-    for (int k = 0; k < 2; k++) {
-        free(s->recs[k].stream);
-        free(s->recs[k].use);
-        free(s->recs[k].sidx);
-        free(s->recs[k].slot);
-    }
+    for (unsigned k = 0; s->recs && k < s->nrecs; k++) rec_free(&s->recs[k]);
+    free(s->recs);
     dsrt__shard_plan_destroy(s->plan);
     if (s->stop != -1) {
         pthread_cond_destroy(&s->wake);
@@ -1370,7 +1396,7 @@ static int block_next(dsrt_shard_stream *s, plan_rec *rec) {
 static int seek_apply(dsrt_shard_stream *s) {
     s->seek_pending = 0;
     s->gen++;
-    for (int k = 0; k < 2; k++)
+    for (unsigned k = 0; k < s->nrecs; k++)
         if (s->recs[k].valid) {
             rec_clear(s, &s->recs[k]);
             s->recs[k].valid = 0;
@@ -1415,9 +1441,9 @@ void dsrt__shard_stream_run(dsrt_shard_stream *s) {
             (s->epochs == 0 || s->epoch + 1 < s->epochs) && s->want_any &&
             s->want_epoch >= s->epoch) {
             /* On to the next epoch once this one is asked for, its first
-             * samples read while the last of this one are used: the older of
-             * the two records (the epoch before) goes. */
-            plan_rec *old = &s->recs[0] == rec ? &s->recs[1] : &s->recs[0];
+             * samples read while the last of this one are used: the record
+             * of an epoch no request can come for any more goes. */
+            plan_rec *old = rec_spare(s);
             s->epoch++;
             s->next = 0;
             if (rec_fill(s, old, s->epoch) != 0) s->epoch = UINT64_MAX;

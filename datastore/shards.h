@@ -245,6 +245,8 @@ typedef struct {
     size_t ahead;               /* samples read ahead of the furthest asked for, besides the
                                    shuffle buffer; 0: enough for the blocks in flight */
     uint64_t epochs;            /* epochs of the run (none read past them); 0: endless */
+    unsigned open_epochs;       /* epochs the consumer may ask for at once (a pipeline's
+                                   batches in progress span that many); 0: 2 */
 } dsrt_shard_stream_options;
 
 int dsrt__shard_stream_create(dsrt_shard_stream **s, const dsrt_datastore *ds,

@@ -1188,6 +1188,11 @@ static void *stream_main(void *arg) {
     return NULL;
 }
 
+/* Epochs the batches in progress may span (fewer than nslots of them). */
+static unsigned epochs_open(const dsrt_pipeline *p) {
+    return 2 + (unsigned)((p->nslots + p->bpe - 1) / p->bpe);
+}
+
 static int stream_open(dsrt_pipeline *p) {
     dsrt_shard_plan_options po = {.shuffle = p->o.shuffle,
                                   .seed = p->o.seed,
@@ -1195,7 +1200,10 @@ static int stream_open(dsrt_pipeline *p) {
                                   .drop_last = p->o.drop_last,
                                   .parts = p->o.parts,
                                   .part = p->o.part};
-    dsrt_shard_stream_options so = {.reader = p->o.reader, .epochs = p->o.epochs};
+    /* The stream keeps the samples of every epoch a worker may still ask
+     * for: as many as the epoch orders' ring holds. */
+    dsrt_shard_stream_options so = {
+        .reader = p->o.reader, .epochs = p->o.epochs, .open_epochs = epochs_open(p)};
     int rc = dsrt__shard_stream_create(&p->stream, p->ds, &po, &so);
     return rc ? dsrt__fail_prefix(rc, "pipeline") : 0;
 }
@@ -1291,9 +1299,7 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     rc = -ENOMEM;
     p->bad = dsrt__calloc((n + 63) / 64, sizeof *p->bad);
     if (!p->bad) goto fail;
-    p->norders = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH
-                     ? 2 + (unsigned)((p->nslots + p->bpe - 1) / p->bpe)
-                     : 1;
+    p->norders = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epochs_open(p) : 1;
     p->orders = dsrt__calloc(p->norders, sizeof *p->orders);
     if (!p->orders) goto fail;
     for (unsigned i = 0; i < p->norders; i++)

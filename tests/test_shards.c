@@ -5,7 +5,8 @@
  * reading through the pipeline in both orders: the exact order's batches
  * equal the folder's, the shard order gives every sample once an epoch,
  * streams each shard front to back, is the same for any thread count and
- * resumes bit-exactly mid-epoch. Also shards made by GNU tar, truncated
+ * resumes bit-exactly mid-epoch, and a worker lagging behind at an epoch's
+ * end still gets its sample from the stream. Also shards made by GNU tar, truncated
  * shards, selection by glob and brace list, partition and split_each_label.
  *
  * Every data set is made in the test's temporary folder.
@@ -16,6 +17,7 @@
 
 #include <dsrt/pipeline.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -692,6 +694,64 @@ static void test_parts(void) {
     dsrt_datastore_close(f);
 }
 
+/* Reads sample pos of epoch through r; its size, or -1 when it failed. */
+static long stream_get(dsrt_shard_reader *r, uint32_t pos, uint64_t epoch, uint8_t *buf,
+                       size_t cap) {
+    if (dsrt__shard_reader_submit(r, pos, epoch, buf, cap, pos) != 0) return -1;
+    dsrt_read_result res;
+    if (dsrt__shard_reader_collect(r, &res, 1) != 1 || res.status != 0 || res.tag != pos)
+        return -1;
+    return (long)res.size;
+}
+
+static void *stream_main(void *arg) {
+    dsrt__shard_stream_run(arg);
+    return NULL;
+}
+
+/* A worker that lags behind the others at an epoch's end still gets its
+ * sample from the stream after requests of the next two epochs made the
+ * stream read on: it keeps every epoch its consumer says may be open. */
+static void test_stream_lag(void) {
+    dsrt_datastore *s = open_ds(shards, DSRT_SHARD_ORDER_SHARD);
+    size_t n = dsrt_datastore_count(s), cap = 1 << 20;
+    dsrt_shard_plan_options po = {.shuffle = DSRT_SHUFFLE_EVERY_EPOCH, .seed = 3, .batch = 8};
+    dsrt_shard_stream_options so = {.reader = dsrt_reader_defaults(), .open_epochs = 3};
+    dsrt_shard_stream *st = NULL;
+    dsrt_shard_reader *r = NULL;
+    REQUIRE(dsrt__shard_stream_create(&st, s, &po, &so) == 0);
+    REQUIRE(dsrt__shard_reader_create(&r, s, &so.reader, st) == 0);
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, NULL, stream_main, st) == 0);
+    uint32_t *order = malloc(n * sizeof *order), *first = malloc(n * sizeof *first);
+    uint8_t *buf = malloc(cap);
+    REQUIRE(order && first && buf);
+    /* Epoch 0 but its last place, then the first place of epochs 1 and 2. */
+    CHECK_OK(dsrt__shard_stream_order(st, 0, first));
+    for (size_t t = 0; t + 1 < n; t++)
+        CHECK_EQ(stream_get(r, first[t], 0, buf, cap),
+                 (long)dsrt__shard_sample_size(s, first[t]));
+    for (uint64_t e = 1; e <= 2; e++) {
+        CHECK_OK(dsrt__shard_stream_order(st, e, order));
+        CHECK_EQ(stream_get(r, order[0], e, buf, cap), (long)dsrt__shard_sample_size(s, order[0]));
+    }
+    /* The straggler of epoch 0. */
+    CHECK_EQ(stream_get(r, first[n - 1], 0, buf, cap),
+             (long)dsrt__shard_sample_size(s, first[n - 1]));
+    dsrt_shard_stream_stats ss;
+    dsrt__shard_stream_stats(st, &ss);
+    CHECK_EQ(ss.ranged, 0);
+    CHECK_EQ(ss.served, n + 2);
+    dsrt__shard_stream_stop(st);
+    pthread_join(thread, NULL);
+    dsrt__shard_reader_destroy(r);
+    dsrt__shard_stream_destroy(st);
+    free(order);
+    free(first);
+    free(buf);
+    dsrt_datastore_close(s);
+}
+
 /* partition gives whole shards; split_each_label works on shard sets. */
 static void test_views(void) {
     dsrt_datastore *s = open_ds(shards, DSRT_SHARD_ORDER_SHARD);
@@ -999,6 +1059,7 @@ int main(void) {
     RUN(test_shard_order);
     RUN(test_resume);
     RUN(test_parts);
+    RUN(test_stream_lag);
     RUN(test_views);
     RUN(test_gnu_tar);
     RUN(test_truncated);
