@@ -41,6 +41,8 @@
 #include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +147,8 @@ struct cpu_backend {
     float grad_scale; /* 1 / images the loss gradient is averaged over */
     float *xbuf;      /* uint8 batches converted to float */
     size_t xbuf_n;
+    pthread_t team_master; /* the thread whose OpenMP team holds signals, */
+    int team_held;         /* and that team's size (0: none yet) */
 };
 
 static int dnnl_fail(dnnl_status_t st, const char *what, const dsrt_layer *l) {
@@ -162,6 +166,59 @@ static int dnnl_fail(dnnl_status_t st, const char *what, const dsrt_layer *l) {
 
 static void set_threads(const dsrt_net *net) {
     if (net->opts.threads > 0 && omp_set_num_threads) omp_set_num_threads(net->opts.threads);
+}
+
+// ----------------------------------------------------------------------------
+// Signals while oneDNN computes
+//
+// Some of oneDNN's JIT GEMM kernels (f32, AVX2 and AVX-512, used by fully
+// connected layers among others) point rsp at a workspace in the heap while
+// they run (fixed in oneDNN 3.11; Debian 12 ships 2.7). A signal handled on a
+// thread inside one has its frame written there by the kernel: the heap is
+// corrupted, and a later free aborts. So a thread holds the asynchronous
+// signals while it runs oneDNN's kernels: a process-wide one (Ctrl-C, kill)
+// goes at once to a thread that does not hold it, one sent to this thread
+// (pthread_kill, a profiler's timer) when the pass is done. The OpenMP team
+// that works for it holds them for good: its threads run nothing else.
+
+/* Every signal but those a fault raises on the thread itself. */
+static void async_signals(sigset_t *s) {
+    sigfillset(s);
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(s, faults[i]);
+}
+
+static void signals_hold(sigset_t *old) {
+    sigset_t s;
+    async_signals(&s);
+    pthread_sigmask(SIG_BLOCK, &s, old);
+}
+
+static void signals_release(const sigset_t *old) {
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+static void team_hold_member(void *arg) {
+    (void)arg;
+    if (omp_get_thread_num() == 0) return; /* the caller: held only while it computes */
+    sigset_t s;
+    async_signals(&s);
+    pthread_sigmask(SIG_BLOCK, &s, NULL);
+}
+
+/* Makes the OpenMP team of this thread hold the asynchronous signals
+ * (threads it starts from now on inherit the mask of a holding caller;
+ * those it already has are told once). Called with signals held. */
+static void team_hold(cpu_backend *be) {
+    if (!GOMP_parallel || !omp_get_thread_num) return;
+    int n = be->net->opts.threads > 0 ? be->net->opts.threads
+            : omp_get_max_threads     ? omp_get_max_threads()
+                                      : 1;
+    pthread_t me = pthread_self();
+    if (be->team_held >= n && pthread_equal(be->team_master, me)) return;
+    GOMP_parallel(team_hold_member, NULL, (unsigned)n, 0);
+    be->team_master = me;
+    be->team_held = n;
 }
 
 static step *push_step(step **list, size_t *n, size_t *cap) {
@@ -1369,7 +1426,18 @@ static double clock_s(void) {
 
 /* Runs a pass's steps; with a profile on and a training plan, the steps
  * of each layer are timed together (a layer's steps are consecutive). */
+static int run_steps_held(cpu_backend *be, cpu_plan *p, step *steps, size_t n, int backward);
+
 static int run_steps(cpu_backend *be, cpu_plan *p, step *steps, size_t n, int backward) {
+    sigset_t old;
+    signals_hold(&old);
+    team_hold(be);
+    int rc = run_steps_held(be, p, steps, n, backward);
+    signals_release(&old);
+    return rc;
+}
+
+static int run_steps_held(cpu_backend *be, cpu_plan *p, step *steps, size_t n, int backward) {
     dsrt_net *net = be->net;
     int timed = p->train && dsrt__prof_on(net), layer = -1;
     double t0 = 0, t1 = 0;
@@ -1515,7 +1583,11 @@ static int cpu_run_on_threads(dsrt_backend *b, int (*fn)(void *, int), void *ctx
     atomic_init(&t.failures, 0);
     atomic_init(&t.ready, 0);
     atomic_store_explicit(&t.ready, 1, memory_order_release);
+    sigset_t old;
+    signals_hold(&old);
+    team_hold(be);
     GOMP_parallel(team_member, &t, (unsigned)n, 0);
+    signals_release(&old);
     (void)atomic_load_explicit(&t.done, memory_order_acquire);
     return atomic_load_explicit(&t.failures, memory_order_relaxed);
 }
@@ -1539,9 +1611,13 @@ static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
     if (st == dnnl_success) st = dnnl_primitive_create(&prim, pd);
     if (st == dnnl_success) {
         dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, have}, {DNNL_ARG_TO, user}};
+        sigset_t old;
+        signals_hold(&old);
+        team_hold(be);
         st = dnnl_primitive_execute(prim, be->stream, 2, args);
+        if (st == dnnl_success) st = dnnl_stream_wait(be->stream);
+        signals_release(&old);
     }
-    if (st == dnnl_success) st = dnnl_stream_wait(be->stream);
     if (st != dnnl_success) rc = dnnl_fail(st, "read output", L);
     dnnl_primitive_destroy(prim);
     dnnl_primitive_desc_destroy(pd);

@@ -5,8 +5,9 @@
  * exactly what the same pixels as float NCHW give; the global batch scales
  * the loss gradient exactly; dropout masks depend only on the logical NCHW
  * position (whatever layout the backend keeps activations in); optimizer
- * state moves between optimizers; the compute threads can be reached; and a
- * GPU that is not there is refused, with the net left working.
+ * state moves between optimizers; the compute threads can be reached; a
+ * GPU that is not there is refused, with the net left working; and signals
+ * handled while the CPU computes leave the heap and the result intact.
  *
  * Tolerances: none. Each comparison here is bit for bit, because each pair
  * runs the same arithmetic in the same order.
@@ -15,12 +16,17 @@
 #include "task.h"
 
 #include <dsrt/pipeline.h>
+#include <dsrt/train.h>
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define NET_CONV                                                                                   \
     "input size=8x8x3\n"                                                                           \
@@ -298,11 +304,112 @@ static void test_devices(void) {
     dsrt_pinned_free(NULL);
 }
 
+// ----------------------------------------------------------------------------
+// Signals while the CPU computes
+
+#define NET_FC                                                                                     \
+    "input size=16x16x3\n"                                                                         \
+    "fc outputs=512\n"                                                                             \
+    "relu\n"                                                                                       \
+    "fc outputs=512\n"                                                                             \
+    "relu\n"                                                                                       \
+    "fc outputs=classes\n"                                                                         \
+    "softmax\n"
+
+static atomic_long signals_taken;
+
+static void on_signal(int sig) {
+    (void)sig;
+    atomic_fetch_add_explicit(&signals_taken, 1, memory_order_relaxed);
+}
+
+typedef struct {
+    pthread_t target;
+    atomic_int stop;
+    long sent;
+} storm;
+
+/* Signals the training thread, and the process (any thread that takes it),
+ * in turn, as fast as they go, until told to stop. */
+static void *storm_main(void *arg) {
+    storm *s = arg;
+    while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
+        if (s->sent % 2 == 0)
+            pthread_kill(s->target, SIGUSR1);
+        else
+            kill(getpid(), SIGUSR1);
+        s->sent++;
+        struct timespec t = {0, 20000};
+        nanosleep(&t, NULL);
+    }
+    return NULL;
+}
+
+/* Steps of SGD on random batches; the parameters' checksum after them. */
+static uint64_t train_steps(dsrt_net *net, int steps, int n, int classes) {
+    size_t values = (size_t)n * 3 * 16 * 16;
+    float *x = malloc(values * sizeof *x);
+    int32_t *y = malloc((size_t)n * sizeof *y);
+    uint8_t *px = malloc(values);
+    REQUIRE(x && y && px);
+    dsrt_optimizer_options oo = dsrt_optimizer_defaults(DSRT_SOLVER_SGDM);
+    dsrt_optimizer *opt = NULL;
+    REQUIRE(dsrt_optimizer_create(&opt, net, &oo) == 0);
+    for (int k = 0; k < steps; k++) {
+        random_batch(px, values, y, n, classes, (uint64_t)k + 1);
+        for (size_t i = 0; i < values; i++) x[i] = (float)px[i] / 255.0f;
+        CHECK_OK(dsrt_net_forward_backward(net, x, y, n, NULL, NULL));
+        CHECK_OK(dsrt_optimizer_step(opt, net, 0));
+    }
+    dsrt_optimizer_destroy(opt);
+    free(x);
+    free(y);
+    free(px);
+    return dsrt_weights_checksum(net);
+}
+
+/* A program's signal handlers run while the CPU backend trains, on the
+ * training thread and on any other: oneDNN's JIT GEMM kernels point the
+ * stack pointer into the heap while they run, so a signal frame written
+ * there would corrupt the heap. The backend holds asynchronous signals on
+ * a thread while it runs oneDNN's kernels: the training ends, and its
+ * weights are those of the same training without signals. */
+static void test_signals_during_compute(void) {
+    const int classes = 10, n = 64, steps = 60;
+    for (int threads = 1; threads <= 2; threads++) {
+        dsrt_net *quiet = make(NET_FC, classes), *loud = make(NET_FC, classes);
+        dsrt_net_set_threads(quiet, threads);
+        dsrt_net_set_threads(loud, threads);
+        uint64_t want = train_steps(quiet, steps, n, classes);
+        struct sigaction sa, old;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESTART;
+        REQUIRE(sigaction(SIGUSR1, &sa, &old) == 0);
+        storm s = {.target = pthread_self()};
+        atomic_init(&s.stop, 0);
+        atomic_store(&signals_taken, 0);
+        pthread_t th;
+        REQUIRE(pthread_create(&th, NULL, storm_main, &s) == 0);
+        uint64_t got = train_steps(loud, steps, n, classes);
+        atomic_store(&s.stop, 1);
+        pthread_join(th, NULL);
+        sigaction(SIGUSR1, &old, NULL);
+        CHECK_EQ(got, want);
+        fprintf(stderr, "  %d thread(s): %ld signals sent, %ld handled during %d steps\n", threads,
+                s.sent, atomic_load(&signals_taken), steps);
+        dsrt_net_destroy(quiet);
+        dsrt_net_destroy(loud);
+    }
+}
+
 int main(void) {
     RUN(test_split_step_and_u8);
     RUN(test_dropout_logical_masks);
     RUN(test_optimizer_copy_state);
     RUN(test_threads);
     RUN(test_devices);
+    RUN(test_signals_during_compute);
     return TEST_RESULT();
 }
