@@ -196,6 +196,13 @@ DSRT_API int dsrt_net_set_device(dsrt_net *net, int device);
  * CPU compute threads: how many the backend spreads its work over (0: the
  * OpenMP default). A GPU backend launches work from the calling thread
  * alone and ignores the count.
+ *
+ * Signals: while the CPU backend computes on a thread, that thread holds
+ * every asynchronous signal (faults excepted), and the OpenMP team working
+ * for it holds them always: some of oneDNN's kernels move the stack pointer
+ * into the heap, where a signal frame would corrupt memory. A signal to the
+ * process reaches another thread at once; one sent to the computing thread
+ * (pthread_kill, a profiler's per-thread timer) when its pass ends.
  */
 DSRT_API void dsrt_net_set_threads(dsrt_net *net, int threads);
 DSRT_API int dsrt_net_threads(const dsrt_net *net);
