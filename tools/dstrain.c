@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -949,8 +950,10 @@ typedef struct {
 } train_ui;
 
 /* SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session): the first
- * stops training after the current step, a second exits at once. */
-static volatile sig_atomic_t stop_signal;
+ * stops training after the current step, a second exits at once. The
+ * handler may run on any thread (the one training holds signals while the
+ * CPU computes), hence an atomic, lock-free and so safe in a handler. */
+static atomic_int stop_signal;
 
 static const struct {
     int sig;
@@ -964,8 +967,7 @@ static const char *signal_name(int sig) {
 }
 
 static void on_stop_signal(int sig) {
-    if (stop_signal) _exit(128 + sig);
-    stop_signal = sig;
+    if (atomic_exchange(&stop_signal, sig) != 0) _exit(128 + sig);
     static const char msg[] = "\ndstrain: stopping after this step (again to quit at once)\n";
     ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)w;
@@ -1126,7 +1128,7 @@ static int train_event(void *ctx, const dsrt_train_event *e) {
         break;
     }
     if (u->json) fflush(stdout);
-    return stop_signal != 0;
+    return atomic_load(&stop_signal) != 0;
 }
 
 /* dsrt_net_create failed on the description read from file: the message
@@ -1808,11 +1810,11 @@ static void train_summary_text(train_job *j, const dsrt_train_result *r, const c
  * that got one, *worker receiving which. 0 when none did. */
 static int train_stop_signal(train_job *j, int *worker) {
     *worker = j->rank;
-    if (!j->comm) return stop_signal;
+    int sig = atomic_load(&stop_signal);
+    if (!j->comm) return sig;
     double *v = calloc((size_t)j->world, sizeof *v);
-    if (!v) return stop_signal;
-    v[j->rank] = stop_signal;
-    int sig = stop_signal;
+    if (!v) return sig;
+    v[j->rank] = sig;
     if (dsrt_comm_sum_f64(j->comm, v, (size_t)j->world) != 0) {
         fprintf(stderr, "%s train%s: %s\n", prog, j->worker, dsrt_last_error());
     } else {
