@@ -181,44 +181,44 @@ static void set_threads(const dsrt_net *net) {
 // (pthread_kill, a profiler's timer) when the pass is done. The OpenMP team
 // that works for it holds them for good: its threads run nothing else.
 
-/* Every signal but those a fault raises on the thread itself. */
-static void async_signals(sigset_t *s) {
-    sigfillset(s);
-    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
-    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(s, faults[i]);
-}
-
-static void signals_hold(sigset_t *old) {
+/* Blocks on the calling thread every signal but those a fault raises on the
+ * thread itself; the mask before into *old (may be NULL). */
+static void block_async(sigset_t *old) {
     sigset_t s;
-    async_signals(&s);
+    sigfillset(&s);
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(&s, faults[i]);
     pthread_sigmask(SIG_BLOCK, &s, old);
-}
-
-static void signals_release(const sigset_t *old) {
-    pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
 static void team_hold_member(void *arg) {
     (void)arg;
-    if (omp_get_thread_num() == 0) return; /* the caller: held only while it computes */
-    sigset_t s;
-    async_signals(&s);
-    pthread_sigmask(SIG_BLOCK, &s, NULL);
+    if (omp_get_thread_num() != 0) block_async(NULL); /* the caller: held only while it computes */
 }
 
-/* Makes the OpenMP team of this thread hold the asynchronous signals
- * (threads it starts from now on inherit the mask of a holding caller;
- * those it already has are told once). Called with signals held. */
-static void team_hold(cpu_backend *be) {
+/* The OpenMP team's size for the net. */
+static int team_size(const cpu_backend *be) {
+    return be->net->opts.threads > 0 ? be->net->opts.threads
+           : omp_get_max_threads     ? omp_get_max_threads()
+                                     : 1;
+}
+
+/* Holds the asynchronous signals on the calling thread (until
+ * signals_release) and for good on its OpenMP team: threads the team starts
+ * from now on inherit the caller's mask; those it already has are told once. */
+static void signals_hold(cpu_backend *be, sigset_t *old) {
+    block_async(old);
     if (!GOMP_parallel || !omp_get_thread_num) return;
-    int n = be->net->opts.threads > 0 ? be->net->opts.threads
-            : omp_get_max_threads     ? omp_get_max_threads()
-                                      : 1;
+    int n = team_size(be);
     pthread_t me = pthread_self();
     if (be->team_held >= n && pthread_equal(be->team_master, me)) return;
     GOMP_parallel(team_hold_member, NULL, (unsigned)n, 0);
     be->team_master = me;
     be->team_held = n;
+}
+
+static void signals_release(const sigset_t *old) {
+    pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
 static step *push_step(step **list, size_t *n, size_t *cap) {
@@ -1426,17 +1426,6 @@ static double clock_s(void) {
 
 /* Runs a pass's steps; with a profile on and a training plan, the steps
  * of each layer are timed together (a layer's steps are consecutive). */
-static int run_steps_held(cpu_backend *be, cpu_plan *p, step *steps, size_t n, int backward);
-
-static int run_steps(cpu_backend *be, cpu_plan *p, step *steps, size_t n, int backward) {
-    sigset_t old;
-    signals_hold(&old);
-    team_hold(be);
-    int rc = run_steps_held(be, p, steps, n, backward);
-    signals_release(&old);
-    return rc;
-}
-
 static int run_steps_held(cpu_backend *be, cpu_plan *p, step *steps, size_t n, int backward) {
     dsrt_net *net = be->net;
     int timed = p->train && dsrt__prof_on(net), layer = -1;
@@ -1467,6 +1456,15 @@ static int run_steps_held(cpu_backend *be, cpu_plan *p, step *steps, size_t n, i
     dnnl_status_t st = dnnl_stream_wait(be->stream);
     if (timed && layer >= 0) dsrt__prof_piece(net, layer, backward, t0, clock_s());
     return st == dnnl_success ? 0 : dnnl_fail(st, "stream wait", NULL);
+}
+
+/* run_steps_held with the signals held (see signals_hold). */
+static int run_steps(cpu_backend *be, cpu_plan *p, step *steps, size_t n, int backward) {
+    sigset_t old;
+    signals_hold(be, &old);
+    int rc = run_steps_held(be, p, steps, n, backward);
+    signals_release(&old);
+    return rc;
 }
 
 static int cpu_stage(dsrt_backend *b, const dsrt_net_batch *batch) {
@@ -1572,9 +1570,7 @@ static void team_member(void *arg) {
 static int cpu_run_on_threads(dsrt_backend *b, int (*fn)(void *, int), void *ctx) {
     cpu_backend *be = (cpu_backend *)b;
     if (!GOMP_parallel || !omp_get_thread_num) return fn(ctx, 0) != 0;
-    int n = be->net->opts.threads > 0 ? be->net->opts.threads
-            : omp_get_max_threads     ? omp_get_max_threads()
-                                      : 1;
+    int n = team_size(be);
     set_threads(be->net);
     team_arg t;
     t.fn = fn;
@@ -1584,8 +1580,7 @@ static int cpu_run_on_threads(dsrt_backend *b, int (*fn)(void *, int), void *ctx
     atomic_init(&t.ready, 0);
     atomic_store_explicit(&t.ready, 1, memory_order_release);
     sigset_t old;
-    signals_hold(&old);
-    team_hold(be);
+    signals_hold(be, &old);
     GOMP_parallel(team_member, &t, (unsigned)n, 0);
     signals_release(&old);
     (void)atomic_load_explicit(&t.done, memory_order_acquire);
@@ -1612,8 +1607,7 @@ static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
     if (st == dnnl_success) {
         dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, have}, {DNNL_ARG_TO, user}};
         sigset_t old;
-        signals_hold(&old);
-        team_hold(be);
+        signals_hold(be, &old);
         st = dnnl_primitive_execute(prim, be->stream, 2, args);
         if (st == dnnl_success) st = dnnl_stream_wait(be->stream);
         signals_release(&old);

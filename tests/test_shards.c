@@ -699,8 +699,7 @@ static long stream_get(dsrt_shard_reader *r, uint32_t pos, uint64_t epoch, uint8
                        size_t cap) {
     if (dsrt__shard_reader_submit(r, pos, epoch, buf, cap, pos) != 0) return -1;
     dsrt_read_result res;
-    if (dsrt__shard_reader_collect(r, &res, 1) != 1 || res.status != 0 || res.tag != pos)
-        return -1;
+    if (dsrt__shard_reader_collect(r, &res, 1) != 1 || res.status != 0 || res.tag != pos) return -1;
     return (long)res.size;
 }
 
@@ -729,8 +728,7 @@ static void test_stream_lag(void) {
     /* Epoch 0 but its last place, then the first place of epochs 1 and 2. */
     CHECK_OK(dsrt__shard_stream_order(st, 0, first));
     for (size_t t = 0; t + 1 < n; t++)
-        CHECK_EQ(stream_get(r, first[t], 0, buf, cap),
-                 (long)dsrt__shard_sample_size(s, first[t]));
+        CHECK_EQ(stream_get(r, first[t], 0, buf, cap), (long)dsrt__shard_sample_size(s, first[t]));
     for (uint64_t e = 1; e <= 2; e++) {
         CHECK_OK(dsrt__shard_stream_order(st, e, order));
         CHECK_EQ(stream_get(r, order[0], e, buf, cap), (long)dsrt__shard_sample_size(s, order[0]));
