@@ -62,6 +62,7 @@ dsrt_augment_options dsrt_augment_defaults(void) {
     o.norm = DSRT_AUGMENT_NORM_RESCALE;
     for (int c = 0; c < 3; c++) o.std[c] = 1.0f;
     o.decode_oversample = 1.0;
+    o.decode_dc = 1;
     return o;
 }
 
@@ -174,6 +175,8 @@ int dsrt_augment_check(const dsrt_augment_options *o) {
             return dsrt__fail(DSRT_EOPTION, "augment: std[%d]: %g: not a positive number", c,
                               (double)o->std[c]);
     }
+    if (o->decode_dc != 0 && o->decode_dc != 1)
+        return dsrt__fail(DSRT_EOPTION, "augment: decode_dc: %d: not 0 or 1", o->decode_dc);
     if (!(o->decode_oversample >= 1.0 && o->decode_oversample <= 64.0))
         return dsrt__fail(DSRT_EOPTION, "augment: decode_oversample: %g: not in [1, 64]",
                           o->decode_oversample);
@@ -1351,6 +1354,7 @@ int dsrt_augment_decode_request(dsrt_augmenter *a, const dsrt_augment_options *o
     int fw = info->width, fh = info->height;
     req->channels = o->output_channels;
     req->allow_gray = o->output_channels == 3;
+    req->dc_eighth = o->decode_dc;
     req->region_x = req->region_y = req->region_width = req->region_height = 0;
     dsrt_augment_decode_size(o, fw, fh, &req->min_width, &req->min_height);
     if (fw <= 0 || fh <= 0) return 0;

@@ -73,6 +73,7 @@
  * DSRT_EUNSUPPORTED.
  */
 #include "internal.h"
+#include "jpeg_dc.h"
 
 #include <assert.h>
 #include <limits.h>
@@ -142,6 +143,7 @@ struct dsrt_decoder {
     size_t file_cap;
     uint8_t *rows; /* (rows_cap bytes) libjpeg's row pointers, JSAMPROW */
     size_t rows_cap;
+    dsrt_jpeg_dc *dc; /* 1/8 scale from DC terms (jpeg_dc.h), made on first use */
 };
 
 static const uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
@@ -282,6 +284,7 @@ void dsrt_decoder_destroy(dsrt_decoder *d) {
     free(d->work);
     free(d->file);
     free(d->rows);
+    dsrt__jpeg_dc_destroy(d->dc);
     free(d);
 }
 
@@ -627,6 +630,36 @@ static void jpeg_window(const dsrt_decode_request *req, jpeg_plan *pl) {
     }
 }
 
+/*
+ * The whole image at 1/8 scale from its DC terms (jpeg_dc.h): 0, 1 when
+ * the file is one to leave to libjpeg, or a failure. The window is the
+ * whole image: at 1/8 a region saves too little to be worth its margins.
+ */
+static int jpeg_dc_finish(dsrt_decoder *d, const jpeg_plan *pl, dsrt_image *out, dsrt_window *win) {
+    J_COLOR_SPACE cs = d->jd.jpeg_color_space;
+    if (cs != JCS_YCbCr && cs != JCS_GRAYSCALE) return 1;
+    if (!d->dc && !(d->dc = dsrt__jpeg_dc_create()))
+        return dsrt__fail(-ENOMEM, "decode: out of memory");
+    size_t row = (size_t)pl->sw * (size_t)pl->ch, bytes = row * (size_t)pl->sh;
+    uint8_t *dst = pl->dst;
+    if (dst && pl->dst_cap < bytes) return 1; /* libjpeg's window may be smaller */
+    if (!dst && !(dst = dsrt__decoder_pixel_buffer(d, bytes))) return -ENOMEM;
+    int rc =
+        dsrt__jpeg_dc_decode(d->dc, d->buf, d->len, d->info.width, d->info.height, pl->ch, dst);
+    if (rc < 0) return dsrt__fail(rc, "decode: out of memory");
+    if (rc > 0) return 1;
+    close_image(d);
+    out->data = dst;
+    out->width = pl->sw;
+    out->height = pl->sh;
+    out->channels = pl->ch;
+    out->stride = row;
+    win->x0 = win->y0 = 0;
+    win->decoded_width = pl->sw;
+    win->decoded_height = pl->sh;
+    return 0;
+}
+
 static int jpeg_finish(dsrt_decoder *d, const dsrt_decode_request *req, int ch, dsrt_image *out,
                        dsrt_window *win) {
     jpeg_plan pl;
@@ -637,6 +670,10 @@ static int jpeg_finish(dsrt_decoder *d, const dsrt_decode_request *req, int ch, 
     pl.ch = ch;
     pl.dst = req->dst;
     pl.dst_cap = req->dst_cap;
+    if (req->dc_eighth && pl.scale == 8 && !d->opt.strict) {
+        int rc = jpeg_dc_finish(d, &pl, out, win);
+        if (rc <= 0) return rc;
+    }
     jpeg_window(req, &pl);
     int rc = jpeg_rows(d, &pl, !d->opt.strict, 0, out, win);
     if (rc == 1) /* something follows the data the window needed: decode to the end */
@@ -785,6 +822,8 @@ static int check_request(const dsrt_decode_request *req) {
                           req->region_y, req->region_width, req->region_height);
     if (req->allow_gray != 0 && req->allow_gray != 1)
         return dsrt__fail(DSRT_EOPTION, "decode: allow_gray: %d: not 0 or 1", req->allow_gray);
+    if (req->dc_eighth != 0 && req->dc_eighth != 1)
+        return dsrt__fail(DSRT_EOPTION, "decode: dc_eighth: %d: not 0 or 1", req->dc_eighth);
     return 0;
 }
 

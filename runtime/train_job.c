@@ -203,6 +203,7 @@ static void add_augment(job_list *l, const dsrt_augment_options *a) {
     add_int(l, "augment.layout", a->layout);
     add_int(l, "augment.norm", a->norm);
     add_real(l, "augment.decode_oversample", a->decode_oversample);
+    add_int(l, "augment.decode_dc", a->decode_dc);
 }
 
 /* The items of a datastore: which (1 training, 2 validation). */

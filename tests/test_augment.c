@@ -257,6 +257,8 @@ static void test_options(void) {
     expect_option_error(&o, "std[2]: 0");
     o = d, o.decode_oversample = 0.5;
     expect_option_error(&o, "decode_oversample: 0.5");
+    o = d, o.decode_dc = 2;
+    expect_option_error(&o, "decode_dc: 2");
 
     /* apply refuses them too, and an image of the wrong channel count (a
      * gray one for RGB output is replicated: see test_gray_replicated). */
@@ -1165,7 +1167,8 @@ static void test_window(void) {
                         dsrt_image img;
                         dsrt_window win;
                         CHECK_OK(dsrt_decoder_info(dec, jpeg, len, &info));
-                        dsrt_decode_request whole = {.channels = o.output_channels};
+                        dsrt_decode_request whole = {.channels = o.output_channels,
+                                                     .dc_eighth = o.decode_dc};
                         dsrt_augment_decode_size(&o, info.width, info.height, &whole.min_width,
                                                  &whole.min_height);
                         CHECK_OK(dsrt_decode(dec, jpeg, len, &whole, &img));

@@ -389,7 +389,7 @@ static void test_jpeg_large(void) {
  * libjpeg.so.62 is opened at run time; NULL when it is not there.
  */
 static uint8_t *jpeg_with_sampling(const uint8_t *rgb, int w, int h, const int samp[3][2],
-                                   size_t *len) {
+                                   int restart_rows, int progressive, size_t *len) {
     void *lib = dlopen("libjpeg.so.62", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return NULL;
     struct jpeg_error_mgr *(*std_error)(struct jpeg_error_mgr *) = dlsym(lib, "jpeg_std_error");
@@ -403,8 +403,9 @@ static uint8_t *jpeg_with_sampling(const uint8_t *rgb, int w, int h, const int s
     (j_compress_ptr, JSAMPARRAY, JDIMENSION) = dlsym(lib, "jpeg_write_scanlines");
     void (*finish)(j_compress_ptr) = dlsym(lib, "jpeg_finish_compress");
     void (*destroy)(j_compress_ptr) = dlsym(lib, "jpeg_destroy_compress");
+    void (*simple_progression)(j_compress_ptr) = dlsym(lib, "jpeg_simple_progression");
     if (!std_error || !create || !mem_dest || !set_defaults || !set_quality || !start || !write ||
-        !finish || !destroy) {
+        !finish || !destroy || !simple_progression) {
         dlclose(lib);
         return NULL;
     }
@@ -425,6 +426,8 @@ static uint8_t *jpeg_with_sampling(const uint8_t *rgb, int w, int h, const int s
         c.comp_info[i].h_samp_factor = samp[i][0];
         c.comp_info[i].v_samp_factor = samp[i][1];
     }
+    c.restart_in_rows = restart_rows;
+    if (progressive) simple_progression(&c);
     start(&c, TRUE);
     while (c.next_scanline < c.image_height) {
         JSAMPROW row = (JSAMPROW)(rgb + (size_t)c.next_scanline * w * 3);
@@ -458,7 +461,7 @@ static void test_jpeg_odd_sampling(void) {
     REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
     for (size_t i = 0; i < DSRT_ARRAY_SIZE(samplings); i++) {
         size_t len;
-        uint8_t *jpeg = jpeg_with_sampling(rgb, w, h, samplings[i], &len);
+        uint8_t *jpeg = jpeg_with_sampling(rgb, w, h, samplings[i], 0, 0, &len);
         if (!jpeg) {
             fprintf(stderr, "libjpeg.so.62 not found: odd sampling not tested\n");
             break;
@@ -1157,7 +1160,7 @@ static void test_regions(void) {
     timg_pattern(rgb, w, h, 3, 78);
     for (size_t i = 0; i < DSRT_ARRAY_SIZE(samplings); i++) {
         size_t len;
-        uint8_t *jpeg = jpeg_with_sampling(rgb, w, h, samplings[i], &len);
+        uint8_t *jpeg = jpeg_with_sampling(rgb, w, h, samplings[i], 0, 0, &len);
         if (!jpeg) break;
         check_regions(d, jpeg, len, "odd sampling", 1000 + i);
         free(jpeg);
@@ -1338,6 +1341,143 @@ static void test_allow_gray(void) {
     dsrt_decoder_destroy(d);
 }
 
+// ----------------------------------------------------------------------------
+// 1/8 scale from the DC terms
+
+/* Decodes at 1/8 with dc_eighth 0 and 1 and compares: the luma (ch 1), and
+ * RGB when exact (no chroma subsampling, or chroma constant over each MCU),
+ * must be equal; else RGB only near libjpeg's (a mean of 24 levels: these
+ * test patterns change colour every few pixels, so the chroma's resolution
+ * shows; on photos the mean is about 2). Returns the dc decode's code,
+ * having checked that it is libjpeg's too. */
+static int check_dc(dsrt_decoder *d, const uint8_t *jpeg, size_t len, int ch, int exact,
+                    const char *what) {
+    dsrt_image_info info;
+    int rc = dsrt_decoder_info(d, jpeg, len, &info);
+    if (rc != 0) return rc;
+    dsrt_decode_request r = request(ch, (info.width + 7) / 8, (info.height + 7) / 8);
+    dsrt_image a, b;
+    int rc0 = dsrt_decode(d, jpeg, len, &r, &a);
+    size_t n = rc0 == 0 ? a.stride * (size_t)a.height : 0;
+    uint8_t *ref = malloc(n ? n : 1);
+    REQUIRE(ref);
+    if (n) memcpy(ref, a.data, n);
+    r.dc_eighth = 1;
+    int rc1 = dsrt_decode(d, jpeg, len, &r, &b);
+    if (rc1 != rc0)
+        fprintf(stderr, "%s ch %d: dc_eighth gives %d, libjpeg %d\n", what, ch, rc1, rc0);
+    CHECK_EQ(rc1, rc0);
+    if (rc0 == 0 && rc1 == 0) {
+        CHECK_EQ(b.width, a.width);
+        CHECK_EQ(b.height, a.height);
+        CHECK_EQ(b.channels, a.channels);
+        if (ch == 1 || exact) {
+            long at = first_diff(b.data, ref, n);
+            if (at >= 0)
+                fprintf(stderr, "%s ch %d: byte %ld: %d, libjpeg %d\n", what, ch, at, b.data[at],
+                        ref[at]);
+            CHECK_EQ(at, -1);
+        } else {
+            double sad = 0;
+            for (size_t i = 0; i < n; i++) sad += abs((int)b.data[i] - (int)ref[i]);
+            if (sad / (double)n > 24.0)
+                fprintf(stderr, "%s: mean difference %.2f\n", what, sad / (double)n);
+            CHECK(sad / (double)n <= 24.0);
+        }
+    }
+    free(ref);
+    return rc1;
+}
+
+/* Every kind and size the other tests use, and the layouts libjpeg writes
+ * that TurboJPEG does not: odd sampling factors, restart markers (also with
+ * a progressive file), colour constant over each MCU (where 4:2:0 is exact). */
+static void test_dc_eighth(void) {
+    static const int sizes[][2] = {{37, 23}, {1, 1}, {17, 100}, {333, 2}, {641, 479}, {64, 64}};
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (int kind = 0; kind < TIMG_JPEG_KINDS; kind++) {
+        for (size_t s = 0; s < DSRT_ARRAY_SIZE(sizes); s++) {
+            size_t len;
+            uint8_t *jpeg = timg_make_jpeg(kind, sizes[s][0], sizes[s][1], (uint32_t)s, &len);
+            REQUIRE(jpeg);
+            int exact = kind == TIMG_JPEG_GRAY || kind == TIMG_JPEG_444 || kind == TIMG_JPEG_CMYK;
+            for (int ch = 1; ch <= 3; ch += 2)
+                CHECK_OK(check_dc(d, jpeg, len, ch, exact, timg_jpeg_kind_name(kind)));
+            free(jpeg);
+        }
+    }
+    static const int samplings[][3][2] = {
+        {{1, 1}, {1, 1}, {1, 1}}, {{2, 2}, {1, 1}, {1, 1}}, {{2, 1}, {1, 1}, {1, 1}},
+        {{2, 2}, {2, 1}, {1, 1}}, {{1, 2}, {1, 1}, {1, 2}}, {{4, 1}, {1, 1}, {1, 1}},
+    };
+    int w = 211, h = 75;
+    uint8_t *rgb = malloc((size_t)w * h * 3), *flat = malloc((size_t)w * h * 3);
+    REQUIRE(rgb && flat);
+    timg_pattern(rgb, w, h, 3, 5);
+    for (int y = 0; y < h; y++) /* constant over 32 x 32 tiles: DC-only chroma */
+        for (int x = 0; x < w; x++)
+            for (int c = 0; c < 3; c++)
+                flat[((size_t)y * w + x) * 3 + c] =
+                    (uint8_t)timg_hash((uint32_t)((y / 32) * 97 + (x / 32) * 13 + c));
+    int tested = 0;
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(samplings); i++) {
+        for (int variant = 0; variant < 6; variant++) {
+            int restart = variant % 3, progressive = variant >= 3;
+            for (int pic = 0; pic < 2; pic++) {
+                size_t len;
+                uint8_t *jpeg = jpeg_with_sampling(pic ? flat : rgb, w, h, samplings[i], restart,
+                                                   progressive, &len);
+                if (!jpeg) break;
+                tested++;
+                char what[96];
+                snprintf(what, sizeof what, "sampling %zu restart %d progressive %d %s", i, restart,
+                         progressive, pic ? "flat" : "pattern");
+                int exact = i == 0 || pic;
+                for (int ch = 1; ch <= 3; ch += 2)
+                    CHECK_OK(check_dc(d, jpeg, len, ch, exact, what));
+                free(jpeg);
+            }
+        }
+    }
+    if (!tested) fprintf(stderr, "libjpeg.so.62 not found: libjpeg's layouts not tested\n");
+    free(rgb);
+    free(flat);
+    dsrt_decoder_destroy(d);
+}
+
+/* Damaged files: whatever the DC decoder does not take goes to libjpeg, so
+ * every outcome (the code; the luma) is libjpeg's: files cut at many
+ * lengths, and bytes of the entropy-coded data changed. */
+static void test_dc_eighth_damaged(void) {
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    static const int kinds[] = {TIMG_JPEG_420, TIMG_JPEG_PROGRESSIVE, TIMG_JPEG_GRAY};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(kinds); k++) {
+        size_t len;
+        uint8_t *jpeg = timg_make_jpeg(kinds[k], 120, 88, 3, &len);
+        REQUIRE(jpeg);
+        const char *name = timg_jpeg_kind_name(kinds[k]);
+        for (size_t cut = 2; cut < len; cut += 1 + cut / 16) {
+            int rc = check_dc(d, jpeg, cut, 1, 1, name);
+            CHECK(rc != 0 || cut >= len - 2); /* only the end-of-image marker may go */
+        }
+        size_t sos = find_marker(jpeg, len, 0xda);
+        REQUIRE(sos);
+        uint8_t *bad = malloc(len);
+        REQUIRE(bad);
+        for (uint32_t t = 0; t < 200; t++) {
+            memcpy(bad, jpeg, len);
+            size_t at = sos + 16 + timg_hash(t * 3 + (uint32_t)k) % (len - sos - 18);
+            bad[at] = (uint8_t)timg_hash(t * 7 + 1);
+            check_dc(d, bad, len, 1, 1, name);
+        }
+        free(bad);
+        free(jpeg);
+    }
+    dsrt_decoder_destroy(d);
+}
+
 int main(void) {
     corpus_dir = getenv("DSRT_WRITE_CORPUS");
     if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
@@ -1361,6 +1501,8 @@ int main(void) {
     RUN(test_scratch_reuse);
     RUN(test_regions);
     RUN(test_region_rest);
+    RUN(test_dc_eighth);
+    RUN(test_dc_eighth_damaged);
     RUN(test_begin_finish);
     RUN(test_allow_gray);
     return TEST_RESULT();

@@ -104,6 +104,10 @@ static const char usage[] =
     "                        default), uint8 with nhwc; either option alone picks both\n"
     "  --channels 1|3        output channels (default 3): 1 decodes JPEGs to their\n"
     "                        luma alone\n"
+    "  --decode-dc 0|1       JPEGs decoded at 1/8 scale (pipeline 32 on most photos):\n"
+    "                        1 (default) takes each pixel from its block's DC term,\n"
+    "                        luma equal to libjpeg's, chroma as the file stores it;\n"
+    "                        0 has libjpeg decode them\n"
     "  --threads N           worker threads (default 0: one per core); with --sweep,\n"
     "                        a list of counts such as 1,2,4\n"
     "  --sweep               run once per thread count (1, 2, 4, ... up to the cores,\n"
@@ -176,6 +180,7 @@ typedef struct {
     int nhwc;         /* --layout nhwc / --dtype uint8: uint8 NHWC samples */
     int layout_given; /* -1 nchw/float32 asked, 1 nhwc/uint8 asked, 0 neither */
     int channels;     /* --channels: 1 or 3 */
+    int decode_dc;    /* --decode-dc: 0 or 1 */
     dsrt_pipeline_options po;
     int batch_given, sweep, cold, checksum;
     int cold_method; /* COLD_AUTO, COLD_DROP_CACHES, COLD_FADVISE */
@@ -813,6 +818,7 @@ static int run_pipeline(options *o) {
     else
         aug = dsrt_augment_defaults(); /* native: float CHW in [0, 1], nothing else */
     aug.output_channels = o->channels;
+    aug.decode_dc = o->decode_dc;
     if (o->nhwc) {
         aug.layout = DSRT_AUGMENT_U8_NHWC;
         aug.norm = DSRT_AUGMENT_NORM_NONE;
@@ -973,6 +979,8 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
                            a, v, v, names[!which][o->layout_given > 0]);
         o->layout_given = want;
         o->nhwc = pick;
+    } else if (strcmp(a, "--decode-dc") == 0) {
+        o->decode_dc = (int)tool_int("--decode-dc", tool_value(argc, argv, i), 0, 1);
     } else if (strcmp(a, "--channels") == 0) {
         o->channels = (int)tool_int("--channels", tool_value(argc, argv, i), 1, 3);
         if (o->channels == 2) tool_die_usage("--channels: 2 is not 1 or 3");
@@ -1081,6 +1089,7 @@ int main(int argc, char **argv) {
     o.po = dsrt_pipeline_defaults();
     o.epochs = 3;
     o.channels = 3;
+    o.decode_dc = 1;
     o.limit_images = 2000;
     o.limit_passes = 3;
     tool_set_name("dsbench");

@@ -142,6 +142,11 @@ typedef struct {
      * reduction to dsrt's antialiasing resize, closer to a resize of the
      * full image (at 1/8 the DCT scaling is an 8 x 8 box average). */
     double decode_oversample;
+    /* 1 (default): JPEGs that decode at 1/8 scale take each pixel from its
+     * block's DC term (dsrt_decode_request.dc_eighth: the same luma as
+     * libjpeg's, chroma at the resolution the file stores it, faster); 0:
+     * libjpeg's reduced inverse DCT. */
+    int decode_dc;
 } dsrt_augment_options;
 
 /* The defaults: 224 x 224 x 3, resize, no augmentation, float NCHW in [0, 1]. */

@@ -1221,6 +1221,7 @@ static const augment_key augment_keys[] = {
     AUG(mean, K_RGB),
     AUG(std, K_RGB),
     AUG(decode_oversample, K_DOUBLE),
+    AUG(decode_dc, K_BOOL),
 };
 
 /* Sets the augment option named key to v. */

@@ -40,10 +40,11 @@ static dsrt_decoder *decoder(int strict) {
 
 /* One decode; traps on a broken promise. */
 static void decode_one(dsrt_decoder *d, const uint8_t *data, size_t size, int info_rc,
-                       const dsrt_image_info *info, int channels, int min, int exact_dst) {
+                       const dsrt_image_info *info, int channels, int min, int exact_dst, int dc) {
     dsrt_decode_request r;
     memset(&r, 0, sizeof r);
     r.channels = channels;
+    r.dc_eighth = dc;
     r.min_width = r.min_height = min;
     int w = 0, h = 0;
     uint8_t *dst = NULL;
@@ -84,6 +85,7 @@ static void region_one(dsrt_decoder *d, const uint8_t *data, size_t size,
     memset(&r, 0, sizeof r);
     r.channels = 3;
     r.allow_gray = 1;
+    r.dc_eighth = (int)(h >> 7 & 1);
     r.min_width = (int)(h % 3 == 0 ? 0 : info->width / (int)(1 + h % 5));
     r.region_x = (int)(h % (uint32_t)info->width);
     r.region_y = (int)((h >> 8) % (uint32_t)info->height);
@@ -127,9 +129,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (info.channels < 1 || info.channels > 4) __builtin_trap();
         if (info.format != dsrt_detect_format(data, size)) __builtin_trap();
     }
-    decode_one(d, data, size, info_rc, &info, 3, 0, 0);
-    decode_one(d, data, size, info_rc, &info, 1, 32, 0);
-    decode_one(d, data, size, info_rc, &info, 3, 8, 1);
+    decode_one(d, data, size, info_rc, &info, 3, 0, 0, 0);
+    decode_one(d, data, size, info_rc, &info, 1, 32, 0, 0);
+    decode_one(d, data, size, info_rc, &info, 3, 8, 1, 0);
+    decode_one(d, data, size, info_rc, &info, 1, 1, 0, 1); /* 1/8 from the DC terms */
+    decode_one(d, data, size, info_rc, &info, 3, 1, 1, 1);
     if (info_rc == 0) region_one(d, data, size, &info);
     return 0;
 }
