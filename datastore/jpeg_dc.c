@@ -495,14 +495,17 @@ static int read_frame(dsrt_jpeg_dc *s, frame *f, int progressive, const uint8_t 
         total += (size_t)c->bw * (size_t)c->bh * 3; /* int16 terms, uint8 pixels */
     }
     if (reserve((void **)&s->planes, &s->planes_cap, total)) return -ENOMEM;
-    uint8_t *q = s->planes;
+    /* Every component's terms first, then the pixels: the terms stay 2-byte aligned. */
+    int16_t *t = (int16_t *)(void *)s->planes;
+    uint8_t *q = s->planes + 2 * (total / 3);
     for (int i = 0; i < nc; i++) {
         comp *c = &f->c[i];
         size_t blocks = (size_t)c->bw * (size_t)c->bh;
-        c->dc = (int16_t *)(void *)q;
-        c->px = q + 2 * blocks;
+        c->dc = t;
+        c->px = q;
         memset(c->dc, 0, 2 * blocks);
-        q += 3 * blocks;
+        t += blocks;
+        q += blocks;
     }
     return 0;
 }
