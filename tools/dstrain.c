@@ -771,7 +771,7 @@ static struct {
     int epochs, batch, threads, workers, val_frequency, val_patience, val_batch, verbose_frequency,
         checkpoint_frequency, lr_drop_period, prefetch, json, drop_last, no_pin, quiet, no_progress,
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
-        depth, drop_empty_classes, shuffle_buffer;
+        depth, drop_empty_classes, shuffle_buffer, no_decode_dc;
     const char *order;
     remote_opts remote;
     uint64_t seed;
@@ -848,6 +848,10 @@ static const option TRAIN_OPTIONS[] = {
      "no random left-right reflection"},
     {"rand-y-reflection", OPT_FLAG, &tr.rand_y_reflection, 0, 0, NULL,
      "random top-bottom reflection"},
+    {"no-decode-dc", OPT_FLAG, &tr.no_decode_dc, 0, 0, NULL,
+     "JPEGs decoded at 1/8 scale go through libjpeg's reduced inverse DCT, not their blocks' "
+     "DC terms alone (the same luma, the chroma of subsampled files at twice the resolution; "
+     "slower)"},
     {"rand-rotation", OPT_STR, &tr.rand_rotation, 0, 0, "LO,HI", "random rotation, degrees"},
     {"rand-scale", OPT_STR, &tr.rand_scale, 0, 0, "LO,HI", "random scale factor"},
     {"rand-translation", OPT_STR, &tr.rand_translation, 0, 0, "PX",
@@ -1282,6 +1286,7 @@ static int train_resolve_options(train_job *j) {
     }
     o->augment.rand_x_reflection = !tr.no_rand_x_reflection;
     o->augment.rand_y_reflection = tr.rand_y_reflection;
+    o->augment.decode_dc = !tr.no_decode_dc;
     /* Symmetric ranges take V as [-V, V]; --rand-translation sets both
      * shifts, the axis options given after it in this table override it.
      * What a range may hold is the library's one check (dsrt_augment_check),
