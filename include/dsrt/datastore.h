@@ -526,7 +526,7 @@ typedef struct {
      * 1: a JPEG that decodes at 1/8 scale takes each pixel from its 8 x 8
      * block's DC term alone, without libjpeg's entropy decoding (dsrt's own
      * steps over the AC terms, and never reads a progressive file's AC
-     * scans): 1.2-1.8 times as fast. The luma is libjpeg's own 1/8 result,
+     * scans): 1.3-2 times as fast. The luma is libjpeg's own 1/8 result,
      * bit for bit (so is gray output, and RGB of JPEGs without chroma
      * subsampling); the chroma of subsampled JPEGs is each chroma block's
      * mean repeated over the pixels it covers, where libjpeg computes a
