@@ -423,8 +423,10 @@ HOT int block(const frame *f, const scan *sc, int k, int bx, int by, const huff 
 /* Decodes the DC terms of a scan whose data s->bits holds; 0, or 1 when
  * the data is not what the scan needs. Compiled twice where the compiler
  * can, the second time for x86-64-v3 (BMI2's shifts, MOVBE: 4-6% less
- * time), chosen at load time; integer work, so both give the same terms. */
-#if defined(__x86_64__) && defined(__has_attribute)
+ * time), chosen at load time; integer work, so both give the same terms.
+ * Not under ThreadSanitizer: the loader runs the choosing function before
+ * ThreadSanitizer's runtime is ready, and the instrumented code crashes. */
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
 #if __has_attribute(target_clones)
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
