@@ -4,10 +4,10 @@
  *
  * The entropy-coded data of a scan is first copied without its stuffed
  * zeros, restart markers noted (where each interval starts), and a few
- * kilobytes of zeros after it. The decoder then reads bits at any position
- * with one unaligned 64-bit load, without a branch for the data's end or its
- * markers: the zeros cover the furthest one MCU can read past the end, and
- * the position is checked against the end after every MCU.
+ * kilobytes of zeros after it. The decoder then reads it through a 64-bit
+ * bit buffer without a check for the data's end or its markers: the zeros
+ * cover the furthest one MCU can read past the end, and the position is
+ * checked against the end after every MCU.
  *
  * Huffman codes of up to FAST_BITS bits are looked up in one table indexed
  * by the next FAST_BITS bits. For a DC table an entry holds the code's
@@ -34,6 +34,8 @@
  *   (libjpeg then smooths blocks, changing the pixels) are left to libjpeg.
  */
 #include "jpeg_dc.h"
+
+#include "core/internal.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -90,8 +92,8 @@ struct dsrt_jpeg_dc {
     huff dc[4], ac[4];
     uint8_t *bits; /* (bits_cap) a scan's entropy-coded data, unstuffed, then PAD zeros */
     size_t bits_cap;
-    uint32_t
-        *rst; /* (rst_cap) the byte in bits where each restart interval after the first starts */
+    /* (rst_cap) where in bits each restart interval after the first starts */
+    uint32_t *rst;
     size_t rst_cap;
     uint8_t *planes; /* (planes_cap) every component's dc and px */
     size_t planes_cap;
@@ -134,18 +136,6 @@ void dsrt__jpeg_dc_destroy(dsrt_jpeg_dc *s) {
     free(s->rst);
     free(s->planes);
     free(s);
-}
-
-/* Makes *buf hold n bytes; 0 or -ENOMEM. */
-static int reserve(void **buf, size_t *cap, size_t n) {
-    if (n <= *cap) return 0;
-    size_t c = *cap + *cap / 2;
-    if (c < n) c = n;
-    void *p = realloc(*buf, c);
-    if (!p) return -ENOMEM;
-    *buf = p;
-    *cap = c;
-    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -318,7 +308,7 @@ HOT int ac_skip(const huff *h, reader *rp) {
     for (int k = 1; k < 64;) {
         refill(&r);
         const step *e = &h->steps[r.buf >> (64 - FAST_BITS)];
-        if (__builtin_expect(e->bits1 == 0, 0)) {
+        if (DSRT_UNLIKELY(e->bits1 == 0)) {
             int l, v = huff_slow(h, r.buf, &l);
             if (v < 0) return 1;
             uint16_t f = fast_entry(1, l, v);
@@ -352,7 +342,7 @@ HOT int ac_skip(const huff *h, reader *rp) {
  */
 static const uint8_t *unstuff(dsrt_jpeg_dc *s, const uint8_t *p, const uint8_t *end, size_t *nbytes,
                               size_t *nrst, int *nomem) {
-    if (reserve((void **)&s->bits, &s->bits_cap, (size_t)(end - p) + PAD)) {
+    if (dsrt__grow((void **)&s->bits, &s->bits_cap, (size_t)(end - p) + PAD, 1)) {
         *nomem = 1;
         return NULL;
     }
@@ -372,7 +362,7 @@ static const uint8_t *unstuff(dsrt_jpeg_dc *s, const uint8_t *p, const uint8_t *
         }
         if (*q >= 0xd0 && *q <= 0xd7) {
             if ((*q & 7) != (r & 7)) return NULL;
-            if (reserve((void **)&s->rst, &s->rst_cap, (r + 1) * sizeof *s->rst)) {
+            if (dsrt__grow((void **)&s->rst, &s->rst_cap, r + 1, sizeof *s->rst)) {
                 *nomem = 1;
                 return NULL;
             }
@@ -521,7 +511,7 @@ static int read_frame(dsrt_jpeg_dc *s, frame *f, int progressive, const uint8_t 
         c->bh = f->mcus_y * c->v;
         total += (size_t)c->bw * (size_t)c->bh * 3; /* int16 terms, uint8 pixels */
     }
-    if (reserve((void **)&s->planes, &s->planes_cap, total)) return -ENOMEM;
+    if (dsrt__grow((void **)&s->planes, &s->planes_cap, total, 1)) return -ENOMEM;
     /* Every component's terms first, then the pixels: the terms stay 2-byte aligned. */
     int16_t *t = (int16_t *)(void *)s->planes;
     uint8_t *q = s->planes + 2 * (total / 3);
