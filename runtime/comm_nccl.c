@@ -539,7 +539,9 @@ static void wait_a_little(comm_group *gr) {
 }
 
 /* A collective of the group: fn runs on the last member to arrive, with
- * every member's buffer posted. */
+ * every member's buffer posted; out then runs on each member and may read
+ * only its own buffer and the group's (another member may already have
+ * returned and freed its buffer). */
 static int group_run(dsrt_comm *c, void *x, const char *what, void (*fn)(comm_group *gr, void *arg),
                      void *arg, void (*out)(comm_group *gr, int member, void *arg)) {
     comm_group *gr = c->group;
@@ -636,12 +638,16 @@ static int group_sum(dsrt_comm *c, void *x, size_t n, int f64, const char *what)
     return rc;
 }
 
-static void bcast_fn(comm_group *gr, void *arg) {}
-
-static void bcast_out(comm_group *gr, int member, void *arg) {
+/* Every copy is made here, while all members wait: the root may return and
+ * free its buffer as soon as the generation turns, before the others run
+ * their out step. */
+static void bcast_fn(comm_group *gr, void *arg) {
     group_arg *a = arg;
-    if (member != a->root) memcpy(gr->ptr[member], gr->ptr[a->root], a->bytes);
+    for (int m = 0; m < gr->n; m++)
+        if (m != a->root) memcpy(gr->ptr[m], gr->ptr[a->root], a->bytes);
 }
+
+static void bcast_out(comm_group *gr, int member, void *arg) {}
 
 static int group_bcast(dsrt_comm *c, void *buf, size_t bytes, int root, const char *what) {
     group_arg a = {0, 0, root, bytes};

@@ -3,7 +3,8 @@
  * worker a GPU, each on a thread, the communicators of one process) against
  * the same run on one GPU; a net without parameters; the gradient sums
  * queued without the host waiting for them; and, where several GPUs are
- * visible, the members of an in-process group closed from one thread. On a
+ * visible, the members of an in-process group closed from one thread and
+ * its host collectives on buffers freed as each call returns. On a
  * machine with CUDA devices and NCCL (exit 77 without), and on two
  * stand-in GPUs in the fake build (test_fakegpu_dp), where the stand-in
  * (tests/fakegpu.h) also tells what a device would punish and these tests
@@ -22,7 +23,10 @@
 #include <dsrt/train.h>
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef DSRT_FAKE_GPU
 #include "fakegpu.h"
@@ -387,6 +391,66 @@ static void test_close_from_one_thread(void) {
 #endif
 }
 
+/* Host collectives of one process's group on buffers each member frees as
+ * soon as the call returns (as the trainer's bad-sample exchange does): no
+ * member may still read another's buffer then (AddressSanitizer's build
+ * sees it). */
+#define HOST_ROUNDS 3000
+typedef struct {
+    dsrt_comm *c;
+    int member, bad;
+} host_member;
+
+static void *host_member_main(void *arg) {
+    host_member *m = arg;
+    for (int r = 0; r < HOST_ROUNDS && !m->bad; r++) {
+        size_t n = 64 + (size_t)(r % 7) * 301;
+        int root = r % 2;
+        unsigned char *b = malloc(n);
+        double *x = malloc(3 * sizeof *x);
+        if (!b || !x) {
+            m->bad = 1;
+            free(b);
+            free(x);
+            break;
+        }
+        for (size_t i = 0; i < n; i++) b[i] = m->member == root ? (unsigned char)(i * 7 + r) : 0;
+        for (int i = 0; i < 3; i++) x[i] = m->member + i + r;
+        /* The root mostly arrives last: it leaves first, and frees. */
+        if (m->member == root && r % 4 != 3) usleep(20);
+        if (dsrt_comm_bcast(m->c, b, n, root)) m->bad = 1;
+        for (size_t i = 0; i < n && !m->bad; i++)
+            if (b[i] != (unsigned char)(i * 7 + r)) m->bad = 2;
+        free(b);
+        if (!m->bad && dsrt_comm_sum_f64(m->c, x, 3)) m->bad = 1;
+        for (int i = 0; i < 3 && !m->bad; i++)
+            if (x[i] != 1 + 2.0 * (i + r)) m->bad = 3;
+        free(x);
+    }
+    return NULL;
+}
+
+static void test_host_collectives_then_free(void) {
+    int n = gpus_for_test();
+    if (n < 2) {
+        fprintf(stderr, "  one GPU: nothing to group\n");
+        return;
+    }
+    dsrt_comm *c[2] = {NULL, NULL};
+    int devs[2] = {0, 1};
+    CHECK_OK(dsrt_comm_open_local(c, 2, devs, NULL));
+    REQUIRE(c[0] && c[1]);
+    host_member m[2] = {{c[0], 0, 0}, {c[1], 1, 0}};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, host_member_main, &m[1]) == 0);
+    host_member_main(&m[0]);
+    pthread_join(t, NULL);
+    CHECK_EQ(m[0].bad, 0);
+    CHECK_EQ(m[1].bad, 0);
+    dsrt_comm_close(c[0]);
+    dsrt_comm_close(c[1]);
+}
+
 int main(void) {
 #ifdef DSRT_FAKE_GPU
     fakegpu_set_devices(2);
@@ -417,5 +481,6 @@ int main(void) {
     RUN_WANTED(test_deadline);
 #endif
     RUN_WANTED(test_close_from_one_thread);
+    RUN_WANTED(test_host_collectives_then_free);
     return TEST_RESULT();
 }
