@@ -5,6 +5,7 @@
 #
 #   scripts/install-deps.sh          # build + run + test dependencies
 #   scripts/install-deps.sh --bench  # also the PyTorch baselines used by benchmarks
+#                                    # and nginx (the object-storage benchmark's cache)
 set -euo pipefail
 
 pkgs=(
@@ -16,7 +17,7 @@ pkgs=(
   python3-dev python3-numpy python3-pytest python3-pil python3-torch
 )
 if [ "${1:-}" = "--bench" ]; then
-  pkgs+=(python3-torchvision python3-boto3)
+  pkgs+=(python3-torchvision python3-boto3 nginx-light)
 fi
 
 missing=()

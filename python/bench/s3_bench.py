@@ -5,11 +5,16 @@ each object with boto3 (s3_loader_boto3.py), 2 workers each, interleaved.
 
     /usr/bin/python3 python/bench/s3_bench.py [--photos DIR] [--rounds 3]
         [--latency-ms 20] [--cores split,shared] [--pipeline 227] [--epochs 3]
+        [--nginx-cache] [--runs dsrt-local,dsrt-s3,torch-boto3]
 
 The store is tests/s3_server.py (moto's S3 under waitress, signatures
 checked) on 127.0.0.1, reached through its proxy, which holds every request
 --latency-ms milliseconds. DIR (default /tmp/dsrt-photos) is made with
-/work/shared/bench/make_photos.py --count 2000 when missing.
+/work/shared/bench/make_photos.py --count 2000 when missing. With
+--nginx-cache, nginx sits between the proxy and moto and serves every answer
+moto gave once (the first epoch, a warm-up, fills it): a store that keeps up
+with one client core, latency still added by the proxy; its CPU is counted
+in the store's.
 
 Two core budgets, each run in every round:
   split   the store (moto and its proxy) on CPU 1 alone, every client on
@@ -30,7 +35,8 @@ client_cpu_local_over_s3: the client's CPU an image reading the folder over
 reading the bucket, the ratio dsrt would reach on a store that keeps up
 (moto on one core does not: about 1 ms of CPU a GET caps it near 900
 GET/s, below the rate of one client core). Needs Debian's python3-torch,
-python3-torchvision, python3-boto3 and a built dsbench.
+python3-torchvision, python3-boto3 (and nginx for --nginx-cache: all from
+scripts/install-deps.sh --bench) and a built dsbench.
 """
 import argparse
 import json
@@ -60,12 +66,14 @@ def cpu_s(pid):
 
 
 class Server:
-    def __init__(self, photos, latency_ms, cpus):
+    def __init__(self, photos, latency_ms, cpus, nginx_cache):
         venv = subprocess.run(["bash", os.path.join(SOURCE, "scripts", "s3-venv.sh")],
                               capture_output=True, text=True, check=True)
         python = venv.stdout.strip().splitlines()[-1]
         cmd = [python, os.path.join(SOURCE, "tests", "s3_server.py"), "--upload", photos,
                "bench/photos", "--latency-ms", str(latency_ms)]
+        if nginx_cache:
+            cmd.append("--nginx-cache")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
         self.info = json.loads(self.proc.stdout.readline())
@@ -119,7 +127,10 @@ def main():
     ap.add_argument("--pipeline", default="227")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--build", default=os.path.join(SOURCE, "build"))
+    ap.add_argument("--nginx-cache", action="store_true")
+    ap.add_argument("--runs", default="dsrt-local,dsrt-s3,torch-boto3")
     args = ap.parse_args()
+    wanted = args.runs.split(",")
     dsbench = os.path.join(args.build, "tools", "dsbench")
     if not os.access(dsbench, os.X_OK):
         sys.exit(f"s3_bench: build dsbench first ({dsbench})")
@@ -130,13 +141,16 @@ def main():
     everything = set(range(os.cpu_count()))
     if "split" in budgets and len(everything) < 2:
         sys.exit("s3_bench: the split budget needs 2 CPUs")
-    server = Server(args.photos, args.latency_ms, everything)
+    server = Server(args.photos, args.latency_ms, everything, args.nginx_cache)
     info = server.info
     os.environ.update(AWS_ACCESS_KEY_ID=info["key"], AWS_SECRET_ACCESS_KEY=info["secret"],
                       AWS_REGION="us-east-1", AWS_ENDPOINT_URL=info["proxy"],
                       AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent")
     common = ["--pipeline", args.pipeline, "--threads", "2", "--epochs", str(args.epochs), "--json"]
-    print(json.dumps({"store": "moto S3 under waitress, signatures checked",
+    store = "moto S3 under waitress, signatures checked"
+    if args.nginx_cache:
+        store = "nginx caching moto's answers (moto under waitress, signatures checked)"
+    print(json.dumps({"store": store,
                       "latency_ms": args.latency_ms, "photos": args.photos, "budgets": budgets}),
           flush=True)
     rates, cpus = {}, {}
@@ -153,7 +167,7 @@ def main():
                                                       "s3_loader_boto3.py"), "s3://bench/photos",
                                          "--pipeline", args.pipeline, "--workers", "2",
                                          "--epochs", str(args.epochs)])]
-                for name, cmd in runs:
+                for name, cmd in [run for run in runs if run[0] in wanted]:
                     before = load()
                     req0, scpu0 = server.requests(), server.cpu()
                     t0 = time.perf_counter()
@@ -175,20 +189,26 @@ def main():
                     rates.setdefault((budget, name), []).append(d["images_per_s"])
                     cpus.setdefault((budget, name), []).append(cpu / images)
         for budget in budgets:
-            local = statistics.median(rates[(budget, "dsrt-local")])
-            s3 = statistics.median(rates[(budget, "dsrt-s3")])
-            peer = statistics.median(rates[(budget, "torch-boto3")])
-            # What dsrt's client adds, apart from the store: its CPU an image
-            # reading the bucket against reading the folder (the ratio the s3
-            # run would reach on a store that keeps up).
-            cpu_local = statistics.median(cpus[(budget, "dsrt-local")])
-            cpu_s3 = statistics.median(cpus[(budget, "dsrt-s3")])
-            print(json.dumps({"budget": budget, "dsrt_s3_images_per_s": s3,
-                              "client_cpu_local_over_s3": round(cpu_local / cpu_s3, 3),
-                              "dsrt_local_images_per_s": local, "torch_boto3_images_per_s": peer,
-                              "s3_over_local": round(s3 / local, 3),
-                              "s3_over_torch_boto3": round(s3 / peer, 2), "load": load()}),
-                  flush=True)
+            med = {name: statistics.median(rates[(budget, name)])
+                   for name in wanted if (budget, name) in rates}
+            summary = {"budget": budget}
+            for name, key in (("dsrt-s3", "dsrt_s3_images_per_s"),
+                              ("dsrt-local", "dsrt_local_images_per_s"),
+                              ("torch-boto3", "torch_boto3_images_per_s")):
+                if name in med:
+                    summary[key] = med[name]
+            if "dsrt-s3" in med and "dsrt-local" in med:
+                # What dsrt's client adds, apart from the store: its CPU an
+                # image reading the bucket against reading the folder (the
+                # ratio the s3 run would reach on a store that keeps up).
+                cpu_local = statistics.median(cpus[(budget, "dsrt-local")])
+                cpu_s3 = statistics.median(cpus[(budget, "dsrt-s3")])
+                summary["client_cpu_local_over_s3"] = round(cpu_local / cpu_s3, 3)
+                summary["s3_over_local"] = round(med["dsrt-s3"] / med["dsrt-local"], 3)
+            if "dsrt-s3" in med and "torch-boto3" in med:
+                summary["s3_over_torch_boto3"] = round(med["dsrt-s3"] / med["torch-boto3"], 2)
+            summary["load"] = load()
+            print(json.dumps(summary), flush=True)
     finally:
         server.close()
 
