@@ -312,8 +312,12 @@ typedef struct {
  * CPU). Returns 0 or a negative code. */
 int dsrt__net_reserve(dsrt_net *net, const dsrt_net_reserve *r);
 
-/* Checks a batch against the net: size, layout, labels, uint8 divisors. */
-int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need_labels);
+/* Checks a batch against the net: size, layout, labels, uint8 divisors.
+ * staged: b is the batch staged last, whose labels were checked then; its
+ * host memory is not read again (a pipeline slot goes back to the workers
+ * once its copy is done, and they may be refilling it). */
+int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need_labels,
+                          int staged);
 
 /* dst (n, c, h, w) = (src (n, h, w, c) - sub[c]) / div[c]: a uint8 batch as
  * the pipeline's float output would hold it, bit for bit. */

@@ -465,7 +465,8 @@ int dsrt_net_set_input_stats(dsrt_net *net, const float *mean, const float *std,
 // ----------------------------------------------------------------------------
 // Running
 
-int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need_labels) {
+int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need_labels,
+                          int staged) {
     if (!b || !b->data || b->n < 1)
         return dsrt__fail(-EINVAL, "net: empty batch (n = %d)", b ? b->n : 0);
     if (b->layout != DSRT_INPUT_F32_NCHW && b->layout != DSRT_INPUT_U8_NHWC)
@@ -485,7 +486,7 @@ int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need
                                   (double)b->sub[c], c, (double)b->div[c]);
     }
     if (need_labels && !b->labels) return dsrt__fail(-EINVAL, "net: training needs labels");
-    if (b->labels)
+    if (b->labels && !staged)
         for (int i = 0; i < b->n; i++)
             if (b->labels[i] < 0 || b->labels[i] >= net->classes)
                 return dsrt__fail(DSRT_EOPTION, "net: label %d of image %d is outside [0, %d)",
@@ -519,7 +520,7 @@ static dsrt_net_batch f32_batch(const float *x, const int32_t *labels, int n) {
 }
 
 int dsrt_net_stage(dsrt_net *net, const dsrt_net_batch *b) {
-    int rc = dsrt__net_check_batch(net, b, 0);
+    int rc = dsrt__net_check_batch(net, b, 0, 0);
     if (rc) return rc;
     rc = net->ops->stage(net->be, b);
     net->staged = rc >= 0 ? b->data : NULL;
@@ -539,7 +540,7 @@ static int forward_staged(dsrt_net *net, const dsrt_net_batch *b, int train) {
 }
 
 int dsrt_net_train_start(dsrt_net *net, const dsrt_net_batch *b) {
-    int rc = dsrt__net_check_batch(net, b, 1);
+    int rc = dsrt__net_check_batch(net, b, 1, b && b->data && b->data == net->staged);
     if (rc) return rc;
     if (net->started)
         return dsrt__fail(-EINVAL, "net: train_start twice without train_finish between");
@@ -580,7 +581,7 @@ int dsrt_net_forward_backward(dsrt_net *net, const float *x, const int32_t *labe
 int dsrt__net_forward(dsrt_net *net, const float *x, int n, int train, const int32_t *labels,
                       double *loss, int *correct, float *probs) {
     dsrt_net_batch b = f32_batch(x, labels, n);
-    int rc = dsrt__net_check_batch(net, &b, train);
+    int rc = dsrt__net_check_batch(net, &b, train, b.data && b.data == net->staged);
     if (rc) return rc;
     if ((rc = forward_staged(net, &b, train))) return rc;
     return net->ops->results(net->be, loss, correct, probs);
