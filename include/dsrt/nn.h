@@ -284,7 +284,9 @@ DSRT_API int dsrt_net_stage_wait(dsrt_net *net);
 /*
  * dsrt_net_forward_backward in two halves. train_start runs (on a GPU:
  * queues) forward and backward on b, which the caller may have staged with
- * dsrt_net_stage (then the staged copy is used; else it is staged now).
+ * dsrt_net_stage (then the staged copy is used and b's memory is not read
+ * again: it may be reused once dsrt_net_stage_wait returns; else it is
+ * staged now).
  * Gradient buckets are announced as backward produces them.
  * train_finish waits for the step and gives its loss and correct count
  * (either may be NULL), with forward_backward's return codes. Between the
