@@ -53,7 +53,10 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -300,7 +303,6 @@ def run_proxy(upstream_port, latency_ms, conn):
     add their own latency to the proxy's): takes commands on conn."""
     # Ends with the server, however the server ends (a test may SIGKILL it).
     import ctypes
-    import signal
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:
@@ -386,9 +388,6 @@ http {
 
 def start_nginx_cache(upstream_port):
     """Starts nginx in front of moto's port; returns (process, its port, its folder)."""
-    import shutil
-    import signal
-    import subprocess
     import tempfile
 
     exe = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -503,8 +502,6 @@ def main():
         print(reply, flush=True)
     child.kill()
     if nginx:
-        import shutil
-
         nginx.kill()
         nginx.wait()
         shutil.rmtree(nginx_home, ignore_errors=True)

@@ -364,22 +364,27 @@ static void test_deadline(void) {
 }
 #endif
 
+/* Opens a group of two members on GPUs 0 and 1; 0 where fewer are seen. */
+static int open_two(dsrt_comm *c[2]) {
+    if (gpus_for_test() < 2) {
+        fprintf(stderr, "  one GPU: nothing to group\n");
+        return 0;
+    }
+    int devs[2] = {0, 1};
+    CHECK_OK(dsrt_comm_open_local(c, 2, devs, NULL));
+    REQUIRE(c[0] && c[1]);
+    return 1;
+}
+
 /* The members of one process's group closed one after another by one
  * thread (as a multi-gpu run ends): their NCCL communicators are finalised
  * and destroyed together. */
 static void test_close_from_one_thread(void) {
-    int n = gpus_for_test();
-    if (n < 2) {
-        fprintf(stderr, "  one GPU: nothing to group\n");
-        return;
-    }
     dsrt_comm *c[2] = {NULL, NULL};
-    int devs[2] = {0, 1};
 #ifdef DSRT_FAKE_GPU
     fakegpu_reset_stats();
 #endif
-    CHECK_OK(dsrt_comm_open_local(c, 2, devs, NULL));
-    REQUIRE(c[0] && c[1]);
+    if (!open_two(c)) return;
     dsrt_comm_close(c[0]);
     dsrt_comm_close(c[1]);
 #ifdef DSRT_FAKE_GPU
@@ -431,15 +436,8 @@ static void *host_member_main(void *arg) {
 }
 
 static void test_host_collectives_then_free(void) {
-    int n = gpus_for_test();
-    if (n < 2) {
-        fprintf(stderr, "  one GPU: nothing to group\n");
-        return;
-    }
     dsrt_comm *c[2] = {NULL, NULL};
-    int devs[2] = {0, 1};
-    CHECK_OK(dsrt_comm_open_local(c, 2, devs, NULL));
-    REQUIRE(c[0] && c[1]);
+    if (!open_two(c)) return;
     host_member m[2] = {{c[0], 0, 0}, {c[1], 1, 0}};
     pthread_t t;
     REQUIRE(pthread_create(&t, NULL, host_member_main, &m[1]) == 0);
