@@ -519,7 +519,12 @@ ensure_built() {
     -DCMAKE_CUDA_COMPILER="$nvcc" -DDSRT_WITH_CUDA=ON -DDSRT_WITH_CUDNN=ON -DDSRT_WITH_NCCL=ON
     -DDSRT_WERROR=OFF -DDSRT_BUILD_PYTHON=OFF -DDSRT_BUILD_EXAMPLES=OFF
     -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$libdir"
-    -DCMAKE_INCLUDE_PATH="$prefix/usr/include")
+    -DCMAKE_INCLUDE_PATH="$prefix/usr/include"
+    # The kit's libraries need others of the kit (libcurl: libssh2,
+    # libldap) that the linker finds only when told where.
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$libdir"
+    -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$libdir"
+    -DCMAKE_MODULE_LINKER_FLAGS="-Wl,-rpath-link,$libdir")
   [ -z "$cudnn" ] || cfg+=(-DCUDNN_ROOT="$cudnn")
   [ -z "$nccl" ] || cfg+=(-DNCCL_ROOT="$nccl")
   # cuBLAS outside the toolkit (the pip layout: versioned names only): given
