@@ -168,8 +168,10 @@ static int fail_msg(const char *call, const char *err, const dsrt_layer *l) {
 }
 
 static int cu_fail(cudaError_t e, const char *call, const dsrt_layer *l) {
+    /* A failed call also leaves its error as the thread's last error: reset
+     * it, or the next launch's check reports it again under its own name. */
+    (void)cudaGetLastError();
     if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
         char name[64];
         call_name(name, sizeof name, call);
         return dsrt__fail(-ENOMEM, "cuda backend%s%s: %s: out of device memory",
@@ -486,9 +488,15 @@ static const void *weights(const cuda_backend *be, const dsrt_layer *l) {
 }
 
 /* Records a host-visible event on the compute stream: inside a recording
- * it becomes an event node of the graph, so a replay records it. */
+ * it becomes an event node of the graph, so a replay records it. The
+ * external flag is refused outside a capture (cudaErrorIllegalState), so it
+ * is given only while the stream is capturing. */
 static cudaError_t mark(cuda_backend *be, cudaEvent_t ev) {
-    return cudaEventRecordWithFlags(ev, be->compute, cudaEventRecordExternal);
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(be->compute, &st);
+    if (e != cudaSuccess) return e;
+    unsigned flags = st == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0;
+    return cudaEventRecordWithFlags(ev, be->compute, flags);
 }
 
 // ----------------------------------------------------------------------------

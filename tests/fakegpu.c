@@ -357,12 +357,21 @@ const char *cudaGetErrorString(cudaError_t e) {
         return "fake: the capture was invalidated";
     case cudaErrorStreamCaptureIsolation:
         return "fake: a captured wait on work outside the capture";
+    case cudaErrorIllegalState:
+        return "fake: the operation cannot be performed in the present state";
     default:
         return "fake error";
     }
 }
+/* The thread's last error, as the runtime keeps it: set by a failed call
+ * (only the calls whose failures the backend must not see again at its next
+ * launch check set it here), returned and reset by cudaGetLastError. */
+static _Thread_local cudaError_t last_error;
+
 cudaError_t cudaGetLastError(void) {
-    return cudaSuccess;
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
     if (my_capture) {
@@ -599,6 +608,9 @@ static void record_run(fk_op *o, cudaStream_t s) {
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned f) {
     if (!event_ok(e) || !stream_ok(s)) return cudaErrorInvalidResourceHandle;
     fk_capture *c = s ? s->cap : NULL;
+    /* The external flag makes an event node of a capture; outside one the
+     * runtime refuses it. */
+    if ((f & cudaEventRecordExternal) && !c) return last_error = cudaErrorIllegalState;
     if (c) {
         if (c->n_recorded == c->cap_recorded) {
             int cap = c->cap_recorded ? 2 * c->cap_recorded : 16;
