@@ -1517,6 +1517,16 @@ static cudnnStatus_t bn_bwd(cudnnHandle_t h, const tdesc *xd, const void *x, con
 #define BN_EX_WS      96
 #define BN_EX_RESERVE 48
 
+/* cuDNN's persistent NHWC batchnorm kernels read a pixel's channels 16
+ * bytes at a time: its queries and calls accept any channel count, but on a
+ * device a row of channels that is not a multiple of 16 bytes (6 fp32
+ * channels, say) faults with misaligned reads once the kernel runs (seen on
+ * an H100). The stand-in computes and counts it (bn_ex_misaligned). */
+static int bn_ex_row_misaligned(const tdesc *xd) {
+    size_t el = xd->dt == CUDNN_DATA_FLOAT ? 4 : 2;
+    return ((size_t)xd->c * el) % 16 != 0;
+}
+
 static cudnnStatus_t bn_ex_ok(cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops, const tdesc *xd,
                               const struct cudnnActivationStruct *act) {
     if (fk.refuse & FAKEGPU_REFUSE_BN_EX) return CUDNN_STATUS_NOT_SUPPORTED;
@@ -1563,6 +1573,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
     void *reserve, size_t rss) {
     cudnnStatus_t st = bn_ex_ok(mode, ops, xd, act);
     if (st) return st;
+    if (bn_ex_row_misaligned(xd)) bump(&fk.st.bn_ex_misaligned);
     if (!ws || wss < BN_EX_WS || !reserve || rss < BN_EX_RESERVE || z)
         return CUDNN_STATUS_BAD_PARAM;
     st = bn_fwd(h, xd, yd, x, y, scale, bias, f, rm, rv, eps, sm, si,
@@ -1581,6 +1592,7 @@ cudnnStatus_t cudnnBatchNormalizationBackwardEx(
     void *ws, size_t wss, void *reserve, size_t rss) {
     cudnnStatus_t st = bn_ex_ok(mode, ops, xd, act);
     if (st) return st;
+    if (bn_ex_row_misaligned(xd)) bump(&fk.st.bn_ex_misaligned);
     int relu = ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
     if (!ws || wss < BN_EX_WS || !reserve || rss < BN_EX_RESERVE || dz || (relu && (!y || !bias)))
         return CUDNN_STATUS_BAD_PARAM;

@@ -19,6 +19,10 @@ typedef struct {
     /* The optimizer kernel read its segment table while the last copy into
      * it was queued on another stream (or the legacy one). */
     long optim_launches, seg_table_races;
+    /* cuDNN's persistent NHWC batchnorm (the Ex calls) run on a row of
+     * channels that is not a multiple of 16 bytes: on a device its kernels
+     * fault with misaligned reads after the call returned success. */
+    long bn_ex_misaligned;
     /* Convolutions run on other pointers than cuDNN's search was given for
      * the same descriptor; of those checked. */
     long search_checked, search_mismatches;

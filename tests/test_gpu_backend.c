@@ -679,7 +679,15 @@ static void test_bn_sync(void) {
     const int per_step = 2 * 3; /* three batchnorm layers, forward and backward */
     bn_hook g1 = {.factor = 1, .device = G}, c1 = {.factor = 1, .device = DSRT_DEVICE_CPU};
     bn_hook g2 = {.factor = 2, .device = G}, c2 = {.factor = 2, .device = DSRT_DEVICE_CPU};
+#ifdef DSRT_FAKE_GPU
+    fakegpu_reset_stats();
+#endif
     dsrt_net *gu = bn_run(G, NULL);
+#ifdef DSRT_FAKE_GPU
+    /* BN_NET's 6 and 5 channels: cuDNN's persistent NHWC kernels would read
+     * them misaligned (a device fault on an H100); dsrt's kernels run them. */
+    CHECK_EQ(fakegpu_get_stats().bn_ex_misaligned, 0);
+#endif
     dsrt_net *ng1 = bn_run(G, &g1), *nc1 = bn_run(DSRT_DEVICE_CPU, &c1);
     dsrt_net *ng2 = bn_run(G, &g2), *nc2 = bn_run(DSRT_DEVICE_CPU, &c2);
     bn_hook *hooks[] = {&g1, &c1, &g2, &c2};
