@@ -889,9 +889,15 @@ static int plan_bn_ex(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
     /* Its kernels read a pixel's channels 16 bytes at a time: cuDNN accepts
      * any channel count, but a row that is not a multiple of 16 bytes (6
      * fp32 channels) faults with misaligned reads once they run (seen on an
-     * H100 with cuDNN 9). Such layers run dsrt's kernels. */
+     * H100 with cuDNN 9, found by compute-sanitizer). Such layers run dsrt's
+     * kernels. */
     size_t el = be->bf16 ? sizeof(uint16_t) : sizeof(float);
     if (((size_t)L->out.c * el) % 16 != 0) return 0;
+    /* Its per-channel vectors are read the same way: the scale and shift,
+     * their gradients (the flat buffers at the layer's offsets, the buffers
+     * on 256 bytes) and the running statistics must each start on 16 bytes. */
+    size_t vec = (L->w_off | L->b_off | L->s_off | (L->s_off + (size_t)L->out.c)) * sizeof(float);
+    if (vec % 16 != 0) return 0;
     int relu = L->fuse_relu && L->fuse_leak == 0.0f;
     g->bn_ops = relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
     cudnnActivationDescriptor_t act = relu ? g->act : NULL;

@@ -1527,6 +1527,14 @@ static int bn_ex_row_misaligned(const tdesc *xd) {
     return ((size_t)xd->c * el) % 16 != 0;
 }
 
+/* Its per-channel vectors (scale, bias, their gradients, running and saved
+ * statistics) are read the same way: each must start on 16 bytes. */
+static int bn_ex_vectors_misaligned(const void *a, const void *b, const void *c, const void *d,
+                                    const void *e, const void *f) {
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e |
+             (uintptr_t)f) & 15) != 0;
+}
+
 static cudnnStatus_t bn_ex_ok(cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops, const tdesc *xd,
                               const struct cudnnActivationStruct *act) {
     if (fk.refuse & FAKEGPU_REFUSE_BN_EX) return CUDNN_STATUS_NOT_SUPPORTED;
@@ -1573,7 +1581,8 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
     void *reserve, size_t rss) {
     cudnnStatus_t st = bn_ex_ok(mode, ops, xd, act);
     if (st) return st;
-    if (bn_ex_row_misaligned(xd)) bump(&fk.st.bn_ex_misaligned);
+    if (bn_ex_row_misaligned(xd) || bn_ex_vectors_misaligned(scale, bias, rm, rv, sm, si))
+        bump(&fk.st.bn_ex_misaligned);
     if (!ws || wss < BN_EX_WS || !reserve || rss < BN_EX_RESERVE || z)
         return CUDNN_STATUS_BAD_PARAM;
     st = bn_fwd(h, xd, yd, x, y, scale, bias, f, rm, rv, eps, sm, si,
@@ -1592,7 +1601,8 @@ cudnnStatus_t cudnnBatchNormalizationBackwardEx(
     void *ws, size_t wss, void *reserve, size_t rss) {
     cudnnStatus_t st = bn_ex_ok(mode, ops, xd, act);
     if (st) return st;
-    if (bn_ex_row_misaligned(xd)) bump(&fk.st.bn_ex_misaligned);
+    if (bn_ex_row_misaligned(xd) || bn_ex_vectors_misaligned(scale, bias, dscale, dbias, sm, si))
+        bump(&fk.st.bn_ex_misaligned);
     int relu = ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
     if (!ws || wss < BN_EX_WS || !reserve || rss < BN_EX_RESERVE || dz || (relu && (!y || !bias)))
         return CUDNN_STATUS_BAD_PARAM;
