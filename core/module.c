@@ -8,14 +8,26 @@
  * (dlerror), with the package that provides it, from one table. The loader
  * never prints and never fails at program start: only the call that asks
  * for a module can fail, with the message.
+ *
+ * Before dlopen runs any of a module's code, its file is checked: a regular
+ * file, an ELF shared object for this machine whose segments all lie inside
+ * it (a truncated file would fault the loader with SIGBUS when it touches a
+ * mapped page past the end), carrying dsrt's note with this build's
+ * interface and version (another build's module is refused before its
+ * constructors could run). A module found in a folder every user may write
+ * to, or through a relative folder of DSRT_MODULE_PATH, is loaded with a
+ * warning (dsrt_module_warnings).
  */
 #include "core/module.h"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Set by the build: the folder an install puts the modules in. */
@@ -95,6 +107,209 @@ int dsrt__module_path(char *buf, size_t size) {
 }
 
 // ----------------------------------------------------------------------------
+// Checking a module's file before it is loaded
+
+#if defined(__x86_64__)
+#define HOST_MACHINE EM_X86_64
+#elif defined(__aarch64__)
+#define HOST_MACHINE EM_AARCH64
+#elif defined(__powerpc64__)
+#define HOST_MACHINE EM_PPC64
+#endif
+
+#define MAX_PHDRS 512
+#define MAX_NOTES_BYTES 65536
+
+/* Whether [off, off + len) lies inside a file of size bytes. */
+static int inside(uint64_t off, uint64_t len, uint64_t size) {
+    return off <= size && len <= size - off;
+}
+
+/* Whether the notes in buf (n bytes, ELF layout) hold dsrt's; its
+ * description in *out. */
+static int find_note(const unsigned char *buf, size_t n, dsrt_module_note *out) {
+    size_t at = 0;
+    while (n - at >= sizeof(Elf64_Nhdr)) {
+        Elf64_Nhdr h;
+        memcpy(&h, buf + at, sizeof h);
+        size_t name_pad = ((size_t)h.n_namesz + 3) & ~(size_t)3;
+        size_t desc_pad = ((size_t)h.n_descsz + 3) & ~(size_t)3;
+        at += sizeof h;
+        if (h.n_namesz > n - at || name_pad > n - at) return 0;
+        const unsigned char *name = buf + at;
+        at += name_pad;
+        if (h.n_descsz > n - at) return 0;
+        if (h.n_type == DSRT_MODULE_NOTE_TYPE && h.n_namesz == 5 && !memcmp(name, "dsrt", 5) &&
+            h.n_descsz == sizeof out->desc) {
+            memcpy(&out->desc, buf + at, sizeof out->desc);
+            out->desc.module[sizeof out->desc.module - 1] = 0;
+            return 1;
+        }
+        if (desc_pad > n - at) return 0;
+        at += desc_pad;
+    }
+    return 0;
+}
+
+/* Checks the file at path as a module for spec: 0, or -1 with the reason
+ * in msg. Reads the file; loads nothing. */
+static int check_file(const dsrt_module_spec *spec, const char *path, char *msg, size_t size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        snprintf(msg, size, "%s: module %s cannot be opened: %s", spec->what, path,
+                 strerror(errno));
+        return -1;
+    }
+    Elf64_Phdr *ph = NULL;
+    unsigned char *notes = NULL;
+    int found = 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(msg, size, "%s: module %s is not a regular file", spec->what, path);
+        goto fail;
+    }
+    uint64_t fsize = (uint64_t)st.st_size;
+    Elf64_Ehdr eh;
+    if (fsize < sizeof eh || pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh) {
+        snprintf(msg, size,
+                 "%s: module %s is truncated or not a shared object (%llu bytes, less than an "
+                 "ELF header): install the modules that came with this library",
+                 spec->what, path, (unsigned long long)fsize);
+        goto fail;
+    }
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh.e_ident[EI_DATA] != (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB
+                                                                            : ELFDATA2MSB) ||
+        eh.e_type != ET_DYN) {
+        snprintf(msg, size, "%s: module %s is not a 64-bit shared object of this machine's byte order",
+                 spec->what, path);
+        goto fail;
+    }
+#ifdef HOST_MACHINE
+    if (eh.e_machine != HOST_MACHINE) {
+        snprintf(msg, size,
+                 "%s: module %s is built for another processor (ELF machine %u, this one %u)",
+                 spec->what, path, (unsigned)eh.e_machine, (unsigned)HOST_MACHINE);
+        goto fail;
+    }
+#endif
+    uint64_t ph_bytes = (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr);
+    if (eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phnum > MAX_PHDRS ||
+        !inside(eh.e_phoff, ph_bytes, fsize) ||
+        (eh.e_shnum && !inside(eh.e_shoff, (uint64_t)eh.e_shnum * eh.e_shentsize, fsize))) {
+        snprintf(msg, size,
+                 "%s: module %s is truncated or damaged: its headers lie past its end "
+                 "(%llu bytes): install the modules that came with this library",
+                 spec->what, path, (unsigned long long)fsize);
+        goto fail;
+    }
+    ph = malloc(ph_bytes);
+    if (!ph || pread(fd, ph, ph_bytes, (off_t)eh.e_phoff) != (ssize_t)ph_bytes) {
+        snprintf(msg, size, "%s: module %s cannot be read", spec->what, path);
+        goto fail;
+    }
+    dsrt_module_note note;
+    for (int i = 0; i < eh.e_phnum; i++) {
+        if (!inside(ph[i].p_offset, ph[i].p_filesz, fsize)) {
+            snprintf(msg, size,
+                     "%s: module %s is truncated: its segment %d ends at byte %llu, the file "
+                     "has %llu: install the modules that came with this library",
+                     spec->what, path, i,
+                     (unsigned long long)(ph[i].p_offset + ph[i].p_filesz),
+                     (unsigned long long)fsize);
+            goto fail;
+        }
+        if (ph[i].p_type != PT_NOTE || found || ph[i].p_filesz > MAX_NOTES_BYTES) continue;
+        unsigned char *nb = realloc(notes, ph[i].p_filesz ? ph[i].p_filesz : 1);
+        if (!nb) goto fail;
+        notes = nb;
+        if (pread(fd, notes, ph[i].p_filesz, (off_t)ph[i].p_offset) != (ssize_t)ph[i].p_filesz)
+            continue;
+        found = find_note(notes, ph[i].p_filesz, &note);
+    }
+    if (!found) {
+        snprintf(msg, size,
+                 "%s: %s is not a module of this build of dsrt (it carries no dsrt note): "
+                 "install the modules that came with this library",
+                 spec->what, path);
+        goto fail;
+    }
+    if (note.desc.abi != DSRT_MODULE_ABI || note.desc.version != DSRT_VERSION_NUMBER ||
+        strcmp(note.desc.module, spec->name) != 0) {
+        snprintf(msg, size,
+                 "%s: module %s is of another build of dsrt (module '%s', version %d, interface "
+                 "%d; this dsrt's '%s', %d, %d): install the modules that came with this library",
+                 spec->what, path, note.desc.module, (int)note.desc.version, (int)note.desc.abi,
+                 spec->name, DSRT_VERSION_NUMBER, DSRT_MODULE_ABI);
+        found = 0;
+        goto fail;
+    }
+    free(ph);
+    free(notes);
+    close(fd);
+    return 0;
+fail:
+    free(ph);
+    free(notes);
+    close(fd);
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// Warnings
+
+static pthread_mutex_t warn_mu = PTHREAD_MUTEX_INITIALIZER;
+static char warnings[4096];
+static _Thread_local char warnings_copy[sizeof warnings];
+
+/* Adds a line to the loader's warnings (once: a repeated line is dropped). */
+static void warn(const char *line) {
+    pthread_mutex_lock(&warn_mu);
+    size_t n = strlen(warnings), k = strlen(line);
+    if (!strstr(warnings, line) && n + k + 2 <= sizeof warnings) {
+        memcpy(warnings + n, line, k);
+        warnings[n + k] = '\n';
+        warnings[n + k + 1] = 0;
+    }
+    pthread_mutex_unlock(&warn_mu);
+}
+
+const char *dsrt_module_warnings(void) {
+    pthread_mutex_lock(&warn_mu);
+    memcpy(warnings_copy, warnings, sizeof warnings);
+    pthread_mutex_unlock(&warn_mu);
+    return warnings_copy;
+}
+
+/* Warns when the module at path (found in folder dir, as the module path
+ * gives it) could have been put there by anyone: a folder every user may
+ * write to, or a relative folder (it depends on the working directory). */
+static void check_folder(const dsrt_module_spec *spec, const char *dir, const char *path) {
+    char line[1400];
+    if (dir[0] != '/') {
+        snprintf(line, sizeof line,
+                 "%s: module %.1024s was found through the relative folder '%.128s' of the module "
+                 "path: it depends on the working directory; give an absolute folder",
+                 spec->what, path, dir);
+        warn(line);
+    }
+    struct stat st;
+    if (stat(dir, &st) == 0 && (st.st_mode & S_IWOTH)) {
+        snprintf(line, sizeof line,
+                 "%s: module %.1024s is in a folder every user may write to (%.128s): anyone "
+                 "could replace it; make the folder writable by its owner only",
+                 spec->what, path, dir);
+        warn(line);
+    }
+    if (stat(path, &st) == 0 && (st.st_mode & S_IWOTH)) {
+        snprintf(line, sizeof line,
+                 "%s: module %.1024s is writable by every user: make it writable by its owner only",
+                 spec->what, path);
+        warn(line);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // Loading
 
 /* The process-wide record of the modules loaded (or refused): the dynamic
@@ -157,14 +372,18 @@ static void load(const dsrt_module_spec *spec, module_slot *s) {
         snprintf(s->msg, sizeof s->msg, "%s: the module path is too long", spec->what);
         return;
     }
-    const char *found = NULL;
+    /* The first regular file of that name: a folder or a device named like
+     * a module does not end the search. */
+    const char *found = NULL, *found_dir = NULL;
     for (char *dir = dirs, *next; dir; dir = next) {
         next = strchr(dir, ':');
         if (next) *next++ = 0;
         if (!*dir) continue;
         int n = snprintf(path, sizeof path, "%s/%s", dir, file);
-        if (n > 0 && (size_t)n < sizeof path && access(path, F_OK) == 0) {
+        struct stat st;
+        if (n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
             found = path;
+            found_dir = dir;
             break;
         }
     }
@@ -177,6 +396,8 @@ static void load(const dsrt_module_spec *spec, module_slot *s) {
                  getenv("DSRT_MODULE_PATH") ? " (from DSRT_MODULE_PATH)" : "", spec->needs);
         return;
     }
+    if (check_file(spec, found, s->msg, sizeof s->msg) != 0) return;
+    check_folder(spec, found_dir, found);
     /* Local: a module's libraries stay out of the program's namespace. MPI
      * too: Open MPI (>= 3.0) links its own plugins against libmpi, so they
      * need no global libmpi. */

@@ -43,9 +43,31 @@ typedef struct {
 
 #define DSRT_MODULE_EXPORT __attribute__((visibility("default")))
 
+/* Every module file carries an ELF note (name "dsrt", type
+ * DSRT_MODULE_NOTE_TYPE) with its interface, version and name, read from
+ * the file before it is loaded: a module of another build is refused
+ * without running any of its code (a constructor would run at dlopen). */
+#define DSRT_MODULE_NOTE_TYPE 0x44535254u /* "DSRT" */
+
+typedef struct {
+    uint32_t namesz, descsz, type; /* the ELF note header: 5, sizeof desc, the type */
+    char name[8];                  /* "dsrt", padded to 4 bytes */
+    struct {
+        int32_t abi, version; /* DSRT_MODULE_ABI, DSRT_VERSION_NUMBER */
+        char module[24];      /* "cuda" */
+    } desc;
+} dsrt_module_note;
+
+#define DSRT_MODULE_NOTE(id)                                                                       \
+    __attribute__((section(".note.dsrt"), aligned(4), used))                                       \
+    static const dsrt_module_note dsrt_module_note_##id = {                                        \
+        5, sizeof(dsrt_module_note) - 20, DSRT_MODULE_NOTE_TYPE, "dsrt",                           \
+        {DSRT_MODULE_ABI, DSRT_VERSION_NUMBER, #id}}
+
 /* Defines the entry of module `id` with its ops table; train_fn is a
  * libdsrt_train function the module calls, or NULL. */
 #define DSRT_MODULE_DEFINE(id, ops_table, train_fn)                                                \
+    DSRT_MODULE_NOTE(id);                                                                          \
     DSRT_MODULE_EXPORT const dsrt_module_entry dsrt_module_##id = {                                \
         .abi = DSRT_MODULE_ABI,                                                                    \
         .version = DSRT_VERSION_NUMBER,                                                            \

@@ -11,6 +11,12 @@ int dsrt_fixture_absent(void) {
     return 1;
 }
 #else
+#include "core/module.h"
+
+/* The note a module of this build carries: the loader reads the file
+ * before loading it, and then the missing library is what fails. */
+DSRT_MODULE_NOTE(mpi);
+
 int dsrt_fixture_absent(void);
 
 int dsrt_fixture_module(void) {

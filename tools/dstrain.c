@@ -2637,6 +2637,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    tool_set_name(prog);
     if (argc < 2) {
         usage(stderr);
         return 2;

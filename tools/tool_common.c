@@ -15,8 +15,22 @@
 
 static const char *tool_name = "dsrt";
 
+/* At exit, what the module loader warned of (a module in a folder every
+ * user may write to, say): the library never prints. */
+static void print_module_warnings(void) {
+    const char *w = dsrt_module_warnings();
+    for (const char *line = w; *line;) {
+        const char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        fprintf(stderr, "%s: warning: %.*s\n", tool_name, (int)n, line);
+        line += n + (end != NULL);
+    }
+}
+
 void tool_set_name(const char *name) {
+    static int registered;
     tool_name = name;
+    if (!registered++) atexit(print_module_warnings);
 }
 
 void tool_die(const char *fmt, ...) {

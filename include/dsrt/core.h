@@ -76,6 +76,14 @@ DSRT_API const char *dsrt_strerror(int code);
  */
 DSRT_API const char *dsrt_last_error(void);
 
+/* What the module loader warned of while loading dsrt's modules (the GPU
+ * backend, the communicators): one line each, for example a module found in
+ * a folder every user may write to, or through a relative folder of
+ * DSRT_MODULE_PATH; "" when nothing. The library never prints: programs
+ * show these. Thread-safe; the text belongs to the calling thread and stays
+ * valid until its next call. */
+DSRT_API const char *dsrt_module_warnings(void);
+
 #ifdef __cplusplus
 }
 #endif
