@@ -70,6 +70,7 @@ static const dsrt_cuda_host_ops cuda_host_ops = {
 };
 
 /* Calls nothing of dsrt: no anchors to check. */
+DSRT_MODULE_NOTE(cuda_host);
 DSRT_MODULE_EXPORT const dsrt_module_entry dsrt_module_cuda_host = {
     .abi = DSRT_MODULE_ABI,
     .version = DSRT_VERSION_NUMBER,
