@@ -272,6 +272,11 @@ typedef struct {
     void *xf;
     dsrt_k_pool pool;
     dsrt_k_lrn lrn;
+    /* In training: max pooling's winners, their offsets in the windows
+     * (one byte an output element), and local response normalisation's
+     * scales (one float an element), kept by the forward for the backward. */
+    uint8_t *pool_arg;
+    float *lrn_scale;
 } gpu_layer;
 
 typedef struct gpu_plan gpu_plan;
@@ -691,6 +696,11 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
         if (flattens(l)) g->xf = take(c, in_count(l, n) * at);
         if ((l->kind == DSRT_LAYER_CONV || l->kind == DSRT_LAYER_FC) && l->b_n && p->train)
             bg = DSRT_MAX(bg, dsrt_k_bias_grad_work(&g->kd));
+        g->pool_arg = NULL;
+        g->lrn_scale = NULL;
+        if (l->kind == DSRT_LAYER_MAXPOOL && p->train && dsrt_kb_pool_arg_ok(&g->pool))
+            g->pool_arg = take(c, cnt);
+        if (l->kind == DSRT_LAYER_LRN && p->train) g->lrn_scale = take(c, cnt * sizeof(float));
         if (l->kind == DSRT_LAYER_BATCHNORM && p->train) {
             g->save_mean = take(c, (size_t)l->out.c * sizeof(float));
             g->save_inv = take(c, (size_t)l->out.c * sizeof(float));
@@ -1562,7 +1572,7 @@ static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
     case DSRT_LAYER_MAXPOOL:
     case DSRT_LAYER_AVGPOOL:
     case DSRT_LAYER_GAP:
-        CU(dsrt_k_pool_fwd(&g->pool, in->y, g->y, be->compute));
+        CU(dsrt_k_pool_fwd(&g->pool, in->y, g->y, g->pool_arg, be->compute));
         return 0;
     case DSRT_LAYER_FC:
         return fwd_fc(be, p, i);
@@ -1572,7 +1582,7 @@ static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
                               L->o.p, be->compute));
         return 0;
     case DSRT_LAYER_LRN:
-        CU(dsrt_k_lrn_fwd(&in->kd, &g->lrn, in->y, g->y, be->compute));
+        CU(dsrt_k_lrn_fwd(&in->kd, &g->lrn, in->y, g->y, g->lrn_scale, be->compute));
         return 0;
     case DSRT_LAYER_SOFTMAX:
         CU(dsrt_k_softmax_xent_fwd(in->y, be->act, p->labels, p->n, be->net->classes, g->y,
@@ -1717,7 +1727,8 @@ static int bwd_layer(cuda_backend *be, gpu_plan *p, int i) {
     case DSRT_LAYER_MAXPOOL:
     case DSRT_LAYER_AVGPOOL:
     case DSRT_LAYER_GAP:
-        if (need_dx) CU(dsrt_k_pool_bwd(&g->pool, in->y, g->dy, in->dy, be->compute));
+        if (need_dx)
+            CU(dsrt_k_pool_bwd(&g->pool, in->y, g->pool_arg, g->dy, in->dy, be->compute));
         return 0;
     case DSRT_LAYER_DROPOUT:
         if (need_dx)
@@ -1725,7 +1736,9 @@ static int bwd_layer(cuda_backend *be, gpu_plan *p, int i) {
                               i, L->o.p, be->compute));
         return 0;
     case DSRT_LAYER_LRN:
-        if (need_dx) CU(dsrt_k_lrn_bwd(&in->kd, &g->lrn, in->y, g->y, g->dy, in->dy, be->compute));
+        if (need_dx)
+            CU(dsrt_k_lrn_bwd(&in->kd, &g->lrn, in->y, g->y, g->dy, g->lrn_scale, in->dy,
+                              be->compute));
         return 0;
     case DSRT_LAYER_SOFTMAX:
         if (need_dx)

@@ -192,58 +192,61 @@ extern "C" cudaError_t dsrt_k_bias_grad(const dsrt_k_desc *d, void *dy, const vo
 // ----------------------------------------------------------------------------
 // Pooling and local response normalisation
 
-__global__ void pool_fwd_kernel(dsrt_k_pool p, const void *x, void *y, size_t count) {
-    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_pool_fwd(&p, x, y, i);
-}
-
-__global__ void pool_bwd_kernel(dsrt_k_pool p, const void *x, const void *dy, void *dx,
+__global__ void pool_fwd_kernel(dsrt_k_pool p, const void *x, void *y, uint8_t *arg,
                                 size_t count) {
-    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_pool_bwd(&p, x, dy, dx, i);
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_pool_fwd(&p, x, y, arg, i);
 }
 
-extern "C" cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y,
+__global__ void pool_bwd_kernel(dsrt_k_pool p, const void *x, const uint8_t *arg, const void *dy,
+                                void *dx, size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_pool_bwd(&p, x, arg, dy, dx, i);
+}
+
+extern "C" cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, uint8_t *arg,
                                        cudaStream_t stream) {
-    if (!p || !dsrt_kb_pool_ok(p)) return cudaErrorInvalidValue;
+    if (!p || !dsrt_kb_pool_ok(p) || (arg && !dsrt_kb_pool_arg_ok(p))) return cudaErrorInvalidValue;
     size_t count = dsrt_kb_count(&p->yd);
     if (!count) return cudaSuccess;
-    pool_fwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, x, y, count);
+    pool_fwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, x, y, arg, count);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy,
-                                       void *dx, cudaStream_t stream) {
-    if (!p || !dsrt_kb_pool_ok(p)) return cudaErrorInvalidValue;
+extern "C" cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg,
+                                       const void *dy, void *dx, cudaStream_t stream) {
+    if (!p || !dsrt_kb_pool_ok(p) || (arg && !dsrt_kb_pool_arg_ok(p))) return cudaErrorInvalidValue;
     size_t count = dsrt_kb_count(&p->xd);
     if (!count) return cudaSuccess;
-    pool_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, x, dy, dx, count);
+    pool_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, x, arg, dy, dx, count);
     return cudaGetLastError();
 }
 
-__global__ void lrn_fwd_kernel(dsrt_k_desc d, dsrt_k_lrn l, const void *x, void *y, size_t count) {
-    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_lrn_fwd(&d, x, &l, y, i);
+__global__ void lrn_fwd_kernel(dsrt_k_desc d, dsrt_k_lrn l, const void *x, void *y, float *scale,
+                               size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_lrn_fwd(&d, x, &l, y, scale, i);
 }
 
 __global__ void lrn_bwd_kernel(dsrt_k_desc d, dsrt_k_lrn l, const void *x, const void *y,
-                               const void *dy, void *dx, size_t count) {
-    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_lrn_bwd(&d, x, y, dy, &l, dx, i);
+                               const void *dy, const float *scale, void *dx, size_t count) {
+    for (size_t i = tid(); i < count; i += stride())
+        dsrt_kb_lrn_bwd(&d, x, y, dy, scale, &l, dx, i);
 }
 
 extern "C" cudaError_t dsrt_k_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x,
-                                      void *y, cudaStream_t stream) {
+                                      void *y, float *scale, cudaStream_t stream) {
     if (!dsrt_kb_lrn_ok(d, l)) return cudaErrorInvalidValue;
     size_t count = dsrt_kb_count(d);
     if (!count) return cudaSuccess;
-    lrn_fwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*d, *l, x, y, count);
+    lrn_fwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*d, *l, x, y, scale, count);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x,
-                                      const void *y, const void *dy, void *dx,
+                                      const void *y, const void *dy, const float *scale, void *dx,
                                       cudaStream_t stream) {
     if (!dsrt_kb_lrn_ok(d, l)) return cudaErrorInvalidValue;
     size_t count = dsrt_kb_count(d);
     if (!count) return cudaSuccess;
-    lrn_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*d, *l, x, y, dy, dx, count);
+    lrn_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*d, *l, x, y, dy, scale, dx, count);
     return cudaGetLastError();
 }
 

@@ -108,21 +108,28 @@ cudaError_t dsrt_k_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, floa
 // Pooling and local response normalisation
 
 /* Max or average pooling, y from x (nn/kernels_body.h dsrt_k_pool says
- * how), padding included; every element of y is written. */
-cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, cudaStream_t stream);
-
-/* Its backward: dx (p->xd) from dy (p->yd) and the forward's input x (max
- * pooling finds the winner of each window again: the first largest, as
- * the forward); every element of dx is written, in a fixed order. */
-cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy, void *dx,
+ * how), padding included; every element of y is written. For max pooling
+ * with arg given (one byte an element of y; windows of at most 255,
+ * dsrt_kb_pool_arg_ok), each window's winner as its offset in the window. */
+cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, uint8_t *arg,
                             cudaStream_t stream);
 
+/* Its backward: dx (p->xd) from dy (p->yd); max pooling reads the winners
+ * from arg (the forward's), or, arg NULL, finds them again in the forward's
+ * input x (the first largest, as the forward); every element of dx is
+ * written, in a fixed order. */
+cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg,
+                            const void *dy, void *dx, cudaStream_t stream);
+
 /* Local response normalisation across channels of x (d: any layout and
- * type) into y, and its backward from x, y and dy into dx, in double. */
+ * type) into y, in float, each element's scale (k + alpha / size * sum of
+ * squares) kept in scale (float, one an element) when given; and its
+ * backward from x, y, dy and the forward's scale (NULL: computed again)
+ * into dx. */
 cudaError_t dsrt_k_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y,
-                           cudaStream_t stream);
+                           float *scale, cudaStream_t stream);
 cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
-                           const void *dy, void *dx, cudaStream_t stream);
+                           const void *dy, const float *scale, void *dx, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Dropout

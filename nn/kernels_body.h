@@ -670,15 +670,27 @@ static inline DSRT_HOST_DEVICE size_t dsrt_kb_pool_window(const dsrt_k_pool *p, 
     return arg;
 }
 
-/* Element i of y. */
+/* Whether max pooling p may keep each window's winner as its offset in
+ * the window (one byte an output element: windows of at most 255). */
+static inline DSRT_HOST_DEVICE int dsrt_kb_pool_arg_ok(const dsrt_k_pool *p) {
+    return p->mode == DSRT_K_POOL_MAX && p->kh * p->kw <= 255;
+}
+
+/* Element i of y; for max pooling with arg given, the winner's offset in
+ * its window (r kw + q) in arg[i], for the backward pass. */
 static inline DSRT_HOST_DEVICE void dsrt_kb_pool_fwd(const dsrt_k_pool *p, const void *x, void *y,
-                                                     size_t i) {
+                                                     uint8_t *arg, size_t i) {
     const dsrt_k_desc *yd = &p->yd;
     dsrt_kb_coord o = dsrt_kb_coord_of(i, yd->c, yd->h, yd->w, yd->nhwc);
     float best, sum;
-    dsrt_kb_pool_window(p, x, o, &best, &sum);
+    size_t at = dsrt_kb_pool_window(p, x, o, &best, &sum);
     float v = p->mode == DSRT_K_POOL_MAX ? best : DSRT_FDIV(sum, (float)(p->kh * p->kw));
     dsrt_kb_store(y, yd->type, i, v);
+    if (arg && p->mode == DSRT_K_POOL_MAX) {
+        dsrt_kb_coord k = dsrt_kb_coord_of(at, p->xd.c, p->xd.h, p->xd.w, p->xd.nhwc);
+        int r = k.r - (o.r * p->sh - p->pt), q = k.col - (o.col * p->sw - p->pl);
+        arg[i] = at == (size_t)-1 ? 255 : (uint8_t)(r * p->kw + q);
+    }
 }
 
 /* The first and last output index along one axis whose window holds input
@@ -691,9 +703,12 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_pool_span(int at, int k, int s, int 
     *hi = last < n - 1 ? last : n - 1;
 }
 
-/* Element i of dx (p->xd): the gradients of the windows holding it. */
+/* Element i of dx (p->xd): the gradients of the windows holding it. Max
+ * pooling reads each window's winner from arg (the forward's) when given,
+ * else finds it again in x. */
 static inline DSRT_HOST_DEVICE void dsrt_kb_pool_bwd(const dsrt_k_pool *p, const void *x,
-                                                     const void *dy, void *dx, size_t i) {
+                                                     const uint8_t *arg, const void *dy, void *dx,
+                                                     size_t i) {
     const dsrt_k_desc *xd = &p->xd, *yd = &p->yd;
     dsrt_kb_coord k = dsrt_kb_coord_of(i, xd->c, xd->h, xd->w, xd->nhwc);
     int h0, h1, w0, w1;
@@ -705,13 +720,19 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_pool_bwd(const dsrt_k_pool *p, const
             dsrt_kb_coord o = k;
             o.r = oh;
             o.col = ow;
-            float g =
-                dsrt_kb_load(dy, yd->type, dsrt_kb_index_of(o, yd->c, yd->h, yd->w, yd->nhwc));
+            size_t oi = dsrt_kb_index_of(o, yd->c, yd->h, yd->w, yd->nhwc);
             if (p->mode == DSRT_K_POOL_MAX) {
-                float best, sum;
-                if (dsrt_kb_pool_window(p, x, o, &best, &sum) == i) acc = DSRT_FADD(acc, g);
+                int won;
+                if (arg) {
+                    int off = (k.r - (oh * p->sh - p->pt)) * p->kw + (k.col - (ow * p->sw - p->pl));
+                    won = arg[oi] == off;
+                } else {
+                    float best, sum;
+                    won = dsrt_kb_pool_window(p, x, o, &best, &sum) == i;
+                }
+                if (won) acc = DSRT_FADD(acc, dsrt_kb_load(dy, yd->type, oi));
             } else {
-                acc = DSRT_FADD(acc, DSRT_FDIV(g, area));
+                acc = DSRT_FADD(acc, DSRT_FDIV(dsrt_kb_load(dy, yd->type, oi), area));
             }
         }
     dsrt_kb_store(dx, xd->type, i, acc);
@@ -719,56 +740,62 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_pool_bwd(const dsrt_k_pool *p, const
 
 // ----------------------------------------------------------------------------
 // Local response normalisation: one thread an element, its window of
-// channels summed in double
+// channels summed in float; the forward keeps each element's scale for the
+// backward, which then reads one value a neighbour instead of its window
 
 static inline int dsrt_kb_lrn_ok(const dsrt_k_desc *d, const dsrt_k_lrn *l) {
     return dsrt_kb_desc_ok(d) && l && l->size > 0 && l->size % 2 == 1 && l->k > 0.0f;
 }
 
 /* k + alpha / size * (sum of x^2 over the channels centred on k.ch). */
-static inline DSRT_HOST_DEVICE double dsrt_kb_lrn_scale(const dsrt_k_desc *d, const void *x,
-                                                        const dsrt_k_lrn *l, dsrt_kb_coord k) {
+static inline DSRT_HOST_DEVICE float dsrt_kb_lrn_scale(const dsrt_k_desc *d, const void *x,
+                                                       const dsrt_k_lrn *l, dsrt_kb_coord k) {
     int half = (l->size - 1) / 2;
-    double s = 0.0;
+    float s = 0.0f;
     for (int j = k.ch - half; j <= k.ch + half; j++) {
         if (j < 0 || j >= d->c) continue;
         dsrt_kb_coord kj = k;
         kj.ch = j;
-        double v = dsrt_kb_load(x, d->type, dsrt_kb_index_of(kj, d->c, d->h, d->w, d->nhwc));
-        s = DSRT_DADD(s, DSRT_DMUL(v, v));
+        float v = dsrt_kb_load(x, d->type, dsrt_kb_index_of(kj, d->c, d->h, d->w, d->nhwc));
+        s = DSRT_FADD(s, DSRT_FMUL(v, v));
     }
-    return DSRT_DADD((double)l->k, DSRT_DMUL((double)l->alpha / l->size, s));
+    return DSRT_FADD(l->k, DSRT_FMUL(DSRT_FDIV(l->alpha, (float)l->size), s));
 }
 
-/* Element i of y = x * scale^-beta. */
+/* Element i of y = x * scale^-beta; the scale in scale[i] when given. */
 static inline DSRT_HOST_DEVICE void dsrt_kb_lrn_fwd(const dsrt_k_desc *d, const void *x,
-                                                    const dsrt_k_lrn *l, void *y, size_t i) {
+                                                    const dsrt_k_lrn *l, void *y, float *scale,
+                                                    size_t i) {
     dsrt_kb_coord k = dsrt_kb_coord_of(i, d->c, d->h, d->w, d->nhwc);
-    double v = dsrt_kb_load(x, d->type, i);
-    dsrt_kb_store(y, d->type, i, (float)DSRT_DMUL(v, pow(dsrt_kb_lrn_scale(d, x, l, k), -l->beta)));
+    float v = dsrt_kb_load(x, d->type, i), sc = dsrt_kb_lrn_scale(d, x, l, k);
+    if (scale) scale[i] = sc;
+    dsrt_kb_store(y, d->type, i, DSRT_FMUL(v, powf(sc, -l->beta)));
 }
 
 /* Element i of dx = dy scale^-beta - 2 alpha beta / size x (sum over the
- * channels j whose window holds i of dy_j y_j / scale_j). */
+ * channels j whose window holds i of dy_j y_j / scale_j); the scales from
+ * the forward's scale when given, else from x. */
 static inline DSRT_HOST_DEVICE void dsrt_kb_lrn_bwd(const dsrt_k_desc *d, const void *x,
                                                     const void *y, const void *dy,
-                                                    const dsrt_k_lrn *l, void *dx, size_t i) {
+                                                    const float *scale, const dsrt_k_lrn *l,
+                                                    void *dx, size_t i) {
     dsrt_kb_coord k = dsrt_kb_coord_of(i, d->c, d->h, d->w, d->nhwc);
     int half = (l->size - 1) / 2;
-    double acc = 0.0;
+    float acc = 0.0f;
     for (int j = k.ch - half; j <= k.ch + half; j++) {
         if (j < 0 || j >= d->c) continue;
         dsrt_kb_coord kj = k;
         kj.ch = j;
         size_t ij = dsrt_kb_index_of(kj, d->c, d->h, d->w, d->nhwc);
-        double g = dsrt_kb_load(dy, d->type, ij), yv = dsrt_kb_load(y, d->type, ij);
-        acc = DSRT_DADD(acc, DSRT_DMUL(g, yv) / dsrt_kb_lrn_scale(d, x, l, kj));
+        float g = dsrt_kb_load(dy, d->type, ij), yv = dsrt_kb_load(y, d->type, ij);
+        float sj = scale ? scale[ij] : dsrt_kb_lrn_scale(d, x, l, kj);
+        acc = DSRT_FADD(acc, DSRT_FDIV(DSRT_FMUL(g, yv), sj));
     }
-    double g = dsrt_kb_load(dy, d->type, i), xv = dsrt_kb_load(x, d->type, i);
-    double f = DSRT_DMUL(2.0 * l->alpha, (double)l->beta) / l->size;
-    double v = DSRT_DSUB(DSRT_DMUL(g, pow(dsrt_kb_lrn_scale(d, x, l, k), -l->beta)),
-                         DSRT_DMUL(DSRT_DMUL(f, xv), acc));
-    dsrt_kb_store(dx, d->type, i, (float)v);
+    float g = dsrt_kb_load(dy, d->type, i), xv = dsrt_kb_load(x, d->type, i);
+    float si = scale ? scale[i] : dsrt_kb_lrn_scale(d, x, l, k);
+    float f = DSRT_FDIV(DSRT_FMUL(2.0f * l->alpha, l->beta), (float)l->size);
+    float v = DSRT_FSUB(DSRT_FMUL(g, powf(si, -l->beta)), DSRT_FMUL(DSRT_FMUL(f, xv), acc));
+    dsrt_kb_store(dx, d->type, i, v);
 }
 
 // ----------------------------------------------------------------------------

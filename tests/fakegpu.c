@@ -1697,16 +1697,16 @@ static void k_run(fk_op *o, cudaStream_t s) {
         dsrt_kh_bias_grad(&a->d, a->out, a->y, a->f1, a->fout, a->work);
         break;
     case K_POOL_FWD:
-        dsrt_kh_pool_fwd(&a->pool, a->x, a->out);
+        dsrt_kh_pool_fwd(&a->pool, a->x, a->out, a->work);
         break;
     case K_POOL_BWD:
-        dsrt_kh_pool_bwd(&a->pool, a->x, a->dy, a->out);
+        dsrt_kh_pool_bwd(&a->pool, a->x, a->work, a->dy, a->out);
         break;
     case K_LRN_FWD:
-        dsrt_kh_lrn_fwd(&a->d, &a->lrn, a->x, a->out);
+        dsrt_kh_lrn_fwd(&a->d, &a->lrn, a->x, a->out, a->fout);
         break;
     case K_LRN_BWD:
-        dsrt_kh_lrn_bwd(&a->d, &a->lrn, a->x, a->y, a->dy, a->out);
+        dsrt_kh_lrn_bwd(&a->d, &a->lrn, a->x, a->y, a->dy, a->fp, a->out);
         break;
     case K_DROPOUT:
         dsrt_kh_dropout(&a->d, a->x, a->out, a->u1, a->u2, a->up, a->i1, a->f1);
@@ -1825,34 +1825,35 @@ cudaError_t dsrt_k_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, floa
     if (ok) a.d = *d;
     return k_submit(s, &a, ok);
 }
-cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, cudaStream_t s) {
-    int ok = p && dsrt_kb_pool_ok(p);
+cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, uint8_t *arg,
+                            cudaStream_t s) {
+    int ok = p && dsrt_kb_pool_ok(p) && (!arg || dsrt_kb_pool_arg_ok(p));
     K_OP(a);
-    a.kind = K_POOL_FWD, a.x = x, a.out = y;
+    a.kind = K_POOL_FWD, a.x = x, a.out = y, a.work = arg;
     if (ok) a.pool = *p;
     return k_submit(s, &a, ok);
 }
-cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy, void *dx,
-                            cudaStream_t s) {
-    int ok = p && dsrt_kb_pool_ok(p);
+cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg,
+                            const void *dy, void *dx, cudaStream_t s) {
+    int ok = p && dsrt_kb_pool_ok(p) && (!arg || dsrt_kb_pool_arg_ok(p));
     K_OP(a);
-    a.kind = K_POOL_BWD, a.x = x, a.dy = dy, a.out = dx;
+    a.kind = K_POOL_BWD, a.x = x, a.dy = dy, a.out = dx, a.work = (void *)arg;
     if (ok) a.pool = *p;
     return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y,
-                           cudaStream_t s) {
+                           float *scale, cudaStream_t s) {
     int ok = dsrt_kb_lrn_ok(d, l);
     K_OP(a);
-    a.kind = K_LRN_FWD, a.x = x, a.out = y;
+    a.kind = K_LRN_FWD, a.x = x, a.out = y, a.fout = scale;
     if (ok) a.d = *d, a.lrn = *l;
     return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
-                           const void *dy, void *dx, cudaStream_t s) {
+                           const void *dy, const float *scale, void *dx, cudaStream_t s) {
     int ok = dsrt_kb_lrn_ok(d, l);
     K_OP(a);
-    a.kind = K_LRN_BWD, a.x = x, a.y = y, a.dy = dy, a.out = dx;
+    a.kind = K_LRN_BWD, a.x = x, a.y = y, a.dy = dy, a.out = dx, a.fp = scale;
     if (ok) a.d = *d, a.lrn = *l;
     return k_submit(s, &a, ok);
 }

@@ -96,28 +96,32 @@ int dsrt_kh_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak,
     return 0;
 }
 
-int dsrt_kh_pool_fwd(const dsrt_k_pool *p, const void *x, void *y) {
-    if (!p || !dsrt_kb_pool_ok(p)) return -EINVAL;
-    for (size_t i = 0, n = dsrt_kb_count(&p->yd); i < n; i++) dsrt_kb_pool_fwd(p, x, y, i);
+int dsrt_kh_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, uint8_t *arg) {
+    if (!p || !dsrt_kb_pool_ok(p) || (arg && !dsrt_kb_pool_arg_ok(p))) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(&p->yd); i < n; i++) dsrt_kb_pool_fwd(p, x, y, arg, i);
     return 0;
 }
 
-int dsrt_kh_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy, void *dx) {
-    if (!p || !dsrt_kb_pool_ok(p)) return -EINVAL;
-    for (size_t i = 0, n = dsrt_kb_count(&p->xd); i < n; i++) dsrt_kb_pool_bwd(p, x, dy, dx, i);
+int dsrt_kh_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg, const void *dy,
+                     void *dx) {
+    if (!p || !dsrt_kb_pool_ok(p) || (arg && !dsrt_kb_pool_arg_ok(p))) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(&p->xd); i < n; i++)
+        dsrt_kb_pool_bwd(p, x, arg, dy, dx, i);
     return 0;
 }
 
-int dsrt_kh_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y) {
+int dsrt_kh_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y,
+                    float *scale) {
     if (!dsrt_kb_lrn_ok(d, l)) return -EINVAL;
-    for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++) dsrt_kb_lrn_fwd(d, x, l, y, i);
+    for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++) dsrt_kb_lrn_fwd(d, x, l, y, scale, i);
     return 0;
 }
 
 int dsrt_kh_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
-                    const void *dy, void *dx) {
+                    const void *dy, const float *scale, void *dx) {
     if (!dsrt_kb_lrn_ok(d, l)) return -EINVAL;
-    for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++) dsrt_kb_lrn_bwd(d, x, y, dy, l, dx, i);
+    for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++)
+        dsrt_kb_lrn_bwd(d, x, y, dy, scale, l, dx, i);
     return 0;
 }
 

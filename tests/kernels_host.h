@@ -25,11 +25,13 @@ int dsrt_kh_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *
                      float leak);
 int dsrt_kh_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak, float *db,
                       void *work);
-int dsrt_kh_pool_fwd(const dsrt_k_pool *p, const void *x, void *y);
-int dsrt_kh_pool_bwd(const dsrt_k_pool *p, const void *x, const void *dy, void *dx);
-int dsrt_kh_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y);
+int dsrt_kh_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, uint8_t *arg);
+int dsrt_kh_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg, const void *dy,
+                     void *dx);
+int dsrt_kh_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y,
+                    float *scale);
 int dsrt_kh_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
-                    const void *dy, void *dx);
+                    const void *dy, const float *scale, void *dx);
 int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t iteration,
                     const uint64_t *iteration_dev, int layer, float p);
 int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n, int k,

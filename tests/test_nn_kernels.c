@@ -607,20 +607,27 @@ static void test_pool(void) {
         CHECK_OK(dsrt__net_layer_output(net, 1, out, 0));
         ref_pool_bwd(x, dy, dxr, N, C, H, W, oh, ow, L->o.kh, L->o.kw, L->o.sh, L->o.sw, L->pt,
                      L->pl, cases[k].max);
-        for (int nhwc = 0; nhwc < 2; nhwc++) {
-            dsrt_k_pool p = pool_of(L, N, oh, ow, nhwc, DSRT_K_F32, cases[k].max);
-            void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 4);
-            void *tdy = to_tensor(&p.yd, dy), *tdx = zalloc(CNT * 4);
-            CHECK_OK(dsrt_kh_pool_fwd(&p, tx, ty));
-            float *got = to_nchw(&p.yd, ty);
-            char what[96];
-            snprintf(what, sizeof what, "%s%s", cases[k].layer, nhwc ? " nhwc" : "");
-            CHECK_EQ(mismatches(what, got, out, ocnt, cases[k].max ? 0 : 1e-6, 1e-7), 0);
-            CHECK_OK(dsrt_kh_pool_bwd(&p, tx, tdy, tdx));
-            float *gdx = to_nchw(&p.xd, tdx);
-            CHECK_EQ(mismatches("pooling backward", gdx, dxr, CNT, 1e-6, 1e-7), 0);
-            free(tx), free(ty), free(tdy), free(tdx), free(got), free(gdx);
-        }
+        /* Max pooling's backward both from the winners the forward kept
+         * and finding them again: the same gradient, ties to the first. */
+        for (int nhwc = 0; nhwc < 2; nhwc++)
+            for (int kept = 0; kept <= cases[k].max; kept++) {
+                dsrt_k_pool p = pool_of(L, N, oh, ow, nhwc, DSRT_K_F32, cases[k].max);
+                void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 4);
+                void *tdy = to_tensor(&p.yd, dy), *tdx = zalloc(CNT * 4);
+                uint8_t *arg = kept ? zalloc(ocnt) : NULL;
+                if (arg) memset(arg, 0xee, ocnt);
+                CHECK_OK(dsrt_kh_pool_fwd(&p, tx, ty, arg));
+                float *got = to_nchw(&p.yd, ty);
+                char what[96];
+                snprintf(what, sizeof what, "%s%s%s", cases[k].layer, nhwc ? " nhwc" : "",
+                         kept ? ", winners kept" : "");
+                CHECK_EQ(mismatches(what, got, out, ocnt, cases[k].max ? 0 : 1e-6, 1e-7), 0);
+                for (int i = 0; arg && i < ocnt; i++) CHECK_LT(arg[i], p.kh * p.kw);
+                CHECK_OK(dsrt_kh_pool_bwd(&p, kept ? NULL : tx, arg, tdy, tdx));
+                float *gdx = to_nchw(&p.xd, tdx);
+                CHECK_EQ(mismatches(what, gdx, dxr, CNT, 1e-6, 1e-7), 0);
+                free(tx), free(ty), free(tdy), free(tdx), free(got), free(gdx), free(arg);
+            }
         /* bfloat16: the same windows over the rounded values. */
         dsrt_k_pool p = pool_of(L, N, oh, ow, 1, DSRT_K_BF16, cases[k].max);
         void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 2);
@@ -628,22 +635,22 @@ static void test_pool(void) {
         dsrt_k_pool pf = p;
         pf.xd.type = pf.yd.type = DSRT_K_F32;
         pf.xd.nhwc = pf.yd.nhwc = 0;
-        CHECK_OK(dsrt_kh_pool_fwd(&pf, xr, want));
+        CHECK_OK(dsrt_kh_pool_fwd(&pf, xr, want, NULL));
         void *tw = to_tensor(&p.yd, want);
         float *wr = to_nchw(&p.yd, tw);
-        CHECK_OK(dsrt_kh_pool_fwd(&p, tx, ty));
+        CHECK_OK(dsrt_kh_pool_fwd(&p, tx, ty, NULL));
         float *got = to_nchw(&p.yd, ty);
         CHECK_EQ(mismatches("pooling, bf16", got, wr, ocnt, 0, 0), 0);
         free(tx), free(ty), free(xr), free(want), free(tw), free(wr), free(got);
         p.kh = 0;
-        CHECK_EQ(dsrt_kh_pool_fwd(&p, x, x), -EINVAL);
+        CHECK_EQ(dsrt_kh_pool_fwd(&p, x, x, NULL), -EINVAL);
         dsrt_net_destroy(net);
     }
 }
 
-/* The CPU net's LRN layer forward (within 1e-5: oneDNN computes in
- * float), its backward against the plain reference in double (1e-6), in
- * both layouts. */
+/* The CPU net's LRN layer forward (within 1e-5: both compute in float),
+ * its backward against the plain reference in double (1e-5), in both
+ * layouts, from the scales the forward kept and computing them again. */
 static void test_lrn(void) {
     static const dsrt_k_lrn cases[] = {
         {5, 0.1f, 0.75f, 1.0f}, {3, 1e-2f, 0.5f, 2.0f}, {5, 1e-4f, 0.75f, 1.0f}};
@@ -661,25 +668,30 @@ static void test_lrn(void) {
         CHECK_OK(dsrt__net_forward(net, x, N, 0, NULL, NULL, NULL, NULL));
         CHECK_OK(dsrt__net_layer_output(net, 1, out, 0));
         ref_lrn_bwd(x, out, dy, dxr, N, C, H * W, l->size, l->alpha, l->beta, l->k);
-        for (int nhwc = 0; nhwc < 2; nhwc++) {
-            dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
-            void *tx = to_tensor(&d, x), *ty = zalloc(CNT * 4), *tdy = to_tensor(&d, dy);
-            void *tdx = zalloc(CNT * 4);
-            CHECK_OK(dsrt_kh_lrn_fwd(&d, l, tx, ty));
-            float *got = to_nchw(&d, ty);
-            CHECK_EQ(mismatches("lrn", got, out, CNT, 1e-5, 1e-7), 0);
-            void *tout = to_tensor(&d, out);
-            CHECK_OK(dsrt_kh_lrn_bwd(&d, l, tx, tout, tdy, tdx));
-            float *gdx = to_nchw(&d, tdx);
-            CHECK_EQ(mismatches("lrn backward", gdx, dxr, CNT, 1e-6, 1e-7), 0);
-            free(tx), free(ty), free(tdy), free(tdx), free(got), free(tout), free(gdx);
-        }
+        for (int nhwc = 0; nhwc < 2; nhwc++)
+            for (int kept = 0; kept < 2; kept++) {
+                dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+                void *tx = to_tensor(&d, x), *ty = zalloc(CNT * 4), *tdy = to_tensor(&d, dy);
+                void *tdx = zalloc(CNT * 4);
+                float *scale = kept ? zalloc(CNT * 4) : NULL;
+                CHECK_OK(dsrt_kh_lrn_fwd(&d, l, tx, ty, scale));
+                float *got = to_nchw(&d, ty);
+                CHECK_EQ(mismatches("lrn", got, out, CNT, 1e-5, 1e-7), 0);
+                void *tout = to_tensor(&d, out);
+                CHECK_OK(dsrt_kh_lrn_bwd(&d, l, tx, tout, tdy, scale, tdx));
+                float *gdx = to_nchw(&d, tdx);
+                CHECK_EQ(mismatches(kept ? "lrn backward, scales kept" : "lrn backward", gdx, dxr,
+                                    CNT, 1e-5, 1e-7),
+                         0);
+                free(tx), free(ty), free(tdy), free(tdx), free(got), free(tout), free(gdx);
+                free(scale);
+            }
         dsrt_net_destroy(net);
     }
     dsrt_k_desc d = {1, 2, 1, 1, 0, DSRT_K_F32};
     dsrt_k_lrn even = {4, 1, 1, 1};
     float v[2];
-    CHECK_EQ(dsrt_kh_lrn_fwd(&d, &even, v, v), -EINVAL);
+    CHECK_EQ(dsrt_kh_lrn_fwd(&d, &even, v, v, NULL), -EINVAL);
 }
 
 // ----------------------------------------------------------------------------
