@@ -252,6 +252,10 @@ typedef struct {
     cudnnFilterDescriptor_t wd; /* (out.c, in.c / groups, kh, kw) as NHWC filters */
     cudnnConvolutionDescriptor_t cd;
     cudnnTensorDescriptor_t bd;      /* (1, c, 1, 1) float: conv bias, batchnorm parameters */
+    /* Under bf16, the fused convolution's bias in bfloat16 (its copy in w16)
+     * where cuDNN refuses a float bias with bfloat16 data. */
+    cudnnTensorDescriptor_t bd16;
+    int bias16;
     cudnnActivationDescriptor_t act; /* fused convolution or batchnorm: the activation */
     conv_algos al;
     int fuse; /* FUSE_* of the forward */
@@ -727,6 +731,7 @@ static void plan_free(gpu_plan *p) {
         if (g->yd) cudnnDestroyTensorDescriptor(g->yd);
         if (g->xd) cudnnDestroyTensorDescriptor(g->xd);
         if (g->bd) cudnnDestroyTensorDescriptor(g->bd);
+        if (g->bd16) cudnnDestroyTensorDescriptor(g->bd16);
         if (g->wd) cudnnDestroyFilterDescriptor(g->wd);
         if (g->cd) cudnnDestroyConvolutionDescriptor(g->cd);
         if (g->act) cudnnDestroyActivationDescriptor(g->act);
@@ -1030,10 +1035,27 @@ static void plan_conv_fuse(cuda_backend *be, gpu_plan *p, int i) {
                      : g->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
         return;
     if (cudnnSetConvolutionMathType(g->cd, g->al.m_fwd) != CUDNN_STATUS_SUCCESS) return;
+    g->bias16 = 0;
     cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
         be->dnn, &ONE, g->xd, conv_input(p, i), g->wd, weights(be, L), g->cd, g->al.fwd, be->ws,
         be->ws_size, &ZERO, g->yd, g->y, g->bd, be->params + L->b_off, g->act, g->yd, g->y);
     (void)cudaGetLastError();
+    /* A float bias with bfloat16 data is not among cuDNN's documented
+     * configurations: again with the bias's bfloat16 copy (which the
+     * optimizer refreshes with the weights), where it starts on 16 bytes as
+     * cuDNN's vector loads want. */
+    if (st != CUDNN_STATUS_SUCCESS && be->bf16 && (L->b_off * sizeof(dsrt_bf16)) % 16 == 0) {
+        if (!g->bd16 && cudnnCreateTensorDescriptor(&g->bd16) != CUDNN_STATUS_SUCCESS) return;
+        if (cudnnSetTensor4dDescriptor(g->bd16, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, L->out.c,
+                                       1, 1) != CUDNN_STATUS_SUCCESS)
+            return;
+        st = cudnnConvolutionBiasActivationForward(
+            be->dnn, &ONE, g->xd, conv_input(p, i), g->wd, weights(be, L), g->cd, g->al.fwd,
+            be->ws, be->ws_size, &ZERO, g->yd, g->y, g->bd16, be->w16 + L->b_off, g->act, g->yd,
+            g->y);
+        (void)cudaGetLastError();
+        g->bias16 = st == CUDNN_STATUS_SUCCESS;
+    }
     if (st == CUDNN_STATUS_SUCCESS) g->fuse = FUSE_CUDNN;
 }
 
@@ -1456,9 +1478,10 @@ static int fwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     const float *b = L->b_n ? be->params + L->b_off : NULL;
     DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_fwd));
     if (g->fuse == FUSE_CUDNN) {
-        DNN(cudnnConvolutionBiasActivationForward(be->dnn, &ONE, g->xd, x, g->wd, w, g->cd,
-                                                  g->al.fwd, be->ws, be->ws_size, &ZERO, g->yd,
-                                                  g->y, g->bd, b, g->act, g->yd, g->y));
+        DNN(cudnnConvolutionBiasActivationForward(
+            be->dnn, &ONE, g->xd, x, g->wd, w, g->cd, g->al.fwd, be->ws, be->ws_size, &ZERO, g->yd,
+            g->y, g->bias16 ? g->bd16 : g->bd,
+            g->bias16 ? (const void *)(be->w16 + L->b_off) : (const void *)b, g->act, g->yd, g->y));
         return 0;
     }
     DNN(cudnnConvolutionForward(be->dnn, &ONE, g->xd, x, g->wd, w, g->cd, g->al.fwd, be->ws,

@@ -23,6 +23,9 @@ typedef struct {
      * channels that is not a multiple of 16 bytes: on a device its kernels
      * fault with misaligned reads after the call returned success. */
     long bn_ex_misaligned;
+    /* Fused convolutions with a bfloat16 bias, and any bias given off 16
+     * bytes. */
+    long fused_convs_bias16, misaligned_bias;
     /* Convolutions run on other pointers than cuDNN's search was given for
      * the same descriptor; of those checked. */
     long search_checked, search_mismatches;
