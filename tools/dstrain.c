@@ -286,7 +286,7 @@ static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_o
 // bench
 
 static struct {
-    const char *net, *solver;
+    const char *net, *solver, *input;
     int batch, steps, warmup, threads, classes, json, no_fuse, profile, no_graphs;
     uint64_t seed;
     device_args dev;
@@ -306,6 +306,10 @@ static const option BENCH_OPTIONS[] = {
     {"no-fuse", OPT_FLAG, &bench.no_fuse, 0, 0, NULL, "do not fold ReLUs into the layer before"},
     {"no-cuda-graphs", OPT_FLAG, &bench.no_graphs, 0, 0, NULL,
      "GPU: launch every kernel of every step (no recorded CUDA graphs)"},
+    {"input", OPT_STR, &bench.input, 0, 0, "u8|f32",
+     "the batches handed to the net: uint8 (n, h, w, c) pixels as the loader's batches "
+     "for a GPU, converted and scaled on the device, or float (n, c, h, w) as for the CPU "
+     "[u8 on a GPU, f32 on the CPU]"},
     {"profile", OPT_FLAG, &bench.profile, 0, 0, NULL,
      "after the timed steps, as many steps again timed layer by layer: each layer's forward "
      "and backward, the optimizer, the idle gaps between layers (GPU: device events)"},
@@ -322,9 +326,10 @@ static void bench_usage(FILE *f) {
             "momentum 0.9, learning rate 0.01, L2 1e-4 unless --solver says otherwise.\n"
             "GFLOP counts the arithmetic of direct convolutions and matrix products (forward,\n"
             "backward data and weights); Winograd convolutions do less, so GFLOP/s can pass\n"
-            "the machine's peak. On a GPU each step's batch is copied from pinned host memory\n"
-            "while the step before computes, as in training, and each step is timed to the\n"
-            "end of its work on the device. --profile adds a table of where a step's time\n"
+            "the machine's peak. On a GPU each step's batch (uint8 pixels, as the loader makes\n"
+            "them for a GPU; --input f32 for float) is copied from pinned host memory while\n"
+            "the step before computes, as in training, and each step is timed to the end of\n"
+            "its work on the device. --profile adds a table of where a step's time\n"
             "goes, layer by layer (forward, backward, the optimizer, the idle gaps between\n"
             "layers), from as many steps again timed with device events on a GPU and the\n"
             "clock on the CPU.\n\n"
@@ -463,6 +468,10 @@ static int cmd_bench(int argc, char **argv) {
                 bench.solver);
         return 2;
     }
+    if (bench.input && strcmp(bench.input, "u8") && strcmp(bench.input, "f32")) {
+        fprintf(stderr, "%s bench: --input: '%s' is not one of u8, f32\n", prog, bench.input);
+        return 2;
+    }
     int builtin = dsrt_net_builtin(bench.net, NULL) != NULL;
     int is_alexnet = !strcmp(bench.net, "alexnet");
     char *text = NULL;
@@ -510,6 +519,7 @@ static int cmd_bench(int argc, char **argv) {
         goto out;
     }
     size_t per = (size_t)info.channels * info.height * info.width;
+    int u8 = bench.input ? !strcmp(bench.input, "u8") : info.device >= 0;
     x = dsrt_pinned_alloc((size_t)batch * per * sizeof *x, info.device);
     y = malloc((size_t)batch * sizeof *y);
     times = malloc((size_t)bench.steps * sizeof *times);
@@ -518,11 +528,16 @@ static int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "%s bench: out of memory\n", prog);
         goto out;
     }
-    /* Uniform [0, 1) pixels and uniform labels, like torch.rand/randint. */
+    /* Uniform [0, 1) pixels and uniform labels, like torch.rand/randint:
+     * as floats, or as uint8 scaled by 1/255 on the device. */
     uint64_t s = bench.seed * 0x9e3779b97f4a7c15ULL + 1;
+    uint8_t *px = (uint8_t *)x;
     for (size_t i = 0; i < (size_t)batch * per; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        x[i] = (float)(s >> 40) * (1.0f / 16777216.0f);
+        if (u8)
+            px[i] = (uint8_t)(s >> 56);
+        else
+            x[i] = (float)(s >> 40) * (1.0f / 16777216.0f);
     }
     for (int i = 0; i < batch; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -530,7 +545,11 @@ static int cmd_bench(int argc, char **argv) {
     }
     double plan_t = 0;
     float loss = 0;
-    dsrt_net_batch in = {.data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = batch};
+    dsrt_net_batch in = {.data = x,
+                         .layout = u8 ? DSRT_INPUT_U8_NHWC : DSRT_INPUT_F32_NCHW,
+                         .labels = y,
+                         .n = batch};
+    for (int c = 0; c < 4; c++) in.sub[c] = 0, in.div[c] = 255;
     for (int step = 0; step < bench.warmup + bench.steps; step++) {
         double t0 = now();
         /* The next step's batch is staged while this one computes. */
@@ -574,12 +593,13 @@ static int cmd_bench(int argc, char **argv) {
     if (bench.json) {
         printf("{\"tool\": \"dstrain bench\", \"net\": \"%s\", \"batch\": %d, \"threads\": %d, "
                "\"steps\": %d, \"warmup\": %d, \"solver\": \"%s\", \"backend\": \"%s\", "
-               "\"device\": %d, \"precision\": \"%s\", "
+               "\"device\": %d, \"precision\": \"%s\", \"input\": \"%s\", "
                "\"params\": %zu, \"images_per_s\": %.1f, \"ms_per_step\": %.3f, "
                "\"ms_per_step_min\": %.3f, \"ms_optimizer\": %.3f, \"ms_first_step\": %.1f, "
                "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"loss\": %.4f",
                bench.net, batch, threads, bench.steps, bench.warmup, bench.solver, info.backend,
-               info.device, dsrt_precision_name(info.precision), info.learnable, ips, 1e3 * median,
+               info.device, dsrt_precision_name(info.precision), u8 ? "u8" : "f32", info.learnable,
+               ips, 1e3 * median,
                1e3 * times[0], 1e3 * opt_median, 1e3 * plan_t, gflop, gflop / median, (double)loss);
         if (bench.profile) print_profile(net, 1);
         printf("}\n");
