@@ -913,20 +913,25 @@ static int plan_bn_ex(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
      * on 256 bytes) and the running statistics must each start on 16 bytes. */
     size_t vec = (L->w_off | L->b_off | L->s_off | (L->s_off + (size_t)L->out.c)) * sizeof(float);
     if (vec % 16 != 0) return 0;
+    /* With the ReLU fused where cuDNN takes it, else batchnorm alone and the
+     * ReLU by dsrt's kernel (the fused op is refused in some precisions). */
     int relu = L->fuse_relu && L->fuse_leak == 0.0f;
-    g->bn_ops = relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
-    cudnnActivationDescriptor_t act = relu ? g->act : NULL;
     size_t fws = 0, bws = 0, res = 0;
     cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
-    if (cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(be->dnn, mode, g->bn_ops, in->yd,
-                                                                 NULL, g->yd, g->bd, act,
-                                                                 &fws) != CUDNN_STATUS_SUCCESS ||
-        cudnnGetBatchNormalizationBackwardExWorkspaceSize(be->dnn, mode, g->bn_ops, in->yd, g->yd,
-                                                          g->yd, NULL, in->yd, g->bd, act,
-                                                          &bws) != CUDNN_STATUS_SUCCESS ||
-        cudnnGetBatchNormalizationTrainingExReserveSpaceSize(be->dnn, mode, g->bn_ops, act, in->yd,
-                                                             &res) != CUDNN_STATUS_SUCCESS)
-        return 0;
+    cudnnStatus_t st = CUDNN_STATUS_NOT_SUPPORTED;
+    for (int fused = relu; fused >= 0 && st != CUDNN_STATUS_SUCCESS; fused--) {
+        g->bn_ops = fused ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
+        cudnnActivationDescriptor_t act = fused ? g->act : NULL;
+        st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+            be->dnn, mode, g->bn_ops, in->yd, NULL, g->yd, g->bd, act, &fws);
+        if (st == CUDNN_STATUS_SUCCESS)
+            st = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+                be->dnn, mode, g->bn_ops, in->yd, g->yd, g->yd, NULL, in->yd, g->bd, act, &bws);
+        if (st == CUDNN_STATUS_SUCCESS)
+            st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(be->dnn, mode, g->bn_ops,
+                                                                      act, in->yd, &res);
+    }
+    if (st != CUDNN_STATUS_SUCCESS) return 0;
     g->bn_ex = 1;
     g->bn_reserve_size = res ? res : 1;
     *need = DSRT_MAX(*need, DSRT_MAX(fws, bws));

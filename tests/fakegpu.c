@@ -1545,6 +1545,8 @@ static int bn_ex_vectors_misaligned(const void *a, const void *b, const void *c,
 static cudnnStatus_t bn_ex_ok(cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops, const tdesc *xd,
                               const struct cudnnActivationStruct *act) {
     if (fk.refuse & FAKEGPU_REFUSE_BN_EX) return CUDNN_STATUS_NOT_SUPPORTED;
+    if ((fk.refuse & FAKEGPU_REFUSE_BN_EX_RELU) && ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION)
+        return CUDNN_STATUS_NOT_SUPPORTED;
     if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT || !xd->nhwc) return CUDNN_STATUS_NOT_SUPPORTED;
     if (ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION && (!act || act->mode != CUDNN_ACTIVATION_RELU))
         return CUDNN_STATUS_BAD_PARAM;
@@ -1595,6 +1597,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
     st = bn_fwd(h, xd, yd, x, y, scale, bias, f, rm, rv, eps, sm, si,
                 ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION);
     if (!st) bump(&fk.st.bn_ex_calls);
+    if (!st && ops == CUDNN_BATCHNORM_OPS_BN) bump(&fk.st.bn_ex_plain);
     return st;
 }
 
@@ -1615,6 +1618,7 @@ cudnnStatus_t cudnnBatchNormalizationBackwardEx(
         return CUDNN_STATUS_BAD_PARAM;
     st = bn_bwd(h, xd, x, y, dy, dx, scale, dscale, dbias, eps, sm, si, relu);
     if (!st) bump(&fk.st.bn_ex_calls);
+    if (!st && ops == CUDNN_BATCHNORM_OPS_BN) bump(&fk.st.bn_ex_plain);
     return st;
 }
 

@@ -47,6 +47,7 @@ typedef struct {
     long capture_violations, stale_event_waits;
     /* Fused calls run: convolution + bias + activation, batchnorm Ex. */
     long fused_convs, bn_ex_calls;
+    long bn_ex_plain; /* of those, batchnorm alone (CUDNN_BATCHNORM_OPS_BN) */
 } fakegpu_stats;
 
 /* A snapshot of the counters since the start or the last reset. */
@@ -57,6 +58,9 @@ void fakegpu_reset_stats(void);
  * batchnorm Ex calls. 0: nothing. */
 #define FAKEGPU_REFUSE_FUSED_CONV 1u
 #define FAKEGPU_REFUSE_BN_EX      2u
+/* The Ex calls with the ReLU fused (CUDNN_BATCHNORM_OPS_BN_ACTIVATION) only,
+ * as cuDNN does in some precisions. */
+#define FAKEGPU_REFUSE_BN_EX_RELU 4u
 void fakegpu_refuse(unsigned what);
 
 /* The CUDA devices the stand-in shows (1 unless set). */

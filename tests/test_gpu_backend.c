@@ -1026,21 +1026,34 @@ static void test_graphs(void) {
  * bf16; and without refusals the fused calls did run. */
 static void test_fused_fallback(void) {
     const int nets[] = {0, 3};
-    for (int refuse = 0; refuse < 2; refuse++) {
-        fakegpu_refuse(refuse ? FAKEGPU_REFUSE_FUSED_CONV | FAKEGPU_REFUSE_BN_EX : 0);
+    long plain_fused = 0;
+    for (int refuse = 0; refuse < 3; refuse++) {
+        /* 2: only batchnorm fused with its ReLU is refused: plain cuDNN
+         * batchnorm then, the ReLU by dsrt's kernel. */
+        fakegpu_refuse(refuse == 1   ? FAKEGPU_REFUSE_FUSED_CONV | FAKEGPU_REFUSE_BN_EX
+                       : refuse == 2 ? FAKEGPU_REFUSE_BN_EX_RELU
+                                     : 0);
         fakegpu_reset_stats();
         for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec += 2)
             for (size_t k = 0; k < DSRT_ARRAY_SIZE(nets); k++) {
                 char tag[96];
                 snprintf(tag, sizeof tag, "net %d, %s, %s", nets[k],
                          dsrt_precision_name((dsrt_precision)prec),
-                         refuse ? "fused calls refused" : "fused");
+                         refuse == 1   ? "fused calls refused"
+                         : refuse == 2 ? "batchnorm with its ReLU refused"
+                                       : "fused");
                 check_net(&NETS[nets[k]], (dsrt_precision)prec, (uint64_t)nets[k] + 1, TOL[prec],
                           prec == DSRT_PRECISION_FP32 ? TOL[prec] : -1, tag);
                 check_net(&ISOLATED[0], (dsrt_precision)prec, 1, TOL[prec], -1, tag);
             }
         fakegpu_stats st = fakegpu_get_stats();
-        if (refuse) {
+        if (refuse == 0) plain_fused = st.bn_ex_plain;
+        if (refuse == 2) {
+            /* The layers that had their ReLU fused now run batchnorm alone
+             * through cuDNN (more plain calls), not dsrt's kernels. */
+            CHECK(st.bn_ex_calls > 0);
+            CHECK_GT(st.bn_ex_plain, plain_fused);
+        } else if (refuse) {
             CHECK_EQ(st.fused_convs, 0);
             CHECK_EQ(st.bn_ex_calls, 0);
         } else {
