@@ -178,8 +178,8 @@ int dsrt_comm_open(dsrt_comm **out, const dsrt_comm_options *options) {
     return 0;
 }
 
-int dsrt_comm_open_local(dsrt_comm **comms, int n, const int *devices,
-                         const dsrt_comm_options *options) {
+static int open_local(dsrt_comm **comms, int n, const int *devices,
+                      const dsrt_comm_options *options, int split) {
     dsrt_comm_options o = options ? *options : dsrt_comm_defaults();
     o.kind = DSRT_COMM_NCCL;
     int rc = check_options(&o);
@@ -190,7 +190,18 @@ int dsrt_comm_open_local(dsrt_comm **comms, int n, const int *devices,
         for (int i = 0; i < n; i++) comms[i] = NULL;
         return dsrt__fail_prefix(rc, "comm");
     }
-    return nccl->open_local(comms, n, devices, &o);
+    return split ? nccl->open_local_split(comms, n, devices, &o)
+                 : nccl->open_local(comms, n, devices, &o);
+}
+
+int dsrt_comm_open_local(dsrt_comm **comms, int n, const int *devices,
+                         const dsrt_comm_options *options) {
+    return open_local(comms, n, devices, options, 0);
+}
+
+int dsrt__comm_open_local_split(dsrt_comm **comms, int n, const int *devices,
+                                const dsrt_comm_options *o) {
+    return open_local(comms, n, devices, o, 1);
 }
 
 static void detach(dsrt_comm *c) {

@@ -101,6 +101,16 @@ void dsrt__comm_mpi_finalize(void);
 int dsrt__comm_nccl_open(dsrt_comm *c);
 int dsrt__comm_nccl_open_local(dsrt_comm **comms, int n, const int *devices,
                                const dsrt_comm_options *o);
+/* For tests: an in-process group whose members each have a one-rank NCCL
+ * communicator of their own, so that a one-GPU machine (NCCL refuses two
+ * ranks of one communicator on one GPU) still closes and aborts several
+ * communicators as one group from one thread. Its collectives do not join
+ * the members: open, then close. dsrt__comm_open_local_split loads the
+ * module and calls it. */
+int dsrt__comm_nccl_open_local_split(dsrt_comm **comms, int n, const int *devices,
+                                     const dsrt_comm_options *o);
+int dsrt__comm_open_local_split(dsrt_comm **comms, int n, const int *devices,
+                                const dsrt_comm_options *o);
 void dsrt__comm_nccl_close(dsrt_comm *c);
 
 /* The engines' tables, which their modules export (core/module.h) and
@@ -118,6 +128,8 @@ typedef struct {
 typedef struct {
     int (*open)(dsrt_comm *c);
     int (*open_local)(dsrt_comm **comms, int n, const int *devices, const dsrt_comm_options *o);
+    int (*open_local_split)(dsrt_comm **comms, int n, const int *devices,
+                            const dsrt_comm_options *o);
     void (*close)(dsrt_comm *c);
 } comm_nccl_engine;
 

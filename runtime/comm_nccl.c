@@ -525,6 +525,11 @@ struct comm_group {
     int *dev;       /* (n) their devices */
     int open;       /* members whose NCCL side is not closed yet */
     int failed;     /* a member broke: abort rather than finalise */
+    /* Each member has a one-rank communicator of its own instead of one
+     * rank of a common one (dsrt__comm_nccl_open_local_split): NCCL refuses
+     * two ranks of one communicator on one GPU, but a one-GPU machine can
+     * then still close several communicators as one group from one thread. */
+    int split;
 };
 
 /* Waits on the group's condition for at most 10 ms (deadlines are checked
@@ -771,7 +776,12 @@ static int init_group(comm_group *gr, const int *devices, const dsrt_comm_option
             rc = cuda_fail(e, "open_local");
             break;
         }
-        r = ncclCommInitRankConfig(&gr->nc[m], n, id, m, &cfg);
+        if (gr->split && m > 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess) {
+            rc = nccl_fail(r, NULL, "open_local: unique id");
+            break;
+        }
+        r = gr->split ? ncclCommInitRankConfig(&gr->nc[m], 1, id, 0, &cfg)
+                      : ncclCommInitRankConfig(&gr->nc[m], n, id, m, &cfg);
         if (r != ncclSuccess && r != ncclInProgress) {
             gr->nc[m] = NULL;
             rc = nccl_fail(r, NULL, "open_local: ncclCommInitRankConfig");
@@ -793,14 +803,15 @@ static int init_group(comm_group *gr, const int *devices, const dsrt_comm_option
     return rc;
 }
 
-int dsrt__comm_nccl_open_local(dsrt_comm **comms, int n, const int *devices,
-                               const dsrt_comm_options *o) {
+static int open_local(dsrt_comm **comms, int n, const int *devices, const dsrt_comm_options *o,
+                      int split) {
     for (int i = 0; i < n; i++) comms[i] = NULL;
     comm_group *gr = dsrt__calloc(1, sizeof *gr);
     if (!gr) return -ENOMEM;
     pthread_mutex_init(&gr->mu, NULL);
     pthread_cond_init(&gr->cv, NULL);
     gr->n = n;
+    gr->split = split;
     gr->ptr = dsrt__calloc((size_t)n, sizeof *gr->ptr);
     gr->in = dsrt__calloc((size_t)n, sizeof *gr->in);
     gr->nc = dsrt__calloc((size_t)n, sizeof *gr->nc);
@@ -845,12 +856,23 @@ int dsrt__comm_nccl_open_local(dsrt_comm **comms, int n, const int *devices,
     return 0;
 }
 
+int dsrt__comm_nccl_open_local(dsrt_comm **comms, int n, const int *devices,
+                               const dsrt_comm_options *o) {
+    return open_local(comms, n, devices, o, 0);
+}
+
+int dsrt__comm_nccl_open_local_split(dsrt_comm **comms, int n, const int *devices,
+                                     const dsrt_comm_options *o) {
+    return open_local(comms, n, devices, o, 1);
+}
+
 // ----------------------------------------------------------------------------
 // The module's entry
 
 static const comm_nccl_engine nccl_engine = {
     .open = dsrt__comm_nccl_open,
     .open_local = dsrt__comm_nccl_open_local,
+    .open_local_split = dsrt__comm_nccl_open_local_split,
     .close = dsrt__comm_nccl_close,
 };
 

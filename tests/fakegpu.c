@@ -162,6 +162,7 @@ static struct {
     int devices;
     double clk;
     fakegpu_stats st;
+    long last_close_group; /* the group of the last close call (-1: none) */
     alloc_rec *allocs;
     struct CUstream_st *streams;
     struct CUevent_st *events;
@@ -192,6 +193,7 @@ fakegpu_stats fakegpu_get_stats(void) {
 void fakegpu_reset_stats(void) {
     lock();
     memset(&fk.st, 0, sizeof fk.st);
+    fk.last_close_group = 0;
     unlock();
 }
 
@@ -2197,6 +2199,8 @@ static void count_close(ncclComm_t comm, int kind, long *counter) {
     (*counter)++;
     long g = group_depth ? group_now : -1;
     if (g < 0) fk.st.ungrouped_closes++;
+    if (g >= 0 && g != fk.last_close_group) fk.st.close_groups++;
+    fk.last_close_group = g;
     clique *cl = comm->cl;
     if (cl->n > 1 && (g < 0 || (cl->close_seen[kind] && cl->close_group[kind] != g)))
         fk.st.split_closes++;

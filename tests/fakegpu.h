@@ -34,6 +34,9 @@ typedef struct {
      * members of one clique must group them: a clique's finalize calls made
      * in more than one group, or outside one, are counted in split_closes. */
     long finalizes, destroys, aborts, ungrouped_closes, split_closes, groups;
+    /* The groups those calls were made in (one for all of a kind's calls
+     * made together). */
+    long close_groups;
     /* Host waits: cudaEventSynchronize, cudaStreamSynchronize and
      * cudaEventQuery calls; waits on work that can never finish (a hung
      * collective) that would block for ever; invalid handles. */

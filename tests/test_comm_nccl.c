@@ -11,6 +11,11 @@
 
 #include <dsrt/nn.h>
 
+#include "runtime/comm_internal.h"
+#ifdef DSRT_FAKE_GPU
+#include "tests/fakegpu.h"
+#endif
+
 #define STEPS 5
 #define N     16
 
@@ -83,6 +88,40 @@ static void test_local(void) {
     dsrt_comm_close(c);
 }
 
+/* Two communicators on the one GPU, closed from one thread as one group
+ * (ncclCommFinalize of both in one ncclGroupStart/End, then ncclCommDestroy
+ * of both), and two more aborted as one group when a member broke: what a
+ * machine with several GPUs does at every close, here on one. */
+static void test_grouped_close(void) {
+    int devs[2] = {0, 0};
+    for (int broken = 0; broken < 2; broken++) {
+#ifdef DSRT_FAKE_GPU
+        fakegpu_reset_stats();
+#endif
+        dsrt_comm *c[2] = {NULL, NULL};
+        CHECK_OK(dsrt__comm_open_local_split(c, 2, devs, NULL));
+        REQUIRE(c[0] && c[1]);
+        CHECK_EQ(dsrt_comm_size(c[0]), 2);
+        if (broken) atomic_store(&c[0]->broken, 1);
+        dsrt_comm_close(c[0]);
+        dsrt_comm_close(c[1]);
+#ifdef DSRT_FAKE_GPU
+        fakegpu_stats st = fakegpu_get_stats();
+        CHECK_EQ(st.ungrouped_closes, 0);
+        if (broken) {
+            CHECK_EQ(st.aborts, 2);
+            CHECK_EQ(st.finalizes, 0);
+            CHECK_EQ(st.close_groups, 1);
+        } else {
+            CHECK_EQ(st.finalizes, 2);
+            CHECK_EQ(st.destroys, 2);
+            CHECK_EQ(st.aborts, 0);
+            CHECK_EQ(st.close_groups, 2); /* the finalizes' group, the destroys' */
+        }
+#endif
+    }
+}
+
 static void test_mpi(void) {
     dsrt_comm_options o = dsrt_comm_defaults();
     o.kind = DSRT_COMM_NCCL;
@@ -114,6 +153,7 @@ int main(int argc, char **argv) {
         return comm_test_finish();
     }
     RUN(test_local);
+    RUN(test_grouped_close);
     int rc = comm_test_launch(argc, argv, 1);
     return rc == TEST_SKIP ? TEST_RESULT() : (rc ? rc : TEST_RESULT());
 }
