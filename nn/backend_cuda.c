@@ -226,6 +226,9 @@ typedef struct {
     cudnnConvolutionBwdFilterAlgo_t filter;
     cudnnMathType_t m_fwd, m_data, m_filter;
     int has_data; /* backward data runs (the input needs a gradient) */
+    /* By direction (DIR_*): cuDNN has no algorithm for it, and dsrt's direct
+     * convolution kernels run it instead (dsrt_k_conv_*). */
+    int own[3];
 } conv_algos;
 
 /* How a layer's forward is fused (kept in the plan, said by the profile). */
@@ -276,6 +279,7 @@ typedef struct {
     void *xf;
     dsrt_k_pool pool;
     dsrt_k_lrn lrn;
+    dsrt_k_conv kconv; /* a convolution for dsrt's direct kernels */
     /* In training: max pooling's winners, their offsets in the windows
      * (one byte an output element), and local response normalisation's
      * scales (one float an element), kept by the forward for the backward. */
@@ -881,13 +885,20 @@ static int pick(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int dir, co
             g->al.m_filter = m;
         }
         if (sz > *need) *need = sz;
+        g->al.own[dir] = 0;
         return 0;
     }
-    return dsrt__fail(DSRT_EUNSUPPORTED,
-                      "cuda backend: layer '%s' (line %d): cuDNN has no %s%s convolution "
-                      "algorithm for it%s",
-                      L->name, L->line, be->det ? "deterministic " : "", DIR_NAME[dir],
-                      be->frozen ? " within the workspace reserved" : "");
+    /* None: dsrt's direct convolution runs this direction (correct for any
+     * shape, deterministic, slow), said once in the backend's note. */
+    g->al.own[dir] = 1;
+    if (!strstr(be->net->backend_note, L->name)) {
+        size_t used = strlen(be->net->backend_note);
+        snprintf(be->net->backend_note + used, sizeof be->net->backend_note - used,
+                 "%slayer '%s': cuDNN has no %s%s algorithm%s: dsrt's direct convolution", used ? "; " : "",
+                 L->name, be->det ? "deterministic " : "", DIR_NAME[dir],
+                 be->frozen ? " within the workspace reserved" : "");
+    }
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -961,6 +972,17 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
                                             CUDNN_DATA_FLOAT));
         DNN(cudnnSetConvolutionGroupCount(g->cd, L->o.groups));
         DNN(cudnnSetConvolutionMathType(g->cd, be->conv_math));
+        g->kconv = (dsrt_k_conv){kdesc(n, L->in.c, g->ph, g->pw, 1, be->act),
+                                 kdesc(n, L->out.c, L->out.h, L->out.w, 1, be->act),
+                                 L->o.kh,
+                                 L->o.kw,
+                                 L->o.sh,
+                                 L->o.sw,
+                                 L->o.dh,
+                                 L->o.dw,
+                                 sym ? L->pt : 0,
+                                 sym ? L->pl : 0,
+                                 L->o.groups};
         if (L->b_n) TRY(set_param_desc(&g->bd, L->out.c, L));
         DNN(cudnnCreateActivationDescriptor(&g->act));
         DNN(cudnnSetActivationDescriptor(
@@ -1035,7 +1057,7 @@ static void plan_conv_fuse(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i];
     g->fuse = L->b_n || L->fuse_relu ? FUSE_KERNEL : FUSE_NONE;
-    if (!L->b_n || !be->net->opts.fuse) return;
+    if (!L->b_n || !be->net->opts.fuse || g->al.own[DIR_FWD]) return;
     if (L->fuse_relu ? L->fuse_leak != 0.0f
                      : g->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
         return;
@@ -1481,6 +1503,12 @@ static int fwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     }
     const void *x = conv_input(p, i), *w = weights(be, L);
     const float *b = L->b_n ? be->params + L->b_off : NULL;
+    if (g->al.own[DIR_FWD]) {
+        CU(dsrt_k_conv_fwd(&g->kconv, x, w, g->y, be->compute));
+        if (g->fuse == FUSE_KERNEL)
+            CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, L->fuse_relu, L->fuse_leak, be->compute));
+        return 0;
+    }
     DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_fwd));
     if (g->fuse == FUSE_CUDNN) {
         DNN(cudnnConvolutionBiasActivationForward(
@@ -1648,9 +1676,13 @@ static int bwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     TRY(bias_relu_bwd(be, p, i));
     const void *x = conv_input(p, i), *w = weights(be, L);
     void *dw = be->bf16 ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
-    DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_filter));
-    DNN(cudnnConvolutionBackwardFilter(be->dnn, &ONE, g->xd, x, g->yd, g->dy, g->cd, g->al.filter,
-                                       be->ws, be->ws_size, &ZERO, g->wd, dw));
+    if (g->al.own[DIR_FILTER]) {
+        CU(dsrt_k_conv_bwd_filter(&g->kconv, x, g->dy, dw, be->act, be->compute));
+    } else {
+        DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_filter));
+        DNN(cudnnConvolutionBackwardFilter(be->dnn, &ONE, g->xd, x, g->yd, g->dy, g->cd,
+                                           g->al.filter, be->ws, be->ws_size, &ZERO, g->wd, dw));
+    }
     /* The all-reduce and the optimizer take float32 gradients. */
     if (be->bf16)
         CU(dsrt_k_bf16_to_f32(be->g16 + L->w_off, be->grads + L->w_off, L->w_n, be->compute));
@@ -1658,9 +1690,13 @@ static int bwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     if (!g->al.has_data) return 0;
     /* The padded input was read; its buffer takes the padded gradient. */
     void *dx = g->pad_explicit ? g->xp : in->dy;
-    DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_data));
-    DNN(cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, w, g->yd, g->dy, g->cd, g->al.data,
-                                     be->ws, be->ws_size, &ZERO, g->xd, dx));
+    if (g->al.own[DIR_DATA]) {
+        CU(dsrt_k_conv_bwd_data(&g->kconv, w, g->dy, dx, be->compute));
+    } else {
+        DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_data));
+        DNN(cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, w, g->yd, g->dy, g->cd,
+                                         g->al.data, be->ws, be->ws_size, &ZERO, g->xd, dx));
+    }
     if (g->pad_explicit) {
         dsrt_k_desc pd = padded_desc(be, p, i);
         CU(dsrt_k_pad(&pd, g->xp, &in->kd, in->dy, -L->pt, -L->pl, 0.0f, 0, be->compute));

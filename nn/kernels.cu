@@ -251,6 +251,52 @@ extern "C" cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l,
 }
 
 // ----------------------------------------------------------------------------
+// Direct convolution (the fallback where cuDNN has no algorithm)
+
+__global__ void conv_fwd_kernel(dsrt_k_conv p, const void *x, const void *w, void *y,
+                                size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_conv_fwd(&p, x, w, y, i);
+}
+
+__global__ void conv_bwd_data_kernel(dsrt_k_conv p, const void *w, const void *dy, void *dx,
+                                     size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_conv_bwd_data(&p, w, dy, dx, i);
+}
+
+__global__ void conv_bwd_filter_kernel(dsrt_k_conv p, const void *x, const void *dy, void *dw,
+                                       dsrt_k_type dwt, size_t count) {
+    for (size_t i = tid(); i < count; i += stride())
+        dsrt_kb_conv_bwd_filter(&p, x, dy, dw, dwt, i);
+}
+
+extern "C" cudaError_t dsrt_k_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y,
+                                       cudaStream_t stream) {
+    if (!p || !dsrt_kb_conv_ok(p)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(&p->yd);
+    if (!count) return cudaSuccess;
+    conv_fwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, x, w, y, count);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dsrt_k_conv_bwd_data(const dsrt_k_conv *p, const void *w, const void *dy,
+                                            void *dx, cudaStream_t stream) {
+    if (!p || !dsrt_kb_conv_ok(p)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(&p->xd);
+    if (!count) return cudaSuccess;
+    conv_bwd_data_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, w, dy, dx, count);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dsrt_k_conv_bwd_filter(const dsrt_k_conv *p, const void *x, const void *dy,
+                                              void *dw, dsrt_k_type dwt, cudaStream_t stream) {
+    if (!p || !dsrt_kb_conv_ok(p) || !dsrt_kb_type_ok(dwt)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_conv_w_count(p);
+    if (!count) return cudaSuccess;
+    conv_bwd_filter_kernel<<<grid_for(count), THREADS, 0, stream>>>(*p, x, dy, dw, dwt, count);
+    return cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
 // Dropout
 
 __global__ void dropout_kernel(dsrt_k_desc d, const void *x, void *y, uint64_t seed,

@@ -132,6 +132,22 @@ cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void
                            const void *dy, const float *scale, void *dx, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
+// Direct convolution
+
+/* Convolution p (nn/kernels_body.h dsrt_k_conv) of x with the filters w
+ * (cuDNN's NHWC filter order, x's type) into y; the gradient of its input,
+ * dx from w and dy; the gradient of its filters, dw (of type dwt, in the
+ * filters' order) from x and dy. Each overwrites its output, summing in
+ * double in a fixed order (deterministic). The fallback for a convolution
+ * cuDNN has no algorithm for: correct for any shape, not fast. */
+cudaError_t dsrt_k_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y,
+                            cudaStream_t stream);
+cudaError_t dsrt_k_conv_bwd_data(const dsrt_k_conv *p, const void *w, const void *dy, void *dx,
+                                 cudaStream_t stream);
+cudaError_t dsrt_k_conv_bwd_filter(const dsrt_k_conv *p, const void *x, const void *dy, void *dw,
+                                   dsrt_k_type dwt, cudaStream_t stream);
+
+// ----------------------------------------------------------------------------
 // Dropout
 
 /*

@@ -134,6 +134,16 @@ typedef struct {
     float alpha, beta, k;
 } dsrt_k_lrn;
 
+/* A direct convolution (cross-correlation) of x (xd: n, c, h, w) with
+ * filters w (k, kh, kw, c / groups: cuDNN's NHWC filter order, xd's type)
+ * into y (yd: n, k, oh, ow): a (kh, kw) window dilated by (dh, dw), moved
+ * by (sh, sw) from (-pt, -pl), over groups channel groups. The fallback for
+ * a convolution cuDNN has no algorithm for: any shape, layout and type. */
+typedef struct {
+    dsrt_k_desc xd, yd;
+    int kh, kw, sh, sw, dh, dw, pt, pl, groups;
+} dsrt_k_conv;
+
 /* Softmax's per-row results, in its workspace. */
 typedef struct {
     double loss;
@@ -796,6 +806,111 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_lrn_bwd(const dsrt_k_desc *d, const 
     float f = DSRT_FDIV(DSRT_FMUL(2.0f * l->alpha, l->beta), (float)l->size);
     float v = DSRT_FSUB(DSRT_FMUL(g, powf(si, -l->beta)), DSRT_FMUL(DSRT_FMUL(f, xv), acc));
     dsrt_kb_store(dx, d->type, i, v);
+}
+
+// ----------------------------------------------------------------------------
+// Direct convolution: one thread an output element forward, an input
+// element backward (it gathers the outputs whose windows hold it), a filter
+// element for the filter's gradient; sums in double, in a fixed order
+
+static inline int dsrt_kb_conv_ok(const dsrt_k_conv *p) {
+    const dsrt_k_desc *x = &p->xd, *y = &p->yd;
+    return dsrt_kb_desc_ok(x) && dsrt_kb_desc_ok(y) && x->type == y->type && x->n == y->n &&
+           p->groups > 0 && x->c % p->groups == 0 && y->c % p->groups == 0 && p->kh > 0 &&
+           p->kw > 0 && p->sh > 0 && p->sw > 0 && p->dh > 0 && p->dw > 0 && p->pt >= 0 &&
+           p->pl >= 0;
+}
+
+/* Filter element (k, r, q, cg) as an index of w. */
+static inline DSRT_HOST_DEVICE size_t dsrt_kb_conv_w(const dsrt_k_conv *p, int k, int r, int q,
+                                                     int cg) {
+    return (((size_t)k * p->kh + r) * p->kw + q) * (p->xd.c / p->groups) + cg;
+}
+
+/* Element i of y. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_conv_fwd(const dsrt_k_conv *p, const void *x,
+                                                     const void *w, void *y, size_t i) {
+    const dsrt_k_desc *xd = &p->xd, *yd = &p->yd;
+    dsrt_kb_coord o = dsrt_kb_coord_of(i, yd->c, yd->h, yd->w, yd->nhwc);
+    int cpg = xd->c / p->groups, c0 = (o.ch / (yd->c / p->groups)) * cpg;
+    double acc = 0.0;
+    for (int r = 0; r < p->kh; r++) {
+        int ih = o.r * p->sh - p->pt + r * p->dh;
+        if (ih < 0 || ih >= xd->h) continue;
+        for (int q = 0; q < p->kw; q++) {
+            int iw = o.col * p->sw - p->pl + q * p->dw;
+            if (iw < 0 || iw >= xd->w) continue;
+            for (int cg = 0; cg < cpg; cg++) {
+                dsrt_kb_coord k = {o.b, c0 + cg, ih, iw};
+                double xv = dsrt_kb_load(x, xd->type, dsrt_kb_index_of(k, xd->c, xd->h, xd->w,
+                                                                       xd->nhwc));
+                double wv = dsrt_kb_load(w, xd->type, dsrt_kb_conv_w(p, o.ch, r, q, cg));
+                acc = DSRT_DADD(acc, DSRT_DMUL(xv, wv));
+            }
+        }
+    }
+    dsrt_kb_store(y, yd->type, i, (float)acc);
+}
+
+/* Element i of dx (p->xd) from dy (p->yd). */
+static inline DSRT_HOST_DEVICE void dsrt_kb_conv_bwd_data(const dsrt_k_conv *p, const void *w,
+                                                          const void *dy, void *dx, size_t i) {
+    const dsrt_k_desc *xd = &p->xd, *yd = &p->yd;
+    dsrt_kb_coord k = dsrt_kb_coord_of(i, xd->c, xd->h, xd->w, xd->nhwc);
+    int cpg = xd->c / p->groups, kpg = yd->c / p->groups, grp = k.ch / cpg, cg = k.ch % cpg;
+    double acc = 0.0;
+    for (int r = 0; r < p->kh; r++) {
+        int t = k.r + p->pt - r * p->dh;
+        if (t < 0 || t % p->sh) continue;
+        int oh = t / p->sh;
+        if (oh >= yd->h) continue;
+        for (int q = 0; q < p->kw; q++) {
+            int u = k.col + p->pl - q * p->dw;
+            if (u < 0 || u % p->sw) continue;
+            int ow = u / p->sw;
+            if (ow >= yd->w) continue;
+            for (int kk = grp * kpg; kk < (grp + 1) * kpg; kk++) {
+                dsrt_kb_coord o = {k.b, kk, oh, ow};
+                double g = dsrt_kb_load(dy, yd->type, dsrt_kb_index_of(o, yd->c, yd->h, yd->w,
+                                                                       yd->nhwc));
+                double wv = dsrt_kb_load(w, xd->type, dsrt_kb_conv_w(p, kk, r, q, cg));
+                acc = DSRT_DADD(acc, DSRT_DMUL(g, wv));
+            }
+        }
+    }
+    dsrt_kb_store(dx, xd->type, i, (float)acc);
+}
+
+/* Element i of dw (filter order, of type dwt) from x and dy. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_conv_bwd_filter(const dsrt_k_conv *p, const void *x,
+                                                            const void *dy, void *dw,
+                                                            dsrt_k_type dwt, size_t i) {
+    const dsrt_k_desc *xd = &p->xd, *yd = &p->yd;
+    int cpg = xd->c / p->groups, kpg = yd->c / p->groups;
+    int cg = (int)(i % cpg), q = (int)(i / cpg % p->kw), r = (int)(i / cpg / p->kw % p->kh);
+    int kk = (int)(i / cpg / p->kw / p->kh), c = (kk / kpg) * cpg + cg;
+    double acc = 0.0;
+    for (int b = 0; b < yd->n; b++)
+        for (int oh = 0; oh < yd->h; oh++) {
+            int ih = oh * p->sh - p->pt + r * p->dh;
+            if (ih < 0 || ih >= xd->h) continue;
+            for (int ow = 0; ow < yd->w; ow++) {
+                int iw = ow * p->sw - p->pl + q * p->dw;
+                if (iw < 0 || iw >= xd->w) continue;
+                dsrt_kb_coord o = {(size_t)b, kk, oh, ow}, k = {(size_t)b, c, ih, iw};
+                double g = dsrt_kb_load(dy, yd->type, dsrt_kb_index_of(o, yd->c, yd->h, yd->w,
+                                                                       yd->nhwc));
+                double xv = dsrt_kb_load(x, xd->type, dsrt_kb_index_of(k, xd->c, xd->h, xd->w,
+                                                                       xd->nhwc));
+                acc = DSRT_DADD(acc, DSRT_DMUL(g, xv));
+            }
+        }
+    dsrt_kb_store(dw, dwt, i, (float)acc);
+}
+
+/* Elements of the filters (and of their gradient). */
+static inline DSRT_HOST_DEVICE size_t dsrt_kb_conv_w_count(const dsrt_k_conv *p) {
+    return (size_t)p->yd.c * p->kh * p->kw * (p->xd.c / p->groups);
 }
 
 // ----------------------------------------------------------------------------

@@ -1034,13 +1034,16 @@ cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t d, cudnnA
 
 /* ---- algorithm search: one algorithm, a little workspace */
 /* The one algorithm every search offers: deterministic, the descriptor's
- * math type; forward's is IMPLICIT_PRECOMP_GEMM (1). */
+ * math type; forward's is IMPLICIT_PRECOMP_GEMM (1). Refused (its status
+ * NOT_SUPPORTED) with FAKEGPU_REFUSE_CONV_ALGOS, as cuDNN answers for a
+ * convolution it has no algorithm for. */
 #define ONE_ALGO(r, cd, got)                                                                       \
     do {                                                                                           \
         memset(&(r)[0], 0, sizeof(r)[0]);                                                          \
         (r)[0].algo = 1;                                                                           \
         (r)[0].determinism = CUDNN_DETERMINISTIC;                                                  \
         (r)[0].mathType = (cd)->m;                                                                 \
+        if (fk.refuse & FAKEGPU_REFUSE_CONV_ALGOS) (r)[0].status = CUDNN_STATUS_NOT_SUPPORTED;     \
         *(got) = 1;                                                                                \
         return CUDNN_STATUS_SUCCESS;                                                               \
     } while (0)
@@ -1650,6 +1653,7 @@ typedef struct {
     dsrt_k_pixel pix;
     dsrt_k_pool pool;
     dsrt_k_lrn lrn;
+    dsrt_k_conv conv;
     dsrt_k_optim optim;
     dsrt_k_step step;
     const dsrt_k_step *stp;
@@ -1669,6 +1673,9 @@ enum {
     K_POOL_BWD,
     K_LRN_FWD,
     K_LRN_BWD,
+    K_CONV_FWD,
+    K_CONV_DATA,
+    K_CONV_FILTER,
     K_DROPOUT,
     K_SM_FWD,
     K_SM_BWD,
@@ -1720,6 +1727,15 @@ static void k_run(fk_op *o, cudaStream_t s) {
         break;
     case K_LRN_BWD:
         dsrt_kh_lrn_bwd(&a->d, &a->lrn, a->x, a->y, a->dy, a->fp, a->out);
+        break;
+    case K_CONV_FWD:
+        dsrt_kh_conv_fwd(&a->conv, a->x, a->y, a->out);
+        break;
+    case K_CONV_DATA:
+        dsrt_kh_conv_bwd_data(&a->conv, a->y, a->dy, a->out);
+        break;
+    case K_CONV_FILTER:
+        dsrt_kh_conv_bwd_filter(&a->conv, a->x, a->dy, a->out, a->t);
         break;
     case K_DROPOUT:
         dsrt_kh_dropout(&a->d, a->x, a->out, a->u1, a->u2, a->up, a->i1, a->f1);
@@ -1868,6 +1884,31 @@ cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void
     K_OP(a);
     a.kind = K_LRN_BWD, a.x = x, a.y = y, a.dy = dy, a.out = dx, a.fp = scale;
     if (ok) a.d = *d, a.lrn = *l;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y,
+                            cudaStream_t s) {
+    int ok = p && dsrt_kb_conv_ok(p);
+    K_OP(a);
+    a.kind = K_CONV_FWD, a.x = x, a.y = w, a.out = y;
+    if (ok) a.conv = *p;
+    bump(&fk.st.own_convs);
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_conv_bwd_data(const dsrt_k_conv *p, const void *w, const void *dy, void *dx,
+                                 cudaStream_t s) {
+    int ok = p && dsrt_kb_conv_ok(p);
+    K_OP(a);
+    a.kind = K_CONV_DATA, a.y = w, a.dy = dy, a.out = dx;
+    if (ok) a.conv = *p;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_conv_bwd_filter(const dsrt_k_conv *p, const void *x, const void *dy, void *dw,
+                                   dsrt_k_type dwt, cudaStream_t s) {
+    int ok = p && dsrt_kb_conv_ok(p) && dsrt_kb_type_ok(dwt);
+    K_OP(a);
+    a.kind = K_CONV_FILTER, a.x = x, a.dy = dy, a.out = dw, a.t = dwt;
+    if (ok) a.conv = *p;
     return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t it,

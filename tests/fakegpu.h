@@ -26,6 +26,8 @@ typedef struct {
     /* Fused convolutions with a bfloat16 bias, and any bias given off 16
      * bytes. */
     long fused_convs_bias16, misaligned_bias;
+    /* Convolutions run by dsrt's direct kernels (forward calls). */
+    long own_convs;
     /* Convolutions run on other pointers than cuDNN's search was given for
      * the same descriptor; of those checked. */
     long search_checked, search_mismatches;
@@ -64,6 +66,8 @@ void fakegpu_reset_stats(void);
 /* The Ex calls with the ReLU fused (CUDNN_BATCHNORM_OPS_BN_ACTIVATION) only,
  * as cuDNN does in some precisions. */
 #define FAKEGPU_REFUSE_BN_EX_RELU 4u
+/* Every convolution algorithm (the searches find nothing usable). */
+#define FAKEGPU_REFUSE_CONV_ALGOS 8u
 void fakegpu_refuse(unsigned what);
 
 /* The CUDA devices the stand-in shows (1 unless set). */

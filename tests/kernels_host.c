@@ -125,6 +125,27 @@ int dsrt_kh_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, co
     return 0;
 }
 
+int dsrt_kh_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y) {
+    if (!p || !dsrt_kb_conv_ok(p)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(&p->yd); i < n; i++) dsrt_kb_conv_fwd(p, x, w, y, i);
+    return 0;
+}
+
+int dsrt_kh_conv_bwd_data(const dsrt_k_conv *p, const void *w, const void *dy, void *dx) {
+    if (!p || !dsrt_kb_conv_ok(p)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(&p->xd); i < n; i++)
+        dsrt_kb_conv_bwd_data(p, w, dy, dx, i);
+    return 0;
+}
+
+int dsrt_kh_conv_bwd_filter(const dsrt_k_conv *p, const void *x, const void *dy, void *dw,
+                            dsrt_k_type dwt) {
+    if (!p || !dsrt_kb_conv_ok(p) || !dsrt_kb_type_ok(dwt)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_conv_w_count(p); i < n; i++)
+        dsrt_kb_conv_bwd_filter(p, x, dy, dw, dwt, i);
+    return 0;
+}
+
 int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t iteration,
                     const uint64_t *iteration_dev, int layer, float p) {
     if (!dsrt_kb_dropout_ok(d, p, layer)) return -EINVAL;

@@ -32,6 +32,10 @@ int dsrt_kh_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, vo
                     float *scale);
 int dsrt_kh_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
                     const void *dy, const float *scale, void *dx);
+int dsrt_kh_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y);
+int dsrt_kh_conv_bwd_data(const dsrt_k_conv *p, const void *w, const void *dy, void *dx);
+int dsrt_kh_conv_bwd_filter(const dsrt_k_conv *p, const void *x, const void *dy, void *dw,
+                            dsrt_k_type dwt);
 int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t iteration,
                     const uint64_t *iteration_dev, int layer, float p);
 int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n, int k,

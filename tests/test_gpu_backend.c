@@ -1067,6 +1067,37 @@ static void test_fused_fallback(void) {
     }
     fakegpu_refuse(0);
 }
+
+/* With cuDNN finding no algorithm for any convolution, dsrt's direct
+ * convolution kernels run them: every net and the isolated convolutions
+ * against the CPU, in fp32 and bf16, and the backend says so. */
+static void test_conv_fallback(void) {
+    fakegpu_refuse(FAKEGPU_REFUSE_CONV_ALGOS);
+    fakegpu_reset_stats();
+    for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec += 2) {
+        for (size_t k = 0; k < DSRT_ARRAY_SIZE(NETS); k++) {
+            char tag[96];
+            snprintf(tag, sizeof tag, "net %zu, %s, no cuDNN algorithm", k,
+                     dsrt_precision_name((dsrt_precision)prec));
+            check_net(&NETS[k], (dsrt_precision)prec, (uint64_t)k + 11, TOL[prec],
+                      prec == DSRT_PRECISION_FP32 ? TOL[prec] : -1, tag);
+        }
+        for (int k = 0; k < 3; k++)
+            check_net(&ISOLATED[k], (dsrt_precision)prec, 5, TOL[prec], -1,
+                      "isolated convolution, no cuDNN algorithm");
+    }
+    CHECK(fakegpu_get_stats().own_convs > 0);
+    dsrt_net *g = make_on(NETS[1].desc, NETS[1].h, NETS[1].w, NETS[1].c, NETS[1].classes, G,
+                          DSRT_PRECISION_FP32, 0);
+    float x[4 * 3 * 9 * 8];
+    int32_t y[4];
+    fill(x, sizeof x / sizeof x[0], 3, -1, 1);
+    labels_for(y, 4, 3, 3);
+    CHECK_OK(dsrt_net_forward_backward(g, x, y, 4, NULL, NULL));
+    CHECK_CONTAINS(g->backend_note, "cuDNN has no forward algorithm: dsrt's direct convolution");
+    dsrt_net_destroy(g);
+    fakegpu_refuse(0);
+}
 #endif
 
 // ----------------------------------------------------------------------------
@@ -1257,6 +1288,7 @@ int main(void) {
     RUN_WANTED(test_graphs);
 #ifdef DSRT_FAKE_GPU
     RUN_WANTED(test_fused_fallback);
+    RUN_WANTED(test_conv_fallback);
 #endif
     RUN_WANTED(test_profile);
     return TEST_RESULT();

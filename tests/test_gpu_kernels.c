@@ -495,6 +495,70 @@ static void test_pool(void) {
     CHECK_EQ(dsrt_k_pool_fwd(&bad, NULL, NULL, NULL, S), cudaErrorInvalidValue);
 }
 
+/* The direct convolution (the fallback where cuDNN has no algorithm) on the
+ * device against its own bodies run on the host (the CPU stand-in's tests
+ * check those against the CPU backend), in both layouts and types: a 3x2
+ * window dilated by 2, strides 2x1, one channel a group, padding. */
+static void test_conv(void) {
+    enum { N = 2, C = 3, H = 9, W = 8, K = 6 };
+    for (int nhwc = 0; nhwc < 2; nhwc++)
+        for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++) {
+            dsrt_k_conv p = {{N, C, H, W, nhwc, (dsrt_k_type)t}, {N, K, 4, 8, nhwc, (dsrt_k_type)t},
+                             3, 2, 2, 1, 2, 2, 2, 1, 3};
+            size_t nx = dsrt_kb_count(&p.xd), ny = dsrt_kb_count(&p.yd);
+            size_t nw = dsrt_kb_conv_w_count(&p), el = t == DSRT_K_BF16 ? 2 : 4;
+            float *xf = hmalloc(nx * 4), *wf = hmalloc(nw * 4), *gf = hmalloc(ny * 4);
+            dsrt_rng r = dsrt_rng_init(77, (uint64_t)nhwc, (uint64_t)t, 0);
+            for (size_t i = 0; i < nx; i++) xf[i] = uniform(&r, -2, 2);
+            for (size_t i = 0; i < nw; i++) wf[i] = uniform(&r, -1, 1);
+            for (size_t i = 0; i < ny; i++) gf[i] = uniform(&r, -1, 1);
+            /* The same values in the tensors' type. */
+            void *x = hmalloc(nx * el), *w = hmalloc(nw * el), *g = hmalloc(ny * el);
+            for (size_t i = 0; i < nx; i++) dsrt_kb_store(x, p.xd.type, i, xf[i]);
+            for (size_t i = 0; i < nw; i++) dsrt_kb_store(w, p.xd.type, i, wf[i]);
+            for (size_t i = 0; i < ny; i++) dsrt_kb_store(g, p.yd.type, i, gf[i]);
+            /* The references: the same bodies on the host (outputs in the
+             * tensors' type, the filter gradient in float). */
+            float *y = hmalloc(ny * 4), *dx = hmalloc(nx * 4), *dw = hmalloc(nw * 4);
+            for (size_t i = 0; i < ny; i++) dsrt_kb_conv_fwd(&p, x, w, (void *)y, i);
+            for (size_t i = 0; i < nx; i++) dsrt_kb_conv_bwd_data(&p, w, g, (void *)dx, i);
+            for (size_t i = 0; i < nw; i++) dsrt_kb_conv_bwd_filter(&p, x, g, dw, DSRT_K_F32, i);
+            void *dxx = dcopy(x, nx * el), *dww = dcopy(w, nw * el), *dgg = dcopy(g, ny * el);
+            void *dy = dalloc(ny * el), *ddx = dalloc(nx * el);
+            float *ddw = dalloc(nw * 4);
+            LAUNCH(dsrt_k_conv_fwd(&p, dxx, dww, dy, S));
+            LAUNCH(dsrt_k_conv_bwd_data(&p, dww, dgg, ddx, S));
+            LAUNCH(dsrt_k_conv_bwd_filter(&p, dxx, dgg, ddw, DSRT_K_F32, S));
+            void *hy = hmalloc(ny * el), *hdx = hmalloc(nx * el);
+            float *hdw = hmalloc(nw * 4);
+            get(hy, dy, ny * el);
+            get(hdx, ddx, nx * el);
+            get(hdw, ddw, nw * 4);
+            float *gy = hmalloc(ny * 4), *gdx = hmalloc(nx * 4), *wy = hmalloc(ny * 4),
+                  *wdx = hmalloc(nx * 4);
+            for (size_t i = 0; i < ny; i++) gy[i] = dsrt_kb_load(hy, p.yd.type, i);
+            for (size_t i = 0; i < nx; i++) gdx[i] = dsrt_kb_load(hdx, p.xd.type, i);
+            for (size_t i = 0; i < ny; i++) wy[i] = dsrt_kb_load(y, p.yd.type, i);
+            for (size_t i = 0; i < nx; i++) wdx[i] = dsrt_kb_load(dx, p.xd.type, i);
+            CHECK_EQ(mismatches("direct convolution", gy, wy, ny, 1e-6, 1e-6), 0);
+            CHECK_EQ(mismatches("direct convolution, input gradient", gdx, wdx, nx, 1e-6, 1e-6),
+                     0);
+            CHECK_EQ(mismatches("direct convolution, filter gradient", hdw, dw, nw, 1e-6, 1e-6),
+                     0);
+            CU(cudaFree(dxx));
+            CU(cudaFree(dww));
+            CU(cudaFree(dgg));
+            CU(cudaFree(dy));
+            CU(cudaFree(ddx));
+            CU(cudaFree(ddw));
+            free(xf), free(wf), free(gf), free(x), free(w), free(g), free(y), free(dx), free(dw);
+            free(hy), free(hdx), free(hdw), free(gy), free(gdx), free(wy), free(wdx);
+        }
+    dsrt_k_conv bad = {{1, 3, 4, 4, 1, DSRT_K_F32}, {1, 4, 2, 2, 1, DSRT_K_F32}, 3, 3, 1, 1, 1, 1,
+                       0, 0, 2};
+    CHECK_EQ(dsrt_k_conv_fwd(&bad, NULL, NULL, NULL, S), cudaErrorInvalidValue);
+}
+
 static void test_lrn(void) {
     enum { N = 2, C = 9, H = 5, W = 4, HW = H * W, CNT = N * C * HW };
     const dsrt_k_lrn l = {5, 1e-1f, 0.75f, 1.0f};
@@ -1008,6 +1072,7 @@ int main(void) {
     RUN_WANTED(test_bias);
     RUN_WANTED(test_pool);
     RUN_WANTED(test_lrn);
+    RUN_WANTED(test_conv);
     RUN_WANTED(test_dropout);
     RUN_WANTED(test_bn_sync);
     RUN_WANTED(test_softmax);
