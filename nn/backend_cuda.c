@@ -301,6 +301,7 @@ struct gpu_plan {
     int32_t *correct;
     void *sm_work;         /* softmax reductions */
     void *bg_work;         /* bias gradients' partial sums (the largest layer's) */
+    float *bn_work;        /* dsrt's batchnorm sums' tiles (the largest layer's) */
     const int32_t *labels; /* device labels of the batch of the last forward, or NULL */
     int bn_sync;           /* the last forward synchronised its batchnorm layers */
 };
@@ -687,7 +688,7 @@ static int flattens(const dsrt_layer *l) {
 static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy) {
     const dsrt_net *net = be->net;
     int n = p->n;
-    size_t at = type_size(be->act), bg = 0;
+    size_t at = type_size(be->act), bg = 0, bnw = 0;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
         gpu_layer *g = &p->gl[i];
@@ -709,6 +710,8 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
         if (l->kind == DSRT_LAYER_MAXPOOL && p->train && dsrt_kb_pool_arg_ok(&g->pool))
             g->pool_arg = take(c, cnt);
         if (l->kind == DSRT_LAYER_LRN && p->train) g->lrn_scale = take(c, cnt * sizeof(float));
+        if (l->kind == DSRT_LAYER_BATCHNORM && p->train)
+            bnw = DSRT_MAX(bnw, dsrt_kb_bn_work(&p->gl[i - 1].kd) * sizeof(float));
         if (l->kind == DSRT_LAYER_BATCHNORM && p->train) {
             g->save_mean = take(c, (size_t)l->out.c * sizeof(float));
             g->save_inv = take(c, (size_t)l->out.c * sizeof(float));
@@ -724,6 +727,7 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
         }
     }
     p->bg_work = bg ? take(c, bg) : NULL;
+    p->bn_work = bnw ? take(c, bnw) : NULL;
 }
 
 /* Frees p's descriptors and, when it owns it, its memory (no queued work
@@ -1544,7 +1548,7 @@ static int fwd_batchnorm_kernels(cuda_backend *be, gpu_plan *p, int i) {
                            L->fuse_leak, g->y, be->compute));
         return 0;
     }
-    CU(dsrt_k_bn_sums(&in->kd, in->y, g->bn_sums, be->compute));
+    CU(dsrt_k_bn_sums(&in->kd, in->y, g->bn_sums, p->bn_work, be->compute));
     if (p->bn_sync) TRY(bn_callout(be, i, 0, g->bn_sums, (size_t)2 * c + 1));
     CU(dsrt_k_bn_stats(g->bn_sums, c, L->o.eps, L->o.momentum, g->save_mean, g->save_var,
                        g->save_inv, rm, rv, be->compute));
@@ -1718,7 +1722,7 @@ static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
         int c = L->out.c;
         const void *y = L->fuse_relu ? g->y : NULL;
         CU(dsrt_k_bn_bwd_sums(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
-                              g->bn_bsums, dscale, dshift, be->compute));
+                              g->bn_bsums, dscale, dshift, p->bn_work, be->compute));
         if (p->bn_sync) TRY(bn_callout(be, i, 1, g->bn_bsums, (size_t)2 * c));
         CU(dsrt_k_bn_bwd_dx(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
                             scale, g->bn_bsums, g->bn_sums + 2 * c, in->dy, be->compute));

@@ -510,26 +510,69 @@ extern "C" cudaError_t dsrt_k_set_consts(dsrt_k_consts *dst, const dsrt_k_consts
 // ----------------------------------------------------------------------------
 // Synchronised batch normalisation: one block a channel
 
-__global__ void bn_sums_kernel(dsrt_k_desc d, const void *x, double *__restrict__ sums) {
-    __shared__ double sh[THREADS];
-    int ch = blockIdx.x, c = d.c;
-    double s, q;
-    dsrt_kb_bn_sums_part(&d, x, ch, (int)threadIdx.x, &s, &q);
-    s = block_sum(s, sh);
-    q = block_sum(q, sh);
-    if (threadIdx.x == 0) {
-        sums[ch] = s;
-        sums[c + ch] = q;
-        if (ch == 0) sums[2 * c] = (double)((size_t)d.n * d.h * d.w);
+/* Tile blockIdx.x, channels blockIdx.y * 32 + threadIdx.x: lane threadIdx.y's
+ * share, the lanes' tree in shared memory, the tile's partial into part. */
+__global__ void bn_tile_kernel(dsrt_k_desc d, const void *x, const void *dy, const void *y,
+                               float leak, const float *mean, const float *inv, float *part) {
+    __shared__ float ss[DSRT_KB_BN_LANES][DSRT_KB_BN_CHANS], sq[DSRT_KB_BN_LANES][DSRT_KB_BN_CHANS];
+    int cx = (int)threadIdx.x, l = (int)threadIdx.y;
+    int ch = (int)blockIdx.y * DSRT_KB_BN_CHANS + cx;
+    size_t t = blockIdx.x;
+    float s = 0.0f, q = 0.0f;
+    if (ch < d.c)
+        dsrt_kb_bn_lane(&d, x, dy, y, leak, dy ? mean[ch] : 0.0f, dy ? inv[ch] : 0.0f, t, ch, l, &s,
+                        &q);
+    float vs[DSRT_KB_BN_LANES], vq[DSRT_KB_BN_LANES];
+    ss[l][cx] = s;
+    sq[l][cx] = q;
+    __syncthreads();
+    if (l == 0 && ch < d.c) {
+        for (int k = 0; k < DSRT_KB_BN_LANES; k++) vs[k] = ss[k][cx], vq[k] = sq[k][cx];
+        for (int h = DSRT_KB_BN_LANES / 2; h > 0; h >>= 1)
+            for (int k = 0; k < h; k++) {
+                dsrt_kb_tree_f(vs, k, h);
+                dsrt_kb_tree_f(vq, k, h);
+            }
+        part[t * 2 * (size_t)d.c + (size_t)ch] = vs[0];
+        part[t * 2 * (size_t)d.c + (size_t)d.c + (size_t)ch] = vq[0];
     }
 }
 
-extern "C" cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums,
-                                      cudaStream_t stream) {
-    if (!dsrt_kb_bn_ok(xd)) return cudaErrorInvalidValue;
+/* Channel ch's totals: the forward's sums (and the count), or the
+ * backward's with the parameter gradients. */
+__global__ void bn_total_kernel(const float *part, size_t tiles, int c, double *sums, double count,
+                                float *dscale, float *dshift) {
+    for (size_t ch = tid(); ch < (size_t)c; ch += stride()) {
+        double s, q;
+        dsrt_kb_bn_total(part, tiles, c, (int)ch, &s, &q);
+        sums[ch] = s;
+        sums[c + ch] = q;
+        if (dshift) dshift[ch] = (float)s;
+        if (dscale) dscale[ch] = (float)q;
+        if (ch == 0 && count >= 0) sums[2 * c] = count;
+    }
+}
+
+static cudaError_t bn_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
+                           float leak, const float *mean, const float *inv, double *sums,
+                           float *dscale, float *dshift, float *work, cudaStream_t stream) {
+    if (!dsrt_kb_bn_ok(xd) || !work) return cudaErrorInvalidValue;
     if (!xd->c) return cudaSuccess;
-    bn_sums_kernel<<<(unsigned)xd->c, THREADS, 0, stream>>>(*xd, x, sums);
+    size_t tiles = dsrt_kb_bn_tiles(xd);
+    dim3 block(DSRT_KB_BN_CHANS, DSRT_KB_BN_LANES),
+        grid((unsigned)tiles, (unsigned)((xd->c + DSRT_KB_BN_CHANS - 1) / DSRT_KB_BN_CHANS));
+    bn_tile_kernel<<<grid, block, 0, stream>>>(*xd, x, dy, y, leak, mean, inv, work);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    double count = dy ? -1.0 : (double)((size_t)xd->n * xd->h * xd->w);
+    bn_total_kernel<<<grid_for((size_t)xd->c), THREADS, 0, stream>>>(work, tiles, xd->c, sums, count,
+                                                                     dscale, dshift);
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums,
+                                      float *work, cudaStream_t stream) {
+    return bn_sums(xd, x, NULL, NULL, 0.0f, NULL, NULL, sums, NULL, NULL, work, stream);
 }
 
 __global__ void bn_stats_kernel(const double *__restrict__ sums, int c, float eps, float momentum,
@@ -549,33 +592,12 @@ extern "C" cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, flo
     return cudaGetLastError();
 }
 
-__global__ void bn_bwd_sums_kernel(dsrt_k_desc d, const void *x, const void *dy, const void *y,
-                                   float leak, const float *__restrict__ mean,
-                                   const float *__restrict__ inv, double *__restrict__ sums,
-                                   float *dscale, float *dshift) {
-    __shared__ double sh[THREADS];
-    int ch = blockIdx.x, c = d.c;
-    double s, q;
-    dsrt_kb_bn_bwd_part(&d, x, dy, y, leak, mean[ch], inv[ch], ch, (int)threadIdx.x, &s, &q);
-    s = block_sum(s, sh);
-    q = block_sum(q, sh);
-    if (threadIdx.x == 0) {
-        sums[ch] = s;
-        sums[c + ch] = q;
-        if (dshift) dshift[ch] = (float)s;
-        if (dscale) dscale[ch] = (float)q;
-    }
-}
-
 extern "C" cudaError_t dsrt_k_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy,
                                           const void *y, float leak, const float *mean,
                                           const float *inv, double *sums, float *dscale,
-                                          float *dshift, cudaStream_t stream) {
-    if (!dsrt_kb_bn_ok(xd)) return cudaErrorInvalidValue;
-    if (!xd->c) return cudaSuccess;
-    bn_bwd_sums_kernel<<<(unsigned)xd->c, THREADS, 0, stream>>>(*xd, x, dy, y, leak, mean, inv,
-                                                                sums, dscale, dshift);
-    return cudaGetLastError();
+                                          float *dshift, float *work, cudaStream_t stream) {
+    if (!dy || !mean || !inv) return cudaErrorInvalidValue;
+    return bn_sums(xd, x, dy, y, leak, mean, inv, sums, dscale, dshift, work, stream);
 }
 
 __global__ void bn_bwd_dx_kernel(dsrt_k_desc d, const void *x, const void *dy, const void *y,

@@ -200,12 +200,15 @@ cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, i
 // statistics and parameters are float32, a value a channel (c = xd->c).
 
 /*
- * The sums of synchronised batchnorm (dsrt_bn_sums in include/dsrt/nn.h),
- * in double, over x: sums[ch] = sum of x, sums[c + ch] = sum of x^2 over
- * channel ch, sums[2c] = n h w. Each channel is summed in a fixed order
- * (identical from run to run). sums: 2c + 1 device doubles.
+ * The sums of synchronised batchnorm (dsrt_bn_sums in include/dsrt/nn.h)
+ * over x: sums[ch] = sum of x, sums[c + ch] = sum of x^2 over channel ch,
+ * sums[2c] = n h w. A tiled reduction (nn/kernels_body.h says how: float
+ * compensated sums in tiles, the tiles added in double), each channel in
+ * one fixed order (identical from run to run). sums: 2c + 1 device doubles;
+ * work: dsrt_kb_bn_work(xd) device floats.
  */
-cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, cudaStream_t stream);
+cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, float *work,
+                           cudaStream_t stream);
 
 /*
  * The batch statistics from the summed sums (over every worker, 2c + 1),
@@ -224,8 +227,9 @@ cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum
 
 /*
  * The backward sums over dy and x with the layer's mean and inv (xhat = (x
- * - mean) * inv): sums[ch] = sum of dy, sums[c + ch] = sum of dy * xhat, in
- * double, each channel in a fixed order; with y (the layer's output) dy is
+ * - mean) * inv): sums[ch] = sum of dy, sums[c + ch] = sum of dy * xhat,
+ * tiled as the forward's (work the same size), each channel in a fixed
+ * order; with y (the layer's output) dy is
  * read through the ReLU the layer computes after it (y > 0 ? dy : dy *
  * leak). dshift and dscale (c floats each; may be NULL) receive the same
  * sums rounded to float: this worker's gradients of the shift and the
@@ -233,7 +237,7 @@ cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum
  */
 cudaError_t dsrt_k_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
                                float leak, const float *mean, const float *inv, double *sums,
-                               float *dscale, float *dshift, cudaStream_t stream);
+                               float *dscale, float *dshift, float *work, cudaStream_t stream);
 
 /*
  * The input gradient with the global terms, as the CPU backend's

@@ -550,15 +550,77 @@ static inline DSRT_HOST_DEVICE float dsrt_kb_bn_dy(const dsrt_k_desc *d, const v
     return v;
 }
 
-/* Thread t's share of channel ch's sums of x and x^2. */
-static inline DSRT_HOST_DEVICE void dsrt_kb_bn_sums_part(const dsrt_k_desc *d, const void *x,
-                                                         int ch, int t, double *s, double *q) {
-    size_t per = (size_t)d->n * d->h * d->w;
+/*
+ * The per-channel sums (of x and x^2 forward; of dy' and dy' xhat backward)
+ * as a tiled reduction: the n h w positions are cut into tiles of
+ * DSRT_KB_BN_ROWS; in a tile, lane l (of DSRT_KB_BN_LANES) sums the rows l,
+ * l + LANES, ... in float with a compensated (Kahan) sum, the lanes are
+ * added by a tree, and each tile's partial goes to a workspace (2c floats a
+ * tile); the tiles' partials are then added in double, in tile order. On a
+ * GPU a block takes 32 channels of a tile, a warp reading 32 neighbouring
+ * channels of a position (coalesced in NHWC), and the grid covers tiles x
+ * channel groups. Every sum has one fixed order: the same bits run to run,
+ * on the device and in these bodies on the host.
+ */
+#define DSRT_KB_BN_ROWS  1024
+#define DSRT_KB_BN_LANES 8
+#define DSRT_KB_BN_CHANS 32 /* channels a block */
+
+static inline DSRT_HOST_DEVICE size_t dsrt_kb_bn_tiles(const dsrt_k_desc *d) {
+    size_t rows = (size_t)d->n * d->h * d->w;
+    return rows ? (rows + DSRT_KB_BN_ROWS - 1) / DSRT_KB_BN_ROWS : 1;
+}
+
+/* Floats of the workspace the sums of d take. */
+static inline size_t dsrt_kb_bn_work(const dsrt_k_desc *d) {
+    return dsrt_kb_bn_tiles(d) * 2 * (size_t)d->c;
+}
+
+/* A compensated sum: s the sum, e the running error. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_kahan(float *s, float *e, float v) {
+    float y = DSRT_FSUB(v, *e), t = DSRT_FADD(*s, y);
+    *e = DSRT_FSUB(DSRT_FSUB(t, *s), y);
+    *s = t;
+}
+
+/* Lane l's share of tile t of channel ch: the sums of x and x^2, or (dy
+ * given) of dy' and dy' (x - mu) is, dy' being dy through the folded ReLU
+ * when y is given. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_bn_lane(const dsrt_k_desc *d, const void *x,
+                                                    const void *dy, const void *y, float leak,
+                                                    float mu, float is, size_t t, int ch, int l,
+                                                    float *s, float *q) {
+    size_t rows = (size_t)d->n * d->h * d->w, r1 = (t + 1) * DSRT_KB_BN_ROWS;
+    if (r1 > rows) r1 = rows;
+    float a = 0.0f, ae = 0.0f, b = 0.0f, be = 0.0f;
+    for (size_t j = t * DSRT_KB_BN_ROWS + (size_t)l; j < r1; j += DSRT_KB_BN_LANES) {
+        size_t i = dsrt_kb_bn_index(d, ch, j);
+        float v = dsrt_kb_load(x, d->type, i);
+        if (dy) {
+            float g = dsrt_kb_bn_dy(d, dy, y, leak, i);
+            dsrt_kb_kahan(&a, &ae, g);
+            dsrt_kb_kahan(&b, &be, DSRT_FMUL(g, DSRT_FMUL(DSRT_FSUB(v, mu), is)));
+        } else {
+            dsrt_kb_kahan(&a, &ae, v);
+            dsrt_kb_kahan(&b, &be, DSRT_FMUL(v, v));
+        }
+    }
+    *s = DSRT_FSUB(a, ae);
+    *q = DSRT_FSUB(b, be);
+}
+
+/* One level of the lanes' tree: lane l < h adds lane l + h. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_tree_f(float *v, int l, int h) {
+    if (l < h) v[l] = DSRT_FADD(v[l], v[l + h]);
+}
+
+/* Channel ch's totals over the tiles' partials (part: tiles x 2c). */
+static inline DSRT_HOST_DEVICE void dsrt_kb_bn_total(const float *part, size_t tiles, int c,
+                                                     int ch, double *s, double *q) {
     double a = 0.0, b = 0.0;
-    for (size_t j = (size_t)t; j < per; j += DSRT_KB_THREADS) {
-        double v = dsrt_kb_load(x, d->type, dsrt_kb_bn_index(d, ch, j));
-        a = DSRT_DADD(a, v);
-        b = DSRT_DADD(b, DSRT_DMUL(v, v));
+    for (size_t t = 0; t < tiles; t++) {
+        a = DSRT_DADD(a, (double)part[t * 2 * (size_t)c + (size_t)ch]);
+        b = DSRT_DADD(b, (double)part[t * 2 * (size_t)c + (size_t)c + (size_t)ch]);
     }
     *s = a;
     *q = b;
@@ -583,24 +645,6 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_bn_stats(const double *sums, int c, 
           keep = DSRT_FSUB(1.0f, momentum);
     run_mean[k] = DSRT_FADD(DSRT_FMUL(keep, run_mean[k]), DSRT_FMUL(momentum, mf));
     run_var[k] = DSRT_FADD(DSRT_FMUL(keep, run_var[k]), DSRT_FMUL(DSRT_FMUL(momentum, vf), unbias));
-}
-
-/* Thread t's share of channel ch's backward sums: dy, and dy * xhat. */
-static inline DSRT_HOST_DEVICE void dsrt_kb_bn_bwd_part(const dsrt_k_desc *d, const void *x,
-                                                        const void *dy, const void *y, float leak,
-                                                        double mu, double is, int ch, int t,
-                                                        double *s, double *q) {
-    size_t per = (size_t)d->n * d->h * d->w;
-    double a = 0.0, b = 0.0;
-    for (size_t j = (size_t)t; j < per; j += DSRT_KB_THREADS) {
-        size_t i = dsrt_kb_bn_index(d, ch, j);
-        double g = dsrt_kb_bn_dy(d, dy, y, leak, i);
-        double xv = dsrt_kb_load(x, d->type, i);
-        a = DSRT_DADD(a, g);
-        b = DSRT_DADD(b, DSRT_DMUL(g, DSRT_DMUL(xv - mu, is)));
-    }
-    *s = a;
-    *q = b;
 }
 
 /* Element i of the input gradient with the global terms:

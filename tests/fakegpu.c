@@ -1748,7 +1748,7 @@ static void k_run(fk_op *o, cudaStream_t s) {
         dsrt_kh_softmax_xent_bwd(a->fp, a->labels, a->n, a->k, a->f1, a->fp2, a->out, a->t);
         break;
     case K_BN_SUMS:
-        dsrt_kh_bn_sums(&a->d, a->x, a->dout);
+        dsrt_kh_bn_sums(&a->d, a->x, a->dout, a->fout3);
         break;
     case K_BN_STATS:
         dsrt_kh_bn_stats(a->dp, a->i1, a->f1, a->f2, a->fout, a->fout2, a->fout3, a->fout4,
@@ -1756,7 +1756,7 @@ static void k_run(fk_op *o, cudaStream_t s) {
         break;
     case K_BN_BWD_SUMS:
         dsrt_kh_bn_bwd_sums(&a->d, a->x, a->dy, a->y, a->f1, a->fp, a->fp2, a->dout, a->fout,
-                            a->fout2);
+                            a->fout2, a->fout3);
         break;
     case K_BN_BWD_DX:
         dsrt_kh_bn_bwd_dx(&a->d, a->x, a->dy, a->y, a->f1, a->fp, a->fp2, a->fp3, a->dp, a->dp2,
@@ -1939,10 +1939,11 @@ cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, i
     a.fp2 = scale_dev, a.out = dz, a.t = dzt;
     return k_submit(s, &a, dsrt_kb_softmax_bwd_ok(n, k, labels) && dsrt_kb_type_ok(dzt));
 }
-cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, cudaStream_t s) {
-    int ok = dsrt_kb_bn_ok(xd);
+cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, float *work,
+                           cudaStream_t s) {
+    int ok = dsrt_kb_bn_ok(xd) && work;
     K_OP(a);
-    a.kind = K_BN_SUMS, a.x = x, a.dout = sums;
+    a.kind = K_BN_SUMS, a.x = x, a.dout = sums, a.fout3 = work;
     if (ok) a.d = *xd;
     return k_submit(s, &a, ok);
 }
@@ -1956,11 +1957,11 @@ cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum
 }
 cudaError_t dsrt_k_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
                                float leak, const float *mean, const float *inv, double *sums,
-                               float *dscale, float *dshift, cudaStream_t s) {
-    int ok = dsrt_kb_bn_ok(xd);
+                               float *dscale, float *dshift, float *work, cudaStream_t s) {
+    int ok = dsrt_kb_bn_ok(xd) && work && dy && mean && inv;
     K_OP(a);
     a.kind = K_BN_BWD_SUMS, a.x = x, a.dy = dy, a.y = y, a.f1 = leak, a.fp = mean, a.fp2 = inv;
-    a.dout = sums, a.fout = dscale, a.fout2 = dshift;
+    a.dout = sums, a.fout = dscale, a.fout2 = dshift, a.fout3 = work;
     if (ok) a.d = *xd;
     return k_submit(s, &a, ok);
 }

@@ -214,19 +214,42 @@ int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, i
 // ----------------------------------------------------------------------------
 // Synchronised batch normalisation
 
-int dsrt_kh_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums) {
-    if (!dsrt_kb_bn_ok(xd)) return -EINVAL;
+/* The tiled sums as the device makes them: each tile's lanes, their tree,
+ * the partials in work, then the totals in tile order. */
+static int bn_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y, float leak,
+                   const float *mean, const float *inv, double *sums, float *dscale,
+                   float *dshift, float *work) {
+    if (!dsrt_kb_bn_ok(xd) || !work) return -EINVAL;
     int c = xd->c;
+    size_t tiles = dsrt_kb_bn_tiles(xd);
+    for (size_t t = 0; t < tiles; t++)
+        for (int ch = 0; ch < c; ch++) {
+            float vs[DSRT_KB_BN_LANES], vq[DSRT_KB_BN_LANES];
+            for (int l = 0; l < DSRT_KB_BN_LANES; l++)
+                dsrt_kb_bn_lane(xd, x, dy, y, leak, dy ? mean[ch] : 0.0f, dy ? inv[ch] : 0.0f, t,
+                                ch, l, &vs[l], &vq[l]);
+            for (int h = DSRT_KB_BN_LANES / 2; h > 0; h >>= 1)
+                for (int k = 0; k < h; k++) {
+                    dsrt_kb_tree_f(vs, k, h);
+                    dsrt_kb_tree_f(vq, k, h);
+                }
+            work[t * 2 * (size_t)c + (size_t)ch] = vs[0];
+            work[t * 2 * (size_t)c + (size_t)c + (size_t)ch] = vq[0];
+        }
     for (int ch = 0; ch < c; ch++) {
-        double s[THREADS], q[THREADS];
-        for (int t = 0; t < THREADS; t++) dsrt_kb_bn_sums_part(xd, x, ch, t, &s[t], &q[t]);
-        tree(s, NULL);
-        tree(q, NULL);
-        sums[ch] = s[0];
-        sums[c + ch] = q[0];
+        double s, q;
+        dsrt_kb_bn_total(work, tiles, c, ch, &s, &q);
+        sums[ch] = s;
+        sums[c + ch] = q;
+        if (dshift) dshift[ch] = (float)s;
+        if (dscale) dscale[ch] = (float)q;
     }
-    if (c) sums[2 * c] = (double)((size_t)xd->n * xd->h * xd->w);
+    if (c && !dy) sums[2 * c] = (double)((size_t)xd->n * xd->h * xd->w);
     return 0;
+}
+
+int dsrt_kh_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, float *work) {
+    return bn_sums(xd, x, NULL, NULL, 0.0f, NULL, NULL, sums, NULL, NULL, work);
 }
 
 int dsrt_kh_bn_stats(const double *sums, int c, float eps, float momentum, float *mean, float *var,
@@ -239,21 +262,9 @@ int dsrt_kh_bn_stats(const double *sums, int c, float eps, float momentum, float
 
 int dsrt_kh_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
                         float leak, const float *mean, const float *inv, double *sums,
-                        float *dscale, float *dshift) {
-    if (!dsrt_kb_bn_ok(xd)) return -EINVAL;
-    int c = xd->c;
-    for (int ch = 0; ch < c; ch++) {
-        double s[THREADS], q[THREADS];
-        for (int t = 0; t < THREADS; t++)
-            dsrt_kb_bn_bwd_part(xd, x, dy, y, leak, mean[ch], inv[ch], ch, t, &s[t], &q[t]);
-        tree(s, NULL);
-        tree(q, NULL);
-        sums[ch] = s[0];
-        sums[c + ch] = q[0];
-        if (dshift) dshift[ch] = (float)s[0];
-        if (dscale) dscale[ch] = (float)q[0];
-    }
-    return 0;
+                        float *dscale, float *dshift, float *work) {
+    if (!dy || !mean || !inv) return -EINVAL;
+    return bn_sums(xd, x, dy, y, leak, mean, inv, sums, dscale, dshift, work);
 }
 
 int dsrt_kh_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,

@@ -42,12 +42,12 @@ int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *label
                              float *probs, double *loss, int32_t *correct, void *work);
 int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k, float scale,
                              const float *scale_dev, void *dz, dsrt_k_type dzt);
-int dsrt_kh_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums);
+int dsrt_kh_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, float *work);
 int dsrt_kh_bn_stats(const double *sums, int c, float eps, float momentum, float *mean, float *var,
                      float *inv, float *run_mean, float *run_var);
 int dsrt_kh_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
                         float leak, const float *mean, const float *inv, double *sums,
-                        float *dscale, float *dshift);
+                        float *dscale, float *dshift, float *work);
 int dsrt_kh_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
                       float leak, const float *mean, const float *inv, const float *scale,
                       const double *sums, const double *count, void *dx);

@@ -16,7 +16,7 @@
  * launch arguments give; the optimizer against nn/optim.c through
  * dsrt_optimizer_step, bit for bit without norm clipping and within 1e-5
  * relative with it (optim.c sums squares in float lanes, the GPU in
- * double); synchronised batchnorm's sums within 1e-12 of the absolute
+ * double); synchronised batchnorm's sums within 1e-6 of the absolute
  * sums, its statistics and input gradient from given sums bit for bit or
  * within 1e-6 (test_bn_sync). Where the C compiler may fuse multiplies and adds (__FMA__), the
  * bit-for-bit checks allow 1e-6 relative.
@@ -616,7 +616,7 @@ static int dmismatches(const char *what, const double *got, const double *want, 
 }
 
 /* Against the C references of the CPU backend's steps (tests/nnref.h): the
- * sums within 1e-12 of the sums of absolute values (double sums in another
+ * sums within 1e-6 of the sums of absolute values (float tiles summed in another
  * order), identical run to run; the statistics and the input gradient from
  * the same sums bit for bit (FUSED_TOL where the C side may fuse), the
  * float parameter gradients within 1e-6 relative of the sums' rounding. */
@@ -633,18 +633,19 @@ static void test_bn_sync(void) {
         double *mag = hmalloc((2 * c + 1) * 8), *again = hmalloc((2 * c + 1) * 8);
         float *dx_ = dcopy(x, cnt * 4), *ddy = dcopy(dy, cnt * 4), *ddx = dalloc(cnt * 4);
         double *dsums = dalloc((2 * c + 1) * 8), *dbs = dalloc(2 * c * 8);
+        const dsrt_k_desc xd = {n, c, 1, hw, 0, DSRT_K_F32};
+        float *dwork = dalloc(dsrt_kb_bn_work(&xd) * 4);
 
         /* Forward sums. */
-        const dsrt_k_desc xd = {n, c, 1, hw, 0, DSRT_K_F32};
-        LAUNCH(dsrt_k_bn_sums(&xd, dx_, dsums, S));
+        LAUNCH(dsrt_k_bn_sums(&xd, dx_, dsums, dwork, S));
         get(sums, dsums, (2 * c + 1) * 8);
         ref_bn_sums(x, n, c, hw, ref);
         float *ax = hmalloc(cnt * 4), *ady = hmalloc(cnt * 4), *zero = hmalloc(c * 4);
         for (size_t i = 0; i < cnt; i++) ax[i] = fabsf(x[i]);
         ref_bn_sums(ax, n, c, hw, mag);
-        CHECK_EQ(dmismatches("bn sums", sums, ref, mag, 2 * (size_t)c + 1, 1e-12), 0);
+        CHECK_EQ(dmismatches("bn sums", sums, ref, mag, 2 * (size_t)c + 1, 1e-6), 0);
         CHECK(sums[2 * c] == (double)n * hw);
-        LAUNCH(dsrt_k_bn_sums(&xd, dx_, dsums, S));
+        LAUNCH(dsrt_k_bn_sums(&xd, dx_, dsums, dwork, S));
         get(again, dsums, (2 * c + 1) * 8);
         CHECK_EQ(memcmp(sums, again, (2 * c + 1) * 8), 0);
 
@@ -667,7 +668,7 @@ static void test_bn_sync(void) {
         /* Backward sums and parameter gradients. */
         float *dpar = dalloc(2 * c * 4), *par = hmalloc(2 * c * 4);
         LAUNCH(dsrt_k_bn_bwd_sums(&xd, dx_, ddy, NULL, 0.0f, dst, dst + 2 * c, dbs, dpar, dpar + c,
-                                  S));
+                                  dwork, S));
         double *bs = hmalloc(2 * c * 8), *bref = hmalloc(2 * c * 8), *babs = hmalloc(2 * c * 8);
         float *pref = hmalloc(2 * c * 4);
         get(bs, dbs, 2 * c * 8);
@@ -681,7 +682,7 @@ static void test_bn_sync(void) {
                     ax[i] = fabsf(x[i] - st[ch]);
                 }
         ref_bn_bwd_sums(ax, ady, zero, st + 2 * c, n, c, hw, babs, NULL, NULL);
-        CHECK_EQ(dmismatches("bn backward sums", bs, bref, babs, 2 * (size_t)c, 1e-12), 0);
+        CHECK_EQ(dmismatches("bn backward sums", bs, bref, babs, 2 * (size_t)c, 1e-6), 0);
         CHECK_EQ(mismatches("bn parameter gradients", par, pref, 2 * (size_t)c, 1e-6, 1e-7), 0);
 
         /* Input gradient with the global terms, from the same sums. */
@@ -733,11 +734,11 @@ static void test_bn_sync(void) {
         CHECK_EQ(memcmp(st + 3 * c, keep, 2 * c * 4), 0);
         /* Nothing to do is no launch. */
         const dsrt_k_desc none = {n, 0, 1, hw, 0, DSRT_K_F32}, empty = {0, c, 1, hw, 0, DSRT_K_F32};
-        CHECK_EQ(dsrt_k_bn_sums(&none, dx_, dsums, S), cudaSuccess);
+        CHECK_EQ(dsrt_k_bn_sums(&none, dx_, dsums, dwork, S), cudaSuccess);
         CHECK_EQ(dsrt_k_bn_bwd_dx(&empty, dx_, ddy, NULL, 0, dst, dst, dscale, dbs, dsums, ddx, S),
                  cudaSuccess);
 
-        void *dev[] = {dx_, ddy, ddx, dsums, dbs, dst, dpar, dscale};
+        void *dev[] = {dx_, ddy, ddx, dsums, dbs, dst, dpar, dscale, dwork};
         for (size_t k = 0; k < DSRT_ARRAY_SIZE(dev); k++) CU(cudaFree(dev[k]));
         void *host[] = {x,   dy, want, got,  sums, ref, mag, again, st,    st_want,
                         par, bs, bref, babs, pref, ax,  ady, zero,  scale, keep};

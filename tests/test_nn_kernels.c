@@ -11,7 +11,8 @@
  * softmax with cross-entropy (the CPU net's probabilities and loss within
  * 1e-6 relative: the warp sums the exponentials in another order; the
  * correct count exactly), synchronised batchnorm's sums (those the CPU net
- * hands its hook, within 1e-12 of the sums of absolute values) and running
+ * hands its hook, within 1e-6 of the sums of absolute values: float tiles
+ * with compensated sums, added in double) and running
  * statistics (the CPU net's, bit for bit), and the optimizer for every
  * solver and gradient-threshold method (dsrt_optimizer_step: bit for bit
  * without norm clipping, within 1e-5 relative with it: the norms are summed
@@ -319,7 +320,8 @@ static void test_bn_sync(void) {
     /* Forward sums, against the CPU's. */
     double sums[2 * C + 1], sums2[2 * C + 1], scale[2 * C + 1];
     const dsrt_k_desc xd = {N, C, H, W, 0, DSRT_K_F32};
-    CHECK_OK(dsrt_kh_bn_sums(&xd, in, sums));
+    float *work = zalloc(dsrt_kb_bn_work(&xd) * sizeof(float));
+    CHECK_OK(dsrt_kh_bn_sums(&xd, in, sums, work));
     memset(scale, 0, sizeof scale);
     for (int ch = 0; ch < C; ch++)
         for (int b = 0; b < N; b++)
@@ -331,10 +333,10 @@ static void test_bn_sync(void) {
     scale[2 * C] = 1;
     int bad = 0;
     for (int i = 0; i <= 2 * C; i++)
-        if (!(fabs(sums[i] - cap.fwd[i]) <= 1e-12 * scale[i]) && bad++ < 5)
+        if (!(fabs(sums[i] - cap.fwd[i]) <= 1e-6 * scale[i]) && bad++ < 5)
             fprintf(stderr, "  bn sums[%d]: got %.17g, want %.17g\n", i, sums[i], cap.fwd[i]);
     CHECK_EQ(bad, 0);
-    CHECK_OK(dsrt_kh_bn_sums(&xd, in, sums2));
+    CHECK_OK(dsrt_kh_bn_sums(&xd, in, sums2, work));
     CHECK(memcmp(sums, sums2, sizeof sums) == 0);
     /* Statistics and running averages from the CPU's sums, as the CPU net
      * updated its state. */
@@ -382,11 +384,11 @@ static void test_bn_sync(void) {
     for (int i = 0; i < CNT; i++) dy[i] = uniform(&r, -1, 1);
     for (int ch = 0; ch < C; ch++) sc[ch] = uniform(&r, 0.5f, 1.5f);
     double bs[2 * C], bsr[2 * C], count = cap.fwd[2 * C];
-    CHECK_OK(dsrt_kh_bn_bwd_sums(&xd, in, dy, NULL, 0.0f, mean, inv, bs, ds, dh));
+    CHECK_OK(dsrt_kh_bn_bwd_sums(&xd, in, dy, NULL, 0.0f, mean, inv, bs, ds, dh, work));
     ref_bn_bwd_sums(in, dy, mean, inv, N, C, HW, bsr, dsr, dhr);
     bad = 0;
     for (int i = 0; i < 2 * C; i++)
-        if (!(fabs(bs[i] - bsr[i]) <= 1e-12 * (fabs(bsr[i]) + CNT)) && bad++ < 5)
+        if (!(fabs(bs[i] - bsr[i]) <= 1e-6 * (fabs(bsr[i]) + CNT)) && bad++ < 5)
             fprintf(stderr, "  bn backward sums[%d]: got %.17g, want %.17g\n", i, bs[i], bsr[i]);
     CHECK_EQ(bad, 0);
     CHECK_EQ(mismatches("dscale", ds, dsr, C, 1e-6, 1e-7), 0);
@@ -406,11 +408,11 @@ static void test_bn_sync(void) {
     float *xr = to_nchw(&hd, x16), *dyr = to_nchw(&hd, dy16), *yr = to_nchw(&hd, y16);
     for (int i = 0; i < CNT; i++) dym[i] = yr[i] > 0 ? dyr[i] : dyr[i] * 0.2f;
     double s16[2 * C + 1], sf[2 * C + 1], b16[2 * C], bf[2 * C];
-    CHECK_OK(dsrt_kh_bn_sums(&hd, x16, s16));
-    CHECK_OK(dsrt_kh_bn_sums(&xd, xr, sf));
+    CHECK_OK(dsrt_kh_bn_sums(&hd, x16, s16, work));
+    CHECK_OK(dsrt_kh_bn_sums(&xd, xr, sf, work));
     CHECK(memcmp(s16, sf, sizeof s16) == 0);
-    CHECK_OK(dsrt_kh_bn_bwd_sums(&hd, x16, dy16, y16, 0.2f, mean, inv, b16, NULL, NULL));
-    CHECK_OK(dsrt_kh_bn_bwd_sums(&xd, xr, dym, NULL, 0.0f, mean, inv, bf, NULL, NULL));
+    CHECK_OK(dsrt_kh_bn_bwd_sums(&hd, x16, dy16, y16, 0.2f, mean, inv, b16, NULL, NULL, work));
+    CHECK_OK(dsrt_kh_bn_bwd_sums(&xd, xr, dym, NULL, 0.0f, mean, inv, bf, NULL, NULL, work));
     CHECK(memcmp(b16, bf, sizeof b16) == 0);
     CHECK_OK(dsrt_kh_bn_bwd_dx(&hd, x16, dy16, y16, 0.2f, mean, inv, sc, bf, &count, dx16));
     CHECK_OK(dsrt_kh_bn_bwd_dx(&xd, xr, dym, NULL, 0.0f, mean, inv, sc, bf, &count, dx));
@@ -419,7 +421,7 @@ static void test_bn_sync(void) {
     float *want16 = to_nchw(&hd, dxr16);
     CHECK_EQ(mismatches("bn input gradient, nhwc bf16", got16, want16, CNT, 0, 0), 0);
     free(x16), free(dy16), free(dx16), free(y16), free(xr), free(dyr), free(yr), free(got16);
-    free(dxr16), free(want16);
+    free(dxr16), free(want16), free(work);
     dsrt_net_destroy(net);
 }
 
