@@ -4,9 +4,10 @@
  *
  * Opening. The path names the shards: a folder (its index's shards, or
  * every .tar in it), one .tar, a glob ("dir/shard-*.tar") or a brace list
- * ("dir/shard-{000000..000146}.tar", "{a,b}.tar"). Where dsrt-shards.index
- * lies beside them, every shard it describes at its recorded size is taken
- * from it without a read; any other shard is scanned once (its tar headers
+ * ("dir/shard-{000000..000146}.tar", "{a,b}.tar"; at most EXPAND_MAX names
+ * in all, counted before any is made). Where dsrt-shards.index lies beside
+ * them, every shard it describes at its recorded size is taken from it
+ * without a read; any other shard is scanned once (its tar headers
  * and .cls members, nothing else). A sample is the run of consecutive
  * members with one key; its image is the member whose extension is in the
  * extensions option (jpg, jpeg, jpe, jfif, png), its label the text of its
@@ -56,10 +57,11 @@
 #include <unistd.h>
 
 #define DEFAULT_EXTENSIONS "jpg,jpeg,jpe,jfif,png"
-#define CLS_MAX            256                /* bytes of a .cls member read */
-#define SCAN_WINDOW        ((size_t)64 << 10) /* bytes read at once while scanning */
-#define EXPAND_MAX         ((size_t)1 << 22)  /* paths a brace list may give */
-#define WRITE_BUFFER       ((size_t)4 << 20)  /* bytes gathered before a write */
+#define CLS_MAX            256                 /* bytes of a .cls member read */
+#define SCAN_WINDOW        ((size_t)64 << 10)  /* bytes read at once while scanning */
+#define EXPAND_MAX         ((size_t)1 << 20)   /* names a brace list gives in all, at most */
+#define EXPAND_BYTES       ((size_t)256 << 20) /* and bytes of them */
+#define WRITE_BUFFER       ((size_t)4 << 20)   /* bytes gathered before a write */
 #define SHARD_NAME_FMT     "shard-%06zu.tar"
 
 // ----------------------------------------------------------------------------
@@ -163,27 +165,94 @@ static int parse_range(const char *s, const char *e, long long *a, long long *b,
     return 1;
 }
 
+/* The size of the range "A..B" parsed by parse_range (at least 1). */
+static unsigned long long range_span(long long a, long long b) {
+    return (a <= b ? (unsigned long long)b - (unsigned long long)a
+                   : (unsigned long long)a - (unsigned long long)b) +
+           1;
+}
+
+/* Counts the commas at the top level of the group whose inside is [in, close). */
+static int group_commas(const char *in, const char *close) {
+    int depth = 0, commas = 0;
+    for (const char *p = in; p < close; p++) {
+        if (*p == '{') depth++;
+        if (*p == '}') depth--;
+        if (*p == ',' && depth == 0) commas++;
+    }
+    return commas;
+}
+
+/* pre + mid + post, in a new string. */
+static char *concat3(const char *pre, size_t plen, const char *mid, size_t mlen, const char *post) {
+    size_t tlen = strlen(post);
+    char *t = dsrt__malloc(plen + mlen + tlen + 1);
+    if (!t) return NULL;
+    memcpy(t, pre, plen);
+    memcpy(t + plen, mid, mlen);
+    memcpy(t + plen + mlen, post, tlen + 1);
+    return t;
+}
+
+/* How many names pat expands to, counted without making them: a range
+ * multiplies what follows it, alternatives add up. A count above max is
+ * reported as max + 1 (the count stops there); SIZE_MAX when out of memory. */
+static size_t brace_count(const char *pat, size_t max) {
+    const char *open = strchr(pat, '{');
+    const char *close = open ? brace_end(open) : NULL;
+    if (!open || !close) return 1;
+    const char *post = close + 1, *in = open + 1;
+    long long a, b;
+    int width;
+    if (parse_range(in, close, &a, &b, &width)) {
+        unsigned long long span = range_span(a, b);
+        size_t rest = brace_count(post, max);
+        if (rest == SIZE_MAX) return SIZE_MAX;
+        return span > max || rest > max / span ? max + 1 : (size_t)span * rest;
+    }
+    if (group_commas(in, close) == 0) return brace_count(post, max); /* "{x}": literal */
+    /* An alternative without a group gives what follows the group. */
+    size_t total = 0, rest = brace_count(post, max);
+    if (rest == SIZE_MAX) return SIZE_MAX;
+    int depth = 0;
+    for (const char *s = in, *p = in; p <= close; p++) {
+        if (p < close && *p == '{') depth++;
+        if (p < close && *p == '}') depth--;
+        if (p == close || (*p == ',' && depth == 0)) {
+            size_t k = rest;
+            if (memchr(s, '{', (size_t)(p - s))) {
+                char *t = concat3(pat, (size_t)(open - pat), s, (size_t)(p - s), post);
+                if (!t) return SIZE_MAX;
+                k = brace_count(t, max);
+                free(t);
+                if (k == SIZE_MAX) return SIZE_MAX;
+            }
+            total += k;
+            if (total > max) return max + 1;
+            s = p + 1;
+        }
+    }
+    return total;
+}
+
 /* Expands the first brace group of pat, then the rest recursively, as a
- * shell does: {a,b,c} and {000..146}. */
+ * shell does: {a,b,c} and {000..146}; a group that is neither ("{x}") stays
+ * as it is and the groups after it expand. The caller has counted the
+ * names (brace_count). */
 static int expand_braces(const char *pat, strlist *out) {
     const char *open = strchr(pat, '{');
     const char *close = open ? brace_end(open) : NULL;
     if (!open || !close) return strlist_add(out, pat, strlen(pat));
     size_t pre = (size_t)(open - pat);
     const char *post = close + 1, *in = open + 1;
-    size_t plen = strlen(post), cap = strlen(pat) + 64;
-    char *buf = dsrt__malloc(cap + 1);
-    if (!buf) return -ENOMEM;
     int rc = 0;
     long long a, b;
     int width;
     if (parse_range(in, close, &a, &b, &width)) {
+        size_t cap = strlen(pat) + 64;
+        char *buf = dsrt__malloc(cap + 1);
+        if (!buf) return -ENOMEM;
         long long step = a <= b ? 1 : -1;
-        if ((unsigned long long)(a <= b ? b - a : a - b) >= EXPAND_MAX) {
-            free(buf);
-            return dsrt__fail(DSRT_EOPTION, "shards: %s: a range of more than %zu names", pat,
-                              EXPAND_MAX);
-        }
         for (long long v = a;; v += step) {
             int n = snprintf(buf, cap, "%.*s%0*lld%s", (int)pre, pat, width, v, post);
             if (n < 0 || (size_t)n >= cap) {
@@ -196,45 +265,54 @@ static int expand_braces(const char *pat, strlist *out) {
         free(buf);
         return rc;
     }
-    /* Comma alternatives at the top level of the group. */
-    int depth = 0, commas = 0;
-    for (const char *p = in; p < close; p++) {
-        if (*p == '{') depth++;
-        if (*p == '}') depth--;
-        if (*p == ',' && depth == 0) commas++;
-    }
-    if (commas == 0) {
-        /* "{x}" is no group: keep it literally, expand what follows. */
-        free(buf);
-        return strlist_add(out, pat, strlen(pat));
-    }
-    const char *s = in;
-    depth = 0;
-    for (const char *p = in; p <= close; p++) {
-        if (p < close && *p == '{') depth++;
-        if (p < close && *p == '}') depth--;
-        if (p == close || (*p == ',' && depth == 0)) {
-            size_t alen = (size_t)(p - s), need = pre + alen + plen + 1;
-            char *t = dsrt__malloc(need);
+    if (group_commas(in, close) == 0) {
+        /* "{x}" is no group: kept as it is, the groups after it expanded. */
+        strlist rest = {0};
+        rc = expand_braces(post, &rest);
+        for (size_t k = 0; rc == 0 && k < rest.n; k++) {
+            char *t = concat3(pat, (size_t)(post - pat), rest.v[k], strlen(rest.v[k]), "");
             if (!t) {
                 rc = -ENOMEM;
                 break;
             }
-            memcpy(t, pat, pre);
-            memcpy(t + pre, s, alen);
-            memcpy(t + pre + alen, post, plen + 1);
+            rc = strlist_add(out, t, strlen(t));
+            free(t);
+        }
+        strlist_free(&rest);
+        return rc;
+    }
+    /* Comma alternatives at the top level of the group. */
+    int depth = 0;
+    for (const char *s = in, *p = in; p <= close; p++) {
+        if (p < close && *p == '{') depth++;
+        if (p < close && *p == '}') depth--;
+        if (p == close || (*p == ',' && depth == 0)) {
+            char *t = concat3(pat, pre, s, (size_t)(p - s), post);
+            if (!t) return -ENOMEM;
             rc = expand_braces(t, out);
             free(t);
             if (rc != 0) break;
-            if (out->n > EXPAND_MAX) {
-                rc = dsrt__fail(DSRT_EOPTION, "shards: %s: more than %zu names", pat, EXPAND_MAX);
-                break;
-            }
             s = p + 1;
         }
     }
-    free(buf);
     return rc;
+}
+
+/* The names the brace list pat gives (pat itself when it has none), at most
+ * EXPAND_MAX of them and EXPAND_BYTES in all, counted before any is made:
+ * each group multiplies the names, so a few short groups could otherwise
+ * ask for billions. name is the path the user gave, for messages. */
+static int expand_list(const char *pat, const char *name, strlist *out) {
+    size_t n = brace_count(pat, EXPAND_MAX);
+    if (n == SIZE_MAX) return -ENOMEM;
+    /* No name is longer than the pattern. */
+    if (n > EXPAND_MAX || n > EXPAND_BYTES / (strlen(pat) + 1))
+        return dsrt__fail(DSRT_EOPTION,
+                          "shards: %s: the brace list gives more than %zu names (or %zu MiB of "
+                          "them), the most dsrt expands: name fewer shards, or their folder",
+                          name, n > EXPAND_MAX ? EXPAND_MAX : EXPAND_BYTES / (strlen(pat) + 1),
+                          EXPAND_BYTES >> 20);
+    return expand_braces(pat, out);
 }
 
 /* The .tar files of a folder, sorted by name. */
@@ -269,7 +347,7 @@ static int list_folder(const char *dir, strlist *out) {
  * then globs matched (sorted); a name without a glob must exist. */
 static int expand_selection(const char *path, strlist *out) {
     strlist pats = {0};
-    int rc = expand_braces(path, &pats);
+    int rc = expand_list(path, path, &pats);
     for (size_t i = 0; rc == 0 && i < pats.n; i++) {
         const char *p = pats.v[i];
         if (!has_glob(p)) {
@@ -804,7 +882,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
         if (rc != 0) goto out;
     }
     if (selection) {
-        if ((rc = expand_braces(last, &pats)) != 0) goto out;
+        if ((rc = expand_list(last, path, &pats)) != 0) goto out;
         for (size_t i = 0; i < pats.n; i++) {
             size_t before = g->shards.n;
             if (!has_glob(pats.v[i])) {

@@ -750,6 +750,46 @@ static void test_stream_lag(void) {
     dsrt_datastore_close(s);
 }
 
+/* Copies the file from to to. */
+static void copy_file(const char *from, const char *to) {
+    uint8_t *data;
+    size_t len;
+    REQUIRE(dsrt__read_whole_file(from, (size_t)1 << 30, &data, &len) == 0);
+    REQUIRE(timg_write_file(to, data, len) == 0);
+    free(data);
+}
+
+/* Brace lists are capped in total, counted before a name is made: groups
+ * multiply, each under the cap alone. A group that is no list stays as it
+ * is and the groups after it still expand. */
+static void test_brace_lists(void) {
+    char dir[4200], p[4300], q[4300];
+    snprintf(dir, sizeof dir, "%s/braces", root);
+    REQUIRE(timg_mkdirs(dir) == 0);
+    const char *huge[] = {"{0..1999}{0..999}.tar", "{0..9999}{0..9999}.tar",
+                          "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}"
+                          "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}.tar",
+                          "{0..99}{x}{0..99}{,{0..199}}.tar"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(huge); k++) {
+        snprintf(p, sizeof p, "%s/%s", dir, huge[k]);
+        dsrt_datastore *ds = NULL;
+        CHECK_EQ(dsrt_datastore_open(&ds, p, NULL), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), p);
+        CHECK_CONTAINS(dsrt_last_error(), "more than 1048576 names");
+    }
+    /* "{x}" is kept; the range after it expands. */
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/shard-%06d.tar", shards, k);
+        snprintf(q, sizeof q, "%s/{x}-%d.tar", dir, k);
+        copy_file(p, q);
+    }
+    snprintf(p, sizeof p, "%s/{x}-{0..1}.tar", dir);
+    dsrt_datastore *ds = open_ds(p, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(dsrt_datastore_shard_count(ds), 2);
+    CHECK_CONTAINS(dsrt_datastore_shard_path(ds, 1), "/{x}-1.tar");
+    dsrt_datastore_close(ds);
+}
+
 /* partition gives whole shards; split_each_label works on shard sets. */
 static void test_views(void) {
     dsrt_datastore *s = open_ds(shards, DSRT_SHARD_ORDER_SHARD);
@@ -1059,6 +1099,7 @@ int main(void) {
     RUN(test_parts);
     RUN(test_stream_lag);
     RUN(test_views);
+    RUN(test_brace_lists);
     RUN(test_gnu_tar);
     RUN(test_truncated);
     RUN(test_foreign_problems);
