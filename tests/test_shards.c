@@ -790,6 +790,65 @@ static void test_brace_lists(void) {
     dsrt_datastore_close(ds);
 }
 
+/* Submits sample pos of epoch 0 to r and collects it: its status. */
+static int read_status(dsrt_shard_reader *r, uint32_t pos, uint8_t *buf, size_t cap) {
+    REQUIRE(dsrt__shard_reader_submit(r, pos, 0, buf, cap, pos) == 0);
+    dsrt_read_result res;
+    REQUIRE(dsrt__shard_reader_collect(r, &res, 1) == 1);
+    CHECK_EQ(res.tag, pos);
+    return res.status;
+}
+
+/* A shard replaced by a FIFO after the set was opened is refused, named,
+ * in both orders; its open never waits for a writer. The test holds the
+ * FIFO open for writing, full, so that a reader that opened it anyway would
+ * read its bytes (and fail the checks) rather than wait. */
+static void test_fifo_shard(void) {
+    char out[4200], p[4300];
+    snprintf(out, sizeof out, "%s/fifo", root);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 10), N_IMAGES / 10);
+    dsrt_datastore_close(f);
+    dsrt_datastore *x = open_ds(out, DSRT_SHARD_ORDER_EXACT);
+    dsrt_datastore *s = open_ds(out, DSRT_SHARD_ORDER_SHARD);
+    snprintf(p, sizeof p, "%s/shard-000001.tar", out);
+    REQUIRE(unlink(p) == 0 && mkfifo(p, 0644) == 0);
+    int wfd = open(p, O_RDWR | O_NONBLOCK);
+    REQUIRE(wfd >= 0);
+    static uint8_t fill[4096];
+    while (write(wfd, fill, sizeof fill) > 0) continue;
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    REQUIRE(buf);
+    /* Sample 15 lies in shard 1, sample 5 in shard 0. */
+    dsrt_reader_options ro = dsrt_reader_defaults();
+    dsrt_shard_reader *r = NULL;
+    REQUIRE(dsrt__shard_reader_create(&r, x, &ro, NULL) == 0);
+    CHECK_EQ(read_status(r, 15, buf, cap), DSRT_EFORMAT);
+    CHECK_CONTAINS(dsrt_last_error(), "shard-000001.tar: is a FIFO, not a regular file");
+    CHECK_EQ(read_status(r, 5, buf, cap), 0);
+    dsrt__shard_reader_destroy(r);
+    /* The stream of the shard order. */
+    dsrt_shard_plan_options po = {.shuffle = DSRT_SHUFFLE_EVERY_EPOCH, .seed = 3, .batch = 8};
+    dsrt_shard_stream_options so = {.reader = dsrt_reader_defaults(), .block = 16 << 10};
+    dsrt_shard_stream *st = NULL;
+    REQUIRE(dsrt__shard_stream_create(&st, s, &po, &so) == 0);
+    REQUIRE(dsrt__shard_reader_create(&r, s, &so.reader, st) == 0);
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, NULL, stream_main, st) == 0);
+    CHECK_EQ(read_status(r, 15, buf, cap), DSRT_EFORMAT);
+    CHECK_CONTAINS(dsrt_last_error(), "shard-000001.tar: is a FIFO, not a regular file");
+    CHECK_EQ(read_status(r, 5, buf, cap), 0);
+    dsrt__shard_stream_stop(st);
+    pthread_join(thread, NULL);
+    dsrt__shard_reader_destroy(r);
+    dsrt__shard_stream_destroy(st);
+    close(wfd);
+    free(buf);
+    dsrt_datastore_close(s);
+    dsrt_datastore_close(x);
+}
+
 /* partition gives whole shards; split_each_label works on shard sets. */
 static void test_views(void) {
     dsrt_datastore *s = open_ds(shards, DSRT_SHARD_ORDER_SHARD);
@@ -1098,6 +1157,7 @@ int main(void) {
     RUN(test_resume);
     RUN(test_parts);
     RUN(test_stream_lag);
+    RUN(test_fifo_shard);
     RUN(test_views);
     RUN(test_brace_lists);
     RUN(test_gnu_tar);
