@@ -12,8 +12,8 @@
  * members with one key; its image is the member whose extension is in the
  * extensions option (jpg, jpeg, jpe, jfif, png), its label the text of its
  * .cls member: an integer (a class index, names from the index or
- * classes.json, else the numbers themselves) or a class name (classes
- * sorted). A set without any .cls member is labelled by the folders of its
+ * classes.json, else the numbers themselves, below LABELS_MAX) or a class
+ * name (classes sorted). A set without any .cls member is labelled by the folders of its
  * members, like the folder source. Samples keep the order of the shards (as
  * listed, or sorted by name) and of their members, so a set written from a
  * folder has the folder's sample positions, labels and class names.
@@ -63,6 +63,11 @@
 #define EXPAND_BYTES       ((size_t)256 << 20) /* and bytes of them */
 #define WRITE_BUFFER       ((size_t)4 << 20)   /* bytes gathered before a write */
 #define SHARD_NAME_FMT     "shard-%06zu.tar"
+
+/* Class indices below which .cls labels must lie when the set names no
+ * classes (the numbers become the names: a label of 50 000 000 would make
+ * 50 million of them). */
+#define LABELS_MAX ((int32_t)1 << 20)
 
 // ----------------------------------------------------------------------------
 // Small helpers
@@ -1247,6 +1252,13 @@ static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_option
                                          "left out",
                                          g->shards.v[k], f->member, (int)v, nknown);
                     v = -1;
+                } else if (!nknown && v >= LABELS_MAX) {
+                    free(list);
+                    return dsrt__fail(DSRT_ETOOBIG,
+                                      "shards: %s: %s: label %d: without class names (an index "
+                                      "or classes.json beside the shards) a label is a class "
+                                      "index below %d",
+                                      g->shards.v[k], f->member, (int)v, (int)LABELS_MAX);
                 }
             } else {
                 key = f->cls;
@@ -1321,7 +1333,7 @@ static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_option
             return -ENOMEM;
         }
         for (size_t c = 0; c < nc; c++) {
-            char num[16];
+            char num[24];
             snprintf(num, sizeof num, "%zu", c);
             (*names)[c] = dsrt_arena_strndup(&g->tmp, num, strlen(num));
             if (!(*names)[c]) {

@@ -1074,6 +1074,44 @@ static void test_foreign_problems(void) {
     free(a.buf);
 }
 
+/* Without class names a .cls label is a class index below 2^20: a shard
+ * with a larger one (50 million names, or one past INT32_MAX) is refused,
+ * named; 2^20 - 1 is the largest taken. */
+static void test_label_bounds(void) {
+    char dir[4200], p[4300];
+    snprintf(dir, sizeof dir, "%s/labels", root);
+    REQUIRE(timg_mkdirs(dir) == 0);
+    size_t len = 0;
+    uint8_t *jpg = timg_make_jpeg(TIMG_JPEG_420, 24, 24, 1, &len);
+    const char *labels[] = {"2147483647", "50000000", "1048576", "1048575"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(labels); k++) {
+        arc a = {0};
+        arc_file(&a, 'u', "s0.cls", "0", 1);
+        arc_file(&a, 'u', "s0.jpg", (const char *)jpg, len);
+        arc_file(&a, 'u', "s1.cls", labels[k], strlen(labels[k]));
+        arc_file(&a, 'u', "s1.jpg", (const char *)jpg, len);
+        arc_end(&a);
+        snprintf(p, sizeof p, "%s/big-%zu.tar", dir, k);
+        REQUIRE(timg_write_file(p, a.buf, a.len) == 0);
+        free(a.buf);
+        dsrt_datastore *ds = NULL;
+        int rc = dsrt_datastore_open(&ds, p, NULL);
+        if (k < 3) {
+            CHECK_EQ(rc, DSRT_ETOOBIG);
+            CHECK_CONTAINS(dsrt_last_error(), p);
+            CHECK_CONTAINS(dsrt_last_error(), "s1.jpg: label ");
+            CHECK_CONTAINS(dsrt_last_error(), labels[k]);
+            CHECK_CONTAINS(dsrt_last_error(), "below 1048576");
+        } else {
+            CHECK_OK(rc);
+            CHECK_EQ(dsrt_datastore_num_classes(ds), 1048576);
+            CHECK_EQ(dsrt_datastore_label(ds, 1), 1048575);
+        }
+        dsrt_datastore_close(ds);
+    }
+    free(jpg);
+}
+
 // ----------------------------------------------------------------------------
 // The index
 
@@ -1163,6 +1201,7 @@ int main(void) {
     RUN(test_gnu_tar);
     RUN(test_truncated);
     RUN(test_foreign_problems);
+    RUN(test_label_bounds);
     RUN(test_big_index);
     return TEST_RESULT();
 }
