@@ -1638,6 +1638,112 @@ static int make_dirs(const char *path) {
     return rc;
 }
 
+/* The real path of path (symbolic links, "." and ".." resolved) into out
+ * (cap bytes), when its last components do not exist yet too: those are
+ * taken as written, as mkdir -p would make them. */
+static int real_path(const char *path, char *out, size_t cap) {
+    char *r = realpath(path, NULL);
+    if (r) {
+        int n = snprintf(out, cap, "%s", r);
+        free(r);
+        return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
+    }
+    if (errno != ENOENT || !*path) return -errno;
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    const char *last = path + b;
+    size_t llen = n - b;
+    char parent[4096];
+    int pn = b == 0   ? snprintf(parent, sizeof parent, ".")
+             : b == 1 ? snprintf(parent, sizeof parent, "/")
+                      : snprintf(parent, sizeof parent, "%.*s", (int)(b - 1), path);
+    if (pn < 0 || (size_t)pn >= sizeof parent) return -ENAMETOOLONG;
+    int rc = real_path(parent, out, cap);
+    if (rc != 0) return rc;
+    size_t ol = strlen(out);
+    if (llen == 1 && last[0] == '.') return 0;
+    if (llen == 2 && last[0] == '.' && last[1] == '.') {
+        char *slash = strrchr(out, '/');
+        if (slash) slash[slash == out] = '\0';
+        return 0;
+    }
+    int m = snprintf(out + ol, cap - ol, "%s%.*s", ol > 0 && out[ol - 1] == '/' ? "" : "/",
+                     (int)llen, last);
+    return m < 0 || (size_t)m >= cap - ol ? -ENAMETOOLONG : 0;
+}
+
+/* 1 when the real path a lies inside the real path b (not equal). */
+static int path_inside(const char *a, const char *b) {
+    size_t n = strlen(b);
+    if (n == 1 && b[0] == '/') return a[1] != '\0';
+    return strncmp(a, b, n) == 0 && a[n] == '/';
+}
+
+/* Refuses out when it is, holds or lies inside the source folder src
+ * (compared as real paths; rout is out's). */
+static int apart_from(const char *out, const char *rout, const char *src) {
+    char rsrc[4096];
+    if (real_path(src, rsrc, sizeof rsrc) != 0) return 0; /* gone: nothing there to harm */
+    const char *how = !strcmp(rout, rsrc)       ? "is"
+                      : path_inside(rsrc, rout) ? "contains"
+                      : path_inside(rout, rsrc) ? "lies inside"
+                                                : NULL;
+    if (!how) return 0;
+    /* Each path as given, and its real path where that differs. */
+    char a[8300], b[8300];
+    snprintf(a, sizeof a, strcmp(out, rout) ? "%s (really %s)" : "%s", out, rout);
+    snprintf(b, sizeof b, strcmp(src, rsrc) ? "%s (really %s)" : "%s", src, rsrc);
+    return dsrt__fail(DSRT_EOPTION,
+                      "shards: %s %s the source's folder %s: the set would be written over or "
+                      "among the data it is made from; give a folder apart from it",
+                      a, how, b);
+}
+
+/* Refuses an out that is, holds or lies inside a local folder the samples
+ * of ds come from: a shard set's folders, a folder source's root (the
+ * folder all its files lie under), a manifest's files' folders. */
+static int check_apart(const dsrt_datastore *ds, const char *out) {
+    const dsrt_index *ix = ds->index;
+    char rout[4096], dir[4096], prev[4096] = "";
+    int rc = real_path(out, rout, sizeof rout);
+    if (rc != 0) return dsrt__fail(rc, "shards: %s: %s", out, strerror(-rc));
+    if (ix->shards) {
+        for (size_t k = 0; rc == 0 && !ix->shards->remote && k < ix->shards->nshards; k++) {
+            dir_of(ix->shards->shards[k].path, dir, sizeof dir);
+            if (strcmp(dir, prev) != 0) rc = apart_from(out, rout, dir);
+            memcpy(prev, dir, sizeof dir);
+        }
+        return rc;
+    }
+    if (!ix->paths || !ix->n) return 0;
+    if (ix->source == DSRT_SOURCE_FOLDER) {
+        if (ix->remote) return 0;
+        /* The longest folder every path starts with. */
+        const char *p0 = ix->paths[0];
+        size_t common = strlen(p0);
+        for (size_t i = 1; i < ix->n && common > 0; i++) {
+            size_t m = 0;
+            while (m < common && ix->paths[i][m] == p0[m]) m++;
+            common = m;
+        }
+        while (common > 0 && p0[common - 1] != '/') common--;
+        if (common == 0)
+            snprintf(dir, sizeof dir, ".");
+        else
+            snprintf(dir, sizeof dir, "%.*s", (int)(common > 1 ? common - 1 : 1), p0);
+        return apart_from(out, rout, dir);
+    }
+    for (size_t i = 0; rc == 0 && i < ix->n; i++) {
+        if (dsrt__is_url(ix->paths[i])) continue;
+        dir_of(ix->paths[i], dir, sizeof dir);
+        if (strcmp(dir, prev) != 0) rc = apart_from(out, rout, dir);
+        memcpy(prev, dir, sizeof dir);
+    }
+    return rc;
+}
+
 /* 1 when name is base followed by a run of digits and then tail. */
 static int digits_between(const char *name, const char *base, const char *tail) {
     size_t b = strlen(base);
@@ -1903,7 +2009,9 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     const char *const *names = opt.class_names ? opt.class_names : ix->classes;
     for (size_t c = 0; c < ix->num_classes; c++)
         if (!names[c]) return dsrt__fail(DSRT_EOPTION, "shards: class %zu has no name", c);
-    int rc = prepare_out(out);
+    int rc = check_apart(ds, out);
+    if (rc != 0) return rc;
+    rc = prepare_out(out);
     if (rc != 0) return rc;
 
     size_t n = ds->n;

@@ -449,6 +449,74 @@ static void test_write_and_open(void) {
     dsrt_datastore_close(f);
 }
 
+/* 1 when dir holds a whole set of n samples, opened from its index. */
+static int set_whole(const char *dir, size_t n) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, dir);
+    if (access(p, F_OK) != 0) return 0;
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_CLASSES_NAME, dir);
+    if (access(p, F_OK) != 0) return 0;
+    dsrt_datastore *ds = NULL;
+    if (dsrt_datastore_open(&ds, dir, NULL) != 0) return 0;
+    int ok = dsrt_datastore_count(ds) == n && !strcmp(dsrt_datastore_warnings(ds), "");
+    dsrt_datastore_close(ds);
+    return ok;
+}
+
+/* A set is never written into, around or inside the folder it is made
+ * from (real paths compared, links resolved): refused before any work,
+ * naming both, and the source stays whole. */
+static void test_write_apart(void) {
+    char base[4200], set[4300], p[4400], q[4400];
+    snprintf(base, sizeof base, "%s/apart", root);
+    snprintf(set, sizeof set, "%s/set", base);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(f, set, 64 << 10, 0) > 1, 1);
+    dsrt_datastore *s = open_ds(set, DSRT_SHARD_ORDER_AUTO);
+    snprintf(p, sizeof p, "%s/link", base);
+    REQUIRE(symlink("set", p) == 0);
+    struct {
+        const char *out, *how;
+    } cases[] = {
+        {"set", "is the source's folder"},
+        {"set/", "is the source's folder"},
+        {"link", "is the source's folder"},
+        {"set/../set", "is the source's folder"},
+        {"set/sub", "lies inside"},
+        {"link/sub/deeper", "lies inside"},
+        {".", "contains"},
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        snprintf(p, sizeof p, "%s/%s", base, cases[k].out);
+        CHECK_EQ(write_shards(s, p, 1 << 20, 0), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), p);
+        CHECK_CONTAINS(dsrt_last_error(), cases[k].how);
+        CHECK_CONTAINS(dsrt_last_error(), set);
+        CHECK(set_whole(set, N_IMAGES));
+    }
+    snprintf(p, sizeof p, "%s/sub", set);
+    CHECK_NE(access(p, F_OK), 0); /* nothing made */
+    /* A selection of shards is a source in their folder too. */
+    snprintf(p, sizeof p, "%s/shard-00000[01].tar", set);
+    dsrt_datastore *sel = open_ds(p, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(sel, set, 1 << 20, 0), DSRT_EOPTION);
+    CHECK(set_whole(set, N_IMAGES));
+    dsrt_datastore_close(sel);
+    /* A folder source: inside its root, or its root itself. */
+    snprintf(p, sizeof p, "%s/shards-here", folder);
+    CHECK_EQ(write_shards(f, p, 1 << 20, 0), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "lies inside the source's folder");
+    CHECK_NE(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/class1/", folder);
+    CHECK_EQ(write_shards(f, p, 1 << 20, 0), DSRT_EOPTION);
+    /* Beside it is fine. */
+    snprintf(q, sizeof q, "%s/copy", base);
+    CHECK_EQ(write_shards(s, q, 1 << 20, 0), 1);
+    CHECK(set_whole(q, N_IMAGES));
+    dsrt_datastore_close(s);
+    dsrt_datastore_close(f);
+}
+
 /* In-memory sources are written as PNGs, losslessly. */
 static void test_write_pixels(void) {
     char dir[4200], out[4200];
@@ -1188,6 +1256,7 @@ int main(void) {
     REQUIRE(timg_tmpdir("shards", root, sizeof root) == 0);
     RUN(test_tar_walk);
     RUN(test_write_and_open);
+    RUN(test_write_apart);
     RUN(test_write_pixels);
     RUN(test_killed_writer);
     RUN(test_exact_equals_folder);

@@ -444,6 +444,16 @@ static void test_shards_cli(void) {
     CHECK_EQ(r.status, 0);
     CHECK_CONTAINS(r.err, "as 3 shards");
     result_free(&r);
+    /* Never over its own source: refused, naming both, and the set stays. */
+    r = run(ARGV(bin_bench, "convert", out, out, "--shards", "16K"), 60);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "is the source's folder");
+    CHECK_CONTAINS(r.err, out);
+    result_free(&r);
+    r = run(ARGV(bin_bench, out, "--index", "--json"), 60);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.out, "\"images\":72");
+    result_free(&r);
 
     /* dstrain in the shard order: a resume mid-epoch ends as the uninterrupted
      * run; a resume in the other order is refused. */

@@ -517,6 +517,12 @@ def test_shards(folder, tmp_path):
     with pytest.raises(dsrt.Error, match="a folder datastore has no shards"):
         ds.location(0)
     assert exact.location(-1)[3].startswith(f"{len(ds) - 1:06d}_")
+    # Never into the folder it is read from: refused, and the set stays.
+    with pytest.raises(ValueError, match="is the source's folder"):
+        exact.write_shards(out)
+    with pytest.raises(ValueError, match="lies inside the source's folder"):
+        exact.write_shards(os.path.join(out, "again"))
+    assert len(dsrt.Datastore(out)) == len(ds)
 
 
 # ----------------------------------------------------------------------------
