@@ -33,11 +33,16 @@
  *
  * Writing. dsrt_shards_write puts the samples of a datastore, in its order,
  * into shards of at most shard_bytes: <key>.cls then <key>.jpg|png for each,
- * ustar headers, the files' bytes unchanged (in-memory pixels as PNG). Each
- * shard is written to a temporary name, fsync'd and renamed; classes.json and
- * the index follow the last shard. The writer first removes a set written
- * before into the same folder, index first, so that no index ever describes
- * shards it did not see written.
+ * ustar headers, the files' bytes unchanged (in-memory pixels as PNG). The
+ * whole set (shards, classes.json, index) is written into a hidden staging
+ * folder inside the output folder, each file fsync'd, and moved into place
+ * only once whole: the old set's index removed first (nothing then describes
+ * a mix), the shards renamed over the old ones, the old set's other shards
+ * removed, classes.json, the index last. Until then the set the folder held
+ * is untouched, so a failed or killed write never costs the last good set; a
+ * failed write removes what it staged, the next write what a killed one left.
+ * The output is refused, before any work, when it is, holds or lies inside a
+ * folder the samples come from.
  */
 #include "datastore/remote.h"
 #include "datastore/shards.h"
@@ -63,6 +68,7 @@
 #define EXPAND_BYTES       ((size_t)256 << 20) /* and bytes of them */
 #define WRITE_BUFFER       ((size_t)4 << 20)   /* bytes gathered before a write */
 #define SHARD_NAME_FMT     "shard-%06zu.tar"
+#define STAGE_PREFIX       ".dsrt-staging-" /* the hidden folder a set is written in */
 
 /* Class indices below which .cls labels must lie when the set names no
  * classes (the numbers become the names: a label of 50 000 000 would make
@@ -1753,9 +1759,8 @@ static int digits_between(const char *name, const char *base, const char *tail) 
     return p > name + b && strcmp(p, tail) == 0;
 }
 
-/* A name this writer makes: shard-NNNNNN.tar and its temporary form
- * .shard-NNNNNN.tar.tmp, the index and classes.json and their temporary
- * forms (NAME.tmp.TID). */
+/* A name this writer makes in a set's folder: shard-NNNNNN.tar, the index
+ * and classes.json and their temporary forms (NAME.tmp.TID). */
 static int ours(const char *name) {
     static const char *const files[] = {DSRT_SHARD_INDEX_NAME, DSRT_SHARD_CLASSES_NAME};
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(files); k++) {
@@ -1763,48 +1768,126 @@ static int ours(const char *name) {
         snprintf(base, sizeof base, "%s.tmp.", files[k]);
         if (!strcmp(name, files[k]) || digits_between(name, base, "")) return 1;
     }
-    return digits_between(name, "shard-", ".tar") || digits_between(name, ".shard-", ".tar.tmp");
+    return digits_between(name, "shard-", ".tar");
 }
 
-/* Makes out an empty folder for a new set: a set written before is removed
- * (its index first); anything else there is refused. */
-static int prepare_out(const char *out) {
-    int rc = make_dirs(out);
-    if (rc != 0) return rc;
+/* 1 for a temporary name: NAME.tmp.TID, or the .shard-NNNNNN.tar.tmp of
+ * dsrt before sets were staged. */
+static int temporary(const char *name) {
+    return strstr(name, ".tmp.") != NULL || digits_between(name, ".shard-", ".tar.tmp");
+}
+
+/* What the output folder holds before a write. */
+typedef struct {
+    int exists;
+    strlist set;   /* the files of the set written there before */
+    strlist stale; /* what writers that stopped left: staging folders, temporary files */
+} out_state;
+
+static void out_state_free(out_state *st) {
+    strlist_free(&st->set);
+    strlist_free(&st->stale);
+}
+
+/* Looks at out without changing anything: absent, or a folder holding only
+ * a set written before and what writers that stopped left. */
+static int out_inspect(const char *out, out_state *st) {
+    memset(st, 0, sizeof *st);
+    struct stat sb;
+    if (stat(out, &sb) != 0) {
+        if (errno == ENOENT) return 0;
+        return dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return dsrt__fail(-ENOTDIR, "shards: %s: is %s, not a folder", out,
+                          dsrt__file_kind(sb.st_mode));
+    st->exists = 1;
     DIR *d = opendir(out);
     if (!d) return dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
-    strlist names = {0};
+    int rc = 0;
     struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        if (!ours(de->d_name)) {
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        const char *name = de->d_name;
+        if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
+        if (!strncmp(name, STAGE_PREFIX, strlen(STAGE_PREFIX)) || temporary(name))
+            rc = strlist_add(&st->stale, name, strlen(name));
+        else if (ours(name))
+            rc = strlist_add(&st->set, name, strlen(name));
+        else
             rc = dsrt__fail(DSRT_EOPTION,
                             "shards: %s: holds '%s', which no shard set of dsrt's makes: give "
                             "an empty or new folder",
-                            out, de->d_name);
-            break;
-        }
-        if ((rc = strlist_add(&names, de->d_name, strlen(de->d_name))) != 0) break;
+                            out, name);
     }
     closedir(d);
-    char p[8192];
-    /* The index goes first: without it no stale description survives. */
-    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, out);
-    if (rc == 0 && unlink(p) != 0 && errno != ENOENT)
-        rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
-    for (size_t i = 0; rc == 0 && i < names.n; i++) {
-        snprintf(p, sizeof p, "%s/%s", out, names.v[i]);
-        if (unlink(p) != 0 && errno != ENOENT)
-            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
-    }
-    strlist_free(&names);
+    if (rc != 0) out_state_free(st);
     return rc;
 }
 
-/* A shard being written: a temporary file and a buffer in front of it. */
+/* Removes the staging folder dir (or a temporary file) and the files in
+ * it that this writer makes; a folder holding anything else stays. */
+static int remove_staged(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOTDIR && unlink(dir) == 0) return 0;
+        return errno == ENOENT ? 0 : dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    }
+    char p[8192];
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!ours(de->d_name)) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    return 0;
+}
+
+/* fsync of a folder, so that the renames in it last. */
+static int sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    int rc = fsync(fd) != 0 ? dsrt__fail(-errno, "shards: %s: fsync: %s", dir, strerror(errno)) : 0;
+    close(fd);
+    return rc;
+}
+
+/* Moves the whole set staged in stage into out: the old index first, so
+ * that nothing describes a mix; the shards, replacing the old ones; the old
+ * set's other shards removed; classes.json; the index last. */
+static int publish(const char *out, const char *stage, const out_state *st, const strlist *shards) {
+    char from[8192], to[8192];
+    snprintf(to, sizeof to, "%s/" DSRT_SHARD_INDEX_NAME, out);
+    if (unlink(to) != 0 && errno != ENOENT)
+        return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    for (size_t k = 0; k < shards->n; k++) {
+        snprintf(from, sizeof from, "%s/%s", stage, shards->v[k]);
+        snprintf(to, sizeof to, "%s/%s", out, shards->v[k]);
+        if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    for (size_t k = 0; k < st->set.n; k++) {
+        const char *name = st->set.v[k];
+        int kept = !strcmp(name, DSRT_SHARD_CLASSES_NAME) || !strcmp(name, DSRT_SHARD_INDEX_NAME);
+        for (size_t j = 0; !kept && j < shards->n; j++) kept = !strcmp(name, shards->v[j]);
+        snprintf(to, sizeof to, "%s/%s", out, name);
+        if (!kept && unlink(to) != 0 && errno != ENOENT)
+            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    static const char *const last[] = {DSRT_SHARD_CLASSES_NAME, DSRT_SHARD_INDEX_NAME};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(last); k++) {
+        snprintf(from, sizeof from, "%s/%s", stage, last[k]);
+        snprintf(to, sizeof to, "%s/%s", out, last[k]);
+        if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    return sync_dir(out);
+}
+
+/* A shard being written, in the staging folder, and a buffer in front of it. */
 typedef struct {
     int fd;
-    char tmp[4096], final[4096];
+    char path[4096];
     uint8_t *buf;
     size_t used;
     uint64_t size; /* bytes written so far, the buffer included */
@@ -1815,7 +1898,7 @@ static int sf_flush(shard_file *f) {
     while (done < f->used) {
         ssize_t w = write(f->fd, f->buf + done, f->used - done);
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return dsrt__fail(-errno, "shards: %s: %s", f->tmp, strerror(errno));
+        if (w < 0) return dsrt__fail(-errno, "shards: %s: %s", f->path, strerror(errno));
         done += (size_t)w;
     }
     f->used = 0;
@@ -1851,30 +1934,25 @@ static int sf_member(shard_file *f, const char *name, const void *data, size_t l
     return rc;
 }
 
-static int sf_open(shard_file *f, const char *out, size_t k) {
-    char name[64];
-    snprintf(name, sizeof name, SHARD_NAME_FMT, k);
-    snprintf(f->final, sizeof f->final, "%s/%s", out, name);
-    snprintf(f->tmp, sizeof f->tmp, "%s/.%s.tmp", out, name);
-    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (f->fd < 0) return dsrt__fail(-errno, "shards: %s: %s", f->tmp, strerror(errno));
+static int sf_open(shard_file *f, const char *stage, const char *name) {
+    snprintf(f->path, sizeof f->path, "%s/%s", stage, name);
+    f->fd = open(f->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (f->fd < 0) return dsrt__fail(-errno, "shards: %s: %s", f->path, strerror(errno));
     f->used = 0;
     f->size = 0;
     return 0;
 }
 
-/* The end-of-archive marker, fsync, and the final name. */
+/* The end-of-archive marker, and fsync. */
 static int sf_close(shard_file *f) {
     static const uint8_t zeros[2 * DSRT_TAR_BLOCK];
     int rc = sf_put(f, zeros, sizeof zeros);
     if (rc == 0) rc = sf_flush(f);
     if (rc == 0 && fsync(f->fd) != 0)
-        rc = dsrt__fail(-errno, "shards: %s: fsync: %s", f->tmp, strerror(errno));
+        rc = dsrt__fail(-errno, "shards: %s: fsync: %s", f->path, strerror(errno));
     if (close(f->fd) != 0 && rc == 0)
-        rc = dsrt__fail(-errno, "shards: %s: close: %s", f->tmp, strerror(errno));
+        rc = dsrt__fail(-errno, "shards: %s: close: %s", f->path, strerror(errno));
     f->fd = -1;
-    if (rc == 0 && rename(f->tmp, f->final) != 0)
-        rc = dsrt__fail(-errno, "shards: %s: %s", f->final, strerror(errno));
     return rc;
 }
 
@@ -2009,10 +2087,11 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     const char *const *names = opt.class_names ? opt.class_names : ix->classes;
     for (size_t c = 0; c < ix->num_classes; c++)
         if (!names[c]) return dsrt__fail(DSRT_EOPTION, "shards: class %zu has no name", c);
+    /* Everything is checked before anything is changed. */
     int rc = check_apart(ds, out);
     if (rc != 0) return rc;
-    rc = prepare_out(out);
-    if (rc != 0) return rc;
+    out_state st;
+    if ((rc = out_inspect(out, &st)) != 0) return rc;
 
     size_t n = ds->n;
     int width = 6;
@@ -2022,12 +2101,29 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     strlist shard_names = {0}, members = {0};
     size_t nshards = 0, cap_shards = 0;
     shard_file f = {.fd = -1};
+    char stage[4096] = "", p[8192];
+    int made = 0; /* out was made by this write */
     f.buf = dsrt__malloc(WRITE_BUFFER);
     x.offset = dsrt__malloc((n ? n : 1) * sizeof *x.offset);
     x.size = dsrt__malloc((n ? n : 1) * sizeof *x.size);
     x.label = dsrt__malloc((n ? n : 1) * sizeof *x.label);
     result = -ENOMEM;
     if (!f.buf || !x.offset || !x.size || !x.label) goto fail;
+
+    /* The set is written whole into a hidden folder inside out, then moved
+     * into place: until then the set out held stays as it was. */
+    if ((rc = make_dirs(out)) != 0) goto fail;
+    made = !st.exists;
+    for (size_t k = 0; k < st.stale.n; k++) {
+        snprintf(p, sizeof p, "%s/%s", out, st.stale.v[k]);
+        if ((rc = remove_staged(p)) != 0) goto fail;
+    }
+    snprintf(stage, sizeof stage, "%s/" STAGE_PREFIX "XXXXXX", out);
+    if (!mkdtemp(stage)) {
+        rc = dsrt__fail(-errno, "shards: %s: %s", stage, strerror(errno));
+        stage[0] = '\0';
+        goto fail;
+    }
 
     uint64_t in_shard = 0;
     for (size_t i = 0; i < n; i++) {
@@ -2048,7 +2144,10 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
             if ((rc = sf_close(&f)) != 0) goto fail_sample;
         }
         if (f.fd < 0) {
-            if ((rc = sf_open(&f, out, nshards)) != 0) goto fail_sample;
+            char name[64];
+            snprintf(name, sizeof name, SHARD_NAME_FMT, nshards);
+            if ((rc = strlist_add(&shard_names, name, strlen(name))) != 0) goto fail_sample;
+            if ((rc = sf_open(&f, stage, name)) != 0) goto fail_sample;
             void *v = x.shard_count;
             if (dsrt__grow(&v, &cap_shards, nshards + 1, sizeof *x.shard_count) != 0) {
                 rc = -ENOMEM;
@@ -2062,8 +2161,6 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
             }
             x.shard_size = sizes;
             x.shard_count[nshards] = 0;
-            if ((rc = strlist_add(&shard_names, base_of(f.final), strlen(base_of(f.final)))) != 0)
-                goto fail_sample;
             nshards++;
             in_shard = 0;
         }
@@ -2087,34 +2184,40 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     if (f.fd >= 0 && (rc = sf_close(&f)) != 0) goto fail;
     /* Sizes as they lie on disk. */
     for (size_t k = 0; k < nshards; k++) {
-        char p[8192];
-        struct stat st;
-        snprintf(p, sizeof p, "%s/%s", out, shard_names.v[k]);
-        if (stat(p, &st) != 0) {
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", stage, shard_names.v[k]);
+        if (stat(p, &sb) != 0) {
             rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
             goto fail;
         }
-        x.shard_size[k] = (uint64_t)st.st_size;
+        x.shard_size[k] = (uint64_t)sb.st_size;
     }
-    if ((rc = write_classes_json(out, names, ix->num_classes)) != 0) goto fail;
+    if ((rc = write_classes_json(stage, names, ix->num_classes)) != 0) goto fail;
     x.nshards = nshards;
     x.n = n;
     x.nclasses = ix->num_classes;
     x.shard_names = (const char **)shard_names.v;
     x.member = (const char **)members.v;
     x.classes = (const char **)names;
-    char p[4096 + 32];
-    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, out);
-    rc = dsrt__shard_index_write(p, &x);
-    if (rc != 0) goto fail;
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, stage);
+    if ((rc = dsrt__shard_index_write(p, &x)) != 0) goto fail;
+    if ((rc = publish(out, stage, &st, &shard_names)) != 0) goto fail;
+    if (rmdir(stage) == 0) stage[0] = '\0';
     if (written) *written = n;
     result = (int64_t)nshards;
 fail:
     if (rc != 0) result = rc;
-    if (f.fd >= 0) {
-        close(f.fd);
-        unlink(f.tmp);
+    if (f.fd >= 0) close(f.fd);
+    if (stage[0] || (rc != 0 && made)) {
+        /* What was staged goes; a folder this write made goes too (when
+         * empty), so a failed write leaves out as it found it. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+        if (stage[0]) remove_staged(stage);
+        if (rc != 0 && made) rmdir(out);
+        if (rc != 0) dsrt__fail(rc, "%s", msg);
     }
+    out_state_free(&st);
     free(f.buf);
     free(x.offset);
     free(x.size);

@@ -19,6 +19,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -514,6 +516,67 @@ static void test_write_apart(void) {
     CHECK_EQ(write_shards(s, q, 1 << 20, 0), 1);
     CHECK(set_whole(q, N_IMAGES));
     dsrt_datastore_close(s);
+    dsrt_datastore_close(f);
+}
+
+/* Entries of dir whose names start with prefix. */
+static int count_prefixed(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* A write that fails or dies midway leaves the set that was there whole
+ * and nothing that reads as another: the new set is staged in a hidden
+ * folder and moved into place only once whole. Into a new folder, a failed
+ * write leaves no folder. The process killed by the file size limit (a
+ * forced crash inside a shard's write) leaves a staging folder that the next
+ * write removes. */
+static void test_failed_write(void) {
+    char src[4200], out[4200], fresh[4200], p[4300];
+    snprintf(src, sizeof src, "%s/failing", root);
+    snprintf(out, sizeof out, "%s/kept", root);
+    snprintf(fresh, sizeof fresh, "%s/never", root);
+    make_folder(src, 40, 2);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 0), 1);
+    CHECK(set_whole(out, N_IMAGES));
+    dsrt_datastore *g = open_ds(src, DSRT_SHARD_ORDER_AUTO);
+    /* The last sample's file is gone: the write fails after many shards. */
+    snprintf(p, sizeof p, "%s/class1/img039.jpg", src);
+    REQUIRE(unlink(p) == 0);
+    CHECK_EQ(write_shards(g, out, 8 << 10, 0), -ENOENT);
+    CHECK_CONTAINS(dsrt_last_error(), "img039.jpg");
+    CHECK(set_whole(out, N_IMAGES));
+    snprintf(p, sizeof p, "%s/shard-000001.tar", out);
+    CHECK_NE(access(p, F_OK), 0);
+    CHECK_EQ(count_prefixed(out, "."), 2); /* "." and ".." */
+    CHECK_EQ(write_shards(g, fresh, 8 << 10, 0), -ENOENT);
+    CHECK_NE(access(fresh, F_OK), 0);
+    dsrt_datastore_close(g);
+    /* Killed inside the write of a shard. */
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        struct rlimit lim = {20 << 10, 20 << 10}, none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none);
+        setrlimit(RLIMIT_FSIZE, &lim);
+        write_shards(f, out, 64 << 10, 0);
+        _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ);
+    CHECK(set_whole(out, N_IMAGES));
+    CHECK_EQ(count_prefixed(out, "shard-"), 1);
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 1);
+    CHECK_GT(write_shards(f, out, 64 << 10, 0), 1);
+    CHECK(set_whole(out, N_IMAGES));
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 0);
     dsrt_datastore_close(f);
 }
 
@@ -1257,6 +1320,7 @@ int main(void) {
     RUN(test_tar_walk);
     RUN(test_write_and_open);
     RUN(test_write_apart);
+    RUN(test_failed_write);
     RUN(test_write_pixels);
     RUN(test_killed_writer);
     RUN(test_exact_equals_folder);

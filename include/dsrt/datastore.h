@@ -266,11 +266,13 @@ DSRT_API dsrt_shard_write_options dsrt_shard_write_defaults(void);
  * in-memory pixels encoded as PNG, losslessly), where key is the sample's
  * position zero-padded, then the file's name. Beside them classes.json (the
  * class names, a JSON array) and the index dsrt-shards.index (each sample's
- * shard, offset, size and label; the exact class names), written last. Each
- * shard is written under a temporary name, fsync'd and renamed, so a shard
- * with its final name is always complete; the index goes last, so a set
- * with an index is always whole. out must be empty, absent, or hold only a
- * shard set written before (which is replaced). A file that cannot be read
+ * shard, offset, size and label; the exact class names). The whole set is
+ * written into a hidden staging folder inside out and moved into place only
+ * once whole, the index last: a write that fails or is killed leaves the set
+ * out held before untouched, and no part of its own that reads as a set.
+ * out must be empty, absent, or hold only a shard set written before (which
+ * is replaced), and may not be, hold or lie inside a folder the samples of ds
+ * come from (DSRT_EOPTION, before any work). A file that cannot be read
  * fails the write with its name. Returns the shards written, or a negative
  * code; *samples (may be NULL) gets the samples written.
  */
