@@ -41,8 +41,12 @@
  * removed, classes.json, the index last. Until then the set the folder held
  * is untouched, so a failed or killed write never costs the last good set; a
  * failed write removes what it staged, the next write what a killed one left.
- * The output is refused, before any work, when it is, holds or lies inside a
- * folder the samples come from.
+ * The writer removes or replaces only what it made: its record in the
+ * folder (RECORD_NAME), written before anything else, lists each file it
+ * made there with its size, and each staging folder. A folder holding
+ * anything the record does not list as it is now is refused, named, and left
+ * alone, as is one that is, holds or lies inside a folder the samples come
+ * from; both checks come before any change.
  */
 #include "datastore/remote.h"
 #include "datastore/shards.h"
@@ -68,7 +72,9 @@
 #define EXPAND_BYTES       ((size_t)256 << 20) /* and bytes of them */
 #define WRITE_BUFFER       ((size_t)4 << 20)   /* bytes gathered before a write */
 #define SHARD_NAME_FMT     "shard-%06zu.tar"
-#define STAGE_PREFIX       ".dsrt-staging-" /* the hidden folder a set is written in */
+#define STAGE_PREFIX       ".dsrt-staging-"       /* the hidden folder a set is written in */
+#define RECORD_NAME        ".dsrt-shards-written" /* what the writer made in a folder */
+#define RECORD_MAGIC       "dsrt shards written 1"
 
 /* Class indices below which .cls labels must lie when the set names no
  * classes (the numbers become the names: a label of 50 000 000 would make
@@ -1759,8 +1765,8 @@ static int digits_between(const char *name, const char *base, const char *tail) 
     return p > name + b && strcmp(p, tail) == 0;
 }
 
-/* A name this writer makes in a set's folder: shard-NNNNNN.tar, the index
- * and classes.json and their temporary forms (NAME.tmp.TID). */
+/* A name this writer makes in its staging folder: shard-NNNNNN.tar, the
+ * index and classes.json and their temporary forms (NAME.tmp.TID). */
 static int ours(const char *name) {
     static const char *const files[] = {DSRT_SHARD_INDEX_NAME, DSRT_SHARD_CLASSES_NAME};
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(files); k++) {
@@ -1771,26 +1777,186 @@ static int ours(const char *name) {
     return digits_between(name, "shard-", ".tar");
 }
 
-/* 1 for a temporary name: NAME.tmp.TID, or the .shard-NNNNNN.tar.tmp of
- * dsrt before sets were staged. */
-static int temporary(const char *name) {
-    return strstr(name, ".tmp.") != NULL || digits_between(name, ".shard-", ".tar.tmp");
+// ----------------------------------------------------------------------------
+// The record of what the writer made in a folder
+
+/* What a record lists: a file of the size it had when written, or a staging
+ * folder. A name may be listed with two sizes while a set replaces another. */
+#define RECORD_FOLDER UINT64_MAX
+
+typedef struct {
+    strlist names;
+    uint64_t *sizes; /* (names.n) bytes, or RECORD_FOLDER */
+    size_t cap;
+    size_t *sorted; /* (names.n) positions by name, then size; NULL until looked up */
+} record;
+
+static void record_free(record *r) {
+    strlist_free(&r->names);
+    free(r->sizes);
+    free(r->sorted);
+    memset(r, 0, sizeof *r);
 }
+
+/* Adds an entry (a set of a million shards makes as many: no search here). */
+static int record_add(record *r, const char *name, uint64_t size) {
+    void *v = r->sizes;
+    if (dsrt__grow(&v, &r->cap, r->names.n + 1, sizeof *r->sizes) != 0) return -ENOMEM;
+    r->sizes = v;
+    r->sizes[r->names.n] = size;
+    free(r->sorted);
+    r->sorted = NULL;
+    return strlist_add(&r->names, name, strlen(name));
+}
+
+static int record_cmp(const record *r, size_t a, const char *name, uint64_t size) {
+    int c = strcmp(r->names.v[a], name);
+    return c ? c : r->sizes[a] < size ? -1 : r->sizes[a] > size;
+}
+
+static int by_record_entry(const void *a, const void *b, void *ctx) {
+    const record *r = ctx;
+    size_t y = *(const size_t *)b;
+    return record_cmp(r, *(const size_t *)a, r->names.v[y], r->sizes[y]);
+}
+
+/* The entries in order of name and size, for lookups and the file. */
+static int record_sort(record *r) {
+    if (r->sorted || r->names.n == 0) return 0;
+    r->sorted = dsrt__malloc(r->names.n * sizeof *r->sorted);
+    if (!r->sorted) return -ENOMEM;
+    for (size_t k = 0; k < r->names.n; k++) r->sorted[k] = k;
+    qsort_r(r->sorted, r->names.n, sizeof *r->sorted, by_record_entry, r);
+    return 0;
+}
+
+/* The first sorted place whose entry is not below (name, size). */
+static size_t record_lower(const record *r, const char *name, uint64_t size) {
+    size_t lo = 0, hi = r->names.n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (record_cmp(r, r->sorted[mid], name, size) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* 1 when the record lists name with this size (RECORD_FOLDER: as a folder);
+ * the record is sorted (record_sort). */
+static int record_has(const record *r, const char *name, uint64_t size) {
+    size_t k = r->sorted ? record_lower(r, name, size) : r->names.n;
+    return k < r->names.n && record_cmp(r, r->sorted[k], name, size) == 0;
+}
+
+/* 1 when the sorted record lists name at all. */
+static int record_names(const record *r, const char *name) {
+    size_t k = r->sorted ? record_lower(r, name, 0) : r->names.n;
+    return k < r->names.n && !strcmp(r->names.v[r->sorted[k]], name);
+}
+
+/* Parses a record: RECORD_MAGIC, then a line a name ("SIZE NAME", or
+ * "- NAME" for a staging folder). */
+static int record_parse(const char *text, size_t len, const char *path, record *r) {
+    size_t m = strlen(RECORD_MAGIC);
+    if (len < m + 1 || memcmp(text, RECORD_MAGIC, m) != 0 || text[m] != '\n')
+        return dsrt__fail(DSRT_EOPTION, "shards: %s: not a record dsrt wrote", path);
+    int rc = 0;
+    for (size_t at = m + 1; rc == 0 && at < len;) {
+        const char *line = text + at, *nl = memchr(line, '\n', len - at);
+        size_t ll = nl ? (size_t)(nl - line) : len - at;
+        const char *sp = memchr(line, ' ', ll);
+        uint64_t size = 0;
+        int ok = sp && sp > line && (size_t)(sp - line) <= 20 && sp + 1 < line + ll;
+        if (ok && sp - line == 1 && line[0] == '-') {
+            size = RECORD_FOLDER;
+        } else {
+            for (const char *c = line; ok && c < sp; c++) {
+                ok = isdigit((unsigned char)*c) && size <= (UINT64_MAX - 9) / 10;
+                size = size * 10 + (uint64_t)(*c - '0');
+            }
+        }
+        char name[256];
+        size_t nl_len = ok ? (size_t)(line + ll - sp - 1) : 0;
+        ok = ok && nl_len < sizeof name && !memchr(sp + 1, '/', nl_len) &&
+             !memchr(sp + 1, '\0', nl_len);
+        if (ok) {
+            memcpy(name, sp + 1, nl_len);
+            name[nl_len] = '\0';
+            ok = strcmp(name, ".") && strcmp(name, "..");
+        }
+        if (!ok)
+            return dsrt__fail(DSRT_EOPTION, "shards: %s: line '%.*s' is not one dsrt writes", path,
+                              (int)DSRT_MIN(ll, (size_t)80), line);
+        rc = record_add(r, name, size);
+        at += ll + 1;
+    }
+    return rc;
+}
+
+/* Writes the record of out (atomically, fsync'd), each entry once. */
+static int record_write(const char *out, record *r) {
+    dsrt_strbuf b = {0};
+    int rc = record_sort(r);
+    if (rc == 0) rc = dsrt__sb_printf(&b, "%s\n", RECORD_MAGIC);
+    for (size_t i = 0; rc == 0 && i < r->names.n; i++) {
+        size_t k = r->sorted[i];
+        if (i > 0 && record_cmp(r, r->sorted[i - 1], r->names.v[k], r->sizes[k]) == 0) continue;
+        rc = r->sizes[k] == RECORD_FOLDER
+                 ? dsrt__sb_printf(&b, "- %s\n", r->names.v[k])
+                 : dsrt__sb_printf(&b, "%llu %s\n", (unsigned long long)r->sizes[k], r->names.v[k]);
+    }
+    char p[8192];
+    snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+    if (rc == 0) rc = dsrt__write_file_atomic(p, b.s, b.len);
+    free(b.s);
+    return rc ? dsrt__fail_prefix(rc, "shards") : 0;
+}
+
+// ----------------------------------------------------------------------------
+// The output folder
 
 /* What the output folder holds before a write. */
 typedef struct {
     int exists;
-    strlist set;   /* the files of the set written there before */
-    strlist stale; /* what writers that stopped left: staging folders, temporary files */
+    int recorded;  /* it has a record */
+    record rec;    /* what the record lists */
+    strlist set;   /* files of the set written there before (listed, there, unchanged) */
+    strlist stale; /* staging folders and temporary records of writes that stopped */
 } out_state;
 
 static void out_state_free(out_state *st) {
+    record_free(&st->rec);
     strlist_free(&st->set);
     strlist_free(&st->stale);
 }
 
-/* Looks at out without changing anything: absent, or a folder holding only
- * a set written before and what writers that stopped left. */
+/* 1 for the temporary form of the record (dsrt__write_file_atomic's). */
+static int record_temporary(const char *name) {
+    return digits_between(name, RECORD_NAME ".tmp.", "");
+}
+
+/* Checks that the staging folder dir holds only what the writer makes there. */
+static int stage_check(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL)
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !ours(de->d_name))
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: holds '%s', which dsrt did not write there: move it "
+                            "away",
+                            dir, de->d_name);
+    closedir(d);
+    return rc;
+}
+
+/* Looks at out without changing anything. It must be absent, empty, or
+ * hold only what its record says this writer made there, as it made it:
+ * the files of a set, unchanged, and staging folders of writes that
+ * stopped. Anything else is refused, named, and never touched. */
 static int out_inspect(const char *out, out_state *st) {
     memset(st, 0, sizeof *st);
     struct stat sb;
@@ -1802,29 +1968,73 @@ static int out_inspect(const char *out, out_state *st) {
         return dsrt__fail(-ENOTDIR, "shards: %s: is %s, not a folder", out,
                           dsrt__file_kind(sb.st_mode));
     st->exists = 1;
-    DIR *d = opendir(out);
-    if (!d) return dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
+    char p[8192];
     int rc = 0;
+    snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+    if (lstat(p, &sb) == 0) {
+        uint8_t *text;
+        size_t len;
+        st->recorded = 1;
+        if (!S_ISREG(sb.st_mode))
+            rc = dsrt__fail(DSRT_EOPTION, "shards: %s: is %s, not a record", p,
+                            dsrt__file_kind(sb.st_mode));
+        else if ((rc = dsrt__read_whole_file(p, (size_t)64 << 20, &text, &len)) != 0)
+            dsrt__fail_prefix(rc, "shards");
+        if (rc == 0) {
+            rc = record_parse((const char *)text, len, p, &st->rec);
+            free(text);
+        }
+        if (rc == 0) rc = record_sort(&st->rec);
+        if (rc != 0) {
+            out_state_free(st);
+            return rc;
+        }
+    }
+    DIR *d = opendir(out);
+    if (!d) {
+        rc = dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
+        out_state_free(st);
+        return rc;
+    }
     struct dirent *de;
     while (rc == 0 && (de = readdir(d)) != NULL) {
         const char *name = de->d_name;
-        if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
-        if (!strncmp(name, STAGE_PREFIX, strlen(STAGE_PREFIX)) || temporary(name))
+        if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, RECORD_NAME)) continue;
+        snprintf(p, sizeof p, "%s/%s", out, name);
+        if (record_temporary(name)) {
             rc = strlist_add(&st->stale, name, strlen(name));
-        else if (ours(name))
-            rc = strlist_add(&st->set, name, strlen(name));
-        else
+            continue;
+        }
+        if (!record_names(&st->rec, name)) {
             rc = dsrt__fail(DSRT_EOPTION,
-                            "shards: %s: holds '%s', which no shard set of dsrt's makes: give "
-                            "an empty or new folder",
-                            out, name);
+                            "shards: %s: holds '%s', which dsrt did not write there (%s): give "
+                            "an empty or new folder, or move it away",
+                            out, name,
+                            st->recorded ? "its record " RECORD_NAME " does not list it"
+                                         : "the folder has no record " RECORD_NAME);
+            break;
+        }
+        if (lstat(p, &sb) != 0) {
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+        } else if (S_ISDIR(sb.st_mode) && record_has(&st->rec, name, RECORD_FOLDER)) {
+            rc = stage_check(p);
+            if (rc == 0) rc = strlist_add(&st->stale, name, strlen(name));
+        } else if (S_ISREG(sb.st_mode) && record_has(&st->rec, name, (uint64_t)sb.st_size)) {
+            rc = strlist_add(&st->set, name, strlen(name));
+        } else {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: is %s of %llu bytes, not what dsrt wrote there: changed "
+                            "since, so neither removed nor replaced; move it away",
+                            p, S_ISREG(sb.st_mode) ? "a file" : dsrt__file_kind(sb.st_mode),
+                            (unsigned long long)sb.st_size);
+        }
     }
     closedir(d);
     if (rc != 0) out_state_free(st);
     return rc;
 }
 
-/* Removes the staging folder dir (or a temporary file) and the files in
+/* Removes the staging folder dir (or a temporary record) and the files in
  * it that this writer makes; a folder holding anything else stays. */
 static int remove_staged(const char *dir) {
     DIR *d = opendir(dir);
@@ -1856,29 +2066,31 @@ static int sync_dir(const char *dir) {
 
 /* Moves the whole set staged in stage into out: the old index first, so
  * that nothing describes a mix; the shards, replacing the old ones; the old
- * set's other shards removed; classes.json; the index last. */
-static int publish(const char *out, const char *stage, const out_state *st, const strlist *shards) {
+ * set's other files removed; classes.json; the index last. files lists the
+ * new set's files (the index last). */
+static int publish(const char *out, const char *stage, const out_state *st, record *files) {
     char from[8192], to[8192];
-    snprintf(to, sizeof to, "%s/" DSRT_SHARD_INDEX_NAME, out);
-    if (unlink(to) != 0 && errno != ENOENT)
-        return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
-    for (size_t k = 0; k < shards->n; k++) {
-        snprintf(from, sizeof from, "%s/%s", stage, shards->v[k]);
-        snprintf(to, sizeof to, "%s/%s", out, shards->v[k]);
+    int rc = record_sort(files);
+    if (rc != 0) return rc;
+    if (record_names(&st->rec, DSRT_SHARD_INDEX_NAME)) {
+        snprintf(to, sizeof to, "%s/" DSRT_SHARD_INDEX_NAME, out);
+        if (unlink(to) != 0 && errno != ENOENT)
+            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    for (size_t k = 0; k + 2 < files->names.n; k++) {
+        snprintf(from, sizeof from, "%s/%s", stage, files->names.v[k]);
+        snprintf(to, sizeof to, "%s/%s", out, files->names.v[k]);
         if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
     }
     for (size_t k = 0; k < st->set.n; k++) {
-        const char *name = st->set.v[k];
-        int kept = !strcmp(name, DSRT_SHARD_CLASSES_NAME) || !strcmp(name, DSRT_SHARD_INDEX_NAME);
-        for (size_t j = 0; !kept && j < shards->n; j++) kept = !strcmp(name, shards->v[j]);
-        snprintf(to, sizeof to, "%s/%s", out, name);
-        if (!kept && unlink(to) != 0 && errno != ENOENT)
+        if (record_names(files, st->set.v[k])) continue;
+        snprintf(to, sizeof to, "%s/%s", out, st->set.v[k]);
+        if (unlink(to) != 0 && errno != ENOENT)
             return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
     }
-    static const char *const last[] = {DSRT_SHARD_CLASSES_NAME, DSRT_SHARD_INDEX_NAME};
-    for (size_t k = 0; k < DSRT_ARRAY_SIZE(last); k++) {
-        snprintf(from, sizeof from, "%s/%s", stage, last[k]);
-        snprintf(to, sizeof to, "%s/%s", out, last[k]);
+    for (size_t k = files->names.n - 2; k < files->names.n; k++) {
+        snprintf(from, sizeof from, "%s/%s", stage, files->names.v[k]);
+        snprintf(to, sizeof to, "%s/%s", out, files->names.v[k]);
         if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
     }
     return sync_dir(out);
@@ -2102,7 +2314,10 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     size_t nshards = 0, cap_shards = 0;
     shard_file f = {.fd = -1};
     char stage[4096] = "", p[8192];
-    int made = 0; /* out was made by this write */
+    int made = 0;                     /* out was made by this write */
+    int recorded = 0;                 /* its record lists the staging folder */
+    int publishing = 0;               /* files are being moved into out */
+    record during = {0}, files = {0}; /* the record while writing; the new set's files */
     f.buf = dsrt__malloc(WRITE_BUFFER);
     x.offset = dsrt__malloc((n ? n : 1) * sizeof *x.offset);
     x.size = dsrt__malloc((n ? n : 1) * sizeof *x.size);
@@ -2111,15 +2326,32 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     if (!f.buf || !x.offset || !x.size || !x.label) goto fail;
 
     /* The set is written whole into a hidden folder inside out, then moved
-     * into place: until then the set out held stays as it was. */
+     * into place: until then the set out held stays as it was. The record
+     * lists that folder before it is made, so that whatever happens, out
+     * holds nothing its record does not account for. */
     if ((rc = make_dirs(out)) != 0) goto fail;
     made = !st.exists;
+    char sname[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (unsigned k = 0;; k++) {
+        snprintf(sname, sizeof sname, STAGE_PREFIX "%ld-%lx-%u", (long)getpid(), (long)ts.tv_nsec,
+                 k);
+        snprintf(p, sizeof p, "%s/%s", out, sname);
+        if (access(p, F_OK) != 0) break;
+    }
+    for (size_t k = 0; rc == 0 && k < st.rec.names.n; k++)
+        rc = record_add(&during, st.rec.names.v[k], st.rec.sizes[k]);
+    if (rc == 0) rc = record_add(&during, sname, RECORD_FOLDER);
+    if (rc == 0) rc = record_write(out, &during);
+    if (rc != 0) goto fail;
+    recorded = 1;
     for (size_t k = 0; k < st.stale.n; k++) {
         snprintf(p, sizeof p, "%s/%s", out, st.stale.v[k]);
         if ((rc = remove_staged(p)) != 0) goto fail;
     }
-    snprintf(stage, sizeof stage, "%s/" STAGE_PREFIX "XXXXXX", out);
-    if (!mkdtemp(stage)) {
+    snprintf(stage, sizeof stage, "%s/%s", out, sname);
+    if (mkdir(stage, 0700) != 0) {
         rc = dsrt__fail(-errno, "shards: %s: %s", stage, strerror(errno));
         stage[0] = '\0';
         goto fail;
@@ -2201,23 +2433,53 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     x.classes = (const char **)names;
     snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, stage);
     if ((rc = dsrt__shard_index_write(p, &x)) != 0) goto fail;
-    if ((rc = publish(out, stage, &st, &shard_names)) != 0) goto fail;
-    if (rmdir(stage) == 0) stage[0] = '\0';
+    /* The record lists the old set and the new one while one replaces the
+     * other, then the new one alone. */
+    for (size_t k = 0; rc == 0 && k < nshards; k++)
+        rc = record_add(&files, shard_names.v[k], x.shard_size[k]);
+    static const char *const last[] = {DSRT_SHARD_CLASSES_NAME, DSRT_SHARD_INDEX_NAME};
+    for (size_t k = 0; rc == 0 && k < DSRT_ARRAY_SIZE(last); k++) {
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", stage, last[k]);
+        rc = stat(p, &sb) != 0 ? dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno))
+                               : record_add(&files, last[k], (uint64_t)sb.st_size);
+    }
+    for (size_t k = 0; rc == 0 && k < files.names.n; k++)
+        rc = record_add(&during, files.names.v[k], files.sizes[k]);
+    if (rc == 0) rc = record_write(out, &during);
+    if (rc != 0) goto fail;
+    publishing = 1;
+    if ((rc = publish(out, stage, &st, &files)) != 0) goto fail;
+    if (rmdir(stage) == 0)
+        stage[0] = '\0';
+    else if ((rc = record_add(&files, sname, RECORD_FOLDER)) != 0)
+        goto fail;
+    if ((rc = record_write(out, &files)) != 0) goto fail;
     if (written) *written = n;
     result = (int64_t)nshards;
 fail:
     if (rc != 0) result = rc;
     if (f.fd >= 0) close(f.fd);
-    if (stage[0] || (rc != 0 && made)) {
-        /* What was staged goes; a folder this write made goes too (when
-         * empty), so a failed write leaves out as it found it. */
+    if (rc != 0 && (stage[0] || recorded || made)) {
+        /* What was staged goes, and the record is as it was (none if there
+         * was none); a folder this write made goes too. A write that failed
+         * while moving files into out leaves the record of both sets. */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dsrt_last_error());
-        if (stage[0]) remove_staged(stage);
-        if (rc != 0 && made) rmdir(out);
-        if (rc != 0) dsrt__fail(rc, "%s", msg);
+        if (stage[0] && remove_staged(stage) == 0) stage[0] = '\0';
+        if (recorded && !publishing && !stage[0]) {
+            snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+            if (st.recorded)
+                record_write(out, &st.rec);
+            else
+                unlink(p);
+        }
+        if (made) rmdir(out);
+        dsrt__fail(rc, "%s", msg);
     }
     out_state_free(&st);
+    record_free(&during);
+    record_free(&files);
     free(f.buf);
     free(x.offset);
     free(x.size);

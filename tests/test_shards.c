@@ -1,13 +1,16 @@
 /*
  * Tests of tar shard sets: the tar walk on archives built byte by byte (ustar
  * prefixes, GNU long names, pax headers, base-256 sizes, a damaged header, a
- * member cut short), the writer (layout, index, a writer killed mid-set), and
- * reading through the pipeline in both orders: the exact order's batches
- * equal the folder's, the shard order gives every sample once an epoch,
- * streams each shard front to back, is the same for any thread count and
- * resumes bit-exactly mid-epoch, and a worker lagging behind at an epoch's
- * end still gets its sample from the stream. Also shards made by GNU tar, truncated
- * shards, selection by glob and brace list, partition and split_each_label.
+ * member cut short), the writer (layout, index, a writer killed or failing
+ * mid-set, an output refused when it is the source's folder or holds what the
+ * writer did not make), and reading through the pipeline in both orders: the
+ * exact order's batches equal the folder's, the shard order gives every
+ * sample once an epoch, streams each shard front to back, is the same for any
+ * thread count and resumes bit-exactly mid-epoch, and a worker lagging behind
+ * at an epoch's end still gets its sample from the stream. Also shards made
+ * by GNU tar, truncated shards, a shard replaced by a FIFO, selection by glob
+ * and brace list (capped in total), bounds on labels, partition and
+ * split_each_label.
  *
  * Every data set is made in the test's temporary folder.
  */
@@ -441,11 +444,6 @@ static void test_write_and_open(void) {
         CHECK_EQ(access(p, F_OK), 0); /* refused, and kept */
         unlink(p);
     }
-    /* Leftovers of a writer killed mid-set are its own: removed. */
-    snprintf(p, sizeof p, "%s/.shard-000009.tar.tmp", shards);
-    REQUIRE(timg_write_file(p, "x", 1) == 0);
-    snprintf(p, sizeof p, "%s/dsrt-shards.index.tmp.1234", shards);
-    REQUIRE(timg_write_file(p, "x", 1) == 0);
     CHECK_EQ(write_shards(f, shards, 64 << 10, 0) > 4, 1);
     dsrt_datastore_close(s);
     dsrt_datastore_close(f);
@@ -530,6 +528,65 @@ static int count_prefixed(const char *dir, const char *prefix) {
     return n;
 }
 
+/* The bytes of a file, for checking that it was left alone. */
+static char *slurp(const char *path) {
+    uint8_t *data;
+    size_t len;
+    return dsrt__read_whole_file(path, 1 << 24, &data, &len) == 0 ? (char *)data : NULL;
+}
+
+/* The writer removes or replaces only what it made, as it made it: its
+ * record in the folder lists the files of its set (and their sizes). A
+ * shard-7.tar from GNU tar, a classes.json of the user's, a shard of the
+ * set's name that is not the set's, a file of the set changed since: each
+ * refused, named, and kept as it was. A set it wrote is replaced whole, its
+ * shards beyond the new set's removed. */
+static void test_write_own_only(void) {
+    char out[4200], p[4300];
+    snprintf(out, sizeof out, "%s/own", root);
+    REQUIRE(timg_mkdirs(out) == 0);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    struct {
+        const char *name, *text;
+    } foreign[] = {{"shard-7.tar", "a tar of GNU tar's"},
+                   {"classes.json", "[\"mine\"]"},
+                   {"dsrt-shards.index", "not an index"}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(foreign); k++) {
+        snprintf(p, sizeof p, "%s/%s", out, foreign[k].name);
+        REQUIRE(timg_write_file(p, foreign[k].text, strlen(foreign[k].text)) == 0);
+        CHECK_EQ(write_shards(f, out, 64 << 10, 0), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), foreign[k].name);
+        CHECK_CONTAINS(dsrt_last_error(), "which dsrt did not write there");
+        char *kept = slurp(p);
+        CHECK_STR_EQ(kept, foreign[k].text);
+        free(kept);
+        CHECK_EQ(count_prefixed(out, "."), 2); /* nothing else made */
+        unlink(p);
+    }
+    /* Its own set: replaced whole, the shards beyond the new set removed. */
+    CHECK_GT(write_shards(f, out, 16 << 10, 0), 3);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 0), 1);
+    CHECK(set_whole(out, N_IMAGES));
+    CHECK_EQ(count_prefixed(out, "shard-"), 1);
+    /* Among it, a foreign shard of the set's own naming, or a file of the set
+     * changed since it was written. */
+    snprintf(p, sizeof p, "%s/shard-000003.tar", out);
+    REQUIRE(timg_write_file(p, "x", 1) == 0);
+    CHECK_EQ(write_shards(f, out, 16 << 10, 0), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "'shard-000003.tar', which dsrt did not write there");
+    CHECK_EQ(access(p, F_OK), 0);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/classes.json", out);
+    REQUIRE(timg_write_file(p, "[\"a\", \"b\", \"c\"]", 15) == 0);
+    CHECK_EQ(write_shards(f, out, 16 << 10, 0), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "classes.json: is a file of 15 bytes, not what dsrt wrote");
+    char *kept = slurp(p);
+    CHECK_STR_EQ(kept, "[\"a\", \"b\", \"c\"]");
+    free(kept);
+    CHECK_EQ(count_prefixed(out, "shard-"), 1);
+    dsrt_datastore_close(f);
+}
+
 /* A write that fails or dies midway leaves the set that was there whole
  * and nothing that reads as another: the new set is staged in a hidden
  * folder and moved into place only once whole. Into a new folder, a failed
@@ -554,7 +611,7 @@ static void test_failed_write(void) {
     CHECK(set_whole(out, N_IMAGES));
     snprintf(p, sizeof p, "%s/shard-000001.tar", out);
     CHECK_NE(access(p, F_OK), 0);
-    CHECK_EQ(count_prefixed(out, "."), 2); /* "." and ".." */
+    CHECK_EQ(count_prefixed(out, "."), 3); /* ".", ".." and the writer's record */
     CHECK_EQ(write_shards(g, fresh, 8 << 10, 0), -ENOENT);
     CHECK_NE(access(fresh, F_OK), 0);
     dsrt_datastore_close(g);
@@ -1320,6 +1377,7 @@ int main(void) {
     RUN(test_tar_walk);
     RUN(test_write_and_open);
     RUN(test_write_apart);
+    RUN(test_write_own_only);
     RUN(test_failed_write);
     RUN(test_write_pixels);
     RUN(test_killed_writer);

@@ -454,6 +454,19 @@ static void test_shards_cli(void) {
     CHECK_EQ(r.status, 0);
     CHECK_CONTAINS(r.out, "\"images\":72");
     result_free(&r);
+    /* Only what dsrt wrote is replaced: a classes.json of the user's in a
+     * new folder is refused, and kept. */
+    char mine[4400], user[4500];
+    snprintf(mine, sizeof mine, "%s/mine", root);
+    snprintf(user, sizeof user, "%s/classes.json", mine);
+    REQUIRE(mkdir(mine, 0755) == 0);
+    REQUIRE(timg_write_file(user, "[\"x\"]", 5) == 0);
+    r = run(ARGV(bin_bench, "convert", dir, mine, "--shards", "16K"), 60);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "holds 'classes.json', which dsrt did not write there");
+    result_free(&r);
+    struct stat sb;
+    CHECK(stat(user, &sb) == 0 && sb.st_size == 5);
 
     /* dstrain in the shard order: a resume mid-epoch ends as the uninterrupted
      * run; a resume in the other order is refused. */

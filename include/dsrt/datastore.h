@@ -270,9 +270,12 @@ DSRT_API dsrt_shard_write_options dsrt_shard_write_defaults(void);
  * written into a hidden staging folder inside out and moved into place only
  * once whole, the index last: a write that fails or is killed leaves the set
  * out held before untouched, and no part of its own that reads as a set.
- * out must be empty, absent, or hold only a shard set written before (which
- * is replaced), and may not be, hold or lie inside a folder the samples of ds
- * come from (DSRT_EOPTION, before any work). A file that cannot be read
+ * Only what this writer made is ever removed or replaced: out must be empty,
+ * absent, or hold only a set it wrote, as the record it keeps there
+ * (out/.dsrt-shards-written: each file and its size) lists it; that set is
+ * replaced whole. Anything else in out is refused and left alone, as is an
+ * out that is, holds or lies inside a folder the samples of ds come from
+ * (DSRT_EOPTION, before any work). A file that cannot be read
  * fails the write with its name. Returns the shards written, or a negative
  * code; *samples (may be NULL) gets the samples written.
  */
