@@ -86,9 +86,13 @@ static int ring_init(struct io_uring *ring, unsigned entries, char *why, size_t 
     return 0;
 }
 
-/* Opens a shard for reading, with O_DIRECT when asked and allowed. */
+/* Opens a shard for reading, with O_DIRECT when asked and allowed. A shard
+ * replaced since the set was opened by something that is not a regular file
+ * is refused with DSRT_EFORMAT and a message naming it: O_NONBLOCK keeps the
+ * open of a FIFO from waiting for a writer for ever (it is cleared once the
+ * file is known to be regular). */
 static int open_shard(const char *path, int direct, int *is_direct, int *refused) {
-    int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY;
+    int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
     int fd = open(path, flags | (direct ? O_DIRECT : 0));
     *is_direct = direct;
     *refused = 0;
@@ -97,7 +101,21 @@ static int open_shard(const char *path, int direct, int *is_direct, int *refused
         *is_direct = 0;
         *refused = fd >= 0;
     }
-    return fd < 0 ? -errno : fd;
+    if (fd < 0) return -errno;
+    struct stat st;
+    int fl, rc = 0;
+    if (fstat(fd, &st) != 0)
+        rc = -errno;
+    else if (!S_ISREG(st.st_mode))
+        rc = dsrt__fail(DSRT_EFORMAT, "read: %s: is %s, not a regular file", path,
+                        dsrt__file_kind(st.st_mode));
+    else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        rc = -errno;
+    if (rc != 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
 }
 
 /* The message of a failed sample read, on this thread. */
@@ -142,7 +160,7 @@ typedef struct {
     int next; /* the next request of its merged read, or -1 */
     int fdi;  /* its shard's cache entry while a read is in flight */
     int retries;
-    char *msg; /* an object store's message for a failure, or NULL */
+    char *msg; /* a failure's message (a store's, a shard not a file), or NULL */
 } sreq;
 
 typedef struct {
@@ -323,6 +341,7 @@ static int fd_get(dsrt_shard_reader *r, uint32_t k, sreq *q) {
     f->fd = fd < 0 ? -1 : fd;
     if (fd < 0) {
         q->status = fd;
+        if (fd == DSRT_EFORMAT) q->msg = dsrt__strdup(dsrt_last_error());
         return -1;
     }
     f->shard = k;
@@ -747,7 +766,7 @@ typedef struct {
     int status;
     uint64_t got; /* bytes read (less than size when truncated) */
     uint8_t *data;
-    char *msg; /* an object store's message for a failure, or NULL */
+    char *msg; /* a failure's message (a store's, a shard not a file), or NULL */
     int next_free;
 } entry;
 
@@ -776,7 +795,7 @@ typedef struct {
     size_t first, count; /* stream indices [first, first + count) of that epoch */
     uint8_t *buf;        /* (block) */
     int retries;
-    char *msg; /* an object store's message for a failure, or NULL */
+    char *msg; /* a failure's message (a store's, a shard not a file), or NULL */
 } block;
 
 typedef struct {
@@ -1332,11 +1351,13 @@ static int block_next(dsrt_shard_stream *s, plan_rec *rec) {
         /* The shard cannot be opened: its samples fail, each named. */
         uint32_t slot;
         if (entry_new(s, &slot) == 0) {
-            s->entries[slot] = (entry){.epoch = s->epoch,
-                                       .pos = pos,
-                                       .state = ENTRY_READY,
-                                       .status = fdi,
-                                       .next_free = -1};
+            s->entries[slot] =
+                (entry){.epoch = s->epoch,
+                        .pos = pos,
+                        .state = ENTRY_READY,
+                        .status = fdi,
+                        .msg = fdi == DSRT_EFORMAT ? dsrt__strdup(dsrt_last_error()) : NULL,
+                        .next_free = -1};
             rec->slot[pos] = slot;
         }
         s->next++;

@@ -4,15 +4,16 @@
  *
  * Opening. The path names the shards: a folder (its index's shards, or
  * every .tar in it), one .tar, a glob ("dir/shard-*.tar") or a brace list
- * ("dir/shard-{000000..000146}.tar", "{a,b}.tar"). Where dsrt-shards.index
- * lies beside them, every shard it describes at its recorded size is taken
- * from it without a read; any other shard is scanned once (its tar headers
+ * ("dir/shard-{000000..000146}.tar", "{a,b}.tar"; at most EXPAND_MAX names
+ * in all, counted before any is made). Where dsrt-shards.index lies beside
+ * them, every shard it describes at its recorded size is taken from it
+ * without a read; any other shard is scanned once (its tar headers
  * and .cls members, nothing else). A sample is the run of consecutive
  * members with one key; its image is the member whose extension is in the
  * extensions option (jpg, jpeg, jpe, jfif, png), its label the text of its
  * .cls member: an integer (a class index, names from the index or
- * classes.json, else the numbers themselves) or a class name (classes
- * sorted). A set without any .cls member is labelled by the folders of its
+ * classes.json, else the numbers themselves, below LABELS_MAX) or a class
+ * name (classes sorted). A set without any .cls member is labelled by the folders of its
  * members, like the folder source. Samples keep the order of the shards (as
  * listed, or sorted by name) and of their members, so a set written from a
  * folder has the folder's sample positions, labels and class names.
@@ -32,11 +33,20 @@
  *
  * Writing. dsrt_shards_write puts the samples of a datastore, in its order,
  * into shards of at most shard_bytes: <key>.cls then <key>.jpg|png for each,
- * ustar headers, the files' bytes unchanged (in-memory pixels as PNG). Each
- * shard is written to a temporary name, fsync'd and renamed; classes.json and
- * the index follow the last shard. The writer first removes a set written
- * before into the same folder, index first, so that no index ever describes
- * shards it did not see written.
+ * ustar headers, the files' bytes unchanged (in-memory pixels as PNG). The
+ * whole set (shards, classes.json, index) is written into a hidden staging
+ * folder inside the output folder, each file fsync'd, and moved into place
+ * only once whole: the old set's index removed first (nothing then describes
+ * a mix), the shards renamed over the old ones, the old set's other shards
+ * removed, classes.json, the index last. Until then the set the folder held
+ * is untouched, so a failed or killed write never costs the last good set; a
+ * failed write removes what it staged, the next write what a killed one left.
+ * The writer removes or replaces only what it made: its record in the
+ * folder (RECORD_NAME), written before anything else, lists each file it
+ * made there with its size, and each staging folder. A folder holding
+ * anything the record does not list as it is now is refused, named, and left
+ * alone, as is one that is, holds or lies inside a folder the samples come
+ * from; both checks come before any change.
  */
 #include "datastore/remote.h"
 #include "datastore/shards.h"
@@ -56,11 +66,20 @@
 #include <unistd.h>
 
 #define DEFAULT_EXTENSIONS "jpg,jpeg,jpe,jfif,png"
-#define CLS_MAX            256                /* bytes of a .cls member read */
-#define SCAN_WINDOW        ((size_t)64 << 10) /* bytes read at once while scanning */
-#define EXPAND_MAX         ((size_t)1 << 22)  /* paths a brace list may give */
-#define WRITE_BUFFER       ((size_t)4 << 20)  /* bytes gathered before a write */
+#define CLS_MAX            256                 /* bytes of a .cls member read */
+#define SCAN_WINDOW        ((size_t)64 << 10)  /* bytes read at once while scanning */
+#define EXPAND_MAX         ((size_t)1 << 20)   /* names a brace list gives in all, at most */
+#define EXPAND_BYTES       ((size_t)256 << 20) /* and bytes of them */
+#define WRITE_BUFFER       ((size_t)4 << 20)   /* bytes gathered before a write */
 #define SHARD_NAME_FMT     "shard-%06zu.tar"
+#define STAGE_PREFIX       ".dsrt-staging-"       /* the hidden folder a set is written in */
+#define RECORD_NAME        ".dsrt-shards-written" /* what the writer made in a folder */
+#define RECORD_MAGIC       "dsrt shards written 1"
+
+/* Class indices below which .cls labels must lie when the set names no
+ * classes (the numbers become the names: a label of 50 000 000 would make
+ * 50 million of them). */
+#define LABELS_MAX ((int32_t)1 << 20)
 
 // ----------------------------------------------------------------------------
 // Small helpers
@@ -163,27 +182,94 @@ static int parse_range(const char *s, const char *e, long long *a, long long *b,
     return 1;
 }
 
+/* The size of the range "A..B" parsed by parse_range (at least 1). */
+static unsigned long long range_span(long long a, long long b) {
+    return (a <= b ? (unsigned long long)b - (unsigned long long)a
+                   : (unsigned long long)a - (unsigned long long)b) +
+           1;
+}
+
+/* Counts the commas at the top level of the group whose inside is [in, close). */
+static int group_commas(const char *in, const char *close) {
+    int depth = 0, commas = 0;
+    for (const char *p = in; p < close; p++) {
+        if (*p == '{') depth++;
+        if (*p == '}') depth--;
+        if (*p == ',' && depth == 0) commas++;
+    }
+    return commas;
+}
+
+/* pre + mid + post, in a new string. */
+static char *concat3(const char *pre, size_t plen, const char *mid, size_t mlen, const char *post) {
+    size_t tlen = strlen(post);
+    char *t = dsrt__malloc(plen + mlen + tlen + 1);
+    if (!t) return NULL;
+    memcpy(t, pre, plen);
+    memcpy(t + plen, mid, mlen);
+    memcpy(t + plen + mlen, post, tlen + 1);
+    return t;
+}
+
+/* How many names pat expands to, counted without making them: a range
+ * multiplies what follows it, alternatives add up. A count above max is
+ * reported as max + 1 (the count stops there); SIZE_MAX when out of memory. */
+static size_t brace_count(const char *pat, size_t max) {
+    const char *open = strchr(pat, '{');
+    const char *close = open ? brace_end(open) : NULL;
+    if (!open || !close) return 1;
+    const char *post = close + 1, *in = open + 1;
+    long long a, b;
+    int width;
+    if (parse_range(in, close, &a, &b, &width)) {
+        unsigned long long span = range_span(a, b);
+        size_t rest = brace_count(post, max);
+        if (rest == SIZE_MAX) return SIZE_MAX;
+        return span > max || rest > max / span ? max + 1 : (size_t)span * rest;
+    }
+    if (group_commas(in, close) == 0) return brace_count(post, max); /* "{x}": literal */
+    /* An alternative without a group gives what follows the group. */
+    size_t total = 0, rest = brace_count(post, max);
+    if (rest == SIZE_MAX) return SIZE_MAX;
+    int depth = 0;
+    for (const char *s = in, *p = in; p <= close; p++) {
+        if (p < close && *p == '{') depth++;
+        if (p < close && *p == '}') depth--;
+        if (p == close || (*p == ',' && depth == 0)) {
+            size_t k = rest;
+            if (memchr(s, '{', (size_t)(p - s))) {
+                char *t = concat3(pat, (size_t)(open - pat), s, (size_t)(p - s), post);
+                if (!t) return SIZE_MAX;
+                k = brace_count(t, max);
+                free(t);
+                if (k == SIZE_MAX) return SIZE_MAX;
+            }
+            total += k;
+            if (total > max) return max + 1;
+            s = p + 1;
+        }
+    }
+    return total;
+}
+
 /* Expands the first brace group of pat, then the rest recursively, as a
- * shell does: {a,b,c} and {000..146}. */
+ * shell does: {a,b,c} and {000..146}; a group that is neither ("{x}") stays
+ * as it is and the groups after it expand. The caller has counted the
+ * names (brace_count). */
 static int expand_braces(const char *pat, strlist *out) {
     const char *open = strchr(pat, '{');
     const char *close = open ? brace_end(open) : NULL;
     if (!open || !close) return strlist_add(out, pat, strlen(pat));
     size_t pre = (size_t)(open - pat);
     const char *post = close + 1, *in = open + 1;
-    size_t plen = strlen(post), cap = strlen(pat) + 64;
-    char *buf = dsrt__malloc(cap + 1);
-    if (!buf) return -ENOMEM;
     int rc = 0;
     long long a, b;
     int width;
     if (parse_range(in, close, &a, &b, &width)) {
+        size_t cap = strlen(pat) + 64;
+        char *buf = dsrt__malloc(cap + 1);
+        if (!buf) return -ENOMEM;
         long long step = a <= b ? 1 : -1;
-        if ((unsigned long long)(a <= b ? b - a : a - b) >= EXPAND_MAX) {
-            free(buf);
-            return dsrt__fail(DSRT_EOPTION, "shards: %s: a range of more than %zu names", pat,
-                              EXPAND_MAX);
-        }
         for (long long v = a;; v += step) {
             int n = snprintf(buf, cap, "%.*s%0*lld%s", (int)pre, pat, width, v, post);
             if (n < 0 || (size_t)n >= cap) {
@@ -196,45 +282,54 @@ static int expand_braces(const char *pat, strlist *out) {
         free(buf);
         return rc;
     }
-    /* Comma alternatives at the top level of the group. */
-    int depth = 0, commas = 0;
-    for (const char *p = in; p < close; p++) {
-        if (*p == '{') depth++;
-        if (*p == '}') depth--;
-        if (*p == ',' && depth == 0) commas++;
-    }
-    if (commas == 0) {
-        /* "{x}" is no group: keep it literally, expand what follows. */
-        free(buf);
-        return strlist_add(out, pat, strlen(pat));
-    }
-    const char *s = in;
-    depth = 0;
-    for (const char *p = in; p <= close; p++) {
-        if (p < close && *p == '{') depth++;
-        if (p < close && *p == '}') depth--;
-        if (p == close || (*p == ',' && depth == 0)) {
-            size_t alen = (size_t)(p - s), need = pre + alen + plen + 1;
-            char *t = dsrt__malloc(need);
+    if (group_commas(in, close) == 0) {
+        /* "{x}" is no group: kept as it is, the groups after it expanded. */
+        strlist rest = {0};
+        rc = expand_braces(post, &rest);
+        for (size_t k = 0; rc == 0 && k < rest.n; k++) {
+            char *t = concat3(pat, (size_t)(post - pat), rest.v[k], strlen(rest.v[k]), "");
             if (!t) {
                 rc = -ENOMEM;
                 break;
             }
-            memcpy(t, pat, pre);
-            memcpy(t + pre, s, alen);
-            memcpy(t + pre + alen, post, plen + 1);
+            rc = strlist_add(out, t, strlen(t));
+            free(t);
+        }
+        strlist_free(&rest);
+        return rc;
+    }
+    /* Comma alternatives at the top level of the group. */
+    int depth = 0;
+    for (const char *s = in, *p = in; p <= close; p++) {
+        if (p < close && *p == '{') depth++;
+        if (p < close && *p == '}') depth--;
+        if (p == close || (*p == ',' && depth == 0)) {
+            char *t = concat3(pat, pre, s, (size_t)(p - s), post);
+            if (!t) return -ENOMEM;
             rc = expand_braces(t, out);
             free(t);
             if (rc != 0) break;
-            if (out->n > EXPAND_MAX) {
-                rc = dsrt__fail(DSRT_EOPTION, "shards: %s: more than %zu names", pat, EXPAND_MAX);
-                break;
-            }
             s = p + 1;
         }
     }
-    free(buf);
     return rc;
+}
+
+/* The names the brace list pat gives (pat itself when it has none), at most
+ * EXPAND_MAX of them and EXPAND_BYTES in all, counted before any is made:
+ * each group multiplies the names, so a few short groups could otherwise
+ * ask for billions. name is the path the user gave, for messages. */
+static int expand_list(const char *pat, const char *name, strlist *out) {
+    size_t n = brace_count(pat, EXPAND_MAX);
+    if (n == SIZE_MAX) return -ENOMEM;
+    /* No name is longer than the pattern. */
+    if (n > EXPAND_MAX || n > EXPAND_BYTES / (strlen(pat) + 1))
+        return dsrt__fail(DSRT_EOPTION,
+                          "shards: %s: the brace list gives more than %zu names (or %zu MiB of "
+                          "them), the most dsrt expands: name fewer shards, or their folder",
+                          name, n > EXPAND_MAX ? EXPAND_MAX : EXPAND_BYTES / (strlen(pat) + 1),
+                          EXPAND_BYTES >> 20);
+    return expand_braces(pat, out);
 }
 
 /* The .tar files of a folder, sorted by name. */
@@ -269,7 +364,7 @@ static int list_folder(const char *dir, strlist *out) {
  * then globs matched (sorted); a name without a glob must exist. */
 static int expand_selection(const char *path, strlist *out) {
     strlist pats = {0};
-    int rc = expand_braces(path, &pats);
+    int rc = expand_list(path, path, &pats);
     for (size_t i = 0; rc == 0 && i < pats.n; i++) {
         const char *p = pats.v[i];
         if (!has_glob(p)) {
@@ -804,7 +899,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
         if (rc != 0) goto out;
     }
     if (selection) {
-        if ((rc = expand_braces(last, &pats)) != 0) goto out;
+        if ((rc = expand_list(last, path, &pats)) != 0) goto out;
         for (size_t i = 0; i < pats.n; i++) {
             size_t before = g->shards.n;
             if (!has_glob(pats.v[i])) {
@@ -1169,6 +1264,13 @@ static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_option
                                          "left out",
                                          g->shards.v[k], f->member, (int)v, nknown);
                     v = -1;
+                } else if (!nknown && v >= LABELS_MAX) {
+                    free(list);
+                    return dsrt__fail(DSRT_ETOOBIG,
+                                      "shards: %s: %s: label %d: without class names (an index "
+                                      "or classes.json beside the shards) a label is a class "
+                                      "index below %d",
+                                      g->shards.v[k], f->member, (int)v, (int)LABELS_MAX);
                 }
             } else {
                 key = f->cls;
@@ -1243,7 +1345,7 @@ static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_option
             return -ENOMEM;
         }
         for (size_t c = 0; c < nc; c++) {
-            char num[16];
+            char num[24];
             snprintf(num, sizeof num, "%zu", c);
             (*names)[c] = dsrt_arena_strndup(&g->tmp, num, strlen(num));
             if (!(*names)[c]) {
@@ -1548,6 +1650,112 @@ static int make_dirs(const char *path) {
     return rc;
 }
 
+/* The real path of path (symbolic links, "." and ".." resolved) into out
+ * (cap bytes), when its last components do not exist yet too: those are
+ * taken as written, as mkdir -p would make them. */
+static int real_path(const char *path, char *out, size_t cap) {
+    char *r = realpath(path, NULL);
+    if (r) {
+        int n = snprintf(out, cap, "%s", r);
+        free(r);
+        return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
+    }
+    if (errno != ENOENT || !*path) return -errno;
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    const char *last = path + b;
+    size_t llen = n - b;
+    char parent[4096];
+    int pn = b == 0   ? snprintf(parent, sizeof parent, ".")
+             : b == 1 ? snprintf(parent, sizeof parent, "/")
+                      : snprintf(parent, sizeof parent, "%.*s", (int)(b - 1), path);
+    if (pn < 0 || (size_t)pn >= sizeof parent) return -ENAMETOOLONG;
+    int rc = real_path(parent, out, cap);
+    if (rc != 0) return rc;
+    size_t ol = strlen(out);
+    if (llen == 1 && last[0] == '.') return 0;
+    if (llen == 2 && last[0] == '.' && last[1] == '.') {
+        char *slash = strrchr(out, '/');
+        if (slash) slash[slash == out] = '\0';
+        return 0;
+    }
+    int m = snprintf(out + ol, cap - ol, "%s%.*s", ol > 0 && out[ol - 1] == '/' ? "" : "/",
+                     (int)llen, last);
+    return m < 0 || (size_t)m >= cap - ol ? -ENAMETOOLONG : 0;
+}
+
+/* 1 when the real path a lies inside the real path b (not equal). */
+static int path_inside(const char *a, const char *b) {
+    size_t n = strlen(b);
+    if (n == 1 && b[0] == '/') return a[1] != '\0';
+    return strncmp(a, b, n) == 0 && a[n] == '/';
+}
+
+/* Refuses out when it is, holds or lies inside the source folder src
+ * (compared as real paths; rout is out's). */
+static int apart_from(const char *out, const char *rout, const char *src) {
+    char rsrc[4096];
+    if (real_path(src, rsrc, sizeof rsrc) != 0) return 0; /* gone: nothing there to harm */
+    const char *how = !strcmp(rout, rsrc)       ? "is"
+                      : path_inside(rsrc, rout) ? "contains"
+                      : path_inside(rout, rsrc) ? "lies inside"
+                                                : NULL;
+    if (!how) return 0;
+    /* Each path as given, and its real path where that differs. */
+    char a[8300], b[8300];
+    snprintf(a, sizeof a, strcmp(out, rout) ? "%s (really %s)" : "%s", out, rout);
+    snprintf(b, sizeof b, strcmp(src, rsrc) ? "%s (really %s)" : "%s", src, rsrc);
+    return dsrt__fail(DSRT_EOPTION,
+                      "shards: %s %s the source's folder %s: the set would be written over or "
+                      "among the data it is made from; give a folder apart from it",
+                      a, how, b);
+}
+
+/* Refuses an out that is, holds or lies inside a local folder the samples
+ * of ds come from: a shard set's folders, a folder source's root (the
+ * folder all its files lie under), a manifest's files' folders. */
+static int check_apart(const dsrt_datastore *ds, const char *out) {
+    const dsrt_index *ix = ds->index;
+    char rout[4096], dir[4096], prev[4096] = "";
+    int rc = real_path(out, rout, sizeof rout);
+    if (rc != 0) return dsrt__fail(rc, "shards: %s: %s", out, strerror(-rc));
+    if (ix->shards) {
+        for (size_t k = 0; rc == 0 && !ix->shards->remote && k < ix->shards->nshards; k++) {
+            dir_of(ix->shards->shards[k].path, dir, sizeof dir);
+            if (strcmp(dir, prev) != 0) rc = apart_from(out, rout, dir);
+            memcpy(prev, dir, sizeof dir);
+        }
+        return rc;
+    }
+    if (!ix->paths || !ix->n) return 0;
+    if (ix->source == DSRT_SOURCE_FOLDER) {
+        if (ix->remote) return 0;
+        /* The longest folder every path starts with. */
+        const char *p0 = ix->paths[0];
+        size_t common = strlen(p0);
+        for (size_t i = 1; i < ix->n && common > 0; i++) {
+            size_t m = 0;
+            while (m < common && ix->paths[i][m] == p0[m]) m++;
+            common = m;
+        }
+        while (common > 0 && p0[common - 1] != '/') common--;
+        if (common == 0)
+            snprintf(dir, sizeof dir, ".");
+        else
+            snprintf(dir, sizeof dir, "%.*s", (int)(common > 1 ? common - 1 : 1), p0);
+        return apart_from(out, rout, dir);
+    }
+    for (size_t i = 0; rc == 0 && i < ix->n; i++) {
+        if (dsrt__is_url(ix->paths[i])) continue;
+        dir_of(ix->paths[i], dir, sizeof dir);
+        if (strcmp(dir, prev) != 0) rc = apart_from(out, rout, dir);
+        memcpy(prev, dir, sizeof dir);
+    }
+    return rc;
+}
+
 /* 1 when name is base followed by a run of digits and then tail. */
 static int digits_between(const char *name, const char *base, const char *tail) {
     size_t b = strlen(base);
@@ -1557,9 +1765,8 @@ static int digits_between(const char *name, const char *base, const char *tail) 
     return p > name + b && strcmp(p, tail) == 0;
 }
 
-/* A name this writer makes: shard-NNNNNN.tar and its temporary form
- * .shard-NNNNNN.tar.tmp, the index and classes.json and their temporary
- * forms (NAME.tmp.TID). */
+/* A name this writer makes in its staging folder: shard-NNNNNN.tar, the
+ * index and classes.json and their temporary forms (NAME.tmp.TID). */
 static int ours(const char *name) {
     static const char *const files[] = {DSRT_SHARD_INDEX_NAME, DSRT_SHARD_CLASSES_NAME};
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(files); k++) {
@@ -1567,48 +1774,332 @@ static int ours(const char *name) {
         snprintf(base, sizeof base, "%s.tmp.", files[k]);
         if (!strcmp(name, files[k]) || digits_between(name, base, "")) return 1;
     }
-    return digits_between(name, "shard-", ".tar") || digits_between(name, ".shard-", ".tar.tmp");
+    return digits_between(name, "shard-", ".tar");
 }
 
-/* Makes out an empty folder for a new set: a set written before is removed
- * (its index first); anything else there is refused. */
-static int prepare_out(const char *out) {
-    int rc = make_dirs(out);
-    if (rc != 0) return rc;
-    DIR *d = opendir(out);
-    if (!d) return dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
-    strlist names = {0};
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        if (!ours(de->d_name)) {
-            rc = dsrt__fail(DSRT_EOPTION,
-                            "shards: %s: holds '%s', which no shard set of dsrt's makes: give "
-                            "an empty or new folder",
-                            out, de->d_name);
-            break;
+// ----------------------------------------------------------------------------
+// The record of what the writer made in a folder
+
+/* What a record lists: a file of the size it had when written, or a staging
+ * folder. A name may be listed with two sizes while a set replaces another. */
+#define RECORD_FOLDER UINT64_MAX
+
+typedef struct {
+    strlist names;
+    uint64_t *sizes; /* (names.n) bytes, or RECORD_FOLDER */
+    size_t cap;
+    size_t *sorted; /* (names.n) positions by name, then size; NULL until looked up */
+} record;
+
+static void record_free(record *r) {
+    strlist_free(&r->names);
+    free(r->sizes);
+    free(r->sorted);
+    memset(r, 0, sizeof *r);
+}
+
+/* Adds an entry (a set of a million shards makes as many: no search here). */
+static int record_add(record *r, const char *name, uint64_t size) {
+    void *v = r->sizes;
+    if (dsrt__grow(&v, &r->cap, r->names.n + 1, sizeof *r->sizes) != 0) return -ENOMEM;
+    r->sizes = v;
+    r->sizes[r->names.n] = size;
+    free(r->sorted);
+    r->sorted = NULL;
+    return strlist_add(&r->names, name, strlen(name));
+}
+
+static int record_cmp(const record *r, size_t a, const char *name, uint64_t size) {
+    int c = strcmp(r->names.v[a], name);
+    return c ? c : r->sizes[a] < size ? -1 : r->sizes[a] > size;
+}
+
+static int by_record_entry(const void *a, const void *b, void *ctx) {
+    const record *r = ctx;
+    size_t y = *(const size_t *)b;
+    return record_cmp(r, *(const size_t *)a, r->names.v[y], r->sizes[y]);
+}
+
+/* The entries in order of name and size, for lookups and the file. */
+static int record_sort(record *r) {
+    if (r->sorted || r->names.n == 0) return 0;
+    r->sorted = dsrt__malloc(r->names.n * sizeof *r->sorted);
+    if (!r->sorted) return -ENOMEM;
+    for (size_t k = 0; k < r->names.n; k++) r->sorted[k] = k;
+    qsort_r(r->sorted, r->names.n, sizeof *r->sorted, by_record_entry, r);
+    return 0;
+}
+
+/* The first sorted place whose entry is not below (name, size). */
+static size_t record_lower(const record *r, const char *name, uint64_t size) {
+    size_t lo = 0, hi = r->names.n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (record_cmp(r, r->sorted[mid], name, size) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* 1 when the record lists name with this size (RECORD_FOLDER: as a folder);
+ * the record is sorted (record_sort). */
+static int record_has(const record *r, const char *name, uint64_t size) {
+    size_t k = r->sorted ? record_lower(r, name, size) : r->names.n;
+    return k < r->names.n && record_cmp(r, r->sorted[k], name, size) == 0;
+}
+
+/* 1 when the sorted record lists name at all. */
+static int record_names(const record *r, const char *name) {
+    size_t k = r->sorted ? record_lower(r, name, 0) : r->names.n;
+    return k < r->names.n && !strcmp(r->names.v[r->sorted[k]], name);
+}
+
+/* Parses a record: RECORD_MAGIC, then a line a name ("SIZE NAME", or
+ * "- NAME" for a staging folder). */
+static int record_parse(const char *text, size_t len, const char *path, record *r) {
+    size_t m = strlen(RECORD_MAGIC);
+    if (len < m + 1 || memcmp(text, RECORD_MAGIC, m) != 0 || text[m] != '\n')
+        return dsrt__fail(DSRT_EOPTION, "shards: %s: not a record dsrt wrote", path);
+    int rc = 0;
+    for (size_t at = m + 1; rc == 0 && at < len;) {
+        const char *line = text + at, *nl = memchr(line, '\n', len - at);
+        size_t ll = nl ? (size_t)(nl - line) : len - at;
+        const char *sp = memchr(line, ' ', ll);
+        uint64_t size = 0;
+        int ok = sp && sp > line && (size_t)(sp - line) <= 20 && sp + 1 < line + ll;
+        if (ok && sp - line == 1 && line[0] == '-') {
+            size = RECORD_FOLDER;
+        } else {
+            for (const char *c = line; ok && c < sp; c++) {
+                ok = isdigit((unsigned char)*c) && size <= (UINT64_MAX - 9) / 10;
+                size = size * 10 + (uint64_t)(*c - '0');
+            }
         }
-        if ((rc = strlist_add(&names, de->d_name, strlen(de->d_name))) != 0) break;
+        char name[256];
+        size_t nl_len = ok ? (size_t)(line + ll - sp - 1) : 0;
+        ok = ok && nl_len < sizeof name && !memchr(sp + 1, '/', nl_len) &&
+             !memchr(sp + 1, '\0', nl_len);
+        if (ok) {
+            memcpy(name, sp + 1, nl_len);
+            name[nl_len] = '\0';
+            ok = strcmp(name, ".") && strcmp(name, "..");
+        }
+        if (!ok)
+            return dsrt__fail(DSRT_EOPTION, "shards: %s: line '%.*s' is not one dsrt writes", path,
+                              (int)DSRT_MIN(ll, (size_t)80), line);
+        rc = record_add(r, name, size);
+        at += ll + 1;
     }
-    closedir(d);
-    char p[8192];
-    /* The index goes first: without it no stale description survives. */
-    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, out);
-    if (rc == 0 && unlink(p) != 0 && errno != ENOENT)
-        rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
-    for (size_t i = 0; rc == 0 && i < names.n; i++) {
-        snprintf(p, sizeof p, "%s/%s", out, names.v[i]);
-        if (unlink(p) != 0 && errno != ENOENT)
-            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
-    }
-    strlist_free(&names);
     return rc;
 }
 
-/* A shard being written: a temporary file and a buffer in front of it. */
+/* Writes the record of out (atomically, fsync'd), each entry once. */
+static int record_write(const char *out, record *r) {
+    dsrt_strbuf b = {0};
+    int rc = record_sort(r);
+    if (rc == 0) rc = dsrt__sb_printf(&b, "%s\n", RECORD_MAGIC);
+    for (size_t i = 0; rc == 0 && i < r->names.n; i++) {
+        size_t k = r->sorted[i];
+        if (i > 0 && record_cmp(r, r->sorted[i - 1], r->names.v[k], r->sizes[k]) == 0) continue;
+        rc = r->sizes[k] == RECORD_FOLDER
+                 ? dsrt__sb_printf(&b, "- %s\n", r->names.v[k])
+                 : dsrt__sb_printf(&b, "%llu %s\n", (unsigned long long)r->sizes[k], r->names.v[k]);
+    }
+    char p[8192];
+    snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+    if (rc == 0) rc = dsrt__write_file_atomic(p, b.s, b.len);
+    free(b.s);
+    return rc ? dsrt__fail_prefix(rc, "shards") : 0;
+}
+
+// ----------------------------------------------------------------------------
+// The output folder
+
+/* What the output folder holds before a write. */
+typedef struct {
+    int exists;
+    int recorded;  /* it has a record */
+    record rec;    /* what the record lists */
+    strlist set;   /* files of the set written there before (listed, there, unchanged) */
+    strlist stale; /* staging folders and temporary records of writes that stopped */
+} out_state;
+
+static void out_state_free(out_state *st) {
+    record_free(&st->rec);
+    strlist_free(&st->set);
+    strlist_free(&st->stale);
+}
+
+/* 1 for the temporary form of the record (dsrt__write_file_atomic's). */
+static int record_temporary(const char *name) {
+    return digits_between(name, RECORD_NAME ".tmp.", "");
+}
+
+/* Checks that the staging folder dir holds only what the writer makes there. */
+static int stage_check(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL)
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !ours(de->d_name))
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: holds '%s', which dsrt did not write there: move it "
+                            "away",
+                            dir, de->d_name);
+    closedir(d);
+    return rc;
+}
+
+/* Looks at out without changing anything. It must be absent, empty, or
+ * hold only what its record says this writer made there, as it made it:
+ * the files of a set, unchanged, and staging folders of writes that
+ * stopped. Anything else is refused, named, and never touched. */
+static int out_inspect(const char *out, out_state *st) {
+    memset(st, 0, sizeof *st);
+    struct stat sb;
+    if (stat(out, &sb) != 0) {
+        if (errno == ENOENT) return 0;
+        return dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return dsrt__fail(-ENOTDIR, "shards: %s: is %s, not a folder", out,
+                          dsrt__file_kind(sb.st_mode));
+    st->exists = 1;
+    char p[8192];
+    int rc = 0;
+    snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+    if (lstat(p, &sb) == 0) {
+        uint8_t *text;
+        size_t len;
+        st->recorded = 1;
+        if (!S_ISREG(sb.st_mode))
+            rc = dsrt__fail(DSRT_EOPTION, "shards: %s: is %s, not a record", p,
+                            dsrt__file_kind(sb.st_mode));
+        else if ((rc = dsrt__read_whole_file(p, (size_t)64 << 20, &text, &len)) != 0)
+            dsrt__fail_prefix(rc, "shards");
+        if (rc == 0) {
+            rc = record_parse((const char *)text, len, p, &st->rec);
+            free(text);
+        }
+        if (rc == 0) rc = record_sort(&st->rec);
+        if (rc != 0) {
+            out_state_free(st);
+            return rc;
+        }
+    }
+    DIR *d = opendir(out);
+    if (!d) {
+        rc = dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
+        out_state_free(st);
+        return rc;
+    }
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        const char *name = de->d_name;
+        if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, RECORD_NAME)) continue;
+        snprintf(p, sizeof p, "%s/%s", out, name);
+        if (record_temporary(name)) {
+            rc = strlist_add(&st->stale, name, strlen(name));
+            continue;
+        }
+        if (!record_names(&st->rec, name)) {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: holds '%s', which dsrt did not write there (%s): give "
+                            "an empty or new folder, or move it away",
+                            out, name,
+                            st->recorded ? "its record " RECORD_NAME " does not list it"
+                                         : "the folder has no record " RECORD_NAME);
+            break;
+        }
+        if (lstat(p, &sb) != 0) {
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+        } else if (S_ISDIR(sb.st_mode) && record_has(&st->rec, name, RECORD_FOLDER)) {
+            rc = stage_check(p);
+            if (rc == 0) rc = strlist_add(&st->stale, name, strlen(name));
+        } else if (S_ISREG(sb.st_mode) && record_has(&st->rec, name, (uint64_t)sb.st_size)) {
+            rc = strlist_add(&st->set, name, strlen(name));
+        } else {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: is %s of %llu bytes, not what dsrt wrote there: changed "
+                            "since, so neither removed nor replaced; move it away",
+                            p, S_ISREG(sb.st_mode) ? "a file" : dsrt__file_kind(sb.st_mode),
+                            (unsigned long long)sb.st_size);
+        }
+    }
+    closedir(d);
+    if (rc != 0) out_state_free(st);
+    return rc;
+}
+
+/* Removes the staging folder dir (or a temporary record) and the files in
+ * it that this writer makes; a folder holding anything else stays. */
+static int remove_staged(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOTDIR && unlink(dir) == 0) return 0;
+        return errno == ENOENT ? 0 : dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    }
+    char p[8192];
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!ours(de->d_name)) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    return 0;
+}
+
+/* fsync of a folder, so that the renames in it last. */
+static int sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    int rc = fsync(fd) != 0 ? dsrt__fail(-errno, "shards: %s: fsync: %s", dir, strerror(errno)) : 0;
+    close(fd);
+    return rc;
+}
+
+/* Moves the whole set staged in stage into out: the old index first, so
+ * that nothing describes a mix; the shards, replacing the old ones; the old
+ * set's other files removed; classes.json; the index last. files lists the
+ * new set's files (the index last). */
+static int publish(const char *out, const char *stage, const out_state *st, record *files) {
+    char from[8192], to[8192];
+    int rc = record_sort(files);
+    if (rc != 0) return rc;
+    if (record_names(&st->rec, DSRT_SHARD_INDEX_NAME)) {
+        snprintf(to, sizeof to, "%s/" DSRT_SHARD_INDEX_NAME, out);
+        if (unlink(to) != 0 && errno != ENOENT)
+            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    for (size_t k = 0; k + 2 < files->names.n; k++) {
+        snprintf(from, sizeof from, "%s/%s", stage, files->names.v[k]);
+        snprintf(to, sizeof to, "%s/%s", out, files->names.v[k]);
+        if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    for (size_t k = 0; k < st->set.n; k++) {
+        if (record_names(files, st->set.v[k])) continue;
+        snprintf(to, sizeof to, "%s/%s", out, st->set.v[k]);
+        if (unlink(to) != 0 && errno != ENOENT)
+            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    for (size_t k = files->names.n - 2; k < files->names.n; k++) {
+        snprintf(from, sizeof from, "%s/%s", stage, files->names.v[k]);
+        snprintf(to, sizeof to, "%s/%s", out, files->names.v[k]);
+        if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    return sync_dir(out);
+}
+
+/* A shard being written, in the staging folder, and a buffer in front of it. */
 typedef struct {
     int fd;
-    char tmp[4096], final[4096];
+    char path[4096];
     uint8_t *buf;
     size_t used;
     uint64_t size; /* bytes written so far, the buffer included */
@@ -1619,7 +2110,7 @@ static int sf_flush(shard_file *f) {
     while (done < f->used) {
         ssize_t w = write(f->fd, f->buf + done, f->used - done);
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return dsrt__fail(-errno, "shards: %s: %s", f->tmp, strerror(errno));
+        if (w < 0) return dsrt__fail(-errno, "shards: %s: %s", f->path, strerror(errno));
         done += (size_t)w;
     }
     f->used = 0;
@@ -1655,30 +2146,25 @@ static int sf_member(shard_file *f, const char *name, const void *data, size_t l
     return rc;
 }
 
-static int sf_open(shard_file *f, const char *out, size_t k) {
-    char name[64];
-    snprintf(name, sizeof name, SHARD_NAME_FMT, k);
-    snprintf(f->final, sizeof f->final, "%s/%s", out, name);
-    snprintf(f->tmp, sizeof f->tmp, "%s/.%s.tmp", out, name);
-    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (f->fd < 0) return dsrt__fail(-errno, "shards: %s: %s", f->tmp, strerror(errno));
+static int sf_open(shard_file *f, const char *stage, const char *name) {
+    snprintf(f->path, sizeof f->path, "%s/%s", stage, name);
+    f->fd = open(f->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (f->fd < 0) return dsrt__fail(-errno, "shards: %s: %s", f->path, strerror(errno));
     f->used = 0;
     f->size = 0;
     return 0;
 }
 
-/* The end-of-archive marker, fsync, and the final name. */
+/* The end-of-archive marker, and fsync. */
 static int sf_close(shard_file *f) {
     static const uint8_t zeros[2 * DSRT_TAR_BLOCK];
     int rc = sf_put(f, zeros, sizeof zeros);
     if (rc == 0) rc = sf_flush(f);
     if (rc == 0 && fsync(f->fd) != 0)
-        rc = dsrt__fail(-errno, "shards: %s: fsync: %s", f->tmp, strerror(errno));
+        rc = dsrt__fail(-errno, "shards: %s: fsync: %s", f->path, strerror(errno));
     if (close(f->fd) != 0 && rc == 0)
-        rc = dsrt__fail(-errno, "shards: %s: close: %s", f->tmp, strerror(errno));
+        rc = dsrt__fail(-errno, "shards: %s: close: %s", f->path, strerror(errno));
     f->fd = -1;
-    if (rc == 0 && rename(f->tmp, f->final) != 0)
-        rc = dsrt__fail(-errno, "shards: %s: %s", f->final, strerror(errno));
     return rc;
 }
 
@@ -1813,8 +2299,11 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     const char *const *names = opt.class_names ? opt.class_names : ix->classes;
     for (size_t c = 0; c < ix->num_classes; c++)
         if (!names[c]) return dsrt__fail(DSRT_EOPTION, "shards: class %zu has no name", c);
-    int rc = prepare_out(out);
+    /* Everything is checked before anything is changed. */
+    int rc = check_apart(ds, out);
     if (rc != 0) return rc;
+    out_state st;
+    if ((rc = out_inspect(out, &st)) != 0) return rc;
 
     size_t n = ds->n;
     int width = 6;
@@ -1824,12 +2313,49 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     strlist shard_names = {0}, members = {0};
     size_t nshards = 0, cap_shards = 0;
     shard_file f = {.fd = -1};
+    char stage[4096] = "", p[8192];
+    int made = 0;                     /* out was made by this write */
+    int recorded = 0;                 /* its record lists the staging folder */
+    int publishing = 0;               /* files are being moved into out */
+    record during = {0}, files = {0}; /* the record while writing; the new set's files */
     f.buf = dsrt__malloc(WRITE_BUFFER);
     x.offset = dsrt__malloc((n ? n : 1) * sizeof *x.offset);
     x.size = dsrt__malloc((n ? n : 1) * sizeof *x.size);
     x.label = dsrt__malloc((n ? n : 1) * sizeof *x.label);
     result = -ENOMEM;
     if (!f.buf || !x.offset || !x.size || !x.label) goto fail;
+
+    /* The set is written whole into a hidden folder inside out, then moved
+     * into place: until then the set out held stays as it was. The record
+     * lists that folder before it is made, so that whatever happens, out
+     * holds nothing its record does not account for. */
+    if ((rc = make_dirs(out)) != 0) goto fail;
+    made = !st.exists;
+    char sname[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (unsigned k = 0;; k++) {
+        snprintf(sname, sizeof sname, STAGE_PREFIX "%ld-%lx-%u", (long)getpid(), (long)ts.tv_nsec,
+                 k);
+        snprintf(p, sizeof p, "%s/%s", out, sname);
+        if (access(p, F_OK) != 0) break;
+    }
+    for (size_t k = 0; rc == 0 && k < st.rec.names.n; k++)
+        rc = record_add(&during, st.rec.names.v[k], st.rec.sizes[k]);
+    if (rc == 0) rc = record_add(&during, sname, RECORD_FOLDER);
+    if (rc == 0) rc = record_write(out, &during);
+    if (rc != 0) goto fail;
+    recorded = 1;
+    for (size_t k = 0; k < st.stale.n; k++) {
+        snprintf(p, sizeof p, "%s/%s", out, st.stale.v[k]);
+        if ((rc = remove_staged(p)) != 0) goto fail;
+    }
+    snprintf(stage, sizeof stage, "%s/%s", out, sname);
+    if (mkdir(stage, 0700) != 0) {
+        rc = dsrt__fail(-errno, "shards: %s: %s", stage, strerror(errno));
+        stage[0] = '\0';
+        goto fail;
+    }
 
     uint64_t in_shard = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1850,7 +2376,10 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
             if ((rc = sf_close(&f)) != 0) goto fail_sample;
         }
         if (f.fd < 0) {
-            if ((rc = sf_open(&f, out, nshards)) != 0) goto fail_sample;
+            char name[64];
+            snprintf(name, sizeof name, SHARD_NAME_FMT, nshards);
+            if ((rc = strlist_add(&shard_names, name, strlen(name))) != 0) goto fail_sample;
+            if ((rc = sf_open(&f, stage, name)) != 0) goto fail_sample;
             void *v = x.shard_count;
             if (dsrt__grow(&v, &cap_shards, nshards + 1, sizeof *x.shard_count) != 0) {
                 rc = -ENOMEM;
@@ -1864,8 +2393,6 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
             }
             x.shard_size = sizes;
             x.shard_count[nshards] = 0;
-            if ((rc = strlist_add(&shard_names, base_of(f.final), strlen(base_of(f.final)))) != 0)
-                goto fail_sample;
             nshards++;
             in_shard = 0;
         }
@@ -1889,34 +2416,70 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     if (f.fd >= 0 && (rc = sf_close(&f)) != 0) goto fail;
     /* Sizes as they lie on disk. */
     for (size_t k = 0; k < nshards; k++) {
-        char p[8192];
-        struct stat st;
-        snprintf(p, sizeof p, "%s/%s", out, shard_names.v[k]);
-        if (stat(p, &st) != 0) {
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", stage, shard_names.v[k]);
+        if (stat(p, &sb) != 0) {
             rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
             goto fail;
         }
-        x.shard_size[k] = (uint64_t)st.st_size;
+        x.shard_size[k] = (uint64_t)sb.st_size;
     }
-    if ((rc = write_classes_json(out, names, ix->num_classes)) != 0) goto fail;
+    if ((rc = write_classes_json(stage, names, ix->num_classes)) != 0) goto fail;
     x.nshards = nshards;
     x.n = n;
     x.nclasses = ix->num_classes;
     x.shard_names = (const char **)shard_names.v;
     x.member = (const char **)members.v;
     x.classes = (const char **)names;
-    char p[4096 + 32];
-    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, out);
-    rc = dsrt__shard_index_write(p, &x);
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, stage);
+    if ((rc = dsrt__shard_index_write(p, &x)) != 0) goto fail;
+    /* The record lists the old set and the new one while one replaces the
+     * other, then the new one alone. */
+    for (size_t k = 0; rc == 0 && k < nshards; k++)
+        rc = record_add(&files, shard_names.v[k], x.shard_size[k]);
+    static const char *const last[] = {DSRT_SHARD_CLASSES_NAME, DSRT_SHARD_INDEX_NAME};
+    for (size_t k = 0; rc == 0 && k < DSRT_ARRAY_SIZE(last); k++) {
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", stage, last[k]);
+        rc = stat(p, &sb) != 0 ? dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno))
+                               : record_add(&files, last[k], (uint64_t)sb.st_size);
+    }
+    for (size_t k = 0; rc == 0 && k < files.names.n; k++)
+        rc = record_add(&during, files.names.v[k], files.sizes[k]);
+    if (rc == 0) rc = record_write(out, &during);
     if (rc != 0) goto fail;
+    publishing = 1;
+    if ((rc = publish(out, stage, &st, &files)) != 0) goto fail;
+    if (rmdir(stage) == 0)
+        stage[0] = '\0';
+    else if ((rc = record_add(&files, sname, RECORD_FOLDER)) != 0)
+        goto fail;
+    if ((rc = record_write(out, &files)) != 0) goto fail;
     if (written) *written = n;
     result = (int64_t)nshards;
 fail:
     if (rc != 0) result = rc;
-    if (f.fd >= 0) {
-        close(f.fd);
-        unlink(f.tmp);
+    if (f.fd >= 0) close(f.fd);
+    if (rc != 0 && (stage[0] || recorded || made)) {
+        /* What was staged goes, and the record is as it was (none if there
+         * was none); a folder this write made goes too. A write that failed
+         * while moving files into out leaves the record of both sets. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+        if (stage[0] && remove_staged(stage) == 0) stage[0] = '\0';
+        if (recorded && !publishing && !stage[0]) {
+            snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+            if (st.recorded)
+                record_write(out, &st.rec);
+            else
+                unlink(p);
+        }
+        if (made) rmdir(out);
+        dsrt__fail(rc, "%s", msg);
     }
+    out_state_free(&st);
+    record_free(&during);
+    record_free(&files);
     free(f.buf);
     free(x.offset);
     free(x.size);

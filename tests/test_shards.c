@@ -1,13 +1,16 @@
 /*
  * Tests of tar shard sets: the tar walk on archives built byte by byte (ustar
  * prefixes, GNU long names, pax headers, base-256 sizes, a damaged header, a
- * member cut short), the writer (layout, index, a writer killed mid-set), and
- * reading through the pipeline in both orders: the exact order's batches
- * equal the folder's, the shard order gives every sample once an epoch,
- * streams each shard front to back, is the same for any thread count and
- * resumes bit-exactly mid-epoch, and a worker lagging behind at an epoch's
- * end still gets its sample from the stream. Also shards made by GNU tar, truncated
- * shards, selection by glob and brace list, partition and split_each_label.
+ * member cut short), the writer (layout, index, a writer killed or failing
+ * mid-set, an output refused when it is the source's folder or holds what the
+ * writer did not make), and reading through the pipeline in both orders: the
+ * exact order's batches equal the folder's, the shard order gives every
+ * sample once an epoch, streams each shard front to back, is the same for any
+ * thread count and resumes bit-exactly mid-epoch, and a worker lagging behind
+ * at an epoch's end still gets its sample from the stream. Also shards made
+ * by GNU tar, truncated shards, a shard replaced by a FIFO, selection by glob
+ * and brace list (capped in total), bounds on labels, partition and
+ * split_each_label.
  *
  * Every data set is made in the test's temporary folder.
  */
@@ -19,6 +22,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -439,13 +444,196 @@ static void test_write_and_open(void) {
         CHECK_EQ(access(p, F_OK), 0); /* refused, and kept */
         unlink(p);
     }
-    /* Leftovers of a writer killed mid-set are its own: removed. */
-    snprintf(p, sizeof p, "%s/.shard-000009.tar.tmp", shards);
-    REQUIRE(timg_write_file(p, "x", 1) == 0);
-    snprintf(p, sizeof p, "%s/dsrt-shards.index.tmp.1234", shards);
-    REQUIRE(timg_write_file(p, "x", 1) == 0);
     CHECK_EQ(write_shards(f, shards, 64 << 10, 0) > 4, 1);
     dsrt_datastore_close(s);
+    dsrt_datastore_close(f);
+}
+
+/* 1 when dir holds a whole set of n samples, opened from its index. */
+static int set_whole(const char *dir, size_t n) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, dir);
+    if (access(p, F_OK) != 0) return 0;
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_CLASSES_NAME, dir);
+    if (access(p, F_OK) != 0) return 0;
+    dsrt_datastore *ds = NULL;
+    if (dsrt_datastore_open(&ds, dir, NULL) != 0) return 0;
+    int ok = dsrt_datastore_count(ds) == n && !strcmp(dsrt_datastore_warnings(ds), "");
+    dsrt_datastore_close(ds);
+    return ok;
+}
+
+/* A set is never written into, around or inside the folder it is made
+ * from (real paths compared, links resolved): refused before any work,
+ * naming both, and the source stays whole. */
+static void test_write_apart(void) {
+    char base[4200], set[4300], p[4400], q[4400];
+    snprintf(base, sizeof base, "%s/apart", root);
+    snprintf(set, sizeof set, "%s/set", base);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(f, set, 64 << 10, 0) > 1, 1);
+    dsrt_datastore *s = open_ds(set, DSRT_SHARD_ORDER_AUTO);
+    snprintf(p, sizeof p, "%s/link", base);
+    REQUIRE(symlink("set", p) == 0);
+    struct {
+        const char *out, *how;
+    } cases[] = {
+        {"set", "is the source's folder"},
+        {"set/", "is the source's folder"},
+        {"link", "is the source's folder"},
+        {"set/../set", "is the source's folder"},
+        {"set/sub", "lies inside"},
+        {"link/sub/deeper", "lies inside"},
+        {".", "contains"},
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        snprintf(p, sizeof p, "%s/%s", base, cases[k].out);
+        CHECK_EQ(write_shards(s, p, 1 << 20, 0), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), p);
+        CHECK_CONTAINS(dsrt_last_error(), cases[k].how);
+        CHECK_CONTAINS(dsrt_last_error(), set);
+        CHECK(set_whole(set, N_IMAGES));
+    }
+    snprintf(p, sizeof p, "%s/sub", set);
+    CHECK_NE(access(p, F_OK), 0); /* nothing made */
+    /* A selection of shards is a source in their folder too. */
+    snprintf(p, sizeof p, "%s/shard-00000[01].tar", set);
+    dsrt_datastore *sel = open_ds(p, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(sel, set, 1 << 20, 0), DSRT_EOPTION);
+    CHECK(set_whole(set, N_IMAGES));
+    dsrt_datastore_close(sel);
+    /* A folder source: inside its root, or its root itself. */
+    snprintf(p, sizeof p, "%s/shards-here", folder);
+    CHECK_EQ(write_shards(f, p, 1 << 20, 0), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "lies inside the source's folder");
+    CHECK_NE(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/class1/", folder);
+    CHECK_EQ(write_shards(f, p, 1 << 20, 0), DSRT_EOPTION);
+    /* Beside it is fine. */
+    snprintf(q, sizeof q, "%s/copy", base);
+    CHECK_EQ(write_shards(s, q, 1 << 20, 0), 1);
+    CHECK(set_whole(q, N_IMAGES));
+    dsrt_datastore_close(s);
+    dsrt_datastore_close(f);
+}
+
+/* Entries of dir whose names start with prefix. */
+static int count_prefixed(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* The bytes of a file, for checking that it was left alone. */
+static char *slurp(const char *path) {
+    uint8_t *data;
+    size_t len;
+    return dsrt__read_whole_file(path, 1 << 24, &data, &len) == 0 ? (char *)data : NULL;
+}
+
+/* The writer removes or replaces only what it made, as it made it: its
+ * record in the folder lists the files of its set (and their sizes). A
+ * shard-7.tar from GNU tar, a classes.json of the user's, a shard of the
+ * set's name that is not the set's, a file of the set changed since: each
+ * refused, named, and kept as it was. A set it wrote is replaced whole, its
+ * shards beyond the new set's removed. */
+static void test_write_own_only(void) {
+    char out[4200], p[4300];
+    snprintf(out, sizeof out, "%s/own", root);
+    REQUIRE(timg_mkdirs(out) == 0);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    struct {
+        const char *name, *text;
+    } foreign[] = {{"shard-7.tar", "a tar of GNU tar's"},
+                   {"classes.json", "[\"mine\"]"},
+                   {"dsrt-shards.index", "not an index"}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(foreign); k++) {
+        snprintf(p, sizeof p, "%s/%s", out, foreign[k].name);
+        REQUIRE(timg_write_file(p, foreign[k].text, strlen(foreign[k].text)) == 0);
+        CHECK_EQ(write_shards(f, out, 64 << 10, 0), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), foreign[k].name);
+        CHECK_CONTAINS(dsrt_last_error(), "which dsrt did not write there");
+        char *kept = slurp(p);
+        CHECK_STR_EQ(kept, foreign[k].text);
+        free(kept);
+        CHECK_EQ(count_prefixed(out, "."), 2); /* nothing else made */
+        unlink(p);
+    }
+    /* Its own set: replaced whole, the shards beyond the new set removed. */
+    CHECK_GT(write_shards(f, out, 16 << 10, 0), 3);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 0), 1);
+    CHECK(set_whole(out, N_IMAGES));
+    CHECK_EQ(count_prefixed(out, "shard-"), 1);
+    /* Among it, a foreign shard of the set's own naming, or a file of the set
+     * changed since it was written. */
+    snprintf(p, sizeof p, "%s/shard-000003.tar", out);
+    REQUIRE(timg_write_file(p, "x", 1) == 0);
+    CHECK_EQ(write_shards(f, out, 16 << 10, 0), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "'shard-000003.tar', which dsrt did not write there");
+    CHECK_EQ(access(p, F_OK), 0);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/classes.json", out);
+    REQUIRE(timg_write_file(p, "[\"a\", \"b\", \"c\"]", 15) == 0);
+    CHECK_EQ(write_shards(f, out, 16 << 10, 0), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "classes.json: is a file of 15 bytes, not what dsrt wrote");
+    char *kept = slurp(p);
+    CHECK_STR_EQ(kept, "[\"a\", \"b\", \"c\"]");
+    free(kept);
+    CHECK_EQ(count_prefixed(out, "shard-"), 1);
+    dsrt_datastore_close(f);
+}
+
+/* A write that fails or dies midway leaves the set that was there whole
+ * and nothing that reads as another: the new set is staged in a hidden
+ * folder and moved into place only once whole. Into a new folder, a failed
+ * write leaves no folder. The process killed by the file size limit (a
+ * forced crash inside a shard's write) leaves a staging folder that the next
+ * write removes. */
+static void test_failed_write(void) {
+    char src[4200], out[4200], fresh[4200], p[4300];
+    snprintf(src, sizeof src, "%s/failing", root);
+    snprintf(out, sizeof out, "%s/kept", root);
+    snprintf(fresh, sizeof fresh, "%s/never", root);
+    make_folder(src, 40, 2);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 0), 1);
+    CHECK(set_whole(out, N_IMAGES));
+    dsrt_datastore *g = open_ds(src, DSRT_SHARD_ORDER_AUTO);
+    /* The last sample's file is gone: the write fails after many shards. */
+    snprintf(p, sizeof p, "%s/class1/img039.jpg", src);
+    REQUIRE(unlink(p) == 0);
+    CHECK_EQ(write_shards(g, out, 8 << 10, 0), -ENOENT);
+    CHECK_CONTAINS(dsrt_last_error(), "img039.jpg");
+    CHECK(set_whole(out, N_IMAGES));
+    snprintf(p, sizeof p, "%s/shard-000001.tar", out);
+    CHECK_NE(access(p, F_OK), 0);
+    CHECK_EQ(count_prefixed(out, "."), 3); /* ".", ".." and the writer's record */
+    CHECK_EQ(write_shards(g, fresh, 8 << 10, 0), -ENOENT);
+    CHECK_NE(access(fresh, F_OK), 0);
+    dsrt_datastore_close(g);
+    /* Killed inside the write of a shard. */
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        struct rlimit lim = {20 << 10, 20 << 10}, none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none);
+        setrlimit(RLIMIT_FSIZE, &lim);
+        write_shards(f, out, 64 << 10, 0);
+        _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ);
+    CHECK(set_whole(out, N_IMAGES));
+    CHECK_EQ(count_prefixed(out, "shard-"), 1);
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 1);
+    CHECK_GT(write_shards(f, out, 64 << 10, 0), 1);
+    CHECK(set_whole(out, N_IMAGES));
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 0);
     dsrt_datastore_close(f);
 }
 
@@ -750,6 +938,105 @@ static void test_stream_lag(void) {
     dsrt_datastore_close(s);
 }
 
+/* Copies the file from to to. */
+static void copy_file(const char *from, const char *to) {
+    uint8_t *data;
+    size_t len;
+    REQUIRE(dsrt__read_whole_file(from, (size_t)1 << 30, &data, &len) == 0);
+    REQUIRE(timg_write_file(to, data, len) == 0);
+    free(data);
+}
+
+/* Brace lists are capped in total, counted before a name is made: groups
+ * multiply, each under the cap alone. A group that is no list stays as it
+ * is and the groups after it still expand. */
+static void test_brace_lists(void) {
+    char dir[4200], p[4300], q[4300];
+    snprintf(dir, sizeof dir, "%s/braces", root);
+    REQUIRE(timg_mkdirs(dir) == 0);
+    const char *huge[] = {"{0..1999}{0..999}.tar", "{0..9999}{0..9999}.tar",
+                          "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}"
+                          "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}.tar",
+                          "{0..99}{x}{0..99}{,{0..199}}.tar"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(huge); k++) {
+        snprintf(p, sizeof p, "%s/%s", dir, huge[k]);
+        dsrt_datastore *ds = NULL;
+        CHECK_EQ(dsrt_datastore_open(&ds, p, NULL), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), p);
+        CHECK_CONTAINS(dsrt_last_error(), "more than 1048576 names");
+    }
+    /* "{x}" is kept; the range after it expands. */
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/shard-%06d.tar", shards, k);
+        snprintf(q, sizeof q, "%s/{x}-%d.tar", dir, k);
+        copy_file(p, q);
+    }
+    snprintf(p, sizeof p, "%s/{x}-{0..1}.tar", dir);
+    dsrt_datastore *ds = open_ds(p, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(dsrt_datastore_shard_count(ds), 2);
+    CHECK_CONTAINS(dsrt_datastore_shard_path(ds, 1), "/{x}-1.tar");
+    dsrt_datastore_close(ds);
+}
+
+/* Submits sample pos of epoch 0 to r and collects it: its status. */
+static int read_status(dsrt_shard_reader *r, uint32_t pos, uint8_t *buf, size_t cap) {
+    REQUIRE(dsrt__shard_reader_submit(r, pos, 0, buf, cap, pos) == 0);
+    dsrt_read_result res;
+    REQUIRE(dsrt__shard_reader_collect(r, &res, 1) == 1);
+    CHECK_EQ(res.tag, pos);
+    return res.status;
+}
+
+/* A shard replaced by a FIFO after the set was opened is refused, named,
+ * in both orders; its open never waits for a writer. The test holds the
+ * FIFO open for writing, full, so that a reader that opened it anyway would
+ * read its bytes (and fail the checks) rather than wait. */
+static void test_fifo_shard(void) {
+    char out[4200], p[4300];
+    snprintf(out, sizeof out, "%s/fifo", root);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 10), N_IMAGES / 10);
+    dsrt_datastore_close(f);
+    dsrt_datastore *x = open_ds(out, DSRT_SHARD_ORDER_EXACT);
+    dsrt_datastore *s = open_ds(out, DSRT_SHARD_ORDER_SHARD);
+    snprintf(p, sizeof p, "%s/shard-000001.tar", out);
+    REQUIRE(unlink(p) == 0 && mkfifo(p, 0644) == 0);
+    int wfd = open(p, O_RDWR | O_NONBLOCK);
+    REQUIRE(wfd >= 0);
+    static uint8_t fill[4096];
+    while (write(wfd, fill, sizeof fill) > 0) continue;
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    REQUIRE(buf);
+    /* Sample 15 lies in shard 1, sample 5 in shard 0. */
+    dsrt_reader_options ro = dsrt_reader_defaults();
+    dsrt_shard_reader *r = NULL;
+    REQUIRE(dsrt__shard_reader_create(&r, x, &ro, NULL) == 0);
+    CHECK_EQ(read_status(r, 15, buf, cap), DSRT_EFORMAT);
+    CHECK_CONTAINS(dsrt_last_error(), "shard-000001.tar: is a FIFO, not a regular file");
+    CHECK_EQ(read_status(r, 5, buf, cap), 0);
+    dsrt__shard_reader_destroy(r);
+    /* The stream of the shard order. */
+    dsrt_shard_plan_options po = {.shuffle = DSRT_SHUFFLE_EVERY_EPOCH, .seed = 3, .batch = 8};
+    dsrt_shard_stream_options so = {.reader = dsrt_reader_defaults(), .block = 16 << 10};
+    dsrt_shard_stream *st = NULL;
+    REQUIRE(dsrt__shard_stream_create(&st, s, &po, &so) == 0);
+    REQUIRE(dsrt__shard_reader_create(&r, s, &so.reader, st) == 0);
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, NULL, stream_main, st) == 0);
+    CHECK_EQ(read_status(r, 15, buf, cap), DSRT_EFORMAT);
+    CHECK_CONTAINS(dsrt_last_error(), "shard-000001.tar: is a FIFO, not a regular file");
+    CHECK_EQ(read_status(r, 5, buf, cap), 0);
+    dsrt__shard_stream_stop(st);
+    pthread_join(thread, NULL);
+    dsrt__shard_reader_destroy(r);
+    dsrt__shard_stream_destroy(st);
+    close(wfd);
+    free(buf);
+    dsrt_datastore_close(s);
+    dsrt_datastore_close(x);
+}
+
 /* partition gives whole shards; split_each_label works on shard sets. */
 static void test_views(void) {
     dsrt_datastore *s = open_ds(shards, DSRT_SHARD_ORDER_SHARD);
@@ -975,6 +1262,44 @@ static void test_foreign_problems(void) {
     free(a.buf);
 }
 
+/* Without class names a .cls label is a class index below 2^20: a shard
+ * with a larger one (50 million names, or one past INT32_MAX) is refused,
+ * named; 2^20 - 1 is the largest taken. */
+static void test_label_bounds(void) {
+    char dir[4200], p[4300];
+    snprintf(dir, sizeof dir, "%s/labels", root);
+    REQUIRE(timg_mkdirs(dir) == 0);
+    size_t len = 0;
+    uint8_t *jpg = timg_make_jpeg(TIMG_JPEG_420, 24, 24, 1, &len);
+    const char *labels[] = {"2147483647", "50000000", "1048576", "1048575"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(labels); k++) {
+        arc a = {0};
+        arc_file(&a, 'u', "s0.cls", "0", 1);
+        arc_file(&a, 'u', "s0.jpg", (const char *)jpg, len);
+        arc_file(&a, 'u', "s1.cls", labels[k], strlen(labels[k]));
+        arc_file(&a, 'u', "s1.jpg", (const char *)jpg, len);
+        arc_end(&a);
+        snprintf(p, sizeof p, "%s/big-%zu.tar", dir, k);
+        REQUIRE(timg_write_file(p, a.buf, a.len) == 0);
+        free(a.buf);
+        dsrt_datastore *ds = NULL;
+        int rc = dsrt_datastore_open(&ds, p, NULL);
+        if (k < 3) {
+            CHECK_EQ(rc, DSRT_ETOOBIG);
+            CHECK_CONTAINS(dsrt_last_error(), p);
+            CHECK_CONTAINS(dsrt_last_error(), "s1.jpg: label ");
+            CHECK_CONTAINS(dsrt_last_error(), labels[k]);
+            CHECK_CONTAINS(dsrt_last_error(), "below 1048576");
+        } else {
+            CHECK_OK(rc);
+            CHECK_EQ(dsrt_datastore_num_classes(ds), 1048576);
+            CHECK_EQ(dsrt_datastore_label(ds, 1), 1048575);
+        }
+        dsrt_datastore_close(ds);
+    }
+    free(jpg);
+}
+
 // ----------------------------------------------------------------------------
 // The index
 
@@ -1051,6 +1376,9 @@ int main(void) {
     REQUIRE(timg_tmpdir("shards", root, sizeof root) == 0);
     RUN(test_tar_walk);
     RUN(test_write_and_open);
+    RUN(test_write_apart);
+    RUN(test_write_own_only);
+    RUN(test_failed_write);
     RUN(test_write_pixels);
     RUN(test_killed_writer);
     RUN(test_exact_equals_folder);
@@ -1058,10 +1386,13 @@ int main(void) {
     RUN(test_resume);
     RUN(test_parts);
     RUN(test_stream_lag);
+    RUN(test_fifo_shard);
     RUN(test_views);
+    RUN(test_brace_lists);
     RUN(test_gnu_tar);
     RUN(test_truncated);
     RUN(test_foreign_problems);
+    RUN(test_label_bounds);
     RUN(test_big_index);
     return TEST_RESULT();
 }

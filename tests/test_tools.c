@@ -11,9 +11,12 @@
 #include <dsrt.h>
 #include <dirent.h>
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -398,6 +401,86 @@ static void summary_checksum(const char *out, char *sum, size_t cap) {
     if (w) snprintf(sum, cap, "%.16s", w + strlen("\"weights_checksum\": \""));
 }
 
+/* Writes all of p to the socket c, or stops at the first error. */
+static void send_all(int c, const void *p, size_t n) {
+    const char *b = p;
+    while (n > 0) {
+        ssize_t k = write(c, b, n);
+        if (k <= 0) return;
+        b += k;
+        n -= (size_t)k;
+    }
+}
+
+/* A file server for the folder dir on 127.0.0.1 (the port is *port), in a
+ * child process: GET, whole or with "Range: bytes=A-B", one request a
+ * connection; 404 for a missing file. */
+static pid_t serve_folder(const char *dir, int *port) {
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    REQUIRE(s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 64) == 0);
+    REQUIRE(getsockname(s, (struct sockaddr *)&a, &alen) == 0);
+    *port = ntohs(a.sin_port);
+    fflush(NULL);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid > 0) {
+        close(s);
+        return pid;
+    }
+    for (;;) {
+        int c = accept(s, NULL, NULL);
+        if (c < 0) continue;
+        char req[8192], name[1024], path[6000], head[512];
+        size_t got = 0;
+        while (got + 1 < sizeof req) {
+            ssize_t k = read(c, req + got, sizeof req - 1 - got);
+            if (k <= 0) break;
+            got += (size_t)k;
+            req[got] = '\0';
+            if (strstr(req, "\r\n\r\n")) break;
+        }
+        req[got] = '\0';
+        int fd = -1;
+        struct stat st;
+        if (sscanf(req, "GET /%1023s ", name) == 1) {
+            snprintf(path, sizeof path, "%s/%s", dir, name);
+            fd = open(path, O_RDONLY);
+        }
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            const char *nf =
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+            send_all(c, nf, strlen(nf));
+        } else {
+            long long from = 0, to = (long long)st.st_size - 1;
+            const char *r = strcasestr(req, "\r\nRange: bytes=");
+            int ranged = r && sscanf(r, "\r\nRange: bytes=%lld-%lld", &from, &to) >= 1;
+            if (to >= (long long)st.st_size) to = (long long)st.st_size - 1;
+            int n = ranged ? snprintf(head, sizeof head,
+                                      "HTTP/1.1 206 Partial Content\r\nContent-Length: %lld\r\n"
+                                      "Content-Range: bytes %lld-%lld/%lld\r\n"
+                                      "Connection: close\r\n\r\n",
+                                      to - from + 1, from, to, (long long)st.st_size)
+                           : snprintf(head, sizeof head,
+                                      "HTTP/1.1 200 OK\r\nContent-Length: %lld\r\n"
+                                      "Connection: close\r\n\r\n",
+                                      (long long)st.st_size);
+            send_all(c, head, (size_t)n);
+            char buf[65536];
+            for (long long at = from; at <= to;) {
+                long long want = to - at + 1 < (long long)sizeof buf ? to - at + 1 : sizeof buf;
+                ssize_t k = pread(fd, buf, (size_t)want, at);
+                if (k <= 0) break;
+                send_all(c, buf, (size_t)k);
+                at += k;
+            }
+        }
+        if (fd >= 0) close(fd);
+        close(c);
+    }
+}
+
 /* Tar shards through the tools: dsbench convert --shards writes them, dsbench
  * reads them (the exact order with the folder's checksum), --cold says how
  * it dropped the cache, and dstrain trains on them in the shard order, resumes
@@ -417,8 +500,29 @@ static void test_shards_cli(void) {
     r = run(ARGV(bin_bench, out, "--index", "--json"), 60);
     CHECK_EQ(r.status, 0);
     CHECK_CONTAINS(r.out, "\"source\":\"shards\",\"classes\":[\"alpha\",\"beta\",\"gamma\"]");
-    CHECK_GE(json_int(r.out, "shards"), 3);
+    long long nshards = json_int(r.out, "shards");
+    CHECK_GE(nshards, 3);
     result_free(&r);
+    /* Converted from a web server: a URL is no local path to look at first,
+     * with a brace list or without. */
+    int port;
+    pid_t server = serve_folder(out, &port);
+    char url[256], web[4400];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/shard-{000000..%06lld}.tar", port, nshards - 1);
+    snprintf(web, sizeof web, "%s/fromweb", root);
+    r = run(ARGV(bin_bench, "convert", url, web, "--shards", "1M"), 60);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.err, "wrote 72 images in 3 classes");
+    result_free(&r);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/shard-000000.tar", port);
+    snprintf(web, sizeof web, "%s/fromweb1", root);
+    r = run(ARGV(bin_bench, "convert", url, web, "--shards", "1M"), 60);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.err, "in 3 classes to");
+    CHECK_CONTAINS(r.err, "as 1 shard in");
+    result_free(&r);
+    kill(server, SIGKILL);
+    waitpid(server, NULL, 0);
     /* The exact order: the folder's batches. */
     r = run(ARGV(bin_bench, dir, "--pipeline", "32", "--epochs", "2", "--checksum", "--json"), 60);
     result s = run(ARGV(bin_bench, out, "--order", "exact", "--pipeline", "32", "--epochs", "2",
@@ -444,6 +548,29 @@ static void test_shards_cli(void) {
     CHECK_EQ(r.status, 0);
     CHECK_CONTAINS(r.err, "as 3 shards");
     result_free(&r);
+    /* Never over its own source: refused, naming both, and the set stays. */
+    r = run(ARGV(bin_bench, "convert", out, out, "--shards", "16K"), 60);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "is the source's folder");
+    CHECK_CONTAINS(r.err, out);
+    result_free(&r);
+    r = run(ARGV(bin_bench, out, "--index", "--json"), 60);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.out, "\"images\":72");
+    result_free(&r);
+    /* Only what dsrt wrote is replaced: a classes.json of the user's in a
+     * new folder is refused, and kept. */
+    char mine[4400], user[4500];
+    snprintf(mine, sizeof mine, "%s/mine", root);
+    snprintf(user, sizeof user, "%s/classes.json", mine);
+    REQUIRE(mkdir(mine, 0755) == 0);
+    REQUIRE(timg_write_file(user, "[\"x\"]", 5) == 0);
+    r = run(ARGV(bin_bench, "convert", dir, mine, "--shards", "16K"), 60);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "holds 'classes.json', which dsrt did not write there");
+    result_free(&r);
+    struct stat sb;
+    CHECK(stat(user, &sb) == 0 && sb.st_size == 5);
 
     /* dstrain in the shard order: a resume mid-epoch ends as the uninterrupted
      * run; a resume in the other order is refused. */

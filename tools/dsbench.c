@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -64,7 +65,14 @@ static const char usage[] =
     "                        as WebDataset tar shards OUT/shard-000000.tar, ... of at\n"
     "                        most SIZE bytes (256M, 1G, ...): <key>.cls and\n"
     "                        <key>.jpg|png, files as they are, pixels as PNG; with\n"
-    "                        OUT/classes.json and the index OUT/dsrt-shards.index\n"
+    "                        OUT/classes.json and the index OUT/dsrt-shards.index.\n"
+    "                        The set is staged in a hidden folder in OUT and moved\n"
+    "                        into place whole, so a failed or killed conversion\n"
+    "                        leaves the set OUT held. OUT must be new, empty or a\n"
+    "                        set dsrt wrote: dsrt keeps a record of its files\n"
+    "                        (OUT/.dsrt-shards-written) and removes or replaces only\n"
+    "                        those; anything else in OUT is refused and left alone.\n"
+    "                        OUT may not be, hold or lie inside SRC's folder\n"
     "\n"
     "Options for DATA:\n"
     "  --source KIND         auto (default), folder, manifest, idx, cifar10, cifar100,\n"
@@ -402,11 +410,22 @@ static int has_splits(const options *o) {
     return s == DSRT_SOURCE_IDX || s == DSRT_SOURCE_CIFAR10 || s == DSRT_SOURCE_CIFAR100;
 }
 
+/* 1 when path is an object's URL (s3://, http://, https://). */
+static int is_url(const char *path) {
+    return !strncasecmp(path, "s3://", 5) || !strncasecmp(path, "http://", 7) ||
+           !strncasecmp(path, "https://", 8);
+}
+
 static int run_convert(options *o) {
+    /* A URL, a glob or a brace list is no local file; the data source says
+     * what is wrong with it when it is opened. */
     struct stat st;
-    if (stat(o->data, &st) != 0 && !strpbrk(o->data, "*?[{"))
+    int folder = 0;
+    if (stat(o->data, &st) == 0)
+        folder = S_ISDIR(st.st_mode);
+    else if (!is_url(o->data) && !strpbrk(o->data, "*?[{"))
         tool_die("convert: %s: %s", o->data, strerror(errno));
-    int both = o->split_both && S_ISDIR(st.st_mode) && (!o->shard_bytes || has_splits(o));
+    int both = o->split_both && folder && (!o->shard_bytes || has_splits(o));
     if (!both) {
         convert_one(o, o->ds.split, o->out);
         return 0;

@@ -266,11 +266,16 @@ DSRT_API dsrt_shard_write_options dsrt_shard_write_defaults(void);
  * in-memory pixels encoded as PNG, losslessly), where key is the sample's
  * position zero-padded, then the file's name. Beside them classes.json (the
  * class names, a JSON array) and the index dsrt-shards.index (each sample's
- * shard, offset, size and label; the exact class names), written last. Each
- * shard is written under a temporary name, fsync'd and renamed, so a shard
- * with its final name is always complete; the index goes last, so a set
- * with an index is always whole. out must be empty, absent, or hold only a
- * shard set written before (which is replaced). A file that cannot be read
+ * shard, offset, size and label; the exact class names). The whole set is
+ * written into a hidden staging folder inside out and moved into place only
+ * once whole, the index last: a write that fails or is killed leaves the set
+ * out held before untouched, and no part of its own that reads as a set.
+ * Only what this writer made is ever removed or replaced: out must be empty,
+ * absent, or hold only a set it wrote, as the record it keeps there
+ * (out/.dsrt-shards-written: each file and its size) lists it; that set is
+ * replaced whole. Anything else in out is refused and left alone, as is an
+ * out that is, holds or lies inside a folder the samples of ds come from
+ * (DSRT_EOPTION, before any work). A file that cannot be read
  * fails the write with its name. Returns the shards written, or a negative
  * code; *samples (may be NULL) gets the samples written.
  */

@@ -697,7 +697,10 @@ static PyMethodDef datastore_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "write_shards(out, *, shard_bytes=256 MiB, shard_samples=0, class_names=None) -> shards\n\n"
      "Writes the samples (in this view's order) as WebDataset tar shards\n"
-     "out/shard-000000.tar, ... (<key>.cls, <key>.jpg|png), classes.json and dsrt's index."},
+     "out/shard-000000.tar, ... (<key>.cls, <key>.jpg|png), classes.json and dsrt's index,\n"
+     "staged and moved into place whole. out must be new, empty or a set dsrt wrote\n"
+     "(only the files its record lists are replaced); anything else in it, or an out\n"
+     "that is, holds or lies inside the data's folder, raises ValueError."},
     {NULL}};
 
 static PyGetSetDef datastore_getset[] = {

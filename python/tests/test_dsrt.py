@@ -517,6 +517,20 @@ def test_shards(folder, tmp_path):
     with pytest.raises(dsrt.Error, match="a folder datastore has no shards"):
         ds.location(0)
     assert exact.location(-1)[3].startswith(f"{len(ds) - 1:06d}_")
+    # Never into the folder it is read from: refused, and the set stays.
+    with pytest.raises(ValueError, match="is the source's folder"):
+        exact.write_shards(out)
+    with pytest.raises(ValueError, match="lies inside the source's folder"):
+        exact.write_shards(os.path.join(out, "again"))
+    assert len(dsrt.Datastore(out)) == len(ds)
+    # Only what dsrt wrote is ever replaced: a file of the user's is refused.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "classes.json").write_text('["x"]')
+    with pytest.raises(ValueError, match="which dsrt did not write there"):
+        ds.write_shards(str(mine))
+    assert (mine / "classes.json").read_text() == '["x"]'
+    assert ds.write_shards(out, shard_bytes=1 << 20) == 1
 
 
 # ----------------------------------------------------------------------------
