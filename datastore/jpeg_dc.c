@@ -230,8 +230,30 @@ static void huff_steps(huff *h) {
     }
 }
 
+/*
+ * 0 when h's counts and vals make a table libjpeg builds, 1 when it refuses
+ * it ("Bogus Huffman table definition", jpeg_make_d_derived_tbl): the codes
+ * of each length must fit in that length with the all-ones code left out
+ * (more codes than fit, which libjpeg's header reader takes, would index
+ * past the look-up tables), and a DC table's values must be sizes up to
+ * 15. Nothing is written before this says yes.
+ */
+static int huff_check(const huff *h) {
+    int32_t code = 0;
+    for (int l = 1; l <= 16; l++) {
+        code += h->counts[l - 1];
+        if (code >= (int32_t)1 << l) return 1;
+        code <<= 1;
+    }
+    if (!h->ac)
+        for (int k = 0; k < h->nvals; k++)
+            if (h->vals[k] > 15) return 1;
+    return 0;
+}
+
 /* Builds h from its counts and vals; 0, or 1 for a table libjpeg refuses. */
 static int huff_build(huff *h) {
+    if (huff_check(h)) return 1;
     memset(h->fast, 0, sizeof h->fast);
     int32_t code = 0;
     int k = 0;
@@ -240,18 +262,15 @@ static int huff_build(huff *h) {
         h->delta[l] = k - code;
         h->maxcode[l] = n ? code + n - 1 : -1;
         for (int i = 0; i < n; i++, k++, code++) {
-            int v = h->vals[k];
-            if (!h->ac && v > 15) return 1;
             if (l <= FAST_BITS) {
                 int shift = FAST_BITS - l;
-                uint16_t e = fast_entry(h->ac, l, v);
+                uint16_t e = fast_entry(h->ac, l, h->vals[k]);
                 for (int32_t j = code << shift; j < (code + 1) << shift; j++) {
                     h->fast[j] = e;
                     h->len[j] = (uint8_t)l;
                 }
             }
         }
-        if (code >= (int32_t)1 << l) return 1; /* the all-ones code, or too many */
         code <<= 1;
     }
     if (h->ac) huff_steps(h);

@@ -19,9 +19,9 @@
  * ratios, markers where the standard puts them, every restart marker in its
  * place, the entropy-coded data ending where its last block ends and an
  * end-of-image marker after the last scan. Anything else (arithmetic coding,
- * Adobe RGB or CMYK, junk between markers, a bad Huffman code, data cut
- * short) is left to libjpeg, which decides what it is; nothing this decoder
- * sees makes an image bad by itself.
+ * Adobe RGB or CMYK, junk between markers, a Huffman table libjpeg refuses, a
+ * bad Huffman code, data cut short) is left to libjpeg, which decides what
+ * it is; nothing this decoder sees makes an image bad by itself.
  */
 #ifndef DSRT_DATASTORE_JPEG_DC_H
 #define DSRT_DATASTORE_JPEG_DC_H

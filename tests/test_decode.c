@@ -22,6 +22,7 @@
  */
 #include "core/internal.h"
 #include "datastore/internal.h"
+#include "jpegkit.h"
 #include "task.h"
 #include "testimg.h"
 
@@ -1478,6 +1479,143 @@ static void test_dc_eighth_damaged(void) {
     dsrt_decoder_destroy(d);
 }
 
+// ----------------------------------------------------------------------------
+// Hostile files at 1/8: exactly what a fresh libjpeg says
+
+/* What a decode at 1/8 gave: its code, its message, its pixels. */
+typedef struct {
+    int rc;
+    char msg[512];
+    uint8_t *px; /* (n) */
+    size_t n;
+} outcome;
+
+static void decode_eighth(dsrt_decoder *d, const uint8_t *buf, size_t len, int ch, int dc,
+                          outcome *o) {
+    dsrt_decode_request r = request(ch, 1, 1);
+    r.dc_eighth = dc;
+    dsrt_image img;
+    dsrt__clear_error();
+    o->rc = dsrt_decode(d, buf, len, &r, &img);
+    snprintf(o->msg, sizeof o->msg, "%s", o->rc ? dsrt_last_error() : "");
+    o->n = o->rc ? 0 : img.stride * (size_t)img.height;
+    o->px = malloc(o->n ? o->n : 1);
+    REQUIRE(o->px);
+    if (o->n) memcpy(o->px, img.data, o->n);
+}
+
+/* Compares a with b (the reference): the code, the message, and the
+ * pixels when exact. */
+static void check_same(const outcome *a, const outcome *b, int exact, const char *what) {
+    if (a->rc != b->rc || strcmp(a->msg, b->msg) != 0)
+        fprintf(stderr, "%s: %d (%s), libjpeg alone %d (%s)\n", what, a->rc, a->msg, b->rc, b->msg);
+    CHECK_EQ(a->rc, b->rc);
+    CHECK_STR_EQ(a->msg, b->msg);
+    if (a->rc == 0 && b->rc == 0 && exact) {
+        CHECK_EQ(a->n, b->n);
+        long at = first_diff(a->px, b->px, DSRT_MIN(a->n, b->n));
+        if (at >= 0)
+            fprintf(stderr, "%s: byte %ld: %d, libjpeg %d\n", what, at, a->px[at], b->px[at]);
+        CHECK_EQ(at, -1);
+    }
+}
+
+/* Decodes buf at 1/8 from the DC terms with d (which may have decoded
+ * other files before) and checks the outcome against libjpeg's 1/8 decode
+ * in a fresh decoder: the same code and message, and the same luma (ch 1),
+ * or RGB when exact. Leaves dsrt_last_error() to d's decode; returns its
+ * code. */
+static int check_dc_fresh(dsrt_decoder *d, const uint8_t *buf, size_t len, int ch, int exact,
+                          const char *what) {
+    dsrt_decoder *f;
+    REQUIRE(dsrt_decoder_create(&f, NULL) == 0);
+    outcome ref, got;
+    decode_eighth(f, buf, len, ch, 0, &ref);
+    dsrt_decoder_destroy(f);
+    decode_eighth(d, buf, len, ch, 1, &got);
+    check_same(&got, &ref, ch == 1 || exact, what);
+    if (got.rc) dsrt__fail(got.rc, "%s", got.msg);
+    free(ref.px);
+    free(got.px);
+    return got.rc;
+}
+
+/* A copy of jpeg with seg inserted before its first scan header. */
+static uint8_t *before_scan(const uint8_t *jpeg, size_t len, const uint8_t *seg, size_t n,
+                            size_t *out_len) {
+    size_t at, sn;
+    REQUIRE(jk_find(jpeg, len, 0xda, 0, &at, &sn) == 0);
+    uint8_t *o = jk_splice(jpeg, len, at, 0, seg, n, out_len);
+    REQUIRE(o);
+    return o;
+}
+
+/* A DHT segment of one table with counts codes of each length, values
+ * 0, 1, 2 ... (or first + i), inserted before the first scan. */
+static uint8_t *with_table(const uint8_t *jpeg, size_t len, int cls, int id,
+                           const uint8_t counts[16], size_t *out_len) {
+    uint8_t vals[256];
+    for (int i = 0; i < 256; i++) vals[i] = (uint8_t)(cls ? i : i % 12);
+    size_t n;
+    uint8_t *seg = jk_dht(cls, id, counts, vals, &n);
+    REQUIRE(seg);
+    uint8_t *o = before_scan(jpeg, len, seg, n, out_len);
+    free(seg);
+    return o;
+}
+
+/* Huffman tables with more codes of a length than fit: libjpeg's header
+ * reader takes them, and libjpeg refuses one when a scan uses it ("Bogus
+ * Huffman table definition"). The DC decoder must neither write past its
+ * tables (3 codes of length 1 in the last table ran over into the
+ * decoder's own pointers, so the next image crashed; 255 wrote about 520 KB
+ * past them) nor decode what libjpeg refuses. */
+static void test_dc_huffman_overfull(void) {
+    size_t len, n;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_444, 48, 40, 3, &len);
+    REQUIRE(jpeg);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    /* Table AC 3, which no scan uses: the file is good. */
+    uint8_t three[16] = {3};
+    uint8_t *bad = with_table(jpeg, len, 1, 3, three, &n);
+    corpus("overfull-unused.jpg", bad, n);
+    CHECK_EQ(check_dc_fresh(d, bad, n, 1, 1, "unused over-full table"), 0);
+    CHECK_EQ(check_dc_fresh(d, jpeg, len, 3, 1, "the next image"), 0);
+    free(bad);
+    /* Tables the scan uses: one code of each length below l, then more at
+     * l than the rest of the code space holds. */
+    static const uint8_t used[][4] = {
+        {1, 0, 1, 255}, {0, 0, 1, 3}, {1, 1, 2, 3},   {0, 1, 3, 5},
+        {1, 0, 11, 3},  {0, 0, 9, 3}, {1, 0, 8, 200}, {1, 0, 16, 3},
+    }; /* class, id, l, codes of length l */
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(used); k++) {
+        uint8_t counts[16] = {0};
+        int l = used[k][2];
+        for (int i = 0; i < l - 1; i++) counts[i] = 1;
+        counts[l - 1] = used[k][3];
+        bad = with_table(jpeg, len, used[k][0], used[k][1], counts, &n);
+        char what[64];
+        snprintf(what, sizeof what, "over-full table %d/%d: %d codes of length %d", used[k][0],
+                 used[k][1], used[k][3], l);
+        corpus("overfull.jpg", bad, n);
+        for (int ch = 1; ch <= 3; ch += 2) {
+            CHECK_EQ(check_dc_fresh(d, bad, n, ch, 1, what), DSRT_ECORRUPT);
+            CHECK_CONTAINS(dsrt_last_error(), "Bogus Huffman table definition");
+        }
+        CHECK_EQ(check_dc_fresh(d, jpeg, len, 3, 1, "the next image"), 0);
+        free(bad);
+    }
+    /* Full but not over-full: 2^l - 1 codes of a length (no all-ones code)
+     * are taken. */
+    uint8_t full[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    bad = with_table(jpeg, len, 1, 0, full, &n);
+    check_dc_fresh(d, bad, n, 1, 1, "a complete table");
+    free(bad);
+    dsrt_decoder_destroy(d);
+    free(jpeg);
+}
+
 int main(void) {
     corpus_dir = getenv("DSRT_WRITE_CORPUS");
     if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
@@ -1503,6 +1641,7 @@ int main(void) {
     RUN(test_region_rest);
     RUN(test_dc_eighth);
     RUN(test_dc_eighth_damaged);
+    RUN(test_dc_huffman_overfull);
     RUN(test_begin_finish);
     RUN(test_allow_gray);
     return TEST_RESULT();
