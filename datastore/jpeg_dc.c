@@ -45,9 +45,16 @@
 #define MAX_COMPS 3
 /* libjpeg's decoder in dsrt stops after this many scans (decode.c). */
 #define MAX_SCANS 500
-/* Zero bytes after a scan's data: more than one MCU can read (10 blocks of
- * 64 terms of at most 31 bits each). */
+/* The most blocks an MCU of an interleaved scan holds: libjpeg refuses
+ * more ("Sampling factors too large for interleaved scan",
+ * D_MAX_BLOCKS_IN_MCU), though its frame reader takes 4x4 sampling on every
+ * component (48 blocks). */
+#define MAX_BLOCKS 10
+/* Zero bytes after a scan's data: more than one MCU can read (MAX_BLOCKS
+ * blocks of 64 terms of at most 31 bits each, and the reader's 8 bytes
+ * ahead). */
 #define PAD 4096
+_Static_assert(PAD >= MAX_BLOCKS * 64 * 31 / 8 + 8, "PAD covers an MCU");
 /* The AC terms whose completeness decides libjpeg's block smoothing. */
 #define SMOOTH_TERMS 10
 
@@ -592,6 +599,11 @@ static int read_scan(frame *f, scan *sc, const uint8_t *p, size_t n) {
         sc->td[k] = p[2 + 2 * k] >> 4;
         sc->ta[k] = p[2 + 2 * k] & 15;
         if (sc->td[k] > 3 || sc->ta[k] > 3) return 1;
+    }
+    if (sc->n > 1) {
+        int blocks = 0;
+        for (int k = 0; k < sc->n; k++) blocks += sc->c[k]->h * sc->c[k]->v;
+        if (blocks > MAX_BLOCKS) return 1;
     }
     const uint8_t *t = p + 1 + 2 * sc->n;
     sc->ss = t[0];

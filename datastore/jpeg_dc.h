@@ -16,7 +16,8 @@
  *
  * It takes only what it can do exactly as described: 8-bit Huffman-coded
  * baseline, extended or progressive JPEGs, gray or YCbCr, integer sampling
- * ratios, markers where the standard puts them, every restart marker in its
+ * ratios, interleaved scans of at most 10 blocks an MCU (libjpeg refuses
+ * more), markers where the standard puts them, every restart marker in its
  * place, the entropy-coded data ending where its last block ends and an
  * end-of-image marker after the last scan. Anything else (arithmetic coding,
  * Adobe RGB or CMYK, junk between markers, a Huffman table libjpeg refuses, a

@@ -1616,6 +1616,80 @@ static void test_dc_huffman_overfull(void) {
     free(jpeg);
 }
 
+/* libjpeg refuses an interleaved scan of more than 10 blocks an MCU
+ * ("Sampling factors too large for interleaved scan"), though its frame
+ * reader takes every sampling factor up to 4x4; one-component scans of such
+ * a frame are fine. The DC decoder's zero padding after a scan's data
+ * covers one MCU of 10 blocks: with 48, a scan whose codes are long (one
+ * AC code of 16 bits and a 15-bit value a term) read about 12 KB past it. */
+static void test_dc_mcu_blocks(void) {
+    size_t mlen, n;
+    uint8_t *model = timg_make_jpeg(TIMG_JPEG_420, 16, 16, 1, &mlen);
+    REQUIRE(model);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    static const struct {
+        int samp[3][2], interleave, blocks;
+    } cases[] = {
+        {{{4, 4}, {4, 4}, {4, 4}}, 1, 48}, {{{4, 4}, {4, 4}, {4, 4}}, 0, 1},
+        {{{3, 3}, {1, 1}, {1, 1}}, 1, 11}, {{{2, 4}, {1, 1}, {1, 1}}, 1, 10},
+        {{{4, 2}, {2, 2}, {1, 1}}, 2, 5},  {{{1, 1}, {4, 4}, {2, 2}}, 2, 20},
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        for (int progressive = 0; progressive < 2; progressive++) {
+            jk_spec s = {.w = 70, .h = 45, .ncomp = 3, .ac_terms = 4};
+            s.interleave = cases[k].interleave;
+            s.progressive = progressive;
+            s.restart = (int)k % 3;
+            s.seed = (uint32_t)k;
+            memcpy(s.samp, cases[k].samp, sizeof s.samp);
+            uint8_t *jpeg = jk_synth(&s, model, mlen, &n);
+            REQUIRE(jpeg);
+            char what[64];
+            snprintf(what, sizeof what, "%d blocks an MCU%s", cases[k].blocks,
+                     progressive ? ", progressive" : "");
+            corpus("mcu-blocks.jpg", jpeg, n);
+            int rc = check_dc_fresh(d, jpeg, n, 1, 1, what);
+            if (cases[k].blocks > 10) {
+                CHECK_EQ(rc, DSRT_ECORRUPT);
+                CHECK_CONTAINS(dsrt_last_error(), "Sampling factors too large");
+            } else {
+                CHECK_EQ(rc, 0);
+            }
+            free(jpeg);
+        }
+    }
+    /* One MCU of 48 blocks, one byte of data, codes of 31 bits a term. */
+    jk_spec s = {.w = 32, .h = 32, .ncomp = 3, .samp = {{4, 4}, {4, 4}, {4, 4}}, .interleave = 1};
+    uint8_t *jpeg = jk_synth(&s, model, mlen, &n);
+    REQUIRE(jpeg);
+    uint8_t *t = jk_without(jpeg, n, 0xc4, &n);
+    free(jpeg);
+    uint8_t dc[16] = {1}, ac[16] = {0}, dcv[1] = {0}, acv[1] = {0x0f};
+    ac[15] = 1;
+    size_t n1, n2;
+    uint8_t *s1 = jk_dht(0, 0, dc, dcv, &n1), *s2 = jk_dht(1, 0, ac, acv, &n2);
+    REQUIRE(s1 && s2);
+    uint8_t *t1 = before_scan(t, n, s1, n1, &n);
+    uint8_t *t2 = before_scan(t1, n, s2, n2, &n);
+    /* The scan's data: one zero byte, then the end of the image. */
+    size_t sos, sosn;
+    REQUIRE(jk_find(t2, n, 0xda, 0, &sos, &sosn) == 0);
+    size_t cut = sos + sosn;
+    uint8_t *long_codes = jk_splice(t2, n, cut, n - cut, "\x00\xff\xd9", 3, &n);
+    REQUIRE(long_codes);
+    corpus("mcu-long-codes.jpg", long_codes, n);
+    CHECK_EQ(check_dc_fresh(d, long_codes, n, 1, 1, "48 blocks of long codes"), DSRT_ECORRUPT);
+    free(long_codes);
+    free(t2);
+    free(t1);
+    free(s1);
+    free(s2);
+    free(t);
+    dsrt_decoder_destroy(d);
+    free(model);
+}
+
 int main(void) {
     corpus_dir = getenv("DSRT_WRITE_CORPUS");
     if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
@@ -1642,6 +1716,7 @@ int main(void) {
     RUN(test_dc_eighth);
     RUN(test_dc_eighth_damaged);
     RUN(test_dc_huffman_overfull);
+    RUN(test_dc_mcu_blocks);
     RUN(test_begin_finish);
     RUN(test_allow_gray);
     return TEST_RESULT();
