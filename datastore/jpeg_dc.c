@@ -640,6 +640,7 @@ static int read_scan(frame *f, scan *sc, const uint8_t *p, size_t n) {
     }
     /* AC: stepped over, only the terms libjpeg's smoothing looks at noted */
     if (sc->n != 1 || sc->se < sc->ss || sc->se > 63 || sc->c[0]->dc_al < 0) return 1;
+    if (!f->ac_defined[sc->ta[0]]) return 1; /* libjpeg builds the table, though unread here */
     for (int i = sc->ss; i <= sc->se && i < SMOOTH_TERMS; i++) sc->c[0]->ac_al[i] = (int8_t)sc->al;
     return 0;
 }

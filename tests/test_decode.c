@@ -1690,6 +1690,48 @@ static void test_dc_mcu_blocks(void) {
     free(model);
 }
 
+/* A progressive AC scan naming a Huffman table the file never defines:
+ * libjpeg refuses it ("Huffman table 0x02 was not defined"), though the DC
+ * decoder never reads that scan's data. Tables 0 and 1, which a fresh
+ * libjpeg fills with the standard ones, give whatever libjpeg gives. */
+static void test_dc_ac_scan_table(void) {
+    size_t len;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_PROGRESSIVE, 64, 48, 2, &len);
+    REQUIRE(jpeg);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    int changed = 0;
+    for (int table = 1; table <= 3; table++) {
+        for (int k = 0;; k++) {
+            size_t at, n;
+            if (jk_find(jpeg, len, 0xda, k, &at, &n) != 0) break;
+            int nc = jpeg[at + 4];
+            if (jpeg[at + 5 + 2 * nc] == 0) continue; /* a DC scan */
+            uint8_t *bad = malloc(len);
+            REQUIRE(bad);
+            memcpy(bad, jpeg, len);
+            bad[at + 6] = (uint8_t)((bad[at + 6] & 0xf0) | table);
+            if (bad[at + 6] == jpeg[at + 6]) {
+                free(bad);
+                continue;
+            }
+            changed++;
+            char what[64];
+            snprintf(what, sizeof what, "AC scan %d with table %d", k, table);
+            corpus("ac-table.jpg", bad, len);
+            int rc = check_dc_fresh(d, bad, len, 1, 1, what);
+            if (table >= 2) {
+                CHECK_EQ(rc, DSRT_ECORRUPT);
+                CHECK_CONTAINS(dsrt_last_error(), "was not defined");
+            }
+            free(bad);
+        }
+    }
+    CHECK_GT(changed, 0);
+    dsrt_decoder_destroy(d);
+    free(jpeg);
+}
+
 int main(void) {
     corpus_dir = getenv("DSRT_WRITE_CORPUS");
     if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
@@ -1717,6 +1759,7 @@ int main(void) {
     RUN(test_dc_eighth_damaged);
     RUN(test_dc_huffman_overfull);
     RUN(test_dc_mcu_blocks);
+    RUN(test_dc_ac_scan_table);
     RUN(test_begin_finish);
     RUN(test_allow_gray);
     return TEST_RESULT();
