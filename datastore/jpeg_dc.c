@@ -537,6 +537,11 @@ static int read_frame(dsrt_jpeg_dc *s, frame *f, int progressive, const uint8_t 
         c->bh = f->mcus_y * c->v;
         total += (size_t)c->bw * (size_t)c->bh * 3; /* int16 terms, uint8 pixels */
     }
+    /* At 1/8 libjpeg scales a component's inverse DCT up (2x2, 4x4, from
+     * its AC terms too) while both its sampling factors go into the largest
+     * an even number of times (jdmaster.c), and repeats its pixels where it
+     * does not: luma scaled up is left to libjpeg. */
+    if (f->hmax % (2 * f->c[0].h) == 0 && f->vmax % (2 * f->c[0].v) == 0) return 1;
     if (dsrt__grow((void **)&s->planes, &s->planes_cap, total, 1)) return -ENOMEM;
     /* Every component's terms first, then the pixels: the terms stay 2-byte aligned. */
     int16_t *t = (int16_t *)(void *)s->planes;

@@ -1732,6 +1732,51 @@ static void test_dc_ac_scan_table(void) {
     free(jpeg);
 }
 
+/*
+ * Luma that is not the most sampled component: at 1/8 libjpeg scales a
+ * component's inverse DCT up (2x2, 4x4) while its factors are half the
+ * largest ones or less, so its luma then comes from AC terms too; where it
+ * is not scaled up it is repeated, as the DC decoder repeats it. Every
+ * file is decoded as libjpeg decodes it.
+ */
+static void test_dc_luma_idct(void) {
+    static const int samplings[][3][2] = {
+        {{1, 1}, {2, 2}, {2, 2}}, /* luma 2x2 from its AC terms */
+        {{1, 1}, {4, 2}, {1, 1}}, /* 2x2 */
+        {{1, 1}, {2, 1}, {2, 1}}, /* repeated 2x1 */
+        {{1, 2}, {2, 2}, {1, 1}}, /* repeated 2x1 */
+        {{1, 1}, {3, 1}, {1, 1}}, /* repeated 3x1 */
+        {{1, 1}, {2, 4}, {1, 1}}, /* 2x2 */
+        {{1, 1}, {1, 1}, {2, 2}}, /* 2x2 */
+    };
+    int w = 101, h = 67;
+    uint8_t *rgb = malloc((size_t)w * h * 3);
+    REQUIRE(rgb);
+    timg_pattern(rgb, w, h, 3, 41);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(samplings); i++) {
+        for (int variant = 0; variant < 3; variant++) {
+            size_t len;
+            uint8_t *jpeg =
+                jpeg_with_sampling(rgb, w, h, samplings[i], variant == 1, variant == 2, &len);
+            if (!jpeg) {
+                fprintf(stderr, "libjpeg.so.62 not found: luma scaled up not tested\n");
+                break;
+            }
+            char what[64];
+            snprintf(what, sizeof what, "sampling %zu variant %d", i, variant);
+            corpus("luma-idct.jpg", jpeg, len);
+            CHECK_OK(check_dc(d, jpeg, len, 1, 1, what));
+            CHECK_OK(check_dc(d, jpeg, len, 3, 0, what));
+            CHECK_OK(check_dc_fresh(d, jpeg, len, 1, 1, what));
+            free(jpeg);
+        }
+    }
+    dsrt_decoder_destroy(d);
+    free(rgb);
+}
+
 int main(void) {
     corpus_dir = getenv("DSRT_WRITE_CORPUS");
     if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
@@ -1760,6 +1805,7 @@ int main(void) {
     RUN(test_dc_huffman_overfull);
     RUN(test_dc_mcu_blocks);
     RUN(test_dc_ac_scan_table);
+    RUN(test_dc_luma_idct);
     RUN(test_begin_finish);
     RUN(test_allow_gray);
     return TEST_RESULT();
