@@ -1777,6 +1777,93 @@ static void test_dc_luma_idct(void) {
     free(rgb);
 }
 
+/*
+ * A decoder keeps one libjpeg decompressor, and libjpeg keeps the tables
+ * an image defined for the next one (abbreviated streams): a JPEG without
+ * its own quantisation or Huffman tables decoded with the last file's. So
+ * every image must decode as in a fresh decoder, whatever came before:
+ * B without tables after A (progressive: its last Huffman tables are not
+ * the standard ones; another quality) gives what B alone gives (a fresh
+ * libjpeg takes the standard Huffman tables for B without DHT, and refuses
+ * B without DQT), at every scale, from the DC terms or not.
+ */
+static void test_decode_tables_alone(void) {
+    int w = 64, h = 48;
+    size_t alen, blen;
+    uint8_t *a = timg_make_jpeg(TIMG_JPEG_PROGRESSIVE, w, h, 1, &alen);
+    uint8_t *px = malloc((size_t)w * h * 3);
+    REQUIRE(a && px);
+    timg_pattern(px, w, h, 3, 9);
+    uint8_t *b = timg_jpeg(px, w, h, TJPF_RGB, TJSAMP_420, 50, 0, &blen);
+    REQUIRE(b);
+    size_t n1, n2, n3;
+    uint8_t *no_dht = jk_without(b, blen, 0xc4, &n1);
+    uint8_t *no_dqt = jk_without(b, blen, 0xdb, &n2);
+    uint8_t *none = jk_without(no_dht, n1, 0xdb, &n3);
+    REQUIRE(no_dht && no_dqt && none);
+    corpus("no-dht.jpg", no_dht, n1);
+    corpus("no-dqt.jpg", no_dqt, n2);
+    const struct {
+        const uint8_t *buf;
+        size_t len;
+        const char *name;
+        int rc;
+    } bs[] = {{no_dht, n1, "no DHT", 0},
+              {no_dqt, n2, "no DQT", DSRT_ECORRUPT},
+              {none, n3, "no tables", DSRT_ECORRUPT}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bs); k++) {
+        for (int mode = 0; mode < 4; mode++) {
+            int ch = mode & 1 ? 3 : 1, min = mode & 2 ? 0 : 1;
+            for (int dc = 0; dc < 2; dc++) {
+                dsrt_decode_request r = request(ch, min, min);
+                r.dc_eighth = dc;
+                outcome alone, after;
+                dsrt_decoder *f, *d;
+                REQUIRE(dsrt_decoder_create(&f, NULL) == 0);
+                REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+                dsrt_image img;
+                for (int step = 0; step < 2; step++) {
+                    outcome *o = step ? &after : &alone;
+                    if (step) CHECK_OK(dsrt_decode(d, a, alen, &r, &img));
+                    dsrt__clear_error();
+                    o->rc = dsrt_decode(step ? d : f, bs[k].buf, bs[k].len, &r, &img);
+                    snprintf(o->msg, sizeof o->msg, "%s", o->rc ? dsrt_last_error() : "");
+                    o->n = o->rc ? 0 : img.stride * (size_t)img.height;
+                    o->px = malloc(o->n ? o->n : 1);
+                    REQUIRE(o->px);
+                    if (o->n) memcpy(o->px, img.data, o->n);
+                }
+                char what[96];
+                snprintf(what, sizeof what, "%s after a progressive file, ch %d, %s, dc %d",
+                         bs[k].name, ch, min ? "1/8" : "full size", dc);
+                check_same(&after, &alone, 1, what);
+                CHECK_EQ(alone.rc, bs[k].rc);
+                free(alone.px);
+                free(after.px);
+                dsrt_decoder_destroy(f);
+                dsrt_decoder_destroy(d);
+            }
+        }
+    }
+    /* Without DHT, a fresh libjpeg takes the standard tables, which are
+     * TurboJPEG's own: the pixels are B's. */
+    dsrt_decoder *f;
+    REQUIRE(dsrt_decoder_create(&f, NULL) == 0);
+    outcome with, without;
+    decode_eighth(f, b, blen, 1, 0, &with);
+    decode_eighth(f, no_dht, n1, 1, 0, &without);
+    check_same(&without, &with, 1, "no DHT against B");
+    free(with.px);
+    free(without.px);
+    dsrt_decoder_destroy(f);
+    free(none);
+    free(no_dqt);
+    free(no_dht);
+    free(b);
+    free(px);
+    free(a);
+}
+
 int main(void) {
     corpus_dir = getenv("DSRT_WRITE_CORPUS");
     if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
@@ -1806,6 +1893,7 @@ int main(void) {
     RUN(test_dc_mcu_blocks);
     RUN(test_dc_ac_scan_table);
     RUN(test_dc_luma_idct);
+    RUN(test_decode_tables_alone);
     RUN(test_begin_finish);
     RUN(test_allow_gray);
     return TEST_RESULT();
