@@ -2,14 +2,17 @@
  * The decoder: encoded JPEG or PNG bytes in memory -> 8-bit gray or RGB
  * pixels, with DCT-domain downscaling and region decoding for JPEGs.
  *
- * A dsrt_decoder belongs to one thread. It holds one libjpeg decompressor
- * and scratch buffers that grow on demand and are kept between calls: the
- * pixels dsrt_decode returns when the caller gives no destination, the
- * intermediate pixels of conversions (CMYK, or RGB on its way to gray), the
- * row pointers libjpeg writes through, and the bytes of a file for
- * dsrt_datastore_read_image. After the first few images the decoder's own
- * allocations stop; what remains per image is libjpeg's working memory and
- * libspng's context.
+ * A dsrt_decoder belongs to one thread. It holds a libjpeg decompressor,
+ * made again for each JPEG (libjpeg keeps the tables an image defined for
+ * the next one, so an image without its own would decode with the last
+ * file's: every image decodes as it would alone, whatever the thread
+ * decoded before), and scratch buffers that grow on demand and are kept
+ * between calls: the pixels dsrt_decode returns when the caller gives no
+ * destination, the intermediate pixels of conversions (CMYK, or RGB on its
+ * way to gray), the row pointers libjpeg writes through, and the bytes of a
+ * file for dsrt_datastore_read_image. After the first few images the
+ * decoder's own allocations stop; what remains per image is libjpeg's
+ * decompressor and working memory and libspng's context.
  *
  * Decoding is two steps, dsrt_decode_begin (the header) and
  * dsrt_decode_finish (the pixels), so that a caller can choose the request
@@ -123,9 +126,13 @@ typedef struct {
 /* What dsrt_decode_begin left for dsrt_decode_finish. */
 enum { OPEN_NONE = 0, OPEN_JPEG, OPEN_PNG };
 
+/* The libjpeg decompressor's state (jpeg_fresh). */
+enum { JD_NONE = 0, JD_FRESH, JD_USED };
+
 struct dsrt_decoder {
     dsrt_decoder_options opt;
     struct jpeg_decompress_struct jd;
+    int jd_state; /* JD_NONE: jd to be made; JD_FRESH; JD_USED: it has read a header */
     jpeg_errors je;
     struct jpeg_progress_mgr jp;
     /* The image between begin and finish: its bytes, header and state. */
@@ -241,6 +248,31 @@ dsrt_decoder_options dsrt_decoder_defaults(void) {
 /* The DCT scales dsrt_decode chooses from: 1/8, 1/4, 1/2 (and 1). */
 static const int scale_denoms[] = {8, 4, 2};
 
+/*
+ * Gives d a fresh libjpeg decompressor unless it has one: one that has read
+ * a header is destroyed and made again. libjpeg keeps the quantisation and
+ * Huffman tables a file defined in the decompressor for the next file (for
+ * abbreviated streams, whose tables come apart from the images), so a JPEG
+ * without its own would decode with the last file's, and its outcome would
+ * depend on what the decoder decoded before. A fresh decompressor gives what
+ * the file gives alone: libjpeg's standard Huffman tables where a
+ * sequential file defines none, "Quantization table 0x00 was not defined"
+ * where it has no DQT. It costs a few small allocations. 0, or -ENOMEM.
+ */
+static int jpeg_fresh(dsrt_decoder *d) {
+    if (d->jd_state == JD_FRESH) return 0;
+    if (d->jd_state == JD_USED) jpeg_destroy_decompress(&d->jd);
+    d->jd_state = JD_NONE;
+    if (setjmp(d->je.jump)) { /* only out of memory */
+        jpeg_destroy_decompress(&d->jd);
+        return dsrt__fail(-ENOMEM, "decoder: jpeg_create_decompress: %s", d->je.msg);
+    }
+    jpeg_create_decompress(&d->jd);
+    d->jd.progress = &d->jp;
+    d->jd_state = JD_FRESH;
+    return 0;
+}
+
 int dsrt_decoder_create(dsrt_decoder **out, const dsrt_decoder_options *o) {
     assert(out);
     *out = NULL;
@@ -255,13 +287,11 @@ int dsrt_decoder_create(dsrt_decoder **out, const dsrt_decoder_options *o) {
     d->je.pub.emit_message = jpeg_on_message;
     d->je.pub.output_message = jpeg_on_output;
     d->jp.progress_monitor = jpeg_on_progress;
-    if (setjmp(d->je.jump)) { /* only out of memory */
-        int rc = dsrt__fail(-ENOMEM, "decoder: jpeg_create_decompress: %s", d->je.msg);
+    int rc = jpeg_fresh(d);
+    if (rc != 0) {
         free(d);
         return rc;
     }
-    jpeg_create_decompress(&d->jd);
-    d->jd.progress = &d->jp;
     *out = d;
     return 0;
 }
@@ -424,9 +454,11 @@ static int jpeg_outcome(dsrt_decoder *d, int stopped) {
     return dsrt__fail(DSRT_ECORRUPT, "decode: %s", e->msg);
 }
 
-/* Reads the header of d->buf. Called under the caller's setjmp. */
+/* Reads the header of d->buf. Called under the caller's setjmp, with a
+ * fresh decompressor (jpeg_fresh). */
 static void jpeg_header(dsrt_decoder *d) {
     j_decompress_ptr j = &d->jd;
+    d->jd_state = JD_USED;
     d->je.msg[0] = '\0';
     d->je.stopped = 0;
     d->je.strict = d->opt.strict;
@@ -438,6 +470,8 @@ static int jpeg_begin(dsrt_decoder *d, dsrt_image_info *info) {
     j_decompress_ptr j = &d->jd;
     if (d->len > ULONG_MAX)
         return dsrt__fail(DSRT_ETOOBIG, "decode: %zu bytes is too large for libjpeg", d->len);
+    int rc = jpeg_fresh(d);
+    if (rc != 0) return rc;
     d->open = OPEN_JPEG;
     if (setjmp(d->je.jump)) return jpeg_outcome(d, 1);
     jpeg_header(d);
@@ -446,7 +480,7 @@ static int jpeg_begin(dsrt_decoder *d, dsrt_image_info *info) {
         return jpeg_outcome(d, 1);
     }
     if (j->err->num_warnings) {
-        int rc = jpeg_outcome(d, 0);
+        rc = jpeg_outcome(d, 0);
         if (rc != 0) {
             close_image(d);
             return rc;
@@ -506,6 +540,13 @@ typedef struct {
 static int jpeg_rows(dsrt_decoder *d, const jpeg_plan *pl, int early, int again, dsrt_image *out,
                      dsrt_window *win) {
     j_decompress_ptr j = &d->jd;
+    if (again) { /* the first pass's tables must not be seen */
+        int rc = jpeg_fresh(d);
+        if (rc != 0) {
+            close_image(d);
+            return rc;
+        }
+    }
     if (setjmp(d->je.jump)) return jpeg_outcome(d, 1);
     if (again) jpeg_header(d);
     j->scale_num = 1;

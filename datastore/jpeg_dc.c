@@ -45,9 +45,16 @@
 #define MAX_COMPS 3
 /* libjpeg's decoder in dsrt stops after this many scans (decode.c). */
 #define MAX_SCANS 500
-/* Zero bytes after a scan's data: more than one MCU can read (10 blocks of
- * 64 terms of at most 31 bits each). */
+/* The most blocks an MCU of an interleaved scan holds: libjpeg refuses
+ * more ("Sampling factors too large for interleaved scan",
+ * D_MAX_BLOCKS_IN_MCU), though its frame reader takes 4x4 sampling on every
+ * component (48 blocks). */
+#define MAX_BLOCKS 10
+/* Zero bytes after a scan's data: more than one MCU can read (MAX_BLOCKS
+ * blocks of 64 terms of at most 31 bits each, and the reader's 8 bytes
+ * ahead). */
 #define PAD 4096
+_Static_assert(PAD >= MAX_BLOCKS * 64 * 31 / 8 + 8, "PAD covers an MCU");
 /* The AC terms whose completeness decides libjpeg's block smoothing. */
 #define SMOOTH_TERMS 10
 
@@ -230,8 +237,30 @@ static void huff_steps(huff *h) {
     }
 }
 
+/*
+ * 0 when h's counts and vals make a table libjpeg builds, 1 when it refuses
+ * it ("Bogus Huffman table definition", jpeg_make_d_derived_tbl): the codes
+ * of each length must fit in that length with the all-ones code left out
+ * (more codes than fit, which libjpeg's header reader takes, would index
+ * past the look-up tables), and a DC table's values must be sizes up to
+ * 15. Nothing is written before this says yes.
+ */
+static int huff_check(const huff *h) {
+    int32_t code = 0;
+    for (int l = 1; l <= 16; l++) {
+        code += h->counts[l - 1];
+        if (code >= (int32_t)1 << l) return 1;
+        code <<= 1;
+    }
+    if (!h->ac)
+        for (int k = 0; k < h->nvals; k++)
+            if (h->vals[k] > 15) return 1;
+    return 0;
+}
+
 /* Builds h from its counts and vals; 0, or 1 for a table libjpeg refuses. */
 static int huff_build(huff *h) {
+    if (huff_check(h)) return 1;
     memset(h->fast, 0, sizeof h->fast);
     int32_t code = 0;
     int k = 0;
@@ -240,18 +269,15 @@ static int huff_build(huff *h) {
         h->delta[l] = k - code;
         h->maxcode[l] = n ? code + n - 1 : -1;
         for (int i = 0; i < n; i++, k++, code++) {
-            int v = h->vals[k];
-            if (!h->ac && v > 15) return 1;
             if (l <= FAST_BITS) {
                 int shift = FAST_BITS - l;
-                uint16_t e = fast_entry(h->ac, l, v);
+                uint16_t e = fast_entry(h->ac, l, h->vals[k]);
                 for (int32_t j = code << shift; j < (code + 1) << shift; j++) {
                     h->fast[j] = e;
                     h->len[j] = (uint8_t)l;
                 }
             }
         }
-        if (code >= (int32_t)1 << l) return 1; /* the all-ones code, or too many */
         code <<= 1;
     }
     if (h->ac) huff_steps(h);
@@ -511,6 +537,11 @@ static int read_frame(dsrt_jpeg_dc *s, frame *f, int progressive, const uint8_t 
         c->bh = f->mcus_y * c->v;
         total += (size_t)c->bw * (size_t)c->bh * 3; /* int16 terms, uint8 pixels */
     }
+    /* At 1/8 libjpeg scales a component's inverse DCT up (2x2, 4x4, from
+     * its AC terms too) while both its sampling factors go into the largest
+     * an even number of times (jdmaster.c), and repeats its pixels where it
+     * does not: luma scaled up is left to libjpeg. */
+    if (f->hmax % (2 * f->c[0].h) == 0 && f->vmax % (2 * f->c[0].v) == 0) return 1;
     if (dsrt__grow((void **)&s->planes, &s->planes_cap, total, 1)) return -ENOMEM;
     /* Every component's terms first, then the pixels: the terms stay 2-byte aligned. */
     int16_t *t = (int16_t *)(void *)s->planes;
@@ -574,6 +605,11 @@ static int read_scan(frame *f, scan *sc, const uint8_t *p, size_t n) {
         sc->ta[k] = p[2 + 2 * k] & 15;
         if (sc->td[k] > 3 || sc->ta[k] > 3) return 1;
     }
+    if (sc->n > 1) {
+        int blocks = 0;
+        for (int k = 0; k < sc->n; k++) blocks += sc->c[k]->h * sc->c[k]->v;
+        if (blocks > MAX_BLOCKS) return 1;
+    }
     const uint8_t *t = p + 1 + 2 * sc->n;
     sc->ss = t[0];
     sc->se = t[1];
@@ -609,6 +645,7 @@ static int read_scan(frame *f, scan *sc, const uint8_t *p, size_t n) {
     }
     /* AC: stepped over, only the terms libjpeg's smoothing looks at noted */
     if (sc->n != 1 || sc->se < sc->ss || sc->se > 63 || sc->c[0]->dc_al < 0) return 1;
+    if (!f->ac_defined[sc->ta[0]]) return 1; /* libjpeg builds the table, though unread here */
     for (int i = sc->ss; i <= sc->se && i < SMOOTH_TERMS; i++) sc->c[0]->ac_al[i] = (int8_t)sc->al;
     return 0;
 }

@@ -16,12 +16,17 @@
  *
  * It takes only what it can do exactly as described: 8-bit Huffman-coded
  * baseline, extended or progressive JPEGs, gray or YCbCr, integer sampling
- * ratios, markers where the standard puts them, every restart marker in its
- * place, the entropy-coded data ending where its last block ends and an
- * end-of-image marker after the last scan. Anything else (arithmetic coding,
- * Adobe RGB or CMYK, junk between markers, a bad Huffman code, data cut
- * short) is left to libjpeg, which decides what it is; nothing this decoder
- * sees makes an image bad by itself.
+ * ratios where libjpeg's 1/8 luma is the DC term's (not where it scales the
+ * luma's inverse DCT up because the chroma is sampled more), interleaved
+ * scans of at most 10 blocks an MCU (libjpeg refuses more), every Huffman
+ * table a scan names defined in the file (a fresh libjpeg fills some with
+ * standard tables, refuses others), markers where the standard puts them,
+ * every restart marker in its place, the entropy-coded data ending where
+ * its last block ends and an end-of-image marker after the last scan.
+ * Anything else (arithmetic coding, Adobe RGB or CMYK, junk between markers,
+ * a Huffman table libjpeg refuses, a bad Huffman code, data cut short) is
+ * left to libjpeg, which decides what it is; nothing this decoder sees
+ * makes an image bad by itself.
  */
 #ifndef DSRT_DATASTORE_JPEG_DC_H
 #define DSRT_DATASTORE_JPEG_DC_H

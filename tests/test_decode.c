@@ -22,6 +22,7 @@
  */
 #include "core/internal.h"
 #include "datastore/internal.h"
+#include "jpegkit.h"
 #include "task.h"
 #include "testimg.h"
 
@@ -1478,6 +1479,391 @@ static void test_dc_eighth_damaged(void) {
     dsrt_decoder_destroy(d);
 }
 
+// ----------------------------------------------------------------------------
+// Hostile files at 1/8: exactly what a fresh libjpeg says
+
+/* What a decode at 1/8 gave: its code, its message, its pixels. */
+typedef struct {
+    int rc;
+    char msg[512];
+    uint8_t *px; /* (n) */
+    size_t n;
+} outcome;
+
+static void decode_eighth(dsrt_decoder *d, const uint8_t *buf, size_t len, int ch, int dc,
+                          outcome *o) {
+    dsrt_decode_request r = request(ch, 1, 1);
+    r.dc_eighth = dc;
+    dsrt_image img;
+    dsrt__clear_error();
+    o->rc = dsrt_decode(d, buf, len, &r, &img);
+    snprintf(o->msg, sizeof o->msg, "%s", o->rc ? dsrt_last_error() : "");
+    o->n = o->rc ? 0 : img.stride * (size_t)img.height;
+    o->px = malloc(o->n ? o->n : 1);
+    REQUIRE(o->px);
+    if (o->n) memcpy(o->px, img.data, o->n);
+}
+
+/* Compares a with b (the reference): the code, the message, and the
+ * pixels when exact. */
+static void check_same(const outcome *a, const outcome *b, int exact, const char *what) {
+    if (a->rc != b->rc || strcmp(a->msg, b->msg) != 0)
+        fprintf(stderr, "%s: %d (%s), libjpeg alone %d (%s)\n", what, a->rc, a->msg, b->rc, b->msg);
+    CHECK_EQ(a->rc, b->rc);
+    CHECK_STR_EQ(a->msg, b->msg);
+    if (a->rc == 0 && b->rc == 0 && exact) {
+        CHECK_EQ(a->n, b->n);
+        long at = first_diff(a->px, b->px, DSRT_MIN(a->n, b->n));
+        if (at >= 0)
+            fprintf(stderr, "%s: byte %ld: %d, libjpeg %d\n", what, at, a->px[at], b->px[at]);
+        CHECK_EQ(at, -1);
+    }
+}
+
+/* Decodes buf at 1/8 from the DC terms with d (which may have decoded
+ * other files before) and checks the outcome against libjpeg's 1/8 decode
+ * in a fresh decoder: the same code and message, and the same luma (ch 1),
+ * or RGB when exact. Leaves dsrt_last_error() to d's decode; returns its
+ * code. */
+static int check_dc_fresh(dsrt_decoder *d, const uint8_t *buf, size_t len, int ch, int exact,
+                          const char *what) {
+    dsrt_decoder *f;
+    REQUIRE(dsrt_decoder_create(&f, NULL) == 0);
+    outcome ref, got;
+    decode_eighth(f, buf, len, ch, 0, &ref);
+    dsrt_decoder_destroy(f);
+    decode_eighth(d, buf, len, ch, 1, &got);
+    check_same(&got, &ref, ch == 1 || exact, what);
+    if (got.rc) dsrt__fail(got.rc, "%s", got.msg);
+    free(ref.px);
+    free(got.px);
+    return got.rc;
+}
+
+/* A copy of jpeg with seg inserted before its first scan header. */
+static uint8_t *before_scan(const uint8_t *jpeg, size_t len, const uint8_t *seg, size_t n,
+                            size_t *out_len) {
+    size_t at, sn;
+    REQUIRE(jk_find(jpeg, len, 0xda, 0, &at, &sn) == 0);
+    uint8_t *o = jk_splice(jpeg, len, at, 0, seg, n, out_len);
+    REQUIRE(o);
+    return o;
+}
+
+/* A DHT segment of one table with counts codes of each length, values
+ * 0, 1, 2 ... (or first + i), inserted before the first scan. */
+static uint8_t *with_table(const uint8_t *jpeg, size_t len, int cls, int id,
+                           const uint8_t counts[16], size_t *out_len) {
+    uint8_t vals[256];
+    for (int i = 0; i < 256; i++) vals[i] = (uint8_t)(cls ? i : i % 12);
+    size_t n;
+    uint8_t *seg = jk_dht(cls, id, counts, vals, &n);
+    REQUIRE(seg);
+    uint8_t *o = before_scan(jpeg, len, seg, n, out_len);
+    free(seg);
+    return o;
+}
+
+/* Huffman tables with more codes of a length than fit: libjpeg's header
+ * reader takes them, and libjpeg refuses one when a scan uses it ("Bogus
+ * Huffman table definition"). The DC decoder must neither write past its
+ * tables (3 codes of length 1 in the last table ran over into the
+ * decoder's own pointers, so the next image crashed; 255 wrote about 520 KB
+ * past them) nor decode what libjpeg refuses. */
+static void test_dc_huffman_overfull(void) {
+    size_t len, n;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_444, 48, 40, 3, &len);
+    REQUIRE(jpeg);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    /* Table AC 3, which no scan uses: the file is good. */
+    uint8_t three[16] = {3};
+    uint8_t *bad = with_table(jpeg, len, 1, 3, three, &n);
+    corpus("overfull-unused.jpg", bad, n);
+    CHECK_EQ(check_dc_fresh(d, bad, n, 1, 1, "unused over-full table"), 0);
+    CHECK_EQ(check_dc_fresh(d, jpeg, len, 3, 1, "the next image"), 0);
+    free(bad);
+    /* Tables the scan uses: one code of each length below l, then more at
+     * l than the rest of the code space holds. */
+    static const uint8_t used[][4] = {
+        {1, 0, 1, 255}, {0, 0, 1, 3}, {1, 1, 2, 3},   {0, 1, 3, 5},
+        {1, 0, 11, 3},  {0, 0, 9, 3}, {1, 0, 8, 200}, {1, 0, 16, 3},
+    }; /* class, id, l, codes of length l */
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(used); k++) {
+        uint8_t counts[16] = {0};
+        int l = used[k][2];
+        for (int i = 0; i < l - 1; i++) counts[i] = 1;
+        counts[l - 1] = used[k][3];
+        bad = with_table(jpeg, len, used[k][0], used[k][1], counts, &n);
+        char what[64];
+        snprintf(what, sizeof what, "over-full table %d/%d: %d codes of length %d", used[k][0],
+                 used[k][1], used[k][3], l);
+        corpus("overfull.jpg", bad, n);
+        for (int ch = 1; ch <= 3; ch += 2) {
+            CHECK_EQ(check_dc_fresh(d, bad, n, ch, 1, what), DSRT_ECORRUPT);
+            CHECK_CONTAINS(dsrt_last_error(), "Bogus Huffman table definition");
+        }
+        CHECK_EQ(check_dc_fresh(d, jpeg, len, 3, 1, "the next image"), 0);
+        free(bad);
+    }
+    /* Full but not over-full: 2^l - 1 codes of a length (no all-ones code)
+     * are taken. */
+    uint8_t full[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    bad = with_table(jpeg, len, 1, 0, full, &n);
+    check_dc_fresh(d, bad, n, 1, 1, "a complete table");
+    free(bad);
+    dsrt_decoder_destroy(d);
+    free(jpeg);
+}
+
+/* libjpeg refuses an interleaved scan of more than 10 blocks an MCU
+ * ("Sampling factors too large for interleaved scan"), though its frame
+ * reader takes every sampling factor up to 4x4; one-component scans of such
+ * a frame are fine. The DC decoder's zero padding after a scan's data
+ * covers one MCU of 10 blocks: with 48, a scan whose codes are long (one
+ * AC code of 16 bits and a 15-bit value a term) read about 12 KB past it. */
+static void test_dc_mcu_blocks(void) {
+    size_t mlen, n;
+    uint8_t *model = timg_make_jpeg(TIMG_JPEG_420, 16, 16, 1, &mlen);
+    REQUIRE(model);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    static const struct {
+        int samp[3][2], interleave, blocks;
+    } cases[] = {
+        {{{4, 4}, {4, 4}, {4, 4}}, 1, 48}, {{{4, 4}, {4, 4}, {4, 4}}, 0, 1},
+        {{{3, 3}, {1, 1}, {1, 1}}, 1, 11}, {{{2, 4}, {1, 1}, {1, 1}}, 1, 10},
+        {{{4, 2}, {2, 2}, {1, 1}}, 2, 5},  {{{1, 1}, {4, 4}, {2, 2}}, 2, 20},
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        for (int progressive = 0; progressive < 2; progressive++) {
+            jk_spec s = {.w = 70, .h = 45, .ncomp = 3, .ac_terms = 4};
+            s.interleave = cases[k].interleave;
+            s.progressive = progressive;
+            s.restart = (int)k % 3;
+            s.seed = (uint32_t)k;
+            memcpy(s.samp, cases[k].samp, sizeof s.samp);
+            uint8_t *jpeg = jk_synth(&s, model, mlen, &n);
+            REQUIRE(jpeg);
+            char what[64];
+            snprintf(what, sizeof what, "%d blocks an MCU%s", cases[k].blocks,
+                     progressive ? ", progressive" : "");
+            corpus("mcu-blocks.jpg", jpeg, n);
+            int rc = check_dc_fresh(d, jpeg, n, 1, 1, what);
+            if (cases[k].blocks > 10) {
+                CHECK_EQ(rc, DSRT_ECORRUPT);
+                CHECK_CONTAINS(dsrt_last_error(), "Sampling factors too large");
+            } else {
+                CHECK_EQ(rc, 0);
+            }
+            free(jpeg);
+        }
+    }
+    /* One MCU of 48 blocks, one byte of data, codes of 31 bits a term. */
+    jk_spec s = {.w = 32, .h = 32, .ncomp = 3, .samp = {{4, 4}, {4, 4}, {4, 4}}, .interleave = 1};
+    uint8_t *jpeg = jk_synth(&s, model, mlen, &n);
+    REQUIRE(jpeg);
+    uint8_t *t = jk_without(jpeg, n, 0xc4, &n);
+    free(jpeg);
+    uint8_t dc[16] = {1}, ac[16] = {0}, dcv[1] = {0}, acv[1] = {0x0f};
+    ac[15] = 1;
+    size_t n1, n2;
+    uint8_t *s1 = jk_dht(0, 0, dc, dcv, &n1), *s2 = jk_dht(1, 0, ac, acv, &n2);
+    REQUIRE(s1 && s2);
+    uint8_t *t1 = before_scan(t, n, s1, n1, &n);
+    uint8_t *t2 = before_scan(t1, n, s2, n2, &n);
+    /* The scan's data: one zero byte, then the end of the image. */
+    size_t sos, sosn;
+    REQUIRE(jk_find(t2, n, 0xda, 0, &sos, &sosn) == 0);
+    size_t cut = sos + sosn;
+    uint8_t *long_codes = jk_splice(t2, n, cut, n - cut, "\x00\xff\xd9", 3, &n);
+    REQUIRE(long_codes);
+    corpus("mcu-long-codes.jpg", long_codes, n);
+    CHECK_EQ(check_dc_fresh(d, long_codes, n, 1, 1, "48 blocks of long codes"), DSRT_ECORRUPT);
+    free(long_codes);
+    free(t2);
+    free(t1);
+    free(s1);
+    free(s2);
+    free(t);
+    dsrt_decoder_destroy(d);
+    free(model);
+}
+
+/* A progressive AC scan naming a Huffman table the file never defines:
+ * libjpeg refuses it ("Huffman table 0x02 was not defined"), though the DC
+ * decoder never reads that scan's data. Tables 0 and 1, which a fresh
+ * libjpeg fills with the standard ones, give whatever libjpeg gives. */
+static void test_dc_ac_scan_table(void) {
+    size_t len;
+    uint8_t *jpeg = timg_make_jpeg(TIMG_JPEG_PROGRESSIVE, 64, 48, 2, &len);
+    REQUIRE(jpeg);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    int changed = 0;
+    for (int table = 1; table <= 3; table++) {
+        for (int k = 0;; k++) {
+            size_t at, n;
+            if (jk_find(jpeg, len, 0xda, k, &at, &n) != 0) break;
+            int nc = jpeg[at + 4];
+            if (jpeg[at + 5 + 2 * nc] == 0) continue; /* a DC scan */
+            uint8_t *bad = malloc(len);
+            REQUIRE(bad);
+            memcpy(bad, jpeg, len);
+            bad[at + 6] = (uint8_t)((bad[at + 6] & 0xf0) | table);
+            if (bad[at + 6] == jpeg[at + 6]) {
+                free(bad);
+                continue;
+            }
+            changed++;
+            char what[64];
+            snprintf(what, sizeof what, "AC scan %d with table %d", k, table);
+            corpus("ac-table.jpg", bad, len);
+            int rc = check_dc_fresh(d, bad, len, 1, 1, what);
+            if (table >= 2) {
+                CHECK_EQ(rc, DSRT_ECORRUPT);
+                CHECK_CONTAINS(dsrt_last_error(), "was not defined");
+            }
+            free(bad);
+        }
+    }
+    CHECK_GT(changed, 0);
+    dsrt_decoder_destroy(d);
+    free(jpeg);
+}
+
+/*
+ * Luma that is not the most sampled component: at 1/8 libjpeg scales a
+ * component's inverse DCT up (2x2, 4x4) while its factors are half the
+ * largest ones or less, so its luma then comes from AC terms too; where it
+ * is not scaled up it is repeated, as the DC decoder repeats it. Every
+ * file is decoded as libjpeg decodes it.
+ */
+static void test_dc_luma_idct(void) {
+    static const int samplings[][3][2] = {
+        {{1, 1}, {2, 2}, {2, 2}}, /* luma 2x2 from its AC terms */
+        {{1, 1}, {4, 2}, {1, 1}}, /* 2x2 */
+        {{1, 1}, {2, 1}, {2, 1}}, /* repeated 2x1 */
+        {{1, 2}, {2, 2}, {1, 1}}, /* repeated 2x1 */
+        {{1, 1}, {3, 1}, {1, 1}}, /* repeated 3x1 */
+        {{1, 1}, {2, 4}, {1, 1}}, /* 2x2 */
+        {{1, 1}, {1, 1}, {2, 2}}, /* 2x2 */
+    };
+    int w = 101, h = 67;
+    uint8_t *rgb = malloc((size_t)w * h * 3);
+    REQUIRE(rgb);
+    timg_pattern(rgb, w, h, 3, 41);
+    dsrt_decoder *d;
+    REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(samplings); i++) {
+        for (int variant = 0; variant < 3; variant++) {
+            size_t len;
+            uint8_t *jpeg =
+                jpeg_with_sampling(rgb, w, h, samplings[i], variant == 1, variant == 2, &len);
+            if (!jpeg) {
+                fprintf(stderr, "libjpeg.so.62 not found: luma scaled up not tested\n");
+                break;
+            }
+            char what[64];
+            snprintf(what, sizeof what, "sampling %zu variant %d", i, variant);
+            corpus("luma-idct.jpg", jpeg, len);
+            CHECK_OK(check_dc(d, jpeg, len, 1, 1, what));
+            CHECK_OK(check_dc(d, jpeg, len, 3, 0, what));
+            CHECK_OK(check_dc_fresh(d, jpeg, len, 1, 1, what));
+            free(jpeg);
+        }
+    }
+    dsrt_decoder_destroy(d);
+    free(rgb);
+}
+
+/*
+ * A decoder keeps one libjpeg decompressor, and libjpeg keeps the tables
+ * an image defined for the next one (abbreviated streams): a JPEG without
+ * its own quantisation or Huffman tables decoded with the last file's. So
+ * every image must decode as in a fresh decoder, whatever came before:
+ * B without tables after A (progressive: its last Huffman tables are not
+ * the standard ones; another quality) gives what B alone gives (a fresh
+ * libjpeg takes the standard Huffman tables for B without DHT, and refuses
+ * B without DQT), at every scale, from the DC terms or not.
+ */
+static void test_decode_tables_alone(void) {
+    int w = 64, h = 48;
+    size_t alen, blen;
+    uint8_t *a = timg_make_jpeg(TIMG_JPEG_PROGRESSIVE, w, h, 1, &alen);
+    uint8_t *px = malloc((size_t)w * h * 3);
+    REQUIRE(a && px);
+    timg_pattern(px, w, h, 3, 9);
+    uint8_t *b = timg_jpeg(px, w, h, TJPF_RGB, TJSAMP_420, 50, 0, &blen);
+    REQUIRE(b);
+    size_t n1, n2, n3;
+    uint8_t *no_dht = jk_without(b, blen, 0xc4, &n1);
+    uint8_t *no_dqt = jk_without(b, blen, 0xdb, &n2);
+    uint8_t *none = jk_without(no_dht, n1, 0xdb, &n3);
+    REQUIRE(no_dht && no_dqt && none);
+    corpus("no-dht.jpg", no_dht, n1);
+    corpus("no-dqt.jpg", no_dqt, n2);
+    const struct {
+        const uint8_t *buf;
+        size_t len;
+        const char *name;
+        int rc;
+    } bs[] = {{no_dht, n1, "no DHT", 0},
+              {no_dqt, n2, "no DQT", DSRT_ECORRUPT},
+              {none, n3, "no tables", DSRT_ECORRUPT}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bs); k++) {
+        for (int mode = 0; mode < 4; mode++) {
+            int ch = mode & 1 ? 3 : 1, min = mode & 2 ? 0 : 1;
+            for (int dc = 0; dc < 2; dc++) {
+                dsrt_decode_request r = request(ch, min, min);
+                r.dc_eighth = dc;
+                outcome alone, after;
+                dsrt_decoder *f, *d;
+                REQUIRE(dsrt_decoder_create(&f, NULL) == 0);
+                REQUIRE(dsrt_decoder_create(&d, NULL) == 0);
+                dsrt_image img;
+                for (int step = 0; step < 2; step++) {
+                    outcome *o = step ? &after : &alone;
+                    if (step) CHECK_OK(dsrt_decode(d, a, alen, &r, &img));
+                    dsrt__clear_error();
+                    o->rc = dsrt_decode(step ? d : f, bs[k].buf, bs[k].len, &r, &img);
+                    snprintf(o->msg, sizeof o->msg, "%s", o->rc ? dsrt_last_error() : "");
+                    o->n = o->rc ? 0 : img.stride * (size_t)img.height;
+                    o->px = malloc(o->n ? o->n : 1);
+                    REQUIRE(o->px);
+                    if (o->n) memcpy(o->px, img.data, o->n);
+                }
+                char what[96];
+                snprintf(what, sizeof what, "%s after a progressive file, ch %d, %s, dc %d",
+                         bs[k].name, ch, min ? "1/8" : "full size", dc);
+                check_same(&after, &alone, 1, what);
+                CHECK_EQ(alone.rc, bs[k].rc);
+                free(alone.px);
+                free(after.px);
+                dsrt_decoder_destroy(f);
+                dsrt_decoder_destroy(d);
+            }
+        }
+    }
+    /* Without DHT, a fresh libjpeg takes the standard tables, which are
+     * TurboJPEG's own: the pixels are B's. */
+    dsrt_decoder *f;
+    REQUIRE(dsrt_decoder_create(&f, NULL) == 0);
+    outcome with, without;
+    decode_eighth(f, b, blen, 1, 0, &with);
+    decode_eighth(f, no_dht, n1, 1, 0, &without);
+    check_same(&without, &with, 1, "no DHT against B");
+    free(with.px);
+    free(without.px);
+    dsrt_decoder_destroy(f);
+    free(none);
+    free(no_dqt);
+    free(no_dht);
+    free(b);
+    free(px);
+    free(a);
+}
+
 int main(void) {
     corpus_dir = getenv("DSRT_WRITE_CORPUS");
     if (corpus_dir && timg_mkdirs(corpus_dir) != 0) corpus_dir = NULL;
@@ -1503,6 +1889,11 @@ int main(void) {
     RUN(test_region_rest);
     RUN(test_dc_eighth);
     RUN(test_dc_eighth_damaged);
+    RUN(test_dc_huffman_overfull);
+    RUN(test_dc_mcu_blocks);
+    RUN(test_dc_ac_scan_table);
+    RUN(test_dc_luma_idct);
+    RUN(test_decode_tables_alone);
     RUN(test_begin_finish);
     RUN(test_allow_gray);
     return TEST_RESULT();
