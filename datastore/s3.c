@@ -37,6 +37,10 @@
 #include <strings.h>
 
 #define S3_LIST_MAX_PAGE ((size_t)64 << 20) /* largest listing page we accept */
+/* "scheme://host/base" of an endpoint, NUL included. */
+#define S3_ENDPOINT_MAX                                                                            \
+    (sizeof((dsrt_s3_config *)0)->scheme + sizeof((dsrt_s3_config *)0)->host +                     \
+     sizeof((dsrt_s3_config *)0)->base + 4)
 
 // ----------------------------------------------------------------------------
 // Locations and strings
@@ -718,6 +722,16 @@ int dsrt__http_status_transient(long status, const char *body, size_t body_len) 
            strcmp(code, "InternalError") == 0 || strcmp(code, "ServiceUnavailable") == 0;
 }
 
+/* "scheme://host" of a URL (its user information left out). */
+static void url_origin(const char *url, char *out, size_t cap) {
+    const char *h = strstr(url, "://");
+    h = h ? h + 3 : url;
+    const char *at = h, *e = h + strcspn(h, "/?#");
+    for (const char *p = h; p < e; p++)
+        if (*p == '@') at = p + 1;
+    snprintf(out, cap, "%.*s%.*s", (int)(h - url), url, (int)(e - at), at);
+}
+
 int dsrt__s3_http_error(const char *display, long status, const char *body, size_t body_len,
                         const char *bucket_region, const dsrt_s3_config *c, int is_s3) {
     char code[64], msg[200], region[64];
@@ -732,11 +746,18 @@ int dsrt__s3_http_error(const char *display, long status, const char *body, size
     const char *here = c ? c->region : "";
     if (status == 404 && (!code[0] || strcmp(code, "NoSuchKey") == 0))
         return dsrt__fail(-ENOENT, "%s: no such object (%s)", display, what);
-    if (status == 404 && strcmp(code, "NoSuchBucket") == 0)
-        return dsrt__fail(DSRT_EREMOTE,
-                          "%s: the bucket does not exist at %s://%s (%s): check the bucket name "
-                          "and AWS_ENDPOINT_URL",
-                          display, c ? c->scheme : "https", c ? c->host : "?", what);
+    if (status == 404 && strcmp(code, "NoSuchBucket") == 0) {
+        /* Where the request went: the endpoint of an s3:// URL, the server
+         * of any other. */
+        char origin[S3_ENDPOINT_MAX];
+        if (is_s3 && c)
+            snprintf(origin, sizeof origin, "%s://%s%s", c->scheme, c->host, c->base);
+        else
+            url_origin(display, origin, sizeof origin);
+        return dsrt__fail(DSRT_EREMOTE, "%s: the bucket does not exist at %s (%s): check %s",
+                          display, origin, what,
+                          is_s3 ? "the bucket name and AWS_ENDPOINT_URL" : "the URL");
+    }
     if (!is_s3)
         return dsrt__fail(status == 404 || status == 410 ? -ENOENT : DSRT_EREMOTE, "%s: %s",
                           display, what);

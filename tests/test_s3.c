@@ -16,7 +16,15 @@
  * faults are counted, and waits are for files or processes, with deadlines orders of magnitude
  * above the work.
  *
- * Skips (77) only when the server's packages cannot be installed.
+ * What a store never answers but a network may comes from a hostile server
+ * of the standard library's (tests/hostile_server.py, python3 alone): an
+ * HTML page for a listing, a continuation token that comes back, a listing
+ * that never ends or never answers, a body that drips or never ends, a
+ * Range ignored, an error answer that echoes the request; and no
+ * credential may appear in any message, list or output.
+ *
+ * Skips (77) only when the server's packages cannot be installed (the
+ * hostile server's cases run whatever).
  */
 #include <dsrt.h>
 
@@ -1165,6 +1173,95 @@ static char *slurp(const char *path) {
     return dsrt__read_whole_file(path, 1 << 24, &d, &n) == 0 ? (char *)d : NULL;
 }
 
+// ----------------------------------------------------------------------------
+// A hostile server: what a store never answers but a network may
+// (tests/hostile_server.py, the standard library's HTTP server)
+
+static struct {
+    pid_t pid;
+    FILE *in, *out;
+    int port;
+    char base[64];       /* http://127.0.0.1:PORT */
+    char root[PATH_MAX]; /* the folder its bucket "files" serves */
+} hs;
+
+/* Credentials the hostile server is sent (it checks none): no message may
+ * repeat them. */
+#define HS_KEY    "AKIAHOSTILETEST00001"
+#define HS_SECRET "hostile-secret-0123456789abcdef"
+#define HS_TOKEN  "FwoGZXIvYXdzEHostileSessionToken0123456789+abc/def=="
+
+static int hostile_start(void) {
+    const char *src = getenv("DSRT_SOURCE_DIR");
+    char script[PATH_MAX];
+    snprintf(script, sizeof script, "%s/tests/hostile_server.py", src ? src : ".");
+    snprintf(hs.root, sizeof hs.root, "%s/hostile", root);
+    REQUIRE(timg_mkdirs(hs.root) == 0);
+    int to[2], from[2];
+    if (pipe(to) != 0 || pipe(from) != 0) return -1;
+    hs.pid = fork();
+    if (hs.pid == 0) {
+        dup2(to[0], 0);
+        dup2(from[1], 1);
+        close(to[1]);
+        close(from[0]);
+        execlp("python3", "python3", script, "--root", hs.root, (char *)NULL);
+        _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    hs.in = fdopen(to[1], "w");
+    hs.out = fdopen(from[0], "r");
+    char line[256];
+    if (!fgets(line, sizeof line, hs.out) || sscanf(line, "{\"port\": %d}", &hs.port) != 1) {
+        fprintf(stderr, "the hostile test server did not start\n");
+        return -1;
+    }
+    snprintf(hs.base, sizeof hs.base, "http://127.0.0.1:%d", hs.port);
+    return 0;
+}
+
+static void hostile_stop(void) {
+    if (hs.pid > 0) {
+        fclose(hs.in);
+        fclose(hs.out);
+        kill(hs.pid, SIGKILL);
+        waitpid(hs.pid, NULL, 0);
+        hs.pid = 0;
+    }
+}
+
+/* s3:// goes to the hostile server, path-style, signed with keys and a
+ * session token it does not check. */
+static void env_hostile(void) {
+    setenv("AWS_ACCESS_KEY_ID", HS_KEY, 1);
+    setenv("AWS_SECRET_ACCESS_KEY", HS_SECRET, 1);
+    setenv("AWS_SESSION_TOKEN", HS_TOKEN, 1);
+    setenv("AWS_REGION", "us-east-1", 1);
+    setenv("AWS_ENDPOINT_URL", hs.base, 1);
+    unsetenv("AWS_ENDPOINT_URL_S3");
+    unsetenv("AWS_PROFILE");
+    unsetenv("AWS_NO_SIGN_REQUEST");
+    unsetenv("DSRT_S3_ADDRESSING");
+    setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1);
+    setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
+}
+
+/* A 404 NoSuchBucket from a plain http:// URL names that server, not
+ * "https://?"; from an s3:// URL, the endpoint it went to. */
+static void test_no_bucket_scheme(void) {
+    env_hostile();
+    char url[128];
+    snprintf(url, sizeof url, "%s/nobucket/m.csv", hs.base);
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, url, NULL), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "does not exist at http://127.0.0.1:");
+    CHECK(!strstr(dsrt_last_error(), "https://?"));
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://nobucket/m.csv", NULL), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "does not exist at http://127.0.0.1:");
+    CHECK_CONTAINS(dsrt_last_error(), "AWS_ENDPOINT_URL");
+}
+
 static void test_dsbench(void) {
     const char *bin = getenv("DSRT_BIN_DIR");
     if (!bin) return;
@@ -1333,6 +1430,13 @@ int main(void) {
     RUN(test_list_page);
     int rc = server_start();
     RUN(test_canonical_request); /* with botocore when the server's python is there */
+    /* The hostile server needs python3 alone. */
+    if (hostile_start() == 0) {
+        RUN(test_no_bucket_scheme);
+    } else {
+        test_failures++;
+    }
+    hostile_stop();
     if (rc != 0) {
         server_kill();
         return rc == TEST_SKIP && test_failures == 0 ? TEST_SKIP : 1;
