@@ -49,20 +49,26 @@ static void index_free(dsrt_index *ix) {
 void dsrt__index_warn(dsrt_index *ix, const char *fmt, ...) {
     ix->warning_count++;
     if (ix->warning_count > WARNING_LINES) return;
-    /* Whole, however long the paths in it: the reason comes last. */
+    /* Whole, however long the paths in it: the reason comes last. Redacted
+     * as messages are (masking may lengthen a short secret: 2n + 8 holds
+     * the worst case). */
     va_list ap, again;
     va_start(ap, fmt);
     va_copy(again, ap);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    char *raw = n >= 0 ? malloc((size_t)n + 1) : NULL;
     void *buf = ix->warnings;
-    if (n >= 0 && dsrt__grow(&buf, &ix->warnings_cap, ix->warnings_len + (size_t)n + 2, 1) == 0) {
+    size_t room = 2 * (size_t)n + 8;
+    if (raw && dsrt__grow(&buf, &ix->warnings_cap, ix->warnings_len + room + 2, 1) == 0) {
         ix->warnings = buf;
-        vsnprintf(ix->warnings + ix->warnings_len, (size_t)n + 1, fmt, again);
-        ix->warnings_len += (size_t)n;
+        vsnprintf(raw, (size_t)n + 1, fmt, again);
+        dsrt_text_redact(raw, ix->warnings + ix->warnings_len, room + 1);
+        ix->warnings_len += strlen(ix->warnings + ix->warnings_len);
         ix->warnings[ix->warnings_len++] = '\n';
         ix->warnings[ix->warnings_len] = '\0';
     }
+    free(raw);
     va_end(again);
 }
 
@@ -212,7 +218,7 @@ static int detect_url(const char *url, dsrt_source *kind) {
         return 0;
     }
     char display[512];
-    dsrt__url_display(url, display, sizeof display);
+    dsrt_text_redact(url, display, sizeof display);
     return dsrt__fail(DSRT_EFORMAT,
                       "open: %s: an http(s) URL must name a CSV manifest (.csv, .txt, .lst): "
                       "only s3:// prefixes can be listed as folders",

@@ -27,7 +27,9 @@
  * wrong regions and missing buckets with DSRT_EREMOTE and what to check
  * (datastore/s3.c says it), an empty object with DSRT_EEMPTY, one larger
  * than its buffer with DSRT_ETOOBIG and its size. Messages name the
- * location without credentials: keys are only ever in the signature.
+ * location without credentials: keys are only ever in the signature, and
+ * every message is redacted (dsrt_text_redact: a URL's password, a
+ * pre-signed URL's signature).
  */
 #include "datastore/remote.h"
 
@@ -509,7 +511,7 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
 
     /* Something to say: the location as messages show it. */
     char display[512];
-    dsrt__url_display(q->loc, display, sizeof display);
+    dsrt_text_redact(q->loc, display, sizeof display);
     if (c == CURLE_WRITE_ERROR && q->toobig) {
         dsrt__fail(DSRT_ETOOBIG, "%s: %llu bytes, larger than the buffer of %zu bytes", display,
                    (unsigned long long)q->total, q->own ? q->max : q->cap);
@@ -675,7 +677,7 @@ static int pump(dsrt_http *h) {
         int rc = attempt_start(h, q);
         if (rc != 0) {
             char display[512];
-            dsrt__url_display(q->loc, display, sizeof display);
+            dsrt_text_redact(q->loc, display, sizeof display);
             dsrt__fail_prefix(rc, "%s", display);
             finish_msg(h, q, rc);
         }

@@ -23,10 +23,6 @@
 /* 1 for "s3://", "http://" and "https://" (any case). */
 int dsrt__is_url(const char *path);
 
-/* A URL fit for a message: without user:password@ and without the query
- * (which may hold a pre-signed URL's signature). Writes at most cap bytes. */
-void dsrt__url_display(const char *url, char *out, size_t cap);
-
 // ----------------------------------------------------------------------------
 // S3 configuration, from the environment and the AWS files
 

@@ -61,18 +61,6 @@ int dsrt__is_url(const char *p) {
     return p && dsrt__is_url_n(p, strlen(p));
 }
 
-void dsrt__url_display(const char *url, char *out, size_t cap) {
-    const char *scheme_end = strstr(url, "://");
-    const char *host = scheme_end ? scheme_end + 3 : url;
-    const char *slash = strchr(host, '/');
-    const char *at = memchr(host, '@', slash ? (size_t)(slash - host) : strlen(host));
-    const char *q = strchr(url, '?');
-    size_t head = (size_t)(host - url);
-    const char *rest = at ? at + 1 : host;
-    size_t rest_len = q && q > rest ? (size_t)(q - rest) : strlen(rest);
-    snprintf(out, cap, "%.*s%.*s%s", (int)head, url, (int)rest_len, rest, q ? "?..." : "");
-}
-
 int dsrt__sb_add(dsrt_strbuf *b, const char *s, size_t n) {
     void *p = b->s;
     if (dsrt__grow(&p, &b->cap, b->len + n + 1, 1) != 0) return -ENOMEM;
@@ -722,6 +710,16 @@ int dsrt__http_status_transient(long status, const char *body, size_t body_len) 
            strcmp(code, "InternalError") == 0 || strcmp(code, "ServiceUnavailable") == 0;
 }
 
+/* Masks every copy of secret (when it is one: a few bytes at least) in s. */
+static void scrub(char *s, const char *secret) {
+    size_t n = secret ? strlen(secret) : 0;
+    if (n < 4) return;
+    for (char *p = strstr(s, secret); p; p = strstr(p + 3, secret)) {
+        memcpy(p, "***", 3);
+        memmove(p + 3, p + n, strlen(p + n) + 1);
+    }
+}
+
 /* "scheme://host" of a URL (its user information left out). */
 static void url_origin(const char *url, char *out, size_t cap) {
     const char *h = strstr(url, "://");
@@ -734,10 +732,20 @@ static void url_origin(const char *url, char *out, size_t cap) {
 
 int dsrt__s3_http_error(const char *display, long status, const char *body, size_t body_len,
                         const char *bucket_region, const dsrt_s3_config *c, int is_s3) {
-    char code[64], msg[200], region[64];
+    char code[64], msg[200], full[2048], region[64];
     xml_text(body, body_len, "Code", code, sizeof code);
-    xml_text(body, body_len, "Message", msg, sizeof msg);
+    xml_text(body, body_len, "Message", full, sizeof full);
     xml_text(body, body_len, "Region", region, sizeof region);
+    /* A store may echo the request: no key, secret or token of ours is
+     * repeated (the rest of the message is redacted as every one is). */
+    if (c) {
+        scrub(full, c->token);
+        scrub(full, c->secret);
+        scrub(full, c->key);
+    }
+    size_t mn = strnlen(full, sizeof msg - 1);
+    memcpy(msg, full, mn);
+    msg[mn] = '\0';
     if (!region[0] && bucket_region) snprintf(region, sizeof region, "%s", bucket_region);
     char what[300];
     snprintf(what, sizeof what, "HTTP %ld%s%s%s%s", status, code[0] ? " " : "", code,
@@ -1365,7 +1373,7 @@ int dsrt__remote_manifest_load(dsrt_index *ix, const char *url, const dsrt_datas
     char *slash = strrchr(dir, '/');
     if (slash) *slash = '\0';
     char display[512];
-    dsrt__url_display(url, display, sizeof display);
+    dsrt_text_redact(url, display, sizeof display);
     rc = dsrt__manifest_parse(ix, (const char *)text, len, display, dir,
                               o ? o->manifest_header : -1);
     free(dir);

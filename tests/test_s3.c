@@ -383,10 +383,60 @@ static void test_signature_vector(void) {
     CHECK_OK(dsrt__s3_sign("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "us-east-1", "20130524",
                            "20130524T000000Z", canonical, sig));
     CHECK_STR_EQ(sig, "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
+}
 
-    char d[256];
-    dsrt__url_display("https://user:pw@host/a/b.jpg?X-Amz-Signature=abc", d, sizeof d);
-    CHECK_STR_EQ(d, "https://host/a/b.jpg?...");
+/* What may let someone in is masked wherever it appears in a text: a URL's
+ * user information, a pre-signed URL's signature, credential and token,
+ * request headers a server echoes, an XML element of an answer; the rest
+ * is left as it is, and masking twice changes nothing. */
+static void test_redact(void) {
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"https://user:pw@host/a/b.jpg?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAX%2F"
+         "20240101%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Date=20240101T000000Z&X-Amz-Signature="
+         "0123abcd&x-amz-security-token=FQoG%2Bz",
+         "https://***@host/a/"
+         "b.jpg?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***&X-Amz-Date="
+         "20240101T000000Z&X-Amz-Signature=***&x-amz-security-token=***"},
+        {"read: http://u@h:8080?sig=zz: failed", "read: http://***@h:8080?sig=***: failed"},
+        {"with x-amz-security-token: FQoG+ab/c=d; Host: h",
+         "with x-amz-security-token: ***; Host: h"},
+        {"Authorization: AWS4-HMAC-SHA256 Credential=AKIA/x, SignedHeaders=host, "
+         "Signature=ff\nnext",
+         "Authorization: ***\nnext"},
+        {"<Error><AWSAccessKeyId>AKIAX</AWSAccessKeyId></Error>",
+         "<Error><AWSAccessKeyId>***</AWSAccessKeyId></Error>"},
+        {"aws_secret_access_key = s3cr3t", "aws_secret_access_key = s3cr3t"}, /* not name=value */
+        {"aws_secret_access_key=s3cr3t", "aws_secret_access_key=***"},
+        /* Left alone. */
+        {"s3://bkt/data/dog/bad.jpg: decode: Not a JPEG file",
+         "s3://bkt/data/dog/bad.jpg: decode: Not a JPEG file"},
+        {"HTTP 403 SignatureDoesNotMatch: the signature; credentials from AWS_ACCESS_KEY_ID and "
+         "AWS_SECRET_ACCESS_KEY",
+         "HTTP 403 SignatureDoesNotMatch: the signature; credentials from AWS_ACCESS_KEY_ID and "
+         "AWS_SECRET_ACCESS_KEY"},
+        {"https://host/a@b.jpg?MySignature=1", "https://host/a@b.jpg?MySignature=1"},
+        {"", ""},
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        char out[512], again[512];
+        dsrt_text_redact(cases[k].in, out, sizeof out);
+        CHECK_STR_EQ(out, cases[k].out);
+        dsrt_text_redact(out, again, sizeof again);
+        CHECK_STR_EQ(again, out);
+    }
+    char small[8];
+    dsrt_text_redact("https://user:pw@host/", small, sizeof small);
+    CHECK_STR_EQ(small, "https:/");
+    /* Every message is made so. */
+    CHECK_EQ(
+        dsrt__fail(DSRT_EREMOTE, "open: %s: nope", "https://me:hunter2@h/x?X-Amz-Signature=ab"),
+        DSRT_EREMOTE);
+    CHECK_STR_EQ(dsrt_last_error(), "open: https://***@h/x?X-Amz-Signature=***: nope");
+    dsrt__fail_prefix(DSRT_EREMOTE, "manifest %s", "http://a:b@c/");
+    CHECK_STR_EQ(dsrt_last_error(),
+                 "manifest http://***@c/: open: https://***@h/x?X-Amz-Signature=***: nope");
 }
 
 /* Appends s to f as a JSON string. */
@@ -1247,6 +1297,49 @@ static void env_hostile(void) {
     setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
 }
 
+/* No credential of the hostile tests may be in a text. */
+static void check_no_hostile_secret(const char *text, const char *where) {
+    static const char *const secrets[] = {HS_KEY,          HS_SECRET,        HS_TOKEN,
+                                          "hunter2pw",     "presignsig0",    "AKIAPRESIGNED",
+                                          "presigntoken0", "portalsecret123"};
+    for (size_t k = 0; text && k < DSRT_ARRAY_SIZE(secrets); k++)
+        if (strstr(text, secrets[k])) {
+            fprintf(stderr, "%s: a credential (%s) appears in:\n%s\n", where, secrets[k], text);
+            test_failures++;
+        }
+}
+
+/* Credentials never reach a message: a store's error answer that echoes
+ * the request (its headers, the session token), an endpoint with a
+ * password in the configuration, a URL with one. */
+static void test_redacted_answers(void) {
+    env_hostile();
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://echo/x", NULL), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "access denied");
+    CHECK_CONTAINS(dsrt_last_error(), "AccessDenied");
+    check_no_hostile_secret(dsrt_last_error(), "an answer that echoes the request");
+    char ep[256];
+    static const char *const eps[] = {"http://user:hunter2pw@127.0.0.1:1",
+                                      "ftp://user:hunter2pw@127.0.0.1:1/"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(eps); k++) {
+        snprintf(ep, sizeof ep, "%s", eps[k]);
+        setenv("AWS_ENDPOINT_URL", ep, 1);
+        CHECK_EQ(dsrt_datastore_open(&ds, "s3://echo/x", NULL), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), "AWS_ENDPOINT_URL");
+        check_no_hostile_secret(dsrt_last_error(), "a configuration error");
+    }
+    env_hostile();
+    char url[256];
+    snprintf(url, sizeof url,
+             "http://me:hunter2pw@127.0.0.1:%d/files/nosuch.csv?X-Amz-Signature="
+             "presignsig0",
+             hs.port);
+    CHECK_EQ(dsrt_datastore_open(&ds, url, NULL), -ENOENT);
+    CHECK_CONTAINS(dsrt_last_error(), "nosuch.csv");
+    check_no_hostile_secret(dsrt_last_error(), "a manifest URL");
+}
+
 /* A 404 NoSuchBucket from a plain http:// URL names that server, not
  * "https://?"; from an s3:// URL, the endpoint it went to. */
 static void test_no_bucket_scheme(void) {
@@ -1260,6 +1353,91 @@ static void test_no_bucket_scheme(void) {
     CHECK_EQ(dsrt_datastore_open(&ds, "s3://nobucket/m.csv", NULL), DSRT_EREMOTE);
     CHECK_CONTAINS(dsrt_last_error(), "does not exist at http://127.0.0.1:");
     CHECK_CONTAINS(dsrt_last_error(), "AWS_ENDPOINT_URL");
+}
+
+/* URLs with credentials in them (a pre-signed URL's query, a password) in a
+ * manifest at such a URL: the pipeline's bad samples, dsbench's list, JSON
+ * and stderr, and dstrain's, show them masked. */
+static void test_redacted_paths(void) {
+    env_hostile();
+    char dir[PATH_MAX], p[PATH_MAX + 64], secret_q[512];
+    snprintf(secret_q, sizeof secret_q,
+             "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAPRESIGNED%%2F20240101%%2Fus-"
+             "east-1%%2Fs3%%2Faws4_request&X-Amz-Security-Token=presigntoken0&X-Amz-Signature="
+             "presignsig0");
+    for (int c = 0; c < 2; c++) {
+        snprintf(dir, sizeof dir, "%s/img/c%d", hs.root, c);
+        REQUIRE(timg_mkdirs(dir) == 0);
+        for (int i = 0; i < 4; i++) {
+            size_t len;
+            uint8_t *j = timg_make_jpeg(TIMG_JPEG_420, 40, 40, 500 + (uint32_t)(c * 4 + i), &len);
+            REQUIRE(j);
+            snprintf(p, sizeof p, "%s/%d.jpg", dir, i);
+            REQUIRE(timg_write_file(p, j, len) == 0);
+            free(j);
+        }
+    }
+    snprintf(p, sizeof p, "%s/img/bad.jpg", hs.root);
+    REQUIRE(timg_write_file(p, "not an image", 12) == 0);
+    snprintf(p, sizeof p, "%s/img/m.csv", hs.root);
+    FILE *f = fopen(p, "w");
+    REQUIRE(f);
+    for (int c = 0; c < 2; c++)
+        for (int i = 0; i < 4; i++)
+            fprintf(f, "http://me:hunter2pw@127.0.0.1:%d/files/img/c%d/%d.jpg?%s,c%d\n", hs.port, c,
+                    i, secret_q, c);
+    fprintf(f, "http://me:hunter2pw@127.0.0.1:%d/files/img/bad.jpg?%s,c0\n", hs.port, secret_q);
+    fprintf(f, "http://me:hunter2pw@127.0.0.1:%d/files/img/missing.jpg?%s,c1\n", hs.port, secret_q);
+    fclose(f);
+    char murl[1024];
+    snprintf(murl, sizeof murl, "http://me:hunter2pw@127.0.0.1:%d/files/img/m.csv?%s", hs.port,
+             secret_q);
+
+    /* The pipeline's messages. */
+    dsrt_datastore *ds = open_ok(murl, NULL);
+    if (ds) {
+        run_out r = run(ds, NULL, 1);
+        CHECK_EQ(r.rc, 0);
+        CHECK_EQ(r.bad, 2);
+        for (unsigned i = 0; i < r.st.bad_message_count; i++) {
+            check_no_hostile_secret(r.bad_msgs[i], "a bad sample's message");
+            CHECK_CONTAINS(r.bad_msgs[i], "X-Amz-Signature=***");
+        }
+        check_no_hostile_secret(r.msg, "the pipeline's message");
+    }
+    dsrt_datastore_close(ds);
+
+    const char *bin = getenv("DSRT_BIN_DIR");
+    if (!bin) return;
+    char out[PATH_MAX], list[PATH_MAX];
+    snprintf(out, sizeof out, "%s/redact.out", root);
+    snprintf(list, sizeof list, "%s/redact.bad", root);
+    /* dsbench: the JSON summary (data, bad_files), the list, stderr. */
+    for (int json = 0; json < 2; json++) {
+        CHECK_EQ(sh("'%s/tools/dsbench' '%s' --pipeline 32 --epochs 1 --batch 4 --bad-list '%s' "
+                    "%s > '%s' 2>&1",
+                    bin, murl, list, json ? "--json" : "", out),
+                 0);
+        char *o = slurp(out), *l = slurp(list);
+        CHECK_CONTAINS(o, json ? "\"bad_files\"" : "bad file");
+        CHECK_CONTAINS(l, "missing.jpg");
+        check_no_hostile_secret(o, "dsbench's output");
+        check_no_hostile_secret(l, "dsbench's --bad-list");
+        free(o);
+        free(l);
+    }
+    /* dstrain: the same, training on it. */
+    CHECK_EQ(sh("'%s/tools/dstrain' train --data '%s' --net cifar --epochs 1 --batch 4 "
+                "--threads 1 --workers 1 --bad-list '%s' --json > '%s' 2>&1",
+                bin, murl, list, out),
+             0);
+    char *o = slurp(out), *l = slurp(list);
+    CHECK_CONTAINS(o, "bad_files");
+    CHECK_CONTAINS(l, "missing.jpg");
+    check_no_hostile_secret(o, "dstrain's output");
+    check_no_hostile_secret(l, "dstrain's --bad-list");
+    free(o);
+    free(l);
 }
 
 static void test_dsbench(void) {
@@ -1427,12 +1605,15 @@ int main(void) {
     fclose(f);
 
     RUN(test_signature_vector);
+    RUN(test_redact);
     RUN(test_list_page);
     int rc = server_start();
     RUN(test_canonical_request); /* with botocore when the server's python is there */
     /* The hostile server needs python3 alone. */
     if (hostile_start() == 0) {
+        RUN(test_redacted_answers);
         RUN(test_no_bucket_scheme);
+        RUN(test_redacted_paths);
     } else {
         test_failures++;
     }
