@@ -14,7 +14,8 @@
  *
  * Faults. An answer of 429, 500, 502, 503, 504 (or S3's SlowDown,
  * InternalError, RequestTimeout), a refused or reset connection, a
- * connection that receives nothing for timeout_s, is not the object's
+ * connection that receives nothing for timeout_s, an attempt not done
+ * timeout_s after it started (a server that drips), is not the object's
  * fault: the request is tried again after a pause that doubles from 100 ms
  * up to 5 s, each drawn between half and all of that (jitter, so that many
  * clients throttled together do not come back together). A request still
@@ -382,6 +383,9 @@ static int easy_init(dsrt_http *h, http_req *q) {
     SET(CURLOPT_CONNECTTIMEOUT_MS, (long)(h->o.timeout_s * 1000));
     SET(CURLOPT_LOW_SPEED_LIMIT, 1L);
     SET(CURLOPT_LOW_SPEED_TIME, timeout > 0 ? timeout : 1L);
+    /* The whole attempt, first byte to last: a server that drips a byte now
+     * and then passes the low-speed check for ever. */
+    SET(CURLOPT_TIMEOUT_MS, (long)(h->o.timeout_s * 1000));
     SET(CURLOPT_TCP_KEEPALIVE, 1L);
     SET(CURLOPT_SHARE, h->share);
     SET(CURLOPT_PROTOCOLS_STR, "http,https");

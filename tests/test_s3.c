@@ -1309,6 +1309,41 @@ static void check_no_hostile_secret(const char *text, const char *where) {
         }
 }
 
+static double seconds_since(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* A server that sends a byte every half second passes curl's low-speed
+ * check for ever: the whole request has a deadline (the request timeout),
+ * and the read fails at the retry deadline, well before the 500 s the
+ * answer would take. */
+static void test_dripping_server(void) {
+    env_hostile();
+    dsrt_reader_options ro = dsrt_reader_defaults();
+    ro.remote.timeout_s = 1;
+    ro.remote.retry_deadline_s = 0.1;
+    dsrt_reader *r;
+    REQUIRE(dsrt_reader_create(&r, &ro) == 0);
+    static uint8_t buf[4096];
+    char url[128];
+    snprintf(url, sizeof url, "%s/drip/x.jpg", hs.base);
+    const char *urls[] = {"s3://drip/x.jpg", url};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(urls); k++) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        CHECK_OK(dsrt_reader_submit(r, urls[k], buf, sizeof buf, 1));
+        dsrt_read_result res;
+        CHECK_EQ(dsrt_reader_collect(r, &res, 1), 1);
+        CHECK_EQ(res.status, DSRT_EREMOTE);
+        CHECK_CONTAINS(dsrt_last_error(), "did not answer");
+        CHECK_CONTAINS(dsrt_last_error(), "imeout"); /* curl's "Timeout was reached" */
+        CHECK_LT(seconds_since(&t0), 30);
+    }
+    dsrt_reader_destroy(r);
+}
+
 /* Credentials never reach a message: a store's error answer that echoes
  * the request (its headers, the session token), an endpoint with a
  * password in the configuration, a URL with one. */
@@ -1611,6 +1646,7 @@ int main(void) {
     RUN(test_canonical_request); /* with botocore when the server's python is there */
     /* The hostile server needs python3 alone. */
     if (hostile_start() == 0) {
+        RUN(test_dripping_server);
         RUN(test_redacted_answers);
         RUN(test_no_bucket_scheme);
         RUN(test_redacted_paths);

@@ -356,8 +356,9 @@ typedef struct {
      * with HTTP/1.1); 0 (default): $DSRT_S3_MAX_CONNECTIONS, else depth. */
     unsigned max_connections;
     double retry_deadline_s; /* default 60 */
-    /* A request that receives nothing for this long is dropped and retried;
-     * also the limit on connecting. Default 30. */
+    /* A request that receives nothing for this long, or is not done this
+     * long after it started (a server that drips a byte now and then), is
+     * dropped and retried; also the limit on connecting. Default 30. */
     double timeout_s;
 } dsrt_remote_options;
 
