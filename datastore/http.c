@@ -31,6 +31,9 @@
  * location without credentials: keys are only ever in the signature, and
  * every message is redacted (dsrt_text_redact: a URL's password, a
  * pre-signed URL's signature).
+ *
+ * An s3:// path goes out exactly as it was signed (no removal of dot
+ * segments: "a/../b" is a key like any).
  */
 #include "datastore/remote.h"
 
@@ -450,6 +453,9 @@ static int attempt_start(dsrt_http *h, http_req *q) {
     CURLcode c = curl_easy_setopt(q->easy, CURLOPT_URL, q->url.s);
     if (c == CURLE_OK) c = curl_easy_setopt(q->easy, CURLOPT_HTTPHEADER, q->hdrs);
     if (c == CURLE_OK) c = curl_easy_setopt(q->easy, CURLOPT_FOLLOWLOCATION, q->is_s3 ? 0L : 1L);
+    /* A signed path goes out as it was signed: curl would otherwise remove
+     * its dot segments ("a/../b"), and the key asked would be another. */
+    if (c == CURLE_OK) c = curl_easy_setopt(q->easy, CURLOPT_PATH_AS_IS, q->is_s3 ? 1L : 0L);
     if (c != CURLE_OK)
         return dsrt__fail(DSRT_EREMOTE, "remote: curl_easy_setopt: %s", curl_easy_strerror(c));
     CURLMcode mc = curl_multi_add_handle(h->multi, q->easy);
