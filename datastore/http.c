@@ -32,7 +32,9 @@
  * every message is redacted (dsrt_text_redact: a URL's password, a
  * pre-signed URL's signature).
  *
- * An s3:// path goes out exactly as it was signed (no removal of dot
+ * A ranged GET takes its range and stops, whatever the server goes on
+ * sending (one that ignores the Range and sends the whole object, or never
+ * ends). An s3:// path goes out exactly as it was signed (no removal of dot
  * segments: "a/../b" is a key like any).
  */
 #include "datastore/remote.h"
@@ -73,6 +75,7 @@ typedef struct {
     long http;     /* status of the answer being received */
     int sized;     /* the answer's length was looked at */
     int toobig;    /* stopped: larger than the buffer */
+    int enough;    /* stopped: the range asked is in (the server sent more) */
     uint64_t skip; /* bytes of a 200 answer to a ranged GET still to skip */
     uint64_t total;
     char err[HTTP_ERR_BODY];
@@ -196,16 +199,22 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
         p += s;
         len -= s;
     }
-    if (q->length && q->got + len > q->length) len = (size_t)(q->length - q->got);
-    if (len == 0) return size * n;
-    if (q->got + len > (q->own ? q->max : q->cap)) {
+    /* Past the range asked (a server that ignored the Range, or one that
+     * never ends): stop once the range is in rather than read the rest. */
+    int past = q->length && q->got + len > q->length;
+    if (past) len = (size_t)(q->length - q->got);
+    if (len > 0 && q->got + len > (q->own ? q->max : q->cap)) {
         q->total = DSRT_MAX(q->total, (uint64_t)(q->got + len));
         q->toobig = 1;
         return 0;
     }
-    if (q->own && own_fit(q, q->got + len) != 0) return 0;
-    memcpy(q->buf + q->got, p, len);
+    if (len > 0 && q->own && own_fit(q, q->got + len) != 0) return 0;
+    if (len > 0) memcpy(q->buf + q->got, p, len);
     q->got += len;
+    if (past) {
+        q->enough = 1;
+        return 0;
+    }
     return size * n;
 }
 
@@ -444,6 +453,7 @@ static int attempt_start(dsrt_http *h, http_req *q) {
     q->http = 0;
     q->sized = 0;
     q->toobig = 0;
+    q->enough = 0;
     q->skip = 0;
     q->err_len = 0;
     q->got = 0;
@@ -510,6 +520,7 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
         h->connections += (uint64_t)conns;
     curl_multi_remove_handle(h->multi, q->easy);
     if (q->http == 0) curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+    if (c == CURLE_WRITE_ERROR && q->enough) c = CURLE_OK; /* stopped with the range in */
     if (c == CURLE_OK && q->http >= 200 && q->http < 300 && q->got > 0 &&
         (!q->length || q->got == q->length)) {
         h->requests++;

@@ -1241,6 +1241,21 @@ static struct {
 #define HS_SECRET "hostile-secret-0123456789abcdef"
 #define HS_TOKEN  "FwoGZXIvYXdzEHostileSessionToken0123456789+abc/def=="
 
+static const char *hostile(const char *cmd) {
+    static char reply[256];
+    fprintf(hs.in, "%s\n", cmd);
+    fflush(hs.in);
+    if (!fgets(reply, sizeof reply, hs.out)) snprintf(reply, sizeof reply, "(no answer)");
+    reply[strcspn(reply, "\n")] = '\0';
+    return reply;
+}
+
+static unsigned long long hostile_count(const char *what) {
+    const char *r = hostile("count");
+    const char *p = strstr(r, what);
+    return p ? strtoull(p + strlen(what) + 1, NULL, 10) : 0;
+}
+
 static int hostile_start(void) {
     const char *src = getenv("DSRT_SOURCE_DIR");
     char script[PATH_MAX];
@@ -1341,6 +1356,30 @@ static void test_dripping_server(void) {
         CHECK_CONTAINS(dsrt_last_error(), "imeout"); /* curl's "Timeout was reached" */
         CHECK_LT(seconds_since(&t0), 30);
     }
+    dsrt_reader_destroy(r);
+}
+
+/* A server that ignores the Range and never ends its answer: a ranged GET
+ * takes its range and stops (it read on to the request's deadline, and
+ * failed, however little it asked). */
+static void test_range_ignored(void) {
+    env_hostile();
+    hostile("clear");
+    dsrt_reader_options ro = dsrt_reader_defaults();
+    ro.remote.timeout_s = 2;
+    ro.remote.retry_deadline_s = 0.1;
+    dsrt_reader *r;
+    REQUIRE(dsrt_reader_create(&r, &ro) == 0);
+    uint8_t buf[100];
+    memset(buf, 0xff, sizeof buf);
+    CHECK_OK(dsrt_reader_submit_range(r, "s3://endless/set/shard-000000.tar", 1000, sizeof buf, buf,
+                                      sizeof buf, 1));
+    dsrt_read_result res;
+    CHECK_EQ(dsrt_reader_collect(r, &res, 1), 1);
+    CHECK_EQ(res.status, 0);
+    CHECK_EQ(res.size, sizeof buf);
+    CHECK(buf[0] == 0 && buf[sizeof buf - 1] == 0);
+    CHECK_LT(hostile_count("sent"), 64ull << 20);
     dsrt_reader_destroy(r);
 }
 
@@ -1676,6 +1715,7 @@ int main(void) {
     /* The hostile server needs python3 alone. */
     if (hostile_start() == 0) {
         RUN(test_dripping_server);
+        RUN(test_range_ignored);
         RUN(test_redacted_answers);
         RUN(test_no_bucket_scheme);
         RUN(test_redacted_paths);
