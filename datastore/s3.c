@@ -23,7 +23,9 @@
  * folders; the same sort), so a bucket holding a copy of a folder gives the
  * same index, whatever order the pages come in.
  * Keys with an empty path component ("a//b.jpg") have no folder equivalent
- * and are left out with a warning.
+ * and are left out with a warning. A page is taken only when it is a
+ * ListObjectsV2 answer (root element ListBucketResult, in S3's namespace or
+ * none): an HTML page of a captive portal is an error, not an empty class.
  */
 #include "datastore/remote.h"
 
@@ -996,9 +998,91 @@ static int list_text(dsrt_strbuf *scratch, const char *text, size_t n, int url_e
     return 0;
 }
 
+/* A short excerpt of an answer fit for a message: its first bytes, control
+ * and non-ASCII bytes as spaces and '?', blanks squeezed (dsrt__fail then
+ * masks what may be a credential). */
+static void excerpt(const char *body, size_t len, char *out, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 4 < cap; i++) {
+        unsigned char ch = (unsigned char)body[i];
+        char c = ch < ' ' || ch == 0x7f ? ' ' : ch >= 0x80 ? '?' : (char)ch;
+        if (c == ' ' && (o == 0 || out[o - 1] == ' ')) continue;
+        out[o++] = c;
+    }
+    if (o + 4 >= cap) memcpy(out + o, "...", 3), o += 3;
+    out[o] = '\0';
+}
+
+/* Whether body is a ListObjectsV2 answer: after the XML declaration,
+ * comments and blanks, a root element ListBucketResult in S3's namespace
+ * (or none), closed at the end. An HTML page (a captive portal, a proxy's
+ * error) or anything else is not an empty listing. */
+static int list_root_ok(const char *body, size_t len) {
+    static const char root[] = "ListBucketResult", ns[] = "http://s3.amazonaws.com/doc/2006-03-01/";
+    const char *p = body, *end = body + len;
+    if (len >= 3 && memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3; /* a UTF-8 byte-order mark */
+    for (;;) {
+        while (p < end && isspace((unsigned char)*p)) p++;
+        const char *close = NULL;
+        if (end - p >= 2 && (memcmp(p, "<?", 2) == 0))
+            close = memmem(p, (size_t)(end - p), "?>", 2);
+        else if (end - p >= 4 && memcmp(p, "<!--", 4) == 0)
+            close = memmem(p, (size_t)(end - p), "-->", 3);
+        else if (end - p >= 2 && memcmp(p, "<!", 2) == 0)
+            close = memchr(p, '>', (size_t)(end - p));
+        else
+            break;
+        if (!close) return 0;
+        p = close + (*close == '-' ? 3 : *close == '?' ? 2 : 1);
+    }
+    size_t rn = sizeof root - 1;
+    if (end - p < (ptrdiff_t)rn + 2 || p[0] != '<' || memcmp(p + 1, root, rn) != 0) return 0;
+    p += 1 + rn;
+    /* Attributes: only a default namespace matters. */
+    const char *gt = memchr(p, '>', (size_t)(end - p));
+    if (!gt || !(isspace((unsigned char)*p) || *p == '>' || *p == '/')) return 0;
+    for (const char *a = p; a < gt;) {
+        while (a < gt && isspace((unsigned char)*a)) a++;
+        const char *eq = memchr(a, '=', (size_t)(gt - a));
+        if (!eq) break;
+        const char *q = eq + 1;
+        while (q < gt && isspace((unsigned char)*q)) q++;
+        if (q >= gt || (*q != '"' && *q != '\'')) return 0;
+        const char *qe = memchr(q + 1, *q, (size_t)(gt - q - 1));
+        if (!qe) return 0;
+        const char *ne = eq;
+        while (ne > a && isspace((unsigned char)ne[-1])) ne--;
+        if (ne - a == 5 && memcmp(a, "xmlns", 5) == 0 &&
+            ((size_t)(qe - q - 1) != sizeof ns - 1 || memcmp(q + 1, ns, sizeof ns - 1) != 0))
+            return 0;
+        a = qe + 1;
+    }
+    if (gt[-1] == '/')
+        p = gt + 1; /* <ListBucketResult/>: an empty listing */
+    else {
+        static const char tail[] = "</ListBucketResult>";
+        const char *t = end;
+        while (t > gt && isspace((unsigned char)t[-1])) t--;
+        if (t - gt < (ptrdiff_t)sizeof tail - 1 ||
+            memcmp(t - (sizeof tail - 1), tail, sizeof tail - 1))
+            return 0;
+        p = t;
+    }
+    while (p < end && isspace((unsigned char)*p)) p++;
+    return p == end;
+}
+
 int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_strbuf *token,
                        dsrt_list_entry_fn on_entry, void *ud) {
     const char *end = body + len;
+    if (!list_root_ok(body, len)) {
+        char ex[100];
+        excerpt(body, len, ex, sizeof ex);
+        return dsrt__fail(DSRT_EREMOTE,
+                          "the answer is not a ListObjectsV2 listing (no ListBucketResult in S3's "
+                          "namespace): \"%s\" (%zu bytes)",
+                          ex, len);
+    }
     char enc[16];
     xml_text(body, len, "EncodingType", enc, sizeof enc);
     int url_encoded = strcmp(enc, "url") == 0;
@@ -1014,7 +1098,7 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
             uint64_t size = 0;
             size_t sl;
             const char *sz = is_prefix ? NULL : xml_find(b, b + bn, "Size", &sl);
-            for (size_t i = 0; sz && i < sl && isdigit((unsigned char)sz[i]); i++)
+            for (size_t i = 0; sz && i < sl && i < 19 && isdigit((unsigned char)sz[i]); i++)
                 size = size * 10 + (uint64_t)(sz[i] - '0');
             int rc = list_text(scratch, t, n, url_encoded);
             if (rc == 0) rc = on_entry(ud, scratch->s, scratch->len, is_prefix, size);
@@ -1034,6 +1118,22 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
     token->len = xml_unescape(token->s, token->len, token->s);
     token->s[token->len] = '\0';
     return 0;
+}
+
+/* Where listings go, for messages: "http://host:port" (the endpoint). */
+static void list_endpoint(dsrt_http *h, char *out, size_t cap) {
+    const dsrt_s3_config *c = dsrt__http_s3(h);
+    snprintf(out, cap, "%s://%s%s", c ? c->scheme : "?", c ? c->host : "?", c ? c->base : "");
+}
+
+/* The failure of a listing page: a message that names the place and the
+ * endpoint. */
+static int list_fail(dsrt_http *h, int rc, const char *display, const char *prefix) {
+    char ep[S3_ENDPOINT_MAX];
+    list_endpoint(h, ep, sizeof ep);
+    return dsrt__fail_prefix(rc, "datastore: listing %s%s%s%s from %s", display,
+                             prefix ? " (prefix \"" : "", prefix ? prefix : "", prefix ? "\")" : "",
+                             ep);
 }
 
 /* The flat listing's entries: keys only (no delimiter, no sub-prefixes). */
@@ -1078,7 +1178,7 @@ int dsrt__s3_list(dsrt_http *h, const char *bucket, size_t blen, const char *pre
         }
         rc = dsrt__s3_list_page((const char *)page, len, &scratch, &token, flat_entry, &f);
         free(page);
-        if (rc < 0) dsrt__fail_prefix(rc, "datastore: listing %s", display);
+        if (rc < 0) list_fail(h, rc, display, NULL);
     } while (rc == 0 && token.len > 0);
     free(query.s);
     free(token.s);
@@ -1261,7 +1361,7 @@ static int list_all(lister *l, const char *bucket, size_t blen, const char *pref
         free(res.buf);
         j = &r.jobs[res.tag];
         if (rc != 0) {
-            dsrt__fail_prefix(rc, "datastore: listing %s (prefix \"%s\")", l->root, j->prefix);
+            list_fail(h, rc, l->root, j->prefix);
             goto out;
         }
         dsrt_strbuf t = j->token;

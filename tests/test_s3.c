@@ -1330,6 +1330,50 @@ static double seconds_since(const struct timespec *t0) {
     return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
 }
 
+/* An answer that is not a listing (a captive portal's page) is an error
+ * naming the place, the endpoint and what came back, for the prefix's
+ * listing and for a class folder's alike: never an empty listing. */
+static void test_listing_not_xml(void) {
+    env_hostile();
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://html/x", NULL), DSRT_EREMOTE);
+    const char *m = dsrt_last_error();
+    CHECK_CONTAINS(m, "s3://html/x");
+    CHECK_CONTAINS(m, hs.base);
+    CHECK_CONTAINS(m, "not a ListObjectsV2 listing");
+    CHECK_CONTAINS(m, "<title>Wi-Fi sign-in</title>");
+    check_no_hostile_secret(m, "listing an HTML page");
+    /* The prefix lists well; class b's listing is the portal's page. */
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://mixed/x", NULL), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "prefix \"x/b/\"");
+    CHECK_CONTAINS(dsrt_last_error(), "Wi-Fi sign-in");
+    /* Well-formed pages: S3's namespace or none, a declaration, a comment. */
+    static const char *const good[] = {
+        "<ListBucketResult/>",
+        "\xEF\xBB\xBF<?xml version=\"1.0\"?>\n<!-- hi -->\n<ListBucketResult "
+        "xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><IsTruncated>false</IsTruncated>"
+        "</ListBucketResult>\n",
+    };
+    static const char *const bad[] = {
+        "",
+        "<html><body>ListBucketResult</body></html>",
+        "<ListBucketResult xmlns=\"urn:other\"></ListBucketResult>",
+        "<ListBucketResult><Contents><Key>a</Key></Contents>", /* cut short */
+        "<ListBucketResultX></ListBucketResultX>",
+        "<ListAllMyBucketsResult></ListAllMyBucketsResult>",
+    };
+    dsrt_strbuf scratch = {0}, token = {0};
+    page_entries e = {0};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(good); k++)
+        CHECK_OK(dsrt__s3_list_page(good[k], strlen(good[k]), &scratch, &token, page_entry, &e));
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bad); k++)
+        CHECK_EQ(dsrt__s3_list_page(bad[k], strlen(bad[k]), &scratch, &token, page_entry, &e),
+                 DSRT_EREMOTE);
+    CHECK_EQ(e.n, 0);
+    free(scratch.s);
+    free(token.s);
+}
+
 /* A server that sends a byte every half second passes curl's low-speed
  * check for ever: the whole request has a deadline (the request timeout),
  * and the read fails at the retry deadline, well before the 500 s the
@@ -1714,6 +1758,7 @@ int main(void) {
     RUN(test_canonical_request); /* with botocore when the server's python is there */
     /* The hostile server needs python3 alone. */
     if (hostile_start() == 0) {
+        RUN(test_listing_not_xml);
         RUN(test_dripping_server);
         RUN(test_range_ignored);
         RUN(test_redacted_answers);
