@@ -197,7 +197,7 @@ static const struct {
 /* The kind of source at a URL: a manifest by its name (the query left out),
  * a shard set by its name, or an s3:// prefix holding shards (one listing
  * page looked at), else a folder, which only s3:// can list. */
-static int detect_url(const char *url, dsrt_source *kind) {
+static int detect_url(const char *url, const dsrt_datastore_options *o, dsrt_source *kind) {
     char name[1024];
     const char *q = strchr(url, '?');
     snprintf(name, sizeof name, "%.*s", (int)(q ? (size_t)(q - url) : strlen(url)), url);
@@ -212,7 +212,7 @@ static int detect_url(const char *url, dsrt_source *kind) {
         return 0;
     }
     if (strncasecmp(url, "s3://", 5) == 0) {
-        int shards = dsrt__s3_is_shardset(url);
+        int shards = dsrt__s3_is_shardset(url, o);
         if (shards < 0) return shards;
         *kind = shards ? DSRT_SOURCE_SHARDS : DSRT_SOURCE_FOLDER;
         return 0;
@@ -232,10 +232,10 @@ const char *dsrt_source_name(dsrt_source s) {
     return "unknown";
 }
 
-int dsrt__detect_source(const char *path, dsrt_source *kind) {
+int dsrt__detect_source(const char *path, const dsrt_datastore_options *o, dsrt_source *kind) {
     struct stat st;
     probe pr = {.path = path};
-    if (dsrt__is_url(path)) return detect_url(path, kind);
+    if (dsrt__is_url(path)) return detect_url(path, o, kind);
     if (stat(path, &st) != 0 && strpbrk(path, "*?[{")) {
         /* A pattern: only a shard set is named so. */
         *kind = DSRT_SOURCE_SHARDS;
@@ -305,7 +305,8 @@ static int check_options(const dsrt_datastore_options *o) {
         return dsrt__fail(DSRT_EOPTION,
                           "datastore: shuffle_buffer %zu is not in [1, 2^24] (0: the default)",
                           o->shuffle_buffer);
-    return 0;
+    dsrt_remote_options ro;
+    return dsrt__remote_opening_options(o, &ro);
 }
 
 int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datastore_options *o) {
@@ -318,7 +319,7 @@ int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datast
     if ((rc = check_options(o)) != 0) return rc;
 
     dsrt_source kind = o->source;
-    if (kind == DSRT_SOURCE_AUTO && (rc = dsrt__detect_source(path, &kind)) != 0) return rc;
+    if (kind == DSRT_SOURCE_AUTO && (rc = dsrt__detect_source(path, o, &kind)) != 0) return rc;
 
     ix = dsrt__calloc(1, sizeof *ix);
     if (!ix) return -ENOMEM;

@@ -778,6 +778,26 @@ int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, si
     return submit(h, url, query, 0, 0, NULL, max, 1, tag);
 }
 
+int dsrt__remote_opening_options(const dsrt_datastore_options *o, dsrt_remote_options *ro) {
+    *ro = dsrt_reader_defaults().remote;
+    if (o) {
+        const dsrt_remote_options *r = &o->remote;
+        if (r->depth) ro->depth = r->depth;
+        if (r->max_connections) ro->max_connections = r->max_connections;
+        if (r->retry_deadline_s != 0) ro->retry_deadline_s = r->retry_deadline_s;
+        if (r->timeout_s != 0) ro->timeout_s = r->timeout_s;
+    }
+    return dsrt__remote_options_check(ro, "datastore");
+}
+
+int dsrt__http_create_opening(dsrt_http **h, const dsrt_datastore_options *o, unsigned depth) {
+    dsrt_remote_options ro;
+    int rc = dsrt__remote_opening_options(o, &ro);
+    if (rc != 0) return rc;
+    ro.depth = DSRT_MIN(ro.depth, depth);
+    return dsrt__http_create(h, &ro);
+}
+
 int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
                      size_t *len) {
     *out = NULL;

@@ -167,6 +167,17 @@ int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, si
 int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
                      size_t *len);
 
+/* The remote options of the requests that open a datastore: the fields
+ * of o->remote that are set (non-zero) over the reader's defaults, checked
+ * (DSRT_EOPTION naming the field). o may be NULL. */
+int dsrt__remote_opening_options(const dsrt_datastore_options *o, dsrt_remote_options *ro);
+
+/* A client for the requests that open a datastore (listings, a manifest,
+ * a shard set's index and scans): the fields of o->remote that are set
+ * over the reader's defaults, at most depth requests in flight. o may be
+ * NULL. */
+int dsrt__http_create_opening(dsrt_http **h, const dsrt_datastore_options *o, unsigned depth);
+
 /* The client's S3 configuration. */
 const dsrt_s3_config *dsrt__http_s3(const dsrt_http *h);
 

@@ -1329,12 +1329,16 @@ static int list_all(lister *l, const char *bucket, size_t blen, const char *pref
     snprintf(list_url, sizeof list_url, "s3://%.*s/", (int)blen, bucket);
     const dsrt_datastore_options *o = l->o;
     r.spawn = o->include_subfolders || o->label_source == DSRT_LABEL_FOLDER_NAMES;
-    dsrt_remote_options ro = dsrt_reader_defaults().remote;
-    ro.depth = DSRT_MIN(ro.depth, (unsigned)S3_LIST_DEPTH);
-    int rc = dsrt__http_create(&h, &ro);
-    if (rc == 0) rc = add_job(&r, prefix, prefix_len, 1);
+    int rc = dsrt__http_create_opening(&h, o, S3_LIST_DEPTH);
+    unsigned depth = 0;
+    if (rc == 0) {
+        dsrt_remote_options ro;
+        dsrt__remote_opening_options(o, &ro);
+        depth = DSRT_MIN(ro.depth, (unsigned)S3_LIST_DEPTH);
+        rc = add_job(&r, prefix, prefix_len, 1);
+    }
     while (rc == 0 && (r.ready_len > 0 || dsrt__http_in_flight(h) > 0)) {
-        while (r.ready_len > 0 && dsrt__http_in_flight(h) < ro.depth) {
+        while (r.ready_len > 0 && dsrt__http_in_flight(h) < depth) {
             size_t id = r.ready[r.ready_head++];
             r.ready_len--;
             list_job *j = &r.jobs[id];
@@ -1456,10 +1460,13 @@ int dsrt__remote_read_whole(const char *url, size_t max, uint8_t **out, size_t *
 }
 
 int dsrt__remote_manifest_load(dsrt_index *ix, const char *url, const dsrt_datastore_options *o) {
-    uint8_t *text;
+    uint8_t *text = NULL;
     size_t len;
     ix->remote = 1;
-    int rc = dsrt__remote_read_whole(url, (size_t)4 << 30, &text, &len);
+    dsrt_http *h = NULL;
+    int rc = dsrt__http_create_opening(&h, o, 1);
+    if (rc == 0) rc = dsrt__http_fetch(h, url, NULL, (size_t)4 << 30, &text, &len);
+    dsrt__http_destroy(h);
     if (rc != 0) return dsrt__fail_prefix(rc, "manifest");
     /* Relative paths are relative to the manifest's "folder": the URL up to
      * its last '/' (query left out). */

@@ -633,6 +633,7 @@ typedef struct {
      * (UINT64_MAX when unknown: https:// has no listing). */
     dsrt_http *http;
     uint64_t *listed;
+    const dsrt_datastore_options *o; /* as opened: the requests' options */
 } gather;
 
 static void gather_free(gather *g) {
@@ -721,15 +722,13 @@ static int peek_one(void *ctx, const char *key, size_t len, uint64_t size) {
     return k->index || (k->tars && k->folders) || ++k->keys >= 1000 ? 1 : 0;
 }
 
-int dsrt__s3_is_shardset(const char *url) {
+int dsrt__s3_is_shardset(const char *url, const dsrt_datastore_options *o) {
     const char *bucket, *key;
     size_t blen;
     int rc = dsrt__s3_split(url, &bucket, &blen, &key);
     if (rc != 0) return rc;
     dsrt_http *h;
-    dsrt_remote_options ro = dsrt_reader_defaults().remote;
-    ro.depth = 1;
-    if ((rc = dsrt__http_create(&h, &ro)) != 0) return rc;
+    if ((rc = dsrt__http_create_opening(&h, o, 1)) != 0) return rc;
     dsrt_strbuf prefix = {0};
     size_t klen = strlen(key);
     while (klen > 0 && key[klen - 1] == '/') klen--;
@@ -786,9 +785,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
     size_t dlen = selection ? (size_t)(last - path - 1) : n;
     snprintf(dir, sizeof dir, "%.*s", (int)dlen, path);
     int s3 = strncasecmp(path, "s3://", 5) == 0;
-    dsrt_remote_options ro = dsrt_reader_defaults().remote;
-    ro.depth = 1;
-    if ((rc = dsrt__http_create(&g->http, &ro)) != 0) return rc;
+    if ((rc = dsrt__http_create_opening(&g->http, g->o, 1)) != 0) return rc;
     ix->remote = 1;
     if (s3) {
         const char *bucket, *key;
@@ -1332,6 +1329,7 @@ static int build_index(gather *g, dsrt_index *ix, int32_t **labels, const char *
 int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o) {
     gather g;
     memset(&g, 0, sizeof g);
+    g.o = o;
     int32_t **labels = NULL;
     const char **names = NULL;
     size_t nnames = 0;

@@ -1374,6 +1374,47 @@ static void test_listing_not_xml(void) {
     free(token.s);
 }
 
+/* The datastore's remote options reach the listing: a stalled listing ends
+ * at the request timeout and the retry deadline asked (not 30 s and 60 s),
+ * in the library and from dsbench's and dstrain's options. */
+static void test_listing_options(void) {
+    env_hostile();
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    o.remote.timeout_s = 0.5;
+    o.remote.retry_deadline_s = 0.5;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://stall/x", &o), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "retry deadline 0.5 s");
+    CHECK_CONTAINS(dsrt_last_error(), "s3://stall/");
+    CHECK_LT(seconds_since(&t0), 20);
+    o.remote.timeout_s = -1;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://stall/x", &o), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "remote.timeout_s");
+
+    const char *bin = getenv("DSRT_BIN_DIR");
+    if (!bin) return;
+    char out[PATH_MAX];
+    snprintf(out, sizeof out, "%s/stall.out", root);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_NE(sh("'%s/tools/dsbench' s3://stall/x --pipeline 32 --retry-deadline 0.5 "
+                "--request-timeout 0.5 > '%s' 2>&1",
+                bin, out),
+             0);
+    char *text = slurp(out);
+    CHECK_CONTAINS(text, "retry deadline 0.5 s");
+    free(text);
+    CHECK_NE(sh("'%s/tools/dstrain' train --data s3://stall/x --net cifar --epochs 1 "
+                "--retry-deadline 0.5 --request-timeout 0.5 > '%s' 2>&1",
+                bin, out),
+             0);
+    text = slurp(out);
+    CHECK_CONTAINS(text, "retry deadline 0.5 s");
+    free(text);
+    CHECK_LT(seconds_since(&t0), 40);
+}
+
 /* A server that sends a byte every half second passes curl's low-speed
  * check for ever: the whole request has a deadline (the request timeout),
  * and the read fails at the retry deadline, well before the 500 s the
@@ -1759,6 +1800,7 @@ int main(void) {
     /* The hostile server needs python3 alone. */
     if (hostile_start() == 0) {
         RUN(test_listing_not_xml);
+        RUN(test_listing_options);
         RUN(test_dripping_server);
         RUN(test_range_ignored);
         RUN(test_redacted_answers);

@@ -1131,6 +1131,8 @@ int main(int argc, char **argv) {
             tool_die_usage("unexpected argument '%s'", a);
         }
     }
+    /* The store's requests while opening take the same deadline and timeout. */
+    o.ds.remote = o.po.reader.remote;
     if (convert) {
         if (n_pos != 2) tool_die_usage("convert needs SRC and OUT");
         if (o.shard_samples && !o.shard_bytes) tool_die_usage("--shard-samples needs --shards");

@@ -662,12 +662,14 @@ static int is_model_file(const char *path) {
     return n == 8 && !memcmp(magic, "DSRTMODL", 8);
 }
 
-/* How data is opened besides its path: --drop-empty-classes, and for shard
- * sets --order and --shuffle-buffer. */
+/* How data is opened besides its path: --drop-empty-classes, for shard
+ * sets --order and --shuffle-buffer, and in a store --retry-deadline and
+ * --request-timeout. */
 typedef struct {
     int drop_empty;
     const char *order;
     int shuffle_buffer;
+    const remote_opts *remote; /* for the requests that list or fetch the data's index */
 } data_args;
 
 /* Opens labelled data: prints the scan's warnings (broken or looping links,
@@ -688,6 +690,7 @@ static int open_data(const char *cmd, const char *what, const char *path, const 
         o.shard_order = (dsrt_shard_order)k;
     }
     if (a->shuffle_buffer) o.shuffle_buffer = (size_t)a->shuffle_buffer;
+    if (a->remote) remote_set(&o.remote, a->remote);
     if (dsrt_datastore_open(ds, path, &o) != 0) {
         fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
         return -1;
@@ -1573,7 +1576,7 @@ static int train_transfer_net(train_job *j) {
  * Returns 0, or the exit status after a message. */
 static int train_open_data_and_net(train_job *j) {
     const char *cmd = "train";
-    data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer};
+    data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer, &tr.remote};
     if (open_data(cmd, "--data", tr.data, &da, &j->train) ||
         (tr.val && open_data(cmd, "--val", tr.val, &da, &j->val)))
         return 2;
@@ -2032,7 +2035,7 @@ static int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "%s eval: --model: %s\n", prog, dsrt_last_error());
         goto out;
     }
-    data_args da = {ev.drop_empty_classes, ev.order, 0};
+    data_args da = {ev.drop_empty_classes, ev.order, 0, &ev.remote};
     if (open_data("eval", "--data", ev.data, &da, &ds)) goto out;
     dsrt_eval_options eo = dsrt_eval_defaults();
     eo.batch = ev.batch;

@@ -274,3 +274,42 @@ def test_remote_options_types(local, s3):
                        max_connections=2, retry_deadline=5.5, request_timeout=10) as p:
         assert sum(len(b) for b in p) == len(ds)
         assert p.stats()["remote_connections"] <= 2
+
+
+# ----------------------------------------------------------------------------
+# A listing that never answers (tests/hostile_server.py, the standard
+# library's HTTP server: no package needed)
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(SOURCE, "tests", "hostile_server.py"), "--root",
+         str(tmp_path_factory.mktemp("hostile"))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    port = json.loads(proc.stdout.readline())["port"]
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="AKIAHOSTILETEST00001",
+               AWS_SECRET_ACCESS_KEY="hostile-secret", AWS_REGION="us-east-1",
+               AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+               AWS_SHARED_CREDENTIALS_FILE="/nonexistent/credentials",
+               AWS_CONFIG_FILE="/nonexistent/config")
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        env.pop(name, None)
+    yield env
+    proc.stdin.close()
+    proc.kill()
+    proc.wait()
+
+
+def test_listing_options(hostile, monkeypatch):
+    """The keywords reach the listing: a stalled one ends at the deadline asked."""
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in hostile.items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    with pytest.raises(dsrt.Error, match=r"s3://stall/.*retry deadline 0\.5 s"):
+        dsrt.Datastore("s3://stall/x", retry_deadline=0.5, request_timeout=0.5)
+    with pytest.raises(ValueError, match="remote.timeout_s: -1"):
+        dsrt.Datastore("s3://stall/x", request_timeout=-1)
+
