@@ -26,6 +26,8 @@
  * and are left out with a warning. A page is taken only when it is a
  * ListObjectsV2 answer (root element ListBucketResult, in S3's namespace or
  * none): an HTML page of a captive portal is an error, not an empty class.
+ * A store that answers a continuation token it gave before is an error, not
+ * a listing without end.
  */
 #include "datastore/remote.h"
 
@@ -1120,20 +1122,55 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
     return 0;
 }
 
+/*
+ * A listing's continuation tokens must not come round again: a store that
+ * answers a token it gave before would be listed for ever. Brent's cycle
+ * detection: each token is compared with one kept, which is replaced by
+ * the current one after 1, 2, 4, 8, ... pages, so that a loop of any length
+ * is seen within a few times its length, in constant memory.
+ */
+typedef struct {
+    dsrt_strbuf kept;
+    size_t since, power, pages;
+} token_watch;
+
+/* 1 when token came before in this listing, 0 when not, or -ENOMEM. */
+static int token_repeats(token_watch *w, const dsrt_strbuf *token) {
+    w->pages++;
+    if (w->kept.s && w->kept.len == token->len && memcmp(w->kept.s, token->s, token->len) == 0)
+        return 1;
+    if (++w->since >= w->power) {
+        w->kept.len = 0;
+        if (dsrt__sb_add(&w->kept, token->s, token->len) != 0) return -ENOMEM;
+        w->power = w->power ? 2 * w->power : 2;
+        w->since = 0;
+    }
+    return 0;
+}
+
 /* Where listings go, for messages: "http://host:port" (the endpoint). */
 static void list_endpoint(dsrt_http *h, char *out, size_t cap) {
     const dsrt_s3_config *c = dsrt__http_s3(h);
     snprintf(out, cap, "%s://%s%s", c ? c->scheme : "?", c ? c->host : "?", c ? c->base : "");
 }
 
-/* The failure of a listing page: a message that names the place and the
- * endpoint. */
+/* The failure of a listing page: a token that came again, or the page's
+ * own (a message that names the place and the endpoint). */
 static int list_fail(dsrt_http *h, int rc, const char *display, const char *prefix) {
     char ep[S3_ENDPOINT_MAX];
     list_endpoint(h, ep, sizeof ep);
     return dsrt__fail_prefix(rc, "datastore: listing %s%s%s%s from %s", display,
                              prefix ? " (prefix \"" : "", prefix ? prefix : "", prefix ? "\")" : "",
                              ep);
+}
+
+static int token_again(dsrt_http *h, const token_watch *w, const char *display,
+                       const char *prefix) {
+    dsrt__fail(DSRT_EREMOTE,
+               "the store answered a continuation token it had given before (page %zu): the "
+               "listing would never end",
+               w->pages);
+    return list_fail(h, DSRT_EREMOTE, display, prefix);
 }
 
 /* The flat listing's entries: keys only (no delimiter, no sub-prefixes). */
@@ -1151,6 +1188,7 @@ static int flat_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t
 int dsrt__s3_list(dsrt_http *h, const char *bucket, size_t blen, const char *prefix, size_t plen,
                   const char *display, dsrt_s3_each_fn each, void *ctx) {
     dsrt_strbuf query = {0}, token = {0}, scratch = {0};
+    token_watch watch = {0};
     flat_list f = {each, ctx};
     char list_url[300];
     int rc;
@@ -1179,10 +1217,13 @@ int dsrt__s3_list(dsrt_http *h, const char *bucket, size_t blen, const char *pre
         rc = dsrt__s3_list_page((const char *)page, len, &scratch, &token, flat_entry, &f);
         free(page);
         if (rc < 0) list_fail(h, rc, display, NULL);
+        if (rc == 0 && token.len > 0 && (rc = token_repeats(&watch, &token)) == 1)
+            rc = token_again(h, &watch, display, NULL);
     } while (rc == 0 && token.len > 0);
     free(query.s);
     free(token.s);
     free(scratch.s);
+    free(watch.kept.s);
     return rc;
 }
 
@@ -1244,7 +1285,8 @@ out:
 typedef struct {
     char *prefix; /* the key prefix this job lists (decoded) */
     dsrt_strbuf token, query;
-    int delimited; /* the prefix's own listing, with delimiter '/' */
+    token_watch watch; /* the tokens seen */
+    int delimited;     /* the prefix's own listing, with delimiter '/' */
 } list_job;
 
 typedef struct {
@@ -1314,6 +1356,7 @@ static void list_run_free(list_run *r) {
         free(r->jobs[i].prefix);
         free(r->jobs[i].token.s);
         free(r->jobs[i].query.s);
+        free(r->jobs[i].watch.kept.s);
     }
     free(r->jobs);
     free(r->ready);
@@ -1372,6 +1415,10 @@ static int list_all(lister *l, const char *bucket, size_t blen, const char *pref
         j->token = next;
         next = t;
         if (j->token.len > 0) {
+            if ((rc = token_repeats(&j->watch, &j->token)) != 0) {
+                if (rc == 1) rc = token_again(h, &j->watch, l->root, j->prefix);
+                goto out;
+            }
             if ((rc = push_ready(&r, res.tag)) != 0) goto out;
         } else {
             free(j->query.s);

@@ -1374,6 +1374,22 @@ static void test_listing_not_xml(void) {
     free(token.s);
 }
 
+/* A store that answers a continuation token it gave before: an error
+ * naming the place after a few pages, for the folder's listing and for the
+ * listing a shard set's glob is matched against. */
+static void test_listing_token_loop(void) {
+    env_hostile();
+    dsrt_datastore *ds = NULL;
+    static const char *const urls[] = {"s3://loop/x", "s3://loop/x/*.tar"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(urls); k++) {
+        hostile("clear");
+        CHECK_EQ(dsrt_datastore_open(&ds, urls[k], NULL), DSRT_EREMOTE);
+        CHECK_CONTAINS(dsrt_last_error(), "continuation token it had given before");
+        CHECK_CONTAINS(dsrt_last_error(), "s3://loop/x");
+        CHECK_LE(hostile_count("requests"), 10);
+    }
+}
+
 /* The datastore's remote options reach the listing: a stalled listing ends
  * at the request timeout and the retry deadline asked (not 30 s and 60 s),
  * in the library and from dsbench's and dstrain's options. */
@@ -1800,6 +1816,7 @@ int main(void) {
     /* The hostile server needs python3 alone. */
     if (hostile_start() == 0) {
         RUN(test_listing_not_xml);
+        RUN(test_listing_token_loop);
         RUN(test_listing_options);
         RUN(test_dripping_server);
         RUN(test_range_ignored);
