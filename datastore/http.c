@@ -35,7 +35,9 @@
  * A ranged GET takes its range and stops, whatever the server goes on
  * sending (one that ignores the Range and sends the whole object, or never
  * ends). An s3:// path goes out exactly as it was signed (no removal of dot
- * segments: "a/../b" is a key like any).
+ * segments: "a/../b" is a key like any). A client made to open a datastore
+ * asks its caller now and then whether to stop (interrupted), so that a
+ * listing that waits on a store can be interrupted.
  */
 #include "datastore/remote.h"
 
@@ -54,6 +56,7 @@
 #define HTTP_MSG           768
 #define HTTP_RECV_BUFFER   (64L << 10) /* curl's receive buffer, per request slot */
 #define HTTP_POLL_MAX_MS   1000
+#define HTTP_POLL_ASK_MS   100 /* longest wait between two questions to interrupted */
 #define HTTP_DEFAULT_CONNS "DSRT_S3_MAX_CONNECTIONS"
 
 enum { REQ_FREE = 0, REQ_ACTIVE, REQ_WAITING, REQ_DONE };
@@ -105,6 +108,8 @@ struct dsrt_http {
     unsigned depth, free_top, done_head, done_len;
     unsigned in_flight; /* submitted and not collected */
     dsrt_rng rng;
+    int (*interrupted)(void *ctx); /* asked while waiting; non-zero stops with -EINTR */
+    void *interrupted_ctx;
     uint64_t requests, retries, bytes, connections;
     uint64_t last_ns, busy_ns;
     double in_flight_ns;
@@ -706,7 +711,16 @@ static int pump(dsrt_http *h) {
     return 0;
 }
 
+/* Whether the caller asks to stop (the interrupted callback); sets the
+ * message when it does. */
+static int interrupted(dsrt_http *h) {
+    if (!h->interrupted || !h->interrupted(h->interrupted_ctx)) return 0;
+    dsrt__fail(-EINTR, "interrupted");
+    return 1;
+}
+
 int dsrt__http_collect(dsrt_http *h, dsrt_read_result *res, int wait, int extra_fd) {
+    if (interrupted(h)) return -EINTR;
     for (;;) {
         if (h->done_len > 0) {
             http_req *q = &h->reqs[h->done[h->done_head]];
@@ -721,9 +735,9 @@ int dsrt__http_collect(dsrt_http *h, dsrt_read_result *res, int wait, int extra_
         if (h->done_len > 0) continue;
         if (!wait) return 0;
 
-        long ms = -1;
+        long ms = -1, most = h->interrupted ? HTTP_POLL_ASK_MS : HTTP_POLL_MAX_MS;
         curl_multi_timeout(h->multi, &ms);
-        if (ms < 0 || ms > HTTP_POLL_MAX_MS) ms = HTTP_POLL_MAX_MS;
+        if (ms < 0 || ms > most) ms = most;
         uint64_t t = now_ns();
         for (unsigned i = 0; i < h->depth; i++) {
             const http_req *q = &h->reqs[i];
@@ -737,6 +751,7 @@ int dsrt__http_collect(dsrt_http *h, dsrt_read_result *res, int wait, int extra_
         if (mc != CURLM_OK)
             return dsrt__fail(DSRT_EREMOTE, "remote: curl_multi_poll: %s", curl_multi_strerror(mc));
         if (extra_fd >= 0 && extra.revents) return 0;
+        if (interrupted(h)) return -EINTR;
     }
 }
 
@@ -795,7 +810,12 @@ int dsrt__http_create_opening(dsrt_http **h, const dsrt_datastore_options *o, un
     int rc = dsrt__remote_opening_options(o, &ro);
     if (rc != 0) return rc;
     ro.depth = DSRT_MIN(ro.depth, depth);
-    return dsrt__http_create(h, &ro);
+    if ((rc = dsrt__http_create(h, &ro)) != 0) return rc;
+    if (o) {
+        (*h)->interrupted = o->interrupted;
+        (*h)->interrupted_ctx = o->interrupted_ctx;
+    }
+    return 0;
 }
 
 int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
@@ -808,7 +828,10 @@ int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t ma
     dsrt_read_result res = {0};
     do rc = dsrt__http_collect(h, &res, 1, -1);
     while (rc == 0 && h->in_flight > 0);
-    if (rc < 0) return rc;
+    if (rc < 0) {
+        dsrt__http_cancel(h);
+        return rc;
+    }
     if (res.status != 0) {
         free(res.buf);
         return res.status; /* the message is the thread's */

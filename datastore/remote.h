@@ -174,8 +174,9 @@ int dsrt__remote_opening_options(const dsrt_datastore_options *o, dsrt_remote_op
 
 /* A client for the requests that open a datastore (listings, a manifest,
  * a shard set's index and scans): the fields of o->remote that are set
- * over the reader's defaults, at most depth requests in flight. o may be
- * NULL. */
+ * over the reader's defaults, at most depth requests in flight, and o's
+ * interrupted callback asked while it waits (every 100 ms at least), whose
+ * non-zero answer fails the wait with -EINTR. o may be NULL. */
 int dsrt__http_create_opening(dsrt_http **h, const dsrt_datastore_options *o, unsigned depth);
 
 /* The client's S3 configuration. */

@@ -1154,8 +1154,8 @@ static void list_endpoint(dsrt_http *h, char *out, size_t cap) {
     snprintf(out, cap, "%s://%s%s", c ? c->scheme : "?", c ? c->host : "?", c ? c->base : "");
 }
 
-/* The failure of a listing page: a token that came again, or the page's
- * own (a message that names the place and the endpoint). */
+/* The failure of a listing page: interrupted, a token that came again, or
+ * the page's own (a message that names the place and the endpoint). */
 static int list_fail(dsrt_http *h, int rc, const char *display, const char *prefix) {
     char ep[S3_ENDPOINT_MAX];
     list_endpoint(h, ep, sizeof ep);
@@ -1390,7 +1390,10 @@ static int list_all(lister *l, const char *bucket, size_t blen, const char *pref
                 goto out;
         }
         dsrt_read_result res;
-        if ((rc = dsrt__http_collect(h, &res, 1, -1)) < 0) goto out;
+        if ((rc = dsrt__http_collect(h, &res, 1, -1)) < 0) {
+            list_fail(h, rc, l->root, NULL);
+            goto out;
+        }
         if (rc == 0) continue;
         list_job *j = &r.jobs[res.tag];
         if (res.status != 0) {

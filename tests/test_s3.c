@@ -1390,6 +1390,42 @@ static void test_listing_token_loop(void) {
     }
 }
 
+/* A listing that never ends (a new token each page) stops with -EINTR when
+ * the program's interrupted callback says so: here a SIGINT handler's
+ * flag, the signal raised while the listing runs. */
+static volatile sig_atomic_t got_sigint;
+static int interrupt_calls;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    got_sigint = 1;
+}
+
+static int sigint_pending(void *ctx) {
+    (void)ctx;
+    if (++interrupt_calls == 20) raise(SIGINT);
+    return got_sigint;
+}
+
+static void test_listing_interrupted(void) {
+    env_hostile();
+    struct sigaction sa = {.sa_handler = on_sigint}, old;
+    sigemptyset(&sa.sa_mask);
+    REQUIRE(sigaction(SIGINT, &sa, &old) == 0);
+    got_sigint = 0;
+    interrupt_calls = 0;
+    hostile("clear");
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    o.interrupted = sigint_pending;
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://walk/x", &o), -EINTR);
+    CHECK_CONTAINS(dsrt_last_error(), "interrupted");
+    CHECK_CONTAINS(dsrt_last_error(), "s3://walk/x");
+    CHECK_EQ(interrupt_calls, 20);
+    CHECK_LE(hostile_count("requests"), 40);
+    sigaction(SIGINT, &old, NULL);
+}
+
 /* The datastore's remote options reach the listing: a stalled listing ends
  * at the request timeout and the retry deadline asked (not 30 s and 60 s),
  * in the library and from dsbench's and dstrain's options. */
@@ -1817,6 +1853,7 @@ int main(void) {
     if (hostile_start() == 0) {
         RUN(test_listing_not_xml);
         RUN(test_listing_token_loop);
+        RUN(test_listing_interrupted);
         RUN(test_listing_options);
         RUN(test_dripping_server);
         RUN(test_range_ignored);

@@ -187,6 +187,13 @@ typedef struct {
      * connection cap, and at most this depth in flight; 0 fields: the
      * reader's defaults (dsrt_reader_defaults().remote). */
     dsrt_remote_options remote;
+    /* Called now and then (every 100 ms at least) on the opening thread
+     * while opening waits on a store; a non-zero answer stops the open with
+     * -EINTR (a program's SIGINT handler sets a flag this returns; the
+     * Python binding runs the interpreter's signal handlers here). NULL
+     * (default): never asked. */
+    int (*interrupted)(void *ctx);
+    void *interrupted_ctx;
 } dsrt_datastore_options;
 
 /* The defaults: AUTO source, folder-name labels, sub-folders included. */

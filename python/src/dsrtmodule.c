@@ -306,6 +306,17 @@ static PyObject *datastore_wrap(dsrt_datastore *ds) {
     return (PyObject *)o;
 }
 
+/* Asked by dsrt_datastore_open while it waits on a store: runs the
+ * interpreter's signal handlers (Ctrl-C raises KeyboardInterrupt), with the
+ * GIL taken back for the moment. ctx is the thread state the open released. */
+static int open_interrupted(void *ctx) {
+    PyThreadState **ts = ctx;
+    PyEval_RestoreThread(*ts);
+    int stop = PyErr_CheckSignals() != 0;
+    *ts = PyEval_SaveThread();
+    return stop;
+}
+
 static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"path",
                              "source",
@@ -384,11 +395,14 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     const char *p = PyBytes_AS_STRING(path);
     self->opening = 1;
     PyThreadState *ts = PyEval_SaveThread();
+    o.interrupted = open_interrupted;
+    o.interrupted_ctx = &ts;
     code = dsrt_datastore_open(&ds, p, &o);
     PyEval_RestoreThread(ts);
     self->opening = 0;
     if (code != 0) {
-        raise_code(code, NULL);
+        /* A signal handler's exception (KeyboardInterrupt) is the one raised. */
+        if (!PyErr_Occurred()) raise_code(code, NULL);
         goto done;
     }
     dsrt_datastore_close(self->ds);
@@ -745,7 +759,8 @@ static PyTypeObject Datastore_Type = {
               "naming objects by URL; credentials, region and endpoint come from the\n"
               "environment and ~/.aws as for the AWS tools. retry_deadline and\n"
               "request_timeout (seconds) apply to the requests that list the prefix or fetch\n"
-              "the manifest or a shard set's index.",
+              "the manifest or a shard set's index; Ctrl-C interrupts the open\n"
+              "(KeyboardInterrupt).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)datastore_init,
     .tp_dealloc = (destructor)datastore_dealloc,

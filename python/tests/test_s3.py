@@ -313,3 +313,32 @@ def test_listing_options(hostile, monkeypatch):
     with pytest.raises(ValueError, match="remote.timeout_s: -1"):
         dsrt.Datastore("s3://stall/x", request_timeout=-1)
 
+
+INTERRUPT_CHILD = """
+import os, signal, sys, threading, time
+sys.path[:0] = [{pythonpath!r}]
+import dsrt
+
+def interrupt():
+    time.sleep(0.5)  # the open is waiting on the store by then, or soon after
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt).start()
+t0 = time.monotonic()
+try:
+    dsrt.Datastore("s3://stall/x")  # 30 s a request, 60 s of retries
+except KeyboardInterrupt:
+    print("interrupted after", round(time.monotonic() - t0, 1), flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_a_listing(hostile, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(
+        INTERRUPT_CHILD.format(pythonpath=os.path.dirname(os.path.dirname(dsrt.__file__))))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env=hostile)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert words[:2] == ["interrupted", "after"], proc.stdout + proc.stderr
+    assert float(words[2]) < 20  # not the 90 s the store's deadlines take
