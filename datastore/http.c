@@ -75,11 +75,12 @@ typedef struct {
     int is_s3;
     uint64_t tag;
     int state, status;
-    long http;     /* status of the answer being received */
-    int sized;     /* the answer's length was looked at */
-    int toobig;    /* stopped: larger than the buffer */
-    int enough;    /* stopped: the range asked is in (the server sent more) */
-    uint64_t skip; /* bytes of a 200 answer to a ranged GET still to skip */
+    long http;            /* status of the answer being received */
+    int sized;            /* the answer's length was looked at */
+    int toobig;           /* stopped: larger than the buffer */
+    int enough;           /* stopped: the range asked is in (the server sent more) */
+    uint64_t object_size; /* the whole object's, as the answer says it; UINT64_MAX: unknown */
+    uint64_t skip;        /* bytes of a 200 answer to a ranged GET still to skip */
     uint64_t total;
     char err[HTTP_ERR_BODY];
     size_t err_len;
@@ -110,6 +111,7 @@ struct dsrt_http {
     dsrt_rng rng;
     int (*interrupted)(void *ctx); /* asked while waiting; non-zero stops with -EINTR */
     void *interrupted_ctx;
+    uint64_t delivered_size; /* object_size of the last result handed over */
     uint64_t requests, retries, bytes, connections;
     uint64_t last_ns, busy_ns;
     double in_flight_ns;
@@ -142,8 +144,21 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
         q->http = 0;
         q->err_len = 0;
         q->sized = 0;
+        q->object_size = UINT64_MAX;
         q->bucket_region[0] = '\0';
         return len;
+    }
+    /* The object's size: "Content-Range: bytes a-b/SIZE" of a partial
+     * answer, else the Content-Length of a whole one (curl has read it
+     * before the body, so it is looked at once the body starts). */
+    static const char range[] = "content-range:";
+    if (len > sizeof range && strncasecmp(p, range, sizeof range - 1) == 0) {
+        const char *slash = memchr(p, '/', len);
+        uint64_t v = 0;
+        size_t i = slash ? (size_t)(slash - p) + 1 : len, digits = 0;
+        for (; i < len && p[i] >= '0' && p[i] <= '9' && digits < 19; i++, digits++)
+            v = v * 10 + (uint64_t)(p[i] - '0');
+        if (digits) q->object_size = v;
     }
     static const char region[] = "x-amz-bucket-region:";
     if (len > sizeof region && strncasecmp(p, region, sizeof region - 1) == 0) {
@@ -186,6 +201,7 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
         q->skip = q->http == 200 ? q->offset : 0;
         curl_off_t cl = -1;
         curl_easy_getinfo(q->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
+        if (q->http == 200 && cl >= 0) q->object_size = (uint64_t)cl;
         if (cl >= 0) {
             uint64_t body = (uint64_t)cl > q->skip ? (uint64_t)cl - q->skip : 0;
             if (q->length && body > q->length) body = q->length;
@@ -459,6 +475,7 @@ static int attempt_start(dsrt_http *h, http_req *q) {
     q->sized = 0;
     q->toobig = 0;
     q->enough = 0;
+    q->object_size = UINT64_MAX;
     q->skip = 0;
     q->err_len = 0;
     q->got = 0;
@@ -673,6 +690,7 @@ static void deliver(dsrt_http *h, http_req *q, dsrt_read_result *res) {
     /* Whole objects come NUL-terminated (own_fit keeps a byte for it). */
     if (q->own && q->buf) q->buf[q->got] = '\0';
     if (q->status != 0) dsrt__fail(q->status, q->own ? "%s" : "read: %s", q->msg);
+    h->delivered_size = q->object_size;
     req_clear(q);
     q->state = REQ_FREE;
     q->loc = NULL;
@@ -791,6 +809,25 @@ void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s) {
 int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, size_t max,
                             uint64_t tag) {
     return submit(h, url, query, 0, 0, NULL, max, 1, tag);
+}
+
+int dsrt__http_fetch_range(dsrt_http *h, const char *url, uint64_t offset, uint64_t length,
+                           void *buf, size_t *got, uint64_t *object_size) {
+    *got = 0;
+    *object_size = UINT64_MAX;
+    assert(h->in_flight == 0 && length > 0);
+    int rc = submit(h, url, NULL, offset, length, buf, (size_t)length, 0, 0);
+    if (rc != 0) return rc;
+    dsrt_read_result res = {0};
+    do rc = dsrt__http_collect(h, &res, 1, -1);
+    while (rc == 0 && h->in_flight > 0);
+    if (rc < 0) {
+        dsrt__http_cancel(h);
+        return rc;
+    }
+    *got = res.status == 0 || res.status == DSRT_ETRUNCATED ? res.size : 0;
+    *object_size = h->delivered_size;
+    return res.status; /* the message, when it failed, is the thread's */
 }
 
 int dsrt__remote_opening_options(const dsrt_datastore_options *o, dsrt_remote_options *ro) {

@@ -167,6 +167,15 @@ int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, si
 int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
                      size_t *len);
 
+/* The bytes [offset, offset + length) of url into buf (length bytes), on
+ * the calling thread, retried like any request. *got gets the bytes
+ * received (fewer when the object ends first: DSRT_ETRUNCATED), and
+ * *object_size the whole object's size as the answer gave it
+ * (Content-Range, or the Content-Length of a whole answer), UINT64_MAX when
+ * it gave none. */
+int dsrt__http_fetch_range(dsrt_http *h, const char *url, uint64_t offset, uint64_t length,
+                           void *buf, size_t *got, uint64_t *object_size);
+
 /* The remote options of the requests that open a datastore: the fields
  * of o->remote that are set (non-zero) over the reader's defaults, checked
  * (DSRT_EOPTION naming the field). o may be NULL. */

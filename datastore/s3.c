@@ -770,6 +770,9 @@ int dsrt__s3_http_error(const char *display, long status, const char *body, size
                           display, origin, what,
                           is_s3 ? "the bucket name and AWS_ENDPOINT_URL" : "the URL");
     }
+    if (status == 416)
+        return dsrt__fail(DSRT_ETRUNCATED, "%s: the range asked lies past the object's end (%s)",
+                          display, what);
     if (!is_s3)
         return dsrt__fail(status == 404 || status == 410 ? -ENOENT : DSRT_EREMOTE, "%s: %s",
                           display, what);
@@ -809,9 +812,6 @@ int dsrt__s3_http_error(const char *display, long status, const char *body, size
                           "this bucket (s3:GetObject, s3:ListBucket, the bucket policy), and the "
                           "clock and region (%s)",
                           display, what, from, here);
-    if (status == 416)
-        return dsrt__fail(DSRT_ETRUNCATED, "%s: the range asked lies past the object's end (%s)",
-                          display, what);
     return dsrt__fail(DSRT_EREMOTE, "%s: %s", display, what);
 }
 

@@ -1566,6 +1566,36 @@ static void test_no_bucket_scheme(void) {
     CHECK_CONTAINS(dsrt_last_error(), "AWS_ENDPOINT_URL");
 }
 
+/* A shard that the listing says is 10240 bytes, whose GET never ends: an
+ * error naming it, after a few window's worth of bytes (it used to be read
+ * whole into memory, up to 1 TiB). A shard set at an https:// URL without
+ * an index (no listing: the size from the first answer) scans as the local
+ * one does. */
+static void test_endless_shard(void) {
+    env_hostile();
+    hostile("clear");
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://endless/set", NULL), DSRT_ECORRUPT);
+    CHECK_CONTAINS(dsrt_last_error(), "s3://endless/set/shard-000000.tar");
+    CHECK_CONTAINS(dsrt_last_error(), "larger than the 10240 bytes its listing says");
+    CHECK_LT(hostile_count("sent"), 64ull << 20);
+
+    char cmd[3 * PATH_MAX], url[PATH_MAX];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/scan'", scan, hs.root);
+    REQUIRE(system(cmd) == 0);
+    dsrt_datastore *la = open_ok(scan, NULL);
+    size_t n = la ? dsrt_datastore_shard_count(la) : 0;
+    snprintf(url, sizeof url, "%s/files/scan/shard-{000000..%06zu}.tar", hs.base, n - 1);
+    dsrt_datastore *hsd = n ? open_ok(url, NULL) : NULL;
+    if (la && hsd) {
+        char rootu[PATH_MAX];
+        snprintf(rootu, sizeof rootu, "%s/files/scan", hs.base);
+        check_same_index(la, scan, hsd, rootu, "shards at an http:// URL, scanned");
+    }
+    dsrt_datastore_close(la);
+    dsrt_datastore_close(hsd);
+}
+
 /* URLs with credentials in them (a pre-signed URL's query, a password) in a
  * manifest at such a URL: the pipeline's bad samples, dsbench's list, JSON
  * and stderr, and dstrain's, show them masked. */
@@ -1859,6 +1889,7 @@ int main(void) {
         RUN(test_range_ignored);
         RUN(test_redacted_answers);
         RUN(test_no_bucket_scheme);
+        RUN(test_endless_shard);
         RUN(test_redacted_paths);
     } else {
         test_failures++;
