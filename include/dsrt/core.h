@@ -86,7 +86,8 @@ DSRT_API const char *dsrt_last_error(void);
  * X-Amz-Security-Token, Signature, Credential, AWSAccessKeyId,
  * Authorization, ... written "name=value" or "name: value", in any case).
  * Every message of dsrt_last_error() has been through it; programs use it
- * where they show a path or URL of their own. Thread-safe.
+ * where they show a path or URL of their own. text and out must not
+ * overlap. Thread-safe.
  */
 DSRT_API void dsrt_text_redact(const char *text, char *out, size_t cap);
 
