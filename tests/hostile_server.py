@@ -25,6 +25,8 @@ Buckets (the first component of the path):
     endless   listings: set/shard-000000.tar of 10240 bytes; its GET is a 200
               without a length that never ends (the Range ignored); any other
               key 404 NoSuchKey
+    endlessindex  the same with set/dsrt-shards.index of 100 bytes, whose GET
+              never ends either
 
 When ready it prints {"port": P} on a line, then takes commands on standard
 input, one a line: "count" answers "requests N sent B" (requests since the
@@ -192,13 +194,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         message = message.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         self.send(403, s3_error("AccessDenied", message))
 
-    def bucket_endless(self, key, listing_asked, prefix, *_):
+    def bucket_endless(self, key, listing_asked, prefix, *_, index=False):
+        endless = ["set/shard-000000.tar"] + (["set/dsrt-shards.index"] if index else [])
         if listing_asked:
-            keys = [("set/shard-000000.tar", 10240)] if "set/".startswith(prefix) or \
-                prefix.startswith("set/") else []
-            self.send(200, listing(keys))
+            keys = [("set/shard-000000.tar", 10240)] + ([("set/dsrt-shards.index", 100)]
+                                                       if index else [])
+            self.send(200, listing(keys if "set/".startswith(prefix) or prefix.startswith("set/")
+                                   else []))
             return
-        if key != "set/shard-000000.tar":
+        if key not in endless:
             self.send(404, s3_error("NoSuchKey", "The specified key does not exist."))
             return
         # HTTP/1.0-style: no length, the body ends when the connection does.
@@ -212,6 +216,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(block)
             with lock:
                 state["sent"] += len(block)
+
+    def bucket_endlessindex(self, key, listing_asked, prefix, *rest):
+        self.bucket_endless(key, listing_asked, prefix, *rest, index=True)
 
 
 class Server(http.server.ThreadingHTTPServer):

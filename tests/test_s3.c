@@ -615,6 +615,12 @@ static void test_list_page(void) {
     CHECK_EQ(e.n, 1);
     CHECK_STR_EQ(e.got[0], "a+b %.jpg");
     CHECK_EQ(token.len, 0);
+    /* A size of more digits than a 64-bit number holds is read on 19. */
+    static const char huge[] = "<ListBucketResult><Contents><Key>k</Key><Size>"
+                               "12345678901234567890123</Size></Contents></ListBucketResult>";
+    memset(&e, 0, sizeof e);
+    CHECK_OK(dsrt__s3_list_page(huge, strlen(huge), &scratch, &token, page_entry, &e));
+    CHECK(e.n == 1 && e.size[0] == 1234567890123456789ull);
     static const char broken[] = "<ListBucketResult><IsTruncated>true</IsTruncated>"
                                  "</ListBucketResult>";
     CHECK_EQ(dsrt__s3_list_page(broken, strlen(broken), &scratch, &token, page_entry, &e),
@@ -1596,6 +1602,33 @@ static void test_endless_shard(void) {
     dsrt_datastore_close(hsd);
 }
 
+/* A shard set's index whose answer never ends is read no further than the
+ * listing says it is (it was read into memory up to 16 GiB): an error naming
+ * it. A range past the end of a plain http:// object is a truncation (a bad
+ * sample, as for s3://), not a failure of the store that stops a run. */
+static void test_index_and_range_limits(void) {
+    env_hostile();
+    hostile("clear");
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://endlessindex/set", NULL), DSRT_ETOOBIG);
+    CHECK_CONTAINS(dsrt_last_error(), "s3://endlessindex/set/dsrt-shards.index");
+    CHECK_LT(hostile_count("sent"), 64ull << 20);
+
+    char p[PATH_MAX + 32], url[128];
+    snprintf(p, sizeof p, "%s/ten.bin", hs.root);
+    REQUIRE(timg_write_file(p, "0123456789", 10) == 0);
+    snprintf(url, sizeof url, "%s/files/ten.bin", hs.base);
+    dsrt_reader *r;
+    REQUIRE(dsrt_reader_create(&r, NULL) == 0);
+    uint8_t buf[16];
+    CHECK_OK(dsrt_reader_submit_range(r, url, 20, 4, buf, sizeof buf, 1));
+    dsrt_read_result res;
+    CHECK_EQ(dsrt_reader_collect(r, &res, 1), 1);
+    CHECK_EQ(res.status, DSRT_ETRUNCATED);
+    CHECK_CONTAINS(dsrt_last_error(), "past the object's end");
+    dsrt_reader_destroy(r);
+}
+
 /* URLs with credentials in them (a pre-signed URL's query, a password) in a
  * manifest at such a URL: the pipeline's bad samples, dsbench's list, JSON
  * and stderr, and dstrain's, show them masked. */
@@ -1890,6 +1923,7 @@ int main(void) {
         RUN(test_redacted_answers);
         RUN(test_no_bucket_scheme);
         RUN(test_endless_shard);
+        RUN(test_index_and_range_limits);
         RUN(test_redacted_paths);
     } else {
         test_failures++;
