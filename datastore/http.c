@@ -598,7 +598,10 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
             /* Keep the store's own words for the message at the deadline. */
             dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
                                 dsrt__http_s3(h), q->is_s3);
-            snprintf(q->cause, sizeof q->cause, "%s", dsrt_last_error() + strlen(display) + 2);
+            const char *m = dsrt_last_error();
+            size_t dl = strlen(display);
+            if (strncmp(m, display, dl) == 0 && m[dl] == ':') m += DSRT_MIN(dl + 2, strlen(m));
+            snprintf(q->cause, sizeof q->cause, "%s", m);
             retry_or_fail(h, q, display);
             return;
         }
