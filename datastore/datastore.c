@@ -49,20 +49,26 @@ static void index_free(dsrt_index *ix) {
 void dsrt__index_warn(dsrt_index *ix, const char *fmt, ...) {
     ix->warning_count++;
     if (ix->warning_count > WARNING_LINES) return;
-    /* Whole, however long the paths in it: the reason comes last. */
+    /* Whole, however long the paths in it: the reason comes last. Redacted
+     * as messages are (masking may lengthen a short secret: 2n + 8 holds
+     * the worst case). */
     va_list ap, again;
     va_start(ap, fmt);
     va_copy(again, ap);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    char *raw = n >= 0 ? malloc((size_t)n + 1) : NULL;
     void *buf = ix->warnings;
-    if (n >= 0 && dsrt__grow(&buf, &ix->warnings_cap, ix->warnings_len + (size_t)n + 2, 1) == 0) {
+    size_t room = 2 * (size_t)n + 8;
+    if (raw && dsrt__grow(&buf, &ix->warnings_cap, ix->warnings_len + room + 2, 1) == 0) {
         ix->warnings = buf;
-        vsnprintf(ix->warnings + ix->warnings_len, (size_t)n + 1, fmt, again);
-        ix->warnings_len += (size_t)n;
+        vsnprintf(raw, (size_t)n + 1, fmt, again);
+        dsrt_text_redact(raw, ix->warnings + ix->warnings_len, room + 1);
+        ix->warnings_len += strlen(ix->warnings + ix->warnings_len);
         ix->warnings[ix->warnings_len++] = '\n';
         ix->warnings[ix->warnings_len] = '\0';
     }
+    free(raw);
     va_end(again);
 }
 
@@ -191,7 +197,7 @@ static const struct {
 /* The kind of source at a URL: a manifest by its name (the query left out),
  * a shard set by its name, or an s3:// prefix holding shards (one listing
  * page looked at), else a folder, which only s3:// can list. */
-static int detect_url(const char *url, dsrt_source *kind) {
+static int detect_url(const char *url, const dsrt_datastore_options *o, dsrt_source *kind) {
     char name[1024];
     const char *q = strchr(url, '?');
     snprintf(name, sizeof name, "%.*s", (int)(q ? (size_t)(q - url) : strlen(url)), url);
@@ -206,13 +212,13 @@ static int detect_url(const char *url, dsrt_source *kind) {
         return 0;
     }
     if (strncasecmp(url, "s3://", 5) == 0) {
-        int shards = dsrt__s3_is_shardset(url);
+        int shards = dsrt__s3_is_shardset(url, o);
         if (shards < 0) return shards;
         *kind = shards ? DSRT_SOURCE_SHARDS : DSRT_SOURCE_FOLDER;
         return 0;
     }
     char display[512];
-    dsrt__url_display(url, display, sizeof display);
+    dsrt_text_redact(url, display, sizeof display);
     return dsrt__fail(DSRT_EFORMAT,
                       "open: %s: an http(s) URL must name a CSV manifest (.csv, .txt, .lst): "
                       "only s3:// prefixes can be listed as folders",
@@ -226,10 +232,10 @@ const char *dsrt_source_name(dsrt_source s) {
     return "unknown";
 }
 
-int dsrt__detect_source(const char *path, dsrt_source *kind) {
+int dsrt__detect_source(const char *path, const dsrt_datastore_options *o, dsrt_source *kind) {
     struct stat st;
     probe pr = {.path = path};
-    if (dsrt__is_url(path)) return detect_url(path, kind);
+    if (dsrt__is_url(path)) return detect_url(path, o, kind);
     if (stat(path, &st) != 0 && strpbrk(path, "*?[{")) {
         /* A pattern: only a shard set is named so. */
         *kind = DSRT_SOURCE_SHARDS;
@@ -299,7 +305,8 @@ static int check_options(const dsrt_datastore_options *o) {
         return dsrt__fail(DSRT_EOPTION,
                           "datastore: shuffle_buffer %zu is not in [1, 2^24] (0: the default)",
                           o->shuffle_buffer);
-    return 0;
+    dsrt_remote_options ro;
+    return dsrt__remote_opening_options(o, &ro);
 }
 
 int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datastore_options *o) {
@@ -312,7 +319,7 @@ int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datast
     if ((rc = check_options(o)) != 0) return rc;
 
     dsrt_source kind = o->source;
-    if (kind == DSRT_SOURCE_AUTO && (rc = dsrt__detect_source(path, &kind)) != 0) return rc;
+    if (kind == DSRT_SOURCE_AUTO && (rc = dsrt__detect_source(path, o, &kind)) != 0) return rc;
 
     ix = dsrt__calloc(1, sizeof *ix);
     if (!ix) return -ENOMEM;

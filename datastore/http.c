@@ -14,7 +14,8 @@
  *
  * Faults. An answer of 429, 500, 502, 503, 504 (or S3's SlowDown,
  * InternalError, RequestTimeout), a refused or reset connection, a
- * connection that receives nothing for timeout_s, is not the object's
+ * connection that receives nothing for timeout_s, an attempt not done
+ * timeout_s after it started (a server that drips), is not the object's
  * fault: the request is tried again after a pause that doubles from 100 ms
  * up to 5 s, each drawn between half and all of that (jitter, so that many
  * clients throttled together do not come back together). A request still
@@ -27,7 +28,16 @@
  * wrong regions and missing buckets with DSRT_EREMOTE and what to check
  * (datastore/s3.c says it), an empty object with DSRT_EEMPTY, one larger
  * than its buffer with DSRT_ETOOBIG and its size. Messages name the
- * location without credentials: keys are only ever in the signature.
+ * location without credentials: keys are only ever in the signature, and
+ * every message is redacted (dsrt_text_redact: a URL's password, a
+ * pre-signed URL's signature).
+ *
+ * A ranged GET takes its range and stops, whatever the server goes on
+ * sending (one that ignores the Range and sends the whole object, or never
+ * ends). An s3:// path goes out exactly as it was signed (no removal of dot
+ * segments: "a/../b" is a key like any). A client made to open a datastore
+ * asks its caller now and then whether to stop (interrupted), so that a
+ * listing that waits on a store can be interrupted.
  */
 #include "datastore/remote.h"
 
@@ -46,6 +56,7 @@
 #define HTTP_MSG           768
 #define HTTP_RECV_BUFFER   (64L << 10) /* curl's receive buffer, per request slot */
 #define HTTP_POLL_MAX_MS   1000
+#define HTTP_POLL_ASK_MS   100 /* longest wait between two questions to interrupted */
 #define HTTP_DEFAULT_CONNS "DSRT_S3_MAX_CONNECTIONS"
 
 enum { REQ_FREE = 0, REQ_ACTIVE, REQ_WAITING, REQ_DONE };
@@ -64,10 +75,12 @@ typedef struct {
     int is_s3;
     uint64_t tag;
     int state, status;
-    long http;     /* status of the answer being received */
-    int sized;     /* the answer's length was looked at */
-    int toobig;    /* stopped: larger than the buffer */
-    uint64_t skip; /* bytes of a 200 answer to a ranged GET still to skip */
+    long http;            /* status of the answer being received */
+    int sized;            /* the answer's length was looked at */
+    int toobig;           /* stopped: larger than the buffer */
+    int enough;           /* stopped: the range asked is in (the server sent more) */
+    uint64_t object_size; /* the whole object's, as the answer says it; UINT64_MAX: unknown */
+    uint64_t skip;        /* bytes of a 200 answer to a ranged GET still to skip */
     uint64_t total;
     char err[HTTP_ERR_BODY];
     size_t err_len;
@@ -96,6 +109,9 @@ struct dsrt_http {
     unsigned depth, free_top, done_head, done_len;
     unsigned in_flight; /* submitted and not collected */
     dsrt_rng rng;
+    int (*interrupted)(void *ctx); /* asked while waiting; non-zero stops with -EINTR */
+    void *interrupted_ctx;
+    uint64_t delivered_size; /* object_size of the last result handed over */
     uint64_t requests, retries, bytes, connections;
     uint64_t last_ns, busy_ns;
     double in_flight_ns;
@@ -128,8 +144,21 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
         q->http = 0;
         q->err_len = 0;
         q->sized = 0;
+        q->object_size = UINT64_MAX;
         q->bucket_region[0] = '\0';
         return len;
+    }
+    /* The object's size: "Content-Range: bytes a-b/SIZE" of a partial
+     * answer, else the Content-Length of a whole one (curl has read it
+     * before the body, so it is looked at once the body starts). */
+    static const char range[] = "content-range:";
+    if (len > sizeof range && strncasecmp(p, range, sizeof range - 1) == 0) {
+        const char *slash = memchr(p, '/', len);
+        uint64_t v = 0;
+        size_t i = slash ? (size_t)(slash - p) + 1 : len, digits = 0;
+        for (; i < len && p[i] >= '0' && p[i] <= '9' && digits < 19; i++, digits++)
+            v = v * 10 + (uint64_t)(p[i] - '0');
+        if (digits) q->object_size = v;
     }
     static const char region[] = "x-amz-bucket-region:";
     if (len > sizeof region && strncasecmp(p, region, sizeof region - 1) == 0) {
@@ -172,6 +201,7 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
         q->skip = q->http == 200 ? q->offset : 0;
         curl_off_t cl = -1;
         curl_easy_getinfo(q->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
+        if (q->http == 200 && cl >= 0) q->object_size = (uint64_t)cl;
         if (cl >= 0) {
             uint64_t body = (uint64_t)cl > q->skip ? (uint64_t)cl - q->skip : 0;
             if (q->length && body > q->length) body = q->length;
@@ -190,16 +220,22 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
         p += s;
         len -= s;
     }
-    if (q->length && q->got + len > q->length) len = (size_t)(q->length - q->got);
-    if (len == 0) return size * n;
-    if (q->got + len > (q->own ? q->max : q->cap)) {
+    /* Past the range asked (a server that ignored the Range, or one that
+     * never ends): stop once the range is in rather than read the rest. */
+    int past = q->length && q->got + len > q->length;
+    if (past) len = (size_t)(q->length - q->got);
+    if (len > 0 && q->got + len > (q->own ? q->max : q->cap)) {
         q->total = DSRT_MAX(q->total, (uint64_t)(q->got + len));
         q->toobig = 1;
         return 0;
     }
-    if (q->own && own_fit(q, q->got + len) != 0) return 0;
-    memcpy(q->buf + q->got, p, len);
+    if (len > 0 && q->own && own_fit(q, q->got + len) != 0) return 0;
+    if (len > 0) memcpy(q->buf + q->got, p, len);
     q->got += len;
+    if (past) {
+        q->enough = 1;
+        return 0;
+    }
     return size * n;
 }
 
@@ -380,6 +416,9 @@ static int easy_init(dsrt_http *h, http_req *q) {
     SET(CURLOPT_CONNECTTIMEOUT_MS, (long)(h->o.timeout_s * 1000));
     SET(CURLOPT_LOW_SPEED_LIMIT, 1L);
     SET(CURLOPT_LOW_SPEED_TIME, timeout > 0 ? timeout : 1L);
+    /* The whole attempt, first byte to last: a server that drips a byte now
+     * and then passes the low-speed check for ever. */
+    SET(CURLOPT_TIMEOUT_MS, (long)(h->o.timeout_s * 1000));
     SET(CURLOPT_TCP_KEEPALIVE, 1L);
     SET(CURLOPT_SHARE, h->share);
     SET(CURLOPT_PROTOCOLS_STR, "http,https");
@@ -435,6 +474,8 @@ static int attempt_start(dsrt_http *h, http_req *q) {
     q->http = 0;
     q->sized = 0;
     q->toobig = 0;
+    q->enough = 0;
+    q->object_size = UINT64_MAX;
     q->skip = 0;
     q->err_len = 0;
     q->got = 0;
@@ -444,6 +485,9 @@ static int attempt_start(dsrt_http *h, http_req *q) {
     CURLcode c = curl_easy_setopt(q->easy, CURLOPT_URL, q->url.s);
     if (c == CURLE_OK) c = curl_easy_setopt(q->easy, CURLOPT_HTTPHEADER, q->hdrs);
     if (c == CURLE_OK) c = curl_easy_setopt(q->easy, CURLOPT_FOLLOWLOCATION, q->is_s3 ? 0L : 1L);
+    /* A signed path goes out as it was signed: curl would otherwise remove
+     * its dot segments ("a/../b"), and the key asked would be another. */
+    if (c == CURLE_OK) c = curl_easy_setopt(q->easy, CURLOPT_PATH_AS_IS, q->is_s3 ? 1L : 0L);
     if (c != CURLE_OK)
         return dsrt__fail(DSRT_EREMOTE, "remote: curl_easy_setopt: %s", curl_easy_strerror(c));
     CURLMcode mc = curl_multi_add_handle(h->multi, q->easy);
@@ -498,6 +542,7 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
         h->connections += (uint64_t)conns;
     curl_multi_remove_handle(h->multi, q->easy);
     if (q->http == 0) curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+    if (c == CURLE_WRITE_ERROR && q->enough) c = CURLE_OK; /* stopped with the range in */
     if (c == CURLE_OK && q->http >= 200 && q->http < 300 && q->got > 0 &&
         (!q->length || q->got == q->length)) {
         h->requests++;
@@ -509,7 +554,7 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
 
     /* Something to say: the location as messages show it. */
     char display[512];
-    dsrt__url_display(q->loc, display, sizeof display);
+    dsrt_text_redact(q->loc, display, sizeof display);
     if (c == CURLE_WRITE_ERROR && q->toobig) {
         dsrt__fail(DSRT_ETOOBIG, "%s: %llu bytes, larger than the buffer of %zu bytes", display,
                    (unsigned long long)q->total, q->own ? q->max : q->cap);
@@ -553,7 +598,10 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
             /* Keep the store's own words for the message at the deadline. */
             dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
                                 dsrt__http_s3(h), q->is_s3);
-            snprintf(q->cause, sizeof q->cause, "%s", dsrt_last_error() + strlen(display) + 2);
+            const char *m = dsrt_last_error();
+            size_t dl = strlen(display);
+            if (strncmp(m, display, dl) == 0 && m[dl] == ':') m += DSRT_MIN(dl + 2, strlen(m));
+            snprintf(q->cause, sizeof q->cause, "%s", m);
             retry_or_fail(h, q, display);
             return;
         }
@@ -645,6 +693,7 @@ static void deliver(dsrt_http *h, http_req *q, dsrt_read_result *res) {
     /* Whole objects come NUL-terminated (own_fit keeps a byte for it). */
     if (q->own && q->buf) q->buf[q->got] = '\0';
     if (q->status != 0) dsrt__fail(q->status, q->own ? "%s" : "read: %s", q->msg);
+    h->delivered_size = q->object_size;
     req_clear(q);
     q->state = REQ_FREE;
     q->loc = NULL;
@@ -675,7 +724,7 @@ static int pump(dsrt_http *h) {
         int rc = attempt_start(h, q);
         if (rc != 0) {
             char display[512];
-            dsrt__url_display(q->loc, display, sizeof display);
+            dsrt_text_redact(q->loc, display, sizeof display);
             dsrt__fail_prefix(rc, "%s", display);
             finish_msg(h, q, rc);
         }
@@ -683,7 +732,16 @@ static int pump(dsrt_http *h) {
     return 0;
 }
 
+/* Whether the caller asks to stop (the interrupted callback); sets the
+ * message when it does. */
+static int interrupted(dsrt_http *h) {
+    if (!h->interrupted || !h->interrupted(h->interrupted_ctx)) return 0;
+    dsrt__fail(-EINTR, "interrupted");
+    return 1;
+}
+
 int dsrt__http_collect(dsrt_http *h, dsrt_read_result *res, int wait, int extra_fd) {
+    if (interrupted(h)) return -EINTR;
     for (;;) {
         if (h->done_len > 0) {
             http_req *q = &h->reqs[h->done[h->done_head]];
@@ -698,9 +756,9 @@ int dsrt__http_collect(dsrt_http *h, dsrt_read_result *res, int wait, int extra_
         if (h->done_len > 0) continue;
         if (!wait) return 0;
 
-        long ms = -1;
+        long ms = -1, most = h->interrupted ? HTTP_POLL_ASK_MS : HTTP_POLL_MAX_MS;
         curl_multi_timeout(h->multi, &ms);
-        if (ms < 0 || ms > HTTP_POLL_MAX_MS) ms = HTTP_POLL_MAX_MS;
+        if (ms < 0 || ms > most) ms = most;
         uint64_t t = now_ns();
         for (unsigned i = 0; i < h->depth; i++) {
             const http_req *q = &h->reqs[i];
@@ -714,6 +772,7 @@ int dsrt__http_collect(dsrt_http *h, dsrt_read_result *res, int wait, int extra_
         if (mc != CURLM_OK)
             return dsrt__fail(DSRT_EREMOTE, "remote: curl_multi_poll: %s", curl_multi_strerror(mc));
         if (extra_fd >= 0 && extra.revents) return 0;
+        if (interrupted(h)) return -EINTR;
     }
 }
 
@@ -755,6 +814,50 @@ int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, si
     return submit(h, url, query, 0, 0, NULL, max, 1, tag);
 }
 
+int dsrt__http_fetch_range(dsrt_http *h, const char *url, uint64_t offset, uint64_t length,
+                           void *buf, size_t *got, uint64_t *object_size) {
+    *got = 0;
+    *object_size = UINT64_MAX;
+    assert(h->in_flight == 0 && length > 0);
+    int rc = submit(h, url, NULL, offset, length, buf, (size_t)length, 0, 0);
+    if (rc != 0) return rc;
+    dsrt_read_result res = {0};
+    do rc = dsrt__http_collect(h, &res, 1, -1);
+    while (rc == 0 && h->in_flight > 0);
+    if (rc < 0) {
+        dsrt__http_cancel(h);
+        return rc;
+    }
+    *got = res.status == 0 || res.status == DSRT_ETRUNCATED ? res.size : 0;
+    *object_size = h->delivered_size;
+    return res.status; /* the message, when it failed, is the thread's */
+}
+
+int dsrt__remote_opening_options(const dsrt_datastore_options *o, dsrt_remote_options *ro) {
+    *ro = dsrt_reader_defaults().remote;
+    if (o) {
+        const dsrt_remote_options *r = &o->remote;
+        if (r->depth) ro->depth = r->depth;
+        if (r->max_connections) ro->max_connections = r->max_connections;
+        if (r->retry_deadline_s != 0) ro->retry_deadline_s = r->retry_deadline_s;
+        if (r->timeout_s != 0) ro->timeout_s = r->timeout_s;
+    }
+    return dsrt__remote_options_check(ro, "datastore");
+}
+
+int dsrt__http_create_opening(dsrt_http **h, const dsrt_datastore_options *o, unsigned depth) {
+    dsrt_remote_options ro;
+    int rc = dsrt__remote_opening_options(o, &ro);
+    if (rc != 0) return rc;
+    ro.depth = DSRT_MIN(ro.depth, depth);
+    if ((rc = dsrt__http_create(h, &ro)) != 0) return rc;
+    if (o) {
+        (*h)->interrupted = o->interrupted;
+        (*h)->interrupted_ctx = o->interrupted_ctx;
+    }
+    return 0;
+}
+
 int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
                      size_t *len) {
     *out = NULL;
@@ -765,7 +868,10 @@ int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t ma
     dsrt_read_result res = {0};
     do rc = dsrt__http_collect(h, &res, 1, -1);
     while (rc == 0 && h->in_flight > 0);
-    if (rc < 0) return rc;
+    if (rc < 0) {
+        dsrt__http_cancel(h);
+        return rc;
+    }
     if (res.status != 0) {
         free(res.buf);
         return res.status; /* the message is the thread's */

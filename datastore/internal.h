@@ -99,8 +99,9 @@ int dsrt__folder_fill(dsrt_index *ix, const dsrt_folder_entry *e, size_t n);
 int dsrt__is_url_n(const char *p, size_t n);
 
 /* Guesses the source kind of path (a folder, an IDX or CIFAR file or folder
- * of them, a manifest) for DSRT_SOURCE_AUTO. */
-int dsrt__detect_source(const char *path, dsrt_source *kind);
+ * of them, a manifest) for DSRT_SOURCE_AUTO; o (may be NULL) gives the
+ * options of the requests that look at an s3:// prefix. */
+int dsrt__detect_source(const char *path, const dsrt_datastore_options *o, dsrt_source *kind);
 
 /*
  * Parsers on memory, for the loaders and the fuzzers. `name` is used in

@@ -23,10 +23,6 @@
 /* 1 for "s3://", "http://" and "https://" (any case). */
 int dsrt__is_url(const char *path);
 
-/* A URL fit for a message: without user:password@ and without the query
- * (which may hold a pre-signed URL's signature). Writes at most cap bytes. */
-void dsrt__url_display(const char *url, char *out, size_t cap);
-
 // ----------------------------------------------------------------------------
 // S3 configuration, from the environment and the AWS files
 
@@ -170,6 +166,27 @@ int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, si
  * canonical query string or NULL. */
 int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t max, uint8_t **out,
                      size_t *len);
+
+/* The bytes [offset, offset + length) of url into buf (length bytes), on
+ * the calling thread, retried like any request. *got gets the bytes
+ * received (fewer when the object ends first: DSRT_ETRUNCATED), and
+ * *object_size the whole object's size as the answer gave it
+ * (Content-Range, or the Content-Length of a whole answer), UINT64_MAX when
+ * it gave none. */
+int dsrt__http_fetch_range(dsrt_http *h, const char *url, uint64_t offset, uint64_t length,
+                           void *buf, size_t *got, uint64_t *object_size);
+
+/* The remote options of the requests that open a datastore: the fields
+ * of o->remote that are set (non-zero) over the reader's defaults, checked
+ * (DSRT_EOPTION naming the field). o may be NULL. */
+int dsrt__remote_opening_options(const dsrt_datastore_options *o, dsrt_remote_options *ro);
+
+/* A client for the requests that open a datastore (listings, a manifest,
+ * a shard set's index and scans): the fields of o->remote that are set
+ * over the reader's defaults, at most depth requests in flight, and o's
+ * interrupted callback asked while it waits (every 100 ms at least), whose
+ * non-zero answer fails the wait with -EINTR. o may be NULL. */
+int dsrt__http_create_opening(dsrt_http **h, const dsrt_datastore_options *o, unsigned depth);
 
 /* The client's S3 configuration. */
 const dsrt_s3_config *dsrt__http_s3(const dsrt_http *h);

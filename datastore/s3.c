@@ -23,7 +23,11 @@
  * folders; the same sort), so a bucket holding a copy of a folder gives the
  * same index, whatever order the pages come in.
  * Keys with an empty path component ("a//b.jpg") have no folder equivalent
- * and are left out with a warning.
+ * and are left out with a warning. A page is taken only when it is a
+ * ListObjectsV2 answer (root element ListBucketResult, in S3's namespace or
+ * none): an HTML page of a captive portal is an error, not an empty class.
+ * A store that answers a continuation token it gave before is an error, not
+ * a listing without end.
  */
 #include "datastore/remote.h"
 
@@ -37,6 +41,10 @@
 #include <strings.h>
 
 #define S3_LIST_MAX_PAGE ((size_t)64 << 20) /* largest listing page we accept */
+/* "scheme://host/base" of an endpoint, NUL included. */
+#define S3_ENDPOINT_MAX                                                                            \
+    (sizeof((dsrt_s3_config *)0)->scheme + sizeof((dsrt_s3_config *)0)->host +                     \
+     sizeof((dsrt_s3_config *)0)->base + 4)
 
 // ----------------------------------------------------------------------------
 // Locations and strings
@@ -55,18 +63,6 @@ int dsrt__is_url_n(const char *p, size_t n) {
 
 int dsrt__is_url(const char *p) {
     return p && dsrt__is_url_n(p, strlen(p));
-}
-
-void dsrt__url_display(const char *url, char *out, size_t cap) {
-    const char *scheme_end = strstr(url, "://");
-    const char *host = scheme_end ? scheme_end + 3 : url;
-    const char *slash = strchr(host, '/');
-    const char *at = memchr(host, '@', slash ? (size_t)(slash - host) : strlen(host));
-    const char *q = strchr(url, '?');
-    size_t head = (size_t)(host - url);
-    const char *rest = at ? at + 1 : host;
-    size_t rest_len = q && q > rest ? (size_t)(q - rest) : strlen(rest);
-    snprintf(out, cap, "%.*s%.*s%s", (int)head, url, (int)rest_len, rest, q ? "?..." : "");
 }
 
 int dsrt__sb_add(dsrt_strbuf *b, const char *s, size_t n) {
@@ -718,12 +714,42 @@ int dsrt__http_status_transient(long status, const char *body, size_t body_len) 
            strcmp(code, "InternalError") == 0 || strcmp(code, "ServiceUnavailable") == 0;
 }
 
+/* Masks every copy of secret (when it is one: a few bytes at least) in s. */
+static void scrub(char *s, const char *secret) {
+    size_t n = secret ? strlen(secret) : 0;
+    if (n < 4) return;
+    for (char *p = strstr(s, secret); p; p = strstr(p + 3, secret)) {
+        memcpy(p, "***", 3);
+        memmove(p + 3, p + n, strlen(p + n) + 1);
+    }
+}
+
+/* "scheme://host" of a URL (its user information left out). */
+static void url_origin(const char *url, char *out, size_t cap) {
+    const char *h = strstr(url, "://");
+    h = h ? h + 3 : url;
+    const char *at = h, *e = h + strcspn(h, "/?#");
+    for (const char *p = h; p < e; p++)
+        if (*p == '@') at = p + 1;
+    snprintf(out, cap, "%.*s%.*s", (int)(h - url), url, (int)(e - at), at);
+}
+
 int dsrt__s3_http_error(const char *display, long status, const char *body, size_t body_len,
                         const char *bucket_region, const dsrt_s3_config *c, int is_s3) {
-    char code[64], msg[200], region[64];
+    char code[64], msg[200], full[2048], region[64];
     xml_text(body, body_len, "Code", code, sizeof code);
-    xml_text(body, body_len, "Message", msg, sizeof msg);
+    xml_text(body, body_len, "Message", full, sizeof full);
     xml_text(body, body_len, "Region", region, sizeof region);
+    /* A store may echo the request: no key, secret or token of ours is
+     * repeated (the rest of the message is redacted as every one is). */
+    if (c) {
+        scrub(full, c->token);
+        scrub(full, c->secret);
+        scrub(full, c->key);
+    }
+    size_t mn = strnlen(full, sizeof msg - 1);
+    memcpy(msg, full, mn);
+    msg[mn] = '\0';
     if (!region[0] && bucket_region) snprintf(region, sizeof region, "%s", bucket_region);
     char what[300];
     snprintf(what, sizeof what, "HTTP %ld%s%s%s%s", status, code[0] ? " " : "", code,
@@ -732,11 +758,21 @@ int dsrt__s3_http_error(const char *display, long status, const char *body, size
     const char *here = c ? c->region : "";
     if (status == 404 && (!code[0] || strcmp(code, "NoSuchKey") == 0))
         return dsrt__fail(-ENOENT, "%s: no such object (%s)", display, what);
-    if (status == 404 && strcmp(code, "NoSuchBucket") == 0)
-        return dsrt__fail(DSRT_EREMOTE,
-                          "%s: the bucket does not exist at %s://%s (%s): check the bucket name "
-                          "and AWS_ENDPOINT_URL",
-                          display, c ? c->scheme : "https", c ? c->host : "?", what);
+    if (status == 404 && strcmp(code, "NoSuchBucket") == 0) {
+        /* Where the request went: the endpoint of an s3:// URL, the server
+         * of any other. */
+        char origin[S3_ENDPOINT_MAX];
+        if (is_s3 && c)
+            snprintf(origin, sizeof origin, "%s://%s%s", c->scheme, c->host, c->base);
+        else
+            url_origin(display, origin, sizeof origin);
+        return dsrt__fail(DSRT_EREMOTE, "%s: the bucket does not exist at %s (%s): check %s",
+                          display, origin, what,
+                          is_s3 ? "the bucket name and AWS_ENDPOINT_URL" : "the URL");
+    }
+    if (status == 416)
+        return dsrt__fail(DSRT_ETRUNCATED, "%s: the range asked lies past the object's end (%s)",
+                          display, what);
     if (!is_s3)
         return dsrt__fail(status == 404 || status == 410 ? -ENOENT : DSRT_EREMOTE, "%s: %s",
                           display, what);
@@ -776,9 +812,6 @@ int dsrt__s3_http_error(const char *display, long status, const char *body, size
                           "this bucket (s3:GetObject, s3:ListBucket, the bucket policy), and the "
                           "clock and region (%s)",
                           display, what, from, here);
-    if (status == 416)
-        return dsrt__fail(DSRT_ETRUNCATED, "%s: the range asked lies past the object's end (%s)",
-                          display, what);
     return dsrt__fail(DSRT_EREMOTE, "%s: %s", display, what);
 }
 
@@ -967,9 +1000,91 @@ static int list_text(dsrt_strbuf *scratch, const char *text, size_t n, int url_e
     return 0;
 }
 
+/* A short excerpt of an answer fit for a message: its first bytes, control
+ * and non-ASCII bytes as spaces and '?', blanks squeezed (dsrt__fail then
+ * masks what may be a credential). */
+static void excerpt(const char *body, size_t len, char *out, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 4 < cap; i++) {
+        unsigned char ch = (unsigned char)body[i];
+        char c = ch < ' ' || ch == 0x7f ? ' ' : ch >= 0x80 ? '?' : (char)ch;
+        if (c == ' ' && (o == 0 || out[o - 1] == ' ')) continue;
+        out[o++] = c;
+    }
+    if (o + 4 >= cap) memcpy(out + o, "...", 3), o += 3;
+    out[o] = '\0';
+}
+
+/* Whether body is a ListObjectsV2 answer: after the XML declaration,
+ * comments and blanks, a root element ListBucketResult in S3's namespace
+ * (or none), closed at the end. An HTML page (a captive portal, a proxy's
+ * error) or anything else is not an empty listing. */
+static int list_root_ok(const char *body, size_t len) {
+    static const char root[] = "ListBucketResult", ns[] = "http://s3.amazonaws.com/doc/2006-03-01/";
+    const char *p = body, *end = body + len;
+    if (len >= 3 && memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3; /* a UTF-8 byte-order mark */
+    for (;;) {
+        while (p < end && isspace((unsigned char)*p)) p++;
+        const char *close = NULL;
+        if (end - p >= 2 && (memcmp(p, "<?", 2) == 0))
+            close = memmem(p, (size_t)(end - p), "?>", 2);
+        else if (end - p >= 4 && memcmp(p, "<!--", 4) == 0)
+            close = memmem(p, (size_t)(end - p), "-->", 3);
+        else if (end - p >= 2 && memcmp(p, "<!", 2) == 0)
+            close = memchr(p, '>', (size_t)(end - p));
+        else
+            break;
+        if (!close) return 0;
+        p = close + (*close == '-' ? 3 : *close == '?' ? 2 : 1);
+    }
+    size_t rn = sizeof root - 1;
+    if (end - p < (ptrdiff_t)rn + 2 || p[0] != '<' || memcmp(p + 1, root, rn) != 0) return 0;
+    p += 1 + rn;
+    /* Attributes: only a default namespace matters. */
+    const char *gt = memchr(p, '>', (size_t)(end - p));
+    if (!gt || !(isspace((unsigned char)*p) || *p == '>' || *p == '/')) return 0;
+    for (const char *a = p; a < gt;) {
+        while (a < gt && isspace((unsigned char)*a)) a++;
+        const char *eq = memchr(a, '=', (size_t)(gt - a));
+        if (!eq) break;
+        const char *q = eq + 1;
+        while (q < gt && isspace((unsigned char)*q)) q++;
+        if (q >= gt || (*q != '"' && *q != '\'')) return 0;
+        const char *qe = memchr(q + 1, *q, (size_t)(gt - q - 1));
+        if (!qe) return 0;
+        const char *ne = eq;
+        while (ne > a && isspace((unsigned char)ne[-1])) ne--;
+        if (ne - a == 5 && memcmp(a, "xmlns", 5) == 0 &&
+            ((size_t)(qe - q - 1) != sizeof ns - 1 || memcmp(q + 1, ns, sizeof ns - 1) != 0))
+            return 0;
+        a = qe + 1;
+    }
+    if (gt[-1] == '/')
+        p = gt + 1; /* <ListBucketResult/>: an empty listing */
+    else {
+        static const char tail[] = "</ListBucketResult>";
+        const char *t = end;
+        while (t > gt && isspace((unsigned char)t[-1])) t--;
+        if (t - gt < (ptrdiff_t)sizeof tail - 1 ||
+            memcmp(t - (sizeof tail - 1), tail, sizeof tail - 1))
+            return 0;
+        p = t;
+    }
+    while (p < end && isspace((unsigned char)*p)) p++;
+    return p == end;
+}
+
 int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_strbuf *token,
                        dsrt_list_entry_fn on_entry, void *ud) {
     const char *end = body + len;
+    if (!list_root_ok(body, len)) {
+        char ex[100];
+        excerpt(body, len, ex, sizeof ex);
+        return dsrt__fail(DSRT_EREMOTE,
+                          "the answer is not a ListObjectsV2 listing (no ListBucketResult in S3's "
+                          "namespace): \"%s\" (%zu bytes)",
+                          ex, len);
+    }
     char enc[16];
     xml_text(body, len, "EncodingType", enc, sizeof enc);
     int url_encoded = strcmp(enc, "url") == 0;
@@ -985,7 +1100,7 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
             uint64_t size = 0;
             size_t sl;
             const char *sz = is_prefix ? NULL : xml_find(b, b + bn, "Size", &sl);
-            for (size_t i = 0; sz && i < sl && isdigit((unsigned char)sz[i]); i++)
+            for (size_t i = 0; sz && i < sl && i < 19 && isdigit((unsigned char)sz[i]); i++)
                 size = size * 10 + (uint64_t)(sz[i] - '0');
             int rc = list_text(scratch, t, n, url_encoded);
             if (rc == 0) rc = on_entry(ud, scratch->s, scratch->len, is_prefix, size);
@@ -1007,6 +1122,57 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
     return 0;
 }
 
+/*
+ * A listing's continuation tokens must not come round again: a store that
+ * answers a token it gave before would be listed for ever. Brent's cycle
+ * detection: each token is compared with one kept, which is replaced by
+ * the current one after 1, 2, 4, 8, ... pages, so that a loop of any length
+ * is seen within a few times its length, in constant memory.
+ */
+typedef struct {
+    dsrt_strbuf kept;
+    size_t since, power, pages;
+} token_watch;
+
+/* 1 when token came before in this listing, 0 when not, or -ENOMEM. */
+static int token_repeats(token_watch *w, const dsrt_strbuf *token) {
+    w->pages++;
+    if (w->kept.s && w->kept.len == token->len && memcmp(w->kept.s, token->s, token->len) == 0)
+        return 1;
+    if (++w->since >= w->power) {
+        w->kept.len = 0;
+        if (dsrt__sb_add(&w->kept, token->s, token->len) != 0) return -ENOMEM;
+        w->power = w->power ? 2 * w->power : 2;
+        w->since = 0;
+    }
+    return 0;
+}
+
+/* Where listings go, for messages: "http://host:port" (the endpoint). */
+static void list_endpoint(dsrt_http *h, char *out, size_t cap) {
+    const dsrt_s3_config *c = dsrt__http_s3(h);
+    snprintf(out, cap, "%s://%s%s", c ? c->scheme : "?", c ? c->host : "?", c ? c->base : "");
+}
+
+/* The failure of a listing page: interrupted, a token that came again, or
+ * the page's own (a message that names the place and the endpoint). */
+static int list_fail(dsrt_http *h, int rc, const char *display, const char *prefix) {
+    char ep[S3_ENDPOINT_MAX];
+    list_endpoint(h, ep, sizeof ep);
+    return dsrt__fail_prefix(rc, "datastore: listing %s%s%s%s from %s", display,
+                             prefix ? " (prefix \"" : "", prefix ? prefix : "", prefix ? "\")" : "",
+                             ep);
+}
+
+static int token_again(dsrt_http *h, const token_watch *w, const char *display,
+                       const char *prefix) {
+    dsrt__fail(DSRT_EREMOTE,
+               "the store answered a continuation token it had given before (page %zu): the "
+               "listing would never end",
+               w->pages);
+    return list_fail(h, DSRT_EREMOTE, display, prefix);
+}
+
 /* The flat listing's entries: keys only (no delimiter, no sub-prefixes). */
 typedef struct {
     dsrt_s3_each_fn each;
@@ -1022,6 +1188,7 @@ static int flat_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t
 int dsrt__s3_list(dsrt_http *h, const char *bucket, size_t blen, const char *prefix, size_t plen,
                   const char *display, dsrt_s3_each_fn each, void *ctx) {
     dsrt_strbuf query = {0}, token = {0}, scratch = {0};
+    token_watch watch = {0};
     flat_list f = {each, ctx};
     char list_url[300];
     int rc;
@@ -1049,11 +1216,14 @@ int dsrt__s3_list(dsrt_http *h, const char *bucket, size_t blen, const char *pre
         }
         rc = dsrt__s3_list_page((const char *)page, len, &scratch, &token, flat_entry, &f);
         free(page);
-        if (rc < 0) dsrt__fail_prefix(rc, "datastore: listing %s", display);
+        if (rc < 0) list_fail(h, rc, display, NULL);
+        if (rc == 0 && token.len > 0 && (rc = token_repeats(&watch, &token)) == 1)
+            rc = token_again(h, &watch, display, NULL);
     } while (rc == 0 && token.len > 0);
     free(query.s);
     free(token.s);
     free(scratch.s);
+    free(watch.kept.s);
     return rc;
 }
 
@@ -1115,7 +1285,8 @@ out:
 typedef struct {
     char *prefix; /* the key prefix this job lists (decoded) */
     dsrt_strbuf token, query;
-    int delimited; /* the prefix's own listing, with delimiter '/' */
+    token_watch watch; /* the tokens seen */
+    int delimited;     /* the prefix's own listing, with delimiter '/' */
 } list_job;
 
 typedef struct {
@@ -1185,6 +1356,7 @@ static void list_run_free(list_run *r) {
         free(r->jobs[i].prefix);
         free(r->jobs[i].token.s);
         free(r->jobs[i].query.s);
+        free(r->jobs[i].watch.kept.s);
     }
     free(r->jobs);
     free(r->ready);
@@ -1200,12 +1372,16 @@ static int list_all(lister *l, const char *bucket, size_t blen, const char *pref
     snprintf(list_url, sizeof list_url, "s3://%.*s/", (int)blen, bucket);
     const dsrt_datastore_options *o = l->o;
     r.spawn = o->include_subfolders || o->label_source == DSRT_LABEL_FOLDER_NAMES;
-    dsrt_remote_options ro = dsrt_reader_defaults().remote;
-    ro.depth = DSRT_MIN(ro.depth, (unsigned)S3_LIST_DEPTH);
-    int rc = dsrt__http_create(&h, &ro);
-    if (rc == 0) rc = add_job(&r, prefix, prefix_len, 1);
+    int rc = dsrt__http_create_opening(&h, o, S3_LIST_DEPTH);
+    unsigned depth = 0;
+    if (rc == 0) {
+        dsrt_remote_options ro;
+        dsrt__remote_opening_options(o, &ro);
+        depth = DSRT_MIN(ro.depth, (unsigned)S3_LIST_DEPTH);
+        rc = add_job(&r, prefix, prefix_len, 1);
+    }
     while (rc == 0 && (r.ready_len > 0 || dsrt__http_in_flight(h) > 0)) {
-        while (r.ready_len > 0 && dsrt__http_in_flight(h) < ro.depth) {
+        while (r.ready_len > 0 && dsrt__http_in_flight(h) < depth) {
             size_t id = r.ready[r.ready_head++];
             r.ready_len--;
             list_job *j = &r.jobs[id];
@@ -1214,7 +1390,10 @@ static int list_all(lister *l, const char *bucket, size_t blen, const char *pref
                 goto out;
         }
         dsrt_read_result res;
-        if ((rc = dsrt__http_collect(h, &res, 1, -1)) < 0) goto out;
+        if ((rc = dsrt__http_collect(h, &res, 1, -1)) < 0) {
+            list_fail(h, rc, l->root, NULL);
+            goto out;
+        }
         if (rc == 0) continue;
         list_job *j = &r.jobs[res.tag];
         if (res.status != 0) {
@@ -1232,13 +1411,17 @@ static int list_all(lister *l, const char *bucket, size_t blen, const char *pref
         free(res.buf);
         j = &r.jobs[res.tag];
         if (rc != 0) {
-            dsrt__fail_prefix(rc, "datastore: listing %s (prefix \"%s\")", l->root, j->prefix);
+            list_fail(h, rc, l->root, j->prefix);
             goto out;
         }
         dsrt_strbuf t = j->token;
         j->token = next;
         next = t;
         if (j->token.len > 0) {
+            if ((rc = token_repeats(&j->watch, &j->token)) != 0) {
+                if (rc == 1) rc = token_again(h, &j->watch, l->root, j->prefix);
+                goto out;
+            }
             if ((rc = push_ready(&r, res.tag)) != 0) goto out;
         } else {
             free(j->query.s);
@@ -1327,10 +1510,13 @@ int dsrt__remote_read_whole(const char *url, size_t max, uint8_t **out, size_t *
 }
 
 int dsrt__remote_manifest_load(dsrt_index *ix, const char *url, const dsrt_datastore_options *o) {
-    uint8_t *text;
+    uint8_t *text = NULL;
     size_t len;
     ix->remote = 1;
-    int rc = dsrt__remote_read_whole(url, (size_t)4 << 30, &text, &len);
+    dsrt_http *h = NULL;
+    int rc = dsrt__http_create_opening(&h, o, 1);
+    if (rc == 0) rc = dsrt__http_fetch(h, url, NULL, (size_t)4 << 30, &text, &len);
+    dsrt__http_destroy(h);
     if (rc != 0) return dsrt__fail_prefix(rc, "manifest");
     /* Relative paths are relative to the manifest's "folder": the URL up to
      * its last '/' (query left out). */
@@ -1344,7 +1530,7 @@ int dsrt__remote_manifest_load(dsrt_index *ix, const char *url, const dsrt_datas
     char *slash = strrchr(dir, '/');
     if (slash) *slash = '\0';
     char display[512];
-    dsrt__url_display(url, display, sizeof display);
+    dsrt_text_redact(url, display, sizeof display);
     rc = dsrt__manifest_parse(ix, (const char *)text, len, display, dir,
                               o ? o->manifest_header : -1);
     free(dir);

@@ -68,6 +68,7 @@
 #define DEFAULT_EXTENSIONS "jpg,jpeg,jpe,jfif,png"
 #define CLS_MAX            256                 /* bytes of a .cls member read */
 #define SCAN_WINDOW        ((size_t)64 << 10)  /* bytes read at once while scanning */
+#define SCAN_WINDOW_REMOTE ((size_t)8 << 20)   /* the same, by a ranged GET, from a store */
 #define EXPAND_MAX         ((size_t)1 << 20)   /* names a brace list gives in all, at most */
 #define EXPAND_BYTES       ((size_t)256 << 20) /* and bytes of them */
 #define WRITE_BUFFER       ((size_t)4 << 20)   /* bytes gathered before a write */
@@ -728,6 +729,7 @@ typedef struct {
      * (UINT64_MAX when unknown: https:// has no listing). */
     dsrt_http *http;
     uint64_t *listed;
+    const dsrt_datastore_options *o; /* as opened: the requests' options */
 } gather;
 
 static void gather_free(gather *g) {
@@ -816,15 +818,13 @@ static int peek_one(void *ctx, const char *key, size_t len, uint64_t size) {
     return k->index || (k->tars && k->folders) || ++k->keys >= 1000 ? 1 : 0;
 }
 
-int dsrt__s3_is_shardset(const char *url) {
+int dsrt__s3_is_shardset(const char *url, const dsrt_datastore_options *o) {
     const char *bucket, *key;
     size_t blen;
     int rc = dsrt__s3_split(url, &bucket, &blen, &key);
     if (rc != 0) return rc;
     dsrt_http *h;
-    dsrt_remote_options ro = dsrt_reader_defaults().remote;
-    ro.depth = 1;
-    if ((rc = dsrt__http_create(&h, &ro)) != 0) return rc;
+    if ((rc = dsrt__http_create_opening(&h, o, 1)) != 0) return rc;
     dsrt_strbuf prefix = {0};
     size_t klen = strlen(key);
     while (klen > 0 && key[klen - 1] == '/') klen--;
@@ -836,6 +836,127 @@ int dsrt__s3_is_shardset(const char *url) {
     }
     free(prefix.s);
     dsrt__http_destroy(h);
+    return rc;
+}
+
+/*
+ * A shard in a store that the index does not describe is scanned through a
+ * window of ranged GETs, as a local one through a window of reads, so that
+ * memory stays at the window however large the object (or however long an
+ * answer that never ends). Its size is the listing's; https:// has none,
+ * and the first answer's (Content-Range) is taken. An object that is not of
+ * that size (an answer says another, or a byte comes past it) is an error
+ * naming it.
+ */
+typedef struct {
+    dsrt_http *http;
+    const char *url;
+    uint64_t size; /* listed; UINT64_MAX until an answer says it */
+    int told;      /* an answer gave the object's size, the listed one */
+    uint8_t *win;  /* (SCAN_WINDOW_REMOTE) */
+    uint64_t win_off;
+    size_t win_len;
+} remote_scan;
+
+/* A ranged GET of [off, off + len) into buf: len bytes, or fewer at the
+ * listed end (*got says how many). */
+static int remote_get(remote_scan *r, uint64_t off, void *buf, size_t len, size_t *got) {
+    uint64_t total;
+    int rc = dsrt__http_fetch_range(r->http, r->url, off, len, buf, got, &total);
+    if (rc != 0 && rc != DSRT_ETRUNCATED) return dsrt__fail_prefix(rc, "shards");
+    if (total != UINT64_MAX) {
+        if (r->size == UINT64_MAX) r->size = total;
+        if (total != r->size)
+            return dsrt__fail(DSRT_ECORRUPT,
+                              "shards: %s: the store says %llu bytes where its listing said %llu: "
+                              "changed since it was listed",
+                              r->url, (unsigned long long)total, (unsigned long long)r->size);
+        r->told = 1;
+    }
+    if (rc == DSRT_ETRUNCATED || *got < len)
+        return dsrt__fail(DSRT_ETRUNCATED,
+                          "shards: %s: ends at byte %llu, before the %llu bytes listed", r->url,
+                          (unsigned long long)(off + *got), (unsigned long long)r->size);
+    return 0;
+}
+
+static int64_t remote_read(void *ctx, uint64_t off, void *buf, size_t len) {
+    remote_scan *r = ctx;
+    if (off >= r->size) return 0;
+    len = (size_t)DSRT_MIN((uint64_t)len, r->size - off);
+    size_t got;
+    int rc;
+    if (off >= r->win_off && off - r->win_off <= r->win_len &&
+        len <= r->win_len - (off - r->win_off)) {
+        memcpy(buf, r->win + (off - r->win_off), len);
+        return (int64_t)len;
+    }
+    if (len > SCAN_WINDOW_REMOTE) {
+        rc = remote_get(r, off, buf, len, &got);
+        return rc ? rc : (int64_t)got;
+    }
+    size_t n = (size_t)DSRT_MIN((uint64_t)SCAN_WINDOW_REMOTE, r->size - off);
+    r->win_len = 0;
+    if ((rc = remote_get(r, off, r->win, n, &got)) != 0) return rc;
+    r->win_off = off;
+    r->win_len = got;
+    memcpy(buf, r->win, len);
+    return (int64_t)len;
+}
+
+/* Scans the shard at url, of size bytes (UINT64_MAX: not known) through s;
+ * *size gets its size. */
+static int scan_remote(scanner *s, dsrt_http *http, const char *url, uint64_t *size) {
+    remote_scan r = {.http = http, .url = url, .size = *size};
+    int rc = -ENOMEM;
+    if (!(r.win = dsrt__malloc(SCAN_WINDOW_REMOTE))) return rc;
+    if (r.size == UINT64_MAX) {
+        /* No listing (https://): the first answer says how large it is. */
+        size_t got;
+        uint64_t total;
+        rc = dsrt__http_fetch_range(http, url, 0, SCAN_WINDOW_REMOTE, r.win, &got, &total);
+        if (rc != 0 && rc != DSRT_ETRUNCATED) {
+            dsrt__fail_prefix(rc, "shards");
+            goto out;
+        }
+        if (total == UINT64_MAX || got != DSRT_MIN(total, (uint64_t)SCAN_WINDOW_REMOTE)) {
+            rc = dsrt__fail(DSRT_EREMOTE,
+                            "shards: %s: the server does not say the object's size (no "
+                            "Content-Range or Content-Length): it cannot be scanned",
+                            url);
+            goto out;
+        }
+        r.size = total;
+        r.told = 1;
+        r.win_len = got;
+    }
+    s->read = remote_read;
+    s->read_ctx = &r;
+    if ((rc = scan_walk(s, url, r.size)) != 0) goto out;
+    if (!r.told) {
+        /* No answer said the size (a server that ignores ranges and sends
+         * no length): a byte past the listed end means more than listed. */
+        uint8_t b;
+        size_t got;
+        uint64_t total;
+        rc = dsrt__http_fetch_range(http, url, r.size, 1, &b, &got, &total);
+        if (rc == 0 && got > 0) {
+            rc = dsrt__fail(DSRT_ECORRUPT,
+                            "shards: %s: larger than the %llu bytes its listing says: changed "
+                            "since it was listed, or a server that does not end its answer",
+                            url, (unsigned long long)r.size);
+            goto out;
+        }
+        if (rc != 0 && rc != DSRT_ETRUNCATED && rc != DSRT_EEMPTY) {
+            dsrt__fail_prefix(rc, "shards");
+            goto out;
+        }
+        dsrt__clear_error();
+    }
+    *size = r.size;
+    rc = 0;
+out:
+    free(r.win);
     return rc;
 }
 
@@ -881,9 +1002,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
     size_t dlen = selection ? (size_t)(last - path - 1) : n;
     snprintf(dir, sizeof dir, "%.*s", (int)dlen, path);
     int s3 = strncasecmp(path, "s3://", 5) == 0;
-    dsrt_remote_options ro = dsrt_reader_defaults().remote;
-    ro.depth = 1;
-    if ((rc = dsrt__http_create(&g->http, &ro)) != 0) return rc;
+    if ((rc = dsrt__http_create_opening(&g->http, g->o, 1)) != 0) return rc;
     ix->remote = 1;
     if (s3) {
         const char *bucket, *key;
@@ -939,8 +1058,12 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
     uint8_t *data = NULL;
     size_t len = 0;
     snprintf(url, sizeof url, "%s/" DSRT_SHARD_INDEX_NAME, dir);
-    if (!s3 || listed_size(&l, DSRT_SHARD_INDEX_NAME) != UINT64_MAX) {
-        rc = fetch(g, url, (size_t)16 << 30, &data, &len);
+    uint64_t index_listed = s3 ? listed_size(&l, DSRT_SHARD_INDEX_NAME) : UINT64_MAX;
+    if (!s3 || index_listed != UINT64_MAX) {
+        /* No larger than the listing says (an answer that never ends is not
+         * read into memory). */
+        size_t cap = (size_t)DSRT_MIN(index_listed, (uint64_t)16 << 30);
+        rc = fetch(g, url, cap ? cap : 1, &data, &len);
         if (rc == 0) rc = dsrt__shard_index_parse(data, len, url, &g->x, &ix->arena);
         free(data);
         if (rc == 0) {
@@ -1130,20 +1253,7 @@ static int gather_samples(gather *g, dsrt_index *ix, const dsrt_datastore_option
         g->from_index[k] = xi;
         if (xi >= 0) continue;
         if (g->http) {
-            /* Fetched whole once, and scanned in memory. */
-            uint8_t *data;
-            size_t len;
-            if ((rc = dsrt__http_fetch(g->http, p, NULL, (size_t)1 << 40, &data, &len)) != 0) {
-                dsrt__fail_prefix(rc, "shards");
-                goto out;
-            }
-            memory m = {data, len};
-            s.read = memory_read;
-            s.read_ctx = &m;
-            g->sizes[k] = len;
-            rc = scan_walk(&s, p, len);
-            free(data);
-            if (rc != 0) goto out;
+            if ((rc = scan_remote(&s, g->http, p, &g->sizes[k])) != 0) goto out;
         } else if ((rc = scan_shard(&s, p, g->sizes[k])) != 0) {
             goto out;
         }
@@ -1434,6 +1544,7 @@ static int build_index(gather *g, dsrt_index *ix, int32_t **labels, const char *
 int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o) {
     gather g;
     memset(&g, 0, sizeof g);
+    g.o = o;
     int32_t **labels = NULL;
     const char **names = NULL;
     size_t nnames = 0;

@@ -121,8 +121,9 @@ int dsrt__shards_partition(const dsrt_datastore *ds, size_t n, size_t i, uint32_
                            size_t *count);
 
 /* 1 when the s3:// prefix url holds a shard set (dsrt's index, or .tar
- * objects and no folder), 0 when not, or a negative code from the store. */
-int dsrt__s3_is_shardset(const char *url);
+ * objects and no folder), 0 when not, or a negative code from the store.
+ * o (may be NULL) gives the requests' options (dsrt__http_create_opening). */
+int dsrt__s3_is_shardset(const char *url, const dsrt_datastore_options *o);
 
 /* 1 when path names a shard set: a .tar file, a glob or brace list of them,
  * or a folder holding an index or tar files and no sub-folder. */

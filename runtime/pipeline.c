@@ -441,8 +441,17 @@ static int bad_known(const dsrt_pipeline *p, uint32_t pos) {
 }
 
 /* Marks pos bad; the first time, counts it and keeps it in the list with
- * its reason. msg is "PATH: what: reason" (see sample_msg). */
-static void bad_mark(dsrt_pipeline *p, uint32_t pos, int code, const char *msg) {
+ * its reason. raw is "PATH: what: reason" (see sample_msg); what is kept is
+ * redacted (a pre-signed URL's signature, a URL's password). */
+static void bad_mark(dsrt_pipeline *p, uint32_t pos, int code, const char *raw) {
+    const char *path = dsrt_datastore_path(p->ds, pos);
+    size_t pl = path ? strlen(path) : 0;
+    char msg[PIPE_MSG], reason[PIPE_MSG];
+    dsrt_text_redact(raw, msg, sizeof msg);
+    if (path && strncmp(raw, path, pl) == 0 && raw[pl] == ':' && raw[pl + 1] == ' ')
+        dsrt_text_redact(raw + pl + 2, reason, sizeof reason);
+    else
+        memcpy(reason, msg, sizeof reason);
     uint64_t bit = (uint64_t)1 << (pos % 64);
     uint64_t old = atomic_fetch_or_explicit(&p->bad[pos / 64], bit, memory_order_relaxed);
     pthread_mutex_lock(&p->bad_mu);
@@ -460,11 +469,6 @@ static void bad_mark(dsrt_pipeline *p, uint32_t pos, int code, const char *msg) 
     void *list = p->bad_list;
     if (dsrt__grow(&list, &p->cap_bad_list, p->nbad_list + 1, sizeof *p->bad_list) == 0) {
         p->bad_list = list;
-        const char *path = dsrt_datastore_path(p->ds, pos);
-        const char *reason = msg;
-        size_t pl = path ? strlen(path) : 0;
-        if (path && strncmp(msg, path, pl) == 0 && msg[pl] == ':' && msg[pl + 1] == ' ')
-            reason = msg + pl + 2;
         size_t rl = strlen(reason);
         char *text = NULL;
         if (p->bad_text.total + rl + 1 <= PIPE_BAD_TEXT_MAX)

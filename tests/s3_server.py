@@ -40,6 +40,8 @@ and then takes commands on standard input, one a line, answering "ok":
                   counting open connections afresh
     auth on|off   moto checks signatures (the default after set-up), or not
                   (moto answers unsigned requests with 500 while it checks)
+    put B K TEXT  stores TEXT as key K of bucket B straight into moto's backend
+                  (keys no client would send as they are: "a/../b")
 
 It exits when standard input closes, so a test that dies takes it along.
 
@@ -492,6 +494,9 @@ def main():
         if words[0] == "auth" and len(words) == 2:
             count = b"0" if words[1] == "on" else b"inf"
             requests.post(f"{setup}/moto-api/reset-auth", data=count).raise_for_status()
+            reply = "ok"
+        elif words[0] == "put" and len(words) == 4:
+            backend().put_object(words[1], words[2], words[3].encode())
             reply = "ok"
         elif words[0] in ("latency", "fail", "reset", "stall", "requests", "clear", "hold-after",
                           "expire-token"):

@@ -16,7 +16,15 @@
  * faults are counted, and waits are for files or processes, with deadlines orders of magnitude
  * above the work.
  *
- * Skips (77) only when the server's packages cannot be installed.
+ * What a store never answers but a network may comes from a hostile server
+ * of the standard library's (tests/hostile_server.py, python3 alone): an
+ * HTML page for a listing, a continuation token that comes back, a listing
+ * that never ends or never answers, a body that drips or never ends, a
+ * Range ignored, an error answer that echoes the request; and no
+ * credential may appear in any message, list or output.
+ *
+ * Skips (77) only when the server's packages cannot be installed (the
+ * hostile server's cases run whatever).
  */
 #include <dsrt.h>
 
@@ -375,10 +383,60 @@ static void test_signature_vector(void) {
     CHECK_OK(dsrt__s3_sign("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "us-east-1", "20130524",
                            "20130524T000000Z", canonical, sig));
     CHECK_STR_EQ(sig, "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
+}
 
-    char d[256];
-    dsrt__url_display("https://user:pw@host/a/b.jpg?X-Amz-Signature=abc", d, sizeof d);
-    CHECK_STR_EQ(d, "https://host/a/b.jpg?...");
+/* What may let someone in is masked wherever it appears in a text: a URL's
+ * user information, a pre-signed URL's signature, credential and token,
+ * request headers a server echoes, an XML element of an answer; the rest
+ * is left as it is, and masking twice changes nothing. */
+static void test_redact(void) {
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"https://user:pw@host/a/b.jpg?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAX%2F"
+         "20240101%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Date=20240101T000000Z&X-Amz-Signature="
+         "0123abcd&x-amz-security-token=FQoG%2Bz",
+         "https://***@host/a/"
+         "b.jpg?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***&X-Amz-Date="
+         "20240101T000000Z&X-Amz-Signature=***&x-amz-security-token=***"},
+        {"read: http://u@h:8080?sig=zz: failed", "read: http://***@h:8080?sig=***: failed"},
+        {"with x-amz-security-token: FQoG+ab/c=d; Host: h",
+         "with x-amz-security-token: ***; Host: h"},
+        {"Authorization: AWS4-HMAC-SHA256 Credential=AKIA/x, SignedHeaders=host, "
+         "Signature=ff\nnext",
+         "Authorization: ***\nnext"},
+        {"<Error><AWSAccessKeyId>AKIAX</AWSAccessKeyId></Error>",
+         "<Error><AWSAccessKeyId>***</AWSAccessKeyId></Error>"},
+        {"aws_secret_access_key = s3cr3t", "aws_secret_access_key = s3cr3t"}, /* not name=value */
+        {"aws_secret_access_key=s3cr3t", "aws_secret_access_key=***"},
+        /* Left alone. */
+        {"s3://bkt/data/dog/bad.jpg: decode: Not a JPEG file",
+         "s3://bkt/data/dog/bad.jpg: decode: Not a JPEG file"},
+        {"HTTP 403 SignatureDoesNotMatch: the signature; credentials from AWS_ACCESS_KEY_ID and "
+         "AWS_SECRET_ACCESS_KEY",
+         "HTTP 403 SignatureDoesNotMatch: the signature; credentials from AWS_ACCESS_KEY_ID and "
+         "AWS_SECRET_ACCESS_KEY"},
+        {"https://host/a@b.jpg?MySignature=1", "https://host/a@b.jpg?MySignature=1"},
+        {"", ""},
+    };
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        char out[512], again[512];
+        dsrt_text_redact(cases[k].in, out, sizeof out);
+        CHECK_STR_EQ(out, cases[k].out);
+        dsrt_text_redact(out, again, sizeof again);
+        CHECK_STR_EQ(again, out);
+    }
+    char small[8];
+    dsrt_text_redact("https://user:pw@host/", small, sizeof small);
+    CHECK_STR_EQ(small, "https:/");
+    /* Every message is made so. */
+    CHECK_EQ(
+        dsrt__fail(DSRT_EREMOTE, "open: %s: nope", "https://me:hunter2@h/x?X-Amz-Signature=ab"),
+        DSRT_EREMOTE);
+    CHECK_STR_EQ(dsrt_last_error(), "open: https://***@h/x?X-Amz-Signature=***: nope");
+    dsrt__fail_prefix(DSRT_EREMOTE, "manifest %s", "http://a:b@c/");
+    CHECK_STR_EQ(dsrt_last_error(),
+                 "manifest http://***@c/: open: https://***@h/x?X-Amz-Signature=***: nope");
 }
 
 /* Appends s to f as a JSON string. */
@@ -557,6 +615,12 @@ static void test_list_page(void) {
     CHECK_EQ(e.n, 1);
     CHECK_STR_EQ(e.got[0], "a+b %.jpg");
     CHECK_EQ(token.len, 0);
+    /* A size of more digits than a 64-bit number holds is read on 19. */
+    static const char huge[] = "<ListBucketResult><Contents><Key>k</Key><Size>"
+                               "12345678901234567890123</Size></Contents></ListBucketResult>";
+    memset(&e, 0, sizeof e);
+    CHECK_OK(dsrt__s3_list_page(huge, strlen(huge), &scratch, &token, page_entry, &e));
+    CHECK(e.n == 1 && e.size[0] == 1234567890123456789ull);
     static const char broken[] = "<ListBucketResult><IsTruncated>true</IsTruncated>"
                                  "</ListBucketResult>";
     CHECK_EQ(dsrt__s3_list_page(broken, strlen(broken), &scratch, &token, page_entry, &e),
@@ -1165,6 +1229,520 @@ static char *slurp(const char *path) {
     return dsrt__read_whole_file(path, 1 << 24, &d, &n) == 0 ? (char *)d : NULL;
 }
 
+// ----------------------------------------------------------------------------
+// A hostile server: what a store never answers but a network may
+// (tests/hostile_server.py, the standard library's HTTP server)
+
+static struct {
+    pid_t pid;
+    FILE *in, *out;
+    int port;
+    char base[64];       /* http://127.0.0.1:PORT */
+    char root[PATH_MAX]; /* the folder its bucket "files" serves */
+} hs;
+
+/* Credentials the hostile server is sent (it checks none): no message may
+ * repeat them. */
+#define HS_KEY    "AKIAHOSTILETEST00001"
+#define HS_SECRET "hostile-secret-0123456789abcdef"
+#define HS_TOKEN  "FwoGZXIvYXdzEHostileSessionToken0123456789+abc/def=="
+
+static const char *hostile(const char *cmd) {
+    static char reply[256];
+    fprintf(hs.in, "%s\n", cmd);
+    fflush(hs.in);
+    if (!fgets(reply, sizeof reply, hs.out)) snprintf(reply, sizeof reply, "(no answer)");
+    reply[strcspn(reply, "\n")] = '\0';
+    return reply;
+}
+
+static unsigned long long hostile_count(const char *what) {
+    const char *r = hostile("count");
+    const char *p = strstr(r, what);
+    return p ? strtoull(p + strlen(what) + 1, NULL, 10) : 0;
+}
+
+static int hostile_start(void) {
+    const char *src = getenv("DSRT_SOURCE_DIR");
+    char script[PATH_MAX];
+    snprintf(script, sizeof script, "%s/tests/hostile_server.py", src ? src : ".");
+    snprintf(hs.root, sizeof hs.root, "%s/hostile", root);
+    REQUIRE(timg_mkdirs(hs.root) == 0);
+    int to[2], from[2];
+    if (pipe(to) != 0 || pipe(from) != 0) return -1;
+    hs.pid = fork();
+    if (hs.pid == 0) {
+        dup2(to[0], 0);
+        dup2(from[1], 1);
+        close(to[1]);
+        close(from[0]);
+        execlp("python3", "python3", script, "--root", hs.root, (char *)NULL);
+        _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    hs.in = fdopen(to[1], "w");
+    hs.out = fdopen(from[0], "r");
+    char line[256];
+    if (!fgets(line, sizeof line, hs.out) || sscanf(line, "{\"port\": %d}", &hs.port) != 1) {
+        fprintf(stderr, "the hostile test server did not start\n");
+        return -1;
+    }
+    snprintf(hs.base, sizeof hs.base, "http://127.0.0.1:%d", hs.port);
+    return 0;
+}
+
+static void hostile_stop(void) {
+    if (hs.pid > 0) {
+        fclose(hs.in);
+        fclose(hs.out);
+        kill(hs.pid, SIGKILL);
+        waitpid(hs.pid, NULL, 0);
+        hs.pid = 0;
+    }
+}
+
+/* s3:// goes to the hostile server, path-style, signed with keys and a
+ * session token it does not check. */
+static void env_hostile(void) {
+    setenv("AWS_ACCESS_KEY_ID", HS_KEY, 1);
+    setenv("AWS_SECRET_ACCESS_KEY", HS_SECRET, 1);
+    setenv("AWS_SESSION_TOKEN", HS_TOKEN, 1);
+    setenv("AWS_REGION", "us-east-1", 1);
+    setenv("AWS_ENDPOINT_URL", hs.base, 1);
+    unsetenv("AWS_ENDPOINT_URL_S3");
+    unsetenv("AWS_PROFILE");
+    unsetenv("AWS_NO_SIGN_REQUEST");
+    unsetenv("DSRT_S3_ADDRESSING");
+    setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1);
+    setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
+}
+
+/* No credential of the hostile tests may be in a text. */
+static void check_no_hostile_secret(const char *text, const char *where) {
+    static const char *const secrets[] = {HS_KEY,          HS_SECRET,        HS_TOKEN,
+                                          "hunter2pw",     "presignsig0",    "AKIAPRESIGNED",
+                                          "presigntoken0", "portalsecret123"};
+    for (size_t k = 0; text && k < DSRT_ARRAY_SIZE(secrets); k++)
+        if (strstr(text, secrets[k])) {
+            fprintf(stderr, "%s: a credential (%s) appears in:\n%s\n", where, secrets[k], text);
+            test_failures++;
+        }
+}
+
+static double seconds_since(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* An answer that is not a listing (a captive portal's page) is an error
+ * naming the place, the endpoint and what came back, for the prefix's
+ * listing and for a class folder's alike: never an empty listing. */
+static void test_listing_not_xml(void) {
+    env_hostile();
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://html/x", NULL), DSRT_EREMOTE);
+    const char *m = dsrt_last_error();
+    CHECK_CONTAINS(m, "s3://html/x");
+    CHECK_CONTAINS(m, hs.base);
+    CHECK_CONTAINS(m, "not a ListObjectsV2 listing");
+    CHECK_CONTAINS(m, "<title>Wi-Fi sign-in</title>");
+    check_no_hostile_secret(m, "listing an HTML page");
+    /* The prefix lists well; class b's listing is the portal's page. */
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://mixed/x", NULL), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "prefix \"x/b/\"");
+    CHECK_CONTAINS(dsrt_last_error(), "Wi-Fi sign-in");
+    /* Well-formed pages: S3's namespace or none, a declaration, a comment. */
+    static const char *const good[] = {
+        "<ListBucketResult/>",
+        "\xEF\xBB\xBF<?xml version=\"1.0\"?>\n<!-- hi -->\n<ListBucketResult "
+        "xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><IsTruncated>false</IsTruncated>"
+        "</ListBucketResult>\n",
+    };
+    static const char *const bad[] = {
+        "",
+        "<html><body>ListBucketResult</body></html>",
+        "<ListBucketResult xmlns=\"urn:other\"></ListBucketResult>",
+        "<ListBucketResult><Contents><Key>a</Key></Contents>", /* cut short */
+        "<ListBucketResultX></ListBucketResultX>",
+        "<ListAllMyBucketsResult></ListAllMyBucketsResult>",
+    };
+    dsrt_strbuf scratch = {0}, token = {0};
+    page_entries e = {0};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(good); k++)
+        CHECK_OK(dsrt__s3_list_page(good[k], strlen(good[k]), &scratch, &token, page_entry, &e));
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bad); k++)
+        CHECK_EQ(dsrt__s3_list_page(bad[k], strlen(bad[k]), &scratch, &token, page_entry, &e),
+                 DSRT_EREMOTE);
+    CHECK_EQ(e.n, 0);
+    free(scratch.s);
+    free(token.s);
+}
+
+/* A store that answers a continuation token it gave before: an error
+ * naming the place after a few pages, for the folder's listing and for the
+ * listing a shard set's glob is matched against. */
+static void test_listing_token_loop(void) {
+    env_hostile();
+    dsrt_datastore *ds = NULL;
+    static const char *const urls[] = {"s3://loop/x", "s3://loop/x/*.tar"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(urls); k++) {
+        hostile("clear");
+        CHECK_EQ(dsrt_datastore_open(&ds, urls[k], NULL), DSRT_EREMOTE);
+        CHECK_CONTAINS(dsrt_last_error(), "continuation token it had given before");
+        CHECK_CONTAINS(dsrt_last_error(), "s3://loop/x");
+        CHECK_LE(hostile_count("requests"), 10);
+    }
+}
+
+/* A listing that never ends (a new token each page) stops with -EINTR when
+ * the program's interrupted callback says so: here a SIGINT handler's
+ * flag, the signal raised while the listing runs. */
+static volatile sig_atomic_t got_sigint;
+static int interrupt_calls;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    got_sigint = 1;
+}
+
+static int sigint_pending(void *ctx) {
+    (void)ctx;
+    if (++interrupt_calls == 20) raise(SIGINT);
+    return got_sigint;
+}
+
+static void test_listing_interrupted(void) {
+    env_hostile();
+    struct sigaction sa = {.sa_handler = on_sigint}, old;
+    sigemptyset(&sa.sa_mask);
+    REQUIRE(sigaction(SIGINT, &sa, &old) == 0);
+    got_sigint = 0;
+    interrupt_calls = 0;
+    hostile("clear");
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    o.interrupted = sigint_pending;
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://walk/x", &o), -EINTR);
+    CHECK_CONTAINS(dsrt_last_error(), "interrupted");
+    CHECK_CONTAINS(dsrt_last_error(), "s3://walk/x");
+    CHECK_EQ(interrupt_calls, 20);
+    CHECK_LE(hostile_count("requests"), 40);
+    sigaction(SIGINT, &old, NULL);
+}
+
+/* The datastore's remote options reach the listing: a stalled listing ends
+ * at the request timeout and the retry deadline asked (not 30 s and 60 s),
+ * in the library and from dsbench's and dstrain's options. */
+static void test_listing_options(void) {
+    env_hostile();
+    dsrt_datastore_options o = dsrt_datastore_defaults();
+    o.remote.timeout_s = 0.5;
+    o.remote.retry_deadline_s = 0.5;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://stall/x", &o), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "retry deadline 0.5 s");
+    CHECK_CONTAINS(dsrt_last_error(), "s3://stall/");
+    CHECK_LT(seconds_since(&t0), 20);
+    o.remote.timeout_s = -1;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://stall/x", &o), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "remote.timeout_s");
+
+    const char *bin = getenv("DSRT_BIN_DIR");
+    if (!bin) return;
+    char out[PATH_MAX];
+    snprintf(out, sizeof out, "%s/stall.out", root);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_NE(sh("'%s/tools/dsbench' s3://stall/x --pipeline 32 --retry-deadline 0.5 "
+                "--request-timeout 0.5 > '%s' 2>&1",
+                bin, out),
+             0);
+    char *text = slurp(out);
+    CHECK_CONTAINS(text, "retry deadline 0.5 s");
+    free(text);
+    CHECK_NE(sh("'%s/tools/dstrain' train --data s3://stall/x --net cifar --epochs 1 "
+                "--retry-deadline 0.5 --request-timeout 0.5 > '%s' 2>&1",
+                bin, out),
+             0);
+    text = slurp(out);
+    CHECK_CONTAINS(text, "retry deadline 0.5 s");
+    free(text);
+    CHECK_LT(seconds_since(&t0), 40);
+}
+
+/* A server that sends a byte every half second passes curl's low-speed
+ * check for ever: the whole request has a deadline (the request timeout),
+ * and the read fails at the retry deadline, well before the 500 s the
+ * answer would take. */
+static void test_dripping_server(void) {
+    env_hostile();
+    dsrt_reader_options ro = dsrt_reader_defaults();
+    ro.remote.timeout_s = 1;
+    ro.remote.retry_deadline_s = 0.1;
+    dsrt_reader *r;
+    REQUIRE(dsrt_reader_create(&r, &ro) == 0);
+    static uint8_t buf[4096];
+    char url[128];
+    snprintf(url, sizeof url, "%s/drip/x.jpg", hs.base);
+    const char *urls[] = {"s3://drip/x.jpg", url};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(urls); k++) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        CHECK_OK(dsrt_reader_submit(r, urls[k], buf, sizeof buf, 1));
+        dsrt_read_result res;
+        CHECK_EQ(dsrt_reader_collect(r, &res, 1), 1);
+        CHECK_EQ(res.status, DSRT_EREMOTE);
+        CHECK_CONTAINS(dsrt_last_error(), "did not answer");
+        CHECK_CONTAINS(dsrt_last_error(), "imeout"); /* curl's "Timeout was reached" */
+        CHECK_LT(seconds_since(&t0), 30);
+    }
+    dsrt_reader_destroy(r);
+}
+
+/* A server that ignores the Range and never ends its answer: a ranged GET
+ * takes its range and stops (it read on to the request's deadline, and
+ * failed, however little it asked). */
+static void test_range_ignored(void) {
+    env_hostile();
+    hostile("clear");
+    dsrt_reader_options ro = dsrt_reader_defaults();
+    ro.remote.timeout_s = 2;
+    ro.remote.retry_deadline_s = 0.1;
+    dsrt_reader *r;
+    REQUIRE(dsrt_reader_create(&r, &ro) == 0);
+    uint8_t buf[100];
+    memset(buf, 0xff, sizeof buf);
+    CHECK_OK(dsrt_reader_submit_range(r, "s3://endless/set/shard-000000.tar", 1000, sizeof buf, buf,
+                                      sizeof buf, 1));
+    dsrt_read_result res;
+    CHECK_EQ(dsrt_reader_collect(r, &res, 1), 1);
+    CHECK_EQ(res.status, 0);
+    CHECK_EQ(res.size, sizeof buf);
+    CHECK(buf[0] == 0 && buf[sizeof buf - 1] == 0);
+    CHECK_LT(hostile_count("sent"), 64ull << 20);
+    dsrt_reader_destroy(r);
+}
+
+/* Credentials never reach a message: a store's error answer that echoes
+ * the request (its headers, the session token), an endpoint with a
+ * password in the configuration, a URL with one. */
+static void test_redacted_answers(void) {
+    env_hostile();
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://echo/x", NULL), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "access denied");
+    CHECK_CONTAINS(dsrt_last_error(), "AccessDenied");
+    check_no_hostile_secret(dsrt_last_error(), "an answer that echoes the request");
+    char ep[256];
+    static const char *const eps[] = {"http://user:hunter2pw@127.0.0.1:1",
+                                      "ftp://user:hunter2pw@127.0.0.1:1/"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(eps); k++) {
+        snprintf(ep, sizeof ep, "%s", eps[k]);
+        setenv("AWS_ENDPOINT_URL", ep, 1);
+        CHECK_EQ(dsrt_datastore_open(&ds, "s3://echo/x", NULL), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), "AWS_ENDPOINT_URL");
+        check_no_hostile_secret(dsrt_last_error(), "a configuration error");
+    }
+    env_hostile();
+    char url[256];
+    snprintf(url, sizeof url,
+             "http://me:hunter2pw@127.0.0.1:%d/files/nosuch.csv?X-Amz-Signature="
+             "presignsig0",
+             hs.port);
+    CHECK_EQ(dsrt_datastore_open(&ds, url, NULL), -ENOENT);
+    CHECK_CONTAINS(dsrt_last_error(), "nosuch.csv");
+    check_no_hostile_secret(dsrt_last_error(), "a manifest URL");
+}
+
+/* A 404 NoSuchBucket from a plain http:// URL names that server, not
+ * "https://?"; from an s3:// URL, the endpoint it went to. */
+static void test_no_bucket_scheme(void) {
+    env_hostile();
+    char url[128];
+    snprintf(url, sizeof url, "%s/nobucket/m.csv", hs.base);
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, url, NULL), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "does not exist at http://127.0.0.1:");
+    CHECK(!strstr(dsrt_last_error(), "https://?"));
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://nobucket/m.csv", NULL), DSRT_EREMOTE);
+    CHECK_CONTAINS(dsrt_last_error(), "does not exist at http://127.0.0.1:");
+    CHECK_CONTAINS(dsrt_last_error(), "AWS_ENDPOINT_URL");
+}
+
+/* A shard that the listing says is 10240 bytes, whose GET never ends: an
+ * error naming it, after a few window's worth of bytes (it used to be read
+ * whole into memory, up to 1 TiB). A shard set at an https:// URL without
+ * an index (no listing: the size from the first answer) scans as the local
+ * one does. */
+static void test_endless_shard(void) {
+    env_hostile();
+    hostile("clear");
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://endless/set", NULL), DSRT_ECORRUPT);
+    CHECK_CONTAINS(dsrt_last_error(), "s3://endless/set/shard-000000.tar");
+    CHECK_CONTAINS(dsrt_last_error(), "larger than the 10240 bytes its listing says");
+    CHECK_LT(hostile_count("sent"), 64ull << 20);
+
+    char cmd[3 * PATH_MAX], url[PATH_MAX];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/scan'", scan, hs.root);
+    REQUIRE(system(cmd) == 0);
+    dsrt_datastore *la = open_ok(scan, NULL);
+    size_t n = la ? dsrt_datastore_shard_count(la) : 0;
+    snprintf(url, sizeof url, "%s/files/scan/shard-{000000..%06zu}.tar", hs.base, n - 1);
+    dsrt_datastore *hsd = n ? open_ok(url, NULL) : NULL;
+    if (la && hsd) {
+        char rootu[PATH_MAX];
+        snprintf(rootu, sizeof rootu, "%s/files/scan", hs.base);
+        check_same_index(la, scan, hsd, rootu, "shards at an http:// URL, scanned");
+    }
+    dsrt_datastore_close(la);
+    dsrt_datastore_close(hsd);
+}
+
+/* A shard set's index whose answer never ends is read no further than the
+ * listing says it is (it was read into memory up to 16 GiB): an error naming
+ * it. A range past the end of a plain http:// object is a truncation (a bad
+ * sample, as for s3://), not a failure of the store that stops a run. */
+static void test_index_and_range_limits(void) {
+    env_hostile();
+    hostile("clear");
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://endlessindex/set", NULL), DSRT_ETOOBIG);
+    CHECK_CONTAINS(dsrt_last_error(), "s3://endlessindex/set/dsrt-shards.index");
+    CHECK_LT(hostile_count("sent"), 64ull << 20);
+
+    char p[PATH_MAX + 32], url[128];
+    snprintf(p, sizeof p, "%s/ten.bin", hs.root);
+    REQUIRE(timg_write_file(p, "0123456789", 10) == 0);
+    snprintf(url, sizeof url, "%s/files/ten.bin", hs.base);
+    dsrt_reader *r;
+    REQUIRE(dsrt_reader_create(&r, NULL) == 0);
+    uint8_t buf[16];
+    CHECK_OK(dsrt_reader_submit_range(r, url, 20, 4, buf, sizeof buf, 1));
+    dsrt_read_result res;
+    CHECK_EQ(dsrt_reader_collect(r, &res, 1), 1);
+    CHECK_EQ(res.status, DSRT_ETRUNCATED);
+    CHECK_CONTAINS(dsrt_last_error(), "past the object's end");
+    dsrt_reader_destroy(r);
+}
+
+/* URLs with credentials in them (a pre-signed URL's query, a password) in a
+ * manifest at such a URL: the pipeline's bad samples, dsbench's list, JSON
+ * and stderr, and dstrain's, show them masked. */
+static void test_redacted_paths(void) {
+    env_hostile();
+    char dir[PATH_MAX], p[PATH_MAX + 64], secret_q[512];
+    snprintf(secret_q, sizeof secret_q,
+             "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAPRESIGNED%%2F20240101%%2Fus-"
+             "east-1%%2Fs3%%2Faws4_request&X-Amz-Security-Token=presigntoken0&X-Amz-Signature="
+             "presignsig0");
+    for (int c = 0; c < 2; c++) {
+        snprintf(dir, sizeof dir, "%s/img/c%d", hs.root, c);
+        REQUIRE(timg_mkdirs(dir) == 0);
+        for (int i = 0; i < 4; i++) {
+            size_t len;
+            uint8_t *j = timg_make_jpeg(TIMG_JPEG_420, 40, 40, 500 + (uint32_t)(c * 4 + i), &len);
+            REQUIRE(j);
+            snprintf(p, sizeof p, "%s/%d.jpg", dir, i);
+            REQUIRE(timg_write_file(p, j, len) == 0);
+            free(j);
+        }
+    }
+    snprintf(p, sizeof p, "%s/img/bad.jpg", hs.root);
+    REQUIRE(timg_write_file(p, "not an image", 12) == 0);
+    snprintf(p, sizeof p, "%s/img/m.csv", hs.root);
+    FILE *f = fopen(p, "w");
+    REQUIRE(f);
+    for (int c = 0; c < 2; c++)
+        for (int i = 0; i < 4; i++)
+            fprintf(f, "http://me:hunter2pw@127.0.0.1:%d/files/img/c%d/%d.jpg?%s,c%d\n", hs.port, c,
+                    i, secret_q, c);
+    fprintf(f, "http://me:hunter2pw@127.0.0.1:%d/files/img/bad.jpg?%s,c0\n", hs.port, secret_q);
+    fprintf(f, "http://me:hunter2pw@127.0.0.1:%d/files/img/missing.jpg?%s,c1\n", hs.port, secret_q);
+    fclose(f);
+    char murl[1024];
+    snprintf(murl, sizeof murl, "http://me:hunter2pw@127.0.0.1:%d/files/img/m.csv?%s", hs.port,
+             secret_q);
+
+    /* The pipeline's messages. */
+    dsrt_datastore *ds = open_ok(murl, NULL);
+    if (ds) {
+        run_out r = run(ds, NULL, 1);
+        CHECK_EQ(r.rc, 0);
+        CHECK_EQ(r.bad, 2);
+        for (unsigned i = 0; i < r.st.bad_message_count; i++) {
+            check_no_hostile_secret(r.bad_msgs[i], "a bad sample's message");
+            CHECK_CONTAINS(r.bad_msgs[i], "X-Amz-Signature=***");
+        }
+        check_no_hostile_secret(r.msg, "the pipeline's message");
+    }
+    dsrt_datastore_close(ds);
+
+    const char *bin = getenv("DSRT_BIN_DIR");
+    if (!bin) return;
+    char out[PATH_MAX], list[PATH_MAX];
+    snprintf(out, sizeof out, "%s/redact.out", root);
+    snprintf(list, sizeof list, "%s/redact.bad", root);
+    /* dsbench: the JSON summary (data, bad_files), the list, stderr. */
+    for (int json = 0; json < 2; json++) {
+        CHECK_EQ(sh("'%s/tools/dsbench' '%s' --pipeline 32 --epochs 1 --batch 4 --bad-list '%s' "
+                    "%s > '%s' 2>&1",
+                    bin, murl, list, json ? "--json" : "", out),
+                 0);
+        char *o = slurp(out), *l = slurp(list);
+        CHECK_CONTAINS(o, json ? "\"bad_files\"" : "bad file");
+        CHECK_CONTAINS(l, "missing.jpg");
+        check_no_hostile_secret(o, "dsbench's output");
+        check_no_hostile_secret(l, "dsbench's --bad-list");
+        free(o);
+        free(l);
+    }
+    /* dstrain: the same, training on it. */
+    CHECK_EQ(sh("'%s/tools/dstrain' train --data '%s' --net cifar --epochs 1 --batch 4 "
+                "--threads 1 --workers 1 --bad-list '%s' --json > '%s' 2>&1",
+                bin, murl, list, out),
+             0);
+    char *o = slurp(out), *l = slurp(list);
+    CHECK_CONTAINS(o, "bad_files");
+    CHECK_CONTAINS(l, "missing.jpg");
+    check_no_hostile_secret(o, "dstrain's output");
+    check_no_hostile_secret(l, "dstrain's --bad-list");
+    free(o);
+    free(l);
+}
+
+/* A key with "../" in it is fetched as signed: curl would remove the dot
+ * segments and ask for another key, or another bucket's. */
+static void test_dot_segments(void) {
+    env_default(0);
+    CHECK_STR_EQ(server("put bkt dots/a/../b.bin inside"), "ok");
+    CHECK_STR_EQ(server("put bkt dots/b.bin outside"), "ok");
+    CHECK_STR_EQ(server("put bkt ../pub/clean/c0/0.jpg not-pub"), "ok");
+    dsrt_reader *r;
+    REQUIRE(dsrt_reader_create(&r, NULL) == 0);
+    static const char *const urls[] = {"s3://bkt/dots/a/../b.bin", "s3://bkt/../pub/clean/c0/0.jpg",
+                                       "s3://bkt/dots/./b.bin"};
+    static const char *const want[] = {"inside", "not-pub", NULL};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(urls); k++) {
+        uint8_t buf[4096];
+        CHECK_OK(dsrt_reader_submit(r, urls[k], buf, sizeof buf - 1, k));
+        dsrt_read_result res;
+        CHECK_EQ(dsrt_reader_collect(r, &res, 1), 1);
+        if (want[k]) {
+            CHECK_EQ(res.status, 0);
+            if (res.status != 0) fprintf(stderr, "  %s: %s\n", urls[k], dsrt_last_error());
+            buf[res.status == 0 ? res.size : 0] = '\0';
+            CHECK_STR_EQ((const char *)buf, want[k]);
+        } else {
+            CHECK_EQ(res.status, -ENOENT); /* no key "dots/./b.bin" */
+        }
+    }
+    dsrt_reader_destroy(r);
+}
+
 static void test_dsbench(void) {
     const char *bin = getenv("DSRT_BIN_DIR");
     if (!bin) return;
@@ -1330,9 +1908,27 @@ int main(void) {
     fclose(f);
 
     RUN(test_signature_vector);
+    RUN(test_redact);
     RUN(test_list_page);
     int rc = server_start();
     RUN(test_canonical_request); /* with botocore when the server's python is there */
+    /* The hostile server needs python3 alone. */
+    if (hostile_start() == 0) {
+        RUN(test_listing_not_xml);
+        RUN(test_listing_token_loop);
+        RUN(test_listing_interrupted);
+        RUN(test_listing_options);
+        RUN(test_dripping_server);
+        RUN(test_range_ignored);
+        RUN(test_redacted_answers);
+        RUN(test_no_bucket_scheme);
+        RUN(test_endless_shard);
+        RUN(test_index_and_range_limits);
+        RUN(test_redacted_paths);
+    } else {
+        test_failures++;
+    }
+    hostile_stop();
     if (rc != 0) {
         server_kill();
         return rc == TEST_SKIP && test_failures == 0 ? TEST_SKIP : 1;
@@ -1342,6 +1938,7 @@ int main(void) {
     RUN(test_manifests);
     RUN(test_manifest_at_url);
     RUN(test_ranges);
+    RUN(test_dot_segments);
     RUN(test_shards);
     RUN(test_credentials);
     RUN(test_token_expired);

@@ -937,11 +937,11 @@ static void test_source_names(void) {
     uint8_t buf[3073 * 2] = {0, 0, 8, 3};
     write_file(bin, buf, sizeof buf);
     dsrt_source kind = DSRT_SOURCE_AUTO;
-    CHECK_OK(dsrt__detect_source(bin, &kind));
+    CHECK_OK(dsrt__detect_source(bin, NULL, &kind));
     CHECK_EQ(kind, DSRT_SOURCE_IDX);
     buf[2] = 9;
     write_file(bin, buf, sizeof buf);
-    CHECK_OK(dsrt__detect_source(bin, &kind));
+    CHECK_OK(dsrt__detect_source(bin, NULL, &kind));
     CHECK_EQ(kind, DSRT_SOURCE_CIFAR10);
 }
 

@@ -182,6 +182,7 @@ typedef enum { PIPE_227 = 0, PIPE_32, PIPE_NONE } pipe_kind;
 
 typedef struct {
     const char *data;
+    char shown[4096]; /* data as messages show it (credentials masked) */
     int index, json;
     /* pipeline mode */
     pipe_kind kind;
@@ -327,7 +328,7 @@ static int run_index(const options *o) {
                    dsrt_datastore_shuffle_buffer(ds));
         printf("}\n");
     } else {
-        printf("%s: %zu images in %zu classes (%s source), indexed in %.3f s\n", o->data, n, nc,
+        printf("%s: %zu images in %zu classes (%s source), indexed in %.3f s\n", o->shown, n, nc,
                dsrt_source_name(dsrt_datastore_source(ds)), scan_s);
         if (dsrt_datastore_shard_count(ds))
             printf("%zu shards, read in the %s order (shuffle buffer %zu)\n",
@@ -424,7 +425,7 @@ static int run_convert(options *o) {
     if (stat(o->data, &st) == 0)
         folder = S_ISDIR(st.st_mode);
     else if (!is_url(o->data) && !strpbrk(o->data, "*?[{"))
-        tool_die("convert: %s: %s", o->data, strerror(errno));
+        tool_die("convert: %s: %s", o->shown, strerror(errno));
     int both = o->split_both && folder && (!o->shard_bytes || has_splits(o));
     if (!both) {
         convert_one(o, o->ds.split, o->out);
@@ -744,7 +745,7 @@ static double per_thread(const run_result *r) {
 static void json_summary(const options *o, const context *cx, const run_result *r, size_t images) {
     const dsrt_pipeline_statistics *s = &r->st;
     printf("{\"data\":");
-    tool_json_string(stdout, o->data);
+    tool_json_string(stdout, o->shown);
     printf(",\"pipeline\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\",\"channels\":%d,"
            "\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
            "\"pinned_threads\":%u,\"io\":\"%s\",\"io_fallback\":",
@@ -882,11 +883,11 @@ static int run_pipeline(options *o) {
         const dsrt_pipeline_statistics *s = &r->st;
         if (!o->sweep || i == 0) {
             if (o->sweep)
-                printf("%s: %zu images\n", o->data, images);
+                printf("%s: %zu images\n", o->shown, images);
             else
                 printf("%s: %zu images, pipeline %s (%s %s, %d channel%s), batch %zu, %u thread%s "
                        "on CPUs %s (%u pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
-                       o->data, images, kind_names[o->kind], o->nhwc ? "uint8" : "float32",
+                       o->shown, images, kind_names[o->kind], o->nhwc ? "uint8" : "float32",
                        o->nhwc ? "NHWC" : "NCHW", o->channels, o->channels == 1 ? "" : "s",
                        o->po.batch, r->threads, r->threads == 1 ? "" : "s", r->cpus,
                        s->pinned_threads, io_name(s), r->io_fallback[0] ? " (" : "", r->io_fallback,
@@ -1149,15 +1150,19 @@ int main(int argc, char **argv) {
             tool_die_usage("unexpected argument '%s'", a);
         }
     }
+    /* The store's requests while opening take the same deadline and timeout. */
+    o.ds.remote = o.po.reader.remote;
     if (convert) {
         if (n_pos != 2) tool_die_usage("convert needs SRC and OUT");
         if (o.shard_samples && !o.shard_bytes) tool_die_usage("--shard-samples needs --shards");
         o.data = positional[0];
+        dsrt_text_redact(o.data, o.shown, sizeof o.shown);
         o.out = positional[1];
         return run_convert(&o);
     }
     if (n_pos != 1) tool_die_usage("no data given");
     o.data = positional[0];
+    dsrt_text_redact(o.data, o.shown, sizeof o.shown);
     if (o.index) {
         if (o.pipeline_given) tool_die_usage("--index scans only: pipeline options do not apply");
         return run_index(&o);

@@ -682,12 +682,14 @@ static int is_model_file(const char *path) {
     return n == 8 && !memcmp(magic, "DSRTMODL", 8);
 }
 
-/* How data is opened besides its path: --drop-empty-classes, and for shard
- * sets --order and --shuffle-buffer. */
+/* How data is opened besides its path: --drop-empty-classes, for shard
+ * sets --order and --shuffle-buffer, and in a store --retry-deadline and
+ * --request-timeout. */
 typedef struct {
     int drop_empty;
     const char *order;
     int shuffle_buffer;
+    const remote_opts *remote; /* for the requests that list or fetch the data's index */
 } data_args;
 
 /* Opens labelled data: prints the scan's warnings (broken or looping links,
@@ -708,13 +710,16 @@ static int open_data(const char *cmd, const char *what, const char *path, const 
         o.shard_order = (dsrt_shard_order)k;
     }
     if (a->shuffle_buffer) o.shuffle_buffer = (size_t)a->shuffle_buffer;
+    if (a->remote) remote_set(&o.remote, a->remote);
     if (dsrt_datastore_open(ds, path, &o) != 0) {
         fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
         return -1;
     }
+    char shown[4096];
+    tool_shown(path, shown, sizeof shown);
     size_t nw = dsrt_datastore_warning_count(*ds), nc = dsrt_datastore_num_classes(*ds);
     if (nw) {
-        fprintf(stderr, "%s %s: %s %s: %zu warning%s while indexing:\n", prog, cmd, what, path, nw,
+        fprintf(stderr, "%s %s: %s %s: %zu warning%s while indexing:\n", prog, cmd, what, shown, nw,
                 nw == 1 ? "" : "s");
         const char *w = dsrt_datastore_warnings(*ds);
         while (*w) {
@@ -737,7 +742,7 @@ static int open_data(const char *cmd, const char *what, const char *path, const 
     for (size_t c = 0; c < nc; c++) {
         if (counts[c]) continue;
         if (empty++ == 0)
-            fprintf(stderr, "%s %s: %s %s: classes without images:", prog, cmd, what, path);
+            fprintf(stderr, "%s %s: %s %s: classes without images:", prog, cmd, what, shown);
         fputc(' ', stderr);
         tool_text_field(stderr, dsrt_datastore_class_name(*ds, c));
     }
@@ -1591,7 +1596,7 @@ static int train_transfer_net(train_job *j) {
  * Returns 0, or the exit status after a message. */
 static int train_open_data_and_net(train_job *j) {
     const char *cmd = "train";
-    data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer};
+    data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer, &tr.remote};
     if (open_data(cmd, "--data", tr.data, &da, &j->train) ||
         (tr.val && open_data(cmd, "--val", tr.val, &da, &j->val)))
         return 2;
@@ -1659,7 +1664,9 @@ static int train_open_data_and_net(train_job *j) {
     }
     if (!j->net && !j->desc && !strncmp(dsrt_last_error(), "class names:", 12)) {
         /* The names come from the data's class folders. */
-        fprintf(stderr, "%s train: --data %s: %s\n", prog, tr.data, dsrt_last_error());
+        char shown[4096];
+        fprintf(stderr, "%s train: --data %s: %s\n", prog, tool_shown(tr.data, shown, sizeof shown),
+                dsrt_last_error());
         return 2;
     }
     if (!j->net) {
@@ -1688,7 +1695,9 @@ static int train_setup_ui(train_job *j) {
     ui->json = tr.json;
     ui->table = !tr.json && !tr.quiet;
     ui->progress = !tr.json && !tr.no_progress && isatty(STDERR_FILENO);
-    snprintf(j->title, sizeof j->title, "%s on %s", tr.transfer ? "transfer" : j->netname, tr.data);
+    char shown[4096];
+    snprintf(j->title, sizeof j->title, "%s on %s", tr.transfer ? "transfer" : j->netname,
+             tool_shown(tr.data, shown, sizeof shown));
     ui->title = j->title;
     j->o.callback = train_event;
     j->o.callback_ctx = ui;
@@ -2046,7 +2055,7 @@ static int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "%s eval: --model: %s\n", prog, dsrt_last_error());
         goto out;
     }
-    data_args da = {ev.drop_empty_classes, ev.order, 0};
+    data_args da = {ev.drop_empty_classes, ev.order, 0, &ev.remote};
     if (open_data("eval", "--data", ev.data, &da, &ds)) goto out;
     dsrt_eval_options eo = dsrt_eval_defaults();
     eo.batch = ev.batch;
@@ -2062,12 +2071,13 @@ static int cmd_eval(int argc, char **argv) {
     }
     for (uint64_t i = 0; i < r.bad_samples; i++) tool_bad_add(&bad, &r.bad[i]);
     int C = r.classes;
-    char name[256];
+    char name[256], shown[4096];
+    tool_shown(ev.data, shown, sizeof shown);
     if (ev.json) {
         printf("{\"model\": ");
         tool_json_string(stdout, ev.model);
         printf(", \"data\": ");
-        tool_json_string(stdout, ev.data);
+        tool_json_string(stdout, shown);
         char b1[32], b2[32];
         printf(", \"images\": %llu, \"correct\": %llu, \"accuracy\": %s, \"loss\": %s, "
                "\"seconds\": %.3f, \"images_per_s\": %.1f, \"classes\": [",
@@ -2100,8 +2110,8 @@ static int cmd_eval(int argc, char **argv) {
         printf("}\n");
     } else {
         printf("%s on %s: accuracy %.2f%% (%llu of %llu), loss %.4f, %.0f images/s\n", ev.model,
-               ev.data, 100 * r.accuracy, (unsigned long long)r.correct,
-               (unsigned long long)r.images, r.loss, r.images_per_s);
+               shown, 100 * r.accuracy, (unsigned long long)r.correct, (unsigned long long)r.images,
+               r.loss, r.images_per_s);
         if (r.bad_samples)
             printf("%llu image%s could not be read and %s left out (see stderr)\n",
                    (unsigned long long)r.bad_samples, r.bad_samples == 1 ? "" : "s",
@@ -2336,7 +2346,10 @@ static int cmd_classify(int argc, char **argv) {
     for (int i = 0; i < npaths; i++) {
         struct stat st;
         if (stat(paths[i], &st) != 0) {
-            fprintf(stderr, "%s classify: %s: %s\n", prog, paths[i], strerror(errno));
+            int e = errno;
+            char shown[4096];
+            fprintf(stderr, "%s classify: %s: %s\n", prog,
+                    tool_shown(paths[i], shown, sizeof shown), strerror(e));
             c.failures++;
             continue;
         }

@@ -266,13 +266,23 @@ fail:
 // ----------------------------------------------------------------------------
 // Bad files
 
+const char *tool_shown(const char *text, char *buf, size_t cap) {
+    dsrt_text_redact(text, buf, cap);
+    return buf;
+}
+
 void tool_bad_add(tool_bad_list *l, const dsrt_bad_sample *b) {
+    /* Shown with credentials masked: a pre-signed URL's signature, a URL's
+     * password (the pipeline's reasons come masked already). */
+    char path[4096], error[2048];
+    if (b->path) dsrt_text_redact(b->path, path, sizeof path);
+    dsrt_text_redact(b->error ? b->error : "", error, sizeof error);
     l->total++;
     if (l->n_shown < TOOL_BAD_SHOWN) {
         dsrt_bad_sample *k = &l->shown[l->n_shown];
         *k = *b;
-        k->path = b->path ? strdup(b->path) : NULL;
-        k->error = strdup(b->error ? b->error : "");
+        k->path = b->path ? strdup(path) : NULL;
+        k->error = strdup(error);
         if ((b->path && !k->path) || !k->error) {
             free((char *)k->path);
             free((char *)k->error);
@@ -283,11 +293,11 @@ void tool_bad_add(tool_bad_list *l, const dsrt_bad_sample *b) {
     if (l->out) {
         fputs("{\"path\": ", l->out);
         if (b->path)
-            tool_json_string(l->out, b->path);
+            tool_json_string(l->out, path);
         else
             fprintf(l->out, "null, \"id\": %u", (unsigned)b->id);
         fputs(", \"error\": ", l->out);
-        tool_json_string(l->out, b->error ? b->error : "");
+        tool_json_string(l->out, error);
         if (l->data) {
             fputs(", \"data\": ", l->out);
             tool_json_string(l->out, l->data);

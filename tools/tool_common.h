@@ -74,7 +74,12 @@ typedef struct {
     int write_failed; /* a line could not be written to out */
 } tool_bad_list;
 
-/* Counts one bad file, keeps it if among the first, writes it to l->out. */
+/* text (a path or URL) as messages show it, in buf: credentials masked
+ * (dsrt_text_redact). Returns buf. */
+const char *tool_shown(const char *text, char *buf, size_t cap);
+
+/* Counts one bad file, keeps it if among the first, writes it to l->out;
+ * its path and error with credentials masked (dsrt_text_redact). */
 void tool_bad_add(tool_bad_list *l, const dsrt_bad_sample *b);
 void tool_bad_free(tool_bad_list *l);
 

@@ -84,6 +84,21 @@ DSRT_API const char *dsrt_last_error(void);
  * valid until its next call. */
 DSRT_API const char *dsrt_module_warnings(void);
 
+/*
+ * Copies text (a URL, or a message that may hold URLs or an answer of a
+ * server) into out, cap bytes NUL-terminated (cut short when it does not
+ * fit), with what could let someone in masked as "***": the user
+ * information of URLs (the "user:pass@" of "https://user:pass@host/x"
+ * becomes "***@") and the values of the parameters and headers that
+ * carry keys, signatures and tokens (X-Amz-Signature, X-Amz-Credential,
+ * X-Amz-Security-Token, Signature, Credential, AWSAccessKeyId,
+ * Authorization, ... written "name=value" or "name: value", in any case).
+ * Every message of dsrt_last_error() has been through it; programs use it
+ * where they show a path or URL of their own. text and out must not
+ * overlap. Thread-safe.
+ */
+DSRT_API void dsrt_text_redact(const char *text, char *out, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

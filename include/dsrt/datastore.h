@@ -123,6 +123,30 @@ typedef enum {
 
 typedef enum { DSRT_SPLIT_TRAIN = 0, DSRT_SPLIT_TEST } dsrt_split;
 
+/*
+ * Objects in a store (s3://bucket/key, https://host/path, http://...): the
+ * reader fetches them with libcurl's multi interface, many requests in
+ * flight on kept-alive connections, signed with AWS Signature Version 4 for
+ * s3:// (credentials, region and endpoint as the AWS tools take them:
+ * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION or
+ * AWS_DEFAULT_REGION, AWS_ENDPOINT_URL, AWS_PROFILE and ~/.aws/credentials,
+ * ~/.aws/config; anonymous when there are none or AWS_NO_SIGN_REQUEST=YES).
+ * Throttling, server errors, resets and stalls are retried with jittered
+ * exponential backoff; a request that has not succeeded retry_deadline_s
+ * after its first failure fails with DSRT_EREMOTE and the cause.
+ */
+typedef struct {
+    unsigned depth; /* requests in flight at most, 1 to 4096; default 64 */
+    /* Connections to one host at most (each request in flight needs one
+     * with HTTP/1.1); 0 (default): $DSRT_S3_MAX_CONNECTIONS, else depth. */
+    unsigned max_connections;
+    double retry_deadline_s; /* default 60 */
+    /* A request that receives nothing for this long, or is not done this
+     * long after it started (a server that drips a byte now and then), is
+     * dropped and retried; also the limit on connecting. Default 30. */
+    double timeout_s;
+} dsrt_remote_options;
+
 typedef struct {
     dsrt_source source;
     dsrt_label_source label_source;
@@ -157,6 +181,19 @@ typedef struct {
      * samples of consecutive shards, 1 to 2^24 (1 and shuffle never keep
      * the shards' own order). Default 1000. */
     size_t shuffle_buffer;
+    /* Objects in a store: the requests that open the datastore (listing a
+     * prefix, fetching a manifest, a shard set's index, scanning shards
+     * without one) take these retry deadline, request timeout and
+     * connection cap, and at most this depth in flight; 0 fields: the
+     * reader's defaults (dsrt_reader_defaults().remote). */
+    dsrt_remote_options remote;
+    /* Called now and then (every 100 ms at least) on the opening thread
+     * while opening waits on a store; a non-zero answer stops the open with
+     * -EINTR (a program's SIGINT handler sets a flag this returns; the
+     * Python binding runs the interpreter's signal handlers here). NULL
+     * (default): never asked. */
+    int (*interrupted)(void *ctx);
+    void *interrupted_ctx;
 } dsrt_datastore_options;
 
 /* The defaults: AUTO source, folder-name labels, sub-folders included. */
@@ -342,29 +379,6 @@ typedef enum {
 /* Buffers given to a reader with O_DIRECT must be aligned to this, and
  * their capacity a multiple of it. */
 #define DSRT_DIRECT_ALIGN 4096
-
-/*
- * Objects in a store (s3://bucket/key, https://host/path, http://...): the
- * reader fetches them with libcurl's multi interface, many requests in
- * flight on kept-alive connections, signed with AWS Signature Version 4 for
- * s3:// (credentials, region and endpoint as the AWS tools take them:
- * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION or
- * AWS_DEFAULT_REGION, AWS_ENDPOINT_URL, AWS_PROFILE and ~/.aws/credentials,
- * ~/.aws/config; anonymous when there are none or AWS_NO_SIGN_REQUEST=YES).
- * Throttling, server errors, resets and stalls are retried with jittered
- * exponential backoff; a request that has not succeeded retry_deadline_s
- * after its first failure fails with DSRT_EREMOTE and the cause.
- */
-typedef struct {
-    unsigned depth; /* requests in flight at most, 1 to 4096; default 64 */
-    /* Connections to one host at most (each request in flight needs one
-     * with HTTP/1.1); 0 (default): $DSRT_S3_MAX_CONNECTIONS, else depth. */
-    unsigned max_connections;
-    double retry_deadline_s; /* default 60 */
-    /* A request that receives nothing for this long is dropped and retried;
-     * also the limit on connecting. Default 30. */
-    double timeout_s;
-} dsrt_remote_options;
 
 typedef struct {
     dsrt_io io;

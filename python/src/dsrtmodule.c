@@ -306,6 +306,17 @@ static PyObject *datastore_wrap(dsrt_datastore *ds) {
     return (PyObject *)o;
 }
 
+/* Asked by dsrt_datastore_open while it waits on a store: runs the
+ * interpreter's signal handlers (Ctrl-C raises KeyboardInterrupt), with the
+ * GIL taken back for the moment. ctx is the thread state the open released. */
+static int open_interrupted(void *ctx) {
+    PyThreadState **ts = ctx;
+    PyEval_RestoreThread(*ts);
+    int stop = PyErr_CheckSignals() != 0;
+    *ts = PyEval_SaveThread();
+    return stop;
+}
+
 static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"path",
                              "source",
@@ -320,14 +331,17 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
                              "manifest_header",
                              "order",
                              "shuffle_buffer",
+                             "retry_deadline",
+                             "request_timeout",
                              NULL};
     PyObject *path = NULL, *source = NULL, *labels = NULL, *subfolders = NULL, *ext = NULL,
              *follow = NULL, *drop_empty = NULL, *labels_path = NULL, *split = NULL, *coarse = NULL,
-             *header = Py_None, *order = NULL, *buffer = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$OOOOOOOOOOOO:Datastore", kwlist,
+             *header = Py_None, *order = NULL, *buffer = NULL, *deadline = NULL,
+             *req_timeout = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$OOOOOOOOOOOOOO:Datastore", kwlist,
                                      PyUnicode_FSConverter, &path, &source, &labels, &subfolders,
                                      &ext, &follow, &drop_empty, &labels_path, &split, &coarse,
-                                     &header, &order, &buffer))
+                                     &header, &order, &buffer, &deadline, &req_timeout))
         return -1;
     int rc = -1, v;
     if (self->users > 0 || self->opening) {
@@ -367,16 +381,28 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
         goto done;
     }
     if (buffer) o.shuffle_buffer = (size_t)sb;
+    if (deadline && get_double(deadline, "retry_deadline", &o.remote.retry_deadline_s) != 0)
+        goto done;
+    if (req_timeout && get_double(req_timeout, "request_timeout", &o.remote.timeout_s) != 0)
+        goto done;
+    if (req_timeout && o.remote.timeout_s == 0) {
+        /* 0 would be the default for the library: refused, as by Pipeline. */
+        PyErr_SetString(PyExc_ValueError, "Datastore: remote.timeout_s: 0: not in (0, 86400]");
+        goto done;
+    }
     dsrt_datastore *ds = NULL;
     int code;
     const char *p = PyBytes_AS_STRING(path);
     self->opening = 1;
     PyThreadState *ts = PyEval_SaveThread();
+    o.interrupted = open_interrupted;
+    o.interrupted_ctx = &ts;
     code = dsrt_datastore_open(&ds, p, &o);
     PyEval_RestoreThread(ts);
     self->opening = 0;
     if (code != 0) {
-        raise_code(code, NULL);
+        /* A signal handler's exception (KeyboardInterrupt) is the one raised. */
+        if (!PyErr_Occurred()) raise_code(code, NULL);
         goto done;
     }
     dsrt_datastore_close(self->ds);
@@ -726,14 +752,18 @@ static PyTypeObject Datastore_Type = {
     .tp_doc = "Datastore(path, *, source='auto', labels='folder', include_subfolders=True,\n"
               "          extensions=None, follow_symlinks=True, drop_empty_classes=False,\n"
               "          labels_path=None, split='train', cifar100_coarse=False,\n"
-              "          manifest_header=None, order='auto', shuffle_buffer=1000)\n\n"
+              "          manifest_header=None, order='auto', shuffle_buffer=1000,\n"
+              "          retry_deadline=60.0, request_timeout=30.0)\n\n"
               "An index of samples with labels: a folder of class sub-folders, a CSV manifest\n"
               "(path,label), IDX files (MNIST, Fashion-MNIST), CIFAR-10/100 batches or tar\n"
               "shards (a folder of them, a .tar, a glob or a brace list; order 'exact' or\n"
               "'shard' says how a pipeline reads them). A folder or shard set may be a prefix\n"
               "in an object store ('s3://bucket/prefix') and a manifest a URL (s3://, https://)\n"
               "naming objects by URL; credentials, region and endpoint come from the\n"
-              "environment and ~/.aws as for the AWS tools.",
+              "environment and ~/.aws as for the AWS tools. retry_deadline and\n"
+              "request_timeout (seconds) apply to the requests that list the prefix or fetch\n"
+              "the manifest or a shard set's index; Ctrl-C interrupts the open\n"
+              "(KeyboardInterrupt).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)datastore_init,
     .tp_dealloc = (destructor)datastore_dealloc,

@@ -274,3 +274,71 @@ def test_remote_options_types(local, s3):
                        max_connections=2, retry_deadline=5.5, request_timeout=10) as p:
         assert sum(len(b) for b in p) == len(ds)
         assert p.stats()["remote_connections"] <= 2
+
+
+# ----------------------------------------------------------------------------
+# A listing that never answers (tests/hostile_server.py, the standard
+# library's HTTP server: no package needed)
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(SOURCE, "tests", "hostile_server.py"), "--root",
+         str(tmp_path_factory.mktemp("hostile"))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    port = json.loads(proc.stdout.readline())["port"]
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="AKIAHOSTILETEST00001",
+               AWS_SECRET_ACCESS_KEY="hostile-secret", AWS_REGION="us-east-1",
+               AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+               AWS_SHARED_CREDENTIALS_FILE="/nonexistent/credentials",
+               AWS_CONFIG_FILE="/nonexistent/config")
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        env.pop(name, None)
+    yield env
+    proc.stdin.close()
+    proc.kill()
+    proc.wait()
+
+
+def test_listing_options(hostile, monkeypatch):
+    """The keywords reach the listing: a stalled one ends at the deadline asked."""
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in hostile.items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    with pytest.raises(dsrt.Error, match=r"s3://stall/.*retry deadline 0\.5 s"):
+        dsrt.Datastore("s3://stall/x", retry_deadline=0.5, request_timeout=0.5)
+    with pytest.raises(ValueError, match="remote.timeout_s: -1"):
+        dsrt.Datastore("s3://stall/x", request_timeout=-1)
+
+
+INTERRUPT_CHILD = """
+import os, signal, sys, threading, time
+sys.path[:0] = [{pythonpath!r}]
+import dsrt
+
+def interrupt():
+    time.sleep(0.5)  # the open is waiting on the store by then, or soon after
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt).start()
+t0 = time.monotonic()
+try:
+    dsrt.Datastore("s3://stall/x")  # 30 s a request, 60 s of retries
+except KeyboardInterrupt:
+    print("interrupted after", round(time.monotonic() - t0, 1), flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_a_listing(hostile, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(
+        INTERRUPT_CHILD.format(pythonpath=os.path.dirname(os.path.dirname(dsrt.__file__))))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env=hostile)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert words[:2] == ["interrupted", "after"], proc.stdout + proc.stderr
+    assert float(words[2]) < 20  # not the 90 s the store's deadlines take

@@ -10,7 +10,8 @@
  * succeeds, a NUL-terminated continuation token; a failing one must say
  * why. An error answer must give a code and a message, and one a store
  * says to retry must not be a bad object. An INI lookup must give a
- * NUL-terminated value that fits its buffer.
+ * NUL-terminated value that fits its buffer. Redacting a text, and the
+ * result again, must give a NUL-terminated text that fits its buffer.
  */
 #include "datastore/remote.h"
 
@@ -77,6 +78,14 @@ static void ini(const char *text) {
             }
 }
 
+static void redact(const char *text) {
+    char out[256], again[256];
+    dsrt_text_redact(text, out, sizeof out);
+    if (!memchr(out, '\0', sizeof out)) __builtin_trap();
+    dsrt_text_redact(out, again, sizeof again);
+    if (!memchr(again, '\0', sizeof again)) __builtin_trap();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     /* A copy of exactly the text (and one with a NUL after it for the INI
@@ -92,7 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(text, data + 1, n);
     memcpy(z, data + 1, n);
     z[n] = '\0';
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
     case 0:
         list_page(text, n);
         break;
@@ -119,6 +128,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 1:
         error_answer(data[0] / 3, text, n);
+        break;
+    case 4:
+        redact(z);
         break;
     default:
         ini(z);
