@@ -26,8 +26,14 @@
  *   `N` or `HxW` (height x width), and comma-separated lists.
  * - The first layer is `input`, the last is `softmax`, and neither appears
  *   elsewhere. Layers run in the order written; each takes the previous
- *   one's output. Shapes are inferred; a layer whose input is too small for
- *   it, or an option out of range, is an error naming the line and option.
+ *   one's output unless `inputs=a,b` names the layers (above it) whose
+ *   outputs it takes: a network is then a graph (ResNet's skip connections,
+ *   Inception's branches). Only `add` and `concat` take several inputs; a
+ *   layer's output may feed several layers (its gradient is then the sum of
+ *   theirs), and every layer's output but the last one's must feed one.
+ *   Shapes are inferred; a layer whose input is too small for it, inputs
+ *   that do not agree, or an option out of range, is an error naming the
+ *   line and option.
  *
  * Layer types and options (defaults in brackets; MATLAB's layer in braces):
  *
@@ -59,6 +65,10 @@
  *              y = x / (k + alpha/size * sum of x^2 over the window)^beta
  *   softmax    {softmaxLayer + classificationLayer} softmax and cross-entropy
  *              loss over the flattened input, which must have `classes` values
+ *   add        {additionLayer} element-wise sum of two or more inputs of one
+ *              shape; relu=0|1 [0] a ReLU on the sum (ResNet's)
+ *   concat     {depthConcatenationLayer} two or more inputs of one height and
+ *              width, side by side along the channels in the order named
  *
  * Built-in networks ("digits", "cifar", "alexnet") are written in this format
  * below and mirror the peer benchmark's PyTorch definitions layer for layer.
@@ -170,6 +180,11 @@ static const struct dsrt_opt_spec OPTS_DROPOUT[] = {
     OPT_END,
 };
 
+static const struct dsrt_opt_spec OPTS_ADD[] = {
+    {"relu", OPT_BOOL, "0", O(relu), 0, 0, 1, NULL},
+    OPT_END,
+};
+
 static const struct dsrt_opt_spec OPTS_LRN[] = {
     {"size", OPT_INT, "5", O(lrn_size), 0, 1, 1 << 12, NULL},
     {"alpha", OPT_FLOAT, "1e-4", O(alpha), 0, 0, 1e6, NULL},
@@ -197,6 +212,10 @@ static const dsrt_layer_type LAYER_TYPES[] = {
      "cross-channel (local response) normalization"},
     {"softmax", DSRT_LAYER_SOFTMAX, dsrt__build_softmax, NULL, OPTS_NONE,
      "softmax and cross-entropy: the classification output"},
+    {"add", DSRT_LAYER_ADD, dsrt__build_add, NULL, OPTS_ADD,
+     "element-wise sum of two or more inputs of one shape"},
+    {"concat", DSRT_LAYER_CONCAT, dsrt__build_concat, NULL, OPTS_NONE,
+     "concatenation of two or more inputs along the channels"},
 };
 
 // ----------------------------------------------------------------------------
@@ -408,7 +427,7 @@ static int valid_name(const char *s) {
 static void option_names(const dsrt_layer_type *t, char *buf, size_t size) {
     size_t at = 0;
     buf[0] = '\0';
-    at += (size_t)snprintf(buf, size, "name");
+    at += (size_t)snprintf(buf, size, "name, inputs");
     for (const struct dsrt_opt_spec *o = t->opts; o->name && at < size; o++)
         at += (size_t)snprintf(buf + at, size - at, ", %s", o->name);
 }
@@ -455,6 +474,35 @@ static int parse_line(dsrt_layer *l, char **tok, int ntok) {
             strcpy(l->name, value);
             named = 1;
             continue;
+        }
+        if (!strcmp(key, "inputs")) {
+            if (l->inputs_text)
+                return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs' given twice", t->name);
+            if (t->kind == DSRT_LAYER_INPUT)
+                return dsrt__fail(DSRT_EOPTION, "input: option 'inputs': the input layer takes none");
+            /* Names separated by commas; resolved when the net is built. */
+            int n = 0;
+            for (const char *p = value; *p; n++) {
+                const char *e = strchr(p, ',');
+                size_t len = e ? (size_t)(e - p) : strlen(p);
+                char nm[DSRT_LAYER_NAME_MAX];
+                if (len == 0 || len >= sizeof nm) goto bad_inputs;
+                memcpy(nm, p, len);
+                nm[len] = '\0';
+                if (!valid_name(nm)) goto bad_inputs;
+                p = e ? e + 1 : p + len;
+                if (e && !*p) goto bad_inputs;
+            }
+            if (n > DSRT_INPUTS_MAX)
+                return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs': %d names, at most %d", t->name,
+                                  n, DSRT_INPUTS_MAX);
+            if (!(l->inputs_text = dsrt__strdup(value))) return -ENOMEM;
+            continue;
+        bad_inputs:
+            return dsrt__fail(DSRT_EOPTION,
+                              "%s: option 'inputs': '%s' is not a comma-separated list of layer "
+                              "names",
+                              t->name, value);
         }
         int i = 0;
         while (i < nopts && strcmp(t->opts[i].name, key)) i++;
@@ -520,6 +568,7 @@ int dsrt__desc_parse(dsrt_desc *d, const char *text, const char *source) {
         dsrt_layer *l = &d->layers[d->n];
         rc = parse_line(l, tok, ntok);
         if (rc) {
+            free(l->inputs_text);
             dsrt__fail_prefix(rc, "%s: line %d", source, line_no);
             goto fail;
         }
@@ -560,6 +609,7 @@ fail:
 }
 
 void dsrt__desc_free(dsrt_desc *d) {
+    for (int i = 0; d->layers && i < d->n; i++) free(d->layers[i].inputs_text);
     free(d->layers);
     d->layers = NULL;
     d->n = 0;
