@@ -166,6 +166,15 @@ static const case_net NETS[] = {
      "bias=0\nlrn size=3 alpha=1e-2 beta=0.5 k=2\nmaxpool size=2 stride=1\nfc outputs=3\n"
      "softmax\n",
      7, 7, 1, 3, 3},
+    /* A graph: a residual block (its ReLU's output feeds the sum and a
+     * branch), a concat of the sum and the branch, a projected skip. */
+    {"input\nconv name=c1 filters=8 size=3 pad=1 bias=0\nbatchnorm\nrelu name=r1\n"
+     "conv filters=8 size=3 pad=1 bias=0\nbatchnorm name=b2\nadd name=s inputs=b2,r1 relu=1\n"
+     "conv name=c3 filters=4 size=1 inputs=r1\nconcat name=j inputs=s,c3\n"
+     "conv name=down filters=6 size=3 stride=2 pad=1 bias=0\nbatchnorm name=bd\n"
+     "conv name=proj filters=6 size=1 stride=2 bias=0 inputs=j\nbatchnorm name=bp\n"
+     "add inputs=bd,bp\nrelu\ngap\nfc outputs=3\nsoftmax\n",
+     6, 6, 3, 3, 4},
 };
 
 /* Each layer type on its own: after the input and a 1x1 convolution
