@@ -551,6 +551,8 @@ int dsrt_net_layer(const dsrt_net *net, int i, dsrt_layer_info *info) {
     info->bias_offset = l->b_off;
     info->bias_count = l->b_n;
     info->fused = l->fuse_relu;
+    info->n_inputs = i ? l->n_inputs : 0;
+    info->inputs = l->inputs;
     return 0;
 }
 

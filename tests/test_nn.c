@@ -712,6 +712,32 @@ static void test_builtin_sizes(void) {
     CHECK_EQ(info.classes, 55);
     CHECK(info.forward_flops > 1.3e9 && info.forward_flops < 1.6e9);
     dsrt_net_destroy(a);
+    /* The residual networks: learnables as torchvision counts them (1000
+     * classes), and the peer benchmark's resnet20 (10 classes); the shape
+     * before the pooling (7x7x512, 7x7x2048, 8x8x64). */
+    static const struct {
+        const char *name;
+        int classes;
+        size_t learnable;
+        int c, hw;
+        double gflops_lo, gflops_hi;
+    } res[] = {{"resnet18", 1000, 11689512, 512, 7, 3.4, 3.9},
+               {"resnet50", 1000, 25557032, 2048, 7, 7.6, 8.6},
+               {"resnet20", 10, 272474, 64, 8, 0.07, 0.09}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(res); k++) {
+        dsrt_net *r = make(res[k].name, 0, 0, 0, res[k].classes, 1);
+        CHECK_EQ(learnable(r), res[k].learnable);
+        const dsrt_layer *pool = &r->layers[r->n_layers - 3];
+        CHECK_STR_EQ(pool->type, "gap");
+        CHECK_EQ(pool->in.c, res[k].c);
+        CHECK_EQ(pool->in.h, res[k].hw);
+        dsrt_net_get_info(r, &info);
+        fprintf(stderr, "  %s: %zu learnables, %.3f GFLOP forward an image\n", res[k].name,
+                info.learnable, info.forward_flops * 1e-9);
+        CHECK(info.forward_flops * 1e-9 > res[k].gflops_lo &&
+              info.forward_flops * 1e-9 < res[k].gflops_hi);
+        dsrt_net_destroy(r);
+    }
 }
 
 // ----------------------------------------------------------------------------
