@@ -503,15 +503,34 @@ static int step_bn_sync_bwd(cpu_backend *be, cpu_plan *p, int i) {
     int c = l->out.c;
     size_t hw = (size_t)l->out.h * l->out.w;
     double *sums = lp->bn_sums;
-    const float *dshift = net->grads + l->b_off, *dscale = net->grads + l->w_off;
+    const float *x = handle_of(lp->src), *mean = handle_of(lp->mean), *var = handle_of(lp->var);
+    /* The local sums of dy' (behind the fused ReLU: where the output is not
+     * positive, none) and of dy' xhat, in double as the forward's: the
+     * correction below cancels against scale / sigma * dy', so float sums
+     * (the primitive's parameter gradients) would set how far one worker
+     * and several drift apart, layer after layer. The parameter gradients
+     * become these sums rounded. */
+    const float *dy = handle_of(lp->out.diff), *y = handle_of(lp->out.mem);
+    float *dshift = net->grads + l->b_off, *dscale = net->grads + l->w_off;
     for (int ch = 0; ch < c; ch++) {
-        sums[ch] = dshift[ch];
-        sums[c + ch] = dscale[ch];
+        double inv_sigma = 1.0 / sqrt((double)var[ch] + l->o.eps), mu = mean[ch], s1 = 0, s2 = 0;
+        for (int b = 0; b < p->n; b++) {
+            size_t at = ((size_t)b * c + ch) * hw;
+            for (size_t k = 0; k < hw; k++) {
+                double g = dy[at + k];
+                if (l->fuse_relu && !(y[at + k] > 0)) g = 0;
+                s1 += g;
+                s2 += g * ((x[at + k] - mu) * inv_sigma);
+            }
+        }
+        sums[ch] = s1;
+        sums[c + ch] = s2;
+        dshift[ch] = (float)s1;
+        dscale[ch] = (float)s2;
     }
     dsrt_bn_sums bs = {i, 1, c, sums, (size_t)2 * c, DSRT_DEVICE_CPU, NULL};
     int rc = net->bn_sync_fn(net->bn_sync_ctx, &bs);
     if (rc) return rc;
-    const float *x = handle_of(lp->src), *mean = handle_of(lp->mean), *var = handle_of(lp->var);
     const float *scale = net->params + l->w_off;
     float *dx = handle_of(lp->bn_dsrc);
     double inv_m = 1.0 / lp->bn_count;
