@@ -78,7 +78,7 @@ typedef struct {
     step_kind kind;
     uint64_t *cache; /* STEP_WEIGHTS: the version the copy was made from */
     int nargs;
-    dnnl_exec_arg_t args[12];
+    dnnl_exec_arg_t args[DSRT_INPUTS_MAX + 8];
 } step;
 
 typedef struct {
@@ -123,6 +123,10 @@ struct cpu_plan {
     size_t n_scratch, cap_scratch;
     void *scratch;
     size_t scratch_size;
+    /* (n_layers) the last layer (in the written order) that takes layer j's
+     * output: backward runs last to first, so it writes j's gradient first
+     * and the others add theirs (grad_target). */
+    int *last_use;
     float *probs; /* (n, classes) */
     const int32_t *labels;
     double loss;
@@ -141,7 +145,6 @@ struct cpu_backend {
     cpu_plan *plans[PLAN_SLOTS];
     cpu_plan *last_train, *last_infer;
     uint64_t clock;
-    int *need_diff;   /* (n_layers) 1: backward must produce the gradient of layer i's output */
     const float *x;   /* the batch of the current forward */
     cpu_plan *last;   /* the plan of the last forward */
     float grad_scale; /* 1 / images the loss gradient is averaged over */
@@ -500,15 +503,34 @@ static int step_bn_sync_bwd(cpu_backend *be, cpu_plan *p, int i) {
     int c = l->out.c;
     size_t hw = (size_t)l->out.h * l->out.w;
     double *sums = lp->bn_sums;
-    const float *dshift = net->grads + l->b_off, *dscale = net->grads + l->w_off;
+    const float *x = handle_of(lp->src), *mean = handle_of(lp->mean), *var = handle_of(lp->var);
+    /* The local sums of dy' (behind the fused ReLU: where the output is not
+     * positive, none) and of dy' xhat, in double as the forward's: the
+     * correction below cancels against scale / sigma * dy', so float sums
+     * (the primitive's parameter gradients) would set how far one worker
+     * and several drift apart, layer after layer. The parameter gradients
+     * become these sums rounded. */
+    const float *dy = handle_of(lp->out.diff), *y = handle_of(lp->out.mem);
+    float *dshift = net->grads + l->b_off, *dscale = net->grads + l->w_off;
     for (int ch = 0; ch < c; ch++) {
-        sums[ch] = dshift[ch];
-        sums[c + ch] = dscale[ch];
+        double inv_sigma = 1.0 / sqrt((double)var[ch] + l->o.eps), mu = mean[ch], s1 = 0, s2 = 0;
+        for (int b = 0; b < p->n; b++) {
+            size_t at = ((size_t)b * c + ch) * hw;
+            for (size_t k = 0; k < hw; k++) {
+                double g = dy[at + k];
+                if (l->fuse_relu && !(y[at + k] > 0)) g = 0;
+                s1 += g;
+                s2 += g * ((x[at + k] - mu) * inv_sigma);
+            }
+        }
+        sums[ch] = s1;
+        sums[c + ch] = s2;
+        dshift[ch] = (float)s1;
+        dscale[ch] = (float)s2;
     }
     dsrt_bn_sums bs = {i, 1, c, sums, (size_t)2 * c, DSRT_DEVICE_CPU, NULL};
     int rc = net->bn_sync_fn(net->bn_sync_ctx, &bs);
     if (rc) return rc;
-    const float *x = handle_of(lp->src), *mean = handle_of(lp->mean), *var = handle_of(lp->var);
     const float *scale = net->params + l->w_off;
     float *dx = handle_of(lp->bn_dsrc);
     double inv_m = 1.0 / lp->bn_count;
@@ -689,7 +711,8 @@ static int new_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_des
     out->md = *md;
     int rc = mem_new(p, md, be->engine, NULL, &out->mem, L);
     if (rc) return rc;
-    if (p->train && be->need_diff[i]) rc = mem_new(p, md, be->engine, NULL, &out->diff, L);
+    if (p->train && dsrt__net_need_diff(be->net, i))
+        rc = mem_new(p, md, be->engine, NULL, &out->diff, L);
     return rc;
 }
 
@@ -729,12 +752,54 @@ static int fused_relu_bwd(cpu_backend *be, cpu_plan *p, int i) {
     return 0;
 }
 
+/*
+ * Where layer i's backward writes the gradient for its k-th input (in that
+ * input's gradient layout): the gradient itself when layer i is the last
+ * layer written that takes the input (backward runs last to first, so it
+ * writes first), else a scratch tensor (*acc) that grad_add then adds into
+ * the gradient: a layer whose output feeds several gets the sum of theirs.
+ */
+static int grad_target(cpu_backend *be, cpu_plan *p, int i, int k, dnnl_memory_t *out,
+                       dnnl_memory_t *acc) {
+    const dsrt_layer *L = &be->net->layers[i];
+    tensor *in = &p->lp[L->inputs[k]].out;
+    *acc = NULL;
+    if (p->last_use[L->inputs[k]] == i) {
+        *out = in->diff;
+        return 0;
+    }
+    int rc = mem_new(p, &in->md, be->engine, NULL, acc, L);
+    *out = *acc;
+    return rc;
+}
+
+/* diff += acc (when grad_target gave a scratch tensor), a step of layer i's
+ * backward. */
+static int grad_add(cpu_backend *be, cpu_plan *p, int i, dnnl_memory_t diff, dnnl_memory_t acc) {
+    if (!acc) return 0;
+    const dsrt_layer *L = &be->net->layers[i];
+    dnnl_binary_desc_t d;
+    dnnl_primitive_desc_t pd;
+    DN("gradient sum",
+       dnnl_binary_desc_init(&d, dnnl_binary_add, md_of(diff), md_of(acc), md_of(diff)));
+    int rc = pd_new(&pd, &d, be, 0, 0, NULL, "gradient sum", L);
+    if (rc) return rc;
+    step *s;
+    rc = prim_step(p, be, pd, 1, i, &s, L);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return rc;
+    arg(s, DNNL_ARG_SRC_0, diff);
+    arg(s, DNNL_ARG_SRC_1, acc);
+    arg(s, DNNL_ARG_DST, diff);
+    return 0;
+}
+
 static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
     dnnl_alg_kind_t conv_alg = be->conv_alg;
     dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
     layer_plan *lp = &p->lp[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     int g = L->o.groups, rc;
     dnnl_dims_t sdims = {p->n, L->in.c, L->in.h, L->in.w};
     dnnl_dims_t ddims = {p->n, L->out.c, L->out.h, L->out.w};
@@ -821,7 +886,7 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
             goto out;
         if ((rc = c_step(p, 1, step_ready, i))) goto out;
     }
-    if (be->need_diff[i - 1]) {
+    if (dsrt__net_need_diff(be->net, L->inputs[0])) {
         dnnl_convolution_desc_t bd;
         dnnl_primitive_desc_t bpd;
         dnnl_status_t st = dnnl_dilated_convolution_backward_data_desc_init(
@@ -841,17 +906,19 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
             else
                 rc = weights_for(be, p, i, &w_plain, wmd, wplain, 1, &lp->w_bwd_version, &wb);
         }
+        dnnl_memory_t tgt = NULL, acc = NULL;
+        if (!rc) rc = grad_target(be, p, i, 0, &tgt, &acc);
         if (!rc)
-            rc = deliver(p, be, in->diff,
-                         dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_src_md, 0), &dsrc,
-                         &dsrc_tmp, L);
+            rc = deliver(p, be, tgt, dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_src_md, 0),
+                         &dsrc, &dsrc_tmp, L);
         if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
         dnnl_primitive_desc_destroy(bpd);
         if (rc) goto out;
         arg(s, DNNL_ARG_DIFF_DST, ddst);
         arg(s, DNNL_ARG_WEIGHTS, wb);
         arg(s, DNNL_ARG_DIFF_SRC, dsrc);
-        if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L);
+        if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
+        if (!rc) rc = grad_add(be, p, i, in->diff, acc);
     }
 out:
     dnnl_primitive_desc_destroy(fpd);
@@ -862,7 +929,7 @@ static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
     dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
     layer_plan *lp = &p->lp[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     int c = L->out.c, rc;
     dnnl_dims_t cdims = {c};
     dnnl_memory_desc_t c_md;
@@ -926,11 +993,12 @@ static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
             goto out;
         }
         if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "batchnorm backward", L))) goto out;
-        dnnl_memory_t dscale, dshift, dsrc = NULL, dsrc_tmp = NULL;
+        dnnl_memory_t dscale, dshift, dsrc = NULL, dsrc_tmp = NULL, tgt = NULL, acc = NULL;
         rc = mem_new(p, &c_md, be->engine, net->grads + L->w_off, &dscale, L);
         if (!rc) rc = mem_new(p, &c_md, be->engine, net->grads + L->b_off, &dshift, L);
+        if (!rc && in->diff) rc = grad_target(be, p, i, 0, &tgt, &acc);
         if (!rc && in->diff)
-            rc = deliver(p, be, in->diff, &data_md, &dsrc, &dsrc_tmp, L);
+            rc = deliver(p, be, tgt, &data_md, &dsrc, &dsrc_tmp, L);
         else if (!rc)
             rc = mem_new(p, &data_md, be->engine, NULL, &dsrc, L);
         if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
@@ -949,8 +1017,9 @@ static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
         /* Without a gradient to pass down there is nothing to correct. */
         lp->bn_dsrc = dsrc;
         if (sync && in->diff && (rc = c_step(p, 1, step_bn_sync_bwd, i))) goto out;
-        if (dsrc_tmp && (rc = reorder_step(p, be, dsrc_tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L)))
+        if (dsrc_tmp && (rc = reorder_step(p, be, dsrc_tmp, tgt, 1, i, STEP_ALWAYS, NULL, L)))
             goto out;
+        if ((rc = grad_add(be, p, i, in->diff, acc))) goto out;
         rc = c_step(p, 1, step_ready, i);
     }
 out:
@@ -983,7 +1052,7 @@ static int plan_one_primitive(cpu_backend *be, cpu_plan *p, int i, const op_desc
                               const one_backward *b) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     dnnl_primitive_desc_t fpd;
     int rc = pd_new(&fpd, fd, be, 0, 0, NULL, b->what, L);
     if (rc) return rc;
@@ -998,7 +1067,7 @@ static int plan_one_primitive(cpu_backend *be, cpu_plan *p, int i, const op_desc
     arg(s, DNNL_ARG_SRC, in->mem);
     arg(s, DNNL_ARG_DST, lp->out.mem);
     arg(s, DNNL_ARG_WORKSPACE, ws);
-    if (!p->train || !be->need_diff[i - 1]) goto out;
+    if (!p->train || !dsrt__net_need_diff(be->net, L->inputs[0])) goto out;
     op_desc bd;
     dnnl_primitive_desc_t bpd;
     char what[64];
@@ -1009,14 +1078,17 @@ static int plan_one_primitive(cpu_backend *be, cpu_plan *p, int i, const op_desc
         goto out;
     }
     if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, what, L))) goto out;
-    rc = prim_step(p, be, bpd, 1, i, &s, L);
+    dnnl_memory_t tgt = NULL, acc = NULL;
+    rc = grad_target(be, p, i, 0, &tgt, &acc);
+    if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
     dnnl_primitive_desc_destroy(bpd);
     if (rc) goto out;
     if (b->reads_src) arg(s, DNNL_ARG_SRC, in->mem);
     if (b->reads_dst) arg(s, DNNL_ARG_DST, lp->out.mem);
     arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
     arg(s, DNNL_ARG_WORKSPACE, ws);
-    arg(s, DNNL_ARG_DIFF_SRC, in->diff);
+    arg(s, DNNL_ARG_DIFF_SRC, tgt);
+    rc = grad_add(be, p, i, in->diff, acc);
 out:
     dnnl_primitive_desc_destroy(fpd);
     return rc;
@@ -1030,7 +1102,7 @@ static dnnl_status_t relu_backward(op_desc *bd, const dsrt_layer *L, const dnnl_
 
 static int plan_relu(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     if (L->fused_away) {
         p->lp[i].out = *in;
         return 0;
@@ -1057,7 +1129,7 @@ static dnnl_status_t pool_backward(op_desc *bd, const dsrt_layer *L, const dnnl_
 
 static int plan_pool(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     dnnl_dims_t ddims = {p->n, L->out.c, L->out.h, L->out.w};
     dnnl_dims_t strides = {L->o.sh, L->o.sw}, kernel = {L->o.kh, L->o.kw}, dil = {0, 0};
     dnnl_dims_t pad_l = {L->pt, L->pl}, pad_r = {L->pb, L->pr};
@@ -1079,7 +1151,7 @@ static dnnl_status_t lrn_backward(op_desc *bd, const dsrt_layer *L, const dnnl_m
 
 static int plan_lrn(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     op_desc fd;
     DN("lrn", dnnl_lrn_forward_desc_init(
                   &fd.lrn, p->train ? dnnl_forward_training : dnnl_forward_inference,
@@ -1099,7 +1171,7 @@ static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
     dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
     layer_plan *lp = &p->lp[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     int four = in->md.ndims == 4, rc;
     size_t act = (size_t)p->n * L->in.c * L->in.h * L->in.w;
     int plain = !four || L->w_n >= act || md_is(&in->md, dnnl_abcd);
@@ -1184,7 +1256,7 @@ static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
             goto out;
         if ((rc = c_step(p, 1, step_ready, i))) goto out;
     }
-    if (be->need_diff[i - 1]) {
+    if (dsrt__net_need_diff(be->net, L->inputs[0])) {
         dnnl_inner_product_desc_t bd;
         dnnl_primitive_desc_t bpd;
         dnnl_memory_desc_t dsrc_md = *md_of(lp->src);
@@ -1201,27 +1273,144 @@ static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
             wb = wfwd;
         else
             rc = weights_for(be, p, i, &w_plain, wmd, wplain, 1, &lp->w_bwd_version, &wb);
+        dnnl_memory_t tgt = NULL, acc = NULL;
+        if (!rc) rc = grad_target(be, p, i, 0, &tgt, &acc);
         if (!rc)
-            rc = deliver(p, be, in->diff,
-                         dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_src_md, 0), &dsrc,
-                         &dsrc_tmp, L);
+            rc = deliver(p, be, tgt, dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_src_md, 0),
+                         &dsrc, &dsrc_tmp, L);
         if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
         dnnl_primitive_desc_destroy(bpd);
         if (rc) goto out;
         arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
         arg(s, DNNL_ARG_WEIGHTS, wb);
         arg(s, DNNL_ARG_DIFF_SRC, dsrc);
-        if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L);
+        if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
+        if (!rc) rc = grad_add(be, p, i, in->diff, acc);
     }
 out:
     dnnl_primitive_desc_destroy(fpd);
     return rc;
 }
 
+/*
+ * Element-wise sum of the inputs (in the first one's layout; the others are
+ * reordered to it when theirs differs): two inputs as one binary primitive
+ * with the ReLU as its post-op, more as a sum primitive and the ReLU after
+ * it in place. Backward: the ReLU's in place on the gradient, which then
+ * goes to each input unchanged (copied, or added where the input feeds
+ * other layers too).
+ */
+static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    const dnnl_memory_desc_t *md = &p->lp[L->inputs[0]].out.md;
+    dnnl_memory_t src[DSRT_INPUTS_MAX];
+    int rc = 0, n = L->n_inputs;
+    for (int k = 0; k < n && !rc; k++)
+        rc = ensure(p, be, p->lp[L->inputs[k]].out.mem, md, 0, i, &src[k], L);
+    if (!rc) rc = new_output(be, p, i, md);
+    if (rc) return rc;
+    dnnl_primitive_desc_t pd;
+    step *s;
+    if (n == 2) {
+        dnnl_binary_desc_t d;
+        DN("add", dnnl_binary_desc_init(&d, dnnl_binary_add, md, md, md));
+        if ((rc = pd_new(&pd, &d, be, L->fuse_relu, L->fuse_leak, NULL, "add", L))) return rc;
+        rc = prim_step(p, be, pd, 0, i, &s, L);
+        dnnl_primitive_desc_destroy(pd);
+        if (rc) return rc;
+        arg(s, DNNL_ARG_SRC_0, src[0]);
+        arg(s, DNNL_ARG_SRC_1, src[1]);
+        arg(s, DNNL_ARG_DST, lp->out.mem);
+    } else {
+        float scales[DSRT_INPUTS_MAX];
+        dnnl_memory_desc_t mds[DSRT_INPUTS_MAX];
+        for (int k = 0; k < n; k++) scales[k] = 1.0f, mds[k] = *md;
+        dnnl_primitive_attr_t attr;
+        if ((rc = attr_new(&attr, 0, 0, L))) return rc;
+        dnnl_status_t st = dnnl_sum_primitive_desc_create(&pd, md, n, scales, mds, attr, be->engine);
+        dnnl_primitive_attr_destroy(attr);
+        if (st != dnnl_success) return dnnl_fail(st, "add", L);
+        rc = prim_step(p, be, pd, 0, i, &s, L);
+        dnnl_primitive_desc_destroy(pd);
+        if (rc) return rc;
+        for (int k = 0; k < n; k++) arg(s, DNNL_ARG_MULTIPLE_SRC + k, src[k]);
+        arg(s, DNNL_ARG_DST, lp->out.mem);
+        if (L->fuse_relu) {
+            dnnl_eltwise_desc_t d;
+            DN("add relu", dnnl_eltwise_forward_desc_init(
+                               &d, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                               dnnl_eltwise_relu_use_dst_for_bwd, md, L->fuse_leak, 0));
+            if ((rc = pd_new(&pd, &d, be, 0, 0, NULL, "add relu", L))) return rc;
+            rc = prim_step(p, be, pd, 0, i, &s, L);
+            dnnl_primitive_desc_destroy(pd);
+            if (rc) return rc;
+            arg(s, DNNL_ARG_SRC, lp->out.mem);
+            arg(s, DNNL_ARG_DST, lp->out.mem);
+        }
+    }
+    if (!p->train) return 0;
+    if (L->fuse_relu && lp->out.diff && (rc = fused_relu_bwd(be, p, i))) return rc;
+    for (int k = 0; k < n && !rc; k++) {
+        if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
+        dnnl_memory_t tgt, acc;
+        rc = grad_target(be, p, i, k, &tgt, &acc);
+        if (!rc) rc = reorder_step(p, be, lp->out.diff, tgt, 1, i, STEP_ALWAYS, NULL, L);
+        if (!rc) rc = grad_add(be, p, i, p->lp[L->inputs[k]].out.diff, acc);
+    }
+    return rc;
+}
+
+/*
+ * The inputs side by side along the channels, in plain NHWC (where any
+ * channel range of the output is a view, whatever the offsets); backward
+ * hands each input its channels of the gradient through such a view.
+ */
+static int plan_concat(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    int n = L->n_inputs, rc;
+    dnnl_dims_t dims = {p->n, L->out.c, L->out.h, L->out.w};
+    dnnl_memory_desc_t dst, mds[DSRT_INPUTS_MAX];
+    DN("concat", dnnl_memory_desc_init_by_tag(&dst, 4, dims, dnnl_f32, dnnl_acdb));
+    for (int k = 0; k < n; k++) mds[k] = p->lp[L->inputs[k]].out.md;
+    dnnl_primitive_attr_t attr;
+    if ((rc = attr_new(&attr, 0, 0, L))) return rc;
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t st = dnnl_concat_primitive_desc_create(&pd, &dst, n, 1, mds, attr, be->engine);
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return dnnl_fail(st, "concat", L);
+    step *s;
+    rc = new_output(be, p, i, &dst);
+    if (!rc) rc = prim_step(p, be, pd, 0, i, &s, L);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return rc;
+    for (int k = 0; k < n; k++) arg(s, DNNL_ARG_MULTIPLE_SRC + k, p->lp[L->inputs[k]].out.mem);
+    arg(s, DNNL_ARG_DST, lp->out.mem);
+    if (!p->train) return 0;
+    int c0 = 0;
+    for (int k = 0; k < n && !rc; k++) {
+        const dsrt_layer *in = &be->net->layers[L->inputs[k]];
+        int ck = in->out.c;
+        if (dsrt__net_need_diff(be->net, L->inputs[k])) {
+            dnnl_dims_t sd = {p->n, ck, L->out.h, L->out.w}, off = {0, c0, 0, 0};
+            dnnl_memory_desc_t sub;
+            dnnl_memory_t view, tgt, acc;
+            DN("concat backward", dnnl_memory_desc_init_submemory(&sub, &dst, sd, off));
+            rc = mem_new(p, &sub, be->engine, handle_of(lp->out.diff), &view, L);
+            if (!rc) rc = grad_target(be, p, i, k, &tgt, &acc);
+            if (!rc) rc = reorder_step(p, be, view, tgt, 1, i, STEP_ALWAYS, NULL, L);
+            if (!rc) rc = grad_add(be, p, i, p->lp[L->inputs[k]].out.diff, acc);
+        }
+        c0 += ck;
+    }
+    return rc;
+}
+
 static int plan_dropout(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     if (!p->train) {
         lp->out = *in;
         return 0;
@@ -1237,18 +1426,19 @@ static int plan_dropout(cpu_backend *be, cpu_plan *p, int i) {
     lp->mask = aligned_alloc(64, (lp->mask_n * sizeof(float) + 63) & ~(size_t)63);
     if (!lp->mask) return dsrt__fail(-ENOMEM, "cpu backend: layer '%s': out of memory", L->name);
     if ((rc = c_step(p, 0, step_dropout_fwd, i))) return rc;
-    if (!be->need_diff[i - 1]) return 0;
-    dnnl_memory_t tmp;
-    if ((rc = deliver(p, be, in->diff, &plain, &lp->plain_diff, &tmp, L))) return rc;
+    if (!dsrt__net_need_diff(be->net, L->inputs[0])) return 0;
+    dnnl_memory_t tmp, tgt, acc;
+    if ((rc = grad_target(be, p, i, 0, &tgt, &acc))) return rc;
+    if ((rc = deliver(p, be, tgt, &plain, &lp->plain_diff, &tmp, L))) return rc;
     if ((rc = c_step(p, 1, step_dropout_bwd, i))) return rc;
-    if (tmp) rc = reorder_step(p, be, tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L);
-    return rc;
+    if (tmp && (rc = reorder_step(p, be, tmp, tgt, 1, i, STEP_ALWAYS, NULL, L))) return rc;
+    return grad_add(be, p, i, in->diff, acc);
 }
 
 static int plan_softmax(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
-    tensor *in = &p->lp[i - 1].out;
+    tensor *in = &p->lp[L->inputs[0]].out;
     dnnl_memory_desc_t plain;
     if (md_plain_like(&plain, &in->md)) return dnnl_fail(dnnl_invalid_arguments, "softmax", L);
     int rc = ensure(p, be, in->mem, &plain, 0, i, &lp->plain_in, L);
@@ -1260,12 +1450,13 @@ static int plan_softmax(cpu_backend *be, cpu_plan *p, int i) {
     if (!p->probs) return dsrt__fail(-ENOMEM, "cpu backend: out of memory");
     rc = mem_new(p, &lp->out.md, be->engine, p->probs, &lp->out.mem, L);
     if (!rc) rc = c_step(p, 0, step_softmax_fwd, i);
-    if (rc || !p->train || !be->need_diff[i - 1]) return rc;
-    dnnl_memory_t tmp;
-    if ((rc = deliver(p, be, in->diff, &plain, &lp->plain_diff, &tmp, L))) return rc;
+    if (rc || !p->train || !dsrt__net_need_diff(be->net, L->inputs[0])) return rc;
+    dnnl_memory_t tmp, tgt, acc;
+    if ((rc = grad_target(be, p, i, 0, &tgt, &acc))) return rc;
+    if ((rc = deliver(p, be, tgt, &plain, &lp->plain_diff, &tmp, L))) return rc;
     if ((rc = c_step(p, 1, step_softmax_bwd, i))) return rc;
-    if (tmp) rc = reorder_step(p, be, tmp, in->diff, 1, i, STEP_ALWAYS, NULL, L);
-    return rc;
+    if (tmp && (rc = reorder_step(p, be, tmp, tgt, 1, i, STEP_ALWAYS, NULL, L))) return rc;
+    return grad_add(be, p, i, in->diff, acc);
 }
 
 // ----------------------------------------------------------------------------
@@ -1282,6 +1473,7 @@ static void plan_free(cpu_plan *p) {
         free(p->lp[i].bn_sums);
     }
     free(p->lp);
+    free(p->last_use);
     free(p->fwd);
     free(p->bwd);
     free(p->mems);
@@ -1303,10 +1495,13 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
     p->bn_sync = train && net->bn_sync_fn != NULL;
     p->n_layers = net->n_layers;
     p->lp = dsrt__calloc((size_t)net->n_layers, sizeof *p->lp);
-    if (!p->lp) {
+    p->last_use = dsrt__calloc((size_t)net->n_layers, sizeof *p->last_use);
+    if (!p->lp || !p->last_use) {
         rc = -ENOMEM;
         goto fail;
     }
+    for (int i = 1; i < net->n_layers; i++)
+        for (int k = 0; k < net->layers[i].n_inputs; k++) p->last_use[net->layers[i].inputs[k]] = i;
     for (int i = 0; i < net->n_layers; i++) {
         switch (net->layers[i].kind) {
         case DSRT_LAYER_INPUT:
@@ -1337,6 +1532,12 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
             break;
         case DSRT_LAYER_SOFTMAX:
             rc = plan_softmax(be, p, i);
+            break;
+        case DSRT_LAYER_ADD:
+            rc = plan_add(be, p, i);
+            break;
+        case DSRT_LAYER_CONCAT:
+            rc = plan_concat(be, p, i);
             break;
         default:
             rc = dsrt__fail(DSRT_EUNSUPPORTED, "cpu backend: layer kind %d",
@@ -1628,7 +1829,6 @@ static void cpu_destroy(dsrt_backend *b) {
     for (int k = 0; k < PLAN_SLOTS; k++) plan_free(be->plans[k]);
     if (be->stream) dnnl_stream_destroy(be->stream);
     if (be->engine) dnnl_engine_destroy(be->engine);
-    free(be->need_diff);
     free(be->xbuf);
     free(be);
 }
@@ -1646,17 +1846,6 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
     if (!be) return -ENOMEM;
     be->net = net;
     be->grad_scale = 1.0f;
-    be->need_diff = dsrt__calloc((size_t)net->n_layers, sizeof *be->need_diff);
-    if (!be->need_diff) {
-        free(be);
-        return -ENOMEM;
-    }
-    /* Layer i's output needs a gradient when some layer up to i learns. */
-    int learns = 0;
-    for (int i = 0; i < net->n_layers; i++) {
-        learns |= net->layers[i].w_n > 0 || net->layers[i].b_n > 0;
-        be->need_diff[i] = learns;
-    }
     be->block = dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core ? 16 : 8;
     /* DSRT_CPU_LAYOUT=blocked|nhwc overrides the per-layer choice (for
      * measurements). */

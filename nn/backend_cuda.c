@@ -280,6 +280,7 @@ typedef struct {
     dsrt_k_pool pool;
     dsrt_k_lrn lrn;
     dsrt_k_conv kconv; /* a convolution for dsrt's direct kernels */
+    int in0; /* the layer whose output is this one's (first) input */
     /* In training: max pooling's winners, their offsets in the windows
      * (one byte an output element), and local response normalisation's
      * scales (one float an element), kept by the forward for the backward. */
@@ -302,6 +303,11 @@ struct gpu_plan {
     void *sm_work;         /* softmax reductions */
     void *bg_work;         /* bias gradients' partial sums (the largest layer's) */
     float *bn_work;        /* dsrt's batchnorm sums' tiles (the largest layer's) */
+    /* (n_layers) the last layer (in the written order) that takes layer j's
+     * output: backward runs last to first, so it writes j's gradient and the
+     * others add theirs, through acc (the largest such gradient's size). */
+    int *last_use;
+    void *acc;
     const int32_t *labels; /* device labels of the batch of the last forward, or NULL */
     int bn_sync;           /* the last forward synchronised its batchnorm layers */
 };
@@ -410,7 +416,6 @@ typedef struct cuda_backend {
     float *params, *grads, *state;
     dsrt_bf16 *w16, *g16; /* bf16: the weights the products read, convolution gradients */
     uint64_t seen_version;
-    int *need_diff; /* (n_layers) backward must produce the gradient of layer i's output */
     int any_bn;
     stage_slot slot[2];
     int next_slot, staged; /* staged: the slot of the last stage(), -1 none */
@@ -688,14 +693,14 @@ static int flattens(const dsrt_layer *l) {
 static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy) {
     const dsrt_net *net = be->net;
     int n = p->n;
-    size_t at = type_size(be->act), bg = 0, bnw = 0;
+    size_t at = type_size(be->act), bg = 0, bnw = 0, acc = 0;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
         gpu_layer *g = &p->gl[i];
         size_t cnt = out_count(l, n), el = l->kind == DSRT_LAYER_SOFTMAX ? sizeof(float) : at;
         if (i > 0 && aliases(l, p->train)) {
-            g->y = p->gl[i - 1].y;
-            g->dy = p->gl[i - 1].dy;
+            g->y = p->gl[l->inputs[0]].y;
+            g->dy = p->gl[l->inputs[0]].dy;
         } else {
             g->y = take(c, cnt * el);
             g->dy = need_dy[i] ? take(c, cnt * at) : NULL;
@@ -711,7 +716,8 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
             g->pool_arg = take(c, cnt);
         if (l->kind == DSRT_LAYER_LRN && p->train) g->lrn_scale = take(c, cnt * sizeof(float));
         if (l->kind == DSRT_LAYER_BATCHNORM && p->train)
-            bnw = DSRT_MAX(bnw, dsrt_kb_bn_work(&p->gl[i - 1].kd) * sizeof(float));
+            bnw = DSRT_MAX(bnw, dsrt_kb_bn_work(&p->gl[l->inputs[0]].kd) * sizeof(float));
+        if (p->train && l->consumers > 1 && need_dy[i]) acc = DSRT_MAX(acc, cnt * at);
         if (l->kind == DSRT_LAYER_BATCHNORM && p->train) {
             g->save_mean = take(c, (size_t)l->out.c * sizeof(float));
             g->save_inv = take(c, (size_t)l->out.c * sizeof(float));
@@ -728,6 +734,7 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
     }
     p->bg_work = bg ? take(c, bg) : NULL;
     p->bn_work = bnw ? take(c, bnw) : NULL;
+    p->acc = acc ? take(c, acc) : NULL;
 }
 
 /* Frees p's descriptors and, when it owns it, its memory (no queued work
@@ -746,6 +753,7 @@ static void plan_free(gpu_plan *p) {
     }
     if (p->mem && !p->owner) cudaFree(p->mem);
     free(p->gl);
+    free(p->last_use);
     free(p);
 }
 
@@ -913,7 +921,7 @@ static int pick(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int dir, co
  * reserve space; bn_ex stays 0 where cuDNN refuses the layer. */
 static int plan_bn_ex(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     g->bn_ex = 0;
     if (!p->train) return 0;
     /* Its kernels read a pixel's channels 16 bytes at a time: cuDNN accepts
@@ -961,7 +969,8 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
     dsrt_k_type t = L->kind == DSRT_LAYER_SOFTMAX ? DSRT_K_F32 : be->act;
     g->kd = kdesc(n, L->out.c, L->out.h, L->out.w, 1, t);
     if (i == 0) return 0;
-    const dsrt_k_desc xk = p->gl[i - 1].kd;
+    g->in0 = L->inputs[0];
+    const dsrt_k_desc xk = p->gl[g->in0].kd;
     switch (L->kind) {
     case DSRT_LAYER_CONV: {
         int sym = !g->pad_explicit;
@@ -1002,11 +1011,11 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
         return 0;
     }
     case DSRT_LAYER_BATCHNORM: {
-        cudnnTensorDescriptor_t xd = p->gl[i - 1].yd;
+        cudnnTensorDescriptor_t xd = p->gl[g->in0].yd;
         if (!xd) {
             /* Its input was made by a layer cuDNN does not see. */
-            TRY(set_nhwc(&p->gl[i - 1].yd, be->act_dt, n, L->in.c, L->in.h, L->in.w, L));
-            xd = p->gl[i - 1].yd;
+            TRY(set_nhwc(&p->gl[g->in0].yd, be->act_dt, n, L->in.c, L->in.h, L->in.w, L));
+            xd = p->gl[g->in0].yd;
         }
         TRY(set_nhwc(&g->yd, be->act_dt, n, L->out.c, L->out.h, L->out.w, L));
         if (!g->bd) DNN(cudnnCreateTensorDescriptor(&g->bd));
@@ -1038,16 +1047,37 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
     case DSRT_LAYER_FC:
     case DSRT_LAYER_DROPOUT:
     case DSRT_LAYER_SOFTMAX:
+    case DSRT_LAYER_ADD:
+    case DSRT_LAYER_CONCAT:
         return 0;
     }
     return dsrt__fail(DSRT_EUNSUPPORTED, "cuda backend: layer '%s': kind %d", L->name,
                       (int)L->kind);
 }
 
+/* Where layer i's backward writes the gradient for input j (a layer it
+ * takes): j's gradient when layer i is the last layer written that takes j
+ * (backward runs last to first, so it writes first), else the plan's acc,
+ * which grad_add then adds into j's gradient. */
+static void *grad_ptr(const gpu_plan *p, int i, int j) {
+    return p->last_use[j] == i ? p->gl[j].dy : p->acc;
+}
+
+/* After layer i wrote input j's share into grad_ptr: added where it went
+ * to acc. */
+static int grad_add(cuda_backend *be, gpu_plan *p, int i, int j) {
+    if (p->last_use[j] == i) return 0;
+    const dsrt_layer *L = &be->net->layers[i];
+    dsrt_k_sum s = {{p->gl[j].dy, p->acc}, 2};
+    CU(dsrt_k_sum_fwd(be->act, &s, p->gl[j].dy, out_count(&be->net->layers[j], p->n), 0, 0.0f,
+                      be->compute));
+    return 0;
+}
+
 /* The tensor a convolution reads: its input, or the padded copy. */
 static const void *conv_input(const gpu_plan *p, int i) {
     const gpu_layer *g = &p->gl[i];
-    return g->pad_explicit ? g->xp : p->gl[i - 1].y;
+    return g->pad_explicit ? g->xp : p->gl[g->in0].y;
 }
 
 /*
@@ -1095,7 +1125,7 @@ static void plan_conv_fuse(cuda_backend *be, gpu_plan *p, int i) {
  * bn_ex goes back to 0 where they fail. */
 static void plan_bn_try(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     if (!g->bn_ex) return;
     cudnnActivationDescriptor_t act =
         g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION ? g->act : NULL;
@@ -1126,9 +1156,9 @@ static int plan_conv_algos(cuda_backend *be, gpu_plan *p, int i, void *fws, size
     if (!p->train) return 0;
     void *dw = be->bf16 ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
     TRY(pick(be, g, L, DIR_FILTER, x, g->dy, dw, fws, fws_size, need));
-    g->al.has_data = be->need_diff[i - 1];
+    g->al.has_data = dsrt__net_need_diff(be->net, L->inputs[0]);
     if (g->al.has_data) {
-        void *dx = g->pad_explicit ? g->xp : p->gl[i - 1].dy;
+        void *dx = g->pad_explicit ? g->xp : grad_ptr(p, i, g->in0);
         TRY(pick(be, g, L, DIR_DATA, w, g->dy, dx, fws, fws_size, need));
     }
     return 0;
@@ -1183,10 +1213,19 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
      * input of a batchnorm (cuDNN always computes it); a layer that shares
      * its input's tensors passes the need on. The classifier's output has
      * none. */
-    for (int i = nl - 2; train && i >= 0; i--) {
-        need_dy[i] |= be->need_diff[i] || net->layers[i + 1].kind == DSRT_LAYER_BATCHNORM;
-        if (i > 0 && aliases(&net->layers[i], train) && need_dy[i]) need_dy[i - 1] = 1;
+    for (int i = nl - 1; train && i >= 0; i--) {
+        const dsrt_layer *l = &net->layers[i];
+        if (i < nl - 1) need_dy[i] |= dsrt__net_need_diff(net, i);
+        if (l->kind == DSRT_LAYER_BATCHNORM) need_dy[l->inputs[0]] = 1;
+        if (i > 0 && aliases(l, train) && need_dy[i]) need_dy[l->inputs[0]] = 1;
     }
+    p->last_use = dsrt__calloc((size_t)nl, sizeof *p->last_use);
+    if (!p->last_use) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (int i = 1; i < nl; i++)
+        for (int k = 0; k < net->layers[i].n_inputs; k++) p->last_use[net->layers[i].inputs[k]] = i;
     for (int i = 1; i < nl; i++) {
         const dsrt_layer *l = &net->layers[i];
         gpu_layer *g = &p->gl[i];
@@ -1500,7 +1539,7 @@ static dsrt_k_desc padded_desc(const cuda_backend *be, const gpu_plan *p, int i)
 
 static int fwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     if (g->pad_explicit) {
         dsrt_k_desc pd = padded_desc(be, p, i);
         CU(dsrt_k_pad(&in->kd, in->y, &pd, g->xp, L->pt, L->pl, 0.0f, 0, be->compute));
@@ -1539,7 +1578,7 @@ static int fwd_conv(cuda_backend *be, gpu_plan *p, int i) {
  */
 static int fwd_batchnorm_kernels(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     int c = L->out.c;
     const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
     float *rm = be->state + L->s_off, *rv = rm + c;
@@ -1561,7 +1600,7 @@ static int fwd_batchnorm_kernels(cuda_backend *be, gpu_plan *p, int i) {
  * it fused, unless leaky), else by dsrt's kernels. */
 static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     if (!p->train || !g->bn_ex || p->bn_sync) return fwd_batchnorm_kernels(be, p, i);
     int c = L->out.c;
     const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
@@ -1595,7 +1634,7 @@ static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
  */
 static int fwd_fc(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     int n = p->n, oc = L->out.c, ic = L->in.c * L->in.h * L->in.w;
     const void *x = in->y;
     if (flattens(L)) {
@@ -1619,7 +1658,7 @@ static int fwd_fc(cuda_backend *be, gpu_plan *p, int i) {
 
 static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     switch (L->kind) {
     case DSRT_LAYER_CONV:
         return fwd_conv(be, p, i);
@@ -1649,6 +1688,22 @@ static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
                                    p->labels ? p->loss : NULL, p->labels ? p->correct : NULL,
                                    p->sm_work, be->compute));
         return 0;
+    case DSRT_LAYER_ADD: {
+        dsrt_k_sum s = {.n = L->n_inputs};
+        for (int k = 0; k < L->n_inputs; k++) s.x[k] = p->gl[L->inputs[k]].y;
+        CU(dsrt_k_sum_fwd(be->act, &s, g->y, out_count(L, p->n), L->fuse_relu, L->fuse_leak,
+                          be->compute));
+        return 0;
+    }
+    case DSRT_LAYER_CONCAT: {
+        int c0 = 0;
+        for (int k = 0; k < L->n_inputs; k++) {
+            gpu_layer *x = &p->gl[L->inputs[k]];
+            CU(dsrt_k_channels(&x->kd, x->y, &g->kd, g->y, c0, 1, 0, be->compute));
+            c0 += x->kd.c;
+        }
+        return 0;
+    }
     case DSRT_LAYER_INPUT:
         break;
     }
@@ -1676,7 +1731,7 @@ static int bias_relu_bwd(cuda_backend *be, gpu_plan *p, int i) {
 
 static int bwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     TRY(bias_relu_bwd(be, p, i));
     const void *x = conv_input(p, i), *w = weights(be, L);
     void *dw = be->bf16 ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
@@ -1693,7 +1748,7 @@ static int bwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     TRY(grads_ready(be, i));
     if (!g->al.has_data) return 0;
     /* The padded input was read; its buffer takes the padded gradient. */
-    void *dx = g->pad_explicit ? g->xp : in->dy;
+    void *dx = g->pad_explicit ? g->xp : grad_ptr(p, i, g->in0);
     if (g->al.own[DIR_DATA]) {
         CU(dsrt_k_conv_bwd_data(&g->kconv, w, g->dy, dx, be->compute));
     } else {
@@ -1703,14 +1758,16 @@ static int bwd_conv(cuda_backend *be, gpu_plan *p, int i) {
     }
     if (g->pad_explicit) {
         dsrt_k_desc pd = padded_desc(be, p, i);
-        CU(dsrt_k_pad(&pd, g->xp, &in->kd, in->dy, -L->pt, -L->pl, 0.0f, 0, be->compute));
+        CU(dsrt_k_pad(&pd, g->xp, &in->kd, in->dy, -L->pt, -L->pl, 0.0f,
+                      p->last_use[g->in0] != i, be->compute));
+        return 0;
     }
-    return 0;
+    return grad_add(be, p, i, g->in0);
 }
 
 static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
     float *dscale = be->grads + L->w_off, *dshift = be->grads + L->b_off;
     if (!g->bn_ex || p->bn_sync) {
@@ -1725,7 +1782,9 @@ static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
                               g->bn_bsums, dscale, dshift, p->bn_work, be->compute));
         if (p->bn_sync) TRY(bn_callout(be, i, 1, g->bn_bsums, (size_t)2 * c));
         CU(dsrt_k_bn_bwd_dx(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
-                            scale, g->bn_bsums, g->bn_sums + 2 * c, in->dy, be->compute));
+                            scale, g->bn_bsums, g->bn_sums + 2 * c, grad_ptr(p, i, g->in0),
+                            be->compute));
+        TRY(grad_add(be, p, i, g->in0));
         return grads_ready(be, i);
     }
     int fused = g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
@@ -1734,9 +1793,10 @@ static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
                            be->compute));
     DNN(cudnnBatchNormalizationBackwardEx(
         be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, &ONE, &ZERO, in->yd,
-        in->y, g->yd, g->y, g->yd, g->dy, NULL, NULL, in->yd, in->dy, g->bd, scale, shift, dscale,
-        dshift, (double)L->o.eps, g->save_mean, g->save_inv, fused ? g->act : NULL, be->ws,
-        be->ws_size, g->bn_reserve, g->bn_reserve_size));
+        in->y, g->yd, g->y, g->yd, g->dy, NULL, NULL, in->yd, grad_ptr(p, i, g->in0), g->bd, scale,
+        shift, dscale, dshift, (double)L->o.eps, g->save_mean, g->save_inv, fused ? g->act : NULL,
+        be->ws, be->ws_size, g->bn_reserve, g->bn_reserve_size));
+    TRY(grad_add(be, p, i, g->in0));
     return grads_ready(be, i);
 }
 
@@ -1746,7 +1806,7 @@ static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
  * host's (c, h, w) order and is put back in NHWC. */
 static int bwd_fc(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
     int n = p->n, oc = L->out.c, ic = L->in.c * L->in.h * L->in.w, flat = flattens(L);
     TRY(bias_relu_bwd(be, p, i));
     const void *x = flat ? g->xf : in->y;
@@ -1759,8 +1819,8 @@ static int bwd_fc(cuda_backend *be, gpu_plan *p, int i) {
         BLAS(cublasSgemm(be->blas, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &ONE, x, ic, g->dy, oc,
                          &ZERO, dw, ic));
     TRY(grads_ready(be, i));
-    if (!be->need_diff[i - 1]) return 0;
-    void *dx = flat ? g->xf : in->dy;
+    if (!dsrt__net_need_diff(be->net, L->inputs[0])) return 0;
+    void *dx = flat ? g->xf : grad_ptr(p, i, g->in0);
     if (be->bf16)
         BLAS(cublasGemmEx(be->blas, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &ONE, be->w16 + L->w_off,
                           CUDA_R_16BF, ic, g->dy, CUDA_R_16BF, oc, &ZERO, dx, CUDA_R_16BF, ic,
@@ -1771,15 +1831,46 @@ static int bwd_fc(cuda_backend *be, gpu_plan *p, int i) {
     if (flat) {
         dsrt_k_desc fk = in->kd;
         fk.nhwc = 0;
-        CU(dsrt_k_pad(&fk, g->xf, &in->kd, in->dy, 0, 0, 0.0f, 0, be->compute));
+        CU(dsrt_k_pad(&fk, g->xf, &in->kd, in->dy, 0, 0, 0.0f, p->last_use[g->in0] != i,
+                      be->compute));
+        return 0;
+    }
+    return grad_add(be, p, i, g->in0);
+}
+
+/* An add's gradient goes to each input unchanged (behind its ReLU, applied
+ * in place first); a concat's channels go to their inputs. */
+static int bwd_join(cuda_backend *be, gpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    gpu_layer *g = &p->gl[i];
+    if (L->kind == DSRT_LAYER_ADD && L->fuse_relu)
+        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
+                           be->compute));
+    int c0 = 0;
+    for (int k = 0; k < L->n_inputs; k++) {
+        int j = L->inputs[k];
+        gpu_layer *in = &p->gl[j];
+        if (dsrt__net_need_diff(be->net, j)) {
+            if (L->kind == DSRT_LAYER_CONCAT) {
+                CU(dsrt_k_channels(&in->kd, in->dy, &g->kd, g->dy, c0, 0, p->last_use[j] != i,
+                                   be->compute));
+            } else {
+                void *dx = grad_ptr(p, i, j);
+                CU(cudaMemcpyAsync(dx, g->dy, out_count(L, p->n) * type_size(be->act),
+                                   cudaMemcpyDeviceToDevice, be->compute));
+                TRY(grad_add(be, p, i, j));
+            }
+        }
+        c0 += be->net->layers[j].out.c;
     }
     return 0;
 }
 
 static int bwd_layer(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[i - 1];
-    int need_dx = be->need_diff[i - 1];
+    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
+    int need_dx = dsrt__net_need_diff(be->net, L->inputs[0]);
+    void *dx = need_dx ? grad_ptr(p, i, g->in0) : NULL;
     switch (L->kind) {
     case DSRT_LAYER_CONV:
         return bwd_conv(be, p, i);
@@ -1787,37 +1878,38 @@ static int bwd_layer(cuda_backend *be, gpu_plan *p, int i) {
         return bwd_batchnorm(be, p, i);
     case DSRT_LAYER_FC:
         return bwd_fc(be, p, i);
+    case DSRT_LAYER_ADD:
+    case DSRT_LAYER_CONCAT:
+        return bwd_join(be, p, i);
     case DSRT_LAYER_RELU:
-        if (need_dx && !L->fused_away)
-            CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, in->dy, out_count(L, p->n), L->o.leak,
-                               be->compute));
-        return 0;
+        if (!need_dx || L->fused_away) return 0;
+        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, dx, out_count(L, p->n), L->o.leak, be->compute));
+        break;
     case DSRT_LAYER_MAXPOOL:
     case DSRT_LAYER_AVGPOOL:
     case DSRT_LAYER_GAP:
-        if (need_dx)
-            CU(dsrt_k_pool_bwd(&g->pool, in->y, g->pool_arg, g->dy, in->dy, be->compute));
-        return 0;
-    case DSRT_LAYER_DROPOUT:
-        if (need_dx)
-            CU(dsrt_k_dropout(&g->kd, g->dy, in->dy, be->net->opts.seed, 0, &be->dconst->iteration,
-                              i, L->o.p, be->compute));
-        return 0;
-    case DSRT_LAYER_LRN:
-        if (need_dx)
-            CU(dsrt_k_lrn_bwd(&in->kd, &g->lrn, in->y, g->y, g->dy, g->lrn_scale, in->dy,
-                              be->compute));
-        return 0;
-    case DSRT_LAYER_SOFTMAX:
-        if (need_dx)
-            CU(dsrt_k_softmax_xent_bwd(g->y, p->labels, p->n, be->net->classes, 1.0f,
-                                       &be->dconst->grad_scale, in->dy, be->act, be->compute));
-        return 0;
-    case DSRT_LAYER_INPUT:
+        if (!need_dx) return 0;
+        CU(dsrt_k_pool_bwd(&g->pool, in->y, g->pool_arg, g->dy, dx, be->compute));
         break;
+    case DSRT_LAYER_DROPOUT:
+        if (!need_dx) return 0;
+        CU(dsrt_k_dropout(&g->kd, g->dy, dx, be->net->opts.seed, 0, &be->dconst->iteration, i,
+                          L->o.p, be->compute));
+        break;
+    case DSRT_LAYER_LRN:
+        if (!need_dx) return 0;
+        CU(dsrt_k_lrn_bwd(&in->kd, &g->lrn, in->y, g->y, g->dy, g->lrn_scale, dx, be->compute));
+        break;
+    case DSRT_LAYER_SOFTMAX:
+        if (!need_dx) return 0;
+        CU(dsrt_k_softmax_xent_bwd(g->y, p->labels, p->n, be->net->classes, 1.0f,
+                                   &be->dconst->grad_scale, dx, be->act, be->compute));
+        break;
+    case DSRT_LAYER_INPUT:
+        return dsrt__fail(DSRT_EUNSUPPORTED, "cuda backend: layer '%s': kind %d", L->name,
+                          (int)L->kind);
     }
-    return dsrt__fail(DSRT_EUNSUPPORTED, "cuda backend: layer '%s': kind %d", L->name,
-                      (int)L->kind);
+    return grad_add(be, p, i, g->in0);
 }
 
 // ----------------------------------------------------------------------------
@@ -2624,7 +2716,6 @@ static void cuda_destroy(dsrt_backend *b) {
     if (be->compute) cudaStreamDestroy(be->compute);
     (void)cudaGetLastError();
     free(be->seg_host);
-    free(be->need_diff);
     free(be);
 }
 
@@ -2717,18 +2808,8 @@ static int cuda_create(dsrt_backend **out, dsrt_net *net) {
                                                             : CUDNN_DEFAULT_MATH;
     be->graphs = net->opts.cuda_graphs != 0;
     net->backend_note[0] = 0;
-    be->need_diff = dsrt__calloc((size_t)net->n_layers, sizeof *be->need_diff);
-    if (!be->need_diff) {
-        free(be);
-        return -ENOMEM;
-    }
-    /* Layer i's output needs a gradient when some layer up to i learns. */
-    int learns = 0;
-    for (int i = 0; i < net->n_layers; i++) {
-        learns |= net->layers[i].w_n > 0 || net->layers[i].b_n > 0;
-        be->need_diff[i] = learns;
+    for (int i = 0; i < net->n_layers; i++)
         be->any_bn |= net->layers[i].kind == DSRT_LAYER_BATCHNORM;
-    }
     int rc = cuda_setup(be);
     if (rc) {
         cuda_destroy((dsrt_backend *)be);

@@ -27,6 +27,8 @@ typedef enum {
     DSRT_LAYER_DROPOUT,
     DSRT_LAYER_LRN,
     DSRT_LAYER_SOFTMAX, /* softmax + cross-entropy: the classification output */
+    DSRT_LAYER_ADD,     /* element-wise sum of its inputs (a ReLU after it when relu=1) */
+    DSRT_LAYER_CONCAT,  /* its inputs side by side along the channels */
 } dsrt_layer_kind;
 
 typedef enum {
@@ -40,6 +42,7 @@ typedef enum {
 #define DSRT_LAYER_NAME_MAX 48
 #define DSRT_STATS_MAX      16 /* channels that a description may list statistics for */
 #define DSRT_LAYERS_MAX     4096
+#define DSRT_INPUTS_MAX     64 /* inputs a layer may take (add, concat) */
 #define DSRT_CLASSES_AUTO   (-1) /* "outputs=classes" */
 #define DSRT_INIT_DEFAULT   (-1) /* the net's initialiser */
 
@@ -78,6 +81,8 @@ typedef struct {
     float eps, momentum; /* running average: r = (1 - momentum) r + momentum batch */
     /* learn-rate and L2 factors of weights and biases (scale and offset for BN) */
     float wlr, blr, wl2, bl2;
+    /* add */
+    int relu; /* 1: a ReLU on the sum */
 } dsrt_layer_opts;
 
 typedef struct dsrt_layer_type dsrt_layer_type;
@@ -89,6 +94,15 @@ typedef struct {
     char name[DSRT_LAYER_NAME_MAX];
     int line; /* in the description */
     dsrt_layer_opts o;
+    /* The graph: the layers whose outputs this one takes (indices of layers
+     * above it, in the order named by inputs=; by default the line above),
+     * and how many layers take this one's output. in is the shape the layer
+     * sees: its input's (add: the common shape; concat: the channels
+     * summed). */
+    int inputs[DSRT_INPUTS_MAX];
+    int n_inputs;
+    int consumers;
+    char *inputs_text; /* inputs= as written, until the net resolves it (owned) */
     dsrt_shape in, out;
     /* Padding resolved against the input (for 'same'). */
     int pt, pb, pl, pr;
@@ -140,6 +154,8 @@ int dsrt__build_fc(dsrt_layer *l, const dsrt_shape *in, int *classes);
 int dsrt__build_dropout(dsrt_layer *l, const dsrt_shape *in, int *classes);
 int dsrt__build_lrn(dsrt_layer *l, const dsrt_shape *in, int *classes);
 int dsrt__build_softmax(dsrt_layer *l, const dsrt_shape *in, int *classes);
+int dsrt__build_add(dsrt_layer *l, const dsrt_shape *in, int *classes);
+int dsrt__build_concat(dsrt_layer *l, const dsrt_shape *in, int *classes);
 void dsrt__init_input(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng, int init);
 void dsrt__init_conv(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng, int init);
 void dsrt__init_batchnorm(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng,
@@ -172,8 +188,11 @@ typedef struct dsrt_backend dsrt_backend;
 typedef struct dsrt_backend_ops dsrt_backend_ops;
 
 struct dsrt_net {
-    dsrt_layer *layers; /* layers[0] is the input */
+    dsrt_layer *layers; /* layers[0] is the input; every layer's inputs lie above it */
     int n_layers;
+    /* (n_layers) 1: backward produces the gradient of layer i's output (a
+     * layer that learns lies on a path from the input to it). */
+    int *need_diff;
     char *desc;   /* the description text */
     char *source; /* what the description came from, for messages */
     dsrt_shape input;
@@ -271,6 +290,14 @@ enum {
 int dsrt__net_build(dsrt_net **net, dsrt_desc *d, const char *text, const char *source, int h,
                     int w, int c, int classes, const dsrt_net_options *o, int init,
                     const size_t *expect);
+
+/* Whether backward produces the gradient of layer i's output. */
+int dsrt__net_need_diff(const dsrt_net *net, int i);
+
+/* Layer l's k-th input (index of a layer above it). */
+static inline int dsrt__in(const dsrt_layer *l, int k) {
+    return l->inputs[k];
+}
 
 /* Called by backends when layer i's gradients are final (on a device: when
  * the work that writes them is queued). */

@@ -251,6 +251,39 @@ extern "C" cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l,
 }
 
 // ----------------------------------------------------------------------------
+// Graphs
+
+__global__ void sum_kernel(dsrt_k_type t, dsrt_k_sum s, void *y, int relu, float leak,
+                           size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_sum(t, &s, y, relu, leak, i);
+}
+
+extern "C" cudaError_t dsrt_k_sum_fwd(dsrt_k_type t, const dsrt_k_sum *s, void *y, size_t count,
+                                      int relu, float leak, cudaStream_t stream) {
+    if (!s || s->n < 1 || s->n > DSRT_KB_SUM_MAX || !dsrt_kb_type_ok(t)) return cudaErrorInvalidValue;
+    if (!count) return cudaSuccess;
+    sum_kernel<<<grid_for(count), THREADS, 0, stream>>>(t, *s, y, relu, leak, count);
+    return cudaGetLastError();
+}
+
+__global__ void channels_kernel(dsrt_k_desc xd, void *x, dsrt_k_desc yd, void *y, int c0, int to_y,
+                                int accumulate, size_t count) {
+    for (size_t i = tid(); i < count; i += stride())
+        dsrt_kb_channels(&xd, x, &yd, y, c0, to_y, accumulate, i);
+}
+
+extern "C" cudaError_t dsrt_k_channels(const dsrt_k_desc *xd, void *x, const dsrt_k_desc *yd,
+                                       void *y, int c0, int to_y, int accumulate,
+                                       cudaStream_t stream) {
+    if (!dsrt_kb_channels_ok(xd, yd, c0)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(xd);
+    if (!count) return cudaSuccess;
+    channels_kernel<<<grid_for(count), THREADS, 0, stream>>>(*xd, x, *yd, y, c0, to_y, accumulate,
+                                                             count);
+    return cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
 // Direct convolution (the fallback where cuDNN has no algorithm)
 
 __global__ void conv_fwd_kernel(dsrt_k_conv p, const void *x, const void *w, void *y,

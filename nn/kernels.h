@@ -132,6 +132,22 @@ cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void
                            const void *dy, const float *scale, void *dx, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
+// Graphs
+
+/* y = the sum of s's inputs (count elements of type t each, added in order
+ * in float), the ReLU after it when relu (leak: slope below zero); y may
+ * be one of the inputs. The add layer, and a gradient adding another
+ * layer's share (y = x[0]). */
+cudaError_t dsrt_k_sum_fwd(dsrt_k_type t, const dsrt_k_sum *s, void *y, size_t count, int relu,
+                           float leak, cudaStream_t stream);
+
+/* x (xd) to channels c0 .. c0 + xd->c of y (yd: one n, h, w) when to_y (a
+ * concat's input into its output), else those channels of y to x, added to
+ * x when accumulate (the input's share of the gradient). */
+cudaError_t dsrt_k_channels(const dsrt_k_desc *xd, void *x, const dsrt_k_desc *yd, void *y, int c0,
+                            int to_y, int accumulate, cudaStream_t stream);
+
+// ----------------------------------------------------------------------------
 // Direct convolution
 
 /* Convolution p (nn/kernels_body.h dsrt_k_conv) of x with the filters w

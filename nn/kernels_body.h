@@ -853,6 +853,52 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_lrn_bwd(const dsrt_k_desc *d, const 
 }
 
 // ----------------------------------------------------------------------------
+// Graphs: element-wise sums (add layers, gradients of outputs that feed
+// several layers) and channel ranges (concat layers)
+
+/* The inputs of a sum (at most DSRT_KB_SUM_MAX, one type and count). */
+#define DSRT_KB_SUM_MAX 64
+typedef struct {
+    const void *x[DSRT_KB_SUM_MAX];
+    int n;
+} dsrt_k_sum;
+
+/* Element i of y = x[0] + ... + x[n-1], added in that order in float, then
+ * the ReLU (leak: its slope below zero) when relu. y may be x[0]. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_sum(dsrt_k_type t, const dsrt_k_sum *s, void *y,
+                                                int relu, float leak, size_t i) {
+    float v = dsrt_kb_load(s->x[0], t, i);
+    for (int k = 1; k < s->n; k++) v = DSRT_FADD(v, dsrt_kb_load(s->x[k], t, i));
+    if (relu && !(v > 0.0f)) v = v < 0.0f ? DSRT_FMUL(v, leak) : v;
+    dsrt_kb_store(y, t, i, v);
+}
+
+/* Element i of x (xd) and its place among y's (yd) channels from c0 on (one
+ * n, h, w, type): to_y copies it there (concat forward), else from there
+ * (backward: the input's share of the gradient), added to what x holds
+ * when accumulate. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_channels(const dsrt_k_desc *xd, void *x,
+                                                     const dsrt_k_desc *yd, void *y, int c0,
+                                                     int to_y, int accumulate, size_t i) {
+    dsrt_kb_coord k = dsrt_kb_coord_of(i, xd->c, xd->h, xd->w, xd->nhwc);
+    dsrt_kb_coord o = k;
+    o.ch = k.ch + c0;
+    size_t j = dsrt_kb_index_of(o, yd->c, yd->h, yd->w, yd->nhwc);
+    if (to_y) {
+        dsrt_kb_store(y, yd->type, j, dsrt_kb_load(x, xd->type, i));
+    } else {
+        float v = dsrt_kb_load(y, yd->type, j);
+        if (accumulate) v = DSRT_FADD(dsrt_kb_load(x, xd->type, i), v);
+        dsrt_kb_store(x, xd->type, i, v);
+    }
+}
+
+static inline int dsrt_kb_channels_ok(const dsrt_k_desc *xd, const dsrt_k_desc *yd, int c0) {
+    return dsrt_kb_desc_ok(xd) && dsrt_kb_desc_ok(yd) && xd->n == yd->n && xd->h == yd->h &&
+           xd->w == yd->w && c0 >= 0 && c0 + xd->c <= yd->c;
+}
+
+// ----------------------------------------------------------------------------
 // Direct convolution: one thread an output element forward, an input
 // element backward (it gathers the outputs whose windows hold it), a filter
 // element for the filter's gradient; sums in double, in a fixed order

@@ -174,6 +174,19 @@ int dsrt__build_softmax(dsrt_layer *l, const dsrt_shape *in, int *classes) {
     return 0;
 }
 
+/* add and concat: in is the shape the net made of their inputs (which it
+ * checked agree). */
+int dsrt__build_add(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    l->out = *in;
+    l->flops = (double)(l->n_inputs - 1) * in->c * in->h * in->w;
+    return 0;
+}
+
+int dsrt__build_concat(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    l->out = *in;
+    return check_size(l, (double)in->c * in->h * in->w, "an output image");
+}
+
 // ----------------------------------------------------------------------------
 // Initialisers
 

@@ -5,12 +5,16 @@
  * written whole to memory and then atomically (temporary file, fsync,
  * rename): a reader sees the old file or the new one.
  *
- * Format, version 1. All integers little-endian; floats IEEE-754 binary32
- * little-endian.
+ * Format, version 1 or 2. All integers little-endian; floats IEEE-754
+ * binary32 little-endian. Version 2 is version 1 for networks that are
+ * graphs (a layer with inputs=, add or concat in DESC); a chain is still
+ * written as version 1, which every reader of the format reads. A reader
+ * that knows only version 1 refuses a version-2 file by its version, not by
+ * a puzzling error in its description.
  *
  *   File header, 64 bytes:
  *      0  8  magic "DSRTMODL"
- *      8  4  format version (1)
+ *      8  4  format version (1, or 2 for a graph)
  *     12  4  kind: 1 model, 2 checkpoint
  *     16  4  header size (64)
  *     20  4  number of sections that follow
@@ -60,7 +64,7 @@
 #include <zlib.h>
 
 #define MAGIC          "DSRTMODL"
-#define VERSION        1u
+#define VERSION        2u /* the newest this build reads and writes */
 #define HEADER_SIZE    64u
 #define SECTION_HEADER 24u
 #define KIND_MODEL     1u
@@ -77,6 +81,13 @@
 
 // ----------------------------------------------------------------------------
 // Bytes
+
+/* Whether some layer takes another input than the layer above it. */
+static int is_graph(const dsrt_net *net) {
+    for (int i = 1; i < net->n_layers; i++)
+        if (net->layers[i].n_inputs != 1 || net->layers[i].inputs[0] != i - 1) return 1;
+    return 0;
+}
 
 static void put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -238,7 +249,7 @@ static int write_file(const char *path, const dsrt_net *net, const dsrt_optimize
     }
     uint8_t *h = w.buf;
     memcpy(h, MAGIC, 8);
-    put32(h + 8, VERSION);
+    put32(h + 8, is_graph(net) ? 2u : 1u);
     put32(h + 12, kind);
     put32(h + 16, HEADER_SIZE);
     put32(h + 20, w.sections);
@@ -394,9 +405,10 @@ int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, 
                           "model: %s: truncated: %zu bytes, the header alone is %u", name, size,
                           HEADER_SIZE);
     uint32_t version = get32(data + 8);
-    if (version != VERSION)
+    if (version < 1 || version > VERSION)
         return dsrt__fail(DSRT_EUNSUPPORTED,
-                          "model: %s: format version %u is not supported (this build reads %u)",
+                          "model: %s: format version %u is not supported (this build reads 1 to "
+                          "%u)",
                           name, version, VERSION);
     if (get32(data + 60) != crc(data, 60))
         return dsrt__fail(DSRT_ECHECKSUM, "model: %s: header checksum mismatch", name);

@@ -210,6 +210,84 @@ static int check_structure(const dsrt_desc *d, const char *source) {
     return 0;
 }
 
+/* Resolves layer i's inputs (inputs= names, else the layer above) to
+ * indices of layers above it, counts consumers, and makes the shape the
+ * layer sees: its input's, or for add and concat the one their inputs make
+ * together (refused with every input's shape when they disagree). */
+static int resolve_inputs(dsrt_net *net, int i, const char *source) {
+    dsrt_layer *l = &net->layers[i];
+    l->n_inputs = 0;
+    if (!l->inputs_text) {
+        l->inputs[0] = i - 1;
+        l->n_inputs = 1;
+    } else {
+        for (const char *p = l->inputs_text; *p;) {
+            const char *e = strchr(p, ',');
+            size_t len = e ? (size_t)(e - p) : strlen(p);
+            char nm[DSRT_LAYER_NAME_MAX];
+            memcpy(nm, p, len);
+            nm[len] = '\0';
+            p = e ? e + 1 : p + len;
+            int j = 0;
+            while (j < net->n_layers && strcmp(net->layers[j].name, nm)) j++;
+            if (j == net->n_layers)
+                return dsrt__fail(DSRT_EOPTION,
+                                  "%s: line %d: %s: option 'inputs': no layer is named '%s'",
+                                  source, l->line, l->type, nm);
+            if (j >= i)
+                return dsrt__fail(DSRT_EOPTION,
+                                  "%s: line %d: %s: option 'inputs': '%s' (line %d) is not above "
+                                  "this line: a layer takes the outputs of layers written before "
+                                  "it (no cycles)",
+                                  source, l->line, l->type, nm, net->layers[j].line);
+            for (int k = 0; k < l->n_inputs; k++)
+                if (l->inputs[k] == j)
+                    return dsrt__fail(DSRT_EOPTION,
+                                      "%s: line %d: %s: option 'inputs': '%s' is named twice",
+                                      source, l->line, l->type, nm);
+            l->inputs[l->n_inputs++] = j;
+        }
+        free(l->inputs_text);
+        l->inputs_text = NULL;
+    }
+    int multi = l->kind == DSRT_LAYER_ADD || l->kind == DSRT_LAYER_CONCAT;
+    if (multi && l->n_inputs < 2)
+        return dsrt__fail(DSRT_EOPTION,
+                          "%s: line %d: %s: option 'inputs': it takes two or more inputs, %d given",
+                          source, l->line, l->type, l->n_inputs);
+    if (!multi && l->n_inputs != 1)
+        return dsrt__fail(DSRT_EOPTION,
+                          "%s: line %d: %s: option 'inputs': it takes one input, %d given "
+                          "(add or concat join several)",
+                          source, l->line, l->type, l->n_inputs);
+    for (int k = 0; k < l->n_inputs; k++) net->layers[l->inputs[k]].consumers++;
+    const dsrt_shape *s0 = &net->layers[l->inputs[0]].out;
+    l->in = *s0;
+    if (!multi) return 0;
+    int ok = 1;
+    for (int k = 1; k < l->n_inputs; k++) {
+        const dsrt_shape *sk = &net->layers[l->inputs[k]].out;
+        if (l->kind == DSRT_LAYER_ADD)
+            ok &= sk->c == s0->c && sk->h == s0->h && sk->w == s0->w;
+        else {
+            ok &= sk->h == s0->h && sk->w == s0->w;
+            l->in.c += sk->c;
+        }
+    }
+    if (ok) return 0;
+    char shapes[1024];
+    size_t at = 0;
+    for (int k = 0; k < l->n_inputs && at < sizeof shapes; k++) {
+        const dsrt_layer *in = &net->layers[l->inputs[k]];
+        at += (size_t)snprintf(shapes + at, sizeof shapes - at, "%s%s %dx%dx%d", k ? ", " : "",
+                               in->name, in->out.h, in->out.w, in->out.c);
+    }
+    return dsrt__fail(DSRT_EOPTION,
+                      "%s: line %d: %s: option 'inputs': the inputs must have %s (HxWxC: %s)",
+                      source, l->line, l->type,
+                      l->kind == DSRT_LAYER_ADD ? "one shape" : "one height and width", shapes);
+}
+
 /* Infers every shape and lays the parameters out, each tensor 64-byte
  * aligned, in layer order. */
 static int infer(dsrt_net *net, const char *source, int h, int w, int c, int classes) {
@@ -224,8 +302,10 @@ static int infer(dsrt_net *net, const char *source, int h, int w, int c, int cla
     size_t at = 0, st = 0;
     for (int i = 0; i < net->n_layers; i++) {
         dsrt_layer *l = &net->layers[i];
-        l->in = i ? net->layers[i - 1].out : s;
-        int rc = l->def->build(l, &l->in, &net->classes);
+        int rc;
+        if (i && (rc = resolve_inputs(net, i, source))) return rc;
+        if (!i) l->in = s;
+        rc = l->def->build(l, &l->in, &net->classes);
         if (rc) return dsrt__fail_prefix(rc, "%s: line %d", source, l->line);
         if (l->w_n) {
             at = (at + 15) & ~(size_t)15;
@@ -245,25 +325,48 @@ static int infer(dsrt_net *net, const char *source, int h, int w, int c, int cla
             return dsrt__fail(DSRT_ETOOBIG, "%s: line %d: more than 2^34 parameters", source,
                               l->line);
     }
+    /* One output: the last layer's. */
+    for (int i = 0; i + 1 < net->n_layers; i++)
+        if (!net->layers[i].consumers)
+            return dsrt__fail(DSRT_EOPTION,
+                              "%s: line %d: the output of '%s' feeds no layer: a network has one "
+                              "output, its last layer's (name it in a later layer's inputs=)",
+                              source, net->layers[i].line, net->layers[i].name);
     net->input = s;
     net->n_params = at;
     net->n_state = st;
     return 0;
 }
 
-/* Marks each ReLU that the layer before it can compute (oneDNN post-op for
- * convolution and fully connected; the batch-norm ReLU flag, not leaky). */
+/* Marks each ReLU that the layer it takes can compute (oneDNN post-op for
+ * convolution and fully connected; the batch-norm ReLU flag, not leaky; the
+ * sum of an add): only where the ReLU is the one layer that takes that
+ * output, since the ReLU then replaces it. An add with relu=1 computes its
+ * ReLU the same way, with fusion off too (it is the layer's own). */
 static void fuse(dsrt_net *net) {
+    for (int i = 1; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        if (l->kind == DSRT_LAYER_ADD && l->o.relu) {
+            l->fuse_relu = 1;
+            l->fuse_leak = 0.0f;
+        }
+    }
+    if (!net->opts.fuse) return;
     for (int i = 2; i < net->n_layers; i++) {
-        dsrt_layer *l = &net->layers[i], *p = &net->layers[i - 1];
-        if (l->kind != DSRT_LAYER_RELU) continue;
+        dsrt_layer *l = &net->layers[i], *p = &net->layers[l->inputs[0]];
+        if (l->kind != DSRT_LAYER_RELU || l->inputs[0] == 0 || p->consumers != 1) continue;
         int ok = p->kind == DSRT_LAYER_CONV || p->kind == DSRT_LAYER_FC ||
+                 p->kind == DSRT_LAYER_ADD ||
                  (p->kind == DSRT_LAYER_BATCHNORM && l->o.leak == 0.0f);
         if (!ok || p->fuse_relu) continue;
         p->fuse_relu = 1;
         p->fuse_leak = l->o.leak;
         l->fused_away = 1;
     }
+}
+
+int dsrt__net_need_diff(const dsrt_net *net, int i) {
+    return net->need_diff && net->need_diff[i];
 }
 
 int dsrt__net_build(dsrt_net **out, dsrt_desc *d, const char *text, const char *source, int h,
@@ -303,7 +406,20 @@ int dsrt__net_build(dsrt_net **out, dsrt_desc *d, const char *text, const char *
                         source, net->n_params, net->n_state, expect[0], expect[1]);
         goto fail;
     }
-    if (net->opts.fuse) fuse(net);
+    fuse(net);
+    /* Layer i's output needs a gradient when a layer that learns lies on a
+     * path from the input to it (itself included). */
+    net->need_diff = dsrt__calloc((size_t)net->n_layers, sizeof *net->need_diff);
+    if (!net->need_diff) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < net->n_layers; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        int need = l->w_n > 0 || l->b_n > 0;
+        for (int k = 0; i && k < l->n_inputs; k++) need |= net->need_diff[l->inputs[k]];
+        net->need_diff[i] = need;
+    }
     net->params = alloc_floats(net->n_params);
     net->grads = alloc_floats(net->n_params);
     net->state = alloc_floats(net->n_state);
@@ -381,7 +497,9 @@ void dsrt_net_destroy(dsrt_net *net) {
     if (!net) return;
     detach_backend(net);
     prof_free(net->prof);
+    for (int i = 0; net->layers && i < net->n_layers; i++) free(net->layers[i].inputs_text);
     free(net->layers);
+    free(net->need_diff);
     free(net->desc);
     free(net->source);
     free(net->params);
@@ -433,6 +551,8 @@ int dsrt_net_layer(const dsrt_net *net, int i, dsrt_layer_info *info) {
     info->bias_offset = l->b_off;
     info->bias_count = l->b_n;
     info->fused = l->fuse_relu;
+    info->n_inputs = i ? l->n_inputs : 0;
+    info->inputs = l->inputs;
     return 0;
 }
 

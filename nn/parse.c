@@ -26,8 +26,14 @@
  *   `N` or `HxW` (height x width), and comma-separated lists.
  * - The first layer is `input`, the last is `softmax`, and neither appears
  *   elsewhere. Layers run in the order written; each takes the previous
- *   one's output. Shapes are inferred; a layer whose input is too small for
- *   it, or an option out of range, is an error naming the line and option.
+ *   one's output unless `inputs=a,b` names the layers (above it) whose
+ *   outputs it takes: a network is then a graph (ResNet's skip connections,
+ *   Inception's branches). Only `add` and `concat` take several inputs; a
+ *   layer's output may feed several layers (its gradient is then the sum of
+ *   theirs), and every layer's output but the last one's must feed one.
+ *   Shapes are inferred; a layer whose input is too small for it, inputs
+ *   that do not agree, or an option out of range, is an error naming the
+ *   line and option.
  *
  * Layer types and options (defaults in brackets; MATLAB's layer in braces):
  *
@@ -59,14 +65,22 @@
  *              y = x / (k + alpha/size * sum of x^2 over the window)^beta
  *   softmax    {softmaxLayer + classificationLayer} softmax and cross-entropy
  *              loss over the flattened input, which must have `classes` values
+ *   add        {additionLayer} element-wise sum of two or more inputs of one
+ *              shape; relu=0|1 [0] a ReLU on the sum (ResNet's)
+ *   concat     {depthConcatenationLayer} two or more inputs of one height and
+ *              width, side by side along the channels in the order named
  *
- * Built-in networks ("digits", "cifar", "alexnet") are written in this format
- * below and mirror the peer benchmark's PyTorch definitions layer for layer.
+ * Built-in networks ("digits", "cifar", "alexnet", "resnet18", "resnet50",
+ * "resnet20") are written in this format below and mirror the peer
+ * benchmark's PyTorch definitions (torchvision's for the ResNets) layer for
+ * layer.
  */
 #include "internal.h"
 
 #include <ctype.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +184,11 @@ static const struct dsrt_opt_spec OPTS_DROPOUT[] = {
     OPT_END,
 };
 
+static const struct dsrt_opt_spec OPTS_ADD[] = {
+    {"relu", OPT_BOOL, "0", O(relu), 0, 0, 1, NULL},
+    OPT_END,
+};
+
 static const struct dsrt_opt_spec OPTS_LRN[] = {
     {"size", OPT_INT, "5", O(lrn_size), 0, 1, 1 << 12, NULL},
     {"alpha", OPT_FLOAT, "1e-4", O(alpha), 0, 0, 1e6, NULL},
@@ -197,6 +216,10 @@ static const dsrt_layer_type LAYER_TYPES[] = {
      "cross-channel (local response) normalization"},
     {"softmax", DSRT_LAYER_SOFTMAX, dsrt__build_softmax, NULL, OPTS_NONE,
      "softmax and cross-entropy: the classification output"},
+    {"add", DSRT_LAYER_ADD, dsrt__build_add, NULL, OPTS_ADD,
+     "element-wise sum of two or more inputs of one shape"},
+    {"concat", DSRT_LAYER_CONCAT, dsrt__build_concat, NULL, OPTS_NONE,
+     "concatenation of two or more inputs along the channels"},
 };
 
 // ----------------------------------------------------------------------------
@@ -408,7 +431,7 @@ static int valid_name(const char *s) {
 static void option_names(const dsrt_layer_type *t, char *buf, size_t size) {
     size_t at = 0;
     buf[0] = '\0';
-    at += (size_t)snprintf(buf, size, "name");
+    at += (size_t)snprintf(buf, size, "name, inputs");
     for (const struct dsrt_opt_spec *o = t->opts; o->name && at < size; o++)
         at += (size_t)snprintf(buf + at, size - at, ", %s", o->name);
 }
@@ -455,6 +478,35 @@ static int parse_line(dsrt_layer *l, char **tok, int ntok) {
             strcpy(l->name, value);
             named = 1;
             continue;
+        }
+        if (!strcmp(key, "inputs")) {
+            if (l->inputs_text)
+                return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs' given twice", t->name);
+            if (t->kind == DSRT_LAYER_INPUT)
+                return dsrt__fail(DSRT_EOPTION, "input: option 'inputs': the input layer takes none");
+            /* Names separated by commas; resolved when the net is built. */
+            int n = 0;
+            for (const char *p = value; *p; n++) {
+                const char *e = strchr(p, ',');
+                size_t len = e ? (size_t)(e - p) : strlen(p);
+                char nm[DSRT_LAYER_NAME_MAX];
+                if (len == 0 || len >= sizeof nm) goto bad_inputs;
+                memcpy(nm, p, len);
+                nm[len] = '\0';
+                if (!valid_name(nm)) goto bad_inputs;
+                p = e ? e + 1 : p + len;
+                if (e && !*p) goto bad_inputs;
+            }
+            if (n > DSRT_INPUTS_MAX)
+                return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs': %d names, at most %d", t->name,
+                                  n, DSRT_INPUTS_MAX);
+            if (!(l->inputs_text = dsrt__strdup(value))) return -ENOMEM;
+            continue;
+        bad_inputs:
+            return dsrt__fail(DSRT_EOPTION,
+                              "%s: option 'inputs': '%s' is not a comma-separated list of layer "
+                              "names",
+                              t->name, value);
         }
         int i = 0;
         while (i < nopts && strcmp(t->opts[i].name, key)) i++;
@@ -520,6 +572,7 @@ int dsrt__desc_parse(dsrt_desc *d, const char *text, const char *source) {
         dsrt_layer *l = &d->layers[d->n];
         rc = parse_line(l, tok, ntok);
         if (rc) {
+            free(l->inputs_text);
             dsrt__fail_prefix(rc, "%s: line %d", source, line_no);
             goto fail;
         }
@@ -560,6 +613,7 @@ fail:
 }
 
 void dsrt__desc_free(dsrt_desc *d) {
+    for (int i = 0; d->layers && i < d->n; i++) free(d->layers[i].inputs_text);
     free(d->layers);
     d->layers = NULL;
     d->n = 0;
@@ -638,13 +692,119 @@ static const char ALEXNET[] =
     "fc name=fc8 outputs=classes\n"
     "softmax name=output\n";
 
-static const char *const BUILTIN_NAMES[] = {"digits", "cifar", "alexnet", NULL};
-static const char *const BUILTIN_TEXTS[] = {DIGITS, CIFAR, ALEXNET};
+/*
+ * Residual networks, written out by the functions below on first use:
+ * resnet18 and resnet50 as torchvision defines them (a 7x7 stride-2 stem,
+ * 3x3 max pooling, four stages of basic or bottleneck blocks, the stride on
+ * the block's first 3x3 convolution, a 1x1 projection with batchnorm where a
+ * block changes the shape, global average pooling, one fully connected
+ * layer), and resnet20, the CIFAR-size network of the peer benchmark (a 3x3
+ * stem and three stages of three basic blocks, 16, 32 and 64 wide).
+ */
+typedef struct {
+    char *buf;
+    size_t size, at;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->buf + t->at, t->at < t->size ? t->size - t->at : 0, fmt, ap);
+    va_end(ap);
+    if (n > 0) t->at += (size_t)n;
+}
+
+/* conv + batchnorm (+ relu) named p_conv, p_bn, p_relu. */
+static void conv_bn(text *t, const char *p, int filters, int size, int stride, int pad, int relu,
+                    const char *input) {
+    put(t, "conv name=%s_conv filters=%d size=%d stride=%d pad=%d bias=0%s%s\n", p, filters, size,
+        stride, pad, input ? " inputs=" : "", input ? input : "");
+    put(t, "batchnorm name=%s_bn\n", p);
+    if (relu) put(t, "relu name=%s_relu\n", p);
+}
+
+/* One residual block after layer `in` (cin channels): basic (two 3x3) or
+ * bottleneck (1x1, 3x3, 1x1 of 4 x width); its output is named out. */
+static void block(text *t, const char *in, int cin, int width, int stride, int bottleneck,
+                  const char *out, int *cout) {
+    char p[64], a[64], skip[64], last[64];
+    int exp = bottleneck ? 4 * width : width;
+    if (bottleneck) {
+        snprintf(p, sizeof p, "%.40s_a", out);
+        conv_bn(t, p, width, 1, 1, 0, 1, in);
+        snprintf(p, sizeof p, "%.40s_b", out);
+        conv_bn(t, p, width, 3, stride, 1, 1, NULL);
+        snprintf(p, sizeof p, "%.40s_c", out);
+        conv_bn(t, p, exp, 1, 1, 0, 0, NULL);
+    } else {
+        snprintf(p, sizeof p, "%.40s_a", out);
+        conv_bn(t, p, width, 3, stride, 1, 1, in);
+        snprintf(p, sizeof p, "%.40s_b", out);
+        conv_bn(t, p, width, 3, 1, 1, 0, NULL);
+    }
+    snprintf(last, sizeof last, "%.50s_bn", p);
+    if (stride != 1 || cin != exp) {
+        snprintf(a, sizeof a, "%.40s_down", out);
+        conv_bn(t, a, exp, 1, stride, 0, 0, in);
+        snprintf(skip, sizeof skip, "%.50s_bn", a);
+    } else {
+        snprintf(skip, sizeof skip, "%s", in);
+    }
+    put(t, "add name=%s inputs=%s,%s relu=1\n", out, last, skip);
+    *cout = exp;
+}
+
+/* stages: blocks a stage; widths: each stage's; cifar: the 3x3 stem. */
+static void resnet(text *t, const char *title, const int *stages, const int *widths, int n_stages,
+                   int bottleneck, int cifar) {
+    put(t, "# %s\n", title);
+    if (cifar) {
+        put(t, "input size=32x32x3\n");
+        conv_bn(t, "stem", widths[0], 3, 1, 1, 1, NULL);
+    } else {
+        put(t, "input size=224x224x3\n");
+        conv_bn(t, "stem", 64, 7, 2, 3, 1, NULL);
+        put(t, "maxpool name=stem_pool size=3 stride=2 pad=1\n");
+    }
+    char in[64], out[64];
+    snprintf(in, sizeof in, "%s", cifar ? "stem_relu" : "stem_pool");
+    int c = cifar ? widths[0] : 64;
+    for (int s = 0; s < n_stages; s++)
+        for (int b = 0; b < stages[s]; b++) {
+            snprintf(out, sizeof out, "s%d_b%d", s + 1, b + 1);
+            block(t, in, c, widths[s], b == 0 && s > 0 ? 2 : 1, bottleneck, out, &c);
+            snprintf(in, sizeof in, "%s", out);
+        }
+    put(t, "gap name=pool\nfc name=fc outputs=classes\nsoftmax name=output\n");
+}
+
+static char RESNET18[8192], RESNET50[20480], RESNET20[8192];
+static pthread_once_t resnets_once = PTHREAD_ONCE_INIT;
+
+static void make_resnets(void) {
+    static const int r18[] = {2, 2, 2, 2}, r50[] = {3, 4, 6, 3}, w[] = {64, 128, 256, 512};
+    static const int r20[] = {3, 3, 3}, w20[] = {16, 32, 64};
+    text t = {RESNET18, sizeof RESNET18, 0};
+    resnet(&t, "resnet18: 224x224x3, torchvision's resnet18 (basic blocks 2-2-2-2)", r18, w, 4, 0,
+           0);
+    t = (text){RESNET50, sizeof RESNET50, 0};
+    resnet(&t, "resnet50: 224x224x3, torchvision's resnet50 (bottleneck blocks 3-4-6-3)", r50, w,
+           4, 1, 0);
+    t = (text){RESNET20, sizeof RESNET20, 0};
+    resnet(&t, "resnet20: 32x32x3, the peer benchmark's CIFAR resnet20 (3 x 3 basic blocks)", r20,
+           w20, 3, 0, 1);
+}
+
+static const char *const BUILTIN_NAMES[] = {"digits",   "cifar",    "alexnet",
+                                            "resnet18", "resnet50", "resnet20", NULL};
 
 const char *dsrt_net_builtin(const char *name, const char *const **names) {
+    const char *const texts[] = {DIGITS, CIFAR, ALEXNET, RESNET18, RESNET50, RESNET20};
     if (names) *names = BUILTIN_NAMES;
     if (!name) return NULL;
+    pthread_once(&resnets_once, make_resnets);
     for (int i = 0; BUILTIN_NAMES[i]; i++)
-        if (!strcmp(BUILTIN_NAMES[i], name)) return BUILTIN_TEXTS[i];
+        if (!strcmp(BUILTIN_NAMES[i], name)) return texts[i];
     return NULL;
 }

@@ -1654,6 +1654,7 @@ typedef struct {
     dsrt_k_pool pool;
     dsrt_k_lrn lrn;
     dsrt_k_conv conv;
+    dsrt_k_sum sum;
     dsrt_k_optim optim;
     dsrt_k_step step;
     const dsrt_k_step *stp;
@@ -1673,6 +1674,8 @@ enum {
     K_POOL_BWD,
     K_LRN_FWD,
     K_LRN_BWD,
+    K_SUM,
+    K_CHANNELS,
     K_CONV_FWD,
     K_CONV_DATA,
     K_CONV_FILTER,
@@ -1727,6 +1730,12 @@ static void k_run(fk_op *o, cudaStream_t s) {
         break;
     case K_LRN_BWD:
         dsrt_kh_lrn_bwd(&a->d, &a->lrn, a->x, a->y, a->dy, a->fp, a->out);
+        break;
+    case K_SUM:
+        dsrt_kh_sum(a->t, &a->sum, a->out, a->count, a->i1, a->f1);
+        break;
+    case K_CHANNELS:
+        dsrt_kh_channels(&a->d, a->out, &a->d2, a->out2, a->i1, a->i2, a->i3);
         break;
     case K_CONV_FWD:
         dsrt_kh_conv_fwd(&a->conv, a->x, a->y, a->out);
@@ -1884,6 +1893,22 @@ cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void
     K_OP(a);
     a.kind = K_LRN_BWD, a.x = x, a.y = y, a.dy = dy, a.out = dx, a.fp = scale;
     if (ok) a.d = *d, a.lrn = *l;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_sum_fwd(dsrt_k_type t, const dsrt_k_sum *sm, void *y, size_t count, int relu,
+                           float leak, cudaStream_t s) {
+    int ok = sm && sm->n >= 1 && sm->n <= DSRT_KB_SUM_MAX && dsrt_kb_type_ok(t);
+    K_OP(a);
+    a.kind = K_SUM, a.t = t, a.out = y, a.count = count, a.i1 = relu, a.f1 = leak;
+    if (ok) a.sum = *sm;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_channels(const dsrt_k_desc *xd, void *x, const dsrt_k_desc *yd, void *y, int c0,
+                            int to_y, int accumulate, cudaStream_t s) {
+    int ok = dsrt_kb_channels_ok(xd, yd, c0);
+    K_OP(a);
+    a.kind = K_CHANNELS, a.out = x, a.out2 = y, a.i1 = c0, a.i2 = to_y, a.i3 = accumulate;
+    if (ok) a.d = *xd, a.d2 = *yd;
     return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y,

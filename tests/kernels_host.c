@@ -125,6 +125,20 @@ int dsrt_kh_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, co
     return 0;
 }
 
+int dsrt_kh_sum(dsrt_k_type t, const dsrt_k_sum *s, void *y, size_t count, int relu, float leak) {
+    if (!s || s->n < 1 || s->n > DSRT_KB_SUM_MAX || !dsrt_kb_type_ok(t)) return -EINVAL;
+    for (size_t i = 0; i < count; i++) dsrt_kb_sum(t, s, y, relu, leak, i);
+    return 0;
+}
+
+int dsrt_kh_channels(const dsrt_k_desc *xd, void *x, const dsrt_k_desc *yd, void *y, int c0,
+                     int to_y, int accumulate) {
+    if (!dsrt_kb_channels_ok(xd, yd, c0)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(xd); i < n; i++)
+        dsrt_kb_channels(xd, x, yd, y, c0, to_y, accumulate, i);
+    return 0;
+}
+
 int dsrt_kh_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y) {
     if (!p || !dsrt_kb_conv_ok(p)) return -EINVAL;
     for (size_t i = 0, n = dsrt_kb_count(&p->yd); i < n; i++) dsrt_kb_conv_fwd(p, x, w, y, i);

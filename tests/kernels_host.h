@@ -32,6 +32,9 @@ int dsrt_kh_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, vo
                     float *scale);
 int dsrt_kh_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
                     const void *dy, const float *scale, void *dx);
+int dsrt_kh_sum(dsrt_k_type t, const dsrt_k_sum *s, void *y, size_t count, int relu, float leak);
+int dsrt_kh_channels(const dsrt_k_desc *xd, void *x, const dsrt_k_desc *yd, void *y, int c0,
+                     int to_y, int accumulate);
 int dsrt_kh_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y);
 int dsrt_kh_conv_bwd_data(const dsrt_k_conv *p, const void *w, const void *dy, void *dx);
 int dsrt_kh_conv_bwd_filter(const dsrt_k_conv *p, const void *x, const void *dy, void *dw,

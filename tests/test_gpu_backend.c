@@ -166,6 +166,15 @@ static const case_net NETS[] = {
      "bias=0\nlrn size=3 alpha=1e-2 beta=0.5 k=2\nmaxpool size=2 stride=1\nfc outputs=3\n"
      "softmax\n",
      7, 7, 1, 3, 3},
+    /* A graph: a residual block (its ReLU's output feeds the sum and a
+     * branch), a concat of the sum and the branch, a projected skip. */
+    {"input\nconv name=c1 filters=8 size=3 pad=1 bias=0\nbatchnorm\nrelu name=r1\n"
+     "conv filters=8 size=3 pad=1 bias=0\nbatchnorm name=b2\nadd name=s inputs=b2,r1 relu=1\n"
+     "conv name=c3 filters=4 size=1 inputs=r1\nconcat name=j inputs=s,c3\n"
+     "conv name=down filters=6 size=3 stride=2 pad=1 bias=0\nbatchnorm name=bd\n"
+     "conv name=proj filters=6 size=1 stride=2 bias=0 inputs=j\nbatchnorm name=bp\n"
+     "add inputs=bd,bp\nrelu\ngap\nfc outputs=3\nsoftmax\n",
+     6, 6, 3, 3, 4},
 };
 
 /* Each layer type on its own: after the input and a 1x1 convolution
@@ -400,6 +409,25 @@ static void test_small_nets(void) {
         snprintf(tag, sizeof tag, "small net, %s", dsrt_precision_name((dsrt_precision)prec));
         check_net(&NETS[2], (dsrt_precision)prec, 3, TOL[prec],
                   prec == DSRT_PRECISION_FP32 ? TOL[prec] : -1, tag);
+    }
+}
+
+/* The built-in resnet20 (skip connections, projections, adds with their
+ * ReLU) against the CPU backend in every precision: two training steps and
+ * an inference; the gradients too in fp32. Its 20 weighted layers round
+ * activations 20 times in a reduced precision (the second step also from
+ * weights the first updated with such gradients): the tolerances are those
+ * of a 20-layer chain, 4x a layer's (measured on the stand-in: 4.5e-2 at the
+ * last layers in bf16). */
+static void test_resnet20(void) {
+    const case_net r20 = {"resnet20", 32, 32, 3, 10, 4};
+    static const double deep[] = {0, 1e-4, 1.2e-2, 8e-2};
+    for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec++) {
+        if (G < 0 && prec != DSRT_PRECISION_FP32) continue;
+        char tag[64];
+        snprintf(tag, sizeof tag, "resnet20, %s", dsrt_precision_name((dsrt_precision)prec));
+        check_net(&r20, (dsrt_precision)prec, 9, deep[prec],
+                  prec == DSRT_PRECISION_FP32 ? deep[prec] : -1, tag);
     }
 }
 
@@ -1276,6 +1304,7 @@ int main(void) {
         RUN_WANTED(test_layers_bf16);
     }
     RUN_WANTED(test_small_nets);
+    RUN_WANTED(test_resnet20);
     RUN_WANTED(test_dropout_masks);
     RUN_WANTED(test_optimizer);
     if (G >= 0) RUN_WANTED(test_staging);

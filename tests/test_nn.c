@@ -712,6 +712,32 @@ static void test_builtin_sizes(void) {
     CHECK_EQ(info.classes, 55);
     CHECK(info.forward_flops > 1.3e9 && info.forward_flops < 1.6e9);
     dsrt_net_destroy(a);
+    /* The residual networks: learnables as torchvision counts them (1000
+     * classes), and the peer benchmark's resnet20 (10 classes); the shape
+     * before the pooling (7x7x512, 7x7x2048, 8x8x64). */
+    static const struct {
+        const char *name;
+        int classes;
+        size_t learnable;
+        int c, hw;
+        double gflops_lo, gflops_hi;
+    } res[] = {{"resnet18", 1000, 11689512, 512, 7, 3.4, 3.9},
+               {"resnet50", 1000, 25557032, 2048, 7, 7.6, 8.6},
+               {"resnet20", 10, 272474, 64, 8, 0.07, 0.09}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(res); k++) {
+        dsrt_net *r = make(res[k].name, 0, 0, 0, res[k].classes, 1);
+        CHECK_EQ(learnable(r), res[k].learnable);
+        const dsrt_layer *pool = &r->layers[r->n_layers - 3];
+        CHECK_STR_EQ(pool->type, "gap");
+        CHECK_EQ(pool->in.c, res[k].c);
+        CHECK_EQ(pool->in.h, res[k].hw);
+        dsrt_net_get_info(r, &info);
+        fprintf(stderr, "  %s: %zu learnables, %.3f GFLOP forward an image\n", res[k].name,
+                info.learnable, info.forward_flops * 1e-9);
+        CHECK(info.forward_flops * 1e-9 > res[k].gflops_lo &&
+              info.forward_flops * 1e-9 < res[k].gflops_hi);
+        dsrt_net_destroy(r);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -853,8 +879,185 @@ static void test_determinism(void) {
     dsrt_net_destroy(b);
 }
 
+// ----------------------------------------------------------------------------
+// Graphs: add, concat, outputs that feed several layers
+
+/* A ResNet basic block (conv-bn-relu-conv-bn plus a projected skip, summed,
+ * ReLU), a block whose skip is the identity (the ReLU's output feeds two
+ * layers: its gradient is the sum of theirs), a three-way add, a concat of
+ * branches of different widths (one of them the input itself), and an
+ * Inception-like join of pooled and convolved branches; each with and
+ * without fusion, against central differences. */
+static void test_grad_graph(void) {
+    const char *block =
+        "input\nconv name=c1 filters=4 size=3 pad=1 bias=0\nbatchnorm name=b1\nrelu name=r1\n"
+        "conv filters=4 size=3 pad=1 bias=0\nbatchnorm name=b2\n"
+        "conv name=skip filters=4 size=1 bias=0 inputs=input_1\nbatchnorm name=bs\n"
+        "add inputs=b2,bs relu=1\nfc outputs=3\nsoftmax\n";
+    const char *identity =
+        "input\nconv filters=3 size=3 pad=1\nrelu name=r0\n"
+        "conv filters=3 size=3 pad=1\nrelu\nconv name=c2 filters=3 size=3 pad=1\n"
+        "add inputs=c2,r0\nrelu\nfc outputs=3\nsoftmax\n";
+    const char *three =
+        "input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=3 pad=1 inputs=input_1\n"
+        "conv name=c filters=2 size=3 pad=same stride=1 inputs=input_1\n"
+        "add inputs=a,b,c relu=1\nfc outputs=3\nsoftmax\n";
+    const char *cat =
+        "input\nconv name=a filters=3 size=1\nrelu name=ra\n"
+        "conv name=b filters=5 size=3 pad=1 inputs=input_1\n"
+        "concat inputs=ra,b,input_1\nconv filters=4 size=1\nfc outputs=3\nsoftmax\n";
+    const char *inception =
+        "input\nconv name=stem filters=6 size=3 pad=1\nrelu name=s\n"
+        "conv name=b1 filters=2 size=1 inputs=s\n"
+        "conv name=b2a filters=3 size=1 inputs=s\nrelu\nconv name=b2 filters=2 size=3 pad=1\n"
+        "maxpool name=p size=3 stride=1 pad=1 inputs=s\nconv name=b3 filters=2 size=1\n"
+        "concat inputs=b1,b2,b3\navgpool size=2 stride=2\nfc outputs=3\nsoftmax\n";
+    for (int fuse = 0; fuse < 2; fuse++) {
+        grad_check(block, 5, 5, 2, 3, 4, fuse);
+        grad_check(identity, 4, 4, 2, 3, 3, fuse);
+        grad_check(three, 4, 5, 2, 3, 3, fuse);
+        grad_check(cat, 5, 4, 2, 3, 3, fuse);
+        grad_check(inception, 6, 6, 2, 3, 2, fuse);
+    }
+}
+
+/* Sets conv layer `name`'s weights and bias from w and b. */
+static void set_conv(dsrt_net *net, const char *name, const float *w, const float *b) {
+    for (int i = 0; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        if (strcmp(l->name, name)) continue;
+        memcpy(net->params + l->w_off, w, l->w_n * sizeof *w);
+        if (l->b_n) memcpy(net->params + l->b_off, b, l->b_n * sizeof *b);
+        dsrt_net_params_changed(net);
+        return;
+    }
+    REQUIRE(!"no such layer");
+}
+
+static const dsrt_layer *layer_named(const dsrt_net *net, const char *name) {
+    for (int i = 0; i < net->n_layers; i++)
+        if (!strcmp(net->layers[i].name, name)) return &net->layers[i];
+    REQUIRE(!"no such layer");
+    return NULL;
+}
+
+/* Graphs against the chains they equal: conv_a(x) + conv_b(x) is one
+ * convolution with the weights summed (each branch's weight gradient is
+ * the chain's); concat(conv_a(x), conv_b(x)) is one convolution with the
+ * filters stacked (each branch's gradient is its rows of the chain's). */
+static void test_graph_equals_chain(void) {
+    enum { N = 3, H = 5, W = 6, C = 2, F = 3, G = 4 };
+    float x[N * C * H * W];
+    int32_t y[N] = {0, 1, 2};
+    fill(x, sizeof x / sizeof x[0], 21, -1, 1);
+    float wa[F * C * 9], wb[F * C * 9], ba[F], bb[F], wsum[F * C * 9], bsum[F];
+    fill(wa, F * C * 9, 1, -0.5f, 0.5f);
+    fill(wb, F * C * 9, 2, -0.5f, 0.5f);
+    fill(ba, F, 3, -0.2f, 0.2f);
+    fill(bb, F, 4, -0.2f, 0.2f);
+    for (int k = 0; k < F * C * 9; k++) wsum[k] = wa[k] + wb[k];
+    for (int k = 0; k < F; k++) bsum[k] = ba[k] + bb[k];
+    for (int fuse = 0; fuse < 2; fuse++) {
+        dsrt_net *g = make("input\nconv name=a filters=3 size=3 pad=1\n"
+                           "conv name=b filters=3 size=3 pad=1 inputs=input_1\n"
+                           "add name=s inputs=a,b relu=1\nfc name=f outputs=3\nsoftmax\n",
+                           H, W, C, 3, 1);
+        dsrt_net *c = make("input\nconv name=a filters=3 size=3 pad=1\nrelu\nfc name=f outputs=3\n"
+                           "softmax\n",
+                           H, W, C, 3, fuse);
+        set_conv(g, "a", wa, ba);
+        set_conv(g, "b", wb, bb);
+        set_conv(c, "a", wsum, bsum);
+        const dsrt_layer *fg = layer_named(g, "f"), *fc = layer_named(c, "f");
+        memcpy(c->params + fc->w_off, g->params + fg->w_off, fg->w_n * sizeof(float));
+        memcpy(c->params + fc->b_off, g->params + fg->b_off, fg->b_n * sizeof(float));
+        dsrt_net_params_changed(c);
+        float lg, lc;
+        CHECK_OK(dsrt_net_forward_backward(g, x, y, N, &lg, NULL));
+        CHECK_OK(dsrt_net_forward_backward(c, x, y, N, &lc, NULL));
+        CHECK_NEAR(lg, lc, 1e-5 * fabs(lc));
+        const dsrt_layer *ga = layer_named(g, "a"), *gb = layer_named(g, "b"),
+                         *ca = layer_named(c, "a");
+        double ref[F * C * 9];
+        for (size_t k = 0; k < ca->w_n; k++) ref[k] = c->grads[ca->w_off + k];
+        CHECK(close_arrays(g->grads + ga->w_off, ref, ca->w_n, 1e-4, "add: branch a's weights"));
+        CHECK(close_arrays(g->grads + gb->w_off, ref, ca->w_n, 1e-4, "add: branch b's weights"));
+        for (size_t k = 0; k < ca->b_n; k++) ref[k] = c->grads[ca->b_off + k];
+        CHECK(close_arrays(g->grads + gb->b_off, ref, ca->b_n, 1e-4, "add: branch b's bias"));
+        dsrt_net_destroy(g);
+        dsrt_net_destroy(c);
+
+        /* concat: branch a's F filters, then b's G (stacked in that order). */
+        g = make("input\nconv name=a filters=3 size=3 pad=1\n"
+                 "conv name=b filters=4 size=3 pad=1 inputs=input_1\n"
+                 "concat name=j inputs=a,b\nrelu\nfc name=f outputs=3\nsoftmax\n",
+                 H, W, C, 3, fuse);
+        c = make("input\nconv name=a filters=7 size=3 pad=1\nrelu\nfc name=f outputs=3\nsoftmax\n",
+                 H, W, C, 3, fuse);
+        float wg[G * C * 9], bg[G], wall[(F + G) * C * 9], ball[F + G];
+        fill(wg, G * C * 9, 5, -0.5f, 0.5f);
+        fill(bg, G, 6, -0.2f, 0.2f);
+        memcpy(wall, wa, sizeof wa);
+        memcpy(wall + F * C * 9, wg, sizeof wg);
+        memcpy(ball, ba, sizeof ba);
+        memcpy(ball + F, bg, sizeof bg);
+        set_conv(g, "a", wa, ba);
+        set_conv(g, "b", wg, bg);
+        set_conv(c, "a", wall, ball);
+        fg = layer_named(g, "f");
+        fc = layer_named(c, "f");
+        memcpy(c->params + fc->w_off, g->params + fg->w_off, fg->w_n * sizeof(float));
+        memcpy(c->params + fc->b_off, g->params + fg->b_off, fg->b_n * sizeof(float));
+        dsrt_net_params_changed(c);
+        CHECK_OK(dsrt_net_forward_backward(g, x, y, N, &lg, NULL));
+        CHECK_OK(dsrt_net_forward_backward(c, x, y, N, &lc, NULL));
+        CHECK_NEAR(lg, lc, 1e-5 * fabs(lc));
+        ga = layer_named(g, "a");
+        gb = layer_named(g, "b");
+        ca = layer_named(c, "a");
+        double all[(F + G) * C * 9];
+        for (size_t k = 0; k < ca->w_n; k++) all[k] = c->grads[ca->w_off + k];
+        CHECK(close_arrays(g->grads + ga->w_off, all, ga->w_n, 1e-4, "concat: branch a's weights"));
+        CHECK(close_arrays(g->grads + gb->w_off, all + ga->w_n, gb->w_n, 1e-4,
+                           "concat: branch b's weights"));
+        dsrt_net_destroy(g);
+        dsrt_net_destroy(c);
+    }
+}
+
+/* Graph descriptions refused, naming the line and what is wrong. */
+static void test_graph_errors(void) {
+    expect_error("input\nconv name=a filters=2 size=1 inputs=b\nconv name=b filters=2 size=1\n"
+                 "fc outputs=3\nsoftmax\n",
+                 "line 2", "'b' (line 3) is not above this line");
+    expect_error("input\nconv filters=2 size=1 inputs=nope\nfc outputs=3\nsoftmax\n", "line 2",
+                 "no layer is named 'nope'");
+    expect_error("input\nconv name=a filters=2 size=1\nconv name=b filters=3 size=1 inputs=input_1\n"
+                 "add inputs=a,b\nfc outputs=3\nsoftmax\n",
+                 "line 4", "a 8x8x2, b 8x8x3");
+    expect_error("input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=2 inputs=input_1\n"
+                 "concat inputs=a,b\nfc outputs=3\nsoftmax\n",
+                 "line 4", "one height and width");
+    expect_error("input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=1 inputs=input_1\n"
+                 "fc outputs=3\nsoftmax\n",
+                 "line 2", "the output of 'a' feeds no layer");
+    expect_error("input\nconv name=a filters=2 size=1\nconv filters=2 size=1 inputs=a,input_1\n"
+                 "fc outputs=3\nsoftmax\n",
+                 "line 3", "it takes one input, 2 given");
+    expect_error("input\nconv name=a filters=2 size=1\nadd inputs=a\nfc outputs=3\nsoftmax\n",
+                 "line 3", "two or more inputs, 1 given");
+    expect_error("input\nconv name=a filters=2 size=1\nadd inputs=a,a\nfc outputs=3\nsoftmax\n",
+                 "line 3", "'a' is named twice");
+    expect_error("input inputs=x\nfc outputs=3\nsoftmax\n", "line 1", "takes none");
+    expect_error("input\nconv filters=2 size=1 inputs=a,,b\nfc outputs=3\nsoftmax\n", "line 2",
+                 "not a comma-separated list");
+}
+
 int main(void) {
     RUN(test_parse_errors);
+    RUN(test_graph_errors);
+    RUN(test_grad_graph);
+    RUN(test_graph_equals_chain);
     RUN(test_builtin_sizes);
     RUN(test_forward_layers);
     RUN(test_input_normalization);

@@ -671,6 +671,39 @@ static void test_transfer(void) {
         dsrt_net_destroy(net);
     }
 
+    /* A graph: the last fully connected layer is replaced whatever comes
+     * before it (skip connections, concats keep their inputs), every other
+     * layer keeps the base's weights. */
+    {
+        dsrt_net *g = NULL, *t = NULL;
+        CHECK_OK(dsrt_net_create(&g, "resnet20", 0, 0, 0, 10, NULL));
+        dsrt_transfer_options to = dsrt_transfer_defaults();
+        to.classes = 3;
+        CHECK_OK(dsrt_net_transfer(&t, g, &to, NULL));
+        REQUIRE(t);
+        dsrt_net_info gi, ti;
+        dsrt_net_get_info(g, &gi);
+        dsrt_net_get_info(t, &ti);
+        CHECK_EQ(ti.layers, gi.layers);
+        CHECK_EQ(ti.classes, 3);
+        CHECK_CONTAINS(dsrt_net_description(t), "inputs=s1_b1_b_bn,stem_relu");
+        for (int i = 1; i < gi.layers; i++) {
+            dsrt_layer_info a, b;
+            dsrt_net_layer(g, i, &a);
+            dsrt_net_layer(t, i, &b);
+            CHECK_STR_EQ(a.name, b.name);
+            if (!strcmp(a.name, "fc")) {
+                CHECK_EQ(b.weights_count, 3 * 64);
+                continue;
+            }
+            CHECK(memcmp(dsrt_net_params(g, NULL) + a.weights_offset,
+                         dsrt_net_params(t, NULL) + b.weights_offset,
+                         a.weights_count * sizeof(float)) == 0);
+        }
+        dsrt_net_destroy(t);
+        dsrt_net_destroy(g);
+    }
+
     /* A layer that is not the last learnable one cannot be replaced. */
     dsrt_transfer_options to = dsrt_transfer_defaults();
     to.classes = 3;

@@ -2651,12 +2651,129 @@ out:
 // ----------------------------------------------------------------------------
 // Subcommands
 
+// ----------------------------------------------------------------------------
+// analyze
+
+static struct {
+    const char *net;
+    int classes, json;
+} analyze;
+
+static const option ANALYZE_OPTIONS[] = {
+    {"net", OPT_STR, &analyze.net, 0, 0, "NAME|FILE",
+     "a built-in network, a description file or a model file (required)"},
+    {"classes", OPT_INT, &analyze.classes, 1, 1 << 24, "N",
+     "classes of a description's outputs=classes [1000 for resnet18 and resnet50, 55 for "
+     "alexnet, else 10]"},
+    {"json", OPT_FLAG, &analyze.json, 0, 0, NULL, "one JSON object instead of the table"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+static void analyze_usage(FILE *f) {
+    fprintf(f,
+            "usage: %s analyze --net NAME|FILE [--classes N] [--json]\n\n"
+            "Builds the network (refusing a bad description with the messages train gives) and\n"
+            "prints it layer by layer, as MATLAB's analyzeNetwork: name, type, the layers it\n"
+            "takes, its output (height x width x channels) and learnables, then the totals.\n\n"
+            "options:\n",
+            prog);
+    print_options(f, ANALYZE_OPTIONS);
+}
+
+static int cmd_analyze(int argc, char **argv) {
+    int rc = parse_options("analyze", argc, argv, ANALYZE_OPTIONS, analyze_usage);
+    if (rc) return rc > 0 ? 0 : 2;
+    if (!analyze.net) {
+        fprintf(stderr, "%s analyze: --net is required (see %s analyze --help)\n", prog, prog);
+        return 2;
+    }
+    const char *name = analyze.net;
+    int classes = analyze.classes ? analyze.classes
+                  : !strcmp(name, "resnet18") || !strcmp(name, "resnet50") ? 1000
+                  : !strcmp(name, "alexnet")                               ? 55
+                                                                           : 10;
+    dsrt_net_options no = dsrt_net_defaults();
+    no.threads = 1;
+    dsrt_net *net = NULL;
+    char *text = NULL;
+    if (is_model_file(name)) {
+        if (dsrt_model_load(&net, name, &no) != 0) {
+            fprintf(stderr, "%s analyze: %s: %s\n", prog, name, dsrt_last_error());
+            return 1;
+        }
+    } else {
+        if (!dsrt_net_builtin(name, NULL)) {
+            char why[256];
+            if (!(text = read_net_text(name, why, sizeof why))) {
+                fprintf(stderr,
+                        "%s analyze: --net: '%s' is neither a built-in network nor a network "
+                        "description file: %s\n",
+                        prog, name, why);
+                return 2;
+            }
+        }
+        if (dsrt_net_create(&net, text ? text : name, 0, 0, 0, classes, &no) != 0) {
+            fprintf(stderr, "%s analyze: %s\n", prog, dsrt_last_error());
+            free(text);
+            return 2;
+        }
+    }
+    dsrt_net_info info;
+    dsrt_net_get_info(net, &info);
+    if (analyze.json)
+        printf("{\"net\": \"%s\", \"layers\": [", name);
+    else
+        printf("%s: %d layers, %d classes, input %dx%dx%d\n\n  %-4s %-20s %-11s %-30s %-14s %s\n",
+               name, info.layers, info.classes, info.height, info.width, info.channels, "#",
+               "layer", "type", "inputs", "output", "learnables");
+    for (int i = 0; i < info.layers; i++) {
+        dsrt_layer_info l;
+        dsrt_net_layer(net, i, &l);
+        char inputs[512] = "", out[48];
+        size_t at = 0;
+        for (int k = 0; k < l.n_inputs && at < sizeof inputs; k++) {
+            dsrt_layer_info in;
+            dsrt_net_layer(net, l.inputs[k], &in);
+            at += (size_t)snprintf(inputs + at, sizeof inputs - at, "%s%s", k ? "," : "", in.name);
+        }
+        snprintf(out, sizeof out, "%dx%dx%d", l.out_height, l.out_width, l.out_channels);
+        size_t learn = l.weights_count + l.bias_count;
+        int fused_away = 0;
+        if (i > 0 && (!strcmp(l.type, "relu") || !strcmp(l.type, "leakyrelu"))) {
+            dsrt_layer_info p;
+            dsrt_net_layer(net, l.inputs[0], &p);
+            /* The layer it takes computes it (its only taker). */
+            fused_away = p.fused && strcmp(p.type, "add") != 0;
+        }
+        if (analyze.json)
+            printf("%s{\"name\": \"%s\", \"type\": \"%s\", \"inputs\": \"%s\", "
+                   "\"output\": [%d, %d, %d], \"learnables\": %zu}",
+                   i ? ", " : "", l.name, l.type, inputs, l.out_height, l.out_width,
+                   l.out_channels, learn);
+        else
+            printf("  %-4d %-20s %-11s %-30s %-14s %zu%s\n", i, l.name, l.type,
+                   l.n_inputs ? inputs : "-", out, learn,
+                   fused_away ? "   (computed by the layer it takes)" : "");
+    }
+    if (analyze.json)
+        printf("], \"learnables\": %zu, \"state\": %zu, \"forward_gflop\": %.4f}\n",
+               info.learnable, info.state, info.forward_flops * 1e-9);
+    else
+        printf("\n  total: %zu learnables, %zu state values (running and input statistics), %.3f GFLOP "
+               "forward an image\n",
+               info.learnable, info.state, info.forward_flops * 1e-9);
+    dsrt_net_destroy(net);
+    free(text);
+    return 0;
+}
+
 static const command COMMANDS[] = {
     {"train", "train a network on an image folder, loading in the background", cmd_train},
     {"eval", "accuracy, per-class accuracy and confusion matrix of a model", cmd_eval},
     {"classify", "label and scores of image files or a folder", cmd_classify},
     {"bench", "time training steps on random data (no loader)", cmd_bench},
     {"scale", "predict data-parallel step time and efficiency on 8 to 512 GPUs", cmd_scale},
+    {"analyze", "a network layer by layer: inputs, output shapes, learnables", cmd_analyze},
 };
 
 static void usage(FILE *f) {

@@ -166,6 +166,11 @@ typedef struct {
     size_t weights_offset, weights_count; /* in the flat buffers; count 0: none */
     size_t bias_offset, bias_count;
     int fused; /* 1: a ReLU computed inside the layer before it */
+    /* The layers (indices) whose outputs it takes: the layer above it, or
+     * what its inputs= names (add, concat: two or more); none for the input
+     * layer. */
+    int n_inputs;
+    const int *inputs;
 } dsrt_layer_info;
 
 /* Describes layer i (0 is the input layer). Returns 0 or -EINVAL. */
