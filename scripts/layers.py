@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""How dsrt's files depend on each other: the figures that say whether the
+layers still call downwards only.
+
+    scripts/layers.py cycles BUILD_DIR   # files and folders that call each other in a circle
+    scripts/layers.py functions [N]      # the N longest functions outside tests (default 20)
+    scripts/layers.py lines              # lines of C per folder
+
+`cycles` reads the call graph from the built objects: a file calls another
+when its object file uses a symbol (a function or a variable) that the
+other's defines (`nm`), which is exact where parsing C is not: no macro,
+no static function and no inline helper in a header is mistaken for a call.
+The library objects (dsrt, dsrt_train) and the modules' are read. It prints
+every group of files that reach each other (a strongly connected component
+of more than one file), with the symbols that close the circle, then the same
+for folders (a file's folder; datastore/sources/zip/x.c is in
+datastore/sources/zip), and the #include graph's circles between folders.
+Exit 1 when any circle is found. `functions` uses ctags' end lines.
+"""
+import collections
+import glob
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIB_TARGETS = ("dsrt_objects", "dsrt_train_objects", "dsrt_cuda", "dsrt_mpi", "dsrt_nccl",
+               "dsrt_cuda_host")
+
+
+def objects(build):
+    """{source path relative to the tree: object file} of the libraries and modules."""
+    out = {}
+    for t in LIB_TARGETS:
+        base = os.path.join(build, "CMakeFiles", t + ".dir")
+        for o in glob.glob(os.path.join(base, "**", "*.o"), recursive=True):
+            src = os.path.relpath(o, base)[:-2]
+            if src.endswith((".c", ".cu")):
+                out.setdefault(src, o)
+    return out
+
+
+def symbols(obj):
+    """(defined, used) global symbols of an object file."""
+    defined, used = set(), set()
+    text = subprocess.run(["nm", "-P", obj], capture_output=True, text=True, check=True).stdout
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name, kind = parts[0], parts[1]
+        if kind == "U":
+            used.add(name)
+        elif kind.isupper() and kind not in "N":
+            defined.add(name)
+    return defined, used
+
+
+def scc(nodes, edges):
+    """Tarjan's strongly connected components, iteratively."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in sorted(nodes):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges.get(w, ())))))
+                    advanced = True
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                out.append(sorted(comp))
+    return out
+
+
+def report(title, nodes, edges, why):
+    comps = [c for c in scc(nodes, edges) if len(c) > 1]
+    print(f"{title}: {len(comps)} circle(s)")
+    for c in comps:
+        print("  " + " <-> ".join(c))
+        members = set(c)
+        for a in c:
+            for b in sorted(edges.get(a, ())):
+                if b in members:
+                    names = sorted(why.get((a, b), ()))
+                    more = f" (+{len(names) - 4})" if len(names) > 4 else ""
+                    print(f"    {a} -> {b}: {', '.join(names[:4])}{more}")
+    return len(comps)
+
+
+def includes():
+    """{file: set(included project files)} for every C source and header of the libraries."""
+    out = {}
+    for d in ("core", "datastore", "augment", "runtime", "nn", "include"):
+        for f in glob.glob(os.path.join(ROOT, d, "**", "*.[ch]"), recursive=True):
+            rel = os.path.relpath(f, ROOT)
+            incs = set()
+            with open(f, errors="replace") as fh:
+                for m in re.finditer(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', fh.read(), re.M):
+                    name = m.group(1)
+                    for cand in (name, os.path.join("include", name),
+                                 os.path.join(os.path.dirname(rel), name)):
+                        if os.path.isfile(os.path.join(ROOT, cand)):
+                            incs.add(os.path.normpath(cand))
+                            break
+            out[rel] = incs
+    return out
+
+
+def cycles(build):
+    objs = objects(build)
+    if not objs:
+        sys.exit(f"no library objects under {build}/CMakeFiles: build it first")
+    defs, uses = {}, {}
+    owner = {}
+    for src, o in objs.items():
+        d, u = symbols(o)
+        defs[src], uses[src] = d, u
+        for s in d:
+            owner.setdefault(s, src)
+    edges, why = collections.defaultdict(set), collections.defaultdict(set)
+    fedges, fwhy = collections.defaultdict(set), collections.defaultdict(set)
+    for src in objs:
+        for s in uses[src]:
+            dst = owner.get(s)
+            if dst and dst != src:
+                edges[src].add(dst)
+                why[(src, dst)].add(s)
+                fa, fb = os.path.dirname(src), os.path.dirname(dst)
+                if fa != fb:
+                    fedges[fa].add(fb)
+                    fwhy[(fa, fb)].add(f"{os.path.basename(src)}:{s}")
+    n = report("files that call each other", set(objs), edges, why)
+    folders = {os.path.dirname(s) for s in objs}
+    n += report("folders that call each other", folders, fedges, fwhy)
+    inc = includes()
+    iedges, iwhy = collections.defaultdict(set), collections.defaultdict(set)
+    for f, incs in inc.items():
+        for g in incs:
+            fa, fb = os.path.dirname(f), os.path.dirname(g)
+            if fa != fb:
+                iedges[fa].add(fb)
+                iwhy[(fa, fb)].add(f"{os.path.basename(f)}:{os.path.basename(g)}")
+    n += report("folders that include each other's headers", {os.path.dirname(f) for f in inc},
+                iedges, iwhy)
+    print("folder calls (caller -> callee):")
+    for a in sorted(fedges):
+        print(f"  {a or '.'} -> {', '.join(sorted(b or '.' for b in fedges[a]))}")
+    return 1 if n else 0
+
+
+def functions(top):
+    files = [f for f in subprocess.run(["git", "ls-files", "*.c", "*.h", "*.cu"], cwd=ROOT,
+                                       capture_output=True, text=True, check=True).stdout.split()
+             if not f.startswith(("tests/", "python/tests/"))]
+    text = subprocess.run(["ctags", "-x", "--_xformat=%N %F %n %{end}", "--kinds-C=f",
+                           "--language-force=C"] + files, cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[3].isdigit():
+            rows.append((int(parts[3]) - int(parts[2]) + 1, parts[1], parts[0]))
+    rows.sort(reverse=True)
+    for n, f, name in rows[:top]:
+        print(f"{n:5d}  {f}  {name}")
+    over = [r for r in rows if r[0] > 120]
+    print(f"{len(over)} function(s) over 120 lines outside tests")
+    return 0
+
+
+def lines():
+    files = subprocess.run(["git", "ls-files", "*.c", "*.h", "*.cu"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    per = collections.Counter()
+    for f in files:
+        with open(os.path.join(ROOT, f), errors="replace") as fh:
+            per[os.path.dirname(f)] += sum(1 for _ in fh)
+    for d in sorted(per):
+        print(f"{per[d]:7d}  {d or '.'}")
+    print(f"{sum(per.values()):7d}  total")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "cycles":
+        sys.exit(cycles(sys.argv[2]))
+    if len(sys.argv) >= 2 and sys.argv[1] == "functions":
+        sys.exit(functions(int(sys.argv[2]) if len(sys.argv) > 2 else 20))
+    if len(sys.argv) >= 2 and sys.argv[1] == "lines":
+        sys.exit(lines())
+    sys.exit(__doc__)
