@@ -8,12 +8,12 @@
  * datastore costs four bytes a sample and copies no path.
  *
  * A path that is a URL opens through the same table: a folder at
- * s3://bucket/prefix is listed, a manifest at a URL fetched (datastore/s3.c);
+ * s3://bucket/prefix is listed (s3_folder.c), a manifest at a URL fetched;
  * the other sources are files only.
  */
-#include "internal.h"
-#include "remote.h"
-#include "shards.h"
+#include "datastore/internal.h"
+#include "datastore/bytes/http.h"
+#include "datastore/shards.h"
 
 #include <fcntl.h>
 #include <stdio.h>

@@ -70,6 +70,13 @@ int dsrt__cifar_load(dsrt_index *ix, const char *path, dsrt_source kind,
                      const dsrt_datastore_options *o);
 /* The shards source: datastore/shards.h. */
 
+/* A folder at s3://bucket/prefix: lists the keys and indexes them as
+ * dsrt__folder_load indexes a folder's files (s3_folder.c). */
+int dsrt__s3_folder_load(dsrt_index *ix, const char *url, const dsrt_datastore_options *o);
+
+/* A manifest at a URL: fetched whole, relative paths taken relative to it. */
+int dsrt__remote_manifest_load(dsrt_index *ix, const char *url, const dsrt_datastore_options *o);
+
 /* Folder sources, shared by the local walk and the listing of a prefix in
  * an object store, so that both index the same files the same way. */
 #define DSRT_MAX_EXTENSIONS 32
@@ -94,9 +101,6 @@ typedef struct {
 void dsrt__folder_sort(dsrt_folder_entry *e, size_t n, int by_group);
 /* Fills ix's paths and labels (group) from entries. */
 int dsrt__folder_fill(dsrt_index *ix, const dsrt_folder_entry *e, size_t n);
-
-/* 1 when p[0..n) starts with s3://, http:// or https:// (datastore/s3.c). */
-int dsrt__is_url_n(const char *p, size_t n);
 
 /* Guesses the source kind of path (a folder, an IDX or CIFAR file or folder
  * of them, a manifest) for DSRT_SOURCE_AUTO; o (may be NULL) gives the

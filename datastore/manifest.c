@@ -19,7 +19,7 @@
  * sort of the distinct labels.
  *
  * Paths may be URLs of objects (s3://, https://), and the manifest itself
- * may sit at a URL (datastore/s3.c fetches it); a relative path is taken
+ * may sit at a URL (fetched whole by the HTTP client); a relative path is taken
  * relative to the manifest's folder or URL.
  *
  * The files a manifest names are not checked at open: a missing or
@@ -27,7 +27,8 @@
  * reported with its path like any other bad file. Stat-ing millions of files
  * up front would make opening as slow as a pass over the data.
  */
-#include "internal.h"
+#include "datastore/bytes/http.h"
+#include "datastore/internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -365,6 +366,35 @@ int dsrt__manifest_load(dsrt_index *ix, const char *path, const dsrt_datastore_o
     else
         *slash = '\0';
     rc = dsrt__manifest_parse(ix, (const char *)text, len, path, dir, o ? o->manifest_header : -1);
+    free(dir);
+    free(text);
+    return rc;
+}
+
+int dsrt__remote_manifest_load(dsrt_index *ix, const char *url, const dsrt_datastore_options *o) {
+    uint8_t *text = NULL;
+    size_t len;
+    ix->remote = 1;
+    dsrt_http *h = NULL;
+    int rc = dsrt__http_create_opening(&h, o, 1);
+    if (rc == 0) rc = dsrt__http_fetch(h, url, NULL, (size_t)4 << 30, &text, &len);
+    dsrt__http_destroy(h);
+    if (rc != 0) return dsrt__fail_prefix(rc, "manifest");
+    /* Relative paths are relative to the manifest's "folder": the URL up to
+     * its last '/' (query left out). */
+    char *dir = dsrt__strdup(url);
+    if (!dir) {
+        free(text);
+        return -ENOMEM;
+    }
+    char *q = strchr(dir, '?');
+    if (q) *q = '\0';
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    char display[512];
+    dsrt_text_redact(url, display, sizeof display);
+    rc = dsrt__manifest_parse(ix, (const char *)text, len, display, dir,
+                              o ? o->manifest_header : -1);
     free(dir);
     free(text);
     return rc;

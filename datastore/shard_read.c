@@ -10,7 +10,8 @@
  * and the gaps in a scratch page, so walking a shard in order costs a few
  * large reads rather than one a sample. With O_DIRECT each sample is read
  * alone, from the block boundary before it, and moved to its buffer's start.
- * Shard files stay open in a small cache (most recently used).
+ * Shard files stay open in a small cache (most recently used). Reads go
+ * through the io engine (datastore/bytes/io.h: io_uring or pread).
  *
  * The stream serves the shard order. One thread per pipeline reads the
  * shards of each epoch front to back in blocks of a few MiB (several in
@@ -26,16 +27,16 @@
  * at an epoch's end still finds its samples there.
  *
  * Shards in an object store (s3://, https://) are read through dsrt's HTTP
- * client (datastore/http.c) the same way: each sample by a ranged GET (many
+ * client (datastore/bytes/http.c) the same way: each sample by a ranged GET (many
  * in flight, reader.remote.depth), the stream's blocks by ranged GETs of
  * 8 MiB, eight in flight.
  */
-#include "datastore/remote.h"
+#include "datastore/bytes/http.h"
+#include "datastore/bytes/io.h"
 #include "datastore/shards.h"
 
 #include <assert.h>
-#include <fcntl.h>
-#include <liburing.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,65 +58,13 @@
 #define REMOTE_POLL_MS      2 /* a worker waiting on both the store and the stream */
 #define STREAM_FDS          4 /* shard files the stream keeps open */
 #define NONE                UINT32_MAX
-#define RETRIES             8
 
 static size_t align_down(uint64_t x) {
-    return (size_t)(x / DSRT_DIRECT_ALIGN * DSRT_DIRECT_ALIGN);
+    return (size_t)dsrt__align_down(x);
 }
 
 static uint64_t align_up(uint64_t x) {
-    return (x + DSRT_DIRECT_ALIGN - 1) / DSRT_DIRECT_ALIGN * DSRT_DIRECT_ALIGN;
-}
-
-/* Sets up a ring of entries, or leaves the reason in why. */
-static int ring_init(struct io_uring *ring, unsigned entries, char *why, size_t cap) {
-    int rc = io_uring_queue_init(entries, ring, 0);
-    if (rc < 0) {
-        snprintf(why, cap, "io_uring_queue_init: %s", strerror(-rc));
-        return rc;
-    }
-    struct io_uring_probe *probe = io_uring_get_probe_ring(ring);
-    int ok = probe && io_uring_opcode_supported(probe, IORING_OP_READ) &&
-             io_uring_opcode_supported(probe, IORING_OP_READV);
-    if (probe) io_uring_free_probe(probe);
-    if (!ok) {
-        io_uring_queue_exit(ring);
-        snprintf(why, cap, "io_uring: the kernel lacks IORING_OP_READ (Linux 5.6 or later needed)");
-        return DSRT_EUNSUPPORTED;
-    }
-    return 0;
-}
-
-/* Opens a shard for reading, with O_DIRECT when asked and allowed. A shard
- * replaced since the set was opened by something that is not a regular file
- * is refused with DSRT_EFORMAT and a message naming it: O_NONBLOCK keeps the
- * open of a FIFO from waiting for a writer for ever (it is cleared once the
- * file is known to be regular). */
-static int open_shard(const char *path, int direct, int *is_direct, int *refused) {
-    int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
-    int fd = open(path, flags | (direct ? O_DIRECT : 0));
-    *is_direct = direct;
-    *refused = 0;
-    if (fd < 0 && direct && errno == EINVAL) {
-        fd = open(path, flags);
-        *is_direct = 0;
-        *refused = fd >= 0;
-    }
-    if (fd < 0) return -errno;
-    struct stat st;
-    int fl, rc = 0;
-    if (fstat(fd, &st) != 0)
-        rc = -errno;
-    else if (!S_ISREG(st.st_mode))
-        rc = dsrt__fail(DSRT_EFORMAT, "read: %s: is %s, not a regular file", path,
-                        dsrt__file_kind(st.st_mode));
-    else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
-        rc = -errno;
-    if (rc != 0) {
-        close(fd);
-        return rc;
-    }
-    return fd;
+    return dsrt__align_up(x);
 }
 
 /* The message of a failed sample read, on this thread. */
@@ -163,16 +112,9 @@ typedef struct {
     char *msg; /* a failure's message (a store's, a shard not a file), or NULL */
 } sreq;
 
+/* One read in flight: a run of requests. */
 typedef struct {
-    uint32_t shard;
-    int fd; /* -1: empty */
-    int direct;
-    unsigned busy; /* reads in flight */
-    uint64_t used;
-} fd_entry;
-
-/* One read the kernel holds: a run of requests. */
-typedef struct {
+    dsrt_io_op op;
     int first; /* request, -1 when free */
     int fdi;
     uint64_t off; /* where the read starts */
@@ -181,18 +123,19 @@ typedef struct {
     struct iovec iov[2 * MERGE_COUNT];
 } sread;
 
+/* The read an engine op belongs to. */
+static sread *read_of(dsrt_io_op *op) {
+    return (sread *)((char *)op - offsetof(sread, op));
+}
+
 struct dsrt_shard_reader {
     const dsrt_datastore *ds;
     const dsrt_shardset *set;
     dsrt_shard_stream *stream;
-    dsrt_io io;
+    dsrt_io_engine *io;
     unsigned depth;
     int direct;
     uint64_t direct_refused;
-    char fallback[192];
-    int have_ring;
-    struct io_uring ring;
-    unsigned in_kernel;
 
     sreq *reqs;     /* (depth) */
     int *free_reqs; /* (depth) stack */
@@ -203,8 +146,7 @@ struct dsrt_shard_reader {
     unsigned done_head, ndone;
     unsigned nstream; /* requests waiting on the stream */
     sread *reads;     /* (depth) */
-    fd_entry fds[FD_CACHE];
-    uint64_t clock;
+    dsrt_io_fdcache fds;
     uint8_t *gap;     /* (MERGE_GAP) where the bytes between neighbours go */
     dsrt_http *http;  /* shards in an object store: the client */
     unsigned in_http; /* requests the client holds */
@@ -217,11 +159,11 @@ static void done_push(dsrt_shard_reader *r, int i) {
 }
 
 dsrt_io dsrt__shard_reader_io(const dsrt_shard_reader *r) {
-    return r->io;
+    return dsrt__io_kind(r->io);
 }
 
 const char *dsrt__shard_reader_fallback_reason(const dsrt_shard_reader *r) {
-    return r->fallback[0] ? r->fallback : NULL;
+    return dsrt__io_fallback(r->io);
 }
 
 uint64_t dsrt__shard_reader_direct_refused(const dsrt_shard_reader *r) {
@@ -268,18 +210,8 @@ int dsrt__shard_reader_create(dsrt_shard_reader **out, const dsrt_datastore *ds,
         r->free_reqs[r->nfree++] = (int)(r->depth - 1 - i);
         r->reads[i].first = -1;
     }
-    for (int k = 0; k < FD_CACHE; k++) r->fds[k].fd = -1;
-    r->io = DSRT_IO_PREAD;
-    if (opt.io != DSRT_IO_PREAD) {
-        rc = ring_init(&r->ring, r->depth * 2, r->fallback, sizeof r->fallback);
-        if (rc == 0) {
-            r->have_ring = 1;
-            r->io = DSRT_IO_URING;
-        } else if (opt.io == DSRT_IO_URING) {
-            dsrt__fail(rc, "shards: reader: %s", r->fallback);
-            goto fail;
-        }
-    }
+    if ((rc = dsrt__fdcache_init(&r->fds, FD_CACHE)) != 0) goto fail;
+    if ((rc = dsrt__io_create(&r->io, opt.io, r->depth * 2, "shards: reader")) != 0) goto fail;
     *out = r;
     return 0;
 fail:
@@ -289,20 +221,10 @@ fail:
 
 void dsrt__shard_reader_destroy(dsrt_shard_reader *r) {
     if (!r) return;
-    if (r->have_ring) {
-        /* The kernel still writes into the callers' buffers: wait for it. */
-        while (r->in_kernel > 0) {
-            struct io_uring_cqe *cqe;
-            int rc = io_uring_wait_cqe(&r->ring, &cqe);
-            if (rc == -EINTR) continue;
-            if (rc < 0) break;
-            io_uring_cqe_seen(&r->ring, cqe);
-            r->in_kernel--;
-        }
-        io_uring_queue_exit(&r->ring);
-    }
-    for (int k = 0; k < FD_CACHE; k++)
-        if (r->fds[k].fd >= 0) close(r->fds[k].fd);
+    /* The kernel still writes into the callers' buffers: the engine waits
+     * for it. */
+    dsrt__io_destroy(r->io);
+    dsrt__fdcache_free(&r->fds);
     dsrt__http_destroy(r->http);
     for (unsigned i = 0; r->reqs && i < r->depth; i++) free(r->reqs[i].msg);
     free(r->reqs);
@@ -314,41 +236,14 @@ void dsrt__shard_reader_destroy(dsrt_shard_reader *r) {
     free(r);
 }
 
-/* The cache entry of shard k, opening it (in the least recently used free
- * entry) when needed; -1 with q's status set when it cannot be. */
+/* The cache entry of shard k, opening it when needed; -1 with q's status
+ * set when it cannot be. */
 static int fd_get(dsrt_shard_reader *r, uint32_t k, sreq *q) {
-    int victim = -1;
-    for (int e = 0; e < FD_CACHE; e++) {
-        fd_entry *f = &r->fds[e];
-        if (f->fd >= 0 && f->shard == k) {
-            f->used = ++r->clock;
-            return e;
-        }
-        if (f->fd >= 0 && f->busy) continue;
-        /* An empty entry, else the least recently used idle one. */
-        if (victim < 0 || (r->fds[victim].fd >= 0 && (f->fd < 0 || f->used < r->fds[victim].used)))
-            victim = e;
-    }
-    if (victim < 0) {
-        q->status = -EMFILE; /* every entry has reads in flight: try again later */
-        return -1;
-    }
-    fd_entry *f = &r->fds[victim];
-    if (f->fd >= 0) close(f->fd);
-    int is_direct, refused;
-    int fd = open_shard(r->set->shards[k].path, r->direct, &is_direct, &refused);
-    r->direct_refused += (uint64_t)refused;
-    f->fd = fd < 0 ? -1 : fd;
-    if (fd < 0) {
-        q->status = fd;
-        if (fd == DSRT_EFORMAT) q->msg = dsrt__strdup(dsrt_last_error());
-        return -1;
-    }
-    f->shard = k;
-    f->direct = is_direct;
-    f->busy = 0;
-    f->used = ++r->clock;
-    return victim;
+    int e = dsrt__fdcache_get(&r->fds, k, r->set->shards[k].path, r->direct, &r->direct_refused);
+    if (e >= 0) return e;
+    q->status = e;
+    if (e == DSRT_EFORMAT) q->msg = dsrt__strdup(dsrt_last_error());
+    return -1;
 }
 
 int dsrt__shard_reader_submit(dsrt_shard_reader *r, uint32_t pos, uint64_t epoch, void *buf,
@@ -415,7 +310,7 @@ static sread *read_new(dsrt_shard_reader *r) {
 static void read_layout(dsrt_shard_reader *r, sread *d) {
     d->niov = 0;
     sreq *q = &r->reqs[d->first];
-    int direct = r->fds[d->fdi].direct;
+    int direct = r->fds.e[d->fdi].direct;
     if (direct) {
         /* One request, from the block boundary before it. */
         if (q->done == 0) {
@@ -447,7 +342,7 @@ static void read_layout(dsrt_shard_reader *r, sread *d) {
     d->len = (size_t)(end - d->off);
 }
 
-/* Puts read d in the ring (or, without one, does it at once). */
+/* Hands read d to the engine. */
 static void read_issue(dsrt_shard_reader *r, sread *d);
 
 /* Appends request i to the list (*head, *tail) linked by next. */
@@ -461,20 +356,15 @@ static void chain_add(dsrt_shard_reader *r, int *head, int *tail, int i) {
 
 /* Finishes the requests of read d after `got` bytes (or the error got < 0). */
 static void read_done(dsrt_shard_reader *r, sread *d, long long got) {
-    fd_entry *f = &r->fds[d->fdi];
+    dsrt_io_fdent *f = &r->fds.e[d->fdi];
     f->busy--;
     sreq *q0 = &r->reqs[d->first];
-    if (got == -EINTR || (got == -EAGAIN && q0->retries < RETRIES)) {
-        q0->retries++;
-        f->busy++;
-        read_issue(r, d);
-        return;
-    }
-    if (got == -EINVAL && f->direct) {
-        /* The file system took O_DIRECT at open but not for this read:
-         * read the file through the cache from now on. */
-        int fl = fcntl(f->fd, F_GETFL);
-        if (fl >= 0 && fcntl(f->fd, F_SETFL, fl & ~O_DIRECT) == 0) {
+    dsrt_io_flags fl = {.direct = f->direct, .retries = (uint8_t)q0->retries};
+    if (got < 0 && dsrt__io_again(f->fd, got, &fl)) {
+        q0->retries = fl.retries;
+        if (f->direct && !fl.direct) {
+            /* The file system took O_DIRECT at open but not for this read:
+             * the file is read through the cache from now on. */
             f->direct = 0;
             r->direct_refused++;
             if (q0->done == 0) q0->lead = 0;
@@ -483,10 +373,10 @@ static void read_done(dsrt_shard_reader *r, sread *d, long long got) {
                 memmove(q0->buf, q0->buf + q0->lead, (size_t)q0->done);
                 q0->lead = 0;
             }
-            f->busy++;
-            read_issue(r, d);
-            return;
         }
+        f->busy++;
+        read_issue(r, d);
+        return;
     }
     /* Spread the bytes over the requests in order. */
     uint64_t end = d->off + (got > 0 ? (uint64_t)got : 0);
@@ -544,30 +434,17 @@ static void read_done(dsrt_shard_reader *r, sread *d, long long got) {
 
 static void read_issue(dsrt_shard_reader *r, sread *d) {
     read_layout(r, d);
-    int fd = r->fds[d->fdi].fd;
-    if (!r->have_ring) {
-        ssize_t n;
-        do n = preadv(fd, d->iov, (int)d->niov, (off_t)d->off);
-        while (n < 0 && errno == EINTR);
-        read_done(r, d, n < 0 ? -(long long)errno : (long long)n);
-        return;
+    d->op.fd = r->fds.e[d->fdi].fd;
+    d->op.off = d->off;
+    d->op.iov = d->iov;
+    d->op.niov = d->niov;
+    if (d->niov == 1) {
+        d->op.buf = d->iov[0].iov_base;
+        d->op.len = d->iov[0].iov_len;
+        d->op.niov = 0;
     }
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-    if (!sqe) {
-        io_uring_submit(&r->ring);
-        sqe = io_uring_get_sqe(&r->ring);
-    }
-    if (!sqe) {
-        /* Cannot happen with twice depth entries; fail the reads rather than hang. */
-        read_done(r, d, -EBUSY);
-        return;
-    }
-    if (d->niov == 1)
-        io_uring_prep_read(sqe, fd, d->iov[0].iov_base, (unsigned)d->iov[0].iov_len, d->off);
-    else
-        io_uring_prep_readv(sqe, fd, d->iov, d->niov, d->off);
-    io_uring_sqe_set_data(sqe, d);
-    r->in_kernel++;
+    /* Cannot fail with the engine sized for the reads; fail them rather than hang. */
+    if (dsrt__io_submit(r->io, &d->op) != 0) read_done(r, d, -EBUSY);
 }
 
 /* Hands the queued requests to the object store's client: a ranged GET each. */
@@ -631,14 +508,14 @@ static void issue_queued(dsrt_shard_reader *r) {
         assert(d);
         d->first = first;
         d->fdi = fdi;
-        r->fds[fdi].busy++;
+        r->fds.e[fdi].busy++;
         q->state = REQ_KERNEL;
         q->fdi = fdi;
         unsigned count = 1;
         uint64_t start = q->off, end = q->off + q->size;
         int last = first;
         i++;
-        while (!r->fds[fdi].direct && i < r->nqueued && count < MERGE_COUNT) {
+        while (!r->fds.e[fdi].direct && i < r->nqueued && count < MERGE_COUNT) {
             sreq *s = &r->reqs[r->queued[i]];
             if (s->shard != q->shard || s->off < end || s->off - end > MERGE_GAP ||
                 s->off + s->size - start > MERGE_BYTES)
@@ -658,17 +535,10 @@ static void issue_queued(dsrt_shard_reader *r) {
 
 void dsrt__shard_reader_cancel(dsrt_shard_reader *r) {
     /* Reads the kernel holds write into the buffers: let them end. */
-    while (r->have_ring && r->in_kernel > 0) {
-        struct io_uring_cqe *cqe;
-        if (io_uring_sq_ready(&r->ring) > 0) io_uring_submit(&r->ring);
-        int rc = io_uring_wait_cqe(&r->ring, &cqe);
-        if (rc == -EINTR) continue;
-        if (rc < 0) break;
-        sread *d = io_uring_cqe_get_data(cqe);
-        long long n = cqe->res;
-        io_uring_cqe_seen(&r->ring, cqe);
-        r->in_kernel--;
-        read_done(r, d, n);
+    while (dsrt__io_pending(r->io) > 0) {
+        dsrt_io_op *op;
+        if (dsrt__io_reap(r->io, &op, DSRT_IO_FOREVER) != 1) break;
+        read_done(r, read_of(op), op->res);
     }
     if (r->http) dsrt__http_cancel(r->http);
     r->in_http = 0;
@@ -690,24 +560,13 @@ static int stream_poll(dsrt_shard_reader *r, int wait_ms);
 int dsrt__shard_reader_collect(dsrt_shard_reader *r, dsrt_read_result *res, int wait) {
     for (;;) {
         issue_queued(r);
-        if (r->have_ring && io_uring_sq_ready(&r->ring) > 0) {
-            int rc;
-            do rc = io_uring_submit(&r->ring);
-            while (rc == -EINTR);
-            if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
-                return dsrt__fail(rc, "read: io_uring_submit: %s", strerror(-rc));
-        }
-        /* Completions the kernel and the store's client have. */
-        struct io_uring_cqe *cqe;
-        while (r->have_ring && r->in_kernel > 0 && io_uring_peek_cqe(&r->ring, &cqe) == 0) {
-            sread *d = io_uring_cqe_get_data(cqe);
-            long long n = cqe->res;
-            io_uring_cqe_seen(&r->ring, cqe);
-            r->in_kernel--;
-            read_done(r, d, n);
-        }
-        int rc = collect_remote(r, 0);
-        if (rc != 0) return rc;
+        /* Completions the engine and the store's client have. */
+        dsrt_io_op *op;
+        int rc;
+        while ((rc = dsrt__io_reap(r->io, &op, DSRT_IO_NOWAIT)) == 1)
+            read_done(r, read_of(op), op->res);
+        if (rc < 0) return rc;
+        if ((rc = collect_remote(r, 0)) != 0) return rc;
         if (r->nstream) stream_poll(r, 0);
         if (r->ndone > 0) {
             int i = r->done[r->done_head];
@@ -729,20 +588,18 @@ int dsrt__shard_reader_collect(dsrt_shard_reader *r, dsrt_read_result *res, int 
             return 1;
         }
         if (r->nqueued > 0) continue;
-        if (r->in_kernel == 0 && r->in_http == 0 && r->nstream == 0) return 0;
+        unsigned in_kernel = dsrt__io_pending(r->io);
+        if (in_kernel == 0 && r->in_http == 0 && r->nstream == 0) return 0;
         if (!wait) return 0;
         if (r->nstream == 0 && r->in_http == 0) {
-            do rc = io_uring_wait_cqe(&r->ring, &cqe);
-            while (rc == -EINTR);
-            if (rc < 0) return dsrt__fail(rc, "read: io_uring_wait_cqe: %s", strerror(-rc));
-        } else if (r->nstream == 0 && r->in_kernel == 0) {
+            if ((rc = dsrt__io_reap(r->io, &op, DSRT_IO_FOREVER)) < 0) return rc;
+            if (rc == 1) read_done(r, read_of(op), op->res);
+        } else if (r->nstream == 0 && in_kernel == 0) {
             if ((rc = collect_remote(r, 1)) != 0) return rc;
-        } else if (r->in_kernel > 0) {
-            /* The ring and the stream: the ring briefly, then the stream. */
-            struct __kernel_timespec ts = {0, 1000000};
-            rc = io_uring_wait_cqe_timeout(&r->ring, &cqe, &ts);
-            if (rc < 0 && rc != -ETIME && rc != -EINTR)
-                return dsrt__fail(rc, "read: io_uring_wait_cqe: %s", strerror(-rc));
+        } else if (in_kernel > 0) {
+            /* The engine and the stream: the engine briefly, then the stream. */
+            if ((rc = dsrt__io_reap(r->io, &op, 1000000)) < 0) return rc;
+            if (rc == 1) read_done(r, read_of(op), op->res);
         } else {
             /* The stream, and the store now and then. */
             stream_poll(r, r->in_http ? REMOTE_POLL_MS : -1);
@@ -785,6 +642,7 @@ typedef struct {
 
 /* One stream read. */
 typedef struct {
+    dsrt_io_op op;
     int busy;
     uint64_t gen; /* the stream's generation when issued */
     uint64_t epoch;
@@ -797,13 +655,6 @@ typedef struct {
     int retries;
     char *msg; /* a failure's message (a store's, a shard not a file), or NULL */
 } block;
-
-typedef struct {
-    uint32_t shard;
-    int fd, direct;
-    unsigned busy;
-    uint64_t used;
-} sfd;
 
 struct dsrt_shard_stream {
     const dsrt_datastore *ds;
@@ -843,11 +694,8 @@ struct dsrt_shard_stream {
     unsigned inflight;
     dsrt_http *http; /* shards in an object store: the client, and an */
     int wake_fd;     /* eventfd that wakes the thread from waiting on it */
-    sfd fds[STREAM_FDS];
-    uint64_t clock;
-    int have_ring;
-    struct io_uring ring;
-    char fallback[192];
+    dsrt_io_fdcache fds;
+    dsrt_io_engine *io; /* local shards */
 
     dsrt_shard_stream_stats st;
     dsrt_remote_stats remote; /* the client's, as of its last answer */
@@ -966,7 +814,6 @@ int dsrt__shard_stream_create(dsrt_shard_stream **out, const dsrt_datastore *ds,
     s->wake_fd = -1;
     s->buffer = s->set->shuffle_buffer;
     s->free_entry = -1;
-    for (int k = 0; k < STREAM_FDS; k++) s->fds[k].fd = -1;
     /* Places this part fills in a full batch, and in an epoch. */
     size_t B = po->batch ? po->batch : 1;
     unsigned R = s->po.parts, me = s->po.part;
@@ -1000,14 +847,10 @@ int dsrt__shard_stream_create(dsrt_shard_stream **out, const dsrt_datastore *ds,
             rc = dsrt__fail(-errno, "shards: stream: eventfd: %s", strerror(errno));
             goto fail;
         }
-    } else if (o->reader.io != DSRT_IO_PREAD) {
-        rc = ring_init(&s->ring, STREAM_DEPTH * 2, s->fallback, sizeof s->fallback);
-        if (rc == 0) {
-            s->have_ring = 1;
-        } else if (o->reader.io == DSRT_IO_URING) {
-            dsrt__fail(rc, "shards: stream: %s", s->fallback);
-            goto fail;
-        }
+    } else if ((rc = dsrt__fdcache_init(&s->fds, STREAM_FDS)) != 0 ||
+               (rc = dsrt__io_create(&s->io, o->reader.io, STREAM_DEPTH * 2, "shards: stream")) !=
+                   0) {
+        goto fail;
     }
     int e = pthread_mutex_init(&s->mu, NULL);
     if (e == 0 && (e = pthread_cond_init(&s->ready, NULL)) != 0) pthread_mutex_destroy(&s->mu);
@@ -1036,11 +879,10 @@ fail:
 
 void dsrt__shard_stream_destroy(dsrt_shard_stream *s) {
     if (!s) return;
-    if (s->have_ring) io_uring_queue_exit(&s->ring);
+    dsrt__io_destroy(s->io);
     dsrt__http_destroy(s->http);
     if (s->wake_fd >= 0) close(s->wake_fd);
-    for (int k = 0; k < STREAM_FDS; k++)
-        if (s->fds[k].fd >= 0) close(s->fds[k].fd);
+    dsrt__fdcache_free(&s->fds);
     for (unsigned k = 0; k < s->nblocks; k++) {
         free(s->blocks[k].buf);
         free(s->blocks[k].msg);
@@ -1199,29 +1041,7 @@ static int stream_poll(dsrt_shard_reader *r, int wait_ms) {
 
 /* The stream's file of shard k; -errno when it cannot be opened. */
 static int sfd_get(dsrt_shard_stream *s, uint32_t k) {
-    int victim = -1;
-    for (int e = 0; e < STREAM_FDS; e++) {
-        if (s->fds[e].fd >= 0 && s->fds[e].shard == k) {
-            s->fds[e].used = ++s->clock;
-            return e;
-        }
-        if (s->fds[e].busy) continue;
-        if (victim < 0 || s->fds[e].fd < 0 ||
-            (s->fds[victim].fd >= 0 && s->fds[e].used < s->fds[victim].used))
-            victim = e;
-    }
-    if (victim < 0) return -EMFILE;
-    sfd *f = &s->fds[victim];
-    if (f->fd >= 0) close(f->fd);
-    int direct, refused;
-    int fd = open_shard(s->set->shards[k].path, s->o.reader.direct, &direct, &refused);
-    f->fd = fd < 0 ? -1 : fd;
-    if (fd < 0) return fd;
-    f->shard = k;
-    f->direct = direct;
-    f->busy = 0;
-    f->used = ++s->clock;
-    return victim;
+    return dsrt__fdcache_get(&s->fds, k, s->set->shards[k].path, s->o.reader.direct, NULL);
 }
 
 /* Hands a finished block's samples to the store (mu held; let go while the
@@ -1263,7 +1083,7 @@ static void block_deliver(dsrt_shard_stream *s, block *b, long long err) {
     }
     free(b->msg);
     b->msg = NULL;
-    if (!s->http) s->fds[b->fdi].busy--;
+    if (!s->http) s->fds.e[b->fdi].busy--;
     b->busy = 0;
     s->inflight--;
     pthread_cond_broadcast(&s->ready);
@@ -1281,50 +1101,26 @@ static void block_read(dsrt_shard_stream *s, block *b) {
         }
         return;
     }
-    sfd *f = &s->fds[b->fdi];
-    size_t len = b->len - b->got;
-    if (f->direct && b->got % DSRT_DIRECT_ALIGN != 0) {
-        int fl = fcntl(f->fd, F_GETFL);
-        if (fl >= 0 && fcntl(f->fd, F_SETFL, fl & ~O_DIRECT) == 0) f->direct = 0;
-    }
-    if (s->have_ring) {
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
-        assert(sqe); /* twice STREAM_DEPTH entries */
-        io_uring_prep_read(sqe, f->fd, b->buf + b->got, (unsigned)len, b->off + b->got);
-        io_uring_sqe_set_data(sqe, b);
-        return;
-    }
-    /* No ring: read it now, the lock let go meanwhile. */
-    pthread_mutex_unlock(&s->mu);
-    ssize_t n;
-    do n = pread(f->fd, b->buf + b->got, len, (off_t)(b->off + b->got));
-    while (n < 0 && errno == EINTR);
-    pthread_mutex_lock(&s->mu);
-    b->retries = 0;
-    if (n < 0) {
-        block_deliver(s, b, -errno);
-    } else if (n == 0 || b->got + (size_t)n >= b->len) {
-        b->got += (size_t)n;
-        block_deliver(s, b, 0);
-    } else {
-        b->got += (size_t)n;
-        block_read(s, b);
-    }
+    dsrt_io_fdent *f = &s->fds.e[b->fdi];
+    dsrt__io_unalign(f->fd, b->off + b->got, &f->direct);
+    b->op.fd = f->fd;
+    b->op.off = b->off + b->got;
+    b->op.buf = b->buf + b->got;
+    b->op.len = b->len - b->got;
+    b->op.niov = 0;
+    /* Cannot fail with the engine sized for the blocks; fail the read rather than hang. */
+    if (dsrt__io_submit(s->io, &b->op) != 0) block_deliver(s, b, -EBUSY);
 }
 
-/* A completion of the ring. */
+/* A finished read of block b: n bytes, or -errno. */
 static void block_complete(dsrt_shard_stream *s, block *b, long long n) {
-    if ((n == -EINTR || n == -EAGAIN) && b->retries++ < RETRIES) {
+    dsrt_io_fdent *f = &s->fds.e[b->fdi];
+    dsrt_io_flags fl = {.direct = f->direct, .retries = (uint8_t)b->retries};
+    if (n < 0 && dsrt__io_again(f->fd, n, &fl)) {
+        b->retries = fl.retries;
+        f->direct = fl.direct;
         block_read(s, b);
         return;
-    }
-    if (n == -EINVAL && s->fds[b->fdi].direct) {
-        int fl = fcntl(s->fds[b->fdi].fd, F_GETFL);
-        if (fl >= 0 && fcntl(s->fds[b->fdi].fd, F_SETFL, fl & ~O_DIRECT) == 0) {
-            s->fds[b->fdi].direct = 0;
-            block_read(s, b);
-            return;
-        }
     }
     if (n < 0) {
         block_deliver(s, b, n);
@@ -1335,6 +1131,11 @@ static void block_complete(dsrt_shard_stream *s, block *b, long long n) {
         b->got += (size_t)n;
         block_read(s, b);
     }
+}
+
+/* The block an engine op belongs to. */
+static block *block_of(dsrt_io_op *op) {
+    return (block *)((char *)op - offsetof(block, op));
 }
 
 /* Starts the next block of the stream (mu held); 0 when none could be. */
@@ -1364,7 +1165,7 @@ static int block_next(dsrt_shard_stream *s, plan_rec *rec) {
         pthread_cond_broadcast(&s->ready);
         return 1;
     }
-    int direct = !s->http && s->fds[fdi].direct;
+    int direct = !s->http && s->fds.e[fdi].direct;
     uint64_t start = direct ? align_down(s->set->offset[p]) : s->set->offset[p];
     uint64_t end = s->set->offset[p] + s->set->size[p];
     size_t j = i + 1;
@@ -1406,7 +1207,7 @@ static int block_next(dsrt_shard_stream *s, plan_rec *rec) {
                  .first = i,
                  .count = j - i,
                  .buf = b->buf};
-    if (!s->http) s->fds[fdi].busy++;
+    if (!s->http) s->fds.e[fdi].busy++;
     s->inflight++;
     s->next = j;
     block_read(s, b);
@@ -1477,7 +1278,7 @@ void dsrt__shard_stream_run(dsrt_shard_stream *s) {
                                : DSRT_MIN(rec->nstream, s->buffer + s->ahead);
             while (s->next < limit && s->inflight < s->nblocks && block_next(s, rec)) issued = 1;
         }
-        if (s->have_ring && io_uring_sq_ready(&s->ring) > 0) io_uring_submit(&s->ring);
+        if (s->io) dsrt__io_flush(s->io);
         if (issued) continue;
         if (s->inflight > 0 && s->http) {
             /* Wait for a GET, or for a poke (a request, a seek, a stop). */
@@ -1514,20 +1315,14 @@ void dsrt__shard_stream_run(dsrt_shard_stream *s) {
             dsrt__http_stats(s->http, &s->remote);
             continue;
         }
-        if (s->inflight > 0 && s->have_ring) {
-            /* Wait for a read, waking now and then for new requests. */
+        if (s->inflight > 0 && s->io) {
+            /* Wait for a read (without a ring: do it), the lock let go
+             * meanwhile, waking now and then for new requests. */
             pthread_mutex_unlock(&s->mu);
-            struct io_uring_cqe *cqe;
-            struct __kernel_timespec ts = {0, 2000000};
-            int rc = io_uring_wait_cqe_timeout(&s->ring, &cqe, &ts);
+            dsrt_io_op *op;
+            int rc = dsrt__io_reap(s->io, &op, 2000000);
             pthread_mutex_lock(&s->mu);
-            while (rc == 0) {
-                block *b = io_uring_cqe_get_data(cqe);
-                long long n = cqe->res;
-                io_uring_cqe_seen(&s->ring, cqe);
-                block_complete(s, b, n);
-                rc = io_uring_peek_cqe(&s->ring, &cqe);
-            }
+            if (rc == 1) block_complete(s, block_of(op), op->res);
             continue;
         }
         pthread_cond_wait(&s->wake, &s->mu);
@@ -1539,17 +1334,14 @@ void dsrt__shard_stream_run(dsrt_shard_stream *s) {
         for (unsigned k = 0; k < s->nblocks; k++) s->blocks[k].busy = 0;
         s->inflight = 0;
     }
-    while (s->have_ring && s->inflight > 0) {
-        if (io_uring_sq_ready(&s->ring) > 0) io_uring_submit(&s->ring);
+    while (s->io && s->inflight > 0) {
         pthread_mutex_unlock(&s->mu);
-        struct io_uring_cqe *cqe;
-        int rc = io_uring_wait_cqe(&s->ring, &cqe);
+        dsrt_io_op *op;
+        int rc = dsrt__io_reap(s->io, &op, DSRT_IO_FOREVER);
         pthread_mutex_lock(&s->mu);
-        if (rc == -EINTR) continue;
-        if (rc < 0) break;
-        block *b = io_uring_cqe_get_data(cqe);
-        io_uring_cqe_seen(&s->ring, cqe);
-        s->fds[b->fdi].busy--;
+        if (rc != 1) break;
+        block *b = block_of(op);
+        s->fds.e[b->fdi].busy--;
         b->busy = 0;
         s->inflight--;
     }

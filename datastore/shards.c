@@ -48,7 +48,7 @@
  * alone, as is one that is, holds or lies inside a folder the samples come
  * from; both checks come before any change.
  */
-#include "datastore/remote.h"
+#include "datastore/bytes/http.h"
 #include "datastore/shards.h"
 
 #include <ctype.h>

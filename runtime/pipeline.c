@@ -78,7 +78,7 @@
  */
 #include <dsrt/pipeline.h>
 
-#include "datastore/remote.h"
+#include "datastore/bytes/http.h"
 #include "datastore/shards.h"
 #include "runtime/internal.h"
 

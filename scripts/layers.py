@@ -36,7 +36,9 @@ def objects(build):
         base = os.path.join(build, "CMakeFiles", t + ".dir")
         for o in glob.glob(os.path.join(base, "**", "*.o"), recursive=True):
             src = os.path.relpath(o, base)[:-2]
-            if src.endswith((".c", ".cu")):
+            # Objects of sources that are gone (moved, removed) stay in a
+            # build folder until it is cleaned: left out.
+            if src.endswith((".c", ".cu")) and os.path.isfile(os.path.join(ROOT, src)):
                 out.setdefault(src, o)
     return out
 

@@ -29,7 +29,7 @@
 #include <dsrt.h>
 
 #include "commtest.h"
-#include "datastore/remote.h"
+#include "datastore/bytes/s3.h"
 #include "task.h"
 #include "testimg.h"
 

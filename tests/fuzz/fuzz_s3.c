@@ -13,7 +13,7 @@
  * NUL-terminated value that fits its buffer. Redacting a text, and the
  * result again, must give a NUL-terminated text that fits its buffer.
  */
-#include "datastore/remote.h"
+#include "datastore/bytes/s3.h"
 
 #include <stdlib.h>
 #include <string.h>

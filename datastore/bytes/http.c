@@ -26,7 +26,7 @@
  * (reading them again at each refusal). Other answers finish at once: 404 with
  * -ENOENT (a missing object is a bad sample, like a missing file), denials,
  * wrong regions and missing buckets with DSRT_EREMOTE and what to check
- * (datastore/s3.c says it), an empty object with DSRT_EEMPTY, one larger
+ * (datastore/bytes/s3.c says it), an empty object with DSRT_EEMPTY, one larger
  * than its buffer with DSRT_ETOOBIG and its size. Messages name the
  * location without credentials: keys are only ever in the signature, and
  * every message is redacted (dsrt_text_redact: a URL's password, a
@@ -39,7 +39,7 @@
  * asks its caller now and then whether to stop (interrupted), so that a
  * listing that waits on a store can be interrupted.
  */
-#include "datastore/remote.h"
+#include "datastore/bytes/http.h"
 
 #include <assert.h>
 #include <curl/curl.h>
@@ -242,6 +242,11 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
 // ----------------------------------------------------------------------------
 // Create and destroy
 
+dsrt_remote_options dsrt__remote_defaults(void) {
+    return (dsrt_remote_options){
+        .depth = 64, .max_connections = 0, .retry_deadline_s = 60, .timeout_s = 30};
+}
+
 int dsrt__remote_options_check(const dsrt_remote_options *o, const char *who) {
     if (o->depth < 1 || o->depth > HTTP_MAX_DEPTH)
         return dsrt__fail(DSRT_EOPTION, "%s: remote.depth: %u: not in [1, %d]", who, o->depth,
@@ -260,7 +265,7 @@ int dsrt__remote_options_check(const dsrt_remote_options *o, const char *who) {
 
 int dsrt__http_create(dsrt_http **out, const dsrt_remote_options *o) {
     *out = NULL;
-    dsrt_remote_options opt = o ? *o : dsrt_reader_defaults().remote;
+    dsrt_remote_options opt = o ? *o : dsrt__remote_defaults();
     int rc = dsrt__remote_options_check(&opt, "remote");
     if (rc != 0) return rc;
     if (opt.max_connections == 0) {
@@ -834,7 +839,7 @@ int dsrt__http_fetch_range(dsrt_http *h, const char *url, uint64_t offset, uint6
 }
 
 int dsrt__remote_opening_options(const dsrt_datastore_options *o, dsrt_remote_options *ro) {
-    *ro = dsrt_reader_defaults().remote;
+    *ro = dsrt__remote_defaults();
     if (o) {
         const dsrt_remote_options *r = &o->remote;
         if (r->depth) ro->depth = r->depth;
@@ -881,4 +886,33 @@ int dsrt__http_fetch(dsrt_http *h, const char *url, const char *query, size_t ma
     *out = b;
     *len = res.size;
     return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Single objects, with a client of their own
+
+int dsrt__remote_read_whole(const char *url, size_t max, uint8_t **out, size_t *len) {
+    dsrt_http *h = NULL;
+    dsrt_remote_options ro = dsrt__remote_defaults();
+    ro.depth = 1;
+    int rc = dsrt__http_create(&h, &ro);
+    if (rc == 0) rc = dsrt__http_fetch(h, url, NULL, max, out, len);
+    dsrt__http_destroy(h);
+    return rc;
+}
+
+int dsrt__remote_read_range(const char *url, uint64_t offset, uint64_t length, void *buf,
+                            size_t *got) {
+    dsrt_http *h = NULL;
+    dsrt_remote_options ro = dsrt__remote_defaults();
+    ro.depth = 1;
+    *got = 0;
+    int rc = dsrt__http_create(&h, &ro);
+    if (rc != 0) return rc;
+    dsrt_read_result res;
+    rc = dsrt__http_submit(h, url, offset, length, buf, (size_t)length, 0);
+    if (rc == 0) rc = dsrt__http_collect(h, &res, 1, -1) == 1 ? res.status : -EIO;
+    if (rc == 0 || rc == DSRT_ETRUNCATED) *got = res.size;
+    dsrt__http_destroy(h);
+    return rc;
 }
