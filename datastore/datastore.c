@@ -11,6 +11,7 @@
  * s3://bucket/prefix is listed (s3_folder.c), a manifest at a URL fetched;
  * the other sources are files only.
  */
+#include "datastore/codecs/codecs.h"
 #include "datastore/internal.h"
 #include "datastore/bytes/http.h"
 #include "datastore/shards.h"

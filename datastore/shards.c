@@ -49,6 +49,7 @@
  * from; both checks come before any change.
  */
 #include "datastore/bytes/http.h"
+#include "datastore/codecs/codecs.h"
 #include "datastore/shards.h"
 
 #include <ctype.h>

@@ -1,5 +1,5 @@
 /*
- * The DC-term decoder (datastore/jpeg_dc.c) against libjpeg's 1/8 decode,
+ * The DC-term decoder (datastore/codecs/jpeg_dc.c) against libjpeg's 1/8 decode,
  * one JPEG at a time, for the libFuzzer target tests/fuzz/fuzz_jpeg_dc.c
  * and the bounded run of test_slow_jpeg_dc.
  *
@@ -36,8 +36,9 @@
 #define DSRT_TEST_DCDIFF_H
 
 #include "core/internal.h"
+#include "datastore/codecs/codecs.h"
 #include "datastore/internal.h"
-#include "datastore/jpeg_dc.h"
+#include "datastore/codecs/jpeg_dc.h"
 #include "jpegkit.h"
 
 #include <jpeglib.h>

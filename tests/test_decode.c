@@ -1,6 +1,6 @@
 /*
- * Tests of the decoder (datastore/decode.c) and the gray/RGB conversions
- * (datastore/color.c).
+ * Tests of the decoder (datastore/codecs/decode.c) and the gray/RGB conversions
+ * (datastore/codecs/color.c).
  *
  * JPEG results are checked byte for byte against libjpeg-turbo's own decode
  * of the same bytes (tjDecompress2 called here directly) for every kind of
@@ -21,6 +21,7 @@
  * also written into dir, as a seed corpus for tests/fuzz/fuzz_decode.c.
  */
 #include "core/internal.h"
+#include "datastore/codecs/codecs.h"
 #include "datastore/internal.h"
 #include "jpegkit.h"
 #include "task.h"

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the DC-term decoder (datastore/jpeg_dc.c) against
+ * libFuzzer target: the DC-term decoder (datastore/codecs/jpeg_dc.c) against
  * libjpeg's 1/8 decode, each input in fresh decoders and again in decoders
  * kept across inputs (tests/dcdiff.h says what is made and checked). An
  * input is a recipe: its first bytes choose the family that makes a JPEG

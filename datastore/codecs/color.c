@@ -12,7 +12,7 @@
  * so on x86-64 each loop is also compiled for SSSE3 and AVX2 and every call
  * takes the best one the CPU has (one test per call, not per pixel).
  */
-#include "internal.h"
+#include "datastore/codecs/codecs.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DSRT_X86_DISPATCH 1

@@ -33,7 +33,7 @@
  * - progressive files whose AC terms 1..9 are not complete at the end
  *   (libjpeg then smooths blocks, changing the pixels) are left to libjpeg.
  */
-#include "jpeg_dc.h"
+#include "datastore/codecs/jpeg_dc.h"
 
 #include "core/internal.h"
 
