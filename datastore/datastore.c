@@ -23,71 +23,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Random streams of the order functions, so that they never share numbers. */
-enum { STREAM_SHUFFLE = 1, STREAM_SPLIT = 2 };
-
-/* Warning lines kept in full; later ones are only counted. */
-#define WARNING_LINES 20
-
 /* Files larger than this are refused by dsrt_datastore_read_image. */
 #define READ_IMAGE_MAX ((size_t)256 << 20)
-
-// ----------------------------------------------------------------------------
-// Index
-
-static void index_free(dsrt_index *ix) {
-    if (!ix) return;
-    free(ix->paths);
-    free(ix->labels);
-    free(ix->classes);
-    free(ix->pixels);
-    free(ix->warnings);
-    dsrt__shardset_free(ix->shards);
-    dsrt_arena_free(&ix->arena);
-    free(ix);
-}
-
-void dsrt__index_warn(dsrt_index *ix, const char *fmt, ...) {
-    ix->warning_count++;
-    if (ix->warning_count > WARNING_LINES) return;
-    /* Whole, however long the paths in it: the reason comes last. Redacted
-     * as messages are (masking may lengthen a short secret: 2n + 8 holds
-     * the worst case). */
-    va_list ap, again;
-    va_start(ap, fmt);
-    va_copy(again, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    char *raw = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    void *buf = ix->warnings;
-    size_t room = 2 * (size_t)n + 8;
-    if (raw && dsrt__grow(&buf, &ix->warnings_cap, ix->warnings_len + room + 2, 1) == 0) {
-        ix->warnings = buf;
-        vsnprintf(raw, (size_t)n + 1, fmt, again);
-        dsrt_text_redact(raw, ix->warnings + ix->warnings_len, room + 1);
-        ix->warnings_len += strlen(ix->warnings + ix->warnings_len);
-        ix->warnings[ix->warnings_len++] = '\n';
-        ix->warnings[ix->warnings_len] = '\0';
-    }
-    free(raw);
-    va_end(again);
-}
-
-int dsrt__index_set_classes(dsrt_index *ix, const char *const *names, size_t count) {
-    const char **classes = dsrt__calloc(count ? count : 1, sizeof *classes);
-    if (!classes) return -ENOMEM;
-    for (size_t c = 0; c < count; c++) {
-        classes[c] = dsrt_arena_strndup(&ix->arena, names[c], strlen(names[c]));
-        if (!classes[c]) {
-            free(classes);
-            return -ENOMEM;
-        }
-    }
-    free(ix->classes);
-    ix->classes = classes;
-    ix->num_classes = count;
-    return 0;
-}
 
 // ----------------------------------------------------------------------------
 // Opening
@@ -274,20 +211,6 @@ int dsrt__detect_source(const char *path, const dsrt_datastore_options *o, dsrt_
                       path);
 }
 
-static int view_new(dsrt_index *ix, uint32_t *order, size_t n, dsrt_datastore **out) {
-    dsrt_datastore *ds = dsrt__calloc(1, sizeof *ds);
-    if (!ds) {
-        free(order);
-        return -ENOMEM;
-    }
-    atomic_fetch_add(&ix->refs, 1);
-    ds->index = ix;
-    ds->order = order;
-    ds->n = n;
-    *out = ds;
-    return 0;
-}
-
 static int check_options(const dsrt_datastore_options *o) {
     if ((unsigned)o->source > DSRT_SOURCE_SHARDS)
         return dsrt__fail(DSRT_EOPTION, "datastore: source %d is not a known source", o->source);
@@ -322,10 +245,8 @@ int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datast
     dsrt_source kind = o->source;
     if (kind == DSRT_SOURCE_AUTO && (rc = dsrt__detect_source(path, o, &kind)) != 0) return rc;
 
-    ix = dsrt__calloc(1, sizeof *ix);
+    ix = dsrt__index_new(kind);
     if (!ix) return -ENOMEM;
-    atomic_init(&ix->refs, 0);
-    ix->source = kind;
     size_t k = 0;
     while (k < DSRT_ARRAY_SIZE(SOURCES) && SOURCES[k].kind != kind) k++;
     if (k == DSRT_ARRAY_SIZE(SOURCES))
@@ -352,226 +273,25 @@ int dsrt_datastore_open(dsrt_datastore **ds, const char *path, const dsrt_datast
         rc = dsrt__fail(DSRT_ETOOBIG, "datastore: %s: %zu samples, more than 2^32-1", path, ix->n);
         goto fail;
     }
-    if ((rc = view_new(ix, NULL, ix->n, ds)) != 0) goto fail;
+    if ((rc = dsrt__view_new(ix, NULL, ix->n, ds)) != 0) goto fail;
     return 0;
 fail:
-    index_free(ix);
+    dsrt__index_free(ix);
     return rc;
 }
 
-void dsrt_datastore_close(dsrt_datastore *ds) {
-    if (!ds) return;
-    if (atomic_fetch_sub(&ds->index->refs, 1) == 1) index_free(ds->index);
-    free(ds->order);
-    free(ds);
-}
-
 // ----------------------------------------------------------------------------
-// Queries
-
-dsrt_source dsrt_datastore_source(const dsrt_datastore *ds) {
-    return ds->index->source;
-}
-
-size_t dsrt_datastore_count(const dsrt_datastore *ds) {
-    return ds->n;
-}
-
-int dsrt_datastore_label(const dsrt_datastore *ds, size_t i) {
-    return i < ds->n ? ds->index->labels[dsrt__pos(ds, i)] : -1;
-}
-
-uint32_t dsrt_datastore_id(const dsrt_datastore *ds, size_t i) {
-    return i < ds->n ? dsrt__pos(ds, i) : UINT32_MAX;
-}
-
-int dsrt_datastore_remote(const dsrt_datastore *ds) {
-    return ds->index->remote;
-}
-
-const char *dsrt_datastore_path(const dsrt_datastore *ds, size_t i) {
-    if (i >= ds->n || !ds->index->paths) return NULL;
-    return ds->index->paths[dsrt__pos(ds, i)];
-}
-
-int dsrt_datastore_pixels(const dsrt_datastore *ds, size_t i, dsrt_image *view) {
-    const dsrt_index *ix = ds->index;
-    if (i >= ds->n)
-        return dsrt__fail(DSRT_EOPTION, "datastore: sample %zu out of range (%zu samples)", i,
-                          ds->n);
-    if (!ix->pixels)
-        return dsrt__fail(DSRT_EUNSUPPORTED, "datastore: sample %zu is a file, not pixels", i);
-    size_t bytes = (size_t)ix->width * ix->height * ix->channels;
-    view->data = ix->pixels + (size_t)dsrt__pos(ds, i) * bytes;
-    view->width = ix->width;
-    view->height = ix->height;
-    view->channels = ix->channels;
-    view->stride = (size_t)ix->width * ix->channels;
-    return 0;
-}
-
-size_t dsrt_datastore_num_classes(const dsrt_datastore *ds) {
-    return ds->index->num_classes;
-}
-
-const char *dsrt_datastore_class_name(const dsrt_datastore *ds, size_t c) {
-    return c < ds->index->num_classes ? ds->index->classes[c] : NULL;
-}
-
-void dsrt_datastore_class_counts(const dsrt_datastore *ds, size_t *counts) {
-    const dsrt_index *ix = ds->index;
-    memset(counts, 0, ix->num_classes * sizeof *counts);
-    for (size_t i = 0; i < ds->n; i++) counts[ix->labels[dsrt__pos(ds, i)]]++;
-}
-
-const char *dsrt_datastore_warnings(const dsrt_datastore *ds) {
-    return ds->index->warnings ? ds->index->warnings : "";
-}
-
-size_t dsrt_datastore_warning_count(const dsrt_datastore *ds) {
-    return ds->index->warning_count;
-}
-
-// ----------------------------------------------------------------------------
-// Order
-
-void dsrt_shuffle_indices(uint32_t *idx, size_t n, uint64_t seed, uint64_t epoch) {
-    dsrt_rng r = dsrt_rng_init(seed, epoch, 0, STREAM_SHUFFLE);
-    for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)dsrt_rng_below(&r, i);
-        uint32_t t = idx[i - 1];
-        idx[i - 1] = idx[j];
-        idx[j] = t;
-    }
-}
-
-int dsrt_datastore_subset(const dsrt_datastore *ds, const uint32_t *idx, size_t n,
-                          dsrt_datastore **out) {
-    *out = NULL;
-    uint32_t *order = dsrt__malloc(n * sizeof *order);
-    if (!order) return -ENOMEM;
-    for (size_t k = 0; k < n; k++) {
-        if (idx[k] >= ds->n) {
-            free(order);
-            return dsrt__fail(DSRT_EOPTION,
-                              "subset: position %u (entry %zu) out of range (%zu "
-                              "samples)",
-                              idx[k], k, ds->n);
-        }
-        order[k] = dsrt__pos(ds, idx[k]);
-    }
-    return view_new(ds->index, order, n, out);
-}
-
-int dsrt_datastore_shuffle(const dsrt_datastore *ds, uint64_t seed, dsrt_datastore **out) {
-    *out = NULL;
-    uint32_t *order = dsrt__malloc(ds->n * sizeof *order);
-    if (!order) return -ENOMEM;
-    for (size_t i = 0; i < ds->n; i++) order[i] = (uint32_t)i;
-    dsrt_shuffle_indices(order, ds->n, seed, 0);
-    for (size_t i = 0; i < ds->n; i++) order[i] = dsrt__pos(ds, order[i]);
-    return view_new(ds->index, order, ds->n, out);
-}
+// Parts
 
 int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i, dsrt_datastore **out) {
     *out = NULL;
     if (n == 0 || i >= n)
         return dsrt__fail(DSRT_EOPTION, "partition: part %zu of %zu does not exist", i, n);
-    if (ds->index->shards) {
-        uint32_t *order;
-        size_t count;
-        int rc = dsrt__shards_partition(ds, n, i, &order, &count);
-        return rc ? rc : view_new(ds->index, order, count, out);
-    }
-    size_t begin = (size_t)((__uint128_t)ds->n * i / n);
-    size_t end = (size_t)((__uint128_t)ds->n * (i + 1) / n);
-    uint32_t *order = dsrt__malloc((end - begin) * sizeof *order);
-    if (!order) return -ENOMEM;
-    for (size_t k = begin; k < end; k++) order[k - begin] = dsrt__pos(ds, k);
-    return view_new(ds->index, order, end - begin, out);
-}
-
-int dsrt_datastore_split_each_label(const dsrt_datastore *ds, const dsrt_split_options *o,
-                                    dsrt_datastore **first, dsrt_datastore **rest) {
-    const dsrt_index *ix = ds->index;
-    size_t nc = ix->num_classes, n = ds->n;
-    size_t *count = NULL, *start = NULL, *fill = NULL;
-    uint32_t *by_class = NULL, *a = NULL, *b = NULL;
-    uint8_t *chosen = NULL;
-    int rc = -ENOMEM;
-    if (first) *first = NULL;
-    if (rest) *rest = NULL;
-    if (!(o->fraction > 0 && o->fraction <= 1) && !(o->fraction == 0 && o->count > 0))
-        return dsrt__fail(DSRT_EOPTION,
-                          "split_each_label: give a fraction in (0, 1] or a count > 0 (fraction "
-                          "%g, count %zu)",
-                          o->fraction, o->count);
-
-    /* Positions of each class, in view order (a counting sort). */
-    count = dsrt__calloc(nc, sizeof *count);
-    start = dsrt__calloc(nc + 1, sizeof *start);
-    fill = dsrt__calloc(nc, sizeof *fill);
-    by_class = dsrt__malloc(n * sizeof *by_class);
-    chosen = dsrt__calloc(n, 1);
-    a = dsrt__malloc(n * sizeof *a);
-    b = dsrt__malloc(n * sizeof *b);
-    if (!count || !start || !fill || !by_class || !chosen || !a || !b) goto out;
-    for (size_t i = 0; i < n; i++) count[ix->labels[dsrt__pos(ds, i)]]++;
-    for (size_t c = 0; c < nc; c++) start[c + 1] = start[c] + count[c];
-    for (size_t i = 0; i < n; i++) {
-        int32_t c = ix->labels[dsrt__pos(ds, i)];
-        by_class[start[c] + fill[c]++] = (uint32_t)i;
-    }
-
-    /* Choose the first part of each class: its first k, or k at random. */
-    for (size_t c = 0; c < nc; c++) {
-        size_t nk = count[c];
-        size_t k =
-            o->fraction > 0 ? (size_t)(o->fraction * (double)nk + 0.5) : DSRT_MIN(o->count, nk);
-        uint32_t *list = by_class + start[c];
-        if (o->randomized) {
-            /* A partial Fisher-Yates: the first k entries become a random choice. */
-            dsrt_rng r = dsrt_rng_init(o->seed, 0, c, STREAM_SPLIT);
-            for (size_t j = 0; j < k; j++) {
-                size_t pick = j + (size_t)dsrt_rng_below(&r, nk - j);
-                uint32_t t = list[j];
-                list[j] = list[pick];
-                list[pick] = t;
-            }
-        }
-        for (size_t j = 0; j < k; j++) chosen[list[j]] = 1;
-    }
-
-    /* Both parts keep the view's order. */
-    size_t na = 0, nb = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (chosen[i])
-            a[na++] = dsrt__pos(ds, i);
-        else
-            b[nb++] = dsrt__pos(ds, i);
-    }
-    rc = 0;
-    if (first) {
-        rc = view_new(ds->index, a, na, first);
-        a = NULL;
-    }
-    if (rc == 0 && rest) {
-        rc = view_new(ds->index, b, nb, rest);
-        b = NULL;
-    }
-    if (rc != 0 && first) {
-        dsrt_datastore_close(*first);
-        *first = NULL;
-    }
-out:
-    free(count);
-    free(start);
-    free(fill);
-    free(by_class);
-    free(chosen);
-    free(a);
-    free(b);
-    return rc;
+    uint32_t *order;
+    size_t count;
+    int rc = dsrt__shardset_of(ds->index) ? dsrt__shards_partition(ds, n, i, &order, &count)
+                                          : dsrt__view_ranges(ds, n, i, &order, &count);
+    return rc ? rc : dsrt__view_new(ds->index, order, count, out);
 }
 
 // ----------------------------------------------------------------------------
@@ -682,8 +402,8 @@ int dsrt_datastore_read_image(const dsrt_datastore *ds, size_t i, dsrt_decoder *
     const char *path = dsrt_datastore_path(ds, i);
     uint8_t *data = NULL;
     size_t size = 0;
-    int rc =
-        ds->index->shards ? read_member(ds, i, d, &data, &size) : read_file(path, d, &data, &size);
+    int rc = dsrt__shardset_of(ds->index) ? read_member(ds, i, d, &data, &size)
+                                          : read_file(path, d, &data, &size);
     if (rc != 0) return rc;
     rc = dsrt_decode(d, data, size, req, out);
     if (rc != 0) {

@@ -10,10 +10,8 @@
  * symbolic link leading back to one of its own ancestors is reported and not
  * followed; unreadable folders are reported and skipped.
  *
- * Order: classes are sorted by name (byte order, which for UTF-8 is code-point
- * order, as Python's sorted()); within a class, files are sorted by their
- * folder's path and then by name, which is the order torchvision's
- * ImageFolder gives, so class indices and sample order match it.
+ * Order: the folder rules' (datastore/index/paths.c): classes sorted by name,
+ * files within a class by folder and name, as torchvision's ImageFolder.
  */
 #include "internal.h"
 
@@ -29,8 +27,6 @@
 #include <unistd.h>
 
 #define MAX_DEPTH 256
-
-static const char *const default_extensions = "jpg,jpeg,jpe,jfif,png";
 
 typedef dsrt_folder_entry entry;
 
@@ -55,49 +51,6 @@ typedef struct {
     char path[PATH_MAX]; /* full path of the current folder */
     size_t path_len;
 } walker;
-
-// ----------------------------------------------------------------------------
-// Extensions
-
-int dsrt__extensions_parse(dsrt_extensions *e, const char *list) {
-    if (!list) list = default_extensions;
-    e->n = 0;
-    const char *p = list;
-    while (*p) {
-        while (*p == ',' || *p == ' ') p++;
-        if (!*p) break;
-        if (*p == '.') p++;
-        const char *start = p;
-        while (*p && *p != ',' && *p != ' ') p++;
-        size_t n = (size_t)(p - start);
-        if (n == 0) continue;
-        if (n > DSRT_MAX_EXT_LEN || e->n == DSRT_MAX_EXTENSIONS)
-            return dsrt__fail(DSRT_EOPTION,
-                              "datastore: extensions \"%s\": at most %d, of at most "
-                              "%d characters each",
-                              list, DSRT_MAX_EXTENSIONS, DSRT_MAX_EXT_LEN);
-        for (size_t k = 0; k < n; k++) e->ext[e->n][k] = (char)tolower((unsigned char)start[k]);
-        e->ext[e->n][n] = '\0';
-        e->n++;
-    }
-    if (e->n == 0)
-        return dsrt__fail(DSRT_EOPTION, "datastore: extensions \"%s\" names no extension", list);
-    return 0;
-}
-
-int dsrt__extensions_match_n(const dsrt_extensions *e, const char *name, size_t n) {
-    const char *dot = memrchr(name, '.', n);
-    if (!dot || dot == name) return 0;
-    dot++;
-    size_t len = (size_t)(name + n - dot);
-    for (size_t k = 0; k < e->n; k++)
-        if (strlen(e->ext[k]) == len && strncasecmp(dot, e->ext[k], len) == 0) return 1;
-    return 0;
-}
-
-int dsrt__extensions_match(const dsrt_extensions *e, const char *name) {
-    return dsrt__extensions_match_n(e, name, strlen(name));
-}
 
 static int wanted(const walker *w, const char *name) {
     return dsrt__extensions_match(&w->ext, name);
@@ -278,43 +231,6 @@ static void sort(void *base, size_t n, size_t size, int (*cmp)(const void *, con
 
 static int cmp_name(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* (group, folder path, file name): ImageFolder's order within each class. */
-static int cmp_entry(const void *pa, const void *pb) {
-    const entry *a = pa, *b = pb;
-    if (a->group != b->group) return a->group < b->group ? -1 : 1;
-    size_t la = a->dir_len, lb = b->dir_len;
-    int r = memcmp(a->path, b->path, DSRT_MIN(la, lb));
-    if (r) return r;
-    if (la != lb) return la < lb ? -1 : 1;
-    return strcmp(a->path + la + 1, b->path + lb + 1);
-}
-
-/* Folder path then name, ignoring the group: the plain walk order. */
-static int cmp_entry_path(const void *pa, const void *pb) {
-    const entry *a = pa, *b = pb;
-    size_t la = a->dir_len, lb = b->dir_len;
-    int r = memcmp(a->path, b->path, DSRT_MIN(la, lb));
-    if (r) return r;
-    if (la != lb) return la < lb ? -1 : 1;
-    return strcmp(a->path + la + 1, b->path + lb + 1);
-}
-
-void dsrt__folder_sort(dsrt_folder_entry *e, size_t n, int by_group) {
-    sort(e, n, sizeof *e, by_group ? cmp_entry : cmp_entry_path);
-}
-
-int dsrt__folder_fill(dsrt_index *ix, const dsrt_folder_entry *e, size_t n) {
-    ix->n = n;
-    ix->paths = dsrt__malloc((n ? n : 1) * sizeof *ix->paths);
-    ix->labels = dsrt__malloc((n ? n : 1) * sizeof *ix->labels);
-    if (!ix->paths || !ix->labels) return -ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        ix->paths[i] = e[i].path;
-        ix->labels[i] = e[i].group;
-    }
-    return 0;
 }
 
 /* Parent-folder labels: folder ids -> classes named by distinct folder names. */

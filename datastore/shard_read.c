@@ -182,14 +182,15 @@ int dsrt__shard_reader_create(dsrt_shard_reader **out, const dsrt_datastore *ds,
                               const dsrt_reader_options *o, dsrt_shard_stream *stream) {
     dsrt_reader_options opt = o ? *o : dsrt_reader_defaults();
     *out = NULL;
-    if (!ds->index->shards) return dsrt__fail(DSRT_EUNSUPPORTED, "shards: not a shard set");
+    if (!dsrt__shardset_of(ds->index))
+        return dsrt__fail(DSRT_EUNSUPPORTED, "shards: not a shard set");
     if (opt.depth < 1 || opt.depth > 4096)
         return dsrt__fail(DSRT_EOPTION, "shards: reader depth %u is not in 1..4096", opt.depth);
     dsrt_shard_reader *r = dsrt__calloc(1, sizeof *r);
     int rc = -ENOMEM;
     if (!r) return rc;
     r->ds = ds;
-    r->set = ds->index->shards;
+    r->set = dsrt__shardset_of(ds->index);
     r->stream = stream;
     r->depth = r->set->remote ? DSRT_MAX(1u, DSRT_MIN(opt.remote.depth, 4096u)) : opt.depth;
     if (r->set->remote) {
@@ -801,7 +802,7 @@ int dsrt__shard_stream_create(dsrt_shard_stream **out, const dsrt_datastore *ds,
     int rc = -ENOMEM;
     if (!s) return rc;
     s->ds = ds;
-    s->set = ds->index->shards;
+    s->set = dsrt__shardset_of(ds->index);
     s->po = *po;
     if (s->po.parts == 0) s->po.parts = 1;
     s->o = *o;

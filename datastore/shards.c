@@ -136,6 +136,10 @@ void dsrt__shardset_free(dsrt_shardset *s) {
     free(s);
 }
 
+static void shardset_free_data(void *s) {
+    dsrt__shardset_free(s);
+}
+
 // ----------------------------------------------------------------------------
 // Which shards: folders, globs, brace lists
 
@@ -1484,7 +1488,8 @@ static int build_index(gather *g, dsrt_index *ix, int32_t **labels, const char *
     if (n > UINT32_MAX) return dsrt__fail(DSRT_ETOOBIG, "shards: %zu samples, more than 2^32-1", n);
     dsrt_shardset *s = dsrt__calloc(1, sizeof *s);
     if (!s) return -ENOMEM;
-    ix->shards = s;
+    ix->data = s;
+    ix->data_free = shardset_free_data;
     s->nshards = ns;
     s->shards = dsrt__calloc(ns, sizeof *s->shards);
     s->offset = dsrt__malloc((n ? n : 1) * sizeof *s->offset);
@@ -1558,7 +1563,7 @@ int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
     }
     if (rc == 0) rc = build_index(&g, ix, labels, names, nnames);
     if (rc == 0) {
-        dsrt_shardset *s = ix->shards;
+        dsrt_shardset *s = ix->data;
         snprintf(s->index_path, sizeof s->index_path, "%s", index_path);
         s->indexed = 1;
         for (size_t k = 0; k < g.shards.n; k++) s->indexed &= g.from_index[k] >= 0;
@@ -1582,16 +1587,16 @@ int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
 // Queries
 
 size_t dsrt_datastore_shard_count(const dsrt_datastore *ds) {
-    return ds->index->shards ? ds->index->shards->nshards : 0;
+    return dsrt__shardset_of(ds->index) ? dsrt__shardset_of(ds->index)->nshards : 0;
 }
 
 const char *dsrt_datastore_shard_path(const dsrt_datastore *ds, size_t k) {
-    const dsrt_shardset *s = ds->index->shards;
+    const dsrt_shardset *s = dsrt__shardset_of(ds->index);
     return s && k < s->nshards ? s->shards[k].path : NULL;
 }
 
 int dsrt_datastore_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc) {
-    const dsrt_shardset *s = ds->index->shards;
+    const dsrt_shardset *s = dsrt__shardset_of(ds->index);
     if (!s)
         return dsrt__fail(DSRT_EUNSUPPORTED, "datastore: a %s datastore has no shards",
                           dsrt_source_name(ds->index->source));
@@ -1607,11 +1612,12 @@ int dsrt_datastore_location(const dsrt_datastore *ds, size_t i, dsrt_sample_loca
 }
 
 dsrt_shard_order dsrt_datastore_shard_order(const dsrt_datastore *ds) {
-    return ds->index->shards ? ds->index->shards->order : DSRT_SHARD_ORDER_EXACT;
+    return dsrt__shardset_of(ds->index) ? dsrt__shardset_of(ds->index)->order
+                                        : DSRT_SHARD_ORDER_EXACT;
 }
 
 size_t dsrt_datastore_shuffle_buffer(const dsrt_datastore *ds) {
-    return ds->index->shards ? ds->index->shards->shuffle_buffer : 0;
+    return dsrt__shardset_of(ds->index) ? dsrt__shardset_of(ds->index)->shuffle_buffer : 0;
 }
 
 const char *dsrt_shard_order_name(dsrt_shard_order o) {
@@ -1621,7 +1627,7 @@ const char *dsrt_shard_order_name(dsrt_shard_order o) {
 
 int dsrt__shards_partition(const dsrt_datastore *ds, size_t n, size_t i, uint32_t **order,
                            size_t *count) {
-    const dsrt_shardset *s = ds->index->shards;
+    const dsrt_shardset *s = dsrt__shardset_of(ds->index);
     size_t ns = s->nshards;
     size_t *per = dsrt__calloc(ns + 1, sizeof *per);
     size_t *occ = dsrt__calloc(ns + 1, sizeof *occ);
@@ -1684,7 +1690,7 @@ out:
 }
 
 int dsrt__shard_member_read(const dsrt_datastore *ds, uint32_t pos, uint8_t *buf, int64_t *mtime) {
-    const dsrt_shardset *s = ds->index->shards;
+    const dsrt_shardset *s = dsrt__shardset_of(ds->index);
     uint32_t p = dsrt__pos(ds, pos);
     const char *shard = s->shards[s->shard_of[p]].path, *path = ds->index->paths[p];
     size_t want = (size_t)s->size[p], got = 0;
@@ -1730,7 +1736,7 @@ int dsrt__shard_member_read(const dsrt_datastore *ds, uint32_t pos, uint8_t *buf
 }
 
 uint64_t dsrt__shard_sample_size(const dsrt_datastore *ds, uint32_t pos) {
-    return ds->index->shards->size[dsrt__pos(ds, pos)];
+    return dsrt__shardset_of(ds->index)->size[dsrt__pos(ds, pos)];
 }
 
 // ----------------------------------------------------------------------------
@@ -1833,9 +1839,10 @@ static int check_apart(const dsrt_datastore *ds, const char *out) {
     char rout[4096], dir[4096], prev[4096] = "";
     int rc = real_path(out, rout, sizeof rout);
     if (rc != 0) return dsrt__fail(rc, "shards: %s: %s", out, strerror(-rc));
-    if (ix->shards) {
-        for (size_t k = 0; rc == 0 && !ix->shards->remote && k < ix->shards->nshards; k++) {
-            dir_of(ix->shards->shards[k].path, dir, sizeof dir);
+    if (dsrt__shardset_of(ix)) {
+        for (size_t k = 0;
+             rc == 0 && !dsrt__shardset_of(ix)->remote && k < dsrt__shardset_of(ix)->nshards; k++) {
+            dir_of(dsrt__shardset_of(ix)->shards[k].path, dir, sizeof dir);
             if (strcmp(dir, prev) != 0) rc = apart_from(out, rout, dir);
             memcpy(prev, dir, sizeof dir);
         }
@@ -2375,7 +2382,7 @@ static int sample_bytes(const dsrt_datastore *ds, size_t i, uint8_t **data, size
         *data = *owned;
         return rc;
     }
-    if (ds->index->shards) {
+    if (dsrt__shardset_of(ds->index)) {
         /* From a shard set: the member's bytes. */
         size_t n = (size_t)dsrt__shard_sample_size(ds, (uint32_t)i);
         uint8_t *b = dsrt__malloc(n ? n : 1);
@@ -2478,7 +2485,7 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
         if ((rc = sample_bytes(ds, i, &data, &len, &mtime, &owned)) != 0) goto fail;
         const char *path = dsrt_datastore_path(ds, i);
         char key[128], member[160], cls[16], ext[8];
-        make_key(key, sizeof key, i, width, ix->shards ? NULL : path);
+        make_key(key, sizeof key, i, width, dsrt__shardset_of(ix) ? NULL : path);
         image_ext(data, len, path, ext);
         int32_t label = ix->labels[dsrt__pos(ds, i)];
         int cl = snprintf(cls, sizeof cls, "%d", (int)label);

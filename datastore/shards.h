@@ -98,6 +98,11 @@ typedef struct dsrt_shardset {
 
 void dsrt__shardset_free(dsrt_shardset *s);
 
+/* The shard set of an index of a shards source (its data), or NULL. */
+static inline dsrt_shardset *dsrt__shardset_of(const dsrt_index *ix) {
+    return ix->source == DSRT_SOURCE_SHARDS ? (dsrt_shardset *)ix->data : NULL;
+}
+
 /* Opens the shard set at path (a folder, a .tar, a glob or a brace list)
  * into ix. */
 int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_options *o);
