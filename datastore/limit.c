@@ -5,7 +5,7 @@
  * tjDecompress2 with its fast integer DCT (libjpeg-turbo's fastest
  * full-size decode), PNGs through the decoder's libspng path.
  */
-#include "datastore/internal.h"
+#include "datastore/index/index.h"
 
 #include <assert.h>
 #include <stdlib.h>

@@ -79,7 +79,7 @@
 #include <dsrt/pipeline.h>
 
 #include "datastore/bytes/http.h"
-#include "datastore/shards.h"
+#include "datastore/sources/members/members.h"
 #include "runtime/internal.h"
 
 #include <pthread.h>
@@ -750,8 +750,7 @@ static int fetch_collect(pipe_worker *w, dsrt_read_result *r, int wait) {
  * room O_DIRECT wants), learnt from a first read (pl->need) for files. */
 static size_t fetch_need(const pipe_worker *w, const pipe_place *pl) {
     if (!w->shards) return pl->need;
-    size_t size = (size_t)dsrt__shard_sample_size(w->p->ds, pl->pos);
-    return DSRT_MAX(pl->need, dsrt__shard_reader_need(w->shards, size));
+    return DSRT_MAX(pl->need, dsrt__shard_reader_need(w->shards, pl->pos));
 }
 
 /* Drops every read still in flight. */

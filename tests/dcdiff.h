@@ -37,7 +37,7 @@
 
 #include "core/internal.h"
 #include "datastore/codecs/codecs.h"
-#include "datastore/internal.h"
+#include "datastore/index/index.h"
 #include "datastore/codecs/jpeg_dc.h"
 #include "jpegkit.h"
 

@@ -22,7 +22,7 @@
  */
 #include "core/internal.h"
 #include "datastore/codecs/codecs.h"
-#include "datastore/internal.h"
+#include "datastore/index/index.h"
 #include "jpegkit.h"
 #include "task.h"
 #include "testimg.h"

@@ -14,7 +14,7 @@
  *
  * Every data set is made in the test's temporary folder.
  */
-#include "datastore/shards.h"
+#include "datastore/sources/shards/shards.h"
 #include "task.h"
 #include "testimg.h"
 

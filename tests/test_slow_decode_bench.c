@@ -36,7 +36,7 @@
  */
 #include <dsrt/augment.h>
 
-#include "datastore/internal.h"
+#include "datastore/index/index.h"
 #include "task.h"
 
 #include <dirent.h>

@@ -13,7 +13,7 @@
  *
  * Prints figures only; exits 1 only when something fails to open.
  */
-#include "datastore/shards.h"
+#include "datastore/sources/shards/shards.h"
 #include "task.h"
 #include "testimg.h"
 

@@ -9,7 +9,9 @@
  * names the file. The real Fashion-MNIST files are checked too where they are
  * installed (/usr/share/datasets/fashion-mnist).
  */
-#include "datastore/internal.h"
+#include "datastore/sources/cifar/cifar.h"
+#include "datastore/sources/idx/idx.h"
+#include "datastore/sources/manifest/manifest.h"
 #include "task.h"
 
 #include <dirent.h>

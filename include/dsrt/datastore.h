@@ -78,19 +78,37 @@ typedef struct {
 
 typedef struct dsrt_datastore dsrt_datastore;
 
+/*
+ * The sources, one line each: X(KIND, value, name) makes the constant
+ * DSRT_SOURCE_KIND = value and the name dsrt_source_name gives. The lines
+ * are in the order DSRT_SOURCE_AUTO tries them on a path (the CIFAR
+ * folders' marker files before MNIST names, names before what asks a store,
+ * a folder of class folders when nothing else matched); the library's
+ * table of sources is made from this one list.
+ *   CIFAR10, CIFAR100  CIFAR binary batches: a .bin file or the extracted folder.
+ *   IDX       an IDX images file (MNIST, Fashion-MNIST; raw or gzip), or a
+ *             folder of MNIST-named IDX files.
+ *   MANIFEST  a CSV of path,label (.csv, .txt, .lst).
+ *   SHARDS    tar shards: a folder of them (with or without dsrt's index), one
+ *             .tar file, a glob ("dir/shard-*.tar") or a brace list
+ *             ("dir/shard-{000000..000146}.tar"). Members <key>.jpg|png are
+ *             the images, <key>.cls their labels (WebDataset's layout).
+ *   FOLDER    a folder of class sub-folders.
+ */
+#define DSRT_SOURCES(X)                                                                            \
+    X(CIFAR10, 4, cifar10)                                                                         \
+    X(CIFAR100, 5, cifar100)                                                                       \
+    X(IDX, 3, idx)                                                                                 \
+    X(MANIFEST, 2, manifest)                                                                       \
+    X(SHARDS, 6, shards)                                                                           \
+    X(FOLDER, 1, folder)
+
+#define DSRT_SOURCE_ENUM_(kind, value, name) DSRT_SOURCE_##kind = value,
 typedef enum {
-    DSRT_SOURCE_AUTO = 0, /* from the path: folder, .csv manifest, IDX magic, CIFAR batch */
-    DSRT_SOURCE_FOLDER,
-    DSRT_SOURCE_MANIFEST,
-    DSRT_SOURCE_IDX,
-    DSRT_SOURCE_CIFAR10,
-    DSRT_SOURCE_CIFAR100,
-    /* Tar shards: a folder of them (with or without dsrt's index), one .tar
-     * file, a glob ("dir/shard-*.tar") or a brace list
-     * ("dir/shard-{000000..000146}.tar"). Members <key>.jpg|png are the
-     * images, <key>.cls their labels (WebDataset's layout). */
-    DSRT_SOURCE_SHARDS,
+    DSRT_SOURCE_AUTO = 0, /* from the path: the first source of DSRT_SOURCES that takes it */
+    DSRT_SOURCES(DSRT_SOURCE_ENUM_)
 } dsrt_source;
+#undef DSRT_SOURCE_ENUM_
 
 /* How the pipeline reads a shard set. Both give every sample once an epoch
  * and are pure functions of (seed, epoch): runs and resumes are

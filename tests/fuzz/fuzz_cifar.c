@@ -5,7 +5,7 @@
  * batch. Every label that reaches the index must be in range, and a failed
  * parse must leave the sample count as it was.
  */
-#include "datastore/internal.h"
+#include "datastore/sources/cifar/cifar.h"
 
 #include <stdlib.h>
 

@@ -13,7 +13,7 @@
  * size dsrt_decode_size gives for the header dsrt_decoder_info read, and
  * every output byte is readable.
  */
-#include "datastore/internal.h"
+#include "datastore/index/index.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * or fail with a message, without reading outside the input or allocating
  * past the limit.
  */
-#include "datastore/internal.h"
+#include "datastore/sources/idx/idx.h"
 
 #include <stdlib.h>
 

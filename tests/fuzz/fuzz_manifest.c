@@ -4,7 +4,7 @@
  * every sample must have a path and a label in range, and the classes must be
  * distinct and in the documented order.
  */
-#include "datastore/internal.h"
+#include "datastore/sources/manifest/manifest.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -7,7 +7,7 @@
  * when it parses, every sample must lie inside its shard and have a label of
  * a class. 3: classes.json. Bad input may fail, but always with a message.
  */
-#include "datastore/shards.h"
+#include "datastore/sources/shards/shards.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  * folder, even one with no sample in the view, so the exported folder opens
  * with the same set of classes.
  */
-#include "internal.h"
+#include "datastore/index/index.h"
 
 #include <stdio.h>
 #include <stdlib.h>

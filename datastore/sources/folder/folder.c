@@ -13,7 +13,9 @@
  * Order: the folder rules' (datastore/index/paths.c): classes sorted by name,
  * files within a class by folder and name, as torchvision's ImageFolder.
  */
-#include "internal.h"
+#include "datastore/sources/folder/folder.h"
+
+#include "datastore/bytes/url.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -405,3 +407,54 @@ out:
     }
     return rc;
 }
+
+// ----------------------------------------------------------------------------
+// The source
+
+static int detect(const dsrt_probe *p) {
+    return p->exists && p->folder;
+}
+
+/* Only s3:// prefixes can be listed as folders. */
+static int detect_url(const char *url, const dsrt_datastore_options *o) {
+    (void)o;
+    return strncasecmp(url, "s3://", 5) == 0;
+}
+
+static int open_url(dsrt_index *ix, const char *url, const dsrt_datastore_options *o) {
+    if (strncasecmp(url, "s3://", 5) == 0) return dsrt__s3_folder_load(ix, url, o);
+    return dsrt__fail(DSRT_EUNSUPPORTED,
+                      "datastore: a folder source cannot be read from a URL (folders from s3:// "
+                      "prefixes and manifests can): copy it to a local file");
+}
+
+/* The root of a local folder: the longest folder every path starts with. */
+static int folders(const dsrt_datastore *ds, int (*each)(void *ctx, const char *dir), void *ctx) {
+    const dsrt_index *ix = ds->index;
+    char dir[4096];
+    if (ix->remote || !ix->n) return 0;
+    const char *p0 = ix->paths[0];
+    size_t common = strlen(p0);
+    for (size_t i = 1; i < ix->n && common > 0; i++) {
+        size_t m = 0;
+        while (m < common && ix->paths[i][m] == p0[m]) m++;
+        common = m;
+    }
+    while (common > 0 && p0[common - 1] != '/') common--;
+    if (common == 0)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(common > 1 ? common - 1 : 1), p0);
+    return each(ctx, dir);
+}
+
+const dsrt_source_ops dsrt__source_folder = {
+    .kind = DSRT_SOURCE_FOLDER,
+    .what = "a folder",
+    .empty = "; check the extensions option",
+    .detect = detect,
+    .detect_url = detect_url,
+    .open = dsrt__folder_load,
+    .open_url = open_url,
+    .folders = folders,
+};

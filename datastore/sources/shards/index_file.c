@@ -23,7 +23,7 @@
  * names in class-index order. The index holds the exact bytes of the names
  * (JSON cannot hold names that are not UTF-8).
  */
-#include "datastore/shards.h"
+#include "datastore/sources/shards/shards.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -31,9 +31,10 @@
  * in flight, reader.remote.depth), the stream's blocks by ranged GETs of
  * 8 MiB, eight in flight.
  */
+#include "datastore/sources/members/members.h"
+
 #include "datastore/bytes/http.h"
 #include "datastore/bytes/io.h"
-#include "datastore/shards.h"
 
 #include <assert.h>
 #include <stddef.h>
@@ -174,23 +175,36 @@ unsigned dsrt__shard_reader_in_flight(const dsrt_shard_reader *r) {
     return r->depth - r->nfree;
 }
 
-size_t dsrt__shard_reader_need(const dsrt_shard_reader *r, size_t size) {
+/* Buffer bytes a range of size bytes needs (more with O_DIRECT). */
+static size_t range_need(const dsrt_shard_reader *r, size_t size) {
     return r->direct ? (size_t)align_up(size + DSRT_DIRECT_ALIGN) : size;
+}
+
+/* Buffer bytes sample p (an index position) needs: its range, and its
+ * decoded size where a codec decodes it in place. */
+static size_t sample_need(const dsrt_shard_reader *r, uint32_t p) {
+    size_t need = range_need(r, (size_t)r->set->size[p]);
+    if (r->set->codec)
+        need = (size_t)DSRT_MAX((uint64_t)need, r->set->codec->decoded_size(r->set, p));
+    return need;
+}
+
+size_t dsrt__shard_reader_need(const dsrt_shard_reader *r, uint32_t pos) {
+    return sample_need(r, dsrt__pos(r->ds, pos));
 }
 
 int dsrt__shard_reader_create(dsrt_shard_reader **out, const dsrt_datastore *ds,
                               const dsrt_reader_options *o, dsrt_shard_stream *stream) {
     dsrt_reader_options opt = o ? *o : dsrt_reader_defaults();
     *out = NULL;
-    if (!dsrt__shardset_of(ds->index))
-        return dsrt__fail(DSRT_EUNSUPPORTED, "shards: not a shard set");
+    if (!ds->index->data) return dsrt__fail(DSRT_EUNSUPPORTED, "shards: not a shard set");
     if (opt.depth < 1 || opt.depth > 4096)
         return dsrt__fail(DSRT_EOPTION, "shards: reader depth %u is not in 1..4096", opt.depth);
     dsrt_shard_reader *r = dsrt__calloc(1, sizeof *r);
     int rc = -ENOMEM;
     if (!r) return rc;
     r->ds = ds;
-    r->set = dsrt__shardset_of(ds->index);
+    r->set = dsrt__shardset_of(ds);
     r->stream = stream;
     r->depth = r->set->remote ? DSRT_MAX(1u, DSRT_MIN(opt.remote.depth, 4096u)) : opt.depth;
     if (r->set->remote) {
@@ -276,7 +290,7 @@ int dsrt__shard_reader_submit(dsrt_shard_reader *r, uint32_t pos, uint64_t epoch
         done_push(r, i);
         return 0;
     }
-    if (dsrt__shard_reader_need(r, (size_t)q->size) > cap) {
+    if (sample_need(r, p) > cap) {
         q->status = DSRT_ETOOBIG;
         done_push(r, i);
         return 0;
@@ -554,6 +568,20 @@ void dsrt__shard_reader_cancel(dsrt_shard_reader *r) {
     r->ndone = 0;
 }
 
+/* Turns the range read for q (sample p) into the sample's file: the set's
+ * codec, in q's buffer. */
+static void decode(dsrt_shard_reader *r, sreq *q, uint32_t p) {
+    size_t size;
+    int rc = r->set->codec->decode(r->set, p, q->path, q->buf, q->cap, (size_t)q->done, &size);
+    if (rc == 0) {
+        q->done = size;
+        return;
+    }
+    q->status = rc;
+    free(q->msg);
+    q->msg = dsrt__strdup(dsrt_last_error());
+}
+
 /* Takes what the stream has for the waiting requests; 1 when any finished.
  * wait_ms: 0 not at all, > 0 at most that long, < 0 until one finishes. */
 static int stream_poll(dsrt_shard_reader *r, int wait_ms);
@@ -574,11 +602,12 @@ int dsrt__shard_reader_collect(dsrt_shard_reader *r, dsrt_read_result *res, int 
             r->done_head = (r->done_head + 1) % r->depth;
             r->ndone--;
             sreq *q = &r->reqs[i];
+            uint32_t p = dsrt__pos(r->ds, q->pos);
+            if (q->status == 0 && r->set->codec) decode(r, q, p);
             res->tag = q->tag;
             res->path = q->path;
             res->buf = q->buf;
-            res->size = q->status == DSRT_ETOOBIG ? dsrt__shard_reader_need(r, (size_t)q->size)
-                                                  : (size_t)q->done;
+            res->size = q->status == DSRT_ETOOBIG ? sample_need(r, p) : (size_t)q->done;
             res->status = q->status;
             if (q->status && q->msg)
                 dsrt__fail(q->status, "%s", q->msg);
@@ -802,7 +831,7 @@ int dsrt__shard_stream_create(dsrt_shard_stream **out, const dsrt_datastore *ds,
     int rc = -ENOMEM;
     if (!s) return rc;
     s->ds = ds;
-    s->set = dsrt__shardset_of(ds->index);
+    s->set = dsrt__shardset_of(ds);
     s->po = *po;
     if (s->po.parts == 0) s->po.parts = 1;
     s->o = *o;

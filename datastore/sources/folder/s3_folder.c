@@ -4,8 +4,9 @@
  * folder rules (datastore/index/paths.c), so that a bucket holding a copy
  * of a folder gives the same index, whatever order the pages come in.
  */
+#include "datastore/sources/folder/folder.h"
+
 #include "datastore/bytes/http.h"
-#include "datastore/internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -27,8 +27,10 @@
  * reported with its path like any other bad file. Stat-ing millions of files
  * up front would make opening as slow as a pass over the data.
  */
+#include "datastore/sources/manifest/manifest.h"
+
 #include "datastore/bytes/http.h"
-#include "datastore/internal.h"
+#include "datastore/bytes/url.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -399,3 +401,33 @@ int dsrt__remote_manifest_load(dsrt_index *ix, const char *url, const dsrt_datas
     free(text);
     return rc;
 }
+
+// ----------------------------------------------------------------------------
+// The source
+
+static int named(const char *name) {
+    return dsrt__ends_with_ci(name, ".csv") || dsrt__ends_with_ci(name, ".txt") ||
+           dsrt__ends_with_ci(name, ".lst");
+}
+
+static int detect(const dsrt_probe *p) {
+    return p->exists && !p->folder && named(p->path);
+}
+
+/* A manifest at a URL by its name, the query left out. */
+static int detect_url(const char *url, const dsrt_datastore_options *o) {
+    (void)o;
+    char name[1024];
+    const char *q = strchr(url, '?');
+    snprintf(name, sizeof name, "%.*s", (int)(q ? (size_t)(q - url) : strlen(url)), url);
+    return named(name);
+}
+
+const dsrt_source_ops dsrt__source_manifest = {
+    .kind = DSRT_SOURCE_MANIFEST,
+    .what = "a .csv manifest",
+    .detect = detect,
+    .detect_url = detect_url,
+    .open = dsrt__manifest_load,
+    .open_url = dsrt__remote_manifest_load,
+};

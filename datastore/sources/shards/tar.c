@@ -16,7 +16,7 @@
  * Reading goes through a callback, so the same walk serves files (preads of
  * a window), object storage and the fuzzer (a buffer in memory).
  */
-#include "datastore/shards.h"
+#include "datastore/sources/shards/shards.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -28,7 +28,7 @@
  * batch slots as it does for any datastore, with any number of threads, and
  * a resume lands on exactly the same samples.
  */
-#include "datastore/shards.h"
+#include "datastore/sources/members/members.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +55,7 @@ static int by_index_pos(const void *a, const void *b, void *ctx) {
 
 int dsrt__shard_plan_create(dsrt_shard_plan **out, const dsrt_datastore *ds,
                             const dsrt_shard_plan_options *o) {
-    const dsrt_shardset *s = dsrt__shardset_of(ds->index);
+    const dsrt_shardset *s = dsrt__shardset_of(ds);
     *out = NULL;
     if (!s) return dsrt__fail(DSRT_EUNSUPPORTED, "shards: the datastore is not a shard set");
     dsrt_shard_plan *p = dsrt__calloc(1, sizeof *p);

@@ -16,7 +16,7 @@
  * the (n, height, width, 1) HWC layout the index wants, so after inflating
  * it is moved to the front of its buffer and handed to the index as is.
  */
-#include "internal.h"
+#include "datastore/sources/idx/idx.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -514,3 +514,26 @@ fail:
     free(lab.data);
     return rc;
 }
+
+// ----------------------------------------------------------------------------
+// The source
+
+/* An IDX images file (its first bytes: gzip or IDX magic), or a folder of
+ * MNIST-named ones. */
+static int detect(const dsrt_probe *p) {
+    static const char *const names[] = {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz",
+                                        "t10k-images-idx3-ubyte",  "t10k-images-idx3-ubyte.gz",
+                                        "train-images.idx3-ubyte", "t10k-images.idx3-ubyte"};
+    if (!p->exists) return 0;
+    if (!p->folder) return p->idx_head;
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(names); k++)
+        if (dsrt__has_file(p->path, names[k])) return 1;
+    return 0;
+}
+
+const dsrt_source_ops dsrt__source_idx = {
+    .kind = DSRT_SOURCE_IDX,
+    .what = "an IDX file",
+    .detect = detect,
+    .open = dsrt__idx_load,
+};

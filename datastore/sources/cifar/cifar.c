@@ -12,7 +12,7 @@
  * The parser checks every label before it touches the index, so a corrupt
  * batch leaves the index as it was.
  */
-#include "internal.h"
+#include "datastore/sources/cifar/cifar.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -279,3 +279,44 @@ int dsrt__cifar_load(dsrt_index *ix, const char *path, dsrt_source kind,
     ix->source = kind;
     return set_class_names(ix, names, class_count(kind, coarse));
 }
+
+// ----------------------------------------------------------------------------
+// The sources
+
+/* A CIFAR .bin batch is whole records; an IDX header wins over the size. */
+static int detect10(const dsrt_probe *p) {
+    if (!p->exists) return 0;
+    if (p->folder)
+        return dsrt__has_file(p->path, "batches.meta.txt") ||
+               dsrt__has_file(p->path, "data_batch_1.bin");
+    return !p->idx_head && dsrt__ends_with_ci(p->path, ".bin") && p->size % 3073 == 0;
+}
+
+static int detect100(const dsrt_probe *p) {
+    if (!p->exists) return 0;
+    if (p->folder)
+        return dsrt__has_file(p->path, "fine_label_names.txt") ||
+               (dsrt__has_file(p->path, "train.bin") && dsrt__has_file(p->path, "test.bin"));
+    return !p->idx_head && dsrt__ends_with_ci(p->path, ".bin") && p->size % 3074 == 0;
+}
+
+static int open10(dsrt_index *ix, const char *path, const dsrt_datastore_options *o) {
+    return dsrt__cifar_load(ix, path, DSRT_SOURCE_CIFAR10, o);
+}
+
+static int open100(dsrt_index *ix, const char *path, const dsrt_datastore_options *o) {
+    return dsrt__cifar_load(ix, path, DSRT_SOURCE_CIFAR100, o);
+}
+
+const dsrt_source_ops dsrt__source_cifar10 = {
+    .kind = DSRT_SOURCE_CIFAR10,
+    .what = "a CIFAR .bin batch",
+    .detect = detect10,
+    .open = open10,
+};
+
+const dsrt_source_ops dsrt__source_cifar100 = {
+    .kind = DSRT_SOURCE_CIFAR100,
+    .detect = detect100,
+    .open = open100,
+};

@@ -1,0 +1,907 @@
+/*
+ * The shard writer (dsrt_shards_write): the samples of any datastore, in its
+ * order, into tar shards of at most shard_bytes, with dsrt's index and
+ * classes.json beside them; the format is the shards source's
+ * (datastore/sources/shards), the samples' bytes are read through the table
+ * of sources, whatever their source.
+ *
+ * Each sample is <key>.cls then <key>.jpg|png, ustar headers, the files'
+ * bytes unchanged (in-memory pixels as PNG). The whole set (shards,
+ * classes.json, index) is written into a hidden staging folder inside the
+ * output folder, each file fsync'd, and moved into place only once whole:
+ * the old set's index removed first (nothing then describes a mix), the
+ * shards renamed over the old ones, the old set's other shards removed,
+ * classes.json, the index last. Until then the set the folder held is
+ * untouched, so a failed or killed write never costs the last good set; a
+ * failed write removes what it staged, the next write what a killed one
+ * left. The writer removes or replaces only what it made: its record in the
+ * folder (RECORD_NAME), written before anything else, lists each file it
+ * made there with its size, and each staging folder. A folder holding
+ * anything the record does not list as it is now is refused, named, and
+ * left alone, as is one that is, holds or lies inside a folder the samples
+ * come from; both checks come before any change.
+ */
+#include "datastore/bytes/url.h"
+#include "datastore/codecs/codecs.h"
+#include "datastore/sources/shards/shards.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WRITE_BUFFER   ((size_t)4 << 20) /* bytes gathered before a write */
+#define SHARD_NAME_FMT "shard-%06zu.tar"
+#define STAGE_PREFIX   ".dsrt-staging-"       /* the hidden folder a set is written in */
+#define RECORD_NAME    ".dsrt-shards-written" /* what the writer made in a folder */
+#define RECORD_MAGIC   "dsrt shards written 1"
+
+// ----------------------------------------------------------------------------
+// Small helpers
+
+typedef struct {
+    char **v;
+    size_t n, cap;
+} strlist;
+
+static int strlist_add(strlist *l, const char *s, size_t len) {
+    void *v = l->v;
+    if (dsrt__grow(&v, &l->cap, l->n + 1, sizeof *l->v) != 0) return -ENOMEM;
+    l->v = v;
+    char *c = dsrt__malloc(len + 1);
+    if (!c) return -ENOMEM;
+    memcpy(c, s, len);
+    c[len] = '\0';
+    l->v[l->n++] = c;
+    return 0;
+}
+
+static void strlist_free(strlist *l) {
+    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static const char *base_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+// ----------------------------------------------------------------------------
+// Writing
+
+dsrt_shard_write_options dsrt_shard_write_defaults(void) {
+    dsrt_shard_write_options o = {
+        .shard_bytes = (uint64_t)256 << 20, .shard_samples = 0, .class_names = NULL};
+    return o;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path) {
+    char *p = dsrt__strdup(path);
+    if (!p) return -ENOMEM;
+    int rc = 0;
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+            break;
+        }
+        *s = c;
+        if (!c) break;
+    }
+    free(p);
+    return rc;
+}
+
+/* The real path of path (symbolic links, "." and ".." resolved) into out
+ * (cap bytes), when its last components do not exist yet too: those are
+ * taken as written, as mkdir -p would make them. */
+static int real_path(const char *path, char *out, size_t cap) {
+    char *r = realpath(path, NULL);
+    if (r) {
+        int n = snprintf(out, cap, "%s", r);
+        free(r);
+        return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
+    }
+    if (errno != ENOENT || !*path) return -errno;
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    const char *last = path + b;
+    size_t llen = n - b;
+    char parent[4096];
+    int pn = b == 0   ? snprintf(parent, sizeof parent, ".")
+             : b == 1 ? snprintf(parent, sizeof parent, "/")
+                      : snprintf(parent, sizeof parent, "%.*s", (int)(b - 1), path);
+    if (pn < 0 || (size_t)pn >= sizeof parent) return -ENAMETOOLONG;
+    int rc = real_path(parent, out, cap);
+    if (rc != 0) return rc;
+    size_t ol = strlen(out);
+    if (llen == 1 && last[0] == '.') return 0;
+    if (llen == 2 && last[0] == '.' && last[1] == '.') {
+        char *slash = strrchr(out, '/');
+        if (slash) slash[slash == out] = '\0';
+        return 0;
+    }
+    int m = snprintf(out + ol, cap - ol, "%s%.*s", ol > 0 && out[ol - 1] == '/' ? "" : "/",
+                     (int)llen, last);
+    return m < 0 || (size_t)m >= cap - ol ? -ENAMETOOLONG : 0;
+}
+
+/* 1 when the real path a lies inside the real path b (not equal). */
+static int path_inside(const char *a, const char *b) {
+    size_t n = strlen(b);
+    if (n == 1 && b[0] == '/') return a[1] != '\0';
+    return strncmp(a, b, n) == 0 && a[n] == '/';
+}
+
+/* Refuses out when it is, holds or lies inside the source folder src
+ * (compared as real paths; rout is out's). */
+static int apart_from(const char *out, const char *rout, const char *src) {
+    char rsrc[4096];
+    if (real_path(src, rsrc, sizeof rsrc) != 0) return 0; /* gone: nothing there to harm */
+    const char *how = !strcmp(rout, rsrc)       ? "is"
+                      : path_inside(rsrc, rout) ? "contains"
+                      : path_inside(rout, rsrc) ? "lies inside"
+                                                : NULL;
+    if (!how) return 0;
+    /* Each path as given, and its real path where that differs. */
+    char a[8300], b[8300];
+    snprintf(a, sizeof a, strcmp(out, rout) ? "%s (really %s)" : "%s", out, rout);
+    snprintf(b, sizeof b, strcmp(src, rsrc) ? "%s (really %s)" : "%s", src, rsrc);
+    return dsrt__fail(DSRT_EOPTION,
+                      "shards: %s %s the source's folder %s: the set would be written over or "
+                      "among the data it is made from; give a folder apart from it",
+                      a, how, b);
+}
+
+typedef struct {
+    const char *out, *rout;
+} apart;
+
+static int apart_each(void *ctx, const char *dir) {
+    const apart *a = ctx;
+    return apart_from(a->out, a->rout, dir);
+}
+
+/* Refuses an out that is, holds or lies inside a local folder the samples
+ * of ds come from: a shard set's folders, a folder source's root (the
+ * folder all its files lie under), a manifest's files' folders. */
+static int check_apart(const dsrt_datastore *ds, const char *out) {
+    char rout[4096];
+    int rc = real_path(out, rout, sizeof rout);
+    if (rc != 0) return dsrt__fail(rc, "shards: %s: %s", out, strerror(-rc));
+    apart a = {out, rout};
+    return dsrt__sample_folders(ds, apart_each, &a);
+}
+
+/* 1 when name is base followed by a run of digits and then tail. */
+static int digits_between(const char *name, const char *base, const char *tail) {
+    size_t b = strlen(base);
+    if (strncmp(name, base, b) != 0) return 0;
+    const char *p = name + b;
+    while (isdigit((unsigned char)*p)) p++;
+    return p > name + b && strcmp(p, tail) == 0;
+}
+
+/* A name this writer makes in its staging folder: shard-NNNNNN.tar, the
+ * index and classes.json and their temporary forms (NAME.tmp.TID). */
+static int ours(const char *name) {
+    static const char *const files[] = {DSRT_SHARD_INDEX_NAME, DSRT_SHARD_CLASSES_NAME};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(files); k++) {
+        char base[64];
+        snprintf(base, sizeof base, "%s.tmp.", files[k]);
+        if (!strcmp(name, files[k]) || digits_between(name, base, "")) return 1;
+    }
+    return digits_between(name, "shard-", ".tar");
+}
+
+// ----------------------------------------------------------------------------
+// The record of what the writer made in a folder
+
+/* What a record lists: a file of the size it had when written, or a staging
+ * folder. A name may be listed with two sizes while a set replaces another. */
+#define RECORD_FOLDER UINT64_MAX
+
+typedef struct {
+    strlist names;
+    uint64_t *sizes; /* (names.n) bytes, or RECORD_FOLDER */
+    size_t cap;
+    size_t *sorted; /* (names.n) positions by name, then size; NULL until looked up */
+} record;
+
+static void record_free(record *r) {
+    strlist_free(&r->names);
+    free(r->sizes);
+    free(r->sorted);
+    memset(r, 0, sizeof *r);
+}
+
+/* Adds an entry (a set of a million shards makes as many: no search here). */
+static int record_add(record *r, const char *name, uint64_t size) {
+    void *v = r->sizes;
+    if (dsrt__grow(&v, &r->cap, r->names.n + 1, sizeof *r->sizes) != 0) return -ENOMEM;
+    r->sizes = v;
+    r->sizes[r->names.n] = size;
+    free(r->sorted);
+    r->sorted = NULL;
+    return strlist_add(&r->names, name, strlen(name));
+}
+
+static int record_cmp(const record *r, size_t a, const char *name, uint64_t size) {
+    int c = strcmp(r->names.v[a], name);
+    return c ? c : r->sizes[a] < size ? -1 : r->sizes[a] > size;
+}
+
+static int by_record_entry(const void *a, const void *b, void *ctx) {
+    const record *r = ctx;
+    size_t y = *(const size_t *)b;
+    return record_cmp(r, *(const size_t *)a, r->names.v[y], r->sizes[y]);
+}
+
+/* The entries in order of name and size, for lookups and the file. */
+static int record_sort(record *r) {
+    if (r->sorted || r->names.n == 0) return 0;
+    r->sorted = dsrt__malloc(r->names.n * sizeof *r->sorted);
+    if (!r->sorted) return -ENOMEM;
+    for (size_t k = 0; k < r->names.n; k++) r->sorted[k] = k;
+    qsort_r(r->sorted, r->names.n, sizeof *r->sorted, by_record_entry, r);
+    return 0;
+}
+
+/* The first sorted place whose entry is not below (name, size). */
+static size_t record_lower(const record *r, const char *name, uint64_t size) {
+    size_t lo = 0, hi = r->names.n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (record_cmp(r, r->sorted[mid], name, size) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* 1 when the record lists name with this size (RECORD_FOLDER: as a folder);
+ * the record is sorted (record_sort). */
+static int record_has(const record *r, const char *name, uint64_t size) {
+    size_t k = r->sorted ? record_lower(r, name, size) : r->names.n;
+    return k < r->names.n && record_cmp(r, r->sorted[k], name, size) == 0;
+}
+
+/* 1 when the sorted record lists name at all. */
+static int record_names(const record *r, const char *name) {
+    size_t k = r->sorted ? record_lower(r, name, 0) : r->names.n;
+    return k < r->names.n && !strcmp(r->names.v[r->sorted[k]], name);
+}
+
+/* Parses a record: RECORD_MAGIC, then a line a name ("SIZE NAME", or
+ * "- NAME" for a staging folder). */
+static int record_parse(const char *text, size_t len, const char *path, record *r) {
+    size_t m = strlen(RECORD_MAGIC);
+    if (len < m + 1 || memcmp(text, RECORD_MAGIC, m) != 0 || text[m] != '\n')
+        return dsrt__fail(DSRT_EOPTION, "shards: %s: not a record dsrt wrote", path);
+    int rc = 0;
+    for (size_t at = m + 1; rc == 0 && at < len;) {
+        const char *line = text + at, *nl = memchr(line, '\n', len - at);
+        size_t ll = nl ? (size_t)(nl - line) : len - at;
+        const char *sp = memchr(line, ' ', ll);
+        uint64_t size = 0;
+        int ok = sp && sp > line && (size_t)(sp - line) <= 20 && sp + 1 < line + ll;
+        if (ok && sp - line == 1 && line[0] == '-') {
+            size = RECORD_FOLDER;
+        } else {
+            for (const char *c = line; ok && c < sp; c++) {
+                ok = isdigit((unsigned char)*c) && size <= (UINT64_MAX - 9) / 10;
+                size = size * 10 + (uint64_t)(*c - '0');
+            }
+        }
+        char name[256];
+        size_t nl_len = ok ? (size_t)(line + ll - sp - 1) : 0;
+        ok = ok && nl_len < sizeof name && !memchr(sp + 1, '/', nl_len) &&
+             !memchr(sp + 1, '\0', nl_len);
+        if (ok) {
+            memcpy(name, sp + 1, nl_len);
+            name[nl_len] = '\0';
+            ok = strcmp(name, ".") && strcmp(name, "..");
+        }
+        if (!ok)
+            return dsrt__fail(DSRT_EOPTION, "shards: %s: line '%.*s' is not one dsrt writes", path,
+                              (int)DSRT_MIN(ll, (size_t)80), line);
+        rc = record_add(r, name, size);
+        at += ll + 1;
+    }
+    return rc;
+}
+
+/* Writes the record of out (atomically, fsync'd), each entry once. */
+static int record_write(const char *out, record *r) {
+    dsrt_strbuf b = {0};
+    int rc = record_sort(r);
+    if (rc == 0) rc = dsrt__sb_printf(&b, "%s\n", RECORD_MAGIC);
+    for (size_t i = 0; rc == 0 && i < r->names.n; i++) {
+        size_t k = r->sorted[i];
+        if (i > 0 && record_cmp(r, r->sorted[i - 1], r->names.v[k], r->sizes[k]) == 0) continue;
+        rc = r->sizes[k] == RECORD_FOLDER
+                 ? dsrt__sb_printf(&b, "- %s\n", r->names.v[k])
+                 : dsrt__sb_printf(&b, "%llu %s\n", (unsigned long long)r->sizes[k], r->names.v[k]);
+    }
+    char p[8192];
+    snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+    if (rc == 0) rc = dsrt__write_file_atomic(p, b.s, b.len);
+    free(b.s);
+    return rc ? dsrt__fail_prefix(rc, "shards") : 0;
+}
+
+// ----------------------------------------------------------------------------
+// The output folder
+
+/* What the output folder holds before a write. */
+typedef struct {
+    int exists;
+    int recorded;  /* it has a record */
+    record rec;    /* what the record lists */
+    strlist set;   /* files of the set written there before (listed, there, unchanged) */
+    strlist stale; /* staging folders and temporary records of writes that stopped */
+} out_state;
+
+static void out_state_free(out_state *st) {
+    record_free(&st->rec);
+    strlist_free(&st->set);
+    strlist_free(&st->stale);
+}
+
+/* 1 for the temporary form of the record (dsrt__write_file_atomic's). */
+static int record_temporary(const char *name) {
+    return digits_between(name, RECORD_NAME ".tmp.", "");
+}
+
+/* Checks that the staging folder dir holds only what the writer makes there. */
+static int stage_check(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL)
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !ours(de->d_name))
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: holds '%s', which dsrt did not write there: move it "
+                            "away",
+                            dir, de->d_name);
+    closedir(d);
+    return rc;
+}
+
+/* Looks at out without changing anything. It must be absent, empty, or
+ * hold only what its record says this writer made there, as it made it:
+ * the files of a set, unchanged, and staging folders of writes that
+ * stopped. Anything else is refused, named, and never touched. */
+static int out_inspect(const char *out, out_state *st) {
+    memset(st, 0, sizeof *st);
+    struct stat sb;
+    if (stat(out, &sb) != 0) {
+        if (errno == ENOENT) return 0;
+        return dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return dsrt__fail(-ENOTDIR, "shards: %s: is %s, not a folder", out,
+                          dsrt__file_kind(sb.st_mode));
+    st->exists = 1;
+    char p[8192];
+    int rc = 0;
+    snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+    if (lstat(p, &sb) == 0) {
+        uint8_t *text;
+        size_t len;
+        st->recorded = 1;
+        if (!S_ISREG(sb.st_mode))
+            rc = dsrt__fail(DSRT_EOPTION, "shards: %s: is %s, not a record", p,
+                            dsrt__file_kind(sb.st_mode));
+        else if ((rc = dsrt__read_whole_file(p, (size_t)64 << 20, &text, &len)) != 0)
+            dsrt__fail_prefix(rc, "shards");
+        if (rc == 0) {
+            rc = record_parse((const char *)text, len, p, &st->rec);
+            free(text);
+        }
+        if (rc == 0) rc = record_sort(&st->rec);
+        if (rc != 0) {
+            out_state_free(st);
+            return rc;
+        }
+    }
+    DIR *d = opendir(out);
+    if (!d) {
+        rc = dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
+        out_state_free(st);
+        return rc;
+    }
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        const char *name = de->d_name;
+        if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, RECORD_NAME)) continue;
+        snprintf(p, sizeof p, "%s/%s", out, name);
+        if (record_temporary(name)) {
+            rc = strlist_add(&st->stale, name, strlen(name));
+            continue;
+        }
+        if (!record_names(&st->rec, name)) {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: holds '%s', which dsrt did not write there (%s): give "
+                            "an empty or new folder, or move it away",
+                            out, name,
+                            st->recorded ? "its record " RECORD_NAME " does not list it"
+                                         : "the folder has no record " RECORD_NAME);
+            break;
+        }
+        if (lstat(p, &sb) != 0) {
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+        } else if (S_ISDIR(sb.st_mode) && record_has(&st->rec, name, RECORD_FOLDER)) {
+            rc = stage_check(p);
+            if (rc == 0) rc = strlist_add(&st->stale, name, strlen(name));
+        } else if (S_ISREG(sb.st_mode) && record_has(&st->rec, name, (uint64_t)sb.st_size)) {
+            rc = strlist_add(&st->set, name, strlen(name));
+        } else {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: is %s of %llu bytes, not what dsrt wrote there: changed "
+                            "since, so neither removed nor replaced; move it away",
+                            p, S_ISREG(sb.st_mode) ? "a file" : dsrt__file_kind(sb.st_mode),
+                            (unsigned long long)sb.st_size);
+        }
+    }
+    closedir(d);
+    if (rc != 0) out_state_free(st);
+    return rc;
+}
+
+/* Removes the staging folder dir (or a temporary record) and the files in
+ * it that this writer makes; a folder holding anything else stays. */
+static int remove_staged(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOTDIR && unlink(dir) == 0) return 0;
+        return errno == ENOENT ? 0 : dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    }
+    char p[8192];
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!ours(de->d_name)) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    return 0;
+}
+
+/* fsync of a folder, so that the renames in it last. */
+static int sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    int rc = fsync(fd) != 0 ? dsrt__fail(-errno, "shards: %s: fsync: %s", dir, strerror(errno)) : 0;
+    close(fd);
+    return rc;
+}
+
+/* Moves the whole set staged in stage into out: the old index first, so
+ * that nothing describes a mix; the shards, replacing the old ones; the old
+ * set's other files removed; classes.json; the index last. files lists the
+ * new set's files (the index last). */
+static int publish(const char *out, const char *stage, const out_state *st, record *files) {
+    char from[8192], to[8192];
+    int rc = record_sort(files);
+    if (rc != 0) return rc;
+    if (record_names(&st->rec, DSRT_SHARD_INDEX_NAME)) {
+        snprintf(to, sizeof to, "%s/" DSRT_SHARD_INDEX_NAME, out);
+        if (unlink(to) != 0 && errno != ENOENT)
+            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    for (size_t k = 0; k + 2 < files->names.n; k++) {
+        snprintf(from, sizeof from, "%s/%s", stage, files->names.v[k]);
+        snprintf(to, sizeof to, "%s/%s", out, files->names.v[k]);
+        if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    for (size_t k = 0; k < st->set.n; k++) {
+        if (record_names(files, st->set.v[k])) continue;
+        snprintf(to, sizeof to, "%s/%s", out, st->set.v[k]);
+        if (unlink(to) != 0 && errno != ENOENT)
+            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    for (size_t k = files->names.n - 2; k < files->names.n; k++) {
+        snprintf(from, sizeof from, "%s/%s", stage, files->names.v[k]);
+        snprintf(to, sizeof to, "%s/%s", out, files->names.v[k]);
+        if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+    }
+    return sync_dir(out);
+}
+
+/* A shard being written, in the staging folder, and a buffer in front of it. */
+typedef struct {
+    int fd;
+    char path[4096];
+    uint8_t *buf;
+    size_t used;
+    uint64_t size; /* bytes written so far, the buffer included */
+} shard_file;
+
+static int sf_flush(shard_file *f) {
+    size_t done = 0;
+    while (done < f->used) {
+        ssize_t w = write(f->fd, f->buf + done, f->used - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return dsrt__fail(-errno, "shards: %s: %s", f->path, strerror(errno));
+        done += (size_t)w;
+    }
+    f->used = 0;
+    return 0;
+}
+
+static int sf_put(shard_file *f, const void *data, size_t len) {
+    const uint8_t *p = data;
+    while (len > 0) {
+        if (f->used == WRITE_BUFFER) {
+            int rc = sf_flush(f);
+            if (rc != 0) return rc;
+        }
+        size_t k = DSRT_MIN(len, WRITE_BUFFER - f->used);
+        memcpy(f->buf + f->used, p, k);
+        f->used += k;
+        f->size += k;
+        p += k;
+        len -= k;
+    }
+    return 0;
+}
+
+/* A member: header, data, padding to the block size. */
+static int sf_member(shard_file *f, const char *name, const void *data, size_t len, int64_t mtime) {
+    uint8_t hdr[DSRT_TAR_BLOCK];
+    static const uint8_t zeros[DSRT_TAR_BLOCK];
+    int rc = dsrt__tar_header_make(hdr, name, len, mtime);
+    if (rc == 0) rc = sf_put(f, hdr, sizeof hdr);
+    if (rc == 0) rc = sf_put(f, data, len);
+    size_t pad = (DSRT_TAR_BLOCK - len % DSRT_TAR_BLOCK) % DSRT_TAR_BLOCK;
+    if (rc == 0 && pad) rc = sf_put(f, zeros, pad);
+    return rc;
+}
+
+static int sf_open(shard_file *f, const char *stage, const char *name) {
+    snprintf(f->path, sizeof f->path, "%s/%s", stage, name);
+    f->fd = open(f->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (f->fd < 0) return dsrt__fail(-errno, "shards: %s: %s", f->path, strerror(errno));
+    f->used = 0;
+    f->size = 0;
+    return 0;
+}
+
+/* The end-of-archive marker, and fsync. */
+static int sf_close(shard_file *f) {
+    static const uint8_t zeros[2 * DSRT_TAR_BLOCK];
+    int rc = sf_put(f, zeros, sizeof zeros);
+    if (rc == 0) rc = sf_flush(f);
+    if (rc == 0 && fsync(f->fd) != 0)
+        rc = dsrt__fail(-errno, "shards: %s: fsync: %s", f->path, strerror(errno));
+    if (close(f->fd) != 0 && rc == 0)
+        rc = dsrt__fail(-errno, "shards: %s: close: %s", f->path, strerror(errno));
+    f->fd = -1;
+    return rc;
+}
+
+/* The key of sample i: its position, then the file's name without its
+ * extension and with characters WebDataset splits on made '_'. */
+static void make_key(char *key, size_t cap, size_t i, int width, const char *path) {
+    int n = snprintf(key, cap, "%0*zu", DSRT_MIN(width, 20), i);
+    if (!path || n < 0 || (size_t)n >= cap) return;
+    const char *b = base_of(path);
+    const char *dot = strrchr(b, '.');
+    size_t len = dot && dot > b ? (size_t)(dot - b) : strlen(b);
+    len = DSRT_MIN(len, (size_t)64);
+    size_t at = (size_t)n;
+    key[at++] = '_';
+    for (size_t k = 0; k < len && at + 1 < cap; k++) {
+        unsigned char c = (unsigned char)b[k];
+        key[at++] = c == '.' || c == '/' || c < 0x20 || c == 0x7f ? '_' : (char)c;
+    }
+    key[at] = '\0';
+}
+
+/* The extension a sample's image member gets, into ext (8 bytes). */
+static void image_ext(const uint8_t *data, size_t len, const char *path, char ext[8]) {
+    dsrt_format f = dsrt_detect_format(data, len);
+    snprintf(ext, 8, "%s", f == DSRT_FORMAT_PNG ? "png" : "jpg");
+    if (f == DSRT_FORMAT_JPEG || f == DSRT_FORMAT_PNG) return;
+    /* Not an image (it will be a bad sample when read): keep its own
+     * extension if it is a short plain one. */
+    const char *dot = path ? strrchr(base_of(path), '.') : NULL;
+    if (!dot || !dot[1] || strlen(dot + 1) >= 8) return;
+    for (const char *p = dot + 1; *p; p++)
+        if (!isalnum((unsigned char)*p)) return;
+    size_t k = 0;
+    for (const char *p = dot + 1; *p; p++) ext[k++] = (char)tolower((unsigned char)*p);
+    ext[k] = '\0';
+}
+
+/* Writes classes.json: a JSON array; bytes that are not UTF-8 become U+FFFD. */
+static int write_classes_json(const char *out, const char *const *names, size_t n) {
+    size_t cap = 16;
+    for (size_t c = 0; c < n; c++) cap += 6 * strlen(names[c]) + 8;
+    char *t = dsrt__malloc(cap), *w = t;
+    if (!t) return -ENOMEM;
+    *w++ = '[';
+    for (size_t c = 0; c < n; c++) {
+        if (c) *w++ = ',', *w++ = ' ';
+        *w++ = '"';
+        const unsigned char *s = (const unsigned char *)names[c];
+        while (*s) {
+            unsigned char ch = *s;
+            int len = ch < 0x80             ? 1
+                      : (ch & 0xe0) == 0xc0 ? 2
+                      : (ch & 0xf0) == 0xe0 ? 3
+                      : (ch & 0xf8) == 0xf0 ? 4
+                                            : 0;
+            int ok = len > 0;
+            for (int k = 1; ok && k < len; k++) ok = (s[k] & 0xc0) == 0x80;
+            if (!ok) {
+                memcpy(w, "\\ufffd", 6);
+                w += 6;
+                s++;
+                continue;
+            }
+            if (ch == '"' || ch == '\\') {
+                *w++ = '\\';
+                *w++ = (char)ch;
+            } else if (ch < 0x20) {
+                w += sprintf(w, "\\u%04x", ch);
+            } else {
+                memcpy(w, s, (size_t)len);
+                w += len;
+            }
+            s += len;
+        }
+        *w++ = '"';
+    }
+    *w++ = ']';
+    *w++ = '\n';
+    char p[4096 + 32];
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_CLASSES_NAME, out);
+    int rc = dsrt__write_file_atomic(p, t, (size_t)(w - t));
+    free(t);
+    return rc ? dsrt__fail_prefix(rc, "shards") : 0;
+}
+
+static uint8_t *malloc_fn(void *ctx, size_t need) {
+    (void)ctx;
+    return dsrt__malloc(need);
+}
+
+/* The bytes of sample i: the file's (or the object's, the member's), or its
+ * pixels as a PNG. */
+static int sample_bytes(const dsrt_datastore *ds, size_t i, uint8_t **data, size_t *len,
+                        int64_t *mtime, void **owned) {
+    *owned = NULL;
+    *mtime = 0;
+    if (!dsrt_datastore_path(ds, i)) {
+        dsrt_image img;
+        int rc = dsrt_datastore_pixels(ds, i, &img);
+        if (rc == 0) rc = dsrt__png_encode(&img, "shards", owned, len);
+        *data = *owned;
+        return rc;
+    }
+    int rc = dsrt__sample_read(ds, i, (size_t)1 << 33, malloc_fn, NULL, data, len, mtime);
+    *owned = *data;
+    return rc ? dsrt__fail_prefix(rc, "shards") : 0;
+}
+
+int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
+                          const dsrt_shard_write_options *o, uint64_t *written) {
+    dsrt_shard_write_options opt = o ? *o : dsrt_shard_write_defaults();
+    if (written) *written = 0;
+    if (!ds || !out || !*out) return dsrt__fail(DSRT_EOPTION, "shards: no datastore or no folder");
+    if (opt.shard_bytes < 4 * DSRT_TAR_BLOCK)
+        return dsrt__fail(DSRT_EOPTION, "shards: shard_bytes %llu: at least %d",
+                          (unsigned long long)opt.shard_bytes, 4 * DSRT_TAR_BLOCK);
+    const dsrt_index *ix = ds->index;
+    const char *const *names = opt.class_names ? opt.class_names : ix->classes;
+    for (size_t c = 0; c < ix->num_classes; c++)
+        if (!names[c]) return dsrt__fail(DSRT_EOPTION, "shards: class %zu has no name", c);
+    /* Everything is checked before anything is changed. */
+    int rc = check_apart(ds, out);
+    if (rc != 0) return rc;
+    out_state st;
+    if ((rc = out_inspect(out, &st)) != 0) return rc;
+
+    size_t n = ds->n;
+    int width = 6;
+    for (size_t m = n; m >= 1000000; m /= 10) width++;
+    dsrt_shard_index x = {0};
+    int64_t result;
+    strlist shard_names = {0}, members = {0};
+    size_t nshards = 0, cap_shards = 0;
+    shard_file f = {.fd = -1};
+    char stage[4096] = "", p[8192];
+    int made = 0;                     /* out was made by this write */
+    int recorded = 0;                 /* its record lists the staging folder */
+    int publishing = 0;               /* files are being moved into out */
+    record during = {0}, files = {0}; /* the record while writing; the new set's files */
+    f.buf = dsrt__malloc(WRITE_BUFFER);
+    x.offset = dsrt__malloc((n ? n : 1) * sizeof *x.offset);
+    x.size = dsrt__malloc((n ? n : 1) * sizeof *x.size);
+    x.label = dsrt__malloc((n ? n : 1) * sizeof *x.label);
+    result = -ENOMEM;
+    if (!f.buf || !x.offset || !x.size || !x.label) goto fail;
+
+    /* The set is written whole into a hidden folder inside out, then moved
+     * into place: until then the set out held stays as it was. The record
+     * lists that folder before it is made, so that whatever happens, out
+     * holds nothing its record does not account for. */
+    if ((rc = make_dirs(out)) != 0) goto fail;
+    made = !st.exists;
+    char sname[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (unsigned k = 0;; k++) {
+        snprintf(sname, sizeof sname, STAGE_PREFIX "%ld-%lx-%u", (long)getpid(), (long)ts.tv_nsec,
+                 k);
+        snprintf(p, sizeof p, "%s/%s", out, sname);
+        if (access(p, F_OK) != 0) break;
+    }
+    for (size_t k = 0; rc == 0 && k < st.rec.names.n; k++)
+        rc = record_add(&during, st.rec.names.v[k], st.rec.sizes[k]);
+    if (rc == 0) rc = record_add(&during, sname, RECORD_FOLDER);
+    if (rc == 0) rc = record_write(out, &during);
+    if (rc != 0) goto fail;
+    recorded = 1;
+    for (size_t k = 0; k < st.stale.n; k++) {
+        snprintf(p, sizeof p, "%s/%s", out, st.stale.v[k]);
+        if ((rc = remove_staged(p)) != 0) goto fail;
+    }
+    snprintf(stage, sizeof stage, "%s/%s", out, sname);
+    if (mkdir(stage, 0700) != 0) {
+        rc = dsrt__fail(-errno, "shards: %s: %s", stage, strerror(errno));
+        stage[0] = '\0';
+        goto fail;
+    }
+
+    uint64_t in_shard = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *data;
+        size_t len;
+        int64_t mtime;
+        void *owned;
+        if ((rc = sample_bytes(ds, i, &data, &len, &mtime, &owned)) != 0) goto fail;
+        const char *path = dsrt_datastore_path(ds, i);
+        char key[128], member[160], cls[16], ext[8];
+        make_key(key, sizeof key, i, width, ix->source == DSRT_SOURCE_SHARDS ? NULL : path);
+        image_ext(data, len, path, ext);
+        int32_t label = ix->labels[dsrt__pos(ds, i)];
+        int cl = snprintf(cls, sizeof cls, "%d", (int)label);
+        uint64_t need = 3 * DSRT_TAR_BLOCK + ((len + DSRT_TAR_BLOCK - 1) & ~(uint64_t)511);
+        if (f.fd >= 0 && (f.size + need + 2 * DSRT_TAR_BLOCK > opt.shard_bytes ||
+                          (opt.shard_samples && in_shard >= opt.shard_samples))) {
+            if ((rc = sf_close(&f)) != 0) goto fail_sample;
+        }
+        if (f.fd < 0) {
+            char name[64];
+            snprintf(name, sizeof name, SHARD_NAME_FMT, nshards);
+            if ((rc = strlist_add(&shard_names, name, strlen(name))) != 0) goto fail_sample;
+            if ((rc = sf_open(&f, stage, name)) != 0) goto fail_sample;
+            void *v = x.shard_count;
+            if (dsrt__grow(&v, &cap_shards, nshards + 1, sizeof *x.shard_count) != 0) {
+                rc = -ENOMEM;
+                goto fail_sample;
+            }
+            x.shard_count = v;
+            uint64_t *sizes = dsrt__realloc(x.shard_size, cap_shards * sizeof *sizes);
+            if (!sizes) {
+                rc = -ENOMEM;
+                goto fail_sample;
+            }
+            x.shard_size = sizes;
+            x.shard_count[nshards] = 0;
+            nshards++;
+            in_shard = 0;
+        }
+        snprintf(member, sizeof member, "%s.cls", key);
+        rc = sf_member(&f, member, cls, (size_t)cl, mtime);
+        snprintf(member, sizeof member, "%s.%s", key, ext);
+        x.offset[i] = f.size + DSRT_TAR_BLOCK;
+        x.size[i] = len;
+        x.label[i] = label;
+        if (rc == 0) rc = sf_member(&f, member, data, len, mtime);
+        if (rc == 0) rc = strlist_add(&members, member, strlen(member));
+        free(owned);
+        if (rc != 0) goto fail;
+        x.shard_count[nshards - 1]++;
+        in_shard++;
+        continue;
+    fail_sample:
+        free(owned);
+        goto fail;
+    }
+    if (f.fd >= 0 && (rc = sf_close(&f)) != 0) goto fail;
+    /* Sizes as they lie on disk. */
+    for (size_t k = 0; k < nshards; k++) {
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", stage, shard_names.v[k]);
+        if (stat(p, &sb) != 0) {
+            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+            goto fail;
+        }
+        x.shard_size[k] = (uint64_t)sb.st_size;
+    }
+    if ((rc = write_classes_json(stage, names, ix->num_classes)) != 0) goto fail;
+    x.nshards = nshards;
+    x.n = n;
+    x.nclasses = ix->num_classes;
+    x.shard_names = (const char **)shard_names.v;
+    x.member = (const char **)members.v;
+    x.classes = (const char **)names;
+    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, stage);
+    if ((rc = dsrt__shard_index_write(p, &x)) != 0) goto fail;
+    /* The record lists the old set and the new one while one replaces the
+     * other, then the new one alone. */
+    for (size_t k = 0; rc == 0 && k < nshards; k++)
+        rc = record_add(&files, shard_names.v[k], x.shard_size[k]);
+    static const char *const last[] = {DSRT_SHARD_CLASSES_NAME, DSRT_SHARD_INDEX_NAME};
+    for (size_t k = 0; rc == 0 && k < DSRT_ARRAY_SIZE(last); k++) {
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", stage, last[k]);
+        rc = stat(p, &sb) != 0 ? dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno))
+                               : record_add(&files, last[k], (uint64_t)sb.st_size);
+    }
+    for (size_t k = 0; rc == 0 && k < files.names.n; k++)
+        rc = record_add(&during, files.names.v[k], files.sizes[k]);
+    if (rc == 0) rc = record_write(out, &during);
+    if (rc != 0) goto fail;
+    publishing = 1;
+    if ((rc = publish(out, stage, &st, &files)) != 0) goto fail;
+    if (rmdir(stage) == 0)
+        stage[0] = '\0';
+    else if ((rc = record_add(&files, sname, RECORD_FOLDER)) != 0)
+        goto fail;
+    if ((rc = record_write(out, &files)) != 0) goto fail;
+    if (written) *written = n;
+    result = (int64_t)nshards;
+fail:
+    if (rc != 0) result = rc;
+    if (f.fd >= 0) close(f.fd);
+    if (rc != 0 && (stage[0] || recorded || made)) {
+        /* What was staged goes, and the record is as it was (none if there
+         * was none); a folder this write made goes too. A write that failed
+         * while moving files into out leaves the record of both sets. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+        if (stage[0] && remove_staged(stage) == 0) stage[0] = '\0';
+        if (recorded && !publishing && !stage[0]) {
+            snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
+            if (st.recorded)
+                record_write(out, &st.rec);
+            else
+                unlink(p);
+        }
+        if (made) rmdir(out);
+        dsrt__fail(rc, "%s", msg);
+    }
+    out_state_free(&st);
+    record_free(&during);
+    record_free(&files);
+    free(f.buf);
+    free(x.offset);
+    free(x.size);
+    free(x.label);
+    free(x.shard_count);
+    free(x.shard_size);
+    strlist_free(&shard_names);
+    strlist_free(&members);
+    return result;
+}
