@@ -186,6 +186,21 @@ void dsrt__sample_remote_stats(const dsrt_sample_reader *r, dsrt_remote_stats *s
  * the shuffled order of positions. */
 int dsrt__feed_open(dsrt_feed **f, const dsrt_datastore *ds, const dsrt_feed_options *o);
 void dsrt__feed_destroy(dsrt_feed *f);
+static inline void dsrt__feed_run(dsrt_feed *f) {
+    f->ops->run(f->impl);
+}
+static inline void dsrt__feed_stop(dsrt_feed *f) {
+    f->ops->stop(f->impl);
+}
+static inline void dsrt__feed_seek(dsrt_feed *f, uint64_t epoch, uint64_t place) {
+    f->ops->seek(f->impl, epoch, place);
+}
+static inline int dsrt__feed_order(dsrt_feed *f, uint64_t key, uint32_t *order) {
+    return f->ops->order(f->impl, key, order);
+}
+static inline void dsrt__feed_stats(dsrt_feed *f, dsrt_feed_stats *st) {
+    f->ops->stats(f->impl, st);
+}
 
 /* The bytes of sample i of a file source on the calling thread, at most max
  * (DSRT_ETOOBIG beyond): the file's, the object's, a member's. The message

@@ -69,17 +69,18 @@
  * mid-chunk first collects its reads in flight, since the kernel writes into
  * its buffers.
  *
- * Shard sets. A worker reads a shard set's samples through a shard reader
- * (byte ranges of the tar files, neighbours merged) instead of the file
- * reader. In the shard order the epoch orders come from the shard plan
- * (shards shuffled, samples mixed in a shuffle buffer), and one more thread,
- * the stream, reads the shards front to back ahead of the workers and hands
- * them each sample's bytes (datastore/shard_read.c).
+ * Sources. The pipeline knows no source: a worker reads through the reader
+ * of sample bytes its datastore's source gives (datastore/sources/source.h:
+ * a dsrt_reader on the paths of files and objects, or the source's own, as
+ * the byte ranges of shard members, neighbours merged), and a source may
+ * feed the pipeline: one more thread that reads ahead of the workers and
+ * hands them each sample's bytes, and gives the epoch orders (the shard
+ * order's stream: shards shuffled, samples mixed in a shuffle buffer).
  */
 #include <dsrt/pipeline.h>
 
 #include "datastore/bytes/http.h"
-#include "datastore/sources/members/members.h"
+#include "datastore/sources/source.h"
 #include "runtime/internal.h"
 
 #include <pthread.h>
@@ -158,8 +159,7 @@ typedef struct {
     unsigned index;
     pthread_t thread;
     int started;
-    dsrt_reader *reader;
-    dsrt_shard_reader *shards; /* instead of reader, for a shard set */
+    dsrt_sample_reader *reader;
     dsrt_decoder *dec;
     dsrt_augmenter *aug;
     uint8_t **bufs;   /* (nbufs) read buffers, mmap'd */
@@ -234,10 +234,10 @@ struct dsrt_pipeline {
     pipe_worker *workers;
     int sync_ready; /* mutex and condvars initialised */
 
-    /* Shard sets read in the shard order: the stream and its thread. */
-    dsrt_shard_stream *stream;
-    pthread_t stream_thread;
-    int stream_started;
+    /* The source's feed (the shard order's stream), or NULL, and its thread. */
+    dsrt_feed *feed;
+    pthread_t feed_thread;
+    int feed_started;
 };
 
 static uint64_t now_ns(void) {
@@ -409,16 +409,16 @@ static void run_start(dsrt_pipeline *p, uint64_t start) {
 // ----------------------------------------------------------------------------
 // Epoch orders and known-bad samples
 
-/* The order of the epoch: positions of the datastore (NULL when the shard
- * plan had no memory for it). */
+/* The order of the epoch: positions of the datastore (NULL when the
+ * feed's plan had no memory for it). */
 static const uint32_t *order_get(dsrt_pipeline *p, uint64_t epoch) {
     uint64_t key = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0;
     pthread_mutex_lock(&p->order_mu);
     pipe_order *e = &p->orders[key % p->norders];
     if (!e->valid || e->key != key) {
         e->valid = 0;
-        if (p->stream) {
-            if (dsrt__shard_stream_order(p->stream, key, e->order) != 0) {
+        if (p->feed) {
+            if (dsrt__feed_order(p->feed, key, e->order) != 0) {
                 pthread_mutex_unlock(&p->order_mu);
                 return NULL;
             }
@@ -732,43 +732,33 @@ static int buf_fit(pipe_worker *w, int bi, size_t need, const char *path) {
     return 0;
 }
 
-/* The worker's reader, whichever it is: files, or samples of shards. */
-static int fetch_submit(pipe_worker *w, const pipe_place *pl, uint64_t epoch, const char *path,
-                        int bi, uint64_t tag) {
-    if (w->shards)
-        return dsrt__shard_reader_submit(w->shards, pl->pos, epoch, w->bufs[bi], w->buf_size[bi],
-                                         tag);
-    return dsrt_reader_submit(w->reader, path, w->bufs[bi], w->buf_size[bi], tag);
+/* The worker's reader, whatever the source. */
+static int fetch_submit(pipe_worker *w, const pipe_place *pl, uint64_t epoch, int bi,
+                        uint64_t tag) {
+    return dsrt__sample_submit(w->reader, pl->pos, epoch, w->bufs[bi], w->buf_size[bi], tag);
 }
 
 static int fetch_collect(pipe_worker *w, dsrt_read_result *r, int wait) {
-    return w->shards ? dsrt__shard_reader_collect(w->shards, r, wait)
-                     : dsrt_reader_collect(w->reader, r, wait);
+    return dsrt__sample_collect(w->reader, r, wait);
 }
 
-/* Bytes a buffer needs for the sample at pos: known for shards (with the
- * room O_DIRECT wants), learnt from a first read (pl->need) for files. */
+/* Bytes a buffer needs for the sample at pos: what the reader knows of it
+ * beforehand (a member's size, with the room O_DIRECT wants), or what a
+ * first read learnt (pl->need, for files). */
 static size_t fetch_need(const pipe_worker *w, const pipe_place *pl) {
-    if (!w->shards) return pl->need;
-    return DSRT_MAX(pl->need, dsrt__shard_reader_need(w->shards, pl->pos));
+    return DSRT_MAX(pl->need, dsrt__sample_need(w->reader, pl->pos));
 }
 
 /* Drops every read still in flight. */
 static void reader_drain(pipe_worker *w) {
-    if (w->shards)
-        dsrt__shard_reader_cancel(w->shards);
-    else
-        dsrt_reader_cancel(w->reader);
+    dsrt__sample_cancel(w->reader);
     w->nfree = 0;
     for (unsigned i = 0; i < w->nbufs; i++) w->free_bufs[w->nfree++] = (int)i;
 }
 
 static void remote_stats_copy(pipe_worker *w) {
     dsrt_remote_stats rs;
-    if (w->shards)
-        dsrt__shard_reader_remote_stats(w->shards, &rs);
-    else
-        dsrt_reader_remote_stats(w->reader, &rs);
+    dsrt__sample_remote_stats(w->reader, &rs);
     atomic_store_explicit(&w->remote_requests, rs.requests, memory_order_relaxed);
     atomic_store_explicit(&w->remote_retries, rs.retries, memory_order_relaxed);
     atomic_store_explicit(&w->remote_connections, rs.connections, memory_order_relaxed);
@@ -795,7 +785,7 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
     const uint32_t *order = order_get(p, s->b.epoch);
     uint64_t first = s->b.index * (uint64_t)p->o.batch + s->b.part_offset;
     if (!order) {
-        chunk_fail(f, lo, -ENOMEM, "pipeline: out of memory for the epoch's shard order");
+        chunk_fail(f, lo, -ENOMEM, "pipeline: out of memory for the epoch's order");
         return 0;
     }
     size_t npending = 0;
@@ -832,7 +822,7 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
             int bi = w->free_bufs[--w->nfree];
             const char *path = dsrt_datastore_path(p->ds, pl->pos);
             int rc = buf_fit(w, bi, fetch_need(w, pl), path);
-            if (rc == 0) rc = fetch_submit(w, pl, s->b.epoch, path, bi, (uint64_t)(pl - w->places));
+            if (rc == 0) rc = fetch_submit(w, pl, s->b.epoch, bi, (uint64_t)(pl - w->places));
             if (rc != 0) {
                 /* No address space for the buffer, a full reader or a
                  * misaligned buffer: none of them the file's fault. */
@@ -874,9 +864,7 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
                 atomic_store_explicit(&p->stalled, 0, memory_order_relaxed);
         }
         if (p->o.reader.direct)
-            atomic_store_explicit(&w->direct_refused,
-                                  w->shards ? dsrt__shard_reader_direct_refused(w->shards)
-                                            : dsrt_reader_direct_refused(w->reader),
+            atomic_store_explicit(&w->direct_refused, dsrt__sample_direct_refused(w->reader),
                                   memory_order_relaxed);
         if (p->remote) remote_stats_copy(w);
         pipe_place *pl = &w->places[res.tag];
@@ -997,8 +985,7 @@ static void *worker_main(void *arg) {
 }
 
 static void worker_free(pipe_worker *w) {
-    dsrt_reader_destroy(w->reader);
-    dsrt__shard_reader_destroy(w->shards);
+    dsrt__sample_reader_destroy(w->reader);
     dsrt_decoder_destroy(w->dec);
     dsrt_augmenter_destroy(w->aug);
     if (w->bufs)
@@ -1023,9 +1010,7 @@ static int worker_init(dsrt_pipeline *p, pipe_worker *w, unsigned index) {
         ro.depth = (unsigned)DSRT_MIN((size_t)ro.depth, p->chunk);
         ro.remote.depth = (unsigned)DSRT_MIN((size_t)ro.remote.depth, p->chunk);
         w->nbufs = p->remote ? ro.remote.depth : ro.depth;
-        rc = dsrt_datastore_shard_count(p->ds)
-                 ? dsrt__shard_reader_create(&w->shards, p->ds, &ro, p->stream)
-                 : dsrt_reader_create(&w->reader, &ro);
+        rc = dsrt__sample_reader_create(&w->reader, p->ds, &ro, p->feed);
         if (rc != 0) return dsrt__fail_prefix(rc, "pipeline: worker %u", index);
         w->bufs = dsrt__calloc(w->nbufs, sizeof *w->bufs);
         w->buf_size = dsrt__calloc(w->nbufs, sizeof *w->buf_size);
@@ -1063,15 +1048,15 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
     if (p->workers)
         for (unsigned i = 0; i < p->nthreads; i++)
             if (p->workers[i].started) pthread_join(p->workers[i].thread, NULL);
-    if (p->stream_started) {
-        dsrt__shard_stream_stop(p->stream);
-        pthread_join(p->stream_thread, NULL);
+    if (p->feed_started) {
+        dsrt__feed_stop(p->feed);
+        pthread_join(p->feed_thread, NULL);
     }
     if (p->workers) {
         for (unsigned i = 0; i < p->nthreads; i++) worker_free(&p->workers[i]);
         free(p->workers);
     }
-    dsrt__shard_stream_destroy(p->stream);
+    dsrt__feed_destroy(p->feed);
     if (p->sync_ready) {
         pthread_cond_destroy(&p->ctl_cv);
         pthread_cond_destroy(&p->ready_cv);
@@ -1184,10 +1169,10 @@ static int sync_init(dsrt_pipeline *p) {
     return dsrt__fail(-e, "pipeline: making its locks: %s", strerror(e));
 }
 
-/* The shard order's stream: one thread reading the shards ahead of the
- * workers. */
-static void *stream_main(void *arg) {
-    dsrt__shard_stream_run(arg);
+/* The feed's thread (the shard order's stream: the shards read ahead of
+ * the workers). */
+static void *feed_main(void *arg) {
+    dsrt__feed_run(arg);
     return NULL;
 }
 
@@ -1196,18 +1181,20 @@ static unsigned epochs_open(const dsrt_pipeline *p) {
     return 2 + (unsigned)((p->nslots + p->bpe - 1) / p->bpe);
 }
 
-static int stream_open(dsrt_pipeline *p) {
-    dsrt_shard_plan_options po = {.shuffle = p->o.shuffle,
-                                  .seed = p->o.seed,
-                                  .batch = p->o.batch,
-                                  .drop_last = p->o.drop_last,
-                                  .parts = p->o.parts,
-                                  .part = p->o.part};
-    /* The stream keeps the samples of every epoch a worker may still ask
+/* The feed of the datastore's source, when it has one for this run. */
+static int feed_open(dsrt_pipeline *p) {
+    /* The feed keeps the samples of every epoch a worker may still ask
      * for: as many as the epoch orders' ring holds. */
-    dsrt_shard_stream_options so = {
-        .reader = p->o.reader, .epochs = p->o.epochs, .open_epochs = epochs_open(p)};
-    int rc = dsrt__shard_stream_create(&p->stream, p->ds, &po, &so);
+    dsrt_feed_options fo = {.shuffle = p->o.shuffle,
+                            .seed = p->o.seed,
+                            .batch = p->o.batch,
+                            .drop_last = p->o.drop_last,
+                            .parts = p->o.parts,
+                            .part = p->o.part,
+                            .reader = p->o.reader,
+                            .epochs = p->o.epochs,
+                            .open_epochs = epochs_open(p)};
+    int rc = dsrt__feed_open(&p->feed, p->ds, &fo);
     return rc ? dsrt__fail_prefix(rc, "pipeline") : 0;
 }
 
@@ -1275,9 +1262,8 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
         }
     }
 
-    /* The shard order's stream, which the workers' readers draw on. */
-    if (dsrt_datastore_shard_order(ds) == DSRT_SHARD_ORDER_SHARD && (rc = stream_open(p)) != 0)
-        goto fail;
+    /* The source's feed, which the workers' readers draw on. */
+    if ((rc = feed_open(p)) != 0) goto fail;
 
     /* Every worker's reader, decoder and augmenter, before any thread. */
     p->workers = dsrt__calloc(p->nthreads, sizeof *p->workers);
@@ -1286,9 +1272,8 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
         if ((rc = worker_init(p, &p->workers[i], i)) != 0) goto fail;
     if (!p->in_memory) {
         const pipe_worker *w0 = &p->workers[0];
-        p->io = w0->shards ? dsrt__shard_reader_io(w0->shards) : dsrt_reader_io(w0->reader);
-        const char *why = w0->shards ? dsrt__shard_reader_fallback_reason(w0->shards)
-                                     : dsrt_reader_fallback_reason(w0->reader);
+        p->io = dsrt__sample_io(w0->reader);
+        const char *why = dsrt__sample_fallback(w0->reader);
         if (why) {
             snprintf(p->io_fallback, sizeof p->io_fallback, "%s", why);
             p->has_fallback = 1;
@@ -1310,13 +1295,13 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     if ((rc = sync_init(p)) != 0) goto fail;
     run_start(p, 0);
 
-    if (p->stream) {
-        int e = pthread_create(&p->stream_thread, NULL, stream_main, p->stream);
+    if (p->feed) {
+        int e = pthread_create(&p->feed_thread, NULL, feed_main, p->feed);
         if (e != 0) {
-            rc = dsrt__fail(-e, "pipeline: starting the shard stream: %s", strerror(e));
+            rc = dsrt__fail(-e, "pipeline: starting the source's feed: %s", strerror(e));
             goto fail;
         }
-        p->stream_started = 1;
+        p->feed_started = 1;
     }
     for (unsigned i = 0; i < p->nthreads; i++) {
         int e = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
@@ -1464,7 +1449,7 @@ int dsrt_pipeline_reset(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoc
     pthread_cond_broadcast(&p->ready_cv);
     while (p->active > 0) pthread_cond_wait(&p->ctl_cv, &p->mu);
     run_start(p, epoch * p->bpe + batch_in_epoch);
-    if (p->stream) dsrt__shard_stream_seek(p->stream, epoch, batch_in_epoch * p->o.batch);
+    if (p->feed) dsrt__feed_seek(p->feed, epoch, batch_in_epoch * p->o.batch);
     atomic_store(&p->abort, 0);
     p->pause = 0;
     pthread_cond_broadcast(&p->work_cv);
@@ -1521,17 +1506,15 @@ void dsrt_pipeline_stats(const dsrt_pipeline *p, dsrt_pipeline_statistics *s) {
     s->pinned_memory = p->mem.cuda;
     s->locked_memory = p->mem.locked;
     s->cpus = dsrt__cpus_list(p->cpus);
-    if (p->stream) {
-        dsrt_shard_stream_stats ss;
-        dsrt__shard_stream_stats(p->stream, &ss);
-        s->stream_bytes = ss.bytes;
-        s->stream_samples = ss.served;
-        s->stream_ranged = ss.ranged;
-        dsrt_remote_stats rs;
-        dsrt__shard_stream_remote_stats(p->stream, &rs);
-        s->remote_requests += rs.requests;
-        s->remote_retries += rs.retries;
-        s->remote_connections += rs.connections;
+    if (p->feed) {
+        dsrt_feed_stats fs;
+        dsrt__feed_stats(p->feed, &fs);
+        s->stream_bytes = fs.bytes;
+        s->stream_samples = fs.served;
+        s->stream_ranged = fs.ranged;
+        s->remote_requests += fs.remote.requests;
+        s->remote_retries += fs.remote.retries;
+        s->remote_connections += fs.remote.connections;
     }
     unsigned k = atomic_load_explicit(&((dsrt_pipeline *)p)->nbad_msgs, memory_order_acquire);
     for (unsigned i = 0; i < k; i++) s->bad_messages[i] = p->bad_msgs[i];
