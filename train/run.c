@@ -6,9 +6,11 @@
  * pipeline, patience, the best-validation network, atomic checkpoints with
  * the loop's own state beside them, exact resume (the pipeline restarts at
  * the checkpoint's batch, the net's iteration counter keys dropout) and a
- * stop on a non-finite loss. The options and their checks, the split of the
- * cores and evaluation are in runtime/train.c; checkpoints in
- * runtime/train_ckpt.c.
+ * stop on a non-finite loss; and several GPUs of one machine, a worker on a
+ * thread of its own each. The options and their checks, the split of the
+ * cores and evaluation are in options.c, checkpoints in checkpoint.c, what
+ * several workers do together in parallel.c and job.c, events in events.c:
+ * this file calls them, none of them calls it.
  *
  * dsrt_train reads as four parts: run_open (device, optimizer, resume,
  * cores, pipelines, position), run_step (one iteration, repeated),
@@ -25,12 +27,14 @@
  * pipeline's float output would be made from the same pixels.
  */
 
-#include "runtime/train_internal.h"
+#include "train/internal.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // Batches, events, validation
@@ -91,91 +95,6 @@ static int u8_transfer(dsrt_augment_options *a, float sub_div[2][4]) {
     a->layout = DSRT_AUGMENT_U8_NHWC;
     a->norm = DSRT_AUGMENT_NORM_NONE;
     return 1;
-}
-
-int dsrt__train_each_bad(dsrt_pipeline *p, size_t *from, int validation,
-                         int (*fn)(void *ctx, const dsrt_bad_sample *s, int validation),
-                         void *ctx) {
-    int res = 0;
-    dsrt_bad_sample b[16];
-    for (;;) {
-        size_t total = dsrt_pipeline_bad_samples(p, *from, b, DSRT_ARRAY_SIZE(b));
-        if (total <= *from) break;
-        size_t n = DSRT_MIN(total - *from, DSRT_ARRAY_SIZE(b));
-        for (size_t i = 0; i < n; i++) {
-            int r = fn(ctx, &b[i], validation);
-            if (r < 0) return r;
-            res |= r;
-        }
-        *from += n;
-    }
-    return res;
-}
-
-int dsrt__id_set_add(id_set *s, uint32_t id) {
-    if (2 * (s->n + 1) > s->cap) { /* at most half full */
-        size_t cap = s->cap ? 2 * s->cap : 64;
-        uint64_t *slot = dsrt__calloc(cap, sizeof *slot);
-        if (!slot) return -ENOMEM;
-        for (size_t i = 0; i < s->cap; i++) {
-            if (!s->slot[i]) continue;
-            size_t h = (size_t)((s->slot[i] * 0x9e3779b97f4a7c15ULL) >> 20) & (cap - 1);
-            while (slot[h]) h = (h + 1) & (cap - 1);
-            slot[h] = s->slot[i];
-        }
-        free(s->slot);
-        s->slot = slot;
-        s->cap = cap;
-    }
-    uint64_t key = (uint64_t)id + 1;
-    size_t h = (size_t)((key * 0x9e3779b97f4a7c15ULL) >> 20) & (s->cap - 1);
-    for (; s->slot[h]; h = (h + 1) & (s->cap - 1))
-        if (s->slot[h] == key) return 0;
-    s->slot[h] = key;
-    s->n++;
-    return 1;
-}
-
-void dsrt__id_set_free(id_set *s) {
-    free(s->slot);
-    memset(s, 0, sizeof *s);
-}
-
-int dsrt__train_tell_bad(run *R, const dsrt_bad_sample *s, int validation, int worker) {
-    /* Told once, however many workers found it (no memory: told again). */
-    if (dsrt__id_set_add(&R->bad_ids[validation != 0], s->id) == 0 || !R->o->callback) return 0;
-    R->ev.kind = DSRT_EVENT_BAD_SAMPLE;
-    R->ev.bad_sample = s;
-    R->ev.validation = validation;
-    R->ev.bad_worker = worker;
-    int stop = R->o->callback(R->o->callback_ctx, &R->ev) != 0;
-    R->ev.bad_sample = NULL;
-    R->ev.validation = 0;
-    R->ev.bad_worker = R->rank;
-    return stop;
-}
-
-static int tell_own_bad(void *ctx, const dsrt_bad_sample *s, int validation) {
-    run *R = ctx;
-    return dsrt__train_tell_bad(R, s, validation, R->rank);
-}
-
-/* BAD_SAMPLE events for the samples of pipeline p found bad since the last
- * call. Returns 1 when the callback asked to stop. */
-static int emit_bad(run *R, dsrt_pipeline *p, int validation) {
-    return dsrt__train_each_bad(p, &R->bad_told[validation], validation, tell_own_bad, R);
-}
-
-int dsrt__train_emit(run *R, dsrt_train_event_kind kind) {
-    int stop = 0;
-    R->ev.elapsed_s = dsrt__now_s() - R->t0;
-    double ts = R->ev.elapsed_s - R->val_s;
-    R->ev.images_per_s = ts > 0 ? (double)R->ev.images / ts : 0;
-    if (R->p) stop |= emit_bad(R, R->p, 0);
-    if (R->vp) stop |= emit_bad(R, R->vp, 1);
-    if (!R->o->callback) return 0;
-    R->ev.kind = kind;
-    return (R->o->callback(R->o->callback_ctx, &R->ev) != 0) | stop;
 }
 
 /* One pass over the validation data: each readable sample once (the
@@ -652,8 +571,8 @@ static int run_close(run *R, int rc) {
     }
     /* Bad samples: each once, whichever workers found it (the last found
      * here told first); skips summed over the workers. */
-    if (R->p) emit_bad(R, R->p, 0);
-    if (R->vp) emit_bad(R, R->vp, 1);
+    if (R->p) dsrt__train_emit_bad(R, R->p, 0);
+    if (R->vp) dsrt__train_emit_bad(R, R->vp, 1);
     if (R->p) {
         dsrt_pipeline_statistics s;
         dsrt_pipeline_stats(R->p, &s);
@@ -740,6 +659,117 @@ int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_tr
     return run_close(&R, rc);
 }
 
+// ----------------------------------------------------------------------------
+// Multi-gpu: one worker a GPU, a thread each
+
+typedef struct {
+    dsrt_net *net;
+    const dsrt_datastore *train;
+    dsrt_train_options o;
+    dsrt_train_result r;
+    int rc;
+    char msg[1024];
+    pthread_t thread;
+    int started;
+} gpu_worker;
+
+static void *gpu_worker_main(void *arg) {
+    gpu_worker *w = arg;
+    w->rc = dsrt__train_worker(w->net, w->train, &w->o, &w->r);
+    if (w->rc) snprintf(w->msg, sizeof w->msg, "%s", dsrt_last_error());
+    return NULL;
+}
+
+/* A copy of net on device: through a model file, which keeps everything
+ * the net needs (description, weights, state, input statistics). */
+static int copy_net(const dsrt_net *net, int device, const char *tmp, dsrt_net **out) {
+    dsrt_net_info ni;
+    dsrt_net_get_info(net, &ni);
+    dsrt_net_options no = dsrt_net_defaults();
+    no.device = device;
+    no.precision = ni.precision;
+    int rc = dsrt_model_load(out, tmp, &no);
+    return rc ? dsrt__fail_prefix(rc, "train: multi-gpu: a copy of the net for GPU %d", device) : 0;
+}
+
+static int train_multi_gpu(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
+                           dsrt_train_result *r) {
+    int rc = dsrt_train_check(o, net, train);
+    if (rc) return rc;
+    int n = o->gpus ? o->gpus : dsrt_gpu_count();
+    gpu_worker *w = dsrt__calloc((size_t)n, sizeof *w);
+    dsrt_comm **comms = dsrt__calloc((size_t)n, sizeof *comms);
+    int *devices = dsrt__calloc((size_t)n, sizeof *devices);
+    char tmp[4096] = "";
+    if (!w || !comms || !devices) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (int k = 0; k < n; k++) devices[k] = k;
+    if ((rc = dsrt_comm_open_local(comms, n, devices, &o->comm_options))) {
+        dsrt__fail_prefix(rc, "train: multi-gpu");
+        goto out;
+    }
+    if (n > 1) {
+        const char *dir = getenv("TMPDIR");
+        snprintf(tmp, sizeof tmp, "%s/dsrt-multi-gpu-%ld.dsrt", dir && *dir ? dir : "/tmp",
+                 (long)getpid());
+        if ((rc = dsrt_model_save(tmp, net))) {
+            dsrt__fail_prefix(rc, "train: multi-gpu: copying the net");
+            tmp[0] = '\0';
+            goto out;
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        w[k].train = train;
+        w[k].o = *o;
+        w[k].o.execution = DSRT_EXEC_PARALLEL;
+        w[k].o.comm = comms[k];
+        w[k].o.gpu = devices[k];
+        if (k > 0) {
+            w[k].o.callback = NULL; /* the calling thread's worker tells */
+            if ((rc = copy_net(net, devices[k], tmp, &w[k].net))) goto out;
+        } else {
+            w[k].net = net;
+        }
+    }
+    for (int k = 1; k < n; k++) {
+        int e = pthread_create(&w[k].thread, NULL, gpu_worker_main, &w[k]);
+        if (e) {
+            /* The workers started would wait for this one: the
+             * communicator's timeout ends them. */
+            rc = dsrt__fail(-e, "train: multi-gpu: starting the worker of GPU %d: %s", k,
+                            strerror(e));
+            break;
+        }
+        w[k].started = 1;
+    }
+    if (rc == 0) {
+        gpu_worker_main(&w[0]);
+        rc = w[0].rc;
+    }
+    for (int k = 1; k < n; k++)
+        if (w[k].started) pthread_join(w[k].thread, NULL);
+    if (rc == 0)
+        for (int k = 1; k < n && !rc; k++)
+            if (w[k].rc) rc = dsrt__fail(w[k].rc, "%s", w[k].msg);
+    if (w[0].rc) dsrt__fail(w[0].rc, "%s", w[0].msg);
+    *r = w[0].r;
+out:
+    if (tmp[0]) unlink(tmp);
+    /* The communicators first (they are attached to the nets, and the last
+     * one closed finalises every member's NCCL communicator together, in
+     * one group, from this thread), then the workers' nets. */
+    if (comms)
+        for (int k = 0; k < n; k++) dsrt_comm_close(comms[k]);
+    if (w)
+        for (int k = 1; k < n; k++) dsrt_net_destroy(w[k].net);
+    free(w);
+    free(comms);
+    free(devices);
+    return rc;
+}
+
 int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *options,
                dsrt_train_result *res) {
     dsrt_train_options defaults = dsrt_train_defaults();
@@ -748,5 +778,5 @@ int dsrt_train(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_opti
     dsrt_train_result *r = res ? res : &local;
     if (o->execution != DSRT_EXEC_MULTI_GPU) return dsrt__train_worker(net, train, o, r);
     result_init(r, o);
-    return dsrt__train_multi_gpu(net, train, o, r);
+    return train_multi_gpu(net, train, o, r);
 }

@@ -1,6 +1,6 @@
 /*
  * The training run with several workers: agreement, cores, joining the net
- * to the communicator, averaging, and multi-gpu.
+ * to the communicator, averaging, the bad samples every worker hears of.
  *
  * Every worker makes the same collective calls in the same order, whatever
  * happened to it locally: a step that failed on one worker still reaches
@@ -15,11 +15,10 @@
  * process (dsrt_comm_open_local), exactly as the processes of an MPI job
  * with one GPU each.
  */
-#include "runtime/train_internal.h"
+#include "train/internal.h"
 
 #include "nn/internal.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,10 +206,6 @@ int dsrt__dp_after_step(run *R, int64_t it) {
 // ----------------------------------------------------------------------------
 // Optimizer states for checkpoints
 
-int dsrt__dp_own_states(const run *R) {
-    return R->averaging && !R->o->average_optimizer_state && R->world > 1;
-}
-
 void dsrt__dp_states_free(dp_states *st) {
     free(st->buf);
     free(st->states);
@@ -383,115 +378,4 @@ int dsrt__dp_check_weights(run *R) {
                           "workers'",
                           R->rank, (unsigned long long)h);
     return 0;
-}
-
-// ----------------------------------------------------------------------------
-// Multi-gpu: one worker a GPU, a thread each
-
-typedef struct {
-    dsrt_net *net;
-    const dsrt_datastore *train;
-    dsrt_train_options o;
-    dsrt_train_result r;
-    int rc;
-    char msg[1024];
-    pthread_t thread;
-    int started;
-} gpu_worker;
-
-static void *gpu_worker_main(void *arg) {
-    gpu_worker *w = arg;
-    w->rc = dsrt__train_worker(w->net, w->train, &w->o, &w->r);
-    if (w->rc) snprintf(w->msg, sizeof w->msg, "%s", dsrt_last_error());
-    return NULL;
-}
-
-/* A copy of net on device: through a model file, which keeps everything
- * the net needs (description, weights, state, input statistics). */
-static int copy_net(const dsrt_net *net, int device, const char *tmp, dsrt_net **out) {
-    dsrt_net_info ni;
-    dsrt_net_get_info(net, &ni);
-    dsrt_net_options no = dsrt_net_defaults();
-    no.device = device;
-    no.precision = ni.precision;
-    int rc = dsrt_model_load(out, tmp, &no);
-    return rc ? dsrt__fail_prefix(rc, "train: multi-gpu: a copy of the net for GPU %d", device) : 0;
-}
-
-int dsrt__train_multi_gpu(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
-                          dsrt_train_result *r) {
-    int rc = dsrt_train_check(o, net, train);
-    if (rc) return rc;
-    int n = o->gpus ? o->gpus : dsrt_gpu_count();
-    gpu_worker *w = dsrt__calloc((size_t)n, sizeof *w);
-    dsrt_comm **comms = dsrt__calloc((size_t)n, sizeof *comms);
-    int *devices = dsrt__calloc((size_t)n, sizeof *devices);
-    char tmp[4096] = "";
-    if (!w || !comms || !devices) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    for (int k = 0; k < n; k++) devices[k] = k;
-    if ((rc = dsrt_comm_open_local(comms, n, devices, &o->comm_options))) {
-        dsrt__fail_prefix(rc, "train: multi-gpu");
-        goto out;
-    }
-    if (n > 1) {
-        const char *dir = getenv("TMPDIR");
-        snprintf(tmp, sizeof tmp, "%s/dsrt-multi-gpu-%ld.dsrt", dir && *dir ? dir : "/tmp",
-                 (long)getpid());
-        if ((rc = dsrt_model_save(tmp, net))) {
-            dsrt__fail_prefix(rc, "train: multi-gpu: copying the net");
-            tmp[0] = '\0';
-            goto out;
-        }
-    }
-    for (int k = 0; k < n; k++) {
-        w[k].train = train;
-        w[k].o = *o;
-        w[k].o.execution = DSRT_EXEC_PARALLEL;
-        w[k].o.comm = comms[k];
-        w[k].o.gpu = devices[k];
-        if (k > 0) {
-            w[k].o.callback = NULL; /* the calling thread's worker tells */
-            if ((rc = copy_net(net, devices[k], tmp, &w[k].net))) goto out;
-        } else {
-            w[k].net = net;
-        }
-    }
-    for (int k = 1; k < n; k++) {
-        int e = pthread_create(&w[k].thread, NULL, gpu_worker_main, &w[k]);
-        if (e) {
-            /* The workers started would wait for this one: the
-             * communicator's timeout ends them. */
-            rc = dsrt__fail(-e, "train: multi-gpu: starting the worker of GPU %d: %s", k,
-                            strerror(e));
-            break;
-        }
-        w[k].started = 1;
-    }
-    if (rc == 0) {
-        gpu_worker_main(&w[0]);
-        rc = w[0].rc;
-    }
-    for (int k = 1; k < n; k++)
-        if (w[k].started) pthread_join(w[k].thread, NULL);
-    if (rc == 0)
-        for (int k = 1; k < n && !rc; k++)
-            if (w[k].rc) rc = dsrt__fail(w[k].rc, "%s", w[k].msg);
-    if (w[0].rc) dsrt__fail(w[0].rc, "%s", w[0].msg);
-    *r = w[0].r;
-out:
-    if (tmp[0]) unlink(tmp);
-    /* The communicators first (they are attached to the nets, and the last
-     * one closed finalises every member's NCCL communicator together, in
-     * one group, from this thread), then the workers' nets. */
-    if (comms)
-        for (int k = 0; k < n; k++) dsrt_comm_close(comms[k]);
-    if (w)
-        for (int k = 1; k < n; k++) dsrt_net_destroy(w[k].net);
-    free(w);
-    free(comms);
-    free(devices);
-    return rc;
 }

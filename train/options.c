@@ -1,7 +1,7 @@
 /*
  * The training loop's options and their checks, the split of the cores
  * between pipeline workers and compute threads, and evaluation. The run
- * itself is runtime/train_run.c; its checkpoints runtime/train_ckpt.c.
+ * itself is run.c; its checkpoints checkpoint.c.
  *
  * The split of the cores. The pipeline's share of the work per image is
  * estimated from the sample size (loading) and the net's train_flops
@@ -12,7 +12,7 @@
  * it keeps one core and the workers, pinned to the cores nearest the device,
  * get the others.
  */
-#include "runtime/train_internal.h"
+#include "train/internal.h"
 
 #include <limits.h>
 #include <math.h>

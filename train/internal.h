@@ -1,9 +1,13 @@
 /*
- * What the files of the training loop share: runtime/train.c (options, their
- * checks, the split of the cores, evaluation), runtime/train_ckpt.c
- * (checkpoints, the loop's state beside them, resume) and runtime/train_run.c
- * (the run itself: open, step, finish, close). Nothing here is public; names
- * of functions carry a double underscore.
+ * What the files of the training loop share. run.c is the one that drives a
+ * run (open, step, finish, close; several GPUs on threads of their own); it
+ * calls the others, and none of them calls it: options.c (options, their
+ * checks, the split of the cores, evaluation), checkpoint.c (checkpoints,
+ * the loop's state beside them, resume), parallel.c (agreement, cores, the
+ * net joined to the communicator, averaging, bad samples shared), job.c (the
+ * workers agree they run the same job), events.c (telling the caller, below
+ * them all); model.c and plot.c stand apart. Nothing here is public; names of
+ * functions carry a double underscore.
  */
 #ifndef DSRT_TRAIN_INTERNAL_H
 #define DSRT_TRAIN_INTERNAL_H
@@ -33,7 +37,7 @@ static inline double dsrt__now_s(void) {
 }
 
 // ----------------------------------------------------------------------------
-// Options (train.c)
+// Options (options.c)
 
 /* The device the options' execution environment means: DSRT_DEVICE_CPU or a
  * GPU index (device may be NULL). Fails, naming the option, when it is not
@@ -51,7 +55,7 @@ int dsrt__train_class_map(const dsrt_net *net, const dsrt_datastore *ds, const d
                           int classes, const char *who, int32_t **out);
 
 // ----------------------------------------------------------------------------
-// Cores: the split between pipeline workers and compute threads (train.c)
+// Cores: the split between pipeline workers and compute threads (options.c)
 
 typedef struct {
     dsrt_cpus *cpus;
@@ -79,7 +83,19 @@ void dsrt__cores_start_compute(cores_plan *cp);
 void dsrt__cores_close(cores_plan *cp);
 
 // ----------------------------------------------------------------------------
-// The run (train_run.c) and its checkpoints (train_ckpt.c)
+// The run (run.c) and its checkpoints (checkpoint.c)
+
+/* A set of sample ids (open addressing; a slot holds id + 1, 0 when empty):
+ * the bad samples told of, so that each is told once however many workers
+ * found it. */
+typedef struct {
+    uint64_t *slot;
+    size_t cap, n;
+} id_set;
+
+/* Adds id: 1 when it was not there, 0 when it was, -ENOMEM. */
+int dsrt__id_set_add(id_set *s, uint32_t id);
+void dsrt__id_set_free(id_set *s);
 
 /* The loop's own state, written beside each checkpoint. */
 typedef struct {
@@ -97,18 +113,6 @@ typedef struct {
 } loop_state;
 
 void dsrt__loop_state_init(loop_state *s);
-
-/* A set of sample ids (open addressing; a slot holds id + 1, 0 when empty):
- * the bad samples told of, so that each is told once however many workers
- * found it. */
-typedef struct {
-    uint64_t *slot;
-    size_t cap, n;
-} id_set;
-
-/* Adds id: 1 when it was not there, 0 when it was, -ENOMEM. */
-int dsrt__id_set_add(id_set *s, uint32_t id);
-void dsrt__id_set_free(id_set *s);
 
 /* Everything one dsrt_train call holds. */
 typedef struct {
@@ -159,10 +163,6 @@ typedef struct {
     char *cpus; /* the cores of this worker when the workers share the process's (malloc'd) */
 } run;
 
-/* Tells the callback of an event (with the bad samples found since the last
- * one first). Returns 1 when the callback asked to stop. */
-int dsrt__train_emit(run *R, dsrt_train_event_kind kind);
-
 /* The other workers' optimizer states worker 0 writes into a checkpoint
  * when each worker keeps its own (parameter averaging without the optimizer
  * state averaged): ws.workers 1 when there are none to write. */
@@ -185,7 +185,28 @@ int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t
 int dsrt__train_make_dir(const char *path);
 
 // ----------------------------------------------------------------------------
-// Data parallel (train_dp.c): no-ops for one worker alone
+// Events and bad samples (events.c)
+
+/* Tells the callback of an event (with the bad samples found since the last
+ * one first). Returns 1 when the callback asked to stop. */
+int dsrt__train_emit(run *R, dsrt_train_event_kind kind);
+
+/* BAD_SAMPLE events for the samples of pipeline p found bad since the last
+ * call (validation: p is the validation pipeline). Returns 1 when the
+ * callback asked to stop. */
+int dsrt__train_emit_bad(run *R, dsrt_pipeline *p, int validation);
+/* Calls fn for each sample of pipeline p found bad past the first *from,
+ * advancing *from. Returns fn's results or'ed together, or the first
+ * negative one. */
+int dsrt__train_each_bad(dsrt_pipeline *p, size_t *from, int validation,
+                         int (*fn)(void *ctx, const dsrt_bad_sample *s, int validation), void *ctx);
+/* A BAD_SAMPLE event for s, found by worker `worker`, unless one was told
+ * for that sample already (by this worker or another). Returns 1 when the
+ * callback asked to stop. */
+int dsrt__train_tell_bad(run *R, const dsrt_bad_sample *s, int validation, int worker);
+
+// ----------------------------------------------------------------------------
+// Data parallel (parallel.c, job.c): no-ops for one worker alone
 
 /* The workers of a run: rank, world and mode from the options (no
  * collective). */
@@ -214,22 +235,15 @@ int dsrt__dp_sync(run *R);
 /* After the optimizer step of iteration it (1-based): parameter averaging
  * when due. Collective. */
 int dsrt__dp_after_step(run *R, int64_t it);
-/* Calls fn for each sample of pipeline p found bad past the first *from,
- * advancing *from. Returns fn's results or'ed together, or the first
- * negative one. */
-int dsrt__train_each_bad(dsrt_pipeline *p, size_t *from, int validation,
-                         int (*fn)(void *ctx, const dsrt_bad_sample *s, int validation), void *ctx);
-/* A BAD_SAMPLE event for s, found by worker `worker`, unless one was told
- * for that sample already (by this worker or another). Returns 1 when the
- * callback asked to stop. */
-int dsrt__train_tell_bad(run *R, const dsrt_bad_sample *s, int validation, int worker);
 /* Every worker hears of the bad samples the others found since the last
  * call (BAD_SAMPLE events with bad_worker set). Returns 1 when the callback
  * asked to stop, or a negative code. Collective. */
 int dsrt__dp_share_bad(run *R);
 /* Whether every worker keeps an optimizer state of its own (parameter
  * averaging without the optimizer state averaged). */
-int dsrt__dp_own_states(const run *R);
+static inline int dsrt__dp_own_states(const run *R) {
+    return R->averaging && !R->o->average_optimizer_state && R->world > 1;
+}
 /* Before a checkpoint, when every worker keeps its own optimizer state:
  * worker 0 receives the others' into *st (freed by dsrt__dp_states_free).
  * Collective; st->ws.workers 1 otherwise. */
@@ -237,17 +251,13 @@ int dsrt__dp_gather_states(run *R, dp_states *st);
 void dsrt__dp_states_free(dp_states *st);
 /* Before any work: fails on every worker, naming the first option, class
  * or file that differs and the workers, unless every worker runs the same
- * job (options, net, data; see train_job.c). Collective. */
+ * job (options, net, data; see job.c). Collective. */
 int dsrt__dp_same_job(run *R);
 /* After loading the checkpoint to resume from: fails on every worker unless
  * every worker resumes at the same position. Collective. */
 int dsrt__dp_same_position(run *R, const dsrt_train_position *pos);
 /* At the end: fails when the weights differ between workers. Collective. */
 int dsrt__dp_check_weights(run *R);
-/* DSRT_EXEC_MULTI_GPU: one worker a visible GPU, each on a thread of its own
- * with a copy of the net, through the same run as a parallel worker. */
-int dsrt__train_multi_gpu(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
-                          dsrt_train_result *r);
 /* One worker's run (dsrt_train without the multi-gpu dispatch). */
 int dsrt__train_worker(dsrt_net *net, const dsrt_datastore *train, const dsrt_train_options *o,
                        dsrt_train_result *r);
