@@ -66,6 +66,25 @@ dsrt_augment_options dsrt_augment_defaults(void) {
     return o;
 }
 
+static const char *const LAYOUT_NAMES[2][2] = {
+    {[DSRT_AUGMENT_F32_NCHW] = "nchw", [DSRT_AUGMENT_U8_NHWC] = "nhwc"},
+    {[DSRT_AUGMENT_F32_NCHW] = "float32", [DSRT_AUGMENT_U8_NHWC] = "uint8"}};
+
+const char *dsrt_augment_layout_name(dsrt_augment_layout l) {
+    return (unsigned)l < 2 ? LAYOUT_NAMES[0][l] : "unknown";
+}
+
+const char *dsrt_augment_layout_dtype(dsrt_augment_layout l) {
+    return (unsigned)l < 2 ? LAYOUT_NAMES[1][l] : "unknown";
+}
+
+int dsrt_augment_layout_from_name(const char *name, int dtype, dsrt_augment_layout *l) {
+    int v;
+    int rc = dsrt__name_lookup(LAYOUT_NAMES[dtype != 0], 2, name, 1, &v);
+    if (rc == 0) *l = (dsrt_augment_layout)v;
+    return rc;
+}
+
 void dsrt_augment_preset_227(dsrt_augment_options *o) {
     *o = dsrt_augment_defaults();
     o->output_height = o->output_width = 227;

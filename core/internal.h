@@ -130,6 +130,11 @@ void *dsrt_arena_alloc(dsrt_arena *a, size_t n, size_t align);
 char *dsrt_arena_strndup(dsrt_arena *a, const char *s, size_t n);
 void dsrt_arena_free(dsrt_arena *a);
 
+/* The value of name in a table of names (names[v] is value v's; NULL where
+ * no value has one), in any case when icase is set: 0 and *value, or
+ * DSRT_EOPTION with the message "'NAME' is not a, b or c". */
+int dsrt__name_lookup(const char *const *names, size_t n, const char *name, int icase, int *value);
+
 // ----------------------------------------------------------------------------
 // Files
 

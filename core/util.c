@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -231,4 +232,30 @@ int dsrt__write_file_atomic(const char *path, const void *data, size_t size) {
 
 int dsrt__write_file_replace(const char *path, const void *data, size_t size) {
     return write_file(path, data, size, 0);
+}
+
+// ----------------------------------------------------------------------------
+// Names
+
+int dsrt__name_lookup(const char *const *names, size_t n, const char *name, int icase, int *value) {
+    size_t count = 0, seen = 0, at = 0;
+    for (size_t v = 0; v < n; v++) {
+        if (!names[v]) continue;
+        count++;
+        if (name && (icase ? strcasecmp(name, names[v]) : strcmp(name, names[v])) == 0) {
+            *value = (int)v;
+            return 0;
+        }
+    }
+    char list[512];
+    list[0] = '\0';
+    for (size_t v = 0; v < n && at < sizeof list; v++) {
+        if (!names[v]) continue;
+        seen++;
+        const char *sep = seen == 1 ? "" : seen == count ? " or " : ", ";
+        int w = snprintf(list + at, sizeof list - at, "%s%s", sep, names[v]);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+    return dsrt__fail(DSRT_EOPTION, "'%s' is not %s", name ? name : "(null)", list);
 }

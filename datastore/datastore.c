@@ -113,11 +113,6 @@ size_t dsrt_datastore_shuffle_buffer(const dsrt_datastore *ds) {
     return src && src->shuffle_buffer ? src->shuffle_buffer(ds) : 0;
 }
 
-const char *dsrt_shard_order_name(dsrt_shard_order o) {
-    static const char *const names[] = {"auto", "exact", "shard"};
-    return (unsigned)o < DSRT_ARRAY_SIZE(names) ? names[o] : "unknown";
-}
-
 // ----------------------------------------------------------------------------
 // One decoded sample, on the calling thread
 

@@ -75,8 +75,9 @@ static const char usage[] =
     "                        OUT may not be, hold or lie inside SRC's folder\n"
     "\n"
     "Options for DATA:\n"
-    "  --source KIND         auto (default), folder, manifest, idx, cifar10, cifar100,\n"
-    "                        shards\n"
+    "  --source KIND         auto (default: told from DATA) or a source's name: folder,\n"
+    "                        manifest, shards, ... (a name dsrt does not know is\n"
+    "                        answered with the list of those it does)\n"
     "  --labels FROM         folder (default: the first sub-folder under DATA names the\n"
     "                        class, as torchvision's ImageFolder), parent (the folder\n"
     "                        holding the file, as MATLAB's 'foldernames'), none\n"
@@ -228,36 +229,16 @@ static double cpu_s(void) {
 // ----------------------------------------------------------------------------
 // Options
 
-static int parse_source(const char *v, dsrt_source *s) {
-    static const char *const names[] = {"auto",    "folder",   "manifest", "idx",
-                                        "cifar10", "cifar100", "shards"};
-    for (int k = 0; k < 7; k++)
-        if (strcmp(v, names[k]) == 0) {
-            *s = (dsrt_source)k;
-            return 0;
-        }
-    return -1;
-}
-
 /* Parses the options shared by both commands; returns 1 when argv[*i] was one. */
 static int parse_datastore_option(int argc, char **argv, int *i, options *o) {
     const char *a = argv[*i];
     if (strcmp(a, "--source") == 0) {
         const char *v = tool_value(argc, argv, i);
-        if (parse_source(v, &o->ds.source) != 0)
-            tool_die_usage("--source: '%s' is not auto, folder, manifest, idx, cifar10, "
-                           "cifar100 or shards",
-                           v);
+        if (dsrt_source_from_name(v, &o->ds.source) != 0)
+            tool_die_usage("--source: %s", dsrt_last_error());
     } else if (strcmp(a, "--labels") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        if (strcmp(v, "folder") == 0)
-            o->ds.label_source = DSRT_LABEL_FOLDER_NAMES;
-        else if (strcmp(v, "parent") == 0)
-            o->ds.label_source = DSRT_LABEL_PARENT_FOLDER;
-        else if (strcmp(v, "none") == 0)
-            o->ds.label_source = DSRT_LABEL_NONE;
-        else
-            tool_die_usage("--labels: '%s' is not folder, parent or none", v);
+        if (dsrt_label_source_from_name(tool_value(argc, argv, i), &o->ds.label_source) != 0)
+            tool_die_usage("--labels: %s", dsrt_last_error());
     } else if (strcmp(a, "--extensions") == 0) {
         o->ds.extensions = tool_value(argc, argv, i);
     } else if (strcmp(a, "--no-subfolders") == 0) {
@@ -402,19 +383,19 @@ static int64_t convert_one(const options *o, dsrt_split split, const char *out) 
     return n;
 }
 
-/* 1 when SRC is a folder of IDX or CIFAR files, which holds both splits. */
+/* The samples' layout the options ask for. */
+static dsrt_augment_layout layout_of(const options *o) {
+    return o->nhwc ? DSRT_AUGMENT_U8_NHWC : DSRT_AUGMENT_F32_NCHW;
+}
+
+/* 1 when SRC is a source of pixels in memory (IDX or CIFAR files), whose
+ * folders hold both splits. */
 static int has_splits(const options *o) {
     dsrt_datastore *ds;
     if (dsrt_datastore_open(&ds, o->data, &o->ds) != 0) tool_die("%s", dsrt_last_error());
-    dsrt_source s = dsrt_datastore_source(ds);
+    int pixels = dsrt_datastore_path(ds, 0) == NULL;
     dsrt_datastore_close(ds);
-    return s == DSRT_SOURCE_IDX || s == DSRT_SOURCE_CIFAR10 || s == DSRT_SOURCE_CIFAR100;
-}
-
-/* 1 when path is an object's URL (s3://, http://, https://). */
-static int is_url(const char *path) {
-    return !strncasecmp(path, "s3://", 5) || !strncasecmp(path, "http://", 7) ||
-           !strncasecmp(path, "https://", 8);
+    return pixels;
 }
 
 static int run_convert(options *o) {
@@ -424,7 +405,7 @@ static int run_convert(options *o) {
     int folder = 0;
     if (stat(o->data, &st) == 0)
         folder = S_ISDIR(st.st_mode);
-    else if (!is_url(o->data) && !strpbrk(o->data, "*?[{"))
+    else if (!dsrt_path_is_url(o->data) && !strpbrk(o->data, "*?[{"))
         tool_die("convert: %s: %s", o->shown, strerror(errno));
     int both = o->split_both && folder && (!o->shard_bytes || has_splits(o));
     if (!both) {
@@ -749,9 +730,9 @@ static void json_summary(const options *o, const context *cx, const run_result *
     printf(",\"pipeline\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\",\"channels\":%d,"
            "\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
            "\"pinned_threads\":%u,\"io\":\"%s\",\"io_fallback\":",
-           kind_names[o->kind], o->nhwc ? "nhwc" : "nchw", o->nhwc ? "uint8" : "float32",
-           o->channels, o->po.batch, o->po.prefetch, r->threads, r->cpus, s->pinned_threads,
-           io_name(s));
+           kind_names[o->kind], dsrt_augment_layout_name(layout_of(o)),
+           dsrt_augment_layout_dtype(layout_of(o)), o->channels, o->po.batch, o->po.prefetch,
+           r->threads, r->cpus, s->pinned_threads, io_name(s));
     if (r->io_fallback[0])
         tool_json_string(stdout, r->io_fallback);
     else
@@ -887,11 +868,12 @@ static int run_pipeline(options *o) {
             else
                 printf("%s: %zu images, pipeline %s (%s %s, %d channel%s), batch %zu, %u thread%s "
                        "on CPUs %s (%u pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
-                       o->shown, images, kind_names[o->kind], o->nhwc ? "uint8" : "float32",
-                       o->nhwc ? "NHWC" : "NCHW", o->channels, o->channels == 1 ? "" : "s",
-                       o->po.batch, r->threads, r->threads == 1 ? "" : "s", r->cpus,
-                       s->pinned_threads, io_name(s), r->io_fallback[0] ? " (" : "", r->io_fallback,
-                       r->io_fallback[0] ? ")" : "", s->slots, s->slot_bytes / 1e6,
+                       o->shown, images, kind_names[o->kind],
+                       dsrt_augment_layout_dtype(layout_of(o)), o->nhwc ? "NHWC" : "NCHW",
+                       o->channels, o->channels == 1 ? "" : "s", o->po.batch, r->threads,
+                       r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
+                       r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
+                       s->slots, s->slot_bytes / 1e6,
                        s->pinned_memory   ? "pinned for CUDA (cudaHostRegister)"
                        : s->locked_memory ? "locked"
                                           : "not locked");
@@ -986,19 +968,20 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
         /* Two names for one choice: the augmenter writes float32 NCHW or
          * uint8 NHWC. Each option alone picks the pair; together they must
          * agree. */
-        static const char *const names[2][2] = {{"nchw", "nhwc"}, {"float32", "uint8"}};
         const char *v = tool_value(argc, argv, i);
-        int which = strcmp(a, "--dtype") == 0, pick = -1;
-        for (int k = 0; k < 2; k++)
-            if (strcmp(v, names[which][k]) == 0) pick = k;
-        if (pick < 0)
-            tool_die_usage("%s: '%s' is not %s or %s", a, v, names[which][0], names[which][1]);
-        int want = pick ? 1 : -1;
+        int which = strcmp(a, "--dtype") == 0;
+        dsrt_augment_layout l;
+        if (dsrt_augment_layout_from_name(v, which, &l) != 0)
+            tool_die_usage("%s: %s", a, dsrt_last_error());
+        int want = l == DSRT_AUGMENT_U8_NHWC ? 1 : -1;
+        dsrt_augment_layout given =
+            o->layout_given > 0 ? DSRT_AUGMENT_U8_NHWC : DSRT_AUGMENT_F32_NCHW;
         if (o->layout_given && o->layout_given != want)
-            tool_die_usage("%s %s: dsrt writes float32 NCHW or uint8 NHWC samples, not %s with %s",
-                           a, v, v, names[!which][o->layout_given > 0]);
+            tool_die_usage(
+                "%s %s: dsrt writes float32 NCHW or uint8 NHWC samples, not %s with %s", a, v, v,
+                which ? dsrt_augment_layout_name(given) : dsrt_augment_layout_dtype(given));
         o->layout_given = want;
-        o->nhwc = pick;
+        o->nhwc = l == DSRT_AUGMENT_U8_NHWC;
     } else if (strcmp(a, "--decode-dc") == 0) {
         o->decode_dc = (int)tool_int("--decode-dc", tool_value(argc, argv, i), 0, 1);
     } else if (strcmp(a, "--channels") == 0) {

@@ -599,8 +599,8 @@ static int cmd_bench(int argc, char **argv) {
                "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"loss\": %.4f",
                bench.net, batch, threads, bench.steps, bench.warmup, bench.solver, info.backend,
                info.device, dsrt_precision_name(info.precision), u8 ? "u8" : "f32", info.learnable,
-               ips, 1e3 * median,
-               1e3 * times[0], 1e3 * opt_median, 1e3 * plan_t, gflop, gflop / median, (double)loss);
+               ips, 1e3 * median, 1e3 * times[0], 1e3 * opt_median, 1e3 * plan_t, gflop,
+               gflop / median, (double)loss);
         if (bench.profile) print_profile(net, 1);
         printf("}\n");
     } else {
@@ -699,15 +699,9 @@ static int open_data(const char *cmd, const char *what, const char *path, const 
                      dsrt_datastore **ds) {
     dsrt_datastore_options o = dsrt_datastore_defaults();
     o.drop_empty_classes = a->drop_empty;
-    if (a->order) {
-        int k = DSRT_SHARD_ORDER_AUTO;
-        while (k <= DSRT_SHARD_ORDER_SHARD && strcmp(a->order, dsrt_shard_order_name(k)) != 0) k++;
-        if (k > DSRT_SHARD_ORDER_SHARD) {
-            fprintf(stderr, "%s %s: --order: '%s' is not auto, exact or shard\n", prog, cmd,
-                    a->order);
-            return -1;
-        }
-        o.shard_order = (dsrt_shard_order)k;
+    if (a->order && dsrt_shard_order_from_name(a->order, &o.shard_order) != 0) {
+        fprintf(stderr, "%s %s: --order: %s\n", prog, cmd, dsrt_last_error());
+        return -1;
     }
     if (a->shuffle_buffer) o.shuffle_buffer = (size_t)a->shuffle_buffer;
     if (a->remote) remote_set(&o.remote, a->remote);
@@ -2688,7 +2682,7 @@ static int cmd_analyze(int argc, char **argv) {
         return 2;
     }
     const char *name = analyze.net;
-    int classes = analyze.classes ? analyze.classes
+    int classes = analyze.classes                                          ? analyze.classes
                   : !strcmp(name, "resnet18") || !strcmp(name, "resnet50") ? 1000
                   : !strcmp(name, "alexnet")                               ? 55
                                                                            : 10;
@@ -2748,18 +2742,19 @@ static int cmd_analyze(int argc, char **argv) {
         if (analyze.json)
             printf("%s{\"name\": \"%s\", \"type\": \"%s\", \"inputs\": \"%s\", "
                    "\"output\": [%d, %d, %d], \"learnables\": %zu}",
-                   i ? ", " : "", l.name, l.type, inputs, l.out_height, l.out_width,
-                   l.out_channels, learn);
+                   i ? ", " : "", l.name, l.type, inputs, l.out_height, l.out_width, l.out_channels,
+                   learn);
         else
             printf("  %-4d %-20s %-11s %-30s %-14s %zu%s\n", i, l.name, l.type,
                    l.n_inputs ? inputs : "-", out, learn,
                    fused_away ? "   (computed by the layer it takes)" : "");
     }
     if (analyze.json)
-        printf("], \"learnables\": %zu, \"state\": %zu, \"forward_gflop\": %.4f}\n",
-               info.learnable, info.state, info.forward_flops * 1e-9);
+        printf("], \"learnables\": %zu, \"state\": %zu, \"forward_gflop\": %.4f}\n", info.learnable,
+               info.state, info.forward_flops * 1e-9);
     else
-        printf("\n  total: %zu learnables, %zu state values (running and input statistics), %.3f GFLOP "
+        printf("\n  total: %zu learnables, %zu state values (running and input statistics), %.3f "
+               "GFLOP "
                "forward an image\n",
                info.learnable, info.state, info.forward_flops * 1e-9);
     dsrt_net_destroy(net);

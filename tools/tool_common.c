@@ -98,10 +98,10 @@ uint64_t tool_bytes(const char *option, const char *value, uint64_t min, uint64_
 }
 
 dsrt_shard_order tool_shard_order(const char *option, const char *value) {
-    for (int k = DSRT_SHARD_ORDER_AUTO; k <= DSRT_SHARD_ORDER_SHARD; k++)
-        if (strcmp(value, dsrt_shard_order_name((dsrt_shard_order)k)) == 0)
-            return (dsrt_shard_order)k;
-    tool_die_usage("%s: '%s' is not auto, exact or shard", option, value);
+    dsrt_shard_order o;
+    if (dsrt_shard_order_from_name(value, &o) != 0)
+        tool_die_usage("%s: %s", option, dsrt_last_error());
+    return o;
 }
 
 double tool_double(const char *option, const char *value, double min, double max) {

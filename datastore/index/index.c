@@ -14,22 +14,6 @@
 #define WARNING_LINES 20
 
 // ----------------------------------------------------------------------------
-// Names of the sources, from the public list
-
-const char *dsrt_source_name(dsrt_source s) {
-#define DSRT_SOURCE_CASE_(kind, value, name)                                                       \
-    case DSRT_SOURCE_##kind:                                                                       \
-        return #name;
-    switch (s) {
-    case DSRT_SOURCE_AUTO:
-        return "auto";
-        DSRT_SOURCES(DSRT_SOURCE_CASE_)
-    }
-#undef DSRT_SOURCE_CASE_
-    return "unknown";
-}
-
-// ----------------------------------------------------------------------------
 // Index
 
 dsrt_index *dsrt__index_new(dsrt_source source) {

@@ -152,6 +152,15 @@ typedef struct {
 /* The defaults: 224 x 224 x 3, resize, no augmentation, float NCHW in [0, 1]. */
 DSRT_API dsrt_augment_options dsrt_augment_defaults(void);
 
+/* A layout's name, "nchw" or "nhwc", and the type of its values, "float32"
+ * or "uint8" ("unknown" out of range). */
+DSRT_API const char *dsrt_augment_layout_name(dsrt_augment_layout l);
+DSRT_API const char *dsrt_augment_layout_dtype(dsrt_augment_layout l);
+/* The layout a name gives: a layout's name (dtype 0) or its type's (dtype
+ * 1), in any case; 0, or DSRT_EOPTION with the message "'NAME' is not nchw
+ * or nhwc" (or "float32 or uint8"). Thread-safe. */
+DSRT_API int dsrt_augment_layout_from_name(const char *name, int dtype, dsrt_augment_layout *l);
+
 /*
  * Sets *o to torchvision's Resize(256), RandomCrop(227),
  * RandomHorizontalFlip(), ToTensor(): shorter side to 256 (antialiased

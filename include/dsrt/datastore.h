@@ -231,8 +231,20 @@ DSRT_API int dsrt_datastore_open(dsrt_datastore **ds, const char *path,
 DSRT_API void dsrt_datastore_close(dsrt_datastore *ds);
 
 DSRT_API dsrt_source dsrt_datastore_source(const dsrt_datastore *ds);
-/* "folder", "manifest", "idx", "cifar10", "cifar100", "shards". */
+
+/*
+ * Names, as the tools, the Python module and messages spell them: the name
+ * of a value ("unknown" for one out of range), and the value of a name (0,
+ * or DSRT_EOPTION with the message "'NAME' is not auto, folder, ... or
+ * shards", to which the caller adds what was named). Thread-safe.
+ */
+/* "auto" and the names of DSRT_SOURCES: "folder", "manifest", "idx",
+ * "cifar10", "cifar100", "shards". */
 DSRT_API const char *dsrt_source_name(dsrt_source s);
+DSRT_API int dsrt_source_from_name(const char *name, dsrt_source *s);
+/* "folder", "parent", "none". */
+DSRT_API const char *dsrt_label_source_name(dsrt_label_source l);
+DSRT_API int dsrt_label_source_from_name(const char *name, dsrt_label_source *l);
 
 /* Samples in this datastore (or view). */
 DSRT_API size_t dsrt_datastore_count(const dsrt_datastore *ds);
@@ -293,13 +305,14 @@ typedef struct {
 /* Fills *loc for sample i of a shard set; DSRT_EUNSUPPORTED for other sources. */
 DSRT_API int dsrt_datastore_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc);
 
-/* The order a shard set is read in, resolved (EXACT or SHARD), and its
- * shuffle buffer; EXACT for other sources, whose samples are read by
- * position. */
+/* The order a shard set (or any source whose samples are members of
+ * larger files) is read in, resolved (EXACT or SHARD), and its shuffle
+ * buffer; EXACT for other sources, whose samples are read by position. */
 DSRT_API dsrt_shard_order dsrt_datastore_shard_order(const dsrt_datastore *ds);
 DSRT_API size_t dsrt_datastore_shuffle_buffer(const dsrt_datastore *ds);
-/* "auto", "exact", "shard". */
+/* "auto", "exact", "shard"; the value of a name as dsrt_source_from_name. */
 DSRT_API const char *dsrt_shard_order_name(dsrt_shard_order o);
+DSRT_API int dsrt_shard_order_from_name(const char *name, dsrt_shard_order *o);
 
 /* Options of dsrt_shards_write. */
 typedef struct {

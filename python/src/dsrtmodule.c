@@ -206,6 +206,42 @@ typedef struct {
     int value;
 } name_value;
 
+/* A choice the library names (dsrt_source_from_name and its kin): the
+ * string of v, or NULL with the exception set. */
+static const char *get_name(PyObject *v, const char *what) {
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (!s && !PyErr_Occurred())
+        PyErr_Format(PyExc_TypeError, "%s: expected a string, not %.100s", what,
+                     Py_TYPE(v)->tp_name);
+    return s;
+}
+
+/* The ValueError of a name the library refused. */
+static int name_refused(const char *what) {
+    PyErr_Format(PyExc_ValueError, "%s: %s", what, dsrt_last_error());
+    return -1;
+}
+
+static int get_source(PyObject *v, dsrt_source *out) {
+    const char *s = get_name(v, "source");
+    return !s ? -1 : dsrt_source_from_name(s, out) ? name_refused("source") : 0;
+}
+
+static int get_labels(PyObject *v, dsrt_label_source *out) {
+    const char *s = get_name(v, "labels");
+    return !s ? -1 : dsrt_label_source_from_name(s, out) ? name_refused("labels") : 0;
+}
+
+static int get_order(PyObject *v, dsrt_shard_order *out) {
+    const char *s = get_name(v, "order");
+    return !s ? -1 : dsrt_shard_order_from_name(s, out) ? name_refused("order") : 0;
+}
+
+static int get_layout(PyObject *v, const char *what, int dtype, dsrt_augment_layout *out) {
+    const char *s = get_name(v, what);
+    return !s ? -1 : dsrt_augment_layout_from_name(s, dtype, out) ? name_refused(what) : 0;
+}
+
 static int get_enum(PyObject *v, const char *what, const name_value *t, int *out) {
     const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
     if (!s) {
@@ -278,19 +314,6 @@ typedef struct {
 
 static PyTypeObject Datastore_Type;
 
-static const name_value source_names[] = {
-    {"auto", DSRT_SOURCE_AUTO},         {"folder", DSRT_SOURCE_FOLDER},
-    {"manifest", DSRT_SOURCE_MANIFEST}, {"idx", DSRT_SOURCE_IDX},
-    {"cifar10", DSRT_SOURCE_CIFAR10},   {"cifar100", DSRT_SOURCE_CIFAR100},
-    {"shards", DSRT_SOURCE_SHARDS},     {NULL, 0}};
-static const name_value order_names[] = {{"auto", DSRT_SHARD_ORDER_AUTO},
-                                         {"exact", DSRT_SHARD_ORDER_EXACT},
-                                         {"shard", DSRT_SHARD_ORDER_SHARD},
-                                         {NULL, 0}};
-static const name_value label_names[] = {{"folder", DSRT_LABEL_FOLDER_NAMES},
-                                         {"parent", DSRT_LABEL_PARENT_FOLDER},
-                                         {"none", DSRT_LABEL_NONE},
-                                         {NULL, 0}};
 static const name_value split_names[] = {
     {"train", DSRT_SPLIT_TRAIN}, {"test", DSRT_SPLIT_TEST}, {NULL, 0}};
 
@@ -353,10 +376,8 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
         goto done;
     }
     dsrt_datastore_options o = dsrt_datastore_defaults();
-    if (source && get_enum(source, "source", source_names, &v) != 0) goto done;
-    if (source) o.source = (dsrt_source)v;
-    if (labels && get_enum(labels, "labels", label_names, &v) != 0) goto done;
-    if (labels) o.label_source = (dsrt_label_source)v;
+    if (source && get_source(source, &o.source) != 0) goto done;
+    if (labels && get_labels(labels, &o.label_source) != 0) goto done;
     if (subfolders && get_bool(subfolders, "include_subfolders", &o.include_subfolders) != 0)
         goto done;
     if (ext && get_str(ext, "extensions", &o.extensions) != 0) goto done;
@@ -372,8 +393,7 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     } else if (get_bool(header, "manifest_header", &o.manifest_header) != 0) {
         goto done;
     }
-    if (order && get_enum(order, "order", order_names, &v) != 0) goto done;
-    if (order) o.shard_order = (dsrt_shard_order)v;
+    if (order && get_order(order, &o.shard_order) != 0) goto done;
     uint64_t sb;
     if (buffer && get_u64(buffer, "shuffle_buffer", (uint64_t)1 << 24, &sb) != 0) goto done;
     if (buffer && sb == 0) {
@@ -1317,8 +1337,6 @@ static const name_value shuffle_names[] = {{"never", DSRT_SHUFFLE_NEVER},
 static const name_value io_names[] = {
     {"auto", DSRT_IO_AUTO}, {"uring", DSRT_IO_URING}, {"pread", DSRT_IO_PREAD}, {NULL, 0}};
 static const name_value preset_names[] = {{"default", 0}, {"227", 227}, {"32", 32}, {NULL, 0}};
-static const name_value layout_names[] = {{"NCHW", 0}, {"NHWC", 1}, {NULL, 0}};
-static const name_value dtype_names[] = {{"float32", 0}, {"uint8", 1}, {NULL, 0}};
 
 // ----------------------------------------------------------------------------
 // Pipeline
@@ -1400,20 +1418,21 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
             if (augment_set(&a, key, value) != 0) return -1;
         norm_given = PyDict_GetItemString(augment, "norm") != NULL;
     }
-    int lay = -1, dt = -1;
-    if (layout != Py_None && get_enum(layout, "layout", layout_names, &lay) != 0) return -1;
-    if (dtype != Py_None && get_enum(dtype, "dtype", dtype_names, &dt) != 0) return -1;
-    if (lay >= 0 && dt >= 0 && lay != dt) {
+    dsrt_augment_layout lay = DSRT_AUGMENT_F32_NCHW, dt = DSRT_AUGMENT_F32_NCHW;
+    int by_layout = layout != Py_None, by_dtype = dtype != Py_None;
+    if (by_layout && get_layout(layout, "layout", 0, &lay) != 0) return -1;
+    if (by_dtype && get_layout(dtype, "dtype", 1, &dt) != 0) return -1;
+    if (by_layout && by_dtype && lay != dt) {
         PyErr_Format(PyExc_ValueError,
                      "layout %s with dtype %s: dsrt makes float32 NCHW or uint8 NHWC batches",
-                     layout_names[lay].name, dtype_names[dt].name);
+                     dsrt_augment_layout_name(lay), dsrt_augment_layout_dtype(dt));
         return -1;
     }
-    if (lay < 0) lay = dt;
-    if (lay == 1) {
+    if (!by_layout) lay = dt;
+    if ((by_layout || by_dtype) && lay == DSRT_AUGMENT_U8_NHWC) {
         a.layout = DSRT_AUGMENT_U8_NHWC;
         if (!norm_given) a.norm = DSRT_AUGMENT_NORM_NONE; /* uint8 takes no normalisation */
-    } else if (lay == 0) {
+    } else if (by_layout || by_dtype) {
         a.layout = DSRT_AUGMENT_F32_NCHW;
     }
     int rc = dsrt_augment_check(&a);
