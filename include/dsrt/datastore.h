@@ -85,23 +85,15 @@ typedef struct dsrt_datastore dsrt_datastore;
  * folders' marker files before MNIST names, names before what asks a store,
  * a folder of class folders when nothing else matched); the library's
  * table of sources is made from this one list.
- *   CIFAR10, CIFAR100  CIFAR binary batches: a .bin file or the extracted folder.
- *   IDX       an IDX images file (MNIST, Fashion-MNIST; raw or gzip), or a
- *             folder of MNIST-named IDX files.
- *   MANIFEST  a CSV of path,label (.csv, .txt, .lst).
- *   SHARDS    tar shards: a folder of them (with or without dsrt's index), one
- *             .tar file, a glob ("dir/shard-*.tar") or a brace list
- *             ("dir/shard-{000000..000146}.tar"). Members <key>.jpg|png are
- *             the images, <key>.cls their labels (WebDataset's layout).
- *   FOLDER    a folder of class sub-folders.
  */
 #define DSRT_SOURCES(X)                                                                            \
-    X(CIFAR10, 4, cifar10)                                                                         \
-    X(CIFAR100, 5, cifar100)                                                                       \
-    X(IDX, 3, idx)                                                                                 \
-    X(MANIFEST, 2, manifest)                                                                       \
-    X(SHARDS, 6, shards)                                                                           \
-    X(FOLDER, 1, folder)
+    X(CIFAR10, 4, cifar10)   /* CIFAR-10 binary batches: a .bin file or the extracted folder */    \
+    X(CIFAR100, 5, cifar100) /* CIFAR-100's, the same way */                                       \
+    X(IDX, 3, idx)           /* an IDX images file (MNIST; raw or gzip) or a folder of them */     \
+    X(MANIFEST, 2, manifest) /* a CSV of path,label (.csv, .txt, .lst), local or at a URL */       \
+    X(SHARDS, 6, shards)     /* tar shards, WebDataset's layout: a folder, a .tar, a glob, a   */  \
+                             /* brace list ("shard-{000000..000146}.tar"); local or in a store */  \
+    X(FOLDER, 1, folder)     /* a folder of class sub-folders, or an s3:// prefix of one */
 
 #define DSRT_SOURCE_ENUM_(kind, value, name) DSRT_SOURCE_##kind = value,
 typedef enum {
