@@ -121,9 +121,11 @@ int dsrt__folder_fill(dsrt_index *ix, const dsrt_folder_entry *e, size_t n);
 typedef struct dsrt_names dsrt_names;
 
 /* A lister filling ix: each path is root (root_len bytes), sep, then the
- * name ("s3://b/p" '/' "cat/1.jpg"; "x.zip" ':' "cat/1.jpg"). */
+ * name ("s3://b/p" '/' "cat/1.jpg"; "x.zip" ':' "cat/1.jpg"). base names
+ * the root's folder (the class of files directly in it, with parent-folder
+ * labels); NULL: the root's last component. */
 int dsrt__names_create(dsrt_names **l, dsrt_index *ix, const dsrt_datastore_options *o,
-                       const char *root, size_t root_len, char sep);
+                       const char *root, size_t root_len, char sep, const char *base);
 /* Takes name[0..n) (aux is kept for it): 0, or -ENOMEM. */
 int dsrt__names_take(dsrt_names *l, const char *name, size_t n, uint32_t aux);
 /* Sets the classes, sorts and fills ix's paths and labels; *aux (when not

@@ -312,7 +312,7 @@ out:
 }
 
 int dsrt__names_create(dsrt_names **out, dsrt_index *ix, const dsrt_datastore_options *o,
-                       const char *root, size_t root_len, char sep) {
+                       const char *root, size_t root_len, char sep, const char *base) {
     *out = NULL;
     lister *l = dsrt__calloc(1, sizeof *l);
     if (!l) return -ENOMEM;
@@ -321,14 +321,21 @@ int dsrt__names_create(dsrt_names **out, dsrt_index *ix, const dsrt_datastore_op
     l->sep = sep;
     int rc = dsrt__extensions_parse(&l->ext, o->extensions);
     if (rc == 0 && !(l->root = dsrt_arena_strndup(&ix->arena, root, root_len))) rc = -ENOMEM;
+    if (rc == 0 && base && !(base = dsrt_arena_strndup(&ix->arena, base, strlen(base))))
+        rc = -ENOMEM;
     if (rc != 0) {
         free(l);
         return rc;
     }
     l->root_len = root_len;
-    const char *from = strncasecmp(l->root, "s3://", 5) == 0 ? l->root + 5 : l->root;
-    const char *base = memrchr(from, '/', root_len - (size_t)(from - l->root));
-    l->root_base = base ? base + 1 : from;
+    if (base) {
+        l->root_base = base;
+    } else {
+        /* The root's last component. */
+        const char *from = strncasecmp(l->root, "s3://", 5) == 0 ? l->root + 5 : l->root;
+        const char *slash = memrchr(from, '/', root_len - (size_t)(from - l->root));
+        l->root_base = slash ? slash + 1 : from;
+    }
     *out = l;
     return 0;
 }

@@ -63,7 +63,7 @@ int dsrt__s3_folder_load(dsrt_index *ix, const char *url, const dsrt_datastore_o
     char root[8192];
     snprintf(root, sizeof root, "%.*s", (int)root_len, url);
     k.prefix_len = prefix.len;
-    if ((rc = dsrt__names_create(&k.names, ix, o, url, root_len, '/')) != 0) goto out;
+    if ((rc = dsrt__names_create(&k.names, ix, o, url, root_len, '/', NULL)) != 0) goto out;
     if ((rc = list_all(&k, o, bucket, blen, prefix.s ? prefix.s : "", root)) != 0) goto out;
     if ((rc = dsrt__names_finish(k.names, NULL, &any)) != 0) goto out;
     if (!any)
