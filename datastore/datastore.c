@@ -89,7 +89,8 @@ fail:
 }
 
 // ----------------------------------------------------------------------------
-// Parts and the read order: the source's, else ranges and the exact order
+// Parts, the read order and shards: the source's, else ranges, the exact
+// order and none
 
 int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i, dsrt_datastore **out) {
     *out = NULL;
@@ -101,6 +102,27 @@ int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i, dsrt_
     int rc = src && src->partition ? src->partition(ds, n, i, &order, &count)
                                    : dsrt__view_ranges(ds, n, i, &order, &count);
     return rc ? rc : dsrt__view_new(ds->index, order, count, out);
+}
+
+size_t dsrt_datastore_shard_count(const dsrt_datastore *ds) {
+    const dsrt_source_ops *src = dsrt__source_of(ds);
+    return src && src->shard_count ? src->shard_count(ds) : 0;
+}
+
+const char *dsrt_datastore_shard_path(const dsrt_datastore *ds, size_t k) {
+    const dsrt_source_ops *src = dsrt__source_of(ds);
+    return src && src->shard_path ? src->shard_path(ds, k) : NULL;
+}
+
+int dsrt_datastore_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc) {
+    const dsrt_source_ops *src = dsrt__source_of(ds);
+    if (!src || !src->location)
+        return dsrt__fail(DSRT_EUNSUPPORTED, "datastore: a %s datastore has no shards",
+                          dsrt_source_name(ds->index->source));
+    if (i >= ds->n)
+        return dsrt__fail(DSRT_EOPTION, "datastore: sample %zu out of range (%zu samples)", i,
+                          ds->n);
+    return src->location(ds, i, loc);
 }
 
 dsrt_shard_order dsrt_datastore_shard_order(const dsrt_datastore *ds) {

@@ -132,6 +132,11 @@ typedef struct dsrt_source_ops {
     /* The read order and its shuffle buffer (NULL: EXACT, 0). */
     dsrt_shard_order (*order)(const dsrt_datastore *ds);
     size_t (*shuffle_buffer)(const dsrt_datastore *ds);
+    /* The shards the samples are members of, and where sample i lies in
+     * them (i in range); NULL: no shards. */
+    size_t (*shard_count)(const dsrt_datastore *ds);
+    const char *(*shard_path)(const dsrt_datastore *ds, size_t k);
+    int (*location)(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc);
     /* Calls each for every local folder the samples of ds come from (a
      * writer must not write there); NULL: each file's folder. */
     int (*folders)(const dsrt_datastore *ds, int (*each)(void *ctx, const char *dir), void *ctx);

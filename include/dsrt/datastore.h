@@ -281,7 +281,8 @@ DSRT_API size_t dsrt_datastore_warning_count(const dsrt_datastore *ds);
 // Shard sets
 
 /* Shards of the datastore's shard set (every shard of the set, whatever the
- * view), 0 for other sources. */
+ * view; an archive whose members are the samples is a set of one), 0 for
+ * other sources. */
 DSRT_API size_t dsrt_datastore_shard_count(const dsrt_datastore *ds);
 /* The path of shard k, or NULL. */
 DSRT_API const char *dsrt_datastore_shard_path(const dsrt_datastore *ds, size_t k);
@@ -289,12 +290,14 @@ DSRT_API const char *dsrt_datastore_shard_path(const dsrt_datastore *ds, size_t 
 /* Where a sample of a shard set lies. */
 typedef struct {
     size_t shard;       /* index of its shard, for dsrt_datastore_shard_path */
-    uint64_t offset;    /* of the image member's data in the shard */
+    uint64_t offset;    /* of the image member's data in the shard (of its record, header
+                           first, where that is what is read) */
     uint64_t size;      /* bytes of it */
     const char *member; /* the image member's name */
 } dsrt_sample_location;
 
-/* Fills *loc for sample i of a shard set; DSRT_EUNSUPPORTED for other sources. */
+/* Fills *loc for sample i of a shard set (or an archive of members);
+ * DSRT_EUNSUPPORTED for other sources. */
 DSRT_API int dsrt_datastore_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc);
 
 /* The order a shard set (or any source whose samples are members of

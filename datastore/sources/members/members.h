@@ -91,8 +91,8 @@ int dsrt__shards_partition(const dsrt_datastore *ds, size_t n, size_t i, uint32_
 /* What a source of members puts in its dsrt_source_ops: the reader of
  * sample bytes (with the stream as its feed), the stream as the feed of a
  * set read in the shard order, one sample on the calling thread (its range
- * read, then decoded), the order and its shuffle buffer, the folders of the
- * local shards. */
+ * read, then decoded), the order and its shuffle buffer, the shards and
+ * where a sample lies in them, the folders of the local shards. */
 int dsrt__members_reader(void **impl, const dsrt_sample_reader_ops **ops, const dsrt_datastore *ds,
                          const dsrt_reader_options *o, dsrt_feed *feed);
 int dsrt__members_feed(dsrt_feed **f, const dsrt_datastore *ds, const dsrt_feed_options *o);
@@ -100,6 +100,9 @@ int dsrt__members_read(const dsrt_datastore *ds, size_t i, size_t max, dsrt_buf_
                        uint8_t **data, size_t *size, int64_t *mtime);
 dsrt_shard_order dsrt__members_order(const dsrt_datastore *ds);
 size_t dsrt__members_shuffle_buffer(const dsrt_datastore *ds);
+size_t dsrt__members_shard_count(const dsrt_datastore *ds);
+const char *dsrt__members_shard_path(const dsrt_datastore *ds, size_t k);
+int dsrt__members_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc);
 int dsrt__members_folders(const dsrt_datastore *ds, int (*each)(void *ctx, const char *dir),
                           void *ctx);
 

@@ -82,6 +82,25 @@ size_t dsrt__members_shuffle_buffer(const dsrt_datastore *ds) {
     return dsrt__shardset_of(ds)->shuffle_buffer;
 }
 
+size_t dsrt__members_shard_count(const dsrt_datastore *ds) {
+    return dsrt__shardset_of(ds)->nshards;
+}
+
+const char *dsrt__members_shard_path(const dsrt_datastore *ds, size_t k) {
+    const dsrt_shardset *s = dsrt__shardset_of(ds);
+    return k < s->nshards ? s->shards[k].path : NULL;
+}
+
+int dsrt__members_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc) {
+    const dsrt_shardset *s = dsrt__shardset_of(ds);
+    uint32_t p = dsrt__pos(ds, i);
+    loc->shard = s->shard_of[p];
+    loc->offset = s->offset[p];
+    loc->size = s->size[p];
+    loc->member = ds->index->paths[p] + s->member[p];
+    return 0;
+}
+
 uint64_t dsrt__shard_sample_size(const dsrt_datastore *ds, uint32_t pos) {
     return dsrt__shardset_of(ds)->size[dsrt__pos(ds, pos)];
 }

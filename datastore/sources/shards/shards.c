@@ -1514,39 +1514,6 @@ int dsrt__shards_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
 }
 
 // ----------------------------------------------------------------------------
-// Queries
-
-/* The shard set of a datastore of this source, or NULL. */
-static const dsrt_shardset *shards_of(const dsrt_datastore *ds) {
-    return ds->index->source == DSRT_SOURCE_SHARDS ? dsrt__shardset_of(ds) : NULL;
-}
-
-size_t dsrt_datastore_shard_count(const dsrt_datastore *ds) {
-    return shards_of(ds) ? shards_of(ds)->nshards : 0;
-}
-
-const char *dsrt_datastore_shard_path(const dsrt_datastore *ds, size_t k) {
-    const dsrt_shardset *s = shards_of(ds);
-    return s && k < s->nshards ? s->shards[k].path : NULL;
-}
-
-int dsrt_datastore_location(const dsrt_datastore *ds, size_t i, dsrt_sample_location *loc) {
-    const dsrt_shardset *s = shards_of(ds);
-    if (!s)
-        return dsrt__fail(DSRT_EUNSUPPORTED, "datastore: a %s datastore has no shards",
-                          dsrt_source_name(ds->index->source));
-    if (i >= ds->n)
-        return dsrt__fail(DSRT_EOPTION, "datastore: sample %zu out of range (%zu samples)", i,
-                          ds->n);
-    uint32_t p = dsrt__pos(ds, i);
-    loc->shard = s->shard_of[p];
-    loc->offset = s->offset[p];
-    loc->size = s->size[p];
-    loc->member = ds->index->paths[p] + s->member[p];
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
 // The source
 
 static int detect(const dsrt_probe *p) {
@@ -1580,5 +1547,8 @@ const dsrt_source_ops dsrt__source_shards = {
     .read = dsrt__members_read,
     .order = dsrt__members_order,
     .shuffle_buffer = dsrt__members_shuffle_buffer,
+    .shard_count = dsrt__members_shard_count,
+    .shard_path = dsrt__members_shard_path,
+    .location = dsrt__members_location,
     .folders = dsrt__members_folders,
 };
