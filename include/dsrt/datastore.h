@@ -91,6 +91,7 @@ typedef struct dsrt_datastore dsrt_datastore;
     X(CIFAR100, 5, cifar100) /* CIFAR-100's, the same way */                                       \
     X(IDX, 3, idx)           /* an IDX images file (MNIST; raw or gzip) or a folder of them */     \
     X(MANIFEST, 2, manifest) /* a CSV of path,label (.csv, .txt, .lst), local or at a URL */       \
+    X(ZIP, 8, zip)           /* a ZIP archive of images labelled by its folders, or at a URL */    \
     X(SHARDS, 6, shards)     /* tar shards, WebDataset's layout: a folder, a .tar, a glob, a   */  \
                              /* brace list ("shard-{000000..000146}.tar"); local or in a store */  \
     X(FOLDER, 1, folder)     /* a folder of class sub-folders, or an s3:// prefix of one */
