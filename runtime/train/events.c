@@ -5,7 +5,7 @@
  * of sample ids). The run (run.c), its checkpoints (checkpoint.c) and the
  * data-parallel exchange of bad samples (parallel.c) all tell through here.
  */
-#include "train/internal.h"
+#include "runtime/train/internal.h"
 
 #include <stdlib.h>
 #include <string.h>

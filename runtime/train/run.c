@@ -27,7 +27,7 @@
  * pipeline's float output would be made from the same pixels.
  */
 
-#include "train/internal.h"
+#include "runtime/train/internal.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -6,7 +6,7 @@
  * before it; the best-validation weights as a model file the state names;
  * finding the latest checkpoint of a folder; and loading one to resume from.
  */
-#include "train/internal.h"
+#include "runtime/train/internal.h"
 
 #include <dirent.h>
 #include <math.h>

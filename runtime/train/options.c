@@ -12,7 +12,7 @@
  * it keeps one core and the workers, pinned to the cores nearest the device,
  * get the others.
  */
-#include "train/internal.h"
+#include "runtime/train/internal.h"
 
 #include <limits.h>
 #include <math.h>

@@ -15,7 +15,7 @@
  * process (dsrt_comm_open_local), exactly as the processes of an MPI job
  * with one GPU each.
  */
-#include "train/internal.h"
+#include "runtime/train/internal.h"
 
 #include "nn/internal.h"
 

@@ -18,7 +18,7 @@
  * failure is agreed (dsrt__dp_agree), so every worker stops at once with the
  * message of the first worker that differs.
  */
-#include "train/internal.h"
+#include "runtime/train/internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
