@@ -805,12 +805,8 @@ static unsigned sweep_counts(const options *o, const dsrt_datastore *ds, unsigne
     return n;
 }
 
-static int run_pipeline(options *o) {
-    dsrt_datastore *ds;
-    if (o->cold && o->cold_method == COLD_AUTO)
-        o->cold_method = can_drop_caches() ? COLD_DROP_CACHES : COLD_FADVISE;
-    if (dsrt_datastore_open(&ds, o->data, &o->ds) != 0) tool_die("%s", dsrt_last_error());
-    print_warnings(ds);
+/* The augment options of the --pipeline kind. */
+static dsrt_augment_options pipeline_augment(const options *o) {
     dsrt_augment_options aug;
     if (o->kind == PIPE_227)
         dsrt_augment_preset_227(&aug);
@@ -824,28 +820,123 @@ static int run_pipeline(options *o) {
         aug.layout = DSRT_AUGMENT_U8_NHWC;
         aug.norm = DSRT_AUGMENT_NORM_NONE;
     }
+    return aug;
+}
+
+/* What every run shares: the load before it, the augment kernels, the
+ * decode limit when asked (printed here). */
+static void context_make(const options *o, const dsrt_datastore *ds, context *cx) {
+    memset(cx, 0, sizeof *cx);
+    if (getloadavg(cx->load, 3) != 3) cx->load[0] = cx->load[1] = cx->load[2] = -1;
+    dsrt_augmenter *probe;
+    if (dsrt_augmenter_create(&probe) != 0) tool_die("%s", dsrt_last_error());
+    cx->isa = dsrt_augmenter_isa(probe); /* a static string */
+    dsrt_augmenter_destroy(probe);
+    if (o->limit) {
+        if (dsrt_datastore_decode_limit(ds, o->limit_images, o->limit_passes, &cx->limit) != 0)
+            tool_die("--limit: %s", dsrt_last_error());
+        cx->have_limit = 1;
+        if (!o->json)
+            printf("limit: one core decodes %zu of these files at %.1f images/s (%.1f MP/s; "
+                   "%.1f a second of its CPU time): full size to RGB, TurboJPEG fast DCT, files "
+                   "in memory, nothing else (best of %u passes)\n",
+                   cx->limit.images, cx->limit.images_per_s, cx->limit.megapixels_per_s,
+                   cx->limit.cpu_images_per_s, o->limit_passes);
+    }
+}
+
+/* The lines before a run's figures: the data and the pipeline, the shards
+ * and the cold cache. */
+static void print_head(const options *o, const run_result *r, size_t images, unsigned i) {
+    const dsrt_pipeline_statistics *s = &r->st;
+    if (!o->sweep || i == 0) {
+        if (o->sweep)
+            printf("%s: %zu images\n", o->shown, images);
+        else
+            printf("%s: %zu images, pipeline %s (%s %s, %d channel%s), batch %zu, %u thread%s "
+                   "on CPUs %s (%u pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
+                   o->shown, images, kind_names[o->kind], dsrt_augment_layout_dtype(layout_of(o)),
+                   o->nhwc ? "NHWC" : "NCHW", o->channels, o->channels == 1 ? "" : "s", o->po.batch,
+                   r->threads, r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
+                   r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
+                   s->slots, s->slot_bytes / 1e6,
+                   s->pinned_memory   ? "pinned for CUDA (cudaHostRegister)"
+                   : s->locked_memory ? "locked"
+                                      : "not locked");
+    }
+    if (!o->sweep && (r->shards || o->cold)) {
+        if (r->shards) printf("%zu shards, %s order", r->shards, dsrt_shard_order_name(r->order));
+        if (r->shards && r->order == DSRT_SHARD_ORDER_SHARD)
+            printf(" (shuffle buffer %zu; the stream read %.1f MB, handed over %llu samples, "
+                   "%llu read by offset)",
+                   r->shuffle_buffer, s->stream_bytes / 1e6, (unsigned long long)s->stream_samples,
+                   (unsigned long long)s->stream_ranged);
+        if (o->cold)
+            printf("%spage cache dropped before each epoch (%s)", r->shards ? "; " : "",
+                   o->cold_method == COLD_DROP_CACHES ? "the whole cache: /proc/sys/vm/drop_caches"
+                                                      : "posix_fadvise DONTNEED on each file");
+        printf("\n");
+    }
+}
+
+/* A run's figures. */
+static void print_result(const options *o, const context *cx, const run_result *r) {
+    const dsrt_pipeline_statistics *s = &r->st;
+    printf("median %.1f images/s%s; %.1f per thread", r->median,
+           o->epochs > 1 ? " over the epochs after the warm-up" : "", per_thread(r));
+    if (cx->have_limit)
+        printf(", %.0f%% of the limit", 100.0 * per_thread(r) / cx->limit.images_per_s);
+    printf(" (load average %.2f before the run; augment kernels %s)\n", cx->load[0], cx->isa);
+    printf("in CPU time: %.1f images per second of the process's CPU", r->cpu_median);
+    if (cx->have_limit)
+        printf(", %.0f%% of the limit's %.1f (figures that other load on the machine "
+               "does not move)",
+               100.0 * r->cpu_median / cx->limit.cpu_images_per_s, cx->limit.cpu_images_per_s);
+    printf("\n");
+    print_stages(r);
+    printf("read %.1f MB/s", r->seconds > 0 ? s->bytes_read / r->seconds / 1e6 : 0.0);
+    if (s->remote_requests)
+        printf(" from the store: %llu requests (%llu retried), %llu connections, %.1f "
+               "in flight on average",
+               (unsigned long long)s->remote_requests, (unsigned long long)s->remote_retries,
+               (unsigned long long)s->remote_connections, s->remote_in_flight);
+    printf("\n");
+    if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
+}
+
+/* A line of the --sweep table (the head before the first); the speedup is
+ * against the first run's rate a thread. */
+static void print_sweep_row(const options *o, const context *cx, const run_result *r, unsigned i,
+                            double first_median, unsigned first_threads) {
+    const dsrt_pipeline_statistics *s = &r->st;
+    if (i == 0)
+        printf("%7s  %10s  %8s  %10s  %8s  %8s  %8s%s%s\n", "threads", "images/s", "speedup",
+               "efficiency", "read ms", "decode", "augment", cx->have_limit ? "  of limit" : "",
+               o->checksum ? "  checksum" : "");
+    double n = s->samples ? (double)s->samples : 1.0;
+    double sp = r->median / first_median * first_threads;
+    printf("%7u  %10.1f  %7.2fx  %9.0f%%  %8.3f  %8.3f  %8.3f", r->threads, r->median, sp,
+           100.0 * sp / r->threads, 1e3 * s->read_s / n, 1e3 * s->decode_s / n,
+           1e3 * s->augment_s / n);
+    if (cx->have_limit) printf("  %7.0f%%", 100.0 * per_thread(r) / cx->limit.images_per_s);
+    if (o->checksum) printf("  %016llx", (unsigned long long)r->hash);
+    printf("\n");
+    fflush(stdout);
+}
+
+static int run_pipeline(options *o) {
+    dsrt_datastore *ds;
+    if (o->cold && o->cold_method == COLD_AUTO)
+        o->cold_method = can_drop_caches() ? COLD_DROP_CACHES : COLD_FADVISE;
+    if (dsrt_datastore_open(&ds, o->data, &o->ds) != 0) tool_die("%s", dsrt_last_error());
+    print_warnings(ds);
+    dsrt_augment_options aug = pipeline_augment(o);
     o->po.native = o->kind == PIPE_NONE;
     if (!o->batch_given) o->po.batch = o->kind == PIPE_NONE ? 1 : 128;
     size_t images = dsrt_datastore_count(ds);
 
     context cx;
-    memset(&cx, 0, sizeof cx);
-    if (getloadavg(cx.load, 3) != 3) cx.load[0] = cx.load[1] = cx.load[2] = -1;
-    dsrt_augmenter *probe;
-    if (dsrt_augmenter_create(&probe) != 0) tool_die("%s", dsrt_last_error());
-    cx.isa = dsrt_augmenter_isa(probe); /* a static string */
-    dsrt_augmenter_destroy(probe);
-    if (o->limit) {
-        if (dsrt_datastore_decode_limit(ds, o->limit_images, o->limit_passes, &cx.limit) != 0)
-            tool_die("--limit: %s", dsrt_last_error());
-        cx.have_limit = 1;
-        if (!o->json)
-            printf("limit: one core decodes %zu of these files at %.1f images/s (%.1f MP/s; "
-                   "%.1f a second of its CPU time): full size to RGB, TurboJPEG fast DCT, files "
-                   "in memory, nothing else (best of %u passes)\n",
-                   cx.limit.images, cx.limit.images_per_s, cx.limit.megapixels_per_s,
-                   cx.limit.cpu_images_per_s, o->limit_passes);
-    }
+    context_make(o, ds, &cx);
 
     unsigned counts[64], ncounts = 1;
     counts[0] = o->po.threads;
@@ -861,76 +952,11 @@ static int run_pipeline(options *o) {
             json_summary(o, &cx, r, images);
             continue;
         }
-        const dsrt_pipeline_statistics *s = &r->st;
-        if (!o->sweep || i == 0) {
-            if (o->sweep)
-                printf("%s: %zu images\n", o->shown, images);
-            else
-                printf("%s: %zu images, pipeline %s (%s %s, %d channel%s), batch %zu, %u thread%s "
-                       "on CPUs %s (%u pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
-                       o->shown, images, kind_names[o->kind],
-                       dsrt_augment_layout_dtype(layout_of(o)), o->nhwc ? "NHWC" : "NCHW",
-                       o->channels, o->channels == 1 ? "" : "s", o->po.batch, r->threads,
-                       r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
-                       r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
-                       s->slots, s->slot_bytes / 1e6,
-                       s->pinned_memory   ? "pinned for CUDA (cudaHostRegister)"
-                       : s->locked_memory ? "locked"
-                                          : "not locked");
-        }
-        if (!o->sweep && (r->shards || o->cold)) {
-            if (r->shards)
-                printf("%zu shards, %s order", r->shards, dsrt_shard_order_name(r->order));
-            if (r->shards && r->order == DSRT_SHARD_ORDER_SHARD)
-                printf(" (shuffle buffer %zu; the stream read %.1f MB, handed over %llu samples, "
-                       "%llu read by offset)",
-                       r->shuffle_buffer, s->stream_bytes / 1e6,
-                       (unsigned long long)s->stream_samples, (unsigned long long)s->stream_ranged);
-            if (o->cold)
-                printf("%spage cache dropped before each epoch (%s)", r->shards ? "; " : "",
-                       o->cold_method == COLD_DROP_CACHES
-                           ? "the whole cache: /proc/sys/vm/drop_caches"
-                           : "posix_fadvise DONTNEED on each file");
-            printf("\n");
-        }
-        if (!o->sweep) {
-            printf("median %.1f images/s%s; %.1f per thread", r->median,
-                   o->epochs > 1 ? " over the epochs after the warm-up" : "", per_thread(r));
-            if (cx.have_limit)
-                printf(", %.0f%% of the limit", 100.0 * per_thread(r) / cx.limit.images_per_s);
-            printf(" (load average %.2f before the run; augment kernels %s)\n", cx.load[0], cx.isa);
-            printf("in CPU time: %.1f images per second of the process's CPU", r->cpu_median);
-            if (cx.have_limit)
-                printf(", %.0f%% of the limit's %.1f (figures that other load on the machine "
-                       "does not move)",
-                       100.0 * r->cpu_median / cx.limit.cpu_images_per_s,
-                       cx.limit.cpu_images_per_s);
-            printf("\n");
-            print_stages(r);
-            printf("read %.1f MB/s", r->seconds > 0 ? s->bytes_read / r->seconds / 1e6 : 0.0);
-            if (s->remote_requests)
-                printf(" from the store: %llu requests (%llu retried), %llu connections, %.1f "
-                       "in flight on average",
-                       (unsigned long long)s->remote_requests,
-                       (unsigned long long)s->remote_retries,
-                       (unsigned long long)s->remote_connections, s->remote_in_flight);
-            printf("\n");
-            if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
-        } else {
-            if (i == 0)
-                printf("%7s  %10s  %8s  %10s  %8s  %8s  %8s%s%s\n", "threads", "images/s",
-                       "speedup", "efficiency", "read ms", "decode", "augment",
-                       cx.have_limit ? "  of limit" : "", o->checksum ? "  checksum" : "");
-            double n = s->samples ? (double)s->samples : 1.0;
-            double sp = r->median / res[0].median * counts[0];
-            printf("%7u  %10.1f  %7.2fx  %9.0f%%  %8.3f  %8.3f  %8.3f", r->threads, r->median, sp,
-                   100.0 * sp / r->threads, 1e3 * s->read_s / n, 1e3 * s->decode_s / n,
-                   1e3 * s->augment_s / n);
-            if (cx.have_limit) printf("  %7.0f%%", 100.0 * per_thread(r) / cx.limit.images_per_s);
-            if (o->checksum) printf("  %016llx", (unsigned long long)r->hash);
-            printf("\n");
-            fflush(stdout);
-        }
+        print_head(o, r, images, i);
+        if (!o->sweep)
+            print_result(o, &cx, r);
+        else
+            print_sweep_row(o, &cx, r, i, res[0].median, counts[0]);
     }
     if (o->json && o->sweep) {
         printf("{\"sweep\":[");
@@ -952,6 +978,52 @@ static int run_pipeline(options *o) {
     free(res);
     dsrt_datastore_close(ds);
     return 0;
+}
+
+/* Parses the options of reading: the io engine, depths, the store's
+ * connections, O_DIRECT, a cold cache. Returns 1 when argv[*i] was one. */
+static int parse_read_option(int argc, char **argv, int *i, options *o) {
+    const char *a = argv[*i];
+    dsrt_pipeline_options *po = &o->po;
+    if (strcmp(a, "--io") == 0) {
+        const char *v = tool_value(argc, argv, i);
+        if (strcmp(v, "auto") == 0)
+            po->reader.io = DSRT_IO_AUTO;
+        else if (strcmp(v, "uring") == 0 || strcmp(v, "io_uring") == 0)
+            po->reader.io = DSRT_IO_URING;
+        else if (strcmp(v, "pread") == 0)
+            po->reader.io = DSRT_IO_PREAD;
+        else
+            tool_die_usage("--io: '%s' is not auto, uring or pread", v);
+    } else if (strcmp(a, "--depth") == 0) {
+        po->reader.depth = (unsigned)tool_int("--depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--remote-depth") == 0) {
+        po->reader.remote.depth =
+            (unsigned)tool_int("--remote-depth", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--max-connections") == 0) {
+        po->reader.remote.max_connections =
+            (unsigned)tool_int("--max-connections", tool_value(argc, argv, i), 1, 4096);
+    } else if (strcmp(a, "--retry-deadline") == 0) {
+        po->reader.remote.retry_deadline_s =
+            tool_double("--retry-deadline", tool_value(argc, argv, i), 0, 86400);
+    } else if (strcmp(a, "--request-timeout") == 0) {
+        po->reader.remote.timeout_s =
+            tool_double("--request-timeout", tool_value(argc, argv, i), 0.001, 86400);
+    } else if (strcmp(a, "--direct") == 0) {
+        po->reader.direct = 1;
+    } else if (strcmp(a, "--cold") == 0) {
+        o->cold = 1;
+    } else if (strcmp(a, "--cold-method") == 0) {
+        const char *v = tool_value(argc, argv, i);
+        int k = 0;
+        while (k < 3 && strcmp(v, cold_names[k]) != 0) k++;
+        if (k == 3) tool_die_usage("--cold-method: '%s' is not auto, drop-caches or fadvise", v);
+        o->cold = 1;
+        o->cold_method = k;
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 /* Parses the pipeline options; returns 1 when argv[*i] was one. */
@@ -1025,41 +1097,6 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
             tool_die_usage("--shuffle: '%s' is not never, once or epoch", v);
     } else if (strcmp(a, "--drop-last") == 0) {
         po->drop_last = 1;
-    } else if (strcmp(a, "--io") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        if (strcmp(v, "auto") == 0)
-            po->reader.io = DSRT_IO_AUTO;
-        else if (strcmp(v, "uring") == 0 || strcmp(v, "io_uring") == 0)
-            po->reader.io = DSRT_IO_URING;
-        else if (strcmp(v, "pread") == 0)
-            po->reader.io = DSRT_IO_PREAD;
-        else
-            tool_die_usage("--io: '%s' is not auto, uring or pread", v);
-    } else if (strcmp(a, "--depth") == 0) {
-        po->reader.depth = (unsigned)tool_int("--depth", tool_value(argc, argv, i), 1, 4096);
-    } else if (strcmp(a, "--remote-depth") == 0) {
-        po->reader.remote.depth =
-            (unsigned)tool_int("--remote-depth", tool_value(argc, argv, i), 1, 4096);
-    } else if (strcmp(a, "--max-connections") == 0) {
-        po->reader.remote.max_connections =
-            (unsigned)tool_int("--max-connections", tool_value(argc, argv, i), 1, 4096);
-    } else if (strcmp(a, "--retry-deadline") == 0) {
-        po->reader.remote.retry_deadline_s =
-            tool_double("--retry-deadline", tool_value(argc, argv, i), 0, 86400);
-    } else if (strcmp(a, "--request-timeout") == 0) {
-        po->reader.remote.timeout_s =
-            tool_double("--request-timeout", tool_value(argc, argv, i), 0.001, 86400);
-    } else if (strcmp(a, "--direct") == 0) {
-        po->reader.direct = 1;
-    } else if (strcmp(a, "--cold") == 0) {
-        o->cold = 1;
-    } else if (strcmp(a, "--cold-method") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        int k = 0;
-        while (k < 3 && strcmp(v, cold_names[k]) != 0) k++;
-        if (k == 3) tool_die_usage("--cold-method: '%s' is not auto, drop-caches or fadvise", v);
-        o->cold = 1;
-        o->cold_method = k;
     } else if (strcmp(a, "--fail-on-error") == 0) {
         po->fail_on_error = 1;
     } else if (strcmp(a, "--checksum") == 0) {
@@ -1075,7 +1112,7 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
         o->limit = 1;
     } else if (strcmp(a, "--bad-list") == 0) {
         o->bad_list = tool_value(argc, argv, i);
-    } else {
+    } else if (!parse_read_option(argc, argv, i, o)) {
         return 0;
     }
     o->pipeline_given = 1;

@@ -448,6 +448,86 @@ static char *read_net_text(const char *path, char *why, size_t why_cap) {
     return text;
 }
 
+/* The --solver option's optimizer defaults; -1 when unknown. */
+static int bench_solver(const char *name, dsrt_optimizer_options *oo) {
+    if (!strcmp(name, "sgdm"))
+        *oo = dsrt_optimizer_defaults(DSRT_SOLVER_SGDM);
+    else if (!strcmp(name, "adam"))
+        *oo = dsrt_optimizer_defaults(DSRT_SOLVER_ADAM);
+    else if (!strcmp(name, "rmsprop"))
+        *oo = dsrt_optimizer_defaults(DSRT_SOLVER_RMSPROP);
+    else {
+        fprintf(stderr, "%s bench: --solver: '%s' is not one of sgdm, adam, rmsprop\n", prog, name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Uniform [0, 1) pixels and uniform labels, like torch.rand/randint:
+ * as floats, or as uint8 scaled by 1/255 on the device. */
+static void bench_fill(float *x, int32_t *y, int batch, size_t per, int u8, int classes) {
+    uint64_t s = bench.seed * 0x9e3779b97f4a7c15ULL + 1;
+    uint8_t *px = (uint8_t *)x;
+    for (size_t i = 0; i < (size_t)batch * per; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        if (u8)
+            px[i] = (uint8_t)(s >> 56);
+        else
+            x[i] = (float)(s >> 40) * (1.0f / 16777216.0f);
+    }
+    for (int i = 0; i < batch; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        y[i] = (int32_t)(s % (uint64_t)classes);
+    }
+}
+
+/* The warm-up and the timed steps: each step's seconds, and the optimizer's
+ * share of it; the first step's (the plan's) in *plan_t. -1 on a failure. */
+static int bench_steps(dsrt_net *net, dsrt_optimizer *opt, const dsrt_net_batch *in, double *times,
+                       double *opt_times, double *plan_t, float *loss) {
+    for (int step = 0; step < bench.warmup + bench.steps; step++) {
+        double t0 = now();
+        /* The next step's batch is staged while this one computes. */
+        int rc = dsrt_net_train_start(net, in);
+        if (rc == 0 && dsrt_net_stage(net, in) < 0) rc = -1;
+        if (rc == 0) rc = dsrt_net_train_finish(net, loss, NULL);
+        double t1 = now();
+        if (rc == 0) rc = dsrt_optimizer_step(opt, net, 0);
+        if (rc == 0) rc = dsrt_net_sync(net);
+        if (rc != 0) {
+            fprintf(stderr, "%s bench: step %d: %s\n", prog, step, dsrt_last_error());
+            return -1;
+        }
+        double t = now() - t0;
+        if (step == 0) *plan_t = t;
+        if (step >= bench.warmup) {
+            times[step - bench.warmup] = t;
+            opt_times[step - bench.warmup] = t - (t1 - t0);
+        }
+    }
+    return 0;
+}
+
+/* The profile: as many steps again, timed layer by layer (their timing
+ * costs a little, so they are not the steps measured). -1 on a failure. */
+static int bench_profile(dsrt_net *net, dsrt_optimizer *opt, const dsrt_net_batch *in,
+                         float *loss) {
+    int prc = dsrt_net_profile_start(net);
+    for (int step = 0; prc == 0 && step < bench.steps; step++) {
+        prc = dsrt_net_train_start(net, in);
+        if (prc == 0 && dsrt_net_stage(net, in) < 0) prc = -1;
+        if (prc == 0) prc = dsrt_net_train_finish(net, loss, NULL);
+        if (prc == 0) prc = dsrt_optimizer_step(opt, net, 0);
+        if (prc == 0) prc = dsrt_net_sync(net);
+    }
+    dsrt_net_profile_stop(net);
+    if (prc != 0) {
+        fprintf(stderr, "%s bench: profile: %s\n", prog, dsrt_last_error());
+        return -1;
+    }
+    return 0;
+}
+
 static int cmd_bench(int argc, char **argv) {
     bench.net = "digits";
     bench.solver = "sgdm";
@@ -457,17 +537,7 @@ static int cmd_bench(int argc, char **argv) {
     if (rc) return rc > 0 ? 0 : 2;
 
     dsrt_optimizer_options oo;
-    if (!strcmp(bench.solver, "sgdm"))
-        oo = dsrt_optimizer_defaults(DSRT_SOLVER_SGDM);
-    else if (!strcmp(bench.solver, "adam"))
-        oo = dsrt_optimizer_defaults(DSRT_SOLVER_ADAM);
-    else if (!strcmp(bench.solver, "rmsprop"))
-        oo = dsrt_optimizer_defaults(DSRT_SOLVER_RMSPROP);
-    else {
-        fprintf(stderr, "%s bench: --solver: '%s' is not one of sgdm, adam, rmsprop\n", prog,
-                bench.solver);
-        return 2;
-    }
+    if (bench_solver(bench.solver, &oo)) return 2;
     if (bench.input && strcmp(bench.input, "u8") && strcmp(bench.input, "f32")) {
         fprintf(stderr, "%s bench: --input: '%s' is not one of u8, f32\n", prog, bench.input);
         return 2;
@@ -528,21 +598,7 @@ static int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "%s bench: out of memory\n", prog);
         goto out;
     }
-    /* Uniform [0, 1) pixels and uniform labels, like torch.rand/randint:
-     * as floats, or as uint8 scaled by 1/255 on the device. */
-    uint64_t s = bench.seed * 0x9e3779b97f4a7c15ULL + 1;
-    uint8_t *px = (uint8_t *)x;
-    for (size_t i = 0; i < (size_t)batch * per; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        if (u8)
-            px[i] = (uint8_t)(s >> 56);
-        else
-            x[i] = (float)(s >> 40) * (1.0f / 16777216.0f);
-    }
-    for (int i = 0; i < batch; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        y[i] = (int32_t)(s % (uint64_t)info.classes);
-    }
+    bench_fill(x, y, batch, per, u8, info.classes);
     double plan_t = 0;
     float loss = 0;
     dsrt_net_batch in = {.data = x,
@@ -550,43 +606,8 @@ static int cmd_bench(int argc, char **argv) {
                          .labels = y,
                          .n = batch};
     for (int c = 0; c < 4; c++) in.sub[c] = 0, in.div[c] = 255;
-    for (int step = 0; step < bench.warmup + bench.steps; step++) {
-        double t0 = now();
-        /* The next step's batch is staged while this one computes. */
-        int rc = dsrt_net_train_start(net, &in);
-        if (rc == 0 && dsrt_net_stage(net, &in) < 0) rc = -1;
-        if (rc == 0) rc = dsrt_net_train_finish(net, &loss, NULL);
-        double t1 = now();
-        if (rc == 0) rc = dsrt_optimizer_step(opt, net, 0);
-        if (rc == 0) rc = dsrt_net_sync(net);
-        if (rc != 0) {
-            fprintf(stderr, "%s bench: step %d: %s\n", prog, step, dsrt_last_error());
-            goto out;
-        }
-        double t = now() - t0;
-        if (step == 0) plan_t = t;
-        if (step >= bench.warmup) {
-            times[step - bench.warmup] = t;
-            opt_times[step - bench.warmup] = t - (t1 - t0);
-        }
-    }
-    /* The profile: as many steps again, timed layer by layer (their timing
-     * costs a little, so they are not the steps measured above). */
-    if (bench.profile) {
-        int prc = dsrt_net_profile_start(net);
-        for (int step = 0; prc == 0 && step < bench.steps; step++) {
-            prc = dsrt_net_train_start(net, &in);
-            if (prc == 0 && dsrt_net_stage(net, &in) < 0) prc = -1;
-            if (prc == 0) prc = dsrt_net_train_finish(net, &loss, NULL);
-            if (prc == 0) prc = dsrt_optimizer_step(opt, net, 0);
-            if (prc == 0) prc = dsrt_net_sync(net);
-        }
-        dsrt_net_profile_stop(net);
-        if (prc != 0) {
-            fprintf(stderr, "%s bench: profile: %s\n", prog, dsrt_last_error());
-            goto out;
-        }
-    }
+    if (bench_steps(net, opt, &in, times, opt_times, &plan_t, &loss)) goto out;
+    if (bench.profile && bench_profile(net, opt, &in, &loss)) goto out;
     int m = bench.steps;
     double median = median_of(times, m), opt_median = median_of(opt_times, m);
     double ips = batch / median, gflop = info.train_flops * batch * 1e-9;
@@ -1032,6 +1053,49 @@ static void fmt_loss(char *b, size_t n, double v) {
         snprintf(b, n, "%.4f", v);
 }
 
+/* A line of the --log file (CSV or JSON lines) for an iteration. */
+static void train_log(train_ui *u, const dsrt_train_event *e) {
+    if (u->log_json)
+        fprintf(u->log,
+                "{\"epoch\": %lld, \"iteration\": %lld, \"time_s\": %.3f, \"loss\": "
+                "%.6g, \"accuracy\": %.6g, \"learn_rate\": %.6g%s",
+                (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy,
+                e->learn_rate, isnan(e->val_loss) ? "}\n" : "");
+    else
+        fprintf(u->log, "%lld,%lld,%.3f,%.6g,%.6g,%.6g,", (long long)e->epoch,
+                (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy, e->learn_rate);
+    if (!isnan(e->val_loss))
+        fprintf(u->log,
+                u->log_json ? ", \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n" : "%.6g,%.6g\n",
+                e->val_loss, e->val_accuracy);
+    else if (!u->log_json)
+        fprintf(u->log, ",\n");
+}
+
+/* The progress bar on stderr, at most ten times a second. */
+static void train_bar(train_ui *u, const dsrt_train_event *e) {
+    double t = now();
+    if (t - u->last_bar > 0.1 || e->batch_in_epoch == e->iterations_per_epoch) {
+        u->last_bar = t;
+        int width = 30, fill = (int)(width * e->batch_in_epoch /
+                                     (e->iterations_per_epoch ? e->iterations_per_epoch : 1));
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        bar[width] = '\0';
+        double left = e->images_per_s > 0 && e->iteration > 0
+                          ? (double)(e->max_iterations - e->iteration) *
+                                ((double)e->images / (double)e->iteration) / e->images_per_s
+                          : 0;
+        fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  %.0f images/s  ", (long long)e->epoch,
+                (long long)e->max_epochs, bar, (long long)e->batch_in_epoch,
+                (long long)e->iterations_per_epoch, e->images_per_s);
+        fprintf(stderr, "left ");
+        print_hms(stderr, left);
+        fprintf(stderr, "\033[K");
+        u->bar_shown = 1;
+    }
+}
+
 static int train_event(void *ctx, const dsrt_train_event *e) {
     train_ui *u = ctx;
     if (u->hist) dsrt_train_history_add(u->hist, e);
@@ -1054,24 +1118,7 @@ static int train_event(void *ctx, const dsrt_train_event *e) {
                    (long long)e->max_iterations, e->workers, e->compute_threads, e->pinned);
         break;
     case DSRT_EVENT_ITERATION:
-        if (u->log) {
-            if (u->log_json)
-                fprintf(u->log,
-                        "{\"epoch\": %lld, \"iteration\": %lld, \"time_s\": %.3f, \"loss\": "
-                        "%.6g, \"accuracy\": %.6g, \"learn_rate\": %.6g%s",
-                        (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->loss,
-                        e->accuracy, e->learn_rate, isnan(e->val_loss) ? "}\n" : "");
-            else
-                fprintf(u->log, "%lld,%lld,%.3f,%.6g,%.6g,%.6g,", (long long)e->epoch,
-                        (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy, e->learn_rate);
-            if (!isnan(e->val_loss))
-                fprintf(u->log,
-                        u->log_json ? ", \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n"
-                                    : "%.6g,%.6g\n",
-                        e->val_loss, e->val_accuracy);
-            else if (!u->log_json)
-                fprintf(u->log, ",\n");
-        }
+        if (u->log) train_log(u, e);
         if (e->verbose && u->table) {
             bar_clear(u);
             char a[16], va[16], l[16], vl[16];
@@ -1090,30 +1137,7 @@ static int train_event(void *ctx, const dsrt_train_event *e) {
                    "\"images_per_s\": %.1f}\n",
                    (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy,
                    e->learn_rate, e->images_per_s);
-        if (u->progress) {
-            double t = now();
-            if (t - u->last_bar > 0.1 || e->batch_in_epoch == e->iterations_per_epoch) {
-                u->last_bar = t;
-                int width = 30,
-                    fill = (int)(width * e->batch_in_epoch /
-                                 (e->iterations_per_epoch ? e->iterations_per_epoch : 1));
-                char bar[64];
-                for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
-                bar[width] = '\0';
-                double left = e->images_per_s > 0 && e->iteration > 0
-                                  ? (double)(e->max_iterations - e->iteration) *
-                                        ((double)e->images / (double)e->iteration) / e->images_per_s
-                                  : 0;
-                fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  %.0f images/s  ",
-                        (long long)e->epoch, (long long)e->max_epochs, bar,
-                        (long long)e->batch_in_epoch, (long long)e->iterations_per_epoch,
-                        e->images_per_s);
-                fprintf(stderr, "left ");
-                print_hms(stderr, left);
-                fprintf(stderr, "\033[K");
-                u->bar_shown = 1;
-            }
-        }
+        if (u->progress) train_bar(u, e);
         break;
     case DSRT_EVENT_VALIDATION:
         if (u->json)
@@ -1223,12 +1247,9 @@ static void train_set_defaults(void) {
     tr.uint8_batches = -1;
 }
 
-/*
- * Turns the parsed flags into the train and net options, through the tables
- * above: every choice, number and range checked before anything is opened.
- * Returns 0, or 2 after a message.
- */
-static int train_resolve_options(train_job *j) {
+/* The choices among names (solver first: its defaults are the optimizer's
+ * starting point). Returns 0, or 2 after a message. */
+static int resolve_choices(dsrt_train_options *o) {
     static const char *const solvers[] = {"sgdm", "adam", "rmsprop", NULL};
     static const char *const shuffles[] = {"never", "once", "every-epoch", NULL};
     static const char *const schedules[] = {"none", "piecewise", NULL};
@@ -1238,13 +1259,6 @@ static int train_resolve_options(train_job *j) {
     static const char *const modes[] = {"resize", "centercrop", "randcrop", NULL};
     static const char *const bns[] = {"average", "sync", NULL};
     const char *cmd = "train";
-    dsrt_train_options *o = &j->o;
-    *o = dsrt_train_defaults();
-    if (!tr.data) {
-        fprintf(stderr, "%s train: --data DIR is required (see %s train --help)\n", prog, prog);
-        return 2;
-    }
-    /* The solver first: its defaults are the optimizer's starting point. */
     int solver = -1;
     if (tr.solver && (solver = parse_choice(cmd, "solver", tr.solver, solvers)) < 0) return 2;
     if (solver >= 0) o->optimizer = dsrt_optimizer_defaults((dsrt_solver)solver);
@@ -1272,44 +1286,16 @@ static int train_resolve_options(train_job *j) {
     o->checkpoint_unit = (dsrt_frequency_unit)unit;
     o->augment.size_mode = (dsrt_augment_size_mode)mode;
     o->bn_statistics = (dsrt_bn_statistics)bn;
-    o->augment.resize_shorter = tr.resize_shorter;
+    return 0;
+}
 
-    j->no = dsrt_net_defaults();
-    int rc = resolve_device_args(cmd, &tr.dev, &j->no, &o->execution);
-    if (rc) return rc;
-    o->gpu = tr.dev.gpu;
-    o->uint8_batches = tr.uint8_batches;
-
-    j->lr_factor = 1;
-    j->new_lr_factor = 20;
-    double bucket_mib = (double)o->comm_options.bucket_bytes / (1 << 20);
-    const train_number numbers[] = {
-        {"lr", &tr.lr, 1e-300, 1e6, &o->optimizer.learn_rate},
-        {"momentum", &tr.momentum, 0, 0.999999, &o->optimizer.momentum},
-        {"l2", &tr.l2, 0, 1e6, &o->optimizer.l2},
-        {"lr-drop-factor", &tr.lr_drop_factor, 0, 1, &o->optimizer.drop_factor},
-        {"gradient-threshold", &tr.grad_threshold, 1e-300, INFINITY, &o->optimizer.grad_threshold},
-        {"lr-factor", &tr.lr_factor, 0, 1e6, &j->lr_factor},
-        {"new-lr-factor", &tr.new_lr_factor, 0, 1e6, &j->new_lr_factor},
-        {"bucket-size", &tr.bucket_size, 1.0 / 1024, 4096, &bucket_mib},
-        {"comm-timeout", &tr.comm_timeout, 1, 86400, &o->comm_options.timeout_s},
-    };
-    for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
-        const train_number *n = &numbers[i];
-        if (parse_double(cmd, n->option, *n->value, n->min, n->max, n->out)) return 2;
-    }
-    if (tr.rand_x_reflection && tr.no_rand_x_reflection) {
-        fprintf(stderr, "%s train: --rand-x-reflection and --no-rand-x-reflection contradict\n",
-                prog);
-        return 2;
-    }
-    o->augment.rand_x_reflection = !tr.no_rand_x_reflection;
-    o->augment.rand_y_reflection = tr.rand_y_reflection;
-    o->augment.decode_dc = !tr.no_decode_dc;
-    /* Symmetric ranges take V as [-V, V]; --rand-translation sets both
-     * shifts, the axis options given after it in this table override it.
-     * What a range may hold is the library's one check (dsrt_augment_check),
-     * asked here for each option alone so that the message names it. */
+/* The augment ranges. Symmetric ranges take V as [-V, V]; --rand-translation
+ * sets both shifts, the axis options given after it in this table override
+ * it. What a range may hold is the library's one check (dsrt_augment_check),
+ * asked here for each option alone so that the message names it. Returns 0,
+ * or 2 after a message. */
+static int resolve_ranges(dsrt_train_options *o) {
+    const char *cmd = "train";
     const struct {
         const char *option;
         const char *const *value;
@@ -1339,6 +1325,12 @@ static int train_resolve_options(train_job *j) {
             return 2;
         }
     }
+    return 0;
+}
+
+/* The options that go with others (transfer learning, data-parallel
+ * execution), and the data-parallel ones. Returns 0, or 2 after a message. */
+static int resolve_parallel(dsrt_train_options *o, double bucket_mib) {
     if ((tr.lr_factor || tr.new_lr_factor || tr.layer) && !tr.transfer) {
         fprintf(stderr,
                 "%s train: --lr-factor, --new-lr-factor and --transfer-layer go with "
@@ -1378,6 +1370,59 @@ static int train_resolve_options(train_job *j) {
                 prog);
         return 2;
     }
+    return 0;
+}
+
+/*
+ * Turns the parsed flags into the train and net options, through the tables
+ * above: every choice, number and range checked before anything is opened.
+ * Returns 0, or 2 after a message.
+ */
+static int train_resolve_options(train_job *j) {
+    const char *cmd = "train";
+    dsrt_train_options *o = &j->o;
+    *o = dsrt_train_defaults();
+    if (!tr.data) {
+        fprintf(stderr, "%s train: --data DIR is required (see %s train --help)\n", prog, prog);
+        return 2;
+    }
+    if (resolve_choices(o)) return 2;
+    o->augment.resize_shorter = tr.resize_shorter;
+
+    j->no = dsrt_net_defaults();
+    int rc = resolve_device_args(cmd, &tr.dev, &j->no, &o->execution);
+    if (rc) return rc;
+    o->gpu = tr.dev.gpu;
+    o->uint8_batches = tr.uint8_batches;
+
+    j->lr_factor = 1;
+    j->new_lr_factor = 20;
+    double bucket_mib = (double)o->comm_options.bucket_bytes / (1 << 20);
+    const train_number numbers[] = {
+        {"lr", &tr.lr, 1e-300, 1e6, &o->optimizer.learn_rate},
+        {"momentum", &tr.momentum, 0, 0.999999, &o->optimizer.momentum},
+        {"l2", &tr.l2, 0, 1e6, &o->optimizer.l2},
+        {"lr-drop-factor", &tr.lr_drop_factor, 0, 1, &o->optimizer.drop_factor},
+        {"gradient-threshold", &tr.grad_threshold, 1e-300, INFINITY, &o->optimizer.grad_threshold},
+        {"lr-factor", &tr.lr_factor, 0, 1e6, &j->lr_factor},
+        {"new-lr-factor", &tr.new_lr_factor, 0, 1e6, &j->new_lr_factor},
+        {"bucket-size", &tr.bucket_size, 1.0 / 1024, 4096, &bucket_mib},
+        {"comm-timeout", &tr.comm_timeout, 1, 86400, &o->comm_options.timeout_s},
+    };
+    for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
+        const train_number *n = &numbers[i];
+        if (parse_double(cmd, n->option, *n->value, n->min, n->max, n->out)) return 2;
+    }
+    if (tr.rand_x_reflection && tr.no_rand_x_reflection) {
+        fprintf(stderr, "%s train: --rand-x-reflection and --no-rand-x-reflection contradict\n",
+                prog);
+        return 2;
+    }
+    o->augment.rand_x_reflection = !tr.no_rand_x_reflection;
+    o->augment.rand_y_reflection = tr.rand_y_reflection;
+    o->augment.decode_dc = !tr.no_decode_dc;
+    if (resolve_ranges(o)) return 2;
+    if (resolve_parallel(o, bucket_mib)) return 2;
     o->max_epochs = tr.epochs;
     o->batch = tr.batch;
     o->drop_last = tr.drop_last;
@@ -2022,6 +2067,85 @@ static void eval_usage(FILE *f) {
     print_options(f, EVAL_OPTIONS);
 }
 
+static void eval_print_json(const dsrt_net *net, const dsrt_eval_result *r,
+                            const tool_bad_list *bad, const char *shown) {
+    int C = r->classes;
+    char name[256];
+    printf("{\"model\": ");
+    tool_json_string(stdout, ev.model);
+    printf(", \"data\": ");
+    tool_json_string(stdout, shown);
+    char b1[32], b2[32];
+    printf(", \"images\": %llu, \"correct\": %llu, \"accuracy\": %s, \"loss\": %s, "
+           "\"seconds\": %.3f, \"images_per_s\": %.1f, \"classes\": [",
+           (unsigned long long)r->images, (unsigned long long)r->correct, jnum(b1, r->accuracy),
+           jnum(b2, r->loss), r->seconds, r->images_per_s);
+    for (int c = 0; c < C; c++) {
+        if (dsrt_net_class_name(net, c, name, sizeof name) < 0)
+            snprintf(name, sizeof name, "%d", c);
+        printf(c ? ", " : "");
+        tool_json_string(stdout, name);
+    }
+    printf("], \"per_class\": [");
+    for (int c = 0; c < C; c++) {
+        uint64_t n = 0;
+        for (int p = 0; p < C; p++) n += r->confusion[(size_t)c * C + p];
+        if (n)
+            printf("%s%.6g", c ? ", " : "", (double)r->confusion[(size_t)c * C + c] / (double)n);
+        else
+            printf("%snull", c ? ", " : "");
+    }
+    printf("], \"confusion\": [");
+    for (int c = 0; c < C; c++) {
+        printf("%s[", c ? ", " : "");
+        for (int p = 0; p < C; p++)
+            printf("%s%llu", p ? ", " : "", (unsigned long long)r->confusion[(size_t)c * C + p]);
+        printf("]");
+    }
+    printf("]");
+    tool_bad_json(stdout, "", bad, r->skipped);
+    printf("}\n");
+}
+
+static void eval_print_text(const dsrt_net *net, const dsrt_eval_result *r,
+                            const tool_bad_list *bad, const char *shown) {
+    int C = r->classes;
+    char name[256];
+    printf("%s on %s: accuracy %.2f%% (%llu of %llu), loss %.4f, %.0f images/s\n", ev.model, shown,
+           100 * r->accuracy, (unsigned long long)r->correct, (unsigned long long)r->images,
+           r->loss, r->images_per_s);
+    if (r->bad_samples)
+        printf("%llu image%s could not be read and %s left out (see stderr)\n",
+               (unsigned long long)r->bad_samples, r->bad_samples == 1 ? "" : "s",
+               r->bad_samples == 1 ? "is" : "are");
+    printf("\nper class:\n");
+    for (int c = 0; c < C; c++) {
+        uint64_t n = 0;
+        for (int p = 0; p < C; p++) n += r->confusion[(size_t)c * C + p];
+        if (dsrt_net_class_name(net, c, name, sizeof name) < 0)
+            snprintf(name, sizeof name, "%d", c);
+        printf("  %3d ", c);
+        print_padded(name, 20);
+        if (n)
+            printf(" %7.2f%%  (%llu images)\n",
+                   100.0 * (double)r->confusion[(size_t)c * C + c] / (double)n,
+                   (unsigned long long)n);
+        else
+            printf("       -  (no images)\n");
+    }
+    printf("\nconfusion matrix (rows: true class, columns: predicted):\n      ");
+    for (int p = 0; p < C; p++) printf(" %6d", p);
+    printf("\n");
+    for (int c = 0; c < C; c++) {
+        printf("  %3d ", c);
+        for (int p = 0; p < C; p++)
+            printf(" %6llu", (unsigned long long)r->confusion[(size_t)c * C + p]);
+        printf("\n");
+    }
+    fflush(stdout);
+    tool_bad_print("dstrain eval", "", bad, r->skipped, 1, ev.bad_list);
+}
+
 static int cmd_eval(int argc, char **argv) {
     memset(&ev, 0, sizeof ev);
     ev.batch = 128;
@@ -2064,79 +2188,12 @@ static int cmd_eval(int argc, char **argv) {
         goto out;
     }
     for (uint64_t i = 0; i < r.bad_samples; i++) tool_bad_add(&bad, &r.bad[i]);
-    int C = r.classes;
-    char name[256], shown[4096];
+    char shown[4096];
     tool_shown(ev.data, shown, sizeof shown);
-    if (ev.json) {
-        printf("{\"model\": ");
-        tool_json_string(stdout, ev.model);
-        printf(", \"data\": ");
-        tool_json_string(stdout, shown);
-        char b1[32], b2[32];
-        printf(", \"images\": %llu, \"correct\": %llu, \"accuracy\": %s, \"loss\": %s, "
-               "\"seconds\": %.3f, \"images_per_s\": %.1f, \"classes\": [",
-               (unsigned long long)r.images, (unsigned long long)r.correct, jnum(b1, r.accuracy),
-               jnum(b2, r.loss), r.seconds, r.images_per_s);
-        for (int c = 0; c < C; c++) {
-            if (dsrt_net_class_name(net, c, name, sizeof name) < 0)
-                snprintf(name, sizeof name, "%d", c);
-            printf(c ? ", " : "");
-            tool_json_string(stdout, name);
-        }
-        printf("], \"per_class\": [");
-        for (int c = 0; c < C; c++) {
-            uint64_t n = 0;
-            for (int p = 0; p < C; p++) n += r.confusion[(size_t)c * C + p];
-            if (n)
-                printf("%s%.6g", c ? ", " : "", (double)r.confusion[(size_t)c * C + c] / (double)n);
-            else
-                printf("%snull", c ? ", " : "");
-        }
-        printf("], \"confusion\": [");
-        for (int c = 0; c < C; c++) {
-            printf("%s[", c ? ", " : "");
-            for (int p = 0; p < C; p++)
-                printf("%s%llu", p ? ", " : "", (unsigned long long)r.confusion[(size_t)c * C + p]);
-            printf("]");
-        }
-        printf("]");
-        tool_bad_json(stdout, "", &bad, r.skipped);
-        printf("}\n");
-    } else {
-        printf("%s on %s: accuracy %.2f%% (%llu of %llu), loss %.4f, %.0f images/s\n", ev.model,
-               shown, 100 * r.accuracy, (unsigned long long)r.correct, (unsigned long long)r.images,
-               r.loss, r.images_per_s);
-        if (r.bad_samples)
-            printf("%llu image%s could not be read and %s left out (see stderr)\n",
-                   (unsigned long long)r.bad_samples, r.bad_samples == 1 ? "" : "s",
-                   r.bad_samples == 1 ? "is" : "are");
-        printf("\nper class:\n");
-        for (int c = 0; c < C; c++) {
-            uint64_t n = 0;
-            for (int p = 0; p < C; p++) n += r.confusion[(size_t)c * C + p];
-            if (dsrt_net_class_name(net, c, name, sizeof name) < 0)
-                snprintf(name, sizeof name, "%d", c);
-            printf("  %3d ", c);
-            print_padded(name, 20);
-            if (n)
-                printf(" %7.2f%%  (%llu images)\n",
-                       100.0 * (double)r.confusion[(size_t)c * C + c] / (double)n,
-                       (unsigned long long)n);
-            else
-                printf("       -  (no images)\n");
-        }
-        printf("\nconfusion matrix (rows: true class, columns: predicted):\n      ");
-        for (int p = 0; p < C; p++) printf(" %6d", p);
-        printf("\n");
-        for (int c = 0; c < C; c++) {
-            printf("  %3d ", c);
-            for (int p = 0; p < C; p++)
-                printf(" %6llu", (unsigned long long)r.confusion[(size_t)c * C + p]);
-            printf("\n");
-        }
-        fflush(stdout);
-        tool_bad_print("dstrain eval", "", &bad, r.skipped, 1, ev.bad_list);
-    }
+    if (ev.json)
+        eval_print_json(net, &r, &bad, shown);
+    else
+        eval_print_text(net, &r, &bad, shown);
     status = 0;
 out:
     if (bad.out && (bad.write_failed | ferror(bad.out) | fclose(bad.out))) {
@@ -2460,6 +2517,133 @@ static double allreduce_s(double n, int p, double bw_nv, double bw_ib, double a_
     return t;
 }
 
+/* What cmd_scale measured and predicts. */
+typedef struct {
+    int nb, mb, threads, ngpus;
+    size_t grad_bytes;
+    double meas_f, meas_b, compute, f, b_end;
+    double tflops, nv, ib, a_nv, a_ib, bucket, first;
+    int gpus[32];
+    double step[32], eff[32], exposed[32], comm[32]; /* (ngpus) */
+    const double *ready; /* (nb) the measured step's buckets, s into backward */
+    const dsrt_net_info *info;
+} scale_report;
+
+static void scale_print_json(const scale_report *r) {
+    printf("{\"net\": ");
+    tool_json_string(stdout, sc.net);
+    printf(", \"batch_per_gpu\": %d, \"gradient_bytes\": %zu, \"buckets\": %d, "
+           "\"measured_forward_s\": %.6f, \"measured_backward_s\": %.6f, "
+           "\"measure_batch\": %d, \"gpu_compute_s\": %.6f, \"tflops\": %g, "
+           "\"nvlink_gbs\": %g, \"ib_gbs\": %g, \"alpha_nvlink_us\": %g, \"alpha_ib_us\": %g, "
+           "\"predictions\": [",
+           sc.batch, r->grad_bytes, r->nb, r->meas_f, r->meas_b, r->mb, r->compute, r->tflops,
+           r->nv, r->ib, r->a_nv, r->a_ib);
+    for (int i = 0; i < r->ngpus; i++)
+        printf("%s{\"gpus\": %d, \"step_s\": %.6f, \"allreduce_s\": %.6f, \"exposed_s\": %.6f, "
+               "\"efficiency\": %.4f, \"images_per_s\": %.0f}",
+               i ? ", " : "", r->gpus[i], r->step[i], r->comm[i], r->exposed[i], r->eff[i],
+               r->gpus[i] * sc.batch / r->step[i]);
+    printf("]}\n");
+}
+
+static void scale_print_text(const scale_report *r) {
+    printf("Scaling estimate for %s (%zu parameters, %.1f MB of float32 gradients in %d "
+           "buckets: %g MiB first, then %g MiB)\n\n",
+           sc.net, r->info->learnable, r->grad_bytes / 1e6, r->nb, r->first, r->bucket);
+    printf("Measured here (%d images a step, %d threads, CPU): forward %.3f s, backward "
+           "%.3f s; buckets ready at (share of backward):",
+           r->mb, r->threads, r->meas_f, r->meas_b);
+    for (int b = 0; b < r->nb; b++) printf(" %.2f", r->meas_b > 0 ? r->ready[b] / r->meas_b : 0);
+    printf("\n");
+    printf("Assumed: one GPU computes %d images a step at %g TFLOP/s sustained on %.2f GFLOP "
+           "an image: %.1f ms a step, backward from %.1f ms to %.1f ms; nodes of 8 GPUs, "
+           "NVLink %g GB/s (%g us a step), InfiniBand %g GB/s a GPU (%g us a step); "
+           "buckets reduced one after another; optimizer and input left out.\n\n",
+           sc.batch, r->tflops, r->info->train_flops / 1e9, r->compute * 1e3, r->f * 1e3,
+           r->b_end * 1e3, r->nv, r->a_nv, r->ib, r->a_ib);
+    printf("  GPUs   step (ms)   all-reduce (ms)   exposed (ms)   efficiency   images/s\n");
+    for (int i = 0; i < r->ngpus; i++)
+        printf("  %4d   %9.2f   %15.2f   %12.2f   %9.1f%%   %8.0f\n", r->gpus[i], r->step[i] * 1e3,
+               r->comm[i] * 1e3, r->exposed[i] * 1e3, 100 * r->eff[i],
+               r->gpus[i] * sc.batch / r->step[i]);
+    printf("\nFor comparison: Horovod reported about 90%% scaling efficiency on 512 GPUs "
+           "(Inception V3, ResNet-101); TensorFlow's AlexNet scaled 75%% on 8 P100s.\n");
+}
+
+/* The --gpus list (at most 32 counts) into gpus; -1 when malformed. */
+static int scale_gpus(const char *list, int *gpus) {
+    int n = 0;
+    for (const char *p = list; *p && n < 32;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 1 << 20 || (*end && *end != ',')) {
+            fprintf(stderr, "%s scale: --gpus: '%s': expected counts like 8,64,512\n", prog, list);
+            return -1;
+        }
+        gpus[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+/* Runs a step to warm up, then sc.steps timed ones, keeping each step's
+ * forward and backward seconds and when its buckets were ready (keep, nb a
+ * step). Returns the step with the median backward, or -1 on a failure. */
+static int scale_measure(dsrt_net *net, const float *x, const int32_t *y, int mb,
+                         scale_timeline *tl, double *keep, double *fwd, double *bwd) {
+    int nb = tl->n;
+    for (int k = -1; k < sc.steps; k++) {
+        double t0 = now();
+        int frc = dsrt_net_forward_backward(net, x, y, mb, NULL, NULL);
+        if (frc != 0 && frc != DSRT_ENAN) { /* random data may overflow: the timing holds */
+            fprintf(stderr, "%s scale: %s\n", prog, dsrt_last_error());
+            return -1;
+        }
+        if (k < 0) continue;
+        fwd[k] = tl->bwd_start - t0;
+        bwd[k] = tl->bwd_end - tl->bwd_start;
+        for (int b = 0; b < nb; b++) keep[(size_t)k * nb + b] = tl->ready[b] - tl->bwd_start;
+    }
+    int med = 0;
+    for (int k = 0; k < sc.steps; k++) {
+        int below = 0;
+        for (int j = 0; j < sc.steps; j++) below += bwd[j] < bwd[k];
+        if (below == sc.steps / 2) med = k;
+    }
+    return med;
+}
+
+/* The prediction for each GPU count of r, from the measured step (forward
+ * meas_f, backward meas_b seconds) scaled to one GPU: the net's arithmetic
+ * at r->tflops. */
+static void scale_predict(scale_report *r, const dsrt_range *ranges, double meas_f, double meas_b) {
+    int nb = r->nb;
+    r->meas_f = meas_f;
+    r->meas_b = meas_b;
+    r->compute = r->info->train_flops * sc.batch / (r->tflops * 1e12);
+    double scale = r->compute / (meas_f + meas_b);
+    r->f = meas_f * scale;
+    r->b_end = r->f + meas_b * scale;
+    double bw_nv = r->nv * 1e9, bw_ib = r->ib * 1e9;
+    r->grad_bytes = 0;
+    for (int b = 0; b < nb; b++) r->grad_bytes += ranges[b].count * sizeof(float);
+    for (int i = 0; i < r->ngpus; i++) {
+        double done = 0, total = 0;
+        for (int b = 0; b < nb; b++) {
+            double ready = r->f + r->ready[b] * scale;
+            double t = allreduce_s((double)ranges[b].count * sizeof(float), r->gpus[i], bw_nv,
+                                   bw_ib, r->a_nv * 1e-6, r->a_ib * 1e-6);
+            done = (done > ready ? done : ready) + t;
+            total += t;
+        }
+        r->exposed[i] = done > r->b_end ? done - r->b_end : 0;
+        r->comm[i] = total;
+        r->step[i] = r->compute + r->exposed[i];
+        r->eff[i] = r->compute / r->step[i];
+    }
+}
+
 static int cmd_scale(int argc, char **argv) {
     memset(&sc, 0, sizeof sc);
     sc.net = "alexnet";
@@ -2467,27 +2651,17 @@ static int cmd_scale(int argc, char **argv) {
     sc.steps = 2;
     int rc = parse_options("scale", argc, argv, SCALE_OPTIONS, scale_usage);
     if (rc) return rc > 0 ? 0 : 2;
-    double tflops = 40, nv = 450, ib = 50, a_nv = 5, a_ib = 10, bucket = 25, first = 1;
-    if (parse_double("scale", "tflops", sc.tflops, 1e-3, 1e6, &tflops) ||
-        parse_double("scale", "nvlink", sc.nvlink, 1e-3, 1e6, &nv) ||
-        parse_double("scale", "ib", sc.ib, 1e-3, 1e6, &ib) ||
-        parse_double("scale", "alpha-nvlink", sc.alpha_nvlink, 0, 1e6, &a_nv) ||
-        parse_double("scale", "alpha-ib", sc.alpha_ib, 0, 1e6, &a_ib) ||
-        parse_double("scale", "bucket-size", sc.bucket, 1.0 / 1024, 4096, &bucket) ||
-        parse_double("scale", "first-bucket-size", sc.first, 1.0 / 1024, 4096, &first))
+    scale_report r = {
+        .tflops = 40, .nv = 450, .ib = 50, .a_nv = 5, .a_ib = 10, .bucket = 25, .first = 1};
+    if (parse_double("scale", "tflops", sc.tflops, 1e-3, 1e6, &r.tflops) ||
+        parse_double("scale", "nvlink", sc.nvlink, 1e-3, 1e6, &r.nv) ||
+        parse_double("scale", "ib", sc.ib, 1e-3, 1e6, &r.ib) ||
+        parse_double("scale", "alpha-nvlink", sc.alpha_nvlink, 0, 1e6, &r.a_nv) ||
+        parse_double("scale", "alpha-ib", sc.alpha_ib, 0, 1e6, &r.a_ib) ||
+        parse_double("scale", "bucket-size", sc.bucket, 1.0 / 1024, 4096, &r.bucket) ||
+        parse_double("scale", "first-bucket-size", sc.first, 1.0 / 1024, 4096, &r.first))
         return 2;
-    int gpus[32], ngpus = 0;
-    const char *list = sc.gpus ? sc.gpus : "8,64,512";
-    for (const char *p = list; *p && ngpus < 32;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 1 << 20 || (*end && *end != ',')) {
-            fprintf(stderr, "%s scale: --gpus: '%s': expected counts like 8,64,512\n", prog, list);
-            return 2;
-        }
-        gpus[ngpus++] = (int)v;
-        p = *end ? end + 1 : end;
-    }
+    if ((r.ngpus = scale_gpus(sc.gpus ? sc.gpus : "8,64,512", r.gpus)) < 0) return 2;
     int builtin = dsrt_net_builtin(sc.net, NULL) != NULL;
     int is_alexnet = !strcmp(sc.net, "alexnet");
     char *text = NULL;
@@ -2500,7 +2674,7 @@ static int cmd_scale(int argc, char **argv) {
         }
     }
     int classes = sc.classes ? sc.classes : is_alexnet ? 1000 : 10;
-    int mb = sc.measure_batch ? sc.measure_batch : is_alexnet ? 8 : 64;
+    int mb = r.mb = sc.measure_batch ? sc.measure_batch : is_alexnet ? 8 : 64;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     dsrt_net_options no = dsrt_net_defaults();
     no.threads = sc.threads ? sc.threads : (int)(ncpu > 0 ? ncpu : 1);
@@ -2518,8 +2692,8 @@ static int cmd_scale(int argc, char **argv) {
     }
     dsrt_net_info info;
     dsrt_net_get_info(net, &info);
-    size_t first_b = (size_t)(first * (1 << 20)), min_b = (size_t)(bucket * (1 << 20));
-    int nb = dsrt_net_buckets_sized(net, first_b, min_b, NULL, 0);
+    size_t first_b = (size_t)(r.first * (1 << 20)), min_b = (size_t)(r.bucket * (1 << 20));
+    int nb = r.nb = dsrt_net_buckets_sized(net, first_b, min_b, NULL, 0);
     size_t per = (size_t)info.channels * info.height * info.width;
     ranges = calloc((size_t)nb + 1, sizeof *ranges);
     tl.ready = calloc((size_t)nb + 1, sizeof *tl.ready);
@@ -2547,87 +2721,19 @@ static int cmd_scale(int argc, char **argv) {
     /* The timeline of the step with the median backward. */
     double *keep = calloc((size_t)nb * (size_t)sc.steps + 1, sizeof *keep);
     if (!keep) goto out;
-    for (int k = -1; k < sc.steps; k++) {
-        double t0 = now();
-        int frc = dsrt_net_forward_backward(net, x, y, mb, NULL, NULL);
-        if (frc != 0 && frc != DSRT_ENAN) { /* random data may overflow: the timing holds */
-            fprintf(stderr, "%s scale: %s\n", prog, dsrt_last_error());
-            free(keep);
-            goto out;
-        }
-        if (k < 0) continue;
-        fwd[k] = tl.bwd_start - t0;
-        bwd[k] = tl.bwd_end - tl.bwd_start;
-        for (int b = 0; b < nb; b++) keep[(size_t)k * nb + b] = tl.ready[b] - tl.bwd_start;
+    int med = scale_measure(net, x, y, mb, &tl, keep, fwd, bwd);
+    if (med < 0) {
+        free(keep);
+        goto out;
     }
-    int med = 0;
-    for (int k = 0; k < sc.steps; k++) {
-        int below = 0;
-        for (int j = 0; j < sc.steps; j++) below += bwd[j] < bwd[k];
-        if (below == sc.steps / 2) med = k;
-    }
-    double meas_f = fwd[med], meas_b = bwd[med];
-    /* Scaled to one GPU: the net's arithmetic at tflops. */
-    double compute = info.train_flops * sc.batch / (tflops * 1e12);
-    double scale = compute / (meas_f + meas_b);
-    double f = meas_f * scale, b_end = f + meas_b * scale;
-    double bw_nv = nv * 1e9, bw_ib = ib * 1e9;
-    size_t grad_bytes = 0;
-    for (int b = 0; b < nb; b++) grad_bytes += ranges[b].count * sizeof(float);
-
-    double step[32], eff[32], exposed[32], comm[32];
-    for (int i = 0; i < ngpus; i++) {
-        double done = 0, total = 0;
-        for (int b = 0; b < nb; b++) {
-            double ready = f + keep[(size_t)med * nb + b] * scale;
-            double t = allreduce_s((double)ranges[b].count * sizeof(float), gpus[i], bw_nv, bw_ib,
-                                   a_nv * 1e-6, a_ib * 1e-6);
-            done = (done > ready ? done : ready) + t;
-            total += t;
-        }
-        exposed[i] = done > b_end ? done - b_end : 0;
-        comm[i] = total;
-        step[i] = compute + exposed[i];
-        eff[i] = compute / step[i];
-    }
-    if (sc.json) {
-        printf("{\"net\": ");
-        tool_json_string(stdout, sc.net);
-        printf(", \"batch_per_gpu\": %d, \"gradient_bytes\": %zu, \"buckets\": %d, "
-               "\"measured_forward_s\": %.6f, \"measured_backward_s\": %.6f, "
-               "\"measure_batch\": %d, \"gpu_compute_s\": %.6f, \"tflops\": %g, "
-               "\"nvlink_gbs\": %g, \"ib_gbs\": %g, \"alpha_nvlink_us\": %g, \"alpha_ib_us\": %g, "
-               "\"predictions\": [",
-               sc.batch, grad_bytes, nb, meas_f, meas_b, mb, compute, tflops, nv, ib, a_nv, a_ib);
-        for (int i = 0; i < ngpus; i++)
-            printf("%s{\"gpus\": %d, \"step_s\": %.6f, \"allreduce_s\": %.6f, \"exposed_s\": %.6f, "
-                   "\"efficiency\": %.4f, \"images_per_s\": %.0f}",
-                   i ? ", " : "", gpus[i], step[i], comm[i], exposed[i], eff[i],
-                   gpus[i] * sc.batch / step[i]);
-        printf("]}\n");
-    } else {
-        printf("Scaling estimate for %s (%zu parameters, %.1f MB of float32 gradients in %d "
-               "buckets: %g MiB first, then %g MiB)\n\n",
-               sc.net, info.learnable, grad_bytes / 1e6, nb, first, bucket);
-        printf("Measured here (%d images a step, %d threads, CPU): forward %.3f s, backward "
-               "%.3f s; buckets ready at (share of backward):",
-               mb, no.threads, meas_f, meas_b);
-        for (int b = 0; b < nb; b++)
-            printf(" %.2f", meas_b > 0 ? keep[(size_t)med * nb + b] / meas_b : 0);
-        printf("\n");
-        printf("Assumed: one GPU computes %d images a step at %g TFLOP/s sustained on %.2f GFLOP "
-               "an image: %.1f ms a step, backward from %.1f ms to %.1f ms; nodes of 8 GPUs, "
-               "NVLink %g GB/s (%g us a step), InfiniBand %g GB/s a GPU (%g us a step); "
-               "buckets reduced one after another; optimizer and input left out.\n\n",
-               sc.batch, tflops, info.train_flops / 1e9, compute * 1e3, f * 1e3, b_end * 1e3, nv,
-               a_nv, ib, a_ib);
-        printf("  GPUs   step (ms)   all-reduce (ms)   exposed (ms)   efficiency   images/s\n");
-        for (int i = 0; i < ngpus; i++)
-            printf("  %4d   %9.2f   %15.2f   %12.2f   %9.1f%%   %8.0f\n", gpus[i], step[i] * 1e3,
-                   comm[i] * 1e3, exposed[i] * 1e3, 100 * eff[i], gpus[i] * sc.batch / step[i]);
-        printf("\nFor comparison: Horovod reported about 90%% scaling efficiency on 512 GPUs "
-               "(Inception V3, ResNet-101); TensorFlow's AlexNet scaled 75%% on 8 P100s.\n");
-    }
+    r.threads = no.threads;
+    r.info = &info;
+    r.ready = keep + (size_t)med * nb;
+    scale_predict(&r, ranges, fwd[med], bwd[med]);
+    if (sc.json)
+        scale_print_json(&r);
+    else
+        scale_print_text(&r);
     free(keep);
     status = 0;
 out:

@@ -117,94 +117,83 @@ static int set_endpoint(dsrt_s3_config *c, const char *url, const char *from) {
     return 0;
 }
 
-int dsrt__s3_config_load(dsrt_s3_config *c) {
-    memset(c, 0, sizeof *c);
-    char cred_path[1024], conf_path[1024], v[1024];
-    const char *profile = getenv("AWS_PROFILE");
-    if (!profile || !*profile) profile = getenv("AWS_DEFAULT_PROFILE");
-    int named = profile && *profile;
-    if (!named) profile = "default";
-    char *creds =
-        aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials", cred_path, sizeof cred_path);
-    char *conf = aws_file("AWS_CONFIG_FILE", "config", conf_path, sizeof conf_path);
+/* The AWS files and the profile a configuration is read from. */
+typedef struct {
+    const char *profile;
+    int named; /* the profile was named (AWS_PROFILE), not "default" */
+    char cred_path[1024], conf_path[1024];
+    char *creds, *conf; /* the files' text, or NULL */
     char conf_section[160];
-    if (strcmp(profile, "default") == 0)
-        snprintf(conf_section, sizeof conf_section, "default");
-    else
-        snprintf(conf_section, sizeof conf_section, "profile %s", profile);
-    int rc = 0, in_creds = 0, in_conf = 0;
+} aws_files;
 
-    /* Credentials. */
+/* Credentials: the environment's, else the profile's in the credentials
+ * file, else in the config file. */
+static int load_credentials(dsrt_s3_config *c, aws_files *a) {
+    char v[1024];
+    int in_creds = 0, in_conf = 0;
     const char *ek = getenv("AWS_ACCESS_KEY_ID"), *es = getenv("AWS_SECRET_ACCESS_KEY");
     if ((ek && *ek) || (es && *es)) {
-        if (!(ek && *ek) || !(es && *es)) {
-            rc = dsrt__fail(DSRT_EOPTION, "s3: %s is set but %s is not",
-                            ek && *ek ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
-                            ek && *ek ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
-            goto out;
-        }
+        if (!(ek && *ek) || !(es && *es))
+            return dsrt__fail(DSRT_EOPTION, "s3: %s is set but %s is not",
+                              ek && *ek ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
+                              ek && *ek ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
         snprintf(c->key, sizeof c->key, "%s", ek);
         snprintf(c->secret, sizeof c->secret, "%s", es);
         const char *t = getenv("AWS_SESSION_TOKEN");
-        if (t && *t && !(c->token = dsrt__strdup(t))) goto nomem;
+        if (t && *t && !(c->token = dsrt__strdup(t))) return -ENOMEM;
         snprintf(c->source, sizeof c->source, "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
-    } else {
-        const char *files[2] = {creds, conf};
-        const char *sections[2] = {profile, conf_section};
-        const char *paths[2] = {cred_path, conf_path};
-        int *found[2] = {&in_creds, &in_conf};
-        for (int f = 0; f < 2 && !c->key[0]; f++) {
-            if (!files[f]) continue;
-            int have_key = dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_access_key_id",
-                                             c->key, sizeof c->key, found[f]);
-            int have_secret =
-                dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_secret_access_key", c->secret,
-                                  sizeof c->secret, NULL);
-            if (have_key != have_secret) {
-                rc = dsrt__fail(DSRT_EOPTION, "s3: %s: profile [%s] has %s but not %s", paths[f],
-                                sections[f],
-                                have_key ? "aws_access_key_id" : "aws_secret_access_key",
-                                have_key ? "aws_secret_access_key" : "aws_access_key_id");
-                goto out;
-            }
-            if (have_key) {
-                if (dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_session_token", v, sizeof v,
-                                      NULL) &&
-                    !(c->token = dsrt__strdup(v)))
-                    goto nomem;
-                snprintf(c->source, sizeof c->source, "%.60s profile %.30s",
-                         f == 0 ? "the credentials file" : "the config file", profile);
-            }
-        }
-        if (conf && !in_conf)
-            dsrt__aws_ini_get(conf, conf_section, NULL, "region", v, sizeof v, &in_conf);
-        if (named && !in_creds && !in_conf) {
-            rc = dsrt__fail(DSRT_EOPTION,
-                            "s3: AWS_PROFILE names profile \"%s\", which is in neither %s nor %s",
-                            profile, creds ? cred_path : "~/.aws/credentials",
-                            conf ? conf_path : "~/.aws/config");
-            goto out;
+        return 0;
+    }
+    const char *files[2] = {a->creds, a->conf};
+    const char *sections[2] = {a->profile, a->conf_section};
+    const char *paths[2] = {a->cred_path, a->conf_path};
+    int *found[2] = {&in_creds, &in_conf};
+    for (int f = 0; f < 2 && !c->key[0]; f++) {
+        if (!files[f]) continue;
+        int have_key = dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_access_key_id", c->key,
+                                         sizeof c->key, found[f]);
+        int have_secret = dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_secret_access_key",
+                                            c->secret, sizeof c->secret, NULL);
+        if (have_key != have_secret)
+            return dsrt__fail(DSRT_EOPTION, "s3: %s: profile [%s] has %s but not %s", paths[f],
+                              sections[f], have_key ? "aws_access_key_id" : "aws_secret_access_key",
+                              have_key ? "aws_secret_access_key" : "aws_access_key_id");
+        if (have_key) {
+            if (dsrt__aws_ini_get(files[f], sections[f], NULL, "aws_session_token", v, sizeof v,
+                                  NULL) &&
+                !(c->token = dsrt__strdup(v)))
+                return -ENOMEM;
+            snprintf(c->source, sizeof c->source, "%.60s profile %.30s",
+                     f == 0 ? "the credentials file" : "the config file", a->profile);
         }
     }
-    c->anonymous = !c->key[0] || env_true("AWS_NO_SIGN_REQUEST");
-    if (!c->key[0]) snprintf(c->source, sizeof c->source, "no credentials (anonymous requests)");
+    if (a->conf && !in_conf)
+        dsrt__aws_ini_get(a->conf, a->conf_section, NULL, "region", v, sizeof v, &in_conf);
+    if (a->named && !in_creds && !in_conf)
+        return dsrt__fail(DSRT_EOPTION,
+                          "s3: AWS_PROFILE names profile \"%s\", which is in neither %s nor %s",
+                          a->profile, a->creds ? a->cred_path : "~/.aws/credentials",
+                          a->conf ? a->conf_path : "~/.aws/config");
+    return 0;
+}
 
-    /* Region. */
+/* Region, endpoint and addressing. */
+static int load_place(dsrt_s3_config *c, aws_files *a) {
+    char v[1024];
+    int rc;
     const char *r = getenv("AWS_REGION");
     if (!r || !*r) r = getenv("AWS_DEFAULT_REGION");
     if (r && *r)
         snprintf(c->region, sizeof c->region, "%s", r);
-    else if (conf && dsrt__aws_ini_get(conf, conf_section, NULL, "region", v, sizeof v, NULL))
+    else if (a->conf &&
+             dsrt__aws_ini_get(a->conf, a->conf_section, NULL, "region", v, sizeof v, NULL))
         snprintf(c->region, sizeof c->region, "%.63s", v);
     else
         snprintf(c->region, sizeof c->region, "us-east-1");
     for (const char *q = c->region; *q; q++)
-        if (!isalnum((unsigned char)*q) && *q != '-') {
-            rc = dsrt__fail(DSRT_EOPTION, "s3: region \"%s\" is not a region name", c->region);
-            goto out;
-        }
+        if (!isalnum((unsigned char)*q) && *q != '-')
+            return dsrt__fail(DSRT_EOPTION, "s3: region \"%s\" is not a region name", c->region);
 
-    /* Endpoint. */
     const char *ep = getenv("AWS_ENDPOINT_URL_S3");
     const char *from = "AWS_ENDPOINT_URL_S3";
     if (!ep || !*ep) {
@@ -212,22 +201,22 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
         from = "AWS_ENDPOINT_URL";
     }
     if (ep && *ep) {
-        if ((rc = set_endpoint(c, ep, from)) != 0) goto out;
-    } else if (conf &&
-               (dsrt__aws_ini_get(conf, conf_section, "s3", "endpoint_url", v, sizeof v, NULL) ||
-                dsrt__aws_ini_get(conf, conf_section, NULL, "endpoint_url", v, sizeof v, NULL))) {
-        if ((rc = set_endpoint(c, v, conf_path)) != 0) goto out;
+        if ((rc = set_endpoint(c, ep, from)) != 0) return rc;
+    } else if (a->conf && (dsrt__aws_ini_get(a->conf, a->conf_section, "s3", "endpoint_url", v,
+                                             sizeof v, NULL) ||
+                           dsrt__aws_ini_get(a->conf, a->conf_section, NULL, "endpoint_url", v,
+                                             sizeof v, NULL))) {
+        if ((rc = set_endpoint(c, v, a->conf_path)) != 0) return rc;
     } else {
         snprintf(c->scheme, sizeof c->scheme, "https");
         snprintf(c->host, sizeof c->host, "s3.%s.amazonaws.com", c->region);
     }
 
-    /* Addressing. */
-    const char *a = getenv("DSRT_S3_ADDRESSING");
-    if (!(a && *a) && conf &&
-        dsrt__aws_ini_get(conf, conf_section, "s3", "addressing_style", v, sizeof v, NULL))
-        a = v;
-    if (a && *a) {
+    const char *style = getenv("DSRT_S3_ADDRESSING");
+    if (!(style && *style) && a->conf &&
+        dsrt__aws_ini_get(a->conf, a->conf_section, "s3", "addressing_style", v, sizeof v, NULL))
+        style = v;
+    if (style && *style) {
         static const struct {
             const char *name;
             dsrt_s3_addressing value;
@@ -235,20 +224,37 @@ int dsrt__s3_config_load(dsrt_s3_config *c) {
                       {"path", DSRT_S3_ADDR_PATH},
                       {"virtual", DSRT_S3_ADDR_VIRTUAL}};
         size_t k = 0;
-        while (k < DSRT_ARRAY_SIZE(styles) && strcasecmp(a, styles[k].name) != 0) k++;
-        if (k == DSRT_ARRAY_SIZE(styles)) {
-            rc = dsrt__fail(DSRT_EOPTION, "s3: addressing style \"%s\": not auto, path or virtual",
-                            a);
-            goto out;
-        }
+        while (k < DSRT_ARRAY_SIZE(styles) && strcasecmp(style, styles[k].name) != 0) k++;
+        if (k == DSRT_ARRAY_SIZE(styles))
+            return dsrt__fail(DSRT_EOPTION,
+                              "s3: addressing style \"%s\": not auto, path or virtual", style);
         c->addressing = styles[k].value;
     }
-    goto out;
-nomem:
-    rc = -ENOMEM;
-out:
-    free(creds);
-    free(conf);
+    return 0;
+}
+
+int dsrt__s3_config_load(dsrt_s3_config *c) {
+    memset(c, 0, sizeof *c);
+    aws_files a = {.profile = getenv("AWS_PROFILE")};
+    if (!a.profile || !*a.profile) a.profile = getenv("AWS_DEFAULT_PROFILE");
+    a.named = a.profile && *a.profile;
+    if (!a.named) a.profile = "default";
+    a.creds =
+        aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials", a.cred_path, sizeof a.cred_path);
+    a.conf = aws_file("AWS_CONFIG_FILE", "config", a.conf_path, sizeof a.conf_path);
+    if (strcmp(a.profile, "default") == 0)
+        snprintf(a.conf_section, sizeof a.conf_section, "default");
+    else
+        snprintf(a.conf_section, sizeof a.conf_section, "profile %s", a.profile);
+    int rc = load_credentials(c, &a);
+    if (rc == 0) {
+        c->anonymous = !c->key[0] || env_true("AWS_NO_SIGN_REQUEST");
+        if (!c->key[0])
+            snprintf(c->source, sizeof c->source, "no credentials (anonymous requests)");
+        rc = load_place(c, &a);
+    }
+    free(a.creds);
+    free(a.conf);
     if (rc != 0) dsrt__s3_config_free(c);
     return rc;
 }

@@ -702,6 +702,209 @@ static int sample_bytes(const dsrt_datastore *ds, size_t i, uint8_t **data, size
     return rc ? dsrt__fail_prefix(rc, "shards") : 0;
 }
 
+/* One write of a set: what it made so far, so that a failure undoes it. */
+typedef struct {
+    const dsrt_datastore *ds;
+    dsrt_shard_write_options opt;
+    const char *out;
+    const char *const *names; /* the class names written */
+    out_state st;             /* what out held */
+    int width;                /* digits of a key's position */
+    dsrt_shard_index x;       /* the index, filled as samples are written */
+    strlist shard_names, members;
+    size_t nshards, cap_shards;
+    shard_file f;
+    char sname[64];   /* the staging folder's name in out */
+    char stage[4096]; /* its path, "" once gone */
+    char p[8192];     /* scratch for paths */
+    int made;         /* out was made by this write */
+    int recorded;     /* its record lists the staging folder */
+    int publishing;   /* files are being moved into out */
+    record during;    /* the record while writing */
+    record files;     /* the new set's files */
+} writing;
+
+/* Makes the hidden folder the set is written into, inside out: until the
+ * set is moved into place the set out held stays as it was. The record
+ * lists that folder before it is made, so that whatever happens, out
+ * holds nothing its record does not account for. */
+static int stage_open(writing *w) {
+    int rc;
+    if ((rc = make_dirs(w->out)) != 0) return rc;
+    w->made = !w->st.exists;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (unsigned k = 0;; k++) {
+        snprintf(w->sname, sizeof w->sname, STAGE_PREFIX "%ld-%lx-%u", (long)getpid(),
+                 (long)ts.tv_nsec, k);
+        snprintf(w->p, sizeof w->p, "%s/%s", w->out, w->sname);
+        if (access(w->p, F_OK) != 0) break;
+    }
+    for (size_t k = 0; rc == 0 && k < w->st.rec.names.n; k++)
+        rc = record_add(&w->during, w->st.rec.names.v[k], w->st.rec.sizes[k]);
+    if (rc == 0) rc = record_add(&w->during, w->sname, RECORD_FOLDER);
+    if (rc == 0) rc = record_write(w->out, &w->during);
+    if (rc != 0) return rc;
+    w->recorded = 1;
+    for (size_t k = 0; k < w->st.stale.n; k++) {
+        snprintf(w->p, sizeof w->p, "%s/%s", w->out, w->st.stale.v[k]);
+        if ((rc = remove_staged(w->p)) != 0) return rc;
+    }
+    snprintf(w->stage, sizeof w->stage, "%s/%s", w->out, w->sname);
+    if (mkdir(w->stage, 0700) != 0) {
+        rc = dsrt__fail(-errno, "shards: %s: %s", w->stage, strerror(errno));
+        w->stage[0] = '\0';
+        return rc;
+    }
+    return 0;
+}
+
+/* Starts the next shard. */
+static int shard_next(writing *w) {
+    char name[64];
+    snprintf(name, sizeof name, SHARD_NAME_FMT, w->nshards);
+    int rc = strlist_add(&w->shard_names, name, strlen(name));
+    if (rc == 0) rc = sf_open(&w->f, w->stage, name);
+    if (rc != 0) return rc;
+    void *v = w->x.shard_count;
+    if (dsrt__grow(&v, &w->cap_shards, w->nshards + 1, sizeof *w->x.shard_count) != 0)
+        return -ENOMEM;
+    w->x.shard_count = v;
+    uint64_t *sizes = dsrt__realloc(w->x.shard_size, w->cap_shards * sizeof *sizes);
+    if (!sizes) return -ENOMEM;
+    w->x.shard_size = sizes;
+    w->x.shard_count[w->nshards] = 0;
+    w->nshards++;
+    return 0;
+}
+
+/* Writes every sample, <key>.cls then <key>.jpg|png, into shards of at most
+ * shard_bytes (and shard_samples). */
+static int write_samples(writing *w) {
+    const dsrt_datastore *ds = w->ds;
+    const dsrt_index *ix = ds->index;
+    uint64_t in_shard = 0;
+    int rc = 0;
+    for (size_t i = 0; i < ds->n && rc == 0; i++) {
+        uint8_t *data;
+        size_t len;
+        int64_t mtime;
+        void *owned;
+        if ((rc = sample_bytes(ds, i, &data, &len, &mtime, &owned)) != 0) return rc;
+        const char *path = dsrt_datastore_path(ds, i);
+        char key[128], member[160], cls[16], ext[8];
+        make_key(key, sizeof key, i, w->width, ix->source == DSRT_SOURCE_SHARDS ? NULL : path);
+        image_ext(data, len, path, ext);
+        int32_t label = ix->labels[dsrt__pos(ds, i)];
+        int cl = snprintf(cls, sizeof cls, "%d", (int)label);
+        uint64_t need = 3 * DSRT_TAR_BLOCK + ((len + DSRT_TAR_BLOCK - 1) & ~(uint64_t)511);
+        if (w->f.fd >= 0 && (w->f.size + need + 2 * DSRT_TAR_BLOCK > w->opt.shard_bytes ||
+                             (w->opt.shard_samples && in_shard >= w->opt.shard_samples)))
+            rc = sf_close(&w->f);
+        if (rc == 0 && w->f.fd < 0 && (rc = shard_next(w)) == 0) in_shard = 0;
+        if (rc == 0) {
+            snprintf(member, sizeof member, "%s.cls", key);
+            rc = sf_member(&w->f, member, cls, (size_t)cl, mtime);
+            snprintf(member, sizeof member, "%s.%s", key, ext);
+            w->x.offset[i] = w->f.size + DSRT_TAR_BLOCK;
+            w->x.size[i] = len;
+            w->x.label[i] = label;
+        }
+        if (rc == 0) rc = sf_member(&w->f, member, data, len, mtime);
+        if (rc == 0) rc = strlist_add(&w->members, member, strlen(member));
+        free(owned);
+        if (rc == 0) {
+            w->x.shard_count[w->nshards - 1]++;
+            in_shard++;
+        }
+    }
+    if (rc == 0 && w->f.fd >= 0) rc = sf_close(&w->f);
+    return rc;
+}
+
+/* Writes classes.json and the index beside the staged shards, and the
+ * record of the old set and the new one while one replaces the other. */
+static int write_index(writing *w) {
+    int rc;
+    /* Sizes as they lie on disk. */
+    for (size_t k = 0; k < w->nshards; k++) {
+        struct stat sb;
+        snprintf(w->p, sizeof w->p, "%s/%s", w->stage, w->shard_names.v[k]);
+        if (stat(w->p, &sb) != 0)
+            return dsrt__fail(-errno, "shards: %s: %s", w->p, strerror(errno));
+        w->x.shard_size[k] = (uint64_t)sb.st_size;
+    }
+    const dsrt_index *ix = w->ds->index;
+    if ((rc = write_classes_json(w->stage, w->names, ix->num_classes)) != 0) return rc;
+    w->x.nshards = w->nshards;
+    w->x.n = w->ds->n;
+    w->x.nclasses = ix->num_classes;
+    w->x.shard_names = (const char **)w->shard_names.v;
+    w->x.member = (const char **)w->members.v;
+    w->x.classes = (const char **)w->names;
+    snprintf(w->p, sizeof w->p, "%s/" DSRT_SHARD_INDEX_NAME, w->stage);
+    if ((rc = dsrt__shard_index_write(w->p, &w->x)) != 0) return rc;
+    for (size_t k = 0; rc == 0 && k < w->nshards; k++)
+        rc = record_add(&w->files, w->shard_names.v[k], w->x.shard_size[k]);
+    static const char *const last[] = {DSRT_SHARD_CLASSES_NAME, DSRT_SHARD_INDEX_NAME};
+    for (size_t k = 0; rc == 0 && k < DSRT_ARRAY_SIZE(last); k++) {
+        struct stat sb;
+        snprintf(w->p, sizeof w->p, "%s/%s", w->stage, last[k]);
+        rc = stat(w->p, &sb) != 0 ? dsrt__fail(-errno, "shards: %s: %s", w->p, strerror(errno))
+                                  : record_add(&w->files, last[k], (uint64_t)sb.st_size);
+    }
+    for (size_t k = 0; rc == 0 && k < w->files.names.n; k++)
+        rc = record_add(&w->during, w->files.names.v[k], w->files.sizes[k]);
+    if (rc == 0) rc = record_write(w->out, &w->during);
+    return rc;
+}
+
+/* Moves the staged set into out; the record then lists the new one alone. */
+static int write_publish(writing *w) {
+    int rc;
+    w->publishing = 1;
+    if ((rc = publish(w->out, w->stage, &w->st, &w->files)) != 0) return rc;
+    if (rmdir(w->stage) == 0)
+        w->stage[0] = '\0';
+    else if ((rc = record_add(&w->files, w->sname, RECORD_FOLDER)) != 0)
+        return rc;
+    return record_write(w->out, &w->files);
+}
+
+/* After a failure: what was staged goes, and the record is as it was (none
+ * if there was none); a folder this write made goes too. A write that failed
+ * while moving files into out leaves the record of both sets. */
+static void write_undo(writing *w, int rc) {
+    if (!(w->stage[0] || w->recorded || w->made)) return;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+    if (w->stage[0] && remove_staged(w->stage) == 0) w->stage[0] = '\0';
+    if (w->recorded && !w->publishing && !w->stage[0]) {
+        snprintf(w->p, sizeof w->p, "%s/" RECORD_NAME, w->out);
+        if (w->st.recorded)
+            record_write(w->out, &w->st.rec);
+        else
+            unlink(w->p);
+    }
+    if (w->made) rmdir(w->out);
+    dsrt__fail(rc, "%s", msg);
+}
+
+static void writing_free(writing *w) {
+    if (w->f.fd >= 0) close(w->f.fd);
+    out_state_free(&w->st);
+    record_free(&w->during);
+    record_free(&w->files);
+    free(w->f.buf);
+    free(w->x.offset);
+    free(w->x.size);
+    free(w->x.label);
+    free(w->x.shard_count);
+    free(w->x.shard_size);
+    strlist_free(&w->shard_names);
+    strlist_free(&w->members);
+}
+
 int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
                           const dsrt_shard_write_options *o, uint64_t *written) {
     dsrt_shard_write_options opt = o ? *o : dsrt_shard_write_defaults();
@@ -717,191 +920,22 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     /* Everything is checked before anything is changed. */
     int rc = check_apart(ds, out);
     if (rc != 0) return rc;
-    out_state st;
-    if ((rc = out_inspect(out, &st)) != 0) return rc;
-
+    writing w = {.ds = ds, .opt = opt, .out = out, .names = names, .width = 6, .f = {.fd = -1}};
+    if ((rc = out_inspect(out, &w.st)) != 0) return rc;
     size_t n = ds->n;
-    int width = 6;
-    for (size_t m = n; m >= 1000000; m /= 10) width++;
-    dsrt_shard_index x = {0};
-    int64_t result;
-    strlist shard_names = {0}, members = {0};
-    size_t nshards = 0, cap_shards = 0;
-    shard_file f = {.fd = -1};
-    char stage[4096] = "", p[8192];
-    int made = 0;                     /* out was made by this write */
-    int recorded = 0;                 /* its record lists the staging folder */
-    int publishing = 0;               /* files are being moved into out */
-    record during = {0}, files = {0}; /* the record while writing; the new set's files */
-    f.buf = dsrt__malloc(WRITE_BUFFER);
-    x.offset = dsrt__malloc((n ? n : 1) * sizeof *x.offset);
-    x.size = dsrt__malloc((n ? n : 1) * sizeof *x.size);
-    x.label = dsrt__malloc((n ? n : 1) * sizeof *x.label);
-    result = -ENOMEM;
-    if (!f.buf || !x.offset || !x.size || !x.label) goto fail;
-
-    /* The set is written whole into a hidden folder inside out, then moved
-     * into place: until then the set out held stays as it was. The record
-     * lists that folder before it is made, so that whatever happens, out
-     * holds nothing its record does not account for. */
-    if ((rc = make_dirs(out)) != 0) goto fail;
-    made = !st.exists;
-    char sname[64];
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    for (unsigned k = 0;; k++) {
-        snprintf(sname, sizeof sname, STAGE_PREFIX "%ld-%lx-%u", (long)getpid(), (long)ts.tv_nsec,
-                 k);
-        snprintf(p, sizeof p, "%s/%s", out, sname);
-        if (access(p, F_OK) != 0) break;
-    }
-    for (size_t k = 0; rc == 0 && k < st.rec.names.n; k++)
-        rc = record_add(&during, st.rec.names.v[k], st.rec.sizes[k]);
-    if (rc == 0) rc = record_add(&during, sname, RECORD_FOLDER);
-    if (rc == 0) rc = record_write(out, &during);
-    if (rc != 0) goto fail;
-    recorded = 1;
-    for (size_t k = 0; k < st.stale.n; k++) {
-        snprintf(p, sizeof p, "%s/%s", out, st.stale.v[k]);
-        if ((rc = remove_staged(p)) != 0) goto fail;
-    }
-    snprintf(stage, sizeof stage, "%s/%s", out, sname);
-    if (mkdir(stage, 0700) != 0) {
-        rc = dsrt__fail(-errno, "shards: %s: %s", stage, strerror(errno));
-        stage[0] = '\0';
-        goto fail;
-    }
-
-    uint64_t in_shard = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t *data;
-        size_t len;
-        int64_t mtime;
-        void *owned;
-        if ((rc = sample_bytes(ds, i, &data, &len, &mtime, &owned)) != 0) goto fail;
-        const char *path = dsrt_datastore_path(ds, i);
-        char key[128], member[160], cls[16], ext[8];
-        make_key(key, sizeof key, i, width, ix->source == DSRT_SOURCE_SHARDS ? NULL : path);
-        image_ext(data, len, path, ext);
-        int32_t label = ix->labels[dsrt__pos(ds, i)];
-        int cl = snprintf(cls, sizeof cls, "%d", (int)label);
-        uint64_t need = 3 * DSRT_TAR_BLOCK + ((len + DSRT_TAR_BLOCK - 1) & ~(uint64_t)511);
-        if (f.fd >= 0 && (f.size + need + 2 * DSRT_TAR_BLOCK > opt.shard_bytes ||
-                          (opt.shard_samples && in_shard >= opt.shard_samples))) {
-            if ((rc = sf_close(&f)) != 0) goto fail_sample;
-        }
-        if (f.fd < 0) {
-            char name[64];
-            snprintf(name, sizeof name, SHARD_NAME_FMT, nshards);
-            if ((rc = strlist_add(&shard_names, name, strlen(name))) != 0) goto fail_sample;
-            if ((rc = sf_open(&f, stage, name)) != 0) goto fail_sample;
-            void *v = x.shard_count;
-            if (dsrt__grow(&v, &cap_shards, nshards + 1, sizeof *x.shard_count) != 0) {
-                rc = -ENOMEM;
-                goto fail_sample;
-            }
-            x.shard_count = v;
-            uint64_t *sizes = dsrt__realloc(x.shard_size, cap_shards * sizeof *sizes);
-            if (!sizes) {
-                rc = -ENOMEM;
-                goto fail_sample;
-            }
-            x.shard_size = sizes;
-            x.shard_count[nshards] = 0;
-            nshards++;
-            in_shard = 0;
-        }
-        snprintf(member, sizeof member, "%s.cls", key);
-        rc = sf_member(&f, member, cls, (size_t)cl, mtime);
-        snprintf(member, sizeof member, "%s.%s", key, ext);
-        x.offset[i] = f.size + DSRT_TAR_BLOCK;
-        x.size[i] = len;
-        x.label[i] = label;
-        if (rc == 0) rc = sf_member(&f, member, data, len, mtime);
-        if (rc == 0) rc = strlist_add(&members, member, strlen(member));
-        free(owned);
-        if (rc != 0) goto fail;
-        x.shard_count[nshards - 1]++;
-        in_shard++;
-        continue;
-    fail_sample:
-        free(owned);
-        goto fail;
-    }
-    if (f.fd >= 0 && (rc = sf_close(&f)) != 0) goto fail;
-    /* Sizes as they lie on disk. */
-    for (size_t k = 0; k < nshards; k++) {
-        struct stat sb;
-        snprintf(p, sizeof p, "%s/%s", stage, shard_names.v[k]);
-        if (stat(p, &sb) != 0) {
-            rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
-            goto fail;
-        }
-        x.shard_size[k] = (uint64_t)sb.st_size;
-    }
-    if ((rc = write_classes_json(stage, names, ix->num_classes)) != 0) goto fail;
-    x.nshards = nshards;
-    x.n = n;
-    x.nclasses = ix->num_classes;
-    x.shard_names = (const char **)shard_names.v;
-    x.member = (const char **)members.v;
-    x.classes = (const char **)names;
-    snprintf(p, sizeof p, "%s/" DSRT_SHARD_INDEX_NAME, stage);
-    if ((rc = dsrt__shard_index_write(p, &x)) != 0) goto fail;
-    /* The record lists the old set and the new one while one replaces the
-     * other, then the new one alone. */
-    for (size_t k = 0; rc == 0 && k < nshards; k++)
-        rc = record_add(&files, shard_names.v[k], x.shard_size[k]);
-    static const char *const last[] = {DSRT_SHARD_CLASSES_NAME, DSRT_SHARD_INDEX_NAME};
-    for (size_t k = 0; rc == 0 && k < DSRT_ARRAY_SIZE(last); k++) {
-        struct stat sb;
-        snprintf(p, sizeof p, "%s/%s", stage, last[k]);
-        rc = stat(p, &sb) != 0 ? dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno))
-                               : record_add(&files, last[k], (uint64_t)sb.st_size);
-    }
-    for (size_t k = 0; rc == 0 && k < files.names.n; k++)
-        rc = record_add(&during, files.names.v[k], files.sizes[k]);
-    if (rc == 0) rc = record_write(out, &during);
-    if (rc != 0) goto fail;
-    publishing = 1;
-    if ((rc = publish(out, stage, &st, &files)) != 0) goto fail;
-    if (rmdir(stage) == 0)
-        stage[0] = '\0';
-    else if ((rc = record_add(&files, sname, RECORD_FOLDER)) != 0)
-        goto fail;
-    if ((rc = record_write(out, &files)) != 0) goto fail;
-    if (written) *written = n;
-    result = (int64_t)nshards;
-fail:
-    if (rc != 0) result = rc;
-    if (f.fd >= 0) close(f.fd);
-    if (rc != 0 && (stage[0] || recorded || made)) {
-        /* What was staged goes, and the record is as it was (none if there
-         * was none); a folder this write made goes too. A write that failed
-         * while moving files into out leaves the record of both sets. */
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", dsrt_last_error());
-        if (stage[0] && remove_staged(stage) == 0) stage[0] = '\0';
-        if (recorded && !publishing && !stage[0]) {
-            snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
-            if (st.recorded)
-                record_write(out, &st.rec);
-            else
-                unlink(p);
-        }
-        if (made) rmdir(out);
-        dsrt__fail(rc, "%s", msg);
-    }
-    out_state_free(&st);
-    record_free(&during);
-    record_free(&files);
-    free(f.buf);
-    free(x.offset);
-    free(x.size);
-    free(x.label);
-    free(x.shard_count);
-    free(x.shard_size);
-    strlist_free(&shard_names);
-    strlist_free(&members);
+    for (size_t m = n; m >= 1000000; m /= 10) w.width++;
+    w.f.buf = dsrt__malloc(WRITE_BUFFER);
+    w.x.offset = dsrt__malloc((n ? n : 1) * sizeof *w.x.offset);
+    w.x.size = dsrt__malloc((n ? n : 1) * sizeof *w.x.size);
+    w.x.label = dsrt__malloc((n ? n : 1) * sizeof *w.x.label);
+    rc = !w.f.buf || !w.x.offset || !w.x.size || !w.x.label ? -ENOMEM : 0;
+    if (rc == 0) rc = stage_open(&w);
+    if (rc == 0) rc = write_samples(&w);
+    if (rc == 0) rc = write_index(&w);
+    if (rc == 0) rc = write_publish(&w);
+    if (rc != 0) write_undo(&w, rc);
+    if (rc == 0 && written) *written = n;
+    int64_t result = rc ? rc : (int64_t)w.nshards;
+    writing_free(&w);
     return result;
 }

@@ -1341,6 +1341,165 @@ static const name_value preset_names[] = {{"default", 0}, {"227", 227}, {"32", 3
 // ----------------------------------------------------------------------------
 // Pipeline
 
+/* The keywords of Pipeline(). */
+typedef struct {
+    PyObject *ds, *preset, *augment, *layout, *dtype, *batch, *prefetch, *workers, *cpus, *pin,
+        *drop_last, *shuffle, *seed, *epochs, *io, *depth, *direct, *max_pixels, *strict, *fail,
+        *drop_bad, *max_bad, *max_file, *chunk, *native, *native_px, *gpu, *remote_depth,
+        *max_conns, *deadline, *req_timeout;
+} pipeline_args;
+
+/* Augmentation: the preset, then the augment keywords, then layout and dtype. */
+static int pipeline_augment(const pipeline_args *pa, dsrt_augment_options *a) {
+    *a = dsrt_augment_defaults();
+    int v;
+    if (pa->preset != Py_None) {
+        if (get_enum(pa->preset, "preset", preset_names, &v) != 0) return -1;
+        if (v == 227) dsrt_augment_preset_227(a);
+        if (v == 32) dsrt_augment_preset_32(a);
+    }
+    int norm_given = 0;
+    if (pa->augment != Py_None) {
+        if (!PyDict_Check(pa->augment)) {
+            PyErr_Format(PyExc_TypeError, "augment: expected a dict, not %.100s",
+                         Py_TYPE(pa->augment)->tp_name);
+            return -1;
+        }
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(pa->augment, &pos, &key, &value))
+            if (augment_set(a, key, value) != 0) return -1;
+        norm_given = PyDict_GetItemString(pa->augment, "norm") != NULL;
+    }
+    dsrt_augment_layout lay = DSRT_AUGMENT_F32_NCHW, dt = DSRT_AUGMENT_F32_NCHW;
+    int by_layout = pa->layout != Py_None, by_dtype = pa->dtype != Py_None;
+    if (by_layout && get_layout(pa->layout, "layout", 0, &lay) != 0) return -1;
+    if (by_dtype && get_layout(pa->dtype, "dtype", 1, &dt) != 0) return -1;
+    if (by_layout && by_dtype && lay != dt) {
+        PyErr_Format(PyExc_ValueError,
+                     "layout %s with dtype %s: dsrt makes float32 NCHW or uint8 NHWC batches",
+                     dsrt_augment_layout_name(lay), dsrt_augment_layout_dtype(dt));
+        return -1;
+    }
+    if (!by_layout) lay = dt;
+    if ((by_layout || by_dtype) && lay == DSRT_AUGMENT_U8_NHWC) {
+        a->layout = DSRT_AUGMENT_U8_NHWC;
+        if (!norm_given) a->norm = DSRT_AUGMENT_NORM_NONE; /* uint8 takes no normalisation */
+    } else if (by_layout || by_dtype) {
+        a->layout = DSRT_AUGMENT_F32_NCHW;
+    }
+    int rc = dsrt_augment_check(a);
+    if (rc != 0) {
+        raise_code(rc, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+/* The pipeline keywords over dsrt_pipeline_defaults(). */
+static int pipeline_options(const pipeline_args *pa, dsrt_pipeline_options *o) {
+    *o = dsrt_pipeline_defaults();
+    int v;
+    uint64_t u;
+#define U64_OPT(obj, name, max, dst)                                                               \
+    if (obj) {                                                                                     \
+        if (get_u64(obj, name, max, &u) != 0) return -1;                                           \
+        dst = u;                                                                                   \
+    }
+#define BOOL_OPT(obj, name, dst)                                                                   \
+    if (obj && get_bool(obj, name, &dst) != 0) return -1;
+    U64_OPT(pa->batch, "batch", SIZE_MAX, o->batch);
+    U64_OPT(pa->prefetch, "prefetch", UINT32_MAX, o->prefetch);
+    U64_OPT(pa->workers, "workers", UINT32_MAX, o->threads);
+    if (get_str(pa->cpus, "cpus", &o->cpus) != 0) return -1;
+    BOOL_OPT(pa->pin, "pin", o->pin);
+    BOOL_OPT(pa->drop_last, "drop_last", o->drop_last);
+    if (pa->shuffle) {
+        if (PyBool_Check(pa->shuffle)) {
+            o->shuffle = pa->shuffle == Py_True ? DSRT_SHUFFLE_EVERY_EPOCH : DSRT_SHUFFLE_NEVER;
+        } else {
+            if (get_enum(pa->shuffle, "shuffle", shuffle_names, &v) != 0) return -1;
+            o->shuffle = (dsrt_shuffle)v;
+        }
+    }
+    U64_OPT(pa->seed, "seed", UINT64_MAX, o->seed);
+    U64_OPT(pa->epochs, "epochs", UINT64_MAX, o->epochs);
+    if (pa->io) {
+        if (get_enum(pa->io, "io", io_names, &v) != 0) return -1;
+        o->reader.io = (dsrt_io)v;
+    }
+    U64_OPT(pa->depth, "io_depth", UINT32_MAX, o->reader.depth);
+    BOOL_OPT(pa->direct, "direct", o->reader.direct);
+    U64_OPT(pa->max_pixels, "max_pixels", UINT64_MAX, o->decoder.max_pixels);
+    BOOL_OPT(pa->strict, "strict_decode", o->decoder.strict);
+    BOOL_OPT(pa->fail, "fail_on_error", o->fail_on_error);
+    BOOL_OPT(pa->drop_bad, "drop_bad", o->drop_bad);
+    U64_OPT(pa->max_bad, "max_consecutive_bad", UINT32_MAX, o->max_consecutive_bad);
+    U64_OPT(pa->max_file, "max_file_bytes", SIZE_MAX, o->max_file_bytes);
+    U64_OPT(pa->chunk, "chunk", SIZE_MAX, o->chunk);
+    BOOL_OPT(pa->native, "native", o->native);
+    U64_OPT(pa->native_px, "native_max_pixels", UINT64_MAX, o->native_max_pixels);
+    if (pa->gpu && get_int(pa->gpu, "gpu", &o->gpu) != 0) return -1;
+    U64_OPT(pa->remote_depth, "remote_depth", UINT32_MAX, o->reader.remote.depth);
+    U64_OPT(pa->max_conns, "max_connections", UINT32_MAX, o->reader.remote.max_connections);
+    if (pa->deadline &&
+        get_double(pa->deadline, "retry_deadline", &o->reader.remote.retry_deadline_s) != 0)
+        return -1;
+    if (pa->req_timeout &&
+        get_double(pa->req_timeout, "request_timeout", &o->reader.remote.timeout_s) != 0)
+        return -1;
+#undef U64_OPT
+#undef BOOL_OPT
+    return 0;
+}
+
+/* Opens the pipeline on datastore ds and makes self its handle. */
+static int pipeline_start(PipelineObject *self, PyObject *ds, const dsrt_augment_options *a,
+                          const dsrt_pipeline_options *o) {
+    dsrt_pipeline *p = NULL;
+    DatastoreObject *dso = (DatastoreObject *)ds;
+    const dsrt_datastore *cds = dso->ds;
+    /* The datastore stays as it is while this opens (the GIL is released)
+     * and while the pipeline lives; so does this object. */
+    dso->users++;
+    self->busy = 1;
+    PyThreadState *ts = PyEval_SaveThread();
+    int rc = dsrt_pipeline_open(&p, cds, a, o);
+    PyEval_RestoreThread(ts);
+    self->busy = 0;
+    if (rc != 0) dso->users--;
+    if (rc != 0) {
+        raise_code(rc, NULL);
+        return -1;
+    }
+    dsrt_pipeline_statistics st;
+    dsrt_pipeline_stats(p, &st);
+    self->held = PyMem_Malloc(st.slots * sizeof *self->held);
+    if (!self->held) {
+        dsrt_pipeline_close(p);
+        dso->users--;
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (unsigned i = 0; i < st.slots; i++) self->held[i] = UINT64_MAX;
+    self->slots = st.slots;
+    self->p = p;
+    Py_INCREF(ds);
+    self->ds = ds;
+    self->bpe = dsrt_pipeline_batches_per_epoch(p);
+    self->end =
+        o->epochs && o->epochs <= UINT64_MAX / self->bpe ? o->epochs * self->bpe : UINT64_MAX;
+    self->pos = 0;
+    self->iter_end = self->bpe;
+    self->native = o->native;
+    self->images = 0;
+    self->closing = 0;
+    self->live = 0;
+    self->pid = getpid();
+    self->t0 = mono_s();
+    return 0;
+}
+
 static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"datastore",
                              "preset",
@@ -1374,19 +1533,18 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                              "retry_deadline",
                              "request_timeout",
                              NULL};
-    PyObject *ds = NULL, *preset = Py_None, *augment = Py_None, *layout = Py_None, *dtype = Py_None,
-             *batch = NULL, *prefetch = NULL, *workers = NULL, *cpus = Py_None, *pin = NULL,
-             *drop_last = NULL, *shuffle = NULL, *seed = NULL, *epochs = NULL, *io = NULL,
-             *depth = NULL, *direct = NULL, *max_pixels = NULL, *strict = NULL, *fail = NULL,
-             *drop_bad = NULL, *max_bad = NULL, *max_file = NULL, *chunk = NULL, *native = NULL,
-             *native_px = NULL, *gpu = NULL, *remote_depth = NULL, *max_conns = NULL,
-             *deadline = NULL, *req_timeout = NULL;
+    pipeline_args pa = {.preset = Py_None,
+                        .augment = Py_None,
+                        .layout = Py_None,
+                        .dtype = Py_None,
+                        .cpus = Py_None};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist, &Datastore_Type, &ds,
-            &preset, &augment, &layout, &dtype, &batch, &prefetch, &workers, &cpus, &pin,
-            &drop_last, &shuffle, &seed, &epochs, &io, &depth, &direct, &max_pixels, &strict, &fail,
-            &drop_bad, &max_bad, &max_file, &chunk, &native, &native_px, &gpu, &remote_depth,
-            &max_conns, &deadline, &req_timeout))
+            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist, &Datastore_Type,
+            &pa.ds, &pa.preset, &pa.augment, &pa.layout, &pa.dtype, &pa.batch, &pa.prefetch,
+            &pa.workers, &pa.cpus, &pa.pin, &pa.drop_last, &pa.shuffle, &pa.seed, &pa.epochs,
+            &pa.io, &pa.depth, &pa.direct, &pa.max_pixels, &pa.strict, &pa.fail, &pa.drop_bad,
+            &pa.max_bad, &pa.max_file, &pa.chunk, &pa.native, &pa.native_px, &pa.gpu,
+            &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout))
         return -1;
     if (self->p || self->live || self->busy) {
         /* Open, or its batches still alive: in use. */
@@ -1395,143 +1553,11 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                         "it and drop its batches first, or make a new Pipeline");
         return -1;
     }
-    if (datastore_ready((DatastoreObject *)ds) != 0) return -1;
-
-    /* Augmentation: the preset, then the augment keywords, then layout and dtype. */
-    dsrt_augment_options a = dsrt_augment_defaults();
-    int v;
-    if (preset != Py_None) {
-        if (get_enum(preset, "preset", preset_names, &v) != 0) return -1;
-        if (v == 227) dsrt_augment_preset_227(&a);
-        if (v == 32) dsrt_augment_preset_32(&a);
-    }
-    int norm_given = 0;
-    if (augment != Py_None) {
-        if (!PyDict_Check(augment)) {
-            PyErr_Format(PyExc_TypeError, "augment: expected a dict, not %.100s",
-                         Py_TYPE(augment)->tp_name);
-            return -1;
-        }
-        PyObject *key, *value;
-        Py_ssize_t pos = 0;
-        while (PyDict_Next(augment, &pos, &key, &value))
-            if (augment_set(&a, key, value) != 0) return -1;
-        norm_given = PyDict_GetItemString(augment, "norm") != NULL;
-    }
-    dsrt_augment_layout lay = DSRT_AUGMENT_F32_NCHW, dt = DSRT_AUGMENT_F32_NCHW;
-    int by_layout = layout != Py_None, by_dtype = dtype != Py_None;
-    if (by_layout && get_layout(layout, "layout", 0, &lay) != 0) return -1;
-    if (by_dtype && get_layout(dtype, "dtype", 1, &dt) != 0) return -1;
-    if (by_layout && by_dtype && lay != dt) {
-        PyErr_Format(PyExc_ValueError,
-                     "layout %s with dtype %s: dsrt makes float32 NCHW or uint8 NHWC batches",
-                     dsrt_augment_layout_name(lay), dsrt_augment_layout_dtype(dt));
-        return -1;
-    }
-    if (!by_layout) lay = dt;
-    if ((by_layout || by_dtype) && lay == DSRT_AUGMENT_U8_NHWC) {
-        a.layout = DSRT_AUGMENT_U8_NHWC;
-        if (!norm_given) a.norm = DSRT_AUGMENT_NORM_NONE; /* uint8 takes no normalisation */
-    } else if (by_layout || by_dtype) {
-        a.layout = DSRT_AUGMENT_F32_NCHW;
-    }
-    int rc = dsrt_augment_check(&a);
-    if (rc != 0) {
-        raise_code(rc, NULL);
-        return -1;
-    }
-
-    dsrt_pipeline_options o = dsrt_pipeline_defaults();
-    uint64_t u;
-#define U64_OPT(obj, name, max, dst)                                                               \
-    if (obj) {                                                                                     \
-        if (get_u64(obj, name, max, &u) != 0) return -1;                                           \
-        dst = u;                                                                                   \
-    }
-#define BOOL_OPT(obj, name, dst)                                                                   \
-    if (obj && get_bool(obj, name, &dst) != 0) return -1;
-    U64_OPT(batch, "batch", SIZE_MAX, o.batch);
-    U64_OPT(prefetch, "prefetch", UINT32_MAX, o.prefetch);
-    U64_OPT(workers, "workers", UINT32_MAX, o.threads);
-    if (get_str(cpus, "cpus", &o.cpus) != 0) return -1;
-    BOOL_OPT(pin, "pin", o.pin);
-    BOOL_OPT(drop_last, "drop_last", o.drop_last);
-    if (shuffle) {
-        if (PyBool_Check(shuffle)) {
-            o.shuffle = shuffle == Py_True ? DSRT_SHUFFLE_EVERY_EPOCH : DSRT_SHUFFLE_NEVER;
-        } else {
-            if (get_enum(shuffle, "shuffle", shuffle_names, &v) != 0) return -1;
-            o.shuffle = (dsrt_shuffle)v;
-        }
-    }
-    U64_OPT(seed, "seed", UINT64_MAX, o.seed);
-    U64_OPT(epochs, "epochs", UINT64_MAX, o.epochs);
-    if (io) {
-        if (get_enum(io, "io", io_names, &v) != 0) return -1;
-        o.reader.io = (dsrt_io)v;
-    }
-    U64_OPT(depth, "io_depth", UINT32_MAX, o.reader.depth);
-    BOOL_OPT(direct, "direct", o.reader.direct);
-    U64_OPT(max_pixels, "max_pixels", UINT64_MAX, o.decoder.max_pixels);
-    BOOL_OPT(strict, "strict_decode", o.decoder.strict);
-    BOOL_OPT(fail, "fail_on_error", o.fail_on_error);
-    BOOL_OPT(drop_bad, "drop_bad", o.drop_bad);
-    U64_OPT(max_bad, "max_consecutive_bad", UINT32_MAX, o.max_consecutive_bad);
-    U64_OPT(max_file, "max_file_bytes", SIZE_MAX, o.max_file_bytes);
-    U64_OPT(chunk, "chunk", SIZE_MAX, o.chunk);
-    BOOL_OPT(native, "native", o.native);
-    U64_OPT(native_px, "native_max_pixels", UINT64_MAX, o.native_max_pixels);
-    if (gpu && get_int(gpu, "gpu", &o.gpu) != 0) return -1;
-    U64_OPT(remote_depth, "remote_depth", UINT32_MAX, o.reader.remote.depth);
-    U64_OPT(max_conns, "max_connections", UINT32_MAX, o.reader.remote.max_connections);
-    if (deadline && get_double(deadline, "retry_deadline", &o.reader.remote.retry_deadline_s) != 0)
-        return -1;
-    if (req_timeout && get_double(req_timeout, "request_timeout", &o.reader.remote.timeout_s) != 0)
-        return -1;
-#undef U64_OPT
-#undef BOOL_OPT
-
-    dsrt_pipeline *p = NULL;
-    DatastoreObject *dso = (DatastoreObject *)ds;
-    const dsrt_datastore *cds = dso->ds;
-    /* The datastore stays as it is while this opens (the GIL is released)
-     * and while the pipeline lives; so does this object. */
-    dso->users++;
-    self->busy = 1;
-    PyThreadState *ts = PyEval_SaveThread();
-    rc = dsrt_pipeline_open(&p, cds, &a, &o);
-    PyEval_RestoreThread(ts);
-    self->busy = 0;
-    if (rc != 0) dso->users--;
-    if (rc != 0) {
-        raise_code(rc, NULL);
-        return -1;
-    }
-    dsrt_pipeline_statistics st;
-    dsrt_pipeline_stats(p, &st);
-    self->held = PyMem_Malloc(st.slots * sizeof *self->held);
-    if (!self->held) {
-        dsrt_pipeline_close(p);
-        dso->users--;
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (unsigned i = 0; i < st.slots; i++) self->held[i] = UINT64_MAX;
-    self->slots = st.slots;
-    self->p = p;
-    Py_INCREF(ds);
-    self->ds = ds;
-    self->bpe = dsrt_pipeline_batches_per_epoch(p);
-    self->end = o.epochs && o.epochs <= UINT64_MAX / self->bpe ? o.epochs * self->bpe : UINT64_MAX;
-    self->pos = 0;
-    self->iter_end = self->bpe;
-    self->native = o.native;
-    self->images = 0;
-    self->closing = 0;
-    self->live = 0;
-    self->pid = getpid();
-    self->t0 = mono_s();
-    return 0;
+    if (datastore_ready((DatastoreObject *)pa.ds) != 0) return -1;
+    dsrt_augment_options a;
+    dsrt_pipeline_options o;
+    if (pipeline_augment(&pa, &a) != 0 || pipeline_options(&pa, &o) != 0) return -1;
+    return pipeline_start(self, pa.ds, &a, &o);
 }
 
 static void pipeline_dealloc(PipelineObject *self) {

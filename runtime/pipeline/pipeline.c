@@ -777,76 +777,155 @@ static void pause_until(dsrt_pipeline *p, uint64_t t) {
     }
 }
 
+/* The places [lo, hi) of a slot being filled: the epoch's order, the places
+ * waiting for a read (w->pending[0, npending)) and the reads in flight. */
+typedef struct {
+    pipe_slot *s;
+    const uint32_t *order;
+    uint64_t first; /* the epoch position of the slot's place 0 */
+    size_t npending;
+    unsigned in_flight;
+    uint64_t t0; /* when the worker's current stretch of reading began */
+    pipe_fail *f;
+} pipe_chunk;
+
+/* Place pl waits for a read again. */
+static void chunk_again(pipe_worker *w, pipe_chunk *c, const pipe_place *pl) {
+    w->pending[c->npending++] = (size_t)(pl - w->places);
+}
+
+/* Starts reads for waiting places while buffers last, unless a retry asked
+ * for a pause; in memory, fills them at once. Returns 1 when stopped by
+ * reset or close. */
+static int chunk_start(pipe_worker *w, pipe_chunk *c) {
+    dsrt_pipeline *p = w->p;
+    char msg[PIPE_MSG];
+    int code;
+    c->t0 = now_ns();
+    while (c->npending > 0 && (p->in_memory || (w->nfree > 0 && c->t0 >= w->hold_until))) {
+        pipe_place *pl = &w->places[w->pending[--c->npending]];
+        if (place_next(w, c->s, c->order, c->first + pl->place, pl, c->f) != SAMPLE_OK) continue;
+        if (p->in_memory) {
+            add(&w->read_ns, now_ns() - c->t0);
+            int r = sample_fill(w, c->s, pl->place, pl->pos, NULL, 0, msg, &code);
+            c->t0 = now_ns();
+            if (r == SAMPLE_FATAL) chunk_fail(c->f, pl->place, code, msg);
+            if (r == SAMPLE_BAD && place_failed(w, c->s, pl, code, msg, c->f))
+                chunk_again(w, c, pl);
+            if (atomic_load_explicit(&p->abort, memory_order_relaxed)) return 1;
+            continue;
+        }
+        int bi = w->free_bufs[--w->nfree];
+        const char *path = dsrt_datastore_path(p->ds, pl->pos);
+        int rc = buf_fit(w, bi, fetch_need(w, pl), path);
+        if (rc == 0) rc = fetch_submit(w, pl, c->s->b.epoch, bi, (uint64_t)(pl - w->places));
+        if (rc != 0) {
+            /* No address space for the buffer, a full reader or a
+             * misaligned buffer: none of them the file's fault. */
+            w->free_bufs[w->nfree++] = bi;
+            snprintf(msg, sizeof msg, "%s%s",
+                     strncmp(dsrt_last_error(), "pipeline: ", 10) ? "pipeline: " : "",
+                     dsrt_last_error());
+            chunk_fail(c->f, pl->place, rc, msg);
+            continue;
+        }
+        pl->buf = bi;
+        c->in_flight++;
+    }
+    return 0;
+}
+
+/* A read of the chunk ended (res): the place is filled, found bad, or waits
+ * for another read. */
+static void chunk_read_done(pipe_worker *w, pipe_chunk *c, dsrt_read_result *res) {
+    dsrt_pipeline *p = w->p;
+    char msg[PIPE_MSG];
+    int code;
+    c->in_flight--;
+    if (w->hold_until == PIPE_WAIT_READ) w->hold_until = 0; /* a file given back */
+    if (res->status == 0) {
+        w->streak = 0;
+        atomic_fetch_add_explicit(&p->reads_done, 1, memory_order_relaxed);
+        if (atomic_load_explicit(&p->stalled, memory_order_relaxed))
+            atomic_store_explicit(&p->stalled, 0, memory_order_relaxed);
+    }
+    if (p->o.reader.direct)
+        atomic_store_explicit(&w->direct_refused, dsrt__sample_direct_refused(w->reader),
+                              memory_order_relaxed);
+    if (p->remote) remote_stats_copy(w);
+    pipe_place *pl = &w->places[res->tag];
+    w->free_bufs[w->nfree++] = pl->buf;
+    pl->buf = -1;
+    /* The buffers are whole pages: the cap is the option's, to the byte. */
+    if (res->status == 0 && res->size > p->o.max_file_bytes) res->status = DSRT_ETOOBIG;
+    if (res->status == DSRT_ETOOBIG && res->size <= p->o.max_file_bytes && res->size > pl->need) {
+        /* Larger than its buffer, not than the limit: again, in a larger one. */
+        pl->need = res->size;
+        chunk_again(w, c, pl);
+        return;
+    }
+    if (res->status == DSRT_EREMOTE) {
+        /* The store, not the object: the run stops with the cause. */
+        snprintf(msg, sizeof msg, "pipeline: %s", dsrt_last_error());
+        chunk_fail(c->f, pl->place, res->status, msg);
+        return;
+    }
+    if (is_transient(res->status)) {
+        if (place_retry(w, pl, c->in_flight, res->status, res->path, c->f)) chunk_again(w, c, pl);
+        return;
+    }
+    int r;
+    if (res->status != 0) {
+        code = res->status;
+        if (code == DSRT_ETOOBIG)
+            snprintf(msg, sizeof msg, "%s: read: %zu bytes, more than max_file_bytes (%zu)",
+                     res->path, res->size, p->o.max_file_bytes);
+        else
+            sample_msg(msg, res->path, "read", code);
+        r = SAMPLE_BAD;
+    } else {
+        r = sample_fill(w, c->s, pl->place, pl->pos, res->buf, res->size, msg, &code);
+    }
+    if (r == SAMPLE_FATAL) chunk_fail(c->f, pl->place, code, msg);
+    if (r == SAMPLE_BAD && place_failed(w, c->s, pl, code, msg, c->f)) chunk_again(w, c, pl);
+}
+
 /* Fills places [lo, hi) of run batch b's slot s. Returns 1 when stopped by
  * reset or close (the slot is then rebuilt or freed), else 0 with any fatal
  * failure in *f. */
 static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fail *f) {
     dsrt_pipeline *p = w->p;
-    const uint32_t *order = order_get(p, s->b.epoch);
-    uint64_t first = s->b.index * (uint64_t)p->o.batch + s->b.part_offset;
-    if (!order) {
+    pipe_chunk c = {.s = s,
+                    .order = order_get(p, s->b.epoch),
+                    .f = f,
+                    .first = s->b.index * (uint64_t)p->o.batch + s->b.part_offset};
+    if (!c.order) {
         chunk_fail(f, lo, -ENOMEM, "pipeline: out of memory for the epoch's order");
         return 0;
     }
-    size_t npending = 0;
     for (size_t i = lo; i < hi; i++) {
         pipe_place *pl = &w->places[i - lo];
         *pl = (pipe_place){.place = i, .k = 0, .buf = -1};
-        w->pending[npending++] = i - lo;
+        w->pending[c.npending++] = i - lo;
     }
-    unsigned in_flight = 0;
-    char msg[PIPE_MSG];
-    int code;
-
-    while (npending > 0 || in_flight > 0) {
+    while (c.npending > 0 || c.in_flight > 0) {
         if (atomic_load_explicit(&p->abort, memory_order_relaxed)) {
             reader_drain(w);
             return 1;
         }
-        /* Start reads for waiting places while buffers last, unless a retry
-         * asked for a pause. */
-        uint64_t t0 = now_ns();
-        while (npending > 0 && (p->in_memory || (w->nfree > 0 && t0 >= w->hold_until))) {
-            pipe_place *pl = &w->places[w->pending[--npending]];
-            if (place_next(w, s, order, first + pl->place, pl, f) != SAMPLE_OK) continue;
-            if (p->in_memory) {
-                add(&w->read_ns, now_ns() - t0);
-                int r = sample_fill(w, s, pl->place, pl->pos, NULL, 0, msg, &code);
-                t0 = now_ns();
-                if (r == SAMPLE_FATAL) chunk_fail(f, pl->place, code, msg);
-                if (r == SAMPLE_BAD && place_failed(w, s, pl, code, msg, f))
-                    w->pending[npending++] = (size_t)(pl - w->places);
-                if (atomic_load_explicit(&p->abort, memory_order_relaxed)) return 1;
-                continue;
-            }
-            int bi = w->free_bufs[--w->nfree];
-            const char *path = dsrt_datastore_path(p->ds, pl->pos);
-            int rc = buf_fit(w, bi, fetch_need(w, pl), path);
-            if (rc == 0) rc = fetch_submit(w, pl, s->b.epoch, bi, (uint64_t)(pl - w->places));
-            if (rc != 0) {
-                /* No address space for the buffer, a full reader or a
-                 * misaligned buffer: none of them the file's fault. */
-                w->free_bufs[w->nfree++] = bi;
-                snprintf(msg, sizeof msg, "%s%s",
-                         strncmp(dsrt_last_error(), "pipeline: ", 10) ? "pipeline: " : "",
-                         dsrt_last_error());
-                chunk_fail(f, pl->place, rc, msg);
-                continue;
-            }
-            pl->buf = bi;
-            in_flight++;
-        }
-        if (in_flight == 0) {
-            add(&w->read_ns, now_ns() - t0);
-            if (npending > 0 && w->hold_until != PIPE_WAIT_READ) pause_until(p, w->hold_until);
+        if (chunk_start(w, &c)) return 1;
+        if (c.in_flight == 0) {
+            add(&w->read_ns, now_ns() - c.t0);
+            if (c.npending > 0 && w->hold_until != PIPE_WAIT_READ) pause_until(p, w->hold_until);
             if (w->hold_until == PIPE_WAIT_READ) w->hold_until = 0; /* none in flight */
             continue;
         }
         dsrt_read_result res;
         int rc = fetch_collect(w, &res, 1);
-        add(&w->read_ns, now_ns() - t0);
+        add(&w->read_ns, now_ns() - c.t0);
         if (rc <= 0) {
             /* The reader itself failed: every place still in flight fails. */
+            char msg[PIPE_MSG];
             if (rc == 0) rc = -EIO;
             snprintf(msg, sizeof msg, "pipeline: %s", dsrt_last_error());
             for (size_t i = 0; i < hi - lo; i++)
@@ -855,55 +934,7 @@ static int chunk_run(pipe_worker *w, pipe_slot *s, size_t lo, size_t hi, pipe_fa
             for (size_t i = 0; i < hi - lo; i++) w->places[i].buf = -1;
             return 0;
         }
-        in_flight--;
-        if (w->hold_until == PIPE_WAIT_READ) w->hold_until = 0; /* a file given back */
-        if (res.status == 0) {
-            w->streak = 0;
-            atomic_fetch_add_explicit(&p->reads_done, 1, memory_order_relaxed);
-            if (atomic_load_explicit(&p->stalled, memory_order_relaxed))
-                atomic_store_explicit(&p->stalled, 0, memory_order_relaxed);
-        }
-        if (p->o.reader.direct)
-            atomic_store_explicit(&w->direct_refused, dsrt__sample_direct_refused(w->reader),
-                                  memory_order_relaxed);
-        if (p->remote) remote_stats_copy(w);
-        pipe_place *pl = &w->places[res.tag];
-        w->free_bufs[w->nfree++] = pl->buf;
-        pl->buf = -1;
-        /* The buffers are whole pages: the cap is the option's, to the byte. */
-        if (res.status == 0 && res.size > p->o.max_file_bytes) res.status = DSRT_ETOOBIG;
-        int r;
-        if (res.status == DSRT_ETOOBIG && res.size <= p->o.max_file_bytes && res.size > pl->need) {
-            /* Larger than its buffer, not than the limit: again, in a larger one. */
-            pl->need = res.size;
-            w->pending[npending++] = (size_t)(pl - w->places);
-            continue;
-        }
-        if (res.status == DSRT_EREMOTE) {
-            /* The store, not the object: the run stops with the cause. */
-            snprintf(msg, sizeof msg, "pipeline: %s", dsrt_last_error());
-            chunk_fail(f, pl->place, res.status, msg);
-            continue;
-        }
-        if (is_transient(res.status)) {
-            if (place_retry(w, pl, in_flight, res.status, res.path, f))
-                w->pending[npending++] = (size_t)(pl - w->places);
-            continue;
-        }
-        if (res.status != 0) {
-            code = res.status;
-            if (code == DSRT_ETOOBIG)
-                snprintf(msg, sizeof msg, "%s: read: %zu bytes, more than max_file_bytes (%zu)",
-                         res.path, res.size, p->o.max_file_bytes);
-            else
-                sample_msg(msg, res.path, "read", code);
-            r = SAMPLE_BAD;
-        } else {
-            r = sample_fill(w, s, pl->place, pl->pos, res.buf, res.size, msg, &code);
-        }
-        if (r == SAMPLE_FATAL) chunk_fail(f, pl->place, code, msg);
-        if (r == SAMPLE_BAD && place_failed(w, s, pl, code, msg, f))
-            w->pending[npending++] = (size_t)(pl - w->places);
+        chunk_read_done(w, &c, &res);
     }
     return 0;
 }
@@ -1198,6 +1229,52 @@ static int feed_open(dsrt_pipeline *p) {
     return rc ? dsrt__fail_prefix(rc, "pipeline") : 0;
 }
 
+/* The sizes of the run: chunks, batches per epoch; checks the epochs and
+ * gpu options against them. */
+static int sizes_plan(dsrt_pipeline *p) {
+    const dsrt_pipeline_options *o = &p->o;
+    /* Chunks small enough that the prefetched batches hold a chunk for every
+     * worker (many cores, small batches), at most PIPE_CHUNK. */
+    p->cap = (o->batch + o->parts - 1) / o->parts; /* the largest part of a batch */
+    size_t chunk = o->chunk;
+    if (chunk == 0) {
+        size_t most = p->remote ? DSRT_MAX((size_t)PIPE_CHUNK, (size_t)o->reader.remote.depth)
+                                : (size_t)PIPE_CHUNK;
+        chunk = p->cap * o->prefetch / p->nthreads;
+        chunk = DSRT_MAX((size_t)1, DSRT_MIN(chunk, most));
+    }
+    p->chunk = DSRT_MIN(chunk, p->cap);
+    p->cpb = (p->cap + p->chunk - 1) / p->chunk;
+    p->bpe = o->drop_last ? p->n / o->batch : (p->n + o->batch - 1) / o->batch;
+    if (o->epochs > UINT64_MAX / p->bpe / p->cpb)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: epochs: %llu: too many",
+                          (unsigned long long)o->epochs);
+    if (o->gpu >= 0) {
+        int ndev = dsrt__cuda_device_count();
+        if (ndev > 0 && o->gpu >= ndev)
+            return dsrt__fail(DSRT_EOPTION, "pipeline: gpu: %d: there are %d CUDA devices", o->gpu,
+                              ndev);
+    }
+    return 0;
+}
+
+/* The source's feed thread, then the workers. */
+static int threads_start(dsrt_pipeline *p) {
+    if (p->feed) {
+        int e = pthread_create(&p->feed_thread, NULL, feed_main, p->feed);
+        if (e != 0) return dsrt__fail(-e, "pipeline: starting the source's feed: %s", strerror(e));
+        p->feed_started = 1;
+    }
+    for (unsigned i = 0; i < p->nthreads; i++) {
+        int e = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
+        if (e != 0)
+            return dsrt__fail(-e, "pipeline: starting worker %u of %u: %s", i, p->nthreads,
+                              strerror(e));
+        p->workers[i].started = 1;
+    }
+    return 0;
+}
+
 int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
                        const dsrt_augment_options *augment, const dsrt_pipeline_options *o) {
     if (!out) return dsrt__fail(DSRT_EOPTION, "pipeline: NULL handle pointer");
@@ -1235,32 +1312,7 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     if ((rc = dsrt__cpus_open(&p->cpus, p->cpus_opt, opt.gpu, &threads)) != 0) goto fail;
     p->nthreads = threads;
 
-    /* Chunks small enough that the prefetched batches hold a chunk for every
-     * worker (many cores, small batches), at most PIPE_CHUNK. */
-    p->cap = (opt.batch + opt.parts - 1) / opt.parts; /* the largest part of a batch */
-    size_t chunk = opt.chunk;
-    if (chunk == 0) {
-        size_t most = p->remote ? DSRT_MAX((size_t)PIPE_CHUNK, (size_t)opt.reader.remote.depth)
-                                : (size_t)PIPE_CHUNK;
-        chunk = p->cap * opt.prefetch / threads;
-        chunk = DSRT_MAX((size_t)1, DSRT_MIN(chunk, most));
-    }
-    p->chunk = DSRT_MIN(chunk, p->cap);
-    p->cpb = (p->cap + p->chunk - 1) / p->chunk;
-    p->bpe = opt.drop_last ? n / opt.batch : (n + opt.batch - 1) / opt.batch;
-    if (opt.epochs > UINT64_MAX / p->bpe / p->cpb) {
-        rc = dsrt__fail(DSRT_EOPTION, "pipeline: epochs: %llu: too many",
-                        (unsigned long long)opt.epochs);
-        goto fail;
-    }
-    if (opt.gpu >= 0) {
-        int ndev = dsrt__cuda_device_count();
-        if (ndev > 0 && opt.gpu >= ndev) {
-            rc = dsrt__fail(DSRT_EOPTION, "pipeline: gpu: %d: there are %d CUDA devices", opt.gpu,
-                            ndev);
-            goto fail;
-        }
-    }
+    if ((rc = sizes_plan(p)) != 0) goto fail;
 
     /* The source's feed, which the workers' readers draw on. */
     if ((rc = feed_open(p)) != 0) goto fail;
@@ -1295,23 +1347,7 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     if ((rc = sync_init(p)) != 0) goto fail;
     run_start(p, 0);
 
-    if (p->feed) {
-        int e = pthread_create(&p->feed_thread, NULL, feed_main, p->feed);
-        if (e != 0) {
-            rc = dsrt__fail(-e, "pipeline: starting the source's feed: %s", strerror(e));
-            goto fail;
-        }
-        p->feed_started = 1;
-    }
-    for (unsigned i = 0; i < p->nthreads; i++) {
-        int e = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
-        if (e != 0) {
-            rc = dsrt__fail(-e, "pipeline: starting worker %u of %u: %s", i, p->nthreads,
-                            strerror(e));
-            goto fail;
-        }
-        p->workers[i].started = 1;
-    }
+    if ((rc = threads_start(p)) != 0) goto fail;
     *out = p;
     return 0;
 

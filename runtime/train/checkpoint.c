@@ -193,6 +193,89 @@ out:
     return rc;
 }
 
+/* The loop's state kept beside checkpoint used: patience, best so far;
+ * refused when the batches from here on would differ (batch size, drop_last,
+ * samples, order). A checkpoint without one keeps the loop's state as it is. */
+static int resume_loop_state(run *R, const char *used, int64_t iteration) {
+    const dsrt_train_options *o = R->o;
+    char *sp = dsrt__malloc(strlen(used) + 8);
+    if (!sp) return -ENOMEM;
+    sprintf(sp, "%s" STATE_SUFFIX, used);
+    loop_state s;
+    if (read_state(sp, &s, iteration)) {
+        R->ls.bad_count = s.bad_count;
+        R->ls.best_val_loss = s.best_val_loss;
+        R->ls.best_iteration = s.best_iteration;
+        R->ls.last_val_loss = s.last_val_loss;
+        R->ls.last_val_accuracy = s.last_val_accuracy;
+        memcpy(R->ls.best_file, s.best_file, sizeof s.best_file);
+        if (s.batch != o->batch || s.drop_last != o->drop_last || s.samples != R->ls.samples) {
+            int rc = dsrt__fail(DSRT_EOPTION,
+                                "train: resume: %s: made with batch %lld, drop_last %d over %lld "
+                                "samples; the options say batch %d, drop_last %d over %lld samples",
+                                used, (long long)s.batch, s.drop_last, (long long)s.samples,
+                                o->batch, o->drop_last, (long long)R->ls.samples);
+            free(sp);
+            return rc;
+        }
+        /* A tar shard set read in another order gives other batches from here
+         * on: refused like another batch size (states from before the
+         * orders existed read as exact). */
+        int shard_now = !strcmp(R->ls.order, "shard"), shard_then = !strcmp(s.order, "shard");
+        if (shard_now != shard_then || (shard_now && s.shuffle_buffer != R->ls.shuffle_buffer)) {
+            char then[64], now[64];
+            snprintf(then, sizeof then,
+                     shard_then ? "shard order (shuffle buffer %lld)" : "exact order",
+                     (long long)s.shuffle_buffer);
+            snprintf(now, sizeof now,
+                     shard_now ? "shard order (shuffle buffer %lld)" : "exact order",
+                     (long long)R->ls.shuffle_buffer);
+            int rc = dsrt__fail(DSRT_EOPTION,
+                                "train: resume: %s: made reading the data in the %s; the options "
+                                "say the %s: give the same --order and --shuffle-buffer",
+                                used, then, now);
+            free(sp);
+            return rc;
+        }
+    }
+    free(sp);
+    return 0;
+}
+
+/* The best weights the loop's state names, from the checkpoint's folder;
+ * without them the best so far is unknown and starts afresh. */
+static int resume_best(run *R, const char *used, const dsrt_net_options *no) {
+    if (!R->best_params || !R->ls.best_file[0]) return 0;
+    char *dir = dsrt__strdup(used);
+    char *bp = dir ? dsrt__malloc(strlen(used) + sizeof R->ls.best_file + 2) : NULL;
+    dsrt_net *b = NULL;
+    if (!dir || !bp) {
+        free(dir);
+        return -ENOMEM;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[1] = '\0';
+    else
+        dir[0] = '\0';
+    sprintf(bp, "%s%s", dir, R->ls.best_file);
+    if (dsrt_model_load(&b, bp, no) == 0 && dsrt_net_params(b, NULL) &&
+        strcmp(dsrt_net_description(b), dsrt_net_description(R->net)) == 0) {
+        memcpy(R->best_params, dsrt_net_params(b, NULL), R->n_params * sizeof(float));
+        memcpy(R->best_state, dsrt_net_state(b, NULL), R->n_state * sizeof(float));
+    } else {
+        /* Without the file the best so far is unknown: start afresh. */
+        dsrt__clear_error();
+        R->ls.best_val_loss = NAN;
+        R->ls.best_iteration = -1;
+        R->ls.best_file[0] = '\0';
+    }
+    dsrt_net_destroy(b);
+    free(dir);
+    free(bp);
+    return 0;
+}
+
 /* Loads the checkpoint to resume from into the run: weights, state,
  * optimizer, position and loop state. */
 
@@ -252,80 +335,8 @@ int dsrt__train_load_resume(run *R, dsrt_train_position *pos, char *used, size_t
     }
 
     /* The loop's own state, and the best weights it names. */
-    char *sp = dsrt__malloc(strlen(used) + 8);
-    if (!sp) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    sprintf(sp, "%s" STATE_SUFFIX, used);
-    loop_state s;
-    if (read_state(sp, &s, pos->iteration)) {
-        R->ls.bad_count = s.bad_count;
-        R->ls.best_val_loss = s.best_val_loss;
-        R->ls.best_iteration = s.best_iteration;
-        R->ls.last_val_loss = s.last_val_loss;
-        R->ls.last_val_accuracy = s.last_val_accuracy;
-        memcpy(R->ls.best_file, s.best_file, sizeof s.best_file);
-        if (s.batch != o->batch || s.drop_last != o->drop_last || s.samples != R->ls.samples) {
-            rc = dsrt__fail(DSRT_EOPTION,
-                            "train: resume: %s: made with batch %lld, drop_last %d over %lld "
-                            "samples; the options say batch %d, drop_last %d over %lld samples",
-                            used, (long long)s.batch, s.drop_last, (long long)s.samples, o->batch,
-                            o->drop_last, (long long)R->ls.samples);
-            free(sp);
-            goto out;
-        }
-        /* A tar shard set read in another order gives other batches from here
-         * on: refused like another batch size (states from before the
-         * orders existed read as exact). */
-        int shard_now = !strcmp(R->ls.order, "shard"), shard_then = !strcmp(s.order, "shard");
-        if (shard_now != shard_then || (shard_now && s.shuffle_buffer != R->ls.shuffle_buffer)) {
-            char then[64], now[64];
-            snprintf(then, sizeof then,
-                     shard_then ? "shard order (shuffle buffer %lld)" : "exact order",
-                     (long long)s.shuffle_buffer);
-            snprintf(now, sizeof now,
-                     shard_now ? "shard order (shuffle buffer %lld)" : "exact order",
-                     (long long)R->ls.shuffle_buffer);
-            rc = dsrt__fail(DSRT_EOPTION,
-                            "train: resume: %s: made reading the data in the %s; the options "
-                            "say the %s: give the same --order and --shuffle-buffer",
-                            used, then, now);
-            free(sp);
-            goto out;
-        }
-    }
-    free(sp);
-    if (R->best_params && R->ls.best_file[0]) {
-        char *dir = dsrt__strdup(used);
-        char *bp = dir ? dsrt__malloc(strlen(used) + sizeof R->ls.best_file + 2) : NULL;
-        dsrt_net *b = NULL;
-        if (!dir || !bp) {
-            free(dir);
-            rc = -ENOMEM;
-            goto out;
-        }
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            slash[1] = '\0';
-        else
-            dir[0] = '\0';
-        sprintf(bp, "%s%s", dir, R->ls.best_file);
-        if (dsrt_model_load(&b, bp, &no) == 0 && dsrt_net_params(b, NULL) &&
-            strcmp(dsrt_net_description(b), dsrt_net_description(R->net)) == 0) {
-            memcpy(R->best_params, dsrt_net_params(b, NULL), R->n_params * sizeof(float));
-            memcpy(R->best_state, dsrt_net_state(b, NULL), R->n_state * sizeof(float));
-        } else {
-            /* Without the file the best so far is unknown: start afresh. */
-            dsrt__clear_error();
-            R->ls.best_val_loss = NAN;
-            R->ls.best_iteration = -1;
-            R->ls.best_file[0] = '\0';
-        }
-        dsrt_net_destroy(b);
-        free(dir);
-        free(bp);
-    }
+    if ((rc = resume_loop_state(R, used, pos->iteration)) != 0) goto out;
+    if ((rc = resume_best(R, used, &no)) != 0) goto out;
     rc = 0;
 out:
     dsrt_optimizer_destroy(copt);

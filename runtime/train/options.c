@@ -161,6 +161,7 @@ static int check_optimizer(const dsrt_optimizer_options *o) {
         o->grad_threshold);
     return 0;
 }
+#undef BAD
 
 /* The augment options with the net's input size filled in and checked. */
 int dsrt__train_resolve_augment(const dsrt_augment_options *in, const dsrt_net_info *ni,
@@ -267,18 +268,21 @@ static int check_checkpoint_path(const char *path) {
     return rc;
 }
 
-int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
-                     const dsrt_datastore *train) {
-    if (!o || !net || !train) return dsrt__fail(-EINVAL, "train: no options, net or data");
+/* The checks' failure: the option and why, prefixed "train: ". */
 #define BADO(cond, fmt, ...)                                                                       \
     if (!(cond)) return dsrt__fail(DSRT_EOPTION, "train: " fmt, __VA_ARGS__)
+
+/* The options of the loop: epochs, batches, optimizer, validation,
+ * checkpoints, resume. */
+static int check_loop(const dsrt_train_options *o) {
+    int rc;
     BADO(o->max_epochs >= 1 && o->max_epochs <= MAX_EPOCHS,
          "max_epochs (MaxEpochs): %d: not in [1, %d]", o->max_epochs, MAX_EPOCHS);
     BADO(o->batch >= 1 && o->batch <= MAX_BATCH, "batch (MiniBatchSize): %d: not in [1, %d]",
          o->batch, MAX_BATCH);
     BADO((unsigned)o->shuffle <= DSRT_SHUFFLE_EVERY_EPOCH, "shuffle: %d: unknown", (int)o->shuffle);
     BADO(o->drop_last == 0 || o->drop_last == 1, "drop_last: %d: not 0 or 1", o->drop_last);
-    int rc = check_optimizer(&o->optimizer);
+    rc = check_optimizer(&o->optimizer);
     if (rc) return rc;
     BADO(o->validation_frequency >= 0,
          "validation_frequency (ValidationFrequency): %d: must be >= 0 (0: every epoch)",
@@ -307,6 +311,11 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
         BADO(*o->resume && stat(o->resume, &st) == 0, "resume: %s: %s", o->resume,
              *o->resume ? strerror(errno) : "empty");
     }
+    return 0;
+}
+
+/* Where it runs: devices, workers, averaging. */
+static int check_execution(const dsrt_train_options *o) {
     BADO((unsigned)o->execution <= DSRT_EXEC_PARALLEL,
          "execution_environment (ExecutionEnvironment): %d: unknown", (int)o->execution);
     BADO(o->gpu >= -1, "gpu: %d: not a device index (-1: the first)", o->gpu);
@@ -327,10 +336,11 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
          "bn_statistics: sync: goes with gradients summed at every step, not with "
          "averaging_frequency %d",
          o->averaging_frequency);
-    if ((rc = dsrt__train_resolve_device(o, NULL))) return rc;
-    int world = o->execution == DSRT_EXEC_PARALLEL    ? dsrt_comm_size(o->comm)
-                : o->execution == DSRT_EXEC_MULTI_GPU ? (o->gpus ? o->gpus : dsrt_gpu_count())
-                                                      : 1;
+    return 0;
+}
+
+/* The pipeline's options. */
+static int check_reading(const dsrt_train_options *o) {
     BADO(o->workers <= 1024, "workers: %u: not in [0, 1024]", o->workers);
     BADO(o->compute_threads >= 0 && o->compute_threads <= 4096,
          "compute_threads: %d: not in [0, 4096]", o->compute_threads);
@@ -340,6 +350,14 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
     BADO(o->fail_on_error == 0 || o->fail_on_error == 1, "fail_on_error: %d: not 0 or 1",
          o->fail_on_error);
 
+    return 0;
+}
+
+/* The data against the net and the options: samples, classes and their
+ * names, batches that leave every one of world workers a sample. */
+static int check_data(const dsrt_train_options *o, const dsrt_net *net, const dsrt_datastore *train,
+                      int world) {
+    int rc;
     dsrt_net_info ni;
     dsrt_net_get_info(net, &ni);
     dsrt_augment_options aug;
@@ -379,6 +397,19 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
             return rc;
         free(map);
     }
+    return 0;
+}
+
+int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
+                     const dsrt_datastore *train) {
+    if (!o || !net || !train) return dsrt__fail(-EINVAL, "train: no options, net or data");
+    int rc;
+    if ((rc = check_loop(o)) || (rc = check_execution(o))) return rc;
+    if ((rc = dsrt__train_resolve_device(o, NULL))) return rc;
+    int world = o->execution == DSRT_EXEC_PARALLEL    ? dsrt_comm_size(o->comm)
+                : o->execution == DSRT_EXEC_MULTI_GPU ? (o->gpus ? o->gpus : dsrt_gpu_count())
+                                                      : 1;
+    if ((rc = check_reading(o)) || (rc = check_data(o, net, train, world))) return rc;
     if (o->cpus) {
         dsrt_cpus *c;
         unsigned t = 0;
@@ -386,9 +417,8 @@ int dsrt_train_check(const dsrt_train_options *o, const dsrt_net *net,
         dsrt__cpus_close(c);
     }
     return 0;
-#undef BADO
-#undef BAD
 }
+#undef BADO
 
 // ----------------------------------------------------------------------------
 // Cores: the split between pipeline workers and compute threads, and pinning

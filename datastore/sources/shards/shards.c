@@ -1223,6 +1223,151 @@ out:
     return rc;
 }
 
+/* What labelling the scanned samples works with. */
+typedef struct {
+    gather *g;
+    dsrt_index *ix;
+    const dsrt_datastore_options *o;
+    const char **known; /* the class names known, or made from the samples */
+    size_t nknown;
+    const char **list; /* names made from the samples (sorted), or NULL */
+    int by_folder;     /* no .cls at all: labels from the members' folders */
+    int text;          /* some .cls is a name, not an index */
+    size_t root;       /* by_folder: bytes of the folders every key starts with */
+    size_t unlabelled, unknown;
+    int32_t max_index;
+} labelling;
+
+/* The bytes of the folders every key starts with, which are no class. */
+static size_t common_root(const gather *g) {
+    const found *f0 = NULL;
+    for (size_t k = 0; k < g->shards.n && !f0; k++)
+        if (g->nscanned[k]) f0 = &g->scanned[k][0];
+    size_t root = f0->key_len;
+    for (size_t k = 0; k < g->shards.n; k++)
+        for (size_t j = 0; j < g->nscanned[k]; j++) {
+            const found *f = &g->scanned[k][j];
+            size_t m = 0;
+            while (m < root && m < f->key_len && f->member[m] == f0->member[m]) m++;
+            root = m;
+        }
+    while (root > 0 && f0->member[root - 1] != '/') root--;
+    return root;
+}
+
+/* The class names the samples give (their folders, or their .cls texts),
+ * distinct and sorted, as the known names. */
+static int names_from_samples(labelling *L, size_t total) {
+    gather *g = L->g;
+    L->list = dsrt__calloc(total ? total : 1, sizeof *L->list);
+    if (!L->list) return -ENOMEM;
+    if (L->by_folder) L->root = common_root(g);
+    size_t nlist = 0;
+    for (size_t k = 0; k < g->shards.n; k++)
+        for (size_t j = 0; j < g->nscanned[k]; j++) {
+            const found *f = &g->scanned[k][j];
+            if (L->by_folder) {
+                const char *nm;
+                size_t nl;
+                folder_label(f, L->root, L->o->label_source == DSRT_LABEL_PARENT_FOLDER, &nm, &nl);
+                if (!(L->list[nlist++] = dsrt_arena_strndup(&g->tmp, nm, nl))) return -ENOMEM;
+            } else if (f->cls && f->cls[0]) {
+                L->list[nlist++] = f->cls;
+            }
+        }
+    qsort(L->list, nlist, sizeof *L->list, strcmp_p);
+    size_t u = 0;
+    for (size_t i = 0; i < nlist; i++)
+        if (u == 0 || strcmp(L->list[u - 1], L->list[i]) != 0) L->list[u++] = L->list[i];
+    L->known = L->list;
+    L->nknown = u;
+    return 0;
+}
+
+/* The place of the name key[0..klen) among the known names, or -1. */
+static int32_t known_index(const labelling *L, const char *key, size_t klen) {
+    if (L->known == L->list) {
+        size_t lo = 0, hi = L->nknown;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            int c = strncmp(L->known[mid], key, klen);
+            if (c == 0 && L->known[mid][klen] != '\0') c = 1;
+            if (c == 0) return (int32_t)mid;
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        return -1;
+    }
+    for (size_t c = 0; c < L->nknown; c++)
+        if (strlen(L->known[c]) == klen && memcmp(L->known[c], key, klen) == 0) return (int32_t)c;
+    return -1;
+}
+
+/* The label of sample f of shard k, -1 when it gets none (said in the
+ * warnings, the first few); a negative code for a set that cannot be. */
+static int label_one(labelling *L, size_t k, const found *f, int32_t *label) {
+    const char *shard = L->g->shards.v[k], *key = NULL;
+    size_t klen = 0;
+    int32_t v = -1;
+    if (L->o->label_source == DSRT_LABEL_NONE) {
+        v = 0;
+    } else if (L->by_folder) {
+        folder_label(f, L->root, L->o->label_source == DSRT_LABEL_PARENT_FOLDER, &key, &klen);
+    } else if (!f->cls || !f->cls[0]) {
+        if (++L->unlabelled <= 3)
+            dsrt__index_warn(L->ix, "%s: %s: no .cls label, left out", shard, f->member);
+    } else if (!L->text && as_index(f->cls, &v)) {
+        if (L->nknown && (size_t)v >= L->nknown) {
+            if (++L->unknown <= 3)
+                dsrt__index_warn(L->ix, "%s: %s: label %d, but there are %zu classes; left out",
+                                 shard, f->member, (int)v, L->nknown);
+            v = -1;
+        } else if (!L->nknown && v >= LABELS_MAX) {
+            return dsrt__fail(DSRT_ETOOBIG,
+                              "shards: %s: %s: label %d: without class names (an index or "
+                              "classes.json beside the shards) a label is a class index below %d",
+                              shard, f->member, (int)v, (int)LABELS_MAX);
+        }
+    } else {
+        key = f->cls;
+        klen = strlen(f->cls);
+    }
+    if (key) {
+        v = known_index(L, key, klen);
+        if (v < 0 && ++L->unknown <= 3)
+            dsrt__index_warn(L->ix, "%s: %s: class '%.*s' is not one of the %zu classes; left out",
+                             shard, f->member, (int)klen, key, L->nknown);
+    }
+    *label = v;
+    if (v > L->max_index) L->max_index = v;
+    return 0;
+}
+
+/* The class names: none's one, the known ones, or the numbers of integer
+ * labels. */
+static int class_names(labelling *L, const char ***names, size_t *nnames) {
+    size_t nc = L->o->label_source == DSRT_LABEL_NONE ? 1
+                : L->nknown                           ? L->nknown
+                                                      : (size_t)(L->max_index + 1);
+    *names = dsrt__calloc(nc ? nc : 1, sizeof **names);
+    if (!*names) return -ENOMEM;
+    *nnames = nc;
+    if (L->o->label_source == DSRT_LABEL_NONE) {
+        (*names)[0] = "";
+    } else if (L->nknown) {
+        memcpy(*names, L->known, L->nknown * sizeof *L->known);
+    } else {
+        for (size_t c = 0; c < nc; c++) {
+            char num[24];
+            snprintf(num, sizeof num, "%zu", c);
+            if (!((*names)[c] = dsrt_arena_strndup(&L->g->tmp, num, strlen(num)))) return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
 /* Class names and the label of every scanned sample (labels[k][j]); samples
  * that get no label are marked -1 and left out with a warning. */
 static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_options *o,
@@ -1240,185 +1385,29 @@ static int resolve_labels(gather *g, dsrt_index *ix, const dsrt_datastore_option
             }
         }
     /* The names known before looking at the samples. */
-    const char **known = g->x.n || g->x.nshards ? g->x.classes : g->json_classes;
-    size_t nknown = g->x.nshards ? g->x.nclasses : g->njson;
-    int by_folder =
+    labelling L = {.g = g, .ix = ix, .o = o, .max_index = -1};
+    L.known = g->x.n || g->x.nshards ? g->x.classes : g->json_classes;
+    L.nknown = g->x.nshards ? g->x.nclasses : g->njson;
+    L.by_folder =
         with_cls == 0 && total > 0 && g->x.nshards == 0 && o->label_source != DSRT_LABEL_NONE;
-    int text = with_cls > 0 && numeric < with_cls; /* some .cls is a name */
-    int none = o->label_source == DSRT_LABEL_NONE;
-
+    L.text = with_cls > 0 && numeric < with_cls; /* some .cls is a name */
+    int rc = 0;
     /* Distinct names from the samples (text labels or folders), sorted. */
-    const char **list = NULL;
-    size_t nlist = 0;
-    size_t root = 0;
-    if (!none && (by_folder || (text && nknown == 0))) {
-        list = dsrt__calloc(total ? total : 1, sizeof *list);
-        if (!list) return -ENOMEM;
-        if (by_folder) {
-            /* The folders every key starts with are no class. */
-            const found *f0 = NULL;
-            for (size_t k = 0; k < ns && !f0; k++)
-                if (g->nscanned[k]) f0 = &g->scanned[k][0];
-            root = f0->key_len;
-            for (size_t k = 0; k < ns; k++)
-                for (size_t j = 0; j < g->nscanned[k]; j++) {
-                    const found *f = &g->scanned[k][j];
-                    size_t m = 0;
-                    while (m < root && m < f->key_len && f->member[m] == f0->member[m]) m++;
-                    root = m;
-                }
-            while (root > 0 && f0->member[root - 1] != '/') root--;
-        }
-        for (size_t k = 0; k < ns; k++)
-            for (size_t j = 0; j < g->nscanned[k]; j++) {
-                const found *f = &g->scanned[k][j];
-                if (by_folder) {
-                    const char *nm;
-                    size_t nl;
-                    folder_label(f, root, o->label_source == DSRT_LABEL_PARENT_FOLDER, &nm, &nl);
-                    list[nlist] = dsrt_arena_strndup(&g->tmp, nm, nl);
-                    if (!list[nlist]) {
-                        free(list);
-                        return -ENOMEM;
-                    }
-                    nlist++;
-                } else if (f->cls && f->cls[0]) {
-                    list[nlist++] = f->cls;
-                }
-            }
-        qsort(list, nlist, sizeof *list, strcmp_p);
-        size_t u = 0;
-        for (size_t i = 0; i < nlist; i++)
-            if (u == 0 || strcmp(list[u - 1], list[i]) != 0) list[u++] = list[i];
-        nlist = u;
-        known = list;
-        nknown = nlist;
-    }
-
-    /* Labels. */
-    size_t unlabelled = 0, unknown = 0;
-    int32_t max_index = -1;
-    for (size_t k = 0; k < ns; k++) {
+    if (o->label_source != DSRT_LABEL_NONE && (L.by_folder || (L.text && L.nknown == 0)))
+        rc = names_from_samples(&L, total);
+    for (size_t k = 0; rc == 0 && k < ns; k++) {
         labels[k] = dsrt__calloc(g->nscanned[k] ? g->nscanned[k] : 1, sizeof *labels[k]);
-        if (!labels[k]) {
-            free(list);
-            return -ENOMEM;
-        }
-        for (size_t j = 0; j < g->nscanned[k]; j++) {
-            const found *f = &g->scanned[k][j];
-            int32_t v = -1;
-            const char *key = NULL;
-            size_t klen = 0;
-            if (none) {
-                v = 0;
-            } else if (by_folder) {
-                folder_label(f, root, o->label_source == DSRT_LABEL_PARENT_FOLDER, &key, &klen);
-            } else if (!f->cls || !f->cls[0]) {
-                unlabelled++;
-                if (unlabelled <= 3)
-                    dsrt__index_warn(ix, "%s: %s: no .cls label, left out", g->shards.v[k],
-                                     f->member);
-            } else if (!text && as_index(f->cls, &v)) {
-                if (nknown && (size_t)v >= nknown) {
-                    if (++unknown <= 3)
-                        dsrt__index_warn(ix,
-                                         "%s: %s: label %d, but there are %zu classes; "
-                                         "left out",
-                                         g->shards.v[k], f->member, (int)v, nknown);
-                    v = -1;
-                } else if (!nknown && v >= LABELS_MAX) {
-                    free(list);
-                    return dsrt__fail(DSRT_ETOOBIG,
-                                      "shards: %s: %s: label %d: without class names (an index "
-                                      "or classes.json beside the shards) a label is a class "
-                                      "index below %d",
-                                      g->shards.v[k], f->member, (int)v, (int)LABELS_MAX);
-                }
-            } else {
-                key = f->cls;
-                klen = strlen(f->cls);
-            }
-            if (key) {
-                /* A name: its place in the known names. */
-                v = -1;
-                size_t lo = 0, hi = nknown;
-                int sorted = known == list;
-                if (sorted) {
-                    while (lo < hi) {
-                        size_t mid = (lo + hi) / 2;
-                        int c = strncmp(known[mid], key, klen);
-                        if (c == 0 && known[mid][klen] != '\0') c = 1;
-                        if (c == 0) {
-                            v = (int32_t)mid;
-                            break;
-                        }
-                        if (c < 0)
-                            lo = mid + 1;
-                        else
-                            hi = mid;
-                    }
-                } else {
-                    for (size_t c = 0; c < nknown && v < 0; c++)
-                        if (strlen(known[c]) == klen && memcmp(known[c], key, klen) == 0)
-                            v = (int32_t)c;
-                }
-                if (v < 0 && ++unknown <= 3)
-                    dsrt__index_warn(ix,
-                                     "%s: %s: class '%.*s' is not one of the %zu classes; "
-                                     "left out",
-                                     g->shards.v[k], f->member, (int)klen, key, nknown);
-            }
-            labels[k][j] = v;
-            if (v > max_index) max_index = v;
-        }
+        if (!labels[k]) rc = -ENOMEM;
+        for (size_t j = 0; rc == 0 && j < g->nscanned[k]; j++)
+            rc = label_one(&L, k, &g->scanned[k][j], &labels[k][j]);
     }
-    if (unlabelled > 3)
-        dsrt__index_warn(ix, "... %zu samples without a .cls label left out in all", unlabelled);
-    if (unknown > 3)
-        dsrt__index_warn(ix, "... %zu samples with an unknown class left out", unknown);
-
-    /* The class names. */
-    if (none) {
-        static const char *const one[] = {""};
-        *names = dsrt__calloc(1, sizeof **names);
-        if (!*names) {
-            free(list);
-            return -ENOMEM;
-        }
-        (*names)[0] = one[0];
-        *nnames = 1;
-        free(list);
-        return 0;
-    }
-    if (nknown) {
-        *names = dsrt__calloc(nknown, sizeof **names);
-        if (!*names) {
-            free(list);
-            return -ENOMEM;
-        }
-        memcpy(*names, known, nknown * sizeof *known);
-        *nnames = nknown;
-    } else {
-        /* Integer labels and no names: the numbers are the names. */
-        size_t nc = (size_t)(max_index + 1);
-        *names = dsrt__calloc(nc ? nc : 1, sizeof **names);
-        if (!*names) {
-            free(list);
-            return -ENOMEM;
-        }
-        for (size_t c = 0; c < nc; c++) {
-            char num[24];
-            snprintf(num, sizeof num, "%zu", c);
-            (*names)[c] = dsrt_arena_strndup(&g->tmp, num, strlen(num));
-            if (!(*names)[c]) {
-                free(list);
-                return -ENOMEM;
-            }
-        }
-        *nnames = nc;
-    }
-    free(list);
-    return 0;
+    if (rc == 0 && L.unlabelled > 3)
+        dsrt__index_warn(ix, "... %zu samples without a .cls label left out in all", L.unlabelled);
+    if (rc == 0 && L.unknown > 3)
+        dsrt__index_warn(ix, "... %zu samples with an unknown class left out", L.unknown);
+    if (rc == 0) rc = class_names(&L, names, nnames);
+    free(L.list);
+    return rc;
 }
 
 /* Fills ix and its shard set from what was gathered. */

@@ -213,6 +213,55 @@ static uint64_t resync(walk *w, uint64_t off) {
     return UINT64_MAX;
 }
 
+/* An extended header of type at off (its data, size bytes, at data): what
+ * it says kept for the next member. 1 when the walk ends there (the header
+ * runs past the file), a negative code when reading failed, else 0. */
+static int extended(walk *w, char type, uint64_t off, uint64_t data, uint64_t size, int truncated) {
+    if (truncated) {
+        warnf(w, "%s: extended header at byte %llu runs past the end of the file", w->name,
+              (unsigned long long)off);
+        return 1;
+    }
+    if (type != 'x' && type != 'L') return 0;
+    int got = ext_read(w, data, size, type == 'x' ? "pax header" : "GNU long name");
+    if (got < 0) return got;
+    if (got && type == 'x') pax_apply(w, w->ext, (size_t)size, off);
+    if (got && type == 'L') {
+        size_t n = strnlen(w->ext, (size_t)size);
+        if (n > DSRT_TAR_NAME_MAX) {
+            warnf(w, "%s: GNU long name of %zu bytes at byte %llu: too long, ignored", w->name, n,
+                  (unsigned long long)off);
+        } else {
+            memcpy(w->long_name, w->ext, n);
+            w->long_name[n] = '\0';
+            w->long_len = n;
+            w->have_long = 1;
+        }
+    }
+    return 0;
+}
+
+/* The name of the member whose header is b, into out (NUL-terminated): an
+ * extended header's, or the ustar prefix and name (GNU's format uses the
+ * prefix field for other things). Returns its length. */
+static size_t member_name(const walk *w, const uint8_t *b, char *out) {
+    size_t len;
+    if (w->have_long) {
+        memcpy(out, w->long_name, w->long_len);
+        len = w->long_len;
+    } else {
+        len = 0;
+        int posix = memcmp(b + 257, "ustar\0", 6) == 0;
+        if (posix && b[345]) {
+            len = field_copy(out, b + 345, 155);
+            out[len++] = '/';
+        }
+        len += field_copy(out + len, b, 100);
+    }
+    out[len] = '\0';
+    return len;
+}
+
 int dsrt__tar_scan(const char *name, uint64_t file_size, dsrt_tar_read_fn read, void *read_ctx,
                    dsrt_tar_member_fn member, dsrt_tar_warn_fn warn, void *ctx) {
     walk w = {.name = name,
@@ -276,51 +325,16 @@ int dsrt__tar_scan(const char *name, uint64_t file_size, dsrt_tar_read_fn read, 
         int truncated = size > file_size - data;
 
         if (type == 'x' || type == 'g' || type == 'L' || type == 'K') {
-            if (truncated) {
-                warnf(&w, "%s: extended header at byte %llu runs past the end of the file", name,
-                      (unsigned long long)off);
+            int r = extended(&w, type, off, data, size, truncated);
+            if (r != 0) {
+                rc = r < 0 ? r : 0;
                 break;
-            }
-            if (type == 'x' || type == 'L') {
-                int got = ext_read(&w, data, size, type == 'x' ? "pax header" : "GNU long name");
-                if (got < 0) {
-                    rc = got;
-                    break;
-                }
-                if (got && type == 'x') pax_apply(&w, w.ext, (size_t)size, off);
-                if (got && type == 'L') {
-                    size_t n = strnlen(w.ext, (size_t)size);
-                    if (n > DSRT_TAR_NAME_MAX) {
-                        warnf(&w, "%s: GNU long name of %zu bytes at byte %llu: too long, ignored",
-                              name, n, (unsigned long long)off);
-                    } else {
-                        memcpy(w.long_name, w.ext, n);
-                        w.long_name[n] = '\0';
-                        w.long_len = n;
-                        w.have_long = 1;
-                    }
-                }
             }
             off = data + padded;
             continue;
         }
 
-        /* The member's name: an extended header's, or the ustar prefix and
-         * name (GNU's format uses the prefix field for other things). */
-        size_t len;
-        if (w.have_long) {
-            memcpy(name_buf, w.long_name, w.long_len);
-            len = w.long_len;
-        } else {
-            len = 0;
-            int posix = memcmp(b + 257, "ustar\0", 6) == 0;
-            if (posix && b[345]) {
-                len = field_copy(name_buf, b + 345, 155);
-                name_buf[len++] = '/';
-            }
-            len += field_copy(name_buf + len, b, 100);
-        }
-        name_buf[len] = '\0';
+        size_t len = member_name(&w, b, name_buf);
         w.have_long = w.have_pax_size = 0;
 
         dsrt_tar_member m = {
