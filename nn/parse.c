@@ -441,6 +441,7 @@ static void option_names(const dsrt_layer_type *t, char *buf, size_t size) {
 /* Parses one layer line (already stripped of its comment), tokens split in
  * place. Returns 0, or DSRT_EOPTION with the message (no line prefix). */
 static int parse_line(dsrt_layer *l, char **tok, int ntok) {
+    memset(l, 0, sizeof *l); /* the caller frees inputs_text whatever happens */
     const dsrt_layer_type *t = find_type(tok[0]);
     if (!t) {
         char names[512];
@@ -450,7 +451,6 @@ static int parse_line(dsrt_layer *l, char **tok, int ntok) {
                                    LAYER_TYPES[i].name);
         return dsrt__fail(DSRT_EOPTION, "unknown layer type '%s' (types: %s)", tok[0], names);
     }
-    memset(l, 0, sizeof *l);
     l->kind = t->kind;
     l->type = t->name;
     l->def = t;
