@@ -127,6 +127,10 @@ struct cpu_plan {
      * output: backward runs last to first, so it writes j's gradient first
      * and the others add theirs (grad_target). */
     int *last_use;
+    /* (n_layers) an add's output gradient, made for the first of it and the
+     * inputs sharing it (net.c's grad_share), which take its buffer when
+     * their layout is the same. */
+    dnnl_memory_t *share;
     float *probs; /* (n, classes) */
     const int32_t *labels;
     double loss;
@@ -711,8 +715,15 @@ static int new_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_des
     out->md = *md;
     int rc = mem_new(p, md, be->engine, NULL, &out->mem, L);
     if (rc) return rc;
-    if (p->train && dsrt__net_need_diff(be->net, i))
-        rc = mem_new(p, md, be->engine, NULL, &out->diff, L);
+    if (!p->train || !dsrt__net_need_diff(be->net, i)) return rc;
+    int key = be->net->grad_share[i] >= 0 ? be->net->grad_share[i]
+              : L->kind == DSRT_LAYER_ADD ? i
+                                          : -1;
+    dnnl_memory_t first = key >= 0 ? p->share[key] : NULL;
+    if (first && dnnl_memory_desc_equal(md_of(first), md))
+        return mem_new(p, md, be->engine, handle_of(first), &out->diff, L);
+    rc = mem_new(p, md, be->engine, NULL, &out->diff, L);
+    if (!rc && key >= 0 && !first) p->share[key] = out->diff;
     return rc;
 }
 
@@ -1353,10 +1364,12 @@ static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
     if (L->fuse_relu && lp->out.diff && (rc = fused_relu_bwd(be, p, i))) return rc;
     for (int k = 0; k < n && !rc; k++) {
         if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
+        tensor *in = &p->lp[L->inputs[k]].out;
+        if (handle_of(in->diff) == handle_of(lp->out.diff)) continue; /* shared: no copy */
         dnnl_memory_t tgt, acc;
         rc = grad_target(be, p, i, k, &tgt, &acc);
         if (!rc) rc = reorder_step(p, be, lp->out.diff, tgt, 1, i, STEP_ALWAYS, NULL, L);
-        if (!rc) rc = grad_add(be, p, i, p->lp[L->inputs[k]].out.diff, acc);
+        if (!rc) rc = grad_add(be, p, i, in->diff, acc);
     }
     return rc;
 }
@@ -1474,6 +1487,7 @@ static void plan_free(cpu_plan *p) {
     }
     free(p->lp);
     free(p->last_use);
+    free(p->share);
     free(p->fwd);
     free(p->bwd);
     free(p->mems);
@@ -1496,7 +1510,8 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
     p->n_layers = net->n_layers;
     p->lp = dsrt__calloc((size_t)net->n_layers, sizeof *p->lp);
     p->last_use = dsrt__calloc((size_t)net->n_layers, sizeof *p->last_use);
-    if (!p->lp || !p->last_use) {
+    p->share = dsrt__calloc((size_t)net->n_layers, sizeof *p->share);
+    if (!p->lp || !p->last_use || !p->share) {
         rc = -ENOMEM;
         goto fail;
     }

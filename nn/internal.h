@@ -193,6 +193,10 @@ struct dsrt_net {
     /* (n_layers) 1: backward produces the gradient of layer i's output (a
      * layer that learns lies on a path from the input to it). */
     int *need_diff;
+    /* (n_layers) the add layer whose output gradient layer i's output
+     * gradient can be (one buffer, no copy), or -1 (grad_share in net.c
+     * says when). */
+    int *grad_share;
     char *desc;   /* the description text */
     char *source; /* what the description came from, for messages */
     dsrt_shape input;

@@ -1025,6 +1025,31 @@ static void test_graph_equals_chain(void) {
     }
 }
 
+/* An add hands its gradient to its inputs unchanged: resnet20's adds share
+ * their output gradient's buffer with both inputs (the block's last
+ * batchnorm or projection, and the block's input unless it is a ReLU the
+ * layer before computes), so backward copies nothing there. */
+static void test_grad_share(void) {
+    dsrt_net *r = make("resnet20", 0, 0, 0, 10, 1);
+    int adds = 0, shared = 0;
+    for (int i = 1; i < r->n_layers; i++) {
+        const dsrt_layer *l = &r->layers[i];
+        if (l->kind != DSRT_LAYER_ADD) continue;
+        adds++;
+        for (int k = 0; k < l->n_inputs; k++) {
+            const dsrt_layer *in = &r->layers[l->inputs[k]];
+            int share = r->grad_share[l->inputs[k]] == i;
+            shared += share;
+            if (in->kind == DSRT_LAYER_BATCHNORM || in->kind == DSRT_LAYER_ADD) CHECK(share);
+        }
+    }
+    fprintf(stderr, "  resnet20: %d of its adds' %d inputs share the add's gradient\n", shared,
+            2 * adds);
+    CHECK_EQ(adds, 9);
+    CHECK_EQ(shared, 17);
+    dsrt_net_destroy(r);
+}
+
 /* Graph descriptions refused, naming the line and what is wrong. */
 static void test_graph_errors(void) {
     expect_error("input\nconv name=a filters=2 size=1 inputs=b\nconv name=b filters=2 size=1\n"
@@ -1058,6 +1083,7 @@ int main(void) {
     RUN(test_graph_errors);
     RUN(test_grad_graph);
     RUN(test_graph_equals_chain);
+    RUN(test_grad_share);
     RUN(test_builtin_sizes);
     RUN(test_forward_layers);
     RUN(test_input_normalization);
