@@ -64,6 +64,8 @@ typedef struct {
     int sh, sw;         /* stride */
     int pt, pb, pl, pr; /* padding, top bottom left right */
     int pad_same;       /* MATLAB 'same': output = ceil(input / stride) */
+    int count_pad;      /* avgpool: 1 the mean divides by the window's size (padding counts as
+                         * zeros); 0 by the number of its elements inside the image */
     int dh, dw;         /* dilation (1 = none) */
     int groups;
     int bias; /* conv, fc: 1 learnable bias, 0 none */
