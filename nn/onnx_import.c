@@ -139,6 +139,10 @@ static int nfail(imp *c, int code, const char *fmt, ...) {
     c->err = code;
     const onnx_node *n = c->cur;
     if (!n) return dsrt__fail(code, "onnx: %s: %s", c->file, msg);
+    if (!n->name.n && n->n_out && n->out[0].n) /* an unnamed node: by its output */
+        return dsrt__fail(code, "onnx: %s: node %d (output '%s') (%s, opset %lld): %s", c->file,
+                          n->index, dsrt__onnx_shown(n->out[0], b1, sizeof b1),
+                          dsrt__onnx_shown(n->op, b2, sizeof b2), (long long)c->m.opset, msg);
     return dsrt__fail(code, "onnx: %s: node %d '%s' (%s, opset %lld): %s", c->file, n->index,
                       dsrt__onnx_shown(n->name, b1, sizeof b1),
                       dsrt__onnx_shown(n->op, b2, sizeof b2), (long long)c->m.opset, msg);
