@@ -247,10 +247,8 @@ int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const c
         case TENSOR_INT64_DATA:
         case TENSOR_DOUBLE_DATA:
         case TENSOR_UINT64_DATA: {
-            int width = f.number == TENSOR_FLOAT_DATA    ? 4
-                        : f.number == TENSOR_DOUBLE_DATA ? 8
-                        : f.number == TENSOR_UINT64_DATA ? 0
-                                                         : 0;
+            /* fixed32 floats, fixed64 doubles, varints for the others */
+            int width = f.number == TENSOR_FLOAT_DATA ? 4 : f.number == TENSOR_DOUBLE_DATA ? 8 : 0;
             if (f.number == TENSOR_STRING_DATA) {
                 if ((rc = wire_is(&f, DSRT_PB_BYTES, "string_data"))) goto fail;
                 typed[f.number]++;
