@@ -1127,7 +1127,9 @@ static int plan_relu(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 static dnnl_alg_kind_t pool_alg(const dsrt_layer *L) {
-    return L->kind == DSRT_LAYER_MAXPOOL ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
+    if (L->kind == DSRT_LAYER_MAXPOOL) return dnnl_pooling_max;
+    if (L->kind == DSRT_LAYER_AVGPOOL && !L->o.count_pad) return dnnl_pooling_avg_exclude_padding;
+    return dnnl_pooling_avg_include_padding;
 }
 
 static dnnl_status_t pool_backward(op_desc *bd, const dsrt_layer *L, const dnnl_memory_desc_t *src,

@@ -1049,7 +1049,10 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
                                 gap ? 1 : L->o.sw,
                                 gap ? 0 : L->pt,
                                 gap ? 0 : L->pl,
-                                L->kind == DSRT_LAYER_MAXPOOL ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
+                                L->kind == DSRT_LAYER_MAXPOOL ? DSRT_K_POOL_MAX
+                                : L->kind == DSRT_LAYER_AVGPOOL && !L->o.count_pad
+                                    ? DSRT_K_POOL_AVG_INSIDE
+                                    : DSRT_K_POOL_AVG};
         return 0;
     }
     case DSRT_LAYER_LRN:

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define RNG_STREAM_INIT 0x494e4954u /* "INIT" */
 
@@ -179,15 +180,38 @@ static int detach_backend(dsrt_net *net) {
     return rc;
 }
 
+/*
+ * The flat buffers, zeroed and 64-byte aligned. One of a megabyte or more is
+ * mapped anonymously: the kernel's zero pages become memory only where they
+ * are written, so a net that is only run forward (a model loaded or imported
+ * to classify) never pays for its gradient buffer, and building it does not
+ * write the whole of its parameters twice.
+ */
+#define MAPPED_BYTES ((size_t)1 << 20)
+
+static size_t floats_bytes(size_t n) {
+    return ((n ? n : 1) * sizeof(float) + 63) & ~(size_t)63;
+}
+
 static float *alloc_floats(size_t n) {
-    size_t bytes = ((n ? n : 1) * sizeof(float) + 63) & ~(size_t)63;
-    float *p = aligned_alloc(64, bytes);
-    if (!p) {
-        dsrt__fail(-ENOMEM, "out of memory allocating %zu floats", n);
-        return NULL;
+    size_t bytes = floats_bytes(n);
+    float *p;
+    if (bytes >= MAPPED_BYTES) {
+        void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        p = m == MAP_FAILED ? NULL : m;
+    } else if ((p = aligned_alloc(64, bytes))) {
+        memset(p, 0, bytes);
     }
-    memset(p, 0, bytes);
+    if (!p) dsrt__fail(-ENOMEM, "out of memory allocating %zu floats", n);
     return p;
+}
+
+static void free_floats(float *p, size_t n) {
+    if (!p) return;
+    if (floats_bytes(n) >= MAPPED_BYTES)
+        munmap(p, floats_bytes(n));
+    else
+        free(p);
 }
 
 /* Structure: input first, softmax last, neither elsewhere. */
@@ -579,9 +603,9 @@ void dsrt_net_destroy(dsrt_net *net) {
     free(net->grad_share);
     free(net->desc);
     free(net->source);
-    free(net->params);
-    free(net->grads);
-    free(net->state);
+    free_floats(net->params, net->n_params);
+    free_floats(net->grads, net->n_params);
+    free_floats(net->state, net->n_state);
     free(net->layer_bucket);
     free(net->buckets);
     free(net);

@@ -204,6 +204,9 @@ static const case_net ISOLATED[] = {
      3},
     {"input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1\nfc outputs=3\nsoftmax\n", 9, 8,
      3, 3, 4},
+    {"input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1,0,0,1 count_pad=0\nfc outputs=3\n"
+     "softmax\n",
+     9, 8, 3, 3, 4},
     {"input\nconv filters=6 size=1\nlrn size=5 alpha=0.1 beta=0.75 k=1\nfc outputs=3\nsoftmax\n", 5,
      4, 6, 3, 4},
     {"input\nconv filters=3 size=1\nlrn size=3 alpha=1e-2 beta=0.5 k=2\nfc outputs=3\nsoftmax\n", 5,

@@ -242,6 +242,10 @@ static void test_grad_pool(void) {
         "input\nconv filters=3 size=1\nmaxpool size=3 stride=2 pad=1\nfc outputs=3\nsoftmax\n", 7,
         7, 2, 3, 3, 0);
     grad_check(
+        "input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1 count_pad=0\nfc outputs=3\n"
+        "softmax\n",
+        7, 7, 2, 3, 3, 0);
+    grad_check(
         "input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1\nfc outputs=3\nsoftmax\n", 7,
         7, 2, 3, 3, 0);
     grad_check("input\nconv filters=3 size=1\ngap\nfc outputs=3\nsoftmax\n", 5, 4, 2, 3, 3, 0);
@@ -301,6 +305,7 @@ static void ref_pool(const dsrt_layer *l, const float *x, double *yv, int n) {
             for (int oy = 0; oy < os->h; oy++)
                 for (int ox = 0; ox < os->w; ox++) {
                     double mx = -INFINITY, sum = 0;
+                    int inside = 0;
                     for (int ky = 0; ky < l->o.kh; ky++)
                         for (int kx = 0; kx < l->o.kw; kx++) {
                             int iy = oy * l->o.sh - l->pt + ky, ix = ox * l->o.sw - l->pl + kx;
@@ -308,9 +313,12 @@ static void ref_pool(const dsrt_layer *l, const float *x, double *yv, int n) {
                             double v = in_at(x, is, b, c, iy, ix);
                             mx = fmax(mx, v);
                             sum += v;
+                            inside++;
                         }
                     yv[(((size_t)b * os->c + c) * os->h + oy) * os->w + ox] =
-                        l->kind == DSRT_LAYER_MAXPOOL ? mx : sum / (l->o.kh * l->o.kw);
+                        l->kind == DSRT_LAYER_MAXPOOL ? mx
+                        : l->o.count_pad              ? sum / (l->o.kh * l->o.kw)
+                                                      : sum / inside;
                 }
 }
 
@@ -490,6 +498,10 @@ static void test_forward_layers(void) {
                       "leakyrelu leak=0.2\navgpool size=3 stride=2 pad=1\nlrn size=5 alpha=0.1 "
                       "beta=0.75 k=1\ngap\nfc outputs=3\nsoftmax\n",
                       9, 8, 3, 3, 2, train);
+        forward_check(
+            "input\nconv filters=4 size=3 pad=1\navgpool size=3 stride=2 pad=1,0,0,1 "
+            "count_pad=0\nrelu\navgpool size=2 pad=1 count_pad=0\nfc outputs=3\nsoftmax\n",
+            9, 8, 3, 3, 2, train);
         forward_check("input\nconv filters=16 size=1\nbatchnorm\nfc outputs=3\nsoftmax\n", 4, 4, 3,
                       3, 8, train);
         forward_check("input\nconv filters=20 size=3 pad=1\nbatchnorm\nfc outputs=3\nsoftmax\n", 4,
