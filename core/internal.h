@@ -160,6 +160,12 @@ int dsrt__read_whole_file(const char *path, size_t max, uint8_t **data, size_t *
  * Both writers refuse to replace anything but a regular file (or a link). */
 int dsrt__write_file_atomic(const char *path, const void *data, size_t size);
 
+/* The same for a file made of n parts written one after the other: a large
+ * file is written from where its pieces are, never copied into one buffer
+ * first. */
+int dsrt__write_parts_atomic(const char *path, const void *const *parts, const size_t *sizes,
+                             int n);
+
 /* Writes data to path through a temporary file and a rename, without
  * fsync: readers never see half a file, and writing many files stays fast
  * (the caller may syncfs once at the end). */

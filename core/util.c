@@ -170,7 +170,8 @@ fail:
     return rc;
 }
 
-static int write_file(const char *path, const void *data, size_t size, int durable) {
+static int write_file(const char *path, const void *const *parts, const size_t *sizes, int n_parts,
+                      int durable) {
     /* The rename would replace whatever is there: never a device, a FIFO
      * or a folder (as root, "/dev/null" would go). */
     struct stat st;
@@ -191,15 +192,17 @@ static int write_file(const char *path, const void *data, size_t size, int durab
         rc = dsrt__fail(-errno, "%s: %s", tmp, strerror(errno));
         goto out;
     }
-    const uint8_t *p = data;
-    for (size_t done = 0; done < size;) {
-        ssize_t w = write(fd, p + done, size - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) {
-            rc = dsrt__fail(-errno, "%s: %s", tmp, strerror(errno));
-            goto out;
+    for (int k = 0; k < n_parts; k++) {
+        const uint8_t *p = parts[k];
+        for (size_t done = 0; done < sizes[k];) {
+            ssize_t w = write(fd, p + done, sizes[k] - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0) {
+                rc = dsrt__fail(-errno, "%s: %s", tmp, strerror(errno));
+                goto out;
+            }
+            done += (size_t)w;
         }
-        done += (size_t)w;
     }
     if (durable && fsync(fd) != 0) {
         rc = dsrt__fail(-errno, "%s: fsync: %s", tmp, strerror(errno));
@@ -227,11 +230,16 @@ out:
 }
 
 int dsrt__write_file_atomic(const char *path, const void *data, size_t size) {
-    return write_file(path, data, size, 1);
+    return write_file(path, &data, &size, 1, 1);
+}
+
+int dsrt__write_parts_atomic(const char *path, const void *const *parts, const size_t *sizes,
+                             int n) {
+    return write_file(path, parts, sizes, n, 1);
 }
 
 int dsrt__write_file_replace(const char *path, const void *data, size_t size) {
-    return write_file(path, data, size, 0);
+    return write_file(path, &data, &size, 1, 0);
 }
 
 // ----------------------------------------------------------------------------

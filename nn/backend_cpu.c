@@ -127,6 +127,10 @@ struct cpu_plan {
      * output: backward runs last to first, so it writes j's gradient first
      * and the others add theirs (grad_target). */
     int *last_use;
+    /* (n_layers) an add's output gradient, made for the first of it and the
+     * inputs sharing it (net.c's grad_share), which take its buffer when
+     * their layout is the same. */
+    dnnl_memory_t *share;
     float *probs; /* (n, classes) */
     const int32_t *labels;
     double loss;
@@ -711,8 +715,15 @@ static int new_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_des
     out->md = *md;
     int rc = mem_new(p, md, be->engine, NULL, &out->mem, L);
     if (rc) return rc;
-    if (p->train && dsrt__net_need_diff(be->net, i))
-        rc = mem_new(p, md, be->engine, NULL, &out->diff, L);
+    if (!p->train || !dsrt__net_need_diff(be->net, i)) return rc;
+    int key = be->net->grad_share[i] >= 0 ? be->net->grad_share[i]
+              : L->kind == DSRT_LAYER_ADD ? i
+                                          : -1;
+    dnnl_memory_t first = key >= 0 ? p->share[key] : NULL;
+    if (first && dnnl_memory_desc_equal(md_of(first), md))
+        return mem_new(p, md, be->engine, handle_of(first), &out->diff, L);
+    rc = mem_new(p, md, be->engine, NULL, &out->diff, L);
+    if (!rc && key >= 0 && !first) p->share[key] = out->diff;
     return rc;
 }
 
@@ -759,10 +770,9 @@ static int fused_relu_bwd(cpu_backend *be, cpu_plan *p, int i) {
  * writes first), else a scratch tensor (*acc) that grad_add then adds into
  * the gradient: a layer whose output feeds several gets the sum of theirs.
  */
-static int grad_target(cpu_backend *be, cpu_plan *p, int i, int k, dnnl_memory_t *out,
-                       dnnl_memory_t *acc) {
+static int grad_target_of(cpu_backend *be, cpu_plan *p, int i, int k, const tensor *in,
+                          dnnl_memory_t *out, dnnl_memory_t *acc) {
     const dsrt_layer *L = &be->net->layers[i];
-    tensor *in = &p->lp[L->inputs[k]].out;
     *acc = NULL;
     if (p->last_use[L->inputs[k]] == i) {
         *out = in->diff;
@@ -773,6 +783,26 @@ static int grad_target(cpu_backend *be, cpu_plan *p, int i, int k, dnnl_memory_t
     return rc;
 }
 
+static int grad_target(cpu_backend *be, cpu_plan *p, int i, int k, dnnl_memory_t *out,
+                       dnnl_memory_t *acc) {
+    const dsrt_layer *L = &be->net->layers[i];
+    return grad_target_of(be, p, i, k, &p->lp[L->inputs[k]].out, out, acc);
+}
+
+/* Layer L's k-th input as a 4-d tensor (n, c, h, w), for add and concat:
+ * the tensor itself, or a fully connected layer's (n, c) output and its
+ * gradient seen as (n, c, 1, 1), the same bytes. */
+static int input4(cpu_backend *be, cpu_plan *p, const dsrt_layer *L, int k, tensor *out) {
+    const tensor *t = &p->lp[L->inputs[k]].out;
+    *out = *t;
+    if (t->md.ndims == 4) return 0;
+    const dsrt_layer *in = &be->net->layers[L->inputs[k]];
+    dnnl_dims_t dims = {p->n, in->out.c, in->out.h, in->out.w};
+    if (md_plain(&out->md, 4, dims)) return dnnl_fail(dnnl_invalid_arguments, "input view", L);
+    int rc = mem_new(p, &out->md, be->engine, handle_of(t->mem), &out->mem, L);
+    if (!rc && t->diff) rc = mem_new(p, &out->md, be->engine, handle_of(t->diff), &out->diff, L);
+    return rc;
+}
 /* diff += acc (when grad_target gave a scratch tensor), a step of layer i's
  * backward. */
 static int grad_add(cpu_backend *be, cpu_plan *p, int i, dnnl_memory_t diff, dnnl_memory_t acc) {
@@ -1116,7 +1146,9 @@ static int plan_relu(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 static dnnl_alg_kind_t pool_alg(const dsrt_layer *L) {
-    return L->kind == DSRT_LAYER_MAXPOOL ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
+    if (L->kind == DSRT_LAYER_MAXPOOL) return dnnl_pooling_max;
+    if (L->kind == DSRT_LAYER_AVGPOOL && !L->o.count_pad) return dnnl_pooling_avg_exclude_padding;
+    return dnnl_pooling_avg_include_padding;
 }
 
 static dnnl_status_t pool_backward(op_desc *bd, const dsrt_layer *L, const dnnl_memory_desc_t *src,
@@ -1303,11 +1335,13 @@ out:
 static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
-    const dnnl_memory_desc_t *md = &p->lp[L->inputs[0]].out.md;
+    tensor in[DSRT_INPUTS_MAX];
     dnnl_memory_t src[DSRT_INPUTS_MAX];
     int rc = 0, n = L->n_inputs;
-    for (int k = 0; k < n && !rc; k++)
-        rc = ensure(p, be, p->lp[L->inputs[k]].out.mem, md, 0, i, &src[k], L);
+    for (int k = 0; k < n && !rc; k++) rc = input4(be, p, L, k, &in[k]);
+    if (rc) return rc;
+    const dnnl_memory_desc_t *md = &in[0].md;
+    for (int k = 0; k < n && !rc; k++) rc = ensure(p, be, in[k].mem, md, 0, i, &src[k], L);
     if (!rc) rc = new_output(be, p, i, md);
     if (rc) return rc;
     dnnl_primitive_desc_t pd;
@@ -1353,10 +1387,11 @@ static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
     if (L->fuse_relu && lp->out.diff && (rc = fused_relu_bwd(be, p, i))) return rc;
     for (int k = 0; k < n && !rc; k++) {
         if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
+        if (handle_of(in[k].diff) == handle_of(lp->out.diff)) continue; /* shared: no copy */
         dnnl_memory_t tgt, acc;
-        rc = grad_target(be, p, i, k, &tgt, &acc);
+        rc = grad_target_of(be, p, i, k, &in[k], &tgt, &acc);
         if (!rc) rc = reorder_step(p, be, lp->out.diff, tgt, 1, i, STEP_ALWAYS, NULL, L);
-        if (!rc) rc = grad_add(be, p, i, p->lp[L->inputs[k]].out.diff, acc);
+        if (!rc) rc = grad_add(be, p, i, in[k].diff, acc);
     }
     return rc;
 }
@@ -1372,8 +1407,12 @@ static int plan_concat(cpu_backend *be, cpu_plan *p, int i) {
     int n = L->n_inputs, rc;
     dnnl_dims_t dims = {p->n, L->out.c, L->out.h, L->out.w};
     dnnl_memory_desc_t dst, mds[DSRT_INPUTS_MAX];
+    tensor in[DSRT_INPUTS_MAX];
     DN("concat", dnnl_memory_desc_init_by_tag(&dst, 4, dims, dnnl_f32, dnnl_acdb));
-    for (int k = 0; k < n; k++) mds[k] = p->lp[L->inputs[k]].out.md;
+    for (int k = 0; k < n; k++) {
+        if ((rc = input4(be, p, L, k, &in[k]))) return rc;
+        mds[k] = in[k].md;
+    }
     dnnl_primitive_attr_t attr;
     if ((rc = attr_new(&attr, 0, 0, L))) return rc;
     dnnl_primitive_desc_t pd;
@@ -1385,22 +1424,21 @@ static int plan_concat(cpu_backend *be, cpu_plan *p, int i) {
     if (!rc) rc = prim_step(p, be, pd, 0, i, &s, L);
     dnnl_primitive_desc_destroy(pd);
     if (rc) return rc;
-    for (int k = 0; k < n; k++) arg(s, DNNL_ARG_MULTIPLE_SRC + k, p->lp[L->inputs[k]].out.mem);
+    for (int k = 0; k < n; k++) arg(s, DNNL_ARG_MULTIPLE_SRC + k, in[k].mem);
     arg(s, DNNL_ARG_DST, lp->out.mem);
     if (!p->train) return 0;
     int c0 = 0;
     for (int k = 0; k < n && !rc; k++) {
-        const dsrt_layer *in = &be->net->layers[L->inputs[k]];
-        int ck = in->out.c;
+        int ck = be->net->layers[L->inputs[k]].out.c;
         if (dsrt__net_need_diff(be->net, L->inputs[k])) {
             dnnl_dims_t sd = {p->n, ck, L->out.h, L->out.w}, off = {0, c0, 0, 0};
             dnnl_memory_desc_t sub;
             dnnl_memory_t view, tgt, acc;
             DN("concat backward", dnnl_memory_desc_init_submemory(&sub, &dst, sd, off));
             rc = mem_new(p, &sub, be->engine, handle_of(lp->out.diff), &view, L);
-            if (!rc) rc = grad_target(be, p, i, k, &tgt, &acc);
+            if (!rc) rc = grad_target_of(be, p, i, k, &in[k], &tgt, &acc);
             if (!rc) rc = reorder_step(p, be, view, tgt, 1, i, STEP_ALWAYS, NULL, L);
-            if (!rc) rc = grad_add(be, p, i, p->lp[L->inputs[k]].out.diff, acc);
+            if (!rc) rc = grad_add(be, p, i, in[k].diff, acc);
         }
         c0 += ck;
     }
@@ -1474,6 +1512,7 @@ static void plan_free(cpu_plan *p) {
     }
     free(p->lp);
     free(p->last_use);
+    free(p->share);
     free(p->fwd);
     free(p->bwd);
     free(p->mems);
@@ -1496,7 +1535,8 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
     p->n_layers = net->n_layers;
     p->lp = dsrt__calloc((size_t)net->n_layers, sizeof *p->lp);
     p->last_use = dsrt__calloc((size_t)net->n_layers, sizeof *p->last_use);
-    if (!p->lp || !p->last_use) {
+    p->share = dsrt__calloc((size_t)net->n_layers, sizeof *p->share);
+    if (!p->lp || !p->last_use || !p->share) {
         rc = -ENOMEM;
         goto fail;
     }

@@ -690,9 +690,11 @@ static int flattens(const dsrt_layer *l) {
 }
 
 /* Lays the plan's tensors out over c (pointers are NULL while measuring). */
-static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy) {
+static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy,
+                        void **share) {
     const dsrt_net *net = be->net;
     int n = p->n;
+    for (int i = 0; i < net->n_layers; i++) share[i] = NULL;
     size_t at = type_size(be->act), bg = 0, bnw = 0, acc = 0;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
@@ -703,7 +705,18 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
             g->dy = p->gl[l->inputs[0]].dy;
         } else {
             g->y = take(c, cnt * el);
-            g->dy = need_dy[i] ? take(c, cnt * at) : NULL;
+            /* An add and the inputs that share its gradient (net.c's
+             * grad_share): one buffer, made for the first of them. */
+            int key = net->grad_share[i] >= 0 ? net->grad_share[i]
+                      : l->kind == DSRT_LAYER_ADD ? i
+                                                  : -1;
+            if (!need_dy[i])
+                g->dy = NULL;
+            else if (p->train && key >= 0) {
+                if (!share[key]) share[key] = take(c, cnt * at);
+                g->dy = share[key];
+            } else
+                g->dy = take(c, cnt * at);
         }
         if (i == 0) continue;
         if (g->pad_explicit) g->xp = take(c, (size_t)n * l->in.c * g->ph * g->pw * at);
@@ -1036,7 +1049,10 @@ static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
                                 gap ? 1 : L->o.sw,
                                 gap ? 0 : L->pt,
                                 gap ? 0 : L->pl,
-                                L->kind == DSRT_LAYER_MAXPOOL ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
+                                L->kind == DSRT_LAYER_MAXPOOL ? DSRT_K_POOL_MAX
+                                : L->kind == DSRT_LAYER_AVGPOOL && !L->o.count_pad
+                                    ? DSRT_K_POOL_AVG_INSIDE
+                                    : DSRT_K_POOL_AVG};
         return 0;
     }
     case DSRT_LAYER_LRN:
@@ -1196,6 +1212,7 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     void *fws = NULL;
     int fws_own = 0;
     int *need_dy = NULL;
+    void **share = NULL;
     size_t need = 0;
     *out = NULL;
     gpu_plan *p = dsrt__calloc(1, sizeof *p);
@@ -1205,7 +1222,8 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     p->n_layers = nl;
     p->gl = dsrt__calloc((size_t)nl, sizeof *p->gl);
     need_dy = dsrt__calloc((size_t)nl, sizeof *need_dy);
-    if (!p->gl || !need_dy) {
+    share = dsrt__calloc((size_t)nl, sizeof *share);
+    if (!p->gl || !need_dy || !share) {
         rc = -ENOMEM;
         goto fail;
     }
@@ -1236,7 +1254,7 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     for (int i = 0; i < nl; i++)
         if ((rc = plan_layer_desc(be, p, i, &need))) goto fail;
     carve c = {NULL, 0};
-    plan_layout(be, p, &c, need_dy);
+    plan_layout(be, p, &c, need_dy, share);
     p->mem_size = c.at ? c.at : 1;
     /* Once sizes are reserved, a smaller batch's tensors lie in the memory of
      * a larger batch's plan of the same mode (only one of them runs at a
@@ -1248,7 +1266,7 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
         goto fail;
     c.base = p->mem;
     c.at = 0;
-    plan_layout(be, p, &c, need_dy);
+    plan_layout(be, p, &c, need_dy, share);
 
     /* Convolution algorithms, timed with a scratch workspace as large as
      * memory allows (up to FIND_WS_MAX), or once sizes are reserved, in the
@@ -1304,11 +1322,13 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
         if (net->layers[i].kind == DSRT_LAYER_BATCHNORM) plan_bn_try(be, p, i);
     }
     free(need_dy);
+    free(share);
     *out = p;
     return 0;
 fail:
     if (fws_own) cudaFree(fws);
     free(need_dy);
+    free(share);
     plan_free(p);
     return rc;
 }
@@ -1854,7 +1874,7 @@ static int bwd_join(cuda_backend *be, gpu_plan *p, int i) {
             if (L->kind == DSRT_LAYER_CONCAT) {
                 CU(dsrt_k_channels(&in->kd, in->dy, &g->kd, g->dy, c0, 0, p->last_use[j] != i,
                                    be->compute));
-            } else {
+            } else if (in->dy != g->dy) { /* else it shares the add's gradient */
                 void *dx = grad_ptr(p, i, j);
                 CU(cudaMemcpyAsync(dx, g->dy, out_count(L, p->n) * type_size(be->act),
                                    cudaMemcpyDeviceToDevice, be->compute));

@@ -45,6 +45,9 @@ typedef enum {
 #define DSRT_INPUTS_MAX     64 /* inputs a layer may take (add, concat) */
 #define DSRT_CLASSES_AUTO   (-1) /* "outputs=classes" */
 #define DSRT_INIT_DEFAULT   (-1) /* the net's initialiser */
+/* A class name kept in a description: this comment, then the name, one
+ * line a class in class order (runtime/train_model.c writes them). */
+#define DSRT_CLASS_LINE "# dsrt-class: "
 
 typedef struct {
     int c, h, w;
@@ -64,6 +67,8 @@ typedef struct {
     int sh, sw;         /* stride */
     int pt, pb, pl, pr; /* padding, top bottom left right */
     int pad_same;       /* MATLAB 'same': output = ceil(input / stride) */
+    int count_pad;      /* avgpool: 1 the mean divides by the window's size (padding counts as
+                         * zeros); 0 by the number of its elements inside the image */
     int dh, dw;         /* dilation (1 = none) */
     int groups;
     int bias; /* conv, fc: 1 learnable bias, 0 none */
@@ -193,6 +198,10 @@ struct dsrt_net {
     /* (n_layers) 1: backward produces the gradient of layer i's output (a
      * layer that learns lies on a path from the input to it). */
     int *need_diff;
+    /* (n_layers) the add layer whose output gradient layer i's output
+     * gradient can be (one buffer, no copy), or -1 (grad_share in net.c
+     * says when). */
+    int *grad_share;
     char *desc;   /* the description text */
     char *source; /* what the description came from, for messages */
     dsrt_shape input;

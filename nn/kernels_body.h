@@ -114,11 +114,13 @@ typedef struct {
 /* Pooling: x (xd) to y (yd), both of one n, c, layout and type; a kh x kw
  * window moved by (sh, sw) from (-pt, -pl). Max ignores the padding (as
  * padding with -infinity); average divides by kh * kw, the padding counted
- * as zeros (as the CPU backend's pooling). Global average pooling is the
- * window of the whole image. */
+ * as zeros (as the CPU backend's pooling), or with DSRT_K_POOL_AVG_INSIDE by
+ * the number of the window's elements inside the image (avgpool
+ * count_pad=0). Global average pooling is the window of the whole image. */
 typedef enum {
     DSRT_K_POOL_MAX = 0,
     DSRT_K_POOL_AVG = 1,
+    DSRT_K_POOL_AVG_INSIDE = 2,
 } dsrt_k_pool_mode;
 
 typedef struct {
@@ -692,7 +694,21 @@ static inline int dsrt_kb_pool_ok(const dsrt_k_pool *p) {
     return dsrt_kb_desc_ok(x) && dsrt_kb_desc_ok(y) && x->n == y->n && x->c == y->c &&
            x->nhwc == y->nhwc && x->type == y->type && p->kh > 0 && p->kw > 0 && p->sh > 0 &&
            p->sw > 0 && p->pt >= 0 && p->pl >= 0 && p->pt < p->kh && p->pl < p->kw &&
-           (p->mode == DSRT_K_POOL_MAX || p->mode == DSRT_K_POOL_AVG);
+           (p->mode == DSRT_K_POOL_MAX || p->mode == DSRT_K_POOL_AVG ||
+            p->mode == DSRT_K_POOL_AVG_INSIDE);
+}
+
+/* What average pooling divides window (oh, ow)'s sum by: kh kw, or the
+ * number of its elements inside the image. */
+static inline DSRT_HOST_DEVICE float dsrt_kb_pool_area(const dsrt_k_pool *p, int oh, int ow) {
+    if (p->mode != DSRT_K_POOL_AVG_INSIDE) return (float)(p->kh * p->kw);
+    int r0 = oh * p->sh - p->pt, c0 = ow * p->sw - p->pl;
+    int r1 = r0 + p->kh < p->xd.h ? r0 + p->kh : p->xd.h,
+        c1 = c0 + p->kw < p->xd.w ? c0 + p->kw : p->xd.w;
+    r0 = r0 > 0 ? r0 : 0;
+    c0 = c0 > 0 ? c0 : 0;
+    int n = (r1 - r0) * (c1 - c0);
+    return (float)(n > 0 ? n : 1);
 }
 
 /* The first largest element of window (b, ch, oh, ow) (NaN wins: it
@@ -738,7 +754,7 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_pool_fwd(const dsrt_k_pool *p, const
     dsrt_kb_coord o = dsrt_kb_coord_of(i, yd->c, yd->h, yd->w, yd->nhwc);
     float best, sum;
     size_t at = dsrt_kb_pool_window(p, x, o, &best, &sum);
-    float v = p->mode == DSRT_K_POOL_MAX ? best : DSRT_FDIV(sum, (float)(p->kh * p->kw));
+    float v = p->mode == DSRT_K_POOL_MAX ? best : DSRT_FDIV(sum, dsrt_kb_pool_area(p, o.r, o.col));
     dsrt_kb_store(y, yd->type, i, v);
     if (arg && p->mode == DSRT_K_POOL_MAX) {
         dsrt_kb_coord k = dsrt_kb_coord_of(at, p->xd.c, p->xd.h, p->xd.w, p->xd.nhwc);
@@ -768,7 +784,7 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_pool_bwd(const dsrt_k_pool *p, const
     int h0, h1, w0, w1;
     dsrt_kb_pool_span(k.r, p->kh, p->sh, p->pt, yd->h, &h0, &h1);
     dsrt_kb_pool_span(k.col, p->kw, p->sw, p->pl, yd->w, &w0, &w1);
-    float acc = 0.0f, area = (float)(p->kh * p->kw);
+    float acc = 0.0f;
     for (int oh = h0; oh <= h1; oh++)
         for (int ow = w0; ow <= w1; ow++) {
             dsrt_kb_coord o = k;
@@ -786,7 +802,8 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_pool_bwd(const dsrt_k_pool *p, const
                 }
                 if (won) acc = DSRT_FADD(acc, dsrt_kb_load(dy, yd->type, oi));
             } else {
-                acc = DSRT_FADD(acc, DSRT_FDIV(dsrt_kb_load(dy, yd->type, oi), area));
+                acc = DSRT_FADD(
+                    acc, DSRT_FDIV(dsrt_kb_load(dy, yd->type, oi), dsrt_kb_pool_area(p, oh, ow)));
             }
         }
     dsrt_kb_store(dx, xd->type, i, acc);

@@ -2,8 +2,9 @@
  * Model and checkpoint files: a small versioned binary format in which every
  * part carries its length and a CRC-32, so that a damaged, truncated or
  * foreign file is refused with the reason, never half-loaded. Files are
- * written whole to memory and then atomically (temporary file, fsync,
- * rename): a reader sees the old file or the new one.
+ * written atomically (temporary file, fsync, rename): a reader sees the old
+ * file or the new one. The parameters and the optimizer's state are written
+ * from the net's own buffers, never copied into one for the file.
  *
  * Format, version 1 or 2. All integers little-endian; floats IEEE-754
  * binary32 little-endian. Version 2 is version 1 for networks that are
@@ -129,38 +130,80 @@ static uint32_t crc(const void *p, size_t n) {
 // ----------------------------------------------------------------------------
 // Writing
 
+/*
+ * A file being written: its small bytes (the header, section headers,
+ * small payloads, padding) in buf, and the pieces it is made of, in order,
+ * each a range of buf or a large buffer of the caller's (the parameters,
+ * the optimizer's state), which is written from where it is: saving a
+ * model never holds a second copy of its weights.
+ */
+typedef struct {
+    const void *p; /* NULL: buf + off */
+    size_t off, n;
+} piece;
+
 typedef struct {
     uint8_t *buf;
     size_t len, cap;
+    piece *pieces;
+    size_t n_pieces, cap_pieces;
     uint32_t sections;
+    void *owned; /* freed with the writer */
 } writer;
 
-static int reserve(writer *w, size_t more) {
-    return dsrt__grow((void **)&w->buf, &w->cap, w->len + more, 1);
+/* Parts at least this large are written from the caller's memory. */
+#define BORROW_BYTES ((size_t)1 << 16)
+
+static int add_piece(writer *w, const void *p, size_t off, size_t n) {
+    if (!n) return 0;
+    piece *last = w->n_pieces ? &w->pieces[w->n_pieces - 1] : NULL;
+    if (!p && last && !last->p && last->off + last->n == off) {
+        last->n += n;
+        return 0;
+    }
+    int rc = dsrt__grow((void **)&w->pieces, &w->cap_pieces, w->n_pieces + 1, sizeof *w->pieces);
+    if (rc) return rc;
+    w->pieces[w->n_pieces++] = (piece){p, off, n};
+    return 0;
+}
+
+/* n bytes of src (NULL: zeros) copied into buf. */
+static int add_bytes(writer *w, const void *src, size_t n) {
+    int rc = dsrt__grow((void **)&w->buf, &w->cap, w->len + n, 1);
+    if (rc) return rc;
+    if (src)
+        memcpy(w->buf + w->len, src, n);
+    else
+        memset(w->buf + w->len, 0, n);
+    rc = add_piece(w, NULL, w->len, n);
+    w->len += n;
+    return rc;
 }
 
 /* Appends a section (flags: FLAG_OPTIONAL or 0) whose payload is the
- * concatenation of parts. */
+ * concatenation of parts; large parts must stay until the file is
+ * written. */
 static int section(writer *w, const char *tag, uint32_t flags, const void *const *parts,
                    const size_t *sizes, int nparts) {
     size_t n = 0;
-    for (int k = 0; k < nparts; k++) n += sizes[k];
-    size_t padded = (n + 7) & ~(size_t)7;
-    int rc = reserve(w, SECTION_HEADER + padded);
-    if (rc) return rc;
-    uint8_t *h = w->buf + w->len, *p = h + SECTION_HEADER;
-    size_t at = 0;
+    uint32_t c = (uint32_t)crc32_z(0, NULL, 0);
     for (int k = 0; k < nparts; k++) {
-        if (sizes[k]) memcpy(p + at, parts[k], sizes[k]);
-        at += sizes[k];
+        n += sizes[k];
+        if (sizes[k]) c = (uint32_t)crc32_z(c, parts[k], sizes[k]);
     }
-    memset(p + n, 0, padded - n);
+    size_t padded = (n + 7) & ~(size_t)7;
+    uint8_t h[SECTION_HEADER];
     memcpy(h, tag, 4);
     put32(h + 4, flags);
     put64(h + 8, n);
-    put32(h + 16, crc(p, n));
+    put32(h + 16, c);
     put32(h + 20, crc(h, 20));
-    w->len += SECTION_HEADER + padded;
+    int rc = add_bytes(w, h, sizeof h);
+    for (int k = 0; !rc && k < nparts; k++)
+        rc = sizes[k] >= BORROW_BYTES ? add_piece(w, parts[k], 0, sizes[k])
+                                      : add_bytes(w, parts[k], sizes[k]);
+    if (!rc) rc = add_bytes(w, NULL, padded - n);
+    if (rc) return rc;
     w->sections++;
     return 0;
 }
@@ -191,7 +234,7 @@ static int workers_section(writer *w, const dsrt_net *net, const dsrt_optimizer 
     }
     free(parts);
     free(sizes);
-    free(heads);
+    w->owned = heads; /* a large one is written from where it is */
     return rc;
 }
 
@@ -202,8 +245,7 @@ static int write_file(const char *path, const dsrt_net *net, const dsrt_optimize
     int rc = dsrt__net_host((dsrt_net *)net, DSRT_BUF_PARAMS | DSRT_BUF_STATE);
     if (!rc && opt) rc = dsrt__optimizer_host((dsrt_optimizer *)opt);
     if (rc) return dsrt__fail_prefix(rc, "model: %s", path);
-    if ((rc = reserve(&w, HEADER_SIZE))) return rc;
-    w.len = HEADER_SIZE;
+    if ((rc = add_bytes(&w, NULL, HEADER_SIZE))) goto fail;
     const void *parts[3];
     size_t sizes[3];
     parts[0] = net->desc;
@@ -261,10 +303,24 @@ static int write_file(const char *path, const dsrt_net *net, const dsrt_optimize
     put64(h + 48, net->n_state);
     put32(h + 56, 0);
     put32(h + 60, crc(h, 60));
-    rc = dsrt__write_file_atomic(path, w.buf, w.len);
-    if (rc) dsrt__fail_prefix(rc, "model: %s", path);
+    const void **parts_of = dsrt__calloc(w.n_pieces, sizeof *parts_of);
+    size_t *sizes_of = dsrt__calloc(w.n_pieces, sizeof *sizes_of);
+    if (!parts_of || !sizes_of) {
+        rc = -ENOMEM;
+    } else {
+        for (size_t k = 0; k < w.n_pieces; k++) {
+            parts_of[k] = w.pieces[k].p ? w.pieces[k].p : w.buf + w.pieces[k].off;
+            sizes_of[k] = w.pieces[k].n;
+        }
+        rc = dsrt__write_parts_atomic(path, parts_of, sizes_of, (int)w.n_pieces);
+        if (rc) dsrt__fail_prefix(rc, "model: %s", path);
+    }
+    free(parts_of);
+    free(sizes_of);
 fail:
     free(w.buf);
+    free(w.pieces);
+    free(w.owned);
     return rc;
 }
 

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define RNG_STREAM_INIT 0x494e4954u /* "INIT" */
 
@@ -179,15 +180,38 @@ static int detach_backend(dsrt_net *net) {
     return rc;
 }
 
+/*
+ * The flat buffers, zeroed and 64-byte aligned. One of a megabyte or more is
+ * mapped anonymously: the kernel's zero pages become memory only where they
+ * are written, so a net that is only run forward (a model loaded or imported
+ * to classify) never pays for its gradient buffer, and building it does not
+ * write the whole of its parameters twice.
+ */
+#define MAPPED_BYTES ((size_t)1 << 20)
+
+static size_t floats_bytes(size_t n) {
+    return ((n ? n : 1) * sizeof(float) + 63) & ~(size_t)63;
+}
+
 static float *alloc_floats(size_t n) {
-    size_t bytes = ((n ? n : 1) * sizeof(float) + 63) & ~(size_t)63;
-    float *p = aligned_alloc(64, bytes);
-    if (!p) {
-        dsrt__fail(-ENOMEM, "out of memory allocating %zu floats", n);
-        return NULL;
+    size_t bytes = floats_bytes(n);
+    float *p;
+    if (bytes >= MAPPED_BYTES) {
+        void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        p = m == MAP_FAILED ? NULL : m;
+    } else if ((p = aligned_alloc(64, bytes))) {
+        memset(p, 0, bytes);
     }
-    memset(p, 0, bytes);
+    if (!p) dsrt__fail(-ENOMEM, "out of memory allocating %zu floats", n);
     return p;
+}
+
+static void free_floats(float *p, size_t n) {
+    if (!p) return;
+    if (floats_bytes(n) >= MAPPED_BYTES)
+        munmap(p, floats_bytes(n));
+    else
+        free(p);
 }
 
 /* Structure: input first, softmax last, neither elsewhere. */
@@ -365,6 +389,76 @@ static void fuse(dsrt_net *net) {
     }
 }
 
+/*
+ * Which inputs of an add can have the add's output gradient as their own
+ * (the add hands its gradient to each input unchanged, so a copy is saved
+ * for each). An input j qualifies when the add is the last layer that
+ * takes it (backward runs last to first: the add is the first to write its
+ * gradient) and it owns its buffer (not a ReLU computed by the layer
+ * before it). Chosen inputs must not disturb each other: a layer c that
+ * also takes a chosen j1 adds its share into the buffer when it runs, so
+ * every other chosen j2 must have read it before (c < j2); and at most one
+ * chosen input may change its gradient in place (a fused ReLU's backward
+ * masks it), the one that runs last (the smallest index). A residual
+ * block's add shares with both its inputs.
+ */
+static void grad_share(dsrt_net *net) {
+    int n = net->n_layers;
+    for (int i = 0; i < n; i++) net->grad_share[i] = -1;
+    int *last = dsrt__calloc((size_t)n, sizeof *last);
+    if (!last) return; /* no sharing: copies */
+    for (int i = 1; i < n; i++)
+        for (int k = 0; k < net->layers[i].n_inputs; k++) last[net->layers[i].inputs[k]] = i;
+    for (int a = 1; a < n; a++) {
+        const dsrt_layer *A = &net->layers[a];
+        if (A->kind != DSRT_LAYER_ADD) continue;
+        int chosen[DSRT_INPUTS_MAX], nc = 0, modifier = -1;
+        /* Largest index first: a candidate is checked against those taken. */
+        int order[DSRT_INPUTS_MAX];
+        for (int k = 0; k < A->n_inputs; k++) order[k] = A->inputs[k];
+        for (int x = 1; x < A->n_inputs; x++)
+            for (int y = x; y > 0 && order[y] > order[y - 1]; y--) {
+                int t = order[y];
+                order[y] = order[y - 1];
+                order[y - 1] = t;
+            }
+        for (int k = 0; k < A->n_inputs; k++) {
+            int j = order[k];
+            const dsrt_layer *J = &net->layers[j];
+            if (j == 0 || last[j] != a || J->fused_away || !net->need_diff[j]) continue;
+            if (J->fuse_relu && modifier >= 0) continue;
+            int ok = 1;
+            /* j's other takers add into the buffer after the chosen (larger)
+             * ones read it? they must run after: c < every chosen j2. */
+            for (int c = j + 1; c < a && ok; c++) {
+                const dsrt_layer *C = &net->layers[c];
+                for (int q = 0; q < C->n_inputs && ok; q++)
+                    if (C->inputs[q] == j)
+                        for (int m = 0; m < nc; m++) ok &= c < chosen[m];
+            }
+            /* The chosen ones' other takers run after j reads the buffer. */
+            for (int m = 0; m < nc && ok; m++)
+                for (int c = chosen[m] + 1; c < a && ok; c++) {
+                    const dsrt_layer *C = &net->layers[c];
+                    for (int q = 0; q < C->n_inputs && ok; q++)
+                        if (C->inputs[q] == chosen[m]) ok &= c < j;
+                }
+            if (!ok) continue;
+            if (J->fuse_relu) modifier = j;
+            chosen[nc++] = j;
+        }
+        /* The in-place modifier must be the smallest chosen index. */
+        for (int m = 0; m < nc; m++)
+            if (modifier >= 0 && chosen[m] < modifier) {
+                for (int q = 0; q < nc; q++)
+                    if (chosen[q] == modifier) chosen[q] = chosen[--nc];
+                break;
+            }
+        for (int m = 0; m < nc; m++) net->grad_share[chosen[m]] = a;
+    }
+    free(last);
+}
+
 int dsrt__net_need_diff(const dsrt_net *net, int i) {
     return net->need_diff && net->need_diff[i];
 }
@@ -420,6 +514,12 @@ int dsrt__net_build(dsrt_net **out, dsrt_desc *d, const char *text, const char *
         for (int k = 0; i && k < l->n_inputs; k++) need |= net->need_diff[l->inputs[k]];
         net->need_diff[i] = need;
     }
+    net->grad_share = dsrt__calloc((size_t)net->n_layers, sizeof *net->grad_share);
+    if (!net->grad_share) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    grad_share(net);
     net->params = alloc_floats(net->n_params);
     net->grads = alloc_floats(net->n_params);
     net->state = alloc_floats(net->n_state);
@@ -500,11 +600,12 @@ void dsrt_net_destroy(dsrt_net *net) {
     for (int i = 0; net->layers && i < net->n_layers; i++) free(net->layers[i].inputs_text);
     free(net->layers);
     free(net->need_diff);
+    free(net->grad_share);
     free(net->desc);
     free(net->source);
-    free(net->params);
-    free(net->grads);
-    free(net->state);
+    free_floats(net->params, net->n_params);
+    free_floats(net->grads, net->n_params);
+    free_floats(net->state, net->n_state);
     free(net->layer_bucket);
     free(net->buckets);
     free(net);

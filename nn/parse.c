@@ -54,7 +54,11 @@
  *   relu       {reluLayer} leak= [0]: slope for negative inputs
  *   leakyrelu  {leakyReluLayer} leak= [0.01]
  *   maxpool    {maxPooling2dLayer} size= (required) stride= [1] pad= [0] as conv
- *   avgpool    {averagePooling2dLayer} as maxpool; padding counts as zeros
+ *   avgpool    {averagePooling2dLayer} as maxpool, and count_pad=0|1 [1]: 1
+ *              divides each window's sum by its size, the padding counting
+ *              as zeros (MATLAB's and PyTorch's default); 0 by the number of
+ *              its elements inside the image (PyTorch's count_include_pad=
+ *              False, ONNX's default)
  *   gap        {globalAveragePooling2dLayer} no options
  *   fc         {fullyConnectedLayer} outputs=N|classes (required)
  *              bias init wlr blr wl2 bl2 as conv
@@ -169,6 +173,14 @@ static const struct dsrt_opt_spec OPTS_POOL[] = {
     OPT_END,
 };
 
+static const struct dsrt_opt_spec OPTS_AVGPOOL[] = {
+    {"size", OPT_PAIR, NULL, O(kh), 0, 1, 1 << 12, NULL},
+    {"stride", OPT_PAIR, "1", O(sh), 0, 1, 1 << 12, NULL},
+    {"pad", OPT_PAD, "0", O(pt), O(pad_same), 0, 1 << 12, NULL},
+    {"count_pad", OPT_BOOL, "1", O(count_pad), 0, 0, 1, NULL},
+    OPT_END,
+};
+
 static const struct dsrt_opt_spec OPTS_NONE[] = {OPT_END};
 
 static const struct dsrt_opt_spec OPTS_FC[] = {
@@ -208,7 +220,7 @@ static const dsrt_layer_type LAYER_TYPES[] = {
     {"relu", DSRT_LAYER_RELU, dsrt__build_same, NULL, OPTS_RELU, "rectified linear unit"},
     {"leakyrelu", DSRT_LAYER_RELU, dsrt__build_same, NULL, OPTS_LEAKY, "leaky ReLU"},
     {"maxpool", DSRT_LAYER_MAXPOOL, dsrt__build_pool, NULL, OPTS_POOL, "max pooling"},
-    {"avgpool", DSRT_LAYER_AVGPOOL, dsrt__build_pool, NULL, OPTS_POOL, "average pooling"},
+    {"avgpool", DSRT_LAYER_AVGPOOL, dsrt__build_pool, NULL, OPTS_AVGPOOL, "average pooling"},
     {"gap", DSRT_LAYER_GAP, dsrt__build_gap, NULL, OPTS_NONE, "global average pooling"},
     {"fc", DSRT_LAYER_FC, dsrt__build_fc, dsrt__init_fc, OPTS_FC, "fully connected"},
     {"dropout", DSRT_LAYER_DROPOUT, dsrt__build_dropout, NULL, OPTS_DROPOUT, "dropout"},
@@ -441,6 +453,7 @@ static void option_names(const dsrt_layer_type *t, char *buf, size_t size) {
 /* Parses one layer line (already stripped of its comment), tokens split in
  * place. Returns 0, or DSRT_EOPTION with the message (no line prefix). */
 static int parse_line(dsrt_layer *l, char **tok, int ntok) {
+    memset(l, 0, sizeof *l); /* the caller frees inputs_text whatever happens */
     const dsrt_layer_type *t = find_type(tok[0]);
     if (!t) {
         char names[512];
@@ -450,7 +463,6 @@ static int parse_line(dsrt_layer *l, char **tok, int ntok) {
                                    LAYER_TYPES[i].name);
         return dsrt__fail(DSRT_EOPTION, "unknown layer type '%s' (types: %s)", tok[0], names);
     }
-    memset(l, 0, sizeof *l);
     l->kind = t->kind;
     l->type = t->name;
     l->def = t;

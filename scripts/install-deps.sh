@@ -14,10 +14,10 @@ pkgs=(
   libdnnl-dev libopenmpi-dev openmpi-bin libcurl4-openssl-dev libssl-dev ca-certificates
   python3-venv
   dataset-fashion-mnist
-  python3-dev python3-numpy python3-pytest python3-pil python3-torch
+  python3-dev python3-numpy python3-pytest python3-pil python3-torch python3-torchvision
 )
 if [ "${1:-}" = "--bench" ]; then
-  pkgs+=(python3-torchvision python3-boto3 nginx-light)
+  pkgs+=(python3-boto3 nginx-light)
 fi
 
 missing=()
@@ -27,10 +27,13 @@ for p in "${pkgs[@]}"; do
   fi
 done
 # The S3-compatible server of the object-storage tests (moto, from PyPI, in a
-# virtual environment): where PyPI cannot be reached those tests skip.
+# virtual environment), and onnx and onnxruntime for the ONNX tests (another
+# one): where PyPI cannot be reached those tests skip.
 s3_venv() {
   bash "$(dirname "$0")/s3-venv.sh" >/dev/null ||
     echo "install-deps: the S3 test server could not be installed (PyPI?): its tests will skip" >&2
+  bash "$(dirname "$0")/onnx-venv.sh" >/dev/null ||
+    echo "install-deps: onnx and onnxruntime could not be installed (PyPI?): the ONNX reference tests will skip" >&2
 }
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -127,8 +127,10 @@ static inline void ref_bn_bwd_dx(const float *x, const float *dy, const float *m
 
 /* Pooling's input gradient over NCHW x (n, c, h, w) from dy (n, c, oh, ow):
  * each window (kh x kw from (-pt, -pl), stride sh x sw) gives its gradient
- * to its first largest element (max) or dy / (kh kw) to each of its
- * elements inside the image (average, padding counted). dx is zeroed. */
+ * to its first largest element (max 1) or dy / (kh kw) to each of its
+ * elements inside the image (max 0: average, padding counted), or dy / the
+ * number of those elements (max -1: average over the window's inside). dx
+ * is zeroed. */
 static inline void ref_pool_bwd(const float *x, const float *dy, float *dx, int n, int c, int h,
                                 int w, int oh, int ow, int kh, int kw, int sh, int sw, int pt,
                                 int pl, int max) {
@@ -139,19 +141,28 @@ static inline void ref_pool_bwd(const float *x, const float *dy, float *dx, int 
                 for (int z = 0; z < ow; z++) {
                     float g = dy[(((size_t)b * c + ch) * oh + y) * ow + z];
                     size_t arg = 0;
-                    float best = -INFINITY;
+                    float best = -INFINITY, area = (float)(kh * kw);
                     int any = 0;
+                    if (max < 0) {
+                        int inside = 0;
+                        for (int r = 0; r < kh; r++)
+                            for (int q = 0; q < kw; q++) {
+                                int ih = y * sh - pt + r, iw = z * sw - pl + q;
+                                inside += ih >= 0 && iw >= 0 && ih < h && iw < w;
+                            }
+                        area = (float)inside;
+                    }
                     for (int r = 0; r < kh; r++)
                         for (int q = 0; q < kw; q++) {
                             int ih = y * sh - pt + r, iw = z * sw - pl + q;
                             if (ih < 0 || iw < 0 || ih >= h || iw >= w) continue;
                             size_t i = (((size_t)b * c + ch) * h + ih) * w + iw;
-                            if (!max)
-                                dx[i] += g / (float)(kh * kw);
+                            if (max <= 0)
+                                dx[i] += g / area;
                             else if (!any || x[i] > best)
                                 best = x[i], arg = i, any = 1;
                         }
-                    if (max && any) dx[arg] += g;
+                    if (max > 0 && any) dx[arg] += g;
                 }
 }
 

@@ -175,6 +175,11 @@ static const case_net NETS[] = {
      "conv name=proj filters=6 size=1 stride=2 bias=0 inputs=j\nbatchnorm name=bp\n"
      "add inputs=bd,bp\nrelu\ngap\nfc outputs=3\nsoftmax\n",
      6, 6, 3, 3, 4},
+    /* Joins of fully connected outputs, with each other and a pooled one. */
+    {"input\nconv name=c filters=4 size=3 pad=1\nfc name=a outputs=4\nfc name=b outputs=4 inputs=c\n"
+     "gap name=g inputs=c\nadd inputs=a,b,g relu=1\nfc name=d outputs=5 inputs=c\n"
+     "concat inputs=add_1,d,g\nfc outputs=3\nsoftmax\n",
+     4, 4, 2, 3, 3},
 };
 
 /* Each layer type on its own: after the input and a 1x1 convolution
@@ -204,6 +209,9 @@ static const case_net ISOLATED[] = {
      3},
     {"input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1\nfc outputs=3\nsoftmax\n", 9, 8,
      3, 3, 4},
+    {"input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1,0,0,1 count_pad=0\nfc outputs=3\n"
+     "softmax\n",
+     9, 8, 3, 3, 4},
     {"input\nconv filters=6 size=1\nlrn size=5 alpha=0.1 beta=0.75 k=1\nfc outputs=3\nsoftmax\n", 5,
      4, 6, 3, 4},
     {"input\nconv filters=3 size=1\nlrn size=3 alpha=1e-2 beta=0.5 k=2\nfc outputs=3\nsoftmax\n", 5,

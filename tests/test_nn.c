@@ -242,6 +242,10 @@ static void test_grad_pool(void) {
         "input\nconv filters=3 size=1\nmaxpool size=3 stride=2 pad=1\nfc outputs=3\nsoftmax\n", 7,
         7, 2, 3, 3, 0);
     grad_check(
+        "input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1 count_pad=0\nfc outputs=3\n"
+        "softmax\n",
+        7, 7, 2, 3, 3, 0);
+    grad_check(
         "input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1\nfc outputs=3\nsoftmax\n", 7,
         7, 2, 3, 3, 0);
     grad_check("input\nconv filters=3 size=1\ngap\nfc outputs=3\nsoftmax\n", 5, 4, 2, 3, 3, 0);
@@ -301,6 +305,7 @@ static void ref_pool(const dsrt_layer *l, const float *x, double *yv, int n) {
             for (int oy = 0; oy < os->h; oy++)
                 for (int ox = 0; ox < os->w; ox++) {
                     double mx = -INFINITY, sum = 0;
+                    int inside = 0;
                     for (int ky = 0; ky < l->o.kh; ky++)
                         for (int kx = 0; kx < l->o.kw; kx++) {
                             int iy = oy * l->o.sh - l->pt + ky, ix = ox * l->o.sw - l->pl + kx;
@@ -308,9 +313,12 @@ static void ref_pool(const dsrt_layer *l, const float *x, double *yv, int n) {
                             double v = in_at(x, is, b, c, iy, ix);
                             mx = fmax(mx, v);
                             sum += v;
+                            inside++;
                         }
                     yv[(((size_t)b * os->c + c) * os->h + oy) * os->w + ox] =
-                        l->kind == DSRT_LAYER_MAXPOOL ? mx : sum / (l->o.kh * l->o.kw);
+                        l->kind == DSRT_LAYER_MAXPOOL ? mx
+                        : l->o.count_pad              ? sum / (l->o.kh * l->o.kw)
+                                                      : sum / inside;
                 }
 }
 
@@ -490,6 +498,10 @@ static void test_forward_layers(void) {
                       "leakyrelu leak=0.2\navgpool size=3 stride=2 pad=1\nlrn size=5 alpha=0.1 "
                       "beta=0.75 k=1\ngap\nfc outputs=3\nsoftmax\n",
                       9, 8, 3, 3, 2, train);
+        forward_check(
+            "input\nconv filters=4 size=3 pad=1\navgpool size=3 stride=2 pad=1,0,0,1 "
+            "count_pad=0\nrelu\navgpool size=2 pad=1 count_pad=0\nfc outputs=3\nsoftmax\n",
+            9, 8, 3, 3, 2, train);
         forward_check("input\nconv filters=16 size=1\nbatchnorm\nfc outputs=3\nsoftmax\n", 4, 4, 3,
                       3, 8, train);
         forward_check("input\nconv filters=20 size=3 pad=1\nbatchnorm\nfc outputs=3\nsoftmax\n", 4,
@@ -912,7 +924,14 @@ static void test_grad_graph(void) {
         "conv name=b2a filters=3 size=1 inputs=s\nrelu\nconv name=b2 filters=2 size=3 pad=1\n"
         "maxpool name=p size=3 stride=1 pad=1 inputs=s\nconv name=b3 filters=2 size=1\n"
         "concat inputs=b1,b2,b3\navgpool size=2 stride=2\nfc outputs=3\nsoftmax\n";
+    /* Joins of fully connected outputs ((n, c) tensors), with each other
+     * and with a pooled (n, c, 1, 1) one. */
+    const char *fcs =
+        "input\nconv name=c filters=4 size=3 pad=1\nfc name=a outputs=4\nfc name=b outputs=4 inputs=c\n"
+        "gap name=g inputs=c\nadd inputs=a,b,g relu=1\nfc name=d outputs=5 inputs=c\n"
+        "concat inputs=add_1,d,g\nfc outputs=3\nsoftmax\n";
     for (int fuse = 0; fuse < 2; fuse++) {
+        grad_check(fcs, 4, 4, 2, 3, 3, fuse);
         grad_check(block, 5, 5, 2, 3, 4, fuse);
         grad_check(identity, 4, 4, 2, 3, 3, fuse);
         grad_check(three, 4, 5, 2, 3, 3, fuse);
@@ -1025,6 +1044,31 @@ static void test_graph_equals_chain(void) {
     }
 }
 
+/* An add hands its gradient to its inputs unchanged: resnet20's adds share
+ * their output gradient's buffer with both inputs (the block's last
+ * batchnorm or projection, and the block's input unless it is a ReLU the
+ * layer before computes), so backward copies nothing there. */
+static void test_grad_share(void) {
+    dsrt_net *r = make("resnet20", 0, 0, 0, 10, 1);
+    int adds = 0, shared = 0;
+    for (int i = 1; i < r->n_layers; i++) {
+        const dsrt_layer *l = &r->layers[i];
+        if (l->kind != DSRT_LAYER_ADD) continue;
+        adds++;
+        for (int k = 0; k < l->n_inputs; k++) {
+            const dsrt_layer *in = &r->layers[l->inputs[k]];
+            int share = r->grad_share[l->inputs[k]] == i;
+            shared += share;
+            if (in->kind == DSRT_LAYER_BATCHNORM || in->kind == DSRT_LAYER_ADD) CHECK(share);
+        }
+    }
+    fprintf(stderr, "  resnet20: %d of its adds' %d inputs share the add's gradient\n", shared,
+            2 * adds);
+    CHECK_EQ(adds, 9);
+    CHECK_EQ(shared, 17);
+    dsrt_net_destroy(r);
+}
+
 /* Graph descriptions refused, naming the line and what is wrong. */
 static void test_graph_errors(void) {
     expect_error("input\nconv name=a filters=2 size=1 inputs=b\nconv name=b filters=2 size=1\n"
@@ -1058,6 +1102,7 @@ int main(void) {
     RUN(test_graph_errors);
     RUN(test_grad_graph);
     RUN(test_graph_equals_chain);
+    RUN(test_grad_share);
     RUN(test_builtin_sizes);
     RUN(test_forward_layers);
     RUN(test_input_normalization);

@@ -579,7 +579,9 @@ static dsrt_k_pool pool_of(const dsrt_layer *L, int n, int oh, int ow, int nhwc,
                      L->o.sw,
                      L->pt,
                      L->pl,
-                     max ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
+                     max > 0   ? DSRT_K_POOL_MAX
+                     : max < 0 ? DSRT_K_POOL_AVG_INSIDE
+                               : DSRT_K_POOL_AVG};
     return p;
 }
 
@@ -589,11 +591,15 @@ static dsrt_k_pool pool_of(const dsrt_layer *L, int n, int oh, int ow, int nhwc,
 static void test_pool(void) {
     static const struct {
         const char *layer;
-        int max;
-    } cases[] = {
-        {"maxpool size=3 stride=2 pad=1", 1},       {"maxpool size=2 stride=1", 1},
-        {"avgpool size=3 stride=2 pad=1", 0},       {"avgpool size=3 stride=2 pad=1,0,0,1", 0},
-        {"maxpool size=3 stride=2 pad=0,1,1,0", 1}, {"gap", 0}};
+        int max; /* 1 max, 0 average (padding counted), -1 average over the inside */
+    } cases[] = {{"maxpool size=3 stride=2 pad=1", 1},
+                 {"maxpool size=2 stride=1", 1},
+                 {"avgpool size=3 stride=2 pad=1", 0},
+                 {"avgpool size=3 stride=2 pad=1,0,0,1", 0},
+                 {"avgpool size=3 stride=2 pad=1 count_pad=0", -1},
+                 {"avgpool size=3 stride=2 pad=1,0,0,1 count_pad=0", -1},
+                 {"maxpool size=3 stride=2 pad=0,1,1,0", 1},
+                 {"gap", 0}};
     enum { N = 2, C = 3, H = 9, W = 8, CNT = N * C * H * W };
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
         char desc[160];
@@ -612,7 +618,7 @@ static void test_pool(void) {
         /* Max pooling's backward both from the winners the forward kept
          * and finding them again: the same gradient, ties to the first. */
         for (int nhwc = 0; nhwc < 2; nhwc++)
-            for (int kept = 0; kept <= cases[k].max; kept++) {
+            for (int kept = 0; kept <= (cases[k].max > 0); kept++) {
                 dsrt_k_pool p = pool_of(L, N, oh, ow, nhwc, DSRT_K_F32, cases[k].max);
                 void *tx = to_tensor(&p.xd, x), *ty = zalloc(ocnt * 4);
                 void *tdy = to_tensor(&p.yd, dy), *tdx = zalloc(CNT * 4);
@@ -623,7 +629,7 @@ static void test_pool(void) {
                 char what[96];
                 snprintf(what, sizeof what, "%s%s%s", cases[k].layer, nhwc ? " nhwc" : "",
                          kept ? ", winners kept" : "");
-                CHECK_EQ(mismatches(what, got, out, ocnt, cases[k].max ? 0 : 1e-6, 1e-7), 0);
+                CHECK_EQ(mismatches(what, got, out, ocnt, cases[k].max > 0 ? 0 : 1e-6, 1e-7), 0);
                 for (int i = 0; arg && i < ocnt; i++) CHECK_LT(arg[i], p.kh * p.kw);
                 CHECK_OK(dsrt_kh_pool_bwd(&p, kept ? NULL : tx, arg, tdy, tdx));
                 float *gdx = to_nchw(&p.xd, tdx);

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -283,6 +284,237 @@ static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_o
 }
 
 // ----------------------------------------------------------------------------
+// ONNX models where a model or net is named
+
+/* --preprocess, --input-scale, --mean, --std, --classes and --input-size:
+ * how an ONNX model's input is made from pixels, and its class names. */
+typedef struct {
+    const char *preprocess, *input_scale, *mean, *std, *classes, *size;
+} onnx_args;
+
+#define ONNX_OPTIONS(a)                                                                            \
+    {"preprocess",                                                                                 \
+     OPT_STR,                                                                                      \
+     &(a).preprocess,                                                                              \
+     0,                                                                                            \
+     0,                                                                                            \
+     "NAME",                                                                                       \
+     "ONNX model: its input normalisation: torchvision (pixels / 255, then ImageNet's mean and "   \
+     "std) or none [none: pixels / 255]"},                                                         \
+        {"input-scale",                                                                            \
+         OPT_STR,                                                                                  \
+         &(a).input_scale,                                                                         \
+         0,                                                                                        \
+         0,                                                                                        \
+         "S",                                                                                      \
+         "ONNX model: it takes pixels (0 to 255) times S, less --mean, over --std [1/255; 1 "      \
+         "for a model dsrt exported]"},                                                            \
+        {"mean",                                                                                   \
+         OPT_STR,                                                                                  \
+         &(a).mean,                                                                                \
+         0,                                                                                        \
+         0,                                                                                        \
+         "M[,M...]",                                                                               \
+         "ONNX model: per-channel mean subtracted after --input-scale [0]"},                       \
+        {"std",                                                                                    \
+         OPT_STR,                                                                                  \
+         &(a).std,                                                                                 \
+         0,                                                                                        \
+         0,                                                                                        \
+         "S[,S...]",                                                                               \
+         "ONNX model: per-channel deviation divided by after that [1]"},                           \
+    {                                                                                              \
+        "input-size", OPT_STR, &(a).size, 0, 0, "HxW",                                             \
+            "ONNX model: the input size where the model leaves it open"                            \
+    }
+/* ... and its class names (not for bench and analyze, whose --classes is a
+ * count). */
+#define ONNX_CLASSES_OPTION(a)                                                                     \
+    {                                                                                              \
+        "classes", OPT_STR, &(a).classes, 0, 0, "FILE",                                            \
+            "ONNX model: its class names, one a line [its metadata's \"classes\", else numbers]"   \
+    }
+
+/* 1 when path names an ONNX model (by its extension: the format has no
+ * magic number). */
+static int is_onnx_file(const char *path) {
+    size_t n = strlen(path);
+    return n > 5 && !strcasecmp(path + n - 5, ".onnx");
+}
+
+/* Comma-separated numbers into v (at most cap); the count, or -1. */
+static int parse_floats(const char *s, float *v, int cap) {
+    int n = 0;
+    for (const char *p = s;;) {
+        char *end;
+        errno = 0;
+        double x = strtod(p, &end);
+        if (end == p || errno || !isfinite(x) || n == cap) return -1;
+        v[n++] = (float)x;
+        if (*end == '\0') return n;
+        if (*end != ',') return -1;
+        p = end + 1;
+    }
+}
+
+/* The class names of a --classes file, one a line (blank lines at the end
+ * ignored); NULL after a message. */
+static char **read_class_names(const char *cmd, const char *path, int *n) {
+    char why[256];
+    size_t len;
+    char *text = tool_read_file(path, (size_t)64 << 20, &len, why, sizeof why);
+    if (!text) {
+        fprintf(stderr, "%s %s: --classes %s: %s\n", prog, cmd, path, why);
+        return NULL;
+    }
+    while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) text[--len] = '\0';
+    int count = len ? 1 : 0;
+    for (size_t i = 0; i < len; i++) count += text[i] == '\n';
+    char **names = calloc((size_t)count + 1, sizeof *names);
+    if (!names || !count) {
+        fprintf(stderr, "%s %s: --classes %s: %s\n", prog, cmd, path,
+                names ? "no names in it" : "out of memory");
+        free(names);
+        free(text);
+        return NULL;
+    }
+    /* names[0] owns the text; the others point into it. */
+    char *p = text;
+    for (int i = 0; i < count; i++) {
+        names[i] = p;
+        char *e = strchr(p, '\n');
+        if (e) *e++ = '\0';
+        size_t l = strlen(p);
+        if (l && p[l - 1] == '\r') p[l - 1] = '\0';
+        p = e;
+    }
+    *n = count;
+    return names;
+}
+
+/* The import options that a's flags say; 0, or 2 after a message. *names
+ * (free names[0] then names) holds the --classes file's. */
+static int onnx_resolve(const char *cmd, const onnx_args *a, dsrt_onnx_import_options *o,
+                        char ***names) {
+    *o = dsrt_onnx_import_defaults();
+    *names = NULL;
+    if (a->preprocess) {
+        if (!strcmp(a->preprocess, "torchvision")) {
+            dsrt_onnx_preprocess_torchvision(o);
+        } else if (strcmp(a->preprocess, "none") != 0) {
+            fprintf(stderr, "%s %s: --preprocess: '%s' is not torchvision or none\n", prog, cmd,
+                    a->preprocess);
+            return 2;
+        }
+    }
+    if (a->input_scale) {
+        char *end;
+        double s = strtod(a->input_scale, &end);
+        /* "1/255" reads as a fraction */
+        if (*end == '/') {
+            double d = strtod(end + 1, &end);
+            s = d > 0 ? s / d : -1;
+        }
+        if (*end || !(s > 0) || !isfinite(s)) {
+            fprintf(stderr, "%s %s: --input-scale: '%s' is not a positive number\n", prog, cmd,
+                    a->input_scale);
+            return 2;
+        }
+        o->input_scale = s;
+    }
+    const struct {
+        const char *name, *value;
+        float *v;
+        int *n;
+    } stats[] = {{"mean", a->mean, o->mean, &o->n_mean}, {"std", a->std, o->std, &o->n_std}};
+    for (int k = 0; k < 2; k++) {
+        if (!stats[k].value) continue;
+        int n = parse_floats(stats[k].value, stats[k].v, DSRT_ONNX_CHANNELS_MAX);
+        if (n < 1 || (k == 1 && n > 0 && !(stats[k].v[0] > 0))) {
+            fprintf(stderr, "%s %s: --%s: '%s' is not 1 to %d numbers separated by commas%s\n",
+                    prog, cmd, stats[k].name, stats[k].value, DSRT_ONNX_CHANNELS_MAX,
+                    k ? " (each positive)" : "");
+            return 2;
+        }
+        *stats[k].n = n;
+    }
+    if (a->size) {
+        int h, w;
+        char x;
+        if (sscanf(a->size, "%dx%d%c", &h, &w, &x) != 2 || h < 1 || w < 1 || h > 65536 ||
+            w > 65536) {
+            fprintf(stderr, "%s %s: --input-size: '%s' is not HxW\n", prog, cmd, a->size);
+            return 2;
+        }
+        o->height = h;
+        o->width = w;
+    }
+    if (a->classes) {
+        int n = 0;
+        if (!(*names = read_class_names(cmd, a->classes, &n))) return 2;
+        o->class_names = (const char *const *)*names;
+        o->n_class_names = n;
+    }
+    return 0;
+}
+
+static void free_names(char **names) {
+    if (names) free(names[0]);
+    free(names);
+}
+
+/* Whether any of a's flags is given (they go with an ONNX model). */
+static int onnx_given(const onnx_args *a) {
+    return a->preprocess || a->input_scale || a->mean || a->std || a->classes || a->size;
+}
+
+/* Refuses a's flags when no ONNX model is named (path, path2 may be NULL):
+ * 0, or 2 after a message. */
+static int onnx_flags_alone(const char *cmd, const onnx_args *a, const char *path,
+                            const char *path2) {
+    if (!onnx_given(a) || (path && is_onnx_file(path)) || (path2 && is_onnx_file(path2))) return 0;
+    fprintf(stderr,
+            "%s %s: --preprocess, --input-scale, --mean, --std, --classes and --input-size go "
+            "with an ONNX model (a .onnx file)\n",
+            prog, cmd);
+    return 2;
+}
+
+/*
+ * The net of a model file: a dsrt model or checkpoint, or an ONNX model
+ * (imported with a's options). what names the option in messages. Returns
+ * 0, or 1 or 2 after a message.
+ */
+static int load_model(const char *cmd, const char *what, const char *path, const onnx_args *a,
+                      const dsrt_net_options *no, dsrt_net **net) {
+    if (!is_onnx_file(path)) {
+        if (onnx_given(a)) {
+            fprintf(stderr,
+                    "%s %s: --preprocess, --input-scale, --mean, --std, --classes and "
+                    "--input-size go with an ONNX model (%s is not a .onnx file)\n",
+                    prog, cmd, path);
+            return 2;
+        }
+        if (dsrt_model_load(net, path, no) != 0) {
+            fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
+            return 1;
+        }
+        return 0;
+    }
+    dsrt_onnx_import_options o;
+    char **names;
+    int rc = onnx_resolve(cmd, a, &o, &names);
+    if (rc) return rc;
+    rc = dsrt_onnx_import(net, path, &o, no);
+    free_names(names);
+    if (rc) {
+        fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 // bench
 
 static struct {
@@ -290,11 +522,12 @@ static struct {
     int batch, steps, warmup, threads, classes, json, no_fuse, profile, no_graphs;
     uint64_t seed;
     device_args dev;
+    onnx_args onnx;
 } bench;
 
 static const option BENCH_OPTIONS[] = {
     {"net", OPT_STR, &bench.net, 0, 0, "NAME|FILE",
-     "network: digits, cifar, alexnet, or a description file [digits]"},
+     "network: digits, cifar, alexnet, a description file or an ONNX model (.onnx) [digits]"},
     {"batch", OPT_INT, &bench.batch, 1, 1 << 20, "N",
      "images per step [128 for digits and cifar, 32 for alexnet]"},
     {"steps", OPT_INT, &bench.steps, 1, 1 << 20, "N", "timed steps [20]"},
@@ -314,6 +547,7 @@ static const option BENCH_OPTIONS[] = {
      "after the timed steps, as many steps again timed layer by layer: each layer's forward "
      "and backward, the optimizer, the idle gaps between layers (GPU: device events)"},
     DEVICE_OPTIONS(bench.dev, "cpu, gpu or auto (a GPU when there is one) [auto]"),
+    ONNX_OPTIONS(bench.onnx),
     {"json", OPT_FLAG, &bench.json, 0, 0, NULL, "print one JSON line"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
@@ -543,9 +777,9 @@ static int cmd_bench(int argc, char **argv) {
         return 2;
     }
     int builtin = dsrt_net_builtin(bench.net, NULL) != NULL;
-    int is_alexnet = !strcmp(bench.net, "alexnet");
+    int is_alexnet = !strcmp(bench.net, "alexnet"), onnx = is_onnx_file(bench.net);
     char *text = NULL;
-    if (!builtin) {
+    if (!builtin && !onnx) {
         char why[256];
         text = read_net_text(bench.net, why, sizeof why);
         if (!text) {
@@ -557,6 +791,10 @@ static int cmd_bench(int argc, char **argv) {
             fprintf(stderr, ") nor a network description file: %s\n", why);
             return 2;
         }
+    }
+    if ((rc = onnx_flags_alone("bench", &bench.onnx, bench.net, NULL))) {
+        free(text);
+        return rc;
     }
     int batch = bench.batch ? bench.batch : is_alexnet ? 32 : builtin ? 128 : 32;
     int classes = bench.classes ? bench.classes : is_alexnet ? 55 : 10;
@@ -578,7 +816,10 @@ static int cmd_bench(int argc, char **argv) {
     int32_t *y = NULL;
     double *times = NULL, *opt_times = NULL;
     int status = 1;
-    if (dsrt_net_create(&net, builtin ? bench.net : text, 0, 0, 0, classes, &no) != 0) {
+    if (onnx) {
+        if ((status = load_model("bench", "--net", bench.net, &bench.onnx, &no, &net))) goto out;
+        status = 1;
+    } else if (dsrt_net_create(&net, builtin ? bench.net : text, 0, 0, 0, classes, &no) != 0) {
         fprintf(stderr, "%s bench: %s\n", prog, dsrt_last_error());
         goto out;
     }
@@ -817,6 +1058,7 @@ static struct {
     uint64_t seed;
     int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
     device_args dev;
+    onnx_args onnx;
 } tr;
 
 static const option TRAIN_OPTIONS[] = {
@@ -825,8 +1067,8 @@ static const option TRAIN_OPTIONS[] = {
      "CIFAR, CSV manifest, tar shards) (required)"},
     {"val", OPT_STR, &tr.val, 0, 0, "DIR", "validation images (ValidationData) [none]"},
     {"net", OPT_STR, &tr.net, 0, 0, "NAME|FILE",
-     "digits, cifar, alexnet, a description file, or a model file to go on from [digits; with "
-     "--resume: the checkpoint's]"},
+     "digits, cifar, alexnet, a description file, or a model file (dsrt or ONNX) to go on from "
+     "[digits; with --resume: the checkpoint's]"},
     {"epochs", OPT_INT, &tr.epochs, 1, 1000000, "E", "MaxEpochs [30]"},
     {"batch", OPT_INT, &tr.batch, 1, 1 << 20, "B", "MiniBatchSize [128]"},
     {"lr", OPT_STR, &tr.lr, 0, 0, "X", "InitialLearnRate [0.01 sgdm, 0.001 adam and rmsprop]"},
@@ -907,7 +1149,10 @@ static const option TRAIN_OPTIONS[] = {
     {"resize-shorter", OPT_INT, &tr.resize_shorter, 0, 65535, "N",
      "first resize each image so that its shorter side is N [0: no]"},
     {"transfer", OPT_STR, &tr.transfer, 0, 0, "MODEL",
-     "start from a trained model, its last fc layer replaced for --data's classes"},
+     "start from a trained model (dsrt or ONNX), its last fc layer replaced for --data's "
+     "classes"},
+    ONNX_OPTIONS(tr.onnx),
+    ONNX_CLASSES_OPTION(tr.onnx),
     {"lr-factor", OPT_STR, &tr.lr_factor, 0, 0, "X",
      "with --transfer: learn-rate factor of the kept layers; 0 freezes them [1]"},
     {"new-lr-factor", OPT_STR, &tr.new_lr_factor, 0, 0, "X",
@@ -1608,10 +1853,8 @@ static int train_open_outputs(train_job *j) {
 /* The net for --transfer: the base model with a new last layer for the
  * data's classes. Returns 0 or 1 after a message. */
 static int train_transfer_net(train_job *j) {
-    if (dsrt_model_load(&j->base, tr.transfer, &j->no) != 0) {
-        fprintf(stderr, "%s train: --transfer: %s\n", prog, dsrt_last_error());
-        return 1;
-    }
+    int rc = load_model("train", "--transfer", tr.transfer, &tr.onnx, &j->no, &j->base);
+    if (rc) return rc;
     int classes = (int)dsrt_datastore_num_classes(j->train);
     dsrt_transfer_options to = dsrt_transfer_defaults();
     to.classes = classes;
@@ -1622,7 +1865,7 @@ static int train_transfer_net(train_job *j) {
     if (!names) return 1;
     for (int c = 0; c < classes; c++) names[c] = dsrt_datastore_class_name(j->train, (size_t)c);
     to.class_names = names;
-    int rc = dsrt_net_transfer(&j->net, j->base, &to, &j->no);
+    rc = dsrt_net_transfer(&j->net, j->base, &to, &j->no);
     free(names);
     if (rc) {
         fprintf(stderr, "%s train: --transfer: %s\n", prog, dsrt_last_error());
@@ -1635,6 +1878,7 @@ static int train_transfer_net(train_job *j) {
  * Returns 0, or the exit status after a message. */
 static int train_open_data_and_net(train_job *j) {
     const char *cmd = "train";
+    if (onnx_flags_alone(cmd, &tr.onnx, tr.net, tr.transfer)) return 2;
     data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer, &tr.remote};
     if (open_data(cmd, "--data", tr.data, &da, &j->train) ||
         (tr.val && open_data(cmd, "--val", tr.val, &da, &j->val)))
@@ -1662,11 +1906,9 @@ static int train_open_data_and_net(train_job *j) {
         if (train_transfer_net(j)) return 1;
     } else if (dsrt_net_builtin(netname, NULL)) {
         j->desc = dsrt_describe_datastore_classes(netname, j->train);
-    } else if (is_model_file(netname)) {
-        if (dsrt_model_load(&j->net, netname, &j->no) != 0) {
-            fprintf(stderr, "%s train: %s: %s\n", prog, from, dsrt_last_error());
-            return 1;
-        }
+    } else if (is_model_file(netname) || is_onnx_file(netname)) {
+        int rc = load_model("train", from, netname, &tr.onnx, &j->no, &j->net);
+        if (rc) return rc;
     } else if (netname == j->ckpt) {
         /* --resume names something that is not a checkpoint. */
         size_t n = strlen(netname), ns = strlen(STATE_SUFFIX_TEXT);
@@ -2031,10 +2273,12 @@ static struct {
     const char *order;
     remote_opts remote;
     device_args dev;
+    onnx_args onnx;
 } ev;
 
 static const option EVAL_OPTIONS[] = {
-    {"model", OPT_STR, &ev.model, 0, 0, "FILE", "a model or checkpoint file (required)"},
+    {"model", OPT_STR, &ev.model, 0, 0, "FILE",
+     "a model or checkpoint file, or an ONNX model (.onnx) (required)"},
     {"data", OPT_STR, &ev.data, 0, 0, "DIR", "labelled images, as for train (required)"},
     {"batch", OPT_INT, &ev.batch, 1, 1 << 20, "B", "images a batch [128]"},
     {"threads", OPT_INT, &ev.threads, 0, 4096, "T", "compute threads [auto]"},
@@ -2050,6 +2294,8 @@ static const option EVAL_OPTIONS[] = {
      "leave out class folders without images (default: refuse them)"},
     {"order", OPT_STR, &ev.order, 0, 0, "HOW",
      "tar shards: exact or shard (streamed), as for train [auto]"},
+    ONNX_OPTIONS(ev.onnx),
+    ONNX_CLASSES_OPTION(ev.onnx),
     {"json", OPT_FLAG, &ev.json, 0, 0, NULL,
      "one JSON line: accuracy, per_class, confusion (rows true, columns predicted)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
@@ -2169,10 +2415,8 @@ static int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "%s eval: --bad-list %s: %s\n", prog, ev.bad_list, why);
         return 2;
     }
-    if (dsrt_model_load(&net, ev.model, &no) != 0) {
-        fprintf(stderr, "%s eval: --model: %s\n", prog, dsrt_last_error());
-        goto out;
-    }
+    if ((status = load_model("eval", "--model", ev.model, &ev.onnx, &no, &net))) goto out;
+    status = 1;
     data_args da = {ev.drop_empty_classes, ev.order, 0, &ev.remote};
     if (open_data("eval", "--data", ev.data, &da, &ds)) goto out;
     dsrt_eval_options eo = dsrt_eval_defaults();
@@ -2215,15 +2459,21 @@ static struct {
     const char *model;
     int top, batch, threads, json;
     device_args dev;
+    onnx_args onnx;
 } cl;
 
 static const option CLASSIFY_OPTIONS[] = {
-    {"model", OPT_STR, &cl.model, 0, 0, "FILE", "a model or checkpoint file (required)"},
+    {"model", OPT_STR, &cl.model, 0, 0, "FILE",
+     "a model or checkpoint file, or an ONNX model (.onnx) (required)"},
     {"top", OPT_INT, &cl.top, 1, 1 << 24, "K", "classes to list for each image [3]"},
     {"batch", OPT_INT, &cl.batch, 1, 4096, "B", "images a batch [64]"},
     {"threads", OPT_INT, &cl.threads, 0, 4096, "T", "compute threads [all cores]"},
     DEVICE_OPTIONS(cl.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
-    {"json", OPT_FLAG, &cl.json, 0, 0, NULL, "one JSON line an image: path, label, scores"},
+    ONNX_OPTIONS(cl.onnx),
+    ONNX_CLASSES_OPTION(cl.onnx),
+    {"json", OPT_FLAG, &cl.json, 0, 0, NULL,
+     "one JSON object a line an image: path, label, class, score, and scores (every class's "
+     "probability, in class order)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
@@ -2376,10 +2626,8 @@ static int cmd_classify(int argc, char **argv) {
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     no.threads = cl.threads ? cl.threads : (int)(ncpu > 0 ? ncpu : 1);
-    if (dsrt_model_load(&c.net, cl.model, &no) != 0) {
-        fprintf(stderr, "%s classify: --model: %s\n", prog, dsrt_last_error());
-        goto out;
-    }
+    if ((status = load_model("classify", "--model", cl.model, &cl.onnx, &no, &c.net))) goto out;
+    status = 1;
     dsrt_net_get_info(c.net, &c.ni);
     c.ao = dsrt_augment_defaults();
     c.ao.output_height = c.ni.height;
@@ -2757,14 +3005,16 @@ out:
 static struct {
     const char *net;
     int classes, json;
+    onnx_args onnx;
 } analyze;
 
 static const option ANALYZE_OPTIONS[] = {
     {"net", OPT_STR, &analyze.net, 0, 0, "NAME|FILE",
-     "a built-in network, a description file or a model file (required)"},
+     "a built-in network, a description file, a model file or an ONNX model (required)"},
     {"classes", OPT_INT, &analyze.classes, 1, 1 << 24, "N",
      "classes of a description's outputs=classes [1000 for resnet18 and resnet50, 55 for "
      "alexnet, else 10]"},
+    ONNX_OPTIONS(analyze.onnx),
     {"json", OPT_FLAG, &analyze.json, 0, 0, NULL, "one JSON object instead of the table"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
@@ -2788,6 +3038,7 @@ static int cmd_analyze(int argc, char **argv) {
         return 2;
     }
     const char *name = analyze.net;
+    if ((rc = onnx_flags_alone("analyze", &analyze.onnx, name, NULL))) return rc;
     int classes = analyze.classes                                          ? analyze.classes
                   : !strcmp(name, "resnet18") || !strcmp(name, "resnet50") ? 1000
                   : !strcmp(name, "alexnet")                               ? 55
@@ -2796,11 +3047,8 @@ static int cmd_analyze(int argc, char **argv) {
     no.threads = 1;
     dsrt_net *net = NULL;
     char *text = NULL;
-    if (is_model_file(name)) {
-        if (dsrt_model_load(&net, name, &no) != 0) {
-            fprintf(stderr, "%s analyze: %s: %s\n", prog, name, dsrt_last_error());
-            return 1;
-        }
+    if (is_model_file(name) || is_onnx_file(name)) {
+        if ((rc = load_model("analyze", name, name, &analyze.onnx, &no, &net))) return rc;
     } else {
         if (!dsrt_net_builtin(name, NULL)) {
             char why[256];
@@ -2868,6 +3116,171 @@ static int cmd_analyze(int argc, char **argv) {
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// import and export: ONNX models in and out
+
+static struct {
+    const char *output;
+    int json;
+    onnx_args onnx;
+} im;
+
+static const option IMPORT_OPTIONS[] = {
+    {"output", OPT_STR, &im.output, 0, 0, "FILE", "the dsrt model file to write (required)"},
+    ONNX_OPTIONS(im.onnx),
+    ONNX_CLASSES_OPTION(im.onnx),
+    {"json", OPT_FLAG, &im.json, 0, 0, NULL, "one JSON line: layers, classes, learnables"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+static void import_usage(FILE *f) {
+    fprintf(f,
+            "usage: %s import MODEL.onnx --output MODEL.dsrt [options]\n\n"
+            "Imports an ONNX model (opsets 7 to 21: Conv, Gemm, MatMul with its bias Add, Relu,\n"
+            "LeakyRelu, MaxPool, AveragePool, GlobalAveragePool, BatchNormalization, LRN,\n"
+            "Dropout, Flatten, Reshape to 2-D, Softmax, Add, Concat, Identity, Constant) as a\n"
+            "dsrt model file, which train, eval and classify take like any other. Anything\n"
+            "else is refused, naming the node, its operator and the opset. The model's\n"
+            "preprocessing goes into the input layer, so that the model gets raw images as\n"
+            "it expects them: --preprocess torchvision for torchvision's models, or\n"
+            "--input-scale, --mean and --std. A model that ends in logits gets dsrt's\n"
+            "softmax. The --net, --model and --transfer options of the other commands take\n"
+            "an ONNX model directly too, with the same options.\n\n"
+            "options:\n",
+            prog);
+    print_options(f, IMPORT_OPTIONS);
+}
+
+/* The one argument that is not an option (the model), taken out of argv. */
+static const char *take_positional(int *argc, char **argv, const option *opts) {
+    const char *found = NULL;
+    int k = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strncmp(argv[i], "--", 2) != 0 && strcmp(argv[i], "-h") != 0 && !found) {
+            found = argv[i];
+            continue;
+        }
+        argv[k++] = argv[i];
+        const option *o = opts;
+        while (o->name && strcmp(argv[i] + 2, o->name) != 0) o++;
+        if (o->name && o->type != OPT_FLAG && !strchr(argv[i], '=') && i + 1 < *argc)
+            argv[k++] = argv[++i];
+    }
+    *argc = k;
+    return found;
+}
+
+static int cmd_import(int argc, char **argv) {
+    const char *model = take_positional(&argc, argv, IMPORT_OPTIONS);
+    int rc = parse_options("import", argc, argv, IMPORT_OPTIONS, import_usage);
+    if (rc) return rc > 0 ? 0 : 2;
+    if (!model || !im.output) {
+        fprintf(stderr,
+                "%s import: MODEL.onnx and --output FILE are required (see %s import "
+                "--help)\n",
+                prog, prog);
+        return 2;
+    }
+    char why[512];
+    if (tool_check_output(im.output, 1, why, sizeof why)) {
+        fprintf(stderr, "%s import: --output %s: %s\n", prog, im.output, why);
+        return 2;
+    }
+    dsrt_onnx_import_options o;
+    char **names;
+    if ((rc = onnx_resolve("import", &im.onnx, &o, &names))) return rc;
+    dsrt_net_options no = dsrt_net_defaults();
+    no.threads = 1;
+    dsrt_net *net = NULL;
+    rc = dsrt_onnx_import(&net, model, &o, &no);
+    free_names(names);
+    if (rc) {
+        fprintf(stderr, "%s import: %s\n", prog, dsrt_last_error());
+        return 1;
+    }
+    if (dsrt_model_save(im.output, net) != 0) {
+        fprintf(stderr, "%s import: %s\n", prog, dsrt_last_error());
+        dsrt_net_destroy(net);
+        return 1;
+    }
+    dsrt_net_info info;
+    dsrt_net_get_info(net, &info);
+    if (im.json) {
+        printf("{\"model\": ");
+        tool_json_string(stdout, model);
+        printf(", \"output\": ");
+        tool_json_string(stdout, im.output);
+        printf(", \"layers\": %d, \"input\": [%d, %d, %d], \"classes\": %d, \"learnables\": "
+               "%zu}\n",
+               info.layers, info.height, info.width, info.channels, info.classes, info.learnable);
+    } else {
+        printf("%s -> %s: %d layers, input %dx%dx%d, %d classes, %zu learnables\n", model,
+               im.output, info.layers, info.height, info.width, info.channels, info.classes,
+               info.learnable);
+    }
+    dsrt_net_destroy(net);
+    return 0;
+}
+
+static struct {
+    const char *output;
+    int opset;
+} ex;
+
+static const option EXPORT_OPTIONS[] = {
+    {"output", OPT_STR, &ex.output, 0, 0, "FILE", "the ONNX model to write (required)"},
+    {"opset", OPT_INT, &ex.opset, 7, 21, "N", "the ONNX opset, 7 to 21 [13]"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+static void export_usage(FILE *f) {
+    fprintf(f,
+            "usage: %s export MODEL --output MODEL.onnx [--opset N]\n\n"
+            "Writes a dsrt model or checkpoint as an ONNX model: its inference graph (batch\n"
+            "normalisation with the running statistics, dropout removed, the softmax output\n"
+            "\"probabilities\"), taking \"pixels\", float32 NCHW images of the model's size\n"
+            "and channels with values 0 to 255 as files hold them (the input normalisation\n"
+            "is the model's first nodes), any batch size; the class names are in its\n"
+            "metadata_props (\"classes\", one a line).\n\n"
+            "options:\n",
+            prog);
+    print_options(f, EXPORT_OPTIONS);
+}
+
+static int cmd_export(int argc, char **argv) {
+    const char *model = take_positional(&argc, argv, EXPORT_OPTIONS);
+    int rc = parse_options("export", argc, argv, EXPORT_OPTIONS, export_usage);
+    if (rc) return rc > 0 ? 0 : 2;
+    if (!model || !ex.output) {
+        fprintf(stderr,
+                "%s export: MODEL and --output FILE are required (see %s export "
+                "--help)\n",
+                prog, prog);
+        return 2;
+    }
+    char why[512];
+    if (tool_check_output(ex.output, 1, why, sizeof why)) {
+        fprintf(stderr, "%s export: --output %s: %s\n", prog, ex.output, why);
+        return 2;
+    }
+    dsrt_net_options no = dsrt_net_defaults();
+    no.threads = 1;
+    dsrt_net *net = NULL;
+    if (dsrt_model_load(&net, model, &no) != 0) {
+        fprintf(stderr, "%s export: %s\n", prog, dsrt_last_error());
+        return 1;
+    }
+    dsrt_onnx_export_options o = dsrt_onnx_export_defaults();
+    if (ex.opset) o.opset = ex.opset;
+    rc = dsrt_onnx_export(net, ex.output, &o);
+    if (rc)
+        fprintf(stderr, "%s export: %s\n", prog, dsrt_last_error());
+    else
+        printf("%s -> %s (opset %d)\n", model, ex.output, o.opset);
+    dsrt_net_destroy(net);
+    return rc ? 1 : 0;
+}
+
 static const command COMMANDS[] = {
     {"train", "train a network on an image folder, loading in the background", cmd_train},
     {"eval", "accuracy, per-class accuracy and confusion matrix of a model", cmd_eval},
@@ -2875,6 +3288,8 @@ static const command COMMANDS[] = {
     {"bench", "time training steps on random data (no loader)", cmd_bench},
     {"scale", "predict data-parallel step time and efficiency on 8 to 512 GPUs", cmd_scale},
     {"analyze", "a network layer by layer: inputs, output shapes, learnables", cmd_analyze},
+    {"import", "an ONNX model as a dsrt model file", cmd_import},
+    {"export", "a dsrt model as an ONNX model", cmd_export},
 };
 
 static void usage(FILE *f) {

@@ -589,6 +589,96 @@ DSRT_API int dsrt_checkpoint_save(const char *path, const dsrt_net *net, const d
 DSRT_API int dsrt_checkpoint_load(const char *path, dsrt_net **net, dsrt_optimizer **opt,
                                   dsrt_train_position *pos, const dsrt_net_options *options);
 
+// ----------------------------------------------------------------------------
+// ONNX
+
+/* Channels that per-channel input statistics may be given for. */
+#define DSRT_ONNX_CHANNELS_MAX 16
+
+/*
+ * How an imported model's input is made from pixels, and its class names.
+ * dsrt hands a net's input layer pixels scaled to [0, 1] (x / 255 for x in
+ * [0, 255]: the pipeline's, dstrain classify's and eval's batches); the
+ * model expects (x * input_scale - mean[c]) / std[c]. The import writes that
+ * into the input layer as its z-score (with mean and std scaled by 255 *
+ * input_scale), so the imported net gives the model's answer on raw images.
+ * torchvision's models: input_scale 1/255, mean 0.485, 0.456, 0.406, std
+ * 0.229, 0.224, 0.225 (dsrt_onnx_preprocess_torchvision). A normalisation
+ * the graph itself applies to its input before any layer (Add, Sub, Mul and
+ * Div of constants, one value or one a channel, as dsrt_onnx_export writes
+ * it) is composed into the same z-score.
+ */
+typedef struct {
+    double input_scale; /* 0 (default): the model's metadata_props "dsrt.input_scale" (1 for a
+                         * model dsrt exported: it takes pixels as they are), else 1/255 */
+    int n_mean, n_std;  /* 0: none (mean 0, std 1), 1: every channel, or one a channel */
+    float mean[DSRT_ONNX_CHANNELS_MAX], std[DSRT_ONNX_CHANNELS_MAX];
+    /* The classes' names in class order (n_class_names of them, which must
+     * be the model's class count), or NULL: the model's own, from its
+     * metadata_props entry "classes" (one name a line), when it has one. */
+    const char *const *class_names;
+    int n_class_names;
+    /* The input's height and width where the model leaves them symbolic
+     * (0: such a model is refused). */
+    int height, width;
+} dsrt_onnx_import_options;
+
+/* The defaults: no normalisation beyond [0, 1], the model's class names. */
+DSRT_API dsrt_onnx_import_options dsrt_onnx_import_defaults(void);
+
+/* Sets o's input scale, mean and std to torchvision's ImageNet ones. */
+DSRT_API void dsrt_onnx_preprocess_torchvision(dsrt_onnx_import_options *o);
+
+/*
+ * Imports an ONNX model (opsets 7 to 21) as a new network: its graph becomes
+ * a dsrt description (layer names from the nodes', made unique; inputs= where
+ * the graph branches), built for the model's input size, and its tensors are
+ * copied into the net's parameter buffer and running statistics. The file
+ * is mapped, not read into memory; float32, float16 and bfloat16 tensors are
+ * read from raw_data, typed fields or external data files beside the model
+ * (a location that is absolute or holds ".." is refused).
+ *
+ * Operators: Conv, Gemm, MatMul (with the Add of its bias), Relu, LeakyRelu,
+ * MaxPool, AveragePool, GlobalAveragePool, BatchNormalization (inference
+ * form), LRN, Dropout, Flatten, Reshape to 2-D, Softmax, Add, Concat,
+ * Identity and Constant, and Sub, Mul and Div of constants as the input
+ * normalisation. A model with any other operator, or an attribute
+ * or shape that dsrt's layers cannot reproduce exactly, is refused before
+ * any weight is read, with DSRT_EUNSUPPORTED and a message naming the node,
+ * its operator and the opset; a damaged file with DSRT_ECORRUPT or
+ * DSRT_ETRUNCATED and where it is. A model that ends in logits gets dsrt's
+ * softmax (the classification output) appended.
+ *
+ * o: NULL for the defaults. options: as for dsrt_net_create (NULL:
+ * defaults). Returns 0 and sets *net, or a negative code with
+ * dsrt_last_error() saying why.
+ */
+DSRT_API int dsrt_onnx_import(dsrt_net **net, const char *path, const dsrt_onnx_import_options *o,
+                              const dsrt_net_options *options);
+
+/* What dsrt_onnx_export writes. */
+typedef struct {
+    int opset;          /* the default domain's opset, 7 to 21; default 13 */
+    double input_scale; /* what the net's input layer was given per pixel value: 1/255 (default)
+                         * for dsrt's [0, 1] batches */
+} dsrt_onnx_export_options;
+
+DSRT_API dsrt_onnx_export_options dsrt_onnx_export_defaults(void);
+
+/*
+ * Writes net as an ONNX model to path (atomically: the file is complete or
+ * absent): its inference graph (batch normalisation in inference form with
+ * the running statistics, dropout removed, the softmax output as
+ * "probabilities"), the input normalisation as the first nodes, so that the
+ * model takes raw pixels ("pixels": float32, NCHW, values 0 to 255, the
+ * net's channels, any batch size), and the class names in metadata_props
+ * ("classes", one a line; "dsrt.input_scale" says it takes pixels as they
+ * are). The weights are written as float32 raw_data, so
+ * dsrt_onnx_import gives them back bit for bit. o: NULL for the defaults.
+ * Returns 0 or a negative code.
+ */
+DSRT_API int dsrt_onnx_export(dsrt_net *net, const char *path, const dsrt_onnx_export_options *o);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,9 +11,11 @@
  * connected layer gets outputs=classes and its learn-rate factors, the
  * other learnable layers their factors multiplied by base_lr_factor), builds
  * the new net from it, and copies every kept layer's parameters and the
- * running statistics across. It uses only the public nn API.
+ * running statistics across. It uses only the public nn API (and the class
+ * line's prefix, which nn/ writes too).
  */
 #include "core/internal.h"
+#include "nn/internal.h"
 
 #include <dsrt/train.h>
 
@@ -22,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CLASS_PREFIX "# dsrt-class: "
+#define CLASS_PREFIX DSRT_CLASS_LINE
 
 // ----------------------------------------------------------------------------
 // A growing string

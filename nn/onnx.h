@@ -1,0 +1,163 @@
+/*
+ * ONNX models as dsrt reads them: the parts of a ModelProto that a network
+ * of dsrt's layers can come from, parsed from the protobuf wire format
+ * (nn/protobuf.h) without copying anything large. Strings and tensor data
+ * are slices of the mapped file; the records that point at them live in one
+ * arena. The field numbers are those of onnx.proto, which the ONNX project
+ * keeps frozen.
+ *
+ * onnx_read.c parses and checks the encoding (every length and count against
+ * the bytes that are there); onnx_import.c maps the graph onto a dsrt
+ * description and copies the weights; onnx_export.c writes a net out.
+ */
+#ifndef DSRT_NN_ONNX_H
+#define DSRT_NN_ONNX_H
+
+#include "nn/internal.h"
+#include "nn/protobuf.h"
+
+/* TensorProto.DataType values dsrt meets. */
+enum {
+    ONNX_FLOAT = 1,
+    ONNX_UINT8 = 2,
+    ONNX_INT8 = 3,
+    ONNX_INT32 = 6,
+    ONNX_INT64 = 7,
+    ONNX_BOOL = 9,
+    ONNX_FLOAT16 = 10,
+    ONNX_DOUBLE = 11,
+    ONNX_BFLOAT16 = 16,
+};
+
+/* AttributeProto.AttributeType values. */
+enum {
+    ONNX_ATTR_FLOAT = 1,
+    ONNX_ATTR_INT = 2,
+    ONNX_ATTR_STRING = 3,
+    ONNX_ATTR_TENSOR = 4,
+    ONNX_ATTR_GRAPH = 5,
+    ONNX_ATTR_FLOATS = 6,
+    ONNX_ATTR_INTS = 7,
+    ONNX_ATTR_STRINGS = 8,
+};
+
+#define ONNX_DIMS_MAX 8
+#define ONNX_NAME_MAX 4096 /* bytes of a name, an operator or a string attribute */
+
+/* A slice of the file: a name, an operator, a string. */
+typedef dsrt_pb_bytes onnx_str;
+
+/* A tensor: an initializer, a Constant's value, an attribute. Its values
+ * are in raw (raw_data), in the typed field of its data type (msg is the
+ * TensorProto, walked again to read them), or in an external file. */
+typedef struct {
+    onnx_str name;
+    int dtype;
+    int ndims;
+    int64_t dims[ONNX_DIMS_MAX];
+    uint64_t count; /* elements: the product of dims */
+    onnx_str msg;   /* the whole TensorProto */
+    int has_raw;
+    onnx_str raw;
+    uint64_t typed; /* values in the typed fields */
+    /* data_location EXTERNAL: where the values are */
+    int external;
+    onnx_str location;
+    uint64_t ext_offset, ext_length;
+    int has_ext_length;
+    /* For values dsrt made itself (a Constant's value_float, ...): NULL or
+     * count values. */
+    const float *made_f;
+    const int64_t *made_i;
+} onnx_tensor;
+
+typedef struct {
+    onnx_str name;
+    int type; /* ONNX_ATTR_*, or 0 when the file gives none (inferred from the field) */
+    float f;
+    int64_t i;
+    onnx_str s;
+    onnx_tensor *t;
+    float *floats;
+    int64_t *ints;
+    size_t n_floats, n_ints;
+    int has_f, has_i, has_s, n_strings, has_graph;
+} onnx_attr;
+
+typedef struct {
+    int index; /* in the graph */
+    onnx_str name, op, domain;
+    onnx_str *in, *out;
+    int n_in, n_out;
+    onnx_attr *attr;
+    int n_attr;
+} onnx_node;
+
+/* A graph input or output: a name and, for a float tensor, its shape (a
+ * dimension < 0 is symbolic or missing). */
+typedef struct {
+    onnx_str name;
+    int elem_type; /* 0: not a tensor, or no type */
+    int ndims;     /* -1: no shape */
+    int64_t dims[ONNX_DIMS_MAX];
+} onnx_value;
+
+typedef struct {
+    onnx_str key, value;
+} onnx_meta;
+
+typedef struct {
+    int64_t ir_version;
+    int64_t opset;    /* of the default domain ("" or "ai.onnx"); 0: not imported */
+    int other_opsets; /* other domains imported */
+    onnx_str producer, producer_version, graph_name;
+    onnx_node *nodes;
+    int n_nodes;
+    onnx_tensor *inits;
+    int n_inits;
+    onnx_value *inputs, *outputs;
+    int n_inputs, n_outputs;
+    onnx_meta *meta;
+    int n_meta;
+    int sparse_inits; /* sparse initializers (refused) */
+    dsrt_arena arena;
+} onnx_model;
+
+/*
+ * Parses a ModelProto from data (size bytes; name in messages). Returns 0,
+ * or DSRT_ECORRUPT / DSRT_ETRUNCATED / DSRT_ETOOBIG / DSRT_EUNSUPPORTED with
+ * "onnx: NAME: where: what" in the message. *m holds slices of data: it
+ * must outlive m. Free m with onnx_model_free (also after a failure).
+ */
+int dsrt__onnx_parse(onnx_model *m, const uint8_t *data, size_t size, const char *name);
+void dsrt__onnx_model_free(onnx_model *m);
+
+/* Parses one TensorProto (msg) into *t, checking that its values are all
+ * there (raw or typed; external: only the reference). where: for messages. */
+int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const char *where);
+
+/* Imports a model held in memory (data, size bytes; file names it in
+ * messages): dsrt_onnx_import's work. dir: the folder external data files
+ * are read from (NULL: a model with external data is refused). own_map: data
+ * is a private mapping of the file, whose pages are released as its tensors
+ * are copied, and unmapped at the end. The fuzz target's entry. */
+int dsrt__onnx_import_memory(dsrt_net **net, const uint8_t *data, size_t size, const char *file,
+                             const char *dir, int own_map, const dsrt_onnx_import_options *o,
+                             const dsrt_net_options *options);
+
+/* Whether s equals the C string c. */
+static inline int onnx_is(onnx_str s, const char *c) {
+    size_t n = 0;
+    while (c[n]) n++;
+    return s.n == n && (n == 0 || __builtin_memcmp(s.p, c, n) == 0);
+}
+
+/* s as printable text into buf (cap bytes): non-printable bytes as \xNN,
+ * cut at 80 characters. Returns buf. */
+const char *dsrt__onnx_shown(onnx_str s, char *buf, size_t cap);
+
+/* Bytes an element of dtype takes in raw_data (0: a type dsrt does not read). */
+int dsrt__onnx_dtype_size(int dtype);
+const char *dsrt__onnx_dtype_name(int dtype);
+
+#endif

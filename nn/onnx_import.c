@@ -1,0 +1,2140 @@
+/*
+ * ONNX import: a model's graph mapped onto a dsrt description, the net built
+ * from it, and the model's tensors copied into the net's flat buffers.
+ *
+ * The mapping walks the nodes in the file's (topological) order, keeping for
+ * each named value what it is: the image input, a constant (an initializer,
+ * a Constant's value, an Identity of one), or the output of a dsrt layer
+ * with its shape and whether ONNX sees it flattened to (N, K). Only the
+ * nodes the graph's output depends on become layers. Every operator is one
+ * entry of the table below with its attributes; anything else (an operator,
+ * an attribute, a shape or a mode that dsrt's layers would compute
+ * differently) is refused before any weight is read, naming the node, its
+ * operator and the opset, never imported as a different network.
+ *
+ * Weights are copied straight from the mapped file (or the external data
+ * files, also mapped) into the net's parameter buffer, tensor by tensor, and
+ * the file's pages are released as soon as a tensor is copied, so an import
+ * holds the weights about once.
+ */
+#include "nn/onnx.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ONNX raw_data is little-endian; add byte swapping for this target"
+#endif
+
+#define OPSET_MIN 7
+#define OPSET_MAX 21
+
+dsrt_onnx_import_options dsrt_onnx_import_defaults(void) {
+    dsrt_onnx_import_options o;
+    memset(&o, 0, sizeof o);
+    o.input_scale = 0; /* the model's metadata, else 1/255 */
+    return o;
+}
+
+void dsrt_onnx_preprocess_torchvision(dsrt_onnx_import_options *o) {
+    static const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    o->input_scale = 1.0 / 255.0;
+    o->n_mean = o->n_std = 3;
+    memcpy(o->mean, mean, sizeof mean);
+    memcpy(o->std, std, sizeof std);
+}
+
+// ----------------------------------------------------------------------------
+// The state of one import
+
+enum { V_INPUT = 1, V_LAYER, V_CONST };
+
+/* A named value of the graph. */
+typedef struct {
+    onnx_str name;
+    int kind;
+    int layer;            /* V_INPUT, V_LAYER: the dsrt layer whose output it is */
+    int flat;             /* ONNX sees it as (N, K), K = c h w */
+    int stage;            /* V_INPUT: how many normalising operations made it */
+    const onnx_tensor *t; /* V_CONST */
+    int producer;         /* node index, or -1 */
+    int uses;             /* consumers on the way to the output */
+} value;
+
+/* A dsrt layer being made: its keyword and options, its inputs, and where
+ * its parameters come from. */
+typedef struct {
+    const char *type;
+    char name[DSRT_LAYER_NAME_MAX];
+    char opts[400];
+    int relu; /* add: relu=1 */
+    int in[DSRT_INPUTS_MAX], n_in;
+    int node; /* the ONNX node, -1: none */
+    dsrt_shape out;
+    /* conv, fc: weights w (fc: transposed from (rows, cols) when w_rows),
+     * times w_scale; bias b times b_scale. batchnorm: bn scale, offset,
+     * running mean, running variance. */
+    const onnx_tensor *w, *b, *bn[4];
+    int64_t w_rows, w_cols;
+    float w_scale, b_scale;
+} layer;
+
+/* An external data file, mapped. */
+typedef struct {
+    char *location;
+    const uint8_t *data;
+    size_t size;
+} ext_file;
+
+typedef struct {
+    onnx_model m;
+    const char *file;   /* for messages */
+    const char *dir;    /* the model's folder, for external data; NULL: none allowed */
+    const uint8_t *map; /* the mapped model (its pages are released as tensors are read) */
+    size_t map_size;
+    int own_map;
+    value *v;
+    size_t nv, vcap;
+    uint32_t *slot; /* hash of names: index + 1 into v, 0 free */
+    size_t slots;
+    layer *L;
+    int nL, Lcap;
+    int *live, *absorbed; /* per node */
+    ext_file *ext;
+    int n_ext;
+    int in_c, in_h, in_w;
+    int64_t batch; /* the input's batch dimension, -1: symbolic */
+    /* The input's normalisation in the graph: Add, Sub, Mul and Div of
+     * constants on the image before any layer, y = na[c] x + nb[c] per
+     * channel (stage of them so far; frozen once a layer took the image).
+     * pixel_div: the first of them is a division by 255 of pixels that the
+     * model takes in [0, 255], which dsrt's own [0, 1] batches already are. */
+    double *na, *nb;
+    int stage, frozen, pixel_div;
+    double scale;         /* the model takes pixel values times this */
+    int user_stats;       /* the caller gave a mean or std */
+    const onnx_node *cur; /* the node being mapped, for messages */
+    int err;              /* the code of the last refusal */
+} imp;
+
+// ----------------------------------------------------------------------------
+// Messages
+
+/* Fails naming the node being mapped: "onnx: FILE: node 'NAME' (OP, opset
+ * N): ...". */
+static int nfail(imp *c, int code, const char *fmt, ...) DSRT_PRINTF(3, 4);
+static int nfail(imp *c, int code, const char *fmt, ...) {
+    char msg[1024], b1[100], b2[100];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->err = code;
+    const onnx_node *n = c->cur;
+    if (!n) return dsrt__fail(code, "onnx: %s: %s", c->file, msg);
+    if (!n->name.n && n->n_out && n->out[0].n) /* an unnamed node: by its output */
+        return dsrt__fail(code, "onnx: %s: node %d (output '%s') (%s, opset %lld): %s", c->file,
+                          n->index, dsrt__onnx_shown(n->out[0], b1, sizeof b1),
+                          dsrt__onnx_shown(n->op, b2, sizeof b2), (long long)c->m.opset, msg);
+    return dsrt__fail(code, "onnx: %s: node %d '%s' (%s, opset %lld): %s", c->file, n->index,
+                      dsrt__onnx_shown(n->name, b1, sizeof b1),
+                      dsrt__onnx_shown(n->op, b2, sizeof b2), (long long)c->m.opset, msg);
+}
+
+#define SHOWN(s) dsrt__onnx_shown((s), (char[100]){0}, 100)
+
+// ----------------------------------------------------------------------------
+// Values
+
+static uint32_t hash_of(onnx_str s) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < s.n; i++) h = (h ^ s.p[i]) * 16777619u;
+    return h;
+}
+
+static int same(onnx_str a, onnx_str b) {
+    return a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0);
+}
+
+static value *find(imp *c, onnx_str name) {
+    if (!c->slots) return NULL;
+    for (size_t h = hash_of(name) & (c->slots - 1);; h = (h + 1) & (c->slots - 1)) {
+        uint32_t k = c->slot[h];
+        if (!k) return NULL;
+        if (same(c->v[k - 1].name, name)) return &c->v[k - 1];
+    }
+}
+
+/* A new value named name (refused when the name is taken). */
+static value *define(imp *c, onnx_str name, int kind) {
+    if (find(c, name)) {
+        nfail(c, DSRT_ECORRUPT, "value '%s' is defined twice", SHOWN(name));
+        return NULL;
+    }
+    if (c->nv == c->vcap) {
+        dsrt__fail(DSRT_ECORRUPT, "onnx: %s: more values than the graph declares", c->file);
+        return NULL;
+    }
+    value *v = &c->v[c->nv++];
+    memset(v, 0, sizeof *v);
+    v->name = name;
+    v->kind = kind;
+    v->producer = -1;
+    size_t h = hash_of(name) & (c->slots - 1);
+    while (c->slot[h]) h = (h + 1) & (c->slots - 1);
+    c->slot[h] = (uint32_t)c->nv;
+    return v;
+}
+
+/* Input k of the node being mapped, which must be defined above it. */
+static value *input(imp *c, int k) {
+    const onnx_node *n = c->cur;
+    if (k >= n->n_in || n->in[k].n == 0) return NULL;
+    value *v = find(c, n->in[k]);
+    if (!v || !v->kind) {
+        nfail(c, DSRT_ECORRUPT,
+              "input '%s' is not made by any node above it (the graph must be in topological "
+              "order)",
+              SHOWN(n->in[k]));
+        return NULL;
+    }
+    return v;
+}
+
+/* Output k of the node being mapped. */
+static value *output(imp *c, int k) {
+    const onnx_node *n = c->cur;
+    if (k >= n->n_out || !n->out[k].n) return NULL;
+    return find(c, n->out[k]);
+}
+
+/* Whether output k of the node is used on the way to the graph's output. */
+static int output_used(imp *c, int k) {
+    value *v = output(c, k);
+    return v && v->uses > 0;
+}
+
+/* The dsrt shape of a value made by a layer (or the input). */
+static dsrt_shape shape_of(imp *c, const value *v) {
+    if (v->kind == V_INPUT) return (dsrt_shape){c->in_c, c->in_h, c->in_w};
+    return c->L[v->layer].out;
+}
+
+/* The node's output 0 becomes what src is (Identity, Flatten, Dropout 0). */
+static void alias(imp *c, const value *src, int flat) {
+    value *o = output(c, 0);
+    if (!o) return;
+    o->kind = src->kind;
+    o->layer = src->layer;
+    o->t = src->t;
+    o->stage = src->stage;
+    o->flat = flat;
+}
+
+// ----------------------------------------------------------------------------
+// Attributes
+
+static const onnx_attr *attr(imp *c, const char *name) {
+    const onnx_node *n = c->cur;
+    for (int i = 0; i < n->n_attr; i++)
+        if (onnx_is(n->attr[i].name, name)) return &n->attr[i];
+    return NULL;
+}
+
+static int attr_int(imp *c, const char *name, int64_t def, int64_t *out) {
+    const onnx_attr *a = attr(c, name);
+    *out = def;
+    if (!a) return 0;
+    if (!a->has_i) return nfail(c, DSRT_ECORRUPT, "attribute '%s' is not an integer", name);
+    *out = a->i;
+    return 0;
+}
+
+static int attr_float(imp *c, const char *name, float def, float *out) {
+    const onnx_attr *a = attr(c, name);
+    *out = def;
+    if (!a) return 0;
+    if (!a->has_f) return nfail(c, DSRT_ECORRUPT, "attribute '%s' is not a float", name);
+    if (!isfinite(a->f)) return nfail(c, DSRT_ECORRUPT, "attribute '%s' is %g", name, (double)a->f);
+    *out = a->f;
+    return 0;
+}
+
+/* An ints attribute of exactly n values (absent: def, n values, may be
+ * NULL to leave out unset). Returns 1 when given, 0 when not, < 0. */
+static int attr_ints(imp *c, const char *name, int n, int64_t *out) {
+    const onnx_attr *a = attr(c, name);
+    if (!a) return 0;
+    if ((int64_t)a->n_ints != n)
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "attribute '%s' has %zu values, not %d (2-D images only)", name, a->n_ints, n);
+    for (int i = 0; i < n; i++) out[i] = a->ints[i];
+    return 1;
+}
+
+static int attr_string(imp *c, const char *name, const char *def, char *out, size_t cap) {
+    const onnx_attr *a = attr(c, name);
+    snprintf(out, cap, "%s", def);
+    if (!a) return 0;
+    if (!a->has_s || a->s.n >= cap || memchr(a->s.p, 0, a->s.n))
+        return nfail(c, DSRT_ECORRUPT, "attribute '%s' is not a short string", name);
+    memcpy(out, a->s.p, a->s.n);
+    out[a->s.n] = '\0';
+    return 0;
+}
+
+/* Every attribute of the node must be in known (comma-separated). */
+static int check_attrs(imp *c, const char *known) {
+    const onnx_node *n = c->cur;
+    for (int i = 0; i < n->n_attr; i++) {
+        onnx_str nm = n->attr[i].name;
+        const char *k = known;
+        int ok = 0;
+        while (*k && !ok) {
+            const char *e = strchr(k, ',');
+            size_t len = e ? (size_t)(e - k) : strlen(k);
+            ok = nm.n == len && memcmp(nm.p, k, len) == 0;
+            k += len + (e != NULL);
+        }
+        if (!ok)
+            return nfail(c, DSRT_EUNSUPPORTED, "attribute '%s' is not supported (dsrt reads %s)",
+                         SHOWN(nm), *known ? known : "none");
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Tensors' values
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp) {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (!man) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float bf16_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Releases the pages of [p, p + n) that lie wholly inside it, when they are
+ * pages of a mapping of ours: what was read from the file is not kept. */
+static void release(const uint8_t *p, size_t n) {
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t b = ((uintptr_t)p + n) & ~(uintptr_t)(page - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+static int in_map(const imp *c, const uint8_t *p) {
+    return c->own_map && p >= c->map && p < c->map + c->map_size;
+}
+
+/* The external file of t, mapped (once for all the tensors in it). */
+static int external(imp *c, const onnx_tensor *t, const uint8_t **data, size_t *size) {
+    char loc[ONNX_NAME_MAX + 1];
+    onnx_str l = t->location;
+    if (!c->dir)
+        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s': external data without a model folder",
+                     SHOWN(t->name));
+    if (memchr(l.p, 0, l.n) || l.p[0] == '/')
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "tensor '%s': external data at '%s': only a path relative to the model's "
+                     "folder is read",
+                     SHOWN(t->name), SHOWN(l));
+    memcpy(loc, l.p, l.n);
+    loc[l.n] = '\0';
+    for (const char *s = loc; *s;) {
+        const char *e = strchr(s, '/');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        if (len == 2 && s[0] == '.' && s[1] == '.')
+            return nfail(c, DSRT_EUNSUPPORTED,
+                         "tensor '%s': external data at '%s': a location with '..' is refused "
+                         "(it must lie in the model's folder)",
+                         SHOWN(t->name), loc);
+        s += len + (e != NULL);
+    }
+    for (int i = 0; i < c->n_ext; i++)
+        if (!strcmp(c->ext[i].location, loc)) {
+            *data = c->ext[i].data;
+            *size = c->ext[i].size;
+            return 0;
+        }
+    char *path = NULL;
+    size_t plen = strlen(c->dir) + strlen(loc) + 2;
+    ext_file *grown = realloc(c->ext, (size_t)(c->n_ext + 1) * sizeof *c->ext);
+    if (!grown || !(path = malloc(plen))) {
+        free(path);
+        if (grown) c->ext = grown;
+        return -ENOMEM;
+    }
+    c->ext = grown;
+    snprintf(path, plen, "%s/%s", c->dir, loc);
+    int fd;
+    struct stat st;
+    int rc = dsrt__open_regular(path, &fd, &st);
+    free(path);
+    if (rc)
+        return nfail(c, rc, "tensor '%s': external data: %s", SHOWN(t->name), dsrt_last_error());
+    const uint8_t *d = NULL;
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return nfail(c, -e, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
+                         strerror(e));
+        }
+        d = p;
+    }
+    close(fd);
+    ext_file *x = &c->ext[c->n_ext];
+    if (!(x->location = dsrt__strdup(loc))) {
+        if (d) munmap((void *)d, (size_t)st.st_size);
+        return -ENOMEM;
+    }
+    x->data = d;
+    x->size = (size_t)st.st_size;
+    c->n_ext++;
+    *data = d;
+    *size = x->size;
+    return 0;
+}
+
+/* Where t's raw bytes are (raw_data or external data), checked against its
+ * size; *mapped: pages of ours to release after reading. */
+static int raw_bytes(imp *c, const onnx_tensor *t, const uint8_t **p, size_t *n, int *mapped) {
+    size_t want = (size_t)t->count * (size_t)dsrt__onnx_dtype_size(t->dtype);
+    if (!t->external) {
+        *p = t->raw.p;
+        *n = t->raw.n;
+        *mapped = in_map(c, t->raw.p);
+        return 0;
+    }
+    const uint8_t *d;
+    size_t size;
+    int rc = external(c, t, &d, &size);
+    if (rc) return rc;
+    if (t->ext_offset > size || (t->has_ext_length && t->ext_length != want) ||
+        want > size - t->ext_offset || (!t->has_ext_length && size - t->ext_offset != want))
+        return nfail(c, DSRT_ECORRUPT,
+                     "tensor '%s': external data '%s': %s%llu bytes at offset %llu of a file of "
+                     "%zu; its shape makes %zu bytes",
+                     SHOWN(t->name), SHOWN(t->location), t->has_ext_length ? "" : "the rest, ",
+                     (unsigned long long)(t->has_ext_length ? t->ext_length
+                                                            : size - DSRT_MIN(size, t->ext_offset)),
+                     (unsigned long long)t->ext_offset, size, want);
+    *p = d + t->ext_offset;
+    *n = want;
+    *mapped = 1;
+    return 0;
+}
+
+/*
+ * t's values as floats into dst (t->count of them, in the tensor's order):
+ * float32, float16, bfloat16 and float64 tensors, from any of their
+ * storages.
+ */
+static int tensor_floats(imp *c, const onnx_tensor *t, float *dst) {
+    size_t n = (size_t)t->count;
+    if (t->made_f) {
+        memcpy(dst, t->made_f, n * sizeof *dst);
+        return 0;
+    }
+    int d = t->dtype;
+    if (d != ONNX_FLOAT && d != ONNX_FLOAT16 && d != ONNX_BFLOAT16 && d != ONNX_DOUBLE)
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "tensor '%s' holds %s values (dsrt reads float32, float16 and bfloat16 "
+                     "weights)",
+                     SHOWN(t->name), dsrt__onnx_dtype_name(d));
+    if (t->has_raw || t->external) {
+        const uint8_t *p;
+        size_t bytes;
+        int mapped, rc = raw_bytes(c, t, &p, &bytes, &mapped);
+        if (rc) return rc;
+        if (d == ONNX_FLOAT) {
+            memcpy(dst, p, n * 4);
+        } else if (d == ONNX_DOUBLE) {
+            for (size_t i = 0; i < n; i++) {
+                double x;
+                memcpy(&x, p + 8 * i, 8);
+                dst[i] = (float)x;
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+                dst[i] = d == ONNX_FLOAT16 ? half_to_float(h) : bf16_to_float(h);
+            }
+        }
+        if (mapped) release(p, bytes);
+        return 0;
+    }
+    /* Typed fields: float_data (fixed32), int32_data (float16 and bfloat16
+     * bits as varints), double_data (fixed64); packed or not. */
+    int field = d == ONNX_FLOAT ? 4 : d == ONNX_DOUBLE ? 10 : 5;
+    dsrt_pb r = dsrt__pb_open(t->msg, c->map);
+    dsrt_pb_field f;
+    size_t at = 0;
+    int rc;
+    while ((rc = dsrt__pb_next(&r, &f)) > 0 && at < n) {
+        if ((int)f.number != field) continue;
+        if (f.wire != DSRT_PB_BYTES) {
+            uint64_t u = f.u;
+            if (field == 4) {
+                uint32_t w = (uint32_t)u;
+                memcpy(&dst[at++], &w, 4);
+            } else if (field == 10) {
+                double x;
+                memcpy(&x, &u, 8);
+                dst[at++] = (float)x;
+            } else {
+                dst[at++] =
+                    d == ONNX_FLOAT16 ? half_to_float((uint16_t)u) : bf16_to_float((uint16_t)u);
+            }
+            continue;
+        }
+        const uint8_t *p = f.b.p, *end = f.b.p + f.b.n;
+        while (p < end && at < n) {
+            if (field == 4) {
+                memcpy(&dst[at++], p, 4);
+                p += 4;
+            } else if (field == 10) {
+                double x;
+                memcpy(&x, p, 8);
+                dst[at++] = (float)x;
+                p += 8;
+            } else {
+                uint64_t u;
+                size_t k = dsrt__pb_varint(p, end, &u);
+                if (!k) break;
+                dst[at++] =
+                    d == ONNX_FLOAT16 ? half_to_float((uint16_t)u) : bf16_to_float((uint16_t)u);
+                p += k;
+            }
+        }
+    }
+    if (rc < 0 || at != n)
+        return nfail(c, DSRT_ECORRUPT, "tensor '%s': %zu of its %zu values could be read",
+                     SHOWN(t->name), at, n);
+    return 0;
+}
+
+/* A small integer tensor (a shape) into out (at most cap values); returns
+ * the count or < 0. */
+static int tensor_ints(imp *c, const onnx_tensor *t, int64_t *out, int cap) {
+    if (t->count > (uint64_t)cap)
+        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s': %llu values, more than %d", SHOWN(t->name),
+                     (unsigned long long)t->count, cap);
+    int n = (int)t->count;
+    if (t->made_i) {
+        memcpy(out, t->made_i, (size_t)n * sizeof *out);
+        return n;
+    }
+    if (t->dtype != ONNX_INT64 && t->dtype != ONNX_INT32)
+        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s' holds %s values, not integers",
+                     SHOWN(t->name), dsrt__onnx_dtype_name(t->dtype));
+    if (t->external)
+        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s': a shape in external data", SHOWN(t->name));
+    if (t->has_raw) {
+        for (int i = 0; i < n; i++) {
+            if (t->dtype == ONNX_INT64) {
+                memcpy(&out[i], t->raw.p + 8 * i, 8);
+            } else {
+                int32_t v;
+                memcpy(&v, t->raw.p + 4 * i, 4);
+                out[i] = v;
+            }
+        }
+        return n;
+    }
+    int field = t->dtype == ONNX_INT64 ? 7 : 5, at = 0, rc;
+    dsrt_pb r = dsrt__pb_open(t->msg, c->map);
+    dsrt_pb_field f;
+    while ((rc = dsrt__pb_next(&r, &f)) > 0 && at < n) {
+        if ((int)f.number != field) continue;
+        if (f.wire != DSRT_PB_BYTES) {
+            out[at++] = field == 7 ? (int64_t)f.u : (int64_t)(int32_t)f.u;
+            continue;
+        }
+        const uint8_t *p = f.b.p, *end = p + f.b.n;
+        uint64_t u;
+        size_t k;
+        while (p < end && at < n && (k = dsrt__pb_varint(p, end, &u))) {
+            out[at++] = field == 7 ? (int64_t)u : (int64_t)(int32_t)u;
+            p += k;
+        }
+    }
+    if (rc < 0 || at != n)
+        return nfail(c, DSRT_ECORRUPT, "tensor '%s': %d of its %d values could be read",
+                     SHOWN(t->name), at, n);
+    return n;
+}
+
+/* A one-element float or bool constant's value. */
+static int scalar(imp *c, const onnx_tensor *t, double *out) {
+    if (t->count != 1)
+        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s' has %llu values, not one", SHOWN(t->name),
+                     (unsigned long long)t->count);
+    if (t->dtype == ONNX_BOOL && t->has_raw) {
+        *out = t->raw.p[0] != 0;
+        return 0;
+    }
+    if (t->dtype == ONNX_BOOL || t->dtype == ONNX_INT64 || t->dtype == ONNX_INT32) {
+        int64_t v;
+        onnx_tensor u = *t;
+        if (t->dtype == ONNX_BOOL) u.dtype = ONNX_INT32;
+        int rc = tensor_ints(c, &u, &v, 1);
+        if (rc < 0) return rc;
+        *out = (double)v;
+        return 0;
+    }
+    float f;
+    int rc = tensor_floats(c, t, &f);
+    *out = f;
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Layers
+
+/* A new layer taking the given values' layers, named after the node. */
+static layer *add_layer(imp *c, const char *type, value *const *ins, int n_in) {
+    if (c->nL == DSRT_LAYERS_MAX) {
+        nfail(c, DSRT_ETOOBIG, "more than %d layers", DSRT_LAYERS_MAX);
+        return NULL;
+    }
+    if (c->nL == c->Lcap) {
+        size_t cap = (size_t)c->Lcap;
+        if (dsrt__grow((void **)&c->L, &cap, (size_t)c->nL + 1, sizeof *c->L)) return NULL;
+        c->Lcap = (int)cap;
+    }
+    layer *l = &c->L[c->nL];
+    memset(l, 0, sizeof *l);
+    l->type = type;
+    l->node = c->cur ? c->cur->index : -1;
+    l->w_scale = l->b_scale = 1.0f;
+    for (int k = 0; k < n_in; k++) l->in[l->n_in++] = ins[k]->layer;
+    /* The name: the node's (or its first output's, or its operator's), in
+     * the letters a dsrt name takes ('/' of scoped names as '.', others as
+     * '_'), its end kept when it is long, made unique. */
+    onnx_str src = {(const uint8_t *)type, strlen(type)};
+    if (c->cur && c->cur->name.n)
+        src = c->cur->name;
+    else if (c->cur && c->cur->n_out && c->cur->out[0].n)
+        src = c->cur->out[0];
+    char all[ONNX_NAME_MAX + 1], base[36];
+    size_t k = 0;
+    for (size_t i = 0; i < src.n; i++) {
+        char ch = (char)src.p[i];
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '_' || ch == '.' || ch == '-';
+        ch = ok ? ch : ch == '/' ? '.' : '_';
+        if (ch == '.' && (k == 0 || all[k - 1] == '.')) continue;
+        all[k++] = ch;
+    }
+    all[k] = '\0';
+    const char *from = all;
+    if (k > sizeof base - 1) {
+        from = all + k - (sizeof base - 1);
+        const char *dot = strchr(from, '.');
+        if (dot && dot[1] && dot - from < 12) from = dot + 1;
+    }
+    if (!*from) from = "x";
+    size_t len = DSRT_MIN(strlen(from), sizeof base - 1);
+    memcpy(base, from, len);
+    base[len] = '\0';
+    snprintf(l->name, sizeof l->name, "%s", base);
+    for (int tries = 2;; tries++) {
+        int clash = 0;
+        for (int j = 0; j < c->nL && !clash; j++) clash = !strcmp(c->L[j].name, l->name);
+        if (!clash) break;
+        snprintf(l->name, sizeof l->name, "%s_%d", base, tries);
+    }
+    c->nL++;
+    return l;
+}
+
+static void opt(layer *l, const char *fmt, ...) DSRT_PRINTF(2, 3);
+static void opt(layer *l, const char *fmt, ...) {
+    size_t at = strlen(l->opts);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(l->opts + at, sizeof l->opts - at, fmt, ap);
+    va_end(ap);
+}
+
+/* Output 0 of the node is layer l's output. */
+static void produce(imp *c, layer *l, int flat) {
+    value *o = output(c, 0);
+    if (!o) return;
+    o->kind = V_LAYER;
+    o->layer = (int)(l - c->L);
+    o->flat = flat;
+}
+
+/* Whether the node has input k (an empty name is an input left out). */
+static int has_input(imp *c, int k) {
+    return k < c->cur->n_in && c->cur->in[k].n > 0;
+}
+
+/* A computed input (not a constant): the image or a layer's output. */
+static value *data_input(imp *c, int k, const char *what) {
+    if (!has_input(c, k)) {
+        nfail(c, DSRT_ECORRUPT, "its %s input is missing", what);
+        return NULL;
+    }
+    value *v = input(c, k);
+    if (!v) return NULL;
+    if (v->kind == V_CONST) {
+        nfail(c, DSRT_EUNSUPPORTED,
+              "its %s input '%s' is a constant (dsrt computes layers of "
+              "the image, not of constants)",
+              what, SHOWN(v->name));
+        return NULL;
+    }
+    if (v->kind == V_INPUT) {
+        if (v->stage != c->stage) {
+            nfail(c, DSRT_EUNSUPPORTED,
+                  "it takes the image '%s' as it was before the normalisation that other nodes "
+                  "apply (dsrt's net has one input normalisation)",
+                  SHOWN(v->name));
+            return NULL;
+        }
+        c->frozen = 1;
+    }
+    return v;
+}
+
+/* A constant input (an initializer); only called for inputs given. */
+static const onnx_tensor *const_input(imp *c, int k, const char *what) {
+    if (!has_input(c, k)) {
+        nfail(c, DSRT_ECORRUPT, "its %s input is missing", what);
+        return NULL;
+    }
+    value *v = input(c, k);
+    if (!v) return NULL;
+    if (v->kind != V_CONST) {
+        nfail(c, DSRT_EUNSUPPORTED, "its %s '%s' is computed, not a constant (an initializer)",
+              what, SHOWN(v->name));
+        return NULL;
+    }
+    return v->t;
+}
+
+/* An image input (4-D in ONNX: not flattened). */
+static value *image_input(imp *c) {
+    value *v = data_input(c, 0, "first");
+    if (v && v->flat) {
+        nfail(c, DSRT_EUNSUPPORTED,
+              "its input '%s' is flattened to (N, K); this operator takes "
+              "(N, C, H, W) images",
+              SHOWN(v->name));
+        return NULL;
+    }
+    return v;
+}
+
+/* Whether a value may be used where a (k, 1, 1) dsrt shape is meant by
+ * ONNX's (N, K): flattened from a layer with one pixel, or a 4-D (N, C, 1, 1)
+ * seen as 2-D is not the same value. */
+static int flat_is_channels(imp *c, const value *v) {
+    dsrt_shape s = shape_of(c, v);
+    return s.h == 1 && s.w == 1;
+}
+
+// ----------------------------------------------------------------------------
+// Windows: convolution and pooling geometry
+
+typedef struct {
+    int kh, kw, sh, sw, dh, dw;
+    int pt, pb, pl, pr; /* dsrt's: top, bottom, left, right */
+    int oh, ow;
+} window;
+
+static int one_axis(int in, int k, int s, int d, int p0, int p1, int *out) {
+    long keff = (long)(k - 1) * d + 1, span = (long)in + p0 + p1 - keff;
+    if (span < 0) return -1;
+    *out = (int)(span / s + 1);
+    return 0;
+}
+
+/* Reads kernel_shape (or takes kernel), strides, dilations, pads and
+ * auto_pad into w for input s. */
+static int geometry(imp *c, const dsrt_shape *s, const int *kernel, int dilations, window *w) {
+    int64_t ks[2] = {kernel ? kernel[0] : 0, kernel ? kernel[1] : 0}, st[2] = {1, 1},
+            dl[2] = {1, 1}, pads[4] = {0, 0, 0, 0};
+    int rc;
+    if ((rc = attr_ints(c, "kernel_shape", 2, ks)) < 0) return rc;
+    if (!rc && !kernel) return nfail(c, DSRT_ECORRUPT, "attribute 'kernel_shape' is required");
+    if (rc && kernel && (ks[0] != kernel[0] || ks[1] != kernel[1]))
+        return nfail(c, DSRT_ECORRUPT, "kernel_shape %lldx%lld disagrees with the weights' %dx%d",
+                     (long long)ks[0], (long long)ks[1], kernel[0], kernel[1]);
+    if ((rc = attr_ints(c, "strides", 2, st)) < 0) return rc;
+    if ((rc = attr_ints(c, "dilations", 2, dl)) < 0) return rc;
+    if ((rc = attr_ints(c, "pads", 4, pads)) < 0) return rc;
+    if (!dilations && (dl[0] != 1 || dl[1] != 1))
+        return nfail(c, DSRT_EUNSUPPORTED, "dilations %lldx%lld: dsrt's pooling has none",
+                     (long long)dl[0], (long long)dl[1]);
+    for (int i = 0; i < 2; i++)
+        if (ks[i] < 1 || ks[i] > 4096 || st[i] < 1 || st[i] > 4096 || dl[i] < 1 || dl[i] > 4096)
+            return nfail(c, DSRT_EUNSUPPORTED,
+                         "kernel %lldx%lld, strides %lldx%lld, dilations "
+                         "%lldx%lld: each must be 1 to 4096",
+                         (long long)ks[0], (long long)ks[1], (long long)st[0], (long long)st[1],
+                         (long long)dl[0], (long long)dl[1]);
+    for (int i = 0; i < 4; i++)
+        if (pads[i] < 0 || pads[i] > 4096)
+            return nfail(c, DSRT_EUNSUPPORTED, "pads %lld: each must be 0 to 4096",
+                         (long long)pads[i]);
+    char ap[32];
+    if ((rc = attr_string(c, "auto_pad", "NOTSET", ap, sizeof ap))) return rc;
+    *w = (window){(int)ks[0], (int)ks[1], (int)st[0], (int)st[1], (int)dl[0], (int)dl[1],
+                  /* ONNX: [top, left, bottom, right] */
+                  (int)pads[0], (int)pads[2], (int)pads[1], (int)pads[3], 0, 0};
+    if (!strcmp(ap, "VALID")) {
+        w->pt = w->pb = w->pl = w->pr = 0;
+    } else if (!strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER")) {
+        int ins[2] = {s->h, s->w}, *p0[2] = {&w->pt, &w->pl}, *p1[2] = {&w->pb, &w->pr};
+        int kk[2] = {w->kh, w->kw}, ss[2] = {w->sh, w->sw}, dd[2] = {w->dh, w->dw};
+        for (int i = 0; i < 2; i++) {
+            int out = (ins[i] + ss[i] - 1) / ss[i];
+            long total = (long)(out - 1) * ss[i] + (long)(kk[i] - 1) * dd[i] + 1 - ins[i];
+            if (total < 0) total = 0;
+            int small = (int)(total / 2), large = (int)(total - total / 2);
+            *p0[i] = ap[5] == 'U' ? small : large; /* UPPER: the extra one at the end */
+            *p1[i] = ap[5] == 'U' ? large : small;
+        }
+    } else if (strcmp(ap, "NOTSET") != 0) {
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "auto_pad '%s' is not NOTSET, VALID, SAME_UPPER or "
+                     "SAME_LOWER",
+                     ap);
+    }
+    if (one_axis(s->h, w->kh, w->sh, w->dh, w->pt, w->pb, &w->oh) ||
+        one_axis(s->w, w->kw, w->sw, w->dw, w->pl, w->pr, &w->ow))
+        return nfail(c, DSRT_EUNSUPPORTED, "a %dx%d window does not fit the %dx%d input", w->kh,
+                     w->kw, s->h, s->w);
+    return 0;
+}
+
+static void window_opts(layer *l, const window *w) {
+    opt(l, " size=%dx%d stride=%dx%d pad=%d,%d,%d,%d", w->kh, w->kw, w->sh, w->sw, w->pt, w->pb,
+        w->pl, w->pr);
+}
+
+/* ceil_mode: the extra bottom (right) padding that makes the floor of
+ * dsrt's window count the ceiling of ONNX's, or 0. A window that would start
+ * in the padding at the end is not counted (as ONNX and PyTorch do). */
+static int ceil_extra(int in, int k, int s, int p0, int p1, int *out) {
+    long span = (long)in + p0 + p1 - k;
+    int ce = (int)((span + s - 1) / s + 1);
+    if ((long)(ce - 1) * s >= (long)in + p0) ce--;
+    long extra = (long)(ce - 1) * s + k - ((long)in + p0 + p1);
+    *out = ce;
+    return extra > 0 ? (int)extra : 0;
+}
+
+// ----------------------------------------------------------------------------
+// Operators
+
+static int map_conv(imp *c) {
+    value *x = image_input(c);
+    if (!x) return c->err;
+    const onnx_tensor *w = const_input(c, 1, "weight"), *b = NULL;
+    if (!w) return c->err;
+    if (has_input(c, 2) && !(b = const_input(c, 2, "bias"))) return c->err;
+    dsrt_shape s = shape_of(c, x);
+    int64_t g;
+    int rc;
+    if ((rc = attr_int(c, "group", 1, &g))) return rc;
+    if (w->ndims != 4)
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "weight '%s' has %d dimensions: dsrt convolves 2-D "
+                     "images (4-D weights)",
+                     SHOWN(w->name), w->ndims);
+    int64_t m = w->dims[0];
+    if (g < 1 || g > s.c || s.c % g || m < 1 || m > (1 << 20) || m % g || w->dims[1] * g != s.c)
+        return nfail(c, DSRT_ECORRUPT,
+                     "weight '%s' (%lld, %lld, %lld, %lld) and group %lld do not fit %d input "
+                     "channels",
+                     SHOWN(w->name), (long long)w->dims[0], (long long)w->dims[1],
+                     (long long)w->dims[2], (long long)w->dims[3], (long long)g, s.c);
+    if (b && (b->ndims != 1 || b->dims[0] != m))
+        return nfail(c, DSRT_ECORRUPT, "bias '%s' has %llu values for %lld filters", SHOWN(b->name),
+                     (unsigned long long)b->count, (long long)m);
+    if (w->dims[2] < 1 || w->dims[3] < 1 || w->dims[2] > 4096 || w->dims[3] > 4096)
+        return nfail(c, DSRT_EUNSUPPORTED, "a %lldx%lld kernel", (long long)w->dims[2],
+                     (long long)w->dims[3]);
+    int kernel[2] = {(int)w->dims[2], (int)w->dims[3]};
+    window win;
+    if ((rc = geometry(c, &s, kernel, 1, &win))) return rc;
+    layer *l = add_layer(c, "conv", &x, 1);
+    if (!l) return -ENOMEM;
+    opt(l, " filters=%lld", (long long)m);
+    window_opts(l, &win);
+    opt(l, " dilation=%dx%d groups=%lld bias=%d", win.dh, win.dw, (long long)g, b != NULL);
+    l->w = w;
+    l->b = b;
+    l->out = (dsrt_shape){(int)m, win.oh, win.ow};
+    produce(c, l, 0);
+    return 0;
+}
+
+/* Gemm and MatMul: a fully connected layer over the flattened input. */
+static int fc_layer(imp *c, value *a, const onnx_tensor *w, int trans_b, float alpha,
+                    const onnx_tensor *bias, float beta) {
+    dsrt_shape s = shape_of(c, a);
+    int64_t k = (int64_t)s.c * s.h * s.w;
+    if (w->ndims != 2)
+        return nfail(c, DSRT_EUNSUPPORTED, "weight '%s' has %d dimensions, not 2", SHOWN(w->name),
+                     w->ndims);
+    int64_t wk = trans_b ? w->dims[1] : w->dims[0], n = trans_b ? w->dims[0] : w->dims[1];
+    if (wk != k || n < 1 || n > (1 << 24))
+        return nfail(c, DSRT_ECORRUPT,
+                     "weight '%s' (%lld, %lld) does not take the %lld values of "
+                     "its input",
+                     SHOWN(w->name), (long long)w->dims[0], (long long)w->dims[1], (long long)k);
+    if (bias) {
+        int ok = bias->count == (uint64_t)n &&
+                 (bias->ndims == 1 || (bias->ndims == 2 && bias->dims[0] == 1));
+        if (!ok && bias->count == 1) ok = 1; /* one value for every output */
+        if (!ok)
+            return nfail(c, DSRT_EUNSUPPORTED,
+                         "bias '%s' of %llu values does not broadcast to "
+                         "the %lld outputs as one row",
+                         SHOWN(bias->name), (unsigned long long)bias->count, (long long)n);
+    }
+    layer *l = add_layer(c, "fc", &a, 1);
+    if (!l) return -ENOMEM;
+    opt(l, " outputs=%lld bias=%d", (long long)n, bias != NULL);
+    l->w = w;
+    if (!trans_b) {
+        l->w_rows = k;
+        l->w_cols = n;
+    }
+    l->w_scale = alpha;
+    l->b = bias;
+    l->b_scale = beta;
+    l->out = (dsrt_shape){(int)n, 1, 1};
+    return (int)(l - c->L);
+}
+
+static value *flat_input(imp *c, const char *op) {
+    value *a = data_input(c, 0, "first");
+    if (a && !a->flat) {
+        dsrt_shape s = shape_of(c, a);
+        nfail(c, DSRT_EUNSUPPORTED,
+              "its input '%s' is a (N, %d, %d, %d) image: %s takes (N, K) (a Flatten first)",
+              SHOWN(a->name), s.c, s.h, s.w, op);
+        return NULL;
+    }
+    return a;
+}
+
+static int map_gemm(imp *c) {
+    value *a = flat_input(c, "Gemm");
+    if (!a) return c->err;
+    const onnx_tensor *b = const_input(c, 1, "weight (B)"), *cc = NULL;
+    if (!b) return c->err;
+    if (has_input(c, 2) && !(cc = const_input(c, 2, "bias (C)"))) return c->err;
+    int64_t ta, tb;
+    float alpha, beta;
+    int rc;
+    if ((rc = attr_int(c, "transA", 0, &ta)) || (rc = attr_int(c, "transB", 0, &tb)) ||
+        (rc = attr_float(c, "alpha", 1.0f, &alpha)) || (rc = attr_float(c, "beta", 1.0f, &beta)))
+        return rc;
+    if (ta) return nfail(c, DSRT_EUNSUPPORTED, "transA=1: the batch must be A's rows");
+    rc = fc_layer(c, a, b, tb != 0, alpha, beta != 0 ? cc : NULL, beta);
+    if (rc < 0) return rc;
+    produce(c, &c->L[rc], 1);
+    return 0;
+}
+
+static int map_matmul(imp *c) {
+    value *a = flat_input(c, "MatMul");
+    if (!a) return c->err;
+    const onnx_tensor *b = const_input(c, 1, "weight (B)"), *bias = NULL;
+    if (!b) return c->err;
+    /* The Add of a bias that takes this product alone: one fc layer. */
+    value *o = output(c, 0);
+    int add = -1;
+    if (o && o->uses == 1)
+        for (int j = c->cur->index + 1; j < c->m.n_nodes && add < 0; j++) {
+            const onnx_node *n = &c->m.nodes[j];
+            if (!c->live[j] || !onnx_is(n->op, "Add") || n->n_in != 2 || n->n_out < 1) continue;
+            for (int k = 0; k < 2; k++) {
+                if (!same(n->in[k], o->name)) continue;
+                value *other = find(c, n->in[1 - k]);
+                if (other && other->kind == V_CONST) {
+                    add = j;
+                    bias = other->t;
+                }
+            }
+        }
+    int rc = fc_layer(c, a, b, 0, 1.0f, bias, 1.0f);
+    if (rc < 0) return rc;
+    produce(c, &c->L[rc], 1);
+    if (add >= 0) {
+        c->absorbed[add] = 1;
+        value *sum = find(c, c->m.nodes[add].out[0]);
+        if (sum) {
+            sum->kind = V_LAYER;
+            sum->layer = rc;
+            sum->flat = 1;
+        }
+    }
+    return 0;
+}
+
+static int map_relu(imp *c) {
+    value *x = data_input(c, 0, "first");
+    if (!x) return c->err;
+    int leaky = onnx_is(c->cur->op, "LeakyRelu");
+    float alpha = 0.01f;
+    int rc;
+    if (leaky && (rc = attr_float(c, "alpha", 0.01f, &alpha))) return rc;
+    if (leaky && (alpha < 0 || alpha > 1e6))
+        return nfail(c, DSRT_EUNSUPPORTED, "alpha %g: dsrt's slope is 0 to 1e6", (double)alpha);
+    layer *l = add_layer(c, leaky ? "leakyrelu" : "relu", &x, 1);
+    if (!l) return -ENOMEM;
+    if (leaky) opt(l, " leak=%.9g", (double)alpha);
+    l->out = shape_of(c, x);
+    produce(c, l, x->flat);
+    return 0;
+}
+
+static int map_pool(imp *c) {
+    int max = onnx_is(c->cur->op, "MaxPool");
+    value *x = image_input(c);
+    if (!x) return c->err;
+    if (max && output_used(c, 1))
+        return nfail(c, DSRT_EUNSUPPORTED, "its Indices output is used: dsrt has no indices");
+    dsrt_shape s = shape_of(c, x);
+    window w;
+    int rc;
+    if ((rc = geometry(c, &s, NULL, 0, &w))) return rc;
+    int64_t ceil_mode, include;
+    if ((rc = attr_int(c, "ceil_mode", 0, &ceil_mode)) ||
+        (rc = attr_int(c, "count_include_pad", 0, &include)))
+        return rc;
+    if (ceil_mode) {
+        int eh = ceil_extra(s.h, w.kh, w.sh, w.pt, w.pb, &w.oh);
+        int ew = ceil_extra(s.w, w.kw, w.sw, w.pl, w.pr, &w.ow);
+        if ((eh || ew) && !max)
+            return nfail(c, DSRT_EUNSUPPORTED,
+                         "ceil_mode=1 adds a partial window that dsrt's average pooling would "
+                         "divide differently");
+        if (w.pb + eh >= w.kh || w.pr + ew >= w.kw)
+            return nfail(c, DSRT_EUNSUPPORTED,
+                         "ceil_mode=1 needs %d,%d more padding at the bottom and right, which "
+                         "would not be smaller than the %dx%d window",
+                         eh, ew, w.kh, w.kw);
+        w.pb += eh;
+        w.pr += ew;
+    }
+    layer *l = add_layer(c, max ? "maxpool" : "avgpool", &x, 1);
+    if (!l) return -ENOMEM;
+    window_opts(l, &w);
+    if (!max && !include && (w.pt || w.pb || w.pl || w.pr)) opt(l, " count_pad=0");
+    l->out = (dsrt_shape){s.c, w.oh, w.ow};
+    produce(c, l, 0);
+    return 0;
+}
+
+static int map_gap(imp *c) {
+    value *x = image_input(c);
+    if (!x) return c->err;
+    layer *l = add_layer(c, "gap", &x, 1);
+    if (!l) return -ENOMEM;
+    l->out = (dsrt_shape){shape_of(c, x).c, 1, 1};
+    produce(c, l, 0);
+    return 0;
+}
+
+static int map_batchnorm(imp *c) {
+    value *x = data_input(c, 0, "first");
+    if (!x) return c->err;
+    if (x->flat && !flat_is_channels(c, x))
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "its input '%s' is a flattened image: dsrt normalises "
+                     "channels",
+                     SHOWN(x->name));
+    for (int k = 1; k < c->cur->n_out; k++)
+        if (output_used(c, k))
+            return nfail(c, DSRT_EUNSUPPORTED,
+                         "its training outputs (running mean and variance) "
+                         "are used: dsrt imports the inference form");
+    const onnx_tensor *t[4];
+    static const char *const what[4] = {"scale", "bias (B)", "mean", "variance"};
+    dsrt_shape s = shape_of(c, x);
+    for (int k = 0; k < 4; k++) {
+        if (!(t[k] = const_input(c, k + 1, what[k]))) return c->err;
+        if (t[k]->count != (uint64_t)s.c || t[k]->ndims != 1)
+            return nfail(c, DSRT_ECORRUPT, "its %s '%s' has %llu values for %d channels", what[k],
+                         SHOWN(t[k]->name), (unsigned long long)t[k]->count, s.c);
+    }
+    float eps, mom;
+    int64_t spatial, training;
+    int rc;
+    if ((rc = attr_float(c, "epsilon", 1e-5f, &eps)) ||
+        (rc = attr_float(c, "momentum", 0.9f, &mom)) ||
+        (rc = attr_int(c, "spatial", 1, &spatial)) ||
+        (rc = attr_int(c, "training_mode", 0, &training)))
+        return rc;
+    if (!spatial) return nfail(c, DSRT_EUNSUPPORTED, "spatial=0: statistics per pixel");
+    if (training)
+        return nfail(c, DSRT_EUNSUPPORTED, "training_mode=1: dsrt imports the inference form");
+    if (eps < 1e-12f || eps > 1)
+        return nfail(c, DSRT_EUNSUPPORTED, "epsilon %g: dsrt's is 1e-12 to 1", (double)eps);
+    if (mom < 0 || mom > 1) return nfail(c, DSRT_ECORRUPT, "momentum %g", (double)mom);
+    layer *l = add_layer(c, "batchnorm", &x, 1);
+    if (!l) return -ENOMEM;
+    /* ONNX keeps m of the running value; dsrt takes momentum of the batch. */
+    opt(l, " eps=%.9g momentum=%.9g", (double)eps, (double)(1.0f - mom));
+    for (int k = 0; k < 4; k++) l->bn[k] = t[k];
+    l->out = s;
+    produce(c, l, x->flat);
+    return 0;
+}
+
+static int map_lrn(imp *c) {
+    value *x = image_input(c);
+    if (!x) return c->err;
+    float alpha, beta, bias;
+    int64_t size;
+    int rc;
+    if ((rc = attr_float(c, "alpha", 1e-4f, &alpha)) ||
+        (rc = attr_float(c, "beta", 0.75f, &beta)) || (rc = attr_float(c, "bias", 1.0f, &bias)) ||
+        (rc = attr_int(c, "size", 0, &size)))
+        return rc;
+    if (!attr(c, "size")) return nfail(c, DSRT_ECORRUPT, "attribute 'size' is required");
+    if (size < 1 || size > 4096 || size % 2 == 0)
+        return nfail(c, DSRT_EUNSUPPORTED, "size %lld: dsrt's window is odd (centred)",
+                     (long long)size);
+    layer *l = add_layer(c, "lrn", &x, 1);
+    if (!l) return -ENOMEM;
+    opt(l, " size=%lld alpha=%.9g beta=%.9g k=%.9g", (long long)size, (double)alpha, (double)beta,
+        (double)bias);
+    l->out = shape_of(c, x);
+    produce(c, l, 0);
+    return 0;
+}
+
+static int map_dropout(imp *c) {
+    value *x = data_input(c, 0, "first");
+    if (!x) return c->err;
+    if (output_used(c, 1)) return nfail(c, DSRT_EUNSUPPORTED, "its mask output is used");
+    float ratio = 0.5f;
+    int rc;
+    if ((rc = attr_float(c, "ratio", 0.5f, &ratio))) return rc;
+    if (has_input(c, 1)) {
+        const onnx_tensor *t = const_input(c, 1, "ratio");
+        double v;
+        if (!t) return c->err;
+        if ((rc = scalar(c, t, &v))) return rc;
+        ratio = (float)v;
+    }
+    if (has_input(c, 2)) {
+        const onnx_tensor *t = const_input(c, 2, "training_mode");
+        double v;
+        if (!t) return c->err;
+        if ((rc = scalar(c, t, &v))) return rc;
+        if (v != 0)
+            return nfail(c, DSRT_EUNSUPPORTED,
+                         "training_mode is true: dsrt imports the "
+                         "inference form");
+    }
+    if (!(ratio >= 0 && ratio < 1)) return nfail(c, DSRT_ECORRUPT, "ratio %g", (double)ratio);
+    if (ratio == 0) {
+        alias(c, x, x->flat);
+        return 0;
+    }
+    layer *l = add_layer(c, "dropout", &x, 1);
+    if (!l) return -ENOMEM;
+    opt(l, " p=%.9g", (double)ratio);
+    l->out = shape_of(c, x);
+    produce(c, l, x->flat);
+    return 0;
+}
+
+static int map_flatten(imp *c) {
+    value *x = data_input(c, 0, "first");
+    if (!x) return c->err;
+    int64_t axis;
+    int rc;
+    if ((rc = attr_int(c, "axis", 1, &axis))) return rc;
+    int rank = x->flat ? 2 : 4;
+    if (axis < 0) axis += rank;
+    if (axis != 1)
+        return nfail(c, DSRT_EUNSUPPORTED, "axis %lld: dsrt flattens each image (axis 1)",
+                     (long long)axis);
+    alias(c, x, 1);
+    return 0;
+}
+
+static int map_reshape(imp *c) {
+    value *x = data_input(c, 0, "first");
+    if (!x) return c->err;
+    const onnx_tensor *t = const_input(c, 1, "shape");
+    if (!t) return c->err;
+    int64_t shape[8], allow;
+    int rc, n = tensor_ints(c, t, shape, 8);
+    if (n < 0) return n;
+    if ((rc = attr_int(c, "allowzero", 0, &allow))) return rc;
+    dsrt_shape s = shape_of(c, x);
+    int64_t k = (int64_t)s.c * s.h * s.w, d1 = x->flat ? k : s.c;
+    int ok = n == 2 && !(allow && (shape[0] == 0 || shape[1] == 0));
+    if (ok) {
+        int64_t b = shape[1] == 0 ? d1 : shape[1], a = shape[0];
+        ok = (b == k && (a == 0 || a == -1 || (c->batch > 0 && a == c->batch))) ||
+             (b == -1 && (a == 0 || (c->batch > 0 && a == c->batch)));
+    }
+    if (!ok) {
+        char text[160] = "";
+        for (int i = 0, at = 0; i < n && at < (int)sizeof text - 24; i++)
+            at +=
+                snprintf(text + at, sizeof text - at, "%s%lld", i ? ", " : "", (long long)shape[i]);
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "shape (%s): dsrt reshapes only to (N, %lld), each image flattened", text,
+                     (long long)k);
+    }
+    alias(c, x, 1);
+    return 0;
+}
+
+static int map_affine(imp *c);
+
+static int map_add(imp *c) {
+    if (c->absorbed[c->cur->index]) return 0; /* the bias of the MatMul above */
+    for (int k = 0; k < 2 && c->cur->n_in == 2; k++) {
+        value *v = find(c, c->cur->in[k]), *o = find(c, c->cur->in[1 - k]);
+        if (v && o && v->kind == V_INPUT && o->kind == V_CONST) return map_affine(c);
+    }
+    if (c->cur->n_in != 2) return nfail(c, DSRT_EUNSUPPORTED, "%d inputs", c->cur->n_in);
+    value *in[2];
+    for (int k = 0; k < 2; k++) {
+        value *v = data_input(c, k, k ? "second" : "first");
+        if (!v && c->err != DSRT_EUNSUPPORTED) return c->err;
+        if (!v) v = input(c, k);
+        if (v->kind == V_CONST)
+            return nfail(c, DSRT_EUNSUPPORTED,
+                         "it adds the constant '%s': dsrt adds a constant only as the bias of a "
+                         "MatMul that feeds nothing else",
+                         SHOWN(v->name));
+        in[k] = v;
+    }
+    dsrt_shape a = shape_of(c, in[0]), b = shape_of(c, in[1]);
+    if (in[0]->flat != in[1]->flat || a.c != b.c || a.h != b.h || a.w != b.w ||
+        (in[0]->flat && !flat_is_channels(c, in[0])))
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "its inputs' shapes differ (%dx%dx%d%s, %dx%dx%d%s): "
+                     "dsrt adds tensors of one shape, no broadcasting",
+                     a.c, a.h, a.w, in[0]->flat ? " flattened" : "", b.c, b.h, b.w,
+                     in[1]->flat ? " flattened" : "");
+    if (in[0]->layer == in[1]->layer)
+        return nfail(c, DSRT_EUNSUPPORTED, "it adds a value to itself");
+    layer *l = add_layer(c, "add", in, 2);
+    if (!l) return -ENOMEM;
+    l->out = a;
+    produce(c, l, in[0]->flat);
+    return 0;
+}
+
+static int map_concat(imp *c) {
+    int n = c->cur->n_in;
+    if (n < 1 || n > DSRT_INPUTS_MAX)
+        return nfail(c, DSRT_EUNSUPPORTED, "%d inputs: dsrt joins 1 to %d", n, DSRT_INPUTS_MAX);
+    value *in[DSRT_INPUTS_MAX];
+    for (int k = 0; k < n; k++)
+        if (!(in[k] = data_input(c, k, "an"))) return c->err;
+    int64_t axis;
+    int rc;
+    if ((rc = attr_int(c, "axis", 1, &axis))) return rc;
+    int rank = in[0]->flat ? 2 : 4;
+    if (axis < 0) axis += rank;
+    if (axis != 1)
+        return nfail(c, DSRT_EUNSUPPORTED, "axis %lld: dsrt joins along the channels (axis 1)",
+                     (long long)axis);
+    dsrt_shape s0 = shape_of(c, in[0]);
+    int channels = 0;
+    for (int k = 0; k < n; k++) {
+        dsrt_shape s = shape_of(c, in[k]);
+        if (in[k]->flat != in[0]->flat || s.h != s0.h || s.w != s0.w ||
+            (in[k]->flat && !flat_is_channels(c, in[k])))
+            return nfail(c, DSRT_EUNSUPPORTED, "input '%s' is %dx%dx%d%s, input '%s' %dx%dx%d%s",
+                         SHOWN(in[0]->name), s0.c, s0.h, s0.w, in[0]->flat ? " flattened" : "",
+                         SHOWN(in[k]->name), s.c, s.h, s.w, in[k]->flat ? " flattened" : "");
+        for (int j = 0; j < k; j++)
+            if (in[j]->layer == in[k]->layer)
+                return nfail(c, DSRT_EUNSUPPORTED, "it joins '%s' twice", SHOWN(in[k]->name));
+        channels += s.c;
+    }
+    if (n == 1) {
+        alias(c, in[0], in[0]->flat);
+        return 0;
+    }
+    layer *l = add_layer(c, "concat", in, n);
+    if (!l) return -ENOMEM;
+    l->out = (dsrt_shape){channels, s0.h, s0.w};
+    produce(c, l, in[0]->flat);
+    return 0;
+}
+
+static int map_softmax(imp *c) {
+    value *x = data_input(c, 0, "first");
+    if (!x) return c->err;
+    value *o = output(c, 0);
+    if (!o || o->uses != 1 || !same(o->name, c->m.outputs[0].name))
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "dsrt's softmax is the network's output, not a layer "
+                     "inside it");
+    int64_t axis;
+    int rc;
+    if ((rc = attr_int(c, "axis", c->m.opset < 13 ? 1 : -1, &axis))) return rc;
+    int rank = x->flat ? 2 : 4;
+    if (axis < 0) axis += rank;
+    dsrt_shape s = shape_of(c, x);
+    /* Before opset 13 the input is seen as 2-D at axis: axis 1 is dsrt's
+     * softmax over each image's values; from 13 the axis alone is
+     * normalised, which is each image's values only when the other axes of
+     * an image have one element. */
+    int ok = axis == 1 && (x->flat || c->m.opset < 13 || (s.h == 1 && s.w == 1));
+    if (!ok && !x->flat && c->m.opset >= 13 && s.c == 1 && ((axis == 2 && s.w == 1) || axis == 3) &&
+        (axis == 3 ? s.h == 1 : 1))
+        ok = 1;
+    if (!ok)
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "axis %lld of a %s input: dsrt's softmax is over each "
+                     "image's values",
+                     (long long)axis, x->flat ? "(N, K)" : "(N, C, H, W)");
+    layer *l = add_layer(c, "softmax", &x, 1);
+    if (!l) return -ENOMEM;
+    l->out = (dsrt_shape){s.c * s.h * s.w, 1, 1};
+    produce(c, l, 1);
+    return 0;
+}
+
+/*
+ * Add, Sub, Mul or Div of a constant (one value, or one a channel: shape
+ * (C), (C, 1, 1) or (1, C, 1, 1)) on the image before any layer: the
+ * input's normalisation, composed into na x + nb per channel.
+ */
+static int map_affine(imp *c) {
+    const onnx_node *n = c->cur;
+    if (n->n_in != 2) return nfail(c, DSRT_EUNSUPPORTED, "%d inputs", n->n_in);
+    value *x = NULL, *k = NULL;
+    int xi = -1;
+    for (int i = 0; i < 2; i++) {
+        value *v = input(c, i);
+        if (!v) return c->err ? c->err : nfail(c, DSRT_ECORRUPT, "an input is missing");
+        if (v->kind == V_CONST)
+            k = v;
+        else
+            x = v, xi = i;
+    }
+    int add = onnx_is(n->op, "Add"), mul = onnx_is(n->op, "Mul"), sub = onnx_is(n->op, "Sub");
+    if (!x || !k || x->kind != V_INPUT || (xi != 0 && !add && !mul))
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "dsrt takes Add, Sub, Mul and Div of a constant only on the image before "
+                     "any layer (the input normalisation: x %s constant)",
+                     add   ? "+"
+                     : sub ? "-"
+                     : mul ? "*"
+                           : "/");
+    if (c->frozen || x->stage != c->stage)
+        return nfail(c, DSRT_EUNSUPPORTED, "it normalises the image after a layer took it");
+    const onnx_tensor *t = k->t;
+    int ch = c->in_c, per = t->count == (uint64_t)ch && ch > 1;
+    int ok = t->count == 1 || (per && (t->ndims == 1 || (t->ndims == 3 && t->dims[0] == ch) ||
+                                       (t->ndims == 4 && t->dims[0] == 1 && t->dims[1] == ch)));
+    for (int d = 0; ok && per && d < t->ndims; d++) ok = t->dims[d] == 1 || t->dims[d] == ch;
+    if (!ok)
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "constant '%s' of %llu values: dsrt normalises the image with one value, or "
+                     "one a channel",
+                     SHOWN(t->name), (unsigned long long)t->count);
+    float *v = dsrt__malloc((size_t)t->count * sizeof *v);
+    if (!v) return -ENOMEM;
+    int rc = tensor_floats(c, t, v);
+    for (int i = 0; !rc && i < ch; i++) {
+        double q = v[per ? i : 0];
+        if (!isfinite(q) || (!add && !sub && !mul && q == 0)) {
+            rc = nfail(c, DSRT_EUNSUPPORTED, "constant '%s' holds %g", SHOWN(t->name), q);
+            break;
+        }
+        if (c->stage == 0 && !add && !sub && !mul && q == 255.0 && c->scale == 1.0 &&
+            !c->user_stats)
+            c->pixel_div = 1; /* pixels / 255: what dsrt hands its input layer */
+        else if (add)
+            c->nb[i] += q;
+        else if (sub)
+            c->nb[i] -= q;
+        else if (mul)
+            c->na[i] *= q, c->nb[i] *= q;
+        else
+            c->na[i] /= q, c->nb[i] /= q;
+    }
+    free(v);
+    if (rc) return rc;
+    value *o = output(c, 0);
+    c->stage++;
+    if (o) {
+        o->kind = V_INPUT;
+        o->layer = 0;
+        o->stage = c->stage;
+    }
+    return 0;
+}
+
+static int map_identity(imp *c) {
+    if (!has_input(c, 0)) return nfail(c, DSRT_ECORRUPT, "its input is missing");
+    value *x = input(c, 0);
+    if (!x) return c->err;
+    alias(c, x, x->flat);
+    return 0;
+}
+
+/* Constant: its value as a constant tensor. */
+static int map_constant(imp *c) {
+    value *o = output(c, 0);
+    if (!o) return 0;
+    onnx_tensor *t = dsrt_arena_alloc(&c->m.arena, sizeof *t, 8);
+    if (!t) return -ENOMEM;
+    memset(t, 0, sizeof *t);
+    t->name = o->name;
+    const onnx_attr *a;
+    if ((a = attr(c, "value"))) {
+        if (!a->t) return nfail(c, DSRT_ECORRUPT, "attribute 'value' is not a tensor");
+        *t = *a->t;
+        t->name = o->name;
+    } else if ((a = attr(c, "value_float")) || (a = attr(c, "value_floats"))) {
+        int many = onnx_is(a->name, "value_floats");
+        if (many ? !a->floats && a->n_floats : !a->has_f)
+            return nfail(c, DSRT_ECORRUPT, "attribute '%s' holds no floats", SHOWN(a->name));
+        float *f = dsrt_arena_alloc(&c->m.arena, sizeof(float) * (many ? a->n_floats + 1 : 1), 8);
+        if (!f) return -ENOMEM;
+        if (many)
+            memcpy(f, a->floats, a->n_floats * sizeof *f);
+        else
+            f[0] = a->f;
+        t->dtype = ONNX_FLOAT;
+        t->count = many ? a->n_floats : 1;
+        t->ndims = many;
+        t->dims[0] = (int64_t)t->count;
+        t->made_f = f;
+    } else if ((a = attr(c, "value_int")) || (a = attr(c, "value_ints"))) {
+        int many = onnx_is(a->name, "value_ints");
+        if (!many && !a->has_i)
+            return nfail(c, DSRT_ECORRUPT, "attribute 'value_int' holds no integer");
+        int64_t *v = dsrt_arena_alloc(&c->m.arena, sizeof(int64_t) * (many ? a->n_ints + 1 : 1), 8);
+        if (!v) return -ENOMEM;
+        if (many)
+            memcpy(v, a->ints, a->n_ints * sizeof *v);
+        else
+            v[0] = a->i;
+        t->dtype = ONNX_INT64;
+        t->count = many ? a->n_ints : 1;
+        t->ndims = many;
+        t->dims[0] = (int64_t)t->count;
+        t->made_i = v;
+    } else {
+        return nfail(c, DSRT_EUNSUPPORTED,
+                     "a Constant without value, value_float(s) or "
+                     "value_int(s)");
+    }
+    o->kind = V_CONST;
+    o->t = t;
+    return 0;
+}
+
+/* The one table of operators: name, mapping, the attributes it reads. */
+static const struct {
+    const char *op;
+    int (*map)(imp *c);
+    const char *attrs;
+} OPS[] = {
+    {"Conv", map_conv, "auto_pad,dilations,group,kernel_shape,pads,strides"},
+    {"Gemm", map_gemm, "alpha,beta,transA,transB"},
+    {"MatMul", map_matmul, ""},
+    {"Relu", map_relu, ""},
+    {"LeakyRelu", map_relu, "alpha"},
+    {"MaxPool", map_pool, "auto_pad,ceil_mode,dilations,kernel_shape,pads,storage_order,strides"},
+    {"AveragePool", map_pool,
+     "auto_pad,ceil_mode,count_include_pad,dilations,kernel_shape,pads,strides"},
+    {"GlobalAveragePool", map_gap, ""},
+    {"BatchNormalization", map_batchnorm, "epsilon,momentum,spatial,training_mode"},
+    {"LRN", map_lrn, "alpha,beta,bias,size"},
+    {"Dropout", map_dropout, "ratio,seed"},
+    {"Flatten", map_flatten, "axis"},
+    {"Reshape", map_reshape, "allowzero"},
+    {"Softmax", map_softmax, "axis"},
+    {"Add", map_add, ""},
+    {"Concat", map_concat, "axis"},
+    {"Identity", map_identity, ""},
+    {"Sub", map_affine, ""},
+    {"Mul", map_affine, ""},
+    {"Div", map_affine, ""},
+    {"Constant", map_constant, "value,value_float,value_floats,value_int,value_ints"},
+};
+
+static int op_index(const onnx_node *n) {
+    if (n->domain.n && !onnx_is(n->domain, "ai.onnx")) return -1;
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(OPS); k++)
+        if (onnx_is(n->op, OPS[k].op)) return (int)k;
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// The graph
+
+/* Checks the opset and every node's operator before anything else. */
+static int check_operators(imp *c) {
+    const onnx_model *m = &c->m;
+    if (!m->opset)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "onnx: %s: the model imports no opset of the default "
+                          "domain",
+                          c->file);
+    if (m->opset < OPSET_MIN || m->opset > OPSET_MAX)
+        return dsrt__fail(DSRT_EUNSUPPORTED, "onnx: %s: opset %lld: dsrt imports opsets %d to %d",
+                          c->file, (long long)m->opset, OPSET_MIN, OPSET_MAX);
+    if (m->sparse_inits)
+        return dsrt__fail(DSRT_EUNSUPPORTED, "onnx: %s: sparse initializers", c->file);
+    for (int i = 0; i < m->n_nodes; i++) {
+        const onnx_node *n = &m->nodes[i];
+        if (op_index(n) >= 0) continue;
+        char list[400] = "";
+        for (size_t k = 0, at = 0; k + 1 < DSRT_ARRAY_SIZE(OPS); k++)
+            at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", k ? ", " : "", OPS[k].op);
+        c->cur = n;
+        return nfail(c, DSRT_EUNSUPPORTED, "operator '%s%s%s' is not supported (dsrt imports %s)",
+                     n->domain.n ? SHOWN(n->domain) : "", n->domain.n ? "." : "", SHOWN(n->op),
+                     list);
+    }
+    return 0;
+}
+
+/* The values table: initializers, the image input, every node's outputs;
+ * the nodes the output depends on (live) and how often each value is used
+ * on the way. */
+static int make_values(imp *c, const dsrt_onnx_import_options *o) {
+    onnx_model *m = &c->m;
+    size_t n = (size_t)m->n_inits + (size_t)m->n_inputs + 1;
+    for (int i = 0; i < m->n_nodes; i++) n += (size_t)m->nodes[i].n_out;
+    c->vcap = n;
+    c->slots = 16;
+    while (c->slots < 2 * n) c->slots *= 2;
+    c->v = dsrt__calloc(n, sizeof *c->v);
+    c->slot = dsrt__calloc(c->slots, sizeof *c->slot);
+    c->live = dsrt__calloc((size_t)m->n_nodes + 1, sizeof *c->live);
+    c->absorbed = dsrt__calloc((size_t)m->n_nodes + 1, sizeof *c->absorbed);
+    if (!c->v || !c->slot || !c->live || !c->absorbed) return -ENOMEM;
+    for (int i = 0; i < m->n_inits; i++) {
+        value *v = define(c, m->inits[i].name, V_CONST);
+        if (!v) return DSRT_ECORRUPT;
+        v->t = &m->inits[i];
+    }
+    /* The image: the one graph input that is not an initializer. */
+    const onnx_value *img = NULL;
+    for (int i = 0; i < m->n_inputs; i++) {
+        if (find(c, m->inputs[i].name)) continue;
+        if (img)
+            return dsrt__fail(DSRT_EUNSUPPORTED,
+                              "onnx: %s: inputs '%s' and '%s': dsrt takes one "
+                              "input, the images",
+                              c->file, SHOWN(img->name), SHOWN(m->inputs[i].name));
+        img = &m->inputs[i];
+    }
+    if (!img) return dsrt__fail(DSRT_EUNSUPPORTED, "onnx: %s: the graph has no input", c->file);
+    if (img->elem_type != ONNX_FLOAT || img->ndims != 4)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "onnx: %s: input '%s' is %s with %d dimensions: dsrt takes float images "
+                          "(N, C, H, W)",
+                          c->file, SHOWN(img->name), dsrt__onnx_dtype_name(img->elem_type),
+                          img->ndims);
+    int64_t h = img->dims[2] > 0 ? img->dims[2] : o->height,
+            w = img->dims[3] > 0 ? img->dims[3] : o->width;
+    if (img->dims[1] < 1 || img->dims[1] > 65536 || h < 1 || h > 65536 || w < 1 || w > 65536 ||
+        (o->height && img->dims[2] > 0 && img->dims[2] != o->height) ||
+        (o->width && img->dims[3] > 0 && img->dims[3] != o->width))
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "onnx: %s: input '%s' is (N, %lld, %lld, %lld)%s: dsrt needs its "
+                          "channels, height and width (a symbolic size is given by the height and "
+                          "width options, a fixed one cannot change)",
+                          c->file, SHOWN(img->name), (long long)img->dims[1],
+                          (long long)img->dims[2], (long long)img->dims[3],
+                          o->height || o->width ? " for the size asked" : "");
+    c->in_c = (int)img->dims[1];
+    c->in_h = (int)h;
+    c->in_w = (int)w;
+    c->batch = img->dims[0];
+    c->na = dsrt__malloc((size_t)c->in_c * sizeof *c->na);
+    c->nb = dsrt__calloc((size_t)c->in_c, sizeof *c->nb);
+    if (!c->na || !c->nb) return -ENOMEM;
+    for (int i = 0; i < c->in_c; i++) c->na[i] = 1.0;
+    /* What the model takes: the caller's scale, else its own metadata's (a
+     * model dsrt wrote takes pixels as they are), else [0, 1]. */
+    c->user_stats = o->n_mean || o->n_std;
+    c->scale = o->input_scale;
+    for (int i = 0; !(c->scale > 0) && i < m->n_meta; i++) {
+        onnx_str v = m->meta[i].value;
+        char num[32];
+        if (!onnx_is(m->meta[i].key, "dsrt.input_scale") || v.n == 0 || v.n >= sizeof num) continue;
+        memcpy(num, v.p, v.n);
+        num[v.n] = '\0';
+        char *end;
+        double s = strtod(num, &end);
+        if (*end || !(s > 0) || !isfinite(s))
+            return dsrt__fail(DSRT_ECORRUPT, "onnx: %s: metadata dsrt.input_scale '%s'", c->file,
+                              SHOWN(v));
+        c->scale = s;
+    }
+    if (!(c->scale > 0)) c->scale = 1.0 / 255.0;
+    value *iv = define(c, img->name, V_INPUT);
+    if (!iv) return DSRT_ECORRUPT;
+    iv->layer = 0;
+    /* Every node's outputs, undefined (kind 0) until it is mapped. */
+    for (int i = 0; i < m->n_nodes; i++) {
+        const onnx_node *nd = &m->nodes[i];
+        c->cur = nd;
+        for (int k = 0; k < nd->n_out; k++) {
+            if (!nd->out[k].n) continue;
+            value *v = define(c, nd->out[k], 0);
+            if (!v) return DSRT_ECORRUPT;
+            v->producer = i;
+        }
+    }
+    c->cur = NULL;
+    /* One output: the class scores. */
+    if (m->n_outputs != 1)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "onnx: %s: %d outputs: dsrt's net has one, the class "
+                          "scores",
+                          c->file, m->n_outputs);
+    value *out = find(c, m->outputs[0].name);
+    if (!out || out->producer < 0)
+        return dsrt__fail(DSRT_EUNSUPPORTED, "onnx: %s: output '%s' is not made by a node", c->file,
+                          SHOWN(m->outputs[0].name));
+    out->uses = 1;
+    c->live[out->producer] = 1;
+    /* Nodes are in topological order: walking back, each live node makes
+     * its inputs' producers live. */
+    for (int i = m->n_nodes - 1; i >= 0; i--) {
+        if (!c->live[i]) continue;
+        const onnx_node *nd = &m->nodes[i];
+        for (int k = 0; k < nd->n_in; k++) {
+            if (!nd->in[k].n) continue;
+            value *v = find(c, nd->in[k]);
+            if (!v) {
+                c->cur = nd;
+                return nfail(c, DSRT_ECORRUPT, "input '%s' is not defined in the graph",
+                             SHOWN(nd->in[k]));
+            }
+            v->uses++;
+            if (v->producer >= 0) {
+                if (v->producer >= i) {
+                    c->cur = nd;
+                    return nfail(c, DSRT_ECORRUPT,
+                                 "input '%s' is made by node %d, below it (the graph must be in "
+                                 "topological order)",
+                                 SHOWN(nd->in[k]), v->producer);
+                }
+                c->live[v->producer] = 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Maps every node in order (live ones become layers; constants are
+ * followed everywhere), then appends the softmax a model of logits lacks. */
+static int map_graph(imp *c) {
+    onnx_model *m = &c->m;
+    c->cur = NULL;
+    layer *in = add_layer(c, "input", NULL, 0);
+    if (!in) return -ENOMEM;
+    snprintf(in->name, sizeof in->name, "%s", "input");
+    in->out = (dsrt_shape){c->in_c, c->in_h, c->in_w};
+    for (int i = 0; i < m->n_nodes; i++) {
+        const onnx_node *n = &m->nodes[i];
+        int k = op_index(n);
+        c->cur = n;
+        int constant = onnx_is(n->op, "Constant");
+        if (!c->live[i] && !constant) {
+            /* Identity of a constant (initializers shared by name) may feed
+             * live nodes through another name. */
+            if (onnx_is(n->op, "Identity") && n->n_in == 1) {
+                value *x = find(c, n->in[0]);
+                if (x && x->kind == V_CONST) alias(c, x, 0);
+            }
+            continue;
+        }
+        int rc = check_attrs(c, OPS[k].attrs);
+        if (!rc) rc = OPS[k].map(c);
+        if (rc) return rc == -ENOMEM ? dsrt__fail(-ENOMEM, "onnx: %s: out of memory", c->file) : rc;
+    }
+    c->cur = NULL;
+    value *out = find(c, m->outputs[0].name);
+    if (!out || out->kind != V_LAYER)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "onnx: %s: output '%s' is not computed from the "
+                          "image",
+                          c->file, SHOWN(m->outputs[0].name));
+    if (strcmp(c->L[out->layer].type, "softmax") != 0) {
+        dsrt_shape s = c->L[out->layer].out;
+        if (!out->flat && (s.h != 1 || s.w != 1))
+            return dsrt__fail(DSRT_EUNSUPPORTED,
+                              "onnx: %s: output '%s' is (N, %d, %d, %d), not class scores (N, K)",
+                              c->file, SHOWN(out->name), s.c, s.h, s.w);
+        layer *sm = add_layer(c, "softmax", &out, 1);
+        if (!sm) return -ENOMEM;
+        snprintf(sm->name, sizeof sm->name, "%s", "output");
+        for (int j = 0; j < c->nL - 1; j++)
+            if (!strcmp(c->L[j].name, "output")) snprintf(sm->name, sizeof sm->name, "dsrt_output");
+        sm->out = (dsrt_shape){s.c * s.h * s.w, 1, 1};
+    }
+    return 0;
+}
+
+/* A ReLU whose input is a sum that feeds nothing else becomes that add's
+ * relu=1, as dsrt's residual networks write it (an export writes it back as
+ * Add and Relu). */
+static int fold_relus(imp *c) {
+    int *takers = dsrt__calloc((size_t)c->nL, sizeof *takers);
+    int *at = dsrt__calloc((size_t)c->nL, sizeof *at);
+    if (!takers || !at) {
+        free(takers);
+        free(at);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < c->nL; i++)
+        for (int k = 0; k < c->L[i].n_in; k++) takers[c->L[i].in[k]]++;
+    int n = 0;
+    for (int i = 0; i < c->nL; i++) {
+        layer l = c->L[i];
+        for (int k = 0; k < l.n_in; k++) l.in[k] = at[l.in[k]];
+        if (!strcmp(l.type, "relu") && takers[c->L[i].in[0]] == 1) {
+            layer *a = &c->L[l.in[0]];
+            if (!strcmp(a->type, "add") && !a->relu) {
+                a->relu = 1;
+                at[i] = l.in[0];
+                continue;
+            }
+        }
+        at[i] = n;
+        c->L[n++] = l;
+    }
+    c->nL = n;
+    free(takers);
+    free(at);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The description, the net, the weights
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+    int failed;
+} text;
+
+static void put(text *t, const char *fmt, ...) DSRT_PRINTF(2, 3);
+static void put(text *t, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char small[512];
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0 || t->failed) return;
+    if (dsrt__grow((void **)&t->s, &t->cap, t->len + (size_t)n + 1, 1)) {
+        t->failed = 1;
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        memcpy(t->s + t->len, small, (size_t)n + 1);
+    } else {
+        va_start(ap, fmt);
+        vsnprintf(t->s + t->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    t->len += (size_t)n;
+}
+
+/* The class names: the caller's, else the model's metadata "classes". */
+static int class_names(imp *c, const dsrt_onnx_import_options *o, int classes, text *d) {
+    if (o->class_names) {
+        if (o->n_class_names != classes)
+            return dsrt__fail(DSRT_EOPTION, "onnx: %s: %d class names for a model of %d classes",
+                              c->file, o->n_class_names, classes);
+        for (int i = 0; i < classes; i++) {
+            const char *nm = o->class_names[i];
+            if (!nm || strpbrk(nm, "\r\n"))
+                return dsrt__fail(DSRT_EOPTION,
+                                  "onnx: %s: class name %d is missing or holds a "
+                                  "line break",
+                                  c->file, i);
+            put(d, "%s%s\n", DSRT_CLASS_LINE, nm);
+        }
+        return 0;
+    }
+    const onnx_meta *mt = NULL;
+    for (int i = 0; i < c->m.n_meta; i++)
+        if (onnx_is(c->m.meta[i].key, "classes")) mt = &c->m.meta[i];
+    if (!mt) return 0;
+    onnx_str v = mt->value;
+    size_t n = v.n;
+    while (n && (v.p[n - 1] == '\n' || v.p[n - 1] == '\r')) n--;
+    int count = n ? 1 : 0;
+    for (size_t i = 0; i < n; i++) count += v.p[i] == '\n';
+    if (count != classes || memchr(v.p, 0, n) || memchr(v.p, '\r', n))
+        return dsrt__fail(DSRT_ECORRUPT,
+                          "onnx: %s: metadata 'classes' holds %d lines for a model of %d classes",
+                          c->file, count, classes);
+    for (size_t at = 0; at < n;) {
+        const uint8_t *e = memchr(v.p + at, '\n', n - at);
+        size_t len = e ? (size_t)(e - (v.p + at)) : n - at;
+        put(d, "%s%.*s\n", DSRT_CLASS_LINE, (int)len, (const char *)v.p + at);
+        at += len + 1;
+    }
+    return 0;
+}
+
+/* The float whose reciprocal (as dsrt_input_affine divides) is a, or the
+ * nearest; and the mean whose -mean * a is o. */
+static float std_for(float a) {
+    float s = (float)(1.0 / (double)a), best = s;
+    for (int k = 0; k < 16; k++) {
+        float t = s;
+        for (int j = 0; j < k / 2; j++) t = nextafterf(t, k % 2 ? INFINITY : 0.0f);
+        if (1.0f / t == a) return t;
+    }
+    return best;
+}
+
+static float mean_for(float a, float o) {
+    float m = (float)(-(double)o / (double)a);
+    for (int k = 0; k < 16; k++) {
+        float t = m;
+        for (int j = 0; j < k / 2; j++) t = nextafterf(t, k % 2 ? INFINITY : -INFINITY);
+        if (-t * a == o) return t;
+    }
+    return m;
+}
+
+/* The input layer's line: the model's preprocessing (the caller's scale,
+ * mean and std, then the normalisation in the graph) as dsrt's z-score of
+ * the [0, 1] pixels it is given. */
+static int input_line(imp *c, const dsrt_onnx_import_options *o, text *d) {
+    int ch = c->in_c;
+    const int *counts[2] = {&o->n_mean, &o->n_std};
+    for (int k = 0; k < 2; k++)
+        if (*counts[k] != 0 && *counts[k] != 1 && *counts[k] != ch)
+            return dsrt__fail(DSRT_EOPTION, "onnx: %s: %d %s values for an input of %d channels",
+                              c->file, *counts[k], k ? "std" : "mean", ch);
+    for (int i = 0; i < o->n_std; i++)
+        if (!(o->std[i] > 0) || !isfinite(o->std[i]))
+            return dsrt__fail(DSRT_EOPTION, "onnx: std %g: must be positive", (double)o->std[i]);
+    for (int i = 0; i < o->n_mean; i++)
+        if (!isfinite(o->mean[i]))
+            return dsrt__fail(DSRT_EOPTION, "onnx: mean %g: must be finite", (double)o->mean[i]);
+    if (!isfinite(c->scale))
+        return dsrt__fail(DSRT_EOPTION, "onnx: input scale %g: must be positive", c->scale);
+    /* y = A x' + B for the x' = pixel / 255 that dsrt gives its input
+     * layer: the model's input is m = 255 x' scale, then (m - mean) / std,
+     * then na () + nb. */
+    float fa[DSRT_ONNX_CHANNELS_MAX], fo[DSRT_ONNX_CHANNELS_MAX];
+    int same = 1, identity = 1;
+    for (int i = 0; i < ch; i++) {
+        double mean = o->n_mean ? o->mean[o->n_mean > 1 ? i : 0] : 0.0;
+        double sd = o->n_std ? o->std[o->n_std > 1 ? i : 0] : 1.0;
+        double a = c->pixel_div ? c->na[i] : c->na[i] * 255.0 * c->scale / sd;
+        double b = c->pixel_div ? c->nb[i] : c->nb[i] - c->na[i] * mean / sd;
+        if (!(a > 0) || !isfinite(a) || !isfinite(b) || a > 1e30 || a < 1e-30)
+            return dsrt__fail(DSRT_EUNSUPPORTED,
+                              "onnx: %s: the input normalisation scales channel %d by %g: dsrt's "
+                              "takes a positive factor",
+                              c->file, i, a);
+        identity &= (float)a == 1.0f && (float)b == 0.0f;
+        if (i >= DSRT_ONNX_CHANNELS_MAX) {
+            same &= (float)a == fa[0] && (float)b == fo[0];
+            continue;
+        }
+        fa[i] = (float)a;
+        fo[i] = (float)b;
+        same &= fa[i] == fa[0] && fo[i] == fo[0];
+    }
+    if (!same && ch > DSRT_ONNX_CHANNELS_MAX)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "onnx: %s: per-channel normalisation of %d channels, "
+                          "at most %d",
+                          c->file, ch, DSRT_ONNX_CHANNELS_MAX);
+    put(d, "input name=input size=%dx%dx%d", c->in_h, c->in_w, ch);
+    if (identity) {
+        put(d, "\n");
+        return 0;
+    }
+    int per = same ? 1 : ch;
+    put(d, " normalization=zscore mean=");
+    for (int i = 0; i < per; i++) put(d, "%s%.9g", i ? "," : "", (double)mean_for(fa[i], fo[i]));
+    put(d, " std=");
+    for (int i = 0; i < per; i++) put(d, "%s%.9g", i ? "," : "", (double)std_for(fa[i]));
+    put(d, "\n");
+    return 0;
+}
+
+static int make_description(imp *c, const dsrt_onnx_import_options *o, text *d, int **line_of) {
+    char b1[100], b2[100];
+    const char *base = strrchr(c->file, '/');
+    put(d, "# imported from the ONNX model ");
+    for (const char *p = base ? base + 1 : c->file; *p; p++)
+        put(d, "%c", *p == '\n' || *p == '\r' || *p == '#' ? '_' : *p);
+    put(d, " (%s %s, opset %lld)\n",
+        c->m.producer.n ? dsrt__onnx_shown(c->m.producer, b1, sizeof b1) : "-",
+        dsrt__onnx_shown(c->m.producer_version, b2, sizeof b2), (long long)c->m.opset);
+    int *lines = dsrt__calloc((size_t)c->nL + 1, sizeof *lines);
+    if (!lines) return -ENOMEM;
+    *line_of = lines;
+    int line = 2;
+    int rc = input_line(c, o, d);
+    if (rc) return rc;
+    for (int i = 1; i < c->nL; i++) {
+        const layer *l = &c->L[i];
+        lines[i] = ++line;
+        put(d, "%s name=%s", l->type, l->name);
+        if (l->n_in != 1 || l->in[0] != i - 1) {
+            put(d, " inputs=");
+            for (int k = 0; k < l->n_in; k++) put(d, "%s%s", k ? "," : "", c->L[l->in[k]].name);
+        }
+        put(d, "%s%s\n", l->opts, l->relu ? " relu=1" : "");
+    }
+    const layer *last = &c->L[c->nL - 1];
+    if ((rc = class_names(c, o, last->out.c, d))) return rc;
+    return d->failed ? -ENOMEM : 0;
+}
+
+/* A build error on line N of the description, told as the node's. */
+static int build_failed(imp *c, int rc, const int *line_of) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dsrt_last_error());
+    const char *at = strstr(msg, ": line ");
+    int line = at ? atoi(at + 7) : 0;
+    const char *rest = at ? strchr(at + 7, ':') : NULL;
+    for (int i = 1; rest && i < c->nL; i++)
+        if (line_of[i] == line && c->L[i].node >= 0) {
+            c->cur = &c->m.nodes[c->L[i].node];
+            return nfail(c, rc == DSRT_EOPTION ? DSRT_EUNSUPPORTED : rc, "as dsrt's %s layer:%s",
+                         c->L[i].type, rest + 1);
+        }
+    return dsrt__fail(rc, "%s", msg);
+}
+
+/* The weights of layer i from its tensors. */
+static int copy_layer(imp *c, dsrt_net *net, int i) {
+    const layer *l = &c->L[i];
+    const dsrt_layer *dl = &net->layers[i];
+    c->cur = l->node >= 0 ? &c->m.nodes[l->node] : NULL;
+    int rc = 0;
+    if (l->w) {
+        if (l->w->count != dl->w_n)
+            return nfail(c, DSRT_ECORRUPT, "weight '%s': %llu values, the layer has %zu",
+                         SHOWN(l->w->name), (unsigned long long)l->w->count, dl->w_n);
+        float *dst = net->params + dl->w_off;
+        if (l->w_rows) {
+            /* (rows = inputs, cols = outputs) to dsrt's (outputs, inputs). */
+            float *tmp = dsrt__malloc(dl->w_n * sizeof *tmp);
+            if (!tmp) return -ENOMEM;
+            if (!(rc = tensor_floats(c, l->w, tmp)))
+                for (int64_t r = 0; r < l->w_rows; r++)
+                    for (int64_t q = 0; q < l->w_cols; q++)
+                        dst[q * l->w_rows + r] = tmp[r * l->w_cols + q];
+            free(tmp);
+        } else {
+            rc = tensor_floats(c, l->w, dst);
+        }
+        if (rc) return rc;
+        if (l->w_scale != 1.0f)
+            for (size_t k = 0; k < dl->w_n; k++) dst[k] *= l->w_scale;
+    }
+    if (l->b) {
+        float *dst = net->params + dl->b_off;
+        if (l->b->count == 1 && dl->b_n > 1) {
+            if ((rc = tensor_floats(c, l->b, dst))) return rc;
+            for (size_t k = 1; k < dl->b_n; k++) dst[k] = dst[0];
+        } else {
+            if (l->b->count != dl->b_n)
+                return nfail(c, DSRT_ECORRUPT, "bias '%s': %llu values, the layer has %zu",
+                             SHOWN(l->b->name), (unsigned long long)l->b->count, dl->b_n);
+            if ((rc = tensor_floats(c, l->b, dst))) return rc;
+        }
+        if (l->b_scale != 1.0f)
+            for (size_t k = 0; k < dl->b_n; k++) dst[k] *= l->b_scale;
+    }
+    if (l->bn[0]) {
+        size_t ch = (size_t)dl->out.c;
+        float *to[4] = {net->params + dl->w_off, net->params + dl->b_off, net->state + dl->s_off,
+                        net->state + dl->s_off + ch};
+        for (int k = 0; k < 4; k++) {
+            if (l->bn[k]->count != ch)
+                return nfail(c, DSRT_ECORRUPT, "tensor '%s': %llu values for %zu channels",
+                             SHOWN(l->bn[k]->name), (unsigned long long)l->bn[k]->count, ch);
+            if ((rc = tensor_floats(c, l->bn[k], to[k]))) return rc;
+        }
+        for (size_t k = 0; k < ch; k++)
+            if (!(to[3][k] >= 0) || !isfinite(to[3][k]))
+                return nfail(c, DSRT_ECORRUPT, "variance '%s' holds %g", SHOWN(l->bn[3]->name),
+                             (double)to[3][k]);
+    }
+    return 0;
+}
+
+/* Checks every weight tensor's type and storage before the net is made. */
+static int check_weights(imp *c) {
+    for (int i = 1; i < c->nL; i++) {
+        const layer *l = &c->L[i];
+        const onnx_tensor *ts[6] = {l->w, l->b, l->bn[0], l->bn[1], l->bn[2], l->bn[3]};
+        c->cur = l->node >= 0 ? &c->m.nodes[l->node] : NULL;
+        for (int k = 0; k < 6; k++) {
+            const onnx_tensor *t = ts[k];
+            if (!t || t->made_f) continue;
+            int d = t->dtype;
+            if (d != ONNX_FLOAT && d != ONNX_FLOAT16 && d != ONNX_BFLOAT16 && d != ONNX_DOUBLE)
+                return nfail(c, DSRT_EUNSUPPORTED,
+                             "tensor '%s' holds %s values (dsrt reads float32, float16 and "
+                             "bfloat16 weights)",
+                             SHOWN(t->name), dsrt__onnx_dtype_name(d));
+            if (t->external) {
+                const uint8_t *p;
+                size_t n;
+                int mapped, rc = raw_bytes(c, t, &p, &n, &mapped);
+                if (rc) return rc;
+            }
+        }
+    }
+    c->cur = NULL;
+    return 0;
+}
+
+static void imp_free(imp *c) {
+    for (int i = 0; i < c->n_ext; i++) {
+        if (c->ext[i].data) munmap((void *)c->ext[i].data, c->ext[i].size);
+        free(c->ext[i].location);
+    }
+    free(c->ext);
+    free(c->v);
+    free(c->slot);
+    free(c->live);
+    free(c->absorbed);
+    free(c->na);
+    free(c->nb);
+    free(c->L);
+    dsrt__onnx_model_free(&c->m);
+    if (c->own_map && c->map) munmap((void *)c->map, c->map_size);
+}
+
+int dsrt__onnx_import_memory(dsrt_net **out, const uint8_t *data, size_t size, const char *file,
+                             const char *dir, int own_map, const dsrt_onnx_import_options *o,
+                             const dsrt_net_options *options) {
+    imp c;
+    memset(&c, 0, sizeof c);
+    c.file = file;
+    c.dir = dir;
+    c.map = data;
+    c.map_size = size;
+    c.own_map = own_map;
+    text d = {0};
+    int *line_of = NULL;
+    dsrt_net *net = NULL;
+    dsrt_onnx_import_options defaults = dsrt_onnx_import_defaults();
+    if (!o) o = &defaults;
+    *out = NULL;
+    int rc = dsrt__onnx_parse(&c.m, data, size, file);
+    if (!rc) rc = check_operators(&c);
+    if (!rc) rc = make_values(&c, o);
+    if (!rc) rc = map_graph(&c);
+    if (!rc) rc = fold_relus(&c);
+    if (!rc) rc = check_weights(&c);
+    if (!rc) rc = make_description(&c, o, &d, &line_of);
+    if (rc == -ENOMEM) dsrt__fail(-ENOMEM, "onnx: %s: out of memory", file);
+    if (rc) goto fail;
+    char source[300];
+    snprintf(source, sizeof source, "onnx: %s: the description made of it", file);
+    dsrt_desc desc;
+    if ((rc = dsrt__desc_parse(&desc, d.s, source)) ||
+        (rc = dsrt__net_build(&net, &desc, d.s, source, 0, 0, 0, 0, options, 0, NULL))) {
+        rc = build_failed(&c, rc, line_of);
+        goto fail;
+    }
+    if (net->n_layers != c.nL) {
+        rc = dsrt__fail(DSRT_ECORRUPT, "onnx: %s: the net has %d layers, the mapping %d", file,
+                        net->n_layers, c.nL);
+        goto fail;
+    }
+    dsrt__init_input(&net->layers[0], net->params, net->state, NULL, 0);
+    for (int i = 1; i < c.nL; i++)
+        if ((rc = copy_layer(&c, net, i))) goto fail;
+    net->version++;
+    *out = net;
+    net = NULL;
+fail:
+    dsrt_net_destroy(net);
+    free(d.s);
+    free(line_of);
+    imp_free(&c);
+    return rc;
+}
+
+int dsrt_onnx_import(dsrt_net **net, const char *path, const dsrt_onnx_import_options *o,
+                     const dsrt_net_options *options) {
+    if (!net || !path) return dsrt__fail(-EINVAL, "onnx: no path");
+    *net = NULL;
+    int fd;
+    struct stat st;
+    int rc = dsrt__open_regular(path, &fd, &st);
+    if (rc) return dsrt__fail_prefix(rc, "onnx");
+    if (st.st_size == 0) {
+        close(fd);
+        return dsrt__fail(DSRT_ETRUNCATED, "onnx: %s: empty file", path);
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) return dsrt__fail(-e, "onnx: %s: %s", path, strerror(e));
+    char *dir = dsrt__strdup(path);
+    if (!dir) {
+        munmap(p, (size_t)st.st_size);
+        return -ENOMEM;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *(slash == dir ? slash + 1 : slash) = '\0';
+    else
+        strcpy(dir, ".");
+    rc = dsrt__onnx_import_memory(net, p, (size_t)st.st_size, path, dir, 1, o, options);
+    free(dir);
+    return rc;
+}

@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""Reference models, images and answers for dsrt's ONNX tests.
+
+Made here, never downloaded. Two interpreters run this file:
+
+  the system's Python (Debian's python3-torch, python3-torchvision, numpy, PIL):
+    torch-small OUT          a small net of every operator dsrt imports that
+                             PyTorch exports (seeded weights), as OUT.onnx
+    torchvision NAME OUT     torchvision's NAME (alexnet, resnet18, resnet50,
+                             squeezenet1_1) with seeded random weights
+    images DIR SIZE N        N PNG images of SIZE x SIZE in class folders
+                             c0, c1, ... of DIR, their pixels (N, 3, SIZE,
+                             SIZE) in DIR/pixels.npy, their paths in
+                             DIR/paths.txt (in that order)
+
+  the environment of scripts/onnx-venv.sh (onnx, onnxruntime):
+    helper-models DIR        hand-made models (onnx.helper) of what PyTorch
+                             does not write: Dropout, Identity, Constant,
+                             MatMul + Add, Gemm with transB=0, alpha and
+                             beta, LRN, AveragePool counting its padding,
+                             auto_pad, opsets 7 and 21, external data
+    ort PIXELS [--scale S | --torchvision] MODEL OUT [MODEL OUT ...]
+                             onnx.checker, then onnxruntime (2 threads) on
+                             the pixels (times S, or normalised as
+                             torchvision's models take them); softmax
+                             probabilities to each OUT (.npy)
+    compare TOL JSONL NPY [JSONL NPY ...]
+                             dstrain classify --json's scores against the
+                             runtime's: every probability within TOL and the
+                             same top-1 on every image; prints the figures
+    eval-compare JSON NPY DIR  dstrain eval --json's confusion matrix against
+                             the runtime's predictions for DIR/paths.txt
+"""
+import json
+import os
+import sys
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+
+
+def fail(msg):
+    print("onnx_ref: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+# ---------------------------------------------------------------------------
+# PyTorch (system Python)
+
+
+def peaked(model, x, out_layer, spread):
+    """Scales the last layer so that the logits spread over `spread` units:
+    random weights give nearly uniform probabilities, which would hide a
+    wrong layer behind a tolerance."""
+    import torch
+    with torch.no_grad():
+        logits = model(x)
+        s = float(logits.std())
+        if s > 0:
+            out_layer.weight.mul_(spread / s)
+            if getattr(out_layer, "bias", None) is not None:
+                out_layer.bias.mul_(spread / s)
+
+
+def torch_small(out):
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(1)
+
+    class Small(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.c1 = nn.Conv2d(3, 8, 3, padding=1)
+            s.c2 = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2, bias=False)
+            s.bn = nn.BatchNorm2d(16)
+            s.mp = nn.MaxPool2d(3, stride=2, ceil_mode=True)
+            s.ap = nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
+            s.c3 = nn.Conv2d(16, 16, 1, stride=1)
+            s.c4 = nn.Conv2d(16, 12, 3, stride=2, padding=(1, 0))
+            s.fc = nn.Linear(12 * 8 * 7, 24)
+            s.fg = nn.Linear(16, 24)
+            s.w = nn.Parameter(torch.randn(24, 10) * 0.2)
+            s.b = nn.Parameter(torch.randn(10) * 0.1)
+            s.drop = nn.Dropout(0.3)
+
+        def forward(s, x):
+            a = torch.relu(s.c1(x))
+            b = nn.functional.leaky_relu(s.c2(a), 0.1)
+            x = torch.relu(s.bn(torch.cat([a, b], 1)))  # batchnorm after a join: kept
+            y = s.mp(x)  # ceil_mode: 32 -> 16
+            z = torch.relu(s.ap(y) + s.c3(y))  # Add, then Relu: add relu=1
+            g = nn.functional.adaptive_avg_pool2d(z, 1)  # GlobalAveragePool
+            g = g.reshape(g.size(0), -1)  # Reshape to 2-D
+            f = s.fc(s.drop(torch.flatten(s.c4(z), 1)))  # Flatten, Gemm
+            h = torch.relu(f + s.fg(g))  # Add of two (N, K)
+            return torch.softmax(h @ s.w + s.b, dim=1)  # MatMul + Add, Softmax
+
+    m = Small()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 2.0)
+        m.bn.weight.uniform_(0.5, 1.5)
+        m.bn.bias.uniform_(-0.3, 0.3)
+    m.eval()
+    x = torch.rand(4, 3, 32, 32)
+    with torch.no_grad():
+        logits = m(x).log()
+        s = float(logits.std())
+        if s > 0:
+            m.w.mul_(3.0 / s)
+            m.b.mul_(3.0 / s)
+    for opset in (9, 13, 17):
+        torch.onnx.export(m, x[:1], "%s-opset%d.onnx" % (out, opset), opset_version=opset,
+                          input_names=["image"], output_names=["scores"])
+
+
+def torchvision_model(name, out):
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    m = getattr(torchvision.models, name)()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.2, 0.2)
+                mod.running_var.uniform_(0.5, 1.5)
+    m.eval()
+    last = {"alexnet": lambda: m.classifier[6], "resnet18": lambda: m.fc,
+            "resnet50": lambda: m.fc, "squeezenet1_1": lambda: m.classifier[1]}[name]()
+    x = torch.rand(2, 3, 224, 224)
+    x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    peaked(m, x, last, 6.0)
+    torch.onnx.export(m, x[:1], out, opset_version=13, input_names=["image"],
+                      output_names=["logits"])
+
+
+def images(d, size, n):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    classes = 3
+    pixels, paths = [], []
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    for i in range(n):
+        c = i % classes
+        # Smooth colour fields with a little noise: each class its own hue.
+        base = np.stack([np.sin(6.3 * (xx * (1 + c) + rng.random())),
+                         np.cos(6.3 * (yy * (2 - c * 0.5) + rng.random())),
+                         np.sin(6.3 * (xx + yy) * (0.5 + rng.random()))], 2)
+        base[..., c] += 0.8
+        img = np.clip(96 + 80 * base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+        folder = os.path.join(d, "c%d" % c)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "%03d.png" % i)
+        Image.fromarray(img).save(path)
+        paths.append(path)
+        pixels.append(img.transpose(2, 0, 1).astype(np.float32))
+    np.save(os.path.join(d, "pixels.npy"), np.stack(pixels))
+    with open(os.path.join(d, "paths.txt"), "w") as f:
+        f.write("\n".join(paths) + "\n")
+
+
+# ---------------------------------------------------------------------------
+# onnx and onnxruntime (the test environment)
+
+
+def helper_models(d):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+
+    def w(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def model(nodes, inits, opset, name, out_shape, in_shape=(1, 3, 32, 32)):
+        g = helper.make_graph(
+            nodes, name,
+            [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N"] + list(in_shape[1:]))],
+            [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N"] + list(out_shape))],
+            [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        ir = {7: 3, 9: 4, 11: 6, 13: 7, 17: 8, 21: 10}[opset]
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="onnx_ref", ir_version=ir)
+        if ir < 4:  # IR 3: initializers are graph inputs too
+            for k, v in inits.items():
+                m.graph.input.append(helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape))
+        onnx.checker.check_model(m)
+        return m
+
+    # Every operator of the hand-made kind, at opsets 21 and 11; 32x32x3 in.
+    for opset in (11, 21):
+        inits = {
+            "c1.w": w(6, 3, 3, 3), "c1.b": w(6),
+            "c2.w": w(6, 3, 2, 2),  # groups 2, SAME_LOWER
+            "bn.s": (1 + w(6)).astype(np.float32), "bn.b": w(6),
+            "bn.m": w(6), "bn.v": (1 + np.abs(w(6))).astype(np.float32),
+            "fc.w": w(6 * 8 * 8, 20, scale=0.1), "fc.b": w(20),
+            "g.w": w(20, 10), "g.b": w(1, 10),
+            "shape": np.array([0, -1], np.int64),
+        }
+        nodes = [
+            helper.make_node("Conv", ["image", "c1.w", "c1.b"], ["c1"], auto_pad="SAME_UPPER",
+                             strides=[2, 2]),
+            helper.make_node("LeakyRelu", ["c1"], ["r1"], alpha=0.05),
+            helper.make_node("Identity", ["r1"], ["r1b"]),
+            helper.make_node("Conv", ["r1b", "c2.w"], ["c2"], auto_pad="SAME_LOWER", group=2),
+            helper.make_node("Relu", ["c2"], ["r2"]),
+            helper.make_node("LRN", ["r2"], ["l2"], size=3, alpha=1e-3, beta=0.6, bias=1.5),
+            helper.make_node("AveragePool", ["l2"], ["p2"], kernel_shape=[3, 3], strides=[2, 2],
+                             pads=[1, 1, 1, 1], count_include_pad=1),
+            helper.make_node("BatchNormalization", ["p2", "bn.s", "bn.b", "bn.m", "bn.v"], ["bn"],
+                             epsilon=1e-3),
+            helper.make_node("Reshape", ["bn", "shape"], ["flat"]),
+        ]
+        if opset >= 12:
+            inits["ratio"] = np.array(0.25, np.float32)
+            nodes.append(helper.make_node("Dropout", ["flat", "ratio"], ["drop"]))
+        else:
+            nodes.append(helper.make_node("Dropout", ["flat"], ["drop"], ratio=0.25))
+        nodes += [
+            helper.make_node("MatMul", ["drop", "fc.w"], ["mm"]),
+            helper.make_node("Add", ["mm", "fc.b"], ["fc"]),
+            helper.make_node("Relu", ["fc"], ["rf"]),
+            helper.make_node("Gemm", ["rf", "g.w", "g.b"], ["scores"], alpha=0.7, beta=1.3),
+        ]
+        onnx.save(model(nodes, inits, opset, "ops", [10]), os.path.join(d, "ops%d.onnx" % opset))
+
+    # Opset 7 (IR 3): Dropout's ratio attribute, BatchNormalization's
+    # spatial, Gemm needing C, Softmax at the end, a Constant's shape.
+    inits = {"c.w": w(4, 3, 5, 5), "bn.s": (1 + w(4)).astype(np.float32), "bn.b": w(4),
+             "bn.m": w(4), "bn.v": (1 + np.abs(w(4))).astype(np.float32),
+             "g.w": w(5, 4 * 7 * 8, scale=0.1), "g.b": w(5)}
+    nodes = [
+        helper.make_node("Conv", ["image", "c.w"], ["c"], pads=[2, 1, 0, 2], strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["c", "bn.s", "bn.b", "bn.m", "bn.v"], ["bn"],
+                         spatial=1),
+        helper.make_node("MaxPool", ["bn"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Dropout", ["p"], ["d"], ratio=0.5),
+        helper.make_node("Flatten", ["d"], ["f"], axis=1),
+        helper.make_node("Gemm", ["f", "g.w", "g.b"], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["scores"], axis=1),
+    ]
+    onnx.save(model(nodes, inits, 7, "opset7", [5]), os.path.join(d, "ops7.onnx"))
+
+    # External data: the weights in a file beside the model.
+    inits = {"c.w": w(8, 3, 3, 3), "c.b": w(8), "g.w": w(8, 4), "g.b": w(4)}
+    nodes = [
+        helper.make_node("Conv", ["image", "c.w", "c.b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("MatMul", ["f", "g.w"], ["mm"]),
+        helper.make_node("Add", ["mm", "g.b"], ["scores"]),
+    ]
+    m = model(nodes, inits, 13, "external", [4])
+    if os.path.exists(os.path.join(d, "external.weights")):
+        os.remove(os.path.join(d, "external.weights"))
+    onnx.save(m, os.path.join(d, "external.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="external.weights", size_threshold=0)
+
+
+def unsupported(d):
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Tanh", ["image"], ["t"], name="squash"),
+         helper.make_node("Flatten", ["t"], ["scores"])], "tanh",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 48])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+              os.path.join(d, "unsupported.onnx"))
+
+
+def ort(model_path, pixels_path, out, scale, torchvision):
+    import numpy as np
+    import onnx
+    import onnxruntime as rt
+
+    onnx.checker.check_model(onnx.load(model_path), full_check=True)
+    x = np.load(pixels_path).astype(np.float32)
+    if torchvision:
+        x = x / np.float32(255.0)
+        x = (x - np.array(MEAN, np.float32).reshape(1, 3, 1, 1)) / np.array(
+            STD, np.float32).reshape(1, 3, 1, 1)
+    elif scale is not None:
+        x = x * np.float32(scale)
+    so = rt.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.inter_op_num_threads = 1
+    s = rt.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+    name = s.get_inputs()[0].name
+    probs = []
+    fixed = s.get_inputs()[0].shape[0] == 1
+    batches = [x[i:i + 1] for i in range(len(x))] if fixed else [x]
+    for b in batches:
+        y = s.run(None, {name: b.astype(np.float32)})[0].astype(np.float64)
+        y = y.reshape(y.shape[0], -1)
+        if not (np.all(y >= 0) and np.allclose(y.sum(1), 1, atol=1e-4)):
+            y = np.exp(y - y.max(1, keepdims=True))
+            y /= y.sum(1, keepdims=True)
+        probs.append(y)
+    np.save(out, np.concatenate(probs))
+
+
+def compare(jsonl, npy, tol):
+    import numpy as np
+
+    ref = np.load(npy)
+    rows = [json.loads(line) for line in open(jsonl) if line.strip()]
+    if len(rows) != len(ref):
+        fail("%d images scored by dstrain, %d by the runtime" % (len(rows), len(ref)))
+    worst, differ = 0.0, 0
+    for i, r in enumerate(rows):
+        s = np.array(r["scores"], np.float64)
+        if s.shape != ref[i].shape:
+            fail("image %d: %d scores, the runtime %d" % (i, s.size, ref[i].size))
+        worst = max(worst, float(np.abs(s - ref[i]).max()))
+        if int(np.argmax(s)) != int(np.argmax(ref[i])) or r["class"] != int(np.argmax(ref[i])):
+            differ += 1
+    top = float(np.mean(ref.max(1)))
+    print("images %d max_abs_diff %.3g top1_differ %d mean_top_probability %.3f" %
+          (len(rows), worst, differ, top))
+    if worst > tol or differ:
+        fail("probabilities %.3g apart (tolerance %g), top-1 differs on %d images" %
+             (worst, tol, differ))
+
+
+def eval_compare(eval_json, npy, d):
+    import numpy as np
+
+    ev = json.load(open(eval_json))
+    ref = np.load(npy)
+    paths = [p for p in open(os.path.join(d, "paths.txt")).read().split("\n") if p]
+    names = ev["classes"]
+    conf = np.zeros((len(names), len(names)), np.int64)
+    for p, y in zip(paths, ref):
+        truth = names.index(os.path.basename(os.path.dirname(p)))
+        conf[truth, int(np.argmax(y))] += 1
+    got = np.array(ev["confusion"], np.int64)
+    correct = int(np.trace(conf))
+    print("images %d eval_correct %d runtime_correct %d confusion_equal %s" %
+          (len(paths), ev["correct"], correct, bool((got == conf).all())))
+    if ev["images"] != len(paths) or ev["correct"] != correct or not (got == conf).all():
+        fail("dstrain eval and the runtime disagree")
+
+
+def main():
+    a = sys.argv[1:]
+    if not a:
+        fail("usage: see the top of this file")
+    cmd = a[0]
+    if cmd == "torch-small":
+        torch_small(a[1])
+    elif cmd == "torchvision":
+        torchvision_model(a[1], a[2])
+    elif cmd == "images":
+        images(a[1], int(a[2]), int(a[3]))
+    elif cmd == "helper-models":
+        helper_models(a[1])
+        unsupported(a[1])
+    elif cmd == "ort":
+        pixels, rest, scale, tv = a[1], a[2:], None, False
+        if rest and rest[0] == "--scale":
+            scale, rest = float(rest[1]), rest[2:]
+        elif rest and rest[0] == "--torchvision":
+            tv, rest = True, rest[1:]
+        for i in range(0, len(rest) - 1, 2):
+            ort(rest[i], pixels, rest[i + 1], scale, tv)
+    elif cmd == "compare":
+        status = 0
+        for i in range(2, len(a) - 1, 2):
+            print(os.path.basename(a[i]) + ": ", end="")
+            try:
+                compare(a[i], a[i + 1], float(a[1]))
+            except SystemExit:
+                status = 1
+        sys.exit(status)
+    elif cmd == "eval-compare":
+        eval_compare(a[1], a[2], a[3])
+    else:
+        fail("unknown command " + cmd)
+
+
+if __name__ == "__main__":
+    main()

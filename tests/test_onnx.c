@@ -1,0 +1,668 @@
+/*
+ * Tests of ONNX import and export that need nothing but dsrt: a net of
+ * every layer type written out at several opsets and read back gives the
+ * same parameters, state and predictions bit for bit (and its class names);
+ * models written here byte by byte (the protobuf writer of nn/protobuf.h)
+ * hold their weights in every storage the importer reads (raw_data, packed
+ * and unpacked typed fields, float16 and bfloat16, external data at an
+ * offset past 2^31) and give them back exactly; and the refusals: an
+ * unsupported operator or opset, attributes and shapes dsrt would compute
+ * differently, every truncation of a file, a length that lies, a tensor
+ * whose bytes do not fit its shape, external data outside the model's
+ * folder, each with a message naming the node or tensor. The comparisons
+ * with onnxruntime are test_onnx_ref's.
+ */
+#include "nn/onnx.h"
+#include "task.h"
+#include "testimg.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[512];
+
+static void path_of(char *out, size_t n, const char *name) {
+    snprintf(out, n, "%s/%s", dir, name);
+}
+
+static dsrt_net_options one_thread(void) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 1;
+    o.seed = 5;
+    return o;
+}
+
+// ----------------------------------------------------------------------------
+// Round trips
+
+/* Every layer type and option that has an ONNX form, as a graph. */
+static const char ALL_LAYERS[] =
+    "input size=12x10x3 normalization=zscore mean=0.4,0.5,0.6 std=0.2,0.25,0.3\n"
+    "conv name=c1 filters=6 size=3 pad=same\n"
+    "batchnorm name=b1 eps=1e-3 momentum=0.2\n"
+    "relu name=r1\n"
+    "conv name=c2 filters=6 size=3x2 stride=2x1 dilation=2 pad=2,1,0,2 groups=3 bias=0\n"
+    "leakyrelu name=l2 leak=0.2\n"
+    "lrn name=n2 size=3 alpha=1e-2 beta=0.6 k=1.5\n"
+    "maxpool name=p2 size=3 stride=2 pad=1\n"
+    "conv name=c3 filters=6 size=1\n"
+    "add name=s inputs=p2,c3 relu=1\n"
+    "avgpool name=a1 size=3 stride=1 pad=1 count_pad=0 inputs=s\n"
+    "avgpool name=a2 size=3 stride=1 pad=1 inputs=s\n"
+    "concat name=j inputs=a1,a2\n"
+    "gap name=g\n"
+    "fc name=f1 outputs=8\n"
+    "dropout name=d p=0.3\n"
+    "batchnorm name=b2\n"
+    "relu name=r2\n"
+    "fc name=f2 outputs=classes bias=0\n"
+    "softmax name=out\n"
+    "# dsrt-class: cat\n# dsrt-class: dog\n# dsrt-class: a bird\n# dsrt-class: fish\n";
+
+/* A net of ALL_LAYERS whose running statistics are not the initial ones. */
+static dsrt_net *all_layers_net(const char *desc) {
+    dsrt_net_options o = one_thread();
+    dsrt_net *net;
+    REQUIRE(dsrt_net_create(&net, desc, 0, 0, 0, 4, &o) == 0);
+    size_t ns;
+    float *st = dsrt_net_state(net, &ns);
+    dsrt_rng r = dsrt_rng_init(9, 0, 0, 0);
+    for (int i = 1; i < net->n_layers; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        if (l->kind != DSRT_LAYER_BATCHNORM) continue;
+        for (int k = 0; k < l->out.c; k++) {
+            st[l->s_off + k] = (float)(dsrt_rng_uniform(&r) - 0.5);
+            st[l->s_off + l->out.c + k] = (float)(0.5 + dsrt_rng_uniform(&r));
+            net->params[l->w_off + k] = (float)(0.5 + dsrt_rng_uniform(&r));
+            net->params[l->b_off + k] = (float)(dsrt_rng_uniform(&r) - 0.5);
+        }
+    }
+    dsrt_net_params_changed(net);
+    return net;
+}
+
+static void random_images(float *x, size_t n, uint64_t seed) {
+    dsrt_rng r = dsrt_rng_init(seed, 1, 2, 3);
+    for (size_t i = 0; i < n; i++) x[i] = (float)dsrt_rng_uniform(&r);
+}
+
+/* a and b: the same parameters and running statistics bit for bit (the
+ * input layer's statistics may be written another way for the same
+ * normalisation; a has `dropouts` dropout layers that b lacks), the same
+ * probabilities on a batch. */
+static void check_same_net(dsrt_net *a, dsrt_net *b, const char *what, int dropouts) {
+    size_t na, nb, sa, sb;
+    const float *pa = dsrt_net_params(a, &na), *pb = dsrt_net_params(b, &nb);
+    const float *ta = dsrt_net_state(a, &sa), *tb = dsrt_net_state(b, &sb);
+    CHECK_EQ(na, nb);
+    CHECK_EQ(sa, sb);
+    if (na != nb || sa != sb) return;
+    size_t skip = a->layers[0].s_n; /* the input layer's statistics come first */
+    if (memcmp(pa, pb, na * sizeof *pa) || memcmp(ta + skip, tb + skip, (sa - skip) * sizeof *ta)) {
+        fprintf(stderr, "%s: the parameters or the running statistics differ\n", what);
+        test_failures++;
+    }
+    dsrt_net_info ia, ib;
+    dsrt_net_get_info(a, &ia);
+    dsrt_net_get_info(b, &ib);
+    CHECK_EQ(ia.layers - dropouts, ib.layers);
+    CHECK_EQ(ia.classes, ib.classes);
+    enum { N = 3 };
+    size_t per = (size_t)ia.channels * ia.height * ia.width;
+    float *x = malloc(N * per * sizeof *x), *ya = malloc(N * ia.classes * sizeof *ya),
+          *yb = malloc(N * ia.classes * sizeof *yb);
+    REQUIRE(x && ya && yb);
+    random_images(x, N * per, 4);
+    CHECK_OK(dsrt_net_predict(a, x, N, ya, NULL, NULL, NULL));
+    CHECK_OK(dsrt_net_predict(b, x, N, yb, NULL, NULL, NULL));
+    for (int i = 0; i < N * ia.classes; i++) CHECK(ya[i] == yb[i]);
+    free(x), free(ya), free(yb);
+}
+
+static void test_round_trip(void) {
+    static const int opsets[] = {7, 9, 11, 13, 17, 21};
+    dsrt_net *net = all_layers_net(ALL_LAYERS);
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(opsets); k++) {
+        char path[600], what[64];
+        snprintf(what, sizeof what, "all.opset%d.onnx", opsets[k]);
+        path_of(path, sizeof path, what);
+        dsrt_onnx_export_options eo = dsrt_onnx_export_defaults();
+        eo.opset = opsets[k];
+        CHECK_OK(dsrt_onnx_export(net, path, &eo));
+        dsrt_net_options no = one_thread();
+        dsrt_net *back = NULL;
+        CHECK_OK(dsrt_onnx_import(&back, path, NULL, &no));
+        if (!back) continue;
+        check_same_net(net, back, what, 1);
+        /* The class names came back in order; add relu=1 is one layer. */
+        char names[4][16];
+        for (int c = 0; c < 4; c++) {
+            const char *d = dsrt_net_description(back);
+            int seen = 0;
+            for (const char *p = d; (p = strstr(p, DSRT_CLASS_LINE)); p++)
+                if (seen++ == c) sscanf(p + strlen(DSRT_CLASS_LINE), "%15[^\n]", names[c]);
+        }
+        CHECK_STR_EQ(names[0], "cat");
+        CHECK_STR_EQ(names[2], "a bird");
+        CHECK_CONTAINS(dsrt_net_description(back), "relu=1");
+        CHECK_CONTAINS(dsrt_net_description(back), "count_pad=0");
+        dsrt_net_destroy(back);
+    }
+    /* A net without input normalisation, and one whose input layer only
+     * rescales: the exported model's x / 255 is dsrt's own. */
+    const char *plain[] = {"input size=5x4x1\nconv filters=2 size=3\nrelu\nfc outputs=3\nsoftmax\n",
+                           "input size=5x4x2 normalization=rescale-symmetric min=0.1 max=0.9\n"
+                           "fc outputs=3\nsoftmax\n"};
+    for (int k = 0; k < 2; k++) {
+        dsrt_net_options no = one_thread();
+        dsrt_net *a = NULL, *b = NULL;
+        CHECK_OK(dsrt_net_create(&a, plain[k], 0, 0, 0, 3, &no));
+        char path[600];
+        path_of(path, sizeof path, "plain.onnx");
+        CHECK_OK(dsrt_onnx_export(a, path, NULL));
+        CHECK_OK(dsrt_onnx_import(&b, path, NULL, &no));
+        if (a && b) check_same_net(a, b, plain[k], 0);
+        if (b && k == 0) CHECK(!strstr(dsrt_net_description(b), "normalization"));
+        dsrt_net_destroy(a);
+        dsrt_net_destroy(b);
+    }
+    dsrt_net_destroy(net);
+}
+
+// ----------------------------------------------------------------------------
+// Models written byte by byte
+
+static void attr_ints(dsrt_pb_writer *w, const char *name, const int64_t *v, int n) {
+    size_t m = dsrt__pb_begin(w, 5);
+    dsrt__pb_put_string(w, 1, name);
+    dsrt__pb_put_varint(w, 20, 7);
+    dsrt__pb_put_int64s(w, 8, v, (size_t)n);
+    dsrt__pb_end(w, m);
+}
+
+static void attr_int(dsrt_pb_writer *w, const char *name, int64_t v) {
+    size_t m = dsrt__pb_begin(w, 5);
+    dsrt__pb_put_string(w, 1, name);
+    dsrt__pb_put_varint(w, 20, 2);
+    dsrt__pb_put_varint(w, 3, (uint64_t)v);
+    dsrt__pb_end(w, m);
+}
+
+/* A node; ins and outs are comma-separated names ("" for none); attrs
+ * (may be NULL) writes its attributes. */
+static void add_node(dsrt_pb_writer *g, const char *op, const char *name, const char *ins,
+                     const char *outs, void (*attrs)(dsrt_pb_writer *)) {
+    size_t m = dsrt__pb_begin(g, 1);
+    const char *lists[2] = {ins, outs};
+    for (int k = 0; k < 2; k++) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", lists[k]);
+        for (char *p = buf; *p;) {
+            char *e = strchr(p, ',');
+            if (e) *e = '\0';
+            dsrt__pb_put_string(g, (uint32_t)(k + 1), p);
+            if (!e) break;
+            p = e + 1;
+        }
+    }
+    dsrt__pb_put_string(g, 3, name);
+    dsrt__pb_put_string(g, 4, op);
+    if (attrs) attrs(g);
+    dsrt__pb_end(g, m);
+}
+
+static void value_info(dsrt_pb_writer *g, int field, const char *name, const int64_t *dims, int n) {
+    size_t m = dsrt__pb_begin(g, (uint32_t)field);
+    dsrt__pb_put_string(g, 1, name);
+    size_t t = dsrt__pb_begin(g, 2), tt = dsrt__pb_begin(g, 1);
+    dsrt__pb_put_varint(g, 1, 1);
+    size_t sh = dsrt__pb_begin(g, 2);
+    for (int i = 0; i < n; i++) {
+        size_t d = dsrt__pb_begin(g, 1);
+        if (dims[i] < 0)
+            dsrt__pb_put_string(g, 2, "N");
+        else
+            dsrt__pb_put_varint(g, 1, (uint64_t)dims[i]);
+        dsrt__pb_end(g, d);
+    }
+    dsrt__pb_end(g, sh);
+    dsrt__pb_end(g, tt);
+    dsrt__pb_end(g, t);
+    dsrt__pb_end(g, m);
+}
+
+/* How a test tensor stores its values. */
+typedef enum {
+    ST_RAW,          /* float32 raw_data */
+    ST_PACKED,       /* float_data, packed */
+    ST_UNPACKED,     /* float_data, one field a value */
+    ST_F16_RAW,      /* float16 raw_data */
+    ST_F16_INT32,    /* float16 bits in int32_data */
+    ST_BF16_RAW,     /* bfloat16 raw_data */
+    ST_BF16_INT32,   /* bfloat16 bits in int32_data */
+    ST_EXTERNAL,     /* float32 in w.bin at offset 16 */
+    ST_EXTERNAL_FAR, /* float32 in far.bin at offset 3 GiB (a sparse file) */
+    ST_COUNT,
+} storage;
+
+static uint16_t to_half(float f) { /* exact for the values used: k / 8, |k| < 64 */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    if ((u & 0x7fffffff) == 0) return (uint16_t)sign;
+    return (uint16_t)(sign | (uint32_t)e << 10 | ((u >> 13) & 0x3ff));
+}
+
+static void tensor(dsrt_pb_writer *g, const char *name, const int64_t *dims, int n, const float *v,
+                   storage st) {
+    size_t count = 1;
+    for (int i = 0; i < n; i++) count *= (size_t)dims[i];
+    size_t m = dsrt__pb_begin(g, 5);
+    dsrt__pb_put_int64s(g, 1, dims, (size_t)n);
+    int f16 = st == ST_F16_RAW || st == ST_F16_INT32,
+        bf16 = st == ST_BF16_RAW || st == ST_BF16_INT32;
+    dsrt__pb_put_varint(g, 2, f16 ? 10 : bf16 ? 16 : 1);
+    dsrt__pb_put_string(g, 8, name);
+    uint16_t h[128];
+    REQUIRE(count <= 128);
+    for (size_t i = 0; i < count; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        h[i] = f16 ? to_half(v[i]) : (uint16_t)(u >> 16);
+    }
+    switch (st) {
+    case ST_RAW:
+        dsrt__pb_put_bytes(g, 9, v, count * 4);
+        break;
+    case ST_PACKED:
+        dsrt__pb_put_bytes(g, 4, v, count * 4);
+        break;
+    case ST_UNPACKED:
+        for (size_t i = 0; i < count; i++) dsrt__pb_put_float(g, 4, v[i]);
+        break;
+    case ST_F16_RAW:
+    case ST_BF16_RAW:
+        dsrt__pb_put_bytes(g, 9, h, count * 2);
+        break;
+    case ST_F16_INT32:
+    case ST_BF16_INT32:
+        for (size_t i = 0; i < count; i++) dsrt__pb_put_varint(g, 5, h[i]);
+        break;
+    case ST_EXTERNAL:
+    case ST_EXTERNAL_FAR: {
+        int far = st == ST_EXTERNAL_FAR;
+        char path[600], off[32], len[32];
+        path_of(path, sizeof path, far ? "far.bin" : "w.bin");
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        REQUIRE(fd >= 0);
+        off_t at = far ? ((off_t)3 << 30) : 16;
+        REQUIRE(pwrite(fd, v, count * 4, at) == (ssize_t)(count * 4));
+        close(fd);
+        snprintf(off, sizeof off, "%lld", (long long)at);
+        snprintf(len, sizeof len, "%zu", count * 4);
+        const char *kv[3][2] = {
+            {"location", far ? "far.bin" : "w.bin"}, {"offset", off}, {"length", len}};
+        for (int k = 0; k < 3; k++) {
+            size_t e = dsrt__pb_begin(g, 13);
+            dsrt__pb_put_string(g, 1, kv[k][0]);
+            dsrt__pb_put_string(g, 2, kv[k][1]);
+            dsrt__pb_end(g, e);
+        }
+        dsrt__pb_put_varint(g, 14, 1);
+        break;
+    }
+    default:
+        break;
+    }
+    dsrt__pb_end(g, m);
+}
+
+/* The model around a graph's fields. */
+static uint8_t *model(dsrt_pb_writer *g, int opset, size_t *size) {
+    dsrt_pb_writer w = {0};
+    dsrt__pb_put_varint(&w, 1, 7);
+    dsrt__pb_put_string(&w, 2, "test_onnx");
+    size_t o = dsrt__pb_begin(&w, 8);
+    dsrt__pb_put_string(&w, 1, "");
+    dsrt__pb_put_varint(&w, 2, (uint64_t)opset);
+    dsrt__pb_end(&w, o);
+    size_t m = dsrt__pb_begin(&w, 7);
+    dsrt__pb_append(&w, g->buf, g->len);
+    dsrt__pb_end(&w, m);
+    REQUIRE(!w.failed && !g->failed);
+    free(g->buf);
+    memset(g, 0, sizeof *g);
+    *size = w.len;
+    return w.buf;
+}
+
+/* The weights of the small conv model: exact in float16 and bfloat16. */
+static float conv_w(int i) {
+    return (float)((i * 7) % 17 - 8) / 8.0f;
+}
+
+static void conv_pads(dsrt_pb_writer *w) {
+    int64_t p[4] = {1, 0, 0, 1};
+    attr_ints(w, "pads", p, 4);
+}
+
+static void trans_b(dsrt_pb_writer *w) {
+    attr_int(w, "transB", 1);
+}
+
+/* image (N, 2, 3, 3) -> Conv (3, 2, 2, 2) with pads -> Flatten -> Gemm ->
+ * scores (N, 4). The conv weights stored as st. */
+static uint8_t *conv_model(storage st, int opset, size_t *size) {
+    dsrt_pb_writer g = {0};
+    float w[24], b[3] = {0.5f, -0.25f, 1.0f}, fw[4 * 27], fb[4] = {0, 0.125f, -0.125f, 0};
+    for (int i = 0; i < 24; i++) w[i] = conv_w(i);
+    for (int i = 0; i < 4 * 27; i++) fw[i] = (float)((i * 5) % 11 - 5) / 16.0f;
+    add_node(&g, "Conv", "conv", "image,w,b", "c", conv_pads);
+    add_node(&g, "Relu", "relu", "c", "r", NULL);
+    add_node(&g, "Flatten", "flat", "r", "f", NULL);
+    add_node(&g, "Gemm", "gemm", "f,fw,fb", "scores", trans_b);
+    int64_t wd[4] = {3, 2, 2, 2}, bd[1] = {3}, fwd[2] = {4, 27}, fbd[1] = {4};
+    tensor(&g, "w", wd, 4, w, st);
+    tensor(&g, "b", bd, 1, b, ST_RAW);
+    tensor(&g, "fw", fwd, 2, fw, ST_RAW);
+    tensor(&g, "fb", fbd, 1, fb, ST_PACKED);
+    int64_t in[4] = {-1, 2, 3, 3}, out[2] = {-1, 4};
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    return model(&g, opset, size);
+}
+
+static int import_bytes(dsrt_net **net, const uint8_t *data, size_t size) {
+    dsrt_net_options no = one_thread();
+    return dsrt__onnx_import_memory(net, data, size, "test.onnx", dir, 0, NULL, &no);
+}
+
+static void test_storages(void) {
+    for (int st = 0; st < ST_COUNT; st++) {
+        size_t size;
+        uint8_t *m = conv_model((storage)st, 13, &size);
+        dsrt_net *net = NULL;
+        int rc = import_bytes(&net, m, size);
+        if (rc) fprintf(stderr, "storage %d: %s\n", st, dsrt_last_error());
+        CHECK_EQ(rc, 0);
+        if (net) {
+            const dsrt_layer *c = &net->layers[1];
+            CHECK_STR_EQ(c->type, "conv");
+            CHECK_EQ(c->w_n, 24);
+            for (int i = 0; i < 24; i++) CHECK(net->params[c->w_off + i] == conv_w(i));
+            CHECK(net->params[c->b_off + 1] == -0.25f);
+            /* pads [top 1, left 0, bottom 0, right 1]: 3x3 -> 3x3 */
+            CHECK_EQ(c->pt, 1);
+            CHECK_EQ(c->pb, 0);
+            CHECK_EQ(c->pl, 0);
+            CHECK_EQ(c->pr, 1);
+            CHECK_EQ(net->classes, 4);
+            CHECK_STR_EQ(net->layers[net->n_layers - 1].type, "softmax");
+        }
+        dsrt_net_destroy(net);
+        free(m);
+    }
+    char far[600];
+    path_of(far, sizeof far, "far.bin");
+    unlink(far);
+}
+
+// ----------------------------------------------------------------------------
+// Refusals
+
+/* Imports data and checks the code and that the message holds each of the
+ * NULL-terminated needles. */
+static void refused(const uint8_t *data, size_t size, int code, ...) {
+    dsrt_net *net = NULL;
+    int rc = import_bytes(&net, data, size);
+    CHECK_EQ(rc, code);
+    CHECK(net == NULL);
+    va_list ap;
+    va_start(ap, code);
+    for (const char *n; (n = va_arg(ap, const char *));) CHECK_CONTAINS(dsrt_last_error(), n);
+    va_end(ap);
+    dsrt_net_destroy(net);
+}
+
+/* A one-layer model around a node of op with the given attributes. */
+static uint8_t *one_node(const char *op, void (*attrs)(dsrt_pb_writer *), int opset, size_t *size) {
+    dsrt_pb_writer g = {0};
+    add_node(&g, op, "the_node", "image", "x", attrs);
+    add_node(&g, "Flatten", "flat", "x", "scores", NULL);
+    int64_t in[4] = {1, 2, 4, 4}, out[2] = {1, 32};
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    return model(&g, opset, size);
+}
+
+static void pool_ceil_avg(dsrt_pb_writer *w) {
+    int64_t k[2] = {3, 3}, s[2] = {2, 2};
+    attr_ints(w, "kernel_shape", k, 2);
+    attr_ints(w, "strides", s, 2);
+    attr_int(w, "ceil_mode", 1);
+}
+
+static void pool_dilated(dsrt_pb_writer *w) {
+    int64_t k[2] = {2, 2}, d[2] = {2, 2};
+    attr_ints(w, "kernel_shape", k, 2);
+    attr_ints(w, "dilations", d, 2);
+}
+
+static void unknown_attr(dsrt_pb_writer *w) {
+    int64_t k[2] = {2, 2};
+    attr_ints(w, "kernel_shape", k, 2);
+    attr_int(w, "frobnicate", 1);
+}
+
+static void flatten_axis2(dsrt_pb_writer *w) {
+    attr_int(w, "axis", 2);
+}
+
+static void test_refusals(void) {
+    size_t size;
+    uint8_t *m;
+    /* Operators and opsets. */
+    m = one_node("Tanh", NULL, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "node 0 'the_node' (Tanh, opset 13)",
+            "operator 'Tanh' is not supported", NULL);
+    free(m);
+    m = one_node("Pad", NULL, 11, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "(Pad, opset 11)", "not supported", NULL);
+    free(m);
+    for (int opset = 6; opset <= 22; opset += 16) {
+        m = conv_model(ST_RAW, opset, &size);
+        char want[64];
+        snprintf(want, sizeof want, "opset %d: dsrt imports opsets 7 to 21", opset);
+        refused(m, size, DSRT_EUNSUPPORTED, want, NULL);
+        free(m);
+    }
+    /* Attributes dsrt would compute differently. */
+    m = one_node("AveragePool", pool_ceil_avg, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'the_node' (AveragePool, opset 13)", "ceil_mode", NULL);
+    free(m);
+    m = one_node("MaxPool", pool_dilated, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "(MaxPool, opset 13)", "dilations 2x2", NULL);
+    free(m);
+    m = one_node("MaxPool", unknown_attr, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "attribute 'frobnicate' is not supported", NULL);
+    free(m);
+    m = one_node("Flatten", flatten_axis2, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "(Flatten, opset 13)", "axis 2", NULL);
+    free(m);
+
+    /* A Softmax inside the net, an Add of a constant, a graph out of order. */
+    dsrt_pb_writer g = {0};
+    int64_t in[4] = {1, 2, 3, 3}, out[2] = {1, 18}, od[1] = {18};
+    float ones[18];
+    for (int i = 0; i < 18; i++) ones[i] = 1;
+    add_node(&g, "Flatten", "f", "image", "x", NULL);
+    add_node(&g, "Softmax", "sm", "x", "y", NULL);
+    add_node(&g, "Relu", "r", "y", "scores", NULL);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    m = model(&g, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'sm' (Softmax", "the network's output", NULL);
+    free(m);
+    add_node(&g, "Relu", "r0", "image", "a", NULL);
+    add_node(&g, "Flatten", "f", "a", "x", NULL);
+    add_node(&g, "Add", "plus", "x,k", "scores", NULL);
+    tensor(&g, "k", od, 1, ones, ST_RAW);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    m = model(&g, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'plus' (Add", "constant 'k'", NULL);
+    free(m);
+    add_node(&g, "Flatten", "f", "a", "scores", NULL);
+    add_node(&g, "Relu", "r0", "image", "a", NULL);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    m = model(&g, 13, &size);
+    refused(m, size, DSRT_ECORRUPT, "topological order", NULL);
+    free(m);
+
+    /* A tensor whose bytes do not fit its shape, and one whose shape does
+     * not fit the layer. */
+    float w[24] = {0};
+    int64_t wrong[4] = {3, 2, 2, 2};
+    add_node(&g, "Conv", "conv", "image,w", "c", NULL);
+    add_node(&g, "Flatten", "flat", "c", "scores", NULL);
+    size_t t = dsrt__pb_begin(&g, 5);
+    dsrt__pb_put_int64s(&g, 1, wrong, 4);
+    dsrt__pb_put_varint(&g, 2, 1);
+    dsrt__pb_put_string(&g, 8, "w");
+    dsrt__pb_put_bytes(&g, 9, w, 20 * 4);
+    dsrt__pb_end(&g, t);
+    int64_t o2[2] = {1, 12};
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", o2, 2);
+    m = model(&g, 13, &size);
+    refused(m, size, DSRT_ECORRUPT, "initializer 0 'w'",
+            "raw_data has 80 bytes; its shape makes 24 float values, 96 bytes", NULL);
+    free(m);
+    int64_t three[4] = {3, 3, 2, 2};
+    float w36[36] = {0};
+    add_node(&g, "Conv", "conv", "image,w", "c", NULL);
+    add_node(&g, "Flatten", "flat", "c", "scores", NULL);
+    tensor(&g, "w", three, 4, w36, ST_RAW);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", o2, 2);
+    m = model(&g, 13, &size);
+    refused(m, size, DSRT_ECORRUPT, "'conv' (Conv, opset 13)", "weight 'w' (3, 3, 2, 2)",
+            "do not fit 2 input channels", NULL);
+    free(m);
+
+    /* Every truncation of a good model is refused, none crashes. */
+    m = conv_model(ST_RAW, 13, &size);
+    int accepted = 0;
+    for (size_t n = 0; n < size; n++) {
+        dsrt_net *net = NULL;
+        int rc = import_bytes(&net, m, n);
+        if (rc == 0) accepted++;
+        CHECK(rc == 0 || rc == DSRT_ECORRUPT || rc == DSRT_ETRUNCATED || rc == DSRT_EFORMAT ||
+              rc == DSRT_EUNSUPPORTED);
+        dsrt_net_destroy(net);
+    }
+    CHECK_EQ(accepted, 0);
+    refused(m, size / 2, DSRT_ECORRUPT, "onnx: test.onnx", NULL);
+    /* A length that lies: the graph's length a byte longer than the file. */
+    size_t at = 0;
+    while (at < size && m[at] != (7 << 3 | 2)) at++; /* the graph's tag */
+    REQUIRE(at < size);
+    m[at + 1]++;
+    refused(m, size, DSRT_ECORRUPT, "field 7 says it has", "left in its message", NULL);
+    m[at + 1]--;
+    /* Bytes that are no protobuf at all. */
+    static const uint8_t junk[] = "this is not a model\n";
+    refused(junk, sizeof junk - 1, DSRT_ECORRUPT, "onnx: test.onnx", NULL);
+    free(m);
+}
+
+/* External data must lie in the model's folder and fit its file. */
+static void test_external_refusals(void) {
+    static const struct {
+        const char *location, *offset, *length, *why;
+    } cases[] = {
+        {"../w.bin", "0", "96", "a location with '..' is refused"},
+        {"sub/../../w.bin", "0", "96", "a location with '..' is refused"},
+        {"/etc/passwd", "0", "96", "only a path relative to the model's folder"},
+        {"missing.bin", "0", "96", "No such file"},
+        {"w.bin", "0", "95", "external data 'w.bin'"},
+        {"w.bin", "200", "96", "offset 200"},
+        {"w.bin", "18446744073709551615", "96", "offset"},
+        {"w.bin", "1x", "96", "'1x' is not a number"},
+    };
+    float w[24] = {0};
+    char path[600];
+    path_of(path, sizeof path, "w.bin");
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f && fwrite(w, 4, 24, f) == 24 && fwrite(w, 4, 24, f) == 24);
+    fclose(f);
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
+        dsrt_pb_writer g = {0};
+        add_node(&g, "Conv", "conv", "image,w", "c", NULL);
+        add_node(&g, "Flatten", "flat", "c", "scores", NULL);
+        int64_t wd[4] = {3, 2, 2, 2}, in[4] = {1, 2, 3, 3}, out[2] = {1, 12};
+        size_t t = dsrt__pb_begin(&g, 5);
+        dsrt__pb_put_int64s(&g, 1, wd, 4);
+        dsrt__pb_put_varint(&g, 2, 1);
+        dsrt__pb_put_string(&g, 8, "w");
+        const char *kv[3][2] = {{"location", cases[k].location},
+                                {"offset", cases[k].offset},
+                                {"length", cases[k].length}};
+        for (int i = 0; i < 3; i++) {
+            size_t e = dsrt__pb_begin(&g, 13);
+            dsrt__pb_put_string(&g, 1, kv[i][0]);
+            dsrt__pb_put_string(&g, 2, kv[i][1]);
+            dsrt__pb_end(&g, e);
+        }
+        dsrt__pb_put_varint(&g, 14, 1);
+        dsrt__pb_end(&g, t);
+        value_info(&g, 11, "image", in, 4);
+        value_info(&g, 12, "scores", out, 2);
+        size_t size;
+        uint8_t *m = model(&g, 13, &size);
+        dsrt_net *net = NULL;
+        int rc = import_bytes(&net, m, size);
+        CHECK(rc != 0);
+        CHECK(net == NULL);
+        CHECK_CONTAINS(dsrt_last_error(), cases[k].why);
+        dsrt_net_destroy(net);
+        free(m);
+    }
+}
+
+/* Random bytes changed in a good model: refused or imported, never a
+ * crash (the fuzz target goes further under the sanitizers). */
+static void test_mutations(void) {
+    size_t size;
+    uint8_t *good = conv_model(ST_PACKED, 13, &size), *m = malloc(size);
+    REQUIRE(m);
+    dsrt_rng r = dsrt_rng_init(11, 0, 0, 0);
+    int imported = 0;
+    for (int k = 0; k < 3000; k++) {
+        memcpy(m, good, size);
+        int flips = 1 + (int)(dsrt_rng_u64(&r) % 4);
+        for (int j = 0; j < flips; j++) m[dsrt_rng_u64(&r) % size] = (uint8_t)dsrt_rng_u64(&r);
+        dsrt_net *net = NULL;
+        if (import_bytes(&net, m, size) == 0) imported++;
+        dsrt_net_destroy(net);
+    }
+    fprintf(stderr, "  3000 mutated models: %d imported, the others refused\n", imported);
+    free(m);
+    free(good);
+}
+
+int main(void) {
+    REQUIRE(timg_tmpdir("onnx", dir, sizeof dir) == 0);
+    RUN(test_round_trip);
+    RUN(test_storages);
+    RUN(test_refusals);
+    RUN(test_external_refusals);
+    RUN(test_mutations);
+    return TEST_RESULT();
+}

@@ -1,0 +1,182 @@
+/*
+ * ONNX import and export against onnxruntime, on models made here: a small
+ * net of every operator PyTorch exports that dsrt imports (Debian's
+ * python3-torch, opsets 9 and 17, seeded weights), models written with
+ * onnx's helpers of what PyTorch does not write (Dropout, Identity,
+ * Constant, MatMul + Add, Gemm with transB=0, alpha and beta, LRN,
+ * AveragePool counting its padding, auto_pad, opsets 7, 11 and 21, external
+ * data), and a dsrt net of every layer type trained here for two epochs.
+ * tests/onnx_ref.py makes them and runs the runtime (in the environment of
+ * scripts/onnx-venv.sh); the tool is dstrain, as a user runs it.
+ *
+ *   import: dstrain classify --json on an ONNX model gives every image's
+ *           probabilities within 1e-4 of onnxruntime's, and the same top-1;
+ *   export: the exported model passes onnx.checker, and in onnxruntime on
+ *           raw pixels agrees with dstrain classify (1e-4, top-1) and with
+ *           dstrain eval (its confusion matrix) on every image;
+ *   round trip: ONNX -> dsrt -> ONNX -> dsrt gives bit-identical weights;
+ *   transfer: train --transfer MODEL.onnx trains the new last layer, the
+ *           others frozen (--lr-factor 0: bit for bit) or slowed (0.5);
+ *   refusal: an unsupported operator stops dstrain naming the node.
+ *
+ * Skips (77) where the environment cannot be made (no PyPI) or PyPI's or
+ * Debian's packages are missing. test_slow_onnx does the same with
+ * torchvision's networks.
+ */
+#include "onnx_test.h"
+
+static void test_import_small(void) {
+    /* The models. */
+    CHECK_EQ(sh("cd '%s' && %s '%s' torch-small small > torch.log 2>&1", dir, SYS_PY, script), 0);
+    CHECK_EQ(sh("cd '%s' && '%s' '%s' helper-models . 2>&1", dir, venv, script), 0);
+    CHECK_EQ(sh("cd '%s' && %s '%s' images img 32 12 2>&1", dir, SYS_PY, script), 0);
+    static const char *const models[] = {"small-opset9", "small-opset17", "ops7",
+                                         "ops11",        "ops21",         "external"};
+    char ort_args[2048] = "", cmp_args[2048] = "";
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(models); k++) {
+        const char *m = models[k];
+        CHECK_EQ(sh("cd '%s' && '%s' classify --model %s.onnx --json --threads 2 $(cat "
+                    "img/paths.txt) > %s.jsonl",
+                    dir, dstrain, m, m),
+                 0);
+        size_t at = strlen(ort_args), ct = strlen(cmp_args);
+        snprintf(ort_args + at, sizeof ort_args - at, " %s.onnx %s.npy", m, m);
+        snprintf(cmp_args + ct, sizeof cmp_args - ct, " %s.jsonl %s.npy", m, m);
+    }
+    /* The runtime takes pixels / 255, as the import assumes by default. */
+    CHECK_EQ(sh("cd '%s' && '%s' '%s' ort img/pixels.npy --scale 0.00392156862745098%s", dir, venv,
+                script, ort_args),
+             0);
+    CHECK_EQ(sh("cd '%s' && '%s' '%s' compare 1e-4%s", dir, venv, script, cmp_args), 0);
+    /* The same model with torchvision's normalisation. */
+    CHECK_EQ(sh("cd '%s' && '%s' classify --model small-opset17.onnx --preprocess torchvision "
+                "--json --threads 2 $(cat img/paths.txt) > tv.jsonl && '%s' '%s' ort "
+                "img/pixels.npy --torchvision small-opset17.onnx tv.npy && '%s' '%s' compare "
+                "1e-4 tv.jsonl tv.npy",
+                dir, dstrain, venv, script, venv, script),
+             0);
+}
+
+static void test_round_trip(void) {
+    /* ONNX -> dsrt (with class names) -> ONNX -> dsrt: the same weights. */
+    CHECK_EQ(sh("cd '%s' && printf 'zero\\none\\ntwo\\nthree\\nfour\\nfive\\nsix\\nseven\\n"
+                "eight\\nnine\\n' > names.txt && '%s' import small-opset17.onnx --output a.dsrt "
+                "--preprocess torchvision --classes names.txt && '%s' export a.dsrt --output "
+                "a.onnx --opset 21 && '%s' import a.onnx --output b.dsrt",
+                dir, dstrain, dstrain, dstrain),
+             0);
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/a.dsrt", dir);
+    snprintf(b, sizeof b, "%s/b.dsrt", dir);
+    same_weights(a, b);
+    /* The exported model on raw pixels agrees with the imported one. */
+    CHECK_EQ(sh("cd '%s' && '%s' classify --model a.dsrt --json --threads 2 $(cat img/paths.txt) "
+                "> a.jsonl && '%s' '%s' ort img/pixels.npy a.onnx a.npy && '%s' '%s' compare 1e-4 "
+                "a.jsonl a.npy",
+                dir, dstrain, venv, script, venv, script),
+             0);
+    CHECK_EQ(sh("cd '%s' && grep -q '\"label\": \"' a.jsonl && '%s' classify --model a.onnx "
+                "--json $(head -1 img/paths.txt) | grep -q '\"label\": \"[a-z]*\"'",
+                dir, dstrain),
+             0);
+}
+
+/* A dsrt net of every layer type, trained here, exported, and run by the
+ * runtime on raw pixels against dstrain classify and eval. */
+static void test_export_native(void) {
+    CHECK_EQ(sh("cd '%s' && cat > all.net <<'EOF'\n"
+                "input size=32x32x3 normalization=zscore mean=0.45,0.5,0.55 std=0.25,0.2,0.3\n"
+                "conv name=c1 filters=8 size=3 pad=same\n"
+                "batchnorm name=b1\n"
+                "relu name=r1\n"
+                "conv name=c2 filters=8 size=3x2 stride=2x1 dilation=2 pad=2,1,0,2 groups=2 "
+                "bias=0\n"
+                "leakyrelu name=l2 leak=0.1\n"
+                "lrn name=n2 size=3 alpha=1e-2 beta=0.6 k=1.5\n"
+                "maxpool name=p2 size=3 stride=2 pad=1\n"
+                "conv name=c3 filters=8 size=1\n"
+                "add name=s inputs=p2,c3 relu=1\n"
+                "avgpool name=a1 size=3 stride=1 pad=1 count_pad=0 inputs=s\n"
+                "avgpool name=a2 size=3 stride=1 pad=1 inputs=s\n"
+                "concat name=j inputs=a1,a2\n"
+                "gap name=g\n"
+                "fc name=f1 outputs=16\n"
+                "dropout name=d p=0.2\n"
+                "batchnorm name=b2\n"
+                "relu name=r2\n"
+                "fc name=f2 outputs=classes bias=0\n"
+                "softmax name=out\n"
+                "EOF\n"
+                "'%s' train --data img --net all.net --epochs 3 --batch 4 --lr 0.05 --threads 2 "
+                "--workers 1 --no-pin --quiet --no-progress --save n.dsrt > train.log 2>&1",
+                dir, dstrain),
+             0);
+    for (int opset = 9; opset <= 13; opset += 4) {
+        CHECK_EQ(sh("cd '%s' && '%s' export n.dsrt --output n%d.onnx --opset %d && '%s' classify "
+                    "--model n.dsrt --json --threads 2 $(cat img/paths.txt) > n.jsonl && '%s' "
+                    "'%s' ort img/pixels.npy n%d.onnx n%d.npy && '%s' '%s' compare 1e-4 n.jsonl "
+                    "n%d.npy",
+                    dir, dstrain, opset, opset, dstrain, venv, script, opset, opset, venv, script,
+                    opset),
+                 0);
+        CHECK_EQ(sh("cd '%s' && '%s' eval --model n.dsrt --data img --json --threads 2 --workers "
+                    "1 --no-pin > eval.json && '%s' '%s' eval-compare eval.json n%d.npy img",
+                    dir, dstrain, venv, script, opset),
+                 0);
+    }
+    /* The exported model imported again (its metadata gives its class
+     * names and that it takes pixels as they are): eval agrees too. */
+    CHECK_EQ(sh("cd '%s' && '%s' eval --model n13.onnx --data img --json --threads 2 --workers 1 "
+                "--no-pin > eval2.json && '%s' '%s' eval-compare eval2.json n13.npy img",
+                dir, dstrain, venv, script),
+             0);
+}
+
+/* --transfer from an ONNX model: the new last layer learns, the others are
+ * frozen (--lr-factor 0) or slowed (0.5). */
+static void test_transfer(void) {
+    for (int frozen = 1; frozen >= 0; frozen--) {
+        CHECK_EQ(sh("cd '%s' && '%s' train --transfer small-opset17.onnx --preprocess torchvision "
+                    "--data img --epochs 2 --batch 4 --lr-factor %s --threads 2 --workers 1 "
+                    "--no-pin --quiet --no-progress --save t.dsrt > transfer.log 2>&1",
+                    dir, dstrain, frozen ? "0" : "0.5"),
+                 0);
+        char base[600], t[600];
+        snprintf(base, sizeof base, "%s/a.dsrt", dir);
+        snprintf(t, sizeof t, "%s/t.dsrt", dir);
+        int same, changed;
+        kept_layers(base, t, 3, &same, &changed);
+        CHECK_GT(same + changed, 4);
+        CHECK_EQ(frozen ? changed : same, 0);
+    }
+    /* The transferred net labels images with the data's class names. */
+    CHECK_EQ(sh("cd '%s' && '%s' classify --model t.dsrt --json $(head -2 img/paths.txt) | "
+                "grep -q '\"label\": \"c[0-2]\"'",
+                dir, dstrain),
+             0);
+}
+
+static void test_cli_refusal(void) {
+    char out[4096];
+    CHECK_NE(capture(out, sizeof out, "cd '%s' && '%s' import unsupported.onnx --output u.dsrt",
+                     dir, dstrain),
+             0);
+    CHECK_CONTAINS(out, "node 0 'squash' (Tanh, opset 13): operator 'Tanh' is not supported");
+    CHECK_NE(capture(out, sizeof out,
+                     "cd '%s' && '%s' classify --model a.dsrt --preprocess "
+                     "torchvision img",
+                     dir, dstrain),
+             0);
+    CHECK_CONTAINS(out, "go with an ONNX model");
+}
+
+int main(void) {
+    int rc = onnx_test_setup("onnx_ref");
+    if (rc) return rc;
+    RUN(test_import_small);
+    RUN(test_round_trip);
+    RUN(test_export_native);
+    RUN(test_transfer);
+    RUN(test_cli_refusal);
+    return TEST_RESULT();
+}
