@@ -126,9 +126,9 @@ typedef struct {
     size_t total;     /* bytes handed out */
 } dsrt_arena;
 
-void *dsrt_arena_alloc(dsrt_arena *a, size_t n, size_t align);
-char *dsrt_arena_strndup(dsrt_arena *a, const char *s, size_t n);
-void dsrt_arena_free(dsrt_arena *a);
+void *dsrt__arena_alloc(dsrt_arena *a, size_t n, size_t align);
+char *dsrt__arena_strndup(dsrt_arena *a, const char *s, size_t n);
+void dsrt__arena_free(dsrt_arena *a);
 
 /* The value of name in a table of names (names[v] is value v's; NULL where
  * no value has one), in any case when icase is set: 0 and *value, or

@@ -65,7 +65,7 @@ struct dsrt_arena_block {
     _Alignas(16) unsigned char data[];
 };
 
-void *dsrt_arena_alloc(dsrt_arena *a, size_t n, size_t align) {
+void *dsrt__arena_alloc(dsrt_arena *a, size_t n, size_t align) {
     size_t at = a->head ? (a->used + align - 1) & ~(align - 1) : 0;
     if (!a->head || at + n > a->cap) {
         size_t cap = DSRT_MAX((size_t)1 << 20, n + align);
@@ -82,15 +82,15 @@ void *dsrt_arena_alloc(dsrt_arena *a, size_t n, size_t align) {
     return a->head->data + at;
 }
 
-char *dsrt_arena_strndup(dsrt_arena *a, const char *s, size_t n) {
-    char *p = dsrt_arena_alloc(a, n + 1, 1);
+char *dsrt__arena_strndup(dsrt_arena *a, const char *s, size_t n) {
+    char *p = dsrt__arena_alloc(a, n + 1, 1);
     if (!p) return NULL;
     memcpy(p, s, n);
     p[n] = '\0';
     return p;
 }
 
-void dsrt_arena_free(dsrt_arena *a) {
+void dsrt__arena_free(dsrt_arena *a) {
     dsrt_arena_block *b = a->head;
     while (b) {
         dsrt_arena_block *next = b->next;

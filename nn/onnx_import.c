@@ -1422,7 +1422,7 @@ static int map_identity(imp *c) {
 static int map_constant(imp *c) {
     value *o = output(c, 0);
     if (!o) return 0;
-    onnx_tensor *t = dsrt_arena_alloc(&c->m.arena, sizeof *t, 8);
+    onnx_tensor *t = dsrt__arena_alloc(&c->m.arena, sizeof *t, 8);
     if (!t) return -ENOMEM;
     memset(t, 0, sizeof *t);
     t->name = o->name;
@@ -1435,7 +1435,7 @@ static int map_constant(imp *c) {
         int many = onnx_is(a->name, "value_floats");
         if (many ? !a->floats && a->n_floats : !a->has_f)
             return nfail(c, DSRT_ECORRUPT, "attribute '%s' holds no floats", SHOWN(a->name));
-        float *f = dsrt_arena_alloc(&c->m.arena, sizeof(float) * (many ? a->n_floats + 1 : 1), 8);
+        float *f = dsrt__arena_alloc(&c->m.arena, sizeof(float) * (many ? a->n_floats + 1 : 1), 8);
         if (!f) return -ENOMEM;
         if (many)
             memcpy(f, a->floats, a->n_floats * sizeof *f);
@@ -1450,7 +1450,7 @@ static int map_constant(imp *c) {
         int many = onnx_is(a->name, "value_ints");
         if (!many && !a->has_i)
             return nfail(c, DSRT_ECORRUPT, "attribute 'value_int' holds no integer");
-        int64_t *v = dsrt_arena_alloc(&c->m.arena, sizeof(int64_t) * (many ? a->n_ints + 1 : 1), 8);
+        int64_t *v = dsrt__arena_alloc(&c->m.arena, sizeof(int64_t) * (many ? a->n_ints + 1 : 1), 8);
         if (!v) return -ENOMEM;
         if (many)
             memcpy(v, a->ints, a->n_ints * sizeof *v);

@@ -428,13 +428,13 @@ static int parse_attr(onnx_model *m, onnx_attr *a, onnx_str msg, const uint8_t *
     }
     if (rc < 0) return rc;
     if (has_t) {
-        a->t = dsrt_arena_alloc(&m->arena, sizeof *a->t, 8);
+        a->t = dsrt__arena_alloc(&m->arena, sizeof *a->t, 8);
         if (!a->t) return -ENOMEM;
         if ((rc = dsrt__onnx_tensor(a->t, tmsg, base, "its tensor"))) return rc;
     }
     if (!nf && !ni) return 0;
-    a->floats = nf ? dsrt_arena_alloc(&m->arena, nf * sizeof(float), 8) : NULL;
-    a->ints = ni ? dsrt_arena_alloc(&m->arena, ni * sizeof(int64_t), 8) : NULL;
+    a->floats = nf ? dsrt__arena_alloc(&m->arena, nf * sizeof(float), 8) : NULL;
+    a->ints = ni ? dsrt__arena_alloc(&m->arena, ni * sizeof(int64_t), 8) : NULL;
     if ((nf && !a->floats) || (ni && !a->ints)) return -ENOMEM;
     r = dsrt__pb_open(msg, base);
     while ((rc = dsrt__pb_next(&r, &f)) > 0) {
@@ -476,9 +476,9 @@ static int parse_node(onnx_model *m, onnx_node *nd, onnx_str msg, const uint8_t 
         n_attr += f.number == NODE_ATTRIBUTE;
     }
     if (rc < 0) return rc;
-    nd->in = n_in ? dsrt_arena_alloc(&m->arena, n_in * sizeof *nd->in, 8) : NULL;
-    nd->out = n_out ? dsrt_arena_alloc(&m->arena, n_out * sizeof *nd->out, 8) : NULL;
-    nd->attr = n_attr ? dsrt_arena_alloc(&m->arena, n_attr * sizeof *nd->attr, 8) : NULL;
+    nd->in = n_in ? dsrt__arena_alloc(&m->arena, n_in * sizeof *nd->in, 8) : NULL;
+    nd->out = n_out ? dsrt__arena_alloc(&m->arena, n_out * sizeof *nd->out, 8) : NULL;
+    nd->attr = n_attr ? dsrt__arena_alloc(&m->arena, n_attr * sizeof *nd->attr, 8) : NULL;
     if ((n_in && !nd->in) || (n_out && !nd->out) || (n_attr && !nd->attr)) return -ENOMEM;
     r = dsrt__pb_open(msg, base);
     while ((rc = dsrt__pb_next(&r, &f)) > 0) {
@@ -570,7 +570,7 @@ static int parse_value(onnx_value *v, onnx_str msg, const uint8_t *base) {
 /* Allocates n records of size in the arena (NULL for none). */
 static void *records(onnx_model *m, size_t n, size_t size, int *fail) {
     if (!n) return NULL;
-    void *p = dsrt_arena_alloc(&m->arena, n * size, 8);
+    void *p = dsrt__arena_alloc(&m->arena, n * size, 8);
     if (!p)
         *fail = 1;
     else
@@ -735,6 +735,6 @@ fail:
 }
 
 void dsrt__onnx_model_free(onnx_model *m) {
-    dsrt_arena_free(&m->arena);
+    dsrt__arena_free(&m->arena);
     memset(m, 0, sizeof *m);
 }

@@ -1360,7 +1360,7 @@ static void test_big_index(void) {
     dsrt_shard_index y;
     dsrt_arena arena = {0};
     CHECK_EQ(dsrt__shard_index_read(p, &y, &arena), DSRT_ECHECKSUM);
-    dsrt_arena_free(&arena);
+    dsrt__arena_free(&arena);
     free(names);
     free(members);
     free(x.shard_names);

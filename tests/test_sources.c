@@ -111,7 +111,7 @@ static void index_clear(dsrt_index *ix) {
     free(ix->classes);
     free(ix->pixels);
     free(ix->warnings);
-    dsrt_arena_free(&ix->arena);
+    dsrt__arena_free(&ix->arena);
     memset(ix, 0, sizeof *ix);
 }
 

@@ -658,7 +658,7 @@ static void test_mangled(void) {
         free(ix.classes);
         free(ix.warnings);
         if (ix.data_free) ix.data_free(ix.data);
-        dsrt_arena_free(&ix.arena);
+        dsrt__arena_free(&ix.arena);
     }
     free(m);
     free(z);

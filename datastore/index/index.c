@@ -32,7 +32,7 @@ void dsrt__index_free(dsrt_index *ix) {
     free(ix->pixels);
     free(ix->warnings);
     if (ix->data_free) ix->data_free(ix->data);
-    dsrt_arena_free(&ix->arena);
+    dsrt__arena_free(&ix->arena);
     free(ix);
 }
 
@@ -66,7 +66,7 @@ int dsrt__index_set_classes(dsrt_index *ix, const char *const *names, size_t cou
     const char **classes = dsrt__calloc(count ? count : 1, sizeof *classes);
     if (!classes) return -ENOMEM;
     for (size_t c = 0; c < count; c++) {
-        classes[c] = dsrt_arena_strndup(&ix->arena, names[c], strlen(names[c]));
+        classes[c] = dsrt__arena_strndup(&ix->arena, names[c], strlen(names[c]));
         if (!classes[c]) {
             free(classes);
             return -ENOMEM;

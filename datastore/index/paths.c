@@ -179,7 +179,7 @@ static int name_id(lister *l, const char *s, size_t n, int32_t *id) {
     if (dsrt__grow(&counts, &cap2, l->n_names + 1, sizeof *l->name_files) != 0) return -ENOMEM;
     l->name_files = counts;
     l->cap_names = DSRT_MIN(cap, cap2);
-    char *copy = dsrt_arena_strndup(&l->ix->arena, s, n);
+    char *copy = dsrt__arena_strndup(&l->ix->arena, s, n);
     if (!copy) return -ENOMEM;
     l->names[l->n_names] = copy;
     l->name_files[l->n_names] = 0;
@@ -192,7 +192,7 @@ static int add_file(lister *l, const char *rel, size_t rel_len, size_t dir_rel_l
     void *buf = l->files;
     if (dsrt__grow(&buf, &l->cap_files, l->n_files + 1, sizeof *l->files) != 0) return -ENOMEM;
     l->files = buf;
-    char *p = dsrt_arena_alloc(&l->ix->arena, l->root_len + 1 + rel_len + 1, 1);
+    char *p = dsrt__arena_alloc(&l->ix->arena, l->root_len + 1 + rel_len + 1, 1);
     if (!p) return -ENOMEM;
     memcpy(p, l->root, l->root_len);
     p[l->root_len] = l->sep;
@@ -320,8 +320,8 @@ int dsrt__names_create(dsrt_names **out, dsrt_index *ix, const dsrt_datastore_op
     l->ix = ix;
     l->sep = sep;
     int rc = dsrt__extensions_parse(&l->ext, o->extensions);
-    if (rc == 0 && !(l->root = dsrt_arena_strndup(&ix->arena, root, root_len))) rc = -ENOMEM;
-    if (rc == 0 && base && !(base = dsrt_arena_strndup(&ix->arena, base, strlen(base))))
+    if (rc == 0 && !(l->root = dsrt__arena_strndup(&ix->arena, root, root_len))) rc = -ENOMEM;
+    if (rc == 0 && base && !(base = dsrt__arena_strndup(&ix->arena, base, strlen(base))))
         rc = -ENOMEM;
     if (rc != 0) {
         free(l);

@@ -472,7 +472,7 @@ static void bad_mark(dsrt_pipeline *p, uint32_t pos, int code, const char *raw) 
         size_t rl = strlen(reason);
         char *text = NULL;
         if (p->bad_text.total + rl + 1 <= PIPE_BAD_TEXT_MAX)
-            text = dsrt_arena_strndup(&p->bad_text, reason, rl);
+            text = dsrt__arena_strndup(&p->bad_text, reason, rl);
         p->bad_list[p->nbad_list++] = (dsrt_bad_sample){
             .id = dsrt_datastore_id(p->ds, pos),
             .path = path,
@@ -1101,7 +1101,7 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
     free(p->orders);
     free(p->bad);
     free(p->bad_list);
-    dsrt_arena_free(&p->bad_text);
+    dsrt__arena_free(&p->bad_text);
     free(p->meta);
     free(p->slots);
     dsrt__host_free(&p->mem);

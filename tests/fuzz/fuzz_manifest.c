@@ -17,7 +17,7 @@ static void index_clear(dsrt_index *ix) {
     free(ix->classes);
     free(ix->pixels);
     free(ix->warnings);
-    dsrt_arena_free(&ix->arena);
+    dsrt__arena_free(&ix->arena);
 }
 
 static int all_digits(const char *s) {

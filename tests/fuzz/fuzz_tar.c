@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void index_clear(dsrt_index *ix) {
     free(ix->warnings);
-    dsrt_arena_free(&ix->arena);
+    dsrt__arena_free(&ix->arena);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -72,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             __builtin_trap();
         }
     }
-    dsrt_arena_free(&arena);
+    dsrt__arena_free(&arena);
     index_clear(&ix);
     free(buf);
     return 0;

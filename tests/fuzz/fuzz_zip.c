@@ -25,7 +25,7 @@ static void index_clear(dsrt_index *ix) {
     free(ix->classes);
     free(ix->warnings);
     if (ix->data_free) ix->data_free(ix->data);
-    dsrt_arena_free(&ix->arena);
+    dsrt__arena_free(&ix->arena);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

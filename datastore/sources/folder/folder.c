@@ -88,7 +88,7 @@ static int add_file(walker *w, const char *name, int32_t group) {
     void *buf = w->files;
     if (dsrt__grow(&buf, &w->cap_files, w->n_files + 1, sizeof(entry)) != 0) return -ENOMEM;
     w->files = buf;
-    char *p = dsrt_arena_alloc(&w->ix->arena, w->path_len + 1 + n + 1, 1);
+    char *p = dsrt__arena_alloc(&w->ix->arena, w->path_len + 1 + n + 1, 1);
     if (!p) return -ENOMEM;
     memcpy(p, w->path, w->path_len);
     p[w->path_len] = '/';
@@ -163,7 +163,7 @@ static int new_dir_group(walker *w, const char *name) {
     void *buf = w->dir_names;
     if (dsrt__grow(&buf, &w->cap_dirs, w->n_dirs + 1, sizeof(char *)) != 0) return -ENOMEM;
     w->dir_names = buf;
-    char *s = dsrt_arena_strndup(&w->ix->arena, name, strlen(name));
+    char *s = dsrt__arena_strndup(&w->ix->arena, name, strlen(name));
     if (!s) return -ENOMEM;
     w->dir_names[w->n_dirs] = s;
     return (int)w->n_dirs++;
@@ -363,7 +363,7 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
                 if ((rc = dsrt__grow(&buf, &cap_classes, n_classes + 1, sizeof(char *))) != 0)
                     goto out;
                 classes = buf;
-                if (!(classes[n_classes++] = dsrt_arena_strndup(&ix->arena, name, strlen(name)))) {
+                if (!(classes[n_classes++] = dsrt__arena_strndup(&ix->arena, name, strlen(name)))) {
                     rc = -ENOMEM;
                     goto out;
                 }

@@ -95,7 +95,7 @@ static int label_set_id(label_set *ls, const char *s, size_t n, uint32_t *id) {
     void *items = ls->items;
     if ((rc = dsrt__grow(&items, &ls->cap, ls->n + 1, sizeof *ls->items)) != 0) return rc;
     ls->items = items;
-    char *copy = dsrt_arena_strndup(&ls->arena, s, n);
+    char *copy = dsrt__arena_strndup(&ls->arena, s, n);
     if (!copy) return -ENOMEM;
     ls->items[ls->n] = (label_str){copy, n, h};
     ls->slots[at] = (uint32_t)ls->n + 1;
@@ -106,7 +106,7 @@ static int label_set_id(label_set *ls, const char *s, size_t n, uint32_t *id) {
 static void label_set_free(label_set *ls) {
     free(ls->items);
     free(ls->slots);
-    dsrt_arena_free(&ls->arena);
+    dsrt__arena_free(&ls->arena);
 }
 
 static int is_uint(const label_str *l) {
@@ -297,12 +297,12 @@ int dsrt__manifest_parse(dsrt_index *ix, const char *text, size_t len, const cha
         ix->remote |= url;
         if (base_len && f[0].p[0] != '/' && !url) {
             size_t n = base_len + !base_slash + f[0].n;
-            if (!(p = dsrt_arena_alloc(&ix->arena, n + 1, 1))) goto nomem;
+            if (!(p = dsrt__arena_alloc(&ix->arena, n + 1, 1))) goto nomem;
             memcpy(p, base_dir, base_len);
             if (!base_slash) p[base_len] = '/';
             memcpy(p + base_len + !base_slash, f[0].p, f[0].n);
             p[n] = '\0';
-        } else if (!(p = dsrt_arena_strndup(&ix->arena, f[0].p, f[0].n))) {
+        } else if (!(p = dsrt__arena_strndup(&ix->arena, f[0].p, f[0].n))) {
             goto nomem;
         }
         uint32_t id;

@@ -192,7 +192,7 @@ int dsrt__shard_index_parse(const uint8_t *buf, size_t len, const char *name, ds
         !x->label || !x->member || !x->classes)
         goto fail;
     /* The string table is kept whole in the arena; names point into it. */
-    uint8_t *table = dsrt_arena_alloc(arena, strings ? strings : 1, 1);
+    uint8_t *table = dsrt__arena_alloc(arena, strings ? strings : 1, 1);
     if (!table) goto fail;
     memcpy(table, str, strings);
 
@@ -325,7 +325,7 @@ static int json_string(json_in *j, dsrt_arena *arena, const char **out) {
     while (p < j->end && *p != '"') p += *p == '\\' && p + 1 < j->end ? 2 : 1;
     if (p >= j->end) return dsrt__fail(DSRT_EFORMAT, "shards: %s: unterminated string", j->name);
     cap = (size_t)(p - j->s) + 1;
-    char *o = dsrt_arena_alloc(arena, cap, 1), *w = o;
+    char *o = dsrt__arena_alloc(arena, cap, 1), *w = o;
     if (!o) return -ENOMEM;
     while (j->s < p) {
         char c = *j->s++;

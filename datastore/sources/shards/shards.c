@@ -514,7 +514,7 @@ static int scan_member(void *ctx, const dsrt_tar_member *m) {
             s->two_images++;
             return 0;
         }
-        s->cur.member = dsrt_arena_strndup(s->arena, name, len);
+        s->cur.member = dsrt__arena_strndup(s->arena, name, len);
         if (!s->cur.member) return -ENOMEM;
         s->cur.offset = m->offset;
         s->cur.size = m->size;
@@ -537,7 +537,7 @@ static int scan_member(void *ctx, const dsrt_tar_member *m) {
         size_t a = 0, b = (size_t)got;
         while (a < b && isspace((unsigned char)text[a])) a++;
         while (b > a && isspace((unsigned char)text[b - 1])) b--;
-        s->cur.cls = dsrt_arena_strndup(s->arena, text + a, b - a);
+        s->cur.cls = dsrt__arena_strndup(s->arena, text + a, b - a);
         if (!s->cur.cls) return -ENOMEM;
     }
     return 0;
@@ -614,7 +614,7 @@ int dsrt__shard_scan_memory(const uint8_t *buf, size_t len, const char *name,
     }
     free(s.samples);
     free(s.key);
-    dsrt_arena_free(&arena);
+    dsrt__arena_free(&arena);
     return rc;
 }
 
@@ -697,7 +697,7 @@ static void gather_free(gather *g) {
     free(g->json_classes);
     dsrt__shard_index_clear(&g->x);
     strlist_free(&g->shards);
-    dsrt_arena_free(&g->tmp);
+    dsrt__arena_free(&g->tmp);
 }
 
 /* Finds name among the index's shards (sorted copy in by_name). */
@@ -1270,7 +1270,7 @@ static int names_from_samples(labelling *L, size_t total) {
                 const char *nm;
                 size_t nl;
                 folder_label(f, L->root, L->o->label_source == DSRT_LABEL_PARENT_FOLDER, &nm, &nl);
-                if (!(L->list[nlist++] = dsrt_arena_strndup(&g->tmp, nm, nl))) return -ENOMEM;
+                if (!(L->list[nlist++] = dsrt__arena_strndup(&g->tmp, nm, nl))) return -ENOMEM;
             } else if (f->cls && f->cls[0]) {
                 L->list[nlist++] = f->cls;
             }
@@ -1362,7 +1362,7 @@ static int class_names(labelling *L, const char ***names, size_t *nnames) {
         for (size_t c = 0; c < nc; c++) {
             char num[24];
             snprintf(num, sizeof num, "%zu", c);
-            if (!((*names)[c] = dsrt_arena_strndup(&L->g->tmp, num, strlen(num)))) return -ENOMEM;
+            if (!((*names)[c] = dsrt__arena_strndup(&L->g->tmp, num, strlen(num)))) return -ENOMEM;
         }
     }
     return 0;
@@ -1432,7 +1432,7 @@ static int build_index(gather *g, dsrt_index *ix, int32_t **labels, const char *
     size_t i = 0;
     for (size_t k = 0; k < ns; k++) {
         dsrt_shard *sh = &s->shards[k];
-        sh->path = dsrt_arena_strndup(&ix->arena, g->shards.v[k], strlen(g->shards.v[k]));
+        sh->path = dsrt__arena_strndup(&ix->arena, g->shards.v[k], strlen(g->shards.v[k]));
         if (!sh->path) return -ENOMEM;
         sh->size = g->sizes[k];
         sh->first = (uint32_t)i;
@@ -1456,7 +1456,7 @@ static int build_index(gather *g, dsrt_index *ix, int32_t **labels, const char *
                 ix->labels[i] = labels[k][j];
             }
             size_t mlen = strlen(member);
-            char *p = dsrt_arena_alloc(&ix->arena, plen + mlen + 2, 1);
+            char *p = dsrt__arena_alloc(&ix->arena, plen + mlen + 2, 1);
             if (!p) return -ENOMEM;
             memcpy(p, sh->path, plen);
             p[plen] = ':';

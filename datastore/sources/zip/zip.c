@@ -625,7 +625,7 @@ static int fill_set(dsrt_index *ix, const archive *a, const member *m, const uin
     s->codec_data = z;
     s->codec_free = zip_data_free;
     s->shards[0] = (dsrt_shard){.size = a->size, .first = 0, .count = (uint32_t)ix->n};
-    if (!(s->shards[0].path = dsrt_arena_strndup(&ix->arena, a->path, strlen(a->path))))
+    if (!(s->shards[0].path = dsrt__arena_strndup(&ix->arena, a->path, strlen(a->path))))
         return -ENOMEM;
     uint32_t member_at = (uint32_t)strlen(a->path) + 1;
     for (size_t i = 0; i < ix->n; i++) {
