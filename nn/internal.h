@@ -187,7 +187,7 @@ void dsrt__desc_free(dsrt_desc *d);
 size_t dsrt__desc_help(char *buf, size_t size);
 
 // ----------------------------------------------------------------------------
-// Networks (net.c)
+// Networks (net.c; what backends call back: net_hooks.c)
 
 typedef struct dsrt_backend dsrt_backend;
 typedef struct dsrt_backend_ops dsrt_backend_ops;

@@ -459,10 +459,6 @@ static void grad_share(dsrt_net *net) {
     free(last);
 }
 
-int dsrt__net_need_diff(const dsrt_net *net, int i) {
-    return net->need_diff && net->need_diff[i];
-}
-
 int dsrt__net_build(dsrt_net **out, dsrt_desc *d, const char *text, const char *source, int h,
                     int w, int c, int classes, const dsrt_net_options *o, int init,
                     const size_t *expect) {
@@ -715,21 +711,6 @@ int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need
     return 0;
 }
 
-void dsrt__batch_u8_to_f32(const uint8_t *src, float *dst, int n, int c, int h, int w,
-                           const float *sub, const float *div) {
-    size_t hw = (size_t)h * w;
-    for (int ch = 0; ch < c; ch++) {
-        /* The value of each byte, computed as the pipeline computes it. */
-        float lut[256];
-        for (int x = 0; x < 256; x++) lut[x] = ((float)x - sub[ch]) / div[ch];
-        for (int b = 0; b < n; b++) {
-            const uint8_t *s = src + (size_t)b * hw * c + ch;
-            float *d = dst + ((size_t)b * c + ch) * hw;
-            for (size_t k = 0; k < hw; k++) d[k] = lut[s[k * c]];
-        }
-    }
-}
-
 static dsrt_net_batch f32_batch(const float *x, const int32_t *labels, int n) {
     dsrt_net_batch b;
     memset(&b, 0, sizeof b);
@@ -876,31 +857,6 @@ int dsrt_net_profile_start(dsrt_net *net) {
 
 void dsrt_net_profile_stop(dsrt_net *net) {
     if (net->prof) net->prof->on = 0;
-}
-
-void dsrt__prof_piece(dsrt_net *net, int layer, int backward, double t0, double t1) {
-    dsrt_net_prof *pr = dsrt__prof_on(net);
-    if (!pr) return;
-    if (!pr->open) {
-        pr->open = 1;
-        pr->step_t0 = t0;
-    } else {
-        if (t0 > pr->prev_t1) pr->gap_s += t0 - pr->prev_t1;
-        pr->gaps++;
-    }
-    pr->prev_t1 = t1;
-    if (backward)
-        pr->bwd_s[layer] += t1 - t0;
-    else
-        pr->fwd_s[layer] += t1 - t0;
-}
-
-void dsrt__prof_step_end(dsrt_net *net) {
-    dsrt_net_prof *pr = dsrt__prof_on(net);
-    if (!pr || !pr->open) return;
-    pr->span_s += pr->prev_t1 - pr->step_t0;
-    pr->steps++;
-    pr->open = 0;
 }
 
 int dsrt_net_profile_read(dsrt_net *net, dsrt_net_profile *p, dsrt_layer_profile *layers, int cap) {
@@ -1123,9 +1079,4 @@ int dsrt_net_set_bn_sync(dsrt_net *net, dsrt_bn_sync_fn fn, void *ctx) {
     net->bn_sync_fn = fn;
     net->bn_sync_ctx = fn ? ctx : NULL;
     return 0;
-}
-
-void dsrt__net_grads_ready(dsrt_net *net, int layer) {
-    int k = net->layer_bucket[layer];
-    if (net->ready_fn && k >= 0) net->ready_fn(net->ready_ctx, k, net->buckets[k]);
 }

@@ -11,7 +11,7 @@
 
 #include <dsrt/nn.h>
 
-#include "runtime/comm_internal.h"
+#include "runtime/comm/comm_internal.h"
 #ifdef DSRT_FAKE_GPU
 #include "tests/fakegpu.h"
 #endif
