@@ -824,6 +824,82 @@ static int grad_add(cpu_backend *be, cpu_plan *p, int i, dnnl_memory_t diff, dnn
     return 0;
 }
 
+/* The weights' gradient of a layer with weights and an optional bias
+ * (convolution, fc), once its primitive bpd is made: written into the net's
+ * gradients (through a reorder where the primitive wants another layout),
+ * then the layer's gradients are ready. ensure_ddst: the output's gradient
+ * is reordered to the layout bpd wants (else taken as it is). Destroys bpd. */
+static int weights_grad(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_t bpd,
+                        const dnnl_memory_desc_t *w_plain, const dnnl_memory_desc_t *b_md,
+                        int ensure_ddst) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    dnnl_memory_t src_w, ddst_w = lp->out.diff, dw_plain, dw, dw_tmp, db = NULL;
+    step *s;
+    int rc = ensure(p, be, lp->src, dnnl_primitive_desc_query_md(bpd, dnnl_query_src_md, 0), 1, i,
+                    &src_w, L);
+    if (!rc && ensure_ddst)
+        rc = ensure(p, be, lp->out.diff,
+                    dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_dst_md, 0), 1, i, &ddst_w, L);
+    if (!rc) rc = mem_new(p, w_plain, be->engine, net->grads + L->w_off, &dw_plain, L);
+    if (!rc)
+        rc = deliver(p, be, dw_plain,
+                     dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_weights_md, 0), &dw, &dw_tmp,
+                     L);
+    if (!rc && L->b_n) rc = mem_new(p, b_md, be->engine, net->grads + L->b_off, &db, L);
+    if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
+    dnnl_primitive_desc_destroy(bpd);
+    if (rc) return rc;
+    arg(s, DNNL_ARG_SRC, src_w);
+    arg(s, DNNL_ARG_DIFF_DST, ddst_w);
+    arg(s, DNNL_ARG_DIFF_WEIGHTS, dw);
+    arg(s, DNNL_ARG_DIFF_BIAS, db);
+    if (dw_tmp && (rc = reorder_step(p, be, dw_tmp, dw_plain, 1, i, STEP_ALWAYS, NULL, L)))
+        return rc;
+    return c_step(p, 1, step_ready, i);
+}
+
+/* The input's gradient of a layer with weights (convolution, fc), once its
+ * primitive bpd is made: the weights as forward took them (wfwd) when bpd
+ * wants that layout, else reordered from the plain ones (wplain); the
+ * result added into the input's gradient. ensure_ddst as weights_grad.
+ * Destroys bpd. */
+static int data_grad(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_t bpd,
+                     const dnnl_memory_desc_t *w_plain, dnnl_memory_t wplain, dnnl_memory_t wfwd,
+                     int ensure_ddst) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor *in = &p->lp[L->inputs[0]].out;
+    dnnl_memory_t ddst = lp->out.diff, wb, dsrc, dsrc_tmp;
+    step *s;
+    int rc = 0;
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(bpd, dnnl_query_weights_md, 0);
+    if (ensure_ddst)
+        rc = ensure(p, be, lp->out.diff,
+                    dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_dst_md, 0), 1, i, &ddst, L);
+    if (!rc) {
+        if (dnnl_memory_desc_equal(wmd, md_of(wfwd)))
+            wb = wfwd; /* fresh from forward */
+        else
+            rc = weights_for(be, p, i, w_plain, wmd, wplain, 1, &lp->w_bwd_version, &wb);
+    }
+    dnnl_memory_t tgt = NULL, acc = NULL;
+    if (!rc) rc = grad_target(be, p, i, 0, &tgt, &acc);
+    if (!rc)
+        rc = deliver(p, be, tgt, dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_src_md, 0),
+                     &dsrc, &dsrc_tmp, L);
+    if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
+    dnnl_primitive_desc_destroy(bpd);
+    if (rc) return rc;
+    arg(s, DNNL_ARG_DIFF_DST, ddst);
+    arg(s, DNNL_ARG_WEIGHTS, wb);
+    arg(s, DNNL_ARG_DIFF_SRC, dsrc);
+    if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
+    if (!rc) rc = grad_add(be, p, i, in->diff, acc);
+    return rc;
+}
+
 static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
     dnnl_alg_kind_t conv_alg = be->conv_alg;
     dsrt_net *net = be->net;
@@ -892,29 +968,7 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
             goto out;
         }
         if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "convolution backward weights", L))) goto out;
-        dnnl_memory_t src_w, ddst_w, dw_plain, dw, dw_tmp, db = NULL;
-        rc = ensure(p, be, lp->src, dnnl_primitive_desc_query_md(bpd, dnnl_query_src_md, 0), 1, i,
-                    &src_w, L);
-        if (!rc)
-            rc = ensure(p, be, lp->out.diff,
-                        dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_dst_md, 0), 1, i, &ddst_w,
-                        L);
-        if (!rc) rc = mem_new(p, &w_plain, be->engine, net->grads + L->w_off, &dw_plain, L);
-        if (!rc)
-            rc = deliver(p, be, dw_plain,
-                         dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_weights_md, 0), &dw,
-                         &dw_tmp, L);
-        if (!rc && L->b_n) rc = mem_new(p, &b_md, be->engine, net->grads + L->b_off, &db, L);
-        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
-        dnnl_primitive_desc_destroy(bpd);
-        if (rc) goto out;
-        arg(s, DNNL_ARG_SRC, src_w);
-        arg(s, DNNL_ARG_DIFF_DST, ddst_w);
-        arg(s, DNNL_ARG_DIFF_WEIGHTS, dw);
-        arg(s, DNNL_ARG_DIFF_BIAS, db);
-        if (dw_tmp && (rc = reorder_step(p, be, dw_tmp, dw_plain, 1, i, STEP_ALWAYS, NULL, L)))
-            goto out;
-        if ((rc = c_step(p, 1, step_ready, i))) goto out;
+        if ((rc = weights_grad(be, p, i, bpd, &w_plain, &b_md, 1))) goto out;
     }
     if (dsrt__net_need_diff(be->net, L->inputs[0])) {
         dnnl_convolution_desc_t bd;
@@ -926,29 +980,7 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
             goto out;
         }
         if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "convolution backward data", L))) goto out;
-        dnnl_memory_t ddst, wb, dsrc, dsrc_tmp;
-        const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(bpd, dnnl_query_weights_md, 0);
-        rc = ensure(p, be, lp->out.diff,
-                    dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_dst_md, 0), 1, i, &ddst, L);
-        if (!rc) {
-            if (dnnl_memory_desc_equal(wmd, md_of(wfwd)))
-                wb = wfwd; /* fresh from forward */
-            else
-                rc = weights_for(be, p, i, &w_plain, wmd, wplain, 1, &lp->w_bwd_version, &wb);
-        }
-        dnnl_memory_t tgt = NULL, acc = NULL;
-        if (!rc) rc = grad_target(be, p, i, 0, &tgt, &acc);
-        if (!rc)
-            rc = deliver(p, be, tgt, dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_src_md, 0),
-                         &dsrc, &dsrc_tmp, L);
-        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
-        dnnl_primitive_desc_destroy(bpd);
-        if (rc) goto out;
-        arg(s, DNNL_ARG_DIFF_DST, ddst);
-        arg(s, DNNL_ARG_WEIGHTS, wb);
-        arg(s, DNNL_ARG_DIFF_SRC, dsrc);
-        if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
-        if (!rc) rc = grad_add(be, p, i, in->diff, acc);
+        rc = data_grad(be, p, i, bpd, &w_plain, wplain, wfwd, 1);
     }
 out:
     dnnl_primitive_desc_destroy(fpd);
@@ -1268,25 +1300,7 @@ static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
             goto out;
         }
         if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "fc backward weights", L))) goto out;
-        dnnl_memory_t src_w, dw_plain, dw, dw_tmp, db = NULL;
-        rc = ensure(p, be, lp->src, dnnl_primitive_desc_query_md(bpd, dnnl_query_src_md, 0), 1, i,
-                    &src_w, L);
-        if (!rc) rc = mem_new(p, &w_plain, be->engine, net->grads + L->w_off, &dw_plain, L);
-        if (!rc)
-            rc = deliver(p, be, dw_plain,
-                         dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_weights_md, 0), &dw,
-                         &dw_tmp, L);
-        if (!rc && L->b_n) rc = mem_new(p, &b_md, be->engine, net->grads + L->b_off, &db, L);
-        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
-        dnnl_primitive_desc_destroy(bpd);
-        if (rc) goto out;
-        arg(s, DNNL_ARG_SRC, src_w);
-        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
-        arg(s, DNNL_ARG_DIFF_WEIGHTS, dw);
-        arg(s, DNNL_ARG_DIFF_BIAS, db);
-        if (dw_tmp && (rc = reorder_step(p, be, dw_tmp, dw_plain, 1, i, STEP_ALWAYS, NULL, L)))
-            goto out;
-        if ((rc = c_step(p, 1, step_ready, i))) goto out;
+        if ((rc = weights_grad(be, p, i, bpd, &w_plain, &b_md, 0))) goto out;
     }
     if (dsrt__net_need_diff(be->net, L->inputs[0])) {
         dnnl_inner_product_desc_t bd;
@@ -1299,25 +1313,7 @@ static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
             goto out;
         }
         if ((rc = pd_new(&bpd, &bd, be, 0, 0, fpd, "fc backward data", L))) goto out;
-        dnnl_memory_t wb, dsrc, dsrc_tmp;
-        const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(bpd, dnnl_query_weights_md, 0);
-        if (dnnl_memory_desc_equal(wmd, md_of(wfwd)))
-            wb = wfwd;
-        else
-            rc = weights_for(be, p, i, &w_plain, wmd, wplain, 1, &lp->w_bwd_version, &wb);
-        dnnl_memory_t tgt = NULL, acc = NULL;
-        if (!rc) rc = grad_target(be, p, i, 0, &tgt, &acc);
-        if (!rc)
-            rc = deliver(p, be, tgt, dnnl_primitive_desc_query_md(bpd, dnnl_query_diff_src_md, 0),
-                         &dsrc, &dsrc_tmp, L);
-        if (!rc) rc = prim_step(p, be, bpd, 1, i, &s, L);
-        dnnl_primitive_desc_destroy(bpd);
-        if (rc) goto out;
-        arg(s, DNNL_ARG_DIFF_DST, lp->out.diff);
-        arg(s, DNNL_ARG_WEIGHTS, wb);
-        arg(s, DNNL_ARG_DIFF_SRC, dsrc);
-        if (dsrc_tmp) rc = reorder_step(p, be, dsrc_tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
-        if (!rc) rc = grad_add(be, p, i, in->diff, acc);
+        rc = data_grad(be, p, i, bpd, &w_plain, wplain, wfwd, 0);
     }
 out:
     dnnl_primitive_desc_destroy(fpd);

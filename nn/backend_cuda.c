@@ -1206,71 +1206,28 @@ static gpu_plan *plan_owner(cuda_backend *be, int train, size_t bytes) {
     return best;
 }
 
-static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
-    dsrt_net *net = be->net;
-    int nl = net->n_layers, rc = 0;
-    void *fws = NULL;
-    int fws_own = 0;
-    int *need_dy = NULL;
-    void **share = NULL;
-    size_t need = 0;
-    *out = NULL;
-    gpu_plan *p = dsrt__calloc(1, sizeof *p);
-    if (!p) return -ENOMEM;
-    p->n = n;
-    p->train = train;
-    p->n_layers = nl;
-    p->gl = dsrt__calloc((size_t)nl, sizeof *p->gl);
-    need_dy = dsrt__calloc((size_t)nl, sizeof *need_dy);
-    share = dsrt__calloc((size_t)nl, sizeof *share);
-    if (!p->gl || !need_dy || !share) {
-        rc = -ENOMEM;
-        goto fail;
-    }
-    /* Which outputs carry a gradient: those backward must produce, and the
-     * input of a batchnorm (cuDNN always computes it); a layer that shares
-     * its input's tensors passes the need on. The classifier's output has
-     * none. */
+/* Which outputs carry a gradient: those backward must produce, and the
+ * input of a batchnorm (cuDNN always computes it); a layer that shares
+ * its input's tensors passes the need on. The classifier's output has
+ * none. */
+static void plan_need_dy(dsrt_net *net, int train, int *need_dy) {
+    int nl = net->n_layers;
     for (int i = nl - 1; train && i >= 0; i--) {
         const dsrt_layer *l = &net->layers[i];
         if (i < nl - 1) need_dy[i] |= dsrt__net_need_diff(net, i);
         if (l->kind == DSRT_LAYER_BATCHNORM) need_dy[l->inputs[0]] = 1;
         if (i > 0 && aliases(l, train) && need_dy[i]) need_dy[l->inputs[0]] = 1;
     }
-    p->last_use = dsrt__calloc((size_t)nl, sizeof *p->last_use);
-    if (!p->last_use) {
-        rc = -ENOMEM;
-        goto fail;
-    }
-    for (int i = 1; i < nl; i++)
-        for (int k = 0; k < net->layers[i].n_inputs; k++) p->last_use[net->layers[i].inputs[k]] = i;
-    for (int i = 1; i < nl; i++) {
-        const dsrt_layer *l = &net->layers[i];
-        gpu_layer *g = &p->gl[i];
-        g->pad_explicit = pad_explicit(l);
-        g->ph = l->in.h + (g->pad_explicit ? l->pt + l->pb : 0);
-        g->pw = l->in.w + (g->pad_explicit ? l->pl + l->pr : 0);
-    }
-    for (int i = 0; i < nl; i++)
-        if ((rc = plan_layer_desc(be, p, i, &need))) goto fail;
-    carve c = {NULL, 0};
-    plan_layout(be, p, &c, need_dy, share);
-    p->mem_size = c.at ? c.at : 1;
-    /* Once sizes are reserved, a smaller batch's tensors lie in the memory of
-     * a larger batch's plan of the same mode (only one of them runs at a
-     * time: they share the compute stream). */
-    p->owner = be->frozen ? plan_owner(be, train, p->mem_size) : NULL;
-    if (p->owner)
-        p->mem = p->owner->mem;
-    else if ((rc = dev_alloc(be, &p->mem, p->mem_size, NULL)))
-        goto fail;
-    c.base = p->mem;
-    c.at = 0;
-    plan_layout(be, p, &c, need_dy, share);
+}
 
-    /* Convolution algorithms, timed with a scratch workspace as large as
-     * memory allows (up to FIND_WS_MAX), or once sizes are reserved, in the
-     * workspace as it is. */
+/* Convolution algorithms, timed with a scratch workspace as large as
+ * memory allows (up to FIND_WS_MAX), or once sizes are reserved, in the
+ * workspace as it is; need grows to the workspace they want. */
+static int plan_search(cuda_backend *be, gpu_plan *p, size_t *need) {
+    dsrt_net *net = be->net;
+    int nl = net->n_layers, rc = 0;
+    void *fws = NULL;
+    int fws_own = 0;
     int convs = 0, bns = 0;
     for (int i = 1; i < nl; i++) {
         convs += net->layers[i].kind == DSRT_LAYER_CONV;
@@ -1303,18 +1260,73 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     }
     for (int i = 1; i < nl; i++) {
         if (net->layers[i].kind != DSRT_LAYER_CONV) continue;
-        if ((rc = plan_conv_algos(be, p, i, fws, fws_size, &need))) goto fail;
+        if ((rc = plan_conv_algos(be, p, i, fws, fws_size, need))) goto fail;
     }
     /* The search's memory goes back before the workspace grows. */
     if (fws_own) {
         cudaError_t e = cudaFree(fws);
         fws = NULL;
         fws_own = 0;
-        if (e != cudaSuccess) {
-            rc = cu_fail(e, "cudaFree", NULL);
-            goto fail;
-        }
+        if (e != cudaSuccess) return cu_fail(e, "cudaFree", NULL);
     }
+    return 0;
+fail:
+    if (fws_own) cudaFree(fws);
+    return rc;
+}
+
+static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
+    dsrt_net *net = be->net;
+    int nl = net->n_layers, rc = 0;
+    int *need_dy = NULL;
+    void **share = NULL;
+    size_t need = 0;
+    *out = NULL;
+    gpu_plan *p = dsrt__calloc(1, sizeof *p);
+    if (!p) return -ENOMEM;
+    p->n = n;
+    p->train = train;
+    p->n_layers = nl;
+    p->gl = dsrt__calloc((size_t)nl, sizeof *p->gl);
+    need_dy = dsrt__calloc((size_t)nl, sizeof *need_dy);
+    share = dsrt__calloc((size_t)nl, sizeof *share);
+    if (!p->gl || !need_dy || !share) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    plan_need_dy(net, train, need_dy);
+    p->last_use = dsrt__calloc((size_t)nl, sizeof *p->last_use);
+    if (!p->last_use) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (int i = 1; i < nl; i++)
+        for (int k = 0; k < net->layers[i].n_inputs; k++) p->last_use[net->layers[i].inputs[k]] = i;
+    for (int i = 1; i < nl; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        gpu_layer *g = &p->gl[i];
+        g->pad_explicit = pad_explicit(l);
+        g->ph = l->in.h + (g->pad_explicit ? l->pt + l->pb : 0);
+        g->pw = l->in.w + (g->pad_explicit ? l->pl + l->pr : 0);
+    }
+    for (int i = 0; i < nl; i++)
+        if ((rc = plan_layer_desc(be, p, i, &need))) goto fail;
+    carve c = {NULL, 0};
+    plan_layout(be, p, &c, need_dy, share);
+    p->mem_size = c.at ? c.at : 1;
+    /* Once sizes are reserved, a smaller batch's tensors lie in the memory of
+     * a larger batch's plan of the same mode (only one of them runs at a
+     * time: they share the compute stream). */
+    p->owner = be->frozen ? plan_owner(be, train, p->mem_size) : NULL;
+    if (p->owner)
+        p->mem = p->owner->mem;
+    else if ((rc = dev_alloc(be, &p->mem, p->mem_size, NULL)))
+        goto fail;
+    c.base = p->mem;
+    c.at = 0;
+    plan_layout(be, p, &c, need_dy, share);
+
+    if ((rc = plan_search(be, p, &need))) goto fail;
     if ((rc = ensure_workspace(be, need))) goto fail;
     /* The fused calls, tried once on the plan's tensors. */
     for (int i = 1; i < nl; i++) {
@@ -1326,7 +1338,6 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     *out = p;
     return 0;
 fail:
-    if (fws_own) cudaFree(fws);
     free(need_dy);
     free(share);
     plan_free(p);

@@ -441,18 +441,15 @@ int dsrt__model_read(const uint8_t *data, size_t size, const char *name, dsrt_ne
     return dsrt__model_read_worker(data, size, name, netp, optp, pos, options, 0, 0, NULL);
 }
 
-int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, dsrt_net **netp,
-                            dsrt_optimizer **optp, dsrt_train_position *pos,
-                            const dsrt_net_options *options, int rank, int own_world,
-                            int *workers) {
-    if (workers) *workers = 1;
-    dsrt_net *net = NULL;
-    char *text = NULL;
-    int rc;
-    *netp = NULL;
-    if (optp) *optp = NULL;
-    if (pos) memset(pos, 0, sizeof *pos);
+/* The fixed header's sizes: sections, input, classes, parameters, state. */
+typedef struct {
+    uint32_t nsec, h, w, c, classes;
+    uint64_t n_params, n_state;
+} file_header;
 
+/* Checks a model file's fixed header (magic, version, checksum, kind,
+ * sizes) and reads its sizes into hd. */
+static int read_header(const uint8_t *data, size_t size, const char *name, file_header *hd) {
     if (size == 0) return dsrt__fail(DSRT_ETRUNCATED, "model: %s: empty file", name);
     if (size < 8 ? memcmp(data, MAGIC, size) != 0 : memcmp(data, MAGIC, 8) != 0)
         return dsrt__fail(DSRT_EFORMAT, "model: %s: not a dsrt model file (bad magic)", name);
@@ -471,7 +468,6 @@ int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, 
     uint32_t kind = get32(data + 12), hsize = get32(data + 16), nsec = get32(data + 20);
     uint32_t h = get32(data + 24), w = get32(data + 28), c = get32(data + 32);
     uint32_t classes = get32(data + 36);
-    uint64_t n_params = get64(data + 40), n_state = get64(data + 48);
     if ((kind != KIND_MODEL && kind != KIND_CKPT) || hsize != HEADER_SIZE || nsec > MAX_SECTIONS ||
         get32(data + 56) != 0)
         return dsrt__fail(DSRT_ECORRUPT, "model: %s: bad header (kind %u, size %u, %u sections)",
@@ -480,8 +476,15 @@ int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, 
         classes > (1u << 24))
         return dsrt__fail(DSRT_ECORRUPT, "model: %s: bad input size %ux%ux%u or class count %u",
                           name, h, w, c, classes);
+    *hd = (file_header){nsec, h, w, c, classes, get64(data + 40), get64(data + 48)};
+    return 0;
+}
 
-    sect s[S_COUNT] = {{0}};
+/* The nsec sections after the header, each checked (its header's and its
+ * payload's checksums, padding, flags): the known ones into s by id, the
+ * unknown optional ones skipped. They must end the file. */
+static int read_sections(const uint8_t *data, size_t size, const char *name, uint32_t nsec,
+                         sect *s) {
     size_t at = HEADER_SIZE;
     for (uint32_t k = 0; k < nsec; k++) {
         if (size - at < SECTION_HEADER)
@@ -534,23 +537,52 @@ int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, 
     if (at != size)
         return dsrt__fail(DSRT_ECORRUPT, "model: %s: %zu bytes after the last section", name,
                           size - at);
+    return 0;
+}
+
+/* The sections a model needs are there, and their sizes agree with the
+ * header's. */
+static int check_sections(const sect *s, const char *name, const file_header *hd) {
     for (int i = S_DESC; i <= S_STAT; i++)
         if (!s[i].present)
             return dsrt__fail(DSRT_ECORRUPT, "model: %s: section '%s' is missing", name, TAGS[i]);
-    if (s[S_PARM].len != n_params * sizeof(float) || n_params > s[S_PARM].len ||
-        s[S_STAT].len != n_state * sizeof(float) || n_state > s[S_STAT].len)
+    if (s[S_PARM].len != hd->n_params * sizeof(float) || hd->n_params > s[S_PARM].len ||
+        s[S_STAT].len != hd->n_state * sizeof(float) || hd->n_state > s[S_STAT].len)
         return dsrt__fail(DSRT_ECORRUPT,
                           "model: %s: sections PARM and STAT hold %llu and %llu bytes, the "
                           "header says %llu and %llu floats",
                           name, (unsigned long long)s[S_PARM].len,
-                          (unsigned long long)s[S_STAT].len, (unsigned long long)n_params,
-                          (unsigned long long)n_state);
+                          (unsigned long long)s[S_STAT].len, (unsigned long long)hd->n_params,
+                          (unsigned long long)hd->n_state);
     if (s[S_DESC].len == 0 || s[S_DESC].len > MAX_DESC ||
         memchr(s[S_DESC].data, 0, (size_t)s[S_DESC].len))
         return dsrt__fail(DSRT_ECORRUPT, "model: %s: section DESC is not a description text", name);
     if (s[S_POSN].present && s[S_POSN].len != 24)
         return dsrt__fail(DSRT_ECORRUPT, "model: %s: section POSN: %llu bytes, not 24", name,
                           (unsigned long long)s[S_POSN].len);
+    return 0;
+}
+
+int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, dsrt_net **netp,
+                            dsrt_optimizer **optp, dsrt_train_position *pos,
+                            const dsrt_net_options *options, int rank, int own_world,
+                            int *workers) {
+    if (workers) *workers = 1;
+    dsrt_net *net = NULL;
+    char *text = NULL;
+    int rc;
+    *netp = NULL;
+    if (optp) *optp = NULL;
+    if (pos) memset(pos, 0, sizeof *pos);
+
+    file_header hd = {0};
+    if ((rc = read_header(data, size, name, &hd))) return rc;
+    uint32_t h = hd.h, w = hd.w, c = hd.c, classes = hd.classes;
+    uint64_t n_params = hd.n_params, n_state = hd.n_state;
+
+    sect s[S_COUNT] = {{0}};
+    if ((rc = read_sections(data, size, name, hd.nsec, s))) return rc;
+    if ((rc = check_sections(s, name, &hd))) return rc;
 
     /* The net, from its description, for the stored sizes. */
     text = dsrt__malloc((size_t)s[S_DESC].len + 1);

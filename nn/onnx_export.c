@@ -204,51 +204,128 @@ static const char *as_rank(exporter *e, const dsrt_layer *l, int j, int rank, ch
     return buf;
 }
 
+/* The input: pixels / 255 (or * scale), then a x + o per channel. out is
+ * the name of the value it leaves. */
+static int export_input(exporter *e, const dsrt_layer *l, double input_scale, char *out) {
+    const float *state = e->net->state;
+    int ch = l->out.c;
+    const char *cur = "pixels";
+    int64_t one[1] = {1};
+    if (fabs(input_scale * 255.0 - 1.0) < 1e-12) {
+        float v = 255.0f;
+        floats(e, "pixels.divisor", one, 0, &v);
+        const char *in[2] = {cur, "pixels.divisor"};
+        node(e, "Div", "pixels.scale", in, 2, "pixels.scaled", NULL, l, NULL);
+    } else {
+        float v = (float)input_scale;
+        floats(e, "pixels.factor", one, 0, &v);
+        const char *in[2] = {cur, "pixels.factor"};
+        node(e, "Mul", "pixels.scale", in, 2, "pixels.scaled", NULL, l, NULL);
+    }
+    cur = "pixels.scaled";
+    if (l->o.norm != DSRT_NORM_NONE) {
+        float *av = dsrt__calloc(2 * (size_t)ch, sizeof *av);
+        if (!av) return -ENOMEM;
+        for (int k = 0; k < ch; k++)
+            dsrt_input_affine(l->o.norm, state + l->s_off, ch, k, &av[k], &av[ch + k]);
+        int64_t dims[4] = {1, ch, 1, 1};
+        floats(e, "input.scale", dims, 4, av);
+        floats(e, "input.offset", dims, 4, av + ch);
+        free(av);
+        const char *in1[2] = {cur, "input.scale"}, *in2[2] = {"input.scaled", "input.offset"};
+        node(e, "Mul", "input.normalise_scale", in1, 2, "input.scaled", NULL, l, NULL);
+        node(e, "Add", "input.normalise_offset", in2, 2, "input.normalised", NULL, l, NULL);
+        cur = "input.normalised";
+    }
+    snprintf(out, DSRT_LAYER_NAME_MAX + 16, "%s", cur);
+    return 0;
+}
+
+/* A fully connected layer: Gemm, or before opset 11 without a bias, a
+ * MatMul by the transposed weights. */
+static int export_fc(exporter *e, int i, const dsrt_layer *l, char *out) {
+    const float *params = e->net->params;
+    char a[DSRT_LAYER_NAME_MAX + 32], b[DSRT_LAYER_NAME_MAX + 32], x0[DSRT_LAYER_NAME_MAX + 32];
+    int j = l->inputs[0];
+    const char *x = as_rank(e, l, j, 2, x0, sizeof x0);
+    int64_t w[2] = {l->out.c, (int64_t)l->in.c * l->in.h * l->in.w}, bd[1] = {l->out.c};
+    aux_name(a, sizeof a, l, "weight");
+    aux_name(b, sizeof b, l, "bias");
+    const char *in[3] = {x, a, b};
+    e->rank[i] = 2;
+    if (!l->b_n && e->opset < 11) {
+        /* Gemm's C is optional from opset 11; before, a MatMul by the
+         * transposed weights (a zero bias would come back as one). */
+        size_t n = (size_t)w[0], k = (size_t)w[1];
+        float *t = dsrt__malloc(n * k * sizeof *t);
+        if (!t) return -ENOMEM;
+        for (size_t r = 0; r < n; r++)
+            for (size_t q = 0; q < k; q++) t[q * n + r] = params[l->w_off + r * k + q];
+        int64_t tw[2] = {w[1], w[0]};
+        floats(e, a, tw, 2, t);
+        free(t);
+        node(e, "MatMul", l->name, in, 2, out, NULL, l, NULL);
+        return 0;
+    }
+    floats(e, a, w, 2, params + l->w_off);
+    if (l->b_n) floats(e, b, bd, 1, params + l->b_off);
+    node(e, "Gemm", l->name, in, l->b_n ? 3 : 2, out, gemm_attrs, l, NULL);
+    return 0;
+}
+
+/* A sum or concatenation of inputs, every input at one rank (4 unless all
+ * are flat). */
+static int export_merge(exporter *e, int i, const dsrt_layer *l, char *out) {
+    char c[DSRT_LAYER_NAME_MAX + 32], d[DSRT_LAYER_NAME_MAX + 32];
+    int rank = 2;
+    for (int k = 0; k < l->n_inputs; k++)
+        if (e->rank[l->inputs[k]] == 4) rank = 4;
+    char(*names)[DSRT_LAYER_NAME_MAX + 32] = dsrt__calloc((size_t)l->n_inputs, sizeof *names);
+    const char **in = dsrt__calloc((size_t)l->n_inputs, sizeof *in);
+    if (!names || !in) {
+        free(names);
+        free(in);
+        return -ENOMEM;
+    }
+    for (int k = 0; k < l->n_inputs; k++)
+        in[k] = as_rank(e, l, l->inputs[k], rank, names[k], sizeof names[k]);
+    e->rank[i] = rank;
+    if (l->kind == DSRT_LAYER_CONCAT) {
+        node(e, "Concat", l->name, in, l->n_inputs, out, axis1_attrs, l, NULL);
+    } else {
+        /* The inputs summed in order, as the backends sum them. */
+        const char *sum = in[0];
+        for (int k = 1; k < l->n_inputs; k++) {
+            int last = k == l->n_inputs - 1 && !l->o.relu;
+            snprintf(c, sizeof c, "%s.sum%d", l->name, k);
+            snprintf(d, sizeof d, "%s.add%d", l->name, k);
+            const char *two[2] = {sum, in[k]};
+            node(e, "Add", last ? l->name : d, two, 2, last ? out : c, NULL, l, NULL);
+            snprintf(names[0], sizeof names[0], "%s", c);
+            sum = names[0];
+        }
+        if (l->o.relu) {
+            const char *one[1] = {sum};
+            node(e, "Relu", l->name, one, 1, out, NULL, l, NULL);
+        }
+    }
+    free(names);
+    free(in);
+    return 0;
+}
+
 static int export_layer(exporter *e, int i, double input_scale) {
     const dsrt_net *net = e->net;
     const dsrt_layer *l = &net->layers[i];
     const float *params = net->params, *state = net->state;
     char *out = e->value[i];
-    char a[DSRT_LAYER_NAME_MAX + 32], b[DSRT_LAYER_NAME_MAX + 32], c[DSRT_LAYER_NAME_MAX + 32],
-        d[DSRT_LAYER_NAME_MAX + 32], x0[DSRT_LAYER_NAME_MAX + 32];
+    char a[DSRT_LAYER_NAME_MAX + 32], b[DSRT_LAYER_NAME_MAX + 32], x0[DSRT_LAYER_NAME_MAX + 32];
     int j = l->inputs[0];
     snprintf(out, DSRT_LAYER_NAME_MAX + 16, "%s", l->name);
     e->rank[i] = 4;
     switch (l->kind) {
-    case DSRT_LAYER_INPUT: {
-        /* pixels / 255 (or * scale), then a x + o per channel. */
-        int ch = l->out.c;
-        const char *cur = "pixels";
-        int64_t one[1] = {1};
-        if (fabs(input_scale * 255.0 - 1.0) < 1e-12) {
-            float v = 255.0f;
-            floats(e, "pixels.divisor", one, 0, &v);
-            const char *in[2] = {cur, "pixels.divisor"};
-            node(e, "Div", "pixels.scale", in, 2, "pixels.scaled", NULL, l, NULL);
-        } else {
-            float v = (float)input_scale;
-            floats(e, "pixels.factor", one, 0, &v);
-            const char *in[2] = {cur, "pixels.factor"};
-            node(e, "Mul", "pixels.scale", in, 2, "pixels.scaled", NULL, l, NULL);
-        }
-        cur = "pixels.scaled";
-        if (l->o.norm != DSRT_NORM_NONE) {
-            float *av = dsrt__calloc(2 * (size_t)ch, sizeof *av);
-            if (!av) return -ENOMEM;
-            for (int k = 0; k < ch; k++)
-                dsrt_input_affine(l->o.norm, state + l->s_off, ch, k, &av[k], &av[ch + k]);
-            int64_t dims[4] = {1, ch, 1, 1};
-            floats(e, "input.scale", dims, 4, av);
-            floats(e, "input.offset", dims, 4, av + ch);
-            free(av);
-            const char *in1[2] = {cur, "input.scale"}, *in2[2] = {"input.scaled", "input.offset"};
-            node(e, "Mul", "input.normalise_scale", in1, 2, "input.scaled", NULL, l, NULL);
-            node(e, "Add", "input.normalise_offset", in2, 2, "input.normalised", NULL, l, NULL);
-            cur = "input.normalised";
-        }
-        snprintf(out, DSRT_LAYER_NAME_MAX + 16, "%s", cur);
-        return 0;
-    }
+    case DSRT_LAYER_INPUT:
+        return export_input(e, l, input_scale, out);
     case DSRT_LAYER_CONV: {
         const char *x = as_rank(e, l, j, 4, x0, sizeof x0);
         int64_t w[4] = {l->o.filters, l->in.c / l->o.groups, l->o.kh, l->o.kw}, bd[1] = {l->out.c};
@@ -296,32 +373,8 @@ static int export_layer(exporter *e, int i, double input_scale) {
         node(e, "GlobalAveragePool", l->name, in, 1, out, NULL, l, NULL);
         return 0;
     }
-    case DSRT_LAYER_FC: {
-        const char *x = as_rank(e, l, j, 2, x0, sizeof x0);
-        int64_t w[2] = {l->out.c, (int64_t)l->in.c * l->in.h * l->in.w}, bd[1] = {l->out.c};
-        aux_name(a, sizeof a, l, "weight");
-        aux_name(b, sizeof b, l, "bias");
-        const char *in[3] = {x, a, b};
-        e->rank[i] = 2;
-        if (!l->b_n && e->opset < 11) {
-            /* Gemm's C is optional from opset 11; before, a MatMul by the
-             * transposed weights (a zero bias would come back as one). */
-            size_t n = (size_t)w[0], k = (size_t)w[1];
-            float *t = dsrt__malloc(n * k * sizeof *t);
-            if (!t) return -ENOMEM;
-            for (size_t r = 0; r < n; r++)
-                for (size_t q = 0; q < k; q++) t[q * n + r] = params[l->w_off + r * k + q];
-            int64_t tw[2] = {w[1], w[0]};
-            floats(e, a, tw, 2, t);
-            free(t);
-            node(e, "MatMul", l->name, in, 2, out, NULL, l, NULL);
-            return 0;
-        }
-        floats(e, a, w, 2, params + l->w_off);
-        if (l->b_n) floats(e, b, bd, 1, params + l->b_off);
-        node(e, "Gemm", l->name, in, l->b_n ? 3 : 2, out, gemm_attrs, l, NULL);
-        return 0;
-    }
+    case DSRT_LAYER_FC:
+        return export_fc(e, i, l, out);
     case DSRT_LAYER_DROPOUT: /* identity at inference */
         snprintf(out, DSRT_LAYER_NAME_MAX + 16, "%s", e->value[j]);
         e->rank[i] = e->rank[j];
@@ -339,44 +392,8 @@ static int export_layer(exporter *e, int i, double input_scale) {
         return 0;
     }
     case DSRT_LAYER_ADD:
-    case DSRT_LAYER_CONCAT: {
-        /* Every input at one rank (4 unless all are flat). */
-        int rank = 2;
-        for (int k = 0; k < l->n_inputs; k++)
-            if (e->rank[l->inputs[k]] == 4) rank = 4;
-        char(*names)[DSRT_LAYER_NAME_MAX + 32] = dsrt__calloc((size_t)l->n_inputs, sizeof *names);
-        const char **in = dsrt__calloc((size_t)l->n_inputs, sizeof *in);
-        if (!names || !in) {
-            free(names);
-            free(in);
-            return -ENOMEM;
-        }
-        for (int k = 0; k < l->n_inputs; k++)
-            in[k] = as_rank(e, l, l->inputs[k], rank, names[k], sizeof names[k]);
-        e->rank[i] = rank;
-        if (l->kind == DSRT_LAYER_CONCAT) {
-            node(e, "Concat", l->name, in, l->n_inputs, out, axis1_attrs, l, NULL);
-        } else {
-            /* The inputs summed in order, as the backends sum them. */
-            const char *sum = in[0];
-            for (int k = 1; k < l->n_inputs; k++) {
-                int last = k == l->n_inputs - 1 && !l->o.relu;
-                snprintf(c, sizeof c, "%s.sum%d", l->name, k);
-                snprintf(d, sizeof d, "%s.add%d", l->name, k);
-                const char *two[2] = {sum, in[k]};
-                node(e, "Add", last ? l->name : d, two, 2, last ? out : c, NULL, l, NULL);
-                snprintf(names[0], sizeof names[0], "%s", c);
-                sum = names[0];
-            }
-            if (l->o.relu) {
-                const char *one[1] = {sum};
-                node(e, "Relu", l->name, one, 1, out, NULL, l, NULL);
-            }
-        }
-        free(names);
-        free(in);
-        return 0;
-    }
+    case DSRT_LAYER_CONCAT:
+        return export_merge(e, i, l, out);
     }
     return dsrt__fail(DSRT_EUNSUPPORTED, "onnx export: layer '%s' (%s): no ONNX form", l->name,
                       l->type);

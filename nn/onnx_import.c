@@ -1538,27 +1538,11 @@ static int check_operators(imp *c) {
     return 0;
 }
 
-/* The values table: initializers, the image input, every node's outputs;
- * the nodes the output depends on (live) and how often each value is used
- * on the way. */
-static int make_values(imp *c, const dsrt_onnx_import_options *o) {
+/* The image: the one graph input that is not an initializer, float
+ * (N, C, H, W) with its channels, height and width known (a symbolic size
+ * from the options). Sets the net's input size; *out is the input. */
+static int graph_image(imp *c, const dsrt_onnx_import_options *o, const onnx_value **out) {
     onnx_model *m = &c->m;
-    size_t n = (size_t)m->n_inits + (size_t)m->n_inputs + 1;
-    for (int i = 0; i < m->n_nodes; i++) n += (size_t)m->nodes[i].n_out;
-    c->vcap = n;
-    c->slots = 16;
-    while (c->slots < 2 * n) c->slots *= 2;
-    c->v = dsrt__calloc(n, sizeof *c->v);
-    c->slot = dsrt__calloc(c->slots, sizeof *c->slot);
-    c->live = dsrt__calloc((size_t)m->n_nodes + 1, sizeof *c->live);
-    c->absorbed = dsrt__calloc((size_t)m->n_nodes + 1, sizeof *c->absorbed);
-    if (!c->v || !c->slot || !c->live || !c->absorbed) return -ENOMEM;
-    for (int i = 0; i < m->n_inits; i++) {
-        value *v = define(c, m->inits[i].name, V_CONST);
-        if (!v) return DSRT_ECORRUPT;
-        v->t = &m->inits[i];
-    }
-    /* The image: the one graph input that is not an initializer. */
     const onnx_value *img = NULL;
     for (int i = 0; i < m->n_inputs; i++) {
         if (find(c, m->inputs[i].name)) continue;
@@ -1592,12 +1576,14 @@ static int make_values(imp *c, const dsrt_onnx_import_options *o) {
     c->in_h = (int)h;
     c->in_w = (int)w;
     c->batch = img->dims[0];
-    c->na = dsrt__malloc((size_t)c->in_c * sizeof *c->na);
-    c->nb = dsrt__calloc((size_t)c->in_c, sizeof *c->nb);
-    if (!c->na || !c->nb) return -ENOMEM;
-    for (int i = 0; i < c->in_c; i++) c->na[i] = 1.0;
-    /* What the model takes: the caller's scale, else its own metadata's (a
-     * model dsrt wrote takes pixels as they are), else [0, 1]. */
+    *out = img;
+    return 0;
+}
+
+/* What the model takes: the caller's scale, else its own metadata's (a
+ * model dsrt wrote takes pixels as they are), else [0, 1]. */
+static int input_scale(imp *c, const dsrt_onnx_import_options *o) {
+    onnx_model *m = &c->m;
     c->user_stats = o->n_mean || o->n_std;
     c->scale = o->input_scale;
     for (int i = 0; !(c->scale > 0) && i < m->n_meta; i++) {
@@ -1614,22 +1600,14 @@ static int make_values(imp *c, const dsrt_onnx_import_options *o) {
         c->scale = s;
     }
     if (!(c->scale > 0)) c->scale = 1.0 / 255.0;
-    value *iv = define(c, img->name, V_INPUT);
-    if (!iv) return DSRT_ECORRUPT;
-    iv->layer = 0;
-    /* Every node's outputs, undefined (kind 0) until it is mapped. */
-    for (int i = 0; i < m->n_nodes; i++) {
-        const onnx_node *nd = &m->nodes[i];
-        c->cur = nd;
-        for (int k = 0; k < nd->n_out; k++) {
-            if (!nd->out[k].n) continue;
-            value *v = define(c, nd->out[k], 0);
-            if (!v) return DSRT_ECORRUPT;
-            v->producer = i;
-        }
-    }
-    c->cur = NULL;
-    /* One output: the class scores. */
+    return 0;
+}
+
+/* The one output, the class scores, and the nodes it needs: nodes are in
+ * topological order, so walking back, each live node makes its inputs'
+ * producers live. Counts each value's uses. */
+static int mark_live(imp *c) {
+    onnx_model *m = &c->m;
     if (m->n_outputs != 1)
         return dsrt__fail(DSRT_EUNSUPPORTED,
                           "onnx: %s: %d outputs: dsrt's net has one, the class "
@@ -1641,8 +1619,6 @@ static int make_values(imp *c, const dsrt_onnx_import_options *o) {
                           SHOWN(m->outputs[0].name));
     out->uses = 1;
     c->live[out->producer] = 1;
-    /* Nodes are in topological order: walking back, each live node makes
-     * its inputs' producers live. */
     for (int i = m->n_nodes - 1; i >= 0; i--) {
         if (!c->live[i]) continue;
         const onnx_node *nd = &m->nodes[i];
@@ -1668,6 +1644,52 @@ static int make_values(imp *c, const dsrt_onnx_import_options *o) {
         }
     }
     return 0;
+}
+
+/* The values table: initializers, the image input, every node's outputs;
+ * the nodes the output depends on (live) and how often each value is used
+ * on the way. */
+static int make_values(imp *c, const dsrt_onnx_import_options *o) {
+    onnx_model *m = &c->m;
+    size_t n = (size_t)m->n_inits + (size_t)m->n_inputs + 1;
+    for (int i = 0; i < m->n_nodes; i++) n += (size_t)m->nodes[i].n_out;
+    c->vcap = n;
+    c->slots = 16;
+    while (c->slots < 2 * n) c->slots *= 2;
+    c->v = dsrt__calloc(n, sizeof *c->v);
+    c->slot = dsrt__calloc(c->slots, sizeof *c->slot);
+    c->live = dsrt__calloc((size_t)m->n_nodes + 1, sizeof *c->live);
+    c->absorbed = dsrt__calloc((size_t)m->n_nodes + 1, sizeof *c->absorbed);
+    if (!c->v || !c->slot || !c->live || !c->absorbed) return -ENOMEM;
+    for (int i = 0; i < m->n_inits; i++) {
+        value *v = define(c, m->inits[i].name, V_CONST);
+        if (!v) return DSRT_ECORRUPT;
+        v->t = &m->inits[i];
+    }
+    const onnx_value *img = NULL;
+    int rc = graph_image(c, o, &img);
+    if (rc) return rc;
+    c->na = dsrt__malloc((size_t)c->in_c * sizeof *c->na);
+    c->nb = dsrt__calloc((size_t)c->in_c, sizeof *c->nb);
+    if (!c->na || !c->nb) return -ENOMEM;
+    for (int i = 0; i < c->in_c; i++) c->na[i] = 1.0;
+    if ((rc = input_scale(c, o))) return rc;
+    value *iv = define(c, img->name, V_INPUT);
+    if (!iv) return DSRT_ECORRUPT;
+    iv->layer = 0;
+    /* Every node's outputs, undefined (kind 0) until it is mapped. */
+    for (int i = 0; i < m->n_nodes; i++) {
+        const onnx_node *nd = &m->nodes[i];
+        c->cur = nd;
+        for (int k = 0; k < nd->n_out; k++) {
+            if (!nd->out[k].n) continue;
+            value *v = define(c, nd->out[k], 0);
+            if (!v) return DSRT_ECORRUPT;
+            v->producer = i;
+        }
+    }
+    c->cur = NULL;
+    return mark_live(c);
 }
 
 /* Maps every node in order (live ones become layers; constants are

@@ -194,14 +194,14 @@ static float f32_of(uint32_t u) {
 // ----------------------------------------------------------------------------
 // Tensors
 
-int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const char *where) {
-    memset(t, 0, sizeof *t);
-    t->msg = msg;
+/* The first walk over a tensor's fields: everything but the external
+ * data's entries. typed counts the values of each typed data field;
+ * has_type says whether data_type was given. */
+static int tensor_fields(onnx_tensor *t, onnx_str msg, const uint8_t *base, const char *where,
+                         uint64_t *typed, int *has_type) {
     dsrt_pb r = dsrt__pb_open(msg, base);
     dsrt_pb_field f;
-    int rc, has_type = 0;
-    uint64_t typed[12] = {0};
-    /* First walk: everything but the external data's entries. */
+    int rc;
     while ((rc = dsrt__pb_next(&r, &f)) > 0) {
         switch (f.number) {
         case TENSOR_DIMS: {
@@ -229,7 +229,7 @@ int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const c
         case TENSOR_DATA_TYPE:
             if ((rc = wire_is(&f, DSRT_PB_VARINT, "data_type"))) goto fail;
             t->dtype = (int)(int32_t)f.u;
-            has_type = 1;
+            *has_type = 1;
             break;
         case TENSOR_SEGMENT:
             return dsrt__fail(DSRT_EUNSUPPORTED, "%s: a tensor in segments", where);
@@ -272,6 +272,68 @@ int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const c
         }
     }
     if (rc < 0) goto fail;
+    return 0;
+fail:
+    return dsrt__fail_prefix(rc, "%s", where);
+}
+
+/* The entries of a tensor's external_data: location, offset, length. */
+static int external_entries(onnx_tensor *t, onnx_str msg, const uint8_t *base, const char *where) {
+    dsrt_pb r = dsrt__pb_open(msg, base);
+    dsrt_pb_field f;
+    int rc;
+    int has_location = 0;
+    while ((rc = dsrt__pb_next(&r, &f)) > 0) {
+        if (f.number != TENSOR_EXTERNAL_DATA) continue;
+        dsrt_pb e = dsrt__pb_open(f.b, base);
+        dsrt_pb_field g;
+        onnx_str key = {NULL, 0}, value = {NULL, 0};
+        while ((rc = dsrt__pb_next(&e, &g)) > 0) {
+            if (g.number == ENTRY_KEY && (rc = string_field(&g, "external_data key", &key)))
+                goto fail;
+            if (g.number == ENTRY_VALUE && (rc = string_field(&g, "external_data value", &value)))
+                goto fail;
+        }
+        if (rc < 0) goto fail;
+        if (onnx_is(key, "location")) {
+            t->location = value;
+            has_location = 1;
+            continue;
+        }
+        if (!onnx_is(key, "offset") && !onnx_is(key, "length")) continue;
+        uint64_t v = 0;
+        if (value.n == 0 || value.n > 19) goto bad_number;
+        for (size_t i = 0; i < value.n; i++) {
+            if (value.p[i] < '0' || value.p[i] > '9') goto bad_number;
+            v = v * 10 + (uint64_t)(value.p[i] - '0');
+        }
+        if (onnx_is(key, "offset")) {
+            t->ext_offset = v;
+        } else {
+            t->ext_length = v;
+            t->has_ext_length = 1;
+        }
+        continue;
+    bad_number : {
+        char b[100];
+        return dsrt__fail(DSRT_ECORRUPT, "%s: external data: %.*s '%s' is not a number", where,
+                          (int)key.n, (const char *)key.p, dsrt__onnx_shown(value, b, sizeof b));
+    }
+    }
+    if (rc < 0) goto fail;
+    if (!has_location || !t->location.n)
+        return dsrt__fail(DSRT_ECORRUPT, "%s: external data without a location", where);
+    return 0;
+fail:
+    return dsrt__fail_prefix(rc, "%s", where);
+}
+
+int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const char *where) {
+    memset(t, 0, sizeof *t);
+    t->msg = msg;
+    int rc, has_type = 0;
+    uint64_t typed[12] = {0};
+    if ((rc = tensor_fields(t, msg, base, where, typed, &has_type))) return rc;
     char nm[128];
     if (t->name.n) {
         char b[100];
@@ -303,54 +365,7 @@ int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const c
         return dsrt__fail(DSRT_ECORRUPT,
                           "%s: its values are given twice (raw_data, typed fields, external data)",
                           where);
-    if (t->external) {
-        /* The entries of external_data: location, offset, length. */
-        r = dsrt__pb_open(msg, base);
-        int has_location = 0;
-        while ((rc = dsrt__pb_next(&r, &f)) > 0) {
-            if (f.number != TENSOR_EXTERNAL_DATA) continue;
-            dsrt_pb e = dsrt__pb_open(f.b, base);
-            dsrt_pb_field g;
-            onnx_str key = {NULL, 0}, value = {NULL, 0};
-            while ((rc = dsrt__pb_next(&e, &g)) > 0) {
-                if (g.number == ENTRY_KEY && (rc = string_field(&g, "external_data key", &key)))
-                    goto fail;
-                if (g.number == ENTRY_VALUE &&
-                    (rc = string_field(&g, "external_data value", &value)))
-                    goto fail;
-            }
-            if (rc < 0) goto fail;
-            if (onnx_is(key, "location")) {
-                t->location = value;
-                has_location = 1;
-                continue;
-            }
-            if (!onnx_is(key, "offset") && !onnx_is(key, "length")) continue;
-            uint64_t v = 0;
-            if (value.n == 0 || value.n > 19) goto bad_number;
-            for (size_t i = 0; i < value.n; i++) {
-                if (value.p[i] < '0' || value.p[i] > '9') goto bad_number;
-                v = v * 10 + (uint64_t)(value.p[i] - '0');
-            }
-            if (onnx_is(key, "offset")) {
-                t->ext_offset = v;
-            } else {
-                t->ext_length = v;
-                t->has_ext_length = 1;
-            }
-            continue;
-        bad_number : {
-            char b[100];
-            return dsrt__fail(DSRT_ECORRUPT, "%s: external data: %.*s '%s' is not a number", where,
-                              (int)key.n, (const char *)key.p,
-                              dsrt__onnx_shown(value, b, sizeof b));
-        }
-        }
-        if (rc < 0) goto fail;
-        if (!has_location || !t->location.n)
-            return dsrt__fail(DSRT_ECORRUPT, "%s: external data without a location", where);
-        return 0;
-    }
+    if (t->external) return external_entries(t, msg, base, where);
     int size = dsrt__onnx_dtype_size(t->dtype);
     if (t->has_raw) {
         if (!size) return dsrt__fail(DSRT_EUNSUPPORTED, "%s: raw data of type %d", where, t->dtype);
@@ -367,8 +382,6 @@ int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const c
         return dsrt__fail(DSRT_ECORRUPT, "%s: %llu values for a shape of %llu elements", where,
                           (unsigned long long)t->typed, (unsigned long long)t->count);
     return 0;
-fail:
-    return dsrt__fail_prefix(rc, "%s", where);
 }
 
 // ----------------------------------------------------------------------------

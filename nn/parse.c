@@ -277,149 +277,177 @@ static int check_range(const struct dsrt_opt_spec *o, double v) {
     return v >= o->min && v <= o->max ? 0 : -1;
 }
 
+/* What an option's setter returns besides 0 and a negative code with its
+ * message: the value does not parse, or is out of the option's range. */
+enum { VALUE_BAD = 1, VALUE_RANGE = 2 };
+
+static int set_int(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    long v;
+    if (parse_long(value, &v) != 0) return VALUE_BAD;
+    if (check_range(o, (double)v)) return VALUE_RANGE;
+    *(int *)(base + o->off) = (int)v;
+    return 0;
+}
+
+static int set_float(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    double d;
+    if (parse_float(value, &d) != 0) return VALUE_BAD;
+    if (check_range(o, d)) return VALUE_RANGE;
+    *(float *)(base + o->off) = (float)d;
+    return 0;
+}
+
+static int set_bool(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    int *ip = (int *)(base + o->off);
+    if (!strcmp(value, "1") || !strcmp(value, "true"))
+        *ip = 1;
+    else if (!strcmp(value, "0") || !strcmp(value, "false"))
+        *ip = 0;
+    else
+        return VALUE_BAD;
+    return 0;
+}
+
+static int set_pair(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    int *ip = (int *)(base + o->off);
+    long v[2];
+    int n = parse_ints(value, 'x', v, 2);
+    if (n < 1) return VALUE_BAD;
+    if (n == 1) v[1] = v[0];
+    if (check_range(o, (double)v[0]) || check_range(o, (double)v[1])) return VALUE_RANGE;
+    ip[0] = (int)v[0];
+    ip[1] = (int)v[1];
+    return 0;
+}
+
+/* Ints checked against the option's range, then stored. */
+static int set_ints(const struct dsrt_opt_spec *o, int *ip, const long *v, int n) {
+    for (int i = 0; i < n; i++)
+        if (check_range(o, (double)v[i])) return VALUE_RANGE;
+    for (int i = 0; i < n; i++) ip[i] = (int)v[i];
+    return 0;
+}
+
+static int set_pad(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    int *ip = (int *)(base + o->off), *same = (int *)(base + o->off2);
+    long v[4];
+    int n;
+    if (!strcmp(value, "same")) {
+        *same = 1;
+        ip[0] = ip[1] = ip[2] = ip[3] = 0;
+        return 0;
+    }
+    *same = 0;
+    if (strchr(value, ',')) {
+        n = parse_ints(value, ',', v, 4);
+        if (n != 4) return VALUE_BAD;
+    } else {
+        n = parse_ints(value, 'x', v, 2);
+        if (n < 1) return VALUE_BAD;
+        if (n == 1) v[1] = v[0];
+        v[2] = v[3] = v[1];
+        v[1] = v[0];
+    }
+    return set_ints(o, ip, v, 4);
+}
+
+static int set_size3(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    long v[3];
+    if (parse_ints(value, 'x', v, 3) != 3) return VALUE_BAD;
+    return set_ints(o, (int *)(base + o->off), v, 3);
+}
+
+static int set_enum(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    size_t len = strlen(value);
+    const char *c = o->choices;
+    for (int i = 0; *c; i++) {
+        const char *e = strchr(c, '|');
+        size_t cl = e ? (size_t)(e - c) : strlen(c);
+        if (cl == len && !memcmp(c, value, len)) {
+            *(int *)(base + o->off) = i;
+            return 0;
+        }
+        if (!e) break;
+        c = e + 1;
+    }
+    return dsrt__fail(DSRT_EOPTION, "option '%s': '%s' is not one of %s", o->name, value,
+                      o->choices);
+}
+
+static int set_floats(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    float *f = (float *)(base + o->off);
+    int *count = (int *)(base + o->off2);
+    char buf[1024];
+    double d;
+    int n = 0;
+    if (strlen(value) >= sizeof buf) return VALUE_BAD;
+    strcpy(buf, value);
+    for (char *p = buf;;) {
+        char *q = strchr(p, ',');
+        if (q) *q = '\0';
+        if (n == DSRT_STATS_MAX)
+            return dsrt__fail(DSRT_EOPTION, "option '%s': more than %d values", o->name,
+                              DSRT_STATS_MAX);
+        if (parse_float(p, &d) != 0) return VALUE_BAD;
+        if (check_range(o, d)) return VALUE_RANGE;
+        f[n++] = (float)d;
+        if (!q) break;
+        p = q + 1;
+    }
+    *count = n;
+    return 0;
+}
+
+static int set_outputs(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    if (!strcmp(value, "classes")) {
+        *(int *)(base + o->off) = DSRT_CLASSES_AUTO;
+        return 0;
+    }
+    return set_int(o, base, value);
+}
+
+static int set_init(const struct dsrt_opt_spec *o, char *base, const char *value) {
+    int *ip = (int *)(base + o->off);
+    if (!strcmp(value, "default"))
+        *ip = DSRT_INIT_DEFAULT;
+    else if (!strcmp(value, "glorot"))
+        *ip = DSRT_INIT_GLOROT;
+    else if (!strcmp(value, "he"))
+        *ip = DSRT_INIT_HE;
+    else
+        return dsrt__fail(DSRT_EOPTION, "option 'init': '%s' is not one of default|glorot|he",
+                          value);
+    return 0;
+}
+
+/* Each type of option: its setter, and what a value of it looks like. */
+static const struct {
+    int (*set)(const struct dsrt_opt_spec *o, char *base, const char *value);
+    const char *what;
+} OPT_TYPES[] = {
+    [OPT_INT] = {set_int, "an integer"},
+    [OPT_FLOAT] = {set_float, "a number"},
+    [OPT_BOOL] = {set_bool, "0 or 1"},
+    [OPT_PAIR] = {set_pair, "N or HxW"},
+    [OPT_PAD] = {set_pad, "same, N, HxW or T,B,L,R"},
+    [OPT_SIZE3] = {set_size3, "HxWxC"},
+    [OPT_ENUM] = {set_enum, "a word"},
+    [OPT_FLOATS] = {set_floats, "a number or a comma-separated list"},
+    [OPT_OUTPUTS] = {set_outputs, "an integer or 'classes'"},
+    [OPT_INIT] = {set_init, "a word"},
+};
+
 /* Stores value into opts per spec; returns 0 or DSRT_EOPTION with a message
  * (without the line prefix). */
 static int set_option(dsrt_layer_opts *opts, const struct dsrt_opt_spec *o, const char *value) {
-    char *base = (char *)opts;
-    int *ip = (int *)(base + o->off);
-    long v[4];
-    double d;
-    int n;
-    switch (o->type) {
-    case OPT_INT:
-        if (parse_long(value, v) != 0) goto bad;
-        if (check_range(o, (double)v[0])) goto range;
-        *ip = (int)v[0];
-        return 0;
-    case OPT_FLOAT:
-        if (parse_float(value, &d) != 0) goto bad;
-        if (check_range(o, d)) goto range;
-        *(float *)(base + o->off) = (float)d;
-        return 0;
-    case OPT_BOOL:
-        if (!strcmp(value, "1") || !strcmp(value, "true"))
-            *ip = 1;
-        else if (!strcmp(value, "0") || !strcmp(value, "false"))
-            *ip = 0;
-        else
-            goto bad;
-        return 0;
-    case OPT_PAIR:
-        n = parse_ints(value, 'x', v, 2);
-        if (n < 1) goto bad;
-        if (n == 1) v[1] = v[0];
-        if (check_range(o, (double)v[0]) || check_range(o, (double)v[1])) goto range;
-        ip[0] = (int)v[0];
-        ip[1] = (int)v[1];
-        return 0;
-    case OPT_PAD: {
-        int *same = (int *)(base + o->off2);
-        if (!strcmp(value, "same")) {
-            *same = 1;
-            ip[0] = ip[1] = ip[2] = ip[3] = 0;
-            return 0;
-        }
-        *same = 0;
-        if (strchr(value, ',')) {
-            n = parse_ints(value, ',', v, 4);
-            if (n != 4) goto bad;
-        } else {
-            n = parse_ints(value, 'x', v, 2);
-            if (n < 1) goto bad;
-            if (n == 1) v[1] = v[0];
-            v[2] = v[3] = v[1];
-            v[1] = v[0];
-        }
-        for (int i = 0; i < 4; i++)
-            if (check_range(o, (double)v[i])) goto range;
-        for (int i = 0; i < 4; i++) ip[i] = (int)v[i];
-        return 0;
-    }
-    case OPT_SIZE3:
-        n = parse_ints(value, 'x', v, 3);
-        if (n != 3) goto bad;
-        for (int i = 0; i < 3; i++)
-            if (check_range(o, (double)v[i])) goto range;
-        for (int i = 0; i < 3; i++) ip[i] = (int)v[i];
-        return 0;
-    case OPT_ENUM: {
-        size_t len = strlen(value);
-        const char *c = o->choices;
-        for (int i = 0; *c; i++) {
-            const char *e = strchr(c, '|');
-            size_t cl = e ? (size_t)(e - c) : strlen(c);
-            if (cl == len && !memcmp(c, value, len)) {
-                *ip = i;
-                return 0;
-            }
-            if (!e) break;
-            c = e + 1;
-        }
-        return dsrt__fail(DSRT_EOPTION, "option '%s': '%s' is not one of %s", o->name, value,
-                          o->choices);
-    }
-    case OPT_FLOATS: {
-        float *f = (float *)(base + o->off);
-        int *count = (int *)(base + o->off2);
-        char buf[1024];
-        if (strlen(value) >= sizeof buf) goto bad;
-        strcpy(buf, value);
-        n = 0;
-        for (char *p = buf;;) {
-            char *q = strchr(p, ',');
-            if (q) *q = '\0';
-            if (n == DSRT_STATS_MAX)
-                return dsrt__fail(DSRT_EOPTION, "option '%s': more than %d values", o->name,
-                                  DSRT_STATS_MAX);
-            if (parse_float(p, &d) != 0) goto bad;
-            if (check_range(o, d)) goto range;
-            f[n++] = (float)d;
-            if (!q) break;
-            p = q + 1;
-        }
-        *count = n;
-        return 0;
-    }
-    case OPT_OUTPUTS:
-        if (!strcmp(value, "classes")) {
-            *ip = DSRT_CLASSES_AUTO;
-            return 0;
-        }
-        if (parse_long(value, v) != 0) goto bad;
-        if (check_range(o, (double)v[0])) goto range;
-        *ip = (int)v[0];
-        return 0;
-    case OPT_INIT:
-        if (!strcmp(value, "default"))
-            *ip = DSRT_INIT_DEFAULT;
-        else if (!strcmp(value, "glorot"))
-            *ip = DSRT_INIT_GLOROT;
-        else if (!strcmp(value, "he"))
-            *ip = DSRT_INIT_HE;
-        else
-            return dsrt__fail(DSRT_EOPTION, "option 'init': '%s' is not one of default|glorot|he",
-                              value);
-        return 0;
-    }
-bad : {
-    static const char *const what[] = {
-        [OPT_INT] = "an integer",
-        [OPT_FLOAT] = "a number",
-        [OPT_BOOL] = "0 or 1",
-        [OPT_PAIR] = "N or HxW",
-        [OPT_PAD] = "same, N, HxW or T,B,L,R",
-        [OPT_SIZE3] = "HxWxC",
-        [OPT_ENUM] = "a word",
-        [OPT_FLOATS] = "a number or a comma-separated list",
-        [OPT_OUTPUTS] = "an integer or 'classes'",
-        [OPT_INIT] = "a word",
-    };
-    return dsrt__fail(DSRT_EOPTION, "option '%s': expected %s, got '%s'", o->name, what[o->type],
-                      value);
-}
-range:
-    return dsrt__fail(DSRT_EOPTION, "option '%s': '%s' is out of range [%g, %g]", o->name, value,
-                      o->min, o->max);
+    int rc = OPT_TYPES[o->type].set(o, (char *)opts, value);
+    if (rc == VALUE_BAD)
+        return dsrt__fail(DSRT_EOPTION, "option '%s': expected %s, got '%s'", o->name,
+                          OPT_TYPES[o->type].what, value);
+    if (rc == VALUE_RANGE)
+        return dsrt__fail(DSRT_EOPTION, "option '%s': '%s' is out of range [%g, %g]", o->name,
+                          value, o->min, o->max);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------

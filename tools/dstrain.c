@@ -762,6 +762,61 @@ static int bench_profile(dsrt_net *net, dsrt_optimizer *opt, const dsrt_net_batc
     return 0;
 }
 
+/* --net as a description: a file's text in *text (NULL for a built-in
+ * network or an ONNX model). Returns 0, or 2 (reported) when it is none of
+ * them. */
+static int bench_net_text(int builtin, int onnx, char **text) {
+    *text = NULL;
+    if (builtin || onnx) return 0;
+    char why[256];
+    *text = read_net_text(bench.net, why, sizeof why);
+    if (*text) return 0;
+    const char *const *names;
+    dsrt_net_builtin(NULL, &names);
+    fprintf(stderr, "%s bench: --net: '%s' is neither a built-in network (", prog, bench.net);
+    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
+    fprintf(stderr, ") nor a network description file: %s\n", why);
+    return 2;
+}
+
+/* What a benchmark measured, for its report. */
+typedef struct {
+    int batch, threads, u8;
+    double median_s, min_s; /* a step's */
+    double opt_median_s;    /* the optimizer's part of a step */
+    double first_s;         /* the first step, which plans */
+    float loss;
+} bench_result;
+
+/* Prints a benchmark's figures: one JSON object with --json, else lines. */
+static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_result *r) {
+    double ips = r->batch / r->median_s, gflop = info->train_flops * r->batch * 1e-9;
+    if (bench.json) {
+        printf("{\"tool\": \"dstrain bench\", \"net\": \"%s\", \"batch\": %d, \"threads\": %d, "
+               "\"steps\": %d, \"warmup\": %d, \"solver\": \"%s\", \"backend\": \"%s\", "
+               "\"device\": %d, \"precision\": \"%s\", \"input\": \"%s\", "
+               "\"params\": %zu, \"images_per_s\": %.1f, \"ms_per_step\": %.3f, "
+               "\"ms_per_step_min\": %.3f, \"ms_optimizer\": %.3f, \"ms_first_step\": %.1f, "
+               "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"loss\": %.4f",
+               bench.net, r->batch, r->threads, bench.steps, bench.warmup, bench.solver,
+               info->backend, info->device, dsrt_precision_name(info->precision),
+               r->u8 ? "u8" : "f32", info->learnable, ips, 1e3 * r->median_s, 1e3 * r->min_s,
+               1e3 * r->opt_median_s, 1e3 * r->first_s, gflop, gflop / r->median_s,
+               (double)r->loss);
+        if (bench.profile) print_profile(net, 1);
+        printf("}\n");
+    } else {
+        printf("%s: batch %d, %d threads, %s (%s), %zu parameters\n", bench.net, r->batch,
+               r->threads, info->backend, dsrt_precision_name(info->precision), info->learnable);
+        printf("  %.1f images/s (median %.2f ms/step over %d steps, min %.2f; first step %.0f "
+               "ms)\n",
+               ips, 1e3 * r->median_s, bench.steps, 1e3 * r->min_s, 1e3 * r->first_s);
+        printf("  %.2f GFLOP/step, %.1f GFLOP/s; the optimizer takes %.2f ms of a step\n", gflop,
+               gflop / r->median_s, 1e3 * r->opt_median_s);
+        if (bench.profile) print_profile(net, 0);
+    }
+}
+
 static int cmd_bench(int argc, char **argv) {
     bench.net = "digits";
     bench.solver = "sgdm";
@@ -778,20 +833,8 @@ static int cmd_bench(int argc, char **argv) {
     }
     int builtin = dsrt_net_builtin(bench.net, NULL) != NULL;
     int is_alexnet = !strcmp(bench.net, "alexnet"), onnx = is_onnx_file(bench.net);
-    char *text = NULL;
-    if (!builtin && !onnx) {
-        char why[256];
-        text = read_net_text(bench.net, why, sizeof why);
-        if (!text) {
-            const char *const *names;
-            dsrt_net_builtin(NULL, &names);
-            fprintf(stderr, "%s bench: --net: '%s' is neither a built-in network (", prog,
-                    bench.net);
-            for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
-            fprintf(stderr, ") nor a network description file: %s\n", why);
-            return 2;
-        }
-    }
+    char *text;
+    if ((rc = bench_net_text(builtin, onnx, &text))) return rc;
     if ((rc = onnx_flags_alone("bench", &bench.onnx, bench.net, NULL))) {
         free(text);
         return rc;
@@ -849,32 +892,12 @@ static int cmd_bench(int argc, char **argv) {
     for (int c = 0; c < 4; c++) in.sub[c] = 0, in.div[c] = 255;
     if (bench_steps(net, opt, &in, times, opt_times, &plan_t, &loss)) goto out;
     if (bench.profile && bench_profile(net, opt, &in, &loss)) goto out;
-    int m = bench.steps;
-    double median = median_of(times, m), opt_median = median_of(opt_times, m);
-    double ips = batch / median, gflop = info.train_flops * batch * 1e-9;
-    if (bench.json) {
-        printf("{\"tool\": \"dstrain bench\", \"net\": \"%s\", \"batch\": %d, \"threads\": %d, "
-               "\"steps\": %d, \"warmup\": %d, \"solver\": \"%s\", \"backend\": \"%s\", "
-               "\"device\": %d, \"precision\": \"%s\", \"input\": \"%s\", "
-               "\"params\": %zu, \"images_per_s\": %.1f, \"ms_per_step\": %.3f, "
-               "\"ms_per_step_min\": %.3f, \"ms_optimizer\": %.3f, \"ms_first_step\": %.1f, "
-               "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"loss\": %.4f",
-               bench.net, batch, threads, bench.steps, bench.warmup, bench.solver, info.backend,
-               info.device, dsrt_precision_name(info.precision), u8 ? "u8" : "f32", info.learnable,
-               ips, 1e3 * median, 1e3 * times[0], 1e3 * opt_median, 1e3 * plan_t, gflop,
-               gflop / median, (double)loss);
-        if (bench.profile) print_profile(net, 1);
-        printf("}\n");
-    } else {
-        printf("%s: batch %d, %d threads, %s (%s), %zu parameters\n", bench.net, batch, threads,
-               info.backend, dsrt_precision_name(info.precision), info.learnable);
-        printf("  %.1f images/s (median %.2f ms/step over %d steps, min %.2f; first step %.0f "
-               "ms)\n",
-               ips, 1e3 * median, bench.steps, 1e3 * times[0], 1e3 * plan_t);
-        printf("  %.2f GFLOP/step, %.1f GFLOP/s; the optimizer takes %.2f ms of a step\n", gflop,
-               gflop / median, 1e3 * opt_median);
-        if (bench.profile) print_profile(net, 0);
-    }
+    bench_result r = {
+        .batch = batch, .threads = threads, .u8 = u8, .first_s = plan_t, .loss = loss};
+    r.median_s = median_of(times, bench.steps); /* sorts times: times[0] is the fastest */
+    r.opt_median_s = median_of(opt_times, bench.steps);
+    r.min_s = times[0];
+    bench_report(net, &info, &r);
     status = 0;
 out:
     free(times);
