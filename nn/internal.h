@@ -46,7 +46,7 @@ typedef enum {
 #define DSRT_CLASSES_AUTO   (-1) /* "outputs=classes" */
 #define DSRT_INIT_DEFAULT   (-1) /* the net's initialiser */
 /* A class name kept in a description: this comment, then the name, one
- * line a class in class order (runtime/train_model.c writes them). */
+ * line a class in class order (runtime/train/model.c writes them). */
 #define DSRT_CLASS_LINE "# dsrt-class: "
 
 typedef struct {
