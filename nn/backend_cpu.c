@@ -106,6 +106,25 @@ typedef struct {
     double bn_count;
 } layer_plan;
 
+/*
+ * A gradient tensor of a plan. Layer i's output gradient lives from the
+ * backward of the last layer taking that output, which writes it first, to
+ * layer i's own backward, which reads it last (the gradient an add shares
+ * with its inputs: over all of their lives); a scratch tensor that sums one
+ * part of a gradient lives within one layer's backward. Tensors whose lives
+ * do not overlap take the same bytes of the plan's pool, so a deep net's
+ * backward holds a few layers' gradients at a time, not one for every layer.
+ * The memories are made without a buffer and given their bytes when the
+ * plan is complete (diff_pool_make). A view (the same bytes in another
+ * shape, or a part of them) takes its base's bytes.
+ */
+typedef struct {
+    dnnl_memory_t mem;
+    int base;            /* the entry whose bytes it takes: itself for a tensor of its own */
+    int lo, hi;          /* its life, in layers (a base's: over every view of it) */
+    size_t size, offset; /* bytes, and where they start in the pool (bases) */
+} diff_entry;
+
 struct cpu_plan {
     int n, train;
     int bn_sync; /* built for synchronised batchnorm (net->bn_sync_fn set) */
@@ -131,6 +150,12 @@ struct cpu_plan {
      * inputs sharing it (net.c's grad_share), which take its buffer when
      * their layout is the same. */
     dnnl_memory_t *share;
+    /* The gradients of the layers' outputs and the scratch tensors that sum
+     * a gradient's parts (diff_new): one pool of bytes. */
+    diff_entry *diffs;
+    size_t n_diffs, cap_diffs;
+    void *diff_pool;
+    size_t diff_pool_size;
     float *probs; /* (n, classes) */
     const int32_t *labels;
     double loss;
@@ -273,6 +298,118 @@ static void *handle_of(dnnl_memory_t m) {
     void *h = NULL;
     dnnl_memory_get_data_handle(m, &h);
     return h;
+}
+
+// ----------------------------------------------------------------------------
+// The gradients' pool (diff_entry)
+
+static int diff_index(const cpu_plan *p, dnnl_memory_t m) {
+    for (size_t k = p->n_diffs; k-- > 0;)
+        if (p->diffs[k].mem == m) return (int)k;
+    return -1;
+}
+
+/* 1 when gradient memories a and b take the same bytes (one is the other,
+ * or a view of it). */
+static int diff_same(const cpu_plan *p, dnnl_memory_t a, dnnl_memory_t b) {
+    int ka = diff_index(p, a), kb = diff_index(p, b);
+    return ka >= 0 && kb >= 0 && p->diffs[ka].base == p->diffs[kb].base;
+}
+
+/*
+ * A gradient memory in layout md, its bytes given by diff_pool_make. With on
+ * NULL it has bytes of its own, alive from layer lo's backward to layer hi's
+ * (hi >= lo; backward runs from hi down to lo); else it is a view of on's
+ * bytes (md may be a part of them), which then live over lo..hi too when
+ * lo >= 0.
+ */
+static int diff_new(cpu_plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *md, int lo, int hi,
+                    dnnl_memory_t on, dnnl_memory_t *out, const dsrt_layer *L) {
+    *out = NULL;
+    int base = -1;
+    if (on) {
+        int k = diff_index(p, on);
+        if (k < 0) return dsrt__fail(DSRT_EBACKEND, "cpu backend: layer '%s': a view of no gradient", L->name);
+        base = p->diffs[k].base;
+    }
+    if (dsrt__grow((void **)&p->diffs, &p->cap_diffs, p->n_diffs + 1, sizeof *p->diffs))
+        return -ENOMEM;
+    if (dsrt__grow((void **)&p->mems, &p->cap_mems, p->n_mems + 1, sizeof *p->mems)) return -ENOMEM;
+    DN("memory", dnnl_memory_create(out, md, eng, DNNL_MEMORY_NONE));
+    p->mems[p->n_mems++] = *out;
+    int k = (int)p->n_diffs++;
+    p->diffs[k] = (diff_entry){.mem = *out, .base = base < 0 ? k : base, .lo = lo, .hi = hi,
+                               .size = dnnl_memory_desc_get_size(md)};
+    if (base >= 0 && lo >= 0) {
+        diff_entry *b = &p->diffs[base];
+        b->lo = DSRT_MIN(b->lo, lo);
+        b->hi = DSRT_MAX(b->hi, hi);
+    }
+    return 0;
+}
+
+/* The lowest offset, a multiple of 64, where base k's bytes meet no bytes
+ * of a placed base whose life overlaps k's. */
+static size_t diff_place(const cpu_plan *p, const int *placed, size_t n_placed, int k) {
+    const diff_entry *e = &p->diffs[k];
+    size_t off = 0;
+    for (size_t j = 0; j < n_placed;) {
+        const diff_entry *q = &p->diffs[placed[j]];
+        int alive = !(q->hi < e->lo || e->hi < q->lo);
+        if (alive && off < q->offset + q->size && q->offset < off + e->size) {
+            off = (q->offset + q->size + 63) & ~(size_t)63;
+            j = 0; /* moved: check every placed one again */
+        } else {
+            j++;
+        }
+    }
+    return off;
+}
+
+/* Gives every gradient memory its bytes: the bases placed largest first,
+ * each at the lowest offset free over its life, in one buffer. */
+static int diff_pool_make(cpu_plan *p) {
+    if (!p->n_diffs) return 0;
+    /* A layer may hand on the tensor of the layer before (a ReLU folded into
+     * it): that gradient lives until the last taker of either. */
+    for (int j = 0; j < p->n_layers; j++) {
+        int k = p->lp[j].out.diff ? diff_index(p, p->lp[j].out.diff) : -1;
+        if (k < 0) continue;
+        diff_entry *b = &p->diffs[p->diffs[k].base];
+        b->lo = DSRT_MIN(b->lo, j);
+        b->hi = DSRT_MAX(b->hi, DSRT_MAX(j, p->last_use[j]));
+    }
+    int *order = dsrt__malloc(p->n_diffs * sizeof *order);
+    if (!order) return -ENOMEM;
+    size_t n = 0;
+    for (size_t k = 0; k < p->n_diffs; k++) {
+        if (p->diffs[k].base != (int)k) continue;
+        size_t at = n++; /* insertion by size, largest first; ties by index */
+        while (at > 0 && p->diffs[order[at - 1]].size < p->diffs[k].size) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = (int)k;
+    }
+    size_t total = 0;
+    for (size_t j = 0; j < n; j++) {
+        diff_entry *e = &p->diffs[order[j]];
+        e->offset = diff_place(p, order, j, order[j]);
+        total = DSRT_MAX(total, e->offset + e->size);
+    }
+    free(order);
+    p->diff_pool_size = (total + 63) & ~(size_t)63;
+    p->diff_pool = aligned_alloc(64, p->diff_pool_size ? p->diff_pool_size : 64);
+    if (!p->diff_pool)
+        return dsrt__fail(-ENOMEM, "cpu backend: out of memory for %zu bytes of gradients",
+                          p->diff_pool_size);
+    for (size_t k = 0; k < p->n_diffs; k++) {
+        const diff_entry *b = &p->diffs[p->diffs[k].base];
+        if (dnnl_memory_set_data_handle(p->diffs[k].mem, (char *)p->diff_pool + b->offset) !=
+            dnnl_success)
+            return dsrt__fail(DSRT_EBACKEND, "cpu backend: gradient memory");
+    }
+    return 0;
 }
 
 static int attr_new(dnnl_primitive_attr_t *attr, int relu, float leak, const dsrt_layer *L) {
@@ -720,9 +857,10 @@ static int new_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_des
               : L->kind == DSRT_LAYER_ADD ? i
                                           : -1;
     dnnl_memory_t first = key >= 0 ? p->share[key] : NULL;
+    int hi = DSRT_MAX(i, p->last_use[i]);
     if (first && dnnl_memory_desc_equal(md_of(first), md))
-        return mem_new(p, md, be->engine, handle_of(first), &out->diff, L);
-    rc = mem_new(p, md, be->engine, NULL, &out->diff, L);
+        return diff_new(p, be->engine, md, i, hi, first, &out->diff, L);
+    rc = diff_new(p, be->engine, md, i, hi, NULL, &out->diff, L);
     if (!rc && key >= 0 && !first) p->share[key] = out->diff;
     return rc;
 }
@@ -778,7 +916,7 @@ static int grad_target_of(cpu_backend *be, cpu_plan *p, int i, int k, const tens
         *out = in->diff;
         return 0;
     }
-    int rc = mem_new(p, &in->md, be->engine, NULL, acc, L);
+    int rc = diff_new(p, be->engine, &in->md, i, i, NULL, acc, L);
     *out = *acc;
     return rc;
 }
@@ -800,7 +938,7 @@ static int input4(cpu_backend *be, cpu_plan *p, const dsrt_layer *L, int k, tens
     dnnl_dims_t dims = {p->n, in->out.c, in->out.h, in->out.w};
     if (md_plain(&out->md, 4, dims)) return dnnl_fail(dnnl_invalid_arguments, "input view", L);
     int rc = mem_new(p, &out->md, be->engine, handle_of(t->mem), &out->mem, L);
-    if (!rc && t->diff) rc = mem_new(p, &out->md, be->engine, handle_of(t->diff), &out->diff, L);
+    if (!rc && t->diff) rc = diff_new(p, be->engine, &out->md, -1, -1, t->diff, &out->diff, L);
     return rc;
 }
 /* diff += acc (when grad_target gave a scratch tensor), a step of layer i's
@@ -1383,7 +1521,7 @@ static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
     if (L->fuse_relu && lp->out.diff && (rc = fused_relu_bwd(be, p, i))) return rc;
     for (int k = 0; k < n && !rc; k++) {
         if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
-        if (handle_of(in[k].diff) == handle_of(lp->out.diff)) continue; /* shared: no copy */
+        if (diff_same(p, in[k].diff, lp->out.diff)) continue; /* shared: no copy */
         dnnl_memory_t tgt, acc;
         rc = grad_target_of(be, p, i, k, &in[k], &tgt, &acc);
         if (!rc) rc = reorder_step(p, be, lp->out.diff, tgt, 1, i, STEP_ALWAYS, NULL, L);
@@ -1431,7 +1569,7 @@ static int plan_concat(cpu_backend *be, cpu_plan *p, int i) {
             dnnl_memory_desc_t sub;
             dnnl_memory_t view, tgt, acc;
             DN("concat backward", dnnl_memory_desc_init_submemory(&sub, &dst, sd, off));
-            rc = mem_new(p, &sub, be->engine, handle_of(lp->out.diff), &view, L);
+            rc = diff_new(p, be->engine, &sub, -1, -1, lp->out.diff, &view, L);
             if (!rc) rc = grad_target_of(be, p, i, k, &in[k], &tgt, &acc);
             if (!rc) rc = reorder_step(p, be, view, tgt, 1, i, STEP_ALWAYS, NULL, L);
             if (!rc) rc = grad_add(be, p, i, in[k].diff, acc);
@@ -1509,6 +1647,8 @@ static void plan_free(cpu_plan *p) {
     free(p->lp);
     free(p->last_use);
     free(p->share);
+    free(p->diffs);
+    free(p->diff_pool);
     free(p->fwd);
     free(p->bwd);
     free(p->mems);
@@ -1602,6 +1742,7 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
         p->bwd = r;
         p->cap_bwd = p->n_bwd;
     }
+    if ((rc = diff_pool_make(p))) goto fail;
     if (p->scratch_size) {
         p->scratch = aligned_alloc(64, (p->scratch_size + 63) & ~(size_t)63);
         if (!p->scratch) {
