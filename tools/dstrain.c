@@ -1054,6 +1054,7 @@ static struct {
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
         depth, drop_empty_classes, shuffle_buffer, no_decode_dc;
     const char *order;
+    const char *mixup, *cutmix, *cutmix_minmax, *mix_prob, *mix_switch_prob, *label_smoothing;
     remote_opts remote;
     uint64_t seed;
     int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
@@ -1093,6 +1094,18 @@ static const option TRAIN_OPTIONS[] = {
     {"gradient-threshold", OPT_STR, &tr.grad_threshold, 0, 0, "X", "GradientThreshold [inf: none]"},
     {"gradient-threshold-method", OPT_STR, &tr.grad_threshold_method, 0, 0, "NAME",
      "l2norm, global-l2norm or absolute-value [l2norm]"},
+    {"mixup", OPT_STR, &tr.mixup, 0, 0, "A",
+     "mixup each batch with lambda ~ Beta(A, A) (timm's mixup_alpha; CPU) [0: none]"},
+    {"cutmix", OPT_STR, &tr.cutmix, 0, 0, "A",
+     "cutmix each batch with lambda ~ Beta(A, A) (timm's cutmix_alpha; CPU) [0: none]"},
+    {"cutmix-minmax", OPT_STR, &tr.cutmix_minmax, 0, 0, "LO,HI",
+     "cutmix box sides drawn in [LO, HI) of the image's, 0 < LO < HI <= 1 [from lambda]"},
+    {"mix-prob", OPT_STR, &tr.mix_prob, 0, 0, "P", "probability that a batch is mixed [1]"},
+    {"mix-switch-prob", OPT_STR, &tr.mix_switch_prob, 0, 0, "P",
+     "with --mixup and --cutmix: probability of cutmix rather than mixup [0.5]"},
+    {"label-smoothing", OPT_STR, &tr.label_smoothing, 0, 0, "E",
+     "train against soft labels 1 - E + E/classes and E/classes, with or without mixing; CPU "
+     "[0]"},
     {"val-frequency", OPT_INT, &tr.val_frequency, 0, INT_MAX, "N",
      "ValidationFrequency in iterations; 0: every epoch [0]"},
     {"val-patience", OPT_INT, &tr.val_patience, 0, INT_MAX, "N",
@@ -1573,6 +1586,25 @@ static int resolve_ranges(dsrt_train_options *o) {
     return 0;
 }
 
+/* --cutmix-minmax, and the mixing options that need another. Returns 0,
+ * or 2 after a message. */
+static int resolve_mixing(dsrt_train_options *o) {
+    if (parse_range("train", "cutmix-minmax", tr.cutmix_minmax, 0, o->cutmix_minmax)) return 2;
+    const double *mm = o->cutmix_minmax;
+    if (tr.cutmix_minmax && !(mm[0] > 0 && mm[0] < mm[1] && mm[1] <= 1)) {
+        fprintf(stderr, "%s train: --cutmix-minmax %s: need 0 < LO < HI <= 1\n", prog,
+                tr.cutmix_minmax);
+        return 2;
+    }
+    int mixing = o->mixup_alpha > 0 || o->cutmix_alpha > 0 || tr.cutmix_minmax;
+    if ((tr.mix_prob || tr.mix_switch_prob) && !mixing) {
+        fprintf(stderr, "%s train: --%s goes with --mixup A or --cutmix A\n", prog,
+                tr.mix_prob ? "mix-prob" : "mix-switch-prob");
+        return 2;
+    }
+    return 0;
+}
+
 /* The options that go with others (transfer learning, data-parallel
  * execution), and the data-parallel ones. Returns 0, or 2 after a message. */
 static int resolve_parallel(dsrt_train_options *o, double bucket_mib) {
@@ -1653,6 +1685,11 @@ static int train_resolve_options(train_job *j) {
         {"new-lr-factor", &tr.new_lr_factor, 0, 1e6, &j->new_lr_factor},
         {"bucket-size", &tr.bucket_size, 1.0 / 1024, 4096, &bucket_mib},
         {"comm-timeout", &tr.comm_timeout, 1, 86400, &o->comm_options.timeout_s},
+        {"mixup", &tr.mixup, 0, 1e6, &o->mixup_alpha},
+        {"cutmix", &tr.cutmix, 0, 1e6, &o->cutmix_alpha},
+        {"mix-prob", &tr.mix_prob, 0, 1, &o->mix_prob},
+        {"mix-switch-prob", &tr.mix_switch_prob, 0, 1, &o->mix_switch_prob},
+        {"label-smoothing", &tr.label_smoothing, 0, 0.999999, &o->label_smoothing},
     };
     for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
         const train_number *n = &numbers[i];
@@ -1667,6 +1704,7 @@ static int train_resolve_options(train_job *j) {
     o->augment.rand_y_reflection = tr.rand_y_reflection;
     o->augment.decode_dc = !tr.no_decode_dc;
     if (resolve_ranges(o)) return 2;
+    if (resolve_mixing(o)) return 2;
     if (resolve_parallel(o, bucket_mib)) return 2;
     o->max_epochs = tr.epochs;
     o->batch = tr.batch;

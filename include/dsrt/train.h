@@ -242,6 +242,19 @@ typedef struct {
 
     dsrt_train_callback callback; /* NULL (default): none */
     void *callback_ctx;
+
+    /*
+     * Batch mixing and label smoothing of the training batches, as
+     * dsrt_pipeline_options' fields of the same names say (timm's Mixup,
+     * mode 'batch'): mixup_alpha, cutmix_alpha, cutmix_minmax 0 (default):
+     * none; mix_prob default 1, mix_switch_prob default 0.5; label_smoothing
+     * in [0, 1), default 0, with or without mixing. With any of them the
+     * loss is the cross-entropy against the soft labels (validation keeps
+     * the hard ones). The CPU backend only: on a GPU the run is refused
+     * before any step. Mixing makes the batches travel as floats.
+     */
+    double mixup_alpha, cutmix_alpha, cutmix_minmax[2], mix_prob, mix_switch_prob;
+    double label_smoothing;
 } dsrt_train_options;
 
 /* The defaults described above. */
