@@ -1117,9 +1117,10 @@ static const option TRAIN_OPTIONS[] = {
     {"checkpoint-frequency", OPT_INT, &tr.checkpoint_frequency, 1, INT_MAX, "N",
      "CheckpointFrequency [1]"},
     {"checkpoint-unit", OPT_STR, &tr.checkpoint_unit, 0, 0, "UNIT", "epoch or iteration [epoch]"},
-    {"resume", OPT_STR, &tr.resume, 0, 0, "FILE|DIR",
+    {"resume", OPT_STR, &tr.resume, 0, 0, "FILE|DIR|auto",
      "go on from a checkpoint (a folder: its latest); ends with the weights of an "
-     "uninterrupted run"},
+     "uninterrupted run. auto: the newest complete one in --checkpoint-dir, or a fresh start "
+     "when there is none (the same command line for every run of a requeued job)"},
     DEVICE_OPTIONS(tr.dev, "auto (a GPU when there is one), cpu, gpu, multi-gpu (every GPU of "
                            "this machine) or parallel (one worker a process under mpirun) [auto]"),
     {"averaging-frequency", OPT_INT, &tr.averaging_frequency, 0, INT_MAX, "N",
@@ -1469,6 +1470,7 @@ typedef struct {
     dsrt_train_history *hist;
     const char *netname;
     char ckpt[4096]; /* the checkpoint --resume names, when the net comes from it */
+    char auto_ckpt[4096]; /* --resume auto: the checkpoint chosen, "" to start afresh */
     char title[8400];
     /* --execution-environment parallel: this process's communicator, its
      * rank among the world's, whether MPI was started here, and " (worker K
@@ -1640,6 +1642,15 @@ static int resolve_parallel(dsrt_train_options *o, double bucket_mib) {
     o->comm_options.bucket_bytes = (size_t)(bucket_mib * (1 << 20));
     if (o->comm_options.first_bucket_bytes > o->comm_options.bucket_bytes)
         o->comm_options.first_bucket_bytes = o->comm_options.bucket_bytes;
+    if (tr.resume && !strcmp(tr.resume, "auto") && !tr.checkpoint_dir) {
+        fprintf(stderr, "%s train: --resume auto looks in --checkpoint-dir DIR: give it\n", prog);
+        return 2;
+    }
+    if (tr.transfer && tr.resume && !strcmp(tr.resume, "auto")) {
+        fprintf(stderr, "%s train: --resume auto and --transfer: a resumed run would not start "
+                        "from the transferred model; give one\n", prog);
+        return 2;
+    }
     if (tr.transfer && (tr.net || tr.resume)) {
         fprintf(stderr,
                 "%s train: --transfer makes the net: give neither --net nor --resume "
@@ -1782,6 +1793,57 @@ static int train_start_comm(train_job *j) {
         tr.no_progress = 1;
     }
     return 0;
+}
+
+/*
+ * --resume auto: the newest complete checkpoint of --checkpoint-dir becomes
+ * --resume, or there is none and the run starts afresh. Worker 0 chooses and
+ * tells the others (one broadcast), so every worker of a data-parallel run
+ * resumes the same checkpoint even where their views of the folder differ.
+ * Newer checkpoints that do not load are named and passed over. Returns 0
+ * or 2 after a message.
+ */
+static int train_resolve_auto_resume(train_job *j) {
+    if (!tr.resume || strcmp(tr.resume, "auto") != 0) return 0;
+    /* 'P' path, 'N' none, 'E' message: what worker 0 found. */
+    char *msg = j->auto_ckpt, skipped[2048] = "";
+    char *buf = calloc(1, sizeof j->auto_ckpt + 1);
+    if (!buf) return 2;
+    if (j->rank == 0) {
+        int rc = dsrt_checkpoint_latest_complete(tr.checkpoint_dir, buf + 1, sizeof j->auto_ckpt,
+                                                 skipped, sizeof skipped);
+        buf[0] = rc == 0 ? 'P' : rc == -ENOENT ? 'N' : 'E';
+        if (buf[0] == 'E') snprintf(buf + 1, sizeof j->auto_ckpt, "%s", dsrt_last_error());
+        for (char *line = skipped; *line;) {
+            char *end = strchr(line, '\n');
+            if (end) *end = '\0';
+            fprintf(stderr, "%s train: --resume auto: passing over %s\n", prog, line);
+            if (!end) break;
+            line = end + 1;
+        }
+    }
+    if (j->comm && dsrt_comm_bcast(j->comm, buf, sizeof j->auto_ckpt + 1, 0) != 0) {
+        fprintf(stderr, "%s train%s: --resume auto: %s\n", prog, j->worker, dsrt_last_error());
+        free(buf);
+        return 2;
+    }
+    int status = 0;
+    buf[sizeof j->auto_ckpt] = '\0';
+    snprintf(msg, sizeof j->auto_ckpt, "%s", buf[0] == 'P' ? buf + 1 : "");
+    if (buf[0] == 'E') {
+        fprintf(stderr, "%s train%s: --resume auto: %s\n", prog, j->worker, buf + 1);
+        status = 2;
+    } else if (j->rank == 0) {
+        if (msg[0])
+            fprintf(stderr, "%s train: --resume auto: resuming from %s\n", prog, msg);
+        else
+            fprintf(stderr, "%s train: --resume auto: no complete checkpoint in %s: starting "
+                            "afresh\n", prog, tr.checkpoint_dir);
+    }
+    free(buf);
+    tr.resume = msg[0] ? msg : NULL;
+    j->o.resume = tr.resume;
+    return status;
 }
 
 /* A process that mpirun (or another MPI launcher) started as one of
@@ -2290,6 +2352,7 @@ static int cmd_train(int argc, char **argv) {
     memset(j, 0, sizeof *j);
     if ((rc = train_resolve_options(j)) || (rc = train_refuse_lone_rank(j))) return rc;
     int status = train_start_comm(j);
+    if (status == 0) status = train_resolve_auto_resume(j);
     if (status == 0) status = train_open_outputs(j);
     if (status == 0) status = train_open_data_and_net(j);
     if (status == 0 && dsrt_train_check(&j->o, j->net, j->train) != 0) {

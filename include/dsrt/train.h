@@ -396,6 +396,20 @@ DSRT_API uint64_t dsrt_weights_checksum(dsrt_net *net);
  */
 DSRT_API int dsrt_checkpoint_latest(const char *dir, char *path, size_t size);
 
+/*
+ * The newest complete checkpoint in folder dir, for a job that is started
+ * again with the same command line (a requeued batch job): the
+ * dsrt_ckpt_*.dsrt files from the most iterations down, the first that
+ * loads whole (dsrt_checkpoint_load: format and checksums checked) into path
+ * (size bytes). Each newer one that does not load (truncated, corrupt, not
+ * readable) is passed over and named, "PATH: reason" a line, in skipped
+ * (skipped_size bytes, cut if longer; may be NULL). Returns 0, -ENOENT when
+ * the folder holds no complete checkpoint or does not exist, or another
+ * negative code (the folder cannot be read, out of memory).
+ */
+DSRT_API int dsrt_checkpoint_latest_complete(const char *dir, char *path, size_t size,
+                                             char *skipped, size_t skipped_size);
+
 // ----------------------------------------------------------------------------
 // Evaluation
 
