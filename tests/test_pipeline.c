@@ -1677,6 +1677,57 @@ static void test_mixing(void) {
     dsrt_datastore_close(ds);
 }
 
+/* pad_last: the short last batch (10 of 16 over 4 parts) is filled to 12
+ * with the first two samples of the epoch's order, every part gets 3 of
+ * it, and the parts of every batch are equal, disjoint within an epoch but
+ * for the padding, and cover the epoch. */
+static void test_parts_padded(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    static samples_rec whole, part[4];
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    take_samples(p, &whole);
+    dsrt_pipeline_close(p);
+    o.parts = 4;
+    o.pad_last = 1;
+    for (unsigned k = 0; k < 4; k++) {
+        o.part = k;
+        p = open_pipe(ds, &a, &o);
+        take_samples(p, &part[k]);
+        dsrt_pipeline_close(p);
+        CHECK_EQ(part[k].batches, whole.batches);
+    }
+    size_t bpe = whole.batches / 2, w = 0, at[4] = {0};
+    for (size_t b = 0; b < whole.batches; b++) {
+        size_t first = w, epoch_first = b < bpe ? 0 : whole.n / 2;
+        for (unsigned k = 0; k < 4; k++) {
+            CHECK_EQ(part[k].count[b], part[0].count[b]);
+            CHECK_EQ(part[k].count[b], b % bpe == bpe - 1 ? 3 : 4);
+            for (size_t i = 0; i < part[k].count[b]; i++, at[k]++) {
+                size_t pos = (size_t)(b % bpe) * 16 + k * part[k].count[b] + i;
+                /* Past the epoch's 90 samples: from the start of its order. */
+                size_t src = pos < GOOD_N ? first - (b % bpe) * 16 + pos
+                                          : epoch_first + (pos - GOOD_N);
+                CHECK_EQ(part[k].id[at[k]], whole.id[src]);
+            }
+        }
+        w += whole.count[b];
+    }
+    /* Without parts, or with drop_last, nothing changes. */
+    o.parts = 1;
+    o.part = 0;
+    samples_rec one;
+    p = open_pipe(ds, &a, &o);
+    take_samples(p, &one);
+    dsrt_pipeline_close(p);
+    CHECK_EQ(one.n, whole.n);
+    o.pad_last = 2;
+    expect_option(ds, &a, &o, "pad_last: 2");
+    dsrt_datastore_close(ds);
+}
+
 int main(void) {
     REQUIRE(timg_tmpdir("pipeline", base_dir, sizeof base_dir) == 0);
     snprintf(good_dir, sizeof good_dir, "%s/good", base_dir);
@@ -1691,6 +1742,7 @@ int main(void) {
     RUN(test_bad_files);
     RUN(test_parts);
     RUN(test_mixing);
+    RUN(test_parts_padded);
     RUN(test_memory_source);
     RUN(test_native);
     RUN(test_bad_options);

@@ -183,6 +183,16 @@ typedef struct {
     double mix_switch_prob;   /* with both alphas: probability of cutmix, in [0, 1]; default 0.5 */
     double label_smoothing;   /* e in [0, 1); default 0 */
     size_t classes;           /* soft labels' width: 0 (default): dsrt_datastore_num_classes */
+    /*
+     * With parts > 1: 1 fills the last batch of each epoch (when it is
+     * short, without drop_last) up to a multiple of parts with the samples
+     * at the start of the epoch's order, as PyTorch's DistributedSampler
+     * pads, so every part of every batch holds the same count (the epoch
+     * then delivers a few samples twice). 0 (default): the parts of the last
+     * batch differ by at most one, and one may be empty. Not with a source
+     * that streams shards (the shard order).
+     */
+    int pad_last;
 } dsrt_pipeline_options;
 
 /* The defaults described above. */

@@ -343,6 +343,8 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
     if (o->part >= DSRT_MAX(o->parts, 1u))
         return dsrt__fail(DSRT_EOPTION, "pipeline: part: %u: not in [0, parts %u)", o->part,
                           DSRT_MAX(o->parts, 1u));
+    if (o->pad_last != 0 && o->pad_last != 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: pad_last: %d: not 0 or 1", o->pad_last);
     if (o->reader.io != DSRT_IO_AUTO && o->reader.io != DSRT_IO_URING &&
         o->reader.io != DSRT_IO_PREAD)
         return dsrt__fail(DSRT_EOPTION, "pipeline: reader.io: %d: unknown", (int)o->reader.io);
@@ -362,10 +364,15 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
 // ----------------------------------------------------------------------------
 // Run positions and slots
 
-/* Samples in batch `index` of an epoch, over all parts. */
+/* Samples in batch `index` of an epoch, over all parts (with pad_last, the
+ * last one rounded up to a multiple of the parts: positions past the end
+ * of the order wrap to its start). */
 static size_t batch_count(const dsrt_pipeline *p, uint64_t index) {
     size_t first = (size_t)index * p->o.batch;
-    return DSRT_MIN(p->o.batch, p->n - first);
+    size_t count = DSRT_MIN(p->o.batch, p->n - first);
+    if (p->o.pad_last && p->o.parts > 1)
+        count = DSRT_MIN((count + p->o.parts - 1) / p->o.parts * p->o.parts, p->o.batch);
+    return count;
 }
 
 /* The first place of this pipeline's part in a batch of `count` samples. */
@@ -1255,7 +1262,12 @@ static int feed_open(dsrt_pipeline *p) {
                             .epochs = p->o.epochs,
                             .open_epochs = epochs_open(p)};
     int rc = dsrt__feed_open(&p->feed, p->ds, &fo);
-    return rc ? dsrt__fail_prefix(rc, "pipeline") : 0;
+    if (rc) return dsrt__fail_prefix(rc, "pipeline");
+    if (p->feed && p->o.pad_last && p->o.parts > 1)
+        return dsrt__fail(DSRT_EOPTION,
+                          "pipeline: pad_last: not with the shard order's stream (give the exact "
+                          "order, or drop_last)");
+    return 0;
 }
 
 /* The sizes of the run: chunks, batches per epoch; checks the epochs and
