@@ -1055,6 +1055,7 @@ static struct {
         depth, drop_empty_classes, shuffle_buffer, no_decode_dc;
     const char *order;
     const char *mixup, *cutmix, *cutmix_minmax, *mix_prob, *mix_switch_prob, *label_smoothing;
+    const char *order_log;
     remote_opts remote;
     uint64_t seed;
     int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
@@ -1178,6 +1179,9 @@ static const option TRAIN_OPTIONS[] = {
      "training-progress plot, rewritten after each epoch"},
     {"log", OPT_STR, &tr.log, 0, 0, "FILE",
      "every iteration, as CSV (.csv) or JSON lines (.jsonl)"},
+    {"order-log", OPT_STR, &tr.order_log, 0, 0, "FILE",
+     "the samples each iteration trained on, a line each: epoch and batch (from 0), then the "
+     "datastore ids in batch order; data parallel: each worker its own share into FILE.RANK"},
     {"verbose-frequency", OPT_INT, &tr.verbose_frequency, 1, INT_MAX, "N",
      "VerboseFrequency: iterations between table rows [50]"},
     {"fail-on-error", OPT_FLAG, &tr.fail_on_error, 0, 0, NULL,
@@ -1250,6 +1254,7 @@ typedef struct {
     int64_t ipe;
     const char *title;
     tool_bad_list bad[2]; /* training, validation */
+    FILE *order;          /* --order-log */
 } train_ui;
 
 /* SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session): the first
@@ -1378,6 +1383,12 @@ static int train_event(void *ctx, const dsrt_train_event *e) {
         break;
     case DSRT_EVENT_ITERATION:
         if (u->log) train_log(u, e);
+        if (u->order) {
+            fprintf(u->order, "%lld %lld:", (long long)e->epoch - 1,
+                    (long long)e->batch_in_epoch - 1);
+            for (size_t i = 0; i < e->ids_count; i++) fprintf(u->order, " %u", e->ids[i]);
+            fputc('\n', u->order);
+        }
         if (e->verbose && u->table) {
             bar_clear(u);
             char a[16], va[16], l[16], vl[16];
@@ -1462,6 +1473,7 @@ typedef struct {
     dsrt_net_options no;
     double lr_factor, new_lr_factor; /* --lr-factor, --new-lr-factor */
     FILE *logf;
+    FILE *orderf; /* --order-log, on every worker */
     int log_json;
     train_ui ui;
     dsrt_datastore *train, *val;
@@ -1932,6 +1944,14 @@ static int train_open_outputs(train_job *j) {
                     why);
             return 2;
         }
+    if (tr.order_log) {
+        char path[4200];
+        snprintf(path, sizeof path, j->world > 1 ? "%s.%d" : "%s", tr.order_log, j->rank);
+        if (!(j->orderf = tool_open_output(path, why, sizeof why))) {
+            fprintf(stderr, "%s train%s: --order-log %s: %s\n", prog, j->worker, path, why);
+            return 2;
+        }
+    }
     if (j->rank != 0) {
         /* Checked on every worker alike; written by worker 0 only. */
         tr.save = tr.plot = tr.log = tr.bad_list = NULL;
@@ -2070,6 +2090,7 @@ static int train_setup_ui(train_job *j) {
     if ((tr.plot && dsrt_train_history_create(&j->hist) != 0)) return 1;
     train_ui *ui = &j->ui;
     ui->log = j->logf;
+    ui->order = j->orderf;
     ui->log_json = j->log_json;
     ui->hist = j->hist;
     ui->plot = tr.plot;
@@ -2319,6 +2340,10 @@ static int train_run(train_job *j) {
 static int train_close(train_job *j, int status) {
     if (j->logf && (ferror(j->logf) | fclose(j->logf))) {
         fprintf(stderr, "%s train: --log %s: the log could not be written in full\n", prog, tr.log);
+        if (status == 0) status = 1;
+    }
+    if (j->orderf && (ferror(j->orderf) | fclose(j->orderf))) {
+        fprintf(stderr, "%s train: --order-log %s: not written in full\n", prog, tr.order_log);
         if (status == 0) status = 1;
     }
     FILE *bad = j->ui.bad[0].out;

@@ -315,6 +315,11 @@ struct dsrt_train_event {
     int bad_worker;  /* BAD_SAMPLE: the worker that found it (every worker hears of every
                         worker's bad samples, each once) */
     int rank, world; /* this worker and the number of workers (1 without data parallel) */
+    /* ITERATION: the datastore ids (dsrt_datastore_id) of the samples this
+     * worker trained on in the step, in batch order, ids_count of them
+     * (valid during the call); NULL and 0 for other events. */
+    const uint32_t *ids;
+    size_t ids_count;
 };
 
 // ----------------------------------------------------------------------------

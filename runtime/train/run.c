@@ -220,6 +220,7 @@ static int open_pipelines(run *R, const dsrt_augment_options *aug,
     if (o->read_depth) po.reader.depth = o->read_depth;
     dsrt__remote_apply(&po.reader.remote, &o->remote);
     if ((rc = dsrt_pipeline_open(&R->p, R->train, aug, &po))) return dsrt__fail_prefix(rc, "train");
+    if (!(R->step_ids = dsrt__calloc(po.batch, sizeof *R->step_ids))) return -ENOMEM;
     if (!o->validation) return 0;
     dsrt_pipeline_options vo = po;
     R->vbatch = o->validation_batch ? o->validation_batch : o->batch;
@@ -469,7 +470,7 @@ static int run_step(run *R) {
     dsrt_train_event *ev = &R->ev;
     dsrt_batch *b = R->b;
     int64_t epoch = R->it / R->bpe, index = R->it % R->bpe;
-    size_t count = 0;
+    size_t count = 0, b_count = 0;
     float loss = 0;
     int correct = 0, rc;
     if (!b) {
@@ -479,6 +480,8 @@ static int run_step(run *R) {
         epoch = (int64_t)b->epoch;
         index = (int64_t)b->index;
         count = b->count;
+        b_count = count;
+        if (R->step_ids) memcpy(R->step_ids, b->ids, count * sizeof *R->step_ids);
         rc = forward_backward(R, b, &loss, &correct);
         if (rc == DSRT_ENAN) {
             loss = NAN;
@@ -529,7 +532,12 @@ static int run_step(run *R) {
     ev->loss = dloss;
     ev->accuracy = r->accuracy;
     ev->val_loss = ev->val_accuracy = NAN;
-    return after_step(R, epoch, index);
+    ev->ids = R->step_ids;
+    ev->ids_count = R->step_ids ? b_count : 0;
+    rc = after_step(R, epoch, index);
+    ev->ids = NULL;
+    ev->ids_count = 0;
+    return rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -640,6 +648,7 @@ static int run_close(run *R, int rc) {
     free(R->best_state);
     free(R->vmap);
     free(R->vlabels);
+    free(R->step_ids);
     free(R->cpus);
     dsrt__id_set_free(&R->bad_ids[0]);
     dsrt__id_set_free(&R->bad_ids[1]);
