@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "runtime/pipeline/mix.h"
 #include "forced.h"
 #include "task.h"
 #include "testimg.h"
@@ -1728,6 +1729,78 @@ static void test_parts_padded(void) {
     dsrt_datastore_close(ds);
 }
 
+/* The draws of dsrt__mix_batch over 20000 batches of two 1 x 8 x 8 samples:
+ * lambda of mixup ~ Beta(a, a) (mean 1/2, variance 1 / (4 (2a + 1))), the
+ * share of batches mixed mix_prob, of cutmix mix_switch_prob, the cutmix
+ * box inside the image and lambda 1 - its area / 64. Bounds: 6 standard
+ * errors, on fixed draws. */
+static void test_mix_draws(void) {
+    float px[2 * 64];
+    int32_t labels[2] = {0, 1};
+    float soft[2 * 2];
+    dsrt_batch b;
+    memset(&b, 0, sizeof b);
+    b.data = px;
+    b.labels = labels;
+    b.soft_labels = soft;
+    b.classes = 2;
+    b.count = 2;
+    b.sample_stride = b.sample_bytes = 64 * sizeof(float);
+    b.shape[0] = 2, b.shape[1] = 1, b.shape[2] = 8, b.shape[3] = 8;
+    dsrt_pipeline_options o = dsrt_pipeline_defaults();
+    o.seed = 11;
+    o.mixup_alpha = 0.4;
+    o.cutmix_alpha = 1.0;
+    o.mix_prob = 0.7;
+    o.mix_switch_prob = 0.25;
+    const int N = 20000;
+    double sum = 0, sq = 0;
+    int mixed = 0, mixups = 0, cuts = 0;
+    for (int i = 0; i < N; i++) {
+        b.epoch = (uint64_t)i / 100;
+        b.index = (uint64_t)i % 100;
+        dsrt__mix_batch(&o, &b);
+        CHECK_NEAR(soft[0] + soft[1], 1.0, 1e-6);
+        if (b.mix_cutmix) {
+            cuts++;
+            mixed++;
+            CHECK(b.mix_box[0] >= 0 && b.mix_box[0] <= b.mix_box[1] && b.mix_box[1] <= 8);
+            CHECK(b.mix_box[2] >= 0 && b.mix_box[2] <= b.mix_box[3] && b.mix_box[3] <= 8);
+            double area = (double)(b.mix_box[1] - b.mix_box[0]) * (b.mix_box[3] - b.mix_box[2]);
+            CHECK_NEAR(b.mix_lambda, 1.0 - area / 64.0, 1e-12);
+        } else if (b.mix_lambda != 1.0) {
+            mixed++;
+            mixups++;
+            sum += b.mix_lambda;
+            sq += b.mix_lambda * b.mix_lambda;
+        }
+    }
+    double mean = sum / mixups, var = sq / mixups - mean * mean, want_var = 1.0 / (4 * 1.8);
+    CHECK_NEAR(mean, 0.5, 6 * sqrt(want_var / mixups));
+    CHECK_NEAR(var, want_var, 0.01);
+    CHECK_NEAR((double)mixed / N, 0.7, 6 * sqrt(0.7 * 0.3 / N));
+    CHECK_NEAR((double)cuts / mixed, 0.25, 6 * sqrt(0.25 * 0.75 / mixed));
+    /* Alpha below 1 (the a < 1 branch of the gamma draws) and above. */
+    for (double a = 0.2; a < 5; a *= 4) {
+        o.mixup_alpha = a;
+        o.cutmix_alpha = 0;
+        o.mix_prob = 1;
+        sum = sq = 0;
+        for (int i = 0; i < N; i++) {
+            b.epoch = 7;
+            b.index = (uint64_t)i;
+            dsrt__mix_batch(&o, &b);
+            sum += b.mix_lambda;
+            sq += b.mix_lambda * b.mix_lambda;
+        }
+        mean = sum / N;
+        var = sq / N - mean * mean;
+        want_var = 1.0 / (4 * (2 * a + 1));
+        CHECK_NEAR(mean, 0.5, 6 * sqrt(want_var / N));
+        CHECK_NEAR(var, want_var, 0.1 * want_var);
+    }
+}
+
 int main(void) {
     REQUIRE(timg_tmpdir("pipeline", base_dir, sizeof base_dir) == 0);
     snprintf(good_dir, sizeof good_dir, "%s/good", base_dir);
@@ -1742,6 +1815,7 @@ int main(void) {
     RUN(test_bad_files);
     RUN(test_parts);
     RUN(test_mixing);
+    RUN(test_mix_draws);
     RUN(test_parts_padded);
     RUN(test_memory_source);
     RUN(test_native);
