@@ -1155,8 +1155,15 @@ static void test_python_ranks(void) {
     REQUIRE(timg_write_file(script, RANKS_PY, sizeof RANKS_PY - 1) == 0);
     snprintf(py, sizeof py, "%s/py", root);
     const char *python = getenv("DSRT_PYTHON");
-    char *args[] = {(char *)(python && *python ? python : "python3"), script, data, "2", "24", "3",
-                    "2", py, NULL};
+    char *args[] = {(char *)(python && *python ? python : "python3"),
+                    script,
+                    data,
+                    "2",
+                    "24",
+                    "3",
+                    "2",
+                    py,
+                    NULL};
     snprintf(out, sizeof out, "%s/python_ranks.py.out", root);
     st = run_into(args, out, 120);
     text = read_text(out);
@@ -1199,20 +1206,30 @@ static void test_resume_auto(void) {
     if (!dstrain_path()) return;
     snprintf(data, sizeof data, "%s/data", root);
     snprintf(ck, sizeof ck, "%s/auto", root);
-    int st = dstrain_job(2, "auto_full", data,
-                         (const char *const[]){"--epochs", "2", "--batch", "64", "--json",
-                                               "--quiet", NULL});
+    int st = dstrain_job(
+        2, "auto_full", data,
+        (const char *const[]){"--epochs", "2", "--batch", "64", "--json", "--quiet", NULL});
     char *text = job_output("auto_full");
     CHECK_EQ(st, 0);
     json_checksum(text, full, sizeof full);
     free(text);
     CHECK(full[0]);
 #define AUTO_EXTRA(epochs)                                                                         \
-    (const char *const[]) {                                                                        \
-        "--epochs", epochs, "--batch", "64", "--json", "--quiet", "--checkpoint-dir", ck,          \
-            "--checkpoint-unit", "iteration", "--checkpoint-frequency", "3", "--resume", "auto",   \
-            NULL                                                                                   \
-    }
+    (const char *const[]){"--epochs",                                                              \
+                          epochs,                                                                  \
+                          "--batch",                                                               \
+                          "64",                                                                    \
+                          "--json",                                                                \
+                          "--quiet",                                                               \
+                          "--checkpoint-dir",                                                      \
+                          ck,                                                                      \
+                          "--checkpoint-unit",                                                     \
+                          "iteration",                                                             \
+                          "--checkpoint-frequency",                                                \
+                          "3",                                                                     \
+                          "--resume",                                                              \
+                          "auto",                                                                  \
+                          NULL}
     st = dstrain_job(2, "auto_1", data, AUTO_EXTRA("1"));
     text = job_output("auto_1");
     if (st != 0) fprintf(stderr, "%s\n", text);
@@ -1286,11 +1303,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(which, "resume_auto"))
         RUN(test_resume_auto);
     else {
-        fprintf(stderr,
-                "mpi_train: no case '%s' (equal, sync_bn, resnet, resume, resume_exact, local_failure, "
-                "fault, refuse, bad_named, bad_counts, agree, signal, python_ranks, "
-                "resume_auto)\n",
-                which);
+        fprintf(
+            stderr,
+            "mpi_train: no case '%s' (equal, sync_bn, resnet, resume, resume_exact, local_failure, "
+            "fault, refuse, bad_named, bad_counts, agree, signal, python_ranks, "
+            "resume_auto)\n",
+            which);
         return 2;
     }
     return TEST_RESULT();

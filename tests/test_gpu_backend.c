@@ -1306,8 +1306,8 @@ static void test_soft_labels(void) {
     labels_for(y, n, 4, 3);
     for (int i = 0; i < n * 4; i++) t[i] = 0.25f;
     dsrt_net *net = make_on(desc, 3, 3, 2, 4, G, DSRT_PRECISION_FP32, 1);
-    dsrt_net_batch b = {.data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = n,
-                        .soft_labels = t};
+    dsrt_net_batch b = {
+        .data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = n, .soft_labels = t};
     float loss;
     if (G < 0) {
         CHECK_OK(dsrt_net_train_start(net, &b));

@@ -1119,8 +1119,8 @@ static double soft_step(dsrt_net *net, const float *x, const int32_t *y, const f
  * every parameter's gradient matches central differences of the loss. */
 static void test_soft_targets(void) {
     const int n = 4, K = 5, H = 5, W = 5, C = 2;
-    dsrt_net *net = make("input\nconv filters=3 size=3 pad=1\nfc outputs=5\nsoftmax\n", H, W, C,
-                         K, 0);
+    dsrt_net *net =
+        make("input\nconv filters=3 size=3 pad=1\nfc outputs=5\nsoftmax\n", H, W, C, K, 0);
     size_t per = (size_t)H * W * C;
     float x[4 * 50], t[4 * 5], onehot[4 * 5], probs[4 * 5];
     int32_t y[4] = {0, 3, 4, 1};

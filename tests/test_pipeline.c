@@ -1550,8 +1550,7 @@ static void check_mixed_pixels(const mixed_rec *m, const mixed_rec *plain, int H
     }
     CHECK(same);
     if (m->cutmix) {
-        CHECK(m->box[0] <= m->box[1] && m->box[1] <= H && m->box[2] <= m->box[3] &&
-              m->box[3] <= W);
+        CHECK(m->box[0] <= m->box[1] && m->box[1] <= H && m->box[2] <= m->box[3] && m->box[3] <= W);
         double area = (double)(m->box[1] - m->box[0]) * (m->box[3] - m->box[2]);
         CHECK_NEAR(m->lambda, 1.0 - area / ((double)H * W), 1e-12);
     }
@@ -1640,8 +1639,7 @@ static void test_mixing(void) {
     dsrt_pipeline_close(p);
     for (size_t k = 0; k < km; k++) {
         CHECK_EQ(mixed[k].lambda, 1.0);
-        CHECK_EQ(memcmp(mixed[k].x, plain[k].x, plain[k].count * plain[k].per * sizeof(float)),
-                 0);
+        CHECK_EQ(memcmp(mixed[k].x, plain[k].x, plain[k].count * plain[k].per * sizeof(float)), 0);
         check_soft_rows(&mixed[k], 0.2);
     }
     free_mixed(mixed, km);
@@ -1709,8 +1707,8 @@ static void test_parts_padded(void) {
             for (size_t i = 0; i < part[k].count[b]; i++, at[k]++) {
                 size_t pos = (size_t)(b % bpe) * 16 + k * part[k].count[b] + i;
                 /* Past the epoch's 90 samples: from the start of its order. */
-                size_t src = pos < GOOD_N ? first - (b % bpe) * 16 + pos
-                                          : epoch_first + (pos - GOOD_N);
+                size_t src =
+                    pos < GOOD_N ? first - (b % bpe) * 16 + pos : epoch_first + (pos - GOOD_N);
                 CHECK_EQ(part[k].id[at[k]], whole.id[src]);
             }
         }

@@ -1659,8 +1659,10 @@ static int resolve_parallel(dsrt_train_options *o, double bucket_mib) {
         return 2;
     }
     if (tr.transfer && tr.resume && !strcmp(tr.resume, "auto")) {
-        fprintf(stderr, "%s train: --resume auto and --transfer: a resumed run would not start "
-                        "from the transferred model; give one\n", prog);
+        fprintf(stderr,
+                "%s train: --resume auto and --transfer: a resumed run would not start "
+                "from the transferred model; give one\n",
+                prog);
         return 2;
     }
     if (tr.transfer && (tr.net || tr.resume)) {
@@ -1849,8 +1851,10 @@ static int train_resolve_auto_resume(train_job *j) {
         if (msg[0])
             fprintf(stderr, "%s train: --resume auto: resuming from %s\n", prog, msg);
         else
-            fprintf(stderr, "%s train: --resume auto: no complete checkpoint in %s: starting "
-                            "afresh\n", prog, tr.checkpoint_dir);
+            fprintf(stderr,
+                    "%s train: --resume auto: no complete checkpoint in %s: starting "
+                    "afresh\n",
+                    prog, tr.checkpoint_dir);
     }
     free(buf);
     tr.resume = msg[0] ? msg : NULL;

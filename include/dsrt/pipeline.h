@@ -176,13 +176,13 @@ typedef struct {
      * row sums to 1. Mixing needs float NCHW batches of the output size
      * (not uint8, not native) and no drop_bad; open refuses the rest.
      */
-    double mixup_alpha;       /* > 0: mixup; 0 (default): none */
-    double cutmix_alpha;      /* > 0: cutmix; 0 (default): none (1 with cutmix_minmax, as timm) */
-    double cutmix_minmax[2];  /* 0 < min < max <= 1: box sides' range; {0, 0} (default): unused */
-    double mix_prob;          /* probability that a batch is mixed, in [0, 1]; default 1 */
-    double mix_switch_prob;   /* with both alphas: probability of cutmix, in [0, 1]; default 0.5 */
-    double label_smoothing;   /* e in [0, 1); default 0 */
-    size_t classes;           /* soft labels' width: 0 (default): dsrt_datastore_num_classes */
+    double mixup_alpha;      /* > 0: mixup; 0 (default): none */
+    double cutmix_alpha;     /* > 0: cutmix; 0 (default): none (1 with cutmix_minmax, as timm) */
+    double cutmix_minmax[2]; /* 0 < min < max <= 1: box sides' range; {0, 0} (default): unused */
+    double mix_prob;         /* probability that a batch is mixed, in [0, 1]; default 1 */
+    double mix_switch_prob;  /* with both alphas: probability of cutmix, in [0, 1]; default 0.5 */
+    double label_smoothing;  /* e in [0, 1); default 0 */
+    size_t classes;          /* soft labels' width: 0 (default): dsrt_datastore_num_classes */
     /*
      * With parts > 1: 1 fills the last batch of each epoch (when it is
      * short, without drop_last) up to a multiple of parts with the samples
@@ -230,10 +230,10 @@ typedef struct {
      * row summing to 1; NULL when neither mixing nor label smoothing is on.
      * labels stay each place's own class. */
     float *soft_labels;
-    size_t classes;     /* row length of soft_labels; 0 without them */
-    double mix_lambda;  /* weight of each sample's own image and label: 1 when not mixed */
-    int mix_cutmix;     /* 1: cutmix (the box), 0: mixup or not mixed */
-    int mix_box[4];     /* cutmix box: rows [box[0], box[1]), columns [box[2], box[3]) */
+    size_t classes;    /* row length of soft_labels; 0 without them */
+    double mix_lambda; /* weight of each sample's own image and label: 1 when not mixed */
+    int mix_cutmix;    /* 1: cutmix (the box), 0: mixup or not mixed */
+    int mix_box[4];    /* cutmix box: rows [box[0], box[1]), columns [box[2], box[3]) */
 } dsrt_batch;
 
 // ----------------------------------------------------------------------------

@@ -1432,8 +1432,8 @@ static int env_int(const char *name, long min, long max, long *out) {
     errno = 0;
     long x = v && *v ? strtol(v, &end, 10) : 0;
     if (!v || !*v || *end || errno || x < min || x > max) {
-        PyErr_Format(PyExc_ValueError, "rank='env': %s=%s: expected an integer in [%ld, %ld]",
-                     name, v ? v : "", min, max);
+        PyErr_Format(PyExc_ValueError, "rank='env': %s=%s: expected an integer in [%ld, %ld]", name,
+                     v ? v : "", min, max);
         return -1;
     }
     *out = x;
@@ -1676,14 +1676,13 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                         .cpus = Py_None};
     if (!PyArg_ParseTupleAndKeywords(
             args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist,
-            &Datastore_Type,
-            &pa.ds, &pa.preset, &pa.augment, &pa.layout, &pa.dtype, &pa.batch, &pa.prefetch,
-            &pa.workers, &pa.cpus, &pa.pin, &pa.drop_last, &pa.shuffle, &pa.seed, &pa.epochs,
-            &pa.io, &pa.depth, &pa.direct, &pa.max_pixels, &pa.strict, &pa.fail, &pa.drop_bad,
-            &pa.max_bad, &pa.max_file, &pa.chunk, &pa.native, &pa.native_px, &pa.gpu,
-            &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout, &pa.mixup,
-            &pa.cutmix, &pa.cutmix_minmax, &pa.mix_prob, &pa.switch_prob, &pa.smoothing,
-            &pa.classes, &pa.rank, &pa.world))
+            &Datastore_Type, &pa.ds, &pa.preset, &pa.augment, &pa.layout, &pa.dtype, &pa.batch,
+            &pa.prefetch, &pa.workers, &pa.cpus, &pa.pin, &pa.drop_last, &pa.shuffle, &pa.seed,
+            &pa.epochs, &pa.io, &pa.depth, &pa.direct, &pa.max_pixels, &pa.strict, &pa.fail,
+            &pa.drop_bad, &pa.max_bad, &pa.max_file, &pa.chunk, &pa.native, &pa.native_px, &pa.gpu,
+            &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout, &pa.mixup, &pa.cutmix,
+            &pa.cutmix_minmax, &pa.mix_prob, &pa.switch_prob, &pa.smoothing, &pa.classes, &pa.rank,
+            &pa.world))
         return -1;
     if (self->p || self->live || self->busy) {
         /* Open, or its batches still alive: in use. */

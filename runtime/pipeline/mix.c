@@ -68,8 +68,9 @@ int dsrt__mix_check(const dsrt_pipeline_options *o, const dsrt_augment_options *
                               "pipeline: mixup/cutmix: needs float NCHW batches (the augment "
                               "layout is uint8 NHWC)");
         if (o->native)
-            return dsrt__fail(DSRT_EOPTION,
-                              "pipeline: mixup/cutmix: needs samples of the output size, not native");
+            return dsrt__fail(
+                DSRT_EOPTION,
+                "pipeline: mixup/cutmix: needs samples of the output size, not native");
     }
     if (o->drop_bad)
         return dsrt__fail(DSRT_EOPTION,

@@ -119,7 +119,9 @@ typedef struct {
 
 static int by_iteration_down(const void *a, const void *b) {
     long long x = ((const ckpt_name *)a)->it, y = ((const ckpt_name *)b)->it;
-    return x < y ? 1 : x > y ? -1 : strcmp(((const ckpt_name *)a)->name, ((const ckpt_name *)b)->name);
+    return x < y   ? 1
+           : x > y ? -1
+                   : strcmp(((const ckpt_name *)a)->name, ((const ckpt_name *)b)->name);
 }
 
 int dsrt_checkpoint_latest_complete(const char *dir, char *path, size_t size, char *skipped,
@@ -137,8 +139,7 @@ int dsrt_checkpoint_latest_complete(const char *dir, char *path, size_t size, ch
     int rc = 0;
     for (struct dirent *e; (e = readdir(d));) {
         size_t len = strlen(e->d_name);
-        if (len <= np + ns || len >= sizeof all->name ||
-            strncmp(e->d_name, CKPT_PREFIX, np) != 0 ||
+        if (len <= np + ns || len >= sizeof all->name || strncmp(e->d_name, CKPT_PREFIX, np) != 0 ||
             strcmp(e->d_name + len - ns, CKPT_SUFFIX) != 0)
             continue;
         const char *i = strstr(e->d_name, "_i");
@@ -175,8 +176,8 @@ int dsrt_checkpoint_latest_complete(const char *dir, char *path, size_t size, ch
         if (dsrt_checkpoint_load(path, &net, &opt, NULL, &no) == 0) {
             rc = 0;
         } else if (skipped && used + 1 < skipped_size) {
-            int w = snprintf(skipped + used, skipped_size - used, "%s: %s\n", path,
-                             dsrt_last_error());
+            int w =
+                snprintf(skipped + used, skipped_size - used, "%s: %s\n", path, dsrt_last_error());
             used = DSRT_MIN(used + (w > 0 ? (size_t)w : 0), skipped_size - 1);
         }
         dsrt_optimizer_destroy(opt);

@@ -260,8 +260,7 @@ static int run_open(run *R) {
     vaug = aug;
     dsrt__train_fixed_augment(&vaug);
     R->u8 = (o->uint8_batches == 1 || (o->uint8_batches < 0 && R->ni.device >= 0)) &&
-            !train_mixing(o) &&
-            u8_transfer(&aug, R->sub_div);
+            !train_mixing(o) && u8_transfer(&aug, R->sub_div);
 
     /* What each worker opens for itself, then agreed: a worker that could
      * not fails every worker here, before any step. */
