@@ -158,6 +158,7 @@ struct cpu_plan {
     size_t diff_pool_size;
     float *probs; /* (n, classes) */
     const int32_t *labels;
+    const float *soft; /* (n, classes) soft targets, or NULL: one-hot labels */
     double loss;
     int correct;
 };
@@ -735,9 +736,14 @@ static int step_softmax_fwd(cpu_backend *be, cpu_plan *p, int i) {
         for (int j = 0; j < k; j++) sum += exp((double)zb[j] - mx);
         double inv = 1.0 / sum, lse = log(sum);
         for (int j = 0; j < k; j++) pb[j] = (float)(exp((double)zb[j] - mx) * inv);
+        if (p->soft) {
+            const float *tb = p->soft + (size_t)b * k;
+            for (int j = 0; j < k; j++)
+                if (tb[j] != 0) loss += (double)tb[j] * (lse - ((double)zb[j] - mx));
+        }
         if (p->labels) {
             int y = p->labels[b];
-            loss += lse - ((double)zb[y] - mx);
+            if (!p->soft) loss += lse - ((double)zb[y] - mx);
             correct += arg == y;
         }
         if (!isfinite(mx)) loss = NAN;
@@ -754,6 +760,14 @@ static int step_softmax_bwd(cpu_backend *be, cpu_plan *p, int i) {
     for (int b = 0; b < p->n; b++) {
         const float *pb = p->probs + (size_t)b * k;
         float *db = d + (size_t)b * k;
+        if (p->soft) {
+            /* d/dz_j of -sum_i t_i log p_i = p_j * sum_i t_i - t_j */
+            const float *tb = p->soft + (size_t)b * k;
+            double sum = 0;
+            for (int j = 0; j < k; j++) sum += tb[j];
+            for (int j = 0; j < k; j++) db[j] = (float)((pb[j] * sum - tb[j]) * inv);
+            continue;
+        }
         for (int j = 0; j < k; j++) db[j] = pb[j] * inv;
         db[p->labels[b]] -= inv;
     }
@@ -1879,6 +1893,7 @@ static int cpu_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train) 
     be->x = x;
     be->grad_scale = 1.0f / (float)(batch->global_n > 0 ? batch->global_n : n);
     p->labels = batch->labels;
+    p->soft = batch->labels ? batch->soft_labels : NULL;
     if (net->layers[0].o.norm == DSRT_NORM_NONE &&
         dnnl_memory_set_data_handle(p->lp[0].out.mem, (void *)x) != dnnl_success)
         return dsrt__fail(DSRT_EBACKEND, "cpu backend: input handle");

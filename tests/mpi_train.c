@@ -39,6 +39,12 @@
  *             --execution-environment parallel is refused.
  *   signal    SIGTERM or SIGINT to rank 1 of `mpirun dstrain train`: every
  *             rank exits 143 or 130, and rank 0 says what it kept.
+ *   python_ranks  the Python module's Pipeline(rank=r, world_size=2) gives
+ *             the samples dstrain's worker r trains on (--order-log), batch
+ *             for batch (the Python part skipped without NumPy or the module).
+ *   resume_auto  --resume auto under mpirun: a fresh start, then the newest
+ *             complete checkpoint (a truncated newer one passed over by both
+ *             workers), ending as the uninterrupted run.
  *
  * Exit 77 when this dsrt lacks MPI or mpirun is missing.
  */
@@ -1107,6 +1113,146 @@ static void test_bad_named(void) {
     free(text);
 }
 
+// ----------------------------------------------------------------------------
+// Python's ranks against dstrain's workers; --resume auto under mpirun
+
+/* The Python module's Pipeline(rank=r, world_size=2) delivers each epoch
+ * the samples dstrain's worker r trains on under mpirun (its --order-log),
+ * batch for batch: 256 samples, a global batch of 48 (24 a rank; the last
+ * batch of 16 splits 8 and 8), 2 epochs. */
+static const char RANKS_PY[] =
+    "import sys\n"
+    "try:\n"
+    "    import numpy as np\n"
+    "    import dsrt\n"
+    "except ImportError as e:\n"
+    "    print('skipped:', e)\n"
+    "    sys.exit(77)\n"
+    "data, world, batch, seed, epochs, out = sys.argv[1:7]\n"
+    "ds = dsrt.Datastore(data)\n"
+    "for r in range(int(world)):\n"
+    "    with dsrt.Pipeline(ds, preset='32', batch=int(batch), rank=r, world_size=int(world),\n"
+    "                       seed=int(seed), epochs=int(epochs), workers=1) as p, \\\n"
+    "            open(f'{out}.{r}', 'w') as f:\n"
+    "        for e in range(int(epochs)):\n"
+    "            for b in p:\n"
+    "                ids = ''.join(f' {i}' for i in np.from_dlpack(b.ids))\n"
+    "                f.write(f'{b.epoch} {b.index}:{ids}\\n')\n";
+
+static void test_python_ranks(void) {
+    char data[4400], log[4400], py[4400], script[4400], out[4400], a[4600], b[4600];
+    if (!dstrain_path()) return;
+    snprintf(data, sizeof data, "%s/data", root);
+    snprintf(log, sizeof log, "%s/order", root);
+    int st = dstrain_job(2, "python_ranks", data,
+                         (const char *const[]){"--epochs", "2", "--batch", "48", "--seed", "3",
+                                               "--quiet", "--order-log", log, NULL});
+    char *text = job_output("python_ranks");
+    if (st != 0) fprintf(stderr, "dstrain exited %d:\n%s\n", st, text);
+    free(text);
+    CHECK_EQ(st, 0);
+    snprintf(script, sizeof script, "%s/ranks.py", root);
+    REQUIRE(timg_write_file(script, RANKS_PY, sizeof RANKS_PY - 1) == 0);
+    snprintf(py, sizeof py, "%s/py", root);
+    const char *python = getenv("DSRT_PYTHON");
+    char *args[] = {(char *)(python && *python ? python : "python3"),
+                    script,
+                    data,
+                    "2",
+                    "24",
+                    "3",
+                    "2",
+                    py,
+                    NULL};
+    snprintf(out, sizeof out, "%s/python_ranks.py.out", root);
+    st = run_into(args, out, 120);
+    text = read_text(out);
+    if (st == 77) {
+        fprintf(stderr, "  python part skipped: %s\n", text ? text : "");
+        free(text);
+        return;
+    }
+    if (st != 0) fprintf(stderr, "python exited %d:\n%s\n", st, text ? text : "");
+    free(text);
+    CHECK_EQ(st, 0);
+    for (int r = 0; r < 2; r++) {
+        snprintf(a, sizeof a, "%s.%d", log, r);
+        snprintf(b, sizeof b, "%s.%d", py, r);
+        char *ta = read_text(a), *tb = read_text(b);
+        REQUIRE(ta && tb);
+        int lines = 0;
+        for (const char *c = ta; *c; c++) lines += *c == '\n';
+        CHECK_EQ(lines, 12); /* 6 batches an epoch, 2 epochs */
+        if (strcmp(ta, tb) != 0) fprintf(stderr, "rank %d: dstrain:\n%s\npython:\n%s\n", r, ta, tb);
+        CHECK(strcmp(ta, tb) == 0);
+        free(ta);
+        free(tb);
+    }
+}
+
+/* The weights_checksum of a dstrain --json summary, "" when none. */
+static void json_checksum(const char *text, char *sum, size_t cap) {
+    const char *w = strstr(text ? text : "", "\"weights_checksum\": \"");
+    sum[0] = '\0';
+    if (w) snprintf(sum, cap, "%.16s", w + strlen("\"weights_checksum\": \""));
+}
+
+/* dstrain --resume auto under mpirun: 2 workers start afresh, then the same
+ * command for 2 epochs resumes the newest checkpoint and ends with the
+ * weights of an uninterrupted 2-epoch run; with the newest cut short both
+ * workers pass over it and resume the one before. */
+static void test_resume_auto(void) {
+    char data[4400], ck[4400], a[4600], full[32], sum[32];
+    if (!dstrain_path()) return;
+    snprintf(data, sizeof data, "%s/data", root);
+    snprintf(ck, sizeof ck, "%s/auto", root);
+    int st = dstrain_job(
+        2, "auto_full", data,
+        (const char *const[]){"--epochs", "2", "--batch", "64", "--json", "--quiet", NULL});
+    char *text = job_output("auto_full");
+    CHECK_EQ(st, 0);
+    json_checksum(text, full, sizeof full);
+    free(text);
+    CHECK(full[0]);
+#define AUTO_EXTRA(epochs)                                                                         \
+    (const char *const[]){"--epochs",                                                              \
+                          epochs,                                                                  \
+                          "--batch",                                                               \
+                          "64",                                                                    \
+                          "--json",                                                                \
+                          "--quiet",                                                               \
+                          "--checkpoint-dir",                                                      \
+                          ck,                                                                      \
+                          "--checkpoint-unit",                                                     \
+                          "iteration",                                                             \
+                          "--checkpoint-frequency",                                                \
+                          "3",                                                                     \
+                          "--resume",                                                              \
+                          "auto",                                                                  \
+                          NULL}
+    st = dstrain_job(2, "auto_1", data, AUTO_EXTRA("1"));
+    text = job_output("auto_1");
+    if (st != 0) fprintf(stderr, "%s\n", text);
+    CHECK_EQ(st, 0);
+    CHECK(strstr(text, "starting afresh") != NULL);
+    free(text);
+    /* Iterations 3 and 4 (the end of epoch 1) are there; 4 cut short. */
+    snprintf(a, sizeof a, "%s/dsrt_ckpt_e001_i000000004.dsrt", ck);
+    struct stat sb;
+    REQUIRE(stat(a, &sb) == 0);
+    REQUIRE(truncate(a, sb.st_size / 2) == 0);
+    st = dstrain_job(2, "auto_2", data, AUTO_EXTRA("2"));
+    text = job_output("auto_2");
+    if (st != 0) fprintf(stderr, "%s\n", text);
+    CHECK_EQ(st, 0);
+    CHECK(strstr(text, "passing over") && strstr(text, "dsrt_ckpt_e001_i000000004.dsrt"));
+    CHECK(strstr(text, "resuming from") && strstr(text, "dsrt_ckpt_e000_i000000003.dsrt"));
+    json_checksum(text, sum, sizeof sum);
+    free(text);
+    CHECK(strcmp(sum, full) == 0);
+#undef AUTO_EXTRA
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "--worker")) return worker(argc, argv);
     const char *which = argc >= 2 ? argv[1] : "equal";
@@ -1152,11 +1298,17 @@ int main(int argc, char **argv) {
         RUN(test_bad_counts);
     else if (!strcmp(which, "agree"))
         RUN(test_agree);
+    else if (!strcmp(which, "python_ranks"))
+        RUN(test_python_ranks);
+    else if (!strcmp(which, "resume_auto"))
+        RUN(test_resume_auto);
     else {
-        fprintf(stderr,
-                "mpi_train: no case '%s' (equal, sync_bn, resnet, resume, resume_exact, local_failure, "
-                "fault, refuse, bad_named, bad_counts, agree, signal)\n",
-                which);
+        fprintf(
+            stderr,
+            "mpi_train: no case '%s' (equal, sync_bn, resnet, resume, resume_exact, local_failure, "
+            "fault, refuse, bad_named, bad_counts, agree, signal, python_ranks, "
+            "resume_auto)\n",
+            which);
         return 2;
     }
     return TEST_RESULT();

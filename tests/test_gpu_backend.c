@@ -1294,6 +1294,34 @@ static void test_reserve(void) {
     dsrt_net_destroy(ng);
 }
 
+/* Soft labels (mixup, cutmix, label smoothing): the CPU backend trains on
+ * them; a GPU backend, whose loss kernel takes hard labels, refuses them
+ * with DSRT_EUNSUPPORTED naming what they are for, before any work. */
+static void test_soft_labels(void) {
+    const char *desc = "input\nfc outputs=4\nsoftmax\n";
+    const int n = 4;
+    float x[4 * 2 * 3 * 3], t[4 * 4];
+    int32_t y[4];
+    fill(x, sizeof x / sizeof x[0], 3, -1, 1);
+    labels_for(y, n, 4, 3);
+    for (int i = 0; i < n * 4; i++) t[i] = 0.25f;
+    dsrt_net *net = make_on(desc, 3, 3, 2, 4, G, DSRT_PRECISION_FP32, 1);
+    dsrt_net_batch b = {
+        .data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = n, .soft_labels = t};
+    float loss;
+    if (G < 0) {
+        CHECK_OK(dsrt_net_train_start(net, &b));
+        CHECK_OK(dsrt_net_train_finish(net, &loss, NULL));
+    } else {
+        CHECK_EQ(dsrt_net_train_start(net, &b), DSRT_EUNSUPPORTED);
+        CHECK_CONTAINS(dsrt_last_error(), "soft labels (mixup, cutmix, label smoothing)");
+        b.soft_labels = NULL;
+        CHECK_OK(dsrt_net_train_start(net, &b));
+        CHECK_OK(dsrt_net_train_finish(net, &loss, NULL));
+    }
+    dsrt_net_destroy(net);
+}
+
 int main(void) {
     const char *self = getenv("DSRT_TEST_GPU_SELF_CHECK");
     if (self && !strcmp(self, "1")) {
@@ -1328,5 +1356,6 @@ int main(void) {
     RUN_WANTED(test_conv_fallback);
 #endif
     RUN_WANTED(test_profile);
+    RUN_WANTED(test_soft_labels);
     return TEST_RESULT();
 }

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "runtime/pipeline/mix.h"
 #include "forced.h"
 #include "task.h"
 #include "testimg.h"
@@ -1455,6 +1456,349 @@ static void test_parts(void) {
     dsrt_datastore_close(ds);
 }
 
+// ----------------------------------------------------------------------------
+// Batch mixing: mixup, cutmix, soft labels
+
+/* A whole epoch's batches of a pipeline: the samples, labels and (when
+ * there) soft labels and mix fields, copied. */
+typedef struct {
+    size_t count, classes, per;
+    float *x, *soft;
+    int32_t labels[16];
+    double lambda;
+    int cutmix, box[4];
+    uint64_t hash;
+} mixed_rec;
+
+static size_t take_mixed(dsrt_pipeline *p, mixed_rec *out, size_t max) {
+    size_t k = 0;
+    dsrt_batch *b;
+    while (k < max && dsrt_pipeline_next(p, &b) == 0) {
+        mixed_rec *r = &out[k++];
+        r->count = b->count;
+        r->per = b->sample_bytes / sizeof(float);
+        r->x = malloc(b->count * b->sample_bytes);
+        for (size_t i = 0; i < b->count; i++)
+            memcpy(r->x + i * r->per, (char *)b->data + i * b->sample_stride, b->sample_bytes);
+        memcpy(r->labels, b->labels, b->count * sizeof(int32_t));
+        r->classes = b->classes;
+        r->soft = NULL;
+        r->hash = batch_hash(b);
+        if (b->soft_labels) {
+            r->soft = malloc(b->count * b->classes * sizeof(float));
+            memcpy(r->soft, b->soft_labels, b->count * b->classes * sizeof(float));
+            r->hash = fnv(r->hash, b->soft_labels, b->count * b->classes * sizeof(float));
+        }
+        r->lambda = b->mix_lambda;
+        r->cutmix = b->mix_cutmix;
+        memcpy(r->box, b->mix_box, sizeof r->box);
+        r->hash = fnv(r->hash, &r->lambda, sizeof r->lambda);
+        CHECK_OK(dsrt_batch_release(p, b));
+    }
+    return k;
+}
+
+static void free_mixed(mixed_rec *r, size_t k) {
+    for (size_t i = 0; i < k; i++) {
+        free(r[i].x);
+        free(r[i].soft);
+    }
+}
+
+/* Row i of a batch's soft labels: sums to 1, and is the smoothed one-hots
+ * of the sample and its partner weighted lambda and 1 - lambda. */
+static void check_soft_rows(const mixed_rec *m, double e) {
+    size_t K = m->classes;
+    for (size_t i = 0; i < m->count; i++) {
+        const float *row = m->soft + i * K;
+        double sum = 0;
+        for (size_t j = 0; j < K; j++) sum += row[j];
+        CHECK_NEAR(sum, 1.0, 4 * K * 1.2e-7);
+        int own = m->labels[i], other = m->labels[m->count - 1 - i];
+        for (size_t j = 0; j < K; j++) {
+            double want = e / K + (1 - e) * (m->lambda * ((int)j == own) +
+                                             (1 - m->lambda) * ((int)j == other));
+            CHECK_NEAR(row[j], want, 1e-6);
+        }
+    }
+}
+
+/* A mixed batch against the same batch unmixed: mixup is lambda * own +
+ * (1 - lambda) * partner everywhere; cutmix is the partner inside the box,
+ * own outside, and lambda is 1 - box area / image area. */
+static void check_mixed_pixels(const mixed_rec *m, const mixed_rec *plain, int H, int W) {
+    CHECK_EQ(m->count, plain->count);
+    size_t n = m->count, per = m->per, C = per / ((size_t)H * W);
+    int same = 1;
+    for (size_t i = 0; i < n; i++) {
+        const float *got = m->x + i * per, *a = plain->x + i * per,
+                    *b = plain->x + (n - 1 - i) * per;
+        for (size_t c = 0; c < C; c++)
+            for (int y = 0; y < H; y++)
+                for (int x = 0; x < W; x++) {
+                    size_t at = (c * H + y) * W + x;
+                    double want;
+                    if (m->cutmix) {
+                        int in = y >= m->box[0] && y < m->box[1] && x >= m->box[2] && x < m->box[3];
+                        want = in ? b[at] : a[at];
+                        same &= got[at] == (float)want;
+                    } else {
+                        want = m->lambda * a[at] + (1 - m->lambda) * b[at];
+                        same &= fabs(got[at] - want) <= 1e-6 * (1 + fabs(want));
+                    }
+                }
+    }
+    CHECK(same);
+    if (m->cutmix) {
+        CHECK(m->box[0] <= m->box[1] && m->box[1] <= H && m->box[2] <= m->box[3] && m->box[3] <= W);
+        double area = (double)(m->box[1] - m->box[0]) * (m->box[3] - m->box[2]);
+        CHECK_NEAR(m->lambda, 1.0 - area / ((double)H * W), 1e-12);
+    }
+}
+
+static void test_mixing(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    o.epochs = 1;
+    o.batch = 16;
+    o.threads = 1;
+    enum { MAXB = 8 };
+    mixed_rec plain[MAXB], mixed[MAXB], mixed3[MAXB];
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    size_t kp = take_mixed(p, plain, MAXB);
+    dsrt_pipeline_close(p);
+    CHECK_EQ(kp, 6);
+    CHECK(plain[0].soft == NULL);
+
+    o.mixup_alpha = 0.8;
+    o.cutmix_alpha = 1.0;
+    o.mix_prob = 0.9;
+    o.label_smoothing = 0.1;
+    p = open_pipe(ds, &a, &o);
+    size_t km = take_mixed(p, mixed, MAXB);
+    dsrt_pipeline_close(p);
+    CHECK_EQ(km, kp);
+    int seen_cut = 0, seen_mixup = 0;
+    for (size_t k = 0; k < km; k++) {
+        CHECK_EQ(mixed[k].classes, 3);
+        CHECK(mixed[k].lambda >= 0 && mixed[k].lambda <= 1);
+        CHECK_EQ(memcmp(mixed[k].labels, plain[k].labels, plain[k].count * sizeof(int32_t)), 0);
+        check_soft_rows(&mixed[k], 0.1);
+        check_mixed_pixels(&mixed[k], &plain[k], 32, 32);
+        seen_cut += mixed[k].cutmix;
+        seen_mixup += !mixed[k].cutmix && mixed[k].lambda < 1;
+    }
+    CHECK_GT(seen_cut, 0);
+    CHECK_GT(seen_mixup, 0);
+
+    /* Bit for bit the same with 3 workers and small chunks. */
+    o.threads = 3;
+    o.chunk = 2;
+    p = open_pipe(ds, &a, &o);
+    size_t k3 = take_mixed(p, mixed3, MAXB);
+    CHECK_EQ(k3, km);
+    for (size_t k = 0; k < k3; k++) CHECK_EQ(mixed3[k].hash, mixed[k].hash);
+    /* A reset to the middle of the epoch mixes the same way. */
+    CHECK_OK(dsrt_pipeline_reset(p, 0, 3));
+    mixed_rec again[MAXB];
+    size_t ka = take_mixed(p, again, MAXB);
+    CHECK_EQ(ka, km - 3);
+    for (size_t k = 0; k < ka; k++) CHECK_EQ(again[k].hash, mixed[k + 3].hash);
+    dsrt_pipeline_close(p);
+    free_mixed(again, ka);
+    free_mixed(mixed3, k3);
+    free_mixed(mixed, km);
+
+    /* Cutmix alone with box sides drawn from [0.25, 0.75) of the image's. */
+    dsrt_pipeline_options oc = small_options();
+    oc.epochs = 1;
+    oc.threads = 2;
+    oc.cutmix_minmax[0] = 0.25;
+    oc.cutmix_minmax[1] = 0.75;
+    p = open_pipe(ds, &a, &oc);
+    km = take_mixed(p, mixed, MAXB);
+    dsrt_pipeline_close(p);
+    CHECK_EQ(km, kp);
+    for (size_t k = 0; k < km; k++) {
+        CHECK_EQ(mixed[k].cutmix, 1);
+        int h = mixed[k].box[1] - mixed[k].box[0], w = mixed[k].box[3] - mixed[k].box[2];
+        CHECK(h >= 8 && h < 24 && w >= 8 && w < 24);
+        check_soft_rows(&mixed[k], 0);
+        check_mixed_pixels(&mixed[k], &plain[k], 32, 32);
+    }
+    free_mixed(mixed, km);
+
+    /* Label smoothing alone: the images are untouched, lambda is 1. */
+    dsrt_pipeline_options os = small_options();
+    os.epochs = 1;
+    os.label_smoothing = 0.2;
+    p = open_pipe(ds, &a, &os);
+    km = take_mixed(p, mixed, MAXB);
+    dsrt_pipeline_close(p);
+    for (size_t k = 0; k < km; k++) {
+        CHECK_EQ(mixed[k].lambda, 1.0);
+        CHECK_EQ(memcmp(mixed[k].x, plain[k].x, plain[k].count * plain[k].per * sizeof(float)), 0);
+        check_soft_rows(&mixed[k], 0.2);
+    }
+    free_mixed(mixed, km);
+    free_mixed(plain, kp);
+
+    /* Refused: uint8 batches, probabilities and smoothing out of range, a
+     * box range upside down, drop_bad, fewer classes than the data has. */
+    dsrt_augment_options au8 = a;
+    au8.layout = DSRT_AUGMENT_U8_NHWC;
+    au8.norm = DSRT_AUGMENT_NORM_NONE;
+    o = small_options();
+    o.mixup_alpha = 0.2;
+    expect_option(ds, &au8, &o, "needs float NCHW");
+    o.mix_prob = 1.5;
+    expect_option(ds, &a, &o, "mix_prob: 1.5");
+    o = small_options();
+    o.label_smoothing = 1;
+    expect_option(ds, &a, &o, "label_smoothing: 1");
+    o = small_options();
+    o.cutmix_minmax[0] = 0.5;
+    o.cutmix_minmax[1] = 0.4;
+    expect_option(ds, &a, &o, "cutmix_minmax");
+    o = small_options();
+    o.mixup_alpha = -1;
+    expect_option(ds, &a, &o, "mixup_alpha: -1");
+    o = small_options();
+    o.label_smoothing = 0.1;
+    o.drop_bad = 1;
+    expect_option(ds, &a, &o, "drop_bad");
+    o = small_options();
+    o.label_smoothing = 0.1;
+    o.classes = 2;
+    expect_option(ds, &a, &o, "classes: 2");
+    dsrt_datastore_close(ds);
+}
+
+/* pad_last: the short last batch (10 of 16 over 4 parts) is filled to 12
+ * with the first two samples of the epoch's order, every part gets 3 of
+ * it, and the parts of every batch are equal, disjoint within an epoch but
+ * for the padding, and cover the epoch. */
+static void test_parts_padded(void) {
+    dsrt_datastore *ds = open_folder(good_dir);
+    dsrt_augment_options a;
+    dsrt_augment_preset_32(&a);
+    dsrt_pipeline_options o = small_options();
+    static samples_rec whole, part[4];
+    dsrt_pipeline *p = open_pipe(ds, &a, &o);
+    take_samples(p, &whole);
+    dsrt_pipeline_close(p);
+    o.parts = 4;
+    o.pad_last = 1;
+    for (unsigned k = 0; k < 4; k++) {
+        o.part = k;
+        p = open_pipe(ds, &a, &o);
+        take_samples(p, &part[k]);
+        dsrt_pipeline_close(p);
+        CHECK_EQ(part[k].batches, whole.batches);
+    }
+    size_t bpe = whole.batches / 2, w = 0, at[4] = {0};
+    for (size_t b = 0; b < whole.batches; b++) {
+        size_t first = w, epoch_first = b < bpe ? 0 : whole.n / 2;
+        for (unsigned k = 0; k < 4; k++) {
+            CHECK_EQ(part[k].count[b], part[0].count[b]);
+            CHECK_EQ(part[k].count[b], b % bpe == bpe - 1 ? 3 : 4);
+            for (size_t i = 0; i < part[k].count[b]; i++, at[k]++) {
+                size_t pos = (size_t)(b % bpe) * 16 + k * part[k].count[b] + i;
+                /* Past the epoch's 90 samples: from the start of its order. */
+                size_t src =
+                    pos < GOOD_N ? first - (b % bpe) * 16 + pos : epoch_first + (pos - GOOD_N);
+                CHECK_EQ(part[k].id[at[k]], whole.id[src]);
+            }
+        }
+        w += whole.count[b];
+    }
+    /* Without parts, or with drop_last, nothing changes. */
+    o.parts = 1;
+    o.part = 0;
+    samples_rec one;
+    p = open_pipe(ds, &a, &o);
+    take_samples(p, &one);
+    dsrt_pipeline_close(p);
+    CHECK_EQ(one.n, whole.n);
+    o.pad_last = 2;
+    expect_option(ds, &a, &o, "pad_last: 2");
+    dsrt_datastore_close(ds);
+}
+
+/* The draws of dsrt__mix_batch over 20000 batches of two 1 x 8 x 8 samples:
+ * lambda of mixup ~ Beta(a, a) (mean 1/2, variance 1 / (4 (2a + 1))), the
+ * share of batches mixed mix_prob, of cutmix mix_switch_prob, the cutmix
+ * box inside the image and lambda 1 - its area / 64. Bounds: 6 standard
+ * errors, on fixed draws. */
+static void test_mix_draws(void) {
+    float px[2 * 64];
+    int32_t labels[2] = {0, 1};
+    float soft[2 * 2];
+    dsrt_batch b;
+    memset(&b, 0, sizeof b);
+    b.data = px;
+    b.labels = labels;
+    b.soft_labels = soft;
+    b.classes = 2;
+    b.count = 2;
+    b.sample_stride = b.sample_bytes = 64 * sizeof(float);
+    b.shape[0] = 2, b.shape[1] = 1, b.shape[2] = 8, b.shape[3] = 8;
+    dsrt_pipeline_options o = dsrt_pipeline_defaults();
+    o.seed = 11;
+    o.mixup_alpha = 0.4;
+    o.cutmix_alpha = 1.0;
+    o.mix_prob = 0.7;
+    o.mix_switch_prob = 0.25;
+    const int N = 20000;
+    double sum = 0, sq = 0;
+    int mixed = 0, mixups = 0, cuts = 0;
+    for (int i = 0; i < N; i++) {
+        b.epoch = (uint64_t)i / 100;
+        b.index = (uint64_t)i % 100;
+        dsrt__mix_batch(&o, &b);
+        CHECK_NEAR(soft[0] + soft[1], 1.0, 1e-6);
+        if (b.mix_cutmix) {
+            cuts++;
+            mixed++;
+            CHECK(b.mix_box[0] >= 0 && b.mix_box[0] <= b.mix_box[1] && b.mix_box[1] <= 8);
+            CHECK(b.mix_box[2] >= 0 && b.mix_box[2] <= b.mix_box[3] && b.mix_box[3] <= 8);
+            double area = (double)(b.mix_box[1] - b.mix_box[0]) * (b.mix_box[3] - b.mix_box[2]);
+            CHECK_NEAR(b.mix_lambda, 1.0 - area / 64.0, 1e-12);
+        } else if (b.mix_lambda != 1.0) {
+            mixed++;
+            mixups++;
+            sum += b.mix_lambda;
+            sq += b.mix_lambda * b.mix_lambda;
+        }
+    }
+    double mean = sum / mixups, var = sq / mixups - mean * mean, want_var = 1.0 / (4 * 1.8);
+    CHECK_NEAR(mean, 0.5, 6 * sqrt(want_var / mixups));
+    CHECK_NEAR(var, want_var, 0.01);
+    CHECK_NEAR((double)mixed / N, 0.7, 6 * sqrt(0.7 * 0.3 / N));
+    CHECK_NEAR((double)cuts / mixed, 0.25, 6 * sqrt(0.25 * 0.75 / mixed));
+    /* Alpha below 1 (the a < 1 branch of the gamma draws) and above. */
+    for (double a = 0.2; a < 5; a *= 4) {
+        o.mixup_alpha = a;
+        o.cutmix_alpha = 0;
+        o.mix_prob = 1;
+        sum = sq = 0;
+        for (int i = 0; i < N; i++) {
+            b.epoch = 7;
+            b.index = (uint64_t)i;
+            dsrt__mix_batch(&o, &b);
+            sum += b.mix_lambda;
+            sq += b.mix_lambda * b.mix_lambda;
+        }
+        mean = sum / N;
+        var = sq / N - mean * mean;
+        want_var = 1.0 / (4 * (2 * a + 1));
+        CHECK_NEAR(mean, 0.5, 6 * sqrt(want_var / N));
+        CHECK_NEAR(var, want_var, 0.1 * want_var);
+    }
+}
+
 int main(void) {
     REQUIRE(timg_tmpdir("pipeline", base_dir, sizeof base_dir) == 0);
     snprintf(good_dir, sizeof good_dir, "%s/good", base_dir);
@@ -1468,6 +1812,9 @@ int main(void) {
     RUN(test_close_mid_epoch);
     RUN(test_bad_files);
     RUN(test_parts);
+    RUN(test_mixing);
+    RUN(test_mix_draws);
+    RUN(test_parts_padded);
     RUN(test_memory_source);
     RUN(test_native);
     RUN(test_bad_options);

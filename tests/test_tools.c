@@ -912,6 +912,92 @@ static void test_bench_layouts_and_limit(void) {
     result_free(&r);
 }
 
+/* Copies file a to b, or its first `keep` bytes when keep >= 0. */
+static void copy_file(const char *a, const char *b, long keep) {
+    FILE *in = fopen(a, "rb"), *out = fopen(b, "wb");
+    REQUIRE(in && out);
+    char buf[65536];
+    size_t n;
+    long done = 0;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) {
+        if (keep >= 0 && done + (long)n > keep) n = (size_t)(keep - done);
+        fwrite(buf, 1, n, out);
+        done += (long)n;
+        if (keep >= 0 && done >= keep) break;
+    }
+    fclose(in);
+    fclose(out);
+}
+
+/* --resume auto (with mixup, cutmix and label smoothing on): a fresh start
+ * when the checkpoint folder is empty, the newest checkpoint when there is
+ * one (a run of 1 epoch, then the same command for 2, ends with the weights
+ * of an uninterrupted 2-epoch run), a truncated newest passed over and named;
+ * without --checkpoint-dir refused before any work. */
+static void test_resume_auto(void) {
+    char ck[4400], ck2[4400], a[4600], b[4600];
+    snprintf(ck, sizeof ck, "%s/auto", root);
+    snprintf(ck2, sizeof ck2, "%s/auto2", root);
+#define AUTO_ARGS(epochs, dir)                                                                     \
+    bin_train, "train", "--data", good, "--epochs", epochs, "--batch", "8", "--json", "--quiet",   \
+        "--execution-environment", "cpu", "--mixup", "0.4", "--cutmix", "1", "--label-smoothing",  \
+        "0.1", "--checkpoint-dir", dir, "--checkpoint-unit", "iteration",                          \
+        "--checkpoint-frequency", "4", "--resume", "auto"
+    char full[32], sum[32];
+    result r = run(ARGV(bin_train, "train", "--data", good, "--epochs", "2", "--batch", "8",
+                        "--json", "--quiet", "--execution-environment", "cpu", "--mixup", "0.4",
+                        "--cutmix", "1", "--label-smoothing", "0.1"),
+                   300);
+    CHECK_EQ(r.status, 0);
+    summary_checksum(r.out, full, sizeof full);
+    CHECK(full[0]);
+    result_free(&r);
+
+    r = run(ARGV(AUTO_ARGS("1", ck)), 300);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.err, "no complete checkpoint in");
+    CHECK_CONTAINS(r.err, "starting afresh");
+    summary_checksum(r.out, sum, sizeof sum);
+    CHECK(strcmp(sum, full) != 0);
+    result_free(&r);
+    r = run(ARGV(AUTO_ARGS("2", ck)), 300);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.err, "resuming from");
+    CHECK_CONTAINS(r.err, "dsrt_ckpt_e001_i000000008.dsrt");
+    summary_checksum(r.out, sum, sizeof sum);
+    CHECK_STR_EQ(sum, full);
+    result_free(&r);
+
+    /* The checkpoint at 4 whole, the one at 8 cut short: 4 is taken. */
+    REQUIRE(mkdir(ck2, 0755) == 0);
+    snprintf(a, sizeof a, "%s/dsrt_ckpt_e000_i000000004.dsrt", ck);
+    snprintf(b, sizeof b, "%s/dsrt_ckpt_e000_i000000004.dsrt", ck2);
+    copy_file(a, b, -1);
+    strcat(a, ".state");
+    strcat(b, ".state");
+    copy_file(a, b, -1);
+    snprintf(a, sizeof a, "%s/dsrt_ckpt_e001_i000000008.dsrt", ck);
+    snprintf(b, sizeof b, "%s/dsrt_ckpt_e001_i000000008.dsrt", ck2);
+    struct stat st;
+    REQUIRE(stat(a, &st) == 0);
+    copy_file(a, b, (long)st.st_size / 2);
+    r = run(ARGV(AUTO_ARGS("2", ck2)), 300);
+    CHECK_EQ(r.status, 0);
+    CHECK_CONTAINS(r.err, "passing over");
+    CHECK_CONTAINS(r.err, "dsrt_ckpt_e001_i000000008.dsrt");
+    CHECK_CONTAINS(r.err, "resuming from");
+    CHECK_CONTAINS(r.err, "dsrt_ckpt_e000_i000000004.dsrt");
+    summary_checksum(r.out, sum, sizeof sum);
+    CHECK_STR_EQ(sum, full);
+    result_free(&r);
+#undef AUTO_ARGS
+
+    r = run(ARGV(bin_train, "train", "--data", "/nonexistent", "--resume", "auto"), 60);
+    CHECK_EQ(r.status, 2);
+    CHECK_CONTAINS(r.err, "--resume auto looks in --checkpoint-dir DIR");
+    result_free(&r);
+}
+
 int main(void) {
     const char *bin = getenv("DSRT_BIN_DIR");
     if (!bin || !*bin) {
@@ -937,6 +1023,7 @@ int main(void) {
     result_free(&r);
 
     RUN(test_non_regular);
+    RUN(test_resume_auto);
     RUN(test_eval_counts);
     RUN(test_output_paths);
     RUN(test_bad_files_named);

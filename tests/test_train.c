@@ -934,6 +934,78 @@ static void test_worker_states(void) {
     dsrt_datastore_close(train);
 }
 
+/* Mixup, cutmix and label smoothing: the loss trains against the soft
+ * labels (the weights differ from a plain run's, and from each other's), the
+ * loss stays finite, and a run resumed from a mid-epoch checkpoint ends
+ * with the weights of an uninterrupted one. */
+static void test_mixing(void) {
+    dsrt_datastore *train = open_ds(train_dir);
+    dsrt_train_options o = base_options();
+    o.max_epochs = 2;
+    dsrt_net *plain = make_net(train, 3);
+    dsrt_train_result rp;
+    CHECK_OK(dsrt_train(plain, train, &o, &rp));
+
+    dsrt_train_options os = o;
+    os.label_smoothing = 0.1;
+    dsrt_net *smooth = make_net(train, 3);
+    dsrt_train_result rs;
+    CHECK_OK(dsrt_train(smooth, train, &os, &rs));
+    CHECK_NE(rs.weights_checksum, rp.weights_checksum);
+
+    dsrt_train_options om = os;
+    om.mixup_alpha = 0.4;
+    om.cutmix_alpha = 1.0;
+    om.mix_prob = 0.8;
+    dsrt_net *mixed = make_net(train, 3);
+    dsrt_train_result rm;
+    counter c = {.order_ok = 1};
+    om.callback = count_events;
+    om.callback_ctx = &c;
+    CHECK_OK(dsrt_train(mixed, train, &om, &rm));
+    CHECK(c.order_ok);
+    CHECK_NE(rm.weights_checksum, rp.weights_checksum);
+    CHECK_NE(rm.weights_checksum, rs.weights_checksum);
+    CHECK_EQ(rm.iterations, 12);
+
+    /* Stopped after iteration 7 with checkpoints every 5, resumed from 5. */
+    char dir[4300], path[4400];
+    snprintf(dir, sizeof dir, "%s/mixing", root);
+    dsrt_train_options ob = om;
+    counter cb = {.order_ok = 1, .stop_at = 7};
+    ob.callback_ctx = &cb;
+    ob.checkpoint_path = dir;
+    ob.checkpoint_unit = DSRT_UNIT_ITERATION;
+    ob.checkpoint_frequency = 5;
+    dsrt_net *b = make_net(train, 3);
+    CHECK_OK(dsrt_train(b, train, &ob, NULL));
+    snprintf(path, sizeof path, "%s/dsrt_ckpt_e000_i000000005.dsrt", dir);
+    dsrt_net *r = make_net(train, 99);
+    dsrt_train_options orr = om;
+    orr.callback = NULL;
+    orr.resume = path;
+    dsrt_train_result rr;
+    CHECK_OK(dsrt_train(r, train, &orr, &rr));
+    CHECK_EQ(rr.start_iteration, 5);
+    CHECK_EQ(rr.weights_checksum, rm.weights_checksum);
+
+    /* Bad values are refused naming the option. */
+    dsrt_train_options bad = o;
+    bad.mix_prob = 2;
+    CHECK_EQ(dsrt_train(r, train, &bad, NULL), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "mix_prob: 2");
+    bad = o;
+    bad.label_smoothing = -0.1;
+    CHECK_EQ(dsrt_train(r, train, &bad, NULL), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "label_smoothing: -0.1");
+    dsrt_net_destroy(r);
+    dsrt_net_destroy(b);
+    dsrt_net_destroy(mixed);
+    dsrt_net_destroy(smooth);
+    dsrt_net_destroy(plain);
+    dsrt_datastore_close(train);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
     if (argc == 4 && !strcmp(argv[1], "--full-disk")) return full_disk_main(argv[2], argv[3]);
@@ -950,6 +1022,7 @@ int main(int argc, char **argv) {
     RUN(test_uint8_batches);
     RUN(test_bad_samples);
     RUN(test_resume);
+    RUN(test_mixing);
     RUN(test_worker_states);
     RUN(test_nan);
     RUN(test_transfer);

@@ -1077,6 +1077,8 @@ static struct {
         rand_x_reflection, no_rand_x_reflection, rand_y_reflection, fail_on_error, resize_shorter,
         depth, drop_empty_classes, shuffle_buffer, no_decode_dc;
     const char *order;
+    const char *mixup, *cutmix, *cutmix_minmax, *mix_prob, *mix_switch_prob, *label_smoothing;
+    const char *order_log;
     remote_opts remote;
     uint64_t seed;
     int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
@@ -1116,6 +1118,18 @@ static const option TRAIN_OPTIONS[] = {
     {"gradient-threshold", OPT_STR, &tr.grad_threshold, 0, 0, "X", "GradientThreshold [inf: none]"},
     {"gradient-threshold-method", OPT_STR, &tr.grad_threshold_method, 0, 0, "NAME",
      "l2norm, global-l2norm or absolute-value [l2norm]"},
+    {"mixup", OPT_STR, &tr.mixup, 0, 0, "A",
+     "mixup each batch with lambda ~ Beta(A, A) (timm's mixup_alpha; CPU) [0: none]"},
+    {"cutmix", OPT_STR, &tr.cutmix, 0, 0, "A",
+     "cutmix each batch with lambda ~ Beta(A, A) (timm's cutmix_alpha; CPU) [0: none]"},
+    {"cutmix-minmax", OPT_STR, &tr.cutmix_minmax, 0, 0, "LO,HI",
+     "cutmix box sides drawn in [LO, HI) of the image's, 0 < LO < HI <= 1 [from lambda]"},
+    {"mix-prob", OPT_STR, &tr.mix_prob, 0, 0, "P", "probability that a batch is mixed [1]"},
+    {"mix-switch-prob", OPT_STR, &tr.mix_switch_prob, 0, 0, "P",
+     "with --mixup and --cutmix: probability of cutmix rather than mixup [0.5]"},
+    {"label-smoothing", OPT_STR, &tr.label_smoothing, 0, 0, "E",
+     "train against soft labels 1 - E + E/classes and E/classes, with or without mixing; CPU "
+     "[0]"},
     {"val-frequency", OPT_INT, &tr.val_frequency, 0, INT_MAX, "N",
      "ValidationFrequency in iterations; 0: every epoch [0]"},
     {"val-patience", OPT_INT, &tr.val_patience, 0, INT_MAX, "N",
@@ -1127,9 +1141,10 @@ static const option TRAIN_OPTIONS[] = {
     {"checkpoint-frequency", OPT_INT, &tr.checkpoint_frequency, 1, INT_MAX, "N",
      "CheckpointFrequency [1]"},
     {"checkpoint-unit", OPT_STR, &tr.checkpoint_unit, 0, 0, "UNIT", "epoch or iteration [epoch]"},
-    {"resume", OPT_STR, &tr.resume, 0, 0, "FILE|DIR",
+    {"resume", OPT_STR, &tr.resume, 0, 0, "FILE|DIR|auto",
      "go on from a checkpoint (a folder: its latest); ends with the weights of an "
-     "uninterrupted run"},
+     "uninterrupted run. auto: the newest complete one in --checkpoint-dir, or a fresh start "
+     "when there is none (the same command line for every run of a requeued job)"},
     DEVICE_OPTIONS(tr.dev, "auto (a GPU when there is one), cpu, gpu, multi-gpu (every GPU of "
                            "this machine) or parallel (one worker a process under mpirun) [auto]"),
     {"averaging-frequency", OPT_INT, &tr.averaging_frequency, 0, INT_MAX, "N",
@@ -1187,6 +1202,9 @@ static const option TRAIN_OPTIONS[] = {
      "training-progress plot, rewritten after each epoch"},
     {"log", OPT_STR, &tr.log, 0, 0, "FILE",
      "every iteration, as CSV (.csv) or JSON lines (.jsonl)"},
+    {"order-log", OPT_STR, &tr.order_log, 0, 0, "FILE",
+     "the samples each iteration trained on, a line each: epoch and batch (from 0), then the "
+     "datastore ids in batch order; data parallel: each worker its own share into FILE.RANK"},
     {"verbose-frequency", OPT_INT, &tr.verbose_frequency, 1, INT_MAX, "N",
      "VerboseFrequency: iterations between table rows [50]"},
     {"fail-on-error", OPT_FLAG, &tr.fail_on_error, 0, 0, NULL,
@@ -1259,6 +1277,7 @@ typedef struct {
     int64_t ipe;
     const char *title;
     tool_bad_list bad[2]; /* training, validation */
+    FILE *order;          /* --order-log */
 } train_ui;
 
 /* SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session): the first
@@ -1387,6 +1406,12 @@ static int train_event(void *ctx, const dsrt_train_event *e) {
         break;
     case DSRT_EVENT_ITERATION:
         if (u->log) train_log(u, e);
+        if (u->order) {
+            fprintf(u->order, "%lld %lld:", (long long)e->epoch - 1,
+                    (long long)e->batch_in_epoch - 1);
+            for (size_t i = 0; i < e->ids_count; i++) fprintf(u->order, " %u", e->ids[i]);
+            fputc('\n', u->order);
+        }
         if (e->verbose && u->table) {
             bar_clear(u);
             char a[16], va[16], l[16], vl[16];
@@ -1471,6 +1496,7 @@ typedef struct {
     dsrt_net_options no;
     double lr_factor, new_lr_factor; /* --lr-factor, --new-lr-factor */
     FILE *logf;
+    FILE *orderf; /* --order-log, on every worker */
     int log_json;
     train_ui ui;
     dsrt_datastore *train, *val;
@@ -1479,6 +1505,7 @@ typedef struct {
     dsrt_train_history *hist;
     const char *netname;
     char ckpt[4096]; /* the checkpoint --resume names, when the net comes from it */
+    char auto_ckpt[4096]; /* --resume auto: the checkpoint chosen, "" to start afresh */
     char title[8400];
     /* --execution-environment parallel: this process's communicator, its
      * rank among the world's, whether MPI was started here, and " (worker K
@@ -1596,6 +1623,25 @@ static int resolve_ranges(dsrt_train_options *o) {
     return 0;
 }
 
+/* --cutmix-minmax, and the mixing options that need another. Returns 0,
+ * or 2 after a message. */
+static int resolve_mixing(dsrt_train_options *o) {
+    if (parse_range("train", "cutmix-minmax", tr.cutmix_minmax, 0, o->cutmix_minmax)) return 2;
+    const double *mm = o->cutmix_minmax;
+    if (tr.cutmix_minmax && !(mm[0] > 0 && mm[0] < mm[1] && mm[1] <= 1)) {
+        fprintf(stderr, "%s train: --cutmix-minmax %s: need 0 < LO < HI <= 1\n", prog,
+                tr.cutmix_minmax);
+        return 2;
+    }
+    int mixing = o->mixup_alpha > 0 || o->cutmix_alpha > 0 || tr.cutmix_minmax;
+    if ((tr.mix_prob || tr.mix_switch_prob) && !mixing) {
+        fprintf(stderr, "%s train: --%s goes with --mixup A or --cutmix A\n", prog,
+                tr.mix_prob ? "mix-prob" : "mix-switch-prob");
+        return 2;
+    }
+    return 0;
+}
+
 /* The options that go with others (transfer learning, data-parallel
  * execution), and the data-parallel ones. Returns 0, or 2 after a message. */
 static int resolve_parallel(dsrt_train_options *o, double bucket_mib) {
@@ -1631,6 +1677,17 @@ static int resolve_parallel(dsrt_train_options *o, double bucket_mib) {
     o->comm_options.bucket_bytes = (size_t)(bucket_mib * (1 << 20));
     if (o->comm_options.first_bucket_bytes > o->comm_options.bucket_bytes)
         o->comm_options.first_bucket_bytes = o->comm_options.bucket_bytes;
+    if (tr.resume && !strcmp(tr.resume, "auto") && !tr.checkpoint_dir) {
+        fprintf(stderr, "%s train: --resume auto looks in --checkpoint-dir DIR: give it\n", prog);
+        return 2;
+    }
+    if (tr.transfer && tr.resume && !strcmp(tr.resume, "auto")) {
+        fprintf(stderr,
+                "%s train: --resume auto and --transfer: a resumed run would not start "
+                "from the transferred model; give one\n",
+                prog);
+        return 2;
+    }
     if (tr.transfer && (tr.net || tr.resume)) {
         fprintf(stderr,
                 "%s train: --transfer makes the net: give neither --net nor --resume "
@@ -1676,6 +1733,11 @@ static int train_resolve_options(train_job *j) {
         {"new-lr-factor", &tr.new_lr_factor, 0, 1e6, &j->new_lr_factor},
         {"bucket-size", &tr.bucket_size, 1.0 / 1024, 4096, &bucket_mib},
         {"comm-timeout", &tr.comm_timeout, 1, 86400, &o->comm_options.timeout_s},
+        {"mixup", &tr.mixup, 0, 1e6, &o->mixup_alpha},
+        {"cutmix", &tr.cutmix, 0, 1e6, &o->cutmix_alpha},
+        {"mix-prob", &tr.mix_prob, 0, 1, &o->mix_prob},
+        {"mix-switch-prob", &tr.mix_switch_prob, 0, 1, &o->mix_switch_prob},
+        {"label-smoothing", &tr.label_smoothing, 0, 0.999999, &o->label_smoothing},
     };
     for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
         const train_number *n = &numbers[i];
@@ -1690,6 +1752,7 @@ static int train_resolve_options(train_job *j) {
     o->augment.rand_y_reflection = tr.rand_y_reflection;
     o->augment.decode_dc = !tr.no_decode_dc;
     if (resolve_ranges(o)) return 2;
+    if (resolve_mixing(o)) return 2;
     if (resolve_parallel(o, bucket_mib)) return 2;
     o->max_epochs = tr.epochs;
     o->batch = tr.batch;
@@ -1767,6 +1830,59 @@ static int train_start_comm(train_job *j) {
         tr.no_progress = 1;
     }
     return 0;
+}
+
+/*
+ * --resume auto: the newest complete checkpoint of --checkpoint-dir becomes
+ * --resume, or there is none and the run starts afresh. Worker 0 chooses and
+ * tells the others (one broadcast), so every worker of a data-parallel run
+ * resumes the same checkpoint even where their views of the folder differ.
+ * Newer checkpoints that do not load are named and passed over. Returns 0
+ * or 2 after a message.
+ */
+static int train_resolve_auto_resume(train_job *j) {
+    if (!tr.resume || strcmp(tr.resume, "auto") != 0) return 0;
+    /* 'P' path, 'N' none, 'E' message: what worker 0 found. */
+    char *msg = j->auto_ckpt, skipped[2048] = "";
+    char *buf = calloc(1, sizeof j->auto_ckpt + 1);
+    if (!buf) return 2;
+    if (j->rank == 0) {
+        int rc = dsrt_checkpoint_latest_complete(tr.checkpoint_dir, buf + 1, sizeof j->auto_ckpt,
+                                                 skipped, sizeof skipped);
+        buf[0] = rc == 0 ? 'P' : rc == -ENOENT ? 'N' : 'E';
+        if (buf[0] == 'E') snprintf(buf + 1, sizeof j->auto_ckpt, "%s", dsrt_last_error());
+        for (char *line = skipped; *line;) {
+            char *end = strchr(line, '\n');
+            if (end) *end = '\0';
+            fprintf(stderr, "%s train: --resume auto: passing over %s\n", prog, line);
+            if (!end) break;
+            line = end + 1;
+        }
+    }
+    if (j->comm && dsrt_comm_bcast(j->comm, buf, sizeof j->auto_ckpt + 1, 0) != 0) {
+        fprintf(stderr, "%s train%s: --resume auto: %s\n", prog, j->worker, dsrt_last_error());
+        free(buf);
+        return 2;
+    }
+    int status = 0;
+    buf[sizeof j->auto_ckpt] = '\0';
+    snprintf(msg, sizeof j->auto_ckpt, "%s", buf[0] == 'P' ? buf + 1 : "");
+    if (buf[0] == 'E') {
+        fprintf(stderr, "%s train%s: --resume auto: %s\n", prog, j->worker, buf + 1);
+        status = 2;
+    } else if (j->rank == 0) {
+        if (msg[0])
+            fprintf(stderr, "%s train: --resume auto: resuming from %s\n", prog, msg);
+        else
+            fprintf(stderr,
+                    "%s train: --resume auto: no complete checkpoint in %s: starting "
+                    "afresh\n",
+                    prog, tr.checkpoint_dir);
+    }
+    free(buf);
+    tr.resume = msg[0] ? msg : NULL;
+    j->o.resume = tr.resume;
+    return status;
 }
 
 /* A process that mpirun (or another MPI launcher) started as one of
@@ -1855,6 +1971,14 @@ static int train_open_outputs(train_job *j) {
                     why);
             return 2;
         }
+    if (tr.order_log) {
+        char path[4200];
+        snprintf(path, sizeof path, j->world > 1 ? "%s.%d" : "%s", tr.order_log, j->rank);
+        if (!(j->orderf = tool_open_output(path, why, sizeof why))) {
+            fprintf(stderr, "%s train%s: --order-log %s: %s\n", prog, j->worker, path, why);
+            return 2;
+        }
+    }
     if (j->rank != 0) {
         /* Checked on every worker alike; written by worker 0 only. */
         tr.save = tr.plot = tr.log = tr.bad_list = NULL;
@@ -1993,6 +2117,7 @@ static int train_setup_ui(train_job *j) {
     if ((tr.plot && dsrt_train_history_create(&j->hist) != 0)) return 1;
     train_ui *ui = &j->ui;
     ui->log = j->logf;
+    ui->order = j->orderf;
     ui->log_json = j->log_json;
     ui->hist = j->hist;
     ui->plot = tr.plot;
@@ -2244,6 +2369,10 @@ static int train_close(train_job *j, int status) {
         fprintf(stderr, "%s train: --log %s: the log could not be written in full\n", prog, tr.log);
         if (status == 0) status = 1;
     }
+    if (j->orderf && (ferror(j->orderf) | fclose(j->orderf))) {
+        fprintf(stderr, "%s train: --order-log %s: not written in full\n", prog, tr.order_log);
+        if (status == 0) status = 1;
+    }
     FILE *bad = j->ui.bad[0].out;
     if (bad && (j->ui.bad[0].write_failed | ferror(bad) | fclose(bad))) {
         fprintf(stderr, "%s train: --bad-list %s: the list could not be written in full\n", prog,
@@ -2275,6 +2404,7 @@ static int cmd_train(int argc, char **argv) {
     memset(j, 0, sizeof *j);
     if ((rc = train_resolve_options(j)) || (rc = train_refuse_lone_rank(j))) return rc;
     int status = train_start_comm(j);
+    if (status == 0) status = train_resolve_auto_resume(j);
     if (status == 0) status = train_open_outputs(j);
     if (status == 0) status = train_open_data_and_net(j);
     if (status == 0 && dsrt_train_check(&j->o, j->net, j->train) != 0) {

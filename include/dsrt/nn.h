@@ -268,6 +268,13 @@ typedef struct {
     /* uint8 only, per channel (at most 4): the value the net sees is
      * (x - sub[c]) / div[c]; {0, 255} gives [0, 1]. div must be positive. */
     float sub[4], div[4];
+    /* Soft targets (n, classes), or NULL: the loss is then the cross-entropy
+     * against these rows (-sum_j t_j log p_j, as for mixup, cutmix or label
+     * smoothing: a pipeline batch's soft_labels), labels still count the
+     * correct ones. Rows should sum to 1; values must be finite and not
+     * negative. The CPU backend only: a GPU backend refuses them with
+     * DSRT_EUNSUPPORTED. */
+    const float *soft_labels;
 } dsrt_net_batch;
 
 /*

@@ -150,6 +150,49 @@ typedef struct {
      * the whole batch.
      */
     unsigned parts, part;
+    /*
+     * Batch mixing, as timm's Mixup does it in mode 'batch' (torchvision's
+     * and timm's ImageNet recipes): once a batch is assembled, sample i of
+     * it is mixed with sample count - 1 - i (the batch reversed; with an odd
+     * count the middle sample is its own partner and stays as it is), all
+     * with one lambda. The batch is mixed with probability mix_prob; then,
+     * with both alphas set, cutmix with probability mix_switch_prob, else
+     * mixup. Mixup: image = lambda * own + (1 - lambda) * partner, lambda ~
+     * Beta(mixup_alpha, mixup_alpha). Cutmix: lambda ~ Beta(cutmix_alpha,
+     * cutmix_alpha) sizes a box of sides sqrt(1 - lambda) of the image's
+     * (int(H * r), int(W * r)) centred at a uniform pixel and clipped, or,
+     * with cutmix_minmax, sides drawn uniformly in [int(H * min), int(H *
+     * max)) (and W) placed uniformly inside; the box takes the partner's
+     * pixels, and lambda becomes 1 - box area / image area, as timm's
+     * correct_lam. The draws come from dsrt's counter-based generator keyed
+     * by (seed, epoch, batch index), so a batch is bit-identical whatever
+     * the threads and after a resume. With parts, each part mixes its own
+     * share (as timm does each process's batch), with the same draws.
+     *
+     * Soft labels (dsrt_batch soft_labels) are made when mixing is on or
+     * label_smoothing > 0: row i is lambda * onehot(label_i) + (1 - lambda)
+     * * onehot(label_partner), each one-hot smoothed to 1 - e + e / classes
+     * on the label and e / classes elsewhere (timm's mixup_target), so every
+     * row sums to 1. Mixing needs float NCHW batches of the output size
+     * (not uint8, not native) and no drop_bad; open refuses the rest.
+     */
+    double mixup_alpha;      /* > 0: mixup; 0 (default): none */
+    double cutmix_alpha;     /* > 0: cutmix; 0 (default): none (1 with cutmix_minmax, as timm) */
+    double cutmix_minmax[2]; /* 0 < min < max <= 1: box sides' range; {0, 0} (default): unused */
+    double mix_prob;         /* probability that a batch is mixed, in [0, 1]; default 1 */
+    double mix_switch_prob;  /* with both alphas: probability of cutmix, in [0, 1]; default 0.5 */
+    double label_smoothing;  /* e in [0, 1); default 0 */
+    size_t classes;          /* soft labels' width: 0 (default): dsrt_datastore_num_classes */
+    /*
+     * With parts > 1: 1 fills the last batch of each epoch (when it is
+     * short, without drop_last) up to a multiple of parts with the samples
+     * at the start of the epoch's order, as PyTorch's DistributedSampler
+     * pads, so every part of every batch holds the same count (the epoch
+     * then delivers a few samples twice). 0 (default): the parts of the last
+     * batch differ by at most one, and one may be empty. Not with a source
+     * that streams shards (the shard order).
+     */
+    int pad_last;
 } dsrt_pipeline_options;
 
 /* The defaults described above. */
@@ -183,6 +226,14 @@ typedef struct {
      * place in it of this part's first sample (count and 0 without parts;
      * before drop_bad leaves any out). */
     size_t global_count, part_offset;
+    /* Soft labels (see mixing in the options): (count, classes) floats, each
+     * row summing to 1; NULL when neither mixing nor label smoothing is on.
+     * labels stay each place's own class. */
+    float *soft_labels;
+    size_t classes;    /* row length of soft_labels; 0 without them */
+    double mix_lambda; /* weight of each sample's own image and label: 1 when not mixed */
+    int mix_cutmix;    /* 1: cutmix (the box), 0: mixup or not mixed */
+    int mix_box[4];    /* cutmix box: rows [box[0], box[1]), columns [box[2], box[3]) */
 } dsrt_batch;
 
 // ----------------------------------------------------------------------------

@@ -242,6 +242,19 @@ typedef struct {
 
     dsrt_train_callback callback; /* NULL (default): none */
     void *callback_ctx;
+
+    /*
+     * Batch mixing and label smoothing of the training batches, as
+     * dsrt_pipeline_options' fields of the same names say (timm's Mixup,
+     * mode 'batch'): mixup_alpha, cutmix_alpha, cutmix_minmax 0 (default):
+     * none; mix_prob default 1, mix_switch_prob default 0.5; label_smoothing
+     * in [0, 1), default 0, with or without mixing. With any of them the
+     * loss is the cross-entropy against the soft labels (validation keeps
+     * the hard ones). The CPU backend only: on a GPU the run is refused
+     * before any step. Mixing makes the batches travel as floats.
+     */
+    double mixup_alpha, cutmix_alpha, cutmix_minmax[2], mix_prob, mix_switch_prob;
+    double label_smoothing;
 } dsrt_train_options;
 
 /* The defaults described above. */
@@ -302,6 +315,11 @@ struct dsrt_train_event {
     int bad_worker;  /* BAD_SAMPLE: the worker that found it (every worker hears of every
                         worker's bad samples, each once) */
     int rank, world; /* this worker and the number of workers (1 without data parallel) */
+    /* ITERATION: the datastore ids (dsrt_datastore_id) of the samples this
+     * worker trained on in the step, in batch order, ids_count of them
+     * (valid during the call); NULL and 0 for other events. */
+    const uint32_t *ids;
+    size_t ids_count;
 };
 
 // ----------------------------------------------------------------------------
@@ -382,6 +400,20 @@ DSRT_API uint64_t dsrt_weights_checksum(dsrt_net *net);
  * or another negative code.
  */
 DSRT_API int dsrt_checkpoint_latest(const char *dir, char *path, size_t size);
+
+/*
+ * The newest complete checkpoint in folder dir, for a job that is started
+ * again with the same command line (a requeued batch job): the
+ * dsrt_ckpt_*.dsrt files from the most iterations down, the first that
+ * loads whole (dsrt_checkpoint_load: format and checksums checked) into path
+ * (size bytes). Each newer one that does not load (truncated, corrupt, not
+ * readable) is passed over and named, "PATH: reason" a line, in skipped
+ * (skipped_size bytes, cut if longer; may be NULL). Returns 0, -ENOENT when
+ * the folder holds no complete checkpoint or does not exist, or another
+ * negative code (the folder cannot be read, out of memory).
+ */
+DSRT_API int dsrt_checkpoint_latest_complete(const char *dir, char *path, size_t size,
+                                             char *skipped, size_t skipped_size);
 
 // ----------------------------------------------------------------------------
 // Evaluation

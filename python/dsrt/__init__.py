@@ -9,7 +9,12 @@ are lent without a copy: ``torch.from_dlpack(batch.images)`` and
 the slot goes back to the pipeline when the last such view is freed.
 
 TorchLoader wraps a Pipeline as a drop-in for ``torch.utils.data.DataLoader``:
-iterating it yields ``(images, labels)`` torch tensors, one epoch at a time.
+iterating it yields ``(images, labels)`` torch tensors, one epoch at a time, or
+``(images, soft_labels)`` when the pipeline mixes (mixup, cutmix) or smooths the
+labels, as torchvision's and timm's mixup hand out their targets.
+
+``Pipeline(..., rank=r, world_size=n)`` (or ``rank="env"``) gives a process of a
+data-parallel job its share of every epoch, as DistributedSampler does.
 """
 
 from ._dsrt import Batch, Datastore, Error, Pipeline, Tensor, version
@@ -20,6 +25,14 @@ __version__ = version()
 
 class TorchLoader:
     """An iterable of ``(images, labels)`` torch tensors over a Pipeline.
+
+    When the pipeline makes soft labels (``mixup_alpha``, ``cutmix_alpha``,
+    ``cutmix_minmax`` or ``label_smoothing``), each item is ``(images, targets)``
+    instead, targets the float32 ``(count, classes)`` soft labels, each row
+    summing to 1: what ``nn.CrossEntropyLoss`` takes as class probabilities and
+    what timm's ``Mixup`` and torchvision's ``MixUp``/``CutMix`` return. With
+    ``with_labels=True`` it is ``(images, labels, targets)``, the hard labels
+    (each sample's own class) kept for accuracy.
 
     Usable where a ``torch.utils.data.DataLoader`` was: each ``iter()`` yields the
     batches of one epoch, ``len()`` is the batches per epoch. ``images`` is the
@@ -35,9 +48,11 @@ class TorchLoader:
     ``pipeline.slots - 1`` batches referenced while taking the next one.
     """
 
-    def __init__(self, pipeline, device=None, non_blocking=True, labels_dtype="int64"):
+    def __init__(self, pipeline, device=None, non_blocking=True, labels_dtype="int64",
+                 with_labels=False):
         import torch
 
+        self.with_labels = with_labels
         self.pipeline = pipeline
         self.device = torch.device(device) if device is not None else None
         self.non_blocking = non_blocking
@@ -56,16 +71,25 @@ class TorchLoader:
             y = torch.from_dlpack(batch.labels)
             if self.labels_dtype is not None and y.dtype != self.labels_dtype:
                 y = y.to(self.labels_dtype)
+            soft = batch.soft_labels
+            t = torch.from_dlpack(soft) if soft is not None else None
             if self.device is not None:
                 x = x.to(self.device, non_blocking=self.non_blocking)
                 y = y.to(self.device, non_blocking=self.non_blocking)
+                if t is not None:
+                    t = t.to(self.device, non_blocking=self.non_blocking)
                 if on_gpu and self.non_blocking:
                     event = torch.cuda.Event()
                     event.record()
                     if pending is not None:
                         pending[1].synchronize()
                     pending = (batch, event)
-            del batch
-            yield x, y
+            del batch, soft
+            if t is None:
+                yield x, y
+            elif self.with_labels:
+                yield x, y, t
+            else:
+                yield x, t
         if pending is not None:
             pending[1].synchronize()

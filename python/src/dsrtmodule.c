@@ -1156,6 +1156,23 @@ static PyObject *batch_labels(BatchObject *self, void *unused) {
     return (PyObject *)tensor_new(self, self->b->labels, dt_i32, "i", 1, shape);
 }
 
+static PyObject *batch_soft_labels(BatchObject *self, void *unused) {
+    const dsrt_batch *b = self->b;
+    if (!b->soft_labels) Py_RETURN_NONE;
+    int64_t shape[2] = {(int64_t)b->count, (int64_t)b->classes};
+    return (PyObject *)tensor_new(self, b->soft_labels, dt_f32, "f", 2, shape);
+}
+
+static PyObject *batch_mix_lambda(BatchObject *self, void *unused) {
+    return PyFloat_FromDouble(self->b->mix_lambda);
+}
+
+static PyObject *batch_mix_box(BatchObject *self, void *unused) {
+    const dsrt_batch *b = self->b;
+    if (!b->mix_cutmix) Py_RETURN_NONE;
+    return Py_BuildValue("(iiii)", b->mix_box[0], b->mix_box[1], b->mix_box[2], b->mix_box[3]);
+}
+
 static PyObject *batch_ids(BatchObject *self, void *unused) {
     int64_t shape[1] = {(int64_t)self->b->count};
     return (PyObject *)tensor_new(self, self->b->ids, dt_u32, "I", 1, shape);
@@ -1196,6 +1213,15 @@ static PyGetSetDef batch_getset[] = {
      NULL},
     {"labels", (getter)batch_labels, NULL, "class index of each sample: Tensor (count,) int32",
      NULL},
+    {"soft_labels", (getter)batch_soft_labels, NULL,
+     "targets with mixup, cutmix or label smoothing: Tensor (count, classes) float32, each\n"
+     "row summing to 1 (what nn.CrossEntropyLoss and timm's SoftTargetCrossEntropy take);\n"
+     "None without them",
+     NULL},
+    {"mix_lambda", (getter)batch_mix_lambda, NULL,
+     "weight of each sample's own image and label (1.0 when the batch was not mixed)", NULL},
+    {"mix_box", (getter)batch_mix_box, NULL,
+     "cutmix: the box (y0, y1, x0, x1) that holds the partner's pixels; None otherwise", NULL},
     {"ids", (getter)batch_ids, NULL,
      "datastore id of the sample that filled each place: Tensor (count,) uint32", NULL},
     {"sizes", (getter)batch_sizes, NULL, "height and width of each sample: Tensor (count, 2) int32",
@@ -1347,6 +1373,8 @@ typedef struct {
         *drop_last, *shuffle, *seed, *epochs, *io, *depth, *direct, *max_pixels, *strict, *fail,
         *drop_bad, *max_bad, *max_file, *chunk, *native, *native_px, *gpu, *remote_depth,
         *max_conns, *deadline, *req_timeout;
+    PyObject *mixup, *cutmix, *cutmix_minmax, *mix_prob, *switch_prob, *smoothing, *classes, *rank,
+        *world;
 } pipeline_args;
 
 /* Augmentation: the preset, then the augment keywords, then layout and dtype. */
@@ -1393,6 +1421,93 @@ static int pipeline_augment(const pipeline_args *pa, dsrt_augment_options *a) {
         raise_code(rc, NULL);
         return -1;
     }
+    return 0;
+}
+
+/* An environment variable as an integer in [min, max], with its name in
+ * the message when it is not one. */
+static int env_int(const char *name, long min, long max, long *out) {
+    const char *v = getenv(name);
+    char *end;
+    errno = 0;
+    long x = v && *v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || errno || x < min || x > max) {
+        PyErr_Format(PyExc_ValueError, "rank='env': %s=%s: expected an integer in [%ld, %ld]", name,
+                     v ? v : "", min, max);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/*
+ * rank and world_size: this process's share of every epoch, as parts of
+ * each global batch of batch * world_size samples (dstrain's workers under
+ * mpirun take theirs the same way); rank='env' reads torchrun's RANK and
+ * WORLD_SIZE, or Slurm's SLURM_PROCID and SLURM_NTASKS. Without drop_last
+ * the last batch is padded from the start of the order (pad_last), so every
+ * rank gets as many samples.
+ */
+static int pipeline_ranks(const pipeline_args *pa, dsrt_pipeline_options *o) {
+    PyObject *r = pa->rank && pa->rank != Py_None ? pa->rank : NULL;
+    PyObject *w = pa->world && pa->world != Py_None ? pa->world : NULL;
+    if (!r && !w) return 0;
+    long rank = 0, world = 1;
+    const long most = 65536;
+    if (r && PyUnicode_Check(r)) {
+        if (PyUnicode_CompareWithASCIIString(r, "env") != 0) {
+            PyErr_Format(PyExc_ValueError, "rank: %R: expected an integer or 'env'", r);
+            return -1;
+        }
+        if (w) {
+            PyErr_SetString(PyExc_ValueError,
+                            "rank='env' reads world_size from the environment too: give no "
+                            "world_size");
+            return -1;
+        }
+        const char *rn = "RANK", *wn = "WORLD_SIZE";
+        if (!getenv(rn) && !getenv(wn)) rn = "SLURM_PROCID", wn = "SLURM_NTASKS";
+        if (!getenv(rn) && !getenv(wn)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "rank='env': neither RANK and WORLD_SIZE (torchrun) nor SLURM_PROCID "
+                            "and SLURM_NTASKS (Slurm) are set");
+            return -1;
+        }
+        if (env_int(wn, 1, most, &world) != 0 || env_int(rn, 0, most - 1, &rank) != 0) return -1;
+        if (rank >= world) {
+            PyErr_Format(PyExc_ValueError, "rank='env': %s=%ld is not below %s=%ld", rn, rank, wn,
+                         world);
+            return -1;
+        }
+    } else {
+        if (!r || !w) {
+            PyErr_SetString(PyExc_ValueError,
+                            "rank and world_size go together (or rank='env' alone)");
+            return -1;
+        }
+        uint64_t u;
+        if (get_u64(w, "world_size", (uint64_t)most, &u) != 0) return -1;
+        world = (long)u;
+        if (world < 1) {
+            PyErr_SetString(PyExc_ValueError, "world_size: 0: must be at least 1");
+            return -1;
+        }
+        if (get_u64(r, "rank", (uint64_t)most, &u) != 0) return -1;
+        rank = (long)u;
+        if (rank >= world) {
+            PyErr_Format(PyExc_ValueError, "rank: %ld: not below world_size %ld", rank, world);
+            return -1;
+        }
+    }
+    if (o->batch > SIZE_MAX / (size_t)world) {
+        PyErr_Format(PyExc_ValueError, "batch: %zu times world_size %ld is too large", o->batch,
+                     world);
+        return -1;
+    }
+    o->batch *= (size_t)world;
+    o->parts = (unsigned)world;
+    o->part = (unsigned)rank;
+    o->pad_last = !o->drop_last && world > 1;
     return 0;
 }
 
@@ -1448,9 +1563,21 @@ static int pipeline_options(const pipeline_args *pa, dsrt_pipeline_options *o) {
     if (pa->req_timeout &&
         get_double(pa->req_timeout, "request_timeout", &o->reader.remote.timeout_s) != 0)
         return -1;
+    if (pa->mixup && get_double(pa->mixup, "mixup_alpha", &o->mixup_alpha) != 0) return -1;
+    if (pa->cutmix && get_double(pa->cutmix, "cutmix_alpha", &o->cutmix_alpha) != 0) return -1;
+    if (pa->cutmix_minmax && pa->cutmix_minmax != Py_None &&
+        get_doubles(pa->cutmix_minmax, "cutmix_minmax", o->cutmix_minmax, 2, 0) != 0)
+        return -1;
+    if (pa->mix_prob && get_double(pa->mix_prob, "mix_prob", &o->mix_prob) != 0) return -1;
+    if (pa->switch_prob && get_double(pa->switch_prob, "switch_prob", &o->mix_switch_prob) != 0)
+        return -1;
+    if (pa->smoothing && get_double(pa->smoothing, "label_smoothing", &o->label_smoothing) != 0)
+        return -1;
+    if (pa->classes && pa->classes != Py_None)
+        U64_OPT(pa->classes, "num_classes", (uint64_t)1 << 24, o->classes);
 #undef U64_OPT
 #undef BOOL_OPT
-    return 0;
+    return pipeline_ranks(pa, o);
 }
 
 /* Opens the pipeline on datastore ds and makes self its handle. */
@@ -1532,6 +1659,15 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                              "max_connections",
                              "retry_deadline",
                              "request_timeout",
+                             "mixup_alpha",
+                             "cutmix_alpha",
+                             "cutmix_minmax",
+                             "mix_prob",
+                             "switch_prob",
+                             "label_smoothing",
+                             "num_classes",
+                             "rank",
+                             "world_size",
                              NULL};
     pipeline_args pa = {.preset = Py_None,
                         .augment = Py_None,
@@ -1539,12 +1675,14 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                         .dtype = Py_None,
                         .cpus = Py_None};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist, &Datastore_Type,
-            &pa.ds, &pa.preset, &pa.augment, &pa.layout, &pa.dtype, &pa.batch, &pa.prefetch,
-            &pa.workers, &pa.cpus, &pa.pin, &pa.drop_last, &pa.shuffle, &pa.seed, &pa.epochs,
-            &pa.io, &pa.depth, &pa.direct, &pa.max_pixels, &pa.strict, &pa.fail, &pa.drop_bad,
-            &pa.max_bad, &pa.max_file, &pa.chunk, &pa.native, &pa.native_px, &pa.gpu,
-            &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout))
+            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist,
+            &Datastore_Type, &pa.ds, &pa.preset, &pa.augment, &pa.layout, &pa.dtype, &pa.batch,
+            &pa.prefetch, &pa.workers, &pa.cpus, &pa.pin, &pa.drop_last, &pa.shuffle, &pa.seed,
+            &pa.epochs, &pa.io, &pa.depth, &pa.direct, &pa.max_pixels, &pa.strict, &pa.fail,
+            &pa.drop_bad, &pa.max_bad, &pa.max_file, &pa.chunk, &pa.native, &pa.native_px, &pa.gpu,
+            &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout, &pa.mixup, &pa.cutmix,
+            &pa.cutmix_minmax, &pa.mix_prob, &pa.switch_prob, &pa.smoothing, &pa.classes, &pa.rank,
+            &pa.world))
         return -1;
     if (self->p || self->live || self->busy) {
         /* Open, or its batches still alive: in use. */
@@ -1888,11 +2026,19 @@ static PyTypeObject Pipeline_Type = {
               "         max_pixels=178956970, strict_decode=False, fail_on_error=False,\n"
               "         drop_bad=False, max_consecutive_bad=1000, max_file_bytes=64 MiB, chunk=0,\n"
               "         native=False, native_max_pixels=2097152, gpu=-1, remote_depth=64,\n"
-              "         max_connections=0, retry_deadline=60.0, request_timeout=30.0)\n\n"
+              "         max_connections=0, retry_deadline=60.0, request_timeout=30.0,\n"
+              "         mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, mix_prob=1.0,\n"
+              "         switch_prob=0.5, label_smoothing=0.0, num_classes=None, rank=None,\n"
+              "         world_size=None)\n\n"
               "Batches of augmented samples made in the background by `workers` threads (0: one\n"
               "per core), in order, bit-identical for a seed whatever the thread count.\n"
               "Iterating yields the batches of one epoch (from the current position to the end\n"
-              "of its epoch); len() is the batches per epoch. See the README for every option.",
+              "of its epoch); len() is the batches per epoch. mixup_alpha ... num_classes mix\n"
+              "each batch as timm's Mixup (mode 'batch') and give Batch.soft_labels. rank and\n"
+              "world_size (or rank='env': RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS) give this\n"
+              "process its share of every epoch, `batch` samples a batch, as dstrain's workers\n"
+              "take theirs; without drop_last the last batch is padded from the start of the\n"
+              "order, as DistributedSampler pads. See the README for every option.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)pipeline_init,
     .tp_dealloc = (destructor)pipeline_dealloc,

@@ -937,3 +937,164 @@ def test_max_file_bytes_to_the_byte(folder):
         bad = p.stats()["bad_files"]
     assert len(bad) == 48
     assert all("more than max_file_bytes (10)" in why for _, why in bad)
+
+
+# ----------------------------------------------------------------------------
+# Batch mixing (mixup, cutmix, label smoothing) and soft labels
+
+
+def _epoch(p):
+    """One epoch of a pipeline: images, labels, soft labels, lambda, box, ids."""
+    out = []
+    for b in p:
+        soft = b.soft_labels
+        out.append(
+            (
+                np.from_dlpack(b.images).copy(),
+                np.from_dlpack(b.labels).copy(),
+                None if soft is None else np.from_dlpack(soft).copy(),
+                b.mix_lambda,
+                b.mix_box,
+                np.from_dlpack(b.ids).copy(),
+            )
+        )
+    return out
+
+
+def test_mixing_soft_labels(folder):
+    ds = dsrt.Datastore(folder)
+    common = dict(preset="32", batch=16, epochs=1, seed=3, workers=1)
+    with dsrt.Pipeline(ds, **common) as p:
+        plain = _epoch(p)
+    mix = dict(mixup_alpha=0.8, cutmix_alpha=1.0, mix_prob=1.0, switch_prob=0.5, label_smoothing=0.1)
+    with dsrt.Pipeline(ds, **common, **mix) as p:
+        mixed = _epoch(p)
+    assert plain[0][2] is None and plain[0][3] == 1.0
+    kinds = set()
+    for (x0, y0, _, _, _, _), (x, y, t, lam, box, _) in zip(plain, mixed):
+        n = len(y)
+        assert (y == y0).all()
+        assert t.shape == (n, 3) and t.dtype == np.float32
+        assert np.allclose(t.sum(axis=1), 1.0, atol=1e-6)
+        partner = x0[::-1]
+        for i in range(n):
+            want = np.full(3, 0.1 / 3)
+            want[y[i]] += 0.9 * lam
+            want[y[n - 1 - i]] += 0.9 * (1 - lam)
+            assert np.allclose(t[i], want, atol=1e-6)
+        if box is None:
+            kinds.add("mixup")
+            assert np.allclose(x, lam * x0 + (1 - lam) * partner, atol=1e-5)
+        else:
+            kinds.add("cutmix")
+            y0_, y1_, x0_, x1_ = box
+            assert lam == pytest.approx(1 - (y1_ - y0_) * (x1_ - x0_) / (32 * 32))
+            inside = np.zeros((32, 32), bool)
+            inside[y0_:y1_, x0_:x1_] = True
+            assert (x[:, :, inside] == partner[:, :, inside]).all()
+            assert (x[:, :, ~inside] == x0[:, :, ~inside]).all()
+    assert kinds == {"mixup", "cutmix"}
+    # The same bytes with 3 workers.
+    with dsrt.Pipeline(ds, **dict(common, workers=3, chunk=2), **mix) as p:
+        again = _epoch(p)
+    for a, b in zip(mixed, again):
+        assert (a[0] == b[0]).all() and (a[2] == b[2]).all() and a[3] == b[3]
+
+
+def test_mixing_refused(folder):
+    ds = dsrt.Datastore(folder)
+    with pytest.raises(ValueError, match="needs float NCHW"):
+        dsrt.Pipeline(ds, preset="32", dtype="uint8", mixup_alpha=0.2)
+    with pytest.raises(ValueError, match="label_smoothing: 1"):
+        dsrt.Pipeline(ds, preset="32", label_smoothing=1.0)
+    with pytest.raises(ValueError, match="mix_prob: -0.5"):
+        dsrt.Pipeline(ds, preset="32", cutmix_alpha=1.0, mix_prob=-0.5)
+    with pytest.raises(ValueError, match="classes: 2"):
+        dsrt.Pipeline(ds, preset="32", label_smoothing=0.1, num_classes=2)
+
+
+def test_torch_loader_soft_targets(folder):
+    ds = dsrt.Datastore(folder)
+    with dsrt.Pipeline(ds, preset="32", batch=16, epochs=1, seed=1, mixup_alpha=0.4,
+                       label_smoothing=0.1, num_classes=5) as p:
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 5))
+        for x, t in dsrt.TorchLoader(p):
+            assert t.dtype == torch.float32 and t.shape == (x.shape[0], 5)
+            loss = torch.nn.functional.cross_entropy(net(x), t)
+            assert torch.isfinite(loss)
+    with dsrt.Pipeline(ds, preset="32", batch=16, epochs=1, label_smoothing=0.2) as p:
+        for x, y, t in dsrt.TorchLoader(p, with_labels=True):
+            assert y.dtype == torch.int64
+            assert torch.allclose(t.gather(1, y[:, None]), torch.tensor(0.8 + 0.2 / 3))
+
+
+# ----------------------------------------------------------------------------
+# Ranks: each process's share of every epoch
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_rank_shares(folder, world, drop_last):
+    """48 samples, 5 a rank a batch: the shares of a batch are disjoint, as
+    large as each other, and together the batch of batch * world samples one
+    pipeline makes; over an epoch they cover every sample, the last batch
+    padded from the start of the order (or dropped with drop_last)."""
+    ds = dsrt.Datastore(folder)
+    common = dict(preset="32", epochs=1, seed=5, drop_last=drop_last)
+    with dsrt.Pipeline(ds, batch=5 * world, **common) as p:
+        whole = [np.from_dlpack(b.ids).copy() for b in p]
+        bpe = len(p)
+    shares = []
+    for r in range(world):
+        with dsrt.Pipeline(ds, batch=5, rank=r, world_size=world, workers=1 + r % 2, **common) as p:
+            assert len(p) == bpe
+            shares.append([np.from_dlpack(b.ids).copy() for b in p])
+    for r in range(world):
+        assert len(shares[r]) == len(whole)
+    for k, ids in enumerate(whole):
+        counts = {len(s[k]) for s in shares}
+        assert len(counts) == 1
+        got = np.concatenate([s[k] for s in shares])
+        if len(got) == len(ids):
+            assert (got == ids).all()
+        else:
+            # Padded: the batch's samples, then the first ones of the epoch.
+            assert not drop_last and k % bpe == bpe - 1
+            assert len(got) < len(ids) + world and len(got) % world == 0
+            start = whole[k - k % bpe]
+            assert (got[: len(ids)] == ids).all()
+            assert (got[len(ids):] == start[: len(got) - len(ids)]).all()
+    epoch = np.concatenate([s[k] for k in range(bpe) for s in shares])
+    if drop_last:
+        assert len(set(epoch)) == len(epoch) == bpe * 5 * world
+    else:
+        assert set(epoch) == set(range(48))
+        assert len(epoch) == -(-48 // world) * world
+
+
+def test_rank_from_environment(folder, monkeypatch):
+    ds = dsrt.Datastore(folder)
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="neither RANK and WORLD_SIZE"):
+        dsrt.Pipeline(ds, batch=4, rank="env")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    with dsrt.Pipeline(ds, batch=4, shuffle="never", epochs=1, rank="env") as p:
+        assert list(np.from_dlpack(next(iter(p)).ids)) == [4, 5, 6, 7]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with dsrt.Pipeline(ds, batch=4, shuffle="never", epochs=1, rank="env") as p:
+        assert list(np.from_dlpack(next(iter(p)).ids)) == [0, 1, 2, 3]
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(ValueError, match="RANK=3 is not below WORLD_SIZE=3"):
+        dsrt.Pipeline(ds, batch=4, rank="env")
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="WORLD_SIZE=two"):
+        dsrt.Pipeline(ds, batch=4, rank="env")
+    with pytest.raises(ValueError, match="go together"):
+        dsrt.Pipeline(ds, batch=4, rank=1)
+    with pytest.raises(ValueError, match="rank: 2: not below world_size 2"):
+        dsrt.Pipeline(ds, batch=4, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="'auto'"):
+        dsrt.Pipeline(ds, batch=4, rank="auto")

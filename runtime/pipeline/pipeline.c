@@ -82,6 +82,7 @@
 #include "datastore/bytes/http.h"
 #include "datastore/sources/source.h"
 #include "runtime/internal.h"
+#include "runtime/pipeline/mix.h"
 
 #include <pthread.h>
 #include <stdalign.h>
@@ -197,6 +198,8 @@ struct dsrt_pipeline {
     dsrt_host_mem mem;
     pipe_slot *slots;
     void *meta;                /* labels, ids and sizes of every slot */
+    size_t classes;            /* soft labels' width, 0 without them (mix.c) */
+    float *soft;               /* (nslots, cap, classes) soft labels of every slot */
     atomic_uint_fast64_t *bad; /* (ceil(n / 64)) bitmap of known-bad positions */
 
     pthread_mutex_t order_mu;
@@ -288,6 +291,8 @@ dsrt_pipeline_options dsrt_pipeline_defaults(void) {
     o.gpu = -1;
     o.parts = 1;
     o.part = 0;
+    o.mix_prob = 1.0;
+    o.mix_switch_prob = 0.5;
     return o;
 }
 
@@ -338,6 +343,8 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
     if (o->part >= DSRT_MAX(o->parts, 1u))
         return dsrt__fail(DSRT_EOPTION, "pipeline: part: %u: not in [0, parts %u)", o->part,
                           DSRT_MAX(o->parts, 1u));
+    if (o->pad_last != 0 && o->pad_last != 1)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: pad_last: %d: not 0 or 1", o->pad_last);
     if (o->reader.io != DSRT_IO_AUTO && o->reader.io != DSRT_IO_URING &&
         o->reader.io != DSRT_IO_PREAD)
         return dsrt__fail(DSRT_EOPTION, "pipeline: reader.io: %d: unknown", (int)o->reader.io);
@@ -357,10 +364,15 @@ static int check_options(const dsrt_pipeline_options *o, size_t n) {
 // ----------------------------------------------------------------------------
 // Run positions and slots
 
-/* Samples in batch `index` of an epoch, over all parts. */
+/* Samples in batch `index` of an epoch, over all parts (with pad_last, the
+ * last one rounded up to a multiple of the parts: positions past the end
+ * of the order wrap to its start). */
 static size_t batch_count(const dsrt_pipeline *p, uint64_t index) {
     size_t first = (size_t)index * p->o.batch;
-    return DSRT_MIN(p->o.batch, p->n - first);
+    size_t count = DSRT_MIN(p->o.batch, p->n - first);
+    if (p->o.pad_last && p->o.parts > 1)
+        count = DSRT_MIN((count + p->o.parts - 1) / p->o.parts * p->o.parts, p->o.batch);
+    return count;
 }
 
 /* The first place of this pipeline's part in a batch of `count` samples. */
@@ -385,6 +397,9 @@ static void slot_prepare(dsrt_pipeline *p, pipe_slot *s, uint64_t b) {
     s->b.part_offset = lo;
     s->b.count = part_start(p, all, p->o.part + 1) - lo;
     s->b.shape[0] = (int)s->b.count;
+    s->b.mix_lambda = 1.0;
+    s->b.mix_cutmix = 0;
+    memset(s->b.mix_box, 0, sizeof s->b.mix_box);
     s->remaining = (unsigned)((s->b.count + p->chunk - 1) / p->chunk);
     if (s->remaining == 0) {
         /* An empty part (a batch smaller than the parts): ready as it is. */
@@ -1005,8 +1020,22 @@ static void *worker_main(void *arg) {
                 if (p->fatal_batch == PIPE_NONE || b < p->fatal_batch) p->fatal_batch = b;
             }
             if (--s->remaining == 0) {
-                s->ready_for = b;
-                pthread_cond_broadcast(&p->ready_cv);
+                /* The batch is whole: mix it (mix.c) before the consumer
+                 * sees it, outside the lock, still counted active so that
+                 * a reset or close waits for it. */
+                if (p->classes && s->fail_code == 0) {
+                    p->active++;
+                    pthread_mutex_unlock(&p->mu);
+                    uint64_t t = now_ns();
+                    dsrt__mix_batch(&p->o, &s->b);
+                    add(&w->augment_ns, now_ns() - t);
+                    pthread_mutex_lock(&p->mu);
+                    p->active--;
+                }
+                if (!p->pause && !p->stop) {
+                    s->ready_for = b;
+                    pthread_cond_broadcast(&p->ready_cv);
+                }
             }
         }
         if (p->active == 0 && (p->pause || p->stop)) pthread_cond_broadcast(&p->ctl_cv);
@@ -1103,6 +1132,7 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
     free(p->bad_list);
     dsrt__arena_free(&p->bad_text);
     free(p->meta);
+    free(p->soft);
     free(p->slots);
     dsrt__host_free(&p->mem);
     dsrt__cpus_close(p->cpus);
@@ -1143,6 +1173,8 @@ static int slots_init(dsrt_pipeline *p) {
     p->slots = dsrt__calloc(p->nslots, sizeof *p->slots);
     p->meta = dsrt__calloc(p->nslots, per);
     if (!p->slots || !p->meta) return -ENOMEM;
+    if (p->classes && !(p->soft = dsrt__calloc((size_t)p->nslots * B, p->classes * sizeof(float))))
+        return -ENOMEM;
     for (unsigned i = 0; i < p->nslots; i++) {
         dsrt_batch *b = &p->slots[i].b;
         char *m = (char *)p->meta + i * per;
@@ -1151,6 +1183,10 @@ static int slots_init(dsrt_pipeline *p) {
         b->ids = (uint32_t *)(m + B * sizeof(int32_t));
         b->sizes = (int32_t *)(m + B * 2 * sizeof(int32_t));
         b->capacity = B;
+        if (p->soft) {
+            b->soft_labels = p->soft + (size_t)i * B * p->classes;
+            b->classes = p->classes;
+        }
         b->sample_stride = p->stride;
         b->sample_bytes = p->sample_bytes;
         b->layout = a->layout;
@@ -1226,7 +1262,12 @@ static int feed_open(dsrt_pipeline *p) {
                             .epochs = p->o.epochs,
                             .open_epochs = epochs_open(p)};
     int rc = dsrt__feed_open(&p->feed, p->ds, &fo);
-    return rc ? dsrt__fail_prefix(rc, "pipeline") : 0;
+    if (rc) return dsrt__fail_prefix(rc, "pipeline");
+    if (p->feed && p->o.pad_last && p->o.parts > 1)
+        return dsrt__fail(DSRT_EOPTION,
+                          "pipeline: pad_last: not with the shard order's stream (give the exact "
+                          "order, or drop_last)");
+    return 0;
 }
 
 /* The sizes of the run: chunks, batches per epoch; checks the epochs and
@@ -1291,6 +1332,9 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     if (rc != 0) return rc;
     if (opt.parts == 0) opt.parts = 1;
     if ((rc = dsrt_augment_check(&aug)) != 0) return dsrt__fail_prefix(rc, "pipeline");
+    size_t classes = 0;
+    if ((rc = dsrt__mix_check(&opt, &aug, dsrt_datastore_num_classes(ds), &classes)) != 0)
+        return rc;
 
     dsrt_pipeline *p = dsrt__calloc(1, sizeof *p);
     if (!p) return -ENOMEM;
@@ -1299,6 +1343,7 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     p->n = n;
     p->o = opt;
     p->aug = aug;
+    p->classes = classes;
     p->native = native_options(&aug);
     p->in_memory = dsrt_datastore_path(ds, 0) == NULL;
     p->remote = !p->in_memory && dsrt_datastore_remote(ds);

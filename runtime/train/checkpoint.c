@@ -111,6 +111,90 @@ int dsrt_checkpoint_latest(const char *dir, char *path, size_t size) {
     return 0;
 }
 
+/* A checkpoint file's name and its iteration. */
+typedef struct {
+    long long it;
+    char name[256];
+} ckpt_name;
+
+static int by_iteration_down(const void *a, const void *b) {
+    long long x = ((const ckpt_name *)a)->it, y = ((const ckpt_name *)b)->it;
+    return x < y   ? 1
+           : x > y ? -1
+                   : strcmp(((const ckpt_name *)a)->name, ((const ckpt_name *)b)->name);
+}
+
+int dsrt_checkpoint_latest_complete(const char *dir, char *path, size_t size, char *skipped,
+                                    size_t skipped_size) {
+    if (skipped && skipped_size) skipped[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        if (e == ENOENT) return dsrt__fail(-ENOENT, "checkpoint: %s: no such folder", dir);
+        return dsrt__fail(-e, "checkpoint: %s: %s", dir, strerror(e));
+    }
+    ckpt_name *all = NULL;
+    size_t n = 0, cap = 0;
+    const size_t np = strlen(CKPT_PREFIX), ns = strlen(CKPT_SUFFIX);
+    int rc = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len <= np + ns || len >= sizeof all->name || strncmp(e->d_name, CKPT_PREFIX, np) != 0 ||
+            strcmp(e->d_name + len - ns, CKPT_SUFFIX) != 0)
+            continue;
+        const char *i = strstr(e->d_name, "_i");
+        long long it;
+        if (!i || sscanf(i + 2, "%lld", &it) != 1) continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            ckpt_name *na = realloc(all, nc * sizeof *na);
+            if (!na) {
+                rc = dsrt__fail(-ENOMEM, "checkpoint: %s: out of memory", dir);
+                break;
+            }
+            all = na;
+            cap = nc;
+        }
+        all[n].it = it;
+        memcpy(all[n].name, e->d_name, len + 1);
+        n++;
+    }
+    closedir(d);
+    if (rc) goto out;
+    qsort(all, n, sizeof *all, by_iteration_down);
+    dsrt_net_options no = dsrt_net_defaults();
+    no.threads = 1;
+    size_t used = 0;
+    rc = -ENOENT;
+    for (size_t k = 0; k < n && rc == -ENOENT; k++) {
+        if ((size_t)snprintf(path, size, "%s/%s", dir, all[k].name) >= size) {
+            rc = dsrt__fail(-ENAMETOOLONG, "checkpoint: %s/%s: path too long", dir, all[k].name);
+            break;
+        }
+        dsrt_net *net = NULL;
+        dsrt_optimizer *opt = NULL;
+        if (dsrt_checkpoint_load(path, &net, &opt, NULL, &no) == 0) {
+            rc = 0;
+        } else if (skipped && used + 1 < skipped_size) {
+            int w =
+                snprintf(skipped + used, skipped_size - used, "%s: %s\n", path, dsrt_last_error());
+            used = DSRT_MIN(used + (w > 0 ? (size_t)w : 0), skipped_size - 1);
+        }
+        dsrt_optimizer_destroy(opt);
+        dsrt_net_destroy(net);
+    }
+    if (rc == 0) {
+        dsrt__clear_error();
+    } else if (rc == -ENOENT) {
+        if (size) path[0] = '\0';
+        dsrt__fail(-ENOENT, "checkpoint: %s: no complete %s*%s file (%zu found)", dir, CKPT_PREFIX,
+                   CKPT_SUFFIX, n);
+    }
+out:
+    free(all);
+    return rc;
+}
+
 uint64_t dsrt_weights_checksum(dsrt_net *net) {
     size_t n;
     const uint8_t *p = (const uint8_t *)dsrt_net_params(net, &n);

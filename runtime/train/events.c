@@ -90,5 +90,10 @@ int dsrt__train_emit(run *R, dsrt_train_event_kind kind) {
     if (R->vp) stop |= dsrt__train_emit_bad(R, R->vp, 1);
     if (!R->o->callback) return 0;
     R->ev.kind = kind;
-    return (R->o->callback(R->o->callback_ctx, &R->ev) != 0) | stop;
+    dsrt_train_event ev = R->ev;
+    if (kind != DSRT_EVENT_ITERATION) {
+        ev.ids = NULL;
+        ev.ids_count = 0;
+    }
+    return (R->o->callback(R->o->callback_ctx, &ev) != 0) | stop;
 }

@@ -143,6 +143,7 @@ typedef struct {
     /* The batch taken for the next step, whether it was copied to the
      * device, and why taking it failed (reported when it is due). */
     dsrt_batch *b;
+    uint32_t *step_ids; /* (batch) the ids of the step's batch, for the ITERATION event */
     int copied;
     int pending;
     char pending_msg[1024];

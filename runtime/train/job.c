@@ -259,6 +259,13 @@ static void job_items(const run *R, job_list *l, const uint64_t files_hash[2]) {
     add_int(l, "average_optimizer_state", o->average_optimizer_state);
     add_int(l, "bn_statistics", o->bn_statistics);
     add_int(l, "fail_on_error", o->fail_on_error);
+    add_real(l, "mixup_alpha", o->mixup_alpha);
+    add_real(l, "cutmix_alpha", o->cutmix_alpha);
+    add_real(l, "cutmix_minmax[0]", o->cutmix_minmax[0]);
+    add_real(l, "cutmix_minmax[1]", o->cutmix_minmax[1]);
+    add_real(l, "mix_prob", o->mix_prob);
+    add_real(l, "mix_switch_prob", o->mix_switch_prob);
+    add_real(l, "label_smoothing", o->label_smoothing);
     add_augment(l, &o->augment);
     /* The data before the net, whose description names the classes. */
     add_data(l, R->train, 1, files_hash[0]);

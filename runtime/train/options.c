@@ -61,6 +61,8 @@ dsrt_train_options dsrt_train_defaults(void) {
     o.pin = 1;
     o.prefetch = 4;
     o.fail_on_error = 0;
+    o.mix_prob = 1.0;
+    o.mix_switch_prob = 0.5;
     return o;
 }
 
@@ -282,6 +284,20 @@ static int check_loop(const dsrt_train_options *o) {
          o->batch, MAX_BATCH);
     BADO((unsigned)o->shuffle <= DSRT_SHUFFLE_EVERY_EPOCH, "shuffle: %d: unknown", (int)o->shuffle);
     BADO(o->drop_last == 0 || o->drop_last == 1, "drop_last: %d: not 0 or 1", o->drop_last);
+    BADO(o->mixup_alpha >= 0 && isfinite(o->mixup_alpha), "mixup_alpha: %g: must be 0 or positive",
+         o->mixup_alpha);
+    BADO(o->cutmix_alpha >= 0 && isfinite(o->cutmix_alpha),
+         "cutmix_alpha: %g: must be 0 or positive", o->cutmix_alpha);
+    BADO((o->cutmix_minmax[0] == 0 && o->cutmix_minmax[1] == 0) ||
+             (o->cutmix_minmax[0] > 0 && o->cutmix_minmax[0] < o->cutmix_minmax[1] &&
+              o->cutmix_minmax[1] <= 1),
+         "cutmix_minmax: [%g, %g]: need 0 < min < max <= 1, or both 0", o->cutmix_minmax[0],
+         o->cutmix_minmax[1]);
+    BADO(o->mix_prob >= 0 && o->mix_prob <= 1, "mix_prob: %g: not in [0, 1]", o->mix_prob);
+    BADO(o->mix_switch_prob >= 0 && o->mix_switch_prob <= 1, "mix_switch_prob: %g: not in [0, 1]",
+         o->mix_switch_prob);
+    BADO(o->label_smoothing >= 0 && o->label_smoothing < 1, "label_smoothing: %g: not in [0, 1)",
+         o->label_smoothing);
     rc = check_optimizer(&o->optimizer);
     if (rc) return rc;
     BADO(o->validation_frequency >= 0,

@@ -57,6 +57,7 @@ static dsrt_net_batch net_batch(const run *R, const dsrt_batch *b) {
     in.data = b->data;
     in.layout = R->u8 ? DSRT_INPUT_U8_NHWC : DSRT_INPUT_F32_NCHW;
     in.labels = b->labels;
+    in.soft_labels = b->soft_labels;
     in.n = (int)b->count;
     /* Gradients summed over the workers: each scales by its share. */
     in.global_n = R->comm && !R->averaging ? (int)b->global_count : 0;
@@ -163,11 +164,25 @@ static void after_validation(run *R, double vl, double va, int64_t iteration) {
 // Open: the device, the optimizer, the checkpoint to resume, the cores, the
 // pipelines and the position
 
+/* Mixup or cutmix asked for: the batches are mixed as floats. */
+static int train_mixing(const dsrt_train_options *o) {
+    return o->mixup_alpha > 0 || o->cutmix_alpha > 0 || o->cutmix_minmax[1] > 0;
+}
+
+/* The loss takes soft labels: mixing, or label smoothing. */
+static int train_soft_labels(const dsrt_train_options *o) {
+    return train_mixing(o) || o->label_smoothing > 0;
+}
+
 /* The net computes where the execution environment says. Nothing to undo
  * when this fails. */
 static int run_device(run *R) {
     int device = DSRT_DEVICE_CPU, rc;
     if ((rc = dsrt__train_resolve_device(R->o, &device))) return rc;
+    if (train_soft_labels(R->o) && device != DSRT_DEVICE_CPU)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "train: mixup, cutmix and label smoothing train against soft labels, "
+                          "which only the CPU backend takes (execution environment cpu)");
     if ((rc = dsrt_net_set_device(R->net, device))) return dsrt__fail_prefix(rc, "train");
     dsrt_net_device_time(R->net, &R->busy0, &R->idle0);
     dsrt_net_get_info(R->net, &R->ni);
@@ -194,9 +209,18 @@ static int open_pipelines(run *R, const dsrt_augment_options *aug,
     po.gpu = R->ni.device;
     po.parts = (unsigned)R->world;
     po.part = (unsigned)R->rank;
+    po.mixup_alpha = o->mixup_alpha;
+    po.cutmix_alpha = o->cutmix_alpha;
+    po.cutmix_minmax[0] = o->cutmix_minmax[0];
+    po.cutmix_minmax[1] = o->cutmix_minmax[1];
+    po.mix_prob = o->mix_prob;
+    po.mix_switch_prob = o->mix_switch_prob;
+    po.label_smoothing = o->label_smoothing;
+    po.classes = (size_t)R->ni.classes;
     if (o->read_depth) po.reader.depth = o->read_depth;
     dsrt__remote_apply(&po.reader.remote, &o->remote);
     if ((rc = dsrt_pipeline_open(&R->p, R->train, aug, &po))) return dsrt__fail_prefix(rc, "train");
+    if (!(R->step_ids = dsrt__calloc(po.batch, sizeof *R->step_ids))) return -ENOMEM;
     if (!o->validation) return 0;
     dsrt_pipeline_options vo = po;
     R->vbatch = o->validation_batch ? o->validation_batch : o->batch;
@@ -206,6 +230,9 @@ static int open_pipelines(run *R, const dsrt_augment_options *aug,
     vo.shuffle = DSRT_SHUFFLE_NEVER;
     vo.epochs = 0;
     vo.drop_bad = 1;
+    /* Validation scores the images as they are, against the hard labels. */
+    vo.mixup_alpha = vo.cutmix_alpha = vo.label_smoothing = 0;
+    vo.cutmix_minmax[0] = vo.cutmix_minmax[1] = 0;
     if ((rc = dsrt_pipeline_open(&R->vp, o->validation, vaug, &vo)))
         return dsrt__fail_prefix(rc, "train: validation");
     R->vbpe = dsrt_pipeline_batches_per_epoch(R->vp);
@@ -233,7 +260,7 @@ static int run_open(run *R) {
     vaug = aug;
     dsrt__train_fixed_augment(&vaug);
     R->u8 = (o->uint8_batches == 1 || (o->uint8_batches < 0 && R->ni.device >= 0)) &&
-            u8_transfer(&aug, R->sub_div);
+            !train_mixing(o) && u8_transfer(&aug, R->sub_div);
 
     /* What each worker opens for itself, then agreed: a worker that could
      * not fails every worker here, before any step. */
@@ -442,7 +469,7 @@ static int run_step(run *R) {
     dsrt_train_event *ev = &R->ev;
     dsrt_batch *b = R->b;
     int64_t epoch = R->it / R->bpe, index = R->it % R->bpe;
-    size_t count = 0;
+    size_t count = 0, b_count = 0;
     float loss = 0;
     int correct = 0, rc;
     if (!b) {
@@ -452,6 +479,8 @@ static int run_step(run *R) {
         epoch = (int64_t)b->epoch;
         index = (int64_t)b->index;
         count = b->count;
+        b_count = count;
+        if (R->step_ids) memcpy(R->step_ids, b->ids, count * sizeof *R->step_ids);
         rc = forward_backward(R, b, &loss, &correct);
         if (rc == DSRT_ENAN) {
             loss = NAN;
@@ -502,7 +531,12 @@ static int run_step(run *R) {
     ev->loss = dloss;
     ev->accuracy = r->accuracy;
     ev->val_loss = ev->val_accuracy = NAN;
-    return after_step(R, epoch, index);
+    ev->ids = R->step_ids;
+    ev->ids_count = R->step_ids ? b_count : 0;
+    rc = after_step(R, epoch, index);
+    ev->ids = NULL;
+    ev->ids_count = 0;
+    return rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -613,6 +647,7 @@ static int run_close(run *R, int rc) {
     free(R->best_state);
     free(R->vmap);
     free(R->vlabels);
+    free(R->step_ids);
     free(R->cpus);
     dsrt__id_set_free(&R->bad_ids[0]);
     dsrt__id_set_free(&R->bad_ids[1]);
