@@ -63,6 +63,17 @@ dsrt_augment_options dsrt_augment_defaults(void) {
     for (int c = 0; c < 3; c++) o.std[c] = 1.0f;
     o.decode_oversample = 1.0;
     o.decode_dc = 1;
+    o.crop_scale[0] = 0.08;
+    o.crop_scale[1] = 1.0;
+    o.crop_ratio[0] = 3.0 / 4.0;
+    o.crop_ratio[1] = 4.0 / 3.0;
+    o.brightness[0] = o.brightness[1] = 1.0;
+    o.contrast[0] = o.contrast[1] = 1.0;
+    o.saturation[0] = o.saturation[1] = 1.0;
+    o.erase_scale[0] = 0.02;
+    o.erase_scale[1] = 0.33;
+    o.erase_ratio[0] = 0.3;
+    o.erase_ratio[1] = 3.3;
     return o;
 }
 
@@ -105,6 +116,34 @@ void dsrt_augment_preset_32(dsrt_augment_options *o) {
     o->decode_oversample = 1.0;
 }
 
+/* torchvision's Normalize with ImageNet's mean and std, in [0, 255] units. */
+static void imagenet_norm(dsrt_augment_options *o) {
+    static const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    o->norm = DSRT_AUGMENT_NORM_ZSCORE;
+    for (int c = 0; c < 3; c++) {
+        o->mean[c] = 255.0f * mean[c];
+        o->std[c] = 255.0f * std[c];
+    }
+}
+
+void dsrt_augment_preset_imagenet(dsrt_augment_options *o) {
+    *o = dsrt_augment_defaults();
+    o->output_height = o->output_width = 224;
+    o->size_mode = DSRT_AUGMENT_RANDRESIZEDCROP;
+    o->rand_x_reflection = 1;
+    o->brightness[0] = o->contrast[0] = o->saturation[0] = 0.6;
+    o->brightness[1] = o->contrast[1] = o->saturation[1] = 1.4;
+    imagenet_norm(o);
+}
+
+void dsrt_augment_preset_imagenet_val(dsrt_augment_options *o) {
+    *o = dsrt_augment_defaults();
+    o->output_height = o->output_width = 224;
+    o->resize_shorter = 256;
+    o->size_mode = DSRT_AUGMENT_CENTERCROP;
+    imagenet_norm(o);
+}
+
 static int check_range(const char *name, const double r[2], double min, double max) {
     if (!isfinite(r[0]) || !isfinite(r[1]))
         return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: not finite", name, r[0], r[1]);
@@ -114,6 +153,51 @@ static int check_range(const char *name, const double r[2], double min, double m
     if (r[0] < min || r[1] > max)
         return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: outside [%g, %g]", name, r[0], r[1],
                           min, max);
+    return 0;
+}
+
+/* A fraction range within (0, 1]. */
+static int check_fraction(const char *name, const double r[2]) {
+    int rc = check_range(name, r, 0.0, 1.0);
+    if (rc == 0 && !(r[0] > 0.0))
+        return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: low is not above 0", name, r[0],
+                          r[1]);
+    return rc;
+}
+
+static int check_probability(const char *name, double p) {
+    if (!(p >= 0.0 && p <= 1.0))
+        return dsrt__fail(DSRT_EOPTION, "augment: %s: %g: not in [0, 1]", name, p);
+    return 0;
+}
+
+/* The options of the random-resized crop, the colour and the erasing. */
+static int check_recipe(const dsrt_augment_options *o) {
+    int rc;
+    const double rmin = DSRT_AUGMENT_RATIO_MIN, rmax = DSRT_AUGMENT_RATIO_MAX,
+                 cmax = DSRT_AUGMENT_COLOR_MAX;
+    if ((rc = check_fraction("crop_scale", o->crop_scale)) ||
+        (rc = check_range("crop_ratio", o->crop_ratio, rmin, rmax)) ||
+        (rc = check_range("brightness", o->brightness, 0.0, cmax)) ||
+        (rc = check_range("contrast", o->contrast, 0.0, cmax)) ||
+        (rc = check_range("saturation", o->saturation, 0.0, cmax)) ||
+        (rc = check_range("hue", o->hue, -0.5, 0.5)) ||
+        (rc = check_probability("grayscale_probability", o->grayscale_probability)) ||
+        (rc = check_probability("erase_probability", o->erase_probability)) ||
+        (rc = check_fraction("erase_scale", o->erase_scale)) ||
+        (rc = check_range("erase_ratio", o->erase_ratio, rmin, rmax)))
+        return rc;
+    if (o->erase_random != 0 && o->erase_random != 1)
+        return dsrt__fail(DSRT_EOPTION, "augment: erase_random: %d: not 0 or 1", o->erase_random);
+    for (int c = 0; c < o->output_channels; c++)
+        if (!isfinite(o->erase_value[c]))
+            return dsrt__fail(DSRT_EOPTION, "augment: erase_value[%d]: %g: not finite", c,
+                              (double)o->erase_value[c]);
+    if (o->erase_probability > 0.0 && o->layout != DSRT_AUGMENT_F32_NCHW)
+        return dsrt__fail(DSRT_EOPTION,
+                          "augment: erase_probability: %g: erasing writes normalised values, "
+                          "float output only (layout DSRT_AUGMENT_F32_NCHW)",
+                          o->erase_probability);
     return 0;
 }
 
@@ -129,7 +213,7 @@ int dsrt_augment_check(const dsrt_augment_options *o) {
     if (o->output_channels != 1 && o->output_channels != 3)
         return dsrt__fail(DSRT_EOPTION, "augment: output_channels: %d: not 1 or 3",
                           o->output_channels);
-    if ((unsigned)o->size_mode > DSRT_AUGMENT_RANDCROP)
+    if ((unsigned)o->size_mode > DSRT_AUGMENT_RANDRESIZEDCROP)
         return dsrt__fail(DSRT_EOPTION, "augment: size_mode: %d: unknown", (int)o->size_mode);
     if (o->resize_shorter < 0 || o->resize_shorter > 65535)
         return dsrt__fail(DSRT_EOPTION, "augment: resize_shorter: %d: not in [0, 65535]",
@@ -199,7 +283,7 @@ int dsrt_augment_check(const dsrt_augment_options *o) {
     if (!(o->decode_oversample >= 1.0 && o->decode_oversample <= 64.0))
         return dsrt__fail(DSRT_EOPTION, "augment: decode_oversample: %g: not in [1, 64]",
                           o->decode_oversample);
-    return 0;
+    return check_recipe(o);
 }
 
 size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o) {
@@ -225,6 +309,14 @@ enum {
     STREAM_Y_TRANSLATION,
     STREAM_CROP_X,
     STREAM_CROP_Y,
+    STREAM_RESIZED_CROP,
+    STREAM_BRIGHTNESS,
+    STREAM_CONTRAST,
+    STREAM_SATURATION,
+    STREAM_HUE,
+    STREAM_COLOR_ORDER,
+    STREAM_GRAYSCALE,
+    STREAM_ERASE,
 };
 #define STREAM_BASE 0x6175676d00000000ULL
 
@@ -280,6 +372,111 @@ static int draw_crop(const dsrt_augment_options *o, int work, int out, uint64_t 
     return spare >= 0 ? spare / 2 : -((1 - spare) / 2); /* floor(spare / 2) */
 }
 
+/* Python's round(): to the nearest whole number, halves to even (the
+ * default rounding mode). */
+static int round_even(double x) {
+    return (int)nearbyint(x);
+}
+
+/* torchvision 0.14's RandomResizedCrop.get_params on a w x h image: ten
+ * tries at a random area and aspect, then the central window clamped to the
+ * aspect range. */
+static void draw_resized_crop(const dsrt_augment_options *o, int w, int h, dsrt_rng *g,
+                              dsrt_augment_params *p) {
+    double area = (double)w * h;
+    double lr0 = log(o->crop_ratio[0]), lr1 = log(o->crop_ratio[1]);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        double target = area * (o->crop_scale[0] +
+                                (o->crop_scale[1] - o->crop_scale[0]) * dsrt_rng_uniform(g));
+        double aspect = exp(lr0 + (lr1 - lr0) * dsrt_rng_uniform(g));
+        int cw = round_even(sqrt(target * aspect)), ch = round_even(sqrt(target / aspect));
+        if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
+            p->crop_y = (int)dsrt_rng_below(g, (uint64_t)(h - ch) + 1);
+            p->crop_x = (int)dsrt_rng_below(g, (uint64_t)(w - cw) + 1);
+            p->crop_width = cw;
+            p->crop_height = ch;
+            return;
+        }
+    }
+    double in_ratio = (double)w / h;
+    int cw = w, ch = h;
+    if (in_ratio < o->crop_ratio[0]) {
+        ch = round_even(cw / o->crop_ratio[0]);
+    } else if (in_ratio > o->crop_ratio[1]) {
+        cw = round_even(ch * o->crop_ratio[1]);
+    }
+    cw = DSRT_MAX(1, DSRT_MIN(cw, w));
+    ch = DSRT_MAX(1, DSRT_MIN(ch, h));
+    p->crop_width = cw;
+    p->crop_height = ch;
+    p->crop_x = (w - cw) / 2;
+    p->crop_y = (h - ch) / 2;
+}
+
+/* 1 when the colour adjustment's range is not the identity. */
+static int color_on(const dsrt_augment_options *o, int op) {
+    switch (op) {
+    case DSRT_AUGMENT_BRIGHTNESS:
+        return o->brightness[0] != 1.0 || o->brightness[1] != 1.0;
+    case DSRT_AUGMENT_CONTRAST:
+        return o->contrast[0] != 1.0 || o->contrast[1] != 1.0;
+    case DSRT_AUGMENT_SATURATION:
+        return o->saturation[0] != 1.0 || o->saturation[1] != 1.0;
+    default:
+        return o->hue[0] != 0.0 || o->hue[1] != 0.0;
+    }
+}
+
+/* ColorJitter's choices: a factor per adjustment (each its own stream), the
+ * order a random permutation (Fisher-Yates); RandomGrayscale's coin. */
+static void draw_color(const dsrt_augment_options *o, uint64_t seed, uint64_t epoch, uint64_t id,
+                       dsrt_augment_params *p) {
+    p->brightness = draw_range(o->brightness, seed, epoch, id, STREAM_BRIGHTNESS);
+    p->contrast = draw_range(o->contrast, seed, epoch, id, STREAM_CONTRAST);
+    p->saturation = draw_range(o->saturation, seed, epoch, id, STREAM_SATURATION);
+    p->hue = draw_range(o->hue, seed, epoch, id, STREAM_HUE);
+    for (int i = 0; i < 4; i++) p->color_order[i] = i;
+    int any = 0;
+    for (int i = 0; i < 4; i++) any |= color_on(o, i);
+    if (any) {
+        dsrt_rng g = stream(seed, epoch, id, STREAM_COLOR_ORDER);
+        for (int i = 3; i > 0; i--) {
+            int j = (int)dsrt_rng_below(&g, (uint64_t)i + 1), t = p->color_order[i];
+            p->color_order[i] = p->color_order[j];
+            p->color_order[j] = t;
+        }
+    }
+    if (o->grayscale_probability > 0.0) {
+        dsrt_rng g = stream(seed, epoch, id, STREAM_GRAYSCALE);
+        p->grayscale = dsrt_rng_uniform(&g) < o->grayscale_probability;
+    }
+}
+
+/* torchvision 0.14's RandomErasing: the coin, then ten tries at a box of
+ * random area and aspect (height / width) strictly inside the output. */
+static void draw_erase(const dsrt_augment_options *o, uint64_t seed, uint64_t epoch, uint64_t id,
+                       dsrt_augment_params *p) {
+    if (!(o->erase_probability > 0.0)) return;
+    dsrt_rng g = stream(seed, epoch, id, STREAM_ERASE);
+    if (!(dsrt_rng_uniform(&g) < o->erase_probability)) return;
+    int oh = o->output_height, ow = o->output_width;
+    double area = (double)oh * ow;
+    double lr0 = log(o->erase_ratio[0]), lr1 = log(o->erase_ratio[1]);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        double target = area * (o->erase_scale[0] +
+                                (o->erase_scale[1] - o->erase_scale[0]) * dsrt_rng_uniform(&g));
+        double aspect = exp(lr0 + (lr1 - lr0) * dsrt_rng_uniform(&g));
+        int h = round_even(sqrt(target * aspect)), w = round_even(sqrt(target / aspect));
+        if (!(h < oh && w < ow)) continue;
+        p->erase_y = (int)dsrt_rng_below(&g, (uint64_t)(oh - h) + 1);
+        p->erase_x = (int)dsrt_rng_below(&g, (uint64_t)(ow - w) + 1);
+        p->erase_height = h;
+        p->erase_width = w;
+        p->erase_key = dsrt_rng_u64(&g);
+        return;
+    }
+}
+
 void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, uint64_t seed,
                        uint64_t epoch, uint64_t id, dsrt_augment_params *p) {
     int ww, wh;
@@ -302,6 +499,13 @@ void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, ui
     }
     p->x_shear = draw_range(o->rand_x_shear, seed, epoch, id, STREAM_X_SHEAR);
     p->y_shear = draw_range(o->rand_y_shear, seed, epoch, id, STREAM_Y_SHEAR);
+    if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        dsrt_rng g = stream(seed, epoch, id, STREAM_RESIZED_CROP);
+        draw_resized_crop(o, ww, wh, &g, p);
+    } else {
+        p->crop_x = draw_crop(o, ww, o->output_width, seed, epoch, id, STREAM_CROP_X);
+        p->crop_y = draw_crop(o, wh, o->output_height, seed, epoch, id, STREAM_CROP_Y);
+    }
     /* Translation units to working-image pixels. */
     double kx, ky;
     if (o->translation_units == DSRT_AUGMENT_UNITS_INPUT) {
@@ -310,6 +514,9 @@ void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, ui
     } else if (o->size_mode == DSRT_AUGMENT_RESIZE) {
         kx = (double)ww / o->output_width;
         ky = (double)wh / o->output_height;
+    } else if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        kx = (double)p->crop_width / o->output_width;
+        ky = (double)p->crop_height / o->output_height;
     } else {
         kx = ky = 1.0;
     }
@@ -317,16 +524,23 @@ void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, ui
         kx * draw_translation(o, o->rand_x_translation, seed, epoch, id, STREAM_X_TRANSLATION);
     p->y_translation =
         ky * draw_translation(o, o->rand_y_translation, seed, epoch, id, STREAM_Y_TRANSLATION);
-    p->crop_x = draw_crop(o, ww, o->output_width, seed, epoch, id, STREAM_CROP_X);
-    p->crop_y = draw_crop(o, wh, o->output_height, seed, epoch, id, STREAM_CROP_Y);
+    draw_color(o, seed, epoch, id, p);
+    draw_erase(o, seed, epoch, id, p);
 }
 
-void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h, int *min_w,
-                              int *min_h) {
-    if (full_w <= 0 || full_h <= 0) {
-        *min_w = *min_h = 0;
-        return;
-    }
+/* The random-resized crop's smallest window on a w x h working image, per
+ * axis: the least area at the most extreme aspect (never below 1 pixel). */
+static void smallest_crop(const dsrt_augment_options *o, int w, int h, int *cw, int *ch) {
+    double least = o->crop_scale[0] * w * h;
+    *cw = DSRT_MAX(1, DSRT_MIN(w, (int)floor(sqrt(least * o->crop_ratio[0]))));
+    *ch = DSRT_MAX(1, DSRT_MIN(h, (int)floor(sqrt(least / o->crop_ratio[1]))));
+}
+
+/* The decoded pixels per stored pixel that keep full quality, *kx and *ky
+ * (at most 1 is needed, more may come out), for a sample whose window
+ * (the random-resized crop's) is cw x ch working-image pixels. */
+static void decode_density(const dsrt_augment_options *o, int full_w, int full_h, int cw, int ch,
+                           double *kxo, double *kyo) {
     int ww, wh;
     working_size(o, full_w, full_h, &ww, &wh);
     /* Output pixels per stored pixel along each axis. */
@@ -334,6 +548,9 @@ void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int ful
     if (o->size_mode == DSRT_AUGMENT_RESIZE) {
         kx *= (double)o->output_width / ww;
         ky *= (double)o->output_height / wh;
+    } else if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        kx *= (double)o->output_width / DSRT_MAX(cw, 1);
+        ky *= (double)o->output_height / DSRT_MAX(ch, 1);
     }
     double sx, sy;
     if (o->rand_scale[0] != 1.0 || o->rand_scale[1] != 1.0) {
@@ -348,8 +565,21 @@ void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int ful
                 o->rand_x_shear[0] != 0.0 || o->rand_x_shear[1] != 0.0 ||
                 o->rand_y_shear[0] != 0.0 || o->rand_y_shear[1] != 0.0;
     if (turns) kx = ky = DSRT_MAX(kx, ky);
-    kx *= o->decode_oversample;
-    ky *= o->decode_oversample;
+    *kxo = kx * o->decode_oversample;
+    *kyo = ky * o->decode_oversample;
+}
+
+void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h, int *min_w,
+                              int *min_h) {
+    if (full_w <= 0 || full_h <= 0) {
+        *min_w = *min_h = 0;
+        return;
+    }
+    int ww, wh, cw = 0, ch = 0;
+    working_size(o, full_w, full_h, &ww, &wh);
+    if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) smallest_crop(o, ww, wh, &cw, &ch);
+    double kx, ky;
+    decode_density(o, full_w, full_h, cw, ch, &kx, &ky);
     double w = ceil(full_w * kx - 1e-9), h = ceil(full_h * ky - 1e-9);
     *min_w = w >= full_w ? full_w : w < 1 ? 1 : (int)w;
     *min_h = h >= full_h ? full_h : h < 1 ? 1 : (int)h;
@@ -396,15 +626,29 @@ static int sample_map(const dsrt_augment_options *o, int full_w, int full_h, int
     working_size(o, full_w, full_h, &ww, &wh);
     /* Output -> augmented working image. */
     affine t;
-    if (o->size_mode == DSRT_AUGMENT_RESIZE)
+    int rrc = o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP;
+    if (o->size_mode == DSRT_AUGMENT_RESIZE) {
         t = linear((double)ww / o->output_width, 0, 0, (double)wh / o->output_height);
-    else
+    } else if (rrc) {
+        /* The window resized to the output, flipped within itself. */
+        if (p->crop_width <= 0 || p->crop_height <= 0)
+            return dsrt__fail(DSRT_EOPTION, "augment: params: crop %d x %d: not positive",
+                              p->crop_width, p->crop_height);
+        double sx = (double)p->crop_width / o->output_width;
+        double sy = (double)p->crop_height / o->output_height;
+        t = linear(p->x_reflect ? -sx : sx, 0, 0, p->y_reflect ? -sy : sy);
+        t = compose(shift(p->crop_x + (p->x_reflect ? p->crop_width : 0),
+                          p->crop_y + (p->y_reflect ? p->crop_height : 0)),
+                    t);
+    } else {
         t = shift(p->crop_x, p->crop_y);
-    /* The augmentation, forward: F (reflection), then R, S, X shear, Y shear,
-     * about the centre, then the translation. Its inverse takes the augmented
-     * image back to the working image. */
+    }
+    /* The augmentation, forward: F (reflection, but for the random-resized
+     * crop's, done above), then R, S, X shear, Y shear, about the centre,
+     * then the translation. Its inverse takes the augmented image back to
+     * the working image. */
     double c = cos(p->rotation * DEG2RAD), s = sin(p->rotation * DEG2RAD);
-    affine m = linear(p->x_reflect ? -1.0 : 1.0, 0, 0, p->y_reflect ? -1.0 : 1.0);
+    affine m = linear(!rrc && p->x_reflect ? -1.0 : 1.0, 0, 0, !rrc && p->y_reflect ? -1.0 : 1.0);
     if (p->rotation != 0.0) m = compose(linear(c, s, -s, c), m);
     m = compose(linear(p->x_scale, 0, 0, p->y_scale), m);
     if (p->x_shear != 0.0) m = compose(linear(1, tan(p->x_shear * DEG2RAD), 0, 1), m);
@@ -448,6 +692,8 @@ struct dsrt_augmenter {
     float lut[3 * 256]; // (3, 256)
     float lut_sub[3], lut_div[3];
     int lut_ok;
+    uint8_t *col; // (output height, width, channels): the sample as bytes, for the colour pass
+    size_t cap_col;
 };
 
 // ----------------------------------------------------------------------------
@@ -537,6 +783,7 @@ void dsrt_augmenter_destroy(dsrt_augmenter *a) {
     free(a->row);
     free(a->pre);
     free(a->rgb);
+    free(a->col);
     free(a);
 }
 
@@ -578,15 +825,39 @@ static inline double triangle(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+/* The source pixels [*c0, *c1) of a len-pixel axis that n outputs mapped
+ * by a, b may read: the whole axis, but for the random-resized crop the
+ * window's pixels alone (Pillow crops, then resizes: its filter stops at
+ * the window's edges), those it covers in part included (a decode at a DCT
+ * scale). */
+static void axis_span(const dsrt_augment_options *o, int n, double a, double b, int len, int *c0,
+                      int *c1) {
+    *c0 = 0;
+    *c1 = len;
+    if (o->size_mode != DSRT_AUGMENT_RANDRESIZEDCROP) return;
+    double e0 = b, e1 = a * n + b;
+    if (e0 > e1) {
+        double x = e0;
+        e0 = e1;
+        e1 = x;
+    }
+    double lo = floor(e0 + 1e-6), hi = ceil(e1 - 1e-6);
+    *c0 = lo <= 0 ? 0 : lo >= len ? len : (int)lo;
+    *c1 = hi <= *c0 ? *c0 : hi >= len ? len : (int)hi;
+}
+
 /*
  * Fills the taps of n outputs whose centres map to a * (i + 0.5) + b in a
- * source of len pixels: Pillow's resampling (the triangle filter, stretched
- * by |a| when shrinking; taps outside the source dropped and the weights
- * renormalised), an output whose centre lies outside [0, len) being fill.
- * With |a| = 1 and centres on pixel centres every tap is a single pixel.
+ * source of len pixels, of which only [c0, c1) is read (the whole, 0 and
+ * len, or a window): Pillow's resampling (the triangle filter, stretched
+ * by |a| when shrinking; taps outside the pixels read dropped and the
+ * weights renormalised), an output whose centre lies outside [c0, c1) being
+ * fill. With |a| = 1 and centres on pixel centres every tap is a single
+ * pixel.
  */
-static int axis_build(axis *t, int n, double a, double b, int len) {
-    if (t->start && t->built_n == n && t->built_len == len && t->built_a == a && t->built_b == b)
+static int axis_build(axis *t, int n, double a, double b, int len, int c0, int c1) {
+    if (t->start && t->built_n == n && t->built_len == len && t->built_a == a && t->built_b == b &&
+        t->built_c0 == c0 && t->built_c1 == c1)
         return 0; /* the tables of the last call: a pure function of these */
     double fs = DSRT_MAX(fabs(a), 1.0), support = fs;
     int k = (int)ceil(support) * 2 + 1;
@@ -600,6 +871,8 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
     t->built_len = len;
     t->built_a = a;
     t->built_b = b;
+    t->built_c0 = c0;
+    t->built_c1 = c1;
     t->n = n;
     t->k = k;
     t->lo = len;
@@ -610,16 +883,16 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
         float *w = t->w + (size_t)i * k;
         t->start[i] = 0;
         t->count[i] = 0;
-        if (!(centre >= 0.0 && centre < len)) continue;
+        if (!(centre >= c0 && centre < c1)) continue;
         double px = centre - 0.5, r = whole ? nearbyint(px) : 0.0;
-        if (whole && fabs(px - r) < 1e-6 && r >= 0 && r < len) {
+        if (whole && fabs(px - r) < 1e-6 && r >= c0 && r < c1) {
             t->start[i] = (int)r;
             t->count[i] = 1;
             w[0] = 1.0f;
         } else {
             int x0 = ifloor(centre - support + 0.5), x1 = ifloor(centre + support + 0.5);
-            if (x0 < 0) x0 = 0;
-            if (x1 > len) x1 = len;
+            if (x0 < c0) x0 = c0;
+            if (x1 > c1) x1 = c1;
             if (x1 - x0 > k) x1 = x0 + k; /* not reached: k bounds the support */
             double sum = 0.0;
             int j0 = -1, j1 = 0;
@@ -674,7 +947,7 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
      * moved left where it would leave the source. */
     int most = 0;
     for (int i = 0; i < n; i++) most = DSRT_MAX(most, t->count[i]);
-    t->taps = most <= len ? most : 0;
+    t->taps = most <= c1 - c0 ? most : 0;
     if (t->copy || !t->taps) return 0;
     t->lo = len;
     t->hi = 0;
@@ -683,7 +956,7 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
         if (cnt == 0) continue;
         if (cnt < most) {
             float *w = t->w + (size_t)i * k;
-            int start = DSRT_MIN(t->start[i], len - most), off = t->start[i] - start;
+            int start = DSRT_MIN(t->start[i], c1 - most), off = t->start[i] - start;
             memmove(w + off, w, (size_t)cnt * sizeof *w);
             for (int j = 0; j < off; j++) w[j] = 0.0f;
             for (int j = off + cnt; j < most; j++) w[j] = 0.0f;
@@ -927,13 +1200,16 @@ static int check_window(const axis *ax, const axis *ay, const dsrt_image *img,
 
 /* The separable resampler: t keeps the axes. img is the window win of the
  * decoded image that t maps into. */
-static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img,
-                         const dsrt_window *win, affine t) {
+static int run_separable(dsrt_augmenter *a, const dsrt_augment_options *o, const sink *s,
+                         const dsrt_image *img, const dsrt_window *win, affine t) {
     axis *ax = &a->ax, *ay = &a->ay;
     const dsrt__resample_ops *ops = a->ops;
     int ch = img->channels, rc;
-    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], win->decoded_width)) ||
-        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], win->decoded_height)) ||
+    int x0, x1, y0, y1;
+    axis_span(o, s->ow, t.m[0], t.m[2], win->decoded_width, &x0, &x1);
+    axis_span(o, s->oh, t.m[4], t.m[5], win->decoded_height, &y0, &y1);
+    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], win->decoded_width, x0, x1)) ||
+        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], win->decoded_height, y0, y1)) ||
         (rc = check_window(ax, ay, img, win)))
         return rc;
     /* The kernels' scratch: three planes of the columns read, with slack for
@@ -1102,7 +1378,8 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
     int rw = rx1 - rx0, rh = ry1 - ry0;
     axis *ax = &a->ax, *ay = &a->ay;
     double sx = (double)w / pw, sy = (double)h / ph;
-    if ((rc = axis_build(ax, rw, sx, rx0 * sx, w)) || (rc = axis_build(ay, rh, sy, ry0 * sy, h)) ||
+    if ((rc = axis_build(ax, rw, sx, rx0 * sx, w, 0, w)) ||
+        (rc = axis_build(ay, rh, sy, ry0 * sy, h, 0, h)) ||
         (rc = tmp_reserve(a, (size_t)(ax->hi - ax->lo) * ch + 4)) ||
         (rc = reserve((void **)&a->pre, &a->cap_pre, (size_t)rw * rh * ch + 4, sizeof(float))))
         return rc;
@@ -1124,6 +1401,199 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
+
+// ----------------------------------------------------------------------------
+// Colour and erasing
+//
+// torchvision's ColorJitter and RandomGrayscale on the PIL image, which
+// works on bytes: each adjustment is PIL's blend of the sample with a
+// "degenerate" image (black, the mean gray, the pixel's gray), computed in
+// single precision and truncated to a byte (Pillow's ImagingBlend), the hue
+// a turn of PIL's HSV. Brightness and contrast are the same function of
+// every byte: they compose into one table of 256 entries, so that a run of
+// them costs nothing until a step needs the pixels (contrast's mean, a
+// saturation or hue step, the final write). The final write goes through
+// the table and the normalisation at once.
+
+/* PIL's blend of two bytes: in1 + alpha (in2 - in1), single precision,
+ * clipped and truncated to a byte. */
+static inline uint8_t pil_blend(int in1, int in2, float alpha) {
+    float v = (float)in1 + alpha * (float)(in2 - in1);
+    return v <= 0.0f ? 0 : v >= 255.0f ? 255 : (uint8_t)v;
+}
+
+/* PIL's convert("L"): ITU-R 601-2 luma, 16-bit fixed point, rounded. */
+static inline int pil_luma(int r, int g, int b) {
+    return (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16;
+}
+
+static inline uint8_t clip8(int v) {
+    return v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v;
+}
+
+/* One pixel through PIL's RGB -> HSV, a hue shift of `shift` (mod 256) and
+ * HSV -> RGB (Pillow's Convert.c, which follows Python's colorsys). */
+static void pil_hue(uint8_t *px, uint8_t shift) {
+    int r = px[0], g = px[1], b = px[2];
+    int maxc = DSRT_MAX(r, DSRT_MAX(g, b)), minc = DSRT_MIN(r, DSRT_MIN(g, b));
+    if (maxc == minc) return; /* saturation 0: the hue plays no part */
+    float cr = (float)(maxc - minc);
+    float sat = cr / (float)maxc;
+    float rc = (float)(maxc - r) / cr, gc = (float)(maxc - g) / cr, bc = (float)(maxc - b) / cr;
+    float hf;
+    if (r == maxc)
+        hf = bc - gc;
+    else if (g == maxc)
+        hf = (float)(2.0 + rc - bc);
+    else
+        hf = (float)(4.0 + gc - rc);
+    hf = (float)fmod(hf / 6.0 + 1.0, 1.0);
+    uint8_t h = (uint8_t)(clip8((int)(hf * 255.0)) + shift), s = clip8((int)(sat * 255.0));
+    uint8_t v = (uint8_t)maxc;
+    if (s == 0) {
+        px[0] = px[1] = px[2] = v;
+        return;
+    }
+    int i = (int)floor((float)h * 6.0 / 255.0);
+    float f = (float)((float)h * 6.0 / 255.0 - (float)i);
+    float fs = (float)((float)s / 255.0);
+    uint8_t up = clip8((int)round((float)v * (1.0 - fs)));
+    uint8_t uq = clip8((int)round((float)v * (1.0 - fs * f)));
+    uint8_t ut = clip8((int)round((float)v * (1.0 - fs * (1.0 - f))));
+    const uint8_t rgb[6][3] = {{v, ut, up}, {uq, v, up}, {up, v, ut},
+                               {up, uq, v}, {ut, up, v}, {v, up, uq}};
+    memcpy(px, rgb[i % 6], 3);
+}
+
+/* 1 when the sample has a colour step: an adjustment the options ask for,
+ * or the grayscale the draw chose. */
+static int color_any(const dsrt_augment_options *o, const dsrt_augment_params *p) {
+    for (int op = 0; op < 4; op++)
+        if (color_on(o, op)) return 1;
+    return o->grayscale_probability > 0.0 && p->grayscale;
+}
+
+/* The colour steps of p on the bytes px (n pixels of ch channels), in its
+ * order, leaving the last steps in the table cur (applied by the write). */
+static void color_steps(const dsrt_augment_options *o, const dsrt_augment_params *p,
+                        uint8_t *restrict px, size_t n, int ch, uint8_t cur[256]) {
+    for (int x = 0; x < 256; x++) cur[x] = (uint8_t)x;
+    for (int k = 0; k < 4; k++) {
+        int op = p->color_order[k];
+        if (!color_on(o, op)) continue;
+        if (op == DSRT_AUGMENT_BRIGHTNESS) {
+            float f = (float)p->brightness;
+            for (int x = 0; x < 256; x++) cur[x] = pil_blend(0, cur[x], f);
+        } else if (op == DSRT_AUGMENT_CONTRAST) {
+            /* ImageEnhance.Contrast: the mean of the gray image, rounded. */
+            uint64_t sum = 0;
+            if (ch == 3)
+                for (size_t i = 0; i < n; i++)
+                    sum += (uint64_t)pil_luma(cur[px[3 * i]], cur[px[3 * i + 1]],
+                                              cur[px[3 * i + 2]]);
+            else
+                for (size_t i = 0; i < n; i++) sum += cur[px[i]];
+            int m = (int)((double)sum / (double)n + 0.5);
+            float f = (float)p->contrast;
+            for (int x = 0; x < 256; x++) cur[x] = pil_blend(m, cur[x], f);
+        } else if (ch == 3 && op == DSRT_AUGMENT_SATURATION) {
+            float f = (float)p->saturation;
+            for (size_t i = 0; i < n; i++) {
+                uint8_t *q = px + 3 * i;
+                int r = cur[q[0]], g = cur[q[1]], b = cur[q[2]], l = pil_luma(r, g, b);
+                q[0] = pil_blend(l, r, f);
+                q[1] = pil_blend(l, g, f);
+                q[2] = pil_blend(l, b, f);
+            }
+            for (int x = 0; x < 256; x++) cur[x] = (uint8_t)x;
+        } else if (ch == 3 && op == DSRT_AUGMENT_HUE) {
+            /* torchvision: np.uint8(hue * 255) added to PIL's hue byte. */
+            uint8_t shift = (uint8_t)(unsigned)(int)(p->hue * 255.0);
+            for (size_t i = 0; i < n; i++) {
+                uint8_t *q = px + 3 * i;
+                q[0] = cur[q[0]], q[1] = cur[q[1]], q[2] = cur[q[2]];
+                pil_hue(q, shift);
+            }
+            for (int x = 0; x < 256; x++) cur[x] = (uint8_t)x;
+        }
+    }
+}
+
+/* The sample's bytes (a->col) through the colour steps into the sink:
+ * normalised float planes or bytes. */
+static void color_write(dsrt_augmenter *a, const dsrt_augment_options *o,
+                        const dsrt_augment_params *p, const sink *s) {
+    int ch = s->ch;
+    size_t n = (size_t)s->ow * s->oh;
+    uint8_t cur[256];
+    const uint8_t *restrict px = a->col;
+    color_steps(o, p, a->col, n, ch, cur);
+    int gray = ch == 3 && o->grayscale_probability > 0.0 && p->grayscale;
+    if (s->f32) {
+        float tab[3][256];
+        for (int c = 0; c < ch; c++)
+            for (int x = 0; x < 256; x++) tab[c][x] = s->lut[c * 256 + cur[x]];
+        float *restrict o0 = (float *)s->dst, *restrict o1 = o0 + n, *restrict o2 = o1 + n;
+        if (ch == 1) {
+            for (size_t i = 0; i < n; i++) o0[i] = tab[0][px[i]];
+        } else if (gray) {
+            for (size_t i = 0; i < n; i++) {
+                int l = pil_luma(cur[px[3 * i]], cur[px[3 * i + 1]], cur[px[3 * i + 2]]);
+                o0[i] = s->lut[l], o1[i] = s->lut[256 + l], o2[i] = s->lut[512 + l];
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                o0[i] = tab[0][px[3 * i]];
+                o1[i] = tab[1][px[3 * i + 1]];
+                o2[i] = tab[2][px[3 * i + 2]];
+            }
+        }
+    } else {
+        uint8_t *restrict out = (uint8_t *)s->dst;
+        if (gray) {
+            for (size_t i = 0; i < n; i++) {
+                uint8_t l = (uint8_t)pil_luma(cur[px[3 * i]], cur[px[3 * i + 1]], cur[px[3 * i + 2]]);
+                out[3 * i] = out[3 * i + 1] = out[3 * i + 2] = l;
+            }
+        } else {
+            for (size_t i = 0; i < n * ch; i++) out[i] = cur[px[i]];
+        }
+    }
+}
+
+/* RandomErasing's box of p, after the normalisation: the constant values,
+ * or standard normal ones from the box's own generator (Box-Muller). */
+static void erase_write(const dsrt_augment_options *o, const dsrt_augment_params *p, float *dst) {
+    if (!(o->erase_probability > 0.0) || p->erase_width <= 0 || p->erase_height <= 0) return;
+    int ow = o->output_width, oh = o->output_height;
+    int x0 = DSRT_MAX(p->erase_x, 0), y0 = DSRT_MAX(p->erase_y, 0);
+    int x1 = DSRT_MIN(ow, p->erase_x + p->erase_width), y1 = DSRT_MIN(oh, p->erase_y + p->erase_height);
+    if (x1 <= x0 || y1 <= y0) return;
+    size_t plane = (size_t)ow * oh;
+    dsrt_rng g = dsrt_rng_init(p->erase_key, 0, 0, STREAM_BASE + STREAM_ERASE);
+    int have = 0;
+    double spare = 0.0;
+    for (int c = 0; c < o->output_channels; c++)
+        for (int y = y0; y < y1; y++) {
+            float *row = dst + c * plane + (size_t)y * ow;
+            if (!o->erase_random) {
+                for (int x = x0; x < x1; x++) row[x] = o->erase_value[c];
+                continue;
+            }
+            for (int x = x0; x < x1; x++) {
+                if (have) {
+                    row[x] = (float)spare;
+                    have = 0;
+                    continue;
+                }
+                double u1 = 1.0 - dsrt_rng_uniform(&g), u2 = dsrt_rng_uniform(&g);
+                double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
+                row[x] = (float)(r * cos(a));
+                spare = r * sin(a);
+                have = 1;
+            }
+        }
+}
 
 // ----------------------------------------------------------------------------
 // Applying
@@ -1223,8 +1693,31 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
         }
         s.lut = a->lut;
     }
-    if (separable) return run_separable(a, &s, img, &w, t);
-    return run_affine(a, &s, img, t);
+    if (!color_any(o, p)) {
+        rc = separable ? run_separable(a, o, &s, img, &w, t) : run_affine(a, &s, img, t);
+    } else {
+        /* The resampled sample as bytes (PIL's resize gives bytes), then
+         * the colour steps and the normalised write. */
+        for (int k = 0, seen = 0; k < 4; k++) {
+            int op = p->color_order[k];
+            if (op < 0 || op > 3 || (seen & (1 << op)))
+                return dsrt__fail(DSRT_EOPTION,
+                                  "augment: params: color_order: {%d, %d, %d, %d}: not an order "
+                                  "of the four adjustments",
+                                  p->color_order[0], p->color_order[1], p->color_order[2],
+                                  p->color_order[3]);
+            seen |= 1 << op;
+        }
+        if ((rc = reserve((void **)&a->col, &a->cap_col, (size_t)s.ow * s.oh * s.ch, 1)))
+            return rc;
+        sink b = s;
+        b.f32 = 0;
+        b.dst = a->col;
+        rc = separable ? run_separable(a, o, &b, img, &w, t) : run_affine(a, &b, img, t);
+        if (rc == 0) color_write(a, o, p, &s);
+    }
+    if (rc == 0 && s.f32) erase_write(o, p, (float *)dst);
+    return rc;
 }
 
 int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
@@ -1277,16 +1770,29 @@ int dsrt_augment_decode_request(dsrt_augmenter *a, const dsrt_augment_options *o
     req->region_x = req->region_y = req->region_width = req->region_height = 0;
     dsrt_augment_decode_size(o, fw, fh, &req->min_width, &req->min_height);
     if (fw <= 0 || fh <= 0) return 0;
-    int dw, dh;
-    dsrt_decode_size(info, req, &dw, &dh);
     dsrt_augment_params p;
     dsrt_augment_draw(o, fw, fh, seed, epoch, sample_id, &p);
+    if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        /* This sample's window at the coarsest DCT scale that keeps it at
+         * least as dense as the output (never below it). */
+        double kx, ky;
+        decode_density(o, fw, fh, p.crop_width, p.crop_height, &kx, &ky);
+        int s = 8;
+        while (s > 1 && (1.0 / s < kx - 1e-12 || 1.0 / s < ky - 1e-12)) s /= 2;
+        req->min_width = (fw + s - 1) / s;
+        req->min_height = (fh + s - 1) / s;
+    }
+    int dw, dh;
+    dsrt_decode_size(info, req, &dw, &dh);
     affine t;
     if ((rc = sample_map(o, fw, fh, dw, dh, &p, &t))) return rc;
     if (t.m[1] != 0.0 || t.m[3] != 0.0) return 0; /* a warp: the whole image */
     axis *ax = &a->ax, *ay = &a->ay;
-    if ((rc = axis_build(ax, o->output_width, t.m[0], t.m[2], dw)) ||
-        (rc = axis_build(ay, o->output_height, t.m[4], t.m[5], dh)))
+    int x0, x1, y0, y1;
+    axis_span(o, o->output_width, t.m[0], t.m[2], dw, &x0, &x1);
+    axis_span(o, o->output_height, t.m[4], t.m[5], dh, &y0, &y1);
+    if ((rc = axis_build(ax, o->output_width, t.m[0], t.m[2], dw, x0, x1)) ||
+        (rc = axis_build(ay, o->output_height, t.m[4], t.m[5], dh, y0, y1)))
         return rc;
     int s = decode_scale(fw, fh, dw, dh);
     if (ax->hi <= ax->lo || ay->hi <= ay->lo) {
