@@ -692,8 +692,9 @@ struct dsrt_augmenter {
     float lut[3 * 256]; // (3, 256)
     float lut_sub[3], lut_div[3];
     int lut_ok;
-    uint8_t *col; // (output height, width, channels): the sample as bytes, for the colour pass
+    float *col; // (channels, output height, width): the sample before the colour steps, byte output
     size_t cap_col;
+    float lut_id[3 * 256]; // (3, 256): each byte's value, the colour steps' input
 };
 
 // ----------------------------------------------------------------------------
@@ -1415,18 +1416,6 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
 // saturation or hue step, the final write). The final write goes through
 // the table and the normalisation at once.
 
-/* PIL's blend of two bytes: in1 + alpha (in2 - in1), single precision,
- * clipped and truncated to a byte. */
-static inline uint8_t pil_blend(int in1, int in2, float alpha) {
-    float v = (float)in1 + alpha * (float)(in2 - in1);
-    return v <= 0.0f ? 0 : v >= 255.0f ? 255 : (uint8_t)v;
-}
-
-/* PIL's convert("L"): ITU-R 601-2 luma, 16-bit fixed point, rounded. */
-static inline int pil_luma(int r, int g, int b) {
-    return (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16;
-}
-
 static inline uint8_t clip8(int v) {
     return v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v;
 }
@@ -1473,91 +1462,193 @@ static int color_any(const dsrt_augment_options *o, const dsrt_augment_params *p
     return o->grayscale_probability > 0.0 && p->grayscale;
 }
 
-/* The colour steps of p on the bytes px (n pixels of ch channels), in its
- * order, leaving the last steps in the table cur (applied by the write). */
+/* The sample is held as planes of floats whose values are whole numbers in
+ * [0, 255], the bytes PIL holds: every step is exact in single precision
+ * (the luma's fixed-point sum stays below 2^24), so four values at a time
+ * (SSE2, every x86-64) compute PIL's bytes, and the scalar code the same. */
+
+/* PIL's blend as floats: in1 + alpha d, clipped and truncated. */
+static inline float blend_f(float in1, float d, float alpha) {
+    float v = in1 + alpha * d;
+    v = v < 0.0f ? 0.0f : v;
+    v = v > 255.0f ? 255.0f : v;
+    return (float)(int)v;
+}
+
+/* PIL's convert("L") of whole-number floats, exactly. */
+static inline float luma_f(float r, float g, float b) {
+    float x = r * 19595.0f + g * 38470.0f + b * 7471.0f + 32768.0f;
+    return (float)(int)(x * (1.0f / 65536.0f));
+}
+
+#if defined(__SSE2__)
+static inline __m128 clip_trunc4(__m128 v) {
+    v = _mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.0f));
+    return _mm_cvtepi32_ps(_mm_cvttps_epi32(v));
+}
+
+static inline __m128 blend4(__m128 in1, __m128 d, __m128 alpha) {
+    return clip_trunc4(_mm_add_ps(in1, _mm_mul_ps(alpha, d)));
+}
+
+static inline __m128 luma4(__m128 r, __m128 g, __m128 b) {
+    __m128 x = _mm_add_ps(_mm_add_ps(_mm_add_ps(_mm_mul_ps(r, _mm_set1_ps(19595.0f)),
+                                                _mm_mul_ps(g, _mm_set1_ps(38470.0f))),
+                                     _mm_mul_ps(b, _mm_set1_ps(7471.0f))),
+                          _mm_set1_ps(32768.0f));
+    return _mm_cvtepi32_ps(_mm_cvttps_epi32(_mm_mul_ps(x, _mm_set1_ps(1.0f / 65536.0f))));
+}
+#define VEC4 4
+#else
+#define VEC4 0
+#endif
+
+/* The resampled values rounded to bytes, as the byte output rounds them. */
+static void round_pass(float *restrict v, size_t n) {
+    size_t i = 0;
+#if VEC4
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(v + i, clip_trunc4(_mm_add_ps(_mm_loadu_ps(v + i), _mm_set1_ps(0.5f))));
+#endif
+    for (; i < n; i++) v[i] = blend_f(v[i], 0.5f, 1.0f);
+}
+
+/* The blend of every value with the constant in1. */
+static void blend_pass(float *restrict v, size_t n, float in1, float f) {
+    size_t i = 0;
+#if VEC4
+    __m128 a = _mm_set1_ps(in1), fa = _mm_set1_ps(f);
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(v + i, blend4(a, _mm_sub_ps(_mm_loadu_ps(v + i), a), fa));
+#endif
+    for (; i < n; i++) v[i] = blend_f(in1, v[i] - in1, f);
+}
+
+/* The sum of the pixels' gray (partial sums below 2^24: exact). */
+static double gray_sum(const float *restrict r, const float *restrict g, const float *restrict b,
+                       size_t n) {
+    double sum = 0.0;
+    size_t i = 0;
+#if VEC4
+    while (i + 4 <= n) {
+        __m128 acc = _mm_setzero_ps();
+        for (int k = 0; k < 8192 && i + 4 <= n; k++, i += 4)
+            acc = _mm_add_ps(acc, luma4(_mm_loadu_ps(r + i), _mm_loadu_ps(g + i),
+                                        _mm_loadu_ps(b + i)));
+        float t[4];
+        _mm_storeu_ps(t, acc);
+        sum += (double)t[0] + t[1] + t[2] + t[3];
+    }
+#endif
+    for (; i < n; i++) sum += luma_f(r[i], g[i], b[i]);
+    return sum;
+}
+
+/* ImageEnhance.Color: each pixel blended with its own gray. */
+static void saturation_pass(float *restrict r, float *restrict g, float *restrict b, size_t n,
+                            float f) {
+    size_t i = 0;
+#if VEC4
+    __m128 fa = _mm_set1_ps(f);
+    for (; i + 4 <= n; i += 4) {
+        __m128 vr = _mm_loadu_ps(r + i), vg = _mm_loadu_ps(g + i), vb = _mm_loadu_ps(b + i);
+        __m128 l = luma4(vr, vg, vb);
+        _mm_storeu_ps(r + i, blend4(l, _mm_sub_ps(vr, l), fa));
+        _mm_storeu_ps(g + i, blend4(l, _mm_sub_ps(vg, l), fa));
+        _mm_storeu_ps(b + i, blend4(l, _mm_sub_ps(vb, l), fa));
+    }
+#endif
+    for (; i < n; i++) {
+        float l = luma_f(r[i], g[i], b[i]);
+        r[i] = blend_f(l, r[i] - l, f);
+        g[i] = blend_f(l, g[i] - l, f);
+        b[i] = blend_f(l, b[i] - l, f);
+    }
+}
+
+static void gray_pass(float *restrict r, float *restrict g, float *restrict b, size_t n) {
+    size_t i = 0;
+#if VEC4
+    for (; i + 4 <= n; i += 4) {
+        __m128 l = luma4(_mm_loadu_ps(r + i), _mm_loadu_ps(g + i), _mm_loadu_ps(b + i));
+        _mm_storeu_ps(r + i, l);
+        _mm_storeu_ps(g + i, l);
+        _mm_storeu_ps(b + i, l);
+    }
+#endif
+    for (; i < n; i++) r[i] = g[i] = b[i] = luma_f(r[i], g[i], b[i]);
+}
+
+/* The hue step, one pixel at a time through PIL's HSV. */
+static void hue_pass(float *restrict r, float *restrict g, float *restrict b, size_t n,
+                     uint8_t shift) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t q[3] = {(uint8_t)r[i], (uint8_t)g[i], (uint8_t)b[i]};
+        pil_hue(q, shift);
+        r[i] = q[0], g[i] = q[1], b[i] = q[2];
+    }
+}
+
+/* The colour steps of p, in its order, on the sample's planes pl (ch of
+ * them, n values each), resampled values in [0, 255]: rounded to bytes
+ * first, as PIL's resize leaves them. */
 static void color_steps(const dsrt_augment_options *o, const dsrt_augment_params *p,
-                        uint8_t *restrict px, size_t n, int ch, uint8_t cur[256]) {
-    for (int x = 0; x < 256; x++) cur[x] = (uint8_t)x;
+                        float *const pl[3], size_t n, int ch) {
+    for (int c = 0; c < ch; c++) round_pass(pl[c], n);
     for (int k = 0; k < 4; k++) {
         int op = p->color_order[k];
         if (!color_on(o, op)) continue;
         if (op == DSRT_AUGMENT_BRIGHTNESS) {
-            float f = (float)p->brightness;
-            for (int x = 0; x < 256; x++) cur[x] = pil_blend(0, cur[x], f);
+            for (int c = 0; c < ch; c++) blend_pass(pl[c], n, 0.0f, (float)p->brightness);
         } else if (op == DSRT_AUGMENT_CONTRAST) {
             /* ImageEnhance.Contrast: the mean of the gray image, rounded. */
-            uint64_t sum = 0;
+            double sum = 0.0;
             if (ch == 3)
-                for (size_t i = 0; i < n; i++)
-                    sum += (uint64_t)pil_luma(cur[px[3 * i]], cur[px[3 * i + 1]],
-                                              cur[px[3 * i + 2]]);
+                sum = gray_sum(pl[0], pl[1], pl[2], n);
             else
-                for (size_t i = 0; i < n; i++) sum += cur[px[i]];
-            int m = (int)((double)sum / (double)n + 0.5);
-            float f = (float)p->contrast;
-            for (int x = 0; x < 256; x++) cur[x] = pil_blend(m, cur[x], f);
+                for (size_t i = 0; i < n; i++) sum += pl[0][i];
+            float m = (float)(int)(sum / (double)n + 0.5);
+            for (int c = 0; c < ch; c++) blend_pass(pl[c], n, m, (float)p->contrast);
         } else if (ch == 3 && op == DSRT_AUGMENT_SATURATION) {
-            float f = (float)p->saturation;
-            for (size_t i = 0; i < n; i++) {
-                uint8_t *q = px + 3 * i;
-                int r = cur[q[0]], g = cur[q[1]], b = cur[q[2]], l = pil_luma(r, g, b);
-                q[0] = pil_blend(l, r, f);
-                q[1] = pil_blend(l, g, f);
-                q[2] = pil_blend(l, b, f);
-            }
-            for (int x = 0; x < 256; x++) cur[x] = (uint8_t)x;
+            saturation_pass(pl[0], pl[1], pl[2], n, (float)p->saturation);
         } else if (ch == 3 && op == DSRT_AUGMENT_HUE) {
             /* torchvision: np.uint8(hue * 255) added to PIL's hue byte. */
-            uint8_t shift = (uint8_t)(unsigned)(int)(p->hue * 255.0);
-            for (size_t i = 0; i < n; i++) {
-                uint8_t *q = px + 3 * i;
-                q[0] = cur[q[0]], q[1] = cur[q[1]], q[2] = cur[q[2]];
-                pil_hue(q, shift);
-            }
-            for (int x = 0; x < 256; x++) cur[x] = (uint8_t)x;
+            hue_pass(pl[0], pl[1], pl[2], n, (uint8_t)(unsigned)(int)(p->hue * 255.0));
         }
     }
+    if (ch == 3 && o->grayscale_probability > 0.0 && p->grayscale)
+        gray_pass(pl[0], pl[1], pl[2], n);
 }
 
-/* The sample's bytes (a->col) through the colour steps into the sink:
- * normalised float planes or bytes. */
-static void color_write(dsrt_augmenter *a, const dsrt_augment_options *o,
-                        const dsrt_augment_params *p, const sink *s) {
+/* Whole-number values to the normalised ones: ((float)x - sub) / div, the
+ * value the whole-pixel table holds, bit for bit. */
+static void norm_pass(float *restrict v, size_t n, float sub, float div) {
+    size_t i = 0;
+#if VEC4
+    __m128 sv = _mm_set1_ps(sub), dv = _mm_set1_ps(div);
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(v + i, _mm_div_ps(_mm_sub_ps(_mm_loadu_ps(v + i), sv), dv));
+#endif
+    for (; i < n; i++) v[i] = (v[i] - sub) / div;
+}
+
+static void bytes_pass(uint8_t *restrict out, const float *restrict v, size_t n, int step) {
+    for (size_t i = 0; i < n; i++) out[i * step] = (uint8_t)(int)v[i];
+}
+
+/* The colour steps on the sample resampled (raw values in [0, 255]) into
+ * the planes pl, then its write: the planes normalised in place (float
+ * output, pl the sample's own), or interleaved into bytes. */
+static void color_write(const dsrt_augment_options *o, const dsrt_augment_params *p,
+                        const sink *s, float *const pl[3]) {
     int ch = s->ch;
     size_t n = (size_t)s->ow * s->oh;
-    uint8_t cur[256];
-    const uint8_t *restrict px = a->col;
-    color_steps(o, p, a->col, n, ch, cur);
-    int gray = ch == 3 && o->grayscale_probability > 0.0 && p->grayscale;
-    if (s->f32) {
-        float tab[3][256];
-        for (int c = 0; c < ch; c++)
-            for (int x = 0; x < 256; x++) tab[c][x] = s->lut[c * 256 + cur[x]];
-        float *restrict o0 = (float *)s->dst, *restrict o1 = o0 + n, *restrict o2 = o1 + n;
-        if (ch == 1) {
-            for (size_t i = 0; i < n; i++) o0[i] = tab[0][px[i]];
-        } else if (gray) {
-            for (size_t i = 0; i < n; i++) {
-                int l = pil_luma(cur[px[3 * i]], cur[px[3 * i + 1]], cur[px[3 * i + 2]]);
-                o0[i] = s->lut[l], o1[i] = s->lut[256 + l], o2[i] = s->lut[512 + l];
-            }
-        } else {
-            for (size_t i = 0; i < n; i++) {
-                o0[i] = tab[0][px[3 * i]];
-                o1[i] = tab[1][px[3 * i + 1]];
-                o2[i] = tab[2][px[3 * i + 2]];
-            }
-        }
-    } else {
-        uint8_t *restrict out = (uint8_t *)s->dst;
-        if (gray) {
-            for (size_t i = 0; i < n; i++) {
-                uint8_t l = (uint8_t)pil_luma(cur[px[3 * i]], cur[px[3 * i + 1]], cur[px[3 * i + 2]]);
-                out[3 * i] = out[3 * i + 1] = out[3 * i + 2] = l;
-            }
-        } else {
-            for (size_t i = 0; i < n * ch; i++) out[i] = cur[px[i]];
-        }
+    color_steps(o, p, pl, n, ch);
+    for (int c = 0; c < ch; c++) {
+        if (s->f32)
+            norm_pass(pl[c], n, s->sub[c], s->div[c]);
+        else
+            bytes_pass((uint8_t *)s->dst + c, pl[c], n, ch);
     }
 }
 
@@ -1708,13 +1799,24 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
                                   p->color_order[3]);
             seen |= 1 << op;
         }
-        if ((rc = reserve((void **)&a->col, &a->cap_col, (size_t)s.ow * s.oh * s.ch, 1)))
-            return rc;
+        size_t n = (size_t)s.ow * s.oh;
         sink b = s;
-        b.f32 = 0;
-        b.dst = a->col;
+        b.f32 = 1;
+        if (!s.f32) {
+            if ((rc = reserve((void **)&a->col, &a->cap_col, n * s.ch, sizeof(float)))) return rc;
+            b.dst = a->col;
+        }
+        for (int c = 0; c < s.ch; c++) {
+            b.sub[c] = 0.0f;
+            b.div[c] = b.inv[c] = 1.0f;
+        }
+        b.lut = a->lut_id;
+        if (a->lut_id[255] != 255.0f)
+            for (int c = 0; c < 3; c++)
+                for (int x = 0; x < 256; x++) a->lut_id[c * 256 + x] = (float)x;
         rc = separable ? run_separable(a, o, &b, img, &w, t) : run_affine(a, &b, img, t);
-        if (rc == 0) color_write(a, o, p, &s);
+        float *pl[3] = {(float *)b.dst, (float *)b.dst + n, (float *)b.dst + 2 * n};
+        if (rc == 0) color_write(o, p, &s, pl);
     }
     if (rc == 0 && s.f32) erase_write(o, p, (float *)dst);
     return rc;
