@@ -5,7 +5,9 @@
  * transforms the presets reproduce).
  *
  * One call, dsrt_augment_apply, draws the random choices of a sample from a
- * counter-based generator keyed by (seed, epoch, sample id), composes every
+ * counter-based generator keyed by (seed, epoch, sample id) (torchvision's
+ * ImageNet recipe too: random-resized crop, colour jitter, grayscale,
+ * random erasing), composes every
  * geometric step (shorter-side resize, reflection, rotation, scale, shear,
  * translation, crop or resize to the output size, and the decoder's DCT
  * scaling) into one map, and writes the result once, straight into the
@@ -30,9 +32,11 @@
  * taps per output row and column; flips, whole-pixel shifts and crops are
  * exact copies. An output pixel whose centre falls outside the source is
  * fill; one inside reads only source pixels (Pillow's edge handling).
- * Otherwise every output pixel is a bilinear sample of the source, its
- * neighbours outside the source counting as fill (MATLAB's imwarp), the
- * source first shrunk with the antialiasing filter where the map reduces it.
+ * The random-resized crop's resize reads only its window (Pillow crops,
+ * then resizes). Otherwise every output pixel is a bilinear sample of the
+ * source, its neighbours outside the source counting as fill (MATLAB's
+ * imwarp), the source first shrunk with the antialiasing filter where the
+ * map reduces it.
  * MATLAB resizes with bicubic interpolation: dsrt does not.
  *
  * Threads: options are plain data, read-only during a call, and may be shared
@@ -307,8 +311,11 @@ DSRT_API size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o);
  * size. Put it in dsrt_decode_request min_width / min_height. The 227 preset
  * on a 500 x 375 JPEG asks for 341 x 256 (its shorter side must reach 256),
  * so the full size; the 32 preset asks for 32 x 32, which a 500 x 375 JPEG
- * meets at 1/8 scale (63 x 47). Depends only on the options and the full
- * size; a full size that is not positive gives 0 x 0 (decode at full size).
+ * meets at 1/8 scale (63 x 47). For the random-resized crop, whose window
+ * is a sample's own, it is the size that serves the smallest window the
+ * options allow (dsrt_augment_decode_request asks for each sample's).
+ * Depends only on the options and the full size; a full size that is not
+ * positive gives 0 x 0 (decode at full size).
  */
 DSRT_API void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h,
                                        int *min_w, int *min_h);
@@ -401,6 +408,12 @@ DSRT_API int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_opt
  * and the region of the stored image the sample reads, resampling filters'
  * reach included (the random crop of the 227 preset keeps about 79% of a
  * 256-pixel-short image). A rotation or shear asks for the whole image.
+ * For the random-resized crop the region is the sample's window (to whole
+ * decoded pixels) and the size the coarsest DCT scale that keeps the
+ * window at least as dense as the output (times decode_oversample), never
+ * below it: the sample is then within 1 level of 255 on average (at most
+ * 16) of the same sample from a full-size decode, and equal to it where the
+ * window needs the full size.
  * Returns 0, or DSRT_EOPTION for bad options, -ENOMEM. The augmenter's
  * scratch is used; apply_window rebuilds what it needs.
  *
