@@ -1189,7 +1189,7 @@ static void test_window(void) {
                         /* The whole image at the scale the request picks
                          * (dsrt_augment_decode_size's, but for the
                          * random-resized crop's own window). */
-                        dsrt_decode_request whole;
+                        dsrt_decode_request whole = {0}; /* dst: the decoder's scratch */
                         CHECK_OK(dsrt_augment_decode_request(a, &o, &info, 4, 1, id, &whole));
                         whole.region_x = whole.region_y = 0;
                         whole.region_width = whole.region_height = 0;
@@ -1198,7 +1198,7 @@ static void test_window(void) {
                         CHECK_OK(
                             dsrt_augment_apply(a, &o, &img, info.width, info.height, 4, 1, id, x));
                         size_t whole_px = (size_t)img.width * img.height;
-                        dsrt_decode_request r;
+                        dsrt_decode_request r = {0};
                         CHECK_OK(dsrt_decode_begin(dec, jpeg, len, &info));
                         CHECK_OK(dsrt_augment_decode_request(a, &o, &info, 4, 1, id, &r));
                         CHECK_OK(dsrt_decode_finish(dec, &r, &img, &win));
@@ -1626,7 +1626,7 @@ static void test_resized_crop_decode(void) {
             dsrt_image_info info;
             dsrt_image img;
             dsrt_window win;
-            dsrt_decode_request r;
+            dsrt_decode_request r = {0}; /* dst: the decoder's scratch */
             CHECK_OK(dsrt_decode_begin(dec, jpeg, len, &info));
             CHECK_OK(dsrt_augment_decode_request(a, &o, &info, 9, 0, id, &r));
             CHECK_OK(dsrt_decode_finish(dec, &r, &img, &win));

@@ -414,8 +414,10 @@ DSRT_API int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_opt
  * below it: the sample is then within 1 level of 255 on average (at most
  * 16) of the same sample from a full-size decode, and equal to it where the
  * window needs the full size.
- * Returns 0, or DSRT_EOPTION for bad options, -ENOMEM. The augmenter's
- * scratch is used; apply_window rebuilds what it needs.
+ * dst and dst_cap are left as they are (the caller's choice of where the
+ * pixels go: initialise them). Returns 0, or DSRT_EOPTION for bad options,
+ * -ENOMEM. The augmenter's scratch is used; apply_window rebuilds what it
+ * needs.
  *
  * dsrt_augment_apply_window is dsrt_augment_apply for img lying in a
  * decoded image as win says (dsrt_decode_finish gives it; NULL: img is the
