@@ -692,7 +692,7 @@ struct dsrt_augmenter {
     float lut[3 * 256]; // (3, 256)
     float lut_sub[3], lut_div[3];
     int lut_ok;
-    float *col; // (channels, output height, width): the sample before the colour steps, byte output
+    float *col; // (channels, output height, width): the sample through the colour steps
     size_t cap_col;
     float lut_id[3 * 256]; // (3, 256): each byte's value, the colour steps' input
 };
@@ -1589,66 +1589,87 @@ static void hue_pass(float *restrict r, float *restrict g, float *restrict b, si
     }
 }
 
-/* The colour steps of p, in its order, on the sample's planes pl (ch of
- * them, n values each), resampled values in [0, 255]: rounded to bytes
- * first, as PIL's resize leaves them. */
-static void color_steps(const dsrt_augment_options *o, const dsrt_augment_params *p,
-                        float *const pl[3], size_t n, int ch) {
-    for (int c = 0; c < ch; c++) round_pass(pl[c], n);
-    for (int k = 0; k < 4; k++) {
-        int op = p->color_order[k];
-        if (!color_on(o, op)) continue;
-        if (op == DSRT_AUGMENT_BRIGHTNESS) {
-            for (int c = 0; c < ch; c++) blend_pass(pl[c], n, 0.0f, (float)p->brightness);
-        } else if (op == DSRT_AUGMENT_CONTRAST) {
-            /* ImageEnhance.Contrast: the mean of the gray image, rounded. */
-            double sum = 0.0;
-            if (ch == 3)
-                sum = gray_sum(pl[0], pl[1], pl[2], n);
-            else
-                for (size_t i = 0; i < n; i++) sum += pl[0][i];
-            float m = (float)(int)(sum / (double)n + 0.5);
-            for (int c = 0; c < ch; c++) blend_pass(pl[c], n, m, (float)p->contrast);
-        } else if (ch == 3 && op == DSRT_AUGMENT_SATURATION) {
-            saturation_pass(pl[0], pl[1], pl[2], n, (float)p->saturation);
-        } else if (ch == 3 && op == DSRT_AUGMENT_HUE) {
-            /* torchvision: np.uint8(hue * 255) added to PIL's hue byte. */
-            hue_pass(pl[0], pl[1], pl[2], n, (uint8_t)(unsigned)(int)(p->hue * 255.0));
-        }
+/* Colour step op of p on n values of each of the ch planes pl (the mean
+ * gray m for contrast). */
+static void color_step(int op, const dsrt_augment_params *p, float *const pl[3], size_t n, int ch,
+                       float m) {
+    if (op == DSRT_AUGMENT_BRIGHTNESS) {
+        for (int c = 0; c < ch; c++) blend_pass(pl[c], n, 0.0f, (float)p->brightness);
+    } else if (op == DSRT_AUGMENT_CONTRAST) {
+        for (int c = 0; c < ch; c++) blend_pass(pl[c], n, m, (float)p->contrast);
+    } else if (ch == 3 && op == DSRT_AUGMENT_SATURATION) {
+        saturation_pass(pl[0], pl[1], pl[2], n, (float)p->saturation);
+    } else if (ch == 3 && op == DSRT_AUGMENT_HUE) {
+        /* torchvision: np.uint8(hue * 255) added to PIL's hue byte. */
+        hue_pass(pl[0], pl[1], pl[2], n, (uint8_t)(unsigned)(int)(p->hue * 255.0));
     }
-    if (ch == 3 && o->grayscale_probability > 0.0 && p->grayscale)
-        gray_pass(pl[0], pl[1], pl[2], n);
 }
 
 /* Whole-number values to the normalised ones: ((float)x - sub) / div, the
  * value the whole-pixel table holds, bit for bit. */
-static void norm_pass(float *restrict v, size_t n, float sub, float div) {
+static void norm_pass(float *restrict o, const float *restrict v, size_t n, float sub, float div) {
     size_t i = 0;
 #if VEC4
     __m128 sv = _mm_set1_ps(sub), dv = _mm_set1_ps(div);
     for (; i + 4 <= n; i += 4)
-        _mm_storeu_ps(v + i, _mm_div_ps(_mm_sub_ps(_mm_loadu_ps(v + i), sv), dv));
+        _mm_storeu_ps(o + i, _mm_div_ps(_mm_sub_ps(_mm_loadu_ps(v + i), sv), dv));
 #endif
-    for (; i < n; i++) v[i] = (v[i] - sub) / div;
+    for (; i < n; i++) o[i] = (v[i] - sub) / div;
 }
 
 static void bytes_pass(uint8_t *restrict out, const float *restrict v, size_t n, int step) {
     for (size_t i = 0; i < n; i++) out[i * step] = (uint8_t)(int)v[i];
 }
 
-/* The colour steps on the sample resampled (raw values in [0, 255]) into
- * the planes pl, then its write: the planes normalised in place (float
- * output, pl the sample's own), or interleaved into bytes. */
+/*
+ * The colour steps of p, in its order, on the sample resampled (raw values
+ * in [0, 255]) into the planes pl (rounded to bytes first, as PIL's resize
+ * leaves them), then its write into the sample's place: normalised float
+ * planes, or interleaved bytes. The steps run on tiles of a few thousand
+ * pixels that stay in the first-level cache, every step of a tile before
+ * the next tile: one pass over the sample, two with contrast (the steps
+ * before it and the sum of the gray its mean needs, then the rest).
+ */
 static void color_write(const dsrt_augment_options *o, const dsrt_augment_params *p,
                         const sink *s, float *const pl[3]) {
+    enum { TILE = 2048 };
     int ch = s->ch;
     size_t n = (size_t)s->ow * s->oh;
-    color_steps(o, p, pl, n, ch);
-    for (int c = 0; c < ch; c++) {
-        if (s->f32)
-            norm_pass(pl[c], n, s->sub[c], s->div[c]);
-        else
-            bytes_pass((uint8_t *)s->dst + c, pl[c], n, ch);
+    int steps[4], ns = 0, split = -1;
+    for (int k = 0; k < 4; k++) {
+        int op = p->color_order[k];
+        if (!color_on(o, op)) continue;
+        if (op == DSRT_AUGMENT_CONTRAST) split = ns;
+        steps[ns++] = op;
+    }
+    int gray = ch == 3 && o->grayscale_probability > 0.0 && p->grayscale;
+    int first_end = split >= 0 ? split : ns;
+    double sum = 0.0;
+    for (size_t t = 0; t < n; t += TILE) {
+        size_t m = n - t < TILE ? n - t : TILE;
+        float *tp[3] = {pl[0] + t, ch == 3 ? pl[1] + t : NULL, ch == 3 ? pl[2] + t : NULL};
+        for (int c = 0; c < ch; c++) round_pass(tp[c], m);
+        for (int k = 0; k < first_end; k++) color_step(steps[k], p, tp, m, ch, 0.0f);
+        if (split >= 0) {
+            /* ImageEnhance.Contrast: the mean of the gray image, rounded. */
+            if (ch == 3)
+                sum += gray_sum(tp[0], tp[1], tp[2], m);
+            else
+                for (size_t i = 0; i < m; i++) sum += tp[0][i];
+        }
+    }
+    float mean = split >= 0 ? (float)(int)(sum / (double)n + 0.5) : 0.0f;
+    for (size_t t = 0; t < n; t += TILE) {
+        size_t m = n - t < TILE ? n - t : TILE;
+        float *tp[3] = {pl[0] + t, ch == 3 ? pl[1] + t : NULL, ch == 3 ? pl[2] + t : NULL};
+        for (int k = first_end; k < ns; k++) color_step(steps[k], p, tp, m, ch, mean);
+        if (gray) gray_pass(tp[0], tp[1], tp[2], m);
+        for (int c = 0; c < ch; c++) {
+            if (s->f32)
+                norm_pass((float *)s->dst + c * n + t, tp[c], m, s->sub[c], s->div[c]);
+            else
+                bytes_pass((uint8_t *)s->dst + t * ch + c, tp[c], m, ch);
+        }
     }
 }
 
@@ -1802,10 +1823,10 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
         size_t n = (size_t)s.ow * s.oh;
         sink b = s;
         b.f32 = 1;
-        if (!s.f32) {
-            if ((rc = reserve((void **)&a->col, &a->cap_col, n * s.ch, sizeof(float)))) return rc;
-            b.dst = a->col;
-        }
+        /* In the augmenter's scratch, which stays in cache from one sample
+         * to the next: the sample's place is written once, at the end. */
+        if ((rc = reserve((void **)&a->col, &a->cap_col, n * s.ch, sizeof(float)))) return rc;
+        b.dst = a->col;
         for (int c = 0; c < s.ch; c++) {
             b.sub[c] = 0.0f;
             b.div[c] = b.inv[c] = 1.0f;
