@@ -40,6 +40,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define COLOR_AVX2 1
+#endif
 
 #define DEG2RAD (3.14159265358979323846 / 180.0)
 
@@ -386,8 +390,8 @@ static void draw_resized_crop(const dsrt_augment_options *o, int w, int h, dsrt_
     double area = (double)w * h;
     double lr0 = log(o->crop_ratio[0]), lr1 = log(o->crop_ratio[1]);
     for (int attempt = 0; attempt < 10; attempt++) {
-        double target = area * (o->crop_scale[0] +
-                                (o->crop_scale[1] - o->crop_scale[0]) * dsrt_rng_uniform(g));
+        double target =
+            area * (o->crop_scale[0] + (o->crop_scale[1] - o->crop_scale[0]) * dsrt_rng_uniform(g));
         double aspect = exp(lr0 + (lr1 - lr0) * dsrt_rng_uniform(g));
         int cw = round_even(sqrt(target * aspect)), ch = round_even(sqrt(target / aspect));
         if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
@@ -1503,9 +1507,78 @@ static inline __m128 luma4(__m128 r, __m128 g, __m128 b) {
 #define VEC4 0
 #endif
 
-/* The resampled values rounded to bytes, as the byte output rounds them. */
-static void round_pass(float *restrict v, size_t n) {
+#if defined(COLOR_AVX2)
+/* The same passes eight values at a time, for CPUs with AVX2 (the
+ * augmenter's kernels say so): the same exact operations. */
+#define AVX2_FN __attribute__((target("avx2")))
+
+AVX2_FN static inline __m256 clip_trunc8(__m256 v) {
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(255.0f));
+    return _mm256_cvtepi32_ps(_mm256_cvttps_epi32(v));
+}
+
+AVX2_FN static inline __m256 luma8(__m256 r, __m256 g, __m256 b) {
+    __m256 x =
+        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(r, _mm256_set1_ps(19595.0f)),
+                                                  _mm256_mul_ps(g, _mm256_set1_ps(38470.0f))),
+                                    _mm256_mul_ps(b, _mm256_set1_ps(7471.0f))),
+                      _mm256_set1_ps(32768.0f));
+    return _mm256_cvtepi32_ps(
+        _mm256_cvttps_epi32(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / 65536.0f))));
+}
+
+AVX2_FN static size_t round8(float *restrict v, size_t n) {
     size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(v + i,
+                         clip_trunc8(_mm256_add_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(0.5f))));
+    return i;
+}
+
+AVX2_FN static size_t blend8(float *restrict v, size_t n, float in1, float f) {
+    size_t i = 0;
+    __m256 a = _mm256_set1_ps(in1), fa = _mm256_set1_ps(f);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(v + i,
+                         clip_trunc8(_mm256_add_ps(
+                             a, _mm256_mul_ps(fa, _mm256_sub_ps(_mm256_loadu_ps(v + i), a)))));
+    return i;
+}
+
+AVX2_FN static size_t saturation8(float *restrict r, float *restrict g, float *restrict b, size_t n,
+                                  float f) {
+    size_t i = 0;
+    __m256 fa = _mm256_set1_ps(f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 vr = _mm256_loadu_ps(r + i), vg = _mm256_loadu_ps(g + i),
+               vb = _mm256_loadu_ps(b + i);
+        __m256 l = luma8(vr, vg, vb);
+        _mm256_storeu_ps(r + i,
+                         clip_trunc8(_mm256_add_ps(l, _mm256_mul_ps(fa, _mm256_sub_ps(vr, l)))));
+        _mm256_storeu_ps(g + i,
+                         clip_trunc8(_mm256_add_ps(l, _mm256_mul_ps(fa, _mm256_sub_ps(vg, l)))));
+        _mm256_storeu_ps(b + i,
+                         clip_trunc8(_mm256_add_ps(l, _mm256_mul_ps(fa, _mm256_sub_ps(vb, l)))));
+    }
+    return i;
+}
+
+AVX2_FN static size_t norm8(float *restrict o, const float *restrict v, size_t n, float sub,
+                            float div) {
+    size_t i = 0;
+    __m256 sv = _mm256_set1_ps(sub), dv = _mm256_set1_ps(div);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), sv), dv));
+    return i;
+}
+#endif
+
+/* The resampled values rounded to bytes, as the byte output rounds them. */
+static void round_pass(float *restrict v, size_t n, int wide) {
+    size_t i = 0;
+#if defined(COLOR_AVX2)
+    if (wide) i = round8(v, n);
+#endif
 #if VEC4
     for (; i + 4 <= n; i += 4)
         _mm_storeu_ps(v + i, clip_trunc4(_mm_add_ps(_mm_loadu_ps(v + i), _mm_set1_ps(0.5f))));
@@ -1514,8 +1587,11 @@ static void round_pass(float *restrict v, size_t n) {
 }
 
 /* The blend of every value with the constant in1. */
-static void blend_pass(float *restrict v, size_t n, float in1, float f) {
+static void blend_pass(float *restrict v, size_t n, float in1, float f, int wide) {
     size_t i = 0;
+#if defined(COLOR_AVX2)
+    if (wide) i = blend8(v, n, in1, f);
+#endif
 #if VEC4
     __m128 a = _mm_set1_ps(in1), fa = _mm_set1_ps(f);
     for (; i + 4 <= n; i += 4)
@@ -1533,8 +1609,8 @@ static double gray_sum(const float *restrict r, const float *restrict g, const f
     while (i + 4 <= n) {
         __m128 acc = _mm_setzero_ps();
         for (int k = 0; k < 8192 && i + 4 <= n; k++, i += 4)
-            acc = _mm_add_ps(acc, luma4(_mm_loadu_ps(r + i), _mm_loadu_ps(g + i),
-                                        _mm_loadu_ps(b + i)));
+            acc = _mm_add_ps(acc,
+                             luma4(_mm_loadu_ps(r + i), _mm_loadu_ps(g + i), _mm_loadu_ps(b + i)));
         float t[4];
         _mm_storeu_ps(t, acc);
         sum += (double)t[0] + t[1] + t[2] + t[3];
@@ -1546,8 +1622,11 @@ static double gray_sum(const float *restrict r, const float *restrict g, const f
 
 /* ImageEnhance.Color: each pixel blended with its own gray. */
 static void saturation_pass(float *restrict r, float *restrict g, float *restrict b, size_t n,
-                            float f) {
+                            float f, int wide) {
     size_t i = 0;
+#if defined(COLOR_AVX2)
+    if (wide) i = saturation8(r, g, b, n, f);
+#endif
 #if VEC4
     __m128 fa = _mm_set1_ps(f);
     for (; i + 4 <= n; i += 4) {
@@ -1592,13 +1671,13 @@ static void hue_pass(float *restrict r, float *restrict g, float *restrict b, si
 /* Colour step op of p on n values of each of the ch planes pl (the mean
  * gray m for contrast). */
 static void color_step(int op, const dsrt_augment_params *p, float *const pl[3], size_t n, int ch,
-                       float m) {
+                       float m, int wide) {
     if (op == DSRT_AUGMENT_BRIGHTNESS) {
-        for (int c = 0; c < ch; c++) blend_pass(pl[c], n, 0.0f, (float)p->brightness);
+        for (int c = 0; c < ch; c++) blend_pass(pl[c], n, 0.0f, (float)p->brightness, wide);
     } else if (op == DSRT_AUGMENT_CONTRAST) {
-        for (int c = 0; c < ch; c++) blend_pass(pl[c], n, m, (float)p->contrast);
+        for (int c = 0; c < ch; c++) blend_pass(pl[c], n, m, (float)p->contrast, wide);
     } else if (ch == 3 && op == DSRT_AUGMENT_SATURATION) {
-        saturation_pass(pl[0], pl[1], pl[2], n, (float)p->saturation);
+        saturation_pass(pl[0], pl[1], pl[2], n, (float)p->saturation, wide);
     } else if (ch == 3 && op == DSRT_AUGMENT_HUE) {
         /* torchvision: np.uint8(hue * 255) added to PIL's hue byte. */
         hue_pass(pl[0], pl[1], pl[2], n, (uint8_t)(unsigned)(int)(p->hue * 255.0));
@@ -1607,8 +1686,12 @@ static void color_step(int op, const dsrt_augment_params *p, float *const pl[3],
 
 /* Whole-number values to the normalised ones: ((float)x - sub) / div, the
  * value the whole-pixel table holds, bit for bit. */
-static void norm_pass(float *restrict o, const float *restrict v, size_t n, float sub, float div) {
+static void norm_pass(float *restrict o, const float *restrict v, size_t n, float sub, float div,
+                      int wide) {
     size_t i = 0;
+#if defined(COLOR_AVX2)
+    if (wide) i = norm8(o, v, n, sub, div);
+#endif
 #if VEC4
     __m128 sv = _mm_set1_ps(sub), dv = _mm_set1_ps(div);
     for (; i + 4 <= n; i += 4)
@@ -1625,13 +1708,13 @@ static void bytes_pass(uint8_t *restrict out, const float *restrict v, size_t n,
  * The colour steps of p, in its order, on the sample resampled (raw values
  * in [0, 255]) into the planes pl (rounded to bytes first, as PIL's resize
  * leaves them), then its write into the sample's place: normalised float
- * planes, or interleaved bytes. The steps run on tiles of a few thousand
+ * planes, or interleaved bytes (wide: AVX2). The steps run on tiles of a few thousand
  * pixels that stay in the first-level cache, every step of a tile before
  * the next tile: one pass over the sample, two with contrast (the steps
  * before it and the sum of the gray its mean needs, then the rest).
  */
-static void color_write(const dsrt_augment_options *o, const dsrt_augment_params *p,
-                        const sink *s, float *const pl[3]) {
+static void color_write(const dsrt_augment_options *o, const dsrt_augment_params *p, const sink *s,
+                        float *const pl[3], int wide) {
     enum { TILE = 2048 };
     int ch = s->ch;
     size_t n = (size_t)s->ow * s->oh;
@@ -1648,8 +1731,8 @@ static void color_write(const dsrt_augment_options *o, const dsrt_augment_params
     for (size_t t = 0; t < n; t += TILE) {
         size_t m = n - t < TILE ? n - t : TILE;
         float *tp[3] = {pl[0] + t, ch == 3 ? pl[1] + t : NULL, ch == 3 ? pl[2] + t : NULL};
-        for (int c = 0; c < ch; c++) round_pass(tp[c], m);
-        for (int k = 0; k < first_end; k++) color_step(steps[k], p, tp, m, ch, 0.0f);
+        for (int c = 0; c < ch; c++) round_pass(tp[c], m, wide);
+        for (int k = 0; k < first_end; k++) color_step(steps[k], p, tp, m, ch, 0.0f, wide);
         if (split >= 0) {
             /* ImageEnhance.Contrast: the mean of the gray image, rounded. */
             if (ch == 3)
@@ -1662,11 +1745,11 @@ static void color_write(const dsrt_augment_options *o, const dsrt_augment_params
     for (size_t t = 0; t < n; t += TILE) {
         size_t m = n - t < TILE ? n - t : TILE;
         float *tp[3] = {pl[0] + t, ch == 3 ? pl[1] + t : NULL, ch == 3 ? pl[2] + t : NULL};
-        for (int k = first_end; k < ns; k++) color_step(steps[k], p, tp, m, ch, mean);
+        for (int k = first_end; k < ns; k++) color_step(steps[k], p, tp, m, ch, mean, wide);
         if (gray) gray_pass(tp[0], tp[1], tp[2], m);
         for (int c = 0; c < ch; c++) {
             if (s->f32)
-                norm_pass((float *)s->dst + c * n + t, tp[c], m, s->sub[c], s->div[c]);
+                norm_pass((float *)s->dst + c * n + t, tp[c], m, s->sub[c], s->div[c], wide);
             else
                 bytes_pass((uint8_t *)s->dst + t * ch + c, tp[c], m, ch);
         }
@@ -1679,7 +1762,8 @@ static void erase_write(const dsrt_augment_options *o, const dsrt_augment_params
     if (!(o->erase_probability > 0.0) || p->erase_width <= 0 || p->erase_height <= 0) return;
     int ow = o->output_width, oh = o->output_height;
     int x0 = DSRT_MAX(p->erase_x, 0), y0 = DSRT_MAX(p->erase_y, 0);
-    int x1 = DSRT_MIN(ow, p->erase_x + p->erase_width), y1 = DSRT_MIN(oh, p->erase_y + p->erase_height);
+    int x1 = DSRT_MIN(ow, p->erase_x + p->erase_width),
+        y1 = DSRT_MIN(oh, p->erase_y + p->erase_height);
     if (x1 <= x0 || y1 <= y0) return;
     size_t plane = (size_t)ow * oh;
     dsrt_rng g = dsrt_rng_init(p->erase_key, 0, 0, STREAM_BASE + STREAM_ERASE);
@@ -1837,7 +1921,9 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
                 for (int x = 0; x < 256; x++) a->lut_id[c * 256 + x] = (float)x;
         rc = separable ? run_separable(a, o, &b, img, &w, t) : run_affine(a, &b, img, t);
         float *pl[3] = {(float *)b.dst, (float *)b.dst + n, (float *)b.dst + 2 * n};
-        if (rc == 0) color_write(o, p, &s, pl);
+        /* Eight values at a time where the augmenter's kernels have AVX2. */
+        int wide = strcmp(a->ops->name, "scalar") != 0;
+        if (rc == 0) color_write(o, p, &s, pl, wide);
     }
     if (rc == 0 && s.f32) erase_write(o, p, (float *)dst);
     return rc;

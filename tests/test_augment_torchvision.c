@@ -127,7 +127,8 @@ static int compare_crops(int W, int H, int n, const double scale[2], const doubl
     size_t len;
     int32_t *r = read_all(out, &len);
     REQUIRE(r && len == (size_t)n * 16);
-    for (int i = 0; i < n; i++) hist_add(t, W, H, r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]);
+    for (int i = 0; i < n; i++)
+        hist_add(t, W, H, r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]);
     if (!quiet)
         fprintf(stderr, "%d x %d, scale [%g, %g] against torchvision's [%g, %g], %d draws:\n", W, H,
                 scale[0], scale[1], tscale[0], tscale[1], n);

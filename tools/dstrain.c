@@ -1657,8 +1657,8 @@ static int resolve_recipe(dsrt_train_options *o) {
             if (parse_double(cmd, fields[i].option, v, -INFINITY, INFINITY, &r[0])) return 2;
         } else {
             if (parse_range(cmd, fields[i].option, v, kind == 2, r)) return 2;
-            if (kind == 1 && !strchr(v, ',')) r[0] = 1.0 - r[1] > 0.0 ? 1.0 - r[1] : 0.0,
-                                              r[1] = 1.0 + r[1];
+            if (kind == 1 && !strchr(v, ','))
+                r[0] = 1.0 - r[1] > 0.0 ? 1.0 - r[1] : 0.0, r[1] = 1.0 + r[1];
         }
         dsrt_augment_options probe = dsrt_augment_defaults();
         size_t at = (size_t)((char *)fields[i].out - (char *)a), n = kind == 3 ? 1 : 2;
@@ -1693,8 +1693,8 @@ static int resolve_recipe(dsrt_train_options *o) {
         }
         if (!ok || *end != '\0' || (k != 1 && k != 3)) {
             fprintf(stderr,
-                    "%s %s: --erase-value: expected V, R,G,B (numbers) or random, got '%s'\n",
-                    prog, cmd, tr.erase_value);
+                    "%s %s: --erase-value: expected V, R,G,B (numbers) or random, got '%s'\n", prog,
+                    cmd, tr.erase_value);
             return 2;
         }
         a->erase_random = 0;

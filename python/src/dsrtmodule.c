@@ -1349,9 +1349,8 @@ static const name_value shuffle_names[] = {{"never", DSRT_SHUFFLE_NEVER},
                                            {NULL, 0}};
 static const name_value io_names[] = {
     {"auto", DSRT_IO_AUTO}, {"uring", DSRT_IO_URING}, {"pread", DSRT_IO_PREAD}, {NULL, 0}};
-static const name_value preset_names[] = {{"default", 0},         {"227", 227},
-                                          {"32", 32},            {"imagenet", 1000},
-                                          {"imagenet-val", 1001}, {NULL, 0}};
+static const name_value preset_names[] = {{"default", 0},     {"227", 227},           {"32", 32},
+                                          {"imagenet", 1000}, {"imagenet-val", 1001}, {NULL, 0}};
 
 // ----------------------------------------------------------------------------
 // Pipeline
