@@ -40,6 +40,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define COLOR_AVX2 1
+#endif
 
 #define DEG2RAD (3.14159265358979323846 / 180.0)
 
@@ -63,6 +67,17 @@ dsrt_augment_options dsrt_augment_defaults(void) {
     for (int c = 0; c < 3; c++) o.std[c] = 1.0f;
     o.decode_oversample = 1.0;
     o.decode_dc = 1;
+    o.crop_scale[0] = 0.08;
+    o.crop_scale[1] = 1.0;
+    o.crop_ratio[0] = 3.0 / 4.0;
+    o.crop_ratio[1] = 4.0 / 3.0;
+    o.brightness[0] = o.brightness[1] = 1.0;
+    o.contrast[0] = o.contrast[1] = 1.0;
+    o.saturation[0] = o.saturation[1] = 1.0;
+    o.erase_scale[0] = 0.02;
+    o.erase_scale[1] = 0.33;
+    o.erase_ratio[0] = 0.3;
+    o.erase_ratio[1] = 3.3;
     return o;
 }
 
@@ -105,6 +120,34 @@ void dsrt_augment_preset_32(dsrt_augment_options *o) {
     o->decode_oversample = 1.0;
 }
 
+/* torchvision's Normalize with ImageNet's mean and std, in [0, 255] units. */
+static void imagenet_norm(dsrt_augment_options *o) {
+    static const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    o->norm = DSRT_AUGMENT_NORM_ZSCORE;
+    for (int c = 0; c < 3; c++) {
+        o->mean[c] = 255.0f * mean[c];
+        o->std[c] = 255.0f * std[c];
+    }
+}
+
+void dsrt_augment_preset_imagenet(dsrt_augment_options *o) {
+    *o = dsrt_augment_defaults();
+    o->output_height = o->output_width = 224;
+    o->size_mode = DSRT_AUGMENT_RANDRESIZEDCROP;
+    o->rand_x_reflection = 1;
+    o->brightness[0] = o->contrast[0] = o->saturation[0] = 0.6;
+    o->brightness[1] = o->contrast[1] = o->saturation[1] = 1.4;
+    imagenet_norm(o);
+}
+
+void dsrt_augment_preset_imagenet_val(dsrt_augment_options *o) {
+    *o = dsrt_augment_defaults();
+    o->output_height = o->output_width = 224;
+    o->resize_shorter = 256;
+    o->size_mode = DSRT_AUGMENT_CENTERCROP;
+    imagenet_norm(o);
+}
+
 static int check_range(const char *name, const double r[2], double min, double max) {
     if (!isfinite(r[0]) || !isfinite(r[1]))
         return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: not finite", name, r[0], r[1]);
@@ -114,6 +157,51 @@ static int check_range(const char *name, const double r[2], double min, double m
     if (r[0] < min || r[1] > max)
         return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: outside [%g, %g]", name, r[0], r[1],
                           min, max);
+    return 0;
+}
+
+/* A fraction range within (0, 1]. */
+static int check_fraction(const char *name, const double r[2]) {
+    int rc = check_range(name, r, 0.0, 1.0);
+    if (rc == 0 && !(r[0] > 0.0))
+        return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: low is not above 0", name, r[0],
+                          r[1]);
+    return rc;
+}
+
+static int check_probability(const char *name, double p) {
+    if (!(p >= 0.0 && p <= 1.0))
+        return dsrt__fail(DSRT_EOPTION, "augment: %s: %g: not in [0, 1]", name, p);
+    return 0;
+}
+
+/* The options of the random-resized crop, the colour and the erasing. */
+static int check_recipe(const dsrt_augment_options *o) {
+    int rc;
+    const double rmin = DSRT_AUGMENT_RATIO_MIN, rmax = DSRT_AUGMENT_RATIO_MAX,
+                 cmax = DSRT_AUGMENT_COLOR_MAX;
+    if ((rc = check_fraction("crop_scale", o->crop_scale)) ||
+        (rc = check_range("crop_ratio", o->crop_ratio, rmin, rmax)) ||
+        (rc = check_range("brightness", o->brightness, 0.0, cmax)) ||
+        (rc = check_range("contrast", o->contrast, 0.0, cmax)) ||
+        (rc = check_range("saturation", o->saturation, 0.0, cmax)) ||
+        (rc = check_range("hue", o->hue, -0.5, 0.5)) ||
+        (rc = check_probability("grayscale_probability", o->grayscale_probability)) ||
+        (rc = check_probability("erase_probability", o->erase_probability)) ||
+        (rc = check_fraction("erase_scale", o->erase_scale)) ||
+        (rc = check_range("erase_ratio", o->erase_ratio, rmin, rmax)))
+        return rc;
+    if (o->erase_random != 0 && o->erase_random != 1)
+        return dsrt__fail(DSRT_EOPTION, "augment: erase_random: %d: not 0 or 1", o->erase_random);
+    for (int c = 0; c < o->output_channels; c++)
+        if (!isfinite(o->erase_value[c]))
+            return dsrt__fail(DSRT_EOPTION, "augment: erase_value[%d]: %g: not finite", c,
+                              (double)o->erase_value[c]);
+    if (o->erase_probability > 0.0 && o->layout != DSRT_AUGMENT_F32_NCHW)
+        return dsrt__fail(DSRT_EOPTION,
+                          "augment: erase_probability: %g: erasing writes normalised values, "
+                          "float output only (layout DSRT_AUGMENT_F32_NCHW)",
+                          o->erase_probability);
     return 0;
 }
 
@@ -129,7 +217,7 @@ int dsrt_augment_check(const dsrt_augment_options *o) {
     if (o->output_channels != 1 && o->output_channels != 3)
         return dsrt__fail(DSRT_EOPTION, "augment: output_channels: %d: not 1 or 3",
                           o->output_channels);
-    if ((unsigned)o->size_mode > DSRT_AUGMENT_RANDCROP)
+    if ((unsigned)o->size_mode > DSRT_AUGMENT_RANDRESIZEDCROP)
         return dsrt__fail(DSRT_EOPTION, "augment: size_mode: %d: unknown", (int)o->size_mode);
     if (o->resize_shorter < 0 || o->resize_shorter > 65535)
         return dsrt__fail(DSRT_EOPTION, "augment: resize_shorter: %d: not in [0, 65535]",
@@ -199,7 +287,7 @@ int dsrt_augment_check(const dsrt_augment_options *o) {
     if (!(o->decode_oversample >= 1.0 && o->decode_oversample <= 64.0))
         return dsrt__fail(DSRT_EOPTION, "augment: decode_oversample: %g: not in [1, 64]",
                           o->decode_oversample);
-    return 0;
+    return check_recipe(o);
 }
 
 size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o) {
@@ -225,6 +313,14 @@ enum {
     STREAM_Y_TRANSLATION,
     STREAM_CROP_X,
     STREAM_CROP_Y,
+    STREAM_RESIZED_CROP,
+    STREAM_BRIGHTNESS,
+    STREAM_CONTRAST,
+    STREAM_SATURATION,
+    STREAM_HUE,
+    STREAM_COLOR_ORDER,
+    STREAM_GRAYSCALE,
+    STREAM_ERASE,
 };
 #define STREAM_BASE 0x6175676d00000000ULL
 
@@ -280,6 +376,111 @@ static int draw_crop(const dsrt_augment_options *o, int work, int out, uint64_t 
     return spare >= 0 ? spare / 2 : -((1 - spare) / 2); /* floor(spare / 2) */
 }
 
+/* Python's round(): to the nearest whole number, halves to even (the
+ * default rounding mode). */
+static int round_even(double x) {
+    return (int)nearbyint(x);
+}
+
+/* torchvision 0.14's RandomResizedCrop.get_params on a w x h image: ten
+ * tries at a random area and aspect, then the central window clamped to the
+ * aspect range. */
+static void draw_resized_crop(const dsrt_augment_options *o, int w, int h, dsrt_rng *g,
+                              dsrt_augment_params *p) {
+    double area = (double)w * h;
+    double lr0 = log(o->crop_ratio[0]), lr1 = log(o->crop_ratio[1]);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        double target =
+            area * (o->crop_scale[0] + (o->crop_scale[1] - o->crop_scale[0]) * dsrt_rng_uniform(g));
+        double aspect = exp(lr0 + (lr1 - lr0) * dsrt_rng_uniform(g));
+        int cw = round_even(sqrt(target * aspect)), ch = round_even(sqrt(target / aspect));
+        if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
+            p->crop_y = (int)dsrt_rng_below(g, (uint64_t)(h - ch) + 1);
+            p->crop_x = (int)dsrt_rng_below(g, (uint64_t)(w - cw) + 1);
+            p->crop_width = cw;
+            p->crop_height = ch;
+            return;
+        }
+    }
+    double in_ratio = (double)w / h;
+    int cw = w, ch = h;
+    if (in_ratio < o->crop_ratio[0]) {
+        ch = round_even(cw / o->crop_ratio[0]);
+    } else if (in_ratio > o->crop_ratio[1]) {
+        cw = round_even(ch * o->crop_ratio[1]);
+    }
+    cw = DSRT_MAX(1, DSRT_MIN(cw, w));
+    ch = DSRT_MAX(1, DSRT_MIN(ch, h));
+    p->crop_width = cw;
+    p->crop_height = ch;
+    p->crop_x = (w - cw) / 2;
+    p->crop_y = (h - ch) / 2;
+}
+
+/* 1 when the colour adjustment's range is not the identity. */
+static int color_on(const dsrt_augment_options *o, int op) {
+    switch (op) {
+    case DSRT_AUGMENT_BRIGHTNESS:
+        return o->brightness[0] != 1.0 || o->brightness[1] != 1.0;
+    case DSRT_AUGMENT_CONTRAST:
+        return o->contrast[0] != 1.0 || o->contrast[1] != 1.0;
+    case DSRT_AUGMENT_SATURATION:
+        return o->saturation[0] != 1.0 || o->saturation[1] != 1.0;
+    default:
+        return o->hue[0] != 0.0 || o->hue[1] != 0.0;
+    }
+}
+
+/* ColorJitter's choices: a factor per adjustment (each its own stream), the
+ * order a random permutation (Fisher-Yates); RandomGrayscale's coin. */
+static void draw_color(const dsrt_augment_options *o, uint64_t seed, uint64_t epoch, uint64_t id,
+                       dsrt_augment_params *p) {
+    p->brightness = draw_range(o->brightness, seed, epoch, id, STREAM_BRIGHTNESS);
+    p->contrast = draw_range(o->contrast, seed, epoch, id, STREAM_CONTRAST);
+    p->saturation = draw_range(o->saturation, seed, epoch, id, STREAM_SATURATION);
+    p->hue = draw_range(o->hue, seed, epoch, id, STREAM_HUE);
+    for (int i = 0; i < 4; i++) p->color_order[i] = i;
+    int any = 0;
+    for (int i = 0; i < 4; i++) any |= color_on(o, i);
+    if (any) {
+        dsrt_rng g = stream(seed, epoch, id, STREAM_COLOR_ORDER);
+        for (int i = 3; i > 0; i--) {
+            int j = (int)dsrt_rng_below(&g, (uint64_t)i + 1), t = p->color_order[i];
+            p->color_order[i] = p->color_order[j];
+            p->color_order[j] = t;
+        }
+    }
+    if (o->grayscale_probability > 0.0) {
+        dsrt_rng g = stream(seed, epoch, id, STREAM_GRAYSCALE);
+        p->grayscale = dsrt_rng_uniform(&g) < o->grayscale_probability;
+    }
+}
+
+/* torchvision 0.14's RandomErasing: the coin, then ten tries at a box of
+ * random area and aspect (height / width) strictly inside the output. */
+static void draw_erase(const dsrt_augment_options *o, uint64_t seed, uint64_t epoch, uint64_t id,
+                       dsrt_augment_params *p) {
+    if (!(o->erase_probability > 0.0)) return;
+    dsrt_rng g = stream(seed, epoch, id, STREAM_ERASE);
+    if (!(dsrt_rng_uniform(&g) < o->erase_probability)) return;
+    int oh = o->output_height, ow = o->output_width;
+    double area = (double)oh * ow;
+    double lr0 = log(o->erase_ratio[0]), lr1 = log(o->erase_ratio[1]);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        double target = area * (o->erase_scale[0] +
+                                (o->erase_scale[1] - o->erase_scale[0]) * dsrt_rng_uniform(&g));
+        double aspect = exp(lr0 + (lr1 - lr0) * dsrt_rng_uniform(&g));
+        int h = round_even(sqrt(target * aspect)), w = round_even(sqrt(target / aspect));
+        if (!(h < oh && w < ow)) continue;
+        p->erase_y = (int)dsrt_rng_below(&g, (uint64_t)(oh - h) + 1);
+        p->erase_x = (int)dsrt_rng_below(&g, (uint64_t)(ow - w) + 1);
+        p->erase_height = h;
+        p->erase_width = w;
+        p->erase_key = dsrt_rng_u64(&g);
+        return;
+    }
+}
+
 void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, uint64_t seed,
                        uint64_t epoch, uint64_t id, dsrt_augment_params *p) {
     int ww, wh;
@@ -302,6 +503,13 @@ void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, ui
     }
     p->x_shear = draw_range(o->rand_x_shear, seed, epoch, id, STREAM_X_SHEAR);
     p->y_shear = draw_range(o->rand_y_shear, seed, epoch, id, STREAM_Y_SHEAR);
+    if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        dsrt_rng g = stream(seed, epoch, id, STREAM_RESIZED_CROP);
+        draw_resized_crop(o, ww, wh, &g, p);
+    } else {
+        p->crop_x = draw_crop(o, ww, o->output_width, seed, epoch, id, STREAM_CROP_X);
+        p->crop_y = draw_crop(o, wh, o->output_height, seed, epoch, id, STREAM_CROP_Y);
+    }
     /* Translation units to working-image pixels. */
     double kx, ky;
     if (o->translation_units == DSRT_AUGMENT_UNITS_INPUT) {
@@ -310,6 +518,9 @@ void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, ui
     } else if (o->size_mode == DSRT_AUGMENT_RESIZE) {
         kx = (double)ww / o->output_width;
         ky = (double)wh / o->output_height;
+    } else if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        kx = (double)p->crop_width / o->output_width;
+        ky = (double)p->crop_height / o->output_height;
     } else {
         kx = ky = 1.0;
     }
@@ -317,16 +528,23 @@ void dsrt_augment_draw(const dsrt_augment_options *o, int full_w, int full_h, ui
         kx * draw_translation(o, o->rand_x_translation, seed, epoch, id, STREAM_X_TRANSLATION);
     p->y_translation =
         ky * draw_translation(o, o->rand_y_translation, seed, epoch, id, STREAM_Y_TRANSLATION);
-    p->crop_x = draw_crop(o, ww, o->output_width, seed, epoch, id, STREAM_CROP_X);
-    p->crop_y = draw_crop(o, wh, o->output_height, seed, epoch, id, STREAM_CROP_Y);
+    draw_color(o, seed, epoch, id, p);
+    draw_erase(o, seed, epoch, id, p);
 }
 
-void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h, int *min_w,
-                              int *min_h) {
-    if (full_w <= 0 || full_h <= 0) {
-        *min_w = *min_h = 0;
-        return;
-    }
+/* The random-resized crop's smallest window on a w x h working image, per
+ * axis: the least area at the most extreme aspect (never below 1 pixel). */
+static void smallest_crop(const dsrt_augment_options *o, int w, int h, int *cw, int *ch) {
+    double least = o->crop_scale[0] * w * h;
+    *cw = DSRT_MAX(1, DSRT_MIN(w, (int)floor(sqrt(least * o->crop_ratio[0]))));
+    *ch = DSRT_MAX(1, DSRT_MIN(h, (int)floor(sqrt(least / o->crop_ratio[1]))));
+}
+
+/* The decoded pixels per stored pixel that keep full quality, *kx and *ky
+ * (at most 1 is needed, more may come out), for a sample whose window
+ * (the random-resized crop's) is cw x ch working-image pixels. */
+static void decode_density(const dsrt_augment_options *o, int full_w, int full_h, int cw, int ch,
+                           double *kxo, double *kyo) {
     int ww, wh;
     working_size(o, full_w, full_h, &ww, &wh);
     /* Output pixels per stored pixel along each axis. */
@@ -334,6 +552,9 @@ void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int ful
     if (o->size_mode == DSRT_AUGMENT_RESIZE) {
         kx *= (double)o->output_width / ww;
         ky *= (double)o->output_height / wh;
+    } else if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        kx *= (double)o->output_width / DSRT_MAX(cw, 1);
+        ky *= (double)o->output_height / DSRT_MAX(ch, 1);
     }
     double sx, sy;
     if (o->rand_scale[0] != 1.0 || o->rand_scale[1] != 1.0) {
@@ -348,8 +569,21 @@ void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int ful
                 o->rand_x_shear[0] != 0.0 || o->rand_x_shear[1] != 0.0 ||
                 o->rand_y_shear[0] != 0.0 || o->rand_y_shear[1] != 0.0;
     if (turns) kx = ky = DSRT_MAX(kx, ky);
-    kx *= o->decode_oversample;
-    ky *= o->decode_oversample;
+    *kxo = kx * o->decode_oversample;
+    *kyo = ky * o->decode_oversample;
+}
+
+void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h, int *min_w,
+                              int *min_h) {
+    if (full_w <= 0 || full_h <= 0) {
+        *min_w = *min_h = 0;
+        return;
+    }
+    int ww, wh, cw = 0, ch = 0;
+    working_size(o, full_w, full_h, &ww, &wh);
+    if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) smallest_crop(o, ww, wh, &cw, &ch);
+    double kx, ky;
+    decode_density(o, full_w, full_h, cw, ch, &kx, &ky);
     double w = ceil(full_w * kx - 1e-9), h = ceil(full_h * ky - 1e-9);
     *min_w = w >= full_w ? full_w : w < 1 ? 1 : (int)w;
     *min_h = h >= full_h ? full_h : h < 1 ? 1 : (int)h;
@@ -396,15 +630,29 @@ static int sample_map(const dsrt_augment_options *o, int full_w, int full_h, int
     working_size(o, full_w, full_h, &ww, &wh);
     /* Output -> augmented working image. */
     affine t;
-    if (o->size_mode == DSRT_AUGMENT_RESIZE)
+    int rrc = o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP;
+    if (o->size_mode == DSRT_AUGMENT_RESIZE) {
         t = linear((double)ww / o->output_width, 0, 0, (double)wh / o->output_height);
-    else
+    } else if (rrc) {
+        /* The window resized to the output, flipped within itself. */
+        if (p->crop_width <= 0 || p->crop_height <= 0)
+            return dsrt__fail(DSRT_EOPTION, "augment: params: crop %d x %d: not positive",
+                              p->crop_width, p->crop_height);
+        double sx = (double)p->crop_width / o->output_width;
+        double sy = (double)p->crop_height / o->output_height;
+        t = linear(p->x_reflect ? -sx : sx, 0, 0, p->y_reflect ? -sy : sy);
+        t = compose(shift(p->crop_x + (p->x_reflect ? p->crop_width : 0),
+                          p->crop_y + (p->y_reflect ? p->crop_height : 0)),
+                    t);
+    } else {
         t = shift(p->crop_x, p->crop_y);
-    /* The augmentation, forward: F (reflection), then R, S, X shear, Y shear,
-     * about the centre, then the translation. Its inverse takes the augmented
-     * image back to the working image. */
+    }
+    /* The augmentation, forward: F (reflection, but for the random-resized
+     * crop's, done above), then R, S, X shear, Y shear, about the centre,
+     * then the translation. Its inverse takes the augmented image back to
+     * the working image. */
     double c = cos(p->rotation * DEG2RAD), s = sin(p->rotation * DEG2RAD);
-    affine m = linear(p->x_reflect ? -1.0 : 1.0, 0, 0, p->y_reflect ? -1.0 : 1.0);
+    affine m = linear(!rrc && p->x_reflect ? -1.0 : 1.0, 0, 0, !rrc && p->y_reflect ? -1.0 : 1.0);
     if (p->rotation != 0.0) m = compose(linear(c, s, -s, c), m);
     m = compose(linear(p->x_scale, 0, 0, p->y_scale), m);
     if (p->x_shear != 0.0) m = compose(linear(1, tan(p->x_shear * DEG2RAD), 0, 1), m);
@@ -448,6 +696,9 @@ struct dsrt_augmenter {
     float lut[3 * 256]; // (3, 256)
     float lut_sub[3], lut_div[3];
     int lut_ok;
+    float *col; // (channels, output height, width): the sample through the colour steps
+    size_t cap_col;
+    float lut_id[3 * 256]; // (3, 256): each byte's value, the colour steps' input
 };
 
 // ----------------------------------------------------------------------------
@@ -537,6 +788,7 @@ void dsrt_augmenter_destroy(dsrt_augmenter *a) {
     free(a->row);
     free(a->pre);
     free(a->rgb);
+    free(a->col);
     free(a);
 }
 
@@ -578,15 +830,39 @@ static inline double triangle(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+/* The source pixels [*c0, *c1) of a len-pixel axis that n outputs mapped
+ * by a, b may read: the whole axis, but for the random-resized crop the
+ * window's pixels alone (Pillow crops, then resizes: its filter stops at
+ * the window's edges), those it covers in part included (a decode at a DCT
+ * scale). */
+static void axis_span(const dsrt_augment_options *o, int n, double a, double b, int len, int *c0,
+                      int *c1) {
+    *c0 = 0;
+    *c1 = len;
+    if (o->size_mode != DSRT_AUGMENT_RANDRESIZEDCROP) return;
+    double e0 = b, e1 = a * n + b;
+    if (e0 > e1) {
+        double x = e0;
+        e0 = e1;
+        e1 = x;
+    }
+    double lo = floor(e0 + 1e-6), hi = ceil(e1 - 1e-6);
+    *c0 = lo <= 0 ? 0 : lo >= len ? len : (int)lo;
+    *c1 = hi <= *c0 ? *c0 : hi >= len ? len : (int)hi;
+}
+
 /*
  * Fills the taps of n outputs whose centres map to a * (i + 0.5) + b in a
- * source of len pixels: Pillow's resampling (the triangle filter, stretched
- * by |a| when shrinking; taps outside the source dropped and the weights
- * renormalised), an output whose centre lies outside [0, len) being fill.
- * With |a| = 1 and centres on pixel centres every tap is a single pixel.
+ * source of len pixels, of which only [c0, c1) is read (the whole, 0 and
+ * len, or a window): Pillow's resampling (the triangle filter, stretched
+ * by |a| when shrinking; taps outside the pixels read dropped and the
+ * weights renormalised), an output whose centre lies outside [c0, c1) being
+ * fill. With |a| = 1 and centres on pixel centres every tap is a single
+ * pixel.
  */
-static int axis_build(axis *t, int n, double a, double b, int len) {
-    if (t->start && t->built_n == n && t->built_len == len && t->built_a == a && t->built_b == b)
+static int axis_build(axis *t, int n, double a, double b, int len, int c0, int c1) {
+    if (t->start && t->built_n == n && t->built_len == len && t->built_a == a && t->built_b == b &&
+        t->built_c0 == c0 && t->built_c1 == c1)
         return 0; /* the tables of the last call: a pure function of these */
     double fs = DSRT_MAX(fabs(a), 1.0), support = fs;
     int k = (int)ceil(support) * 2 + 1;
@@ -600,6 +876,8 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
     t->built_len = len;
     t->built_a = a;
     t->built_b = b;
+    t->built_c0 = c0;
+    t->built_c1 = c1;
     t->n = n;
     t->k = k;
     t->lo = len;
@@ -610,16 +888,16 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
         float *w = t->w + (size_t)i * k;
         t->start[i] = 0;
         t->count[i] = 0;
-        if (!(centre >= 0.0 && centre < len)) continue;
+        if (!(centre >= c0 && centre < c1)) continue;
         double px = centre - 0.5, r = whole ? nearbyint(px) : 0.0;
-        if (whole && fabs(px - r) < 1e-6 && r >= 0 && r < len) {
+        if (whole && fabs(px - r) < 1e-6 && r >= c0 && r < c1) {
             t->start[i] = (int)r;
             t->count[i] = 1;
             w[0] = 1.0f;
         } else {
             int x0 = ifloor(centre - support + 0.5), x1 = ifloor(centre + support + 0.5);
-            if (x0 < 0) x0 = 0;
-            if (x1 > len) x1 = len;
+            if (x0 < c0) x0 = c0;
+            if (x1 > c1) x1 = c1;
             if (x1 - x0 > k) x1 = x0 + k; /* not reached: k bounds the support */
             double sum = 0.0;
             int j0 = -1, j1 = 0;
@@ -674,7 +952,7 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
      * moved left where it would leave the source. */
     int most = 0;
     for (int i = 0; i < n; i++) most = DSRT_MAX(most, t->count[i]);
-    t->taps = most <= len ? most : 0;
+    t->taps = most <= c1 - c0 ? most : 0;
     if (t->copy || !t->taps) return 0;
     t->lo = len;
     t->hi = 0;
@@ -683,7 +961,7 @@ static int axis_build(axis *t, int n, double a, double b, int len) {
         if (cnt == 0) continue;
         if (cnt < most) {
             float *w = t->w + (size_t)i * k;
-            int start = DSRT_MIN(t->start[i], len - most), off = t->start[i] - start;
+            int start = DSRT_MIN(t->start[i], c1 - most), off = t->start[i] - start;
             memmove(w + off, w, (size_t)cnt * sizeof *w);
             for (int j = 0; j < off; j++) w[j] = 0.0f;
             for (int j = off + cnt; j < most; j++) w[j] = 0.0f;
@@ -927,13 +1205,16 @@ static int check_window(const axis *ax, const axis *ay, const dsrt_image *img,
 
 /* The separable resampler: t keeps the axes. img is the window win of the
  * decoded image that t maps into. */
-static int run_separable(dsrt_augmenter *a, const sink *s, const dsrt_image *img,
-                         const dsrt_window *win, affine t) {
+static int run_separable(dsrt_augmenter *a, const dsrt_augment_options *o, const sink *s,
+                         const dsrt_image *img, const dsrt_window *win, affine t) {
     axis *ax = &a->ax, *ay = &a->ay;
     const dsrt__resample_ops *ops = a->ops;
     int ch = img->channels, rc;
-    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], win->decoded_width)) ||
-        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], win->decoded_height)) ||
+    int x0, x1, y0, y1;
+    axis_span(o, s->ow, t.m[0], t.m[2], win->decoded_width, &x0, &x1);
+    axis_span(o, s->oh, t.m[4], t.m[5], win->decoded_height, &y0, &y1);
+    if ((rc = axis_build(ax, s->ow, t.m[0], t.m[2], win->decoded_width, x0, x1)) ||
+        (rc = axis_build(ay, s->oh, t.m[4], t.m[5], win->decoded_height, y0, y1)) ||
         (rc = check_window(ax, ay, img, win)))
         return rc;
     /* The kernels' scratch: three planes of the columns read, with slack for
@@ -1102,7 +1383,8 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
     int rw = rx1 - rx0, rh = ry1 - ry0;
     axis *ax = &a->ax, *ay = &a->ay;
     double sx = (double)w / pw, sy = (double)h / ph;
-    if ((rc = axis_build(ax, rw, sx, rx0 * sx, w)) || (rc = axis_build(ay, rh, sy, ry0 * sy, h)) ||
+    if ((rc = axis_build(ax, rw, sx, rx0 * sx, w, 0, w)) ||
+        (rc = axis_build(ay, rh, sy, ry0 * sy, h, 0, h)) ||
         (rc = tmp_reserve(a, (size_t)(ax->hi - ax->lo) * ch + 4)) ||
         (rc = reserve((void **)&a->pre, &a->cap_pre, (size_t)rw * rh * ch + 4, sizeof(float))))
         return rc;
@@ -1124,6 +1406,390 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
+
+// ----------------------------------------------------------------------------
+// Colour and erasing
+//
+// torchvision's ColorJitter and RandomGrayscale on the PIL image, which
+// works on bytes: each adjustment is PIL's blend of the sample with a
+// "degenerate" image (black, the mean gray, the pixel's gray), computed in
+// single precision and truncated to a byte (Pillow's ImagingBlend), the hue
+// a turn of PIL's HSV. Brightness and contrast are the same function of
+// every byte: they compose into one table of 256 entries, so that a run of
+// them costs nothing until a step needs the pixels (contrast's mean, a
+// saturation or hue step, the final write). The final write goes through
+// the table and the normalisation at once.
+
+static inline uint8_t clip8(int v) {
+    return v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v;
+}
+
+/* One pixel through PIL's RGB -> HSV, a hue shift of `shift` (mod 256) and
+ * HSV -> RGB (Pillow's Convert.c, which follows Python's colorsys). */
+static void pil_hue(uint8_t *px, uint8_t shift) {
+    int r = px[0], g = px[1], b = px[2];
+    int maxc = DSRT_MAX(r, DSRT_MAX(g, b)), minc = DSRT_MIN(r, DSRT_MIN(g, b));
+    if (maxc == minc) return; /* saturation 0: the hue plays no part */
+    float cr = (float)(maxc - minc);
+    float sat = cr / (float)maxc;
+    float rc = (float)(maxc - r) / cr, gc = (float)(maxc - g) / cr, bc = (float)(maxc - b) / cr;
+    float hf;
+    if (r == maxc)
+        hf = bc - gc;
+    else if (g == maxc)
+        hf = (float)(2.0 + rc - bc);
+    else
+        hf = (float)(4.0 + gc - rc);
+    hf = (float)fmod(hf / 6.0 + 1.0, 1.0);
+    uint8_t h = (uint8_t)(clip8((int)(hf * 255.0)) + shift), s = clip8((int)(sat * 255.0));
+    uint8_t v = (uint8_t)maxc;
+    if (s == 0) {
+        px[0] = px[1] = px[2] = v;
+        return;
+    }
+    int i = (int)floor((float)h * 6.0 / 255.0);
+    float f = (float)((float)h * 6.0 / 255.0 - (float)i);
+    float fs = (float)((float)s / 255.0);
+    uint8_t up = clip8((int)round((float)v * (1.0 - fs)));
+    uint8_t uq = clip8((int)round((float)v * (1.0 - fs * f)));
+    uint8_t ut = clip8((int)round((float)v * (1.0 - fs * (1.0 - f))));
+    const uint8_t rgb[6][3] = {{v, ut, up}, {uq, v, up}, {up, v, ut},
+                               {up, uq, v}, {ut, up, v}, {v, up, uq}};
+    memcpy(px, rgb[i % 6], 3);
+}
+
+/* 1 when the sample has a colour step: an adjustment the options ask for,
+ * or the grayscale the draw chose. */
+static int color_any(const dsrt_augment_options *o, const dsrt_augment_params *p) {
+    for (int op = 0; op < 4; op++)
+        if (color_on(o, op)) return 1;
+    return o->grayscale_probability > 0.0 && p->grayscale;
+}
+
+/* The sample is held as planes of floats whose values are whole numbers in
+ * [0, 255], the bytes PIL holds: every step is exact in single precision
+ * (the luma's fixed-point sum stays below 2^24), so four values at a time
+ * (SSE2, every x86-64) compute PIL's bytes, and the scalar code the same. */
+
+/* PIL's blend as floats: in1 + alpha d, clipped and truncated. */
+static inline float blend_f(float in1, float d, float alpha) {
+    float v = in1 + alpha * d;
+    v = v < 0.0f ? 0.0f : v;
+    v = v > 255.0f ? 255.0f : v;
+    return (float)(int)v;
+}
+
+/* PIL's convert("L") of whole-number floats, exactly. */
+static inline float luma_f(float r, float g, float b) {
+    float x = r * 19595.0f + g * 38470.0f + b * 7471.0f + 32768.0f;
+    return (float)(int)(x * (1.0f / 65536.0f));
+}
+
+#if defined(__SSE2__)
+static inline __m128 clip_trunc4(__m128 v) {
+    v = _mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.0f));
+    return _mm_cvtepi32_ps(_mm_cvttps_epi32(v));
+}
+
+static inline __m128 blend4(__m128 in1, __m128 d, __m128 alpha) {
+    return clip_trunc4(_mm_add_ps(in1, _mm_mul_ps(alpha, d)));
+}
+
+static inline __m128 luma4(__m128 r, __m128 g, __m128 b) {
+    __m128 x = _mm_add_ps(_mm_add_ps(_mm_add_ps(_mm_mul_ps(r, _mm_set1_ps(19595.0f)),
+                                                _mm_mul_ps(g, _mm_set1_ps(38470.0f))),
+                                     _mm_mul_ps(b, _mm_set1_ps(7471.0f))),
+                          _mm_set1_ps(32768.0f));
+    return _mm_cvtepi32_ps(_mm_cvttps_epi32(_mm_mul_ps(x, _mm_set1_ps(1.0f / 65536.0f))));
+}
+#define VEC4 4
+#else
+#define VEC4 0
+#endif
+
+#if defined(COLOR_AVX2)
+/* The same passes eight values at a time, for CPUs with AVX2 (the
+ * augmenter's kernels say so): the same exact operations. */
+#define AVX2_FN __attribute__((target("avx2")))
+
+AVX2_FN static inline __m256 clip_trunc8(__m256 v) {
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(255.0f));
+    return _mm256_cvtepi32_ps(_mm256_cvttps_epi32(v));
+}
+
+AVX2_FN static inline __m256 luma8(__m256 r, __m256 g, __m256 b) {
+    __m256 x =
+        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(r, _mm256_set1_ps(19595.0f)),
+                                                  _mm256_mul_ps(g, _mm256_set1_ps(38470.0f))),
+                                    _mm256_mul_ps(b, _mm256_set1_ps(7471.0f))),
+                      _mm256_set1_ps(32768.0f));
+    return _mm256_cvtepi32_ps(
+        _mm256_cvttps_epi32(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / 65536.0f))));
+}
+
+AVX2_FN static size_t round8(float *restrict v, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(v + i,
+                         clip_trunc8(_mm256_add_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(0.5f))));
+    return i;
+}
+
+AVX2_FN static size_t blend8(float *restrict v, size_t n, float in1, float f) {
+    size_t i = 0;
+    __m256 a = _mm256_set1_ps(in1), fa = _mm256_set1_ps(f);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(v + i,
+                         clip_trunc8(_mm256_add_ps(
+                             a, _mm256_mul_ps(fa, _mm256_sub_ps(_mm256_loadu_ps(v + i), a)))));
+    return i;
+}
+
+AVX2_FN static size_t saturation8(float *restrict r, float *restrict g, float *restrict b, size_t n,
+                                  float f) {
+    size_t i = 0;
+    __m256 fa = _mm256_set1_ps(f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 vr = _mm256_loadu_ps(r + i), vg = _mm256_loadu_ps(g + i),
+               vb = _mm256_loadu_ps(b + i);
+        __m256 l = luma8(vr, vg, vb);
+        _mm256_storeu_ps(r + i,
+                         clip_trunc8(_mm256_add_ps(l, _mm256_mul_ps(fa, _mm256_sub_ps(vr, l)))));
+        _mm256_storeu_ps(g + i,
+                         clip_trunc8(_mm256_add_ps(l, _mm256_mul_ps(fa, _mm256_sub_ps(vg, l)))));
+        _mm256_storeu_ps(b + i,
+                         clip_trunc8(_mm256_add_ps(l, _mm256_mul_ps(fa, _mm256_sub_ps(vb, l)))));
+    }
+    return i;
+}
+
+AVX2_FN static size_t norm8(float *restrict o, const float *restrict v, size_t n, float sub,
+                            float div) {
+    size_t i = 0;
+    __m256 sv = _mm256_set1_ps(sub), dv = _mm256_set1_ps(div);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), sv), dv));
+    return i;
+}
+#endif
+
+/* The resampled values rounded to bytes, as the byte output rounds them. */
+static void round_pass(float *restrict v, size_t n, int wide) {
+    size_t i = 0;
+#if defined(COLOR_AVX2)
+    if (wide) i = round8(v, n);
+#endif
+#if VEC4
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(v + i, clip_trunc4(_mm_add_ps(_mm_loadu_ps(v + i), _mm_set1_ps(0.5f))));
+#endif
+    for (; i < n; i++) v[i] = blend_f(v[i], 0.5f, 1.0f);
+}
+
+/* The blend of every value with the constant in1. */
+static void blend_pass(float *restrict v, size_t n, float in1, float f, int wide) {
+    size_t i = 0;
+#if defined(COLOR_AVX2)
+    if (wide) i = blend8(v, n, in1, f);
+#endif
+#if VEC4
+    __m128 a = _mm_set1_ps(in1), fa = _mm_set1_ps(f);
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(v + i, blend4(a, _mm_sub_ps(_mm_loadu_ps(v + i), a), fa));
+#endif
+    for (; i < n; i++) v[i] = blend_f(in1, v[i] - in1, f);
+}
+
+/* The sum of the pixels' gray (partial sums below 2^24: exact). */
+static double gray_sum(const float *restrict r, const float *restrict g, const float *restrict b,
+                       size_t n) {
+    double sum = 0.0;
+    size_t i = 0;
+#if VEC4
+    while (i + 4 <= n) {
+        __m128 acc = _mm_setzero_ps();
+        for (int k = 0; k < 8192 && i + 4 <= n; k++, i += 4)
+            acc = _mm_add_ps(acc,
+                             luma4(_mm_loadu_ps(r + i), _mm_loadu_ps(g + i), _mm_loadu_ps(b + i)));
+        float t[4];
+        _mm_storeu_ps(t, acc);
+        sum += (double)t[0] + t[1] + t[2] + t[3];
+    }
+#endif
+    for (; i < n; i++) sum += luma_f(r[i], g[i], b[i]);
+    return sum;
+}
+
+/* ImageEnhance.Color: each pixel blended with its own gray. */
+static void saturation_pass(float *restrict r, float *restrict g, float *restrict b, size_t n,
+                            float f, int wide) {
+    size_t i = 0;
+#if defined(COLOR_AVX2)
+    if (wide) i = saturation8(r, g, b, n, f);
+#endif
+#if VEC4
+    __m128 fa = _mm_set1_ps(f);
+    for (; i + 4 <= n; i += 4) {
+        __m128 vr = _mm_loadu_ps(r + i), vg = _mm_loadu_ps(g + i), vb = _mm_loadu_ps(b + i);
+        __m128 l = luma4(vr, vg, vb);
+        _mm_storeu_ps(r + i, blend4(l, _mm_sub_ps(vr, l), fa));
+        _mm_storeu_ps(g + i, blend4(l, _mm_sub_ps(vg, l), fa));
+        _mm_storeu_ps(b + i, blend4(l, _mm_sub_ps(vb, l), fa));
+    }
+#endif
+    for (; i < n; i++) {
+        float l = luma_f(r[i], g[i], b[i]);
+        r[i] = blend_f(l, r[i] - l, f);
+        g[i] = blend_f(l, g[i] - l, f);
+        b[i] = blend_f(l, b[i] - l, f);
+    }
+}
+
+static void gray_pass(float *restrict r, float *restrict g, float *restrict b, size_t n) {
+    size_t i = 0;
+#if VEC4
+    for (; i + 4 <= n; i += 4) {
+        __m128 l = luma4(_mm_loadu_ps(r + i), _mm_loadu_ps(g + i), _mm_loadu_ps(b + i));
+        _mm_storeu_ps(r + i, l);
+        _mm_storeu_ps(g + i, l);
+        _mm_storeu_ps(b + i, l);
+    }
+#endif
+    for (; i < n; i++) r[i] = g[i] = b[i] = luma_f(r[i], g[i], b[i]);
+}
+
+/* The hue step, one pixel at a time through PIL's HSV. */
+static void hue_pass(float *restrict r, float *restrict g, float *restrict b, size_t n,
+                     uint8_t shift) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t q[3] = {(uint8_t)r[i], (uint8_t)g[i], (uint8_t)b[i]};
+        pil_hue(q, shift);
+        r[i] = q[0], g[i] = q[1], b[i] = q[2];
+    }
+}
+
+/* Colour step op of p on n values of each of the ch planes pl (the mean
+ * gray m for contrast). */
+static void color_step(int op, const dsrt_augment_params *p, float *const pl[3], size_t n, int ch,
+                       float m, int wide) {
+    if (op == DSRT_AUGMENT_BRIGHTNESS) {
+        for (int c = 0; c < ch; c++) blend_pass(pl[c], n, 0.0f, (float)p->brightness, wide);
+    } else if (op == DSRT_AUGMENT_CONTRAST) {
+        for (int c = 0; c < ch; c++) blend_pass(pl[c], n, m, (float)p->contrast, wide);
+    } else if (ch == 3 && op == DSRT_AUGMENT_SATURATION) {
+        saturation_pass(pl[0], pl[1], pl[2], n, (float)p->saturation, wide);
+    } else if (ch == 3 && op == DSRT_AUGMENT_HUE) {
+        /* torchvision: np.uint8(hue * 255) added to PIL's hue byte. */
+        hue_pass(pl[0], pl[1], pl[2], n, (uint8_t)(unsigned)(int)(p->hue * 255.0));
+    }
+}
+
+/* Whole-number values to the normalised ones: ((float)x - sub) / div, the
+ * value the whole-pixel table holds, bit for bit. */
+static void norm_pass(float *restrict o, const float *restrict v, size_t n, float sub, float div,
+                      int wide) {
+    size_t i = 0;
+#if defined(COLOR_AVX2)
+    if (wide) i = norm8(o, v, n, sub, div);
+#endif
+#if VEC4
+    __m128 sv = _mm_set1_ps(sub), dv = _mm_set1_ps(div);
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(o + i, _mm_div_ps(_mm_sub_ps(_mm_loadu_ps(v + i), sv), dv));
+#endif
+    for (; i < n; i++) o[i] = (v[i] - sub) / div;
+}
+
+static void bytes_pass(uint8_t *restrict out, const float *restrict v, size_t n, int step) {
+    for (size_t i = 0; i < n; i++) out[i * step] = (uint8_t)(int)v[i];
+}
+
+/*
+ * The colour steps of p, in its order, on the sample resampled (raw values
+ * in [0, 255]) into the planes pl (rounded to bytes first, as PIL's resize
+ * leaves them), then its write into the sample's place: normalised float
+ * planes, or interleaved bytes (wide: AVX2). The steps run on tiles of a few thousand
+ * pixels that stay in the first-level cache, every step of a tile before
+ * the next tile: one pass over the sample, two with contrast (the steps
+ * before it and the sum of the gray its mean needs, then the rest).
+ */
+static void color_write(const dsrt_augment_options *o, const dsrt_augment_params *p, const sink *s,
+                        float *const pl[3], int wide) {
+    enum { TILE = 2048 };
+    int ch = s->ch;
+    size_t n = (size_t)s->ow * s->oh;
+    int steps[4], ns = 0, split = -1;
+    for (int k = 0; k < 4; k++) {
+        int op = p->color_order[k];
+        if (!color_on(o, op)) continue;
+        if (op == DSRT_AUGMENT_CONTRAST) split = ns;
+        steps[ns++] = op;
+    }
+    int gray = ch == 3 && o->grayscale_probability > 0.0 && p->grayscale;
+    int first_end = split >= 0 ? split : ns;
+    double sum = 0.0;
+    for (size_t t = 0; t < n; t += TILE) {
+        size_t m = n - t < TILE ? n - t : TILE;
+        float *tp[3] = {pl[0] + t, ch == 3 ? pl[1] + t : NULL, ch == 3 ? pl[2] + t : NULL};
+        for (int c = 0; c < ch; c++) round_pass(tp[c], m, wide);
+        for (int k = 0; k < first_end; k++) color_step(steps[k], p, tp, m, ch, 0.0f, wide);
+        if (split >= 0) {
+            /* ImageEnhance.Contrast: the mean of the gray image, rounded. */
+            if (ch == 3)
+                sum += gray_sum(tp[0], tp[1], tp[2], m);
+            else
+                for (size_t i = 0; i < m; i++) sum += tp[0][i];
+        }
+    }
+    float mean = split >= 0 ? (float)(int)(sum / (double)n + 0.5) : 0.0f;
+    for (size_t t = 0; t < n; t += TILE) {
+        size_t m = n - t < TILE ? n - t : TILE;
+        float *tp[3] = {pl[0] + t, ch == 3 ? pl[1] + t : NULL, ch == 3 ? pl[2] + t : NULL};
+        for (int k = first_end; k < ns; k++) color_step(steps[k], p, tp, m, ch, mean, wide);
+        if (gray) gray_pass(tp[0], tp[1], tp[2], m);
+        for (int c = 0; c < ch; c++) {
+            if (s->f32)
+                norm_pass((float *)s->dst + c * n + t, tp[c], m, s->sub[c], s->div[c], wide);
+            else
+                bytes_pass((uint8_t *)s->dst + t * ch + c, tp[c], m, ch);
+        }
+    }
+}
+
+/* RandomErasing's box of p, after the normalisation: the constant values,
+ * or standard normal ones from the box's own generator (Box-Muller). */
+static void erase_write(const dsrt_augment_options *o, const dsrt_augment_params *p, float *dst) {
+    if (!(o->erase_probability > 0.0) || p->erase_width <= 0 || p->erase_height <= 0) return;
+    int ow = o->output_width, oh = o->output_height;
+    int x0 = DSRT_MAX(p->erase_x, 0), y0 = DSRT_MAX(p->erase_y, 0);
+    int x1 = DSRT_MIN(ow, p->erase_x + p->erase_width),
+        y1 = DSRT_MIN(oh, p->erase_y + p->erase_height);
+    if (x1 <= x0 || y1 <= y0) return;
+    size_t plane = (size_t)ow * oh;
+    dsrt_rng g = dsrt_rng_init(p->erase_key, 0, 0, STREAM_BASE + STREAM_ERASE);
+    int have = 0;
+    double spare = 0.0;
+    for (int c = 0; c < o->output_channels; c++)
+        for (int y = y0; y < y1; y++) {
+            float *row = dst + c * plane + (size_t)y * ow;
+            if (!o->erase_random) {
+                for (int x = x0; x < x1; x++) row[x] = o->erase_value[c];
+                continue;
+            }
+            for (int x = x0; x < x1; x++) {
+                if (have) {
+                    row[x] = (float)spare;
+                    have = 0;
+                    continue;
+                }
+                double u1 = 1.0 - dsrt_rng_uniform(&g), u2 = dsrt_rng_uniform(&g);
+                double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
+                row[x] = (float)(r * cos(a));
+                spare = r * sin(a);
+                have = 1;
+            }
+        }
+}
 
 // ----------------------------------------------------------------------------
 // Applying
@@ -1223,8 +1889,44 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
         }
         s.lut = a->lut;
     }
-    if (separable) return run_separable(a, &s, img, &w, t);
-    return run_affine(a, &s, img, t);
+    if (!color_any(o, p)) {
+        rc = separable ? run_separable(a, o, &s, img, &w, t) : run_affine(a, &s, img, t);
+    } else {
+        /* The resampled sample as bytes (PIL's resize gives bytes), then
+         * the colour steps and the normalised write. */
+        for (int k = 0, seen = 0; k < 4; k++) {
+            int op = p->color_order[k];
+            if (op < 0 || op > 3 || (seen & (1 << op)))
+                return dsrt__fail(DSRT_EOPTION,
+                                  "augment: params: color_order: {%d, %d, %d, %d}: not an order "
+                                  "of the four adjustments",
+                                  p->color_order[0], p->color_order[1], p->color_order[2],
+                                  p->color_order[3]);
+            seen |= 1 << op;
+        }
+        size_t n = (size_t)s.ow * s.oh;
+        sink b = s;
+        b.f32 = 1;
+        /* In the augmenter's scratch, which stays in cache from one sample
+         * to the next: the sample's place is written once, at the end. */
+        if ((rc = reserve((void **)&a->col, &a->cap_col, n * s.ch, sizeof(float)))) return rc;
+        b.dst = a->col;
+        for (int c = 0; c < s.ch; c++) {
+            b.sub[c] = 0.0f;
+            b.div[c] = b.inv[c] = 1.0f;
+        }
+        b.lut = a->lut_id;
+        if (a->lut_id[255] != 255.0f)
+            for (int c = 0; c < 3; c++)
+                for (int x = 0; x < 256; x++) a->lut_id[c * 256 + x] = (float)x;
+        rc = separable ? run_separable(a, o, &b, img, &w, t) : run_affine(a, &b, img, t);
+        float *pl[3] = {(float *)b.dst, (float *)b.dst + n, (float *)b.dst + 2 * n};
+        /* Eight values at a time where the augmenter's kernels have AVX2. */
+        int wide = strcmp(a->ops->name, "scalar") != 0;
+        if (rc == 0) color_write(o, p, &s, pl, wide);
+    }
+    if (rc == 0 && s.f32) erase_write(o, p, (float *)dst);
+    return rc;
 }
 
 int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_options *o,
@@ -1277,16 +1979,29 @@ int dsrt_augment_decode_request(dsrt_augmenter *a, const dsrt_augment_options *o
     req->region_x = req->region_y = req->region_width = req->region_height = 0;
     dsrt_augment_decode_size(o, fw, fh, &req->min_width, &req->min_height);
     if (fw <= 0 || fh <= 0) return 0;
-    int dw, dh;
-    dsrt_decode_size(info, req, &dw, &dh);
     dsrt_augment_params p;
     dsrt_augment_draw(o, fw, fh, seed, epoch, sample_id, &p);
+    if (o->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        /* This sample's window at the coarsest DCT scale that keeps it at
+         * least as dense as the output (never below it). */
+        double kx, ky;
+        decode_density(o, fw, fh, p.crop_width, p.crop_height, &kx, &ky);
+        int s = 8;
+        while (s > 1 && (1.0 / s < kx - 1e-12 || 1.0 / s < ky - 1e-12)) s /= 2;
+        req->min_width = (fw + s - 1) / s;
+        req->min_height = (fh + s - 1) / s;
+    }
+    int dw, dh;
+    dsrt_decode_size(info, req, &dw, &dh);
     affine t;
     if ((rc = sample_map(o, fw, fh, dw, dh, &p, &t))) return rc;
     if (t.m[1] != 0.0 || t.m[3] != 0.0) return 0; /* a warp: the whole image */
     axis *ax = &a->ax, *ay = &a->ay;
-    if ((rc = axis_build(ax, o->output_width, t.m[0], t.m[2], dw)) ||
-        (rc = axis_build(ay, o->output_height, t.m[4], t.m[5], dh)))
+    int x0, x1, y0, y1;
+    axis_span(o, o->output_width, t.m[0], t.m[2], dw, &x0, &x1);
+    axis_span(o, o->output_height, t.m[4], t.m[5], dh, &y0, &y1);
+    if ((rc = axis_build(ax, o->output_width, t.m[0], t.m[2], dw, x0, x1)) ||
+        (rc = axis_build(ay, o->output_height, t.m[4], t.m[5], dh, y0, y1)))
         return rc;
     int s = decode_scale(fw, fh, dw, dh);
     if (ax->hi <= ax->lo || ay->hi <= ay->lo) {

@@ -37,7 +37,7 @@ typedef struct {
     int taps;
     /* What the tables were built for, so that the same axis is not built
      * twice in a row (a batch of images of one size). */
-    int built_n, built_len;
+    int built_n, built_len, built_c0, built_c1;
     double built_a, built_b;
     /* The same taps in blocks of `block` consecutive outputs, for a vector
      * kernel (built when one asks; block 0: not built). Block b's lane i is

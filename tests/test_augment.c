@@ -1122,6 +1122,24 @@ static int variant(int k, dsrt_augment_options *o) {
         o->rand_x_shear[0] = -10, o->rand_x_shear[1] = 15;
         o->rand_scale[0] = 0.5, o->rand_scale[1] = 0.6;
         return 1;
+    case 8: /* the ImageNet recipe, with a hue, grayscale and erasing */
+        dsrt_augment_preset_imagenet(o);
+        o->hue[0] = -0.1, o->hue[1] = 0.1;
+        o->grayscale_probability = 0.5;
+        o->erase_probability = 0.7;
+        o->erase_random = 1;
+        return 1;
+    case 9: /* a random-resized crop flipped both ways, to a small output */
+        *o = dsrt_augment_defaults();
+        o->output_width = 64, o->output_height = 48;
+        o->size_mode = DSRT_AUGMENT_RANDRESIZEDCROP;
+        o->crop_scale[0] = 0.3, o->crop_scale[1] = 0.9;
+        o->crop_ratio[0] = 0.5, o->crop_ratio[1] = 2.0;
+        o->rand_x_reflection = o->rand_y_reflection = 1;
+        o->contrast[0] = 0.5, o->contrast[1] = 1.5;
+        o->erase_probability = 1.0;
+        o->erase_value[0] = 0.5f, o->erase_value[1] = -1.0f, o->erase_value[2] = 2.0f;
+        return 1;
     default:
         return 0;
     }
@@ -1135,6 +1153,7 @@ static void set_layout(dsrt_augment_options *o, int l) {
               : l == 1 ? DSRT_AUGMENT_NORM_ZSCORE
                        : DSRT_AUGMENT_NORM_NONE;
     for (int c = 0; c < 3; c++) o->mean[c] = 100.0f + 20 * c, o->std[c] = 50.0f + 10 * c;
+    if (l == 2) o->erase_probability = 0.0; /* erasing writes normalised floats */
 }
 
 /* The pipeline's way (begin, dsrt_augment_decode_request, a region decode,
@@ -1167,15 +1186,19 @@ static void test_window(void) {
                         dsrt_image img;
                         dsrt_window win;
                         CHECK_OK(dsrt_decoder_info(dec, jpeg, len, &info));
-                        dsrt_decode_request whole = {.channels = o.output_channels,
-                                                     .dc_eighth = o.decode_dc};
-                        dsrt_augment_decode_size(&o, info.width, info.height, &whole.min_width,
-                                                 &whole.min_height);
+                        /* The whole image at the scale the request picks
+                         * (dsrt_augment_decode_size's, but for the
+                         * random-resized crop's own window). */
+                        dsrt_decode_request whole = {0}; /* dst: the decoder's scratch */
+                        CHECK_OK(dsrt_augment_decode_request(a, &o, &info, 4, 1, id, &whole));
+                        whole.region_x = whole.region_y = 0;
+                        whole.region_width = whole.region_height = 0;
+                        whole.allow_gray = 0;
                         CHECK_OK(dsrt_decode(dec, jpeg, len, &whole, &img));
                         CHECK_OK(
                             dsrt_augment_apply(a, &o, &img, info.width, info.height, 4, 1, id, x));
                         size_t whole_px = (size_t)img.width * img.height;
-                        dsrt_decode_request r;
+                        dsrt_decode_request r = {0};
                         CHECK_OK(dsrt_decode_begin(dec, jpeg, len, &info));
                         CHECK_OK(dsrt_augment_decode_request(a, &o, &info, 4, 1, id, &r));
                         CHECK_OK(dsrt_decode_finish(dec, &r, &img, &win));
@@ -1388,6 +1411,274 @@ static void test_isa_environment(void) {
     free(saved);
 }
 
+// ----------------------------------------------------------------------------
+// The ImageNet recipe: random-resized crop, colour, erasing
+
+/* Each option of the recipe refused with its name and value. */
+static void test_recipe_options(void) {
+    dsrt_augment_options d = dsrt_augment_defaults(), o;
+    CHECK(d.crop_scale[0] == 0.08 && d.crop_scale[1] == 1.0);
+    CHECK(d.crop_ratio[0] == 0.75 && d.crop_ratio[1] == 4.0 / 3.0);
+    CHECK(d.brightness[0] == 1.0 && d.hue[1] == 0.0 && d.grayscale_probability == 0.0);
+    CHECK(d.erase_probability == 0.0 && d.erase_scale[0] == 0.02 && d.erase_ratio[1] == 3.3);
+    o = d, o.size_mode = (dsrt_augment_size_mode)4;
+    expect_option_error(&o, "size_mode: 4: unknown");
+    o = d, o.crop_scale[0] = 0.0;
+    expect_option_error(&o, "crop_scale: [0, 1]: low is not above 0");
+    o = d, o.crop_scale[1] = 1.5;
+    expect_option_error(&o, "crop_scale: [0.08, 1.5]: outside [0, 1]");
+    o = d, o.crop_ratio[0] = 2.0;
+    expect_option_error(&o, "crop_ratio: [2, 1.33333]: low is above high");
+    o = d, o.crop_ratio[0] = 0.0;
+    expect_option_error(&o, "crop_ratio: [0, 1.33333]: outside [0.001, 1000]");
+    o = d, o.brightness[0] = -0.5;
+    expect_option_error(&o, "brightness: [-0.5, 1]: outside [0, 1000]");
+    o = d, o.contrast[1] = NAN;
+    expect_option_error(&o, "contrast: [1, nan]: not finite");
+    o = d, o.saturation[0] = 2.0;
+    expect_option_error(&o, "saturation: [2, 1]: low is above high");
+    o = d, o.hue[1] = 0.6;
+    expect_option_error(&o, "hue: [0, 0.6]: outside [-0.5, 0.5]");
+    o = d, o.grayscale_probability = 1.5;
+    expect_option_error(&o, "grayscale_probability: 1.5: not in [0, 1]");
+    o = d, o.erase_probability = -0.1;
+    expect_option_error(&o, "erase_probability: -0.1: not in [0, 1]");
+    o = d, o.erase_scale[0] = 0.5, o.erase_scale[1] = 0.4;
+    expect_option_error(&o, "erase_scale: [0.5, 0.4]: low is above high");
+    o = d, o.erase_ratio[1] = 1e4;
+    expect_option_error(&o, "erase_ratio: [0.3, 10000]: outside");
+    o = d, o.erase_random = 2;
+    expect_option_error(&o, "erase_random: 2: not 0 or 1");
+    o = d, o.erase_value[1] = INFINITY;
+    expect_option_error(&o, "erase_value[1]: inf: not finite");
+    o = d, o.erase_probability = 0.5, o.layout = DSRT_AUGMENT_U8_NHWC;
+    o.norm = DSRT_AUGMENT_NORM_NONE;
+    expect_option_error(&o, "erase_probability: 0.5: erasing writes normalised values");
+    /* The presets. */
+    dsrt_augment_preset_imagenet(&o);
+    CHECK_OK(dsrt_augment_check(&o));
+    CHECK_EQ(o.size_mode, DSRT_AUGMENT_RANDRESIZEDCROP);
+    CHECK(o.output_width == 224 && o.output_height == 224 && o.rand_x_reflection == 1);
+    CHECK(o.brightness[0] == 0.6 && o.contrast[1] == 1.4 && o.saturation[0] == 0.6);
+    CHECK(o.hue[0] == 0.0 && o.hue[1] == 0.0);
+    CHECK_EQ(o.norm, DSRT_AUGMENT_NORM_ZSCORE);
+    CHECK_NEAR(o.mean[0], 255 * 0.485, 1e-4);
+    CHECK_NEAR(o.std[2], 255 * 0.225, 1e-4);
+    dsrt_augment_preset_imagenet_val(&o);
+    CHECK_OK(dsrt_augment_check(&o));
+    CHECK(o.size_mode == DSRT_AUGMENT_CENTERCROP && o.resize_shorter == 256);
+    CHECK(o.output_width == 224 && o.rand_x_reflection == 0 && o.brightness[1] == 1.0);
+    CHECK_NEAR(o.mean[1], 255 * 0.456, 1e-4);
+}
+
+/* The colour order is a permutation of the four, every permutation drawn;
+ * factors within their ranges; grayscale as often as asked. */
+static void test_color_draws(void) {
+    dsrt_augment_options o;
+    dsrt_augment_preset_imagenet(&o);
+    o.hue[0] = -0.2, o.hue[1] = 0.1;
+    o.grayscale_probability = 0.25;
+    int seen[256] = {0}, gray = 0, n = 4000;
+    for (int i = 0; i < n; i++) {
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 500, 375, 3, 0, (uint64_t)i, &p);
+        int mask = 0, code = 0;
+        for (int k = 0; k < 4; k++) {
+            mask |= 1 << p.color_order[k];
+            code = code * 4 + p.color_order[k];
+        }
+        CHECK_EQ(mask, 15);
+        seen[code & 255]++;
+        CHECK(p.brightness >= 0.6 && p.brightness <= 1.4);
+        CHECK(p.contrast >= 0.6 && p.contrast <= 1.4);
+        CHECK(p.saturation >= 0.6 && p.saturation <= 1.4);
+        CHECK(p.hue >= -0.2 && p.hue <= 0.1);
+        gray += p.grayscale;
+    }
+    int perms = 0;
+    for (int c = 0; c < 256; c++) {
+        if (!seen[c]) continue;
+        perms++;
+        CHECK(fabs(seen[c] - n / 24.0) < 5 * sqrt(n / 24.0)); /* uniform over the 24 */
+    }
+    CHECK_EQ(perms, 24);
+    CHECK(fabs(gray - 0.25 * n) < 5 * sqrt(n * 0.25 * 0.75));
+    /* Without jitter, no draw: the identity order, factors 1 (hue 0). */
+    o = dsrt_augment_defaults();
+    dsrt_augment_params p;
+    dsrt_augment_draw(&o, 500, 375, 3, 0, 1, &p);
+    CHECK(p.color_order[0] == 0 && p.color_order[3] == 3 && p.brightness == 1.0 && p.hue == 0.0);
+    /* A bad order given to apply_params is refused, dst untouched. */
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(40, 30, 3, 1);
+    dsrt_augment_preset_imagenet(&o);
+    dsrt_augment_draw(&o, 40, 30, 3, 0, 1, &p);
+    p.color_order[1] = p.color_order[0];
+    float *d = alloc_sample(&o);
+    d[0] = 12345.0f;
+    CHECK_EQ(dsrt_augment_apply_params(a, &o, &t.img, 40, 30, &p, d), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "color_order");
+    CHECK(d[0] == 12345.0f);
+    free(d);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+/* Erasing: the box inside the output, its area and aspect within the
+ * ranges (up to the rounding of its sides), the pixels outside it those of
+ * the sample without erasing, inside it the value or standard normal
+ * values. */
+static void test_erase(void) {
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_augmenter_create(&a));
+    test_image t = image_random(120, 90, 3, 2);
+    dsrt_augment_options o = dsrt_augment_defaults(), plain;
+    o.output_width = 56, o.output_height = 40;
+    o.erase_probability = 0.8;
+    o.erase_value[0] = 7.0f, o.erase_value[1] = -2.0f, o.erase_value[2] = 0.0f;
+    plain = o;
+    plain.erase_probability = 0.0;
+    float *x = alloc_sample(&o), *y = alloc_sample(&o);
+    size_t plane = 56 * 40;
+    int erased = 0, n = 2000;
+    double area_lo = 1.0, area_hi = 0.0, sum = 0.0, sq = 0.0, cnt = 0.0;
+    for (int i = 0; i < n; i++) {
+        o.erase_random = i >= n / 2;
+        dsrt_augment_params p;
+        dsrt_augment_draw(&o, 120, 90, 5, 0, (uint64_t)i, &p);
+        CHECK_OK(dsrt_augment_apply(a, &o, &t.img, 120, 90, 5, 0, (uint64_t)i, x));
+        CHECK_OK(dsrt_augment_apply(a, &plain, &t.img, 120, 90, 5, 0, (uint64_t)i, y));
+        if (p.erase_width == 0) {
+            CHECK_EQ(memcmp(x, y, 3 * plane * sizeof *x), 0);
+            continue;
+        }
+        erased++;
+        CHECK(p.erase_x >= 0 && p.erase_y >= 0 && p.erase_width < 56 && p.erase_height < 40);
+        CHECK(p.erase_x + p.erase_width <= 56 && p.erase_y + p.erase_height <= 40);
+        double frac = (double)p.erase_width * p.erase_height / plane;
+        area_lo = fmin(area_lo, frac), area_hi = fmax(area_hi, frac);
+        /* h and w are rounded: the drawn aspect (height / width) lies
+         * between what the rounding allows. */
+        double h = p.erase_height, w = p.erase_width;
+        CHECK((h - 0.5) / (w + 0.5) <= 3.3 * (1 + 1e-9));
+        CHECK((h + 0.5) / (w - 0.5) >= 0.3 * (1 - 1e-9));
+        for (int c = 0; c < 3; c++)
+            for (int v = 0; v < 40; v++)
+                for (int u = 0; u < 56; u++) {
+                    size_t k = c * plane + (size_t)v * 56 + u;
+                    int in = u >= p.erase_x && u < p.erase_x + p.erase_width && v >= p.erase_y &&
+                             v < p.erase_y + p.erase_height;
+                    if (!in) {
+                        if (x[k] != y[k]) CHECK(x[k] == y[k]);
+                    } else if (!o.erase_random) {
+                        if (x[k] != o.erase_value[c]) CHECK(x[k] == o.erase_value[c]);
+                    } else {
+                        sum += x[k], sq += (double)x[k] * x[k], cnt++;
+                    }
+                }
+    }
+    CHECK(fabs(erased - 0.8 * n) < 5 * sqrt(n * 0.8 * 0.2));
+    /* Sides rounded: the area fraction within the range, give or take. */
+    CHECK(area_lo >= 0.015 && area_lo < 0.04);
+    CHECK(area_hi > 0.25 && area_hi <= 0.36);
+    double mean = sum / cnt, var = sq / cnt - mean * mean;
+    CHECK(fabs(mean) < 0.02);
+    CHECK(fabs(var - 1.0) < 0.03);
+    free(x);
+    free(y);
+    image_free(&t);
+    dsrt_augmenter_destroy(a);
+}
+
+/*
+ * The random-resized crop decodes its window alone, at the coarsest DCT
+ * scale that keeps the window at least as dense as the output (checked
+ * against the next coarser scale), and the sample stays within the
+ * documented tolerance of the same crop of the whole image decoded at full
+ * size: mean absolute difference below 1 level of 255, none above 16 (the
+ * scaled inverse DCT is a box-like filter where the resize is a triangle;
+ * at full size the bytes are the same). Here, 0.26 and 4.
+ */
+static void test_resized_crop_decode(void) {
+    dsrt_decoder *dec;
+    dsrt_augmenter *a;
+    CHECK_OK(dsrt_decoder_create(&dec, NULL));
+    CHECK_OK(dsrt_augmenter_create(&a));
+    static const int sizes[][2] = {{500, 375}, {1600, 1200}, {2000, 900}};
+    int scales[9] = {0};
+    double worst_mad = 0.0;
+    int worst = 0;
+    for (size_t si = 0; si < DSRT_ARRAY_SIZE(sizes); si++) {
+        int W = sizes[si][0], H = sizes[si][1];
+        test_image src = image_smooth(W, H, 3);
+        size_t len = 0;
+        uint8_t *jpeg = timg_jpeg(src.buf, W, H, TJPF_RGB, TJSAMP_420, 90, 0, &len);
+        REQUIRE(jpeg);
+        dsrt_augment_options o;
+        dsrt_augment_preset_imagenet(&o);
+        o.layout = DSRT_AUGMENT_U8_NHWC;
+        o.norm = DSRT_AUGMENT_NORM_NONE;
+        size_t n = dsrt_augment_sample_bytes(&o);
+        uint8_t *x = malloc(n), *y = malloc(n);
+        REQUIRE(x && y);
+        for (uint64_t id = 0; id < 24; id++) {
+            dsrt_image_info info;
+            dsrt_image img;
+            dsrt_window win;
+            dsrt_decode_request r = {0}; /* dst: the decoder's scratch */
+            CHECK_OK(dsrt_decode_begin(dec, jpeg, len, &info));
+            CHECK_OK(dsrt_augment_decode_request(a, &o, &info, 9, 0, id, &r));
+            CHECK_OK(dsrt_decode_finish(dec, &r, &img, &win));
+            CHECK_OK(dsrt_augment_apply_window(a, &o, &img, &win, W, H, 9, 0, id, x));
+            dsrt_augment_params p;
+            dsrt_augment_draw(&o, W, H, 9, 0, id, &p);
+            int s = (W + win.decoded_width - 1) / win.decoded_width;
+            scales[s]++;
+            /* Dense enough (below full size), and the next scale would
+             * not be. */
+            if (s > 1) CHECK(p.crop_width * (double)win.decoded_width / W >= 224.0);
+            if (s > 1) CHECK(p.crop_height * (double)win.decoded_height / H >= 224.0);
+            if (s < 8) CHECK(p.crop_width < 2 * s * 224 || p.crop_height < 2 * s * 224);
+            /* The region: the window, to whole decoded pixels. */
+            CHECK(r.region_x <= p.crop_x && r.region_x > p.crop_x - s);
+            CHECK(r.region_y <= p.crop_y && r.region_y > p.crop_y - s);
+            CHECK(r.region_x + r.region_width >= p.crop_x + p.crop_width);
+            CHECK(r.region_x + r.region_width < p.crop_x + p.crop_width + s ||
+                  r.region_x + r.region_width == W);
+            CHECK(r.region_y + r.region_height < p.crop_y + p.crop_height + s ||
+                  r.region_y + r.region_height == H);
+            /* The whole image at full size, the same crop. */
+            dsrt_decode_request whole = {.channels = 3};
+            CHECK_OK(dsrt_decode(dec, jpeg, len, &whole, &img));
+            CHECK_OK(dsrt_augment_apply(a, &o, &img, W, H, 9, 0, id, y));
+            double sum = 0.0;
+            int most = 0;
+            for (size_t i = 0; i < n; i++) {
+                int d = abs((int)x[i] - (int)y[i]);
+                sum += d;
+                most = d > most ? d : most;
+            }
+            if (s == 1) CHECK_EQ(most, 0);
+            worst_mad = fmax(worst_mad, sum / n);
+            worst = most > worst ? most : worst;
+        }
+        free(x);
+        free(y);
+        free(jpeg);
+        image_free(&src);
+    }
+    printf("  scales 1, 2, 4, 8: %d, %d, %d, %d samples; against full size: mean difference at "
+           "most %.3f, largest %d\n",
+           scales[1], scales[2], scales[4], scales[8], worst_mad, worst);
+    CHECK_GT(scales[1], 0);
+    CHECK_GT(scales[2] + scales[4], 0);
+    CHECK(worst_mad < 1.0);
+    CHECK_LE(worst, 16);
+    dsrt_augmenter_destroy(a);
+    dsrt_decoder_destroy(dec);
+}
+
 int main(void) {
     RUN(test_options);
     RUN(test_limits_hold);
@@ -1409,5 +1700,9 @@ int main(void) {
     RUN(test_gray_replicated);
     RUN(test_isa_identical);
     RUN(test_isa_environment);
+    RUN(test_recipe_options);
+    RUN(test_color_draws);
+    RUN(test_erase);
+    RUN(test_resized_crop_decode);
     return TEST_RESULT();
 }

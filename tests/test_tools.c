@@ -872,8 +872,9 @@ static void test_bench_layouts_and_limit(void) {
 
     /* The same bytes from every instruction set, float and uint8. */
     static const char *const isas[] = {"scalar", "avx2", "avx512"};
-    static char *const layouts[][3] = {
-        {"227", "nchw", "3"}, {"32", "nhwc", "3"}, {"32", "nchw", "1"}};
+    static char *const layouts[][3] = {{"227", "nchw", "3"},      {"32", "nhwc", "3"},
+                                       {"32", "nchw", "1"},       {"imagenet", "nchw", "3"},
+                                       {"imagenet", "nhwc", "3"}, {"imagenet-val", "nchw", "3"}};
     for (size_t l = 0; l < (sizeof layouts / sizeof layouts[0]); l++) {
         char first[64] = "";
         for (size_t i = 0; i < (sizeof isas / sizeof isas[0]); i++) {

@@ -4,13 +4,13 @@
  *   dsbench FOLDER --index [--json]      scan the dataset and report classes and counts
  *   dsbench convert SRC OUT              write an IDX or CIFAR source as an image folder
  *   dsbench convert SRC OUT --shards SIZE  write any source as tar shards
- *   dsbench FOLDER [--pipeline 227|32|none] [--threads N] [--sweep] [--cold] ...
+ *   dsbench FOLDER [--pipeline 227|32|imagenet|imagenet-val|none] [--threads N] ...
  *                                        run the input pipeline alone and report images/s,
  *                                        per epoch and per stage
  *
  * The pipeline mode does the work of torch_loader_bench.py (a PyTorch
- * DataLoader over an ImageFolder) with dsrt: 227 and 32 are the augment
- * presets of the same names, none decodes each image at its own size into
+ * DataLoader over an ImageFolder) with dsrt: 227, 32, imagenet and
+ * imagenet-val are the augment presets of those names, none decodes each image at its own size into
  * float CHW in [0, 1] (the pipeline's native mode, one image a batch, as the
  * PyTorch script does). The consumer only takes and releases batches (and
  * hashes them with --checksum), so the figure is the pipeline's own rate.
@@ -98,12 +98,19 @@ static const char usage[] =
     "                        {\"classes\":[...],\"counts\":[...],\"images\":N,\"scan_s\":S}\n"
     "\n"
     "Pipeline options:\n"
-    "  --pipeline 227|32|none  the work per image (default 227), as\n"
-    "                        torch_loader_bench.py does it:\n"
+    "  --pipeline 227|32|imagenet|imagenet-val|none  the work per image (default\n"
+    "                        227), as torch_loader_bench.py does it:\n"
     "                        227: shorter side to 256, random 227x227 crop, random\n"
     "                        left-right flip, float NCHW in [0, 1]\n"
     "                        32: resize to 32x32, random flip, random shift of up to\n"
     "                        4 pixels (zero fill), float NCHW in [0, 1]\n"
+    "                        imagenet: torchvision's ImageNet training recipe:\n"
+    "                        random-resized 224x224 crop (scale 0.08-1, ratio\n"
+    "                        3/4-4/3), random flip, colour jitter 0.4 (brightness,\n"
+    "                        contrast, saturation, random order), normalised with\n"
+    "                        ImageNet's mean and std\n"
+    "                        imagenet-val: shorter side to 256, centre 224x224 crop,\n"
+    "                        normalised as imagenet\n"
     "                        none: decode only: each image at its own size as float\n"
     "                        CHW in [0, 1], one image a batch unless --batch says\n"
     "  --layout nchw|nhwc    the samples' layout: nchw (default) is float32 planes,\n"
@@ -179,7 +186,7 @@ static const char usage[] =
     "  -h, --help            this help\n"
     "  --version             dsrt's version\n";
 
-typedef enum { PIPE_227 = 0, PIPE_32, PIPE_NONE } pipe_kind;
+typedef enum { PIPE_227 = 0, PIPE_32, PIPE_NONE, PIPE_IMAGENET, PIPE_IMAGENET_VAL } pipe_kind;
 
 typedef struct {
     const char *data;
@@ -427,7 +434,7 @@ static int run_convert(options *o) {
 // ----------------------------------------------------------------------------
 // dsbench DATA: the pipeline alone
 
-static const char *const kind_names[] = {"227", "32", "none"};
+static const char *const kind_names[] = {"227", "32", "none", "imagenet", "imagenet-val"};
 
 /* The --checksum hash: FNV-1a over 64-bit words, in 4 interleaved lanes so
  * that it runs at memory speed; the tail bytes and each buffer's length go
@@ -812,6 +819,10 @@ static dsrt_augment_options pipeline_augment(const options *o) {
         dsrt_augment_preset_227(&aug);
     else if (o->kind == PIPE_32)
         dsrt_augment_preset_32(&aug);
+    else if (o->kind == PIPE_IMAGENET)
+        dsrt_augment_preset_imagenet(&aug);
+    else if (o->kind == PIPE_IMAGENET_VAL)
+        dsrt_augment_preset_imagenet_val(&aug);
     else
         aug = dsrt_augment_defaults(); /* native: float CHW in [0, 1], nothing else */
     aug.output_channels = o->channels;
@@ -1033,8 +1044,9 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
     if (strcmp(a, "--pipeline") == 0) {
         const char *v = tool_value(argc, argv, i);
         int k = 0;
-        while (k < 3 && strcmp(v, kind_names[k]) != 0) k++;
-        if (k == 3) tool_die_usage("--pipeline: '%s' is not 227, 32 or none", v);
+        while (k < 5 && strcmp(v, kind_names[k]) != 0) k++;
+        if (k == 5)
+            tool_die_usage("--pipeline: '%s' is not 227, 32, imagenet, imagenet-val or none", v);
         o->kind = (pipe_kind)k;
     } else if (strcmp(a, "--layout") == 0 || strcmp(a, "--dtype") == 0) {
         /* Two names for one choice: the augmenter writes float32 NCHW or

@@ -1079,6 +1079,10 @@ static struct {
     const char *order;
     const char *mixup, *cutmix, *cutmix_minmax, *mix_prob, *mix_switch_prob, *label_smoothing;
     const char *order_log;
+    /* The ImageNet recipe's augmentation (--preset and after). */
+    const char *preset, *crop_scale, *crop_ratio, *brightness, *contrast, *saturation, *hue,
+        *rand_grayscale, *random_erasing, *erase_scale, *erase_ratio, *erase_value;
+    int rand_resized_crop;
     remote_opts remote;
     uint64_t seed;
     int uint8_batches, averaging_frequency, average_optimizer_state, gpus;
@@ -1183,9 +1187,37 @@ static const option TRAIN_OPTIONS[] = {
     {"rand-x-shear", OPT_STR, &tr.rand_x_shear, 0, 0, "LO,HI", "random shear in x, degrees"},
     {"rand-y-shear", OPT_STR, &tr.rand_y_shear, 0, 0, "LO,HI", "random shear in y, degrees"},
     {"size-mode", OPT_STR, &tr.size_mode, 0, 0, "MODE",
-     "how the input size is taken: resize, centercrop or randcrop [resize]"},
+     "how the input size is taken: resize, centercrop, randcrop or randresizedcrop [resize]"},
     {"resize-shorter", OPT_INT, &tr.resize_shorter, 0, 65535, "N",
      "first resize each image so that its shorter side is N [0: no]"},
+    {"preset", OPT_STR, &tr.preset, 0, 0, "NAME",
+     "start the augmentation from a preset, the options after it changing it: imagenet "
+     "(torchvision's ImageNet training recipe: random-resized crop, flip, colour jitter 0.4, "
+     "ImageNet's mean and std), imagenet-val, 227 or 32; the output size is the net's [none]"},
+    {"rand-resized-crop", OPT_FLAG, &tr.rand_resized_crop, 0, 0, NULL,
+     "torchvision's RandomResizedCrop to the net's input (--size-mode randresizedcrop)"},
+    {"crop-scale", OPT_STR, &tr.crop_scale, 0, 0, "LO,HI",
+     "random-resized crop: the window's area, a fraction of the image's [0.08,1]"},
+    {"crop-ratio", OPT_STR, &tr.crop_ratio, 0, 0, "LO,HI",
+     "random-resized crop: the window's aspect, width / height [0.75,1.3333]"},
+    {"brightness", OPT_STR, &tr.brightness, 0, 0, "V|LO,HI",
+     "colour jitter: brightness factor in [max(0, 1-V), 1+V] or [LO, HI] [none]"},
+    {"contrast", OPT_STR, &tr.contrast, 0, 0, "V|LO,HI",
+     "colour jitter: contrast factor, as --brightness [none]"},
+    {"saturation", OPT_STR, &tr.saturation, 0, 0, "V|LO,HI",
+     "colour jitter: saturation factor, as --brightness [none]"},
+    {"hue", OPT_STR, &tr.hue, 0, 0, "V|LO,HI",
+     "colour jitter: hue shift in turns, in [-V, V] or [LO, HI], within [-0.5, 0.5] [none]"},
+    {"rand-grayscale", OPT_STR, &tr.rand_grayscale, 0, 0, "P",
+     "turn a sample gray with probability P, after the colour jitter [0]"},
+    {"random-erasing", OPT_STR, &tr.random_erasing, 0, 0, "P",
+     "torchvision's RandomErasing with probability P, after the normalisation [0]"},
+    {"erase-scale", OPT_STR, &tr.erase_scale, 0, 0, "LO,HI",
+     "random erasing: the box's area, a fraction of the sample's [0.02,0.33]"},
+    {"erase-ratio", OPT_STR, &tr.erase_ratio, 0, 0, "LO,HI",
+     "random erasing: the box's aspect, height / width [0.3,3.3]"},
+    {"erase-value", OPT_STR, &tr.erase_value, 0, 0, "V|R,G,B|random",
+     "random erasing: the value written, normalised, or standard normal values [0]"},
     {"transfer", OPT_STR, &tr.transfer, 0, 0, "MODEL",
      "start from a trained model (dsrt or ONNX), its last fc layer replaced for --data's "
      "classes"},
@@ -1540,6 +1572,7 @@ static void train_set_defaults(void) {
     tr.lr_drop_period = 10;
     tr.prefetch = 4;
     tr.uint8_batches = -1;
+    tr.resize_shorter = -1; /* not given: the preset's, or 0 */
 }
 
 /* The choices among names (solver first: its defaults are the optimizer's
@@ -1551,7 +1584,8 @@ static int resolve_choices(dsrt_train_options *o) {
     static const char *const clips[] = {"l2norm", "global-l2norm", "absolute-value", NULL};
     static const char *const outputs[] = {"last", "best-validation", NULL};
     static const char *const units[] = {"epoch", "iteration", NULL};
-    static const char *const modes[] = {"resize", "centercrop", "randcrop", NULL};
+    static const char *const modes[] = {"resize", "centercrop", "randcrop", "randresizedcrop",
+                                        NULL};
     static const char *const bns[] = {"average", "sync", NULL};
     const char *cmd = "train";
     int solver = -1;
@@ -1642,6 +1676,102 @@ static int resolve_mixing(dsrt_train_options *o) {
     return 0;
 }
 
+/* The augmentation preset (--preset), before every other augment option.
+ * Returns 0, or 2 after a message. */
+static int resolve_preset(dsrt_train_options *o) {
+    static const char *const presets[] = {"imagenet", "imagenet-val", "227", "32", NULL};
+    if (!tr.preset) return 0;
+    int k = parse_choice("train", "preset", tr.preset, presets);
+    if (k < 0) return 2;
+    dsrt_augment_options a;
+    if (k == 0) dsrt_augment_preset_imagenet(&a);
+    if (k == 1) dsrt_augment_preset_imagenet_val(&a);
+    if (k == 2) dsrt_augment_preset_227(&a);
+    if (k == 3) dsrt_augment_preset_32(&a);
+    a.output_height = a.output_width = a.output_channels = 0; /* the net's */
+    o->augment = a;
+    return 0;
+}
+
+/* The random-resized crop, colour and erasing options, each checked alone
+ * by dsrt_augment_check so that a message names it. Returns 0, or 2 after
+ * a message. */
+static int resolve_recipe(dsrt_train_options *o) {
+    const char *cmd = "train";
+    dsrt_augment_options *a = &o->augment;
+    if (tr.rand_resized_crop) a->size_mode = DSRT_AUGMENT_RANDRESIZEDCROP;
+    const struct {
+        const char *option;
+        const char *const *value;
+        double *out;
+        int kind; /* 0: LO,HI; 1: a factor V: [max(0, 1 - V), 1 + V]; 2: V: [-V, V]; 3: one */
+    } fields[] = {
+        {"crop-scale", &tr.crop_scale, a->crop_scale, 0},
+        {"crop-ratio", &tr.crop_ratio, a->crop_ratio, 0},
+        {"brightness", &tr.brightness, a->brightness, 1},
+        {"contrast", &tr.contrast, a->contrast, 1},
+        {"saturation", &tr.saturation, a->saturation, 1},
+        {"hue", &tr.hue, a->hue, 2},
+        {"rand-grayscale", &tr.rand_grayscale, &a->grayscale_probability, 3},
+        {"random-erasing", &tr.random_erasing, &a->erase_probability, 3},
+        {"erase-scale", &tr.erase_scale, a->erase_scale, 0},
+        {"erase-ratio", &tr.erase_ratio, a->erase_ratio, 0},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const char *v = *fields[i].value;
+        if (!v) continue;
+        int kind = fields[i].kind;
+        double r[2];
+        if (kind == 3) {
+            if (parse_double(cmd, fields[i].option, v, -INFINITY, INFINITY, &r[0])) return 2;
+        } else {
+            if (parse_range(cmd, fields[i].option, v, kind == 2, r)) return 2;
+            if (kind == 1 && !strchr(v, ','))
+                r[0] = 1.0 - r[1] > 0.0 ? 1.0 - r[1] : 0.0, r[1] = 1.0 + r[1];
+        }
+        dsrt_augment_options probe = dsrt_augment_defaults();
+        size_t at = (size_t)((char *)fields[i].out - (char *)a), n = kind == 3 ? 1 : 2;
+        memcpy((char *)&probe + at, r, n * sizeof(double));
+        if (dsrt_augment_check(&probe) != 0) {
+            fprintf(stderr, "%s %s: --%s %s: %s\n", prog, cmd, fields[i].option, v,
+                    dsrt_last_error());
+            return 2;
+        }
+        memcpy(fields[i].out, r, n * sizeof(double));
+    }
+    if (tr.erase_value && !strcmp(tr.erase_value, "random")) {
+        a->erase_random = 1;
+    } else if (tr.erase_value) {
+        double v[3];
+        const char *at = tr.erase_value;
+        char *end = NULL;
+        int k = 0, ok = 1;
+        while (k < 3) {
+            v[k] = strtod(at, &end);
+            if (end == at || !isfinite(v[k])) {
+                ok = 0;
+                break;
+            }
+            k++;
+            if (*end == '\0') break;
+            if (*end != ',') {
+                ok = 0;
+                break;
+            }
+            at = end + 1;
+        }
+        if (!ok || *end != '\0' || (k != 1 && k != 3)) {
+            fprintf(stderr,
+                    "%s %s: --erase-value: expected V, R,G,B (numbers) or random, got '%s'\n", prog,
+                    cmd, tr.erase_value);
+            return 2;
+        }
+        a->erase_random = 0;
+        for (int c = 0; c < 3; c++) a->erase_value[c] = (float)v[k == 1 ? 0 : c];
+    }
+    return 0;
+}
+
 /* The options that go with others (transfer learning, data-parallel
  * execution), and the data-parallel ones. Returns 0, or 2 after a message. */
 static int resolve_parallel(dsrt_train_options *o, double bucket_mib) {
@@ -1711,8 +1841,9 @@ static int train_resolve_options(train_job *j) {
         fprintf(stderr, "%s train: --data DIR is required (see %s train --help)\n", prog, prog);
         return 2;
     }
+    if (resolve_preset(o)) return 2;
     if (resolve_choices(o)) return 2;
-    o->augment.resize_shorter = tr.resize_shorter;
+    if (tr.resize_shorter >= 0) o->augment.resize_shorter = tr.resize_shorter;
 
     j->no = dsrt_net_defaults();
     int rc = resolve_device_args(cmd, &tr.dev, &j->no, &o->execution);
@@ -1748,11 +1879,13 @@ static int train_resolve_options(train_job *j) {
                 prog);
         return 2;
     }
-    o->augment.rand_x_reflection = !tr.no_rand_x_reflection;
-    o->augment.rand_y_reflection = tr.rand_y_reflection;
+    if (tr.no_rand_x_reflection || tr.rand_x_reflection || !tr.preset)
+        o->augment.rand_x_reflection = !tr.no_rand_x_reflection;
+    if (tr.rand_y_reflection) o->augment.rand_y_reflection = 1;
     o->augment.decode_dc = !tr.no_decode_dc;
     if (resolve_ranges(o)) return 2;
     if (resolve_mixing(o)) return 2;
+    if (resolve_recipe(o)) return 2;
     if (resolve_parallel(o, bucket_mib)) return 2;
     o->max_epochs = tr.epochs;
     o->batch = tr.batch;

@@ -5,7 +5,9 @@
  * transforms the presets reproduce).
  *
  * One call, dsrt_augment_apply, draws the random choices of a sample from a
- * counter-based generator keyed by (seed, epoch, sample id), composes every
+ * counter-based generator keyed by (seed, epoch, sample id) (torchvision's
+ * ImageNet recipe too: random-resized crop, colour jitter, grayscale,
+ * random erasing), composes every
  * geometric step (shorter-side resize, reflection, rotation, scale, shear,
  * translation, crop or resize to the output size, and the decoder's DCT
  * scaling) into one map, and writes the result once, straight into the
@@ -30,9 +32,11 @@
  * taps per output row and column; flips, whole-pixel shifts and crops are
  * exact copies. An output pixel whose centre falls outside the source is
  * fill; one inside reads only source pixels (Pillow's edge handling).
- * Otherwise every output pixel is a bilinear sample of the source, its
- * neighbours outside the source counting as fill (MATLAB's imwarp), the
- * source first shrunk with the antialiasing filter where the map reduces it.
+ * The random-resized crop's resize reads only its window (Pillow crops,
+ * then resizes). Otherwise every output pixel is a bilinear sample of the
+ * source, its neighbours outside the source counting as fill (MATLAB's
+ * imwarp), the source first shrunk with the antialiasing filter where the
+ * map reduces it.
  * MATLAB resizes with bicubic interpolation: dsrt does not.
  *
  * Threads: options are plain data, read-only during a call, and may be shared
@@ -58,7 +62,29 @@ typedef enum {
     DSRT_AUGMENT_CENTERCROP, /* the central window, offset floor((W - w) / 2) */
     DSRT_AUGMENT_RANDCROP,   /* a window at a uniform random whole-pixel offset
                               * in [0, W - w] (centred where W < w) */
+    /* torchvision's RandomResizedCrop: a random window of random area and
+     * aspect (crop_scale, crop_ratio), resized to the output. Its draws
+     * follow torchvision 0.14's RandomResizedCrop.get_params: the area is
+     * U(crop_scale) W H, the log of the aspect (w / h) uniform in the log
+     * of crop_ratio, w = round(sqrt(area aspect)), h = round(sqrt(area /
+     * aspect)) (round half to even, as Python's round), accepted when 0 <
+     * w <= W and 0 < h <= H, the offsets then uniform whole pixels; after
+     * 10 refusals the central window of the whole image clamped to the
+     * aspect range. The resize reads only the window's pixels (Pillow's
+     * crop then resize: the filter's taps end at the window's edges), and
+     * the reflections flip the window (RandomHorizontalFlip after the
+     * crop). */
+    DSRT_AUGMENT_RANDRESIZEDCROP,
 } dsrt_augment_size_mode;
+
+/* The colour adjustments, in torchvision ColorJitter's numbering (the order
+ * it applies them in is a random permutation of these, per sample). */
+typedef enum {
+    DSRT_AUGMENT_BRIGHTNESS = 0,
+    DSRT_AUGMENT_CONTRAST,
+    DSRT_AUGMENT_SATURATION,
+    DSRT_AUGMENT_HUE,
+} dsrt_augment_color_op;
 
 /* Layout and type of one sample in the batch. */
 typedef enum {
@@ -147,6 +173,59 @@ typedef struct {
      * libjpeg's, chroma at the resolution the file stores it, faster); 0:
      * libjpeg's reduced inverse DCT. */
     int decode_dc;
+
+    /* Fields below were added after the first release: new fields go at the
+     * end, and dsrt_augment_defaults sets every one. */
+
+    /* DSRT_AUGMENT_RANDRESIZEDCROP: the window's area as a fraction of the
+     * working image's, within (0, 1] (default [0.08, 1]), and its aspect,
+     * width / height, within [DSRT_AUGMENT_RATIO_MIN, DSRT_AUGMENT_RATIO_MAX]
+     * (default [3/4, 4/3]): torchvision's scale and ratio. */
+    double crop_scale[2];
+    double crop_ratio[2];
+
+    /*
+     * Colour, torchvision's ColorJitter on the PIL image: each factor drawn
+     * uniformly from its range, the four adjustments applied in a random
+     * order (a permutation drawn per sample), each one that is not the
+     * identity range ([1, 1]; hue [0, 0]) being applied, as PIL's
+     * ImageEnhance and torchvision's adjust_hue do it, on bytes (each step
+     * truncated to 8 bits, as PIL's blend does):
+     *   brightness f: x f;
+     *   contrast f:   m + f (x - m), m the mean of the whole sample's gray
+     *                 (ITU-R 601-2 luma, as PIL's convert("L")), rounded;
+     *   saturation f: g + f (x - g), g the pixel's gray;
+     *   hue h:        the hue of PIL's HSV moved by h turns (h in [-0.5,
+     *                 0.5]); saturation and hue leave gray output as it is.
+     * torchvision's ColorJitter(b, c, s, h) is brightness [max(0, 1 - b),
+     * 1 + b], the same for contrast and saturation, hue [-h, h]. Factors
+     * within [0, DSRT_AUGMENT_COLOR_MAX]. Defaults: the identity.
+     * The adjustments work on the resampled sample rounded to bytes (PIL's
+     * resize gives bytes too), before the normalisation.
+     */
+    double brightness[2], contrast[2], saturation[2], hue[2];
+    /* After the colour adjustments, the sample is turned gray (the luma
+     * replicated into each channel, as PIL's convert("L")) with this
+     * probability (torchvision RandomGrayscale). In [0, 1]; default 0. */
+    double grayscale_probability;
+
+    /*
+     * torchvision's RandomErasing, after the normalisation, on float output
+     * only: with probability erase_probability, a box of area U(erase_scale)
+     * times the output's and aspect (height / width) log-uniform in
+     * erase_ratio (h = round(sqrt(area aspect)), w = round(sqrt(area /
+     * aspect)), accepted when h < output_height and w < output_width, at a
+     * uniform whole-pixel offset; no box after 10 refusals) is set to
+     * erase_value[c] (in normalised units: 0 is the mean with ZSCORE), or,
+     * with erase_random, to values drawn from a standard normal, one a
+     * pixel and channel. Defaults: probability 0, scale [0.02, 0.33],
+     * ratio [0.3, 3.3], value 0, not random.
+     */
+    double erase_probability;
+    double erase_scale[2];
+    double erase_ratio[2];
+    int erase_random;
+    float erase_value[3];
 } dsrt_augment_options;
 
 /* The defaults: 224 x 224 x 3, resize, no augmentation, float NCHW in [0, 1]. */
@@ -181,6 +260,23 @@ DSRT_API void dsrt_augment_preset_227(dsrt_augment_options *o);
  */
 DSRT_API void dsrt_augment_preset_32(dsrt_augment_options *o);
 
+/*
+ * Sets *o to torchvision's ImageNet training recipe: RandomResizedCrop(224)
+ * (scale [0.08, 1], ratio [3/4, 4/3]), RandomHorizontalFlip(),
+ * ColorJitter(0.4, 0.4, 0.4), ToTensor(), Normalize(mean = (0.485, 0.456,
+ * 0.406), std = (0.229, 0.224, 0.225)): float NCHW. A JPEG decodes only the
+ * window, at the coarsest DCT scale that keeps it at least 224 pixels wide
+ * and high.
+ */
+DSRT_API void dsrt_augment_preset_imagenet(dsrt_augment_options *o);
+
+/*
+ * Sets *o to torchvision's ImageNet evaluation transform: Resize(256),
+ * CenterCrop(224), ToTensor(), Normalize with ImageNet's mean and std, as
+ * dsrt_augment_preset_imagenet.
+ */
+DSRT_API void dsrt_augment_preset_imagenet_val(dsrt_augment_options *o);
+
 /* The ranges dsrt_augment_check allows for the random transforms. Within
  * them every combination is applied to any image without failing (the
  * transform stays far from singular, the resampling tables stay small);
@@ -190,6 +286,9 @@ DSRT_API void dsrt_augment_preset_32(dsrt_augment_options *o);
 #define DSRT_AUGMENT_SHEAR_MAX       89.0
 #define DSRT_AUGMENT_ROTATION_MAX    360.0
 #define DSRT_AUGMENT_TRANSLATION_MAX 1e6
+#define DSRT_AUGMENT_RATIO_MIN       1e-3 /* crop_ratio, erase_ratio */
+#define DSRT_AUGMENT_RATIO_MAX       1e3
+#define DSRT_AUGMENT_COLOR_MAX       1e3 /* brightness, contrast, saturation factors */
 
 /*
  * Checks every option: the one check every way into dsrt makes before any
@@ -212,8 +311,11 @@ DSRT_API size_t dsrt_augment_sample_bytes(const dsrt_augment_options *o);
  * size. Put it in dsrt_decode_request min_width / min_height. The 227 preset
  * on a 500 x 375 JPEG asks for 341 x 256 (its shorter side must reach 256),
  * so the full size; the 32 preset asks for 32 x 32, which a 500 x 375 JPEG
- * meets at 1/8 scale (63 x 47). Depends only on the options and the full
- * size; a full size that is not positive gives 0 x 0 (decode at full size).
+ * meets at 1/8 scale (63 x 47). For the random-resized crop, whose window
+ * is a sample's own, it is the size that serves the smallest window the
+ * options allow (dsrt_augment_decode_request asks for each sample's).
+ * Depends only on the options and the full size; a full size that is not
+ * positive gives 0 x 0 (decode at full size).
  */
 DSRT_API void dsrt_augment_decode_size(const dsrt_augment_options *o, int full_w, int full_h,
                                        int *min_w, int *min_h);
@@ -229,6 +331,20 @@ typedef struct {
     double x_shear, y_shear;             /* degrees */
     double x_translation, y_translation; /* working-image pixels */
     int crop_x, crop_y; /* output window's offset in the working image (crop modes) */
+    /* Fields below were added after the first release (at the end). */
+    /* DSRT_AUGMENT_RANDRESIZEDCROP: the window's size, working-image pixels
+     * (0 in the other modes). */
+    int crop_width, crop_height;
+    /* Colour factors (applied only where the options' range is not the
+     * identity), the order of the adjustments (a permutation of
+     * dsrt_augment_color_op), and 1 to turn the sample gray. */
+    double brightness, contrast, saturation, hue;
+    int color_order[4];
+    int grayscale;
+    /* Random erasing: the box in output pixels (width 0: none), and the key
+     * of its random values (erase_random). */
+    int erase_x, erase_y, erase_width, erase_height;
+    uint64_t erase_key;
 } dsrt_augment_params;
 
 /*
@@ -292,8 +408,16 @@ DSRT_API int dsrt_augment_apply_params(dsrt_augmenter *a, const dsrt_augment_opt
  * and the region of the stored image the sample reads, resampling filters'
  * reach included (the random crop of the 227 preset keeps about 79% of a
  * 256-pixel-short image). A rotation or shear asks for the whole image.
- * Returns 0, or DSRT_EOPTION for bad options, -ENOMEM. The augmenter's
- * scratch is used; apply_window rebuilds what it needs.
+ * For the random-resized crop the region is the sample's window (to whole
+ * decoded pixels) and the size the coarsest DCT scale that keeps the
+ * window at least as dense as the output (times decode_oversample), never
+ * below it: the sample is then within 1 level of 255 on average (at most
+ * 16) of the same sample from a full-size decode, and equal to it where the
+ * window needs the full size.
+ * dst and dst_cap are left as they are (the caller's choice of where the
+ * pixels go: initialise them). Returns 0, or DSRT_EOPTION for bad options,
+ * -ENOMEM. The augmenter's scratch is used; apply_window rebuilds what it
+ * needs.
  *
  * dsrt_augment_apply_window is dsrt_augment_apply for img lying in a
  * decoded image as win says (dsrt_decode_finish gives it; NULL: img is the

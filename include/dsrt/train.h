@@ -202,7 +202,9 @@ typedef struct {
      * defaults are otherwise dsrt_augment_defaults(): no random transform,
      * float NCHW rescaled to [0, 1]. Validation samples get the same
      * options without the random transforms (random crops become centre
-     * crops). */
+     * crops, a random-resized crop the centre crop of a resize to 256/224 of
+     * the output, as torchvision's ImageNet evaluation; no colour jitter,
+     * grayscale or erasing). */
     dsrt_augment_options augment;
     /* Keys the epoch orders and every random augmentation (the weights'
      * initialisation and dropout are keyed by the net's own seed).

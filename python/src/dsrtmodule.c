@@ -1254,6 +1254,7 @@ typedef enum { K_INT, K_BOOL, K_DOUBLE, K_RANGE, K_RGB, K_ENUM, K_SIZE } key_kin
 static const name_value size_mode_names[] = {{"resize", DSRT_AUGMENT_RESIZE},
                                              {"centercrop", DSRT_AUGMENT_CENTERCROP},
                                              {"randcrop", DSRT_AUGMENT_RANDCROP},
+                                             {"randresizedcrop", DSRT_AUGMENT_RANDRESIZEDCROP},
                                              {NULL, 0}};
 static const name_value units_names[] = {
     {"input", DSRT_AUGMENT_UNITS_INPUT}, {"output", DSRT_AUGMENT_UNITS_OUTPUT}, {NULL, 0}};
@@ -1301,6 +1302,18 @@ static const augment_key augment_keys[] = {
     AUG(std, K_RGB),
     AUG(decode_oversample, K_DOUBLE),
     AUG(decode_dc, K_BOOL),
+    AUG(crop_scale, K_RANGE),
+    AUG(crop_ratio, K_RANGE),
+    AUG(brightness, K_RANGE),
+    AUG(contrast, K_RANGE),
+    AUG(saturation, K_RANGE),
+    AUG(hue, K_RANGE),
+    AUG(grayscale_probability, K_DOUBLE),
+    AUG(erase_probability, K_DOUBLE),
+    AUG(erase_scale, K_RANGE),
+    AUG(erase_ratio, K_RANGE),
+    AUG(erase_random, K_BOOL),
+    AUG(erase_value, K_RGB),
 };
 
 /* Sets the augment option named key to v. */
@@ -1362,7 +1375,8 @@ static const name_value shuffle_names[] = {{"never", DSRT_SHUFFLE_NEVER},
                                            {NULL, 0}};
 static const name_value io_names[] = {
     {"auto", DSRT_IO_AUTO}, {"uring", DSRT_IO_URING}, {"pread", DSRT_IO_PREAD}, {NULL, 0}};
-static const name_value preset_names[] = {{"default", 0}, {"227", 227}, {"32", 32}, {NULL, 0}};
+static const name_value preset_names[] = {{"default", 0},     {"227", 227},           {"32", 32},
+                                          {"imagenet", 1000}, {"imagenet-val", 1001}, {NULL, 0}};
 
 // ----------------------------------------------------------------------------
 // Pipeline
@@ -1385,6 +1399,8 @@ static int pipeline_augment(const pipeline_args *pa, dsrt_augment_options *a) {
         if (get_enum(pa->preset, "preset", preset_names, &v) != 0) return -1;
         if (v == 227) dsrt_augment_preset_227(a);
         if (v == 32) dsrt_augment_preset_32(a);
+        if (v == 1000) dsrt_augment_preset_imagenet(a);
+        if (v == 1001) dsrt_augment_preset_imagenet_val(a);
     }
     int norm_given = 0;
     if (pa->augment != Py_None) {

@@ -212,6 +212,42 @@ def test_batches_equal_c_api(folder, workers):
         assert s == ref
 
 
+def test_imagenet_presets_match_dsbench(folder):
+    # The ImageNet recipe and its evaluation transform: the bytes of
+    # dsbench --pipeline imagenet / imagenet-val, whatever the worker count.
+    ds = dsrt.Datastore(folder)
+    for preset in ("imagenet", "imagenet-val"):
+        c_sum = dsbench_checksum(
+            folder, "--pipeline", preset, "--batch", "10", "--epochs", "2", "--seed", "5",
+            "--threads", "2",
+        )
+        for w in (1, 2):
+            with dsrt.Pipeline(ds, preset=preset, batch=10, epochs=2, seed=5, workers=w) as p:
+                assert python_checksum(p) == c_sum
+
+
+def test_recipe_keywords(folder):
+    # The recipe's options as augment keywords: the random-resized crop,
+    # colour, grayscale and erasing, the same for any worker count, and
+    # different from the preset without them.
+    ds = dsrt.Datastore(folder)
+    aug = dict(
+        output_size=(24, 20), size_mode="randresizedcrop", crop_scale=(0.2, 0.9),
+        crop_ratio=(0.5, 2.0), brightness=(0.5, 1.5), contrast=(0.7, 1.3),
+        saturation=(0.0, 2.0), hue=(-0.1, 0.1), grayscale_probability=0.3,
+        erase_probability=0.5, erase_scale=(0.05, 0.2), erase_ratio=(0.5, 2.0),
+        erase_random=True, norm="zscore", mean=(120, 110, 100), std=(60, 61, 62),
+    )
+    sums = []
+    for w in (1, 2):
+        with dsrt.Pipeline(ds, augment=aug, batch=7, epochs=1, seed=3, workers=w) as p:
+            sums.append(python_checksum(p))
+    assert sums[0] == sums[1]
+    plain = dict(aug, erase_probability=0.0, grayscale_probability=0.0)
+    with dsrt.Pipeline(ds, augment=plain, batch=7, epochs=1, seed=3, workers=1) as p:
+        assert python_checksum(p) != sums[0]
+
+
 def test_same_for_any_worker_count_with_augmentation(folder):
     ds = dsrt.Datastore(folder)
     aug = dict(
@@ -585,6 +621,13 @@ def _threads():
         (dict(layout="NHWC", dtype="float32"), "float32 NCHW or uint8 NHWC"),
         (dict(dtype="float16"), "dtype: 'float16'"),
         (dict(preset="64"), "preset: '64'"),
+        (dict(augment=dict(crop_scale=(0, 1))), r"crop_scale: \[0, 1\]: low is not above 0"),
+        (dict(augment=dict(crop_ratio=(2, 1))), r"crop_ratio: \[2, 1\]: low is above high"),
+        (dict(augment=dict(brightness=(-1, 1))), r"brightness: \[-1, 1\]: outside"),
+        (dict(augment=dict(hue=(0, 0.7))), r"hue: \[0, 0.7\]: outside \[-0.5, 0.5\]"),
+        (dict(augment=dict(grayscale_probability=2)), "grayscale_probability: 2"),
+        (dict(augment=dict(erase_probability=0.5), dtype="uint8"), "erase_probability: 0.5"),
+        (dict(augment=dict(erase_scale=(0.5, 0.1))), r"erase_scale: \[0.5, 0.1\]"),
         (dict(shuffle="always"), "shuffle: 'always'"),
         (dict(io="aio"), "io: 'aio'"),
         (dict(io_depth=0), "depth"),

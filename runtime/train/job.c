@@ -204,6 +204,36 @@ static void add_augment(job_list *l, const dsrt_augment_options *a) {
     add_int(l, "augment.norm", a->norm);
     add_real(l, "augment.decode_oversample", a->decode_oversample);
     add_int(l, "augment.decode_dc", a->decode_dc);
+    static const struct {
+        const char *name[2];
+        size_t off;
+    } recipe[] = {
+        {{"augment.crop_scale[0]", "augment.crop_scale[1]"},
+         offsetof(dsrt_augment_options, crop_scale)},
+        {{"augment.crop_ratio[0]", "augment.crop_ratio[1]"},
+         offsetof(dsrt_augment_options, crop_ratio)},
+        {{"augment.brightness[0]", "augment.brightness[1]"},
+         offsetof(dsrt_augment_options, brightness)},
+        {{"augment.contrast[0]", "augment.contrast[1]"}, offsetof(dsrt_augment_options, contrast)},
+        {{"augment.saturation[0]", "augment.saturation[1]"},
+         offsetof(dsrt_augment_options, saturation)},
+        {{"augment.hue[0]", "augment.hue[1]"}, offsetof(dsrt_augment_options, hue)},
+        {{"augment.erase_scale[0]", "augment.erase_scale[1]"},
+         offsetof(dsrt_augment_options, erase_scale)},
+        {{"augment.erase_ratio[0]", "augment.erase_ratio[1]"},
+         offsetof(dsrt_augment_options, erase_ratio)},
+    };
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(recipe); i++) {
+        const double *r = (const double *)((const char *)a + recipe[i].off);
+        add_real(l, recipe[i].name[0], r[0]);
+        add_real(l, recipe[i].name[1], r[1]);
+    }
+    add_real(l, "augment.grayscale_probability", a->grayscale_probability);
+    add_real(l, "augment.erase_probability", a->erase_probability);
+    add_int(l, "augment.erase_random", a->erase_random);
+    static const char *const erase[3] = {"augment.erase_value[0]", "augment.erase_value[1]",
+                                         "augment.erase_value[2]"};
+    for (int c = 0; c < 3; c++) add_real(l, erase[c], a->erase_value[c]);
 }
 
 /* The items of a datastore: which (1 training, 2 validation). */

@@ -187,7 +187,8 @@ int dsrt__train_resolve_augment(const dsrt_augment_options *in, const dsrt_net_i
     return 0;
 }
 
-/* The same without random transforms: validation and evaluation samples. */
+/* The same without random transforms (geometric, colour, erasing):
+ * validation and evaluation samples. */
 void dsrt__train_fixed_augment(dsrt_augment_options *a) {
     dsrt_augment_options d = dsrt_augment_defaults();
     a->rand_x_reflection = a->rand_y_reflection = 0;
@@ -200,6 +201,19 @@ void dsrt__train_fixed_augment(dsrt_augment_options *a) {
     memcpy(a->rand_x_translation, d.rand_x_translation, sizeof a->rand_x_translation);
     memcpy(a->rand_y_translation, d.rand_y_translation, sizeof a->rand_y_translation);
     if (a->size_mode == DSRT_AUGMENT_RANDCROP) a->size_mode = DSRT_AUGMENT_CENTERCROP;
+    /* The random-resized crop evaluates as torchvision's recipe does:
+     * Resize(256) then CenterCrop(224), scaled to the output. */
+    if (a->size_mode == DSRT_AUGMENT_RANDRESIZEDCROP) {
+        a->size_mode = DSRT_AUGMENT_CENTERCROP;
+        int side = a->output_height < a->output_width ? a->output_height : a->output_width;
+        if (a->resize_shorter == 0) a->resize_shorter = (int)lround(side * 256.0 / 224.0);
+    }
+    memcpy(a->brightness, d.brightness, sizeof a->brightness);
+    memcpy(a->contrast, d.contrast, sizeof a->contrast);
+    memcpy(a->saturation, d.saturation, sizeof a->saturation);
+    memcpy(a->hue, d.hue, sizeof a->hue);
+    a->grayscale_probability = 0.0;
+    a->erase_probability = 0.0;
 }
 
 /*

@@ -83,6 +83,7 @@ static int stage_batch(run *R, dsrt_batch *b, int *copied) {
  */
 static int u8_transfer(dsrt_augment_options *a, float sub_div[2][4]) {
     if (a->layout != DSRT_AUGMENT_F32_NCHW || a->output_channels > 3) return 0;
+    if (a->erase_probability > 0.0) return 0; /* erasing writes normalised floats */
     for (int c = 0; c < 4; c++) {
         float sub = 0.0f, div = 1.0f;
         int k = c < a->output_channels ? c : 0;
