@@ -117,6 +117,17 @@ char *dsrt__strdup(const char *s);
  * elements, doubling. Returns 0 or -ENOMEM. */
 int dsrt__grow(void **buf, size_t *cap, size_t need, size_t elem);
 
+/* A growing list of strings, each in an allocation of its own. */
+typedef struct {
+    char **v;
+    size_t n, cap;
+} dsrt_strlist;
+
+/* Appends a copy of s's first len bytes. Returns 0 or -ENOMEM. */
+int dsrt__strlist_add(dsrt_strlist *l, const char *s, size_t len);
+/* Frees the strings and the list, and empties it. */
+void dsrt__strlist_free(dsrt_strlist *l);
+
 /* A bump arena of strings: many small strings in few large blocks, freed at
  * once. Pointers into it stay valid while it lives. */
 typedef struct dsrt_arena_block dsrt_arena_block;

@@ -267,3 +267,21 @@ int dsrt__name_lookup(const char *const *names, size_t n, const char *name, int 
     }
     return dsrt__fail(DSRT_EOPTION, "'%s' is not %s", name ? name : "(null)", list);
 }
+
+int dsrt__strlist_add(dsrt_strlist *l, const char *s, size_t len) {
+    void *v = l->v;
+    if (dsrt__grow(&v, &l->cap, l->n + 1, sizeof *l->v) != 0) return -ENOMEM;
+    l->v = v;
+    char *c = dsrt__malloc(len + 1);
+    if (!c) return -ENOMEM;
+    memcpy(c, s, len);
+    c[len] = '\0';
+    l->v[l->n++] = c;
+    return 0;
+}
+
+void dsrt__strlist_free(dsrt_strlist *l) {
+    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}

@@ -45,29 +45,6 @@
 // ----------------------------------------------------------------------------
 // Small helpers
 
-typedef struct {
-    char **v;
-    size_t n, cap;
-} strlist;
-
-static int strlist_add(strlist *l, const char *s, size_t len) {
-    void *v = l->v;
-    if (dsrt__grow(&v, &l->cap, l->n + 1, sizeof *l->v) != 0) return -ENOMEM;
-    l->v = v;
-    char *c = dsrt__malloc(len + 1);
-    if (!c) return -ENOMEM;
-    memcpy(c, s, len);
-    c[len] = '\0';
-    l->v[l->n++] = c;
-    return 0;
-}
-
-static void strlist_free(strlist *l) {
-    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
-    free(l->v);
-    memset(l, 0, sizeof *l);
-}
-
 static const char *base_of(const char *path) {
     const char *slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
@@ -214,14 +191,14 @@ static int ours(const char *name) {
 #define RECORD_FOLDER UINT64_MAX
 
 typedef struct {
-    strlist names;
+    dsrt_strlist names;
     uint64_t *sizes; /* (names.n) bytes, or RECORD_FOLDER */
     size_t cap;
     size_t *sorted; /* (names.n) positions by name, then size; NULL until looked up */
 } record;
 
 static void record_free(record *r) {
-    strlist_free(&r->names);
+    dsrt__strlist_free(&r->names);
     free(r->sizes);
     free(r->sorted);
     memset(r, 0, sizeof *r);
@@ -235,7 +212,7 @@ static int record_add(record *r, const char *name, uint64_t size) {
     r->sizes[r->names.n] = size;
     free(r->sorted);
     r->sorted = NULL;
-    return strlist_add(&r->names, name, strlen(name));
+    return dsrt__strlist_add(&r->names, name, strlen(name));
 }
 
 static int record_cmp(const record *r, size_t a, const char *name, uint64_t size) {
@@ -351,14 +328,14 @@ typedef struct {
     int exists;
     int recorded;  /* it has a record */
     record rec;    /* what the record lists */
-    strlist set;   /* files of the set written there before (listed, there, unchanged) */
-    strlist stale; /* staging folders and temporary records of writes that stopped */
+    dsrt_strlist set;   /* files of the set written there before (listed, there, unchanged) */
+    dsrt_strlist stale; /* staging folders and temporary records of writes that stopped */
 } out_state;
 
 static void out_state_free(out_state *st) {
     record_free(&st->rec);
-    strlist_free(&st->set);
-    strlist_free(&st->stale);
+    dsrt__strlist_free(&st->set);
+    dsrt__strlist_free(&st->stale);
 }
 
 /* 1 for the temporary form of the record (dsrt__write_file_atomic's). */
@@ -431,7 +408,7 @@ static int out_inspect(const char *out, out_state *st) {
         if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, RECORD_NAME)) continue;
         snprintf(p, sizeof p, "%s/%s", out, name);
         if (record_temporary(name)) {
-            rc = strlist_add(&st->stale, name, strlen(name));
+            rc = dsrt__strlist_add(&st->stale, name, strlen(name));
             continue;
         }
         if (!record_names(&st->rec, name)) {
@@ -447,9 +424,9 @@ static int out_inspect(const char *out, out_state *st) {
             rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
         } else if (S_ISDIR(sb.st_mode) && record_has(&st->rec, name, RECORD_FOLDER)) {
             rc = stage_check(p);
-            if (rc == 0) rc = strlist_add(&st->stale, name, strlen(name));
+            if (rc == 0) rc = dsrt__strlist_add(&st->stale, name, strlen(name));
         } else if (S_ISREG(sb.st_mode) && record_has(&st->rec, name, (uint64_t)sb.st_size)) {
-            rc = strlist_add(&st->set, name, strlen(name));
+            rc = dsrt__strlist_add(&st->set, name, strlen(name));
         } else {
             rc = dsrt__fail(DSRT_EOPTION,
                             "shards: %s: is %s of %llu bytes, not what dsrt wrote there: changed "
@@ -711,7 +688,7 @@ typedef struct {
     out_state st;             /* what out held */
     int width;                /* digits of a key's position */
     dsrt_shard_index x;       /* the index, filled as samples are written */
-    strlist shard_names, members;
+    dsrt_strlist shard_names, members;
     size_t nshards, cap_shards;
     shard_file f;
     char sname[64];   /* the staging folder's name in out */
@@ -763,7 +740,7 @@ static int stage_open(writing *w) {
 static int shard_next(writing *w) {
     char name[64];
     snprintf(name, sizeof name, SHARD_NAME_FMT, w->nshards);
-    int rc = strlist_add(&w->shard_names, name, strlen(name));
+    int rc = dsrt__strlist_add(&w->shard_names, name, strlen(name));
     if (rc == 0) rc = sf_open(&w->f, w->stage, name);
     if (rc != 0) return rc;
     void *v = w->x.shard_count;
@@ -811,7 +788,7 @@ static int write_samples(writing *w) {
             w->x.label[i] = label;
         }
         if (rc == 0) rc = sf_member(&w->f, member, data, len, mtime);
-        if (rc == 0) rc = strlist_add(&w->members, member, strlen(member));
+        if (rc == 0) rc = dsrt__strlist_add(&w->members, member, strlen(member));
         free(owned);
         if (rc == 0) {
             w->x.shard_count[w->nshards - 1]++;
@@ -901,8 +878,8 @@ static void writing_free(writing *w) {
     free(w->x.label);
     free(w->x.shard_count);
     free(w->x.shard_size);
-    strlist_free(&w->shard_names);
-    strlist_free(&w->members);
+    dsrt__strlist_free(&w->shard_names);
+    dsrt__strlist_free(&w->members);
 }
 
 int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,

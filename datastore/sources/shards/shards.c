@@ -67,29 +67,6 @@
 // ----------------------------------------------------------------------------
 // Small helpers
 
-typedef struct {
-    char **v;
-    size_t n, cap;
-} strlist;
-
-static int strlist_add(strlist *l, const char *s, size_t len) {
-    void *v = l->v;
-    if (dsrt__grow(&v, &l->cap, l->n + 1, sizeof *l->v) != 0) return -ENOMEM;
-    l->v = v;
-    char *c = dsrt__malloc(len + 1);
-    if (!c) return -ENOMEM;
-    memcpy(c, s, len);
-    c[len] = '\0';
-    l->v[l->n++] = c;
-    return 0;
-}
-
-static void strlist_free(strlist *l) {
-    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
-    free(l->v);
-    memset(l, 0, sizeof *l);
-}
-
 static int ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcasecmp(s + n - m, suffix) == 0;
@@ -229,10 +206,10 @@ static size_t brace_count(const char *pat, size_t max) {
  * shell does: {a,b,c} and {000..146}; a group that is neither ("{x}") stays
  * as it is and the groups after it expand. The caller has counted the
  * names (brace_count). */
-static int expand_braces(const char *pat, strlist *out) {
+static int expand_braces(const char *pat, dsrt_strlist *out) {
     const char *open = strchr(pat, '{');
     const char *close = open ? brace_end(open) : NULL;
-    if (!open || !close) return strlist_add(out, pat, strlen(pat));
+    if (!open || !close) return dsrt__strlist_add(out, pat, strlen(pat));
     size_t pre = (size_t)(open - pat);
     const char *post = close + 1, *in = open + 1;
     int rc = 0;
@@ -257,7 +234,7 @@ static int expand_braces(const char *pat, strlist *out) {
     }
     if (group_commas(in, close) == 0) {
         /* "{x}" is no group: kept as it is, the groups after it expanded. */
-        strlist rest = {0};
+        dsrt_strlist rest = {0};
         rc = expand_braces(post, &rest);
         for (size_t k = 0; rc == 0 && k < rest.n; k++) {
             char *t = concat3(pat, (size_t)(post - pat), rest.v[k], strlen(rest.v[k]), "");
@@ -265,10 +242,10 @@ static int expand_braces(const char *pat, strlist *out) {
                 rc = -ENOMEM;
                 break;
             }
-            rc = strlist_add(out, t, strlen(t));
+            rc = dsrt__strlist_add(out, t, strlen(t));
             free(t);
         }
-        strlist_free(&rest);
+        dsrt__strlist_free(&rest);
         return rc;
     }
     /* Comma alternatives at the top level of the group. */
@@ -292,7 +269,7 @@ static int expand_braces(const char *pat, strlist *out) {
  * EXPAND_MAX of them and EXPAND_BYTES in all, counted before any is made:
  * each group multiplies the names, so a few short groups could otherwise
  * ask for billions. name is the path the user gave, for messages. */
-static int expand_list(const char *pat, const char *name, strlist *out) {
+static int expand_list(const char *pat, const char *name, dsrt_strlist *out) {
     size_t n = brace_count(pat, EXPAND_MAX);
     if (n == SIZE_MAX) return -ENOMEM;
     /* No name is longer than the pattern. */
@@ -306,15 +283,15 @@ static int expand_list(const char *pat, const char *name, strlist *out) {
 }
 
 /* The .tar files of a folder, sorted by name. */
-static int list_folder(const char *dir, strlist *out) {
+static int list_folder(const char *dir, dsrt_strlist *out) {
     DIR *d = opendir(dir);
     if (!d) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
-    strlist names = {0};
+    dsrt_strlist names = {0};
     int rc = 0;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         if (de->d_name[0] == '.' || !ends_with(de->d_name, ".tar")) continue;
-        if ((rc = strlist_add(&names, de->d_name, strlen(de->d_name))) != 0) break;
+        if ((rc = dsrt__strlist_add(&names, de->d_name, strlen(de->d_name))) != 0) break;
     }
     closedir(d);
     if (rc == 0) qsort(names.v, names.n, sizeof *names.v, strcmp_p);
@@ -326,22 +303,22 @@ static int list_folder(const char *dir, strlist *out) {
             break;
         }
         snprintf(p, len, "%s/%s", dir, names.v[i]);
-        rc = strlist_add(out, p, strlen(p));
+        rc = dsrt__strlist_add(out, p, strlen(p));
         free(p);
     }
-    strlist_free(&names);
+    dsrt__strlist_free(&names);
     return rc;
 }
 
 /* The shard paths a selection names (not a folder): brace groups expanded,
  * then globs matched (sorted); a name without a glob must exist. */
-static int expand_selection(const char *path, strlist *out) {
-    strlist pats = {0};
+static int expand_selection(const char *path, dsrt_strlist *out) {
+    dsrt_strlist pats = {0};
     int rc = expand_list(path, path, &pats);
     for (size_t i = 0; rc == 0 && i < pats.n; i++) {
         const char *p = pats.v[i];
         if (!has_glob(p)) {
-            rc = strlist_add(out, p, strlen(p));
+            rc = dsrt__strlist_add(out, p, strlen(p));
             continue;
         }
         glob_t g;
@@ -353,11 +330,11 @@ static int expand_selection(const char *path, strlist *out) {
                             e == GLOB_NOSPACE ? "out of memory" : "read error");
         } else {
             for (size_t k = 0; rc == 0 && k < g.gl_pathc; k++)
-                rc = strlist_add(out, g.gl_pathv[k], strlen(g.gl_pathv[k]));
+                rc = dsrt__strlist_add(out, g.gl_pathv[k], strlen(g.gl_pathv[k]));
         }
         if (e == 0 || e == GLOB_NOMATCH) globfree(&g);
     }
-    strlist_free(&pats);
+    dsrt__strlist_free(&pats);
     return rc;
 }
 
@@ -667,7 +644,7 @@ static void folder_label(const found *f, size_t root, int parent, const char **n
 
 /* Everything gathered before the index of the datastore is built. */
 typedef struct {
-    strlist shards;            /* paths */
+    dsrt_strlist shards;            /* paths */
     uint64_t *sizes;           /* (shards.n) */
     int *from_index;           /* (shards.n) index shard number, or -1: scanned */
     found **scanned;           /* (shards.n) samples of scanned shards */
@@ -696,7 +673,7 @@ static void gather_free(gather *g) {
     free(g->x_first);
     free(g->json_classes);
     dsrt__shard_index_clear(&g->x);
-    strlist_free(&g->shards);
+    dsrt__strlist_free(&g->shards);
     dsrt__arena_free(&g->tmp);
 }
 
@@ -726,7 +703,7 @@ static int by_shard_name(const void *a, const void *b, void *ctx) {
 /* One folder's listing: the objects directly in it, with their sizes. */
 typedef struct {
     size_t prefix_len; /* of the folder's key prefix, '/' included */
-    strlist names;
+    dsrt_strlist names;
     uint64_t *sizes;
     size_t cap_sizes;
 } listing;
@@ -738,7 +715,7 @@ static int list_one(void *ctx, const char *key, size_t len, uint64_t size) {
     if (dsrt__grow(&v, &l->cap_sizes, l->names.n + 1, sizeof *l->sizes) != 0) return -ENOMEM;
     l->sizes = v;
     l->sizes[l->names.n] = size;
-    return strlist_add(&l->names, key + l->prefix_len, len - l->prefix_len);
+    return dsrt__strlist_add(&l->names, key + l->prefix_len, len - l->prefix_len);
 }
 
 /* The size the listing gives name, or UINT64_MAX. */
@@ -919,19 +896,19 @@ static int fetch(gather *g, const char *url, size_t max, uint8_t **out, size_t *
 
 /* Adds dir/NAME for the listed names that match the glob pattern (every
  * .tar object when pattern is NULL) to the shards, sorted by name. */
-static int add_listed(gather *g, const char *dir, const strlist *names, const char *pattern) {
-    strlist pick = {0};
+static int add_listed(gather *g, const char *dir, const dsrt_strlist *names, const char *pattern) {
+    dsrt_strlist pick = {0};
     char url[8192];
     int rc = 0;
     for (size_t k = 0; rc == 0 && k < names->n; k++)
         if (pattern ? fnmatch(pattern, names->v[k], 0) == 0 : ends_with(names->v[k], ".tar"))
-            rc = strlist_add(&pick, names->v[k], strlen(names->v[k]));
+            rc = dsrt__strlist_add(&pick, names->v[k], strlen(names->v[k]));
     if (rc == 0) qsort(pick.v, pick.n, sizeof *pick.v, strcmp_p);
     for (size_t k = 0; rc == 0 && k < pick.n; k++) {
         snprintf(url, sizeof url, "%s/%s", dir, pick.v[k]);
-        rc = strlist_add(&g->shards, url, strlen(url));
+        rc = dsrt__strlist_add(&g->shards, url, strlen(url));
     }
-    strlist_free(&pick);
+    dsrt__strlist_free(&pick);
     return rc;
 }
 
@@ -941,7 +918,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
                          size_t index_cap) {
     int rc;
     listing l = {0};
-    strlist pats = {0};
+    dsrt_strlist pats = {0};
     char dir[4096], url[8192];
     const char *q = strchr(path, '?');
     if (q) return dsrt__fail(DSRT_EOPTION, "shards: %s: a shard set's URL takes no query", path);
@@ -979,7 +956,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
                     goto out;
                 }
                 snprintf(url, sizeof url, "%s/%s", dir, pats.v[i]);
-                if ((rc = strlist_add(&g->shards, url, strlen(url))) != 0) goto out;
+                if ((rc = dsrt__strlist_add(&g->shards, url, strlen(url))) != 0) goto out;
                 continue;
             }
             if (!s3) {
@@ -1051,8 +1028,8 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
         g->listed[k] = s3 ? listed_size(&l, base_of(g->shards.v[k])) : UINT64_MAX;
     rc = 0;
 out:
-    strlist_free(&pats);
-    strlist_free(&l.names);
+    dsrt__strlist_free(&pats);
+    dsrt__strlist_free(&l.names);
     free(l.sizes);
     return rc;
 }
@@ -1124,14 +1101,14 @@ static int gather_shards(gather *g, dsrt_index *ix, const char *path, char *inde
             for (size_t k = 0; k < g->x.nshards; k++) {
                 char p[8192];
                 snprintf(p, sizeof p, "%s/%s", dir, g->x.shard_names[k]);
-                if ((rc = strlist_add(&g->shards, p, strlen(p))) != 0) return rc;
+                if ((rc = dsrt__strlist_add(&g->shards, p, strlen(p))) != 0) return rc;
             }
-            strlist all = {0};
+            dsrt_strlist all = {0};
             if (list_folder(dir, &all) == 0 && all.n > g->x.nshards)
                 dsrt__index_warn(ix, "%s: %zu tar file%s not in the index, left out", dir,
                                  all.n - g->x.nshards, all.n - g->x.nshards == 1 ? "" : "s");
             dsrt__clear_error();
-            strlist_free(&all);
+            dsrt__strlist_free(&all);
         } else if ((rc = list_folder(dir, &g->shards)) != 0) {
             return rc;
         }
