@@ -199,10 +199,21 @@ static void draw(float *w, size_t n, int how, double fan_in, double fan_out, dsr
     if (how == DSRT_INIT_HE) {
         double sd = sqrt(2.0 / fan_in);
         for (size_t i = 0; i < n; i++) w[i] = (float)(sd * normal(rng));
+    } else if (how == DSRT_INIT_UNIFORM) {
+        double s = 1.0 / sqrt(fan_in);
+        for (size_t i = 0; i < n; i++) w[i] = (float)(s * (2.0 * dsrt_rng_uniform(rng) - 1.0));
     } else {
         double s = sqrt(6.0 / (fan_in + fan_out));
         for (size_t i = 0; i < n; i++) w[i] = (float)(s * (2.0 * dsrt_rng_uniform(rng) - 1.0));
     }
+}
+
+/* Biases: zero, or for DSRT_INIT_UNIFORM drawn as the weights are. */
+static void init_bias(float *b, size_t n, int how, double fan_in, dsrt_rng *rng) {
+    if (how == DSRT_INIT_UNIFORM)
+        draw(b, n, how, fan_in, 0, rng);
+    else if (n)
+        memset(b, 0, n * sizeof(float));
 }
 
 void dsrt__init_input(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng, int init) {
@@ -219,7 +230,7 @@ void dsrt__init_conv(const dsrt_layer *l, float *params, float *state, dsrt_rng 
     double k = (double)l->o.kh * l->o.kw;
     double fan_in = k * (l->in.c / l->o.groups), fan_out = k * (l->o.filters / l->o.groups);
     draw(params + l->w_off, l->w_n, how, fan_in, fan_out, rng);
-    if (l->b_n) memset(params + l->b_off, 0, l->b_n * sizeof(float));
+    init_bias(params + l->b_off, l->b_n, how, fan_in, rng);
 }
 
 void dsrt__init_batchnorm(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng,
@@ -237,5 +248,5 @@ void dsrt__init_fc(const dsrt_layer *l, float *params, float *state, dsrt_rng *r
     int how = l->o.init == DSRT_INIT_DEFAULT ? init : l->o.init;
     double fan_in = (double)l->in.c * l->in.h * l->in.w;
     draw(params + l->w_off, l->w_n, how, fan_in, (double)l->o.outputs, rng);
-    if (l->b_n) memset(params + l->b_off, 0, l->b_n * sizeof(float));
+    init_bias(params + l->b_off, l->b_n, how, fan_in, rng);
 }

@@ -45,7 +45,7 @@
  *   conv       {convolution2dLayer, groupedConvolution2dLayer}
  *              filters=N (required)  size=K|KHxKW (required)  stride=S|SHxSW [1]
  *              pad=P|PHxPW|T,B,L,R|same [0]  dilation=D|DHxDW [1]  groups=G [1]
- *              bias=0|1 [1]  init=default|glorot|he [default: the net's]
+ *              bias=0|1 [1]  init=default|glorot|he|uniform [default: the net's]
  *              wlr= blr= [1] learn-rate factors of weights and bias;
  *              wl2= [1] bl2= [0] L2 factors
  *   batchnorm  {batchNormalizationLayer} eps= [1e-5] momentum= [0.1] (running
@@ -102,7 +102,7 @@ typedef enum {
     OPT_ENUM,    /* int index into choices ("a|b|c") */
     OPT_FLOATS,  /* float[DSRT_STATS_MAX] + int count: "v" or "v1,v2,..." */
     OPT_OUTPUTS, /* int, or DSRT_CLASSES_AUTO for "classes" */
-    OPT_INIT,    /* int: default|glorot|he */
+    OPT_INIT,    /* int: default|glorot|he|uniform */
 } opt_type;
 
 struct dsrt_opt_spec {
@@ -414,9 +414,11 @@ static int set_init(const struct dsrt_opt_spec *o, char *base, const char *value
         *ip = DSRT_INIT_GLOROT;
     else if (!strcmp(value, "he"))
         *ip = DSRT_INIT_HE;
+    else if (!strcmp(value, "uniform"))
+        *ip = DSRT_INIT_UNIFORM;
     else
-        return dsrt__fail(DSRT_EOPTION, "option 'init': '%s' is not one of default|glorot|he",
-                          value);
+        return dsrt__fail(DSRT_EOPTION,
+                          "option 'init': '%s' is not one of default|glorot|he|uniform", value);
     return 0;
 }
 
@@ -744,6 +746,7 @@ static const char ALEXNET[] =
 typedef struct {
     char *buf;
     size_t size, at;
+    const char *init; /* the convolutions' and the fc's init= ("" for the net's) */
 } text;
 
 static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -758,8 +761,8 @@ static void put(text *t, const char *fmt, ...) {
 /* conv + batchnorm (+ relu) named p_conv, p_bn, p_relu. */
 static void conv_bn(text *t, const char *p, int filters, int size, int stride, int pad, int relu,
                     const char *input) {
-    put(t, "conv name=%s_conv filters=%d size=%d stride=%d pad=%d bias=0%s%s\n", p, filters, size,
-        stride, pad, input ? " inputs=" : "", input ? input : "");
+    put(t, "conv name=%s_conv filters=%d size=%d stride=%d pad=%d bias=0%s%s%s\n", p, filters,
+        size, stride, pad, t->init, input ? " inputs=" : "", input ? input : "");
     put(t, "batchnorm name=%s_bn\n", p);
     if (relu) put(t, "relu name=%s_relu\n", p);
 }
@@ -816,7 +819,7 @@ static void resnet(text *t, const char *title, const int *stages, const int *wid
             block(t, in, c, widths[s], b == 0 && s > 0 ? 2 : 1, bottleneck, out, &c);
             snprintf(in, sizeof in, "%s", out);
         }
-    put(t, "gap name=pool\nfc name=fc outputs=classes\nsoftmax name=output\n");
+    put(t, "gap name=pool\nfc name=fc outputs=classes%s\nsoftmax name=output\n", t->init);
 }
 
 static char RESNET18[8192], RESNET50[20480], RESNET20[8192];
@@ -825,13 +828,14 @@ static pthread_once_t resnets_once = PTHREAD_ONCE_INIT;
 static void make_resnets(void) {
     static const int r18[] = {2, 2, 2, 2}, r50[] = {3, 4, 6, 3}, w[] = {64, 128, 256, 512};
     static const int r20[] = {3, 3, 3}, w20[] = {16, 32, 64};
-    text t = {RESNET18, sizeof RESNET18, 0};
+    text t = {RESNET18, sizeof RESNET18, 0, ""};
     resnet(&t, "resnet18: 224x224x3, torchvision's resnet18 (basic blocks 2-2-2-2)", r18, w, 4, 0,
            0);
-    t = (text){RESNET50, sizeof RESNET50, 0};
+    t = (text){RESNET50, sizeof RESNET50, 0, ""};
     resnet(&t, "resnet50: 224x224x3, torchvision's resnet50 (bottleneck blocks 3-4-6-3)", r50, w,
            4, 1, 0);
-    t = (text){RESNET20, sizeof RESNET20, 0};
+    /* The peer's resnet20 keeps PyTorch's default initialisers. */
+    t = (text){RESNET20, sizeof RESNET20, 0, " init=uniform"};
     resnet(&t, "resnet20: 32x32x3, the peer benchmark's CIFAR resnet20 (3 x 3 basic blocks)", r20,
            w20, 3, 0, 1);
 }

@@ -877,7 +877,36 @@ static void test_determinism(void) {
     double ss = 0;
     for (size_t k = 0; k < l->w_n; k++) ss += pow(c->params[l->w_off + k], 2);
     CHECK_NEAR(sqrt(ss / l->w_n), sqrt(2.0 / 180), 0.2 * sqrt(2.0 / 180));
+    CHECK(l->b_n > 0);
+    for (size_t k = 0; k < l->b_n; k++) CHECK(c->params[l->b_off + k] == 0.0f);
     dsrt_net_destroy(c);
+    /* PyTorch's default: weights and biases uniform in +-1/sqrt(fan_in),
+     * fan_in 9*20; the standard deviation of a uniform is its bound/sqrt(3). */
+    o.init = DSRT_INIT_UNIFORM;
+    CHECK_OK(dsrt_net_create(&c, "digits", 0, 0, 0, 10, &o));
+    double ub = 1.0 / sqrt(180.0);
+    ss = 0, mx = 0;
+    for (size_t k = 0; k < l->w_n; k++) {
+        ss += pow(c->params[l->w_off + k], 2);
+        mx = fmax(mx, fabs(c->params[l->w_off + k]));
+    }
+    CHECK(mx <= ub && mx > 0.9 * ub);
+    CHECK_NEAR(sqrt(ss / l->w_n), ub / sqrt(3.0), 0.1 * ub / sqrt(3.0));
+    double bmx = 0;
+    for (size_t k = 0; k < l->b_n; k++) bmx = fmax(bmx, fabs(c->params[l->b_off + k]));
+    CHECK(bmx > 0 && bmx <= ub);
+    dsrt_net_destroy(c);
+    /* A layer's init= names it in a description, over the net's. */
+    CHECK_OK(dsrt_net_create(&c, "input size=4x4x1\nconv filters=8 size=3 init=uniform\nfc outputs=2\n"
+                                 "softmax\n", 0, 0, 0, 2, NULL));
+    const dsrt_layer *cu = &c->layers[1];
+    mx = 0;
+    for (size_t k = 0; k < cu->w_n; k++) mx = fmax(mx, fabs(c->params[cu->w_off + k]));
+    CHECK(mx <= 1.0 / 3.0 && mx > 0.8 / 3.0);
+    dsrt_net_destroy(c);
+    CHECK(dsrt_net_create(&c, "input size=4x4x1\nconv filters=8 size=3 init=kaiming\nfc outputs=2\n"
+                              "softmax\n", 0, 0, 0, 2, NULL) == DSRT_EOPTION);
+    CHECK(strstr(dsrt_last_error(), "default|glorot|he|uniform") != NULL);
     float x[3 * 784];
     int32_t y[3] = {1, 2, 3};
     fill(x, 3 * 784, 5, 0, 1);

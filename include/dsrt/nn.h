@@ -56,11 +56,14 @@ typedef struct dsrt_optimizer dsrt_optimizer;
 // Networks
 
 /* How the weights of convolution and fully connected layers are drawn when a
- * layer does not name its own initialiser. Biases always start at zero,
- * batch-normalisation scales at one and offsets at zero. */
+ * layer does not name its own initialiser. Biases start at zero (but with
+ * DSRT_INIT_UNIFORM), batch-normalisation scales at one and offsets at zero. */
 typedef enum {
     DSRT_INIT_GLOROT = 0, /* uniform in +-sqrt(6 / (fan_in + fan_out)), MATLAB's default */
     DSRT_INIT_HE,         /* normal with standard deviation sqrt(2 / fan_in) */
+    /* uniform in +-1 / sqrt(fan_in), weights and biases: PyTorch's default
+     * for Conv2d and Linear (kaiming_uniform_ with a = sqrt(5)) */
+    DSRT_INIT_UNIFORM,
 } dsrt_init;
 
 /* The arithmetic of a GPU backend (MATLAB and PyTorch defaults differ; dsrt
