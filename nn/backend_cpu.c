@@ -330,7 +330,9 @@ static int diff_new(cpu_plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *md
     int base = -1;
     if (on) {
         int k = diff_index(p, on);
-        if (k < 0) return dsrt__fail(DSRT_EBACKEND, "cpu backend: layer '%s': a view of no gradient", L->name);
+        if (k < 0)
+            return dsrt__fail(DSRT_EBACKEND, "cpu backend: layer '%s': a view of no gradient",
+                              L->name);
         base = p->diffs[k].base;
     }
     if (dsrt__grow((void **)&p->diffs, &p->cap_diffs, p->n_diffs + 1, sizeof *p->diffs))
@@ -339,7 +341,10 @@ static int diff_new(cpu_plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *md
     DN("memory", dnnl_memory_create(out, md, eng, DNNL_MEMORY_NONE));
     p->mems[p->n_mems++] = *out;
     int k = (int)p->n_diffs++;
-    p->diffs[k] = (diff_entry){.mem = *out, .base = base < 0 ? k : base, .lo = lo, .hi = hi,
+    p->diffs[k] = (diff_entry){.mem = *out,
+                               .base = base < 0 ? k : base,
+                               .lo = lo,
+                               .hi = hi,
                                .size = dnnl_memory_desc_get_size(md)};
     if (base >= 0 && lo >= 0) {
         diff_entry *b = &p->diffs[base];

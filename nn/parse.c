@@ -761,8 +761,8 @@ static void put(text *t, const char *fmt, ...) {
 /* conv + batchnorm (+ relu) named p_conv, p_bn, p_relu. */
 static void conv_bn(text *t, const char *p, int filters, int size, int stride, int pad, int relu,
                     const char *input) {
-    put(t, "conv name=%s_conv filters=%d size=%d stride=%d pad=%d bias=0%s%s%s\n", p, filters,
-        size, stride, pad, t->init, input ? " inputs=" : "", input ? input : "");
+    put(t, "conv name=%s_conv filters=%d size=%d stride=%d pad=%d bias=0%s%s%s\n", p, filters, size,
+        stride, pad, t->init, input ? " inputs=" : "", input ? input : "");
     put(t, "batchnorm name=%s_bn\n", p);
     if (relu) put(t, "relu name=%s_relu\n", p);
 }

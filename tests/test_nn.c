@@ -897,15 +897,19 @@ static void test_determinism(void) {
     CHECK(bmx > 0 && bmx <= ub);
     dsrt_net_destroy(c);
     /* A layer's init= names it in a description, over the net's. */
-    CHECK_OK(dsrt_net_create(&c, "input size=4x4x1\nconv filters=8 size=3 init=uniform\nfc outputs=2\n"
-                                 "softmax\n", 0, 0, 0, 2, NULL));
+    CHECK_OK(dsrt_net_create(&c,
+                             "input size=4x4x1\nconv filters=8 size=3 init=uniform\nfc outputs=2\n"
+                             "softmax\n",
+                             0, 0, 0, 2, NULL));
     const dsrt_layer *cu = &c->layers[1];
     mx = 0;
     for (size_t k = 0; k < cu->w_n; k++) mx = fmax(mx, fabs(c->params[cu->w_off + k]));
     CHECK(mx <= 1.0 / 3.0 && mx > 0.8 / 3.0);
     dsrt_net_destroy(c);
-    CHECK(dsrt_net_create(&c, "input size=4x4x1\nconv filters=8 size=3 init=kaiming\nfc outputs=2\n"
-                              "softmax\n", 0, 0, 0, 2, NULL) == DSRT_EOPTION);
+    CHECK(dsrt_net_create(&c,
+                          "input size=4x4x1\nconv filters=8 size=3 init=kaiming\nfc outputs=2\n"
+                          "softmax\n",
+                          0, 0, 0, 2, NULL) == DSRT_EOPTION);
     CHECK(strstr(dsrt_last_error(), "default|glorot|he|uniform") != NULL);
     float x[3 * 784];
     int32_t y[3] = {1, 2, 3};

@@ -644,7 +644,7 @@ static void folder_label(const found *f, size_t root, int parent, const char **n
 
 /* Everything gathered before the index of the datastore is built. */
 typedef struct {
-    dsrt_strlist shards;            /* paths */
+    dsrt_strlist shards;       /* paths */
     uint64_t *sizes;           /* (shards.n) */
     int *from_index;           /* (shards.n) index shard number, or -1: scanned */
     found **scanned;           /* (shards.n) samples of scanned shards */
