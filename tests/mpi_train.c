@@ -479,7 +479,7 @@ static float *ckpt_params(const char *dir, const char *name, size_t *n) {
 
 /* resnet20, a graph, with sync batchnorm: 2 ranks x 64 against one rank x
  * 128 (the same synchronised batchnorm path). The first step's loss is the
- * same bit for bit, and the first update (the summed gradients) within 1e-5;
+ * same to float rounding (1e-6), and the first update (the summed gradients) within 1e-5;
  * over 20 steps the two runs stay together (losses within 5%: a deep net
  * with batchnorm amplifies the float rounding in which the sums of the
  * halves and of the whole differ, step after step). Resumed mid-epoch by 2
@@ -499,7 +499,9 @@ static void test_resnet(void) {
     read_log("res_two", 1, &r1);
     CHECK_EQ(one.n, STEPS);
     CHECK_EQ(r0.n, STEPS);
-    if (one.n && r0.n) CHECK(one.loss[0] == r0.loss[0]);
+    /* The same samples and weights: the first loss differs only in how the
+     * ranks' sums are grouped (64 + 64 against 128 at once). */
+    if (one.n && r0.n) CHECK_NEAR(one.loss[0], r0.loss[0], 1e-6 * fabs(one.loss[0]));
     check_losses(&one, &r0, 0, 5e-2);
     for (int i = 0; i < r0.n && i < r1.n; i++) CHECK_STR_EQ(r0.sum[i], r1.sum[i]);
     size_t na = 0, nb = 0;
