@@ -117,6 +117,10 @@ char *dsrt__strdup(const char *s);
  * elements, doubling. Returns 0 or -ENOMEM. */
 int dsrt__grow(void **buf, size_t *cap, size_t need, size_t elem);
 
+/* Writes the folder part of path to out (cap bytes): "." when it has none,
+ * "/" for a path in the root. */
+void dsrt__dir_of(const char *path, char *out, size_t cap);
+
 /* A growing list of strings, each in an allocation of its own. */
 typedef struct {
     char **v;

@@ -285,3 +285,13 @@ void dsrt__strlist_free(dsrt_strlist *l) {
     free(l->v);
     memset(l, 0, sizeof *l);
 }
+
+void dsrt__dir_of(const char *path, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(out, cap, ".");
+    else if (slash == path)
+        snprintf(out, cap, "/");
+    else
+        snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}

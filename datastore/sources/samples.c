@@ -237,17 +237,6 @@ int dsrt__sample_read(const dsrt_datastore *ds, size_t i, size_t max, dsrt_buf_f
 // ----------------------------------------------------------------------------
 // Folders
 
-/* The folder part of path ("." when it has none). */
-static void dir_of(const char *path, char *out, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(out, cap, ".");
-    else if (slash == path)
-        snprintf(out, cap, "/");
-    else
-        snprintf(out, cap, "%.*s", (int)(slash - path), path);
-}
-
 int dsrt__sample_folders(const dsrt_datastore *ds, int (*each)(void *ctx, const char *dir),
                          void *ctx) {
     const dsrt_source_ops *src = dsrt__source_of(ds);
@@ -257,7 +246,7 @@ int dsrt__sample_folders(const dsrt_datastore *ds, int (*each)(void *ctx, const 
     int rc = 0;
     for (size_t i = 0; rc == 0 && ix->paths && i < ix->n; i++) {
         if (dsrt__is_url(ix->paths[i])) continue;
-        dir_of(ix->paths[i], dir, sizeof dir);
+        dsrt__dir_of(ix->paths[i], dir, sizeof dir);
         if (strcmp(dir, prev) != 0) rc = each(ctx, dir);
         memcpy(prev, dir, sizeof dir);
     }

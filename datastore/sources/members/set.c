@@ -105,24 +105,13 @@ uint64_t dsrt__shard_sample_size(const dsrt_datastore *ds, uint32_t pos) {
     return dsrt__shardset_of(ds)->size[dsrt__pos(ds, pos)];
 }
 
-/* The folder part of path ("." when it has none). */
-static void dir_of(const char *path, char *out, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(out, cap, ".");
-    else if (slash == path)
-        snprintf(out, cap, "/");
-    else
-        snprintf(out, cap, "%.*s", (int)(slash - path), path);
-}
-
 int dsrt__members_folders(const dsrt_datastore *ds, int (*each)(void *ctx, const char *dir),
                           void *ctx) {
     const dsrt_shardset *s = dsrt__shardset_of(ds);
     char dir[4096], prev[4096] = "";
     int rc = 0;
     for (size_t k = 0; rc == 0 && !s->remote && k < s->nshards; k++) {
-        dir_of(s->shards[k].path, dir, sizeof dir);
+        dsrt__dir_of(s->shards[k].path, dir, sizeof dir);
         if (strcmp(dir, prev) != 0) rc = each(ctx, dir);
         memcpy(prev, dir, sizeof dir);
     }

@@ -358,17 +358,6 @@ int dsrt__is_shardset(const char *path, int folder) {
     return tars && !dirs;
 }
 
-/* The folder part of path ("." when it has none). */
-static void dir_of(const char *path, char *out, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(out, cap, ".");
-    else if (slash == path)
-        snprintf(out, cap, "/");
-    else
-        snprintf(out, cap, "%.*s", (int)(slash - path), path);
-}
-
 static const char *base_of(const char *path) {
     const char *slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
@@ -1050,11 +1039,11 @@ static int gather_shards(gather *g, dsrt_index *ix, const char *path, char *inde
     } else {
         if ((rc = expand_selection(path, &g->shards)) != 0) return rc;
         if (g->shards.n == 0) return dsrt__fail(DSRT_EEMPTY, "shards: %s: names no shard", path);
-        dir_of(g->shards.v[0], dir, sizeof dir);
+        dsrt__dir_of(g->shards.v[0], dir, sizeof dir);
         /* An index serves only shards of its own folder. */
         for (size_t k = 1; k < g->shards.n; k++) {
             char d[4096];
-            dir_of(g->shards.v[k], d, sizeof d);
+            dsrt__dir_of(g->shards.v[k], d, sizeof d);
             if (strcmp(d, dir) != 0) {
                 dir[0] = '\0';
                 break;
