@@ -690,8 +690,7 @@ static int flattens(const dsrt_layer *l) {
 }
 
 /* Lays the plan's tensors out over c (pointers are NULL while measuring). */
-static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy,
-                        void **share) {
+static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy, void **share) {
     const dsrt_net *net = be->net;
     int n = p->n;
     for (int i = 0; i < net->n_layers; i++) share[i] = NULL;
@@ -707,7 +706,7 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
             g->y = take(c, cnt * el);
             /* An add and the inputs that share its gradient (net.c's
              * grad_share): one buffer, made for the first of them. */
-            int key = net->grad_share[i] >= 0 ? net->grad_share[i]
+            int key = net->grad_share[i] >= 0     ? net->grad_share[i]
                       : l->kind == DSRT_LAYER_ADD ? i
                                                   : -1;
             if (!need_dy[i])

@@ -1450,7 +1450,8 @@ static int map_constant(imp *c) {
         int many = onnx_is(a->name, "value_ints");
         if (!many && !a->has_i)
             return nfail(c, DSRT_ECORRUPT, "attribute 'value_int' holds no integer");
-        int64_t *v = dsrt__arena_alloc(&c->m.arena, sizeof(int64_t) * (many ? a->n_ints + 1 : 1), 8);
+        int64_t *v =
+            dsrt__arena_alloc(&c->m.arena, sizeof(int64_t) * (many ? a->n_ints + 1 : 1), 8);
         if (!v) return -ENOMEM;
         if (many)
             memcpy(v, a->ints, a->n_ints * sizeof *v);

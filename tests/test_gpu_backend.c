@@ -176,7 +176,8 @@ static const case_net NETS[] = {
      "add inputs=bd,bp\nrelu\ngap\nfc outputs=3\nsoftmax\n",
      6, 6, 3, 3, 4},
     /* Joins of fully connected outputs, with each other and a pooled one. */
-    {"input\nconv name=c filters=4 size=3 pad=1\nfc name=a outputs=4\nfc name=b outputs=4 inputs=c\n"
+    {"input\nconv name=c filters=4 size=3 pad=1\nfc name=a outputs=4\nfc name=b outputs=4 "
+     "inputs=c\n"
      "gap name=g inputs=c\nadd inputs=a,b,g relu=1\nfc name=d outputs=5 inputs=c\n"
      "concat inputs=add_1,d,g\nfc outputs=3\nsoftmax\n",
      4, 4, 2, 3, 3},

@@ -959,10 +959,10 @@ static void test_grad_graph(void) {
         "concat inputs=b1,b2,b3\navgpool size=2 stride=2\nfc outputs=3\nsoftmax\n";
     /* Joins of fully connected outputs ((n, c) tensors), with each other
      * and with a pooled (n, c, 1, 1) one. */
-    const char *fcs =
-        "input\nconv name=c filters=4 size=3 pad=1\nfc name=a outputs=4\nfc name=b outputs=4 inputs=c\n"
-        "gap name=g inputs=c\nadd inputs=a,b,g relu=1\nfc name=d outputs=5 inputs=c\n"
-        "concat inputs=add_1,d,g\nfc outputs=3\nsoftmax\n";
+    const char *fcs = "input\nconv name=c filters=4 size=3 pad=1\nfc name=a outputs=4\nfc name=b "
+                      "outputs=4 inputs=c\n"
+                      "gap name=g inputs=c\nadd inputs=a,b,g relu=1\nfc name=d outputs=5 inputs=c\n"
+                      "concat inputs=add_1,d,g\nfc outputs=3\nsoftmax\n";
     for (int fuse = 0; fuse < 2; fuse++) {
         grad_check(fcs, 4, 4, 2, 3, 3, fuse);
         grad_check(block, 5, 5, 2, 3, 4, fuse);

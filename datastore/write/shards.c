@@ -326,8 +326,8 @@ static int record_write(const char *out, record *r) {
 /* What the output folder holds before a write. */
 typedef struct {
     int exists;
-    int recorded;  /* it has a record */
-    record rec;    /* what the record lists */
+    int recorded;       /* it has a record */
+    record rec;         /* what the record lists */
     dsrt_strlist set;   /* files of the set written there before (listed, there, unchanged) */
     dsrt_strlist stale; /* staging folders and temporary records of writes that stopped */
 } out_state;
