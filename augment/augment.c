@@ -1414,11 +1414,9 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
 // works on bytes: each adjustment is PIL's blend of the sample with a
 // "degenerate" image (black, the mean gray, the pixel's gray), computed in
 // single precision and truncated to a byte (Pillow's ImagingBlend), the hue
-// a turn of PIL's HSV. Brightness and contrast are the same function of
-// every byte: they compose into one table of 256 entries, so that a run of
-// them costs nothing until a step needs the pixels (contrast's mean, a
-// saturation or hue step, the final write). The final write goes through
-// the table and the normalisation at once.
+// a turn of PIL's HSV. The steps run on the resampled sample held as float
+// planes of whole numbers, in cache, and the last pass writes the sample's
+// place with the normalisation.
 
 static inline uint8_t clip8(int v) {
     return v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v;
@@ -1570,6 +1568,117 @@ AVX2_FN static size_t norm8(float *restrict o, const float *restrict v, size_t n
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), sv), dv));
     return i;
+}
+#endif
+
+#if defined(COLOR_AVX2)
+/*
+ * Sixteen pixels at a time for CPUs with AVX-512 (the augmenter's kernels
+ * say so), three planes and float output: the same exact operations as the
+ * passes above, but every step of a pixel runs before the next pixels are
+ * loaded, so values go through memory twice at most (with contrast: the
+ * steps before it and the gray sum, then the rest) instead of once a step.
+ * The final write streams past the cache when the sample's place is
+ * aligned: a sample is read by the consumer, not by this thread.
+ */
+#define AVX512_FN __attribute__((target("avx512f,avx512dq")))
+
+AVX512_FN static inline __m512 clip_trunc16(__m512 v) {
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
+    return _mm512_cvtepi32_ps(_mm512_cvttps_epi32(v));
+}
+
+AVX512_FN static inline __m512 blend16(__m512 in1, __m512 v, __m512 f) {
+    return clip_trunc16(_mm512_add_ps(in1, _mm512_mul_ps(f, _mm512_sub_ps(v, in1))));
+}
+
+AVX512_FN static inline __m512 luma16(__m512 r, __m512 g, __m512 b) {
+    __m512 x =
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(r, _mm512_set1_ps(19595.0f)),
+                                                  _mm512_mul_ps(g, _mm512_set1_ps(38470.0f))),
+                                    _mm512_mul_ps(b, _mm512_set1_ps(7471.0f))),
+                      _mm512_set1_ps(32768.0f));
+    return _mm512_cvtepi32_ps(
+        _mm512_cvttps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / 65536.0f))));
+}
+
+/* The steps (brightness, contrast, saturation) on one vector of pixels. */
+AVX512_FN static inline void steps16(const int *steps, int ns, const float *fac, __m512 mean,
+                                     __m512 *r, __m512 *g, __m512 *b) {
+    for (int k = 0; k < ns; k++) {
+        __m512 f = _mm512_set1_ps(fac[k]);
+        if (steps[k] == DSRT_AUGMENT_SATURATION) {
+            __m512 l = luma16(*r, *g, *b);
+            *r = blend16(l, *r, f);
+            *g = blend16(l, *g, f);
+            *b = blend16(l, *b, f);
+        } else {
+            __m512 m = steps[k] == DSRT_AUGMENT_CONTRAST ? mean : _mm512_setzero_ps();
+            *r = blend16(m, *r, f);
+            *g = blend16(m, *g, f);
+            *b = blend16(m, *b, f);
+        }
+    }
+}
+
+/* The first pass with contrast: rounding, the steps before it, back into
+ * the planes; returns the sum of the gray (float lanes hold whole numbers
+ * below 2^24 between flushes: exact). */
+AVX512_FN static double color_first16(float *const pl[3], size_t n, const int *steps, int ns,
+                                      const float *fac) {
+    double sum = 0.0;
+    __m512 half = _mm512_set1_ps(0.5f), acc = _mm512_setzero_ps();
+    size_t since = 0;
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v[3];
+        for (int c = 0; c < 3; c++)
+            v[c] = clip_trunc16(_mm512_add_ps(_mm512_maskz_loadu_ps(k, pl[c] + i), half));
+        steps16(steps, ns, fac, _mm512_setzero_ps(), &v[0], &v[1], &v[2]);
+        for (int c = 0; c < 3; c++) _mm512_mask_storeu_ps(pl[c] + i, k, v[c]);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, luma16(v[0], v[1], v[2])));
+        if (++since == 4096) {
+            sum += (double)_mm512_reduce_add_ps(acc);
+            acc = _mm512_setzero_ps();
+            since = 0;
+        }
+    }
+    float t[16];
+    _mm512_storeu_ps(t, acc);
+    for (int l = 0; l < 16; l++) sum += t[l];
+    return sum;
+}
+
+/* The rest: (rounding, when no contrast split the passes), the steps, the
+ * grayscale, the normalised float planes. */
+AVX512_FN static void color_last16(float *const pl[3], size_t n, int round, const int *steps,
+                                   int ns, const float *fac, float mean, int gray, const sink *s) {
+    float *o = (float *)s->dst;
+    int stream = ((uintptr_t)o & 63) == 0 && (n & 15) == 0;
+    __m512 half = _mm512_set1_ps(0.5f), mv = _mm512_set1_ps(mean);
+    __m512 sub[3], div[3];
+    for (int c = 0; c < 3; c++) {
+        sub[c] = _mm512_set1_ps(s->sub[c]);
+        div[c] = _mm512_set1_ps(s->div[c]);
+    }
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v[3];
+        for (int c = 0; c < 3; c++) {
+            v[c] = _mm512_maskz_loadu_ps(k, pl[c] + i);
+            if (round) v[c] = clip_trunc16(_mm512_add_ps(v[c], half));
+        }
+        steps16(steps, ns, fac, mv, &v[0], &v[1], &v[2]);
+        if (gray) v[0] = v[1] = v[2] = luma16(v[0], v[1], v[2]);
+        for (int c = 0; c < 3; c++) {
+            __m512 y = _mm512_div_ps(_mm512_sub_ps(v[c], sub[c]), div[c]);
+            if (stream)
+                _mm512_stream_ps(o + c * n + i, y);
+            else
+                _mm512_mask_storeu_ps(o + c * n + i, k, y);
+        }
+    }
+    if (stream) _mm_sfence();
 }
 #endif
 
@@ -1727,6 +1836,26 @@ static void color_write(const dsrt_augment_options *o, const dsrt_augment_params
     }
     int gray = ch == 3 && o->grayscale_probability > 0.0 && p->grayscale;
     int first_end = split >= 0 ? split : ns;
+#if defined(COLOR_AVX2)
+    int hue = 0;
+    float fac[4];
+    for (int k = 0; k < ns; k++) {
+        hue |= steps[k] == DSRT_AUGMENT_HUE;
+        fac[k] = (float)(steps[k] == DSRT_AUGMENT_BRIGHTNESS ? p->brightness
+                         : steps[k] == DSRT_AUGMENT_CONTRAST ? p->contrast
+                                                             : p->saturation);
+    }
+    if (wide == 2 && ch == 3 && s->f32 && !hue) {
+        float mean = 0.0f;
+        if (split >= 0) {
+            double gsum = color_first16(pl, n, steps, split, fac);
+            mean = (float)(int)(gsum / (double)n + 0.5);
+        }
+        int k0 = split >= 0 ? split : 0;
+        color_last16(pl, n, split < 0, steps + k0, ns - k0, fac + k0, mean, gray, s);
+        return;
+    }
+#endif
     double sum = 0.0;
     for (size_t t = 0; t < n; t += TILE) {
         size_t m = n - t < TILE ? n - t : TILE;
@@ -1921,8 +2050,11 @@ static int apply_checked(dsrt_augmenter *a, const dsrt_augment_options *o, const
                 for (int x = 0; x < 256; x++) a->lut_id[c * 256 + x] = (float)x;
         rc = separable ? run_separable(a, o, &b, img, &w, t) : run_affine(a, &b, img, t);
         float *pl[3] = {(float *)b.dst, (float *)b.dst + n, (float *)b.dst + 2 * n};
-        /* Eight values at a time where the augmenter's kernels have AVX2. */
-        int wide = strcmp(a->ops->name, "scalar") != 0;
+        /* Eight values at a time where the augmenter's kernels have AVX2,
+         * sixteen where they have AVX-512. */
+        int wide = strcmp(a->ops->name, "scalar") == 0   ? 0
+                   : strcmp(a->ops->name, "avx512") == 0 ? 2
+                                                         : 1;
         if (rc == 0) color_write(o, p, &s, pl, wide);
     }
     if (rc == 0 && s.f32) erase_write(o, p, (float *)dst);

@@ -1140,6 +1140,18 @@ static int variant(int k, dsrt_augment_options *o) {
         o->erase_probability = 1.0;
         o->erase_value[0] = 0.5f, o->erase_value[1] = -1.0f, o->erase_value[2] = 2.0f;
         return 1;
+    case 10: /* the recipe without a hue, then grayscale, 750 pixels: not whole
+                vectors of 16 */
+        dsrt_augment_preset_imagenet(o);
+        o->output_width = 30, o->output_height = 25;
+        o->grayscale_probability = 1.0;
+        return 1;
+    case 11: /* brightness and saturation alone (no contrast: one pass) */
+        *o = dsrt_augment_defaults();
+        o->output_width = o->output_height = 48;
+        o->brightness[0] = 0.2, o->brightness[1] = 1.8;
+        o->saturation[0] = 0.0, o->saturation[1] = 3.0;
+        return 1;
     default:
         return 0;
     }
@@ -1336,7 +1348,9 @@ static void test_isa_identical(void) {
                         set_layout(&o, l);
                         o.output_channels = och;
                         size_t n = dsrt_augment_sample_bytes(&o);
-                        uint8_t *ref = malloc(n), *got = malloc(n);
+                        /* got aligned as a batch's samples are (the
+                         * colour write streams into such places). */
+                        uint8_t *ref = malloc(n), *got = aligned_alloc(64, (n + 63) & ~(size_t)63);
                         REQUIRE(ref && got);
                         for (uint64_t id = 0; id < 2; id++) {
                             CHECK_OK(apply_isa("scalar", &o, &img, NULL, w, h, id, ref));
