@@ -309,6 +309,7 @@ struct gpu_plan {
     int *last_use;
     void *acc;
     const int32_t *labels; /* device labels of the batch of the last forward, or NULL */
+    const float *soft;     /* ... and its soft targets (n, classes), or NULL */
     int bn_sync;           /* the last forward synchronised its batchnorm layers */
 };
 
@@ -318,9 +319,11 @@ typedef struct {
     size_t cap;
     int32_t *labels;
     size_t lcap;
+    float *soft; /* soft targets (n, classes) */
+    size_t scap;
     cudaEvent_t copied;   /* on the copy stream: the batch is on the device */
     cudaEvent_t consumed; /* on the compute stream: the last step reading it is done */
-    int n, layout, has_labels;
+    int n, layout, has_labels, has_soft;
     float sub[DSRT_K_PIXEL_CH_MAX], div[DSRT_K_PIXEL_CH_MAX];
 } stage_slot;
 
@@ -350,7 +353,7 @@ typedef struct {
  * before it is filled. */
 typedef struct {
     const gpu_plan *plan;
-    int slot, layout, labels, bn_sync;
+    int slot, layout, labels, soft, bn_sync;
     const void *ready_fn, *buckets, *bn_fn; /* the hooks, and the bucket layout */
     int n_buckets;
     int with_opt; /* the optimizer step is queued first */
@@ -1714,7 +1717,7 @@ static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
         CU(dsrt_k_lrn_fwd(&in->kd, &g->lrn, in->y, g->y, g->lrn_scale, be->compute));
         return 0;
     case DSRT_LAYER_SOFTMAX:
-        CU(dsrt_k_softmax_xent_fwd(in->y, be->act, p->labels, p->n, be->net->classes, g->y,
+        CU(dsrt_k_softmax_xent_fwd(in->y, be->act, p->labels, p->soft, p->n, be->net->classes, g->y,
                                    p->labels ? p->loss : NULL, p->labels ? p->correct : NULL,
                                    p->sm_work, be->compute));
         return 0;
@@ -1932,8 +1935,8 @@ static int bwd_layer(cuda_backend *be, gpu_plan *p, int i) {
         break;
     case DSRT_LAYER_SOFTMAX:
         if (!need_dx) return 0;
-        CU(dsrt_k_softmax_xent_bwd(g->y, p->labels, p->n, be->net->classes, 1.0f,
-                                   &be->dconst->grad_scale, dx, be->act, be->compute));
+        CU(dsrt_k_softmax_xent_bwd(g->y, p->labels, p->soft, p->sm_work, p->n, be->net->classes,
+                                   1.0f, &be->dconst->grad_scale, dx, be->act, be->compute));
         break;
     case DSRT_LAYER_INPUT:
         return dsrt__fail(DSRT_EUNSUPPORTED, "cuda backend: layer '%s': kind %d", L->name,
@@ -2101,6 +2104,7 @@ static void step_key_of(const cuda_backend *be, const gpu_plan *p, int slot, ste
     k->slot = slot;
     k->layout = be->slot[slot].layout;
     k->labels = p->labels != NULL;
+    k->soft = p->soft != NULL;
     k->bn_sync = p->bn_sync;
     k->ready_fn = (const void *)net->ready_fn;
     k->buckets = net->ready_fn ? (const void *)net->buckets : NULL;
@@ -2381,17 +2385,24 @@ static int cuda_stage(dsrt_backend *b, const dsrt_net_batch *batch) {
     size_t values = (size_t)batch->n * net->input.c * net->input.h * net->input.w;
     size_t bytes = values * (batch->layout == DSRT_INPUT_U8_NHWC ? 1 : sizeof(float));
     TRY(grow(be, &s->x, &s->cap, bytes));
+    int soft = batch->labels && batch->soft_labels;
+    size_t soft_bytes = (size_t)batch->n * net->classes * sizeof(float);
     if (batch->labels) TRY(grow(be, (void **)&s->labels, &s->lcap, batch->n * sizeof(int32_t)));
+    if (soft) TRY(grow(be, (void **)&s->soft, &s->scap, soft_bytes));
     /* The slot is refilled only once the step that read it is done. */
     CU(cudaStreamWaitEvent(be->copy, s->consumed, 0));
     CU(cudaMemcpyAsync(s->x, batch->data, bytes, cudaMemcpyHostToDevice, be->copy));
     if (batch->labels)
         CU(cudaMemcpyAsync(s->labels, batch->labels, batch->n * sizeof(int32_t),
                            cudaMemcpyHostToDevice, be->copy));
+    if (soft)
+        CU(cudaMemcpyAsync(s->soft, batch->soft_labels, soft_bytes, cudaMemcpyHostToDevice,
+                           be->copy));
     CU(cudaEventRecord(s->copied, be->copy));
     s->n = batch->n;
     s->layout = batch->layout;
     s->has_labels = batch->labels != NULL;
+    s->has_soft = soft;
     for (int c = 0; c < DSRT_K_PIXEL_CH_MAX; c++) {
         s->sub[c] = batch->sub[c];
         s->div[c] = batch->div[c];
@@ -2431,6 +2442,7 @@ static int cuda_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train)
     gpu_plan *p = NULL;
     TRY(plan_get(be, batch->n, train, &p));
     p->labels = batch->labels && s->has_labels ? s->labels : NULL;
+    p->soft = p->labels && batch->soft_labels && s->has_soft ? s->soft : NULL;
     p->bn_sync = train && net->bn_sync_fn != NULL;
     be->hconst.grad_scale = 1.0f / (float)(batch->global_n > 0 ? batch->global_n : batch->n);
     be->last = p;
@@ -2688,6 +2700,7 @@ static int cuda_reserve(dsrt_backend *b, const dsrt_net_reserve *r) {
         stage_slot *s = &be->slot[k];
         TRY(grow(be, &s->x, &s->cap, bytes));
         TRY(grow(be, (void **)&s->labels, &s->lcap, (size_t)max_n * sizeof(int32_t)));
+        TRY(grow(be, (void **)&s->soft, &s->scap, (size_t)max_n * net->classes * sizeof(float)));
     }
     for (int k = 0; k < r->opt_buffers && k < 2; k++)
         if (!be->opt_buf[k])
@@ -2720,6 +2733,7 @@ static void cuda_destroy(dsrt_backend *b) {
         stage_slot *s = &be->slot[k];
         if (s->x) cudaFree(s->x);
         if (s->labels) cudaFree(s->labels);
+        if (s->soft) cudaFree(s->soft);
         if (s->copied) cudaEventDestroy(s->copied);
         if (s->consumed) cudaEventDestroy(s->consumed);
         if (be->opt_buf[k]) cudaFree(be->opt_buf[k]);

@@ -359,7 +359,8 @@ extern "C" cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void 
 /* One warp a row: each lane's share, then the butterfly (lane l takes lane
  * l ^ o's value, o = 16, 8, ..., 1). */
 __global__ void softmax_fwd_kernel(const void *z, dsrt_k_type zt,
-                                   const int32_t *__restrict__ labels, int n, int k,
+                                   const int32_t *__restrict__ labels,
+                                   const float *__restrict__ soft, int n, int k,
                                    float *__restrict__ probs, dsrt_k_row_result *__restrict__ res) {
     int lane = threadIdx.x & (DSRT_KB_WARP - 1);
     int row = blockIdx.x * DSRT_KB_SOFT_WARPS + (threadIdx.x / DSRT_KB_WARP);
@@ -379,7 +380,10 @@ __global__ void softmax_fwd_kernel(const void *z, dsrt_k_type zt,
     for (int o = DSRT_KB_WARP / 2; o > 0; o >>= 1)
         sum = DSRT_DADD(sum, __shfl_xor_sync(0xffffffffu, sum, o));
     dsrt_kb_sm_lane_store(zr, probs + (size_t)row * k, k, lane, dm, 1.0 / sum);
-    if (lane == 0 && labels) dsrt_kb_sm_row_result(zr, labels[row], k, mx, sum, arg, &res[row]);
+    if (lane == 0 && labels) {
+        dsrt_kb_sm_row_result(zr, labels[row], k, mx, sum, arg, &res[row]);
+        if (soft) dsrt_kb_sm_row_soft(zr, soft + (size_t)row * k, k, mx, sum, &res[row]);
+    }
 }
 
 /* One block: each thread's strided share, then the tree. */
@@ -406,15 +410,16 @@ extern "C" size_t dsrt_k_softmax_xent_work(int n) {
 }
 
 extern "C" cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels,
-                                               int n, int k, float *probs, double *loss,
-                                               int32_t *correct, void *work, cudaStream_t stream) {
-    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, work) || !dsrt_kb_type_ok(zt))
+                                               const float *soft, int n, int k, float *probs,
+                                               double *loss, int32_t *correct, void *work,
+                                               cudaStream_t stream) {
+    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, soft, work) || !dsrt_kb_type_ok(zt))
         return cudaErrorInvalidValue;
     if (!n) return cudaSuccess;
     dsrt_k_row_result *res = (dsrt_k_row_result *)work;
     softmax_fwd_kernel<<<(unsigned)((n + DSRT_KB_SOFT_WARPS - 1) / DSRT_KB_SOFT_WARPS),
-                         DSRT_KB_SOFT_WARPS * DSRT_KB_WARP, 0, stream>>>(z, zt, labels, n, k, probs,
-                                                                         res);
+                         DSRT_KB_SOFT_WARPS * DSRT_KB_WARP, 0, stream>>>(z, zt, labels, soft, n, k,
+                                                                         probs, res);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || !labels || (!loss && !correct)) return e;
     softmax_total_kernel<<<1, THREADS, 0, stream>>>(res, n, loss, correct);
@@ -422,21 +427,29 @@ extern "C" cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, co
 }
 
 __global__ void softmax_bwd_kernel(const float *__restrict__ probs,
-                                   const int32_t *__restrict__ labels, int k, float scale,
+                                   const int32_t *__restrict__ labels,
+                                   const float *__restrict__ soft,
+                                   const dsrt_k_row_result *__restrict__ res, int k, float scale,
                                    const float *scale_dev, void *dz, dsrt_k_type t, size_t count) {
     float sc = scale_dev ? *scale_dev : scale;
-    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_sm_bwd(probs, labels, k, sc, dz, t, i);
+    for (size_t i = tid(); i < count; i += stride()) {
+        if (soft)
+            dsrt_kb_sm_bwd_soft(probs, soft, res, k, sc, dz, t, i);
+        else
+            dsrt_kb_sm_bwd(probs, labels, k, sc, dz, t, i);
+    }
 }
 
-extern "C" cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, int n,
-                                               int k, float scale, const float *scale_dev, void *dz,
+extern "C" cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels,
+                                               const float *soft, const void *work, int n, int k,
+                                               float scale, const float *scale_dev, void *dz,
                                                dsrt_k_type dzt, cudaStream_t stream) {
-    if (!dsrt_kb_softmax_bwd_ok(n, k, labels) || !dsrt_kb_type_ok(dzt))
+    if (!dsrt_kb_softmax_bwd_ok(n, k, labels, soft, work) || !dsrt_kb_type_ok(dzt))
         return cudaErrorInvalidValue;
     size_t count = (size_t)n * k;
     if (!count) return cudaSuccess;
-    softmax_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(probs, labels, k, scale, scale_dev,
-                                                                dz, dzt, count);
+    softmax_bwd_kernel<<<grid_for(count), THREADS, 0, stream>>>(
+        probs, labels, soft, (const dsrt_k_row_result *)work, k, scale, scale_dev, dz, dzt, count);
     return cudaGetLastError();
 }
 

@@ -183,7 +183,8 @@ cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_
 // ----------------------------------------------------------------------------
 // Softmax and cross-entropy
 
-/* Bytes of device workspace dsrt_k_softmax_xent_fwd needs for n images. */
+/* Bytes of device workspace dsrt_k_softmax_xent_fwd (and, with soft
+ * targets, the backward after it) needs for n images. */
 size_t dsrt_k_softmax_xent_work(int n);
 
 /*
@@ -195,18 +196,24 @@ size_t dsrt_k_softmax_xent_work(int n);
  * as first maximum; loss or correct may be NULL. A row whose maximum is not
  * finite (or a label out of range) makes the loss NaN. work: a device
  * buffer of dsrt_k_softmax_xent_work(n) bytes. The sums run in a fixed
- * order: the results are identical from run to run.
+ * order: the results are identical from run to run. With soft (n, k float32
+ * targets, mixed or smoothed labels; labels still count the correct rows)
+ * the loss is the cross-entropy against them, and work keeps each row's sum
+ * of targets for the backward.
  */
-cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n,
-                                    int k, float *probs, double *loss, int32_t *correct, void *work,
-                                    cudaStream_t stream);
+cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels,
+                                    const float *soft, int n, int k, float *probs, double *loss,
+                                    int32_t *correct, void *work, cudaStream_t stream);
 
 /* dz (n, k, of type dzt) = (probs - onehot(labels)) * scale, rounded as the
  * CPU backend (probs * scale, then minus scale at the label). scale is 1 / n
  * for the batch mean, 1 / (n * ranks) for a data-parallel average; with
- * scale_dev (device memory) it is read from there when the kernel runs. */
-cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k,
-                                    float scale, const float *scale_dev, void *dz, dsrt_k_type dzt,
+ * scale_dev (device memory) it is read from there when the kernel runs.
+ * With soft targets (and work, as the forward left it): (probs * sum of the
+ * row's targets - targets) * scale, in double, rounded once. */
+cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, const float *soft,
+                                    const void *work, int n, int k, float scale,
+                                    const float *scale_dev, void *dz, dsrt_k_type dzt,
                                     cudaStream_t stream);
 
 // ----------------------------------------------------------------------------

@@ -149,6 +149,7 @@ typedef struct {
 /* Softmax's per-row results, in its workspace. */
 typedef struct {
     double loss;
+    double tsum; /* with soft targets: the row's sum of them, for the backward */
     int32_t correct;
     int32_t pad_;
 } dsrt_k_row_result;
@@ -421,8 +422,9 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_dropout(const dsrt_k_desc *d, const 
 // ----------------------------------------------------------------------------
 // Softmax and cross-entropy: one warp a row
 
-static inline int dsrt_kb_softmax_fwd_ok(int n, int k, const int32_t *labels, const void *work) {
-    return n >= 0 && k > 0 && (!labels || work);
+static inline int dsrt_kb_softmax_fwd_ok(int n, int k, const int32_t *labels, const float *soft,
+                                         const void *work) {
+    return n >= 0 && k > 0 && (!labels || work) && (!soft || labels);
 }
 
 static inline size_t dsrt_kb_softmax_work(int n) {
@@ -498,6 +500,23 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_sm_row_result(const dsrt_kb_row *zr,
     res->correct = arg == label;
 }
 
+/* With soft targets t (the row's k floats): the loss is sum_j t_j (log sum -
+ * (z_j - max)) over the targets that are not 0, added in order as the CPU
+ * backend adds them, and the targets' sum is kept for the backward. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_sm_row_soft(const dsrt_kb_row *zr, const float *t,
+                                                        int k, float mx, double sum,
+                                                        dsrt_k_row_result *res) {
+    double lse = log(sum), l = 0.0, ts = 0.0;
+    for (int j = 0; j < k; j++) {
+        ts = DSRT_DADD(ts, (double)t[j]);
+        if (t[j] != 0.0f)
+            l = DSRT_DADD(l, DSRT_DMUL((double)t[j],
+                                       DSRT_DSUB(lse, (double)dsrt_kb_row_at(zr, j) - (double)mx)));
+    }
+    res->loss = isfinite(mx) ? l : NAN;
+    res->tsum = ts;
+}
+
 /* Thread t's share of the batch totals: rows t, t + THREADS, ... */
 static inline DSRT_HOST_DEVICE void dsrt_kb_sm_total_part(const dsrt_k_row_result *res, int n,
                                                           int t, double *loss, int *correct) {
@@ -511,8 +530,9 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_sm_total_part(const dsrt_k_row_resul
     *correct = c;
 }
 
-static inline int dsrt_kb_softmax_bwd_ok(int n, int k, const int32_t *labels) {
-    return n >= 0 && k > 0 && labels;
+static inline int dsrt_kb_softmax_bwd_ok(int n, int k, const int32_t *labels, const float *soft,
+                                         const void *work) {
+    return n >= 0 && k > 0 && labels && (!soft || work);
 }
 
 /* Element i of dz (type t) = (probs - onehot) * scale, rounded as the CPU
@@ -522,6 +542,17 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_sm_bwd(const float *probs, const int
     float d = DSRT_FMUL(probs[i], scale);
     if ((int)(i % k) == labels[i / k]) d = DSRT_FSUB(d, scale);
     dsrt_kb_store(dz, t, i, d);
+}
+
+/* With soft targets: (probs * sum(targets) - target) * scale in double,
+ * rounded once, as the CPU backend (the row's sum from the forward). */
+static inline DSRT_HOST_DEVICE void dsrt_kb_sm_bwd_soft(const float *probs, const float *soft,
+                                                        const dsrt_k_row_result *res, int k,
+                                                        float scale, void *dz, dsrt_k_type t,
+                                                        size_t i) {
+    double d = DSRT_DMUL(DSRT_DSUB(DSRT_DMUL((double)probs[i], res[i / k].tsum), (double)soft[i]),
+                         (double)scale);
+    dsrt_kb_store(dz, t, i, (float)d);
 }
 
 // ----------------------------------------------------------------------------

@@ -703,11 +703,6 @@ int dsrt__net_check_batch(const dsrt_net *net, const dsrt_net_batch *b, int need
                                   (double)b->sub[c], c, (double)b->div[c]);
     }
     if (need_labels && !b->labels) return dsrt__fail(-EINVAL, "net: training needs labels");
-    if (b->soft_labels && net->ops->device_kind != 0)
-        return dsrt__fail(DSRT_EUNSUPPORTED,
-                          "net: soft labels (mixup, cutmix, label smoothing): the %s backend "
-                          "takes hard labels only; train on the CPU",
-                          net->ops->name);
     if (b->soft_labels && !staged)
         for (size_t i = 0; i < (size_t)b->n * net->classes; i++)
             if (!(b->soft_labels[i] >= 0) || !isfinite(b->soft_labels[i]))

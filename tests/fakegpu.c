@@ -1750,11 +1750,12 @@ static void k_run(fk_op *o, cudaStream_t s) {
         dsrt_kh_dropout(&a->d, a->x, a->out, a->u1, a->u2, a->up, a->i1, a->f1);
         break;
     case K_SM_FWD:
-        dsrt_kh_softmax_xent_fwd(a->z, a->t, a->labels, a->n, a->k, a->fout, a->dout, a->iout,
-                                 a->work);
+        dsrt_kh_softmax_xent_fwd(a->z, a->t, a->labels, a->fp2, a->n, a->k, a->fout, a->dout,
+                                 a->iout, a->work);
         break;
     case K_SM_BWD:
-        dsrt_kh_softmax_xent_bwd(a->fp, a->labels, a->n, a->k, a->f1, a->fp2, a->out, a->t);
+        dsrt_kh_softmax_xent_bwd(a->fp, a->labels, a->fp3, a->work, a->n, a->k, a->f1, a->fp2,
+                                 a->out, a->t);
         break;
     case K_BN_SUMS:
         dsrt_kh_bn_sums(&a->d, a->x, a->dout, a->fout3);
@@ -1948,21 +1949,23 @@ cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_
 size_t dsrt_k_softmax_xent_work(int n) {
     return dsrt_kb_softmax_work(n);
 }
-cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n,
-                                    int k, float *probs, double *loss, int32_t *correct, void *work,
-                                    cudaStream_t s) {
+cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels,
+                                    const float *soft, int n, int k, float *probs, double *loss,
+                                    int32_t *correct, void *work, cudaStream_t s) {
     K_OP(a);
-    a.kind = K_SM_FWD, a.z = z, a.t = zt, a.labels = labels, a.n = n, a.k = k, a.fout = probs;
-    a.dout = loss, a.iout = correct, a.work = work;
-    return k_submit(s, &a, dsrt_kb_softmax_fwd_ok(n, k, labels, work) && dsrt_kb_type_ok(zt));
+    a.kind = K_SM_FWD, a.z = z, a.t = zt, a.labels = labels, a.fp2 = soft, a.n = n, a.k = k;
+    a.fout = probs, a.dout = loss, a.iout = correct, a.work = work;
+    return k_submit(s, &a, dsrt_kb_softmax_fwd_ok(n, k, labels, soft, work) && dsrt_kb_type_ok(zt));
 }
-cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k,
-                                    float scale, const float *scale_dev, void *dz, dsrt_k_type dzt,
+cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, const float *soft,
+                                    const void *work, int n, int k, float scale,
+                                    const float *scale_dev, void *dz, dsrt_k_type dzt,
                                     cudaStream_t s) {
     K_OP(a);
-    a.kind = K_SM_BWD, a.fp = probs, a.labels = labels, a.n = n, a.k = k, a.f1 = scale;
-    a.fp2 = scale_dev, a.out = dz, a.t = dzt;
-    return k_submit(s, &a, dsrt_kb_softmax_bwd_ok(n, k, labels) && dsrt_kb_type_ok(dzt));
+    a.kind = K_SM_BWD, a.fp = probs, a.labels = labels, a.fp3 = soft, a.work = (void *)work;
+    a.n = n, a.k = k, a.f1 = scale, a.fp2 = scale_dev, a.out = dz, a.t = dzt;
+    return k_submit(s, &a,
+                    dsrt_kb_softmax_bwd_ok(n, k, labels, soft, work) && dsrt_kb_type_ok(dzt));
 }
 cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, float *work,
                            cudaStream_t s) {

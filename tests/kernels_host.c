@@ -175,9 +175,10 @@ int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
 // ----------------------------------------------------------------------------
 // Softmax and cross-entropy
 
-int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n, int k,
-                             float *probs, double *loss, int32_t *correct, void *work) {
-    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, work) || !dsrt_kb_type_ok(zt)) return -EINVAL;
+int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels,
+                             const float *soft, int n, int k, float *probs, double *loss,
+                             int32_t *correct, void *work) {
+    if (!dsrt_kb_softmax_fwd_ok(n, k, labels, soft, work) || !dsrt_kb_type_ok(zt)) return -EINVAL;
     dsrt_k_row_result *res = work;
     for (int row = 0; row < n; row++) {
         dsrt_kb_row zrow = {z, zt, (size_t)row * k};
@@ -205,6 +206,7 @@ int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *label
         for (int l = 0; l < WARP; l++)
             dsrt_kb_sm_lane_store(zr, probs + (size_t)row * k, k, l, dm, 1.0 / sum[0]);
         if (labels) dsrt_kb_sm_row_result(zr, labels[row], k, mx, sum[0], a, &res[row]);
+        if (soft) dsrt_kb_sm_row_soft(zr, soft + (size_t)row * k, k, mx, sum[0], &res[row]);
     }
     if (!labels || !n || (!loss && !correct)) return 0;
     double l[THREADS];
@@ -216,12 +218,17 @@ int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *label
     return 0;
 }
 
-int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k, float scale,
-                             const float *scale_dev, void *dz, dsrt_k_type dzt) {
-    if (!dsrt_kb_softmax_bwd_ok(n, k, labels) || !dsrt_kb_type_ok(dzt)) return -EINVAL;
+int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, const float *soft,
+                             const void *work, int n, int k, float scale, const float *scale_dev,
+                             void *dz, dsrt_k_type dzt) {
+    if (!dsrt_kb_softmax_bwd_ok(n, k, labels, soft, work) || !dsrt_kb_type_ok(dzt)) return -EINVAL;
     float sc = scale_dev ? *scale_dev : scale;
-    for (size_t i = 0, cnt = (size_t)n * k; i < cnt; i++)
-        dsrt_kb_sm_bwd(probs, labels, k, sc, dz, dzt, i);
+    for (size_t i = 0, cnt = (size_t)n * k; i < cnt; i++) {
+        if (soft)
+            dsrt_kb_sm_bwd_soft(probs, soft, work, k, sc, dz, dzt, i);
+        else
+            dsrt_kb_sm_bwd(probs, labels, k, sc, dz, dzt, i);
+    }
     return 0;
 }
 

@@ -41,10 +41,12 @@ int dsrt_kh_conv_bwd_filter(const dsrt_k_conv *p, const void *x, const void *dy,
                             dsrt_k_type dwt);
 int dsrt_kh_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t iteration,
                     const uint64_t *iteration_dev, int layer, float p);
-int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels, int n, int k,
-                             float *probs, double *loss, int32_t *correct, void *work);
-int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, int n, int k, float scale,
-                             const float *scale_dev, void *dz, dsrt_k_type dzt);
+int dsrt_kh_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels,
+                             const float *soft, int n, int k, float *probs, double *loss,
+                             int32_t *correct, void *work);
+int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, const float *soft,
+                             const void *work, int n, int k, float scale, const float *scale_dev,
+                             void *dz, dsrt_k_type dzt);
 int dsrt_kh_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, float *work);
 int dsrt_kh_bn_stats(const double *sums, int c, float eps, float momentum, float *mean, float *var,
                      float *inv, float *run_mean, float *run_var);

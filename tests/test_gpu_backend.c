@@ -981,7 +981,7 @@ static dsrt_net *graph_run(int graphs, float *losses, int64_t *captures, hook_co
     oo.drop_factor = 0.9;
     dsrt_optimizer *opt;
     CHECK_OK(dsrt_optimizer_create(&opt, net, &oo));
-    float x[8 * 3 * 8 * 8];
+    float x[8 * 3 * 8 * 8], t[8 * 4];
     int32_t y[8];
     int step = 0;
     for (size_t ph = 0; ph < DSRT_ARRAY_SIZE(phases); ph++) {
@@ -994,7 +994,12 @@ static dsrt_net *graph_run(int graphs, float *losses, int64_t *captures, hook_co
             fill(x, (size_t)n * 3 * 8 * 8, 70 + (uint64_t)step, -1, 1);
             labels_for(y, n, 4, 70 + (uint64_t)step);
             dsrt_net_set_iteration(net, step);
-            CHECK_OK(dsrt_net_forward_backward(net, x, y, n, &losses[step], NULL));
+            /* Phases 0 and 2 (one shape) train against smoothed labels. */
+            for (int i = 0; i < n * 4; i++) t[i] = 0.025f + (i % 4 == y[i / 4] ? 0.9f : 0.0f);
+            dsrt_net_batch b = {.data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = n};
+            if (ph % 2 == 0) b.soft_labels = t;
+            CHECK_OK(dsrt_net_train_start(net, &b));
+            CHECK_OK(dsrt_net_train_finish(net, &losses[step], NULL));
             CHECK_OK(dsrt_optimizer_step(opt, net, step));
         }
         dsrt_backend_report r;
@@ -1008,7 +1013,7 @@ static dsrt_net *graph_run(int graphs, float *losses, int64_t *captures, hook_co
 /*
  * Steps recorded as CUDA graphs and replayed give what the same steps
  * launched op by op give, bit for bit (deterministic algorithms), with the
- * learn rate changing every step (read from device memory: no new
+ * learn rate changing every step, soft targets in some (read from device memory: no new
  * recording), dropout's step too; a new batch size records again, going
  * back to a recorded size does not; a gradient hook installed mid-run cuts
  * the recording at its buckets (a new recording) and is called as often
@@ -1295,32 +1300,74 @@ static void test_reserve(void) {
     dsrt_net_destroy(ng);
 }
 
-/* Soft labels (mixup, cutmix, label smoothing): the CPU backend trains on
- * them; a GPU backend, whose loss kernel takes hard labels, refuses them
- * with DSRT_EUNSUPPORTED naming what they are for, before any work. */
+/* The loss and every parameter gradient of one training step on batch b. */
+static float soft_step(dsrt_net *net, const dsrt_net_batch *b, float *grads) {
+    float loss = NAN;
+    int correct = -1;
+    CHECK_OK(dsrt_net_train_start(net, b));
+    CHECK_OK(dsrt_net_train_finish(net, &loss, &correct));
+    CHECK(correct >= 0);
+    size_t np;
+    const float *g = dsrt_net_grads(net, &np);
+    REQUIRE(g);
+    memcpy(grads, g, np * sizeof *g);
+    return loss;
+}
+
+/* Soft labels (mixup, cutmix, label smoothing): the device's loss and
+ * gradients against mixed and smoothed targets equal the CPU backend's
+ * within fp32's tolerance, two steps running; one-hot targets give what the
+ * hard labels give. */
 static void test_soft_labels(void) {
-    const char *desc = "input\nfc outputs=4\nsoftmax\n";
-    const int n = 4;
-    float x[4 * 2 * 3 * 3], t[4 * 4];
-    int32_t y[4];
+    const char *desc = "input\nconv filters=3 size=3 pad=1\nrelu\nfc outputs=5\nsoftmax\n";
+    enum { N = 8, K = 5 };
+    float x[N * 2 * 4 * 4], t[N * K], hot[N * K];
+    int32_t y[N];
     fill(x, sizeof x / sizeof x[0], 3, -1, 1);
-    labels_for(y, n, 4, 3);
-    for (int i = 0; i < n * 4; i++) t[i] = 0.25f;
-    dsrt_net *net = make_on(desc, 3, 3, 2, 4, G, DSRT_PRECISION_FP32, 1);
-    dsrt_net_batch b = {
-        .data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = n, .soft_labels = t};
-    float loss;
-    if (G < 0) {
-        CHECK_OK(dsrt_net_train_start(net, &b));
-        CHECK_OK(dsrt_net_train_finish(net, &loss, NULL));
-    } else {
-        CHECK_EQ(dsrt_net_train_start(net, &b), DSRT_EUNSUPPORTED);
-        CHECK_CONTAINS(dsrt_last_error(), "soft labels (mixup, cutmix, label smoothing)");
-        b.soft_labels = NULL;
-        CHECK_OK(dsrt_net_train_start(net, &b));
-        CHECK_OK(dsrt_net_train_finish(net, &loss, NULL));
+    labels_for(y, N, K, 3);
+    /* Mixed with the batch reversed (timm's batch mode), then smoothed. */
+    const float lam = 0.7f, eps = 0.1f;
+    memset(hot, 0, sizeof hot);
+    for (int i = 0; i < N; i++) {
+        hot[i * K + y[i]] = 1.0f;
+        for (int j = 0; j < K; j++) {
+            float m = (j == y[i] ? lam : 0.0f) + (j == y[N - 1 - i] ? 1.0f - lam : 0.0f);
+            t[i * K + j] = m * (1.0f - eps) + eps / K;
+        }
     }
-    dsrt_net_destroy(net);
+    dsrt_net *c = make_on(desc, 4, 4, 2, K, -1, DSRT_PRECISION_FP32, 0);
+    dsrt_net *g = make_on(desc, 4, 4, 2, K, G, DSRT_PRECISION_FP32, 0);
+    size_t np;
+    REQUIRE(dsrt_net_grads(c, &np));
+    float *gc = malloc(np * sizeof *gc), *gg = malloc(np * sizeof *gg);
+    REQUIRE(gc && gg);
+    dsrt_net_batch b = {
+        .data = x, .layout = DSRT_INPUT_F32_NCHW, .labels = y, .n = N, .soft_labels = t};
+    for (int step = 0; step < 2; step++) {
+        float lc = soft_step(c, &b, gc), lg = soft_step(g, &b, gg);
+        fprintf(stderr, "  soft targets, step %d: loss %.9g (CPU %.9g)\n", step, lg, lc);
+        if (!close_to(&lg, &lc, 1, TOL[DSRT_PRECISION_FP32], "soft targets: loss")) test_failures++;
+        if (!close_to(gg, gc, np, TOL[DSRT_PRECISION_FP32], "soft targets: gradients"))
+            test_failures++;
+    }
+    /* One-hot targets: the hard labels' loss and gradients. */
+    float *gh = malloc(np * sizeof *gh);
+    REQUIRE(gh);
+    b.soft_labels = hot;
+    float ls = soft_step(g, &b, gg);
+    b.soft_labels = NULL;
+    float lh = soft_step(g, &b, gh);
+    fprintf(stderr, "  one-hot targets: loss %.9g, hard labels %.9g\n", ls, lh);
+    if (!close_to(&ls, &lh, 1, 1e-6, "one-hot targets: loss")) test_failures++;
+    if (!close_to(gg, gh, np, 1e-6, "one-hot targets: gradients")) test_failures++;
+    /* A negative target is refused before any work. */
+    t[3] = -0.5f;
+    b.soft_labels = t;
+    CHECK_EQ(dsrt_net_train_start(g, &b), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "soft label 3 of image 0");
+    free(gc), free(gg), free(gh);
+    dsrt_net_destroy(c);
+    dsrt_net_destroy(g);
 }
 
 int main(void) {

@@ -815,7 +815,7 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
     int32_t *dl = dcopy(labels, n * 4), *dc = dalloc(4);
     double *dloss = dalloc(8);
     void *work = dalloc(dsrt_k_softmax_xent_work(n));
-    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, n, k, dp, dloss, dc, work, S));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, NULL, n, k, dp, dloss, dc, work, S));
     get(got, dp, cnt * 4), get(&gl, dloss, 8), get(&gc, dc, 4);
     fprintf(stderr, "  %s: loss %.17g (C %.17g), correct %d (C %d)\n", what, gl, loss, gc, correct);
     CHECK_EQ(mismatches(what, got, probs, cnt, 1e-6, 1e-30), 0);
@@ -827,14 +827,14 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
         CHECK_NEAR(gl, loss, 1e-6 * fabs(loss));
     }
     /* Run to run identical. */
-    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, n, k, dp, dloss, dc, work, S));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, NULL, n, k, dp, dloss, dc, work, S));
     get(&gl2, dloss, 8), get(&gc2, dc, 4);
     CHECK(memcmp(&gl, &gl2, 8) == 0 && gc == gc2);
     /* Backward from the GPU's probabilities, as the CPU rounds it. */
     float scale = 1.0f / n;
     for (size_t i = 0; i < cnt; i++) dz[i] = got[i] * scale;
     for (int b = 0; b < n; b++) dz[(size_t)b * k + labels[b]] -= scale;
-    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, n, k, scale, NULL, ddz, DSRT_K_F32, S));
+    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, NULL, NULL, n, k, scale, NULL, ddz, DSRT_K_F32, S));
     float *gdz = hmalloc(cnt * 4);
     get(gdz, ddz, cnt * 4);
     CHECK_EQ(mismatches("softmax backward", gdz, dz, cnt, FUSED_TOL, 0), 0);
@@ -847,24 +847,67 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
     void *hz16 = as_type(&bd, zr), *dz16 = dcopy(hz16, cnt * 2), *ddz16 = dalloc(cnt * 2);
     float *dsc = dcopy(&scale, 4);
     put(dzz, zr, cnt * 4);
-    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, n, k, dp, dloss, dc, work, S));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, NULL, n, k, dp, dloss, dc, work, S));
     get(pr, dp, cnt * 4);
-    LAUNCH(dsrt_k_softmax_xent_fwd(dz16, DSRT_K_BF16, dl, n, k, dp, dloss, dc, work, S));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dz16, DSRT_K_BF16, dl, NULL, n, k, dp, dloss, dc, work, S));
     CHECK_EQ(check_tensor("softmax, bf16 logits", &(dsrt_k_desc){1, 1, 1, (int)cnt, 0, DSRT_K_F32},
                           dp, pr, 0),
              0);
     for (size_t i = 0; i < cnt; i++) dzr[i] = pr[i] * scale;
     for (int b = 0; b < n; b++) dzr[(size_t)b * k + labels[b]] -= scale;
-    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, n, k, 0.0f, dsc, ddz16, DSRT_K_BF16, S));
+    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, NULL, NULL, n, k, 0.0f, dsc, ddz16, DSRT_K_BF16, S));
     CHECK_EQ(check_tensor("softmax backward, bf16", &bd, ddz16, dzr, 0), 0);
     put(dzz, z, cnt * 4);
+    /* Soft targets (smoothed, mixed with the next row's label): the loss
+     * and the gradient as the CPU backend computes them. */
+    float *t = hmalloc(cnt * 4), *dzs = hmalloc(cnt * 4);
+    double sloss = 0.0;
+    for (int b = 0; b < n; b++) {
+        float *tb = t + (size_t)b * k;
+        const float *zb = z + (size_t)b * k;
+        double ts = 0.0, sum = 0.0;
+        for (int j = 0; j < k; j++) {
+            tb[j] = 0.05f / k + (j == labels[b] ? 0.6f : 0.0f) +
+                    (j == labels[(b + 1) % n] ? 0.35f : 0.0f);
+            ts += tb[j];
+        }
+        float mx = zb[0];
+        for (int j = 1; j < k; j++)
+            if (zb[j] > mx) mx = zb[j];
+        for (int j = 0; j < k; j++) sum += exp((double)zb[j] - mx);
+        double lse = log(sum);
+        for (int j = 0; j < k; j++)
+            if (tb[j] != 0) sloss += (double)tb[j] * (lse - ((double)zb[j] - mx));
+        for (int j = 0; j < k; j++)
+            dzs[(size_t)b * k + j] = (float)((got[(size_t)b * k + j] * ts - tb[j]) * scale);
+    }
+    sloss /= n;
+    float *dt = dcopy(t, cnt * 4);
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, dl, dt, n, k, dp, dloss, dc, work, S));
+    get(&gl2, dloss, 8), get(&gc2, dc, 4);
+    fprintf(stderr, "  %s, soft targets: loss %.17g (C %.17g)\n", what, gl2, sloss);
+    if (expect_nan)
+        CHECK(isnan(gl2));
+    else
+        CHECK_NEAR(gl2, sloss, 1e-6 * fabs(sloss));
+    CHECK_EQ(gc2, correct);
+    LAUNCH(dsrt_k_softmax_xent_bwd(dp, dl, dt, work, n, k, scale, NULL, ddz, DSRT_K_F32, S));
+    get(gdz, ddz, cnt * 4);
+    CHECK_EQ(mismatches("softmax backward, soft targets", gdz, dzs, cnt, FUSED_TOL, 0), 0);
+    /* Soft targets without labels, or without the forward's work: refused. */
+    CHECK_EQ(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, NULL, dt, n, k, dp, dloss, dc, work, S),
+             cudaErrorInvalidValue);
+    CHECK_EQ(dsrt_k_softmax_xent_bwd(dp, dl, dt, NULL, n, k, scale, NULL, ddz, DSRT_K_F32, S),
+             cudaErrorInvalidValue);
+    CU(cudaFree(dt));
+    free(t), free(dzs);
     CU(cudaFree(dz16));
     CU(cudaFree(ddz16));
     CU(cudaFree(dsc));
     free(zr), free(pr), free(dzr), free(hz16);
     /* Without labels: probabilities only, the scalars untouched. */
     CU(cudaMemset(dloss, 0, 8));
-    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, NULL, n, k, dp, dloss, dc, work, S));
+    LAUNCH(dsrt_k_softmax_xent_fwd(dzz, DSRT_K_F32, NULL, NULL, n, k, dp, dloss, dc, work, S));
     get(&gl2, dloss, 8);
     CHECK(gl2 == 0.0);
     get(got, dp, cnt * 4);

@@ -209,7 +209,7 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
     int32_t ck = 0, ck2 = 0;
     CHECK_OK(dsrt__net_forward(net, z, n, 0, labels, &lc, &cc, pc));
     void *work = zalloc(dsrt_kb_softmax_work(n));
-    CHECK_OK(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, n, k, pk, &lk, &ck, work));
+    CHECK_OK(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, NULL, n, k, pk, &lk, &ck, work));
     CHECK_EQ(mismatches(what, pk, pc, cnt, 1e-6, 1e-30), 0);
     CHECK_EQ(ck, cc);
     if (isnan(lc))
@@ -217,13 +217,13 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
     else
         CHECK_NEAR(lk, lc, 1e-12 * fabs(lc) + 1e-15);
     /* Run to run, the same bits. */
-    CHECK_OK(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, n, k, pk, &lk2, &ck2, work));
+    CHECK_OK(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, NULL, n, k, pk, &lk2, &ck2, work));
     CHECK(memcmp(&lk, &lk2, sizeof lk) == 0 && ck == ck2);
     /* Backward from these probabilities, as the CPU rounds it. */
     float scale = 1.0f / n;
     for (size_t i = 0; i < cnt; i++) want[i] = pk[i] * scale;
     for (int b = 0; b < n; b++) want[(size_t)b * k + labels[b]] -= scale;
-    CHECK_OK(dsrt_kh_softmax_xent_bwd(pk, labels, n, k, scale, NULL, dz, DSRT_K_F32));
+    CHECK_OK(dsrt_kh_softmax_xent_bwd(pk, labels, NULL, NULL, n, k, scale, NULL, dz, DSRT_K_F32));
     CHECK_EQ(mismatches("softmax backward", dz, want, cnt, FUSED_TOL, 0), 0);
     /* bfloat16 logits and gradient: the logits as bf16 holds them give the
      * same bits as those values in float; the gradient is the float one
@@ -234,11 +234,12 @@ static void softmax_case(const char *what, const float *z, const int32_t *labels
     float *zr = to_nchw(&bd, z16), *p16 = zalloc(cnt * 4), *pr = zalloc(cnt * 4);
     double l16 = 0, lr = 0;
     int32_t c16 = 0, cr = 0;
-    CHECK_OK(dsrt_kh_softmax_xent_fwd(z16, DSRT_K_BF16, labels, n, k, p16, &l16, &c16, work));
-    CHECK_OK(dsrt_kh_softmax_xent_fwd(zr, DSRT_K_F32, labels, n, k, pr, &lr, &cr, work));
+    CHECK_OK(dsrt_kh_softmax_xent_fwd(z16, DSRT_K_BF16, labels, NULL, n, k, p16, &l16, &c16, work));
+    CHECK_OK(dsrt_kh_softmax_xent_fwd(zr, DSRT_K_F32, labels, NULL, n, k, pr, &lr, &cr, work));
     CHECK(memcmp(p16, pr, cnt * 4) == 0 && c16 == cr && (memcmp(&l16, &lr, 8) == 0 || isnan(lr)));
-    CHECK_OK(dsrt_kh_softmax_xent_bwd(pr, labels, n, k, 0.0f, &scale, dz16, DSRT_K_BF16));
-    CHECK_OK(dsrt_kh_softmax_xent_bwd(pr, labels, n, k, scale, NULL, dz, DSRT_K_F32));
+    CHECK_OK(
+        dsrt_kh_softmax_xent_bwd(pr, labels, NULL, NULL, n, k, 0.0f, &scale, dz16, DSRT_K_BF16));
+    CHECK_OK(dsrt_kh_softmax_xent_bwd(pr, labels, NULL, NULL, n, k, scale, NULL, dz, DSRT_K_F32));
     float *got16 = to_nchw(&bd, dz16);
     void *dzr = to_tensor(&bd, dz);
     float *want16 = to_nchw(&bd, dzr);
@@ -277,7 +278,8 @@ static void test_softmax(void) {
         softmax_case(what, z + 3 * row, labels + row, 1, 3);
     }
     float pr[3];
-    CHECK_EQ(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, 1, 0, pr, NULL, NULL, pr), -EINVAL);
+    CHECK_EQ(dsrt_kh_softmax_xent_fwd(z, DSRT_K_F32, labels, NULL, 1, 0, pr, NULL, NULL, pr),
+             -EINVAL);
 }
 
 // ----------------------------------------------------------------------------

@@ -275,8 +275,7 @@ typedef struct {
      * against these rows (-sum_j t_j log p_j, as for mixup, cutmix or label
      * smoothing: a pipeline batch's soft_labels), labels still count the
      * correct ones. Rows should sum to 1; values must be finite and not
-     * negative. The CPU backend only: a GPU backend refuses them with
-     * DSRT_EUNSUPPORTED. */
+     * negative. Used only with labels. */
     const float *soft_labels;
 } dsrt_net_batch;
 

@@ -170,20 +170,11 @@ static int train_mixing(const dsrt_train_options *o) {
     return o->mixup_alpha > 0 || o->cutmix_alpha > 0 || o->cutmix_minmax[1] > 0;
 }
 
-/* The loss takes soft labels: mixing, or label smoothing. */
-static int train_soft_labels(const dsrt_train_options *o) {
-    return train_mixing(o) || o->label_smoothing > 0;
-}
-
 /* The net computes where the execution environment says. Nothing to undo
  * when this fails. */
 static int run_device(run *R) {
     int device = DSRT_DEVICE_CPU, rc;
     if ((rc = dsrt__train_resolve_device(R->o, &device))) return rc;
-    if (train_soft_labels(R->o) && device != DSRT_DEVICE_CPU)
-        return dsrt__fail(DSRT_EUNSUPPORTED,
-                          "train: mixup, cutmix and label smoothing train against soft labels, "
-                          "which only the CPU backend takes (execution environment cpu)");
     if ((rc = dsrt_net_set_device(R->net, device))) return dsrt__fail_prefix(rc, "train");
     dsrt_net_device_time(R->net, &R->busy0, &R->idle0);
     dsrt_net_get_info(R->net, &R->ni);
