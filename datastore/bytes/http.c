@@ -909,7 +909,7 @@ int dsrt__remote_read_range(const char *url, uint64_t offset, uint64_t length, v
     *got = 0;
     int rc = dsrt__http_create(&h, &ro);
     if (rc != 0) return rc;
-    dsrt_read_result res;
+    dsrt_read_result res = {0};
     rc = dsrt__http_submit(h, url, offset, length, buf, (size_t)length, 0);
     if (rc == 0) rc = dsrt__http_collect(h, &res, 1, -1) == 1 ? res.status : -EIO;
     if (rc == 0 || rc == DSRT_ETRUNCATED) *got = res.size;
