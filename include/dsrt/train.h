@@ -252,8 +252,8 @@ typedef struct {
      * none; mix_prob default 1, mix_switch_prob default 0.5; label_smoothing
      * in [0, 1), default 0, with or without mixing. With any of them the
      * loss is the cross-entropy against the soft labels (validation keeps
-     * the hard ones). The CPU backend only: on a GPU the run is refused
-     * before any step. Mixing makes the batches travel as floats.
+     * the hard ones), on the CPU and on a GPU. Mixing makes the batches
+     * travel as floats.
      */
     double mixup_alpha, cutmix_alpha, cutmix_minmax[2], mix_prob, mix_switch_prob;
     double label_smoothing;
