@@ -357,12 +357,28 @@ static inline int timg_mkdirs(const char *path) {
     return 0;
 }
 
-/* A fresh, empty folder $DSRT_TEST_TMP/name (or /tmp/dsrt-test-<pid>/name). */
+/* The folder /tmp/dsrt-test-<pid> a test run outside ctest made, removed
+ * when the process that made it exits (not by its forked children). */
+static long timg_tmp_owner;
+
+static inline void timg_tmp_remove(void) {
+    if ((long)getpid() != timg_tmp_owner) return;
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf /tmp/dsrt-test-%ld", timg_tmp_owner);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove /tmp/dsrt-test-%ld\n", timg_tmp_owner);
+}
+
+/* A fresh, empty folder $DSRT_TEST_TMP/name (or /tmp/dsrt-test-<pid>/name,
+ * removed at exit: ctest sets DSRT_TEST_TMP, whose folders stay). */
 static inline int timg_tmpdir(const char *name, char *out, size_t cap) {
     const char *base = getenv("DSRT_TEST_TMP");
     int n = base && base[0] ? snprintf(out, cap, "%s/%s", base, name)
                             : snprintf(out, cap, "/tmp/dsrt-test-%ld/%s", (long)getpid(), name);
     if (n < 0 || (size_t)n >= cap) return -1;
+    if (!(base && base[0]) && timg_tmp_owner != (long)getpid()) {
+        timg_tmp_owner = (long)getpid();
+        atexit(timg_tmp_remove);
+    }
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
     if (system(cmd) != 0) return -1;
