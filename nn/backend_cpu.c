@@ -1491,6 +1491,7 @@ static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
     tensor in[DSRT_INPUTS_MAX];
     dnnl_memory_t src[DSRT_INPUTS_MAX];
     int rc = 0, n = L->n_inputs;
+    if (n < 1) return dnnl_fail(dnnl_invalid_arguments, "add", L); /* the parser needs 2 */
     for (int k = 0; k < n && !rc; k++) rc = input4(be, p, L, k, &in[k]);
     if (rc) return rc;
     const dnnl_memory_desc_t *md = &in[0].md;
