@@ -1516,7 +1516,8 @@ static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
         for (int k = 0; k < n; k++) scales[k] = 1.0f, mds[k] = *md;
         dnnl_primitive_attr_t attr;
         if ((rc = attr_new(&attr, 0, 0, L))) return rc;
-        dnnl_status_t st = dnnl_sum_primitive_desc_create(&pd, md, n, scales, mds, attr, be->engine);
+        dnnl_status_t st =
+            dnnl_sum_primitive_desc_create(&pd, md, n, scales, mds, attr, be->engine);
         dnnl_primitive_attr_destroy(attr);
         if (st != dnnl_success) return dnnl_fail(st, "add", L);
         rc = prim_step(p, be, pd, 0, i, &s, L);

@@ -254,7 +254,7 @@ typedef struct {
     cudnnTensorDescriptor_t xd; /* what cuDNN reads: the padded input or the previous y */
     cudnnFilterDescriptor_t wd; /* (out.c, in.c / groups, kh, kw) as NHWC filters */
     cudnnConvolutionDescriptor_t cd;
-    cudnnTensorDescriptor_t bd;      /* (1, c, 1, 1) float: conv bias, batchnorm parameters */
+    cudnnTensorDescriptor_t bd; /* (1, c, 1, 1) float: conv bias, batchnorm parameters */
     /* Under bf16, the fused convolution's bias in bfloat16 (its copy in w16)
      * where cuDNN refuses a float bias with bfloat16 data. */
     cudnnTensorDescriptor_t bd16;
@@ -280,7 +280,7 @@ typedef struct {
     dsrt_k_pool pool;
     dsrt_k_lrn lrn;
     dsrt_k_conv kconv; /* a convolution for dsrt's direct kernels */
-    int in0; /* the layer whose output is this one's (first) input */
+    int in0;           /* the layer whose output is this one's (first) input */
     /* In training: max pooling's winners, their offsets in the windows
      * (one byte an output element), and local response normalisation's
      * scales (one float an element), kept by the forward for the backward. */
@@ -300,9 +300,9 @@ struct gpu_plan {
     int reserved;    /* made by cuda_reserve: kept while the run lasts */
     double *loss;
     int32_t *correct;
-    void *sm_work;         /* softmax reductions */
-    void *bg_work;         /* bias gradients' partial sums (the largest layer's) */
-    float *bn_work;        /* dsrt's batchnorm sums' tiles (the largest layer's) */
+    void *sm_work;  /* softmax reductions */
+    void *bg_work;  /* bias gradients' partial sums (the largest layer's) */
+    float *bn_work; /* dsrt's batchnorm sums' tiles (the largest layer's) */
     /* (n_layers) the last layer (in the written order) that takes layer j's
      * output: backward runs last to first, so it writes j's gradient and the
      * others add theirs, through acc (the largest such gradient's size). */
@@ -921,8 +921,8 @@ static int pick(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int dir, co
     if (!strstr(be->net->backend_note, L->name)) {
         size_t used = strlen(be->net->backend_note);
         snprintf(be->net->backend_note + used, sizeof be->net->backend_note - used,
-                 "%slayer '%s': cuDNN has no %s%s algorithm%s: dsrt's direct convolution", used ? "; " : "",
-                 L->name, be->det ? "deterministic " : "", DIR_NAME[dir],
+                 "%slayer '%s': cuDNN has no %s%s algorithm%s: dsrt's direct convolution",
+                 used ? "; " : "", L->name, be->det ? "deterministic " : "", DIR_NAME[dir],
                  be->frozen ? " within the workspace reserved" : "");
     }
     return 0;
@@ -966,8 +966,8 @@ static int plan_bn_ex(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
             st = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
                 be->dnn, mode, g->bn_ops, in->yd, g->yd, g->yd, NULL, in->yd, g->bd, act, &bws);
         if (st == CUDNN_STATUS_SUCCESS)
-            st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(be->dnn, mode, g->bn_ops,
-                                                                      act, in->yd, &res);
+            st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(be->dnn, mode, g->bn_ops, act,
+                                                                      in->yd, &res);
     }
     if (st != CUDNN_STATUS_SUCCESS) return 0;
     g->bn_ex = 1;
@@ -1129,9 +1129,8 @@ static void plan_conv_fuse(cuda_backend *be, gpu_plan *p, int i) {
                                        1, 1) != CUDNN_STATUS_SUCCESS)
             return;
         st = cudnnConvolutionBiasActivationForward(
-            be->dnn, &ONE, g->xd, conv_input(p, i), g->wd, weights(be, L), g->cd, g->al.fwd,
-            be->ws, be->ws_size, &ZERO, g->yd, g->y, g->bd16, be->w16 + L->b_off, g->act, g->yd,
-            g->y);
+            be->dnn, &ONE, g->xd, conv_input(p, i), g->wd, weights(be, L), g->cd, g->al.fwd, be->ws,
+            be->ws_size, &ZERO, g->yd, g->y, g->bd16, be->w16 + L->b_off, g->act, g->yd, g->y);
         (void)cudaGetLastError();
         g->bias16 = st == CUDNN_STATUS_SUCCESS;
     }
@@ -1786,13 +1785,13 @@ static int bwd_conv(cuda_backend *be, gpu_plan *p, int i) {
         CU(dsrt_k_conv_bwd_data(&g->kconv, w, g->dy, dx, be->compute));
     } else {
         DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_data));
-        DNN(cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, w, g->yd, g->dy, g->cd,
-                                         g->al.data, be->ws, be->ws_size, &ZERO, g->xd, dx));
+        DNN(cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, w, g->yd, g->dy, g->cd, g->al.data,
+                                         be->ws, be->ws_size, &ZERO, g->xd, dx));
     }
     if (g->pad_explicit) {
         dsrt_k_desc pd = padded_desc(be, p, i);
-        CU(dsrt_k_pad(&pd, g->xp, &in->kd, in->dy, -L->pt, -L->pl, 0.0f,
-                      p->last_use[g->in0] != i, be->compute));
+        CU(dsrt_k_pad(&pd, g->xp, &in->kd, in->dy, -L->pt, -L->pl, 0.0f, p->last_use[g->in0] != i,
+                      be->compute));
         return 0;
     }
     return grad_add(be, p, i, g->in0);

@@ -192,8 +192,7 @@ extern "C" cudaError_t dsrt_k_bias_grad(const dsrt_k_desc *d, void *dy, const vo
 // ----------------------------------------------------------------------------
 // Pooling and local response normalisation
 
-__global__ void pool_fwd_kernel(dsrt_k_pool p, const void *x, void *y, uint8_t *arg,
-                                size_t count) {
+__global__ void pool_fwd_kernel(dsrt_k_pool p, const void *x, void *y, uint8_t *arg, size_t count) {
     for (size_t i = tid(); i < count; i += stride()) dsrt_kb_pool_fwd(&p, x, y, arg, i);
 }
 
@@ -260,7 +259,8 @@ __global__ void sum_kernel(dsrt_k_type t, dsrt_k_sum s, void *y, int relu, float
 
 extern "C" cudaError_t dsrt_k_sum_fwd(dsrt_k_type t, const dsrt_k_sum *s, void *y, size_t count,
                                       int relu, float leak, cudaStream_t stream) {
-    if (!s || s->n < 1 || s->n > DSRT_KB_SUM_MAX || !dsrt_kb_type_ok(t)) return cudaErrorInvalidValue;
+    if (!s || s->n < 1 || s->n > DSRT_KB_SUM_MAX || !dsrt_kb_type_ok(t))
+        return cudaErrorInvalidValue;
     if (!count) return cudaSuccess;
     sum_kernel<<<grid_for(count), THREADS, 0, stream>>>(t, *s, y, relu, leak, count);
     return cudaGetLastError();
@@ -298,8 +298,7 @@ __global__ void conv_bwd_data_kernel(dsrt_k_conv p, const void *w, const void *d
 
 __global__ void conv_bwd_filter_kernel(dsrt_k_conv p, const void *x, const void *dy, void *dw,
                                        dsrt_k_type dwt, size_t count) {
-    for (size_t i = tid(); i < count; i += stride())
-        dsrt_kb_conv_bwd_filter(&p, x, dy, dw, dwt, i);
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_conv_bwd_filter(&p, x, dy, dw, dwt, i);
 }
 
 extern "C" cudaError_t dsrt_k_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y,
@@ -611,8 +610,8 @@ static cudaError_t bn_sums(const dsrt_k_desc *xd, const void *x, const void *dy,
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     double count = dy ? -1.0 : (double)((size_t)xd->n * xd->h * xd->w);
-    bn_total_kernel<<<grid_for((size_t)xd->c), THREADS, 0, stream>>>(work, tiles, xd->c, sums, count,
-                                                                     dscale, dshift);
+    bn_total_kernel<<<grid_for((size_t)xd->c), THREADS, 0, stream>>>(work, tiles, xd->c, sums,
+                                                                     count, dscale, dshift);
     return cudaGetLastError();
 }
 

@@ -118,8 +118,8 @@ cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, uint8_
  * from arg (the forward's), or, arg NULL, finds them again in the forward's
  * input x (the first largest, as the forward); every element of dx is
  * written, in a fixed order. */
-cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg,
-                            const void *dy, void *dx, cudaStream_t stream);
+cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg, const void *dy,
+                            void *dx, cudaStream_t stream);
 
 /* Local response normalisation across channels of x (d: any layout and
  * type) into y, in float, each element's scale (k + alpha / size * sum of

@@ -648,8 +648,8 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_tree_f(float *v, int l, int h) {
 }
 
 /* Channel ch's totals over the tiles' partials (part: tiles x 2c). */
-static inline DSRT_HOST_DEVICE void dsrt_kb_bn_total(const float *part, size_t tiles, int c,
-                                                     int ch, double *s, double *q) {
+static inline DSRT_HOST_DEVICE void dsrt_kb_bn_total(const float *part, size_t tiles, int c, int ch,
+                                                     double *s, double *q) {
     double a = 0.0, b = 0.0;
     for (size_t t = 0; t < tiles; t++) {
         a = DSRT_DADD(a, (double)part[t * 2 * (size_t)c + (size_t)ch]);
@@ -980,8 +980,8 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_conv_fwd(const dsrt_k_conv *p, const
             if (iw < 0 || iw >= xd->w) continue;
             for (int cg = 0; cg < cpg; cg++) {
                 dsrt_kb_coord k = {o.b, c0 + cg, ih, iw};
-                double xv = dsrt_kb_load(x, xd->type, dsrt_kb_index_of(k, xd->c, xd->h, xd->w,
-                                                                       xd->nhwc));
+                double xv =
+                    dsrt_kb_load(x, xd->type, dsrt_kb_index_of(k, xd->c, xd->h, xd->w, xd->nhwc));
                 double wv = dsrt_kb_load(w, xd->type, dsrt_kb_conv_w(p, o.ch, r, q, cg));
                 acc = DSRT_DADD(acc, DSRT_DMUL(xv, wv));
             }
@@ -1009,8 +1009,8 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_conv_bwd_data(const dsrt_k_conv *p, 
             if (ow >= yd->w) continue;
             for (int kk = grp * kpg; kk < (grp + 1) * kpg; kk++) {
                 dsrt_kb_coord o = {k.b, kk, oh, ow};
-                double g = dsrt_kb_load(dy, yd->type, dsrt_kb_index_of(o, yd->c, yd->h, yd->w,
-                                                                       yd->nhwc));
+                double g =
+                    dsrt_kb_load(dy, yd->type, dsrt_kb_index_of(o, yd->c, yd->h, yd->w, yd->nhwc));
                 double wv = dsrt_kb_load(w, xd->type, dsrt_kb_conv_w(p, kk, r, q, cg));
                 acc = DSRT_DADD(acc, DSRT_DMUL(g, wv));
             }
@@ -1036,10 +1036,10 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_conv_bwd_filter(const dsrt_k_conv *p
                 int iw = ow * p->sw - p->pl + q * p->dw;
                 if (iw < 0 || iw >= xd->w) continue;
                 dsrt_kb_coord o = {(size_t)b, kk, oh, ow}, k = {(size_t)b, c, ih, iw};
-                double g = dsrt_kb_load(dy, yd->type, dsrt_kb_index_of(o, yd->c, yd->h, yd->w,
-                                                                       yd->nhwc));
-                double xv = dsrt_kb_load(x, xd->type, dsrt_kb_index_of(k, xd->c, xd->h, xd->w,
-                                                                       xd->nhwc));
+                double g =
+                    dsrt_kb_load(dy, yd->type, dsrt_kb_index_of(o, yd->c, yd->h, yd->w, yd->nhwc));
+                double xv =
+                    dsrt_kb_load(x, xd->type, dsrt_kb_index_of(k, xd->c, xd->h, xd->w, xd->nhwc));
                 acc = DSRT_DADD(acc, DSRT_DMUL(g, xv));
             }
         }

@@ -525,7 +525,8 @@ static int parse_line(dsrt_layer *l, char **tok, int ntok) {
             if (l->inputs_text)
                 return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs' given twice", t->name);
             if (t->kind == DSRT_LAYER_INPUT)
-                return dsrt__fail(DSRT_EOPTION, "input: option 'inputs': the input layer takes none");
+                return dsrt__fail(DSRT_EOPTION,
+                                  "input: option 'inputs': the input layer takes none");
             /* Names separated by commas; resolved when the net is built. */
             int n = 0;
             for (const char *p = value; *p; n++) {
@@ -540,8 +541,8 @@ static int parse_line(dsrt_layer *l, char **tok, int ntok) {
                 if (e && !*p) goto bad_inputs;
             }
             if (n > DSRT_INPUTS_MAX)
-                return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs': %d names, at most %d", t->name,
-                                  n, DSRT_INPUTS_MAX);
+                return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs': %d names, at most %d",
+                                  t->name, n, DSRT_INPUTS_MAX);
             if (!(l->inputs_text = dsrt__strdup(value))) return -ENOMEM;
             continue;
         bad_inputs:
@@ -832,16 +833,16 @@ static void make_resnets(void) {
     resnet(&t, "resnet18: 224x224x3, torchvision's resnet18 (basic blocks 2-2-2-2)", r18, w, 4, 0,
            0);
     t = (text){RESNET50, sizeof RESNET50, 0, ""};
-    resnet(&t, "resnet50: 224x224x3, torchvision's resnet50 (bottleneck blocks 3-4-6-3)", r50, w,
-           4, 1, 0);
+    resnet(&t, "resnet50: 224x224x3, torchvision's resnet50 (bottleneck blocks 3-4-6-3)", r50, w, 4,
+           1, 0);
     /* The peer's resnet20 keeps PyTorch's default initialisers. */
     t = (text){RESNET20, sizeof RESNET20, 0, " init=uniform"};
     resnet(&t, "resnet20: 32x32x3, the peer benchmark's CIFAR resnet20 (3 x 3 basic blocks)", r20,
            w20, 3, 0, 1);
 }
 
-static const char *const BUILTIN_NAMES[] = {"digits",   "cifar",    "alexnet",
-                                            "resnet18", "resnet50", "resnet20", NULL};
+static const char *const BUILTIN_NAMES[] = {"digits",   "cifar",    "alexnet", "resnet18",
+                                            "resnet50", "resnet20", NULL};
 
 const char *dsrt_net_builtin(const char *name, const char *const **names) {
     const char *const texts[] = {DIGITS, CIFAR, ALEXNET, RESNET18, RESNET50, RESNET20};

@@ -1544,7 +1544,8 @@ static int bn_ex_row_misaligned(const tdesc *xd) {
 static int bn_ex_vectors_misaligned(const void *a, const void *b, const void *c, const void *d,
                                     const void *e, const void *f) {
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e |
-             (uintptr_t)f) & 15) != 0;
+             (uintptr_t)f) &
+            15) != 0;
 }
 
 static cudnnStatus_t bn_ex_ok(cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops, const tdesc *xd,
@@ -1872,8 +1873,8 @@ cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, uint8_
     if (ok) a.pool = *p;
     return k_submit(s, &a, ok);
 }
-cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg,
-                            const void *dy, void *dx, cudaStream_t s) {
+cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg, const void *dy,
+                            void *dx, cudaStream_t s) {
     int ok = p && dsrt_kb_pool_ok(p) && (!arg || dsrt_kb_pool_arg_ok(p));
     K_OP(a);
     a.kind = K_POOL_BWD, a.x = x, a.dy = dy, a.out = dx, a.work = (void *)arg;

@@ -238,8 +238,8 @@ int dsrt_kh_softmax_xent_bwd(const float *probs, const int32_t *labels, const fl
 /* The tiled sums as the device makes them: each tile's lanes, their tree,
  * the partials in work, then the totals in tile order. */
 static int bn_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y, float leak,
-                   const float *mean, const float *inv, double *sums, float *dscale,
-                   float *dshift, float *work) {
+                   const float *mean, const float *inv, double *sums, float *dscale, float *dshift,
+                   float *work) {
     if (!dsrt_kb_bn_ok(xd) || !work) return -EINVAL;
     int c = xd->c;
     size_t tiles = dsrt_kb_bn_tiles(xd);

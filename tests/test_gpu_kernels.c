@@ -503,8 +503,17 @@ static void test_conv(void) {
     enum { N = 2, C = 3, H = 9, W = 8, K = 6 };
     for (int nhwc = 0; nhwc < 2; nhwc++)
         for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++) {
-            dsrt_k_conv p = {{N, C, H, W, nhwc, (dsrt_k_type)t}, {N, K, 4, 8, nhwc, (dsrt_k_type)t},
-                             3, 2, 2, 1, 2, 2, 2, 1, 3};
+            dsrt_k_conv p = {{N, C, H, W, nhwc, (dsrt_k_type)t},
+                             {N, K, 4, 8, nhwc, (dsrt_k_type)t},
+                             3,
+                             2,
+                             2,
+                             1,
+                             2,
+                             2,
+                             2,
+                             1,
+                             3};
             size_t nx = dsrt_kb_count(&p.xd), ny = dsrt_kb_count(&p.yd);
             size_t nw = dsrt_kb_conv_w_count(&p), el = t == DSRT_K_BF16 ? 2 : 4;
             float *xf = hmalloc(nx * 4), *wf = hmalloc(nw * 4), *gf = hmalloc(ny * 4);
@@ -541,10 +550,8 @@ static void test_conv(void) {
             for (size_t i = 0; i < ny; i++) wy[i] = dsrt_kb_load(y, p.yd.type, i);
             for (size_t i = 0; i < nx; i++) wdx[i] = dsrt_kb_load(dx, p.xd.type, i);
             CHECK_EQ(mismatches("direct convolution", gy, wy, ny, 1e-6, 1e-6), 0);
-            CHECK_EQ(mismatches("direct convolution, input gradient", gdx, wdx, nx, 1e-6, 1e-6),
-                     0);
-            CHECK_EQ(mismatches("direct convolution, filter gradient", hdw, dw, nw, 1e-6, 1e-6),
-                     0);
+            CHECK_EQ(mismatches("direct convolution, input gradient", gdx, wdx, nx, 1e-6, 1e-6), 0);
+            CHECK_EQ(mismatches("direct convolution, filter gradient", hdw, dw, nw, 1e-6, 1e-6), 0);
             CU(cudaFree(dxx));
             CU(cudaFree(dww));
             CU(cudaFree(dgg));
@@ -554,8 +561,8 @@ static void test_conv(void) {
             free(xf), free(wf), free(gf), free(x), free(w), free(g), free(y), free(dx), free(dw);
             free(hy), free(hdx), free(hdw), free(gy), free(gdx), free(wy), free(wdx);
         }
-    dsrt_k_conv bad = {{1, 3, 4, 4, 1, DSRT_K_F32}, {1, 4, 2, 2, 1, DSRT_K_F32}, 3, 3, 1, 1, 1, 1,
-                       0, 0, 2};
+    dsrt_k_conv bad = {
+        {1, 3, 4, 4, 1, DSRT_K_F32}, {1, 4, 2, 2, 1, DSRT_K_F32}, 3, 3, 1, 1, 1, 1, 0, 0, 2};
     CHECK_EQ(dsrt_k_conv_fwd(&bad, NULL, NULL, NULL, S), cudaErrorInvalidValue);
 }
 
@@ -589,8 +596,8 @@ static void test_lrn(void) {
         for (int kept = 0; kept < 2; kept++) {
             LAUNCH(dsrt_k_lrn_bwd(&d, &l, dxx, dyy, ddy, kept ? dscale : NULL, ddx, S));
             get(got, ddx, CNT * 4);
-            CHECK_EQ(mismatches(kept ? "lrn backward, scales kept" : "lrn backward", got, want,
-                                CNT, 1e-5, 1e-6),
+            CHECK_EQ(mismatches(kept ? "lrn backward, scales kept" : "lrn backward", got, want, CNT,
+                                1e-5, 1e-6),
                      0);
         }
         CU(cudaFree(dscale));

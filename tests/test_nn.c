@@ -947,10 +947,9 @@ static void test_grad_graph(void) {
         "input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=3 pad=1 inputs=input_1\n"
         "conv name=c filters=2 size=3 pad=same stride=1 inputs=input_1\n"
         "add inputs=a,b,c relu=1\nfc outputs=3\nsoftmax\n";
-    const char *cat =
-        "input\nconv name=a filters=3 size=1\nrelu name=ra\n"
-        "conv name=b filters=5 size=3 pad=1 inputs=input_1\n"
-        "concat inputs=ra,b,input_1\nconv filters=4 size=1\nfc outputs=3\nsoftmax\n";
+    const char *cat = "input\nconv name=a filters=3 size=1\nrelu name=ra\n"
+                      "conv name=b filters=5 size=3 pad=1 inputs=input_1\n"
+                      "concat inputs=ra,b,input_1\nconv filters=4 size=1\nfc outputs=3\nsoftmax\n";
     const char *inception =
         "input\nconv name=stem filters=6 size=3 pad=1\nrelu name=s\n"
         "conv name=b1 filters=2 size=1 inputs=s\n"
@@ -1109,15 +1108,18 @@ static void test_graph_errors(void) {
                  "line 2", "'b' (line 3) is not above this line");
     expect_error("input\nconv filters=2 size=1 inputs=nope\nfc outputs=3\nsoftmax\n", "line 2",
                  "no layer is named 'nope'");
-    expect_error("input\nconv name=a filters=2 size=1\nconv name=b filters=3 size=1 inputs=input_1\n"
-                 "add inputs=a,b\nfc outputs=3\nsoftmax\n",
-                 "line 4", "a 8x8x2, b 8x8x3");
-    expect_error("input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=2 inputs=input_1\n"
-                 "concat inputs=a,b\nfc outputs=3\nsoftmax\n",
-                 "line 4", "one height and width");
-    expect_error("input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=1 inputs=input_1\n"
-                 "fc outputs=3\nsoftmax\n",
-                 "line 2", "the output of 'a' feeds no layer");
+    expect_error(
+        "input\nconv name=a filters=2 size=1\nconv name=b filters=3 size=1 inputs=input_1\n"
+        "add inputs=a,b\nfc outputs=3\nsoftmax\n",
+        "line 4", "a 8x8x2, b 8x8x3");
+    expect_error(
+        "input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=2 inputs=input_1\n"
+        "concat inputs=a,b\nfc outputs=3\nsoftmax\n",
+        "line 4", "one height and width");
+    expect_error(
+        "input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=1 inputs=input_1\n"
+        "fc outputs=3\nsoftmax\n",
+        "line 2", "the output of 'a' feeds no layer");
     expect_error("input\nconv name=a filters=2 size=1\nconv filters=2 size=1 inputs=a,input_1\n"
                  "fc outputs=3\nsoftmax\n",
                  "line 3", "it takes one input, 2 given");

@@ -1535,7 +1535,7 @@ typedef struct {
     char *text, *desc; /* a description file's text; the description with class names */
     dsrt_train_history *hist;
     const char *netname;
-    char ckpt[4096]; /* the checkpoint --resume names, when the net comes from it */
+    char ckpt[4096];      /* the checkpoint --resume names, when the net comes from it */
     char auto_ckpt[4096]; /* --resume auto: the checkpoint chosen, "" to start afresh */
     char title[8400];
     /* --execution-environment parallel: this process's communicator, its
