@@ -3,14 +3,15 @@
  * prefixes, GNU long names, pax headers, base-256 sizes, a damaged header, a
  * member cut short), the writer (layout, index, a writer killed or failing
  * mid-set, an output refused when it is the source's folder or holds what the
- * writer did not make), and reading through the pipeline in both orders: the
- * exact order's batches equal the folder's, the shard order gives every
- * sample once an epoch, streams each shard front to back, is the same for any
- * thread count and resumes bit-exactly mid-epoch, and a worker lagging behind
- * at an epoch's end still gets its sample from the stream. Also shards made
- * by GNU tar, truncated shards, a shard replaced by a FIFO, selection by glob
- * and brace list (capped in total), bounds on labels, partition and
- * split_each_label.
+ * writer did not make, entries of the writer's names that it did not make
+ * never followed or emptied, two writers into one folder at once), and
+ * reading through the pipeline in both orders: the exact order's batches
+ * equal the folder's, the shard order gives every sample once an epoch,
+ * streams each shard front to back, is the same for any thread count and
+ * resumes bit-exactly mid-epoch, and a worker lagging behind at an epoch's
+ * end still gets its sample from the stream. Also shards made by GNU tar,
+ * truncated shards, a shard replaced by a FIFO, selection by glob and brace
+ * list (capped in total), bounds on labels, partition and split_each_label.
  *
  * Every data set is made in the test's temporary folder.
  */
@@ -18,12 +19,16 @@
 #include "task.h"
 #include "testimg.h"
 
+#include <arpa/inet.h>
 #include <dsrt/pipeline.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <dirent.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -635,6 +640,280 @@ static void test_failed_write(void) {
     CHECK(set_whole(out, N_IMAGES));
     CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 0);
     dsrt_datastore_close(f);
+}
+
+/* The names of a set's files, made in dir as files of the user's (each
+ * holding its own name), to see whether a write reached them. */
+static const char *const bait_names[] = {"shard-000000.tar", DSRT_SHARD_CLASSES_NAME,
+                                         DSRT_SHARD_INDEX_NAME};
+
+static void make_bait(const char *dir) {
+    char p[4400];
+    REQUIRE(timg_mkdirs(dir) == 0);
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bait_names); k++) {
+        snprintf(p, sizeof p, "%s/%s", dir, bait_names[k]);
+        REQUIRE(timg_write_file(p, bait_names[k], strlen(bait_names[k])) == 0);
+    }
+}
+
+/* 1 when dir still holds the files make_bait made, each with its bytes. */
+static int bait_kept(const char *dir) {
+    char p[4400];
+    int ok = 1;
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bait_names); k++) {
+        snprintf(p, sizeof p, "%s/%s", dir, bait_names[k]);
+        char *got = slurp(p);
+        ok &= got && !strcmp(got, bait_names[k]);
+        free(got);
+    }
+    return ok;
+}
+
+/* Entries named as the writer names what it makes in a folder, but not
+ * what it makes: a link to a folder elsewhere holding shard-000000.tar,
+ * classes.json and dsrt-shards.index, a folder of the user's, a file of
+ * other bytes, named like its temporary record; a link in place of a
+ * staging folder of a killed write, and links inside one. Each is refused,
+ * named, and nothing it holds or points to is touched: the writer never
+ * looks or removes through a link. A temporary record a write left, and
+ * the staging folder of a killed write, still go. */
+static void test_write_never_through_links(void) {
+    char out[4200], away[4200], aside[4200], p[4400], q[4400];
+    snprintf(out, sizeof out, "%s/named", root);
+    snprintf(away, sizeof away, "%s/named-away", root);
+    snprintf(aside, sizeof aside, "%s/named-aside", root);
+    make_bait(away);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 0), 1);
+    snprintf(p, sizeof p, "%s/.dsrt-shards-written.tmp.4242", out);
+    for (int kind = 0; kind < 4; kind++) {
+        if (kind == 0) REQUIRE(symlink(away, p) == 0); /* a folder elsewhere */
+        if (kind == 1) make_bait(p);                   /* a folder of the user's */
+        if (kind == 2) REQUIRE(timg_write_file(p, "my notes", 8) == 0);
+        if (kind == 3) { /* a file elsewhere */
+            snprintf(q, sizeof q, "%s/" DSRT_SHARD_CLASSES_NAME, away);
+            REQUIRE(symlink(q, p) == 0);
+        }
+        CHECK_EQ(write_shards(f, out, 16 << 10, 0), DSRT_EOPTION);
+        CHECK_CONTAINS(dsrt_last_error(), p);
+        CHECK_CONTAINS(dsrt_last_error(), "left alone");
+        CHECK(bait_kept(away));
+        if (kind == 1) CHECK(bait_kept(p));
+        if (kind == 2) {
+            char *kept = slurp(p);
+            CHECK_STR_EQ(kept, "my notes");
+            free(kept);
+        }
+        CHECK(set_whole(out, N_IMAGES));
+        CHECK_EQ(count_prefixed(out, "shard-"), 1);
+        CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 0);
+        if (kind == 1)
+            for (size_t k = 0; k < DSRT_ARRAY_SIZE(bait_names); k++) {
+                snprintf(q, sizeof q, "%s/%s", p, bait_names[k]);
+                REQUIRE(unlink(q) == 0);
+            }
+        REQUIRE((kind == 1 ? rmdir(p) : unlink(p)) == 0);
+    }
+    /* What a write that stopped leaves there: nothing yet, or the start of
+     * a record. Removed. */
+    REQUIRE(timg_write_file(p, "", 0) == 0);
+    snprintf(q, sizeof q, "%s/.dsrt-shards-written.tmp.4243", out);
+    REQUIRE(timg_write_file(q, "dsrt shards written 1\n12", 24) == 0);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 0), 1);
+    CHECK_NE(access(p, F_OK), 0);
+    CHECK_NE(access(q, F_OK), 0);
+    /* A write killed inside a shard leaves a staging folder its record
+     * lists. */
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        struct rlimit lim = {20 << 10, 20 << 10}, none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none);
+        setrlimit(RLIMIT_FSIZE, &lim);
+        write_shards(f, out, 64 << 10, 0);
+        _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ);
+    char stage[4400] = "";
+    DIR *d = opendir(out);
+    REQUIRE(d);
+    for (struct dirent *de; (de = readdir(d)) != NULL;)
+        if (!strncmp(de->d_name, ".dsrt-staging-", 14))
+            snprintf(stage, sizeof stage, "%s/%s", out, de->d_name);
+    closedir(d);
+    REQUIRE(stage[0]);
+    /* In its place a link to a folder elsewhere. */
+    REQUIRE(rename(stage, aside) == 0);
+    REQUIRE(symlink(away, stage) == 0);
+    CHECK_EQ(write_shards(f, out, 64 << 10, 0), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), stage);
+    CHECK(bait_kept(away));
+    REQUIRE(unlink(stage) == 0);
+    /* A folder of its name holding links of the writer's names. */
+    REQUIRE(mkdir(stage, 0700) == 0);
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bait_names); k++) {
+        snprintf(p, sizeof p, "%s/%s", away, bait_names[k]);
+        snprintf(q, sizeof q, "%s/%s", stage, bait_names[k]);
+        REQUIRE(symlink(p, q) == 0);
+    }
+    CHECK_EQ(write_shards(f, out, 64 << 10, 0), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), stage);
+    CHECK_CONTAINS(dsrt_last_error(), "a symbolic link");
+    CHECK_CONTAINS(dsrt_last_error(), "left alone");
+    CHECK(bait_kept(away));
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(bait_names); k++) {
+        snprintf(q, sizeof q, "%s/%s", stage, bait_names[k]);
+        struct stat sb;
+        CHECK(lstat(q, &sb) == 0 && S_ISLNK(sb.st_mode));
+        unlink(q);
+    }
+    REQUIRE(rmdir(stage) == 0);
+    /* The killed write's own staging folder: removed by the next write. */
+    REQUIRE(rename(aside, stage) == 0);
+    CHECK_GT(write_shards(f, out, 64 << 10, 0), 1);
+    CHECK(set_whole(out, N_IMAGES));
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 0);
+    CHECK(bait_kept(away));
+    dsrt_datastore_close(f);
+}
+
+/* A server of one file on 127.0.0.1 (the port is *port), in a child
+ * process, that answers each GET only when the test lets it: on a request
+ * it writes a byte to *arrived, and answers once it reads one from *go. */
+static pid_t serve_held(const char *file, int *port, int *arrived, int *go) {
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    REQUIRE(s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 8) == 0);
+    REQUIRE(getsockname(s, (struct sockaddr *)&a, &alen) == 0);
+    *port = ntohs(a.sin_port);
+    int ap[2], gp[2];
+    REQUIRE(pipe2(ap, O_CLOEXEC) == 0 && pipe2(gp, O_CLOEXEC) == 0);
+    uint8_t *data;
+    size_t len;
+    REQUIRE(dsrt__read_whole_file(file, 1 << 24, &data, &len) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid > 0) {
+        close(s);
+        close(ap[1]);
+        close(gp[0]);
+        free(data);
+        *arrived = ap[0];
+        *go = gp[1];
+        return pid;
+    }
+    close(ap[0]);
+    close(gp[1]);
+    for (;;) {
+        int c = accept(s, NULL, NULL);
+        if (c < 0) continue;
+        char req[8192], head[256], byte;
+        size_t got = 0;
+        while (got + 1 < sizeof req) {
+            ssize_t k = read(c, req + got, sizeof req - 1 - got);
+            if (k <= 0) break;
+            got += (size_t)k;
+            req[got] = '\0';
+            if (strstr(req, "\r\n\r\n")) break;
+        }
+        if (write(ap[1], "r", 1) != 1 || read(gp[0], &byte, 1) != 1) _exit(0);
+        int n =
+            snprintf(head, sizeof head,
+                     "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", len);
+        send(c, head, (size_t)n, MSG_NOSIGNAL);
+        for (size_t at = 0; at < len;) {
+            ssize_t k = send(c, data + at, len - at, MSG_NOSIGNAL);
+            if (k <= 0) break;
+            at += (size_t)k;
+        }
+        close(c);
+    }
+}
+
+/* Forks a writer of ds into out; *ended is a pipe that reads its end. */
+static pid_t fork_writer(const dsrt_datastore *ds, const char *out, int *ended) {
+    int ep[2];
+    REQUIRE(pipe2(ep, O_CLOEXEC) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        close(ep[0]);
+        _exit(write_shards(ds, out, 1 << 20, 0) == 1 ? 0 : 1);
+    }
+    close(ep[1]);
+    *ended = ep[0];
+    return pid;
+}
+
+/* Waits until the server has the writer's request (the writer is then
+ * inside its write, past its checks, its staging folder made), or the
+ * writer ended without one: 1 when the request came. */
+static int writer_waiting(int arrived, int ended) {
+    struct pollfd fds[2] = {{.fd = arrived, .events = POLLIN}, {.fd = ended, .events = POLLIN}};
+    while (poll(fds, 2, -1) < 0) REQUIRE(errno == EINTR);
+    char byte;
+    return (fds[0].revents & POLLIN) && read(arrived, &byte, 1) == 1;
+}
+
+/* Two writers into one new folder at once. The first reads a sample from a
+ * server that holds its answer until the second has tried: the first is
+ * then inside its write, for certain. The second fails at once, saying
+ * that another writer is at work there, and changes nothing; the first
+ * finishes and its set is whole. A writer killed there leaves its lock
+ * with it: the next write goes ahead and removes its staging folder. */
+static void test_two_writers(void) {
+    char dir[4200], out[4200], csv[4300], img[4300], text[2048];
+    snprintf(dir, sizeof dir, "%s/two", root);
+    snprintf(out, sizeof out, "%s/two/out", root);
+    snprintf(csv, sizeof csv, "%s/two/m.csv", root);
+    REQUIRE(timg_mkdirs(dir) == 0);
+    snprintf(img, sizeof img, "%s/class0/img000.jpg", folder);
+    int port, arrived, go, ended;
+    pid_t server = serve_held(img, &port, &arrived, &go);
+    snprintf(text, sizeof text,
+             "http://127.0.0.1:%d/img000.jpg,a\n%s/class0/img001.jpg,a\n%s/class2/img081.jpg,b\n",
+             port, folder, folder);
+    REQUIRE(timg_write_file(csv, text, strlen(text)) == 0);
+    dsrt_datastore *m = open_ds(csv, DSRT_SHARD_ORDER_AUTO);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(dsrt_datastore_count(m), 3);
+    pid_t first = fork_writer(m, out, &ended);
+    CHECK(writer_waiting(arrived, ended));
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 1);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 0), -EBUSY);
+    CHECK_CONTAINS(dsrt_last_error(), out);
+    CHECK_CONTAINS(dsrt_last_error(), "another dsrt writer is at work in this folder");
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 1); /* the first's, kept */
+    REQUIRE(write(go, "g", 1) == 1);
+    int status = 0;
+    REQUIRE(waitpid(first, &status, 0) == first);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(ended);
+    CHECK(set_whole(out, 3));
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 0);
+    CHECK_EQ(count_prefixed(out, "shard-"), 1);
+    CHECK_EQ(count_prefixed(out, "."), 3); /* ".", ".." and the record */
+    /* Killed while inside its write. */
+    first = fork_writer(m, out, &ended);
+    CHECK(writer_waiting(arrived, ended));
+    kill(first, SIGKILL);
+    REQUIRE(waitpid(first, NULL, 0) == first);
+    close(ended);
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 1);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 0), 1);
+    CHECK(set_whole(out, N_IMAGES));
+    CHECK_EQ(count_prefixed(out, ".dsrt-staging-"), 0);
+    kill(server, SIGKILL);
+    waitpid(server, NULL, 0);
+    close(arrived);
+    close(go);
+    dsrt_datastore_close(f);
+    dsrt_datastore_close(m);
 }
 
 /* In-memory sources are written as PNGs, losslessly. */
@@ -1379,6 +1658,8 @@ int main(void) {
     RUN(test_write_apart);
     RUN(test_write_own_only);
     RUN(test_failed_write);
+    RUN(test_write_never_through_links);
+    RUN(test_two_writers);
     RUN(test_write_pixels);
     RUN(test_killed_writer);
     RUN(test_exact_equals_folder);

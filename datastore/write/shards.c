@@ -19,7 +19,14 @@
  * made there with its size, and each staging folder. A folder holding
  * anything the record does not list as it is now is refused, named, and
  * left alone, as is one that is, holds or lies inside a folder the samples
- * come from; both checks come before any change.
+ * come from; both checks come before any change. Entries are looked at and
+ * removed relative to the folder's descriptor, never through a link: an
+ * entry of the writer's names that is not what it makes there (a link, a
+ * folder of the user's, a file of other bytes) is refused, named, and left
+ * alone too. A write holds a lock on the folder (flock) from before it looks
+ * until it is done, so that two writers never take each other's staging
+ * folders for a stopped write's: the second fails at once and changes
+ * nothing; a killed writer's lock goes with it.
  */
 #include "datastore/bytes/url.h"
 #include "datastore/codecs/codecs.h"
@@ -32,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,6 +58,25 @@ static const char *base_of(const char *path) {
     return slash ? slash + 1 : path;
 }
 
+/* What an entry is, as lstat says, for messages. */
+static const char *entry_kind(mode_t mode) {
+    return S_ISLNK(mode) ? "a symbolic link" : S_ISREG(mode) ? "a file" : dsrt__file_kind(mode);
+}
+
+/* Opens the folder name inside the folder dfd, never through a link; NULL
+ * with errno. */
+static DIR *open_dir_at(int dfd, const char *name) {
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return d;
+}
+
 // ----------------------------------------------------------------------------
 // Writing
 
@@ -59,21 +86,27 @@ dsrt_shard_write_options dsrt_shard_write_defaults(void) {
     return o;
 }
 
-/* mkdir -p */
-static int make_dirs(const char *path) {
+/* mkdir -p; *made is 1 when the last folder was made here. */
+static int make_dirs(const char *path, int *made) {
     char *p = dsrt__strdup(path);
     if (!p) return -ENOMEM;
     int rc = 0;
+    *made = 0;
+    for (size_t n = strlen(p); n > 1 && p[n - 1] == '/';) p[--n] = '\0';
     for (char *s = p + 1;; s++) {
         if (*s != '/' && *s != '\0') continue;
         char c = *s;
         *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+        int ok = mkdir(p, 0755) == 0;
+        if (!ok && errno != EEXIST) {
             rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
             break;
         }
         *s = c;
-        if (!c) break;
+        if (!c) {
+            *made = ok;
+            break;
+        }
     }
     free(p);
     return rc;
@@ -325,7 +358,6 @@ static int record_write(const char *out, record *r) {
 
 /* What the output folder holds before a write. */
 typedef struct {
-    int exists;
     int recorded;       /* it has a record */
     record rec;         /* what the record lists */
     dsrt_strlist set;   /* files of the set written there before (listed, there, unchanged) */
@@ -338,52 +370,80 @@ static void out_state_free(out_state *st) {
     dsrt__strlist_free(&st->stale);
 }
 
-/* 1 for the temporary form of the record (dsrt__write_file_atomic's). */
+/* 1 for the name of the temporary form of the record (dsrt__write_file_atomic's). */
 static int record_temporary(const char *name) {
     return digits_between(name, RECORD_NAME ".tmp.", "");
 }
 
-/* Checks that the staging folder dir holds only what the writer makes there. */
-static int stage_check(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+/* Checks that the entry name of the folder dfd (path for messages), named
+ * like a temporary record, is one a write left: a regular file holding the
+ * start of a record, or nothing (a write stopped before it wrote any). A
+ * link, a folder, a file of other bytes are not the writer's: refused,
+ * named, and left alone. */
+static int record_temporary_check(int dfd, const char *name, const char *path) {
+    static const char head[] = RECORD_MAGIC "\n";
+    struct stat sb, fb;
+    if (fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+        return dsrt__fail(-errno, "shards: %s: %s", path, strerror(errno));
+    char got[sizeof head];
+    ssize_t n = -1;
+    if (S_ISREG(sb.st_mode)) {
+        int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd >= 0 && fstat(fd, &fb) == 0 && S_ISREG(fb.st_mode) && fb.st_ino == sb.st_ino &&
+            fb.st_dev == sb.st_dev)
+            n = pread(fd, got, sizeof head - 1, 0);
+        if (fd >= 0) close(fd);
+    }
+    if (n >= 0 && memcmp(got, head, (size_t)n) == 0) return 0;
+    return dsrt__fail(DSRT_EOPTION,
+                      "shards: %s: is %s%s, not a record dsrt was writing: left alone; move it "
+                      "away",
+                      path, entry_kind(sb.st_mode), S_ISREG(sb.st_mode) ? " of other bytes" : "");
+}
+
+/* Checks that the staging folder name of the folder dfd (path for
+ * messages) holds only what the writer makes there: regular files of its
+ * names. Anything else (a link, a folder, a file of another name) is
+ * refused, named, and the folder left alone. */
+static int stage_check(int dfd, const char *name, const char *path) {
+    DIR *d = open_dir_at(dfd, name);
+    if (!d) return dsrt__fail(-errno, "shards: %s: %s", path, strerror(errno));
     int rc = 0;
     struct dirent *de;
-    while (rc == 0 && (de = readdir(d)) != NULL)
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !ours(de->d_name))
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        const char *e = de->d_name;
+        if (!strcmp(e, ".") || !strcmp(e, "..")) continue;
+        struct stat sb;
+        if (fstatat(dirfd(d), e, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+            rc = dsrt__fail(-errno, "shards: %s/%s: %s", path, e, strerror(errno));
+        else if (!ours(e) || !S_ISREG(sb.st_mode))
             rc = dsrt__fail(DSRT_EOPTION,
-                            "shards: %s: holds '%s', which dsrt did not write there: move it "
-                            "away",
-                            dir, de->d_name);
+                            "shards: %s: holds '%s' (%s), which dsrt did not write there: left "
+                            "alone; move it away",
+                            path, e, entry_kind(sb.st_mode));
+    }
     closedir(d);
     return rc;
 }
 
-/* Looks at out without changing anything. It must be absent, empty, or
- * hold only what its record says this writer made there, as it made it:
- * the files of a set, unchanged, and staging folders of writes that
- * stopped. Anything else is refused, named, and never touched. */
-static int out_inspect(const char *out, out_state *st) {
+/* Looks at the folder out (open as dfd, locked) without changing anything.
+ * It must be empty, or hold only what its record says this writer made
+ * there, as it made it: the files of a set, unchanged, and staging folders
+ * and temporary records of writes that stopped. Anything else is refused,
+ * named, and never touched. */
+static int out_inspect(int dfd, const char *out, out_state *st) {
     memset(st, 0, sizeof *st);
     struct stat sb;
-    if (stat(out, &sb) != 0) {
-        if (errno == ENOENT) return 0;
-        return dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
-    }
-    if (!S_ISDIR(sb.st_mode))
-        return dsrt__fail(-ENOTDIR, "shards: %s: is %s, not a folder", out,
-                          dsrt__file_kind(sb.st_mode));
-    st->exists = 1;
     char p[8192];
     int rc = 0;
     snprintf(p, sizeof p, "%s/" RECORD_NAME, out);
-    if (lstat(p, &sb) == 0) {
+    if (fstatat(dfd, RECORD_NAME, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
         uint8_t *text;
         size_t len;
         st->recorded = 1;
         if (!S_ISREG(sb.st_mode))
             rc = dsrt__fail(DSRT_EOPTION, "shards: %s: is %s, not a record", p,
-                            dsrt__file_kind(sb.st_mode));
+                            entry_kind(sb.st_mode));
         else if ((rc = dsrt__read_whole_file(p, (size_t)64 << 20, &text, &len)) != 0)
             dsrt__fail_prefix(rc, "shards");
         if (rc == 0) {
@@ -396,7 +456,7 @@ static int out_inspect(const char *out, out_state *st) {
             return rc;
         }
     }
-    DIR *d = opendir(out);
+    DIR *d = open_dir_at(dfd, ".");
     if (!d) {
         rc = dsrt__fail(-errno, "shards: %s: %s", out, strerror(errno));
         out_state_free(st);
@@ -408,7 +468,8 @@ static int out_inspect(const char *out, out_state *st) {
         if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, RECORD_NAME)) continue;
         snprintf(p, sizeof p, "%s/%s", out, name);
         if (record_temporary(name)) {
-            rc = dsrt__strlist_add(&st->stale, name, strlen(name));
+            rc = record_temporary_check(dfd, name, p);
+            if (rc == 0) rc = dsrt__strlist_add(&st->stale, name, strlen(name));
             continue;
         }
         if (!record_names(&st->rec, name)) {
@@ -420,19 +481,23 @@ static int out_inspect(const char *out, out_state *st) {
                                          : "the folder has no record " RECORD_NAME);
             break;
         }
-        if (lstat(p, &sb) != 0) {
+        if (fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0) {
             rc = dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
         } else if (S_ISDIR(sb.st_mode) && record_has(&st->rec, name, RECORD_FOLDER)) {
-            rc = stage_check(p);
+            rc = stage_check(dfd, name, p);
             if (rc == 0) rc = dsrt__strlist_add(&st->stale, name, strlen(name));
         } else if (S_ISREG(sb.st_mode) && record_has(&st->rec, name, (uint64_t)sb.st_size)) {
             rc = dsrt__strlist_add(&st->set, name, strlen(name));
-        } else {
+        } else if (S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) {
             rc = dsrt__fail(DSRT_EOPTION,
                             "shards: %s: is %s of %llu bytes, not what dsrt wrote there: changed "
                             "since, so neither removed nor replaced; move it away",
-                            p, S_ISREG(sb.st_mode) ? "a file" : dsrt__file_kind(sb.st_mode),
-                            (unsigned long long)sb.st_size);
+                            p, entry_kind(sb.st_mode), (unsigned long long)sb.st_size);
+        } else {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "shards: %s: is %s, not what dsrt wrote there: neither followed, "
+                            "removed nor replaced; move it away",
+                            p, entry_kind(sb.st_mode));
         }
     }
     closedir(d);
@@ -440,66 +505,81 @@ static int out_inspect(const char *out, out_state *st) {
     return rc;
 }
 
-/* Removes the staging folder dir (or a temporary record) and the files in
- * it that this writer makes; a folder holding anything else stays. */
-static int remove_staged(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOTDIR && unlink(dir) == 0) return 0;
-        return errno == ENOENT ? 0 : dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
-    }
+/* Removes what a stopped write left in the folder dfd (out, for messages):
+ * a temporary record, or a staging folder and the files in it that this
+ * writer makes. Everything is removed relative to the folder's descriptor
+ * and never through a link: unlinkat removes a link itself, never what it
+ * points to, and a staging folder is opened with O_NOFOLLOW. Only regular
+ * files of the writer's names go; a folder holding anything else stays,
+ * named. */
+static int remove_staged(int dfd, const char *out, const char *name) {
     char p[8192];
+    snprintf(p, sizeof p, "%s/%s", out, name);
+    if (record_temporary(name)) {
+        if (unlinkat(dfd, name, 0) != 0 && errno != ENOENT)
+            return dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+        return 0;
+    }
+    DIR *d = open_dir_at(dfd, name);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        if (errno == ELOOP || errno == ENOTDIR)
+            return dsrt__fail(DSRT_EOPTION,
+                              "shards: %s: is no longer the folder dsrt made there: left alone; "
+                              "move it away",
+                              p);
+        return dsrt__fail(-errno, "shards: %s: %s", p, strerror(errno));
+    }
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
-        if (!ours(de->d_name)) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
+        struct stat sb;
+        if (ours(de->d_name) && fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(sb.st_mode))
+            unlinkat(dirfd(d), de->d_name, 0);
     }
     closedir(d);
-    if (rmdir(dir) != 0 && errno != ENOENT)
-        return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
+    if (unlinkat(dfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+        int e = errno;
+        return dsrt__fail(-e, "shards: %s: %s%s", p, strerror(e),
+                          e == ENOTEMPTY || e == EEXIST
+                              ? ": holds what dsrt did not write there, left alone; move it away"
+                              : "");
+    }
     return 0;
 }
 
-/* fsync of a folder, so that the renames in it last. */
-static int sync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return dsrt__fail(-errno, "shards: %s: %s", dir, strerror(errno));
-    int rc = fsync(fd) != 0 ? dsrt__fail(-errno, "shards: %s: fsync: %s", dir, strerror(errno)) : 0;
-    close(fd);
-    return rc;
-}
-
-/* Moves the whole set staged in stage into out: the old index first, so
- * that nothing describes a mix; the shards, replacing the old ones; the old
- * set's other files removed; classes.json; the index last. files lists the
- * new set's files (the index last). */
-static int publish(const char *out, const char *stage, const out_state *st, record *files) {
+/* Moves the whole set staged in the folder sname of out (open as dfd) into
+ * out: the old index first, so that nothing describes a mix; the shards,
+ * replacing the old ones; the old set's other files removed; classes.json;
+ * the index last. files lists the new set's files (the index last). */
+static int publish(int dfd, const char *out, const char *sname, const out_state *st,
+                   record *files) {
     char from[8192], to[8192];
     int rc = record_sort(files);
     if (rc != 0) return rc;
-    if (record_names(&st->rec, DSRT_SHARD_INDEX_NAME)) {
-        snprintf(to, sizeof to, "%s/" DSRT_SHARD_INDEX_NAME, out);
-        if (unlink(to) != 0 && errno != ENOENT)
-            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
-    }
+    if (record_names(&st->rec, DSRT_SHARD_INDEX_NAME) &&
+        unlinkat(dfd, DSRT_SHARD_INDEX_NAME, 0) != 0 && errno != ENOENT)
+        return dsrt__fail(-errno, "shards: %s/" DSRT_SHARD_INDEX_NAME ": %s", out, strerror(errno));
     for (size_t k = 0; k + 2 < files->names.n; k++) {
-        snprintf(from, sizeof from, "%s/%s", stage, files->names.v[k]);
+        snprintf(from, sizeof from, "%s/%s", sname, files->names.v[k]);
         snprintf(to, sizeof to, "%s/%s", out, files->names.v[k]);
-        if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+        if (renameat(dfd, from, dfd, files->names.v[k]) != 0)
+            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
     }
     for (size_t k = 0; k < st->set.n; k++) {
         if (record_names(files, st->set.v[k])) continue;
         snprintf(to, sizeof to, "%s/%s", out, st->set.v[k]);
-        if (unlink(to) != 0 && errno != ENOENT)
+        if (unlinkat(dfd, st->set.v[k], 0) != 0 && errno != ENOENT)
             return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
     }
     for (size_t k = files->names.n - 2; k < files->names.n; k++) {
-        snprintf(from, sizeof from, "%s/%s", stage, files->names.v[k]);
+        snprintf(from, sizeof from, "%s/%s", sname, files->names.v[k]);
         snprintf(to, sizeof to, "%s/%s", out, files->names.v[k]);
-        if (rename(from, to) != 0) return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
+        if (renameat(dfd, from, dfd, files->names.v[k]) != 0)
+            return dsrt__fail(-errno, "shards: %s: %s", to, strerror(errno));
     }
-    return sync_dir(out);
+    if (fsync(dfd) != 0) return dsrt__fail(-errno, "shards: %s: fsync: %s", out, strerror(errno));
+    return 0;
 }
 
 /* A shard being written, in the staging folder, and a buffer in front of it. */
@@ -684,6 +764,7 @@ typedef struct {
     const dsrt_datastore *ds;
     dsrt_shard_write_options opt;
     const char *out;
+    int dfd;                  /* out, open and locked for this write */
     const char *const *names; /* the class names written */
     out_state st;             /* what out held */
     int width;                /* digits of a key's position */
@@ -694,28 +775,77 @@ typedef struct {
     char sname[64];   /* the staging folder's name in out */
     char stage[4096]; /* its path, "" once gone */
     char p[8192];     /* scratch for paths */
-    int made;         /* out was made by this write */
+    int made;         /* out was made by this write (and goes if it fails) */
     int recorded;     /* its record lists the staging folder */
     int publishing;   /* files are being moved into out */
     record during;    /* the record while writing */
     record files;     /* the new set's files */
 } writing;
 
+/* Opens out as w->dfd, making it (and the folders above it) when absent,
+ * and locks it for this write (flock, exclusive): a second writer into the
+ * same folder would take the first one's staging folder for a stopped
+ * write's and remove it, and the first would then remove the second's. So
+ * a writer that finds the lock taken fails at once with -EBUSY, having
+ * changed nothing. The lock goes with the descriptor: a killed writer's is
+ * gone with it, and the next write removes what that one left, as before.
+ * A file system that cannot lock a folder (NFS answers EBADF or ENOLCK) is
+ * written unlocked. */
+static int out_open(writing *w) {
+    for (int tries = 0;; tries++) {
+        struct stat sb;
+        int rc = 0;
+        if (stat(w->out, &sb) != 0) {
+            if (errno != ENOENT)
+                return dsrt__fail(-errno, "shards: %s: %s", w->out, strerror(errno));
+            if ((rc = make_dirs(w->out, &w->made)) != 0) return rc;
+        } else if (!S_ISDIR(sb.st_mode)) {
+            return dsrt__fail(-ENOTDIR, "shards: %s: is %s, not a folder", w->out,
+                              dsrt__file_kind(sb.st_mode));
+        }
+        w->dfd = open(w->out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (w->dfd < 0) {
+            /* Removed meanwhile, by a write into it that failed: again. */
+            if (errno == ENOENT && tries < 8) continue;
+            return dsrt__fail(-errno, "shards: %s: %s", w->out, strerror(errno));
+        }
+        if (flock(w->dfd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            if (e == EWOULDBLOCK) {
+                w->made = 0; /* the other writer's now */
+                return dsrt__fail(-EBUSY,
+                                  "shards: %s: another dsrt writer is at work in this folder (it "
+                                  "holds the folder's lock): nothing changed; write again once it "
+                                  "is done, or give another folder",
+                                  w->out);
+            }
+            if (e != EBADF && e != ENOLCK && e != EOPNOTSUPP && e != EINVAL)
+                return dsrt__fail(-e, "shards: %s: lock: %s", w->out, strerror(e));
+        }
+        /* Removed between the open and the lock, by a write that failed
+         * and so removed the folder it had made: again. */
+        if (fstat(w->dfd, &sb) != 0)
+            return dsrt__fail(-errno, "shards: %s: %s", w->out, strerror(errno));
+        if (sb.st_nlink > 0) return 0;
+        close(w->dfd);
+        w->dfd = -1;
+        if (tries >= 8) return dsrt__fail(-ENOENT, "shards: %s: removed as it was opened", w->out);
+    }
+}
+
 /* Makes the hidden folder the set is written into, inside out: until the
  * set is moved into place the set out held stays as it was. The record
  * lists that folder before it is made, so that whatever happens, out
  * holds nothing its record does not account for. */
 static int stage_open(writing *w) {
-    int rc;
-    if ((rc = make_dirs(w->out)) != 0) return rc;
-    w->made = !w->st.exists;
+    int rc = 0;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     for (unsigned k = 0;; k++) {
+        struct stat sb;
         snprintf(w->sname, sizeof w->sname, STAGE_PREFIX "%ld-%lx-%u", (long)getpid(),
                  (long)ts.tv_nsec, k);
-        snprintf(w->p, sizeof w->p, "%s/%s", w->out, w->sname);
-        if (access(w->p, F_OK) != 0) break;
+        if (fstatat(w->dfd, w->sname, &sb, AT_SYMLINK_NOFOLLOW) != 0) break;
     }
     for (size_t k = 0; rc == 0 && k < w->st.rec.names.n; k++)
         rc = record_add(&w->during, w->st.rec.names.v[k], w->st.rec.sizes[k]);
@@ -723,12 +853,10 @@ static int stage_open(writing *w) {
     if (rc == 0) rc = record_write(w->out, &w->during);
     if (rc != 0) return rc;
     w->recorded = 1;
-    for (size_t k = 0; k < w->st.stale.n; k++) {
-        snprintf(w->p, sizeof w->p, "%s/%s", w->out, w->st.stale.v[k]);
-        if ((rc = remove_staged(w->p)) != 0) return rc;
-    }
+    for (size_t k = 0; k < w->st.stale.n; k++)
+        if ((rc = remove_staged(w->dfd, w->out, w->st.stale.v[k])) != 0) return rc;
     snprintf(w->stage, sizeof w->stage, "%s/%s", w->out, w->sname);
-    if (mkdir(w->stage, 0700) != 0) {
+    if (mkdirat(w->dfd, w->sname, 0700) != 0) {
         rc = dsrt__fail(-errno, "shards: %s: %s", w->stage, strerror(errno));
         w->stage[0] = '\0';
         return rc;
@@ -806,9 +934,9 @@ static int write_index(writing *w) {
     /* Sizes as they lie on disk. */
     for (size_t k = 0; k < w->nshards; k++) {
         struct stat sb;
-        snprintf(w->p, sizeof w->p, "%s/%s", w->stage, w->shard_names.v[k]);
-        if (stat(w->p, &sb) != 0)
-            return dsrt__fail(-errno, "shards: %s: %s", w->p, strerror(errno));
+        snprintf(w->p, sizeof w->p, "%s/%s", w->sname, w->shard_names.v[k]);
+        if (fstatat(w->dfd, w->p, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+            return dsrt__fail(-errno, "shards: %s/%s: %s", w->out, w->p, strerror(errno));
         w->x.shard_size[k] = (uint64_t)sb.st_size;
     }
     const dsrt_index *ix = w->ds->index;
@@ -826,9 +954,10 @@ static int write_index(writing *w) {
     static const char *const last[] = {DSRT_SHARD_CLASSES_NAME, DSRT_SHARD_INDEX_NAME};
     for (size_t k = 0; rc == 0 && k < DSRT_ARRAY_SIZE(last); k++) {
         struct stat sb;
-        snprintf(w->p, sizeof w->p, "%s/%s", w->stage, last[k]);
-        rc = stat(w->p, &sb) != 0 ? dsrt__fail(-errno, "shards: %s: %s", w->p, strerror(errno))
-                                  : record_add(&w->files, last[k], (uint64_t)sb.st_size);
+        snprintf(w->p, sizeof w->p, "%s/%s", w->sname, last[k]);
+        rc = fstatat(w->dfd, w->p, &sb, AT_SYMLINK_NOFOLLOW) != 0
+                 ? dsrt__fail(-errno, "shards: %s/%s: %s", w->out, w->p, strerror(errno))
+                 : record_add(&w->files, last[k], (uint64_t)sb.st_size);
     }
     for (size_t k = 0; rc == 0 && k < w->files.names.n; k++)
         rc = record_add(&w->during, w->files.names.v[k], w->files.sizes[k]);
@@ -840,8 +969,8 @@ static int write_index(writing *w) {
 static int write_publish(writing *w) {
     int rc;
     w->publishing = 1;
-    if ((rc = publish(w->out, w->stage, &w->st, &w->files)) != 0) return rc;
-    if (rmdir(w->stage) == 0)
+    if ((rc = publish(w->dfd, w->out, w->sname, &w->st, &w->files)) != 0) return rc;
+    if (unlinkat(w->dfd, w->sname, AT_REMOVEDIR) == 0)
         w->stage[0] = '\0';
     else if ((rc = record_add(&w->files, w->sname, RECORD_FOLDER)) != 0)
         return rc;
@@ -855,13 +984,12 @@ static void write_undo(writing *w, int rc) {
     if (!(w->stage[0] || w->recorded || w->made)) return;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", dsrt_last_error());
-    if (w->stage[0] && remove_staged(w->stage) == 0) w->stage[0] = '\0';
+    if (w->stage[0] && remove_staged(w->dfd, w->out, w->sname) == 0) w->stage[0] = '\0';
     if (w->recorded && !w->publishing && !w->stage[0]) {
-        snprintf(w->p, sizeof w->p, "%s/" RECORD_NAME, w->out);
         if (w->st.recorded)
             record_write(w->out, &w->st.rec);
         else
-            unlink(w->p);
+            unlinkat(w->dfd, RECORD_NAME, 0);
     }
     if (w->made) rmdir(w->out);
     dsrt__fail(rc, "%s", msg);
@@ -869,6 +997,7 @@ static void write_undo(writing *w, int rc) {
 
 static void writing_free(writing *w) {
     if (w->f.fd >= 0) close(w->f.fd);
+    if (w->dfd >= 0) close(w->dfd); /* and the lock with it */
     out_state_free(&w->st);
     record_free(&w->during);
     record_free(&w->files);
@@ -897,15 +1026,20 @@ int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
     /* Everything is checked before anything is changed. */
     int rc = check_apart(ds, out);
     if (rc != 0) return rc;
-    writing w = {.ds = ds, .opt = opt, .out = out, .names = names, .width = 6, .f = {.fd = -1}};
-    if ((rc = out_inspect(out, &w.st)) != 0) return rc;
+    writing w = {
+        .ds = ds, .opt = opt, .out = out, .dfd = -1, .names = names, .width = 6, .f = {.fd = -1}};
     size_t n = ds->n;
     for (size_t m = n; m >= 1000000; m /= 10) w.width++;
-    w.f.buf = dsrt__malloc(WRITE_BUFFER);
-    w.x.offset = dsrt__malloc((n ? n : 1) * sizeof *w.x.offset);
-    w.x.size = dsrt__malloc((n ? n : 1) * sizeof *w.x.size);
-    w.x.label = dsrt__malloc((n ? n : 1) * sizeof *w.x.label);
-    rc = !w.f.buf || !w.x.offset || !w.x.size || !w.x.label ? -ENOMEM : 0;
+    /* The folder is made if absent and locked, then looked at; nothing in
+     * it changes before both. */
+    if ((rc = out_open(&w)) == 0) rc = out_inspect(w.dfd, out, &w.st);
+    if (rc == 0) {
+        w.f.buf = dsrt__malloc(WRITE_BUFFER);
+        w.x.offset = dsrt__malloc((n ? n : 1) * sizeof *w.x.offset);
+        w.x.size = dsrt__malloc((n ? n : 1) * sizeof *w.x.size);
+        w.x.label = dsrt__malloc((n ? n : 1) * sizeof *w.x.label);
+        rc = !w.f.buf || !w.x.offset || !w.x.size || !w.x.label ? -ENOMEM : 0;
+    }
     if (rc == 0) rc = stage_open(&w);
     if (rc == 0) rc = write_samples(&w);
     if (rc == 0) rc = write_index(&w);

@@ -339,9 +339,15 @@ DSRT_API dsrt_shard_write_options dsrt_shard_write_defaults(void);
  * (out/.dsrt-shards-written: each file and its size) lists it; that set is
  * replaced whole. Anything else in out is refused and left alone, as is an
  * out that is, holds or lies inside a folder the samples of ds come from
- * (DSRT_EOPTION, before any work). A file that cannot be read
- * fails the write with its name. Returns the shards written, or a negative
- * code; *samples (may be NULL) gets the samples written.
+ * (DSRT_EOPTION, before any work). Entries of out are looked at and removed
+ * without following links: one named as the writer names what it makes
+ * there but that is not (a link, a folder of the user's) is refused the
+ * same way, named, and left alone with whatever it holds or points to. A
+ * write locks out (flock) until it is done: a second write into the same
+ * folder meanwhile fails at once with -EBUSY, naming it, and changes
+ * nothing. A file that cannot be read fails the write with its name.
+ * Returns the shards written, or a negative code; *samples (may be NULL)
+ * gets the samples written.
  */
 DSRT_API int64_t dsrt_shards_write(const dsrt_datastore *ds, const char *out,
                                    const dsrt_shard_write_options *o, uint64_t *samples);
