@@ -117,6 +117,21 @@ char *dsrt__strdup(const char *s);
  * elements, doubling. Returns 0 or -ENOMEM. */
 int dsrt__grow(void **buf, size_t *cap, size_t need, size_t elem);
 
+/* The length (1 to 4) of the well-formed UTF-8 character at p, which has n
+ * bytes left; 0 when the bytes there are not one (a stray continuation, an
+ * overlong form, a surrogate, past U+10FFFF, cut short). */
+int dsrt__utf8_char(const unsigned char *p, size_t n);
+
+/* Checks a class name of n bytes as a model keeps it: 1 to 255 bytes of
+ * UTF-8 without control characters (U+0000 to U+001F but the tab, U+007F to
+ * U+009F). Returns 0, or -1 with the reason in why ("a control character
+ * (U+0001) at byte 4"). */
+int dsrt__class_name_check(const char *s, size_t n, char *why, size_t why_cap);
+
+/* qsort, which must not be given a NULL array even with no element (an
+ * empty list's array may be NULL): sorts only when there are two or more. */
+void dsrt__sort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *));
+
 /* Writes the folder part of path to out (cap bytes): "." when it has none,
  * "/" for a path in the root. */
 void dsrt__dir_of(const char *path, char *out, size_t cap);

@@ -42,6 +42,60 @@ char *dsrt__strdup(const char *s) {
     return p;
 }
 
+// ----------------------------------------------------------------------------
+// Text
+
+int dsrt__utf8_char(const unsigned char *p, size_t n) {
+    if (n == 0) return 0;
+    unsigned c = p[0];
+    int len = c < 0x80             ? 1
+              : (c & 0xe0) == 0xc0 ? 2
+              : (c & 0xf0) == 0xe0 ? 3
+              : (c & 0xf8) == 0xf0 ? 4
+                                   : 0;
+    if (len <= 1) return len;
+    if ((size_t)len > n) return 0;
+    uint32_t cp = c & (0x7fu >> len);
+    for (int i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (p[i] & 0x3fu);
+    }
+    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return len;
+}
+
+int dsrt__class_name_check(const char *s, size_t n, char *why, size_t why_cap) {
+    if (n == 0) {
+        snprintf(why, why_cap, "an empty name");
+        return -1;
+    }
+    if (n > 255) {
+        snprintf(why, why_cap, "a name of %zu bytes (at most 255)", n);
+        return -1;
+    }
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t at = 0; at < n;) {
+        int len = dsrt__utf8_char(p + at, n - at);
+        if (len == 0) {
+            snprintf(why, why_cap, "not UTF-8 at byte %zu (0x%02x)", at + 1, p[at]);
+            return -1;
+        }
+        uint32_t cp = len == 1 ? p[at] : len == 2 ? (p[at] & 0x1fu) << 6 | (p[at + 1] & 0x3fu) : 0;
+        if ((cp < 0x20 && cp != '\t') || (cp >= 0x7f && cp <= 0x9f)) {
+            snprintf(why, why_cap, "a control character (U+%04X) at byte %zu", (unsigned)cp,
+                     at + 1);
+            return -1;
+        }
+        at += (size_t)len;
+    }
+    return 0;
+}
+
+void dsrt__sort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *)) {
+    if (n > 1) qsort(base, n, size, cmp);
+}
+
 int dsrt__grow(void **buf, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 0;
     size_t c = *cap ? *cap : 16;
@@ -109,6 +163,8 @@ const char *dsrt__file_kind(unsigned mode) {
     if (S_ISSOCK(mode)) return "a socket";
     if (S_ISCHR(mode)) return "a character device";
     if (S_ISBLK(mode)) return "a block device";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    if (S_ISREG(mode)) return "a regular file";
     return "not a regular file";
 }
 
@@ -187,9 +243,19 @@ static int write_file(const char *path, const void *const *parts, const size_t *
         goto out;
     }
     snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)gettid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* A new file, never written through a link planted under its name; a
+     * regular file there is a stopped write's and goes. */
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST && lstat(tmp, &st) == 0 && S_ISREG(st.st_mode) &&
+        unlink(tmp) == 0)
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
-        rc = dsrt__fail(-errno, "%s: %s", tmp, strerror(errno));
+        int e = errno;
+        if (e == EEXIST && lstat(tmp, &st) == 0)
+            rc = dsrt__fail(DSRT_EFORMAT, "%s: is %s, not a file dsrt was writing: left alone", tmp,
+                            dsrt__file_kind(st.st_mode));
+        else
+            rc = dsrt__fail(-e, "%s: %s", tmp, strerror(e));
         goto out;
     }
     for (int k = 0; k < n_parts; k++) {

@@ -1006,6 +1006,38 @@ static void test_mixing(void) {
     dsrt_datastore_close(train);
 }
 
+/* A model is written to PATH.tmp.<thread> and renamed: a link planted
+ * under that name is never written through (the file it names keeps its
+ * bytes), and a regular file there, a stopped write's, is replaced. */
+static void test_save_never_through_link(void) {
+    char path[4400], tmp[4500], bait[4400];
+    snprintf(path, sizeof path, "%s/linked.dsrt", root);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)gettid());
+    snprintf(bait, sizeof bait, "%s/bait.txt", root);
+    REQUIRE(timg_write_file(bait, "keep me", 7) == 0);
+    REQUIRE(symlink(bait, tmp) == 0);
+    dsrt_net *net = NULL;
+    REQUIRE(dsrt_net_create(&net, "digits", 0, 0, 0, 3, NULL) == 0);
+    CHECK_EQ(dsrt_model_save(path, net), DSRT_EFORMAT);
+    CHECK_CONTAINS(dsrt_last_error(), "symbolic link");
+    CHECK_CONTAINS(dsrt_last_error(), tmp);
+    char got[16] = {0};
+    FILE *f = fopen(bait, "rb");
+    REQUIRE(f);
+    CHECK_EQ(fread(got, 1, sizeof got, f), 7);
+    fclose(f);
+    CHECK_STR_EQ(got, "keep me");
+    CHECK(access(path, F_OK) != 0);
+    REQUIRE(unlink(tmp) == 0);
+    REQUIRE(timg_write_file(tmp, "stale", 5) == 0);
+    CHECK_OK(dsrt_model_save(path, net));
+    CHECK(access(tmp, F_OK) != 0);
+    dsrt_net *back = NULL;
+    CHECK_OK(dsrt_model_load(&back, path, NULL));
+    dsrt_net_destroy(back);
+    dsrt_net_destroy(net);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
     if (argc == 4 && !strcmp(argv[1], "--full-disk")) return full_disk_main(argv[2], argv[3]);
@@ -1028,5 +1060,6 @@ int main(int argc, char **argv) {
     RUN(test_transfer);
     RUN(test_killed);
     RUN(test_full_disk);
+    RUN(test_save_never_through_link);
     return TEST_RESULT();
 }

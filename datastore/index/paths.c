@@ -71,11 +71,6 @@ int dsrt__extensions_match(const dsrt_extensions *e, const char *name) {
 // ----------------------------------------------------------------------------
 // Sorting
 
-/* qsort, which may not be given a NULL array even with no element. */
-static void sort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *)) {
-    if (n > 1) qsort(base, n, size, cmp);
-}
-
 /* (group, folder path, file name): ImageFolder's order within each class. */
 static int cmp_entry(const void *pa, const void *pb) {
     const dsrt_folder_entry *a = pa, *b = pb;
@@ -98,7 +93,7 @@ static int cmp_entry_path(const void *pa, const void *pb) {
 }
 
 void dsrt__folder_sort(dsrt_folder_entry *e, size_t n, int by_group) {
-    sort(e, n, sizeof *e, by_group ? cmp_entry : cmp_entry_path);
+    dsrt__sort(e, n, sizeof *e, by_group ? cmp_entry : cmp_entry_path);
 }
 
 int dsrt__folder_fill(dsrt_index *ix, const dsrt_folder_entry *e, size_t n) {
@@ -286,7 +281,7 @@ static int finish_classes(lister *l) {
     int32_t *renum = dsrt__malloc((n ? n : 1) * sizeof *renum);
     if (!sorted || !renum) goto out;
     if (n) memcpy(sorted, l->names, n * sizeof *sorted);
-    if (n > 1) qsort(sorted, n, sizeof *sorted, cmp_str);
+    dsrt__sort(sorted, n, sizeof *sorted, cmp_str);
     int folders = l->o->label_source == DSRT_LABEL_FOLDER_NAMES;
     size_t kept = 0;
     for (size_t c = 0; c < n; c++) {

@@ -701,14 +701,8 @@ static int write_classes_json(const char *out, const char *const *names, size_t 
         const unsigned char *s = (const unsigned char *)names[c];
         while (*s) {
             unsigned char ch = *s;
-            int len = ch < 0x80             ? 1
-                      : (ch & 0xe0) == 0xc0 ? 2
-                      : (ch & 0xf0) == 0xe0 ? 3
-                      : (ch & 0xf8) == 0xf0 ? 4
-                                            : 0;
-            int ok = len > 0;
-            for (int k = 1; ok && k < len; k++) ok = (s[k] & 0xc0) == 0x80;
-            if (!ok) {
+            int len = dsrt__utf8_char(s, strnlen((const char *)s, 4));
+            if (!len) {
                 memcpy(w, "\\ufffd", 6);
                 w += 6;
                 s++;

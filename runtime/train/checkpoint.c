@@ -161,7 +161,7 @@ int dsrt_checkpoint_latest_complete(const char *dir, char *path, size_t size, ch
     }
     closedir(d);
     if (rc) goto out;
-    qsort(all, n, sizeof *all, by_iteration_down);
+    dsrt__sort(all, n, sizeof *all, by_iteration_down);
     dsrt_net_options no = dsrt_net_defaults();
     no.threads = 1;
     size_t used = 0;

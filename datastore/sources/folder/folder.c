@@ -226,11 +226,6 @@ static int walk(walker *w, int fd, int32_t group, const char *dir_name) {
 // ----------------------------------------------------------------------------
 // Sorting and labels
 
-/* qsort, which may not be given a NULL array even with no element. */
-static void sort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *)) {
-    if (n > 1) qsort(base, n, size, cmp);
-}
-
 static int cmp_name(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -243,7 +238,7 @@ static int label_by_parent(walker *w) {
     int rc = -ENOMEM;
     if (!names || !class_of) goto out;
     memcpy(names, w->dir_names, nd * sizeof *names);
-    sort(names, nd, sizeof *names, cmp_name);
+    dsrt__sort(names, nd, sizeof *names, cmp_name);
     size_t nc = 0;
     for (size_t k = 0; k < nd; k++)
         if (nc == 0 || strcmp(names[nc - 1], names[k]) != 0) names[nc++] = names[k];
@@ -369,7 +364,7 @@ int dsrt__folder_load(dsrt_index *ix, const char *path, const dsrt_datastore_opt
                 }
             }
         }
-        sort(classes, n_classes, sizeof *classes, cmp_name);
+        dsrt__sort(classes, n_classes, sizeof *classes, cmp_name);
         if (root_files)
             dsrt__index_warn(ix,
                              "%s: %zu image file%s directly in the root ignored (not inside "

@@ -323,7 +323,7 @@ int dsrt__manifest_parse(dsrt_index *ix, const char *text, size_t len, const cha
             sorted[i] = &ls.items[i];
             numeric &= is_uint(&ls.items[i]);
         }
-        qsort(sorted, ls.n, sizeof *sorted, numeric ? cmp_numeric : cmp_bytes);
+        dsrt__sort(sorted, ls.n, sizeof *sorted, numeric ? cmp_numeric : cmp_bytes);
         for (size_t r = 0; r < ls.n; r++) {
             rank[sorted[r] - ls.items] = (uint32_t)r;
             names[r] = sorted[r]->s;

@@ -294,7 +294,7 @@ static int list_folder(const char *dir, dsrt_strlist *out) {
         if ((rc = dsrt__strlist_add(&names, de->d_name, strlen(de->d_name))) != 0) break;
     }
     closedir(d);
-    if (rc == 0) qsort(names.v, names.n, sizeof *names.v, strcmp_p);
+    if (rc == 0) dsrt__sort(names.v, names.n, sizeof *names.v, strcmp_p);
     for (size_t i = 0; rc == 0 && i < names.n; i++) {
         size_t len = strlen(dir) + strlen(names.v[i]) + 2;
         char *p = dsrt__malloc(len);
@@ -892,7 +892,7 @@ static int add_listed(gather *g, const char *dir, const dsrt_strlist *names, con
     for (size_t k = 0; rc == 0 && k < names->n; k++)
         if (pattern ? fnmatch(pattern, names->v[k], 0) == 0 : ends_with(names->v[k], ".tar"))
             rc = dsrt__strlist_add(&pick, names->v[k], strlen(names->v[k]));
-    if (rc == 0) qsort(pick.v, pick.n, sizeof *pick.v, strcmp_p);
+    if (rc == 0) dsrt__sort(pick.v, pick.n, sizeof *pick.v, strcmp_p);
     for (size_t k = 0; rc == 0 && k < pick.n; k++) {
         snprintf(url, sizeof url, "%s/%s", dir, pick.v[k]);
         rc = dsrt__strlist_add(&g->shards, url, strlen(url));
@@ -1241,7 +1241,7 @@ static int names_from_samples(labelling *L, size_t total) {
                 L->list[nlist++] = f->cls;
             }
         }
-    qsort(L->list, nlist, sizeof *L->list, strcmp_p);
+    dsrt__sort(L->list, nlist, sizeof *L->list, strcmp_p);
     size_t u = 0;
     for (size_t i = 0; i < nlist; i++)
         if (u == 0 || strcmp(L->list[u - 1], L->list[i]) != 0) L->list[u++] = L->list[i];
