@@ -872,6 +872,27 @@ static void test_deadline(void) {
     dsrt_datastore_close(b);
 }
 
+/* A store whose host name does not resolve (.invalid never does) fails at
+ * the first request, not at the retry deadline (a minute by default), and
+ * the message says what was tried: the endpoint, and that no credentials
+ * were found so the requests went unsigned. */
+static void test_unresolvable_host(void) {
+    env_default(0);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    setenv("AWS_ENDPOINT_URL", "http://no-such-host.invalid", 1);
+    dsrt_datastore *ds = NULL;
+    CHECK_EQ(dsrt_datastore_open(&ds, "s3://bkt/data", NULL), DSRT_EREMOTE);
+    const char *m = dsrt_last_error();
+    CHECK_CONTAINS(m, "s3://bkt/");
+    CHECK_CONTAINS(m, "tried http://no-such-host.invalid");
+    CHECK_CONTAINS(m, "credentials: none found, requests unsigned");
+    CHECK_CONTAINS(m, "not retried: the host name does not resolve");
+    CHECK(!strstr(m, "attempts"));
+    dsrt_datastore_close(ds);
+    env_default(0);
+}
+
 static void test_wrong_keys(void) {
     env_default(0);
     dsrt_datastore *ds = NULL;
@@ -1910,6 +1931,7 @@ int main(void) {
     RUN(test_signature_vector);
     RUN(test_redact);
     RUN(test_list_page);
+    RUN(test_unresolvable_host);
     int rc = server_start();
     RUN(test_canonical_request); /* with botocore when the server's python is there */
     /* The hostile server needs python3 alone. */

@@ -516,6 +516,20 @@ static void finish_msg(dsrt_http *h, http_req *q, int status) {
     finish(h, q, status);
 }
 
+/* What a request of q was sent to, for messages: for s3:// the endpoint
+ * and where the credentials came from (or that none were found and the
+ * requests went unsigned); "" for other URLs, whose message shows them. */
+static void tried(const dsrt_http *h, const http_req *q, char *out, size_t cap) {
+    out[0] = '\0';
+    if (!q->is_s3 || h->s3_state != 1) return;
+    const dsrt_s3_config *c = &h->s3;
+    snprintf(out, cap, " (tried %s://%s%s%s; credentials: %s)", c->scheme, c->host, c->base,
+             c->custom ? "" : ", AWS's (AWS_ENDPOINT_URL names another store)",
+             c->anonymous ? "none found, requests unsigned (AWS_ACCESS_KEY_ID and "
+                            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, give them)"
+                          : c->source);
+}
+
 /* A failure that is not the object's: try again after a jittered pause, or
  * give up at the deadline. */
 static void retry_or_fail(dsrt_http *h, http_req *q, const char *display) {
@@ -523,11 +537,13 @@ static void retry_or_fail(dsrt_http *h, http_req *q, const char *display) {
     if (q->first_fail == 0) q->first_fail = t;
     uint64_t deadline = q->first_fail + (uint64_t)(h->o.retry_deadline_s * 1e9);
     if (t >= deadline) {
+        char where[1024];
+        tried(h, q, where, sizeof where);
         dsrt__fail(DSRT_EREMOTE,
-                   "%s: the store %s after %u attempts over %.1f s (retry deadline %g s); the "
+                   "%s: the store %s after %u attempts over %.1f s (retry deadline %g s)%s; the "
                    "last: %s",
                    display, q->token ? "still refused the session token" : "did not answer",
-                   q->attempts, (double)(t - q->first_fail) * 1e-9, h->o.retry_deadline_s,
+                   q->attempts, (double)(t - q->first_fail) * 1e-9, h->o.retry_deadline_s, where,
                    q->cause);
         finish_msg(h, q, DSRT_EREMOTE);
         return;
@@ -614,6 +630,21 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
         int rc = dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
                                      dsrt__http_s3(h), q->is_s3);
         finish_msg(h, q, rc);
+        return;
+    }
+    /* A name that does not resolve, or a TLS handshake refused, before the
+     * store ever answered: no retry heals that (a host that answered before
+     * and stops resolving is a passing fault, retried below). */
+    if ((c == CURLE_COULDNT_RESOLVE_HOST || c == CURLE_COULDNT_RESOLVE_PROXY ||
+         c == CURLE_SSL_CONNECT_ERROR) &&
+        h->requests == 0) {
+        char where[1024];
+        tried(h, q, where, sizeof where);
+        dsrt__fail(DSRT_EREMOTE, "%s: %s%s%s%s; not retried: %s", display, curl_easy_strerror(c),
+                   q->curl_err[0] ? ": " : "", q->curl_err, where,
+                   c == CURLE_SSL_CONNECT_ERROR ? "the store refused the TLS handshake"
+                                                : "the host name does not resolve");
+        finish_msg(h, q, DSRT_EREMOTE);
         return;
     }
     switch (c) {
