@@ -307,8 +307,9 @@ static int run_index(const options *o) {
         }
         printf("],\"counts\":[");
         for (size_t c = 0; c < nc; c++) printf("%s%zu", c ? "," : "", counts[c]);
-        printf("],\"images\":%zu,\"scan_s\":%.6f,\"warnings\":%zu", n, scan_s,
-               dsrt_datastore_warning_count(ds));
+        char b[32];
+        printf("],\"images\":%zu,\"scan_s\":%s,\"warnings\":%zu", n,
+               tool_json_number(b, "%.6f", scan_s), dsrt_datastore_warning_count(ds));
         if (dsrt_datastore_shard_count(ds))
             printf(",\"shards\":%zu,\"order\":\"%s\",\"shuffle_buffer\":%zu",
                    dsrt_datastore_shard_count(ds),
@@ -653,9 +654,11 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
         skipped_before = r->st.skipped;
         if (bar) fputs("\r\033[K", stderr);
         if (o->json) {
-            printf("{\"threads\":%u,\"epoch\":%u,\"images\":%zu,\"seconds\":%.6f,"
-                   "\"images_per_s\":%.1f,\"skipped\":%llu,\"warmup\":%s}\n",
-                   r->st.threads, e, images, dt, r->rates[e], (unsigned long long)skipped,
+            char b[2][32];
+            printf("{\"threads\":%u,\"epoch\":%u,\"images\":%zu,\"seconds\":%s,"
+                   "\"images_per_s\":%s,\"skipped\":%llu,\"warmup\":%s}\n",
+                   r->st.threads, e, images, tool_json_number(b[0], "%.6f", dt),
+                   tool_json_number(b[1], "%.1f", r->rates[e]), (unsigned long long)skipped,
                    e == 0 && o->epochs > 1 ? "true" : "false");
             fflush(stdout);
         } else if (!o->sweep) {
@@ -732,31 +735,38 @@ static double per_thread(const run_result *r) {
 
 static void json_summary(const options *o, const context *cx, const run_result *r, size_t images) {
     const dsrt_pipeline_statistics *s = &r->st;
+    char b[8][32];
     printf("{\"data\":");
     tool_json_string(stdout, o->shown);
     printf(",\"pipeline\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\",\"channels\":%d,"
-           "\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":\"%s\","
-           "\"pinned_threads\":%u,\"io\":\"%s\",\"io_fallback\":",
+           "\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":",
            kind_names[o->kind], dsrt_augment_layout_name(layout_of(o)),
            dsrt_augment_layout_dtype(layout_of(o)), o->channels, o->po.batch, o->po.prefetch,
-           r->threads, r->cpus, s->pinned_threads, io_name(s));
+           r->threads);
+    tool_json_string(stdout, r->cpus);
+    printf(",\"pinned_threads\":%u,\"io\":\"%s\",\"io_fallback\":", s->pinned_threads, io_name(s));
     if (r->io_fallback[0])
         tool_json_string(stdout, r->io_fallback);
     else
         printf("null");
     printf(",\"direct\":%s,\"cold\":%s%s%s,\"epochs\":%u,\"images\":%zu,\"delivered\":%llu,"
-           "\"images_per_s\":%.1f,\"epochs_images_per_s\":[",
+           "\"images_per_s\":%s,\"epochs_images_per_s\":[",
            o->po.reader.direct ? "true" : "false", o->cold ? "\"" : "",
            o->cold ? cold_names[o->cold_method] : "false", o->cold ? "\"" : "", o->epochs, images,
-           (unsigned long long)r->delivered, r->median);
-    for (unsigned e = 0; e < o->epochs; e++) printf("%s%.1f", e ? "," : "", r->rates[e]);
+           (unsigned long long)r->delivered, tool_json_number(b[0], "%.1f", r->median));
+    for (unsigned e = 0; e < o->epochs; e++)
+        printf("%s%s", e ? "," : "", tool_json_number(b[0], "%.1f", r->rates[e]));
     printf("]");
     tool_bad_json(stdout, "", &r->bad, s->skipped);
-    printf(",\"read_s\":%.3f,\"decode_s\":%.3f,"
-           "\"augment_s\":%.3f,\"slot_wait_s\":%.3f,\"consumer_wait_s\":%.3f,\"seconds\":%.3f,"
+    printf(",\"read_s\":%s,\"decode_s\":%s,"
+           "\"augment_s\":%s,\"slot_wait_s\":%s,\"consumer_wait_s\":%s,\"seconds\":%s,"
            "\"locked_memory\":%s,\"pinned_memory\":%s",
-           s->read_s, s->decode_s, s->augment_s, s->slot_wait_s, s->consumer_wait_s, r->seconds,
-           s->locked_memory ? "true" : "false", s->pinned_memory ? "true" : "false");
+           tool_json_number(b[0], "%.3f", s->read_s), tool_json_number(b[1], "%.3f", s->decode_s),
+           tool_json_number(b[2], "%.3f", s->augment_s),
+           tool_json_number(b[3], "%.3f", s->slot_wait_s),
+           tool_json_number(b[4], "%.3f", s->consumer_wait_s),
+           tool_json_number(b[5], "%.3f", r->seconds), s->locked_memory ? "true" : "false",
+           s->pinned_memory ? "true" : "false");
     if (o->checksum) printf(",\"checksum\":\"%016llx\"", (unsigned long long)r->hash);
     if (r->shards)
         printf(",\"shards\":%zu,\"order\":\"%s\",\"shuffle_buffer\":%zu,\"stream_bytes\":%llu,"
@@ -764,22 +774,30 @@ static void json_summary(const options *o, const context *cx, const run_result *
                r->shards, dsrt_shard_order_name(r->order), r->shuffle_buffer,
                (unsigned long long)s->stream_bytes, (unsigned long long)s->stream_samples,
                (unsigned long long)s->stream_ranged);
-    printf(",\"per_thread_images_per_s\":%.1f,\"images_per_cpu_s\":%.1f,\"augment_isa\":\"%s\","
-           "\"load_average\":[%.2f,%.2f,%.2f]",
-           per_thread(r), r->cpu_median, cx->isa, cx->load[0], cx->load[1], cx->load[2]);
+    printf(",\"per_thread_images_per_s\":%s,\"images_per_cpu_s\":%s,\"augment_isa\":\"%s\","
+           "\"load_average\":[%s,%s,%s]",
+           tool_json_number(b[0], "%.1f", per_thread(r)),
+           tool_json_number(b[1], "%.1f", r->cpu_median), cx->isa,
+           tool_json_number(b[2], "%.2f", cx->load[0]), tool_json_number(b[3], "%.2f", cx->load[1]),
+           tool_json_number(b[4], "%.2f", cx->load[2]));
     if (cx->have_limit)
-        printf(",\"limit\":{\"images\":%zu,\"skipped\":%zu,\"passes\":%u,\"images_per_s\":%.1f,"
-               "\"megapixels_per_s\":%.1f,\"cpu_images_per_s\":%.1f},\"of_limit\":%.4f,"
-               "\"of_limit_cpu\":%.4f",
-               cx->limit.images, cx->limit.skipped, o->limit_passes, cx->limit.images_per_s,
-               cx->limit.megapixels_per_s, cx->limit.cpu_images_per_s,
-               per_thread(r) / cx->limit.images_per_s, r->cpu_median / cx->limit.cpu_images_per_s);
-    printf(",\"bytes_per_s\":%.0f", r->seconds > 0 ? s->bytes_read / r->seconds : 0.0);
+        printf(",\"limit\":{\"images\":%zu,\"skipped\":%zu,\"passes\":%u,\"images_per_s\":%s,"
+               "\"megapixels_per_s\":%s,\"cpu_images_per_s\":%s},\"of_limit\":%s,"
+               "\"of_limit_cpu\":%s",
+               cx->limit.images, cx->limit.skipped, o->limit_passes,
+               tool_json_number(b[0], "%.1f", cx->limit.images_per_s),
+               tool_json_number(b[1], "%.1f", cx->limit.megapixels_per_s),
+               tool_json_number(b[2], "%.1f", cx->limit.cpu_images_per_s),
+               tool_json_number(b[3], "%.4f", per_thread(r) / cx->limit.images_per_s),
+               tool_json_number(b[4], "%.4f", r->cpu_median / cx->limit.cpu_images_per_s));
+    printf(",\"bytes_per_s\":%s",
+           tool_json_number(b[0], "%.0f", r->seconds > 0 ? s->bytes_read / r->seconds : 0.0));
     if (s->remote_requests)
         printf(",\"remote\":{\"requests\":%llu,\"retries\":%llu,\"connections\":%llu,"
-               "\"in_flight\":%.1f}",
+               "\"in_flight\":%s}",
                (unsigned long long)s->remote_requests, (unsigned long long)s->remote_retries,
-               (unsigned long long)s->remote_connections, s->remote_in_flight);
+               (unsigned long long)s->remote_connections,
+               tool_json_number(b[0], "%.1f", s->remote_in_flight));
     printf("}\n");
     fflush(stdout);
 }
@@ -972,10 +990,12 @@ static int run_pipeline(options *o) {
     if (o->json && o->sweep) {
         printf("{\"sweep\":[");
         for (unsigned i = 0; i < ncounts; i++) {
-            printf("%s{\"threads\":%u,\"images_per_s\":%.1f", i ? "," : "", res[i].threads,
-                   res[i].median);
+            char b[32];
+            printf("%s{\"threads\":%u,\"images_per_s\":%s", i ? "," : "", res[i].threads,
+                   tool_json_number(b, "%.1f", res[i].median));
             if (cx.have_limit)
-                printf(",\"of_limit\":%.4f", per_thread(&res[i]) / cx.limit.images_per_s);
+                printf(",\"of_limit\":%s",
+                       tool_json_number(b, "%.4f", per_thread(&res[i]) / cx.limit.images_per_s));
             printf("}");
         }
         printf("]}\n");

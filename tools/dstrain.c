@@ -358,7 +358,7 @@ static int parse_floats(const char *s, float *v, int cap) {
 }
 
 /* The class names of a --classes file, one a line (blank lines at the end
- * ignored); NULL after a message. */
+ * ignored); NULL after a message naming the file and the line. */
 static char **read_class_names(const char *cmd, const char *path, int *n) {
     char why[256];
     size_t len;
@@ -367,33 +367,15 @@ static char **read_class_names(const char *cmd, const char *path, int *n) {
         fprintf(stderr, "%s %s: --classes %s: %s\n", prog, cmd, path, why);
         return NULL;
     }
-    while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) text[--len] = '\0';
-    int count = len ? 1 : 0;
-    for (size_t i = 0; i < len; i++) count += text[i] == '\n';
-    char **names = calloc((size_t)count + 1, sizeof *names);
-    if (!names || !count) {
-        fprintf(stderr, "%s %s: --classes %s: %s\n", prog, cmd, path,
-                names ? "no names in it" : "out of memory");
-        free(names);
-        free(text);
-        return NULL;
-    }
-    /* names[0] owns the text; the others point into it. */
-    char *p = text;
-    for (int i = 0; i < count; i++) {
-        names[i] = p;
-        char *e = strchr(p, '\n');
-        if (e) *e++ = '\0';
-        size_t l = strlen(p);
-        if (l && p[l - 1] == '\r') p[l - 1] = '\0';
-        p = e;
-    }
-    *n = count;
+    char **names = NULL;
+    if (dsrt_class_names_parse(text, len, &names, n) != 0)
+        fprintf(stderr, "%s %s: --classes %s: %s\n", prog, cmd, path, dsrt_last_error());
+    free(text);
     return names;
 }
 
 /* The import options that a's flags say; 0, or 2 after a message. *names
- * (free names[0] then names) holds the --classes file's. */
+ * (free_names) holds the --classes file's. */
 static int onnx_resolve(const char *cmd, const onnx_args *a, dsrt_onnx_import_options *o,
                         char ***names) {
     *o = dsrt_onnx_import_defaults();
@@ -459,8 +441,7 @@ static int onnx_resolve(const char *cmd, const onnx_args *a, dsrt_onnx_import_op
 }
 
 static void free_names(char **names) {
-    if (names) free(names[0]);
-    free(names);
+    dsrt_class_names_free(names);
 }
 
 /* Whether any of a's flags is given (they go with an ONNX model). */
@@ -585,27 +566,31 @@ static void print_profile(dsrt_net *net, int json) {
         return;
     }
     if (json) {
-        printf(", \"profile\": {\"steps\": %lld, \"timer\": \"%s\", \"step_ms\": %.4f, "
-               "\"layers_ms\": %.4f, \"optimizer_ms\": %.4f, \"gaps_ms\": %.4f, "
-               "\"gaps_per_step\": %.1f, \"graph_steps\": %lld, \"captures\": %lld, "
+        char b[5][32];
+        printf(", \"profile\": {\"steps\": %lld, \"timer\": \"%s\", \"step_ms\": %s, "
+               "\"layers_ms\": %s, \"optimizer_ms\": %s, \"gaps_ms\": %s, "
+               "\"gaps_per_step\": %s, \"graph_steps\": %lld, \"captures\": %lld, "
                "\"cuda_graphs\": %s, \"fused_library\": %d, \"fused_kernel\": %d, \"layers\": [",
-               (long long)p.steps, p.device_events ? "device events" : "host clock", p.step_ms,
-               p.layers_ms, p.optimizer_ms, p.gaps_ms, p.gaps_per_step, (long long)p.graph_steps,
+               (long long)p.steps, p.device_events ? "device events" : "host clock",
+               tool_json_number(b[0], "%.4f", p.step_ms),
+               tool_json_number(b[1], "%.4f", p.layers_ms),
+               tool_json_number(b[2], "%.4f", p.optimizer_ms),
+               tool_json_number(b[3], "%.4f", p.gaps_ms),
+               tool_json_number(b[4], "%.1f", p.gaps_per_step), (long long)p.graph_steps,
                (long long)p.captures, p.graphs ? "true" : "false", p.fused_library, p.fused_kernel);
-        for (int i = 0; i < info.layers; i++)
-            printf("%s{\"name\": \"%s\", \"type\": \"%s\", \"forward_ms\": %.4f, "
-                   "\"backward_ms\": %.4f, \"relu_fused\": %d}",
-                   i ? ", " : "", lp[i].name, lp[i].type, lp[i].forward_ms, lp[i].backward_ms,
-                   lp[i].relu_fused);
+        for (int i = 0; i < info.layers; i++) {
+            printf("%s{\"name\": ", i ? ", " : "");
+            tool_json_string(stdout, lp[i].name);
+            printf(", \"type\": ");
+            tool_json_string(stdout, lp[i].type);
+            printf(", \"forward_ms\": %s, \"backward_ms\": %s, \"relu_fused\": %d}",
+                   tool_json_number(b[0], "%.4f", lp[i].forward_ms),
+                   tool_json_number(b[1], "%.4f", lp[i].backward_ms), lp[i].relu_fused);
+        }
         printf("]");
         if (p.note && *p.note) {
-            printf(", \"note\": \"");
-            for (const char *c = p.note; *c; c++)
-                if (*c == '"' || *c == '\\')
-                    printf("\\%c", *c);
-                else if ((unsigned char)*c >= 0x20)
-                    putchar(*c);
-            printf("\"");
+            printf(", \"note\": ");
+            tool_json_string(stdout, p.note);
         }
         printf("}");
         free(lp);
@@ -792,17 +777,25 @@ typedef struct {
 static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_result *r) {
     double ips = r->batch / r->median_s, gflop = info->train_flops * r->batch * 1e-9;
     if (bench.json) {
-        printf("{\"tool\": \"dstrain bench\", \"net\": \"%s\", \"batch\": %d, \"threads\": %d, "
+        char b[9][32];
+        printf("{\"tool\": \"dstrain bench\", \"net\": ");
+        tool_json_string(stdout, bench.net);
+        printf(", \"batch\": %d, \"threads\": %d, "
                "\"steps\": %d, \"warmup\": %d, \"solver\": \"%s\", \"backend\": \"%s\", "
                "\"device\": %d, \"precision\": \"%s\", \"input\": \"%s\", "
-               "\"params\": %zu, \"images_per_s\": %.1f, \"ms_per_step\": %.3f, "
-               "\"ms_per_step_min\": %.3f, \"ms_optimizer\": %.3f, \"ms_first_step\": %.1f, "
-               "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"loss\": %.4f",
-               bench.net, r->batch, r->threads, bench.steps, bench.warmup, bench.solver,
-               info->backend, info->device, dsrt_precision_name(info->precision),
-               r->u8 ? "u8" : "f32", info->learnable, ips, 1e3 * r->median_s, 1e3 * r->min_s,
-               1e3 * r->opt_median_s, 1e3 * r->first_s, gflop, gflop / r->median_s,
-               (double)r->loss);
+               "\"params\": %zu, \"images_per_s\": %s, \"ms_per_step\": %s, "
+               "\"ms_per_step_min\": %s, \"ms_optimizer\": %s, \"ms_first_step\": %s, "
+               "\"gflop_per_step\": %s, \"gflops\": %s, \"loss\": %s",
+               r->batch, r->threads, bench.steps, bench.warmup, bench.solver, info->backend,
+               info->device, dsrt_precision_name(info->precision), r->u8 ? "u8" : "f32",
+               info->learnable, tool_json_number(b[0], "%.1f", ips),
+               tool_json_number(b[1], "%.3f", 1e3 * r->median_s),
+               tool_json_number(b[2], "%.3f", 1e3 * r->min_s),
+               tool_json_number(b[3], "%.3f", 1e3 * r->opt_median_s),
+               tool_json_number(b[4], "%.1f", 1e3 * r->first_s),
+               tool_json_number(b[5], "%.3f", gflop),
+               tool_json_number(b[6], "%.1f", gflop / r->median_s),
+               tool_json_number(b[7], "%.4f", (double)r->loss));
         if (bench.profile) print_profile(net, 1);
         printf("}\n");
     } else {
@@ -1057,9 +1050,7 @@ static void print_padded(const char *s, int width) {
 
 /* A number for JSON: null when it is not finite. buf holds 32 bytes. */
 static const char *jnum(char *buf, double v) {
-    if (!isfinite(v)) return "null";
-    snprintf(buf, 32, "%.6g", v);
-    return buf;
+    return tool_json_number(buf, "%.6g", v);
 }
 
 // ----------------------------------------------------------------------------
@@ -1373,21 +1364,28 @@ static void fmt_loss(char *b, size_t n, double v) {
 
 /* A line of the --log file (CSV or JSON lines) for an iteration. */
 static void train_log(train_ui *u, const dsrt_train_event *e) {
+    char b[5][32];
     if (u->log_json)
         fprintf(u->log,
-                "{\"epoch\": %lld, \"iteration\": %lld, \"time_s\": %.3f, \"loss\": "
-                "%.6g, \"accuracy\": %.6g, \"learn_rate\": %.6g%s",
-                (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy,
-                e->learn_rate, isnan(e->val_loss) ? "}\n" : "");
+                "{\"epoch\": %lld, \"iteration\": %lld, \"time_s\": %s, \"loss\": "
+                "%s, \"accuracy\": %s, \"learn_rate\": %s%s",
+                (long long)e->epoch, (long long)e->iteration,
+                tool_json_number(b[0], "%.3f", e->elapsed_s), jnum(b[1], e->loss),
+                jnum(b[2], e->accuracy), jnum(b[3], e->learn_rate),
+                isnan(e->val_accuracy) ? "}\n" : "");
     else
         fprintf(u->log, "%lld,%lld,%.3f,%.6g,%.6g,%.6g,", (long long)e->epoch,
                 (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy, e->learn_rate);
-    if (!isnan(e->val_loss))
-        fprintf(u->log,
-                u->log_json ? ", \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n" : "%.6g,%.6g\n",
-                e->val_loss, e->val_accuracy);
-    else if (!u->log_json)
+    /* (A validation's accuracy is a count, finite even where its loss is not.) */
+    if (!isnan(e->val_accuracy)) {
+        if (u->log_json)
+            fprintf(u->log, ", \"val_loss\": %s, \"val_accuracy\": %s}\n", jnum(b[0], e->val_loss),
+                    jnum(b[1], e->val_accuracy));
+        else
+            fprintf(u->log, "%.6g,%.6g\n", e->val_loss, e->val_accuracy);
+    } else if (!u->log_json) {
         fprintf(u->log, ",\n");
+    }
 }
 
 /* The progress bar on stderr, at most ten times a second. */
@@ -1416,6 +1414,7 @@ static void train_bar(train_ui *u, const dsrt_train_event *e) {
 
 static int train_event(void *ctx, const dsrt_train_event *e) {
     train_ui *u = ctx;
+    char b[5][32];
     if (u->hist) dsrt_train_history_add(u->hist, e);
     switch (e->kind) {
     case DSRT_EVENT_START:
@@ -1457,24 +1456,29 @@ static int train_event(void *ctx, const dsrt_train_event *e) {
         }
         if (e->verbose && u->json)
             printf("{\"event\": \"iteration\", \"epoch\": %lld, \"iteration\": %lld, \"time_s\": "
-                   "%.3f, \"loss\": %.6g, \"accuracy\": %.6g, \"learn_rate\": %.6g, "
-                   "\"images_per_s\": %.1f}\n",
-                   (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->loss, e->accuracy,
-                   e->learn_rate, e->images_per_s);
+                   "%s, \"loss\": %s, \"accuracy\": %s, \"learn_rate\": %s, "
+                   "\"images_per_s\": %s}\n",
+                   (long long)e->epoch, (long long)e->iteration,
+                   tool_json_number(b[0], "%.3f", e->elapsed_s), jnum(b[1], e->loss),
+                   jnum(b[2], e->accuracy), jnum(b[3], e->learn_rate),
+                   tool_json_number(b[4], "%.1f", e->images_per_s));
         if (u->progress) train_bar(u, e);
         break;
     case DSRT_EVENT_VALIDATION:
         if (u->json)
             printf("{\"event\": \"validation\", \"epoch\": %lld, \"iteration\": %lld, \"time_s\": "
-                   "%.3f, \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n",
-                   (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->val_loss,
-                   e->val_accuracy);
+                   "%s, \"val_loss\": %s, \"val_accuracy\": %s}\n",
+                   (long long)e->epoch, (long long)e->iteration,
+                   tool_json_number(b[0], "%.3f", e->elapsed_s), jnum(b[1], e->val_loss),
+                   jnum(b[2], e->val_accuracy));
         break;
     case DSRT_EVENT_EPOCH:
         if (u->json)
-            printf("{\"event\": \"epoch\", \"epoch\": %lld, \"iteration\": %lld, \"time_s\": %.3f, "
-                   "\"images_per_s\": %.1f}\n",
-                   (long long)e->epoch, (long long)e->iteration, e->elapsed_s, e->images_per_s);
+            printf("{\"event\": \"epoch\", \"epoch\": %lld, \"iteration\": %lld, \"time_s\": %s, "
+                   "\"images_per_s\": %s}\n",
+                   (long long)e->epoch, (long long)e->iteration,
+                   tool_json_number(b[0], "%.3f", e->elapsed_s),
+                   tool_json_number(b[1], "%.1f", e->images_per_s));
         if (u->plot && u->hist && dsrt_train_history_svg(u->hist, u->plot, u->title) != 0) {
             bar_clear(u);
             fprintf(stderr, "%s train: --plot: %s\n", prog, dsrt_last_error());
@@ -2095,14 +2099,36 @@ static int train_open_outputs(train_job *j) {
                      {"plot", tr.plot, 1},
                      {"log", tr.log, 0},
                      {"bad-list", tr.bad_list, 0}};
+    /* The files read: an output that is one of them (or another output)
+     * would replace it. */
+    const struct {
+        const char *option, *path;
+    } in_paths[] = {{"resume", tr.resume}, {"net", tr.net}, {"transfer", tr.transfer}};
     char why[512];
-    for (size_t i = 0; i < sizeof out_paths / sizeof out_paths[0]; i++)
-        if (out_paths[i].path &&
-            tool_check_output(out_paths[i].path, out_paths[i].regular, why, sizeof why)) {
+    for (size_t i = 0; i < sizeof out_paths / sizeof out_paths[0]; i++) {
+        if (!out_paths[i].path) continue;
+        if (tool_check_output(out_paths[i].path, out_paths[i].regular, why, sizeof why)) {
             fprintf(stderr, "%s train: --%s %s: %s\n", prog, out_paths[i].option, out_paths[i].path,
                     why);
             return 2;
         }
+        for (size_t k = 0; k < sizeof in_paths / sizeof in_paths[0]; k++)
+            if (tool_same_file(out_paths[i].path, in_paths[k].path)) {
+                fprintf(stderr,
+                        "%s train: --%s %s: is the file --%s reads (%s): it would be replaced; "
+                        "give another name\n",
+                        prog, out_paths[i].option, out_paths[i].path, in_paths[k].option,
+                        in_paths[k].path);
+                return 2;
+            }
+        for (size_t k = 0; k < i; k++)
+            if (out_paths[k].path && (tool_same_file(out_paths[i].path, out_paths[k].path) ||
+                                      !strcmp(out_paths[i].path, out_paths[k].path))) {
+                fprintf(stderr, "%s train: --%s %s: is also --%s: give each its own file\n", prog,
+                        out_paths[i].option, out_paths[i].path, out_paths[k].option);
+                return 2;
+            }
+    }
     if (tr.order_log) {
         char path[4200];
         snprintf(path, sizeof path, j->world > 1 ? "%s.%d" : "%s", tr.order_log, j->rank);
@@ -2158,6 +2184,20 @@ static int train_transfer_net(train_job *j) {
 static int train_open_data_and_net(train_job *j) {
     const char *cmd = "train";
     if (onnx_flags_alone(cmd, &tr.onnx, tr.net, tr.transfer)) return 2;
+    if (tr.resume) {
+        /* The loop's state beside a checkpoint, given for it (with or
+         * without --net): refused before any work, naming the checkpoint. */
+        size_t n = strlen(tr.resume), ns = strlen(STATE_SUFFIX_TEXT);
+        struct stat st;
+        if (n > ns && !strcmp(tr.resume + n - ns, STATE_SUFFIX_TEXT) && stat(tr.resume, &st) == 0 &&
+            S_ISREG(st.st_mode) && !is_model_file(tr.resume)) {
+            fprintf(stderr,
+                    "%s train: --resume %s: the state of the training loop kept beside a "
+                    "checkpoint, not the checkpoint: give %.*s\n",
+                    prog, tr.resume, (int)(n - ns), tr.resume);
+            return 2;
+        }
+    }
     data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer, &tr.remote};
     if (open_data(cmd, "--data", tr.data, &da, &j->train) ||
         (tr.val && open_data(cmd, "--val", tr.val, &da, &j->val)))
@@ -2190,17 +2230,11 @@ static int train_open_data_and_net(train_job *j) {
         if (rc) return rc;
     } else if (netname == j->ckpt) {
         /* --resume names something that is not a checkpoint. */
-        size_t n = strlen(netname), ns = strlen(STATE_SUFFIX_TEXT);
         char why[256];
         char *text = read_net_text(netname, why, sizeof why);
         free(text);
         if (!text)
             fprintf(stderr, "%s train: --resume: %s: %s\n", prog, netname, why);
-        else if (n > ns && !strcmp(netname + n - ns, STATE_SUFFIX_TEXT))
-            fprintf(stderr,
-                    "%s train: --resume %s: the state of the training loop kept beside a "
-                    "checkpoint, not the checkpoint: give %.*s\n",
-                    prog, netname, (int)(n - ns), netname);
         else
             fprintf(stderr,
                     "%s train: --resume %s: not a checkpoint (a dsrt checkpoint file, or a folder "
@@ -2324,25 +2358,34 @@ static const char *train_save(train_job *j, const dsrt_train_result *r, char *fa
 static const char *const train_stops[] = {"max epochs completed", "validation patience reached",
                                           "stopped by request", "error"};
 
+/* Whether this run trained enough steps for its images/s to mean a rate: a
+ * single step (a resumed run with one left) is mostly start-up. */
+static int train_rate_known(const dsrt_train_result *r) {
+    return r->iterations - r->start_iteration >= 2;
+}
+
 /* The summary as one JSON line. */
 static void train_summary_json(train_job *j, const dsrt_train_result *r, const char *saved,
                                const char *interrupted) {
     dsrt_net_info ni;
     dsrt_net_get_info(j->net, &ni);
-    char b1[32], b2[32], b3[32], b4[32];
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
     printf("{\"event\": \"summary\", \"net\": ");
     tool_json_string(stdout, tr.transfer ? tr.transfer : j->netname);
     printf(", \"stop\": \"%s\", \"epochs\": %lld, \"iterations\": %lld, \"images\": %llu, "
-           "\"train_s\": %.3f, \"val_s\": %.3f, \"images_per_s\": %.1f, \"val_accuracy\": "
+           "\"train_s\": %s, \"val_s\": %s, \"images_per_s\": %s, \"val_accuracy\": "
            "%s, \"val_loss\": %s, \"loss\": %s, \"accuracy\": %s, \"batch\": %d, "
            "\"workers\": %u, \"compute_threads\": %d, \"pinned\": %d, "
-           "\"consumer_wait_s\": %.3f, \"seed\": %llu, \"weights_checksum\": \"%016llx\"",
+           "\"consumer_wait_s\": %s, \"seed\": %llu, \"weights_checksum\": \"%016llx\"",
            interrupted ? interrupted : train_stops[r->stop], (long long)r->epochs,
-           (long long)r->iterations, (unsigned long long)r->images, r->train_s, r->val_s,
-           r->images_per_s, jnum(b1, r->val_accuracy), jnum(b2, r->val_loss), jnum(b3, r->loss),
+           (long long)r->iterations, (unsigned long long)r->images,
+           tool_json_number(b5, "%.3f", r->train_s), tool_json_number(b6, "%.3f", r->val_s),
+           train_rate_known(r) ? tool_json_number(b7, "%.1f", r->images_per_s) : "null",
+           jnum(b1, r->val_accuracy), jnum(b2, r->val_loss), jnum(b3, r->loss),
            jnum(b4, r->accuracy), j->o.batch, r->workers, r->compute_threads, r->pinned,
-           r->consumer_wait_s, (unsigned long long)r->seed,
+           tool_json_number(b8, "%.3f", r->consumer_wait_s), (unsigned long long)r->seed,
            (unsigned long long)r->weights_checksum);
+    printf(", \"start_iteration\": %lld", (long long)r->start_iteration);
     tool_bad_json(stdout, "", &j->ui.bad[0], r->skipped);
     if (j->val) tool_bad_json(stdout, "val_", &j->ui.bad[1], r->val_skipped);
     if (r->checkpoint[0]) {
@@ -2354,9 +2397,10 @@ static void train_summary_json(train_job *j, const dsrt_train_result *r, const c
     if (r->resume_states) printf(", \"resume_states\": %d", r->resume_states);
     if (r->device >= 0) {
         double dev_s = r->device_busy_s + r->device_idle_s;
-        printf(", \"device_busy_s\": %.3f, \"device_idle_s\": %.3f, \"device_idle_share\": "
-               "%.4f",
-               r->device_busy_s, r->device_idle_s, dev_s > 0 ? r->device_idle_s / dev_s : 0.0);
+        printf(", \"device_busy_s\": %s, \"device_idle_s\": %s, \"device_idle_share\": %s",
+               tool_json_number(b1, "%.3f", r->device_busy_s),
+               tool_json_number(b2, "%.3f", r->device_idle_s),
+               tool_json_number(b3, "%.4f", dev_s > 0 ? r->device_idle_s / dev_s : 0.0));
     }
     printf(", \"model\": ");
     if (saved)
@@ -2374,11 +2418,22 @@ static void train_summary_text(train_job *j, const dsrt_train_result *r, const c
     if (interrupted)
         printf("Training %s after iteration %lld of %lld, %.1f s of training.\n", interrupted,
                (long long)r->iterations, (long long)(j->ui.ipe * j->o.max_epochs), r->train_s);
+    else if (r->start_iteration > 0)
+        printf("Training finished: %s. %lld epochs, %lld iterations; resumed at iteration %lld, "
+               "this run trained %lld in %.1f s",
+               train_stops[r->stop], (long long)r->epochs, (long long)r->iterations,
+               (long long)r->start_iteration, (long long)(r->iterations - r->start_iteration),
+               r->train_s);
     else
-        printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training: %.0f "
-               "images/s (loading included; the compute waited %.2f s for data).\n",
-               train_stops[r->stop], (long long)r->epochs, (long long)r->iterations, r->train_s,
-               r->images_per_s, r->consumer_wait_s);
+        printf("Training finished: %s. %lld epochs, %lld iterations, %.1f s of training",
+               train_stops[r->stop], (long long)r->epochs, (long long)r->iterations, r->train_s);
+    if (!interrupted) {
+        if (train_rate_known(r))
+            printf(": %.0f images/s (loading included; the compute waited %.2f s for data).\n",
+                   r->images_per_s, r->consumer_wait_s);
+        else
+            printf(" (too few iterations for a rate).\n");
+    }
     if (r->device >= 0)
         printf("GPU %d (%s): busy %.1f s, idle between steps %.2f s (%.1f%%).\n", r->device,
                dsrt_precision_name(ni.precision), r->device_busy_s, r->device_idle_s,
@@ -2386,6 +2441,8 @@ static void train_summary_text(train_job *j, const dsrt_train_result *r, const c
     if (!isnan(r->val_accuracy))
         printf("Validation accuracy %.2f%%, loss %.4f (validation took %.1f s).\n",
                100 * r->val_accuracy, r->val_loss, r->val_s);
+    else if (!j->val && r->start_iteration > 0)
+        printf("No validation in this run (give --val to measure it).\n");
     /* A checkpoint of workers with optimizer states of their own, resumed
      * other than by as many workers keeping theirs: the mean was taken. */
     int own = j->o.averaging_frequency > 0 && !j->o.average_optimizer_state &&
@@ -2606,11 +2663,13 @@ static void eval_print_json(const dsrt_net *net, const dsrt_eval_result *r,
     tool_json_string(stdout, ev.model);
     printf(", \"data\": ");
     tool_json_string(stdout, shown);
-    char b1[32], b2[32];
+    char b1[32], b2[32], b3[32], b4[32];
     printf(", \"images\": %llu, \"correct\": %llu, \"accuracy\": %s, \"loss\": %s, "
-           "\"seconds\": %.3f, \"images_per_s\": %.1f, \"classes\": [",
+           "\"seconds\": %s, \"images_per_s\": %s, ",
            (unsigned long long)r->images, (unsigned long long)r->correct, jnum(b1, r->accuracy),
-           jnum(b2, r->loss), r->seconds, r->images_per_s);
+           jnum(b2, r->loss), tool_json_number(b3, "%.3f", r->seconds),
+           tool_json_number(b4, "%.1f", r->images_per_s));
+    printf("\"not_finite\": %llu, \"classes\": [", (unsigned long long)r->not_finite);
     for (int c = 0; c < C; c++) {
         if (dsrt_net_class_name(net, c, name, sizeof name) < 0)
             snprintf(name, sizeof name, "%d", c);
@@ -2621,10 +2680,8 @@ static void eval_print_json(const dsrt_net *net, const dsrt_eval_result *r,
     for (int c = 0; c < C; c++) {
         uint64_t n = 0;
         for (int p = 0; p < C; p++) n += r->confusion[(size_t)c * C + p];
-        if (n)
-            printf("%s%.6g", c ? ", " : "", (double)r->confusion[(size_t)c * C + c] / (double)n);
-        else
-            printf("%snull", c ? ", " : "");
+        printf("%s%s", c ? ", " : "",
+               n ? jnum(b1, (double)r->confusion[(size_t)c * C + c] / (double)n) : "null");
     }
     printf("], \"confusion\": [");
     for (int c = 0; c < C; c++) {
@@ -2645,6 +2702,11 @@ static void eval_print_text(const dsrt_net *net, const dsrt_eval_result *r,
     printf("%s on %s: accuracy %.2f%% (%llu of %llu), loss %.4f, %.0f images/s\n", ev.model, shown,
            100 * r->accuracy, (unsigned long long)r->correct, (unsigned long long)r->images,
            r->loss, r->images_per_s);
+    if (r->not_finite)
+        printf("%llu image%s got scores that are not finite (NaN or infinite) and count%s as "
+               "wrong\n",
+               (unsigned long long)r->not_finite, r->not_finite == 1 ? "" : "s",
+               r->not_finite == 1 ? "s" : "");
     if (r->bad_samples)
         printf("%llu image%s could not be read and %s left out (see stderr)\n",
                (unsigned long long)r->bad_samples, r->bad_samples == 1 ? "" : "s",
@@ -2724,6 +2786,13 @@ static int cmd_eval(int argc, char **argv) {
     else
         eval_print_text(net, &r, &bad, shown);
     status = 0;
+    if (r.not_finite) {
+        fprintf(stderr,
+                "%s eval: %s: the model's scores are not finite (NaN or infinite) for %llu of %llu "
+                "images: its weights or input statistics are broken\n",
+                prog, ev.model, (unsigned long long)r.not_finite, (unsigned long long)r.images);
+        status = 1;
+    }
 out:
     if (bad.out && (bad.write_failed | ferror(bad.out) | fclose(bad.out))) {
         fprintf(stderr, "%s eval: --bad-list %s: the list could not be written in full\n", prog,
@@ -2794,9 +2863,29 @@ static void classify_flush(classifier *c) {
         fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
         c->failures += c->n;
     } else {
-        char name[256];
+        char name[256], b[32];
         for (int i = 0; i < c->n; i++) {
             const float *s = c->scores + (size_t)i * C;
+            int finite = 1;
+            for (int q = 0; q < C; q++) finite &= isfinite(s[q]) != 0;
+            if (!finite) {
+                /* No class can be named from NaN: the image fails, and the
+                 * JSON line says so with its scores as they are. */
+                fprintf(stderr,
+                        "%s classify: %s: the model's scores are not finite (NaN or infinite): "
+                        "its weights or input statistics are broken\n",
+                        prog, c->paths[i]);
+                c->failures++;
+                if (cl.json) {
+                    printf("{\"path\": ");
+                    tool_json_string(stdout, c->paths[i]);
+                    printf(", \"label\": null, \"class\": null, \"score\": null, \"scores\": [");
+                    for (int q = 0; q < C; q++)
+                        printf("%s%s", q ? ", " : "", jnum(b, (double)s[q]));
+                    printf("], \"error\": \"scores not finite\"}\n");
+                }
+                continue;
+            }
             int k = cl.top < C ? cl.top : C;
             int best[64];
             if (k > 64) k = 64;
@@ -3063,20 +3152,27 @@ typedef struct {
 } scale_report;
 
 static void scale_print_json(const scale_report *r) {
+    char b[9][32];
     printf("{\"net\": ");
     tool_json_string(stdout, sc.net);
     printf(", \"batch_per_gpu\": %d, \"gradient_bytes\": %zu, \"buckets\": %d, "
-           "\"measured_forward_s\": %.6f, \"measured_backward_s\": %.6f, "
-           "\"measure_batch\": %d, \"gpu_compute_s\": %.6f, \"tflops\": %g, "
-           "\"nvlink_gbs\": %g, \"ib_gbs\": %g, \"alpha_nvlink_us\": %g, \"alpha_ib_us\": %g, "
+           "\"measured_forward_s\": %s, \"measured_backward_s\": %s, "
+           "\"measure_batch\": %d, \"gpu_compute_s\": %s, \"tflops\": %s, "
+           "\"nvlink_gbs\": %s, \"ib_gbs\": %s, \"alpha_nvlink_us\": %s, \"alpha_ib_us\": %s, "
            "\"predictions\": [",
-           sc.batch, r->grad_bytes, r->nb, r->meas_f, r->meas_b, r->mb, r->compute, r->tflops,
-           r->nv, r->ib, r->a_nv, r->a_ib);
+           sc.batch, r->grad_bytes, r->nb, tool_json_number(b[0], "%.6f", r->meas_f),
+           tool_json_number(b[1], "%.6f", r->meas_b), r->mb,
+           tool_json_number(b[2], "%.6f", r->compute), tool_json_number(b[3], "%g", r->tflops),
+           tool_json_number(b[4], "%g", r->nv), tool_json_number(b[5], "%g", r->ib),
+           tool_json_number(b[6], "%g", r->a_nv), tool_json_number(b[7], "%g", r->a_ib));
     for (int i = 0; i < r->ngpus; i++)
-        printf("%s{\"gpus\": %d, \"step_s\": %.6f, \"allreduce_s\": %.6f, \"exposed_s\": %.6f, "
-               "\"efficiency\": %.4f, \"images_per_s\": %.0f}",
-               i ? ", " : "", r->gpus[i], r->step[i], r->comm[i], r->exposed[i], r->eff[i],
-               r->gpus[i] * sc.batch / r->step[i]);
+        printf("%s{\"gpus\": %d, \"step_s\": %s, \"allreduce_s\": %s, \"exposed_s\": %s, "
+               "\"efficiency\": %s, \"images_per_s\": %s}",
+               i ? ", " : "", r->gpus[i], tool_json_number(b[0], "%.6f", r->step[i]),
+               tool_json_number(b[1], "%.6f", r->comm[i]),
+               tool_json_number(b[2], "%.6f", r->exposed[i]),
+               tool_json_number(b[3], "%.4f", r->eff[i]),
+               tool_json_number(b[4], "%.0f", r->gpus[i] * sc.batch / r->step[i]));
     printf("]}\n");
 }
 
@@ -3353,9 +3449,11 @@ static int cmd_analyze(int argc, char **argv) {
     }
     dsrt_net_info info;
     dsrt_net_get_info(net, &info);
-    if (analyze.json)
-        printf("{\"net\": \"%s\", \"layers\": [", name);
-    else
+    if (analyze.json) {
+        printf("{\"net\": ");
+        tool_json_string(stdout, name);
+        printf(", \"layers\": [");
+    } else
         printf("%s: %d layers, %d classes, input %dx%dx%d\n\n  %-4s %-20s %-11s %-30s %-14s %s\n",
                name, info.layers, info.classes, info.height, info.width, info.channels, "#",
                "layer", "type", "inputs", "output", "learnables");
@@ -3378,19 +3476,24 @@ static int cmd_analyze(int argc, char **argv) {
             /* The layer it takes computes it (its only taker). */
             fused_away = p.fused && strcmp(p.type, "add") != 0;
         }
-        if (analyze.json)
-            printf("%s{\"name\": \"%s\", \"type\": \"%s\", \"inputs\": \"%s\", "
-                   "\"output\": [%d, %d, %d], \"learnables\": %zu}",
-                   i ? ", " : "", l.name, l.type, inputs, l.out_height, l.out_width, l.out_channels,
-                   learn);
-        else
+        if (analyze.json) {
+            printf("%s{\"name\": ", i ? ", " : "");
+            tool_json_string(stdout, l.name);
+            printf(", \"type\": ");
+            tool_json_string(stdout, l.type);
+            printf(", \"inputs\": ");
+            tool_json_string(stdout, inputs);
+            printf(", \"output\": [%d, %d, %d], \"learnables\": %zu}", l.out_height, l.out_width,
+                   l.out_channels, learn);
+        } else
             printf("  %-4d %-20s %-11s %-30s %-14s %zu%s\n", i, l.name, l.type,
                    l.n_inputs ? inputs : "-", out, learn,
                    fused_away ? "   (computed by the layer it takes)" : "");
     }
+    char gf[32];
     if (analyze.json)
-        printf("], \"learnables\": %zu, \"state\": %zu, \"forward_gflop\": %.4f}\n", info.learnable,
-               info.state, info.forward_flops * 1e-9);
+        printf("], \"learnables\": %zu, \"state\": %zu, \"forward_gflop\": %s}\n", info.learnable,
+               info.state, tool_json_number(gf, "%.4f", info.forward_flops * 1e-9));
     else
         printf("\n  total: %zu learnables, %zu state values (running and input statistics), %.3f "
                "GFLOP "
@@ -3471,6 +3574,11 @@ static int cmd_import(int argc, char **argv) {
         fprintf(stderr, "%s import: --output %s: %s\n", prog, im.output, why);
         return 2;
     }
+    if (tool_same_file(im.output, model)) {
+        fprintf(stderr, "%s import: --output %s: is the model read (%s): give another name\n", prog,
+                im.output, model);
+        return 2;
+    }
     dsrt_onnx_import_options o;
     char **names;
     if ((rc = onnx_resolve("import", &im.onnx, &o, &names))) return rc;
@@ -3546,6 +3654,11 @@ static int cmd_export(int argc, char **argv) {
     char why[512];
     if (tool_check_output(ex.output, 1, why, sizeof why)) {
         fprintf(stderr, "%s export: --output %s: %s\n", prog, ex.output, why);
+        return 2;
+    }
+    if (tool_same_file(ex.output, model)) {
+        fprintf(stderr, "%s export: --output %s: is the model read (%s): give another name\n", prog,
+                ex.output, model);
         return 2;
     }
     dsrt_net_options no = dsrt_net_defaults();

@@ -134,6 +134,12 @@ static int utf8_length(const unsigned char *p) {
     return n;
 }
 
+const char *tool_json_number(char *buf, const char *fmt, double v) {
+    if (!isfinite(v)) return "null";
+    snprintf(buf, 32, fmt, v);
+    return buf;
+}
+
 void tool_json_string(FILE *f, const char *s) {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
@@ -393,6 +399,12 @@ FILE *tool_open_output(const char *path, char *why, size_t why_cap) {
         close(fd);
     }
     return f;
+}
+
+int tool_same_file(const char *a, const char *b) {
+    struct stat x, y;
+    if (!a || !b || stat(a, &x) != 0 || stat(b, &y) != 0) return 0;
+    return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
 int tool_check_output(const char *path, int regular, char *why, size_t why_cap) {

@@ -39,10 +39,20 @@ dsrt_shard_order tool_shard_order(const char *option, const char *value);
  * not UTF-8 become U+FFFD, so the output is always valid JSON. */
 void tool_json_string(FILE *f, const char *s);
 
+/* A number for JSON, formatted by fmt (one double conversion, "%.6g"), in
+ * buf (32 bytes): "null" when v is NaN or infinite, which JSON cannot hold.
+ * Returns buf or the literal "null". */
+const char *tool_json_number(char *buf, const char *fmt, double v)
+    __attribute__((format(printf, 2, 0)));
+
 /* Writes s for a tab-separated text column: tab, newline, carriage return,
  * other control bytes, bytes that are not UTF-8 and backslash as C escapes
  * (\t, \n, \x01, \xe9, \\), so that a name never breaks the columns. */
 void tool_text_field(FILE *f, const char *s);
+
+/* 1 when paths a and b both name one existing file (the same device and
+ * inode, whatever links or spellings lead there), else 0. */
+int tool_same_file(const char *a, const char *b);
 
 /* Opens path for reading without waiting (a FIFO does not block) and
  * refuses anything but a regular file. Returns the descriptor and the size

@@ -347,8 +347,10 @@ typedef struct {
     double checkpoint_s;           /* seconds writing checkpoints (part of train_s) */
     double images_per_s;           /* images / train_s */
     double loss, accuracy;         /* the last mini-batch's */
-    double val_loss, val_accuracy; /* the last validation's, NaN when none ran */
-    double best_val_loss;          /* the lowest validation loss, NaN when none ran */
+    double val_loss, val_accuracy; /* the last validation's in this call, NaN when none ran
+                                      (a resumed run reports none of the checkpoint's) */
+    double best_val_loss;          /* the lowest validation loss (the checkpoint's included),
+                                      NaN when none ran */
     int64_t best_iteration;        /* where it was reached */
     double consumer_wait_s;        /* seconds the compute waited for a batch (data-bound time) */
     int device;                    /* where the net trained: DSRT_DEVICE_CPU or the CUDA device */
@@ -436,7 +438,11 @@ typedef struct {
 DSRT_API dsrt_eval_options dsrt_eval_defaults(void);
 
 typedef struct {
-    uint64_t images, correct;
+    uint64_t images, correct; /* correct: the likeliest class is the true one */
+    /* Images whose scores were not all finite (NaN or infinite: a model with
+     * broken weights): counted in images, not correct, in no confusion cell;
+     * the loss is then NaN. */
+    uint64_t not_finite;
     double accuracy; /* correct / images */
     double loss;     /* mean cross-entropy */
     int classes;     /* the net's */
@@ -483,6 +489,21 @@ DSRT_API char *dsrt_describe_classes(const char *spec, const char *const *names,
 
 /* The same with the class names of a datastore. */
 DSRT_API char *dsrt_describe_datastore_classes(const char *spec, const dsrt_datastore *ds);
+
+/*
+ * Reads a list of class names, one a line, as a labels file holds them
+ * (text of len bytes, not necessarily NUL-terminated; line ends LF or CRLF;
+ * blank lines at the end ignored). Each name is checked: 1 to 255 bytes of
+ * UTF-8 without NUL or other control characters (a tab is kept). On success
+ * *names holds *count names (free with dsrt_class_names_free) and 0 is
+ * returned; otherwise DSRT_EFORMAT with a message naming the line
+ * ("class names: line 3: a control character (U+0001) at byte 5"), or
+ * -ENOMEM. Thread-safe.
+ */
+DSRT_API int dsrt_class_names_parse(const char *text, size_t len, char ***names, int *count);
+
+/* Frees what dsrt_class_names_parse gave. NULL is accepted. */
+DSRT_API void dsrt_class_names_free(char **names);
 
 /*
  * Copies the name of class c, as the net's description names it, into buf

@@ -114,6 +114,46 @@ static int add_classes(strbuf *b, const char *const *names, size_t n) {
     return 0;
 }
 
+int dsrt_class_names_parse(const char *text, size_t len, char ***names, int *count) {
+    if (!names || !count || (!text && len)) return dsrt__fail(-EINVAL, "class names: no text");
+    *names = NULL;
+    *count = 0;
+    while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
+    if (len == 0) return dsrt__fail(DSRT_EFORMAT, "class names: no names in it");
+    size_t lines = 1;
+    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    if (lines > (size_t)1 << 24)
+        return dsrt__fail(DSRT_EFORMAT, "class names: %zu lines (at most %d)", lines, 1 << 24);
+    /* One block: the array, then every name NUL-terminated. */
+    char **v = dsrt__malloc((lines + 1) * sizeof *v + len + 1);
+    if (!v) return -ENOMEM;
+    char *out = (char *)(v + lines + 1);
+    size_t at = 0;
+    for (size_t k = 0; k < lines; k++) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        size_t end = nl ? (size_t)(nl - text) : len, n = end - at;
+        if (n && text[at + n - 1] == '\r') n--;
+        char why[128];
+        if (dsrt__class_name_check(text + at, n, why, sizeof why) != 0) {
+            free(v);
+            return dsrt__fail(DSRT_EFORMAT, "class names: line %zu: %s", k + 1, why);
+        }
+        memcpy(out, text + at, n);
+        out[n] = '\0';
+        v[k] = out;
+        out += n + 1;
+        at = end + 1;
+    }
+    v[lines] = NULL;
+    *names = v;
+    *count = (int)lines;
+    return 0;
+}
+
+void dsrt_class_names_free(char **names) {
+    free(names);
+}
+
 char *dsrt_describe_classes(const char *spec, const char *const *names, size_t n) {
     if (!spec) {
         dsrt__fail(-EINVAL, "describe: no description");

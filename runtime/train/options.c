@@ -288,6 +288,27 @@ static int check_checkpoint_path(const char *path) {
 #define BADO(cond, fmt, ...)                                                                       \
     if (!(cond)) return dsrt__fail(DSRT_EOPTION, "train: " fmt, __VA_ARGS__)
 
+/* Refuses the loop's state file kept beside a checkpoint given where the
+ * checkpoint is meant, naming the checkpoint. */
+static int check_not_state(const char *path) {
+    char head[sizeof STATE_MAGIC] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0; /* the load says why */
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    if (n != sizeof head - 1 || memcmp(head, STATE_MAGIC, n) != 0) return 0;
+    size_t len = strlen(path), ns = strlen(STATE_SUFFIX);
+    if (len > ns && !strcmp(path + len - ns, STATE_SUFFIX))
+        return dsrt__fail(DSRT_EOPTION,
+                          "train: resume: %s: the state of the training loop kept beside a "
+                          "checkpoint, not the checkpoint: give %.*s",
+                          path, (int)(len - ns), path);
+    return dsrt__fail(DSRT_EOPTION,
+                      "train: resume: %s: the state of the training loop kept beside a "
+                      "checkpoint, not the checkpoint",
+                      path);
+}
+
 /* The options of the loop: epochs, batches, optimizer, validation,
  * checkpoints, resume. */
 static int check_loop(const dsrt_train_options *o) {
@@ -340,6 +361,7 @@ static int check_loop(const dsrt_train_options *o) {
         struct stat st;
         BADO(*o->resume && stat(o->resume, &st) == 0, "resume: %s: %s", o->resume,
              *o->resume ? strerror(errno) : "empty");
+        if (S_ISREG(st.st_mode) && (rc = check_not_state(o->resume))) return rc;
     }
     return 0;
 }
@@ -656,8 +678,7 @@ int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_optio
         }
         for (int i = 0; i < n; i++) labels[i] = map[b->labels[i]];
         float l = 0;
-        int c = 0;
-        rc = dsrt_net_predict(net, b->data, n, scores, labels, &l, &c);
+        rc = dsrt_net_predict(net, b->data, n, scores, labels, &l, NULL);
         dsrt_batch_release(p, b);
         if (rc) {
             dsrt__fail_prefix(rc, "evaluate");
@@ -665,13 +686,20 @@ int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_eval_optio
         }
         for (int i = 0; i < n; i++) {
             const float *s = scores + (size_t)i * C;
-            int best = 0;
-            for (int k = 1; k < C; k++)
+            int best = 0, finite = isfinite(s[0]) != 0;
+            for (int k = 1; k < C; k++) {
+                finite &= isfinite(s[k]) != 0;
                 if (s[k] > s[best]) best = k;
+            }
+            /* NaN scores name no class: counted wrong, in no cell. */
+            if (!finite) {
+                r->not_finite++;
+                continue;
+            }
             r->confusion[(size_t)labels[i] * C + best]++;
+            r->correct += best == labels[i];
         }
         lsum += (double)l * n;
-        r->correct += (uint64_t)c;
         r->images += (uint64_t)n;
     }
     if (rc != DSRT_EEOF) {

@@ -536,9 +536,9 @@ static int run_step(run *R) {
 
 /* After the last iteration: every worker holds the same net; the final
  * checkpoint (unless one was just written), then a validation if the run
- * stopped early without one. It only reports: the checkpoint holds the
- * state of the loop as the uninterrupted run has it. Then the best weights,
- * when asked for. */
+ * stopped early without one (or was resumed with none left). It only
+ * reports: the checkpoint holds the state of the loop as the uninterrupted
+ * run has it. Then the best weights, when asked for. */
 static int run_finish(run *R) {
     const dsrt_train_options *o = R->o;
     dsrt_train_result *r = R->r;
@@ -551,7 +551,9 @@ static int run_finish(run *R) {
         if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) return rc;
         if (R->stop_request) R->stop = DSRT_STOP_CALLBACK + 1;
     }
-    if (R->vp && !R->validated_last && it > r->start_iteration) {
+    /* (Also a resumed run with nothing left to train: what it reports is
+     * measured now, never the checkpoint's figures.) */
+    if (R->vp && !R->validated_last) {
         double vl, va;
         if ((rc = validate(R, &vl, &va))) return rc;
         R->ev.val_loss = r->val_loss = vl;
@@ -591,10 +593,6 @@ static int run_close(run *R, int rc) {
     r->images_per_s = r->train_s > 0 ? (double)r->images / r->train_s : 0;
     r->best_val_loss = R->ls.best_val_loss;
     r->best_iteration = R->ls.best_iteration;
-    if (isnan(r->val_loss)) {
-        r->val_loss = R->ls.last_val_loss;
-        r->val_accuracy = R->ls.last_val_accuracy;
-    }
     /* Bad samples: each once, whichever workers found it (the last found
      * here told first); skips summed over the workers. */
     if (R->p) dsrt__train_emit_bad(R, R->p, 0);
