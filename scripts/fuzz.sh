@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds dsrt's libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and
 # UBSan, every sanitizer report fatal (-fno-sanitize-recover=all), and runs
-# each for SECONDS (default 60) from an empty corpus in a temporary folder.
+# each for SECONDS (default 60) from a corpus in a temporary folder: empty,
+# or the target's seeds in tests/fuzz/seeds/NAME/.
 # Any crash, and any sanitizer report in a fuzzer's log even where the
 # fuzzer exited 0, fails the script; a crash leaves the input in
 # build-fuzz/findings/.
@@ -37,6 +38,8 @@ for f in build-fuzz/tests/fuzz_*; do
   [ -x "$f" ] || continue
   name=$(basename "$f")
   corpus=$(mktemp -d)
+  # A target's seeds (tests/fuzz/seeds/NAME/), where it has some, start its corpus.
+  if [ -d tests/fuzz/seeds/"$name" ]; then cp tests/fuzz/seeds/"$name"/* "$corpus"/; fi
   if ! "$f" -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix=build-fuzz/findings/"$name"- "$corpus" 2> build-fuzz/"$name".log; then
     echo "$name: FAILED (see build-fuzz/$name.log)"; tail -30 build-fuzz/"$name".log; status=1
