@@ -138,9 +138,10 @@ int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const c
 
 /* Imports a model held in memory (data, size bytes; file names it in
  * messages): dsrt_onnx_import's work. dir: the folder external data files
- * are read from (NULL: a model with external data is refused). own_map: data
- * is a private mapping of the file, whose pages are released as its tensors
- * are copied, and unmapped at the end. The fuzz target's entry. */
+ * are read from, which none may lie outside, through a link or otherwise
+ * (NULL: a model with external data is refused). own_map: data is a private
+ * mapping of the file, whose pages are released as its tensors are copied,
+ * and unmapped at the end. The fuzz target's entry. */
 int dsrt__onnx_import_memory(dsrt_net **net, const uint8_t *data, size_t size, const char *file,
                              const char *dir, int own_map, const dsrt_onnx_import_options *o,
                              const dsrt_net_options *options);

@@ -15,7 +15,9 @@
  * Weights are copied straight from the mapped file (or the external data
  * files, also mapped) into the net's parameter buffer, tensor by tensor, and
  * the file's pages are released as soon as a tensor is copied, so an import
- * holds the weights about once.
+ * holds the weights about once. External data must lie in the model's
+ * folder, and a link that leads out of it is refused, since the file comes
+ * from a stranger.
  */
 #include "nn/onnx.h"
 
@@ -97,6 +99,7 @@ typedef struct {
     onnx_model m;
     const char *file;   /* for messages */
     const char *dir;    /* the model's folder, for external data; NULL: none allowed */
+    char *real_dir;     /* dir with every link followed, once external data needs it */
     const uint8_t *map; /* the mapped model (its pages are released as tensors are read) */
     size_t map_size;
     int own_map;
@@ -354,7 +357,20 @@ static int in_map(const imp *c, const uint8_t *p) {
     return c->own_map && p >= c->map && p < c->map + c->map_size;
 }
 
-/* The external file of t, mapped (once for all the tensors in it). */
+/* Whether real (a path without links) is inside the folder dir (also one). */
+static int inside(const char *real, const char *dir) {
+    size_t n = strlen(dir);
+    if (strncmp(real, dir, n) != 0) return 0;
+    return dir[n - 1] == '/' ? real[n] != '\0' : real[n] == '/';
+}
+
+/*
+ * The external file of t, mapped (once for all the tensors in it): its
+ * location checked (relative, without '..'), every link on the way followed
+ * and the file found inside the model's folder. A link is followed where it
+ * stays inside the folder (a weights file linked beside its model), never
+ * out of it.
+ */
 static int external(imp *c, const onnx_tensor *t, const uint8_t **data, size_t *size) {
     char loc[ONNX_NAME_MAX + 1];
     onnx_str l = t->location;
@@ -384,6 +400,11 @@ static int external(imp *c, const onnx_tensor *t, const uint8_t **data, size_t *
             *size = c->ext[i].size;
             return 0;
         }
+    if (!c->real_dir && !(c->real_dir = realpath(c->dir, NULL))) {
+        int e = errno;
+        return nfail(c, -e, "tensor '%s': external data: the model's folder %s: %s", SHOWN(t->name),
+                     c->dir, strerror(e));
+    }
     char *path = NULL;
     size_t plen = strlen(c->dir) + strlen(loc) + 2;
     ext_file *grown = realloc(c->ext, (size_t)(c->n_ext + 1) * sizeof *c->ext);
@@ -394,12 +415,27 @@ static int external(imp *c, const onnx_tensor *t, const uint8_t **data, size_t *
     }
     c->ext = grown;
     snprintf(path, plen, "%s/%s", c->dir, loc);
+    char *real = realpath(path, NULL);
+    int err = errno;
+    free(path);
+    if (!real)
+        return nfail(c, -err, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
+                     strerror(err));
+    if (!inside(real, c->real_dir)) {
+        int rc = nfail(c, DSRT_EUNSUPPORTED,
+                       "tensor '%s': external data '%s' lies outside the model's folder (a link "
+                       "leads to %s)",
+                       SHOWN(t->name), loc, real);
+        free(real);
+        return rc;
+    }
     int fd;
     struct stat st;
-    int rc = dsrt__open_regular(path, &fd, &st);
-    free(path);
+    int rc = dsrt__open_regular(real, &fd, &st);
+    free(real);
     if (rc)
-        return nfail(c, rc, "tensor '%s': external data: %s", SHOWN(t->name), dsrt_last_error());
+        return nfail(c, rc, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
+                     dsrt_last_error());
     const uint8_t *d = NULL;
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -2068,6 +2104,7 @@ static void imp_free(imp *c) {
         free(c->ext[i].location);
     }
     free(c->ext);
+    free(c->real_dir);
     free(c->v);
     free(c->slot);
     free(c->live);

@@ -1,16 +1,16 @@
 /*
- * Tests of ONNX import and export that need nothing but dsrt: a net of
- * every layer type written out at several opsets and read back gives the
- * same parameters, state and predictions bit for bit (and its class names);
- * models written here byte by byte (the protobuf writer of nn/protobuf.h)
- * hold their weights in every storage the importer reads (raw_data, packed
- * and unpacked typed fields, float16 and bfloat16, external data at an
- * offset past 2^31) and give them back exactly; and the refusals: an
- * unsupported operator or opset, attributes and shapes dsrt would compute
- * differently, every truncation of a file, a length that lies, a tensor
- * whose bytes do not fit its shape, external data outside the model's
- * folder, each with a message naming the node or tensor. The comparisons
- * with onnxruntime are test_onnx_ref's.
+ * Tests of ONNX import and export that need nothing but dsrt: a net of every
+ * layer type written out at several opsets and read back gives the same
+ * parameters, state and predictions bit for bit (and its class names); models
+ * written here byte by byte (the protobuf writer of nn/protobuf.h) hold their
+ * weights in every storage the importer reads (raw_data, packed and unpacked
+ * typed fields, float16 and bfloat16, external data at an offset past 2^31)
+ * and give them back exactly; and the refusals: an unsupported operator or
+ * opset, attributes and shapes dsrt would compute differently, every
+ * truncation of a file, a length that lies, a tensor whose bytes do not fit
+ * its shape, external data outside the model's folder (through a link too),
+ * each with a message naming the node or tensor. The comparisons with
+ * onnxruntime are test_onnx_ref's.
  */
 #include "nn/onnx.h"
 #include "task.h"
@@ -636,6 +636,114 @@ static void test_external_refusals(void) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// External data: links
+
+/* A tensor whose values are external data at location (offset and length
+ * may be NULL: not given). */
+static void ext_tensor(dsrt_pb_writer *g, const char *name, const int64_t *dims, int n,
+                       const char *location, const char *offset, const char *length) {
+    size_t t = dsrt__pb_begin(g, 5);
+    dsrt__pb_put_int64s(g, 1, dims, (size_t)n);
+    dsrt__pb_put_varint(g, 2, 1);
+    dsrt__pb_put_string(g, 8, name);
+    const char *kv[3][2] = {{"location", location}, {"offset", offset}, {"length", length}};
+    for (int i = 0; i < 3; i++) {
+        if (!kv[i][1]) continue;
+        size_t e = dsrt__pb_begin(g, 13);
+        dsrt__pb_put_string(g, 1, kv[i][0]);
+        dsrt__pb_put_string(g, 2, kv[i][1]);
+        dsrt__pb_end(g, e);
+    }
+    dsrt__pb_put_varint(g, 14, 1);
+    dsrt__pb_end(g, t);
+}
+
+/* image (N, 2, 3, 3) -> Conv with weights (3, 2, 2, 2) as external data ->
+ * Flatten -> scores (N, 12). */
+static uint8_t *ext_conv_model(const char *location, const char *offset, const char *length,
+                               size_t *size) {
+    dsrt_pb_writer g = {0};
+    add_node(&g, "Conv", "conv", "image,w", "c", NULL);
+    add_node(&g, "Flatten", "flat", "c", "scores", NULL);
+    int64_t wd[4] = {3, 2, 2, 2}, in[4] = {1, 2, 3, 3}, out[2] = {1, 12};
+    ext_tensor(&g, "w", wd, 4, location, offset, length);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    return model(&g, 13, size);
+}
+
+static void write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f && fwrite(p, 1, n, f) == n);
+    fclose(f);
+}
+
+static void relink(const char *target, const char *path) {
+    unlink(path);
+    REQUIRE(symlink(target, path) == 0);
+}
+
+/* A link that leaves the model's folder (to a file, or a folder on the
+ * way) is refused naming it; a link inside the folder is followed. */
+static void test_external_links(void) {
+    char folder[600], outside[600], p[700];
+    path_of(folder, sizeof folder, "linked");
+    path_of(outside, sizeof outside, "outside");
+    mkdir(folder, 0755);
+    mkdir(outside, 0755);
+    float w[24], secret[24];
+    for (int i = 0; i < 24; i++) w[i] = conv_w(i), secret[i] = 7.0f;
+    snprintf(p, sizeof p, "%s/secret.bin", outside);
+    write_file(p, secret, sizeof secret);
+    snprintf(p, sizeof p, "%s/w.bin", folder);
+    write_file(p, w, sizeof w);
+    snprintf(p, sizeof p, "%s/link.bin", folder);
+    relink("../outside/secret.bin", p);
+    snprintf(p, sizeof p, "%s/dir", folder);
+    relink("../outside", p);
+    snprintf(p, sizeof p, "%s/inner.bin", folder);
+    relink("w.bin", p);
+    snprintf(p, sizeof p, "%s/loop.bin", folder);
+    relink("loop.bin", p);
+    static const struct {
+        const char *location, *why;
+    } refusals[] = {
+        {"link.bin", "external data 'link.bin' lies outside the model's folder"},
+        {"dir/secret.bin", "external data 'dir/secret.bin' lies outside the model's folder"},
+        {"loop.bin", "external data 'loop.bin'"},
+    };
+    dsrt_net_options no = one_thread();
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(refusals); k++) {
+        size_t size;
+        uint8_t *m = ext_conv_model(refusals[k].location, NULL, NULL, &size);
+        dsrt_net *net = NULL;
+        int rc = dsrt__onnx_import_memory(&net, m, size, "test.onnx", folder, 0, NULL, &no);
+        CHECK(rc != 0);
+        CHECK(net == NULL);
+        CHECK_CONTAINS(dsrt_last_error(), "node 0 'conv' (Conv, opset 13): tensor 'w'");
+        CHECK_CONTAINS(dsrt_last_error(), refusals[k].why);
+        dsrt_net_destroy(net);
+        free(m);
+    }
+    /* The model's folder reached through a link of its own is the folder. */
+    char via[600];
+    path_of(via, sizeof via, "via");
+    relink("linked", via);
+    const char *folders[2] = {folder, via};
+    for (int k = 0; k < 2; k++) {
+        size_t size;
+        uint8_t *m = ext_conv_model("inner.bin", NULL, NULL, &size);
+        dsrt_net *net = NULL;
+        CHECK_OK(dsrt__onnx_import_memory(&net, m, size, "test.onnx", folders[k], 0, NULL, &no));
+        if (net)
+            for (int i = 0; i < 24; i++)
+                CHECK(net->params[net->layers[1].w_off + (size_t)i] == conv_w(i));
+        dsrt_net_destroy(net);
+        free(m);
+    }
+}
+
 /* Random bytes changed in a good model: refused or imported, never a
  * crash (the fuzz target goes further under the sanitizers). */
 static void test_mutations(void) {
@@ -663,6 +771,7 @@ int main(void) {
     RUN(test_storages);
     RUN(test_refusals);
     RUN(test_external_refusals);
+    RUN(test_external_links);
     RUN(test_mutations);
     return TEST_RESULT();
 }
