@@ -2,7 +2,7 @@
  * ONNX models as dsrt reads them: the parts of a ModelProto that a network
  * of dsrt's layers can come from, parsed from the protobuf wire format
  * (nn/protobuf.h) without copying anything large. Strings and tensor data
- * are slices of the mapped file; the records that point at them live in one
+ * are slices of the file's bytes; the records that point at them live in one
  * arena. The field numbers are those of onnx.proto, which the ONNX project
  * keeps frozen.
  *
@@ -69,6 +69,7 @@ typedef struct {
      * count values. */
     const float *made_f;
     const int64_t *made_i;
+    int reads; /* the import's copies of it still to come */
 } onnx_tensor;
 
 typedef struct {
@@ -139,9 +140,10 @@ int dsrt__onnx_tensor(onnx_tensor *t, onnx_str msg, const uint8_t *base, const c
 /* Imports a model held in memory (data, size bytes; file names it in
  * messages): dsrt_onnx_import's work. dir: the folder external data files
  * are read from, which none may lie outside, through a link or otherwise
- * (NULL: a model with external data is refused). own_map: data is a private
- * mapping of the file, whose pages are released as its tensors are copied,
- * and unmapped at the end. The fuzz target's entry. */
+ * (NULL: a model with external data is refused); they are read with pread,
+ * so a file that changes is an error, never a signal. own_map: data is an
+ * anonymous mapping (mmap) of size bytes, whose pages are released as its
+ * tensors are copied, and unmapped at the end. The fuzz target's entry. */
 int dsrt__onnx_import_memory(dsrt_net **net, const uint8_t *data, size_t size, const char *file,
                              const char *dir, int own_map, const dsrt_onnx_import_options *o,
                              const dsrt_net_options *options);

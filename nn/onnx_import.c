@@ -12,12 +12,13 @@
  * differently) is refused before any weight is read, naming the node, its
  * operator and the opset, never imported as a different network.
  *
- * Weights are copied straight from the mapped file (or the external data
- * files, also mapped) into the net's parameter buffer, tensor by tensor, and
- * the file's pages are released as soon as a tensor is copied, so an import
- * holds the weights about once. External data must lie in the model's
- * folder, and a link that leads out of it is refused, since the file comes
- * from a stranger.
+ * Weights are copied straight from the model's bytes (read into memory of
+ * the import's own, whose pages are released as soon as a tensor is copied,
+ * so an import holds the weights about once) or read with pread from the
+ * external data files into the net's parameter buffer, tensor by tensor.
+ * No file is mapped: a mapped file that shrinks kills its reader with
+ * SIGBUS. External data must lie in the model's folder, and a link that
+ * leads out of it is refused, since the file comes from a stranger.
  */
 #include "nn/onnx.h"
 
@@ -62,12 +63,12 @@ enum { V_INPUT = 1, V_LAYER, V_CONST };
 typedef struct {
     onnx_str name;
     int kind;
-    int layer;            /* V_INPUT, V_LAYER: the dsrt layer whose output it is */
-    int flat;             /* ONNX sees it as (N, K), K = c h w */
-    int stage;            /* V_INPUT: how many normalising operations made it */
-    const onnx_tensor *t; /* V_CONST */
-    int producer;         /* node index, or -1 */
-    int uses;             /* consumers on the way to the output */
+    int layer;      /* V_INPUT, V_LAYER: the dsrt layer whose output it is */
+    int flat;       /* ONNX sees it as (N, K), K = c h w */
+    int stage;      /* V_INPUT: how many normalising operations made it */
+    onnx_tensor *t; /* V_CONST */
+    int producer;   /* node index, or -1 */
+    int uses;       /* consumers on the way to the output */
 } value;
 
 /* A dsrt layer being made: its keyword and options, its inputs, and where
@@ -83,16 +84,18 @@ typedef struct {
     /* conv, fc: weights w (fc: transposed from (rows, cols) when w_rows),
      * times w_scale; bias b times b_scale. batchnorm: bn scale, offset,
      * running mean, running variance. */
-    const onnx_tensor *w, *b, *bn[4];
+    onnx_tensor *w, *b, *bn[4];
     int64_t w_rows, w_cols;
     float w_scale, b_scale;
 } layer;
 
-/* An external data file, mapped. */
+/* An external data file: its location as the model writes it, its path
+ * with every link followed (inside the model's folder), and its size when
+ * it was first opened. */
 typedef struct {
     char *location;
-    const uint8_t *data;
-    size_t size;
+    char *path;
+    uint64_t size;
 } ext_file;
 
 typedef struct {
@@ -100,7 +103,7 @@ typedef struct {
     const char *file;   /* for messages */
     const char *dir;    /* the model's folder, for external data; NULL: none allowed */
     char *real_dir;     /* dir with every link followed, once external data needs it */
-    const uint8_t *map; /* the mapped model (its pages are released as tensors are read) */
+    const uint8_t *map; /* the model's bytes (own_map: pages released as tensors are read) */
     size_t map_size;
     int own_map;
     value *v;
@@ -344,8 +347,8 @@ static float bf16_to_float(uint16_t b) {
     return f;
 }
 
-/* Releases the pages of [p, p + n) that lie wholly inside it, when they are
- * pages of a mapping of ours: what was read from the file is not kept. */
+/* Releases the pages of [p, p + n) that lie wholly inside it: what was
+ * copied out of the model's bytes is not kept. */
 static void release(const uint8_t *p, size_t n) {
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t a = ((uintptr_t)p + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
@@ -353,8 +356,30 @@ static void release(const uint8_t *p, size_t n) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-static int in_map(const imp *c, const uint8_t *p) {
-    return c->own_map && p >= c->map && p < c->map + c->map_size;
+/* One of the copies of t that the import makes is made: after the last,
+ * the pages of the model's bytes that held it go (an anonymous mapping's
+ * pages read back as zeros, so never before). */
+static void copied(imp *c, onnx_tensor *t) {
+    if (--t->reads > 0 || !c->own_map || !t->has_raw) return;
+    if (t->raw.p >= c->map && t->raw.p < c->map + c->map_size) release(t->raw.p, t->raw.n);
+}
+
+/* n values of type d, little-endian at p, as floats into dst. */
+static void convert(int d, const uint8_t *p, size_t n, float *dst) {
+    if (d == ONNX_FLOAT) {
+        memcpy(dst, p, n * 4);
+    } else if (d == ONNX_DOUBLE) {
+        for (size_t i = 0; i < n; i++) {
+            double x;
+            memcpy(&x, p + 8 * i, 8);
+            dst[i] = (float)x;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+            dst[i] = d == ONNX_FLOAT16 ? half_to_float(h) : bf16_to_float(h);
+        }
+    }
 }
 
 /* Whether real (a path without links) is inside the folder dir (also one). */
@@ -365,13 +390,13 @@ static int inside(const char *real, const char *dir) {
 }
 
 /*
- * The external file of t, mapped (once for all the tensors in it): its
- * location checked (relative, without '..'), every link on the way followed
- * and the file found inside the model's folder. A link is followed where it
- * stays inside the folder (a weights file linked beside its model), never
- * out of it.
+ * The external file of t: its location checked (relative, without '..'),
+ * every link on the way followed and the file found inside the model's
+ * folder, its size taken; once for all the tensors in it. A link is
+ * followed where it stays inside the folder (a weights file linked beside
+ * its model), never out of it.
  */
-static int external(imp *c, const onnx_tensor *t, const uint8_t **data, size_t *size) {
+static int external(imp *c, const onnx_tensor *t, ext_file **out) {
     char loc[ONNX_NAME_MAX + 1];
     onnx_str l = t->location;
     if (!c->dir)
@@ -394,10 +419,9 @@ static int external(imp *c, const onnx_tensor *t, const uint8_t **data, size_t *
                          SHOWN(t->name), loc);
         s += len + (e != NULL);
     }
-    for (int i = 0; i < c->n_ext; i++)
+    for (int i = c->n_ext - 1; i >= 0; i--)
         if (!strcmp(c->ext[i].location, loc)) {
-            *data = c->ext[i].data;
-            *size = c->ext[i].size;
+            *out = &c->ext[i];
             return 0;
         }
     if (!c->real_dir && !(c->real_dir = realpath(c->dir, NULL))) {
@@ -405,22 +429,19 @@ static int external(imp *c, const onnx_tensor *t, const uint8_t **data, size_t *
         return nfail(c, -e, "tensor '%s': external data: the model's folder %s: %s", SHOWN(t->name),
                      c->dir, strerror(e));
     }
-    char *path = NULL;
-    size_t plen = strlen(c->dir) + strlen(loc) + 2;
     ext_file *grown = realloc(c->ext, (size_t)(c->n_ext + 1) * sizeof *c->ext);
-    if (!grown || !(path = malloc(plen))) {
-        free(path);
-        if (grown) c->ext = grown;
-        return -ENOMEM;
-    }
+    if (!grown) return dsrt__fail(-ENOMEM, "out of memory");
     c->ext = grown;
+    size_t plen = strlen(c->dir) + strlen(loc) + 2;
+    char *path = dsrt__malloc(plen), *real = NULL;
+    if (!path) return -ENOMEM;
     snprintf(path, plen, "%s/%s", c->dir, loc);
-    char *real = realpath(path, NULL);
-    int err = errno;
+    real = realpath(path, NULL);
+    int e = errno;
     free(path);
     if (!real)
-        return nfail(c, -err, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
-                     strerror(err));
+        return nfail(c, -e, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
+                     strerror(e));
     if (!inside(real, c->real_dir)) {
         int rc = nfail(c, DSRT_EUNSUPPORTED,
                        "tensor '%s': external data '%s' lies outside the model's folder (a link "
@@ -432,62 +453,89 @@ static int external(imp *c, const onnx_tensor *t, const uint8_t **data, size_t *
     int fd;
     struct stat st;
     int rc = dsrt__open_regular(real, &fd, &st);
-    free(real);
-    if (rc)
+    if (rc) {
+        free(real);
         return nfail(c, rc, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
                      dsrt_last_error());
-    const uint8_t *d = NULL;
-    if (st.st_size > 0) {
-        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            int e = errno;
-            close(fd);
-            return nfail(c, -e, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
-                         strerror(e));
-        }
-        d = p;
     }
     close(fd);
     ext_file *x = &c->ext[c->n_ext];
     if (!(x->location = dsrt__strdup(loc))) {
-        if (d) munmap((void *)d, (size_t)st.st_size);
+        free(real);
         return -ENOMEM;
     }
-    x->data = d;
-    x->size = (size_t)st.st_size;
+    x->path = real;
+    x->size = (uint64_t)st.st_size;
     c->n_ext++;
-    *data = d;
-    *size = x->size;
+    *out = x;
     return 0;
 }
 
-/* Where t's raw bytes are (raw_data or external data), checked against its
- * size; *mapped: pages of ours to release after reading. */
-static int raw_bytes(imp *c, const onnx_tensor *t, const uint8_t **p, size_t *n, int *mapped) {
-    size_t want = (size_t)t->count * (size_t)dsrt__onnx_dtype_size(t->dtype);
-    if (!t->external) {
-        *p = t->raw.p;
-        *n = t->raw.n;
-        *mapped = in_map(c, t->raw.p);
-        return 0;
-    }
-    const uint8_t *d;
-    size_t size;
-    int rc = external(c, t, &d, &size);
+/* t's external file, with its bytes' span in it checked against the
+ * file's size and the tensor's shape. */
+static int external_span(imp *c, const onnx_tensor *t, ext_file **x) {
+    uint64_t want = t->count * (uint64_t)dsrt__onnx_dtype_size(t->dtype);
+    int rc = external(c, t, x);
     if (rc) return rc;
+    uint64_t size = (*x)->size;
     if (t->ext_offset > size || (t->has_ext_length && t->ext_length != want) ||
         want > size - t->ext_offset || (!t->has_ext_length && size - t->ext_offset != want))
         return nfail(c, DSRT_ECORRUPT,
                      "tensor '%s': external data '%s': %s%llu bytes at offset %llu of a file of "
-                     "%zu; its shape makes %zu bytes",
+                     "%llu; its shape makes %llu bytes",
                      SHOWN(t->name), SHOWN(t->location), t->has_ext_length ? "" : "the rest, ",
                      (unsigned long long)(t->has_ext_length ? t->ext_length
                                                             : size - DSRT_MIN(size, t->ext_offset)),
-                     (unsigned long long)t->ext_offset, size, want);
-    *p = d + t->ext_offset;
-    *n = want;
-    *mapped = 1;
+                     (unsigned long long)t->ext_offset, (unsigned long long)size,
+                     (unsigned long long)want);
     return 0;
+}
+
+/* n bytes at off of t's external file (open as fd) into dst, to the last
+ * one: a file that has shrunk since it was measured is an error naming it. */
+static int read_at(imp *c, const onnx_tensor *t, int fd, uint64_t off, void *dst, size_t n) {
+    for (size_t got = 0; got < n;) {
+        ssize_t r = pread(fd, (uint8_t *)dst + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            return nfail(c, -e, "tensor '%s': external data '%s': %s", SHOWN(t->name),
+                         SHOWN(t->location), strerror(e));
+        }
+        if (r == 0)
+            return nfail(c, DSRT_ETRUNCATED,
+                         "tensor '%s': external data '%s': the file ends at byte %llu, inside "
+                         "the tensor's bytes (it changed while it was read)",
+                         SHOWN(t->name), SHOWN(t->location), (unsigned long long)(off + got));
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* t's external values as floats into dst: read with pread (never mapped,
+ * so a file cut short while it is read is an error, not a SIGBUS), float32
+ * straight into dst, other types a block at a time. */
+static int external_floats(imp *c, const onnx_tensor *t, float *dst) {
+    ext_file *x;
+    int fd, rc = external_span(c, t, &x);
+    if (rc) return rc;
+    struct stat st;
+    if ((rc = dsrt__open_regular(x->path, &fd, &st)))
+        return nfail(c, rc, "tensor '%s': external data '%s': %s", SHOWN(t->name), x->location,
+                     dsrt_last_error());
+    size_t n = (size_t)t->count, width = (size_t)dsrt__onnx_dtype_size(t->dtype);
+    if (t->dtype == ONNX_FLOAT) {
+        rc = read_at(c, t, fd, t->ext_offset, dst, n * width);
+    } else {
+        uint8_t buf[16384];
+        for (size_t at = 0; at < n && !rc; at += sizeof buf / width) {
+            size_t k = DSRT_MIN(n - at, sizeof buf / width);
+            if (!(rc = read_at(c, t, fd, t->ext_offset + at * width, buf, k * width)))
+                convert(t->dtype, buf, k, dst + at);
+        }
+    }
+    close(fd);
+    return rc;
 }
 
 /*
@@ -507,26 +555,9 @@ static int tensor_floats(imp *c, const onnx_tensor *t, float *dst) {
                      "tensor '%s' holds %s values (dsrt reads float32, float16 and bfloat16 "
                      "weights)",
                      SHOWN(t->name), dsrt__onnx_dtype_name(d));
-    if (t->has_raw || t->external) {
-        const uint8_t *p;
-        size_t bytes;
-        int mapped, rc = raw_bytes(c, t, &p, &bytes, &mapped);
-        if (rc) return rc;
-        if (d == ONNX_FLOAT) {
-            memcpy(dst, p, n * 4);
-        } else if (d == ONNX_DOUBLE) {
-            for (size_t i = 0; i < n; i++) {
-                double x;
-                memcpy(&x, p + 8 * i, 8);
-                dst[i] = (float)x;
-            }
-        } else {
-            for (size_t i = 0; i < n; i++) {
-                uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
-                dst[i] = d == ONNX_FLOAT16 ? half_to_float(h) : bf16_to_float(h);
-            }
-        }
-        if (mapped) release(p, bytes);
+    if (t->external) return external_floats(c, t, dst);
+    if (t->has_raw) {
+        convert(d, t->raw.p, n, dst);
         return 0;
     }
     /* Typed fields: float_data (fixed32), int32_data (float16 and bfloat16
@@ -766,7 +797,7 @@ static value *data_input(imp *c, int k, const char *what) {
 }
 
 /* A constant input (an initializer); only called for inputs given. */
-static const onnx_tensor *const_input(imp *c, int k, const char *what) {
+static onnx_tensor *const_input(imp *c, int k, const char *what) {
     if (!has_input(c, k)) {
         nfail(c, DSRT_ECORRUPT, "its %s input is missing", what);
         return NULL;
@@ -900,7 +931,7 @@ static int ceil_extra(int in, int k, int s, int p0, int p1, int *out) {
 static int map_conv(imp *c) {
     value *x = image_input(c);
     if (!x) return c->err;
-    const onnx_tensor *w = const_input(c, 1, "weight"), *b = NULL;
+    onnx_tensor *w = const_input(c, 1, "weight"), *b = NULL;
     if (!w) return c->err;
     if (has_input(c, 2) && !(b = const_input(c, 2, "bias"))) return c->err;
     dsrt_shape s = shape_of(c, x);
@@ -941,8 +972,8 @@ static int map_conv(imp *c) {
 }
 
 /* Gemm and MatMul: a fully connected layer over the flattened input. */
-static int fc_layer(imp *c, value *a, const onnx_tensor *w, int trans_b, float alpha,
-                    const onnx_tensor *bias, float beta) {
+static int fc_layer(imp *c, value *a, onnx_tensor *w, int trans_b, float alpha, onnx_tensor *bias,
+                    float beta) {
     dsrt_shape s = shape_of(c, a);
     int64_t k = (int64_t)s.c * s.h * s.w;
     if (w->ndims != 2)
@@ -994,7 +1025,7 @@ static value *flat_input(imp *c, const char *op) {
 static int map_gemm(imp *c) {
     value *a = flat_input(c, "Gemm");
     if (!a) return c->err;
-    const onnx_tensor *b = const_input(c, 1, "weight (B)"), *cc = NULL;
+    onnx_tensor *b = const_input(c, 1, "weight (B)"), *cc = NULL;
     if (!b) return c->err;
     if (has_input(c, 2) && !(cc = const_input(c, 2, "bias (C)"))) return c->err;
     int64_t ta, tb;
@@ -1013,7 +1044,7 @@ static int map_gemm(imp *c) {
 static int map_matmul(imp *c) {
     value *a = flat_input(c, "MatMul");
     if (!a) return c->err;
-    const onnx_tensor *b = const_input(c, 1, "weight (B)"), *bias = NULL;
+    onnx_tensor *b = const_input(c, 1, "weight (B)"), *bias = NULL;
     if (!b) return c->err;
     /* The Add of a bias that takes this product alone: one fc layer. */
     value *o = output(c, 0);
@@ -1124,7 +1155,7 @@ static int map_batchnorm(imp *c) {
             return nfail(c, DSRT_EUNSUPPORTED,
                          "its training outputs (running mean and variance) "
                          "are used: dsrt imports the inference form");
-    const onnx_tensor *t[4];
+    onnx_tensor *t[4];
     static const char *const what[4] = {"scale", "bias (B)", "mean", "variance"};
     dsrt_shape s = shape_of(c, x);
     for (int k = 0; k < 4; k++) {
@@ -2012,6 +2043,13 @@ static int build_failed(imp *c, int rc, const int *line_of) {
     return dsrt__fail(rc, "%s", msg);
 }
 
+/* t's values into dst, as one of the copies of it the import makes. */
+static int copy_tensor(imp *c, onnx_tensor *t, float *dst) {
+    int rc = tensor_floats(c, t, dst);
+    if (!rc) copied(c, t);
+    return rc;
+}
+
 /* The weights of layer i from its tensors. */
 static int copy_layer(imp *c, dsrt_net *net, int i) {
     const layer *l = &c->L[i];
@@ -2027,13 +2065,13 @@ static int copy_layer(imp *c, dsrt_net *net, int i) {
             /* (rows = inputs, cols = outputs) to dsrt's (outputs, inputs). */
             float *tmp = dsrt__malloc(dl->w_n * sizeof *tmp);
             if (!tmp) return -ENOMEM;
-            if (!(rc = tensor_floats(c, l->w, tmp)))
+            if (!(rc = copy_tensor(c, l->w, tmp)))
                 for (int64_t r = 0; r < l->w_rows; r++)
                     for (int64_t q = 0; q < l->w_cols; q++)
                         dst[q * l->w_rows + r] = tmp[r * l->w_cols + q];
             free(tmp);
         } else {
-            rc = tensor_floats(c, l->w, dst);
+            rc = copy_tensor(c, l->w, dst);
         }
         if (rc) return rc;
         if (l->w_scale != 1.0f)
@@ -2042,13 +2080,13 @@ static int copy_layer(imp *c, dsrt_net *net, int i) {
     if (l->b) {
         float *dst = net->params + dl->b_off;
         if (l->b->count == 1 && dl->b_n > 1) {
-            if ((rc = tensor_floats(c, l->b, dst))) return rc;
+            if ((rc = copy_tensor(c, l->b, dst))) return rc;
             for (size_t k = 1; k < dl->b_n; k++) dst[k] = dst[0];
         } else {
             if (l->b->count != dl->b_n)
                 return nfail(c, DSRT_ECORRUPT, "bias '%s': %llu values, the layer has %zu",
                              SHOWN(l->b->name), (unsigned long long)l->b->count, dl->b_n);
-            if ((rc = tensor_floats(c, l->b, dst))) return rc;
+            if ((rc = copy_tensor(c, l->b, dst))) return rc;
         }
         if (l->b_scale != 1.0f)
             for (size_t k = 0; k < dl->b_n; k++) dst[k] *= l->b_scale;
@@ -2061,7 +2099,7 @@ static int copy_layer(imp *c, dsrt_net *net, int i) {
             if (l->bn[k]->count != ch)
                 return nfail(c, DSRT_ECORRUPT, "tensor '%s': %llu values for %zu channels",
                              SHOWN(l->bn[k]->name), (unsigned long long)l->bn[k]->count, ch);
-            if ((rc = tensor_floats(c, l->bn[k], to[k]))) return rc;
+            if ((rc = copy_tensor(c, l->bn[k], to[k]))) return rc;
         }
         for (size_t k = 0; k < ch; k++)
             if (!(to[3][k] >= 0) || !isfinite(to[3][k]))
@@ -2071,14 +2109,16 @@ static int copy_layer(imp *c, dsrt_net *net, int i) {
     return 0;
 }
 
-/* Checks every weight tensor's type and storage before the net is made. */
+/* Checks every weight tensor's type and storage before the net is made,
+ * and counts the copies of each that will be made. */
 static int check_weights(imp *c) {
     for (int i = 1; i < c->nL; i++) {
         const layer *l = &c->L[i];
-        const onnx_tensor *ts[6] = {l->w, l->b, l->bn[0], l->bn[1], l->bn[2], l->bn[3]};
+        onnx_tensor *ts[6] = {l->w, l->b, l->bn[0], l->bn[1], l->bn[2], l->bn[3]};
         c->cur = l->node >= 0 ? &c->m.nodes[l->node] : NULL;
         for (int k = 0; k < 6; k++) {
-            const onnx_tensor *t = ts[k];
+            onnx_tensor *t = ts[k];
+            if (t) t->reads++;
             if (!t || t->made_f) continue;
             int d = t->dtype;
             if (d != ONNX_FLOAT && d != ONNX_FLOAT16 && d != ONNX_BFLOAT16 && d != ONNX_DOUBLE)
@@ -2086,12 +2126,9 @@ static int check_weights(imp *c) {
                              "tensor '%s' holds %s values (dsrt reads float32, float16 and "
                              "bfloat16 weights)",
                              SHOWN(t->name), dsrt__onnx_dtype_name(d));
-            if (t->external) {
-                const uint8_t *p;
-                size_t n;
-                int mapped, rc = raw_bytes(c, t, &p, &n, &mapped);
-                if (rc) return rc;
-            }
+            ext_file *x;
+            int rc = t->external ? external_span(c, t, &x) : 0;
+            if (rc) return rc;
         }
     }
     c->cur = NULL;
@@ -2100,8 +2137,8 @@ static int check_weights(imp *c) {
 
 static void imp_free(imp *c) {
     for (int i = 0; i < c->n_ext; i++) {
-        if (c->ext[i].data) munmap((void *)c->ext[i].data, c->ext[i].size);
         free(c->ext[i].location);
+        free(c->ext[i].path);
     }
     free(c->ext);
     free(c->real_dir);
@@ -2168,6 +2205,13 @@ fail:
     return rc;
 }
 
+/*
+ * The model file is read, not mapped: a mapped file that shrinks while it
+ * is read kills the process with SIGBUS, a read only comes up short. Its
+ * bytes go into an anonymous mapping whose pages are given back as the
+ * tensors in them are copied, so the import still holds the weights about
+ * once.
+ */
 int dsrt_onnx_import(dsrt_net **net, const char *path, const dsrt_onnx_import_options *o,
                      const dsrt_net_options *options) {
     if (!net || !path) return dsrt__fail(-EINVAL, "onnx: no path");
@@ -2176,25 +2220,52 @@ int dsrt_onnx_import(dsrt_net **net, const char *path, const dsrt_onnx_import_op
     struct stat st;
     int rc = dsrt__open_regular(path, &fd, &st);
     if (rc) return dsrt__fail_prefix(rc, "onnx");
-    if (st.st_size == 0) {
-        close(fd);
-        return dsrt__fail(DSRT_ETRUNCATED, "onnx: %s: empty file", path);
+    size_t size = (size_t)st.st_size, got = 0;
+    uint8_t *p = NULL;
+    char *dir = NULL;
+    if (size == 0) {
+        rc = dsrt__fail(DSRT_ETRUNCATED, "onnx: %s: empty file", path);
+        goto fail;
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        rc = dsrt__fail(-ENOMEM, "onnx: %s: out of memory for its %zu bytes", path, size);
+        goto fail;
+    }
+    p = m;
+    while (got < size) {
+        ssize_t r = pread(fd, p + got, size - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            rc = dsrt__fail(-errno, "onnx: %s: %s", path, strerror(errno));
+            goto fail;
+        }
+        if (r == 0) {
+            rc = dsrt__fail(DSRT_ETRUNCATED,
+                            "onnx: %s: the file ends after %zu of its %zu bytes (it changed "
+                            "while it was read)",
+                            path, got, size);
+            goto fail;
+        }
+        got += (size_t)r;
+    }
     close(fd);
-    if (p == MAP_FAILED) return dsrt__fail(-e, "onnx: %s: %s", path, strerror(e));
-    char *dir = dsrt__strdup(path);
-    if (!dir) {
-        munmap(p, (size_t)st.st_size);
-        return -ENOMEM;
+    fd = -1;
+    mprotect(p, size, PROT_READ);
+    if (!(dir = dsrt__strdup(path))) {
+        rc = -ENOMEM;
+        goto fail;
     }
     char *slash = strrchr(dir, '/');
     if (slash)
         *(slash == dir ? slash + 1 : slash) = '\0';
     else
         strcpy(dir, ".");
-    rc = dsrt__onnx_import_memory(net, p, (size_t)st.st_size, path, dir, 1, o, options);
+    rc = dsrt__onnx_import_memory(net, p, size, path, dir, 1, o, options);
     free(dir);
+    return rc;
+fail:
+    if (fd >= 0) close(fd);
+    if (p) munmap(p, size);
     return rc;
 }

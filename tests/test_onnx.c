@@ -9,8 +9,9 @@
  * opset, attributes and shapes dsrt would compute differently, every
  * truncation of a file, a length that lies, a tensor whose bytes do not fit
  * its shape, external data outside the model's folder (through a link too),
- * each with a message naming the node or tensor. The comparisons with
- * onnxruntime are test_onnx_ref's.
+ * shorter than its tensor or cut short while it is read, each with a message
+ * naming the node or tensor. The comparisons with onnxruntime are
+ * test_onnx_ref's.
  */
 #include "nn/onnx.h"
 #include "task.h"
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char dir[512];
@@ -637,7 +639,7 @@ static void test_external_refusals(void) {
 }
 
 // ----------------------------------------------------------------------------
-// External data: links
+// External data: links, short files, files that change
 
 /* A tensor whose values are external data at location (offset and length
  * may be NULL: not given). */
@@ -744,6 +746,99 @@ static void test_external_links(void) {
     }
 }
 
+/* External data shorter than its tensor is refused naming the file. */
+static void test_external_short(void) {
+    char p[600];
+    float w[24] = {0};
+    path_of(p, sizeof p, "short.bin");
+    write_file(p, w, 50);
+    const char *lengths[2] = {NULL, "96"};
+    for (int k = 0; k < 2; k++) {
+        size_t size;
+        uint8_t *m = ext_conv_model("short.bin", "0", lengths[k], &size);
+        refused(m, size, DSRT_ECORRUPT, "tensor 'w': external data 'short.bin'", "file of 50",
+                NULL);
+        free(m);
+    }
+}
+
+/* Writes n bytes of p to fd at 0, and sets its size to n. */
+static void rewrite(int fd, const void *p, size_t n) {
+    REQUIRE(pwrite(fd, p, n, 0) == (ssize_t)n);
+    REQUIRE(ftruncate(fd, (off_t)n) == 0);
+}
+
+/* A model file and its external data cut short and restored again and
+ * again while another process imports them: each import is refused or
+ * succeeds, none kills the process. */
+static void test_files_that_shrink(void) {
+    enum { K = 4096, OUT = 256 };
+    char mpath[600], wpath[600];
+    path_of(mpath, sizeof mpath, "shrink.onnx");
+    path_of(wpath, sizeof wpath, "shrink.bin");
+    float *w = calloc((size_t)K * OUT, sizeof *w);
+    REQUIRE(w);
+    for (size_t i = 0; i < (size_t)K * OUT; i++) w[i] = (float)(i % 7) / 8.0f;
+    size_t wbytes = (size_t)K * OUT * sizeof *w;
+    write_file(wpath, w, wbytes);
+    dsrt_pb_writer g = {0};
+    add_node(&g, "Flatten", "flat", "image", "f", NULL);
+    add_node(&g, "Gemm", "gemm", "f,fw", "scores", trans_b);
+    int64_t wd[2] = {OUT, K}, in[4] = {1, 1, 64, 64}, out[2] = {1, OUT};
+    ext_tensor(&g, "fw", wd, 2, "shrink.bin", NULL, NULL);
+    /* A large tensor in the model file itself too. */
+    int64_t bd[1] = {OUT};
+    float b[OUT];
+    for (int i = 0; i < OUT; i++) b[i] = (float)i;
+    size_t t = dsrt__pb_begin(&g, 5);
+    dsrt__pb_put_int64s(&g, 1, bd, 1);
+    dsrt__pb_put_varint(&g, 2, 1);
+    dsrt__pb_put_string(&g, 8, "unused");
+    dsrt__pb_put_bytes(&g, 9, b, sizeof b);
+    dsrt__pb_end(&g, t);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    size_t msize;
+    uint8_t *m = model(&g, 13, &msize);
+    write_file(mpath, m, msize);
+    fflush(stderr);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        int ok = 0, no = 0;
+        for (int k = 0; k < 60; k++) {
+            dsrt_net_options o = one_thread();
+            dsrt_net *net = NULL;
+            int rc = dsrt_onnx_import(&net, mpath, NULL, &o);
+            if (rc == 0) ok++;
+            if (rc && (!strstr(dsrt_last_error(), "shrink.onnx") || net)) _exit(2);
+            no += rc != 0;
+            dsrt_net_destroy(net);
+            usleep(300); /* not all in one of the parent's cuts */
+        }
+        fprintf(stderr, "  60 imports of files that shrink: %d imported, %d refused\n", ok, no);
+        _exit(0);
+    }
+    int mfd = open(mpath, O_WRONLY), wfd = open(wpath, O_WRONLY), st = 0;
+    REQUIRE(mfd >= 0 && wfd >= 0);
+    for (int k = 0; waitpid(child, &st, WNOHANG) == 0; k++) {
+        REQUIRE(ftruncate(wfd, (off_t)wbytes / 2) == 0);
+        REQUIRE(ftruncate(mfd, (off_t)msize / 2) == 0);
+        usleep(100);
+        rewrite(wfd, w, wbytes);
+        rewrite(mfd, m, msize);
+        usleep(1000);
+    }
+    close(mfd);
+    close(wfd);
+    if (WIFSIGNALED(st))
+        fprintf(stderr, "  the importing process died of signal %d\n", WTERMSIG(st));
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    unlink(wpath);
+    free(m);
+    free(w);
+}
+
 /* Random bytes changed in a good model: refused or imported, never a
  * crash (the fuzz target goes further under the sanitizers). */
 static void test_mutations(void) {
@@ -772,6 +867,8 @@ int main(void) {
     RUN(test_refusals);
     RUN(test_external_refusals);
     RUN(test_external_links);
+    RUN(test_external_short);
+    RUN(test_files_that_shrink);
     RUN(test_mutations);
     return TEST_RESULT();
 }
