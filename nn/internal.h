@@ -42,7 +42,7 @@ typedef enum {
 #define DSRT_LAYER_NAME_MAX 48
 #define DSRT_STATS_MAX      16 /* channels that a description may list statistics for */
 #define DSRT_LAYERS_MAX     4096
-#define DSRT_INPUTS_MAX     64 /* inputs a layer may take (add, concat) */
+#define DSRT_INPUTS_MAX     64   /* inputs a layer may take (add, concat) */
 #define DSRT_CLASSES_AUTO   (-1) /* "outputs=classes" */
 #define DSRT_INIT_DEFAULT   (-1) /* the net's initialiser */
 /* A class name kept in a description: this comment, then the name, one
@@ -185,6 +185,25 @@ void dsrt__desc_free(dsrt_desc *d);
 /* Writes the layer types and their options with defaults into buf (for
  * help texts); returns the length it needed. */
 size_t dsrt__desc_help(char *buf, size_t size);
+
+/*
+ * A set of layer names, each with an int (a layer's index, a counter): a
+ * hash table, so that naming thousands of layers, making their names
+ * unique and finding a layer by name stay linear in the layer count. Names
+ * are shorter than DSRT_LAYER_NAME_MAX. Zero-initialised, it is empty.
+ */
+typedef struct {
+    char (*name)[DSRT_LAYER_NAME_MAX]; /* (cap) "" where free */
+    int *value;                        /* (cap) */
+    size_t cap, n;
+} dsrt_layer_names;
+
+/* The slot of name's value, or NULL when name is not in the set. */
+int *dsrt__layer_names_find(const dsrt_layer_names *s, const char *name);
+/* Adds name with value (a name already there keeps its own value). Returns
+ * 0, 1 when the name was there, or -ENOMEM (with the message). */
+int dsrt__layer_names_add(dsrt_layer_names *s, const char *name, int value);
+void dsrt__layer_names_free(dsrt_layer_names *s);
 
 // ----------------------------------------------------------------------------
 // Networks (net.c; what backends call back: net_hooks.c)

@@ -238,7 +238,7 @@ static int check_structure(const dsrt_desc *d, const char *source) {
  * indices of layers above it, counts consumers, and makes the shape the
  * layer sees: its input's, or for add and concat the one their inputs make
  * together (refused with every input's shape when they disagree). */
-static int resolve_inputs(dsrt_net *net, int i, const char *source) {
+static int resolve_inputs(dsrt_net *net, int i, const dsrt_layer_names *names, const char *source) {
     dsrt_layer *l = &net->layers[i];
     l->n_inputs = 0;
     if (!l->inputs_text) {
@@ -252,8 +252,8 @@ static int resolve_inputs(dsrt_net *net, int i, const char *source) {
             memcpy(nm, p, len);
             nm[len] = '\0';
             p = e ? e + 1 : p + len;
-            int j = 0;
-            while (j < net->n_layers && strcmp(net->layers[j].name, nm)) j++;
+            const int *at = dsrt__layer_names_find(names, nm);
+            int j = at ? *at : net->n_layers;
             if (j == net->n_layers)
                 return dsrt__fail(DSRT_EOPTION,
                                   "%s: line %d: %s: option 'inputs': no layer is named '%s'",
@@ -323,14 +323,23 @@ static int infer(dsrt_net *net, const char *source, int h, int w, int c, int cla
                           "(give size=HxWxC or an input size)",
                           source, in->line);
     net->classes = classes;
+    dsrt_layer_names names = {0};
+    for (int i = 0; i < net->n_layers; i++)
+        if (dsrt__layer_names_add(&names, net->layers[i].name, i) < 0) {
+            dsrt__layer_names_free(&names);
+            return -ENOMEM;
+        }
     size_t at = 0, st = 0;
-    for (int i = 0; i < net->n_layers; i++) {
+    int rc = 0;
+    for (int i = 0; i < net->n_layers && !rc; i++) {
         dsrt_layer *l = &net->layers[i];
-        int rc;
-        if (i && (rc = resolve_inputs(net, i, source))) return rc;
+        if (i && (rc = resolve_inputs(net, i, &names, source))) break;
         if (!i) l->in = s;
         rc = l->def->build(l, &l->in, &net->classes);
-        if (rc) return dsrt__fail_prefix(rc, "%s: line %d", source, l->line);
+        if (rc) {
+            dsrt__fail_prefix(rc, "%s: line %d", source, l->line);
+            break;
+        }
         if (l->w_n) {
             at = (at + 15) & ~(size_t)15;
             l->w_off = at;
@@ -346,9 +355,11 @@ static int infer(dsrt_net *net, const char *source, int h, int w, int c, int cla
             st += l->s_n;
         }
         if (at > ((size_t)1 << 34))
-            return dsrt__fail(DSRT_ETOOBIG, "%s: line %d: more than 2^34 parameters", source,
-                              l->line);
+            rc =
+                dsrt__fail(DSRT_ETOOBIG, "%s: line %d: more than 2^34 parameters", source, l->line);
     }
+    dsrt__layer_names_free(&names);
+    if (rc) return rc;
     /* One output: the last layer's. */
     for (int i = 0; i + 1 < net->n_layers; i++)
         if (!net->layers[i].consumers)

@@ -112,7 +112,8 @@ typedef struct {
     size_t slots;
     layer *L;
     int nL, Lcap;
-    int *live, *absorbed; /* per node */
+    dsrt_layer_names names; /* the layers' names; a name's value: the next suffix to try */
+    int *live, *absorbed;   /* per node */
     ext_file *ext;
     int n_ext;
     int in_c, in_h, in_w;
@@ -688,7 +689,25 @@ static int scalar(imp *c, const onnx_tensor *t, double *out) {
 // ----------------------------------------------------------------------------
 // Layers
 
-/* A new layer taking the given values' layers, named after the node. */
+/* Names l base, or base_2, base_3, ... : the first not taken. A name's value
+ * in the set is the suffix to try next when it comes again as a base, so
+ * that n layers of one name take n steps, not n^2. */
+static int unique_name(imp *c, layer *l, const char *base) {
+    int *next = dsrt__layer_names_find(&c->names, base);
+    snprintf(l->name, sizeof l->name, "%s", base);
+    if (next) {
+        int k = *next;
+        do snprintf(l->name, sizeof l->name, "%s_%d", base, k++);
+        while (dsrt__layer_names_find(&c->names, l->name));
+        *next = k;
+    }
+    int rc = dsrt__layer_names_add(&c->names, l->name, 2);
+    if (rc < 0) c->err = rc;
+    return rc < 0 ? rc : 0;
+}
+
+/* A new layer taking the given values' layers, named after the node; NULL
+ * with c->err when there are too many or no memory. */
 static layer *add_layer(imp *c, const char *type, value *const *ins, int n_in) {
     if (c->nL == DSRT_LAYERS_MAX) {
         nfail(c, DSRT_ETOOBIG, "more than %d layers", DSRT_LAYERS_MAX);
@@ -696,7 +715,8 @@ static layer *add_layer(imp *c, const char *type, value *const *ins, int n_in) {
     }
     if (c->nL == c->Lcap) {
         size_t cap = (size_t)c->Lcap;
-        if (dsrt__grow((void **)&c->L, &cap, (size_t)c->nL + 1, sizeof *c->L)) return NULL;
+        if ((c->err = dsrt__grow((void **)&c->L, &cap, (size_t)c->nL + 1, sizeof *c->L)))
+            return NULL;
         c->Lcap = (int)cap;
     }
     layer *l = &c->L[c->nL];
@@ -734,13 +754,7 @@ static layer *add_layer(imp *c, const char *type, value *const *ins, int n_in) {
     size_t len = DSRT_MIN(strlen(from), sizeof base - 1);
     memcpy(base, from, len);
     base[len] = '\0';
-    snprintf(l->name, sizeof l->name, "%s", base);
-    for (int tries = 2;; tries++) {
-        int clash = 0;
-        for (int j = 0; j < c->nL && !clash; j++) clash = !strcmp(c->L[j].name, l->name);
-        if (!clash) break;
-        snprintf(l->name, sizeof l->name, "%s_%d", base, tries);
-    }
+    if (unique_name(c, l, base)) return NULL;
     c->nL++;
     return l;
 }
@@ -960,7 +974,7 @@ static int map_conv(imp *c) {
     window win;
     if ((rc = geometry(c, &s, kernel, 1, &win))) return rc;
     layer *l = add_layer(c, "conv", &x, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     opt(l, " filters=%lld", (long long)m);
     window_opts(l, &win);
     opt(l, " dilation=%dx%d groups=%lld bias=%d", win.dh, win.dw, (long long)g, b != NULL);
@@ -996,7 +1010,7 @@ static int fc_layer(imp *c, value *a, onnx_tensor *w, int trans_b, float alpha, 
                          SHOWN(bias->name), (unsigned long long)bias->count, (long long)n);
     }
     layer *l = add_layer(c, "fc", &a, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     opt(l, " outputs=%lld bias=%d", (long long)n, bias != NULL);
     l->w = w;
     if (!trans_b) {
@@ -1087,7 +1101,7 @@ static int map_relu(imp *c) {
     if (leaky && (alpha < 0 || alpha > 1e6))
         return nfail(c, DSRT_EUNSUPPORTED, "alpha %g: dsrt's slope is 0 to 1e6", (double)alpha);
     layer *l = add_layer(c, leaky ? "leakyrelu" : "relu", &x, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     if (leaky) opt(l, " leak=%.9g", (double)alpha);
     l->out = shape_of(c, x);
     produce(c, l, x->flat);
@@ -1124,7 +1138,7 @@ static int map_pool(imp *c) {
         w.pr += ew;
     }
     layer *l = add_layer(c, max ? "maxpool" : "avgpool", &x, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     window_opts(l, &w);
     if (!max && !include && (w.pt || w.pb || w.pl || w.pr)) opt(l, " count_pad=0");
     l->out = (dsrt_shape){s.c, w.oh, w.ow};
@@ -1136,7 +1150,7 @@ static int map_gap(imp *c) {
     value *x = image_input(c);
     if (!x) return c->err;
     layer *l = add_layer(c, "gap", &x, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     l->out = (dsrt_shape){shape_of(c, x).c, 1, 1};
     produce(c, l, 0);
     return 0;
@@ -1179,7 +1193,7 @@ static int map_batchnorm(imp *c) {
         return nfail(c, DSRT_EUNSUPPORTED, "epsilon %g: dsrt's is 1e-12 to 1", (double)eps);
     if (mom < 0 || mom > 1) return nfail(c, DSRT_ECORRUPT, "momentum %g", (double)mom);
     layer *l = add_layer(c, "batchnorm", &x, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     /* ONNX keeps m of the running value; dsrt takes momentum of the batch. */
     opt(l, " eps=%.9g momentum=%.9g", (double)eps, (double)(1.0f - mom));
     for (int k = 0; k < 4; k++) l->bn[k] = t[k];
@@ -1203,7 +1217,7 @@ static int map_lrn(imp *c) {
         return nfail(c, DSRT_EUNSUPPORTED, "size %lld: dsrt's window is odd (centred)",
                      (long long)size);
     layer *l = add_layer(c, "lrn", &x, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     opt(l, " size=%lld alpha=%.9g beta=%.9g k=%.9g", (long long)size, (double)alpha, (double)beta,
         (double)bias);
     l->out = shape_of(c, x);
@@ -1241,7 +1255,7 @@ static int map_dropout(imp *c) {
         return 0;
     }
     layer *l = add_layer(c, "dropout", &x, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     opt(l, " p=%.9g", (double)ratio);
     l->out = shape_of(c, x);
     produce(c, l, x->flat);
@@ -1325,7 +1339,7 @@ static int map_add(imp *c) {
     if (in[0]->layer == in[1]->layer)
         return nfail(c, DSRT_EUNSUPPORTED, "it adds a value to itself");
     layer *l = add_layer(c, "add", in, 2);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     l->out = a;
     produce(c, l, in[0]->flat);
     return 0;
@@ -1365,7 +1379,7 @@ static int map_concat(imp *c) {
         return 0;
     }
     layer *l = add_layer(c, "concat", in, n);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     l->out = (dsrt_shape){channels, s0.h, s0.w};
     produce(c, l, in[0]->flat);
     return 0;
@@ -1399,7 +1413,7 @@ static int map_softmax(imp *c) {
                      "image's values",
                      (long long)axis, x->flat ? "(N, K)" : "(N, C, H, W)");
     layer *l = add_layer(c, "softmax", &x, 1);
-    if (!l) return -ENOMEM;
+    if (!l) return c->err;
     l->out = (dsrt_shape){s.c * s.h * s.w, 1, 1};
     produce(c, l, 1);
     return 0;
@@ -1766,7 +1780,7 @@ static int map_graph(imp *c) {
     onnx_model *m = &c->m;
     c->cur = NULL;
     layer *in = add_layer(c, "input", NULL, 0);
-    if (!in) return -ENOMEM;
+    if (!in) return c->err;
     snprintf(in->name, sizeof in->name, "%s", "input");
     in->out = (dsrt_shape){c->in_c, c->in_h, c->in_w};
     for (int i = 0; i < m->n_nodes; i++) {
@@ -1801,10 +1815,9 @@ static int map_graph(imp *c) {
                               "onnx: %s: output '%s' is (N, %d, %d, %d), not class scores (N, K)",
                               c->file, SHOWN(out->name), s.c, s.h, s.w);
         layer *sm = add_layer(c, "softmax", &out, 1);
-        if (!sm) return -ENOMEM;
-        snprintf(sm->name, sizeof sm->name, "%s", "output");
-        for (int j = 0; j < c->nL - 1; j++)
-            if (!strcmp(c->L[j].name, "output")) snprintf(sm->name, sizeof sm->name, "dsrt_output");
+        if (!sm) return c->err;
+        int taken = dsrt__layer_names_find(&c->names, "output") != NULL;
+        if (unique_name(c, sm, taken ? "dsrt_output" : "output")) return c->err;
         sm->out = (dsrt_shape){s.c * s.h * s.w, 1, 1};
     }
     return 0;
@@ -2142,6 +2155,7 @@ static void imp_free(imp *c) {
     }
     free(c->ext);
     free(c->real_dir);
+    dsrt__layer_names_free(&c->names);
     free(c->v);
     free(c->slot);
     free(c->live);

@@ -81,6 +81,7 @@
  */
 #include "internal.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <math.h>
 #include <pthread.h>
@@ -453,6 +454,63 @@ static int set_option(dsrt_layer_opts *opts, const struct dsrt_opt_spec *o, cons
 }
 
 // ----------------------------------------------------------------------------
+// Name sets
+
+static size_t name_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+/* name's slot: where it is, or the free slot where it would go. */
+static size_t name_slot(const dsrt_layer_names *s, const char *name) {
+    size_t k = name_hash(name) & (s->cap - 1);
+    while (s->name[k][0] && strcmp(s->name[k], name)) k = (k + 1) & (s->cap - 1);
+    return k;
+}
+
+int *dsrt__layer_names_find(const dsrt_layer_names *s, const char *name) {
+    if (!s->cap) return NULL;
+    size_t k = name_slot(s, name);
+    return s->name[k][0] ? &s->value[k] : NULL;
+}
+
+int dsrt__layer_names_add(dsrt_layer_names *s, const char *name, int value) {
+    assert(name[0] && strlen(name) < DSRT_LAYER_NAME_MAX);
+    if (dsrt__layer_names_find(s, name)) return 1;
+    if (2 * (s->n + 1) > s->cap) { /* at most half full */
+        dsrt_layer_names g = {0};
+        g.cap = s->cap ? 2 * s->cap : 64;
+        g.name = dsrt__calloc(g.cap, sizeof *g.name);
+        g.value = dsrt__calloc(g.cap, sizeof *g.value);
+        if (!g.name || !g.value) {
+            dsrt__layer_names_free(&g);
+            return -ENOMEM;
+        }
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->name[i][0]) {
+                size_t k = name_slot(&g, s->name[i]);
+                memcpy(g.name[k], s->name[i], sizeof g.name[k]);
+                g.value[k] = s->value[i];
+            }
+        g.n = s->n;
+        dsrt__layer_names_free(s);
+        *s = g;
+    }
+    size_t k = name_slot(s, name);
+    snprintf(s->name[k], sizeof s->name[k], "%s", name);
+    s->value[k] = value;
+    s->n++;
+    return 0;
+}
+
+void dsrt__layer_names_free(dsrt_layer_names *s) {
+    free(s->name);
+    free(s->value);
+    memset(s, 0, sizeof *s);
+}
+
+// ----------------------------------------------------------------------------
 // Lines
 
 static const dsrt_layer_type *find_type(const char *name) {
@@ -574,6 +632,7 @@ static int parse_line(dsrt_layer *l, char **tok, int ntok) {
 int dsrt__desc_parse(dsrt_desc *d, const char *text, const char *source) {
     int rc = 0, cap = 0, line_no = 0;
     char *copy = NULL;
+    dsrt_layer_names names = {0};
     d->layers = NULL;
     d->n = 0;
     if (!text) return dsrt__fail(-EINVAL, "%s: no description", source);
@@ -626,30 +685,38 @@ int dsrt__desc_parse(dsrt_desc *d, const char *text, const char *source) {
         rc = dsrt__fail(DSRT_EOPTION, "%s: no layers", source);
         goto fail;
     }
-    /* Default names: <type>_<k>, k counting that type from 1. */
+    /* The names given, each once; then default names, <type>_<k>, k
+     * counting that type from 1 and skipping names taken. */
     for (int i = 0; i < d->n; i++) {
-        dsrt_layer *l = &d->layers[i];
-        if (l->name[0]) continue;
-        int k = 1;
-        for (int j = 0; j < i; j++) k += d->layers[j].def == l->def;
-        for (;; k++) {
-            snprintf(l->name, sizeof l->name, "%s_%d", l->type, k);
-            int clash = 0;
-            for (int j = 0; j < d->n && !clash; j++)
-                clash = j != i && !strcmp(d->layers[j].name, l->name);
-            if (!clash) break;
+        const dsrt_layer *l = &d->layers[i];
+        if (!l->name[0]) continue;
+        if ((rc = dsrt__layer_names_add(&names, l->name, i)) < 0) goto fail;
+        if (rc) {
+            int j = *dsrt__layer_names_find(&names, l->name);
+            rc = dsrt__fail(DSRT_EOPTION, "%s: line %d: name '%s' is already used on line %d",
+                            source, l->line, l->name, d->layers[j].line);
+            goto fail;
         }
     }
-    for (int i = 0; i < d->n; i++)
-        for (int j = 0; j < i; j++)
-            if (!strcmp(d->layers[i].name, d->layers[j].name)) {
-                rc = dsrt__fail(DSRT_EOPTION, "%s: line %d: name '%s' is already used on line %d",
-                                source, d->layers[i].line, d->layers[i].name, d->layers[j].line);
-                goto fail;
-            }
+    int seen[DSRT_ARRAY_SIZE(LAYER_TYPES)] = {0}, next[DSRT_ARRAY_SIZE(LAYER_TYPES)] = {0};
+    for (int i = 0; i < d->n; i++) {
+        dsrt_layer *l = &d->layers[i];
+        size_t t = (size_t)(l->def - LAYER_TYPES);
+        int k = ++seen[t];
+        if (l->name[0]) continue;
+        /* The names below next[t] were taken when the last one was made. */
+        for (k = DSRT_MAX(k, next[t]);; k++) {
+            snprintf(l->name, sizeof l->name, "%s_%d", l->type, k);
+            if (!dsrt__layer_names_find(&names, l->name)) break;
+        }
+        next[t] = k + 1;
+        if ((rc = dsrt__layer_names_add(&names, l->name, i)) < 0) goto fail;
+    }
+    dsrt__layer_names_free(&names);
     free(copy);
     return 0;
 fail:
+    dsrt__layer_names_free(&names);
     free(copy);
     dsrt__desc_free(d);
     return rc;

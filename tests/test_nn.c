@@ -1132,6 +1132,46 @@ static void test_graph_errors(void) {
                  "not a comma-separated list");
 }
 
+/* A description of n lines, each made by line(i, buf, cap). */
+static char *lines_of(int n, void (*line)(int i, char *buf, size_t cap)) {
+    size_t cap = (size_t)n * 128 + 1, at = 0;
+    char *d = malloc(cap);
+    REQUIRE(d);
+    for (int i = 0; i < n; i++) {
+        line(i, d + at, cap - at);
+        at += strlen(d + at);
+    }
+    return d;
+}
+
+/* input, 4000 relus (the first ten named relu_2 to relu_11, the others
+ * not), fc, softmax. */
+static void relus_line(int i, char *b, size_t cap) {
+    if (i == 0)
+        snprintf(b, cap, "input size=2x2x1\n");
+    else if (i <= 10)
+        snprintf(b, cap, "relu name=relu_%d\n", i + 1);
+    else if (i <= 4000)
+        snprintf(b, cap, "relu\n");
+    else
+        snprintf(b, cap, i == 4001 ? "fc outputs=3\n" : "softmax\n");
+}
+
+/* Thousands of layers are named, made unique and found by name in linear
+ * time. */
+static void test_large_graphs(void) {
+    char *d = lines_of(4003, relus_line);
+    dsrt_net *net = make(d, 0, 0, 0, 3, 1);
+    CHECK_EQ(net->n_layers, 4003);
+    CHECK_STR_EQ(net->layers[1].name, "relu_2");
+    CHECK_STR_EQ(net->layers[10].name, "relu_11");
+    CHECK_STR_EQ(net->layers[11].name, "relu_12");
+    CHECK_STR_EQ(net->layers[12].name, "relu_13");
+    CHECK_STR_EQ(net->layers[4000].name, "relu_4001");
+    dsrt_net_destroy(net);
+    free(d);
+}
+
 // ----------------------------------------------------------------------------
 // Soft targets (mixup, cutmix, label smoothing)
 
@@ -1236,6 +1276,7 @@ int main(void) {
     RUN(test_parse_errors);
     RUN(test_soft_targets);
     RUN(test_graph_errors);
+    RUN(test_large_graphs);
     RUN(test_grad_graph);
     RUN(test_graph_equals_chain);
     RUN(test_grad_share);

@@ -9,9 +9,9 @@
  * opset, attributes and shapes dsrt would compute differently, every
  * truncation of a file, a length that lies, a tensor whose bytes do not fit
  * its shape, external data outside the model's folder (through a link too),
- * shorter than its tensor or cut short while it is read, each with a message
- * naming the node or tensor. The comparisons with onnxruntime are
- * test_onnx_ref's.
+ * shorter than its tensor or cut short while it is read, thousands of nodes
+ * of one name and more layers than a net may have, each with a message naming
+ * the node or tensor. The comparisons with onnxruntime are test_onnx_ref's.
  */
 #include "nn/onnx.h"
 #include "task.h"
@@ -839,6 +839,49 @@ static void test_files_that_shrink(void) {
     free(w);
 }
 
+// ----------------------------------------------------------------------------
+// Large graphs and shapes
+
+/* A chain of n Relu nodes that all have one name, then a Flatten. */
+static uint8_t *same_names(int n, size_t *size) {
+    dsrt_pb_writer g = {0};
+    for (int i = 0; i < n; i++) {
+        char ins[32], outs[32];
+        snprintf(ins, sizeof ins, i ? "x%d" : "image", i - 1);
+        snprintf(outs, sizeof outs, "x%d", i);
+        add_node(&g, "Relu", "same", ins, outs, NULL);
+    }
+    char last[32];
+    snprintf(last, sizeof last, "x%d", n - 1);
+    add_node(&g, "Flatten", "same", last, "scores", NULL);
+    int64_t in[4] = {1, 1, 2, 2}, out[2] = {1, 4};
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    return model(&g, 13, size);
+}
+
+/* 4000 nodes of one name become layers of names made unique; more layers
+ * than a net may have are refused for that reason. */
+static void test_many_names(void) {
+    size_t size;
+    uint8_t *m = same_names(4000, &size);
+    dsrt_net *net = NULL;
+    CHECK_OK(import_bytes(&net, m, size));
+    if (net) {
+        CHECK_EQ(net->n_layers, 4002);
+        CHECK_STR_EQ(net->layers[1].name, "same");
+        CHECK_STR_EQ(net->layers[2].name, "same_2");
+        CHECK_STR_EQ(net->layers[4000].name, "same_4000");
+        CHECK_STR_EQ(net->layers[4001].name, "output");
+    }
+    dsrt_net_destroy(net);
+    free(m);
+    m = same_names(DSRT_LAYERS_MAX + 10, &size);
+    refused(m, size, DSRT_ETOOBIG, "node 4095 'same' (Relu, opset 13): more than 4096 layers",
+            NULL);
+    free(m);
+}
+
 /* Random bytes changed in a good model: refused or imported, never a
  * crash (the fuzz target goes further under the sanitizers). */
 static void test_mutations(void) {
@@ -869,6 +912,7 @@ int main(void) {
     RUN(test_external_links);
     RUN(test_external_short);
     RUN(test_files_that_shrink);
+    RUN(test_many_names);
     RUN(test_mutations);
     return TEST_RESULT();
 }
