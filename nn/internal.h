@@ -53,6 +53,17 @@ typedef struct {
     int c, h, w;
 } dsrt_shape;
 
+/* Values in an image of c x h x w, in 64 bits; INT64_MAX when that
+ * overflows or a size is negative. Every layer's images are kept to 2^31 - 1
+ * values, which an int indexes. */
+static inline int64_t dsrt__volume(int64_t c, int64_t h, int64_t w) {
+    int64_t ch, chw;
+    if (c < 0 || h < 0 || w < 0 || __builtin_mul_overflow(c, h, &ch) ||
+        __builtin_mul_overflow(ch, w, &chw))
+        return INT64_MAX;
+    return chw;
+}
+
 /* Every option any layer type takes; the parser's table says which apply to
  * which type and their defaults. */
 typedef struct {

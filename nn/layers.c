@@ -18,16 +18,17 @@
  * same, the padding is chosen so that out = ceil(in / stride) (MATLAB's
  * 'same'), the odd pixel going to the bottom/right. */
 static int window(int in, int k, int stride, int dil, int same, int *p0, int *p1) {
-    int keff = (k - 1) * dil + 1;
+    int64_t keff = (int64_t)(k - 1) * dil + 1;
     if (same) {
-        int out = (in + stride - 1) / stride;
-        int total = DSRT_MAX((out - 1) * stride + keff - in, 0);
-        *p0 = total / 2;
-        *p1 = total - *p0;
-        return out;
+        int64_t out = ((int64_t)in + stride - 1) / stride;
+        int64_t total = DSRT_MAX((out - 1) * stride + keff - in, 0);
+        if (total > INT32_MAX) return 0;
+        *p0 = (int)(total / 2);
+        *p1 = (int)(total - *p0);
+        return (int)out;
     }
-    long span = (long)in + *p0 + *p1 - keff;
-    if (span < 0) return 0;
+    int64_t span = (int64_t)in + *p0 + *p1 - keff;
+    if (span < 0 || span / stride + 1 > INT32_MAX) return 0;
     return (int)(span / stride + 1);
 }
 
@@ -46,7 +47,7 @@ static int spatial(dsrt_layer *l, const dsrt_shape *in, int dh, int dw) {
                           in->w);
     /* Padding at least as large as the window would make outputs that see
      * only padding; oneDNN refuses them too. */
-    int keh = (l->o.kh - 1) * dh + 1, kew = (l->o.kw - 1) * dw + 1;
+    int64_t keh = (int64_t)(l->o.kh - 1) * dh + 1, kew = (int64_t)(l->o.kw - 1) * dw + 1;
     if (l->pt >= keh || l->pb >= keh || l->pl >= kew || l->pr >= kew)
         return dsrt__fail(DSRT_EOPTION, "%s: option 'pad': padding must be smaller than the window",
                           l->type);
@@ -163,12 +164,14 @@ int dsrt__build_lrn(dsrt_layer *l, const dsrt_shape *in, int *classes) {
 }
 
 int dsrt__build_softmax(dsrt_layer *l, const dsrt_shape *in, int *classes) {
-    long k = (long)in->c * in->h * in->w;
+    int64_t k = dsrt__volume(in->c, in->h, in->w);
     if (*classes > 0 && k != *classes)
         return dsrt__fail(DSRT_EOPTION,
-                          "softmax: its input has %ld values per image but there are %d classes", k,
-                          *classes);
+                          "softmax: its input has %lld values per image but there are %d classes",
+                          (long long)k, *classes);
     if (k < 1) return dsrt__fail(DSRT_EOPTION, "softmax: empty input");
+    if (k > INT32_MAX)
+        return dsrt__fail(DSRT_ETOOBIG, "softmax: %lld classes, more than 2^31 - 1", (long long)k);
     *classes = (int)k;
     l->out = (dsrt_shape){(int)k, 1, 1};
     return 0;

@@ -289,16 +289,25 @@ static int resolve_inputs(dsrt_net *net, int i, const dsrt_layer_names *names, c
     l->in = *s0;
     if (!multi) return 0;
     int ok = 1;
+    int64_t channels = s0->c;
     for (int k = 1; k < l->n_inputs; k++) {
         const dsrt_shape *sk = &net->layers[l->inputs[k]].out;
         if (l->kind == DSRT_LAYER_ADD)
             ok &= sk->c == s0->c && sk->h == s0->h && sk->w == s0->w;
         else {
             ok &= sk->h == s0->h && sk->w == s0->w;
-            l->in.c += sk->c;
+            channels += sk->c;
         }
     }
-    if (ok) return 0;
+    if (ok && dsrt__volume(channels, s0->h, s0->w) > INT32_MAX)
+        return dsrt__fail(DSRT_ETOOBIG,
+                          "%s: line %d: %s: its inputs together are %dx%dx%lld (HxWxC), more than "
+                          "2^31 - 1 values an image",
+                          source, l->line, l->type, s0->h, s0->w, (long long)channels);
+    if (ok) {
+        l->in.c = (int)channels;
+        return 0;
+    }
     char shapes[1024];
     size_t at = 0;
     for (int k = 0; k < l->n_inputs && at < sizeof shapes; k++) {
@@ -338,6 +347,14 @@ static int infer(dsrt_net *net, const char *source, int h, int w, int c, int cla
         rc = l->def->build(l, &l->in, &net->classes);
         if (rc) {
             dsrt__fail_prefix(rc, "%s: line %d", source, l->line);
+            break;
+        }
+        /* Every layer's images fit an int, which backends index them by. */
+        if (dsrt__volume(l->out.c, l->out.h, l->out.w) > INT32_MAX) {
+            rc = dsrt__fail(DSRT_ETOOBIG,
+                            "%s: line %d: %s: its output %dx%dx%d (HxWxC) has more than 2^31 - 1 "
+                            "values an image",
+                            source, l->line, l->type, l->out.h, l->out.w, l->out.c);
             break;
         }
         if (l->w_n) {

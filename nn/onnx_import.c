@@ -847,19 +847,32 @@ static int flat_is_channels(imp *c, const value *v) {
     return s.h == 1 && s.w == 1;
 }
 
+/* The shape of a layer's output, in 64 bits until it is known to fit:
+ * refused, naming the node, when its images would have more values than
+ * an int indexes. */
+static int out_shape(imp *c, int64_t ch, int64_t h, int64_t w, dsrt_shape *out) {
+    if (dsrt__volume(ch, h, w) > INT32_MAX)
+        return nfail(c, DSRT_ETOOBIG,
+                     "its output would be (N, %lld, %lld, %lld): more than 2^31 - 1 values an "
+                     "image",
+                     (long long)ch, (long long)h, (long long)w);
+    *out = (dsrt_shape){(int)ch, (int)h, (int)w};
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // Windows: convolution and pooling geometry
 
 typedef struct {
     int kh, kw, sh, sw, dh, dw;
     int pt, pb, pl, pr; /* dsrt's: top, bottom, left, right */
-    int oh, ow;
+    int64_t oh, ow;
 } window;
 
-static int one_axis(int in, int k, int s, int d, int p0, int p1, int *out) {
-    long keff = (long)(k - 1) * d + 1, span = (long)in + p0 + p1 - keff;
+static int one_axis(int in, int k, int s, int d, int p0, int p1, int64_t *out) {
+    int64_t keff = (int64_t)(k - 1) * d + 1, span = (int64_t)in + p0 + p1 - keff;
     if (span < 0) return -1;
-    *out = (int)(span / s + 1);
+    *out = span / s + 1;
     return 0;
 }
 
@@ -902,8 +915,8 @@ static int geometry(imp *c, const dsrt_shape *s, const int *kernel, int dilation
         int ins[2] = {s->h, s->w}, *p0[2] = {&w->pt, &w->pl}, *p1[2] = {&w->pb, &w->pr};
         int kk[2] = {w->kh, w->kw}, ss[2] = {w->sh, w->sw}, dd[2] = {w->dh, w->dw};
         for (int i = 0; i < 2; i++) {
-            int out = (ins[i] + ss[i] - 1) / ss[i];
-            long total = (long)(out - 1) * ss[i] + (long)(kk[i] - 1) * dd[i] + 1 - ins[i];
+            int64_t out = ((int64_t)ins[i] + ss[i] - 1) / ss[i];
+            int64_t total = (out - 1) * ss[i] + (int64_t)(kk[i] - 1) * dd[i] + 1 - ins[i];
             if (total < 0) total = 0;
             int small = (int)(total / 2), large = (int)(total - total / 2);
             *p0[i] = ap[5] == 'U' ? small : large; /* UPPER: the extra one at the end */
@@ -930,11 +943,11 @@ static void window_opts(layer *l, const window *w) {
 /* ceil_mode: the extra bottom (right) padding that makes the floor of
  * dsrt's window count the ceiling of ONNX's, or 0. A window that would start
  * in the padding at the end is not counted (as ONNX and PyTorch do). */
-static int ceil_extra(int in, int k, int s, int p0, int p1, int *out) {
-    long span = (long)in + p0 + p1 - k;
-    int ce = (int)((span + s - 1) / s + 1);
-    if ((long)(ce - 1) * s >= (long)in + p0) ce--;
-    long extra = (long)(ce - 1) * s + k - ((long)in + p0 + p1);
+static int ceil_extra(int in, int k, int s, int p0, int p1, int64_t *out) {
+    int64_t span = (int64_t)in + p0 + p1 - k;
+    int64_t ce = (span + s - 1) / s + 1;
+    if ((ce - 1) * s >= (int64_t)in + p0) ce--;
+    int64_t extra = (ce - 1) * s + k - ((int64_t)in + p0 + p1);
     *out = ce;
     return extra > 0 ? (int)extra : 0;
 }
@@ -958,7 +971,7 @@ static int map_conv(imp *c) {
                      "images (4-D weights)",
                      SHOWN(w->name), w->ndims);
     int64_t m = w->dims[0];
-    if (g < 1 || g > s.c || s.c % g || m < 1 || m > (1 << 20) || m % g || w->dims[1] * g != s.c)
+    if (g < 1 || g > s.c || s.c % g || m < 1 || m > (1 << 20) || m % g || w->dims[1] != s.c / g)
         return nfail(c, DSRT_ECORRUPT,
                      "weight '%s' (%lld, %lld, %lld, %lld) and group %lld do not fit %d input "
                      "channels",
@@ -972,7 +985,9 @@ static int map_conv(imp *c) {
                      (long long)w->dims[3]);
     int kernel[2] = {(int)w->dims[2], (int)w->dims[3]};
     window win;
-    if ((rc = geometry(c, &s, kernel, 1, &win))) return rc;
+    dsrt_shape os;
+    if ((rc = geometry(c, &s, kernel, 1, &win)) || (rc = out_shape(c, m, win.oh, win.ow, &os)))
+        return rc;
     layer *l = add_layer(c, "conv", &x, 1);
     if (!l) return c->err;
     opt(l, " filters=%lld", (long long)m);
@@ -980,7 +995,7 @@ static int map_conv(imp *c) {
     opt(l, " dilation=%dx%d groups=%lld bias=%d", win.dh, win.dw, (long long)g, b != NULL);
     l->w = w;
     l->b = b;
-    l->out = (dsrt_shape){(int)m, win.oh, win.ow};
+    l->out = os;
     produce(c, l, 0);
     return 0;
 }
@@ -989,7 +1004,7 @@ static int map_conv(imp *c) {
 static int fc_layer(imp *c, value *a, onnx_tensor *w, int trans_b, float alpha, onnx_tensor *bias,
                     float beta) {
     dsrt_shape s = shape_of(c, a);
-    int64_t k = (int64_t)s.c * s.h * s.w;
+    int64_t k = dsrt__volume(s.c, s.h, s.w);
     if (w->ndims != 2)
         return nfail(c, DSRT_EUNSUPPORTED, "weight '%s' has %d dimensions, not 2", SHOWN(w->name),
                      w->ndims);
@@ -1009,6 +1024,9 @@ static int fc_layer(imp *c, value *a, onnx_tensor *w, int trans_b, float alpha, 
                          "the %lld outputs as one row",
                          SHOWN(bias->name), (unsigned long long)bias->count, (long long)n);
     }
+    dsrt_shape os;
+    int rc = out_shape(c, n, 1, 1, &os);
+    if (rc) return rc;
     layer *l = add_layer(c, "fc", &a, 1);
     if (!l) return c->err;
     opt(l, " outputs=%lld bias=%d", (long long)n, bias != NULL);
@@ -1020,7 +1038,7 @@ static int fc_layer(imp *c, value *a, onnx_tensor *w, int trans_b, float alpha, 
     l->w_scale = alpha;
     l->b = bias;
     l->b_scale = beta;
-    l->out = (dsrt_shape){(int)n, 1, 1};
+    l->out = os;
     return (int)(l - c->L);
 }
 
@@ -1137,11 +1155,13 @@ static int map_pool(imp *c) {
         w.pb += eh;
         w.pr += ew;
     }
+    dsrt_shape os;
+    if ((rc = out_shape(c, s.c, w.oh, w.ow, &os))) return rc;
     layer *l = add_layer(c, max ? "maxpool" : "avgpool", &x, 1);
     if (!l) return c->err;
     window_opts(l, &w);
     if (!max && !include && (w.pt || w.pb || w.pl || w.pr)) opt(l, " count_pad=0");
-    l->out = (dsrt_shape){s.c, w.oh, w.ow};
+    l->out = os;
     produce(c, l, 0);
     return 0;
 }
@@ -1360,8 +1380,8 @@ static int map_concat(imp *c) {
     if (axis != 1)
         return nfail(c, DSRT_EUNSUPPORTED, "axis %lld: dsrt joins along the channels (axis 1)",
                      (long long)axis);
-    dsrt_shape s0 = shape_of(c, in[0]);
-    int channels = 0;
+    dsrt_shape s0 = shape_of(c, in[0]), os;
+    int64_t channels = 0;
     for (int k = 0; k < n; k++) {
         dsrt_shape s = shape_of(c, in[k]);
         if (in[k]->flat != in[0]->flat || s.h != s0.h || s.w != s0.w ||
@@ -1378,9 +1398,10 @@ static int map_concat(imp *c) {
         alias(c, in[0], in[0]->flat);
         return 0;
     }
+    if ((rc = out_shape(c, channels, s0.h, s0.w, &os))) return rc;
     layer *l = add_layer(c, "concat", in, n);
     if (!l) return c->err;
-    l->out = (dsrt_shape){channels, s0.h, s0.w};
+    l->out = os;
     produce(c, l, in[0]->flat);
     return 0;
 }
@@ -1412,9 +1433,11 @@ static int map_softmax(imp *c) {
                      "axis %lld of a %s input: dsrt's softmax is over each "
                      "image's values",
                      (long long)axis, x->flat ? "(N, K)" : "(N, C, H, W)");
+    dsrt_shape os;
+    if ((rc = out_shape(c, dsrt__volume(s.c, s.h, s.w), 1, 1, &os))) return rc;
     layer *l = add_layer(c, "softmax", &x, 1);
     if (!l) return c->err;
-    l->out = (dsrt_shape){s.c * s.h * s.w, 1, 1};
+    l->out = os;
     produce(c, l, 1);
     return 0;
 }
@@ -1644,7 +1667,19 @@ static int graph_image(imp *c, const dsrt_onnx_import_options *o, const onnx_val
                           img->ndims);
     int64_t h = img->dims[2] > 0 ? img->dims[2] : o->height,
             w = img->dims[3] > 0 ? img->dims[3] : o->width;
-    if (img->dims[1] < 1 || img->dims[1] > 65536 || h < 1 || h > 65536 || w < 1 || w > 65536 ||
+    if (img->dims[1] > 0 && h > 0 && w > 0 && dsrt__volume(img->dims[1], h, w) > INT32_MAX)
+        return dsrt__fail(DSRT_ETOOBIG,
+                          "onnx: %s: input '%s' is (N, %lld, %lld, %lld): more than 2^31 - 1 "
+                          "values an image",
+                          c->file, SHOWN(img->name), (long long)img->dims[1], (long long)h,
+                          (long long)w);
+    if (img->dims[1] > 65536 || h > 65536 || w > 65536)
+        return dsrt__fail(DSRT_ETOOBIG,
+                          "onnx: %s: input '%s' is (N, %lld, %lld, %lld): dsrt's images have at "
+                          "most 65536 channels, rows and columns",
+                          c->file, SHOWN(img->name), (long long)img->dims[1], (long long)h,
+                          (long long)w);
+    if (img->dims[1] < 1 || h < 1 || w < 1 ||
         (o->height && img->dims[2] > 0 && img->dims[2] != o->height) ||
         (o->width && img->dims[3] > 0 && img->dims[3] != o->width))
         return dsrt__fail(DSRT_EUNSUPPORTED,
@@ -1818,7 +1853,7 @@ static int map_graph(imp *c) {
         if (!sm) return c->err;
         int taken = dsrt__layer_names_find(&c->names, "output") != NULL;
         if (unique_name(c, sm, taken ? "dsrt_output" : "output")) return c->err;
-        sm->out = (dsrt_shape){s.c * s.h * s.w, 1, 1};
+        sm->out = (dsrt_shape){(int)dsrt__volume(s.c, s.h, s.w), 1, 1}; /* fits: s does */
     }
     return 0;
 }

@@ -1157,8 +1157,31 @@ static void relus_line(int i, char *b, size_t cap) {
         snprintf(b, cap, i == 4001 ? "fc outputs=3\n" : "softmax\n");
 }
 
-/* Thousands of layers are named, made unique and found by name in linear
- * time. */
+/* input 1x1x1, 2048 convs of 2^20 filters, 32 concats of 64 of them (2^26
+ * channels each), one concat of the 32: 2^31 channels. */
+static void wide_line(int i, char *b, size_t cap) {
+    if (i == 0) {
+        snprintf(b, cap, "input size=1x1x1\n");
+    } else if (i <= 2048) {
+        snprintf(b, cap, "conv name=c%d filters=1048576 size=1 inputs=input_1\n", i - 1);
+    } else if (i <= 2048 + 32) {
+        int j = i - 2049, at = snprintf(b, cap, "concat name=j%d inputs=", j);
+        for (int k = 0; k < 64; k++)
+            at += snprintf(b + at, cap - (size_t)at, "%sc%d", k ? "," : "", 64 * j + k);
+        snprintf(b + at, cap - (size_t)at, "\n");
+    } else if (i == 2048 + 33) {
+        int at = snprintf(b, cap, "concat name=all inputs=");
+        for (int k = 0; k < 32; k++)
+            at += snprintf(b + at, cap - (size_t)at, "%sj%d", k ? "," : "", k);
+        snprintf(b + at, cap - (size_t)at, "\n");
+    } else {
+        snprintf(b, cap, i == 2048 + 34 ? "gap\nfc outputs=3\n" : "softmax\n");
+    }
+}
+
+/* Thousands of layers are named and found by name in linear time; shapes
+ * and counts are worked out in 64 bits, and a layer whose images would
+ * have 2^31 values or more is refused naming it. */
 static void test_large_graphs(void) {
     char *d = lines_of(4003, relus_line);
     dsrt_net *net = make(d, 0, 0, 0, 3, 1);
@@ -1170,6 +1193,22 @@ static void test_large_graphs(void) {
     CHECK_STR_EQ(net->layers[4000].name, "relu_4001");
     dsrt_net_destroy(net);
     free(d);
+    net = NULL;
+    d = lines_of(2048 + 36, wide_line);
+    CHECK_EQ(dsrt_net_create(&net, d, 0, 0, 0, 3, NULL), DSRT_ETOOBIG);
+    CHECK(net == NULL);
+    CHECK_CONTAINS(dsrt_last_error(), "line 2082: concat: its inputs together are 1x1x2147483648");
+    CHECK_CONTAINS(dsrt_last_error(), "more than 2^31 - 1 values an image");
+    free(d);
+    /* A pooling whose padding makes its output larger than its input. */
+    CHECK_EQ(dsrt_net_create(&net,
+                             "input size=65536x32767x1\nmaxpool size=4096 stride=1 pad=4095\n"
+                             "gap\nfc outputs=3\nsoftmax\n",
+                             0, 0, 0, 3, NULL),
+             DSRT_ETOOBIG);
+    CHECK(net == NULL);
+    CHECK_CONTAINS(dsrt_last_error(),
+                   "line 2: maxpool: its output 69631x36862x1 (HxWxC) has more than 2^31 - 1");
 }
 
 // ----------------------------------------------------------------------------

@@ -10,8 +10,9 @@
  * truncation of a file, a length that lies, a tensor whose bytes do not fit
  * its shape, external data outside the model's folder (through a link too),
  * shorter than its tensor or cut short while it is read, thousands of nodes
- * of one name and more layers than a net may have, each with a message naming
- * the node or tensor. The comparisons with onnxruntime are test_onnx_ref's.
+ * of one name and more layers than a net may have, shapes too large for an
+ * int, each with a message naming the node or tensor. The comparisons with
+ * onnxruntime are test_onnx_ref's.
  */
 #include "nn/onnx.h"
 #include "task.h"
@@ -882,6 +883,51 @@ static void test_many_names(void) {
     free(m);
 }
 
+/* An input or a layer whose images would have 2^31 values or more is
+ * refused naming it, before any arithmetic overflows. */
+static void test_huge_shapes(void) {
+    static const int64_t inputs[][4] = {
+        {1, 3, 100000, 100000}, {1, 3, 65536, 65536}, {1, 65536, 65536, 65536}};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(inputs); k++) {
+        dsrt_pb_writer g = {0};
+        add_node(&g, "Flatten", "flat", "image", "scores", NULL);
+        int64_t out[2] = {1, -1};
+        value_info(&g, 11, "image", inputs[k], 4);
+        value_info(&g, 12, "scores", out, 2);
+        size_t size;
+        uint8_t *m = model(&g, 13, &size);
+        refused(m, size, DSRT_ETOOBIG, "onnx: test.onnx: input 'image' is (N, ",
+                "more than 2^31 - 1 values an image", NULL);
+        free(m);
+    }
+    /* A convolution of 2^20 filters on a 32768x32768 image: 2^50 values. */
+    dsrt_pb_writer g = {0};
+    add_node(&g, "Conv", "wide", "image,w", "c", NULL);
+    add_node(&g, "Flatten", "flat", "c", "scores", NULL);
+    int64_t wd[4] = {1 << 20, 1, 1, 1}, in[4] = {1, 1, 32768, 32768}, out[2] = {1, -1};
+    ext_tensor(&g, "w", wd, 4, "none.bin", NULL, NULL);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    size_t size;
+    uint8_t *m = model(&g, 13, &size);
+    refused(m, size, DSRT_ETOOBIG, "node 0 'wide' (Conv, opset 13)",
+            "(N, 1048576, 32768, 32768): more than 2^31 - 1 values an image", NULL);
+    free(m);
+    /* Two of 2^30 values joined along the channels: 2^31. */
+    add_node(&g, "Conv", "wide", "image,w", "c", NULL);
+    add_node(&g, "Conv", "wide2", "image,w", "c2", NULL);
+    add_node(&g, "Concat", "join", "c,c2", "j", NULL);
+    add_node(&g, "Flatten", "flat", "j", "scores", NULL);
+    int64_t in2[4] = {1, 1, 32, 32};
+    ext_tensor(&g, "w", wd, 4, "none.bin", NULL, NULL);
+    value_info(&g, 11, "image", in2, 4);
+    value_info(&g, 12, "scores", out, 2);
+    m = model(&g, 13, &size);
+    refused(m, size, DSRT_ETOOBIG, "node 2 'join' (Concat, opset 13)",
+            "(N, 2097152, 32, 32): more than 2^31 - 1 values an image", NULL);
+    free(m);
+}
+
 /* Random bytes changed in a good model: refused or imported, never a
  * crash (the fuzz target goes further under the sanitizers). */
 static void test_mutations(void) {
@@ -913,6 +959,7 @@ int main(void) {
     RUN(test_external_short);
     RUN(test_files_that_shrink);
     RUN(test_many_names);
+    RUN(test_huge_shapes);
     RUN(test_mutations);
     return TEST_RESULT();
 }
