@@ -1443,9 +1443,10 @@ static int map_softmax(imp *c) {
 }
 
 /*
- * Add, Sub, Mul or Div of a constant (one value, or one a channel: shape
- * (C), (C, 1, 1) or (1, C, 1, 1)) on the image before any layer: the
- * input's normalisation, composed into na x + nb per channel.
+ * Add, Sub, Mul or Div of a constant (one value: shape (), (1), (1, 1, 1,
+ * 1); or one a channel: (C, 1, 1), (1, C, 1, 1)) on the image before any
+ * layer: the input's normalisation, composed into na x + nb per channel. A
+ * (C) is not one a channel: ONNX broadcasts it along the width.
  */
 static int map_affine(imp *c) {
     const onnx_node *n = c->cur;
@@ -1471,16 +1472,31 @@ static int map_affine(imp *c) {
                            : "/");
     if (c->frozen || x->stage != c->stage)
         return nfail(c, DSRT_EUNSUPPORTED, "it normalises the image after a layer took it");
+    /* ONNX broadcasts as numpy does: the constant's axes line up with the
+     * image's last ones, (C) with the width. dsrt's normalisation is one
+     * value, or one a channel: 1 on every axis but the channels'. */
     const onnx_tensor *t = k->t;
-    int ch = c->in_c, per = t->count == (uint64_t)ch && ch > 1;
-    int ok = t->count == 1 || (per && (t->ndims == 1 || (t->ndims == 3 && t->dims[0] == ch) ||
-                                       (t->ndims == 4 && t->dims[0] == 1 && t->dims[1] == ch)));
-    for (int d = 0; ok && per && d < t->ndims; d++) ok = t->dims[d] == 1 || t->dims[d] == ch;
-    if (!ok)
+    int ch = c->in_c, rank = x->flat ? 2 : 4, per = 0;
+    int64_t axes[4] = {1, 1, 1, 1};
+    int ok = t->ndims <= rank;
+    for (int d = 0; ok && d < t->ndims; d++) axes[rank - t->ndims + d] = t->dims[d];
+    for (int a = 0; ok && a < rank; a++) {
+        if (a == 1 && axes[a] == ch && ch > 1) /* flattened: channels only when H = W = 1 */
+            ok = per = !x->flat || (c->in_h == 1 && c->in_w == 1);
+        else
+            ok = axes[a] == 1;
+    }
+    if (!ok) {
+        char dims[160] = "";
+        for (int d = 0, at = 0; d < t->ndims && at < (int)sizeof dims - 24; d++)
+            at += snprintf(dims + at, sizeof dims - (size_t)at, "%s%lld", d ? ", " : "",
+                           (long long)t->dims[d]);
         return nfail(c, DSRT_EUNSUPPORTED,
-                     "constant '%s' of %llu values: dsrt normalises the image with one value, or "
-                     "one a channel",
-                     SHOWN(t->name), (unsigned long long)t->count);
+                     "constant '%s' of shape (%s): ONNX broadcasts it along the last axes of the "
+                     "%s image, where dsrt's input normalisation takes one value, or one a "
+                     "channel ((%d, 1, 1) or (1, %d, 1, 1))",
+                     SHOWN(t->name), dims, x->flat ? "(N, K) flattened" : "(N, C, H, W)", ch, ch);
+    }
     float *v = dsrt__malloc((size_t)t->count * sizeof *v);
     if (!v) return -ENOMEM;
     int rc = tensor_floats(c, t, v);
@@ -1510,6 +1526,7 @@ static int map_affine(imp *c) {
         o->kind = V_INPUT;
         o->layer = 0;
         o->stage = c->stage;
+        o->flat = x->flat;
     }
     return 0;
 }

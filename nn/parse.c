@@ -83,6 +83,7 @@
 
 #include <assert.h>
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -278,6 +279,15 @@ static int check_range(const struct dsrt_opt_spec *o, double v) {
     return v >= o->min && v <= o->max ? 0 : -1;
 }
 
+/* A float option's range is checked on the float that is kept: the one
+ * nearest the bound written is in the range (eps=1e-12 read back from the
+ * float 9.99999996e-13 that it is). */
+static int check_float_range(const struct dsrt_opt_spec *o, double v) {
+    if (!(fabs(v) <= FLT_MAX)) return -1;
+    float f = (float)v;
+    return f >= (float)o->min && f <= (float)o->max ? 0 : -1;
+}
+
 /* What an option's setter returns besides 0 and a negative code with its
  * message: the value does not parse, or is out of the option's range. */
 enum { VALUE_BAD = 1, VALUE_RANGE = 2 };
@@ -293,7 +303,7 @@ static int set_int(const struct dsrt_opt_spec *o, char *base, const char *value)
 static int set_float(const struct dsrt_opt_spec *o, char *base, const char *value) {
     double d;
     if (parse_float(value, &d) != 0) return VALUE_BAD;
-    if (check_range(o, d)) return VALUE_RANGE;
+    if (check_float_range(o, d)) return VALUE_RANGE;
     *(float *)(base + o->off) = (float)d;
     return 0;
 }
@@ -390,7 +400,7 @@ static int set_floats(const struct dsrt_opt_spec *o, char *base, const char *val
             return dsrt__fail(DSRT_EOPTION, "option '%s': more than %d values", o->name,
                               DSRT_STATS_MAX);
         if (parse_float(p, &d) != 0) return VALUE_BAD;
-        if (check_range(o, d)) return VALUE_RANGE;
+        if (check_float_range(o, d)) return VALUE_RANGE;
         f[n++] = (float)d;
         if (!q) break;
         p = q + 1;

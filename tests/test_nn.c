@@ -1211,6 +1211,25 @@ static void test_large_graphs(void) {
                    "line 2: maxpool: its output 69631x36862x1 (HxWxC) has more than 2^31 - 1");
 }
 
+/* A float option's range holds the floats nearest its bounds: eps=1e-12 as
+ * a float reads back as 9.99999996e-13. */
+static void test_float_ranges(void) {
+    dsrt_net *net = make("input size=2x2x1\nbatchnorm eps=9.99999996e-13\nfc outputs=3\nsoftmax\n",
+                         0, 0, 0, 3, 1);
+    CHECK(net->layers[1].o.eps == 1e-12f);
+    dsrt_net_destroy(net);
+    net = NULL;
+    CHECK_EQ(dsrt_net_create(&net,
+                             "input size=2x2x1\nbatchnorm eps=9.9999e-13\nfc outputs=3\nsoftmax\n",
+                             0, 0, 0, 3, NULL),
+             DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "option 'eps': '9.9999e-13' is out of range");
+    CHECK_EQ(dsrt_net_create(&net, "input size=2x2x1\nleakyrelu leak=1e39\nfc outputs=3\nsoftmax\n",
+                             0, 0, 0, 3, NULL),
+             DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "option 'leak': '1e39' is out of range");
+}
+
 // ----------------------------------------------------------------------------
 // Soft targets (mixup, cutmix, label smoothing)
 
@@ -1316,6 +1335,7 @@ int main(void) {
     RUN(test_soft_targets);
     RUN(test_graph_errors);
     RUN(test_large_graphs);
+    RUN(test_float_ranges);
     RUN(test_grad_graph);
     RUN(test_graph_equals_chain);
     RUN(test_grad_share);

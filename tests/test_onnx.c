@@ -11,8 +11,9 @@
  * its shape, external data outside the model's folder (through a link too),
  * shorter than its tensor or cut short while it is read, thousands of nodes
  * of one name and more layers than a net may have, shapes too large for an
- * int, each with a message naming the node or tensor. The comparisons with
- * onnxruntime are test_onnx_ref's.
+ * int, constants that ONNX broadcasts otherwise than one a channel, each with
+ * a message naming the node or tensor. The comparisons with onnxruntime are
+ * test_onnx_ref's.
  */
 #include "nn/onnx.h"
 #include "task.h"
@@ -928,6 +929,126 @@ static void test_huge_shapes(void) {
     free(m);
 }
 
+// ----------------------------------------------------------------------------
+// The input normalisation and ONNX's broadcasting
+
+/* image (1, 3, 4, w) -> op(image, k) with k of shape dims -> Conv 1x1 ->
+ * Flatten -> scores. */
+static uint8_t *affine_model(const char *op, const int64_t *dims, int n, const float *k, int w,
+                             size_t *size) {
+    dsrt_pb_writer g = {0};
+    add_node(&g, op, "norm", "image,k", "x", NULL);
+    add_node(&g, "Conv", "conv", "x,cw", "c", NULL);
+    add_node(&g, "Flatten", "flat", "c", "scores", NULL);
+    size_t count = 1;
+    for (int i = 0; i < n; i++) count *= (size_t)dims[i];
+    size_t t = dsrt__pb_begin(&g, 5);
+    dsrt__pb_put_int64s(&g, 1, dims, (size_t)n);
+    dsrt__pb_put_varint(&g, 2, 1);
+    dsrt__pb_put_string(&g, 8, "k");
+    dsrt__pb_put_bytes(&g, 9, k, count * 4);
+    dsrt__pb_end(&g, t);
+    float cw[3] = {1, 1, 1};
+    int64_t cd[4] = {1, 3, 1, 1}, in[4] = {1, 3, 4, w}, out[2] = {1, 4 * w};
+    tensor(&g, "cw", cd, 4, cw, ST_RAW);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    return model(&g, 13, size);
+}
+
+/* A constant of one value, or one a channel ((C, 1, 1), (1, C, 1, 1)), is
+ * the input's normalisation; ONNX broadcasts a (C) along the width, which
+ * dsrt's per-channel normalisation cannot be, so it is refused. */
+static void test_constant_broadcast(void) {
+    static const float k3[3] = {0.25f, 0.5f, 0.75f}, k1[1] = {0.5f};
+    static const struct {
+        int64_t dims[5];
+        int n;
+        const float *k;
+        int w;
+        const char *mean; /* NULL: refused */
+    } cases[] = {
+        {{3, 1, 1}, 3, k3, 5, "mean=0.25,0.5,0.75"},
+        {{1, 3, 1, 1}, 4, k3, 5, "mean=0.25,0.5,0.75"},
+        {{0}, 0, k1, 5, "mean=0.5 "},
+        {{1}, 1, k1, 5, "mean=0.5 "},
+        {{1, 1, 1, 1}, 4, k1, 5, "mean=0.5 "},
+        {{3}, 1, k3, 5, NULL},             /* along a width of 5: not even valid */
+        {{3}, 1, k3, 3, NULL},             /* along a width of 3: not per channel */
+        {{1, 3}, 2, k3, 3, NULL},          /* the width again */
+        {{3, 1}, 2, k3, 5, NULL},          /* the height */
+        {{3, 1, 1, 1}, 4, k3, 5, NULL},    /* the batch */
+        {{1, 1, 1, 1, 1}, 5, k1, 5, NULL}, /* a fifth axis */
+    };
+    for (size_t c = 0; c < DSRT_ARRAY_SIZE(cases); c++) {
+        size_t size;
+        uint8_t *m = affine_model("Sub", cases[c].dims, cases[c].n, cases[c].k, cases[c].w, &size);
+        dsrt_net *net = NULL;
+        int rc = import_bytes(&net, m, size);
+        if (cases[c].mean) {
+            CHECK_EQ(rc, 0);
+            if (rc) fprintf(stderr, "case %zu: %s\n", c, dsrt_last_error());
+            if (net) CHECK_CONTAINS(dsrt_net_description(net), cases[c].mean);
+        } else {
+            if (!rc) fprintf(stderr, "case %zu: imported\n", c);
+            CHECK_EQ(rc, DSRT_EUNSUPPORTED);
+            CHECK_CONTAINS(dsrt_last_error(),
+                           "node 0 'norm' (Sub, opset 13): constant 'k' of shape (");
+            CHECK_CONTAINS(dsrt_last_error(), "broadcast");
+        }
+        dsrt_net_destroy(net);
+        free(m);
+    }
+}
+
+static void bn_eps_1e12(dsrt_pb_writer *w) {
+    size_t m = dsrt__pb_begin(w, 5);
+    dsrt__pb_put_string(w, 1, "epsilon");
+    dsrt__pb_put_varint(w, 20, 1);
+    dsrt__pb_put_float(w, 2, 1e-12f);
+    dsrt__pb_end(w, m);
+}
+
+static void bn_eps_small(dsrt_pb_writer *w) {
+    size_t m = dsrt__pb_begin(w, 5);
+    dsrt__pb_put_string(w, 1, "epsilon");
+    dsrt__pb_put_varint(w, 20, 1);
+    dsrt__pb_put_float(w, 2, nextafterf(1e-12f, 0.0f));
+    dsrt__pb_end(w, m);
+}
+
+/* BatchNormalization's epsilon 1e-12 (in a float: 9.99999996e-13) is
+ * dsrt's smallest; the float below it is refused. */
+static void test_batchnorm_epsilon(void) {
+    void (*attrs[2])(dsrt_pb_writer *) = {bn_eps_1e12, bn_eps_small};
+    for (int k = 0; k < 2; k++) {
+        dsrt_pb_writer g = {0};
+        add_node(&g, "BatchNormalization", "bn", "image,s,b,mu,var", "y", attrs[k]);
+        add_node(&g, "Flatten", "flat", "y", "scores", NULL);
+        float one[2] = {1, 1}, zero[2] = {0, 0};
+        int64_t d[1] = {2}, in[4] = {1, 2, 3, 3}, out[2] = {1, 18};
+        tensor(&g, "s", d, 1, one, ST_RAW);
+        tensor(&g, "b", d, 1, zero, ST_RAW);
+        tensor(&g, "mu", d, 1, zero, ST_RAW);
+        tensor(&g, "var", d, 1, one, ST_RAW);
+        value_info(&g, 11, "image", in, 4);
+        value_info(&g, 12, "scores", out, 2);
+        size_t size;
+        uint8_t *m = model(&g, 13, &size);
+        dsrt_net *net = NULL;
+        int rc = import_bytes(&net, m, size);
+        if (k == 0) {
+            CHECK_OK(rc);
+            if (net) CHECK(net->layers[1].o.eps == 1e-12f);
+        } else {
+            CHECK_EQ(rc, DSRT_EUNSUPPORTED);
+            CHECK_CONTAINS(dsrt_last_error(), "'bn' (BatchNormalization, opset 13): epsilon");
+        }
+        dsrt_net_destroy(net);
+        free(m);
+    }
+}
+
 /* Random bytes changed in a good model: refused or imported, never a
  * crash (the fuzz target goes further under the sanitizers). */
 static void test_mutations(void) {
@@ -960,6 +1081,8 @@ int main(void) {
     RUN(test_files_that_shrink);
     RUN(test_many_names);
     RUN(test_huge_shapes);
+    RUN(test_constant_broadcast);
+    RUN(test_batchnorm_epsilon);
     RUN(test_mutations);
     return TEST_RESULT();
 }
