@@ -15,21 +15,17 @@
 // ----------------------------------------------------------------------------
 // Layers
 
+#include "nn/layers/list.h"
+
 typedef enum {
-    DSRT_LAYER_INPUT = 0,
-    DSRT_LAYER_CONV,
-    DSRT_LAYER_BATCHNORM,
-    DSRT_LAYER_RELU, /* leaky when leak != 0 */
-    DSRT_LAYER_MAXPOOL,
-    DSRT_LAYER_AVGPOOL,
-    DSRT_LAYER_GAP, /* global average pooling */
-    DSRT_LAYER_FC,
-    DSRT_LAYER_DROPOUT,
-    DSRT_LAYER_LRN,
-    DSRT_LAYER_SOFTMAX, /* softmax + cross-entropy: the classification output */
-    DSRT_LAYER_ADD,     /* element-wise sum of its inputs (a ReLU after it when relu=1) */
-    DSRT_LAYER_CONCAT,  /* its inputs side by side along the channels */
+#define DSRT_LAYER_ENUM(K, k) DSRT_LAYER_##K,
+    DSRT_LAYER_KINDS(DSRT_LAYER_ENUM)
+#undef DSRT_LAYER_ENUM
 } dsrt_layer_kind;
+
+#define DSRT_LAYER_COUNT_ONE(K, k) +1
+enum { DSRT_LAYER_KIND_COUNT = 0 DSRT_LAYER_KINDS(DSRT_LAYER_COUNT_ONE) };
+#undef DSRT_LAYER_COUNT_ONE
 
 typedef enum {
     DSRT_NORM_NONE = 0,
@@ -99,11 +95,23 @@ typedef struct {
     float wlr, blr, wl2, bl2;
     /* add */
     int relu; /* 1: a ReLU on the sum */
+    /* The options of a kind that keeps them in a struct of its own
+     * (DSRT_LAYER_OPTS): its file alone knows them. */
+    union {
+        unsigned char own[64];
+        double own_align_;
+    };
 } dsrt_layer_opts;
 
-typedef struct dsrt_layer_type dsrt_layer_type;
+/* Layer l's options of kind-specific type T, kept in l->o.own. */
+#define DSRT_LAYER_OPTS(T, l) ((T *)(void *)(l)->o.own)
+/* The offset of T's field f in dsrt_layer_opts, for an option table. */
+#define DSRT_OWN_OPT(T, f) (offsetof(dsrt_layer_opts, own) + offsetof(T, f))
 
-typedef struct {
+typedef struct dsrt_layer_type dsrt_layer_type;
+typedef struct dsrt_layer_ops dsrt_layer_ops;
+
+typedef struct dsrt_layer {
     dsrt_layer_kind kind;
     const char *type;           /* description keyword, static */
     const dsrt_layer_type *def; /* the type's entry in the parser's table */
@@ -139,7 +147,52 @@ typedef struct {
 } dsrt_layer;
 
 // ----------------------------------------------------------------------------
-// Layer types (the table is in parse.c, the constructors in layers.c)
+// Layer kinds: one ops table each (nn/layers/*.c), listed in nn/layers/list.h
+
+/* The kinds of option values a description may give. */
+typedef enum {
+    OPT_INT,     /* int */
+    OPT_FLOAT,   /* float */
+    OPT_BOOL,    /* int 0/1 */
+    OPT_PAIR,    /* two ints: "N" or "HxW" */
+    OPT_PAD,     /* four ints + pad_same: "same", "N", "HxW", "T,B,L,R" */
+    OPT_SIZE3,   /* three ints h, w, c: "HxWxC" */
+    OPT_ENUM,    /* int index into choices ("a|b|c") */
+    OPT_FLOATS,  /* float[DSRT_STATS_MAX] + int count: "v" or "v1,v2,..." */
+    OPT_OUTPUTS, /* int, or DSRT_CLASSES_AUTO for "classes" */
+    OPT_INIT,    /* int: default|glorot|he|uniform */
+} dsrt_opt_type;
+
+/* One option of a layer keyword: its name, type, default, where it is
+ * stored in dsrt_layer_opts and its range. */
+typedef struct dsrt_opt_spec {
+    const char *name;
+    dsrt_opt_type type;
+    const char *def; /* NULL: required */
+    size_t off;      /* into dsrt_layer_opts */
+    size_t off2;     /* OPT_FLOATS: the count; OPT_PAD: pad_same */
+    double min, max; /* for numbers */
+    const char *choices;
+} dsrt_opt_spec;
+
+#define DSRT_O(f) offsetof(dsrt_layer_opts, f)
+#define DSRT_OPT_END                                                                               \
+    { NULL, 0, NULL, 0, 0, 0, 0, NULL }
+/* The learn-rate and L2 factors of a layer's weights and bias. */
+#define DSRT_LR_OPTS(wl2_def, bl2_def)                                                             \
+    {"wlr", OPT_FLOAT, "1", DSRT_O(wlr), 0, 0, 1e6, NULL},                                         \
+        {"blr", OPT_FLOAT, "1", DSRT_O(blr), 0, 0, 1e6, NULL},                                     \
+        {"wl2", OPT_FLOAT, wl2_def, DSRT_O(wl2), 0, 0, 1e6, NULL}, {                               \
+        "bl2", OPT_FLOAT, bl2_def, DSRT_O(bl2), 0, 0, 1e6, NULL                                    \
+    }
+
+/* A keyword of the description format: the layer it makes, with its
+ * options (relu and leakyrelu are one kind with two defaults). */
+struct dsrt_layer_type {
+    const char *name; /* keyword; NULL ends a kind's list */
+    const dsrt_opt_spec *opts; /* terminated by a NULL name */
+    const char *help;
+};
 
 /* Infers l->out from in, resolves padding, counts parameters (w_n, b_n, s_n)
  * and flops. *classes is the net's class count (0: unknown yet); the
@@ -151,32 +204,86 @@ typedef int (*dsrt_layer_build_fn)(dsrt_layer *l, const dsrt_shape *in, int *cla
 typedef void (*dsrt_layer_init_fn)(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng,
                                    int init);
 
-struct dsrt_layer_type {
-    const char *name; /* keyword */
-    dsrt_layer_kind kind;
-    dsrt_layer_build_fn build;
-    dsrt_layer_init_fn init;          /* NULL: no parameters or state */
-    const struct dsrt_opt_spec *opts; /* terminated by a NULL name */
-    const char *help;
+/* What a kind is to the net (dsrt_layer_ops.flags). */
+enum {
+    DSRT_LAYER_F_INPUT = 1,  /* the network's input: the first layer, and only there */
+    DSRT_LAYER_F_OUTPUT = 2, /* the classification output: the last layer, and only there */
+    /* It can compute a ReLU that takes its output (conv, fc, add; batchnorm
+     * not a leaky one), so that the ReLU passes its input through. */
+    DSRT_LAYER_F_TAKES_RELU = 4,
+    DSRT_LAYER_F_TAKES_RELU_PLAIN = 8,
+    DSRT_LAYER_F_RELU = 16, /* a ReLU (leak o.leak) that the layer before may compute */
+    /* Each input's gradient is its output's, unchanged (add): the net may
+     * give them one buffer (grad_share in net.c). */
+    DSRT_LAYER_F_GRAD_PASSES = 32,
 };
 
-int dsrt__build_input(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_conv(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_batchnorm(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_same(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_pool(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_gap(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_fc(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_dropout(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_lrn(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_softmax(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_add(dsrt_layer *l, const dsrt_shape *in, int *classes);
-int dsrt__build_concat(dsrt_layer *l, const dsrt_shape *in, int *classes);
-void dsrt__init_input(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng, int init);
-void dsrt__init_conv(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng, int init);
-void dsrt__init_batchnorm(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng,
-                          int init);
-void dsrt__init_fc(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng, int init);
+struct dsrt_cpu_backend;
+struct dsrt_cpu_plan;
+struct dsrt_onnx_export;
+struct dsrt_onnx_import;
+
+/* An ONNX operator a kind is imported from: its name, the attributes it
+ * knows (comma-separated), and the mapping (nn/onnx.h). */
+typedef struct {
+    const char *op;
+    int (*map)(struct dsrt_onnx_import *c);
+    const char *attrs;
+} dsrt_onnx_op;
+
+/*
+ * A layer kind: everything dsrt knows of it, in its own file. The engines
+ * (parse.c, net.c, the backends, ONNX import and export) reach kinds only
+ * through these tables.
+ */
+struct dsrt_layer_ops {
+    const char *name;            /* the kind's name */
+    const dsrt_layer_type *types; /* its keywords, up to a NULL name */
+    int min_inputs, max_inputs;  /* layers it takes (inputs=) */
+    unsigned flags;              /* DSRT_LAYER_F_* */
+    /* For a kind of several inputs: the shape it sees from theirs (ins[k],
+     * n of them) into *out; 1 when they do not go together, with what they
+     * must share ("one shape") in *must, 2 when together they would have
+     * 2^31 values or more. NULL: one input, its shape. */
+    int (*join)(const dsrt_shape *const *ins, int n, dsrt_shape *out, const char **must);
+    dsrt_layer_build_fn build;
+    dsrt_layer_init_fn init; /* NULL: no parameters or state */
+    /* The CPU backend's forward and backward steps of layer i in plan p
+     * (nn/backend_cpu.h). */
+    int (*cpu_plan)(struct dsrt_cpu_backend *be, struct dsrt_cpu_plan *p, int i);
+    /* Writes layer i of the net as ONNX nodes (nn/onnx.h); out receives the
+     * name of the value that holds its output. */
+    int (*onnx_export)(struct dsrt_onnx_export *e, const dsrt_layer *l, int i, char *out);
+    const dsrt_onnx_op *onnx_ops; /* ONNX operators mapped to it, up to a NULL op */
+};
+
+#define DSRT_LAYER_EXTERN(K, k) extern const dsrt_layer_ops dsrt__layer_##k;
+DSRT_LAYER_KINDS(DSRT_LAYER_EXTERN)
+#undef DSRT_LAYER_EXTERN
+
+/* Every kind's ops, by dsrt_layer_kind (nn/layers/common.c). */
+extern const dsrt_layer_ops *const dsrt__layers[DSRT_LAYER_KIND_COUNT];
+
+static inline const dsrt_layer_ops *dsrt__layer_ops(const dsrt_layer *l) {
+    return dsrt__layers[l->kind];
+}
+
+static inline int dsrt__layer_is(const dsrt_layer *l, unsigned flag) {
+    return (dsrt__layers[l->kind]->flags & flag) != 0;
+}
+
+/* Shared by the kinds' constructors and initialisers (nn/layers/common.c). */
+
+/* Output height and width of a window sweep (size kh x kw, stride, padding
+ * o.pt.. resolved into l->pt.. for 'same'), dilation dh x dw, over in;
+ * DSRT_EOPTION naming the option when the window does not fit. */
+int dsrt__layer_window(dsrt_layer *l, const dsrt_shape *in, int dh, int dw);
+/* DSRT_ETOOBIG when a tensor of elems values would not fit an int. */
+int dsrt__layer_check_size(const dsrt_layer *l, double elems, const char *what);
+/* Draws n weights of initialiser how (dsrt_init) for fan_in and fan_out. */
+void dsrt__layer_draw(float *w, size_t n, int how, double fan_in, double fan_out, dsrt_rng *rng);
+/* n biases: zero, or for DSRT_INIT_UNIFORM drawn as the weights are. */
+void dsrt__layer_init_bias(float *b, size_t n, int how, double fan_in, dsrt_rng *rng);
 
 // ----------------------------------------------------------------------------
 // Descriptions (parse.c)

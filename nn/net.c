@@ -214,21 +214,22 @@ static void free_floats(float *p, size_t n) {
         free(p);
 }
 
-/* Structure: input first, softmax last, neither elsewhere. */
+/* Structure: the input first, the classification output last, neither
+ * elsewhere. */
 static int check_structure(const dsrt_desc *d, const char *source) {
     const dsrt_layer *L = d->layers;
-    if (L[0].kind != DSRT_LAYER_INPUT)
+    if (!dsrt__layer_is(&L[0], DSRT_LAYER_F_INPUT))
         return dsrt__fail(DSRT_EOPTION, "%s: line %d: the first layer must be 'input', not '%s'",
                           source, L[0].line, L[0].type);
     for (int i = 1; i < d->n; i++) {
-        if (L[i].kind == DSRT_LAYER_INPUT)
-            return dsrt__fail(DSRT_EOPTION, "%s: line %d: 'input' may only be the first layer",
-                              source, L[i].line);
-        if (L[i].kind == DSRT_LAYER_SOFTMAX && i != d->n - 1)
-            return dsrt__fail(DSRT_EOPTION, "%s: line %d: 'softmax' must be the last layer", source,
-                              L[i].line);
+        if (dsrt__layer_is(&L[i], DSRT_LAYER_F_INPUT))
+            return dsrt__fail(DSRT_EOPTION, "%s: line %d: '%s' may only be the first layer",
+                              source, L[i].line, L[i].type);
+        if (dsrt__layer_is(&L[i], DSRT_LAYER_F_OUTPUT) && i != d->n - 1)
+            return dsrt__fail(DSRT_EOPTION, "%s: line %d: '%s' must be the last layer", source,
+                              L[i].line, L[i].type);
     }
-    if (L[d->n - 1].kind != DSRT_LAYER_SOFTMAX)
+    if (!dsrt__layer_is(&L[d->n - 1], DSRT_LAYER_F_OUTPUT))
         return dsrt__fail(DSRT_EOPTION, "%s: line %d: the last layer must be 'softmax', not '%s'",
                           source, L[d->n - 1].line, L[d->n - 1].type);
     return 0;
@@ -274,39 +275,37 @@ static int resolve_inputs(dsrt_net *net, int i, const dsrt_layer_names *names, c
         free(l->inputs_text);
         l->inputs_text = NULL;
     }
-    int multi = l->kind == DSRT_LAYER_ADD || l->kind == DSRT_LAYER_CONCAT;
-    if (multi && l->n_inputs < 2)
-        return dsrt__fail(DSRT_EOPTION,
-                          "%s: line %d: %s: option 'inputs': it takes two or more inputs, %d given",
-                          source, l->line, l->type, l->n_inputs);
-    if (!multi && l->n_inputs != 1)
-        return dsrt__fail(DSRT_EOPTION,
-                          "%s: line %d: %s: option 'inputs': it takes one input, %d given "
-                          "(add or concat join several)",
-                          source, l->line, l->type, l->n_inputs);
-    for (int k = 0; k < l->n_inputs; k++) net->layers[l->inputs[k]].consumers++;
-    const dsrt_shape *s0 = &net->layers[l->inputs[0]].out;
-    l->in = *s0;
-    if (!multi) return 0;
-    int ok = 1;
-    int64_t channels = s0->c;
-    for (int k = 1; k < l->n_inputs; k++) {
-        const dsrt_shape *sk = &net->layers[l->inputs[k]].out;
-        if (l->kind == DSRT_LAYER_ADD)
-            ok &= sk->c == s0->c && sk->h == s0->h && sk->w == s0->w;
-        else {
-            ok &= sk->h == s0->h && sk->w == s0->w;
-            channels += sk->c;
-        }
+    const dsrt_layer_ops *ops = dsrt__layer_ops(l);
+    if (l->n_inputs < ops->min_inputs || l->n_inputs > ops->max_inputs) {
+        static const char *const words[] = {"no", "one", "two", "three", "four"};
+        char takes[64];
+        int lo = ops->min_inputs, hi = ops->max_inputs;
+        const char *w = lo < 5 ? words[lo] : "several";
+        if (lo == hi)
+            snprintf(takes, sizeof takes, "%s input%s", w, lo == 1 ? "" : "s");
+        else if (hi == DSRT_INPUTS_MAX)
+            snprintf(takes, sizeof takes, "%s or more inputs", w);
+        else
+            snprintf(takes, sizeof takes, "%d to %d inputs", lo, hi);
+        return dsrt__fail(DSRT_EOPTION, "%s: line %d: %s: option 'inputs': it takes %s, %d given%s",
+                          source, l->line, l->type, takes, l->n_inputs,
+                          hi == 1 ? " (add or concat join several)" : "");
     }
-    if (ok && dsrt__volume(channels, s0->h, s0->w) > INT32_MAX)
+    for (int k = 0; k < l->n_inputs; k++) net->layers[l->inputs[k]].consumers++;
+    l->in = net->layers[l->inputs[0]].out;
+    if (!ops->join) return 0;
+    const dsrt_shape *ins[DSRT_INPUTS_MAX];
+    for (int k = 0; k < l->n_inputs; k++) ins[k] = &net->layers[l->inputs[k]].out;
+    const char *must = "one shape";
+    int joined = ops->join(ins, l->n_inputs, &l->in, &must);
+    if (joined == 0) return 0;
+    if (joined == 2) {
+        int64_t channels = 0;
+        for (int k = 0; k < l->n_inputs; k++) channels += ins[k]->c;
         return dsrt__fail(DSRT_ETOOBIG,
                           "%s: line %d: %s: its inputs together are %dx%dx%lld (HxWxC), more than "
                           "2^31 - 1 values an image",
-                          source, l->line, l->type, s0->h, s0->w, (long long)channels);
-    if (ok) {
-        l->in.c = (int)channels;
-        return 0;
+                          source, l->line, l->type, ins[0]->h, ins[0]->w, (long long)channels);
     }
     char shapes[1024];
     size_t at = 0;
@@ -317,8 +316,7 @@ static int resolve_inputs(dsrt_net *net, int i, const dsrt_layer_names *names, c
     }
     return dsrt__fail(DSRT_EOPTION,
                       "%s: line %d: %s: option 'inputs': the inputs must have %s (HxWxC: %s)",
-                      source, l->line, l->type,
-                      l->kind == DSRT_LAYER_ADD ? "one shape" : "one height and width", shapes);
+                      source, l->line, l->type, must, shapes);
 }
 
 /* Infers every shape and lays the parameters out, each tensor 64-byte
@@ -344,7 +342,7 @@ static int infer(dsrt_net *net, const char *source, int h, int w, int c, int cla
         dsrt_layer *l = &net->layers[i];
         if (i && (rc = resolve_inputs(net, i, &names, source))) break;
         if (!i) l->in = s;
-        rc = l->def->build(l, &l->in, &net->classes);
+        rc = dsrt__layer_ops(l)->build(l, &l->in, &net->classes);
         if (rc) {
             dsrt__fail_prefix(rc, "%s: line %d", source, l->line);
             break;
@@ -390,26 +388,19 @@ static int infer(dsrt_net *net, const char *source, int h, int w, int c, int cla
     return 0;
 }
 
-/* Marks each ReLU that the layer it takes can compute (oneDNN post-op for
- * convolution and fully connected; the batch-norm ReLU flag, not leaky; the
- * sum of an add): only where the ReLU is the one layer that takes that
- * output, since the ReLU then replaces it. An add with relu=1 computes its
- * ReLU the same way, with fusion off too (it is the layer's own). */
+/* Marks each ReLU that the layer it takes can compute (DSRT_LAYER_F_TAKES_
+ * RELU: oneDNN post-op for convolution and fully connected, the sum of an
+ * add; _PLAIN: the batch-norm ReLU flag, not leaky): only where the ReLU is
+ * the one layer that takes that output, since the ReLU then replaces it. A
+ * kind's own ReLU (add relu=1) was set by its constructor. */
 static void fuse(dsrt_net *net) {
-    for (int i = 1; i < net->n_layers; i++) {
-        dsrt_layer *l = &net->layers[i];
-        if (l->kind == DSRT_LAYER_ADD && l->o.relu) {
-            l->fuse_relu = 1;
-            l->fuse_leak = 0.0f;
-        }
-    }
     if (!net->opts.fuse) return;
     for (int i = 2; i < net->n_layers; i++) {
         dsrt_layer *l = &net->layers[i], *p = &net->layers[l->inputs[0]];
-        if (l->kind != DSRT_LAYER_RELU || l->inputs[0] == 0 || p->consumers != 1) continue;
-        int ok = p->kind == DSRT_LAYER_CONV || p->kind == DSRT_LAYER_FC ||
-                 p->kind == DSRT_LAYER_ADD ||
-                 (p->kind == DSRT_LAYER_BATCHNORM && l->o.leak == 0.0f);
+        if (!dsrt__layer_is(l, DSRT_LAYER_F_RELU) || l->inputs[0] == 0 || p->consumers != 1)
+            continue;
+        int ok = dsrt__layer_is(p, DSRT_LAYER_F_TAKES_RELU) ||
+                 (dsrt__layer_is(p, DSRT_LAYER_F_TAKES_RELU_PLAIN) && l->o.leak == 0.0f);
         if (!ok || p->fuse_relu) continue;
         p->fuse_relu = 1;
         p->fuse_leak = l->o.leak;
@@ -439,7 +430,7 @@ static void grad_share(dsrt_net *net) {
         for (int k = 0; k < net->layers[i].n_inputs; k++) last[net->layers[i].inputs[k]] = i;
     for (int a = 1; a < n; a++) {
         const dsrt_layer *A = &net->layers[a];
-        if (A->kind != DSRT_LAYER_ADD) continue;
+        if (!dsrt__layer_is(A, DSRT_LAYER_F_GRAD_PASSES)) continue;
         int chosen[DSRT_INPUTS_MAX], nc = 0, modifier = -1;
         /* Largest index first: a candidate is checked against those taken. */
         int order[DSRT_INPUTS_MAX];
@@ -555,9 +546,10 @@ int dsrt__net_build(dsrt_net **out, dsrt_desc *d, const char *text, const char *
     for (int i = 0; i < net->n_layers; i++) net->layer_bucket[i] = -1;
     for (int i = 0; init && i < net->n_layers; i++) {
         dsrt_layer *l = &net->layers[i];
-        if (!l->def->init) continue;
+        const dsrt_layer_ops *ops = dsrt__layer_ops(l);
+        if (!ops->init) continue;
         dsrt_rng rng = dsrt_rng_init(net->opts.seed, 0, (uint64_t)i, RNG_STREAM_INIT);
-        l->def->init(l, net->params, net->state, &rng, net->opts.init);
+        ops->init(l, net->params, net->state, &rng, net->opts.init);
     }
     if ((rc = attach_backend(net))) goto fail;
     *out = net;

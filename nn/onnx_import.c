@@ -2257,7 +2257,7 @@ int dsrt__onnx_import_memory(dsrt_net **out, const uint8_t *data, size_t size, c
                         net->n_layers, c.nL);
         goto fail;
     }
-    dsrt__init_input(&net->layers[0], net->params, net->state, NULL, 0);
+    dsrt__layer_ops(&net->layers[0])->init(&net->layers[0], net->params, net->state, NULL, 0);
     for (int i = 1; i < c.nL; i++)
         if ((rc = copy_layer(&c, net, i))) goto fail;
     net->version++;

@@ -92,149 +92,35 @@
 #include <string.h>
 
 // ----------------------------------------------------------------------------
-// Option table
+// Keywords: every kind's, in the order of nn/layers/list.h
 
-typedef enum {
-    OPT_INT,     /* int */
-    OPT_FLOAT,   /* float */
-    OPT_BOOL,    /* int 0/1 */
-    OPT_PAIR,    /* two ints: "N" or "HxW" */
-    OPT_PAD,     /* four ints + pad_same: "same", "N", "HxW", "T,B,L,R" */
-    OPT_SIZE3,   /* three ints h, w, c: "HxWxC" */
-    OPT_ENUM,    /* int index into choices ("a|b|c") */
-    OPT_FLOATS,  /* float[DSRT_STATS_MAX] + int count: "v" or "v1,v2,..." */
-    OPT_OUTPUTS, /* int, or DSRT_CLASSES_AUTO for "classes" */
-    OPT_INIT,    /* int: default|glorot|he|uniform */
-} opt_type;
+/* The keyword's row and its kind, or NULL. */
+static const dsrt_layer_type *find_type(const char *name, dsrt_layer_kind *kind) {
+    for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
+        for (const dsrt_layer_type *t = dsrt__layers[k]->types; t->name; t++)
+            if (!strcmp(t->name, name)) {
+                *kind = (dsrt_layer_kind)k;
+                return t;
+            }
+    return NULL;
+}
 
-struct dsrt_opt_spec {
-    const char *name;
-    opt_type type;
-    const char *def; /* NULL: required */
-    size_t off;      /* into dsrt_layer_opts */
-    size_t off2;     /* OPT_FLOATS: the count; OPT_PAD: pad_same */
-    double min, max; /* for numbers */
-    const char *choices;
-};
+/* The keyword's position among every kind's keywords (for default names). */
+static int type_index(const dsrt_layer_type *row) {
+    int at = 0;
+    for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
+        for (const dsrt_layer_type *t = dsrt__layers[k]->types; t->name; t++, at++)
+            if (t == row) return at;
+    return at;
+}
 
-#define O(f) offsetof(dsrt_layer_opts, f)
-#define OPT_END                                                                                    \
-    { NULL, 0, NULL, 0, 0, 0, 0, NULL }
-#define LR_OPTS(wl2_def, bl2_def)                                                                  \
-    {"wlr", OPT_FLOAT, "1", O(wlr), 0, 0, 1e6, NULL},                                              \
-        {"blr", OPT_FLOAT, "1", O(blr), 0, 0, 1e6, NULL},                                          \
-        {"wl2", OPT_FLOAT, wl2_def, O(wl2), 0, 0, 1e6, NULL}, {                                    \
-        "bl2", OPT_FLOAT, bl2_def, O(bl2), 0, 0, 1e6, NULL                                         \
-    }
-
-static const struct dsrt_opt_spec OPTS_INPUT[] = {
-    {"size", OPT_SIZE3, "0x0x0", O(in_h), 0, 0, 1 << 16, NULL},
-    {"normalization", OPT_ENUM, "none", O(norm), 0, 0, 0,
-     "none|zerocenter|zscore|rescale|rescale-symmetric"},
-    {"mean", OPT_FLOATS, "0", O(mean), O(n_mean), -1e30, 1e30, NULL},
-    {"std", OPT_FLOATS, "1", O(std), O(n_std), 1e-30, 1e30, NULL},
-    {"min", OPT_FLOATS, "0", O(min), O(n_min), -1e30, 1e30, NULL},
-    {"max", OPT_FLOATS, "1", O(max), O(n_max), -1e30, 1e30, NULL},
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_CONV[] = {
-    {"filters", OPT_INT, NULL, O(filters), 0, 1, 1 << 20, NULL},
-    {"size", OPT_PAIR, NULL, O(kh), 0, 1, 1 << 12, NULL},
-    {"stride", OPT_PAIR, "1", O(sh), 0, 1, 1 << 12, NULL},
-    {"pad", OPT_PAD, "0", O(pt), O(pad_same), 0, 1 << 12, NULL},
-    {"dilation", OPT_PAIR, "1", O(dh), 0, 1, 1 << 12, NULL},
-    {"groups", OPT_INT, "1", O(groups), 0, 1, 1 << 20, NULL},
-    {"bias", OPT_BOOL, "1", O(bias), 0, 0, 1, NULL},
-    {"init", OPT_INIT, "default", O(init), 0, 0, 0, NULL},
-    LR_OPTS("1", "0"),
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_BN[] = {
-    {"eps", OPT_FLOAT, "1e-5", O(eps), 0, 1e-12, 1, NULL},
-    {"momentum", OPT_FLOAT, "0.1", O(momentum), 0, 0, 1, NULL},
-    LR_OPTS("1", "1"),
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_RELU[] = {
-    {"leak", OPT_FLOAT, "0", O(leak), 0, 0, 1e6, NULL},
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_LEAKY[] = {
-    {"leak", OPT_FLOAT, "0.01", O(leak), 0, 0, 1e6, NULL},
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_POOL[] = {
-    {"size", OPT_PAIR, NULL, O(kh), 0, 1, 1 << 12, NULL},
-    {"stride", OPT_PAIR, "1", O(sh), 0, 1, 1 << 12, NULL},
-    {"pad", OPT_PAD, "0", O(pt), O(pad_same), 0, 1 << 12, NULL},
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_AVGPOOL[] = {
-    {"size", OPT_PAIR, NULL, O(kh), 0, 1, 1 << 12, NULL},
-    {"stride", OPT_PAIR, "1", O(sh), 0, 1, 1 << 12, NULL},
-    {"pad", OPT_PAD, "0", O(pt), O(pad_same), 0, 1 << 12, NULL},
-    {"count_pad", OPT_BOOL, "1", O(count_pad), 0, 0, 1, NULL},
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_NONE[] = {OPT_END};
-
-static const struct dsrt_opt_spec OPTS_FC[] = {
-    {"outputs", OPT_OUTPUTS, NULL, O(outputs), 0, 1, 1 << 24, NULL},
-    {"bias", OPT_BOOL, "1", O(bias), 0, 0, 1, NULL},
-    {"init", OPT_INIT, "default", O(init), 0, 0, 0, NULL},
-    LR_OPTS("1", "0"),
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_DROPOUT[] = {
-    {"p", OPT_FLOAT, "0.5", O(p), 0, 0, 0.999999, NULL},
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_ADD[] = {
-    {"relu", OPT_BOOL, "0", O(relu), 0, 0, 1, NULL},
-    OPT_END,
-};
-
-static const struct dsrt_opt_spec OPTS_LRN[] = {
-    {"size", OPT_INT, "5", O(lrn_size), 0, 1, 1 << 12, NULL},
-    {"alpha", OPT_FLOAT, "1e-4", O(alpha), 0, 0, 1e6, NULL},
-    {"beta", OPT_FLOAT, "0.75", O(beta), 0, 0, 1e6, NULL},
-    {"k", OPT_FLOAT, "2", O(k), 0, 1e-12, 1e6, NULL},
-    OPT_END,
-};
-
-/* The one table of layer types: keyword -> kind, constructor, options. */
-static const dsrt_layer_type LAYER_TYPES[] = {
-    {"input", DSRT_LAYER_INPUT, dsrt__build_input, dsrt__init_input, OPTS_INPUT,
-     "image input and normalization"},
-    {"conv", DSRT_LAYER_CONV, dsrt__build_conv, dsrt__init_conv, OPTS_CONV,
-     "2-D convolution (grouped with groups > 1)"},
-    {"batchnorm", DSRT_LAYER_BATCHNORM, dsrt__build_batchnorm, dsrt__init_batchnorm, OPTS_BN,
-     "batch normalization"},
-    {"relu", DSRT_LAYER_RELU, dsrt__build_same, NULL, OPTS_RELU, "rectified linear unit"},
-    {"leakyrelu", DSRT_LAYER_RELU, dsrt__build_same, NULL, OPTS_LEAKY, "leaky ReLU"},
-    {"maxpool", DSRT_LAYER_MAXPOOL, dsrt__build_pool, NULL, OPTS_POOL, "max pooling"},
-    {"avgpool", DSRT_LAYER_AVGPOOL, dsrt__build_pool, NULL, OPTS_AVGPOOL, "average pooling"},
-    {"gap", DSRT_LAYER_GAP, dsrt__build_gap, NULL, OPTS_NONE, "global average pooling"},
-    {"fc", DSRT_LAYER_FC, dsrt__build_fc, dsrt__init_fc, OPTS_FC, "fully connected"},
-    {"dropout", DSRT_LAYER_DROPOUT, dsrt__build_dropout, NULL, OPTS_DROPOUT, "dropout"},
-    {"lrn", DSRT_LAYER_LRN, dsrt__build_lrn, NULL, OPTS_LRN,
-     "cross-channel (local response) normalization"},
-    {"softmax", DSRT_LAYER_SOFTMAX, dsrt__build_softmax, NULL, OPTS_NONE,
-     "softmax and cross-entropy: the classification output"},
-    {"add", DSRT_LAYER_ADD, dsrt__build_add, NULL, OPTS_ADD,
-     "element-wise sum of two or more inputs of one shape"},
-    {"concat", DSRT_LAYER_CONCAT, dsrt__build_concat, NULL, OPTS_NONE,
-     "concatenation of two or more inputs along the channels"},
-};
+/* How many keywords there are. */
+static int type_count(void) {
+    int n = 0;
+    for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
+        for (const dsrt_layer_type *t = dsrt__layers[k]->types; t->name; t++) n++;
+    return n;
+}
 
 // ----------------------------------------------------------------------------
 // Values
@@ -275,14 +161,14 @@ static int parse_float(const char *s, double *v) {
     return 0;
 }
 
-static int check_range(const struct dsrt_opt_spec *o, double v) {
+static int check_range(const dsrt_opt_spec *o, double v) {
     return v >= o->min && v <= o->max ? 0 : -1;
 }
 
 /* A float option's range is checked on the float that is kept: the one
  * nearest the bound written is in the range (eps=1e-12 read back from the
  * float 9.99999996e-13 that it is). */
-static int check_float_range(const struct dsrt_opt_spec *o, double v) {
+static int check_float_range(const dsrt_opt_spec *o, double v) {
     if (!(fabs(v) <= FLT_MAX)) return -1;
     float f = (float)v;
     return f >= (float)o->min && f <= (float)o->max ? 0 : -1;
@@ -292,7 +178,7 @@ static int check_float_range(const struct dsrt_opt_spec *o, double v) {
  * message: the value does not parse, or is out of the option's range. */
 enum { VALUE_BAD = 1, VALUE_RANGE = 2 };
 
-static int set_int(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_int(const dsrt_opt_spec *o, char *base, const char *value) {
     long v;
     if (parse_long(value, &v) != 0) return VALUE_BAD;
     if (check_range(o, (double)v)) return VALUE_RANGE;
@@ -300,7 +186,7 @@ static int set_int(const struct dsrt_opt_spec *o, char *base, const char *value)
     return 0;
 }
 
-static int set_float(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_float(const dsrt_opt_spec *o, char *base, const char *value) {
     double d;
     if (parse_float(value, &d) != 0) return VALUE_BAD;
     if (check_float_range(o, d)) return VALUE_RANGE;
@@ -308,7 +194,7 @@ static int set_float(const struct dsrt_opt_spec *o, char *base, const char *valu
     return 0;
 }
 
-static int set_bool(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_bool(const dsrt_opt_spec *o, char *base, const char *value) {
     int *ip = (int *)(base + o->off);
     if (!strcmp(value, "1") || !strcmp(value, "true"))
         *ip = 1;
@@ -319,7 +205,7 @@ static int set_bool(const struct dsrt_opt_spec *o, char *base, const char *value
     return 0;
 }
 
-static int set_pair(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_pair(const dsrt_opt_spec *o, char *base, const char *value) {
     int *ip = (int *)(base + o->off);
     long v[2];
     int n = parse_ints(value, 'x', v, 2);
@@ -332,14 +218,14 @@ static int set_pair(const struct dsrt_opt_spec *o, char *base, const char *value
 }
 
 /* Ints checked against the option's range, then stored. */
-static int set_ints(const struct dsrt_opt_spec *o, int *ip, const long *v, int n) {
+static int set_ints(const dsrt_opt_spec *o, int *ip, const long *v, int n) {
     for (int i = 0; i < n; i++)
         if (check_range(o, (double)v[i])) return VALUE_RANGE;
     for (int i = 0; i < n; i++) ip[i] = (int)v[i];
     return 0;
 }
 
-static int set_pad(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_pad(const dsrt_opt_spec *o, char *base, const char *value) {
     int *ip = (int *)(base + o->off), *same = (int *)(base + o->off2);
     long v[4];
     int n;
@@ -362,13 +248,13 @@ static int set_pad(const struct dsrt_opt_spec *o, char *base, const char *value)
     return set_ints(o, ip, v, 4);
 }
 
-static int set_size3(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_size3(const dsrt_opt_spec *o, char *base, const char *value) {
     long v[3];
     if (parse_ints(value, 'x', v, 3) != 3) return VALUE_BAD;
     return set_ints(o, (int *)(base + o->off), v, 3);
 }
 
-static int set_enum(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_enum(const dsrt_opt_spec *o, char *base, const char *value) {
     size_t len = strlen(value);
     const char *c = o->choices;
     for (int i = 0; *c; i++) {
@@ -385,7 +271,7 @@ static int set_enum(const struct dsrt_opt_spec *o, char *base, const char *value
                       o->choices);
 }
 
-static int set_floats(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_floats(const dsrt_opt_spec *o, char *base, const char *value) {
     float *f = (float *)(base + o->off);
     int *count = (int *)(base + o->off2);
     char buf[1024];
@@ -409,7 +295,7 @@ static int set_floats(const struct dsrt_opt_spec *o, char *base, const char *val
     return 0;
 }
 
-static int set_outputs(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_outputs(const dsrt_opt_spec *o, char *base, const char *value) {
     if (!strcmp(value, "classes")) {
         *(int *)(base + o->off) = DSRT_CLASSES_AUTO;
         return 0;
@@ -417,7 +303,7 @@ static int set_outputs(const struct dsrt_opt_spec *o, char *base, const char *va
     return set_int(o, base, value);
 }
 
-static int set_init(const struct dsrt_opt_spec *o, char *base, const char *value) {
+static int set_init(const dsrt_opt_spec *o, char *base, const char *value) {
     int *ip = (int *)(base + o->off);
     if (!strcmp(value, "default"))
         *ip = DSRT_INIT_DEFAULT;
@@ -435,7 +321,7 @@ static int set_init(const struct dsrt_opt_spec *o, char *base, const char *value
 
 /* Each type of option: its setter, and what a value of it looks like. */
 static const struct {
-    int (*set)(const struct dsrt_opt_spec *o, char *base, const char *value);
+    int (*set)(const dsrt_opt_spec *o, char *base, const char *value);
     const char *what;
 } OPT_TYPES[] = {
     [OPT_INT] = {set_int, "an integer"},
@@ -452,7 +338,7 @@ static const struct {
 
 /* Stores value into opts per spec; returns 0 or DSRT_EOPTION with a message
  * (without the line prefix). */
-static int set_option(dsrt_layer_opts *opts, const struct dsrt_opt_spec *o, const char *value) {
+static int set_option(dsrt_layer_opts *opts, const dsrt_opt_spec *o, const char *value) {
     int rc = OPT_TYPES[o->type].set(o, (char *)opts, value);
     if (rc == VALUE_BAD)
         return dsrt__fail(DSRT_EOPTION, "option '%s': expected %s, got '%s'", o->name,
@@ -523,12 +409,6 @@ void dsrt__layer_names_free(dsrt_layer_names *s) {
 // ----------------------------------------------------------------------------
 // Lines
 
-static const dsrt_layer_type *find_type(const char *name) {
-    for (size_t i = 0; i < DSRT_ARRAY_SIZE(LAYER_TYPES); i++)
-        if (!strcmp(LAYER_TYPES[i].name, name)) return &LAYER_TYPES[i];
-    return NULL;
-}
-
 static int valid_name(const char *s) {
     size_t n = strlen(s);
     if (n == 0 || n >= DSRT_LAYER_NAME_MAX) return 0;
@@ -542,7 +422,7 @@ static void option_names(const dsrt_layer_type *t, char *buf, size_t size) {
     size_t at = 0;
     buf[0] = '\0';
     at += (size_t)snprintf(buf, size, "name, inputs");
-    for (const struct dsrt_opt_spec *o = t->opts; o->name && at < size; o++)
+    for (const dsrt_opt_spec *o = t->opts; o->name && at < size; o++)
         at += (size_t)snprintf(buf + at, size - at, ", %s", o->name);
 }
 
@@ -552,16 +432,19 @@ static void option_names(const dsrt_layer_type *t, char *buf, size_t size) {
  * place. Returns 0, or DSRT_EOPTION with the message (no line prefix). */
 static int parse_line(dsrt_layer *l, char **tok, int ntok) {
     memset(l, 0, sizeof *l); /* the caller frees inputs_text whatever happens */
-    const dsrt_layer_type *t = find_type(tok[0]);
+    dsrt_layer_kind kind;
+    const dsrt_layer_type *t = find_type(tok[0], &kind);
     if (!t) {
-        char names[512];
+        char names[1024];
         size_t at = 0;
-        for (size_t i = 0; i < DSRT_ARRAY_SIZE(LAYER_TYPES) && at < sizeof names; i++)
-            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
-                                   LAYER_TYPES[i].name);
+        for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
+            for (const dsrt_layer_type *r = dsrt__layers[k]->types; r->name && at < sizeof names;
+                 r++)
+                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "",
+                                       r->name);
         return dsrt__fail(DSRT_EOPTION, "unknown layer type '%s' (types: %s)", tok[0], names);
     }
-    l->kind = t->kind;
+    l->kind = kind;
     l->type = t->name;
     l->def = t;
     int seen[64] = {0};
@@ -592,9 +475,9 @@ static int parse_line(dsrt_layer *l, char **tok, int ntok) {
         if (!strcmp(key, "inputs")) {
             if (l->inputs_text)
                 return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs' given twice", t->name);
-            if (t->kind == DSRT_LAYER_INPUT)
-                return dsrt__fail(DSRT_EOPTION,
-                                  "input: option 'inputs': the input layer takes none");
+            if (dsrt__layers[kind]->max_inputs == 0)
+                return dsrt__fail(DSRT_EOPTION, "%s: option 'inputs': the layer takes none",
+                                  t->name);
             /* Names separated by commas; resolved when the net is built. */
             int n = 0;
             for (const char *p = value; *p; n++) {
@@ -708,10 +591,15 @@ int dsrt__desc_parse(dsrt_desc *d, const char *text, const char *source) {
             goto fail;
         }
     }
-    int seen[DSRT_ARRAY_SIZE(LAYER_TYPES)] = {0}, next[DSRT_ARRAY_SIZE(LAYER_TYPES)] = {0};
+    int n_types = type_count();
+    int *seen = dsrt__calloc((size_t)n_types, 2 * sizeof *seen), *next = seen + n_types;
+    if (!seen) {
+        rc = -ENOMEM;
+        goto fail;
+    }
     for (int i = 0; i < d->n; i++) {
         dsrt_layer *l = &d->layers[i];
-        size_t t = (size_t)(l->def - LAYER_TYPES);
+        int t = type_index(l->def);
         int k = ++seen[t];
         if (l->name[0]) continue;
         /* The names below next[t] were taken when the last one was made. */
@@ -720,8 +608,12 @@ int dsrt__desc_parse(dsrt_desc *d, const char *text, const char *source) {
             if (!dsrt__layer_names_find(&names, l->name)) break;
         }
         next[t] = k + 1;
-        if ((rc = dsrt__layer_names_add(&names, l->name, i)) < 0) goto fail;
+        if ((rc = dsrt__layer_names_add(&names, l->name, i)) < 0) {
+            free(seen);
+            goto fail;
+        }
     }
+    free(seen);
     dsrt__layer_names_free(&names);
     free(copy);
     return 0;
@@ -741,11 +633,11 @@ void dsrt__desc_free(dsrt_desc *d) {
 
 size_t dsrt__desc_help(char *buf, size_t size) {
     size_t at = 0;
-    for (size_t i = 0; i < DSRT_ARRAY_SIZE(LAYER_TYPES); i++) {
-        const dsrt_layer_type *t = &LAYER_TYPES[i];
+    for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
+        for (const dsrt_layer_type *t = dsrt__layers[k]->types; t->name; t++) {
         at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size),
                                "  %-10s %s\n            name=", t->name, t->help);
-        for (const struct dsrt_opt_spec *o = t->opts; o->name; o++)
+        for (const dsrt_opt_spec *o = t->opts; o->name; o++)
             at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size), " %s=%s",
                                    o->name, o->def ? o->def : "(required)");
         at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size), "\n");

@@ -1,0 +1,287 @@
+/*
+ * The CPU backend's engine, as the layer kinds see it: a plan (one for each
+ * batch size, training and inference apart) is two lists of steps, forward
+ * and backward, each a oneDNN primitive with its arguments or a small C
+ * function; every layer adds its steps through its kind's cpu_plan
+ * (nn/layers/<kind>.c) with the helpers below, which make memories and
+ * primitives owned by the plan, put gradients in the plan's pool, add
+ * reorders where a primitive wants another layout, and sum a gradient's
+ * parts where an output feeds several layers. backend_cpu.c runs the
+ * plans; it knows no layer kind.
+ */
+#ifndef DSRT_NN_BACKEND_CPU_H
+#define DSRT_NN_BACKEND_CPU_H
+
+#include "nn/internal.h"
+
+#include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct dsrt_cpu_backend cpu_backend;
+typedef struct dsrt_cpu_plan cpu_plan;
+
+typedef enum {
+    STEP_ALWAYS = 0,
+    STEP_WEIGHTS, /* a weight reorder: runs only when the parameters changed */
+} step_kind;
+
+typedef struct {
+    dnnl_primitive_t prim; /* NULL: fn */
+    int (*fn)(cpu_backend *be, cpu_plan *p, int layer);
+    int layer;
+    step_kind kind;
+    uint64_t *cache; /* STEP_WEIGHTS: the version the copy was made from */
+    int nargs;
+    dnnl_exec_arg_t args[DSRT_INPUTS_MAX + 8];
+} step;
+
+typedef struct {
+    dnnl_memory_desc_t md;
+    dnnl_memory_t mem;  /* the layer's output */
+    dnnl_memory_t diff; /* gradient of the loss with respect to it (training) */
+} tensor;
+
+typedef struct {
+    tensor out;
+    dnnl_memory_t src;                     /* what the main primitive read (after a reorder) */
+    uint64_t w_fwd_version, w_bwd_version; /* weights reordered for forward, backward */
+    /* What the kind keeps of its own (dropout's masks, batchnorm's
+     * statistics), freed with the plan by own_free (NULL: free). */
+    void *own;
+    void (*own_free)(void *own);
+} layer_plan;
+
+/*
+ * A gradient tensor of a plan. Layer i's output gradient lives from the
+ * backward of the last layer taking that output, which writes it first, to
+ * layer i's own backward, which reads it last (the gradient an add shares
+ * with its inputs: over all of their lives); a scratch tensor that sums one
+ * part of a gradient lives within one layer's backward. Tensors whose lives
+ * do not overlap take the same bytes of the plan's pool, so a deep net's
+ * backward holds a few layers' gradients at a time, not one for every layer.
+ * The memories are made without a buffer and given their bytes when the
+ * plan is complete (diff_pool_make). A view (the same bytes in another
+ * shape, or a part of them) takes its base's bytes.
+ */
+typedef struct {
+    dnnl_memory_t mem;
+    int base;            /* the entry whose bytes it takes: itself for a tensor of its own */
+    int lo, hi;          /* its life, in layers (a base's: over every view of it) */
+    size_t size, offset; /* bytes, and where they start in the pool (bases) */
+} diff_entry;
+
+struct dsrt_cpu_plan {
+    int n, train;
+    int bn_sync; /* built for synchronised batchnorm (net->bn_sync_fn set) */
+    int n_layers;
+    uint64_t used; /* for least-recently-used eviction */
+    layer_plan *lp;
+    step *fwd, *bwd;
+    size_t n_fwd, cap_fwd, n_bwd, cap_bwd;
+    /* Everything created for the plan, destroyed with it. */
+    dnnl_memory_t *mems;
+    size_t n_mems, cap_mems;
+    dnnl_primitive_t *prims;
+    size_t n_prims, cap_prims;
+    dnnl_memory_t *scratch_mems; /* share one buffer */
+    size_t n_scratch, cap_scratch;
+    void *scratch;
+    size_t scratch_size;
+    /* (n_layers) the last layer (in the written order) that takes layer j's
+     * output: backward runs last to first, so it writes j's gradient first
+     * and the others add theirs (grad_target). */
+    int *last_use;
+    /* (n_layers) the gradient of a layer whose inputs may share it
+     * (DSRT_LAYER_F_GRAD_PASSES, net.c's grad_share), made for the first of
+     * them, which take its buffer when their layout is the same. */
+    dnnl_memory_t *share;
+    /* The gradients of the layers' outputs and the scratch tensors that sum
+     * a gradient's parts (diff_new): one pool of bytes. */
+    diff_entry *diffs;
+    size_t n_diffs, cap_diffs;
+    void *diff_pool;
+    size_t diff_pool_size;
+    /* The input layer's memory that is the caller's batch itself (its
+     * handle set at each forward), or NULL when the input layer copies it. */
+    dnnl_memory_t batch;
+    /* The classification output: probabilities (n, classes), the batch's
+     * labels or soft targets (n, classes; NULL: one-hot labels), and the
+     * loss and correct count of the last forward. */
+    float *probs;
+    const int32_t *labels;
+    const float *soft;
+    double loss;
+    int correct;
+};
+
+typedef enum { LAYOUT_AUTO = 0, LAYOUT_BLOCKED, LAYOUT_NHWC } layout_mode;
+
+struct dsrt_cpu_backend {
+    dsrt_net *net;
+    int block;          /* channel block of oneDNN's blocked layouts: 16 (AVX-512) or 8 */
+    layout_mode layout; /* of convolutions */
+    dnnl_alg_kind_t conv_alg;
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    cpu_plan *plans[4];
+    cpu_plan *last_train, *last_infer;
+    uint64_t clock;
+    const float *x;   /* the batch of the current forward */
+    cpu_plan *last;   /* the plan of the last forward */
+    float grad_scale; /* 1 / images the loss gradient is averaged over */
+    float *xbuf;      /* uint8 batches converted to float */
+    size_t xbuf_n;
+    pthread_t team_master; /* the thread whose OpenMP team holds signals, */
+    int team_held;         /* and that team's size (0: none yet) */
+};
+
+// ----------------------------------------------------------------------------
+// Failing
+
+/* DSRT_EBACKEND with oneDNN's status, naming the layer (may be NULL). */
+int dsrt__cpu_fail(dnnl_status_t st, const char *what, const dsrt_layer *l);
+
+/* Returns from the calling function with the failure of a oneDNN call;
+ * `L` (the layer being planned, or NULL) names it in the message. */
+#define DN(what, call)                                                                             \
+    do {                                                                                           \
+        dnnl_status_t st_ = (call);                                                                \
+        if (st_ != dnnl_success) return dsrt__cpu_fail(st_, what, L);                              \
+    } while (0)
+
+// ----------------------------------------------------------------------------
+// Steps, memories, primitives
+
+/* Adds an argument to a step; a NULL memory (no bias, no workspace) is left
+ * out. */
+void dsrt__cpu_arg(step *s, int what, dnnl_memory_t m);
+/* A step running fn (a C function) in layer's forward or backward. */
+int dsrt__cpu_c_step(cpu_plan *p, int backward, int (*fn)(cpu_backend *, cpu_plan *, int),
+                     int layer);
+/* A memory of md: on handle (the flat buffers, user data), or allocated by
+ * oneDNN when handle is NULL. Owned by the plan. */
+int dsrt__cpu_mem(cpu_plan *p, const dnnl_memory_desc_t *md, dnnl_engine_t eng, void *handle,
+                  dnnl_memory_t *out, const dsrt_layer *L);
+const dnnl_memory_desc_t *dsrt__cpu_md_of(dnnl_memory_t m);
+void *dsrt__cpu_handle(dnnl_memory_t m);
+/* Plain row-major, and "any" (the primitive chooses), f32 descriptors; the
+ * same logical tensor as md in plain layout. Return 0 or DSRT_EBACKEND. */
+int dsrt__cpu_md_plain(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims);
+int dsrt__cpu_md_any(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims);
+int dsrt__cpu_md_plain_like(dnnl_memory_desc_t *out, const dnnl_memory_desc_t *md);
+/* Whether md is the layout tag of its dims. */
+int dsrt__cpu_md_is(const dnnl_memory_desc_t *md, dnnl_format_tag_t tag);
+/* A primitive descriptor from an op descriptor with the plan's attributes:
+ * the user scratchpad, and a ReLU (leak) post-op when relu is set. */
+int dsrt__cpu_pd(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be, int relu, float leak,
+                 const_dnnl_primitive_desc_t hint, const char *what, const dsrt_layer *L);
+/* The attributes dsrt__cpu_pd uses (destroy them after use). */
+int dsrt__cpu_attr(dnnl_primitive_attr_t *attr, int relu, float leak, const dsrt_layer *L);
+/* A step running pd's primitive (pd stays the caller's); the caller adds
+ * the arguments. */
+int dsrt__cpu_prim_step(cpu_plan *p, cpu_backend *be, const_dnnl_primitive_desc_t pd, int backward,
+                        int layer, step **out, const dsrt_layer *L);
+/* A reorder step from one memory to another. */
+int dsrt__cpu_reorder_step(cpu_plan *p, cpu_backend *be, dnnl_memory_t from, dnnl_memory_t to,
+                           int backward, int layer, step_kind kind, uint64_t *cache,
+                           const dsrt_layer *L);
+/* have in the layout want: have itself, or a new memory filled by a reorder
+ * step added now. */
+int dsrt__cpu_ensure(cpu_plan *p, cpu_backend *be, dnnl_memory_t have,
+                     const dnnl_memory_desc_t *want, int backward, int layer, dnnl_memory_t *out,
+                     const dsrt_layer *L);
+/* Where a primitive producing layout `made` should write so that the result
+ * lands in target: target itself, or a temporary (*tmp) that the caller
+ * reorders into target after the primitive's step. */
+int dsrt__cpu_deliver(cpu_plan *p, cpu_backend *be, dnnl_memory_t target,
+                      const dnnl_memory_desc_t *made, dnnl_memory_t *out, dnnl_memory_t *tmp,
+                      const dsrt_layer *L);
+
+// ----------------------------------------------------------------------------
+// Outputs and gradients
+
+/* The output tensor of layer i in layout md, and its gradient buffer when
+ * backward needs it. */
+int dsrt__cpu_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md);
+/* A gradient memory in layout md (bytes from the plan's pool), alive from
+ * layer lo's backward to layer hi's; or, with on, a view of on's bytes. */
+int dsrt__cpu_diff(cpu_plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *md, int lo, int hi,
+                   dnnl_memory_t on, dnnl_memory_t *out, const dsrt_layer *L);
+/* 1 when gradient memories a and b take the same bytes. */
+int dsrt__cpu_diff_same(const cpu_plan *p, dnnl_memory_t a, dnnl_memory_t b);
+/*
+ * Where layer i's backward writes the gradient for its k-th input (in that
+ * input's gradient layout): the gradient itself when layer i is the last
+ * layer written that takes the input (backward runs last to first, so it
+ * writes first), else a scratch tensor (*acc) that dsrt__cpu_grad_add then
+ * adds into the gradient: a layer whose output feeds several gets the sum of
+ * theirs. _of: for the input tensor `in` (a view of the input).
+ */
+int dsrt__cpu_grad_target(cpu_backend *be, cpu_plan *p, int i, int k, dnnl_memory_t *out,
+                          dnnl_memory_t *acc);
+int dsrt__cpu_grad_target_of(cpu_backend *be, cpu_plan *p, int i, int k, const tensor *in,
+                             dnnl_memory_t *out, dnnl_memory_t *acc);
+/* diff += acc (when the target was a scratch tensor), in layer i's backward. */
+int dsrt__cpu_grad_add(cpu_backend *be, cpu_plan *p, int i, dnnl_memory_t diff, dnnl_memory_t acc);
+/* Layer L's k-th input as a 4-d tensor (n, c, h, w): the tensor itself, or
+ * a fully connected layer's (n, c) output seen as (n, c, 1, 1). */
+int dsrt__cpu_input4(cpu_backend *be, cpu_plan *p, const dsrt_layer *L, int k, tensor *out);
+/* Backward of a ReLU the layer computes (fuse_relu): in place on its output
+ * gradient. */
+int dsrt__cpu_fused_relu_bwd(cpu_backend *be, cpu_plan *p, int i);
+/* A step telling the net that layer i's gradients are complete. */
+int dsrt__cpu_ready_step(cpu_plan *p, int i);
+
+// ----------------------------------------------------------------------------
+// Layers with weights (convolution, fully connected)
+
+/* Weights plain in the flat buffer (wplain, of descriptor plain), in layout
+ * want for a primitive: wplain itself, or a copy made by a cached reorder
+ * step (it runs when the parameters changed since *cache). */
+int dsrt__cpu_weights_for(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *plain,
+                          const dnnl_memory_desc_t *want, dnnl_memory_t wplain, int backward,
+                          uint64_t *cache, dnnl_memory_t *out);
+/* The weights' (and bias's) gradient, once the backward-weights primitive
+ * bpd is made: written into the net's gradients, then the layer's
+ * gradients are ready. ensure_ddst: the output gradient is reordered to
+ * the layout bpd wants. Destroys bpd. */
+int dsrt__cpu_weights_grad(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_t bpd,
+                           const dnnl_memory_desc_t *w_plain, const dnnl_memory_desc_t *b_md,
+                           int ensure_ddst);
+/* The input's gradient, once the backward-data primitive bpd is made: the
+ * weights as forward took them (wfwd) when bpd wants that layout, else
+ * reordered from wplain; the result added into the input's gradient.
+ * Destroys bpd. */
+int dsrt__cpu_data_grad(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_t bpd,
+                        const dnnl_memory_desc_t *w_plain, dnnl_memory_t wplain, dnnl_memory_t wfwd,
+                        int ensure_ddst);
+
+// ----------------------------------------------------------------------------
+// Layers of one primitive each way (activations, pooling, LRN)
+
+/* The op descriptor of such a layer. */
+typedef union {
+    dnnl_eltwise_desc_t eltwise;
+    dnnl_pooling_v2_desc_t pool;
+    dnnl_lrn_desc_t lrn;
+} dsrt_cpu_op_desc;
+
+/* Its backward: how its descriptor is made once the forward chose the
+ * output layout (dst), and which forward tensors it reads. */
+typedef struct {
+    const char *what;
+    dnnl_status_t (*init)(dsrt_cpu_op_desc *bd, const dsrt_layer *L, const dnnl_memory_desc_t *src,
+                          const dnnl_memory_desc_t *dst);
+    int reads_src, reads_dst;
+} dsrt_cpu_one_backward;
+
+/* One primitive forward (descriptor fd) into a new output in the layout it
+ * chooses, with its workspace when training, and one backward into the
+ * input's gradient when that is needed. */
+int dsrt__cpu_one_primitive(cpu_backend *be, cpu_plan *p, int i, const dsrt_cpu_op_desc *fd,
+                            const dsrt_cpu_one_backward *b);
+
+#endif

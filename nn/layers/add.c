@@ -1,0 +1,128 @@
+/*
+ * add {additionLayer}: the element-wise sum of two or more inputs of one
+ * shape, with a ReLU on the sum when relu=1 (ResNet's) or when a ReLU
+ * takes its output. Each input's gradient is the sum's, unchanged, so the
+ * net may give them one buffer.
+ *
+ *   inputs=a,b,... (two or more)  relu=0|1 [0]
+ */
+#include "nn/backend_cpu.h"
+
+static const dsrt_opt_spec OPTS[] = {
+    {"relu", OPT_BOOL, "0", DSRT_O(relu), 0, 0, 1, NULL},
+    DSRT_OPT_END,
+};
+
+static const dsrt_layer_type TYPES[] = {
+    {"add", OPTS, "element-wise sum of two or more inputs of one shape"},
+    {NULL, NULL, NULL},
+};
+
+static int join(const dsrt_shape *const *ins, int n, dsrt_shape *out, const char **must) {
+    *out = *ins[0];
+    *must = "one shape";
+    for (int k = 1; k < n; k++)
+        if (ins[k]->c != out->c || ins[k]->h != out->h || ins[k]->w != out->w) return 1;
+    return 0;
+}
+
+static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    l->out = *in;
+    l->flops = (double)(l->n_inputs - 1) * in->c * in->h * in->w;
+    if (l->o.relu) {
+        l->fuse_relu = 1;
+        l->fuse_leak = 0.0f;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// CPU backend
+
+/*
+ * Element-wise sum of the inputs (in the first one's layout; the others are
+ * reordered to it when theirs differs): two inputs as one binary primitive
+ * with the ReLU as its post-op, more as a sum primitive and the ReLU after
+ * it in place. Backward: the ReLU's in place on the gradient, which then
+ * goes to each input unchanged (copied, or added where the input feeds
+ * other layers too).
+ */
+static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor in[DSRT_INPUTS_MAX];
+    dnnl_memory_t src[DSRT_INPUTS_MAX];
+    int rc = 0, n = L->n_inputs;
+    if (n < 1) return dsrt__cpu_fail(dnnl_invalid_arguments, "add", L); /* the parser needs 2 */
+    for (int k = 0; k < n && !rc; k++) rc = dsrt__cpu_input4(be, p, L, k, &in[k]);
+    if (rc) return rc;
+    const dnnl_memory_desc_t *md = &in[0].md;
+    for (int k = 0; k < n && !rc; k++)
+        rc = dsrt__cpu_ensure(p, be, in[k].mem, md, 0, i, &src[k], L);
+    if (!rc) rc = dsrt__cpu_output(be, p, i, md);
+    if (rc) return rc;
+    dnnl_primitive_desc_t pd;
+    step *s;
+    if (n == 2) {
+        dnnl_binary_desc_t d;
+        DN("add", dnnl_binary_desc_init(&d, dnnl_binary_add, md, md, md));
+        if ((rc = dsrt__cpu_pd(&pd, &d, be, L->fuse_relu, L->fuse_leak, NULL, "add", L))) return rc;
+        rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
+        dnnl_primitive_desc_destroy(pd);
+        if (rc) return rc;
+        dsrt__cpu_arg(s, DNNL_ARG_SRC_0, src[0]);
+        dsrt__cpu_arg(s, DNNL_ARG_SRC_1, src[1]);
+        dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+    } else {
+        float scales[DSRT_INPUTS_MAX];
+        dnnl_memory_desc_t mds[DSRT_INPUTS_MAX];
+        for (int k = 0; k < n; k++) scales[k] = 1.0f, mds[k] = *md;
+        dnnl_primitive_attr_t attr;
+        if ((rc = dsrt__cpu_attr(&attr, 0, 0, L))) return rc;
+        dnnl_status_t st =
+            dnnl_sum_primitive_desc_create(&pd, md, n, scales, mds, attr, be->engine);
+        dnnl_primitive_attr_destroy(attr);
+        if (st != dnnl_success) return dsrt__cpu_fail(st, "add", L);
+        rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
+        dnnl_primitive_desc_destroy(pd);
+        if (rc) return rc;
+        for (int k = 0; k < n; k++) dsrt__cpu_arg(s, DNNL_ARG_MULTIPLE_SRC + k, src[k]);
+        dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+        if (L->fuse_relu) {
+            dnnl_eltwise_desc_t d;
+            DN("add relu", dnnl_eltwise_forward_desc_init(
+                               &d, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                               dnnl_eltwise_relu_use_dst_for_bwd, md, L->fuse_leak, 0));
+            if ((rc = dsrt__cpu_pd(&pd, &d, be, 0, 0, NULL, "add relu", L))) return rc;
+            rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
+            dnnl_primitive_desc_destroy(pd);
+            if (rc) return rc;
+            dsrt__cpu_arg(s, DNNL_ARG_SRC, lp->out.mem);
+            dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+        }
+    }
+    if (!p->train) return 0;
+    if (L->fuse_relu && lp->out.diff && (rc = dsrt__cpu_fused_relu_bwd(be, p, i))) return rc;
+    for (int k = 0; k < n && !rc; k++) {
+        if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
+        if (dsrt__cpu_diff_same(p, in[k].diff, lp->out.diff)) continue; /* shared: no copy */
+        dnnl_memory_t tgt, acc;
+        rc = dsrt__cpu_grad_target_of(be, p, i, k, &in[k], &tgt, &acc);
+        if (!rc) rc = dsrt__cpu_reorder_step(p, be, lp->out.diff, tgt, 1, i, STEP_ALWAYS, NULL, L);
+        if (!rc) rc = dsrt__cpu_grad_add(be, p, i, in[k].diff, acc);
+    }
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+
+const dsrt_layer_ops dsrt__layer_add = {
+    .name = "add",
+    .types = TYPES,
+    .min_inputs = 2,
+    .max_inputs = DSRT_INPUTS_MAX,
+    .flags = DSRT_LAYER_F_TAKES_RELU | DSRT_LAYER_F_GRAD_PASSES,
+    .join = join,
+    .build = build,
+    .cpu_plan = plan_add,
+};

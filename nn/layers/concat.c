@@ -1,0 +1,96 @@
+/*
+ * concat {depthConcatenationLayer}: two or more inputs of one height and
+ * width side by side along the channels, in the order named.
+ *
+ *   inputs=a,b,... (two or more)
+ */
+#include "nn/backend_cpu.h"
+
+static const dsrt_opt_spec OPTS[] = {DSRT_OPT_END};
+
+static const dsrt_layer_type TYPES[] = {
+    {"concat", OPTS, "concatenation of two or more inputs along the channels"},
+    {NULL, NULL, NULL},
+};
+
+static int join(const dsrt_shape *const *ins, int n, dsrt_shape *out, const char **must) {
+    *out = *ins[0];
+    *must = "one height and width";
+    int64_t channels = out->c;
+    for (int k = 1; k < n; k++) {
+        if (ins[k]->h != out->h || ins[k]->w != out->w) return 1;
+        channels += ins[k]->c;
+    }
+    if (dsrt__volume(channels, out->h, out->w) > INT32_MAX) return 2;
+    out->c = (int)channels;
+    return 0;
+}
+
+static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    l->out = *in;
+    return dsrt__layer_check_size(l, (double)in->c * in->h * in->w, "an output image");
+}
+
+// ----------------------------------------------------------------------------
+// CPU backend
+
+/*
+ * The inputs side by side along the channels, in plain NHWC (where any
+ * channel range of the output is a view, whatever the offsets); backward
+ * hands each input its channels of the gradient through such a view.
+ */
+static int plan_concat(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    int n = L->n_inputs, rc;
+    dnnl_dims_t dims = {p->n, L->out.c, L->out.h, L->out.w};
+    dnnl_memory_desc_t dst, mds[DSRT_INPUTS_MAX];
+    tensor in[DSRT_INPUTS_MAX];
+    DN("concat", dnnl_memory_desc_init_by_tag(&dst, 4, dims, dnnl_f32, dnnl_acdb));
+    for (int k = 0; k < n; k++) {
+        if ((rc = dsrt__cpu_input4(be, p, L, k, &in[k]))) return rc;
+        mds[k] = in[k].md;
+    }
+    dnnl_primitive_attr_t attr;
+    if ((rc = dsrt__cpu_attr(&attr, 0, 0, L))) return rc;
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t st = dnnl_concat_primitive_desc_create(&pd, &dst, n, 1, mds, attr, be->engine);
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return dsrt__cpu_fail(st, "concat", L);
+    step *s;
+    rc = dsrt__cpu_output(be, p, i, &dst);
+    if (!rc) rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return rc;
+    for (int k = 0; k < n; k++) dsrt__cpu_arg(s, DNNL_ARG_MULTIPLE_SRC + k, in[k].mem);
+    dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+    if (!p->train) return 0;
+    int c0 = 0;
+    for (int k = 0; k < n && !rc; k++) {
+        int ck = be->net->layers[L->inputs[k]].out.c;
+        if (dsrt__net_need_diff(be->net, L->inputs[k])) {
+            dnnl_dims_t sd = {p->n, ck, L->out.h, L->out.w}, off = {0, c0, 0, 0};
+            dnnl_memory_desc_t sub;
+            dnnl_memory_t view, tgt, acc;
+            DN("concat backward", dnnl_memory_desc_init_submemory(&sub, &dst, sd, off));
+            rc = dsrt__cpu_diff(p, be->engine, &sub, -1, -1, lp->out.diff, &view, L);
+            if (!rc) rc = dsrt__cpu_grad_target_of(be, p, i, k, &in[k], &tgt, &acc);
+            if (!rc) rc = dsrt__cpu_reorder_step(p, be, view, tgt, 1, i, STEP_ALWAYS, NULL, L);
+            if (!rc) rc = dsrt__cpu_grad_add(be, p, i, in[k].diff, acc);
+        }
+        c0 += ck;
+    }
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+
+const dsrt_layer_ops dsrt__layer_concat = {
+    .name = "concat",
+    .types = TYPES,
+    .min_inputs = 2,
+    .max_inputs = DSRT_INPUTS_MAX,
+    .join = join,
+    .build = build,
+    .cpu_plan = plan_concat,
+};

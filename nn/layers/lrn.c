@@ -1,0 +1,60 @@
+/*
+ * lrn {crossChannelNormalizationLayer}: local response normalisation
+ * across channels (AlexNet's), a window of `size` channels centred on each:
+ * y = x / (k + alpha/size * sum of x^2 over the window)^beta.
+ *
+ *   size= [5]  alpha= [1e-4]  beta= [0.75]  k= [2]
+ */
+#include "nn/backend_cpu.h"
+
+static const dsrt_opt_spec OPTS[] = {
+    {"size", OPT_INT, "5", DSRT_O(lrn_size), 0, 1, 1 << 12, NULL},
+    {"alpha", OPT_FLOAT, "1e-4", DSRT_O(alpha), 0, 0, 1e6, NULL},
+    {"beta", OPT_FLOAT, "0.75", DSRT_O(beta), 0, 0, 1e6, NULL},
+    {"k", OPT_FLOAT, "2", DSRT_O(k), 0, 1e-12, 1e6, NULL},
+    DSRT_OPT_END,
+};
+
+static const dsrt_layer_type TYPES[] = {
+    {"lrn", OPTS, "cross-channel (local response) normalization"},
+    {NULL, NULL, NULL},
+};
+
+static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    if (l->o.lrn_size % 2 == 0)
+        return dsrt__fail(DSRT_EOPTION, "lrn: option 'size': %d is even; the window is centred",
+                          l->o.lrn_size);
+    l->out = *in;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// CPU backend
+
+static dnnl_status_t lrn_backward(dsrt_cpu_op_desc *bd, const dsrt_layer *L,
+                                  const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst) {
+    return dnnl_lrn_backward_desc_init(&bd->lrn, dnnl_lrn_across_channels, dst, src, L->o.lrn_size,
+                                       L->o.alpha, L->o.beta, L->o.k);
+}
+
+static int plan_lrn(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    tensor *in = &p->lp[L->inputs[0]].out;
+    dsrt_cpu_op_desc fd;
+    DN("lrn", dnnl_lrn_forward_desc_init(
+                  &fd.lrn, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                  dnnl_lrn_across_channels, &in->md, L->o.lrn_size, L->o.alpha, L->o.beta, L->o.k));
+    static const dsrt_cpu_one_backward b = {"lrn", lrn_backward, 1, 0};
+    return dsrt__cpu_one_primitive(be, p, i, &fd, &b);
+}
+
+// ----------------------------------------------------------------------------
+
+const dsrt_layer_ops dsrt__layer_lrn = {
+    .name = "lrn",
+    .types = TYPES,
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .build = build,
+    .cpu_plan = plan_lrn,
+};

@@ -1,0 +1,122 @@
+/*
+ * Pooling: maxpool {maxPooling2dLayer}, avgpool {averagePooling2dLayer} and
+ * gap {globalAveragePooling2dLayer}, three kinds on one window sweep. An
+ * average divides each window's sum by its size, the padding counting as
+ * zeros (count_pad=1: MATLAB's and PyTorch's default), or by the number of
+ * its elements inside the image (count_pad=0: PyTorch's
+ * count_include_pad=False, ONNX's default). gap is the average over the
+ * whole image (a window of its size).
+ *
+ *   maxpool: size= (required) stride= [1] pad= [0] as conv
+ *   avgpool: as maxpool, and count_pad=0|1 [1]      gap: no options
+ */
+#include "nn/backend_cpu.h"
+
+static const dsrt_opt_spec OPTS_MAX[] = {
+    {"size", OPT_PAIR, NULL, DSRT_O(kh), 0, 1, 1 << 12, NULL},
+    {"stride", OPT_PAIR, "1", DSRT_O(sh), 0, 1, 1 << 12, NULL},
+    {"pad", OPT_PAD, "0", DSRT_O(pt), DSRT_O(pad_same), 0, 1 << 12, NULL},
+    DSRT_OPT_END,
+};
+
+static const dsrt_opt_spec OPTS_AVG[] = {
+    {"size", OPT_PAIR, NULL, DSRT_O(kh), 0, 1, 1 << 12, NULL},
+    {"stride", OPT_PAIR, "1", DSRT_O(sh), 0, 1, 1 << 12, NULL},
+    {"pad", OPT_PAD, "0", DSRT_O(pt), DSRT_O(pad_same), 0, 1 << 12, NULL},
+    {"count_pad", OPT_BOOL, "1", DSRT_O(count_pad), 0, 0, 1, NULL},
+    DSRT_OPT_END,
+};
+
+static const dsrt_opt_spec OPTS_NONE[] = {DSRT_OPT_END};
+
+static const dsrt_layer_type TYPES_MAX[] = {
+    {"maxpool", OPTS_MAX, "max pooling"},
+    {NULL, NULL, NULL},
+};
+
+static const dsrt_layer_type TYPES_AVG[] = {
+    {"avgpool", OPTS_AVG, "average pooling"},
+    {NULL, NULL, NULL},
+};
+
+static const dsrt_layer_type TYPES_GAP[] = {
+    {"gap", OPTS_NONE, "global average pooling"},
+    {NULL, NULL, NULL},
+};
+
+static int build_pool(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    int rc = dsrt__layer_window(l, in, 1, 1);
+    l->out.c = in->c;
+    return rc;
+}
+
+static int build_gap(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    l->out = (dsrt_shape){in->c, 1, 1};
+    l->o.kh = in->h;
+    l->o.kw = in->w;
+    l->o.sh = l->o.sw = 1;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// CPU backend
+
+static dnnl_alg_kind_t pool_alg(const dsrt_layer *L) {
+    if (L->kind == DSRT_LAYER_MAXPOOL) return dnnl_pooling_max;
+    if (L->kind == DSRT_LAYER_AVGPOOL && !L->o.count_pad) return dnnl_pooling_avg_exclude_padding;
+    return dnnl_pooling_avg_include_padding; /* gap's windows have no padding */
+}
+
+static dnnl_status_t pool_backward(dsrt_cpu_op_desc *bd, const dsrt_layer *L,
+                                   const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst) {
+    dnnl_dims_t strides = {L->o.sh, L->o.sw}, kernel = {L->o.kh, L->o.kw}, dil = {0, 0};
+    dnnl_dims_t pad_l = {L->pt, L->pl}, pad_r = {L->pb, L->pr};
+    return dnnl_pooling_v2_backward_desc_init(&bd->pool, pool_alg(L), src, dst, strides, kernel,
+                                              dil, pad_l, pad_r);
+}
+
+static int plan_pool(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    tensor *in = &p->lp[L->inputs[0]].out;
+    dnnl_dims_t ddims = {p->n, L->out.c, L->out.h, L->out.w};
+    dnnl_dims_t strides = {L->o.sh, L->o.sw}, kernel = {L->o.kh, L->o.kw}, dil = {0, 0};
+    dnnl_dims_t pad_l = {L->pt, L->pl}, pad_r = {L->pb, L->pr};
+    dnnl_memory_desc_t dst_any;
+    if (dsrt__cpu_md_any(&dst_any, 4, ddims))
+        return dsrt__cpu_fail(dnnl_invalid_arguments, "pooling", L);
+    dsrt_cpu_op_desc fd;
+    DN("pooling", dnnl_pooling_v2_forward_desc_init(
+                      &fd.pool, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                      pool_alg(L), &in->md, &dst_any, strides, kernel, dil, pad_l, pad_r));
+    static const dsrt_cpu_one_backward b = {"pooling", pool_backward, 0, 0};
+    return dsrt__cpu_one_primitive(be, p, i, &fd, &b);
+}
+
+// ----------------------------------------------------------------------------
+
+const dsrt_layer_ops dsrt__layer_maxpool = {
+    .name = "maxpool",
+    .types = TYPES_MAX,
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .build = build_pool,
+    .cpu_plan = plan_pool,
+};
+
+const dsrt_layer_ops dsrt__layer_avgpool = {
+    .name = "avgpool",
+    .types = TYPES_AVG,
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .build = build_pool,
+    .cpu_plan = plan_pool,
+};
+
+const dsrt_layer_ops dsrt__layer_gap = {
+    .name = "gap",
+    .types = TYPES_GAP,
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .build = build_gap,
+    .cpu_plan = plan_pool,
+};

@@ -1,0 +1,66 @@
+/*
+ * relu {reluLayer}, leakyrelu {leakyReluLayer}: max(x, leak x). The layer
+ * whose output it takes computes it instead when it can (a convolution or
+ * fully connected layer's post-op, batchnorm's flag, an add's sum) and it
+ * is that output's only taker: the ReLU then passes its input through.
+ *
+ *   relu: leak= [0]   leakyrelu: leak= [0.01]  (slope for negative inputs)
+ */
+#include "nn/backend_cpu.h"
+
+static const dsrt_opt_spec OPTS_RELU[] = {
+    {"leak", OPT_FLOAT, "0", DSRT_O(leak), 0, 0, 1e6, NULL},
+    DSRT_OPT_END,
+};
+
+static const dsrt_opt_spec OPTS_LEAKY[] = {
+    {"leak", OPT_FLOAT, "0.01", DSRT_O(leak), 0, 0, 1e6, NULL},
+    DSRT_OPT_END,
+};
+
+static const dsrt_layer_type TYPES[] = {
+    {"relu", OPTS_RELU, "rectified linear unit"},
+    {"leakyrelu", OPTS_LEAKY, "leaky ReLU"},
+    {NULL, NULL, NULL},
+};
+
+static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    l->out = *in;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// CPU backend
+
+static dnnl_status_t relu_backward(dsrt_cpu_op_desc *bd, const dsrt_layer *L,
+                                   const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst) {
+    return dnnl_eltwise_backward_desc_init(&bd->eltwise, dnnl_eltwise_relu_use_dst_for_bwd, src,
+                                           dst, L->o.leak, 0);
+}
+
+static int plan_relu(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    tensor *in = &p->lp[L->inputs[0]].out;
+    if (L->fused_away) {
+        p->lp[i].out = *in;
+        return 0;
+    }
+    dsrt_cpu_op_desc fd;
+    DN("relu", dnnl_eltwise_forward_desc_init(
+                   &fd.eltwise, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                   dnnl_eltwise_relu_use_dst_for_bwd, &in->md, L->o.leak, 0));
+    static const dsrt_cpu_one_backward b = {"relu", relu_backward, 0, 1};
+    return dsrt__cpu_one_primitive(be, p, i, &fd, &b);
+}
+
+// ----------------------------------------------------------------------------
+
+const dsrt_layer_ops dsrt__layer_relu = {
+    .name = "relu",
+    .types = TYPES,
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .flags = DSRT_LAYER_F_RELU,
+    .build = build,
+    .cpu_plan = plan_relu,
+};
