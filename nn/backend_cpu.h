@@ -17,6 +17,7 @@
 #include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -148,6 +148,52 @@ int dsrt__onnx_import_memory(dsrt_net **net, const uint8_t *data, size_t size, c
                              const char *dir, int own_map, const dsrt_onnx_import_options *o,
                              const dsrt_net_options *options);
 
+// ----------------------------------------------------------------------------
+// Export (onnx_export.c): what a kind's onnx_export writes with
+
+/* Bytes of the name of a layer's ONNX output value. */
+#define DSRT_ONNX_VALUE_MAX (DSRT_LAYER_NAME_MAX + 16)
+
+/* An export in progress: the graph's nodes, initializers (and, before IR 4,
+ * their graph inputs) written so far, and for every layer done the name of
+ * the value that holds its output and that value's rank as ONNX sees it:
+ * 4 (N, C, H, W) or 2 (N, K). */
+typedef struct dsrt_onnx_export {
+    const dsrt_net *net;
+    int opset;
+    double input_scale; /* what the input layer was given per pixel value */
+    dsrt_pb_writer nodes, inits, init_inputs;
+    char (*value)[DSRT_ONNX_VALUE_MAX]; /* (n_layers) */
+    int *rank;                          /* (n_layers) */
+    int aux;                            /* auxiliary names made */
+} onnx_export;
+
+/* Writes a node's attributes for layer l into w (may be NULL in a call). */
+typedef void (*dsrt_onnx_attrs_fn)(dsrt_pb_writer *w, const dsrt_layer *l, const void *ctx);
+
+/* A node: op over inputs (n_in names) into out, named name, with its
+ * attributes written by attrs (may be NULL). */
+void dsrt__onnx_node(onnx_export *e, const char *op, const char *name, const char *const *in,
+                     int n_in, const char *out, dsrt_onnx_attrs_fn attrs, const dsrt_layer *l,
+                     const void *ctx);
+void dsrt__onnx_attr_int(dsrt_pb_writer *w, const char *name, int64_t v);
+void dsrt__onnx_attr_float(dsrt_pb_writer *w, const char *name, float v);
+void dsrt__onnx_attr_ints(dsrt_pb_writer *w, const char *name, const int64_t *v, size_t n);
+/* axis=1: Flatten's, Concat's and Softmax's. */
+void dsrt__onnx_axis1_attrs(dsrt_pb_writer *w, const dsrt_layer *l, const void *ctx);
+/* Initializers: float32 values (shape dims, n of them), int64 values. */
+void dsrt__onnx_floats(onnx_export *e, const char *name, const int64_t *dims, int n,
+                       const float *v);
+void dsrt__onnx_int64s(onnx_export *e, const char *name, const int64_t *dims, int n,
+                       const int64_t *v);
+/* A name of its own for an auxiliary value or node: "<layer>.<what>". */
+void dsrt__onnx_aux_name(char *out, size_t cap, const dsrt_layer *l, const char *what);
+/* Layer j's output at the rank a node of layer l needs: as it is, or
+ * through a Flatten (2) or a Reshape to (k, 1, 1) (4) written now into buf
+ * (cap bytes). Returns the name to take. */
+const char *dsrt__onnx_as_rank(onnx_export *e, const dsrt_layer *l, int j, int rank, char *buf,
+                               size_t cap);
+
 /* Whether s equals the C string c. */
 static inline int onnx_is(onnx_str s, const char *c) {
     size_t n = 0;

@@ -7,6 +7,7 @@
  *   inputs=a,b,... (two or more)  relu=0|1 [0]
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS[] = {
     {"relu", OPT_BOOL, "0", DSRT_O(relu), 0, 0, 1, NULL},
@@ -115,6 +116,45 @@ static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+/* The inputs summed in order, as the backends sum them (every input at one
+ * rank: 4 unless all are flat), then the ReLU of relu=1. */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    char c[DSRT_LAYER_NAME_MAX + 32], d[DSRT_LAYER_NAME_MAX + 32];
+    int rank = 2;
+    for (int k = 0; k < l->n_inputs; k++)
+        if (e->rank[l->inputs[k]] == 4) rank = 4;
+    char(*names)[DSRT_LAYER_NAME_MAX + 32] = dsrt__calloc((size_t)l->n_inputs, sizeof *names);
+    const char **in = dsrt__calloc((size_t)l->n_inputs, sizeof *in);
+    if (!names || !in) {
+        free(names);
+        free(in);
+        return -ENOMEM;
+    }
+    for (int k = 0; k < l->n_inputs; k++)
+        in[k] = dsrt__onnx_as_rank(e, l, l->inputs[k], rank, names[k], sizeof names[k]);
+    e->rank[i] = rank;
+    const char *sum = in[0];
+    for (int k = 1; k < l->n_inputs; k++) {
+        int last = k == l->n_inputs - 1 && !l->o.relu;
+        snprintf(c, sizeof c, "%s.sum%d", l->name, k);
+        snprintf(d, sizeof d, "%s.add%d", l->name, k);
+        const char *two[2] = {sum, in[k]};
+        dsrt__onnx_node(e, "Add", last ? l->name : d, two, 2, last ? out : c, NULL, l, NULL);
+        snprintf(names[0], sizeof names[0], "%s", c);
+        sum = names[0];
+    }
+    if (l->o.relu) {
+        const char *one[1] = {sum};
+        dsrt__onnx_node(e, "Relu", l->name, one, 1, out, NULL, l, NULL);
+    }
+    free(names);
+    free(in);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_add = {
     .name = "add",
@@ -125,4 +165,5 @@ const dsrt_layer_ops dsrt__layer_add = {
     .join = join,
     .build = build,
     .cpu_plan = plan_add,
+    .onnx_export = export_onnx,
 };

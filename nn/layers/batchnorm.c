@@ -8,6 +8,7 @@
  *   eps= [1e-5]  momentum= [0.1]  wlr blr (scale, offset) [1]  wl2 bl2 [1]
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS[] = {
     {"eps", OPT_FLOAT, "1e-5", DSRT_O(eps), 0, 1e-12, 1, NULL},
@@ -294,6 +295,33 @@ out:
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+static void bn_attrs(dsrt_pb_writer *w, const dsrt_layer *l, const void *ctx) {
+    dsrt__onnx_attr_float(w, "epsilon", l->o.eps);
+    dsrt__onnx_attr_float(w, "momentum", 1.0f - l->o.momentum);
+}
+
+/* BatchNormalization in inference form, with the running statistics. */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    const float *params = e->net->params, *state = e->net->state;
+    int j = l->inputs[0];
+    int64_t dims[1] = {l->out.c};
+    const char *what[4] = {"scale", "bias", "mean", "var"};
+    const float *src[4] = {params + l->w_off, params + l->b_off, state + l->s_off,
+                           state + l->s_off + l->out.c};
+    char names[4][DSRT_LAYER_NAME_MAX + 32];
+    const char *in[5] = {e->value[j], names[0], names[1], names[2], names[3]};
+    for (int k = 0; k < 4; k++) {
+        dsrt__onnx_aux_name(names[k], sizeof names[k], l, what[k]);
+        dsrt__onnx_floats(e, names[k], dims, 1, src[k]);
+    }
+    dsrt__onnx_node(e, "BatchNormalization", l->name, in, 5, out, bn_attrs, l, NULL);
+    e->rank[i] = e->rank[j];
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_batchnorm = {
     .name = "batchnorm",
@@ -304,4 +332,5 @@ const dsrt_layer_ops dsrt__layer_batchnorm = {
     .build = build,
     .init = init,
     .cpu_plan = plan_batchnorm,
+    .onnx_export = export_onnx,
 };

@@ -5,6 +5,7 @@
  *   inputs=a,b,... (two or more)
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS[] = {DSRT_OPT_END};
 
@@ -84,6 +85,31 @@ static int plan_concat(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+/* Concat along the channels, every input at one rank (4 unless all are
+ * flat). */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    int rank = 2;
+    for (int k = 0; k < l->n_inputs; k++)
+        if (e->rank[l->inputs[k]] == 4) rank = 4;
+    char(*names)[DSRT_LAYER_NAME_MAX + 32] = dsrt__calloc((size_t)l->n_inputs, sizeof *names);
+    const char **in = dsrt__calloc((size_t)l->n_inputs, sizeof *in);
+    if (!names || !in) {
+        free(names);
+        free(in);
+        return -ENOMEM;
+    }
+    for (int k = 0; k < l->n_inputs; k++)
+        in[k] = dsrt__onnx_as_rank(e, l, l->inputs[k], rank, names[k], sizeof names[k]);
+    e->rank[i] = rank;
+    dsrt__onnx_node(e, "Concat", l->name, in, l->n_inputs, out, dsrt__onnx_axis1_attrs, l, NULL);
+    free(names);
+    free(in);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_concat = {
     .name = "concat",
@@ -93,4 +119,5 @@ const dsrt_layer_ops dsrt__layer_concat = {
     .join = join,
     .build = build,
     .cpu_plan = plan_concat,
+    .onnx_export = export_onnx,
 };

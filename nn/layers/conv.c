@@ -10,6 +10,7 @@
  *   wlr= blr= [1] learn-rate factors; wl2= [1] bl2= [0] L2 factors
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS[] = {
     {"filters", OPT_INT, NULL, DSRT_O(filters), 0, 1, 1 << 20, NULL},
@@ -163,6 +164,34 @@ out:
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+static void conv_attrs(dsrt_pb_writer *w, const dsrt_layer *l, const void *ctx) {
+    int64_t k[2] = {l->o.kh, l->o.kw}, s[2] = {l->o.sh, l->o.sw}, d[2] = {l->o.dh, l->o.dw};
+    int64_t p[4] = {l->pt, l->pl, l->pb, l->pr};
+    dsrt__onnx_attr_ints(w, "kernel_shape", k, 2);
+    dsrt__onnx_attr_ints(w, "strides", s, 2);
+    dsrt__onnx_attr_ints(w, "pads", p, 4);
+    dsrt__onnx_attr_ints(w, "dilations", d, 2);
+    dsrt__onnx_attr_int(w, "group", l->o.groups);
+}
+
+/* Conv, its weights (M, C/g, kH, kW) as the flat buffer holds them. */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    const float *params = e->net->params;
+    char a[DSRT_LAYER_NAME_MAX + 32], b[DSRT_LAYER_NAME_MAX + 32], x0[DSRT_LAYER_NAME_MAX + 32];
+    const char *x = dsrt__onnx_as_rank(e, l, l->inputs[0], 4, x0, sizeof x0);
+    int64_t w[4] = {l->o.filters, l->in.c / l->o.groups, l->o.kh, l->o.kw}, bd[1] = {l->out.c};
+    dsrt__onnx_aux_name(a, sizeof a, l, "weight");
+    dsrt__onnx_aux_name(b, sizeof b, l, "bias");
+    dsrt__onnx_floats(e, a, w, 4, params + l->w_off);
+    if (l->b_n) dsrt__onnx_floats(e, b, bd, 1, params + l->b_off);
+    const char *in[3] = {x, a, b};
+    dsrt__onnx_node(e, "Conv", l->name, in, l->b_n ? 3 : 2, out, conv_attrs, l, NULL);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_conv = {
     .name = "conv",
@@ -173,4 +202,5 @@ const dsrt_layer_ops dsrt__layer_conv = {
     .build = build,
     .init = init,
     .cpu_plan = plan_conv,
+    .onnx_export = export_onnx,
 };

@@ -7,6 +7,7 @@
  *   p= [0.5]
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 #include "nn/arith.h"
 
 static const dsrt_opt_spec OPTS[] = {
@@ -108,6 +109,17 @@ static int plan_dropout(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+/* The identity at inference: no node, its input's value. */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    int j = l->inputs[0];
+    snprintf(out, DSRT_ONNX_VALUE_MAX, "%s", e->value[j]);
+    e->rank[i] = e->rank[j];
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_dropout = {
     .name = "dropout",
@@ -116,4 +128,5 @@ const dsrt_layer_ops dsrt__layer_dropout = {
     .max_inputs = 1,
     .build = build,
     .cpu_plan = plan_dropout,
+    .onnx_export = export_onnx,
 };

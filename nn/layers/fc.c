@@ -7,6 +7,7 @@
  *   outputs=N|classes (required)  bias init wlr blr wl2 bl2 as conv
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS[] = {
     {"outputs", OPT_OUTPUTS, NULL, DSRT_O(outputs), 0, 1, 1 << 24, NULL},
@@ -195,6 +196,45 @@ out:
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+static void gemm_attrs(dsrt_pb_writer *w, const dsrt_layer *l, const void *ctx) {
+    dsrt__onnx_attr_int(w, "transB", 1);
+}
+
+/* Gemm (its B transposed: (N, K), K in C, H, W order, as the flat buffer
+ * holds the weights), or before opset 11 without a bias, a MatMul by the
+ * transposed weights. */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    const float *params = e->net->params;
+    char a[DSRT_LAYER_NAME_MAX + 32], b[DSRT_LAYER_NAME_MAX + 32], x0[DSRT_LAYER_NAME_MAX + 32];
+    const char *x = dsrt__onnx_as_rank(e, l, l->inputs[0], 2, x0, sizeof x0);
+    int64_t w[2] = {l->out.c, (int64_t)l->in.c * l->in.h * l->in.w}, bd[1] = {l->out.c};
+    dsrt__onnx_aux_name(a, sizeof a, l, "weight");
+    dsrt__onnx_aux_name(b, sizeof b, l, "bias");
+    const char *in[3] = {x, a, b};
+    e->rank[i] = 2;
+    if (!l->b_n && e->opset < 11) {
+        /* Gemm's C is optional from opset 11; before, a MatMul by the
+         * transposed weights (a zero bias would come back as one). */
+        size_t n = (size_t)w[0], k = (size_t)w[1];
+        float *t = dsrt__malloc(n * k * sizeof *t);
+        if (!t) return -ENOMEM;
+        for (size_t r = 0; r < n; r++)
+            for (size_t q = 0; q < k; q++) t[q * n + r] = params[l->w_off + r * k + q];
+        int64_t tw[2] = {w[1], w[0]};
+        dsrt__onnx_floats(e, a, tw, 2, t);
+        free(t);
+        dsrt__onnx_node(e, "MatMul", l->name, in, 2, out, NULL, l, NULL);
+        return 0;
+    }
+    dsrt__onnx_floats(e, a, w, 2, params + l->w_off);
+    if (l->b_n) dsrt__onnx_floats(e, b, bd, 1, params + l->b_off);
+    dsrt__onnx_node(e, "Gemm", l->name, in, l->b_n ? 3 : 2, out, gemm_attrs, l, NULL);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_fc = {
     .name = "fc",
@@ -205,4 +245,5 @@ const dsrt_layer_ops dsrt__layer_fc = {
     .build = build,
     .init = init,
     .cpu_plan = plan_fc,
+    .onnx_export = export_onnx,
 };

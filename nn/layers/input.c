@@ -11,6 +11,7 @@
  *   rescale|rescale-symmetric [none]  mean= std= min= max= [0, 1, 0, 1]
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 #include "nn/arith.h"
 
 static const dsrt_opt_spec OPTS[] = {
@@ -105,6 +106,48 @@ static int plan_input(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+/* pixels / 255 (or * the scale the net was given), then the input layer's
+ * a x + o per channel (nn/arith.h), so that a runtime given a file's pixels
+ * sees what dsrt's net saw. */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    const float *state = e->net->state;
+    int ch = l->out.c;
+    const char *cur = "pixels";
+    int64_t one[1] = {1};
+    if (fabs(e->input_scale * 255.0 - 1.0) < 1e-12) {
+        float v = 255.0f;
+        dsrt__onnx_floats(e, "pixels.divisor", one, 0, &v);
+        const char *in[2] = {cur, "pixels.divisor"};
+        dsrt__onnx_node(e, "Div", "pixels.scale", in, 2, "pixels.scaled", NULL, l, NULL);
+    } else {
+        float v = (float)e->input_scale;
+        dsrt__onnx_floats(e, "pixels.factor", one, 0, &v);
+        const char *in[2] = {cur, "pixels.factor"};
+        dsrt__onnx_node(e, "Mul", "pixels.scale", in, 2, "pixels.scaled", NULL, l, NULL);
+    }
+    cur = "pixels.scaled";
+    if (l->o.norm != DSRT_NORM_NONE) {
+        float *av = dsrt__calloc(2 * (size_t)ch, sizeof *av);
+        if (!av) return -ENOMEM;
+        for (int k = 0; k < ch; k++)
+            dsrt_input_affine(l->o.norm, state + l->s_off, ch, k, &av[k], &av[ch + k]);
+        int64_t dims[4] = {1, ch, 1, 1};
+        dsrt__onnx_floats(e, "input.scale", dims, 4, av);
+        dsrt__onnx_floats(e, "input.offset", dims, 4, av + ch);
+        free(av);
+        const char *in1[2] = {cur, "input.scale"}, *in2[2] = {"input.scaled", "input.offset"};
+        dsrt__onnx_node(e, "Mul", "input.normalise_scale", in1, 2, "input.scaled", NULL, l, NULL);
+        dsrt__onnx_node(e, "Add", "input.normalise_offset", in2, 2, "input.normalised", NULL, l,
+                        NULL);
+        cur = "input.normalised";
+    }
+    snprintf(out, DSRT_ONNX_VALUE_MAX, "%s", cur);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_input = {
     .name = "input",
@@ -115,4 +158,5 @@ const dsrt_layer_ops dsrt__layer_input = {
     .build = build,
     .init = init,
     .cpu_plan = plan_input,
+    .onnx_export = export_onnx,
 };

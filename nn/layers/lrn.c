@@ -6,6 +6,7 @@
  *   size= [5]  alpha= [1e-4]  beta= [0.75]  k= [2]
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS[] = {
     {"size", OPT_INT, "5", DSRT_O(lrn_size), 0, 1, 1 << 12, NULL},
@@ -49,6 +50,23 @@ static int plan_lrn(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+static void lrn_attrs(dsrt_pb_writer *w, const dsrt_layer *l, const void *ctx) {
+    dsrt__onnx_attr_int(w, "size", l->o.lrn_size);
+    dsrt__onnx_attr_float(w, "alpha", l->o.alpha);
+    dsrt__onnx_attr_float(w, "beta", l->o.beta);
+    dsrt__onnx_attr_float(w, "bias", l->o.k);
+}
+
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    char x0[DSRT_LAYER_NAME_MAX + 32];
+    const char *in[1] = {dsrt__onnx_as_rank(e, l, l->inputs[0], 4, x0, sizeof x0)};
+    dsrt__onnx_node(e, "LRN", l->name, in, 1, out, lrn_attrs, l, NULL);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_lrn = {
     .name = "lrn",
@@ -57,4 +75,5 @@ const dsrt_layer_ops dsrt__layer_lrn = {
     .max_inputs = 1,
     .build = build,
     .cpu_plan = plan_lrn,
+    .onnx_export = export_onnx,
 };

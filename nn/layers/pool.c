@@ -11,6 +11,7 @@
  *   avgpool: as maxpool, and count_pad=0|1 [1]      gap: no options
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS_MAX[] = {
     {"size", OPT_PAIR, NULL, DSRT_O(kh), 0, 1, 1 << 12, NULL},
@@ -93,6 +94,33 @@ static int plan_pool(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+static void pool_attrs(dsrt_pb_writer *w, const dsrt_layer *l, const void *ctx) {
+    int64_t k[2] = {l->o.kh, l->o.kw}, s[2] = {l->o.sh, l->o.sw};
+    int64_t p[4] = {l->pt, l->pl, l->pb, l->pr};
+    dsrt__onnx_attr_ints(w, "kernel_shape", k, 2);
+    dsrt__onnx_attr_ints(w, "strides", s, 2);
+    dsrt__onnx_attr_ints(w, "pads", p, 4);
+    if (l->kind == DSRT_LAYER_AVGPOOL) dsrt__onnx_attr_int(w, "count_include_pad", l->o.count_pad);
+}
+
+static int export_pool(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    char x0[DSRT_LAYER_NAME_MAX + 32];
+    const char *in[1] = {dsrt__onnx_as_rank(e, l, l->inputs[0], 4, x0, sizeof x0)};
+    dsrt__onnx_node(e, l->kind == DSRT_LAYER_MAXPOOL ? "MaxPool" : "AveragePool", l->name, in, 1,
+                    out, pool_attrs, l, NULL);
+    return 0;
+}
+
+static int export_gap(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    char x0[DSRT_LAYER_NAME_MAX + 32];
+    const char *in[1] = {dsrt__onnx_as_rank(e, l, l->inputs[0], 4, x0, sizeof x0)};
+    dsrt__onnx_node(e, "GlobalAveragePool", l->name, in, 1, out, NULL, l, NULL);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_maxpool = {
     .name = "maxpool",
@@ -101,6 +129,7 @@ const dsrt_layer_ops dsrt__layer_maxpool = {
     .max_inputs = 1,
     .build = build_pool,
     .cpu_plan = plan_pool,
+    .onnx_export = export_pool,
 };
 
 const dsrt_layer_ops dsrt__layer_avgpool = {
@@ -110,6 +139,7 @@ const dsrt_layer_ops dsrt__layer_avgpool = {
     .max_inputs = 1,
     .build = build_pool,
     .cpu_plan = plan_pool,
+    .onnx_export = export_pool,
 };
 
 const dsrt_layer_ops dsrt__layer_gap = {
@@ -119,4 +149,5 @@ const dsrt_layer_ops dsrt__layer_gap = {
     .max_inputs = 1,
     .build = build_gap,
     .cpu_plan = plan_pool,
+    .onnx_export = export_gap,
 };

@@ -7,6 +7,7 @@
  *   relu: leak= [0]   leakyrelu: leak= [0.01]  (slope for negative inputs)
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS_RELU[] = {
     {"leak", OPT_FLOAT, "0", DSRT_O(leak), 0, 0, 1e6, NULL},
@@ -54,6 +55,24 @@ static int plan_relu(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+static void leaky_attrs(dsrt_pb_writer *w, const dsrt_layer *l, const void *ctx) {
+    dsrt__onnx_attr_float(w, "alpha", l->o.leak);
+}
+
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    int j = l->inputs[0];
+    const char *in[1] = {e->value[j]};
+    if (l->o.leak != 0.0f)
+        dsrt__onnx_node(e, "LeakyRelu", l->name, in, 1, out, leaky_attrs, l, NULL);
+    else
+        dsrt__onnx_node(e, "Relu", l->name, in, 1, out, NULL, l, NULL);
+    e->rank[i] = e->rank[j];
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_relu = {
     .name = "relu",
@@ -63,4 +82,5 @@ const dsrt_layer_ops dsrt__layer_relu = {
     .flags = DSRT_LAYER_F_RELU,
     .build = build,
     .cpu_plan = plan_relu,
+    .onnx_export = export_onnx,
 };

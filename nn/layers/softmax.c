@@ -6,6 +6,7 @@
  * when the description leaves it to the input.
  */
 #include "nn/backend_cpu.h"
+#include "nn/onnx.h"
 
 static const dsrt_opt_spec OPTS[] = {DSRT_OPT_END};
 
@@ -122,6 +123,19 @@ static int plan_softmax(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX export
+
+/* Softmax over the flattened input: the model's output "probabilities". */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    char x0[DSRT_LAYER_NAME_MAX + 32];
+    const char *in[1] = {dsrt__onnx_as_rank(e, l, l->inputs[0], 2, x0, sizeof x0)};
+    snprintf(out, DSRT_ONNX_VALUE_MAX, "%s", "probabilities");
+    dsrt__onnx_node(e, "Softmax", l->name, in, 1, out, dsrt__onnx_axis1_attrs, l, NULL);
+    e->rank[i] = 2;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_softmax = {
     .name = "softmax",
@@ -131,4 +145,5 @@ const dsrt_layer_ops dsrt__layer_softmax = {
     .flags = DSRT_LAYER_F_OUTPUT,
     .build = build,
     .cpu_plan = plan_softmax,
+    .onnx_export = export_onnx,
 };
