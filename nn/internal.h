@@ -189,7 +189,7 @@ typedef struct dsrt_opt_spec {
 /* A keyword of the description format: the layer it makes, with its
  * options (relu and leakyrelu are one kind with two defaults). */
 struct dsrt_layer_type {
-    const char *name; /* keyword; NULL ends a kind's list */
+    const char *name;          /* keyword; NULL ends a kind's list */
     const dsrt_opt_spec *opts; /* terminated by a NULL name */
     const char *help;
 };
@@ -222,6 +222,7 @@ struct dsrt_cpu_backend;
 struct dsrt_cpu_plan;
 struct dsrt_onnx_export;
 struct dsrt_onnx_import;
+struct dsrt_onnx_layer;
 
 /* An ONNX operator a kind is imported from: its name, the attributes it
  * knows (comma-separated), and the mapping (nn/onnx.h). */
@@ -237,10 +238,10 @@ typedef struct {
  * through these tables.
  */
 struct dsrt_layer_ops {
-    const char *name;            /* the kind's name */
+    const char *name;             /* the kind's name */
     const dsrt_layer_type *types; /* its keywords, up to a NULL name */
-    int min_inputs, max_inputs;  /* layers it takes (inputs=) */
-    unsigned flags;              /* DSRT_LAYER_F_* */
+    int min_inputs, max_inputs;   /* layers it takes (inputs=) */
+    unsigned flags;               /* DSRT_LAYER_F_* */
     /* For a kind of several inputs: the shape it sees from theirs (ins[k],
      * n of them) into *out; 1 when they do not go together, with what they
      * must share ("one shape") in *must, 2 when together they would have
@@ -255,6 +256,9 @@ struct dsrt_layer_ops {
      * name of the value that holds its output. */
     int (*onnx_export)(struct dsrt_onnx_export *e, const dsrt_layer *l, int i, char *out);
     const dsrt_onnx_op *onnx_ops; /* ONNX operators mapped to it, up to a NULL op */
+    /* At import: 1 when a layer of this kind (self) takes on what its only
+     * taker computes (add: a ReLU, as relu=1), which then goes. */
+    int (*onnx_absorb)(struct dsrt_onnx_layer *self, const struct dsrt_onnx_layer *taker);
 };
 
 #define DSRT_LAYER_EXTERN(K, k) extern const dsrt_layer_ops dsrt__layer_##k;
@@ -271,6 +275,9 @@ static inline const dsrt_layer_ops *dsrt__layer_ops(const dsrt_layer *l) {
 static inline int dsrt__layer_is(const dsrt_layer *l, unsigned flag) {
     return (dsrt__layers[l->kind]->flags & flag) != 0;
 }
+
+/* The keyword's row among every kind's and its kind, or NULL (parse.c). */
+const dsrt_layer_type *dsrt__layer_type_find(const char *name, dsrt_layer_kind *kind);
 
 /* Shared by the kinds' constructors and initialisers (nn/layers/common.c). */
 

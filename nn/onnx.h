@@ -149,6 +149,166 @@ int dsrt__onnx_import_memory(dsrt_net **net, const uint8_t *data, size_t size, c
                              const dsrt_net_options *options);
 
 // ----------------------------------------------------------------------------
+// Import (onnx_import.c): what a kind's ONNX mappings (dsrt_onnx_op) work with
+
+/* What a named value of the graph is. */
+enum { ONNX_V_INPUT = 1, ONNX_V_LAYER, ONNX_V_CONST };
+
+/* A named value of the graph. */
+typedef struct {
+    onnx_str name;
+    int kind;       /* ONNX_V_*, 0 not yet made */
+    int layer;      /* ONNX_V_INPUT, ONNX_V_LAYER: the dsrt layer whose output it is */
+    int flat;       /* ONNX sees it as (N, K), K = c h w */
+    int stage;      /* ONNX_V_INPUT: how many normalising operations made it */
+    onnx_tensor *t; /* ONNX_V_CONST */
+    int producer;   /* node index, or -1 */
+    int uses;       /* consumers on the way to the output */
+} onnx_val;
+
+/* A dsrt layer being made: its keyword and options, its inputs, and where
+ * its parameters come from: weights w (fc: transposed from (rows, cols)
+ * when w_rows) times w_scale into the layer's weights, bias b times b_scale
+ * into its bias, and n_s tensors into its state, one after the other, each
+ * filling an equal share of it (batchnorm: running mean, running variance);
+ * bit k of s_nonneg: tensor s[k] must hold values >= 0. */
+typedef struct dsrt_onnx_layer {
+    const char *type; /* its keyword */
+    dsrt_layer_kind kind;
+    char name[DSRT_LAYER_NAME_MAX];
+    char opts[400];
+    int in[DSRT_INPUTS_MAX], n_in;
+    int node; /* the ONNX node, -1: none */
+    dsrt_shape out;
+    onnx_tensor *w, *b, *s[4];
+    int n_s;
+    unsigned s_nonneg;
+    int64_t w_rows, w_cols;
+    float w_scale, b_scale;
+} onnx_layer;
+
+/* An external data file: its location as the model writes it, its path
+ * with every link followed (inside the model's folder), and its size when
+ * it was first opened. */
+typedef struct {
+    char *location;
+    char *path;
+    uint64_t size;
+} onnx_ext_file;
+
+/* The state of one import. */
+typedef struct dsrt_onnx_import {
+    onnx_model m;
+    const char *file;   /* for messages */
+    const char *dir;    /* the model's folder, for external data; NULL: none allowed */
+    char *real_dir;     /* dir with every link followed, once external data needs it */
+    const uint8_t *map; /* the model's bytes (own_map: pages released as tensors are read) */
+    size_t map_size;
+    int own_map;
+    onnx_val *v;
+    size_t nv, vcap;
+    uint32_t *slot; /* hash of names: index + 1 into v, 0 free */
+    size_t slots;
+    onnx_layer *L;
+    int nL, Lcap;
+    dsrt_layer_names names; /* the layers' names; a name's value: the next suffix to try */
+    int *live, *absorbed;   /* per node */
+    onnx_ext_file *ext;
+    int n_ext;
+    int in_c, in_h, in_w;
+    int64_t batch; /* the input's batch dimension, -1: symbolic */
+    /* The input's normalisation in the graph: Add, Sub, Mul and Div of
+     * constants on the image before any layer, y = na[c] x + nb[c] per
+     * channel (stage of them so far; frozen once a layer took the image).
+     * pixel_div: the first of them is a division by 255 of pixels that the
+     * model takes in [0, 255], which dsrt's own [0, 1] batches already are. */
+    double *na, *nb;
+    int stage, frozen, pixel_div;
+    double scale;         /* the model takes pixel values times this */
+    int user_stats;       /* the caller gave a mean or std */
+    const onnx_node *cur; /* the node being mapped, for messages */
+    int err;              /* the code of the last refusal */
+} onnx_import;
+
+/* Fails naming the node being mapped: "onnx: FILE: node N 'NAME' (OP,
+ * opset K): ...". Returns code (also kept in c->err). */
+int dsrt__onnx_fail(onnx_import *c, int code, const char *fmt, ...) DSRT_PRINTF(3, 4);
+/* A name as messages show it (non-printable bytes escaped, cut). */
+#define ONNX_SHOWN(s) dsrt__onnx_shown((s), (char[100]){0}, 100)
+
+/* The value named name, or NULL. */
+onnx_val *dsrt__onnx_find(onnx_import *c, onnx_str name);
+/* Input k of the node being mapped, which must be made above it (NULL with
+ * the failure otherwise, or when the node has no input k). */
+onnx_val *dsrt__onnx_input(onnx_import *c, int k);
+/* Output k of the node being mapped (NULL: none, or unused). */
+onnx_val *dsrt__onnx_output(onnx_import *c, int k);
+/* Whether output k of the node is used on the way to the graph's output. */
+int dsrt__onnx_output_used(onnx_import *c, int k);
+/* Whether the node has input k (an empty name is an input left out). */
+int dsrt__onnx_has_input(onnx_import *c, int k);
+/* A computed input (the image or a layer's output), NULL after a failure
+ * (what names it: "first"). */
+onnx_val *dsrt__onnx_data_input(onnx_import *c, int k, const char *what);
+/* A constant input (an initializer), NULL after a failure. */
+onnx_tensor *dsrt__onnx_const_input(onnx_import *c, int k, const char *what);
+/* Input 0 as an image: 4-D in ONNX, not flattened. */
+onnx_val *dsrt__onnx_image_input(onnx_import *c);
+/* The dsrt shape of a value made by a layer (or the input). */
+dsrt_shape dsrt__onnx_shape_of(onnx_import *c, const onnx_val *v);
+/* Whether a flattened value is the (k, 1, 1) dsrt shape its (N, K) says. */
+int dsrt__onnx_flat_is_channels(onnx_import *c, const onnx_val *v);
+/* The node's output 0 becomes what src is (Identity, Flatten, Dropout). */
+void dsrt__onnx_alias(onnx_import *c, const onnx_val *src, int flat);
+/* The input normalisation: Add, Sub, Mul or Div of a constant on the image
+ * before any layer. */
+int dsrt__onnx_affine(onnx_import *c);
+
+/* Attributes of the node being mapped: the attribute, and its value of a
+ * type (absent: def; the wrong type: a failure). _ints: exactly n values;
+ * returns 1 when given, 0 when not, < 0 after a failure. */
+const onnx_attr *dsrt__onnx_get_attr(onnx_import *c, const char *name);
+int dsrt__onnx_get_int(onnx_import *c, const char *name, int64_t def, int64_t *out);
+int dsrt__onnx_get_float(onnx_import *c, const char *name, float def, float *out);
+int dsrt__onnx_get_ints(onnx_import *c, const char *name, int n, int64_t *out);
+int dsrt__onnx_get_string(onnx_import *c, const char *name, const char *def, char *out, size_t cap);
+
+/* A tensor's values: as floats (count of them), as integers (at most cap;
+ * returns how many, or < 0), one float or bool value. */
+int dsrt__onnx_tensor_floats(onnx_import *c, const onnx_tensor *t, float *dst);
+int dsrt__onnx_tensor_ints(onnx_import *c, const onnx_tensor *t, int64_t *out, int cap);
+int dsrt__onnx_scalar(onnx_import *c, const onnx_tensor *t, double *out);
+
+/* A new layer of keyword type taking the given values' layers, named after
+ * the node; NULL with c->err when there are too many or no memory. */
+onnx_layer *dsrt__onnx_add_layer(onnx_import *c, const char *type, onnx_val *const *ins, int n_in);
+/* Appends options to the layer's description line (" size=3"). */
+void dsrt__onnx_opt(onnx_layer *l, const char *fmt, ...) DSRT_PRINTF(2, 3);
+/* Output 0 of the node is layer l's output (flat: as ONNX's (N, K)). */
+void dsrt__onnx_produce(onnx_import *c, onnx_layer *l, int flat);
+/* The shape of a layer's output, refused naming the node when its images
+ * would have 2^31 values or more. */
+int dsrt__onnx_out_shape(onnx_import *c, int64_t ch, int64_t h, int64_t w, dsrt_shape *out);
+
+/* A convolution's or pooling's window. */
+typedef struct {
+    int kh, kw, sh, sw, dh, dw;
+    int pt, pb, pl, pr; /* dsrt's: top, bottom, left, right */
+    int64_t oh, ow;
+} onnx_window;
+
+/* Reads kernel_shape (or takes kernel), strides, dilations (when allowed),
+ * pads and auto_pad into w for input s. */
+int dsrt__onnx_geometry(onnx_import *c, const dsrt_shape *s, const int *kernel, int dilations,
+                        onnx_window *w);
+/* " size= stride= pad=" of w. */
+void dsrt__onnx_window_opts(onnx_layer *l, const onnx_window *w);
+
+static inline int onnx_same(onnx_str a, onnx_str b) {
+    return a.n == b.n && (a.n == 0 || __builtin_memcmp(a.p, b.p, a.n) == 0);
+}
+
+// ----------------------------------------------------------------------------
 // Export (onnx_export.c): what a kind's onnx_export writes with
 
 /* Bytes of the name of a layer's ONNX output value. */

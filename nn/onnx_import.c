@@ -57,87 +57,12 @@ void dsrt_onnx_preprocess_torchvision(dsrt_onnx_import_options *o) {
 // ----------------------------------------------------------------------------
 // The state of one import
 
-enum { V_INPUT = 1, V_LAYER, V_CONST };
-
-/* A named value of the graph. */
-typedef struct {
-    onnx_str name;
-    int kind;
-    int layer;      /* V_INPUT, V_LAYER: the dsrt layer whose output it is */
-    int flat;       /* ONNX sees it as (N, K), K = c h w */
-    int stage;      /* V_INPUT: how many normalising operations made it */
-    onnx_tensor *t; /* V_CONST */
-    int producer;   /* node index, or -1 */
-    int uses;       /* consumers on the way to the output */
-} value;
-
-/* A dsrt layer being made: its keyword and options, its inputs, and where
- * its parameters come from. */
-typedef struct {
-    const char *type;
-    char name[DSRT_LAYER_NAME_MAX];
-    char opts[400];
-    int relu; /* add: relu=1 */
-    int in[DSRT_INPUTS_MAX], n_in;
-    int node; /* the ONNX node, -1: none */
-    dsrt_shape out;
-    /* conv, fc: weights w (fc: transposed from (rows, cols) when w_rows),
-     * times w_scale; bias b times b_scale. batchnorm: bn scale, offset,
-     * running mean, running variance. */
-    onnx_tensor *w, *b, *bn[4];
-    int64_t w_rows, w_cols;
-    float w_scale, b_scale;
-} layer;
-
-/* An external data file: its location as the model writes it, its path
- * with every link followed (inside the model's folder), and its size when
- * it was first opened. */
-typedef struct {
-    char *location;
-    char *path;
-    uint64_t size;
-} ext_file;
-
-typedef struct {
-    onnx_model m;
-    const char *file;   /* for messages */
-    const char *dir;    /* the model's folder, for external data; NULL: none allowed */
-    char *real_dir;     /* dir with every link followed, once external data needs it */
-    const uint8_t *map; /* the model's bytes (own_map: pages released as tensors are read) */
-    size_t map_size;
-    int own_map;
-    value *v;
-    size_t nv, vcap;
-    uint32_t *slot; /* hash of names: index + 1 into v, 0 free */
-    size_t slots;
-    layer *L;
-    int nL, Lcap;
-    dsrt_layer_names names; /* the layers' names; a name's value: the next suffix to try */
-    int *live, *absorbed;   /* per node */
-    ext_file *ext;
-    int n_ext;
-    int in_c, in_h, in_w;
-    int64_t batch; /* the input's batch dimension, -1: symbolic */
-    /* The input's normalisation in the graph: Add, Sub, Mul and Div of
-     * constants on the image before any layer, y = na[c] x + nb[c] per
-     * channel (stage of them so far; frozen once a layer took the image).
-     * pixel_div: the first of them is a division by 255 of pixels that the
-     * model takes in [0, 255], which dsrt's own [0, 1] batches already are. */
-    double *na, *nb;
-    int stage, frozen, pixel_div;
-    double scale;         /* the model takes pixel values times this */
-    int user_stats;       /* the caller gave a mean or std */
-    const onnx_node *cur; /* the node being mapped, for messages */
-    int err;              /* the code of the last refusal */
-} imp;
-
 // ----------------------------------------------------------------------------
 // Messages
 
 /* Fails naming the node being mapped: "onnx: FILE: node 'NAME' (OP, opset
  * N): ...". */
-static int nfail(imp *c, int code, const char *fmt, ...) DSRT_PRINTF(3, 4);
-static int nfail(imp *c, int code, const char *fmt, ...) {
+int dsrt__onnx_fail(onnx_import *c, int code, const char *fmt, ...) {
     char msg[1024], b1[100], b2[100];
     va_list ap;
     va_start(ap, fmt);
@@ -155,7 +80,7 @@ static int nfail(imp *c, int code, const char *fmt, ...) {
                       dsrt__onnx_shown(n->op, b2, sizeof b2), (long long)c->m.opset, msg);
 }
 
-#define SHOWN(s) dsrt__onnx_shown((s), (char[100]){0}, 100)
+#define ONNX_SHOWN(s) dsrt__onnx_shown((s), (char[100]){0}, 100)
 
 // ----------------------------------------------------------------------------
 // Values
@@ -166,30 +91,26 @@ static uint32_t hash_of(onnx_str s) {
     return h;
 }
 
-static int same(onnx_str a, onnx_str b) {
-    return a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0);
-}
-
-static value *find(imp *c, onnx_str name) {
+onnx_val *dsrt__onnx_find(onnx_import *c, onnx_str name) {
     if (!c->slots) return NULL;
     for (size_t h = hash_of(name) & (c->slots - 1);; h = (h + 1) & (c->slots - 1)) {
         uint32_t k = c->slot[h];
         if (!k) return NULL;
-        if (same(c->v[k - 1].name, name)) return &c->v[k - 1];
+        if (onnx_same(c->v[k - 1].name, name)) return &c->v[k - 1];
     }
 }
 
 /* A new value named name (refused when the name is taken). */
-static value *define(imp *c, onnx_str name, int kind) {
-    if (find(c, name)) {
-        nfail(c, DSRT_ECORRUPT, "value '%s' is defined twice", SHOWN(name));
+static onnx_val *define(onnx_import *c, onnx_str name, int kind) {
+    if (dsrt__onnx_find(c, name)) {
+        dsrt__onnx_fail(c, DSRT_ECORRUPT, "value '%s' is defined twice", ONNX_SHOWN(name));
         return NULL;
     }
     if (c->nv == c->vcap) {
         dsrt__fail(DSRT_ECORRUPT, "onnx: %s: more values than the graph declares", c->file);
         return NULL;
     }
-    value *v = &c->v[c->nv++];
+    onnx_val *v = &c->v[c->nv++];
     memset(v, 0, sizeof *v);
     v->name = name;
     v->kind = kind;
@@ -201,42 +122,43 @@ static value *define(imp *c, onnx_str name, int kind) {
 }
 
 /* Input k of the node being mapped, which must be defined above it. */
-static value *input(imp *c, int k) {
+onnx_val *dsrt__onnx_input(onnx_import *c, int k) {
     const onnx_node *n = c->cur;
     if (k >= n->n_in || n->in[k].n == 0) return NULL;
-    value *v = find(c, n->in[k]);
+    onnx_val *v = dsrt__onnx_find(c, n->in[k]);
     if (!v || !v->kind) {
-        nfail(c, DSRT_ECORRUPT,
-              "input '%s' is not made by any node above it (the graph must be in topological "
-              "order)",
-              SHOWN(n->in[k]));
+        dsrt__onnx_fail(
+            c, DSRT_ECORRUPT,
+            "input '%s' is not made by any node above it (the graph must be in topological "
+            "order)",
+            ONNX_SHOWN(n->in[k]));
         return NULL;
     }
     return v;
 }
 
 /* Output k of the node being mapped. */
-static value *output(imp *c, int k) {
+onnx_val *dsrt__onnx_output(onnx_import *c, int k) {
     const onnx_node *n = c->cur;
     if (k >= n->n_out || !n->out[k].n) return NULL;
-    return find(c, n->out[k]);
+    return dsrt__onnx_find(c, n->out[k]);
 }
 
 /* Whether output k of the node is used on the way to the graph's output. */
-static int output_used(imp *c, int k) {
-    value *v = output(c, k);
+int dsrt__onnx_output_used(onnx_import *c, int k) {
+    onnx_val *v = dsrt__onnx_output(c, k);
     return v && v->uses > 0;
 }
 
 /* The dsrt shape of a value made by a layer (or the input). */
-static dsrt_shape shape_of(imp *c, const value *v) {
-    if (v->kind == V_INPUT) return (dsrt_shape){c->in_c, c->in_h, c->in_w};
+dsrt_shape dsrt__onnx_shape_of(onnx_import *c, const onnx_val *v) {
+    if (v->kind == ONNX_V_INPUT) return (dsrt_shape){c->in_c, c->in_h, c->in_w};
     return c->L[v->layer].out;
 }
 
 /* The node's output 0 becomes what src is (Identity, Flatten, Dropout 0). */
-static void alias(imp *c, const value *src, int flat) {
-    value *o = output(c, 0);
+void dsrt__onnx_alias(onnx_import *c, const onnx_val *src, int flat) {
+    onnx_val *o = dsrt__onnx_output(c, 0);
     if (!o) return;
     o->kind = src->kind;
     o->layer = src->layer;
@@ -248,57 +170,61 @@ static void alias(imp *c, const value *src, int flat) {
 // ----------------------------------------------------------------------------
 // Attributes
 
-static const onnx_attr *attr(imp *c, const char *name) {
+const onnx_attr *dsrt__onnx_get_attr(onnx_import *c, const char *name) {
     const onnx_node *n = c->cur;
     for (int i = 0; i < n->n_attr; i++)
         if (onnx_is(n->attr[i].name, name)) return &n->attr[i];
     return NULL;
 }
 
-static int attr_int(imp *c, const char *name, int64_t def, int64_t *out) {
-    const onnx_attr *a = attr(c, name);
+int dsrt__onnx_get_int(onnx_import *c, const char *name, int64_t def, int64_t *out) {
+    const onnx_attr *a = dsrt__onnx_get_attr(c, name);
     *out = def;
     if (!a) return 0;
-    if (!a->has_i) return nfail(c, DSRT_ECORRUPT, "attribute '%s' is not an integer", name);
+    if (!a->has_i)
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute '%s' is not an integer", name);
     *out = a->i;
     return 0;
 }
 
-static int attr_float(imp *c, const char *name, float def, float *out) {
-    const onnx_attr *a = attr(c, name);
+int dsrt__onnx_get_float(onnx_import *c, const char *name, float def, float *out) {
+    const onnx_attr *a = dsrt__onnx_get_attr(c, name);
     *out = def;
     if (!a) return 0;
-    if (!a->has_f) return nfail(c, DSRT_ECORRUPT, "attribute '%s' is not a float", name);
-    if (!isfinite(a->f)) return nfail(c, DSRT_ECORRUPT, "attribute '%s' is %g", name, (double)a->f);
+    if (!a->has_f) return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute '%s' is not a float", name);
+    if (!isfinite(a->f))
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute '%s' is %g", name, (double)a->f);
     *out = a->f;
     return 0;
 }
 
 /* An ints attribute of exactly n values (absent: def, n values, may be
  * NULL to leave out unset). Returns 1 when given, 0 when not, < 0. */
-static int attr_ints(imp *c, const char *name, int n, int64_t *out) {
-    const onnx_attr *a = attr(c, name);
+int dsrt__onnx_get_ints(onnx_import *c, const char *name, int n, int64_t *out) {
+    const onnx_attr *a = dsrt__onnx_get_attr(c, name);
     if (!a) return 0;
     if ((int64_t)a->n_ints != n)
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "attribute '%s' has %zu values, not %d (2-D images only)", name, a->n_ints, n);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "attribute '%s' has %zu values, not %d (2-D images only)", name,
+                               a->n_ints, n);
     for (int i = 0; i < n; i++) out[i] = a->ints[i];
     return 1;
 }
 
-static int attr_string(imp *c, const char *name, const char *def, char *out, size_t cap) {
-    const onnx_attr *a = attr(c, name);
+int dsrt__onnx_get_string(onnx_import *c, const char *name, const char *def, char *out,
+                          size_t cap) {
+    const onnx_attr *a = dsrt__onnx_get_attr(c, name);
     snprintf(out, cap, "%s", def);
     if (!a) return 0;
     if (!a->has_s || a->s.n >= cap || memchr(a->s.p, 0, a->s.n))
-        return nfail(c, DSRT_ECORRUPT, "attribute '%s' is not a short string", name);
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute '%s' is not a short string", name);
     memcpy(out, a->s.p, a->s.n);
     out[a->s.n] = '\0';
     return 0;
 }
 
 /* Every attribute of the node must be in known (comma-separated). */
-static int check_attrs(imp *c, const char *known) {
+static int check_attrs(onnx_import *c, const char *known) {
     const onnx_node *n = c->cur;
     for (int i = 0; i < n->n_attr; i++) {
         onnx_str nm = n->attr[i].name;
@@ -311,8 +237,9 @@ static int check_attrs(imp *c, const char *known) {
             k += len + (e != NULL);
         }
         if (!ok)
-            return nfail(c, DSRT_EUNSUPPORTED, "attribute '%s' is not supported (dsrt reads %s)",
-                         SHOWN(nm), *known ? known : "none");
+            return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                                   "attribute '%s' is not supported (dsrt reads %s)",
+                                   ONNX_SHOWN(nm), *known ? known : "none");
     }
     return 0;
 }
@@ -360,7 +287,7 @@ static void release(const uint8_t *p, size_t n) {
 /* One of the copies of t that the import makes is made: after the last,
  * the pages of the model's bytes that held it go (an anonymous mapping's
  * pages read back as zeros, so never before). */
-static void copied(imp *c, onnx_tensor *t) {
+static void copied(onnx_import *c, onnx_tensor *t) {
     if (--t->reads > 0 || !c->own_map || !t->has_raw) return;
     if (t->raw.p >= c->map && t->raw.p < c->map + c->map_size) release(t->raw.p, t->raw.n);
 }
@@ -397,27 +324,30 @@ static int inside(const char *real, const char *dir) {
  * followed where it stays inside the folder (a weights file linked beside
  * its model), never out of it.
  */
-static int external(imp *c, const onnx_tensor *t, ext_file **out) {
+static int external(onnx_import *c, const onnx_tensor *t, onnx_ext_file **out) {
     char loc[ONNX_NAME_MAX + 1];
     onnx_str l = t->location;
     if (!c->dir)
-        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s': external data without a model folder",
-                     SHOWN(t->name));
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "tensor '%s': external data without a model folder",
+                               ONNX_SHOWN(t->name));
     if (memchr(l.p, 0, l.n) || l.p[0] == '/')
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "tensor '%s': external data at '%s': only a path relative to the model's "
-                     "folder is read",
-                     SHOWN(t->name), SHOWN(l));
+        return dsrt__onnx_fail(
+            c, DSRT_EUNSUPPORTED,
+            "tensor '%s': external data at '%s': only a path relative to the model's "
+            "folder is read",
+            ONNX_SHOWN(t->name), ONNX_SHOWN(l));
     memcpy(loc, l.p, l.n);
     loc[l.n] = '\0';
     for (const char *s = loc; *s;) {
         const char *e = strchr(s, '/');
         size_t len = e ? (size_t)(e - s) : strlen(s);
         if (len == 2 && s[0] == '.' && s[1] == '.')
-            return nfail(c, DSRT_EUNSUPPORTED,
-                         "tensor '%s': external data at '%s': a location with '..' is refused "
-                         "(it must lie in the model's folder)",
-                         SHOWN(t->name), loc);
+            return dsrt__onnx_fail(
+                c, DSRT_EUNSUPPORTED,
+                "tensor '%s': external data at '%s': a location with '..' is refused "
+                "(it must lie in the model's folder)",
+                ONNX_SHOWN(t->name), loc);
         s += len + (e != NULL);
     }
     for (int i = c->n_ext - 1; i >= 0; i--)
@@ -427,10 +357,10 @@ static int external(imp *c, const onnx_tensor *t, ext_file **out) {
         }
     if (!c->real_dir && !(c->real_dir = realpath(c->dir, NULL))) {
         int e = errno;
-        return nfail(c, -e, "tensor '%s': external data: the model's folder %s: %s", SHOWN(t->name),
-                     c->dir, strerror(e));
+        return dsrt__onnx_fail(c, -e, "tensor '%s': external data: the model's folder %s: %s",
+                               ONNX_SHOWN(t->name), c->dir, strerror(e));
     }
-    ext_file *grown = realloc(c->ext, (size_t)(c->n_ext + 1) * sizeof *c->ext);
+    onnx_ext_file *grown = realloc(c->ext, (size_t)(c->n_ext + 1) * sizeof *c->ext);
     if (!grown) return dsrt__fail(-ENOMEM, "out of memory");
     c->ext = grown;
     size_t plen = strlen(c->dir) + strlen(loc) + 2;
@@ -441,13 +371,14 @@ static int external(imp *c, const onnx_tensor *t, ext_file **out) {
     int e = errno;
     free(path);
     if (!real)
-        return nfail(c, -e, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
-                     strerror(e));
+        return dsrt__onnx_fail(c, -e, "tensor '%s': external data '%s': %s", ONNX_SHOWN(t->name),
+                               loc, strerror(e));
     if (!inside(real, c->real_dir)) {
-        int rc = nfail(c, DSRT_EUNSUPPORTED,
-                       "tensor '%s': external data '%s' lies outside the model's folder (a link "
-                       "leads to %s)",
-                       SHOWN(t->name), loc, real);
+        int rc = dsrt__onnx_fail(
+            c, DSRT_EUNSUPPORTED,
+            "tensor '%s': external data '%s' lies outside the model's folder (a link "
+            "leads to %s)",
+            ONNX_SHOWN(t->name), loc, real);
         free(real);
         return rc;
     }
@@ -456,11 +387,11 @@ static int external(imp *c, const onnx_tensor *t, ext_file **out) {
     int rc = dsrt__open_regular(real, &fd, &st);
     if (rc) {
         free(real);
-        return nfail(c, rc, "tensor '%s': external data '%s': %s", SHOWN(t->name), loc,
-                     dsrt_last_error());
+        return dsrt__onnx_fail(c, rc, "tensor '%s': external data '%s': %s", ONNX_SHOWN(t->name),
+                               loc, dsrt_last_error());
     }
     close(fd);
-    ext_file *x = &c->ext[c->n_ext];
+    onnx_ext_file *x = &c->ext[c->n_ext];
     if (!(x->location = dsrt__strdup(loc))) {
         free(real);
         return -ENOMEM;
@@ -474,40 +405,42 @@ static int external(imp *c, const onnx_tensor *t, ext_file **out) {
 
 /* t's external file, with its bytes' span in it checked against the
  * file's size and the tensor's shape. */
-static int external_span(imp *c, const onnx_tensor *t, ext_file **x) {
+static int external_span(onnx_import *c, const onnx_tensor *t, onnx_ext_file **x) {
     uint64_t want = t->count * (uint64_t)dsrt__onnx_dtype_size(t->dtype);
     int rc = external(c, t, x);
     if (rc) return rc;
     uint64_t size = (*x)->size;
     if (t->ext_offset > size || (t->has_ext_length && t->ext_length != want) ||
         want > size - t->ext_offset || (!t->has_ext_length && size - t->ext_offset != want))
-        return nfail(c, DSRT_ECORRUPT,
-                     "tensor '%s': external data '%s': %s%llu bytes at offset %llu of a file of "
-                     "%llu; its shape makes %llu bytes",
-                     SHOWN(t->name), SHOWN(t->location), t->has_ext_length ? "" : "the rest, ",
-                     (unsigned long long)(t->has_ext_length ? t->ext_length
-                                                            : size - DSRT_MIN(size, t->ext_offset)),
-                     (unsigned long long)t->ext_offset, (unsigned long long)size,
-                     (unsigned long long)want);
+        return dsrt__onnx_fail(
+            c, DSRT_ECORRUPT,
+            "tensor '%s': external data '%s': %s%llu bytes at offset %llu of a file of "
+            "%llu; its shape makes %llu bytes",
+            ONNX_SHOWN(t->name), ONNX_SHOWN(t->location), t->has_ext_length ? "" : "the rest, ",
+            (unsigned long long)(t->has_ext_length ? t->ext_length
+                                                   : size - DSRT_MIN(size, t->ext_offset)),
+            (unsigned long long)t->ext_offset, (unsigned long long)size, (unsigned long long)want);
     return 0;
 }
 
 /* n bytes at off of t's external file (open as fd) into dst, to the last
  * one: a file that has shrunk since it was measured is an error naming it. */
-static int read_at(imp *c, const onnx_tensor *t, int fd, uint64_t off, void *dst, size_t n) {
+static int read_at(onnx_import *c, const onnx_tensor *t, int fd, uint64_t off, void *dst,
+                   size_t n) {
     for (size_t got = 0; got < n;) {
         ssize_t r = pread(fd, (uint8_t *)dst + got, n - got, (off_t)(off + got));
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
             int e = errno;
-            return nfail(c, -e, "tensor '%s': external data '%s': %s", SHOWN(t->name),
-                         SHOWN(t->location), strerror(e));
+            return dsrt__onnx_fail(c, -e, "tensor '%s': external data '%s': %s",
+                                   ONNX_SHOWN(t->name), ONNX_SHOWN(t->location), strerror(e));
         }
         if (r == 0)
-            return nfail(c, DSRT_ETRUNCATED,
-                         "tensor '%s': external data '%s': the file ends at byte %llu, inside "
-                         "the tensor's bytes (it changed while it was read)",
-                         SHOWN(t->name), SHOWN(t->location), (unsigned long long)(off + got));
+            return dsrt__onnx_fail(
+                c, DSRT_ETRUNCATED,
+                "tensor '%s': external data '%s': the file ends at byte %llu, inside "
+                "the tensor's bytes (it changed while it was read)",
+                ONNX_SHOWN(t->name), ONNX_SHOWN(t->location), (unsigned long long)(off + got));
         got += (size_t)r;
     }
     return 0;
@@ -516,14 +449,14 @@ static int read_at(imp *c, const onnx_tensor *t, int fd, uint64_t off, void *dst
 /* t's external values as floats into dst: read with pread (never mapped,
  * so a file cut short while it is read is an error, not a SIGBUS), float32
  * straight into dst, other types a block at a time. */
-static int external_floats(imp *c, const onnx_tensor *t, float *dst) {
-    ext_file *x;
+static int external_floats(onnx_import *c, const onnx_tensor *t, float *dst) {
+    onnx_ext_file *x;
     int fd, rc = external_span(c, t, &x);
     if (rc) return rc;
     struct stat st;
     if ((rc = dsrt__open_regular(x->path, &fd, &st)))
-        return nfail(c, rc, "tensor '%s': external data '%s': %s", SHOWN(t->name), x->location,
-                     dsrt_last_error());
+        return dsrt__onnx_fail(c, rc, "tensor '%s': external data '%s': %s", ONNX_SHOWN(t->name),
+                               x->location, dsrt_last_error());
     size_t n = (size_t)t->count, width = (size_t)dsrt__onnx_dtype_size(t->dtype);
     if (t->dtype == ONNX_FLOAT) {
         rc = read_at(c, t, fd, t->ext_offset, dst, n * width);
@@ -544,7 +477,7 @@ static int external_floats(imp *c, const onnx_tensor *t, float *dst) {
  * float32, float16, bfloat16 and float64 tensors, from any of their
  * storages.
  */
-static int tensor_floats(imp *c, const onnx_tensor *t, float *dst) {
+int dsrt__onnx_tensor_floats(onnx_import *c, const onnx_tensor *t, float *dst) {
     size_t n = (size_t)t->count;
     if (t->made_f) {
         memcpy(dst, t->made_f, n * sizeof *dst);
@@ -552,10 +485,11 @@ static int tensor_floats(imp *c, const onnx_tensor *t, float *dst) {
     }
     int d = t->dtype;
     if (d != ONNX_FLOAT && d != ONNX_FLOAT16 && d != ONNX_BFLOAT16 && d != ONNX_DOUBLE)
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "tensor '%s' holds %s values (dsrt reads float32, float16 and bfloat16 "
-                     "weights)",
-                     SHOWN(t->name), dsrt__onnx_dtype_name(d));
+        return dsrt__onnx_fail(
+            c, DSRT_EUNSUPPORTED,
+            "tensor '%s' holds %s values (dsrt reads float32, float16 and bfloat16 "
+            "weights)",
+            ONNX_SHOWN(t->name), dsrt__onnx_dtype_name(d));
     if (t->external) return external_floats(c, t, dst);
     if (t->has_raw) {
         convert(d, t->raw.p, n, dst);
@@ -606,27 +540,28 @@ static int tensor_floats(imp *c, const onnx_tensor *t, float *dst) {
         }
     }
     if (rc < 0 || at != n)
-        return nfail(c, DSRT_ECORRUPT, "tensor '%s': %zu of its %zu values could be read",
-                     SHOWN(t->name), at, n);
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "tensor '%s': %zu of its %zu values could be read",
+                               ONNX_SHOWN(t->name), at, n);
     return 0;
 }
 
 /* A small integer tensor (a shape) into out (at most cap values); returns
  * the count or < 0. */
-static int tensor_ints(imp *c, const onnx_tensor *t, int64_t *out, int cap) {
+int dsrt__onnx_tensor_ints(onnx_import *c, const onnx_tensor *t, int64_t *out, int cap) {
     if (t->count > (uint64_t)cap)
-        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s': %llu values, more than %d", SHOWN(t->name),
-                     (unsigned long long)t->count, cap);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "tensor '%s': %llu values, more than %d",
+                               ONNX_SHOWN(t->name), (unsigned long long)t->count, cap);
     int n = (int)t->count;
     if (t->made_i) {
         memcpy(out, t->made_i, (size_t)n * sizeof *out);
         return n;
     }
     if (t->dtype != ONNX_INT64 && t->dtype != ONNX_INT32)
-        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s' holds %s values, not integers",
-                     SHOWN(t->name), dsrt__onnx_dtype_name(t->dtype));
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "tensor '%s' holds %s values, not integers",
+                               ONNX_SHOWN(t->name), dsrt__onnx_dtype_name(t->dtype));
     if (t->external)
-        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s': a shape in external data", SHOWN(t->name));
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "tensor '%s': a shape in external data",
+                               ONNX_SHOWN(t->name));
     if (t->has_raw) {
         for (int i = 0; i < n; i++) {
             if (t->dtype == ONNX_INT64) {
@@ -657,16 +592,16 @@ static int tensor_ints(imp *c, const onnx_tensor *t, int64_t *out, int cap) {
         }
     }
     if (rc < 0 || at != n)
-        return nfail(c, DSRT_ECORRUPT, "tensor '%s': %d of its %d values could be read",
-                     SHOWN(t->name), at, n);
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "tensor '%s': %d of its %d values could be read",
+                               ONNX_SHOWN(t->name), at, n);
     return n;
 }
 
 /* A one-element float or bool constant's value. */
-static int scalar(imp *c, const onnx_tensor *t, double *out) {
+int dsrt__onnx_scalar(onnx_import *c, const onnx_tensor *t, double *out) {
     if (t->count != 1)
-        return nfail(c, DSRT_EUNSUPPORTED, "tensor '%s' has %llu values, not one", SHOWN(t->name),
-                     (unsigned long long)t->count);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "tensor '%s' has %llu values, not one",
+                               ONNX_SHOWN(t->name), (unsigned long long)t->count);
     if (t->dtype == ONNX_BOOL && t->has_raw) {
         *out = t->raw.p[0] != 0;
         return 0;
@@ -675,13 +610,13 @@ static int scalar(imp *c, const onnx_tensor *t, double *out) {
         int64_t v;
         onnx_tensor u = *t;
         if (t->dtype == ONNX_BOOL) u.dtype = ONNX_INT32;
-        int rc = tensor_ints(c, &u, &v, 1);
+        int rc = dsrt__onnx_tensor_ints(c, &u, &v, 1);
         if (rc < 0) return rc;
         *out = (double)v;
         return 0;
     }
     float f;
-    int rc = tensor_floats(c, t, &f);
+    int rc = dsrt__onnx_tensor_floats(c, t, &f);
     *out = f;
     return rc;
 }
@@ -692,7 +627,7 @@ static int scalar(imp *c, const onnx_tensor *t, double *out) {
 /* Names l base, or base_2, base_3, ... : the first not taken. A name's value
  * in the set is the suffix to try next when it comes again as a base, so
  * that n layers of one name take n steps, not n^2. */
-static int unique_name(imp *c, layer *l, const char *base) {
+static int unique_name(onnx_import *c, onnx_layer *l, const char *base) {
     int *next = dsrt__layer_names_find(&c->names, base);
     snprintf(l->name, sizeof l->name, "%s", base);
     if (next) {
@@ -708,9 +643,9 @@ static int unique_name(imp *c, layer *l, const char *base) {
 
 /* A new layer taking the given values' layers, named after the node; NULL
  * with c->err when there are too many or no memory. */
-static layer *add_layer(imp *c, const char *type, value *const *ins, int n_in) {
+onnx_layer *dsrt__onnx_add_layer(onnx_import *c, const char *type, onnx_val *const *ins, int n_in) {
     if (c->nL == DSRT_LAYERS_MAX) {
-        nfail(c, DSRT_ETOOBIG, "more than %d layers", DSRT_LAYERS_MAX);
+        dsrt__onnx_fail(c, DSRT_ETOOBIG, "more than %d layers", DSRT_LAYERS_MAX);
         return NULL;
     }
     if (c->nL == c->Lcap) {
@@ -719,9 +654,13 @@ static layer *add_layer(imp *c, const char *type, value *const *ins, int n_in) {
             return NULL;
         c->Lcap = (int)cap;
     }
-    layer *l = &c->L[c->nL];
+    onnx_layer *l = &c->L[c->nL];
     memset(l, 0, sizeof *l);
     l->type = type;
+    if (!dsrt__layer_type_find(type, &l->kind)) {
+        c->err = dsrt__fail(DSRT_EUNSUPPORTED, "onnx: %s: no layer type '%s'", c->file, type);
+        return NULL;
+    }
     l->node = c->cur ? c->cur->index : -1;
     l->w_scale = l->b_scale = 1.0f;
     for (int k = 0; k < n_in; k++) l->in[l->n_in++] = ins[k]->layer;
@@ -759,8 +698,7 @@ static layer *add_layer(imp *c, const char *type, value *const *ins, int n_in) {
     return l;
 }
 
-static void opt(layer *l, const char *fmt, ...) DSRT_PRINTF(2, 3);
-static void opt(layer *l, const char *fmt, ...) {
+void dsrt__onnx_opt(onnx_layer *l, const char *fmt, ...) {
     size_t at = strlen(l->opts);
     va_list ap;
     va_start(ap, fmt);
@@ -769,40 +707,41 @@ static void opt(layer *l, const char *fmt, ...) {
 }
 
 /* Output 0 of the node is layer l's output. */
-static void produce(imp *c, layer *l, int flat) {
-    value *o = output(c, 0);
+void dsrt__onnx_produce(onnx_import *c, onnx_layer *l, int flat) {
+    onnx_val *o = dsrt__onnx_output(c, 0);
     if (!o) return;
-    o->kind = V_LAYER;
+    o->kind = ONNX_V_LAYER;
     o->layer = (int)(l - c->L);
     o->flat = flat;
 }
 
 /* Whether the node has input k (an empty name is an input left out). */
-static int has_input(imp *c, int k) {
+int dsrt__onnx_has_input(onnx_import *c, int k) {
     return k < c->cur->n_in && c->cur->in[k].n > 0;
 }
 
 /* A computed input (not a constant): the image or a layer's output. */
-static value *data_input(imp *c, int k, const char *what) {
-    if (!has_input(c, k)) {
-        nfail(c, DSRT_ECORRUPT, "its %s input is missing", what);
+onnx_val *dsrt__onnx_data_input(onnx_import *c, int k, const char *what) {
+    if (!dsrt__onnx_has_input(c, k)) {
+        dsrt__onnx_fail(c, DSRT_ECORRUPT, "its %s input is missing", what);
         return NULL;
     }
-    value *v = input(c, k);
+    onnx_val *v = dsrt__onnx_input(c, k);
     if (!v) return NULL;
-    if (v->kind == V_CONST) {
-        nfail(c, DSRT_EUNSUPPORTED,
-              "its %s input '%s' is a constant (dsrt computes layers of "
-              "the image, not of constants)",
-              what, SHOWN(v->name));
+    if (v->kind == ONNX_V_CONST) {
+        dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                        "its %s input '%s' is a constant (dsrt computes layers of "
+                        "the image, not of constants)",
+                        what, ONNX_SHOWN(v->name));
         return NULL;
     }
-    if (v->kind == V_INPUT) {
+    if (v->kind == ONNX_V_INPUT) {
         if (v->stage != c->stage) {
-            nfail(c, DSRT_EUNSUPPORTED,
-                  "it takes the image '%s' as it was before the normalisation that other nodes "
-                  "apply (dsrt's net has one input normalisation)",
-                  SHOWN(v->name));
+            dsrt__onnx_fail(
+                c, DSRT_EUNSUPPORTED,
+                "it takes the image '%s' as it was before the normalisation that other nodes "
+                "apply (dsrt's net has one input normalisation)",
+                ONNX_SHOWN(v->name));
             return NULL;
         }
         c->frozen = 1;
@@ -811,29 +750,30 @@ static value *data_input(imp *c, int k, const char *what) {
 }
 
 /* A constant input (an initializer); only called for inputs given. */
-static onnx_tensor *const_input(imp *c, int k, const char *what) {
-    if (!has_input(c, k)) {
-        nfail(c, DSRT_ECORRUPT, "its %s input is missing", what);
+onnx_tensor *dsrt__onnx_const_input(onnx_import *c, int k, const char *what) {
+    if (!dsrt__onnx_has_input(c, k)) {
+        dsrt__onnx_fail(c, DSRT_ECORRUPT, "its %s input is missing", what);
         return NULL;
     }
-    value *v = input(c, k);
+    onnx_val *v = dsrt__onnx_input(c, k);
     if (!v) return NULL;
-    if (v->kind != V_CONST) {
-        nfail(c, DSRT_EUNSUPPORTED, "its %s '%s' is computed, not a constant (an initializer)",
-              what, SHOWN(v->name));
+    if (v->kind != ONNX_V_CONST) {
+        dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                        "its %s '%s' is computed, not a constant (an initializer)", what,
+                        ONNX_SHOWN(v->name));
         return NULL;
     }
     return v->t;
 }
 
 /* An image input (4-D in ONNX: not flattened). */
-static value *image_input(imp *c) {
-    value *v = data_input(c, 0, "first");
+onnx_val *dsrt__onnx_image_input(onnx_import *c) {
+    onnx_val *v = dsrt__onnx_data_input(c, 0, "first");
     if (v && v->flat) {
-        nfail(c, DSRT_EUNSUPPORTED,
-              "its input '%s' is flattened to (N, K); this operator takes "
-              "(N, C, H, W) images",
-              SHOWN(v->name));
+        dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                        "its input '%s' is flattened to (N, K); this operator takes "
+                        "(N, C, H, W) images",
+                        ONNX_SHOWN(v->name));
         return NULL;
     }
     return v;
@@ -842,32 +782,27 @@ static value *image_input(imp *c) {
 /* Whether a value may be used where a (k, 1, 1) dsrt shape is meant by
  * ONNX's (N, K): flattened from a layer with one pixel, or a 4-D (N, C, 1, 1)
  * seen as 2-D is not the same value. */
-static int flat_is_channels(imp *c, const value *v) {
-    dsrt_shape s = shape_of(c, v);
+int dsrt__onnx_flat_is_channels(onnx_import *c, const onnx_val *v) {
+    dsrt_shape s = dsrt__onnx_shape_of(c, v);
     return s.h == 1 && s.w == 1;
 }
 
 /* The shape of a layer's output, in 64 bits until it is known to fit:
  * refused, naming the node, when its images would have more values than
  * an int indexes. */
-static int out_shape(imp *c, int64_t ch, int64_t h, int64_t w, dsrt_shape *out) {
+int dsrt__onnx_out_shape(onnx_import *c, int64_t ch, int64_t h, int64_t w, dsrt_shape *out) {
     if (dsrt__volume(ch, h, w) > INT32_MAX)
-        return nfail(c, DSRT_ETOOBIG,
-                     "its output would be (N, %lld, %lld, %lld): more than 2^31 - 1 values an "
-                     "image",
-                     (long long)ch, (long long)h, (long long)w);
+        return dsrt__onnx_fail(
+            c, DSRT_ETOOBIG,
+            "its output would be (N, %lld, %lld, %lld): more than 2^31 - 1 values an "
+            "image",
+            (long long)ch, (long long)h, (long long)w);
     *out = (dsrt_shape){(int)ch, (int)h, (int)w};
     return 0;
 }
 
 // ----------------------------------------------------------------------------
 // Windows: convolution and pooling geometry
-
-typedef struct {
-    int kh, kw, sh, sw, dh, dw;
-    int pt, pb, pl, pr; /* dsrt's: top, bottom, left, right */
-    int64_t oh, ow;
-} window;
 
 static int one_axis(int in, int k, int s, int d, int p0, int p1, int64_t *out) {
     int64_t keff = (int64_t)(k - 1) * d + 1, span = (int64_t)in + p0 + p1 - keff;
@@ -878,35 +813,38 @@ static int one_axis(int in, int k, int s, int d, int p0, int p1, int64_t *out) {
 
 /* Reads kernel_shape (or takes kernel), strides, dilations, pads and
  * auto_pad into w for input s. */
-static int geometry(imp *c, const dsrt_shape *s, const int *kernel, int dilations, window *w) {
+int dsrt__onnx_geometry(onnx_import *c, const dsrt_shape *s, const int *kernel, int dilations,
+                        onnx_window *w) {
     int64_t ks[2] = {kernel ? kernel[0] : 0, kernel ? kernel[1] : 0}, st[2] = {1, 1},
             dl[2] = {1, 1}, pads[4] = {0, 0, 0, 0};
     int rc;
-    if ((rc = attr_ints(c, "kernel_shape", 2, ks)) < 0) return rc;
-    if (!rc && !kernel) return nfail(c, DSRT_ECORRUPT, "attribute 'kernel_shape' is required");
+    if ((rc = dsrt__onnx_get_ints(c, "kernel_shape", 2, ks)) < 0) return rc;
+    if (!rc && !kernel)
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute 'kernel_shape' is required");
     if (rc && kernel && (ks[0] != kernel[0] || ks[1] != kernel[1]))
-        return nfail(c, DSRT_ECORRUPT, "kernel_shape %lldx%lld disagrees with the weights' %dx%d",
-                     (long long)ks[0], (long long)ks[1], kernel[0], kernel[1]);
-    if ((rc = attr_ints(c, "strides", 2, st)) < 0) return rc;
-    if ((rc = attr_ints(c, "dilations", 2, dl)) < 0) return rc;
-    if ((rc = attr_ints(c, "pads", 4, pads)) < 0) return rc;
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT,
+                               "kernel_shape %lldx%lld disagrees with the weights' %dx%d",
+                               (long long)ks[0], (long long)ks[1], kernel[0], kernel[1]);
+    if ((rc = dsrt__onnx_get_ints(c, "strides", 2, st)) < 0) return rc;
+    if ((rc = dsrt__onnx_get_ints(c, "dilations", 2, dl)) < 0) return rc;
+    if ((rc = dsrt__onnx_get_ints(c, "pads", 4, pads)) < 0) return rc;
     if (!dilations && (dl[0] != 1 || dl[1] != 1))
-        return nfail(c, DSRT_EUNSUPPORTED, "dilations %lldx%lld: dsrt's pooling has none",
-                     (long long)dl[0], (long long)dl[1]);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "dilations %lldx%lld: dsrt's pooling has none",
+                               (long long)dl[0], (long long)dl[1]);
     for (int i = 0; i < 2; i++)
         if (ks[i] < 1 || ks[i] > 4096 || st[i] < 1 || st[i] > 4096 || dl[i] < 1 || dl[i] > 4096)
-            return nfail(c, DSRT_EUNSUPPORTED,
-                         "kernel %lldx%lld, strides %lldx%lld, dilations "
-                         "%lldx%lld: each must be 1 to 4096",
-                         (long long)ks[0], (long long)ks[1], (long long)st[0], (long long)st[1],
-                         (long long)dl[0], (long long)dl[1]);
+            return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                                   "kernel %lldx%lld, strides %lldx%lld, dilations "
+                                   "%lldx%lld: each must be 1 to 4096",
+                                   (long long)ks[0], (long long)ks[1], (long long)st[0],
+                                   (long long)st[1], (long long)dl[0], (long long)dl[1]);
     for (int i = 0; i < 4; i++)
         if (pads[i] < 0 || pads[i] > 4096)
-            return nfail(c, DSRT_EUNSUPPORTED, "pads %lld: each must be 0 to 4096",
-                         (long long)pads[i]);
+            return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "pads %lld: each must be 0 to 4096",
+                                   (long long)pads[i]);
     char ap[32];
-    if ((rc = attr_string(c, "auto_pad", "NOTSET", ap, sizeof ap))) return rc;
-    *w = (window){(int)ks[0], (int)ks[1], (int)st[0], (int)st[1], (int)dl[0], (int)dl[1],
+    if ((rc = dsrt__onnx_get_string(c, "auto_pad", "NOTSET", ap, sizeof ap))) return rc;
+    *w = (onnx_window){(int)ks[0], (int)ks[1], (int)st[0], (int)st[1], (int)dl[0], (int)dl[1],
                   /* ONNX: [top, left, bottom, right] */
                   (int)pads[0], (int)pads[2], (int)pads[1], (int)pads[3], 0, 0};
     if (!strcmp(ap, "VALID")) {
@@ -923,390 +861,51 @@ static int geometry(imp *c, const dsrt_shape *s, const int *kernel, int dilation
             *p1[i] = ap[5] == 'U' ? large : small;
         }
     } else if (strcmp(ap, "NOTSET") != 0) {
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "auto_pad '%s' is not NOTSET, VALID, SAME_UPPER or "
-                     "SAME_LOWER",
-                     ap);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "auto_pad '%s' is not NOTSET, VALID, SAME_UPPER or "
+                               "SAME_LOWER",
+                               ap);
     }
     if (one_axis(s->h, w->kh, w->sh, w->dh, w->pt, w->pb, &w->oh) ||
         one_axis(s->w, w->kw, w->sw, w->dw, w->pl, w->pr, &w->ow))
-        return nfail(c, DSRT_EUNSUPPORTED, "a %dx%d window does not fit the %dx%d input", w->kh,
-                     w->kw, s->h, s->w);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "a %dx%d window does not fit the %dx%d input",
+                               w->kh, w->kw, s->h, s->w);
     return 0;
 }
 
-static void window_opts(layer *l, const window *w) {
-    opt(l, " size=%dx%d stride=%dx%d pad=%d,%d,%d,%d", w->kh, w->kw, w->sh, w->sw, w->pt, w->pb,
-        w->pl, w->pr);
-}
-
-/* ceil_mode: the extra bottom (right) padding that makes the floor of
- * dsrt's window count the ceiling of ONNX's, or 0. A window that would start
- * in the padding at the end is not counted (as ONNX and PyTorch do). */
-static int ceil_extra(int in, int k, int s, int p0, int p1, int64_t *out) {
-    int64_t span = (int64_t)in + p0 + p1 - k;
-    int64_t ce = (span + s - 1) / s + 1;
-    if ((ce - 1) * s >= (int64_t)in + p0) ce--;
-    int64_t extra = (ce - 1) * s + k - ((int64_t)in + p0 + p1);
-    *out = ce;
-    return extra > 0 ? (int)extra : 0;
+void dsrt__onnx_window_opts(onnx_layer *l, const onnx_window *w) {
+    dsrt__onnx_opt(l, " size=%dx%d stride=%dx%d pad=%d,%d,%d,%d", w->kh, w->kw, w->sh, w->sw, w->pt,
+                   w->pb, w->pl, w->pr);
 }
 
 // ----------------------------------------------------------------------------
 // Operators
 
-static int map_conv(imp *c) {
-    value *x = image_input(c);
-    if (!x) return c->err;
-    onnx_tensor *w = const_input(c, 1, "weight"), *b = NULL;
-    if (!w) return c->err;
-    if (has_input(c, 2) && !(b = const_input(c, 2, "bias"))) return c->err;
-    dsrt_shape s = shape_of(c, x);
-    int64_t g;
-    int rc;
-    if ((rc = attr_int(c, "group", 1, &g))) return rc;
-    if (w->ndims != 4)
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "weight '%s' has %d dimensions: dsrt convolves 2-D "
-                     "images (4-D weights)",
-                     SHOWN(w->name), w->ndims);
-    int64_t m = w->dims[0];
-    if (g < 1 || g > s.c || s.c % g || m < 1 || m > (1 << 20) || m % g || w->dims[1] != s.c / g)
-        return nfail(c, DSRT_ECORRUPT,
-                     "weight '%s' (%lld, %lld, %lld, %lld) and group %lld do not fit %d input "
-                     "channels",
-                     SHOWN(w->name), (long long)w->dims[0], (long long)w->dims[1],
-                     (long long)w->dims[2], (long long)w->dims[3], (long long)g, s.c);
-    if (b && (b->ndims != 1 || b->dims[0] != m))
-        return nfail(c, DSRT_ECORRUPT, "bias '%s' has %llu values for %lld filters", SHOWN(b->name),
-                     (unsigned long long)b->count, (long long)m);
-    if (w->dims[2] < 1 || w->dims[3] < 1 || w->dims[2] > 4096 || w->dims[3] > 4096)
-        return nfail(c, DSRT_EUNSUPPORTED, "a %lldx%lld kernel", (long long)w->dims[2],
-                     (long long)w->dims[3]);
-    int kernel[2] = {(int)w->dims[2], (int)w->dims[3]};
-    window win;
-    dsrt_shape os;
-    if ((rc = geometry(c, &s, kernel, 1, &win)) || (rc = out_shape(c, m, win.oh, win.ow, &os)))
-        return rc;
-    layer *l = add_layer(c, "conv", &x, 1);
-    if (!l) return c->err;
-    opt(l, " filters=%lld", (long long)m);
-    window_opts(l, &win);
-    opt(l, " dilation=%dx%d groups=%lld bias=%d", win.dh, win.dw, (long long)g, b != NULL);
-    l->w = w;
-    l->b = b;
-    l->out = os;
-    produce(c, l, 0);
-    return 0;
-}
-
-/* Gemm and MatMul: a fully connected layer over the flattened input. */
-static int fc_layer(imp *c, value *a, onnx_tensor *w, int trans_b, float alpha, onnx_tensor *bias,
-                    float beta) {
-    dsrt_shape s = shape_of(c, a);
-    int64_t k = dsrt__volume(s.c, s.h, s.w);
-    if (w->ndims != 2)
-        return nfail(c, DSRT_EUNSUPPORTED, "weight '%s' has %d dimensions, not 2", SHOWN(w->name),
-                     w->ndims);
-    int64_t wk = trans_b ? w->dims[1] : w->dims[0], n = trans_b ? w->dims[0] : w->dims[1];
-    if (wk != k || n < 1 || n > (1 << 24))
-        return nfail(c, DSRT_ECORRUPT,
-                     "weight '%s' (%lld, %lld) does not take the %lld values of "
-                     "its input",
-                     SHOWN(w->name), (long long)w->dims[0], (long long)w->dims[1], (long long)k);
-    if (bias) {
-        int ok = bias->count == (uint64_t)n &&
-                 (bias->ndims == 1 || (bias->ndims == 2 && bias->dims[0] == 1));
-        if (!ok && bias->count == 1) ok = 1; /* one value for every output */
-        if (!ok)
-            return nfail(c, DSRT_EUNSUPPORTED,
-                         "bias '%s' of %llu values does not broadcast to "
-                         "the %lld outputs as one row",
-                         SHOWN(bias->name), (unsigned long long)bias->count, (long long)n);
-    }
-    dsrt_shape os;
-    int rc = out_shape(c, n, 1, 1, &os);
-    if (rc) return rc;
-    layer *l = add_layer(c, "fc", &a, 1);
-    if (!l) return c->err;
-    opt(l, " outputs=%lld bias=%d", (long long)n, bias != NULL);
-    l->w = w;
-    if (!trans_b) {
-        l->w_rows = k;
-        l->w_cols = n;
-    }
-    l->w_scale = alpha;
-    l->b = bias;
-    l->b_scale = beta;
-    l->out = os;
-    return (int)(l - c->L);
-}
-
-static value *flat_input(imp *c, const char *op) {
-    value *a = data_input(c, 0, "first");
-    if (a && !a->flat) {
-        dsrt_shape s = shape_of(c, a);
-        nfail(c, DSRT_EUNSUPPORTED,
-              "its input '%s' is a (N, %d, %d, %d) image: %s takes (N, K) (a Flatten first)",
-              SHOWN(a->name), s.c, s.h, s.w, op);
-        return NULL;
-    }
-    return a;
-}
-
-static int map_gemm(imp *c) {
-    value *a = flat_input(c, "Gemm");
-    if (!a) return c->err;
-    onnx_tensor *b = const_input(c, 1, "weight (B)"), *cc = NULL;
-    if (!b) return c->err;
-    if (has_input(c, 2) && !(cc = const_input(c, 2, "bias (C)"))) return c->err;
-    int64_t ta, tb;
-    float alpha, beta;
-    int rc;
-    if ((rc = attr_int(c, "transA", 0, &ta)) || (rc = attr_int(c, "transB", 0, &tb)) ||
-        (rc = attr_float(c, "alpha", 1.0f, &alpha)) || (rc = attr_float(c, "beta", 1.0f, &beta)))
-        return rc;
-    if (ta) return nfail(c, DSRT_EUNSUPPORTED, "transA=1: the batch must be A's rows");
-    rc = fc_layer(c, a, b, tb != 0, alpha, beta != 0 ? cc : NULL, beta);
-    if (rc < 0) return rc;
-    produce(c, &c->L[rc], 1);
-    return 0;
-}
-
-static int map_matmul(imp *c) {
-    value *a = flat_input(c, "MatMul");
-    if (!a) return c->err;
-    onnx_tensor *b = const_input(c, 1, "weight (B)"), *bias = NULL;
-    if (!b) return c->err;
-    /* The Add of a bias that takes this product alone: one fc layer. */
-    value *o = output(c, 0);
-    int add = -1;
-    if (o && o->uses == 1)
-        for (int j = c->cur->index + 1; j < c->m.n_nodes && add < 0; j++) {
-            const onnx_node *n = &c->m.nodes[j];
-            if (!c->live[j] || !onnx_is(n->op, "Add") || n->n_in != 2 || n->n_out < 1) continue;
-            for (int k = 0; k < 2; k++) {
-                if (!same(n->in[k], o->name)) continue;
-                value *other = find(c, n->in[1 - k]);
-                if (other && other->kind == V_CONST) {
-                    add = j;
-                    bias = other->t;
-                }
-            }
-        }
-    int rc = fc_layer(c, a, b, 0, 1.0f, bias, 1.0f);
-    if (rc < 0) return rc;
-    produce(c, &c->L[rc], 1);
-    if (add >= 0) {
-        c->absorbed[add] = 1;
-        value *sum = find(c, c->m.nodes[add].out[0]);
-        if (sum) {
-            sum->kind = V_LAYER;
-            sum->layer = rc;
-            sum->flat = 1;
-        }
-    }
-    return 0;
-}
-
-static int map_relu(imp *c) {
-    value *x = data_input(c, 0, "first");
-    if (!x) return c->err;
-    int leaky = onnx_is(c->cur->op, "LeakyRelu");
-    float alpha = 0.01f;
-    int rc;
-    if (leaky && (rc = attr_float(c, "alpha", 0.01f, &alpha))) return rc;
-    if (leaky && (alpha < 0 || alpha > 1e6))
-        return nfail(c, DSRT_EUNSUPPORTED, "alpha %g: dsrt's slope is 0 to 1e6", (double)alpha);
-    layer *l = add_layer(c, leaky ? "leakyrelu" : "relu", &x, 1);
-    if (!l) return c->err;
-    if (leaky) opt(l, " leak=%.9g", (double)alpha);
-    l->out = shape_of(c, x);
-    produce(c, l, x->flat);
-    return 0;
-}
-
-static int map_pool(imp *c) {
-    int max = onnx_is(c->cur->op, "MaxPool");
-    value *x = image_input(c);
-    if (!x) return c->err;
-    if (max && output_used(c, 1))
-        return nfail(c, DSRT_EUNSUPPORTED, "its Indices output is used: dsrt has no indices");
-    dsrt_shape s = shape_of(c, x);
-    window w;
-    int rc;
-    if ((rc = geometry(c, &s, NULL, 0, &w))) return rc;
-    int64_t ceil_mode, include;
-    if ((rc = attr_int(c, "ceil_mode", 0, &ceil_mode)) ||
-        (rc = attr_int(c, "count_include_pad", 0, &include)))
-        return rc;
-    if (ceil_mode) {
-        int eh = ceil_extra(s.h, w.kh, w.sh, w.pt, w.pb, &w.oh);
-        int ew = ceil_extra(s.w, w.kw, w.sw, w.pl, w.pr, &w.ow);
-        if ((eh || ew) && !max)
-            return nfail(c, DSRT_EUNSUPPORTED,
-                         "ceil_mode=1 adds a partial window that dsrt's average pooling would "
-                         "divide differently");
-        if (w.pb + eh >= w.kh || w.pr + ew >= w.kw)
-            return nfail(c, DSRT_EUNSUPPORTED,
-                         "ceil_mode=1 needs %d,%d more padding at the bottom and right, which "
-                         "would not be smaller than the %dx%d window",
-                         eh, ew, w.kh, w.kw);
-        w.pb += eh;
-        w.pr += ew;
-    }
-    dsrt_shape os;
-    if ((rc = out_shape(c, s.c, w.oh, w.ow, &os))) return rc;
-    layer *l = add_layer(c, max ? "maxpool" : "avgpool", &x, 1);
-    if (!l) return c->err;
-    window_opts(l, &w);
-    if (!max && !include && (w.pt || w.pb || w.pl || w.pr)) opt(l, " count_pad=0");
-    l->out = os;
-    produce(c, l, 0);
-    return 0;
-}
-
-static int map_gap(imp *c) {
-    value *x = image_input(c);
-    if (!x) return c->err;
-    layer *l = add_layer(c, "gap", &x, 1);
-    if (!l) return c->err;
-    l->out = (dsrt_shape){shape_of(c, x).c, 1, 1};
-    produce(c, l, 0);
-    return 0;
-}
-
-static int map_batchnorm(imp *c) {
-    value *x = data_input(c, 0, "first");
-    if (!x) return c->err;
-    if (x->flat && !flat_is_channels(c, x))
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "its input '%s' is a flattened image: dsrt normalises "
-                     "channels",
-                     SHOWN(x->name));
-    for (int k = 1; k < c->cur->n_out; k++)
-        if (output_used(c, k))
-            return nfail(c, DSRT_EUNSUPPORTED,
-                         "its training outputs (running mean and variance) "
-                         "are used: dsrt imports the inference form");
-    onnx_tensor *t[4];
-    static const char *const what[4] = {"scale", "bias (B)", "mean", "variance"};
-    dsrt_shape s = shape_of(c, x);
-    for (int k = 0; k < 4; k++) {
-        if (!(t[k] = const_input(c, k + 1, what[k]))) return c->err;
-        if (t[k]->count != (uint64_t)s.c || t[k]->ndims != 1)
-            return nfail(c, DSRT_ECORRUPT, "its %s '%s' has %llu values for %d channels", what[k],
-                         SHOWN(t[k]->name), (unsigned long long)t[k]->count, s.c);
-    }
-    float eps, mom;
-    int64_t spatial, training;
-    int rc;
-    if ((rc = attr_float(c, "epsilon", 1e-5f, &eps)) ||
-        (rc = attr_float(c, "momentum", 0.9f, &mom)) ||
-        (rc = attr_int(c, "spatial", 1, &spatial)) ||
-        (rc = attr_int(c, "training_mode", 0, &training)))
-        return rc;
-    if (!spatial) return nfail(c, DSRT_EUNSUPPORTED, "spatial=0: statistics per pixel");
-    if (training)
-        return nfail(c, DSRT_EUNSUPPORTED, "training_mode=1: dsrt imports the inference form");
-    if (eps < 1e-12f || eps > 1)
-        return nfail(c, DSRT_EUNSUPPORTED, "epsilon %g: dsrt's is 1e-12 to 1", (double)eps);
-    if (mom < 0 || mom > 1) return nfail(c, DSRT_ECORRUPT, "momentum %g", (double)mom);
-    layer *l = add_layer(c, "batchnorm", &x, 1);
-    if (!l) return c->err;
-    /* ONNX keeps m of the running value; dsrt takes momentum of the batch. */
-    opt(l, " eps=%.9g momentum=%.9g", (double)eps, (double)(1.0f - mom));
-    for (int k = 0; k < 4; k++) l->bn[k] = t[k];
-    l->out = s;
-    produce(c, l, x->flat);
-    return 0;
-}
-
-static int map_lrn(imp *c) {
-    value *x = image_input(c);
-    if (!x) return c->err;
-    float alpha, beta, bias;
-    int64_t size;
-    int rc;
-    if ((rc = attr_float(c, "alpha", 1e-4f, &alpha)) ||
-        (rc = attr_float(c, "beta", 0.75f, &beta)) || (rc = attr_float(c, "bias", 1.0f, &bias)) ||
-        (rc = attr_int(c, "size", 0, &size)))
-        return rc;
-    if (!attr(c, "size")) return nfail(c, DSRT_ECORRUPT, "attribute 'size' is required");
-    if (size < 1 || size > 4096 || size % 2 == 0)
-        return nfail(c, DSRT_EUNSUPPORTED, "size %lld: dsrt's window is odd (centred)",
-                     (long long)size);
-    layer *l = add_layer(c, "lrn", &x, 1);
-    if (!l) return c->err;
-    opt(l, " size=%lld alpha=%.9g beta=%.9g k=%.9g", (long long)size, (double)alpha, (double)beta,
-        (double)bias);
-    l->out = shape_of(c, x);
-    produce(c, l, 0);
-    return 0;
-}
-
-static int map_dropout(imp *c) {
-    value *x = data_input(c, 0, "first");
-    if (!x) return c->err;
-    if (output_used(c, 1)) return nfail(c, DSRT_EUNSUPPORTED, "its mask output is used");
-    float ratio = 0.5f;
-    int rc;
-    if ((rc = attr_float(c, "ratio", 0.5f, &ratio))) return rc;
-    if (has_input(c, 1)) {
-        const onnx_tensor *t = const_input(c, 1, "ratio");
-        double v;
-        if (!t) return c->err;
-        if ((rc = scalar(c, t, &v))) return rc;
-        ratio = (float)v;
-    }
-    if (has_input(c, 2)) {
-        const onnx_tensor *t = const_input(c, 2, "training_mode");
-        double v;
-        if (!t) return c->err;
-        if ((rc = scalar(c, t, &v))) return rc;
-        if (v != 0)
-            return nfail(c, DSRT_EUNSUPPORTED,
-                         "training_mode is true: dsrt imports the "
-                         "inference form");
-    }
-    if (!(ratio >= 0 && ratio < 1)) return nfail(c, DSRT_ECORRUPT, "ratio %g", (double)ratio);
-    if (ratio == 0) {
-        alias(c, x, x->flat);
-        return 0;
-    }
-    layer *l = add_layer(c, "dropout", &x, 1);
-    if (!l) return c->err;
-    opt(l, " p=%.9g", (double)ratio);
-    l->out = shape_of(c, x);
-    produce(c, l, x->flat);
-    return 0;
-}
-
-static int map_flatten(imp *c) {
-    value *x = data_input(c, 0, "first");
+static int map_flatten(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_data_input(c, 0, "first");
     if (!x) return c->err;
     int64_t axis;
     int rc;
-    if ((rc = attr_int(c, "axis", 1, &axis))) return rc;
+    if ((rc = dsrt__onnx_get_int(c, "axis", 1, &axis))) return rc;
     int rank = x->flat ? 2 : 4;
     if (axis < 0) axis += rank;
     if (axis != 1)
-        return nfail(c, DSRT_EUNSUPPORTED, "axis %lld: dsrt flattens each image (axis 1)",
-                     (long long)axis);
-    alias(c, x, 1);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "axis %lld: dsrt flattens each image (axis 1)",
+                               (long long)axis);
+    dsrt__onnx_alias(c, x, 1);
     return 0;
 }
 
-static int map_reshape(imp *c) {
-    value *x = data_input(c, 0, "first");
+static int map_reshape(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_data_input(c, 0, "first");
     if (!x) return c->err;
-    const onnx_tensor *t = const_input(c, 1, "shape");
+    const onnx_tensor *t = dsrt__onnx_const_input(c, 1, "shape");
     if (!t) return c->err;
     int64_t shape[8], allow;
-    int rc, n = tensor_ints(c, t, shape, 8);
+    int rc, n = dsrt__onnx_tensor_ints(c, t, shape, 8);
     if (n < 0) return n;
-    if ((rc = attr_int(c, "allowzero", 0, &allow))) return rc;
-    dsrt_shape s = shape_of(c, x);
+    if ((rc = dsrt__onnx_get_int(c, "allowzero", 0, &allow))) return rc;
+    dsrt_shape s = dsrt__onnx_shape_of(c, x);
     int64_t k = (int64_t)s.c * s.h * s.w, d1 = x->flat ? k : s.c;
     int ok = n == 2 && !(allow && (shape[0] == 0 || shape[1] == 0));
     if (ok) {
@@ -1319,128 +918,15 @@ static int map_reshape(imp *c) {
         for (int i = 0, at = 0; i < n && at < (int)sizeof text - 24; i++)
             at +=
                 snprintf(text + at, sizeof text - at, "%s%lld", i ? ", " : "", (long long)shape[i]);
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "shape (%s): dsrt reshapes only to (N, %lld), each image flattened", text,
-                     (long long)k);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "shape (%s): dsrt reshapes only to (N, %lld), each image flattened",
+                               text, (long long)k);
     }
-    alias(c, x, 1);
+    dsrt__onnx_alias(c, x, 1);
     return 0;
 }
 
-static int map_affine(imp *c);
-
-static int map_add(imp *c) {
-    if (c->absorbed[c->cur->index]) return 0; /* the bias of the MatMul above */
-    for (int k = 0; k < 2 && c->cur->n_in == 2; k++) {
-        value *v = find(c, c->cur->in[k]), *o = find(c, c->cur->in[1 - k]);
-        if (v && o && v->kind == V_INPUT && o->kind == V_CONST) return map_affine(c);
-    }
-    if (c->cur->n_in != 2) return nfail(c, DSRT_EUNSUPPORTED, "%d inputs", c->cur->n_in);
-    value *in[2];
-    for (int k = 0; k < 2; k++) {
-        value *v = data_input(c, k, k ? "second" : "first");
-        if (!v && c->err != DSRT_EUNSUPPORTED) return c->err;
-        if (!v) v = input(c, k);
-        if (v->kind == V_CONST)
-            return nfail(c, DSRT_EUNSUPPORTED,
-                         "it adds the constant '%s': dsrt adds a constant only as the bias of a "
-                         "MatMul that feeds nothing else",
-                         SHOWN(v->name));
-        in[k] = v;
-    }
-    dsrt_shape a = shape_of(c, in[0]), b = shape_of(c, in[1]);
-    if (in[0]->flat != in[1]->flat || a.c != b.c || a.h != b.h || a.w != b.w ||
-        (in[0]->flat && !flat_is_channels(c, in[0])))
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "its inputs' shapes differ (%dx%dx%d%s, %dx%dx%d%s): "
-                     "dsrt adds tensors of one shape, no broadcasting",
-                     a.c, a.h, a.w, in[0]->flat ? " flattened" : "", b.c, b.h, b.w,
-                     in[1]->flat ? " flattened" : "");
-    if (in[0]->layer == in[1]->layer)
-        return nfail(c, DSRT_EUNSUPPORTED, "it adds a value to itself");
-    layer *l = add_layer(c, "add", in, 2);
-    if (!l) return c->err;
-    l->out = a;
-    produce(c, l, in[0]->flat);
-    return 0;
-}
-
-static int map_concat(imp *c) {
-    int n = c->cur->n_in;
-    if (n < 1 || n > DSRT_INPUTS_MAX)
-        return nfail(c, DSRT_EUNSUPPORTED, "%d inputs: dsrt joins 1 to %d", n, DSRT_INPUTS_MAX);
-    value *in[DSRT_INPUTS_MAX];
-    for (int k = 0; k < n; k++)
-        if (!(in[k] = data_input(c, k, "an"))) return c->err;
-    int64_t axis;
-    int rc;
-    if ((rc = attr_int(c, "axis", 1, &axis))) return rc;
-    int rank = in[0]->flat ? 2 : 4;
-    if (axis < 0) axis += rank;
-    if (axis != 1)
-        return nfail(c, DSRT_EUNSUPPORTED, "axis %lld: dsrt joins along the channels (axis 1)",
-                     (long long)axis);
-    dsrt_shape s0 = shape_of(c, in[0]), os;
-    int64_t channels = 0;
-    for (int k = 0; k < n; k++) {
-        dsrt_shape s = shape_of(c, in[k]);
-        if (in[k]->flat != in[0]->flat || s.h != s0.h || s.w != s0.w ||
-            (in[k]->flat && !flat_is_channels(c, in[k])))
-            return nfail(c, DSRT_EUNSUPPORTED, "input '%s' is %dx%dx%d%s, input '%s' %dx%dx%d%s",
-                         SHOWN(in[0]->name), s0.c, s0.h, s0.w, in[0]->flat ? " flattened" : "",
-                         SHOWN(in[k]->name), s.c, s.h, s.w, in[k]->flat ? " flattened" : "");
-        for (int j = 0; j < k; j++)
-            if (in[j]->layer == in[k]->layer)
-                return nfail(c, DSRT_EUNSUPPORTED, "it joins '%s' twice", SHOWN(in[k]->name));
-        channels += s.c;
-    }
-    if (n == 1) {
-        alias(c, in[0], in[0]->flat);
-        return 0;
-    }
-    if ((rc = out_shape(c, channels, s0.h, s0.w, &os))) return rc;
-    layer *l = add_layer(c, "concat", in, n);
-    if (!l) return c->err;
-    l->out = os;
-    produce(c, l, in[0]->flat);
-    return 0;
-}
-
-static int map_softmax(imp *c) {
-    value *x = data_input(c, 0, "first");
-    if (!x) return c->err;
-    value *o = output(c, 0);
-    if (!o || o->uses != 1 || !same(o->name, c->m.outputs[0].name))
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "dsrt's softmax is the network's output, not a layer "
-                     "inside it");
-    int64_t axis;
-    int rc;
-    if ((rc = attr_int(c, "axis", c->m.opset < 13 ? 1 : -1, &axis))) return rc;
-    int rank = x->flat ? 2 : 4;
-    if (axis < 0) axis += rank;
-    dsrt_shape s = shape_of(c, x);
-    /* Before opset 13 the input is seen as 2-D at axis: axis 1 is dsrt's
-     * softmax over each image's values; from 13 the axis alone is
-     * normalised, which is each image's values only when the other axes of
-     * an image have one element. */
-    int ok = axis == 1 && (x->flat || c->m.opset < 13 || (s.h == 1 && s.w == 1));
-    if (!ok && !x->flat && c->m.opset >= 13 && s.c == 1 && ((axis == 2 && s.w == 1) || axis == 3) &&
-        (axis == 3 ? s.h == 1 : 1))
-        ok = 1;
-    if (!ok)
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "axis %lld of a %s input: dsrt's softmax is over each "
-                     "image's values",
-                     (long long)axis, x->flat ? "(N, K)" : "(N, C, H, W)");
-    dsrt_shape os;
-    if ((rc = out_shape(c, dsrt__volume(s.c, s.h, s.w), 1, 1, &os))) return rc;
-    layer *l = add_layer(c, "softmax", &x, 1);
-    if (!l) return c->err;
-    l->out = os;
-    produce(c, l, 1);
-    return 0;
-}
+int dsrt__onnx_affine(onnx_import *c);
 
 /*
  * Add, Sub, Mul or Div of a constant (one value: shape (), (1), (1, 1, 1,
@@ -1448,30 +934,32 @@ static int map_softmax(imp *c) {
  * layer: the input's normalisation, composed into na x + nb per channel. A
  * (C) is not one a channel: ONNX broadcasts it along the width.
  */
-static int map_affine(imp *c) {
+int dsrt__onnx_affine(onnx_import *c) {
     const onnx_node *n = c->cur;
-    if (n->n_in != 2) return nfail(c, DSRT_EUNSUPPORTED, "%d inputs", n->n_in);
-    value *x = NULL, *k = NULL;
+    if (n->n_in != 2) return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "%d inputs", n->n_in);
+    onnx_val *x = NULL, *k = NULL;
     int xi = -1;
     for (int i = 0; i < 2; i++) {
-        value *v = input(c, i);
-        if (!v) return c->err ? c->err : nfail(c, DSRT_ECORRUPT, "an input is missing");
-        if (v->kind == V_CONST)
+        onnx_val *v = dsrt__onnx_input(c, i);
+        if (!v) return c->err ? c->err : dsrt__onnx_fail(c, DSRT_ECORRUPT, "an input is missing");
+        if (v->kind == ONNX_V_CONST)
             k = v;
         else
             x = v, xi = i;
     }
     int add = onnx_is(n->op, "Add"), mul = onnx_is(n->op, "Mul"), sub = onnx_is(n->op, "Sub");
-    if (!x || !k || x->kind != V_INPUT || (xi != 0 && !add && !mul))
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "dsrt takes Add, Sub, Mul and Div of a constant only on the image before "
-                     "any layer (the input normalisation: x %s constant)",
-                     add   ? "+"
-                     : sub ? "-"
-                     : mul ? "*"
-                           : "/");
+    if (!x || !k || x->kind != ONNX_V_INPUT || (xi != 0 && !add && !mul))
+        return dsrt__onnx_fail(
+            c, DSRT_EUNSUPPORTED,
+            "dsrt takes Add, Sub, Mul and Div of a constant only on the image before "
+            "any layer (the input normalisation: x %s constant)",
+            add   ? "+"
+            : sub ? "-"
+            : mul ? "*"
+                  : "/");
     if (c->frozen || x->stage != c->stage)
-        return nfail(c, DSRT_EUNSUPPORTED, "it normalises the image after a layer took it");
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "it normalises the image after a layer took it");
     /* ONNX broadcasts as numpy does: the constant's axes line up with the
      * image's last ones, (C) with the width. dsrt's normalisation is one
      * value, or one a channel: 1 on every axis but the channels'. */
@@ -1491,24 +979,26 @@ static int map_affine(imp *c) {
         for (int d = 0, at = 0; d < t->ndims && at < (int)sizeof dims - 24; d++)
             at += snprintf(dims + at, sizeof dims - (size_t)at, "%s%lld", d ? ", " : "",
                            (long long)t->dims[d]);
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "constant '%s' of shape (%s): ONNX broadcasts it along the last axes of the "
-                     "%s image, where dsrt's input normalisation takes one value, or one a "
-                     "channel ((%d, 1, 1) or (1, %d, 1, 1))",
-                     SHOWN(t->name), dims, x->flat ? "(N, K) flattened" : "(N, C, H, W)", ch, ch);
+        return dsrt__onnx_fail(
+            c, DSRT_EUNSUPPORTED,
+            "constant '%s' of shape (%s): ONNX broadcasts it along the last axes of the "
+            "%s image, where dsrt's input normalisation takes one value, or one a "
+            "channel ((%d, 1, 1) or (1, %d, 1, 1))",
+            ONNX_SHOWN(t->name), dims, x->flat ? "(N, K) flattened" : "(N, C, H, W)", ch, ch);
     }
     float *v = dsrt__malloc((size_t)t->count * sizeof *v);
     if (!v) return -ENOMEM;
-    int rc = tensor_floats(c, t, v);
+    int rc = dsrt__onnx_tensor_floats(c, t, v);
     for (int i = 0; !rc && i < ch; i++) {
         double q = v[per ? i : 0];
         if (!isfinite(q) || (!add && !sub && !mul && q == 0)) {
-            rc = nfail(c, DSRT_EUNSUPPORTED, "constant '%s' holds %g", SHOWN(t->name), q);
+            rc = dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "constant '%s' holds %g",
+                                 ONNX_SHOWN(t->name), q);
             break;
         }
         if (c->stage == 0 && !add && !sub && !mul && q == 255.0 && c->scale == 1.0 &&
             !c->user_stats)
-            c->pixel_div = 1; /* pixels / 255: what dsrt hands its input layer */
+            c->pixel_div = 1; /* pixels / 255: what dsrt hands its input onnx_layer */
         else if (add)
             c->nb[i] += q;
         else if (sub)
@@ -1520,10 +1010,10 @@ static int map_affine(imp *c) {
     }
     free(v);
     if (rc) return rc;
-    value *o = output(c, 0);
+    onnx_val *o = dsrt__onnx_output(c, 0);
     c->stage++;
     if (o) {
-        o->kind = V_INPUT;
+        o->kind = ONNX_V_INPUT;
         o->layer = 0;
         o->stage = c->stage;
         o->flat = x->flat;
@@ -1531,31 +1021,34 @@ static int map_affine(imp *c) {
     return 0;
 }
 
-static int map_identity(imp *c) {
-    if (!has_input(c, 0)) return nfail(c, DSRT_ECORRUPT, "its input is missing");
-    value *x = input(c, 0);
+static int map_identity(onnx_import *c) {
+    if (!dsrt__onnx_has_input(c, 0))
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "its input is missing");
+    onnx_val *x = dsrt__onnx_input(c, 0);
     if (!x) return c->err;
-    alias(c, x, x->flat);
+    dsrt__onnx_alias(c, x, x->flat);
     return 0;
 }
 
 /* Constant: its value as a constant tensor. */
-static int map_constant(imp *c) {
-    value *o = output(c, 0);
+static int map_constant(onnx_import *c) {
+    onnx_val *o = dsrt__onnx_output(c, 0);
     if (!o) return 0;
     onnx_tensor *t = dsrt__arena_alloc(&c->m.arena, sizeof *t, 8);
     if (!t) return -ENOMEM;
     memset(t, 0, sizeof *t);
     t->name = o->name;
     const onnx_attr *a;
-    if ((a = attr(c, "value"))) {
-        if (!a->t) return nfail(c, DSRT_ECORRUPT, "attribute 'value' is not a tensor");
+    if ((a = dsrt__onnx_get_attr(c, "value"))) {
+        if (!a->t) return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute 'value' is not a tensor");
         *t = *a->t;
         t->name = o->name;
-    } else if ((a = attr(c, "value_float")) || (a = attr(c, "value_floats"))) {
+    } else if ((a = dsrt__onnx_get_attr(c, "value_float")) ||
+               (a = dsrt__onnx_get_attr(c, "value_floats"))) {
         int many = onnx_is(a->name, "value_floats");
         if (many ? !a->floats && a->n_floats : !a->has_f)
-            return nfail(c, DSRT_ECORRUPT, "attribute '%s' holds no floats", SHOWN(a->name));
+            return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute '%s' holds no floats",
+                                   ONNX_SHOWN(a->name));
         float *f = dsrt__arena_alloc(&c->m.arena, sizeof(float) * (many ? a->n_floats + 1 : 1), 8);
         if (!f) return -ENOMEM;
         if (many)
@@ -1567,10 +1060,11 @@ static int map_constant(imp *c) {
         t->ndims = many;
         t->dims[0] = (int64_t)t->count;
         t->made_f = f;
-    } else if ((a = attr(c, "value_int")) || (a = attr(c, "value_ints"))) {
+    } else if ((a = dsrt__onnx_get_attr(c, "value_int")) ||
+               (a = dsrt__onnx_get_attr(c, "value_ints"))) {
         int many = onnx_is(a->name, "value_ints");
         if (!many && !a->has_i)
-            return nfail(c, DSRT_ECORRUPT, "attribute 'value_int' holds no integer");
+            return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute 'value_int' holds no integer");
         int64_t *v =
             dsrt__arena_alloc(&c->m.arena, sizeof(int64_t) * (many ? a->n_ints + 1 : 1), 8);
         if (!v) return -ENOMEM;
@@ -1584,57 +1078,53 @@ static int map_constant(imp *c) {
         t->dims[0] = (int64_t)t->count;
         t->made_i = v;
     } else {
-        return nfail(c, DSRT_EUNSUPPORTED,
-                     "a Constant without value, value_float(s) or "
-                     "value_int(s)");
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "a Constant without value, value_float(s) or "
+                               "value_int(s)");
     }
-    o->kind = V_CONST;
+    o->kind = ONNX_V_CONST;
     o->t = t;
     return 0;
 }
 
-/* The one table of operators: name, mapping, the attributes it reads. */
-static const struct {
-    const char *op;
-    int (*map)(imp *c);
-    const char *attrs;
-} OPS[] = {
-    {"Conv", map_conv, "auto_pad,dilations,group,kernel_shape,pads,strides"},
-    {"Gemm", map_gemm, "alpha,beta,transA,transB"},
-    {"MatMul", map_matmul, ""},
-    {"Relu", map_relu, ""},
-    {"LeakyRelu", map_relu, "alpha"},
-    {"MaxPool", map_pool, "auto_pad,ceil_mode,dilations,kernel_shape,pads,storage_order,strides"},
-    {"AveragePool", map_pool,
-     "auto_pad,ceil_mode,count_include_pad,dilations,kernel_shape,pads,strides"},
-    {"GlobalAveragePool", map_gap, ""},
-    {"BatchNormalization", map_batchnorm, "epsilon,momentum,spatial,training_mode"},
-    {"LRN", map_lrn, "alpha,beta,bias,size"},
-    {"Dropout", map_dropout, "ratio,seed"},
+/* The operators the import itself maps (no layer, or the input's
+ * normalisation); every other comes from a kind's onnx_ops. */
+static const dsrt_onnx_op OPS[] = {
     {"Flatten", map_flatten, "axis"},
     {"Reshape", map_reshape, "allowzero"},
-    {"Softmax", map_softmax, "axis"},
-    {"Add", map_add, ""},
-    {"Concat", map_concat, "axis"},
     {"Identity", map_identity, ""},
-    {"Sub", map_affine, ""},
-    {"Mul", map_affine, ""},
-    {"Div", map_affine, ""},
+    {"Sub", dsrt__onnx_affine, ""},
+    {"Mul", dsrt__onnx_affine, ""},
+    {"Div", dsrt__onnx_affine, ""},
     {"Constant", map_constant, "value,value_float,value_floats,value_int,value_ints"},
+    {NULL, NULL, NULL},
 };
 
-static int op_index(const onnx_node *n) {
-    if (n->domain.n && !onnx_is(n->domain, "ai.onnx")) return -1;
-    for (size_t k = 0; k < DSRT_ARRAY_SIZE(OPS); k++)
-        if (onnx_is(n->op, OPS[k].op)) return (int)k;
-    return -1;
+/* Node n's operator: the import's own, or a kind's; NULL when none maps it. */
+static const dsrt_onnx_op *op_of(const onnx_node *n) {
+    if (n->domain.n && !onnx_is(n->domain, "ai.onnx")) return NULL;
+    for (const dsrt_onnx_op *o = OPS; o->op; o++)
+        if (onnx_is(n->op, o->op)) return o;
+    for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
+        for (const dsrt_onnx_op *o = dsrt__layers[k]->onnx_ops; o && o->op; o++)
+            if (onnx_is(n->op, o->op)) return o;
+    return NULL;
+}
+
+/* "A, B, C": every operator the import maps, into buf. */
+static void op_list(char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = -1; k < DSRT_LAYER_KIND_COUNT; k++)
+        for (const dsrt_onnx_op *o = k < 0 ? OPS : dsrt__layers[k]->onnx_ops; o && o->op; o++)
+            if (at < cap) at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", o->op);
 }
 
 // ----------------------------------------------------------------------------
 // The graph
 
 /* Checks the opset and every node's operator before anything else. */
-static int check_operators(imp *c) {
+static int check_operators(onnx_import *c) {
     const onnx_model *m = &c->m;
     if (!m->opset)
         return dsrt__fail(DSRT_EUNSUPPORTED,
@@ -1648,14 +1138,14 @@ static int check_operators(imp *c) {
         return dsrt__fail(DSRT_EUNSUPPORTED, "onnx: %s: sparse initializers", c->file);
     for (int i = 0; i < m->n_nodes; i++) {
         const onnx_node *n = &m->nodes[i];
-        if (op_index(n) >= 0) continue;
-        char list[400] = "";
-        for (size_t k = 0, at = 0; k + 1 < DSRT_ARRAY_SIZE(OPS); k++)
-            at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", k ? ", " : "", OPS[k].op);
+        if (op_of(n)) continue;
+        char list[1024];
+        op_list(list, sizeof list);
         c->cur = n;
-        return nfail(c, DSRT_EUNSUPPORTED, "operator '%s%s%s' is not supported (dsrt imports %s)",
-                     n->domain.n ? SHOWN(n->domain) : "", n->domain.n ? "." : "", SHOWN(n->op),
-                     list);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "operator '%s%s%s' is not supported (dsrt imports %s)",
+                               n->domain.n ? ONNX_SHOWN(n->domain) : "", n->domain.n ? "." : "",
+                               ONNX_SHOWN(n->op), list);
     }
     return 0;
 }
@@ -1663,16 +1153,16 @@ static int check_operators(imp *c) {
 /* The image: the one graph input that is not an initializer, float
  * (N, C, H, W) with its channels, height and width known (a symbolic size
  * from the options). Sets the net's input size; *out is the input. */
-static int graph_image(imp *c, const dsrt_onnx_import_options *o, const onnx_value **out) {
+static int graph_image(onnx_import *c, const dsrt_onnx_import_options *o, const onnx_value **out) {
     onnx_model *m = &c->m;
     const onnx_value *img = NULL;
     for (int i = 0; i < m->n_inputs; i++) {
-        if (find(c, m->inputs[i].name)) continue;
+        if (dsrt__onnx_find(c, m->inputs[i].name)) continue;
         if (img)
             return dsrt__fail(DSRT_EUNSUPPORTED,
                               "onnx: %s: inputs '%s' and '%s': dsrt takes one "
                               "input, the images",
-                              c->file, SHOWN(img->name), SHOWN(m->inputs[i].name));
+                              c->file, ONNX_SHOWN(img->name), ONNX_SHOWN(m->inputs[i].name));
         img = &m->inputs[i];
     }
     if (!img) return dsrt__fail(DSRT_EUNSUPPORTED, "onnx: %s: the graph has no input", c->file);
@@ -1680,7 +1170,7 @@ static int graph_image(imp *c, const dsrt_onnx_import_options *o, const onnx_val
         return dsrt__fail(DSRT_EUNSUPPORTED,
                           "onnx: %s: input '%s' is %s with %d dimensions: dsrt takes float images "
                           "(N, C, H, W)",
-                          c->file, SHOWN(img->name), dsrt__onnx_dtype_name(img->elem_type),
+                          c->file, ONNX_SHOWN(img->name), dsrt__onnx_dtype_name(img->elem_type),
                           img->ndims);
     int64_t h = img->dims[2] > 0 ? img->dims[2] : o->height,
             w = img->dims[3] > 0 ? img->dims[3] : o->width;
@@ -1688,13 +1178,13 @@ static int graph_image(imp *c, const dsrt_onnx_import_options *o, const onnx_val
         return dsrt__fail(DSRT_ETOOBIG,
                           "onnx: %s: input '%s' is (N, %lld, %lld, %lld): more than 2^31 - 1 "
                           "values an image",
-                          c->file, SHOWN(img->name), (long long)img->dims[1], (long long)h,
+                          c->file, ONNX_SHOWN(img->name), (long long)img->dims[1], (long long)h,
                           (long long)w);
     if (img->dims[1] > 65536 || h > 65536 || w > 65536)
         return dsrt__fail(DSRT_ETOOBIG,
                           "onnx: %s: input '%s' is (N, %lld, %lld, %lld): dsrt's images have at "
                           "most 65536 channels, rows and columns",
-                          c->file, SHOWN(img->name), (long long)img->dims[1], (long long)h,
+                          c->file, ONNX_SHOWN(img->name), (long long)img->dims[1], (long long)h,
                           (long long)w);
     if (img->dims[1] < 1 || h < 1 || w < 1 ||
         (o->height && img->dims[2] > 0 && img->dims[2] != o->height) ||
@@ -1703,7 +1193,7 @@ static int graph_image(imp *c, const dsrt_onnx_import_options *o, const onnx_val
                           "onnx: %s: input '%s' is (N, %lld, %lld, %lld)%s: dsrt needs its "
                           "channels, height and width (a symbolic size is given by the height and "
                           "width options, a fixed one cannot change)",
-                          c->file, SHOWN(img->name), (long long)img->dims[1],
+                          c->file, ONNX_SHOWN(img->name), (long long)img->dims[1],
                           (long long)img->dims[2], (long long)img->dims[3],
                           o->height || o->width ? " for the size asked" : "");
     c->in_c = (int)img->dims[1];
@@ -1716,7 +1206,7 @@ static int graph_image(imp *c, const dsrt_onnx_import_options *o, const onnx_val
 
 /* What the model takes: the caller's scale, else its own metadata's (a
  * model dsrt wrote takes pixels as they are), else [0, 1]. */
-static int input_scale(imp *c, const dsrt_onnx_import_options *o) {
+static int input_scale(onnx_import *c, const dsrt_onnx_import_options *o) {
     onnx_model *m = &c->m;
     c->user_stats = o->n_mean || o->n_std;
     c->scale = o->input_scale;
@@ -1730,7 +1220,7 @@ static int input_scale(imp *c, const dsrt_onnx_import_options *o) {
         double s = strtod(num, &end);
         if (*end || !(s > 0) || !isfinite(s))
             return dsrt__fail(DSRT_ECORRUPT, "onnx: %s: metadata dsrt.input_scale '%s'", c->file,
-                              SHOWN(v));
+                              ONNX_SHOWN(v));
         c->scale = s;
     }
     if (!(c->scale > 0)) c->scale = 1.0 / 255.0;
@@ -1740,17 +1230,17 @@ static int input_scale(imp *c, const dsrt_onnx_import_options *o) {
 /* The one output, the class scores, and the nodes it needs: nodes are in
  * topological order, so walking back, each live node makes its inputs'
  * producers live. Counts each value's uses. */
-static int mark_live(imp *c) {
+static int mark_live(onnx_import *c) {
     onnx_model *m = &c->m;
     if (m->n_outputs != 1)
         return dsrt__fail(DSRT_EUNSUPPORTED,
                           "onnx: %s: %d outputs: dsrt's net has one, the class "
                           "scores",
                           c->file, m->n_outputs);
-    value *out = find(c, m->outputs[0].name);
+    onnx_val *out = dsrt__onnx_find(c, m->outputs[0].name);
     if (!out || out->producer < 0)
         return dsrt__fail(DSRT_EUNSUPPORTED, "onnx: %s: output '%s' is not made by a node", c->file,
-                          SHOWN(m->outputs[0].name));
+                          ONNX_SHOWN(m->outputs[0].name));
     out->uses = 1;
     c->live[out->producer] = 1;
     for (int i = m->n_nodes - 1; i >= 0; i--) {
@@ -1758,20 +1248,21 @@ static int mark_live(imp *c) {
         const onnx_node *nd = &m->nodes[i];
         for (int k = 0; k < nd->n_in; k++) {
             if (!nd->in[k].n) continue;
-            value *v = find(c, nd->in[k]);
+            onnx_val *v = dsrt__onnx_find(c, nd->in[k]);
             if (!v) {
                 c->cur = nd;
-                return nfail(c, DSRT_ECORRUPT, "input '%s' is not defined in the graph",
-                             SHOWN(nd->in[k]));
+                return dsrt__onnx_fail(c, DSRT_ECORRUPT, "input '%s' is not defined in the graph",
+                                       ONNX_SHOWN(nd->in[k]));
             }
             v->uses++;
             if (v->producer >= 0) {
                 if (v->producer >= i) {
                     c->cur = nd;
-                    return nfail(c, DSRT_ECORRUPT,
-                                 "input '%s' is made by node %d, below it (the graph must be in "
-                                 "topological order)",
-                                 SHOWN(nd->in[k]), v->producer);
+                    return dsrt__onnx_fail(
+                        c, DSRT_ECORRUPT,
+                        "input '%s' is made by node %d, below it (the graph must be in "
+                        "topological order)",
+                        ONNX_SHOWN(nd->in[k]), v->producer);
                 }
                 c->live[v->producer] = 1;
             }
@@ -1783,7 +1274,7 @@ static int mark_live(imp *c) {
 /* The values table: initializers, the image input, every node's outputs;
  * the nodes the output depends on (live) and how often each value is used
  * on the way. */
-static int make_values(imp *c, const dsrt_onnx_import_options *o) {
+static int make_values(onnx_import *c, const dsrt_onnx_import_options *o) {
     onnx_model *m = &c->m;
     size_t n = (size_t)m->n_inits + (size_t)m->n_inputs + 1;
     for (int i = 0; i < m->n_nodes; i++) n += (size_t)m->nodes[i].n_out;
@@ -1796,7 +1287,7 @@ static int make_values(imp *c, const dsrt_onnx_import_options *o) {
     c->absorbed = dsrt__calloc((size_t)m->n_nodes + 1, sizeof *c->absorbed);
     if (!c->v || !c->slot || !c->live || !c->absorbed) return -ENOMEM;
     for (int i = 0; i < m->n_inits; i++) {
-        value *v = define(c, m->inits[i].name, V_CONST);
+        onnx_val *v = define(c, m->inits[i].name, ONNX_V_CONST);
         if (!v) return DSRT_ECORRUPT;
         v->t = &m->inits[i];
     }
@@ -1808,7 +1299,7 @@ static int make_values(imp *c, const dsrt_onnx_import_options *o) {
     if (!c->na || !c->nb) return -ENOMEM;
     for (int i = 0; i < c->in_c; i++) c->na[i] = 1.0;
     if ((rc = input_scale(c, o))) return rc;
-    value *iv = define(c, img->name, V_INPUT);
+    onnx_val *iv = define(c, img->name, ONNX_V_INPUT);
     if (!iv) return DSRT_ECORRUPT;
     iv->layer = 0;
     /* Every node's outputs, undefined (kind 0) until it is mapped. */
@@ -1817,7 +1308,7 @@ static int make_values(imp *c, const dsrt_onnx_import_options *o) {
         c->cur = nd;
         for (int k = 0; k < nd->n_out; k++) {
             if (!nd->out[k].n) continue;
-            value *v = define(c, nd->out[k], 0);
+            onnx_val *v = define(c, nd->out[k], 0);
             if (!v) return DSRT_ECORRUPT;
             v->producer = i;
         }
@@ -1828,45 +1319,49 @@ static int make_values(imp *c, const dsrt_onnx_import_options *o) {
 
 /* Maps every node in order (live ones become layers; constants are
  * followed everywhere), then appends the softmax a model of logits lacks. */
-static int map_graph(imp *c) {
+static int map_graph(onnx_import *c) {
     onnx_model *m = &c->m;
     c->cur = NULL;
-    layer *in = add_layer(c, "input", NULL, 0);
+    onnx_layer *in = dsrt__onnx_add_layer(c, "input", NULL, 0);
     if (!in) return c->err;
     snprintf(in->name, sizeof in->name, "%s", "input");
     in->out = (dsrt_shape){c->in_c, c->in_h, c->in_w};
     for (int i = 0; i < m->n_nodes; i++) {
         const onnx_node *n = &m->nodes[i];
-        int k = op_index(n);
+        const dsrt_onnx_op *op = op_of(n);
         c->cur = n;
         int constant = onnx_is(n->op, "Constant");
         if (!c->live[i] && !constant) {
             /* Identity of a constant (initializers shared by name) may feed
              * live nodes through another name. */
             if (onnx_is(n->op, "Identity") && n->n_in == 1) {
-                value *x = find(c, n->in[0]);
-                if (x && x->kind == V_CONST) alias(c, x, 0);
+                onnx_val *x = dsrt__onnx_find(c, n->in[0]);
+                if (x && x->kind == ONNX_V_CONST) dsrt__onnx_alias(c, x, 0);
             }
             continue;
         }
-        int rc = check_attrs(c, OPS[k].attrs);
-        if (!rc) rc = OPS[k].map(c);
+        int rc = check_attrs(c, op->attrs);
+        if (!rc) rc = op->map(c);
         if (rc) return rc == -ENOMEM ? dsrt__fail(-ENOMEM, "onnx: %s: out of memory", c->file) : rc;
     }
     c->cur = NULL;
-    value *out = find(c, m->outputs[0].name);
-    if (!out || out->kind != V_LAYER)
+    onnx_val *out = dsrt__onnx_find(c, m->outputs[0].name);
+    if (!out || out->kind != ONNX_V_LAYER)
         return dsrt__fail(DSRT_EUNSUPPORTED,
                           "onnx: %s: output '%s' is not computed from the "
                           "image",
-                          c->file, SHOWN(m->outputs[0].name));
-    if (strcmp(c->L[out->layer].type, "softmax") != 0) {
+                          c->file, ONNX_SHOWN(m->outputs[0].name));
+    if (!(dsrt__layers[c->L[out->layer].kind]->flags & DSRT_LAYER_F_OUTPUT)) {
         dsrt_shape s = c->L[out->layer].out;
         if (!out->flat && (s.h != 1 || s.w != 1))
             return dsrt__fail(DSRT_EUNSUPPORTED,
                               "onnx: %s: output '%s' is (N, %d, %d, %d), not class scores (N, K)",
-                              c->file, SHOWN(out->name), s.c, s.h, s.w);
-        layer *sm = add_layer(c, "softmax", &out, 1);
+                              c->file, ONNX_SHOWN(out->name), s.c, s.h, s.w);
+        /* The classification output's (first) keyword. */
+        const char *kw = NULL;
+        for (int k = 0; k < DSRT_LAYER_KIND_COUNT && !kw; k++)
+            if (dsrt__layers[k]->flags & DSRT_LAYER_F_OUTPUT) kw = dsrt__layers[k]->types[0].name;
+        onnx_layer *sm = dsrt__onnx_add_layer(c, kw, &out, 1);
         if (!sm) return c->err;
         int taken = dsrt__layer_names_find(&c->names, "output") != NULL;
         if (unique_name(c, sm, taken ? "dsrt_output" : "output")) return c->err;
@@ -1875,10 +1370,10 @@ static int map_graph(imp *c) {
     return 0;
 }
 
-/* A ReLU whose input is a sum that feeds nothing else becomes that add's
- * relu=1, as dsrt's residual networks write it (an export writes it back as
- * Add and Relu). */
-static int fold_relus(imp *c) {
+/* A layer that is the only taker of a layer whose kind takes on what it
+ * computes (onnx_absorb: an add, a ReLU after it, as dsrt's residual
+ * networks write relu=1; an export writes it back as Add and Relu) goes. */
+static int fold_layers(onnx_import *c) {
     int *takers = dsrt__calloc((size_t)c->nL, sizeof *takers);
     int *at = dsrt__calloc((size_t)c->nL, sizeof *at);
     if (!takers || !at) {
@@ -1890,12 +1385,12 @@ static int fold_relus(imp *c) {
         for (int k = 0; k < c->L[i].n_in; k++) takers[c->L[i].in[k]]++;
     int n = 0;
     for (int i = 0; i < c->nL; i++) {
-        layer l = c->L[i];
+        onnx_layer l = c->L[i];
         for (int k = 0; k < l.n_in; k++) l.in[k] = at[l.in[k]];
-        if (!strcmp(l.type, "relu") && takers[c->L[i].in[0]] == 1) {
-            layer *a = &c->L[l.in[0]];
-            if (!strcmp(a->type, "add") && !a->relu) {
-                a->relu = 1;
+        if (l.n_in == 1 && takers[c->L[i].in[0]] == 1) {
+            onnx_layer *a = &c->L[l.in[0]];
+            const dsrt_layer_ops *ops = dsrt__layers[a->kind];
+            if (ops->onnx_absorb && ops->onnx_absorb(a, &l)) {
                 at[i] = l.in[0];
                 continue;
             }
@@ -1941,7 +1436,7 @@ static void put(text *t, const char *fmt, ...) {
 }
 
 /* The class names: the caller's, else the model's metadata "classes". */
-static int class_names(imp *c, const dsrt_onnx_import_options *o, int classes, text *d) {
+static int class_names(onnx_import *c, const dsrt_onnx_import_options *o, int classes, text *d) {
     if (o->class_names) {
         if (o->n_class_names != classes)
             return dsrt__fail(DSRT_EOPTION, "onnx: %s: %d class names for a model of %d classes",
@@ -2004,7 +1499,7 @@ static float mean_for(float a, float o) {
 /* The input layer's line: the model's preprocessing (the caller's scale,
  * mean and std, then the normalisation in the graph) as dsrt's z-score of
  * the [0, 1] pixels it is given. */
-static int input_line(imp *c, const dsrt_onnx_import_options *o, text *d) {
+static int input_line(onnx_import *c, const dsrt_onnx_import_options *o, text *d) {
     int ch = c->in_c;
     const int *counts[2] = {&o->n_mean, &o->n_std};
     for (int k = 0; k < 2; k++)
@@ -2062,7 +1557,8 @@ static int input_line(imp *c, const dsrt_onnx_import_options *o, text *d) {
     return 0;
 }
 
-static int make_description(imp *c, const dsrt_onnx_import_options *o, text *d, int **line_of) {
+static int make_description(onnx_import *c, const dsrt_onnx_import_options *o, text *d,
+                            int **line_of) {
     char b1[100], b2[100];
     const char *base = strrchr(c->file, '/');
     put(d, "# imported from the ONNX model ");
@@ -2078,22 +1574,22 @@ static int make_description(imp *c, const dsrt_onnx_import_options *o, text *d, 
     int rc = input_line(c, o, d);
     if (rc) return rc;
     for (int i = 1; i < c->nL; i++) {
-        const layer *l = &c->L[i];
+        const onnx_layer *l = &c->L[i];
         lines[i] = ++line;
         put(d, "%s name=%s", l->type, l->name);
         if (l->n_in != 1 || l->in[0] != i - 1) {
             put(d, " inputs=");
             for (int k = 0; k < l->n_in; k++) put(d, "%s%s", k ? "," : "", c->L[l->in[k]].name);
         }
-        put(d, "%s%s\n", l->opts, l->relu ? " relu=1" : "");
+        put(d, "%s\n", l->opts);
     }
-    const layer *last = &c->L[c->nL - 1];
+    const onnx_layer *last = &c->L[c->nL - 1];
     if ((rc = class_names(c, o, last->out.c, d))) return rc;
     return d->failed ? -ENOMEM : 0;
 }
 
 /* A build error on line N of the description, told as the node's. */
-static int build_failed(imp *c, int rc, const int *line_of) {
+static int build_failed(onnx_import *c, int rc, const int *line_of) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", dsrt_last_error());
     const char *at = strstr(msg, ": line ");
@@ -2102,29 +1598,30 @@ static int build_failed(imp *c, int rc, const int *line_of) {
     for (int i = 1; rest && i < c->nL; i++)
         if (line_of[i] == line && c->L[i].node >= 0) {
             c->cur = &c->m.nodes[c->L[i].node];
-            return nfail(c, rc == DSRT_EOPTION ? DSRT_EUNSUPPORTED : rc, "as dsrt's %s layer:%s",
-                         c->L[i].type, rest + 1);
+            return dsrt__onnx_fail(c, rc == DSRT_EOPTION ? DSRT_EUNSUPPORTED : rc,
+                                   "as dsrt's %s layer:%s", c->L[i].type, rest + 1);
         }
     return dsrt__fail(rc, "%s", msg);
 }
 
 /* t's values into dst, as one of the copies of it the import makes. */
-static int copy_tensor(imp *c, onnx_tensor *t, float *dst) {
-    int rc = tensor_floats(c, t, dst);
+static int copy_tensor(onnx_import *c, onnx_tensor *t, float *dst) {
+    int rc = dsrt__onnx_tensor_floats(c, t, dst);
     if (!rc) copied(c, t);
     return rc;
 }
 
 /* The weights of layer i from its tensors. */
-static int copy_layer(imp *c, dsrt_net *net, int i) {
-    const layer *l = &c->L[i];
+static int copy_layer(onnx_import *c, dsrt_net *net, int i) {
+    const onnx_layer *l = &c->L[i];
     const dsrt_layer *dl = &net->layers[i];
     c->cur = l->node >= 0 ? &c->m.nodes[l->node] : NULL;
     int rc = 0;
     if (l->w) {
         if (l->w->count != dl->w_n)
-            return nfail(c, DSRT_ECORRUPT, "weight '%s': %llu values, the layer has %zu",
-                         SHOWN(l->w->name), (unsigned long long)l->w->count, dl->w_n);
+            return dsrt__onnx_fail(c, DSRT_ECORRUPT, "weight '%s': %llu values, the layer has %zu",
+                                   ONNX_SHOWN(l->w->name), (unsigned long long)l->w->count,
+                                   dl->w_n);
         float *dst = net->params + dl->w_off;
         if (l->w_rows) {
             /* (rows = inputs, cols = outputs) to dsrt's (outputs, inputs). */
@@ -2149,37 +1646,36 @@ static int copy_layer(imp *c, dsrt_net *net, int i) {
             for (size_t k = 1; k < dl->b_n; k++) dst[k] = dst[0];
         } else {
             if (l->b->count != dl->b_n)
-                return nfail(c, DSRT_ECORRUPT, "bias '%s': %llu values, the layer has %zu",
-                             SHOWN(l->b->name), (unsigned long long)l->b->count, dl->b_n);
+                return dsrt__onnx_fail(
+                    c, DSRT_ECORRUPT, "bias '%s': %llu values, the layer has %zu",
+                    ONNX_SHOWN(l->b->name), (unsigned long long)l->b->count, dl->b_n);
             if ((rc = copy_tensor(c, l->b, dst))) return rc;
         }
         if (l->b_scale != 1.0f)
             for (size_t k = 0; k < dl->b_n; k++) dst[k] *= l->b_scale;
     }
-    if (l->bn[0]) {
-        size_t ch = (size_t)dl->out.c;
-        float *to[4] = {net->params + dl->w_off, net->params + dl->b_off, net->state + dl->s_off,
-                        net->state + dl->s_off + ch};
-        for (int k = 0; k < 4; k++) {
-            if (l->bn[k]->count != ch)
-                return nfail(c, DSRT_ECORRUPT, "tensor '%s': %llu values for %zu channels",
-                             SHOWN(l->bn[k]->name), (unsigned long long)l->bn[k]->count, ch);
-            if ((rc = copy_tensor(c, l->bn[k], to[k]))) return rc;
-        }
-        for (size_t k = 0; k < ch; k++)
-            if (!(to[3][k] >= 0) || !isfinite(to[3][k]))
-                return nfail(c, DSRT_ECORRUPT, "variance '%s' holds %g", SHOWN(l->bn[3]->name),
-                             (double)to[3][k]);
+    size_t share = l->n_s ? dl->s_n / (size_t)l->n_s : 0;
+    for (int k = 0; k < l->n_s; k++) {
+        float *to = net->state + dl->s_off + (size_t)k * share;
+        if (l->s[k]->count != share)
+            return dsrt__onnx_fail(
+                c, DSRT_ECORRUPT, "tensor '%s': %llu values, the layer takes %zu",
+                ONNX_SHOWN(l->s[k]->name), (unsigned long long)l->s[k]->count, share);
+        if ((rc = copy_tensor(c, l->s[k], to))) return rc;
+        for (size_t q = 0; (l->s_nonneg >> k & 1) && q < share; q++)
+            if (!(to[q] >= 0) || !isfinite(to[q]))
+                return dsrt__onnx_fail(c, DSRT_ECORRUPT, "tensor '%s' holds %g",
+                                       ONNX_SHOWN(l->s[k]->name), (double)to[q]);
     }
     return 0;
 }
 
 /* Checks every weight tensor's type and storage before the net is made,
  * and counts the copies of each that will be made. */
-static int check_weights(imp *c) {
+static int check_weights(onnx_import *c) {
     for (int i = 1; i < c->nL; i++) {
-        const layer *l = &c->L[i];
-        onnx_tensor *ts[6] = {l->w, l->b, l->bn[0], l->bn[1], l->bn[2], l->bn[3]};
+        const onnx_layer *l = &c->L[i];
+        onnx_tensor *ts[6] = {l->w, l->b, l->s[0], l->s[1], l->s[2], l->s[3]};
         c->cur = l->node >= 0 ? &c->m.nodes[l->node] : NULL;
         for (int k = 0; k < 6; k++) {
             onnx_tensor *t = ts[k];
@@ -2187,11 +1683,12 @@ static int check_weights(imp *c) {
             if (!t || t->made_f) continue;
             int d = t->dtype;
             if (d != ONNX_FLOAT && d != ONNX_FLOAT16 && d != ONNX_BFLOAT16 && d != ONNX_DOUBLE)
-                return nfail(c, DSRT_EUNSUPPORTED,
-                             "tensor '%s' holds %s values (dsrt reads float32, float16 and "
-                             "bfloat16 weights)",
-                             SHOWN(t->name), dsrt__onnx_dtype_name(d));
-            ext_file *x;
+                return dsrt__onnx_fail(
+                    c, DSRT_EUNSUPPORTED,
+                    "tensor '%s' holds %s values (dsrt reads float32, float16 and "
+                    "bfloat16 weights)",
+                    ONNX_SHOWN(t->name), dsrt__onnx_dtype_name(d));
+            onnx_ext_file *x;
             int rc = t->external ? external_span(c, t, &x) : 0;
             if (rc) return rc;
         }
@@ -2200,7 +1697,7 @@ static int check_weights(imp *c) {
     return 0;
 }
 
-static void imp_free(imp *c) {
+static void imp_free(onnx_import *c) {
     for (int i = 0; i < c->n_ext; i++) {
         free(c->ext[i].location);
         free(c->ext[i].path);
@@ -2222,7 +1719,7 @@ static void imp_free(imp *c) {
 int dsrt__onnx_import_memory(dsrt_net **out, const uint8_t *data, size_t size, const char *file,
                              const char *dir, int own_map, const dsrt_onnx_import_options *o,
                              const dsrt_net_options *options) {
-    imp c;
+    onnx_import c;
     memset(&c, 0, sizeof c);
     c.file = file;
     c.dir = dir;
@@ -2239,7 +1736,7 @@ int dsrt__onnx_import_memory(dsrt_net **out, const uint8_t *data, size_t size, c
     if (!rc) rc = check_operators(&c);
     if (!rc) rc = make_values(&c, o);
     if (!rc) rc = map_graph(&c);
-    if (!rc) rc = fold_relus(&c);
+    if (!rc) rc = fold_layers(&c);
     if (!rc) rc = check_weights(&c);
     if (!rc) rc = make_description(&c, o, &d, &line_of);
     if (rc == -ENOMEM) dsrt__fail(-ENOMEM, "onnx: %s: out of memory", file);

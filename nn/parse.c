@@ -94,8 +94,7 @@
 // ----------------------------------------------------------------------------
 // Keywords: every kind's, in the order of nn/layers/list.h
 
-/* The keyword's row and its kind, or NULL. */
-static const dsrt_layer_type *find_type(const char *name, dsrt_layer_kind *kind) {
+const dsrt_layer_type *dsrt__layer_type_find(const char *name, dsrt_layer_kind *kind) {
     for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
         for (const dsrt_layer_type *t = dsrt__layers[k]->types; t->name; t++)
             if (!strcmp(t->name, name)) {
@@ -433,7 +432,7 @@ static void option_names(const dsrt_layer_type *t, char *buf, size_t size) {
 static int parse_line(dsrt_layer *l, char **tok, int ntok) {
     memset(l, 0, sizeof *l); /* the caller frees inputs_text whatever happens */
     dsrt_layer_kind kind;
-    const dsrt_layer_type *t = find_type(tok[0], &kind);
+    const dsrt_layer_type *t = dsrt__layer_type_find(tok[0], &kind);
     if (!t) {
         char names[1024];
         size_t at = 0;
@@ -635,13 +634,13 @@ size_t dsrt__desc_help(char *buf, size_t size) {
     size_t at = 0;
     for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
         for (const dsrt_layer_type *t = dsrt__layers[k]->types; t->name; t++) {
-        at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size),
-                               "  %-10s %s\n            name=", t->name, t->help);
-        for (const dsrt_opt_spec *o = t->opts; o->name; o++)
-            at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size), " %s=%s",
-                                   o->name, o->def ? o->def : "(required)");
-        at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size), "\n");
-    }
+            at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size),
+                                   "  %-10s %s\n            name=", t->name, t->help);
+            for (const dsrt_opt_spec *o = t->opts; o->name; o++)
+                at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size),
+                                       " %s=%s", o->name, o->def ? o->def : "(required)");
+            at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size), "\n");
+        }
     return at;
 }
 

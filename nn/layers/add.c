@@ -155,6 +155,61 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+static int map_add(onnx_import *c) {
+    if (c->absorbed[c->cur->index]) return 0; /* the bias of the MatMul above */
+    for (int k = 0; k < 2 && c->cur->n_in == 2; k++) {
+        onnx_val *v = dsrt__onnx_find(c, c->cur->in[k]), *o = dsrt__onnx_find(c, c->cur->in[1 - k]);
+        if (v && o && v->kind == ONNX_V_INPUT && o->kind == ONNX_V_CONST)
+            return dsrt__onnx_affine(c);
+    }
+    if (c->cur->n_in != 2) return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "%d inputs", c->cur->n_in);
+    onnx_val *in[2];
+    for (int k = 0; k < 2; k++) {
+        onnx_val *v = dsrt__onnx_data_input(c, k, k ? "second" : "first");
+        if (!v && c->err != DSRT_EUNSUPPORTED) return c->err;
+        if (!v) v = dsrt__onnx_input(c, k);
+        if (v->kind == ONNX_V_CONST)
+            return dsrt__onnx_fail(
+                c, DSRT_EUNSUPPORTED,
+                "it adds the constant '%s': dsrt adds a constant only as the bias of a "
+                "MatMul that feeds nothing else",
+                ONNX_SHOWN(v->name));
+        in[k] = v;
+    }
+    dsrt_shape a = dsrt__onnx_shape_of(c, in[0]), b = dsrt__onnx_shape_of(c, in[1]);
+    if (in[0]->flat != in[1]->flat || a.c != b.c || a.h != b.h || a.w != b.w ||
+        (in[0]->flat && !dsrt__onnx_flat_is_channels(c, in[0])))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "its inputs' shapes differ (%dx%dx%d%s, %dx%dx%d%s): "
+                               "dsrt adds tensors of one shape, no broadcasting",
+                               a.c, a.h, a.w, in[0]->flat ? " flattened" : "", b.c, b.h, b.w,
+                               in[1]->flat ? " flattened" : "");
+    if (in[0]->layer == in[1]->layer)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "it adds a value to itself");
+    onnx_layer *l = dsrt__onnx_add_layer(c, "add", in, 2);
+    if (!l) return c->err;
+    l->out = a;
+    dsrt__onnx_produce(c, l, in[0]->flat);
+    return 0;
+}
+
+/* A ReLU (not leaky) that alone takes the sum: relu=1. */
+static int absorb(onnx_layer *self, const onnx_layer *taker) {
+    if (taker->kind != DSRT_LAYER_RELU || strcmp(taker->type, "relu") != 0 || taker->opts[0] ||
+        strstr(self->opts, "relu=1"))
+        return 0;
+    dsrt__onnx_opt(self, " relu=1");
+    return 1;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"Add", map_add, ""},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_add = {
     .name = "add",
@@ -166,4 +221,6 @@ const dsrt_layer_ops dsrt__layer_add = {
     .build = build,
     .cpu_plan = plan_add,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
+    .onnx_absorb = absorb,
 };

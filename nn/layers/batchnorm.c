@@ -322,6 +322,68 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+static int map_batchnorm(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_data_input(c, 0, "first");
+    if (!x) return c->err;
+    if (x->flat && !dsrt__onnx_flat_is_channels(c, x))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "its input '%s' is a flattened image: dsrt normalises "
+                               "channels",
+                               ONNX_SHOWN(x->name));
+    for (int k = 1; k < c->cur->n_out; k++)
+        if (dsrt__onnx_output_used(c, k))
+            return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                                   "its training outputs (running mean and variance) "
+                                   "are used: dsrt imports the inference form");
+    onnx_tensor *t[4];
+    static const char *const what[4] = {"scale", "bias (B)", "mean", "variance"};
+    dsrt_shape s = dsrt__onnx_shape_of(c, x);
+    for (int k = 0; k < 4; k++) {
+        if (!(t[k] = dsrt__onnx_const_input(c, k + 1, what[k]))) return c->err;
+        if (t[k]->count != (uint64_t)s.c || t[k]->ndims != 1)
+            return dsrt__onnx_fail(c, DSRT_ECORRUPT, "its %s '%s' has %llu values for %d channels",
+                                   what[k], ONNX_SHOWN(t[k]->name), (unsigned long long)t[k]->count,
+                                   s.c);
+    }
+    float eps, mom;
+    int64_t spatial, training;
+    int rc;
+    if ((rc = dsrt__onnx_get_float(c, "epsilon", 1e-5f, &eps)) ||
+        (rc = dsrt__onnx_get_float(c, "momentum", 0.9f, &mom)) ||
+        (rc = dsrt__onnx_get_int(c, "spatial", 1, &spatial)) ||
+        (rc = dsrt__onnx_get_int(c, "training_mode", 0, &training)))
+        return rc;
+    if (!spatial) return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "spatial=0: statistics per pixel");
+    if (training)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "training_mode=1: dsrt imports the inference form");
+    if (eps < 1e-12f || eps > 1)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "epsilon %g: dsrt's is 1e-12 to 1",
+                               (double)eps);
+    if (mom < 0 || mom > 1) return dsrt__onnx_fail(c, DSRT_ECORRUPT, "momentum %g", (double)mom);
+    onnx_layer *l = dsrt__onnx_add_layer(c, "batchnorm", &x, 1);
+    if (!l) return c->err;
+    /* ONNX keeps m of the running value; dsrt takes momentum of the batch. */
+    dsrt__onnx_opt(l, " eps=%.9g momentum=%.9g", (double)eps, (double)(1.0f - mom));
+    l->w = t[0];
+    l->b = t[1];
+    l->s[0] = t[2];
+    l->s[1] = t[3];
+    l->n_s = 2;
+    l->s_nonneg = 2; /* the variance */
+    l->out = s;
+    dsrt__onnx_produce(c, l, x->flat);
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"BatchNormalization", map_batchnorm, "epsilon,momentum,spatial,training_mode"},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_batchnorm = {
     .name = "batchnorm",
@@ -333,4 +395,5 @@ const dsrt_layer_ops dsrt__layer_batchnorm = {
     .init = init,
     .cpu_plan = plan_batchnorm,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
 };

@@ -110,6 +110,59 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+static int map_concat(onnx_import *c) {
+    int n = c->cur->n_in;
+    if (n < 1 || n > DSRT_INPUTS_MAX)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "%d inputs: dsrt joins 1 to %d", n,
+                               DSRT_INPUTS_MAX);
+    onnx_val *in[DSRT_INPUTS_MAX];
+    for (int k = 0; k < n; k++)
+        if (!(in[k] = dsrt__onnx_data_input(c, k, "an"))) return c->err;
+    int64_t axis;
+    int rc;
+    if ((rc = dsrt__onnx_get_int(c, "axis", 1, &axis))) return rc;
+    int rank = in[0]->flat ? 2 : 4;
+    if (axis < 0) axis += rank;
+    if (axis != 1)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "axis %lld: dsrt joins along the channels (axis 1)",
+                               (long long)axis);
+    dsrt_shape s0 = dsrt__onnx_shape_of(c, in[0]), os;
+    int64_t channels = 0;
+    for (int k = 0; k < n; k++) {
+        dsrt_shape s = dsrt__onnx_shape_of(c, in[k]);
+        if (in[k]->flat != in[0]->flat || s.h != s0.h || s.w != s0.w ||
+            (in[k]->flat && !dsrt__onnx_flat_is_channels(c, in[k])))
+            return dsrt__onnx_fail(
+                c, DSRT_EUNSUPPORTED, "input '%s' is %dx%dx%d%s, input '%s' %dx%dx%d%s",
+                ONNX_SHOWN(in[0]->name), s0.c, s0.h, s0.w, in[0]->flat ? " flattened" : "",
+                ONNX_SHOWN(in[k]->name), s.c, s.h, s.w, in[k]->flat ? " flattened" : "");
+        for (int j = 0; j < k; j++)
+            if (in[j]->layer == in[k]->layer)
+                return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "it joins '%s' twice",
+                                       ONNX_SHOWN(in[k]->name));
+        channels += s.c;
+    }
+    if (n == 1) {
+        dsrt__onnx_alias(c, in[0], in[0]->flat);
+        return 0;
+    }
+    if ((rc = dsrt__onnx_out_shape(c, channels, s0.h, s0.w, &os))) return rc;
+    onnx_layer *l = dsrt__onnx_add_layer(c, "concat", in, n);
+    if (!l) return c->err;
+    l->out = os;
+    dsrt__onnx_produce(c, l, in[0]->flat);
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"Concat", map_concat, "axis"},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_concat = {
     .name = "concat",
@@ -120,4 +173,5 @@ const dsrt_layer_ops dsrt__layer_concat = {
     .build = build,
     .cpu_plan = plan_concat,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
 };

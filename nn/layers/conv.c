@@ -192,6 +192,62 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+static int map_conv(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_image_input(c);
+    if (!x) return c->err;
+    onnx_tensor *w = dsrt__onnx_const_input(c, 1, "weight"), *b = NULL;
+    if (!w) return c->err;
+    if (dsrt__onnx_has_input(c, 2) && !(b = dsrt__onnx_const_input(c, 2, "bias"))) return c->err;
+    dsrt_shape s = dsrt__onnx_shape_of(c, x);
+    int64_t g;
+    int rc;
+    if ((rc = dsrt__onnx_get_int(c, "group", 1, &g))) return rc;
+    if (w->ndims != 4)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "weight '%s' has %d dimensions: dsrt convolves 2-D "
+                               "images (4-D weights)",
+                               ONNX_SHOWN(w->name), w->ndims);
+    int64_t m = w->dims[0];
+    if (g < 1 || g > s.c || s.c % g || m < 1 || m > (1 << 20) || m % g || w->dims[1] != s.c / g)
+        return dsrt__onnx_fail(
+            c, DSRT_ECORRUPT,
+            "weight '%s' (%lld, %lld, %lld, %lld) and group %lld do not fit %d input "
+            "channels",
+            ONNX_SHOWN(w->name), (long long)w->dims[0], (long long)w->dims[1],
+            (long long)w->dims[2], (long long)w->dims[3], (long long)g, s.c);
+    if (b && (b->ndims != 1 || b->dims[0] != m))
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "bias '%s' has %llu values for %lld filters",
+                               ONNX_SHOWN(b->name), (unsigned long long)b->count, (long long)m);
+    if (w->dims[2] < 1 || w->dims[3] < 1 || w->dims[2] > 4096 || w->dims[3] > 4096)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "a %lldx%lld kernel", (long long)w->dims[2],
+                               (long long)w->dims[3]);
+    int kernel[2] = {(int)w->dims[2], (int)w->dims[3]};
+    onnx_window win;
+    dsrt_shape os;
+    if ((rc = dsrt__onnx_geometry(c, &s, kernel, 1, &win)) ||
+        (rc = dsrt__onnx_out_shape(c, m, win.oh, win.ow, &os)))
+        return rc;
+    onnx_layer *l = dsrt__onnx_add_layer(c, "conv", &x, 1);
+    if (!l) return c->err;
+    dsrt__onnx_opt(l, " filters=%lld", (long long)m);
+    dsrt__onnx_window_opts(l, &win);
+    dsrt__onnx_opt(l, " dilation=%dx%d groups=%lld bias=%d", win.dh, win.dw, (long long)g,
+                   b != NULL);
+    l->w = w;
+    l->b = b;
+    l->out = os;
+    dsrt__onnx_produce(c, l, 0);
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"Conv", map_conv, "auto_pad,dilations,group,kernel_shape,pads,strides"},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_conv = {
     .name = "conv",
@@ -203,4 +259,5 @@ const dsrt_layer_ops dsrt__layer_conv = {
     .init = init,
     .cpu_plan = plan_conv,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
 };

@@ -120,6 +120,53 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+static int map_dropout(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_data_input(c, 0, "first");
+    if (!x) return c->err;
+    if (dsrt__onnx_output_used(c, 1))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "its mask output is used");
+    float ratio = 0.5f;
+    int rc;
+    if ((rc = dsrt__onnx_get_float(c, "ratio", 0.5f, &ratio))) return rc;
+    if (dsrt__onnx_has_input(c, 1)) {
+        const onnx_tensor *t = dsrt__onnx_const_input(c, 1, "ratio");
+        double v;
+        if (!t) return c->err;
+        if ((rc = dsrt__onnx_scalar(c, t, &v))) return rc;
+        ratio = (float)v;
+    }
+    if (dsrt__onnx_has_input(c, 2)) {
+        const onnx_tensor *t = dsrt__onnx_const_input(c, 2, "training_mode");
+        double v;
+        if (!t) return c->err;
+        if ((rc = dsrt__onnx_scalar(c, t, &v))) return rc;
+        if (v != 0)
+            return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                                   "training_mode is true: dsrt imports the "
+                                   "inference form");
+    }
+    if (!(ratio >= 0 && ratio < 1))
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "ratio %g", (double)ratio);
+    if (ratio == 0) {
+        dsrt__onnx_alias(c, x, x->flat);
+        return 0;
+    }
+    onnx_layer *l = dsrt__onnx_add_layer(c, "dropout", &x, 1);
+    if (!l) return c->err;
+    dsrt__onnx_opt(l, " p=%.9g", (double)ratio);
+    l->out = dsrt__onnx_shape_of(c, x);
+    dsrt__onnx_produce(c, l, x->flat);
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"Dropout", map_dropout, "ratio,seed"},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_dropout = {
     .name = "dropout",
@@ -129,4 +176,5 @@ const dsrt_layer_ops dsrt__layer_dropout = {
     .build = build,
     .cpu_plan = plan_dropout,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
 };

@@ -235,6 +235,130 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+/* Gemm and MatMul: a fully connected layer over the flattened input. */
+static int fc_layer(onnx_import *c, onnx_val *a, onnx_tensor *w, int trans_b, float alpha,
+                    onnx_tensor *bias, float beta) {
+    dsrt_shape s = dsrt__onnx_shape_of(c, a);
+    int64_t k = dsrt__volume(s.c, s.h, s.w);
+    if (w->ndims != 2)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "weight '%s' has %d dimensions, not 2",
+                               ONNX_SHOWN(w->name), w->ndims);
+    int64_t wk = trans_b ? w->dims[1] : w->dims[0], n = trans_b ? w->dims[0] : w->dims[1];
+    if (wk != k || n < 1 || n > (1 << 24))
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT,
+                               "weight '%s' (%lld, %lld) does not take the %lld values of "
+                               "its input",
+                               ONNX_SHOWN(w->name), (long long)w->dims[0], (long long)w->dims[1],
+                               (long long)k);
+    if (bias) {
+        int ok = bias->count == (uint64_t)n &&
+                 (bias->ndims == 1 || (bias->ndims == 2 && bias->dims[0] == 1));
+        if (!ok && bias->count == 1) ok = 1; /* one value for every output */
+        if (!ok)
+            return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                                   "bias '%s' of %llu values does not broadcast to "
+                                   "the %lld outputs as one row",
+                                   ONNX_SHOWN(bias->name), (unsigned long long)bias->count,
+                                   (long long)n);
+    }
+    dsrt_shape os;
+    int rc = dsrt__onnx_out_shape(c, n, 1, 1, &os);
+    if (rc) return rc;
+    onnx_layer *l = dsrt__onnx_add_layer(c, "fc", &a, 1);
+    if (!l) return c->err;
+    dsrt__onnx_opt(l, " outputs=%lld bias=%d", (long long)n, bias != NULL);
+    l->w = w;
+    if (!trans_b) {
+        l->w_rows = k;
+        l->w_cols = n;
+    }
+    l->w_scale = alpha;
+    l->b = bias;
+    l->b_scale = beta;
+    l->out = os;
+    return (int)(l - c->L);
+}
+
+static onnx_val *flat_input(onnx_import *c, const char *op) {
+    onnx_val *a = dsrt__onnx_data_input(c, 0, "first");
+    if (a && !a->flat) {
+        dsrt_shape s = dsrt__onnx_shape_of(c, a);
+        dsrt__onnx_fail(
+            c, DSRT_EUNSUPPORTED,
+            "its input '%s' is a (N, %d, %d, %d) image: %s takes (N, K) (a Flatten first)",
+            ONNX_SHOWN(a->name), s.c, s.h, s.w, op);
+        return NULL;
+    }
+    return a;
+}
+
+static int map_gemm(onnx_import *c) {
+    onnx_val *a = flat_input(c, "Gemm");
+    if (!a) return c->err;
+    onnx_tensor *b = dsrt__onnx_const_input(c, 1, "weight (B)"), *cc = NULL;
+    if (!b) return c->err;
+    if (dsrt__onnx_has_input(c, 2) && !(cc = dsrt__onnx_const_input(c, 2, "bias (C)")))
+        return c->err;
+    int64_t ta, tb;
+    float alpha, beta;
+    int rc;
+    if ((rc = dsrt__onnx_get_int(c, "transA", 0, &ta)) ||
+        (rc = dsrt__onnx_get_int(c, "transB", 0, &tb)) ||
+        (rc = dsrt__onnx_get_float(c, "alpha", 1.0f, &alpha)) ||
+        (rc = dsrt__onnx_get_float(c, "beta", 1.0f, &beta)))
+        return rc;
+    if (ta) return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "transA=1: the batch must be A's rows");
+    rc = fc_layer(c, a, b, tb != 0, alpha, beta != 0 ? cc : NULL, beta);
+    if (rc < 0) return rc;
+    dsrt__onnx_produce(c, &c->L[rc], 1);
+    return 0;
+}
+
+static int map_matmul(onnx_import *c) {
+    onnx_val *a = flat_input(c, "MatMul");
+    if (!a) return c->err;
+    onnx_tensor *b = dsrt__onnx_const_input(c, 1, "weight (B)"), *bias = NULL;
+    if (!b) return c->err;
+    /* The Add of a bias that takes this product alone: one fc layer. */
+    onnx_val *o = dsrt__onnx_output(c, 0);
+    int add = -1;
+    if (o && o->uses == 1)
+        for (int j = c->cur->index + 1; j < c->m.n_nodes && add < 0; j++) {
+            const onnx_node *n = &c->m.nodes[j];
+            if (!c->live[j] || !onnx_is(n->op, "Add") || n->n_in != 2 || n->n_out < 1) continue;
+            for (int k = 0; k < 2; k++) {
+                if (!onnx_same(n->in[k], o->name)) continue;
+                onnx_val *other = dsrt__onnx_find(c, n->in[1 - k]);
+                if (other && other->kind == ONNX_V_CONST) {
+                    add = j;
+                    bias = other->t;
+                }
+            }
+        }
+    int rc = fc_layer(c, a, b, 0, 1.0f, bias, 1.0f);
+    if (rc < 0) return rc;
+    dsrt__onnx_produce(c, &c->L[rc], 1);
+    if (add >= 0) {
+        c->absorbed[add] = 1;
+        onnx_val *sum = dsrt__onnx_find(c, c->m.nodes[add].out[0]);
+        if (sum) {
+            sum->kind = ONNX_V_LAYER;
+            sum->layer = rc;
+            sum->flat = 1;
+        }
+    }
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"Gemm", map_gemm, "alpha,beta,transA,transB"},
+    {"MatMul", map_matmul, ""},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_fc = {
     .name = "fc",
@@ -246,4 +370,5 @@ const dsrt_layer_ops dsrt__layer_fc = {
     .init = init,
     .cpu_plan = plan_fc,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
 };

@@ -67,6 +67,39 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+static int map_lrn(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_image_input(c);
+    if (!x) return c->err;
+    float alpha, beta, bias;
+    int64_t size;
+    int rc;
+    if ((rc = dsrt__onnx_get_float(c, "alpha", 1e-4f, &alpha)) ||
+        (rc = dsrt__onnx_get_float(c, "beta", 0.75f, &beta)) ||
+        (rc = dsrt__onnx_get_float(c, "bias", 1.0f, &bias)) ||
+        (rc = dsrt__onnx_get_int(c, "size", 0, &size)))
+        return rc;
+    if (!dsrt__onnx_get_attr(c, "size"))
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT, "attribute 'size' is required");
+    if (size < 1 || size > 4096 || size % 2 == 0)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "size %lld: dsrt's window is odd (centred)",
+                               (long long)size);
+    onnx_layer *l = dsrt__onnx_add_layer(c, "lrn", &x, 1);
+    if (!l) return c->err;
+    dsrt__onnx_opt(l, " size=%lld alpha=%.9g beta=%.9g k=%.9g", (long long)size, (double)alpha,
+                   (double)beta, (double)bias);
+    l->out = dsrt__onnx_shape_of(c, x);
+    dsrt__onnx_produce(c, l, 0);
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"LRN", map_lrn, "alpha,beta,bias,size"},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_lrn = {
     .name = "lrn",
@@ -76,4 +109,5 @@ const dsrt_layer_ops dsrt__layer_lrn = {
     .build = build,
     .cpu_plan = plan_lrn,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
 };

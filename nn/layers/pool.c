@@ -121,6 +121,90 @@ static int export_gap(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+/* ceil_mode: the extra bottom (right) padding that makes the floor of
+ * dsrt's window count the ceiling of ONNX's, or 0. A window that would start
+ * in the padding at the end is not counted (as ONNX and PyTorch do). */
+static int ceil_extra(int in, int k, int s, int p0, int p1, int64_t *out) {
+    int64_t span = (int64_t)in + p0 + p1 - k;
+    int64_t ce = (span + s - 1) / s + 1;
+    if ((ce - 1) * s >= (int64_t)in + p0) ce--;
+    int64_t extra = (ce - 1) * s + k - ((int64_t)in + p0 + p1);
+    *out = ce;
+    return extra > 0 ? (int)extra : 0;
+}
+
+static int map_pool(onnx_import *c) {
+    int max = onnx_is(c->cur->op, "MaxPool");
+    onnx_val *x = dsrt__onnx_image_input(c);
+    if (!x) return c->err;
+    if (max && dsrt__onnx_output_used(c, 1))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "its Indices output is used: dsrt has no indices");
+    dsrt_shape s = dsrt__onnx_shape_of(c, x);
+    onnx_window w;
+    int rc;
+    if ((rc = dsrt__onnx_geometry(c, &s, NULL, 0, &w))) return rc;
+    int64_t ceil_mode, include;
+    if ((rc = dsrt__onnx_get_int(c, "ceil_mode", 0, &ceil_mode)) ||
+        (rc = dsrt__onnx_get_int(c, "count_include_pad", 0, &include)))
+        return rc;
+    if (ceil_mode) {
+        int eh = ceil_extra(s.h, w.kh, w.sh, w.pt, w.pb, &w.oh);
+        int ew = ceil_extra(s.w, w.kw, w.sw, w.pl, w.pr, &w.ow);
+        if ((eh || ew) && !max)
+            return dsrt__onnx_fail(
+                c, DSRT_EUNSUPPORTED,
+                "ceil_mode=1 adds a partial window that dsrt's average pooling would "
+                "divide differently");
+        if (w.pb + eh >= w.kh || w.pr + ew >= w.kw)
+            return dsrt__onnx_fail(
+                c, DSRT_EUNSUPPORTED,
+                "ceil_mode=1 needs %d,%d more padding at the bottom and right, which "
+                "would not be smaller than the %dx%d window",
+                eh, ew, w.kh, w.kw);
+        w.pb += eh;
+        w.pr += ew;
+    }
+    dsrt_shape os;
+    if ((rc = dsrt__onnx_out_shape(c, s.c, w.oh, w.ow, &os))) return rc;
+    onnx_layer *l = dsrt__onnx_add_layer(c, max ? "maxpool" : "avgpool", &x, 1);
+    if (!l) return c->err;
+    dsrt__onnx_window_opts(l, &w);
+    if (!max && !include && (w.pt || w.pb || w.pl || w.pr)) dsrt__onnx_opt(l, " count_pad=0");
+    l->out = os;
+    dsrt__onnx_produce(c, l, 0);
+    return 0;
+}
+
+static int map_gap(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_image_input(c);
+    if (!x) return c->err;
+    onnx_layer *l = dsrt__onnx_add_layer(c, "gap", &x, 1);
+    if (!l) return c->err;
+    l->out = (dsrt_shape){dsrt__onnx_shape_of(c, x).c, 1, 1};
+    dsrt__onnx_produce(c, l, 0);
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_MAX[] = {
+    {"MaxPool", map_pool, "auto_pad,ceil_mode,dilations,kernel_shape,pads,storage_order,strides"},
+    {NULL, NULL, NULL},
+};
+
+static const dsrt_onnx_op ONNX_AVG[] = {
+    {"AveragePool", map_pool,
+     "auto_pad,ceil_mode,count_include_pad,dilations,kernel_shape,pads,strides"},
+    {NULL, NULL, NULL},
+};
+
+static const dsrt_onnx_op ONNX_GAP[] = {
+    {"GlobalAveragePool", map_gap, ""},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_maxpool = {
     .name = "maxpool",
@@ -130,6 +214,7 @@ const dsrt_layer_ops dsrt__layer_maxpool = {
     .build = build_pool,
     .cpu_plan = plan_pool,
     .onnx_export = export_pool,
+    .onnx_ops = ONNX_MAX,
 };
 
 const dsrt_layer_ops dsrt__layer_avgpool = {
@@ -140,6 +225,7 @@ const dsrt_layer_ops dsrt__layer_avgpool = {
     .build = build_pool,
     .cpu_plan = plan_pool,
     .onnx_export = export_pool,
+    .onnx_ops = ONNX_AVG,
 };
 
 const dsrt_layer_ops dsrt__layer_gap = {
@@ -150,4 +236,5 @@ const dsrt_layer_ops dsrt__layer_gap = {
     .build = build_gap,
     .cpu_plan = plan_pool,
     .onnx_export = export_gap,
+    .onnx_ops = ONNX_GAP,
 };

@@ -73,6 +73,33 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+static int map_relu(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_data_input(c, 0, "first");
+    if (!x) return c->err;
+    int leaky = onnx_is(c->cur->op, "LeakyRelu");
+    float alpha = 0.01f;
+    int rc;
+    if (leaky && (rc = dsrt__onnx_get_float(c, "alpha", 0.01f, &alpha))) return rc;
+    if (leaky && (alpha < 0 || alpha > 1e6))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "alpha %g: dsrt's slope is 0 to 1e6",
+                               (double)alpha);
+    onnx_layer *l = dsrt__onnx_add_layer(c, leaky ? "leakyrelu" : "relu", &x, 1);
+    if (!l) return c->err;
+    if (leaky) dsrt__onnx_opt(l, " leak=%.9g", (double)alpha);
+    l->out = dsrt__onnx_shape_of(c, x);
+    dsrt__onnx_produce(c, l, x->flat);
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"Relu", map_relu, ""},
+    {"LeakyRelu", map_relu, "alpha"},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_relu = {
     .name = "relu",
@@ -83,4 +110,5 @@ const dsrt_layer_ops dsrt__layer_relu = {
     .build = build,
     .cpu_plan = plan_relu,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
 };

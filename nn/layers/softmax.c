@@ -136,6 +136,50 @@ static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
 }
 
 // ----------------------------------------------------------------------------
+// ONNX import
+
+static int map_softmax(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_data_input(c, 0, "first");
+    if (!x) return c->err;
+    onnx_val *o = dsrt__onnx_output(c, 0);
+    if (!o || o->uses != 1 || !onnx_same(o->name, c->m.outputs[0].name))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "dsrt's softmax is the network's output, not a layer "
+                               "inside it");
+    int64_t axis;
+    int rc;
+    if ((rc = dsrt__onnx_get_int(c, "axis", c->m.opset < 13 ? 1 : -1, &axis))) return rc;
+    int rank = x->flat ? 2 : 4;
+    if (axis < 0) axis += rank;
+    dsrt_shape s = dsrt__onnx_shape_of(c, x);
+    /* Before opset 13 the input is seen as 2-D at axis: axis 1 is dsrt's
+     * softmax over each image's values; from 13 the axis alone is
+     * normalised, which is each image's values only when the other axes of
+     * an image have one element. */
+    int ok = axis == 1 && (x->flat || c->m.opset < 13 || (s.h == 1 && s.w == 1));
+    if (!ok && !x->flat && c->m.opset >= 13 && s.c == 1 && ((axis == 2 && s.w == 1) || axis == 3) &&
+        (axis == 3 ? s.h == 1 : 1))
+        ok = 1;
+    if (!ok)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "axis %lld of a %s input: dsrt's softmax is over each "
+                               "image's values",
+                               (long long)axis, x->flat ? "(N, K)" : "(N, C, H, W)");
+    dsrt_shape os;
+    if ((rc = dsrt__onnx_out_shape(c, dsrt__volume(s.c, s.h, s.w), 1, 1, &os))) return rc;
+    onnx_layer *l = dsrt__onnx_add_layer(c, "softmax", &x, 1);
+    if (!l) return c->err;
+    l->out = os;
+    dsrt__onnx_produce(c, l, 1);
+    return 0;
+}
+
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {"Softmax", map_softmax, "axis"},
+    {NULL, NULL, NULL},
+};
+
+// ----------------------------------------------------------------------------
 
 const dsrt_layer_ops dsrt__layer_softmax = {
     .name = "softmax",
@@ -146,4 +190,5 @@ const dsrt_layer_ops dsrt__layer_softmax = {
     .build = build,
     .cpu_plan = plan_softmax,
     .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
 };
