@@ -112,7 +112,7 @@
  * call and the layer. It is the module dsrt_cuda.so (core/module.h), which
  * net.c's backend table loads when a net first asks for a GPU.
  */
-#include "internal.h"
+#include "nn/backend_cuda.h"
 
 #include "core/module.h"
 #include "runtime/internal.h"
@@ -123,27 +123,21 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define PLAN_SLOTS 16
-#define EV_RING    4
-/* The most workspace the algorithm search may try, and the most any
- * chosen algorithm may keep. */
-#define FIND_WS_MAX ((size_t)1 << 30)
-#define ALIGN       256
+#define ALIGN       DSRT_CUDA_ALIGN
 /* cuBLAS's own workspace (set once, so that recording a step never makes
  * it allocate): the size NVIDIA suggests for Hopper. */
 #define BLAS_WS ((size_t)32 << 20)
 /* Steps of one key run op by op before the key is recorded as graphs, and
  * graphs kept. */
 #define GRAPH_WARMUP 2
-#define GRAPH_SLOTS  16
 
 /* The scaling factors of cuDNN and cuBLAS calls: out = 1 * result + 0 * out. */
-static const float ONE = 1.0f, ZERO = 0.0f;
 
 // ----------------------------------------------------------------------------
 // Errors
@@ -167,7 +161,7 @@ static int fail_msg(const char *call, const char *err, const dsrt_layer *l) {
     return dsrt__fail(DSRT_EBACKEND, "cuda backend: %s: %s", name, err);
 }
 
-static int cu_fail(cudaError_t e, const char *call, const dsrt_layer *l) {
+int dsrt__cuda_cu_fail(cudaError_t e, const char *call, const dsrt_layer *l) {
     /* A failed call also leaves its error as the thread's last error: reset
      * it, or the next launch's check reports it again under its own name. */
     (void)cudaGetLastError();
@@ -180,7 +174,7 @@ static int cu_fail(cudaError_t e, const char *call, const dsrt_layer *l) {
     return fail_msg(call, cudaGetErrorString(e), l);
 }
 
-static int dnn_fail(cudnnStatus_t s, const char *call, const dsrt_layer *l) {
+int dsrt__cuda_dnn_fail(cudnnStatus_t s, const char *call, const dsrt_layer *l) {
     char detail[256] = "";
     cudnnGetLastErrorString(detail, sizeof detail);
     char msg[400];
@@ -190,314 +184,22 @@ static int dnn_fail(cudnnStatus_t s, const char *call, const dsrt_layer *l) {
     return fail_msg(call, msg, l);
 }
 
-static int blas_fail(cublasStatus_t s, const char *call, const dsrt_layer *l) {
+int dsrt__cuda_blas_fail(cublasStatus_t s, const char *call, const dsrt_layer *l) {
     return fail_msg(call, cublasGetStatusString(s), l);
 }
 
-/* Each returns from the calling function with the failure; `L` (the layer
- * being worked on, or NULL) names it in the message. */
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) return cu_fail(e_, #call, L);                                       \
-    } while (0)
-#define DNN(call)                                                                                  \
-    do {                                                                                           \
-        cudnnStatus_t s_ = (call);                                                                 \
-        if (s_ != CUDNN_STATUS_SUCCESS) return dnn_fail(s_, #call, L);                             \
-    } while (0)
-#define BLAS(call)                                                                                 \
-    do {                                                                                           \
-        cublasStatus_t s_ = (call);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) return blas_fail(s_, #call, L);                           \
-    } while (0)
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_) return rc_;                                                                       \
-    } while (0)
-
-// ----------------------------------------------------------------------------
-// Plans
-
-typedef struct {
-    cudnnConvolutionFwdAlgo_t fwd;
-    cudnnConvolutionBwdDataAlgo_t data;
-    cudnnConvolutionBwdFilterAlgo_t filter;
-    cudnnMathType_t m_fwd, m_data, m_filter;
-    int has_data; /* backward data runs (the input needs a gradient) */
-    /* By direction (DIR_*): cuDNN has no algorithm for it, and dsrt's direct
-     * convolution kernels run it instead (dsrt_k_conv_*). */
-    int own[3];
-} conv_algos;
-
-/* How a layer's forward is fused (kept in the plan, said by the profile). */
-enum {
-    FUSE_NONE = 0,
-    FUSE_CUDNN, /* convolution + bias + activation, or batchnorm + ReLU, in one cuDNN call */
-    FUSE_KERNEL /* the bias and the ReLU in one dsrt kernel after the product */
-};
-
-typedef struct {
-    /* (n, out.h, out.w, out.c) the layer's output, NHWC in the activation
-     * type; the softmax's probabilities (n, classes) in float32. May be the
-     * previous layer's (a ReLU computed by the layer before it, dropout at
-     * inference). */
-    void *y;
-    void *dy;       /* same shape: gradient of the loss with respect to y; NULL unused */
-    dsrt_k_desc kd; /* y as dsrt's kernels see it */
-    cudnnTensorDescriptor_t yd; /* y as cuDNN sees it (convolutions, batchnorm) */
-    /* Convolution: the input as cuDNN reads it. */
-    int pad_explicit;           /* asymmetric padding: copied into xp */
-    int ph, pw;                 /* the padded input's height and width */
-    void *xp;                   /* (n, ph, pw, in.c) the padded input; then its gradient */
-    cudnnTensorDescriptor_t xd; /* what cuDNN reads: the padded input or the previous y */
-    cudnnFilterDescriptor_t wd; /* (out.c, in.c / groups, kh, kw) as NHWC filters */
-    cudnnConvolutionDescriptor_t cd;
-    cudnnTensorDescriptor_t bd; /* (1, c, 1, 1) float: conv bias, batchnorm parameters */
-    /* Under bf16, the fused convolution's bias in bfloat16 (its copy in w16)
-     * where cuDNN refuses a float bias with bfloat16 data. */
-    cudnnTensorDescriptor_t bd16;
-    int bias16;
-    cudnnActivationDescriptor_t act; /* fused convolution or batchnorm: the activation */
-    conv_algos al;
-    int fuse; /* FUSE_* of the forward */
-    /* Batchnorm in training: cuDNN's Ex calls (NHWC persistent kernels, the
-     * ReLU fused when bn_ops says so) with their reserve space; else the
-     * plain calls. */
-    int bn_ex;
-    cudnnBatchNormOps_t bn_ops;
-    void *bn_reserve;
-    size_t bn_reserve_size;
-    /* Batchnorm: the batch's mean and inverse standard deviation (c each);
-     * synchronised, also its variance (c) and the sums the hook adds up over
-     * the workers: forward (2c + 1) and backward (2c). */
-    float *save_mean, *save_inv, *save_var;
-    double *bn_sums, *bn_bsums;
-    /* Fully connected over an image: its input in the host's (c, h, w)
-     * order, then the gradient in that order. */
-    void *xf;
-    dsrt_k_pool pool;
-    dsrt_k_lrn lrn;
-    dsrt_k_conv kconv; /* a convolution for dsrt's direct kernels */
-    int in0;           /* the layer whose output is this one's (first) input */
-    /* In training: max pooling's winners, their offsets in the windows
-     * (one byte an output element), and local response normalisation's
-     * scales (one float an element), kept by the forward for the backward. */
-    uint8_t *pool_arg;
-    float *lrn_scale;
-} gpu_layer;
-
-typedef struct gpu_plan gpu_plan;
-struct gpu_plan {
-    int n, train;
-    int n_layers;
-    uint64_t used;
-    gpu_layer *gl;
-    void *mem;       /* every tensor of the plan */
-    size_t mem_size; /* what the plan's tensors take */
-    gpu_plan *owner; /* whose memory mem is (NULL: the plan's own allocation) */
-    int reserved;    /* made by cuda_reserve: kept while the run lasts */
-    double *loss;
-    int32_t *correct;
-    void *sm_work;  /* softmax reductions */
-    void *bg_work;  /* bias gradients' partial sums (the largest layer's) */
-    float *bn_work; /* dsrt's batchnorm sums' tiles (the largest layer's) */
-    /* (n_layers) the last layer (in the written order) that takes layer j's
-     * output: backward runs last to first, so it writes j's gradient and the
-     * others add theirs, through acc (the largest such gradient's size). */
-    int *last_use;
-    void *acc;
-    const int32_t *labels; /* device labels of the batch of the last forward, or NULL */
-    const float *soft;     /* ... and its soft targets (n, classes), or NULL */
-    int bn_sync;           /* the last forward synchronised its batchnorm layers */
-};
-
-/* One device buffer a batch is copied into. */
-typedef struct {
-    void *x;
-    size_t cap;
-    int32_t *labels;
-    size_t lcap;
-    float *soft; /* soft targets (n, classes) */
-    size_t scap;
-    cudaEvent_t copied;   /* on the copy stream: the batch is on the device */
-    cudaEvent_t consumed; /* on the compute stream: the last step reading it is done */
-    int n, layout, has_labels, has_soft;
-    float sub[DSRT_K_PIXEL_CH_MAX], div[DSRT_K_PIXEL_CH_MAX];
-} stage_slot;
-
-// ----------------------------------------------------------------------------
-// Recorded steps
-
-/* What the host does between two segments of a recorded step. */
-typedef enum {
-    CALL_NONE = 0,
-    CALL_GRADS, /* dsrt__net_grads_ready(layer): a gradient bucket is complete */
-    CALL_BN,    /* the synchronised batchnorm hook, on bs */
-} callout_kind;
-
-typedef struct {
-    callout_kind kind;
-    int layer;
-    dsrt_bn_sums bs;
-} callout;
-
-typedef struct {
-    cudaGraphExec_t exec;
-    callout after;
-} segment;
-
-/* What a recording captured, beyond the backend's memory (whose changes
- * bump graph_gen and drop every graph). Compared with memcmp: zeroed
- * before it is filled. */
-typedef struct {
-    const gpu_plan *plan;
-    int slot, layout, labels, soft, bn_sync;
-    const void *ready_fn, *buckets, *bn_fn; /* the hooks, and the bucket layout */
-    int n_buckets;
-    int with_opt; /* the optimizer step is queued first */
-    int solver, norm_clip, n_buf, bf16;
-    const void *seg;
-    int n_seg;
-    uint32_t blocks;
-    int profile;
-} step_key;
-
-typedef struct {
-    step_key key;
-    segment *seg; /* (n_seg) none while the key warms up */
-    int n_seg;
-    int warm; /* steps of this key seen */
-    uint64_t used;
-} step_graph;
-
-/* A recording in progress: segments captured so far. */
-typedef struct {
-    segment *seg;
-    int n_seg, cap;
-    int failed;
-} recording;
-
-/* The optimizer step waiting to be queued with the next training step. */
-typedef struct {
-    int on;
-    dsrt_k_step st;
-    int n_buf; /* the solver's state buffers */
-    int norm_clip;
-} pending_opt;
-
-/* The training forward waiting for its backward. */
-typedef struct {
-    int on;
-    gpu_plan *plan;
-    int slot;
-} pending_fwd;
-
-/* Profile events: per layer forward and backward, the optimizer. */
-typedef struct {
-    cudaEvent_t *fwd0, *fwd1, *bwd0, *bwd1; /* (n_layers) each */
-    cudaEvent_t opt0, opt1;
-    int recorded; /* a step's events are recorded and not yet read */
-    int has_bwd, has_opt;
-    int replayed; /* that step was a replay of recorded graphs */
-} prof_events;
-
-typedef struct cuda_backend {
-    dsrt_net *net;
-    int device;
-    int bf16, det;
-    dsrt_k_type act;        /* the activations' type */
-    cudnnDataType_t act_dt; /* ... as cuDNN names it */
-    cudaStream_t compute, copy;
-    cudnnHandle_t dnn;
-    cublasHandle_t blas;
-    void *blas_ws;
-    cudnnMathType_t conv_math;
-    void *flat; /* one allocation: params, grads (n_params floats each), state, then under bf16
-                 * w16 and g16; each starting on an ALIGN boundary */
-    float *params, *grads, *state;
-    dsrt_bf16 *w16, *g16; /* bf16: the weights the products read, convolution gradients */
-    uint64_t seen_version;
-    int any_bn;
-    stage_slot slot[2];
-    int next_slot, staged; /* staged: the slot of the last stage(), -1 none */
-    void *ws;
-    size_t ws_size;
-    gpu_plan *plans[PLAN_SLOTS];
-    gpu_plan *last_train, *last_infer, *last;
-    uint64_t clock;
-    /* The per-step scalars: on the device, and as the host last wrote them. */
-    dsrt_k_consts *dconst;
-    dsrt_k_consts hconst;
-    /* Results of the last forward, copied back asynchronously. */
-    double *h_loss;
-    int32_t *h_correct;
-    cudaEvent_t results_ev;
-    int results_labels;
-    /* The optimizer state held here, and the step's segment table: its
-     * device copy (seg_cap entries, workspace work_cap bytes), written from
-     * the pinned seg_pin on the compute stream that reads it (seg_copied:
-     * that copy is done, seg_pin may be written again). */
-    float *opt_buf[2];
-    uint64_t opt_version;
-    dsrt_segment *seg_host;
-    int n_seg;
-    dsrt_k_segment *seg_dev, *seg_pin;
-    int seg_cap;
-    size_t work_cap;
-    cudaEvent_t seg_copied;
-    dsrt_k_optim kopt;
-    /* Sizes were reserved: the backend allocates no more (cuda_reserve). */
-    int frozen;
-    cudaEvent_t sync_ev; /* recorded to wait for a stream */
-    /* Device time: per step, the data arrived (go) and the last queued work
-     * (done); accumulated two steps behind. */
-    cudaEvent_t ev_go[EV_RING], ev_done[EV_RING];
-    int64_t steps, acc_upto;
-    double busy_s, idle_s;
-    /* Deferred work and recorded steps. */
-    pending_opt popt;
-    pending_fwd pfwd;
-    int graphs; /* recording allowed (net option) */
-    step_graph *graph[GRAPH_SLOTS];
-    uint64_t graph_gen, graph_clock;
-    step_key warm_key;
-    int warm_count;
-    recording *rec; /* the recording in progress, or NULL */
-    int64_t graph_steps, captures;
-    prof_events prof;
-} cuda_backend;
-
-static size_t out_count(const dsrt_layer *l, int n) {
-    return (size_t)n * l->out.c * l->out.h * l->out.w;
-}
-
-static size_t in_count(const dsrt_layer *l, int n) {
-    return (size_t)n * l->in.c * l->in.h * l->in.w;
-}
-
-static size_t type_size(dsrt_k_type t) {
-    return t == DSRT_K_BF16 ? sizeof(dsrt_bf16) : sizeof(float);
-}
-
 /* An NHWC tensor descriptor of cuDNN. */
-static int set_nhwc(cudnnTensorDescriptor_t *d, cudnnDataType_t t, int n, int c, int h, int w,
-                    const dsrt_layer *L) {
+int dsrt__cuda_set_nhwc(cudnnTensorDescriptor_t *d, cudnnDataType_t t, int n, int c, int h, int w,
+                        const dsrt_layer *L) {
     if (!*d) DNN(cudnnCreateTensorDescriptor(d));
     DNN(cudnnSetTensor4dDescriptor(*d, CUDNN_TENSOR_NHWC, t, n, c, h, w));
     return 0;
 }
 
-static int set_param_desc(cudnnTensorDescriptor_t *d, int c, const dsrt_layer *L) {
+int dsrt__cuda_set_param_desc(cudnnTensorDescriptor_t *d, int c, const dsrt_layer *L) {
     if (!*d) DNN(cudnnCreateTensorDescriptor(d));
     DNN(cudnnSetTensor4dDescriptor(*d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, c, 1, 1));
     return 0;
-}
-
-static dsrt_k_desc kdesc(int n, int c, int h, int w, int nhwc, dsrt_k_type t) {
-    dsrt_k_desc d = {n, c, h, w, nhwc, t};
-    return d;
 }
 
 static size_t align_up(size_t bytes) {
@@ -505,7 +207,7 @@ static size_t align_up(size_t bytes) {
 }
 
 /* The weights a product reads: the bfloat16 copy under bf16. */
-static const void *weights(const cuda_backend *be, const dsrt_layer *l) {
+const void *dsrt__cuda_weights(const cuda_backend *be, const dsrt_layer *l) {
     return be->bf16 ? (const void *)(be->w16 + l->w_off) : (const void *)(be->params + l->w_off);
 }
 
@@ -538,12 +240,12 @@ static int wait_event(cuda_backend *be, cudaEvent_t ev, const char *what) {
     dsrt_net *net = be->net;
     if (!net->wait_check) {
         cudaError_t e = cudaEventSynchronize(ev);
-        return e == cudaSuccess ? 0 : cu_fail(e, what, NULL);
+        return e == cudaSuccess ? 0 : dsrt__cuda_cu_fail(e, what, NULL);
     }
     for (;;) {
         cudaError_t e = cudaEventQuery(ev);
         if (e == cudaSuccess) return 0;
-        if (e != cudaErrorNotReady) return cu_fail(e, what, NULL);
+        if (e != cudaErrorNotReady) return dsrt__cuda_cu_fail(e, what, NULL);
         int rc = net->wait_check(net->wait_ctx);
         if (rc) return rc;
         struct timespec t = {0, 20000};
@@ -577,7 +279,7 @@ static int dev_alloc(cuda_backend *be, void **p, size_t bytes, const dsrt_layer 
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         *p = NULL;
-        return cu_fail(e, "cudaMalloc", L);
+        return dsrt__cuda_cu_fail(e, "cudaMalloc", L);
     }
     return 0;
 }
@@ -592,30 +294,22 @@ static int dev_free(cuda_backend *be, void *p) {
 }
 
 // ----------------------------------------------------------------------------
-// The device's order of convolution filters
+// The kinds' GPU parts, and the device's order of weights
 
-/* Whether layer l's weights are kept in another order on the device: a
- * convolution's filters as NHWC filters (out, kh, kw, in / groups), where
- * that order differs from the host's (out, in / groups, kh, kw). */
-static int reordered(const dsrt_layer *l) {
-    return l->kind == DSRT_LAYER_CONV && l->o.kh * l->o.kw > 1 && l->in.c / l->o.groups > 1;
+static const dsrt_cuda_layer_ops *const CUDA_LAYERS[DSRT_LAYER_KIND_COUNT] = {
+#define DSRT_CUDA_LAYER_ENTRY(K, k) [DSRT_LAYER_##K] = &dsrt__cuda_layer_##k,
+    DSRT_LAYER_KINDS(DSRT_CUDA_LAYER_ENTRY)
+#undef DSRT_CUDA_LAYER_ENTRY
+};
+
+static const dsrt_cuda_layer_ops *gpu_ops(const dsrt_layer *l) {
+    return CUDA_LAYERS[l->kind];
 }
 
-/* Layer l's filters from the host's order into the device's (to_dev), or
- * back. */
-static void reorder(const dsrt_layer *l, float *dst, const float *src, int to_dev) {
-    size_t K = (size_t)l->out.c, C = (size_t)(l->in.c / l->o.groups), R = (size_t)l->o.kh,
-           S = (size_t)l->o.kw;
-    for (size_t k = 0; k < K; k++)
-        for (size_t c = 0; c < C; c++)
-            for (size_t r = 0; r < R; r++)
-                for (size_t s = 0; s < S; s++) {
-                    size_t h = ((k * C + c) * R + r) * S + s, d = ((k * R + r) * S + s) * C + c;
-                    if (to_dev)
-                        dst[d] = src[h];
-                    else
-                        dst[h] = src[d];
-                }
+/* Whether the device keeps layer l's weights in another order. */
+static int reordered(const dsrt_layer *l) {
+    const dsrt_cuda_layer_ops *o = gpu_ops(l);
+    return o->reorders && o->reorders(l);
 }
 
 /* A flat buffer of the host (n_params floats, the host's order) into the
@@ -633,11 +327,11 @@ static int put_flat(cuda_backend *be, float *dst, const float *src) {
         if (!reordered(L)) continue;
         float *t = malloc(L->w_n * sizeof *t);
         if (!t) return dsrt__fail(-ENOMEM, "cuda backend: out of memory reordering filters");
-        reorder(L, t, src + L->w_off, 1);
+        gpu_ops(L)->reorder(L, t, src + L->w_off, 1);
         cudaError_t e = cudaMemcpyAsync(dst + L->w_off, t, L->w_n * sizeof *t,
                                         cudaMemcpyHostToDevice, be->compute);
         free(t);
-        if (e != cudaSuccess) return cu_fail(e, "cudaMemcpyAsync", L);
+        if (e != cudaSuccess) return dsrt__cuda_cu_fail(e, "cudaMemcpyAsync", L);
     }
     return 0;
 }
@@ -655,7 +349,7 @@ static int get_flat(cuda_backend *be, float *dst, const float *src) {
         float *t = malloc(L->w_n * sizeof *t);
         if (!t) return dsrt__fail(-ENOMEM, "cuda backend: out of memory reordering filters");
         memcpy(t, dst + L->w_off, L->w_n * sizeof *t);
-        reorder(L, dst + L->w_off, t, 0);
+        gpu_ops(L)->reorder(L, dst + L->w_off, t, 0);
         free(t);
     }
     return 0;
@@ -664,92 +358,55 @@ static int get_flat(cuda_backend *be, float *dst, const float *src) {
 // ----------------------------------------------------------------------------
 // Plan memory: every tensor of a plan from one allocation
 
-typedef struct {
-    char *base; /* NULL while measuring */
-    size_t at;
-} carve;
-
-static void *take(carve *c, size_t bytes) {
+void *dsrt__cuda_take(carve *c, size_t bytes) {
     size_t at = (c->at + ALIGN - 1) & ~(size_t)(ALIGN - 1);
     c->at = at + ((bytes + ALIGN - 1) & ~(size_t)(ALIGN - 1));
     return c->base ? c->base + at : NULL;
 }
 
-/* Whether layer i's output is layer i-1's (a ReLU computed by the layer
- * before it, dropout at inference). */
+/* Whether layer i's output is its input's: a ReLU computed by the layer
+ * before it, or a kind that is the identity at inference. */
 static int aliases(const dsrt_layer *l, int train) {
-    return l->fused_away || (l->kind == DSRT_LAYER_DROPOUT && !train);
+    return l->fused_away || (!train && (gpu_ops(l)->flags & DSRT_CUDA_IDENTITY_INFER));
 }
 
-/* Whether cuDNN's symmetric padding cannot express convolution l's. */
-static int pad_explicit(const dsrt_layer *l) {
-    return l->kind == DSRT_LAYER_CONV && (l->pt != l->pb || l->pl != l->pr);
-}
-
-/* Whether a fully connected layer's input must be put in the host's (c, h,
- * w) order first. */
-static int flattens(const dsrt_layer *l) {
-    return l->kind == DSRT_LAYER_FC && l->in.h * l->in.w > 1 && l->in.c > 1;
-}
-
-/* Lays the plan's tensors out over c (pointers are NULL while measuring). */
+/* Lays the plan's tensors out over c (pointers are NULL while measuring):
+ * every layer's output and gradient, each kind's scratch, the shared
+ * scratch and the gradient sums. */
 static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy, void **share) {
     const dsrt_net *net = be->net;
     int n = p->n;
     for (int i = 0; i < net->n_layers; i++) share[i] = NULL;
-    size_t at = type_size(be->act), bg = 0, bnw = 0, acc = 0;
+    size_t at = dsrt__cuda_type_size(be->act), work = 0, acc = 0;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
+        const dsrt_cuda_layer_ops *ops = gpu_ops(l);
         gpu_layer *g = &p->gl[i];
-        size_t cnt = out_count(l, n), el = l->kind == DSRT_LAYER_SOFTMAX ? sizeof(float) : at;
+        size_t cnt = dsrt__cuda_out_count(l, n);
+        size_t el = ops->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : at;
         if (i > 0 && aliases(l, p->train)) {
             g->y = p->gl[l->inputs[0]].y;
             g->dy = p->gl[l->inputs[0]].dy;
         } else {
-            g->y = take(c, cnt * el);
-            /* An add and the inputs that share its gradient (net.c's
-             * grad_share): one buffer, made for the first of them. */
-            int key = net->grad_share[i] >= 0     ? net->grad_share[i]
-                      : l->kind == DSRT_LAYER_ADD ? i
-                                                  : -1;
+            g->y = dsrt__cuda_take(c, cnt * el);
+            /* A layer whose inputs share its gradient and those inputs
+             * (net.c's grad_share): one buffer, made for the first of them. */
+            int key = net->grad_share[i] >= 0                       ? net->grad_share[i]
+                      : dsrt__layer_is(l, DSRT_LAYER_F_GRAD_PASSES) ? i
+                                                                    : -1;
             if (!need_dy[i])
                 g->dy = NULL;
             else if (p->train && key >= 0) {
-                if (!share[key]) share[key] = take(c, cnt * at);
+                if (!share[key]) share[key] = dsrt__cuda_take(c, cnt * at);
                 g->dy = share[key];
             } else
-                g->dy = take(c, cnt * at);
+                g->dy = dsrt__cuda_take(c, cnt * at);
         }
-        if (i == 0) continue;
-        if (g->pad_explicit) g->xp = take(c, (size_t)n * l->in.c * g->ph * g->pw * at);
-        if (flattens(l)) g->xf = take(c, in_count(l, n) * at);
-        if ((l->kind == DSRT_LAYER_CONV || l->kind == DSRT_LAYER_FC) && l->b_n && p->train)
-            bg = DSRT_MAX(bg, dsrt_k_bias_grad_work(&g->kd));
-        g->pool_arg = NULL;
-        g->lrn_scale = NULL;
-        if (l->kind == DSRT_LAYER_MAXPOOL && p->train && dsrt_kb_pool_arg_ok(&g->pool))
-            g->pool_arg = take(c, cnt);
-        if (l->kind == DSRT_LAYER_LRN && p->train) g->lrn_scale = take(c, cnt * sizeof(float));
-        if (l->kind == DSRT_LAYER_BATCHNORM && p->train)
-            bnw = DSRT_MAX(bnw, dsrt_kb_bn_work(&p->gl[l->inputs[0]].kd) * sizeof(float));
-        if (p->train && l->consumers > 1 && need_dy[i]) acc = DSRT_MAX(acc, cnt * at);
-        if (l->kind == DSRT_LAYER_BATCHNORM && p->train) {
-            g->save_mean = take(c, (size_t)l->out.c * sizeof(float));
-            g->save_inv = take(c, (size_t)l->out.c * sizeof(float));
-            g->save_var = take(c, (size_t)l->out.c * sizeof(float));
-            g->bn_sums = take(c, ((size_t)2 * l->out.c + 1) * sizeof(double));
-            g->bn_bsums = take(c, (size_t)2 * l->out.c * sizeof(double));
-            g->bn_reserve = g->bn_ex ? take(c, g->bn_reserve_size) : NULL;
-        }
-        if (l->kind == DSRT_LAYER_SOFTMAX) {
-            p->loss = take(c, sizeof(double));
-            p->correct = take(c, sizeof(int32_t));
-            p->sm_work = take(c, dsrt_k_softmax_xent_work(n));
-        }
+        if (ops->layout) ops->layout(be, p, i, c, &work);
+        if (i > 0 && p->train && l->consumers > 1 && need_dy[i]) acc = DSRT_MAX(acc, cnt * at);
     }
-    p->bg_work = bg ? take(c, bg) : NULL;
-    p->bn_work = bnw ? take(c, bnw) : NULL;
-    p->acc = acc ? take(c, acc) : NULL;
+    p->work = work ? dsrt__cuda_take(c, work) : NULL;
+    p->acc = acc ? dsrt__cuda_take(c, acc) : NULL;
 }
 
 /* Frees p's descriptors and, when it owns it, its memory (no queued work
@@ -759,12 +416,10 @@ static void plan_free(gpu_plan *p) {
     for (int i = 0; p->gl && i < p->n_layers; i++) {
         gpu_layer *g = &p->gl[i];
         if (g->yd) cudnnDestroyTensorDescriptor(g->yd);
-        if (g->xd) cudnnDestroyTensorDescriptor(g->xd);
-        if (g->bd) cudnnDestroyTensorDescriptor(g->bd);
-        if (g->bd16) cudnnDestroyTensorDescriptor(g->bd16);
-        if (g->wd) cudnnDestroyFilterDescriptor(g->wd);
-        if (g->cd) cudnnDestroyConvolutionDescriptor(g->cd);
-        if (g->act) cudnnDestroyActivationDescriptor(g->act);
+        if (g->own_free)
+            g->own_free(g->own);
+        else
+            free(g->own);
     }
     if (p->mem && !p->owner) cudaFree(p->mem);
     free(p->gl);
@@ -773,416 +428,54 @@ static void plan_free(gpu_plan *p) {
 }
 
 // ----------------------------------------------------------------------------
-// Convolution algorithms
-//
-// Each direction (forward, backward data, backward filter) is searched on
-// the tensors it will run on: the call's three pointers a, b, c in its
-// order (forward: x, w, y; data: w, dy, dx; filter: x, dy, dw).
-
-enum { DIR_FWD, DIR_DATA, DIR_FILTER };
-
-static const char *const DIR_NAME[] = {"forward", "backward data", "backward filter"};
-
-/* One search result, whichever direction. */
-typedef struct {
-    int algo;
-    cudnnStatus_t status;
-    size_t memory;
-    cudnnDeterminism_t determinism;
-    cudnnMathType_t math;
-} algo_perf;
-
-#define ALGO_MAX 8
-
-#define COPY_PERF(out, r, got)                                                                     \
-    for (int k_ = 0; k_ < (got); k_++) (out)[k_] = (algo_perf) {                                   \
-            (int)(r)[k_].algo, (r)[k_].status, (r)[k_].memory, (r)[k_].determinism,                \
-                (r)[k_].mathType                                                                   \
-        }
-
-static cudnnStatus_t dir_search(cuda_backend *be, gpu_layer *g, int dir, const void *a,
-                                const void *b, void *c, void *ws, size_t ws_size, algo_perf *out,
-                                int *got) {
-    cudnnStatus_t st;
-    if (dir == DIR_FWD) {
-        cudnnConvolutionFwdAlgoPerf_t r[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        int n = DSRT_MIN(CUDNN_CONVOLUTION_FWD_ALGO_COUNT, ALGO_MAX);
-        st = be->det ? cudnnGetConvolutionForwardAlgorithm_v7(be->dnn, g->xd, g->wd, g->cd, g->yd,
-                                                              n, got, r)
-                     : cudnnFindConvolutionForwardAlgorithmEx(be->dnn, g->xd, a, g->wd, b, g->cd,
-                                                              g->yd, c, n, got, r, ws, ws_size);
-        if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
-    } else if (dir == DIR_DATA) {
-        cudnnConvolutionBwdDataAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        int n = DSRT_MIN(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, ALGO_MAX);
-        st = be->det ? cudnnGetConvolutionBackwardDataAlgorithm_v7(be->dnn, g->wd, g->yd, g->cd,
-                                                                   g->xd, n, got, r)
-                     : cudnnFindConvolutionBackwardDataAlgorithmEx(
-                           be->dnn, g->wd, a, g->yd, b, g->cd, g->xd, c, n, got, r, ws, ws_size);
-        if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
-    } else {
-        cudnnConvolutionBwdFilterAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        int n = DSRT_MIN(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, ALGO_MAX);
-        st = be->det ? cudnnGetConvolutionBackwardFilterAlgorithm_v7(be->dnn, g->xd, g->yd, g->cd,
-                                                                     g->wd, n, got, r)
-                     : cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                           be->dnn, g->xd, a, g->yd, b, g->cd, g->wd, c, n, got, r, ws, ws_size);
-        if (st == CUDNN_STATUS_SUCCESS) COPY_PERF(out, r, *got);
-    }
-    return st;
-}
-
-static cudnnStatus_t dir_workspace(cuda_backend *be, gpu_layer *g, int dir, int algo, size_t *sz) {
-    if (dir == DIR_FWD)
-        return cudnnGetConvolutionForwardWorkspaceSize(be->dnn, g->xd, g->wd, g->cd, g->yd,
-                                                       (cudnnConvolutionFwdAlgo_t)algo, sz);
-    if (dir == DIR_DATA)
-        return cudnnGetConvolutionBackwardDataWorkspaceSize(
-            be->dnn, g->wd, g->yd, g->cd, g->xd, (cudnnConvolutionBwdDataAlgo_t)algo, sz);
-    return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        be->dnn, g->xd, g->yd, g->cd, g->wd, (cudnnConvolutionBwdFilterAlgo_t)algo, sz);
-}
-
-/* One run of algo on the direction's pointers (what it writes is scratch
- * until the step writes it again). */
-static cudnnStatus_t dir_run(cuda_backend *be, gpu_layer *g, int dir, int algo, const void *a,
-                             const void *b, void *c) {
-    if (dir == DIR_FWD)
-        return cudnnConvolutionForward(be->dnn, &ONE, g->xd, a, g->wd, b, g->cd,
-                                       (cudnnConvolutionFwdAlgo_t)algo, be->ws, be->ws_size, &ZERO,
-                                       g->yd, c);
-    if (dir == DIR_DATA)
-        return cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, a, g->yd, b, g->cd,
-                                            (cudnnConvolutionBwdDataAlgo_t)algo, be->ws,
-                                            be->ws_size, &ZERO, g->xd, c);
-    return cudnnConvolutionBackwardFilter(be->dnn, &ONE, g->xd, a, g->yd, b, g->cd,
-                                          (cudnnConvolutionBwdFilterAlgo_t)algo, be->ws,
-                                          be->ws_size, &ZERO, g->wd, c);
-}
-
-/* Whether a search result may be used: it ran, and in deterministic mode
- * it is deterministic. */
-#define USABLE(be, r)                                                                              \
-    ((r).status == CUDNN_STATUS_SUCCESS && (!(be)->det || (r).determinism == CUDNN_DETERMINISTIC))
-
-/* The math type an algorithm runs with: fp32 runs are held to FMA
- * arithmetic whatever the search tried; otherwise the result's own. */
-static cudnnMathType_t math_for(const cuda_backend *be, cudnnMathType_t found) {
-    return be->conv_math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : found;
-}
-
-static int ensure_workspace(cuda_backend *be, size_t need);
-
-/*
- * Picks direction dir's algorithm of layer L (plan layer g) for the
- * pointers a, b, c: the fastest usable one whose workspace the backend can
- * give (at most FIND_WS_MAX; once sizes are reserved, what the workspace
- * holds). In deterministic mode the heuristics' candidates are tried once
- * on those very pointers, as the timed search runs them. *need grows to
- * the workspace it takes.
- */
-static int pick(cuda_backend *be, gpu_layer *g, const dsrt_layer *L, int dir, const void *a,
-                const void *b, void *c, void *fws, size_t fws_size, size_t *need) {
-    algo_perf r[ALGO_MAX];
-    int got = 0;
-    size_t cap = be->frozen ? be->ws_size : FIND_WS_MAX;
-    DNN(cudnnSetConvolutionMathType(g->cd, be->conv_math));
-    DNN(dir_search(be, g, dir, a, b, c, fws, fws_size, r, &got));
-    for (int k = 0; k < got; k++) {
-        if (!USABLE(be, r[k]) || r[k].memory > cap) continue;
-        size_t sz = 0;
-        cudnnMathType_t m = math_for(be, r[k].math);
-        DNN(cudnnSetConvolutionMathType(g->cd, m));
-        if (dir_workspace(be, g, dir, r[k].algo, &sz) != CUDNN_STATUS_SUCCESS || sz > cap) continue;
-        if (be->det) {
-            TRY(ensure_workspace(be, sz));
-            if (dir_run(be, g, dir, r[k].algo, a, b, c) != CUDNN_STATUS_SUCCESS) {
-                (void)cudaGetLastError();
-                continue;
-            }
-        }
-        if (dir == DIR_FWD) {
-            g->al.fwd = (cudnnConvolutionFwdAlgo_t)r[k].algo;
-            g->al.m_fwd = m;
-        } else if (dir == DIR_DATA) {
-            g->al.data = (cudnnConvolutionBwdDataAlgo_t)r[k].algo;
-            g->al.m_data = m;
-        } else {
-            g->al.filter = (cudnnConvolutionBwdFilterAlgo_t)r[k].algo;
-            g->al.m_filter = m;
-        }
-        if (sz > *need) *need = sz;
-        g->al.own[dir] = 0;
-        return 0;
-    }
-    /* None: dsrt's direct convolution runs this direction (correct for any
-     * shape, deterministic, slow), said once in the backend's note. */
-    g->al.own[dir] = 1;
-    if (!strstr(be->net->backend_note, L->name)) {
-        size_t used = strlen(be->net->backend_note);
-        snprintf(be->net->backend_note + used, sizeof be->net->backend_note - used,
-                 "%slayer '%s': cuDNN has no %s%s algorithm%s: dsrt's direct convolution",
-                 used ? "; " : "", L->name, be->det ? "deterministic " : "", DIR_NAME[dir],
-                 be->frozen ? " within the workspace reserved" : "");
-    }
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
 // Planning
-
-/* Batchnorm in training through cuDNN's Ex calls: persistent NHWC kernels,
- * the ReLU after it fused (not a leaky one). Sizes its workspaces and
- * reserve space; bn_ex stays 0 where cuDNN refuses the layer. */
-static int plan_bn_ex(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    g->bn_ex = 0;
-    if (!p->train) return 0;
-    /* Its kernels read a pixel's channels 16 bytes at a time: cuDNN accepts
-     * any channel count, but a row that is not a multiple of 16 bytes (6
-     * fp32 channels) faults with misaligned reads once they run (seen on an
-     * H100 with cuDNN 9, found by compute-sanitizer). Such layers run dsrt's
-     * kernels. */
-    size_t el = be->bf16 ? sizeof(uint16_t) : sizeof(float);
-    if (((size_t)L->out.c * el) % 16 != 0) return 0;
-    /* Its per-channel vectors are read the same way: the scale and shift,
-     * their gradients (the flat buffers at the layer's offsets, the buffers
-     * on 256 bytes) and the running statistics must each start on 16 bytes. */
-    size_t vec = (L->w_off | L->b_off | L->s_off | (L->s_off + (size_t)L->out.c)) * sizeof(float);
-    if (vec % 16 != 0) return 0;
-    /* With the ReLU fused where cuDNN takes it, else batchnorm alone and the
-     * ReLU by dsrt's kernel (the fused op is refused in some precisions). */
-    int relu = L->fuse_relu && L->fuse_leak == 0.0f;
-    size_t fws = 0, bws = 0, res = 0;
-    cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
-    cudnnStatus_t st = CUDNN_STATUS_NOT_SUPPORTED;
-    for (int fused = relu; fused >= 0 && st != CUDNN_STATUS_SUCCESS; fused--) {
-        g->bn_ops = fused ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
-        cudnnActivationDescriptor_t act = fused ? g->act : NULL;
-        st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-            be->dnn, mode, g->bn_ops, in->yd, NULL, g->yd, g->bd, act, &fws);
-        if (st == CUDNN_STATUS_SUCCESS)
-            st = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-                be->dnn, mode, g->bn_ops, in->yd, g->yd, g->yd, NULL, in->yd, g->bd, act, &bws);
-        if (st == CUDNN_STATUS_SUCCESS)
-            st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(be->dnn, mode, g->bn_ops, act,
-                                                                      in->yd, &res);
-    }
-    if (st != CUDNN_STATUS_SUCCESS) return 0;
-    g->bn_ex = 1;
-    g->bn_reserve_size = res ? res : 1;
-    *need = DSRT_MAX(*need, DSRT_MAX(fws, bws));
-    return 0;
-}
-
-/* The descriptors of layer i (no tensor needed yet). */
-static int plan_layer_desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    int n = p->n;
-    dsrt_k_type t = L->kind == DSRT_LAYER_SOFTMAX ? DSRT_K_F32 : be->act;
-    g->kd = kdesc(n, L->out.c, L->out.h, L->out.w, 1, t);
-    if (i == 0) return 0;
-    g->in0 = L->inputs[0];
-    const dsrt_k_desc xk = p->gl[g->in0].kd;
-    switch (L->kind) {
-    case DSRT_LAYER_CONV: {
-        int sym = !g->pad_explicit;
-        TRY(set_nhwc(&g->yd, be->act_dt, n, L->out.c, L->out.h, L->out.w, L));
-        TRY(set_nhwc(&g->xd, be->act_dt, n, L->in.c, g->ph, g->pw, L));
-        DNN(cudnnCreateFilterDescriptor(&g->wd));
-        DNN(cudnnSetFilter4dDescriptor(g->wd, be->act_dt, CUDNN_TENSOR_NHWC, L->out.c,
-                                       L->in.c / L->o.groups, L->o.kh, L->o.kw));
-        DNN(cudnnCreateConvolutionDescriptor(&g->cd));
-        DNN(cudnnSetConvolution2dDescriptor(g->cd, sym ? L->pt : 0, sym ? L->pl : 0, L->o.sh,
-                                            L->o.sw, L->o.dh, L->o.dw, CUDNN_CROSS_CORRELATION,
-                                            CUDNN_DATA_FLOAT));
-        DNN(cudnnSetConvolutionGroupCount(g->cd, L->o.groups));
-        DNN(cudnnSetConvolutionMathType(g->cd, be->conv_math));
-        g->kconv = (dsrt_k_conv){kdesc(n, L->in.c, g->ph, g->pw, 1, be->act),
-                                 kdesc(n, L->out.c, L->out.h, L->out.w, 1, be->act),
-                                 L->o.kh,
-                                 L->o.kw,
-                                 L->o.sh,
-                                 L->o.sw,
-                                 L->o.dh,
-                                 L->o.dw,
-                                 sym ? L->pt : 0,
-                                 sym ? L->pl : 0,
-                                 L->o.groups};
-        if (L->b_n) TRY(set_param_desc(&g->bd, L->out.c, L));
-        DNN(cudnnCreateActivationDescriptor(&g->act));
-        DNN(cudnnSetActivationDescriptor(
-            g->act, L->fuse_relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
-            CUDNN_PROPAGATE_NAN, 0.0));
-        int on, oc, oh, ow;
-        DNN(cudnnGetConvolution2dForwardOutputDim(g->cd, g->xd, g->wd, &on, &oc, &oh, &ow));
-        if (on != n || oc != L->out.c || oh != L->out.h || ow != L->out.w)
-            return dsrt__fail(DSRT_EBACKEND,
-                              "cuda backend: layer '%s' (line %d): cuDNN makes a %dx%dx%d output, "
-                              "the layer %dx%dx%d",
-                              L->name, L->line, oc, oh, ow, L->out.c, L->out.h, L->out.w);
-        return 0;
-    }
-    case DSRT_LAYER_BATCHNORM: {
-        cudnnTensorDescriptor_t xd = p->gl[g->in0].yd;
-        if (!xd) {
-            /* Its input was made by a layer cuDNN does not see. */
-            TRY(set_nhwc(&p->gl[g->in0].yd, be->act_dt, n, L->in.c, L->in.h, L->in.w, L));
-            xd = p->gl[g->in0].yd;
-        }
-        TRY(set_nhwc(&g->yd, be->act_dt, n, L->out.c, L->out.h, L->out.w, L));
-        if (!g->bd) DNN(cudnnCreateTensorDescriptor(&g->bd));
-        DNN(cudnnDeriveBNTensorDescriptor(g->bd, xd, CUDNN_BATCHNORM_SPATIAL));
-        DNN(cudnnCreateActivationDescriptor(&g->act));
-        DNN(cudnnSetActivationDescriptor(g->act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
-        return plan_bn_ex(be, p, i, need);
-    }
-    case DSRT_LAYER_MAXPOOL:
-    case DSRT_LAYER_AVGPOOL:
-    case DSRT_LAYER_GAP: {
-        int gap = L->kind == DSRT_LAYER_GAP;
-        g->pool = (dsrt_k_pool){xk,
-                                g->kd,
-                                gap ? L->in.h : L->o.kh,
-                                gap ? L->in.w : L->o.kw,
-                                gap ? 1 : L->o.sh,
-                                gap ? 1 : L->o.sw,
-                                gap ? 0 : L->pt,
-                                gap ? 0 : L->pl,
-                                L->kind == DSRT_LAYER_MAXPOOL ? DSRT_K_POOL_MAX
-                                : L->kind == DSRT_LAYER_AVGPOOL && !L->o.count_pad
-                                    ? DSRT_K_POOL_AVG_INSIDE
-                                    : DSRT_K_POOL_AVG};
-        return 0;
-    }
-    case DSRT_LAYER_LRN:
-        g->lrn = (dsrt_k_lrn){L->o.lrn_size, L->o.alpha, L->o.beta, L->o.k};
-        return 0;
-    case DSRT_LAYER_INPUT:
-    case DSRT_LAYER_RELU:
-    case DSRT_LAYER_FC:
-    case DSRT_LAYER_DROPOUT:
-    case DSRT_LAYER_SOFTMAX:
-    case DSRT_LAYER_ADD:
-    case DSRT_LAYER_CONCAT:
-        return 0;
-    }
-    return dsrt__fail(DSRT_EUNSUPPORTED, "cuda backend: layer '%s': kind %d", L->name,
-                      (int)L->kind);
-}
 
 /* Where layer i's backward writes the gradient for input j (a layer it
  * takes): j's gradient when layer i is the last layer written that takes j
  * (backward runs last to first, so it writes first), else the plan's acc,
  * which grad_add then adds into j's gradient. */
-static void *grad_ptr(const gpu_plan *p, int i, int j) {
+void *dsrt__cuda_grad_ptr(const gpu_plan *p, int i, int j) {
     return p->last_use[j] == i ? p->gl[j].dy : p->acc;
+}
+
+int dsrt__cuda_bias_relu_bwd(cuda_backend *be, gpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    gpu_layer *g = &p->gl[i];
+    if (L->b_n)
+        CU(dsrt_k_bias_grad(&g->kd, g->dy, L->fuse_relu ? g->y : NULL, L->fuse_leak,
+                            be->grads + L->b_off, p->work, be->compute));
+    else if (L->fuse_relu)
+        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, g->dy, dsrt__cuda_out_count(L, p->n), L->fuse_leak,
+                           be->compute));
+    return 0;
+}
+
+void dsrt__cuda_note(cuda_backend *be, const dsrt_layer *L, const char *fmt, ...) {
+    char *note = be->net->backend_note;
+    size_t cap = sizeof be->net->backend_note;
+    if (strstr(note, L->name)) return;
+    size_t used = strlen(note);
+    int n = snprintf(note + used, cap - used, "%slayer '%s': ", used ? "; " : "", L->name);
+    if (n < 0 || (size_t)n >= cap - used) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(note + used + n, cap - used - (size_t)n, fmt, ap);
+    va_end(ap);
 }
 
 /* After layer i wrote input j's share into grad_ptr: added where it went
  * to acc. */
-static int grad_add(cuda_backend *be, gpu_plan *p, int i, int j) {
+int dsrt__cuda_grad_add(cuda_backend *be, gpu_plan *p, int i, int j) {
     if (p->last_use[j] == i) return 0;
     const dsrt_layer *L = &be->net->layers[i];
     dsrt_k_sum s = {{p->gl[j].dy, p->acc}, 2};
-    CU(dsrt_k_sum_fwd(be->act, &s, p->gl[j].dy, out_count(&be->net->layers[j], p->n), 0, 0.0f,
-                      be->compute));
-    return 0;
-}
-
-/* The tensor a convolution reads: its input, or the padded copy. */
-static const void *conv_input(const gpu_plan *p, int i) {
-    const gpu_layer *g = &p->gl[i];
-    return g->pad_explicit ? g->xp : p->gl[g->in0].y;
-}
-
-/*
- * Whether convolution i runs fused with its bias and activation in one
- * cuDNN call: it has a bias, the activation after it is a plain ReLU or
- * none (identity needs IMPLICIT_PRECOMP_GEMM, cuDNN's rule), and one trial
- * call on the plan's tensors succeeds; else the bias and any ReLU run in
- * one dsrt kernel after the convolution.
- */
-static void plan_conv_fuse(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    g->fuse = L->b_n || L->fuse_relu ? FUSE_KERNEL : FUSE_NONE;
-    if (!L->b_n || !be->net->opts.fuse || g->al.own[DIR_FWD]) return;
-    if (L->fuse_relu ? L->fuse_leak != 0.0f
-                     : g->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
-        return;
-    if (cudnnSetConvolutionMathType(g->cd, g->al.m_fwd) != CUDNN_STATUS_SUCCESS) return;
-    g->bias16 = 0;
-    cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
-        be->dnn, &ONE, g->xd, conv_input(p, i), g->wd, weights(be, L), g->cd, g->al.fwd, be->ws,
-        be->ws_size, &ZERO, g->yd, g->y, g->bd, be->params + L->b_off, g->act, g->yd, g->y);
-    (void)cudaGetLastError();
-    /* A float bias with bfloat16 data is not among cuDNN's documented
-     * configurations: again with the bias's bfloat16 copy (which the
-     * optimizer refreshes with the weights), where it starts on 16 bytes as
-     * cuDNN's vector loads want. */
-    if (st != CUDNN_STATUS_SUCCESS && be->bf16 && (L->b_off * sizeof(dsrt_bf16)) % 16 == 0) {
-        if (!g->bd16 && cudnnCreateTensorDescriptor(&g->bd16) != CUDNN_STATUS_SUCCESS) return;
-        if (cudnnSetTensor4dDescriptor(g->bd16, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, L->out.c,
-                                       1, 1) != CUDNN_STATUS_SUCCESS)
-            return;
-        st = cudnnConvolutionBiasActivationForward(
-            be->dnn, &ONE, g->xd, conv_input(p, i), g->wd, weights(be, L), g->cd, g->al.fwd, be->ws,
-            be->ws_size, &ZERO, g->yd, g->y, g->bd16, be->w16 + L->b_off, g->act, g->yd, g->y);
-        (void)cudaGetLastError();
-        g->bias16 = st == CUDNN_STATUS_SUCCESS;
-    }
-    if (st == CUDNN_STATUS_SUCCESS) g->fuse = FUSE_CUDNN;
-}
-
-/* One trial of batchnorm i's Ex calls on the plan's tensors (running
- * statistics and parameter gradients left alone: scratch takes them);
- * bn_ex goes back to 0 where they fail. */
-static void plan_bn_try(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    if (!g->bn_ex) return;
-    cudnnActivationDescriptor_t act =
-        g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION ? g->act : NULL;
-    const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
-    cudnnStatus_t st = cudnnBatchNormalizationForwardTrainingEx(
-        be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, in->yd, in->y, NULL,
-        NULL, g->yd, g->y, g->bd, scale, shift, 0.0, NULL, NULL, (double)L->o.eps, g->save_mean,
-        g->save_inv, act, be->ws, be->ws_size, g->bn_reserve, g->bn_reserve_size);
-    if (st == CUDNN_STATUS_SUCCESS && in->dy && g->dy)
-        st = cudnnBatchNormalizationBackwardEx(
-            be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, &ONE, &ZERO,
-            in->yd, in->y, g->yd, g->y, g->yd, g->dy, NULL, NULL, in->yd, in->dy, g->bd, scale,
-            shift, g->save_var, g->bn_bsums, (double)L->o.eps, g->save_mean, g->save_inv, act,
-            be->ws, be->ws_size, g->bn_reserve, g->bn_reserve_size);
-    (void)cudaGetLastError();
-    if (st != CUDNN_STATUS_SUCCESS) g->bn_ex = 0;
-}
-
-/* The convolution algorithms of layer i, searched on the plan's own
- * tensors, the layer's weights and its gradient in the flat buffers: the
- * pointers the steps use. */
-static int plan_conv_algos(cuda_backend *be, gpu_plan *p, int i, void *fws, size_t fws_size,
-                           size_t *need) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    const void *x = conv_input(p, i), *w = weights(be, L);
-    TRY(pick(be, g, L, DIR_FWD, x, w, g->y, fws, fws_size, need));
-    if (!p->train) return 0;
-    void *dw = be->bf16 ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
-    TRY(pick(be, g, L, DIR_FILTER, x, g->dy, dw, fws, fws_size, need));
-    g->al.has_data = dsrt__net_need_diff(be->net, L->inputs[0]);
-    if (g->al.has_data) {
-        void *dx = g->pad_explicit ? g->xp : grad_ptr(p, i, g->in0);
-        TRY(pick(be, g, L, DIR_DATA, w, g->dy, dx, fws, fws_size, need));
-    }
+    CU(dsrt_k_sum_fwd(be->act, &s, p->gl[j].dy, dsrt__cuda_out_count(&be->net->layers[j], p->n), 0,
+                      0.0f, be->compute));
     return 0;
 }
 
 /* Makes the shared workspace at least `need` bytes. */
-static int ensure_workspace(cuda_backend *be, size_t need) {
+int dsrt__cuda_ensure_workspace(cuda_backend *be, size_t need) {
     if (need <= be->ws_size) return 0;
     if (be->ws) {
         TRY(quiet(be)); /* queued work may still use it */
@@ -1208,37 +501,40 @@ static gpu_plan *plan_owner(cuda_backend *be, int train, size_t bytes) {
 }
 
 /* Which outputs carry a gradient: those backward must produce, and the
- * input of a batchnorm (cuDNN always computes it); a layer that shares
- * its input's tensors passes the need on. The classifier's output has
- * none. */
+ * input of a kind that always computes it (DSRT_CUDA_DX_ALWAYS: cuDNN's
+ * batchnorm); a layer that shares its input's tensors passes the need on.
+ * The classifier's output has none. */
 static void plan_need_dy(dsrt_net *net, int train, int *need_dy) {
     int nl = net->n_layers;
     for (int i = nl - 1; train && i >= 0; i--) {
         const dsrt_layer *l = &net->layers[i];
         if (i < nl - 1) need_dy[i] |= dsrt__net_need_diff(net, i);
-        if (l->kind == DSRT_LAYER_BATCHNORM) need_dy[l->inputs[0]] = 1;
+        if (i > 0 && (gpu_ops(l)->flags & DSRT_CUDA_DX_ALWAYS)) need_dy[l->inputs[0]] = 1;
         if (i > 0 && aliases(l, train) && need_dy[i]) need_dy[l->inputs[0]] = 1;
     }
 }
 
-/* Convolution algorithms, timed with a scratch workspace as large as
- * memory allows (up to FIND_WS_MAX), or once sizes are reserved, in the
- * workspace as it is; need grows to the workspace they want. */
+/* The kinds' algorithm searches (convolutions), timed with a scratch
+ * workspace as large as memory allows (up to FIND_WS_MAX), or once sizes
+ * are reserved, in the workspace as it is; need grows to the workspace
+ * they want. */
 static int plan_search(cuda_backend *be, gpu_plan *p, size_t *need) {
     dsrt_net *net = be->net;
     int nl = net->n_layers, rc = 0;
     void *fws = NULL;
     int fws_own = 0;
-    int convs = 0, bns = 0;
+    int searches = 0, trials = 0;
     for (int i = 1; i < nl; i++) {
-        convs += net->layers[i].kind == DSRT_LAYER_CONV;
-        bns += p->gl[i].bn_ex;
+        searches += gpu_ops(&net->layers[i])->search != NULL;
+        trials += gpu_ops(&net->layers[i])->try_fused != NULL;
     }
     size_t fws_size = 0;
-    /* A search blocks the host until the device is done with what is
-     * queued: with collectives possible, wait for that with the deadline. */
-    if ((convs || bns) && (be->frozen || collectives_possible(be)) && (rc = quiet(be))) goto fail;
-    if (convs && !be->det) {
+    /* A search or a trial blocks the host until the device is done with
+     * what is queued: with collectives possible, wait for that with the
+     * deadline. */
+    if ((searches || trials) && (be->frozen || collectives_possible(be)) && (rc = quiet(be)))
+        goto fail;
+    if (searches && !be->det) {
         if (be->frozen) {
             fws = be->ws;
             fws_size = be->ws_size;
@@ -1246,7 +542,7 @@ static int plan_search(cuda_backend *be, gpu_plan *p, size_t *need) {
             size_t free_b = 0, total_b = 0;
             cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
             if (e != cudaSuccess) {
-                rc = cu_fail(e, "cudaMemGetInfo", NULL);
+                rc = dsrt__cuda_cu_fail(e, "cudaMemGetInfo", NULL);
                 goto fail;
             }
             fws_size = free_b / 2 < FIND_WS_MAX ? free_b / 2 : FIND_WS_MAX;
@@ -1260,15 +556,15 @@ static int plan_search(cuda_backend *be, gpu_plan *p, size_t *need) {
         }
     }
     for (int i = 1; i < nl; i++) {
-        if (net->layers[i].kind != DSRT_LAYER_CONV) continue;
-        if ((rc = plan_conv_algos(be, p, i, fws, fws_size, need))) goto fail;
+        const dsrt_cuda_layer_ops *ops = gpu_ops(&net->layers[i]);
+        if (ops->search && (rc = ops->search(be, p, i, fws, fws_size, need))) goto fail;
     }
     /* The search's memory goes back before the workspace grows. */
     if (fws_own) {
         cudaError_t e = cudaFree(fws);
         fws = NULL;
         fws_own = 0;
-        if (e != cudaSuccess) return cu_fail(e, "cudaFree", NULL);
+        if (e != cudaSuccess) return dsrt__cuda_cu_fail(e, "cudaFree", NULL);
     }
     return 0;
 fail:
@@ -1303,15 +599,18 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     }
     for (int i = 1; i < nl; i++)
         for (int k = 0; k < net->layers[i].n_inputs; k++) p->last_use[net->layers[i].inputs[k]] = i;
-    for (int i = 1; i < nl; i++) {
+    /* Every layer's output as dsrt's kernels see it, then the kinds'
+     * descriptors. */
+    for (int i = 0; i < nl; i++) {
         const dsrt_layer *l = &net->layers[i];
-        gpu_layer *g = &p->gl[i];
-        g->pad_explicit = pad_explicit(l);
-        g->ph = l->in.h + (g->pad_explicit ? l->pt + l->pb : 0);
-        g->pw = l->in.w + (g->pad_explicit ? l->pl + l->pr : 0);
+        dsrt_k_type t = gpu_ops(l)->flags & DSRT_CUDA_F32_OUT ? DSRT_K_F32 : be->act;
+        p->gl[i].kd = dsrt__cuda_kdesc(n, l->out.c, l->out.h, l->out.w, 1, t);
+        p->gl[i].in0 = i ? l->inputs[0] : 0;
     }
-    for (int i = 0; i < nl; i++)
-        if ((rc = plan_layer_desc(be, p, i, &need))) goto fail;
+    for (int i = 0; i < nl; i++) {
+        const dsrt_cuda_layer_ops *ops = gpu_ops(&net->layers[i]);
+        if (ops->desc && (rc = ops->desc(be, p, i, &need))) goto fail;
+    }
     carve c = {NULL, 0};
     plan_layout(be, p, &c, need_dy, share);
     p->mem_size = c.at ? c.at : 1;
@@ -1328,11 +627,11 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
     plan_layout(be, p, &c, need_dy, share);
 
     if ((rc = plan_search(be, p, &need))) goto fail;
-    if ((rc = ensure_workspace(be, need))) goto fail;
+    if ((rc = dsrt__cuda_ensure_workspace(be, need))) goto fail;
     /* The fused calls, tried once on the plan's tensors. */
     for (int i = 1; i < nl; i++) {
-        if (net->layers[i].kind == DSRT_LAYER_CONV) plan_conv_fuse(be, p, i);
-        if (net->layers[i].kind == DSRT_LAYER_BATCHNORM) plan_bn_try(be, p, i);
+        const dsrt_cuda_layer_ops *ops = gpu_ops(&net->layers[i]);
+        if (ops->try_fused) ops->try_fused(be, p, i);
     }
     free(need_dy);
     free(share);
@@ -1425,14 +724,14 @@ static int callout_at(cuda_backend *be, const callout *c) {
 }
 
 /* Layer i's gradients are queued: its bucket, if it closes one. */
-static int grads_ready(cuda_backend *be, int i) {
+int dsrt__cuda_grads_ready(cuda_backend *be, int i) {
     const dsrt_net *net = be->net;
     if (!net->ready_fn || net->layer_bucket[i] < 0) return 0;
     callout c = {CALL_GRADS, i, {0}};
     return callout_at(be, &c);
 }
 
-static int bn_callout(cuda_backend *be, int i, int backward, double *sums, size_t n) {
+int dsrt__cuda_bn_callout(cuda_backend *be, int i, int backward, double *sums, size_t n) {
     const dsrt_layer *L = &be->net->layers[i];
     callout c = {CALL_BN, i, {i, backward, L->out.c, sums, n, be->device, be->compute}};
     return callout_at(be, &c);
@@ -1546,403 +845,8 @@ static int prof_collect(cuda_backend *be) {
 // ----------------------------------------------------------------------------
 // Forward
 
-/* The input stage: the staged batch, normalised into layer 0's output
- * (NHWC, the activations' type) straight from the slot. */
-static int fwd_input(cuda_backend *be, gpu_plan *p, const stage_slot *s) {
-    const dsrt_layer *L = &be->net->layers[0];
-    const dsrt_k_desc *yd = &p->gl[0].kd;
-    const float *stats = L->o.norm != DSRT_NORM_NONE ? be->state + L->s_off : NULL;
-    if (s->layout == DSRT_INPUT_U8_NHWC) {
-        dsrt_k_pixel pix;
-        memcpy(pix.sub, s->sub, sizeof pix.sub);
-        memcpy(pix.div, s->div, sizeof pix.div);
-        CU(dsrt_k_input_u8(s->x, &pix, L->o.norm, stats, yd, p->gl[0].y, be->compute));
-    } else {
-        CU(dsrt_k_input_f32(s->x, L->o.norm, stats, yd, p->gl[0].y, be->compute));
-    }
-    return 0;
-}
-
-static dsrt_k_desc padded_desc(const cuda_backend *be, const gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    const gpu_layer *g = &p->gl[i];
-    return kdesc(p->n, L->in.c, g->ph, g->pw, 1, be->act);
-}
-
-static int fwd_conv(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    if (g->pad_explicit) {
-        dsrt_k_desc pd = padded_desc(be, p, i);
-        CU(dsrt_k_pad(&in->kd, in->y, &pd, g->xp, L->pt, L->pl, 0.0f, 0, be->compute));
-    }
-    const void *x = conv_input(p, i), *w = weights(be, L);
-    const float *b = L->b_n ? be->params + L->b_off : NULL;
-    if (g->al.own[DIR_FWD]) {
-        CU(dsrt_k_conv_fwd(&g->kconv, x, w, g->y, be->compute));
-        if (g->fuse == FUSE_KERNEL)
-            CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, L->fuse_relu, L->fuse_leak, be->compute));
-        return 0;
-    }
-    DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_fwd));
-    if (g->fuse == FUSE_CUDNN) {
-        DNN(cudnnConvolutionBiasActivationForward(
-            be->dnn, &ONE, g->xd, x, g->wd, w, g->cd, g->al.fwd, be->ws, be->ws_size, &ZERO, g->yd,
-            g->y, g->bias16 ? g->bd16 : g->bd,
-            g->bias16 ? (const void *)(be->w16 + L->b_off) : (const void *)b, g->act, g->yd, g->y));
-        return 0;
-    }
-    DNN(cudnnConvolutionForward(be->dnn, &ONE, g->xd, x, g->wd, w, g->cd, g->al.fwd, be->ws,
-                                be->ws_size, &ZERO, g->yd, g->y));
-    if (g->fuse == FUSE_KERNEL)
-        CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, L->fuse_relu, L->fuse_leak, be->compute));
-    return 0;
-}
-
-/*
- * Batchnorm by dsrt's kernels: in training this batch's sums of x and x^2
- * per channel (synchronised: handed to the net's hook, which queues their
- * sum over the workers on the compute stream), the statistics and the
- * running averages from them exactly as the CPU backend makes them, then
- * the normalised output with the ReLU after it; at inference the running
- * statistics. What runs when the statistics are synchronised, when cuDNN
- * refused the layer's Ex calls, and at inference.
- */
-static int fwd_batchnorm_kernels(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    int c = L->out.c;
-    const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
-    float *rm = be->state + L->s_off, *rv = rm + c;
-    if (!p->train) {
-        CU(dsrt_k_bn_apply(&in->kd, in->y, rm, NULL, rv, L->o.eps, scale, shift, L->fuse_relu,
-                           L->fuse_leak, g->y, be->compute));
-        return 0;
-    }
-    CU(dsrt_k_bn_sums(&in->kd, in->y, g->bn_sums, p->bn_work, be->compute));
-    if (p->bn_sync) TRY(bn_callout(be, i, 0, g->bn_sums, (size_t)2 * c + 1));
-    CU(dsrt_k_bn_stats(g->bn_sums, c, L->o.eps, L->o.momentum, g->save_mean, g->save_var,
-                       g->save_inv, rm, rv, be->compute));
-    CU(dsrt_k_bn_apply(&in->kd, in->y, g->save_mean, g->save_inv, NULL, 0.0f, scale, shift,
-                       L->fuse_relu, L->fuse_leak, g->y, be->compute));
-    return 0;
-}
-
-/* Batchnorm in training by cuDNN's persistent NHWC kernels (the ReLU after
- * it fused, unless leaky), else by dsrt's kernels. */
-static int fwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    if (!p->train || !g->bn_ex || p->bn_sync) return fwd_batchnorm_kernels(be, p, i);
-    int c = L->out.c;
-    const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
-    float *rm = be->state + L->s_off, *rv = rm + c;
-    /* Running averages as the CPU backend keeps them: r = (1 - momentum) r +
-     * momentum batch, the variance unbiased (cuDNN's definition too). One
-     * value per channel has no unbiased variance: the CPU backend then
-     * takes the biased one (0), done here by hand. */
-    int one = (size_t)p->n * L->out.h * L->out.w == 1;
-    int fused = g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
-    DNN(cudnnBatchNormalizationForwardTrainingEx(
-        be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, in->yd, in->y, NULL,
-        NULL, g->yd, g->y, g->bd, scale, shift, (double)L->o.momentum, one ? NULL : rm,
-        one ? NULL : rv, (double)L->o.eps, g->save_mean, g->save_inv, fused ? g->act : NULL, be->ws,
-        be->ws_size, g->bn_reserve, g->bn_reserve_size));
-    if (one) {
-        float m = L->o.momentum, keep = 1.0f - m;
-        DNN(cudnnAddTensor(be->dnn, &m, g->bd, g->save_mean, &keep, g->bd, rm));
-        DNN(cudnnScaleTensor(be->dnn, g->bd, rv, &keep));
-    }
-    if (L->fuse_relu && !fused)
-        CU(dsrt_k_relu_fwd(be->act, g->y, g->y, out_count(L, p->n), L->fuse_leak, be->compute));
-    return 0;
-}
-
-/*
- * Fully connected, on row-major tensors through column-major cuBLAS: y (n,
- * out) = x (n, in) W^T, W (out, in), is y^T = W^T' x^T' where cuBLAS sees W
- * as an (in x out) matrix and x as (in x n): gemm(T, N, out, n, in). An
- * image input is put in the host's (c, h, w) order first, the order of W.
- */
-static int fwd_fc(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    int n = p->n, oc = L->out.c, ic = L->in.c * L->in.h * L->in.w;
-    const void *x = in->y;
-    if (flattens(L)) {
-        dsrt_k_desc fk = in->kd;
-        fk.nhwc = 0;
-        CU(dsrt_k_pad(&in->kd, in->y, &fk, g->xf, 0, 0, 0.0f, 0, be->compute));
-        x = g->xf;
-    }
-    if (be->bf16)
-        BLAS(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, be->w16 + L->w_off,
-                          CUDA_R_16BF, ic, x, CUDA_R_16BF, ic, &ZERO, g->y, CUDA_R_16BF, oc,
-                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    else
-        BLAS(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, be->params + L->w_off,
-                         ic, x, ic, &ZERO, g->y, oc));
-    if (L->b_n || L->fuse_relu)
-        CU(dsrt_k_bias_act(&g->kd, g->y, L->b_n ? be->params + L->b_off : NULL, g->y, L->fuse_relu,
-                           L->fuse_leak, be->compute));
-    return 0;
-}
-
-static int fwd_layer(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    switch (L->kind) {
-    case DSRT_LAYER_CONV:
-        return fwd_conv(be, p, i);
-    case DSRT_LAYER_BATCHNORM:
-        return fwd_batchnorm(be, p, i);
-    case DSRT_LAYER_RELU:
-        if (!L->fused_away)
-            CU(dsrt_k_relu_fwd(be->act, in->y, g->y, out_count(L, p->n), L->o.leak, be->compute));
-        return 0;
-    case DSRT_LAYER_MAXPOOL:
-    case DSRT_LAYER_AVGPOOL:
-    case DSRT_LAYER_GAP:
-        CU(dsrt_k_pool_fwd(&g->pool, in->y, g->y, g->pool_arg, be->compute));
-        return 0;
-    case DSRT_LAYER_FC:
-        return fwd_fc(be, p, i);
-    case DSRT_LAYER_DROPOUT:
-        if (p->train)
-            CU(dsrt_k_dropout(&g->kd, in->y, g->y, be->net->opts.seed, 0, &be->dconst->iteration, i,
-                              L->o.p, be->compute));
-        return 0;
-    case DSRT_LAYER_LRN:
-        CU(dsrt_k_lrn_fwd(&in->kd, &g->lrn, in->y, g->y, g->lrn_scale, be->compute));
-        return 0;
-    case DSRT_LAYER_SOFTMAX:
-        CU(dsrt_k_softmax_xent_fwd(in->y, be->act, p->labels, p->soft, p->n, be->net->classes, g->y,
-                                   p->labels ? p->loss : NULL, p->labels ? p->correct : NULL,
-                                   p->sm_work, be->compute));
-        return 0;
-    case DSRT_LAYER_ADD: {
-        dsrt_k_sum s = {.n = L->n_inputs};
-        for (int k = 0; k < L->n_inputs; k++) s.x[k] = p->gl[L->inputs[k]].y;
-        CU(dsrt_k_sum_fwd(be->act, &s, g->y, out_count(L, p->n), L->fuse_relu, L->fuse_leak,
-                          be->compute));
-        return 0;
-    }
-    case DSRT_LAYER_CONCAT: {
-        int c0 = 0;
-        for (int k = 0; k < L->n_inputs; k++) {
-            gpu_layer *x = &p->gl[L->inputs[k]];
-            CU(dsrt_k_channels(&x->kd, x->y, &g->kd, g->y, c0, 1, 0, be->compute));
-            c0 += x->kd.c;
-        }
-        return 0;
-    }
-    case DSRT_LAYER_INPUT:
-        break;
-    }
-    return dsrt__fail(DSRT_EUNSUPPORTED, "cuda backend: layer '%s': kind %d", L->name,
-                      (int)L->kind);
-}
-
 // ----------------------------------------------------------------------------
 // Backward
-
-/* The gradient of a layer's output behind the ReLU the layer computes:
- * folded into the bias gradient when there is one (the kernel masks dy in
- * place as it sums it), else on its own. */
-static int bias_relu_bwd(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    if (L->b_n)
-        CU(dsrt_k_bias_grad(&g->kd, g->dy, L->fuse_relu ? g->y : NULL, L->fuse_leak,
-                            be->grads + L->b_off, p->bg_work, be->compute));
-    else if (L->fuse_relu)
-        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
-                           be->compute));
-    return 0;
-}
-
-static int bwd_conv(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    TRY(bias_relu_bwd(be, p, i));
-    const void *x = conv_input(p, i), *w = weights(be, L);
-    void *dw = be->bf16 ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
-    if (g->al.own[DIR_FILTER]) {
-        CU(dsrt_k_conv_bwd_filter(&g->kconv, x, g->dy, dw, be->act, be->compute));
-    } else {
-        DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_filter));
-        DNN(cudnnConvolutionBackwardFilter(be->dnn, &ONE, g->xd, x, g->yd, g->dy, g->cd,
-                                           g->al.filter, be->ws, be->ws_size, &ZERO, g->wd, dw));
-    }
-    /* The all-reduce and the optimizer take float32 gradients. */
-    if (be->bf16)
-        CU(dsrt_k_bf16_to_f32(be->g16 + L->w_off, be->grads + L->w_off, L->w_n, be->compute));
-    TRY(grads_ready(be, i));
-    if (!g->al.has_data) return 0;
-    /* The padded input was read; its buffer takes the padded gradient. */
-    void *dx = g->pad_explicit ? g->xp : grad_ptr(p, i, g->in0);
-    if (g->al.own[DIR_DATA]) {
-        CU(dsrt_k_conv_bwd_data(&g->kconv, w, g->dy, dx, be->compute));
-    } else {
-        DNN(cudnnSetConvolutionMathType(g->cd, g->al.m_data));
-        DNN(cudnnConvolutionBackwardData(be->dnn, &ONE, g->wd, w, g->yd, g->dy, g->cd, g->al.data,
-                                         be->ws, be->ws_size, &ZERO, g->xd, dx));
-    }
-    if (g->pad_explicit) {
-        dsrt_k_desc pd = padded_desc(be, p, i);
-        CU(dsrt_k_pad(&pd, g->xp, &in->kd, in->dy, -L->pt, -L->pl, 0.0f, p->last_use[g->in0] != i,
-                      be->compute));
-        return 0;
-    }
-    return grad_add(be, p, i, g->in0);
-}
-
-static int bwd_batchnorm(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    const float *scale = be->params + L->w_off, *shift = be->params + L->b_off;
-    float *dscale = be->grads + L->w_off, *dshift = be->grads + L->b_off;
-    if (!g->bn_ex || p->bn_sync) {
-        /* dsrt's kernels, the ReLU's backward folded into both passes: the
-         * sums of dy' and of dy' xhat are the shift's and the scale's
-         * gradients (the gradient all-reduce adds them up), and, summed
-         * over the workers when synchronised, give the input gradient's
-         * mean and variance terms. */
-        int c = L->out.c;
-        const void *y = L->fuse_relu ? g->y : NULL;
-        CU(dsrt_k_bn_bwd_sums(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
-                              g->bn_bsums, dscale, dshift, p->bn_work, be->compute));
-        if (p->bn_sync) TRY(bn_callout(be, i, 1, g->bn_bsums, (size_t)2 * c));
-        CU(dsrt_k_bn_bwd_dx(&in->kd, in->y, g->dy, y, L->fuse_leak, g->save_mean, g->save_inv,
-                            scale, g->bn_bsums, g->bn_sums + 2 * c, grad_ptr(p, i, g->in0),
-                            be->compute));
-        TRY(grad_add(be, p, i, g->in0));
-        return grads_ready(be, i);
-    }
-    int fused = g->bn_ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
-    if (L->fuse_relu && !fused)
-        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
-                           be->compute));
-    DNN(cudnnBatchNormalizationBackwardEx(
-        be->dnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, g->bn_ops, &ONE, &ZERO, &ONE, &ZERO, in->yd,
-        in->y, g->yd, g->y, g->yd, g->dy, NULL, NULL, in->yd, grad_ptr(p, i, g->in0), g->bd, scale,
-        shift, dscale, dshift, (double)L->o.eps, g->save_mean, g->save_inv, fused ? g->act : NULL,
-        be->ws, be->ws_size, g->bn_reserve, g->bn_reserve_size));
-    TRY(grad_add(be, p, i, g->in0));
-    return grads_ready(be, i);
-}
-
-/* Column-major views as in fwd_fc: dW^T (in x out) = x^T (in x n) dy (n x
- * out): gemm(N, T, in, out, n); dx^T (in x n) = W^T (in x out) dy^T (out x
- * n): gemm(N, N, in, n, out). An image input's gradient comes in the
- * host's (c, h, w) order and is put back in NHWC. */
-static int bwd_fc(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    int n = p->n, oc = L->out.c, ic = L->in.c * L->in.h * L->in.w, flat = flattens(L);
-    TRY(bias_relu_bwd(be, p, i));
-    const void *x = flat ? g->xf : in->y;
-    float *dw = be->grads + L->w_off;
-    if (be->bf16)
-        BLAS(cublasGemmEx(be->blas, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &ONE, x, CUDA_R_16BF, ic,
-                          g->dy, CUDA_R_16BF, oc, &ZERO, dw, CUDA_R_32F, ic, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT));
-    else
-        BLAS(cublasSgemm(be->blas, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &ONE, x, ic, g->dy, oc,
-                         &ZERO, dw, ic));
-    TRY(grads_ready(be, i));
-    if (!dsrt__net_need_diff(be->net, L->inputs[0])) return 0;
-    void *dx = flat ? g->xf : grad_ptr(p, i, g->in0);
-    if (be->bf16)
-        BLAS(cublasGemmEx(be->blas, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &ONE, be->w16 + L->w_off,
-                          CUDA_R_16BF, ic, g->dy, CUDA_R_16BF, oc, &ZERO, dx, CUDA_R_16BF, ic,
-                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    else
-        BLAS(cublasSgemm(be->blas, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &ONE, be->params + L->w_off,
-                         ic, g->dy, oc, &ZERO, dx, ic));
-    if (flat) {
-        dsrt_k_desc fk = in->kd;
-        fk.nhwc = 0;
-        CU(dsrt_k_pad(&fk, g->xf, &in->kd, in->dy, 0, 0, 0.0f, p->last_use[g->in0] != i,
-                      be->compute));
-        return 0;
-    }
-    return grad_add(be, p, i, g->in0);
-}
-
-/* An add's gradient goes to each input unchanged (behind its ReLU, applied
- * in place first); a concat's channels go to their inputs. */
-static int bwd_join(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i];
-    if (L->kind == DSRT_LAYER_ADD && L->fuse_relu)
-        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, g->dy, out_count(L, p->n), L->fuse_leak,
-                           be->compute));
-    int c0 = 0;
-    for (int k = 0; k < L->n_inputs; k++) {
-        int j = L->inputs[k];
-        gpu_layer *in = &p->gl[j];
-        if (dsrt__net_need_diff(be->net, j)) {
-            if (L->kind == DSRT_LAYER_CONCAT) {
-                CU(dsrt_k_channels(&in->kd, in->dy, &g->kd, g->dy, c0, 0, p->last_use[j] != i,
-                                   be->compute));
-            } else if (in->dy != g->dy) { /* else it shares the add's gradient */
-                void *dx = grad_ptr(p, i, j);
-                CU(cudaMemcpyAsync(dx, g->dy, out_count(L, p->n) * type_size(be->act),
-                                   cudaMemcpyDeviceToDevice, be->compute));
-                TRY(grad_add(be, p, i, j));
-            }
-        }
-        c0 += be->net->layers[j].out.c;
-    }
-    return 0;
-}
-
-static int bwd_layer(cuda_backend *be, gpu_plan *p, int i) {
-    const dsrt_layer *L = &be->net->layers[i];
-    gpu_layer *g = &p->gl[i], *in = &p->gl[L->inputs[0]];
-    int need_dx = dsrt__net_need_diff(be->net, L->inputs[0]);
-    void *dx = need_dx ? grad_ptr(p, i, g->in0) : NULL;
-    switch (L->kind) {
-    case DSRT_LAYER_CONV:
-        return bwd_conv(be, p, i);
-    case DSRT_LAYER_BATCHNORM:
-        return bwd_batchnorm(be, p, i);
-    case DSRT_LAYER_FC:
-        return bwd_fc(be, p, i);
-    case DSRT_LAYER_ADD:
-    case DSRT_LAYER_CONCAT:
-        return bwd_join(be, p, i);
-    case DSRT_LAYER_RELU:
-        if (!need_dx || L->fused_away) return 0;
-        CU(dsrt_k_relu_bwd(be->act, g->y, g->dy, dx, out_count(L, p->n), L->o.leak, be->compute));
-        break;
-    case DSRT_LAYER_MAXPOOL:
-    case DSRT_LAYER_AVGPOOL:
-    case DSRT_LAYER_GAP:
-        if (!need_dx) return 0;
-        CU(dsrt_k_pool_bwd(&g->pool, in->y, g->pool_arg, g->dy, dx, be->compute));
-        break;
-    case DSRT_LAYER_DROPOUT:
-        if (!need_dx) return 0;
-        CU(dsrt_k_dropout(&g->kd, g->dy, dx, be->net->opts.seed, 0, &be->dconst->iteration, i,
-                          L->o.p, be->compute));
-        break;
-    case DSRT_LAYER_LRN:
-        if (!need_dx) return 0;
-        CU(dsrt_k_lrn_bwd(&in->kd, &g->lrn, in->y, g->y, g->dy, g->lrn_scale, dx, be->compute));
-        break;
-    case DSRT_LAYER_SOFTMAX:
-        if (!need_dx) return 0;
-        CU(dsrt_k_softmax_xent_bwd(g->y, p->labels, p->soft, p->sm_work, p->n, be->net->classes,
-                                   1.0f, &be->dconst->grad_scale, dx, be->act, be->compute));
-        break;
-    case DSRT_LAYER_INPUT:
-        return dsrt__fail(DSRT_EUNSUPPORTED, "cuda backend: layer '%s': kind %d", L->name,
-                          (int)L->kind);
-    }
-    return grad_add(be, p, i, g->in0);
-}
 
 // ----------------------------------------------------------------------------
 // Device time
@@ -2019,13 +923,12 @@ static int fwd_body(cuda_backend *be, gpu_plan *p, stage_slot *s) {
     dsrt_net *net = be->net;
     const dsrt_layer *L = NULL;
     prof_events *e = &be->prof;
-    TRY(prof_mark(be, e->fwd0, 0));
-    TRY(fwd_input(be, p, s));
-    TRY(prof_mark(be, e->fwd1, 0));
-    for (int i = 1; i < net->n_layers; i++) {
-        if (net->layers[i].fused_away) continue;
+    p->slot = s;
+    for (int i = 0; i < net->n_layers; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        if (l->fused_away) continue;
         TRY(prof_mark(be, e->fwd0, i));
-        TRY(fwd_layer(be, p, i));
+        if (!aliases(l, p->train)) TRY(gpu_ops(l)->forward(be, p, i));
         TRY(prof_mark(be, e->fwd1, i));
     }
     if (p->labels) {
@@ -2044,9 +947,10 @@ static int bwd_body(cuda_backend *be, gpu_plan *p, stage_slot *s) {
     const dsrt_layer *L = NULL;
     prof_events *e = &be->prof;
     for (int i = net->n_layers - 1; i >= 1; i--) {
-        if (net->layers[i].fused_away) continue;
+        const dsrt_layer *l = &net->layers[i];
+        if (l->fused_away) continue;
         TRY(prof_mark(be, e->bwd0, i));
-        TRY(bwd_layer(be, p, i));
+        TRY(gpu_ops(l)->backward(be, p, i));
         TRY(prof_mark(be, e->bwd1, i));
     }
     /* The labels of the staged slot were read until here. */
@@ -2165,7 +1069,7 @@ static int rec_cut(cuda_backend *be, const callout *after) {
     CU(cudaStreamEndCapture(be->compute, &graph));
     cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
-    if (e != cudaSuccess) return cu_fail(e, "cudaGraphInstantiate", L);
+    if (e != cudaSuccess) return dsrt__cuda_cu_fail(e, "cudaGraphInstantiate", L);
     if (r->n_seg == r->cap) {
         int cap = r->cap ? 2 * r->cap : 8;
         segment *ns = realloc(r->seg, (size_t)cap * sizeof *ns);
@@ -2281,7 +1185,7 @@ static int run_step(cuda_backend *be) {
         be->prof.has_opt = with_opt;
     }
     TRY(mark_done(be));
-    if (be->any_bn) net->host_stale |= DSRT_BUF_STATE;
+    if (be->any_state) net->host_stale |= DSRT_BUF_STATE;
     net->host_stale |= DSRT_BUF_GRADS;
     return 0;
 }
@@ -2305,7 +1209,7 @@ static int settle(cuda_backend *be) {
         TRY(step_pre(be, s));
         TRY(fwd_body(be, p, s));
         TRY(mark_done(be));
-        if (be->any_bn) be->net->host_stale |= DSRT_BUF_STATE;
+        if (be->any_state) be->net->host_stale |= DSRT_BUF_STATE;
     }
     return 0;
 }
@@ -2548,7 +1452,7 @@ static int optim_plan(cuda_backend *be, const dsrt_optim_step *s) {
         cudaError_t e =
             cudaMemcpyAsync(be->seg_dev, be->seg_pin, bytes, cudaMemcpyHostToDevice, be->compute);
         if (e == cudaSuccess) e = cudaEventRecord(be->seg_copied, be->compute);
-        if (e != cudaSuccess) rc = cu_fail(e, "cudaMemcpyAsync", L);
+        if (e != cudaSuccess) rc = dsrt__cuda_cu_fail(e, "cudaMemcpyAsync", L);
     }
     free(ks);
     if (rc) {
@@ -2649,13 +1553,13 @@ static int cuda_read_output(dsrt_backend *b, int layer, int train, float *out) {
     TRY(settle(be));
     TRY(wait_stream(be, be->compute));
     const gpu_layer *g = &p->gl[layer];
-    size_t cnt = out_count(L, p->n), el = type_size(g->kd.type);
+    size_t cnt = dsrt__cuda_out_count(L, p->n), el = dsrt__cuda_type_size(g->kd.type);
     char *h = malloc(cnt * el + 1);
     if (!h) return -ENOMEM;
     cudaError_t e = cudaMemcpy(h, g->y, cnt * el, cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) {
         free(h);
-        return cu_fail(e, "cudaMemcpy", L);
+        return dsrt__cuda_cu_fail(e, "cudaMemcpy", L);
     }
     const dsrt_k_desc *d = &g->kd;
     for (size_t i = 0; i < cnt; i++) {
@@ -2852,7 +1756,7 @@ static int cuda_create(dsrt_backend **out, dsrt_net *net) {
     be->graphs = net->opts.cuda_graphs != 0;
     net->backend_note[0] = 0;
     for (int i = 0; i < net->n_layers; i++)
-        be->any_bn |= net->layers[i].kind == DSRT_LAYER_BATCHNORM;
+        be->any_state |= (gpu_ops(&net->layers[i])->flags & DSRT_CUDA_STATE) != 0;
     int rc = cuda_setup(be);
     if (rc) {
         cuda_destroy((dsrt_backend *)be);
@@ -2872,7 +1776,7 @@ static void cuda_describe(dsrt_backend *b, dsrt_backend_report *r) {
     r->graphs = be->graphs;
     for (int i = 1; p && i < p->n_layers; i++) {
         const gpu_layer *g = &p->gl[i];
-        r->fused_cudnn += g->fuse == FUSE_CUDNN || g->bn_ex;
+        r->fused_cudnn += g->fuse == FUSE_CUDNN;
         r->fused_kernel += g->fuse == FUSE_KERNEL;
     }
 }
