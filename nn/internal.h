@@ -259,6 +259,11 @@ struct dsrt_layer_ops {
     /* At import: 1 when a layer of this kind (self) takes on what its only
      * taker computes (add: a ReLU, as relu=1), which then goes. */
     int (*onnx_absorb)(struct dsrt_onnx_layer *self, const struct dsrt_onnx_layer *taker);
+    /* A small net (a description, its input size given) with a layer of
+     * the kind in it, which the tests that walk the table check: its
+     * gradients against finite differences, the GPU backend against the
+     * CPU's, ONNX export and import. */
+    const char *example;
 };
 
 #define DSRT_LAYER_EXTERN(K, k) extern const dsrt_layer_ops dsrt__layer_##k;

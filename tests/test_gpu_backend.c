@@ -389,6 +389,31 @@ static void check_layers(dsrt_precision prec) {
         }
         check_net(&ISOLATED[k], prec, seed, tol, tol, tag);
     }
+    /* Every layer kind's example net (nn/layers/<kind>.c), as an isolated
+     * case. */
+    for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++) {
+        const dsrt_layer_ops *o = dsrt__layers[k];
+        dsrt_net *probe = NULL;
+        if (!o->example || dsrt_net_create(&probe, o->example, 0, 0, 0, 0, NULL) != 0) {
+            fprintf(stderr, "  %s: no example net to run\n", o->name);
+            test_failures++;
+            continue;
+        }
+        case_net cn = {o->example, probe->input.h, probe->input.w, probe->input.c,
+                       probe->classes, 4};
+        dsrt_net_destroy(probe);
+        double cond = 0;
+        uint64_t seed = prec == DSRT_PRECISION_FP32 ? 1 : pick_batch(&cn, u, tol / 2, &cond);
+        char tag[96];
+        snprintf(tag, sizeof tag, "%s's example, %s, batch %llu", o->name,
+                 dsrt_precision_name(prec), (unsigned long long)seed);
+        if (cond > tol / 2) {
+            fprintf(stderr, "  %s: no batch of 32 is away from ties (gradients move %.3g)\n", tag,
+                    cond);
+            test_failures++;
+        }
+        check_net(&cn, prec, seed, tol, tol, tag);
+    }
     for (size_t k = 0; k < sizeof NETS / sizeof NETS[0]; k++) {
         char tag[96];
         snprintf(tag, sizeof tag, "net %zu, %s", k, dsrt_precision_name(prec));

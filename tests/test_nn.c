@@ -77,10 +77,12 @@ static int close_arrays(const float *a, const double *ref, size_t n, double tol,
 // Gradient check
 
 /* Compares the net's gradient of every parameter tensor with central
- * differences of the training loss (dropout masks fixed by the iteration). */
+ * differences of the training loss (dropout masks fixed by the iteration).
+ * h, w, c and classes 0: the description's. */
 static void grad_check(const char *desc, int h, int w, int c, int classes, int n, int fuse) {
     dsrt_net *net = make(desc, h, w, c, classes, fuse);
-    size_t per = (size_t)h * w * c;
+    classes = net->classes;
+    size_t per = (size_t)net->input.h * net->input.w * net->input.c;
     float *x = malloc((size_t)n * per * sizeof *x);
     int32_t *y = malloc((size_t)n * sizeof *y);
     REQUIRE(x && y);
@@ -264,6 +266,35 @@ static void test_grad_misc(void) {
     grad_check("input normalization=zscore mean=0.1 std=2\nconv filters=2 size=2\nfc outputs=2\n"
                "softmax\n",
                3, 3, 1, 2, 2, 0);
+}
+
+/* Every layer kind of the table: its keywords with options and help, a
+ * shape rule, a CPU plan, an ONNX form both ways (the input's is the
+ * graph's input itself), and an example net whose gradients check out,
+ * fused and not. */
+static void test_layer_table(void) {
+    for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++) {
+        const dsrt_layer_ops *o = dsrt__layers[k];
+        REQUIRE(o);
+        CHECK(o->name && o->types && o->types[0].name);
+        for (const dsrt_layer_type *t = o->types; t->name; t++) CHECK(t->opts && t->help);
+        CHECK(o->build != NULL);
+        CHECK(o->cpu_plan != NULL);
+        CHECK(o->onnx_export != NULL);
+        CHECK(o->onnx_ops != NULL || (o->flags & DSRT_LAYER_F_INPUT));
+        CHECK(o->min_inputs <= o->max_inputs && o->max_inputs <= DSRT_INPUTS_MAX);
+        CHECK(o->example != NULL);
+        if (!o->example) continue;
+        /* The example has a layer of this kind. */
+        dsrt_net *net = make(o->example, 0, 0, 0, 0, 1);
+        int has = 0;
+        for (int i = 0; i < net->n_layers; i++) has |= net->layers[i].kind == (dsrt_layer_kind)k;
+        if (!has) fprintf(stderr, "  %s: its example has no layer of the kind\n", o->name);
+        CHECK(has);
+        dsrt_net_destroy(net);
+        grad_check(o->example, 0, 0, 0, 0, 4, 0);
+        grad_check(o->example, 0, 0, 0, 0, 3, 1);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -1331,6 +1362,7 @@ static void test_soft_targets(void) {
 }
 
 int main(void) {
+    RUN(test_layer_table);
     RUN(test_parse_errors);
     RUN(test_soft_targets);
     RUN(test_graph_errors);

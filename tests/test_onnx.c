@@ -68,10 +68,10 @@ static const char ALL_LAYERS[] =
     "# dsrt-class: cat\n# dsrt-class: dog\n# dsrt-class: a bird\n# dsrt-class: fish\n";
 
 /* A net of ALL_LAYERS whose running statistics are not the initial ones. */
-static dsrt_net *all_layers_net(const char *desc) {
+static dsrt_net *all_layers_net(const char *desc, int classes) {
     dsrt_net_options o = one_thread();
     dsrt_net *net;
-    REQUIRE(dsrt_net_create(&net, desc, 0, 0, 0, 4, &o) == 0);
+    REQUIRE(dsrt_net_create(&net, desc, 0, 0, 0, classes, &o) == 0);
     size_t ns;
     float *st = dsrt_net_state(net, &ns);
     dsrt_rng r = dsrt_rng_init(9, 0, 0, 0);
@@ -129,7 +129,7 @@ static void check_same_net(dsrt_net *a, dsrt_net *b, const char *what, int dropo
 
 static void test_round_trip(void) {
     static const int opsets[] = {7, 9, 11, 13, 17, 21};
-    dsrt_net *net = all_layers_net(ALL_LAYERS);
+    dsrt_net *net = all_layers_net(ALL_LAYERS, 4);
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(opsets); k++) {
         char path[600], what[64];
         snprintf(what, sizeof what, "all.opset%d.onnx", opsets[k]);
@@ -175,6 +175,35 @@ static void test_round_trip(void) {
         dsrt_net_destroy(b);
     }
     dsrt_net_destroy(net);
+}
+
+/* Every kind's example net, exported at two opsets and imported: the same
+ * parameters, statistics and probabilities bit for bit (dropout, the
+ * identity at inference, leaves no layer). */
+static void test_layer_table(void) {
+    static const int opsets[] = {11, 17};
+    for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++) {
+        const dsrt_layer_ops *o = dsrt__layers[k];
+        if (!o->example) continue;
+        dsrt_net *net = all_layers_net(o->example, 0);
+        int dropouts = 0;
+        for (int i = 0; i < net->n_layers; i++)
+            dropouts += net->layers[i].kind == DSRT_LAYER_DROPOUT;
+        for (size_t v = 0; v < DSRT_ARRAY_SIZE(opsets); v++) {
+            char path[600], what[96];
+            snprintf(what, sizeof what, "%s.opset%d.onnx", o->name, opsets[v]);
+            path_of(path, sizeof path, what);
+            dsrt_onnx_export_options eo = dsrt_onnx_export_defaults();
+            eo.opset = opsets[v];
+            CHECK_OK(dsrt_onnx_export(net, path, &eo));
+            dsrt_net_options no = one_thread();
+            dsrt_net *back = NULL;
+            CHECK_OK(dsrt_onnx_import(&back, path, NULL, &no));
+            if (back) check_same_net(net, back, what, dropouts);
+            dsrt_net_destroy(back);
+        }
+        dsrt_net_destroy(net);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -1073,6 +1102,7 @@ static void test_mutations(void) {
 int main(void) {
     REQUIRE(timg_tmpdir("onnx", dir, sizeof dir) == 0);
     RUN(test_round_trip);
+    RUN(test_layer_table);
     RUN(test_storages);
     RUN(test_refusals);
     RUN(test_external_refusals);

@@ -223,4 +223,6 @@ const dsrt_layer_ops dsrt__layer_add = {
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
     .onnx_absorb = absorb,
+    .example = "input name=in size=4x4x2\nconv name=a filters=3 size=1\nconv name=b filters=3 "
+               "size=1 inputs=in\nadd inputs=a,b relu=1\nfc outputs=3\nsoftmax\n",
 };

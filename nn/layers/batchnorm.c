@@ -396,4 +396,5 @@ const dsrt_layer_ops dsrt__layer_batchnorm = {
     .cpu_plan = plan_batchnorm,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .example = "input size=4x4x3\nconv filters=3 size=1 bias=0\nbatchnorm\nfc outputs=3\nsoftmax\n",
 };

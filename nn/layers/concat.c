@@ -174,4 +174,6 @@ const dsrt_layer_ops dsrt__layer_concat = {
     .cpu_plan = plan_concat,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .example = "input name=in size=4x4x2\nconv name=a filters=3 size=1\nconv name=b filters=2 "
+               "size=1 inputs=in\nconcat inputs=a,b\nfc outputs=3\nsoftmax\n",
 };

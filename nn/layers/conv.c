@@ -260,4 +260,6 @@ const dsrt_layer_ops dsrt__layer_conv = {
     .cpu_plan = plan_conv,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .example = "input size=8x7x2\nconv filters=4 size=3x2 stride=2 pad=1,2,0,1\nconv filters=4 "
+               "size=3 dilation=2 pad=same groups=2\nfc outputs=3\nsoftmax\n",
 };

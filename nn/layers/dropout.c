@@ -177,4 +177,5 @@ const dsrt_layer_ops dsrt__layer_dropout = {
     .cpu_plan = plan_dropout,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .example = "input size=4x4x2\nconv filters=4 size=1\ndropout p=0.3\nfc outputs=3\nsoftmax\n",
 };

@@ -371,4 +371,5 @@ const dsrt_layer_ops dsrt__layer_fc = {
     .cpu_plan = plan_fc,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .example = "input size=3x3x2\nfc outputs=5\nfc outputs=3 bias=0\nsoftmax\n",
 };

@@ -159,4 +159,6 @@ const dsrt_layer_ops dsrt__layer_input = {
     .init = init,
     .cpu_plan = plan_input,
     .onnx_export = export_onnx,
+    .example = "input name=in size=5x5x2 normalization=zscore mean=0.1,0.2 std=2,3\nconv filters=3 "
+               "size=2\nfc outputs=3\nsoftmax\n",
 };

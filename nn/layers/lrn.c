@@ -110,4 +110,6 @@ const dsrt_layer_ops dsrt__layer_lrn = {
     .cpu_plan = plan_lrn,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .example = "input size=4x4x2\nconv filters=6 size=1\nlrn size=3 alpha=0.5 beta=0.75 k=2\nfc "
+               "outputs=3\nsoftmax\n",
 };

@@ -215,6 +215,8 @@ const dsrt_layer_ops dsrt__layer_maxpool = {
     .cpu_plan = plan_pool,
     .onnx_export = export_pool,
     .onnx_ops = ONNX_MAX,
+    .example = "input size=9x8x2\nconv filters=2 size=1\nmaxpool size=3 stride=2 pad=1\nfc "
+               "outputs=3\nsoftmax\n",
 };
 
 const dsrt_layer_ops dsrt__layer_avgpool = {
@@ -226,6 +228,8 @@ const dsrt_layer_ops dsrt__layer_avgpool = {
     .cpu_plan = plan_pool,
     .onnx_export = export_pool,
     .onnx_ops = ONNX_AVG,
+    .example = "input size=7x7x2\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1 "
+               "count_pad=0\nfc outputs=3\nsoftmax\n",
 };
 
 const dsrt_layer_ops dsrt__layer_gap = {
@@ -237,4 +241,5 @@ const dsrt_layer_ops dsrt__layer_gap = {
     .cpu_plan = plan_pool,
     .onnx_export = export_gap,
     .onnx_ops = ONNX_GAP,
+    .example = "input size=5x4x2\nconv filters=3 size=1\ngap\nfc outputs=3\nsoftmax\n",
 };

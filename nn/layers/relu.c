@@ -111,4 +111,6 @@ const dsrt_layer_ops dsrt__layer_relu = {
     .cpu_plan = plan_relu,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .example = "input size=5x5x2\nconv filters=4 size=3 pad=1\nleakyrelu leak=0.1\nconv filters=3 "
+               "size=1\nrelu\nfc outputs=3\nsoftmax\n",
 };

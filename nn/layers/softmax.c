@@ -191,4 +191,5 @@ const dsrt_layer_ops dsrt__layer_softmax = {
     .cpu_plan = plan_softmax,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .example = "input size=3x3x1\nfc outputs=4\nsoftmax\n",
 };
