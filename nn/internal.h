@@ -230,7 +230,14 @@ typedef struct {
     const char *op;
     int (*map)(struct dsrt_onnx_import *c);
     const char *attrs;
+    /* ONNX_OP_ELEMENTWISE: it computes element by element, so it takes a
+     * value in either layout and its output keeps it; ONNX_OP_NHWC: its
+     * mapping handles channels-last values itself. 0: (N, C, H, W) or (N, K)
+     * values only. */
+    unsigned flags;
 } dsrt_onnx_op;
+
+enum { ONNX_OP_ELEMENTWISE = 1, ONNX_OP_NHWC = 2 };
 
 /*
  * A layer kind: everything dsrt knows of it, in its own file. The engines

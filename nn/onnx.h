@@ -160,6 +160,7 @@ typedef struct {
     int kind;       /* ONNX_V_*, 0 not yet made */
     int layer;      /* ONNX_V_INPUT, ONNX_V_LAYER: the dsrt layer whose output it is */
     int flat;       /* ONNX sees it as (N, K), K = c h w */
+    int nhwc;       /* ONNX sees it channels-last, (N, H, W, C) (after a Transpose) */
     int stage;      /* ONNX_V_INPUT: how many normalising operations made it */
     onnx_tensor *t; /* ONNX_V_CONST */
     int producer;   /* node index, or -1 */
@@ -228,6 +229,12 @@ typedef struct dsrt_onnx_import {
     int user_stats;       /* the caller gave a mean or std */
     const onnx_node *cur; /* the node being mapped, for messages */
     int err;              /* the code of the last refusal */
+    /* The node being mapped: its operator's ONNX_OP_* flags, the layout of
+     * its first data input, and the layout its mapping gives its output
+     * (for ONNX_OP_NHWC operators; an ONNX_OP_ELEMENTWISE output keeps its
+     * input's). */
+    unsigned op_flags;
+    int in_nhwc, out_nhwc;
 } onnx_import;
 
 /* Fails naming the node being mapped: "onnx: FILE: node N 'NAME' (OP,
@@ -252,6 +259,16 @@ int dsrt__onnx_has_input(onnx_import *c, int k);
 onnx_val *dsrt__onnx_data_input(onnx_import *c, int k, const char *what);
 /* A constant input (an initializer), NULL after a failure. */
 onnx_tensor *dsrt__onnx_const_input(onnx_import *c, int k, const char *what);
+/* Folds the node being mapped into a constant when its inputs are
+ * constants or static shapes (shape arithmetic: Shape, Gather, Concat,
+ * Slice, Unsqueeze, arithmetic, ...; onnx_fold.c). Returns 1 when folded, 0
+ * when it is not a fold (an input is computed), < 0 after a failure. */
+int dsrt__onnx_fold(onnx_import *c);
+/* Whether the node's operator is one dsrt folds, and nothing else. */
+int dsrt__onnx_fold_only(const onnx_node *n);
+/* The batch size in a folded shape: symbolic. */
+#define ONNX_BATCH INT64_MIN
+
 /* Input 0 as an image: 4-D in ONNX, not flattened. */
 onnx_val *dsrt__onnx_image_input(onnx_import *c);
 /* The dsrt shape of a value made by a layer (or the input). */

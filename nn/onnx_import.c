@@ -165,6 +165,7 @@ void dsrt__onnx_alias(onnx_import *c, const onnx_val *src, int flat) {
     o->t = src->t;
     o->stage = src->stage;
     o->flat = flat;
+    o->nhwc = src->nhwc && !flat;
 }
 
 // ----------------------------------------------------------------------------
@@ -713,6 +714,7 @@ void dsrt__onnx_produce(onnx_import *c, onnx_layer *l, int flat) {
     o->kind = ONNX_V_LAYER;
     o->layer = (int)(l - c->L);
     o->flat = flat;
+    o->nhwc = !flat && (c->op_flags & ONNX_OP_ELEMENTWISE ? c->in_nhwc : c->out_nhwc);
 }
 
 /* Whether the node has input k (an empty name is an input left out). */
@@ -735,6 +737,14 @@ onnx_val *dsrt__onnx_data_input(onnx_import *c, int k, const char *what) {
                         what, ONNX_SHOWN(v->name));
         return NULL;
     }
+    if (v->nhwc && !(c->op_flags & (ONNX_OP_ELEMENTWISE | ONNX_OP_NHWC))) {
+        dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                        "its %s input '%s' is channels-last (N, H, W, C) after a Transpose: dsrt "
+                        "takes this operator on (N, C, H, W) only",
+                        what, ONNX_SHOWN(v->name));
+        return NULL;
+    }
+    if (k == 0) c->in_nhwc = v->nhwc;
     if (v->kind == ONNX_V_INPUT) {
         if (v->stage != c->stage) {
             dsrt__onnx_fail(
@@ -845,8 +855,8 @@ int dsrt__onnx_geometry(onnx_import *c, const dsrt_shape *s, const int *kernel, 
     char ap[32];
     if ((rc = dsrt__onnx_get_string(c, "auto_pad", "NOTSET", ap, sizeof ap))) return rc;
     *w = (onnx_window){(int)ks[0], (int)ks[1], (int)st[0], (int)st[1], (int)dl[0], (int)dl[1],
-                  /* ONNX: [top, left, bottom, right] */
-                  (int)pads[0], (int)pads[2], (int)pads[1], (int)pads[3], 0, 0};
+                       /* ONNX: [top, left, bottom, right] */
+                       (int)pads[0], (int)pads[2], (int)pads[1], (int)pads[3], 0, 0};
     if (!strcmp(ap, "VALID")) {
         w->pt = w->pb = w->pl = w->pr = 0;
     } else if (!strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER")) {
@@ -892,8 +902,54 @@ static int map_flatten(onnx_import *c) {
     if (axis != 1)
         return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "axis %lld: dsrt flattens each image (axis 1)",
                                (long long)axis);
+    dsrt_shape sh = dsrt__onnx_shape_of(c, x);
+    if (x->nhwc && !(sh.h == 1 && sh.w == 1))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "it flattens a channels-last image of %dx%d pixels, whose values "
+                               "come in another order than dsrt's (N, C, H, W)",
+                               sh.h, sh.w);
     dsrt__onnx_alias(c, x, 1);
     return 0;
+}
+
+/* Transpose of a computed value: (N, C, H, W) to channels-last (N, H, W, C),
+ * perm (0, 2, 3, 1), and back, perm (0, 3, 1, 2), are the same dsrt value
+ * seen in the other order (ConvNeXt's blocks, tf2onnx's NHWC input); any
+ * other permutation is refused. */
+static int map_transpose(onnx_import *c) {
+    onnx_val *x = dsrt__onnx_data_input(c, 0, "first");
+    if (!x) return c->err;
+    int64_t perm[4];
+    int rc = dsrt__onnx_get_ints(c, "perm", 4, perm);
+    if (rc < 0) return rc;
+    int to_last = rc && perm[0] == 0 && perm[1] == 2 && perm[2] == 3 && perm[3] == 1;
+    int to_first = rc && perm[0] == 0 && perm[1] == 3 && perm[2] == 1 && perm[3] == 2;
+    if (x->flat || !(x->nhwc ? to_first : to_last)) {
+        char text[64] = "reversed";
+        if (rc)
+            snprintf(text, sizeof text, "%lld, %lld, %lld, %lld", (long long)perm[0],
+                     (long long)perm[1], (long long)perm[2], (long long)perm[3]);
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "perm (%s) of a %s value: dsrt transposes only between (N, C, H, W) "
+                               "and channels-last (N, H, W, C)",
+                               text,
+                               x->flat   ? "(N, K)"
+                               : x->nhwc ? "channels-last"
+                                         : "(N, C, H, W)");
+    }
+    onnx_val *o = dsrt__onnx_output(c, 0);
+    dsrt__onnx_alias(c, x, 0);
+    if (o) o->nhwc = !x->nhwc;
+    return 0;
+}
+
+/* An operator dsrt folds only (shape arithmetic), met with a computed
+ * input: refused naming it. */
+static int map_fold_only(onnx_import *c) {
+    return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                           "dsrt computes %s only on constants and the static shapes of values "
+                           "(shape arithmetic, folded at import), and an input here is computed",
+                           ONNX_SHOWN(c->cur->op));
 }
 
 static int map_reshape(onnx_import *c) {
@@ -906,13 +962,27 @@ static int map_reshape(onnx_import *c) {
     if (n < 0) return n;
     if ((rc = dsrt__onnx_get_int(c, "allowzero", 0, &allow))) return rc;
     dsrt_shape s = dsrt__onnx_shape_of(c, x);
-    int64_t k = (int64_t)s.c * s.h * s.w, d1 = x->flat ? k : s.c;
-    int ok = n == 2 && !(allow && (shape[0] == 0 || shape[1] == 0));
+    int64_t k = (int64_t)s.c * s.h * s.w, d1 = x->flat ? k : x->nhwc ? s.h : s.c;
+    /* The leading dimension: the batch (0 copies it, -1 infers it, a folded
+     * Shape gives it as ONNX_BATCH, or the model's fixed batch). */
+    int batch = n >= 1 && (shape[0] == ONNX_BATCH || (shape[0] == 0 && !allow) ||
+                           (c->batch > 0 && shape[0] == c->batch));
+    int ok = n == 2 && (batch || shape[0] == -1) && !(allow && shape[1] == 0);
     if (ok) {
-        int64_t b = shape[1] == 0 ? d1 : shape[1], a = shape[0];
-        ok = (b == k && (a == 0 || a == -1 || (c->batch > 0 && a == c->batch))) ||
-             (b == -1 && (a == 0 || (c->batch > 0 && a == c->batch)));
+        int64_t b = shape[1] == 0 ? d1 : shape[1];
+        ok = b == k || (b == -1 && batch);
     }
+    /* (N, C, 1, 1) of a flat value with one pixel, or of an image with one:
+     * the same value as an image. */
+    if (!ok && n == 4 && batch && s.h == 1 && s.w == 1 && (shape[1] == s.c || shape[1] == -1) &&
+        shape[2] == 1 && shape[3] == 1) {
+        dsrt__onnx_alias(c, x, 0);
+        return 0;
+    }
+    /* A flattened value with one pixel back to (N, C, 1, 1) is handled above;
+     * a channels-last value flattens like a channels-first one only with
+     * one pixel. */
+    if (ok && x->nhwc && !(s.h == 1 && s.w == 1)) ok = 0;
     if (!ok) {
         char text[160] = "";
         for (int i = 0, at = 0; i < n && at < (int)sizeof text - 24; i++)
@@ -1090,14 +1160,42 @@ static int map_constant(onnx_import *c) {
 /* The operators the import itself maps (no layer, or the input's
  * normalisation); every other comes from a kind's onnx_ops. */
 static const dsrt_onnx_op OPS[] = {
-    {"Flatten", map_flatten, "axis"},
-    {"Reshape", map_reshape, "allowzero"},
-    {"Identity", map_identity, ""},
-    {"Sub", dsrt__onnx_affine, ""},
-    {"Mul", dsrt__onnx_affine, ""},
-    {"Div", dsrt__onnx_affine, ""},
-    {"Constant", map_constant, "value,value_float,value_floats,value_int,value_ints"},
-    {NULL, NULL, NULL},
+    {"Flatten", map_flatten, "axis", ONNX_OP_NHWC},
+    {"Reshape", map_reshape, "allowzero", ONNX_OP_NHWC},
+    {"Transpose", map_transpose, "perm", ONNX_OP_NHWC},
+    {"Identity", map_identity, "", ONNX_OP_ELEMENTWISE},
+    {"Sub", dsrt__onnx_affine, "", 0},
+    {"Mul", dsrt__onnx_affine, "", 0},
+    {"Div", dsrt__onnx_affine, "", 0},
+    {"Constant", map_constant, "value,value_float,value_floats,value_int,value_ints", 0},
+    /* Shape arithmetic, folded (onnx_fold.c) */
+    {"Shape", map_fold_only, "end,start", 0},
+    {"Gather", map_fold_only, "axis", 0},
+    {"Unsqueeze", map_fold_only, "axes", 0},
+    {"Squeeze", map_fold_only, "axes", 0},
+    {"Slice", map_fold_only, "axes,ends,starts", 0},
+    {"Cast", map_fold_only, "saturate,to", 0},
+    {"ConstantOfShape", map_fold_only, "value", 0},
+    {"Range", map_fold_only, "", 0},
+    {"Expand", map_fold_only, "", 0},
+    {"Pow", map_fold_only, "", 0},
+    {"Sqrt", map_fold_only, "", 0},
+    {"Neg", map_fold_only, "", 0},
+    {"Floor", map_fold_only, "", 0},
+    {"Ceil", map_fold_only, "", 0},
+    {"Abs", map_fold_only, "", 0},
+    {"Reciprocal", map_fold_only, "", 0},
+    {"Mod", map_fold_only, "fmod", 0},
+    {"Max", map_fold_only, "", 0},
+    {"Min", map_fold_only, "", 0},
+    {"Equal", map_fold_only, "", 0},
+    {"Less", map_fold_only, "", 0},
+    {"Greater", map_fold_only, "", 0},
+    {"Where", map_fold_only, "", 0},
+    {"Not", map_fold_only, "", 0},
+    {"And", map_fold_only, "", 0},
+    {"Or", map_fold_only, "", 0},
+    {NULL, NULL, NULL, 0},
 };
 
 /* Node n's operator: the import's own, or a kind's; NULL when none maps it. */
@@ -1340,7 +1438,11 @@ static int map_graph(onnx_import *c) {
             }
             continue;
         }
+        c->op_flags = op->flags;
+        c->in_nhwc = c->out_nhwc = 0;
         int rc = check_attrs(c, op->attrs);
+        if (!rc) rc = dsrt__onnx_fold(c);
+        if (rc == 1) continue; /* a constant now */
         if (!rc) rc = op->map(c);
         if (rc) return rc == -ENOMEM ? dsrt__fail(-ENOMEM, "onnx: %s: out of memory", c->file) : rc;
     }

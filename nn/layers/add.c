@@ -186,6 +186,9 @@ static int map_add(onnx_import *c) {
                                "dsrt adds tensors of one shape, no broadcasting",
                                a.c, a.h, a.w, in[0]->flat ? " flattened" : "", b.c, b.h, b.w,
                                in[1]->flat ? " flattened" : "");
+    if (in[0]->nhwc != in[1]->nhwc)
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "it adds a channels-last value to a channels-first one");
     if (in[0]->layer == in[1]->layer)
         return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "it adds a value to itself");
     onnx_layer *l = dsrt__onnx_add_layer(c, "add", in, 2);
@@ -205,8 +208,8 @@ static int absorb(onnx_layer *self, const onnx_layer *taker) {
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"Add", map_add, ""},
-    {NULL, NULL, NULL},
+    {"Add", map_add, "", ONNX_OP_ELEMENTWISE},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

@@ -379,8 +379,8 @@ static int map_batchnorm(onnx_import *c) {
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"BatchNormalization", map_batchnorm, "epsilon,momentum,spatial,training_mode"},
-    {NULL, NULL, NULL},
+    {"BatchNormalization", map_batchnorm, "epsilon,momentum,spatial,training_mode", 0},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

@@ -158,8 +158,8 @@ static int map_concat(onnx_import *c) {
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"Concat", map_concat, "axis"},
-    {NULL, NULL, NULL},
+    {"Concat", map_concat, "axis", 0},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

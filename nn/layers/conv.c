@@ -243,8 +243,8 @@ static int map_conv(onnx_import *c) {
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"Conv", map_conv, "auto_pad,dilations,group,kernel_shape,pads,strides"},
-    {NULL, NULL, NULL},
+    {"Conv", map_conv, "auto_pad,dilations,group,kernel_shape,pads,strides", 0},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

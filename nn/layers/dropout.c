@@ -162,8 +162,8 @@ static int map_dropout(onnx_import *c) {
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"Dropout", map_dropout, "ratio,seed"},
-    {NULL, NULL, NULL},
+    {"Dropout", map_dropout, "ratio,seed", ONNX_OP_ELEMENTWISE},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

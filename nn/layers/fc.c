@@ -316,9 +316,42 @@ static int map_gemm(onnx_import *c) {
     return 0;
 }
 
+/* MatMul of a channels-last image (N, H, W, C) by a constant (C, M): the
+ * same product at every pixel, a 1x1 convolution of M filters (its
+ * output channels-last too). The weights are (inputs, outputs), dsrt's
+ * transposed. */
+static int pixel_linear(onnx_import *c, onnx_val *a, onnx_tensor *w, onnx_tensor *bias) {
+    dsrt_shape s = dsrt__onnx_shape_of(c, a);
+    if (w->ndims != 2 || w->dims[0] != s.c || w->dims[1] < 1 || w->dims[1] > (1 << 20))
+        return dsrt__onnx_fail(c, DSRT_ECORRUPT,
+                               "weight '%s' (%d dimensions) does not take the %d channels of its "
+                               "channels-last input",
+                               ONNX_SHOWN(w->name), w->ndims, s.c);
+    int64_t m = w->dims[1];
+    if (bias && !(bias->count == (uint64_t)m || bias->count == 1))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "bias '%s' of %llu values for %lld outputs",
+                               ONNX_SHOWN(bias->name), (unsigned long long)bias->count,
+                               (long long)m);
+    dsrt_shape os;
+    int rc = dsrt__onnx_out_shape(c, m, s.h, s.w, &os);
+    if (rc) return rc;
+    onnx_layer *l = dsrt__onnx_add_layer(c, "conv", &a, 1);
+    if (!l) return c->err;
+    dsrt__onnx_opt(l, " filters=%lld size=1 bias=%d", (long long)m, bias != NULL);
+    l->w = w;
+    l->w_rows = s.c;
+    l->w_cols = m;
+    l->b = bias;
+    l->out = os;
+    c->out_nhwc = 1;
+    return (int)(l - c->L);
+}
+
 static int map_matmul(onnx_import *c) {
-    onnx_val *a = flat_input(c, "MatMul");
+    onnx_val *a = dsrt__onnx_data_input(c, 0, "first");
     if (!a) return c->err;
+    int pixels = a->nhwc;
+    if (!pixels && !(a = flat_input(c, "MatMul"))) return c->err;
     onnx_tensor *b = dsrt__onnx_const_input(c, 1, "weight (B)"), *bias = NULL;
     if (!b) return c->err;
     /* The Add of a bias that takes this product alone: one fc layer. */
@@ -337,25 +370,26 @@ static int map_matmul(onnx_import *c) {
                 }
             }
         }
-    int rc = fc_layer(c, a, b, 0, 1.0f, bias, 1.0f);
+    int rc = pixels ? pixel_linear(c, a, b, bias) : fc_layer(c, a, b, 0, 1.0f, bias, 1.0f);
     if (rc < 0) return rc;
-    dsrt__onnx_produce(c, &c->L[rc], 1);
+    dsrt__onnx_produce(c, &c->L[rc], !pixels);
     if (add >= 0) {
         c->absorbed[add] = 1;
         onnx_val *sum = dsrt__onnx_find(c, c->m.nodes[add].out[0]);
         if (sum) {
             sum->kind = ONNX_V_LAYER;
             sum->layer = rc;
-            sum->flat = 1;
+            sum->flat = !pixels;
+            sum->nhwc = pixels;
         }
     }
     return 0;
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"Gemm", map_gemm, "alpha,beta,transA,transB"},
-    {"MatMul", map_matmul, ""},
-    {NULL, NULL, NULL},
+    {"Gemm", map_gemm, "alpha,beta,transA,transB", 0},
+    {"MatMul", map_matmul, "", ONNX_OP_NHWC},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

@@ -95,8 +95,8 @@ static int map_lrn(onnx_import *c) {
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"LRN", map_lrn, "alpha,beta,bias,size"},
-    {NULL, NULL, NULL},
+    {"LRN", map_lrn, "alpha,beta,bias,size", 0},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

@@ -189,19 +189,20 @@ static int map_gap(onnx_import *c) {
 }
 
 static const dsrt_onnx_op ONNX_MAX[] = {
-    {"MaxPool", map_pool, "auto_pad,ceil_mode,dilations,kernel_shape,pads,storage_order,strides"},
-    {NULL, NULL, NULL},
+    {"MaxPool", map_pool, "auto_pad,ceil_mode,dilations,kernel_shape,pads,storage_order,strides",
+     0},
+    {NULL, NULL, NULL, 0},
 };
 
 static const dsrt_onnx_op ONNX_AVG[] = {
     {"AveragePool", map_pool,
-     "auto_pad,ceil_mode,count_include_pad,dilations,kernel_shape,pads,strides"},
-    {NULL, NULL, NULL},
+     "auto_pad,ceil_mode,count_include_pad,dilations,kernel_shape,pads,strides", 0},
+    {NULL, NULL, NULL, 0},
 };
 
 static const dsrt_onnx_op ONNX_GAP[] = {
-    {"GlobalAveragePool", map_gap, ""},
-    {NULL, NULL, NULL},
+    {"GlobalAveragePool", map_gap, "", 0},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

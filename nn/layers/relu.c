@@ -94,9 +94,9 @@ static int map_relu(onnx_import *c) {
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"Relu", map_relu, ""},
-    {"LeakyRelu", map_relu, "alpha"},
-    {NULL, NULL, NULL},
+    {"Relu", map_relu, "", ONNX_OP_ELEMENTWISE},
+    {"LeakyRelu", map_relu, "alpha", ONNX_OP_ELEMENTWISE},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------

@@ -175,8 +175,8 @@ static int map_softmax(onnx_import *c) {
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
-    {"Softmax", map_softmax, "axis"},
-    {NULL, NULL, NULL},
+    {"Softmax", map_softmax, "axis", 0},
+    {NULL, NULL, NULL, 0},
 };
 
 // ----------------------------------------------------------------------------
