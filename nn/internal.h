@@ -266,6 +266,12 @@ struct dsrt_layer_ops {
     /* At import: 1 when a layer of this kind (self) takes on what its only
      * taker computes (add: a ReLU, as relu=1), which then goes. */
     int (*onnx_absorb)(struct dsrt_onnx_layer *self, const struct dsrt_onnx_layer *taker);
+    /* The first opset at which onnx_export writes the kind as operators
+     * that its onnx_ops read back as one layer of the kind (the tests that
+     * walk the table check the round trip from there); 0: every opset; -1:
+     * none (silu: Sigmoid and Mul, which other kinds read). Below it the
+     * export is an expansion into other kinds' operators. */
+    int onnx_round_trip;
     /* A small net (a description, its input size given) with a layer of
      * the kind in it, which the tests that walk the table check: its
      * gradients against finite differences, the GPU backend against the

@@ -129,6 +129,32 @@ extern "C" cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void 
     return cudaGetLastError();
 }
 
+__global__ void act_fwd_kernel(dsrt_k_type t, dsrt_k_act a, const void *x, void *y, size_t n) {
+    for (size_t i = tid(); i < n; i += stride()) dsrt_kb_act_fwd(t, &a, x, y, i);
+}
+
+__global__ void act_bwd_kernel(dsrt_k_type t, dsrt_k_act a, const void *x, const void *y,
+                               const void *dy, void *dx, size_t n) {
+    for (size_t i = tid(); i < n; i += stride()) dsrt_kb_act_bwd(t, &a, x, y, dy, dx, i);
+}
+
+extern "C" cudaError_t dsrt_k_act_fwd(dsrt_k_type t, const dsrt_k_act *a, const void *x, void *y,
+                                      size_t n, cudaStream_t stream) {
+    if (!dsrt_kb_act_ok(t, a)) return cudaErrorInvalidValue;
+    if (!n) return cudaSuccess;
+    act_fwd_kernel<<<grid_for(n), THREADS, 0, stream>>>(t, *a, x, y, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dsrt_k_act_bwd(dsrt_k_type t, const dsrt_k_act *a, const void *x,
+                                      const void *y, const void *dy, void *dx, size_t n,
+                                      cudaStream_t stream) {
+    if (!dsrt_kb_act_ok(t, a)) return cudaErrorInvalidValue;
+    if (!n) return cudaSuccess;
+    act_bwd_kernel<<<grid_for(n), THREADS, 0, stream>>>(t, *a, x, y, dy, dx, n);
+    return cudaGetLastError();
+}
+
 __global__ void bias_act_kernel(dsrt_k_desc d, const void *x, const float *__restrict__ b, void *y,
                                 int relu, float leak, size_t count) {
     for (size_t i = tid(); i < count; i += stride()) dsrt_kb_bias_act(&d, x, b, y, relu, leak, i);

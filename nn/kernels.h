@@ -83,6 +83,18 @@ cudaError_t dsrt_k_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, flo
 cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n,
                             float leak, cudaStream_t stream);
 
+/* y = f(x) over n elements of type t, f the activation a (clip, sigmoid,
+ * hardsigmoid, hardswish, SiLU, GELU: nn/kernels_body.h dsrt_k_act_fn
+ * says what each computes, as PyTorch). In place (y == x) allowed. */
+cudaError_t dsrt_k_act_fwd(dsrt_k_type t, const dsrt_k_act *a, const void *x, void *y, size_t n,
+                           cudaStream_t stream);
+
+/* Its backward: dx from the forward's input x, its output y (which sigmoid
+ * reads) and dy, with PyTorch's gradients at the kinks. In place (dx == dy)
+ * allowed. */
+cudaError_t dsrt_k_act_bwd(dsrt_k_type t, const dsrt_k_act *a, const void *x, const void *y,
+                           const void *dy, void *dx, size_t n, cudaStream_t stream);
+
 /* A convolution's or fully connected layer's output (d: any layout and
  * type; a fully connected layer's is (n, out, 1, 1)): y = x + b[channel]
  * (b NULL: none), then with relu y < 0 ? y * leak : y, in float and rounded

@@ -1669,6 +1669,8 @@ enum {
     K_PAD,
     K_RELU_FWD,
     K_RELU_BWD,
+    K_ACT_FWD,
+    K_ACT_BWD,
     K_BIAS_ACT,
     K_BIAS_GRAD,
     K_POOL_FWD,
@@ -1714,6 +1716,15 @@ static void k_run(fk_op *o, cudaStream_t s) {
     case K_RELU_BWD:
         dsrt_kh_relu_bwd(a->t, a->y, a->dy, a->out, a->count, a->f1);
         break;
+    case K_ACT_FWD:
+    case K_ACT_BWD: {
+        dsrt_k_act act = {a->i1, a->f1, a->f2};
+        if (a->kind == K_ACT_FWD)
+            dsrt_kh_act_fwd(a->t, &act, a->x, a->out, a->count);
+        else
+            dsrt_kh_act_bwd(a->t, &act, a->x, a->y, a->dy, a->out, a->count);
+        break;
+    }
     case K_BIAS_ACT:
         dsrt_kh_bias_act(&a->d, a->x, a->fp, a->out, a->i1, a->f1);
         break;
@@ -1845,6 +1856,22 @@ cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *
     K_OP(a);
     a.kind = K_RELU_BWD, a.t = t, a.y = y, a.dy = dy, a.out = dx, a.count = n, a.f1 = leak;
     return k_submit(s, &a, dsrt_kb_type_ok(t));
+}
+cudaError_t dsrt_k_act_fwd(dsrt_k_type t, const dsrt_k_act *act, const void *x, void *y, size_t n,
+                           cudaStream_t s) {
+    int ok = dsrt_kb_act_ok(t, act);
+    K_OP(a);
+    a.kind = K_ACT_FWD, a.t = t, a.x = x, a.out = y, a.count = n;
+    if (ok) a.i1 = act->fn, a.f1 = act->a, a.f2 = act->b;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_act_bwd(dsrt_k_type t, const dsrt_k_act *act, const void *x, const void *y,
+                           const void *dy, void *dx, size_t n, cudaStream_t s) {
+    int ok = dsrt_kb_act_ok(t, act);
+    K_OP(a);
+    a.kind = K_ACT_BWD, a.t = t, a.x = x, a.y = y, a.dy = dy, a.out = dx, a.count = n;
+    if (ok) a.i1 = act->fn, a.f1 = act->a, a.f2 = act->b;
+    return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
                             float leak, cudaStream_t s) {

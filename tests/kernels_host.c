@@ -67,6 +67,19 @@ int dsrt_kh_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, siz
     return 0;
 }
 
+int dsrt_kh_act_fwd(dsrt_k_type t, const dsrt_k_act *a, const void *x, void *y, size_t n) {
+    if (!dsrt_kb_act_ok(t, a)) return -EINVAL;
+    for (size_t i = 0; i < n; i++) dsrt_kb_act_fwd(t, a, x, y, i);
+    return 0;
+}
+
+int dsrt_kh_act_bwd(dsrt_k_type t, const dsrt_k_act *a, const void *x, const void *y,
+                    const void *dy, void *dx, size_t n) {
+    if (!dsrt_kb_act_ok(t, a)) return -EINVAL;
+    for (size_t i = 0; i < n; i++) dsrt_kb_act_bwd(t, a, x, y, dy, dx, i);
+    return 0;
+}
+
 int dsrt_kh_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
                      float leak) {
     if (!dsrt_kb_desc_ok(d)) return -EINVAL;

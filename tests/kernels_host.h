@@ -21,6 +21,9 @@ int dsrt_kh_pad(const dsrt_k_desc *xd, const void *x, const dsrt_k_desc *yd, voi
                 int left, float fill, int accumulate);
 int dsrt_kh_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, float leak);
 int dsrt_kh_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n, float leak);
+int dsrt_kh_act_fwd(dsrt_k_type t, const dsrt_k_act *a, const void *x, void *y, size_t n);
+int dsrt_kh_act_bwd(dsrt_k_type t, const dsrt_k_act *a, const void *x, const void *y,
+                    const void *dy, void *dx, size_t n);
 int dsrt_kh_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
                      float leak);
 int dsrt_kh_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak, float *db,

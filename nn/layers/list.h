@@ -17,6 +17,12 @@
     X(CONV, conv)                                                                                  \
     X(BATCHNORM, batchnorm)                                                                        \
     X(RELU, relu)                                                                                  \
+    X(CLIP, clip)                                                                                  \
+    X(SIGMOID, sigmoid)                                                                            \
+    X(HARDSIGMOID, hardsigmoid)                                                                    \
+    X(HARDSWISH, hardswish)                                                                        \
+    X(SILU, silu)                                                                                  \
+    X(GELU, gelu)                                                                                  \
     X(MAXPOOL, maxpool)                                                                            \
     X(AVGPOOL, avgpool)                                                                            \
     X(GAP, gap)                                                                                    \
