@@ -191,8 +191,7 @@ static void test_layer_table(void) {
         dsrt_net *net = all_layers_net(o->example, 0);
         int dropouts = 0;
         for (int i = 0; i < net->n_layers; i++)
-            dropouts += net->layers[i].kind == DSRT_LAYER_DROPOUT ||
-                        net->layers[i].kind == DSRT_LAYER_STOCHASTIC_DEPTH;
+            dropouts += net->layers[i].kind == DSRT_LAYER_DROPOUT;
         int from = o->onnx_round_trip;
         for (size_t v = 0; v <= DSRT_ARRAY_SIZE(opsets); v++) {
             int opset = v < DSRT_ARRAY_SIZE(opsets) ? opsets[v] : from;
