@@ -247,6 +247,54 @@ def helper_models(d):
     ]
     onnx.save(model(nodes, inits, 7, "opset7", [5]), os.path.join(d, "ops7.onnx"))
 
+    # The activations dsrt maps, each on a convolution's output: Clip's
+    # bounds as attributes (opset 9) and as constant inputs (13, 21; one of
+    # them left out; 0 and 6 as relu6), Sigmoid, HardSigmoid (ONNX's
+    # default alpha, and others), HardSwish and Gelu (both forms) at 21.
+    acts = {
+        9: [("Clip", {"min": -0.5, "max": 0.8}, None), ("Sigmoid", {}, None),
+            ("HardSigmoid", {"alpha": 0.3, "beta": 0.55}, None),
+            ("Clip", {"min": 0.0, "max": 6.0}, None), ("HardSigmoid", {}, None)],
+        13: [("Clip", {}, (-0.4, 0.9)), ("Clip", {}, (None, 0.5)), ("Clip", {}, (0.0, 6.0)),
+             ("Sigmoid", {}, None), ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}, None)],
+        21: [("HardSwish", {}, None), ("Gelu", {}, None), ("Gelu", {"approximate": "tanh"}, None),
+             ("Clip", {}, (-0.3, None)), ("HardSigmoid", {"alpha": 0.25, "beta": 0.4}, None)],
+    }
+    ra = np.random.default_rng(5)  # a generator of their own: the other models' weights stay
+
+    def wa(*shape, scale=0.3):
+        return (ra.standard_normal(shape) * scale).astype(np.float32)
+
+    for opset, ops in acts.items():
+        inits = {"c0.w": wa(6, 3, 3, 3), "c0.b": wa(6), "g.w": wa(6, 10), "g.b": wa(10)}
+        nodes = [helper.make_node("Conv", ["image", "c0.w", "c0.b"], ["c0"], pads=[1, 1, 1, 1],
+                                  strides=[2, 2])]
+        x = "c0"
+        for k, (op, attrs, bounds) in enumerate(ops):
+            ins = [x]
+            if bounds is not None:
+                for side, v in zip(("lo", "hi"), bounds):
+                    if v is None:
+                        ins.append("")
+                    else:
+                        inits["a%d.%s" % (k, side)] = np.array(v, np.float32)
+                        ins.append("a%d.%s" % (k, side))
+                while ins[-1] == "":
+                    ins.pop()
+            nodes.append(helper.make_node(op, ins, ["a%d" % k], **attrs))
+            inits["c%d.w" % (k + 1)] = wa(6, 6, 3, 3, scale=0.5)
+            inits["c%d.b" % (k + 1)] = wa(6)
+            nodes.append(helper.make_node("Conv", ["a%d" % k, "c%d.w" % (k + 1),
+                                                   "c%d.b" % (k + 1)], ["c%d" % (k + 1)],
+                                          pads=[1, 1, 1, 1]))
+            x = "c%d" % (k + 1)
+        nodes += [
+            helper.make_node("GlobalAveragePool", [x], ["p"]),
+            helper.make_node("Flatten", ["p"], ["f"]),
+            helper.make_node("Gemm", ["f", "g.w", "g.b"], ["scores"], alpha=4.0),
+        ]
+        onnx.save(model(nodes, inits, opset, "acts", [10]), os.path.join(d, "acts%d.onnx" % opset))
+
     # External data: the weights in a file beside the model.
     inits = {"c.w": w(8, 3, 3, 3), "c.b": w(8), "g.w": w(8, 4), "g.b": w(4)}
     nodes = [

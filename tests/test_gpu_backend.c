@@ -16,7 +16,9 @@
  * optimizer's segment table is written on the stream its kernel reads it
  * on, that no capture makes a forbidden call or leaves an event the host
  * waits on unrecorded, that the fused calls run (and their fallbacks, when
- * cuDNN refuses them, compute the same), and counts allocations.
+ * cuDNN refuses them, compute the same), and counts allocations. The
+ * activations at their kinks against the CPU (test_activation_kinks: the
+ * same gradient conventions, element by element).
  *
  * Tolerances, as the norm of the difference over the norm of the CPU's
  * tensor: fp32 1e-4, tf32 3e-3, bf16 2e-2 (layer outputs, gradients, batch
@@ -34,6 +36,7 @@
  * bit for bit (which values are zero), and the deterministic GPU mode must
  * give bit-identical weights run after run.
  */
+#include "actref.h"
 #include "gpu.h"
 #include "nn/internal.h"
 #include "task.h"
@@ -431,6 +434,75 @@ static void test_layers_tf32(void) {
 
 static void test_layers_bf16(void) {
     check_layers(DSRT_PRECISION_BF16);
+}
+
+/*
+ * The activations at their kinks and the kinks' float neighbours
+ * (tests/actref.h), one a channel of one image, through an identity fully
+ * connected layer, on the GPU against the CPU: fp32 and bf16 (the values
+ * rounded to bfloat16 on both sides, where the neighbours fall on the
+ * kinks). The second fully connected layer weighs every channel 0.01 into
+ * its first output and none into the second, the label is 1, so the first
+ * layer's bias gradient is 0.01 p0 times the activation's gradient: the
+ * GPU's gradient conventions at the kinks must be the CPU's (PyTorch's).
+ * The outputs within 1e-5 (fp32) or 2^-8 (bf16) relative, plus 1e-6; the
+ * gradients within 1e-4 or 2e-2 relative, plus 1e-4 or 4e-3 of 0.01 p0
+ * (sigmoid's backward reads its output, which bfloat16 holds to 2^-8: (1 -
+ * y) y moves by 60% where y is near 1). A gradient convention apart at a
+ * kink is 0.5 of 0.01 p0 or more.
+ */
+static void test_activation_kinks(void) {
+    enum { K = sizeof ACT_PROBES / sizeof ACT_PROBES[0] };
+    for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec++) {
+        if (prec == DSRT_PRECISION_TF32 || (G < 0 && prec != DSRT_PRECISION_FP32)) continue;
+        int bf16 = prec == DSRT_PRECISION_BF16;
+        for (size_t c = 0; c < sizeof ACT_CASES / sizeof ACT_CASES[0]; c++) {
+            char act[96], desc[256];
+            act_desc(&ACT_CASES[c], act, sizeof act);
+            snprintf(desc, sizeof desc,
+                     "input size=1x1x%d\nfc outputs=%d\n%s\nfc outputs=2\nsoftmax\n", K, K, act);
+            dsrt_net *nets[2] = {make_on(desc, 0, 0, 0, 0, -1, DSRT_PRECISION_FP32, 0),
+                                 make_on(desc, 0, 0, 0, 0, G, (dsrt_precision)prec, 0)};
+            float x[K], y[2][K], g[2][K], loss;
+            int32_t label = 1;
+            for (int k = 0; k < K; k++)
+                x[k] = bf16 ? dsrt_f32_from_bf16(dsrt_bf16_from_f32(ACT_PROBES[k])) : ACT_PROBES[k];
+            for (int b = 0; b < 2; b++) {
+                dsrt_net *net = nets[b];
+                size_t np;
+                float *w = dsrt_net_params(net, &np);
+                const dsrt_layer *f1 = &net->layers[1], *f2 = &net->layers[3];
+                memset(w, 0, np * sizeof *w);
+                for (int k = 0; k < K; k++) {
+                    w[f1->w_off + (size_t)k * K + k] = 1.0f;
+                    w[f2->w_off + k] = 0.01f;
+                }
+                dsrt_net_params_changed(net);
+                CHECK_OK(dsrt_net_forward_backward(net, x, &label, 1, &loss, NULL));
+                CHECK_OK(dsrt__net_layer_output(net, 2, y[b], 1));
+                const float *gr = dsrt_net_grads(net, NULL);
+                REQUIRE(gr);
+                memcpy(g[b], gr + f1->b_off, sizeof g[b]);
+            }
+            double z0 = 0;
+            for (int k = 0; k < K; k++) z0 += 0.01 * y[0][k];
+            double scale = 0.01 / (1 + exp(-z0)), ry = bf16 ? 1.0 / 256 : 1e-5,
+                   rg = bf16 ? 2e-2 : 1e-4, ag = (bf16 ? 4e-3 : 1e-4) * scale;
+            int bad = 0;
+            for (int k = 0; k < K; k++) {
+                int ok = fabs(y[1][k] - y[0][k]) <= ry * fabs(y[0][k]) + 1e-6 &&
+                         fabs(g[1][k] - g[0][k]) <= rg * fabs(g[0][k]) + ag;
+                if (!ok && bad++ < 4)
+                    fprintf(stderr,
+                            "  %s, %s, at %.9g: y gpu %.9g cpu %.9g, dx gpu %.9g cpu %.9g\n", act,
+                            dsrt_precision_name((dsrt_precision)prec), (double)x[k],
+                            (double)y[1][k], (double)y[0][k], (double)g[1][k], (double)g[0][k]);
+            }
+            CHECK_EQ(bad, 0);
+            dsrt_net_destroy(nets[0]);
+            dsrt_net_destroy(nets[1]);
+        }
+    }
 }
 
 /* One small net (asymmetric padding, pooling with padding, batchnorm,
@@ -1413,6 +1485,7 @@ int main(void) {
         RUN_WANTED(test_layers_bf16);
     }
     RUN_WANTED(test_small_nets);
+    RUN_WANTED(test_activation_kinks);
     RUN_WANTED(test_resnet20);
     RUN_WANTED(test_dropout_masks);
     RUN_WANTED(test_optimizer);

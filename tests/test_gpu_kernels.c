@@ -18,9 +18,13 @@
  * relative with it (optim.c sums squares in float lanes, the GPU in
  * double); synchronised batchnorm's sums within 1e-6 of the absolute
  * sums, its statistics and input gradient from given sums bit for bit or
- * within 1e-6 (test_bn_sync). Where the C compiler may fuse multiplies and adds (__FMA__), the
+ * within 1e-6 (test_bn_sync); the activations against tests/actref.h's
+ * double references, float32 within 4e-6 relative plus 2e-7 max(1, |x|)
+ * (the device's expf, erfcf, tanhf), bfloat16 within 2^-8 relative plus the
+ * same. Where the C compiler may fuse multiplies and adds (__FMA__), the
  * bit-for-bit checks allow 1e-6 relative.
  */
+#include "actref.h"
 #include "gpu.h"
 #include "kernelcheck.h"
 #include "nn/arith.h"
@@ -332,6 +336,56 @@ static void test_relu(void) {
         CU(cudaFree(ddx));
         free(hx), free(hdy);
     }
+}
+
+/* The activation kernels (clip, sigmoid, hardsigmoid, hardswish, SiLU,
+ * GELU), both types, against tests/actref.h's references: PyTorch's
+ * gradients at the kinks, float32 within a few units of the last place
+ * (the device's expf, erfcf and tanhf), bfloat16 within half its unit;
+ * in place; an unknown function refused. */
+static int dev_act_fwd(void *ctx, dsrt_k_type t, const dsrt_k_act *a, const void *x, void *y,
+                       size_t n) {
+    size_t bytes = n * act_type_size(t);
+    void *dx = dcopy(x, bytes), *dy = dalloc(bytes);
+    cudaError_t e = dsrt_k_act_fwd(t, a, dx, dy, n, S);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(S);
+    get(y, dy, bytes);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    return e != cudaSuccess;
+}
+
+static int dev_act_bwd(void *ctx, dsrt_k_type t, const dsrt_k_act *a, const void *x, const void *y,
+                       const void *dy, void *dx, size_t n) {
+    size_t bytes = n * act_type_size(t);
+    void *ax = dcopy(x, bytes), *ay = dcopy(y, bytes), *ady = dcopy(dy, bytes),
+         *adx = dalloc(bytes);
+    cudaError_t e = dsrt_k_act_bwd(t, a, ax, ay, ady, adx, n, S);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(S);
+    get(dx, adx, bytes);
+    CU(cudaFree(ax));
+    CU(cudaFree(ay));
+    CU(cudaFree(ady));
+    CU(cudaFree(adx));
+    return e != cudaSuccess;
+}
+
+static void test_activations(void) {
+    const act_runner r = {dev_act_fwd, dev_act_bwd, NULL};
+    CHECK_EQ(act_kernel_check(&r, 100003), 0);
+    enum { N = 1031 };
+    float x[N], y[N], z[N];
+    dsrt_rng rng = dsrt_rng_init(43, 0, 0, 0);
+    for (int i = 0; i < N; i++) x[i] = uniform(&rng, -5, 5);
+    const dsrt_k_act silu = {DSRT_K_ACT_SILU, 0, 0}, bad = {DSRT_K_ACT_COUNT, 0, 0};
+    CHECK_OK(dev_act_fwd(NULL, DSRT_K_F32, &silu, x, y, N));
+    void *d = dcopy(x, sizeof x);
+    LAUNCH(dsrt_k_act_fwd(DSRT_K_F32, &silu, d, d, N, S));
+    get(z, d, sizeof z);
+    CHECK_EQ(mismatches("silu in place", z, y, N, 0, 0), 0);
+    CHECK_EQ(dsrt_k_act_fwd(DSRT_K_F32, &bad, d, d, N, S), cudaErrorInvalidValue);
+    CHECK_EQ(dsrt_k_act_bwd((dsrt_k_type)7, &silu, d, d, d, d, N, S), cudaErrorInvalidValue);
+    CU(cudaFree(d));
 }
 
 /* The bias and ReLU of a fully connected layer (n, out) and of a
@@ -1120,6 +1174,7 @@ int main(void) {
     RUN_WANTED(test_input_f32);
     RUN_WANTED(test_pad);
     RUN_WANTED(test_relu);
+    RUN_WANTED(test_activations);
     RUN_WANTED(test_bias);
     RUN_WANTED(test_pool);
     RUN_WANTED(test_lrn);

@@ -4,7 +4,11 @@
  * central finite differences of the loss, ReLU fusion against the unfused
  * net, the description parser's errors, the built-in networks' sizes, the
  * gradient buckets, and a short training run on an easy generated problem
- * that must reach (nearly) 100%.
+ * that must reach (nearly) 100%. The activations also at their kinks and
+ * the kinks' float neighbours (PyTorch's gradient conventions there,
+ * tests/actref.h: forward within 2e-6, gradients within 1e-5 relative plus
+ * 1e-6 of their scale), and on oneDNN's blocked layout against channels-last
+ * (1e-5), its padded channels left zero.
  *
  * Tolerances: forward outputs within 1e-4 (absolute, plus 1e-4 relative) of
  * the double-precision reference (Winograd convolutions included); gradients
@@ -14,7 +18,9 @@
  * to 24 sampled entries per tensor; Winograd weight gradients within 1e-2 of
  * the direct convolution's.
  */
-#include "nn/internal.h"
+#include "actref.h"
+#include "nn/backend_cpu.h"
+#include "nn/layers/eltwise.h"
 #include "task.h"
 
 #include <math.h>
@@ -468,6 +474,16 @@ static void forward_check(const char *desc, int h, int w, int c, int classes, in
         case DSRT_LAYER_RELU:
             for (size_t k = 0; k < m; k++) ref[k] = xin[k] > 0 ? xin[k] : xin[k] * l->o.leak;
             break;
+        case DSRT_LAYER_CLIP:
+        case DSRT_LAYER_SIGMOID:
+        case DSRT_LAYER_HARDSIGMOID:
+        case DSRT_LAYER_HARDSWISH:
+        case DSRT_LAYER_SILU:
+        case DSRT_LAYER_GELU: {
+            dsrt_k_act a = dsrt__act_kernel(l);
+            for (size_t k = 0; k < m; k++) ref[k] = act_ref(&a, xin[k]);
+            break;
+        }
         case DSRT_LAYER_FC:
             ref_fc(net, l, xin, ref, n);
             break;
@@ -541,6 +557,164 @@ static void test_forward_layers(void) {
                       "maxpool size=3 stride=2 pad=1\nfc outputs=16\nbatchnorm\nrelu\n"
                       "dropout p=0.4\nfc outputs=5\nsoftmax\n",
                       11, 10, 2, 5, 4, train);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Activations
+
+/* Every activation kind after a convolution of 20 channels (the padding of
+ * a blocked layout), against the reference, in training and inference. */
+static void test_forward_activations(void) {
+    for (int train = 0; train < 2; train++) {
+        forward_check("input\nconv filters=20 size=3 pad=1\nrelu6\nconv filters=20 size=1\n"
+                      "clip min=-0.3 max=0.2\nconv filters=20 size=1\nsigmoid\nconv filters=20 "
+                      "size=1\nhardsigmoid\nconv filters=20 size=1\nhardsigmoid alpha=-0.7 "
+                      "beta=0.4\nfc outputs=4\nsoftmax\n",
+                      6, 5, 3, 4, 3, train);
+        forward_check("input\nconv filters=20 size=3 pad=1\nhardswish\nconv filters=20 size=1\n"
+                      "silu\nconv filters=20 size=1\ngelu\nconv filters=20 size=1\ngelu "
+                      "approximate=tanh\nfc outputs=8\nswish\nfc outputs=3\nsoftmax\n",
+                      6, 5, 3, 3, 3, train);
+    }
+}
+
+/*
+ * Values at the kinks and their float neighbours (tests/actref.h), one a
+ * channel of one image: an identity fully connected layer, the activation,
+ * a fully connected layer whose first output weighs every channel 0.01 and
+ * whose second none, the label 1. Each channel's output gradient is then
+ * 0.01 p0, and the first layer's bias gradient is that times the
+ * activation's gradient at the value: PyTorch's at the kinks. Forward
+ * within 2e-6 (relative, and absolute) of the reference, the gradients
+ * within 1e-5 relative plus 1e-6 of 0.01 p0 (oneDNN's GELUs are that far
+ * where the value is small: x = -3, -6).
+ */
+static void test_activation_kinks(void) {
+    enum { K = sizeof ACT_PROBES / sizeof ACT_PROBES[0] };
+    for (size_t c = 0; c < sizeof ACT_CASES / sizeof ACT_CASES[0]; c++) {
+        const dsrt_k_act *a = &ACT_CASES[c];
+        char act[96], desc[256];
+        act_desc(a, act, sizeof act);
+        snprintf(desc, sizeof desc, "input size=1x1x%d\nfc outputs=%d\n%s\nfc outputs=2\nsoftmax\n",
+                 K, K, act);
+        dsrt_net *net = make(desc, 0, 0, 0, 0, 0);
+        const dsrt_layer *f1 = &net->layers[1], *f2 = &net->layers[3];
+        memset(net->params, 0, net->n_params * sizeof *net->params);
+        for (int k = 0; k < K; k++) {
+            net->params[f1->w_off + (size_t)k * K + k] = 1.0f;
+            net->params[f2->w_off + k] = 0.01f;
+        }
+        dsrt_net_params_changed(net);
+        float x[K];
+        int32_t label = 1;
+        memcpy(x, ACT_PROBES, sizeof x);
+        float loss;
+        CHECK_OK(dsrt_net_forward_backward(net, x, &label, 1, &loss, NULL));
+        float *xin = layer_out(net, 1, 1, 1), *y = layer_out(net, 2, 1, 1);
+        double z0 = 0;
+        for (int k = 0; k < K; k++) {
+            CHECK(xin[k] == x[k] || (xin[k] == 0 && x[k] == 0));
+            z0 += 0.01 * y[k];
+        }
+        double p0 = 1 / (1 + exp(-z0));
+        int bad = 0;
+        for (int k = 0; k < K; k++) {
+            double want = act_ref(a, x[k]), g = 0.01 * p0 * act_ref_grad(a, x[k], y[k]);
+            double got = net->grads[f1->b_off + k];
+            if (fabs(y[k] - want) > 2e-6 * (1 + fabs(want)) ||
+                fabs(got - g) > 1e-5 * fabs(g) + 1e-6 * 0.01 * p0) {
+                if (bad++ < 4)
+                    fprintf(stderr, "  %s at %.9g: y %.9g (want %.9g), dx %.9g (want %.9g)\n", act,
+                            (double)x[k], (double)y[k], want, got, g);
+            }
+        }
+        CHECK_EQ(bad, 0);
+        free(xin);
+        free(y);
+        dsrt_net_destroy(net);
+    }
+}
+
+/* The padded channels of a blocked layout (n, c / b, h, w, b) of md in
+ * memory m that are not zero; -1 when md is no such layout. */
+static long padding_nonzero(dnnl_memory_t m) {
+    const dnnl_memory_desc_t *md = dsrt__cpu_md_of(m);
+    const dnnl_blocking_desc_t *bk = &md->format_desc.blocking;
+    if (md->format_kind != dnnl_blocked || md->ndims != 4 || bk->inner_nblks != 1 ||
+        bk->inner_idxs[0] != 1)
+        return -1;
+    const float *v = dsrt__cpu_handle(m);
+    int64_t b = bk->inner_blks[0];
+    long bad = 0;
+    for (int64_t n = 0; n < md->dims[0]; n++)
+        for (int64_t c = md->dims[1]; c < md->padded_dims[1]; c++)
+            for (int64_t h = 0; h < md->dims[2]; h++)
+                for (int64_t w = 0; w < md->dims[3]; w++)
+                    bad += v[md->offset0 + n * bk->strides[0] + c / b * bk->strides[1] +
+                             h * bk->strides[2] + w * bk->strides[3] + c % b] != 0.0f;
+    return bad;
+}
+
+/* Each activation on oneDNN's blocked layout (20 channels, forced by
+ * DSRT_CPU_LAYOUT=blocked) gives what it gives channels-last (1e-5), and
+ * the padded channels of its output and of its input's gradient stay zero. */
+static void test_activation_layouts(void) {
+    static const char *const acts[] = {"relu6",
+                                       "clip min=-0.5 max=0.25",
+                                       "sigmoid",
+                                       "hardsigmoid",
+                                       "hardsigmoid alpha=-0.3 beta=0.2",
+                                       "hardswish",
+                                       "silu",
+                                       "gelu",
+                                       "gelu approximate=tanh"};
+    enum { N = 3 };
+    for (size_t k = 0; k < sizeof acts / sizeof acts[0]; k++) {
+        char desc[256];
+        snprintf(desc, sizeof desc,
+                 "input size=5x4x3\nconv filters=20 size=3 pad=1\n%s\nconv filters=5 size=1\n"
+                 "fc outputs=3\nsoftmax\n",
+                 acts[k]);
+        dsrt_net *nets[2];
+        float loss[2], *y[2];
+        float x[N * 60];
+        int32_t labels[N] = {0, 1, 2};
+        fill(x, N * 60, 17, -2, 2);
+        for (int b = 0; b < 2; b++) {
+            setenv("DSRT_CPU_LAYOUT", b ? "nhwc" : "blocked", 1);
+            nets[b] = make(desc, 0, 0, 0, 0, 0);
+            unsetenv("DSRT_CPU_LAYOUT");
+            CHECK_OK(dsrt_net_forward_backward(nets[b], x, labels, N, &loss[b], NULL));
+            y[b] = layer_out(nets[b], 2, N, 1);
+        }
+        char what[160];
+        snprintf(what, sizeof what, "%s, blocked against channels-last", acts[k]);
+        size_t m = out_size(nets[0], 2, N);
+        double *ref = malloc(m * sizeof *ref);
+        double *gref = malloc(nets[1]->n_params * sizeof *gref);
+        REQUIRE(ref && gref);
+        for (size_t i = 0; i < m; i++) ref[i] = y[1][i];
+        for (size_t i = 0; i < nets[1]->n_params; i++) gref[i] = nets[1]->grads[i];
+        CHECK(close_arrays(y[0], ref, m, 1e-5, what));
+        CHECK(close_arrays(nets[0]->grads, gref, nets[0]->n_params, 1e-5, what));
+        CHECK_NEAR(loss[0], loss[1], 1e-5);
+        const cpu_plan *p = ((cpu_backend *)nets[0]->be)->last;
+        long out_pad = padding_nonzero(p->lp[2].out.mem),
+             grad_pad = padding_nonzero(p->lp[1].out.diff);
+        if (out_pad || grad_pad)
+            fprintf(stderr,
+                    "  %s: padded channels not zero: %ld in the output, %ld in the input's "
+                    "gradient (-1: not blocked)\n",
+                    acts[k], out_pad, grad_pad);
+        CHECK_EQ(out_pad, 0);
+        CHECK_EQ(grad_pad, 0);
+        free(ref);
+        free(gref);
+        for (int b = 0; b < 2; b++) {
+            free(y[b]);
+            dsrt_net_destroy(nets[b]);
+        }
     }
 }
 
@@ -1373,6 +1547,9 @@ int main(void) {
     RUN(test_grad_share);
     RUN(test_builtin_sizes);
     RUN(test_forward_layers);
+    RUN(test_forward_activations);
+    RUN(test_activation_kinks);
+    RUN(test_activation_layouts);
     RUN(test_input_normalization);
     RUN(test_grad_conv);
     RUN(test_winograd);

@@ -24,9 +24,13 @@
  * (forward against the CPU net's layers, backward against references, both
  * layouts and types), bfloat16 conversions, and the per-step scalars read
  * from memory (dropout's step, the optimizer's scalars, the loss gradient's
- * scale). Reductions give the same bits run to run. Where the C compiler may fuse multiplies
+ * scale). The activations against tests/actref.h (both types, the kinks
+ * and their neighbours: float32 within 4e-6 relative plus 2e-7 max(1,
+ * |x|), bfloat16 within 2^-8 relative plus that). Reductions give the same
+ * bits run to run. Where the C compiler may fuse multiplies
  * and adds in the CPU code (__FMA__), the bit-for-bit checks allow 1e-6.
  */
+#include "actref.h"
 #include "kernelcheck.h"
 #include "kernels_host.h"
 #include "nn/internal.h"
@@ -789,6 +793,41 @@ static void test_relu_bias_convert(void) {
     free(h), free(h2), free(f);
 }
 
+/* The activation kernels (clip, sigmoid, hardsigmoid, hardswish, SiLU,
+ * GELU) on the host, both types, against tests/actref.h's references:
+ * kinks and their neighbours with PyTorch's gradients there; in place;
+ * an unknown function refused. */
+static int host_act_fwd(void *ctx, dsrt_k_type t, const dsrt_k_act *a, const void *x, void *y,
+                        size_t n) {
+    return dsrt_kh_act_fwd(t, a, x, y, n);
+}
+
+static int host_act_bwd(void *ctx, dsrt_k_type t, const dsrt_k_act *a, const void *x, const void *y,
+                        const void *dy, void *dx, size_t n) {
+    return dsrt_kh_act_bwd(t, a, x, y, dy, dx, n);
+}
+
+static void test_activations(void) {
+    const act_runner r = {host_act_fwd, host_act_bwd, NULL};
+    CHECK_EQ(act_kernel_check(&r, 3001), 0);
+    enum { N = 64 };
+    float x[N], y[N], z[N], dy[N], dx[N];
+    dsrt_rng rng = dsrt_rng_init(42, 0, 0, 0);
+    for (int i = 0; i < N; i++) x[i] = uniform(&rng, -5, 5), dy[i] = uniform(&rng, -1, 1);
+    const dsrt_k_act gelu = {DSRT_K_ACT_GELU, 0, 0}, bad = {DSRT_K_ACT_COUNT, 0, 0};
+    CHECK_OK(dsrt_kh_act_fwd(DSRT_K_F32, &gelu, x, y, N));
+    memcpy(z, x, sizeof z);
+    CHECK_OK(dsrt_kh_act_fwd(DSRT_K_F32, &gelu, z, z, N));
+    CHECK_EQ(mismatches("gelu in place", z, y, N, 0, 0), 0);
+    CHECK_OK(dsrt_kh_act_bwd(DSRT_K_F32, &gelu, x, y, dy, dx, N));
+    memcpy(z, dy, sizeof z);
+    CHECK_OK(dsrt_kh_act_bwd(DSRT_K_F32, &gelu, x, y, z, z, N));
+    CHECK_EQ(mismatches("gelu backward in place", z, dx, N, 0, 0), 0);
+    CHECK_EQ(dsrt_kh_act_fwd(DSRT_K_F32, &bad, x, y, N), -EINVAL);
+    CHECK_EQ(dsrt_kh_act_bwd((dsrt_k_type)7, &gelu, x, y, dy, dx, N), -EINVAL);
+    CHECK_EQ(dsrt_kh_act_fwd(DSRT_K_F32, NULL, x, y, N), -EINVAL);
+}
+
 int main(void) {
     RUN(test_staging);
     RUN(test_dropout);
@@ -797,6 +836,7 @@ int main(void) {
     RUN(test_optimizer);
     RUN(test_pad);
     RUN(test_relu_bias_convert);
+    RUN(test_activations);
     RUN(test_bias_grad);
     RUN(test_pool);
     RUN(test_lrn);

@@ -12,14 +12,18 @@
  * shorter than its tensor or cut short while it is read, thousands of nodes
  * of one name and more layers than a net may have, shapes too large for an
  * int, constants that ONNX broadcasts otherwise than one a channel, each with
- * a message naming the node or tensor. The comparisons with onnxruntime are
- * test_onnx_ref's.
+ * a message naming the node or tensor. The activation operators in each of
+ * their forms (Clip's bounds as attributes and as inputs, left out, 0 and
+ * 6; HardSigmoid's defaults; Gelu's approximate) and their refusals. The
+ * comparisons with onnxruntime are test_onnx_ref's.
  */
+#include "nn/layers/eltwise.h"
 #include "nn/onnx.h"
 #include "task.h"
 #include "testimg.h"
 
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1085,6 +1089,147 @@ static void test_batchnorm_epsilon(void) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// Activations
+
+static void attr_float(dsrt_pb_writer *w, const char *name, float v) {
+    size_t m = dsrt__pb_begin(w, 5);
+    dsrt__pb_put_string(w, 1, name);
+    dsrt__pb_put_varint(w, 20, 1);
+    dsrt__pb_put_float(w, 2, v);
+    dsrt__pb_end(w, m);
+}
+
+static void attr_string(dsrt_pb_writer *w, const char *name, const char *v) {
+    size_t m = dsrt__pb_begin(w, 5);
+    dsrt__pb_put_string(w, 1, name);
+    dsrt__pb_put_varint(w, 20, 3);
+    dsrt__pb_put_string(w, 4, v);
+    dsrt__pb_end(w, m);
+}
+
+static void clip_bounds(dsrt_pb_writer *w) {
+    attr_float(w, "min", -0.5f);
+    attr_float(w, "max", 0.75f);
+}
+
+static void clip_0_6(dsrt_pb_writer *w) {
+    attr_float(w, "min", 0.0f);
+    attr_float(w, "max", 6.0f);
+}
+
+static void clip_min_only(dsrt_pb_writer *w) {
+    attr_float(w, "min", -2.0f);
+}
+
+static void hardsigmoid_ab(dsrt_pb_writer *w) {
+    attr_float(w, "alpha", 0.3f);
+    attr_float(w, "beta", 0.6f);
+}
+
+static void gelu_tanh(dsrt_pb_writer *w) {
+    attr_string(w, "approximate", "tanh");
+}
+
+static void gelu_fast(dsrt_pb_writer *w) {
+    attr_string(w, "approximate", "fast");
+}
+
+/* image (1, 2, 4, 4) -> Relu (r) -> Clip(ins: r, then "lo", "hi" or "" for
+ * none, or r for a computed bound) -> Flatten; lo and hi constant scalars. */
+static uint8_t *clip_model(const char *ins, float lo, float hi, int opset, size_t *size) {
+    dsrt_pb_writer g = {0};
+    add_node(&g, "Relu", "relu", "image", "r", NULL);
+    add_node(&g, "Clip", "the_node", ins, "x", NULL);
+    add_node(&g, "Flatten", "flat", "x", "scores", NULL);
+    int64_t none[1] = {0}, in[4] = {1, 2, 4, 4}, out[2] = {1, 32};
+    tensor(&g, "lo", none, 0, &lo, ST_RAW);
+    tensor(&g, "hi", none, 0, &hi, ST_PACKED);
+    value_info(&g, 11, "image", in, 4);
+    value_info(&g, 12, "scores", out, 2);
+    return model(&g, opset, size);
+}
+
+/* The model (m, *size bytes, freed here) imports with one layer of kind,
+ * of that keyword (kind -1: none of clip's); that layer's options. */
+static dsrt_act_opts imports_as(uint8_t *m, const size_t *size, int kind, const char *keyword) {
+    dsrt_act_opts o = {0};
+    dsrt_net *net = NULL;
+    CHECK_OK(import_bytes(&net, m, *size));
+    free(m);
+    if (!net) return o;
+    int found = 0;
+    for (int i = 0; i < net->n_layers; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        if (l->kind != (kind < 0 ? DSRT_LAYER_CLIP : (dsrt_layer_kind)kind)) continue;
+        found++;
+        if (keyword) CHECK_STR_EQ(l->type, keyword);
+        o = *dsrt__act_opts(l);
+    }
+    CHECK_EQ(found, kind < 0 ? 0 : 1);
+    dsrt_net_destroy(net);
+    return o;
+}
+
+/* Each activation operator at the opsets that change its form: Clip's
+ * bounds as attributes (before 11) and as optional constant inputs, both
+ * left out (the identity), 0 and 6 (relu6); HardSigmoid's defaults
+ * (ONNX's alpha 0.2); Gelu's approximate; and the refusals. */
+static void test_activation_ops(void) {
+    size_t size;
+    dsrt_act_opts o;
+    uint8_t *m;
+    o = imports_as(one_node("Clip", clip_bounds, 7, &size), &size, DSRT_LAYER_CLIP, "clip");
+    CHECK(o.min == -0.5f && o.max == 0.75f);
+    o = imports_as(one_node("Clip", clip_min_only, 9, &size), &size, DSRT_LAYER_CLIP, "clip");
+    CHECK(o.min == -2.0f && o.max == FLT_MAX);
+    imports_as(one_node("Clip", clip_0_6, 9, &size), &size, DSRT_LAYER_CLIP, "relu6");
+    imports_as(clip_model("r", 0, 0, 9, &size), &size, -1, NULL);
+    o = imports_as(clip_model("r,lo,hi", -1.5f, 2.5f, 13, &size), &size, DSRT_LAYER_CLIP, "clip");
+    CHECK(o.min == -1.5f && o.max == 2.5f);
+    o = imports_as(clip_model("r,,hi", 0, 3.0f, 11, &size), &size, DSRT_LAYER_CLIP, "clip");
+    CHECK(o.min == -FLT_MAX && o.max == 3.0f);
+    o = imports_as(clip_model("r,lo", 0.25f, 0, 21, &size), &size, DSRT_LAYER_CLIP, "clip");
+    CHECK(o.min == 0.25f && o.max == FLT_MAX);
+    o = imports_as(clip_model("r,lo,hi", -INFINITY, 1.0f, 13, &size), &size, DSRT_LAYER_CLIP,
+                   "clip");
+    CHECK(o.min == -FLT_MAX && o.max == 1.0f);
+    imports_as(clip_model("r,lo,hi", 0, 6, 13, &size), &size, DSRT_LAYER_CLIP, "relu6");
+    imports_as(clip_model("r", 0, 0, 13, &size), &size, -1, NULL);
+    imports_as(clip_model("r,,", 0, 0, 13, &size), &size, -1, NULL);
+    imports_as(one_node("Sigmoid", NULL, 7, &size), &size, DSRT_LAYER_SIGMOID, "sigmoid");
+    o = imports_as(one_node("HardSigmoid", NULL, 13, &size), &size, DSRT_LAYER_HARDSIGMOID,
+                   "hardsigmoid");
+    CHECK(o.alpha == 0.2f && o.beta == 0.5f);
+    o = imports_as(one_node("HardSigmoid", hardsigmoid_ab, 7, &size), &size, DSRT_LAYER_HARDSIGMOID,
+                   "hardsigmoid");
+    CHECK(o.alpha == 0.3f && o.beta == 0.6f);
+    imports_as(one_node("HardSwish", NULL, 14, &size), &size, DSRT_LAYER_HARDSWISH, "hardswish");
+    o = imports_as(one_node("Gelu", NULL, 20, &size), &size, DSRT_LAYER_GELU, "gelu");
+    CHECK_EQ(o.approximate, 0);
+    o = imports_as(one_node("Gelu", gelu_tanh, 21, &size), &size, DSRT_LAYER_GELU, "gelu");
+    CHECK_EQ(o.approximate, 1);
+
+    m = clip_model("r,lo,hi", 2.0f, 1.0f, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'the_node' (Clip, opset 13): min 2 is above max 1", NULL);
+    free(m);
+    m = clip_model("r,lo,hi", NAN, 1.0f, 13, &size);
+    refused(m, size, DSRT_ECORRUPT, "(Clip, opset 13): its min is NaN", NULL);
+    free(m);
+    m = clip_model("r,r", 0, 0, 13, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "(Clip, opset 13): its min 'r' is computed", NULL);
+    free(m);
+    m = clip_model("r,lo", 0, 0, 9, &size);
+    refused(m, size, DSRT_ECORRUPT, "(Clip, opset 9): min and max are inputs", NULL);
+    free(m);
+    m = one_node("Clip", clip_bounds, 11, &size);
+    refused(m, size, DSRT_ECORRUPT, "(Clip, opset 11): min and max are attributes", NULL);
+    free(m);
+    m = one_node("Gelu", gelu_fast, 20, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "(Gelu, opset 20): approximate 'fast'", NULL);
+    free(m);
+}
+
 /* Random bytes changed in a good model: refused or imported, never a
  * crash (the fuzz target goes further under the sanitizers). */
 static void test_mutations(void) {
@@ -1120,6 +1265,7 @@ int main(void) {
     RUN(test_huge_shapes);
     RUN(test_constant_broadcast);
     RUN(test_batchnorm_epsilon);
+    RUN(test_activation_ops);
     RUN(test_mutations);
     return TEST_RESULT();
 }

@@ -5,7 +5,9 @@
  * onnx's helpers of what PyTorch does not write (Dropout, Identity,
  * Constant, MatMul + Add, Gemm with transB=0, alpha and beta, LRN,
  * AveragePool counting its padding, auto_pad, opsets 7, 11 and 21, external
- * data), and a dsrt net of every layer type trained here for two epochs.
+ * data; Clip, Sigmoid, HardSigmoid, HardSwish and Gelu at opsets 9, 13 and
+ * 21), and dsrt nets of every layer type and of every activation trained
+ * here for a few epochs.
  * tests/onnx_ref.py makes them and runs the runtime (in the environment of
  * scripts/onnx-venv.sh); the tool is dstrain, as a user runs it.
  *
@@ -31,7 +33,8 @@ static void test_import_small(void) {
     CHECK_EQ(sh("cd '%s' && '%s' '%s' helper-models . 2>&1", dir, venv, script), 0);
     CHECK_EQ(sh("cd '%s' && %s '%s' images img 32 12 2>&1", dir, SYS_PY, script), 0);
     static const char *const models[] = {"small-opset9", "small-opset17", "ops7",
-                                         "ops11",        "ops21",         "external"};
+                                         "ops11",        "ops21",         "external",
+                                         "acts9",        "acts13",        "acts21"};
     char ort_args[2048] = "", cmp_args[2048] = "";
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(models); k++) {
         const char *m = models[k];
@@ -132,6 +135,53 @@ static void test_export_native(void) {
              0);
 }
 
+/* A dsrt net of every activation kind (each after a convolution and batch
+ * normalisation, so that their inputs reach the kinks), trained here until
+ * its probabilities are far from uniform, exported at opsets 9 (Clip's
+ * bounds as attributes; hardswish as HardSigmoid and Mul, GELU's Erf and
+ * Tanh expansions), 13 (Clip's bounds as inputs), 17 and 21 (HardSwish,
+ * Gelu), silu as Sigmoid and Mul at each: the runtime on raw pixels agrees
+ * with dstrain classify (a clip bound moved from 0.75 to 0.7 moves the
+ * probabilities by 6e-2). */
+static void test_export_activations(void) {
+    CHECK_EQ(sh("cd '%s' && cat > acts.net <<'EOF'\n"
+                "input size=32x32x3 normalization=zscore mean=0.45,0.5,0.55 std=0.25,0.2,0.3\n"
+                "conv filters=8 size=3 stride=2 pad=1\nbatchnorm\n"
+                "relu6\n"
+                "conv filters=8 size=3 pad=1\nbatchnorm\n"
+                "clip min=-0.5 max=0.75\n"
+                "conv filters=8 size=3 pad=1\nbatchnorm\n"
+                "sigmoid\n"
+                "conv filters=8 size=3 pad=1\nbatchnorm\n"
+                "hardsigmoid alpha=0.3 beta=0.4\n"
+                "conv filters=8 size=3 pad=1\nbatchnorm\n"
+                "hardswish\n"
+                "conv filters=8 size=3 stride=2 pad=1\nbatchnorm\n"
+                "silu\n"
+                "conv filters=8 size=3 pad=1\nbatchnorm\n"
+                "gelu\n"
+                "conv filters=8 size=3 pad=1\nbatchnorm\n"
+                "gelu approximate=tanh\n"
+                "gap\n"
+                "fc outputs=classes\n"
+                "softmax\n"
+                "EOF\n"
+                "'%s' train --data img --net acts.net --epochs 6 --batch 4 --lr 0.1 --threads 2 "
+                "--workers 1 --no-pin --quiet --no-progress --save acts.dsrt > acts-train.log 2>&1 "
+                "&& '%s' classify --model acts.dsrt --json --threads 2 $(cat img/paths.txt) > "
+                "acts.jsonl",
+                dir, dstrain, dstrain),
+             0);
+    static const int opsets[] = {9, 13, 17, 21};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(opsets); k++)
+        CHECK_EQ(sh("cd '%s' && '%s' export acts.dsrt --output acts%d.onnx --opset %d && '%s' '%s' "
+                    "ort img/pixels.npy acts%d.onnx acts%d.npy && '%s' '%s' compare 1e-4 "
+                    "acts.jsonl acts%d.npy",
+                    dir, dstrain, opsets[k], opsets[k], venv, script, opsets[k], opsets[k], venv,
+                    script, opsets[k]),
+                 0);
+}
+
 /* --transfer from an ONNX model: the new last layer learns, the others are
  * frozen (--lr-factor 0) or slowed (0.5). */
 static void test_transfer(void) {
@@ -176,6 +226,7 @@ int main(void) {
     RUN(test_import_small);
     RUN(test_round_trip);
     RUN(test_export_native);
+    RUN(test_export_activations);
     RUN(test_transfer);
     RUN(test_cli_refusal);
     return TEST_RESULT();
