@@ -163,11 +163,13 @@ static inline void act_desc(const dsrt_k_act *a, char *buf, size_t cap) {
  * float) miss the reference at its inputs (x and dy, as stored): float32
  * within 4e-6 relative plus 2e-7 max(1, |x|) (times |dy| backward: the
  * cancellation in GELU's 1 + tanh, e^-x rounding in SiLU's), bfloat16
- * within half its unit (2^-8) relative plus the same. Prints the first. */
+ * within half its unit (2^-8) relative plus the same (a float a few units
+ * off a value halfway between two bfloat16s rounds to either). Prints the
+ * first. */
 static inline int act_mismatches(const char *what, const dsrt_k_act *a, dsrt_k_type t,
                                  const float *x, const float *dy, const float *y, const float *dx,
                                  size_t n) {
-    double rel = t == DSRT_K_BF16 ? 1.0 / 256 : 4e-6;
+    double rel = (t == DSRT_K_BF16 ? 1.0 / 256 : 0) + 4e-6;
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
         double wy = act_ref(a, x[i]), wdx = dy[i] * act_ref_grad(a, x[i], y[i]);
