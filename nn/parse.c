@@ -53,6 +53,14 @@
  *              wl2 bl2 [1]
  *   relu       {reluLayer} leak= [0]: slope for negative inputs
  *   leakyrelu  {leakyReluLayer} leak= [0.01]
+ *   clip       {clippedReluLayer} min= max= [the float range: no bound]:
+ *              min(max(x, min), max); relu6: clip with min=0 max=6
+ *   sigmoid    {sigmoidLayer} 1 / (1 + e^-x)
+ *   hardsigmoid  alpha= [1/6] beta= [0.5]: max(0, min(1, alpha x + beta))
+ *   hardswish  x relu6(x + 3) / 6
+ *   silu, swish  {swishLayer} x sigmoid(x)
+ *   gelu       {geluLayer} approximate=none|tanh [none]: x Phi(x), or its tanh
+ *              form; each activation's gradient at a kink is PyTorch's
  *   maxpool    {maxPooling2dLayer} size= (required) stride= [1] pad= [0] as conv
  *   avgpool    {averagePooling2dLayer} as maxpool, and count_pad=0|1 [1]: 1
  *              divides each window's sum by its size, the padding counting
