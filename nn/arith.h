@@ -1,10 +1,11 @@
 /*
  * Arithmetic that every nn backend must compute bit for bit alike, as inline
  * functions that C files and CUDA kernels both include: the dropout mask of
- * an element, the input layer's per-channel normalisation, and the float32
- * <-> bfloat16 conversions. A backend that uses these cannot drift from the
- * others: the CPU backend and the GPU kernels (nn/kernels.cu) draw the same
- * dropout masks and normalise inputs to the same floats.
+ * an element, stochastic depth's mask of an image, the input layer's
+ * per-channel normalisation, and the float32 <-> bfloat16 conversions. A
+ * backend that uses these cannot drift from the others: the CPU backend and
+ * the GPU kernels (nn/kernels.cu) draw the same masks and normalise inputs
+ * to the same floats.
  *
  * Device code rounds each product and sum separately (__fmul_rn, __dmul_rn
  * and friends, which nvcc never contracts into a fused multiply-add), as the
@@ -77,6 +78,32 @@ static inline DSRT_HOST_DEVICE float dsrt_dropout_mask(const dsrt_rng *rng, uint
     uint64_t bits = dsrt_rng_u64(&r);
     uint32_t u = (j & 1) ? (uint32_t)(bits >> 32) : (uint32_t)bits;
     return u >= threshold ? scale : 0.0f;
+}
+
+// ----------------------------------------------------------------------------
+// Stochastic depth (drop path)
+
+/* The generator stream of stochastic depth's image masks ("DPTH"). */
+#define DSRT_RNG_STREAM_DROP_PATH 0x44505448u
+
+/* The generator of the image masks of layer `layer` at training step
+ * `iteration` of a net seeded with `seed`. */
+static inline DSRT_HOST_DEVICE dsrt_rng dsrt_drop_path_rng(uint64_t seed, uint64_t iteration,
+                                                           uint64_t layer) {
+    return dsrt_rng_init(seed, iteration, layer, DSRT_RNG_STREAM_DROP_PATH);
+}
+
+/*
+ * The factor of image b of the batch: scale (1 / (1 - p)) when it is kept, 0
+ * when dropped, drawn as dropout draws element b (images 2i and 2i + 1 take
+ * the low and high 32 bits of draw i + 1, threshold and scale as
+ * dsrt_dropout_threshold and dsrt_dropout_scale give them) from the stream
+ * of dsrt_drop_path_rng. Every value of the image is multiplied by it, in
+ * the forward and in the backward.
+ */
+static inline DSRT_HOST_DEVICE float dsrt_drop_path_mask(const dsrt_rng *rng, uint64_t b,
+                                                         uint32_t threshold, float scale) {
+    return dsrt_dropout_mask(rng, b, threshold, scale);
 }
 
 // ----------------------------------------------------------------------------

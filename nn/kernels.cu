@@ -715,6 +715,185 @@ extern "C" cudaError_t dsrt_k_bn_apply(const dsrt_k_desc *xd, const void *x, con
 }
 
 // ----------------------------------------------------------------------------
+// Products, layer normalisation, stochastic depth
+
+__global__ void mul_kernel(dsrt_k_desc ad, const void *a, dsrt_k_desc bd, const void *b, void *y,
+                           size_t count) {
+    for (size_t i = tid(); i < count; i += stride()) dsrt_kb_mul(&ad, a, &bd, b, y, i);
+}
+
+extern "C" cudaError_t dsrt_k_mul(const dsrt_k_desc *ad, const void *a, const dsrt_k_desc *bd,
+                                  const void *b, void *y, cudaStream_t stream) {
+    if (!dsrt_kb_mul_ok(ad, bd)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(ad);
+    if (!count) return cudaSuccess;
+    mul_kernel<<<grid_for(count), THREADS, 0, stream>>>(*ad, a, *bd, b, y, count);
+    return cudaGetLastError();
+}
+
+/* One block an element of the gate's gradient: each thread's strided
+ * share, then the block's tree. */
+__global__ void mul_grad_kernel(dsrt_k_desc ad, const void *dy, const void *a, dsrt_k_desc bd,
+                                void *db, size_t count) {
+    __shared__ double sh[THREADS];
+    for (size_t j = blockIdx.x; j < count; j += gridDim.x) {
+        double s = block_sum(dsrt_kb_mul_grad_lane(&ad, dy, a, j, (int)threadIdx.x), sh);
+        if (threadIdx.x == 0) dsrt_kb_store(db, bd.type, j, (float)s);
+    }
+}
+
+extern "C" cudaError_t dsrt_k_mul_grad(const dsrt_k_desc *ad, const void *dy, const void *a,
+                                       const dsrt_k_desc *bd, void *db, cudaStream_t stream) {
+    if (!dsrt_kb_mul_grad_ok(ad, bd)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(bd);
+    if (!count) return cudaSuccess;
+    unsigned blocks = count < GRID_MAX ? (unsigned)count : GRID_MAX;
+    mul_grad_kernel<<<blocks, THREADS, 0, stream>>>(*ad, dy, a, *bd, db, count);
+    return cudaGetLastError();
+}
+
+/* Tile blockIdx.x, channels blockIdx.y * 32 + threadIdx.x: as
+ * bn_tile_kernel, the channel gradients' lanes. */
+__global__ void chan_tile_kernel(dsrt_k_desc d, const void *x, const void *dy, const float *mean,
+                                 const float *rstd, float *part) {
+    __shared__ float ss[DSRT_KB_BN_LANES][DSRT_KB_BN_CHANS], sq[DSRT_KB_BN_LANES][DSRT_KB_BN_CHANS];
+    int cx = (int)threadIdx.x, l = (int)threadIdx.y;
+    int ch = (int)blockIdx.y * DSRT_KB_BN_CHANS + cx;
+    size_t t = blockIdx.x;
+    float s = 0.0f, q = 0.0f;
+    if (ch < d.c) dsrt_kb_chan_grads_lane(&d, x, dy, mean, rstd, t, ch, l, &s, &q);
+    ss[l][cx] = s;
+    sq[l][cx] = q;
+    __syncthreads();
+    if (l == 0 && ch < d.c) {
+        float vs[DSRT_KB_BN_LANES], vq[DSRT_KB_BN_LANES];
+        for (int k = 0; k < DSRT_KB_BN_LANES; k++) vs[k] = ss[k][cx], vq[k] = sq[k][cx];
+        for (int h = DSRT_KB_BN_LANES / 2; h > 0; h >>= 1)
+            for (int k = 0; k < h; k++) {
+                dsrt_kb_tree_f(vs, k, h);
+                dsrt_kb_tree_f(vq, k, h);
+            }
+        part[t * 2 * (size_t)d.c + (size_t)ch] = vs[0];
+        part[t * 2 * (size_t)d.c + (size_t)d.c + (size_t)ch] = vq[0];
+    }
+}
+
+__global__ void chan_total_kernel(const float *part, size_t tiles, int c, float *dscale,
+                                  float *dshift) {
+    for (size_t ch = tid(); ch < (size_t)c; ch += stride()) {
+        double s, q;
+        dsrt_kb_bn_total(part, tiles, c, (int)ch, &s, &q);
+        if (dshift) dshift[ch] = (float)s;
+        if (dscale) dscale[ch] = (float)q;
+    }
+}
+
+extern "C" cudaError_t dsrt_k_chan_grads(const dsrt_k_desc *d, const void *x, const void *dy,
+                                         const float *mean, const float *rstd, float *dscale,
+                                         float *dshift, float *work, cudaStream_t stream) {
+    if (!dsrt_kb_chan_grads_ok(d, mean, rstd) || !work) return cudaErrorInvalidValue;
+    if (!d->c) return cudaSuccess;
+    size_t tiles = dsrt_kb_bn_tiles(d);
+    dim3 block(DSRT_KB_BN_CHANS, DSRT_KB_BN_LANES),
+        grid((unsigned)tiles, (unsigned)((d->c + DSRT_KB_BN_CHANS - 1) / DSRT_KB_BN_CHANS));
+    chan_tile_kernel<<<grid, block, 0, stream>>>(*d, x, dy, mean, rstd, work);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    chan_total_kernel<<<grid_for((size_t)d->c), THREADS, 0, stream>>>(work, tiles, d->c, dscale,
+                                                                      dshift);
+    return cudaGetLastError();
+}
+
+/* The warp's butterfly over a double: every lane ends with the total. */
+static __device__ double warp_sum(double v) {
+    for (int o = DSRT_KB_WARP / 2; o > 0; o >>= 1)
+        v = DSRT_DADD(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* One warp a row (DSRT_KB_SOFT_WARPS a block), rows strided over the grid. */
+__global__ void ln_fwd_kernel(dsrt_k_desc d, const void *x, const float *__restrict__ gamma,
+                              const float *__restrict__ beta, float eps, void *y, float *mean,
+                              float *rstd, size_t rows) {
+    int lane = threadIdx.x & (DSRT_KB_WARP - 1);
+    size_t warps = (size_t)gridDim.x * DSRT_KB_SOFT_WARPS;
+    for (size_t j = (size_t)blockIdx.x * DSRT_KB_SOFT_WARPS + threadIdx.x / DSRT_KB_WARP; j < rows;
+         j += warps) {
+        double m = warp_sum(dsrt_kb_ln_lane_sum(&d, x, j, lane, 0, 0.0)) / (double)d.c;
+        double q = warp_sum(dsrt_kb_ln_lane_sum(&d, x, j, lane, 1, m));
+        float mf = (float)m, rf = dsrt_kb_ln_rstd(q, d.c, eps);
+        if (lane == 0 && mean) {
+            mean[j] = mf;
+            rstd[j] = rf;
+        }
+        dsrt_kb_ln_lane_apply(&d, x, gamma, beta, mf, rf, y, j, lane);
+    }
+}
+
+__global__ void ln_bwd_kernel(dsrt_k_desc d, const void *x, const void *dy,
+                              const float *__restrict__ gamma, const float *__restrict__ mean,
+                              const float *__restrict__ rstd, void *dx, size_t rows) {
+    int lane = threadIdx.x & (DSRT_KB_WARP - 1);
+    size_t warps = (size_t)gridDim.x * DSRT_KB_SOFT_WARPS;
+    for (size_t j = (size_t)blockIdx.x * DSRT_KB_SOFT_WARPS + threadIdx.x / DSRT_KB_WARP; j < rows;
+         j += warps) {
+        double sg, sgx;
+        dsrt_kb_ln_lane_bwd(&d, x, dy, gamma, mean[j], rstd[j], j, lane, &sg, &sgx);
+        sg = warp_sum(sg);
+        sgx = warp_sum(sgx);
+        dsrt_kb_ln_lane_dx(&d, x, dy, gamma, mean[j], rstd[j], sg, sgx, dx, j, lane);
+    }
+}
+
+static unsigned ln_grid(size_t rows) {
+    size_t b = (rows + DSRT_KB_SOFT_WARPS - 1) / DSRT_KB_SOFT_WARPS;
+    return b < GRID_MAX ? (unsigned)b : GRID_MAX;
+}
+
+extern "C" cudaError_t dsrt_k_ln_fwd(const dsrt_k_desc *d, const void *x, const float *gamma,
+                                     const float *beta, float eps, void *y, float *mean,
+                                     float *rstd, cudaStream_t stream) {
+    if (!dsrt_kb_ln_ok(d, gamma, beta) || !mean != !rstd) return cudaErrorInvalidValue;
+    size_t rows = (size_t)d->n * d->h * d->w;
+    if (!rows) return cudaSuccess;
+    ln_fwd_kernel<<<ln_grid(rows), DSRT_KB_SOFT_WARPS * DSRT_KB_WARP, 0, stream>>>(
+        *d, x, gamma, beta, eps, y, mean, rstd, rows);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dsrt_k_ln_bwd(const dsrt_k_desc *d, const void *x, const void *dy,
+                                     const float *gamma, const float *mean, const float *rstd,
+                                     void *dx, cudaStream_t stream) {
+    if (!dsrt_kb_ln_bwd_ok(d, gamma, mean, rstd)) return cudaErrorInvalidValue;
+    size_t rows = (size_t)d->n * d->h * d->w;
+    if (!rows) return cudaSuccess;
+    ln_bwd_kernel<<<ln_grid(rows), DSRT_KB_SOFT_WARPS * DSRT_KB_WARP, 0, stream>>>(
+        *d, x, dy, gamma, mean, rstd, dx, rows);
+    return cudaGetLastError();
+}
+
+__global__ void drop_path_kernel(dsrt_k_desc d, const void *x, void *y, uint64_t seed,
+                                 uint64_t iteration, const uint64_t *iteration_dev, int layer,
+                                 uint32_t threshold, float scale, size_t count) {
+    dsrt_rng rng =
+        dsrt_drop_path_rng(seed, iteration_dev ? *iteration_dev : iteration, (uint64_t)layer);
+    for (size_t i = tid(); i < count; i += stride())
+        dsrt_kb_drop_path(&d, x, y, &rng, threshold, scale, i);
+}
+
+extern "C" cudaError_t dsrt_k_drop_path(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
+                                        uint64_t iteration, const uint64_t *iteration_dev,
+                                        int layer, float p, cudaStream_t stream) {
+    if (!dsrt_kb_drop_path_ok(d, p, layer)) return cudaErrorInvalidValue;
+    size_t count = dsrt_kb_count(d);
+    if (!count) return cudaSuccess;
+    drop_path_kernel<<<grid_for(count), THREADS, 0, stream>>>(
+        *d, x, y, seed, iteration, iteration_dev, layer, dsrt_dropout_threshold(p),
+        dsrt_dropout_scale(p), count);
+    return cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
 // Conversions and helpers
 
 __global__ void to_bf16_kernel(const float *__restrict__ x, dsrt_bf16 *__restrict__ y, size_t n) {

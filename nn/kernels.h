@@ -4,11 +4,11 @@
  * and cropping (and layout changes), leaky ReLU, the bias with the ReLU
  * after it, the bias gradient with the ReLU's backward folded in, pooling,
  * local response normalisation, dropout with the CPU backend's masks,
- * softmax with cross-entropy, synchronised batch normalisation's sums and
- * statistics, the fused optimizer step, the per-step scalars in device
- * memory, and float32 <-> bfloat16 conversions. Each one computes exactly what the CPU
- * backend (nn/backend_cpu.c) or the optimizer (nn/optim.c) computes; the
- * definitions they share live in nn/arith.h.
+ * element-wise products (mul and scale layers) and their gradients, layer
+ * normalisation, stochastic depth, softmax with cross-entropy, synchronised batch normalisation's
+ * sums and statistics, the fused optimizer step, the per-step scalars in device memory, and float32
+ * <-> bfloat16 conversions. Each one computes exactly what the CPU backend (nn/backend_cpu.c) or
+ * the optimizer (nn/optim.c) computes; the definitions they share live in nn/arith.h.
  *
  * Plain C: every entry point is an extern "C" launcher taking device
  * pointers, sizes and a stream. A launcher queues its kernel(s) on the stream
@@ -337,6 +337,59 @@ cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st,
  * argument is v: queued on the stream before the step that reads them, it
  * is what changes from one replay of a recorded step to the next). */
 cudaError_t dsrt_k_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v, cudaStream_t stream);
+
+// ----------------------------------------------------------------------------
+// Products, layer normalisation, stochastic depth
+
+/* y (ad) = a (ad) times b (bd: a's channels; along n, h and w a's size or
+ * 1, where it broadcasts), in float, rounded once to ad's type: a mul
+ * layer (b its second input, or a gate (n, c, 1, 1)), a scale layer (b its
+ * factors, float32 (1, c, 1, 1)), and their input gradients (a = dy). y may
+ * be a, not b. */
+cudaError_t dsrt_k_mul(const dsrt_k_desc *ad, const void *a, const dsrt_k_desc *bd, const void *b,
+                       void *y, cudaStream_t stream);
+
+/* The gradient of a gate b of y = a * b (bd: a's n and c, one pixel): db =
+ * the sum of dy a over the pixels of each image and channel (dy and a of
+ * ad), in double in a fixed order (nn/kernels_body.h), rounded to bd's
+ * type. */
+cudaError_t dsrt_k_mul_grad(const dsrt_k_desc *ad, const void *dy, const void *a,
+                            const dsrt_k_desc *bd, void *db, cudaStream_t stream);
+
+/* The gradients of a factor and an offset a channel over d's every pixel:
+ * dscale[ch] = the sum of dy v, dshift[ch] = the sum of dy (c floats each;
+ * either may be NULL), v being x, or with per-pixel statistics (mean and
+ * rstd: n h w floats each, as dsrt_k_ln_fwd keeps them) (x - mean) rstd.
+ * Batchnorm's tiled reduction (its order fixed); work:
+ * dsrt_kb_bn_work(d) device floats. */
+cudaError_t dsrt_k_chan_grads(const dsrt_k_desc *d, const void *x, const void *dy,
+                              const float *mean, const float *rstd, float *dscale, float *dshift,
+                              float *work, cudaStream_t stream);
+
+/* Layer normalisation over the channels of each pixel of x (d: either
+ * layout and type): y = (x - mean) rstd gamma + beta (gamma, beta: c
+ * floats), each pixel's mean and rstd = 1 / sqrt(var + eps) kept in mean
+ * and rstd (n h w floats each) unless NULL. nn/kernels_body.h says in what
+ * order and precision. y may not alias x. */
+cudaError_t dsrt_k_ln_fwd(const dsrt_k_desc *d, const void *x, const float *gamma,
+                          const float *beta, float eps, void *y, float *mean, float *rstd,
+                          cudaStream_t stream);
+
+/* Its input gradient from x, dy and the forward's mean and rstd: dx =
+ * rstd (g - mean of g - xhat mean of g xhat) over each pixel's channels,
+ * g = dy gamma, xhat = (x - mean) rstd. dx may not alias x or dy. */
+cudaError_t dsrt_k_ln_bwd(const dsrt_k_desc *d, const void *x, const void *dy, const float *gamma,
+                          const float *mean, const float *rstd, void *dx, cudaStream_t stream);
+
+/* y = x times the factor of its image over the tensor d (any layout, either
+ * type): 0 for an image dropped with probability p, 1 / (1 - p) for one
+ * kept, drawn for layer `layer` at training step `iteration` of a net
+ * seeded with `seed` (nn/arith.h dsrt_drop_path_mask), as the CPU backend
+ * draws them. iteration_dev, x and y as dsrt_k_dropout's; forward and
+ * backward alike. */
+cudaError_t dsrt_k_drop_path(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
+                             uint64_t iteration, const uint64_t *iteration_dev, int layer, float p,
+                             cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Conversions and helpers

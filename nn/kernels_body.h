@@ -116,17 +116,23 @@ typedef struct {
  * padding with -infinity); average divides by kh * kw, the padding counted
  * as zeros (as the CPU backend's pooling), or with DSRT_K_POOL_AVG_INSIDE by
  * the number of the window's elements inside the image (avgpool
- * count_pad=0). Global average pooling is the window of the whole image. */
+ * count_pad=0), or with DSRT_K_POOL_AVG_PADDED by the number of them inside
+ * the padded image, (-pt, -pl) to (h + pb, w + pr): PyTorch's
+ * count_include_pad with ceil_mode, whose last window may reach past the
+ * padding (avgpool ceil=1). Global average pooling is the window of the
+ * whole image. */
 typedef enum {
     DSRT_K_POOL_MAX = 0,
     DSRT_K_POOL_AVG = 1,
     DSRT_K_POOL_AVG_INSIDE = 2,
+    DSRT_K_POOL_AVG_PADDED = 3,
 } dsrt_k_pool_mode;
 
 typedef struct {
     dsrt_k_desc xd, yd;
     int kh, kw, sh, sw, pt, pl;
-    int mode; /* dsrt_k_pool_mode */
+    int mode;   /* dsrt_k_pool_mode */
+    int pb, pr; /* DSRT_K_POOL_AVG_PADDED: the padding at the bottom and the right */
 } dsrt_k_pool;
 
 /* Local response normalisation across channels (AlexNet's): y = x / (k +
@@ -851,16 +857,20 @@ static inline int dsrt_kb_pool_ok(const dsrt_k_pool *p) {
            x->nhwc == y->nhwc && x->type == y->type && p->kh > 0 && p->kw > 0 && p->sh > 0 &&
            p->sw > 0 && p->pt >= 0 && p->pl >= 0 && p->pt < p->kh && p->pl < p->kw &&
            (p->mode == DSRT_K_POOL_MAX || p->mode == DSRT_K_POOL_AVG ||
-            p->mode == DSRT_K_POOL_AVG_INSIDE);
+            p->mode == DSRT_K_POOL_AVG_INSIDE ||
+            (p->mode == DSRT_K_POOL_AVG_PADDED && p->pb >= 0 && p->pr >= 0));
 }
 
 /* What average pooling divides window (oh, ow)'s sum by: kh kw, or the
- * number of its elements inside the image. */
+ * number of its elements inside the image, or inside the padded image. */
 static inline DSRT_HOST_DEVICE float dsrt_kb_pool_area(const dsrt_k_pool *p, int oh, int ow) {
-    if (p->mode != DSRT_K_POOL_AVG_INSIDE) return (float)(p->kh * p->kw);
+    if (p->mode != DSRT_K_POOL_AVG_INSIDE && p->mode != DSRT_K_POOL_AVG_PADDED)
+        return (float)(p->kh * p->kw);
+    int padded = p->mode == DSRT_K_POOL_AVG_PADDED;
     int r0 = oh * p->sh - p->pt, c0 = ow * p->sw - p->pl;
-    int r1 = r0 + p->kh < p->xd.h ? r0 + p->kh : p->xd.h,
-        c1 = c0 + p->kw < p->xd.w ? c0 + p->kw : p->xd.w;
+    int he = padded ? p->xd.h + p->pb : p->xd.h, we = padded ? p->xd.w + p->pr : p->xd.w;
+    int r1 = r0 + p->kh < he ? r0 + p->kh : he, c1 = c0 + p->kw < we ? c0 + p->kw : we;
+    if (padded) return (float)((r1 - r0) * (c1 - c0));
     r0 = r0 > 0 ? r0 : 0;
     c0 = c0 > 0 ? c0 : 0;
     int n = (r1 - r0) * (c1 - c0);
@@ -1337,6 +1347,202 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_optim_update(const dsrt_k_step *st,
         w[i] = wi;
     }
     if (w16) w16[i] = dsrt_bf16_from_f32(wi);
+}
+
+// ----------------------------------------------------------------------------
+// Element-wise products: mul layers (a second input of one shape, or a gate
+// of one value an image and channel broadcast over the pixels: squeeze and
+// excitation) and scale layers (a factor a channel)
+
+/* b broadcasts over a: a's channels, and along n, h and w a's size or 1. */
+static inline int dsrt_kb_mul_ok(const dsrt_k_desc *ad, const dsrt_k_desc *bd) {
+    return dsrt_kb_desc_ok(ad) && dsrt_kb_desc_ok(bd) && bd->c == ad->c &&
+           (bd->n == ad->n || bd->n == 1) && (bd->h == ad->h || bd->h == 1) &&
+           (bd->w == ad->w || bd->w == 1);
+}
+
+/* Element i of y (ad) = a[i] times b at the element's place (0 along an
+ * axis where b has one), in float, rounded once to ad's type. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_mul(const dsrt_k_desc *ad, const void *a,
+                                                const dsrt_k_desc *bd, const void *b, void *y,
+                                                size_t i) {
+    dsrt_kb_coord k = dsrt_kb_coord_of(i, ad->c, ad->h, ad->w, ad->nhwc);
+    if (bd->n == 1) k.b = 0;
+    if (bd->h == 1) k.r = 0;
+    if (bd->w == 1) k.col = 0;
+    float v = dsrt_kb_load(b, bd->type, dsrt_kb_index_of(k, bd->c, bd->h, bd->w, bd->nhwc));
+    dsrt_kb_store(y, ad->type, i, DSRT_FMUL(dsrt_kb_load(a, ad->type, i), v));
+}
+
+/* A gate's gradient: b (bd) has a's n and c and one pixel. */
+static inline int dsrt_kb_mul_grad_ok(const dsrt_k_desc *ad, const dsrt_k_desc *bd) {
+    return dsrt_kb_desc_ok(ad) && dsrt_kb_desc_ok(bd) && bd->n == ad->n && bd->c == ad->c &&
+           bd->h == 1 && bd->w == 1;
+}
+
+/* Lane t's share of element j (image j / c, channel j % c) of the gate's
+ * gradient, the sum of dy a over the image's pixels of that channel (dy
+ * and a of ad): the pixels t, t + THREADS, ... in double. The lanes are
+ * added by the block's tree (dsrt_kb_tree_d). */
+static inline DSRT_HOST_DEVICE double dsrt_kb_mul_grad_lane(const dsrt_k_desc *ad, const void *dy,
+                                                            const void *a, size_t j, int t) {
+    dsrt_kb_coord k;
+    k.b = j / (size_t)ad->c;
+    k.ch = (int)(j % (size_t)ad->c);
+    size_t hw = (size_t)ad->h * ad->w;
+    double s = 0.0;
+    for (size_t q = (size_t)t; q < hw; q += DSRT_KB_THREADS) {
+        k.r = (int)(q / (size_t)ad->w);
+        k.col = (int)(q % (size_t)ad->w);
+        size_t i = dsrt_kb_index_of(k, ad->c, ad->h, ad->w, ad->nhwc);
+        s = DSRT_DADD(s, DSRT_DMUL((double)dsrt_kb_load(dy, ad->type, i),
+                                   (double)dsrt_kb_load(a, ad->type, i)));
+    }
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+// The gradients of a factor and an offset a channel (scale layers,
+// layernorm's gamma and beta): sums over every pixel of every image, in
+// batchnorm's tiles (DSRT_KB_BN_*: each lane a compensated float sum, the
+// lanes a tree, the tiles' partials, dsrt_kb_bn_work(d) floats, added in
+// double in tile order)
+
+static inline int dsrt_kb_chan_grads_ok(const dsrt_k_desc *d, const float *mean,
+                                        const float *rstd) {
+    return dsrt_kb_desc_ok(d) && !mean == !rstd;
+}
+
+/* Lane l's share of tile t of channel ch: the sums of dy and of dy v, v
+ * being x, or with per-pixel statistics (mean and rstd, one a row of
+ * dsrt_kb_bn_index) (x - mean) rstd, in float. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_chan_grads_lane(const dsrt_k_desc *d, const void *x,
+                                                            const void *dy, const float *mean,
+                                                            const float *rstd, size_t t, int ch,
+                                                            int l, float *s, float *q) {
+    size_t rows = (size_t)d->n * d->h * d->w, r1 = (t + 1) * DSRT_KB_BN_ROWS;
+    if (r1 > rows) r1 = rows;
+    float a = 0.0f, ae = 0.0f, b = 0.0f, be = 0.0f;
+    for (size_t j = t * DSRT_KB_BN_ROWS + (size_t)l; j < r1; j += DSRT_KB_BN_LANES) {
+        size_t i = dsrt_kb_bn_index(d, ch, j);
+        float g = dsrt_kb_load(dy, d->type, i), v = dsrt_kb_load(x, d->type, i);
+        if (mean) v = DSRT_FMUL(DSRT_FSUB(v, mean[j]), rstd[j]);
+        dsrt_kb_kahan(&a, &ae, g);
+        dsrt_kb_kahan(&b, &be, DSRT_FMUL(g, v));
+    }
+    *s = DSRT_FSUB(a, ae);
+    *q = DSRT_FSUB(b, be);
+}
+
+// ----------------------------------------------------------------------------
+// Layer normalisation over the channels of each pixel: n h w rows of c
+// values (row j image by image, pixel by pixel; its values at
+// dsrt_kb_bn_index), one warp a row, lane l taking the channels l, l + 32,
+// ...; the lanes' sums in double, combined by the warp's butterfly (lane l
+// adds lane l ^ o, o halving from 16)
+//
+// Forward: mean = sum x / c, then var = sum (x - mean)^2 / c (a second
+// pass), rstd = 1 / sqrt(var + eps); mean and rstd are kept in float, and
+// y = (x - mean) rstd gamma + beta is computed from them in double, rounded
+// once. Backward from the kept statistics, with g = dy gamma and xhat =
+// (x - mean) rstd:
+//     dx = rstd (g - sum g / c - xhat sum (g xhat) / c),
+// in double, rounded once; the gradients of gamma and beta are the channel
+// sums above of dy over xhat.
+
+static inline int dsrt_kb_ln_ok(const dsrt_k_desc *d, const float *gamma, const float *beta) {
+    return dsrt_kb_desc_ok(d) && d->c > 0 && gamma && beta;
+}
+
+static inline int dsrt_kb_ln_bwd_ok(const dsrt_k_desc *d, const float *gamma, const float *mean,
+                                    const float *rstd) {
+    return dsrt_kb_desc_ok(d) && d->c > 0 && gamma && mean && rstd;
+}
+
+/* Lane l's share of row j: the sum of x (pass 0), or of (x - mean)^2. */
+static inline DSRT_HOST_DEVICE double dsrt_kb_ln_lane_sum(const dsrt_k_desc *d, const void *x,
+                                                          size_t j, int l, int pass, double mean) {
+    double s = 0.0;
+    for (int ch = l; ch < d->c; ch += DSRT_KB_WARP) {
+        double v = dsrt_kb_load(x, d->type, dsrt_kb_bn_index(d, ch, j));
+        if (pass) {
+            v = DSRT_DSUB(v, mean);
+            v = DSRT_DMUL(v, v);
+        }
+        s = DSRT_DADD(s, v);
+    }
+    return s;
+}
+
+/* 1 / sqrt(var + eps) from the row's sum of squared deviations q. */
+static inline DSRT_HOST_DEVICE float dsrt_kb_ln_rstd(double q, int c, float eps) {
+    return (float)(1.0 / sqrt(DSRT_DADD(q / (double)c, (double)eps)));
+}
+
+/* Lane l's outputs of row j. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_ln_lane_apply(const dsrt_k_desc *d, const void *x,
+                                                          const float *gamma, const float *beta,
+                                                          float mean, float rstd, void *y, size_t j,
+                                                          int l) {
+    for (int ch = l; ch < d->c; ch += DSRT_KB_WARP) {
+        size_t i = dsrt_kb_bn_index(d, ch, j);
+        double xh =
+            DSRT_DMUL(DSRT_DSUB((double)dsrt_kb_load(x, d->type, i), (double)mean), (double)rstd);
+        double v = DSRT_DADD(DSRT_DMUL(xh, (double)gamma[ch]), (double)beta[ch]);
+        dsrt_kb_store(y, d->type, i, (float)v);
+    }
+}
+
+/* Lane l's share of row j's backward sums: of g (*sg) and of g xhat
+ * (*sgx). */
+static inline DSRT_HOST_DEVICE void dsrt_kb_ln_lane_bwd(const dsrt_k_desc *d, const void *x,
+                                                        const void *dy, const float *gamma,
+                                                        float mean, float rstd, size_t j, int l,
+                                                        double *sg, double *sgx) {
+    double a = 0.0, b = 0.0;
+    for (int ch = l; ch < d->c; ch += DSRT_KB_WARP) {
+        size_t i = dsrt_kb_bn_index(d, ch, j);
+        double g = DSRT_DMUL((double)dsrt_kb_load(dy, d->type, i), (double)gamma[ch]);
+        double xh =
+            DSRT_DMUL(DSRT_DSUB((double)dsrt_kb_load(x, d->type, i), (double)mean), (double)rstd);
+        a = DSRT_DADD(a, g);
+        b = DSRT_DADD(b, DSRT_DMUL(g, xh));
+    }
+    *sg = a;
+    *sgx = b;
+}
+
+/* Lane l's input gradients of row j, from the row's totals sg and sgx. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_ln_lane_dx(const dsrt_k_desc *d, const void *x,
+                                                       const void *dy, const float *gamma,
+                                                       float mean, float rstd, double sg,
+                                                       double sgx, void *dx, size_t j, int l) {
+    double ma = sg / (double)d->c, mb = sgx / (double)d->c;
+    for (int ch = l; ch < d->c; ch += DSRT_KB_WARP) {
+        size_t i = dsrt_kb_bn_index(d, ch, j);
+        double g = DSRT_DMUL((double)dsrt_kb_load(dy, d->type, i), (double)gamma[ch]);
+        double xh =
+            DSRT_DMUL(DSRT_DSUB((double)dsrt_kb_load(x, d->type, i), (double)mean), (double)rstd);
+        double v = DSRT_DMUL((double)rstd, DSRT_DSUB(DSRT_DSUB(g, ma), DSRT_DMUL(xh, mb)));
+        dsrt_kb_store(dx, d->type, i, (float)v);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Stochastic depth: every value of an image times the image's factor
+
+static inline int dsrt_kb_drop_path_ok(const dsrt_k_desc *d, float p, int layer) {
+    return dsrt_kb_desc_ok(d) && p >= 0.0f && p < 1.0f && layer >= 0;
+}
+
+/* Element i of y = x times the factor of its image (nn/arith.h
+ * dsrt_drop_path_mask); the image is outermost in either layout. */
+static inline DSRT_HOST_DEVICE void dsrt_kb_drop_path(const dsrt_k_desc *d, const void *x, void *y,
+                                                      const dsrt_rng *rng, uint32_t threshold,
+                                                      float scale, size_t i) {
+    size_t b = i / ((size_t)d->c * d->h * d->w);
+    float m = dsrt_drop_path_mask(rng, b, threshold, scale);
+    dsrt_kb_store(y, d->type, i, DSRT_FMUL(dsrt_kb_load(x, d->type, i), m));
 }
 
 #ifdef __cplusplus

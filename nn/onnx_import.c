@@ -1165,7 +1165,6 @@ static const dsrt_onnx_op OPS[] = {
     {"Transpose", map_transpose, "perm", ONNX_OP_NHWC},
     {"Identity", map_identity, "", ONNX_OP_ELEMENTWISE},
     {"Sub", dsrt__onnx_affine, "", 0},
-    {"Mul", dsrt__onnx_affine, "", 0},
     {"Div", dsrt__onnx_affine, "", 0},
     {"Constant", map_constant, "value,value_float,value_floats,value_int,value_ints", 0},
     /* Shape arithmetic, folded (onnx_fold.c) */

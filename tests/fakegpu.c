@@ -1696,6 +1696,12 @@ enum {
     K_TO_F32,
     K_FILL,
     K_SCALE,
+    K_MUL,
+    K_MUL_GRAD,
+    K_CHAN_GRADS,
+    K_LN_FWD,
+    K_LN_BWD,
+    K_DROP_PATH,
 };
 
 static void k_run(fk_op *o, cudaStream_t s) {
@@ -1806,6 +1812,24 @@ static void k_run(fk_op *o, cudaStream_t s) {
         break;
     case K_SCALE:
         dsrt_kh_scale(a->fp, a->fout, a->count, a->f1);
+        break;
+    case K_MUL:
+        dsrt_kh_mul(&a->d, a->x, &a->d2, a->y, a->out);
+        break;
+    case K_MUL_GRAD:
+        dsrt_kh_mul_grad(&a->d, a->dy, a->x, &a->d2, a->out);
+        break;
+    case K_CHAN_GRADS:
+        dsrt_kh_chan_grads(&a->d, a->x, a->dy, a->fp, a->fp2, a->fout, a->fout2, a->fout3);
+        break;
+    case K_LN_FWD:
+        dsrt_kh_ln_fwd(&a->d, a->x, a->fp, a->fp2, a->f1, a->out, a->fout, a->fout2);
+        break;
+    case K_LN_BWD:
+        dsrt_kh_ln_bwd(&a->d, a->x, a->dy, a->fp, a->fp2, a->fp3, a->out);
+        break;
+    case K_DROP_PATH:
+        dsrt_kh_drop_path(&a->d, a->x, a->out, a->u1, a->u2, a->up, a->i1, a->f1);
         break;
     }
 }
@@ -2082,6 +2106,60 @@ cudaError_t dsrt_k_scale(const float *x, float *y, size_t n, float v, cudaStream
     K_OP(a);
     a.kind = K_SCALE, a.fp = x, a.fout = y, a.count = n, a.f1 = v;
     return k_submit(s, &a, 1);
+}
+cudaError_t dsrt_k_mul(const dsrt_k_desc *ad, const void *x, const dsrt_k_desc *bd, const void *b,
+                       void *y, cudaStream_t s) {
+    int ok = dsrt_kb_mul_ok(ad, bd);
+    K_OP(a);
+    a.kind = K_MUL, a.x = x, a.y = b, a.out = y;
+    if (ok) a.d = *ad, a.d2 = *bd;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_mul_grad(const dsrt_k_desc *ad, const void *dy, const void *x,
+                            const dsrt_k_desc *bd, void *db, cudaStream_t s) {
+    int ok = dsrt_kb_mul_grad_ok(ad, bd);
+    K_OP(a);
+    a.kind = K_MUL_GRAD, a.dy = dy, a.x = x, a.out = db;
+    if (ok) a.d = *ad, a.d2 = *bd;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_chan_grads(const dsrt_k_desc *d, const void *x, const void *dy,
+                              const float *mean, const float *rstd, float *dscale, float *dshift,
+                              float *work, cudaStream_t s) {
+    int ok = dsrt_kb_chan_grads_ok(d, mean, rstd) && work;
+    K_OP(a);
+    a.kind = K_CHAN_GRADS, a.x = x, a.dy = dy, a.fp = mean, a.fp2 = rstd, a.fout = dscale;
+    a.fout2 = dshift, a.fout3 = work;
+    if (ok) a.d = *d;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_ln_fwd(const dsrt_k_desc *d, const void *x, const float *gamma,
+                          const float *beta, float eps, void *y, float *mean, float *rstd,
+                          cudaStream_t s) {
+    int ok = dsrt_kb_ln_ok(d, gamma, beta) && !mean == !rstd;
+    K_OP(a);
+    a.kind = K_LN_FWD, a.x = x, a.fp = gamma, a.fp2 = beta, a.f1 = eps, a.out = y, a.fout = mean;
+    a.fout2 = rstd;
+    if (ok) a.d = *d;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_ln_bwd(const dsrt_k_desc *d, const void *x, const void *dy, const float *gamma,
+                          const float *mean, const float *rstd, void *dx, cudaStream_t s) {
+    int ok = dsrt_kb_ln_bwd_ok(d, gamma, mean, rstd);
+    K_OP(a);
+    a.kind = K_LN_BWD, a.x = x, a.dy = dy, a.fp = gamma, a.fp2 = mean, a.fp3 = rstd, a.out = dx;
+    if (ok) a.d = *d;
+    return k_submit(s, &a, ok);
+}
+cudaError_t dsrt_k_drop_path(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
+                             uint64_t it, const uint64_t *it_dev, int layer, float p,
+                             cudaStream_t s) {
+    int ok = dsrt_kb_drop_path_ok(d, p, layer);
+    K_OP(a);
+    a.kind = K_DROP_PATH, a.x = x, a.out = y, a.u1 = seed, a.u2 = it, a.up = it_dev, a.i1 = layer;
+    a.f1 = p;
+    if (ok) a.d = *d;
+    return k_submit(s, &a, ok);
 }
 cudaError_t dsrt_k_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n, cudaStream_t s) {
     K_OP(a);

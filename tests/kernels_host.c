@@ -371,6 +371,113 @@ int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st_host,
 }
 
 // ----------------------------------------------------------------------------
+// Products, layer normalisation, stochastic depth
+
+int dsrt_kh_mul(const dsrt_k_desc *ad, const void *a, const dsrt_k_desc *bd, const void *b,
+                void *y) {
+    if (!dsrt_kb_mul_ok(ad, bd)) return -EINVAL;
+    for (size_t i = 0, n = dsrt_kb_count(ad); i < n; i++) dsrt_kb_mul(ad, a, bd, b, y, i);
+    return 0;
+}
+
+int dsrt_kh_mul_grad(const dsrt_k_desc *ad, const void *dy, const void *a, const dsrt_k_desc *bd,
+                     void *db) {
+    if (!dsrt_kb_mul_grad_ok(ad, bd)) return -EINVAL;
+    double v[THREADS];
+    for (size_t j = 0, n = dsrt_kb_count(bd); j < n; j++) {
+        for (int t = 0; t < THREADS; t++) v[t] = dsrt_kb_mul_grad_lane(ad, dy, a, j, t);
+        tree(v, NULL);
+        dsrt_kb_store(db, bd->type, j, (float)v[0]);
+    }
+    return 0;
+}
+
+/* Each tile's lanes and their tree, as the device's chan_tile_kernel, the
+ * partials in work; then the totals in tile order. */
+int dsrt_kh_chan_grads(const dsrt_k_desc *d, const void *x, const void *dy, const float *mean,
+                       const float *rstd, float *dscale, float *dshift, float *work) {
+    if (!dsrt_kb_chan_grads_ok(d, mean, rstd) || !work) return -EINVAL;
+    int c = d->c;
+    size_t tiles = dsrt_kb_bn_tiles(d);
+    for (size_t t = 0; t < tiles; t++)
+        for (int ch = 0; ch < c; ch++) {
+            float vs[DSRT_KB_BN_LANES], vq[DSRT_KB_BN_LANES];
+            for (int l = 0; l < DSRT_KB_BN_LANES; l++)
+                dsrt_kb_chan_grads_lane(d, x, dy, mean, rstd, t, ch, l, &vs[l], &vq[l]);
+            for (int h = DSRT_KB_BN_LANES / 2; h > 0; h >>= 1)
+                for (int k = 0; k < h; k++) {
+                    dsrt_kb_tree_f(vs, k, h);
+                    dsrt_kb_tree_f(vq, k, h);
+                }
+            work[t * 2 * (size_t)c + (size_t)ch] = vs[0];
+            work[t * 2 * (size_t)c + (size_t)c + (size_t)ch] = vq[0];
+        }
+    for (int ch = 0; ch < c; ch++) {
+        double s, q;
+        dsrt_kb_bn_total(work, tiles, c, ch, &s, &q);
+        if (dshift) dshift[ch] = (float)s;
+        if (dscale) dscale[ch] = (float)q;
+    }
+    return 0;
+}
+
+/* The warp's butterfly over the lanes' doubles: lane l adds lane l ^ o.
+ * Every lane ends with the total; lane 0's is returned. */
+static double butterfly(double *v) {
+    double nv[WARP];
+    for (int o = WARP / 2; o > 0; o >>= 1) {
+        for (int l = 0; l < WARP; l++) nv[l] = DSRT_DADD(v[l], v[l ^ o]);
+        memcpy(v, nv, sizeof nv);
+    }
+    return v[0];
+}
+
+int dsrt_kh_ln_fwd(const dsrt_k_desc *d, const void *x, const float *gamma, const float *beta,
+                   float eps, void *y, float *mean, float *rstd) {
+    if (!dsrt_kb_ln_ok(d, gamma, beta) || !mean != !rstd) return -EINVAL;
+    double v[WARP];
+    for (size_t j = 0, rows = (size_t)d->n * d->h * d->w; j < rows; j++) {
+        for (int l = 0; l < WARP; l++) v[l] = dsrt_kb_ln_lane_sum(d, x, j, l, 0, 0.0);
+        double m = butterfly(v) / (double)d->c;
+        for (int l = 0; l < WARP; l++) v[l] = dsrt_kb_ln_lane_sum(d, x, j, l, 1, m);
+        double q = butterfly(v);
+        float mf = (float)m, rf = dsrt_kb_ln_rstd(q, d->c, eps);
+        if (mean) {
+            mean[j] = mf;
+            rstd[j] = rf;
+        }
+        for (int l = 0; l < WARP; l++) dsrt_kb_ln_lane_apply(d, x, gamma, beta, mf, rf, y, j, l);
+    }
+    return 0;
+}
+
+int dsrt_kh_ln_bwd(const dsrt_k_desc *d, const void *x, const void *dy, const float *gamma,
+                   const float *mean, const float *rstd, void *dx) {
+    if (!dsrt_kb_ln_bwd_ok(d, gamma, mean, rstd)) return -EINVAL;
+    double a[WARP], b[WARP];
+    for (size_t j = 0, rows = (size_t)d->n * d->h * d->w; j < rows; j++) {
+        for (int l = 0; l < WARP; l++)
+            dsrt_kb_ln_lane_bwd(d, x, dy, gamma, mean[j], rstd[j], j, l, &a[l], &b[l]);
+        double sg = butterfly(a), sgx = butterfly(b);
+        for (int l = 0; l < WARP; l++)
+            dsrt_kb_ln_lane_dx(d, x, dy, gamma, mean[j], rstd[j], sg, sgx, dx, j, l);
+    }
+    return 0;
+}
+
+int dsrt_kh_drop_path(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
+                      uint64_t iteration, const uint64_t *iteration_dev, int layer, float p) {
+    if (!dsrt_kb_drop_path_ok(d, p, layer)) return -EINVAL;
+    dsrt_rng rng =
+        dsrt_drop_path_rng(seed, iteration_dev ? *iteration_dev : iteration, (uint64_t)layer);
+    uint32_t threshold = dsrt_dropout_threshold(p);
+    float scale = dsrt_dropout_scale(p);
+    for (size_t i = 0, n = dsrt_kb_count(d); i < n; i++)
+        dsrt_kb_drop_path(d, x, y, &rng, threshold, scale, i);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 // Conversions and helpers
 
 int dsrt_kh_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n) {

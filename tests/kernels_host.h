@@ -65,6 +65,18 @@ int dsrt_kh_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean, co
 int dsrt_kh_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st, const dsrt_k_step *st_dev,
                          float *w, float *g, float *buf0, float *buf1, dsrt_bf16 *w16);
 int dsrt_kh_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v);
+int dsrt_kh_mul(const dsrt_k_desc *ad, const void *a, const dsrt_k_desc *bd, const void *b,
+                void *y);
+int dsrt_kh_mul_grad(const dsrt_k_desc *ad, const void *dy, const void *a, const dsrt_k_desc *bd,
+                     void *db);
+int dsrt_kh_chan_grads(const dsrt_k_desc *d, const void *x, const void *dy, const float *mean,
+                       const float *rstd, float *dscale, float *dshift, float *work);
+int dsrt_kh_ln_fwd(const dsrt_k_desc *d, const void *x, const float *gamma, const float *beta,
+                   float eps, void *y, float *mean, float *rstd);
+int dsrt_kh_ln_bwd(const dsrt_k_desc *d, const void *x, const void *dy, const float *gamma,
+                   const float *mean, const float *rstd, void *dx);
+int dsrt_kh_drop_path(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
+                      uint64_t iteration, const uint64_t *iteration_dev, int layer, float p);
 int dsrt_kh_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n);
 int dsrt_kh_bf16_to_f32(const dsrt_bf16 *x, float *y, size_t n);
 int dsrt_kh_fill(float *y, size_t n, float v);

@@ -508,7 +508,9 @@ static void test_pool(void) {
                              cs[3],
                              cs[4],
                              cs[5],
-                             cs[6] ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG};
+                             cs[6] ? DSRT_K_POOL_MAX : DSRT_K_POOL_AVG,
+                             0,
+                             0};
             float xl[CNT], dyl[CNT], want[CNT];
             to_layout(&p.xd, x, xl);
             to_layout(&p.yd, dy, dyl);
@@ -545,7 +547,9 @@ static void test_pool(void) {
                        1,
                        0,
                        0,
-                       DSRT_K_POOL_MAX};
+                       DSRT_K_POOL_MAX,
+                       0,
+                       0};
     CHECK_EQ(dsrt_k_pool_fwd(&bad, NULL, NULL, NULL, S), cudaErrorInvalidValue);
 }
 

@@ -587,13 +587,43 @@ static dsrt_k_pool pool_of(const dsrt_layer *L, int n, int oh, int ow, int nhwc,
                      L->pl,
                      max > 0   ? DSRT_K_POOL_MAX
                      : max < 0 ? DSRT_K_POOL_AVG_INSIDE
-                               : DSRT_K_POOL_AVG};
+                               : DSRT_K_POOL_AVG,
+                     L->pb,
+                     L->pr};
+    /* ceil=1 with a partial last window, averaging with the padding: the
+     * window's part inside the padded image. */
+    if (!max && L->kind == DSRT_LAYER_AVGPOOL &&
+        ((oh - 1) * L->o.sh + L->o.kh > L->in.h + L->pt + L->pb ||
+         (ow - 1) * L->o.sw + L->o.kw > L->in.w + L->pl + L->pr))
+        p.mode = DSRT_K_POOL_AVG_PADDED;
     return p;
+}
+
+/* Average pooling's input gradient where each window's divisor is its part
+ * inside the padded image (pb, pr at the bottom and the right: ceil=1's
+ * partial windows, PyTorch's count_include_pad), over NCHW floats. */
+static void ref_pool_bwd_padded(const float *dy, float *dx, int n, int c, int h, int w, int oh,
+                                int ow, const dsrt_layer *L) {
+    for (size_t i = 0; i < (size_t)n * c * h * w; i++) dx[i] = 0;
+    for (int b = 0; b < n; b++)
+        for (int ch = 0; ch < c; ch++)
+            for (int y = 0; y < oh; y++)
+                for (int z = 0; z < ow; z++) {
+                    int r0 = y * L->o.sh - L->pt, c0 = z * L->o.sw - L->pl;
+                    int r1 = DSRT_MIN(r0 + L->o.kh, h + L->pb),
+                        c1 = DSRT_MIN(c0 + L->o.kw, w + L->pr);
+                    float area = (float)((r1 - r0) * (c1 - c0));
+                    float g = dy[(((size_t)b * c + ch) * oh + y) * ow + z];
+                    for (int ih = DSRT_MAX(r0, 0); ih < DSRT_MIN(r1, h); ih++)
+                        for (int iw = DSRT_MAX(c0, 0); iw < DSRT_MIN(c1, w); iw++)
+                            dx[(((size_t)b * c + ch) * h + ih) * w + iw] += g / area;
+                }
 }
 
 /* The CPU net's pooling layers, forward (max exactly, average within 1e-6:
  * another order of sums), and the input gradient against the plain
- * reference, in float NCHW and NHWC and in bfloat16. */
+ * reference, in float NCHW and NHWC and in bfloat16. ceil=1's partial last
+ * windows included (averaging with the padding: PyTorch's divisors). */
 static void test_pool(void) {
     static const struct {
         const char *layer;
@@ -605,6 +635,10 @@ static void test_pool(void) {
                  {"avgpool size=3 stride=2 pad=1 count_pad=0", -1},
                  {"avgpool size=3 stride=2 pad=1,0,0,1 count_pad=0", -1},
                  {"maxpool size=3 stride=2 pad=0,1,1,0", 1},
+                 {"maxpool size=3 stride=2 ceil=1", 1},
+                 {"avgpool size=3 stride=2 pad=1 ceil=1", 0},
+                 {"avgpool size=2 stride=2 pad=1,0,1,0 ceil=1", 0},
+                 {"avgpool size=3 stride=2 ceil=1 count_pad=0", -1},
                  {"gap", 0}};
     enum { N = 2, C = 3, H = 9, W = 8, CNT = N * C * H * W };
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
@@ -621,6 +655,8 @@ static void test_pool(void) {
         CHECK_OK(dsrt__net_layer_output(net, 1, out, 0));
         ref_pool_bwd(x, dy, dxr, N, C, H, W, oh, ow, L->o.kh, L->o.kw, L->o.sh, L->o.sw, L->pt,
                      L->pl, cases[k].max);
+        if (pool_of(L, N, oh, ow, 0, DSRT_K_F32, cases[k].max).mode == DSRT_K_POOL_AVG_PADDED)
+            ref_pool_bwd_padded(dy, dxr, N, C, H, W, oh, ow, L);
         /* Max pooling's backward both from the winners the forward kept
          * and finding them again: the same gradient, ties to the first. */
         for (int nhwc = 0; nhwc < 2; nhwc++)

@@ -31,6 +31,11 @@
     X(LRN, lrn)                                                                                    \
     X(SOFTMAX, softmax)                                                                            \
     X(ADD, add)                                                                                    \
-    X(CONCAT, concat)
+    X(CONCAT, concat)                                                                              \
+    X(MUL, mul)                                                                                    \
+    X(SCALE, scale)                                                                                \
+    X(LAYERNORM, layernorm)                                                                        \
+    X(PAD, pad)                                                                                    \
+    X(STOCHASTIC_DEPTH, stochastic_depth)
 
 #endif

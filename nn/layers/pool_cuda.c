@@ -1,7 +1,8 @@
 /*
  * maxpool, avgpool and gap on the GPU: dsrt's pooling kernel over any
- * window (gap: the whole image), max pooling keeping its winners' offsets
- * in training for backward. See nn/layers/pool.c.
+ * window (gap: the whole image; ceil=1's partial last window included),
+ * max pooling keeping its winners' offsets in training for backward. See
+ * nn/layers/pool.c.
  */
 #include "nn/backend_cuda.h"
 
@@ -29,7 +30,18 @@ static int desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
                       gap ? 0 : L->pl,
                       L->kind == DSRT_LAYER_MAXPOOL                      ? DSRT_K_POOL_MAX
                       : L->kind == DSRT_LAYER_AVGPOOL && !L->o.count_pad ? DSRT_K_POOL_AVG_INSIDE
-                                                                         : DSRT_K_POOL_AVG};
+                                                                         : DSRT_K_POOL_AVG,
+                      0,
+                      0};
+    /* ceil=1: a last window that reaches past the padding, which an average
+     * counting the padding divides by its part inside the padded image. */
+    if (!gap && o->pool.mode == DSRT_K_POOL_AVG &&
+        ((int64_t)(L->out.h - 1) * L->o.sh + L->o.kh > (int64_t)L->in.h + L->pt + L->pb ||
+         (int64_t)(L->out.w - 1) * L->o.sw + L->o.kw > (int64_t)L->in.w + L->pl + L->pr)) {
+        o->pool.mode = DSRT_K_POOL_AVG_PADDED;
+        o->pool.pb = L->pb;
+        o->pool.pr = L->pr;
+    }
     return 0;
 }
 

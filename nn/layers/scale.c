@@ -1,0 +1,168 @@
+/*
+ * scale: a learnable factor a channel on its one input, y = w[c] x (the
+ * layer scale of ConvNeXt's blocks, which start it at 1e-6), its factors
+ * the layer's weights. In ONNX it is a Mul by a constant of one value a
+ * channel (written as (1, C, 1, 1), or (C) for a flattened (N, C)); the
+ * Mul mapping of nn/layers/mul.c makes it on import.
+ *
+ *   init= [1] (the factors' starting value)  wlr= [1]  wl2= [1]
+ */
+#include "nn/backend_cpu.h"
+#include "nn/onnx.h"
+
+/* The options of its own. */
+typedef struct {
+    float init;
+} scale_opts;
+
+static const dsrt_opt_spec OPTS[] = {
+    {"init", OPT_FLOAT, "1", DSRT_OWN_OPT(scale_opts, init), 0, -1e6, 1e6, NULL},
+    {"wlr", OPT_FLOAT, "1", DSRT_O(wlr), 0, 0, 1e6, NULL},
+    {"wl2", OPT_FLOAT, "1", DSRT_O(wl2), 0, 0, 1e6, NULL},
+    DSRT_OPT_END,
+};
+
+static const dsrt_layer_type TYPES[] = {
+    {"scale", OPTS, "a learnable factor a channel"},
+    {NULL, NULL, NULL},
+};
+
+static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
+    l->out = *in;
+    l->w_n = (size_t)in->c;
+    l->flops = (double)in->c * in->h * in->w;
+    return 0;
+}
+
+static void init(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng, int how) {
+    float v = DSRT_LAYER_OPTS(const scale_opts, l)->init;
+    for (size_t k = 0; k < l->w_n; k++) params[l->w_off + k] = v;
+}
+
+// ----------------------------------------------------------------------------
+// CPU backend
+
+/* What the layer keeps for the factors' gradient: its input and its
+ * output's gradient in plain layout. */
+typedef struct {
+    dnnl_memory_t x, dy;
+} scale_own;
+
+/* dw[c] = the sum of dy x over every pixel of every image, in double. */
+static int step_scale_dw(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *l = &be->net->layers[i];
+    const scale_own *o = p->lp[i].own;
+    const float *x = dsrt__cpu_handle(o->x), *dy = dsrt__cpu_handle(o->dy);
+    float *dw = be->net->grads + l->w_off;
+    int c = l->out.c;
+    size_t hw = (size_t)l->out.h * l->out.w;
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0;
+        for (int b = 0; b < p->n; b++) {
+            size_t at = ((size_t)b * c + ch) * hw;
+            for (size_t k = 0; k < hw; k++) s += (double)dy[at + k] * x[at + k];
+        }
+        dw[ch] = (float)s;
+    }
+    return 0;
+}
+
+/*
+ * Forward: oneDNN's binary multiplication by the factors as a (1, c, 1, 1)
+ * tensor on the flat buffer, in the input's layout. Backward: the factors'
+ * gradient by a C step over plain copies of the input and the output's
+ * gradient, the input's gradient by the same binary multiplication of the
+ * output's gradient.
+ */
+static int plan_scale(cpu_backend *be, cpu_plan *p, int i) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor in;
+    int rc = dsrt__cpu_input4(be, p, L, 0, &in);
+    if (rc) return rc;
+    dnnl_dims_t wdims = {1, L->out.c, 1, 1};
+    dnnl_memory_desc_t wmd, plain;
+    if (dsrt__cpu_md_plain(&wmd, 4, wdims) || dsrt__cpu_md_plain_like(&plain, &in.md))
+        return dsrt__cpu_fail(dnnl_invalid_arguments, "scale", L);
+    dnnl_memory_t w;
+    if ((rc = dsrt__cpu_mem(p, &wmd, be->engine, net->params + L->w_off, &w, L))) return rc;
+    if ((rc = dsrt__cpu_output(be, p, i, &in.md))) return rc;
+    dnnl_binary_desc_t d;
+    dnnl_primitive_desc_t pd;
+    step *s;
+    DN("scale", dnnl_binary_desc_init(&d, dnnl_binary_mul, &in.md, &wmd, &in.md));
+    if ((rc = dsrt__cpu_pd(&pd, &d, be, 0, 0, NULL, "scale", L))) return rc;
+    rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
+    if (rc) goto out;
+    dsrt__cpu_arg(s, DNNL_ARG_SRC_0, in.mem);
+    dsrt__cpu_arg(s, DNNL_ARG_SRC_1, w);
+    dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+    if (!p->train) goto out;
+    scale_own *o = dsrt__calloc(1, sizeof *o);
+    if (!o) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    lp->own = o;
+    rc = dsrt__cpu_ensure(p, be, in.mem, &plain, 1, i, &o->x, L);
+    if (!rc) rc = dsrt__cpu_ensure(p, be, lp->out.diff, &plain, 1, i, &o->dy, L);
+    if (!rc) rc = dsrt__cpu_c_step(p, 1, step_scale_dw, i);
+    if (!rc && dsrt__net_need_diff(net, L->inputs[0])) {
+        dnnl_memory_t tgt, acc, dx, tmp;
+        rc = dsrt__cpu_grad_target_of(be, p, i, 0, &in, &tgt, &acc);
+        if (!rc) rc = dsrt__cpu_deliver(p, be, tgt, &in.md, &dx, &tmp, L);
+        if (!rc) rc = dsrt__cpu_prim_step(p, be, pd, 1, i, &s, L);
+        if (rc) goto out;
+        dsrt__cpu_arg(s, DNNL_ARG_SRC_0, lp->out.diff);
+        dsrt__cpu_arg(s, DNNL_ARG_SRC_1, w);
+        dsrt__cpu_arg(s, DNNL_ARG_DST, dx);
+        if (tmp) rc = dsrt__cpu_reorder_step(p, be, tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
+        if (!rc) rc = dsrt__cpu_grad_add(be, p, i, in.diff, acc);
+    }
+    if (!rc) rc = dsrt__cpu_ready_step(p, i);
+out:
+    dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// ONNX export
+
+/* Mul by the factors: (1, C, 1, 1) for an image, (C) for a flattened
+ * (N, C), so that ONNX's broadcasting lines them up with the channels. */
+static int export_onnx(onnx_export *e, const dsrt_layer *l, int i, char *out) {
+    int j = l->inputs[0];
+    char w[DSRT_LAYER_NAME_MAX + 32];
+    dsrt__onnx_aux_name(w, sizeof w, l, "scale");
+    int64_t dims4[4] = {1, l->out.c, 1, 1}, dims1[1] = {l->out.c};
+    if (e->rank[j] == 4)
+        dsrt__onnx_floats(e, w, dims4, 4, e->net->params + l->w_off);
+    else
+        dsrt__onnx_floats(e, w, dims1, 1, e->net->params + l->w_off);
+    const char *in[2] = {e->value[j], w};
+    dsrt__onnx_node(e, "Mul", l->name, in, 2, out, NULL, l, NULL);
+    e->rank[i] = e->rank[j];
+    return 0;
+}
+
+/* ONNX's Mul is mapped by nn/layers/mul.c, which makes scale layers. */
+static const dsrt_onnx_op ONNX_OPS[] = {
+    {NULL, NULL, NULL, 0},
+};
+
+// ----------------------------------------------------------------------------
+
+const dsrt_layer_ops dsrt__layer_scale = {
+    .name = "scale",
+    .types = TYPES,
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .build = build,
+    .init = init,
+    .cpu_plan = plan_scale,
+    .onnx_export = export_onnx,
+    .onnx_ops = ONNX_OPS,
+    .example = "input size=4x5x3\nconv filters=4 size=3 pad=1\nscale init=0.5\nfc outputs=4\n"
+               "scale\nfc outputs=3\nsoftmax\n",
+};
