@@ -2,8 +2,8 @@
  * Plain C references of the CPU backend's definitions (nn/backend_cpu.c),
  * written out as that backend computes them, for tests of the other
  * implementations: dropout masks drawn sequentially, one draw a pair of
- * elements, softmax with cross-entropy in double, synchronised batch
- * normalisation's sums, statistics and input gradient (step_bn_sync_fwd,
+ * elements (and stochastic depth's, a pair of images), softmax with cross-entropy in double,
+ * synchronised batch normalisation's sums, statistics and input gradient (step_bn_sync_fwd,
  * step_bn_running and step_bn_sync_bwd), and the backward passes of pooling
  * and local response normalisation (oneDNN's definitions: the first
  * largest element of a window takes its gradient; LRN's derivative).
@@ -23,6 +23,21 @@ static inline void ref_dropout_mask(float *m, size_t n, uint64_t seed, uint64_t 
     uint32_t thresh = (uint32_t)fmin(4294967295.0, ldexp((double)p, 32));
     dsrt_rng rng = dsrt_rng_init(seed, iter, layer, 0x44524f50u /* "DROP" */);
     for (size_t k = 0; k < n; k += 2) {
+        uint64_t r = dsrt_rng_u64(&rng);
+        m[k] = (uint32_t)r >= thresh ? keep : 0.0f;
+        if (k + 1 < n) m[k + 1] = (uint32_t)(r >> 32) >= thresh ? keep : 0.0f;
+    }
+}
+
+/* Stochastic depth's factor (0 or 1 / (1 - p)) of each of n images of
+ * layer `layer` at step `iter` of a net seeded with `seed`: one draw a pair
+ * of images, as dropout's a pair of elements, on its own stream. */
+static inline void ref_drop_path_mask(float *m, int n, uint64_t seed, uint64_t iter, uint64_t layer,
+                                      float p) {
+    float keep = 1.0f / (1.0f - p);
+    uint32_t thresh = (uint32_t)fmin(4294967295.0, ldexp((double)p, 32));
+    dsrt_rng rng = dsrt_rng_init(seed, iter, layer, 0x44505448u /* "DPTH" */);
+    for (int k = 0; k < n; k += 2) {
         uint64_t r = dsrt_rng_u64(&rng);
         m[k] = (uint32_t)r >= thresh ? keep : 0.0f;
         if (k + 1 < n) m[k + 1] = (uint32_t)(r >> 32) >= thresh ? keep : 0.0f;

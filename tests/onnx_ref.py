@@ -18,7 +18,10 @@ Made here, never downloaded. Two interpreters run this file:
                              does not write: Dropout, Identity, Constant,
                              MatMul + Add, Gemm with transB=0, alpha and
                              beta, LRN, AveragePool counting its padding,
-                             auto_pad, opsets 7 and 21, external data
+                             auto_pad, opsets 7 and 21, external data;
+                             squeeze-and-excitation's Mul, layer scales,
+                             LayerNormalization, Pad, ceil_mode pooling
+                             (opsets 9, 11 and 17)
     ort PIXELS [--scale S | --torchvision] MODEL OUT [MODEL OUT ...]
                              onnx.checker, then onnxruntime (2 threads) on
                              the pixels (times S, or normalised as
@@ -294,6 +297,84 @@ def helper_models(d):
             helper.make_node("Gemm", ["f", "g.w", "g.b"], ["scores"], alpha=4.0),
         ]
         onnx.save(model(nodes, inits, opset, "acts", [10]), os.path.join(d, "acts%d.onnx" % opset))
+
+    # The layers of squeeze-and-excitation and ConvNeXt blocks, padding and
+    # partial pooling windows: a gate (GlobalAveragePool, two 1x1 Conv) on
+    # Mul, Mul by a constant a channel (a layer scale) and by one value,
+    # LayerNormalization between Transposes (ConvNeXt's LayerNorm2d) and
+    # on (N, C), Pad (constant), AveragePool and MaxPool with ceil_mode and
+    # a partial last window; opset 17, 11 (Pad's inputs, AveragePool's
+    # ceil_mode without the padding counted) and 9 (Pad's attributes).
+    for opset in (9, 11, 17):
+        inits = {
+            "c1.w": w(8, 3, 3, 3), "c1.b": w(8),
+            "g1.w": w(4, 8, 1, 1), "g1.b": w(4), "g2.w": w(8, 4, 1, 1), "g2.b": w(8),
+            "ls": (0.5 + np.abs(w(8, 1, 1))).astype(np.float32),
+            "half": np.array(0.5, np.float32),
+            "fc.w": w(16, 8 * 9 * 9, scale=0.05), "fc.b": w(16),
+            "g.w": w(10, 16), "g.b": w(10),
+        }
+        pads = [0, 0, 1, 0, 0, 0, 1, 2]  # 32x32 -> 34x34
+        nodes = [
+            helper.make_node("Conv", ["image", "c1.w", "c1.b"], ["c1"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c1"], ["x"]),
+            helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+            helper.make_node("Conv", ["p", "g1.w", "g1.b"], ["g1"]),
+            helper.make_node("Relu", ["g1"], ["g1r"]),
+            helper.make_node("Conv", ["g1r", "g2.w", "g2.b"], ["g2"]),
+            helper.make_node("Relu", ["g2"], ["gate"]),
+            helper.make_node("Mul", ["gate", "x"], ["se"]),
+            helper.make_node("Mul", ["se", "ls"], ["scaled"]),
+            helper.make_node("Mul", ["half", "scaled"], ["m"]),
+        ]
+        if opset >= 17:
+            inits["ln.s"] = (1 + w(8)).astype(np.float32)
+            inits["ln.b"] = w(8)
+            nodes += [
+                helper.make_node("Transpose", ["m"], ["mt"], perm=[0, 2, 3, 1]),
+                helper.make_node("LayerNormalization", ["mt", "ln.s", "ln.b"], ["nt"],
+                                 epsilon=1e-6),
+                helper.make_node("Transpose", ["nt"], ["n"], perm=[0, 3, 1, 2]),
+            ]
+        else:
+            nodes.append(helper.make_node("Identity", ["m"], ["n"]))
+        if opset >= 11:
+            inits["pads"] = np.array(pads, np.int64)
+            inits["pv"] = np.array(0.25, np.float32)
+            nodes.append(helper.make_node("Pad", ["n", "pads", "pv"], ["pd"]))
+        else:
+            nodes.append(helper.make_node("Pad", ["n"], ["pd"], pads=pads, value=0.25))
+        # 34x34: 3x3 windows, stride 2, padding 1 -> 18x18 (the floor 17);
+        # then 3x3, stride 2 -> 9x9 (the floor 8).
+        if opset >= 10:
+            nodes += [
+                helper.make_node("AveragePool", ["pd"], ["a"], kernel_shape=[3, 3],
+                                 strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1,
+                                 count_include_pad=1 if opset >= 17 else 0),
+                helper.make_node("MaxPool", ["a"], ["mp"], kernel_shape=[3, 3], strides=[2, 2],
+                                 ceil_mode=1),
+            ]
+        else:
+            nodes += [
+                helper.make_node("AveragePool", ["pd"], ["a"], kernel_shape=[3, 3],
+                                 strides=[2, 2], pads=[1, 1, 2, 2], count_include_pad=0),
+                helper.make_node("MaxPool", ["a"], ["mp"], kernel_shape=[3, 3], strides=[2, 2],
+                                 pads=[0, 0, 1, 1]),
+            ]
+        nodes += [
+            helper.make_node("Flatten", ["mp"], ["f"]),
+            helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["fc"], transB=1),
+        ]
+        if opset >= 17:
+            inits["ln2.s"] = (1 + w(16)).astype(np.float32)
+            inits["ln2.b"] = w(16)
+            nodes.append(helper.make_node("LayerNormalization", ["fc", "ln2.s", "ln2.b"], ["fn"],
+                                          axis=-1, epsilon=1e-5))
+        else:
+            nodes.append(helper.make_node("Identity", ["fc"], ["fn"]))
+        nodes.append(helper.make_node("Gemm", ["fn", "g.w", "g.b"], ["scores"], transB=1))
+        onnx.save(model(nodes, inits, opset, "layers", [10]),
+                  os.path.join(d, "layers%d.onnx" % opset))
 
     # External data: the weights in a file beside the model.
     inits = {"c.w": w(8, 3, 3, 3), "c.b": w(8), "g.w": w(8, 4), "g.b": w(4)}

@@ -33,7 +33,8 @@
  * which Adam would turn into steps of the full learning rate). The CPU backend runs direct
  * convolutions here (DSRT_CPU_CONV=direct): its Winograd arithmetic rounds
  * differently enough to blur an fp32 comparison. Dropout masks are compared
- * bit for bit (which values are zero), and the deterministic GPU mode must
+ * bit for bit (which values are zero), as are stochastic depth's (which
+ * images), and the deterministic GPU mode must
  * give bit-identical weights run after run.
  */
 #include "actref.h"
@@ -223,6 +224,23 @@ static const case_net ISOLATED[] = {
     {"input\nconv filters=5 size=1\ngap\nfc outputs=3\nsoftmax\n", 6, 6, 5, 3, 4},
     {"input\nfc outputs=16 bias=0\nbatchnorm\nrelu\nfc outputs=5\nsoftmax\n", 3, 3, 2, 5, 8},
     {"input\nfc outputs=12\nrelu\nfc outputs=4 bias=0\nsoftmax\n", 3, 4, 2, 4, 5},
+    /* Products, layer normalisation over many pixels, padding and
+     * ceil=1's partial windows. */
+    {"input name=in\nconv name=x filters=4 size=1\ngap inputs=in\nfc name=g outputs=4\n"
+     "mul inputs=x,g\nfc outputs=3\nsoftmax\n",
+     5, 5, 3, 3, 4},
+    {"input\nconv filters=3 size=1\nscale init=0.7\nfc outputs=3\nsoftmax\n", 4, 5, 3, 3, 4},
+    {"input\nconv filters=20 size=1\nlayernorm eps=1e-3\nfc outputs=3\nsoftmax\n", 5, 4, 3, 3, 4},
+    {"input\nconv filters=3 size=1\npad pad=1,2,0,1 value=0.25\nfc outputs=3\nsoftmax\n", 4, 4, 2,
+     3, 4},
+    {"input\nconv filters=3 size=1\navgpool size=3 stride=2 pad=1 ceil=1\nfc outputs=3\n"
+     "softmax\n",
+     8, 9, 3, 3, 4},
+    {"input\nconv filters=3 size=1\navgpool size=3 stride=2 ceil=1 count_pad=0\nfc outputs=3\n"
+     "softmax\n",
+     8, 8, 3, 3, 4},
+    {"input\nconv filters=2 size=1\nmaxpool size=3 stride=2 ceil=1\nfc outputs=3\nsoftmax\n", 8, 8,
+     2, 3, 3},
 };
 
 /* The unit roundoff of a precision's products: what one rounding of an
@@ -566,6 +584,48 @@ static void test_dropout_masks(void) {
         }
         CHECK_EQ(differ, 0);
         CHECK_GT(dropped, 0);
+    }
+    dsrt_net_destroy(c);
+    dsrt_net_destroy(g);
+    /* Stochastic depth: the same images dropped whole; at inference its
+     * output is its input on both. */
+    desc = "input\nfc outputs=16\nrelu\nstochastic_depth p=0.5\nfc outputs=3\nsoftmax\n";
+    c = make_on(desc, 4, 4, 2, 3, -1, DSRT_PRECISION_FP32, 0);
+    g = make_on(desc, 4, 4, 2, 3, G, DSRT_PRECISION_FP32, 0);
+    int dropped = 0, kept = 0;
+    for (int it = 0; it < 3; it++) {
+        dsrt_net_set_iteration(c, 2000 + it);
+        dsrt_net_set_iteration(g, 2000 + it);
+        CHECK_OK(dsrt_net_forward_backward(c, x, y, n, NULL, NULL));
+        CHECK_OK(dsrt_net_forward_backward(g, x, y, n, NULL, NULL));
+        float in[16 * 16], a[16 * 16], b[16 * 16];
+        CHECK_OK(dsrt__net_layer_output(c, 2, in, 1));
+        CHECK_OK(dsrt__net_layer_output(g, 3, a, 1));
+        CHECK_OK(dsrt__net_layer_output(c, 3, b, 1));
+        for (int i = 0; i < n; i++) {
+            int zero_a = 1, zero_b = 1, live = 0;
+            for (int j = 0; j < 16; j++) {
+                live |= in[i * 16 + j] != 0;
+                zero_a &= a[i * 16 + j] == 0;
+                zero_b &= b[i * 16 + j] == 0;
+            }
+            if (!live) continue;
+            CHECK_EQ(zero_a, zero_b);
+            dropped += zero_b, kept += !zero_b;
+        }
+        if (!close_to(a, b, 16 * 16, 1e-5, "stochastic depth's output")) test_failures++;
+    }
+    CHECK_GT(dropped, 0);
+    CHECK_GT(kept, 0);
+    float p1[16 * 3], p2[16 * 3], in[16 * 16], out[16 * 16];
+    CHECK_OK(dsrt_net_predict(g, x, n, p1, NULL, NULL, NULL));
+    CHECK_OK(dsrt_net_predict(c, x, n, p2, NULL, NULL, NULL));
+    if (!close_to(p1, p2, 16 * 3, 1e-5, "inference past stochastic depth")) test_failures++;
+    for (int k = 0; k < 2; k++) {
+        dsrt_net *net = k ? g : c;
+        CHECK_OK(dsrt__net_layer_output(net, 2, in, 0));
+        CHECK_OK(dsrt__net_layer_output(net, 3, out, 0));
+        CHECK(!memcmp(in, out, sizeof in));
     }
     dsrt_net_destroy(c);
     dsrt_net_destroy(g);

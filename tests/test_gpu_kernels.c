@@ -1168,6 +1168,273 @@ static void test_convert(void) {
     free(h), free(h2), free(f), free(want);
 }
 
+// ----------------------------------------------------------------------------
+// Products, layer normalisation, stochastic depth, partial pooling windows
+
+/* Fills n floats in [lo, hi). */
+static void fill_uniform(float *v, size_t n, uint64_t seed, float lo, float hi) {
+    dsrt_rng r = dsrt_rng_init(seed, 7, 0, 0);
+    for (size_t i = 0; i < n; i++) v[i] = uniform(&r, lo, hi);
+}
+
+/* A device tensor of d holding the NCHW values v (rounded to its type). */
+static void *dtensor(const dsrt_k_desc *d, const float *v) {
+    float *l = hmalloc(count_of(d) * 4);
+    to_layout(d, v, l);
+    void *h = as_type(d, l), *dev = dcopy(h, bytes_of(d));
+    free(l), free(h);
+    return dev;
+}
+
+/* mul's product (same shape, a gate, float32 factors a channel) bit for bit
+ * against the float product of the values the tensors hold, in both
+ * layouts and types; the gate's gradient and the channel sums (of a scale
+ * layer, and of layernorm's gamma and beta over per-pixel statistics)
+ * against sums in double: within 1e-6 (the gate's, in double on the
+ * device) and 1e-5 of the sum of magnitudes (the channels', compensated
+ * float tiles). */
+static void test_products(void) {
+    enum { N = 3, C = 37, H = 20, W = 23, CNT = N * C * H * W, ROWS = N * H * W };
+    float *a = hmalloc(CNT * 4), *b = hmalloc(CNT * 4), *dy = hmalloc(CNT * 4), gate[N * C], fac[C];
+    float *want = hmalloc(CNT * 4), *ar = hmalloc(CNT * 4), *br = hmalloc(CNT * 4);
+    float mean[ROWS], rstd[ROWS];
+    fill_uniform(a, CNT, 1, -2, 2);
+    fill_uniform(b, CNT, 2, -2, 2);
+    fill_uniform(dy, CNT, 3, -1, 1);
+    fill_uniform(gate, N * C, 4, 0, 1);
+    fill_uniform(fac, C, 5, -1, 1);
+    fill_uniform(mean, ROWS, 6, -0.5f, 0.5f);
+    fill_uniform(rstd, ROWS, 7, 0.5f, 2);
+    size_t hw = (size_t)H * W;
+    for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++)
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_desc ad = {N, C, H, W, nhwc, (dsrt_k_type)t}, plain = ad;
+            plain.nhwc = 0;
+            dsrt_k_desc bds[3] = {
+                ad, {N, C, 1, 1, nhwc, (dsrt_k_type)t}, {1, C, 1, 1, 1, DSRT_K_F32}};
+            const float *bs[3] = {b, gate, fac};
+            memcpy(ar, a, CNT * 4);
+            round_to_type(&plain, ar);
+            void *da = dtensor(&ad, a), *dy_ = dtensor(&ad, dy), *dout = dalloc(CNT * 4);
+            for (int k = 0; k < 3; k++) {
+                dsrt_k_desc bp = bds[k];
+                bp.nhwc = 0;
+                memcpy(br, bs[k], count_of(&bp) * 4);
+                round_to_type(&bp, br);
+                for (size_t i = 0; i < CNT; i++)
+                    want[i] = ar[i] * br[k == 0 ? i : k == 1 ? i / hw : i / hw % C];
+                float *wl = hmalloc(CNT * 4);
+                to_layout(&ad, want, wl);
+                void *db = dtensor(&bds[k], bs[k]);
+                LAUNCH(dsrt_k_mul(&ad, da, &bds[k], db, dout, S));
+                CHECK_EQ(check_tensor("mul", &ad, dout, wl, 0), 0);
+                CU(cudaFree(db));
+                free(wl);
+            }
+            /* The gate's gradient. */
+            float *dyr = hmalloc(CNT * 4), gw[N * C];
+            memcpy(dyr, dy, CNT * 4);
+            round_to_type(&plain, dyr);
+            for (int q = 0; q < N * C; q++) {
+                double sum = 0;
+                for (size_t k = 0; k < hw; k++) sum += (double)dyr[q * hw + k] * ar[q * hw + k];
+                gw[q] = (float)sum;
+            }
+            void *dg = dalloc(N * C * 4);
+            LAUNCH(dsrt_k_mul_grad(&ad, dy_, da, &bds[1], dg, S));
+            if (t == DSRT_K_F32) {
+                float got[N * C];
+                get(got, dg, sizeof got);
+                CHECK_EQ(mismatches("gate gradient", got, gw, N * C, 1e-6, 1e-7), 0);
+            }
+            /* The channel sums, over x and over (x - mean) rstd. */
+            float *work = dalloc(dsrt_kb_bn_work(&ad) * 4), *ds = dalloc(C * 4),
+                  *dh = dalloc(C * 4);
+            float *dmean = dcopy(mean, sizeof mean), *drstd = dcopy(rstd, sizeof rstd);
+            for (int stats = 0; stats < 2; stats++) {
+                LAUNCH(dsrt_k_chan_grads(&ad, da, dy_, stats ? dmean : NULL, stats ? drstd : NULL,
+                                         ds, dh, work, S));
+                float gs[C], gh[C];
+                get(gs, ds, sizeof gs);
+                get(gh, dh, sizeof gh);
+                int bad = 0;
+                for (int c = 0; c < C; c++) {
+                    double s1 = 0, s2 = 0, a1 = 0, a2 = 0;
+                    for (int r = 0; r < ROWS; r++) {
+                        size_t i = ((size_t)(r / hw) * C + c) * hw + r % hw;
+                        double v = stats ? ((double)ar[i] - mean[r]) * rstd[r] : ar[i];
+                        s1 += dyr[i], a1 += fabs(dyr[i]);
+                        s2 += dyr[i] * v, a2 += fabs(dyr[i] * v);
+                    }
+                    bad += fabs(gh[c] - s1) > 1e-5 * a1 || fabs(gs[c] - s2) > 1e-5 * a2;
+                }
+                CHECK_EQ(bad, 0);
+            }
+            CU(cudaFree(da));
+            CU(cudaFree(dy_));
+            CU(cudaFree(dout));
+            CU(cudaFree(dg));
+            CU(cudaFree(work));
+            CU(cudaFree(ds));
+            CU(cudaFree(dh));
+            CU(cudaFree(dmean));
+            CU(cudaFree(drstd));
+            free(dyr);
+        }
+    dsrt_k_desc ad = {N, C, H, W, 1, DSRT_K_F32}, bad = {N, C + 1, 1, 1, 1, DSRT_K_F32};
+    CHECK_EQ(dsrt_k_mul(&ad, NULL, &bad, NULL, NULL, S), cudaErrorInvalidValue);
+    CHECK_EQ(dsrt_k_chan_grads(&ad, NULL, NULL, mean, NULL, NULL, NULL, NULL, S),
+             cudaErrorInvalidValue);
+    free(a), free(b), free(dy), free(want), free(ar), free(br);
+}
+
+/* Layer normalisation over 40 channels (two lanes' worth and more) of each
+ * pixel, both layouts: the output, the kept statistics and the input
+ * gradient against the formulas in double (1e-5). */
+static void test_layernorm(void) {
+    enum { N = 2, C = 40, H = 3, W = 5, CNT = N * C * H * W, ROWS = N * H * W };
+    float x[CNT], dy[CNT], gamma[C], beta[C], y[CNT], dx[CNT], mean[ROWS], rstd[ROWS];
+    fill_uniform(x, CNT, 8, -3, 3);
+    fill_uniform(dy, CNT, 9, -1, 1);
+    fill_uniform(gamma, C, 10, 0.5f, 1.5f);
+    fill_uniform(beta, C, 11, -0.5f, 0.5f);
+    const double eps = 1e-3;
+    size_t hw = (size_t)H * W;
+    for (int r = 0; r < ROWS; r++) {
+        size_t q = (size_t)r / hw, k = (size_t)r % hw;
+        double m = 0, v = 0, sg = 0, sgx = 0;
+        for (int c = 0; c < C; c++) m += x[(q * C + c) * hw + k];
+        m /= C;
+        for (int c = 0; c < C; c++) v += pow(x[(q * C + c) * hw + k] - m, 2);
+        double rs = 1 / sqrt(v / C + eps);
+        mean[r] = (float)m, rstd[r] = (float)rs;
+        for (int c = 0; c < C; c++) {
+            size_t i = (q * C + c) * hw + k;
+            y[i] = (float)((x[i] - m) * rs * gamma[c] + beta[c]);
+            double g = (double)dy[i] * gamma[c];
+            sg += g, sgx += g * (x[i] - m) * rs;
+        }
+        for (int c = 0; c < C; c++) {
+            size_t i = (q * C + c) * hw + k;
+            double g = (double)dy[i] * gamma[c];
+            dx[i] = (float)(rs * (g - sg / C - (x[i] - m) * rs * sgx / C));
+        }
+    }
+    float *dg = dcopy(gamma, sizeof gamma), *db = dcopy(beta, sizeof beta);
+    float *dm = dalloc(sizeof mean), *dr = dalloc(sizeof rstd);
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+        void *dxx = dtensor(&d, x), *ddy = dtensor(&d, dy), *dout = dalloc(CNT * 4),
+             *ddx = dalloc(CNT * 4);
+        float wl[CNT], got[ROWS];
+        LAUNCH(dsrt_k_ln_fwd(&d, dxx, dg, db, (float)eps, dout, dm, dr, S));
+        to_layout(&d, y, wl);
+        CHECK_EQ(check_tensor("layernorm", &d, dout, wl, 1e-5), 0);
+        get(got, dr, sizeof got);
+        CHECK_EQ(mismatches("layernorm rstd", got, rstd, ROWS, 1e-6, 0), 0);
+        LAUNCH(dsrt_k_ln_bwd(&d, dxx, ddy, dg, dm, dr, ddx, S));
+        to_layout(&d, dx, wl);
+        CHECK_EQ(check_tensor("layernorm backward", &d, ddx, wl, 1e-4), 0);
+        CU(cudaFree(dxx));
+        CU(cudaFree(ddy));
+        CU(cudaFree(dout));
+        CU(cudaFree(ddx));
+    }
+    dsrt_k_desc d = {N, C, H, W, 1, DSRT_K_F32};
+    CHECK_EQ(dsrt_k_ln_fwd(&d, NULL, dg, NULL, 1e-3f, NULL, NULL, NULL, S), cudaErrorInvalidValue);
+    CHECK_EQ(dsrt_k_ln_bwd(&d, NULL, NULL, dg, NULL, dr, NULL, S), cudaErrorInvalidValue);
+    CU(cudaFree(dg));
+    CU(cudaFree(db));
+    CU(cudaFree(dm));
+    CU(cudaFree(dr));
+}
+
+/* Stochastic depth: every value of an image times the reference draw of
+ * its factor, bit for bit, in either layout and type, the step also read
+ * from device memory. */
+static void test_drop_path(void) {
+    enum { N = 11, C = 3, H = 4, W = 5, PER = C * H * W, CNT = N * PER };
+    float x[CNT], m[N], want[CNT], wl[CNT];
+    fill_uniform(x, CNT, 12, -2, 2);
+    uint64_t iter = 7000000000ULL;
+    ref_drop_path_mask(m, N, 99, iter, 4, 0.35f);
+    for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++)
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_desc d = {N, C, H, W, nhwc, (dsrt_k_type)t}, plain = d;
+            plain.nhwc = 0;
+            float xs[CNT];
+            memcpy(xs, x, sizeof x);
+            round_to_type(&plain, xs);
+            for (int i = 0; i < CNT; i++) want[i] = xs[i] * m[i / PER];
+            to_layout(&d, want, wl);
+            void *dx = dtensor(&d, x), *dy = dalloc(bytes_of(&d));
+            LAUNCH(dsrt_k_drop_path(&d, dx, dy, 99, iter, NULL, 4, 0.35f, S));
+            CHECK_EQ(check_tensor("stochastic depth", &d, dy, wl, 0), 0);
+            uint64_t *dit = dcopy(&iter, sizeof iter);
+            LAUNCH(dsrt_k_drop_path(&d, dx, dx, 99, 0, dit, 4, 0.35f, S));
+            CHECK_EQ(check_tensor("stochastic depth, step on the device", &d, dx, wl, 0), 0);
+            CU(cudaFree(dit));
+            CU(cudaFree(dx));
+            CU(cudaFree(dy));
+        }
+    dsrt_k_desc d = {N, C, H, W, 0, DSRT_K_F32};
+    CHECK_EQ(dsrt_k_drop_path(&d, NULL, NULL, 1, 1, NULL, 1, 1.0f, S), cudaErrorInvalidValue);
+}
+
+/* ceil=1's partial last windows: an average counting the padding divides
+ * each window's sum by its part inside the padded image (PyTorch's), the
+ * backward likewise, both layouts, against plain references (1e-6). */
+static void test_pool_ceil(void) {
+    enum { N = 2, C = 3, H = 6, W = 7, CNT = N * C * H * W };
+    /* 3x3 windows, stride 2, padding 1 top and left, 0 bottom, 1 right:
+     * 6 -> 3 rows (the floor's 2), 7 -> 4 columns (the floor's 3). */
+    const int kh = 3, kw = 3, s = 2, pt = 1, pl = 1, pb = 0, pr = 1, oh = 3, ow = 4;
+    enum { OCNT = N * C * 3 * 4 };
+    float x[CNT], dy[OCNT], y[OCNT], dx[CNT], wl[CNT];
+    fill_uniform(x, CNT, 13, -2, 2);
+    fill_uniform(dy, OCNT, 14, -1, 1);
+    memset(dx, 0, sizeof dx);
+    for (int q = 0; q < N * C; q++)
+        for (int a = 0; a < oh; a++)
+            for (int b = 0; b < ow; b++) {
+                int r0 = a * s - pt, c0 = b * s - pl;
+                int r1 = DSRT_MIN(r0 + kh, H + pb), c1 = DSRT_MIN(c0 + kw, W + pr);
+                float area = (float)((r1 - r0) * (c1 - c0)), sum = 0;
+                for (int r = DSRT_MAX(r0, 0); r < DSRT_MIN(r1, H); r++)
+                    for (int c = DSRT_MAX(c0, 0); c < DSRT_MIN(c1, W); c++)
+                        sum += x[(q * H + r) * W + c];
+                y[(q * oh + a) * ow + b] = sum / area;
+                for (int r = DSRT_MAX(r0, 0); r < DSRT_MIN(r1, H); r++)
+                    for (int c = DSRT_MAX(c0, 0); c < DSRT_MIN(c1, W); c++)
+                        dx[(q * H + r) * W + c] += dy[(q * oh + a) * ow + b] / area;
+            }
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        dsrt_k_pool p = {{N, C, H, W, nhwc, DSRT_K_F32},
+                         {N, C, oh, ow, nhwc, DSRT_K_F32},
+                         kh,
+                         kw,
+                         s,
+                         s,
+                         pt,
+                         pl,
+                         DSRT_K_POOL_AVG_PADDED,
+                         pb,
+                         pr};
+        void *dxx = dtensor(&p.xd, x), *dyy = dtensor(&p.yd, dy), *dout = dalloc(OCNT * 4),
+             *ddx = dalloc(CNT * 4);
+        LAUNCH(dsrt_k_pool_fwd(&p, dxx, dout, NULL, S));
+        to_layout(&p.yd, y, wl);
+        CHECK_EQ(check_tensor("pooling, ceil=1", &p.yd, dout, wl, 1e-6), 0);
+        LAUNCH(dsrt_k_pool_bwd(&p, dxx, NULL, dyy, ddx, S));
+        to_layout(&p.xd, dx, wl);
+        CHECK_EQ(check_tensor("pooling backward, ceil=1", &p.xd, ddx, wl, 1e-6), 0);
+        CU(cudaFree(dxx));
+        CU(cudaFree(dyy));
+        CU(cudaFree(dout));
+        CU(cudaFree(ddx));
+    }
+}
+
 int main(void) {
     int skip = gpu_skip();
     if (skip) return skip;
@@ -1188,6 +1455,10 @@ int main(void) {
     RUN_WANTED(test_softmax);
     RUN_WANTED(test_optimizer);
     RUN_WANTED(test_convert);
+    RUN_WANTED(test_products);
+    RUN_WANTED(test_layernorm);
+    RUN_WANTED(test_drop_path);
+    RUN_WANTED(test_pool_ceil);
     CU(cudaStreamDestroy(S));
     return TEST_RESULT();
 }

@@ -21,6 +21,8 @@
 #include "actref.h"
 #include "nn/backend_cpu.h"
 #include "nn/layers/eltwise.h"
+#include "nn/layers/pad.h"
+#include "nnref.h"
 #include "task.h"
 
 #include <math.h>
@@ -716,6 +718,276 @@ static void test_activation_layouts(void) {
             dsrt_net_destroy(nets[b]);
         }
     }
+}
+
+// ----------------------------------------------------------------------------
+// Products, layer normalisation, padding, stochastic depth, partial windows
+
+/* A pooling layer's output by PyTorch's rules (ceil=1's last window may
+ * reach past the padding): the maximum over the window's inside; the
+ * average's sum divided by the window clipped to the padded image (counting
+ * the padding) or by its inside. */
+static void ref_pool_ceil(const dsrt_layer *l, const float *x, double *yv, int n) {
+    const dsrt_shape *is = &l->in, *os = &l->out;
+    for (int b = 0; b < n; b++)
+        for (int c = 0; c < os->c; c++)
+            for (int oy = 0; oy < os->h; oy++)
+                for (int ox = 0; ox < os->w; ox++) {
+                    int y0 = oy * l->o.sh - l->pt, x0 = ox * l->o.sw - l->pl;
+                    int y1 = DSRT_MIN(y0 + l->o.kh, is->h + l->pb),
+                        x1 = DSRT_MIN(x0 + l->o.kw, is->w + l->pr);
+                    double mx = -INFINITY, sum = 0;
+                    int inside = 0;
+                    for (int iy = DSRT_MAX(y0, 0); iy < DSRT_MIN(y1, is->h); iy++)
+                        for (int ix = DSRT_MAX(x0, 0); ix < DSRT_MIN(x1, is->w); ix++) {
+                            double v = in_at(x, is, b, c, iy, ix);
+                            mx = fmax(mx, v);
+                            sum += v;
+                            inside++;
+                        }
+                    yv[(((size_t)b * os->c + c) * os->h + oy) * os->w + ox] =
+                        l->kind == DSRT_LAYER_MAXPOOL ? mx
+                        : l->o.count_pad              ? sum / ((y1 - y0) * (x1 - x0))
+                                                      : sum / inside;
+                }
+}
+
+/* Layer l's output from its inputs' (ins[k], plain NCHW) by the kinds'
+ * definitions, in double. */
+static void ref_kind(const dsrt_net *net, const dsrt_layer *l, int i, float *const *ins, double *yv,
+                     int n, int train) {
+    const dsrt_shape *s = &l->out;
+    size_t hw = (size_t)s->h * s->w, m = (size_t)n * s->c * hw;
+    const float *x = ins[0], *w = net->params + l->w_off, *b = net->params + l->b_off;
+    switch (l->kind) {
+    case DSRT_LAYER_MUL: {
+        const dsrt_shape *g = &net->layers[l->inputs[1]].out;
+        int gate = g->h == 1 && g->w == 1 && hw > 1;
+        for (size_t k = 0; k < m; k++) yv[k] = (double)x[k] * ins[1][gate ? k / hw : k];
+        break;
+    }
+    case DSRT_LAYER_SCALE:
+        for (size_t k = 0; k < m; k++) yv[k] = (double)x[k] * w[k / hw % s->c];
+        break;
+    case DSRT_LAYER_LAYERNORM:
+        for (int q = 0; q < n; q++)
+            for (size_t p = 0; p < hw; p++) {
+                double mean = 0, var = 0;
+                for (int c = 0; c < s->c; c++) mean += x[((size_t)q * s->c + c) * hw + p];
+                mean /= s->c;
+                for (int c = 0; c < s->c; c++)
+                    var += pow(x[((size_t)q * s->c + c) * hw + p] - mean, 2);
+                var /= s->c;
+                for (int c = 0; c < s->c; c++) {
+                    size_t at = ((size_t)q * s->c + c) * hw + p;
+                    yv[at] = (x[at] - mean) / sqrt(var + l->o.eps) * w[c] + b[c];
+                }
+            }
+        break;
+    case DSRT_LAYER_PAD:
+        for (size_t k = 0; k < m; k++) {
+            int col = (int)(k % s->w), row = (int)(k / s->w % s->h);
+            size_t qc = k / hw;
+            int r = row - l->pt, cc = col - l->pl;
+            yv[k] = r >= 0 && r < l->in.h && cc >= 0 && cc < l->in.w
+                        ? x[(qc * l->in.h + r) * l->in.w + cc]
+                        : (double)dsrt__pad_value(l);
+        }
+        break;
+    case DSRT_LAYER_STOCHASTIC_DEPTH: {
+        float *mask = malloc((size_t)n * sizeof *mask);
+        REQUIRE(mask);
+        ref_drop_path_mask(mask, n, net->opts.seed, (uint64_t)net->iteration, (uint64_t)i, l->o.p);
+        for (size_t k = 0; k < m; k++) yv[k] = train ? (double)x[k] * mask[k / (m / n)] : x[k];
+        free(mask);
+        break;
+    }
+    default:
+        ref_pool_ceil(l, x, yv, n);
+        break;
+    }
+}
+
+/* Every layer of the kinds above (and pooling with ceil=1) in a forward,
+ * against the reference from the outputs of the layers it takes, within
+ * 1e-4 as forward_check; the factors, gamma and beta drawn at random. */
+static void kinds_check(const char *desc, int h, int w, int c, int n, int train) {
+    dsrt_net *net = make(desc, h, w, c, 3, 0);
+    dsrt_rng r = dsrt_rng_init(21, 0, 0, 0);
+    for (int i = 0; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        if (l->kind != DSRT_LAYER_SCALE && l->kind != DSRT_LAYER_LAYERNORM) continue;
+        for (size_t k = 0; k < l->w_n; k++)
+            net->params[l->w_off + k] = (float)(0.5 + dsrt_rng_uniform(&r));
+        for (size_t k = 0; k < l->b_n; k++)
+            net->params[l->b_off + k] = (float)(dsrt_rng_uniform(&r) - 0.5);
+    }
+    dsrt_net_params_changed(net);
+    size_t per = (size_t)h * w * c;
+    float *x = malloc((size_t)n * per * sizeof *x);
+    int32_t labels[16] = {0};
+    REQUIRE(x && n <= 16);
+    fill(x, (size_t)n * per, 5, -2, 2);
+    dsrt_net_set_iteration(net, 12);
+    REQUIRE(dsrt__net_forward(net, x, n, train, labels, NULL, NULL, NULL) == 0);
+    int checked = 0;
+    for (int i = 1; i < net->n_layers; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        int ceil = (l->kind == DSRT_LAYER_MAXPOOL || l->kind == DSRT_LAYER_AVGPOOL) &&
+                   strstr(desc, "ceil=1");
+        if (l->kind != DSRT_LAYER_MUL && l->kind != DSRT_LAYER_SCALE &&
+            l->kind != DSRT_LAYER_LAYERNORM && l->kind != DSRT_LAYER_PAD &&
+            l->kind != DSRT_LAYER_STOCHASTIC_DEPTH && !ceil)
+            continue;
+        float *ins[2] = {NULL, NULL};
+        for (int k = 0; k < l->n_inputs; k++) ins[k] = layer_out(net, l->inputs[k], n, train);
+        float *y = layer_out(net, i, n, train);
+        size_t m = out_size(net, i, n);
+        double *ref = calloc(m, sizeof *ref);
+        REQUIRE(ref);
+        ref_kind(net, l, i, ins, ref, n, train);
+        char what[96];
+        snprintf(what, sizeof what, "%s (%s, %s)", l->name, l->type, train ? "train" : "infer");
+        CHECK(close_arrays(y, ref, m, 1e-4, what));
+        checked++;
+        free(ins[0]), free(ins[1]), free(y), free(ref);
+    }
+    CHECK_GT(checked, 0);
+    free(x);
+    dsrt_net_destroy(net);
+}
+
+static const char *const KINDS_NET =
+    "input name=in\nconv name=x filters=6 size=3 pad=1\ngap inputs=in\nfc name=g outputs=6\n"
+    "mul name=m inputs=x,g\nconv name=y filters=6 size=1 inputs=in\nmul name=p inputs=m,y\n"
+    "scale init=0.5\nlayernorm eps=1e-3\nstochastic_depth p=0.5\npad pad=1,0,2,1 value=-0.5\n"
+    "avgpool size=3 stride=2 pad=1 ceil=1\nmaxpool size=2 stride=2 ceil=1\nfc outputs=3\n"
+    "softmax\n";
+
+/* mul (a gate from a fully connected layer, and two values of one shape),
+ * scale, layernorm (channels of every pixel, and of one-pixel inputs, one
+ * a fully connected layer's), pad, stochastic depth (its images' factors
+ * the reference draw in training, the identity at inference) and pooling
+ * with ceil=1 against their references; then their gradients against
+ * finite differences, fused and not. */
+static void test_forward_kinds(void) {
+    for (int train = 0; train < 2; train++) {
+        kinds_check(KINDS_NET, 7, 6, 3, 5, train);
+        kinds_check(
+            "input\nconv filters=5 size=1\ngap\nlayernorm\nfc outputs=6\nlayernorm eps=0.1\n"
+            "scale init=-2\nfc outputs=3\nsoftmax\n",
+            3, 3, 2, 4, train);
+        kinds_check("input\nconv filters=4 size=1\navgpool size=3 stride=2 ceil=1 count_pad=0\n"
+                    "avgpool size=2 stride=2 pad=1,0,1,0 ceil=1\nfc outputs=3\nsoftmax\n",
+                    8, 9, 2, 3, train);
+    }
+    for (int fuse = 0; fuse < 2; fuse++) {
+        grad_check(KINDS_NET, 7, 6, 3, 3, 4, fuse);
+        grad_check("input\nconv filters=4 size=3 pad=1\nlayernorm\nfc outputs=3\nsoftmax\n", 5, 4,
+                   3, 3, 3, fuse);
+        grad_check("input\nconv filters=3 size=1\navgpool size=3 stride=2 ceil=1 count_pad=0\n"
+                   "fc outputs=3\nsoftmax\n",
+                   8, 8, 2, 3, 3, fuse);
+    }
+}
+
+/* ceil=1 against PyTorch (1.13)'s avg_pool2d and max_pool2d with
+ * ceil_mode=True (count_include_pad as count_pad) on a 6x6 image of
+ * (k % 7) + 1: the output sizes and values, the divisors of the partial
+ * windows those of the window clipped to the padded input. */
+static void test_pool_ceil_pytorch(void) {
+    static const struct {
+        const char *layer;
+        int oh, ow;
+        float y[16];
+    } cases[] = {
+        {"avgpool size=3 stride=2 pad=1 ceil=1",
+         4,
+         4,
+         {1.22222221f, 1.66666663f, 3, 1.83333337f, 3.55555558f, 3.33333325f, 3, 2, 3, 5.22222233f,
+          3.33333325f, 1, 1.16666663f, 2.5f, 2.33333325f, 0.25f}},
+        {"avgpool size=3 stride=2 pad=1 ceil=1 count_pad=0",
+         4,
+         4,
+         {2.75f, 2.5f, 4.5f, 5.5f, 5.33333349f, 3.33333325f, 3, 4, 4.5f, 5.22222233f, 3.33333325f,
+          2, 3.5f, 5, 4.66666651f, 1}},
+        {"avgpool size=2 stride=2 pad=1 ceil=1",
+         4,
+         4,
+         {0.25f, 1.25f, 2.25f, 1.5f, 3.25f, 2.75f, 3, 2.25f, 2.25f, 6, 2.75f, 1.25f, 0.75f, 2.25f,
+          3.25f, 0.25f}},
+        {"avgpool size=3 stride=3 pad=1 ceil=1",
+         3,
+         3,
+         {1.22222221f, 2.33333325f, 1.83333337f, 3.66666675f, 3.33333325f, 1.5f, 1.16666663f, 3,
+          0.25f}},
+        {"avgpool size=3 stride=2 ceil=1",
+         3,
+         3,
+         {3.33333325f, 3, 4.5f, 5.22222233f, 3.33333325f, 2.5f, 4.5f, 5.33333349f, 2.75f}},
+        {"maxpool size=3 stride=2 pad=1 ceil=1",
+         4,
+         4,
+         {7, 4, 6, 6, 7, 7, 5, 5, 6, 7, 7, 3, 4, 6, 7, 1}},
+        {"maxpool size=2 stride=2 ceil=1", 3, 3, {7, 4, 6, 7, 7, 4, 5, 7, 7}},
+        {"maxpool size=3 stride=3 pad=1 ceil=1", 3, 3, {7, 5, 6, 7, 7, 4, 4, 7, 1}},
+    };
+    float x[36];
+    for (int k = 0; k < 36; k++) x[k] = (float)(k % 7 + 1);
+    for (size_t c = 0; c < DSRT_ARRAY_SIZE(cases); c++) {
+        char desc[160];
+        snprintf(desc, sizeof desc, "input size=6x6x1\n%s\nfc outputs=2\nsoftmax\n",
+                 cases[c].layer);
+        dsrt_net *net = make(desc, 0, 0, 0, 0, 0);
+        const dsrt_layer *l = &net->layers[1];
+        CHECK_EQ(l->out.h, cases[c].oh);
+        CHECK_EQ(l->out.w, cases[c].ow);
+        for (int train = 0; train < 2 && l->out.h == cases[c].oh && l->out.w == cases[c].ow;
+             train++) {
+            int32_t label = 0;
+            REQUIRE(dsrt__net_forward(net, x, 1, train, &label, NULL, NULL, NULL) == 0);
+            float *y = layer_out(net, 1, 1, train);
+            double want[16];
+            for (int k = 0; k < cases[c].oh * cases[c].ow; k++) want[k] = cases[c].y[k];
+            CHECK(close_arrays(y, want, (size_t)cases[c].oh * cases[c].ow, 1e-6, cases[c].layer));
+            free(y);
+        }
+        dsrt_net_destroy(net);
+    }
+}
+
+static void expect_error(const char *desc, const char *a, const char *b);
+
+/* The shapes the new kinds make, and what they refuse. */
+static void test_kind_shapes(void) {
+    dsrt_net *net =
+        make("input size=5x6x2\npad pad=1,2,3,4\nfc outputs=2\nsoftmax\n", 0, 0, 0, 0, 0);
+    CHECK_EQ(net->layers[1].out.h, 8);
+    CHECK_EQ(net->layers[1].out.w, 13);
+    CHECK_EQ(net->layers[1].out.c, 2);
+    dsrt_net_destroy(net);
+    net = make("input size=5x6x2\npad pad=2\nfc outputs=2\nsoftmax\n", 0, 0, 0, 0, 0);
+    CHECK_EQ(net->layers[1].out.h, 9);
+    CHECK_EQ(net->layers[1].out.w, 10);
+    dsrt_net_destroy(net);
+    expect_error("input\npad pad=same\nfc outputs=3\nsoftmax\n", "line 2", "'same'");
+    expect_error("input\npad\nfc outputs=3\nsoftmax\n", "line 2", "option 'pad' is required");
+    expect_error("input name=in\nconv name=a filters=2 size=1\nconv name=b filters=3 size=1 "
+                 "inputs=in\nmul inputs=a,b\nfc outputs=3\nsoftmax\n",
+                 "line 4", "one shape, or the second 1x1 with the first's channels");
+    expect_error("input\nconv filters=2 size=1\nmul\nfc outputs=3\nsoftmax\n", "line 3",
+                 "it takes two inputs, 1 given");
+    expect_error("input\nstochastic_depth\nfc outputs=3\nsoftmax\n", "line 2",
+                 "option 'p' is required");
+    expect_error("input\nstochastic_depth p=1\nfc outputs=3\nsoftmax\n", "line 2", "out of range");
+    expect_error("input\nlayernorm eps=0\nfc outputs=3\nsoftmax\n", "line 2", "out of range");
+    /* A gate of the first's channels from a fully connected layer. */
+    net = make("input name=in size=4x4x3\ngap\nfc name=g outputs=3\nmul inputs=in,g\nfc outputs=2\n"
+               "softmax\n",
+               0, 0, 0, 0, 0);
+    CHECK_EQ(net->layers[3].out.h, 4);
+    CHECK_EQ(net->layers[3].out.c, 3);
+    dsrt_net_destroy(net);
 }
 
 /* The input layer's normalisations against their formulas. */
@@ -1551,6 +1823,9 @@ int main(void) {
     RUN(test_activation_kinks);
     RUN(test_activation_layouts);
     RUN(test_input_normalization);
+    RUN(test_forward_kinds);
+    RUN(test_pool_ceil_pytorch);
+    RUN(test_kind_shapes);
     RUN(test_grad_conv);
     RUN(test_winograd);
     RUN(test_grad_batchnorm);

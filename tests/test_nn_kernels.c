@@ -864,6 +864,250 @@ static void test_activations(void) {
     CHECK_EQ(dsrt_kh_act_fwd(DSRT_K_F32, NULL, x, y, N), -EINVAL);
 }
 
+// ----------------------------------------------------------------------------
+// Products, layer normalisation, stochastic depth
+
+/* Fills n floats in [lo, hi). */
+static void fill_uniform(float *v, size_t n, uint64_t seed, float lo, float hi) {
+    dsrt_rng r = dsrt_rng_init(seed, 5, 0, 0);
+    for (size_t i = 0; i < n; i++) v[i] = uniform(&r, lo, hi);
+}
+
+/* mul's product: a times b of a's shape, a gate (n, c, 1, 1) and a
+ * channel's float32 factors (1, c, 1, 1), in both layouts and types: the
+ * float product of the values as the tensors hold them, rounded once, bit
+ * for bit. The gate's gradient against sums in double (1e-6 in float, a
+ * bfloat16 rounding in bfloat16). */
+static void test_mul(void) {
+    enum { N = 3, C = 5, H = 4, W = 6, CNT = N * C * H * W };
+    float a[CNT], b[CNT], gate[N * C], fac[C], dy[CNT];
+    fill_uniform(a, CNT, 1, -2, 2);
+    fill_uniform(b, CNT, 2, -2, 2);
+    fill_uniform(gate, N * C, 3, 0, 1);
+    fill_uniform(fac, C, 4, -1, 1);
+    fill_uniform(dy, CNT, 5, -1, 1);
+    for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++)
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_desc ad = {N, C, H, W, nhwc, (dsrt_k_type)t};
+            dsrt_k_desc bds[3] = {
+                ad, {N, C, 1, 1, nhwc, (dsrt_k_type)t}, {1, C, 1, 1, 1, DSRT_K_F32}};
+            const float *bs[3] = {b, gate, fac};
+            void *ta = to_tensor(&ad, a);
+            float *ar = to_nchw(&ad, ta);
+            for (int k = 0; k < 3; k++) {
+                const dsrt_k_desc *bd = &bds[k];
+                void *tb = to_tensor(bd, bs[k]), *ty = zalloc(CNT * 4);
+                float *br = to_nchw(bd, tb), want[CNT];
+                for (int q = 0; q < N; q++)
+                    for (int c = 0; c < C; c++)
+                        for (int h = 0; h < H; h++)
+                            for (int w = 0; w < W; w++) {
+                                size_t i = (((size_t)q * C + c) * H + h) * W + w;
+                                size_t j = k == 0 ? i : k == 1 ? (size_t)q * C + c : (size_t)c;
+                                want[i] = ar[i] * br[j];
+                            }
+                void *tw = to_tensor(&ad, want);
+                float *wr = to_nchw(&ad, tw);
+                CHECK_OK(dsrt_kh_mul(&ad, ta, bd, tb, ty));
+                float *got = to_nchw(&ad, ty);
+                char what[64];
+                snprintf(what, sizeof what, "mul %s, %s, %s",
+                         k == 0   ? "same"
+                         : k == 1 ? "gate"
+                                  : "factors",
+                         nhwc ? "nhwc" : "nchw", t ? "bf16" : "f32");
+                CHECK_EQ(mismatches(what, got, wr, CNT, 0, 0), 0);
+                free(tb), free(ty), free(br), free(tw), free(wr), free(got);
+            }
+            /* The gate's gradient: the sum of dy a over each image's pixels. */
+            void *tdy = to_tensor(&ad, dy), *tdb = zalloc(N * C * 4);
+            float *dyr = to_nchw(&ad, tdy), want[N * C];
+            for (int q = 0; q < N * C; q++) {
+                double sum = 0;
+                for (int k = 0; k < H * W; k++)
+                    sum += (double)dyr[q * H * W + k] * ar[q * H * W + k];
+                want[q] = (float)sum;
+            }
+            CHECK_OK(dsrt_kh_mul_grad(&ad, tdy, ta, &bds[1], tdb));
+            float *got = to_nchw(&bds[1], tdb);
+            CHECK_EQ(mismatches("gate gradient", got, want, N * C, t ? 1.0 / 128 : 1e-6, 1e-7), 0);
+            free(tdy), free(tdb), free(dyr), free(got), free(ta), free(ar);
+        }
+    dsrt_k_desc ad = {N, C, H, W, 1, DSRT_K_F32}, bad = {N, C + 1, 1, 1, 1, DSRT_K_F32};
+    CHECK_EQ(dsrt_kh_mul(&ad, a, &bad, b, b), -EINVAL);
+    CHECK_EQ(dsrt_kh_mul_grad(&ad, dy, a, &ad, b), -EINVAL);
+}
+
+/* The channel sums of a scale layer's and layernorm's parameter gradients
+ * (two tiles of rows, two blocks of channels) against sums in double:
+ * within 1e-5 of the sum of the terms' magnitudes (compensated float
+ * sums), the same bits run to run. */
+static void test_chan_grads(void) {
+    enum { N = 3, C = 37, H = 20, W = 23, CNT = N * C * H * W, ROWS = N * H * W };
+    float *x = zalloc(CNT * 4), *dy = zalloc(CNT * 4), mean[ROWS], rstd[ROWS];
+    fill_uniform(x, CNT, 6, -2, 2);
+    fill_uniform(dy, CNT, 7, -1, 1);
+    fill_uniform(mean, ROWS, 8, -0.5f, 0.5f);
+    fill_uniform(rstd, ROWS, 9, 0.5f, 2);
+    for (int stats = 0; stats < 2; stats++)
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+            void *tx = to_tensor(&d, x), *tdy = to_tensor(&d, dy);
+            float *work = zalloc(dsrt_kb_bn_work(&d) * 4), ds[C], dh[C], ds2[C], dh2[C];
+            CHECK_OK(dsrt_kh_chan_grads(&d, tx, tdy, stats ? mean : NULL, stats ? rstd : NULL, ds,
+                                        dh, work));
+            CHECK_OK(dsrt_kh_chan_grads(&d, tx, tdy, stats ? mean : NULL, stats ? rstd : NULL, ds2,
+                                        dh2, work));
+            CHECK(!memcmp(ds, ds2, sizeof ds) && !memcmp(dh, dh2, sizeof dh));
+            int bad = 0;
+            for (int c = 0; c < C; c++) {
+                double s = 0, q = 0, as = 0, aq = 0;
+                for (int r = 0; r < ROWS; r++) {
+                    size_t i = ((size_t)(r / (H * W)) * C + c) * H * W + r % (H * W);
+                    double v = stats ? ((double)x[i] - mean[r]) * rstd[r] : x[i];
+                    s += dy[i], as += fabs(dy[i]);
+                    q += dy[i] * v, aq += fabs(dy[i] * v);
+                }
+                bad += fabs(dh[c] - s) > 1e-5 * as || fabs(ds[c] - q) > 1e-5 * aq;
+            }
+            CHECK_EQ(bad, 0);
+            free(tx), free(tdy), free(work);
+        }
+    dsrt_k_desc d = {N, C, H, W, 1, DSRT_K_F32};
+    float w[4];
+    CHECK_EQ(dsrt_kh_chan_grads(&d, x, dy, mean, NULL, w, w, w), -EINVAL);
+    free(x), free(dy);
+}
+
+/* Layer normalisation: the forward against the CPU net's layernorm layer
+ * (oneDNN; 1e-5), the input gradient against the formula in double (1e-5),
+ * both layouts; bfloat16 tensors give the float results of their values,
+ * rounded once. */
+static void test_layernorm(void) {
+    enum { N = 2, C = 40, H = 3, W = 5, CNT = N * C * H * W, ROWS = N * H * W };
+    dsrt_net *net = cpu_net("input\nlayernorm eps=1e-3\nfc outputs=2\nsoftmax\n", H, W, C, 2);
+    const dsrt_layer *L = &net->layers[1];
+    float *params = dsrt_net_params(net, NULL), x[CNT], dy[CNT], cpu[CNT];
+    fill_uniform(x, CNT, 10, -3, 3);
+    fill_uniform(dy, CNT, 11, -1, 1);
+    fill_uniform(params + L->w_off, C, 12, 0.5f, 1.5f);
+    fill_uniform(params + L->b_off, C, 13, -0.5f, 0.5f);
+    dsrt_net_params_changed(net);
+    const float *gamma = params + L->w_off, *beta = params + L->b_off;
+    CHECK_OK(dsrt__net_forward(net, x, N, 0, NULL, NULL, NULL, NULL));
+    CHECK_OK(dsrt__net_layer_output(net, 1, cpu, 0));
+    /* The input gradient in double. */
+    float want[CNT];
+    for (int r = 0; r < ROWS; r++) {
+        int b = r / (H * W), k = r % (H * W);
+        double m = 0, v = 0, sg = 0, sgx = 0;
+        for (int c = 0; c < C; c++) m += x[(b * C + c) * H * W + k];
+        m /= C;
+        for (int c = 0; c < C; c++) v += pow(x[(b * C + c) * H * W + k] - m, 2);
+        double rs = 1 / sqrt(v / C + 1e-3);
+        for (int c = 0; c < C; c++) {
+            size_t i = (b * C + c) * H * W + k;
+            double g = (double)dy[i] * gamma[c];
+            sg += g, sgx += g * (x[i] - m) * rs;
+        }
+        for (int c = 0; c < C; c++) {
+            size_t i = (b * C + c) * H * W + k;
+            double g = (double)dy[i] * gamma[c];
+            want[i] = (float)(rs * (g - sg / C - (x[i] - m) * rs * sgx / C));
+        }
+    }
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+        void *tx = to_tensor(&d, x), *tdy = to_tensor(&d, dy), *ty = zalloc(CNT * 4),
+             *tdx = zalloc(CNT * 4);
+        float mean[ROWS], rstd[ROWS];
+        CHECK_OK(dsrt_kh_ln_fwd(&d, tx, gamma, beta, 1e-3f, ty, mean, rstd));
+        float *got = to_nchw(&d, ty);
+        CHECK_EQ(mismatches(nhwc ? "layernorm nhwc" : "layernorm", got, cpu, CNT, 1e-5, 1e-6), 0);
+        CHECK_OK(dsrt_kh_ln_bwd(&d, tx, tdy, gamma, mean, rstd, tdx));
+        float *gdx = to_nchw(&d, tdx);
+        CHECK_EQ(mismatches("layernorm backward", gdx, want, CNT, 1e-5, 1e-6), 0);
+        /* Without the statistics kept: the same output. */
+        void *ty2 = zalloc(CNT * 4);
+        CHECK_OK(dsrt_kh_ln_fwd(&d, tx, gamma, beta, 1e-3f, ty2, NULL, NULL));
+        CHECK(!memcmp(ty, ty2, CNT * 4));
+        free(tx), free(tdy), free(ty), free(tdx), free(got), free(gdx), free(ty2);
+    }
+    /* bfloat16: the float computation of the values it holds, rounded. */
+    dsrt_k_desc d16 = {N, C, H, W, 1, DSRT_K_BF16}, d32 = d16;
+    d32.type = DSRT_K_F32;
+    void *x16 = to_tensor(&d16, x), *y16 = zalloc(CNT * 2), *dy16 = to_tensor(&d16, dy),
+         *dx16 = zalloc(CNT * 2);
+    float *xr = to_nchw(&d16, x16), *dyr = to_nchw(&d16, dy16);
+    void *x32 = to_tensor(&d32, xr), *y32 = zalloc(CNT * 4), *dy32 = to_tensor(&d32, dyr),
+         *dx32 = zalloc(CNT * 4);
+    float m16[ROWS], r16[ROWS], m32[ROWS], r32[ROWS];
+    CHECK_OK(dsrt_kh_ln_fwd(&d16, x16, gamma, beta, 1e-3f, y16, m16, r16));
+    CHECK_OK(dsrt_kh_ln_fwd(&d32, x32, gamma, beta, 1e-3f, y32, m32, r32));
+    CHECK_OK(dsrt_kh_ln_bwd(&d16, x16, dy16, gamma, m16, r16, dx16));
+    CHECK_OK(dsrt_kh_ln_bwd(&d32, x32, dy32, gamma, m32, r32, dx32));
+    float *a = to_nchw(&d16, y16), *b32 = to_nchw(&d32, y32), *ga = to_nchw(&d16, dx16),
+          *gb32 = to_nchw(&d32, dx32);
+    void *b16 = to_tensor(&d16, b32), *gb16 = to_tensor(&d16, gb32);
+    float *b = to_nchw(&d16, b16), *gb = to_nchw(&d16, gb16);
+    CHECK_EQ(mismatches("layernorm bf16", a, b, CNT, 0, 0), 0);
+    CHECK_EQ(mismatches("layernorm backward bf16", ga, gb, CNT, 0, 0), 0);
+    free(x16), free(y16), free(dy16), free(dx16), free(xr), free(dyr), free(x32), free(y32);
+    free(dy32), free(dx32), free(a), free(b32), free(ga), free(gb32), free(b16), free(gb16);
+    free(b), free(gb);
+    CHECK_EQ(dsrt_kh_ln_fwd(&d32, x, gamma, NULL, 1e-3f, x, NULL, NULL), -EINVAL);
+    CHECK_EQ(dsrt_kh_ln_bwd(&d32, x, dy, gamma, NULL, NULL, x), -EINVAL);
+    dsrt_net_destroy(net);
+}
+
+/* Stochastic depth: the CPU net's layer in training, its input through the
+ * kernel, gives its output bit for bit in either layout (the step read from
+ * memory too); each image's factor is the reference draw. */
+static void test_drop_path(void) {
+    const char *desc = "input\nconv filters=5 size=3 pad=1\nstochastic_depth p=0.4\nfc outputs=3\n"
+                       "softmax\n";
+    enum { N = 9, C = 5, H = 4, W = 3, CNT = N * C * H * W };
+    dsrt_net *net = cpu_net(desc, H, W, 2, 3);
+    float x[N * 2 * H * W];
+    int32_t labels[N] = {0, 1, 2, 0, 1, 2, 0, 1, 2};
+    fill_uniform(x, DSRT_ARRAY_SIZE(x), 14, -1, 1);
+    int dropped = 0, kept = 0;
+    for (int64_t it = 5; it < 9; it++) {
+        dsrt_net_set_iteration(net, it);
+        CHECK_OK(dsrt_net_forward_backward(net, x, labels, N, NULL, NULL));
+        float in[CNT], out[CNT], m[N];
+        CHECK_OK(dsrt__net_layer_output(net, 1, in, 1));
+        CHECK_OK(dsrt__net_layer_output(net, 2, out, 1));
+        ref_drop_path_mask(m, N, 17, (uint64_t)it, 2, 0.4f);
+        for (int b = 0; b < N; b++) {
+            dropped += m[b] == 0, kept += m[b] != 0;
+            for (int k = 0; k < C * H * W; k++)
+                if (out[b * C * H * W + k] != in[b * C * H * W + k] * m[b]) {
+                    test_failures++;
+                    fprintf(stderr, "  image %d: the CPU's output is not its factor's\n", b);
+                    break;
+                }
+        }
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            dsrt_k_desc d = {N, C, H, W, nhwc, DSRT_K_F32};
+            uint64_t step = (uint64_t)it;
+            for (int mem = 0; mem < 2; mem++) {
+                void *t = to_tensor(&d, in);
+                CHECK_OK(
+                    dsrt_kh_drop_path(&d, t, t, 17, mem ? 0 : step, mem ? &step : NULL, 2, 0.4f));
+                float *got = to_nchw(&d, t);
+                CHECK_EQ(mismatches("stochastic depth", got, out, CNT, 0, 0), 0);
+                free(got), free(t);
+            }
+        }
+    }
+    CHECK_GT(dropped, 0);
+    CHECK_GT(kept, 0);
+    dsrt_k_desc d = {N, C, H, W, 0, DSRT_K_F32};
+    CHECK_EQ(dsrt_kh_drop_path(&d, x, x, 1, 1, NULL, 1, 1.0f), -EINVAL);
+    dsrt_net_destroy(net);
+}
+
 int main(void) {
     RUN(test_staging);
     RUN(test_dropout);
@@ -876,5 +1120,9 @@ int main(void) {
     RUN(test_bias_grad);
     RUN(test_pool);
     RUN(test_lrn);
+    RUN(test_mul);
+    RUN(test_chan_grads);
+    RUN(test_layernorm);
+    RUN(test_drop_path);
     return TEST_RESULT();
 }

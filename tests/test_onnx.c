@@ -1242,6 +1242,336 @@ static void test_mutations(void) {
     free(good);
 }
 
+// ----------------------------------------------------------------------------
+// Products, layer normalisation, padding, partial pooling windows
+
+/* image (N, 2, 4, 4) -> Conv 'c' (3 filters, 1x1) -> x (N, 3, 4, 4): the
+ * computed value the nodes under test take. */
+static const float STEM_W[6] = {0.5f, -0.25f, 0.75f, 0.125f, -0.5f, 1.0f};
+
+static void stem(dsrt_pb_writer *g) {
+    int64_t d[4] = {3, 2, 1, 1};
+    add_node(g, "Conv", "c", "image,cw", "x", NULL);
+    tensor(g, "cw", d, 4, STEM_W, ST_RAW);
+}
+
+/* A 1-D int64 initializer of n values. */
+static void int64_tensor(dsrt_pb_writer *g, const char *name, int n, const int64_t *v) {
+    int64_t dims[1] = {n};
+    size_t t = dsrt__pb_begin(g, 5);
+    dsrt__pb_put_int64s(g, 1, dims, 1);
+    dsrt__pb_put_varint(g, 2, 7);
+    dsrt__pb_put_string(g, 8, name);
+    dsrt__pb_put_bytes(g, 9, v, (size_t)n * 8);
+    dsrt__pb_end(g, t);
+}
+
+/* The model around the nodes written into g, which end in y: the scores
+ * are its flattening, k values an image. */
+static uint8_t *scores_model(dsrt_pb_writer *g, int opset, int64_t k, size_t *size) {
+    add_node(g, "Flatten", "flat", "y", "scores", NULL);
+    int64_t in[4] = {-1, 2, 4, 4}, out[2] = {-1, k};
+    value_info(g, 11, "image", in, 4);
+    value_info(g, 12, "scores", out, 2);
+    return model(g, opset, size);
+}
+
+/* Imports m (size bytes; freed here): the net, or NULL with the message. */
+static dsrt_net *import_model(uint8_t *m, size_t size) {
+    dsrt_net *net = NULL;
+    int rc = import_bytes(&net, m, size);
+    if (rc) fprintf(stderr, "  import: %s\n", dsrt_last_error());
+    CHECK_OK(rc);
+    free(m);
+    return net;
+}
+
+/* The net's only layer of kind k. */
+static const dsrt_layer *only_layer(const dsrt_net *net, dsrt_layer_kind k) {
+    const dsrt_layer *found = NULL;
+    int n = 0;
+    for (int i = 0; net && i < net->n_layers; i++)
+        if (net->layers[i].kind == k) found = &net->layers[i], n++;
+    CHECK_EQ(n, 1);
+    return found;
+}
+
+/* Mul: a gate (N, C, 1, 1) on either side is a mul layer taking it second;
+ * two values of one shape a mul layer; a value by itself refused. */
+static void test_mul_import(void) {
+    float gw[9] = {1, 0.5f, -1, 0.25f, 2, 0, -0.5f, 1, 0.75f};
+    int64_t gd[4] = {3, 3, 1, 1};
+    for (int swap = 0; swap < 2; swap++) {
+        dsrt_pb_writer g = {0};
+        size_t size;
+        stem(&g);
+        add_node(&g, "GlobalAveragePool", "gap", "x", "p", NULL);
+        add_node(&g, "Conv", "fc1", "p,gw", "gate", NULL);
+        add_node(&g, "Mul", "excite", swap ? "gate,x" : "x,gate", "y", NULL);
+        tensor(&g, "gw", gd, 4, gw, ST_RAW);
+        uint8_t *mm = scores_model(&g, 13, 48, &size);
+        dsrt_net *net = import_model(mm, size);
+        const dsrt_layer *l = net ? only_layer(net, DSRT_LAYER_MUL) : NULL;
+        if (l) {
+            CHECK_STR_EQ(net->layers[l->inputs[0]].name, "c");
+            CHECK_STR_EQ(net->layers[l->inputs[1]].name, "fc1");
+            CHECK_EQ(l->out.h, 4);
+        }
+        dsrt_net_destroy(net);
+    }
+    dsrt_pb_writer g = {0};
+    size_t size;
+    stem(&g);
+    add_node(&g, "Relu", "r", "x", "rx", NULL);
+    add_node(&g, "Mul", "square", "x,rx", "y", NULL);
+    uint8_t *mm = scores_model(&g, 13, 48, &size);
+    dsrt_net *net = import_model(mm, size);
+    if (net) CHECK_EQ(only_layer(net, DSRT_LAYER_MUL)->in.c, 3);
+    dsrt_net_destroy(net);
+    stem(&g);
+    add_node(&g, "Mul", "square", "x,x", "y", NULL);
+    uint8_t *m = scores_model(&g, 13, 48, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'square' (Mul, opset 13): it multiplies a value by itself",
+            NULL);
+    free(m);
+    /* A gate of other channels. */
+    int64_t gd2[4] = {2, 3, 1, 1};
+    stem(&g);
+    add_node(&g, "GlobalAveragePool", "gap", "x", "p", NULL);
+    add_node(&g, "Conv", "fc1", "p,gw", "gate", NULL);
+    add_node(&g, "Mul", "excite", "x,gate", "y", NULL);
+    tensor(&g, "gw", gd2, 4, gw, ST_RAW);
+    m = scores_model(&g, 13, 48, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'excite' (Mul, opset 13): its inputs' shapes", NULL);
+    free(m);
+}
+
+/* Mul of a computed value by a constant of one value a channel, as ONNX
+ * broadcasts it ((C, 1, 1), (1, C, 1, 1); one value repeated): a scale
+ * layer with those factors; (C), which runs along the width, refused. */
+static void test_scale_import(void) {
+    static const float k3[3] = {0.5f, -2.0f, 0.25f}, k1[1] = {1.5f};
+    static const struct {
+        int64_t dims[4];
+        int n;
+        const float *k;
+        int ok;
+    } cases[] = {
+        {{3, 1, 1}, 3, k3, 1}, {{1, 3, 1, 1}, 4, k3, 1}, {{0}, 0, k1, 1},
+        {{1}, 1, k1, 1},       {{3}, 1, k3, 0},          {{1, 1, 4, 1}, 4, k3, 0},
+    };
+    for (size_t c = 0; c < DSRT_ARRAY_SIZE(cases); c++)
+        for (int swap = 0; swap < 2; swap++) {
+            dsrt_pb_writer g = {0};
+            size_t size;
+            float k[4] = {0};
+            memcpy(k, cases[c].k, (cases[c].n >= 3 ? 3 : 1) * sizeof *k);
+            stem(&g);
+            add_node(&g, "Mul", "gamma", swap ? "k,x" : "x,k", "y", NULL);
+            tensor(&g, "k", cases[c].dims, cases[c].n, k, ST_RAW);
+            uint8_t *m = scores_model(&g, 13, 48, &size);
+            if (!cases[c].ok) {
+                refused(m, size, DSRT_EUNSUPPORTED, "'gamma' (Mul, opset 13)", "the constant 'k'",
+                        "one factor a channel", NULL);
+                free(m);
+                continue;
+            }
+            dsrt_net *net = import_model(m, size);
+            const dsrt_layer *l = net ? only_layer(net, DSRT_LAYER_SCALE) : NULL;
+            for (int i = 0; l && i < 3; i++)
+                CHECK(net->params[l->w_off + i] == cases[c].k[cases[c].n >= 3 ? i : 0]);
+            dsrt_net_destroy(net);
+        }
+}
+
+static void ln_eps(dsrt_pb_writer *w) {
+    attr_float(w, "epsilon", 1e-3f);
+}
+
+static void ln_axis1(dsrt_pb_writer *w) {
+    attr_int(w, "axis", 1);
+}
+
+static void to_nhwc(dsrt_pb_writer *w) {
+    int64_t p[4] = {0, 2, 3, 1};
+    attr_ints(w, "perm", p, 4);
+}
+
+static void to_nchw(dsrt_pb_writer *w) {
+    int64_t p[4] = {0, 3, 1, 2};
+    attr_ints(w, "perm", p, 4);
+}
+
+/* LayerNormalization over the channels: of a flattened (N, C) of one
+ * pixel, of an image between Transposes to channels-last and back
+ * (PyTorch's LayerNorm2d), B left out (zeros); refused over the channels
+ * and pixels of an (N, C, H, W) image. */
+static void test_layernorm_import(void) {
+    float sc[3] = {1.5f, 0.5f, -1}, b[3] = {0.25f, 0, -0.75f};
+    int64_t d[1] = {3};
+    for (int form = 0; form < 3; form++) {
+        dsrt_pb_writer g = {0};
+        size_t size;
+        stem(&g);
+        if (form == 0) {
+            add_node(&g, "GlobalAveragePool", "gap", "x", "p", NULL);
+            add_node(&g, "Flatten", "f", "p", "pf", NULL);
+            add_node(&g, "LayerNormalization", "ln", "pf,s,b", "y", ln_eps);
+        } else {
+            add_node(&g, "Transpose", "t1", "x", "xt", to_nhwc);
+            add_node(&g, "LayerNormalization", "ln", form == 1 ? "xt,s,b" : "xt,s", "yt", ln_eps);
+            add_node(&g, "Transpose", "t2", "yt", "y", to_nchw);
+        }
+        tensor(&g, "s", d, 1, sc, ST_RAW);
+        if (form < 2) tensor(&g, "b", d, 1, b, ST_RAW);
+        uint8_t *mm = scores_model(&g, 17, form ? 48 : 3, &size);
+        dsrt_net *net = import_model(mm, size);
+        const dsrt_layer *l = net ? only_layer(net, DSRT_LAYER_LAYERNORM) : NULL;
+        if (l) {
+            CHECK(l->o.eps == 1e-3f);
+            CHECK_EQ(l->out.h, form ? 4 : 1);
+            for (int i = 0; i < 3; i++) {
+                CHECK(net->params[l->w_off + i] == sc[i]);
+                CHECK(net->params[l->b_off + i] == (form < 2 ? b[i] : 0.0f));
+            }
+        }
+        dsrt_net_destroy(net);
+    }
+    dsrt_pb_writer g = {0};
+    size_t size;
+    stem(&g);
+    add_node(&g, "LayerNormalization", "ln", "x,s", "y", ln_axis1);
+    tensor(&g, "s", d, 1, sc, ST_RAW);
+    uint8_t *m = scores_model(&g, 17, 48, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'ln' (LayerNormalization, opset 17): axis 1 of the",
+            "dsrt normalises the channels of each pixel", NULL);
+    free(m);
+}
+
+static void pad_attrs_9(dsrt_pb_writer *w) {
+    int64_t p[8] = {0, 0, 1, 2, 0, 0, 3, 0};
+    attr_ints(w, "pads", p, 8);
+    attr_float(w, "value", -1.5f);
+}
+
+static void pad_reflect(dsrt_pb_writer *w) {
+    int64_t p[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+    attr_string(w, "mode", "reflect");
+    attr_ints(w, "pads", p, 8);
+}
+
+static void pad_channels(dsrt_pb_writer *w) {
+    int64_t p[8] = {0, 1, 0, 0, 0, 0, 0, 0};
+    attr_ints(w, "pads", p, 8);
+}
+
+/* Pad: its pads and value as attributes (opset 9) or constant inputs (11;
+ * 18 with axes), of the height and width: a pad layer; another mode, a
+ * padded channel or a crop refused naming the node. */
+static void test_pad_import(void) {
+    for (int form = 0; form < 3; form++) {
+        dsrt_pb_writer g = {0};
+        size_t size;
+        stem(&g);
+        if (form == 0) {
+            add_node(&g, "Pad", "p", "x", "y", pad_attrs_9);
+        } else {
+            int64_t p8[8] = {0, 0, 1, 2, 0, 0, 3, 0}, p4[4] = {1, 2, 3, 0}, ax[2] = {-2, 3};
+            float v = -1.5f;
+            add_node(&g, "Pad", "p", form == 1 ? "x,pads,v" : "x,pads,v,axes", "y", NULL);
+            if (form == 1) {
+                int64_tensor(&g, "pads", 8, p8);
+            } else {
+                int64_tensor(&g, "pads", 4, p4);
+                int64_tensor(&g, "axes", 2, ax);
+            }
+            tensor(&g, "v", NULL, 0, &v, ST_RAW);
+        }
+        uint8_t *mm = scores_model(&g, form == 0 ? 9 : form == 1 ? 11 : 18, 3 * 8 * 6, &size);
+        dsrt_net *net = import_model(mm, size);
+        const dsrt_layer *l = net ? only_layer(net, DSRT_LAYER_PAD) : NULL;
+        if (l) {
+            CHECK_CONTAINS(dsrt_net_description(net), "pad=1,3,2,0 value=-1.5");
+            CHECK_EQ(l->out.h, 8);
+            CHECK_EQ(l->out.w, 6);
+        }
+        dsrt_net_destroy(net);
+    }
+    size_t size;
+    uint8_t *m = one_node("Pad", pad_reflect, 9, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'the_node' (Pad, opset 9): mode 'reflect'", NULL);
+    free(m);
+    m = one_node("Pad", pad_channels, 9, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'the_node' (Pad, opset 9): pads (0, 1, 0, 0",
+            "the height and the width", NULL);
+    free(m);
+    dsrt_pb_writer g = {0};
+    int64_t crop[8] = {0, 0, -1, 0, 0, 0, 0, 0};
+    stem(&g);
+    add_node(&g, "Pad", "p", "x,pads", "y", NULL);
+    int64_tensor(&g, "pads", 8, crop);
+    m = scores_model(&g, 13, 27, &size);
+    refused(m, size, DSRT_EUNSUPPORTED, "'p' (Pad, opset 13): a negative pad (-1) crops", NULL);
+    free(m);
+}
+
+static void avg_ceil(dsrt_pb_writer *w) {
+    int64_t k[2] = {3, 3}, s[2] = {2, 2}, p[4] = {1, 1, 1, 1};
+    attr_ints(w, "kernel_shape", k, 2);
+    attr_ints(w, "strides", s, 2);
+    attr_ints(w, "pads", p, 4);
+    attr_int(w, "ceil_mode", 1);
+    attr_int(w, "count_include_pad", 1);
+}
+
+static void max_ceil(dsrt_pb_writer *w) {
+    int64_t k[2] = {2, 2}, s[2] = {3, 3};
+    attr_ints(w, "kernel_shape", k, 2);
+    attr_ints(w, "strides", s, 2);
+    attr_int(w, "ceil_mode", 1);
+}
+
+/* AveragePool and MaxPool with ceil_mode: a partial last window is ceil=1
+ * (the average counting the padding divides it as ONNX does), exported
+ * back as ceil_mode (before opset 10, as more padding where that computes
+ * the same, else refused), bit for bit. */
+static void test_pool_ceil_import(void) {
+    for (int avg = 0; avg < 2; avg++) {
+        dsrt_pb_writer g = {0};
+        size_t size;
+        stem(&g);
+        add_node(&g, avg ? "AveragePool" : "MaxPool", "pool", "x", "y", avg ? avg_ceil : max_ceil);
+        /* 4x4: the average's windows 3x3, stride 2, padding 1: 3x3 (the
+         * floor: 2x2); the maximum's 2x2, stride 3: 2x2 (1x1). */
+        uint8_t *mm = scores_model(&g, 13, avg ? 27 : 12, &size);
+        dsrt_net *net = import_model(mm, size);
+        if (!net) continue;
+        const dsrt_layer *l = only_layer(net, avg ? DSRT_LAYER_AVGPOOL : DSRT_LAYER_MAXPOOL);
+        CHECK_CONTAINS(dsrt_net_description(net), "ceil=1");
+        CHECK_EQ(l->out.h, avg ? 3 : 2);
+        for (int opset = 9; opset <= 13; opset += 4) {
+            char path[600];
+            path_of(path, sizeof path, "ceil.onnx");
+            dsrt_onnx_export_options eo = dsrt_onnx_export_defaults();
+            eo.opset = opset;
+            int rc = dsrt_onnx_export(net, path, &eo);
+            if (avg && opset < 10) {
+                CHECK_EQ(rc, DSRT_EUNSUPPORTED);
+                CHECK_CONTAINS(dsrt_last_error(), "needs ceil_mode, opset 10 or later");
+                continue;
+            }
+            CHECK_OK(rc);
+            dsrt_net_options no = one_thread();
+            dsrt_net *back = NULL;
+            CHECK_OK(dsrt_onnx_import(&back, path, NULL, &no));
+            if (back) check_same_net(net, back, "ceil_mode", 0);
+            if (back && opset >= 10) CHECK_CONTAINS(dsrt_net_description(back), "ceil=1");
+            dsrt_net_destroy(back);
+        }
+        dsrt_net_destroy(net);
+    }
+}
+
 int main(void) {
     REQUIRE(timg_tmpdir("onnx", dir, sizeof dir) == 0);
     RUN(test_round_trip);
@@ -1257,6 +1587,11 @@ int main(void) {
     RUN(test_constant_broadcast);
     RUN(test_batchnorm_epsilon);
     RUN(test_activation_ops);
+    RUN(test_mul_import);
+    RUN(test_scale_import);
+    RUN(test_layernorm_import);
+    RUN(test_pad_import);
+    RUN(test_pool_ceil_import);
     RUN(test_mutations);
     return TEST_RESULT();
 }

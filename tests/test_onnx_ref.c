@@ -6,8 +6,10 @@
  * Constant, MatMul + Add, Gemm with transB=0, alpha and beta, LRN,
  * AveragePool counting its padding, auto_pad, opsets 7, 11 and 21, external
  * data; Clip, Sigmoid, HardSigmoid, HardSwish and Gelu at opsets 9, 13 and
- * 21), and dsrt nets of every layer type and of every activation trained
- * here for a few epochs.
+ * 21; squeeze-and-excitation's Mul, a layer scale, LayerNormalization, Pad
+ * and ceil_mode pooling at opsets 9, 11 and 17), and dsrt nets of every
+ * layer type, of every activation and of those layers trained here for a
+ * few epochs.
  * tests/onnx_ref.py makes them and runs the runtime (in the environment of
  * scripts/onnx-venv.sh); the tool is dstrain, as a user runs it.
  *
@@ -32,9 +34,9 @@ static void test_import_small(void) {
     CHECK_EQ(sh("cd '%s' && %s '%s' torch-small small > torch.log 2>&1", dir, SYS_PY, script), 0);
     CHECK_EQ(sh("cd '%s' && '%s' '%s' helper-models . 2>&1", dir, venv, script), 0);
     CHECK_EQ(sh("cd '%s' && %s '%s' images img 32 12 2>&1", dir, SYS_PY, script), 0);
-    static const char *const models[] = {"small-opset9", "small-opset17", "ops7",
-                                         "ops11",        "ops21",         "external",
-                                         "acts9",        "acts13",        "acts21"};
+    static const char *const models[] = {"small-opset9", "small-opset17", "ops7",     "ops11",
+                                         "ops21",        "external",      "acts9",    "acts13",
+                                         "acts21",       "layers9",       "layers11", "layers17"};
     char ort_args[2048] = "", cmp_args[2048] = "";
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(models); k++) {
         const char *m = models[k];
@@ -182,6 +184,56 @@ static void test_export_activations(void) {
                  0);
 }
 
+/* A dsrt net of the products, layer normalisations, padding, stochastic
+ * depth and ceil=1 pooling (a gate from a fully connected layer, partial
+ * last windows averaged with and without the padding), trained here,
+ * exported at opsets 11 (layernorm written out in ReduceMean, Sub, Mul,
+ * Sqrt, Div) and 17 (LayerNormalization; stochastic depth leaves no node):
+ * the runtime on raw pixels agrees with dstrain classify; the opset 17
+ * model imported again evaluates as the runtime does. */
+static void test_export_layers(void) {
+    CHECK_EQ(sh("cd '%s' && cat > layers.net <<'EOF'\n"
+                "input size=32x32x3 normalization=zscore mean=0.45,0.5,0.55 std=0.25,0.2,0.3\n"
+                "conv name=c1 filters=8 size=3 stride=2 pad=1\n"
+                "relu name=r1\n"
+                "gap name=g\n"
+                "fc name=f1 outputs=8\n"
+                "relu name=gr\n"
+                "mul name=m inputs=r1,gr\n"
+                "scale name=s init=0.5\n"
+                "layernorm name=ln\n"
+                "stochastic_depth name=sd p=0.2\n"
+                "conv name=c2 filters=8 size=1 inputs=r1\n"
+                "add name=res inputs=sd,c2\n"
+                "pad name=p pad=1,1,0,2 value=0.25\n"
+                "avgpool name=a size=3 stride=2 pad=1 ceil=1\n"
+                "maxpool name=mp size=3 stride=2 ceil=1\n"
+                "avgpool name=a2 size=2 stride=2 ceil=1 count_pad=0\n"
+                "fc name=f2 outputs=16\n"
+                "layernorm name=ln2\n"
+                "fc name=f3 outputs=classes\n"
+                "softmax name=out\n"
+                "EOF\n"
+                "'%s' train --data img --net layers.net --epochs 6 --batch 4 --lr 0.05 --threads 2 "
+                "--workers 1 --no-pin --quiet --no-progress --save layers.dsrt > layers-train.log "
+                "2>&1 && '%s' classify --model layers.dsrt --json --threads 2 $(cat img/paths.txt) "
+                "> layers.jsonl",
+                dir, dstrain, dstrain),
+             0);
+    for (int opset = 11; opset <= 17; opset += 6)
+        CHECK_EQ(sh("cd '%s' && '%s' export layers.dsrt --output layers-out%d.onnx --opset %d && "
+                    "'%s' '%s' ort img/pixels.npy layers-out%d.onnx layers-out%d.npy && '%s' '%s' "
+                    "compare 1e-4 layers.jsonl layers-out%d.npy",
+                    dir, dstrain, opset, opset, venv, script, opset, opset, venv, script, opset),
+                 0);
+    CHECK_EQ(
+        sh("cd '%s' && '%s' eval --model layers-out17.onnx --data img --json --threads 2 "
+           "--workers 1 --no-pin > layers-eval.json && '%s' '%s' eval-compare layers-eval.json "
+           "layers-out17.npy img",
+           dir, dstrain, venv, script),
+        0);
+}
+
 /* --transfer from an ONNX model: the new last layer learns, the others are
  * frozen (--lr-factor 0) or slowed (0.5). */
 static void test_transfer(void) {
@@ -227,6 +279,7 @@ int main(void) {
     RUN(test_round_trip);
     RUN(test_export_native);
     RUN(test_export_activations);
+    RUN(test_export_layers);
     RUN(test_transfer);
     RUN(test_cli_refusal);
     return TEST_RESULT();
