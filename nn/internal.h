@@ -233,11 +233,13 @@ typedef struct {
     /* ONNX_OP_ELEMENTWISE: it computes element by element, so it takes a
      * value in either layout and its output keeps it; ONNX_OP_NHWC: its
      * mapping handles channels-last values itself. 0: (N, C, H, W) or (N, K)
-     * values only. */
+     * values only. ONNX_OP_MADE: no ONNX operator; the name of a node the
+     * import's rewrites make of several (SiLU's Sigmoid and Mul), which a
+     * node read from a file never matches. */
     unsigned flags;
 } dsrt_onnx_op;
 
-enum { ONNX_OP_ELEMENTWISE = 1, ONNX_OP_NHWC = 2 };
+enum { ONNX_OP_ELEMENTWISE = 1, ONNX_OP_NHWC = 2, ONNX_OP_MADE = 4 };
 
 /*
  * A layer kind: everything dsrt knows of it, in its own file. The engines
@@ -268,9 +270,10 @@ struct dsrt_layer_ops {
     int (*onnx_absorb)(struct dsrt_onnx_layer *self, const struct dsrt_onnx_layer *taker);
     /* The first opset at which onnx_export writes the kind as operators
      * that its onnx_ops read back as one layer of the kind (the tests that
-     * walk the table check the round trip from there); 0: every opset; -1:
-     * none (silu: Sigmoid and Mul, which other kinds read). Below it the
-     * export is an expansion into other kinds' operators. */
+     * walk the table check the round trip from there); 0: every opset
+     * (an expansion the import's rewrites put back together counts); -1:
+     * none. Below it the export is an expansion into other kinds'
+     * operators. */
     int onnx_round_trip;
     /* A small net (a description, its input size given) with a layer of
      * the kind in it, which the tests that walk the table check: its

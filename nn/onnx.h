@@ -83,15 +83,18 @@ typedef struct {
     int64_t *ints;
     size_t n_floats, n_ints;
     int has_f, has_i, has_s, n_strings, has_graph;
+    onnx_str ref; /* ref_attr_name: in a function, the caller's attribute of that name */
 } onnx_attr;
 
 typedef struct {
-    int index; /* in the graph */
-    onnx_str name, op, domain;
+    int index;  /* its place in the nodes (after inlining and rewrites) */
+    int number; /* in the file's graph (a function's body: its caller's): messages name it */
+    onnx_str name, op, domain, overload;
     onnx_str *in, *out;
     int n_in, n_out;
     onnx_attr *attr;
     int n_attr;
+    int made; /* made by the import's rewrites (onnx_rewrite.c), not read */
 } onnx_node;
 
 /* A graph input or output: a name and, for a float tensor, its shape (a
@@ -121,6 +124,8 @@ typedef struct {
     onnx_meta *meta;
     int n_meta;
     int sparse_inits; /* sparse initializers (refused) */
+    int n_functions;  /* local functions, inlined where they are called */
+    size_t model_size;
     dsrt_arena arena;
 } onnx_model;
 
@@ -264,6 +269,11 @@ onnx_tensor *dsrt__onnx_const_input(onnx_import *c, int k, const char *what);
  * Slice, Unsqueeze, arithmetic, ...; onnx_fold.c). Returns 1 when folded, 0
  * when it is not a fold (an input is computed), < 0 after a failure. */
 int dsrt__onnx_fold(onnx_import *c);
+/* Puts back, as the one operator a layer computes, the expansions
+ * exporters write for operators older opsets lack (GELU's erf form,
+ * LayerNorm's arithmetic); onnx_rewrite.c. Before the operators are
+ * checked. */
+int dsrt__onnx_rewrite(onnx_import *c);
 /* Whether the node's operator is one dsrt folds, and nothing else. */
 int dsrt__onnx_fold_only(const onnx_node *n);
 /* The batch size in a folded shape: symbolic. */

@@ -32,22 +32,23 @@ typedef struct {
 
 /* The operators folded here, and which inputs may be computed values whose
  * shape alone is read (Shape's). */
-static const char *const FOLDED[] = {"Shape",   "Gather",   "Unsqueeze",  "Squeeze",
-                                     "Concat",  "Slice",    "Cast",       "ConstantOfShape",
-                                     "Range",   "Expand",   "Reshape",    "Transpose",
-                                     "Add",     "Sub",      "Mul",        "Div",
-                                     "Pow",     "Sqrt",     "Neg",        "Floor",
-                                     "Ceil",    "Abs",      "Reciprocal", "Mod",
-                                     "Max",     "Min",      "Equal",      "Less",
-                                     "Greater", "Where",    "Not",        "And",
-                                     "Or",      "Identity", NULL};
+static const char *const FOLDED[] = {"Shape",   "Gather", "Unsqueeze",  "Squeeze",
+                                     "Concat",  "Slice",  "Cast",       "ConstantOfShape",
+                                     "Range",   "Expand", "Reshape",    "Transpose",
+                                     "Add",     "Sub",    "Mul",        "Div",
+                                     "Pow",     "Sqrt",   "Neg",        "Floor",
+                                     "Ceil",    "Abs",    "Reciprocal", "Mod",
+                                     "Max",     "Min",    "Equal",      "Less",
+                                     "Greater", "Where",  "Not",        "And",
+                                     "Or",      "Xor",    "Clip",       "Identity",
+                                     NULL};
 
 /* Those that only fold: no layer computes them. */
 static const char *const ONLY[] = {
     "Shape",   "Gather",     "Unsqueeze", "Squeeze", "Slice", "Cast",  "ConstantOfShape",
     "Range",   "Expand",     "Pow",       "Sqrt",    "Neg",   "Floor", "Ceil",
     "Abs",     "Reciprocal", "Mod",       "Max",     "Min",   "Equal", "Less",
-    "Greater", "Where",      "Not",       "And",     "Or",    NULL};
+    "Greater", "Where",      "Not",       "And",     "Or",    "Xor",   NULL};
 
 static int listed(const char *const *list, onnx_str op) {
     for (int k = 0; list[k]; k++)
@@ -251,6 +252,7 @@ static int64_t int_op(onnx_str op, int64_t x, int64_t y, int *bad) {
     if (onnx_is(op, "Greater")) return x > y;
     if (onnx_is(op, "And")) return x && y;
     if (onnx_is(op, "Or")) return x || y;
+    if (onnx_is(op, "Xor")) return !x != !y;
     if (onnx_is(op, "Pow")) {
         int64_t r = 1;
         for (int64_t k = 0; k < y && k < 64; k++) r *= x;
@@ -275,12 +277,12 @@ static float float_op(onnx_str op, float x, float y) {
     return NAN;
 }
 
-/* Add, Sub, Mul, Div, Pow, Mod, Max, Min, the comparisons, And, Or of two
+/* Add, Sub, Mul, Div, Pow, Mod, Max, Min, the comparisons, And, Or, Xor of two
  * (Max, Min: of every) input. */
 static int fold_binary(onnx_import *c, cval *in, int n) {
     onnx_str op = c->cur->op;
     int cmp = onnx_is(op, "Equal") || onnx_is(op, "Less") || onnx_is(op, "Greater") ||
-              onnx_is(op, "And") || onnx_is(op, "Or");
+              onnx_is(op, "And") || onnx_is(op, "Or") || onnx_is(op, "Xor");
     cval acc = in[0];
     for (int j = 1; j < n; j++) {
         cval *b = &in[j], out;
@@ -716,6 +718,45 @@ static int fold_where(onnx_import *c, cval *in) {
     return cv_out(c, 0, &out);
 }
 
+/* Clip of a constant: its bounds the inputs min and max (either left out),
+ * or before opset 11 the attributes. */
+static int fold_clip(onnx_import *c, cval *in, int n_in) {
+    cval *x = &in[0], out;
+    double lo = -INFINITY, hi = INFINITY;
+    if (c->m.opset > 0 && c->m.opset < 11) {
+        float a, b;
+        int rc = dsrt__onnx_get_float(c, "min", -INFINITY, &a);
+        if (rc || (rc = dsrt__onnx_get_float(c, "max", INFINITY, &b))) return rc;
+        lo = a;
+        hi = b;
+    }
+    for (int k = 1; k < n_in && k < 3; k++) {
+        if (!in[k].n) continue;
+        if (in[k].n != 1)
+            return dsrt__onnx_fail(c, DSRT_ECORRUPT, "its %s is not one value",
+                                   k == 1 ? "min" : "max");
+        if (in[k].is_int && in[k].i[0] == ONNX_BATCH) return no_batch(c, &in[k], "bound");
+        double b = num(&in[k], 0);
+        if (k == 1)
+            lo = b;
+        else
+            hi = b;
+    }
+    int rc = cv_alloc(c, &out, x->is_int, x->ndims, x->dims);
+    if (rc) return rc;
+    for (size_t k = 0; k < x->n; k++) {
+        if (x->is_int) {
+            int64_t v = x->i[k];
+            if (v == ONNX_BATCH) return no_batch(c, x, "input");
+            out.i[k] = v < lo ? (int64_t)lo : v > hi ? (int64_t)hi : v;
+        } else {
+            float v = x->f[k];
+            out.f[k] = v < (float)lo ? (float)lo : v > (float)hi ? (float)hi : v;
+        }
+    }
+    return cv_out(c, 0, &out);
+}
+
 // ----------------------------------------------------------------------------
 // The entry
 
@@ -769,6 +810,8 @@ int dsrt__onnx_fold(onnx_import *c) {
         rc = fold_transpose(c, &in[0]);
     else if (onnx_is(op, "Where"))
         rc = n_in == 3 ? fold_where(c, in) : DSRT_ECORRUPT;
+    else if (onnx_is(op, "Clip"))
+        rc = fold_clip(c, in, n_in);
     else if (n_in == 1)
         rc = fold_unary(c, &in[0]);
     else

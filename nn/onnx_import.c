@@ -73,9 +73,9 @@ int dsrt__onnx_fail(onnx_import *c, int code, const char *fmt, ...) {
     if (!n) return dsrt__fail(code, "onnx: %s: %s", c->file, msg);
     if (!n->name.n && n->n_out && n->out[0].n) /* an unnamed node: by its output */
         return dsrt__fail(code, "onnx: %s: node %d (output '%s') (%s, opset %lld): %s", c->file,
-                          n->index, dsrt__onnx_shown(n->out[0], b1, sizeof b1),
+                          n->number, dsrt__onnx_shown(n->out[0], b1, sizeof b1),
                           dsrt__onnx_shown(n->op, b2, sizeof b2), (long long)c->m.opset, msg);
-    return dsrt__fail(code, "onnx: %s: node %d '%s' (%s, opset %lld): %s", c->file, n->index,
+    return dsrt__fail(code, "onnx: %s: node %d '%s' (%s, opset %lld): %s", c->file, n->number,
                       dsrt__onnx_shown(n->name, b1, sizeof b1),
                       dsrt__onnx_shown(n->op, b2, sizeof b2), (long long)c->m.opset, msg);
 }
@@ -1038,8 +1038,9 @@ int dsrt__onnx_affine(onnx_import *c) {
     int64_t axes[4] = {1, 1, 1, 1};
     int ok = t->ndims <= rank;
     for (int d = 0; ok && d < t->ndims; d++) axes[rank - t->ndims + d] = t->dims[d];
+    int chan = x->nhwc ? 3 : 1; /* the channels' axis */
     for (int a = 0; ok && a < rank; a++) {
-        if (a == 1 && axes[a] == ch && ch > 1) /* flattened: channels only when H = W = 1 */
+        if (a == chan && axes[a] == ch && ch > 1) /* flattened: channels only when H = W = 1 */
             ok = per = !x->flat || (c->in_h == 1 && c->in_w == 1);
         else
             ok = axes[a] == 1;
@@ -1087,6 +1088,7 @@ int dsrt__onnx_affine(onnx_import *c) {
         o->layer = 0;
         o->stage = c->stage;
         o->flat = x->flat;
+        o->nhwc = x->nhwc;
     }
     return 0;
 }
@@ -1194,6 +1196,7 @@ static const dsrt_onnx_op OPS[] = {
     {"Not", map_fold_only, "", 0},
     {"And", map_fold_only, "", 0},
     {"Or", map_fold_only, "", 0},
+    {"Xor", map_fold_only, "", 0},
     {NULL, NULL, NULL, 0},
 };
 
@@ -1204,7 +1207,7 @@ static const dsrt_onnx_op *op_of(const onnx_node *n) {
         if (onnx_is(n->op, o->op)) return o;
     for (int k = 0; k < DSRT_LAYER_KIND_COUNT; k++)
         for (const dsrt_onnx_op *o = dsrt__layers[k]->onnx_ops; o && o->op; o++)
-            if (onnx_is(n->op, o->op)) return o;
+            if (onnx_is(n->op, o->op) && (n->made || !(o->flags & ONNX_OP_MADE))) return o;
     return NULL;
 }
 
@@ -1214,7 +1217,8 @@ static void op_list(char *buf, size_t cap) {
     buf[0] = '\0';
     for (int k = -1; k < DSRT_LAYER_KIND_COUNT; k++)
         for (const dsrt_onnx_op *o = k < 0 ? OPS : dsrt__layers[k]->onnx_ops; o && o->op; o++)
-            if (at < cap) at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", o->op);
+            if (at < cap && !(o->flags & ONNX_OP_MADE))
+                at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", o->op);
 }
 
 // ----------------------------------------------------------------------------
@@ -1250,6 +1254,39 @@ static int check_operators(onnx_import *c) {
 /* The image: the one graph input that is not an initializer, float
  * (N, C, H, W) with its channels, height and width known (a symbolic size
  * from the options). Sets the net's input size; *out is the input. */
+/* Whether the image is channels-last (N, H, W, C), as models converted from
+ * TensorFlow take it: the first node that takes it, past element-wise
+ * normalisation by constants (Add, Sub, Mul, Div, Cast, Identity), is a
+ * Transpose to (N, C, H, W). */
+static int image_is_nhwc(onnx_import *c, onnx_str image) {
+    const onnx_model *m = &c->m;
+    onnx_str seen[64];
+    int n = 0;
+    seen[n++] = image;
+    for (int i = 0; i < m->n_nodes; i++) {
+        const onnx_node *nd = &m->nodes[i];
+        int takes = 0;
+        for (int k = 0; k < nd->n_in && !takes; k++)
+            for (int j = 0; j < n && !takes; j++) takes = onnx_same(nd->in[k], seen[j]);
+        if (!takes) continue;
+        if (onnx_is(nd->op, "Transpose")) {
+            for (int a = 0; a < nd->n_attr; a++) {
+                const onnx_attr *at = &nd->attr[a];
+                if (onnx_is(at->name, "perm") && at->n_ints == 4)
+                    return at->ints[0] == 0 && at->ints[1] == 3 && at->ints[2] == 1 &&
+                           at->ints[3] == 2;
+            }
+            return 0;
+        }
+        int affine = onnx_is(nd->op, "Add") || onnx_is(nd->op, "Sub") || onnx_is(nd->op, "Mul") ||
+                     onnx_is(nd->op, "Div") || onnx_is(nd->op, "Cast") ||
+                     onnx_is(nd->op, "Identity");
+        if (!affine || nd->n_out < 1 || n == 64) return 0;
+        seen[n++] = nd->out[0];
+    }
+    return 0;
+}
+
 static int graph_image(onnx_import *c, const dsrt_onnx_import_options *o, const onnx_value **out) {
     onnx_model *m = &c->m;
     const onnx_value *img = NULL;
@@ -1269,31 +1306,36 @@ static int graph_image(onnx_import *c, const dsrt_onnx_import_options *o, const 
                           "(N, C, H, W)",
                           c->file, ONNX_SHOWN(img->name), dsrt__onnx_dtype_name(img->elem_type),
                           img->ndims);
-    int64_t h = img->dims[2] > 0 ? img->dims[2] : o->height,
-            w = img->dims[3] > 0 ? img->dims[3] : o->width;
-    if (img->dims[1] > 0 && h > 0 && w > 0 && dsrt__volume(img->dims[1], h, w) > INT32_MAX)
+    /* Channels-last: (N, H, W, C) read as dsrt's (N, C, H, W). */
+    c->in_nhwc = image_is_nhwc(c, img->name);
+    int64_t dims[4] = {img->dims[0], img->dims[1], img->dims[2], img->dims[3]};
+    if (c->in_nhwc) {
+        dims[1] = img->dims[3];
+        dims[2] = img->dims[1];
+        dims[3] = img->dims[2];
+    }
+    int64_t h = dims[2] > 0 ? dims[2] : o->height, w = dims[3] > 0 ? dims[3] : o->width;
+    if (dims[1] > 0 && h > 0 && w > 0 && dsrt__volume(dims[1], h, w) > INT32_MAX)
         return dsrt__fail(DSRT_ETOOBIG,
                           "onnx: %s: input '%s' is (N, %lld, %lld, %lld): more than 2^31 - 1 "
                           "values an image",
-                          c->file, ONNX_SHOWN(img->name), (long long)img->dims[1], (long long)h,
+                          c->file, ONNX_SHOWN(img->name), (long long)dims[1], (long long)h,
                           (long long)w);
-    if (img->dims[1] > 65536 || h > 65536 || w > 65536)
+    if (dims[1] > 65536 || h > 65536 || w > 65536)
         return dsrt__fail(DSRT_ETOOBIG,
                           "onnx: %s: input '%s' is (N, %lld, %lld, %lld): dsrt's images have at "
                           "most 65536 channels, rows and columns",
-                          c->file, ONNX_SHOWN(img->name), (long long)img->dims[1], (long long)h,
+                          c->file, ONNX_SHOWN(img->name), (long long)dims[1], (long long)h,
                           (long long)w);
-    if (img->dims[1] < 1 || h < 1 || w < 1 ||
-        (o->height && img->dims[2] > 0 && img->dims[2] != o->height) ||
-        (o->width && img->dims[3] > 0 && img->dims[3] != o->width))
+    if (dims[1] < 1 || h < 1 || w < 1 || (o->height && dims[2] > 0 && dims[2] != o->height) ||
+        (o->width && dims[3] > 0 && dims[3] != o->width))
         return dsrt__fail(DSRT_EUNSUPPORTED,
                           "onnx: %s: input '%s' is (N, %lld, %lld, %lld)%s: dsrt needs its "
                           "channels, height and width (a symbolic size is given by the height and "
                           "width options, a fixed one cannot change)",
-                          c->file, ONNX_SHOWN(img->name), (long long)img->dims[1],
-                          (long long)img->dims[2], (long long)img->dims[3],
-                          o->height || o->width ? " for the size asked" : "");
-    c->in_c = (int)img->dims[1];
+                          c->file, ONNX_SHOWN(img->name), (long long)dims[1], (long long)dims[2],
+                          (long long)dims[3], o->height || o->width ? " for the size asked" : "");
+    c->in_c = (int)dims[1];
     c->in_h = (int)h;
     c->in_w = (int)w;
     c->batch = img->dims[0];
@@ -1359,7 +1401,7 @@ static int mark_live(onnx_import *c) {
                         c, DSRT_ECORRUPT,
                         "input '%s' is made by node %d, below it (the graph must be in "
                         "topological order)",
-                        ONNX_SHOWN(nd->in[k]), v->producer);
+                        ONNX_SHOWN(nd->in[k]), c->m.nodes[v->producer].number);
                 }
                 c->live[v->producer] = 1;
             }
@@ -1399,6 +1441,8 @@ static int make_values(onnx_import *c, const dsrt_onnx_import_options *o) {
     onnx_val *iv = define(c, img->name, ONNX_V_INPUT);
     if (!iv) return DSRT_ECORRUPT;
     iv->layer = 0;
+    iv->nhwc = c->in_nhwc;
+    c->in_nhwc = 0;
     /* Every node's outputs, undefined (kind 0) until it is mapped. */
     for (int i = 0; i < m->n_nodes; i++) {
         const onnx_node *nd = &m->nodes[i];
@@ -1834,6 +1878,7 @@ int dsrt__onnx_import_memory(dsrt_net **out, const uint8_t *data, size_t size, c
     if (!o) o = &defaults;
     *out = NULL;
     int rc = dsrt__onnx_parse(&c.m, data, size, file);
+    if (!rc) rc = dsrt__onnx_rewrite(&c);
     if (!rc) rc = check_operators(&c);
     if (!rc) rc = make_values(&c, o);
     if (!rc) rc = map_graph(&c);

@@ -21,6 +21,15 @@
 #define MODEL_GRAPH            7
 #define MODEL_OPSET_IMPORT     8
 #define MODEL_METADATA         14
+#define MODEL_FUNCTIONS        25
+/* FunctionProto */
+#define FUNC_NAME       1
+#define FUNC_INPUT      4
+#define FUNC_OUTPUT     5
+#define FUNC_NODE       7
+#define FUNC_DOMAIN     10
+#define FUNC_ATTR_PROTO 11
+#define FUNC_OVERLOAD   13
 /* OperatorSetIdProto */
 #define OPSET_DOMAIN  1
 #define OPSET_VERSION 2
@@ -38,6 +47,7 @@
 #define NODE_OP_TYPE   4
 #define NODE_ATTRIBUTE 5
 #define NODE_DOMAIN    7
+#define NODE_OVERLOAD  8
 /* AttributeProto */
 #define ATTR_NAME    1
 #define ATTR_F       2
@@ -49,6 +59,7 @@
 #define ATTR_INTS    8
 #define ATTR_STRINGS 9
 #define ATTR_TYPE    20
+#define ATTR_REF     21
 /* TensorProto */
 #define TENSOR_DIMS          1
 #define TENSOR_DATA_TYPE     2
@@ -400,6 +411,9 @@ static int parse_attr(onnx_model *m, onnx_attr *a, onnx_str msg, const uint8_t *
         case ATTR_NAME:
             if ((rc = string_field(&f, "name", &a->name))) return rc;
             break;
+        case ATTR_REF:
+            if ((rc = string_field(&f, "ref_attr_name", &a->ref))) return rc;
+            break;
         case ATTR_TYPE:
             if ((rc = wire_is(&f, DSRT_PB_VARINT, "type"))) return rc;
             a->type = (int)(int32_t)f.u;
@@ -510,6 +524,9 @@ static int parse_node(onnx_model *m, onnx_node *nd, onnx_str msg, const uint8_t 
             break;
         case NODE_DOMAIN:
             if ((rc = string_field(&f, "domain", &nd->domain))) return rc;
+            break;
+        case NODE_OVERLOAD:
+            if ((rc = string_field(&f, "overload", &nd->overload))) return rc;
             break;
         case NODE_ATTRIBUTE:
             if ((rc = wire_is(&f, DSRT_PB_BYTES, "attribute"))) return rc;
@@ -623,7 +640,7 @@ static int parse_graph(onnx_model *m, onnx_str msg, const uint8_t *base) {
         switch (f.number) {
         case GRAPH_NODE: {
             onnx_node *nd = &m->nodes[m->n_nodes];
-            nd->index = m->n_nodes;
+            nd->index = nd->number = m->n_nodes;
             if ((rc = parse_node(m, nd, f.b, base)))
                 return dsrt__fail_prefix(rc, "graph: node %d", m->n_nodes);
             m->n_nodes++;
@@ -651,6 +668,275 @@ static int parse_graph(onnx_model *m, onnx_str msg, const uint8_t *base) {
         }
     }
     return rc < 0 ? dsrt__fail_prefix(rc, "graph") : 0;
+}
+
+// ----------------------------------------------------------------------------
+// Local functions (FunctionProto), inlined
+
+/* A function: its formal inputs and outputs, the defaults of its
+ * attributes, and its body. */
+typedef struct {
+    onnx_str name, domain, overload;
+    onnx_str *in, *out;
+    int n_in, n_out;
+    onnx_attr *defaults;
+    int n_defaults;
+    onnx_node *body;
+    int n_body;
+} onnx_function;
+
+#define FUNCTION_DEPTH_MAX 16
+#define NODES_MAX          (1 << 20)
+
+static int parse_function(onnx_model *m, onnx_function *fn, onnx_str msg, const uint8_t *base) {
+    dsrt_pb r = dsrt__pb_open(msg, base);
+    dsrt_pb_field f;
+    int rc, nomem = 0;
+    size_t n_in = 0, n_out = 0, n_def = 0, n_body = 0;
+    while ((rc = dsrt__pb_next(&r, &f)) > 0) {
+        n_in += f.number == FUNC_INPUT;
+        n_out += f.number == FUNC_OUTPUT;
+        n_def += f.number == FUNC_ATTR_PROTO;
+        n_body += f.number == FUNC_NODE;
+    }
+    if (rc < 0) return rc;
+    if (n_body > NODES_MAX) return dsrt__fail(DSRT_ETOOBIG, "more than 2^20 nodes");
+    fn->in = records(m, n_in, sizeof *fn->in, &nomem);
+    fn->out = records(m, n_out, sizeof *fn->out, &nomem);
+    fn->defaults = records(m, n_def, sizeof *fn->defaults, &nomem);
+    fn->body = records(m, n_body, sizeof *fn->body, &nomem);
+    if (nomem) return -ENOMEM;
+    r = dsrt__pb_open(msg, base);
+    while ((rc = dsrt__pb_next(&r, &f)) > 0) {
+        switch (f.number) {
+        case FUNC_NAME:
+            if ((rc = string_field(&f, "name", &fn->name))) return rc;
+            break;
+        case FUNC_DOMAIN:
+            if ((rc = string_field(&f, "domain", &fn->domain))) return rc;
+            break;
+        case FUNC_OVERLOAD:
+            if ((rc = string_field(&f, "overload", &fn->overload))) return rc;
+            break;
+        case FUNC_INPUT:
+            if ((rc = string_field(&f, "input", &fn->in[fn->n_in++]))) return rc;
+            break;
+        case FUNC_OUTPUT:
+            if ((rc = string_field(&f, "output", &fn->out[fn->n_out++]))) return rc;
+            break;
+        case FUNC_ATTR_PROTO:
+            if ((rc = wire_is(&f, DSRT_PB_BYTES, "attribute_proto"))) return rc;
+            if ((rc = parse_attr(m, &fn->defaults[fn->n_defaults], f.b, base)))
+                return dsrt__fail_prefix(rc, "attribute_proto %d", fn->n_defaults);
+            fn->n_defaults++;
+            break;
+        case FUNC_NODE: {
+            if ((rc = wire_is(&f, DSRT_PB_BYTES, "node"))) return rc;
+            onnx_node *nd = &fn->body[fn->n_body];
+            nd->index = nd->number = fn->n_body;
+            if ((rc = parse_node(m, nd, f.b, base)))
+                return dsrt__fail_prefix(rc, "node %d", fn->n_body);
+            fn->n_body++;
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    return rc < 0 ? rc : 0;
+}
+
+/* The function a node calls, or NULL. */
+static const onnx_function *called(const onnx_function *fns, int n, const onnx_node *nd) {
+    for (int i = 0; i < n; i++)
+        if (onnx_same(fns[i].name, nd->op) && onnx_same(fns[i].domain, nd->domain) &&
+            onnx_same(fns[i].overload, nd->overload))
+            return &fns[i];
+    return NULL;
+}
+
+typedef struct {
+    onnx_model *m;
+    const onnx_function *fns;
+    int n_fns;
+    onnx_node *out; /* NULL while counting */
+    size_t n;
+    size_t visits; /* nodes looked at, emitted or not: bounds calls of empty functions */
+} inliner;
+
+/* A call being expanded: the function, the node calling it (its inputs,
+ * outputs and attributes already the caller's), and the prefix that makes
+ * the body's own values unique. */
+typedef struct {
+    const onnx_function *fn;
+    const onnx_node *site;
+    onnx_str prefix;
+} call;
+
+static onnx_str concat3(onnx_model *m, onnx_str a, const char *sep, onnx_str b, int *nomem) {
+    size_t ns = strlen(sep), n = a.n + ns + b.n;
+    uint8_t *p = dsrt__arena_alloc(&m->arena, n ? n : 1, 1);
+    if (!p) {
+        *nomem = 1;
+        return (onnx_str){NULL, 0};
+    }
+    if (a.n) memcpy(p, a.p, a.n);
+    memcpy(p + a.n, sep, ns);
+    if (b.n) memcpy(p + a.n + ns, b.p, b.n);
+    return (onnx_str){p, n};
+}
+
+/* A body's value name seen from the caller: a formal input or output is
+ * the caller's, an omitted one stays empty, any other gets the call's
+ * prefix. */
+static onnx_str rename_value(inliner *x, const call *cl, onnx_str name, int *nomem) {
+    if (!name.n) return name;
+    const onnx_function *fn = cl->fn;
+    for (int i = 0; i < fn->n_in; i++)
+        if (onnx_same(fn->in[i], name))
+            return i < cl->site->n_in ? cl->site->in[i] : (onnx_str){NULL, 0};
+    for (int i = 0; i < fn->n_out; i++)
+        if (onnx_same(fn->out[i], name))
+            return i < cl->site->n_out ? cl->site->out[i] : (onnx_str){NULL, 0};
+    return concat3(x->m, cl->prefix, "/", name, nomem);
+}
+
+/* The attribute a body's attribute is: itself, or the caller's (or the
+ * function's default) it refers to, under its own name; NULL to leave it
+ * out. */
+static const onnx_attr *resolve_attr(const call *cl, const onnx_attr *a, onnx_attr *tmp) {
+    if (!a->ref.n) return a;
+    const onnx_attr *from = NULL;
+    for (int k = 0; k < cl->site->n_attr && !from; k++)
+        if (onnx_same(cl->site->attr[k].name, a->ref)) from = &cl->site->attr[k];
+    for (int k = 0; k < cl->fn->n_defaults && !from; k++)
+        if (onnx_same(cl->fn->defaults[k].name, a->ref)) from = &cl->fn->defaults[k];
+    if (!from) return NULL;
+    *tmp = *from;
+    tmp->name = a->name;
+    tmp->ref = (onnx_str){NULL, 0};
+    return tmp;
+}
+
+static int expand(inliner *x, const onnx_node *nd, int depth, int top);
+
+/* Emits node nd (seen from call cl, or from the graph when cl is NULL):
+ * the function's body when it calls one, else the node itself. */
+static int emit(inliner *x, const onnx_node *nd, const call *cl, int depth, int top) {
+    int nomem = 0;
+    onnx_node copy = *nd;
+    if (++x->visits > 4 * (size_t)NODES_MAX)
+        return dsrt__fail(DSRT_ETOOBIG,
+                          "graph: node %d '%s' (%s): its functions call more than 2^22 nodes", top,
+                          ONNX_SHOWN(x->m->nodes[top].name), ONNX_SHOWN(x->m->nodes[top].op));
+    if (cl && x->out) {
+        /* The node seen from the caller: its values renamed, its attributes
+         * resolved, its name and index the call's. */
+        onnx_str *in = records(x->m, (size_t)nd->n_in, sizeof *in, &nomem);
+        onnx_str *out = records(x->m, (size_t)nd->n_out, sizeof *out, &nomem);
+        onnx_attr *at = records(x->m, (size_t)nd->n_attr, sizeof *at, &nomem);
+        if (nomem) return -ENOMEM;
+        for (int k = 0; k < nd->n_in; k++) in[k] = rename_value(x, cl, nd->in[k], &nomem);
+        for (int k = 0; k < nd->n_out; k++) out[k] = rename_value(x, cl, nd->out[k], &nomem);
+        int n_at = 0;
+        for (int k = 0; k < nd->n_attr; k++) {
+            onnx_attr tmp;
+            const onnx_attr *a = resolve_attr(cl, &nd->attr[k], &tmp);
+            if (a) at[n_at++] = *a;
+        }
+        copy.in = in;
+        copy.out = out;
+        copy.attr = at;
+        copy.n_attr = n_at;
+        copy.name = concat3(x->m, cl->site->name, "/", nd->name, &nomem);
+        copy.number = cl->site->number;
+        if (nomem) return -ENOMEM;
+    } else if (!cl) {
+        for (int k = 0; k < nd->n_attr; k++)
+            if (nd->attr[k].ref.n)
+                return dsrt__fail(DSRT_ECORRUPT,
+                                  "graph: node %d: attribute %d refers to a function's attribute "
+                                  "(ref_attr_name) outside a function",
+                                  nd->number, k);
+    }
+    if (called(x->fns, x->n_fns, &copy)) return expand(x, &copy, depth, top);
+    if (x->n == NODES_MAX)
+        return dsrt__fail(DSRT_ETOOBIG,
+                          "graph: more than 2^20 nodes once its functions are inlined");
+    if (x->out) x->out[x->n] = copy;
+    x->n++;
+    return 0;
+}
+
+/* Replaces the call nd by the body of the function it calls. */
+static int expand(inliner *x, const onnx_node *nd, int depth, int top) {
+    const onnx_function *fn = called(x->fns, x->n_fns, nd);
+    if (depth == FUNCTION_DEPTH_MAX)
+        return dsrt__fail(DSRT_EUNSUPPORTED,
+                          "graph: node %d '%s' (%s): functions call functions more than %d deep "
+                          "(a function that calls itself?)",
+                          top, ONNX_SHOWN(x->m->nodes[top].name), ONNX_SHOWN(x->m->nodes[top].op),
+                          FUNCTION_DEPTH_MAX);
+    int nomem = 0;
+    call cl = {fn, nd, {NULL, 0}};
+    if (x->out) {
+        /* The call's first output is unique in the graph: its values are
+         * named after it. */
+        onnx_str base = nd->n_out && nd->out[0].n ? nd->out[0] : nd->name;
+        char idx[24];
+        snprintf(idx, sizeof idx, "%d", top);
+        cl.prefix =
+            concat3(x->m, base, "::", (onnx_str){(const uint8_t *)idx, strlen(idx)}, &nomem);
+        if (nomem) return -ENOMEM;
+    }
+    for (int i = 0; i < fn->n_body; i++) {
+        int rc = emit(x, &fn->body[i], &cl, depth + 1, top);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Inlines the local functions in msgs (n of them) where the graph calls
+ * them. */
+static int inline_functions(onnx_model *m, const uint8_t *data, int n) {
+    int nomem = 0, rc = 0;
+    onnx_function *fns = records(m, (size_t)n, sizeof *fns, &nomem);
+    if (nomem) return -ENOMEM;
+    dsrt_pb r = dsrt__pb_open((onnx_str){data, m->model_size}, data);
+    dsrt_pb_field f;
+    int k = 0;
+    while (k < n && (rc = dsrt__pb_next(&r, &f)) > 0) {
+        if (f.number != MODEL_FUNCTIONS) continue;
+        if ((rc = wire_is(&f, DSRT_PB_BYTES, "functions")) ||
+            (rc = parse_function(m, &fns[k], f.b, data)))
+            return dsrt__fail_prefix(rc, "function %d", k);
+        k++;
+    }
+    if (rc < 0) return rc;
+    for (k = 0; k < n; k++)
+        if (!fns[k].domain.n || onnx_is(fns[k].domain, "ai.onnx"))
+            return dsrt__fail(DSRT_EUNSUPPORTED,
+                              "function %d '%s' is in ONNX's own domain, whose operators it would "
+                              "replace",
+                              k, ONNX_SHOWN(fns[k].name));
+    int any = 0;
+    for (int i = 0; i < m->n_nodes && !any; i++) any = called(fns, n, &m->nodes[i]) != NULL;
+    if (!any) return 0;
+    inliner x = {m, fns, n, NULL, 0, 0};
+    /* Counted, then written. */
+    for (int pass = 0; pass < 2; pass++) {
+        x.n = x.visits = 0;
+        for (int i = 0; i < m->n_nodes; i++)
+            if ((rc = emit(&x, &m->nodes[i], NULL, 0, i))) return rc;
+        if (pass == 0) {
+            x.out = records(m, x.n, sizeof *x.out, &nomem);
+            if (nomem) return -ENOMEM;
+        }
+    }
+    m->nodes = x.out;
+    m->n_nodes = (int)x.n;
+    for (int i = 0; i < m->n_nodes; i++) m->nodes[i].index = i;
+    return 0;
 }
 
 int dsrt__onnx_parse(onnx_model *m, const uint8_t *data, size_t size, const char *name) {
@@ -710,6 +996,9 @@ int dsrt__onnx_parse(onnx_model *m, const uint8_t *data, size_t size, const char
             if ((rc = wire_is(&f, DSRT_PB_BYTES, "metadata_props"))) goto fail;
             n_meta++;
             break;
+        case MODEL_FUNCTIONS:
+            m->n_functions++;
+            break;
         default:
             break;
         }
@@ -720,6 +1009,8 @@ int dsrt__onnx_parse(onnx_model *m, const uint8_t *data, size_t size, const char
                           graphs ? "the model holds two graphs"
                                  : "no graph: not an ONNX model (a ModelProto)");
     if ((rc = parse_graph(m, graph, data))) goto fail;
+    m->model_size = size;
+    if (m->n_functions && (rc = inline_functions(m, data, m->n_functions))) goto fail;
     int nomem = 0;
     m->meta = records(m, n_meta, sizeof *m->meta, &nomem);
     if (nomem) return -ENOMEM;

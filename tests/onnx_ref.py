@@ -8,6 +8,18 @@ Made here, never downloaded. Two interpreters run this file:
                              PyTorch exports (seeded weights), as OUT.onnx
     torchvision NAME OUT     torchvision's NAME (alexnet, resnet18, resnet50,
                              squeezenet1_1) with seeded random weights
+    modern NAME SIZE OUT     torchvision's NAME (mobilenet_v2, mobilenet_v3_*,
+                             efficientnet_b0, regnet_y_400mf, densenet121,
+                             convnext_tiny) with seeded random weights,
+                             batchnorm statistics, LayerNorm and layer-scale
+                             values, taking SIZE x SIZE, as OUT-13.onnx and
+                             OUT-17.onnx
+    torch-functions OUT      a net whose residual blocks PyTorch writes as
+                             ONNX local functions (attributes by reference)
+    torch-shapes OUT         TensorFlow's "same" padding computed from the
+                             input's shape (EfficientNet-Lite's), a view to
+                             (N, -1) from the shape, a channels-last LayerNorm
+                             + Linear + GELU pair: shape arithmetic to fold
     images DIR SIZE N        N PNG images of SIZE x SIZE in class folders
                              c0, c1, ... of DIR, their pixels (N, 3, SIZE,
                              SIZE) in DIR/pixels.npy, their paths in
@@ -21,7 +33,11 @@ Made here, never downloaded. Two interpreters run this file:
                              auto_pad, opsets 7 and 21, external data;
                              squeeze-and-excitation's Mul, layer scales,
                              LayerNormalization, Pad, ceil_mode pooling
-                             (opsets 9, 11 and 17)
+                             (opsets 9, 11 and 17); a
+                             channels-last model as tf2onnx writes them (its
+                             normalisation, then a Transpose to NCHW); models
+                             dsrt refuses, each for one construct
+    modern-helper-models DIR the channels-last model and the refused ones
     ort PIXELS [--scale S | --torchvision] MODEL OUT [MODEL OUT ...]
                              onnx.checker, then onnxruntime (2 threads) on
                              the pixels (times S, or normalised as
@@ -137,6 +153,128 @@ def torchvision_model(name, out):
     peaked(m, x, last, 6.0)
     torch.onnx.export(m, x[:1], out, opset_version=13, input_names=["image"],
                       output_names=["logits"])
+
+
+def modern_model(name, size, out):
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    m = getattr(torchvision.models, name)()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.2, 0.2)
+                mod.running_var.uniform_(0.5, 1.5)
+                mod.weight.uniform_(0.7, 1.3)
+                mod.bias.uniform_(-0.2, 0.2)
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.uniform_(0.7, 1.3)
+                mod.bias.uniform_(-0.2, 0.2)
+            if hasattr(mod, "layer_scale"):  # ConvNeXt's, 1e-6 at first: blocks would vanish
+                mod.layer_scale.uniform_(0.2, 0.6)
+    m.eval()
+    last = [mod for mod in m.modules() if isinstance(mod, torch.nn.Linear)][-1]
+    x = torch.rand(2, 3, size, size)
+    x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    peaked(m, x, last, 6.0)
+    for opset in (13, 17):
+        torch.onnx.export(m, x[:1], "%s-%d.onnx" % (out, opset), opset_version=opset,
+                          input_names=["image"], output_names=["logits"])
+
+
+def torch_functions(out):
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(2)
+
+    class Block(nn.Module):
+        def __init__(s, c, k):
+            super().__init__()
+            s.conv = nn.Conv2d(c, c, k, padding=k // 2)
+            s.bn = nn.BatchNorm2d(c)
+
+        def forward(s, x):
+            return torch.relu(s.bn(s.conv(x))) + x
+
+    class Net(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.stem = nn.Conv2d(3, 8, 3, stride=2)
+            s.b1 = Block(8, 3)
+            s.b2 = Block(8, 5)
+            s.fc = nn.Linear(8, 5)
+
+        def forward(s, x):
+            x = s.b2(s.b1(s.stem(x)))
+            return s.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+    m = Net()
+    with torch.no_grad():
+        for b in (m.b1.bn, m.b2.bn):
+            b.running_mean.uniform_(-0.5, 0.5)
+            b.running_var.uniform_(0.5, 2.0)
+    m.eval()
+    x = torch.rand(2, 3, 32, 32)
+    peaked(m, x, m.fc, 6.0)
+    torch.onnx.export(m, x[:1], out + ".onnx", opset_version=15, input_names=["image"],
+                      output_names=["logits"], export_modules_as_functions={Block})
+
+
+def torch_shapes(out):
+    import math
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(3)
+
+    class SameConv(nn.Conv2d):
+        """TensorFlow's "same" padding from the input's size, as
+        EfficientNet-Lite ports compute it (the exporter writes it as
+        Shape, Gather, arithmetic and Pad)."""
+
+        def forward(s, x):
+            ih, iw = (torch.as_tensor(v) for v in x.size()[-2:])
+            kh, kw = s.weight.size()[-2:]
+            sh, sw = s.stride
+            ph = torch.clamp((torch.div(ih + sh - 1, sh, rounding_mode="floor") - 1) * sh + kh - ih,
+                             min=0)
+            pw = torch.clamp((torch.div(iw + sw - 1, sw, rounding_mode="floor") - 1) * sw + kw - iw,
+                             min=0)
+            pads = [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2]
+            if not torch.jit.is_tracing():
+                pads = [int(v) for v in pads]
+            x = F.pad(x, pads)
+            return F.conv2d(x, s.weight, s.bias, s.stride)
+
+    class Net(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.c1 = SameConv(3, 8, 3, stride=2)
+            s.c2 = SameConv(8, 16, 4, stride=2)
+            s.ln = nn.LayerNorm(16)
+            s.lin = nn.Linear(16, 16)
+            s.fc = nn.Linear(16 * 8 * 8, 5)
+
+        def forward(s, x):
+            x = torch.relu(s.c1(x))
+            x = s.c2(x)
+            y = s.lin(s.ln(x.permute(0, 2, 3, 1)))  # channels-last work
+            x = x + F.gelu(y).permute(0, 3, 1, 2)
+            return s.fc(x.view(x.size(0), -1))  # Shape, Gather, Unsqueeze, Concat, Reshape
+
+    m = Net()
+    with torch.no_grad():
+        m.ln.weight.uniform_(0.5, 1.5)
+        m.ln.bias.uniform_(-0.3, 0.3)
+    m.eval()
+    x = torch.rand(2, 3, 32, 32)
+    peaked(m, x, m.fc, 6.0)
+    for opset in (13, 17):
+        torch.onnx.export(m, x[:1], "%s-%d.onnx" % (out, opset), opset_version=opset,
+                          input_names=["image"], output_names=["logits"])
 
 
 def images(d, size, n):
@@ -393,6 +531,112 @@ def helper_models(d):
               all_tensors_to_one_file=True, location="external.weights", size_threshold=0)
 
 
+def nhwc_model(d):
+    """A channels-last model as tf2onnx writes one from Keras: (N, H, W, 3)
+    in, its normalisation by constants of (3,) (the channels, last), a
+    Transpose to NCHW, then NCHW layers; opsets 13 and 17."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+
+    def w(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    inits = {"mean": np.array([0.4, 0.5, 0.6], np.float32),
+             "istd": np.array([4.0, 5.0, 3.0], np.float32),
+             "c1.w": w(8, 3, 3, 3), "c1.b": w(8), "c2.w": w(8, 8, 3, 3), "c2.b": w(8),
+             "d.w": w(8, 5, scale=1.0), "d.b": w(5)}
+    nodes = [
+        helper.make_node("Sub", ["image", "mean"], ["centred"]),
+        helper.make_node("Mul", ["centred", "istd"], ["scaled"]),
+        helper.make_node("Transpose", ["scaled"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["nchw", "c1.w", "c1.b"], ["c1"], pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "c2.w", "c2.b"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("MatMul", ["f", "d.w"], ["mm"]),
+        helper.make_node("Add", ["mm", "d.b"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["scores"], axis=-1),
+    ]
+    for opset in (13, 17):
+        g = helper.make_graph(
+            nodes, "nhwc",
+            [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 32, 32, 3])],
+            [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", 5])],
+            [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="tf2onnx", ir_version=8)
+        onnx.checker.check_model(m)
+        onnx.save(m, os.path.join(d, "nhwc-%d.onnx" % opset))
+
+
+def refused_models(d):
+    """One model a construct dsrt does not compute, each named by its node:
+    refused.NAME.onnx."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(6)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    def save(name, nodes, inits, in_shape=(1, 3, 8, 8), out_shape=None, functions=(),
+             opset=17, extra_opsets=()):
+        out_shape = out_shape or [1, 4]
+        g = helper.make_graph(
+            nodes, name, [helper.make_tensor_value_info("image", TensorProto.FLOAT, in_shape)],
+            [helper.make_tensor_value_info("scores", TensorProto.FLOAT, out_shape)],
+            [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        ops = [helper.make_opsetid("", opset)] + [helper.make_opsetid(x, 1) for x in extra_opsets]
+        m = helper.make_model(g, opset_imports=ops, functions=list(functions), ir_version=8)
+        onnx.save(m, os.path.join(d, "refused.%s.onnx" % name))
+
+    head = [helper.make_node("GlobalAveragePool", ["y"], ["g"]),
+            helper.make_node("Flatten", ["g"], ["f"]),
+            helper.make_node("Gemm", ["f", "fc.w"], ["scores"], transB=1)]
+    fc = {"fc.w": w(4, 3)}
+    # A Transpose that swaps height and width.
+    save("transpose", [helper.make_node("Transpose", ["image"], ["y"], perm=[0, 1, 3, 2],
+                                        name="swap_hw")] + head, fc)
+    # LayerNormalization over the width of an NCHW value.
+    save("layernorm_width", [helper.make_node("LayerNormalization", ["image", "s", "b"], ["y"],
+                                              axis=-1, name="ln_w")] + head,
+         dict(fc, s=w(8), b=w(8)))
+    # A product that broadcasts over the channels (spatial attention).
+    save("mul_spatial", [
+        helper.make_node("Conv", ["image", "a.w"], ["m"], name="attention"),
+        helper.make_node("Mul", ["image", "m"], ["y"], name="attend")] + head,
+        dict(fc, **{"a.w": w(1, 3, 1, 1)}))
+    # A channels-last value flattened with more than one pixel (its order
+    # is not NCHW's).
+    save("flatten_nhwc", [
+        helper.make_node("Transpose", ["image"], ["t"], perm=[0, 2, 3, 1], name="to_nhwc"),
+        helper.make_node("Flatten", ["t"], ["f"], name="flat_nhwc"),
+        helper.make_node("Gemm", ["f", "fc.w"], ["scores"], transB=1)], {"fc.w": w(4, 192)})
+    # A shape that depends on the batch used as anything but a Reshape's
+    # leading dimension.
+    save("batch_shape", [
+        helper.make_node("Shape", ["image"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT, name="batch_as_float"),
+        helper.make_node("Mul", ["image", "nf"], ["y"])] + head,
+        dict(fc, zero=np.array(0, np.int64)), in_shape=["N", 3, 8, 8], out_shape=["N", 4])
+    # A local function that calls itself.
+    loop = helper.make_function("local", "Loop", ["x"], ["y"],
+                                [helper.make_node("Loop", ["x"], ["y"], domain="local")],
+                                [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    save("function_loop", [helper.make_node("Loop", ["image"], ["y"], domain="local",
+                                            name="call_loop")] + head, fc, functions=[loop],
+         extra_opsets=["local"])
+
+
 def unsupported(d):
     import onnx
     from onnx import TensorProto, helper
@@ -419,6 +663,9 @@ def ort(model_path, pixels_path, out, scale, torchvision):
             STD, np.float32).reshape(1, 3, 1, 1)
     elif scale is not None:
         x = x * np.float32(scale)
+    shape = onnx.load(model_path, load_external_data=False).graph.input[0].type.tensor_type.shape
+    if len(shape.dim) == 4 and shape.dim[3].dim_value == 3 and shape.dim[1].dim_value != 3:
+        x = x.transpose(0, 2, 3, 1)  # a channels-last model
     so = rt.SessionOptions()
     so.intra_op_num_threads = 2
     so.inter_op_num_threads = 1
@@ -488,11 +735,20 @@ def main():
         torch_small(a[1])
     elif cmd == "torchvision":
         torchvision_model(a[1], a[2])
+    elif cmd == "modern":
+        modern_model(a[1], int(a[2]), a[3])
+    elif cmd == "torch-functions":
+        torch_functions(a[1])
+    elif cmd == "torch-shapes":
+        torch_shapes(a[1])
     elif cmd == "images":
         images(a[1], int(a[2]), int(a[3]))
     elif cmd == "helper-models":
         helper_models(a[1])
         unsupported(a[1])
+    elif cmd == "modern-helper-models":
+        nhwc_model(a[1])
+        refused_models(a[1])
     elif cmd == "ort":
         pixels, rest, scale, tv = a[1], a[2:], None, False
         if rest and rest[0] == "--scale":

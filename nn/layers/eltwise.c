@@ -27,7 +27,10 @@
  * HardSigmoid (alpha, beta: ONNX's alpha is 0.2, so both are always
  * written), HardSwish (opset 14; before it HardSigmoid and Mul), Gelu
  * (opset 20; before it the Erf or Tanh expansion); silu is written as
- * Sigmoid and Mul, and none of the expansions is read back as one layer.
+ * Sigmoid and Mul. The import reads x * Sigmoid(x) back as silu, x *
+ * HardSigmoid(x) (PyTorch's 1/6 and 1/2) as hardswish and the Erf
+ * expansion as gelu (onnx_rewrite.c); the Tanh expansion stays other
+ * layers.
  */
 #include "nn/layers/eltwise.h"
 #include "nn/backend_cpu.h"
@@ -521,6 +524,15 @@ static int map_hardswish(onnx_import *c) {
     return 0;
 }
 
+/* SiLU: the rewrites make it of x * Sigmoid(x). */
+static int map_silu(onnx_import *c) {
+    onnx_val *x;
+    onnx_layer *l = act_layer(c, "silu", &x);
+    if (!l) return c->err;
+    dsrt__onnx_produce(c, l, x->flat);
+    return 0;
+}
+
 static int map_gelu(onnx_import *c) {
     char how[8];
     int rc = dsrt__onnx_get_string(c, "approximate", "none", how, sizeof how);
@@ -557,7 +569,8 @@ static const dsrt_onnx_op ONNX_HARDSWISH[] = {
 };
 
 /* ONNX has no SiLU: x * Sigmoid(x) is two nodes, read back as two layers. */
-static const dsrt_onnx_op ONNX_NONE[] = {
+static const dsrt_onnx_op ONNX_SILU[] = {
+    {"Silu", map_silu, "", ONNX_OP_ELEMENTWISE | ONNX_OP_MADE},
     {NULL, NULL, NULL, 0},
 };
 
@@ -615,7 +628,6 @@ const dsrt_layer_ops dsrt__layer_hardswish = {
     .cpu_plan = plan_hardswish,
     .onnx_export = export_hardswish,
     .onnx_ops = ONNX_HARDSWISH,
-    .onnx_round_trip = 14,
     .example = "input size=5x5x2\nconv filters=4 size=3 pad=1\nhardswish\nfc outputs=3\nsoftmax\n",
 };
 
@@ -627,8 +639,7 @@ const dsrt_layer_ops dsrt__layer_silu = {
     .build = build,
     .cpu_plan = plan_act,
     .onnx_export = export_silu,
-    .onnx_ops = ONNX_NONE,
-    .onnx_round_trip = -1,
+    .onnx_ops = ONNX_SILU,
     .example = "input size=5x5x2\nconv filters=4 size=1\nsilu\nfc outputs=3\nsoftmax\n",
 };
 
