@@ -1,6 +1,6 @@
 /*
- * Network descriptions: the text format, its one table of layer types, and
- * the built-in networks written in it.
+ * Network descriptions: the text format and its one table of layer types
+ * (the built-in networks written in it are in builtins.c).
  *
  * Format
  * ------
@@ -82,10 +82,8 @@
  *   concat     {depthConcatenationLayer} two or more inputs of one height and
  *              width, side by side along the channels in the order named
  *
- * Built-in networks ("digits", "cifar", "alexnet", "resnet18", "resnet50",
- * "resnet20") are written in this format below and mirror the peer
- * benchmark's PyTorch definitions (torchvision's for the ResNets) layer for
- * layer.
+ * Built-in networks (dsrt_net_builtin) are written in this format in
+ * builtins.c.
  */
 #include "internal.h"
 
@@ -650,182 +648,4 @@ size_t dsrt__desc_help(char *buf, size_t size) {
             at += (size_t)snprintf(buf + DSRT_MIN(at, size), size - DSRT_MIN(at, size), "\n");
         }
     return at;
-}
-
-// ----------------------------------------------------------------------------
-// Built-in networks
-
-static const char DIGITS[] = "# digits: 28x28x1, as the peer benchmark's digits_net\n"
-                             "input size=28x28x1\n"
-                             "conv name=conv1 filters=20 size=5\n"
-                             "batchnorm name=bn1\n"
-                             "relu name=relu1\n"
-                             "conv name=conv2 filters=20 size=3 pad=1\n"
-                             "batchnorm name=bn2\n"
-                             "relu name=relu2\n"
-                             "conv name=conv3 filters=20 size=3 pad=1\n"
-                             "batchnorm name=bn3\n"
-                             "relu name=relu3\n"
-                             "fc name=fc outputs=classes\n"
-                             "softmax name=output\n";
-
-#define CBR(i, f)                                                                                  \
-    "conv name=conv" i " filters=" f " size=3 pad=same\nbatchnorm name=bn" i "\nrelu name=relu" i  \
-    "\n"
-
-static const char CIFAR[] =
-    "# cifar: 32x32x3, as the peer benchmark's cifar_net (width 32, depth 4)\n"
-    "input size=32x32x3\n" CBR("1_1", "32") CBR("1_2", "32") CBR("1_3", "32")
-        CBR("1_4", "32") "maxpool name=pool1 size=2 stride=2\n" CBR("2_1", "64") CBR("2_2", "64")
-            CBR("2_3", "64")
-                CBR("2_4", "64") "maxpool name=pool2 size=2 stride=2\n" CBR("3_1", "128")
-                    CBR("3_2", "128") CBR("3_3", "128")
-                        CBR("3_4", "128") "avgpool name=pool3 size=8 stride=8\n"
-                                          "fc name=fc outputs=classes\n"
-                                          "softmax name=output\n";
-
-static const char ALEXNET[] =
-    "# alexnet: 227x227x3, the original AlexNet (grouped conv2/4/5, LRN after relu1/relu2)\n"
-    "input size=227x227x3\n"
-    "conv name=conv1 filters=96 size=11 stride=4\n"
-    "relu name=relu1\n"
-    "lrn name=norm1 size=5 alpha=1e-4 beta=0.75 k=1\n"
-    "maxpool name=pool1 size=3 stride=2\n"
-    "conv name=conv2 filters=256 size=5 pad=2 groups=2\n"
-    "relu name=relu2\n"
-    "lrn name=norm2 size=5 alpha=1e-4 beta=0.75 k=1\n"
-    "maxpool name=pool2 size=3 stride=2\n"
-    "conv name=conv3 filters=384 size=3 pad=1\n"
-    "relu name=relu3\n"
-    "conv name=conv4 filters=384 size=3 pad=1 groups=2\n"
-    "relu name=relu4\n"
-    "conv name=conv5 filters=256 size=3 pad=1 groups=2\n"
-    "relu name=relu5\n"
-    "maxpool name=pool5 size=3 stride=2\n"
-    "fc name=fc6 outputs=4096\n"
-    "relu name=relu6\n"
-    "dropout name=drop6 p=0.5\n"
-    "fc name=fc7 outputs=4096\n"
-    "relu name=relu7\n"
-    "dropout name=drop7 p=0.5\n"
-    "fc name=fc8 outputs=classes\n"
-    "softmax name=output\n";
-
-/*
- * Residual networks, written out by the functions below on first use:
- * resnet18 and resnet50 as torchvision defines them (a 7x7 stride-2 stem,
- * 3x3 max pooling, four stages of basic or bottleneck blocks, the stride on
- * the block's first 3x3 convolution, a 1x1 projection with batchnorm where a
- * block changes the shape, global average pooling, one fully connected
- * layer), and resnet20, the CIFAR-size network of the peer benchmark (a 3x3
- * stem and three stages of three basic blocks, 16, 32 and 64 wide).
- */
-typedef struct {
-    char *buf;
-    size_t size, at;
-    const char *init; /* the convolutions' and the fc's init= ("" for the net's) */
-} text;
-
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text *t, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(t->buf + t->at, t->at < t->size ? t->size - t->at : 0, fmt, ap);
-    va_end(ap);
-    if (n > 0) t->at += (size_t)n;
-}
-
-/* conv + batchnorm (+ relu) named p_conv, p_bn, p_relu. */
-static void conv_bn(text *t, const char *p, int filters, int size, int stride, int pad, int relu,
-                    const char *input) {
-    put(t, "conv name=%s_conv filters=%d size=%d stride=%d pad=%d bias=0%s%s%s\n", p, filters, size,
-        stride, pad, t->init, input ? " inputs=" : "", input ? input : "");
-    put(t, "batchnorm name=%s_bn\n", p);
-    if (relu) put(t, "relu name=%s_relu\n", p);
-}
-
-/* One residual block after layer `in` (cin channels): basic (two 3x3) or
- * bottleneck (1x1, 3x3, 1x1 of 4 x width); its output is named out. */
-static void block(text *t, const char *in, int cin, int width, int stride, int bottleneck,
-                  const char *out, int *cout) {
-    char p[64], a[64], skip[64], last[64];
-    int exp = bottleneck ? 4 * width : width;
-    if (bottleneck) {
-        snprintf(p, sizeof p, "%.40s_a", out);
-        conv_bn(t, p, width, 1, 1, 0, 1, in);
-        snprintf(p, sizeof p, "%.40s_b", out);
-        conv_bn(t, p, width, 3, stride, 1, 1, NULL);
-        snprintf(p, sizeof p, "%.40s_c", out);
-        conv_bn(t, p, exp, 1, 1, 0, 0, NULL);
-    } else {
-        snprintf(p, sizeof p, "%.40s_a", out);
-        conv_bn(t, p, width, 3, stride, 1, 1, in);
-        snprintf(p, sizeof p, "%.40s_b", out);
-        conv_bn(t, p, width, 3, 1, 1, 0, NULL);
-    }
-    snprintf(last, sizeof last, "%.50s_bn", p);
-    if (stride != 1 || cin != exp) {
-        snprintf(a, sizeof a, "%.40s_down", out);
-        conv_bn(t, a, exp, 1, stride, 0, 0, in);
-        snprintf(skip, sizeof skip, "%.50s_bn", a);
-    } else {
-        snprintf(skip, sizeof skip, "%s", in);
-    }
-    put(t, "add name=%s inputs=%s,%s relu=1\n", out, last, skip);
-    *cout = exp;
-}
-
-/* stages: blocks a stage; widths: each stage's; cifar: the 3x3 stem. */
-static void resnet(text *t, const char *title, const int *stages, const int *widths, int n_stages,
-                   int bottleneck, int cifar) {
-    put(t, "# %s\n", title);
-    if (cifar) {
-        put(t, "input size=32x32x3\n");
-        conv_bn(t, "stem", widths[0], 3, 1, 1, 1, NULL);
-    } else {
-        put(t, "input size=224x224x3\n");
-        conv_bn(t, "stem", 64, 7, 2, 3, 1, NULL);
-        put(t, "maxpool name=stem_pool size=3 stride=2 pad=1\n");
-    }
-    char in[64], out[64];
-    snprintf(in, sizeof in, "%s", cifar ? "stem_relu" : "stem_pool");
-    int c = cifar ? widths[0] : 64;
-    for (int s = 0; s < n_stages; s++)
-        for (int b = 0; b < stages[s]; b++) {
-            snprintf(out, sizeof out, "s%d_b%d", s + 1, b + 1);
-            block(t, in, c, widths[s], b == 0 && s > 0 ? 2 : 1, bottleneck, out, &c);
-            snprintf(in, sizeof in, "%s", out);
-        }
-    put(t, "gap name=pool\nfc name=fc outputs=classes%s\nsoftmax name=output\n", t->init);
-}
-
-static char RESNET18[8192], RESNET50[20480], RESNET20[8192];
-static pthread_once_t resnets_once = PTHREAD_ONCE_INIT;
-
-static void make_resnets(void) {
-    static const int r18[] = {2, 2, 2, 2}, r50[] = {3, 4, 6, 3}, w[] = {64, 128, 256, 512};
-    static const int r20[] = {3, 3, 3}, w20[] = {16, 32, 64};
-    text t = {RESNET18, sizeof RESNET18, 0, ""};
-    resnet(&t, "resnet18: 224x224x3, torchvision's resnet18 (basic blocks 2-2-2-2)", r18, w, 4, 0,
-           0);
-    t = (text){RESNET50, sizeof RESNET50, 0, ""};
-    resnet(&t, "resnet50: 224x224x3, torchvision's resnet50 (bottleneck blocks 3-4-6-3)", r50, w, 4,
-           1, 0);
-    /* The peer's resnet20 keeps PyTorch's default initialisers. */
-    t = (text){RESNET20, sizeof RESNET20, 0, " init=uniform"};
-    resnet(&t, "resnet20: 32x32x3, the peer benchmark's CIFAR resnet20 (3 x 3 basic blocks)", r20,
-           w20, 3, 0, 1);
-}
-
-static const char *const BUILTIN_NAMES[] = {"digits",   "cifar",    "alexnet", "resnet18",
-                                            "resnet50", "resnet20", NULL};
-
-const char *dsrt_net_builtin(const char *name, const char *const **names) {
-    const char *const texts[] = {DIGITS, CIFAR, ALEXNET, RESNET18, RESNET50, RESNET20};
-    if (names) *names = BUILTIN_NAMES;
-    if (!name) return NULL;
-    pthread_once(&resnets_once, make_resnets);
-    for (int i = 0; BUILTIN_NAMES[i]; i++)
-        if (!strcmp(BUILTIN_NAMES[i], name)) return texts[i];
-    return NULL;
 }

@@ -3393,7 +3393,7 @@ static const option ANALYZE_OPTIONS[] = {
     {"net", OPT_STR, &analyze.net, 0, 0, "NAME|FILE",
      "a built-in network, a description file, a model file or an ONNX model (required)"},
     {"classes", OPT_INT, &analyze.classes, 1, 1 << 24, "N",
-     "classes of a description's outputs=classes [1000 for resnet18 and resnet50, 55 for "
+     "classes of a description's outputs=classes [1000 for torchvision's nets, 55 for "
      "alexnet, else 10]"},
     ONNX_OPTIONS(analyze.onnx),
     {"json", OPT_FLAG, &analyze.json, 0, 0, NULL, "one JSON object instead of the table"},
@@ -3420,10 +3420,13 @@ static int cmd_analyze(int argc, char **argv) {
     }
     const char *name = analyze.net;
     if ((rc = onnx_flags_alone("analyze", &analyze.onnx, name, NULL))) return rc;
-    int classes = analyze.classes                                          ? analyze.classes
-                  : !strcmp(name, "resnet18") || !strcmp(name, "resnet50") ? 1000
-                  : !strcmp(name, "alexnet")                               ? 55
-                                                                           : 10;
+    /* torchvision's nets count their learnables with ImageNet's 1000. */
+    int imagenet = !strcmp(name, "resnet18") || !strcmp(name, "resnet50") ||
+                   !strncmp(name, "mobilenet_", 10) || !strcmp(name, "efficientnet_b0");
+    int classes = analyze.classes            ? analyze.classes
+                  : imagenet                 ? 1000
+                  : !strcmp(name, "alexnet") ? 55
+                                             : 10;
     dsrt_net_options no = dsrt_net_defaults();
     no.threads = 1;
     dsrt_net *net = NULL;
