@@ -1201,9 +1201,9 @@ static void test_builtin_sizes(void) {
     CHECK_EQ(info.classes, 55);
     CHECK(info.forward_flops > 1.3e9 && info.forward_flops < 1.6e9);
     dsrt_net_destroy(a);
-    /* The residual networks: learnables as torchvision counts them (1000
-     * classes), and the peer benchmark's resnet20 (10 classes); the shape
-     * before the pooling (7x7x512, 7x7x2048, 8x8x64). */
+    /* The residual and mobile networks: learnables as torchvision counts
+     * them (1000 classes), and the peer benchmark's resnet20 (10 classes);
+     * the shape before the pooling (7x7x512, 7x7x2048, 8x8x64, ...). */
     static const struct {
         const char *name;
         int classes;
@@ -1212,11 +1212,20 @@ static void test_builtin_sizes(void) {
         double gflops_lo, gflops_hi;
     } res[] = {{"resnet18", 1000, 11689512, 512, 7, 3.4, 3.9},
                {"resnet50", 1000, 25557032, 2048, 7, 7.6, 8.6},
-               {"resnet20", 10, 272474, 64, 8, 0.07, 0.09}};
+               {"resnet20", 10, 272474, 64, 8, 0.07, 0.09},
+               /* torchvision's mobile nets (1000 classes): their GFLOP are
+                * twice the multiply-adds torchvision's docs give */
+               {"mobilenet_v2", 1000, 3504872, 1280, 7, 0.58, 0.63},
+               {"mobilenet_v3_large", 1000, 5483032, 960, 7, 0.42, 0.45},
+               {"mobilenet_v3_small", 1000, 2542856, 576, 7, 0.10, 0.12},
+               {"efficientnet_b0", 1000, 5288548, 1280, 7, 0.75, 0.80}};
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(res); k++) {
         dsrt_net *r = make(res[k].name, 0, 0, 0, res[k].classes, 1);
         CHECK_EQ(learnable(r), res[k].learnable);
-        const dsrt_layer *pool = &r->layers[r->n_layers - 3];
+        const dsrt_layer *pool = NULL;
+        for (int i = 0; i < r->n_layers; i++)
+            if (!strcmp(r->layers[i].name, "pool")) pool = &r->layers[i];
+        REQUIRE(pool);
         CHECK_STR_EQ(pool->type, "gap");
         CHECK_EQ(pool->in.c, res[k].c);
         CHECK_EQ(pool->in.h, res[k].hw);
