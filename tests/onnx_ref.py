@@ -38,6 +38,7 @@ Made here, never downloaded. Two interpreters run this file:
                              normalisation, then a Transpose to NCHW); models
                              dsrt refuses, each for one construct
     modern-helper-models DIR the channels-last model and the refused ones
+    fuzz-seeds DIR           small models for fuzz_onnx's corpus (its seeds)
     ort PIXELS [--scale S | --torchvision] MODEL OUT [MODEL OUT ...]
                              onnx.checker, then onnxruntime (2 threads) on
                              the pixels (times S, or normalised as
@@ -637,6 +638,111 @@ def refused_models(d):
          extra_opsets=["local"])
 
 
+def fuzz_seeds(d):
+    """Small models for fuzz_onnx's corpus (tests/fuzz/seeds/fuzz_onnx):
+    a local function with attributes by reference, shape arithmetic to fold
+    into a Pad, the expansions the import puts back together (GELU's Erf
+    formula, LayerNorm's arithmetic on a channels-last value, x *
+    Sigmoid(x), x * HardSigmoid(x)), and a channels-last input."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    def const(name, v):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(v, name))
+
+    def save(name, nodes, inits, opset=13, in_shape=(1, 3, 8, 8), functions=(), domains=()):
+        g = helper.make_graph(
+            nodes, name, [helper.make_tensor_value_info("image", TensorProto.FLOAT, in_shape)],
+            [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4])],
+            [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        ops = [helper.make_opsetid("", opset)] + [helper.make_opsetid(x, 1) for x in domains]
+        m = helper.make_model(g, opset_imports=ops, functions=list(functions), ir_version=8)
+        onnx.checker.check_model(m)
+        onnx.save(m, os.path.join(d, name + ".onnx"))
+
+    head = [helper.make_node("GlobalAveragePool", ["y"], ["g"]),
+            helper.make_node("Flatten", ["g"], ["f"]),
+            helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["scores"], transB=1)]
+    fc = {"fc.w": w(4, 4), "fc.b": w(4)}
+
+    # A function whose Conv takes its kernel and pads from the caller.
+    body = [helper.make_node("Conv", ["x", "k"], ["c"]),
+            helper.make_node("Relu", ["c"], ["y"])]
+    for n, a in ((body[0], "kernel_shape"), (body[0], "pads")):
+        at = helper.make_attribute(a, [1])
+        at.ClearField("ints")
+        at.ref_attr_name = "the_" + a
+        n.attribute.append(at)
+    fn = helper.make_function("local", "ConvRelu", ["x", "k"], ["y"], body,
+                              [helper.make_opsetid("", 13)], ["the_kernel_shape", "the_pads"])
+    save("function", [helper.make_node("ConvRelu", ["image", "k"], ["y"], domain="local",
+                                       the_kernel_shape=[3, 3], the_pads=[1, 1, 1, 1])] + head,
+         dict(fc, k=w(4, 3, 3, 3)), functions=[fn], domains=["local"])
+
+    # "Same" padding computed from the input's shape: Shape, Gather, Div,
+    # Mul, Sub, Clip, Xor, Where, Concat, then Pad.
+    nodes = [helper.make_node("Shape", ["image"], ["s"]),
+             const("two", np.array([2], np.int64)), const("one", np.array(1, np.int64)),
+             const("zero", np.array(0, np.int64)), const("k", np.array(3, np.int64)),
+             helper.make_node("Gather", ["s", "two"], ["h"], axis=0),
+             helper.make_node("Add", ["h", "one"], ["h1"]),
+             helper.make_node("Div", ["h1", "two"], ["oh"]),
+             helper.make_node("Sub", ["oh", "one"], ["oh1"]),
+             helper.make_node("Mul", ["oh1", "two"], ["span"]),
+             helper.make_node("Add", ["span", "k"], ["need"]),
+             helper.make_node("Sub", ["need", "h"], ["pad"]),
+             helper.make_node("Clip", ["pad", "zero"], ["padc"]),
+             helper.make_node("Div", ["padc", "two"], ["lo"]),
+             helper.make_node("Sub", ["padc", "lo"], ["hi"]),
+             helper.make_node("Equal", ["lo", "hi"], ["eq"]),
+             helper.make_node("Xor", ["eq", "eq"], ["no"]),
+             helper.make_node("Where", ["no", "hi", "lo"], ["top"]),
+             const("z2", np.array([0, 0], np.int64)),
+             helper.make_node("Concat", ["z2", "top", "lo", "z2", "hi", "hi"], ["pads"], axis=0),
+             helper.make_node("Pad", ["image", "pads"], ["p"]),
+             helper.make_node("Conv", ["p", "c.w"], ["y"], strides=[2, 2])] + head
+    save("shapes", nodes, dict(fc, **{"c.w": w(4, 3, 3, 3)}))
+
+    # The expansions, at opset 13, on a channels-last value.
+    nodes = [helper.make_node("Conv", ["image", "c.w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["sg"]),
+             helper.make_node("Mul", ["c", "sg"], ["silu"]),
+             helper.make_node("HardSigmoid", ["silu"], ["hs"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["silu", "hs"], ["hsw"]),
+             helper.make_node("Transpose", ["hsw"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("ReduceMean", ["t"], ["m"], axes=[-1]),
+             helper.make_node("Sub", ["t", "m"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["d2"]),
+             helper.make_node("ReduceMean", ["d2"], ["v"], axes=[-1]),
+             const("eps", np.array(1e-6, np.float32)),
+             helper.make_node("Add", ["v", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["sd"]),
+             helper.make_node("Div", ["d", "sd"], ["n"]),
+             helper.make_node("Mul", ["n", "ln.s"], ["ns"]),
+             helper.make_node("Add", ["ns", "ln.b"], ["ln"]),
+             const("sqrt2", np.array(2 ** 0.5, np.float32)),
+             const("one_f", np.array(1, np.float32)), const("half", np.array(0.5, np.float32)),
+             helper.make_node("Div", ["ln", "sqrt2"], ["e0"]),
+             helper.make_node("Erf", ["e0"], ["e1"]),
+             helper.make_node("Add", ["e1", "one_f"], ["e2"]),
+             helper.make_node("Mul", ["ln", "e2"], ["e3"]),
+             helper.make_node("Mul", ["e3", "half"], ["gelu"]),
+             helper.make_node("Transpose", ["gelu"], ["y"], perm=[0, 3, 1, 2])] + head
+    save("expansions", nodes, dict(fc, **{"c.w": w(4, 3, 3, 3), "ln.s": w(4), "ln.b": w(4)}))
+
+    # A channels-last input.
+    nodes = [helper.make_node("Sub", ["image", "mean"], ["x"]),
+             helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["t", "c.w"], ["y"], pads=[1, 1, 1, 1])] + head
+    save("nhwc", nodes, dict(fc, **{"c.w": w(4, 3, 3, 3), "mean": w(3)}), in_shape=(1, 8, 8, 3))
+
+
 def unsupported(d):
     import onnx
     from onnx import TensorProto, helper
@@ -746,6 +852,8 @@ def main():
     elif cmd == "helper-models":
         helper_models(a[1])
         unsupported(a[1])
+    elif cmd == "fuzz-seeds":
+        fuzz_seeds(a[1])
     elif cmd == "modern-helper-models":
         nhwc_model(a[1])
         refused_models(a[1])

@@ -7,8 +7,9 @@
  * exported by Debian's torch at opsets 13 and 17 for 64x64 images; a
  * channels-last model as tf2onnx writes one; a net whose blocks PyTorch
  * writes as ONNX local functions; TensorFlow's "same" padding and a view
- * computed from the input's shape; and models of constructs dsrt does not
- * compute. tests/onnx_ref.py makes them and runs the runtime.
+ * computed from the input's shape; fuzz_onnx's seeds (the expansions the
+ * import puts back together among them); and models of constructs dsrt
+ * does not compute. tests/onnx_ref.py makes them and runs the runtime.
  *
  *   import: dstrain classify --json gives every image's probabilities
  *           within 1e-4 of onnxruntime's and the same top-1;
@@ -104,6 +105,24 @@ static void test_functions_and_shapes(void) {
                 dir, SYS_PY, script, SYS_PY, script),
              0);
     CHECK_EQ(agrees_on("img32", "fn.onnx", "", "--scale 0.00392156862745098"), 0);
+    /* fuzz_onnx's seeds: a function with attributes by reference, "same"
+     * padding of Shape, Gather, arithmetic, Clip, Xor, Where and Concat,
+     * the expansions put back as one layer each, a channels-last input. */
+    CHECK_EQ(sh("cd '%s' && %s '%s' images img8 8 6 2>&1 && '%s' '%s' fuzz-seeds . 2>&1", dir,
+                SYS_PY, script, venv, script),
+             0);
+    static const char *const seeds[] = {"function.onnx", "shapes.onnx", "expansions.onnx",
+                                        "nhwc.onnx"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(seeds); k++)
+        CHECK_EQ(agrees_on("img8", seeds[k], "", "--scale 0.00392156862745098"), 0);
+    char out[8192];
+    CHECK_EQ(
+        capture(out, sizeof out, "cd '%s' && '%s' analyze --net expansions.onnx", dir, dstrain), 0);
+    CHECK_CONTAINS(out, " silu ");
+    CHECK_CONTAINS(out, " hardswish ");
+    CHECK_CONTAINS(out, " layernorm ");
+    CHECK_CONTAINS(out, " gelu ");
+    CHECK(strstr(out, " mul ") == NULL && strstr(out, " sigmoid ") == NULL);
     CHECK_EQ(agrees_on("img32", "sh-13.onnx", "", "--scale 0.00392156862745098"), 0);
     CHECK_EQ(agrees_on("img32", "sh-17.onnx", "", "--scale 0.00392156862745098"), 0);
 }
