@@ -28,7 +28,7 @@
  *   elsewhere. Layers run in the order written; each takes the previous
  *   one's output unless `inputs=a,b` names the layers (above it) whose
  *   outputs it takes: a network is then a graph (ResNet's skip connections,
- *   Inception's branches). Only `add` and `concat` take several inputs; a
+ *   Inception's branches). Only `add`, `concat` and `mul` take several inputs; a
  *   layer's output may feed several layers (its gradient is then the sum of
  *   theirs), and every layer's output but the last one's must feed one.
  *   Shapes are inferred; a layer whose input is too small for it, inputs
@@ -62,16 +62,29 @@
  *   gelu       {geluLayer} approximate=none|tanh [none]: x Phi(x), or its tanh
  *              form; each activation's gradient at a kink is PyTorch's
  *   maxpool    {maxPooling2dLayer} size= (required) stride= [1] pad= [0] as conv
+ *              ceil=0|1 [0]: 1 rounds the output size up (PyTorch's ceil_mode;
+ *              a last window that would start in the padding is dropped)
  *   avgpool    {averagePooling2dLayer} as maxpool, and count_pad=0|1 [1]: 1
  *              divides each window's sum by its size, the padding counting
- *              as zeros (MATLAB's and PyTorch's default); 0 by the number of
- *              its elements inside the image (PyTorch's count_include_pad=
- *              False, ONNX's default)
+ *              as zeros (MATLAB's and PyTorch's default; a partial last
+ *              window of ceil=1 by its part inside the padded input); 0 by
+ *              the number of its elements inside the image (PyTorch's
+ *              count_include_pad=False, ONNX's default)
  *   gap        {globalAveragePooling2dLayer} no options
  *   fc         {fullyConnectedLayer} outputs=N|classes (required)
  *              bias init wlr blr wl2 bl2 as conv
  *   dropout    {dropoutLayer} p= [0.5] probability of dropping; survivors are
  *              scaled by 1/(1-p) in training
+ *   stochastic_depth  p= (required) the probability a whole image's input is
+ *              dropped in training (drop path), the others scaled by 1/(1-p);
+ *              the identity at inference
+ *   layernorm  {layerNormalizationLayer over channels} eps= [1e-6]: each
+ *              pixel's channels to zero mean and unit variance, then a
+ *              learnable scale and offset a channel (ConvNeXt's LayerNorm2d);
+ *              wlr blr wl2 bl2 as batchnorm
+ *   scale      a learnable factor a channel (ConvNeXt's layer scale):
+ *              init= [1] the factors' starting value; wlr= wl2= [1]
+ *   pad        pad=T,B,L,R|P|PHxPW (required) value= [0]: constant padding
  *   lrn        {crossChannelNormalizationLayer} size= [5] channels in the
  *              window; alpha= [1e-4] beta= [0.75] k= [2]:
  *              y = x / (k + alpha/size * sum of x^2 over the window)^beta
@@ -81,6 +94,9 @@
  *              shape; relu=0|1 [0] a ReLU on the sum (ResNet's)
  *   concat     {depthConcatenationLayer} two or more inputs of one height and
  *              width, side by side along the channels in the order named
+ *   mul        {multiplicationLayer} the element-wise product of two inputs:
+ *              the second of the first's shape, or 1x1 with its channels (a
+ *              gate broadcast over the pixels: squeeze-and-excitation)
  *
  * Built-in networks (dsrt_net_builtin) are written in this format in
  * builtins.c.
