@@ -500,7 +500,7 @@ static int load_model(const char *cmd, const char *what, const char *path, const
 
 static struct {
     const char *net, *solver, *input;
-    int batch, steps, warmup, threads, classes, json, no_fuse, profile, no_graphs;
+    int batch, steps, warmup, threads, classes, json, no_fuse, profile, no_graphs, inference;
     uint64_t seed;
     device_args dev;
     onnx_args onnx;
@@ -527,6 +527,9 @@ static const option BENCH_OPTIONS[] = {
     {"profile", OPT_FLAG, &bench.profile, 0, 0, NULL,
      "after the timed steps, as many steps again timed layer by layer: each layer's forward "
      "and backward, the optimizer, the idle gaps between layers (GPU: device events)"},
+    {"inference", OPT_FLAG, &bench.inference, 0, 0, NULL,
+     "time inference instead: the forward pass as classify and eval run it (batchnorm's "
+     "running statistics, no dropout), float (n, c, h, w) batches, scores read back"},
     DEVICE_OPTIONS(bench.dev, "cpu, gpu or auto (a GPU when there is one) [auto]"),
     ONNX_OPTIONS(bench.onnx),
     {"json", OPT_FLAG, &bench.json, 0, 0, NULL, "print one JSON line"},
@@ -547,7 +550,8 @@ static void bench_usage(FILE *f) {
             "its work on the device. --profile adds a table of where a step's time\n"
             "goes, layer by layer (forward, backward, the optimizer, the idle gaps between\n"
             "layers), from as many steps again timed with device events on a GPU and the\n"
-            "clock on the CPU.\n\n"
+            "clock on the CPU. --inference times the forward pass of inference instead\n"
+            "(what classify and eval run on a batch), a step being one batch.\n\n"
             "options:\n",
             prog);
     print_options(f, BENCH_OPTIONS);
@@ -727,6 +731,23 @@ static int bench_steps(dsrt_net *net, dsrt_optimizer *opt, const dsrt_net_batch 
     return 0;
 }
 
+/* --inference: the warm-up and the timed batches through the forward pass
+ * of inference, the scores read back; -1 on a failure. */
+static int bench_inference(dsrt_net *net, const float *x, int batch, float *scores, double *times,
+                           double *plan_t) {
+    for (int step = 0; step < bench.warmup + bench.steps; step++) {
+        double t0 = now();
+        if (dsrt_net_predict(net, x, batch, scores, NULL, NULL, NULL) != 0) {
+            fprintf(stderr, "%s bench: batch %d: %s\n", prog, step, dsrt_last_error());
+            return -1;
+        }
+        double t = now() - t0;
+        if (step == 0) *plan_t = t;
+        if (step >= bench.warmup) times[step - bench.warmup] = t;
+    }
+    return 0;
+}
+
 /* The profile: as many steps again, timed layer by layer (their timing
  * costs a little, so they are not the steps measured). -1 on a failure. */
 static int bench_profile(dsrt_net *net, dsrt_optimizer *opt, const dsrt_net_batch *in,
@@ -775,11 +796,13 @@ typedef struct {
 
 /* Prints a benchmark's figures: one JSON object with --json, else lines. */
 static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_result *r) {
-    double ips = r->batch / r->median_s, gflop = info->train_flops * r->batch * 1e-9;
+    double ips = r->batch / r->median_s,
+           gflop = (bench.inference ? info->forward_flops : info->train_flops) * r->batch * 1e-9;
     if (bench.json) {
         char b[9][32];
         printf("{\"tool\": \"dstrain bench\", \"net\": ");
         tool_json_string(stdout, bench.net);
+        printf(", \"mode\": \"%s\"", bench.inference ? "inference" : "training");
         printf(", \"batch\": %d, \"threads\": %d, "
                "\"steps\": %d, \"warmup\": %d, \"solver\": \"%s\", \"backend\": \"%s\", "
                "\"device\": %d, \"precision\": \"%s\", \"input\": \"%s\", "
@@ -799,13 +822,17 @@ static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_r
         if (bench.profile) print_profile(net, 1);
         printf("}\n");
     } else {
-        printf("%s: batch %d, %d threads, %s (%s), %zu parameters\n", bench.net, r->batch,
-               r->threads, info->backend, dsrt_precision_name(info->precision), info->learnable);
+        printf("%s: %sbatch %d, %d threads, %s (%s), %zu parameters\n", bench.net,
+               bench.inference ? "inference, " : "", r->batch, r->threads, info->backend,
+               dsrt_precision_name(info->precision), info->learnable);
         printf("  %.1f images/s (median %.2f ms/step over %d steps, min %.2f; first step %.0f "
                "ms)\n",
                ips, 1e3 * r->median_s, bench.steps, 1e3 * r->min_s, 1e3 * r->first_s);
-        printf("  %.2f GFLOP/step, %.1f GFLOP/s; the optimizer takes %.2f ms of a step\n", gflop,
-               gflop / r->median_s, 1e3 * r->opt_median_s);
+        if (bench.inference)
+            printf("  %.2f GFLOP/step, %.1f GFLOP/s\n", gflop, gflop / r->median_s);
+        else
+            printf("  %.2f GFLOP/step, %.1f GFLOP/s; the optimizer takes %.2f ms of a step\n",
+                   gflop, gflop / r->median_s, 1e3 * r->opt_median_s);
         if (bench.profile) print_profile(net, 0);
     }
 }
@@ -820,6 +847,10 @@ static int cmd_bench(int argc, char **argv) {
 
     dsrt_optimizer_options oo;
     if (bench_solver(bench.solver, &oo)) return 2;
+    if (bench.inference && (bench.profile || bench.input)) {
+        fprintf(stderr, "%s bench: --inference takes float batches and has no --profile\n", prog);
+        return 2;
+    }
     if (bench.input && strcmp(bench.input, "u8") && strcmp(bench.input, "f32")) {
         fprintf(stderr, "%s bench: --input: '%s' is not one of u8, f32\n", prog, bench.input);
         return 2;
@@ -861,7 +892,7 @@ static int cmd_bench(int argc, char **argv) {
     }
     dsrt_net_info info;
     dsrt_net_get_info(net, &info);
-    if (dsrt_optimizer_create(&opt, net, &oo) != 0) {
+    if (!bench.inference && dsrt_optimizer_create(&opt, net, &oo) != 0) {
         fprintf(stderr, "%s bench: %s\n", prog, dsrt_last_error());
         goto out;
     }
@@ -875,9 +906,22 @@ static int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "%s bench: out of memory\n", prog);
         goto out;
     }
+    if (bench.inference) u8 = 0;
     bench_fill(x, y, batch, per, u8, info.classes);
     double plan_t = 0;
     float loss = 0;
+    if (bench.inference) {
+        float *scores = malloc((size_t)batch * (size_t)info.classes * sizeof *scores);
+        int irc = scores ? bench_inference(net, x, batch, scores, times, &plan_t) : -1;
+        free(scores);
+        if (irc) goto out;
+        bench_result r = {.batch = batch, .threads = threads, .first_s = plan_t};
+        r.median_s = median_of(times, bench.steps);
+        r.min_s = times[0];
+        bench_report(net, &info, &r);
+        status = 0;
+        goto out;
+    }
     dsrt_net_batch in = {.data = x,
                          .layout = u8 ? DSRT_INPUT_U8_NHWC : DSRT_INPUT_F32_NCHW,
                          .labels = y,
