@@ -2,7 +2,8 @@
  * The built-in mobile networks (mobilenet_v2, mobilenet_v3_large and
  * _small, efficientnet_b0) through dstrain as a user runs it, on a small
  * folder of 224x224 images: analyze counts torchvision's learnables; train,
- * eval, classify, bench and --transfer run; a run checkpointed after one
+ * eval, classify, bench (training, and --inference of the trained model)
+ * and --transfer run; a run checkpointed after one
  * epoch and resumed for the second ends with the weights of an
  * uninterrupted two-epoch run (dropout's, stochastic depth's and
  * batchnorm's state included); two data-parallel workers under mpirun
@@ -95,6 +96,13 @@ static void test_tools(void) {
                 300);
         CHECK_EQ(r.status, 0);
         CHECK_CONTAINS(r.out, "images_per_s");
+        result_free(&r);
+        r = run(ARGV(bin_train, "bench", "--net", model, "--inference", "--batch", "2", "--steps",
+                     "2", "--warmup", "1", "--threads", "2", "--json"),
+                300);
+        CHECK_EQ(r.status, 0);
+        CHECK_CONTAINS(r.out, "\"mode\": \"inference\"");
+        CHECK(json_int(r.out, "images_per_s") >= 0);
         result_free(&r);
 
         /* A new last layer for two classes; the others frozen. */

@@ -461,6 +461,17 @@ static int onnx_flags_alone(const char *cmd, const onnx_args *a, const char *pat
     return 2;
 }
 
+/* 1 when path is a regular file that starts as a dsrt model does. */
+static int is_model_file(const char *path) {
+    char magic[8] = {0}, why[8];
+    long long size;
+    int fd = tool_open_regular(path, why, sizeof why, &size);
+    if (fd < 0) return 0;
+    ssize_t n = pread(fd, magic, 8, 0);
+    close(fd);
+    return n == 8 && !memcmp(magic, "DSRTMODL", 8);
+}
+
 /*
  * The net of a model file: a dsrt model or checkpoint, or an ONNX model
  * (imported with a's options). what names the option in messages. Returns
@@ -508,7 +519,8 @@ static struct {
 
 static const option BENCH_OPTIONS[] = {
     {"net", OPT_STR, &bench.net, 0, 0, "NAME|FILE",
-     "network: digits, cifar, alexnet, a description file or an ONNX model (.onnx) [digits]"},
+     "network: a built-in one (digits, cifar, alexnet, resnet18, mobilenet_v2, ...), a "
+     "description file, a model file or an ONNX model (.onnx) [digits]"},
     {"batch", OPT_INT, &bench.batch, 1, 1 << 20, "N",
      "images per step [128 for digits and cifar, 32 for alexnet]"},
     {"steps", OPT_INT, &bench.steps, 1, 1 << 20, "N", "timed steps [20]"},
@@ -856,7 +868,8 @@ static int cmd_bench(int argc, char **argv) {
         return 2;
     }
     int builtin = dsrt_net_builtin(bench.net, NULL) != NULL;
-    int is_alexnet = !strcmp(bench.net, "alexnet"), onnx = is_onnx_file(bench.net);
+    int is_alexnet = !strcmp(bench.net, "alexnet"),
+        onnx = is_onnx_file(bench.net) || is_model_file(bench.net);
     char *text;
     if ((rc = bench_net_text(builtin, onnx, &text))) return rc;
     if ((rc = onnx_flags_alone("bench", &bench.onnx, bench.net, NULL))) {
@@ -991,17 +1004,6 @@ static int parse_range(const char *cmd, const char *name, const char *v, int sym
 bad:
     fprintf(stderr, "%s %s: --%s: expected LO,HI or V (numbers), got '%s'\n", prog, cmd, name, v);
     return -1;
-}
-
-/* 1 when path is a regular file that starts as a dsrt model does. */
-static int is_model_file(const char *path) {
-    char magic[8] = {0}, why[8];
-    long long size;
-    int fd = tool_open_regular(path, why, sizeof why, &size);
-    if (fd < 0) return 0;
-    ssize_t n = pread(fd, magic, 8, 0);
-    close(fd);
-    return n == 8 && !memcmp(magic, "DSRTMODL", 8);
 }
 
 /* How data is opened besides its path: --drop-empty-classes, for shard
