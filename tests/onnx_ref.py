@@ -135,7 +135,10 @@ def torch_small(out):
                           input_names=["image"], output_names=["scores"])
 
 
-def torchvision_model(name, out):
+def seeded_torchvision(name, affine):
+    """torchvision's NAME with seeded weights and random batchnorm
+    statistics (and, with affine, random batchnorm and LayerNorm scales and
+    shifts and ConvNeXt's layer scales), in eval mode."""
     import torch
     import torchvision
 
@@ -146,7 +149,20 @@ def torchvision_model(name, out):
             if isinstance(mod, torch.nn.BatchNorm2d):
                 mod.running_mean.uniform_(-0.2, 0.2)
                 mod.running_var.uniform_(0.5, 1.5)
-    m.eval()
+            if not affine:
+                continue
+            if isinstance(mod, (torch.nn.BatchNorm2d, torch.nn.LayerNorm)):
+                mod.weight.uniform_(0.7, 1.3)
+                mod.bias.uniform_(-0.2, 0.2)
+            if hasattr(mod, "layer_scale"):  # ConvNeXt's, 1e-6 at first: blocks would vanish
+                mod.layer_scale.uniform_(0.2, 0.6)
+    return m.eval()
+
+
+def torchvision_model(name, out):
+    import torch
+
+    m = seeded_torchvision(name, False)
     last = {"alexnet": lambda: m.classifier[6], "resnet18": lambda: m.fc,
             "resnet50": lambda: m.fc, "squeezenet1_1": lambda: m.classifier[1]}[name]()
     x = torch.rand(2, 3, 224, 224)
@@ -158,23 +174,8 @@ def torchvision_model(name, out):
 
 def modern_model(name, size, out):
     import torch
-    import torchvision
 
-    torch.manual_seed(0)
-    m = getattr(torchvision.models, name)()
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.running_mean.uniform_(-0.2, 0.2)
-                mod.running_var.uniform_(0.5, 1.5)
-                mod.weight.uniform_(0.7, 1.3)
-                mod.bias.uniform_(-0.2, 0.2)
-            if isinstance(mod, torch.nn.LayerNorm):
-                mod.weight.uniform_(0.7, 1.3)
-                mod.bias.uniform_(-0.2, 0.2)
-            if hasattr(mod, "layer_scale"):  # ConvNeXt's, 1e-6 at first: blocks would vanish
-                mod.layer_scale.uniform_(0.2, 0.6)
-    m.eval()
+    m = seeded_torchvision(name, True)
     last = [mod for mod in m.modules() if isinstance(mod, torch.nn.Linear)][-1]
     x = torch.rand(2, 3, size, size)
     x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)

@@ -47,6 +47,18 @@ static int agrees(const char *model, const char *classify_opts, const char *ort_
     return agrees_on("img", model, classify_opts, ort_opts);
 }
 
+/* After train --transfer from base.dsrt into trained.dsrt (in dir): how
+ * many learnable layers but the new last one kept their weights. */
+static int kept(const char *base, const char *trained) {
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/%s", dir, base);
+    snprintf(b, sizeof b, "%s/%s", dir, trained);
+    int same, changed;
+    kept_layers(a, b, 3, &same, &changed);
+    CHECK_EQ(changed, 0);
+    return same;
+}
+
 static void test_families(void) {
     CHECK_EQ(sh("cd '%s' && %s '%s' images img 64 6 2>&1", dir, SYS_PY, script), 0);
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(FAMILIES); k++) {
@@ -89,13 +101,7 @@ static void test_channels_last(void) {
                 "--workers 1 --no-pin --quiet --no-progress --save nhwc-t.dsrt > nhwc-t.log 2>&1",
                 dir, dstrain, dstrain),
              0);
-    char base[600], t[600];
-    snprintf(base, sizeof base, "%s/nhwc.dsrt", dir);
-    snprintf(t, sizeof t, "%s/nhwc-t.dsrt", dir);
-    int same, changed;
-    kept_layers(base, t, 3, &same, &changed);
-    CHECK_EQ(changed, 0);
-    CHECK_EQ(same, 2);
+    CHECK_EQ(kept("nhwc.dsrt", "nhwc-t.dsrt"), 2);
 }
 
 /* ONNX local functions, inlined; shape arithmetic, folded. */
@@ -136,13 +142,7 @@ static void test_transfer(void) {
                 "--output mt.onnx",
                 dir, dstrain, dstrain),
              0);
-    char base[600], t[600];
-    snprintf(base, sizeof base, "%s/mobilenet_v2.dsrt", dir);
-    snprintf(t, sizeof t, "%s/mt.dsrt", dir);
-    int same, changed;
-    kept_layers(base, t, 3, &same, &changed);
-    CHECK_EQ(changed, 0);
-    CHECK_GT(same, 50);
+    CHECK_GT(kept("mobilenet_v2.dsrt", "mt.dsrt"), 50);
     CHECK_EQ(agrees("mt.onnx", "", ""), 0);
 }
 
