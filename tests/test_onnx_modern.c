@@ -131,6 +131,11 @@ static void test_functions_and_shapes(void) {
     CHECK(strstr(out, " mul ") == NULL && strstr(out, " sigmoid ") == NULL);
     CHECK_EQ(agrees_on("img32", "sh-13.onnx", "", "--scale 0.00392156862745098"), 0);
     CHECK_EQ(agrees_on("img32", "sh-17.onnx", "", "--scale 0.00392156862745098"), 0);
+    /* The padding computed from the shapes is the convolutions' own: no
+     * pad layer is left. */
+    CHECK_EQ(capture(out, sizeof out, "cd '%s' && '%s' analyze --net sh-13.onnx", dir, dstrain), 0);
+    CHECK_CONTAINS(out, " conv ");
+    CHECK(strstr(out, " pad ") == NULL);
 }
 
 /* Transfer learning from the imported mobilenet_v2: the new last layer

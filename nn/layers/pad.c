@@ -172,6 +172,10 @@ static int map_pad(onnx_import *c) {
         return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
                                "it pads with %g: dsrt pads with a finite value", value);
     int64_t t = pads[hw0], b = pads[hw0 + 4], le = pads[hw0 + 1], r = pads[hw0 + 5];
+    if (!t && !b && !le && !r) { /* nothing to pad (PyTorch's before an average pooling) */
+        dsrt__onnx_alias(c, x, x->flat);
+        return 0;
+    }
     dsrt_shape s = dsrt__onnx_shape_of(c, x), os;
     if ((rc = dsrt__onnx_out_shape(c, s.c, s.h + t + b, s.w + le + r, &os))) return rc;
     onnx_layer *l = dsrt__onnx_add_layer(c, "pad", &x, 1);
@@ -183,6 +187,47 @@ static int map_pad(onnx_import *c) {
     c->out_nhwc = x->nhwc;
     dsrt__onnx_produce(c, l, 0);
     return 0;
+}
+
+/* The four numbers after " pad=" in a layer's options; 0 when absent. */
+static int pads_of(const char *opts, int p[4]) {
+    const char *at = strstr(opts, " pad=");
+    return at && sscanf(at, " pad=%d,%d,%d,%d", &p[0], &p[1], &p[2], &p[3]) == 4;
+}
+
+/*
+ * At import: a padding with zeros whose only taker is a convolution, or an
+ * average pooling that counts its padding as zeros (or has none of its
+ * own; not ceil=1, whose partial windows divide by the padded input's
+ * extent), is that layer's own padding. The pad layer becomes the taker
+ * with the pads added: the same sums, one pass and one buffer fewer.
+ */
+static int absorb(onnx_layer *self, const onnx_layer *taker) {
+    int p[4], q[4];
+    int conv = taker->kind == DSRT_LAYER_CONV, avg = taker->kind == DSRT_LAYER_AVGPOOL;
+    if ((!conv && !avg) || strstr(self->opts, "value=") || !pads_of(self->opts, p) ||
+        !pads_of(taker->opts, q))
+        return 0;
+    if (avg && (strstr(taker->opts, "ceil=1") ||
+                (strstr(taker->opts, "count_pad=0") && (q[0] || q[1] || q[2] || q[3]))))
+        return 0;
+    for (int k = 0; k < 4; k++)
+        if ((q[k] += p[k]) > 4096) return 0;
+    /* The taker's options with the sums for its pads, and no count_pad=0
+     * (the zeros are counted now, as they were as inputs). */
+    char opts[sizeof self->opts];
+    const char *at = strstr(taker->opts, " pad="), *end = strchr(at + 1, ' ');
+    int n = snprintf(opts, sizeof opts, "%.*s pad=%d,%d,%d,%d%s", (int)(at - taker->opts),
+                     taker->opts, q[0], q[1], q[2], q[3], end ? end : "");
+    if (n < 0 || (size_t)n >= sizeof opts) return 0;
+    char *cp = strstr(opts, " count_pad=0");
+    if (cp) memmove(cp, cp + 12, strlen(cp + 12) + 1);
+    onnx_layer merged = *taker;
+    memcpy(merged.in, self->in, sizeof merged.in);
+    merged.n_in = self->n_in;
+    snprintf(merged.opts, sizeof merged.opts, "%s", opts);
+    *self = merged;
+    return 1;
 }
 
 static const dsrt_onnx_op ONNX_OPS[] = {
@@ -201,6 +246,7 @@ const dsrt_layer_ops dsrt__layer_pad = {
     .cpu_plan = plan_pad,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
+    .onnx_absorb = absorb,
     .example = "input size=4x5x2\nconv filters=3 size=1\npad pad=1,2,0,1 value=0.5\n"
                "conv filters=3 size=3\nfc outputs=3\nsoftmax\n",
 };
