@@ -30,20 +30,31 @@ dsrt_find_lib(URING uring liburing.h liburing-dev)
 dsrt_find_lib(HWLOC hwloc hwloc.h libhwloc-dev)
 dsrt_find_lib(DNNL dnnl oneapi/dnnl/dnnl.h libdnnl-dev)
 dsrt_find_lib(ZLIB z zlib.h zlib1g-dev)
+# WebP: libwebp's pkg-config file (libwebp-dev) says where it lies; the
+# library and header are then found as the others are (also under
+# CMAKE_PREFIX_PATH, where a prefix unpacked elsewhere keeps its .pc file's
+# /usr).
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(WEBP_PC QUIET libwebp)
+  find_library(WEBP_LIBRARY NAMES webp HINTS ${WEBP_PC_LIBRARY_DIRS})
+  find_path(WEBP_INCLUDE_DIR NAMES webp/decode.h HINTS ${WEBP_PC_INCLUDE_DIRS})
+endif()
+dsrt_find_lib(WEBP webp webp/decode.h libwebp-dev)
 # Object storage (s3://, https://): libcurl's multi interface, and OpenSSL's
 # libcrypto for the SHA-256 of AWS Signature Version 4.
 dsrt_find_lib(CURL curl curl/curl.h libcurl4-openssl-dev)
 dsrt_find_lib(CRYPTO crypto openssl/evp.h libssl-dev)
 
 set(DSRT_DEP_LIBRARIES
-  ${TURBOJPEG_LIBRARY} ${JPEG_LIBRARY} ${SPNG_LIBRARY} ${URING_LIBRARY} ${HWLOC_LIBRARY} ${ZLIB_LIBRARY}
-  ${CURL_LIBRARY} ${CRYPTO_LIBRARY} Threads::Threads ${CMAKE_DL_LIBS} m)
+  ${TURBOJPEG_LIBRARY} ${JPEG_LIBRARY} ${SPNG_LIBRARY} ${WEBP_LIBRARY} ${URING_LIBRARY}
+  ${HWLOC_LIBRARY} ${ZLIB_LIBRARY} ${CURL_LIBRARY} ${CRYPTO_LIBRARY} Threads::Threads ${CMAKE_DL_LIBS} m)
 set(DSRT_TRAIN_DEP_LIBRARIES ${DNNL_LIBRARY} ${ZLIB_LIBRARY} m)
 set(DSRT_DEP_INCLUDE_DIRS
-  ${TURBOJPEG_INCLUDE_DIR} ${JPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR} ${URING_INCLUDE_DIR} ${HWLOC_INCLUDE_DIR}
+  ${TURBOJPEG_INCLUDE_DIR} ${JPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR} ${WEBP_INCLUDE_DIR} ${URING_INCLUDE_DIR} ${HWLOC_INCLUDE_DIR}
   ${DNNL_INCLUDE_DIR} ${ZLIB_INCLUDE_DIR} ${CURL_INCLUDE_DIR} ${CRYPTO_INCLUDE_DIR})
 # For dsrt.pc and dsrt-train.pc: the same libraries as -l flags.
-set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -ljpeg -lspng -luring -lhwloc -lz -lcurl -lcrypto -lpthread -ldl -lm")
+set(DSRT_PC_LIBS_PRIVATE "-lturbojpeg -ljpeg -lspng -lwebp -luring -lhwloc -lz -lcurl -lcrypto -lpthread -ldl -lm")
 set(DSRT_TRAIN_PC_LIBS_PRIVATE "-ldnnl -lz -lm")
 set(DSRT_MPI_LIBRARIES "")
 set(DSRT_CUDA_LIBRARIES "")

@@ -6,7 +6,7 @@
 #   scripts/device-kit.sh pack [DIR]   here, on a Debian 12 machine with apt:
 #       fetches (apt-get download, into DIR, default device/kit) the Debian
 #       packages of dsrt's dependencies that such a machine lacks: the -dev
-#       packages of libjpeg-turbo, libspng, liburing, hwloc, oneDNN, zlib,
+#       packages of libjpeg-turbo, libspng, libwebp, liburing, hwloc, oneDNN, zlib,
 #       libcurl and OpenSSL (libcrypto),
 #       their libraries, and the libraries those need (resolved recursively,
 #       less what every machine that runs nvcc has: glibc, libstdc++, the
@@ -97,7 +97,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 
 # The Debian packages dsrt builds against (CMake's cmake/dsrtDependencies.cmake).
-dev_packages=(libturbojpeg0-dev libspng-dev liburing-dev libhwloc-dev libdnnl-dev zlib1g-dev
+dev_packages=(libturbojpeg0-dev libspng-dev libwebp-dev liburing-dev libhwloc-dev libdnnl-dev zlib1g-dev
   libcurl4-openssl-dev libssl-dev)
 # The build tools, when asked for (DSRT_KIT_TOOLS=1).
 tool_packages=(cmake cmake-data ninja-build)
@@ -552,7 +552,7 @@ ensure_built() {
   item PASS build "$((SECONDS - t0)) s, $(grep -cE '^\[[0-9]+/' "$log" || true) steps ($build)," \
     "$(grep -c . <<<"$warns" || true) distinct warning lines"
   [ -z "$warns" ] || head -20 <<<"$warns" | sed 's/^/  warning: /' | tee -a "$summary"
-  grep -E '^(CUDNN|NCCL|CUDA_cublas|TURBOJPEG|SPNG|URING|HWLOC|DNNL|ZLIB|CURL|CRYPTO)_(LIBRARY|INCLUDE_DIR):' \
+  grep -E '^(CUDNN|NCCL|CUDA_cublas|TURBOJPEG|SPNG|WEBP|URING|HWLOC|DNNL|ZLIB|CURL|CRYPTO)_(LIBRARY|INCLUDE_DIR):' \
     "$build/CMakeCache.txt" | sed 's/^/  /' | tee -a "$summary" || true
 }
 

@@ -10,7 +10,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential cmake pkg-config ninja-build clang clang-format libclang-rt-14-dev
-  zlib1g-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev liburing-dev libhwloc-dev
+  zlib1g-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev libwebp-dev liburing-dev libhwloc-dev
   libdnnl-dev libopenmpi-dev openmpi-bin libcurl4-openssl-dev libssl-dev ca-certificates
   python3-venv
   dataset-fashion-mnist

@@ -650,7 +650,7 @@ static void test_empty_and_not_images(void) {
     corpus("text.txt", text, strlen(text));
     CHECK_FAILS(dsrt_decoder_info(d, text, strlen(text), &info), DSRT_EFORMAT);
     CHECK_FAILS(dsrt_decode(d, text, strlen(text), &r, &img), DSRT_EFORMAT);
-    CHECK_CONTAINS(dsrt_last_error(), "not a JPEG or PNG image");
+    CHECK_CONTAINS(dsrt_last_error(), "not a JPEG, PNG or WebP image");
 
     uint8_t noise[4096];
     timg_noise(noise, sizeof noise, 3);

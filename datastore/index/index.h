@@ -90,8 +90,11 @@ typedef struct {
     char ext[DSRT_MAX_EXTENSIONS][DSRT_MAX_EXT_LEN + 1]; /* lower case, no dot */
     size_t n;
 } dsrt_extensions;
-/* Parses "jpg,png" (NULL: the default list). */
+/* Parses "jpg,png" (NULL: the default list, every codec's extensions:
+ * dsrt__codec_extensions). */
 int dsrt__extensions_parse(dsrt_extensions *e, const char *list);
+/* The list e holds, "jpg,jpeg,...", into out (for messages). */
+void dsrt__extensions_text(const dsrt_extensions *e, char *out, size_t cap);
 /* Whether file name (or name[0..n)) has one of the extensions. */
 int dsrt__extensions_match(const dsrt_extensions *e, const char *name);
 int dsrt__extensions_match_n(const dsrt_extensions *e, const char *name, size_t n);

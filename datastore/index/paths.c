@@ -1,6 +1,7 @@
 /*
  * The folder rules (index.h), which every source of files by name follows:
- * the extensions taken, the order of ImageFolder (class, folder, name), and
+ * the extensions taken (by default those of every codec, from the one
+ * table of codecs), the order of ImageFolder (class, folder, name), and
  * names relative to a root indexed as a folder's files would be, for the
  * keys under a prefix in a store and the members of an archive.
  *
@@ -17,20 +18,37 @@
  */
 #include "datastore/index/index.h"
 
+#include "datastore/codecs/codecs.h"
+
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-static const char *const default_extensions = "jpg,jpeg,jpe,jfif,png";
-
 // ----------------------------------------------------------------------------
 // Extensions
 
+/* Adds ext[0..n) to e, in lower case: 0, or 1 when it does not fit. */
+static int extension_add(dsrt_extensions *e, const char *ext, size_t n) {
+    if (n > DSRT_MAX_EXT_LEN || e->n == DSRT_MAX_EXTENSIONS) return 1;
+    for (size_t k = 0; k < n; k++) e->ext[e->n][k] = (char)tolower((unsigned char)ext[k]);
+    e->ext[e->n][n] = '\0';
+    e->n++;
+    return 0;
+}
+
+static int default_extension(void *ctx, const char *ext, size_t n) {
+    return extension_add(ctx, ext, n);
+}
+
 int dsrt__extensions_parse(dsrt_extensions *e, const char *list) {
-    if (!list) list = default_extensions;
     e->n = 0;
+    if (!list) { /* the default: every codec's (the one list, codecs.h) */
+        if (dsrt__codec_extensions(default_extension, e) != 0)
+            return dsrt__fail(DSRT_EOPTION, "datastore: the codecs' extensions do not fit");
+        return 0;
+    }
     const char *p = list;
     while (*p) {
         while (*p == ',' || *p == ' ') p++;
@@ -40,18 +58,25 @@ int dsrt__extensions_parse(dsrt_extensions *e, const char *list) {
         while (*p && *p != ',' && *p != ' ') p++;
         size_t n = (size_t)(p - start);
         if (n == 0) continue;
-        if (n > DSRT_MAX_EXT_LEN || e->n == DSRT_MAX_EXTENSIONS)
+        if (extension_add(e, start, n) != 0)
             return dsrt__fail(DSRT_EOPTION,
                               "datastore: extensions \"%s\": at most %d, of at most "
                               "%d characters each",
                               list, DSRT_MAX_EXTENSIONS, DSRT_MAX_EXT_LEN);
-        for (size_t k = 0; k < n; k++) e->ext[e->n][k] = (char)tolower((unsigned char)start[k]);
-        e->ext[e->n][n] = '\0';
-        e->n++;
     }
     if (e->n == 0)
         return dsrt__fail(DSRT_EOPTION, "datastore: extensions \"%s\" names no extension", list);
     return 0;
+}
+
+void dsrt__extensions_text(const dsrt_extensions *e, char *out, size_t cap) {
+    size_t at = 0;
+    out[0] = '\0';
+    for (size_t k = 0; k < e->n && at < cap; k++) {
+        int w = snprintf(out + at, cap - at, "%s%s", k ? "," : "", e->ext[k]);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
 }
 
 int dsrt__extensions_match_n(const dsrt_extensions *e, const char *name, size_t n) {

@@ -5,7 +5,7 @@
  * (datastore/sources/shards), the samples' bytes are read through the table
  * of sources, whatever their source.
  *
- * Each sample is <key>.cls then <key>.jpg|png, ustar headers, the files'
+ * Each sample is <key>.cls then <key>.jpg|png|webp, ustar headers, the files'
  * bytes unchanged (in-memory pixels as PNG). The whole set (shards,
  * classes.json, index) is written into a hidden staging folder inside the
  * output folder, each file fsync'd, and moved into place only once whole:
@@ -672,11 +672,13 @@ static void make_key(char *key, size_t cap, size_t i, int width, const char *pat
     key[at] = '\0';
 }
 
-/* The extension a sample's image member gets, into ext (8 bytes). */
+/* The extension a sample's image member gets, into ext (8 bytes): its
+ * codec's first (jpg, png, webp). */
 static void image_ext(const uint8_t *data, size_t len, const char *path, char ext[8]) {
-    dsrt_format f = dsrt_detect_format(data, len);
-    snprintf(ext, 8, "%s", f == DSRT_FORMAT_PNG ? "png" : "jpg");
-    if (f == DSRT_FORMAT_JPEG || f == DSRT_FORMAT_PNG) return;
+    const dsrt_codec_ops *c = dsrt__codec_sniff(data, len, NULL);
+    const char *first = c ? c->extensions : "jpg";
+    snprintf(ext, 8, "%.*s", (int)DSRT_MIN(strcspn(first, ","), (size_t)7), first);
+    if (c) return;
     /* Not an image (it will be a bad sample when read): keep its own
      * extension if it is a short plain one. */
     const char *dot = path ? strrchr(base_of(path), '.') : NULL;
@@ -877,7 +879,7 @@ static int shard_next(writing *w) {
     return 0;
 }
 
-/* Writes every sample, <key>.cls then <key>.jpg|png, into shards of at most
+/* Writes every sample, <key>.cls then <key>.jpg|png|webp, into shards of at most
  * shard_bytes (and shard_samples). */
 static int write_samples(writing *w) {
     const dsrt_datastore *ds = w->ds;

@@ -38,20 +38,32 @@ extern "C" {
 // ----------------------------------------------------------------------------
 // Images
 
+/*
+ * The image formats the decoder reads, one line each: X(KIND, value, name)
+ * makes the constant DSRT_FORMAT_KIND = value. Each is one codec of the
+ * library's table of codecs, made from this one list; a file's format is
+ * told from its first bytes, in this order, and the extensions a folder
+ * takes by default are those of every format here.
+ */
+#define DSRT_FORMATS(X)                                                                            \
+    X(JPEG, 1, jpeg) /* libjpeg-turbo: .jpg .jpeg .jpe .jfif */                                    \
+    X(PNG, 2, png)   /* libspng: .png */                                                           \
+    X(WEBP, 4, webp) /* libwebp, lossy and lossless, still images: .webp */
+
+#define DSRT_FORMAT_ENUM_(kind, value, name) DSRT_FORMAT_##kind = value,
 /* Pixel layouts of the files a datastore reads. */
 typedef enum {
     DSRT_FORMAT_UNKNOWN = 0,
-    DSRT_FORMAT_JPEG,
-    DSRT_FORMAT_PNG,
-    DSRT_FORMAT_RAW, /* pixels held in memory (IDX, CIFAR) */
+    DSRT_FORMATS(DSRT_FORMAT_ENUM_) DSRT_FORMAT_RAW = 3, /* pixels held in memory (IDX, CIFAR) */
 } dsrt_format;
+#undef DSRT_FORMAT_ENUM_
 
 /* What a file's header says, before any pixel is decoded. */
 typedef struct {
     dsrt_format format;
     int width, height;
     int channels;  /* in the file: 1 gray, 2 gray+alpha, 3 colour, 4 colour+alpha or CMYK */
-    int bit_depth; /* bits per sample in the file: 8 for JPEG; 1..16 for PNG */
+    int bit_depth; /* bits per sample in the file: 8 for JPEG and WebP; 1..16 for PNG */
     int cmyk;      /* 1 for CMYK or YCCK JPEG */
 } dsrt_image_info;
 
@@ -166,7 +178,8 @@ typedef struct {
      * folder only. Default 1. */
     int include_subfolders;
     /* Folder: comma-separated file extensions to take, case-insensitive, with
-     * or without the dot ("jpg,png"). NULL: jpg, jpeg, jpe, jfif, png. */
+     * or without the dot ("jpg,png"). NULL: those of every format of
+     * DSRT_FORMATS: jpg, jpeg, jpe, jfif, png, webp. */
     const char *extensions;
     /* Folder: follow symbolic links to files and folders. Loops are detected,
      * reported in the warnings and not followed. Default 1. */
@@ -508,7 +521,8 @@ DSRT_API void dsrt_reader_remote_stats(const dsrt_reader *r, dsrt_remote_stats *
 DSRT_API int dsrt_path_is_url(const char *path);
 
 // ----------------------------------------------------------------------------
-// Decoding: JPEG (TurboJPEG, with DCT-domain scaling) and PNG (libspng).
+// Decoding: JPEG (libjpeg-turbo, with DCT-domain scaling), PNG (libspng) and
+// WebP (libwebp): the formats of DSRT_FORMATS.
 
 typedef struct dsrt_decoder dsrt_decoder;
 
@@ -528,26 +542,27 @@ DSRT_API dsrt_decoder_options dsrt_decoder_defaults(void);
 DSRT_API int dsrt_decoder_create(dsrt_decoder **d, const dsrt_decoder_options *o);
 DSRT_API void dsrt_decoder_destroy(dsrt_decoder *d);
 
-/* The format of buf from its first bytes; DSRT_FORMAT_UNKNOWN if neither. */
+/* The format of buf from its first bytes; DSRT_FORMAT_UNKNOWN if none. */
 DSRT_API dsrt_format dsrt_detect_format(const void *buf, size_t len);
 
 /* Reads the header of the encoded image in buf. Fails with DSRT_EFORMAT,
  * DSRT_ECORRUPT, DSRT_ETRUNCATED, DSRT_EEMPTY, DSRT_ETOOBIG, DSRT_EUNSUPPORTED
- * (lossless or 12-bit JPEG) or -ENOMEM. Palette PNGs report 3 channels. */
+ * (lossless or 12-bit JPEG, animated WebP) or -ENOMEM. Palette PNGs report 3
+ * channels; WebPs 3, or 4 with alpha (which decoding drops, as PNG's). */
 DSRT_API int dsrt_decoder_info(dsrt_decoder *d, const void *buf, size_t len, dsrt_image_info *info);
 
 typedef struct {
     /* 1: gray; 3: RGB (gray images are replicated). Gray from a colour JPEG
      * is the file's own luma (the Y channel, BT.601 like rgb2gray, within a
      * couple of levels of rgb2gray of the decoded RGB); gray from a colour PNG
-     * is rgb2gray of its pixels. CMYK JPEGs are read as Adobe (Photoshop)
+     * or a WebP is rgb2gray of its pixels. CMYK JPEGs are read as Adobe (Photoshop)
      * writes them, inverted: R = C K / 255. */
     int channels;
     /*
      * The smallest size the caller needs: JPEGs are decoded at the smallest
      * of the scales 1, 1/2, 1/4, 1/8 whose result is still at least
      * min_width x min_height (DCT-domain scaling: the skipped pixels are never
-     * computed). 0 x 0 decodes at full size. PNGs always decode at full size.
+     * computed). 0 x 0 decodes at full size. PNGs and WebPs always decode at full size.
      * (libjpeg's scales 3/8, 5/8, 6/8 and 7/8 are slower than a whole decode
      * and are not used.)
      */
@@ -567,7 +582,7 @@ typedef struct {
      * where: dsrt_window) that holds the region, whose pixels
      * inside the region are those of a whole decode, bit for bit (outside
      * it, at the window's edges, they may differ). Rows below the region are
-     * not decoded at all (unless the decoder is strict). PNGs decode whole.
+     * not decoded at all (unless the decoder is strict). PNGs and WebPs decode whole.
      */
     int region_x, region_y, region_width, region_height;
     /* 1: with channels 3, an image stored gray (a gray JPEG, a gray PNG of at

@@ -10,7 +10,8 @@
  * without a read; any other shard is scanned once (its tar headers
  * and .cls members, nothing else). A sample is the run of consecutive
  * members with one key; its image is the member whose extension is in the
- * extensions option (jpg, jpeg, jpe, jfif, png), its label the text of its
+ * extensions option (by default every codec's: jpg, jpeg, jpe, jfif, png,
+ * webp), its label the text of its
  * .cls member: an integer (a class index, names from the index or
  * classes.json, else the numbers themselves, below LABELS_MAX) or a class
  * name (classes sorted). A set without any .cls member is labelled by the folders of its
@@ -52,7 +53,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_EXTENSIONS "jpg,jpeg,jpe,jfif,png"
 #define CLS_MAX            256                 /* bytes of a .cls member read */
 #define SCAN_WINDOW        ((size_t)64 << 10)  /* bytes read at once while scanning */
 #define SCAN_WINDOW_REMOTE ((size_t)8 << 20)   /* the same, by a ranged GET, from a store */
@@ -377,7 +377,6 @@ typedef struct {
 typedef struct {
     dsrt_index *ix;
     const char *shard;
-    const char *extensions; /* as given, for messages */
     dsrt_extensions ext;
     dsrt_arena *arena;
     /* Reading: through a window of the file fd, or read/read_ctx. */
@@ -518,9 +517,12 @@ static int scan_walk(scanner *s, const char *path, uint64_t size) {
     int rc = dsrt__tar_scan(path, size, s->read, s->read_ctx, scan_member, scan_warn, s);
     if (rc == 0) rc = group_end(s);
     if (rc != 0) return rc;
-    if (s->no_image)
+    if (s->no_image) {
+        char list[DSRT_MAX_EXTENSIONS * (DSRT_MAX_EXT_LEN + 1) + 1];
+        dsrt__extensions_text(&s->ext, list, sizeof list);
         dsrt__index_warn(s->ix, "%s: %zu sample%s without an image member (extensions %s) left out",
-                         path, s->no_image, s->no_image == 1 ? "" : "s", s->extensions);
+                         path, s->no_image, s->no_image == 1 ? "" : "s", list);
+    }
     if (s->two_images)
         dsrt__index_warn(s->ix, "%s: %zu sample%s with more than one image member: the first taken",
                          path, s->two_images, s->two_images == 1 ? "" : "s");
@@ -560,15 +562,10 @@ int dsrt__shard_scan_memory(const uint8_t *buf, size_t len, const char *name,
                             size_t *n) {
     dsrt_arena arena = {0};
     memory m = {buf, len};
-    scanner s = {.ix = ix,
-                 .arena = &arena,
-                 .extensions = extensions ? extensions : DEFAULT_EXTENSIONS,
-                 .read = memory_read,
-                 .read_ctx = &m,
-                 .fd = -1};
+    scanner s = {.ix = ix, .arena = &arena, .read = memory_read, .read_ctx = &m, .fd = -1};
     *out = NULL;
     *n = 0;
-    int rc = dsrt__extensions_parse(&s.ext, s.extensions);
+    int rc = dsrt__extensions_parse(&s.ext, extensions);
     if (rc == 0) rc = scan_walk(&s, name, len);
     if (rc == 0 && s.n) {
         *out = dsrt__calloc(s.n, sizeof **out);
@@ -1117,10 +1114,8 @@ static int gather_samples(gather *g, dsrt_index *ix, const dsrt_datastore_option
     g->nscanned = dsrt__calloc(ns, sizeof *g->nscanned);
     size_t *by_name = dsrt__calloc(g->x.nshards ? g->x.nshards : 1, sizeof *by_name);
     g->x_first = dsrt__calloc(g->x.nshards ? g->x.nshards : 1, sizeof *g->x_first);
-    scanner s = {.ix = ix,
-                 .arena = &g->tmp,
-                 .extensions = o->extensions ? o->extensions : DEFAULT_EXTENSIONS};
-    if ((rc = dsrt__extensions_parse(&s.ext, s.extensions)) != 0) goto out;
+    scanner s = {.ix = ix, .arena = &g->tmp};
+    if ((rc = dsrt__extensions_parse(&s.ext, o->extensions)) != 0) goto out;
     rc = -ENOMEM;
     s.win = dsrt__malloc(SCAN_WINDOW);
     if (!g->sizes || !g->from_index || !g->scanned || !g->nscanned || !by_name || !g->x_first ||
