@@ -30,9 +30,13 @@
  * With a profile on (dsrt_net_profile_start), each layer's steps of a
  * training pass are timed with the clock (run_steps).
  *
- * Two environment variables override the choices, for measurements:
- * DSRT_CPU_LAYOUT=blocked|nhwc (every convolution in that layout) and
- * DSRT_CPU_CONV=direct (no Winograd).
+ * Environment variables override the choices, for measurements:
+ * DSRT_CPU_LAYOUT=blocked|nhwc (every convolution in that layout),
+ * DSRT_CPU_CONV=direct (no Winograd) and DSRT_CPU_DEPTHWISE=onednn
+ * (depthwise convolutions' weight gradients always oneDNN's, never dsrt's
+ * own step).
+ * DSRT_MAX_CPU_ISA=scalar|avx2|avx512 caps the vector instructions of
+ * dsrt's own C steps (nn/backend_cpu_kernels.c).
  */
 #include "nn/backend_cpu.h"
 
@@ -47,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* From the OpenMP runtime oneDNN loads (libgomp); weak so that the library
@@ -57,6 +62,7 @@ extern void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, 
     __attribute__((weak));
 extern int omp_get_thread_num(void) __attribute__((weak));
 extern int omp_get_max_threads(void) __attribute__((weak));
+extern int omp_get_num_threads(void) __attribute__((weak));
 
 #define PLAN_SLOTS DSRT_ARRAY_SIZE(((cpu_backend *)0)->plans)
 
@@ -1006,6 +1012,42 @@ static int cpu_run_on_threads(dsrt_backend *b, int (*fn)(void *, int), void *ctx
     return atomic_load_explicit(&t.failures, memory_order_relaxed);
 }
 
+/* What each member runs in dsrt__cpu_parallel: its share of [0, n). The
+ * atomics make the hand-over visible to thread sanitizers, as team_arg's. */
+typedef struct {
+    void (*fn)(void *, size_t, size_t);
+    void *ctx;
+    size_t n;
+    atomic_int ready, done;
+} par_arg;
+
+static void par_member(void *arg) {
+    par_arg *a = arg;
+    (void)atomic_load_explicit(&a->ready, memory_order_acquire);
+    size_t t = (size_t)omp_get_thread_num(), k = (size_t)omp_get_num_threads();
+    size_t lo = a->n * t / k, hi = a->n * (t + 1) / k;
+    if (lo < hi) a->fn(a->ctx, lo, hi);
+    atomic_fetch_add_explicit(&a->done, 1, memory_order_release);
+}
+
+void dsrt__cpu_parallel(cpu_backend *be, size_t n, void (*fn)(void *ctx, size_t lo, size_t hi),
+                        void *ctx) {
+    if (!n) return;
+    size_t t =
+        GOMP_parallel && omp_get_thread_num && omp_get_num_threads ? (size_t)team_size(be) : 1;
+    if (t > n) t = n;
+    if (t <= 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    par_arg a = {.fn = fn, .ctx = ctx, .n = n};
+    atomic_init(&a.done, 0);
+    atomic_init(&a.ready, 0);
+    atomic_store_explicit(&a.ready, 1, memory_order_release);
+    GOMP_parallel(par_member, &a, (unsigned)t, 0);
+    (void)atomic_load_explicit(&a.done, memory_order_acquire);
+}
+
 static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
     cpu_backend *be = (cpu_backend *)b;
     cpu_plan *p = train ? be->last_train : be->last_infer;
@@ -1065,6 +1107,33 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
     be->net = net;
     be->grad_scale = 1.0f;
     be->block = dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core ? 16 : 8;
+    /* DSRT_MAX_CPU_ISA caps dsrt's own C steps as it caps augmentation. */
+    const char *cap = getenv("DSRT_MAX_CPU_ISA");
+    cpu_isa top = CPU_ISA_AVX512;
+    if (cap && cap[0]) {
+        if (!strcasecmp(cap, "scalar"))
+            top = CPU_ISA_BASE;
+        else if (!strcasecmp(cap, "avx2"))
+            top = CPU_ISA_AVX2;
+        else if (strcasecmp(cap, "avx512")) {
+            free(be);
+            return dsrt__fail(DSRT_EOPTION,
+                              "cpu backend: DSRT_MAX_CPU_ISA: '%s' is not scalar, avx2 or avx512",
+                              cap);
+        }
+    }
+    be->isa = CPU_ISA_BASE;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (top >= CPU_ISA_AVX512 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw"))
+        be->isa = CPU_ISA_AVX512;
+    else if (top >= CPU_ISA_AVX2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        be->isa = CPU_ISA_AVX2;
+#else
+    (void)top;
+#endif
     /* DSRT_CPU_LAYOUT=blocked|nhwc overrides the per-layer choice (for
      * measurements). */
     const char *lay = getenv("DSRT_CPU_LAYOUT");
@@ -1076,6 +1145,11 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
      * faster); DSRT_CPU_CONV=direct forbids Winograd. */
     const char *alg = getenv("DSRT_CPU_CONV");
     be->conv_alg = alg && !strcmp(alg, "direct") ? dnnl_convolution_direct : dnnl_convolution_auto;
+    /* Depthwise convolutions' weight gradients run on dsrt's own step where
+     * oneDNN has no fast kernel for them (nn/layers/conv.c);
+     * DSRT_CPU_DEPTHWISE=onednn leaves them all to oneDNN. */
+    const char *dw = getenv("DSRT_CPU_DEPTHWISE");
+    be->depthwise = !(dw && !strcmp(dw, "onednn"));
     dnnl_status_t st = dnnl_engine_create(&be->engine, dnnl_cpu, 0);
     if (st == dnnl_success)
         st = dnnl_stream_create(&be->stream, be->engine, dnnl_stream_default_flags);

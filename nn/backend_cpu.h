@@ -120,11 +120,17 @@ struct dsrt_cpu_plan {
 
 typedef enum { LAYOUT_AUTO = 0, LAYOUT_BLOCKED, LAYOUT_NHWC } layout_mode;
 
+/* The vector instructions of dsrt's own C steps: the best this CPU has,
+ * capped by the environment variable DSRT_MAX_CPU_ISA (scalar, avx2 or
+ * avx512, as for augmentation). */
+typedef enum { CPU_ISA_BASE = 0, CPU_ISA_AVX2, CPU_ISA_AVX512, CPU_ISA_COUNT } cpu_isa;
+
 struct dsrt_cpu_backend {
     dsrt_net *net;
     int block;          /* channel block of oneDNN's blocked layouts: 16 (AVX-512) or 8 */
     layout_mode layout; /* of convolutions */
     dnnl_alg_kind_t conv_alg;
+    int depthwise; /* depthwise weight gradients may take dsrt's C step */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_plan *plans[4];
@@ -137,6 +143,7 @@ struct dsrt_cpu_backend {
     size_t xbuf_n;
     pthread_t team_master; /* the thread whose OpenMP team holds signals, */
     int team_held;         /* and that team's size (0: none yet) */
+    cpu_isa isa;           /* the instructions dsrt's own C steps use */
 };
 
 // ----------------------------------------------------------------------------
@@ -284,5 +291,80 @@ typedef struct {
  * input's gradient when that is needed. */
 int dsrt__cpu_one_primitive(cpu_backend *be, cpu_plan *p, int i, const dsrt_cpu_op_desc *fd,
                             const dsrt_cpu_one_backward *b);
+
+// ----------------------------------------------------------------------------
+// dsrt's own C steps (backend_cpu_kernels.c)
+//
+// A kind's C step does its arithmetic in the layout its tensors have, on the
+// OpenMP team oneDNN computes on, with the helpers below. Every sum is taken
+// in an order that does not depend on the number of threads, so a result is
+// the same bits whatever the team's size.
+
+/* The loop body of a C step compiled for each instruction set: fn (a
+ * static inline function of (void *ctx, size_t lo, size_t hi)) as fn_isa[],
+ * indexed by cpu_isa, for dsrt__cpu_parallel. The loops inside fn are
+ * vectorised by the compiler for each. */
+#if defined(__x86_64__) && defined(__clang__)
+#define DSRT_CPU_AVX2   __attribute__((target("avx2,fma")))
+#define DSRT_CPU_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw")))
+#elif defined(__x86_64__) && defined(__GNUC__)
+#define DSRT_CPU_AVX2 __attribute__((target("avx2,fma")))
+#define DSRT_CPU_AVX512                                                                            \
+    __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,prefer-vector-width=512")))
+#else
+#define DSRT_CPU_AVX2
+#define DSRT_CPU_AVX512
+#endif
+#define DSRT_CPU_ISA_VARIANTS(fn)                                                                  \
+    static void fn##_base(void *c, size_t lo, size_t hi) {                                         \
+        fn(c, lo, hi);                                                                             \
+    }                                                                                              \
+    static DSRT_CPU_AVX2 void fn##_avx2(void *c, size_t lo, size_t hi) {                           \
+        fn(c, lo, hi);                                                                             \
+    }                                                                                              \
+    static DSRT_CPU_AVX512 void fn##_avx512(void *c, size_t lo, size_t hi) {                       \
+        fn(c, lo, hi);                                                                             \
+    }                                                                                              \
+    static void (*const fn##_isa[CPU_ISA_COUNT])(void *, size_t, size_t) = {fn##_base, fn##_avx2,  \
+                                                                            fn##_avx512}
+#define DSRT_CPU_INLINE static inline __attribute__((always_inline))
+
+/* fn(ctx, lo, hi) over [0, n) cut into one contiguous range a thread of the
+ * OpenMP team oneDNN runs on (the whole range on the calling thread without
+ * OpenMP, or when n is 1). fn must not depend on how the range is cut. */
+void dsrt__cpu_parallel(cpu_backend *be, size_t n, void (*fn)(void *ctx, size_t lo, size_t hi),
+                        void *ctx);
+
+/*
+ * A 4-d tensor (n, c, h, w) in one of the dense layouts oneDNN's primitives
+ * use, seen as (n, blocks, pixels, inner): channel b * inner + k of image i
+ * at pixel p is the float at i * s_n + b * s_b + p * inner + k. NCHW has
+ * c blocks of 1, NHWC one block of c, nChw8c and nChw16c blocks of 8 or 16
+ * (the last one's channels past c padding, zero). An image of one pixel is
+ * seen as NHWC whatever its tag.
+ */
+typedef struct {
+    size_t n, blocks, hw, inner, s_n, s_b;
+    size_t c;
+} cpu_chans;
+
+/* Whether md is such a layout (then *v describes it). */
+int dsrt__cpu_chans(const dnnl_memory_desc_t *md, cpu_chans *v);
+/* Whether md keeps value (i, ch) of an (n, c, 1, 1) tensor at i * c + ch. */
+int dsrt__cpu_is_nc(const dnnl_memory_desc_t *md);
+/* y = x f[i * f_n + ch] on each image i and channel ch (f_n = c: one
+ * factor an image and channel; 0: one a channel, the same for every image),
+ * padded channels 0. x and y share the layout v. */
+void dsrt__cpu_mul_chans(cpu_backend *be, const cpu_chans *v, const float *x, const float *f,
+                         size_t f_n, float *y);
+/* out[i * c + ch] (per_image) or out[ch] = the sum of a b over the pixels
+ * (and the images, image by image), each channel in double in one order. */
+void dsrt__cpu_dot_chans(cpu_backend *be, const cpu_chans *v, const float *a, const float *b,
+                         int per_image, float *out);
+/* y = a b, n floats. */
+void dsrt__cpu_mul(cpu_backend *be, size_t n, const float *a, const float *b, float *y);
+/* y = x m[r] on each of rows ranges of per floats. */
+void dsrt__cpu_mul_rows(cpu_backend *be, size_t rows, size_t per, const float *x, const float *m,
+                        float *y);
 
 #endif

@@ -71,6 +71,222 @@ static int conv_nhwc(const cpu_backend *be, const dsrt_layer *L) {
     return L->out.c % be->block != 0 || (L->in.c > 4 && L->in.c % be->block != 0);
 }
 
+// ----------------------------------------------------------------------------
+// Depthwise convolutions' weight gradients (groups = channels = filters)
+//
+// oneDNN 2.6's jit kernels for depthwise convolutions are fast forward and
+// backward data in its channel blocks and in NHWC, and backward weights for
+// the shapes they take (3x3 in blocks); for the others (a 5x5 kernel, NHWC)
+// its heuristics give backward weights to a gemm a channel or to the
+// general jit convolution, tens to hundreds of times its forward. There a C
+// step computes the weights' (and bias's) gradient in the layout oneDNN's
+// forward chose (channels innermost, so that the compiler vectorises over
+// them), on the OpenMP team, every sum in one order whatever the number of
+// threads: each row's products in float, the rows of a piece of DW_IMAGES
+// images in double, the pieces in order.
+
+#define DW_V      16 /* channels a vector of work */
+#define DW_IMAGES 4  /* images whose sums one piece takes */
+
+/* What the step keeps. */
+typedef struct {
+    cpu_chans vx, vy; /* the input's and the output gradient's layouts */
+    int ih, iw, oh, ow, kh, kw, dh, dw;
+    size_t kk;           /* taps (kh kw) */
+    size_t vecs, pieces; /* vectors a block; pieces of images */
+    double *part;        /* (blocks vecs pieces, kk + 1, DW_V) the pieces' sums */
+    /* Which taps meet the input: for output row oh the kernel rows
+     * [r_lo, r_hi), their input rows at_h + r dh; for kernel column s the
+     * output columns [ow_lo, ow_hi), their input columns at_w + s dw. */
+    int *r_lo, *r_hi, *at_h, *at_w, *ow_lo, *ow_hi;
+} dw_own;
+
+static void dw_free(void *own) {
+    dw_own *o = own;
+    if (!o) return;
+    free(o->part);
+    free(o->r_lo);
+    free(o);
+}
+
+typedef struct {
+    const dw_own *o;
+    const float *x, *dy;
+} dw_job;
+
+/* One output row of one vector of kn channels (k0 the first in its block,
+ * inner the layout's pixel stride), x and dy at the image's block: each
+ * tap's products summed over the row in float and added into part (kk + 1
+ * vectors: the taps, then the bias) in double. */
+DSRT_CPU_INLINE void dw_filter_row(const dw_own *o, const float *restrict x,
+                                   const float *restrict dy, double *restrict part, size_t inner,
+                                   size_t k0, size_t kn, int oh) {
+    const float *restrict gr = dy + (size_t)oh * o->ow * inner + k0;
+    for (int r = o->r_lo[oh]; r < o->r_hi[oh]; r++) {
+        const float *restrict xr = x + (size_t)(o->at_h[oh] + r * o->dh) * o->iw * inner + k0;
+        for (int s = 0; s < o->kw; s++) {
+            float acc[DW_V];
+            for (size_t k = 0; k < kn; k++) acc[k] = 0.0f;
+            for (int ow = o->ow_lo[s]; ow < o->ow_hi[s]; ow++) {
+                const float *restrict gp = gr + (size_t)ow * inner;
+                const float *restrict xp = xr + (size_t)(o->at_w[ow] + s * o->dw) * inner;
+                for (size_t k = 0; k < kn; k++) acc[k] += gp[k] * xp[k];
+            }
+            double *restrict pp = part + ((size_t)r * o->kw + s) * DW_V;
+            for (size_t k = 0; k < kn; k++) pp[k] += acc[k];
+        }
+    }
+    float acc[DW_V];
+    for (size_t k = 0; k < kn; k++) acc[k] = 0.0f;
+    for (int ow = 0; ow < o->ow; ow++)
+        for (size_t k = 0; k < kn; k++) acc[k] += gr[(size_t)ow * inner + k];
+    double *restrict pp = part + o->kk * DW_V;
+    for (size_t k = 0; k < kn; k++) pp[k] += acc[k];
+}
+
+/* Where vector v of a block starts, and its channels. */
+DSRT_CPU_INLINE void dw_vec(const cpu_chans *c, size_t v, size_t *k0, size_t *kn) {
+    *k0 = v * DW_V;
+    *kn = DSRT_MIN((size_t)DW_V, c->inner - *k0);
+}
+
+/* Units: (block, vector, piece of images), each with its own sums. */
+DSRT_CPU_INLINE void dw_filter_range(void *ctx, size_t lo, size_t hi) {
+    const dw_job *j = ctx;
+    const dw_own *o = j->o;
+    const cpu_chans *vx = &o->vx, *vy = &o->vy;
+    size_t taps = (o->kk + 1) * DW_V;
+    for (size_t u = lo; u < hi; u++) {
+        size_t b = u / (o->vecs * o->pieces), v = u / o->pieces % o->vecs, q = u % o->pieces;
+        size_t k0, kn;
+        dw_vec(vx, v, &k0, &kn);
+        double *restrict part = o->part + u * taps;
+        for (size_t t = 0; t < taps; t++) part[t] = 0.0;
+        size_t i1 = DSRT_MIN(vx->n, (q + 1) * DW_IMAGES);
+        for (size_t i = q * DW_IMAGES; i < i1; i++) {
+            const float *x = j->x + i * vx->s_n + b * vx->s_b;
+            const float *dy = j->dy + i * vy->s_n + b * vy->s_b;
+            for (int oh = 0; oh < o->oh; oh++) {
+                if (kn == DW_V)
+                    dw_filter_row(o, x, dy, part, vx->inner, k0, DW_V, oh);
+                else
+                    dw_filter_row(o, x, dy, part, vx->inner, k0, kn, oh);
+            }
+        }
+    }
+}
+DSRT_CPU_ISA_VARIANTS(dw_filter_range);
+
+/* The weights' (c, 1, kh, kw) and bias's gradients: the pieces' sums,
+ * added in order. */
+static int step_dw_filter(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *l = &be->net->layers[i];
+    dw_own *o = p->lp[i].own;
+    dw_job j = {
+        .o = o, .x = dsrt__cpu_handle(p->lp[i].src), .dy = dsrt__cpu_handle(p->lp[i].out.diff)};
+    size_t units = o->vx.blocks * o->vecs * o->pieces, taps = (o->kk + 1) * DW_V;
+    dsrt__cpu_parallel(be, units, dw_filter_range_isa[be->isa], &j);
+    float *dw = be->net->grads + l->w_off, *db = l->b_n ? be->net->grads + l->b_off : NULL;
+    for (size_t b = 0; b < o->vx.blocks; b++)
+        for (size_t v = 0; v < o->vecs; v++) {
+            size_t k0, kn, c0 = b * o->vx.inner;
+            dw_vec(&o->vx, v, &k0, &kn);
+            for (size_t k = 0; k < kn && c0 + k0 + k < o->vx.c; k++)
+                for (size_t t = 0; t <= o->kk; t++) {
+                    double s = 0;
+                    for (size_t q = 0; q < o->pieces; q++)
+                        s += o->part[((b * o->vecs + v) * o->pieces + q) * taps + t * DW_V + k];
+                    if (t < o->kk)
+                        dw[(c0 + k0 + k) * o->kk + t] = (float)s;
+                    else if (db)
+                        db[c0 + k0 + k] = (float)s;
+                }
+        }
+    return 0;
+}
+
+/* The tables of which taps meet the input (dw_own). */
+static int dw_tables(dw_own *o, int sh, int sw, int pt, int pl) {
+    size_t ints = 3 * (size_t)o->oh + (size_t)o->ow + 2 * (size_t)o->kw;
+    int *t = o->r_lo = dsrt__calloc(ints, sizeof *t);
+    if (!t) return -ENOMEM;
+    o->r_hi = t + o->oh;
+    o->at_h = o->r_hi + o->oh;
+    o->at_w = o->at_h + o->oh;
+    o->ow_lo = o->at_w + o->ow;
+    o->ow_hi = o->ow_lo + o->kw;
+    /* The taps of a window inside the input are one range, and so are the
+     * outputs whose windows a tap sees inside it. */
+    for (int y = 0; y < o->oh; y++) {
+        o->at_h[y] = y * sh - pt;
+        for (int r = 0; r < o->kh; r++) {
+            int q = o->at_h[y] + r * o->dh;
+            if (q < 0 || q >= o->ih) continue;
+            if (o->r_hi[y] == o->r_lo[y]) o->r_lo[y] = r;
+            o->r_hi[y] = r + 1;
+        }
+    }
+    for (int x = 0; x < o->ow; x++) o->at_w[x] = x * sw - pl;
+    for (int s = 0; s < o->kw; s++)
+        for (int x = 0; x < o->ow; x++) {
+            int q = o->at_w[x] + s * o->dw;
+            if (q < 0 || q >= o->iw) continue;
+            if (o->ow_hi[s] == o->ow_lo[s]) o->ow_lo[s] = x;
+            o->ow_hi[s] = x + 1;
+        }
+    return 0;
+}
+
+/*
+ * Whether depthwise convolution i's weight gradient is the C step's: when
+ * oneDNN's choice bpd for it is not its depthwise kernel and the input
+ * (lp->src) and output's gradient are in layouts the step reads. Then the
+ * step and the gradients' readiness are added, and bpd destroyed.
+ */
+static int dw_filter_plan(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_t bpd,
+                          int *taken) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    const char *impl = NULL;
+    cpu_chans vx, vy;
+    *taken = 0;
+    if (!be->depthwise || L->o.groups == 1 || L->o.groups != L->in.c || L->out.c != L->in.c)
+        return 0;
+    if (dnnl_primitive_desc_query(bpd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+        impl && strstr(impl, "dw"))
+        return 0;
+    if (!dsrt__cpu_chans(dsrt__cpu_md_of(lp->src), &vx) ||
+        !dsrt__cpu_chans(dsrt__cpu_md_of(lp->out.diff), &vy) || vx.inner != vy.inner ||
+        vx.blocks != vy.blocks || vx.inner == 1)
+        return 0;
+    dw_own *o = dsrt__calloc(1, sizeof *o);
+    if (!o) return -ENOMEM;
+    lp->own = o;
+    lp->own_free = dw_free;
+    *o = (dw_own){.vx = vx,
+                  .vy = vy,
+                  .ih = L->in.h,
+                  .iw = L->in.w,
+                  .oh = L->out.h,
+                  .ow = L->out.w,
+                  .kh = L->o.kh,
+                  .kw = L->o.kw,
+                  .dh = L->o.dh,
+                  .dw = L->o.dw};
+    o->kk = (size_t)L->o.kh * L->o.kw;
+    o->vecs = (vx.inner + DW_V - 1) / DW_V;
+    o->pieces = ((size_t)p->n + DW_IMAGES - 1) / DW_IMAGES;
+    size_t units = vx.blocks * o->vecs * o->pieces;
+    o->part = dsrt__malloc(units * (o->kk + 1) * DW_V * sizeof *o->part);
+    int rc = o->part ? dw_tables(o, L->o.sh, L->o.sw, L->pt, L->pl) : -ENOMEM;
+    if (!rc) rc = dsrt__cpu_c_step(p, 1, step_dw_filter, i);
+    if (!rc) rc = dsrt__cpu_ready_step(p, i);
+    if (rc) return rc;
+    dnnl_primitive_desc_destroy(bpd);
+    *taken = 1;
+    return 0;
+}
+
 static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
     dnnl_alg_kind_t conv_alg = be->conv_alg;
     dsrt_net *net = be->net;
@@ -144,7 +360,12 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
         }
         if ((rc = dsrt__cpu_pd(&bpd, &bd, be, 0, 0, fpd, "convolution backward weights", L)))
             goto out;
-        if ((rc = dsrt__cpu_weights_grad(be, p, i, bpd, &w_plain, &b_md, 1))) goto out;
+        int taken;
+        if ((rc = dw_filter_plan(be, p, i, bpd, &taken))) {
+            dnnl_primitive_desc_destroy(bpd);
+            goto out;
+        }
+        if (!taken && (rc = dsrt__cpu_weights_grad(be, p, i, bpd, &w_plain, &b_md, 1))) goto out;
     }
     if (dsrt__net_need_diff(be->net, L->inputs[0])) {
         dnnl_convolution_desc_t bd;

@@ -46,99 +46,101 @@ static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
 // ----------------------------------------------------------------------------
 // CPU backend
 
-/* What the layer keeps for backward: its inputs, its output's gradient and
- * its inputs' gradients in plain layout (NULL: not needed), and whether the
- * second input is a gate. */
+/* What the layer keeps: its inputs and output (the second input in the
+ * first's layout, or a gate as (n, c)), their gradients (NULL: not
+ * needed; da, db where backward writes them), how the first input's
+ * layout is seen, and whether the second input is a gate. */
 typedef struct {
-    dnnl_memory_t a, b, dy, da, db;
+    dnnl_memory_t a, b, y, dy, da, db;
+    cpu_chans v;
+    size_t count; /* floats of a tensor of the first input's layout */
     int gate;
-    size_t nc, hw; /* n c, and the pixels of the first input */
 } mul_own;
+
+static float *fp(dnnl_memory_t m) {
+    return m ? dsrt__cpu_handle(m) : NULL;
+}
+
+static int step_mul_fwd(cpu_backend *be, cpu_plan *p, int i) {
+    const mul_own *o = p->lp[i].own;
+    if (o->gate)
+        dsrt__cpu_mul_chans(be, &o->v, fp(o->a), fp(o->b), o->v.c, fp(o->y));
+    else
+        dsrt__cpu_mul(be, o->count, fp(o->a), fp(o->b), fp(o->y));
+    return 0;
+}
 
 /* da = dy b, db = dy a (a gate's summed over the pixels, in double). */
 static int step_mul_bwd(cpu_backend *be, cpu_plan *p, int i) {
     const mul_own *o = p->lp[i].own;
-    const float *a = dsrt__cpu_handle(o->a), *b = dsrt__cpu_handle(o->b),
-                *dy = dsrt__cpu_handle(o->dy);
-    float *da = o->da ? dsrt__cpu_handle(o->da) : NULL,
-          *db = o->db ? dsrt__cpu_handle(o->db) : NULL;
-    for (size_t j = 0; j < o->nc; j++) {
-        const float *aj = a + j * o->hw, *dyj = dy + j * o->hw;
-        if (o->gate) {
-            double s = 0;
-            for (size_t k = 0; k < o->hw; k++) {
-                if (da) da[j * o->hw + k] = dyj[k] * b[j];
-                s += (double)dyj[k] * aj[k];
-            }
-            if (db) db[j] = (float)s;
-        } else {
-            const float *bj = b + j * o->hw;
-            for (size_t k = 0; k < o->hw; k++) {
-                if (da) da[j * o->hw + k] = dyj[k] * bj[k];
-                if (db) db[j * o->hw + k] = dyj[k] * aj[k];
-            }
-        }
+    float *dy = fp(o->dy);
+    if (o->da) {
+        if (o->gate)
+            dsrt__cpu_mul_chans(be, &o->v, dy, fp(o->b), o->v.c, fp(o->da));
+        else
+            dsrt__cpu_mul(be, o->count, dy, fp(o->b), fp(o->da));
+    }
+    if (o->db) {
+        if (o->gate)
+            dsrt__cpu_dot_chans(be, &o->v, dy, fp(o->a), 1, fp(o->db));
+        else
+            dsrt__cpu_mul(be, o->count, dy, fp(o->a), fp(o->db));
     }
     return 0;
 }
 
 /*
- * Forward: oneDNN's binary multiplication in the first input's layout, the
- * second reordered to it (a gate: to plain (n, c, 1, 1), which binary
- * broadcasts). Backward: a C step over plain copies of the inputs and of
- * the output's gradient, each input's gradient written plain and reordered
- * to its own layout.
+ * A C step each way in the first input's layout (NCHW, NHWC or oneDNN's
+ * channel blocks; another one is reordered to NHWC): the second input
+ * reordered to that layout, or a gate read as (n, c) (a copy only where
+ * its layout is not that). Backward writes each input's gradient in its
+ * own layout where that is the layout the step works in, else into a
+ * scratch tensor reordered to it.
  */
 static int plan_mul(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
     tensor in[2];
-    dnnl_memory_t src1;
     int rc = 0;
     if (L->n_inputs != 2) return dsrt__cpu_fail(dnnl_invalid_arguments, "mul", L);
     for (int k = 0; k < 2 && !rc; k++) rc = dsrt__cpu_input4(be, p, L, k, &in[k]);
     if (rc) return rc;
     const dsrt_shape *sa = &be->net->layers[L->inputs[0]].out,
                      *sb = &be->net->layers[L->inputs[1]].out;
-    int gate = is_gate(sa, sb);
-    dnnl_dims_t bdims = {p->n, sb->c, sb->h, sb->w};
-    dnnl_memory_desc_t pb, pa, md1;
-    if (dsrt__cpu_md_plain(&pb, 4, bdims) || dsrt__cpu_md_plain_like(&pa, &in[0].md))
-        return dsrt__cpu_fail(dnnl_invalid_arguments, "mul", L);
-    md1 = gate ? pb : in[0].md;
-    if ((rc = dsrt__cpu_ensure(p, be, in[1].mem, &md1, 0, i, &src1, L))) return rc;
-    if ((rc = dsrt__cpu_output(be, p, i, &in[0].md))) return rc;
-    dnnl_binary_desc_t d;
-    dnnl_primitive_desc_t pd;
-    step *s;
-    DN("mul", dnnl_binary_desc_init(&d, dnnl_binary_mul, &in[0].md, &md1, &in[0].md));
-    if ((rc = dsrt__cpu_pd(&pd, &d, be, 0, 0, NULL, "mul", L))) return rc;
-    rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
-    dnnl_primitive_desc_destroy(pd);
-    if (rc) return rc;
-    dsrt__cpu_arg(s, DNNL_ARG_SRC_0, in[0].mem);
-    dsrt__cpu_arg(s, DNNL_ARG_SRC_1, src1);
-    dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+    mul_own *o = dsrt__calloc(1, sizeof *o);
+    if (!o) return -ENOMEM;
+    lp->own = o;
+    o->gate = is_gate(sa, sb);
+    dnnl_dims_t adims = {p->n, sa->c, sa->h, sa->w}, bdims = {p->n, sb->c, sb->h, sb->w};
+    dnnl_memory_desc_t md = in[0].md, pb;
+    if (dsrt__cpu_md_plain(&pb, 4, bdims)) return dsrt__cpu_fail(dnnl_invalid_arguments, "mul", L);
+    if (!dsrt__cpu_chans(&md, &o->v))
+        DN("memory descriptors", dnnl_memory_desc_init_by_tag(&md, 4, adims, dnnl_f32, dnnl_acdb));
+    if (!dsrt__cpu_chans(&md, &o->v)) return dsrt__cpu_fail(dnnl_invalid_arguments, "mul", L);
+    o->count = dnnl_memory_desc_get_size(&md) / sizeof(float);
+    const dnnl_memory_desc_t *bmd = o->gate && dsrt__cpu_is_nc(&in[1].md) ? &in[1].md
+                                    : o->gate                             ? &pb
+                                                                          : &md;
+    if ((rc = dsrt__cpu_ensure(p, be, in[0].mem, &md, 0, i, &o->a, L))) return rc;
+    if ((rc = dsrt__cpu_ensure(p, be, in[1].mem, bmd, 0, i, &o->b, L))) return rc;
+    if ((rc = dsrt__cpu_output(be, p, i, &md))) return rc;
+    o->y = lp->out.mem;
+    if ((rc = dsrt__cpu_c_step(p, 0, step_mul_fwd, i))) return rc;
     int need[2] = {dsrt__net_need_diff(be->net, L->inputs[0]),
                    dsrt__net_need_diff(be->net, L->inputs[1])};
     if (!p->train || (!need[0] && !need[1])) return 0;
 
-    mul_own *o = dsrt__calloc(1, sizeof *o);
-    if (!o) return -ENOMEM;
-    lp->own = o;
-    o->gate = gate;
-    o->nc = (size_t)p->n * sa->c;
-    o->hw = (size_t)sa->h * sa->w;
-    const dnnl_memory_desc_t *plain[2] = {&pa, gate ? &pb : &pa};
-    rc = dsrt__cpu_ensure(p, be, in[0].mem, &pa, 1, i, &o->a, L);
-    if (!rc) rc = dsrt__cpu_ensure(p, be, src1, plain[1], 1, i, &o->b, L);
-    if (!rc) rc = dsrt__cpu_ensure(p, be, lp->out.diff, &pa, 1, i, &o->dy, L);
+    o->dy = lp->out.diff;
+    /* The layout each gradient is computed in: the first input's, or a
+     * gate's (n, c). */
+    const dnnl_memory_desc_t *made[2] = {
+        &md, o->gate ? (dsrt__cpu_is_nc(&in[1].md) ? &in[1].md : &pb) : &md};
     dnnl_memory_t tgt[2] = {NULL, NULL}, acc[2] = {NULL, NULL}, tmp[2] = {NULL, NULL};
     dnnl_memory_t *res[2] = {&o->da, &o->db};
     for (int k = 0; k < 2 && !rc; k++) {
         if (!need[k]) continue;
         rc = dsrt__cpu_grad_target_of(be, p, i, k, &in[k], &tgt[k], &acc[k]);
-        if (!rc) rc = dsrt__cpu_deliver(p, be, tgt[k], plain[k], res[k], &tmp[k], L);
+        if (!rc) rc = dsrt__cpu_deliver(p, be, tgt[k], made[k], res[k], &tmp[k], L);
     }
     if (!rc) rc = dsrt__cpu_c_step(p, 1, step_mul_bwd, i);
     for (int k = 0; k < 2 && !rc; k++) {

@@ -42,37 +42,36 @@ static void init(const dsrt_layer *l, float *params, float *state, dsrt_rng *rng
 // ----------------------------------------------------------------------------
 // CPU backend
 
-/* What the layer keeps for the factors' gradient: its input and its
- * output's gradient in plain layout. */
+/* What the layer keeps: its input, output and their gradients (dx NULL:
+ * not needed) in the layout it works in, and how that is seen. */
 typedef struct {
-    dnnl_memory_t x, dy;
+    dnnl_memory_t x, y, dy, dx;
+    cpu_chans v;
 } scale_own;
 
-/* dw[c] = the sum of dy x over every pixel of every image, in double. */
-static int step_scale_dw(cpu_backend *be, cpu_plan *p, int i) {
+static int step_scale_fwd(cpu_backend *be, cpu_plan *p, int i) {
+    const scale_own *o = p->lp[i].own;
+    const float *w = be->net->params + be->net->layers[i].w_off;
+    dsrt__cpu_mul_chans(be, &o->v, dsrt__cpu_handle(o->x), w, 0, dsrt__cpu_handle(o->y));
+    return 0;
+}
+
+/* dw[c] = the sum of dy x over every pixel of every image, in double;
+ * dx = dy w. */
+static int step_scale_bwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *l = &be->net->layers[i];
     const scale_own *o = p->lp[i].own;
-    const float *x = dsrt__cpu_handle(o->x), *dy = dsrt__cpu_handle(o->dy);
-    float *dw = be->net->grads + l->w_off;
-    int c = l->out.c;
-    size_t hw = (size_t)l->out.h * l->out.w;
-    for (int ch = 0; ch < c; ch++) {
-        double s = 0;
-        for (int b = 0; b < p->n; b++) {
-            size_t at = ((size_t)b * c + ch) * hw;
-            for (size_t k = 0; k < hw; k++) s += (double)dy[at + k] * x[at + k];
-        }
-        dw[ch] = (float)s;
-    }
+    const float *dy = dsrt__cpu_handle(o->dy);
+    dsrt__cpu_dot_chans(be, &o->v, dy, dsrt__cpu_handle(o->x), 0, be->net->grads + l->w_off);
+    if (o->dx)
+        dsrt__cpu_mul_chans(be, &o->v, dy, be->net->params + l->w_off, 0, dsrt__cpu_handle(o->dx));
     return 0;
 }
 
 /*
- * Forward: oneDNN's binary multiplication by the factors as a (1, c, 1, 1)
- * tensor on the flat buffer, in the input's layout. Backward: the factors'
- * gradient by a C step over plain copies of the input and the output's
- * gradient, the input's gradient by the same binary multiplication of the
- * output's gradient.
+ * A C step each way in the input's layout (NCHW, NHWC or oneDNN's channel
+ * blocks; another one is reordered to NHWC), the factors read from the
+ * flat buffer and their gradient written into the net's gradients.
  */
 static int plan_scale(cpu_backend *be, cpu_plan *p, int i) {
     dsrt_net *net = be->net;
@@ -81,48 +80,29 @@ static int plan_scale(cpu_backend *be, cpu_plan *p, int i) {
     tensor in;
     int rc = dsrt__cpu_input4(be, p, L, 0, &in);
     if (rc) return rc;
-    dnnl_dims_t wdims = {1, L->out.c, 1, 1};
-    dnnl_memory_desc_t wmd, plain;
-    if (dsrt__cpu_md_plain(&wmd, 4, wdims) || dsrt__cpu_md_plain_like(&plain, &in.md))
-        return dsrt__cpu_fail(dnnl_invalid_arguments, "scale", L);
-    dnnl_memory_t w;
-    if ((rc = dsrt__cpu_mem(p, &wmd, be->engine, net->params + L->w_off, &w, L))) return rc;
-    if ((rc = dsrt__cpu_output(be, p, i, &in.md))) return rc;
-    dnnl_binary_desc_t d;
-    dnnl_primitive_desc_t pd;
-    step *s;
-    DN("scale", dnnl_binary_desc_init(&d, dnnl_binary_mul, &in.md, &wmd, &in.md));
-    if ((rc = dsrt__cpu_pd(&pd, &d, be, 0, 0, NULL, "scale", L))) return rc;
-    rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
-    if (rc) goto out;
-    dsrt__cpu_arg(s, DNNL_ARG_SRC_0, in.mem);
-    dsrt__cpu_arg(s, DNNL_ARG_SRC_1, w);
-    dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
-    if (!p->train) goto out;
     scale_own *o = dsrt__calloc(1, sizeof *o);
-    if (!o) {
-        rc = -ENOMEM;
-        goto out;
-    }
+    if (!o) return -ENOMEM;
     lp->own = o;
-    rc = dsrt__cpu_ensure(p, be, in.mem, &plain, 1, i, &o->x, L);
-    if (!rc) rc = dsrt__cpu_ensure(p, be, lp->out.diff, &plain, 1, i, &o->dy, L);
-    if (!rc) rc = dsrt__cpu_c_step(p, 1, step_scale_dw, i);
-    if (!rc && dsrt__net_need_diff(net, L->inputs[0])) {
-        dnnl_memory_t tgt, acc, dx, tmp;
+    dnnl_dims_t dims = {p->n, L->out.c, L->out.h, L->out.w};
+    dnnl_memory_desc_t md = in.md;
+    if (!dsrt__cpu_chans(&md, &o->v))
+        DN("memory descriptors", dnnl_memory_desc_init_by_tag(&md, 4, dims, dnnl_f32, dnnl_acdb));
+    if (!dsrt__cpu_chans(&md, &o->v)) return dsrt__cpu_fail(dnnl_invalid_arguments, "scale", L);
+    if ((rc = dsrt__cpu_ensure(p, be, in.mem, &md, 0, i, &o->x, L))) return rc;
+    if ((rc = dsrt__cpu_output(be, p, i, &md))) return rc;
+    o->y = lp->out.mem;
+    if ((rc = dsrt__cpu_c_step(p, 0, step_scale_fwd, i)) || !p->train) return rc;
+    o->dy = lp->out.diff;
+    dnnl_memory_t tgt = NULL, acc = NULL, tmp = NULL;
+    int need = dsrt__net_need_diff(net, L->inputs[0]);
+    if (need) {
         rc = dsrt__cpu_grad_target_of(be, p, i, 0, &in, &tgt, &acc);
-        if (!rc) rc = dsrt__cpu_deliver(p, be, tgt, &in.md, &dx, &tmp, L);
-        if (!rc) rc = dsrt__cpu_prim_step(p, be, pd, 1, i, &s, L);
-        if (rc) goto out;
-        dsrt__cpu_arg(s, DNNL_ARG_SRC_0, lp->out.diff);
-        dsrt__cpu_arg(s, DNNL_ARG_SRC_1, w);
-        dsrt__cpu_arg(s, DNNL_ARG_DST, dx);
-        if (tmp) rc = dsrt__cpu_reorder_step(p, be, tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
-        if (!rc) rc = dsrt__cpu_grad_add(be, p, i, in.diff, acc);
+        if (!rc) rc = dsrt__cpu_deliver(p, be, tgt, &md, &o->dx, &tmp, L);
     }
+    if (!rc) rc = dsrt__cpu_c_step(p, 1, step_scale_bwd, i);
+    if (!rc && tmp) rc = dsrt__cpu_reorder_step(p, be, tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
+    if (!rc && need) rc = dsrt__cpu_grad_add(be, p, i, in.diff, acc);
     if (!rc) rc = dsrt__cpu_ready_step(p, i);
-out:
-    dnnl_primitive_desc_destroy(pd);
     return rc;
 }
 

@@ -67,12 +67,9 @@ static int step_sd_fwd(cpu_backend *be, cpu_plan *p, int i) {
     uint32_t thresh = dsrt_dropout_threshold(l->o.p);
     float keep = dsrt_dropout_scale(l->o.p);
     dsrt_rng rng = dsrt_drop_path_rng(net->opts.seed, (uint64_t)net->iteration, (uint64_t)i);
-    for (int b = 0; b < p->n; b++) {
-        float m = o->mask[b] = dsrt_drop_path_mask(&rng, (uint64_t)b, thresh, keep);
-        const float *xb = x + (size_t)b * o->per;
-        float *yb = y + (size_t)b * o->per;
-        for (size_t k = 0; k < o->per; k++) yb[k] = xb[k] * m;
-    }
+    for (int b = 0; b < p->n; b++)
+        o->mask[b] = dsrt_drop_path_mask(&rng, (uint64_t)b, thresh, keep);
+    dsrt__cpu_mul_rows(be, (size_t)p->n, o->per, x, o->mask, y);
     return 0;
 }
 
@@ -81,15 +78,13 @@ static int step_sd_bwd(cpu_backend *be, cpu_plan *p, int i) {
     const sd_own *o = lp->own;
     const float *dy = dsrt__cpu_handle(lp->out.diff);
     float *dx = dsrt__cpu_handle(o->dx);
-    for (int b = 0; b < p->n; b++) {
-        size_t at = (size_t)b * o->per;
-        for (size_t k = 0; k < o->per; k++) dx[at + k] = dy[at + k] * o->mask[b];
-    }
+    dsrt__cpu_mul_rows(be, (size_t)p->n, o->per, dy, o->mask, dx);
     return 0;
 }
 
 /* In training a C step each way in the input's layout (reordered to plain
- * when an image is not one range of it); at inference the input itself. */
+ * when an image is not one range of it), the images shared by the threads;
+ * at inference the input itself. */
 static int plan_sd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];

@@ -1,0 +1,198 @@
+/*
+ * The CPU backend's own C steps: depthwise convolutions' weight gradients
+ * (nn/layers/conv.c, where oneDNN has no depthwise kernel for them) against
+ * oneDNN's (DSRT_CPU_DEPTHWISE=onednn) in every layout, stride, dilation,
+ * padding and kernel size, with and without a bias and a fused ReLU, every
+ * layer's output and every gradient within 1e-4; mul, scale
+ * and stochastic depth's steps in NHWC and blocked layouts against the
+ * same nets in the layouts oneDNN chooses, and under each instruction set;
+ * every one of them the same bits run to run.
+ */
+#include "nn/backend_cpu.h"
+#include "task.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Helpers
+
+/* The outputs of one training step: every layer's output, the loss and the
+ * gradients. */
+typedef struct {
+    float *outs, *grads;
+    size_t n_outs, n_grads;
+    float loss;
+} run_result;
+
+static void run_free(run_result *r) {
+    free(r->outs);
+    free(r->grads);
+}
+
+/* One forward and backward of desc on a fixed batch, with the environment
+ * as the caller set it. */
+static run_result run(const char *desc, int n, int threads) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = threads;
+    o.seed = 7;
+    dsrt_net *net = NULL;
+    int rc = dsrt_net_create(&net, desc, 0, 0, 0, 0, &o);
+    if (rc) fprintf(stderr, "net_create: %s\n", dsrt_last_error());
+    REQUIRE(rc == 0);
+    /* Random biases, so that no gradient is zero by symmetry. */
+    dsrt_rng r = dsrt_rng_init(5, 0, 0, 0);
+    for (int i = 0; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        for (size_t k = 0; k < l->b_n; k++)
+            net->params[l->b_off + k] = (float)(0.2 * (dsrt_rng_uniform(&r) - 0.5));
+    }
+    dsrt_net_params_changed(net);
+    dsrt_net_set_iteration(net, 3);
+    size_t per = (size_t)net->input.h * net->input.w * net->input.c;
+    float *x = malloc((size_t)n * per * sizeof *x);
+    int32_t *y = malloc((size_t)n * sizeof *y);
+    REQUIRE(x && y);
+    dsrt_rng rx = dsrt_rng_init(11, 1, 2, 3);
+    for (size_t k = 0; k < (size_t)n * per; k++) x[k] = (float)(2 * dsrt_rng_uniform(&rx) - 1);
+    for (int i = 0; i < n; i++) y[i] = i % net->classes;
+    run_result res = {0};
+    CHECK_OK(dsrt_net_forward_backward(net, x, y, n, &res.loss, NULL));
+    for (int i = 1; i < net->n_layers; i++) {
+        const dsrt_shape *s = &net->layers[i].out;
+        res.n_outs += (size_t)n * s->c * s->h * s->w;
+    }
+    res.outs = malloc(res.n_outs * sizeof *res.outs);
+    res.grads = malloc(net->n_params * sizeof *res.grads);
+    REQUIRE(res.outs && res.grads);
+    size_t at = 0;
+    for (int i = 1; i < net->n_layers; i++) {
+        const dsrt_shape *s = &net->layers[i].out;
+        CHECK_OK(dsrt__net_layer_output(net, i, res.outs + at, 1));
+        at += (size_t)n * s->c * s->h * s->w;
+    }
+    memcpy(res.grads, net->grads, net->n_params * sizeof *res.grads);
+    res.n_grads = net->n_params;
+    free(x);
+    free(y);
+    dsrt_net_destroy(net);
+    return res;
+}
+
+static int close_to(const float *a, const float *b, size_t n, double tol, const char *what,
+                    const char *desc) {
+    double scale = 0;
+    for (size_t k = 0; k < n; k++) scale = fmax(scale, fabs(b[k]));
+    size_t bad = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (fabs(a[k] - b[k]) <= tol * (fabs(b[k]) + 1e-2 * scale)) continue;
+        if (bad++ < 3)
+            fprintf(stderr, "  %s[%zu] = %.7g, reference %.7g\n", what, k, (double)a[k],
+                    (double)b[k]);
+    }
+    if (bad) fprintf(stderr, "  %s: %zu of %zu values off in\n%s", what, bad, n, desc);
+    return bad == 0;
+}
+
+static int same_bits(const run_result *a, const run_result *b) {
+    return a->n_outs == b->n_outs && a->n_grads == b->n_grads &&
+           !memcmp(a->outs, b->outs, a->n_outs * sizeof *a->outs) &&
+           !memcmp(a->grads, b->grads, a->n_grads * sizeof *a->grads) && a->loss == b->loss;
+}
+
+// ----------------------------------------------------------------------------
+// Depthwise convolutions
+
+/* Depthwise layers of several shapes after a 1x1 convolution of c
+ * channels (so that they have an input gradient), each in the layouts
+ * DSRT_CPU_LAYOUT makes. */
+static const char *const DW_NETS[] = {
+    "input size=9x8x3\nconv filters=%d size=1\nconv filters=%d size=3 pad=1 groups=%d\n"
+    "fc outputs=3\nsoftmax\n",
+    "input size=9x10x3\nconv filters=%d size=1\nconv filters=%d size=5 stride=2 pad=2 groups=%d "
+    "bias=0\nfc outputs=3\nsoftmax\n",
+    "input size=11x9x3\nconv filters=%d size=1\nconv filters=%d size=3x2 stride=2x1 dilation=2 "
+    "pad=2,1,0,1 groups=%d\nrelu\nfc outputs=3\nsoftmax\n",
+    "input size=7x7x3\nconv filters=%d size=1\nconv filters=%d size=3 stride=2 pad=same "
+    "groups=%d\nrelu\nconv filters=4 size=1\nfc outputs=3\nsoftmax\n",
+};
+
+static void test_depthwise_vs_onednn(void) {
+    static const int channels[] = {8, 20, 32, 40};
+    static const char *const layouts[] = {NULL, "blocked", "nhwc"};
+    for (size_t d = 0; d < DSRT_ARRAY_SIZE(DW_NETS); d++)
+        for (size_t c = 0; c < DSRT_ARRAY_SIZE(channels); c++)
+            for (size_t l = 0; l < DSRT_ARRAY_SIZE(layouts); l++) {
+                char desc[512];
+                snprintf(desc, sizeof desc, DW_NETS[d], channels[c], channels[c], channels[c]);
+                if (layouts[l])
+                    setenv("DSRT_CPU_LAYOUT", layouts[l], 1);
+                else
+                    unsetenv("DSRT_CPU_LAYOUT");
+                setenv("DSRT_CPU_DEPTHWISE", "onednn", 1);
+                run_result ref = run(desc, 5, 2);
+                unsetenv("DSRT_CPU_DEPTHWISE");
+                run_result own = run(desc, 5, 2), again = run(desc, 5, 2);
+                CHECK(close_to(own.outs, ref.outs, own.n_outs, 1e-4, "outputs", desc));
+                CHECK(close_to(own.grads, ref.grads, own.n_grads, 1e-4, "gradients", desc));
+                CHECK(same_bits(&own, &again));
+                run_free(&ref);
+                run_free(&own);
+                run_free(&again);
+            }
+    unsetenv("DSRT_CPU_LAYOUT");
+}
+
+// ----------------------------------------------------------------------------
+// Products and stochastic depth
+
+/* A gate over a convolution's output, two values of one shape (images and
+ * one-pixel ones), scales and stochastic depth, of k channels: in every
+ * layout and under each instruction set. */
+static void test_products_layouts_threads(void) {
+    static const int channels[] = {8, 20, 32};
+    for (size_t c = 0; c < DSRT_ARRAY_SIZE(channels); c++) {
+        int k = channels[c];
+        char desc[1024];
+        snprintf(desc, sizeof desc,
+                 "input name=in size=6x5x3\nconv name=x filters=%d size=3 pad=1\ngap inputs=x\n"
+                 "conv name=f filters=%d size=1\nsigmoid name=g\nmul name=m inputs=x,g\n"
+                 "conv name=y filters=%d size=1 inputs=in\nmul name=p inputs=m,y\nscale "
+                 "init=0.5\nstochastic_depth name=s p=0.4\nconv name=z filters=%d size=1 "
+                 "inputs=in\nadd inputs=s,z\nfc name=fa outputs=%d\nfc name=fb outputs=%d "
+                 "inputs=in\nmul inputs=fa,fb\nscale\nfc outputs=3\nsoftmax\n",
+                 k, k, k, k, k, k);
+        unsetenv("DSRT_CPU_LAYOUT");
+        run_result ref = run(desc, 6, 2);
+        static const char *const layouts[] = {"blocked", "nhwc"};
+        for (size_t l = 0; l < DSRT_ARRAY_SIZE(layouts); l++) {
+            setenv("DSRT_CPU_LAYOUT", layouts[l], 1);
+            run_result r = run(desc, 6, 2);
+            CHECK(close_to(r.outs, ref.outs, r.n_outs, 1e-4, "outputs", desc));
+            CHECK(close_to(r.grads, ref.grads, r.n_grads, 1e-4, "gradients", desc));
+            run_free(&r);
+        }
+        unsetenv("DSRT_CPU_LAYOUT");
+        run_result again = run(desc, 6, 2);
+        CHECK(same_bits(&ref, &again));
+        static const char *const isas[] = {"scalar", "avx2"};
+        for (size_t s = 0; s < DSRT_ARRAY_SIZE(isas); s++) {
+            setenv("DSRT_MAX_CPU_ISA", isas[s], 1);
+            run_result r = run(desc, 6, 2);
+            CHECK(close_to(r.outs, ref.outs, r.n_outs, 1e-5, "outputs", desc));
+            CHECK(close_to(r.grads, ref.grads, r.n_grads, 1e-5, "gradients", desc));
+            run_free(&r);
+        }
+        unsetenv("DSRT_MAX_CPU_ISA");
+        run_free(&ref);
+        run_free(&again);
+    }
+}
+
+int main(void) {
+    RUN(test_depthwise_vs_onednn);
+    RUN(test_products_layouts_threads);
+    return TEST_RESULT();
+}
