@@ -2880,12 +2880,13 @@ static const option CLASSIFY_OPTIONS[] = {
 static void classify_usage(FILE *f) {
     fprintf(f,
             "usage: %s classify --model FILE [options] PATH...\n\n"
-            "Labels images: each PATH is a JPEG or PNG file, or a folder whose images (in its\n"
-            "sub-folders too) are all labelled. Prints, for each image, its path and the K\n"
-            "likeliest labels (--top, 3 by default) with their scores (softmax probabilities),\n"
-            "or with --json all the scores. Images are resized to the model's input size and\n"
-            "converted to its channels, as in training. Columns are separated by tabs; a tab,\n"
-            "newline or backslash in a path or class name is written \\t, \\n or \\\\.\n\n"
+            "Labels images: each PATH is a JPEG, PNG or WebP file, or a folder whose images\n"
+            "(in its sub-folders too) are all labelled. Prints, for each image, its path and\n"
+            "the K likeliest labels (--top, 3 by default) with their scores (softmax\n"
+            "probabilities), or with --json all the scores. Images are resized to the model's\n"
+            "input size and converted to its channels, as in training. Columns are separated\n"
+            "by tabs; a tab, newline or backslash in a path or class name is written \\t, \\n\n"
+            "or \\\\.\n\n"
             "options:\n",
             prog);
     print_options(f, CLASSIFY_OPTIONS);
