@@ -45,6 +45,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <webp/encode.h>
 
 /* Requests of opening s3://bkt/clean: the look at the prefix (a shard set
  * or a folder), the prefix's listing, then its 3 classes'. */
@@ -237,6 +238,18 @@ static void make_data(void) {
         REQUIRE(png);
         put(pngs[k], png, len);
         free(png);
+    }
+    /* WebPs, lossless and lossy: the default extensions take them from a
+     * listing as from a folder, and they decode the same from either. */
+    static const char *const webps[] = {"cat/w.webp", "emu/v.WEBP"};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(webps); k++) {
+        uint8_t px[30 * 20 * 3], *webp = NULL;
+        timg_pattern(px, 30, 20, 3, seed++);
+        size_t len = k == 0 ? WebPEncodeLosslessRGB(px, 30, 20, 30 * 3, &webp)
+                            : WebPEncodeRGB(px, 30, 20, 30 * 3, 80, &webp);
+        REQUIRE(len > 0 && webp);
+        put(webps[k], webp, len);
+        WebPFree(webp);
     }
     put("dog/bad.jpg", (const uint8_t *)"not an image at all", 19); /* a bad file */
     put("notes/readme.txt", (const uint8_t *)"hello", 5);           /* a class without images */
@@ -693,6 +706,12 @@ static void test_same_batches(void) {
     CHECK_EQ(ra.batches, rb.batches);
     CHECK_EQ(ra.bad, 1); /* dog/bad.jpg, a bad file in both */
     CHECK_EQ(rb.bad, 1);
+    /* The WebPs are listed (and so decoded: not bad). */
+    int webps = 0;
+    for (size_t i = 0; i < dsrt_datastore_count(b); i++)
+        webps += strcmp(dsrt_datastore_path(b, i), "s3://bkt/data/cat/w.webp") == 0 ||
+                 strcmp(dsrt_datastore_path(b, i), "s3://bkt/data/emu/v.WEBP") == 0;
+    CHECK_EQ(webps, 2);
     CHECK_GT(rb.st.remote_requests, 0);
     CHECK_EQ(rb.st.remote_retries, 0);
     /* The bad object is named like the bad file. */
