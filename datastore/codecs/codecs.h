@@ -8,13 +8,14 @@
  * Above the table, nothing knows a format: the decoder (decode.c) sniffs
  * the bytes through it, checks what every format shares (the pixel limit,
  * the request, the destination) and calls the codec; the folder rules take
- * the formats' extensions from it as the default list (dsrt__codec_
- * extensions), and the shard writer names a member by it.
+ * the formats' extensions from it as the default list
+ * (dsrt__codec_extensions), and the shard writer names a member by it. The
+ * codecs call down only, into the scratch the decoder lends them
+ * (scratch.c), never into the decoder or the table.
  *
- * Here too: what the decoder keeps for the codecs and the layers above it
- * (scratch buffers for a file's bytes and for pixels), the pixel
- * conversions it shares with the in-memory sources (color.c), and the PNG
- * encoder the writers use. The DC-term JPEG decoder has its own header,
+ * Here too: what the decoder keeps for the layers above it (scratch for a
+ * file's bytes and for pixels), the pixel conversions it shares with the
+ * in-memory sources (color.c), and the PNG encoder the writers use. The DC-term JPEG decoder has its own header,
  * jpeg_dc.h. Nothing here reads files: bytes come in memory.
  */
 #ifndef DSRT_DATASTORE_CODECS_H
@@ -23,6 +24,38 @@
 #include <dsrt/datastore.h>
 
 #include "core/internal.h"
+
+// ----------------------------------------------------------------------------
+// Scratch (scratch.c): what the decoder lends a codec
+
+/* Makes *buf hold at least need bytes aligned to align (a power of two);
+ * the old contents are not kept. NULL and a message when out of memory. */
+uint8_t *dsrt__scratch(uint8_t **buf, size_t *cap, size_t need, size_t align);
+
+/* Alignment of the pixel scratch buffers: cache lines. */
+#define DSRT_PIXEL_ALIGN 64
+
+/* A decoder's pixel buffers, grown on demand and kept between images: the
+ * pixels a decode returns when the caller gives no destination, and
+ * intermediate pixels (CMYK, RGB on its way to gray). */
+typedef struct dsrt_codec_scratch {
+    uint8_t *pixels; /* (pixels_cap) */
+    size_t pixels_cap;
+    uint8_t *work; /* (work_cap) */
+    size_t work_cap;
+} dsrt_codec_scratch;
+
+/* The pixel buffer, at least need bytes; NULL and a message when out of
+ * memory. */
+uint8_t *dsrt__codec_pixels(dsrt_codec_scratch *sc, size_t need);
+/* The intermediate buffer, the same way. */
+uint8_t *dsrt__codec_work(dsrt_codec_scratch *sc, size_t need);
+/* Where a decode of w x h x ch packed pixels goes: dst when the caller gave
+ * one (failing with DSRT_ETOOBIG when cap is short), else the pixel
+ * buffer. */
+int dsrt__codec_target(dsrt_codec_scratch *sc, uint8_t *dst, size_t cap, int w, int h, int ch,
+                       uint8_t **out);
+void dsrt__codec_scratch_free(dsrt_codec_scratch *sc);
 
 // ----------------------------------------------------------------------------
 // The table
@@ -41,8 +74,8 @@ enum {
  * chooses: decode_region when the request has a region and the codec has
  * one, else decode_scaled when scale gives more than 1, else decode. Each
  * writes ch channels (1 or 3) into req->dst (req->dst_cap bytes) or, when
- * that is NULL, the decoder's pixel scratch (dsrt__decoder_target does
- * both), and fails with a DSRT_E* code and a message starting "decode: ".
+ * that is NULL, the decoder's pixel scratch (dsrt__codec_target does both;
+ * sc is the decoder's scratch), and fails with a DSRT_E* code and a message starting "decode: ".
  * The decoder closes the image after any of them, and before another
  * begin; close must take an image already closed.
  */
@@ -63,21 +96,21 @@ typedef struct dsrt_codec_ops {
      * at most: its RGB would replicate the same bytes); NULL: never. */
     int (*stays_gray)(const void *state);
     /* The whole open image at its stored size. */
-    int (*decode)(void *state, dsrt_decoder *d, const dsrt_decode_request *req, int ch,
+    int (*decode)(void *state, dsrt_codec_scratch *sc, const dsrt_decode_request *req, int ch,
                   dsrt_image *out);
     /* Scaled decode, where the format has one (both NULL: it has none):
      * the denominator (1, 2, 4 or 8) of the smallest scale whose size,
      * ceil(w / s) x ceil(h / s), is still at least min_w x min_h; the whole
      * image at scale s > 1. */
     int (*scale)(int w, int h, int min_w, int min_h);
-    int (*decode_scaled)(void *state, dsrt_decoder *d, const dsrt_decode_request *req, int ch,
-                         int s, dsrt_image *out);
+    int (*decode_scaled)(void *state, dsrt_codec_scratch *sc, const dsrt_decode_request *req,
+                         int ch, int s, dsrt_image *out);
     /* Region decode, where the format has one (NULL: the whole image is
      * decoded): a window of the image at scale s that holds the request's
      * region, its pixels inside the region a whole decode's; *win says
      * where it lies. */
-    int (*decode_region)(void *state, dsrt_decoder *d, const dsrt_decode_request *req, int ch,
-                         int s, dsrt_image *out, dsrt_window *win);
+    int (*decode_region)(void *state, dsrt_codec_scratch *sc, const dsrt_decode_request *req,
+                         int ch, int s, dsrt_image *out, dsrt_window *win);
 } dsrt_codec_ops;
 
 /* The codecs, in DSRT_FORMATS order: count, and the k-th. */
@@ -96,23 +129,7 @@ void dsrt__codec_names(char *out, size_t cap);
 int dsrt__codec_extensions(int (*each)(void *ctx, const char *ext, size_t len), void *ctx);
 
 // ----------------------------------------------------------------------------
-// What the decoder keeps for the codecs
-
-/* Makes *buf hold at least need bytes aligned to align (a power of two);
- * the old contents are not kept. NULL and a message when out of memory. */
-uint8_t *dsrt__scratch(uint8_t **buf, size_t *cap, size_t need, size_t align);
-
-/* Alignment of the pixel scratch buffers: cache lines. */
-#define DSRT_PIXEL_ALIGN 64
-
-/* Where a decode of w x h x ch packed pixels goes: dst when the caller gave
- * one (failing with DSRT_ETOOBIG when cap is short), else the decoder's
- * pixel scratch. */
-int dsrt__decoder_target(dsrt_decoder *d, uint8_t *dst, size_t cap, int w, int h, int ch,
-                         uint8_t **out);
-/* The decoder's scratch for intermediate pixels (CMYK, RGB on its way to
- * gray), at least need bytes; NULL and a message when out of memory. */
-uint8_t *dsrt__decoder_work_buffer(dsrt_decoder *d, size_t need);
+// What the decoder keeps for the layers above
 
 /* A buffer of at least need bytes owned by the decoder for holding a file's
  * bytes (grown on demand, kept between calls); NULL and a message on failure. */

@@ -46,69 +46,21 @@ struct dsrt_decoder {
     const dsrt_codec_ops *open;
     void *open_state;
     dsrt_image_info info;
-    uint8_t *pixels; /* (pixels_cap) what dsrt_decode returns when req->dst is NULL */
-    size_t pixels_cap;
-    uint8_t *work; /* (work_cap) intermediate pixels: CMYK, or RGB before gray */
-    size_t work_cap;
-    uint8_t *file; /* (file_cap) a file's bytes, for dsrt_datastore_read_image */
+    dsrt_codec_scratch scratch; /* the pixels dsrt_decode returns when req->dst is NULL, and
+                                 * intermediate pixels: CMYK, or RGB before gray */
+    uint8_t *file;              /* (file_cap) a file's bytes, for dsrt_datastore_read_image */
     size_t file_cap;
 };
 
 // ----------------------------------------------------------------------------
 // Scratch memory
 
-/* Grows by half again at least, so that a stream of images of slowly rising
- * sizes does not reallocate every time. */
-uint8_t *dsrt__scratch(uint8_t **buf, size_t *cap, size_t need, size_t align) {
-    if (need <= *cap && *buf) return *buf;
-    if (need > SIZE_MAX - align) {
-        dsrt__fail(-ENOMEM, "decode: out of memory: %zu bytes", need);
-        return NULL;
-    }
-    size_t c = *cap + *cap / 2;
-    if (c < need) c = need;
-    if (c > SIZE_MAX - align) c = need;
-    c = (c + align - 1) & ~(align - 1);
-    free(*buf);
-    *buf = NULL;
-    *cap = 0;
-    void *p = NULL;
-    if (posix_memalign(&p, align, c) != 0) {
-        /* The generous size failed; the exact one may not. */
-        c = (need + align - 1) & ~(align - 1);
-        if (posix_memalign(&p, align, c ? c : align) != 0) {
-            dsrt__fail(-ENOMEM, "decode: out of memory allocating %zu bytes", need);
-            return NULL;
-        }
-    }
-    *buf = p;
-    *cap = c;
-    return p;
-}
-
 uint8_t *dsrt__decoder_file_buffer(dsrt_decoder *d, size_t need) {
     return dsrt__scratch(&d->file, &d->file_cap, need ? need : 1, FILE_ALIGN);
 }
 
 uint8_t *dsrt__decoder_pixel_buffer(dsrt_decoder *d, size_t need) {
-    return dsrt__scratch(&d->pixels, &d->pixels_cap, need ? need : 1, DSRT_PIXEL_ALIGN);
-}
-
-uint8_t *dsrt__decoder_work_buffer(dsrt_decoder *d, size_t need) {
-    return dsrt__scratch(&d->work, &d->work_cap, need ? need : 1, DSRT_PIXEL_ALIGN);
-}
-
-int dsrt__decoder_target(dsrt_decoder *d, uint8_t *dst, size_t cap, int w, int h, int ch,
-                         uint8_t **out) {
-    size_t bytes = (size_t)w * (size_t)h * (size_t)ch;
-    *out = NULL;
-    if (dst && cap < bytes)
-        return dsrt__fail(DSRT_ETOOBIG,
-                          "decode: destination holds %zu bytes, the %dx%dx%d image needs %zu", cap,
-                          w, h, ch, bytes);
-    if (!dst && !(dst = dsrt__decoder_pixel_buffer(d, bytes))) return -ENOMEM;
-    *out = dst;
-    return 0;
+    return dsrt__codec_pixels(&d->scratch, need);
 }
 
 // ----------------------------------------------------------------------------
@@ -136,8 +88,7 @@ void dsrt_decoder_destroy(dsrt_decoder *d) {
         const dsrt_codec_ops *c = dsrt__codec_at(k);
         if (c->destroy && d->state[k]) c->destroy(d->state[k]);
     }
-    free(d->pixels);
-    free(d->work);
+    dsrt__codec_scratch_free(&d->scratch);
     free(d->file);
     free(d);
 }
@@ -285,12 +236,12 @@ int dsrt_decode_finish(dsrt_decoder *d, const dsrt_decode_request *req, dsrt_ima
     }
     int s = decode_scale(&d->info, req);
     if (c->decode_region && (req->region_width > 0 || req->region_height > 0)) {
-        rc = c->decode_region(d->open_state, d, req, ch, s, out, win);
+        rc = c->decode_region(d->open_state, &d->scratch, req, ch, s, out, win);
     } else {
         if (s > 1 && c->decode_scaled)
-            rc = c->decode_scaled(d->open_state, d, req, ch, s, out);
+            rc = c->decode_scaled(d->open_state, &d->scratch, req, ch, s, out);
         else
-            rc = c->decode(d->open_state, d, req, ch, out);
+            rc = c->decode(d->open_state, &d->scratch, req, ch, out);
         if (rc == 0) {
             win->decoded_width = out->width;
             win->decoded_height = out->height;

@@ -392,8 +392,8 @@ typedef struct {
  * (decode again, with early 0). On success fills out; the image is closed
  * in every case but the last.
  */
-static int jpeg_rows(jpeg_state *st, dsrt_decoder *d, const jpeg_plan *pl, int early, int again,
-                     dsrt_image *out, dsrt_window *win) {
+static int jpeg_rows(jpeg_state *st, dsrt_codec_scratch *sc, const jpeg_plan *pl, int early,
+                     int again, dsrt_image *out, dsrt_window *win) {
     j_decompress_ptr j = &st->jd;
     if (again) { /* the first pass's tables must not be seen */
         int rc = jpeg_fresh(st);
@@ -430,7 +430,7 @@ static int jpeg_rows(jpeg_state *st, dsrt_decoder *d, const jpeg_plan *pl, int e
                           "decode: destination holds %zu bytes, the %dx%dx%d image needs %zu",
                           pl->dst_cap, ow, rows, pl->ch, bytes);
     }
-    if (!dst && !(dst = dsrt__decoder_pixel_buffer(d, bytes))) {
+    if (!dst && !(dst = dsrt__codec_pixels(sc, bytes))) {
         jpeg_close(st);
         return -ENOMEM;
     }
@@ -440,10 +440,10 @@ static int jpeg_rows(jpeg_state *st, dsrt_decoder *d, const jpeg_plan *pl, int e
      * seen. */
     uint8_t *target = dst, *spare;
     if (cmyk) {
-        target = dsrt__decoder_work_buffer(d, row_bytes * ((size_t)rows + 1));
+        target = dsrt__codec_work(sc, row_bytes * ((size_t)rows + 1));
         spare = target ? target + (size_t)rows * row_bytes : NULL;
     } else {
-        spare = dsrt__decoder_work_buffer(d, row_bytes);
+        spare = dsrt__codec_work(sc, row_bytes);
     }
     uint8_t *mem =
         dsrt__scratch(&st->rows, &st->rows_cap, (size_t)rows * sizeof(JSAMPROW), DSRT_PIXEL_ALIGN);
@@ -534,8 +534,8 @@ static void jpeg_window(const dsrt_decode_request *req, jpeg_plan *pl) {
  * the file is one to leave to libjpeg, or a failure. The window is the
  * whole image: at 1/8 a region saves too little to be worth its margins.
  */
-static int jpeg_dc_finish(jpeg_state *st, dsrt_decoder *d, const jpeg_plan *pl, dsrt_image *out,
-                          dsrt_window *win) {
+static int jpeg_dc_finish(jpeg_state *st, dsrt_codec_scratch *sc, const jpeg_plan *pl,
+                          dsrt_image *out, dsrt_window *win) {
     J_COLOR_SPACE cs = st->jd.jpeg_color_space;
     if (cs != JCS_YCbCr && cs != JCS_GRAYSCALE) return 1;
     if (!st->dc && !(st->dc = dsrt__jpeg_dc_create()))
@@ -543,7 +543,7 @@ static int jpeg_dc_finish(jpeg_state *st, dsrt_decoder *d, const jpeg_plan *pl, 
     size_t row = (size_t)pl->sw * (size_t)pl->ch, bytes = row * (size_t)pl->sh;
     uint8_t *dst = pl->dst;
     if (dst && pl->dst_cap < bytes) return 1; /* libjpeg's window may be smaller */
-    if (!dst && !(dst = dsrt__decoder_pixel_buffer(d, bytes))) return -ENOMEM;
+    if (!dst && !(dst = dsrt__codec_pixels(sc, bytes))) return -ENOMEM;
     int rc = dsrt__jpeg_dc_decode(st->dc, st->buf, st->len, st->info.width, st->info.height, pl->ch,
                                   dst);
     if (rc < 0) return dsrt__fail(rc, "decode: out of memory");
@@ -562,8 +562,8 @@ static int jpeg_dc_finish(jpeg_state *st, dsrt_decoder *d, const jpeg_plan *pl, 
 
 /* The open image at scale 1/s, the window of the request's region when
  * region is 1, else whole. */
-static int jpeg_finish(jpeg_state *st, dsrt_decoder *d, const dsrt_decode_request *req, int ch,
-                       int s, int region, dsrt_image *out, dsrt_window *win) {
+static int jpeg_finish(jpeg_state *st, dsrt_codec_scratch *sc, const dsrt_decode_request *req,
+                       int ch, int s, int region, dsrt_image *out, dsrt_window *win) {
     jpeg_plan pl;
     memset(&pl, 0, sizeof pl);
     pl.scale = s;
@@ -573,13 +573,13 @@ static int jpeg_finish(jpeg_state *st, dsrt_decoder *d, const dsrt_decode_reques
     pl.dst = req->dst;
     pl.dst_cap = req->dst_cap;
     if (req->dc_eighth && pl.scale == 8 && !st->opt.strict) {
-        int rc = jpeg_dc_finish(st, d, &pl, out, win);
+        int rc = jpeg_dc_finish(st, sc, &pl, out, win);
         if (rc <= 0) return rc;
     }
     jpeg_window(region ? req : NULL, &pl);
-    int rc = jpeg_rows(st, d, &pl, !st->opt.strict, 0, out, win);
+    int rc = jpeg_rows(st, sc, &pl, !st->opt.strict, 0, out, win);
     if (rc == 1) /* something follows the data the window needed: decode to the end */
-        rc = jpeg_rows(st, d, &pl, 0, 1, out, win);
+        rc = jpeg_rows(st, sc, &pl, 0, 1, out, win);
     return rc;
 }
 
@@ -598,21 +598,21 @@ static int jpeg_stays_gray(const void *state) {
     return st->info.channels == 1;
 }
 
-static int jpeg_decode(void *state, dsrt_decoder *d, const dsrt_decode_request *req, int ch,
+static int jpeg_decode(void *state, dsrt_codec_scratch *sc, const dsrt_decode_request *req, int ch,
                        dsrt_image *out) {
     dsrt_window win;
-    return jpeg_finish(state, d, req, ch, 1, 0, out, &win);
+    return jpeg_finish(state, sc, req, ch, 1, 0, out, &win);
 }
 
-static int jpeg_decode_scaled(void *state, dsrt_decoder *d, const dsrt_decode_request *req, int ch,
-                              int s, dsrt_image *out) {
+static int jpeg_decode_scaled(void *state, dsrt_codec_scratch *sc, const dsrt_decode_request *req,
+                              int ch, int s, dsrt_image *out) {
     dsrt_window win;
-    return jpeg_finish(state, d, req, ch, s, 0, out, &win);
+    return jpeg_finish(state, sc, req, ch, s, 0, out, &win);
 }
 
-static int jpeg_decode_region(void *state, dsrt_decoder *d, const dsrt_decode_request *req, int ch,
-                              int s, dsrt_image *out, dsrt_window *win) {
-    return jpeg_finish(state, d, req, ch, s, 1, out, win);
+static int jpeg_decode_region(void *state, dsrt_codec_scratch *sc, const dsrt_decode_request *req,
+                              int ch, int s, dsrt_image *out, dsrt_window *win) {
+    return jpeg_finish(state, sc, req, ch, s, 1, out, win);
 }
 
 const dsrt_codec_ops dsrt__codec_jpeg = {

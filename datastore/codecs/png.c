@@ -109,14 +109,14 @@ static int png_open(uint64_t max_pixels, const uint8_t *buf, size_t len, spng_ct
     return 0;
 }
 
-static int png_decode(void *state, dsrt_decoder *d, const dsrt_decode_request *req, int channels,
-                      dsrt_image *out) {
+static int png_decode(void *state, dsrt_codec_scratch *sc, const dsrt_decode_request *req,
+                      int channels, dsrt_image *out) {
     png_state *st = state;
     spng_ctx *ctx = st->ctx;
     const struct spng_ihdr *ihdr = &st->ihdr;
     int w = (int)ihdr->width, h = (int)ihdr->height;
     uint8_t *dst;
-    int rc = dsrt__decoder_target(d, req->dst, req->dst_cap, w, h, channels, &dst);
+    int rc = dsrt__codec_target(sc, req->dst, req->dst_cap, w, h, channels, &dst);
     if (rc != 0) return rc;
     size_t pixels = (size_t)w * (size_t)h;
     /* libspng gives G8 only for gray of at most 8 bits; everything else goes
@@ -133,7 +133,7 @@ static int png_decode(void *state, dsrt_decoder *d, const dsrt_decode_request *r
                           w, h);
     uint8_t *target = dst;
     if (channels == 1 && fmt == SPNG_FMT_RGB8) {
-        target = dsrt__decoder_work_buffer(d, need);
+        target = dsrt__codec_work(sc, need);
         if (!target) return -ENOMEM;
     }
     err = spng_decode_image(ctx, target, need, fmt, 0);

@@ -114,15 +114,15 @@ static int webp_begin(void *state, const uint8_t *buf, size_t len, dsrt_image_in
     return 0;
 }
 
-static int webp_decode(void *state, dsrt_decoder *d, const dsrt_decode_request *req, int ch,
+static int webp_decode(void *state, dsrt_codec_scratch *sc, const dsrt_decode_request *req, int ch,
                        dsrt_image *out) {
     webp_state *st = state;
     int w = st->info.width, h = st->info.height;
     uint8_t *dst;
-    int rc = dsrt__decoder_target(d, req->dst, req->dst_cap, w, h, ch, &dst);
+    int rc = dsrt__codec_target(sc, req->dst, req->dst_cap, w, h, ch, &dst);
     if (rc != 0) return rc;
     size_t pixels = (size_t)w * (size_t)h, bytes = pixels * 3;
-    uint8_t *rgb = ch == 3 ? dst : dsrt__decoder_work_buffer(d, bytes);
+    uint8_t *rgb = ch == 3 ? dst : dsrt__codec_work(sc, bytes);
     if (!rgb) return -ENOMEM;
     WebPDecoderConfig cfg;
     if (!WebPInitDecoderConfig(&cfg))
