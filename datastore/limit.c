@@ -3,7 +3,7 @@
  * one core decoding the files of a datastore at full size to RGB, files
  * already in memory, nothing else. JPEGs go through TurboJPEG's
  * tjDecompress2 with its fast integer DCT (libjpeg-turbo's fastest
- * full-size decode), PNGs through the decoder's libspng path.
+ * full-size decode), every other format (PNG, WebP) through the decoder.
  */
 #include "datastore/index/index.h"
 
