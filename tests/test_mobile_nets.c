@@ -187,12 +187,14 @@ static void test_data_parallel(void) {
     CHECK_EQ(r.status, 0);
     double one = summary_number(r.out, "loss");
     result_free(&r);
+    comm_test_env(); /* as the communicator tests run their workers */
     r = run(ARGV((char *)mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", bin_train,
                  "train", "--data", data, "--net", n, "--epochs", "1", "--batch", "4", "--json",
                  "--quiet", "--threads", "1", "--workers", "1", "--execution-environment",
                  "parallel", "--bn-statistics", "sync"),
             900);
     CHECK_EQ(r.status, 0);
+    if (r.status) fprintf(stderr, "%.2000s\n", r.err);
     double two_workers = summary_number(r.out, "loss");
     fprintf(stderr, "  %s: loss %.6f in one process, %.6f on two workers\n", n, one, two_workers);
     CHECK_EQ(json_int(strstr(r.out, "\"event\": \"summary\""), "world"), 2);
