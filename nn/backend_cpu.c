@@ -316,6 +316,212 @@ int dsrt__cpu_attr(dnnl_primitive_attr_t *attr, int relu, float leak, const dsrt
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// Inference: layers computed by the convolution or fc before them
+
+/* The one layer that takes layer j's output, or -1 when none or several. */
+static int only_taker(const dsrt_net *net, int j) {
+    if (net->layers[j].consumers != 1) return -1;
+    for (int k = j + 1; k < net->n_layers; k++)
+        for (int q = 0; q < net->layers[k].n_inputs; q++)
+            if (net->layers[k].inputs[q] == j) return k;
+    return -1;
+}
+
+static void fusion_free(cpu_fusion *f) {
+    if (!f) return;
+    free(f->w);
+    free(f->b);
+    free(f);
+}
+
+/*
+ * Which layers each convolution and fc computes in an inference plan
+ * (cpu_fusion): along its output's one taker after another, an affine map
+ * right after it, then activations, the sum of a two-input add whose other
+ * input is computed before it, and that add's ReLU, through layers that are
+ * the identity at inference, up to the first layer that is none of these. A layer whose chain holds
+ * nothing but the ReLU it already computes (fuse_relu) keeps its plain plan.
+ */
+static int plan_fusion(cpu_backend *be, cpu_plan *p) {
+    const dsrt_net *net = be->net;
+    int n = net->n_layers;
+    p->fuse = dsrt__calloc((size_t)n, sizeof *p->fuse);
+    p->taken_by = dsrt__malloc((size_t)n * sizeof *p->taken_by);
+    if (!p->fuse || !p->taken_by) return -ENOMEM;
+    for (int j = 0; j < n; j++) p->taken_by[j] = -1;
+    for (int i = 1; i < n; i++) {
+        const dsrt_layer *L = &net->layers[i];
+        if (!dsrt__layer_is(L, DSRT_LAYER_F_POSTOPS) || p->taken_by[i] >= 0) continue;
+        cpu_fusion f = {.affine = -1, .sum = -1, .last = i};
+        int more = 0; /* anything beyond the layer's own ReLU */
+        if (L->fuse_relu) f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, L->fuse_leak, 0.0f};
+        for (int cur = i, j; (j = only_taker(net, cur)) > 0; cur = j) {
+            const dsrt_layer *J = &net->layers[j];
+            const dsrt_layer_ops *o = dsrt__layer_ops(J);
+            dsrt_act act;
+            if (f.n_ops > CPU_FUSE_OPS - 3) break; /* room for an op, a sum and its ReLU */
+            if (J->fused_away || (o->flags & DSRT_LAYER_F_INFER_IDENTITY)) {
+                /* a ReLU the layer before it computes (in already), or
+                 * the identity */
+            } else if (o->infer_affine && J->n_inputs == 1 && f.affine < 0 && f.n_ops == 0) {
+                f.affine = j;
+                if (J->fuse_relu)
+                    f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, J->fuse_leak, 0.0f};
+            } else if (o->infer_act && J->n_inputs == 1 && o->infer_act(J, &act)) {
+                f.ops[f.n_ops++].act = act;
+            } else if ((o->flags & DSRT_LAYER_F_SUM) && J->n_inputs == 2 && f.sum < 0 &&
+                       J->inputs[0] != J->inputs[1]) {
+                int other = J->inputs[J->inputs[0] == cur];
+                if (other >= i) break; /* not computed yet when layer i runs */
+                f.sum = other;
+                f.ops[f.n_ops++].sum = 1;
+                if (J->fuse_relu)
+                    f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, J->fuse_leak, 0.0f};
+            } else {
+                break;
+            }
+            more |= !J->fused_away && !(o->flags & DSRT_LAYER_F_INFER_IDENTITY);
+            f.last = j;
+        }
+        if (!more) continue;
+        cpu_fusion *k = dsrt__malloc(sizeof *k);
+        if (!k) return -ENOMEM;
+        *k = f;
+        p->fuse[i] = k;
+        for (int j = only_taker(net, i); j > 0 && j <= f.last; j = only_taker(net, j)) {
+            p->taken_by[j] = i;
+            if (j == f.last) break;
+        }
+    }
+    return 0;
+}
+
+/* A post-op for act (hardsigmoid: two). */
+static dnnl_status_t post_act(dnnl_post_ops_t po, const dsrt_act *a) {
+    switch (a->fn) {
+    case DSRT_ACT_RELU:
+        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, a->alpha, 0.0f);
+    case DSRT_ACT_CLIP:
+        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, a->alpha, a->beta);
+    case DSRT_ACT_LOGISTIC:
+        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_logistic, 0.0f, 0.0f);
+    case DSRT_ACT_HARDSIGMOID: {
+        dnnl_status_t st =
+            dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, a->alpha, a->beta);
+        return st != dnnl_success
+                   ? st
+                   : dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, 0.0f, 1.0f);
+    }
+    case DSRT_ACT_HARDSWISH:
+        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0.0f, 0.0f);
+    case DSRT_ACT_SWISH:
+        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_swish, a->alpha, 0.0f);
+    case DSRT_ACT_GELU_ERF:
+        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_erf, 0.0f, 0.0f);
+    case DSRT_ACT_GELU_TANH:
+        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0.0f, 0.0f);
+    }
+    return dnnl_invalid_arguments;
+}
+
+int dsrt__cpu_pd_fused(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be, cpu_plan *p,
+                       int i, const char *what) {
+    const dsrt_layer *L = &be->net->layers[i];
+    const cpu_fusion *f = dsrt__cpu_fusion(p, i);
+    if (!f) return dsrt__cpu_pd(pd, desc, be, L->fuse_relu, L->fuse_leak, NULL, what, L);
+    dnnl_primitive_attr_t attr;
+    dnnl_post_ops_t po;
+    int rc = dsrt__cpu_attr(&attr, 0, 0.0f, L);
+    if (rc) return rc;
+    dnnl_status_t st = dnnl_post_ops_create(&po);
+    for (int k = 0; k < f->n_ops && st == dnnl_success; k++)
+        st = f->ops[k].sum ? dnnl_post_ops_append_sum(po, 1.0f) : post_act(po, &f->ops[k].act);
+    if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, desc, attr, be->engine, NULL);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    return st == dnnl_success ? 0 : dsrt__cpu_fail(st, what, L);
+}
+
+/* The folded weights and bias of layer i: each output channel's weights
+ * times the affine map's scale, its bias times the scale plus the shift. */
+static int step_fold(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i], *A;
+    cpu_fusion *f = p->fuse[i];
+    A = &net->layers[f->affine];
+    int c = L->out.c;
+    float *scale = f->b + c, *shift = scale + c; /* after the bias: room for both */
+    if (!dsrt__layer_ops(A)->infer_affine(A, net->params, net->state, scale, shift))
+        return dsrt__fail(DSRT_EBACKEND, "cpu backend: layer '%s': no affine map", A->name);
+    size_t per = L->w_n / (size_t)c;
+    const float *w = net->params + L->w_off, *b = L->b_n ? net->params + L->b_off : NULL;
+    for (int o = 0; o < c; o++) {
+        for (size_t k = 0; k < per; k++)
+            f->w[(size_t)o * per + k] = w[(size_t)o * per + k] * scale[o];
+        f->b[o] = (b ? b[o] : 0.0f) * scale[o] + shift[o];
+    }
+    return 0;
+}
+
+int dsrt__cpu_fused_params(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *w_plain,
+                           const dnnl_memory_desc_t *b_md, dnnl_memory_t *w, dnnl_memory_t *b) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    cpu_fusion *f = p->fuse ? p->fuse[i] : NULL;
+    *b = NULL;
+    if (!f || f->affine < 0) {
+        int rc = dsrt__cpu_mem(p, w_plain, be->engine, net->params + L->w_off, w, L);
+        if (!rc && L->b_n) rc = dsrt__cpu_mem(p, b_md, be->engine, net->params + L->b_off, b, L);
+        return rc;
+    }
+    f->w = aligned_alloc(64, (L->w_n * sizeof(float) + 63) & ~(size_t)63);
+    f->b = dsrt__malloc(3 * (size_t)L->out.c * sizeof(float)); /* bias, scale, shift */
+    if (!f->w || !f->b)
+        return dsrt__fail(-ENOMEM, "cpu backend: layer '%s': out of memory", L->name);
+    int rc = dsrt__cpu_mem(p, w_plain, be->engine, f->w, w, L);
+    if (!rc) rc = dsrt__cpu_mem(p, b_md, be->engine, f->b, b, L);
+    if (rc) return rc;
+    step *s = fwd_step(p);
+    if (!s) return -ENOMEM;
+    s->fn = step_fold;
+    s->layer = i;
+    s->kind = STEP_WEIGHTS;
+    f->version = UINT64_MAX;
+    s->cache = &f->version;
+    return 0;
+}
+
+int dsrt__cpu_fused_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    const cpu_fusion *f = dsrt__cpu_fusion(p, i);
+    if (!f || f->sum < 0) return dsrt__cpu_output(be, p, i, md);
+    tensor *out = &p->lp[i].out;
+    const tensor *other = &p->lp[f->sum].out;
+    /* The other input's own bytes, when they are in this layout, are not
+     * the caller's batch, neither this layer (a convolution that reads
+     * what it adds to) nor any layer after it reads them but the add that
+     * this layer computes. */
+    int own = dnnl_memory_desc_equal(&other->md, md) && other->mem != p->batch;
+    for (int k = i; k < net->n_layers && own; k++) {
+        if (k > i && k <= f->last && p->taken_by && p->taken_by[k] == i) continue;
+        for (int q = 0; q < net->layers[k].n_inputs && own; q++) {
+            int x = net->layers[k].inputs[q];
+            own = !(x < i && p->lp[x].out.mem == other->mem);
+        }
+    }
+    if (own) {
+        out->md = *md;
+        out->mem = other->mem;
+        return 0;
+    }
+    int rc = dsrt__cpu_output(be, p, i, md);
+    return rc ? rc
+              : dsrt__cpu_reorder_step(p, be, other->mem, out->mem, 0, i, STEP_ALWAYS, NULL, L);
+}
+
 /* Creates pd from an op descriptor with the plan's attributes. */
 int dsrt__cpu_pd(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be, int relu, float leak,
                  const_dnnl_primitive_desc_t hint, const char *what, const dsrt_layer *L) {
@@ -725,6 +931,9 @@ static void plan_free(cpu_plan *p) {
         else
             free(p->lp[i].own);
     }
+    for (int i = 0; p->fuse && i < p->n_layers; i++) fusion_free(p->fuse[i]);
+    free(p->fuse);
+    free(p->taken_by);
     free(p->lp);
     free(p->last_use);
     free(p->share);
@@ -759,9 +968,14 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
     }
     for (int i = 1; i < net->n_layers; i++)
         for (int k = 0; k < net->layers[i].n_inputs; k++) p->last_use[net->layers[i].inputs[k]] = i;
+    if (!train && net->opts.fuse >= 2 && (rc = plan_fusion(be, p))) goto fail;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *L = &net->layers[i];
         const dsrt_layer_ops *ops = dsrt__layer_ops(L);
+        if (p->taken_by && p->taken_by[i] >= 0) { /* computed by the layer whose fusion took it */
+            p->lp[i].out = p->lp[p->taken_by[i]].out;
+            continue;
+        }
         rc = ops->cpu_plan ? ops->cpu_plan(be, p, i)
                            : dsrt__fail(DSRT_EUNSUPPORTED,
                                         "cpu backend: layer '%s' (%s, line %d): no CPU plan for %s",
@@ -1053,6 +1267,15 @@ static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
     cpu_plan *p = train ? be->last_train : be->last_infer;
     if (!p) return dsrt__fail(-EINVAL, "cpu backend: no forward pass to read");
     const dsrt_layer *L = &be->net->layers[layer];
+    /* In a fused inference plan a chain's layers but the last share one
+     * output, which holds the last one's values. */
+    int owner = p->taken_by && p->taken_by[layer] >= 0 ? p->taken_by[layer] : layer;
+    const cpu_fusion *f = dsrt__cpu_fusion(p, owner);
+    if (f && f->last != layer)
+        return dsrt__fail(-EINVAL,
+                          "cpu backend: layer '%s': its output is fused into layer '%s''s in the "
+                          "inference plan (the net option fuse = 0 keeps it)",
+                          L->name, be->net->layers[f->last].name);
     dnnl_memory_t have = p->lp[layer].out.mem;
     dnnl_memory_desc_t plain;
     if (dsrt__cpu_md_plain_like(&plain, dsrt__cpu_md_of(have))) return DSRT_EBACKEND;

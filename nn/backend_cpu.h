@@ -74,6 +74,34 @@ typedef struct {
     size_t size, offset; /* bytes, and where they start in the pool (bases) */
 } diff_entry;
 
+/*
+ * Inference: what a layer that computes the layers after it (DSRT_LAYER_
+ * F_POSTOPS: convolution, fully connected) takes on in an inference plan.
+ * Along its output's one taker after another: a per-channel affine map right
+ * after it (batchnorm, scale: infer_affine), folded into its weights and
+ * bias; element-wise functions (activations and the ReLUs layers compute:
+ * infer_act), as oneDNN eltwise post-ops; the sum of an add of two inputs
+ * whose other input is computed before it (DSRT_LAYER_F_SUM), as a sum
+ * post-op on an output that holds that input first (the input's own bytes
+ * when no later layer reads them, else a copy), then the add's ReLU. The
+ * layers taken on run no steps: their output is this layer's.
+ */
+#define CPU_FUSE_OPS 8
+typedef struct {
+    int affine; /* the layer folded into the weights and bias, or -1 */
+    int sum;    /* the add's other input, or -1 */
+    int last;   /* the last layer taken on: this layer's output is its */
+    int n_ops;  /* post-ops, in order */
+    struct {
+        int sum; /* 1: the sum; 0: act */
+        dsrt_act act;
+    } ops[CPU_FUSE_OPS];
+    /* The folded weights and bias (plain, the layer's shapes), remade from
+     * the parameters and state when they change (version). */
+    float *w, *b;
+    uint64_t version;
+} cpu_fusion;
+
 struct dsrt_cpu_plan {
     int n, train;
     int bn_sync; /* built for synchronised batchnorm (net->bn_sync_fn set) */
@@ -105,6 +133,10 @@ struct dsrt_cpu_plan {
     size_t n_diffs, cap_diffs;
     void *diff_pool;
     size_t diff_pool_size;
+    /* Inference (net option fuse): (n_layers) each layer's fusion (NULL:
+     * none), and the layer whose fusion computes it (-1: itself). */
+    cpu_fusion **fuse;
+    int *taken_by;
     /* The input layer's memory that is the caller's batch itself (its
      * handle set at each forward), or NULL when the input layer copies it. */
     dnnl_memory_t batch;
@@ -245,6 +277,25 @@ int dsrt__cpu_ready_step(cpu_plan *p, int i);
 
 // ----------------------------------------------------------------------------
 // Layers with weights (convolution, fully connected)
+
+/* Inference: layer i's fusion (NULL: none, or a training plan). */
+static inline const cpu_fusion *dsrt__cpu_fusion(const cpu_plan *p, int i) {
+    return p->fuse ? p->fuse[i] : NULL;
+}
+/* The primitive descriptor of layer i's forward from desc: with its fusion's
+ * post-ops, else with the ReLU it computes (fuse_relu). */
+int dsrt__cpu_pd_fused(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be, cpu_plan *p,
+                       int i, const char *what);
+/* Layer i's weights (w_plain: their plain descriptor) and bias (b_md; *b
+ * NULL when the layer has none and no fusion gives it one) as forward takes
+ * them: the net's, or with a fused affine map the folded copies, remade by
+ * a step when the parameters changed. */
+int dsrt__cpu_fused_params(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *w_plain,
+                           const dnnl_memory_desc_t *b_md, dnnl_memory_t *w, dnnl_memory_t *b);
+/* Layer i's output in layout md (dsrt__cpu_output), with a fused sum: the
+ * add's other input's bytes, or a copy of it made by a step added now (so
+ * call it right before the forward step). */
+int dsrt__cpu_fused_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md);
 
 /* Weights plain in the flat buffer (wplain, of descriptor plain), in layout
  * want for a primitive: wplain itself, or a copy made by a cached reorder

@@ -216,7 +216,37 @@ enum {
     /* Each input's gradient is its output's, unchanged (add): the net may
      * give them one buffer (grad_share in net.c). */
     DSRT_LAYER_F_GRAD_PASSES = 32,
+    /* At inference it can compute what layers after it compute (conv, fc):
+     * a per-channel affine map folded into its weights (batchnorm), the
+     * element-wise functions of activations, and the sum of an add that
+     * takes its output (with the add's ReLU): see infer_act, infer_affine
+     * and the CPU backend's inference plan. */
+    DSRT_LAYER_F_POSTOPS = 64,
+    /* Its output is the sum of its inputs (then its own ReLU, fuse_relu):
+     * at inference the layer before it may compute it. */
+    DSRT_LAYER_F_SUM = 128,
+    /* The identity at inference (dropout, drop-path): a chain of layers the
+     * one before computes goes on through it. */
+    DSRT_LAYER_F_INFER_IDENTITY = 256,
 };
+
+/* An element-wise function, as a layer after a convolution is at inference
+ * (dsrt_layer_ops.infer_act). */
+typedef enum {
+    DSRT_ACT_RELU,        /* max(x, 0) + alpha min(x, 0) */
+    DSRT_ACT_CLIP,        /* min(max(x, alpha), beta) */
+    DSRT_ACT_LOGISTIC,    /* 1 / (1 + e^-x) */
+    DSRT_ACT_HARDSIGMOID, /* min(max(alpha x + beta, 0), 1) */
+    DSRT_ACT_HARDSWISH,   /* x min(max(x + 3, 0), 6) / 6 */
+    DSRT_ACT_SWISH,       /* x / (1 + e^-x) */
+    DSRT_ACT_GELU_ERF,    /* x Phi(x) */
+    DSRT_ACT_GELU_TANH,   /* its tanh form */
+} dsrt_act_fn;
+
+typedef struct {
+    dsrt_act_fn fn;
+    float alpha, beta;
+} dsrt_act;
 
 struct dsrt_cpu_backend;
 struct dsrt_cpu_plan;
@@ -268,6 +298,15 @@ struct dsrt_layer_ops {
     /* At import: 1 when a layer of this kind (self) takes on what its only
      * taker computes (add: a ReLU, as relu=1), which then goes. */
     int (*onnx_absorb)(struct dsrt_onnx_layer *self, const struct dsrt_onnx_layer *taker);
+    /* At inference, what the layer is when the layer before it computes it
+     * (DSRT_LAYER_F_POSTOPS): an element-wise function (infer_act fills
+     * *act and returns 1; 0: not one for these options), or a per-channel
+     * affine map y = x scale + shift (infer_affine writes the layer's
+     * channels' scale and shift from its weights and state and returns 1).
+     * NULL: neither. */
+    int (*infer_act)(const dsrt_layer *l, dsrt_act *act);
+    int (*infer_affine)(const dsrt_layer *l, const float *params, const float *state, float *scale,
+                        float *shift);
     /* The first opset at which onnx_export writes the kind as operators
      * that its onnx_ops read back as one layer of the kind (the tests that
      * walk the table check the round trip from there); 0: every opset

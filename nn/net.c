@@ -33,7 +33,7 @@ dsrt_net_options dsrt_net_defaults(void) {
     o.threads = 0;
     o.seed = 0;
     o.init = DSRT_INIT_GLOROT;
-    o.fuse = 1;
+    o.fuse = 2;
     o.device = DSRT_DEVICE_CPU;
     o.precision = DSRT_PRECISION_DEFAULT;
     o.deterministic = 0;
@@ -155,6 +155,8 @@ static int attach_backend(dsrt_net *net) {
     if ((unsigned)net->opts.precision > DSRT_PRECISION_BF16)
         return dsrt__fail(DSRT_EOPTION, "%s: precision %d: unknown", net->source,
                           (int)net->opts.precision);
+    if ((unsigned)net->opts.fuse > 2)
+        return dsrt__fail(DSRT_EOPTION, "%s: fuse %d: not 0, 1 or 2", net->source, net->opts.fuse);
     net->ops = ops;
     net->be = NULL;
     net->host_stale = 0;
@@ -223,8 +225,8 @@ static int check_structure(const dsrt_desc *d, const char *source) {
                           source, L[0].line, L[0].type);
     for (int i = 1; i < d->n; i++) {
         if (dsrt__layer_is(&L[i], DSRT_LAYER_F_INPUT))
-            return dsrt__fail(DSRT_EOPTION, "%s: line %d: '%s' may only be the first layer",
-                              source, L[i].line, L[i].type);
+            return dsrt__fail(DSRT_EOPTION, "%s: line %d: '%s' may only be the first layer", source,
+                              L[i].line, L[i].type);
         if (dsrt__layer_is(&L[i], DSRT_LAYER_F_OUTPUT) && i != d->n - 1)
             return dsrt__fail(DSRT_EOPTION, "%s: line %d: '%s' must be the last layer", source,
                               L[i].line, L[i].type);

@@ -50,6 +50,7 @@ static dsrt_net *cpu_net(const char *desc, int h, int w, int c, int classes) {
     dsrt_net_options o = dsrt_net_defaults();
     o.threads = 1;
     o.seed = 17;
+    o.fuse = 1; /* the ReLUs folded; each layer's output kept at inference */
     dsrt_net *net = NULL;
     int rc = dsrt_net_create(&net, desc, h, w, c, classes, &o);
     if (rc) fprintf(stderr, "dsrt_net_create: %s\n", dsrt_last_error());

@@ -529,7 +529,8 @@ static const option BENCH_OPTIONS[] = {
     {"classes", OPT_INT, &bench.classes, 1, 1 << 24, "N", "classes [55 for alexnet, else 10]"},
     {"solver", OPT_STR, &bench.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
     {"seed", OPT_U64, &bench.seed, 0, 0, "N", "seed of weights and data [0]"},
-    {"no-fuse", OPT_FLAG, &bench.no_fuse, 0, 0, NULL, "do not fold ReLUs into the layer before"},
+    {"no-fuse", OPT_FLAG, &bench.no_fuse, 0, 0, NULL,
+     "fold nothing: neither ReLUs into the layer before nor, at inference, batchnorm and post-ops"},
     {"no-cuda-graphs", OPT_FLAG, &bench.no_graphs, 0, 0, NULL,
      "GPU: launch every kernel of every step (no recorded CUDA graphs)"},
     {"input", OPT_STR, &bench.input, 0, 0, "u8|f32",
@@ -884,7 +885,7 @@ static int cmd_bench(int argc, char **argv) {
     dsrt_net_options no = dsrt_net_defaults();
     no.threads = threads;
     no.seed = bench.seed;
-    no.fuse = !bench.no_fuse;
+    if (bench.no_fuse) no.fuse = 0;
     no.cuda_graphs = !bench.no_graphs;
     if ((rc = resolve_device_args("bench", &bench.dev, &no, NULL))) {
         free(text);

@@ -87,8 +87,11 @@ typedef struct {
     int threads;              /* CPU compute threads; 0 leaves the OpenMP default (all cores) */
     uint64_t seed;            /* weight initialisation and dropout masks; default 0 */
     dsrt_init init;           /* default initialiser; DSRT_INIT_GLOROT */
-    int fuse;                 /* 1 (default): fold a ReLU into the convolution, fully
-                               * connected or batch-normalisation layer before it */
+    int fuse;                 /* 1: fold a ReLU into the convolution, fully connected or
+                               * batch-normalisation layer before it; 2 (default): that,
+                               * and at inference fold batchnorm into the convolution or
+                               * fully connected layer before it and compute activations
+                               * and residual sums as its post-ops; 0: neither */
     int device;               /* DSRT_DEVICE_CPU (-1, default), or a CUDA device index (a build with
                                * the GPU backend and a visible device; see dsrt_gpu_count) */
     dsrt_precision precision; /* default DSRT_PRECISION_DEFAULT */

@@ -385,6 +385,19 @@ static const dsrt_onnx_op ONNX_OPS[] = {
 
 // ----------------------------------------------------------------------------
 
+/* At inference y = (x - mean) / sqrt(var + eps) scale + offset: x s + (offset - mean s),
+ * s = scale / sqrt(var + eps), from the running statistics. */
+static int infer_affine(const dsrt_layer *l, const float *params, const float *state, float *scale,
+                        float *shift) {
+    const float *g = params + l->w_off, *b = params + l->b_off, *mean = state + l->s_off,
+                *var = mean + l->out.c;
+    for (int c = 0; c < l->out.c; c++) {
+        scale[c] = g[c] / sqrtf(var[c] + l->o.eps);
+        shift[c] = b[c] - mean[c] * scale[c];
+    }
+    return 1;
+}
+
 const dsrt_layer_ops dsrt__layer_batchnorm = {
     .name = "batchnorm",
     .types = TYPES,
@@ -394,6 +407,7 @@ const dsrt_layer_ops dsrt__layer_batchnorm = {
     .build = build,
     .init = init,
     .cpu_plan = plan_batchnorm,
+    .infer_affine = infer_affine,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
     .example = "input size=4x4x3\nconv filters=3 size=1 bias=0\nbatchnorm\nfc outputs=3\nsoftmax\n",

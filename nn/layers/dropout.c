@@ -171,6 +171,7 @@ static const dsrt_onnx_op ONNX_OPS[] = {
 const dsrt_layer_ops dsrt__layer_dropout = {
     .name = "dropout",
     .types = TYPES,
+    .flags = DSRT_LAYER_F_INFER_IDENTITY,
     .min_inputs = 1,
     .max_inputs = 1,
     .build = build,

@@ -20,7 +20,8 @@
  * then clip_v2, in place, and back; hardswish's backward is a step of its
  * own, since oneDNN's takes 0 and 1 at -3 and 3 (its forward, x / 6 relu6(x
  * + 3), is PyTorch's to rounding). On the GPU dsrt's activation kernels
- * (nn/kernels_body.h dsrt_k_act). nn/layers/eltwise.h has their options.
+ * (nn/layers/eltwise_kernels.h dsrt_k_act). nn/layers/eltwise.h has their
+ * options.
  *
  * ONNX: Clip (min and max attributes before opset 11, optional constant
  * inputs from it; neither: the identity; 0 and 6: relu6), Sigmoid,
@@ -581,6 +582,33 @@ static const dsrt_onnx_op ONNX_GELU[] = {
 
 // ----------------------------------------------------------------------------
 
+/* At inference, each kind's function for the layer before it to compute. */
+static int infer_act(const dsrt_layer *l, dsrt_act *act) {
+    const dsrt_act_opts *o = dsrt__act_opts(l);
+    switch (l->kind) {
+    case DSRT_LAYER_CLIP:
+        *act = (dsrt_act){DSRT_ACT_CLIP, o->min, o->max};
+        return 1;
+    case DSRT_LAYER_SIGMOID:
+        *act = (dsrt_act){DSRT_ACT_LOGISTIC, 0.0f, 0.0f};
+        return 1;
+    case DSRT_LAYER_HARDSIGMOID:
+        *act = (dsrt_act){DSRT_ACT_HARDSIGMOID, o->alpha, o->beta};
+        return 1;
+    case DSRT_LAYER_HARDSWISH:
+        *act = (dsrt_act){DSRT_ACT_HARDSWISH, 0.0f, 0.0f};
+        return 1;
+    case DSRT_LAYER_SILU:
+        *act = (dsrt_act){DSRT_ACT_SWISH, 1.0f, 0.0f};
+        return 1;
+    case DSRT_LAYER_GELU:
+        *act = (dsrt_act){o->approximate ? DSRT_ACT_GELU_TANH : DSRT_ACT_GELU_ERF, 0.0f, 0.0f};
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 const dsrt_layer_ops dsrt__layer_clip = {
     .name = "clip",
     .types = TYPES_CLIP,
@@ -588,6 +616,7 @@ const dsrt_layer_ops dsrt__layer_clip = {
     .max_inputs = 1,
     .build = build,
     .cpu_plan = plan_act,
+    .infer_act = infer_act,
     .onnx_export = export_clip,
     .onnx_ops = ONNX_CLIP,
     .example = "input size=5x5x2\nconv filters=4 size=3 pad=1\nrelu6\nconv filters=3 size=1\n"
@@ -601,6 +630,7 @@ const dsrt_layer_ops dsrt__layer_sigmoid = {
     .max_inputs = 1,
     .build = build,
     .cpu_plan = plan_act,
+    .infer_act = infer_act,
     .onnx_export = export_sigmoid,
     .onnx_ops = ONNX_SIGMOID,
     .example = "input size=5x5x2\nconv filters=4 size=1\nsigmoid\nfc outputs=3\nsoftmax\n",
@@ -613,6 +643,7 @@ const dsrt_layer_ops dsrt__layer_hardsigmoid = {
     .max_inputs = 1,
     .build = build,
     .cpu_plan = plan_hardsigmoid,
+    .infer_act = infer_act,
     .onnx_export = export_hardsigmoid,
     .onnx_ops = ONNX_HARDSIGMOID,
     .example = "input size=5x5x2\nconv filters=4 size=1\nhardsigmoid\nconv filters=3 size=1\n"
@@ -626,6 +657,7 @@ const dsrt_layer_ops dsrt__layer_hardswish = {
     .max_inputs = 1,
     .build = build,
     .cpu_plan = plan_hardswish,
+    .infer_act = infer_act,
     .onnx_export = export_hardswish,
     .onnx_ops = ONNX_HARDSWISH,
     .example = "input size=5x5x2\nconv filters=4 size=3 pad=1\nhardswish\nfc outputs=3\nsoftmax\n",
@@ -638,6 +670,7 @@ const dsrt_layer_ops dsrt__layer_silu = {
     .max_inputs = 1,
     .build = build,
     .cpu_plan = plan_act,
+    .infer_act = infer_act,
     .onnx_export = export_silu,
     .onnx_ops = ONNX_SILU,
     .example = "input size=5x5x2\nconv filters=4 size=1\nsilu\nfc outputs=3\nsoftmax\n",
@@ -650,6 +683,7 @@ const dsrt_layer_ops dsrt__layer_gelu = {
     .max_inputs = 1,
     .build = build,
     .cpu_plan = plan_act,
+    .infer_act = infer_act,
     .onnx_export = export_gelu,
     .onnx_ops = ONNX_GELU,
     .onnx_round_trip = 20,

@@ -106,7 +106,9 @@ static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
     tensor *in = &p->lp[L->inputs[0]].out;
     int four = in->md.ndims == 4, rc;
     size_t act = (size_t)p->n * L->in.c * L->in.h * L->in.w;
-    int plain = !four || L->w_n >= act || dsrt__cpu_md_is(&in->md, dnnl_abcd);
+    /* At inference, layers it computes (cpu_fusion) take the primitive's post-ops. */
+    const cpu_fusion *fu = dsrt__cpu_fusion(p, i);
+    int plain = (!four || L->w_n >= act || dsrt__cpu_md_is(&in->md, dnnl_abcd)) && !fu;
     dnnl_dims_t sdims4 = {p->n, L->in.c, L->in.h, L->in.w}, sdims2 = {p->n, L->in.c};
     dnnl_dims_t wdims4 = {L->out.c, L->in.c, L->in.h, L->in.w}, wdims2 = {L->out.c, L->in.c};
     dnnl_dims_t ddims = {p->n, L->out.c}, bdims = {L->out.c};
@@ -118,26 +120,25 @@ static int plan_fc(cpu_backend *be, cpu_plan *p, int i) {
     w_md = w_plain;
     if (!plain) {
         src_md = in->md;
-        dsrt__cpu_md_any(&w_md, 4, wdims4);
+        dsrt__cpu_md_any(&w_md, four ? 4 : 2, four ? wdims4 : wdims2);
     }
-    const dnnl_memory_desc_t *bias = L->b_n ? &b_md : NULL;
+    const dnnl_memory_desc_t *bias = L->b_n || (fu && fu->affine >= 0) ? &b_md : NULL;
     dnnl_inner_product_desc_t fd;
     dnnl_primitive_desc_t fpd;
     DN("fc", dnnl_inner_product_forward_desc_init(
                  &fd, p->train ? dnnl_forward_training : dnnl_forward_inference, &src_md, &w_md,
                  bias, &dst_md));
-    if ((rc = dsrt__cpu_pd(&fpd, &fd, be, L->fuse_relu, L->fuse_leak, NULL, "fc", L))) return rc;
+    if ((rc = dsrt__cpu_pd_fused(&fpd, &fd, be, p, i, "fc"))) return rc;
     dnnl_memory_t wplain, wfwd, b = NULL;
     step *s;
     rc = dsrt__cpu_ensure(p, be, in->mem, dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0),
                           0, i, &lp->src, L);
-    if (!rc) rc = dsrt__cpu_mem(p, &w_plain, be->engine, net->params + L->w_off, &wplain, L);
+    if (!rc) rc = dsrt__cpu_fused_params(be, p, i, &w_plain, &b_md, &wplain, &b);
     if (!rc)
         rc = dsrt__cpu_weights_for(be, p, i, &w_plain,
                                    dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0),
                                    wplain, 0, &lp->w_fwd_version, &wfwd);
-    if (!rc && L->b_n) rc = dsrt__cpu_mem(p, &b_md, be->engine, net->params + L->b_off, &b, L);
-    if (!rc) rc = dsrt__cpu_output(be, p, i, &dst_md);
+    if (!rc) rc = dsrt__cpu_fused_output(be, p, i, &dst_md);
     if (rc) goto out;
     if (plain) {
         fc_own *f = dsrt__calloc(1, sizeof *f);
@@ -399,7 +400,7 @@ const dsrt_layer_ops dsrt__layer_fc = {
     .types = TYPES,
     .min_inputs = 1,
     .max_inputs = 1,
-    .flags = DSRT_LAYER_F_TAKES_RELU,
+    .flags = DSRT_LAYER_F_TAKES_RELU | DSRT_LAYER_F_POSTOPS,
     .build = build,
     .init = init,
     .cpu_plan = plan_fc,

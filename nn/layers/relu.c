@@ -101,6 +101,11 @@ static const dsrt_onnx_op ONNX_OPS[] = {
 
 // ----------------------------------------------------------------------------
 
+static int infer_act(const dsrt_layer *l, dsrt_act *act) {
+    *act = (dsrt_act){DSRT_ACT_RELU, l->o.leak, 0.0f};
+    return 1;
+}
+
 const dsrt_layer_ops dsrt__layer_relu = {
     .name = "relu",
     .types = TYPES,
@@ -109,6 +114,7 @@ const dsrt_layer_ops dsrt__layer_relu = {
     .flags = DSRT_LAYER_F_RELU,
     .build = build,
     .cpu_plan = plan_relu,
+    .infer_act = infer_act,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
     .example = "input size=5x5x2\nconv filters=4 size=3 pad=1\nleakyrelu leak=0.1\nconv filters=3 "

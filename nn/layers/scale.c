@@ -133,6 +133,16 @@ static const dsrt_onnx_op ONNX_OPS[] = {
 
 // ----------------------------------------------------------------------------
 
+/* At inference: y = x factor, a channel's. */
+static int infer_affine(const dsrt_layer *l, const float *params, const float *state, float *scale,
+                        float *shift) {
+    for (int c = 0; c < l->out.c; c++) {
+        scale[c] = params[l->w_off + c];
+        shift[c] = 0.0f;
+    }
+    return 1;
+}
+
 const dsrt_layer_ops dsrt__layer_scale = {
     .name = "scale",
     .types = TYPES,
@@ -141,6 +151,7 @@ const dsrt_layer_ops dsrt__layer_scale = {
     .build = build,
     .init = init,
     .cpu_plan = plan_scale,
+    .infer_affine = infer_affine,
     .onnx_export = export_onnx,
     .onnx_ops = ONNX_OPS,
     .example = "input size=4x5x3\nconv filters=4 size=3 pad=1\nscale init=0.5\nfc outputs=4\n"

@@ -137,6 +137,7 @@ static const dsrt_onnx_op ONNX_OPS[] = {
 const dsrt_layer_ops dsrt__layer_stochastic_depth = {
     .name = "stochastic_depth",
     .types = TYPES,
+    .flags = DSRT_LAYER_F_INFER_IDENTITY,
     .min_inputs = 1,
     .max_inputs = 1,
     .build = build,

@@ -1,0 +1,200 @@
+/*
+ * The CPU backend's inference plan (batchnorm and layer scales folded into
+ * the convolution or fully connected layer before them, activations and a
+ * residual add's sum and ReLU as that layer's post-ops) against the same
+ * net's plain forward (dsrt_net_options.fuse = 0): every built-in network
+ * and a graph of every fusible kind, with random weights, biases and
+ * batchnorm statistics, at batch sizes 1, 3 and 16, the scores before the
+ * softmax within float rounding (1e-5 of the image's largest), then again after
+ * the weights change (the folded copies are made again), and after a
+ * training step on the fused net.
+ */
+#include "nn/internal.h"
+#include "task.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Random parameters and statistics, the same for both nets: weights from
+ * the net's initialiser (same seed), biases and batchnorm's scale, offset,
+ * running mean and variance drawn here. */
+static void randomise(dsrt_net *a, dsrt_net *b, uint64_t seed) {
+    dsrt_rng r = dsrt_rng_init(seed, 0, 0, 0);
+    for (int i = 0; i < a->n_layers; i++) {
+        dsrt_layer *l = &a->layers[i];
+        for (size_t k = 0; k < l->b_n; k++)
+            a->params[l->b_off + k] = (float)(0.4 * (dsrt_rng_uniform(&r) - 0.5));
+        if (l->kind == DSRT_LAYER_BATCHNORM) {
+            int c = l->out.c;
+            for (int k = 0; k < c; k++) {
+                a->params[l->w_off + k] = (float)(0.6 + 0.8 * dsrt_rng_uniform(&r));
+                a->state[l->s_off + k] = (float)(0.4 * (dsrt_rng_uniform(&r) - 0.5));
+                a->state[l->s_off + c + k] = (float)(0.5 + dsrt_rng_uniform(&r));
+            }
+        }
+        if (l->kind == DSRT_LAYER_SCALE)
+            for (size_t k = 0; k < l->w_n; k++)
+                a->params[l->w_off + k] = (float)(0.5 + dsrt_rng_uniform(&r));
+    }
+    memcpy(b->params, a->params, a->n_params * sizeof *a->params);
+    memcpy(b->state, a->state, a->n_state * sizeof *a->state);
+    dsrt_net_params_changed(a);
+    dsrt_net_params_changed(b);
+}
+
+/* Both nets' scores before the softmax (the last layer's input) for the
+ * same n images: the largest difference relative to the largest score of
+ * the image (random weights give scores of any size, and a softmax over
+ * large ones hides differences in probabilities of 0 and 1). */
+static double compare(dsrt_net *fused, dsrt_net *plain, int n, uint64_t seed) {
+    size_t per = (size_t)fused->input.c * fused->input.h * fused->input.w;
+    int last = fused->n_layers - 1, k_out = fused->classes;
+    float *x = malloc((size_t)n * per * sizeof *x);
+    float *pa = malloc((size_t)n * k_out * sizeof *pa),
+          *pb = malloc((size_t)n * k_out * sizeof *pb);
+    REQUIRE(x && pa && pb);
+    dsrt_rng r = dsrt_rng_init(seed, 1, 2, 3);
+    for (size_t k = 0; k < (size_t)n * per; k++) x[k] = (float)dsrt_rng_uniform(&r);
+    CHECK_OK(dsrt_net_predict(fused, x, n, NULL, NULL, NULL, NULL));
+    CHECK_OK(dsrt__net_layer_output(fused, fused->layers[last].inputs[0], pa, 0));
+    CHECK_OK(dsrt_net_predict(plain, x, n, NULL, NULL, NULL, NULL));
+    CHECK_OK(dsrt__net_layer_output(plain, plain->layers[last].inputs[0], pb, 0));
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double m = 0, d = 0;
+        for (int k = 0; k < k_out; k++) {
+            m = fmax(m, fabs(pb[(size_t)i * k_out + k]));
+            d = fmax(d, fabs((double)pa[(size_t)i * k_out + k] - pb[(size_t)i * k_out + k]));
+        }
+        if (m > 0) worst = fmax(worst, d / m);
+    }
+    free(x);
+    free(pa);
+    free(pb);
+    return worst;
+}
+
+static void check_net(const char *spec, int classes, int h, int w, int c, int big) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 3;
+    dsrt_net *a = NULL, *b = NULL;
+    CHECK_OK(dsrt_net_create(&a, spec, h, w, c, classes, &o));
+    o.fuse = 0;
+    CHECK_OK(dsrt_net_create(&b, spec, h, w, c, classes, &o));
+    REQUIRE(a && b);
+    randomise(a, b, 9);
+    static const int sizes[] = {1, 3, 16};
+    double worst = 0;
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        if (big && sizes[k] > 3) continue;
+        worst = fmax(worst, compare(a, b, sizes[k], 40 + k));
+    }
+    /* New weights: the folded copies follow. */
+    randomise(a, b, 10);
+    worst = fmax(worst, compare(a, b, 3, 50));
+    const char *name = strchr(spec, '\n') ? "graph" : spec;
+    fprintf(stderr, "  %s: largest relative difference %.2g\n", name, worst);
+    CHECK(worst <= 1e-5);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
+static void test_builtin(void) {
+    check_net("digits", 10, 0, 0, 0, 0);
+    check_net("cifar", 10, 0, 0, 0, 0);
+    check_net("resnet20", 10, 0, 0, 0, 0);
+    check_net("resnet18", 1000, 0, 0, 0, 1);
+    check_net("mobilenet_v2", 1000, 0, 0, 0, 1);
+    check_net("mobilenet_v3_small", 1000, 0, 0, 0, 1);
+    check_net("efficientnet_b0", 1000, 0, 0, 0, 1);
+}
+
+/* Every fusible kind: conv + batchnorm + each activation; conv + batchnorm +
+ * a residual add (the add's other input computed before, and after, the
+ * convolution) with its ReLU; a layer scale; fc + batchnorm + hardswish;
+ * a chain interrupted by a layer that takes the convolution's output too. */
+static const char GRAPH[] = "input name=in size=12x12x3 normalization=zscore mean=0.4 std=0.3\n"
+                            "conv name=c0 filters=8 size=3 pad=1\n"
+                            "batchnorm name=b0\n"
+                            "relu name=r0\n"
+                            "conv name=c1 filters=8 size=3 pad=1 bias=0\n"
+                            "batchnorm name=b1\n"
+                            "add name=a1 inputs=b1,r0 relu=1\n"
+                            "conv name=c2 filters=8 size=3 pad=1 groups=8\n"
+                            "batchnorm name=b2\n"
+                            "clip name=k2 min=0 max=6\n"
+                            "conv name=c3 filters=8 size=1\n"
+                            "batchnorm name=b3\n"
+                            "hardswish name=h3\n"
+                            "conv name=c4 filters=8 size=1\n"
+                            "silu name=s4\n"
+                            "conv name=c5 filters=8 size=1\n"
+                            "sigmoid name=g5\n"
+                            "hardsigmoid name=hs5\n"
+                            "conv name=c6 filters=8 size=1\n"
+                            "gelu name=e6\n"
+                            "conv name=c7 filters=8 size=1\n"
+                            "scale name=ls7\n"
+                            "add name=a7 inputs=ls7,e6\n"
+                            "conv name=c8 filters=8 size=1 inputs=a7\n"
+                            "leakyrelu name=l8 leak=0.1\n"
+                            "conv name=c9 filters=8 size=3 pad=1\n"
+                            "batchnorm name=b9\n"
+                            "conv name=c10 filters=8 size=1 inputs=l8\n"
+                            "add name=a10 inputs=b9,c10\n"
+                            "gap name=g\n"
+                            "fc name=f1 outputs=16\n"
+                            "batchnorm name=fb\n"
+                            "hardswish name=fh\n"
+                            "fc name=f2 outputs=classes\n"
+                            "softmax name=out\n";
+
+static void test_graph(void) {
+    check_net(GRAPH, 5, 0, 0, 0, 0);
+}
+
+/* The fused net trains as before (training plans fuse nothing new), and
+ * predicts with the new weights after a step. */
+static void test_after_training(void) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 4;
+    dsrt_net *a = NULL, *b = NULL;
+    CHECK_OK(dsrt_net_create(&a, GRAPH, 0, 0, 0, 5, &o));
+    o.fuse = 0;
+    CHECK_OK(dsrt_net_create(&b, GRAPH, 0, 0, 0, 5, &o));
+    REQUIRE(a && b);
+    randomise(a, b, 11);
+    double before = compare(a, b, 4, 60);
+    size_t per = (size_t)a->input.c * a->input.h * a->input.w;
+    float x[8 * 12 * 12 * 3];
+    int32_t y[8];
+    dsrt_rng r = dsrt_rng_init(12, 0, 0, 0);
+    for (size_t k = 0; k < 8 * per; k++) x[k] = (float)dsrt_rng_uniform(&r);
+    for (int k = 0; k < 8; k++) y[k] = k % 5;
+    dsrt_optimizer *opt = NULL;
+    dsrt_optimizer_options oo = dsrt_optimizer_defaults(DSRT_SOLVER_SGDM);
+    oo.learn_rate = 0.1;
+    CHECK_OK(dsrt_optimizer_create(&opt, a, &oo));
+    CHECK_OK(dsrt_net_forward_backward(a, x, y, 8, NULL, NULL));
+    CHECK_OK(dsrt_optimizer_step(opt, a, 0));
+    memcpy(b->params, a->params, a->n_params * sizeof *a->params);
+    memcpy(b->state, a->state, a->n_state * sizeof *a->state);
+    dsrt_net_params_changed(b);
+    double after = compare(a, b, 4, 61);
+    fprintf(stderr, "  after a training step: %.2g (before it %.2g)\n", after, before);
+    CHECK(before <= 1e-5 && after <= 1e-5);
+    dsrt_optimizer_destroy(opt);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
+int main(void) {
+    RUN(test_graph);
+    RUN(test_after_training);
+    RUN(test_builtin);
+    return TEST_RESULT();
+}
