@@ -1,12 +1,15 @@
-"""Builds the extension dsrt._dsrt with this repository's CMake build.
+"""Builds the extensions dsrt._dsrt and dsrt._nn with this repository's CMake build.
 
-setuptools drives the packaging (pyproject.toml); the one extension is built by
+setuptools drives the packaging (pyproject.toml); the extensions are built by
 CMake (target dsrt_python: python/src/dsrtmodule.c with the data library
-libdsrt linked in statically) for the interpreter running pip, and copied where
-setuptools expects it, with the CUDA host module (dsrt_cuda_host.so, built when
-the CUDA toolkit is found) beside it: a Pipeline with gpu=N loads it for its
-pinned slots, and importing dsrt loads no CUDA library. Extra CMake options
-come from $DSRT_CMAKE_ARGS (for example "-DDSRT_WITH_CUDA=OFF").
+libdsrt linked in statically, and python/src/nnmodule.c, dsrt.Net, over the
+shared libdsrt_train and libdsrt) for the interpreter running pip, and copied
+where setuptools expects them, with the two shared libraries (dsrt._nn finds
+them beside itself; it is loaded on first use of dsrt.Net) and the CUDA host
+module (dsrt_cuda_host.so, built when the CUDA toolkit is found): a Pipeline
+with gpu=N loads it for its pinned slots, and importing dsrt loads no CUDA or
+oneDNN library. Extra CMake options come from $DSRT_CMAKE_ARGS (for example
+"-DDSRT_WITH_CUDA=OFF").
 """
 import glob
 import os
@@ -52,6 +55,17 @@ class CMakeBuild(build_ext):
         # Modules the extension loads on demand lie beside it.
         for module in glob.glob(os.path.join(build, "python", "dsrt", "dsrt_*.so")):
             shutil.copyfile(module, os.path.join(os.path.dirname(dest), os.path.basename(module)))
+        # dsrt._nn (dsrt.Net, loaded on first use) and the shared libraries it
+        # links, which its RUNPATH ($ORIGIN) finds beside it: libdsrt_train
+        # (on the system's oneDNN) and libdsrt, by their sonames.
+        nn = glob.glob(os.path.join(build, "python", "dsrt", "_nn*.so"))
+        libs = [lib for name in ("libdsrt_train", "libdsrt")
+                for lib in glob.glob(os.path.join(build, name + ".so.[0-9]*"))
+                if re.fullmatch(r"lib[a-z_]+\.so\.[0-9]+", os.path.basename(lib))]
+        if len(nn) != 1 or len(libs) != 2:
+            raise RuntimeError(f"CMake built {nn + libs!r}, expected _nn and two libraries")
+        for f in nn + libs:
+            shutil.copyfile(f, os.path.join(os.path.dirname(dest), os.path.basename(f)))
 
 
 setup(

@@ -15,12 +15,43 @@ labels, as torchvision's and timm's mixup hand out their targets.
 
 ``Pipeline(..., rank=r, world_size=n)`` (or ``rank="env"``) gives a process of a
 data-parallel job its share of every epoch, as DistributedSampler does.
+
+``Net.load("model.dsrt" | "model.onnx")`` runs a trained network, as ``dstrain
+classify`` does: ``predict`` on NumPy arrays or DLPack tensors, ``classify`` on
+image files. ``Net`` and ``onnx_import`` live in the extension dsrt._nn, which
+links libdsrt_train and oneDNN: it is loaded the first time either name is
+used, so a program that only reads data never maps them.
 """
 
 from ._dsrt import Batch, Datastore, Error, Pipeline, Tensor, version
 
+# Net and onnx_import are left out of __all__: a star import loads no compute library.
 __all__ = ["Batch", "Datastore", "Error", "Pipeline", "Tensor", "TorchLoader", "version"]
 __version__ = version()
+
+_NN_NAMES = ("Net", "onnx_import")
+
+
+def __getattr__(name):
+    """Loads dsrt._nn (libdsrt_train, oneDNN) on first use of Net or onnx_import."""
+    if name not in _NN_NAMES:
+        raise AttributeError(f"module 'dsrt' has no attribute {name!r}")
+    try:
+        from . import _nn
+    except ImportError as e:
+        raise ImportError(
+            f"dsrt.{name} needs dsrt's network library libdsrt_train (and oneDNN), which could "
+            f"not be loaded: {e}. It is looked for beside the dsrt package, in the build tree "
+            f"it was built in, in the library folder of `cmake --install`, and on "
+            f"LD_LIBRARY_PATH; the data classes (Datastore, Pipeline) work without it."
+        ) from e
+    for n in _NN_NAMES:
+        globals()[n] = getattr(_nn, n)
+    return globals()[name]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NN_NAMES))
 
 
 class TorchLoader:
