@@ -531,6 +531,58 @@ static void test_scan_warnings(void) {
     result_free(&r);
 }
 
+/* classify reads the next batch while the net computes this one: the same
+ * lines in the same order whatever the batch (one image a batch, batches
+ * that end inside a folder, one batch for all), over files, a missing
+ * path, a folder with emptied images and a file again; each bad image named
+ * on stderr, the run's status 1. */
+static void test_classify_streams(void) {
+    char dir[4300], one[4400], missing[4400];
+    snprintf(dir, sizeof dir, "%s/stream", root);
+    int bad = half_bad(dir, 7);
+    snprintf(one, sizeof one, "%s/beta/001.png", dir);
+    snprintf(missing, sizeof missing, "%s/not-there.png", dir);
+    char batches[3][4] = {"1", "3", "64"};
+    char *first = NULL;
+    for (int k = 0; k < 3; k++) {
+        result r = run(ARGV(bin_train, "classify", "--model", model, "--batch", batches[k],
+                            "--json", one, missing, dir, one),
+                       120);
+        CHECK_EQ(r.status, 1);
+        int lines = 0;
+        for (const char *c = r.out; *c; c++) lines += *c == '\n';
+        CHECK_EQ(lines, 2 + 3 * 7 - bad);
+        CHECK_CONTAINS(r.err, missing);
+        CHECK_CONTAINS(r.err, "alpha/000.png");
+        CHECK_CONTAINS(r.err, "gamma/006.png");
+        /* In the order given: the file, the folder's images, the file. */
+        const char *a = strstr(r.out, "beta/001.png"), *g = strstr(r.out, "gamma/005.png");
+        CHECK(a && g && a < g && strstr(g, "beta/001.png"));
+        /* Paths and classes (the scores of batches of other sizes may
+         * differ in the last bits). */
+        char *kept = strdup(r.out);
+        REQUIRE(kept);
+        char *w = kept;
+        for (const char *c = r.out; *c;) {
+            const char *end = strchr(c, '\n'), *cut = strstr(c, ", \"score\"");
+            if (!end) break;
+            if (!cut || cut > end) cut = end;
+            memcpy(w, c, (size_t)(cut - c));
+            w += cut - c;
+            *w++ = '\n';
+            c = end + 1;
+        }
+        *w = 0;
+        if (!first)
+            first = kept;
+        else
+            CHECK_STR_EQ(kept, first);
+        if (kept != first) free(kept);
+        result_free(&r);
+    }
+    free(first);
+}
+
 /* Names that are not UTF-8 give valid JSON, tabs do not break classify's
  * columns, odd --net files get a message about the file, and the help
  * describes the recipe without naming scripts users do not have. */
@@ -833,6 +885,7 @@ int main(void) {
     RUN(test_process_limits);
     RUN(test_scan_warnings);
     RUN(test_output_hygiene);
+    RUN(test_classify_streams);
     RUN(test_blame);
     RUN(test_shards_cli);
     RUN(test_bench_layouts_and_limit);

@@ -21,6 +21,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <limits.h>
@@ -656,6 +657,13 @@ static double median_of(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* The 95th percentile of sorted v (nearest rank: the smallest value that
+ * 95% of them do not pass). */
+static double p95_of(const double *v, int n) {
+    int k = (int)ceil(0.95 * n) - 1;
+    return v[k < 0 ? 0 : k];
+}
+
 /* Largest network description file read. */
 #define NET_TEXT_MAX ((size_t)1 << 20)
 /* Largest image file classify reads. */
@@ -801,9 +809,9 @@ static int bench_net_text(int builtin, int onnx, char **text) {
 /* What a benchmark measured, for its report. */
 typedef struct {
     int batch, threads, u8;
-    double median_s, min_s; /* a step's */
-    double opt_median_s;    /* the optimizer's part of a step */
-    double first_s;         /* the first step, which plans */
+    double median_s, min_s, p95_s; /* a step's */
+    double opt_median_s;           /* the optimizer's part of a step */
+    double first_s;                /* the first step, which plans */
     float loss;
 } bench_result;
 
@@ -820,13 +828,15 @@ static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_r
                "\"steps\": %d, \"warmup\": %d, \"solver\": \"%s\", \"backend\": \"%s\", "
                "\"device\": %d, \"precision\": \"%s\", \"input\": \"%s\", "
                "\"params\": %zu, \"images_per_s\": %s, \"ms_per_step\": %s, "
-               "\"ms_per_step_min\": %s, \"ms_optimizer\": %s, \"ms_first_step\": %s, "
+               "\"ms_per_step_min\": %s, \"ms_per_step_p95\": %s, \"ms_optimizer\": %s, "
+               "\"ms_first_step\": %s, "
                "\"gflop_per_step\": %s, \"gflops\": %s, \"loss\": %s",
                r->batch, r->threads, bench.steps, bench.warmup, bench.solver, info->backend,
                info->device, dsrt_precision_name(info->precision), r->u8 ? "u8" : "f32",
                info->learnable, tool_json_number(b[0], "%.1f", ips),
                tool_json_number(b[1], "%.3f", 1e3 * r->median_s),
                tool_json_number(b[2], "%.3f", 1e3 * r->min_s),
+               tool_json_number(b[8], "%.3f", 1e3 * r->p95_s),
                tool_json_number(b[3], "%.3f", 1e3 * r->opt_median_s),
                tool_json_number(b[4], "%.1f", 1e3 * r->first_s),
                tool_json_number(b[5], "%.3f", gflop),
@@ -838,9 +848,10 @@ static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_r
         printf("%s: %sbatch %d, %d threads, %s (%s), %zu parameters\n", bench.net,
                bench.inference ? "inference, " : "", r->batch, r->threads, info->backend,
                dsrt_precision_name(info->precision), info->learnable);
-        printf("  %.1f images/s (median %.2f ms/step over %d steps, min %.2f; first step %.0f "
-               "ms)\n",
-               ips, 1e3 * r->median_s, bench.steps, 1e3 * r->min_s, 1e3 * r->first_s);
+        printf("  %.1f images/s (median %.2f ms/step over %d steps, min %.2f, p95 %.2f; first "
+               "step %.0f ms)\n",
+               ips, 1e3 * r->median_s, bench.steps, 1e3 * r->min_s, 1e3 * r->p95_s,
+               1e3 * r->first_s);
         if (bench.inference)
             printf("  %.2f GFLOP/step, %.1f GFLOP/s\n", gflop, gflop / r->median_s);
         else
@@ -932,6 +943,7 @@ static int cmd_bench(int argc, char **argv) {
         bench_result r = {.batch = batch, .threads = threads, .first_s = plan_t};
         r.median_s = median_of(times, bench.steps);
         r.min_s = times[0];
+        r.p95_s = p95_of(times, bench.steps);
         bench_report(net, &info, &r);
         status = 0;
         goto out;
@@ -948,6 +960,7 @@ static int cmd_bench(int argc, char **argv) {
     r.median_s = median_of(times, bench.steps); /* sorts times: times[0] is the fastest */
     r.opt_median_s = median_of(opt_times, bench.steps);
     r.min_s = times[0];
+    r.p95_s = p95_of(times, bench.steps);
     bench_report(net, &info, &r);
     status = 0;
 out:
@@ -2893,26 +2906,43 @@ static void classify_usage(FILE *f) {
     print_options(f, CLASSIFY_OPTIONS);
 }
 
+/*
+ * classify streams: a thread reads, decodes and resizes the next batch's
+ * images while the net computes on this one, two batches in turn, in the
+ * order the paths were given.
+ */
+typedef struct {
+    float *x;
+    const char **paths; /* c->files' */
+    int n, failures;
+    int full; /* 0: the reader's to fill; 1: the net's; 2: the net's, and the last */
+} classify_batch;
+
 typedef struct {
     dsrt_net *net;
     dsrt_net_info ni;
     dsrt_decoder *dec;
     dsrt_augmenter *aug;
     dsrt_augment_options ao;
-    float *x, *scores;
-    char **paths;
-    int n, failures;
+    float *scores;
+    char **files; /* every image, folders listed */
+    size_t n_files;
+    classify_batch b[2];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int failures;
 } classifier;
 
-static void classify_flush(classifier *c) {
-    if (c->n == 0) return;
+/* Predicts batch b and prints its images' classes. */
+static void classify_flush(classifier *c, classify_batch *b) {
+    if (b->n == 0) return;
     int C = c->ni.classes;
-    if (dsrt_net_predict(c->net, c->x, c->n, c->scores, NULL, NULL, NULL) != 0) {
+    if (dsrt_net_predict(c->net, b->x, b->n, c->scores, NULL, NULL, NULL) != 0) {
         fprintf(stderr, "%s classify: %s\n", prog, dsrt_last_error());
-        c->failures += c->n;
+        c->failures += b->n;
     } else {
-        char name[256], b[32];
-        for (int i = 0; i < c->n; i++) {
+        char name[256], nb[32];
+        for (int i = 0; i < b->n; i++) {
             const float *s = c->scores + (size_t)i * C;
             int finite = 1;
             for (int q = 0; q < C; q++) finite &= isfinite(s[q]) != 0;
@@ -2922,14 +2952,14 @@ static void classify_flush(classifier *c) {
                 fprintf(stderr,
                         "%s classify: %s: the model's scores are not finite (NaN or infinite): "
                         "its weights or input statistics are broken\n",
-                        prog, c->paths[i]);
+                        prog, b->paths[i]);
                 c->failures++;
                 if (cl.json) {
                     printf("{\"path\": ");
-                    tool_json_string(stdout, c->paths[i]);
+                    tool_json_string(stdout, b->paths[i]);
                     printf(", \"label\": null, \"class\": null, \"score\": null, \"scores\": [");
                     for (int q = 0; q < C; q++)
-                        printf("%s%s", q ? ", " : "", jnum(b, (double)s[q]));
+                        printf("%s%s", q ? ", " : "", jnum(nb, (double)s[q]));
                     printf("], \"error\": \"scores not finite\"}\n");
                 }
                 continue;
@@ -2938,17 +2968,17 @@ static void classify_flush(classifier *c) {
             int best[64];
             if (k > 64) k = 64;
             for (int j = 0; j < k; j++) {
-                int b = -1;
+                int top = -1;
                 for (int q = 0; q < C; q++) {
                     int taken = 0;
                     for (int t = 0; t < j; t++) taken |= best[t] == q;
-                    if (!taken && (b < 0 || s[q] > s[b])) b = q;
+                    if (!taken && (top < 0 || s[q] > s[top])) top = q;
                 }
-                best[j] = b;
+                best[j] = top;
             }
             if (cl.json) {
                 printf("{\"path\": ");
-                tool_json_string(stdout, c->paths[i]);
+                tool_json_string(stdout, b->paths[i]);
                 if (dsrt_net_class_name(c->net, best[0], name, sizeof name) < 0)
                     snprintf(name, sizeof name, "%d", best[0]);
                 printf(", \"label\": ");
@@ -2959,7 +2989,7 @@ static void classify_flush(classifier *c) {
                 printf("]}\n");
             } else {
                 /* Tab-separated: tabs and newlines in names are escaped. */
-                tool_text_field(stdout, c->paths[i]);
+                tool_text_field(stdout, b->paths[i]);
                 for (int j = 0; j < k; j++) {
                     if (dsrt_net_class_name(c->net, best[j], name, sizeof name) < 0)
                         snprintf(name, sizeof name, "%d", best[j]);
@@ -2971,11 +3001,12 @@ static void classify_flush(classifier *c) {
             }
         }
     }
-    for (int i = 0; i < c->n; i++) free(c->paths[i]);
-    c->n = 0;
+    b->n = 0;
 }
 
-static void classify_file(classifier *c, const char *path) {
+/* Reads, decodes and resizes path into batch b's next image; a failure
+ * is reported and counted in b. */
+static void classify_file(classifier *c, classify_batch *b, const char *path) {
     size_t len = 0;
     char why[256];
     char *data = tool_read_file(path, IMAGE_FILE_MAX, &len, why, sizeof why);
@@ -2983,7 +3014,7 @@ static void classify_file(classifier *c, const char *path) {
     dsrt_image img;
     if (!data) {
         fprintf(stderr, "%s classify: %s: %s\n", prog, path, why);
-        c->failures++;
+        b->failures++;
         return;
     }
     dsrt_decode_request req = {.channels = c->ni.channels};
@@ -2992,17 +3023,75 @@ static void classify_file(classifier *c, const char *path) {
         dsrt_augment_decode_size(&c->ao, info.width, info.height, &req.min_width, &req.min_height);
         ok = dsrt_decode(c->dec, data, len, &req, &img) == 0;
     }
-    float *dst = c->x + (size_t)c->n * c->ni.channels * c->ni.height * c->ni.width;
+    float *dst = b->x + (size_t)b->n * c->ni.channels * c->ni.height * c->ni.width;
     if (ok)
         ok = dsrt_augment_apply(c->aug, &c->ao, &img, info.width, info.height, 0, 0, 0, dst) == 0;
     free(data);
     if (!ok) {
         fprintf(stderr, "%s classify: %s: %s\n", prog, path, dsrt_last_error());
-        c->failures++;
+        b->failures++;
         return;
     }
-    c->paths[c->n++] = strdup(path);
-    if (c->n == cl.batch) classify_flush(c);
+    b->paths[b->n++] = path;
+}
+
+/* The reader: fills the two batches in turn, each once the net is done
+ * with it; the last one it fills is marked with full = 2. */
+static void *classify_reader(void *arg) {
+    classifier *c = arg;
+    size_t next = 0;
+    for (int k = 0;; k ^= 1) {
+        classify_batch *b = &c->b[k];
+        pthread_mutex_lock(&c->mu);
+        while (b->full) pthread_cond_wait(&c->cv, &c->mu);
+        pthread_mutex_unlock(&c->mu);
+        while (b->n < cl.batch && next < c->n_files) classify_file(c, b, c->files[next++]);
+        pthread_mutex_lock(&c->mu);
+        b->full = next < c->n_files ? 1 : 2;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        if (next == c->n_files) return NULL;
+    }
+}
+
+/* Classifies c->files: the reader one batch ahead of the net. */
+static int classify_all(classifier *c) {
+    pthread_t reader;
+    if (pthread_create(&reader, NULL, classify_reader, c) != 0) {
+        fprintf(stderr, "%s classify: cannot start the reading thread\n", prog);
+        return -1;
+    }
+    for (int k = 0;; k ^= 1) {
+        classify_batch *b = &c->b[k];
+        pthread_mutex_lock(&c->mu);
+        while (!b->full) pthread_cond_wait(&c->cv, &c->mu);
+        int last = b->full == 2;
+        pthread_mutex_unlock(&c->mu);
+        classify_flush(c, b);
+        c->failures += b->failures;
+        b->failures = 0;
+        pthread_mutex_lock(&c->mu);
+        b->full = 0;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        if (last) break;
+    }
+    pthread_join(reader, NULL);
+    return 0;
+}
+
+/* Adds path to c->files (a copy); -1 when out of memory. */
+static int classify_add(classifier *c, size_t *cap, const char *path) {
+    if (c->n_files == *cap) {
+        size_t n = *cap ? 2 * *cap : 256;
+        char **f = realloc(c->files, n * sizeof *f);
+        if (!f) return -1;
+        c->files = f;
+        *cap = n;
+    }
+    if (!(c->files[c->n_files] = strdup(path))) return -1;
+    c->n_files++;
+    return 0;
 }
 
 static int cmd_classify(int argc, char **argv) {
@@ -3040,11 +3129,13 @@ static int cmd_classify(int argc, char **argv) {
         return 2;
     }
     classifier c = {0};
+    size_t cap = 0;
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
     dsrt_net_options no = dsrt_net_defaults();
     if ((rc = resolve_device_args("classify", &cl.dev, &no, NULL))) {
-        free(opts);
-        free(paths);
-        return rc;
+        status = rc;
+        goto out;
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     no.threads = cl.threads ? cl.threads : (int)(ncpu > 0 ? ncpu : 1);
@@ -3056,15 +3147,17 @@ static int cmd_classify(int argc, char **argv) {
     c.ao.output_width = c.ni.width;
     c.ao.output_channels = c.ni.channels;
     size_t per = (size_t)c.ni.channels * c.ni.height * c.ni.width;
-    c.x = malloc((size_t)cl.batch * per * sizeof *c.x);
     c.scores = malloc((size_t)cl.batch * c.ni.classes * sizeof *c.scores);
-    c.paths = calloc((size_t)cl.batch, sizeof *c.paths);
-    if (!c.x || !c.scores || !c.paths || dsrt_decoder_create(&c.dec, NULL) != 0 ||
-        dsrt_augmenter_create(&c.aug) != 0) {
-        fprintf(stderr, "%s classify: out of memory\n", prog);
-        goto out;
+    int nomem =
+        !c.scores || dsrt_decoder_create(&c.dec, NULL) != 0 || dsrt_augmenter_create(&c.aug) != 0;
+    for (int k = 0; k < 2 && !nomem; k++) {
+        c.b[k].x = malloc((size_t)cl.batch * per * sizeof *c.b[k].x);
+        c.b[k].paths = calloc((size_t)cl.batch, sizeof *c.b[k].paths);
+        nomem = !c.b[k].x || !c.b[k].paths;
     }
-    for (int i = 0; i < npaths; i++) {
+    /* Every image first (a folder's in its listing's order), then the
+     * batches. */
+    for (int i = 0; i < npaths && !nomem; i++) {
         struct stat st;
         if (stat(paths[i], &st) != 0) {
             int e = errno;
@@ -3075,7 +3168,7 @@ static int cmd_classify(int argc, char **argv) {
             continue;
         }
         if (!S_ISDIR(st.st_mode)) {
-            classify_file(&c, paths[i]);
+            nomem = classify_add(&c, &cap, paths[i]) != 0;
             continue;
         }
         dsrt_datastore_options dso = dsrt_datastore_defaults();
@@ -3087,19 +3180,29 @@ static int cmd_classify(int argc, char **argv) {
             c.failures++;
             continue;
         }
-        for (size_t k = 0; k < dsrt_datastore_count(ds); k++)
-            classify_file(&c, dsrt_datastore_path(ds, k));
+        for (size_t k = 0; k < dsrt_datastore_count(ds) && !nomem; k++)
+            nomem = classify_add(&c, &cap, dsrt_datastore_path(ds, k)) != 0;
         dsrt_datastore_close(ds);
     }
-    classify_flush(&c);
+    if (nomem) {
+        fprintf(stderr, "%s classify: out of memory\n", prog);
+        goto out;
+    }
+    if (c.n_files && classify_all(&c) != 0) goto out;
     status = c.failures ? 1 : 0;
 out:
-    free(c.x);
+    for (size_t i = 0; i < c.n_files; i++) free(c.files[i]);
+    free(c.files);
+    for (int k = 0; k < 2; k++) {
+        free(c.b[k].x);
+        free(c.b[k].paths);
+    }
     free(c.scores);
-    free(c.paths);
     dsrt_decoder_destroy(c.dec);
     dsrt_augmenter_destroy(c.aug);
     dsrt_net_destroy(c.net);
+    pthread_mutex_destroy(&c.mu);
+    pthread_cond_destroy(&c.cv);
     free(opts);
     free(paths);
     return status;
