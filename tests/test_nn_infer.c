@@ -4,11 +4,13 @@
  * residual add's sum and ReLU as that layer's post-ops) against the same
  * net's plain forward (dsrt_net_options.fuse = 0): every built-in network
  * and a graph of every fusible kind, with random weights, biases and
- * batchnorm statistics, at batch sizes 1, 3 and 16, the scores before the
+ * batchnorm statistics, at batch sizes 1, 3, 16 and 64 (the large nets 1
+ * and 3), the scores before the
  * softmax within float rounding (1e-5 of the image's largest), then again after
  * the weights change (the folded copies are made again), and after a
  * training step on the fused net.
  */
+#include <dsrt.h>
 #include "nn/internal.h"
 #include "task.h"
 
@@ -86,7 +88,7 @@ static void check_net(const char *spec, int classes, int h, int w, int c, int bi
     CHECK_OK(dsrt_net_create(&b, spec, h, w, c, classes, &o));
     REQUIRE(a && b);
     randomise(a, b, 9);
-    static const int sizes[] = {1, 3, 16};
+    static const int sizes[] = {1, 3, 16, 64};
     double worst = 0;
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         if (big && sizes[k] > 3) continue;
@@ -192,9 +194,36 @@ static void test_after_training(void) {
     dsrt_net_destroy(b);
 }
 
+/* A net made for a new task from a trained one (dsrt_net_transfer: the last
+ * fully connected layer new, the rest kept) predicts alike fused and not. */
+static void test_after_transfer(void) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 6;
+    dsrt_net *base = NULL, *twin = NULL, *a = NULL, *b = NULL;
+    CHECK_OK(dsrt_net_create(&base, "resnet20", 0, 0, 0, 10, &o));
+    CHECK_OK(dsrt_net_create(&twin, "resnet20", 0, 0, 0, 10, &o));
+    REQUIRE(base && twin);
+    randomise(base, twin, 13);
+    dsrt_transfer_options t = dsrt_transfer_defaults();
+    t.classes = 4;
+    CHECK_OK(dsrt_net_transfer(&a, base, &t, &o));
+    o.fuse = 0;
+    CHECK_OK(dsrt_net_transfer(&b, base, &t, &o));
+    REQUIRE(a && b);
+    double d = compare(a, b, 5, 70);
+    fprintf(stderr, "  after a transfer: %.2g\n", d);
+    CHECK(d <= 1e-5);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+    dsrt_net_destroy(base);
+    dsrt_net_destroy(twin);
+}
+
 int main(void) {
     RUN(test_graph);
     RUN(test_after_training);
+    RUN(test_after_transfer);
     RUN(test_builtin);
     return TEST_RESULT();
 }
