@@ -967,16 +967,17 @@ run() {
 # compute-sanitizer logs
 
 # Counts the error reports of a compute-sanitizer log. A report is dsrt's
-# when it names one of dsrt's kernels (nn/kernels.cu); when it is a memory
-# error on the device (in any kernel: dsrt gave it its pointers); or, for a
-# failed CUDA API call, when the first host frame outside the CUDA runtime
-# and driver is not in cuDNN, cuBLAS or NCCL (dsrt made the call). The
-# others are the libraries' own: calls cuDNN makes to probe what a device
-# supports, and races racecheck sees inside their kernels. Prints the first
-# of dsrt's, then "dsrt N, libraries M".
+# when it names one of dsrt's kernels (nn/*.cu, nn/layers/*.cu); when it is
+# a memory error on the device (in any kernel: dsrt gave it its pointers);
+# or, for a failed CUDA API call, when the first host frame outside the CUDA
+# runtime and driver is not in cuDNN, cuBLAS or NCCL (dsrt made the call).
+# The others are the libraries' own: calls cuDNN makes to probe what a
+# device supports, and races racecheck sees inside their kernels. Prints the
+# first of dsrt's, then "dsrt N, libraries M".
 sanitizer_count() {
   local kernels
-  kernels=$(sed -n 's/^__global__ void \([A-Za-z0-9_]*\)(.*/\1/p' "$root/nn/kernels.cu" | paste -sd'|' -)
+  kernels=$(sed -n 's/^__global__ void \([A-Za-z0-9_]*\)(.*/\1/p' "$root"/nn/*.cu "$root"/nn/layers/*.cu |
+    paste -sd'|' -)
   awk -v ours="^(${kernels:-none})$" -v third="$third_party" '
     function flush() {
       if (!inblock) return

@@ -1,16 +1,16 @@
 /*
- * Plain references of the activations (nn/kernels_body.h dsrt_k_act, the
- * kinds of nn/layers/eltwise.c), in double from their definitions, with
- * PyTorch's gradients at the kinks: clip's (Hardtanh's) and hardsigmoid's
- * 0 at a bound, hardswish's x / 3 + 1/2 at -3 and at 3. What test_nn (the
- * CPU backend), test_nn_kernels and test_gpu_kernels (the kernels) check
- * against; and the values they probe, kinks and their float neighbours
- * among them.
+ * Plain references of the activations (nn/layers/eltwise_kernels.h
+ * dsrt_k_act, the kinds of nn/layers/eltwise.c), in double from their
+ * definitions, with PyTorch's gradients at the kinks: clip's (Hardtanh's)
+ * and hardsigmoid's 0 at a bound, hardswish's x / 3 + 1/2 at -3 and at 3.
+ * What test_nn (the CPU backend), test_nn_kernels and test_gpu_kernels (the
+ * kernels) check against; and the values they probe, kinks and their float
+ * neighbours among them.
  */
 #ifndef DSRT_TEST_ACTREF_H
 #define DSRT_TEST_ACTREF_H
 
-#include "nn/kernels_body.h"
+#include "nn/layers/eltwise_kernels.h"
 
 #include <float.h>
 #include <math.h>

@@ -1,21 +1,24 @@
 /*
  * A CPU stand-in for the CUDA runtime, cuDNN, cuBLAS and NCCL calls of the
  * GPU backend (nn/backend_cuda.c) and the NCCL communicator
- * (runtime/comm/comm_nccl.c), and for dsrt's kernels (nn/kernels.h), so that the
- * tests can run the library's own host code (plans, tensor aliasing, NHWC
- * and bfloat16 tensors, padding copies, fused calls and their fallbacks,
- * staging slots, the optimizer hand-off, recorded steps and their replays,
- * the read-backs, gradient buckets, multi-GPU groups and their shutdown)
- * against the CPU backend on a machine without a GPU. Built only with
- * -DDSRT_FAKE_GPU_TEST=ON (the test_fakegpu_* programs).
+ * (runtime/comm/comm_nccl.c), and for the launches of dsrt's kernels
+ * (nn/kernels.h), so that the tests can run the library's own host code
+ * (plans, tensor aliasing, NHWC and bfloat16 tensors, padding copies, fused
+ * calls and their fallbacks, staging slots, the optimizer hand-off, recorded
+ * steps and their replays, the read-backs, gradient buckets, multi-GPU
+ * groups and their shutdown) against the CPU backend on a machine without a
+ * GPU. Built only with -DDSRT_FAKE_GPU_TEST=ON (the test_fakegpu_*
+ * programs).
  *
  * It proves the plumbing, not cuDNN: each cuDNN and cuBLAS call computes
  * what its documentation says (naive loops, sums in double) in the layout
  * (NCHW or NHWC tensors and filters) and type (float32 or bfloat16,
  * rounded when stored as the device rounds) its descriptors give, memory is
  * host memory, and every search offers one deterministic algorithm
- * (IMPLICIT_PRECOMP_GEMM forward). dsrt's own kernels run their real bodies
- * (nn/kernels_body.h) through tests/kernels_host.c. NCCL's all-reduce sums
+ * (IMPLICIT_PRECOMP_GEMM forward). dsrt's own kernels are their real
+ * launchers (the .cu files, compiled as C), whose launches come here
+ * (dsrt_k_launch) with their host runs: the kernels' grids walked over
+ * their real bodies, knowing no kernel but by name. NCCL's all-reduce sums
  * over the members of an in-process clique, one thread a member.
  *
  * Streams run their work at once, except while a stream is being captured
@@ -49,7 +52,6 @@
 #include "nn/arith.h"
 #include "nn/kernels.h"
 #include "fakegpu.h"
-#include "kernels_host.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -59,6 +61,7 @@
 #endif
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +70,7 @@
 
 #define MAGIC_STREAM 0x5354524du
 #define MAGIC_EVENT  0x4556454eu
+#define FK_KERNELS   256 /* dsrt's kernels counted by name */
 
 // ----------------------------------------------------------------------------
 // Recorded calls
@@ -169,6 +173,11 @@ static struct {
     int hang;
     int live_comms;
     unsigned refuse;
+    /* dsrt's kernels launched (by name) and how many times, since the last
+     * reset */
+    const char *kernels[FK_KERNELS];
+    long launches[FK_KERNELS];
+    int n_kernels;
 } fk = {.mu = PTHREAD_MUTEX_INITIALIZER, .devices = 1};
 
 /* The capture this thread runs, if any. */
@@ -194,6 +203,8 @@ void fakegpu_reset_stats(void) {
     lock();
     memset(&fk.st, 0, sizeof fk.st);
     fk.last_close_group = 0;
+    fk.n_kernels = 0;
+    memset(fk.launches, 0, sizeof fk.launches);
     unlock();
 }
 
@@ -1629,547 +1640,62 @@ cudnnStatus_t cudnnBatchNormalizationBackwardEx(
 }
 
 // ----------------------------------------------------------------------------
-// dsrt's kernels: their own bodies, on the host (tests/kernels_host.c),
-// queued like any call on their stream
+// dsrt's kernels: each launch (DSRT_K_LAUNCH in nn/kernels.h, from the .cu
+// files compiled as C) queued like any call on its stream, its host run
+// (the kernel's grid walked over its real bodies) given a copy of its
+// arguments
 
-/* Each kernel call's arguments, by value, and its run. */
 typedef struct {
     fk_op op;
-    int kind;
-    dsrt_k_desc d, d2;
-    const void *x, *y, *dy, *z;
-    void *out, *out2, *work;
-    const float *fp, *fp2, *fp3, *fp4, *fp5;
-    const double *dp, *dp2;
-    double *dout;
-    float *fout, *fout2, *fout3, *fout4, *fout5;
-    const int32_t *labels;
-    int32_t *iout;
-    const uint64_t *up;
-    int n, k, i1, i2, i3;
-    float f1, f2, f3;
-    uint64_t u1, u2;
-    dsrt_k_type t;
-    size_t count;
-    dsrt_k_pixel pix;
-    dsrt_k_pool pool;
-    dsrt_k_lrn lrn;
-    dsrt_k_conv conv;
-    dsrt_k_sum sum;
-    dsrt_k_optim optim;
-    dsrt_k_step step;
-    const dsrt_k_step *stp;
-    dsrt_k_consts consts;
-    dsrt_k_consts *consts_out;
-} k_op;
-
-enum {
-    K_INPUT_U8,
-    K_INPUT_F32,
-    K_PAD,
-    K_RELU_FWD,
-    K_RELU_BWD,
-    K_ACT_FWD,
-    K_ACT_BWD,
-    K_BIAS_ACT,
-    K_BIAS_GRAD,
-    K_POOL_FWD,
-    K_POOL_BWD,
-    K_LRN_FWD,
-    K_LRN_BWD,
-    K_SUM,
-    K_CHANNELS,
-    K_CONV_FWD,
-    K_CONV_DATA,
-    K_CONV_FILTER,
-    K_DROPOUT,
-    K_SM_FWD,
-    K_SM_BWD,
-    K_BN_SUMS,
-    K_BN_STATS,
-    K_BN_BWD_SUMS,
-    K_BN_BWD_DX,
-    K_BN_APPLY,
-    K_OPTIM,
-    K_CONSTS,
-    K_TO_BF16,
-    K_TO_F32,
-    K_FILL,
-    K_SCALE,
-    K_MUL,
-    K_MUL_GRAD,
-    K_CHAN_GRADS,
-    K_LN_FWD,
-    K_LN_BWD,
-    K_DROP_PATH,
-};
+    void (*run)(const void *args);
+    max_align_t args[]; /* the launch's arguments, by value */
+} k_launch;
 
 static void k_run(fk_op *o, cudaStream_t s) {
-    k_op *a = (k_op *)o;
-    switch (a->kind) {
-    case K_INPUT_U8:
-        dsrt_kh_input_u8(a->x, &a->pix, a->i1, a->fp, &a->d, a->out);
-        break;
-    case K_INPUT_F32:
-        dsrt_kh_input_f32(a->x, a->i1, a->fp, &a->d, a->out);
-        break;
-    case K_PAD:
-        dsrt_kh_pad(&a->d, a->x, &a->d2, a->out, a->i1, a->i2, a->f1, a->i3);
-        break;
-    case K_RELU_FWD:
-        dsrt_kh_relu_fwd(a->t, a->x, a->out, a->count, a->f1);
-        break;
-    case K_RELU_BWD:
-        dsrt_kh_relu_bwd(a->t, a->y, a->dy, a->out, a->count, a->f1);
-        break;
-    case K_ACT_FWD:
-    case K_ACT_BWD: {
-        dsrt_k_act act = {a->i1, a->f1, a->f2};
-        if (a->kind == K_ACT_FWD)
-            dsrt_kh_act_fwd(a->t, &act, a->x, a->out, a->count);
-        else
-            dsrt_kh_act_bwd(a->t, &act, a->x, a->y, a->dy, a->out, a->count);
-        break;
-    }
-    case K_BIAS_ACT:
-        dsrt_kh_bias_act(&a->d, a->x, a->fp, a->out, a->i1, a->f1);
-        break;
-    case K_BIAS_GRAD:
-        dsrt_kh_bias_grad(&a->d, a->out, a->y, a->f1, a->fout, a->work);
-        break;
-    case K_POOL_FWD:
-        dsrt_kh_pool_fwd(&a->pool, a->x, a->out, a->work);
-        break;
-    case K_POOL_BWD:
-        dsrt_kh_pool_bwd(&a->pool, a->x, a->work, a->dy, a->out);
-        break;
-    case K_LRN_FWD:
-        dsrt_kh_lrn_fwd(&a->d, &a->lrn, a->x, a->out, a->fout);
-        break;
-    case K_LRN_BWD:
-        dsrt_kh_lrn_bwd(&a->d, &a->lrn, a->x, a->y, a->dy, a->fp, a->out);
-        break;
-    case K_SUM:
-        dsrt_kh_sum(a->t, &a->sum, a->out, a->count, a->i1, a->f1);
-        break;
-    case K_CHANNELS:
-        dsrt_kh_channels(&a->d, a->out, &a->d2, a->out2, a->i1, a->i2, a->i3);
-        break;
-    case K_CONV_FWD:
-        dsrt_kh_conv_fwd(&a->conv, a->x, a->y, a->out);
-        break;
-    case K_CONV_DATA:
-        dsrt_kh_conv_bwd_data(&a->conv, a->y, a->dy, a->out);
-        break;
-    case K_CONV_FILTER:
-        dsrt_kh_conv_bwd_filter(&a->conv, a->x, a->dy, a->out, a->t);
-        break;
-    case K_DROPOUT:
-        dsrt_kh_dropout(&a->d, a->x, a->out, a->u1, a->u2, a->up, a->i1, a->f1);
-        break;
-    case K_SM_FWD:
-        dsrt_kh_softmax_xent_fwd(a->z, a->t, a->labels, a->fp2, a->n, a->k, a->fout, a->dout,
-                                 a->iout, a->work);
-        break;
-    case K_SM_BWD:
-        dsrt_kh_softmax_xent_bwd(a->fp, a->labels, a->fp3, a->work, a->n, a->k, a->f1, a->fp2,
-                                 a->out, a->t);
-        break;
-    case K_BN_SUMS:
-        dsrt_kh_bn_sums(&a->d, a->x, a->dout, a->fout3);
-        break;
-    case K_BN_STATS:
-        dsrt_kh_bn_stats(a->dp, a->i1, a->f1, a->f2, a->fout, a->fout2, a->fout3, a->fout4,
-                         a->fout5);
-        break;
-    case K_BN_BWD_SUMS:
-        dsrt_kh_bn_bwd_sums(&a->d, a->x, a->dy, a->y, a->f1, a->fp, a->fp2, a->dout, a->fout,
-                            a->fout2, a->fout3);
-        break;
-    case K_BN_BWD_DX:
-        dsrt_kh_bn_bwd_dx(&a->d, a->x, a->dy, a->y, a->f1, a->fp, a->fp2, a->fp3, a->dp, a->dp2,
-                          a->out);
-        break;
-    case K_BN_APPLY:
-        dsrt_kh_bn_apply(&a->d, a->x, a->fp, a->fp2, a->fp3, a->f1, a->fp4, a->fp5, a->i1, a->f2,
-                         a->out);
-        break;
-    case K_OPTIM:
-        dsrt_kh_optim_update(&a->optim, &a->step, a->stp, a->fout, a->fout2, a->fout3, a->fout4,
-                             a->out);
-        break;
-    case K_CONSTS:
-        dsrt_kh_set_consts(a->consts_out, &a->consts);
-        break;
-    case K_TO_BF16:
-        dsrt_kh_f32_to_bf16(a->fp, a->out, a->count);
-        break;
-    case K_TO_F32:
-        dsrt_kh_bf16_to_f32(a->x, a->fout, a->count);
-        break;
-    case K_FILL:
-        dsrt_kh_fill(a->fout, a->count, a->f1);
-        break;
-    case K_SCALE:
-        dsrt_kh_scale(a->fp, a->fout, a->count, a->f1);
-        break;
-    case K_MUL:
-        dsrt_kh_mul(&a->d, a->x, &a->d2, a->y, a->out);
-        break;
-    case K_MUL_GRAD:
-        dsrt_kh_mul_grad(&a->d, a->dy, a->x, &a->d2, a->out);
-        break;
-    case K_CHAN_GRADS:
-        dsrt_kh_chan_grads(&a->d, a->x, a->dy, a->fp, a->fp2, a->fout, a->fout2, a->fout3);
-        break;
-    case K_LN_FWD:
-        dsrt_kh_ln_fwd(&a->d, a->x, a->fp, a->fp2, a->f1, a->out, a->fout, a->fout2);
-        break;
-    case K_LN_BWD:
-        dsrt_kh_ln_bwd(&a->d, a->x, a->dy, a->fp, a->fp2, a->fp3, a->out);
-        break;
-    case K_DROP_PATH:
-        dsrt_kh_drop_path(&a->d, a->x, a->out, a->u1, a->u2, a->up, a->i1, a->f1);
-        break;
-    }
+    k_launch *k = (k_launch *)o;
+    k->run(k->args);
 }
 
-/* Queues kernel call a on s after the launcher's checks (ok). */
-static cudaError_t k_submit(cudaStream_t s, k_op *a, int ok) {
-    if (!ok) return cudaErrorInvalidValue;
+/* A launch of the kernel named `kernel`: counted, and watched where a
+ * device would punish it. The optimizer's kernel reads its segment table
+ * on s: the copy that wrote it must be ordered before it, on s itself. */
+static void watch_launch(cudaStream_t s, const char *kernel, const void *args) {
+    int optim = !strcmp(kernel, "optim_update_kernel");
+    cudaStream_t wr = optim ? last_writer(((const optim_update_args *)args)->seg) : s;
+    lock();
+    int k = 0;
+    while (k < fk.n_kernels && strcmp(fk.kernels[k], kernel)) k++;
+    if (k == fk.n_kernels && k < FK_KERNELS) fk.kernels[fk.n_kernels++] = kernel;
+    if (k < FK_KERNELS) fk.launches[k]++;
+    if (optim) {
+        fk.st.optim_launches++;
+        if (wr != s) fk.st.seg_table_races++;
+    }
+    unlock();
+}
+
+cudaError_t dsrt_k_launch(cudaStream_t s, const char *kernel, void (*run)(const void *args),
+                          const void *args, size_t size) {
     if (!stream_ok(s)) return cudaErrorInvalidResourceHandle;
-    a->op.run = k_run;
-    submit(s, &a->op, sizeof *a);
+    watch_launch(s, kernel, args);
+    size_t total = offsetof(k_launch, args) + size;
+    k_launch *k = malloc(total);
+    if (!k) return cudaErrorMemoryAllocation;
+    k->op.run = k_run;
+    k->run = run;
+    memcpy(k->args, args, size);
+    submit(s, &k->op, total);
+    free(k);
     return cudaSuccess;
 }
 
-#define K_OP(name) k_op name = {.kind = 0}
-
-cudaError_t dsrt_k_input_u8(const uint8_t *x, const dsrt_k_pixel *pix, int norm, const float *stats,
-                            const dsrt_k_desc *yd, void *y, cudaStream_t s) {
-    int ok = dsrt_kb_input_u8_ok(pix, norm, stats, yd);
-    K_OP(a);
-    a.kind = K_INPUT_U8, a.x = x, a.i1 = norm, a.fp = stats, a.out = y;
-    if (ok) a.pix = *pix, a.d = *yd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_input_f32(const float *x, int norm, const float *stats, const dsrt_k_desc *yd,
-                             void *y, cudaStream_t s) {
-    int ok = dsrt_kb_input_ok(norm, stats, yd);
-    K_OP(a);
-    a.kind = K_INPUT_F32, a.x = x, a.i1 = norm, a.fp = stats, a.out = y;
-    if (ok) a.d = *yd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_pad(const dsrt_k_desc *xd, const void *x, const dsrt_k_desc *yd, void *y,
-                       int top, int left, float fill, int accumulate, cudaStream_t s) {
-    int ok = dsrt_kb_pad_ok(xd, yd);
-    K_OP(a);
-    a.kind = K_PAD, a.x = x, a.out = y, a.i1 = top, a.i2 = left, a.f1 = fill, a.i3 = accumulate;
-    if (ok) a.d = *xd, a.d2 = *yd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_relu_fwd(dsrt_k_type t, const void *x, void *y, size_t n, float leak,
-                            cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_RELU_FWD, a.t = t, a.x = x, a.out = y, a.count = n, a.f1 = leak;
-    return k_submit(s, &a, dsrt_kb_type_ok(t));
-}
-cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *dx, size_t n,
-                            float leak, cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_RELU_BWD, a.t = t, a.y = y, a.dy = dy, a.out = dx, a.count = n, a.f1 = leak;
-    return k_submit(s, &a, dsrt_kb_type_ok(t));
-}
-cudaError_t dsrt_k_act_fwd(dsrt_k_type t, const dsrt_k_act *act, const void *x, void *y, size_t n,
-                           cudaStream_t s) {
-    int ok = dsrt_kb_act_ok(t, act);
-    K_OP(a);
-    a.kind = K_ACT_FWD, a.t = t, a.x = x, a.out = y, a.count = n;
-    if (ok) a.i1 = act->fn, a.f1 = act->a, a.f2 = act->b;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_act_bwd(dsrt_k_type t, const dsrt_k_act *act, const void *x, const void *y,
-                           const void *dy, void *dx, size_t n, cudaStream_t s) {
-    int ok = dsrt_kb_act_ok(t, act);
-    K_OP(a);
-    a.kind = K_ACT_BWD, a.t = t, a.x = x, a.y = y, a.dy = dy, a.out = dx, a.count = n;
-    if (ok) a.i1 = act->fn, a.f1 = act->a, a.f2 = act->b;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
-                            float leak, cudaStream_t s) {
-    int ok = dsrt_kb_desc_ok(d);
-    K_OP(a);
-    a.kind = K_BIAS_ACT, a.x = x, a.fp = b, a.out = y, a.i1 = relu, a.f1 = leak;
-    if (ok) a.d = *d;
-    return k_submit(s, &a, ok);
-}
-size_t dsrt_k_bias_grad_work(const dsrt_k_desc *d) {
-    return dsrt_kb_bias_grad_work(d);
-}
-cudaError_t dsrt_k_bias_grad(const dsrt_k_desc *d, void *dy, const void *y, float leak, float *db,
-                             void *work, cudaStream_t s) {
-    int ok = dsrt_kb_bias_grad_ok(d) && work;
-    K_OP(a);
-    a.kind = K_BIAS_GRAD, a.out = dy, a.y = y, a.f1 = leak, a.fout = db, a.work = work;
-    if (ok) a.d = *d;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_pool_fwd(const dsrt_k_pool *p, const void *x, void *y, uint8_t *arg,
-                            cudaStream_t s) {
-    int ok = p && dsrt_kb_pool_ok(p) && (!arg || dsrt_kb_pool_arg_ok(p));
-    K_OP(a);
-    a.kind = K_POOL_FWD, a.x = x, a.out = y, a.work = arg;
-    if (ok) a.pool = *p;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_pool_bwd(const dsrt_k_pool *p, const void *x, const uint8_t *arg, const void *dy,
-                            void *dx, cudaStream_t s) {
-    int ok = p && dsrt_kb_pool_ok(p) && (!arg || dsrt_kb_pool_arg_ok(p));
-    K_OP(a);
-    a.kind = K_POOL_BWD, a.x = x, a.dy = dy, a.out = dx, a.work = (void *)arg;
-    if (ok) a.pool = *p;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_lrn_fwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, void *y,
-                           float *scale, cudaStream_t s) {
-    int ok = dsrt_kb_lrn_ok(d, l);
-    K_OP(a);
-    a.kind = K_LRN_FWD, a.x = x, a.out = y, a.fout = scale;
-    if (ok) a.d = *d, a.lrn = *l;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_lrn_bwd(const dsrt_k_desc *d, const dsrt_k_lrn *l, const void *x, const void *y,
-                           const void *dy, const float *scale, void *dx, cudaStream_t s) {
-    int ok = dsrt_kb_lrn_ok(d, l);
-    K_OP(a);
-    a.kind = K_LRN_BWD, a.x = x, a.y = y, a.dy = dy, a.out = dx, a.fp = scale;
-    if (ok) a.d = *d, a.lrn = *l;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_sum_fwd(dsrt_k_type t, const dsrt_k_sum *sm, void *y, size_t count, int relu,
-                           float leak, cudaStream_t s) {
-    int ok = sm && sm->n >= 1 && sm->n <= DSRT_KB_SUM_MAX && dsrt_kb_type_ok(t);
-    K_OP(a);
-    a.kind = K_SUM, a.t = t, a.out = y, a.count = count, a.i1 = relu, a.f1 = leak;
-    if (ok) a.sum = *sm;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_channels(const dsrt_k_desc *xd, void *x, const dsrt_k_desc *yd, void *y, int c0,
-                            int to_y, int accumulate, cudaStream_t s) {
-    int ok = dsrt_kb_channels_ok(xd, yd, c0);
-    K_OP(a);
-    a.kind = K_CHANNELS, a.out = x, a.out2 = y, a.i1 = c0, a.i2 = to_y, a.i3 = accumulate;
-    if (ok) a.d = *xd, a.d2 = *yd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_conv_fwd(const dsrt_k_conv *p, const void *x, const void *w, void *y,
-                            cudaStream_t s) {
-    int ok = p && dsrt_kb_conv_ok(p);
-    K_OP(a);
-    a.kind = K_CONV_FWD, a.x = x, a.y = w, a.out = y;
-    if (ok) a.conv = *p;
-    bump(&fk.st.own_convs);
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_conv_bwd_data(const dsrt_k_conv *p, const void *w, const void *dy, void *dx,
-                                 cudaStream_t s) {
-    int ok = p && dsrt_kb_conv_ok(p);
-    K_OP(a);
-    a.kind = K_CONV_DATA, a.y = w, a.dy = dy, a.out = dx;
-    if (ok) a.conv = *p;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_conv_bwd_filter(const dsrt_k_conv *p, const void *x, const void *dy, void *dw,
-                                   dsrt_k_type dwt, cudaStream_t s) {
-    int ok = p && dsrt_kb_conv_ok(p) && dsrt_kb_type_ok(dwt);
-    K_OP(a);
-    a.kind = K_CONV_FILTER, a.x = x, a.dy = dy, a.out = dw, a.t = dwt;
-    if (ok) a.conv = *p;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_dropout(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed, uint64_t it,
-                           const uint64_t *it_dev, int layer, float p, cudaStream_t s) {
-    int ok = dsrt_kb_dropout_ok(d, p, layer);
-    K_OP(a);
-    a.kind = K_DROPOUT, a.x = x, a.out = y, a.u1 = seed, a.u2 = it, a.up = it_dev, a.i1 = layer;
-    a.f1 = p;
-    if (ok) a.d = *d;
-    return k_submit(s, &a, ok);
-}
-size_t dsrt_k_softmax_xent_work(int n) {
-    return dsrt_kb_softmax_work(n);
-}
-cudaError_t dsrt_k_softmax_xent_fwd(const void *z, dsrt_k_type zt, const int32_t *labels,
-                                    const float *soft, int n, int k, float *probs, double *loss,
-                                    int32_t *correct, void *work, cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_SM_FWD, a.z = z, a.t = zt, a.labels = labels, a.fp2 = soft, a.n = n, a.k = k;
-    a.fout = probs, a.dout = loss, a.iout = correct, a.work = work;
-    return k_submit(s, &a, dsrt_kb_softmax_fwd_ok(n, k, labels, soft, work) && dsrt_kb_type_ok(zt));
-}
-cudaError_t dsrt_k_softmax_xent_bwd(const float *probs, const int32_t *labels, const float *soft,
-                                    const void *work, int n, int k, float scale,
-                                    const float *scale_dev, void *dz, dsrt_k_type dzt,
-                                    cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_SM_BWD, a.fp = probs, a.labels = labels, a.fp3 = soft, a.work = (void *)work;
-    a.n = n, a.k = k, a.f1 = scale, a.fp2 = scale_dev, a.out = dz, a.t = dzt;
-    return k_submit(s, &a,
-                    dsrt_kb_softmax_bwd_ok(n, k, labels, soft, work) && dsrt_kb_type_ok(dzt));
-}
-cudaError_t dsrt_k_bn_sums(const dsrt_k_desc *xd, const void *x, double *sums, float *work,
-                           cudaStream_t s) {
-    int ok = dsrt_kb_bn_ok(xd) && work;
-    K_OP(a);
-    a.kind = K_BN_SUMS, a.x = x, a.dout = sums, a.fout3 = work;
-    if (ok) a.d = *xd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_bn_stats(const double *sums, int c, float eps, float momentum, float *mean,
-                            float *var, float *inv, float *run_mean, float *run_var,
-                            cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_BN_STATS, a.dp = sums, a.i1 = c, a.f1 = eps, a.f2 = momentum, a.fout = mean;
-    a.fout2 = var, a.fout3 = inv, a.fout4 = run_mean, a.fout5 = run_var;
-    return k_submit(s, &a, c >= 0);
-}
-cudaError_t dsrt_k_bn_bwd_sums(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
-                               float leak, const float *mean, const float *inv, double *sums,
-                               float *dscale, float *dshift, float *work, cudaStream_t s) {
-    int ok = dsrt_kb_bn_ok(xd) && work && dy && mean && inv;
-    K_OP(a);
-    a.kind = K_BN_BWD_SUMS, a.x = x, a.dy = dy, a.y = y, a.f1 = leak, a.fp = mean, a.fp2 = inv;
-    a.dout = sums, a.fout = dscale, a.fout2 = dshift, a.fout3 = work;
-    if (ok) a.d = *xd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_bn_bwd_dx(const dsrt_k_desc *xd, const void *x, const void *dy, const void *y,
-                             float leak, const float *mean, const float *inv, const float *scale,
-                             const double *sums, const double *count, void *dx, cudaStream_t s) {
-    int ok = dsrt_kb_bn_ok(xd);
-    K_OP(a);
-    a.kind = K_BN_BWD_DX, a.x = x, a.dy = dy, a.y = y, a.f1 = leak, a.fp = mean, a.fp2 = inv;
-    a.fp3 = scale, a.dp = sums, a.dp2 = count, a.out = dx;
-    if (ok) a.d = *xd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_bn_apply(const dsrt_k_desc *xd, const void *x, const float *mean,
-                            const float *inv, const float *var, float eps, const float *scale,
-                            const float *shift, int relu, float leak, void *y, cudaStream_t s) {
-    int ok = dsrt_kb_bn_ok(xd) && (inv || var);
-    K_OP(a);
-    a.kind = K_BN_APPLY, a.x = x, a.fp = mean, a.fp2 = inv, a.fp3 = var, a.f1 = eps;
-    a.fp4 = scale, a.fp5 = shift, a.i1 = relu, a.f2 = leak, a.out = y;
-    if (ok) a.d = *xd;
-    return k_submit(s, &a, ok);
-}
-size_t dsrt_k_optim_layout(dsrt_k_segment *seg, int n_seg, uint32_t *blocks) {
-    return dsrt_kb_optim_layout(seg, n_seg, blocks);
-}
-void dsrt_k_optim_step_params(dsrt_k_step *st, const dsrt_optimizer_options *o, double lr,
-                              int64_t t) {
-    dsrt_kb_optim_step_params(st, o, lr, t);
-}
-cudaError_t dsrt_k_optim_update(const dsrt_k_optim *o, const dsrt_k_step *st,
-                                const dsrt_k_step *st_dev, float *w, float *g, float *buf0,
-                                float *buf1, dsrt_bf16 *w16, cudaStream_t s) {
-    /* The kernel reads the segment table on s: the copy that wrote it must
-     * be ordered before it, on s itself. */
-    if (o && o->n_seg) {
-        cudaStream_t wr = last_writer(o->seg);
-        lock();
-        fk.st.optim_launches++;
-        if (wr != s) fk.st.seg_table_races++;
-        unlock();
-    }
-    int ok = dsrt_kb_optim_ok(o, st, buf0, buf1);
-    K_OP(a);
-    a.kind = K_OPTIM, a.stp = st_dev, a.fout = w, a.fout2 = g, a.fout3 = buf0, a.fout4 = buf1;
-    a.out = w16;
-    if (ok) a.optim = *o, a.step = *st;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_set_consts(dsrt_k_consts *dst, const dsrt_k_consts *v, cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_CONSTS, a.consts_out = dst;
-    if (v) a.consts = *v;
-    return k_submit(s, &a, dst && v);
-}
-cudaError_t dsrt_k_fill(float *y, size_t n, float v, cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_FILL, a.fout = y, a.count = n, a.f1 = v;
-    return k_submit(s, &a, 1);
-}
-cudaError_t dsrt_k_scale(const float *x, float *y, size_t n, float v, cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_SCALE, a.fp = x, a.fout = y, a.count = n, a.f1 = v;
-    return k_submit(s, &a, 1);
-}
-cudaError_t dsrt_k_mul(const dsrt_k_desc *ad, const void *x, const dsrt_k_desc *bd, const void *b,
-                       void *y, cudaStream_t s) {
-    int ok = dsrt_kb_mul_ok(ad, bd);
-    K_OP(a);
-    a.kind = K_MUL, a.x = x, a.y = b, a.out = y;
-    if (ok) a.d = *ad, a.d2 = *bd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_mul_grad(const dsrt_k_desc *ad, const void *dy, const void *x,
-                            const dsrt_k_desc *bd, void *db, cudaStream_t s) {
-    int ok = dsrt_kb_mul_grad_ok(ad, bd);
-    K_OP(a);
-    a.kind = K_MUL_GRAD, a.dy = dy, a.x = x, a.out = db;
-    if (ok) a.d = *ad, a.d2 = *bd;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_chan_grads(const dsrt_k_desc *d, const void *x, const void *dy,
-                              const float *mean, const float *rstd, float *dscale, float *dshift,
-                              float *work, cudaStream_t s) {
-    int ok = dsrt_kb_chan_grads_ok(d, mean, rstd) && work;
-    K_OP(a);
-    a.kind = K_CHAN_GRADS, a.x = x, a.dy = dy, a.fp = mean, a.fp2 = rstd, a.fout = dscale;
-    a.fout2 = dshift, a.fout3 = work;
-    if (ok) a.d = *d;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_ln_fwd(const dsrt_k_desc *d, const void *x, const float *gamma,
-                          const float *beta, float eps, void *y, float *mean, float *rstd,
-                          cudaStream_t s) {
-    int ok = dsrt_kb_ln_ok(d, gamma, beta) && !mean == !rstd;
-    K_OP(a);
-    a.kind = K_LN_FWD, a.x = x, a.fp = gamma, a.fp2 = beta, a.f1 = eps, a.out = y, a.fout = mean;
-    a.fout2 = rstd;
-    if (ok) a.d = *d;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_ln_bwd(const dsrt_k_desc *d, const void *x, const void *dy, const float *gamma,
-                          const float *mean, const float *rstd, void *dx, cudaStream_t s) {
-    int ok = dsrt_kb_ln_bwd_ok(d, gamma, mean, rstd);
-    K_OP(a);
-    a.kind = K_LN_BWD, a.x = x, a.dy = dy, a.fp = gamma, a.fp2 = mean, a.fp3 = rstd, a.out = dx;
-    if (ok) a.d = *d;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_drop_path(const dsrt_k_desc *d, const void *x, void *y, uint64_t seed,
-                             uint64_t it, const uint64_t *it_dev, int layer, float p,
-                             cudaStream_t s) {
-    int ok = dsrt_kb_drop_path_ok(d, p, layer);
-    K_OP(a);
-    a.kind = K_DROP_PATH, a.x = x, a.out = y, a.u1 = seed, a.u2 = it, a.up = it_dev, a.i1 = layer;
-    a.f1 = p;
-    if (ok) a.d = *d;
-    return k_submit(s, &a, ok);
-}
-cudaError_t dsrt_k_f32_to_bf16(const float *x, dsrt_bf16 *y, size_t n, cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_TO_BF16, a.fp = x, a.out = y, a.count = n;
-    return k_submit(s, &a, 1);
-}
-cudaError_t dsrt_k_bf16_to_f32(const dsrt_bf16 *x, float *y, size_t n, cudaStream_t s) {
-    K_OP(a);
-    a.kind = K_TO_F32, a.x = x, a.fout = y, a.count = n;
-    return k_submit(s, &a, 1);
+long fakegpu_launches(const char *kernel) {
+    long n = 0;
+    lock();
+    for (int k = 0; k < fk.n_kernels; k++)
+        if (!strcmp(fk.kernels[k], kernel)) n = fk.launches[k];
+    unlock();
+    return n;
 }
 
 // ----------------------------------------------------------------------------

@@ -3,8 +3,8 @@
  * calls the library made: allocations and when they came, which stream
  * wrote the optimizer's segment table, which pointers cuDNN's algorithm
  * search saw, how NCCL's finalize, destroy and abort were grouped, the
- * host's waits on the device, the recorded steps and the fused calls. Only in the fake builds
- * (DSRT_FAKE_GPU).
+ * host's waits on the device, the recorded steps, the fused calls and the
+ * launches of dsrt's kernels. Only in the fake builds (DSRT_FAKE_GPU).
  */
 #ifndef DSRT_TEST_FAKEGPU_H
 #define DSRT_TEST_FAKEGPU_H
@@ -26,8 +26,6 @@ typedef struct {
     /* Fused convolutions with a bfloat16 bias, and any bias given off 16
      * bytes. */
     long fused_convs_bias16, misaligned_bias;
-    /* Convolutions run by dsrt's direct kernels (forward calls). */
-    long own_convs;
     /* Convolutions run on other pointers than cuDNN's search was given for
      * the same descriptor; of those checked. */
     long search_checked, search_mismatches;
@@ -58,6 +56,10 @@ typedef struct {
 /* A snapshot of the counters since the start or the last reset. */
 fakegpu_stats fakegpu_get_stats(void);
 void fakegpu_reset_stats(void);
+
+/* How many times dsrt's kernel named `kernel` (its __global__ function:
+ * "conv_fwd_kernel") was launched since the start or the last reset. */
+long fakegpu_launches(const char *kernel);
 
 /* What cuDNN refuses (fakegpu_refuse): the fused convolution, the
  * batchnorm Ex calls. 0: nothing. */

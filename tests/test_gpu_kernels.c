@@ -29,6 +29,17 @@
 #include "kernelcheck.h"
 #include "nn/arith.h"
 #include "nn/kernels.h"
+#include "nn/layers/batchnorm_kernels.h"
+#include "nn/layers/conv_kernels.h"
+#include "nn/layers/dropout_kernels.h"
+#include "nn/layers/eltwise_kernels.h"
+#include "nn/layers/input_kernels.h"
+#include "nn/layers/layernorm_kernels.h"
+#include "nn/layers/lrn_kernels.h"
+#include "nn/layers/mul_kernels.h"
+#include "nn/layers/pool_kernels.h"
+#include "nn/layers/softmax_kernels.h"
+#include "nn/layers/stochastic_depth_kernels.h"
 #include "nnref.h"
 
 #include <dsrt.h>

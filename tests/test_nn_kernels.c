@@ -1,8 +1,9 @@
 /*
- * The GPU backend's kernels, their very bodies (nn/kernels_body.h) run on the
- * host by tests/kernels_host.c, against the CPU backend: on every machine,
- * so that the kernels' arithmetic is tested where no GPU is. What stays for
- * a device (test_gpu_kernels) is the launch configuration and where memory
+ * The GPU backend's kernels, their very bodies (nn/kernels_body.h, the
+ * kinds' nn/layers/<kind>_kernels.h) run on the host by their host runs
+ * (dsrt_kh_*, nn/kernels.h), against the CPU backend: on every machine, so
+ * that the kernels' arithmetic is tested where no GPU is. What stays for a
+ * device (test_gpu_kernels) is the launch configuration and where memory
  * lives.
  *
  * Against the CPU backend itself: the input stage from uint8 NHWC (the
@@ -32,8 +33,18 @@
  */
 #include "actref.h"
 #include "kernelcheck.h"
-#include "kernels_host.h"
 #include "nn/internal.h"
+#include "nn/kernels.h"
+#include "nn/layers/batchnorm_kernels.h"
+#include "nn/layers/dropout_kernels.h"
+#include "nn/layers/eltwise_kernels.h"
+#include "nn/layers/input_kernels.h"
+#include "nn/layers/layernorm_kernels.h"
+#include "nn/layers/lrn_kernels.h"
+#include "nn/layers/mul_kernels.h"
+#include "nn/layers/pool_kernels.h"
+#include "nn/layers/softmax_kernels.h"
+#include "nn/layers/stochastic_depth_kernels.h"
 #include "nnref.h"
 
 #include <math.h>

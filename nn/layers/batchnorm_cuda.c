@@ -7,6 +7,7 @@
  * are synchronised over the workers. See nn/layers/batchnorm.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/batchnorm_kernels.h"
 
 /* What a batchnorm layer keeps of its plan. */
 typedef struct {

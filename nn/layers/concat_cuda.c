@@ -4,6 +4,7 @@
  * nn/layers/concat.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/concat_kernels.h"
 
 static int forward(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];

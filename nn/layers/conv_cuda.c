@@ -7,6 +7,7 @@
  * convolution where cuDNN has no algorithm. See nn/layers/conv.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/conv_kernels.h"
 
 /* What a convolution keeps of its plan. */
 typedef struct {

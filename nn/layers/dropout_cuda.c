@@ -6,6 +6,7 @@
  * nn/layers/dropout.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/dropout_kernels.h"
 
 static int forward(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];

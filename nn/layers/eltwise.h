@@ -2,14 +2,14 @@
  * What the activation kinds of nn/layers/eltwise.c (clip, sigmoid,
  * hardsigmoid, hardswish, silu, gelu) keep of their options, in the layer's
  * own options (DSRT_LAYER_OPTS), and the function each is for dsrt's GPU
- * kernels (nn/kernels_body.h dsrt_k_act): read by the CPU plan and the ONNX
- * mapping, by the GPU part (eltwise_cuda.c) and by the tests.
+ * kernels (nn/layers/eltwise_kernels.h dsrt_k_act): read by the CPU plan
+ * and the ONNX mapping, by the GPU part (eltwise_cuda.c) and by the tests.
  */
 #ifndef DSRT_NN_LAYERS_ELTWISE_H
 #define DSRT_NN_LAYERS_ELTWISE_H
 
 #include "nn/internal.h"
-#include "nn/kernels_body.h"
+#include "nn/layers/eltwise_kernels.h"
 
 typedef struct {
     float min, max;    /* clip, relu6: the bounds (the float range: none) */

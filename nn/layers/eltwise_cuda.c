@@ -1,7 +1,7 @@
 /*
- * clip, sigmoid, hardsigmoid, hardswish, silu and gelu on the GPU: dsrt's
- * activation kernels each way (nn/kernels_body.h dsrt_k_act, in float on
- * the activations' type, PyTorch's gradients at the kinks), the backward
+ * clip, sigmoid, hardsigmoid, hardswish, silu and gelu on the GPU: their
+ * kernels each way (nn/layers/eltwise_kernels.h dsrt_k_act, in float on the
+ * activations' type, PyTorch's gradients at the kinks), the backward
  * reading the layer's input and output. See nn/layers/eltwise.c.
  */
 #include "nn/layers/eltwise.h"

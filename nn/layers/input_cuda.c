@@ -4,6 +4,7 @@
  * activations' type. See nn/layers/input.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/input_kernels.h"
 
 /* The input stage: the staged batch, normalised into layer 0's output
  * (NHWC, the activations' type) straight from the slot. */

@@ -5,6 +5,7 @@
  * the channel sums of batchnorm's tiles. See nn/layers/layernorm.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/layernorm_kernels.h"
 
 /* What a layernorm layer keeps of its plan: the statistics of the training
  * forward, one a pixel of the batch. */

@@ -3,6 +3,7 @@
  * in training for backward. See nn/layers/lrn.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/lrn_kernels.h"
 
 /* What an LRN layer keeps of its plan. */
 typedef struct {

@@ -5,6 +5,7 @@
  * nn/layers/mul.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/mul_kernels.h"
 
 static int forward(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];

@@ -5,6 +5,7 @@
  * nn/layers/pool.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/pool_kernels.h"
 
 /* What a pooling layer keeps of its plan. */
 typedef struct {

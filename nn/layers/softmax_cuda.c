@@ -4,6 +4,7 @@
  * host to fetch, the probabilities in float32. See nn/layers/softmax.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/softmax_kernels.h"
 
 /* What the classification output keeps of its plan: its reductions'
  * scratch. */

@@ -6,6 +6,7 @@
  * the identity at inference. See nn/layers/stochastic_depth.c.
  */
 #include "nn/backend_cuda.h"
+#include "nn/layers/stochastic_depth_kernels.h"
 
 static int forward(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
