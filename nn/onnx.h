@@ -250,6 +250,12 @@ int dsrt__onnx_fail(onnx_import *c, int code, const char *fmt, ...) DSRT_PRINTF(
 
 /* The value named name, or NULL. */
 onnx_val *dsrt__onnx_find(onnx_import *c, onnx_str name);
+/* A new value named name of kind (ONNX_V_*), NULL after a failure (the name
+ * taken, or more values than the graph declares). */
+onnx_val *dsrt__onnx_define(onnx_import *c, onnx_str name, int kind);
+/* Refuses an attribute of the node being mapped that is not in known
+ * (comma-separated names). */
+int dsrt__onnx_check_attrs(onnx_import *c, const char *known);
 /* Input k of the node being mapped, which must be made above it (NULL with
  * the failure otherwise, or when the node has no input k). */
 onnx_val *dsrt__onnx_input(onnx_import *c, int k);
@@ -305,6 +311,11 @@ int dsrt__onnx_get_string(onnx_import *c, const char *name, const char *def, cha
 int dsrt__onnx_tensor_floats(onnx_import *c, const onnx_tensor *t, float *dst);
 int dsrt__onnx_tensor_ints(onnx_import *c, const onnx_tensor *t, int64_t *out, int cap);
 int dsrt__onnx_scalar(onnx_import *c, const onnx_tensor *t, double *out);
+/* One of the copies of t the import makes is made: after the last, the
+ * model's pages that held it are released. */
+void dsrt__onnx_copied(onnx_import *c, onnx_tensor *t);
+/* t's external file, its bytes' span checked against the file's size. */
+int dsrt__onnx_external_span(onnx_import *c, const onnx_tensor *t, onnx_ext_file **x);
 
 /* A new layer of keyword type taking the given values' layers, named after
  * the node; NULL with c->err when there are too many or no memory. */

@@ -16,6 +16,13 @@ of more than one file), with the symbols that close the circle, then the same
 for folders (a file's folder; datastore/sources/zip/x.c is in
 datastore/sources/zip), and the #include graph's circles between folders.
 Exit 1 when any circle is found. `functions` uses ctags' end lines.
+
+A table of plug-ins is not a call: the layer kinds' ops structures
+(dsrt__layer_<kind>, dsrt__cuda_layer_<kind>: data, nm's R or D) that
+the kinds' table names, and the list of kinds (nn/layers/list.h) that
+nn/internal.h includes, are how an engine reaches a kind through function
+pointers, while the kind calls the engine's services below it; those
+references are counted apart (printed as "tables") and close no circle.
 """
 import collections
 import glob
@@ -25,6 +32,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A layer kind's ops structure, and the list of kinds (see the docstring).
+PLUGIN_TABLE = re.compile(r"^dsrt__((cuda_)?layer_[a-z0-9_]+|layers)$")
+PLUGIN_LIST = "nn/layers/list.h"
 LIB_TARGETS = ("dsrt_objects", "dsrt_train_objects", "dsrt_cuda", "dsrt_mpi", "dsrt_nccl",
                "dsrt_cuda_host")
 
@@ -44,8 +54,9 @@ def objects(build):
 
 
 def symbols(obj):
-    """(defined, used) global symbols of an object file."""
-    defined, used = set(), set()
+    """(defined, used, tables) global symbols of an object file: tables are
+    the layer kinds' ops structures it defines."""
+    defined, used, tables = set(), set(), set()
     text = subprocess.run(["nm", "-P", obj], capture_output=True, text=True, check=True).stdout
     for line in text.splitlines():
         parts = line.split()
@@ -56,7 +67,9 @@ def symbols(obj):
             used.add(name)
         elif kind.isupper() and kind not in "N":
             defined.add(name)
-    return defined, used
+            if kind in "RD" and PLUGIN_TABLE.match(name):
+                tables.add(name)
+    return defined, used, tables
 
 
 def scc(nodes, edges):
@@ -141,17 +154,22 @@ def cycles(build):
         sys.exit(f"no library objects under {build}/CMakeFiles: build it first")
     defs, uses = {}, {}
     owner = {}
+    tables = set()
     for src, o in objs.items():
-        d, u = symbols(o)
+        d, u, t = symbols(o)
         defs[src], uses[src] = d, u
+        tables |= t
         for s in d:
             owner.setdefault(s, src)
+    plugged = collections.defaultdict(set)
     edges, why = collections.defaultdict(set), collections.defaultdict(set)
     fedges, fwhy = collections.defaultdict(set), collections.defaultdict(set)
     for src in objs:
         for s in uses[src]:
             dst = owner.get(s)
-            if dst and dst != src:
+            if dst and dst != src and s in tables:
+                plugged[src].add(os.path.basename(dst))
+            elif dst and dst != src:
                 edges[src].add(dst)
                 why[(src, dst)].add(s)
                 fa, fb = os.path.dirname(src), os.path.dirname(dst)
@@ -165,12 +183,17 @@ def cycles(build):
     iedges, iwhy = collections.defaultdict(set), collections.defaultdict(set)
     for f, incs in inc.items():
         for g in incs:
+            if g == PLUGIN_LIST:
+                continue
             fa, fb = os.path.dirname(f), os.path.dirname(g)
             if fa != fb:
                 iedges[fa].add(fb)
                 iwhy[(fa, fb)].add(f"{os.path.basename(f)}:{os.path.basename(g)}")
     n += report("folders that include each other's headers", {os.path.dirname(f) for f in inc},
                 iedges, iwhy)
+    print("tables (a file naming the ops of layer kinds):")
+    for a in sorted(plugged):
+        print(f"  {a} -> {len(plugged[a])} file(s)")
     print("folder calls (caller -> callee):")
     for a in sorted(fedges):
         print(f"  {a or '.'} -> {', '.join(sorted(b or '.' for b in fedges[a]))}")
