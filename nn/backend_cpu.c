@@ -319,15 +319,6 @@ int dsrt__cpu_attr(dnnl_primitive_attr_t *attr, int relu, float leak, const dsrt
 // ----------------------------------------------------------------------------
 // Inference: layers computed by the convolution or fc before them
 
-/* The one layer that takes layer j's output, or -1 when none or several. */
-static int only_taker(const dsrt_net *net, int j) {
-    if (net->layers[j].consumers != 1) return -1;
-    for (int k = j + 1; k < net->n_layers; k++)
-        for (int q = 0; q < net->layers[k].n_inputs; q++)
-            if (net->layers[k].inputs[q] == j) return k;
-    return -1;
-}
-
 static void fusion_free(cpu_fusion *f) {
     if (!f) return;
     free(f->w);
@@ -356,7 +347,7 @@ static int plan_fusion(cpu_backend *be, cpu_plan *p) {
         cpu_fusion f = {.affine = -1, .sum = -1, .last = i};
         int more = 0; /* anything beyond the layer's own ReLU */
         if (L->fuse_relu) f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, L->fuse_leak, 0.0f};
-        for (int cur = i, j; (j = only_taker(net, cur)) > 0; cur = j) {
+        for (int cur = i, j; (j = dsrt__net_only_taker(net, cur)) > 0; cur = j) {
             const dsrt_layer *J = &net->layers[j];
             const dsrt_layer_ops *o = dsrt__layer_ops(J);
             dsrt_act act;
@@ -389,7 +380,8 @@ static int plan_fusion(cpu_backend *be, cpu_plan *p) {
         if (!k) return -ENOMEM;
         *k = f;
         p->fuse[i] = k;
-        for (int j = only_taker(net, i); j > 0 && j <= f.last; j = only_taker(net, j)) {
+        for (int j = dsrt__net_only_taker(net, i); j > 0 && j <= f.last;
+             j = dsrt__net_only_taker(net, j)) {
             p->taken_by[j] = i;
             if (j == f.last) break;
         }

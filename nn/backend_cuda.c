@@ -48,6 +48,20 @@
  * the gradient in place while summing it), batchnorm's fused backward, or
  * the batchnorm kernels' sums and input gradient.
  *
+ * Inference plans (net option fuse 2) fold a per-channel affine map into
+ * the layer before it: a convolution whose output's one taker is batchnorm
+ * (any kind with infer_affine, through layers that are the identity at
+ * inference) runs with weights and a bias that already hold it, w a and
+ * b a + shift by output channel, and computes that layer's ReLU too (cuDNN's
+ * fused call, else its bias kernel); the affine layer runs nothing and its
+ * output is the convolution's. The folded copies, one a layer for every
+ * plan, in the device's order and the activations' type, are made on the
+ * host from the host's parameters and state (brought back first when the
+ * device's are newer) and uploaded, again whenever the parameters or the
+ * state changed since: an upload of the host's, an optimizer step, a
+ * training forward that moves batchnorm's statistics. Reading the output of
+ * a layer so taken on, but the chain's last, is refused: nothing holds it.
+ *
  * Per device there is one compute stream and one copy stream. stage()
  * copies the next batch from host memory into one of two device slots on
  * the copy stream and records an event; the compute stream waits for that
@@ -312,6 +326,37 @@ static int reordered(const dsrt_layer *l) {
     return o->reorders && o->reorders(l);
 }
 
+/* A layer's weights and bias with the affine map after it folded in
+ * (inference plans): float32 and, under bf16, bfloat16 copies, from one
+ * allocation (mem). */
+typedef struct cuda_fold {
+    void *mem;
+    float *w;       /* (w_n) in the device's order */
+    float *b;       /* (out.c) */
+    dsrt_bf16 *w16; /* bf16: (w_n), (out.c) */
+    dsrt_bf16 *b16;
+    uint64_t gen; /* the backend's param_gen they hold */
+} cuda_fold;
+
+const void *dsrt__cuda_fwd_weights(const cuda_backend *be, const gpu_plan *p, int i) {
+    const cuda_fold *f = &be->fold[i];
+    if (p->gl[i].affine < 0) return dsrt__cuda_weights(be, &be->net->layers[i]);
+    return be->bf16 ? (const void *)f->w16 : (const void *)f->w;
+}
+
+const float *dsrt__cuda_fwd_bias(const cuda_backend *be, const gpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    if (p->gl[i].affine >= 0) return be->fold[i].b;
+    return L->b_n ? be->params + L->b_off : NULL;
+}
+
+const dsrt_bf16 *dsrt__cuda_fwd_bias16(const cuda_backend *be, const gpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    if (!be->bf16) return NULL;
+    if (p->gl[i].affine >= 0) return be->fold[i].b16;
+    return L->b_n && (L->b_off * sizeof(dsrt_bf16)) % 16 == 0 ? be->w16 + L->b_off : NULL;
+}
+
 /* A flat buffer of the host (n_params floats, the host's order) into the
  * device's dst, reordered, on the compute stream. The copies are from
  * pageable memory: each returns once its source is read, so the reordered
@@ -365,9 +410,11 @@ void *dsrt__cuda_take(carve *c, size_t bytes) {
 }
 
 /* Whether layer i's output is its input's: a ReLU computed by the layer
- * before it, or a kind that is the identity at inference. */
-static int aliases(const dsrt_layer *l, int train) {
-    return l->fused_away || (!train && (gpu_ops(l)->flags & DSRT_CUDA_IDENTITY_INFER));
+ * before it, a kind that is the identity at inference, or at inference a
+ * layer the one before it computes (taken_by). */
+static int aliases(const gpu_plan *p, int i, const dsrt_layer *l) {
+    return l->fused_away || (!p->train && ((gpu_ops(l)->flags & DSRT_CUDA_IDENTITY_INFER) ||
+                                           p->gl[i].taken_by >= 0));
 }
 
 /* Lays the plan's tensors out over c (pointers are NULL while measuring):
@@ -384,7 +431,7 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
         gpu_layer *g = &p->gl[i];
         size_t cnt = dsrt__cuda_out_count(l, n);
         size_t el = ops->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : at;
-        if (i > 0 && aliases(l, p->train)) {
+        if (i > 0 && aliases(p, i, l)) {
             g->y = p->gl[l->inputs[0]].y;
             g->dy = p->gl[l->inputs[0]].dy;
         } else {
@@ -504,14 +551,86 @@ static gpu_plan *plan_owner(cuda_backend *be, int train, size_t bytes) {
  * input of a kind that always computes it (DSRT_CUDA_DX_ALWAYS: cuDNN's
  * batchnorm); a layer that shares its input's tensors passes the need on.
  * The classifier's output has none. */
-static void plan_need_dy(dsrt_net *net, int train, int *need_dy) {
+static void plan_need_dy(dsrt_net *net, const gpu_plan *p, int *need_dy) {
     int nl = net->n_layers;
-    for (int i = nl - 1; train && i >= 0; i--) {
+    for (int i = nl - 1; p->train && i >= 0; i--) {
         const dsrt_layer *l = &net->layers[i];
         if (i < nl - 1) need_dy[i] |= dsrt__net_need_diff(net, i);
         if (i > 0 && (gpu_ops(l)->flags & DSRT_CUDA_DX_ALWAYS)) need_dy[l->inputs[0]] = 1;
-        if (i > 0 && aliases(l, train) && need_dy[i]) need_dy[l->inputs[0]] = 1;
+        if (i > 0 && aliases(p, i, l) && need_dy[i]) need_dy[l->inputs[0]] = 1;
     }
+}
+
+/*
+ * What each layer computes beyond itself. Every layer computes the ReLU it
+ * took on (fuse_relu). In an inference plan of a net with the option fuse
+ * 2, a layer whose kind folds (DSRT_CUDA_FOLDS) and computes no ReLU of its
+ * own takes on, along its output's one taker after another, layers that
+ * are the identity at inference, then a per-channel affine map of one input
+ * (infer_affine) with its ReLU, then the layers that pass that output on
+ * unchanged (a ReLU it computes, the identity at inference): the chain ends
+ * at the first other layer. Without an affine map nothing is taken on.
+ */
+static void plan_chains(cuda_backend *be, gpu_plan *p) {
+    const dsrt_net *net = be->net;
+    for (int i = 0; i < p->n_layers; i++) {
+        gpu_layer *g = &p->gl[i];
+        g->relu = net->layers[i].fuse_relu;
+        g->leak = net->layers[i].fuse_leak;
+        g->affine = -1;
+        g->last = i;
+        g->taken_by = -1;
+    }
+    if (p->train || net->opts.fuse < 2) return;
+    for (int i = 1; i < p->n_layers; i++) {
+        const dsrt_layer *L = &net->layers[i];
+        gpu_layer *g = &p->gl[i];
+        if (!(gpu_ops(L)->flags & DSRT_CUDA_FOLDS) || L->fuse_relu || g->taken_by >= 0) continue;
+        int affine = -1, last = i;
+        for (int j = dsrt__net_only_taker(net, i); j > 0; j = dsrt__net_only_taker(net, j)) {
+            const dsrt_layer *J = &net->layers[j];
+            int passes = J->fused_away || (gpu_ops(J)->flags & DSRT_CUDA_IDENTITY_INFER);
+            if (affine < 0 && !passes) {
+                if (!dsrt__layer_ops(J)->infer_affine || J->n_inputs != 1) break;
+                affine = j;
+            } else if (!passes) {
+                break;
+            }
+            last = j;
+        }
+        if (affine < 0) continue;
+        const dsrt_layer *A = &net->layers[affine];
+        g->affine = affine;
+        g->last = last;
+        g->relu = A->fuse_relu;
+        g->leak = A->fuse_leak;
+        for (int j = dsrt__net_only_taker(net, i); j > 0 && j <= last;
+             j = dsrt__net_only_taker(net, j))
+            p->gl[j].taken_by = i;
+    }
+}
+
+/* The folded weights' memory of every layer of inference plan p that
+ * takes on an affine map (made once: every plan shares them). */
+static int plan_folds(cuda_backend *be, const gpu_plan *p) {
+    for (int i = 1; i < p->n_layers; i++) {
+        const dsrt_layer *L = &be->net->layers[i];
+        cuda_fold *f = &be->fold[i];
+        if (p->gl[i].affine < 0 || f->mem) continue;
+        size_t c = (size_t)L->out.c, w32 = align_up(L->w_n * sizeof(float)),
+               b32 = align_up(c * sizeof(float)), w16 = be->bf16 ? align_up(L->w_n * 2) : 0;
+        size_t bytes = w32 + b32 + (be->bf16 ? w16 + align_up(c * 2) : 0);
+        TRY(dev_alloc(be, &f->mem, bytes, L));
+        CU(cudaMemsetAsync(f->mem, 0, bytes, be->compute));
+        f->w = f->mem;
+        f->b = (float *)((char *)f->mem + w32);
+        if (be->bf16) {
+            f->w16 = (dsrt_bf16 *)((char *)f->mem + w32 + b32);
+            f->b16 = (dsrt_bf16 *)((char *)f->mem + w32 + b32 + w16);
+        }
+        f->gen = be->param_gen - 1;
+    }
+    return 0;
 }
 
 /* The kinds' algorithm searches (convolutions), timed with a scratch
@@ -591,7 +710,9 @@ static int plan_build(cuda_backend *be, int n, int train, gpu_plan **out) {
         rc = -ENOMEM;
         goto fail;
     }
-    plan_need_dy(net, train, need_dy);
+    plan_chains(be, p);
+    if ((rc = plan_folds(be, p))) goto fail;
+    plan_need_dy(net, p, need_dy);
     p->last_use = dsrt__calloc((size_t)nl, sizeof *p->last_use);
     if (!p->last_use) {
         rc = -ENOMEM;
@@ -928,7 +1049,7 @@ static int fwd_body(cuda_backend *be, gpu_plan *p, stage_slot *s) {
         const dsrt_layer *l = &net->layers[i];
         if (l->fused_away) continue;
         TRY(prof_mark(be, e->fwd0, i));
-        if (!aliases(l, p->train)) TRY(gpu_ops(l)->forward(be, p, i));
+        if (!aliases(p, i, l)) TRY(gpu_ops(l)->forward(be, p, i));
         TRY(prof_mark(be, e->fwd1, i));
     }
     if (p->labels) {
@@ -1234,6 +1355,68 @@ static int upload(cuda_backend *be) {
         CU(cudaMemcpyAsync(be->state, net->state, net->n_state * sizeof(float),
                            cudaMemcpyHostToDevice, be->compute));
     be->seen_version = net->version;
+    be->param_gen++;
+    return 0;
+}
+
+static int cuda_to_host(dsrt_backend *b, unsigned what);
+
+/* Layer i's folded weights and bias from the host's parameters and state:
+ * the affine map's scale and shift by output channel (infer_affine), each
+ * output channel's weights times its scale (in the host's order, then the
+ * device's), the bias times it plus the shift; uploaded on the compute
+ * stream, and converted there to bfloat16 under bf16. */
+static int fold_make(cuda_backend *be, int i, int affine) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i], *A = &net->layers[affine];
+    cuda_fold *f = &be->fold[i];
+    size_t c = (size_t)L->out.c, per = L->w_n / c;
+    float *w = malloc((2 * L->w_n + 3 * c) * sizeof *w);
+    if (!w) return dsrt__fail(-ENOMEM, "cuda backend: out of memory folding layer '%s'", L->name);
+    float *dev = w + L->w_n, *b = dev + L->w_n, *scale = b + c, *shift = scale + c;
+    int rc = 0;
+    if (!dsrt__layer_ops(A)->infer_affine(A, net->params, net->state, scale, shift)) {
+        rc = dsrt__fail(DSRT_EBACKEND, "cuda backend: layer '%s': no affine map to fold", A->name);
+        goto out;
+    }
+    const float *hw = net->params + L->w_off, *hb = L->b_n ? net->params + L->b_off : NULL;
+    for (size_t o = 0; o < c; o++) {
+        for (size_t k = 0; k < per; k++) w[o * per + k] = hw[o * per + k] * scale[o];
+        b[o] = (hb ? hb[o] : 0.0f) * scale[o] + shift[o];
+    }
+    const float *src = w;
+    if (reordered(L)) {
+        gpu_ops(L)->reorder(L, dev, w, 1);
+        src = dev;
+    }
+    /* From pageable memory: each copy returns once its source is read. */
+    cudaError_t e =
+        cudaMemcpyAsync(f->w, src, L->w_n * sizeof *w, cudaMemcpyHostToDevice, be->compute);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(f->b, b, c * sizeof *b, cudaMemcpyHostToDevice, be->compute);
+    if (e == cudaSuccess && be->bf16) e = dsrt_k_f32_to_bf16(f->w, f->w16, L->w_n, be->compute);
+    if (e == cudaSuccess && be->bf16) e = dsrt_k_f32_to_bf16(f->b, f->b16, c, be->compute);
+    if (e != cudaSuccess) rc = dsrt__cuda_cu_fail(e, "folding", L);
+out:
+    free(w);
+    return rc;
+}
+
+/* Before an inference forward over plan p: the folded weights that the
+ * parameters or the state changed under are made again (once the device's
+ * newer values are on the host). */
+static int folds_refresh(cuda_backend *be, const gpu_plan *p) {
+    dsrt_net *net = be->net;
+    for (int i = 1; i < p->n_layers; i++) {
+        if (p->gl[i].affine < 0 || be->fold[i].gen == be->param_gen) continue;
+        unsigned what = net->host_stale & (DSRT_BUF_PARAMS | DSRT_BUF_STATE);
+        if (what) {
+            TRY(cuda_to_host((dsrt_backend *)be, what));
+            net->host_stale &= ~what;
+        }
+        TRY(fold_make(be, i, p->gl[i].affine));
+        be->fold[i].gen = be->param_gen;
+    }
     return 0;
 }
 
@@ -1356,8 +1539,10 @@ static int cuda_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train)
     be->results_labels = p->labels != NULL;
     if (train) {
         be->pfwd = (pending_fwd){1, p, be->staged};
+        if (be->any_state) be->param_gen++;
         return 0;
     }
+    TRY(folds_refresh(be, p));
     TRY(step_pre(be, s));
     TRY(fwd_body(be, p, s));
     TRY(mark_done(be));
@@ -1507,6 +1692,7 @@ static int cuda_optimize(dsrt_backend *b, const dsrt_optim_step *s) {
     be->popt.norm_clip = isfinite(s->threshold) &&
                          (s->clip == DSRT_CLIP_L2NORM || s->clip == DSRT_CLIP_GLOBAL_L2NORM);
     be->popt.on = 1;
+    be->param_gen++;
     be->hconst.step = *st;
     /* Clipping rewrites the gradients too. */
     net->host_stale |= DSRT_BUF_PARAMS | DSRT_BUF_GRADS;
@@ -1550,6 +1736,14 @@ static int cuda_read_output(dsrt_backend *b, int layer, int train, float *out) {
     const dsrt_layer *L = &be->net->layers[layer];
     gpu_plan *p = train ? be->last_train : be->last_infer;
     if (!p) return dsrt__fail(-EINVAL, "cuda backend: no forward pass to read");
+    /* In an inference plan a chain's layers share the output of the layer
+     * computing them, which holds the last one's values. */
+    int owner = p->gl[layer].taken_by >= 0 ? p->gl[layer].taken_by : layer;
+    if (p->gl[owner].last != layer)
+        return dsrt__fail(-EINVAL,
+                          "cuda backend: layer '%s': its output is fused into layer '%s''s in the "
+                          "inference plan (the net option fuse = 0 keeps it)",
+                          L->name, be->net->layers[p->gl[owner].last].name);
     TRY(settle(be));
     TRY(wait_stream(be, be->compute));
     const gpu_layer *g = &p->gl[layer];
@@ -1632,6 +1826,9 @@ static void cuda_destroy(dsrt_backend *b) {
             be->plans[k] = NULL;
         }
     for (int k = 0; k < PLAN_SLOTS; k++) plan_free(be->plans[k]);
+    for (int i = 0; be->fold && i < be->net->n_layers; i++)
+        if (be->fold[i].mem) cudaFree(be->fold[i].mem);
+    free(be->fold);
     for (int k = 0; k < 2; k++) {
         stage_slot *s = &be->slot[k];
         if (s->x) cudaFree(s->x);
@@ -1755,6 +1952,11 @@ static int cuda_create(dsrt_backend **out, dsrt_net *net) {
                                                             : CUDNN_DEFAULT_MATH;
     be->graphs = net->opts.cuda_graphs != 0;
     net->backend_note[0] = 0;
+    be->fold = dsrt__calloc((size_t)net->n_layers, sizeof *be->fold);
+    if (!be->fold) {
+        free(be);
+        return -ENOMEM;
+    }
     for (int i = 0; i < net->n_layers; i++)
         be->any_state |= (gpu_ops(&net->layers[i])->flags & DSRT_CUDA_STATE) != 0;
     int rc = cuda_setup(be);

@@ -88,6 +88,18 @@ typedef struct {
     cudnnTensorDescriptor_t yd; /* y as cuDNN sees it, made by a layer that needs it */
     int in0;                    /* the layer whose output is this one's (first) input */
     int fuse;                   /* FUSE_* of the forward */
+    /* The ReLU its forward computes after it (leak: its negative slope):
+     * the layer's own fuse_relu, or in an inference plan that of the
+     * affine layer folded into it. */
+    int relu;
+    float leak;
+    /* Inference plans (net option fuse 2, DSRT_CUDA_FOLDS): the layer whose
+     * per-channel affine map (infer_affine) this one's weights and bias
+     * take on, folded (dsrt__cuda_fwd_weights), or -1; and the last layer of
+     * the chain it computes (itself when none). taken_by: for a layer of
+     * such a chain, the layer that computes it (-1: itself); its output is
+     * that layer's. */
+    int affine, last, taken_by;
     /* What the kind keeps of its own (descriptors, algorithms, pointers
      * into the plan's memory), freed with the plan by own_free. */
     void *own;
@@ -267,6 +279,13 @@ struct cuda_backend {
     /* Sizes were reserved: the backend allocates no more (cuda_reserve). */
     int frozen;
     cudaEvent_t sync_ev; /* recorded to wait for a stream */
+    /* Inference: (n_layers) the folded weights and bias of layers whose
+     * plans take on the affine map after them, made again when the
+     * parameters or the state changed since (param_gen: bumped by an upload
+     * of the host's, an optimizer step and a training forward that changes
+     * the state). */
+    struct cuda_fold *fold;
+    uint64_t param_gen;
     /* Device time: per step, the data arrived (go) and the last queued work
      * (done); accumulated two steps behind. */
     cudaEvent_t ev_go[EV_RING], ev_done[EV_RING];
@@ -294,6 +313,10 @@ enum {
     DSRT_CUDA_DX_ALWAYS = 4,      /* its input carries a gradient whenever it trains (cuDNN's
                                      batchnorm always computes it) */
     DSRT_CUDA_STATE = 8,          /* training forward changes the net's state */
+    /* At inference its weights and bias may take on a per-channel affine map
+     * that follows it (the plan's affine: dsrt__cuda_fwd_weights and
+     * dsrt__cuda_fwd_bias), and it computes the plan's ReLU (relu, leak). */
+    DSRT_CUDA_FOLDS = 16,
 };
 
 typedef struct {
@@ -350,6 +373,16 @@ int dsrt__cuda_set_nhwc(cudnnTensorDescriptor_t *d, cudnnDataType_t t, int n, in
 int dsrt__cuda_set_param_desc(cudnnTensorDescriptor_t *d, int c, const dsrt_layer *L);
 /* The weights a product reads: the bfloat16 copy under bf16. */
 const void *dsrt__cuda_weights(const cuda_backend *be, const dsrt_layer *l);
+/* The weights layer i's forward reads in plan p: with an affine map folded
+ * in (p->gl[i].affine), the folded copy (bfloat16 under bf16), else
+ * dsrt__cuda_weights. */
+const void *dsrt__cuda_fwd_weights(const cuda_backend *be, const gpu_plan *p, int i);
+/* ... and its bias (out.c floats; NULL when it has none), and that bias in
+ * bfloat16 under bf16, or NULL where there is no such copy: the folded
+ * one, or the one at its offset in the weights' bfloat16 copy when that
+ * starts on 16 bytes. */
+const float *dsrt__cuda_fwd_bias(const cuda_backend *be, const gpu_plan *p, int i);
+const dsrt_bf16 *dsrt__cuda_fwd_bias16(const cuda_backend *be, const gpu_plan *p, int i);
 /* Makes the shared workspace at least need bytes (the device quiet first). */
 int dsrt__cuda_ensure_workspace(cuda_backend *be, size_t need);
 /* Where layer i's backward writes the gradient for input j: j's gradient

@@ -512,6 +512,16 @@ static inline int dsrt__in(const dsrt_layer *l, int k) {
     return l->inputs[k];
 }
 
+/* The one layer that takes layer j's output, or -1 when none or several
+ * (the backends' inference plans follow such chains). */
+static inline int dsrt__net_only_taker(const dsrt_net *net, int j) {
+    if (net->layers[j].consumers != 1) return -1;
+    for (int k = j + 1; k < net->n_layers; k++)
+        for (int q = 0; q < net->layers[k].n_inputs; q++)
+            if (net->layers[k].inputs[q] == j) return k;
+    return -1;
+}
+
 /* Called by backends when layer i's gradients are final (on a device: when
  * the work that writes them is queued). */
 void dsrt__net_grads_ready(dsrt_net *net, int layer);

@@ -1303,6 +1303,210 @@ static void test_conv_fallback(void) {
 #endif
 
 // ----------------------------------------------------------------------------
+// Inference plans: batchnorm folded into the convolution before it
+
+/* Convolutions without and with a bias followed by batchnorm with its ReLU,
+ * alone, then a leaky ReLU; a convolution that another layer takes too (its
+ * batchnorm is not folded); a dropout between a convolution and its
+ * batchnorm. */
+static const char FOLD_NET[] =
+    "input size=8x8x3\nconv name=c1 filters=8 size=3 pad=1 bias=0\nbatchnorm name=b1\nrelu "
+    "name=r1\n"
+    "conv name=c2 filters=8 size=3 pad=1\nbatchnorm name=b2\nleakyrelu name=l2 leak=0.1\n"
+    "conv name=c3 filters=6 size=1 bias=0\nbatchnorm name=b3\nadd name=s inputs=b3,c3 relu=1\n"
+    "conv name=c4 filters=6 size=3 stride=2 pad=1 bias=0\ndropout name=d4 p=0.3\n"
+    "batchnorm name=b4\nrelu name=r4\ngap\nfc outputs=4\nsoftmax\n";
+
+/* The layers of FOLD_NET whose outputs a fused inference plan holds no
+ * more: the convolutions whose chains go on, and the chains' layers but
+ * the last. */
+static const char *const FOLD_GONE[] = {"c1", "b1", "c2", "c4", "d4", "b4"};
+
+static dsrt_net *make_infer(const char *desc, int classes, int device, dsrt_precision p, int fuse) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 5;
+    o.device = device;
+    o.precision = p;
+    o.fuse = fuse;
+    o.deterministic = getenv("DSRT_TEST_DETERMINISTIC") != NULL;
+    dsrt_net *net = NULL;
+    int rc = dsrt_net_create(&net, desc, 0, 0, 0, classes, &o);
+    if (rc) fprintf(stderr, "net_create (device %d): %s\n", device, dsrt_last_error());
+    REQUIRE(rc == 0);
+    return net;
+}
+
+/* Random biases and batchnorm parameters and statistics (scale, offset,
+ * running mean, running variance), written into both nets. */
+static void fold_randomise(dsrt_net *a, dsrt_net *b, uint64_t seed) {
+    size_t np, ns;
+    float *w = dsrt_net_params(a, &np), *st = dsrt_net_state(a, &ns);
+    REQUIRE(w && (st || !ns));
+    dsrt_rng r = dsrt_rng_init(seed, 4, 4, 4);
+    for (int i = 0; i < a->n_layers; i++) {
+        const dsrt_layer *l = &a->layers[i];
+        for (size_t k = 0; k < l->b_n; k++) w[l->b_off + k] = (float)(dsrt_rng_uniform(&r) - 0.5);
+        if (l->kind != DSRT_LAYER_BATCHNORM) continue;
+        for (int k = 0; k < l->out.c; k++) {
+            w[l->w_off + k] = (float)(0.6 + 0.8 * dsrt_rng_uniform(&r));
+            st[l->s_off + k] = (float)(0.4 * (dsrt_rng_uniform(&r) - 0.5));
+            st[l->s_off + l->out.c + k] = (float)(0.5 + dsrt_rng_uniform(&r));
+        }
+    }
+    memcpy(dsrt_net_params(b, NULL), w, np * sizeof *w);
+    if (ns) memcpy(dsrt_net_state(b, NULL), st, ns * sizeof *st);
+    dsrt_net_params_changed(a);
+    dsrt_net_params_changed(b);
+}
+
+/* One inference of n images on the fused net f (on the device) and the
+ * reference r (the CPU, fuse 0): the scores before the softmax within tol,
+ * and on FOLD_NET every layer's output that f still holds, those of
+ * FOLD_GONE refused. With sync, r takes f's parameters and state first
+ * (after f's forward, which folds them from the device's newer copies). In
+ * the fake build: of the batchnorm layers, only those not folded ran
+ * (bn_apply, the number given; -1: not counted), and some convolutions ran
+ * fused with their (folded) bias in one cuDNN call unless refused. */
+static void fold_compare(dsrt_net *f, dsrt_net *r, int n, uint64_t seed, int sync, double tol,
+                         long bn_runs, const char *tag) {
+    int graph = strstr(f->desc, "name=d4") != NULL; /* FOLD_NET */
+    size_t per = (size_t)f->input.c * f->input.h * f->input.w;
+    int last = f->n_layers - 1;
+    float *x = malloc((size_t)n * per * sizeof *x);
+    REQUIRE(x);
+    fill(x, (size_t)n * per, seed, -1.0f, 1.0f);
+#ifdef DSRT_FAKE_GPU
+    fakegpu_reset_stats();
+#endif
+    CHECK_OK(dsrt_net_predict(f, x, n, NULL, NULL, NULL, NULL));
+#ifdef DSRT_FAKE_GPU
+    if (G >= 0 && bn_runs >= 0) CHECK_EQ(fakegpu_launches("bn_apply_kernel"), bn_runs);
+#else
+    (void)bn_runs;
+#endif
+    if (sync) {
+        size_t np, ns;
+        const float *w = dsrt_net_params(f, &np), *st = dsrt_net_state(f, &ns);
+        REQUIRE(w && (st || !ns));
+        memcpy(dsrt_net_params(r, NULL), w, np * sizeof *w);
+        if (ns) memcpy(dsrt_net_state(r, NULL), st, ns * sizeof *st);
+        dsrt_net_params_changed(r);
+    }
+    CHECK_OK(dsrt_net_predict(r, x, n, NULL, NULL, NULL, NULL));
+    /* The graph: every layer; a built-in net: the scores. */
+    for (int i = graph ? 1 : f->layers[last].inputs[0]; i < last; i++) {
+        size_t m = out_count(f, i, n);
+        float *a = malloc(m * sizeof *a), *b = malloc(m * sizeof *b);
+        REQUIRE(a && b);
+        int gone = 0;
+        for (size_t k = 0; graph && k < DSRT_ARRAY_SIZE(FOLD_GONE); k++)
+            gone |= !strcmp(f->layers[i].name, FOLD_GONE[k]);
+        int rc = dsrt__net_layer_output(f, i, a, 0);
+        char what[160];
+        snprintf(what, sizeof what, "%s, batch %d: inference output of layer %d (%s)", tag, n, i,
+                 f->layers[i].name);
+        if (rc) {
+            /* The CPU's plan also takes the leaky ReLU after b2 on. */
+            if (!gone && strcmp(f->layers[i].name, "b2")) {
+                fprintf(stderr, "  %s: refused: %s\n", what, dsrt_last_error());
+                test_failures++;
+            }
+            CHECK_CONTAINS(dsrt_last_error(), "fused into");
+        } else {
+            if (gone) {
+                fprintf(stderr, "  %s: read, but the fused plan does not hold it\n", what);
+                test_failures++;
+            }
+            CHECK_OK(dsrt__net_layer_output(r, i, b, 0));
+            if (!close_to(a, b, m, tol, what)) test_failures++;
+        }
+        free(a);
+        free(b);
+    }
+    free(x);
+}
+
+/* A net built for inference with fuse 2 on the device against the CPU
+ * backend with nothing fused: at two batch sizes, after new parameters and
+ * statistics, and after a training step on the device (the folded copies
+ * made again from the device's parameters and statistics). */
+static void fold_check(const char *desc, int classes, dsrt_precision prec, double tol, long bn_runs,
+                       const char *tag) {
+    dsrt_net *f = make_infer(desc, classes, G, prec, 2);
+    dsrt_net *r = make_infer(desc, classes, -1, DSRT_PRECISION_FP32, 0);
+    fold_randomise(f, r, 1);
+    fold_compare(f, r, 3, 21, 0, tol, bn_runs, tag);
+    fold_compare(f, r, 8, 22, 0, tol, bn_runs, tag);
+    fold_randomise(f, r, 2);
+    fold_compare(f, r, 3, 23, 0, tol, bn_runs, tag);
+    dsrt_optimizer *opt;
+    CHECK_OK(dsrt_optimizer_create(&opt, f, NULL));
+    size_t per = (size_t)f->input.c * f->input.h * f->input.w;
+    float *x = malloc(4 * per * sizeof *x);
+    int32_t y[4];
+    REQUIRE(x);
+    fill(x, 4 * per, 31, -1.0f, 1.0f);
+    labels_for(y, 4, classes, 31);
+    CHECK_OK(dsrt_net_forward_backward(f, x, y, 4, NULL, NULL));
+    CHECK_OK(dsrt_optimizer_step(opt, f, 0));
+    fold_compare(f, r, 3, 24, 1, tol, bn_runs, tag);
+    fold_compare(f, r, 8, 25, 0, tol, bn_runs, tag);
+    free(x);
+    dsrt_optimizer_destroy(opt);
+    dsrt_net_destroy(f);
+    dsrt_net_destroy(r);
+}
+
+/* Batchnorm folded into the convolutions before it at inference (net
+ * option fuse 2): a graph of the cases above and the built-in cifar and
+ * resnet20, every precision against the CPU at the tolerances of a layer
+ * (the graph) and of a deep net (test_resnet20's). In the fake build also
+ * with cuDNN's fused convolution refused (the bias and ReLU by dsrt's
+ * kernel), and the batchnorm kernel counted: only b3 runs. */
+static void test_infer_fold(void) {
+    static const double deep[] = {0, 1e-4, 1.2e-2, 8e-2};
+    for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec++) {
+        if (G < 0 && prec != DSRT_PRECISION_FP32) continue;
+        const char *pn = dsrt_precision_name((dsrt_precision)prec);
+        char tag[96];
+        for (int refuse = 0; refuse < 2; refuse++) {
+#ifdef DSRT_FAKE_GPU
+            fakegpu_refuse(refuse ? FAKEGPU_REFUSE_FUSED_CONV : 0);
+#else
+            if (refuse) break;
+#endif
+            snprintf(tag, sizeof tag, "folded graph, %s%s", pn,
+                     refuse ? ", fused convolution refused" : "");
+            fold_check(FOLD_NET, 4, (dsrt_precision)prec, TOL[prec], 1, tag);
+        }
+#ifdef DSRT_FAKE_GPU
+        fakegpu_refuse(0);
+#endif
+        snprintf(tag, sizeof tag, "folded cifar, %s", pn);
+        fold_check("cifar", 10, (dsrt_precision)prec, deep[prec], 0, tag);
+        snprintf(tag, sizeof tag, "folded resnet20, %s", pn);
+        fold_check("resnet20", 10, (dsrt_precision)prec, deep[prec], 0, tag);
+    }
+#ifdef DSRT_FAKE_GPU
+    /* resnet20's convolutions have no bias of their own: at inference they
+     * run fused with the folded one. */
+    dsrt_net *f = make_infer("resnet20", 10, G, DSRT_PRECISION_FP32, 2);
+    float x[2 * 3 * 32 * 32];
+    fill(x, sizeof x / sizeof x[0], 41, -1.0f, 1.0f);
+    fakegpu_reset_stats();
+    CHECK_OK(dsrt_net_predict(f, x, 2, NULL, NULL, NULL, NULL));
+    fakegpu_stats st = fakegpu_get_stats();
+    CHECK_GT(st.fused_convs, 0);
+    CHECK_EQ(st.search_mismatches, 0);
+    dsrt_backend_report rep;
+    report(f, &rep);
+    CHECK_GT(rep.fused_cudnn, 0);
+    dsrt_net_destroy(f);
+#endif
+}
+
+// ----------------------------------------------------------------------------
 // Profile
 
 /* Every layer that computes has a forward time, every one with parameters
@@ -1560,6 +1764,7 @@ int main(void) {
     RUN_WANTED(test_flat_alignment);
     RUN_WANTED(test_reserve);
     RUN_WANTED(test_graphs);
+    RUN_WANTED(test_infer_fold);
 #ifdef DSRT_FAKE_GPU
     RUN_WANTED(test_fused_fallback);
     RUN_WANTED(test_conv_fallback);

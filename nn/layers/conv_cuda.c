@@ -4,7 +4,9 @@
  * buffers stay the CPU backend's), algorithms found by timing them on the
  * plan's own tensors, the bias and a ReLU after it fused into one cuDNN
  * call where cuDNN takes it, else into one dsrt kernel; dsrt's direct
- * convolution where cuDNN has no algorithm. See nn/layers/conv.c.
+ * convolution where cuDNN has no algorithm. At inference a batchnorm after
+ * it may be folded into its weights and bias (the engine's folded copies),
+ * its ReLU then computed by the convolution. See nn/layers/conv.c.
  */
 #include "nn/backend_cuda.h"
 #include "nn/layers/conv_kernels.h"
@@ -264,11 +266,11 @@ static int desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
                              sym ? L->pt : 0,
                              sym ? L->pl : 0,
                              L->o.groups};
-    if (L->b_n) TRY(dsrt__cuda_set_param_desc(&o->bd, L->out.c, L));
+    if (L->b_n || g->affine >= 0) TRY(dsrt__cuda_set_param_desc(&o->bd, L->out.c, L));
     DNN(cudnnCreateActivationDescriptor(&o->act));
-    DNN(cudnnSetActivationDescriptor(
-        o->act, L->fuse_relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
-        CUDNN_PROPAGATE_NAN, 0.0));
+    DNN(cudnnSetActivationDescriptor(o->act,
+                                     g->relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+                                     CUDNN_PROPAGATE_NAN, 0.0));
     int on, oc, oh, ow;
     DNN(cudnnGetConvolution2dForwardOutputDim(o->cd, o->xd, o->wd, &on, &oc, &oh, &ow));
     if (on != n || oc != L->out.c || oh != L->out.h || ow != L->out.w)
@@ -312,7 +314,7 @@ static int search(cuda_backend *be, gpu_plan *p, int i, void *fws, size_t fws_si
     gpu_layer *g = &p->gl[i];
     conv_own *o = p->gl[i].own;
     const void *x = conv_input(p, i), *w = dsrt__cuda_weights(be, L);
-    TRY(pick(be, g, L, DIR_FWD, x, w, g->y, fws, fws_size, need));
+    TRY(pick(be, g, L, DIR_FWD, x, dsrt__cuda_fwd_weights(be, p, i), g->y, fws, fws_size, need));
     if (!p->train) return 0;
     void *dw = be->bf16 ? (void *)(be->g16 + L->w_off) : (void *)(be->grads + L->w_off);
     TRY(pick(be, g, L, DIR_FILTER, x, g->dy, dw, fws, fws_size, need));
@@ -326,39 +328,40 @@ static int search(cuda_backend *be, gpu_plan *p, int i, void *fws, size_t fws_si
 
 /*
  * Whether convolution i runs fused with its bias and activation in one
- * cuDNN call: it has a bias, the activation after it is a plain ReLU or
- * none (identity needs IMPLICIT_PRECOMP_GEMM, cuDNN's rule), and one trial
- * call on the plan's tensors succeeds; else the bias and any ReLU run in
- * one dsrt kernel after the convolution.
+ * cuDNN call: it has a bias (its own, or a folded one), the activation
+ * after it is a plain ReLU or none (identity needs IMPLICIT_PRECOMP_GEMM,
+ * cuDNN's rule), and one trial call on the plan's tensors succeeds; else
+ * the bias and any ReLU run in one dsrt kernel after the convolution.
  */
 static void try_fused(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     gpu_layer *g = &p->gl[i];
     conv_own *o = p->gl[i].own;
-    g->fuse = L->b_n || L->fuse_relu ? FUSE_KERNEL : FUSE_NONE;
-    if (!L->b_n || !be->net->opts.fuse || o->al.own[DIR_FWD]) return;
-    if (L->fuse_relu ? L->fuse_leak != 0.0f
-                     : o->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
+    const float *bias = dsrt__cuda_fwd_bias(be, p, i);
+    const dsrt_bf16 *bias16 = dsrt__cuda_fwd_bias16(be, p, i);
+    g->fuse = bias || g->relu ? FUSE_KERNEL : FUSE_NONE;
+    if (!bias || !be->net->opts.fuse || o->al.own[DIR_FWD]) return;
+    if (g->relu ? g->leak != 0.0f : o->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
         return;
     if (cudnnSetConvolutionMathType(o->cd, o->al.m_fwd) != CUDNN_STATUS_SUCCESS) return;
     o->bias16 = 0;
+    const void *w = dsrt__cuda_fwd_weights(be, p, i);
     cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
-        be->dnn, &ONE, o->xd, conv_input(p, i), o->wd, dsrt__cuda_weights(be, L), o->cd, o->al.fwd,
-        be->ws, be->ws_size, &ZERO, g->yd, g->y, o->bd, be->params + L->b_off, o->act, g->yd, g->y);
+        be->dnn, &ONE, o->xd, conv_input(p, i), o->wd, w, o->cd, o->al.fwd, be->ws, be->ws_size,
+        &ZERO, g->yd, g->y, o->bd, bias, o->act, g->yd, g->y);
     (void)cudaGetLastError();
     /* A float bias with bfloat16 data is not among cuDNN's documented
      * configurations: again with the bias's bfloat16 copy (which the
-     * optimizer refreshes with the weights), where it starts on 16 bytes as
-     * cuDNN's vector loads want. */
-    if (st != CUDNN_STATUS_SUCCESS && be->bf16 && (L->b_off * sizeof(dsrt_bf16)) % 16 == 0) {
+     * optimizer refreshes with the weights, or the folded one), where it
+     * starts on 16 bytes as cuDNN's vector loads want. */
+    if (st != CUDNN_STATUS_SUCCESS && bias16) {
         if (!o->bd16 && cudnnCreateTensorDescriptor(&o->bd16) != CUDNN_STATUS_SUCCESS) return;
         if (cudnnSetTensor4dDescriptor(o->bd16, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, L->out.c,
                                        1, 1) != CUDNN_STATUS_SUCCESS)
             return;
-        st = cudnnConvolutionBiasActivationForward(be->dnn, &ONE, o->xd, conv_input(p, i), o->wd,
-                                                   dsrt__cuda_weights(be, L), o->cd, o->al.fwd,
-                                                   be->ws, be->ws_size, &ZERO, g->yd, g->y, o->bd16,
-                                                   be->w16 + L->b_off, o->act, g->yd, g->y);
+        st = cudnnConvolutionBiasActivationForward(
+            be->dnn, &ONE, o->xd, conv_input(p, i), o->wd, w, o->cd, o->al.fwd, be->ws, be->ws_size,
+            &ZERO, g->yd, g->y, o->bd16, bias16, o->act, g->yd, g->y);
         (void)cudaGetLastError();
         o->bias16 = st == CUDNN_STATUS_SUCCESS;
     }
@@ -373,12 +376,12 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
         dsrt_k_desc pd = padded_desc(be, p, i);
         CU(dsrt_k_pad(&in->kd, in->y, &pd, o->xp, L->pt, L->pl, 0.0f, 0, be->compute));
     }
-    const void *x = conv_input(p, i), *w = dsrt__cuda_weights(be, L);
-    const float *b = L->b_n ? be->params + L->b_off : NULL;
+    const void *x = conv_input(p, i), *w = dsrt__cuda_fwd_weights(be, p, i);
+    const float *b = dsrt__cuda_fwd_bias(be, p, i);
     if (o->al.own[DIR_FWD]) {
         CU(dsrt_k_conv_fwd(&o->kconv, x, w, g->y, be->compute));
         if (g->fuse == FUSE_KERNEL)
-            CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, L->fuse_relu, L->fuse_leak, be->compute));
+            CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, g->relu, g->leak, be->compute));
         return 0;
     }
     DNN(cudnnSetConvolutionMathType(o->cd, o->al.m_fwd));
@@ -386,13 +389,14 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
         DNN(cudnnConvolutionBiasActivationForward(
             be->dnn, &ONE, o->xd, x, o->wd, w, o->cd, o->al.fwd, be->ws, be->ws_size, &ZERO, g->yd,
             g->y, o->bias16 ? o->bd16 : o->bd,
-            o->bias16 ? (const void *)(be->w16 + L->b_off) : (const void *)b, o->act, g->yd, g->y));
+            o->bias16 ? (const void *)dsrt__cuda_fwd_bias16(be, p, i) : (const void *)b, o->act,
+            g->yd, g->y));
         return 0;
     }
     DNN(cudnnConvolutionForward(be->dnn, &ONE, o->xd, x, o->wd, w, o->cd, o->al.fwd, be->ws,
                                 be->ws_size, &ZERO, g->yd, g->y));
     if (g->fuse == FUSE_KERNEL)
-        CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, L->fuse_relu, L->fuse_leak, be->compute));
+        CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, g->relu, g->leak, be->compute));
     return 0;
 }
 
@@ -434,6 +438,7 @@ static int backward(cuda_backend *be, gpu_plan *p, int i) {
 }
 
 const dsrt_cuda_layer_ops dsrt__cuda_layer_conv = {
+    .flags = DSRT_CUDA_FOLDS,
     .reorders = reorders,
     .reorder = reorder,
     .desc = desc,
