@@ -54,7 +54,11 @@
  * inference) runs with weights and a bias that already hold it, w a and
  * b a + shift by output channel, and computes that layer's ReLU too (cuDNN's
  * fused call, else its bias kernel); the affine layer runs nothing and its
- * output is the convolution's. The folded copies, one a layer for every
+ * output is the convolution's. An element-wise activation that is the one
+ * taker of such a chain's output or of a convolution's (any kind with
+ * infer_act: ReLU, clip, sigmoid, hard sigmoid, hard swish, SiLU, GELU) is
+ * computed likewise by the convolution's bias kernel (cuDNN's fused call
+ * where it is a plain ReLU) and runs nothing. The folded copies, one a layer for every
  * plan, in the device's order and the activations' type, are made on the
  * host from the host's parameters and state (brought back first when the
  * device's are newer) and uploaded, again whenever the parameters or the
@@ -127,6 +131,7 @@
  * net.c's backend table loads when a net first asks for a GPU.
  */
 #include "nn/backend_cuda.h"
+#include "nn/act_kernel.h"
 
 #include "core/module.h"
 #include "runtime/internal.h"
@@ -143,7 +148,7 @@
 #include <string.h>
 #include <time.h>
 
-#define ALIGN       DSRT_CUDA_ALIGN
+#define ALIGN DSRT_CUDA_ALIGN
 /* cuBLAS's own workspace (set once, so that recording a step never makes
  * it allocate): the size NVIDIA suggests for Hopper. */
 #define BLAS_WS ((size_t)32 << 20)
@@ -567,16 +572,21 @@ static void plan_need_dy(dsrt_net *net, const gpu_plan *p, int *need_dy) {
  * 2, a layer whose kind folds (DSRT_CUDA_FOLDS) and computes no ReLU of its
  * own takes on, along its output's one taker after another, layers that
  * are the identity at inference, then a per-channel affine map of one input
- * (infer_affine) with its ReLU, then the layers that pass that output on
- * unchanged (a ReLU it computes, the identity at inference): the chain ends
- * at the first other layer. Without an affine map nothing is taken on.
+ * (infer_affine) with its ReLU, then an element-wise activation
+ * (infer_act) unless the affine map brought a ReLU, and the layers that
+ * pass that output on unchanged (a ReLU it computes, the identity at
+ * inference) anywhere between: the chain ends at the first other layer.
+ * The layer's forward computes the activation (act) after its bias; the
+ * layers taken on run nothing. Without an affine map or an activation
+ * nothing is taken on.
  */
 static void plan_chains(cuda_backend *be, gpu_plan *p) {
     const dsrt_net *net = be->net;
     for (int i = 0; i < p->n_layers; i++) {
+        const dsrt_layer *L = &net->layers[i];
         gpu_layer *g = &p->gl[i];
-        g->relu = net->layers[i].fuse_relu;
-        g->leak = net->layers[i].fuse_leak;
+        g->act = L->fuse_relu ? (dsrt_k_act){DSRT_K_ACT_RELU, L->fuse_leak, 0.0f}
+                              : (dsrt_k_act){DSRT_K_ACT_IDENTITY, 0.0f, 0.0f};
         g->affine = -1;
         g->last = i;
         g->taken_by = -1;
@@ -586,24 +596,31 @@ static void plan_chains(cuda_backend *be, gpu_plan *p) {
         const dsrt_layer *L = &net->layers[i];
         gpu_layer *g = &p->gl[i];
         if (!(gpu_ops(L)->flags & DSRT_CUDA_FOLDS) || L->fuse_relu || g->taken_by >= 0) continue;
-        int affine = -1, last = i;
+        int affine = -1, acts = 0, last = i;
+        dsrt_k_act act = g->act;
         for (int j = dsrt__net_only_taker(net, i); j > 0; j = dsrt__net_only_taker(net, j)) {
             const dsrt_layer *J = &net->layers[j];
-            int passes = J->fused_away || (gpu_ops(J)->flags & DSRT_CUDA_IDENTITY_INFER);
-            if (affine < 0 && !passes) {
-                if (!dsrt__layer_ops(J)->infer_affine || J->n_inputs != 1) break;
+            const dsrt_layer_ops *o = dsrt__layer_ops(J);
+            dsrt_act a;
+            if (J->fused_away || (gpu_ops(J)->flags & DSRT_CUDA_IDENTITY_INFER)) {
+                /* a ReLU the affine map computes (in act already), or the
+                 * identity */
+            } else if (affine < 0 && !acts && o->infer_affine && J->n_inputs == 1) {
                 affine = j;
-            } else if (!passes) {
+                if (J->fuse_relu) act = (dsrt_k_act){DSRT_K_ACT_RELU, J->fuse_leak, 0.0f};
+                acts = J->fuse_relu;
+            } else if (!acts && o->infer_act && J->n_inputs == 1 && o->infer_act(J, &a) &&
+                       dsrt__act_kernel_of(&a, &act)) {
+                acts = 1;
+            } else {
                 break;
             }
             last = j;
         }
-        if (affine < 0) continue;
-        const dsrt_layer *A = &net->layers[affine];
+        if (affine < 0 && act.fn == DSRT_K_ACT_IDENTITY) continue;
         g->affine = affine;
         g->last = last;
-        g->relu = A->fuse_relu;
-        g->leak = A->fuse_leak;
+        g->act = act;
         for (int j = dsrt__net_only_taker(net, i); j > 0 && j <= last;
              j = dsrt__net_only_taker(net, j))
             p->gl[j].taken_by = i;

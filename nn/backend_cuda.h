@@ -74,7 +74,7 @@ int dsrt__cuda_blas_fail(cublasStatus_t s, const char *call, const dsrt_layer *l
 enum {
     FUSE_NONE = 0,
     FUSE_CUDNN, /* convolution + bias + activation, or batchnorm + ReLU, in one cuDNN call */
-    FUSE_KERNEL /* the bias and the ReLU in one dsrt kernel after the product */
+    FUSE_KERNEL /* the bias and the activation in one dsrt kernel after the product */
 };
 
 typedef struct {
@@ -88,11 +88,11 @@ typedef struct {
     cudnnTensorDescriptor_t yd; /* y as cuDNN sees it, made by a layer that needs it */
     int in0;                    /* the layer whose output is this one's (first) input */
     int fuse;                   /* FUSE_* of the forward */
-    /* The ReLU its forward computes after it (leak: its negative slope):
-     * the layer's own fuse_relu, or in an inference plan that of the
-     * affine layer folded into it. */
-    int relu;
-    float leak;
+    /* The activation its forward computes after it (DSRT_K_ACT_IDENTITY:
+     * none): the layer's own ReLU (fuse_relu), or in an inference plan that
+     * of the affine layer folded into it or the activation layer after it
+     * (plan_chains). */
+    dsrt_k_act act;
     /* Inference plans (net option fuse 2, DSRT_CUDA_FOLDS): the layer whose
      * per-channel affine map (infer_affine) this one's weights and bias
      * take on, folded (dsrt__cuda_fwd_weights), or -1; and the last layer of
@@ -315,7 +315,8 @@ enum {
     DSRT_CUDA_STATE = 8,          /* training forward changes the net's state */
     /* At inference its weights and bias may take on a per-channel affine map
      * that follows it (the plan's affine: dsrt__cuda_fwd_weights and
-     * dsrt__cuda_fwd_bias), and it computes the plan's ReLU (relu, leak). */
+     * dsrt__cuda_fwd_bias), and it computes the plan's activation (act, any
+     * function of dsrt_k_act). */
     DSRT_CUDA_FOLDS = 16,
 };
 

@@ -36,7 +36,7 @@ __global__ void relu_bwd_kernel(relu_bwd_args a) {
 
 __global__ void bias_act_kernel(bias_act_args a) {
     for (size_t i = tid(); i < a.count; i += stride())
-        dsrt_kb_bias_act(&a.d, a.x, a.b, a.y, a.relu, a.leak, i);
+        dsrt_kb_bias_act(&a.d, a.x, a.b, a.y, &a.act, i);
 }
 
 /* Blocks of BIAS_COLS columns x BIAS_LANES row lanes over one chunk of rows
@@ -186,10 +186,10 @@ cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *
     return DSRT_K_LAUNCH(relu_bwd_kernel, grid_for(n), THREADS, stream, a);
 }
 
-cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
-                            float leak, cudaStream_t stream) {
-    if (!dsrt_kb_desc_ok(d)) return cudaErrorInvalidValue;
-    bias_act_args a = {*d, x, b, y, relu, leak, dsrt_kb_count(d)};
+cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y,
+                            const dsrt_k_act *act, cudaStream_t stream) {
+    if (!dsrt_kb_desc_ok(d) || !dsrt_kb_act_fn_ok(act)) return cudaErrorInvalidValue;
+    bias_act_args a = {*d, x, b, y, *act, dsrt_kb_count(d)};
     if (!a.count) return cudaSuccess;
     return DSRT_K_LAUNCH(bias_act_kernel, grid_for(a.count), THREADS, stream, a);
 }

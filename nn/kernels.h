@@ -175,8 +175,7 @@ typedef struct {
     const void *x;
     const float *b;
     void *y;
-    int relu;
-    float leak;
+    dsrt_k_act act;
     size_t count;
 } bias_act_args;
 
@@ -336,8 +335,7 @@ static inline void relu_bwd_kernel_host(const void *p) {
 
 static inline void bias_act_kernel_host(const void *p) {
     const bias_act_args *a = (const bias_act_args *)p;
-    for (size_t i = 0; i < a->count; i++)
-        dsrt_kb_bias_act(&a->d, a->x, a->b, a->y, a->relu, a->leak, i);
+    for (size_t i = 0; i < a->count; i++) dsrt_kb_bias_act(&a->d, a->x, a->b, a->y, &a->act, i);
 }
 
 /* Each chunk's columns: the lanes' sums, added in lane order. */
@@ -490,9 +488,9 @@ static inline int dsrt_kh_relu_bwd(dsrt_k_type t, const void *y, const void *dy,
 }
 
 static inline int dsrt_kh_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y,
-                                   int relu, float leak) {
-    if (!dsrt_kb_desc_ok(d)) return -EINVAL;
-    bias_act_args a = {*d, x, b, y, relu, leak, dsrt_kb_count(d)};
+                                   const dsrt_k_act *act) {
+    if (!dsrt_kb_desc_ok(d) || !dsrt_kb_act_fn_ok(act)) return -EINVAL;
+    bias_act_args a = {*d, x, b, y, *act, dsrt_kb_count(d)};
     bias_act_kernel_host(&a);
     return 0;
 }
@@ -616,11 +614,12 @@ cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *
                             float leak, cudaStream_t stream);
 
 /* A convolution's or fully connected layer's output (d: any layout and
- * type; a fully connected layer's is (n, out, 1, 1)): y = x + b[channel]
- * (b NULL: none), then with relu y < 0 ? y * leak : y, in float and rounded
- * once, as the CPU backend's fused step. In place (y == x) allowed. */
-cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y, int relu,
-                            float leak, cudaStream_t stream);
+ * type; a fully connected layer's is (n, out, 1, 1)): y = act(x +
+ * b[channel]) (b NULL: none; act: a (leaky) ReLU, the identity, or at
+ * inference the activation after the layer), in float and rounded once, as
+ * the CPU backend's fused step. In place (y == x) allowed. */
+cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y,
+                            const dsrt_k_act *act, cudaStream_t stream);
 
 /* Bytes of workspace dsrt_k_bias_grad needs for d. */
 size_t dsrt_k_bias_grad_work(const dsrt_k_desc *d);

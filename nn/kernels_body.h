@@ -4,16 +4,14 @@
  * take (tensor descriptors, float32 and bfloat16, the optimizer's plan),
  * loads and stores of either type, the shape of the reductions, and the
  * bodies of the engine's own kernels (nn/kernels.h): padding and cropping,
- * ReLU, the bias and its gradient, sums of tensors, the broadcast product,
- * per-channel sums in tiles (batchnorm's statistics, the gradients of a
- * factor and an offset a channel) and the optimizer. A layer kind's bodies
- * are beside it, in nn/layers/<kind>_kernels.h. A __global__ kernel wraps
- * its body (grid-stride loops, blocks, warps and shared memory); its run on
- * the host walks the same grid in plain loops over the very same body
- * (nn/kernels.h), so that the kernels' arithmetic runs and is tested on a
- * machine without a GPU, and the CPU stand-in of the GPU (tests/fakegpu.c)
- * computes with it. Only the launch configuration and where memory lives
- * stay device-only.
+ * the activations, ReLU, the bias (with an activation) and its gradient, sums of tensors, the
+ * broadcast product, per-channel sums in tiles (batchnorm's statistics, the gradients of a factor
+ * and an offset a channel) and the optimizer. A layer kind's bodies are beside it, in
+ * nn/layers/<kind>_kernels.h. A __global__ kernel wraps its body (grid-stride loops, blocks, warps
+ * and shared memory); its run on the host walks the same grid in plain loops over the very same
+ * body (nn/kernels.h), so that the kernels' arithmetic runs and is tested on a machine without a
+ * GPU, and the CPU stand-in of the GPU (tests/fakegpu.c) computes with it. Only the launch
+ * configuration and where memory lives stay device-only.
  *
  * A body computes one element (or one thread's share of a reduction) from
  * plain pointers. Reductions run in a fixed order that both sides follow:
@@ -260,11 +258,100 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_pad(const dsrt_k_desc *xd, const voi
 }
 
 // ----------------------------------------------------------------------------
-// ReLU, and the bias of convolutions and fully connected layers
+// Activations
 
 static inline int dsrt_kb_type_ok(dsrt_k_type t) {
     return t == DSRT_K_F32 || t == DSRT_K_BF16;
 }
+
+/*
+ * The activations as PyTorch defines them, in float on the value loaded
+ * as float, the result rounded once to the tensor's type: the kernels of
+ * the activation kinds (nn/layers/eltwise_kernels.h, with the gradients:
+ * PyTorch's conventions where a function has a kink, Hardtanh's and
+ * Hardsigmoid's 0 at a bound, Hardswish's x / 3 + 1/2 at -3 and at 3), and
+ * the bias kernel of convolutions and fully connected layers, which
+ * computes the activation after them at inference. GELU's Phi(x) is erfc(-x / sqrt 2) / 2, which
+ * keeps its digits far below zero where 1 + erf(x / sqrt 2) cancels.
+ */
+typedef enum {
+    DSRT_K_ACT_CLIP = 0,    /* min(max(x, a), b) (b where a > b); dx = dy where a < x < b */
+    DSRT_K_ACT_SIGMOID,     /* 1 / (1 + e^-x); dx = dy (1 - y) y, from the output y */
+    DSRT_K_ACT_HARDSIGMOID, /* t = a x + b, min(max(t, 0), 1); dx = dy a where 0 < t < 1 */
+    DSRT_K_ACT_HARDSWISH,   /* x min(max(x + 3, 0), 6) / 6; dx = 0 below -3, dy (x / 3 + 1/2)
+                             * from -3 to 3, dy above */
+    DSRT_K_ACT_SILU,        /* x / (1 + e^-x); dx = dy s (1 + x (1 - s)), s = sigmoid(x) */
+    DSRT_K_ACT_GELU,        /* x Phi(x); dx = dy (Phi(x) + x e^(-x^2 / 2) / sqrt(2 pi)) */
+    DSRT_K_ACT_GELU_TANH,   /* x (1 + tanh(u)) / 2, u = sqrt(2 / pi) (x + 0.044715 x^3) */
+    DSRT_K_ACT_RELU,        /* x > 0 ? x : x a (a: the leak); dx = dy where x > 0, else dy a */
+    DSRT_K_ACT_IDENTITY,    /* x; dx = dy */
+    DSRT_K_ACT_COUNT
+} dsrt_k_act_fn;
+
+typedef struct {
+    int fn;     /* dsrt_k_act_fn */
+    float a, b; /* clip: the bounds; hardsigmoid: the slope and the offset; relu: a the leak */
+} dsrt_k_act;
+
+#define DSRT_KB_SQRT1_2      0.707106781f /* 1 / sqrt 2 */
+#define DSRT_KB_RSQRT_2PI    0.398942280f /* 1 / sqrt(2 pi) */
+#define DSRT_KB_SQRT_2_PI    0.797884561f /* sqrt(2 / pi) */
+#define DSRT_KB_GELU_KAPPA   0.044715f
+#define DSRT_KB_GELU_KAPPA_3 0.134145f /* 3 kappa */
+
+static inline int dsrt_kb_act_fn_ok(const dsrt_k_act *a) {
+    return a && a->fn >= 0 && a->fn < DSRT_K_ACT_COUNT;
+}
+
+static inline int dsrt_kb_act_ok(dsrt_k_type t, const dsrt_k_act *a) {
+    return dsrt_kb_type_ok(t) && dsrt_kb_act_fn_ok(a);
+}
+
+static inline DSRT_HOST_DEVICE float dsrt_kb_sigmoid(float x) {
+    return DSRT_FDIV(1.0f, DSRT_FADD(1.0f, expf(-x)));
+}
+
+static inline DSRT_HOST_DEVICE float dsrt_kb_gelu_cdf(float x) {
+    return DSRT_FMUL(0.5f, erfcf(DSRT_FMUL(-x, DSRT_KB_SQRT1_2)));
+}
+
+static inline DSRT_HOST_DEVICE float dsrt_kb_gelu_u(float x) {
+    float x3 = DSRT_FMUL(DSRT_FMUL(x, x), x);
+    return DSRT_FMUL(DSRT_KB_SQRT_2_PI, DSRT_FADD(x, DSRT_FMUL(DSRT_KB_GELU_KAPPA, x3)));
+}
+
+static inline DSRT_HOST_DEVICE float dsrt_kb_act(const dsrt_k_act *a, float x) {
+    switch (a->fn) {
+    case DSRT_K_ACT_RELU:
+        return x > 0.0f ? x : DSRT_FMUL(x, a->a);
+    case DSRT_K_ACT_IDENTITY:
+        return x;
+    case DSRT_K_ACT_CLIP: {
+        float t = x < a->a ? a->a : x;
+        return t > a->b ? a->b : t;
+    }
+    case DSRT_K_ACT_SIGMOID:
+        return dsrt_kb_sigmoid(x);
+    case DSRT_K_ACT_HARDSIGMOID: {
+        float t = DSRT_FADD(DSRT_FMUL(a->a, x), a->b);
+        return t < 0.0f ? 0.0f : t > 1.0f ? 1.0f : t;
+    }
+    case DSRT_K_ACT_HARDSWISH: {
+        float r = DSRT_FADD(x, 3.0f);
+        r = r < 0.0f ? 0.0f : r > 6.0f ? 6.0f : r;
+        return DSRT_FDIV(DSRT_FMUL(x, r), 6.0f);
+    }
+    case DSRT_K_ACT_SILU:
+        return DSRT_FDIV(x, DSRT_FADD(1.0f, expf(-x)));
+    case DSRT_K_ACT_GELU:
+        return DSRT_FMUL(x, dsrt_kb_gelu_cdf(x));
+    default: /* DSRT_K_ACT_GELU_TANH */
+        return DSRT_FMUL(DSRT_FMUL(0.5f, x), DSRT_FADD(1.0f, tanhf(dsrt_kb_gelu_u(x))));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// ReLU, and the bias of convolutions and fully connected layers
 
 static inline DSRT_HOST_DEVICE void dsrt_kb_relu_fwd(dsrt_k_type t, const void *x, void *y,
                                                      float leak, size_t i) {
@@ -279,14 +366,14 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_relu_bwd(dsrt_k_type t, const void *
 }
 
 /* Element i of a convolution's or fully connected layer's output: x plus
- * the bias of its channel (b NULL: none), then with relu the (leaky) ReLU,
- * in float and rounded once to d's type. */
+ * the bias of its channel (b NULL: none), then the activation a (a ReLU,
+ * or at inference any dsrt_k_act_fn), in float and rounded once to d's
+ * type. */
 static inline DSRT_HOST_DEVICE void dsrt_kb_bias_act(const dsrt_k_desc *d, const void *x,
-                                                     const float *b, void *y, int relu, float leak,
+                                                     const float *b, void *y, const dsrt_k_act *a,
                                                      size_t i) {
     float v = DSRT_FADD(dsrt_kb_load(x, d->type, i), b ? b[dsrt_kb_channel(d, i)] : 0.0f);
-    if (relu && v < 0.0f) v = DSRT_FMUL(v, leak);
-    dsrt_kb_store(y, d->type, i, v);
+    dsrt_kb_store(y, d->type, i, dsrt_kb_act(a, v));
 }
 
 /*

@@ -1317,10 +1317,37 @@ static const char FOLD_NET[] =
     "conv name=c4 filters=6 size=3 stride=2 pad=1 bias=0\ndropout name=d4 p=0.3\n"
     "batchnorm name=b4\nrelu name=r4\ngap\nfc outputs=4\nsoftmax\n";
 
-/* The layers of FOLD_NET whose outputs a fused inference plan holds no
- * more: the convolutions whose chains go on, and the chains' layers but
- * the last. */
-static const char *const FOLD_GONE[] = {"c1", "b1", "c2", "c4", "d4", "b4"};
+/* What a net's fused inference plan is checked for: the layers whose
+ * outputs it holds no more (the convolutions whose chains go on, and the
+ * chains' layers but the last), those the CPU's plan alone may also refuse
+ * (it takes on more than one activation), and in the fake build the
+ * launches of up to three kernels in one inference (-1: not counted, -2:
+ * some). Without names, only the scores are compared. */
+typedef struct {
+    const char *gone[16];
+    const char *cpu_gone[4];
+    struct {
+        const char *kernel;
+        long runs;
+    } count[3];
+} fold_spec;
+
+/* FOLD_NET: only b3 runs batchnorm's kernel; the leaky ReLU after b2 is
+ * computed by c2. */
+static const fold_spec FOLD_SPEC = {
+    {"c1", "b1", "c2", "b2", "c4", "d4", "b4"},
+    {NULL},
+    {{"bn_apply_kernel", 1}, {"relu_fwd_kernel", 0}, {NULL, 0}},
+};
+
+/* A built-in net: the scores, and no batchnorm kernel. */
+static const fold_spec BUILTIN_SPEC = {{NULL}, {NULL}, {{"bn_apply_kernel", 0}, {NULL, 0}}};
+
+static int named(const char *const *names, size_t n, const char *name) {
+    for (size_t k = 0; k < n && names[k]; k++)
+        if (!strcmp(names[k], name)) return 1;
+    return 0;
+}
 
 static dsrt_net *make_infer(const char *desc, int classes, int device, dsrt_precision p, int fuse) {
     dsrt_net_options o = dsrt_net_defaults();
@@ -1362,15 +1389,14 @@ static void fold_randomise(dsrt_net *a, dsrt_net *b, uint64_t seed) {
 
 /* One inference of n images on the fused net f (on the device) and the
  * reference r (the CPU, fuse 0): the scores before the softmax within tol,
- * and on FOLD_NET every layer's output that f still holds, those of
- * FOLD_GONE refused. With sync, r takes f's parameters and state first
- * (after f's forward, which folds them from the device's newer copies). In
- * the fake build: of the batchnorm layers, only those not folded ran
- * (bn_apply, the number given; -1: not counted), and some convolutions ran
- * fused with their (folded) bias in one cuDNN call unless refused. */
+ * and on a graph (spec names layers) every layer's output that f still
+ * holds, those spec says are gone refused. With sync, r takes f's
+ * parameters and state first (after f's forward, which folds them from the
+ * device's newer copies). In the fake build: the kernels spec counts ran
+ * as many times (batchnorm's: only for those not folded). */
 static void fold_compare(dsrt_net *f, dsrt_net *r, int n, uint64_t seed, int sync, double tol,
-                         long bn_runs, const char *tag) {
-    int graph = strstr(f->desc, "name=d4") != NULL; /* FOLD_NET */
+                         const fold_spec *spec, const char *tag) {
+    int graph = spec->gone[0] != NULL;
     size_t per = (size_t)f->input.c * f->input.h * f->input.w;
     int last = f->n_layers - 1;
     float *x = malloc((size_t)n * per * sizeof *x);
@@ -1381,9 +1407,15 @@ static void fold_compare(dsrt_net *f, dsrt_net *r, int n, uint64_t seed, int syn
 #endif
     CHECK_OK(dsrt_net_predict(f, x, n, NULL, NULL, NULL, NULL));
 #ifdef DSRT_FAKE_GPU
-    if (G >= 0 && bn_runs >= 0) CHECK_EQ(fakegpu_launches("bn_apply_kernel"), bn_runs);
-#else
-    (void)bn_runs;
+    for (size_t k = 0; G >= 0 && k < DSRT_ARRAY_SIZE(spec->count) && spec->count[k].kernel; k++) {
+        long runs = fakegpu_launches(spec->count[k].kernel);
+        if (spec->count[k].runs == -2 ? runs > 0
+                                      : spec->count[k].runs < 0 || runs == spec->count[k].runs)
+            continue;
+        fprintf(stderr, "  %s, batch %d: %s launched %ld times, want %ld\n", tag, n,
+                spec->count[k].kernel, runs, spec->count[k].runs);
+        test_failures++;
+    }
 #endif
     if (sync) {
         size_t np, ns;
@@ -1399,16 +1431,14 @@ static void fold_compare(dsrt_net *f, dsrt_net *r, int n, uint64_t seed, int syn
         size_t m = out_count(f, i, n);
         float *a = malloc(m * sizeof *a), *b = malloc(m * sizeof *b);
         REQUIRE(a && b);
-        int gone = 0;
-        for (size_t k = 0; graph && k < DSRT_ARRAY_SIZE(FOLD_GONE); k++)
-            gone |= !strcmp(f->layers[i].name, FOLD_GONE[k]);
+        int gone = graph && named(spec->gone, DSRT_ARRAY_SIZE(spec->gone), f->layers[i].name);
         int rc = dsrt__net_layer_output(f, i, a, 0);
         char what[160];
         snprintf(what, sizeof what, "%s, batch %d: inference output of layer %d (%s)", tag, n, i,
                  f->layers[i].name);
         if (rc) {
-            /* The CPU's plan also takes the leaky ReLU after b2 on. */
-            if (!gone && strcmp(f->layers[i].name, "b2")) {
+            if (!gone && !(G < 0 && named(spec->cpu_gone, DSRT_ARRAY_SIZE(spec->cpu_gone),
+                                          f->layers[i].name))) {
                 fprintf(stderr, "  %s: refused: %s\n", what, dsrt_last_error());
                 test_failures++;
             }
@@ -1431,15 +1461,15 @@ static void fold_compare(dsrt_net *f, dsrt_net *r, int n, uint64_t seed, int syn
  * backend with nothing fused: at two batch sizes, after new parameters and
  * statistics, and after a training step on the device (the folded copies
  * made again from the device's parameters and statistics). */
-static void fold_check(const char *desc, int classes, dsrt_precision prec, double tol, long bn_runs,
-                       const char *tag) {
+static void fold_check(const char *desc, int classes, dsrt_precision prec, double tol,
+                       const fold_spec *spec, const char *tag) {
     dsrt_net *f = make_infer(desc, classes, G, prec, 2);
     dsrt_net *r = make_infer(desc, classes, -1, DSRT_PRECISION_FP32, 0);
     fold_randomise(f, r, 1);
-    fold_compare(f, r, 3, 21, 0, tol, bn_runs, tag);
-    fold_compare(f, r, 8, 22, 0, tol, bn_runs, tag);
+    fold_compare(f, r, 3, 21, 0, tol, spec, tag);
+    fold_compare(f, r, 8, 22, 0, tol, spec, tag);
     fold_randomise(f, r, 2);
-    fold_compare(f, r, 3, 23, 0, tol, bn_runs, tag);
+    fold_compare(f, r, 3, 23, 0, tol, spec, tag);
     dsrt_optimizer *opt;
     CHECK_OK(dsrt_optimizer_create(&opt, f, NULL));
     size_t per = (size_t)f->input.c * f->input.h * f->input.w;
@@ -1450,12 +1480,33 @@ static void fold_check(const char *desc, int classes, dsrt_precision prec, doubl
     labels_for(y, 4, classes, 31);
     CHECK_OK(dsrt_net_forward_backward(f, x, y, 4, NULL, NULL));
     CHECK_OK(dsrt_optimizer_step(opt, f, 0));
-    fold_compare(f, r, 3, 24, 1, tol, bn_runs, tag);
-    fold_compare(f, r, 8, 25, 0, tol, bn_runs, tag);
+    fold_compare(f, r, 3, 24, 1, tol, spec, tag);
+    fold_compare(f, r, 8, 25, 0, tol, spec, tag);
     free(x);
     dsrt_optimizer_destroy(opt);
     dsrt_net_destroy(f);
     dsrt_net_destroy(r);
+}
+
+/* fold_check of a graph of four classes at a layer's tolerance, in the
+ * fake build also with cuDNN's fused convolution refused (the bias and
+ * the activation by dsrt's kernel). */
+static void fold_check_graph(const char *desc, const fold_spec *spec, dsrt_precision prec,
+                             const char *name) {
+    char tag[96];
+    for (int refuse = 0; refuse < 2; refuse++) {
+#ifdef DSRT_FAKE_GPU
+        fakegpu_refuse(refuse ? FAKEGPU_REFUSE_FUSED_CONV : 0);
+#else
+        if (refuse) break;
+#endif
+        snprintf(tag, sizeof tag, "%s, %s%s", name, dsrt_precision_name(prec),
+                 refuse ? ", fused convolution refused" : "");
+        fold_check(desc, 4, prec, TOL[prec], spec, tag);
+    }
+#ifdef DSRT_FAKE_GPU
+    fakegpu_refuse(0);
+#endif
 }
 
 /* Batchnorm folded into the convolutions before it at inference (net
@@ -1470,23 +1521,11 @@ static void test_infer_fold(void) {
         if (G < 0 && prec != DSRT_PRECISION_FP32) continue;
         const char *pn = dsrt_precision_name((dsrt_precision)prec);
         char tag[96];
-        for (int refuse = 0; refuse < 2; refuse++) {
-#ifdef DSRT_FAKE_GPU
-            fakegpu_refuse(refuse ? FAKEGPU_REFUSE_FUSED_CONV : 0);
-#else
-            if (refuse) break;
-#endif
-            snprintf(tag, sizeof tag, "folded graph, %s%s", pn,
-                     refuse ? ", fused convolution refused" : "");
-            fold_check(FOLD_NET, 4, (dsrt_precision)prec, TOL[prec], 1, tag);
-        }
-#ifdef DSRT_FAKE_GPU
-        fakegpu_refuse(0);
-#endif
+        fold_check_graph(FOLD_NET, &FOLD_SPEC, (dsrt_precision)prec, "folded graph");
         snprintf(tag, sizeof tag, "folded cifar, %s", pn);
-        fold_check("cifar", 10, (dsrt_precision)prec, deep[prec], 0, tag);
+        fold_check("cifar", 10, (dsrt_precision)prec, deep[prec], &BUILTIN_SPEC, tag);
         snprintf(tag, sizeof tag, "folded resnet20, %s", pn);
-        fold_check("resnet20", 10, (dsrt_precision)prec, deep[prec], 0, tag);
+        fold_check("resnet20", 10, (dsrt_precision)prec, deep[prec], &BUILTIN_SPEC, tag);
     }
 #ifdef DSRT_FAKE_GPU
     /* resnet20's convolutions have no bias of their own: at inference they
@@ -1504,6 +1543,47 @@ static void test_infer_fold(void) {
     CHECK_GT(rep.fused_cudnn, 0);
     dsrt_net_destroy(f);
 #endif
+}
+
+/* Each activation kind after a convolution, with and without a batchnorm
+ * between and a dropout (the identity at inference) before it: at
+ * inference the convolution's bias kernel computes it. A sigmoid after a
+ * batchnorm with its ReLU (two functions: it runs, on the CPU it is taken
+ * on too) and a clip after a convolution that the add takes too run their
+ * kernels. */
+static const char ACT_NET[] =
+    "input size=8x8x3\n"
+    "conv name=c1 filters=8 size=3 pad=1 bias=0\nbatchnorm name=b1\nrelu6 name=a1\n"
+    "conv name=c2 filters=8 size=3 pad=1\nhardswish name=a2\n"
+    "conv name=c3 filters=8 size=1 bias=0\nbatchnorm name=b3\nsigmoid name=a3\n"
+    "conv name=c4 filters=8 size=3 pad=1 bias=0\nbatchnorm name=b4\nsilu name=a4\n"
+    "conv name=c5 filters=8 size=1\ndropout name=d5 p=0.2\ngelu name=a5\n"
+    "conv name=c6 filters=8 size=1 bias=0\nbatchnorm name=b6\ngelu name=a6 approximate=tanh\n"
+    "conv name=c7 filters=8 size=1\nhardsigmoid name=a7\n"
+    "conv name=c8 filters=8 size=1\ndropout name=d8 p=0.2\nleakyrelu name=a8 leak=0.1\n"
+    "conv name=c9 filters=8 size=1 bias=0\nbatchnorm name=b9\nrelu name=r9\n"
+    "sigmoid name=a9\n"
+    "conv name=c10 filters=8 size=1\nclip name=a10 min=-0.5 max=0.5\n"
+    "add name=s inputs=a10,c10\ngap\nfc outputs=4\nsoftmax\n";
+
+/* Only a9's and a10's activation kernels run, no ReLU or batchnorm
+ * kernel; the bias kernel computes the others. */
+static const fold_spec ACT_SPEC = {
+    {"c1", "b1", "c2", "c3", "b3", "c4", "b4", "c5", "d5", "c6", "b6", "c7", "c8", "d8", "c9",
+     "b9"},
+    {"r9"},
+    {{"act_fwd_kernel", 2}, {"relu_fwd_kernel", 0}, {"bias_act_kernel", -2}},
+};
+
+/* Activations computed by the convolution before them at inference (net
+ * option fuse 2): ACT_NET in every precision against the CPU with nothing
+ * fused, every layer's output the plan holds, at two batch sizes, after
+ * new parameters and a training step (fold_check); in the fake build also
+ * with cuDNN's fused convolution refused, the kernels counted. */
+static void test_infer_act(void) {
+    for (int prec = DSRT_PRECISION_FP32; prec <= DSRT_PRECISION_BF16; prec++)
+        if (G >= 0 || prec == DSRT_PRECISION_FP32)
+            fold_check_graph(ACT_NET, &ACT_SPEC, (dsrt_precision)prec, "activations");
 }
 
 // ----------------------------------------------------------------------------
@@ -1765,6 +1845,7 @@ int main(void) {
     RUN_WANTED(test_reserve);
     RUN_WANTED(test_graphs);
     RUN_WANTED(test_infer_fold);
+    RUN_WANTED(test_infer_act);
 #ifdef DSRT_FAKE_GPU
     RUN_WANTED(test_fused_fallback);
     RUN_WANTED(test_conv_fallback);

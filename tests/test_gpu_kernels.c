@@ -427,7 +427,8 @@ static void test_bias(void) {
                     if (relu && v < 0) v *= 0.25f;
                     y[i] = v;
                 }
-                LAUNCH(dsrt_k_bias_act(&d, dx, dbias, dout, relu, 0.25f, S));
+                const dsrt_k_act act = {relu ? DSRT_K_ACT_RELU : DSRT_K_ACT_IDENTITY, 0.25f, 0};
+                LAUNCH(dsrt_k_bias_act(&d, dx, dbias, dout, &act, S));
                 CHECK_EQ(check_tensor("bias", &d, dout, y, FUSED_TOL), 0);
             }
             /* The gradient behind a leaky ReLU whose output is x. */

@@ -33,6 +33,7 @@
  */
 #include "actref.h"
 #include "kernelcheck.h"
+#include "nn/act_kernel.h"
 #include "nn/internal.h"
 #include "nn/kernels.h"
 #include "nn/layers/batchnorm_kernels.h"
@@ -544,7 +545,8 @@ static void test_bias_grad(void) {
                         }
                 void *tw = to_tensor(&d, want);
                 float *ws = to_nchw(&d, tw);
-                CHECK_OK(dsrt_kh_bias_act(&d, tx, bias, ty, 1, 0.1f));
+                const dsrt_k_act leaky = {DSRT_K_ACT_RELU, 0.1f, 0.0f};
+                CHECK_OK(dsrt_kh_bias_act(&d, tx, bias, ty, &leaky));
                 float *got = to_nchw(&d, ty);
                 CHECK_EQ(mismatches("bias and relu", got, ws, cnt, FUSED_TOL, 0), 0);
                 free(got), free(ws), free(tw), free(xs);
@@ -816,7 +818,8 @@ static void test_relu_bias_convert(void) {
     float b[OUT], out[ROWS * OUT];
     for (int o = 0; o < OUT; o++) b[o] = uniform(&r, -1, 1);
     const dsrt_k_desc fd = {ROWS, OUT, 1, 1, 0, DSRT_K_F32};
-    CHECK_OK(dsrt_kh_bias_act(&fd, x, b, out, 1, 0.25f));
+    const dsrt_k_act leaky = {DSRT_K_ACT_RELU, 0.25f, 0.0f};
+    CHECK_OK(dsrt_kh_bias_act(&fd, x, b, out, &leaky));
     for (int i = 0; i < ROWS * OUT; i++) {
         float v = x[i] + b[i % OUT];
         want[i] = v < 0 ? v * 0.25f : v;
@@ -874,6 +877,81 @@ static void test_activations(void) {
     CHECK_EQ(dsrt_kh_act_fwd(DSRT_K_F32, &bad, x, y, N), -EINVAL);
     CHECK_EQ(dsrt_kh_act_bwd((dsrt_k_type)7, &gelu, x, y, dy, dx, N), -EINVAL);
     CHECK_EQ(dsrt_kh_act_fwd(DSRT_K_F32, NULL, x, y, N), -EINVAL);
+}
+
+/* The bias kernel with each activation a convolution computes at
+ * inference (the kinds' infer_act through dsrt__act_kernel_of) against the
+ * CPU backend's layer of the kind on the biased values: both layouts and
+ * types, within float rounding and 1e-6 (oneDNN's GELU differs from the
+ * erfc form's digits in its tails; bfloat16: one rounding). */
+static void test_bias_act(void) {
+    static const char *const acts[] = {"relu",
+                                       "leakyrelu leak=0.1",
+                                       "relu6",
+                                       "clip min=-0.25 max=0.4",
+                                       "sigmoid",
+                                       "hardsigmoid",
+                                       "hardsigmoid alpha=0.4 beta=0.3",
+                                       "hardswish",
+                                       "silu",
+                                       "gelu",
+                                       "gelu approximate=tanh"};
+    enum { N = 2, C = 5, H = 3, W = 4, CNT = N * C * H * W };
+    float x[CNT], bias[C], v[CNT], want[CNT];
+    dsrt_rng r = dsrt_rng_init(43, 0, 0, 0);
+    for (int i = 0; i < CNT; i++) x[i] = uniform(&r, -6, 6);
+    x[0] = 0.0f, x[1] = -3.0f, x[2] = 3.0f;
+    for (int k = 0; k < C; k++) bias[k] = uniform(&r, -1, 1);
+    bias[0] = 0.0f;
+    for (int i = 0; i < CNT; i++) v[i] = x[i] + bias[i / (H * W) % C];
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(acts); k++) {
+        char desc[160];
+        snprintf(desc, sizeof desc, "input\n%s\nfc outputs=2\nsoftmax\n", acts[k]);
+        dsrt_net *net = cpu_net(desc, H, W, C, 2);
+        const dsrt_layer *L = &net->layers[1];
+        dsrt_act act;
+        dsrt_k_act ka = {DSRT_K_ACT_IDENTITY, 0.0f, 0.0f};
+        REQUIRE(dsrt__layer_ops(L)->infer_act && dsrt__layer_ops(L)->infer_act(L, &act));
+        CHECK(dsrt__act_kernel_of(&act, &ka));
+        CHECK_OK(dsrt__net_forward(net, v, N, 0, NULL, NULL, NULL, NULL));
+        CHECK_OK(dsrt__net_layer_output(net, 1, want, 0));
+        for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++)
+            for (int nhwc = 0; nhwc < 2; nhwc++) {
+                dsrt_k_desc d = {N, C, H, W, nhwc, (dsrt_k_type)t};
+                void *tx = to_tensor(&d, x), *ty = zalloc(CNT * 4);
+                float *xs = to_nchw(&d, tx), *vs = zalloc(CNT * 4), *ws = zalloc(CNT * 4);
+                /* bf16: the CPU layer on the rounded input plus the bias,
+                 * its output rounded once. */
+                for (int i = 0; i < CNT; i++) vs[i] = xs[i] + bias[i / (H * W) % C];
+                const float *ref = want;
+                if (t == DSRT_K_BF16) {
+                    CHECK_OK(dsrt__net_forward(net, vs, N, 0, NULL, NULL, NULL, NULL));
+                    CHECK_OK(dsrt__net_layer_output(net, 1, ws, 0));
+                    void *tw = to_tensor(&d, ws);
+                    float *wr = to_nchw(&d, tw);
+                    memcpy(ws, wr, CNT * 4);
+                    free(tw), free(wr);
+                    ref = ws;
+                }
+                CHECK_OK(dsrt_kh_bias_act(&d, tx, bias, ty, &ka));
+                float *got = to_nchw(&d, ty);
+                char what[96];
+                snprintf(what, sizeof what, "bias and %s, %s%s", acts[k],
+                         t == DSRT_K_BF16 ? "bf16" : "fp32", nhwc ? ", nhwc" : "");
+                CHECK_EQ(mismatches(what, got, ref, CNT, t == DSRT_K_BF16 ? 1.0 / 128 : 2e-6, 1e-6),
+                         0);
+                free(tx), free(ty), free(xs), free(vs), free(ws), free(got);
+            }
+        dsrt_net_destroy(net);
+    }
+    const dsrt_k_desc d = {N, C, H, W, 1, DSRT_K_F32};
+    const dsrt_k_act bad = {DSRT_K_ACT_COUNT, 0, 0};
+    float y[CNT];
+    CHECK_EQ(dsrt_kh_bias_act(&d, x, bias, y, &bad), -EINVAL);
+    CHECK_EQ(dsrt_kh_bias_act(&d, x, bias, y, NULL), -EINVAL);
+    const dsrt_act swish2 = {DSRT_ACT_SWISH, 2.0f, 0.0f};
+    dsrt_k_act ka;
+    CHECK(!dsrt__act_kernel_of(&swish2, &ka));
 }
 
 // ----------------------------------------------------------------------------
@@ -1129,6 +1207,7 @@ int main(void) {
     RUN(test_pad);
     RUN(test_relu_bias_convert);
     RUN(test_activations);
+    RUN(test_bias_act);
     RUN(test_bias_grad);
     RUN(test_pool);
     RUN(test_lrn);

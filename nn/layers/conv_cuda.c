@@ -6,7 +6,8 @@
  * call where cuDNN takes it, else into one dsrt kernel; dsrt's direct
  * convolution where cuDNN has no algorithm. At inference a batchnorm after
  * it may be folded into its weights and bias (the engine's folded copies),
- * its ReLU then computed by the convolution. See nn/layers/conv.c.
+ * its ReLU then computed by the convolution, and an activation layer after
+ * either computed by the bias kernel. See nn/layers/conv.c.
  */
 #include "nn/backend_cuda.h"
 #include "nn/layers/conv_kernels.h"
@@ -268,9 +269,9 @@ static int desc(cuda_backend *be, gpu_plan *p, int i, size_t *need) {
                              L->o.groups};
     if (L->b_n || g->affine >= 0) TRY(dsrt__cuda_set_param_desc(&o->bd, L->out.c, L));
     DNN(cudnnCreateActivationDescriptor(&o->act));
-    DNN(cudnnSetActivationDescriptor(o->act,
-                                     g->relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
-                                     CUDNN_PROPAGATE_NAN, 0.0));
+    DNN(cudnnSetActivationDescriptor(
+        o->act, g->act.fn == DSRT_K_ACT_RELU ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+        CUDNN_PROPAGATE_NAN, 0.0));
     int on, oc, oh, ow;
     DNN(cudnnGetConvolution2dForwardOutputDim(o->cd, o->xd, o->wd, &on, &oc, &oh, &ow));
     if (on != n || oc != L->out.c || oh != L->out.h || ow != L->out.w)
@@ -331,7 +332,9 @@ static int search(cuda_backend *be, gpu_plan *p, int i, void *fws, size_t fws_si
  * cuDNN call: it has a bias (its own, or a folded one), the activation
  * after it is a plain ReLU or none (identity needs IMPLICIT_PRECOMP_GEMM,
  * cuDNN's rule), and one trial call on the plan's tensors succeeds; else
- * the bias and any ReLU run in one dsrt kernel after the convolution.
+ * the bias and the activation (any of dsrt_k_act: a leaky ReLU, or at
+ * inference the activation layer after it) run in one dsrt kernel after
+ * the convolution.
  */
 static void try_fused(cuda_backend *be, gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
@@ -339,9 +342,11 @@ static void try_fused(cuda_backend *be, gpu_plan *p, int i) {
     conv_own *o = p->gl[i].own;
     const float *bias = dsrt__cuda_fwd_bias(be, p, i);
     const dsrt_bf16 *bias16 = dsrt__cuda_fwd_bias16(be, p, i);
-    g->fuse = bias || g->relu ? FUSE_KERNEL : FUSE_NONE;
+    int act = g->act.fn != DSRT_K_ACT_IDENTITY;
+    g->fuse = bias || act ? FUSE_KERNEL : FUSE_NONE;
     if (!bias || !be->net->opts.fuse || o->al.own[DIR_FWD]) return;
-    if (g->relu ? g->leak != 0.0f : o->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
+    if (act ? g->act.fn != DSRT_K_ACT_RELU || g->act.a != 0.0f
+            : o->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
         return;
     if (cudnnSetConvolutionMathType(o->cd, o->al.m_fwd) != CUDNN_STATUS_SUCCESS) return;
     o->bias16 = 0;
@@ -381,7 +386,7 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
     if (o->al.own[DIR_FWD]) {
         CU(dsrt_k_conv_fwd(&o->kconv, x, w, g->y, be->compute));
         if (g->fuse == FUSE_KERNEL)
-            CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, g->relu, g->leak, be->compute));
+            CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, &g->act, be->compute));
         return 0;
     }
     DNN(cudnnSetConvolutionMathType(o->cd, o->al.m_fwd));
@@ -395,8 +400,7 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
     }
     DNN(cudnnConvolutionForward(be->dnn, &ONE, o->xd, x, o->wd, w, o->cd, o->al.fwd, be->ws,
                                 be->ws_size, &ZERO, g->yd, g->y));
-    if (g->fuse == FUSE_KERNEL)
-        CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, g->relu, g->leak, be->compute));
+    if (g->fuse == FUSE_KERNEL) CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, &g->act, be->compute));
     return 0;
 }
 

@@ -18,85 +18,20 @@ extern "C" {
 // ----------------------------------------------------------------------------
 // The activations: one thread an element
 
-/*
- * The functions as PyTorch defines them, in float on the value loaded as
- * float, the result rounded once to the tensor's type; their gradients
- * with PyTorch's conventions where a function has a kink: Hardtanh's and
- * Hardsigmoid's (0 at a bound), Hardswish's (x / 3 + 1/2 at -3 and at 3).
- * GELU's Phi(x) is erfc(-x / sqrt 2) / 2, which keeps its digits far below
- * zero where 1 + erf(x / sqrt 2) cancels.
- */
-typedef enum {
-    DSRT_K_ACT_CLIP = 0,    /* min(max(x, a), b) (b where a > b); dx = dy where a < x < b */
-    DSRT_K_ACT_SIGMOID,     /* 1 / (1 + e^-x); dx = dy (1 - y) y, from the output y */
-    DSRT_K_ACT_HARDSIGMOID, /* t = a x + b, min(max(t, 0), 1); dx = dy a where 0 < t < 1 */
-    DSRT_K_ACT_HARDSWISH,   /* x min(max(x + 3, 0), 6) / 6; dx = 0 below -3, dy (x / 3 + 1/2)
-                             * from -3 to 3, dy above */
-    DSRT_K_ACT_SILU,        /* x / (1 + e^-x); dx = dy s (1 + x (1 - s)), s = sigmoid(x) */
-    DSRT_K_ACT_GELU,        /* x Phi(x); dx = dy (Phi(x) + x e^(-x^2 / 2) / sqrt(2 pi)) */
-    DSRT_K_ACT_GELU_TANH,   /* x (1 + tanh(u)) / 2, u = sqrt(2 / pi) (x + 0.044715 x^3) */
-    DSRT_K_ACT_COUNT
-} dsrt_k_act_fn;
-
-typedef struct {
-    int fn;     /* dsrt_k_act_fn */
-    float a, b; /* clip: the bounds; hardsigmoid: the slope and the offset */
-} dsrt_k_act;
-
-#define DSRT_KB_SQRT1_2      0.707106781f /* 1 / sqrt 2 */
-#define DSRT_KB_RSQRT_2PI    0.398942280f /* 1 / sqrt(2 pi) */
-#define DSRT_KB_SQRT_2_PI    0.797884561f /* sqrt(2 / pi) */
-#define DSRT_KB_GELU_KAPPA   0.044715f
-#define DSRT_KB_GELU_KAPPA_3 0.134145f /* 3 kappa */
-
-static inline int dsrt_kb_act_ok(dsrt_k_type t, const dsrt_k_act *a) {
-    return dsrt_kb_type_ok(t) && a && a->fn >= 0 && a->fn < DSRT_K_ACT_COUNT;
-}
-
-static inline DSRT_HOST_DEVICE float dsrt_kb_sigmoid(float x) {
-    return DSRT_FDIV(1.0f, DSRT_FADD(1.0f, expf(-x)));
-}
-
-static inline DSRT_HOST_DEVICE float dsrt_kb_gelu_cdf(float x) {
-    return DSRT_FMUL(0.5f, erfcf(DSRT_FMUL(-x, DSRT_KB_SQRT1_2)));
-}
-
-static inline DSRT_HOST_DEVICE float dsrt_kb_gelu_u(float x) {
-    float x3 = DSRT_FMUL(DSRT_FMUL(x, x), x);
-    return DSRT_FMUL(DSRT_KB_SQRT_2_PI, DSRT_FADD(x, DSRT_FMUL(DSRT_KB_GELU_KAPPA, x3)));
-}
-
-static inline DSRT_HOST_DEVICE float dsrt_kb_act(const dsrt_k_act *a, float x) {
-    switch (a->fn) {
-    case DSRT_K_ACT_CLIP: {
-        float t = x < a->a ? a->a : x;
-        return t > a->b ? a->b : t;
-    }
-    case DSRT_K_ACT_SIGMOID:
-        return dsrt_kb_sigmoid(x);
-    case DSRT_K_ACT_HARDSIGMOID: {
-        float t = DSRT_FADD(DSRT_FMUL(a->a, x), a->b);
-        return t < 0.0f ? 0.0f : t > 1.0f ? 1.0f : t;
-    }
-    case DSRT_K_ACT_HARDSWISH: {
-        float r = DSRT_FADD(x, 3.0f);
-        r = r < 0.0f ? 0.0f : r > 6.0f ? 6.0f : r;
-        return DSRT_FDIV(DSRT_FMUL(x, r), 6.0f);
-    }
-    case DSRT_K_ACT_SILU:
-        return DSRT_FDIV(x, DSRT_FADD(1.0f, expf(-x)));
-    case DSRT_K_ACT_GELU:
-        return DSRT_FMUL(x, dsrt_kb_gelu_cdf(x));
-    default: /* DSRT_K_ACT_GELU_TANH */
-        return DSRT_FMUL(DSRT_FMUL(0.5f, x), DSRT_FADD(1.0f, tanhf(dsrt_kb_gelu_u(x))));
-    }
-}
+/* The functions themselves (dsrt_k_act, dsrt_kb_act) are nn/kernels_body.h's,
+ * which the bias kernel of convolutions and fully connected layers also
+ * computes; here their gradients with PyTorch's conventions where a
+ * function has a kink (see dsrt_k_act_fn). */
 
 /* The gradient d (of the output) through the function at x, whose output
  * was y. */
 static inline DSRT_HOST_DEVICE float dsrt_kb_act_grad(const dsrt_k_act *a, float x, float y,
                                                       float d) {
     switch (a->fn) {
+    case DSRT_K_ACT_RELU:
+        return x > 0.0f ? d : DSRT_FMUL(d, a->a);
+    case DSRT_K_ACT_IDENTITY:
+        return d;
     case DSRT_K_ACT_CLIP:
         return a->a < x && x < a->b ? d : 0.0f;
     case DSRT_K_ACT_SIGMOID:

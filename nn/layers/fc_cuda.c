@@ -60,9 +60,9 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
     else
         BLAS(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, be->params + L->w_off,
                          ic, x, ic, &ZERO, g->y, oc));
-    if (L->b_n || L->fuse_relu)
-        CU(dsrt_k_bias_act(&g->kd, g->y, L->b_n ? be->params + L->b_off : NULL, g->y, L->fuse_relu,
-                           L->fuse_leak, be->compute));
+    if (L->b_n || g->act.fn != DSRT_K_ACT_IDENTITY)
+        CU(dsrt_k_bias_act(&g->kd, g->y, L->b_n ? be->params + L->b_off : NULL, g->y, &g->act,
+                           be->compute));
     return 0;
 }
 
