@@ -531,6 +531,29 @@ static void test_scan_warnings(void) {
     result_free(&r);
 }
 
+/* An unknown option is refused before any work, naming the option a slip
+ * away from it where there is one, and only then. */
+static void test_option_suggestions(void) {
+    static const struct {
+        const char *given, *says;
+    } cases[] = {{"--epoch", "did you mean --epochs?"},
+                 {"--epcohs", "did you mean --epochs?"},
+                 {"--nett", "did you mean --net?"},
+                 {"--bogus", NULL}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "%s", cases[k].given);
+        result r = run(ARGV(bin_train, "train", "--data", good, arg, "1"), 60);
+        CHECK_EQ(r.status, 2);
+        CHECK_CONTAINS(r.err, cases[k].given);
+        if (cases[k].says)
+            CHECK_CONTAINS(r.err, cases[k].says);
+        else
+            CHECK(!strstr(r.err, "did you mean"));
+        result_free(&r);
+    }
+}
+
 /* classify reads the next batch while the net computes this one: the same
  * lines in the same order whatever the batch (one image a batch, batches
  * that end inside a folder, one batch for all), over files, a missing
@@ -886,6 +909,7 @@ int main(void) {
     RUN(test_scan_warnings);
     RUN(test_output_hygiene);
     RUN(test_classify_streams);
+    RUN(test_option_suggestions);
     RUN(test_blame);
     RUN(test_shards_cli);
     RUN(test_bench_layouts_and_limit);

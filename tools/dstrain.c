@@ -90,8 +90,17 @@ static int parse_options(const char *cmd, int argc, char **argv, const option *o
         const option *o = opts;
         while (o->name && (strlen(o->name) != nlen || strncmp(o->name, name, nlen))) o++;
         if (!o->name) {
-            fprintf(stderr, "%s %s: unknown option '--%.*s' (see %s %s --help)\n", prog, cmd,
-                    (int)nlen, name, prog, cmd);
+            /* The nearest option's name, when one is a slip away (--epoch:
+             * --epochs). */
+            const option *best = NULL;
+            int best_d = (nlen > 4 ? 2 : 1) + 1;
+            for (const option *c = opts; c->name; c++) {
+                int d = tool_edit_distance(name, nlen, c->name, best_d - 1);
+                if (d < best_d) best = c, best_d = d;
+            }
+            fprintf(stderr, "%s %s: unknown option '--%.*s'", prog, cmd, (int)nlen, name);
+            if (best) fprintf(stderr, ": did you mean --%s?", best->name);
+            fprintf(stderr, " (see %s %s --help)\n", prog, cmd);
             return -1;
         }
         if (o->type == OPT_FLAG) {

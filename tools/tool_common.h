@@ -88,6 +88,11 @@ typedef struct {
  * (dsrt_text_redact). Returns buf. */
 const char *tool_shown(const char *text, char *buf, size_t cap);
 
+/* The edit distance (insertions, deletions, substitutions, swaps of two
+ * neighbours) between a[0, na) and b, stopping early past limit (then
+ * limit + 1). For "did you mean" suggestions. */
+int tool_edit_distance(const char *a, size_t na, const char *b, int limit);
+
 /* Counts one bad file, keeps it if among the first, writes it to l->out;
  * its path and error with credentials masked (dsrt_text_redact). */
 void tool_bad_add(tool_bad_list *l, const dsrt_bad_sample *b);
