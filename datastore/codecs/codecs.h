@@ -15,8 +15,8 @@
  *
  * Here too: what the decoder keeps for the layers above it (scratch for a
  * file's bytes and for pixels), the pixel conversions it shares with the
- * in-memory sources (color.c), and the PNG encoder the writers use. The DC-term JPEG decoder has its own header,
- * jpeg_dc.h. Nothing here reads files: bytes come in memory.
+ * in-memory sources (color.c), and the PNG encoder the writers use. The DC-term JPEG decoder has
+ * its own header, jpeg_dc.h. Nothing here reads files: bytes come in memory.
  */
 #ifndef DSRT_DATASTORE_CODECS_H
 #define DSRT_DATASTORE_CODECS_H

@@ -665,12 +665,11 @@ typedef struct {
  * decodes the files of ds at full size to RGB, files already in memory,
  * and does nothing else. JPEGs go through TurboJPEG (tjDecompress2, fast
  * integer DCT: libjpeg-turbo's fastest full-size decode), PNGs and WebPs
- * through the decoder (libspng, libwebp). At most max_images files are taken (0: all), spread evenly over
- * ds, read into memory first (at most 1 GiB of them); then passes passes
- * (at least 1) decode them all on the calling thread, and the best pass's
- * rate is the limit, in wall-clock and in CPU time. Fails with
- * DSRT_EUNSUPPORTED for in-memory
- * sources (no files to decode) and DSRT_EEMPTY when no file decodes.
+ * through the decoder (libspng, libwebp). At most max_images files are taken (0: all), spread
+ * evenly over ds, read into memory first (at most 1 GiB of them); then passes passes (at least 1)
+ * decode them all on the calling thread, and the best pass's rate is the limit, in wall-clock and
+ * in CPU time. Fails with DSRT_EUNSUPPORTED for in-memory sources (no files to decode) and
+ * DSRT_EEMPTY when no file decodes.
  */
 DSRT_API int dsrt_datastore_decode_limit(const dsrt_datastore *ds, size_t max_images,
                                          unsigned passes, dsrt_decode_limit *out);
