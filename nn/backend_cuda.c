@@ -418,7 +418,7 @@ void *dsrt__cuda_take(carve *c, size_t bytes) {
  * before it, a kind that is the identity at inference, or at inference a
  * layer the one before it computes (taken_by). */
 static int aliases(const gpu_plan *p, int i, const dsrt_layer *l) {
-    return l->fused_away || (!p->train && ((gpu_ops(l)->flags & DSRT_CUDA_IDENTITY_INFER) ||
+    return l->fused_away || (!p->train && (dsrt__layer_is(l, DSRT_LAYER_F_INFER_IDENTITY) ||
                                            p->gl[i].taken_by >= 0));
 }
 
@@ -602,7 +602,7 @@ static void plan_chains(cuda_backend *be, gpu_plan *p) {
             const dsrt_layer *J = &net->layers[j];
             const dsrt_layer_ops *o = dsrt__layer_ops(J);
             dsrt_act a;
-            if (J->fused_away || (gpu_ops(J)->flags & DSRT_CUDA_IDENTITY_INFER)) {
+            if (J->fused_away || dsrt__layer_is(J, DSRT_LAYER_F_INFER_IDENTITY)) {
                 /* a ReLU the affine map computes (in act already), or the
                  * identity */
             } else if (affine < 0 && !acts && o->infer_affine && J->n_inputs == 1) {

@@ -80,8 +80,8 @@ enum {
 typedef struct {
     /* (n, out.h, out.w, out.c) the layer's output, NHWC in the activation
      * type (DSRT_CUDA_F32_OUT: float32). May be the previous layer's (a ReLU
-     * computed by the layer before it, DSRT_CUDA_IDENTITY_INFER at
-     * inference). */
+     * computed by the layer before it, a kind that is the identity at
+     * inference: DSRT_LAYER_F_INFER_IDENTITY). */
     void *y;
     void *dy;       /* same shape: gradient of the loss with respect to y; NULL unused */
     dsrt_k_desc kd; /* y as dsrt's kernels see it */
@@ -308,11 +308,10 @@ struct cuda_backend {
 // What a kind does on the GPU
 
 enum {
-    DSRT_CUDA_F32_OUT = 1,        /* its output is float32 whatever the activations' type */
-    DSRT_CUDA_IDENTITY_INFER = 2, /* at inference its output is its input's (dropout) */
-    DSRT_CUDA_DX_ALWAYS = 4,      /* its input carries a gradient whenever it trains (cuDNN's
-                                     batchnorm always computes it) */
-    DSRT_CUDA_STATE = 8,          /* training forward changes the net's state */
+    DSRT_CUDA_F32_OUT = 1,   /* its output is float32 whatever the activations' type */
+    DSRT_CUDA_DX_ALWAYS = 4, /* its input carries a gradient whenever it trains (cuDNN's
+                                batchnorm always computes it) */
+    DSRT_CUDA_STATE = 8,     /* training forward changes the net's state */
     /* At inference its weights and bias may take on a per-channel affine map
      * that follows it (the plan's affine: dsrt__cuda_fwd_weights and
      * dsrt__cuda_fwd_bias), and it computes the plan's activation (act, any

@@ -225,8 +225,9 @@ enum {
     /* Its output is the sum of its inputs (then its own ReLU, fuse_relu):
      * at inference the layer before it may compute it. */
     DSRT_LAYER_F_SUM = 128,
-    /* The identity at inference (dropout, drop-path): a chain of layers the
-     * one before computes goes on through it. */
+    /* The identity at inference (dropout, drop-path): its output is its
+     * input's on either backend, and a chain of layers the one before
+     * computes goes on through it. */
     DSRT_LAYER_F_INFER_IDENTITY = 256,
 };
 

@@ -15,7 +15,8 @@
  * Weights are copied straight from the model's bytes (read into memory of
  * the import's own, whose pages are released as soon as a tensor is copied,
  * so an import holds the weights about once) or read with pread from the
- * external data files into the net's parameter buffer, tensor by tensor.
+ * external data files into the net's parameter buffer, tensor by tensor
+ * (onnx_tensors.c; the node's values and attributes: onnx_values.c).
  * No file is mapped: a mapped file that shrinks kills its reader with
  * SIGBUS. External data must lie in the model's folder, and a link that
  * leads out of it is refused, since the file comes from a stranger.

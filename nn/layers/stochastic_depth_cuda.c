@@ -26,7 +26,6 @@ static int backward(cuda_backend *be, gpu_plan *p, int i) {
 }
 
 const dsrt_cuda_layer_ops dsrt__cuda_layer_stochastic_depth = {
-    .flags = DSRT_CUDA_IDENTITY_INFER,
     .forward = forward,
     .backward = backward,
 };
