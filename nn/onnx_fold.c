@@ -231,18 +231,26 @@ static size_t bindex(const cval *v, int ndims, const int64_t *dims, size_t k) {
 // ----------------------------------------------------------------------------
 // The operators
 
+/* x op y in 64 bits; *bad = 1 for a division by zero or an operator that
+ * is not integer arithmetic, 2 for a result past 64 bits (the batch's
+ * symbol, INT64_MIN, is not a number to reach). */
 static int64_t int_op(onnx_str op, int64_t x, int64_t y, int *bad) {
     if (x == ONNX_BATCH || y == ONNX_BATCH) return ONNX_BATCH;
-    if (onnx_is(op, "Add")) return x + y;
-    if (onnx_is(op, "Sub")) return x - y;
-    if (onnx_is(op, "Mul")) return x * y;
+    int64_t r;
+    if (onnx_is(op, "Add") || onnx_is(op, "Sub") || onnx_is(op, "Mul")) {
+        int over = onnx_is(op, "Add")   ? __builtin_add_overflow(x, y, &r)
+                   : onnx_is(op, "Sub") ? __builtin_sub_overflow(x, y, &r)
+                                        : __builtin_mul_overflow(x, y, &r);
+        if (over || r == ONNX_BATCH) *bad = 2;
+        return *bad ? 0 : r;
+    }
     if (onnx_is(op, "Div") || onnx_is(op, "Mod")) {
         if (y == 0) {
             *bad = 1;
             return 0;
         }
         if (onnx_is(op, "Div")) return x / y;
-        int64_t r = x % y; /* Mod (fmod=0): the sign of the divisor */
+        r = x % y; /* Mod (fmod=0): the sign of the divisor */
         return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
     }
     if (onnx_is(op, "Max")) return x > y ? x : y;
@@ -254,9 +262,10 @@ static int64_t int_op(onnx_str op, int64_t x, int64_t y, int *bad) {
     if (onnx_is(op, "Or")) return x || y;
     if (onnx_is(op, "Xor")) return !x != !y;
     if (onnx_is(op, "Pow")) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < y && k < 64; k++) r *= x;
-        return r;
+        r = 1;
+        for (int64_t k = 0; k < y && k < 64 && !*bad; k++)
+            if (__builtin_mul_overflow(r, x, &r) || r == ONNX_BATCH) *bad = 2;
+        return *bad ? 0 : r;
     }
     *bad = 1;
     return 0;
@@ -298,7 +307,9 @@ static int fold_binary(onnx_import *c, cval *in, int n) {
                 out.i[k] = int_op(op, acc.i[ia], b->i[ib], &bad);
                 if (bad)
                     return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
-                                           "it divides by zero or is not integer arithmetic");
+                                           bad == 2 ? "its integers pass 64 bits"
+                                                    : "it divides by zero or is not integer "
+                                                      "arithmetic");
             } else {
                 float x = (float)num(&acc, ia), y = (float)num(b, ib), r = float_op(op, x, y);
                 if (cmp)

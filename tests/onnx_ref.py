@@ -630,6 +630,15 @@ def refused_models(d):
         helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT, name="batch_as_float"),
         helper.make_node("Mul", ["image", "nf"], ["y"])] + head,
         dict(fc, zero=np.array(0, np.int64)), in_shape=["N", 3, 8, 8], out_shape=["N", 4])
+    # Shape arithmetic past 64 bits (a padding computed as h * 2^62).
+    save("shape_overflow", [
+        helper.make_node("Shape", ["image"], ["s"]),
+        helper.make_node("Gather", ["s", "two"], ["h"], axis=0),
+        helper.make_node("Mul", ["h", "big"], ["p"], name="too_big"),
+        helper.make_node("Concat", ["zeros", "p", "p", "zeros", "p", "p"], ["pads"], axis=0),
+        helper.make_node("Pad", ["image", "pads"], ["y"])] + head,
+        dict(fc, two=np.array([2], np.int64), big=np.array([1 << 62], np.int64),
+             zeros=np.zeros(2, np.int64)))
     # A local function that calls itself.
     loop = helper.make_function("local", "Loop", ["x"], ["y"],
                                 [helper.make_node("Loop", ["x"], ["y"], domain="local")],

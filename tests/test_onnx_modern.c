@@ -158,6 +158,7 @@ static void test_refusals(void) {
         {"mul_spatial", "node 1 'attend' (Mul, opset 17)"},
         {"flatten_nhwc", "node 1 'flat_nhwc' (Flatten, opset 17): it flattens a channels-last"},
         {"batch_shape", "'batch_as_float'"},
+        {"shape_overflow", "node 2 'too_big' (Mul, opset 17): its integers pass 64 bits"},
         {"function_loop", "node 0 'call_loop' (Loop): functions call functions more than 16 deep"},
     };
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
