@@ -45,6 +45,9 @@
  *   resume_auto  --resume auto under mpirun: a fresh start, then the newest
  *             complete checkpoint (a truncated newer one passed over by both
  *             workers), ending as the uninterrupted run.
+ *   elastic   a checkpoint 2 workers wrote mid-epoch resumed on 1 and on 3:
+ *             the rest of the epoch is the same batches striped over them,
+ *             each sample of the epoch trained on once (--order-log).
  *
  * Exit 77 when this dsrt lacks MPI or mpirun is missing.
  */
@@ -1255,6 +1258,112 @@ static void test_resume_auto(void) {
 #undef AUTO_EXTRA
 }
 
+// ----------------------------------------------------------------------------
+// Elastic resume: a checkpoint of 2 workers resumed on 1 and on 3
+
+/* Reads an --order-log file: the ids of batch `index` of `epoch` appended
+ * to ids (n their count so far); 0 when the line is not there. */
+static int order_line(const char *path, int epoch, int index, uint32_t *ids, size_t *n,
+                      size_t cap) {
+    char *text = read_text(path);
+    if (!text) return 0;
+    char head[32];
+    snprintf(head, sizeof head, "%d %d:", epoch, index);
+    int found = 0;
+    for (char *line = text; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (!strncmp(line, head, strlen(head))) {
+            found = 1;
+            for (char *c = line + strlen(head); *c && *n < cap;) {
+                char *end;
+                unsigned long v = strtoul(c, &end, 10);
+                if (end == c) break;
+                ids[(*n)++] = (uint32_t)v;
+                c = end;
+            }
+        }
+        line = next;
+    }
+    free(text);
+    return found;
+}
+
+/* The samples of batch (epoch, index) over the logs of `world` workers
+ * (LOG.RANK; LOG alone for one), rank after rank. */
+static size_t batch_ids(const char *log, int world, int epoch, int index, uint32_t *ids,
+                        size_t cap) {
+    size_t n = 0;
+    char path[4500];
+    for (int r = 0; r < world; r++) {
+        if (world > 1)
+            snprintf(path, sizeof path, "%s.%d", log, r);
+        else
+            snprintf(path, sizeof path, "%s", log);
+        CHECK(order_line(path, epoch, index, ids, &n, cap));
+    }
+    return n;
+}
+
+/* dstrain on 2 workers writes a checkpoint mid-epoch (iteration 9: batch 3
+ * of epoch 1, of 6); resumed on 1 worker and on 3, each trains the rest of
+ * that epoch on the batches the 2 would have made (--order-log: the same
+ * samples, in the same order, striped over the new workers), so over both
+ * runs every sample of the epoch is trained on exactly once; the run says
+ * it was resumed from 2 workers. */
+static void test_elastic(void) {
+    char data[4400], ck[4400], log[4400], from[4600];
+    if (!dstrain_path()) return;
+    snprintf(data, sizeof data, "%s/data", root);
+    snprintf(ck, sizeof ck, "%s/elastic", root);
+    snprintf(log, sizeof log, "%s/elastic_order", root);
+    int st = dstrain_job(2, "elastic_full", data,
+                         (const char *const[]){"--epochs", "2", "--batch", "48", "--seed", "3",
+                                               "--quiet", "--order-log", log, "--checkpoint-dir",
+                                               ck, "--checkpoint-unit", "iteration",
+                                               "--checkpoint-frequency", "3", NULL});
+    char *text = job_output("elastic_full");
+    if (st != 0) fprintf(stderr, "dstrain exited %d:\n%s\n", st, text);
+    free(text);
+    REQUIRE(st == 0);
+    snprintf(from, sizeof from, "%s/dsrt_ckpt_e001_i000000009.dsrt", ck);
+    for (int world = 1; world <= 3; world += 2) {
+        char tag[32], rlog[4500];
+        snprintf(tag, sizeof tag, "elastic_on%d", world);
+        snprintf(rlog, sizeof rlog, "%s_%d", log, world);
+        st = dstrain_job(world == 1 ? 0 : world, tag, data,
+                         (const char *const[]){"--epochs", "2", "--batch", "48", "--seed", "3",
+                                               "--order-log", rlog, "--resume", from,
+                                               world == 1 ? "--json" : "--quiet", NULL});
+        text = job_output(tag);
+        if (st != 0) fprintf(stderr, "dstrain on %d exited %d:\n%s\n", world, st, text);
+        CHECK_EQ(st, 0);
+        if (world == 1)
+            CHECK_CONTAINS(text, "\"resume_workers\": 2");
+        else
+            CHECK_CONTAINS(text, "Resumed from a checkpoint of 2 workers on 3");
+        free(text);
+        uint8_t seen[4 * PER_CLASS] = {0};
+        uint32_t a[64], b[64];
+        int same = 1;
+        for (int index = 0; index < 6; index++) {
+            size_t na = batch_ids(log, 2, 1, index, a, 64);
+            size_t nb = index < 3 ? 0 : batch_ids(rlog, world, 1, index, b, 64);
+            if (index >= 3) same &= na == nb && !memcmp(a, b, na * sizeof a[0]);
+            const uint32_t *use = index < 3 ? a : b;
+            for (size_t i = 0; i < (index < 3 ? na : nb); i++)
+                if (use[i] < 4 * PER_CLASS) seen[use[i]]++;
+        }
+        int once = 1;
+        for (int i = 0; i < 4 * PER_CLASS; i++) once &= seen[i] == 1;
+        CHECK(same);
+        CHECK(once);
+        fprintf(stderr, "  2 workers stopped at epoch 1 batch 3, resumed on %d: %s, %s\n", world,
+                same ? "the same batches" : "OTHER BATCHES",
+                once ? "each sample of the epoch once" : "SAMPLES MISSED OR REPEATED");
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "--worker")) return worker(argc, argv);
     const char *which = argc >= 2 ? argv[1] : "equal";
@@ -1304,12 +1413,14 @@ int main(int argc, char **argv) {
         RUN(test_python_ranks);
     else if (!strcmp(which, "resume_auto"))
         RUN(test_resume_auto);
+    else if (!strcmp(which, "elastic"))
+        RUN(test_elastic);
     else {
         fprintf(
             stderr,
             "mpi_train: no case '%s' (equal, sync_bn, resnet, resume, resume_exact, local_failure, "
             "fault, refuse, bad_named, bad_counts, agree, signal, python_ranks, "
-            "resume_auto)\n",
+            "resume_auto, elastic)\n",
             which);
         return 2;
     }

@@ -1161,6 +1161,80 @@ static void test_parts(void) {
     dsrt_datastore_close(f);
 }
 
+/* The ids of every batch of `batches` from (epoch, batch) on, for each of
+ * `parts` parts resumed from a run of from_parts parts, concatenated part
+ * after part: batch k's ids into ids[k], its count into count[k]. */
+static void run_parts(const dsrt_datastore *s, dsrt_pipeline_options o, unsigned parts,
+                      unsigned from_parts, uint64_t epoch, uint64_t batch, size_t batches,
+                      uint32_t (*ids)[8], size_t *count) {
+    dsrt_augment_options aug = small_aug();
+    memset(count, 0, batches * sizeof *count);
+    rec *r = calloc(batches, sizeof *r);
+    REQUIRE(r);
+    for (unsigned part = 0; part < parts; part++) {
+        o.parts = parts;
+        o.part = part;
+        dsrt_pipeline *p = NULL;
+        REQUIRE(dsrt_pipeline_open(&p, s, &aug, &o) == 0);
+        if (epoch || batch || from_parts)
+            CHECK_OK(dsrt_pipeline_resume(p, epoch, batch, from_parts));
+        CHECK_EQ(take(p, r, batches), batches);
+        for (size_t k = 0; k < batches; k++)
+            for (size_t j = 0; j < r[k].count && count[k] < 8; j++)
+                ids[k][count[k]++] = r[k].ids[j];
+        dsrt_pipeline_close(p);
+    }
+    free(r);
+}
+
+/* A run of 2 parts stopped mid-epoch and resumed on 1 and on 3 parts (an
+ * elastic restart), in both orders: every batch from there is the batch the
+ * 2 parts would have made, sample for sample, striped over the new parts, so
+ * the interrupted epoch holds each sample exactly once; the next epochs are
+ * those of a fresh run on the new parts. */
+static void test_elastic_resume(void) {
+    char out[4200];
+    snprintf(out, sizeof out, "%s/elastic", root);
+    dsrt_datastore *f = open_ds(folder, DSRT_SHARD_ORDER_AUTO);
+    CHECK_EQ(write_shards(f, out, 1 << 20, 10), 12);
+    dsrt_datastore_close(f);
+    enum { BPE = N_IMAGES / 8, AT = 6 };
+    static uint32_t whole[3 * BPE][8], rest[3 * BPE][8], fresh[3 * BPE][8];
+    size_t nw[3 * BPE], nr[3 * BPE], nf[3 * BPE];
+    for (int order = DSRT_SHARD_ORDER_EXACT; order <= DSRT_SHARD_ORDER_SHARD; order++) {
+        dsrt_datastore *s = open_ds(out, (dsrt_shard_order)order);
+        dsrt_pipeline_options o = small_options();
+        o.epochs = 3;
+        /* The uninterrupted run on 2 parts: its epoch 1 is what the
+         * interrupted one had done up to batch AT and would have done after. */
+        run_parts(s, o, 2, 0, 0, 0, 3 * BPE, whole, nw);
+        for (unsigned parts = 1; parts <= 3; parts += 2) {
+            run_parts(s, o, parts, 2, 1, AT, 2 * BPE - AT, rest, nr);
+            run_parts(s, o, parts, 0, 0, 0, 3 * BPE, fresh, nf);
+            uint8_t seen[N_IMAGES] = {0};
+            for (size_t k = BPE; k < BPE + AT; k++)
+                for (size_t j = 0; j < nw[k]; j++) seen[whole[k][j]]++;
+            int same = 1;
+            for (size_t k = 0; k < BPE - AT; k++) {
+                same &= nr[k] == nw[BPE + AT + k] &&
+                        !memcmp(rest[k], whole[BPE + AT + k], nr[k] * sizeof rest[k][0]);
+                for (size_t j = 0; j < nr[k]; j++) seen[rest[k][j]]++;
+            }
+            for (size_t i = 0; i < N_IMAGES; i++) CHECK_EQ(seen[i], 1);
+            CHECK(same);
+            /* Epoch 2: the new parts' own order. */
+            for (size_t k = 0; k < BPE; k++) {
+                CHECK_EQ(nr[BPE - AT + k], nf[2 * BPE + k]);
+                CHECK(!memcmp(rest[BPE - AT + k], fresh[2 * BPE + k], nf[2 * BPE + k] * 4));
+            }
+            fprintf(stderr, "  %s order: 2 parts stopped at epoch 1 batch %d, resumed on %u: %s\n",
+                    order == DSRT_SHARD_ORDER_EXACT ? "exact" : "shard", AT, parts,
+                    same ? "the same batches, each sample once" : "DIFFERENT");
+        }
+        dsrt_datastore_close(s);
+    }
+}
+
 /* Reads sample pos of epoch through r; its size, or -1 when it failed. */
 static long stream_get(dsrt_shard_reader *r, uint32_t pos, uint64_t epoch, uint8_t *buf,
                        size_t cap) {
@@ -1193,11 +1267,11 @@ static void test_stream_lag(void) {
     uint8_t *buf = malloc(cap);
     REQUIRE(order && first && buf);
     /* Epoch 0 but its last place, then the first place of epochs 1 and 2. */
-    CHECK_OK(dsrt__shard_stream_order(st, 0, first));
+    CHECK_OK(dsrt__shard_stream_order(st, 0, 0, first));
     for (size_t t = 0; t + 1 < n; t++)
         CHECK_EQ(stream_get(r, first[t], 0, buf, cap), (long)dsrt__shard_sample_size(s, first[t]));
     for (uint64_t e = 1; e <= 2; e++) {
-        CHECK_OK(dsrt__shard_stream_order(st, e, order));
+        CHECK_OK(dsrt__shard_stream_order(st, e, 0, order));
         CHECK_EQ(stream_get(r, order[0], e, buf, cap), (long)dsrt__shard_sample_size(s, order[0]));
     }
     /* The straggler of epoch 0. */
@@ -1666,6 +1740,7 @@ int main(void) {
     RUN(test_shard_order);
     RUN(test_resume);
     RUN(test_parts);
+    RUN(test_elastic_resume);
     RUN(test_stream_lag);
     RUN(test_fifo_shard);
     RUN(test_views);

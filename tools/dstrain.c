@@ -2464,6 +2464,7 @@ static void train_summary_json(train_job *j, const dsrt_train_result *r, const c
     printf(", \"world\": %d, \"device\": %d, \"precision\": \"%s\"", r->world, r->device,
            dsrt_precision_name(ni.precision));
     if (r->resume_states) printf(", \"resume_states\": %d", r->resume_states);
+    if (r->resume_workers) printf(", \"resume_workers\": %d", r->resume_workers);
     if (r->device >= 0) {
         double dev_s = r->device_busy_s + r->device_idle_s;
         printf(", \"device_busy_s\": %s, \"device_idle_s\": %s, \"device_idle_share\": %s",
@@ -2516,6 +2517,10 @@ static void train_summary_text(train_job *j, const dsrt_train_result *r, const c
      * other than by as many workers keeping theirs: the mean was taken. */
     int own = j->o.averaging_frequency > 0 && !j->o.average_optimizer_state &&
               r->world == r->resume_states;
+    if (r->resume_workers && r->resume_workers != r->world)
+        printf("Resumed from a checkpoint of %d worker%s on %d: the rest of its epoch was its "
+               "batches split over %d, each sample once.\n",
+               r->resume_workers, r->resume_workers == 1 ? "" : "s", r->world, r->world);
     if (r->resume_states > 1 && !own)
         printf("Resumed from a checkpoint of %d workers, each with its optimizer state: every "
                "worker started from their mean.\n",

@@ -69,10 +69,13 @@ typedef struct {
 typedef struct {
     void (*run)(void *f); /* the thread's body: returns after stop */
     void (*stop)(void *f);
-    /* Restarts at place `place` of epoch `epoch` (a pipeline reset). */
-    void (*seek)(void *f, uint64_t epoch, uint64_t place);
-    /* The order of epoch key: order[t] the view position at place t. */
-    int (*order)(void *f, uint64_t key, uint32_t *order);
+    /* Restarts at place `place` of epoch `epoch` (a pipeline reset); with
+     * from_parts not 0, the position is one of a run of from_parts parts,
+     * whose order the rest of that epoch finishes. */
+    void (*seek)(void *f, uint64_t epoch, uint64_t place, unsigned from_parts);
+    /* The order of epoch key: order[t] the view position at place t; with
+     * from_parts not 0, the one a run of from_parts parts made. */
+    int (*order)(void *f, uint64_t key, unsigned from_parts, uint32_t *order);
     void (*stats)(void *f, dsrt_feed_stats *st);
     void (*destroy)(void *f);
 } dsrt_feed_ops;
@@ -197,11 +200,13 @@ static inline void dsrt__feed_run(dsrt_feed *f) {
 static inline void dsrt__feed_stop(dsrt_feed *f) {
     f->ops->stop(f->impl);
 }
-static inline void dsrt__feed_seek(dsrt_feed *f, uint64_t epoch, uint64_t place) {
-    f->ops->seek(f->impl, epoch, place);
+static inline void dsrt__feed_seek(dsrt_feed *f, uint64_t epoch, uint64_t place,
+                                   unsigned from_parts) {
+    f->ops->seek(f->impl, epoch, place, from_parts);
 }
-static inline int dsrt__feed_order(dsrt_feed *f, uint64_t key, uint32_t *order) {
-    return f->ops->order(f->impl, key, order);
+static inline int dsrt__feed_order(dsrt_feed *f, uint64_t key, unsigned from_parts,
+                                   uint32_t *order) {
+    return f->ops->order(f->impl, key, from_parts, order);
 }
 static inline void dsrt__feed_stats(dsrt_feed *f, dsrt_feed_stats *st) {
     f->ops->stats(f->impl, st);

@@ -288,6 +288,22 @@ DSRT_API int dsrt_batch_release(dsrt_pipeline *p, dsrt_batch *b);
  */
 DSRT_API int dsrt_pipeline_reset(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoch);
 
+/*
+ * dsrt_pipeline_reset to a position of a run that had from_parts parts
+ * (data-parallel workers; 0 or this pipeline's parts: the same run, as
+ * dsrt_pipeline_reset): a job stopped on W workers resumed on W' (more or
+ * fewer). Every batch is the batch the earlier run would have made, its
+ * places striped over this run's parts, so over the interrupted and the
+ * resumed run each sample of the epoch comes exactly once. The datastore's
+ * shuffled order does not depend on the parts, so that holds by itself; the
+ * shard order gives each part whole shards, so the rest of the interrupted
+ * epoch follows the order the from_parts parts made (its samples read each
+ * by offset, as the exact order reads them) and the epochs after it stream
+ * whole shards to this run's parts. DSRT_EOPTION for from_parts out of range.
+ */
+DSRT_API int dsrt_pipeline_resume(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoch,
+                                  unsigned from_parts);
+
 /* Batches in each epoch: ceil(count / batch), or floor with drop_last. */
 DSRT_API uint64_t dsrt_pipeline_batches_per_epoch(const dsrt_pipeline *p);
 

@@ -375,6 +375,13 @@ typedef struct {
      * alike, or one a worker of the run that wrote it (see resume); 0 when
      * the run did not resume. */
     int resume_states;
+    /* Resumed: the data-parallel workers of the run that wrote the
+     * checkpoint (0 when the run did not resume, or the checkpoint does not
+     * say). Another number than world is an elastic resume: the rest of the
+     * interrupted epoch is the batches that run would have made, each split
+     * over this run's workers, so every sample of the epoch is trained on
+     * exactly once over both runs (dsrt_pipeline_resume). */
+    int resume_workers;
 } dsrt_train_result;
 
 /*

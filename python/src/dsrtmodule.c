@@ -1668,14 +1668,16 @@ static Py_ssize_t pipeline_len(PipelineObject *self) {
 }
 
 static PyObject *pipeline_reset(PipelineObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"epoch", "batch", NULL};
-    PyObject *eo = NULL, *bo = NULL;
-    uint64_t epoch = 0, batch = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:reset", kwlist, &eo, &bo) ||
+    static char *kwlist[] = {"epoch", "batch", "from_world_size", NULL};
+    PyObject *eo = NULL, *bo = NULL, *fo = NULL;
+    uint64_t epoch = 0, batch = 0, from = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:reset", kwlist, &eo, &bo, &fo) ||
         pipeline_usable(self) != 0)
         return NULL;
     if (get_u64(eo, "reset: epoch", UINT64_MAX, &epoch) != 0) return NULL;
     if (bo && get_u64(bo, "reset: batch", UINT64_MAX, &batch) != 0) return NULL;
+    if (fo && fo != Py_None && get_u64(fo, "reset: from_world_size", 65536, &from) != 0)
+        return NULL;
     if (self->live > 0) PyGC_Collect();
     if (!self->p || self->closing) return pipeline_usable(self), NULL;
     if (self->live > 0) {
@@ -1688,7 +1690,7 @@ static PyObject *pipeline_reset(PipelineObject *self, PyObject *args, PyObject *
     int rc;
     self->busy = 1;
     PyThreadState *ts = PyEval_SaveThread();
-    rc = dsrt_pipeline_reset(self->p, epoch, batch);
+    rc = dsrt_pipeline_resume(self->p, epoch, batch, (unsigned)from);
     PyEval_RestoreThread(ts);
     self->busy = 0;
     if (rc != 0) return raise_code(rc, NULL);
@@ -1841,8 +1843,12 @@ static PyMethodDef pipeline_methods[] = {
     {"next", (PyCFunction)pipeline_next_method, METH_NOARGS,
      "next() -> the next Batch, across epochs, or None after the last epoch"},
     {"reset", (PyCFunction)(void (*)(void))pipeline_reset, METH_VARARGS | METH_KEYWORDS,
-     "reset(epoch, batch=0): resume at batch `batch` of epoch `epoch`, exactly as an\n"
-     "uninterrupted run delivers it. No batch may still be referenced."},
+     "reset(epoch, batch=0, from_world_size=None): resume at batch `batch` of epoch\n"
+     "`epoch`, exactly as an uninterrupted run delivers it. from_world_size: the ranks\n"
+     "of the run that stopped there, when it had another number than world_size: the\n"
+     "rest of its epoch is its batches striped over this run's ranks, each sample once\n"
+     "(keep batch * world_size, the global batch, the same).\n"
+     "No batch may still be referenced."},
     {"close", (PyCFunction)pipeline_close, METH_NOARGS,
      "close(): stop the workers and free the slots (at once, or when the last batch\n"
      "still referenced is freed). Closing twice is fine."},

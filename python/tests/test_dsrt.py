@@ -1115,6 +1115,40 @@ def test_rank_shares(folder, world, drop_last):
         assert len(epoch) == -(-48 // world) * world
 
 
+def test_elastic_resume(folder, tmp_path):
+    """2 ranks stopped after batch 2 of epoch 0 resume on 3 (and on 1) with
+    the same global batch: the rest of the epoch is the batches the 2 would
+    have made, striped over the new ranks, so each sample comes once; in the
+    shard order too, where each rank streams whole shards."""
+    plain = dsrt.Datastore(folder)
+    out = str(tmp_path / "elastic_shards")
+    plain.write_shards(out, shard_bytes=16 << 10)
+    common = dict(preset="32", epochs=2, seed=7, drop_last=True)  # ranks streaming shards
+    for ds in (plain, dsrt.Datastore(out, order="shard", shuffle_buffer=8)):
+
+        def shares(world, start=None, from_world=None):
+            got = []
+            for r in range(world):
+                with dsrt.Pipeline(ds, batch=12 // world, rank=r, world_size=world, **common) as p:
+                    if start:
+                        p.reset(*start, from_world_size=from_world)
+                    got.append([(b.epoch, b.index, np.from_dlpack(b.ids).copy()) for b in p])
+            # Batch by batch (one epoch's), the ranks' shares in rank order.
+            return [(got[0][k][:2], np.concatenate([g[k][2] for g in got])) for k in range(len(got[0]))]
+
+        whole = shares(2)
+        for world in (3, 1):
+            rest = shares(world, (0, 2), 2)
+            assert [k for k, _ in rest] == [k for k, _ in whole[2:]]
+            for (_, a), (_, b) in zip(rest[:2], whole[2:4]):
+                assert (a == b).all()
+            epoch0 = np.concatenate([ids for _, ids in whole[:2]] + [ids for _, ids in rest[:2]])
+            assert sorted(epoch0) == list(range(48))
+    with dsrt.Pipeline(plain, batch=6, rank=0, world_size=2, **common) as p:
+        with pytest.raises(ValueError, match="from_world_size"):
+            p.reset(0, 1, from_world_size=-1)
+
+
 def test_rank_from_environment(folder, monkeypatch):
     ds = dsrt.Datastore(folder)
     for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):

@@ -205,6 +205,12 @@ struct dsrt_pipeline {
     pthread_mutex_t order_mu;
     pipe_order *orders;
     unsigned norders;
+    /* Resumed from a run of elastic_parts parts whose order differs from
+     * this run's (a feed whose lanes follow the parts): epoch elastic_epoch
+     * is that run's order, finished by this run's parts (0: none). */
+    unsigned elastic_parts;
+    uint64_t elastic_epoch;
+    uint32_t *elastic_order; /* (n) */
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, ctl_cv;
@@ -427,13 +433,14 @@ static void run_start(dsrt_pipeline *p, uint64_t start) {
 /* The order of the epoch: positions of the datastore (NULL when the
  * feed's plan had no memory for it). */
 static const uint32_t *order_get(dsrt_pipeline *p, uint64_t epoch) {
+    if (p->elastic_parts && epoch == p->elastic_epoch) return p->elastic_order;
     uint64_t key = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0;
     pthread_mutex_lock(&p->order_mu);
     pipe_order *e = &p->orders[key % p->norders];
     if (!e->valid || e->key != key) {
         e->valid = 0;
         if (p->feed) {
-            if (dsrt__feed_order(p->feed, key, e->order) != 0) {
+            if (dsrt__feed_order(p->feed, key, 0, e->order) != 0) {
                 pthread_mutex_unlock(&p->order_mu);
                 return NULL;
             }
@@ -1128,6 +1135,7 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
     if (p->orders)
         for (unsigned i = 0; i < p->norders; i++) free(p->orders[i].order);
     free(p->orders);
+    free(p->elastic_order);
     free(p->bad);
     free(p->bad_list);
     dsrt__arena_free(&p->bad_text);
@@ -1516,6 +1524,11 @@ int dsrt_batch_release(dsrt_pipeline *p, dsrt_batch *b) {
 }
 
 int dsrt_pipeline_reset(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoch) {
+    return dsrt_pipeline_resume(p, epoch, batch_in_epoch, 0);
+}
+
+int dsrt_pipeline_resume(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoch,
+                         unsigned from_parts) {
     if (batch_in_epoch >= p->bpe)
         return dsrt__fail(DSRT_EOPTION, "pipeline: reset: batch %llu: an epoch has %llu",
                           (unsigned long long)batch_in_epoch, (unsigned long long)p->bpe);
@@ -1523,14 +1536,31 @@ int dsrt_pipeline_reset(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoc
         (p->o.epochs && epoch * p->bpe + batch_in_epoch > p->o.epochs * p->bpe))
         return dsrt__fail(DSRT_EOPTION, "pipeline: reset: epoch %llu batch %llu is past the end",
                           (unsigned long long)epoch, (unsigned long long)batch_in_epoch);
+    if (from_parts > PIPE_MAX_PARTS)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: resume: from_parts %u: not in [0, %d]",
+                          from_parts, PIPE_MAX_PARTS);
+    /* Only a feed's order depends on the parts (whole shards to each);
+     * positions in the datastore's shuffled order are the same for any
+     * number, and each part's places are its share of the same batches. */
+    unsigned elastic = p->feed && from_parts && from_parts != p->o.parts ? from_parts : 0;
+    if (elastic && !p->elastic_order &&
+        !(p->elastic_order = dsrt__malloc((p->n ? p->n : 1) * sizeof *p->elastic_order)))
+        return -ENOMEM;
+    if (elastic) {
+        uint64_t key = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0;
+        int rc = dsrt__feed_order(p->feed, key, elastic, p->elastic_order);
+        if (rc) return dsrt__fail_prefix(rc, "pipeline: resume");
+    }
     pthread_mutex_lock(&p->mu);
     p->pause = 1;
     atomic_store(&p->abort, 1);
     pthread_cond_broadcast(&p->work_cv);
     pthread_cond_broadcast(&p->ready_cv);
     while (p->active > 0) pthread_cond_wait(&p->ctl_cv, &p->mu);
+    p->elastic_parts = elastic;
+    p->elastic_epoch = epoch;
     run_start(p, epoch * p->bpe + batch_in_epoch);
-    if (p->feed) dsrt__feed_seek(p->feed, epoch, batch_in_epoch * p->o.batch);
+    if (p->feed) dsrt__feed_seek(p->feed, epoch, batch_in_epoch * p->o.batch, elastic);
     atomic_store(&p->abort, 0);
     p->pause = 0;
     pthread_cond_broadcast(&p->work_cv);

@@ -32,12 +32,12 @@ static int write_state(const char *path, const loop_state *s, const dsrt_train_p
                                  "drop_last %d\nbad_count %lld\nbest_val_loss %.17g\n"
                                  "best_iteration %lld\nlast_val_loss %.17g\n"
                                  "last_val_accuracy %.17g\nbest_file %s\norder %s\n"
-                                 "shuffle_buffer %lld\n",
+                                 "shuffle_buffer %lld\nworkers %lld\n",
                      (long long)pos->epoch, (long long)pos->iteration, (long long)s->batch,
                      (long long)s->samples, s->drop_last, (long long)s->bad_count, s->best_val_loss,
                      (long long)s->best_iteration, s->last_val_loss, s->last_val_accuracy,
                      s->best_file[0] ? s->best_file : "-", s->order[0] ? s->order : "exact",
-                     (long long)s->shuffle_buffer);
+                     (long long)s->shuffle_buffer, (long long)s->workers);
     int rc = dsrt__write_file_atomic(path, buf, (size_t)n);
     return rc ? dsrt__fail_prefix(rc, "train: checkpoint state") : 0;
 }
@@ -68,6 +68,8 @@ static int read_state(const char *path, loop_state *s, int64_t iteration) {
             if (!strcmp(key, "shuffle_buffer") && sscanf(val, "%lld", &v) == 1)
                 t.shuffle_buffer = v;
             if (!strcmp(key, "bad_count") && sscanf(val, "%lld", &v) == 1) t.bad_count = v;
+            if (!strcmp(key, "workers") && sscanf(val, "%lld", &v) == 1 && v > 0 && v <= 65536)
+                t.workers = v;
             if (!strcmp(key, "best_iteration") && sscanf(val, "%lld", &v) == 1)
                 t.best_iteration = v;
             if (!strcmp(key, "best_val_loss")) t.best_val_loss = strtod(val, NULL);
@@ -293,6 +295,7 @@ static int resume_loop_state(run *R, const char *used, int64_t iteration) {
         R->ls.last_val_loss = s.last_val_loss;
         R->ls.last_val_accuracy = s.last_val_accuracy;
         memcpy(R->ls.best_file, s.best_file, sizeof s.best_file);
+        R->r->resume_workers = (int)s.workers;
         if (s.batch != o->batch || s.drop_last != o->drop_last || s.samples != R->ls.samples) {
             int rc = dsrt__fail(DSRT_EOPTION,
                                 "train: resume: %s: made with batch %lld, drop_last %d over %lld "

@@ -109,6 +109,9 @@ typedef struct {
      * buffer (a tar shard set's other order gives other batches). */
     char order[8];
     int64_t shuffle_buffer;
+    /* Data-parallel workers of the run (0 in a state file that does not
+     * say: from before resumes on other numbers of workers were told). */
+    int64_t workers;
     char best_file[256]; /* in the checkpoint folder, "" when none */
 } loop_state;
 

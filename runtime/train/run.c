@@ -247,6 +247,7 @@ static int run_open(run *R) {
     snprintf(R->ls.order, sizeof R->ls.order, "%s",
              dsrt_shard_order_name(dsrt_datastore_shard_order(R->train)));
     R->ls.shuffle_buffer = (int64_t)dsrt_datastore_shuffle_buffer(R->train);
+    R->ls.workers = R->world;
     dsrt_augment_options aug, vaug;
     dsrt__train_resolve_augment(&o->augment, &R->ni, &aug, "train");
     vaug = aug;
@@ -295,7 +296,10 @@ static int run_open(run *R) {
                             r->checkpoint, (long long)epoch0, (long long)R->it, (long long)R->bpe,
                             o->max_epochs);
         else if (o->resume && R->it < R->max_it)
-            rc = dsrt_pipeline_reset(R->p, (uint64_t)epoch0, (uint64_t)in_epoch);
+            /* Workers of the run that wrote the checkpoint: another number
+             * of them finishes its epoch's batches, re-striped. */
+            rc = dsrt_pipeline_resume(R->p, (uint64_t)epoch0, (uint64_t)in_epoch,
+                                      (unsigned)r->resume_workers);
     }
     if ((rc = dsrt__dp_agree(R, rc, NULL, 0))) return rc;
     /* Every worker from worker 0's weights, gradients summed as backward

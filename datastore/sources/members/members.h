@@ -132,9 +132,15 @@ void dsrt__shard_plan_destroy(dsrt_shard_plan *plan);
  * are view positions in the order they lie in its shards (shards in the
  * epoch's order), and use[v] the index of view position v among the places
  * of this part (UINT32_MAX when another part takes it).
+ *
+ * from_parts 0: the order this plan's parts make. Otherwise the order a run
+ * of from_parts parts made (whole shards to from_parts lanes), which a run
+ * resumed on another number of parts finishes: use[] then says this part's
+ * places as this run stripes each batch, and the stream is empty (the
+ * samples lie in every lane's shards: each is read by offset).
  */
-int dsrt__shard_plan_epoch(const dsrt_shard_plan *plan, uint64_t key, uint32_t *order,
-                           uint32_t *stream, size_t *nstream, uint32_t *use);
+int dsrt__shard_plan_epoch(const dsrt_shard_plan *plan, uint64_t key, unsigned from_parts,
+                           uint32_t *order, uint32_t *stream, size_t *nstream, uint32_t *use);
 
 /* Samples of the view. */
 size_t dsrt__shard_plan_count(const dsrt_shard_plan *plan);
@@ -196,10 +202,15 @@ void dsrt__shard_stream_destroy(dsrt_shard_stream *s);
 /* The thread's body: returns when dsrt__shard_stream_stop is called. */
 void dsrt__shard_stream_run(dsrt_shard_stream *s);
 void dsrt__shard_stream_stop(dsrt_shard_stream *s);
-/* Restarts at place `place` of epoch `epoch` (a pipeline reset). */
-void dsrt__shard_stream_seek(dsrt_shard_stream *s, uint64_t epoch, uint64_t place);
-/* The epoch order the stream follows (for the pipeline's order cache). */
-int dsrt__shard_stream_order(dsrt_shard_stream *s, uint64_t key, uint32_t *order);
+/* Restarts at place `place` of epoch `epoch` (a pipeline reset); from_parts
+ * not 0: the rest of that epoch follows the order a run of from_parts parts
+ * made (see dsrt__shard_plan_epoch), later epochs this run's. */
+void dsrt__shard_stream_seek(dsrt_shard_stream *s, uint64_t epoch, uint64_t place,
+                             unsigned from_parts);
+/* The epoch order the stream follows (for the pipeline's order cache);
+ * from_parts as dsrt__shard_plan_epoch's. */
+int dsrt__shard_stream_order(dsrt_shard_stream *s, uint64_t key, unsigned from_parts,
+                             uint32_t *order);
 
 /* Counters of a stream: bytes read by the stream, samples it served, and
  * samples read by offset because the stream no longer held them. */

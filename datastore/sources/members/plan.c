@@ -141,9 +141,12 @@ static size_t part_lo(size_t c, unsigned r, unsigned parts) {
     return (size_t)((uint64_t)c * r / parts);
 }
 
-int dsrt__shard_plan_epoch(const dsrt_shard_plan *p, uint64_t key, uint32_t *order,
-                           uint32_t *stream, size_t *nstream, uint32_t *use) {
-    const unsigned R = p->o.parts;
+int dsrt__shard_plan_epoch(const dsrt_shard_plan *p, uint64_t key, unsigned from_parts,
+                           uint32_t *order, uint32_t *stream, size_t *nstream, uint32_t *use) {
+    /* The lanes of the run that made the order: this run's parts, or those
+     * of the run a resume continues (elastic: other parts than ours). */
+    const unsigned R = from_parts ? from_parts : p->o.parts;
+    const int elastic = R != p->o.parts;
     const size_t n = p->n, B = p->o.batch ? p->o.batch : 1;
     const int shuffled = p->o.shuffle != DSRT_SHUFFLE_NEVER;
     int rc = -ENOMEM;
@@ -224,12 +227,25 @@ int dsrt__shard_plan_epoch(const dsrt_shard_plan *p, uint64_t key, uint32_t *ord
             for (size_t k = 0; k < places; k++, t++) {
                 uint32_t v = take[r] < lane_n[r] ? mixed[lane_at[r] + take[r]++] : pool[pool_at++];
                 order[t] = v;
-                if (use && r == p->o.part) use[v] = (uint32_t)mine++;
+                if (use && !elastic && r == p->o.part) use[v] = (uint32_t)mine++;
             }
         }
     }
-    /* What part `part` streams: its shards' samples that it uses. */
-    if (stream) {
+    /* Elastic: this part's places of each batch, as this run stripes the
+     * batches, over the order the earlier run's lanes made. */
+    if (use && elastic)
+        for (size_t b = 0; b * B < n; b++) {
+            size_t c = DSRT_MIN(B, n - b * B);
+            for (size_t k = part_lo(c, p->o.part, p->o.parts);
+                 k < part_lo(c, p->o.part + 1, p->o.parts); k++)
+                use[order[b * B + k]] = (uint32_t)mine++;
+        }
+    /* What part `part` streams: its shards' samples that it uses. Elastic:
+     * none; the lanes are another run's, and this part's samples lie in
+     * all of them, so each is read by offset. */
+    if (stream && elastic) {
+        *nstream = 0;
+    } else if (stream) {
         size_t w = 0;
         unsigned me = p->o.part < R ? p->o.part : 0;
         for (size_t i = lane_at[me]; i < lane_at[me + 1]; i++)

@@ -710,6 +710,11 @@ struct dsrt_shard_stream {
     int seek_pending;
     int running; /* the thread is in dsrt__shard_stream_run */
     uint64_t seek_epoch, seek_place;
+    unsigned seek_from_parts;
+    /* A resume on another number of parts: the epoch that finishes the
+     * order of elastic_parts parts (0: none). */
+    uint64_t elastic_epoch;
+    unsigned elastic_parts;
     /* The furthest request: its epoch and consumption index. */
     uint64_t want_epoch;
     size_t want_c;
@@ -808,7 +813,9 @@ static int rec_fill(dsrt_shard_stream *s, plan_rec *rec, uint64_t epoch) {
     uint64_t key = s->po.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0;
     uint32_t *order = dsrt__malloc(s->n * sizeof *order);
     if (!order) return -ENOMEM;
-    int rc = dsrt__shard_plan_epoch(s->plan, key, order, rec->stream, &rec->nstream, rec->use);
+    unsigned from = s->elastic_parts && epoch == s->elastic_epoch ? s->elastic_parts : 0;
+    int rc =
+        dsrt__shard_plan_epoch(s->plan, key, from, order, rec->stream, &rec->nstream, rec->use);
     free(order);
     if (rc != 0) return rc;
     /* drop_last: the samples of the places no batch holds are not read. */
@@ -933,8 +940,9 @@ void dsrt__shard_stream_destroy(dsrt_shard_stream *s) {
     free(s);
 }
 
-int dsrt__shard_stream_order(dsrt_shard_stream *s, uint64_t key, uint32_t *order) {
-    return dsrt__shard_plan_epoch(s->plan, key, order, NULL, NULL, NULL);
+int dsrt__shard_stream_order(dsrt_shard_stream *s, uint64_t key, unsigned from_parts,
+                             uint32_t *order) {
+    return dsrt__shard_plan_epoch(s->plan, key, from_parts, order, NULL, NULL, NULL);
 }
 
 void dsrt__shard_stream_stats(dsrt_shard_stream *s, dsrt_shard_stream_stats *st) {
@@ -964,11 +972,13 @@ void dsrt__shard_stream_stop(dsrt_shard_stream *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-void dsrt__shard_stream_seek(dsrt_shard_stream *s, uint64_t epoch, uint64_t place) {
+void dsrt__shard_stream_seek(dsrt_shard_stream *s, uint64_t epoch, uint64_t place,
+                             unsigned from_parts) {
     pthread_mutex_lock(&s->mu);
     s->seek_pending = 1;
     s->seek_epoch = epoch;
     s->seek_place = place;
+    s->seek_from_parts = from_parts == s->po.parts ? 0 : from_parts;
     s->want_any = 0;
     pthread_cond_broadcast(&s->wake);
     poke(s);
@@ -1254,6 +1264,8 @@ static int seek_apply(dsrt_shard_stream *s) {
             s->recs[k].valid = 0;
         }
     s->epoch = s->seek_epoch;
+    s->elastic_epoch = s->seek_epoch;
+    s->elastic_parts = s->seek_from_parts;
     s->next = 0;
     s->want_any = 0;
     pthread_cond_broadcast(&s->ready);

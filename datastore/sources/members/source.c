@@ -64,11 +64,11 @@ static void feed_run(void *f) {
 static void feed_stop(void *f) {
     dsrt__shard_stream_stop(f);
 }
-static void feed_seek(void *f, uint64_t epoch, uint64_t place) {
-    dsrt__shard_stream_seek(f, epoch, place);
+static void feed_seek(void *f, uint64_t epoch, uint64_t place, unsigned from_parts) {
+    dsrt__shard_stream_seek(f, epoch, place, from_parts);
 }
-static int feed_order(void *f, uint64_t key, uint32_t *order) {
-    return dsrt__shard_stream_order(f, key, order);
+static int feed_order(void *f, uint64_t key, unsigned from_parts, uint32_t *order) {
+    return dsrt__shard_stream_order(f, key, from_parts, order);
 }
 static void feed_stats(void *f, dsrt_feed_stats *st) {
     dsrt_shard_stream_stats ss;
