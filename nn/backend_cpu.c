@@ -256,6 +256,23 @@ static size_t diff_place(const cpu_plan *p, const int *placed, size_t n_placed, 
     return off;
 }
 
+/* An inference plan's pooled activations: each output lives on to the step
+ * of the last layer that reads it (a layer a fusion took runs in the step
+ * of the layer that took it); an output that is another's bytes (a sum
+ * computed into its other input, an identity) is one memory, so its life
+ * covers the readers of both. */
+static void act_lives(const dsrt_net *net, cpu_plan *p) {
+    for (int k = 0; k < net->n_layers; k++) {
+        int at = p->taken_by && p->taken_by[k] >= 0 ? p->taken_by[k] : k;
+        for (int q = 0; q < net->layers[k].n_inputs; q++) {
+            int e = diff_index(p, p->lp[net->layers[k].inputs[q]].out.mem);
+            if (e < 0) continue;
+            diff_entry *b = &p->diffs[p->diffs[e].base];
+            b->hi = DSRT_MAX(b->hi, at);
+        }
+    }
+}
+
 /* Gives every gradient memory its bytes: the bases placed largest first,
  * each at the lowest offset free over its life, in one buffer. */
 static int diff_pool_make(cpu_plan *p) {
@@ -597,7 +614,9 @@ int dsrt__cpu_ensure(cpu_plan *p, cpu_backend *be, dnnl_memory_t have,
         *out = have;
         return 0;
     }
-    int rc = dsrt__cpu_mem(p, want, be->engine, NULL, out, L);
+    int rc = p->pool_acts && !backward
+                 ? dsrt__cpu_diff(p, be->engine, want, layer, layer, NULL, out, L)
+                 : dsrt__cpu_mem(p, want, be->engine, NULL, out, L);
     if (rc) return rc;
     return dsrt__cpu_reorder_step(p, be, have, *out, backward, layer, STEP_ALWAYS, NULL, L);
 }
@@ -613,7 +632,9 @@ int dsrt__cpu_deliver(cpu_plan *p, cpu_backend *be, dnnl_memory_t target,
         *out = target;
         return 0;
     }
-    int rc = dsrt__cpu_mem(p, made, be->engine, NULL, tmp, L);
+    int layer = (int)(L - be->net->layers);
+    int rc = p->pool_acts ? dsrt__cpu_diff(p, be->engine, made, layer, layer, NULL, tmp, L)
+                          : dsrt__cpu_mem(p, made, be->engine, NULL, tmp, L);
     *out = *tmp;
     return rc;
 }
@@ -661,11 +682,15 @@ int dsrt__cpu_md_is(const dnnl_memory_desc_t *md, dnnl_format_tag_t tag) {
 
 /* The output tensor of layer i in layout md, and its gradient buffer when
  * backward needs it. */
-int dsrt__cpu_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md) {
+static int output_make(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md,
+                       int pooled) {
     const dsrt_layer *L = &be->net->layers[i];
     tensor *out = &p->lp[i].out;
     out->md = *md;
-    int rc = dsrt__cpu_mem(p, md, be->engine, NULL, &out->mem, L);
+    /* Pooled: alive from this layer on; act_lives extends it to its last
+     * reader. */
+    int rc = pooled ? dsrt__cpu_diff(p, be->engine, md, i, i, NULL, &out->mem, L)
+                    : dsrt__cpu_mem(p, md, be->engine, NULL, &out->mem, L);
     if (rc) return rc;
     if (!p->train || !dsrt__net_need_diff(be->net, i)) return rc;
     int key = be->net->grad_share[i] >= 0                   ? be->net->grad_share[i]
@@ -678,6 +703,24 @@ int dsrt__cpu_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc
     rc = dsrt__cpu_diff(p, be->engine, md, i, hi, NULL, &out->diff, L);
     if (!rc && key >= 0 && !first) p->share[key] = out->diff;
     return rc;
+}
+
+int dsrt__cpu_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md) {
+    return output_make(be, p, i, md, p->pool_acts);
+}
+
+int dsrt__cpu_output_kept(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md) {
+    return output_make(be, p, i, md, 0);
+}
+
+int dsrt__cpu_pooled(const cpu_plan *p, dnnl_memory_t m) {
+    return p->pool_acts && diff_index(p, m) >= 0;
+}
+
+int dsrt__cpu_view(cpu_plan *p, cpu_backend *be, const dnnl_memory_desc_t *md, dnnl_memory_t of,
+                   dnnl_memory_t *out, const dsrt_layer *L) {
+    if (dsrt__cpu_pooled(p, of)) return dsrt__cpu_diff(p, be->engine, md, -1, -1, of, out, L);
+    return dsrt__cpu_mem(p, md, be->engine, dsrt__cpu_handle(of), out, L);
 }
 
 /* Weights of a conv or fc layer: plain in the flat buffer, in layout want for
@@ -753,7 +796,7 @@ int dsrt__cpu_input4(cpu_backend *be, cpu_plan *p, const dsrt_layer *L, int k, t
     dnnl_dims_t dims = {p->n, in->out.c, in->out.h, in->out.w};
     if (dsrt__cpu_md_plain(&out->md, 4, dims))
         return dsrt__cpu_fail(dnnl_invalid_arguments, "input view", L);
-    int rc = dsrt__cpu_mem(p, &out->md, be->engine, dsrt__cpu_handle(t->mem), &out->mem, L);
+    int rc = dsrt__cpu_view(p, be, &out->md, t->mem, &out->mem, L);
     if (!rc && t->diff)
         rc = dsrt__cpu_diff(p, be->engine, &out->md, -1, -1, t->diff, &out->diff, L);
     return rc;
@@ -961,6 +1004,7 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
     for (int i = 1; i < net->n_layers; i++)
         for (int k = 0; k < net->layers[i].n_inputs; k++) p->last_use[net->layers[i].inputs[k]] = i;
     if (!train && net->opts.fuse >= 2 && (rc = plan_fusion(be, p))) goto fail;
+    p->pool_acts = !train && net->opts.fuse >= 2;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *L = &net->layers[i];
         const dsrt_layer_ops *ops = dsrt__layer_ops(L);
@@ -995,6 +1039,7 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
         p->bwd = r;
         p->cap_bwd = p->n_bwd;
     }
+    if (p->pool_acts) act_lives(net, p);
     if ((rc = diff_pool_make(p))) goto fail;
     if (p->scratch_size) {
         p->scratch = aligned_alloc(64, (p->scratch_size + 63) & ~(size_t)63);
@@ -1254,6 +1299,34 @@ void dsrt__cpu_parallel(cpu_backend *be, size_t n, void (*fn)(void *ctx, size_t 
     (void)atomic_load_explicit(&a.done, memory_order_acquire);
 }
 
+/* Bytes of every memory of a plan that is a layer's output or a temporary
+ * of the forward: pooled ones (their bases), else the outputs and what
+ * oneDNN allocated that is neither weights nor the caller's. */
+static int cpu_activation_bytes(dsrt_backend *b, int n, int train, size_t *held, size_t *each) {
+    cpu_backend *be = (cpu_backend *)b;
+    const cpu_plan *p = NULL;
+    for (int k = 0; k < PLAN_SLOTS && !p; k++)
+        if (be->plans[k] && be->plans[k]->n == n && be->plans[k]->train == train) p = be->plans[k];
+    if (!p) return -ENOENT;
+    *held = *each = 0;
+    if (p->pool_acts) {
+        for (size_t k = 0; k < p->n_diffs; k++)
+            if (p->diffs[k].base == (int)k) *each += p->diffs[k].size;
+        *held = p->diff_pool_size;
+    }
+    /* Outputs with bytes of their own (every one in a plan that pools none). */
+    for (int i = 0; i < p->n_layers; i++) {
+        dnnl_memory_t m = p->lp[i].out.mem;
+        int first = m != NULL;
+        for (int j = 0; j < i && first; j++) first = p->lp[j].out.mem != m;
+        if (!first || (p->pool_acts && diff_index(p, m) >= 0) || m == p->batch) continue;
+        size_t bytes = dnnl_memory_desc_get_size(dsrt__cpu_md_of(m));
+        *held += bytes;
+        *each += bytes;
+    }
+    return 0;
+}
+
 static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
     cpu_backend *be = (cpu_backend *)b;
     cpu_plan *p = train ? be->last_train : be->last_infer;
@@ -1269,6 +1342,14 @@ static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
                           "inference plan (the net option fuse = 0 keeps it)",
                           L->name, be->net->layers[f->last].name);
     dnnl_memory_t have = p->lp[layer].out.mem;
+    /* A pooled output whose last reader is not the last layer shares its
+     * bytes with later tensors: gone once the forward is over. */
+    int e = p->pool_acts ? diff_index(p, have) : -1;
+    if (e >= 0 && p->diffs[p->diffs[e].base].hi < p->n_layers - 1)
+        return dsrt__fail(-EINVAL,
+                          "cpu backend: layer '%s': its output's memory is reused by later layers "
+                          "in the inference plan (the net option fuse = 1 keeps it)",
+                          L->name);
     dnnl_memory_desc_t plain;
     if (dsrt__cpu_md_plain_like(&plain, dsrt__cpu_md_of(have))) return DSRT_EBACKEND;
     dnnl_memory_t user = NULL;
@@ -1389,5 +1470,6 @@ const dsrt_backend_ops dsrt__backend_cpu = {
     .optimize = cpu_optimize,
     .run_on_threads = cpu_run_on_threads,
     .read_output = cpu_read_output,
+    .activation_bytes = cpu_activation_bytes,
     .bn_sync = 1,
 };

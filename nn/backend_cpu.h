@@ -104,6 +104,14 @@ typedef struct {
 
 struct dsrt_cpu_plan {
     int n, train;
+    /* An inference plan of the full fusion (net option fuse 2): the layers'
+     * outputs and the temporaries their steps read take bytes of one pool,
+     * shared by tensors whose lives do not overlap (the gradients' pool,
+     * diff_entry, holds them: an inference plan has no gradient). A
+     * tensor lives from the layer whose step writes it to the last step
+     * that reads it, so a deep net's forward holds a few layers' outputs at
+     * a time. Training plans keep every output (backward reads them). */
+    int pool_acts;
     int bn_sync; /* built for synchronised batchnorm (net->bn_sync_fn set) */
     int n_layers;
     uint64_t used; /* for least-recently-used eviction */
@@ -244,8 +252,19 @@ int dsrt__cpu_deliver(cpu_plan *p, cpu_backend *be, dnnl_memory_t target,
 // Outputs and gradients
 
 /* The output tensor of layer i in layout md, and its gradient buffer when
- * backward needs it. */
+ * backward needs it. In an inference plan that pools activations its bytes
+ * are given when the plan is complete: a layer that writes its output while
+ * planning (pad's border) takes dsrt__cpu_output_kept instead, whose bytes
+ * are its own. */
 int dsrt__cpu_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md);
+int dsrt__cpu_output_kept(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *md);
+/* A memory of md on the same bytes as `of` (from their start): of's handle,
+ * or, when of's bytes come from the plan's pool, a view given them with
+ * of's. */
+int dsrt__cpu_view(cpu_plan *p, cpu_backend *be, const dnnl_memory_desc_t *md, dnnl_memory_t of,
+                   dnnl_memory_t *out, const dsrt_layer *L);
+/* 1 when memory m takes its bytes from the plan's pool. */
+int dsrt__cpu_pooled(const cpu_plan *p, dnnl_memory_t m);
 /* A gradient memory in layout md (bytes from the plan's pool), alive from
  * layer lo's backward to layer hi's; or, with on, a view of on's bytes. */
 int dsrt__cpu_diff(cpu_plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *md, int lo, int hi,

@@ -696,6 +696,10 @@ struct dsrt_backend_ops {
     void (*memory)(dsrt_backend *be, dsrt_backend_memory *m);
     /* Layer i's output of the last forward in plain NCHW. */
     int (*read_output)(dsrt_backend *be, int layer, int train, float *out);
+    /* Bytes the plan for (n, train) holds for the layers' outputs and their
+     * temporaries (*held), and what they would take each with bytes of its
+     * own (*each); -ENOENT when no such plan was made. NULL: not said. */
+    int (*activation_bytes)(dsrt_backend *be, int n, int train, size_t *held, size_t *each);
     /* 1: the backend calls net->bn_sync_fn (synchronised batchnorm). */
     int bn_sync;
     /* Sizes and allocates what the shapes of r need (dsrt__net_reserve).

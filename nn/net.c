@@ -838,6 +838,13 @@ void dsrt_net_device_time(dsrt_net *net, double *busy_s, double *idle_s) {
     if (idle_s) *idle_s = i;
 }
 
+int dsrt_net_activation_bytes(dsrt_net *net, int n, int train, size_t *held, size_t *each) {
+    *held = *each = 0;
+    if (!net->ops->activation_bytes)
+        return dsrt__fail(DSRT_EUNSUPPORTED, "net: activation_bytes: not said by this backend");
+    return net->ops->activation_bytes(net->be, n, train ? 1 : 0, held, each);
+}
+
 void dsrt_net_set_iteration(dsrt_net *net, int64_t iteration) {
     net->iteration = iteration;
 }

@@ -828,6 +828,9 @@ typedef struct {
 static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_result *r) {
     double ips = r->batch / r->median_s,
            gflop = (bench.inference ? info->forward_flops : info->train_flops) * r->batch * 1e-9;
+    /* The activations' memory, where the backend says it. */
+    size_t held = 0, each = 0;
+    int mem = dsrt_net_activation_bytes(net, r->batch, !bench.inference, &held, &each) == 0;
     if (bench.json) {
         char b[9][32];
         printf("{\"tool\": \"dstrain bench\", \"net\": ");
@@ -851,6 +854,9 @@ static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_r
                tool_json_number(b[5], "%.3f", gflop),
                tool_json_number(b[6], "%.1f", gflop / r->median_s),
                tool_json_number(b[7], "%.4f", (double)r->loss));
+        if (mem)
+            printf(", \"activation_mb\": %.1f, \"activation_mb_unshared\": %.1f", held / 1e6,
+                   each / 1e6);
         if (bench.profile) print_profile(net, 1);
         printf("}\n");
     } else {
@@ -866,6 +872,11 @@ static void bench_report(dsrt_net *net, const dsrt_net_info *info, const bench_r
         else
             printf("  %.2f GFLOP/step, %.1f GFLOP/s; the optimizer takes %.2f ms of a step\n",
                    gflop, gflop / r->median_s, 1e3 * r->opt_median_s);
+        if (mem && held < each)
+            printf("  activations %.1f MB (%.1f MB without reuse of dead ones)\n", held / 1e6,
+                   each / 1e6);
+        else if (mem)
+            printf("  activations %.1f MB\n", held / 1e6);
         if (bench.profile) print_profile(net, 0);
     }
 }

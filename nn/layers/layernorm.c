@@ -98,7 +98,7 @@ static int plan_layernorm(cpu_backend *be, cpu_plan *p, int i) {
     if ((rc = dsrt__cpu_output(be, p, i, &nhwc))) return rc;
     dnnl_memory_t dst2, gamma, beta;
     rc = view(p, be, &md2, NULL, &o->src2, L);
-    if (!rc) rc = view(p, be, &md2, dsrt__cpu_handle(lp->out.mem), &dst2, L);
+    if (!rc) rc = dsrt__cpu_view(p, be, &md2, lp->out.mem, &dst2, L);
     if (!rc) rc = dsrt__cpu_mem(p, &c_md, be->engine, net->params + L->w_off, &gamma, L);
     if (!rc) rc = dsrt__cpu_mem(p, &c_md, be->engine, net->params + L->b_off, &beta, L);
     if (!rc && p->train) rc = dsrt__cpu_mem(p, &stat_md, be->engine, NULL, &o->mean, L);

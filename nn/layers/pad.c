@@ -53,7 +53,8 @@ static int plan_pad(cpu_backend *be, cpu_plan *p, int i) {
     dnnl_memory_desc_t out_md, sub;
     if (dsrt__cpu_md_plain(&out_md, 4, od)) return dsrt__cpu_fail(dnnl_invalid_arguments, "pad", L);
     DN("pad", dnnl_memory_desc_init_submemory(&sub, &out_md, id, at));
-    if ((rc = dsrt__cpu_output(be, p, i, &out_md))) return rc;
+    /* Its bytes its own: the border written now must stay. */
+    if ((rc = dsrt__cpu_output_kept(be, p, i, &out_md))) return rc;
     float *y = dsrt__cpu_handle(lp->out.mem), v = dsrt__pad_value(L);
     for (size_t k = 0, n = dnnl_memory_desc_get_size(&out_md) / sizeof *y; k < n; k++) y[k] = v;
     dnnl_memory_t inside;
