@@ -36,6 +36,9 @@ dsrt_datastore_options dsrt_datastore_defaults(void) {
 static int check_options(const dsrt_datastore_options *o) {
     if (o->source != DSRT_SOURCE_AUTO && !dsrt__source_ops(o->source))
         return dsrt__fail(DSRT_EOPTION, "datastore: source %d is not a known source", o->source);
+    if (o->source == DSRT_SOURCE_MIX)
+        return dsrt__fail(DSRT_EOPTION, "datastore: source mix: a mix is made from datastores "
+                                        "(dsrt_datastore_mix, --mix), not opened from a path");
     if ((unsigned)o->label_source > DSRT_LABEL_NONE)
         return dsrt__fail(DSRT_EOPTION, "datastore: label_source %d is not a known label source",
                           o->label_source);

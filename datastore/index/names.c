@@ -7,12 +7,16 @@
 #include "datastore/index/index.h"
 
 #define SOURCE_NAME_(kind, value, name) [DSRT_SOURCE_##kind] = #name,
-static const char *const SOURCE_NAMES[] = {[DSRT_SOURCE_AUTO] = "auto", DSRT_SOURCES(SOURCE_NAME_)};
+static const char *const SOURCE_NAMES[] = {[DSRT_SOURCE_AUTO] = "auto",
+                                           DSRT_SOURCES(SOURCE_NAME_)[DSRT_SOURCE_MIX] = "mix"};
 #undef SOURCE_NAME_
 
 static const char *const LABEL_NAMES[] = {[DSRT_LABEL_FOLDER_NAMES] = "folder",
                                           [DSRT_LABEL_PARENT_FOLDER] = "parent",
                                           [DSRT_LABEL_NONE] = "none"};
+
+static const char *const MIX_LABEL_NAMES[] = {
+    [DSRT_MIX_LABELS_MERGE] = "merge", [DSRT_MIX_LABELS_SEPARATE] = "separate"};
 
 static const char *const ORDER_NAMES[] = {[DSRT_SHARD_ORDER_AUTO] = "auto",
                                           [DSRT_SHARD_ORDER_EXACT] = "exact",
@@ -53,5 +57,16 @@ int dsrt_shard_order_from_name(const char *name, dsrt_shard_order *o) {
     int v;
     int rc = dsrt__name_lookup(ORDER_NAMES, DSRT_ARRAY_SIZE(ORDER_NAMES), name, 0, &v);
     if (rc == 0) *o = (dsrt_shard_order)v;
+    return rc;
+}
+
+const char *dsrt_mix_labels_name(dsrt_mix_labels l) {
+    return name_of(MIX_LABEL_NAMES, DSRT_ARRAY_SIZE(MIX_LABEL_NAMES), (int)l);
+}
+
+int dsrt_mix_labels_from_name(const char *name, dsrt_mix_labels *l) {
+    int v;
+    int rc = dsrt__name_lookup(MIX_LABEL_NAMES, DSRT_ARRAY_SIZE(MIX_LABEL_NAMES), name, 0, &v);
+    if (rc == 0) *l = (dsrt_mix_labels)v;
     return rc;
 }

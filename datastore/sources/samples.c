@@ -75,7 +75,8 @@ static const dsrt_sample_reader_ops PATH_OPS = {
     .destroy = path_destroy,
 };
 
-static int path_create(void **impl, const dsrt_datastore *ds, const dsrt_reader_options *o) {
+int dsrt__path_reader(void **impl, const dsrt_sample_reader_ops **ops, const dsrt_datastore *ds,
+                      const dsrt_reader_options *o) {
     path_reader *p = dsrt__calloc(1, sizeof *p);
     if (!p) return -ENOMEM;
     p->ds = ds;
@@ -85,6 +86,7 @@ static int path_create(void **impl, const dsrt_datastore *ds, const dsrt_reader_
         return rc;
     }
     *impl = p;
+    *ops = &PATH_OPS;
     return 0;
 }
 
@@ -101,8 +103,7 @@ int dsrt__sample_reader_create(dsrt_sample_reader **out, const dsrt_datastore *d
     if (src && src->reader) {
         rc = src->reader(&r->impl, &r->ops, ds, o, feed);
     } else {
-        r->ops = &PATH_OPS;
-        rc = path_create(&r->impl, ds, o);
+        rc = dsrt__path_reader(&r->impl, &r->ops, ds, o);
     }
     if (rc != 0) {
         free(r);

@@ -23,7 +23,11 @@ DSRT_SOURCES(DSRT_SOURCE_DECLARE_)
 static const dsrt_source_ops *const SOURCES[] = {DSRT_SOURCES(DSRT_SOURCE_ENTRY_)};
 #undef DSRT_SOURCE_ENTRY_
 
+/* A mix is made, never detected nor opened: not a line of the table. */
+extern const dsrt_source_ops dsrt__source_mix;
+
 const dsrt_source_ops *dsrt__source_ops(dsrt_source kind) {
+    if (kind == DSRT_SOURCE_MIX) return &dsrt__source_mix;
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(SOURCES); k++)
         if (SOURCES[k]->kind == kind) return SOURCES[k];
     return NULL;

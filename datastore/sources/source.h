@@ -180,6 +180,10 @@ int dsrt__source_open(dsrt_index *ix, dsrt_source kind, const char *path,
 int dsrt__sample_reader_create(dsrt_sample_reader **r, const dsrt_datastore *ds,
                                const dsrt_reader_options *o, dsrt_feed *feed);
 void dsrt__sample_reader_destroy(dsrt_sample_reader *r);
+/* The reader of whole files by the paths of ds (a dsrt_reader), for a
+ * source whose samples are files it does not read itself. */
+int dsrt__path_reader(void **impl, const dsrt_sample_reader_ops **ops, const dsrt_datastore *ds,
+                      const dsrt_reader_options *o);
 int dsrt__sample_submit(dsrt_sample_reader *r, uint32_t pos, uint64_t epoch, void *buf, size_t cap,
                         uint64_t tag);
 int dsrt__sample_collect(dsrt_sample_reader *r, dsrt_read_result *res, int wait);

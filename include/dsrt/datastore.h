@@ -112,6 +112,9 @@ typedef struct dsrt_datastore dsrt_datastore;
 typedef enum {
     DSRT_SOURCE_AUTO = 0, /* from the path: the first source of DSRT_SOURCES that takes it */
     DSRT_SOURCES(DSRT_SOURCE_ENUM_)
+    /* Several datastores drawn in proportions: made by dsrt_datastore_mix
+     * (or dsrt_datastore_open_mix), never detected nor opened as a path. */
+    DSRT_SOURCE_MIX = 9,
 } dsrt_source;
 #undef DSRT_SOURCE_ENUM_
 
@@ -403,6 +406,89 @@ DSRT_API int dsrt_datastore_shuffle(const dsrt_datastore *ds, uint64_t seed, dsr
  */
 DSRT_API int dsrt_datastore_partition(const dsrt_datastore *ds, size_t n, size_t i,
                                       dsrt_datastore **out);
+
+// ----------------------------------------------------------------------------
+// Mixing datastores in proportions
+
+/*
+ * A mix is a datastore of datastores, as WebDataset's RandomMix and MosaicML
+ * Streaming's stream proportions make one: its samples are those of every
+ * source, one after another (source 0's, then source 1's, ...), and a
+ * pipeline over it draws each epoch's samples from the sources in the
+ * proportions of their weights instead of walking them once. Epoch e of
+ * `epoch_samples` samples (dsrt_pipeline_options; default: the samples of
+ * every source) takes round(epoch_samples * w_k / sum w) samples from
+ * source k (largest remainders, so they add up), the sources interleaved
+ * in an order shuffled by (seed, epoch). Within a source the draws are
+ * without replacement by default: the source is walked in a permutation,
+ * and when it is exhausted a fresh one begins (the walk goes on across
+ * epochs, so every sample of a source comes once before any comes again);
+ * with replacement each draw is uniform over the source. Every draw is a
+ * pure function of (seed, epoch): the batches are the same whatever the
+ * threads, the parts and a resume, as for any datastore.
+ *
+ * Classes are merged by name (default): the mix's classes are the union of
+ * the sources' class names, sorted, and a sample's label is its class's
+ * place among them, so "cat" of two folders is one class. Kept apart, each
+ * source's classes come in source order, named "K:NAME" (K the source's
+ * number from 0): "0:cat", "1:cat".
+ *
+ * A mix holds samples that are files, objects or members of shards, of any
+ * of those sources together; sources held in memory (IDX, CIFAR) are
+ * refused (export them to a folder with dsrt_datastore_export). A mix is a
+ * datastore like another: views, partitions and splits of it work (the
+ * pipeline draws from the samples of each source that the view holds), but
+ * it is not itself mixed again.
+ */
+typedef enum { DSRT_MIX_LABELS_MERGE = 0, DSRT_MIX_LABELS_SEPARATE } dsrt_mix_labels;
+
+typedef struct {
+    /* 1: each draw within a source is uniform, with replacement; 0
+     * (default): a source is walked in fresh permutations (see above). */
+    int replacement;
+    dsrt_mix_labels labels; /* default DSRT_MIX_LABELS_MERGE */
+} dsrt_mix_options;
+
+/* The defaults: without replacement, classes merged by name. */
+DSRT_API dsrt_mix_options dsrt_mix_defaults(void);
+
+/*
+ * Makes a mix of sources[0..n) (n >= 2) with weights[0..n) (each >= 0 and
+ * finite, not all 0; NULL: each source's share of the samples, as a
+ * concatenation) and options o (NULL: the defaults). The sources may be
+ * closed afterwards: the mix holds what it needs. Fails with DSRT_EOPTION
+ * naming the value (a negative weight, one source), DSRT_EUNSUPPORTED for
+ * a source held in memory or a mix. On failure *out is NULL.
+ */
+DSRT_API int dsrt_datastore_mix(dsrt_datastore **out, dsrt_datastore *const *sources,
+                                const double *weights, size_t n, const dsrt_mix_options *o);
+
+/*
+ * Opens a mix as the tools describe one: paths[0..npaths) are opened with
+ * o and mixed with the weights `mix` gives, either a list "0.7,0.3" (one
+ * weight a path) or the path of a mix file, whose lines name the sources
+ * themselves (then npaths is 0): "PATH,WEIGHT", blank lines and lines that
+ * start with '#' skipped, a relative PATH taken from the file's folder. A
+ * third column (a per-source augment preset) is refused: every source is
+ * augmented alike. mix NULL with two paths or more: weights as
+ * dsrt_datastore_mix's NULL. One path and no mix opens it as
+ * dsrt_datastore_open does (no mix). Errors name the value or the file and
+ * line: "mix: 3 weights for 2 sources".
+ */
+DSRT_API int dsrt_datastore_open_mix(dsrt_datastore **out, const char *const *paths, size_t npaths,
+                                     const char *mix, const dsrt_datastore_options *o,
+                                     const dsrt_mix_options *mo);
+
+/* Sources of a mix (1 for a datastore that is not one), the source of
+ * sample i (0 when not a mix), and source k's weight, normalised to sum 1,
+ * its samples in the mix (as made, whatever the view) and replacement.
+ * Thread-safe. */
+DSRT_API size_t dsrt_datastore_mix_sources(const dsrt_datastore *ds);
+DSRT_API size_t dsrt_datastore_mix_source(const dsrt_datastore *ds, size_t i);
+DSRT_API double dsrt_datastore_mix_weight(const dsrt_datastore *ds, size_t k);
+/* "merge", "separate"; the value of a name as dsrt_source_from_name. */
+DSRT_API const char *dsrt_mix_labels_name(dsrt_mix_labels l);
+DSRT_API int dsrt_mix_labels_from_name(const char *name, dsrt_mix_labels *l);
 
 /*
  * Permutes idx[0..n) in place, keyed by (seed, epoch): the same arguments

@@ -193,6 +193,29 @@ typedef struct {
      * that streams shards (the shard order).
      */
     int pad_last;
+    /*
+     * Sampling instead of walking the datastore once an epoch. Over a mix
+     * (dsrt_datastore_mix) the epoch draws from its sources in proportion
+     * to their weights. sample_weights draws each sample with replacement
+     * in proportion to a weight of its own, as PyTorch's
+     * WeightedRandomSampler does: NULL (default): none; "class-balanced":
+     * each sample weighs 1 / (samples of its class), so every class comes
+     * equally often; otherwise the path of a weights file, one weight a line
+     * (a decimal number >= 0), as many lines as the datastore (or view) has
+     * samples, in its order; blank lines and lines that start with '#' are
+     * skipped. sample_weight_values, when sample_weights is NULL, gives the
+     * weights themselves (dsrt_datastore_count of them, copied at open).
+     * Not with a mix (its weights choose the samples). The draws are keyed
+     * by (seed, epoch) (shuffle once: by seed alone, the same every epoch;
+     * shuffle never is refused: draws are random), so batches are the same
+     * whatever the threads, parts and resumes; a sample drawn twice in an
+     * epoch is augmented differently each time. epoch_samples is the
+     * samples of an epoch when sampling: 0 (default): the datastore's count
+     * (for a mix, the samples of every source).
+     */
+    const char *sample_weights;
+    const double *sample_weight_values;
+    size_t epoch_samples;
 } dsrt_pipeline_options;
 
 /* The defaults described above. */
@@ -210,6 +233,8 @@ typedef struct {
     void *data;
     int32_t *labels;      /* (count) class index of each sample */
     uint32_t *ids;        /* (count) dsrt_datastore_id of the sample that filled each place */
+    int32_t *sources;     /* (count) the mix source of each sample (dsrt_datastore_mix_source);
+                             0 when the datastore is not a mix */
     int32_t *sizes;       /* (count, 2) height, width of each sample */
     size_t count;         /* samples in this batch: batch, or fewer in the last of an epoch
                              (with parts: this part's share) */
@@ -304,7 +329,8 @@ DSRT_API int dsrt_pipeline_reset(dsrt_pipeline *p, uint64_t epoch, uint64_t batc
 DSRT_API int dsrt_pipeline_resume(dsrt_pipeline *p, uint64_t epoch, uint64_t batch_in_epoch,
                                   unsigned from_parts);
 
-/* Batches in each epoch: ceil(count / batch), or floor with drop_last. */
+/* Batches in each epoch: ceil(count / batch), or floor with drop_last;
+ * count is epoch_samples when sampling (see the options). */
 DSRT_API uint64_t dsrt_pipeline_batches_per_epoch(const dsrt_pipeline *p);
 
 /* Stops the workers (mid-epoch is fine), waits for them and frees

@@ -80,6 +80,8 @@
 #include <dsrt/pipeline.h>
 
 #include "datastore/bytes/http.h"
+#include "datastore/sampling.h"
+#include "datastore/sources/mixture/mixture.h"
 #include "datastore/sources/source.h"
 #include "runtime/internal.h"
 #include "runtime/pipeline/mix.h"
@@ -183,7 +185,12 @@ typedef struct {
 
 struct dsrt_pipeline {
     const dsrt_datastore *ds;
-    size_t n;
+    size_t n;     /* samples an epoch: the datastore's, or the sampler's */
+    size_t count; /* samples of the datastore (positions) */
+    /* Draws each epoch's order (a mix, sample weights), or NULL: the
+     * datastore's positions, shuffled. */
+    dsrt_sampler *sampler;
+    const dsrt_mixture *mixture; /* the mix ds is a view of, or NULL */
     dsrt_augment_options aug;    /* as given */
     dsrt_augment_options native; /* native mode: channels, layout and norm only */
     dsrt_pipeline_options o;
@@ -197,10 +204,10 @@ struct dsrt_pipeline {
 
     dsrt_host_mem mem;
     pipe_slot *slots;
-    void *meta;                /* labels, ids and sizes of every slot */
+    void *meta;                /* labels, ids, sources and sizes of every slot */
     size_t classes;            /* soft labels' width, 0 without them (mix.c) */
     float *soft;               /* (nslots, cap, classes) soft labels of every slot */
-    atomic_uint_fast64_t *bad; /* (ceil(n / 64)) bitmap of known-bad positions */
+    atomic_uint_fast64_t *bad; /* (ceil(count / 64)) bitmap of known-bad positions */
 
     pthread_mutex_t order_mu;
     pipe_order *orders;
@@ -431,7 +438,7 @@ static void run_start(dsrt_pipeline *p, uint64_t start) {
 // Epoch orders and known-bad samples
 
 /* The order of the epoch: positions of the datastore (NULL when the
- * feed's plan had no memory for it). */
+ * feed's plan or the sampler had no memory for it). */
 static const uint32_t *order_get(dsrt_pipeline *p, uint64_t epoch) {
     if (p->elastic_parts && epoch == p->elastic_epoch) return p->elastic_order;
     uint64_t key = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0;
@@ -439,8 +446,9 @@ static const uint32_t *order_get(dsrt_pipeline *p, uint64_t epoch) {
     pipe_order *e = &p->orders[key % p->norders];
     if (!e->valid || e->key != key) {
         e->valid = 0;
-        if (p->feed) {
-            if (dsrt__feed_order(p->feed, key, 0, e->order) != 0) {
+        if (p->feed || p->sampler) {
+            if ((p->feed ? dsrt__feed_order(p->feed, key, 0, e->order)
+                         : dsrt__sampler_order(p->sampler, p->o.seed, key, e->order)) != 0) {
                 pthread_mutex_unlock(&p->order_mu);
                 return NULL;
             }
@@ -529,10 +537,20 @@ static void sample_msg(char *out, const char *path, const char *what, int code) 
 /* What became of one attempt at a place. */
 enum { SAMPLE_OK = 0, SAMPLE_BAD = 1, SAMPLE_FATAL = 2 };
 
-/* Decodes (or converts) and augments the sample at pos into place `place` of
- * slot s. buf is the file's bytes, or NULL for in-memory sources. */
-static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos, const uint8_t *buf,
-                       size_t size, char *msg, int *code) {
+/* The key of a sample's random augmentation: its id, so that it does not
+ * depend on the order samples come in; when sampling, a sample may come
+ * twice in an epoch, and each time is told apart by its place in the
+ * epoch's order (at), which is the same on every run. */
+static uint64_t augment_key(const dsrt_pipeline *p, uint32_t pos, uint64_t at) {
+    uint64_t id = dsrt_datastore_id(p->ds, pos);
+    return p->sampler ? id | (at + 1) << 32 : id;
+}
+
+/* Decodes (or converts) and augments the sample at pos, place `at` of the
+ * epoch's order, into place `place` of slot s. buf is the file's bytes, or
+ * NULL for in-memory sources. */
+static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos, uint64_t at,
+                       const uint8_t *buf, size_t size, char *msg, int *code) {
     dsrt_pipeline *p = w->p;
     const char *path = dsrt_datastore_path(p->ds, pos);
     int ch = p->aug.output_channels;
@@ -564,7 +582,7 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
         } else {
             /* Only what the sample reads: its region, at the smallest scale. */
             rc = dsrt_augment_decode_request(w->aug, &p->aug, &info, p->o.seed, s->b.epoch,
-                                             dsrt_datastore_id(p->ds, pos), &req);
+                                             augment_key(p, pos, at), &req);
             if (rc != 0) {
                 *code = rc;
                 snprintf(msg, PIPE_MSG, "pipeline: augment: %s: %s", path ? path : "(memory)",
@@ -596,7 +614,7 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
     }
     uint8_t *dst = (uint8_t *)s->b.data + place * p->stride;
     rc = dsrt_augment_apply_window(w->aug, ao, &img, wp, full_w, full_h, p->o.seed, s->b.epoch,
-                                   dsrt_datastore_id(p->ds, pos), dst);
+                                   augment_key(p, pos, at), dst);
     add(&w->augment_ns, now_ns() - t1);
     if (rc != 0) {
         /* Not the sample's fault: options or memory. */
@@ -607,6 +625,8 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
     }
     s->b.labels[place] = dsrt_datastore_label(p->ds, pos);
     s->b.ids[place] = dsrt_datastore_id(p->ds, pos);
+    s->b.sources[place] =
+        p->mixture ? (int32_t)dsrt__mixture_source(p->mixture, s->b.ids[place]) : 0;
     if (p->o.native) {
         s->b.sizes[2 * place] = img.height;
         s->b.sizes[2 * place + 1] = img.width;
@@ -829,7 +849,8 @@ static int chunk_start(pipe_worker *w, pipe_chunk *c) {
         if (place_next(w, c->s, c->order, c->first + pl->place, pl, c->f) != SAMPLE_OK) continue;
         if (p->in_memory) {
             add(&w->read_ns, now_ns() - c->t0);
-            int r = sample_fill(w, c->s, pl->place, pl->pos, NULL, 0, msg, &code);
+            int r = sample_fill(w, c->s, pl->place, pl->pos, c->first + pl->place + pl->k, NULL, 0,
+                                msg, &code);
             c->t0 = now_ns();
             if (r == SAMPLE_FATAL) chunk_fail(c->f, pl->place, code, msg);
             if (r == SAMPLE_BAD && place_failed(w, c->s, pl, code, msg, c->f))
@@ -906,7 +927,8 @@ static void chunk_read_done(pipe_worker *w, pipe_chunk *c, dsrt_read_result *res
             sample_msg(msg, res->path, "read", code);
         r = SAMPLE_BAD;
     } else {
-        r = sample_fill(w, c->s, pl->place, pl->pos, res->buf, res->size, msg, &code);
+        r = sample_fill(w, c->s, pl->place, pl->pos, c->first + pl->place + pl->k, res->buf,
+                        res->size, msg, &code);
     }
     if (r == SAMPLE_FATAL) chunk_fail(c->f, pl->place, code, msg);
     if (r == SAMPLE_BAD && place_failed(w, c->s, pl, code, msg, c->f)) chunk_again(w, c, pl);
@@ -1137,6 +1159,7 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
     free(p->orders);
     free(p->elastic_order);
     free(p->bad);
+    dsrt__sampler_destroy(p->sampler);
     free(p->bad_list);
     dsrt__arena_free(&p->bad_text);
     free(p->meta);
@@ -1177,7 +1200,7 @@ static int slots_init(dsrt_pipeline *p) {
     int rc = dsrt__host_alloc(&p->mem, p->slot_bytes * p->nslots, p->o.gpu);
     if (rc != 0) return rc;
 
-    size_t per = B * (sizeof(int32_t) + sizeof(uint32_t) + 2 * sizeof(int32_t));
+    size_t per = B * (2 * sizeof(int32_t) + sizeof(uint32_t) + 2 * sizeof(int32_t));
     p->slots = dsrt__calloc(p->nslots, sizeof *p->slots);
     p->meta = dsrt__calloc(p->nslots, per);
     if (!p->slots || !p->meta) return -ENOMEM;
@@ -1190,6 +1213,7 @@ static int slots_init(dsrt_pipeline *p) {
         b->labels = (int32_t *)m;
         b->ids = (uint32_t *)(m + B * sizeof(int32_t));
         b->sizes = (int32_t *)(m + B * 2 * sizeof(int32_t));
+        b->sources = (int32_t *)(m + B * 4 * sizeof(int32_t));
         b->capacity = B;
         if (p->soft) {
             b->soft_labels = p->soft + (size_t)i * B * p->classes;
@@ -1271,6 +1295,10 @@ static int feed_open(dsrt_pipeline *p) {
                             .open_epochs = epochs_open(p)};
     int rc = dsrt__feed_open(&p->feed, p->ds, &fo);
     if (rc) return dsrt__fail_prefix(rc, "pipeline");
+    if (p->feed && p->sampler)
+        return dsrt__fail(DSRT_EOPTION,
+                          "pipeline: sample_weights: not with the shard order's stream, which "
+                          "orders the samples itself (give the exact order)");
     if (p->feed && p->o.pad_last && p->o.parts > 1)
         return dsrt__fail(DSRT_EOPTION,
                           "pipeline: pad_last: not with the shard order's stream (give the exact "
@@ -1330,25 +1358,52 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     *out = NULL;
     dsrt__clear_error(); /* a failure below keeps its own message (see fail:) */
     if (!ds) return dsrt__fail(DSRT_EOPTION, "pipeline: datastore: NULL");
-    size_t n = dsrt_datastore_count(ds);
-    if (n == 0) return dsrt__fail(DSRT_EEMPTY, "pipeline: the datastore has no sample");
-    if (n > UINT32_MAX)
-        return dsrt__fail(DSRT_EOPTION, "pipeline: %zu samples: more than 2^32 - 1", n);
+    size_t count = dsrt_datastore_count(ds);
+    if (count == 0) return dsrt__fail(DSRT_EEMPTY, "pipeline: the datastore has no sample");
+    if (count > UINT32_MAX)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: %zu samples: more than 2^32 - 1", count);
     dsrt_pipeline_options opt = o ? *o : dsrt_pipeline_defaults();
     dsrt_augment_options aug = augment ? *augment : dsrt_augment_defaults();
-    int rc = check_options(&opt, n);
+    /* The sampler first: the epoch's size, which the options are checked
+     * against, is its. */
+    dsrt_sampler *sampler = NULL;
+    dsrt_sampler_options so = {.weights = opt.sample_weights,
+                               .values = opt.sample_weight_values,
+                               .epoch_samples = opt.epoch_samples,
+                               .shuffle = (int)opt.shuffle,
+                               .who = "pipeline"};
+    if ((unsigned)opt.shuffle > DSRT_SHUFFLE_EVERY_EPOCH)
+        return dsrt__fail(DSRT_EOPTION, "pipeline: shuffle: %d: unknown", (int)opt.shuffle);
+    int rc = dsrt__sampler_create(&sampler, ds, &so);
     if (rc != 0) return rc;
+    size_t n = sampler ? dsrt__sampler_count(sampler) : count;
+    if (n == 0) {
+        dsrt__sampler_destroy(sampler);
+        return dsrt__fail(DSRT_EOPTION, "pipeline: epoch_samples: 0 samples an epoch");
+    }
+    if ((rc = check_options(&opt, n)) != 0) {
+        dsrt__sampler_destroy(sampler);
+        return rc;
+    }
     if (opt.parts == 0) opt.parts = 1;
     if ((rc = dsrt_augment_check(&aug)) != 0) return dsrt__fail_prefix(rc, "pipeline");
     size_t classes = 0;
-    if ((rc = dsrt__mix_check(&opt, &aug, dsrt_datastore_num_classes(ds), &classes)) != 0)
+    if ((rc = dsrt__mix_check(&opt, &aug, dsrt_datastore_num_classes(ds), &classes)) != 0) {
+        dsrt__sampler_destroy(sampler);
         return rc;
+    }
 
     dsrt_pipeline *p = dsrt__calloc(1, sizeof *p);
-    if (!p) return -ENOMEM;
+    if (!p) {
+        dsrt__sampler_destroy(sampler);
+        return -ENOMEM;
+    }
     rc = -ENOMEM;
     p->ds = ds;
     p->n = n;
+    p->count = count;
+    p->sampler = sampler;
+    p->mixture = dsrt__mixture_of(ds);
     p->o = opt;
     p->aug = aug;
     p->classes = classes;
@@ -1390,7 +1445,7 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     rc = -ENOMEM;
     if ((rc = slots_init(p)) != 0) goto fail;
     rc = -ENOMEM;
-    p->bad = dsrt__calloc((n + 63) / 64, sizeof *p->bad);
+    p->bad = dsrt__calloc((count + 63) / 64, sizeof *p->bad);
     if (!p->bad) goto fail;
     p->norders = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epochs_open(p) : 1;
     p->orders = dsrt__calloc(p->norders, sizeof *p->orders);
@@ -1423,6 +1478,7 @@ static void slot_close_up(dsrt_pipeline *p, dsrt_batch *b) {
             memmove((char *)b->data + kept * p->stride, (char *)b->data + i * p->stride, p->stride);
             b->labels[kept] = b->labels[i];
             b->ids[kept] = b->ids[i];
+            b->sources[kept] = b->sources[i];
             b->sizes[2 * kept] = b->sizes[2 * i];
             b->sizes[2 * kept + 1] = b->sizes[2 * i + 1];
         }
