@@ -36,7 +36,7 @@
 #define DSRT_MIN_SIZE(a, b) ((a) < (b) ? (a) : (b))
 
 static const char usage[] =
-    "usage: dsbench DATA [pipeline options]\n"
+    "usage: dsbench DATA [DATA...] [pipeline options]\n"
     "       dsbench DATA --index [options]\n"
     "       dsbench convert SRC OUT [options]\n"
     "\n"
@@ -97,6 +97,14 @@ static const char usage[] =
     "  --shuffle-buffer N    shards, shard order: samples mixed at once (default 1000)\n"
     "  --json                one JSON line instead of a table:\n"
     "                        {\"classes\":[...],\"counts\":[...],\"images\":N,\"scan_s\":S}\n"
+    "  --mix W1,W2,...|FILE  mix several DATA in these proportions (one weight a DATA,\n"
+    "                        each >= 0): an epoch draws round(N * W / sum W) samples\n"
+    "                        from each, interleaved at random; or FILE, lines of\n"
+    "                        PATH,WEIGHT naming the sources themselves (then no DATA;\n"
+    "                        relative paths from FILE's folder; '#' comments). Several\n"
+    "                        DATA without --mix: weights in proportion to their sizes\n"
+    "  --mix-labels merge|separate  classes of a mix merged by name (default), or kept\n"
+    "                        apart as K:NAME (K the source's number from 0)\n"
     "\n"
     "Pipeline options:\n"
     "  --pipeline 227|32|imagenet|imagenet-val|none  the work per image (default\n"
@@ -137,6 +145,16 @@ static const char usage[] =
     "  --seed S              shuffle and augmentation seed (default 0)\n"
     "  --shuffle never|once|epoch  sample order (default epoch: a new one each epoch)\n"
     "  --drop-last           drop each epoch's last, partial batch\n"
+    "  --mix-replacement     a mix draws within each source with replacement (default:\n"
+    "                        each source walked in fresh permutations, none twice\n"
+    "                        before all once)\n"
+    "  --sample-weights class-balanced|FILE  draw each epoch's samples with replacement\n"
+    "                        in proportion to a weight a sample (PyTorch's\n"
+    "                        WeightedRandomSampler): class-balanced weighs each 1 /\n"
+    "                        (samples of its class); FILE holds one weight a line, one\n"
+    "                        line a sample in DATA's order ('#' comments)\n"
+    "  --epoch-samples N     samples an epoch with --mix or --sample-weights (default:\n"
+    "                        all of DATA's)\n"
     "  --io auto|uring|pread file reads: io_uring (auto falls back to pread where the\n"
     "                        kernel refuses it), or pread (default auto)\n"
     "  --depth N             reads in flight per worker (default 16)\n"
@@ -172,8 +190,9 @@ static const char usage[] =
     "                        images_per_s (median after the warm-up), images,\n"
     "                        bad_files (the first 20: path, error), bad_files_total,\n"
     "                        skipped (times a bad file was passed over), threads,\n"
-    "                        io, per-stage seconds and, with --checksum, checksum\n"
-    "                        (hex); no progress bar\n"
+    "                        io, per-stage seconds, samples_per_source (the samples\n"
+    "                        delivered from each DATA of a mix) and, with --checksum,\n"
+    "                        checksum (hex); no progress bar\n"
     "  Also --source, --labels, --extensions, --no-subfolders, --no-follow, --split,\n"
     "  --coarse as for --index.\n"
     "\n"
@@ -189,9 +208,16 @@ static const char usage[] =
 
 typedef enum { PIPE_227 = 0, PIPE_32, PIPE_NONE, PIPE_IMAGENET, PIPE_IMAGENET_VAL } pipe_kind;
 
+#define MAX_DATA 64
+
 typedef struct {
     const char *data;
     char shown[4096]; /* data as messages show it (credentials masked) */
+    /* Several DATA and --mix: a mix (dsrt_datastore_open_mix). */
+    const char *paths[MAX_DATA];
+    size_t npaths;
+    const char *mix;
+    dsrt_mix_options mo;
     int index, json;
     /* pipeline mode */
     pipe_kind kind;
@@ -255,6 +281,11 @@ static int parse_datastore_option(int argc, char **argv, int *i, options *o) {
         o->ds.follow_symlinks = 0;
     } else if (strcmp(a, "--coarse") == 0) {
         o->ds.cifar100_coarse = 1;
+    } else if (strcmp(a, "--mix") == 0) {
+        o->mix = tool_value(argc, argv, i);
+    } else if (strcmp(a, "--mix-labels") == 0) {
+        if (dsrt_mix_labels_from_name(tool_value(argc, argv, i), &o->mo.labels) != 0)
+            tool_die_usage("--mix-labels: %s", dsrt_last_error());
     } else if (strcmp(a, "--order") == 0) {
         o->ds.shard_order = tool_shard_order("--order", tool_value(argc, argv, i));
     } else if (strcmp(a, "--shuffle-buffer") == 0) {
@@ -288,10 +319,15 @@ static void print_warnings(const dsrt_datastore *ds) {
     if (n > 20) fprintf(stderr, "  ... and %zu more\n", n - 20);
 }
 
+/* Opens DATA: one datastore, or the mix of several (--mix). */
+static int open_data(const options *o, dsrt_datastore **ds) {
+    return dsrt_datastore_open_mix(ds, o->paths, o->npaths, o->mix, &o->ds, &o->mo);
+}
+
 static int run_index(const options *o) {
     dsrt_datastore *ds;
     double t0 = now_s();
-    int rc = dsrt_datastore_open(&ds, o->data, &o->ds);
+    int rc = open_data(o, &ds);
     double scan_s = now_s() - t0;
     if (rc != 0) tool_die("%s", dsrt_last_error());
     print_warnings(ds);
@@ -561,6 +597,8 @@ typedef struct {
     char cpus[256], io_fallback[256];
     size_t shards, shuffle_buffer; /* a shard set: its shards, and how it is read */
     dsrt_shard_order order;
+    uint64_t *per_source; /* (nsources) samples delivered from each source of a mix */
+    size_t nsources;
 } run_result;
 
 static void progress(const options *o, unsigned epoch, size_t done, size_t total, double t0) {
@@ -602,13 +640,17 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
     po.threads = threads;
     po.epochs = o->epochs;
     dsrt_pipeline *p;
+    memset(r, 0, sizeof *r);
     if (dsrt_pipeline_open(&p, ds, aug, &po) != 0) tool_die("%s", dsrt_last_error());
     uint64_t bpe = dsrt_pipeline_batches_per_epoch(p);
-    size_t per_epoch = po.drop_last ? (size_t)bpe * po.batch : dsrt_datastore_count(ds);
+    size_t per_epoch = po.drop_last       ? (size_t)bpe * po.batch
+                       : po.epoch_samples ? po.epoch_samples
+                                          : dsrt_datastore_count(ds);
+    r->nsources = dsrt_datastore_mix_sources(ds);
+    if (!(r->per_source = calloc(r->nsources, sizeof *r->per_source))) tool_die("out of memory");
     int bar = !o->json && isatty(2);
     checksum c;
     checksum_init(&c);
-    memset(r, 0, sizeof *r);
     r->bad.out = o->bad_out;
     r->rates = calloc(o->epochs, sizeof *r->rates);
     r->cpu_rates = calloc(o->epochs, sizeof *r->cpu_rates);
@@ -638,6 +680,7 @@ static void run_pipeline_once(const options *o, const dsrt_datastore *ds,
                          (unsigned long long)b->index, (unsigned long long)b->epoch,
                          (unsigned long long)k, e);
             images += b->count;
+            for (size_t i = 0; i < b->count; i++) r->per_source[b->sources[i]]++;
             if (o->checksum) checksum_batch(&c, b);
             if (dsrt_batch_release(p, b) != 0) tool_die("%s", dsrt_last_error());
             if (bar && (now_s() - last_bar > 0.1 || k + 1 == bpe)) {
@@ -769,6 +812,10 @@ static void json_summary(const options *o, const context *cx, const run_result *
            tool_json_number(b[5], "%.3f", r->seconds), s->locked_memory ? "true" : "false",
            s->pinned_memory ? "true" : "false");
     if (o->checksum) printf(",\"checksum\":\"%016llx\"", (unsigned long long)r->hash);
+    printf(",\"samples_per_source\":[");
+    for (size_t k = 0; k < r->nsources; k++)
+        printf("%s%llu", k ? "," : "", (unsigned long long)r->per_source[k]);
+    printf("]");
     if (r->shards)
         printf(",\"shards\":%zu,\"order\":\"%s\",\"shuffle_buffer\":%zu,\"stream_bytes\":%llu,"
                "\"stream_samples\":%llu,\"stream_ranged\":%llu",
@@ -931,6 +978,15 @@ static void print_result(const options *o, const context *cx, const run_result *
                (unsigned long long)s->remote_requests, (unsigned long long)s->remote_retries,
                (unsigned long long)s->remote_connections, s->remote_in_flight);
     printf("\n");
+    if (r->nsources > 1) {
+        uint64_t all = 0;
+        for (size_t k = 0; k < r->nsources; k++) all += r->per_source[k];
+        printf("samples per source:");
+        for (size_t k = 0; k < r->nsources; k++)
+            printf(" %zu: %llu (%.1f%%)", k, (unsigned long long)r->per_source[k],
+                   all ? 100.0 * r->per_source[k] / all : 0.0);
+        printf("\n");
+    }
     if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
 }
 
@@ -958,12 +1014,12 @@ static int run_pipeline(options *o) {
     dsrt_datastore *ds;
     if (o->cold && o->cold_method == COLD_AUTO)
         o->cold_method = can_drop_caches() ? COLD_DROP_CACHES : COLD_FADVISE;
-    if (dsrt_datastore_open(&ds, o->data, &o->ds) != 0) tool_die("%s", dsrt_last_error());
+    if (open_data(o, &ds) != 0) tool_die("%s", dsrt_last_error());
     print_warnings(ds);
     dsrt_augment_options aug = pipeline_augment(o);
     o->po.native = o->kind == PIPE_NONE;
     if (!o->batch_given) o->po.batch = o->kind == PIPE_NONE ? 1 : 128;
-    size_t images = dsrt_datastore_count(ds);
+    size_t images = o->po.epoch_samples ? o->po.epoch_samples : dsrt_datastore_count(ds);
 
     context cx;
     context_make(o, ds, &cx);
@@ -1005,6 +1061,7 @@ static int run_pipeline(options *o) {
     for (unsigned i = 0; i < ncounts; i++) {
         free(res[i].rates);
         free(res[i].cpu_rates);
+        free(res[i].per_source);
         tool_bad_free(&res[i].bad);
     }
     free(res);
@@ -1130,6 +1187,13 @@ static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
             tool_die_usage("--shuffle: '%s' is not never, once or epoch", v);
     } else if (strcmp(a, "--drop-last") == 0) {
         po->drop_last = 1;
+    } else if (strcmp(a, "--mix-replacement") == 0) {
+        o->mo.replacement = 1;
+    } else if (strcmp(a, "--sample-weights") == 0) {
+        po->sample_weights = tool_value(argc, argv, i);
+    } else if (strcmp(a, "--epoch-samples") == 0) {
+        po->epoch_samples =
+            (size_t)tool_int("--epoch-samples", tool_value(argc, argv, i), 1, UINT32_MAX);
     } else if (strcmp(a, "--fail-on-error") == 0) {
         po->fail_on_error = 1;
     } else if (strcmp(a, "--checksum") == 0) {
@@ -1160,6 +1224,7 @@ int main(int argc, char **argv) {
     o.ds = dsrt_datastore_defaults();
     o.split_both = 1;
     o.po = dsrt_pipeline_defaults();
+    o.mo = dsrt_mix_defaults();
     o.epochs = 3;
     o.channels = 3;
     o.decode_dc = 1;
@@ -1197,7 +1262,9 @@ int main(int argc, char **argv) {
                                                  (long long)1 << 40);
         } else if (a[0] == '-' && a[1] != '\0') {
             tool_die_usage("unknown option '%s'", a);
-        } else if (n_pos < (size_t)(convert ? 2 : 1)) {
+        } else if (!convert && o.npaths < MAX_DATA) {
+            o.paths[o.npaths++] = a;
+        } else if (convert && n_pos < 2) {
             positional[n_pos++] = a;
         } else {
             tool_die_usage("unexpected argument '%s'", a);
@@ -1213,9 +1280,21 @@ int main(int argc, char **argv) {
         o.out = positional[1];
         return run_convert(&o);
     }
-    if (n_pos != 1) tool_die_usage("no data given");
-    o.data = positional[0];
-    dsrt_text_redact(o.data, o.shown, sizeof o.shown);
+    if (o.npaths == 0 && !o.mix) tool_die_usage("no data given");
+    if (o.npaths > 1 || o.mix) {
+        /* "A + B", or the mix file. */
+        size_t at = 0;
+        for (size_t k = 0; k < o.npaths && at < sizeof o.shown; k++) {
+            char one[4096];
+            dsrt_text_redact(o.paths[k], one, sizeof one);
+            at += (size_t)snprintf(o.shown + at, sizeof o.shown - at, "%s%s", k ? " + " : "", one);
+        }
+        if (!o.npaths) snprintf(o.shown, sizeof o.shown, "mix %s", o.mix);
+        o.data = o.npaths ? o.paths[0] : o.mix;
+    } else {
+        o.data = o.paths[0];
+        dsrt_text_redact(o.data, o.shown, sizeof o.shown);
+    }
     if (o.index) {
         if (o.pipeline_given) tool_die_usage("--index scans only: pipeline options do not apply");
         return run_index(&o);
