@@ -39,12 +39,20 @@
 // ----------------------------------------------------------------------------
 // Options
 
-typedef enum { OPT_FLAG, OPT_INT, OPT_STR, OPT_U64, OPT_DBL } opt_type;
+/* OPT_STRS: an option that may be given several times, each value kept
+ * in a str_list. */
+typedef enum { OPT_FLAG, OPT_INT, OPT_STR, OPT_U64, OPT_DBL, OPT_STRS } opt_type;
+
+#define STR_LIST_MAX 64
+typedef struct {
+    const char *v[STR_LIST_MAX];
+    size_t n;
+} str_list;
 
 typedef struct {
     const char *name; /* without the leading "--" */
     opt_type type;
-    void *value;     /* int *, const char **, uint64_t *, double * */
+    void *value;     /* int *, const char **, uint64_t *, double *, str_list * */
     int min, max;    /* OPT_INT */
     const char *arg; /* the value's name in help, e.g. "N" */
     const char *help;
@@ -118,6 +126,16 @@ static int parse_options(const char *cmd, int argc, char **argv, const option *o
         }
         if (o->type == OPT_STR) {
             *(const char **)o->value = v;
+            continue;
+        }
+        if (o->type == OPT_STRS) {
+            str_list *l = o->value;
+            if (l->n == STR_LIST_MAX) {
+                fprintf(stderr, "%s %s: --%s: at most %d of them\n", prog, cmd, o->name,
+                        STR_LIST_MAX);
+                return -1;
+            }
+            l->v[l->n++] = v;
             continue;
         }
         char *end;
@@ -1040,21 +1058,39 @@ bad:
     return -1;
 }
 
-/* How data is opened besides its path: --drop-empty-classes, for shard
- * sets --order and --shuffle-buffer, and in a store --retry-deadline and
- * --request-timeout. */
+/* How data is opened besides its paths: --drop-empty-classes, for shard
+ * sets --order and --shuffle-buffer, in a store --retry-deadline and
+ * --request-timeout, and several paths mixed: --mix, --mix-labels,
+ * --mix-replacement. */
 typedef struct {
     int drop_empty;
     const char *order;
     int shuffle_buffer;
     const remote_opts *remote; /* for the requests that list or fetch the data's index */
+    const char *mix;           /* weights "0.7,0.3" or a mix file, or NULL */
+    dsrt_mix_options mo;
 } data_args;
+
+/* paths[0, n) as messages show them: "A + B", or "mix FILE" for a mix file
+ * alone; credentials masked. Returns buf. */
+static const char *data_shown(const char *const *paths, size_t n, const char *mix, char *buf,
+                              size_t cap) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t k = 0; k < n && at < cap; k++) {
+        char one[4096];
+        at += (size_t)snprintf(buf + at, cap - at, "%s%s", k ? " + " : "",
+                               tool_shown(paths[k], one, sizeof one));
+    }
+    if (!n && mix) snprintf(buf, cap, "mix %s", mix);
+    return buf;
+}
 
 /* Opens labelled data: prints the scan's warnings (broken or looping links,
  * unreadable folders, ...) and refuses classes without images unless
  * drop_empty leaves them out. */
-static int open_data(const char *cmd, const char *what, const char *path, const data_args *a,
-                     dsrt_datastore **ds) {
+static int open_data(const char *cmd, const char *what, const char *const *paths, size_t npaths,
+                     const data_args *a, dsrt_datastore **ds) {
     dsrt_datastore_options o = dsrt_datastore_defaults();
     o.drop_empty_classes = a->drop_empty;
     if (a->order && dsrt_shard_order_from_name(a->order, &o.shard_order) != 0) {
@@ -1063,12 +1099,12 @@ static int open_data(const char *cmd, const char *what, const char *path, const 
     }
     if (a->shuffle_buffer) o.shuffle_buffer = (size_t)a->shuffle_buffer;
     if (a->remote) remote_set(&o.remote, a->remote);
-    if (dsrt_datastore_open(ds, path, &o) != 0) {
+    if (dsrt_datastore_open_mix(ds, paths, npaths, a->mix, &o, &a->mo) != 0) {
         fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
         return -1;
     }
     char shown[4096];
-    tool_shown(path, shown, sizeof shown);
+    data_shown(paths, npaths, a->mix, shown, sizeof shown);
     size_t nw = dsrt_datastore_warning_count(*ds), nc = dsrt_datastore_num_classes(*ds);
     if (nw) {
         fprintf(stderr, "%s %s: %s %s: %zu warning%s while indexing:\n", prog, cmd, what, shown, nw,
@@ -1137,7 +1173,11 @@ static const char *jnum(char *buf, double v) {
 // train
 
 static struct {
-    const char *data, *val, *net, *resume, *checkpoint_dir, *checkpoint_unit, *solver, *shuffle;
+    str_list data;
+    const char *mix, *mix_labels, *sample_weights;
+    int mix_replacement;
+    uint64_t epoch_samples;
+    const char *val, *net, *resume, *checkpoint_dir, *checkpoint_unit, *solver, *shuffle;
     const char *lr, *momentum, *l2, *lr_schedule, *lr_drop_factor, *grad_threshold,
         *grad_threshold_method, *output_network, *plot, *log, *save, *transfer, *lr_factor,
         *new_lr_factor, *cpus, *rand_rotation, *rand_scale, *rand_x_translation,
@@ -1162,9 +1202,25 @@ static struct {
 } tr;
 
 static const option TRAIN_OPTIONS[] = {
-    {"data", OPT_STR, &tr.data, 0, 0, "DIR",
+    {"data", OPT_STRS, &tr.data, 0, 0, "DIR",
      "training images: a folder of class folders (or IDX, "
-     "CIFAR, CSV manifest, tar shards) (required)"},
+     "CIFAR, CSV manifest, tar shards) (required; several: a mix, see --mix)"},
+    {"mix", OPT_STR, &tr.mix, 0, 0, "W1,W2|FILE",
+     "mix the --data in these proportions (one weight a --data, each >= 0): each epoch "
+     "draws round(N * W / sum W) samples of each, interleaved at random; or FILE, lines "
+     "PATH,WEIGHT naming the sources (then no --data; relative paths from FILE's folder) "
+     "[several --data: in proportion to their sizes]"},
+    {"mix-labels", OPT_STR, &tr.mix_labels, 0, 0, "HOW",
+     "classes of a mix merged by name (merge) or kept apart as K:NAME (separate) [merge]"},
+    {"mix-replacement", OPT_FLAG, &tr.mix_replacement, 0, 0, NULL,
+     "a mix draws within each source with replacement (default: each source walked in "
+     "fresh permutations)"},
+    {"sample-weights", OPT_STR, &tr.sample_weights, 0, 0, "HOW",
+     "draw each epoch's samples with replacement by weight (PyTorch's "
+     "WeightedRandomSampler): class-balanced (1 / samples of the class) or FILE (one weight "
+     "a line, a line a sample in --data's order) [none]"},
+    {"epoch-samples", OPT_U64, &tr.epoch_samples, 0, 0, "N",
+     "samples an epoch with a mix or --sample-weights [the data's count]"},
     {"val", OPT_STR, &tr.val, 0, 0, "DIR", "validation images (ValidationData) [none]"},
     {"net", OPT_STR, &tr.net, 0, 0, "NAME|FILE",
      "digits, cifar, alexnet, a description file, or a model file (dsrt or ONNX) to go on from "
@@ -1346,6 +1402,13 @@ static void train_usage(FILE *f) {
             "end of each epoch unless --val-frequency says otherwise. A non-finite loss stops\n"
             "the run (exit status 1) and leaves the last checkpoint as it was. With --resume,\n"
             "the seed and the position come from the checkpoint.\n\n"
+            "Several --data make a mix (WebDataset's and MosaicML Streaming's weighted\n"
+            "sources): --mix 0.7,0.3 gives each epoch (--epoch-samples N, default all the\n"
+            "samples) 70%% of its samples from the first and 30%% from the second, interleaved\n"
+            "at random, classes merged by name (--mix-labels separate keeps them apart);\n"
+            "--mix FILE reads PATH,WEIGHT lines instead. --sample-weights class-balanced\n"
+            "draws every class equally often from one --data. The draws are keyed by the\n"
+            "seed and the epoch: resumes and data-parallel workers see the same batches.\n\n"
             "Images that cannot be read or decoded are skipped (a training place takes the\n"
             "next image; validation leaves them out) and named at the end, on stderr and in\n"
             "the JSON summary (the first %d; --bad-list writes all). Ctrl-C, SIGTERM or SIGHUP\n"
@@ -1911,6 +1974,14 @@ static int resolve_parallel(dsrt_train_options *o, double bucket_mib) {
     return 0;
 }
 
+/* The mix options --mix-replacement and --mix-labels give: 0, or -1 when
+ * --mix-labels names no choice (dsrt_last_error says which there are). */
+static int train_mix(dsrt_mix_options *mo) {
+    *mo = dsrt_mix_defaults();
+    mo->replacement = tr.mix_replacement;
+    return tr.mix_labels && dsrt_mix_labels_from_name(tr.mix_labels, &mo->labels) != 0 ? -1 : 0;
+}
+
 /*
  * Turns the parsed flags into the train and net options, through the tables
  * above: every choice, number and range checked before anything is opened.
@@ -1920,10 +1991,22 @@ static int train_resolve_options(train_job *j) {
     const char *cmd = "train";
     dsrt_train_options *o = &j->o;
     *o = dsrt_train_defaults();
-    if (!tr.data) {
+    if (!tr.data.n && !tr.mix) {
         fprintf(stderr, "%s train: --data DIR is required (see %s train --help)\n", prog, prog);
         return 2;
     }
+    dsrt_mix_options mo;
+    if (train_mix(&mo) != 0) {
+        fprintf(stderr, "%s train: --mix-labels: %s\n", prog, dsrt_last_error());
+        return 2;
+    }
+    if (tr.epoch_samples > UINT32_MAX) {
+        fprintf(stderr, "%s train: --epoch-samples: %llu: more than 2^32 - 1\n", prog,
+                (unsigned long long)tr.epoch_samples);
+        return 2;
+    }
+    o->sample_weights = tr.sample_weights;
+    o->epoch_samples = (size_t)tr.epoch_samples;
     if (resolve_preset(o)) return 2;
     if (resolve_choices(o)) return 2;
     if (tr.resize_shorter >= 0) o->augment.resize_shorter = tr.resize_shorter;
@@ -2278,9 +2361,12 @@ static int train_open_data_and_net(train_job *j) {
             return 2;
         }
     }
-    data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer, &tr.remote};
-    if (open_data(cmd, "--data", tr.data, &da, &j->train) ||
-        (tr.val && open_data(cmd, "--val", tr.val, &da, &j->val)))
+    dsrt_mix_options mo;
+    train_mix(&mo); /* checked with the other options */
+    data_args da = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer, &tr.remote, tr.mix, mo};
+    data_args va = {tr.drop_empty_classes, tr.order, tr.shuffle_buffer, &tr.remote, NULL, mo};
+    if (open_data(cmd, "--data", tr.data.v, tr.data.n, &da, &j->train) ||
+        (tr.val && open_data(cmd, "--val", &tr.val, 1, &va, &j->val)))
         return 2;
     j->o.validation = j->val;
     j->no.seed = tr.seed;
@@ -2339,8 +2425,8 @@ static int train_open_data_and_net(train_job *j) {
     if (!j->net && !j->desc && !strncmp(dsrt_last_error(), "class names:", 12)) {
         /* The names come from the data's class folders. */
         char shown[4096];
-        fprintf(stderr, "%s train: --data %s: %s\n", prog, tool_shown(tr.data, shown, sizeof shown),
-                dsrt_last_error());
+        fprintf(stderr, "%s train: --data %s: %s\n", prog,
+                data_shown(tr.data.v, tr.data.n, tr.mix, shown, sizeof shown), dsrt_last_error());
         return 2;
     }
     if (!j->net) {
@@ -2372,7 +2458,7 @@ static int train_setup_ui(train_job *j) {
     ui->progress = !tr.json && !tr.no_progress && isatty(STDERR_FILENO);
     char shown[4096];
     snprintf(j->title, sizeof j->title, "%s on %s", tr.transfer ? "transfer" : j->netname,
-             tool_shown(tr.data, shown, sizeof shown));
+             data_shown(tr.data.v, tr.data.n, tr.mix, shown, sizeof shown));
     ui->title = j->title;
     j->o.callback = train_event;
     j->o.callback_ctx = ui;
@@ -2849,8 +2935,8 @@ static int cmd_eval(int argc, char **argv) {
     }
     if ((status = load_model("eval", "--model", ev.model, &ev.onnx, &no, &net))) goto out;
     status = 1;
-    data_args da = {ev.drop_empty_classes, ev.order, 0, &ev.remote};
-    if (open_data("eval", "--data", ev.data, &da, &ds)) goto out;
+    data_args da = {ev.drop_empty_classes, ev.order, 0, &ev.remote, NULL, dsrt_mix_defaults()};
+    if (open_data("eval", "--data", &ev.data, 1, &da, &ds)) goto out;
     dsrt_eval_options eo = dsrt_eval_defaults();
     eo.batch = ev.batch;
     eo.compute_threads = ev.threads;

@@ -257,6 +257,18 @@ typedef struct {
      */
     double mixup_alpha, cutmix_alpha, cutmix_minmax[2], mix_prob, mix_switch_prob;
     double label_smoothing;
+
+    /*
+     * Sampling of the training data, as dsrt_pipeline_options' fields of the
+     * same names say: over a mix (dsrt_datastore_mix) each epoch draws from
+     * its sources in proportion to their weights; sample_weights NULL
+     * (default), "class-balanced" or the path of a weights file draws each
+     * sample with replacement in proportion to its weight. epoch_samples:
+     * the samples of an epoch when sampling; 0 (default): the training
+     * data's count. Validation walks its data once, as always.
+     */
+    const char *sample_weights;
+    size_t epoch_samples;
 } dsrt_train_options;
 
 /* The defaults described above. */

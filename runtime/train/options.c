@@ -420,9 +420,10 @@ static int check_data(const dsrt_train_options *o, const dsrt_net *net, const ds
          "training data: %zu classes, the net has %d (build the net for the data's classes, or "
          "use transfer learning)",
          nc, ni.classes);
-    BADO(!o->drop_last || (size_t)o->batch <= n,
+    size_t per_epoch = o->epoch_samples ? o->epoch_samples : n;
+    BADO(!o->drop_last || (size_t)o->batch <= per_epoch,
          "batch (MiniBatchSize): %d: more than the %zu training samples with drop_last", o->batch,
-         n);
+         per_epoch);
     /* Every worker gets at least one sample of every batch. */
     BADO(o->batch >= world,
          "batch (MiniBatchSize): %d: fewer than the %d workers (the batch is the global "

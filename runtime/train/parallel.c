@@ -154,8 +154,8 @@ static int reserve(run *R) {
     const dsrt_train_options *o = R->o;
     dsrt_net_reserve r;
     memset(&r, 0, sizeof r);
-    add_shapes(R, dsrt_datastore_count(R->train), (size_t)o->batch, o->drop_last, r.train_n,
-               &r.n_train);
+    add_shapes(R, o->epoch_samples ? o->epoch_samples : dsrt_datastore_count(R->train),
+               (size_t)o->batch, o->drop_last, r.train_n, &r.n_train);
     if (o->validation && R->vbatch > 0)
         add_shapes(R, dsrt_datastore_count(o->validation), (size_t)R->vbatch, 0, r.infer_n,
                    &r.n_infer);

@@ -209,6 +209,8 @@ static int open_pipelines(run *R, const dsrt_augment_options *aug,
     po.mix_switch_prob = o->mix_switch_prob;
     po.label_smoothing = o->label_smoothing;
     po.classes = (size_t)R->ni.classes;
+    po.sample_weights = o->sample_weights;
+    po.epoch_samples = o->epoch_samples;
     if (o->read_depth) po.reader.depth = o->read_depth;
     dsrt__remote_apply(&po.reader.remote, &o->remote);
     if ((rc = dsrt_pipeline_open(&R->p, R->train, aug, &po))) return dsrt__fail_prefix(rc, "train");
@@ -225,6 +227,9 @@ static int open_pipelines(run *R, const dsrt_augment_options *aug,
     /* Validation scores the images as they are, against the hard labels. */
     vo.mixup_alpha = vo.cutmix_alpha = vo.label_smoothing = 0;
     vo.cutmix_minmax[0] = vo.cutmix_minmax[1] = 0;
+    /* and walks its data once. */
+    vo.sample_weights = NULL;
+    vo.epoch_samples = 0;
     if ((rc = dsrt_pipeline_open(&R->vp, o->validation, vaug, &vo)))
         return dsrt__fail_prefix(rc, "train: validation");
     R->vbpe = dsrt_pipeline_batches_per_epoch(R->vp);
@@ -242,7 +247,7 @@ static int run_open(run *R) {
     dsrt_net_params(net, &R->n_params);
     dsrt_net_state(net, &R->n_state);
     R->ls.batch = o->batch;
-    R->ls.samples = (int64_t)dsrt_datastore_count(R->train);
+    R->ls.samples = (int64_t)(o->epoch_samples ? o->epoch_samples : dsrt_datastore_count(R->train));
     R->ls.drop_last = o->drop_last;
     snprintf(R->ls.order, sizeof R->ls.order, "%s",
              dsrt_shard_order_name(dsrt_datastore_shard_order(R->train)));
