@@ -64,6 +64,11 @@ static int get_labels(PyObject *v, dsrt_label_source *out) {
     return !s ? -1 : dsrt_label_source_from_name(s, out) ? name_refused("labels") : 0;
 }
 
+static int get_mix_labels(PyObject *v, dsrt_mix_labels *out) {
+    const char *s = get_name(v, "mix_labels");
+    return !s ? -1 : dsrt_mix_labels_from_name(s, out) ? name_refused("mix_labels") : 0;
+}
+
 static int get_order(PyObject *v, dsrt_shard_order *out) {
     const char *s = get_name(v, "order");
     return !s ? -1 : dsrt_shard_order_from_name(s, out) ? name_refused("order") : 0;
@@ -172,6 +177,82 @@ static int open_interrupted(void *ctx) {
     return stop;
 }
 
+/* Datastore()'s path (one, or a sequence of them: a mix) and mix (weights
+ * as a sequence or a string "0.7,0.3", or a mix file), as
+ * dsrt_datastore_open_mix takes them. */
+typedef struct {
+    PyObject **bytes; /* (n) each path, file-system encoded */
+    const char **paths;
+    size_t n;
+    PyObject *mix_bytes; /* the mix's text */
+    const char *mix;
+} data_paths;
+
+static void data_paths_free(data_paths *d) {
+    for (size_t k = 0; d->bytes && k < d->n; k++) Py_XDECREF(d->bytes[k]);
+    PyMem_Free(d->bytes);
+    PyMem_Free(d->paths);
+    Py_XDECREF(d->mix_bytes);
+    memset(d, 0, sizeof *d);
+}
+
+static int data_paths_get(data_paths *d, PyObject *path, PyObject *mix) {
+    int many = PyList_Check(path) || PyTuple_Check(path);
+    Py_ssize_t n = path == Py_None ? 0 : many ? PySequence_Size(path) : 1;
+    if (n == 0 && mix == Py_None) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Datastore: give a path (or paths and mix, or a mix file)");
+        return -1;
+    }
+    d->bytes = PyMem_Calloc((size_t)(n ? n : 1), sizeof *d->bytes);
+    d->paths = PyMem_Calloc((size_t)(n ? n : 1), sizeof *d->paths);
+    if (!d->bytes || !d->paths) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *one = many ? PySequence_GetItem(path, k) : (Py_INCREF(path), path);
+        int ok = one && PyUnicode_FSConverter(one, &d->bytes[k]);
+        Py_XDECREF(one);
+        d->n = (size_t)k + 1;
+        if (!ok) return -1;
+        d->paths[k] = PyBytes_AS_STRING(d->bytes[k]);
+    }
+    if (mix == Py_None) return 0;
+    if (PyUnicode_Check(mix) || PyBytes_Check(mix) || PyObject_HasAttrString(mix, "__fspath__")) {
+        if (!PyUnicode_FSConverter(mix, &d->mix_bytes)) return -1;
+    } else {
+        /* Numbers: written as the text the library parses, exactly. */
+        Py_ssize_t k = PySequence_Check(mix) ? PySequence_Size(mix) : -1;
+        if (k < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "mix: %R: expected weights (a sequence of numbers) or a mix file", mix);
+            return -1;
+        }
+        double *w = PyMem_Calloc((size_t)(k ? k : 1), sizeof *w);
+        if (!w) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        PyObject *text = get_doubles(mix, "mix", w, k, 0) == 0 ? PyUnicode_FromString("") : NULL;
+        for (Py_ssize_t i = 0; text && i < k; i++) {
+            char one[40];
+            snprintf(one, sizeof one, "%s%.17g", i ? "," : "", w[i]);
+            PyObject *t = PyUnicode_FromFormat("%U%s", text, one);
+            Py_DECREF(text);
+            text = t;
+        }
+        PyMem_Free(w);
+        if (!text) return -1;
+        d->mix_bytes = PyUnicode_AsUTF8String(text);
+        Py_DECREF(text);
+        if (!d->mix_bytes) return -1;
+    }
+    d->mix = PyBytes_AS_STRING(d->mix_bytes);
+    return 0;
+}
+
 static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"path",
                              "source",
@@ -188,17 +269,26 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
                              "shuffle_buffer",
                              "retry_deadline",
                              "request_timeout",
+                             "mix",
+                             "mix_labels",
+                             "mix_replacement",
                              NULL};
-    PyObject *path = NULL, *source = NULL, *labels = NULL, *subfolders = NULL, *ext = NULL,
+    PyObject *path = Py_None, *source = NULL, *labels = NULL, *subfolders = NULL, *ext = NULL,
              *follow = NULL, *drop_empty = NULL, *labels_path = NULL, *split = NULL, *coarse = NULL,
              *header = Py_None, *order = NULL, *buffer = NULL, *deadline = NULL,
-             *req_timeout = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$OOOOOOOOOOOOOO:Datastore", kwlist,
-                                     PyUnicode_FSConverter, &path, &source, &labels, &subfolders,
-                                     &ext, &follow, &drop_empty, &labels_path, &split, &coarse,
-                                     &header, &order, &buffer, &deadline, &req_timeout))
+             *req_timeout = NULL, *mix = Py_None, *mix_labels = NULL, *mix_replacement = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$OOOOOOOOOOOOOOOOO:Datastore", kwlist, &path,
+                                     &source, &labels, &subfolders, &ext, &follow, &drop_empty,
+                                     &labels_path, &split, &coarse, &header, &order, &buffer,
+                                     &deadline, &req_timeout, &mix, &mix_labels, &mix_replacement))
         return -1;
     int rc = -1, v;
+    data_paths dp = {0};
+    dsrt_mix_options mo = dsrt_mix_defaults();
+    if (data_paths_get(&dp, path, mix) != 0) goto done;
+    if (mix_labels && get_mix_labels(mix_labels, &mo.labels) != 0) goto done;
+    if (mix_replacement && get_bool(mix_replacement, "mix_replacement", &mo.replacement) != 0)
+        goto done;
     if (self->users > 0 || self->opening) {
         /* A Pipeline reads the index this would free. */
         PyErr_Format(PyExc_RuntimeError,
@@ -244,12 +334,11 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     }
     dsrt_datastore *ds = NULL;
     int code;
-    const char *p = PyBytes_AS_STRING(path);
     self->opening = 1;
     PyThreadState *ts = PyEval_SaveThread();
     o.interrupted = open_interrupted;
     o.interrupted_ctx = &ts;
-    code = dsrt_datastore_open(&ds, p, &o);
+    code = dsrt_datastore_open_mix(&ds, dp.paths, dp.n, dp.mix, &o, &mo);
     PyEval_RestoreThread(ts);
     self->opening = 0;
     if (code != 0) {
@@ -261,7 +350,7 @@ static int datastore_init(DatastoreObject *self, PyObject *args, PyObject *kw) {
     self->ds = ds;
     rc = 0;
 done:
-    Py_XDECREF(path);
+    data_paths_free(&dp);
     return rc;
 }
 
@@ -549,7 +638,24 @@ static PyObject *datastore_repr(DatastoreObject *self) {
                                 dsrt_datastore_num_classes(self->ds));
 }
 
+static PyObject *weight_item(void *ds, size_t k) {
+    return PyFloat_FromDouble(dsrt_datastore_mix_weight(ds, k));
+}
+
+static PyObject *datastore_mix_weights(DatastoreObject *self, void *unused) {
+    if (datastore_ready(self) != 0) return NULL;
+    return sequence_of(dsrt_datastore_mix_sources(self->ds), 1, weight_item, self->ds);
+}
+
+static PyObject *datastore_mix_source(DatastoreObject *self, PyObject *arg) {
+    size_t i;
+    if (datastore_arg(self, arg, &i) != 0) return NULL;
+    return PyLong_FromSize_t(dsrt_datastore_mix_source(self->ds, i));
+}
+
 static PyMethodDef datastore_methods[] = {
+    {"mix_source", (PyCFunction)datastore_mix_source, METH_O,
+     "mix_source(i) -> the source of a mix sample i came from (0 when not a mix)"},
     {"label", (PyCFunction)datastore_label, METH_O, "label(i) -> class index of sample i"},
     {"labels", (PyCFunction)datastore_labels, METH_NOARGS, "labels() -> every sample's label"},
     {"path", (PyCFunction)datastore_path, METH_O,
@@ -582,6 +688,8 @@ static PyMethodDef datastore_methods[] = {
     {NULL}};
 
 static PyGetSetDef datastore_getset[] = {
+    {"mix_weights", (getter)datastore_mix_weights, NULL,
+     "a mix's sources' weights, normalised to sum 1: a tuple (1.0,) when not a mix", NULL},
     {"classes", (getter)datastore_classes, NULL, "class names, in class-index order", NULL},
     {"source", (getter)datastore_source, NULL, "folder, manifest, idx, cifar10, cifar100 or shards",
      NULL},
@@ -1010,6 +1118,11 @@ static PyObject *batch_ids(BatchObject *self, void *unused) {
     return (PyObject *)tensor_new(self, self->b->ids, dt_u32, "I", 1, shape);
 }
 
+static PyObject *batch_sources(BatchObject *self, void *unused) {
+    int64_t shape[1] = {(int64_t)self->b->count};
+    return (PyObject *)tensor_new(self, self->b->sources, dt_i32, "i", 1, shape);
+}
+
 static PyObject *batch_sizes(BatchObject *self, void *unused) {
     int64_t shape[2] = {(int64_t)self->b->count, 2};
     return (PyObject *)tensor_new(self, self->b->sizes, dt_i32, "i", 2, shape);
@@ -1058,6 +1171,8 @@ static PyGetSetDef batch_getset[] = {
      "datastore id of the sample that filled each place: Tensor (count,) uint32", NULL},
     {"sizes", (getter)batch_sizes, NULL, "height and width of each sample: Tensor (count, 2) int32",
      NULL},
+    {"sources", (getter)batch_sources, NULL,
+     "the mix source each sample came from: Tensor (count,) int32 (0 when not a mix)", NULL},
     {"count", (getter)batch_count, NULL, "samples in this batch", NULL},
     {"epoch", (getter)batch_epoch, NULL, "epoch, from 0", NULL},
     {"index", (getter)batch_index, NULL, "batch in its epoch, from 0", NULL},
@@ -1221,6 +1336,11 @@ typedef struct {
         *max_conns, *deadline, *req_timeout;
     PyObject *mixup, *cutmix, *cutmix_minmax, *mix_prob, *switch_prob, *smoothing, *classes, *rank,
         *world;
+    PyObject *sample_weights, *epoch_samples;
+    /* sample_weights given as numbers, or as a path (its str): freed once
+     * the pipeline is open. */
+    double *weights;
+    PyObject *weights_path;
 } pipeline_args;
 
 /* Augmentation: the preset, then the augment keywords, then layout and dtype. */
@@ -1360,7 +1480,7 @@ static int pipeline_ranks(const pipeline_args *pa, dsrt_pipeline_options *o) {
 }
 
 /* The pipeline keywords over dsrt_pipeline_defaults(). */
-static int pipeline_options(const pipeline_args *pa, dsrt_pipeline_options *o) {
+static int pipeline_options(pipeline_args *pa, dsrt_pipeline_options *o) {
     *o = dsrt_pipeline_defaults();
     int v;
     uint64_t u;
@@ -1423,6 +1543,45 @@ static int pipeline_options(const pipeline_args *pa, dsrt_pipeline_options *o) {
         return -1;
     if (pa->classes && pa->classes != Py_None)
         U64_OPT(pa->classes, "num_classes", (uint64_t)1 << 24, o->classes);
+    U64_OPT(pa->epoch_samples, "epoch_samples", UINT32_MAX, o->epoch_samples);
+    if (pa->sample_weights && pa->sample_weights != Py_None) {
+        PyObject *w = pa->sample_weights;
+        if (PyUnicode_Check(w) || PyBytes_Check(w) || PyObject_HasAttrString(w, "__fspath__")) {
+            /* "class-balanced" or a weights file: a str, as the library reads it. */
+            PyObject *fs = pa->weights_path = PyOS_FSPath(w);
+            int bad = !fs || !PyUnicode_Check(fs);
+            if (!bad) o->sample_weights = PyUnicode_AsUTF8(fs);
+            if (bad || !o->sample_weights) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "sample_weights: a str path is needed");
+                return -1;
+            }
+        } else {
+            Py_ssize_t n = PySequence_Check(w) ? PySequence_Size(w) : -1;
+            if (n < 0) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError,
+                             "sample_weights: %R: expected 'class-balanced', a weights file or a "
+                             "sequence of numbers",
+                             w);
+                return -1;
+            }
+            if (!(pa->weights = PyMem_Calloc((size_t)(n ? n : 1), sizeof *pa->weights))) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            if (get_doubles(w, "sample_weights", pa->weights, n, 0) != 0) return -1;
+            Py_ssize_t want = (Py_ssize_t)dsrt_datastore_count(((DatastoreObject *)pa->ds)->ds);
+            if (n != want) {
+                PyErr_Format(PyExc_ValueError,
+                             "sample_weights: %zd weights for %zd samples (one a sample, in the "
+                             "datastore's order)",
+                             n, want);
+                return -1;
+            }
+            o->sample_weight_values = pa->weights;
+        }
+    }
 #undef U64_OPT
 #undef BOOL_OPT
     return pipeline_ranks(pa, o);
@@ -1516,6 +1675,8 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                              "num_classes",
                              "rank",
                              "world_size",
+                             "sample_weights",
+                             "epoch_samples",
                              NULL};
     pipeline_args pa = {.preset = Py_None,
                         .augment = Py_None,
@@ -1523,14 +1684,14 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                         .dtype = Py_None,
                         .cpus = Py_None};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist,
+            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist,
             &Datastore_Type, &pa.ds, &pa.preset, &pa.augment, &pa.layout, &pa.dtype, &pa.batch,
             &pa.prefetch, &pa.workers, &pa.cpus, &pa.pin, &pa.drop_last, &pa.shuffle, &pa.seed,
             &pa.epochs, &pa.io, &pa.depth, &pa.direct, &pa.max_pixels, &pa.strict, &pa.fail,
             &pa.drop_bad, &pa.max_bad, &pa.max_file, &pa.chunk, &pa.native, &pa.native_px, &pa.gpu,
             &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout, &pa.mixup, &pa.cutmix,
             &pa.cutmix_minmax, &pa.mix_prob, &pa.switch_prob, &pa.smoothing, &pa.classes, &pa.rank,
-            &pa.world))
+            &pa.world, &pa.sample_weights, &pa.epoch_samples))
         return -1;
     if (self->p || self->live || self->busy) {
         /* Open, or its batches still alive: in use. */
@@ -1542,8 +1703,12 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
     if (datastore_ready((DatastoreObject *)pa.ds) != 0) return -1;
     dsrt_augment_options a;
     dsrt_pipeline_options o;
-    if (pipeline_augment(&pa, &a) != 0 || pipeline_options(&pa, &o) != 0) return -1;
-    return pipeline_start(self, pa.ds, &a, &o);
+    int rc = pipeline_augment(&pa, &a) != 0 || pipeline_options(&pa, &o) != 0
+                 ? -1
+                 : pipeline_start(self, pa.ds, &a, &o);
+    PyMem_Free(pa.weights);
+    Py_XDECREF(pa.weights_path);
+    return rc;
 }
 
 static void pipeline_dealloc(PipelineObject *self) {

@@ -1175,3 +1175,94 @@ def test_rank_from_environment(folder, monkeypatch):
         dsrt.Pipeline(ds, batch=4, rank=2, world_size=2)
     with pytest.raises(ValueError, match="'auto'"):
         dsrt.Pipeline(ds, batch=4, rank="auto")
+
+
+# ----------------------------------------------------------------------------
+# Mixes and weighted sampling
+
+
+@pytest.fixture(scope="session")
+def other_folder(tmp_path_factory):
+    """A second folder whose classes overlap the first's: class1, class2, class3."""
+
+    def make(d):
+        _write_images(d, 30, 3, seed=5)
+        for c in (2, 1, 0):
+            os.rename(os.path.join(d, f"class{c}"), os.path.join(d, f"class{c + 1}"))
+
+    return _dataset(tmp_path_factory, "other", make)
+
+
+def _sources_and_ids(p):
+    sources, ids = [], []
+    for b in p:
+        sources += np.from_dlpack(b.sources).tolist()
+        ids += np.from_dlpack(b.ids).tolist()
+    return sources, ids
+
+
+def test_mix(folder, other_folder, tmp_path):
+    ds = dsrt.Datastore([folder, other_folder], mix=[0.75, 0.25])
+    assert ds.source == "mix" and len(ds) == 78
+    assert ds.mix_weights == pytest.approx((0.75, 0.25))
+    assert ds.classes == ("class0", "class1", "class2", "class3")  # merged by name
+    assert ds.mix_source(0) == 0 and ds.mix_source(77) == 1
+    assert ds.classes[ds.label(77)] == os.path.basename(os.path.dirname(ds.path(77)))
+    apart = dsrt.Datastore([folder, other_folder], mix="1,1", mix_labels="separate")
+    assert apart.classes[:4] == ("0:class0", "0:class1", "0:class2", "1:class1")
+    p = dsrt.Pipeline(ds, preset="32", batch=16, epochs=1, seed=3, epoch_samples=200)
+    sources, ids = _sources_and_ids(p)
+    assert len(sources) == 200 and sources.count(0) == 150  # each source's share, exactly
+    assert all((i >= 48) == (s == 1) for s, i in zip(sources, ids))
+    # The same batches for any worker count, and over two parts.
+    again = _sources_and_ids(
+        dsrt.Pipeline(ds, preset="32", batch=16, epochs=1, seed=3, epoch_samples=200, workers=1)
+    )
+    assert again == (sources, ids)
+    halves = [
+        dsrt.Pipeline(ds, preset="32", batch=16, epochs=1, seed=3, epoch_samples=200,
+                      rank=r, world_size=2)
+        for r in (0, 1)
+    ]
+    joined = []
+    for b0, b1 in zip(*halves):
+        joined += np.from_dlpack(b0.ids).tolist() + np.from_dlpack(b1.ids).tolist()
+    assert joined == ids
+    # A mix file; with replacement.
+    mixfile = tmp_path / "data.mix"
+    mixfile.write_text(f"# path,weight\n{folder},3\n{other_folder},1\n")
+    m = dsrt.Datastore(mix=str(mixfile), mix_replacement=True)
+    assert len(m) == 78 and m.mix_weights == pytest.approx((0.75, 0.25))
+    with pytest.raises(ValueError, match="mix: 1 weight"):
+        dsrt.Datastore([folder, other_folder], mix=[1])
+    with pytest.raises(ValueError, match="weight -1"):
+        dsrt.Datastore([folder, other_folder], mix=[1, -1])
+    with pytest.raises(ValueError, match="one source"):
+        dsrt.Datastore([folder], mix=[1])
+    with pytest.raises(ValueError, match="mix_labels: 'both'"):
+        dsrt.Datastore([folder, other_folder], mix_labels="both")
+
+
+def test_sample_weights(folder, tmp_path):
+    ds = dsrt.Datastore(folder)
+    labels = []
+    for b in dsrt.Pipeline(ds, preset="32", batch=50, epochs=1, sample_weights="class-balanced",
+                           epoch_samples=600):
+        labels += np.from_dlpack(b.labels).tolist()
+    counts = collections.Counter(labels)
+    # Three classes equally often: chi-square with 2 degrees of freedom, 41.4 is p = 1e-9.
+    assert sum((counts[c] - 200) ** 2 / 200 for c in range(3)) < 41.4
+    w = [0.0] * 48
+    w[5] = 1.0
+    ids = _sources_and_ids(
+        dsrt.Pipeline(ds, preset="32", batch=16, epochs=1, sample_weights=w, epoch_samples=32)
+    )[1]
+    assert ids == [5] * 32
+    f = tmp_path / "w.txt"
+    f.write_text("1\n" * 47)
+    with pytest.raises(ValueError, match="w.txt: 47 weights for 48 samples"):
+        dsrt.Pipeline(ds, sample_weights=str(f))
+    with pytest.raises(ValueError, match="3 weights for 48 samples"):
+        dsrt.Pipeline(ds, sample_weights=[1, 2, 3])
+    with pytest.raises(ValueError, match="epoch_samples: 10: only with a mix or sample_weights"):
+        dsrt.Pipeline(ds, epoch_samples=10)
