@@ -1004,7 +1004,7 @@ static int plan_build(cpu_backend *be, int n, int train, cpu_plan **out) {
     for (int i = 1; i < net->n_layers; i++)
         for (int k = 0; k < net->layers[i].n_inputs; k++) p->last_use[net->layers[i].inputs[k]] = i;
     if (!train && net->opts.fuse >= 2 && (rc = plan_fusion(be, p))) goto fail;
-    p->pool_acts = !train && net->opts.fuse >= 2;
+    p->pool_acts = !train && net->opts.fuse >= 2 && !net->keep_outputs;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *L = &net->layers[i];
         const dsrt_layer_ops *ops = dsrt__layer_ops(L);

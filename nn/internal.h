@@ -430,6 +430,11 @@ struct dsrt_net {
      * it call bn_sync_fn in training forward and backward of batchnorm. */
     dsrt_bn_sync_fn bn_sync_fn;
     void *bn_sync_ctx;
+    /* 1: inference plans keep every layer's output readable after the
+     * forward (dsrt__net_layer_output), giving up the reuse of dead ones:
+     * for checks that compare a fused plan layer by layer. Set before the
+     * first inference. */
+    int keep_outputs;
     int *layer_bucket;   /* (n_layers) bucket a layer's gradients close, or -1 */
     dsrt_range *buckets; /* (n_buckets) */
     int n_buckets;

@@ -1397,6 +1397,7 @@ static void fold_randomise(dsrt_net *a, dsrt_net *b, uint64_t seed) {
 static void fold_compare(dsrt_net *f, dsrt_net *r, int n, uint64_t seed, int sync, double tol,
                          const fold_spec *spec, const char *tag) {
     int graph = spec->gone[0] != NULL;
+    f->keep_outputs = 1; /* every layer read back (the CPU's plan reuses dead ones) */
     size_t per = (size_t)f->input.c * f->input.h * f->input.w;
     int last = f->n_layers - 1;
     float *x = malloc((size_t)n * per * sizeof *x);
