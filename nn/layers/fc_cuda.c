@@ -1,6 +1,9 @@
 /*
  * fc on the GPU: cuBLAS on row-major tensors (bfloat16 products summed in
- * float32 under bf16), the bias and a ReLU after it in one dsrt kernel. The
+ * float32 under bf16), the bias and a ReLU after it in one dsrt kernel. In
+ * an inference plan a batchnorm after it is folded into its weights and
+ * bias (the engine's folded copies), and the activation after that is
+ * computed by the same kernel (DSRT_CUDA_FOLDS), as for a convolution. The
  * weights keep the host's (out, in_c, in_h, in_w) order, so an image input
  * is put in that order first (one small layout change forward, its inverse
  * backward). See nn/layers/fc.c.
@@ -53,16 +56,19 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
         CU(dsrt_k_pad(&in->kd, in->y, &fk, o->xf, 0, 0, 0.0f, 0, be->compute));
         x = o->xf;
     }
+    /* The layer's weights, or the folded ones (inference, a batchnorm after
+     * it): the same (out, in) order. */
+    const void *w = dsrt__cuda_fwd_weights(be, p, i);
+    const float *b = dsrt__cuda_fwd_bias(be, p, i);
     if (be->bf16)
-        BLAS(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, be->w16 + L->w_off,
-                          CUDA_R_16BF, ic, x, CUDA_R_16BF, ic, &ZERO, g->y, CUDA_R_16BF, oc,
-                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        BLAS(cublasGemmEx(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, w, CUDA_R_16BF, ic,
+                          x, CUDA_R_16BF, ic, &ZERO, g->y, CUDA_R_16BF, oc, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
     else
-        BLAS(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, be->params + L->w_off,
-                         ic, x, ic, &ZERO, g->y, oc));
-    if (L->b_n || g->act.fn != DSRT_K_ACT_IDENTITY)
-        CU(dsrt_k_bias_act(&g->kd, g->y, L->b_n ? be->params + L->b_off : NULL, g->y, &g->act,
-                           be->compute));
+        BLAS(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, w, ic, x, ic, &ZERO,
+                         g->y, oc));
+    if (b || g->act.fn != DSRT_K_ACT_IDENTITY)
+        CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, &g->act, be->compute));
     return 0;
 }
 
@@ -106,6 +112,7 @@ static int backward(cuda_backend *be, gpu_plan *p, int i) {
 }
 
 const dsrt_cuda_layer_ops dsrt__cuda_layer_fc = {
+    .flags = DSRT_CUDA_FOLDS,
     .desc = desc,
     .layout = layout,
     .forward = forward,
