@@ -58,7 +58,11 @@
  * taker of such a chain's output or of a convolution's (any kind with
  * infer_act: ReLU, clip, sigmoid, hard sigmoid, hard swish, SiLU, GELU) is
  * computed likewise by the convolution's bias kernel (cuDNN's fused call
- * where it is a plain ReLU) and runs nothing. The folded copies, one a layer for every
+ * where it is a plain ReLU) and runs nothing. A two-input add that ends such
+ * a chain, or takes a convolution's output alone, whose other input is
+ * computed before the convolution (a residual block's shortcut), is
+ * computed by the same kernel: the sum after the activation, then the
+ * add's ReLU. The folded copies, one a layer for every
  * plan, in the device's order and the activations' type, are made on the
  * host from the host's parameters and state (brought back first when the
  * device's are newer) and uploaded, again whenever the parameters or the
@@ -355,6 +359,14 @@ const float *dsrt__cuda_fwd_bias(const cuda_backend *be, const gpu_plan *p, int 
     return L->b_n ? be->params + L->b_off : NULL;
 }
 
+cudaError_t dsrt__cuda_epilogue(cuda_backend *be, gpu_plan *p, int i, const float *b) {
+    gpu_layer *g = &p->gl[i];
+    if (g->sum >= 0)
+        return dsrt_k_bias_act_sum(&g->kd, g->y, b, &g->act, p->gl[g->sum].y, &g->post, g->y,
+                                   be->compute);
+    return dsrt_k_bias_act(&g->kd, g->y, b, g->y, &g->act, be->compute);
+}
+
 const dsrt_bf16 *dsrt__cuda_fwd_bias16(const cuda_backend *be, const gpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     if (!be->bf16) return NULL;
@@ -437,8 +449,11 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
         size_t cnt = dsrt__cuda_out_count(l, n);
         size_t el = ops->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : at;
         if (i > 0 && aliases(p, i, l)) {
-            g->y = p->gl[l->inputs[0]].y;
-            g->dy = p->gl[l->inputs[0]].dy;
+            /* A layer a chain took: the taker's output (an add's other
+             * input may be its first). */
+            int from = g->taken_by >= 0 ? g->taken_by : l->inputs[0];
+            g->y = p->gl[from].y;
+            g->dy = p->gl[from].dy;
         } else {
             g->y = dsrt__cuda_take(c, cnt * el);
             /* A layer whose inputs share its gradient and those inputs
@@ -573,12 +588,14 @@ static void plan_need_dy(dsrt_net *net, const gpu_plan *p, int *need_dy) {
  * own takes on, along its output's one taker after another, layers that
  * are the identity at inference, then a per-channel affine map of one input
  * (infer_affine) with its ReLU, then an element-wise activation
- * (infer_act) unless the affine map brought a ReLU, and the layers that
- * pass that output on unchanged (a ReLU it computes, the identity at
- * inference) anywhere between: the chain ends at the first other layer.
- * The layer's forward computes the activation (act) after its bias; the
- * layers taken on run nothing. Without an affine map or an activation
- * nothing is taken on.
+ * (infer_act) unless the affine map brought a ReLU, then the sum of a
+ * two-input add whose other input is computed before the layer (sum) and
+ * the add's ReLU (post), and the layers that pass that output on unchanged
+ * (a ReLU it computes, the identity at inference) anywhere between: the
+ * chain ends at the first other layer, or after the add. The layer's
+ * forward computes the activation (act) after its bias, then the sum; the
+ * layers taken on run nothing. Without an affine map, an activation or a
+ * sum nothing is taken on.
  */
 static void plan_chains(cuda_backend *be, gpu_plan *p) {
     const dsrt_net *net = be->net;
@@ -590,15 +607,17 @@ static void plan_chains(cuda_backend *be, gpu_plan *p) {
         g->affine = -1;
         g->last = i;
         g->taken_by = -1;
+        g->sum = -1;
+        g->post = (dsrt_k_act){DSRT_K_ACT_IDENTITY, 0.0f, 0.0f};
     }
     if (p->train || net->opts.fuse < 2) return;
     for (int i = 1; i < p->n_layers; i++) {
         const dsrt_layer *L = &net->layers[i];
         gpu_layer *g = &p->gl[i];
         if (!(gpu_ops(L)->flags & DSRT_CUDA_FOLDS) || L->fuse_relu || g->taken_by >= 0) continue;
-        int affine = -1, acts = 0, last = i;
-        dsrt_k_act act = g->act;
-        for (int j = dsrt__net_only_taker(net, i); j > 0; j = dsrt__net_only_taker(net, j)) {
+        int affine = -1, acts = 0, last = i, sum = -1;
+        dsrt_k_act act = g->act, post = g->post;
+        for (int cur = i, j; (j = dsrt__net_only_taker(net, cur)) > 0; cur = j) {
             const dsrt_layer *J = &net->layers[j];
             const dsrt_layer_ops *o = dsrt__layer_ops(J);
             dsrt_act a;
@@ -609,18 +628,25 @@ static void plan_chains(cuda_backend *be, gpu_plan *p) {
                 affine = j;
                 if (J->fuse_relu) act = (dsrt_k_act){DSRT_K_ACT_RELU, J->fuse_leak, 0.0f};
                 acts = J->fuse_relu;
-            } else if (!acts && o->infer_act && J->n_inputs == 1 && o->infer_act(J, &a) &&
-                       dsrt__act_kernel_of(&a, &act)) {
+            } else if (sum < 0 && !acts && o->infer_act && J->n_inputs == 1 &&
+                       o->infer_act(J, &a) && dsrt__act_kernel_of(&a, &act)) {
+                acts = 1;
+            } else if (sum < 0 && dsrt__layer_is(J, DSRT_LAYER_F_SUM) && J->n_inputs == 2 &&
+                       J->inputs[0] != J->inputs[1] && J->inputs[J->inputs[0] == cur] < i) {
+                sum = J->inputs[J->inputs[0] == cur];
+                if (J->fuse_relu) post = (dsrt_k_act){DSRT_K_ACT_RELU, J->fuse_leak, 0.0f};
                 acts = 1;
             } else {
                 break;
             }
             last = j;
         }
-        if (affine < 0 && act.fn == DSRT_K_ACT_IDENTITY) continue;
+        if (affine < 0 && act.fn == DSRT_K_ACT_IDENTITY && sum < 0) continue;
         g->affine = affine;
         g->last = last;
         g->act = act;
+        g->sum = sum;
+        g->post = post;
         for (int j = dsrt__net_only_taker(net, i); j > 0 && j <= last;
              j = dsrt__net_only_taker(net, j))
             p->gl[j].taken_by = i;

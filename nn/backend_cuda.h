@@ -100,6 +100,11 @@ typedef struct {
      * such a chain, the layer that computes it (-1: itself); its output is
      * that layer's. */
     int affine, last, taken_by;
+    /* Inference: the other input of a two-input add the chain ends with
+     * (computed before this layer), added after act, then post (the add's
+     * ReLU): dsrt_k_bias_act_sum; -1: none. */
+    int sum;
+    dsrt_k_act post;
     /* What the kind keeps of its own (descriptors, algorithms, pointers
      * into the plan's memory), freed with the plan by own_free. */
     void *own;
@@ -383,6 +388,10 @@ const void *dsrt__cuda_fwd_weights(const cuda_backend *be, const gpu_plan *p, in
  * starts on 16 bytes. */
 const float *dsrt__cuda_fwd_bias(const cuda_backend *be, const gpu_plan *p, int i);
 const dsrt_bf16 *dsrt__cuda_fwd_bias16(const cuda_backend *be, const gpu_plan *p, int i);
+/* After a convolution's or fully connected layer's product in y: its bias
+ * b (NULL: none), its activation and, in an inference chain ending with a
+ * residual add, the sum and the add's ReLU, in one kernel. */
+cudaError_t dsrt__cuda_epilogue(cuda_backend *be, gpu_plan *p, int i, const float *b);
 /* Makes the shared workspace at least need bytes (the device quiet first). */
 int dsrt__cuda_ensure_workspace(cuda_backend *be, size_t need);
 /* Where layer i's backward writes the gradient for input j: j's gradient

@@ -36,7 +36,7 @@ __global__ void relu_bwd_kernel(relu_bwd_args a) {
 
 __global__ void bias_act_kernel(bias_act_args a) {
     for (size_t i = tid(); i < a.count; i += stride())
-        dsrt_kb_bias_act(&a.d, a.x, a.b, a.y, &a.act, i);
+        dsrt_kb_bias_act_sum(&a.d, a.x, a.b, &a.act, a.r, &a.post, a.y, i);
 }
 
 /* Blocks of BIAS_COLS columns x BIAS_LANES row lanes over one chunk of rows
@@ -189,7 +189,17 @@ cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *
 cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y,
                             const dsrt_k_act *act, cudaStream_t stream) {
     if (!dsrt_kb_desc_ok(d) || !dsrt_kb_act_fn_ok(act)) return cudaErrorInvalidValue;
-    bias_act_args a = {*d, x, b, y, *act, dsrt_kb_count(d)};
+    bias_act_args a = {*d, x, b, y, *act, dsrt_kb_count(d), NULL, {DSRT_K_ACT_IDENTITY, 0, 0}};
+    if (!a.count) return cudaSuccess;
+    return DSRT_K_LAUNCH(bias_act_kernel, grid_for(a.count), THREADS, stream, a);
+}
+
+cudaError_t dsrt_k_bias_act_sum(const dsrt_k_desc *d, const void *x, const float *b,
+                                const dsrt_k_act *act, const void *r, const dsrt_k_act *post,
+                                void *y, cudaStream_t stream) {
+    if (!dsrt_kb_desc_ok(d) || !dsrt_kb_act_fn_ok(act) || !r || !dsrt_kb_act_fn_ok(post))
+        return cudaErrorInvalidValue;
+    bias_act_args a = {*d, x, b, y, *act, dsrt_kb_count(d), r, *post};
     if (!a.count) return cudaSuccess;
     return DSRT_K_LAUNCH(bias_act_kernel, grid_for(a.count), THREADS, stream, a);
 }

@@ -177,6 +177,8 @@ typedef struct {
     void *y;
     dsrt_k_act act;
     size_t count;
+    const void *r;   /* a residual added after act (NULL: none), of d */
+    dsrt_k_act post; /* after the residual */
 } bias_act_args;
 
 /* The bias gradient's chunks: BIAS_COLS columns x BIAS_LANES row lanes a
@@ -335,7 +337,8 @@ static inline void relu_bwd_kernel_host(const void *p) {
 
 static inline void bias_act_kernel_host(const void *p) {
     const bias_act_args *a = (const bias_act_args *)p;
-    for (size_t i = 0; i < a->count; i++) dsrt_kb_bias_act(&a->d, a->x, a->b, a->y, &a->act, i);
+    for (size_t i = 0; i < a->count; i++)
+        dsrt_kb_bias_act_sum(&a->d, a->x, a->b, &a->act, a->r, &a->post, a->y, i);
 }
 
 /* Each chunk's columns: the lanes' sums, added in lane order. */
@@ -490,7 +493,17 @@ static inline int dsrt_kh_relu_bwd(dsrt_k_type t, const void *y, const void *dy,
 static inline int dsrt_kh_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y,
                                    const dsrt_k_act *act) {
     if (!dsrt_kb_desc_ok(d) || !dsrt_kb_act_fn_ok(act)) return -EINVAL;
-    bias_act_args a = {*d, x, b, y, *act, dsrt_kb_count(d)};
+    bias_act_args a = {*d, x, b, y, *act, dsrt_kb_count(d), NULL, {DSRT_K_ACT_IDENTITY, 0, 0}};
+    bias_act_kernel_host(&a);
+    return 0;
+}
+
+static inline int dsrt_kh_bias_act_sum(const dsrt_k_desc *d, const void *x, const float *b,
+                                       const dsrt_k_act *act, const void *r, const dsrt_k_act *post,
+                                       void *y) {
+    if (!dsrt_kb_desc_ok(d) || !dsrt_kb_act_fn_ok(act) || !r || !dsrt_kb_act_fn_ok(post))
+        return -EINVAL;
+    bias_act_args a = {*d, x, b, y, *act, dsrt_kb_count(d), r, *post};
     bias_act_kernel_host(&a);
     return 0;
 }
@@ -620,6 +633,14 @@ cudaError_t dsrt_k_relu_bwd(dsrt_k_type t, const void *y, const void *dy, void *
  * the CPU backend's fused step. In place (y == x) allowed. */
 cudaError_t dsrt_k_bias_act(const dsrt_k_desc *d, const void *x, const float *b, void *y,
                             const dsrt_k_act *act, cudaStream_t stream);
+/* The same, then a residual r (of d) added and post applied: y =
+ * post(act(x + b[channel]) + r), in float and rounded once, as the CPU
+ * backend's convolution with a sum post-op (an inference plan's residual
+ * add computed by the convolution before it). In place (y == x or y == r)
+ * allowed. */
+cudaError_t dsrt_k_bias_act_sum(const dsrt_k_desc *d, const void *x, const float *b,
+                                const dsrt_k_act *act, const void *r, const dsrt_k_act *post,
+                                void *y, cudaStream_t stream);
 
 /* Bytes of workspace dsrt_k_bias_grad needs for d. */
 size_t dsrt_k_bias_grad_work(const dsrt_k_desc *d);

@@ -376,6 +376,21 @@ static inline DSRT_HOST_DEVICE void dsrt_kb_bias_act(const dsrt_k_desc *d, const
     dsrt_kb_store(y, d->type, i, dsrt_kb_act(a, v));
 }
 
+/* The same with a residual r added after the activation, then post (r
+ * NULL: dsrt_kb_bias_act). */
+static inline DSRT_HOST_DEVICE void dsrt_kb_bias_act_sum(const dsrt_k_desc *d, const void *x,
+                                                         const float *b, const dsrt_k_act *a,
+                                                         const void *r, const dsrt_k_act *post,
+                                                         void *y, size_t i) {
+    if (!r) {
+        dsrt_kb_bias_act(d, x, b, y, a, i);
+        return;
+    }
+    float v = DSRT_FADD(dsrt_kb_load(x, d->type, i), b ? b[dsrt_kb_channel(d, i)] : 0.0f);
+    v = DSRT_FADD(dsrt_kb_act(a, v), dsrt_kb_load(r, d->type, i));
+    dsrt_kb_store(y, d->type, i, dsrt_kb_act(post, v));
+}
+
 /*
  * The bias gradient: the sum of dy over every pixel of every image, per
  * channel, over dy (rows = n h w, cols = c) in NHWC (or with h = w = 1, as a

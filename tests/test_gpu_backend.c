@@ -1308,12 +1308,15 @@ static void test_conv_fallback(void) {
 /* Convolutions without and with a bias followed by batchnorm with its ReLU,
  * alone, then a leaky ReLU; a convolution that another layer takes too (its
  * batchnorm is not folded); a dropout between a convolution and its
- * batchnorm; a fully connected layer with a batchnorm and a hard swish
- * after it. */
+ * batchnorm; a residual add with its ReLU after a convolution and its
+ * batchnorm, the shortcut its first input; a fully connected layer with a
+ * batchnorm and a hard swish after it. */
 static const char FOLD_NET[] =
     "input size=8x8x3\nconv name=c1 filters=8 size=3 pad=1 bias=0\nbatchnorm name=b1\nrelu "
     "name=r1\n"
     "conv name=c2 filters=8 size=3 pad=1\nbatchnorm name=b2\nleakyrelu name=l2 leak=0.1\n"
+    "conv name=c5 filters=8 size=3 pad=1 bias=0\nbatchnorm name=b5\nadd name=s5 inputs=l2,b5 "
+    "relu=1\n"
     "conv name=c3 filters=6 size=1 bias=0\nbatchnorm name=b3\nadd name=s inputs=b3,c3 relu=1\n"
     "conv name=c4 filters=6 size=3 stride=2 pad=1 bias=0\ndropout name=d4 p=0.3\n"
     "batchnorm name=b4\nrelu name=r4\ngap\nfc name=f5 outputs=6\nbatchnorm name=fb\n"
@@ -1331,15 +1334,16 @@ typedef struct {
     struct {
         const char *kernel;
         long runs;
-    } count[3];
+    } count[4];
 } fold_spec;
 
 /* FOLD_NET: only b3 runs batchnorm's kernel; the leaky ReLU after b2 is
- * computed by c2, the hard swish after fb by f5. */
+ * computed by c2, the residual add s5 by c5, the hard swish after fb by
+ * f5; only s runs the sum kernel. */
 static const fold_spec FOLD_SPEC = {
-    {"c1", "b1", "c2", "b2", "c4", "d4", "b4", "f5", "fb"},
+    {"c1", "b1", "c2", "b2", "c5", "b5", "c4", "d4", "b4", "f5", "fb"},
     {NULL},
-    {{"bn_apply_kernel", 1}, {"relu_fwd_kernel", 0}, {"act_fwd_kernel", 0}},
+    {{"bn_apply_kernel", 1}, {"relu_fwd_kernel", 0}, {"act_fwd_kernel", 0}, {"sum_kernel", 1}},
 };
 
 /* A built-in net: the scores, and no batchnorm kernel. */

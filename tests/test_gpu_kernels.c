@@ -430,6 +430,16 @@ static void test_bias(void) {
                 const dsrt_k_act act = {relu ? DSRT_K_ACT_RELU : DSRT_K_ACT_IDENTITY, 0.25f, 0};
                 LAUNCH(dsrt_k_bias_act(&d, dx, dbias, dout, &act, S));
                 CHECK_EQ(check_tensor("bias", &d, dout, y, FUSED_TOL), 0);
+                /* With a residual (dy's values) added, then a ReLU. */
+                const dsrt_k_act post = {DSRT_K_ACT_RELU, 0.0f, 0};
+                void *dres = dcopy(hdy, bytes_of(&d));
+                for (size_t i = 0; i < cnt; i++) {
+                    float v = y[i] + dy[i];
+                    y[i] = v > 0 ? v : v * 0.0f; /* -0 as the leaky form gives */
+                }
+                LAUNCH(dsrt_k_bias_act_sum(&d, dx, dbias, &act, dres, &post, dout, S));
+                CHECK_EQ(check_tensor("bias and residual", &d, dout, y, FUSED_TOL), 0);
+                CU(cudaFree(dres));
             }
             /* The gradient behind a leaky ReLU whose output is x. */
             void *work = dalloc(dsrt_k_bias_grad_work(&d));

@@ -954,6 +954,48 @@ static void test_bias_act(void) {
     CHECK(!dsrt__act_kernel_of(&swish2, &ka));
 }
 
+/* The bias kernel with a residual sum (an inference chain ending with an
+ * add): post(act(x + b) + r), in both layouts and types, in place on r
+ * too, against the same in float (bfloat16: one rounding of the result). */
+static void test_bias_act_sum(void) {
+    enum { N = 2, C = 5, H = 3, W = 4, CNT = N * C * H * W };
+    float x[CNT], res[CNT], bias[C];
+    dsrt_rng r = dsrt_rng_init(44, 0, 0, 0);
+    for (int i = 0; i < CNT; i++) x[i] = uniform(&r, -3, 3), res[i] = uniform(&r, -3, 3);
+    for (int k = 0; k < C; k++) bias[k] = uniform(&r, -1, 1);
+    const dsrt_k_act acts[] = {{DSRT_K_ACT_IDENTITY, 0, 0}, {DSRT_K_ACT_RELU, 0, 0}};
+    const dsrt_k_act post = {DSRT_K_ACT_RELU, 0.1f, 0};
+    for (size_t k = 0; k < DSRT_ARRAY_SIZE(acts); k++)
+        for (int t = DSRT_K_F32; t <= DSRT_K_BF16; t++)
+            for (int nhwc = 0; nhwc < 2; nhwc++) {
+                dsrt_k_desc d = {N, C, H, W, nhwc, (dsrt_k_type)t};
+                void *tx = to_tensor(&d, x), *tr = to_tensor(&d, res), *ty = zalloc(CNT * 4);
+                float *xs = to_nchw(&d, tx), *rs = to_nchw(&d, tr), want[CNT];
+                for (int i = 0; i < CNT; i++) {
+                    float v = xs[i] + bias[i / (H * W) % C];
+                    if (k == 1 && v < 0) v = 0;
+                    v += rs[i];
+                    want[i] = v > 0 ? v : v * 0.1f;
+                }
+                CHECK_OK(dsrt_kh_bias_act_sum(&d, tx, bias, &acts[k], tr, &post, ty));
+                float *got = to_nchw(&d, ty);
+                char what[96];
+                snprintf(what, sizeof what, "bias, %s, residual, leaky ReLU: %s%s",
+                         k ? "ReLU" : "identity", t == DSRT_K_BF16 ? "bf16" : "fp32",
+                         nhwc ? ", nhwc" : "");
+                double tol = t == DSRT_K_BF16 ? 1.0 / 128 : 1e-6;
+                CHECK_EQ(mismatches(what, got, want, CNT, tol, 1e-6), 0);
+                /* In place on the residual. */
+                CHECK_OK(dsrt_kh_bias_act_sum(&d, tx, bias, &acts[k], tr, &post, tr));
+                float *again = to_nchw(&d, tr);
+                CHECK_EQ(mismatches(what, again, want, CNT, tol, 1e-6), 0);
+                free(tx), free(tr), free(ty), free(xs), free(rs), free(got), free(again);
+            }
+    const dsrt_k_desc d = {N, C, H, W, 1, DSRT_K_F32};
+    float y[CNT];
+    CHECK_EQ(dsrt_kh_bias_act_sum(&d, x, bias, &acts[0], NULL, &post, y), -EINVAL);
+}
+
 // ----------------------------------------------------------------------------
 // Products, layer normalisation, stochastic depth
 
@@ -1208,6 +1250,7 @@ int main(void) {
     RUN(test_relu_bias_convert);
     RUN(test_activations);
     RUN(test_bias_act);
+    RUN(test_bias_act_sum);
     RUN(test_bias_grad);
     RUN(test_pool);
     RUN(test_lrn);

@@ -343,8 +343,9 @@ static void try_fused(cuda_backend *be, gpu_plan *p, int i) {
     const float *bias = dsrt__cuda_fwd_bias(be, p, i);
     const dsrt_bf16 *bias16 = dsrt__cuda_fwd_bias16(be, p, i);
     int act = g->act.fn != DSRT_K_ACT_IDENTITY;
-    g->fuse = bias || act ? FUSE_KERNEL : FUSE_NONE;
-    if (!bias || !be->net->opts.fuse || o->al.own[DIR_FWD]) return;
+    g->fuse = bias || act || g->sum >= 0 ? FUSE_KERNEL : FUSE_NONE;
+    /* A residual sum runs in dsrt's kernel, after the activation. */
+    if (!bias || !be->net->opts.fuse || o->al.own[DIR_FWD] || g->sum >= 0) return;
     if (act ? g->act.fn != DSRT_K_ACT_RELU || g->act.a != 0.0f
             : o->al.fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
         return;
@@ -385,8 +386,7 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
     const float *b = dsrt__cuda_fwd_bias(be, p, i);
     if (o->al.own[DIR_FWD]) {
         CU(dsrt_k_conv_fwd(&o->kconv, x, w, g->y, be->compute));
-        if (g->fuse == FUSE_KERNEL)
-            CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, &g->act, be->compute));
+        if (g->fuse == FUSE_KERNEL) CU(dsrt__cuda_epilogue(be, p, i, b));
         return 0;
     }
     DNN(cudnnSetConvolutionMathType(o->cd, o->al.m_fwd));
@@ -400,7 +400,7 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
     }
     DNN(cudnnConvolutionForward(be->dnn, &ONE, o->xd, x, o->wd, w, o->cd, o->al.fwd, be->ws,
                                 be->ws_size, &ZERO, g->yd, g->y));
-    if (g->fuse == FUSE_KERNEL) CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, &g->act, be->compute));
+    if (g->fuse == FUSE_KERNEL) CU(dsrt__cuda_epilogue(be, p, i, b));
     return 0;
 }
 

@@ -67,8 +67,7 @@ static int forward(cuda_backend *be, gpu_plan *p, int i) {
     else
         BLAS(cublasSgemm(be->blas, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &ONE, w, ic, x, ic, &ZERO,
                          g->y, oc));
-    if (b || g->act.fn != DSRT_K_ACT_IDENTITY)
-        CU(dsrt_k_bias_act(&g->kd, g->y, b, g->y, &g->act, be->compute));
+    if (b || g->act.fn != DSRT_K_ACT_IDENTITY || g->sum >= 0) CU(dsrt__cuda_epilogue(be, p, i, b));
     return 0;
 }
 
