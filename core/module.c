@@ -117,7 +117,7 @@ int dsrt__module_path(char *buf, size_t size) {
 #define HOST_MACHINE EM_PPC64
 #endif
 
-#define MAX_PHDRS 512
+#define MAX_PHDRS       512
 #define MAX_NOTES_BYTES 65536
 
 /* Whether [off, off + len) lies inside a file of size bytes. */
@@ -178,10 +178,11 @@ static int check_file(const dsrt_module_spec *spec, const char *path, char *msg,
         goto fail;
     }
     if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
-        eh.e_ident[EI_DATA] != (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB
-                                                                            : ELFDATA2MSB) ||
+        eh.e_ident[EI_DATA] !=
+            (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB : ELFDATA2MSB) ||
         eh.e_type != ET_DYN) {
-        snprintf(msg, size, "%s: module %s is not a 64-bit shared object of this machine's byte order",
+        snprintf(msg, size,
+                 "%s: module %s is not a 64-bit shared object of this machine's byte order",
                  spec->what, path);
         goto fail;
     }
@@ -214,8 +215,7 @@ static int check_file(const dsrt_module_spec *spec, const char *path, char *msg,
             snprintf(msg, size,
                      "%s: module %s is truncated: its segment %d ends at byte %llu, the file "
                      "has %llu: install the modules that came with this library",
-                     spec->what, path, i,
-                     (unsigned long long)(ph[i].p_offset + ph[i].p_filesz),
+                     spec->what, path, i, (unsigned long long)(ph[i].p_offset + ph[i].p_filesz),
                      (unsigned long long)fsize);
             goto fail;
         }

@@ -58,10 +58,15 @@ typedef struct {
     } desc;
 } dsrt_module_note;
 
+/* Where the note goes: its own section, kept though nothing refers to it. */
+#define DSRT_MODULE_NOTE_SECTION __attribute__((section(".note.dsrt"), aligned(4), used))
+
 #define DSRT_MODULE_NOTE(id)                                                                       \
-    __attribute__((section(".note.dsrt"), aligned(4), used))                                       \
-    static const dsrt_module_note dsrt_module_note_##id = {                                        \
-        5, sizeof(dsrt_module_note) - 20, DSRT_MODULE_NOTE_TYPE, "dsrt",                           \
+    DSRT_MODULE_NOTE_SECTION static const dsrt_module_note dsrt_module_note_##id = {               \
+        5,                                                                                         \
+        sizeof(dsrt_module_note) - 20,                                                             \
+        DSRT_MODULE_NOTE_TYPE,                                                                     \
+        "dsrt",                                                                                    \
         {DSRT_MODULE_ABI, DSRT_VERSION_NUMBER, #id}}
 
 /* Defines the entry of module `id` with its ops table; train_fn is a

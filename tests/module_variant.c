@@ -14,8 +14,11 @@
 static const int fixture_ops = 42;
 
 #if defined(DSRT_VARIANT_OTHER)
-__attribute__((section(".note.dsrt"), aligned(4), used)) static const dsrt_module_note note = {
-    5, sizeof(dsrt_module_note) - 20, DSRT_MODULE_NOTE_TYPE, "dsrt",
+DSRT_MODULE_NOTE_SECTION static const dsrt_module_note note = {
+    5,
+    sizeof(dsrt_module_note) - 20,
+    DSRT_MODULE_NOTE_TYPE,
+    "dsrt",
     {DSRT_MODULE_ABI, DSRT_VERSION_NUMBER + 1, "fixture"}};
 
 /* What a module of another build might do at load: here, leave a trace. */

@@ -123,12 +123,13 @@ static void test_graph_round_trip(void) {
     o.threads = 1;
     o.seed = 5;
     dsrt_net *net;
-    REQUIRE(dsrt_net_create(&net,
-                            "input size=6x6x2\nconv name=a filters=4 size=3 pad=1 bias=0\n"
-                            "batchnorm\nrelu name=r\nconv filters=4 size=3 pad=1\n"
-                            "add name=s inputs=conv_2,r relu=1\nconv name=b filters=2 size=1 inputs=r\n"
-                            "concat inputs=s,b\nfc outputs=classes\nsoftmax\n",
-                            0, 0, 0, 3, &o) == 0);
+    REQUIRE(
+        dsrt_net_create(&net,
+                        "input size=6x6x2\nconv name=a filters=4 size=3 pad=1 bias=0\n"
+                        "batchnorm\nrelu name=r\nconv filters=4 size=3 pad=1\n"
+                        "add name=s inputs=conv_2,r relu=1\nconv name=b filters=2 size=1 inputs=r\n"
+                        "concat inputs=s,b\nfc outputs=classes\nsoftmax\n",
+                        0, 0, 0, 3, &o) == 0);
     float x[4 * 72], s1[12], s2[12];
     int32_t y[4];
     batch(x, y, 4, 2);

@@ -141,6 +141,45 @@ static size_t part_lo(size_t c, unsigned r, unsigned parts) {
     return (size_t)((uint64_t)c * r / parts);
 }
 
+/*
+ * Steps 1 and 2 of an epoch's plan: the shards in the epoch's order
+ * (shard_order), each dealt whole to one of R lanes (lane_of, lane_n, and
+ * lane_at the lanes' starts), and each lane's samples in that order laid
+ * one after the other into streams. fill (R entries) is scratch.
+ */
+static void lay_lanes(const dsrt_shard_plan *p, uint64_t key, unsigned R, int shuffled,
+                      uint32_t *shard_order, uint32_t *lane_of, size_t *lane_n, size_t *lane_at,
+                      size_t *fill, uint32_t *streams) {
+    for (size_t q = 0; q < p->nocc; q++) shard_order[q] = (uint32_t)q;
+    if (shuffled) {
+        dsrt_rng r = dsrt_rng_init(p->o.seed, key, 0, STREAM_SHARD_ORDER);
+        for (size_t i = p->nocc; i > 1; i--) {
+            size_t j = (size_t)dsrt_rng_below(&r, i);
+            uint32_t t = shard_order[i - 1];
+            shard_order[i - 1] = shard_order[j];
+            shard_order[j] = t;
+        }
+    }
+    /* Whole shards to parts: the one with the fewest samples so far. */
+    for (size_t q = 0; q < p->nocc; q++) {
+        uint32_t sh = shard_order[q];
+        unsigned best = 0;
+        for (unsigned r = 1; r < R; r++)
+            if (lane_n[r] < lane_n[best]) best = r;
+        lane_of[q] = best;
+        lane_n[best] += p->start[sh + 1] - p->start[sh];
+    }
+    /* Each part's stream: its shards in the epoch's order. */
+    for (unsigned r = 0; r < R; r++) lane_at[r + 1] = lane_at[r] + lane_n[r];
+    for (unsigned r = 0; r < R; r++) fill[r] = lane_at[r];
+    for (size_t q = 0; q < p->nocc; q++) {
+        uint32_t sh = shard_order[q];
+        size_t len = p->start[sh + 1] - p->start[sh];
+        memcpy(streams + fill[lane_of[q]], p->sorted + p->start[sh], len * sizeof *streams);
+        fill[lane_of[q]] += len;
+    }
+}
+
 int dsrt__shard_plan_epoch(const dsrt_shard_plan *p, uint64_t key, unsigned from_parts,
                            uint32_t *order, uint32_t *stream, size_t *nstream, uint32_t *use) {
     /* The lanes of the run that made the order: this run's parts, or those
@@ -164,39 +203,9 @@ int dsrt__shard_plan_epoch(const dsrt_shard_plan *p, uint64_t key, unsigned from
         !pool || !buf)
         goto out;
 
-    /* 1. Shards in the epoch's order. */
-    for (size_t q = 0; q < p->nocc; q++) shard_order[q] = (uint32_t)q;
-    if (shuffled) {
-        dsrt_rng r = dsrt_rng_init(p->o.seed, key, 0, STREAM_SHARD_ORDER);
-        for (size_t i = p->nocc; i > 1; i--) {
-            size_t j = (size_t)dsrt_rng_below(&r, i);
-            uint32_t t = shard_order[i - 1];
-            shard_order[i - 1] = shard_order[j];
-            shard_order[j] = t;
-        }
-    }
-    /* 2. Whole shards to parts: the one with the fewest samples so far. */
-    for (size_t q = 0; q < p->nocc; q++) {
-        uint32_t sh = shard_order[q];
-        unsigned best = 0;
-        for (unsigned r = 1; r < R; r++)
-            if (lane_n[r] < lane_n[best]) best = r;
-        lane_of[q] = best;
-        lane_n[best] += p->start[sh + 1] - p->start[sh];
-    }
-    /* Each part's stream: its shards in the epoch's order. */
-    for (unsigned r = 0; r < R; r++) lane_at[r + 1] = lane_at[r] + lane_n[r];
-    {
-        size_t *fill = take; /* reused below, cleared after */
-        for (unsigned r = 0; r < R; r++) fill[r] = lane_at[r];
-        for (size_t q = 0; q < p->nocc; q++) {
-            uint32_t sh = shard_order[q];
-            size_t len = p->start[sh + 1] - p->start[sh];
-            memcpy(streams + fill[lane_of[q]], p->sorted + p->start[sh], len * sizeof *streams);
-            fill[lane_of[q]] += len;
-        }
-        memset(take, 0, R * sizeof *take);
-    }
+    /* 1, 2. Shards in the epoch's order, dealt to the lanes. */
+    lay_lanes(p, key, R, shuffled, shard_order, lane_of, lane_n, lane_at, take, streams);
+    memset(take, 0, R * sizeof *take);
     /* 3. Each stream through its shuffle buffer. */
     for (unsigned r = 0; r < R; r++) {
         const uint32_t *in = streams + lane_at[r];
