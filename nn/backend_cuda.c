@@ -138,7 +138,7 @@
 #include "nn/act_kernel.h"
 
 #include "core/module.h"
-#include "runtime/internal.h"
+#include "platform/internal.h"
 
 #include "kernels.h"
 
@@ -2029,7 +2029,7 @@ static void cuda_describe(dsrt_backend *b, dsrt_backend_report *r) {
 const dsrt_backend_ops dsrt__backend_cuda = {
     .name = "cuda-cudnn",
     .device_kind = 1,
-    .devices = dsrt__cuda_devices, /* the CUDA runtime's count (runtime/hostmem.c) */
+    .devices = dsrt__cuda_devices, /* the CUDA runtime's count (platform/hostmem.c) */
     .create = cuda_create,
     .destroy = cuda_destroy,
     .stage = cuda_stage,

@@ -14,7 +14,7 @@
 #include "internal.h"
 
 #include "core/module.h"
-#include "runtime/internal.h"
+#include "platform/internal.h"
 
 #include <math.h>
 #include <stdio.h>

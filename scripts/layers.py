@@ -2,7 +2,7 @@
 """How dsrt's files depend on each other: the figures that say whether the
 layers still call downwards only.
 
-    scripts/layers.py cycles BUILD_DIR   # files and folders that call each other in a circle
+    scripts/layers.py cycles BUILD_DIR   # circles of files and folders, and calls up the layers
     scripts/layers.py functions [N]      # the N longest functions outside tests (default 20)
     scripts/layers.py lines              # lines of C per folder
 
@@ -15,14 +15,20 @@ every group of files that reach each other (a strongly connected component
 of more than one file), with the symbols that close the circle, then the same
 for folders (a file's folder; datastore/sources/zip/x.c is in
 datastore/sources/zip), and the #include graph's circles between folders.
-Exit 1 when any circle is found. `functions` uses ctags' end lines.
+Last, the layers: LAYERS ranks the folders from the bottom (core/, then
+platform/: cores, threads, pinned memory) to the top (the training loop),
+and every call or #include from a folder to one ranked above it is printed
+as going up. Exit 1 when any circle is found or anything goes up.
+`functions` is scripts/function_lengths.py's count.
 
 A table of plug-ins is not a call: the layer kinds' ops structures
 (dsrt__layer_<kind>, dsrt__cuda_layer_<kind>: data, nm's R or D) that
-the kinds' table names, and the list of kinds (nn/layers/list.h) that
-nn/internal.h includes, are how an engine reaches a kind through function
-pointers, while the kind calls the engine's services below it; those
-references are counted apart (printed as "tables") and close no circle.
+the kinds' table names, the sources' (dsrt__source_<name>) that the table
+of sources (datastore/sources/source.c) names, and the list of kinds
+(nn/layers/list.h) that nn/internal.h includes, are how an engine reaches
+a plug-in through function pointers, while the plug-in calls the engine's
+services below it; those references are counted apart (printed as
+"tables") and close no circle.
 """
 import collections
 import glob
@@ -33,8 +39,23 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A layer kind's ops structure, and the list of kinds (see the docstring).
-PLUGIN_TABLE = re.compile(r"^dsrt__((cuda_)?layer_[a-z0-9_]+|layers)$")
+PLUGIN_TABLE = re.compile(r"^dsrt__((cuda_)?layer_[a-z0-9_]+|layers|source_[a-z0-9]+)$")
 PLUGIN_LIST = "nn/layers/list.h"
+# The layers, bottom first: a folder is ranked by the longest entry its path
+# starts with. A folder calls and includes its own rank and those below;
+# within a rank (datastore/'s folders, augment/) the circles above keep the
+# order. The public headers (include/) are everyone's and rank nowhere.
+LAYERS = {
+    "core": 0,
+    "platform": 1,  # cores, threads, pinned memory; the CUDA host module
+    "datastore": 2,
+    "augment": 2,
+    "nn": 3,
+    "runtime": 3,  # runtime/internal.h, shared by the pipeline and training
+    "runtime/pipeline": 3,
+    "runtime/comm": 4,
+    "runtime/train": 5,
+}
 LIB_TARGETS = ("dsrt_objects", "dsrt_train_objects", "dsrt_cuda", "dsrt_mpi", "dsrt_nccl",
                "dsrt_cuda_host")
 
@@ -132,7 +153,7 @@ def report(title, nodes, edges, why):
 def includes():
     """{file: set(included project files)} for every C source and header of the libraries."""
     out = {}
-    for d in ("core", "datastore", "augment", "runtime", "nn", "include"):
+    for d in ("core", "platform", "datastore", "augment", "runtime", "nn", "include"):
         for f in glob.glob(os.path.join(ROOT, d, "**", "*.[ch]"), recursive=True):
             rel = os.path.relpath(f, ROOT)
             incs = set()
@@ -146,6 +167,32 @@ def includes():
                             break
             out[rel] = incs
     return out
+
+
+def rank(folder):
+    """The layer of a folder (LAYERS), or None for one outside them."""
+    best = None
+    for name, r in LAYERS.items():
+        if (folder == name or folder.startswith(name + "/")) and (
+                best is None or len(name) > len(best[0])):
+            best = (name, r)
+    return best[1] if best else None
+
+
+def upward(title, edges, why):
+    """Edges from a folder to one ranked above it: printed, counted."""
+    ups = []
+    for a in sorted(edges):
+        for b in sorted(edges[a]):
+            ra, rb = rank(a), rank(b)
+            if ra is not None and rb is not None and rb > ra:
+                ups.append((a, b))
+    print(f"{title}: {len(ups)} going up the layers")
+    for a, b in ups:
+        names = sorted(why.get((a, b), ()))
+        more = f" (+{len(names) - 4})" if len(names) > 4 else ""
+        print(f"  {a} (layer {rank(a)}) -> {b} (layer {rank(b)}): {', '.join(names[:4])}{more}")
+    return len(ups)
 
 
 def cycles(build):
@@ -191,7 +238,9 @@ def cycles(build):
                 iwhy[(fa, fb)].add(f"{os.path.basename(f)}:{os.path.basename(g)}")
     n += report("folders that include each other's headers", {os.path.dirname(f) for f in inc},
                 iedges, iwhy)
-    print("tables (a file naming the ops of layer kinds):")
+    n += upward("folder calls", fedges, fwhy)
+    n += upward("folder includes", iedges, iwhy)
+    print("tables (a file naming the ops of plug-ins: layer kinds, sources):")
     for a in sorted(plugged):
         print(f"  {a} -> {len(plugged[a])} file(s)")
     print("folder calls (caller -> callee):")
@@ -201,23 +250,9 @@ def cycles(build):
 
 
 def functions(top):
-    files = [f for f in subprocess.run(["git", "ls-files", "*.c", "*.h", "*.cu"], cwd=ROOT,
-                                       capture_output=True, text=True, check=True).stdout.split()
-             if not f.startswith(("tests/", "python/tests/"))]
-    text = subprocess.run(["ctags", "-x", "--_xformat=%N %F %n %{end}", "--kinds-C=f",
-                           "--language-force=C"] + files, cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout
-    rows = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[3].isdigit():
-            rows.append((int(parts[3]) - int(parts[2]) + 1, parts[1], parts[0]))
-    rows.sort(reverse=True)
-    for n, f, name in rows[:top]:
-        print(f"{n:5d}  {f}  {name}")
-    over = [r for r in rows if r[0] > 120]
-    print(f"{len(over)} function(s) over 120 lines outside tests")
-    return 0
+    """The longest functions outside tests, by scripts/function_lengths.py."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "function_lengths.py"),
+                           "--top", str(top)], cwd=ROOT).returncode
 
 
 def lines():

@@ -1,7 +1,7 @@
 /*
  * A CPU stand-in for the CUDA runtime, cuDNN, cuBLAS and NCCL calls of the
  * GPU backend (nn/backend_cuda.c) and the NCCL communicator
- * (runtime/comm/comm_nccl.c), and for the launches of dsrt's kernels
+ * (runtime/comm/nccl/comm_nccl.c), and for the launches of dsrt's kernels
  * (nn/kernels.h), so that the tests can run the library's own host code
  * (plans, tensor aliasing, NHWC and bfloat16 tensors, padding copies, fused
  * calls and their fallbacks, staging slots, the optimizer hand-off, recorded

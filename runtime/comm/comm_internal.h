@@ -13,7 +13,6 @@
 #include <dsrt/comm.h>
 
 #include "nn/internal.h"
-#include "runtime/internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

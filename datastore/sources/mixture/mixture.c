@@ -38,22 +38,6 @@ static void mixture_free(void *data) {
     free(m);
 }
 
-const dsrt_mixture *dsrt__mixture_of(const dsrt_datastore *ds) {
-    return ds->index->source == DSRT_SOURCE_MIX ? ds->index->data : NULL;
-}
-
-size_t dsrt__mixture_source(const dsrt_mixture *m, uint32_t pos) {
-    size_t lo = 0, hi = m->k; /* off[lo] <= pos < off[hi] */
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (m->off[mid] <= pos)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 dsrt_mix_options dsrt_mix_defaults(void) {
     return (dsrt_mix_options){.replacement = 0, .labels = DSRT_MIX_LABELS_MERGE};
 }
@@ -225,25 +209,6 @@ fail:
     else
         mixture_free(m);
     return rc;
-}
-
-// ----------------------------------------------------------------------------
-// Queries
-
-size_t dsrt_datastore_mix_sources(const dsrt_datastore *ds) {
-    const dsrt_mixture *m = dsrt__mixture_of(ds);
-    return m ? m->k : 1;
-}
-
-size_t dsrt_datastore_mix_source(const dsrt_datastore *ds, size_t i) {
-    const dsrt_mixture *m = dsrt__mixture_of(ds);
-    return m && i < ds->n ? dsrt__mixture_source(m, dsrt__pos(ds, i)) : 0;
-}
-
-double dsrt_datastore_mix_weight(const dsrt_datastore *ds, size_t k) {
-    const dsrt_mixture *m = dsrt__mixture_of(ds);
-    if (!m) return k == 0 ? 1.0 : 0.0;
-    return k < m->k ? m->weight[k] : 0.0;
 }
 
 // ----------------------------------------------------------------------------

@@ -20,7 +20,8 @@ typedef struct {
     int readers;            /* some source reads its samples with a reader of its own */
 } dsrt_mixture;
 
-/* The mix ds is a view of, or NULL when it is not one. */
+/* The mix ds is a view of, or NULL when it is not one (these two are
+ * defined in datastore/mix_query.c, below the mix source). */
 const dsrt_mixture *dsrt__mixture_of(const dsrt_datastore *ds);
 
 /* The source of index position pos (a binary search over off). */

@@ -10,7 +10,7 @@
  * worker per core keeps TurboJPEG's and the augmenter's working sets in that
  * core's caches.
  */
-#include "runtime/internal.h"
+#include "platform/internal.h"
 
 #include <hwloc.h>
 #include <stdio.h>

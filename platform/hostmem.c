@@ -3,13 +3,13 @@
  * Slots are page-locked so that a GPU can copy from them asynchronously and
  * the kernel never pages them out: mmap'd (page-aligned, so O_DIRECT and
  * SIMD stores are happy), then, for a pipeline that feeds CUDA device N,
- * registered with CUDA through the CUDA host module (runtime/hostmem_cuda.c,
+ * registered with CUDA through the CUDA host module (platform/cuda_host/hostmem_cuda.c,
  * loaded here on first use), else mlock'ed where RLIMIT_MEMLOCK allows.
  * Failing to lock is not an error: the memory works the same, only
  * unlocked, and the caller is told.
  */
 #include "core/module.h"
-#include "runtime/internal.h"
+#include "platform/internal.h"
 
 #include <stdint.h>
 #include <stdio.h>

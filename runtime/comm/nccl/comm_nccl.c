@@ -35,7 +35,7 @@
  * It is the module dsrt_nccl.so (core/module.h), which comm.c loads when a
  * communicator first asks for it.
  */
-#include "comm_internal.h"
+#include "runtime/comm/comm_internal.h"
 #include "core/module.h"
 
 #include <stdio.h>

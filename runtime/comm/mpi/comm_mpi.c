@@ -36,7 +36,7 @@
  * It is the module dsrt_mpi.so (core/module.h), which comm.c loads when a
  * communicator first asks for it.
  */
-#include "comm_internal.h"
+#include "runtime/comm/comm_internal.h"
 #include "core/module.h"
 
 #include <sched.h>

@@ -11,7 +11,7 @@
  * that link dsrt statically (the Python extension) alike.
  */
 #include "core/module.h"
-#include "runtime/internal.h"
+#include "platform/internal.h"
 
 #include <cuda_runtime_api.h>
 #include <stdio.h>
