@@ -1308,8 +1308,8 @@ static void test_brace_lists(void) {
     snprintf(dir, sizeof dir, "%s/braces", root);
     REQUIRE(timg_mkdirs(dir) == 0);
     const char *huge[] = {"{0..1999}{0..999}.tar", "{0..9999}{0..9999}.tar",
-                          "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}"
-                          "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}.tar",
+                          ("{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}"
+                           "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}.tar"),
                           "{0..99}{x}{0..99}{,{0..199}}.tar"};
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(huge); k++) {
         snprintf(p, sizeof p, "%s/%s", dir, huge[k]);
