@@ -2457,8 +2457,15 @@ static int train_setup_ui(train_job *j) {
     ui->table = !tr.json && !tr.quiet;
     ui->progress = !tr.json && !tr.no_progress && isatty(STDERR_FILENO);
     char shown[4096];
-    snprintf(j->title, sizeof j->title, "%s on %s", tr.transfer ? "transfer" : j->netname,
-             data_shown(tr.data.v, tr.data.n, tr.mix, shown, sizeof shown));
+    /* A transfer run is named after the model it starts from. */
+    const char *model = tr.transfer ? strrchr(tr.transfer, '/') : NULL;
+    model = model ? model + 1 : tr.transfer;
+    if (model)
+        snprintf(j->title, sizeof j->title, "%s (transfer) on %s", model,
+                 data_shown(tr.data.v, tr.data.n, tr.mix, shown, sizeof shown));
+    else
+        snprintf(j->title, sizeof j->title, "%s on %s", j->netname,
+                 data_shown(tr.data.v, tr.data.n, tr.mix, shown, sizeof shown));
     ui->title = j->title;
     j->o.callback = train_event;
     j->o.callback_ctx = ui;

@@ -258,9 +258,40 @@ static void escape(out *o, const char *s) {
     }
 }
 
+/*
+ * The top of the loss axis for losses up to lmax: lmax, or 3x the median
+ * mini-batch loss where the early losses would dwarf the rest (the median
+ * from a histogram of 256 bins over [0, lmax]).
+ */
+static double loss_axis_top(const dsrt_train_history *h, double lmax) {
+    if (h->n_it <= 8 || !(lmax > 0)) return lmax;
+    size_t bins[256] = {0}, m = 0, acc = 0, k = 0;
+    for (size_t i = 0; i < h->n_it; i++)
+        if (isfinite(h->it[i].loss) && h->it[i].loss >= 0) {
+            bins[DSRT_MIN((size_t)(h->it[i].loss / lmax * 255.0), 255)]++;
+            m++;
+        }
+    for (; k < 256 && acc < (m + 1) / 2; k++) acc += bins[k];
+    double med = (double)k / 255.0 * lmax;
+    return med > 0 && 3 * med < lmax ? 3 * med : lmax;
+}
+
+/* Marks a loss axis that does not reach the largest loss: a dashed line at
+ * its top, where the larger values are drawn, and what it cut. */
+static void clip_note(out *o, const panel *p, double largest) {
+    put(o,
+        "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#d9541a\" "
+        "stroke-width=\"1\" stroke-dasharray=\"2,3\"/>\n",
+        p->x0, p->y0, p->x0 + p->w, p->y0);
+    put(o,
+        "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#d9541a\">losses above "
+        "%.3g drawn at the top (largest %.3g)</text>\n",
+        p->x0 + p->w, p->y0 - 6, p->ymax, largest);
+}
+
 int dsrt_train_history_svg(const dsrt_train_history *h, const char *path, const char *title) {
     if (!h || !path) return dsrt__fail(-EINVAL, "plot: no history or path");
-    const double W = 960, H = 700;
+    const double W = 960, H = 730;
     out o = {0};
     put(&o,
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -280,19 +311,11 @@ int dsrt_train_history_svg(const dsrt_train_history *h, const char *path, const 
         if (isfinite(h->it[i].loss)) lmax = DSRT_MAX(lmax, (double)h->it[i].loss);
     for (size_t i = 0; i < h->n_val; i++)
         if (isfinite(h->val[i].loss)) lmax = DSRT_MAX(lmax, (double)h->val[i].loss);
-    /* Early losses can dwarf the rest: show up to 3x the median loss. */
-    if (h->n_it > 8 && lmax > 0) {
-        /* The median from a histogram of 256 bins over [0, lmax]. */
-        size_t bins[256] = {0}, m = 0, acc = 0, k = 0;
-        for (size_t i = 0; i < h->n_it; i++)
-            if (isfinite(h->it[i].loss) && h->it[i].loss >= 0) {
-                bins[DSRT_MIN((size_t)(h->it[i].loss / lmax * 255.0), 255)]++;
-                m++;
-            }
-        for (; k < 256 && acc < (m + 1) / 2; k++) acc += bins[k];
-        double med = (double)k / 255.0 * lmax;
-        if (med > 0 && 3 * med < lmax) lmax = 3 * med;
-    }
+    /* Early losses can dwarf the rest: the axis shows up to 3x the median
+     * loss, and the clip is marked (clip_note) with the largest loss. */
+    const double lmax_all = lmax;
+    lmax = loss_axis_top(h, lmax);
+    const int clipped = lmax < lmax_all;
     if (!(lmax > 0)) lmax = 1;
     lmax *= 1.05;
 
@@ -306,11 +329,13 @@ int dsrt_train_history_svg(const dsrt_train_history *h, const char *path, const 
     series(&o, &loss, h, 1, "#f6c2a0", "#d9541a");
     validation(&o, &acc, h, 0);
     validation(&o, &loss, h, 1);
+    if (clipped) clip_note(&o, &loss, lmax_all);
     put(&o, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">Iteration</text>\n",
         loss.x0 + loss.w / 2, loss.y0 + loss.h + 36);
 
-    /* Legend and a summary line. */
-    double ly = H - 10;
+    /* The legend on a line of its own, the summary below it: a long
+     * summary never runs into the legend. */
+    double ly = H - 40;
     put(&o,
         "<line x1=\"70\" y1=\"%.0f\" x2=\"94\" y2=\"%.0f\" stroke=\"#1f5fbf\" stroke-width=\"2\"/>"
         "<text x=\"100\" y=\"%.0f\">training accuracy (smoothed)</text>\n",
@@ -332,8 +357,7 @@ int dsrt_train_history_svg(const dsrt_train_history *h, const char *path, const 
     if (h->n_val)
         snprintf(summary + sl, sizeof summary - (size_t)sl, ", validation accuracy %.2f%%",
                  100.0 * h->val[h->n_val - 1].accuracy);
-    put(&o, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\" fill=\"#555\">%s</text>\n", W - 30, ly,
-        summary);
+    put(&o, "<text x=\"70\" y=\"%.0f\" fill=\"#555\">%s</text>\n", H - 12, summary);
     put(&o, "</svg>\n");
     if (o.failed) {
         free(o.s);
