@@ -148,6 +148,34 @@ void dsrt_augment_preset_imagenet_val(dsrt_augment_options *o) {
     imagenet_norm(o);
 }
 
+static void preset_default(dsrt_augment_options *o) {
+    *o = dsrt_augment_defaults();
+}
+
+/* The presets by name, in the order the tools list them. */
+static const struct {
+    const char *name;
+    void (*set)(dsrt_augment_options *o);
+} PRESETS[] = {{"default", preset_default},
+               {"227", dsrt_augment_preset_227},
+               {"32", dsrt_augment_preset_32},
+               {"imagenet", dsrt_augment_preset_imagenet},
+               {"imagenet-val", dsrt_augment_preset_imagenet_val}};
+
+const char *dsrt_augment_preset_name(int i) {
+    return i >= 0 && (size_t)i < DSRT_ARRAY_SIZE(PRESETS) ? PRESETS[i].name : NULL;
+}
+
+int dsrt_augment_preset_from_name(const char *name, dsrt_augment_options *o) {
+    const char *names[DSRT_ARRAY_SIZE(PRESETS)];
+    for (size_t i = 0; i < DSRT_ARRAY_SIZE(PRESETS); i++) names[i] = PRESETS[i].name;
+    int v;
+    int rc = dsrt__name_lookup(names, DSRT_ARRAY_SIZE(PRESETS), name, 0, &v);
+    if (rc != 0) return dsrt__fail_prefix(rc, "preset");
+    PRESETS[v].set(o);
+    return 0;
+}
+
 static int check_range(const char *name, const double r[2], double min, double max) {
     if (!isfinite(r[0]) || !isfinite(r[1]))
         return dsrt__fail(DSRT_EOPTION, "augment: %s: [%g, %g]: not finite", name, r[0], r[1]);

@@ -162,8 +162,37 @@ void dsrt__arena_free(dsrt_arena *a);
 
 /* The value of name in a table of names (names[v] is value v's; NULL where
  * no value has one), in any case when icase is set: 0 and *value, or
- * DSRT_EOPTION with the message "'NAME' is not a, b or c". */
+ * DSRT_EOPTION with the message "'NAME' is not a, b or c", and "(did you
+ * mean b?)" when one is a slip away. */
 int dsrt__name_lookup(const char *const *names, size_t n, const char *name, int icase, int *value);
+
+/* The choice functions of option rows (dsrt/options.h), made from a name
+ * function of the library: the i-th name is the name of the enum's value
+ * i, "" where the enum has no such value (a hole), NULL from end on (a name
+ * function calls a value it does not know "unknown"). */
+#define DSRT__CHOICE_FROM(fn, type, end)                                                           \
+    static const char *fn##_at(int i) {                                                            \
+        if (i < 0 || i >= (int)(end)) return NULL;                                                 \
+        const char *n = fn((type)i);                                                               \
+        return n && strcmp(n, "unknown") ? n : "";                                                 \
+    }
+
+/* A choice function over a list of names of its own. */
+#define DSRT__CHOICE_OF(fn, ...)                                                                   \
+    static const char *fn(int i) {                                                                 \
+        static const char *const names[] = {__VA_ARGS__, NULL};                                    \
+        return i >= 0 && (size_t)i < DSRT_ARRAY_SIZE(names) ? names[i] : NULL;                     \
+    }
+
+/* The edit distance (insertions, deletions, substitutions, swaps of two
+ * neighbours) between a[0, na) and b, stopping early past limit (then
+ * limit + 1). */
+int dsrt__edit_distance(const char *a, size_t na, const char *b, int limit);
+
+/* Of names[0, n) (NULL entries skipped), the one nearest to a[0, na) when
+ * it is a slip away (one edit for short names, two past four letters), or
+ * NULL: what "did you mean" offers. */
+const char *dsrt__nearest(const char *a, size_t na, const char *const *names, size_t n);
 
 // ----------------------------------------------------------------------------
 // Files

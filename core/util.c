@@ -331,7 +331,45 @@ int dsrt__name_lookup(const char *const *names, size_t n, const char *name, int 
         if (w < 0) break;
         at += (size_t)w;
     }
+    const char *near = name ? dsrt__nearest(name, strlen(name), names, n) : NULL;
+    if (near)
+        return dsrt__fail(DSRT_EOPTION, "'%s' is not %s (did you mean %s?)", name, list, near);
     return dsrt__fail(DSRT_EOPTION, "'%s' is not %s", name ? name : "(null)", list);
+}
+
+int dsrt__edit_distance(const char *a, size_t na, const char *b, int limit) {
+    size_t nb = strlen(b);
+    if (na > 64 || nb > 64) return limit + 1;
+    if ((na > nb ? na - nb : nb - na) > (size_t)limit) return limit + 1;
+    int d[65][65];
+    for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        int row_min = d[i][0];
+        for (size_t j = 1; j <= nb; j++) {
+            int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+            if (v < row_min) row_min = v;
+        }
+        if (row_min > limit) return limit + 1;
+    }
+    return d[na][nb];
+}
+
+const char *dsrt__nearest(const char *a, size_t na, const char *const *names, size_t n) {
+    const char *best = NULL;
+    int best_d = (na > 4 ? 2 : 1) + 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!names[i]) continue;
+        int d = dsrt__edit_distance(a, na, names[i], best_d - 1);
+        if (d < best_d) best = names[i], best_d = d;
+    }
+    return best;
 }
 
 int dsrt__strlist_add(dsrt_strlist *l, const char *s, size_t len) {

@@ -9,6 +9,7 @@
 #include <dsrt/datastore.h>
 #include <dsrt/augment.h>
 #include <dsrt/pipeline.h>
+#include <dsrt/options.h>
 #include <dsrt/nn.h>
 #include <dsrt/train.h>
 #include <dsrt/comm.h>

@@ -20,6 +20,7 @@
 #include <dsrt.h>
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
@@ -32,6 +33,7 @@
 #include <unistd.h>
 
 #include "tool_common.h"
+#include "tool_options.h"
 
 #define DSRT_MIN_SIZE(a, b) ((a) < (b) ? (a) : (b))
 
@@ -75,138 +77,18 @@ static const char usage[] =
     "                        those; anything else in OUT is refused and left alone.\n"
     "                        OUT may not be, hold or lie inside SRC's folder\n"
     "\n"
-    "Options for DATA:\n"
-    "  --source KIND         auto (default: told from DATA) or a source's name: folder,\n"
-    "                        manifest, shards, ... (a name dsrt does not know is\n"
-    "                        answered with the list of those it does)\n"
-    "  --labels FROM         folder (default: the first sub-folder under DATA names the\n"
-    "                        class, as torchvision's ImageFolder), parent (the folder\n"
-    "                        holding the file, as MATLAB's 'foldernames'), none\n"
-    "  --extensions LIST     file extensions to take, e.g. jpg,png (default\n"
-    "                        jpg,jpeg,jpe,jfif,png,webp; case-insensitive)\n"
-    "  --no-subfolders       only files directly inside each class folder\n"
-    "  --no-follow           do not follow symbolic links\n"
-    "  --split train|test    for IDX and CIFAR folders (default train)\n"
-    "  --coarse              CIFAR-100: the 20 coarse labels instead of the 100 fine\n"
-    "  --order auto|exact|shard  shards: exact reads each sample by offset in the same\n"
-    "                        global shuffle as any datastore (batches equal the\n"
-    "                        folder's); shard streams each shard front to back, shards\n"
-    "                        shuffled each epoch, samples mixed in a shuffle buffer;\n"
-    "                        auto: exact with dsrt's index on a disk that seeks\n"
-    "                        cheaply, else shard\n"
-    "  --shuffle-buffer N    shards, shard order: samples mixed at once (default 1000)\n"
-    "  --json                one JSON line instead of a table:\n"
-    "                        {\"classes\":[...],\"counts\":[...],\"images\":N,\"scan_s\":S}\n"
-    "  --mix W1,W2,...|FILE  mix several DATA in these proportions (one weight a DATA,\n"
-    "                        each >= 0): an epoch draws round(N * W / sum W) samples\n"
-    "                        from each, interleaved at random; or FILE, lines of\n"
-    "                        PATH,WEIGHT naming the sources themselves (then no DATA;\n"
-    "                        relative paths from FILE's folder; '#' comments). Several\n"
-    "                        DATA without --mix: weights in proportion to their sizes\n"
-    "  --mix-labels merge|separate  classes of a mix merged by name (default), or kept\n"
-    "                        apart as K:NAME (K the source's number from 0)\n"
-    "\n"
-    "Pipeline options:\n"
-    "  --pipeline 227|32|imagenet|imagenet-val|none  the work per image (default\n"
-    "                        227), as torch_loader_bench.py does it:\n"
-    "                        227: shorter side to 256, random 227x227 crop, random\n"
-    "                        left-right flip, float NCHW in [0, 1]\n"
-    "                        32: resize to 32x32, random flip, random shift of up to\n"
-    "                        4 pixels (zero fill), float NCHW in [0, 1]\n"
-    "                        imagenet: torchvision's ImageNet training recipe:\n"
-    "                        random-resized 224x224 crop (scale 0.08-1, ratio\n"
-    "                        3/4-4/3), random flip, colour jitter 0.4 (brightness,\n"
-    "                        contrast, saturation, random order), normalised with\n"
-    "                        ImageNet's mean and std\n"
-    "                        imagenet-val: shorter side to 256, centre 224x224 crop,\n"
-    "                        normalised as imagenet\n"
-    "                        none: decode only: each image at its own size as float\n"
-    "                        CHW in [0, 1], one image a batch unless --batch says\n"
-    "  --layout nchw|nhwc    the samples' layout: nchw (default) is float32 planes,\n"
-    "                        nhwc is uint8 rows of interleaved channels (what a GPU\n"
-    "                        stages and normalises itself), no normalisation\n"
-    "  --dtype float32|uint8 the samples' type: float32 goes with nchw (the\n"
-    "                        default), uint8 with nhwc; either option alone picks both\n"
-    "  --channels 1|3        output channels (default 3): 1 decodes JPEGs to their\n"
-    "                        luma alone\n"
-    "  --decode-dc 0|1       JPEGs decoded at 1/8 scale (pipeline 32 on most photos):\n"
-    "                        1 (default) takes each pixel from its block's DC term,\n"
-    "                        luma equal to libjpeg's, chroma as the file stores it;\n"
-    "                        0 has libjpeg decode them\n"
-    "  --threads N           worker threads (default 0: one per core); with --sweep,\n"
-    "                        a list of counts such as 1,2,4\n"
-    "  --sweep               run once per thread count (1, 2, 4, ... up to the cores,\n"
-    "                        or the --threads list) and print a scaling table\n"
-    "  --cpus LIST           run the workers on these CPUs (e.g. 0-3,8)\n"
-    "  --no-pin              do not bind workers to cores\n"
-    "  --batch B             images per batch (default 128; 1 with --pipeline none)\n"
-    "  --prefetch P          batches made ahead of the consumer (default 4)\n"
-    "  --epochs E            epochs to run, the first a warm-up (default 3)\n"
-    "  --seed S              shuffle and augmentation seed (default 0)\n"
-    "  --shuffle never|once|epoch  sample order (default epoch: a new one each epoch)\n"
-    "  --drop-last           drop each epoch's last, partial batch\n"
-    "  --mix-replacement     a mix draws within each source with replacement (default:\n"
-    "                        each source walked in fresh permutations, none twice\n"
-    "                        before all once)\n"
-    "  --sample-weights class-balanced|FILE  draw each epoch's samples with replacement\n"
-    "                        in proportion to a weight a sample (PyTorch's\n"
-    "                        WeightedRandomSampler): class-balanced weighs each 1 /\n"
-    "                        (samples of its class); FILE holds one weight a line, one\n"
-    "                        line a sample in DATA's order ('#' comments)\n"
-    "  --epoch-samples N     samples an epoch with --mix or --sample-weights (default:\n"
-    "                        all of DATA's)\n"
-    "  --io auto|uring|pread file reads: io_uring (auto falls back to pread where the\n"
-    "                        kernel refuses it), or pread (default auto)\n"
-    "  --depth N             reads in flight per worker (default 16)\n"
-    "  --remote-depth N      requests to an object store in flight per worker\n"
-    "                        (default 64)\n"
-    "  --max-connections N   connections per host and worker (default: the remote\n"
-    "                        depth, or $DSRT_S3_MAX_CONNECTIONS)\n"
-    "  --retry-deadline S    give up on a request the store keeps failing (throttled,\n"
-    "                        errors, unreachable) S seconds after its first failure\n"
-    "                        and stop the run (default 60)\n"
-    "  --request-timeout S   retry a request that receives nothing for S seconds\n"
-    "                        (default 30)\n"
-    "  --direct              open files with O_DIRECT (bypass the page cache)\n"
-    "  --cold                drop DATA's files from the page cache before each epoch:\n"
-    "                        the whole cache (sync, /proc/sys/vm/drop_caches = 3) when\n"
-    "                        allowed (root), else posix_fadvise DONTNEED on every file\n"
-    "                        of DATA; the report says which\n"
-    "  --cold-method M       auto (default), drop-caches or fadvise (implies --cold)\n"
-    "  --fail-on-error       stop at the first bad image instead of skipping it\n"
-    "  --bad-list FILE       write every bad image, with the reason, to FILE (one JSON\n"
-    "                        object a line: path, error); the report names the first 20\n"
-    "  --limit               also measure the limit: one core decoding the same files at\n"
-    "                        full size to RGB with TurboJPEG (fast DCT; libspng for PNG),\n"
-    "                        files in memory, nothing else; and report each run's\n"
-    "                        images/s per thread as a share of it\n"
-    "  --limit-images N      files the limit decodes, spread over DATA (default 2000;\n"
-    "                        0: all)\n"
-    "  --limit-passes N      passes over them; the best counts (default 3)\n"
-    "  --checksum            hash every delivered batch (samples and labels, in order;\n"
-    "                        FNV-1a over 64-bit words in 4 lanes) and print the hash:\n"
-    "                        the same for any thread count, io back-end or timing\n"
-    "  --json                one JSON line per epoch, then a summary line with\n"
-    "                        images_per_s (median after the warm-up), images,\n"
-    "                        bad_files (the first 20: path, error), bad_files_total,\n"
-    "                        skipped (times a bad file was passed over), threads,\n"
-    "                        io, per-stage seconds, samples_per_source (the samples\n"
-    "                        delivered from each DATA of a mix) and, with --checksum,\n"
-    "                        checksum (hex); no progress bar\n"
-    "  Also --source, --labels, --extensions, --no-subfolders, --no-follow, --split,\n"
-    "  --coarse as for --index.\n"
-    "\n"
-    "Options for convert:\n"
-    "  --split train|test|both  which split of a folder of IDX/CIFAR files (default both)\n"
-    "  --class-names LIST    comma-separated folder names, one per class, in class order\n"
-    "  --shards SIZE         write tar shards of at most SIZE bytes instead (any source)\n"
-    "  --shard-samples N     with --shards: at most N samples a shard as well\n"
-    "  --source, --coarse, --labels, --extensions, ...  as above\n"
-    "\n"
-    "  -h, --help            this help\n"
-    "  --version             dsrt's version\n";
+    "--index takes the datastore options and --json; convert the datastore options,\n"
+    "--split, --class-names, --shards and --shard-samples. With --json, the pipeline\n"
+    "prints one line per epoch, then a summary with images_per_s (the median after\n"
+    "the warm-up), images, bad_files (the first 20: path, error), bad_files_total,\n"
+    "skipped, workers, io, per-stage seconds, samples_per_source and, with\n"
+    "--checksum, checksum (hex); --index prints\n"
+    "{\"classes\":[...],\"counts\":[...],\"images\":N,\"scan_s\":S}.\n"
+    "An older spelling (--threads, --pipeline, --decode-dc 0, --shuffle epoch) is\n"
+    "taken with a note.\n";
 
-typedef enum { PIPE_227 = 0, PIPE_32, PIPE_NONE, PIPE_IMAGENET, PIPE_IMAGENET_VAL } pipe_kind;
+/* --preset, in the order of its names in the option table. */
+typedef enum { PIPE_NONE = 0, PIPE_227, PIPE_32, PIPE_IMAGENET, PIPE_IMAGENET_VAL } pipe_kind;
 
 #define MAX_DATA 64
 
@@ -224,7 +106,7 @@ typedef struct {
     int nhwc;         /* --layout nhwc / --dtype uint8: uint8 NHWC samples */
     int layout_given; /* -1 nchw/float32 asked, 1 nhwc/uint8 asked, 0 neither */
     int channels;     /* --channels: 1 or 3 */
-    int decode_dc;    /* --decode-dc: 0 or 1 */
+    int no_decode_dc; /* --no-decode-dc */
     dsrt_pipeline_options po;
     int batch_given, sweep, cold, checksum;
     int cold_method; /* COLD_AUTO, COLD_DROP_CACHES, COLD_FADVISE */
@@ -245,7 +127,6 @@ typedef struct {
 } options;
 
 enum { COLD_AUTO = 0, COLD_DROP_CACHES, COLD_FADVISE };
-static const char *const cold_names[] = {"auto", "drop-caches", "fadvise"};
 
 static double now_s(void) {
     struct timespec t;
@@ -261,51 +142,26 @@ static double cpu_s(void) {
 }
 
 // ----------------------------------------------------------------------------
-// Options
+// Options: rows of the library's tables (dsrt/options.h), bound here to
+// the fields they set
 
-/* Parses the options shared by both commands; returns 1 when argv[*i] was one. */
-static int parse_datastore_option(int argc, char **argv, int *i, options *o) {
-    const char *a = argv[*i];
-    if (strcmp(a, "--source") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        if (dsrt_source_from_name(v, &o->ds.source) != 0)
-            tool_die_usage("--source: %s", dsrt_last_error());
-    } else if (strcmp(a, "--labels") == 0) {
-        if (dsrt_label_source_from_name(tool_value(argc, argv, i), &o->ds.label_source) != 0)
-            tool_die_usage("--labels: %s", dsrt_last_error());
-    } else if (strcmp(a, "--extensions") == 0) {
-        o->ds.extensions = tool_value(argc, argv, i);
-    } else if (strcmp(a, "--no-subfolders") == 0) {
-        o->ds.include_subfolders = 0;
-    } else if (strcmp(a, "--no-follow") == 0) {
-        o->ds.follow_symlinks = 0;
-    } else if (strcmp(a, "--coarse") == 0) {
-        o->ds.cifar100_coarse = 1;
-    } else if (strcmp(a, "--mix") == 0) {
-        o->mix = tool_value(argc, argv, i);
-    } else if (strcmp(a, "--mix-labels") == 0) {
-        if (dsrt_mix_labels_from_name(tool_value(argc, argv, i), &o->mo.labels) != 0)
-            tool_die_usage("--mix-labels: %s", dsrt_last_error());
-    } else if (strcmp(a, "--order") == 0) {
-        o->ds.shard_order = tool_shard_order("--order", tool_value(argc, argv, i));
-    } else if (strcmp(a, "--shuffle-buffer") == 0) {
-        o->ds.shuffle_buffer =
-            (size_t)tool_int("--shuffle-buffer", tool_value(argc, argv, i), 1, 1 << 24);
-    } else if (strcmp(a, "--split") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        o->split_both = 0;
-        if (strcmp(v, "train") == 0)
-            o->ds.split = DSRT_SPLIT_TRAIN;
-        else if (strcmp(v, "test") == 0)
-            o->ds.split = DSRT_SPLIT_TEST;
-        else if (strcmp(v, "both") == 0)
-            o->split_both = 1;
-        else
-            tool_die_usage("--split: '%s' is not train, test or both", v);
-    } else {
-        return 0;
-    }
-    return 1;
+static tool_tables tables(void) {
+    tool_tables t = {{NULL, NULL}, {0, 0}};
+    t.count[0] = dsrt_option_groups(&t.groups[0]);
+    return t;
+}
+
+/* The i-th name of the dsbench option's choices ("cold-method", 1:
+ * "drop-caches"). */
+static const char *choice_name(const char *option, int i) {
+    tool_tables t = tables();
+    const dsrt_option *row = tool_option_find(&t, option, DSRT_IN_DSBENCH, NULL);
+    const char *name = row && row->choice ? row->choice(i) : NULL;
+    return name ? name : "unknown";
+}
+
+static const char *preset_name(const options *o) {
+    return choice_name("preset", (int)o->kind);
 }
 
 // ----------------------------------------------------------------------------
@@ -471,8 +327,6 @@ static int run_convert(options *o) {
 
 // ----------------------------------------------------------------------------
 // dsbench DATA: the pipeline alone
-
-static const char *const kind_names[] = {"227", "32", "none", "imagenet", "imagenet-val"};
 
 /* The --checksum hash: FNV-1a over 64-bit words, in 4 interleaved lanes so
  * that it runs at memory speed; the tail bytes and each buffer's length go
@@ -784,7 +638,7 @@ static void json_summary(const options *o, const context *cx, const run_result *
     tool_json_string(stdout, o->shown);
     printf(",\"pipeline\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\",\"channels\":%d,"
            "\"batch\":%zu,\"prefetch\":%u,\"threads\":%u,\"cpus\":",
-           kind_names[o->kind], dsrt_augment_layout_name(layout_of(o)),
+           preset_name(o), dsrt_augment_layout_name(layout_of(o)),
            dsrt_augment_layout_dtype(layout_of(o)), o->channels, o->po.batch, o->po.prefetch,
            r->threads);
     tool_json_string(stdout, r->cpus);
@@ -796,8 +650,9 @@ static void json_summary(const options *o, const context *cx, const run_result *
     printf(",\"direct\":%s,\"cold\":%s%s%s,\"epochs\":%u,\"images\":%zu,\"delivered\":%llu,"
            "\"images_per_s\":%s,\"epochs_images_per_s\":[",
            o->po.reader.direct ? "true" : "false", o->cold ? "\"" : "",
-           o->cold ? cold_names[o->cold_method] : "false", o->cold ? "\"" : "", o->epochs, images,
-           (unsigned long long)r->delivered, tool_json_number(b[0], "%.1f", r->median));
+           o->cold ? choice_name("cold-method", o->cold_method) : "false", o->cold ? "\"" : "",
+           o->epochs, images, (unsigned long long)r->delivered,
+           tool_json_number(b[0], "%.1f", r->median));
     for (unsigned e = 0; e < o->epochs; e++)
         printf("%s%s", e ? "," : "", tool_json_number(b[0], "%.1f", r->rates[e]));
     printf("]");
@@ -881,18 +736,11 @@ static unsigned sweep_counts(const options *o, const dsrt_datastore *ds, unsigne
 /* The augment options of the --pipeline kind. */
 static dsrt_augment_options pipeline_augment(const options *o) {
     dsrt_augment_options aug;
-    if (o->kind == PIPE_227)
-        dsrt_augment_preset_227(&aug);
-    else if (o->kind == PIPE_32)
-        dsrt_augment_preset_32(&aug);
-    else if (o->kind == PIPE_IMAGENET)
-        dsrt_augment_preset_imagenet(&aug);
-    else if (o->kind == PIPE_IMAGENET_VAL)
-        dsrt_augment_preset_imagenet_val(&aug);
-    else
-        aug = dsrt_augment_defaults(); /* native: float CHW in [0, 1], nothing else */
+    /* none: native, float CHW in [0, 1], nothing else (the defaults). */
+    if (dsrt_augment_preset_from_name(o->kind == PIPE_NONE ? "default" : preset_name(o), &aug))
+        tool_die("%s", dsrt_last_error());
     aug.output_channels = o->channels;
-    aug.decode_dc = o->decode_dc;
+    aug.decode_dc = !o->no_decode_dc;
     if (o->nhwc) {
         aug.layout = DSRT_AUGMENT_U8_NHWC;
         aug.norm = DSRT_AUGMENT_NORM_NONE;
@@ -932,7 +780,7 @@ static void print_head(const options *o, const run_result *r, size_t images, uns
         else
             printf("%s: %zu images, pipeline %s (%s %s, %d channel%s), batch %zu, %u thread%s "
                    "on CPUs %s (%u pinned), io %s%s%s%s, %u slots of %.1f MB (%s)\n",
-                   o->shown, images, kind_names[o->kind], dsrt_augment_layout_dtype(layout_of(o)),
+                   o->shown, images, preset_name(o), dsrt_augment_layout_dtype(layout_of(o)),
                    o->nhwc ? "NHWC" : "NCHW", o->channels, o->channels == 1 ? "" : "s", o->po.batch,
                    r->threads, r->threads == 1 ? "" : "s", r->cpus, s->pinned_threads, io_name(s),
                    r->io_fallback[0] ? " (" : "", r->io_fallback, r->io_fallback[0] ? ")" : "",
@@ -1069,151 +917,169 @@ static int run_pipeline(options *o) {
     return 0;
 }
 
-/* Parses the options of reading: the io engine, depths, the store's
- * connections, O_DIRECT, a cold cache. Returns 1 when argv[*i] was one. */
-static int parse_read_option(int argc, char **argv, int *i, options *o) {
-    const char *a = argv[*i];
-    dsrt_pipeline_options *po = &o->po;
-    if (strcmp(a, "--io") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        if (strcmp(v, "auto") == 0)
-            po->reader.io = DSRT_IO_AUTO;
-        else if (strcmp(v, "uring") == 0 || strcmp(v, "io_uring") == 0)
-            po->reader.io = DSRT_IO_URING;
-        else if (strcmp(v, "pread") == 0)
-            po->reader.io = DSRT_IO_PREAD;
-        else
-            tool_die_usage("--io: '%s' is not auto, uring or pread", v);
-    } else if (strcmp(a, "--depth") == 0) {
-        po->reader.depth = (unsigned)tool_int("--depth", tool_value(argc, argv, i), 1, 4096);
-    } else if (strcmp(a, "--remote-depth") == 0) {
-        po->reader.remote.depth =
-            (unsigned)tool_int("--remote-depth", tool_value(argc, argv, i), 1, 4096);
-    } else if (strcmp(a, "--max-connections") == 0) {
-        po->reader.remote.max_connections =
-            (unsigned)tool_int("--max-connections", tool_value(argc, argv, i), 1, 4096);
-    } else if (strcmp(a, "--retry-deadline") == 0) {
-        po->reader.remote.retry_deadline_s =
-            tool_double("--retry-deadline", tool_value(argc, argv, i), 0, 86400);
-    } else if (strcmp(a, "--request-timeout") == 0) {
-        po->reader.remote.timeout_s =
-            tool_double("--request-timeout", tool_value(argc, argv, i), 0.001, 86400);
-    } else if (strcmp(a, "--direct") == 0) {
-        po->reader.direct = 1;
-    } else if (strcmp(a, "--cold") == 0) {
-        o->cold = 1;
-    } else if (strcmp(a, "--cold-method") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        int k = 0;
-        while (k < 3 && strcmp(v, cold_names[k]) != 0) k++;
-        if (k == 3) tool_die_usage("--cold-method: '%s' is not auto, drop-caches or fadvise", v);
-        o->cold = 1;
-        o->cold_method = k;
-    } else {
-        return 0;
-    }
-    return 1;
+/* How a row's value is stored: where (an offset into options) and as
+ * what; then what else it sets. */
+typedef enum {
+    SET_ONE,  /* a flag: int = 1 */
+    SET_ZERO, /* a flag: int = 0 */
+    SET_INT,  /* int: the number, or a choice's index (an enum's value) */
+    SET_UNSIGNED,
+    SET_SIZE, /* size_t */
+    SET_U64,
+    SET_DOUBLE,
+    SET_TEXT, /* const char * */
+    SET_CALL, /* set_special decides */
+} set_kind;
+
+enum { AFTER_PIPELINE = 1, AFTER_LIMIT = 2, AFTER_COLD = 4, AFTER_BATCH = 8 };
+
+typedef struct {
+    const char *name;
+    set_kind kind;
+    size_t at;     /* offsetof(options, ...) */
+    unsigned then; /* AFTER_* */
+} binding;
+
+#define AT(field) offsetof(options, field)
+static const binding BINDINGS[] = {
+    {"source", SET_INT, AT(ds.source), 0},
+    {"labels", SET_INT, AT(ds.label_source), 0},
+    {"extensions", SET_TEXT, AT(ds.extensions), 0},
+    {"no-subfolders", SET_ZERO, AT(ds.include_subfolders), 0},
+    {"no-follow", SET_ZERO, AT(ds.follow_symlinks), 0},
+    {"split", SET_CALL, 0, 0},
+    {"coarse", SET_ONE, AT(ds.cifar100_coarse), 0},
+    {"order", SET_INT, AT(ds.shard_order), 0},
+    {"shuffle-buffer", SET_SIZE, AT(ds.shuffle_buffer), 0},
+    {"mix", SET_TEXT, AT(mix), 0},
+    {"mix-labels", SET_INT, AT(mo.labels), 0},
+    {"mix-replacement", SET_ONE, AT(mo.replacement), AFTER_PIPELINE},
+    {"retry-deadline", SET_DOUBLE, AT(po.reader.remote.retry_deadline_s), AFTER_PIPELINE},
+    {"request-timeout", SET_DOUBLE, AT(po.reader.remote.timeout_s), AFTER_PIPELINE},
+    {"preset", SET_INT, AT(kind), AFTER_PIPELINE},
+    {"layout", SET_CALL, 0, AFTER_PIPELINE},
+    {"dtype", SET_CALL, 0, AFTER_PIPELINE},
+    {"channels", SET_CALL, 0, AFTER_PIPELINE},
+    {"no-decode-dc", SET_CALL, 0, AFTER_PIPELINE},
+    {"workers", SET_CALL, 0, AFTER_PIPELINE},
+    {"cpus", SET_TEXT, AT(po.cpus), AFTER_PIPELINE},
+    {"no-pin", SET_ZERO, AT(po.pin), AFTER_PIPELINE},
+    {"batch", SET_SIZE, AT(po.batch), AFTER_PIPELINE | AFTER_BATCH},
+    {"prefetch", SET_UNSIGNED, AT(po.prefetch), AFTER_PIPELINE},
+    {"epochs", SET_UNSIGNED, AT(epochs), AFTER_PIPELINE},
+    {"seed", SET_U64, AT(po.seed), AFTER_PIPELINE},
+    {"shuffle", SET_INT, AT(po.shuffle), AFTER_PIPELINE},
+    {"drop-last", SET_ONE, AT(po.drop_last), AFTER_PIPELINE},
+    {"sample-weights", SET_TEXT, AT(po.sample_weights), AFTER_PIPELINE},
+    {"epoch-samples", SET_SIZE, AT(po.epoch_samples), AFTER_PIPELINE},
+    {"io", SET_INT, AT(po.reader.io), AFTER_PIPELINE},
+    {"depth", SET_UNSIGNED, AT(po.reader.depth), AFTER_PIPELINE},
+    {"remote-depth", SET_UNSIGNED, AT(po.reader.remote.depth), AFTER_PIPELINE},
+    {"max-connections", SET_UNSIGNED, AT(po.reader.remote.max_connections), AFTER_PIPELINE},
+    {"direct", SET_ONE, AT(po.reader.direct), AFTER_PIPELINE},
+    {"fail-on-error", SET_ONE, AT(po.fail_on_error), AFTER_PIPELINE},
+    {"index", SET_ONE, AT(index), 0},
+    {"json", SET_ONE, AT(json), 0},
+    {"sweep", SET_ONE, AT(sweep), AFTER_PIPELINE},
+    {"cold", SET_ONE, AT(cold), AFTER_PIPELINE},
+    {"cold-method", SET_INT, AT(cold_method), AFTER_PIPELINE | AFTER_COLD},
+    {"bad-list", SET_TEXT, AT(bad_list), AFTER_PIPELINE},
+    {"limit", SET_ONE, AT(limit), AFTER_PIPELINE},
+    {"limit-images", SET_SIZE, AT(limit_images), AFTER_PIPELINE | AFTER_LIMIT},
+    {"limit-passes", SET_UNSIGNED, AT(limit_passes), AFTER_PIPELINE | AFTER_LIMIT},
+    {"checksum", SET_ONE, AT(checksum), AFTER_PIPELINE},
+    {"class-names", SET_TEXT, AT(class_names), 0},
+    {"shards", SET_U64, AT(shard_bytes), 0},
+    {"shard-samples", SET_U64, AT(shard_samples), 0},
+};
+#undef AT
+
+/* --layout and --dtype: two names for one choice. The augmenter writes
+ * float32 NCHW or uint8 NHWC; each option alone picks the pair, together
+ * they must agree. */
+static void set_layout(options *o, const tool_arg *a, int dtype) {
+    dsrt_augment_layout l = (dsrt_augment_layout)a->number;
+    int want = l == DSRT_AUGMENT_U8_NHWC ? 1 : -1;
+    dsrt_augment_layout given = o->layout_given > 0 ? DSRT_AUGMENT_U8_NHWC : DSRT_AUGMENT_F32_NCHW;
+    if (o->layout_given && o->layout_given != want)
+        tool_die_usage("%s %s: dsrt writes float32 NCHW or uint8 NHWC samples, not %s with %s",
+                       a->spelled, a->value, a->value,
+                       dtype ? dsrt_augment_layout_name(given) : dsrt_augment_layout_dtype(given));
+    o->layout_given = want;
+    o->nhwc = l == DSRT_AUGMENT_U8_NHWC;
 }
 
-/* Parses the pipeline options; returns 1 when argv[*i] was one. */
-static int parse_pipeline_option(int argc, char **argv, int *i, options *o) {
-    const char *a = argv[*i];
-    dsrt_pipeline_options *po = &o->po;
-    if (strcmp(a, "--pipeline") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        int k = 0;
-        while (k < 5 && strcmp(v, kind_names[k]) != 0) k++;
-        if (k == 5)
-            tool_die_usage("--pipeline: '%s' is not 227, 32, imagenet, imagenet-val or none", v);
-        o->kind = (pipe_kind)k;
-    } else if (strcmp(a, "--layout") == 0 || strcmp(a, "--dtype") == 0) {
-        /* Two names for one choice: the augmenter writes float32 NCHW or
-         * uint8 NHWC. Each option alone picks the pair; together they must
-         * agree. */
-        const char *v = tool_value(argc, argv, i);
-        int which = strcmp(a, "--dtype") == 0;
-        dsrt_augment_layout l;
-        if (dsrt_augment_layout_from_name(v, which, &l) != 0)
-            tool_die_usage("%s: %s", a, dsrt_last_error());
-        int want = l == DSRT_AUGMENT_U8_NHWC ? 1 : -1;
-        dsrt_augment_layout given =
-            o->layout_given > 0 ? DSRT_AUGMENT_U8_NHWC : DSRT_AUGMENT_F32_NCHW;
-        if (o->layout_given && o->layout_given != want)
-            tool_die_usage(
-                "%s %s: dsrt writes float32 NCHW or uint8 NHWC samples, not %s with %s", a, v, v,
-                which ? dsrt_augment_layout_name(given) : dsrt_augment_layout_dtype(given));
-        o->layout_given = want;
-        o->nhwc = l == DSRT_AUGMENT_U8_NHWC;
-    } else if (strcmp(a, "--decode-dc") == 0) {
-        o->decode_dc = (int)tool_int("--decode-dc", tool_value(argc, argv, i), 0, 1);
-    } else if (strcmp(a, "--channels") == 0) {
-        o->channels = (int)tool_int("--channels", tool_value(argc, argv, i), 1, 3);
-        if (o->channels == 2) tool_die_usage("--channels: 2 is not 1 or 3");
-    } else if (strcmp(a, "--threads") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        if (strchr(v, ',')) {
-            o->threads_list = v;
-            for (const char *c = v; *c; c++)
-                if (!(*c == ',' || (*c >= '0' && *c <= '9')))
-                    tool_die_usage("--threads: '%s' is not a count or a list like 1,2,4", v);
-        } else {
-            po->threads = (unsigned)tool_int("--threads", v, 0, 1024);
-            o->threads_list = po->threads ? v : NULL;
-        }
-    } else if (strcmp(a, "--sweep") == 0) {
-        o->sweep = 1;
-    } else if (strcmp(a, "--cpus") == 0) {
-        po->cpus = tool_value(argc, argv, i);
-    } else if (strcmp(a, "--no-pin") == 0) {
-        po->pin = 0;
-    } else if (strcmp(a, "--batch") == 0) {
-        po->batch = (size_t)tool_int("--batch", tool_value(argc, argv, i), 1, 1 << 24);
-        o->batch_given = 1;
-    } else if (strcmp(a, "--prefetch") == 0) {
-        po->prefetch = (unsigned)tool_int("--prefetch", tool_value(argc, argv, i), 1, 1024);
-    } else if (strcmp(a, "--epochs") == 0) {
-        o->epochs = (unsigned)tool_int("--epochs", tool_value(argc, argv, i), 1, 1000000);
-    } else if (strcmp(a, "--seed") == 0) {
-        po->seed = (uint64_t)tool_int("--seed", tool_value(argc, argv, i), 0, INT64_MAX);
-    } else if (strcmp(a, "--shuffle") == 0) {
-        const char *v = tool_value(argc, argv, i);
-        if (strcmp(v, "never") == 0)
-            po->shuffle = DSRT_SHUFFLE_NEVER;
-        else if (strcmp(v, "once") == 0)
-            po->shuffle = DSRT_SHUFFLE_ONCE;
-        else if (strcmp(v, "epoch") == 0)
-            po->shuffle = DSRT_SHUFFLE_EVERY_EPOCH;
-        else
-            tool_die_usage("--shuffle: '%s' is not never, once or epoch", v);
-    } else if (strcmp(a, "--drop-last") == 0) {
-        po->drop_last = 1;
-    } else if (strcmp(a, "--mix-replacement") == 0) {
-        o->mo.replacement = 1;
-    } else if (strcmp(a, "--sample-weights") == 0) {
-        po->sample_weights = tool_value(argc, argv, i);
-    } else if (strcmp(a, "--epoch-samples") == 0) {
-        po->epoch_samples =
-            (size_t)tool_int("--epoch-samples", tool_value(argc, argv, i), 1, UINT32_MAX);
-    } else if (strcmp(a, "--fail-on-error") == 0) {
-        po->fail_on_error = 1;
-    } else if (strcmp(a, "--checksum") == 0) {
-        o->checksum = 1;
-    } else if (strcmp(a, "--limit") == 0) {
-        o->limit = 1;
-    } else if (strcmp(a, "--limit-images") == 0) {
-        o->limit_images =
-            (size_t)tool_int("--limit-images", tool_value(argc, argv, i), 0, INT64_MAX);
-        o->limit = 1;
-    } else if (strcmp(a, "--limit-passes") == 0) {
-        o->limit_passes = (unsigned)tool_int("--limit-passes", tool_value(argc, argv, i), 1, 1000);
-        o->limit = 1;
-    } else if (strcmp(a, "--bad-list") == 0) {
-        o->bad_list = tool_value(argc, argv, i);
-    } else if (!parse_read_option(argc, argv, i, o)) {
-        return 0;
+/* The rows whose value sets more than one field. */
+static void set_special(options *o, const tool_arg *a) {
+    const char *name = a->row->name;
+    if (strcmp(name, "split") == 0) {
+        o->split_both = strcmp(a->value, "both") == 0;
+        if (!o->split_both) o->ds.split = (dsrt_split)a->number;
+    } else if (strcmp(name, "layout") == 0 || strcmp(name, "dtype") == 0) {
+        set_layout(o, a, name[0] == 'd');
+    } else if (strcmp(name, "channels") == 0) {
+        o->channels = atoi(a->value);
+    } else if (strcmp(name, "no-decode-dc") == 0) {
+        /* The older --decode-dc 0|1 takes a value. */
+        o->no_decode_dc = a->value ? strcmp(a->value, "0") == 0 : 1;
+    } else if (strchr(a->value, ',')) { /* --workers: a count or a list */
+        o->threads_list = a->value;
+        for (const char *c = a->value; *c; c++)
+            if (!(*c == ',' || (*c >= '0' && *c <= '9')))
+                tool_die_usage("%s: '%s' is not a count or a list like 1,2,4", a->spelled,
+                               a->value);
+    } else {
+        o->po.threads = (unsigned)tool_int(a->spelled, a->value, 0, 1024);
+        o->threads_list = o->po.threads ? a->value : NULL;
     }
-    o->pipeline_given = 1;
-    return 1;
+}
+
+static void set_option(options *o, const tool_arg *a) {
+    const binding *b = BINDINGS;
+    while (b < BINDINGS + sizeof BINDINGS / sizeof BINDINGS[0] && strcmp(b->name, a->row->name))
+        b++;
+    if (b == BINDINGS + sizeof BINDINGS / sizeof BINDINGS[0])
+        tool_die("--%s: dsbench has no field for it", a->row->name);
+    char *f = (char *)o + b->at;
+    switch (b->kind) {
+    case SET_ONE:
+    case SET_ZERO:
+        *(int *)f = b->kind == SET_ONE;
+        break;
+    case SET_INT:
+        *(int *)f = (int)a->number;
+        break;
+    case SET_UNSIGNED:
+        *(unsigned *)f = (unsigned)a->number;
+        break;
+    case SET_SIZE:
+        *(size_t *)f = (size_t)a->number;
+        break;
+    case SET_U64:
+        *(uint64_t *)f = (uint64_t)strtoull(a->value, NULL, 10);
+        if (a->row->type == DSRT_OPTION_SIZE) *(uint64_t *)f = (uint64_t)a->number;
+        break;
+    case SET_DOUBLE:
+        *(double *)f = a->number;
+        break;
+    case SET_TEXT:
+        *(const char **)f = a->value;
+        break;
+    case SET_CALL:
+        set_special(o, a);
+        break;
+    }
+    if (b->then & AFTER_PIPELINE) o->pipeline_given = 1;
+    if (b->then & AFTER_LIMIT) o->limit = 1;
+    if (b->then & AFTER_COLD) o->cold = 1;
+    if (b->then & AFTER_BATCH) o->batch_given = 1;
+}
+
+static void usage_print(void) {
+    fputs(usage, stdout);
+    tool_tables t = tables();
+    tool_option_help(stdout, &t, DSRT_IN_DSBENCH | DSRT_IN_DSBENCH_INDEX | DSRT_IN_DSBENCH_CONVERT);
+    printf("  %-24s dsrt's version\n", "--version");
 }
 
 // ----------------------------------------------------------------------------
@@ -1225,9 +1091,9 @@ int main(int argc, char **argv) {
     o.split_both = 1;
     o.po = dsrt_pipeline_defaults();
     o.mo = dsrt_mix_defaults();
+    o.kind = PIPE_227;
     o.epochs = 3;
     o.channels = 3;
-    o.decode_dc = 1;
     o.limit_images = 2000;
     o.limit_passes = 3;
     tool_set_name("dsbench");
@@ -1236,30 +1102,19 @@ int main(int argc, char **argv) {
     int convert = strcmp(argv[1], "convert") == 0;
     const char *positional[2] = {NULL, NULL};
     size_t n_pos = 0;
+    tool_tables t = tables();
+    unsigned where = convert ? DSRT_IN_DSBENCH_CONVERT : DSRT_IN_DSBENCH | DSRT_IN_DSBENCH_INDEX;
     for (int i = 1 + convert; i < argc; i++) {
         const char *a = argv[i];
+        tool_arg arg;
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage, stdout);
+            usage_print();
             return 0;
         } else if (strcmp(a, "--version") == 0) {
             printf("dsbench (dsrt) %s\n", dsrt_version_string());
             return 0;
-        } else if (parse_datastore_option(argc, argv, &i, &o)) {
-            continue;
-        } else if (!convert && strcmp(a, "--index") == 0) {
-            o.index = 1;
-        } else if (!convert && strcmp(a, "--json") == 0) {
-            o.json = 1;
-        } else if (!convert && parse_pipeline_option(argc, argv, &i, &o)) {
-            continue;
-        } else if (convert && strcmp(a, "--class-names") == 0) {
-            o.class_names = tool_value(argc, argv, &i);
-        } else if (convert && strcmp(a, "--shards") == 0) {
-            o.shard_bytes =
-                tool_bytes("--shards", tool_value(argc, argv, &i), 4096, (uint64_t)1 << 44);
-        } else if (convert && strcmp(a, "--shard-samples") == 0) {
-            o.shard_samples = (uint64_t)tool_int("--shard-samples", tool_value(argc, argv, &i), 1,
-                                                 (long long)1 << 40);
+        } else if (tool_option_read(&t, where, argc, argv, &i, &arg, tool_die_usage) == 0) {
+            set_option(&o, &arg);
         } else if (a[0] == '-' && a[1] != '\0') {
             tool_die_usage("unknown option '%s'", a);
         } else if (!convert && o.npaths < MAX_DATA) {

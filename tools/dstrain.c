@@ -23,6 +23,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <limits.h>
 #include <stdint.h>
@@ -35,6 +36,7 @@
 #include <unistd.h>
 
 #include "tool_common.h"
+#include "tool_options.h"
 
 // ----------------------------------------------------------------------------
 // Options
@@ -49,13 +51,13 @@ typedef struct {
     size_t n;
 } str_list;
 
+/* A binding: the option's row in the library's tables (dsrt/options.h:
+ * name, type, range, default, help) gives everything but where its value
+ * goes, which is this. */
 typedef struct {
     const char *name; /* without the leading "--" */
     opt_type type;
-    void *value;     /* int *, const char **, uint64_t *, double *, str_list * */
-    int min, max;    /* OPT_INT */
-    const char *arg; /* the value's name in help, e.g. "N" */
-    const char *help;
+    void *value; /* int *, const char **, uint64_t *, double *, str_list * */
 } option;
 
 typedef struct {
@@ -69,116 +71,106 @@ static const char *prog = "dstrain";
 /* The loop's state file beside each checkpoint (see dsrt/train.h). */
 #define STATE_SUFFIX_TEXT ".state"
 
-static void print_options(FILE *f, const option *opts) {
-    for (const option *o = opts; o->name; o++) {
-        char left[64];
-        snprintf(left, sizeof left, "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
-        fprintf(f, "  %-22s %s\n", left, o->help);
-    }
-    fprintf(f, "  %-22s %s\n", "--help", "show this help");
+static const struct {
+    const char *name;
+    unsigned where;
+} COMMAND_BITS[] = {{"train", DSRT_IN_TRAIN},       {"eval", DSRT_IN_EVAL},
+                    {"classify", DSRT_IN_CLASSIFY}, {"bench", DSRT_IN_BENCH},
+                    {"scale", DSRT_IN_SCALE},       {"analyze", DSRT_IN_ANALYZE},
+                    {"import", DSRT_IN_IMPORT},     {"export", DSRT_IN_EXPORT}};
+
+static unsigned command_bit(const char *cmd) {
+    for (size_t i = 0; i < sizeof COMMAND_BITS / sizeof COMMAND_BITS[0]; i++)
+        if (!strcmp(cmd, COMMAND_BITS[i].name)) return COMMAND_BITS[i].where;
+    return 0;
 }
 
-/* Parses argv (after the subcommand) against opts. Returns 0, 1 for --help
- * (printed), or -1 after printing an error. */
+static tool_tables tables(void) {
+    tool_tables t;
+    t.count[0] = dsrt_train_option_groups(&t.groups[0]);
+    t.count[1] = dsrt_option_groups(&t.groups[1]);
+    return t;
+}
+
+/* The library's row for an option of cmd; every binding has one (test_tools
+ * runs every command's --help, which looks them all up). */
+static const dsrt_option *row_of(const char *cmd, const char *name) {
+    tool_tables t = tables();
+    const dsrt_option *row = tool_option_find(&t, name, command_bit(cmd), NULL);
+    if (!row) tool_die("%s: --%s has no row in the option tables", cmd, name);
+    return row;
+}
+
+/* The options of cmd in the order of its bindings, from their rows. */
+static void print_options(FILE *f, const char *cmd, const option *opts) {
+    fprintf(f, "\n");
+    for (const option *o = opts; o->name; o++) tool_option_help_row(f, row_of(cmd, o->name));
+    fprintf(f, "  %-24s %s\n", "--help", "show this help");
+}
+
+static const char *fail_cmd; /* for option_error */
+
+static void option_error(const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "%s %s: ", prog, fail_cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see %s %s --help)\n", prog, fail_cmd);
+    exit(2);
+}
+
+/* Stores one option's value where its binding says. */
+static void option_store(const option *o, const tool_arg *a) {
+    if (o->type == OPT_FLAG) {
+        *(int *)o->value = 1;
+    } else if (o->type == OPT_STR) {
+        *(const char **)o->value = a->value;
+    } else if (o->type == OPT_STRS) {
+        str_list *l = o->value;
+        if (l->n == STR_LIST_MAX) option_error("%s: at most %d of them", a->spelled, STR_LIST_MAX);
+        l->v[l->n++] = a->value;
+    } else if (o->type == OPT_DBL) {
+        *(double *)o->value = a->number;
+    } else if (o->type == OPT_U64) {
+        *(uint64_t *)o->value = strtoull(a->value, NULL, 10);
+    } else {
+        *(int *)o->value = (int)a->number;
+    }
+}
+
+/* Parses argv (after the subcommand) against the rows of cmd's options and
+ * their bindings opts. Returns 0, or 1 for --help (printed); exits with
+ * status 2 after a message on a bad option or value. */
 static int parse_options(const char *cmd, int argc, char **argv, const option *opts,
                          void (*usage)(FILE *)) {
+    tool_tables t = tables();
+    fail_cmd = cmd;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 1;
         }
-        if (strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "%s %s: unexpected argument '%s' (see %s %s --help)\n", prog, cmd, a,
-                    prog, cmd);
-            return -1;
-        }
-        const char *name = a + 2, *eq = strchr(name, '=');
-        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        tool_arg arg;
+        if (tool_option_read(&t, command_bit(cmd), argc, argv, &i, &arg, option_error) != 0)
+            option_error("unexpected argument '%s'", a);
         const option *o = opts;
-        while (o->name && (strlen(o->name) != nlen || strncmp(o->name, name, nlen))) o++;
-        if (!o->name) {
-            /* The nearest option's name, when one is a slip away (--epoch:
-             * --epochs). */
-            const option *best = NULL;
-            int best_d = (nlen > 4 ? 2 : 1) + 1;
-            for (const option *c = opts; c->name; c++) {
-                int d = tool_edit_distance(name, nlen, c->name, best_d - 1);
-                if (d < best_d) best = c, best_d = d;
-            }
-            fprintf(stderr, "%s %s: unknown option '--%.*s'", prog, cmd, (int)nlen, name);
-            if (best) fprintf(stderr, ": did you mean --%s?", best->name);
-            fprintf(stderr, " (see %s %s --help)\n", prog, cmd);
-            return -1;
-        }
-        if (o->type == OPT_FLAG) {
-            if (eq) {
-                fprintf(stderr, "%s %s: --%s takes no value\n", prog, cmd, o->name);
-                return -1;
-            }
-            *(int *)o->value = 1;
-            continue;
-        }
-        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!v || !*v) {
-            fprintf(stderr, "%s %s: --%s needs a value (%s)\n", prog, cmd, o->name, o->arg);
-            return -1;
-        }
-        if (o->type == OPT_STR) {
-            *(const char **)o->value = v;
-            continue;
-        }
-        if (o->type == OPT_STRS) {
-            str_list *l = o->value;
-            if (l->n == STR_LIST_MAX) {
-                fprintf(stderr, "%s %s: --%s: at most %d of them\n", prog, cmd, o->name,
-                        STR_LIST_MAX);
-                return -1;
-            }
-            l->v[l->n++] = v;
-            continue;
-        }
-        char *end;
-        errno = 0;
-        if (o->type == OPT_DBL) {
-            double x = strtod(v, &end);
-            if (*end || errno || !(x == x) || x < o->min || x > o->max) {
-                fprintf(stderr, "%s %s: --%s: expected a number in [%d, %d], got '%s'\n", prog, cmd,
-                        o->name, o->min, o->max, v);
-                return -1;
-            }
-            *(double *)o->value = x;
-            continue;
-        }
-        if (o->type == OPT_U64) {
-            unsigned long long x = strtoull(v, &end, 10);
-            if (*end || errno || v[0] == '-') {
-                fprintf(stderr, "%s %s: --%s: expected a non-negative integer, got '%s'\n", prog,
-                        cmd, o->name, v);
-                return -1;
-            }
-            *(uint64_t *)o->value = x;
-            continue;
-        }
-        long x = strtol(v, &end, 10);
-        if (*end || errno || x < o->min || x > o->max) {
-            fprintf(stderr, "%s %s: --%s: expected an integer in [%d, %d], got '%s'\n", prog, cmd,
-                    o->name, o->min, o->max, v);
-            return -1;
-        }
-        *(int *)o->value = (int)x;
+        while (o->name && strcmp(o->name, arg.row->name)) o++;
+        if (!o->name) option_error("unknown option '%s'", arg.spelled);
+        option_store(o, &arg);
     }
     return 0;
 }
 
-/* Index of v in the NULL-terminated list names, or -1 after a message. */
-static int parse_choice(const char *cmd, const char *name, const char *v,
-                        const char *const *names) {
-    for (int i = 0; names[i]; i++)
-        if (!strcmp(v, names[i])) return i;
-    fprintf(stderr, "%s %s: --%s: '%s' is not one of ", prog, cmd, name, v);
-    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
-    fprintf(stderr, "\n");
+/* Index of v among the names of cmd's option name (its row's choices, in
+ * the order of the enum they stand for), or -1 after a message. */
+static int parse_choice(const char *cmd, const char *name, const char *v) {
+    char spelled[64];
+    double index;
+    snprintf(spelled, sizeof spelled, "--%s", name);
+    if (dsrt_option_value(row_of(cmd, name), spelled, v, &index, NULL) == 0) return (int)index;
+    fprintf(stderr, "%s %s: %s\n", prog, cmd, dsrt_last_error());
     return -1;
 }
 
@@ -193,30 +185,9 @@ typedef struct {
 } remote_opts;
 
 #define REMOTE_OPTIONS(r)                                                                          \
-    {"remote-depth",                                                                               \
-     OPT_INT,                                                                                      \
-     &(r).depth,                                                                                   \
-     1,                                                                                            \
-     4096,                                                                                         \
-     "N",                                                                                          \
-     "requests to an object store (s3://, https://) in flight per worker [64]"},                   \
-        {"max-connections",                                                                        \
-         OPT_INT,                                                                                  \
-         &(r).max_connections,                                                                     \
-         1,                                                                                        \
-         4096,                                                                                     \
-         "N",                                                                                      \
-         "connections per host and worker [the remote depth, or $DSRT_S3_MAX_CONNECTIONS]"},       \
-        {"retry-deadline",                                                                         \
-         OPT_DBL,                                                                                  \
-         &(r).retry_deadline,                                                                      \
-         0,                                                                                        \
-         86400,                                                                                    \
-         "S",                                                                                      \
-         "stop when a request to the store still fails S seconds after its first failure [60]"},   \
-    {                                                                                              \
-        "request-timeout", OPT_DBL, &(r).timeout, 0, 86400, "S",                                   \
-            "retry a request to the store that receives nothing for S seconds [30]"                \
+    {"remote-depth", OPT_INT, &(r).depth}, {"max-connections", OPT_INT, &(r).max_connections},     \
+        {"retry-deadline", OPT_DBL, &(r).retry_deadline}, {                                        \
+        "request-timeout", OPT_DBL, &(r).timeout                                                   \
     }
 
 static void remote_set(dsrt_remote_options *o, const remote_opts *r) {
@@ -233,19 +204,10 @@ typedef struct {
     int gpu, deterministic;
 } device_args;
 
-#define DEVICE_OPTIONS(d, where_help)                                                              \
-    {"execution-environment", OPT_STR, &(d).where, 0, 0, "WHERE", where_help},                     \
-        {"gpu", OPT_INT, &(d).gpu, 0, 1 << 16, "N", "the CUDA device for gpu and auto [0]"},       \
-        {"precision",                                                                              \
-         OPT_STR,                                                                                  \
-         &(d).precision,                                                                           \
-         0,                                                                                        \
-         0,                                                                                        \
-         "P",                                                                                      \
-         "GPU arithmetic: fp32, tf32 or bf16 (mixed, float32 master weights) [tf32]"},             \
-    {                                                                                              \
-        "deterministic", OPT_FLAG, &(d).deterministic, 0, 0, NULL,                                 \
-            "GPU: only algorithms whose results do not vary between runs"                          \
+#define DEVICE_OPTIONS(d)                                                                          \
+    {"execution-environment", OPT_STR, &(d).where}, {"gpu", OPT_INT, &(d).gpu},                    \
+        {"precision", OPT_STR, &(d).precision}, {                                                  \
+        "deterministic", OPT_FLAG, &(d).deterministic                                              \
     }
 
 /*
@@ -255,11 +217,8 @@ typedef struct {
  */
 static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_options *no,
                                dsrt_execution *exec) {
-    static const char *const wheres[] = {"auto", "cpu", "gpu", "multi-gpu", "parallel", NULL};
-    static const char *const precisions[] = {"default", "fp32", "tf32", "bf16", NULL};
     int k = DSRT_EXEC_AUTO, p = DSRT_PRECISION_DEFAULT;
-    if (d->where && (k = parse_choice(cmd, "execution-environment", d->where, wheres)) < 0)
-        return 2;
+    if (d->where && (k = parse_choice(cmd, "execution-environment", d->where)) < 0) return 2;
     if (k >= DSRT_EXEC_MULTI_GPU && !exec) {
         fprintf(stderr,
                 "%s %s: --execution-environment %s: data-parallel training is for %s train "
@@ -280,8 +239,7 @@ static int resolve_device_args(const char *cmd, const device_args *d, dsrt_net_o
                 prog, cmd);
         return 2;
     }
-    if (d->precision && (p = parse_choice(cmd, "precision", d->precision, precisions)) < 0)
-        return 2;
+    if (d->precision && (p = parse_choice(cmd, "precision", d->precision)) < 0) return 2;
     int device = DSRT_DEVICE_CPU;
     if (k == DSRT_EXEC_GPU) {
         if (dsrt_gpu_check(d->gpu) != 0) {
@@ -321,47 +279,14 @@ typedef struct {
 } onnx_args;
 
 #define ONNX_OPTIONS(a)                                                                            \
-    {"preprocess",                                                                                 \
-     OPT_STR,                                                                                      \
-     &(a).preprocess,                                                                              \
-     0,                                                                                            \
-     0,                                                                                            \
-     "NAME",                                                                                       \
-     "ONNX model: its input normalisation: torchvision (pixels / 255, then ImageNet's mean and "   \
-     "std) or none [none: pixels / 255]"},                                                         \
-        {"input-scale",                                                                            \
-         OPT_STR,                                                                                  \
-         &(a).input_scale,                                                                         \
-         0,                                                                                        \
-         0,                                                                                        \
-         "S",                                                                                      \
-         "ONNX model: it takes pixels (0 to 255) times S, less --mean, over --std [1/255; 1 "      \
-         "for a model dsrt exported]"},                                                            \
-        {"mean",                                                                                   \
-         OPT_STR,                                                                                  \
-         &(a).mean,                                                                                \
-         0,                                                                                        \
-         0,                                                                                        \
-         "M[,M...]",                                                                               \
-         "ONNX model: per-channel mean subtracted after --input-scale [0]"},                       \
-        {"std",                                                                                    \
-         OPT_STR,                                                                                  \
-         &(a).std,                                                                                 \
-         0,                                                                                        \
-         0,                                                                                        \
-         "S[,S...]",                                                                               \
-         "ONNX model: per-channel deviation divided by after that [1]"},                           \
-    {                                                                                              \
-        "input-size", OPT_STR, &(a).size, 0, 0, "HxW",                                             \
-            "ONNX model: the input size where the model leaves it open"                            \
+    {"preprocess", OPT_STR, &(a).preprocess}, {"input-scale", OPT_STR, &(a).input_scale},          \
+        {"mean", OPT_STR, &(a).mean}, {"std", OPT_STR, &(a).std}, {                                \
+        "input-size", OPT_STR, &(a).size                                                           \
     }
 /* ... and its class names (not for bench and analyze, whose --classes is a
  * count). */
 #define ONNX_CLASSES_OPTION(a)                                                                     \
-    {                                                                                              \
-        "classes", OPT_STR, &(a).classes, 0, 0, "FILE",                                            \
-            "ONNX model: its class names, one a line [its metadata's \"classes\", else numbers]"   \
-    }
+    { "classes", OPT_STR, &(a).classes }
 
 /* 1 when path names an ONNX model (by its extension: the format has no
  * magic number). */
@@ -546,35 +471,23 @@ static struct {
 } bench;
 
 static const option BENCH_OPTIONS[] = {
-    {"net", OPT_STR, &bench.net, 0, 0, "NAME|FILE",
-     "network: a built-in one (digits, cifar, alexnet, resnet18, mobilenet_v2, ...), a "
-     "description file, a model file or an ONNX model (.onnx) [digits]"},
-    {"batch", OPT_INT, &bench.batch, 1, 1 << 20, "N",
-     "images per step [128 for digits and cifar, 32 for alexnet]"},
-    {"steps", OPT_INT, &bench.steps, 1, 1 << 20, "N", "timed steps [20]"},
-    {"warmup", OPT_INT, &bench.warmup, 0, 1 << 20, "N", "untimed steps before them [3]"},
-    {"threads", OPT_INT, &bench.threads, 1, 4096, "N", "compute threads [all cores]"},
-    {"classes", OPT_INT, &bench.classes, 1, 1 << 24, "N", "classes [55 for alexnet, else 10]"},
-    {"solver", OPT_STR, &bench.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
-    {"seed", OPT_U64, &bench.seed, 0, 0, "N", "seed of weights and data [0]"},
-    {"no-fuse", OPT_FLAG, &bench.no_fuse, 0, 0, NULL,
-     "fold nothing: neither ReLUs into the layer before nor, at inference, batchnorm and post-ops"},
-    {"no-cuda-graphs", OPT_FLAG, &bench.no_graphs, 0, 0, NULL,
-     "GPU: launch every kernel of every step (no recorded CUDA graphs)"},
-    {"input", OPT_STR, &bench.input, 0, 0, "u8|f32",
-     "the batches handed to the net: uint8 (n, h, w, c) pixels as the loader's batches "
-     "for a GPU, converted and scaled on the device, or float (n, c, h, w) as for the CPU "
-     "[u8 on a GPU, f32 on the CPU]"},
-    {"profile", OPT_FLAG, &bench.profile, 0, 0, NULL,
-     "after the timed steps, as many steps again timed layer by layer: each layer's forward "
-     "and backward, the optimizer, the idle gaps between layers (GPU: device events)"},
-    {"inference", OPT_FLAG, &bench.inference, 0, 0, NULL,
-     "time inference instead: the forward pass as classify and eval run it (batchnorm's "
-     "running statistics, no dropout), float (n, c, h, w) batches, scores read back"},
-    DEVICE_OPTIONS(bench.dev, "cpu, gpu or auto (a GPU when there is one) [auto]"),
+    {"net", OPT_STR, &bench.net},
+    {"batch", OPT_INT, &bench.batch},
+    {"steps", OPT_INT, &bench.steps},
+    {"warmup", OPT_INT, &bench.warmup},
+    {"threads", OPT_INT, &bench.threads},
+    {"num-classes", OPT_INT, &bench.classes},
+    {"solver", OPT_STR, &bench.solver},
+    {"seed", OPT_U64, &bench.seed},
+    {"no-fuse", OPT_FLAG, &bench.no_fuse},
+    {"no-cuda-graphs", OPT_FLAG, &bench.no_graphs},
+    {"input", OPT_STR, &bench.input},
+    {"profile", OPT_FLAG, &bench.profile},
+    {"inference", OPT_FLAG, &bench.inference},
+    DEVICE_OPTIONS(bench.dev),
     ONNX_OPTIONS(bench.onnx),
-    {"json", OPT_FLAG, &bench.json, 0, 0, NULL, "print one JSON line"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
+    {"json", OPT_FLAG, &bench.json},
+    {NULL, 0, NULL},
 };
 
 static void bench_usage(FILE *f) {
@@ -595,7 +508,7 @@ static void bench_usage(FILE *f) {
             "(what classify and eval run on a batch), a step being one batch.\n\n"
             "options:\n",
             prog);
-    print_options(f, BENCH_OPTIONS);
+    print_options(f, "bench", BENCH_OPTIONS);
 }
 
 /* The per-layer profile of net (dstrain bench --profile): a table on out,
@@ -1202,186 +1115,103 @@ static struct {
 } tr;
 
 static const option TRAIN_OPTIONS[] = {
-    {"data", OPT_STRS, &tr.data, 0, 0, "DIR",
-     "training images: a folder of class folders (or IDX, "
-     "CIFAR, CSV manifest, tar shards) (required; several: a mix, see --mix)"},
-    {"mix", OPT_STR, &tr.mix, 0, 0, "W1,W2|FILE",
-     "mix the --data in these proportions (one weight a --data, each >= 0): each epoch "
-     "draws round(N * W / sum W) samples of each, interleaved at random; or FILE, lines "
-     "PATH,WEIGHT naming the sources (then no --data; relative paths from FILE's folder) "
-     "[several --data: in proportion to their sizes]"},
-    {"mix-labels", OPT_STR, &tr.mix_labels, 0, 0, "HOW",
-     "classes of a mix merged by name (merge) or kept apart as K:NAME (separate) [merge]"},
-    {"mix-replacement", OPT_FLAG, &tr.mix_replacement, 0, 0, NULL,
-     "a mix draws within each source with replacement (default: each source walked in "
-     "fresh permutations)"},
-    {"sample-weights", OPT_STR, &tr.sample_weights, 0, 0, "HOW",
-     "draw each epoch's samples with replacement by weight (PyTorch's "
-     "WeightedRandomSampler): class-balanced (1 / samples of the class) or FILE (one weight "
-     "a line, a line a sample in --data's order) [none]"},
-    {"epoch-samples", OPT_U64, &tr.epoch_samples, 0, 0, "N",
-     "samples an epoch with a mix or --sample-weights [the data's count]"},
-    {"val", OPT_STR, &tr.val, 0, 0, "DIR", "validation images (ValidationData) [none]"},
-    {"net", OPT_STR, &tr.net, 0, 0, "NAME|FILE",
-     "digits, cifar, alexnet, a description file, or a model file (dsrt or ONNX) to go on from "
-     "[digits; with --resume: the checkpoint's]"},
-    {"epochs", OPT_INT, &tr.epochs, 1, 1000000, "E", "MaxEpochs [30]"},
-    {"batch", OPT_INT, &tr.batch, 1, 1 << 20, "B", "MiniBatchSize [128]"},
-    {"lr", OPT_STR, &tr.lr, 0, 0, "X", "InitialLearnRate [0.01 sgdm, 0.001 adam and rmsprop]"},
-    {"seed", OPT_U64, &tr.seed, 0, 0, "S",
-     "seed of the weights, the epoch orders and the augmentation [0]"},
-    {"threads", OPT_INT, &tr.threads, 0, 4096, "T", "compute threads [auto, see above]"},
-    {"workers", OPT_INT, &tr.workers, 0, 1024, "W", "pipeline workers [auto, see above]"},
-    {"cpus", OPT_STR, &tr.cpus, 0, 0, "LIST", "run on these CPUs, e.g. 0-3 [all]"},
-    {"no-pin", OPT_FLAG, &tr.no_pin, 0, 0, NULL, "do not bind threads to cores"},
-    {"prefetch", OPT_INT, &tr.prefetch, 1, 1024, "N", "batches made ahead [4]"},
-    {"depth", OPT_INT, &tr.depth, 1, 4096, "N", "file reads in flight per pipeline worker [16]"},
+    {"data", OPT_STRS, &tr.data},
+    {"mix", OPT_STR, &tr.mix},
+    {"mix-labels", OPT_STR, &tr.mix_labels},
+    {"mix-replacement", OPT_FLAG, &tr.mix_replacement},
+    {"sample-weights", OPT_STR, &tr.sample_weights},
+    {"epoch-samples", OPT_U64, &tr.epoch_samples},
+    {"val", OPT_STR, &tr.val},
+    {"net", OPT_STR, &tr.net},
+    {"epochs", OPT_INT, &tr.epochs},
+    {"batch", OPT_INT, &tr.batch},
+    {"lr", OPT_STR, &tr.lr},
+    {"seed", OPT_U64, &tr.seed},
+    {"threads", OPT_INT, &tr.threads},
+    {"workers", OPT_INT, &tr.workers},
+    {"cpus", OPT_STR, &tr.cpus},
+    {"no-pin", OPT_FLAG, &tr.no_pin},
+    {"prefetch", OPT_INT, &tr.prefetch},
+    {"depth", OPT_INT, &tr.depth},
     REMOTE_OPTIONS(tr.remote),
-    {"solver", OPT_STR, &tr.solver, 0, 0, "NAME", "sgdm, adam or rmsprop [sgdm]"},
-    {"momentum", OPT_STR, &tr.momentum, 0, 0, "X", "Momentum (sgdm) [0.9]"},
-    {"l2", OPT_STR, &tr.l2, 0, 0, "X", "L2Regularization [1e-4]"},
-    {"shuffle", OPT_STR, &tr.shuffle, 0, 0, "WHEN", "once, never or every-epoch [every-epoch]"},
-    {"drop-last", OPT_FLAG, &tr.drop_last, 0, 0, NULL,
-     "drop each epoch's last, partial batch (MATLAB does; default: keep it, as PyTorch)"},
-    {"lr-schedule", OPT_STR, &tr.lr_schedule, 0, 0, "NAME", "none or piecewise [none]"},
-    {"lr-drop-factor", OPT_STR, &tr.lr_drop_factor, 0, 0, "X", "LearnRateDropFactor [0.1]"},
-    {"lr-drop-period", OPT_INT, &tr.lr_drop_period, 1, 1000000, "E", "LearnRateDropPeriod [10]"},
-    {"gradient-threshold", OPT_STR, &tr.grad_threshold, 0, 0, "X", "GradientThreshold [inf: none]"},
-    {"gradient-threshold-method", OPT_STR, &tr.grad_threshold_method, 0, 0, "NAME",
-     "l2norm, global-l2norm or absolute-value [l2norm]"},
-    {"mixup", OPT_STR, &tr.mixup, 0, 0, "A",
-     "mixup each batch with lambda ~ Beta(A, A) (timm's mixup_alpha) [0: none]"},
-    {"cutmix", OPT_STR, &tr.cutmix, 0, 0, "A",
-     "cutmix each batch with lambda ~ Beta(A, A) (timm's cutmix_alpha) [0: none]"},
-    {"cutmix-minmax", OPT_STR, &tr.cutmix_minmax, 0, 0, "LO,HI",
-     "cutmix box sides drawn in [LO, HI) of the image's, 0 < LO < HI <= 1 [from lambda]"},
-    {"mix-prob", OPT_STR, &tr.mix_prob, 0, 0, "P", "probability that a batch is mixed [1]"},
-    {"mix-switch-prob", OPT_STR, &tr.mix_switch_prob, 0, 0, "P",
-     "with --mixup and --cutmix: probability of cutmix rather than mixup [0.5]"},
-    {"label-smoothing", OPT_STR, &tr.label_smoothing, 0, 0, "E",
-     "train against soft labels 1 - E + E/classes and E/classes, with or without mixing [0]"},
-    {"val-frequency", OPT_INT, &tr.val_frequency, 0, INT_MAX, "N",
-     "ValidationFrequency in iterations; 0: every epoch [0]"},
-    {"val-patience", OPT_INT, &tr.val_patience, 0, INT_MAX, "N",
-     "ValidationPatience; 0: never stop early [0]"},
-    {"val-batch", OPT_INT, &tr.val_batch, 0, 1 << 20, "B", "validation batch [--batch]"},
-    {"output-network", OPT_STR, &tr.output_network, 0, 0, "WHICH",
-     "last or best-validation (lowest validation loss) [last]"},
-    {"checkpoint-dir", OPT_STR, &tr.checkpoint_dir, 0, 0, "DIR", "CheckpointPath [none]"},
-    {"checkpoint-frequency", OPT_INT, &tr.checkpoint_frequency, 1, INT_MAX, "N",
-     "CheckpointFrequency [1]"},
-    {"checkpoint-unit", OPT_STR, &tr.checkpoint_unit, 0, 0, "UNIT", "epoch or iteration [epoch]"},
-    {"resume", OPT_STR, &tr.resume, 0, 0, "FILE|DIR|auto",
-     "go on from a checkpoint (a folder: its latest); ends with the weights of an "
-     "uninterrupted run. auto: the newest complete one in --checkpoint-dir, or a fresh start "
-     "when there is none (the same command line for every run of a requeued job)"},
-    DEVICE_OPTIONS(tr.dev, "auto (a GPU when there is one), cpu, gpu, multi-gpu (every GPU of "
-                           "this machine) or parallel (one worker a process under mpirun) [auto]"),
-    {"averaging-frequency", OPT_INT, &tr.averaging_frequency, 0, INT_MAX, "N",
-     "data parallel: average the parameters every N iterations (DL4J) instead of summing "
-     "gradients at every step [0: sum]"},
-    {"average-optimizer-state", OPT_FLAG, &tr.average_optimizer_state, 0, 0, NULL,
-     "with --averaging-frequency: average the optimizer state (momentum) too"},
-    {"bucket-size", OPT_STR, &tr.bucket_size, 0, 0, "MIB",
-     "data parallel: gradient buckets summed while backward runs, in MiB [25; the first 1]"},
-    {"bn-statistics", OPT_STR, &tr.bn_statistics, 0, 0, "HOW",
-     "data parallel: batchnorm statistics per worker, running ones averaged (average), or over "
-     "the global batch (sync) [average]"},
-    {"comm-timeout", OPT_STR, &tr.comm_timeout, 0, 0, "S",
-     "data parallel: seconds a worker waits for the others before failing, naming them [60]"},
-    {"gpus", OPT_INT, &tr.gpus, 0, 4096, "N", "multi-gpu: the first N GPUs [every one]"},
-    {"uint8-batches", OPT_INT, &tr.uint8_batches, -1, 1, "N",
-     "batches travel as uint8 (1), floats (0), or uint8 to a GPU only (-1) [-1]"},
-    {"rand-x-reflection", OPT_FLAG, &tr.rand_x_reflection, 0, 0, NULL,
-     "random left-right reflection (the default)"},
-    {"no-rand-x-reflection", OPT_FLAG, &tr.no_rand_x_reflection, 0, 0, NULL,
-     "no random left-right reflection"},
-    {"rand-y-reflection", OPT_FLAG, &tr.rand_y_reflection, 0, 0, NULL,
-     "random top-bottom reflection"},
-    {"no-decode-dc", OPT_FLAG, &tr.no_decode_dc, 0, 0, NULL,
-     "JPEGs decoded at 1/8 scale go through libjpeg's reduced inverse DCT, not their blocks' "
-     "DC terms alone (the same luma, the chroma of subsampled files at twice the resolution; "
-     "slower)"},
-    {"rand-rotation", OPT_STR, &tr.rand_rotation, 0, 0, "LO,HI", "random rotation, degrees"},
-    {"rand-scale", OPT_STR, &tr.rand_scale, 0, 0, "LO,HI", "random scale factor"},
-    {"rand-translation", OPT_STR, &tr.rand_translation, 0, 0, "PX",
-     "random shift in x and y, in [-PX, PX] pixels"},
-    {"rand-x-translation", OPT_STR, &tr.rand_x_translation, 0, 0, "LO,HI",
-     "random shift in x, pixels"},
-    {"rand-y-translation", OPT_STR, &tr.rand_y_translation, 0, 0, "LO,HI",
-     "random shift in y, pixels"},
-    {"rand-x-shear", OPT_STR, &tr.rand_x_shear, 0, 0, "LO,HI", "random shear in x, degrees"},
-    {"rand-y-shear", OPT_STR, &tr.rand_y_shear, 0, 0, "LO,HI", "random shear in y, degrees"},
-    {"size-mode", OPT_STR, &tr.size_mode, 0, 0, "MODE",
-     "how the input size is taken: resize, centercrop, randcrop or randresizedcrop [resize]"},
-    {"resize-shorter", OPT_INT, &tr.resize_shorter, 0, 65535, "N",
-     "first resize each image so that its shorter side is N [0: no]"},
-    {"preset", OPT_STR, &tr.preset, 0, 0, "NAME",
-     "start the augmentation from a preset, the options after it changing it: imagenet "
-     "(torchvision's ImageNet training recipe: random-resized crop, flip, colour jitter 0.4, "
-     "ImageNet's mean and std), imagenet-val, 227 or 32; the output size is the net's [none]"},
-    {"rand-resized-crop", OPT_FLAG, &tr.rand_resized_crop, 0, 0, NULL,
-     "torchvision's RandomResizedCrop to the net's input (--size-mode randresizedcrop)"},
-    {"crop-scale", OPT_STR, &tr.crop_scale, 0, 0, "LO,HI",
-     "random-resized crop: the window's area, a fraction of the image's [0.08,1]"},
-    {"crop-ratio", OPT_STR, &tr.crop_ratio, 0, 0, "LO,HI",
-     "random-resized crop: the window's aspect, width / height [0.75,1.3333]"},
-    {"brightness", OPT_STR, &tr.brightness, 0, 0, "V|LO,HI",
-     "colour jitter: brightness factor in [max(0, 1-V), 1+V] or [LO, HI] [none]"},
-    {"contrast", OPT_STR, &tr.contrast, 0, 0, "V|LO,HI",
-     "colour jitter: contrast factor, as --brightness [none]"},
-    {"saturation", OPT_STR, &tr.saturation, 0, 0, "V|LO,HI",
-     "colour jitter: saturation factor, as --brightness [none]"},
-    {"hue", OPT_STR, &tr.hue, 0, 0, "V|LO,HI",
-     "colour jitter: hue shift in turns, in [-V, V] or [LO, HI], within [-0.5, 0.5] [none]"},
-    {"rand-grayscale", OPT_STR, &tr.rand_grayscale, 0, 0, "P",
-     "turn a sample gray with probability P, after the colour jitter [0]"},
-    {"random-erasing", OPT_STR, &tr.random_erasing, 0, 0, "P",
-     "torchvision's RandomErasing with probability P, after the normalisation [0]"},
-    {"erase-scale", OPT_STR, &tr.erase_scale, 0, 0, "LO,HI",
-     "random erasing: the box's area, a fraction of the sample's [0.02,0.33]"},
-    {"erase-ratio", OPT_STR, &tr.erase_ratio, 0, 0, "LO,HI",
-     "random erasing: the box's aspect, height / width [0.3,3.3]"},
-    {"erase-value", OPT_STR, &tr.erase_value, 0, 0, "V|R,G,B|random",
-     "random erasing: the value written, normalised, or standard normal values [0]"},
-    {"transfer", OPT_STR, &tr.transfer, 0, 0, "MODEL",
-     "start from a trained model (dsrt or ONNX), its last fc layer replaced for --data's "
-     "classes"},
+    {"solver", OPT_STR, &tr.solver},
+    {"momentum", OPT_STR, &tr.momentum},
+    {"l2", OPT_STR, &tr.l2},
+    {"shuffle", OPT_STR, &tr.shuffle},
+    {"drop-last", OPT_FLAG, &tr.drop_last},
+    {"lr-schedule", OPT_STR, &tr.lr_schedule},
+    {"lr-drop-factor", OPT_STR, &tr.lr_drop_factor},
+    {"lr-drop-period", OPT_INT, &tr.lr_drop_period},
+    {"gradient-threshold", OPT_STR, &tr.grad_threshold},
+    {"gradient-threshold-method", OPT_STR, &tr.grad_threshold_method},
+    {"mixup", OPT_STR, &tr.mixup},
+    {"cutmix", OPT_STR, &tr.cutmix},
+    {"cutmix-minmax", OPT_STR, &tr.cutmix_minmax},
+    {"mix-prob", OPT_STR, &tr.mix_prob},
+    {"mix-switch-prob", OPT_STR, &tr.mix_switch_prob},
+    {"label-smoothing", OPT_STR, &tr.label_smoothing},
+    {"val-frequency", OPT_INT, &tr.val_frequency},
+    {"val-patience", OPT_INT, &tr.val_patience},
+    {"val-batch", OPT_INT, &tr.val_batch},
+    {"output-network", OPT_STR, &tr.output_network},
+    {"checkpoint-dir", OPT_STR, &tr.checkpoint_dir},
+    {"checkpoint-frequency", OPT_INT, &tr.checkpoint_frequency},
+    {"checkpoint-unit", OPT_STR, &tr.checkpoint_unit},
+    {"resume", OPT_STR, &tr.resume},
+    DEVICE_OPTIONS(tr.dev),
+    {"averaging-frequency", OPT_INT, &tr.averaging_frequency},
+    {"average-optimizer-state", OPT_FLAG, &tr.average_optimizer_state},
+    {"bucket-size", OPT_STR, &tr.bucket_size},
+    {"bn-statistics", OPT_STR, &tr.bn_statistics},
+    {"comm-timeout", OPT_STR, &tr.comm_timeout},
+    {"gpus", OPT_INT, &tr.gpus},
+    {"uint8-batches", OPT_INT, &tr.uint8_batches},
+    {"rand-x-reflection", OPT_FLAG, &tr.rand_x_reflection},
+    {"no-rand-x-reflection", OPT_FLAG, &tr.no_rand_x_reflection},
+    {"rand-y-reflection", OPT_FLAG, &tr.rand_y_reflection},
+    {"no-decode-dc", OPT_FLAG, &tr.no_decode_dc},
+    {"rand-rotation", OPT_STR, &tr.rand_rotation},
+    {"rand-scale", OPT_STR, &tr.rand_scale},
+    {"rand-translation", OPT_STR, &tr.rand_translation},
+    {"rand-x-translation", OPT_STR, &tr.rand_x_translation},
+    {"rand-y-translation", OPT_STR, &tr.rand_y_translation},
+    {"rand-x-shear", OPT_STR, &tr.rand_x_shear},
+    {"rand-y-shear", OPT_STR, &tr.rand_y_shear},
+    {"size-mode", OPT_STR, &tr.size_mode},
+    {"resize-shorter", OPT_INT, &tr.resize_shorter},
+    {"preset", OPT_STR, &tr.preset},
+    {"rand-resized-crop", OPT_FLAG, &tr.rand_resized_crop},
+    {"crop-scale", OPT_STR, &tr.crop_scale},
+    {"crop-ratio", OPT_STR, &tr.crop_ratio},
+    {"brightness", OPT_STR, &tr.brightness},
+    {"contrast", OPT_STR, &tr.contrast},
+    {"saturation", OPT_STR, &tr.saturation},
+    {"hue", OPT_STR, &tr.hue},
+    {"rand-grayscale", OPT_STR, &tr.rand_grayscale},
+    {"random-erasing", OPT_STR, &tr.random_erasing},
+    {"erase-scale", OPT_STR, &tr.erase_scale},
+    {"erase-ratio", OPT_STR, &tr.erase_ratio},
+    {"erase-value", OPT_STR, &tr.erase_value},
+    {"transfer", OPT_STR, &tr.transfer},
     ONNX_OPTIONS(tr.onnx),
     ONNX_CLASSES_OPTION(tr.onnx),
-    {"lr-factor", OPT_STR, &tr.lr_factor, 0, 0, "X",
-     "with --transfer: learn-rate factor of the kept layers; 0 freezes them [1]"},
-    {"new-lr-factor", OPT_STR, &tr.new_lr_factor, 0, 0, "X",
-     "with --transfer: weight and bias learn-rate factor of the new fc layer [20]"},
-    {"transfer-layer", OPT_STR, &tr.layer, 0, 0, "NAME",
-     "with --transfer: the layer to replace [the last fc]"},
-    {"save", OPT_STR, &tr.save, 0, 0, "MODEL", "write the trained net to this model file"},
-    {"plot", OPT_STR, &tr.plot, 0, 0, "FILE.svg",
-     "training-progress plot, rewritten after each epoch"},
-    {"log", OPT_STR, &tr.log, 0, 0, "FILE",
-     "every iteration, as CSV (.csv) or JSON lines (.jsonl)"},
-    {"order-log", OPT_STR, &tr.order_log, 0, 0, "FILE",
-     "the samples each iteration trained on, a line each: epoch and batch (from 0), then the "
-     "datastore ids in batch order; data parallel: each worker its own share into FILE.RANK"},
-    {"verbose-frequency", OPT_INT, &tr.verbose_frequency, 1, INT_MAX, "N",
-     "VerboseFrequency: iterations between table rows [50]"},
-    {"fail-on-error", OPT_FLAG, &tr.fail_on_error, 0, 0, NULL,
-     "stop at the first image that cannot be read (default: skip it)"},
-    {"bad-list", OPT_STR, &tr.bad_list, 0, 0, "FILE",
-     "write every bad image (path and reason, one JSON object a line) to FILE"},
-    {"drop-empty-classes", OPT_FLAG, &tr.drop_empty_classes, 0, 0, NULL,
-     "leave out class folders without images (default: refuse them)"},
-    {"order", OPT_STR, &tr.order, 0, 0, "HOW",
-     "tar shards: exact (each sample by offset, the folder's batches) or shard (each shard "
-     "streamed, samples mixed in a shuffle buffer; data-parallel workers take whole shards) "
-     "[auto: exact with dsrt's index on a disk that seeks cheaply]"},
-    {"shuffle-buffer", OPT_INT, &tr.shuffle_buffer, 1, 1 << 24, "N",
-     "tar shards, shard order: samples mixed at once [1000]"},
-    {"quiet", OPT_FLAG, &tr.quiet, 0, 0, NULL, "no table, only the summary"},
-    {"no-progress", OPT_FLAG, &tr.no_progress, 0, 0, NULL, "no progress bar on the terminal"},
-    {"json", OPT_FLAG, &tr.json, 0, 0, NULL,
-     "JSON lines on stdout (iterations, validations, epochs, a summary last)"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
+    {"lr-factor", OPT_STR, &tr.lr_factor},
+    {"new-lr-factor", OPT_STR, &tr.new_lr_factor},
+    {"transfer-layer", OPT_STR, &tr.layer},
+    {"save", OPT_STR, &tr.save},
+    {"plot", OPT_STR, &tr.plot},
+    {"log", OPT_STR, &tr.log},
+    {"order-log", OPT_STR, &tr.order_log},
+    {"verbose-frequency", OPT_INT, &tr.verbose_frequency},
+    {"fail-on-error", OPT_FLAG, &tr.fail_on_error},
+    {"bad-list", OPT_STR, &tr.bad_list},
+    {"drop-empty-classes", OPT_FLAG, &tr.drop_empty_classes},
+    {"order", OPT_STR, &tr.order},
+    {"shuffle-buffer", OPT_INT, &tr.shuffle_buffer},
+    {"quiet", OPT_FLAG, &tr.quiet},
+    {"no-progress", OPT_FLAG, &tr.no_progress},
+    {"json", OPT_FLAG, &tr.json},
+    {NULL, 0, NULL},
 };
 
 static void train_usage(FILE *f) {
@@ -1427,7 +1257,7 @@ static void train_usage(FILE *f) {
             "dies or hangs is named by the others after --comm-timeout seconds.\n\n"
             "options:\n",
             prog, prog, TOOL_BAD_SHOWN, prog);
-    print_options(f, TRAIN_OPTIONS);
+    print_options(f, "train", TRAIN_OPTIONS);
 }
 
 typedef struct {
@@ -1697,7 +1527,6 @@ typedef struct {
 typedef struct {
     const char *option;
     const char *const *value;
-    const char *const *choices;
     int *out;
 } train_choice;
 
@@ -1724,35 +1553,25 @@ static void train_set_defaults(void) {
 /* The choices among names (solver first: its defaults are the optimizer's
  * starting point). Returns 0, or 2 after a message. */
 static int resolve_choices(dsrt_train_options *o) {
-    static const char *const solvers[] = {"sgdm", "adam", "rmsprop", NULL};
-    static const char *const shuffles[] = {"never", "once", "every-epoch", NULL};
-    static const char *const schedules[] = {"none", "piecewise", NULL};
-    static const char *const clips[] = {"l2norm", "global-l2norm", "absolute-value", NULL};
-    static const char *const outputs[] = {"last", "best-validation", NULL};
-    static const char *const units[] = {"epoch", "iteration", NULL};
-    static const char *const modes[] = {"resize", "centercrop", "randcrop", "randresizedcrop",
-                                        NULL};
-    static const char *const bns[] = {"average", "sync", NULL};
     const char *cmd = "train";
     int solver = -1;
-    if (tr.solver && (solver = parse_choice(cmd, "solver", tr.solver, solvers)) < 0) return 2;
+    if (tr.solver && (solver = parse_choice(cmd, "solver", tr.solver)) < 0) return 2;
     if (solver >= 0) o->optimizer = dsrt_optimizer_defaults((dsrt_solver)solver);
     int shuffle = o->shuffle, schedule = o->optimizer.schedule, clip = o->optimizer.clip,
         output = o->output_network, unit = o->checkpoint_unit, mode = o->augment.size_mode,
         bn = o->bn_statistics;
     const train_choice choices[] = {
-        {"shuffle", &tr.shuffle, shuffles, &shuffle},
-        {"lr-schedule", &tr.lr_schedule, schedules, &schedule},
-        {"gradient-threshold-method", &tr.grad_threshold_method, clips, &clip},
-        {"output-network", &tr.output_network, outputs, &output},
-        {"checkpoint-unit", &tr.checkpoint_unit, units, &unit},
-        {"size-mode", &tr.size_mode, modes, &mode},
-        {"bn-statistics", &tr.bn_statistics, bns, &bn},
+        {"shuffle", &tr.shuffle, &shuffle},
+        {"lr-schedule", &tr.lr_schedule, &schedule},
+        {"gradient-threshold-method", &tr.grad_threshold_method, &clip},
+        {"output-network", &tr.output_network, &output},
+        {"checkpoint-unit", &tr.checkpoint_unit, &unit},
+        {"size-mode", &tr.size_mode, &mode},
+        {"bn-statistics", &tr.bn_statistics, &bn},
     };
     for (size_t i = 0; i < sizeof choices / sizeof choices[0]; i++) {
         const train_choice *c = &choices[i];
-        if (*c->value && (*c->out = parse_choice(cmd, c->option, *c->value, c->choices)) < 0)
-            return 2;
+        if (*c->value && (*c->out = parse_choice(cmd, c->option, *c->value)) < 0) return 2;
     }
     o->shuffle = (dsrt_shuffle)shuffle;
     o->optimizer.schedule = (dsrt_lr_schedule)schedule;
@@ -1825,15 +1644,12 @@ static int resolve_mixing(dsrt_train_options *o) {
 /* The augmentation preset (--preset), before every other augment option.
  * Returns 0, or 2 after a message. */
 static int resolve_preset(dsrt_train_options *o) {
-    static const char *const presets[] = {"imagenet", "imagenet-val", "227", "32", NULL};
     if (!tr.preset) return 0;
-    int k = parse_choice("train", "preset", tr.preset, presets);
-    if (k < 0) return 2;
     dsrt_augment_options a;
-    if (k == 0) dsrt_augment_preset_imagenet(&a);
-    if (k == 1) dsrt_augment_preset_imagenet_val(&a);
-    if (k == 2) dsrt_augment_preset_227(&a);
-    if (k == 3) dsrt_augment_preset_32(&a);
+    if (dsrt_augment_preset_from_name(tr.preset, &a) != 0) {
+        fprintf(stderr, "%s train: --%s\n", prog, dsrt_last_error());
+        return 2;
+    }
     a.output_height = a.output_width = a.output_channels = 0; /* the net's */
     o->augment = a;
     return 0;
@@ -2797,28 +2613,23 @@ static struct {
 } ev;
 
 static const option EVAL_OPTIONS[] = {
-    {"model", OPT_STR, &ev.model, 0, 0, "FILE",
-     "a model or checkpoint file, or an ONNX model (.onnx) (required)"},
-    {"data", OPT_STR, &ev.data, 0, 0, "DIR", "labelled images, as for train (required)"},
-    {"batch", OPT_INT, &ev.batch, 1, 1 << 20, "B", "images a batch [128]"},
-    {"threads", OPT_INT, &ev.threads, 0, 4096, "T", "compute threads [auto]"},
-    {"workers", OPT_INT, &ev.workers, 0, 1024, "W", "pipeline workers [auto]"},
-    {"cpus", OPT_STR, &ev.cpus, 0, 0, "LIST", "run on these CPUs [all]"},
-    {"no-pin", OPT_FLAG, &ev.no_pin, 0, 0, NULL, "do not bind threads to cores"},
-    DEVICE_OPTIONS(ev.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
-    {"depth", OPT_INT, &ev.depth, 1, 4096, "N", "file reads in flight per pipeline worker [16]"},
+    {"model", OPT_STR, &ev.model},
+    {"data", OPT_STR, &ev.data},
+    {"batch", OPT_INT, &ev.batch},
+    {"threads", OPT_INT, &ev.threads},
+    {"workers", OPT_INT, &ev.workers},
+    {"cpus", OPT_STR, &ev.cpus},
+    {"no-pin", OPT_FLAG, &ev.no_pin},
+    DEVICE_OPTIONS(ev.dev),
+    {"depth", OPT_INT, &ev.depth},
     REMOTE_OPTIONS(ev.remote),
-    {"bad-list", OPT_STR, &ev.bad_list, 0, 0, "FILE",
-     "write every bad image (path and reason, one JSON object a line) to FILE"},
-    {"drop-empty-classes", OPT_FLAG, &ev.drop_empty_classes, 0, 0, NULL,
-     "leave out class folders without images (default: refuse them)"},
-    {"order", OPT_STR, &ev.order, 0, 0, "HOW",
-     "tar shards: exact or shard (streamed), as for train [auto]"},
+    {"bad-list", OPT_STR, &ev.bad_list},
+    {"drop-empty-classes", OPT_FLAG, &ev.drop_empty_classes},
+    {"order", OPT_STR, &ev.order},
     ONNX_OPTIONS(ev.onnx),
     ONNX_CLASSES_OPTION(ev.onnx),
-    {"json", OPT_FLAG, &ev.json, 0, 0, NULL,
-     "one JSON line: accuracy, per_class, confusion (rows true, columns predicted)"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
+    {"json", OPT_FLAG, &ev.json},
+    {NULL, 0, NULL},
 };
 
 static void eval_usage(FILE *f) {
@@ -2830,7 +2641,7 @@ static void eval_usage(FILE *f) {
             "read counts once; those that cannot are left out and named (the first %d;\n"
             "--bad-list writes all).\n\noptions:\n",
             prog, TOOL_BAD_SHOWN);
-    print_options(f, EVAL_OPTIONS);
+    print_options(f, "eval", EVAL_OPTIONS);
 }
 
 static void eval_print_json(const dsrt_net *net, const dsrt_eval_result *r,
@@ -2995,18 +2806,9 @@ static struct {
 } cl;
 
 static const option CLASSIFY_OPTIONS[] = {
-    {"model", OPT_STR, &cl.model, 0, 0, "FILE",
-     "a model or checkpoint file, or an ONNX model (.onnx) (required)"},
-    {"top", OPT_INT, &cl.top, 1, 1 << 24, "K", "classes to list for each image [3]"},
-    {"batch", OPT_INT, &cl.batch, 1, 4096, "B", "images a batch [64]"},
-    {"threads", OPT_INT, &cl.threads, 0, 4096, "T", "compute threads [all cores]"},
-    DEVICE_OPTIONS(cl.dev, "auto (a GPU when there is one), cpu or gpu [auto]"),
-    ONNX_OPTIONS(cl.onnx),
-    ONNX_CLASSES_OPTION(cl.onnx),
-    {"json", OPT_FLAG, &cl.json, 0, 0, NULL,
-     "one JSON object a line an image: path, label, class, score, and scores (every class's "
-     "probability, in class order)"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
+    {"model", OPT_STR, &cl.model},     {"top", OPT_INT, &cl.top},    {"batch", OPT_INT, &cl.batch},
+    {"threads", OPT_INT, &cl.threads}, DEVICE_OPTIONS(cl.dev),       ONNX_OPTIONS(cl.onnx),
+    ONNX_CLASSES_OPTION(cl.onnx),      {"json", OPT_FLAG, &cl.json}, {NULL, 0, NULL},
 };
 
 static void classify_usage(FILE *f) {
@@ -3021,7 +2823,7 @@ static void classify_usage(FILE *f) {
             "or \\\\.\n\n"
             "options:\n",
             prog);
-    print_options(f, CLASSIFY_OPTIONS);
+    print_options(f, "classify", CLASSIFY_OPTIONS);
 }
 
 /*
@@ -3335,25 +3137,22 @@ static struct {
 } sc;
 
 static const option SCALE_OPTIONS[] = {
-    {"net", OPT_STR, &sc.net, 0, 0, "NAME",
-     "alexnet, cifar, digits or a description file [alexnet]"},
-    {"batch", OPT_INT, &sc.batch, 1, 1 << 20, "N", "images a GPU a step (weak scaling) [128]"},
-    {"classes", OPT_INT, &sc.classes, 1, 1 << 24, "N", "classes [1000 for alexnet, else 10]"},
-    {"gpus", OPT_STR, &sc.gpus, 0, 0, "LIST", "GPU counts to predict [8,64,512]"},
-    {"tflops", OPT_STR, &sc.tflops, 0, 0, "X",
-     "sustained TFLOP/s of one GPU on the net's arithmetic [40]"},
-    {"nvlink", OPT_STR, &sc.nvlink, 0, 0, "GB/S", "bandwidth between the GPUs of a node [450]"},
-    {"ib", OPT_STR, &sc.ib, 0, 0, "GB/S", "InfiniBand bandwidth of each GPU across nodes [50]"},
-    {"alpha-nvlink", OPT_STR, &sc.alpha_nvlink, 0, 0, "US", "latency of a step within a node [5]"},
-    {"alpha-ib", OPT_STR, &sc.alpha_ib, 0, 0, "US", "latency of a step across nodes [10]"},
-    {"bucket-size", OPT_STR, &sc.bucket, 0, 0, "MIB", "gradient buckets [25]"},
-    {"first-bucket-size", OPT_STR, &sc.first, 0, 0, "MIB", "the first bucket [1]"},
-    {"measure-batch", OPT_INT, &sc.measure_batch, 1, 1 << 16, "N",
-     "images a step when measuring the timeline here [8 for alexnet, else 64]"},
-    {"steps", OPT_INT, &sc.steps, 1, 1000, "N", "measured steps (after one warm-up) [2]"},
-    {"threads", OPT_INT, &sc.threads, 0, 4096, "T", "compute threads when measuring [all cores]"},
-    {"json", OPT_FLAG, &sc.json, 0, 0, NULL, "one JSON line"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
+    {"net", OPT_STR, &sc.net},
+    {"batch", OPT_INT, &sc.batch},
+    {"num-classes", OPT_INT, &sc.classes},
+    {"gpus", OPT_STR, &sc.gpus},
+    {"tflops", OPT_STR, &sc.tflops},
+    {"nvlink", OPT_STR, &sc.nvlink},
+    {"ib", OPT_STR, &sc.ib},
+    {"alpha-nvlink", OPT_STR, &sc.alpha_nvlink},
+    {"alpha-ib", OPT_STR, &sc.alpha_ib},
+    {"bucket-size", OPT_STR, &sc.bucket},
+    {"first-bucket-size", OPT_STR, &sc.first},
+    {"measure-batch", OPT_INT, &sc.measure_batch},
+    {"steps", OPT_INT, &sc.steps},
+    {"threads", OPT_INT, &sc.threads},
+    {"json", OPT_FLAG, &sc.json},
+    {NULL, 0, NULL},
 };
 
 static void scale_usage(FILE *f) {
@@ -3375,7 +3174,7 @@ static void scale_usage(FILE *f) {
             "input pipeline are left out.\n\n"
             "options:\n",
             prog);
-    print_options(f, SCALE_OPTIONS);
+    print_options(f, "scale", SCALE_OPTIONS);
 }
 
 /* What the gradient hook records of a step. */
@@ -3659,14 +3458,11 @@ static struct {
 } analyze;
 
 static const option ANALYZE_OPTIONS[] = {
-    {"net", OPT_STR, &analyze.net, 0, 0, "NAME|FILE",
-     "a built-in network, a description file, a model file or an ONNX model (required)"},
-    {"classes", OPT_INT, &analyze.classes, 1, 1 << 24, "N",
-     "classes of a description's outputs=classes [1000 for torchvision's nets, 55 for "
-     "alexnet, else 10]"},
+    {"net", OPT_STR, &analyze.net},
+    {"num-classes", OPT_INT, &analyze.classes},
     ONNX_OPTIONS(analyze.onnx),
-    {"json", OPT_FLAG, &analyze.json, 0, 0, NULL, "one JSON object instead of the table"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
+    {"json", OPT_FLAG, &analyze.json},
+    {NULL, 0, NULL},
 };
 
 static void analyze_usage(FILE *f) {
@@ -3677,7 +3473,7 @@ static void analyze_usage(FILE *f) {
             "takes, its output (height x width x channels) and learnables, then the totals.\n\n"
             "options:\n",
             prog);
-    print_options(f, ANALYZE_OPTIONS);
+    print_options(f, "analyze", ANALYZE_OPTIONS);
 }
 
 static int cmd_analyze(int argc, char **argv) {
@@ -3786,11 +3582,8 @@ static struct {
 } im;
 
 static const option IMPORT_OPTIONS[] = {
-    {"output", OPT_STR, &im.output, 0, 0, "FILE", "the dsrt model file to write (required)"},
-    ONNX_OPTIONS(im.onnx),
-    ONNX_CLASSES_OPTION(im.onnx),
-    {"json", OPT_FLAG, &im.json, 0, 0, NULL, "one JSON line: layers, classes, learnables"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
+    {"output", OPT_STR, &im.output}, ONNX_OPTIONS(im.onnx), ONNX_CLASSES_OPTION(im.onnx),
+    {"json", OPT_FLAG, &im.json},    {NULL, 0, NULL},
 };
 
 static void import_usage(FILE *f) {
@@ -3808,7 +3601,7 @@ static void import_usage(FILE *f) {
             "an ONNX model directly too, with the same options.\n\n"
             "options:\n",
             prog);
-    print_options(f, IMPORT_OPTIONS);
+    print_options(f, "import", IMPORT_OPTIONS);
 }
 
 /* The one argument that is not an option (the model), taken out of argv. */
@@ -3893,9 +3686,9 @@ static struct {
 } ex;
 
 static const option EXPORT_OPTIONS[] = {
-    {"output", OPT_STR, &ex.output, 0, 0, "FILE", "the ONNX model to write (required)"},
-    {"opset", OPT_INT, &ex.opset, 7, 21, "N", "the ONNX opset, 7 to 21 [13]"},
-    {NULL, 0, NULL, 0, 0, NULL, NULL},
+    {"output", OPT_STR, &ex.output},
+    {"opset", OPT_INT, &ex.opset},
+    {NULL, 0, NULL},
 };
 
 static void export_usage(FILE *f) {
@@ -3909,7 +3702,7 @@ static void export_usage(FILE *f) {
             "metadata_props (\"classes\", one a line).\n\n"
             "options:\n",
             prog);
-    print_options(f, EXPORT_OPTIONS);
+    print_options(f, "export", EXPORT_OPTIONS);
 }
 
 static int cmd_export(int argc, char **argv) {

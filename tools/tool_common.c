@@ -33,6 +33,10 @@ void tool_set_name(const char *name) {
     if (!registered++) atexit(print_module_warnings);
 }
 
+const char *tool_program(void) {
+    return tool_name;
+}
+
 void tool_die(const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "%s: ", tool_name);
@@ -446,29 +450,4 @@ int tool_check_output(const char *path, int regular, char *why, size_t why_cap) 
     unlink(probe);
     free(probe);
     return 0;
-}
-
-int tool_edit_distance(const char *a, size_t na, const char *b, int limit) {
-    size_t nb = strlen(b);
-    if (na > 64 || nb > 64) return limit + 1;
-    if ((na > nb ? na - nb : nb - na) > (size_t)limit) return limit + 1;
-    int d[65][65];
-    for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
-    for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
-    for (size_t i = 1; i <= na; i++) {
-        int row_min = d[i][0];
-        for (size_t j = 1; j <= nb; j++) {
-            int cost = a[i - 1] != b[j - 1];
-            int v = d[i - 1][j - 1] + cost;
-            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-                d[i - 2][j - 2] + 1 < v)
-                v = d[i - 2][j - 2] + 1;
-            d[i][j] = v;
-            if (v < row_min) row_min = v;
-        }
-        if (row_min > limit) return limit + 1;
-    }
-    return d[na][nb];
 }

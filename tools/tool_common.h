@@ -13,6 +13,9 @@
 /* The program name used in messages ("dsbench"). */
 void tool_set_name(const char *name);
 
+/* The program name used in messages. */
+const char *tool_program(void);
+
 /* Prints "name: message" to stderr and exits with status 1. */
 void tool_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
@@ -87,11 +90,6 @@ typedef struct {
 /* text (a path or URL) as messages show it, in buf: credentials masked
  * (dsrt_text_redact). Returns buf. */
 const char *tool_shown(const char *text, char *buf, size_t cap);
-
-/* The edit distance (insertions, deletions, substitutions, swaps of two
- * neighbours) between a[0, na) and b, stopping early past limit (then
- * limit + 1). For "did you mean" suggestions. */
-int tool_edit_distance(const char *a, size_t na, const char *b, int limit);
 
 /* Counts one bad file, keeps it if among the first, writes it to l->out;
  * its path and error with credentials masked (dsrt_text_redact). */

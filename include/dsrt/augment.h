@@ -277,6 +277,15 @@ DSRT_API void dsrt_augment_preset_imagenet(dsrt_augment_options *o);
  */
 DSRT_API void dsrt_augment_preset_imagenet_val(dsrt_augment_options *o);
 
+/*
+ * The presets by name, one table for the tools and Python: the i-th (from
+ * 0) preset's name ("default", "227", "32", "imagenet", "imagenet-val"),
+ * NULL past the last; and the preset named name written into *o ("default":
+ * dsrt_augment_defaults). 0, or DSRT_EOPTION naming the presets.
+ */
+DSRT_API const char *dsrt_augment_preset_name(int i);
+DSRT_API int dsrt_augment_preset_from_name(const char *name, dsrt_augment_options *o);
+
 /* The ranges dsrt_augment_check allows for the random transforms. Within
  * them every combination is applied to any image without failing (the
  * transform stays far from singular, the resampling tables stay small);

@@ -72,6 +72,12 @@ typedef enum {
     DSRT_SHUFFLE_EVERY_EPOCH, /* a new random order each epoch */
 } dsrt_shuffle;
 
+/* The shuffle's names ("never", "once", "every-epoch"), one table for the
+ * tools and Python: the name of s, "unknown" for no shuffle; and s by name,
+ * 0 or DSRT_EOPTION naming the valid ones. */
+DSRT_API const char *dsrt_shuffle_name(dsrt_shuffle s);
+DSRT_API int dsrt_shuffle_from_name(const char *name, dsrt_shuffle *s);
+
 typedef struct {
     size_t batch;      /* samples a batch; default 128 */
     unsigned prefetch; /* batches made ahead of the one the consumer holds: the
