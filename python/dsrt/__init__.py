@@ -23,10 +23,10 @@ links libdsrt_train and oneDNN: it is loaded the first time either name is
 used, so a program that only reads data never maps them.
 """
 
-from ._dsrt import Batch, Datastore, Error, Pipeline, Tensor, version
+from ._dsrt import Batch, Datastore, Error, Pipeline, Tensor, options, version
 
 # Net and onnx_import are left out of __all__: a star import loads no compute library.
-__all__ = ["Batch", "Datastore", "Error", "Pipeline", "Tensor", "TorchLoader", "version"]
+__all__ = ["Batch", "Datastore", "Error", "Pipeline", "Tensor", "TorchLoader", "options", "version"]
 __version__ = version()
 
 _NN_NAMES = ("Net", "onnx_import")

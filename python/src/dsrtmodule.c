@@ -101,6 +101,32 @@ static int get_enum(PyObject *v, const char *what, const name_value *t, int *out
     return -1;
 }
 
+/* A keyword that names one of an option row's choices (dsrt/options.h):
+ * the index of the name, the message and "did you mean" of the tools. An
+ * older name is taken with a DeprecationWarning. */
+static int get_choice(PyObject *v, const char *what, unsigned where, int *out) {
+    const char *s = get_name(v, what);
+    if (!s) return -1;
+    const dsrt_option_group *groups;
+    size_t n = dsrt_option_groups(&groups);
+    const dsrt_option *row = dsrt_option_find(groups, n, what, where, NULL);
+    double index;
+    const char *renamed = NULL;
+    if (!row) {
+        PyErr_Format(PyExc_SystemError, "%s: no row in dsrt's option tables", what);
+        return -1;
+    }
+    if (dsrt_option_value(row, what, s, &index, &renamed) != 0) {
+        PyErr_SetString(PyExc_ValueError, dsrt_last_error());
+        return -1;
+    }
+    if (renamed &&
+        PyErr_WarnFormat(PyExc_DeprecationWarning, 1, "%s='%s' is now '%s'", what, s, renamed) != 0)
+        return -1;
+    *out = (int)index;
+    return 0;
+}
+
 static int get_str(PyObject *v, const char *what, const char **out) {
     if (v == Py_None) {
         *out = NULL;
@@ -713,7 +739,8 @@ static PyTypeObject Datastore_Type = {
               "          extensions=None, follow_symlinks=True, drop_empty_classes=False,\n"
               "          labels_path=None, split='train', cifar100_coarse=False,\n"
               "          manifest_header=None, order='auto', shuffle_buffer=1000,\n"
-              "          retry_deadline=60.0, request_timeout=30.0)\n\n"
+              "          retry_deadline=60.0, request_timeout=30.0, mix=None,\n"
+              "          mix_labels='merge', mix_replacement=False)\n\n"
               "An index of samples with labels: a folder of class sub-folders, a CSV manifest\n"
               "(path,label), IDX files (MNIST, Fashion-MNIST), CIFAR-10/100 batches or tar\n"
               "shards (a folder of them, a .tar, a glob or a brace list; order 'exact' or\n"
@@ -1316,14 +1343,8 @@ static int augment_set(dsrt_augment_options *o, PyObject *key, PyObject *v) {
     return -1;
 }
 
-static const name_value shuffle_names[] = {{"never", DSRT_SHUFFLE_NEVER},
-                                           {"once", DSRT_SHUFFLE_ONCE},
-                                           {"epoch", DSRT_SHUFFLE_EVERY_EPOCH},
-                                           {NULL, 0}};
 static const name_value io_names[] = {
     {"auto", DSRT_IO_AUTO}, {"uring", DSRT_IO_URING}, {"pread", DSRT_IO_PREAD}, {NULL, 0}};
-static const name_value preset_names[] = {{"default", 0},     {"227", 227},           {"32", 32},
-                                          {"imagenet", 1000}, {"imagenet-val", 1001}, {NULL, 0}};
 
 // ----------------------------------------------------------------------------
 // Pipeline
@@ -1348,11 +1369,11 @@ static int pipeline_augment(const pipeline_args *pa, dsrt_augment_options *a) {
     *a = dsrt_augment_defaults();
     int v;
     if (pa->preset != Py_None) {
-        if (get_enum(pa->preset, "preset", preset_names, &v) != 0) return -1;
-        if (v == 227) dsrt_augment_preset_227(a);
-        if (v == 32) dsrt_augment_preset_32(a);
-        if (v == 1000) dsrt_augment_preset_imagenet(a);
-        if (v == 1001) dsrt_augment_preset_imagenet_val(a);
+        if (get_choice(pa->preset, "preset", DSRT_IN_PY_PIPELINE, &v) != 0) return -1;
+        if (dsrt_augment_preset_from_name(dsrt_augment_preset_name(v), a) != 0) {
+            PyErr_SetString(PyExc_ValueError, dsrt_last_error());
+            return -1;
+        }
     }
     int norm_given = 0;
     if (pa->augment != Py_None) {
@@ -1501,7 +1522,7 @@ static int pipeline_options(pipeline_args *pa, dsrt_pipeline_options *o) {
         if (PyBool_Check(pa->shuffle)) {
             o->shuffle = pa->shuffle == Py_True ? DSRT_SHUFFLE_EVERY_EPOCH : DSRT_SHUFFLE_NEVER;
         } else {
-            if (get_enum(pa->shuffle, "shuffle", shuffle_names, &v) != 0) return -1;
+            if (get_choice(pa->shuffle, "shuffle", DSRT_IN_PY_PIPELINE, &v) != 0) return -1;
             o->shuffle = (dsrt_shuffle)v;
         }
     }
@@ -2039,25 +2060,26 @@ static PyTypeObject Pipeline_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dsrt.Pipeline",
     .tp_basicsize = sizeof(PipelineObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Pipeline(datastore, *, preset=None, augment=None, layout=None, dtype=None,\n"
-              "         batch=128, prefetch=4, workers=0, cpus=None, pin=True, drop_last=False,\n"
-              "         shuffle='epoch', seed=0, epochs=0, io='auto', io_depth=16, direct=False,\n"
-              "         max_pixels=178956970, strict_decode=False, fail_on_error=False,\n"
-              "         drop_bad=False, max_consecutive_bad=1000, max_file_bytes=64 MiB, chunk=0,\n"
-              "         native=False, native_max_pixels=2097152, gpu=-1, remote_depth=64,\n"
-              "         max_connections=0, retry_deadline=60.0, request_timeout=30.0,\n"
-              "         mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, mix_prob=1.0,\n"
-              "         switch_prob=0.5, label_smoothing=0.0, num_classes=None, rank=None,\n"
-              "         world_size=None)\n\n"
-              "Batches of augmented samples made in the background by `workers` threads (0: one\n"
-              "per core), in order, bit-identical for a seed whatever the thread count.\n"
-              "Iterating yields the batches of one epoch (from the current position to the end\n"
-              "of its epoch); len() is the batches per epoch. mixup_alpha ... num_classes mix\n"
-              "each batch as timm's Mixup (mode 'batch') and give Batch.soft_labels. rank and\n"
-              "world_size (or rank='env': RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS) give this\n"
-              "process its share of every epoch, `batch` samples a batch, as dstrain's workers\n"
-              "take theirs; without drop_last the last batch is padded from the start of the\n"
-              "order, as DistributedSampler pads. See the README for every option.",
+    .tp_doc =
+        "Pipeline(datastore, *, preset=None, augment=None, layout=None, dtype=None,\n"
+        "         batch=128, prefetch=4, workers=0, cpus=None, pin=True, drop_last=False,\n"
+        "         shuffle='every-epoch', seed=0, epochs=0, io='auto', io_depth=16, direct=False,\n"
+        "         max_pixels=178956970, strict_decode=False, fail_on_error=False,\n"
+        "         drop_bad=False, max_consecutive_bad=1000, max_file_bytes=64 MiB, chunk=0,\n"
+        "         native=False, native_max_pixels=2097152, gpu=-1, remote_depth=64,\n"
+        "         max_connections=0, retry_deadline=60.0, request_timeout=30.0,\n"
+        "         mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, mix_prob=1.0,\n"
+        "         switch_prob=0.5, label_smoothing=0.0, num_classes=None, rank=None,\n"
+        "         world_size=None, sample_weights=None, epoch_samples=None)\n\n"
+        "Batches of augmented samples made in the background by `workers` threads (0: one\n"
+        "per core), in order, bit-identical for a seed whatever the thread count.\n"
+        "Iterating yields the batches of one epoch (from the current position to the end\n"
+        "of its epoch); len() is the batches per epoch. mixup_alpha ... num_classes mix\n"
+        "each batch as timm's Mixup (mode 'batch') and give Batch.soft_labels. rank and\n"
+        "world_size (or rank='env': RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS) give this\n"
+        "process its share of every epoch, `batch` samples a batch, as dstrain's workers\n"
+        "take theirs; without drop_last the last batch is padded from the start of the\n"
+        "order, as DistributedSampler pads. See the README for every option.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)pipeline_init,
     .tp_dealloc = (destructor)pipeline_dealloc,
@@ -2075,8 +2097,68 @@ static PyObject *mod_version(PyObject *m, PyObject *unused) {
     return PyUnicode_FromString(dsrt_version_string());
 }
 
+/* Appends a new str to list: 0, or -1 with the exception set. */
+static int append_str(PyObject *list, const char *s) {
+    PyObject *v = PyUnicode_FromString(s);
+    int rc = v ? PyList_Append(list, v) : -1;
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* One row as a dict: name (Python's spelling), option (the tools'), type,
+ * default, choices, help, places. */
+static PyObject *option_dict(const dsrt_option *o, const char *group) {
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } places[] = {{DSRT_IN_DSBENCH, "dsbench"},
+                  {DSRT_IN_DSBENCH_INDEX, "dsbench --index"},
+                  {DSRT_IN_DSBENCH_CONVERT, "dsbench convert"},
+                  {DSRT_IN_PY_DATASTORE, "Datastore"},
+                  {DSRT_IN_PY_PIPELINE, "Pipeline"}};
+    char py[64];
+    snprintf(py, sizeof py, "%s", o->name);
+    for (char *c = py; *c; c++)
+        if (*c == '-') *c = '_';
+    PyObject *choices = PyList_New(0), *where = PyList_New(0), *d = NULL;
+    if (!choices || !where) goto done;
+    for (int i = 0; o->choice && o->choice(i); i++)
+        if (*o->choice(i) && append_str(choices, o->choice(i)) != 0) goto done;
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++)
+        if ((o->where & places[i].bit) && append_str(where, places[i].name) != 0) goto done;
+    d = Py_BuildValue("{s:s,s:s,s:s,s:s,s:z,s:O,s:s,s:O,s:z}", "name", py, "option", o->name,
+                      "group", group, "type", dsrt_option_type_name(o->type), "default", o->def,
+                      "choices", choices, "help", o->help, "where", where, "old", o->old);
+done:
+    Py_XDECREF(choices);
+    Py_XDECREF(where);
+    return d;
+}
+
+static PyObject *mod_options(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    const dsrt_option_group *groups;
+    size_t n = dsrt_option_groups(&groups);
+    PyObject *list = PyList_New(0);
+    for (size_t g = 0; list && g < n; g++)
+        for (size_t i = 0; i < groups[g].count; i++) {
+            PyObject *d = option_dict(&groups[g].options[i], groups[g].name);
+            if (!d || PyList_Append(list, d) != 0) {
+                Py_XDECREF(d);
+                Py_CLEAR(list);
+                break;
+            }
+            Py_DECREF(d);
+        }
+    return list;
+}
+
 static PyMethodDef module_methods[] = {
-    {"version", mod_version, METH_NOARGS, "version() -> the version of libdsrt in use"}, {NULL}};
+    {"version", mod_version, METH_NOARGS, "version() -> the version of libdsrt in use"},
+    {"options", mod_options, METH_NOARGS,
+     "options() -> the data side's option rows, one dict each: name (as a keyword),\n"
+     "option (as dsbench spells it), group, type, default, choices, help, where, old"},
+    {NULL}};
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,

@@ -1,0 +1,97 @@
+"""Python's keywords against dsrt's option tables (dsrt.options()).
+
+Datastore and Pipeline take every keyword the tables say applies to them, under
+the tools' name with '-' as '_', with the same default as the tables state
+(their signatures in the docstrings are what users read), and refuse a bad
+name with the tools' message, "did you mean" included.
+"""
+import ast
+import os
+import re
+import struct
+import warnings
+
+import pytest
+
+import dsrt
+
+
+def signature_defaults(cls):
+    """{keyword: default text} from the first paragraph of cls.__doc__."""
+    head = cls.__doc__.split("\n\n", 1)[0]
+    inner = head[head.index("(") + 1:head.rindex(")")]
+    found = {}
+    for part in re.split(r",\s*", " ".join(inner.split())):
+        part = part.strip()
+        if part in ("*", "") or "=" not in part:
+            found[part] = None
+            continue
+        k, v = part.split("=", 1)
+        found[k.strip()] = v.strip()
+    return found
+
+
+def same_default(doc, table):
+    """The docstring's default (Python text) equals the table's (tool text)."""
+    try:
+        value = ast.literal_eval(doc)
+    except (ValueError, SyntaxError):
+        return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(table) == float(value)
+        except ValueError:
+            return False
+    return str(value) == table
+
+
+@pytest.mark.parametrize("cls,place", [(dsrt.Datastore, "Datastore"), (dsrt.Pipeline, "Pipeline")])
+def test_keywords_and_defaults_agree(cls, place):
+    sig = signature_defaults(cls)
+    rows = [r for r in dsrt.options() if place in r["where"]]
+    assert rows
+    problems = []
+    for r in rows:
+        if r["name"] not in sig:
+            problems.append(f"{r['name']}: in the table for {place}, not in its signature")
+            continue
+        doc = sig[r["name"]]
+        # None is "not given", which the table's default then says.
+        if doc is None or doc == "None" or r["default"] is None:
+            continue
+        if not same_default(doc, r["default"]):
+            problems.append(f"{r['name']}: {place} says {doc}, the table {r['default']}")
+    assert not problems, "\n".join(problems)
+
+
+def test_rows_are_well_formed():
+    for r in dsrt.options():
+        assert r["name"] == r["option"].replace("-", "_")
+        assert r["help"] and r["where"]
+        if r["type"] == "choice":
+            assert r["choices"]
+
+
+@pytest.fixture
+def idx(tmp_path):
+    """A Datastore over four 8 x 8 gray images in an IDX file."""
+    images = os.path.join(tmp_path, "train-images-idx3-ubyte")
+    with open(images, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 4, 8, 8) + bytes(4 * 64))
+    with open(os.path.join(tmp_path, "train-labels-idx1-ubyte"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, 4) + bytes([0, 1, 0, 1]))
+    return dsrt.Datastore(images)
+
+
+def test_choice_messages_match_the_tools(idx):
+    with pytest.raises(ValueError, match=r"shuffle: 'every_epoch' is not never, once or "
+                                         r"every-epoch \(did you mean every-epoch\?\)"):
+        dsrt.Pipeline(idx, shuffle="every_epoch")
+    with pytest.raises(ValueError, match=r"preset: 'imagenet2' is not .*did you mean imagenet\?"):
+        dsrt.Pipeline(idx, preset="imagenet2")
+
+
+def test_older_shuffle_name_warns(idx):
+    with pytest.warns(DeprecationWarning, match="shuffle='epoch' is now 'every-epoch'"):
+        with dsrt.Pipeline(idx, shuffle="epoch", batch=2, epochs=1) as p:
+            assert sum(b.count for b in p) == 4
