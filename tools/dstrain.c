@@ -732,18 +732,26 @@ static int bench_profile(dsrt_net *net, dsrt_optimizer *opt, const dsrt_net_batc
 /* --net as a description: a file's text in *text (NULL for a built-in
  * network or an ONNX model). Returns 0, or 2 (reported) when it is none of
  * them. */
+/* --net NAME that is neither a built-in net nor a readable file: the
+ * message lists the built-in nets, and the nearest when one is a slip away.
+ * Returns 2. */
+static int net_unknown(const char *cmd, const char *name, const char *why) {
+    const char *const *names;
+    dsrt_net_builtin(NULL, &names);
+    fprintf(stderr, "%s %s: --net: '%s' is neither a built-in network (", prog, cmd, name);
+    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
+    const char *near = dsrt_nearest_name(name, names);
+    fprintf(stderr, ")%s%s%s nor a network description file: %s\n", near ? " (did you mean " : "",
+            near ? near : "", near ? "?)" : "", why);
+    return 2;
+}
+
 static int bench_net_text(int builtin, int onnx, char **text) {
     *text = NULL;
     if (builtin || onnx) return 0;
     char why[256];
     *text = read_net_text(bench.net, why, sizeof why);
-    if (*text) return 0;
-    const char *const *names;
-    dsrt_net_builtin(NULL, &names);
-    fprintf(stderr, "%s bench: --net: '%s' is neither a built-in network (", prog, bench.net);
-    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
-    fprintf(stderr, ") nor a network description file: %s\n", why);
-    return 2;
+    return *text ? 0 : net_unknown("bench", bench.net, why);
 }
 
 /* What a benchmark measured, for its report. */
@@ -2230,10 +2238,7 @@ static int train_open_data_and_net(train_job *j) {
             if (netname == j->ckpt)
                 fprintf(stderr, "%s train: --resume: %s: %s\n", prog, netname, why);
             else
-                fprintf(stderr,
-                        "%s train: --net: '%s' is neither a built-in network nor a network "
-                        "description file: %s\n",
-                        prog, netname, why);
+                net_unknown("train", netname, why);
             return 2;
         }
         j->desc = dsrt_describe_datastore_classes(j->text, j->train);
@@ -3365,9 +3370,7 @@ static int cmd_scale(int argc, char **argv) {
     if (!builtin) {
         char why[256];
         if (!(text = read_net_text(sc.net, why, sizeof why))) {
-            fprintf(stderr, "%s scale: --net: '%s' is neither a built-in network nor a file: %s\n",
-                    prog, sc.net, why);
-            return 2;
+            return net_unknown("scale", sc.net, why);
         }
     }
     int classes = sc.classes ? sc.classes : is_alexnet ? 1000 : 10;
@@ -3502,11 +3505,7 @@ static int cmd_analyze(int argc, char **argv) {
         if (!dsrt_net_builtin(name, NULL)) {
             char why[256];
             if (!(text = read_net_text(name, why, sizeof why))) {
-                fprintf(stderr,
-                        "%s analyze: --net: '%s' is neither a built-in network nor a network "
-                        "description file: %s\n",
-                        prog, name, why);
-                return 2;
+                return net_unknown("analyze", name, why);
             }
         }
         if (dsrt_net_create(&net, text ? text : name, 0, 0, 0, classes, &no) != 0) {
