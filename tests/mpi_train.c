@@ -767,8 +767,8 @@ static void test_refuse(void) {
     struct {
         const char *extra[4], *expect;
     } cases[] = {
-        {{"--batch", "0", NULL}, "--batch: expected an integer"},
-        {{"--bn-statistics", "global", NULL}, "'global' is not one of"},
+        {{"--batch", "0", NULL}, "--batch: 0 is outside [1, "},
+        {{"--bn-statistics", "global", NULL}, "'global' is not average or sync"},
         {{"--batch", "1", NULL}, "fewer than the 2 workers"},
         {{"--average-optimizer-state", NULL}, "goes with --averaging-frequency"},
     };
