@@ -42,6 +42,8 @@ and then takes commands on standard input, one a line, answering "ok":
                   (moto answers unsigned requests with 500 while it checks)
     put B K TEXT  stores TEXT as key K of bucket B straight into moto's backend
                   (keys no client would send as they are: "a/../b")
+    copy B K B2 K2  stores the bytes of key K of bucket B as key K2 of bucket
+                  B2 (an object re-uploaded with other bytes: a new ETag)
 
 It exits when standard input closes, so a test that dies takes it along.
 
@@ -494,6 +496,10 @@ def main():
         if words[0] == "auth" and len(words) == 2:
             count = b"0" if words[1] == "on" else b"inf"
             requests.post(f"{setup}/moto-api/reset-auth", data=count).raise_for_status()
+            reply = "ok"
+        elif words[0] == "copy" and len(words) == 5:
+            body = backend().get_object(words[1], words[2]).value
+            backend().put_object(words[3], words[4], body)
             reply = "ok"
         elif words[0] == "put" and len(words) == 4:
             backend().put_object(words[1], words[2], words[3].encode())

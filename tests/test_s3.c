@@ -590,8 +590,10 @@ typedef struct {
     int n;
 } page_entries;
 
-static int page_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size) {
+static int page_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size,
+                      uint64_t version) {
     page_entries *e = ud;
+    (void)version;
     if (e->n < 8) {
         snprintf(e->got[e->n], sizeof e->got[0], "%.*s", (int)n, s);
         e->size[e->n] = size;
@@ -1927,6 +1929,300 @@ static void test_dstrain_server_killed(void) {
 }
 
 // ----------------------------------------------------------------------------
+// The cache of remote bytes (--cache-dir): every run through the proxy, whose
+// count of requests says what went to the store.
+
+/* One dsbench run over url (2 epochs, checksum) with args; returns its exit
+ * status, *requests the requests the store saw, out the JSON's file. */
+static int cache_run(const char *url, const char *args, const char *out,
+                     unsigned long long *requests) {
+    const char *bin = getenv("DSRT_BIN_DIR");
+    unsigned long long r0 = server_count("requests");
+    int rc = sh("'%s/tools/dsbench' %s --pipeline 32 --epochs 2 --batch 4 --checksum --json %s "
+                "> '%s' 2>&1",
+                bin, url, args, out);
+    if (requests) *requests = server_count("requests") - r0;
+    return rc;
+}
+
+/* The checksum of a dsbench JSON output ("" when none), and a counter of
+ * its "cache" object (ULLONG_MAX when absent). */
+static void json_checksum(const char *out, char *sum, size_t cap) {
+    char *o = slurp(out);
+    const char *c = o ? strstr(o, "\"checksum\":\"") : NULL;
+    snprintf(sum, cap, "%.16s", c ? c + 12 : "");
+    if (!c && o) fprintf(stderr, "dsbench's output:\n%s\n", o);
+    free(o);
+}
+
+static unsigned long long json_cache(const char *out, const char *what) {
+    char *o = slurp(out), pat[64];
+    const char *c = o ? strstr(o, "\"cache\":{") : NULL;
+    snprintf(pat, sizeof pat, "\"%s\":", what);
+    const char *p = c ? strstr(c, pat) : NULL;
+    unsigned long long v = p ? strtoull(p + strlen(pat), NULL, 10) : ULLONG_MAX;
+    free(o);
+    return v;
+}
+
+/* Bytes of the cache's entries, and their count. */
+static unsigned long long cache_usage(const char *dir, unsigned *count) {
+    char cmd[PATH_MAX + 128];
+    snprintf(cmd, sizeof cmd, "find '%s' -name '*.e' -printf '%%s\\n'", dir);
+    FILE *p = popen(cmd, "r");
+    unsigned long long total = 0, v;
+    unsigned n = 0;
+    while (p && fscanf(p, "%llu", &v) == 1) total += v, n++;
+    if (p) pclose(p);
+    if (count) *count = n;
+    return total;
+}
+
+static char cache_ref[32]; /* checksum of s3://bkt/clean read without a cache */
+
+/* The second epoch, and a second run, make no request to the store; the
+ * batches are those of the uncached run. */
+static void test_cache_epochs(void) {
+    env_default(1);
+    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 32], sum[32];
+    unsigned long long req;
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    snprintf(dir, sizeof dir, "%s/cache1", root);
+    snprintf(args, sizeof args, "--cache-dir '%s'", dir);
+    CHECK_EQ(cache_run("s3://bkt/clean", "", out, &req), 0);
+    CHECK_EQ(req, LIST_CLEAN + 2 * 24);
+    json_checksum(out, cache_ref, sizeof cache_ref);
+    CHECK(cache_ref[0]);
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
+    CHECK_EQ(req, LIST_CLEAN + 24); /* the second epoch from the cache */
+    json_checksum(out, sum, sizeof sum);
+    CHECK_STR_EQ(sum, cache_ref);
+    CHECK_EQ(json_cache(out, "hits"), 24);
+    CHECK_EQ(json_cache(out, "misses"), 24);
+    CHECK_EQ(json_cache(out, "requests_to_store"), 24);
+    unsigned n;
+    CHECK(cache_usage(dir, &n) > 0);
+    CHECK_EQ(n, 24);
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
+    CHECK_EQ(req, LIST_CLEAN); /* a later run: the listing only */
+    json_checksum(out, sum, sizeof sum);
+    CHECK_STR_EQ(sum, cache_ref);
+    CHECK_EQ(json_cache(out, "hits"), 48);
+    CHECK_EQ(json_cache(out, "bytes_from_store"), 0);
+    env_default(0);
+}
+
+/* A truncated entry and one with a byte changed are fetched again, never
+ * decoded as good. */
+static void test_cache_damaged(void) {
+    env_default(1);
+    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 32], sum[32];
+    unsigned long long req;
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    snprintf(dir, sizeof dir, "%s/cache1", root);
+    snprintf(args, sizeof args, "--cache-dir '%s'", dir);
+    CHECK_EQ(sh("f=$(find '%s' -name '*.e' | sort | head -1) && truncate -s -7 \"$f\"", dir), 0);
+    CHECK_EQ(sh("f=$(find '%s' -name '*.e' | sort | tail -1) && s=$(stat -c %%s \"$f\") && "
+                "printf 'Z' | dd of=\"$f\" bs=1 seek=$((s - 100)) conv=notrunc status=none",
+                dir),
+             0);
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
+    CHECK_EQ(req, LIST_CLEAN + 2);
+    json_checksum(out, sum, sizeof sum);
+    CHECK_STR_EQ(sum, cache_ref);
+    CHECK_EQ(json_cache(out, "misses"), 2);
+    env_default(0);
+}
+
+/* An object re-uploaded with other bytes (a new ETag in the listing) is
+ * fetched again; the old one comes back after. */
+static void test_cache_changed(void) {
+    env_default(1);
+    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 32], sum[32], fresh[32];
+    unsigned long long req;
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    snprintf(dir, sizeof dir, "%s/cache1", root);
+    snprintf(args, sizeof args, "--cache-dir '%s'", dir);
+    CHECK_STR_EQ(server("copy bkt clean/c0/0.jpg bkt keep/0.jpg"), "ok");
+    CHECK_STR_EQ(server("copy bkt clean/c1/5.jpg bkt clean/c0/0.jpg"), "ok");
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
+    CHECK_EQ(req, LIST_CLEAN + 1);
+    json_checksum(out, sum, sizeof sum);
+    CHECK(strcmp(sum, cache_ref) != 0);
+    CHECK_EQ(cache_run("s3://bkt/clean", "", out, NULL), 0);
+    json_checksum(out, fresh, sizeof fresh);
+    CHECK_STR_EQ(sum, fresh); /* the new bytes, as read without a cache */
+    CHECK_STR_EQ(server("copy bkt keep/0.jpg bkt clean/c0/0.jpg"), "ok");
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
+    CHECK_EQ(req, LIST_CLEAN); /* the first version's entry is still there */
+    json_checksum(out, sum, sizeof sum);
+    CHECK_STR_EQ(sum, cache_ref);
+    env_default(0);
+}
+
+/* Two processes fill one cache at once: the same batches as without it,
+ * and one complete cache after (a third run asks the store nothing). A
+ * little latency makes their requests overlap. */
+static void test_cache_two_processes(void) {
+    env_default(1);
+    const char *bin = getenv("DSRT_BIN_DIR");
+    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 32], sum[32];
+    snprintf(dir, sizeof dir, "%s/cache2", root);
+    snprintf(args, sizeof args, "--cache-dir '%s'", dir);
+    server("latency 20");
+    CHECK_EQ(sh("for k in 1 2; do '%s/tools/dsbench' s3://bkt/clean --pipeline 32 --epochs 2 "
+                "--batch 4 --checksum --json %s > '%s/two$k.json' 2>&1 & done; wait",
+                bin, args, root),
+             0);
+    server("latency 0");
+    for (int k = 1; k <= 2; k++) {
+        snprintf(out, sizeof out, "%s/two%d.json", root, k);
+        json_checksum(out, sum, sizeof sum);
+        CHECK_STR_EQ(sum, cache_ref);
+    }
+    unsigned long long req;
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
+    CHECK_EQ(req, LIST_CLEAN);
+    unsigned n;
+    cache_usage(dir, &n);
+    CHECK_EQ(n, 24);
+    CHECK_EQ(sh("test -z \"$(find '%s' -name '*.tmp')\"", dir), 0);
+    env_default(0);
+}
+
+/* A limit of a quarter of the data holds; the batches are the same, and the
+ * entries it keeps are read from it. */
+static void test_cache_limit(void) {
+    env_default(1);
+    char out[PATH_MAX], full[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 64], sum[32];
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    snprintf(full, sizeof full, "%s/cache1", root);
+    snprintf(dir, sizeof dir, "%s/cache3", root);
+    unsigned long long all = cache_usage(full, NULL), limit = all / 4;
+    CHECK(all > 0);
+    snprintf(args, sizeof args, "--cache-dir '%s' --cache-limit %llu", dir, limit);
+    for (int run = 0; run < 2; run++) {
+        unsigned long long req;
+        CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
+        json_checksum(out, sum, sizeof sum);
+        CHECK_STR_EQ(sum, cache_ref);
+        unsigned n;
+        unsigned long long used = cache_usage(dir, &n);
+        CHECK(used <= limit);
+        CHECK(n >= 4);
+        /* What the cache keeps is read from it: in the first run, each
+         * entry at least in the second epoch. */
+        if (run == 0) CHECK_GE(json_cache(out, "hits"), n);
+        CHECK_GT(json_cache(out, "hits"), 0);
+        CHECK_LT(req, LIST_CLEAN + 2 * 24);
+    }
+    env_default(0);
+}
+
+/* dsbench killed (-9) while it fills the cache, its requests held by the
+ * store: the run after is not blocked by what it held, and is correct. */
+static void test_cache_killed(void) {
+    env_default(1);
+    const char *bin = getenv("DSRT_BIN_DIR");
+    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 32], sum[32];
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    snprintf(dir, sizeof dir, "%s/cache4", root);
+    snprintf(args, sizeof args, "--cache-dir '%s'", dir);
+    server("clear");
+    unsigned long long r0 = server_count("requests");
+    server("hold-after %d", LIST_CLEAN + 10);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd,
+                 "exec '%s/tools/dsbench' s3://bkt/clean --pipeline 32 --epochs 2 --batch 4 %s "
+                 "> '%s/killed.out' 2>&1",
+                 bin, args, root);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    /* The requests past the hold reach the proxy: the fill is under way. */
+    for (int i = 0; i < 6000 && server_count("requests") - r0 < LIST_CLEAN + 10; i++) usleep(20000);
+    unsigned n = 0;
+    for (int i = 0; i < 6000 && (cache_usage(dir, &n), n < 10); i++) usleep(20000);
+    CHECK_EQ(n, 10);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    server("clear");
+    unsigned long long req;
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
+    CHECK_EQ(req, LIST_CLEAN + 24 - 10);
+    json_checksum(out, sum, sizeof sum);
+    CHECK_STR_EQ(sum, cache_ref);
+    CHECK_EQ(sh("test -z \"$(find '%s' -name '*.tmp')\"", dir), 0);
+    env_default(0);
+}
+
+/* Tar shards through the cache (blocks of them): the same batches, and a
+ * second run reads nothing from the store but what opens the set. */
+static void test_cache_shards(void) {
+    env_default(1);
+    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 32], ref[32], sum[32];
+    unsigned long long plain, req;
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    snprintf(dir, sizeof dir, "%s/cache5", root);
+    snprintf(args, sizeof args, "--cache-dir '%s'", dir);
+    cache_run("s3://bkt/shards", "", out, &plain);
+    json_checksum(out, ref, sizeof ref);
+    CHECK(ref[0]);
+    for (int run = 0; run < 2; run++) {
+        cache_run("s3://bkt/shards", args, out, &req);
+        json_checksum(out, sum, sizeof sum);
+        CHECK_STR_EQ(sum, ref);
+        if (run == 1) {
+            CHECK_EQ(json_cache(out, "misses"), 0);
+            CHECK_EQ(json_cache(out, "requests_to_store"), 0);
+            CHECK(json_cache(out, "hits") > 0);
+            CHECK(req < plain);
+        }
+    }
+    env_default(0);
+}
+
+/* Bad cache options are refused before any request, with messages. */
+static void test_cache_options(void) {
+    const char *bin = getenv("DSRT_BIN_DIR");
+    env_default(1);
+    char out[PATH_MAX], file[PATH_MAX];
+    snprintf(out, sizeof out, "%s/cache-opt.out", root);
+    snprintf(file, sizeof file, "%s/not-a-folder", root);
+    REQUIRE(timg_write_file(file, (const uint8_t *)"x", 1) == 0);
+    unsigned long long r0 = server_count("requests");
+    CHECK_EQ(sh("'%s/tools/dsbench' s3://bkt/clean --cache-dir '%s' --cache-limit 12Q > '%s' 2>&1",
+                bin, root, out),
+             2);
+    char *o = slurp(out);
+    if (o) CHECK_CONTAINS(o, "--cache-limit: '12Q' is not a size");
+    free(o);
+    CHECK_EQ(sh("'%s/tools/dsbench' s3://bkt/clean --cache-dir '%s' > '%s' 2>&1", bin, file, out),
+             1);
+    o = slurp(out);
+    if (o) CHECK_CONTAINS(o, "not-a-folder: not a folder");
+    free(o);
+    CHECK_EQ(sh("'%s/tools/dstrain' train --data s3://bkt/clean --net cifar --epochs 1 "
+                "--cache-limit 12Q > '%s' 2>&1",
+                bin, out),
+             2);
+    o = slurp(out);
+    if (o) CHECK_CONTAINS(o, "--cache-limit: '12Q' is not a size");
+    free(o);
+    CHECK_EQ(server_count("requests"), r0);
+    /* The library refuses it too, naming the field. */
+    dsrt_reader_options ro = dsrt_reader_defaults();
+    ro.remote.cache_dir = file;
+    dsrt_reader *r = NULL;
+    CHECK_EQ(dsrt_reader_create(&r, &ro), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "cache_dir");
+    env_default(0);
+}
+
+// ----------------------------------------------------------------------------
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
@@ -1990,6 +2286,16 @@ int main(void) {
     RUN(test_deadline);
     RUN(test_wrong_keys);
     RUN(test_dsbench);
+    if (getenv("DSRT_BIN_DIR")) {
+        RUN(test_cache_epochs);
+        RUN(test_cache_damaged);
+        RUN(test_cache_changed);
+        RUN(test_cache_two_processes);
+        RUN(test_cache_limit);
+        RUN(test_cache_killed);
+        RUN(test_cache_shards);
+        RUN(test_cache_options);
+    }
     RUN(test_mpirun);
     RUN(test_dstrain_server_killed); /* last: it kills the server */
     server_kill();

@@ -701,6 +701,12 @@ static void json_summary(const options *o, const context *cx, const run_result *
                (unsigned long long)s->remote_requests, (unsigned long long)s->remote_retries,
                (unsigned long long)s->remote_connections,
                tool_json_number(b[0], "%.1f", s->remote_in_flight));
+    if (s->cache_hits || s->cache_misses)
+        printf(",\"cache\":{\"hits\":%llu,\"misses\":%llu,\"bytes_from_cache\":%llu,"
+               "\"bytes_from_store\":%llu,\"requests_to_store\":%llu,\"evictions\":%llu}",
+               (unsigned long long)s->cache_hits, (unsigned long long)s->cache_misses,
+               (unsigned long long)s->cache_bytes, (unsigned long long)s->remote_bytes,
+               (unsigned long long)s->remote_requests, (unsigned long long)s->cache_evictions);
     printf("}\n");
     fflush(stdout);
 }
@@ -835,6 +841,12 @@ static void print_result(const options *o, const context *cx, const run_result *
                    all ? 100.0 * r->per_source[k] / all : 0.0);
         printf("\n");
     }
+    if (s->cache_hits || s->cache_misses)
+        printf("cache: %llu hits (%.1f MB), %llu misses (%.1f MB from the store), %llu "
+               "evictions\n",
+               (unsigned long long)s->cache_hits, s->cache_bytes / 1e6,
+               (unsigned long long)s->cache_misses, s->remote_bytes / 1e6,
+               (unsigned long long)s->cache_evictions);
     if (o->checksum) printf("checksum %016llx\n", (unsigned long long)r->hash);
 }
 
@@ -956,6 +968,8 @@ static const binding BINDINGS[] = {
     {"mix-replacement", SET_ONE, AT(mo.replacement), AFTER_PIPELINE},
     {"retry-deadline", SET_DOUBLE, AT(po.reader.remote.retry_deadline_s), AFTER_PIPELINE},
     {"request-timeout", SET_DOUBLE, AT(po.reader.remote.timeout_s), AFTER_PIPELINE},
+    {"cache-dir", SET_TEXT, AT(po.reader.remote.cache_dir), AFTER_PIPELINE},
+    {"cache-limit", SET_U64, AT(po.reader.remote.cache_limit), AFTER_PIPELINE},
     {"preset", SET_INT, AT(kind), AFTER_PIPELINE},
     {"layout", SET_CALL, 0, AFTER_PIPELINE},
     {"dtype", SET_CALL, 0, AFTER_PIPELINE},

@@ -182,12 +182,14 @@ static int parse_choice(const char *cmd, const char *name, const char *v) {
 typedef struct {
     int depth, max_connections;
     double retry_deadline, timeout;
+    const char *cache_dir, *cache_limit;
 } remote_opts;
 
 #define REMOTE_OPTIONS(r)                                                                          \
     {"remote-depth", OPT_INT, &(r).depth}, {"max-connections", OPT_INT, &(r).max_connections},     \
-        {"retry-deadline", OPT_DBL, &(r).retry_deadline}, {                                        \
-        "request-timeout", OPT_DBL, &(r).timeout                                                   \
+        {"retry-deadline", OPT_DBL, &(r).retry_deadline},                                          \
+        {"request-timeout", OPT_DBL, &(r).timeout}, {"cache-dir", OPT_STR, &(r).cache_dir}, {      \
+        "cache-limit", OPT_STR, &(r).cache_limit                                                   \
     }
 
 static void remote_set(dsrt_remote_options *o, const remote_opts *r) {
@@ -195,6 +197,9 @@ static void remote_set(dsrt_remote_options *o, const remote_opts *r) {
     o->max_connections = (unsigned)r->max_connections;
     o->retry_deadline_s = r->retry_deadline;
     o->timeout_s = r->timeout;
+    o->cache_dir = r->cache_dir;
+    o->cache_limit =
+        r->cache_limit ? tool_bytes("--cache-limit", r->cache_limit, 1, UINT64_MAX) : 0;
 }
 
 /* --execution-environment, --gpu, --precision and --deterministic, shared by
@@ -2380,6 +2385,12 @@ static void train_summary_json(train_job *j, const dsrt_train_result *r, const c
            tool_json_number(b8, "%.3f", r->consumer_wait_s), (unsigned long long)r->seed,
            (unsigned long long)r->weights_checksum);
     printf(", \"start_iteration\": %lld", (long long)r->start_iteration);
+    if (r->cache_hits || r->cache_misses)
+        printf(", \"cache\": {\"hits\": %llu, \"misses\": %llu, \"bytes_from_cache\": %llu, "
+               "\"bytes_from_store\": %llu, \"requests_to_store\": %llu, \"evictions\": %llu}",
+               (unsigned long long)r->cache_hits, (unsigned long long)r->cache_misses,
+               (unsigned long long)r->cache_bytes, (unsigned long long)r->remote_bytes,
+               (unsigned long long)r->remote_requests, (unsigned long long)r->cache_evictions);
     tool_bad_json(stdout, "", &j->ui.bad[0], r->skipped);
     if (j->val) tool_bad_json(stdout, "val_", &j->ui.bad[1], r->val_skipped);
     if (r->checkpoint[0]) {
@@ -2429,6 +2440,12 @@ static void train_summary_text(train_job *j, const dsrt_train_result *r, const c
         else
             printf(" (too few iterations for a rate).\n");
     }
+    if (r->cache_hits || r->cache_misses)
+        printf("Cache: %llu reads from it (%.1f MB), %llu from the store (%.1f MB in %llu "
+               "requests), %llu entries evicted.\n",
+               (unsigned long long)r->cache_hits, r->cache_bytes / 1e6,
+               (unsigned long long)r->cache_misses, r->remote_bytes / 1e6,
+               (unsigned long long)r->remote_requests, (unsigned long long)r->cache_evictions);
     if (r->device >= 0)
         printf("GPU %d (%s): busy %.1f s, idle between steps %.2f s (%.1f%%).\n", r->device,
                dsrt_precision_name(ni.precision), r->device_busy_s, r->device_idle_s,

@@ -40,6 +40,7 @@
  * listing that waits on a store can be interrupted.
  */
 #include "datastore/bytes/http.h"
+#include "datastore/bytes/cache.h"
 
 #include <assert.h>
 #include <curl/curl.h>
@@ -58,6 +59,9 @@
 #define HTTP_POLL_MAX_MS   1000
 #define HTTP_POLL_ASK_MS   100 /* longest wait between two questions to interrupted */
 #define HTTP_DEFAULT_CONNS "DSRT_S3_MAX_CONNECTIONS"
+#define HTTP_ETAG          96
+#define HTTP_CACHE_SPAN    16         /* blocks one ranged request may span through the cache */
+#define HTTP_CACHE_POLL_NS 2000000ULL /* waiting for another's fill: a look this often */
 
 enum { REQ_FREE = 0, REQ_ACTIVE, REQ_WAITING, REQ_DONE };
 
@@ -92,7 +96,27 @@ typedef struct {
     uint64_t first_fail, retry_at;
     char cause[HTTP_MSG]; /* why the last attempt failed */
     char msg[HTTP_MSG];   /* the result's message */
+    char etag[HTTP_ETAG]; /* of the answer being received */
+
+    /* Through the cache: a whole object (CACHE_WHOLE), or the blocks
+     * [k0, k0 + nblk) of a ranged request fetched whole into span, the
+     * caller's range (ubuf, uoff, ulen) copied out of them at the end. */
+    int cache;
+    uint64_t version; /* the object's, as its listing gave it; 0: not known */
+    uint8_t *ubuf;
+    size_t ucap;
+    uint64_t uoff, ulen;
+    uint8_t *span; /* (span_cap) kept from one request to the next */
+    size_t span_cap;
+    uint64_t k0;
+    unsigned nblk;
+    int locks[HTTP_CACHE_SPAN]; /* fill locks held, -1 where none */
+    uint64_t wait_since;        /* waiting for another's fill since; 0: not waiting */
 } http_req;
+
+enum { CACHE_NONE = 0, CACHE_WHOLE, CACHE_SPAN };
+
+static void cache_release(dsrt_http *h, http_req *q);
 
 struct dsrt_http {
     CURLM *multi;
@@ -112,6 +136,8 @@ struct dsrt_http {
     int (*interrupted)(void *ctx); /* asked while waiting; non-zero stops with -EINTR */
     void *interrupted_ctx;
     uint64_t delivered_size; /* object_size of the last result handed over */
+    char delivered_etag[HTTP_ETAG];
+    dsrt_cache *cache; /* o.cache_dir's, or NULL */
     uint64_t requests, retries, bytes, connections;
     uint64_t last_ns, busy_ns;
     double in_flight_ns;
@@ -146,6 +172,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
         q->sized = 0;
         q->object_size = UINT64_MAX;
         q->bucket_region[0] = '\0';
+        q->etag[0] = '\0';
         return len;
     }
     /* The object's size: "Content-Range: bytes a-b/SIZE" of a partial
@@ -159,6 +186,14 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
         for (; i < len && p[i] >= '0' && p[i] <= '9' && digits < 19; i++, digits++)
             v = v * 10 + (uint64_t)(p[i] - '0');
         if (digits) q->object_size = v;
+    }
+    static const char etag[] = "etag:";
+    if (len > sizeof etag && strncasecmp(p, etag, sizeof etag - 1) == 0) {
+        const char *v = p + sizeof etag - 1;
+        size_t vn = len - (sizeof etag - 1);
+        while (vn && (*v == ' ' || *v == '\t')) v++, vn--;
+        while (vn && (v[vn - 1] == '\r' || v[vn - 1] == '\n' || v[vn - 1] == ' ')) vn--;
+        snprintf(q->etag, sizeof q->etag, "%.*s", (int)DSRT_MIN(vn, sizeof q->etag - 1), v);
     }
     static const char region[] = "x-amz-bucket-region:";
     if (len > sizeof region && strncasecmp(p, region, sizeof region - 1) == 0) {
@@ -260,7 +295,7 @@ int dsrt__remote_options_check(const dsrt_remote_options *o, const char *who) {
     if (!(o->timeout_s > 0 && o->timeout_s <= HTTP_MAX_SECONDS))
         return dsrt__fail(DSRT_EOPTION, "%s: remote.timeout_s: %g: not in (0, %d]", who,
                           o->timeout_s, HTTP_MAX_SECONDS);
-    return 0;
+    return dsrt__cache_check(o->cache_dir, o->cache_limit, who);
 }
 
 int dsrt__http_create(dsrt_http **out, const dsrt_remote_options *o) {
@@ -315,7 +350,13 @@ int dsrt__http_create(dsrt_http **out, const dsrt_remote_options *o) {
         rc = dsrt__fail(DSRT_EREMOTE, "remote: curl_share_setopt: %s", curl_share_strerror(sc));
         goto fail;
     }
-    for (unsigned i = 0; i < h->depth; i++) h->free_slots[h->free_top++] = h->depth - 1 - i;
+    for (unsigned i = 0; i < h->depth; i++) {
+        h->free_slots[h->free_top++] = h->depth - 1 - i;
+        for (unsigned k = 0; k < HTTP_CACHE_SPAN; k++) h->reqs[i].locks[k] = -1;
+    }
+    if (opt.cache_dir && *opt.cache_dir &&
+        (rc = dsrt__cache_open(&h->cache, opt.cache_dir, opt.cache_limit)) != 0)
+        goto fail;
     h->rng = dsrt_rng_init(now_ns(), (uint64_t)(uintptr_t)h, 0, 0x68747470);
     *out = h;
     return 0;
@@ -343,7 +384,10 @@ void dsrt__http_destroy(dsrt_http *h) {
         free(q->url.s);
         free(q->headers.s);
         if (q->own) free(q->buf);
+        cache_release(h, q);
+        free(q->span);
     }
+    dsrt__cache_close(h->cache);
     if (h->multi) curl_multi_cleanup(h->multi);
     if (h->share) curl_share_cleanup(h->share);
     if (h->s3_state == 1) dsrt__s3_config_free(&h->s3);
@@ -485,6 +529,7 @@ static int attempt_start(dsrt_http *h, http_req *q) {
     q->err_len = 0;
     q->got = 0;
     q->bucket_region[0] = '\0';
+    q->etag[0] = '\0';
     q->curl_err[0] = '\0';
     q->attempts++;
     CURLcode c = curl_easy_setopt(q->easy, CURLOPT_URL, q->url.s);
@@ -504,6 +549,7 @@ static int attempt_start(dsrt_http *h, http_req *q) {
 }
 
 static void finish(dsrt_http *h, http_req *q, int status) {
+    cache_release(h, q);
     q->status = status;
     q->state = REQ_DONE;
     h->done[(h->done_head + h->done_len) % h->depth] = (uint32_t)(q - h->reqs);
@@ -556,6 +602,195 @@ static void retry_or_fail(dsrt_http *h, http_req *q, const char *display) {
     h->retries++;
 }
 
+// ----------------------------------------------------------------------------
+// Through the cache
+
+/* The name of q's entry, or of its span's block i. */
+static uint64_t cache_key_of(const http_req *q, unsigned i) {
+    return dsrt__cache_key(q->loc, q->version,
+                           q->cache == CACHE_WHOLE ? DSRT_CACHE_WHOLE : q->k0 + i);
+}
+
+/* Drops q's fill locks and gives it back its caller's range: q is a plain
+ * request again (its result's size 0 unless the caller sets it after). */
+static void cache_release(dsrt_http *h, http_req *q) {
+    if (q->cache == CACHE_NONE) return;
+    for (unsigned i = 0; i < HTTP_CACHE_SPAN; i++)
+        if (q->locks[i] >= 0) {
+            dsrt__cache_unlock(h->cache, cache_key_of(q, i), q->locks[i]);
+            q->locks[i] = -1;
+        }
+    if (q->cache == CACHE_SPAN) {
+        q->buf = q->ubuf;
+        q->cap = q->ucap;
+        q->offset = q->uoff;
+        q->length = q->ulen;
+        q->got = 0;
+    }
+    q->cache = CACHE_NONE;
+    q->wait_since = 0;
+}
+
+/* Whether q should wait for another's fill (1: it does, REQ_WAITING): not
+ * longer than a request's timeout, after which it fetches on its own. */
+static int cache_wait(dsrt_http *h, http_req *q) {
+    uint64_t t = now_ns();
+    if (!q->wait_since) q->wait_since = t;
+    if (t - q->wait_since > (uint64_t)(h->o.timeout_s * 1e9)) return 0;
+    q->state = REQ_WAITING;
+    q->retry_at = t + HTTP_CACHE_POLL_NS;
+    return 1;
+}
+
+/* q's whole object from the cache: 1 when it was there (q finished), 0
+ * when not, or a negative code. */
+static int whole_lookup(dsrt_http *h, http_req *q, uint64_t key) {
+    size_t got;
+    uint64_t size;
+    int rc = dsrt__cache_read(h->cache, key, q->loc, 0, q->cap, q->buf, &got, &size);
+    if (rc != 1) return rc;
+    dsrt__cache_count(h->cache, 1, got);
+    q->object_size = size;
+    if (size > q->cap) {
+        char display[512];
+        dsrt_text_redact(q->loc, display, sizeof display);
+        q->total = size;
+        dsrt__fail(DSRT_ETOOBIG, "%s: %llu bytes, larger than the buffer of %zu bytes", display,
+                   (unsigned long long)size, q->cap);
+        finish_msg(h, q, DSRT_ETOOBIG);
+        return 1;
+    }
+    q->got = got;
+    q->msg[0] = '\0';
+    finish(h, q, 0);
+    return 1;
+}
+
+/* Hands q its caller's range, got bytes of which are in: short when the
+ * object ends first. */
+static void span_finish(dsrt_http *h, http_req *q, size_t got) {
+    cache_release(h, q);
+    q->got = got;
+    if (got < q->length) {
+        char display[512];
+        dsrt_text_redact(q->loc, display, sizeof display);
+        dsrt__fail(DSRT_ETRUNCATED, "%s: the object ends before the range (%zu of %llu bytes)",
+                   display, got, (unsigned long long)q->length);
+        finish_msg(h, q, DSRT_ETRUNCATED);
+        return;
+    }
+    q->msg[0] = '\0';
+    finish(h, q, 0);
+}
+
+/* Starts q through the cache: answered from its entries (finished), waiting
+ * for another process's fill of them, or fetched (its fill locks held). */
+static int cache_begin(dsrt_http *h, http_req *q) {
+    if (q->cache == CACHE_WHOLE) {
+        uint64_t key = cache_key_of(q, 0);
+        int rc = whole_lookup(h, q, key);
+        if (rc != 0) return rc < 0 ? rc : 0;
+        int fd = dsrt__cache_lock(h->cache, key);
+        if (fd == -EWOULDBLOCK && cache_wait(h, q)) return 0;
+        if (fd >= 0) {
+            q->locks[0] = fd;
+            /* Filled between the look and the lock. */
+            if ((rc = whole_lookup(h, q, key)) != 0) return rc < 0 ? rc : 0;
+        }
+    } else {
+        /* The range from the blocks there; the missing ones are fetched. */
+        unsigned missing = 0, busy = 0, held = 0;
+        uint8_t miss[HTTP_CACHE_SPAN] = {0};
+        size_t got = 0;
+        int ended = 0;
+        for (unsigned i = 0; i < q->nblk && !ended; i++) {
+            uint64_t bs = (q->k0 + i) * DSRT_CACHE_BLOCK;
+            uint64_t a = DSRT_MAX(q->uoff, bs),
+                     e = DSRT_MIN(q->uoff + q->ulen, bs + DSRT_CACHE_BLOCK);
+            size_t n;
+            uint64_t size;
+            int rc = dsrt__cache_read(h->cache, cache_key_of(q, i), q->loc, a - bs, (size_t)(e - a),
+                                      q->ubuf + (a - q->uoff), &n, &size);
+            if (rc < 0) return rc;
+            if (rc == 0) {
+                miss[i] = 1;
+                missing++;
+                continue;
+            }
+            got += n;
+            ended = n < e - a; /* the object's last block */
+        }
+        if (!missing) {
+            dsrt__cache_count(h->cache, 1, got);
+            span_finish(h, q, got);
+            return 0;
+        }
+        for (unsigned i = 0; i < q->nblk; i++) {
+            if (!miss[i]) continue;
+            int fd = dsrt__cache_lock(h->cache, cache_key_of(q, i));
+            if (fd >= 0) q->locks[i] = fd, held++;
+            busy += fd == -EWOULDBLOCK;
+        }
+        /* Every missing block being filled by another: wait for them. */
+        if (!held && busy && cache_wait(h, q)) return 0;
+        size_t need = (size_t)q->nblk * DSRT_CACHE_BLOCK;
+        if (need > q->span_cap) {
+            uint8_t *b = realloc(q->span, need);
+            if (!b) return -ENOMEM;
+            q->span = b;
+            q->span_cap = need;
+        }
+        q->buf = q->span;
+        q->cap = need;
+        q->offset = q->k0 * DSRT_CACHE_BLOCK;
+        q->length = need;
+    }
+    dsrt__cache_count(h->cache, 0, 0);
+    q->wait_since = 0;
+    return attempt_start(h, q);
+}
+
+/* The answer's version, as the listing would give it. */
+static uint64_t answer_version(const http_req *q, uint64_t size) {
+    return q->etag[0] ? dsrt__cache_version(q->etag, strlen(q->etag), size) : 0;
+}
+
+/* A whole object fetched: kept, unless it is not the version listed (it
+ * changed since). */
+static void whole_publish(dsrt_http *h, http_req *q) {
+    if (q->locks[0] < 0 || (q->version && answer_version(q, q->got) != q->version)) return;
+    dsrt_cache_entry e = {.url = q->loc,
+                          .version = q->version,
+                          .block = DSRT_CACHE_WHOLE,
+                          .etag = q->etag,
+                          .object_size = q->got};
+    dsrt__cache_put(h->cache, cache_key_of(q, 0), &e, q->buf, q->got);
+}
+
+/* A span fetched (up to the object's end): its whole blocks kept, the
+ * caller's range copied out. */
+static void span_done(dsrt_http *h, http_req *q) {
+    uint64_t osize = q->object_size;
+    int whole = q->got == q->length || (osize != UINT64_MAX && q->offset + q->got == osize);
+    if (whole && osize != UINT64_MAX && (!q->version || answer_version(q, osize) == q->version))
+        for (unsigned i = 0; i < q->nblk; i++) {
+            size_t bs = (size_t)i * DSRT_CACHE_BLOCK;
+            if (bs >= q->got) break;
+            size_t n = DSRT_MIN((size_t)DSRT_CACHE_BLOCK, q->got - bs);
+            if (q->locks[i] < 0 || (n < DSRT_CACHE_BLOCK && q->offset + bs + n != osize)) continue;
+            dsrt_cache_entry e = {.url = q->loc,
+                                  .version = q->version,
+                                  .block = q->k0 + i,
+                                  .etag = q->etag,
+                                  .object_size = osize};
+            dsrt__cache_put(h->cache, cache_key_of(q, i), &e, q->span + bs, n);
+        }
+    size_t lead = (size_t)(q->uoff - q->offset);
+    size_t got = q->got > lead ? (size_t)DSRT_MIN((uint64_t)(q->got - lead), q->ulen) : 0;
+    memcpy(q->ubuf, q->span + lead, got);
+    span_finish(h, q, got);
+}
+
 /* curl finished one attempt of q with result c. */
 static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
     long conns = 0;
@@ -569,6 +804,11 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
         h->requests++;
         h->bytes += q->got;
         q->msg[0] = '\0';
+        if (q->cache == CACHE_SPAN) {
+            span_done(h, q);
+            return;
+        }
+        if (q->cache == CACHE_WHOLE) whole_publish(h, q);
         finish(h, q, 0);
         return;
     }
@@ -590,6 +830,10 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
     if (c == CURLE_OK && q->http >= 200 && q->http < 300) {
         h->requests++;
         h->bytes += q->got;
+        if (q->cache == CACHE_SPAN) {
+            span_done(h, q); /* the object ends inside the span */
+            return;
+        }
         if (q->got == 0 && !q->length) {
             dsrt__fail(DSRT_EEMPTY, "%s: empty object", display);
             finish_msg(h, q, DSRT_EEMPTY);
@@ -677,7 +921,7 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
 // Submit and collect
 
 static int submit(dsrt_http *h, const char *url, const char *query, uint64_t offset,
-                  uint64_t length, void *buf, size_t cap, int own, uint64_t tag) {
+                  uint64_t length, void *buf, size_t cap, int own, uint64_t tag, uint64_t version) {
     if (h->free_top == 0)
         return dsrt__fail(-EBUSY, "read: %s: %u requests already in flight", url, h->depth);
     int is_s3 = strncasecmp(url, "s3://", 5) == 0;
@@ -701,7 +945,26 @@ static int submit(dsrt_http *h, const char *url, const char *query, uint64_t off
     q->token = 0;
     q->first_fail = 0;
     q->cause[0] = q->msg[0] = '\0';
-    if ((rc = attempt_start(h, q)) != 0) {
+    q->version = version;
+    q->cache = CACHE_NONE;
+    q->wait_since = 0;
+    if (h->cache && !own && !query) {
+        uint64_t k1 = length ? (offset + length - 1) / DSRT_CACHE_BLOCK : 0;
+        if (!offset && !length) {
+            q->cache = CACHE_WHOLE;
+        } else if (length && k1 - offset / DSRT_CACHE_BLOCK < HTTP_CACHE_SPAN) {
+            q->cache = CACHE_SPAN;
+            q->ubuf = buf;
+            q->ucap = cap;
+            q->uoff = offset;
+            q->ulen = length;
+            q->k0 = offset / DSRT_CACHE_BLOCK;
+            q->nblk = (unsigned)(k1 - q->k0 + 1);
+        }
+    }
+    rc = q->cache ? cache_begin(h, q) : attempt_start(h, q);
+    if (rc != 0) {
+        cache_release(h, q);
         q->state = REQ_FREE;
         q->loc = NULL;
         if (own) free(q->buf);
@@ -714,9 +977,9 @@ static int submit(dsrt_http *h, const char *url, const char *query, uint64_t off
     return 0;
 }
 
-int dsrt__http_submit(dsrt_http *h, const char *url, uint64_t offset, uint64_t length, void *buf,
-                      size_t cap, uint64_t tag) {
-    return submit(h, url, NULL, offset, length, buf, cap, 0, tag);
+int dsrt__http_submit(dsrt_http *h, const char *url, uint64_t version, uint64_t offset,
+                      uint64_t length, void *buf, size_t cap, uint64_t tag) {
+    return submit(h, url, NULL, offset, length, buf, cap, 0, tag, version);
 }
 
 /* Hands finished slot q to the caller and frees it. */
@@ -730,6 +993,7 @@ static void deliver(dsrt_http *h, http_req *q, dsrt_read_result *res) {
     if (q->own && q->buf) q->buf[q->got] = '\0';
     if (q->status != 0) dsrt__fail(q->status, q->own ? "%s" : "read: %s", q->msg);
     h->delivered_size = q->object_size;
+    snprintf(h->delivered_etag, sizeof h->delivered_etag, "%s", q->etag);
     req_clear(q);
     q->state = REQ_FREE;
     q->loc = NULL;
@@ -757,7 +1021,7 @@ static int pump(dsrt_http *h) {
     for (unsigned i = 0; i < h->depth; i++) {
         http_req *q = &h->reqs[i];
         if (q->state != REQ_WAITING || q->retry_at > t) continue;
-        int rc = attempt_start(h, q);
+        int rc = q->wait_since ? cache_begin(h, q) : attempt_start(h, q);
         if (rc != 0) {
             char display[512];
             dsrt_text_redact(q->loc, display, sizeof display);
@@ -819,6 +1083,7 @@ void dsrt__http_cancel(dsrt_http *h) {
         if (q->state == REQ_FREE) continue;
         if (q->state == REQ_ACTIVE) curl_multi_remove_handle(h->multi, q->easy);
         req_clear(q);
+        cache_release(h, q);
         if (q->own) free(q->buf);
         q->buf = NULL;
         q->loc = NULL;
@@ -843,11 +1108,19 @@ void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s) {
     s->connections = h->connections;
     s->in_flight_s = h->in_flight_ns * 1e-9;
     s->busy_s = (double)h->busy_ns * 1e-9;
+    dsrt__cache_stats(h->cache, s);
+}
+
+uint64_t dsrt__http_delivered_version(const dsrt_http *h) {
+    return h->delivered_etag[0] && h->delivered_size != UINT64_MAX
+               ? dsrt__cache_version(h->delivered_etag, strlen(h->delivered_etag),
+                                     h->delivered_size)
+               : 0;
 }
 
 int dsrt__http_submit_whole(dsrt_http *h, const char *url, const char *query, size_t max,
                             uint64_t tag) {
-    return submit(h, url, query, 0, 0, NULL, max, 1, tag);
+    return submit(h, url, query, 0, 0, NULL, max, 1, tag, 0);
 }
 
 int dsrt__http_fetch_range(dsrt_http *h, const char *url, uint64_t offset, uint64_t length,
@@ -855,7 +1128,7 @@ int dsrt__http_fetch_range(dsrt_http *h, const char *url, uint64_t offset, uint6
     *got = 0;
     *object_size = UINT64_MAX;
     assert(h->in_flight == 0 && length > 0);
-    int rc = submit(h, url, NULL, offset, length, buf, (size_t)length, 0, 0);
+    int rc = submit(h, url, NULL, offset, length, buf, (size_t)length, 0, 0, 0);
     if (rc != 0) return rc;
     dsrt_read_result res = {0};
     do rc = dsrt__http_collect(h, &res, 1, -1);
@@ -877,6 +1150,10 @@ int dsrt__remote_opening_options(const dsrt_datastore_options *o, dsrt_remote_op
         if (r->max_connections) ro->max_connections = r->max_connections;
         if (r->retry_deadline_s != 0) ro->retry_deadline_s = r->retry_deadline_s;
         if (r->timeout_s != 0) ro->timeout_s = r->timeout_s;
+        /* The requests that open are not cached, but a cache folder that
+         * cannot be one is refused before they start. */
+        int rc = dsrt__cache_check(r->cache_dir, r->cache_limit, "datastore: remote");
+        if (rc != 0) return rc;
     }
     return dsrt__remote_options_check(ro, "datastore");
 }
@@ -941,7 +1218,7 @@ int dsrt__remote_read_range(const char *url, uint64_t offset, uint64_t length, v
     int rc = dsrt__http_create(&h, &ro);
     if (rc != 0) return rc;
     dsrt_read_result res = {0};
-    rc = dsrt__http_submit(h, url, offset, length, buf, (size_t)length, 0);
+    rc = dsrt__http_submit(h, url, 0, offset, length, buf, (size_t)length, 0);
     if (rc == 0) rc = dsrt__http_collect(h, &res, 1, -1) == 1 ? res.status : -EIO;
     if (rc == 0 || rc == DSRT_ETRUNCATED) *got = res.size;
     dsrt__http_destroy(h);

@@ -33,9 +33,12 @@ void dsrt__http_destroy(dsrt_http *h);
 
 /* Queues a GET of url's bytes [offset, offset + length) (length 0: all)
  * into buf[0..cap). url and buf stay valid until the result is collected.
- * -EBUSY when depth requests are in flight. */
-int dsrt__http_submit(dsrt_http *h, const char *url, uint64_t offset, uint64_t length, void *buf,
-                      size_t cap, uint64_t tag);
+ * version is the object's as its listing gave it (dsrt__cache_version of
+ * its ETag and size), 0 when not known: with a cache (remote.cache_dir),
+ * the entries of another version are not taken. -EBUSY when depth requests
+ * are in flight. */
+int dsrt__http_submit(dsrt_http *h, const char *url, uint64_t version, uint64_t offset,
+                      uint64_t length, void *buf, size_t cap, uint64_t tag);
 
 /* One finished request, as dsrt_reader_collect. With wait, blocks until one
  * is done or extra_fd (>= 0) is readable (then returns 0). */
@@ -45,6 +48,9 @@ unsigned dsrt__http_in_flight(const dsrt_http *h);
 /* Drops every request in flight or finished and not collected. */
 void dsrt__http_cancel(dsrt_http *h);
 void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s);
+/* The version (ETag and size) of the object of the last result handed
+ * over, 0 when its answer gave no ETag or size. */
+uint64_t dsrt__http_delivered_version(const dsrt_http *h);
 
 /* Queues a GET of a whole object (at most max bytes) into a buffer of its
  * own, which the result hands over NUL-terminated (res.buf: the caller

@@ -26,6 +26,7 @@
  *
  * Memory is bounded: one array of depth request records, allocated at create.
  */
+#include "datastore/bytes/cache.h"
 #include "datastore/bytes/http.h"
 #include "datastore/bytes/io.h"
 #include "datastore/bytes/url.h"
@@ -79,6 +80,7 @@ struct dsrt_reader {
 
     dsrt_io_engine *io;
     dsrt_remote_options remote;
+    char *cache_dir; /* remote.cache_dir's copy */
     dsrt_http *http; /* for URLs; made at the first one */
 };
 
@@ -154,6 +156,9 @@ int dsrt_reader_create(dsrt_reader **out, const dsrt_reader_options *o) {
     r->depth = opt.depth;
     r->direct = opt.direct != 0;
     r->remote = opt.remote;
+    if (opt.remote.cache_dir && *opt.remote.cache_dir &&
+        !(r->remote.cache_dir = r->cache_dir = dsrt__strdup(opt.remote.cache_dir)))
+        goto fail;
     /* The records and both index arrays in one allocation. */
     size_t reqs_bytes = (size_t)r->depth * sizeof *r->reqs;
     size_t idx_bytes = (size_t)r->depth * sizeof *r->failed;
@@ -172,6 +177,7 @@ int dsrt_reader_create(dsrt_reader **out, const dsrt_reader_options *o) {
 
 fail:
     if (r) free(r->reqs);
+    if (r) free(r->cache_dir);
     free(r);
     return rc;
 }
@@ -184,6 +190,7 @@ void dsrt_reader_destroy(dsrt_reader *r) {
     dsrt__io_destroy(r->io);
     for (unsigned i = 0; i < r->depth; i++) close_req(&r->reqs[i]);
     free(r->reqs);
+    free(r->cache_dir);
     free(r);
 }
 
@@ -239,15 +246,24 @@ int dsrt_reader_submit(dsrt_reader *r, const char *path, void *buf, size_t cap, 
     return dsrt_reader_submit_range(r, path, 0, 0, buf, cap, tag);
 }
 
+/* A URL's request, through the reader's client (made at the first). */
+static int submit_url(dsrt_reader *r, const char *path, uint64_t version, uint64_t offset,
+                      uint64_t length, void *buf, size_t cap, uint64_t tag) {
+    int rc;
+    if (!r->http && (rc = dsrt__http_create(&r->http, &r->remote)) != 0)
+        return dsrt__fail_prefix(rc, "read: %s", path);
+    return dsrt__http_submit(r->http, path, version, offset, length, buf, cap, tag);
+}
+
+int dsrt__reader_submit_object(dsrt_reader *r, const char *url, uint64_t version, void *buf,
+                               size_t cap, uint64_t tag) {
+    return submit_url(r, url, version, 0, 0, buf, cap, tag);
+}
+
 int dsrt_reader_submit_range(dsrt_reader *r, const char *path, uint64_t offset, uint64_t length,
                              void *buf, size_t cap, uint64_t tag) {
     assert(r && path && (buf || cap == 0));
-    if (dsrt__is_url(path)) {
-        int rc;
-        if (!r->http && (rc = dsrt__http_create(&r->http, &r->remote)) != 0)
-            return dsrt__fail_prefix(rc, "read: %s", path);
-        return dsrt__http_submit(r->http, path, offset, length, buf, cap, tag);
-    }
+    if (dsrt__is_url(path)) return submit_url(r, path, 0, offset, length, buf, cap, tag);
     if (length > UINT64_MAX - offset)
         return dsrt__fail(-EINVAL, "read: %s: range %llu+%llu overflows", path,
                           (unsigned long long)offset, (unsigned long long)length);

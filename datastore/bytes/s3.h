@@ -108,9 +108,11 @@ void dsrt__xml_text(const char *body, size_t n, const char *tag, char *out, size
 // Listings (s3_list.c)
 
 /* What a listing page holds: each key (is_prefix 0, with its object's
- * size) or sub-prefix (1, size 0), decoded, s[0..n) NUL-terminated. A
- * non-zero return stops the page with that code. */
-typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_prefix, uint64_t size);
+ * size and version: dsrt__cache_version of its ETag and size, 0 without an
+ * ETag) or sub-prefix (1, size and version 0), decoded, s[0..n)
+ * NUL-terminated. A non-zero return stops the page with that code. */
+typedef int (*dsrt_list_entry_fn)(void *ud, const char *s, size_t n, int is_prefix, uint64_t size,
+                                  uint64_t version);
 
 /* Reads one ListObjectsV2 page: each <Contents><Key> and each
  * <CommonPrefixes><Prefix>, decoded (XML entities, and %XX and '+' where
@@ -123,9 +125,11 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
 
 typedef struct dsrt_http dsrt_http;
 
-/* One object of a listing: its key (decoded, from the bucket's root) and
- * size. A non-zero return stops the listing with that code. */
-typedef int (*dsrt_s3_each_fn)(void *ctx, const char *key, size_t len, uint64_t size);
+/* One object of a listing: its key (decoded, from the bucket's root),
+ * size and version (as dsrt_list_entry_fn's). A non-zero return stops the
+ * listing with that code. */
+typedef int (*dsrt_s3_each_fn)(void *ctx, const char *key, size_t len, uint64_t size,
+                               uint64_t version);
 
 /* Lists every object whose key starts with prefix[0..plen) in the bucket
  * (ListObjectsV2, page after page, with h), calling each for each; display

@@ -16,6 +16,7 @@
  * portal is an error, not an empty folder. A store that answers a
  * continuation token it gave before is an error, not a listing without end.
  */
+#include "datastore/bytes/cache.h"
 #include "datastore/bytes/http.h"
 
 #include <ctype.h>
@@ -157,8 +158,15 @@ int dsrt__s3_list_page(const char *body, size_t len, dsrt_strbuf *scratch, dsrt_
             const char *sz = is_prefix ? NULL : dsrt__xml_find(b, b + bn, "Size", &sl);
             for (size_t i = 0; sz && i < sl && i < 19 && isdigit((unsigned char)sz[i]); i++)
                 size = size * 10 + (uint64_t)(sz[i] - '0');
+            /* Its version: the ETag (&quot; as the store writes its quotes) and size. */
+            uint64_t version = 0;
+            char etag[128];
+            if (!is_prefix) {
+                dsrt__xml_text(b, bn, "ETag", etag, sizeof etag);
+                if (etag[0]) version = dsrt__cache_version(etag, strlen(etag), size);
+            }
             int rc = list_text(scratch, t, n, url_encoded);
-            if (rc == 0) rc = on_entry(ud, scratch->s, scratch->len, is_prefix, size);
+            if (rc == 0) rc = on_entry(ud, scratch->s, scratch->len, is_prefix, size, version);
             if (rc != 0) return rc;
         }
     }
@@ -234,10 +242,11 @@ typedef struct {
     void *ctx;
 } flat_list;
 
-static int flat_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size) {
+static int flat_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size,
+                      uint64_t version) {
     flat_list *f = ud;
     if (is_prefix || memchr(s, '\0', n)) return 0;
-    return f->each(f->ctx, s, n, size);
+    return f->each(f->ctx, s, n, size, version);
 }
 
 int dsrt__s3_list(dsrt_http *h, const char *bucket, size_t blen, const char *prefix, size_t plen,
@@ -336,13 +345,14 @@ static int add_job(list_run *r, const char *prefix, size_t n, int delimited) {
 
 /* One entry of a page: a key goes to the caller, a sub-prefix (of the
  * first listing) becomes a job. */
-static int take_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size) {
+static int take_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size,
+                      uint64_t version) {
     list_run *r = ud;
     if (n < r->prefix_len || memcmp(s, r->jobs[0].prefix, r->prefix_len) != 0)
         return 0; /* not under the prefix: cannot happen */
     if (memchr(s, '\0', n)) return 0;
     if (is_prefix) return r->spawn ? add_job(r, s, n, 0) : 0;
-    return r->each(r->ctx, s, n, size);
+    return r->each(r->ctx, s, n, size, version);
 }
 
 static int job_query(const list_job *j, dsrt_strbuf *q) {

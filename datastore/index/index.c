@@ -28,6 +28,7 @@ void dsrt__index_free(dsrt_index *ix) {
     if (!ix) return;
     free(ix->paths);
     free(ix->labels);
+    free(ix->versions);
     free(ix->classes);
     free(ix->pixels);
     free(ix->warnings);

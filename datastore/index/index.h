@@ -36,6 +36,11 @@ typedef struct dsrt_index {
     uint8_t *pixels; /* (n, height, width, channels) */
     int width, height, channels;
 
+    /* Objects in a store: each sample's version, its ETag and size as
+     * listed (dsrt__cache_version; 0: not known), so that a cache of the
+     * objects takes no entry of another version; NULL when none is known. */
+    uint64_t *versions; /* (n) */
+
     /* What the source keeps besides (a shard set's byte ranges), freed
      * with the index by data_free. */
     void *data;

@@ -8,6 +8,7 @@
  */
 #include "datastore/sources/source.h"
 
+#include "datastore/bytes/cache.h"
 #include "datastore/bytes/http.h"
 #include "datastore/bytes/url.h"
 
@@ -32,7 +33,11 @@ typedef struct {
 static int path_submit(void *r, uint32_t pos, uint64_t epoch, void *buf, size_t cap, uint64_t tag) {
     (void)epoch;
     path_reader *p = r;
-    return dsrt_reader_submit(p->r, dsrt_datastore_path(p->ds, pos), buf, cap, tag);
+    const char *path = dsrt_datastore_path(p->ds, pos);
+    /* Objects of a listing: their versions, for a cache. */
+    const uint64_t *v = p->ds->index->versions;
+    if (v) return dsrt__reader_submit_object(p->r, path, v[dsrt__pos(p->ds, pos)], buf, cap, tag);
+    return dsrt_reader_submit(p->r, path, buf, cap, tag);
 }
 static int path_collect(void *r, dsrt_read_result *res, int wait) {
     return dsrt_reader_collect(((path_reader *)r)->r, res, wait);

@@ -171,6 +171,20 @@ typedef struct {
      * long after it started (a server that drips a byte now and then), is
      * dropped and retried; also the limit on connecting. Default 30. */
     double timeout_s;
+    /* A folder on local disk that keeps what is fetched (whole objects, and
+     * blocks of 1 MiB of objects read by ranges: shards, ZIP archives), so
+     * that later epochs, later runs and the other processes of the machine
+     * read it from there; made when missing. Entries are checked against
+     * the object's ETag and size (a changed object is fetched again) and a
+     * hash of their bytes (a damaged entry is fetched again). Processes
+     * share it safely (one fills an entry, the others wait for it). NULL
+     * (default): no cache. The string is copied. */
+    const char *cache_dir;
+    /* Bytes of entries the cache folder keeps at most; least recently used
+     * entries go first, but never the ones this run has used: once those
+     * fill it, the rest is read from the store each time. 0 (default): no
+     * limit but the disk. */
+    uint64_t cache_limit;
 } dsrt_remote_options;
 
 typedef struct {
@@ -598,6 +612,10 @@ typedef struct {
     /* Requests in flight summed over time, and the time any was in flight:
      * their ratio is the mean number in flight while the reader fetched. */
     double in_flight_s, busy_s;
+    /* With a cache (cache_dir): requests answered from it, and the bytes;
+     * requests that went to the store for want of an entry; entries
+     * removed to make room. */
+    uint64_t cache_hits, cache_bytes, cache_misses, cache_evictions;
 } dsrt_remote_stats;
 
 /* Fills *s (zeros when the reader never fetched an object). */

@@ -391,6 +391,11 @@ typedef struct {
      * workers, on average while they fetched. */
     uint64_t remote_requests, remote_retries, remote_connections;
     double remote_in_flight;
+    /* Bytes received from the store; with a cache (reader.remote.cache_dir):
+     * requests answered from it and their bytes, requests that went to the
+     * store for want of an entry, entries removed to make room. */
+    uint64_t remote_bytes;
+    uint64_t cache_hits, cache_bytes, cache_misses, cache_evictions;
     /* A shard set read in the shard order: bytes the stream read, samples it
      * handed over, and samples read by offset instead (after a resume, the
      * replacements of bad samples, the few another part lends). */

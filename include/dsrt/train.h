@@ -376,6 +376,12 @@ typedef struct {
     /* Validation: distinct samples found bad, and the samples left out of
      * the passes, summed (a pass visits each readable sample exactly once). */
     uint64_t val_bad_samples, val_skipped;
+    /* Training data in a store: requests to it and bytes from it; with a
+     * cache (remote.cache_dir), requests answered from it and their bytes,
+     * requests that went to the store for want of an entry, entries
+     * removed to make room (dsrt_pipeline_statistics's, of this worker). */
+    uint64_t remote_requests, remote_bytes;
+    uint64_t cache_hits, cache_bytes, cache_misses, cache_evictions;
     unsigned workers;          /* pipeline workers used */
     int compute_threads;       /* compute threads used */
     int pinned;                /* 1: the compute threads were bound to their cores */

@@ -1354,7 +1354,7 @@ typedef struct {
     PyObject *ds, *preset, *augment, *layout, *dtype, *batch, *prefetch, *workers, *cpus, *pin,
         *drop_last, *shuffle, *seed, *epochs, *io, *depth, *direct, *max_pixels, *strict, *fail,
         *drop_bad, *max_bad, *max_file, *chunk, *native, *native_px, *gpu, *remote_depth,
-        *max_conns, *deadline, *req_timeout;
+        *max_conns, *deadline, *req_timeout, *cache_dir, *cache_limit;
     PyObject *mixup, *cutmix, *cutmix_minmax, *mix_prob, *switch_prob, *smoothing, *classes, *rank,
         *world;
     PyObject *sample_weights, *epoch_samples;
@@ -1546,6 +1546,9 @@ static int pipeline_options(pipeline_args *pa, dsrt_pipeline_options *o) {
     if (pa->gpu && get_int(pa->gpu, "gpu", &o->gpu) != 0) return -1;
     U64_OPT(pa->remote_depth, "remote_depth", UINT32_MAX, o->reader.remote.depth);
     U64_OPT(pa->max_conns, "max_connections", UINT32_MAX, o->reader.remote.max_connections);
+    if (pa->cache_dir && get_str(pa->cache_dir, "cache_dir", &o->reader.remote.cache_dir) != 0)
+        return -1;
+    U64_OPT(pa->cache_limit, "cache_limit", UINT64_MAX, o->reader.remote.cache_limit);
     if (pa->deadline &&
         get_double(pa->deadline, "retry_deadline", &o->reader.remote.retry_deadline_s) != 0)
         return -1;
@@ -1687,6 +1690,8 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                              "max_connections",
                              "retry_deadline",
                              "request_timeout",
+                             "cache_dir",
+                             "cache_limit",
                              "mixup_alpha",
                              "cutmix_alpha",
                              "cutmix_minmax",
@@ -1705,14 +1710,15 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                         .dtype = Py_None,
                         .cpus = Py_None};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist,
+            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist,
             &Datastore_Type, &pa.ds, &pa.preset, &pa.augment, &pa.layout, &pa.dtype, &pa.batch,
             &pa.prefetch, &pa.workers, &pa.cpus, &pa.pin, &pa.drop_last, &pa.shuffle, &pa.seed,
             &pa.epochs, &pa.io, &pa.depth, &pa.direct, &pa.max_pixels, &pa.strict, &pa.fail,
             &pa.drop_bad, &pa.max_bad, &pa.max_file, &pa.chunk, &pa.native, &pa.native_px, &pa.gpu,
-            &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout, &pa.mixup, &pa.cutmix,
-            &pa.cutmix_minmax, &pa.mix_prob, &pa.switch_prob, &pa.smoothing, &pa.classes, &pa.rank,
-            &pa.world, &pa.sample_weights, &pa.epoch_samples))
+            &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout, &pa.cache_dir,
+            &pa.cache_limit, &pa.mixup, &pa.cutmix, &pa.cutmix_minmax, &pa.mix_prob,
+            &pa.switch_prob, &pa.smoothing, &pa.classes, &pa.rank, &pa.world, &pa.sample_weights,
+            &pa.epoch_samples))
         return -1;
     if (self->p || self->live || self->busy) {
         /* Open, or its batches still alive: in use. */
@@ -1974,6 +1980,13 @@ static PyObject *pipeline_stats(PipelineObject *self, PyObject *unused) {
     bad |= dict_put(d, "remote_retries", PyLong_FromUnsignedLongLong(s.remote_retries));
     bad |= dict_put(d, "remote_connections", PyLong_FromUnsignedLongLong(s.remote_connections));
     bad |= dict_put(d, "remote_in_flight", PyFloat_FromDouble(s.remote_in_flight));
+    /* The cache of remote bytes: bytes from the store, reads from the
+     * cache and their bytes, reads that went to the store, evictions. */
+    bad |= dict_put(d, "remote_bytes", PyLong_FromUnsignedLongLong(s.remote_bytes));
+    bad |= dict_put(d, "cache_hits", PyLong_FromUnsignedLongLong(s.cache_hits));
+    bad |= dict_put(d, "cache_bytes", PyLong_FromUnsignedLongLong(s.cache_bytes));
+    bad |= dict_put(d, "cache_misses", PyLong_FromUnsignedLongLong(s.cache_misses));
+    bad |= dict_put(d, "cache_evictions", PyLong_FromUnsignedLongLong(s.cache_evictions));
     /* Tar shards in the shard order: bytes and samples the stream read, its
      * ranged reads. */
     bad |= dict_put(d, "stream_bytes", PyLong_FromUnsignedLongLong(s.stream_bytes));
@@ -2068,6 +2081,7 @@ static PyTypeObject Pipeline_Type = {
         "         drop_bad=False, max_consecutive_bad=1000, max_file_bytes=64 MiB, chunk=0,\n"
         "         native=False, native_max_pixels=2097152, gpu=-1, remote_depth=64,\n"
         "         max_connections=0, retry_deadline=60.0, request_timeout=30.0,\n"
+        "         cache_dir=None, cache_limit=0,\n"
         "         mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, mix_prob=1.0,\n"
         "         switch_prob=0.5, label_smoothing=0.0, num_classes=None, rank=None,\n"
         "         world_size=None, sample_weights=None, epoch_samples=None)\n\n"
@@ -2079,7 +2093,10 @@ static PyTypeObject Pipeline_Type = {
         "world_size (or rank='env': RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS) give this\n"
         "process its share of every epoch, `batch` samples a batch, as dstrain's workers\n"
         "take theirs; without drop_last the last batch is padded from the start of the\n"
-        "order, as DistributedSampler pads. See the README for every option.",
+        "order, as DistributedSampler pads. cache_dir keeps what is fetched from a store\n"
+        "on local disk (whole objects, 1 MiB blocks of shards) for later epochs, runs and\n"
+        "processes, at most cache_limit bytes (0: no limit). See docs/python.md for every\n"
+        "option.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)pipeline_init,
     .tp_dealloc = (destructor)pipeline_dealloc,

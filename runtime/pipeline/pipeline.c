@@ -155,7 +155,8 @@ typedef struct {
     /* The reader's requests to a store (dsrt_remote_stats), copied after
      * each collect: the reader itself belongs to the worker's thread. */
     atomic_uint_fast64_t remote_requests, remote_retries, remote_connections;
-    atomic_uint_fast64_t remote_in_flight_us, remote_busy_us;
+    atomic_uint_fast64_t remote_in_flight_us, remote_busy_us, remote_bytes;
+    atomic_uint_fast64_t cache_hits, cache_bytes, cache_misses, cache_evictions;
     atomic_int pinned;
 
     dsrt_pipeline *p;
@@ -195,6 +196,7 @@ struct dsrt_pipeline {
     dsrt_augment_options native; /* native mode: channels, layout and norm only */
     dsrt_pipeline_options o;
     char *cpus_opt;
+    char *cache_dir; /* o.reader.remote.cache_dir's copy */
     int in_memory;
     int remote; /* samples are objects in a store */
     size_t sample_bytes, stride, slot_bytes, chunk, cpb, buf_cap;
@@ -807,6 +809,21 @@ static void remote_stats_copy(pipe_worker *w) {
     atomic_store_explicit(&w->remote_in_flight_us, (uint64_t)(rs.in_flight_s * 1e6),
                           memory_order_relaxed);
     atomic_store_explicit(&w->remote_busy_us, (uint64_t)(rs.busy_s * 1e6), memory_order_relaxed);
+    atomic_store_explicit(&w->remote_bytes, rs.bytes, memory_order_relaxed);
+    atomic_store_explicit(&w->cache_hits, rs.cache_hits, memory_order_relaxed);
+    atomic_store_explicit(&w->cache_bytes, rs.cache_bytes, memory_order_relaxed);
+    atomic_store_explicit(&w->cache_misses, rs.cache_misses, memory_order_relaxed);
+    atomic_store_explicit(&w->cache_evictions, rs.cache_evictions, memory_order_relaxed);
+}
+
+/* Adds a reader's or a feed's cache counters and bytes from the store. */
+static void remote_add(dsrt_pipeline_statistics *s, uint64_t bytes, uint64_t hits,
+                       uint64_t cache_bytes, uint64_t misses, uint64_t evictions) {
+    s->remote_bytes += bytes;
+    s->cache_hits += hits;
+    s->cache_bytes += cache_bytes;
+    s->cache_misses += misses;
+    s->cache_evictions += evictions;
 }
 
 /* Sleeps until t (ns) or abort, whichever comes first. */
@@ -1168,6 +1185,7 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
     dsrt__host_free(&p->mem);
     dsrt__cpus_close(p->cpus);
     free(p->cpus_opt);
+    free(p->cache_dir);
     free(p);
 }
 
@@ -1412,6 +1430,10 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     p->remote = !p->in_memory && dsrt_datastore_remote(ds);
     if (opt.cpus && !(p->cpus_opt = dsrt__strdup(opt.cpus))) goto fail;
     p->o.cpus = p->cpus_opt;
+    /* The cache folder is opened by each worker's reader, after the open. */
+    if (opt.reader.remote.cache_dir && !(p->cache_dir = dsrt__strdup(opt.reader.remote.cache_dir)))
+        goto fail;
+    p->o.reader.remote.cache_dir = p->cache_dir;
     p->nslots = opt.prefetch + 1;
     p->buf_cap = round_up(opt.max_file_bytes, DSRT_DIRECT_ALIGN);
 
@@ -1649,6 +1671,11 @@ void dsrt_pipeline_stats(const dsrt_pipeline *p, dsrt_pipeline_statistics *s) {
         s->remote_requests += atomic_load_explicit(&w->remote_requests, memory_order_relaxed);
         s->remote_retries += atomic_load_explicit(&w->remote_retries, memory_order_relaxed);
         s->remote_connections += atomic_load_explicit(&w->remote_connections, memory_order_relaxed);
+        remote_add(s, atomic_load_explicit(&w->remote_bytes, memory_order_relaxed),
+                   atomic_load_explicit(&w->cache_hits, memory_order_relaxed),
+                   atomic_load_explicit(&w->cache_bytes, memory_order_relaxed),
+                   atomic_load_explicit(&w->cache_misses, memory_order_relaxed),
+                   atomic_load_explicit(&w->cache_evictions, memory_order_relaxed));
         /* Each worker's mean while it fetched, summed over the workers. */
         uint64_t busy_us = atomic_load_explicit(&w->remote_busy_us, memory_order_relaxed);
         if (busy_us)
@@ -1682,6 +1709,8 @@ void dsrt_pipeline_stats(const dsrt_pipeline *p, dsrt_pipeline_statistics *s) {
         s->remote_requests += fs.remote.requests;
         s->remote_retries += fs.remote.retries;
         s->remote_connections += fs.remote.connections;
+        remote_add(s, fs.remote.bytes, fs.remote.cache_hits, fs.remote.cache_bytes,
+                   fs.remote.cache_misses, fs.remote.cache_evictions);
     }
     unsigned k = atomic_load_explicit(&((dsrt_pipeline *)p)->nbad_msgs, memory_order_acquire);
     for (unsigned i = 0; i < k; i++) s->bad_messages[i] = p->bad_msgs[i];

@@ -610,6 +610,12 @@ static int run_close(run *R, int rc) {
         dsrt_pipeline_statistics s;
         dsrt_pipeline_stats(R->p, &s);
         r->consumer_wait_s = s.consumer_wait_s;
+        r->remote_requests = s.remote_requests;
+        r->remote_bytes = s.remote_bytes;
+        r->cache_hits = s.cache_hits;
+        r->cache_bytes = s.cache_bytes;
+        r->cache_misses = s.cache_misses;
+        r->cache_evictions = s.cache_evictions;
         r->skipped = R->comm ? R->skipped_all : s.skipped;
         r->bad_samples = R->bad_ids[0].n;
     }

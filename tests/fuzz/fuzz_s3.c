@@ -24,9 +24,11 @@ typedef struct {
     size_t keys, prefixes;
 } seen;
 
-static int on_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size) {
+static int on_entry(void *ud, const char *s, size_t n, int is_prefix, uint64_t size,
+                    uint64_t version) {
     seen *e = ud;
     (void)size;
+    (void)version;
     if (s[n] != '\0') __builtin_trap();
     if (is_prefix)
         e->prefixes++;

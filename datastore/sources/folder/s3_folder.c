@@ -16,14 +16,29 @@
 
 typedef struct {
     dsrt_names *names;
-    size_t prefix_len; /* of the key prefix, '/' included */
+    size_t prefix_len;  /* of the key prefix, '/' included */
+    uint64_t *versions; /* (n) of each key, in the listing's order */
+    size_t n, cap;
 } keys;
 
-/* One key of the listing, from the bucket's root. */
-static int each_key(void *ctx, const char *key, size_t len, uint64_t size) {
+/* One key of the listing, from the bucket's root; aux is its place in the
+ * listing, where its version is kept. */
+static int each_key(void *ctx, const char *key, size_t len, uint64_t size, uint64_t version) {
     (void)size;
     keys *k = ctx;
-    return dsrt__names_take(k->names, key + k->prefix_len, len - k->prefix_len, 0);
+    void *v = k->versions;
+    if (k->n >= UINT32_MAX || dsrt__grow(&v, &k->cap, k->n + 1, sizeof *k->versions) != 0)
+        return -ENOMEM;
+    k->versions = v;
+    k->versions[k->n] = version;
+    return dsrt__names_take(k->names, key + k->prefix_len, len - k->prefix_len, (uint32_t)k->n++);
+}
+
+/* Each sample's version from its listing place (aux). */
+static int keep_versions(dsrt_index *ix, const keys *k, const uint32_t *aux) {
+    if (!(ix->versions = dsrt__calloc(ix->n ? ix->n : 1, sizeof *ix->versions))) return -ENOMEM;
+    for (size_t i = 0; i < ix->n; i++) ix->versions[i] = k->versions[aux[i]];
+    return 0;
 }
 
 /* Lists every key under the prefix into the names: sub-folders too,
@@ -65,7 +80,11 @@ int dsrt__s3_folder_load(dsrt_index *ix, const char *url, const dsrt_datastore_o
     k.prefix_len = prefix.len;
     if ((rc = dsrt__names_create(&k.names, ix, o, url, root_len, '/', NULL)) != 0) goto out;
     if ((rc = list_all(&k, o, bucket, blen, prefix.s ? prefix.s : "", root)) != 0) goto out;
-    if ((rc = dsrt__names_finish(k.names, NULL, &any)) != 0) goto out;
+    uint32_t *aux = NULL;
+    if ((rc = dsrt__names_finish(k.names, &aux, &any)) != 0) goto out;
+    rc = keep_versions(ix, &k, aux);
+    free(aux);
+    if (rc != 0) goto out;
     if (!any)
         rc = dsrt__fail(DSRT_EEMPTY,
                         "datastore: %s: no object under this prefix (check the bucket and prefix, "
@@ -73,6 +92,7 @@ int dsrt__s3_folder_load(dsrt_index *ix, const char *url, const dsrt_datastore_o
                         root);
 out:
     free(prefix.s);
+    free(k.versions);
     dsrt__names_destroy(k.names);
     return rc;
 }

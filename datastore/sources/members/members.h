@@ -31,6 +31,10 @@ typedef struct {
     uint64_t size;    /* bytes, when opened */
     uint32_t first;   /* first sample (index position) */
     uint32_t count;   /* samples */
+    /* In a store: its ETag and size as listed or first answered
+     * (dsrt__cache_version), so that a cache takes no block of another
+     * version; 0: not known. */
+    uint64_t version;
 } dsrt_shard;
 
 typedef struct dsrt_shardset dsrt_shardset;

@@ -644,12 +644,14 @@ typedef struct {
      * (UINT64_MAX when unknown: https:// has no listing). */
     dsrt_http *http;
     uint64_t *listed;
+    uint64_t *listed_version;        /* (shards.n) the listing's version of each, 0: not known */
     const dsrt_datastore_options *o; /* as opened: the requests' options */
 } gather;
 
 static void gather_free(gather *g) {
     dsrt__http_destroy(g->http);
     free(g->listed);
+    free(g->listed_version);
     if (g->scanned)
         for (size_t k = 0; k < g->shards.n; k++) free(g->scanned[k]);
     free(g->scanned);
@@ -691,24 +693,37 @@ typedef struct {
     size_t prefix_len; /* of the folder's key prefix, '/' included */
     dsrt_strlist names;
     uint64_t *sizes;
-    size_t cap_sizes;
+    uint64_t *versions; /* (names.n) dsrt__cache_version of each, 0: no ETag */
+    size_t cap_sizes, cap_versions;
 } listing;
 
-static int list_one(void *ctx, const char *key, size_t len, uint64_t size) {
+static int list_one(void *ctx, const char *key, size_t len, uint64_t size, uint64_t version) {
     listing *l = ctx;
     if (len <= l->prefix_len || memchr(key + l->prefix_len, '/', len - l->prefix_len)) return 0;
-    void *v = l->sizes;
+    void *v = l->sizes, *w = l->versions;
     if (dsrt__grow(&v, &l->cap_sizes, l->names.n + 1, sizeof *l->sizes) != 0) return -ENOMEM;
     l->sizes = v;
+    if (dsrt__grow(&w, &l->cap_versions, l->names.n + 1, sizeof *l->versions) != 0) return -ENOMEM;
+    l->versions = w;
     l->sizes[l->names.n] = size;
+    l->versions[l->names.n] = version;
     return dsrt__strlist_add(&l->names, key + l->prefix_len, len - l->prefix_len);
 }
 
-/* The size the listing gives name, or UINT64_MAX. */
-static uint64_t listed_size(const listing *l, const char *name) {
+/* The size the listing gives name, or UINT64_MAX; *version (may be NULL)
+ * its version, 0 when not listed. */
+static uint64_t listed(const listing *l, const char *name, uint64_t *version) {
     for (size_t i = 0; i < l->names.n; i++)
-        if (!strcmp(l->names.v[i], name)) return l->sizes[i];
+        if (!strcmp(l->names.v[i], name)) {
+            if (version) *version = l->versions[i];
+            return l->sizes[i];
+        }
+    if (version) *version = 0;
     return UINT64_MAX;
+}
+
+static uint64_t listed_size(const listing *l, const char *name) {
+    return listed(l, name, NULL);
 }
 
 /* What the start of a prefix's listing says: an index, tar objects, keys in
@@ -718,8 +733,9 @@ typedef struct {
     int index, tars, folders;
 } peek;
 
-static int peek_one(void *ctx, const char *key, size_t len, uint64_t size) {
+static int peek_one(void *ctx, const char *key, size_t len, uint64_t size, uint64_t version) {
     peek *k = ctx;
+    (void)version;
     if (len <= k->prefix_len) return 0;
     const char *rel = key + k->prefix_len;
     size_t n = len - k->prefix_len;
@@ -1009,14 +1025,16 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
     }
     rc = -ENOMEM;
     g->listed = dsrt__calloc(g->shards.n, sizeof *g->listed);
-    if (!g->listed) goto out;
+    g->listed_version = dsrt__calloc(g->shards.n, sizeof *g->listed_version);
+    if (!g->listed || !g->listed_version) goto out;
     for (size_t k = 0; k < g->shards.n; k++)
-        g->listed[k] = s3 ? listed_size(&l, base_of(g->shards.v[k])) : UINT64_MAX;
+        g->listed[k] = s3 ? listed(&l, base_of(g->shards.v[k]), &g->listed_version[k]) : UINT64_MAX;
     rc = 0;
 out:
     dsrt__strlist_free(&pats);
     dsrt__strlist_free(&l.names);
     free(l.sizes);
+    free(l.versions);
     return rc;
 }
 
@@ -1396,6 +1414,7 @@ static int build_index(gather *g, dsrt_index *ix, int32_t **labels, const char *
         sh->path = dsrt__arena_strndup(&ix->arena, g->shards.v[k], strlen(g->shards.v[k]));
         if (!sh->path) return -ENOMEM;
         sh->size = g->sizes[k];
+        sh->version = g->listed_version ? g->listed_version[k] : 0;
         sh->first = (uint32_t)i;
         size_t plen = strlen(sh->path);
         int xi = g->from_index[k];

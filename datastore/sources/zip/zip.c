@@ -82,6 +82,7 @@ typedef struct {
     const char *path; /* as given */
     char display[512];
     uint64_t size;
+    uint64_t version;   /* an object's ETag and size (dsrt__cache_version), 0: not known */
     int fd;             /* a local file, or -1 */
     dsrt_http *http;    /* an object, or NULL */
     const uint8_t *mem; /* memory, or NULL */
@@ -145,6 +146,7 @@ static int archive_open(archive *a, const char *path, const dsrt_datastore_optio
                           "Content-Range or Content-Length)",
                           a->display);
     a->size = total;
+    a->version = dsrt__http_delivered_version(a->http);
     return 0;
 }
 
@@ -624,7 +626,8 @@ static int fill_set(dsrt_index *ix, const archive *a, const member *m, const uin
     s->codec = &ZIP_CODEC;
     s->codec_data = z;
     s->codec_free = zip_data_free;
-    s->shards[0] = (dsrt_shard){.size = a->size, .first = 0, .count = (uint32_t)ix->n};
+    s->shards[0] =
+        (dsrt_shard){.size = a->size, .first = 0, .count = (uint32_t)ix->n, .version = a->version};
     if (!(s->shards[0].path = dsrt__arena_strndup(&ix->arena, a->path, strlen(a->path))))
         return -ENOMEM;
     uint32_t member_at = (uint32_t)strlen(a->path) + 1;
