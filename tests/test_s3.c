@@ -2071,7 +2071,7 @@ static void test_cache_two_processes(void) {
     snprintf(args, sizeof args, "--cache-dir '%s'", dir);
     server("latency 20");
     CHECK_EQ(sh("for k in 1 2; do '%s/tools/dsbench' s3://bkt/clean --pipeline 32 --epochs 2 "
-                "--batch 4 --checksum --json %s > '%s/two$k.json' 2>&1 & done; wait",
+                "--batch 4 --checksum --json %s > '%s'/two$k.json 2>&1 & done; wait",
                 bin, args, root),
              0);
     server("latency 0");

@@ -361,12 +361,12 @@ static size_t chunks_of(uint64_t size) {
     return (size_t)((size + CACHE_CHUNK - 1) / CACHE_CHUNK);
 }
 
-static uint64_t head_check(const entry_head *h, const char *url, const uint64_t *sums) {
+static uint64_t head_check(const entry_head *h, const char *url, const void *sums) {
     entry_head t = *h;
     t.check = 0;
     uint64_t x = hash64(&t, sizeof t, 0);
     x = hash64(url, h->url_len, x);
-    return hash64(sums, chunks_of(h->size) * sizeof *sums, x);
+    return hash64(sums, chunks_of(h->size) * sizeof(uint64_t), x);
 }
 
 static int scratch_fit(dsrt_cache *c, size_t need) {
@@ -400,25 +400,31 @@ int dsrt__cache_read(dsrt_cache *c, uint64_t key, const char *url, uint64_t off,
     /* Shared: an eviction does not take an entry being read. */
     flock(fd, LOCK_SH);
     int rc = 0, damaged = 1;
-    uint64_t *sums = NULL;
-    char *u = NULL;
+    /* The header, the URL and the chunk hashes in one read where they fit
+     * (an entry of up to a few MiB with a URL of usual length). */
+    uint64_t first[512];
+    uint8_t *meta = (uint8_t *)first, *big = NULL;
     entry_head h;
     struct stat st;
     size_t url_len = strlen(url);
-    if (fstat(fd, &st) != 0 || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) goto out;
+    ssize_t n = fstat(fd, &st) == 0 ? pread(fd, first, sizeof first, 0) : -1;
+    if (n < (ssize_t)sizeof h) goto out;
+    memcpy(&h, first, sizeof h);
     if (memcmp(h.magic, CACHE_MAGIC, 8) != 0 || h.key != key || h.url_len != url_len ||
         h.chunk != CACHE_CHUNK || h.size > (uint64_t)st.st_size)
         goto out;
     size_t nch = chunks_of(h.size);
-    uint64_t data_off = sizeof h + url_len + nch * sizeof *sums;
+    uint64_t data_off = sizeof h + url_len + nch * sizeof(uint64_t);
     if ((uint64_t)st.st_size != data_off + h.size) goto out; /* cut short, or grown */
-    rc = -ENOMEM;
-    if (!(u = malloc(url_len + 1)) || !(sums = malloc(nch * sizeof *sums + 1))) goto out;
-    rc = 0;
-    if (pread(fd, u, url_len, sizeof h) != (ssize_t)url_len || memcmp(u, url, url_len) != 0 ||
-        pread(fd, sums, nch * sizeof *sums, (off_t)(sizeof h + url_len)) !=
-            (ssize_t)(nch * sizeof *sums) ||
-        head_check(&h, url, sums) != h.check)
+    if (data_off > (uint64_t)n) {
+        rc = -ENOMEM;
+        if (!(big = malloc((size_t)data_off))) goto out;
+        rc = 0;
+        if (pread(fd, big, (size_t)data_off, 0) != (ssize_t)data_off) goto out;
+        meta = big;
+    }
+    const uint8_t *sums = meta + sizeof h + url_len; /* (nch) 64-bit, unaligned */
+    if (memcmp(meta + sizeof h, url, url_len) != 0 || head_check(&h, url, sums) != h.check)
         goto out;
     damaged = 0;
     *size = h.size;
@@ -436,7 +442,9 @@ int dsrt__cache_read(dsrt_cache *c, uint64_t key, const char *url, uint64_t off,
     }
     for (size_t k = c0; k < c1; k++) {
         uint64_t s = (uint64_t)k * CACHE_CHUNK, e = DSRT_MIN(h.size, s + CACHE_CHUNK);
-        if (hash64(c->scratch + (s - a), (size_t)(e - s), k) != sums[k]) {
+        uint64_t want;
+        memcpy(&want, sums + k * sizeof want, sizeof want);
+        if (hash64(c->scratch + (s - a), (size_t)(e - s), k) != want) {
             damaged = 1;
             goto out;
         }
@@ -450,8 +458,7 @@ int dsrt__cache_read(dsrt_cache *c, uint64_t key, const char *url, uint64_t off,
 out:
     if (damaged && rc == 0) drop_damaged(c, p.s, fd);
     close(fd);
-    free(u);
-    free(sums);
+    free(big);
     return rc;
 }
 

@@ -118,15 +118,28 @@ def run_json(cmd, cpus):
     return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1]), cpu
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def store_env(info):
+    """The environment of a client of the server: its keys, its proxy."""
+    os.environ.update(AWS_ACCESS_KEY_ID=info["key"], AWS_SECRET_ACCESS_KEY=info["secret"],
+                      AWS_REGION="us-east-1", AWS_ENDPOINT_URL=info["proxy"],
+                      AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent")
+
+
+def store_args(ap, rounds):
+    """The options of the benchmarks on the store: the photos, rounds, the
+    proxy's latency, dsbench's pipeline and epochs, the build."""
     ap.add_argument("--photos", default="/tmp/dsrt-photos")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--latency-ms", type=float, default=20.0)
-    ap.add_argument("--cores", default="split,shared")
     ap.add_argument("--pipeline", default="227")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--build", default=os.path.join(SOURCE, "build"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    store_args(ap, 3)
+    ap.add_argument("--cores", default="split,shared")
     ap.add_argument("--nginx-cache", action="store_true")
     ap.add_argument("--runs", default="dsrt-local,dsrt-s3,torch-boto3")
     args = ap.parse_args()
@@ -143,9 +156,7 @@ def main():
         sys.exit("s3_bench: the split budget needs 2 CPUs")
     server = Server(args.photos, args.latency_ms, everything, args.nginx_cache)
     info = server.info
-    os.environ.update(AWS_ACCESS_KEY_ID=info["key"], AWS_SECRET_ACCESS_KEY=info["secret"],
-                      AWS_REGION="us-east-1", AWS_ENDPOINT_URL=info["proxy"],
-                      AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent")
+    store_env(info)
     common = ["--pipeline", args.pipeline, "--threads", "2", "--epochs", str(args.epochs), "--json"]
     store = "moto S3 under waitress, signatures checked"
     if args.nginx_cache:

@@ -191,6 +191,28 @@ def test_faults_are_retried(local, s3):
     assert s["remote_retries"] >= 7 and s["bad_samples"] == 1
 
 
+def test_cache(local, s3, tmp_path):
+    # A first Pipeline fills the cache in its first epoch and reads its
+    # second from it; a second Pipeline reads every object from it, with the
+    # batches read without one. A cache folder that is a file is refused.
+    b = dsrt.Datastore("s3://bkt/data")
+    opts = dict(preset="32", batch=5, epochs=2, seed=3, workers=2)
+    with dsrt.Pipeline(b, **opts) as p:
+        plain = python_checksum(p)
+    cache = str(tmp_path / "cache")
+    for run in range(2):
+        with dsrt.Pipeline(b, cache_dir=cache, cache_limit=1 << 30, **opts) as p:
+            assert python_checksum(p) == plain
+            s = p.stats()
+        # The bad object is no image: it is fetched, kept and found bad once.
+        assert s["cache_misses"] == (len(b) if run == 0 else 0)
+        assert s["cache_hits"] >= len(b) - 1 and s["cache_bytes"] > 0
+        assert s["remote_requests"] == s["cache_misses"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="cache_dir: .*file: not a folder"):
+        dsrt.Pipeline(b, cache_dir=str(tmp_path / "file"))
+
+
 # ----------------------------------------------------------------------------
 # Wrong keys, missing things
 

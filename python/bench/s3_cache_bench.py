@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The cache of remote bytes (--cache-dir): dsbench's epoch rate over
+s3://bench/photos read through a cache, against the same photos in a local
+folder and against the store without a cache, with the cache's limit at
+25%, 100% and 200% of the data.
+
+    /usr/bin/python3 python/bench/s3_cache_bench.py [--photos DIR] [--rounds 2]
+        [--latency-ms 20] [--pipeline 227] [--epochs 3] [--threads 2]
+
+The store is tests/s3_server.py behind its proxy, which holds every request
+--latency-ms milliseconds (s3_bench.py's Server). Each cached run starts on
+an empty cache folder: a first dsbench run fills it (one epoch), a second
+one is measured (its epochs read what the cache kept, the rest from the
+store). images/s is dsbench's (the median of the epochs after the first).
+Each run prints one JSON line with the store's requests, the cache's
+counters and the client's CPU time an image; a summary gives the median ratios cached/local and
+cached/uncached for each limit. The load average is printed with each run:
+the machine may be shared. DIR (default /tmp/dsrt-photos) is made with
+/work/shared/bench/make_photos.py --count 2000 when missing.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from s3_bench import SOURCE, Server, load, run_json, store_args, store_env  # noqa: E402
+
+
+def folder_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    store_args(ap, 2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    dsbench = os.path.join(args.build, "tools", "dsbench")
+    if not os.access(dsbench, os.X_OK):
+        sys.exit(f"s3_cache_bench: build dsbench first ({dsbench})")
+    if not os.path.isdir(args.photos):
+        subprocess.run([sys.executable, "/work/shared/bench/make_photos.py", args.photos,
+                        "--count", "2000"], check=True)
+    data = folder_bytes(args.photos)
+    server = Server(args.photos, args.latency_ms, set(range(os.cpu_count())), False)
+    info = server.info
+    store_env(info)
+    common = ["--pipeline", args.pipeline, "--threads", str(args.threads), "--json"]
+    epochs = ["--epochs", str(args.epochs)]
+    print(json.dumps({"latency_ms": args.latency_ms, "photos": args.photos, "data_bytes": data,
+                      "epochs": args.epochs, "threads": args.threads}), flush=True)
+    rates, cpus = {}, {}
+    work = tempfile.mkdtemp(prefix="dsrt-cache-bench-")
+    try:
+        for r in range(args.rounds):
+            runs = [("local", [dsbench, args.photos] + common + epochs, None),
+                    ("s3", [dsbench, "s3://bench/photos"] + common + epochs, None)]
+            for pct in (25, 100, 200):
+                runs.append((f"cache{pct}", [dsbench, "s3://bench/photos"] + common + epochs,
+                             data * pct // 100))
+            for name, cmd, limit in runs:
+                if limit is not None:
+                    cache = os.path.join(work, name)
+                    shutil.rmtree(cache, ignore_errors=True)
+                    extra = ["--cache-dir", cache, "--cache-limit", str(limit)]
+                    run_json([dsbench, "s3://bench/photos"] + common + ["--epochs", "1"] + extra,
+                             None)
+                    cmd = cmd + extra
+                before = load()
+                req0 = server.requests()
+                d, cpu = run_json(cmd, None)
+                images = d.get("delivered") or d["images"] * args.epochs
+                line = {"round": r, "run": name, "load": before,
+                        "images_per_s": d["images_per_s"], "requests": server.requests() - req0,
+                        "client_cpu_ms_per_image": round(1e3 * cpu / images, 3)}
+                if "cache" in d:
+                    line["cache"] = d["cache"]
+                print(json.dumps(line), flush=True)
+                rates.setdefault(name, []).append(d["images_per_s"])
+                cpus.setdefault(name, []).append(cpu / images)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        summary = {"local_images_per_s": med["local"], "s3_images_per_s": med["s3"]}
+        for pct in (25, 100, 200):
+            c = med[f"cache{pct}"]
+            summary[f"cache{pct}_images_per_s"] = c
+            summary[f"cache{pct}_over_local"] = round(c / med["local"], 3)
+            summary[f"cache{pct}_over_s3"] = round(c / med["s3"], 3)
+            # The client's CPU an image, local over cached: what the rate
+            # ratio is where the cores are the client's alone.
+            summary[f"cache{pct}_cpu_local_over_cached"] = round(
+                statistics.median(cpus["local"]) / statistics.median(cpus[f"cache{pct}"]), 3)
+        summary["load"] = load()
+        print(json.dumps(summary), flush=True)
+    finally:
+        server.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
