@@ -125,6 +125,18 @@ def store_env(info):
                       AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent")
 
 
+def store_ready(args, who):
+    """dsbench's path (exits when it is not built), the photos made when
+    missing."""
+    dsbench = os.path.join(args.build, "tools", "dsbench")
+    if not os.access(dsbench, os.X_OK):
+        sys.exit(f"{who}: build dsbench first ({dsbench})")
+    if not os.path.isdir(args.photos):
+        subprocess.run([sys.executable, "/work/shared/bench/make_photos.py", args.photos,
+                        "--count", "2000"], check=True)
+    return dsbench
+
+
 def store_args(ap, rounds):
     """The options of the benchmarks on the store: the photos, rounds, the
     proxy's latency, dsbench's pipeline and epochs, the build."""
@@ -144,12 +156,7 @@ def main():
     ap.add_argument("--runs", default="dsrt-local,dsrt-s3,torch-boto3")
     args = ap.parse_args()
     wanted = args.runs.split(",")
-    dsbench = os.path.join(args.build, "tools", "dsbench")
-    if not os.access(dsbench, os.X_OK):
-        sys.exit(f"s3_bench: build dsbench first ({dsbench})")
-    if not os.path.isdir(args.photos):
-        subprocess.run([sys.executable, "/work/shared/bench/make_photos.py", args.photos,
-                        "--count", "2000"], check=True)
+    dsbench = store_ready(args, "s3_bench")
     budgets = args.cores.split(",")
     everything = set(range(os.cpu_count()))
     if "split" in budgets and len(everything) < 2:

@@ -23,12 +23,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from s3_bench import SOURCE, Server, load, run_json, store_args, store_env  # noqa: E402
+from s3_bench import Server, load, run_json, store_args, store_env, store_ready  # noqa: E402
 
 
 def folder_bytes(path):
@@ -40,12 +39,7 @@ def main():
     store_args(ap, 2)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    dsbench = os.path.join(args.build, "tools", "dsbench")
-    if not os.access(dsbench, os.X_OK):
-        sys.exit(f"s3_cache_bench: build dsbench first ({dsbench})")
-    if not os.path.isdir(args.photos):
-        subprocess.run([sys.executable, "/work/shared/bench/make_photos.py", args.photos,
-                        "--count", "2000"], check=True)
+    dsbench = store_ready(args, "s3_cache_bench")
     data = folder_bytes(args.photos)
     server = Server(args.photos, args.latency_ms, set(range(os.cpu_count())), False)
     info = server.info
