@@ -2091,19 +2091,32 @@ static void test_cache_two_processes(void) {
     env_default(0);
 }
 
+/* The names of a cache's entries, sorted, into file list. */
+static void cache_names(const char *dir, const char *list) {
+    CHECK_EQ(sh("find '%s' -name '*.e' -printf '%%f\\n' | sort > '%s'", dir, list), 0);
+}
+
 /* A limit of a quarter of the data holds; the batches are the same, and the
- * entries it keeps are read from it. */
+ * entries it keeps are read from it. A second run evicts none of the first
+ * run's entries (it is about to read them): each is read from the cache
+ * in both its epochs, and the rest streams from the store. */
 static void test_cache_limit(void) {
     env_default(1);
     char out[PATH_MAX], full[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 64], sum[32];
+    char before[PATH_MAX], after[PATH_MAX];
     snprintf(out, sizeof out, "%s/cache.json", root);
     snprintf(full, sizeof full, "%s/cache1", root);
     snprintf(dir, sizeof dir, "%s/cache3", root);
+    snprintf(before, sizeof before, "%s/cache3.before", root);
+    snprintf(after, sizeof after, "%s/cache3.after", root);
     unsigned long long all = cache_usage(full, NULL), limit = all / 4;
     CHECK(all > 0);
     snprintf(args, sizeof args, "--cache-dir '%s' --cache-limit %llu", dir, limit);
     for (int run = 0; run < 2; run++) {
         unsigned long long req;
+        unsigned n0;
+        cache_usage(dir, &n0);
+        cache_names(dir, before);
         CHECK_EQ(cache_run("s3://bkt/clean", args, out, &req), 0);
         json_checksum(out, sum, sizeof sum);
         CHECK_STR_EQ(sum, cache_ref);
@@ -2111,12 +2124,55 @@ static void test_cache_limit(void) {
         unsigned long long used = cache_usage(dir, &n);
         CHECK(used <= limit);
         CHECK(n >= 4);
+        CHECK_EQ(json_cache(out, "evictions"), 0);
         /* What the cache keeps is read from it: in the first run, each
-         * entry at least in the second epoch. */
+         * entry at least in the second epoch; in the second, each entry of
+         * the first in both epochs, all of them still there. */
         if (run == 0) CHECK_GE(json_cache(out, "hits"), n);
+        if (run == 1) {
+            CHECK_GE(json_cache(out, "hits"), 2ull * n0);
+            cache_names(dir, after);
+            CHECK_EQ(sh("test -z \"$(comm -23 '%s' '%s')\"", before, after), 0);
+        }
         CHECK_GT(json_cache(out, "hits"), 0);
         CHECK_LT(req, LIST_CLEAN + 2 * 24);
+        CHECK_EQ(req, LIST_CLEAN + json_cache(out, "misses"));
     }
+    env_default(0);
+}
+
+/* Another dataset on a full cache (the same images under other URLs): its
+ * first two epochs evict nothing (the entries there might be its own); in
+ * its third, the entries that two whole epochs did not read are cold and
+ * make room for its own, which a later run reads. */
+static void test_cache_cold(void) {
+    env_default(1);
+    char out[PATH_MAX], full[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 64], more[PATH_MAX + 80];
+    char ref[32], sum[32];
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    /* test_cache_limit's folder and limit. */
+    snprintf(full, sizeof full, "%s/cache1", root);
+    snprintf(dir, sizeof dir, "%s/cache3", root);
+    unsigned long long limit = cache_usage(full, NULL) / 4;
+    snprintf(args, sizeof args, "--cache-dir '%s' --cache-limit %llu", dir, limit);
+    snprintf(more, sizeof more, "%s --epochs 3", args);
+    CHECK_EQ(cache_run("s3://pub/clean", "--epochs 3", out, NULL), 0);
+    json_checksum(out, ref, sizeof ref);
+    CHECK(ref[0]);
+    CHECK_EQ(cache_run("s3://pub/clean", args, out, NULL), 0);
+    CHECK_EQ(json_cache(out, "evictions"), 0);
+    CHECK_EQ(json_cache(out, "hits"), 0);
+    CHECK_EQ(cache_run("s3://pub/clean", more, out, NULL), 0);
+    json_checksum(out, sum, sizeof sum);
+    CHECK_STR_EQ(sum, ref);
+    CHECK_GT(json_cache(out, "evictions"), 0);
+    unsigned n;
+    CHECK(cache_usage(dir, &n) <= limit);
+    CHECK_GT(n, 0);
+    /* Every entry is the new dataset's now: each is read in both epochs. */
+    CHECK_EQ(cache_run("s3://pub/clean", args, out, NULL), 0);
+    CHECK_GE(json_cache(out, "hits"), 2ull * n);
+    CHECK_EQ(json_cache(out, "evictions"), 0);
     env_default(0);
 }
 
@@ -2163,7 +2219,7 @@ static void test_cache_killed(void) {
  * second run reads nothing from the store but what opens the set. */
 static void test_cache_shards(void) {
     env_default(1);
-    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 32], ref[32], sum[32];
+    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 64], ref[32], sum[32];
     unsigned long long plain, req;
     snprintf(out, sizeof out, "%s/cache.json", root);
     snprintf(dir, sizeof dir, "%s/cache5", root);
@@ -2180,6 +2236,24 @@ static void test_cache_shards(void) {
             CHECK_EQ(json_cache(out, "requests_to_store"), 0);
             CHECK(json_cache(out, "hits") > 0);
             CHECK(req < plain);
+        }
+    }
+    /* A limit of about half the blocks: the same batches; what it keeps is
+     * read from it, the rest from the store as the reader asked it. */
+    unsigned n;
+    unsigned long long half = cache_usage(dir, &n) / 2;
+    CHECK_GT(n, 1);
+    snprintf(dir, sizeof dir, "%s/cache6", root);
+    snprintf(args, sizeof args, "--cache-dir '%s' --cache-limit %llu", dir, half);
+    for (int run = 0; run < 2; run++) {
+        cache_run("s3://bkt/shards", args, out, &req);
+        json_checksum(out, sum, sizeof sum);
+        CHECK_STR_EQ(sum, ref);
+        CHECK(cache_usage(dir, NULL) <= half);
+        CHECK_EQ(json_cache(out, "evictions"), 0);
+        if (run == 1) {
+            CHECK_GT(json_cache(out, "hits"), 0);
+            CHECK_GT(json_cache(out, "misses"), 0);
         }
     }
     env_default(0);
@@ -2292,6 +2366,7 @@ int main(void) {
         RUN(test_cache_changed);
         RUN(test_cache_two_processes);
         RUN(test_cache_limit);
+        RUN(test_cache_cold);
         RUN(test_cache_killed);
         RUN(test_cache_shards);
         RUN(test_cache_options);

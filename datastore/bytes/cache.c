@@ -18,16 +18,24 @@
  * the file's size must be the header's; each chunk read is checked. A
  * process killed while writing leaves a temporary file, never an entry.
  *
- * Room. Publishing reserves the entry's bytes in DIR/usage first; past the
- * limit, entries whose last use (their mtime, set at each hit) is older
- * than the handle are removed, oldest first, and never one a reader holds
- * (readers hold an flock shared while they read; eviction takes it
- * exclusively without waiting and skips the entry when it cannot). When
- * that does not make room the entry is dropped: a cache smaller than what
- * a run reads keeps the part it holds and the rest streams from the store,
- * rather than evicting each entry before its next use. A crash can only
- * leave the count too high (a reservation never published), which the
- * next lone opener corrects.
+ * Room. Publishing reserves the entry's bytes in DIR/usage first. Past the
+ * limit, only cold entries may go: those whose last use (their mtime, set
+ * at the first hit of each epoch) is older than the start of the epoch
+ * before the last one this handle read, i.e. entries that two whole passes
+ * over the data did not want (those of another dataset, of an object's old
+ * version). They go oldest first, and never one a reader holds (readers
+ * hold an flock shared while they read; eviction takes it exclusively
+ * without waiting and skips the entry when it cannot). The folder is
+ * scanned for them once an epoch, at the first entry that does not fit.
+ * When they do not make room, the handle keeps nothing more until the next
+ * epoch: a cache smaller than what a run reads keeps the part it holds and
+ * the rest streams from the store, as cheaply as without a cache, rather
+ * than evicting each entry before its next use (least-recently-used
+ * eviction under a shuffled epoch larger than the cache evicts nearly
+ * every entry before it is read again). Entries of an earlier run are
+ * this run's too once read: a later run keeps the set an earlier one
+ * filled. A crash can only leave the count too high (a reservation never
+ * published), which the next lone opener corrects.
  */
 #include "datastore/bytes/cache.h"
 
@@ -44,11 +52,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CACHE_MAGIC    "DSRTce1\n"
-#define CACHE_CHUNK    ((size_t)64 << 10) /* bytes under one hash */
-#define CACHE_ETAG     96                 /* bytes of an ETag kept */
-#define CACHE_FULL_NS  1000000000ULL      /* after a failed eviction, no try for this long */
-#define CACHE_TOUCH_NS 1000000000LL       /* a hit refreshes an entry's last use this often */
+#define CACHE_MAGIC "DSRTce1\n"
+#define CACHE_CHUNK ((size_t)64 << 10) /* bytes under one hash */
+#define CACHE_ETAG  96                 /* bytes of an ETag kept */
 
 typedef struct {
     char magic[8];
@@ -57,28 +63,40 @@ typedef struct {
     char etag[CACHE_ETAG];
     uint64_t check; /* of this header (check 0), the URL and the chunk hashes */
 } entry_head;
+_Static_assert(sizeof(entry_head) == DSRT_CACHE_ENTRY_BYTES, "cache.h's DSRT_CACHE_ENTRY_BYTES");
+
+/* An entry of the folder, as a scan finds it. */
+typedef struct {
+    int64_t mtime;
+    uint64_t size;
+    uint64_t key;
+} entry_stat;
 
 struct dsrt_cache {
     char *dir;
     uint64_t limit;
     int usage_fd, users_fd;
-    int64_t opened_ns;   /* wall clock: entries used since are this run's */
-    uint64_t full_until; /* monotonic: no eviction tried before */
-    uint64_t seq;        /* temporary file names */
-    uint8_t *scratch;    /* chunks read, before they are checked */
+    /* Epochs told (dsrt__cache_epoch): the last, how many, and when this
+     * handle's last three began (wall clock, coarse: as file times), [0]
+     * the current one's. */
+    uint64_t epoch;
+    uint64_t epochs;
+    int64_t began[3];
+    int full;         /* admits nothing until the next epoch */
+    int scanned;      /* the folder was scanned for cold entries this epoch */
+    entry_stat *cold; /* (ncold) cold at the scan, oldest first; [icold..) not tried */
+    size_t ncold, icold;
+    uint64_t seq;     /* temporary file names */
+    uint8_t *scratch; /* chunks read, before they are checked */
     size_t scratch_cap;
     uint64_t hits, bytes, misses, evictions;
 };
 
-static uint64_t mono_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
+/* The wall clock as the kernel stamps files (its coarse clock): an entry
+ * touched after this reading has an mtime no earlier than it. */
 static int64_t wall_ns(void) {
     struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
+    clock_gettime(CLOCK_REALTIME_COARSE, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
@@ -215,13 +233,6 @@ static void drop_file(const char *path, uint64_t size, uint64_t *usage) {
     if (unlink(path) == 0) *usage -= DSRT_MIN(*usage, size);
 }
 
-/* The entries of the folder, for eviction and counting. */
-typedef struct {
-    int64_t mtime;
-    uint64_t size;
-    uint64_t key;
-} entry_stat;
-
 /* Calls each for every entry; with sweep, also removes temporary and lock
  * files (only a lone opener may: no one else writes). */
 static int scan(dsrt_cache *c, int sweep, entry_stat **out, size_t *n_out) {
@@ -270,26 +281,66 @@ static int by_mtime(const void *a, const void *b) {
     return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
 }
 
-/* Removes entries not used since the handle opened, oldest first, none a
- * reader holds, until *usage + need fits the limit. Under the usage lock. */
+/* Entries last used before this are cold (INT64_MIN: none is): the start
+ * of the epoch before the last, once this handle has read two whole
+ * epochs. */
+static int64_t cold_before(const dsrt_cache *c) {
+    return c->epochs >= 3 ? c->began[2] : INT64_MIN;
+}
+
+/* Removes cold entries, oldest first, none a reader holds nor one used
+ * since the scan, until *usage + need fits the limit. The folder is
+ * scanned at the first call of an epoch; the others go on down its list.
+ * Under the usage lock. */
 static void evict(dsrt_cache *c, uint64_t need, uint64_t *usage) {
-    entry_stat *v;
-    size_t n;
-    if (scan(c, 0, &v, &n) != 0) return;
-    qsort(v, n, sizeof *v, by_mtime);
-    for (size_t i = 0; i<n && * usage + need> c->limit; i++) {
-        if (v[i].mtime >= c->opened_ns) break; /* this run's: keep them all */
+    int64_t before = cold_before(c);
+    if (before == INT64_MIN) return;
+    if (!c->scanned) {
+        entry_stat *v;
+        size_t n, k = 0;
+        c->scanned = 1;
+        if (scan(c, 0, &v, &n) != 0) return;
+        for (size_t i = 0; i < n; i++)
+            if (v[i].mtime < before) v[k++] = v[i];
+        qsort(v, k, sizeof *v, by_mtime);
+        c->cold = v;
+        c->ncold = k;
+        c->icold = 0;
+    }
+    while (c->icold<c->ncold && * usage + need> c->limit) {
         path_buf p;
-        entry_path(c, v[i].key, ".e", &p);
+        entry_path(c, c->cold[c->icold++].key, ".e", &p);
         int fd = open(p.s, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) continue;
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-            drop_file(p.s, v[i].size, usage);
+        if (fd < 0) continue; /* gone already */
+        struct stat st, now;
+        /* Still the file scanned (not one published since in its place),
+         * still cold, and not being read. */
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &st) == 0 && mtime_ns(&st) < before &&
+            stat(p.s, &now) == 0 && now.st_ino == st.st_ino) {
+            drop_file(p.s, (uint64_t)st.st_size, usage);
             c->evictions++;
         }
         close(fd);
     }
-    free(v);
+}
+
+void dsrt__cache_epoch(dsrt_cache *c, uint64_t epoch) {
+    if (!c || (c->epochs && epoch <= c->epoch)) return;
+    c->epoch = epoch;
+    c->epochs++;
+    c->began[2] = c->began[1];
+    c->began[1] = c->began[0];
+    c->began[0] = wall_ns();
+    /* Entries may have gone cold (or been evicted by others): look again. */
+    c->full = 0;
+    c->scanned = 0;
+    free(c->cold);
+    c->cold = NULL;
+    c->ncold = c->icold = 0;
+}
+
+int dsrt__cache_full(const dsrt_cache *c) {
+    return c->full;
 }
 
 // ----------------------------------------------------------------------------
@@ -303,7 +354,7 @@ int dsrt__cache_open(dsrt_cache **out, const char *dir, uint64_t limit) {
     if (!c) return -ENOMEM;
     c->usage_fd = c->users_fd = -1;
     c->limit = limit;
-    c->opened_ns = wall_ns();
+    c->began[0] = wall_ns(); /* for a handle never told an epoch */
     rc = -ENOMEM;
     if (!(c->dir = dsrt__strdup(dir))) goto fail;
     char p[PATH_MAX];
@@ -350,6 +401,7 @@ void dsrt__cache_close(dsrt_cache *c) {
     if (c->usage_fd >= 0) close(c->usage_fd);
     if (c->users_fd >= 0) close(c->users_fd);
     free(c->scratch);
+    free(c->cold);
     free(c->dir);
     free(c);
 }
@@ -452,9 +504,9 @@ int dsrt__cache_read(dsrt_cache *c, uint64_t key, const char *url, uint64_t off,
     memcpy(dst, c->scratch + (off - a), (size_t)(end - off));
     *got = (size_t)(end - off);
     rc = 1;
-    /* Its last use, for eviction (not at every hit: a system call less). */
-    if (mtime_ns(&st) < c->opened_ns || wall_ns() - mtime_ns(&st) > CACHE_TOUCH_NS)
-        futimens(fd, NULL);
+    /* Its last use, for eviction: once an epoch is enough to tell a cold
+     * entry (a system call less at the other hits). */
+    if (mtime_ns(&st) < c->began[0]) futimens(fd, NULL);
 out:
     if (damaged && rc == 0) drop_damaged(c, p.s, fd);
     close(fd);
@@ -511,22 +563,23 @@ static int write_all(int fd, struct iovec *iov, int n) {
 
 int dsrt__cache_put(dsrt_cache *c, uint64_t key, const dsrt_cache_entry *e, const void *data,
                     size_t len) {
-    if (len == 0 || mono_ns() < c->full_until) return 0;
+    if (len == 0 || c->full) return 0;
     size_t url_len = strlen(e->url), nch = chunks_of(len);
     uint64_t file_bytes = sizeof(entry_head) + url_len + nch * 8 + len;
 
     /* Room first: the bytes are reserved before anything is written. */
     flock(c->usage_fd, LOCK_EX);
     uint64_t usage = usage_get(c);
+    uint64_t evicted = c->evictions;
     if (c->limit && usage + file_bytes > c->limit) evict(c, file_bytes, &usage);
     int room = !c->limit || usage + file_bytes <= c->limit;
     if (room)
         usage_set(c, usage + file_bytes);
-    else
+    else if (c->evictions != evicted)
         usage_set(c, usage);
     flock(c->usage_fd, LOCK_UN);
     if (!room) {
-        c->full_until = mono_ns() + CACHE_FULL_NS;
+        c->full = 1; /* until the next epoch */
         return 0;
     }
 
@@ -584,7 +637,9 @@ int dsrt__cache_put(dsrt_cache *c, uint64_t key, const dsrt_cache_entry *e, cons
     free(sums);
     return 1;
 fail:
-    /* The disk refused (full, read-only): no entry, the reservation back. */
+    /* The disk refused (full, read-only): no entry, the reservation back,
+     * and no other write tried this epoch. */
+    c->full = 1;
     if (fd >= 0) close(fd);
     unlink(tmp.s);
     free(sums);

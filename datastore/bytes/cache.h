@@ -14,6 +14,13 @@
  * checked on every read: a damaged entry is removed and fetched again,
  * never handed over.
  *
+ * Room. The limit counts the entries' files: an object's bytes, plus a
+ * header of DSRT_CACHE_ENTRY_BYTES, its URL and 8 bytes every 64 KiB. A
+ * cache smaller than the data keeps the entries it holds and streams the
+ * rest (see dsrt__cache_put); entries are evicted only for lack of use
+ * over whole epochs, so a run does not evict the entries of a run before
+ * it that it is about to read.
+ *
  * Processes share the folder through the file system alone: a fill lock is
  * an flock on a lock file (the kernel drops it when its process dies, so
  * nothing stale blocks), an entry is written to a temporary file and
@@ -31,6 +38,9 @@
 /* Bytes of a block of an object read by ranges. One stream read of a shard
  * (8 MiB) spans 9 blocks; one member's range, one or two. */
 #define DSRT_CACHE_BLOCK ((uint64_t)1 << 20)
+/* Bytes of an entry's file besides its object's bytes, its URL and its
+ * 64 KiB chunks' hashes (8 bytes each): the header. */
+#define DSRT_CACHE_ENTRY_BYTES 168
 /* The block number of a whole object's entry. */
 #define DSRT_CACHE_WHOLE UINT64_MAX
 
@@ -64,6 +74,22 @@ uint64_t dsrt__cache_key(const char *url, uint64_t version, uint64_t block);
 int dsrt__cache_read(dsrt_cache *c, uint64_t key, const char *url, uint64_t off, size_t len,
                      void *dst, size_t *got, uint64_t *size);
 
+/*
+ * Tells the cache which epoch the requests to follow read (a number that
+ * grows; an older one, a straggler of the epoch before, changes nothing).
+ * Epochs decide what may be evicted: only entries not used during this
+ * handle's last two whole epochs, which a shuffled pass over the data
+ * would have read. A handle never told an epoch (a dsrt_reader used on
+ * its own) evicts nothing: it fills the free room, then reads the rest
+ * from the store.
+ */
+void dsrt__cache_epoch(dsrt_cache *c, uint64_t epoch);
+
+/* 1 when the cache admits nothing more this epoch (full, and nothing it
+ * may evict): a miss then goes to the store as a plain request, without a
+ * fill lock, a temporary file or a look at the folder. */
+int dsrt__cache_full(const dsrt_cache *c);
+
 /* Takes the fill lock of entry key without waiting: a descriptor >= 0,
  * -EWOULDBLOCK when another process or thread holds it, or another -errno. */
 int dsrt__cache_lock(dsrt_cache *c, uint64_t key);
@@ -81,12 +107,13 @@ typedef struct {
 
 /*
  * Publishes data[0..len) as entry key, its fill lock held. When the cache
- * is full, the entries not used since this handle was opened go first,
- * least recently used first, and never one being read; when that is not
- * enough the entry is not kept (a cache smaller than what a run reads
- * keeps what it holds rather than trade it for bytes read later). Returns
- * 1 when published, 0 when not kept (full, or the disk refused: nothing of
- * the entry is left).
+ * is full, entries not used during this handle's last two epochs go
+ * first, least recently used first, and never one being read; when that
+ * is not enough the entry is not kept, nor any other until the next epoch
+ * (a cache smaller than what a run reads keeps what it holds rather than
+ * trade it for bytes read later in the epoch). Returns 1 when published,
+ * 0 when not kept (full, or the disk refused: nothing of the entry is
+ * left).
  */
 int dsrt__cache_put(dsrt_cache *c, uint64_t key, const dsrt_cache_entry *e, const void *data,
                     size_t len);
@@ -98,10 +125,11 @@ void dsrt__cache_stats(const dsrt_cache *c, dsrt_remote_stats *s);
  * went to the store (hit 0). */
 void dsrt__cache_count(dsrt_cache *c, int hit, uint64_t bytes);
 
-/* As dsrt_reader_submit, for an object in a store whose version the
- * datastore knows (its listing's ETag and size; 0: not known), so that its
- * cache entries of another version are not taken (reader.c). */
-int dsrt__reader_submit_object(dsrt_reader *r, const char *url, uint64_t version, void *buf,
-                               size_t cap, uint64_t tag);
+/* As dsrt_reader_submit, for a sample of a datastore read in epoch `epoch`:
+ * an object in a store (with a cache, its entries of another version than
+ * `version`, its listing's ETag and size, 0: not known, are not taken), or
+ * a local file (reader.c). */
+int dsrt__reader_submit_sample(dsrt_reader *r, const char *path, uint64_t version, uint64_t epoch,
+                               void *buf, size_t cap, uint64_t tag);
 
 #endif

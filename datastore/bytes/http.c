@@ -684,13 +684,17 @@ static void span_finish(dsrt_http *h, http_req *q, size_t got) {
 }
 
 /* Starts q through the cache: answered from its entries (finished), waiting
- * for another process's fill of them, or fetched (its fill locks held). */
+ * for another process's fill of them, or fetched (its fill locks held).
+ * When the cache keeps nothing more this epoch, a miss is fetched as the
+ * caller asked, with no lock taken: what the store sends goes straight to
+ * the caller. */
 static int cache_begin(dsrt_http *h, http_req *q) {
+    int full = dsrt__cache_full(h->cache);
     if (q->cache == CACHE_WHOLE) {
         uint64_t key = cache_key_of(q, 0);
         int rc = whole_lookup(h, q, key);
         if (rc != 0) return rc < 0 ? rc : 0;
-        int fd = dsrt__cache_lock(h->cache, key);
+        int fd = full ? -ENOSPC : dsrt__cache_lock(h->cache, key);
         if (fd == -EWOULDBLOCK && cache_wait(h, q)) return 0;
         if (fd >= 0) {
             q->locks[0] = fd;
@@ -724,6 +728,12 @@ static int cache_begin(dsrt_http *h, http_req *q) {
             dsrt__cache_count(h->cache, 1, got);
             span_finish(h, q, got);
             return 0;
+        }
+        if (full) {
+            /* Only the caller's range, not whole blocks nothing would keep. */
+            cache_release(h, q);
+            dsrt__cache_count(h->cache, 0, 0);
+            return attempt_start(h, q);
         }
         for (unsigned i = 0; i < q->nblk; i++) {
             if (!miss[i]) continue;
@@ -1109,6 +1119,10 @@ void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s) {
     s->in_flight_s = h->in_flight_ns * 1e-9;
     s->busy_s = (double)h->busy_ns * 1e-9;
     dsrt__cache_stats(h->cache, s);
+}
+
+void dsrt__http_epoch(dsrt_http *h, uint64_t epoch) {
+    dsrt__cache_epoch(h->cache, epoch);
 }
 
 uint64_t dsrt__http_delivered_version(const dsrt_http *h) {

@@ -48,6 +48,9 @@ unsigned dsrt__http_in_flight(const dsrt_http *h);
 /* Drops every request in flight or finished and not collected. */
 void dsrt__http_cancel(dsrt_http *h);
 void dsrt__http_stats(const dsrt_http *h, dsrt_remote_stats *s);
+/* The epoch the requests to follow read, for a cache's eviction
+ * (dsrt__cache_epoch); nothing without a cache. */
+void dsrt__http_epoch(dsrt_http *h, uint64_t epoch);
 /* The version (ETag and size) of the object of the last result handed
  * over, 0 when its answer gave no ETag or size. */
 uint64_t dsrt__http_delivered_version(const dsrt_http *h);

@@ -246,24 +246,30 @@ int dsrt_reader_submit(dsrt_reader *r, const char *path, void *buf, size_t cap, 
     return dsrt_reader_submit_range(r, path, 0, 0, buf, cap, tag);
 }
 
-/* A URL's request, through the reader's client (made at the first). */
-static int submit_url(dsrt_reader *r, const char *path, uint64_t version, uint64_t offset,
-                      uint64_t length, void *buf, size_t cap, uint64_t tag) {
+/* The reader's client for URLs, made at the first. */
+static int client(dsrt_reader *r, const char *path) {
     int rc;
     if (!r->http && (rc = dsrt__http_create(&r->http, &r->remote)) != 0)
         return dsrt__fail_prefix(rc, "read: %s", path);
-    return dsrt__http_submit(r->http, path, version, offset, length, buf, cap, tag);
+    return 0;
 }
 
-int dsrt__reader_submit_object(dsrt_reader *r, const char *url, uint64_t version, void *buf,
-                               size_t cap, uint64_t tag) {
-    return submit_url(r, url, version, 0, 0, buf, cap, tag);
+int dsrt__reader_submit_sample(dsrt_reader *r, const char *path, uint64_t version, uint64_t epoch,
+                               void *buf, size_t cap, uint64_t tag) {
+    if (!dsrt__is_url(path)) return dsrt_reader_submit(r, path, buf, cap, tag);
+    int rc = client(r, path);
+    if (rc != 0) return rc;
+    dsrt__http_epoch(r->http, epoch);
+    return dsrt__http_submit(r->http, path, version, 0, 0, buf, cap, tag);
 }
 
 int dsrt_reader_submit_range(dsrt_reader *r, const char *path, uint64_t offset, uint64_t length,
                              void *buf, size_t cap, uint64_t tag) {
     assert(r && path && (buf || cap == 0));
-    if (dsrt__is_url(path)) return submit_url(r, path, 0, offset, length, buf, cap, tag);
+    if (dsrt__is_url(path)) {
+        int rc = client(r, path);
+        return rc ? rc : dsrt__http_submit(r->http, path, 0, offset, length, buf, cap, tag);
+    }
     if (length > UINT64_MAX - offset)
         return dsrt__fail(-EINVAL, "read: %s: range %llu+%llu overflows", path,
                           (unsigned long long)offset, (unsigned long long)length);

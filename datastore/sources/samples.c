@@ -31,13 +31,13 @@ typedef struct {
 } path_reader;
 
 static int path_submit(void *r, uint32_t pos, uint64_t epoch, void *buf, size_t cap, uint64_t tag) {
-    (void)epoch;
     path_reader *p = r;
     const char *path = dsrt_datastore_path(p->ds, pos);
-    /* Objects of a listing: their versions, for a cache. */
+    /* Objects of a listing: their versions, for a cache; the epoch, for
+     * its eviction. */
     const uint64_t *v = p->ds->index->versions;
-    if (v) return dsrt__reader_submit_object(p->r, path, v[dsrt__pos(p->ds, pos)], buf, cap, tag);
-    return dsrt_reader_submit(p->r, path, buf, cap, tag);
+    return dsrt__reader_submit_sample(p->r, path, v ? v[dsrt__pos(p->ds, pos)] : 0, epoch, buf, cap,
+                                      tag);
 }
 static int path_collect(void *r, dsrt_read_result *res, int wait) {
     return dsrt_reader_collect(((path_reader *)r)->r, res, wait);

@@ -180,10 +180,15 @@ typedef struct {
      * share it safely (one fills an entry, the others wait for it). NULL
      * (default): no cache. The string is copied. */
     const char *cache_dir;
-    /* Bytes of entries the cache folder keeps at most; least recently used
-     * entries go first, but never the ones this run has used: once those
-     * fill it, the rest is read from the store each time. 0 (default): no
-     * limit but the disk. */
+    /* Bytes of entries the cache folder keeps at most. An entry takes its
+     * object's (or block's) bytes plus 168, its URL and 8 every 64 KiB, so
+     * a limit of the data's size plus that much an object holds it all.
+     * Once full, the rest is read from the store, as cheaply as without a
+     * cache, and what the cache holds stays: only entries that this
+     * reader's last two whole epochs did not read (another dataset's, an
+     * old version's) are evicted to make room, least recently used first.
+     * A dsrt_reader used on its own knows no epochs and evicts nothing.
+     * 0 (default): no limit but the disk. */
     uint64_t cache_limit;
 } dsrt_remote_options;
 

@@ -467,6 +467,7 @@ static void issue_remote(dsrt_shard_reader *r) {
     for (unsigned k = 0; k < r->nqueued; k++) {
         int i = r->queued[k];
         sreq *q = &r->reqs[i];
+        dsrt__http_epoch(r->http, q->epoch);
         int rc = dsrt__http_submit(r->http, r->set->shards[q->shard].path,
                                    r->set->shards[q->shard].version, q->off, q->size, q->buf,
                                    q->cap, (uint64_t)i);
@@ -1134,6 +1135,7 @@ static void block_deliver(dsrt_shard_stream *s, block *b, long long err) {
 static void block_read(dsrt_shard_stream *s, block *b) {
     if (s->http) {
         /* A ranged GET; its answer comes from the client's collect. */
+        dsrt__http_epoch(s->http, b->epoch);
         int rc = dsrt__http_submit(s->http, s->set->shards[b->shard].path,
                                    s->set->shards[b->shard].version, b->off, b->len, b->buf,
                                    s->block_bytes, (uint64_t)(b - s->blocks));
