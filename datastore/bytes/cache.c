@@ -7,10 +7,13 @@
  * only under an flock of that file; DIR/users is flocked shared by every
  * open handle, so the first one to open (it gets it exclusively) knows no
  * one else writes and may count the entries again and sweep what a killed
- * process left (temporary files, lock files). Entries live in 256
- * sub-folders by the first byte of their name: DIR/ab/abcdef0123456789.e,
- * their fill locks beside them (.lock), files being written as
- * NAME.PID.N.tmp.
+ * process left (temporary files). Entries live in 256 sub-folders by the
+ * first byte of their name: DIR/ab/abcdef0123456789.e, files being written
+ * as NAME.PID.N.tmp. The fill lock of an entry is a lock of one byte of
+ * DIR/locks, at the entry's name halved (an open-file-description lock:
+ * each handle's own, dropped by the kernel when its process dies); a file
+ * made and removed for each fill cost more than the fetch itself (ext4
+ * looks for a free inode among those recently freed).
  *
  * Entry file: a header (magic, name, version, block, object size, entry
  * size, ETag), the URL, a hash of every 64 KiB of data, the data. The
@@ -75,7 +78,7 @@ typedef struct {
 struct dsrt_cache {
     char *dir;
     uint64_t limit;
-    int usage_fd, users_fd;
+    int usage_fd, users_fd, locks_fd;
     /* Epochs told (dsrt__cache_epoch): the last, how many, and when this
      * handle's last three began (wall clock, coarse: as file times), [0]
      * the current one's. */
@@ -83,6 +86,7 @@ struct dsrt_cache {
     uint64_t epochs;
     int64_t began[3];
     int full;         /* admits nothing until the next epoch */
+    uint64_t refused; /* bytes of the smallest entry refused for want of room */
     int scanned;      /* the folder was scanned for cold entries this epoch */
     entry_stat *cold; /* (ncold) cold at the scan, oldest first; [icold..) not tried */
     size_t ncold, icold;
@@ -233,8 +237,8 @@ static void drop_file(const char *path, uint64_t size, uint64_t *usage) {
     if (unlink(path) == 0) *usage -= DSRT_MIN(*usage, size);
 }
 
-/* Calls each for every entry; with sweep, also removes temporary and lock
- * files (only a lone opener may: no one else writes). */
+/* Lists every entry; with sweep, also removes temporary files (only a
+ * lone opener may: no one else writes). */
 static int scan(dsrt_cache *c, int sweep, entry_stat **out, size_t *n_out) {
     entry_stat *v = NULL;
     size_t n = 0, cap = 0;
@@ -263,9 +267,7 @@ static int scan(dsrt_cache *c, int sweep, entry_stat **out, size_t *n_out) {
                 v[n++] = (entry_stat){.mtime = mtime_ns(&st),
                                       .size = (uint64_t)st.st_size,
                                       .key = strtoull(name, NULL, 16)};
-            } else if (sweep && len > 4 &&
-                       (strcmp(name + len - 4, ".tmp") == 0 ||
-                        (len > 5 && strcmp(name + len - 5, ".lock") == 0))) {
+            } else if (sweep && len > 4 && strcmp(name + len - 4, ".tmp") == 0) {
                 unlink(p);
             }
         }
@@ -288,6 +290,21 @@ static int64_t cold_before(const dsrt_cache *c) {
     return c->epochs >= 3 ? c->began[2] : INT64_MIN;
 }
 
+/* Cold entries oldest first into c->cold, at most once an epoch. */
+static void find_cold(dsrt_cache *c, int64_t before) {
+    if (c->scanned) return;
+    c->scanned = 1;
+    entry_stat *v;
+    size_t n, k = 0;
+    if (scan(c, 0, &v, &n) != 0) return;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].mtime < before) v[k++] = v[i];
+    qsort(v, k, sizeof *v, by_mtime);
+    c->cold = v;
+    c->ncold = k;
+    c->icold = 0;
+}
+
 /* Removes cold entries, oldest first, none a reader holds nor one used
  * since the scan, until *usage + need fits the limit. The folder is
  * scanned at the first call of an epoch; the others go on down its list.
@@ -295,18 +312,7 @@ static int64_t cold_before(const dsrt_cache *c) {
 static void evict(dsrt_cache *c, uint64_t need, uint64_t *usage) {
     int64_t before = cold_before(c);
     if (before == INT64_MIN) return;
-    if (!c->scanned) {
-        entry_stat *v;
-        size_t n, k = 0;
-        c->scanned = 1;
-        if (scan(c, 0, &v, &n) != 0) return;
-        for (size_t i = 0; i < n; i++)
-            if (v[i].mtime < before) v[k++] = v[i];
-        qsort(v, k, sizeof *v, by_mtime);
-        c->cold = v;
-        c->ncold = k;
-        c->icold = 0;
-    }
+    find_cold(c, before);
     while (c->icold<c->ncold && * usage + need> c->limit) {
         path_buf p;
         entry_path(c, c->cold[c->icold++].key, ".e", &p);
@@ -339,7 +345,19 @@ void dsrt__cache_epoch(dsrt_cache *c, uint64_t epoch) {
     c->ncold = c->icold = 0;
 }
 
-int dsrt__cache_full(const dsrt_cache *c) {
+int dsrt__cache_full(dsrt_cache *c) {
+    if (c->full || !c->limit) return c->full;
+    /* The count (read without its lock: a hint, the put decides) leaves
+     * less room than an entry this handle could not keep, or than a
+     * sixty-fourth of the limit (at most a block): unless there are cold
+     * entries to evict, nothing is kept. Known before the fetch, a miss
+     * takes no fill lock. */
+    uint64_t usage = usage_get(c), room = c->limit - DSRT_MIN(usage, c->limit);
+    uint64_t least = DSRT_MIN(c->limit / 64, DSRT_CACHE_BLOCK);
+    if (room >= least && (!c->refused || room >= c->refused)) return 0;
+    int64_t before = cold_before(c);
+    if (before != INT64_MIN) find_cold(c, before);
+    if (c->icold >= c->ncold) c->full = 1;
     return c->full;
 }
 
@@ -352,7 +370,7 @@ int dsrt__cache_open(dsrt_cache **out, const char *dir, uint64_t limit) {
     if (rc != 0) return rc;
     dsrt_cache *c = dsrt__calloc(1, sizeof *c);
     if (!c) return -ENOMEM;
-    c->usage_fd = c->users_fd = -1;
+    c->usage_fd = c->users_fd = c->locks_fd = -1;
     c->limit = limit;
     c->began[0] = wall_ns(); /* for a handle never told an epoch */
     rc = -ENOMEM;
@@ -367,6 +385,11 @@ int dsrt__cache_open(dsrt_cache **out, const char *dir, uint64_t limit) {
     }
     snprintf(p, sizeof p, "%s/users", dir);
     if ((c->users_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0) {
+        rc = dsrt__fail(-errno, "cache: %s: %s", p, strerror(errno));
+        goto fail;
+    }
+    snprintf(p, sizeof p, "%s/locks", dir);
+    if ((c->locks_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0) {
         rc = dsrt__fail(-errno, "cache: %s: %s", p, strerror(errno));
         goto fail;
     }
@@ -400,6 +423,7 @@ void dsrt__cache_close(dsrt_cache *c) {
     if (!c) return;
     if (c->usage_fd >= 0) close(c->usage_fd);
     if (c->users_fd >= 0) close(c->users_fd);
+    if (c->locks_fd >= 0) close(c->locks_fd);
     free(c->scratch);
     free(c->cold);
     free(c->dir);
@@ -517,27 +541,21 @@ out:
 // ----------------------------------------------------------------------------
 // Filling an entry
 
-int dsrt__cache_lock(dsrt_cache *c, uint64_t key) {
-    path_buf p;
-    entry_path(c, key, ".lock", &p);
-    int fd = open(p.s, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return -errno;
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        close(fd);
-        return e == EWOULDBLOCK ? -EWOULDBLOCK : -e;
-    }
-    return fd;
+/* Locks (F_WRLCK) or unlocks (F_UNLCK) the byte of entry key's fill lock. */
+static int fill_lock(const dsrt_cache *c, uint64_t key, short type) {
+    struct flock fl = {
+        .l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)(key >> 1), .l_len = 1};
+    return fcntl(c->locks_fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
 }
 
-void dsrt__cache_unlock(dsrt_cache *c, uint64_t key, int fd) {
-    if (fd < 0) return;
-    path_buf p;
-    entry_path(c, key, ".lock", &p);
-    /* Whoever opened the old file and waits on it finds the entry there
-     * once it gets the lock, and does not fill it again. */
-    unlink(p.s);
-    close(fd);
+int dsrt__cache_lock(dsrt_cache *c, uint64_t key) {
+    int rc = fill_lock(c, key, F_WRLCK);
+    return rc == -EAGAIN || rc == -EACCES ? -EWOULDBLOCK : rc;
+}
+
+void dsrt__cache_unlock(dsrt_cache *c, uint64_t key, int held) {
+    /* Whoever waits on it looks for the entry again before it fills it. */
+    if (held >= 0) fill_lock(c, key, F_UNLCK);
 }
 
 /* Writes the whole of an entry's file. */
@@ -580,6 +598,7 @@ int dsrt__cache_put(dsrt_cache *c, uint64_t key, const dsrt_cache_entry *e, cons
     flock(c->usage_fd, LOCK_UN);
     if (!room) {
         c->full = 1; /* until the next epoch */
+        if (!c->refused || file_bytes < c->refused) c->refused = file_bytes;
         return 0;
     }
 

@@ -22,7 +22,7 @@
  * it that it is about to read.
  *
  * Processes share the folder through the file system alone: a fill lock is
- * an flock on a lock file (the kernel drops it when its process dies, so
+ * a lock of a byte of a file (the kernel drops it when its process dies, so
  * nothing stale blocks), an entry is written to a temporary file and
  * published by rename (a reader sees the whole entry or none), and the
  * bytes in use are a count in a file under an flock. A handle belongs to
@@ -88,13 +88,14 @@ void dsrt__cache_epoch(dsrt_cache *c, uint64_t epoch);
 /* 1 when the cache admits nothing more this epoch (full, and nothing it
  * may evict): a miss then goes to the store as a plain request, without a
  * fill lock, a temporary file or a look at the folder. */
-int dsrt__cache_full(const dsrt_cache *c);
+int dsrt__cache_full(dsrt_cache *c);
 
-/* Takes the fill lock of entry key without waiting: a descriptor >= 0,
- * -EWOULDBLOCK when another process or thread holds it, or another -errno. */
+/* Takes the fill lock of entry key without waiting: 0, -EWOULDBLOCK when
+ * another handle (of this process or another) holds it, or another
+ * -errno. */
 int dsrt__cache_lock(dsrt_cache *c, uint64_t key);
-/* Drops a fill lock (fd < 0: none). */
-void dsrt__cache_unlock(dsrt_cache *c, uint64_t key, int fd);
+/* Drops a fill lock; held is what dsrt__cache_lock returned (< 0: none). */
+void dsrt__cache_unlock(dsrt_cache *c, uint64_t key, int held);
 
 /* What an entry is of. */
 typedef struct {

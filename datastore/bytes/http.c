@@ -110,7 +110,7 @@ typedef struct {
     size_t span_cap;
     uint64_t k0;
     unsigned nblk;
-    int locks[HTTP_CACHE_SPAN]; /* fill locks held, -1 where none */
+    int locks[HTTP_CACHE_SPAN]; /* fill locks: dsrt__cache_lock's 0 where held, -1 where not */
     uint64_t wait_since;        /* waiting for another's fill since; 0: not waiting */
 } http_req;
 
@@ -689,15 +689,14 @@ static void span_finish(dsrt_http *h, http_req *q, size_t got) {
  * caller asked, with no lock taken: what the store sends goes straight to
  * the caller. */
 static int cache_begin(dsrt_http *h, http_req *q) {
-    int full = dsrt__cache_full(h->cache);
     if (q->cache == CACHE_WHOLE) {
         uint64_t key = cache_key_of(q, 0);
         int rc = whole_lookup(h, q, key);
         if (rc != 0) return rc < 0 ? rc : 0;
-        int fd = full ? -ENOSPC : dsrt__cache_lock(h->cache, key);
-        if (fd == -EWOULDBLOCK && cache_wait(h, q)) return 0;
-        if (fd >= 0) {
-            q->locks[0] = fd;
+        int lk = dsrt__cache_full(h->cache) ? -ENOSPC : dsrt__cache_lock(h->cache, key);
+        if (lk == -EWOULDBLOCK && cache_wait(h, q)) return 0;
+        if (lk >= 0) {
+            q->locks[0] = lk;
             /* Filled between the look and the lock. */
             if ((rc = whole_lookup(h, q, key)) != 0) return rc < 0 ? rc : 0;
         }
@@ -729,7 +728,7 @@ static int cache_begin(dsrt_http *h, http_req *q) {
             span_finish(h, q, got);
             return 0;
         }
-        if (full) {
+        if (dsrt__cache_full(h->cache)) {
             /* Only the caller's range, not whole blocks nothing would keep. */
             cache_release(h, q);
             dsrt__cache_count(h->cache, 0, 0);
@@ -737,9 +736,9 @@ static int cache_begin(dsrt_http *h, http_req *q) {
         }
         for (unsigned i = 0; i < q->nblk; i++) {
             if (!miss[i]) continue;
-            int fd = dsrt__cache_lock(h->cache, cache_key_of(q, i));
-            if (fd >= 0) q->locks[i] = fd, held++;
-            busy += fd == -EWOULDBLOCK;
+            int lk = dsrt__cache_lock(h->cache, cache_key_of(q, i));
+            if (lk >= 0) q->locks[i] = lk, held++;
+            busy += lk == -EWOULDBLOCK;
         }
         /* Every missing block being filled by another: wait for them. */
         if (!held && busy && cache_wait(h, q)) return 0;
