@@ -1968,7 +1968,7 @@ static unsigned long long json_cache(const char *out, const char *what) {
 /* Bytes of the cache's entries, and their count. */
 static unsigned long long cache_usage(const char *dir, unsigned *count) {
     char cmd[PATH_MAX + 128];
-    snprintf(cmd, sizeof cmd, "find '%s' -name '*.e' -printf '%%s\\n'", dir);
+    snprintf(cmd, sizeof cmd, "find '%s' -name '*.e' -printf '%%s\\n' 2>/dev/null", dir);
     FILE *p = popen(cmd, "r");
     unsigned long long total = 0, v;
     unsigned n = 0;
@@ -2093,7 +2093,7 @@ static void test_cache_two_processes(void) {
 
 /* The names of a cache's entries, sorted, into file list. */
 static void cache_names(const char *dir, const char *list) {
-    CHECK_EQ(sh("find '%s' -name '*.e' -printf '%%f\\n' | sort > '%s'", dir, list), 0);
+    CHECK_EQ(sh("find '%s' -name '*.e' -printf '%%f\\n' 2>/dev/null | sort > '%s'", dir, list), 0);
 }
 
 /* A limit of a quarter of the data holds; the batches are the same, and the

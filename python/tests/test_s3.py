@@ -208,6 +208,21 @@ def test_cache(local, s3, tmp_path):
         assert s["cache_misses"] == (len(b) if run == 0 else 0)
         assert s["cache_hits"] >= len(b) - 1 and s["cache_bytes"] > 0
         assert s["remote_requests"] == s["cache_misses"]
+        assert s["cache_evictions"] == 0
+    # A limit of a quarter of that: the same batches; a second Pipeline
+    # evicts nothing and reads each entry the first kept in both epochs.
+    entries = [os.path.join(d, f) for d, _, fs in os.walk(cache) for f in fs if f.endswith(".e")]
+    limit = sum(os.path.getsize(e) for e in entries) // 4
+    small = str(tmp_path / "small")
+    for run in range(2):
+        kept = len([f for _, _, fs in os.walk(small) for f in fs if f.endswith(".e")])
+        with dsrt.Pipeline(b, cache_dir=small, cache_limit=limit, **opts) as p:
+            assert python_checksum(p) == plain
+            s = p.stats()
+        assert s["cache_evictions"] == 0 and s["cache_hits"] >= 2 * kept
+        assert sum(os.path.getsize(os.path.join(d, f))
+                   for d, _, fs in os.walk(small) for f in fs if f.endswith(".e")) <= limit
+    assert kept > 0
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="cache_dir: .*file: not a folder"):
         dsrt.Pipeline(b, cache_dir=str(tmp_path / "file"))
