@@ -16,9 +16,10 @@ an empty cache folder: a first dsbench run fills it (one epoch), a second
 one is measured (its epochs read what the cache kept, the rest from the
 store). images/s is dsbench's (the median of the epochs after the first).
 Each run prints one JSON line with the store's requests, the cache's
-counters and the client's CPU time an image; a summary gives the median ratios cached/local and
-cached/uncached for each limit. The load average is printed with each run:
-the machine may be shared. DIR (default /tmp/dsrt-photos) is made with
+counters and the client's CPU time an image; a summary gives the median
+ratios cached/local and cached/uncached for each limit (the median of
+the rounds' ratios), of the rates and of the CPU an image. The load average is printed with each run: the
+machine may be shared. DIR (default /tmp/dsrt-photos) is made with
 /work/shared/bench/make_photos.py --count 2000 when missing.
 """
 import argparse
@@ -96,15 +97,23 @@ def main():
                 cpus.setdefault(name, []).append(cpu / images)
         med = {k: statistics.median(v) for k, v in rates.items()}
         summary = {"local_images_per_s": med["local"], "s3_images_per_s": med["s3"]}
+
+        def ratio(a, b, per):
+            # The median of the rounds' ratios: each round's runs are
+            # neighbours in time, so a load that drifts cancels out.
+            return round(statistics.median(x / y for x, y in zip(per[a], per[b])), 3)
+
         for pct in (25, 100, 200):
-            c = med[f"cache{pct}"]
-            summary[f"cache{pct}_images_per_s"] = c
-            summary[f"cache{pct}_over_local"] = round(c / med["local"], 3)
-            summary[f"cache{pct}_over_s3"] = round(c / med["s3"], 3)
+            c = f"cache{pct}"
+            summary[f"{c}_images_per_s"] = med[c]
+            summary[f"{c}_over_local"] = ratio(c, "local", rates)
+            summary[f"{c}_over_s3"] = ratio(c, "s3", rates)
             # The client's CPU an image, local over cached: what the rate
-            # ratio is where the cores are the client's alone.
-            summary[f"cache{pct}_cpu_local_over_cached"] = round(
-                statistics.median(cpus["local"]) / statistics.median(cpus[f"cache{pct}"]), 3)
+            # ratio is where the cores are the client's alone; and the
+            # store's over cached: a cache that holds part of the data
+            # should cost no more an image than reading it all from there.
+            summary[f"{c}_cpu_local_over_cached"] = ratio("local", c, cpus)
+            summary[f"{c}_cpu_s3_over_cached"] = ratio("s3", c, cpus)
         summary["load"] = load()
         print(json.dumps(summary), flush=True)
     finally:
