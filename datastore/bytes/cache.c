@@ -29,7 +29,8 @@
  * version). They go oldest first, and never one a reader holds (readers
  * hold an flock shared while they read; eviction takes it exclusively
  * without waiting and skips the entry when it cannot). The folder is
- * scanned for them once an epoch, at the first entry that does not fit.
+ * scanned for them once an epoch, at the first miss that finds too little
+ * room (the count in DIR/usage, read before the fetch).
  * When they do not make room, the handle keeps nothing more until the next
  * epoch: a cache smaller than what a run reads keeps the part it holds and
  * the rest streams from the store, as cheaply as without a cache, rather
@@ -313,7 +314,7 @@ static void evict(dsrt_cache *c, uint64_t need, uint64_t *usage) {
     int64_t before = cold_before(c);
     if (before == INT64_MIN) return;
     find_cold(c, before);
-    while (c->icold<c->ncold && * usage + need> c->limit) {
+    while (c->icold < c->ncold && (*usage + need > c->limit)) {
         path_buf p;
         entry_path(c, c->cold[c->icold++].key, ".e", &p);
         int fd = open(p.s, O_RDONLY | O_CLOEXEC);
