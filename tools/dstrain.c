@@ -199,7 +199,7 @@ static void remote_set(dsrt_remote_options *o, const remote_opts *r) {
     o->timeout_s = r->timeout;
     o->cache_dir = r->cache_dir;
     o->cache_limit =
-        r->cache_limit ? tool_bytes("--cache-limit", r->cache_limit, 1, UINT64_MAX) : 0;
+        r->cache_limit ? tool_bytes("--cache-limit", r->cache_limit, 0, UINT64_MAX) : 0;
 }
 
 /* --execution-environment, --gpu, --precision and --deterministic, shared by

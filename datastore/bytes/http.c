@@ -683,6 +683,21 @@ static void span_finish(dsrt_http *h, http_req *q, size_t got) {
     finish(h, q, 0);
 }
 
+/* Entry key's fill lock, unless another request of this client holds it:
+ * the lock is a byte lock of the client's open file, which its own requests
+ * share, so two of them asking for one object at once (a sample and, in the
+ * same chunk, its place's replacement) would both fetch it. -EWOULDBLOCK
+ * then, as for another process's fill. */
+static int cache_lock(dsrt_http *h, const http_req *q, uint64_t key) {
+    for (unsigned r = 0; r < h->depth; r++) {
+        const http_req *o = &h->reqs[r];
+        if (o == q || o->cache == CACHE_NONE) continue;
+        for (unsigned i = 0; i < HTTP_CACHE_SPAN; i++)
+            if (o->locks[i] >= 0 && cache_key_of(o, i) == key) return -EWOULDBLOCK;
+    }
+    return dsrt__cache_lock(h->cache, key);
+}
+
 /* Starts q through the cache: answered from its entries (finished), waiting
  * for another process's fill of them, or fetched (its fill locks held).
  * When the cache keeps nothing more this epoch, a miss is fetched as the
@@ -693,7 +708,7 @@ static int cache_begin(dsrt_http *h, http_req *q) {
         uint64_t key = cache_key_of(q, 0);
         int rc = whole_lookup(h, q, key);
         if (rc != 0) return rc < 0 ? rc : 0;
-        int lk = dsrt__cache_full(h->cache) ? -ENOSPC : dsrt__cache_lock(h->cache, key);
+        int lk = dsrt__cache_full(h->cache) ? -ENOSPC : cache_lock(h, q, key);
         if (lk == -EWOULDBLOCK && cache_wait(h, q)) return 0;
         if (lk >= 0) {
             q->locks[0] = lk;
@@ -736,7 +751,7 @@ static int cache_begin(dsrt_http *h, http_req *q) {
         }
         for (unsigned i = 0; i < q->nblk; i++) {
             if (!miss[i]) continue;
-            int lk = dsrt__cache_lock(h->cache, cache_key_of(q, i));
+            int lk = cache_lock(h, q, cache_key_of(q, i));
             if (lk >= 0) q->locks[i] = lk, held++;
             busy += lk == -EWOULDBLOCK;
         }

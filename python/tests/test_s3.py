@@ -219,7 +219,9 @@ def test_cache(local, s3, tmp_path):
         with dsrt.Pipeline(b, cache_dir=small, cache_limit=limit, **opts) as p:
             assert python_checksum(p) == plain
             s = p.stats()
-        assert s["cache_evictions"] == 0 and s["cache_hits"] >= 2 * kept
+        # (less one when the bad object is among them: found bad in the
+        # first epoch, it is not read in the second)
+        assert s["cache_evictions"] == 0 and s["cache_hits"] >= 2 * kept - 1
         assert sum(os.path.getsize(os.path.join(d, f))
                    for d, _, fs in os.walk(small) for f in fs if f.endswith(".e")) <= limit
     assert kept > 0

@@ -166,21 +166,19 @@ static const dsrt_option DATASTORE_OPTIONS[] = {
      .type = DSRT_OPTION_TEXT,
      .arg = "DIR",
      .def = "none",
-     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_DSBENCH | DSRT_IN_PY_DATASTORE |
-              DSRT_IN_PY_PIPELINE,
+     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_DSBENCH | DSRT_IN_PY_PIPELINE,
      .help = "keep what is fetched from an object store in DIR (made when missing), for later "
              "epochs, runs and processes; entries checked against the object's ETag and size "
              "and a hash"},
     {.name = "cache-limit",
      .type = DSRT_OPTION_SIZE,
      .arg = "SIZE",
-     .min = 1,
+     .min = 0,
      .max = 1.8e19,
-     .def = "no limit",
-     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_DSBENCH | DSRT_IN_PY_DATASTORE |
-              DSRT_IN_PY_PIPELINE,
-     .help = "bytes the cache keeps at most (K, M, G, T: 20G, 512M); once full, what it holds "
-             "stays and the rest is read from the store"},
+     .def = "0",
+     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_DSBENCH | DSRT_IN_PY_PIPELINE,
+     .help = "bytes the cache keeps at most (K, M, G, T: 20G, 512M; 0: no limit); once full, "
+             "what it holds stays and the rest is read from the store"},
     {.name = "request-timeout",
      .type = DSRT_OPTION_NUMBER,
      .arg = "S",
