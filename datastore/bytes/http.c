@@ -815,6 +815,84 @@ static void span_done(dsrt_http *h, http_req *q) {
     span_finish(h, q, got);
 }
 
+/* q's attempt was answered with a status that is not success: the
+ * credentials signed again (an expired token), a retry (throttled, a
+ * server error), or the store's error. */
+static void answered_error(dsrt_http *h, http_req *q, const char *display) {
+    q->token = q->is_s3 && dsrt__s3_token_expired(q->http, q->err, q->err_len);
+    if (q->token && s3_refresh(h, q) == 0) {
+        /* Signed again with the credentials found now. */
+        h->retries++;
+        int rc = attempt_start(h, q);
+        if (rc != 0) {
+            dsrt__fail_prefix(rc, "%s", display);
+            finish_msg(h, q, rc);
+        }
+        return;
+    }
+    if (q->token || dsrt__http_status_transient(q->http, q->err, q->err_len)) {
+        /* Keep the store's own words for the message at the deadline. */
+        dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
+                            dsrt__http_s3(h), q->is_s3);
+        const char *m = dsrt_last_error();
+        size_t dl = strlen(display);
+        if (strncmp(m, display, dl) == 0 && m[dl] == ':') m += DSRT_MIN(dl + 2, strlen(m));
+        snprintf(q->cause, sizeof q->cause, "%s", m);
+        retry_or_fail(h, q, display);
+        return;
+    }
+    h->requests++;
+    int rc = dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
+                                 dsrt__http_s3(h), q->is_s3);
+    finish_msg(h, q, rc);
+    return;
+}
+
+/* q's attempt failed before an answer (c: curl's result): not retried when
+ * nothing of the store was ever reached by name or TLS, retried when the
+ * connection failed or broke, else an error. */
+static void transport_failed(dsrt_http *h, http_req *q, CURLcode c, const char *display) {
+    /* A name that does not resolve, or a TLS handshake refused, before the
+     * store ever answered: no retry heals that (a host that answered before
+     * and stops resolving is a passing fault, retried below). */
+    if ((c == CURLE_COULDNT_RESOLVE_HOST || c == CURLE_COULDNT_RESOLVE_PROXY ||
+         c == CURLE_SSL_CONNECT_ERROR) &&
+        h->requests == 0) {
+        char where[1024];
+        tried(h, q, where, sizeof where);
+        dsrt__fail(DSRT_EREMOTE, "%s: %s%s%s%s; not retried: %s", display, curl_easy_strerror(c),
+                   q->curl_err[0] ? ": " : "", q->curl_err, where,
+                   c == CURLE_SSL_CONNECT_ERROR ? "the store refused the TLS handshake"
+                                                : "the host name does not resolve");
+        finish_msg(h, q, DSRT_EREMOTE);
+        return;
+    }
+    switch (c) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_AGAIN:
+        snprintf(q->cause, sizeof q->cause, "%s%s%s", curl_easy_strerror(c),
+                 q->curl_err[0] ? ": " : "", q->curl_err);
+        retry_or_fail(h, q, display);
+        return;
+    default:
+        h->requests++;
+        dsrt__fail(DSRT_EREMOTE, "%s: %s%s%s", display, curl_easy_strerror(c),
+                   q->curl_err[0] ? ": " : "", q->curl_err);
+        finish_msg(h, q, DSRT_EREMOTE);
+        return;
+    }
+}
+
 /* curl finished one attempt of q with result c. */
 static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
     long conns = 0;
@@ -872,73 +950,10 @@ static void attempt_done(dsrt_http *h, http_req *q, CURLcode c) {
         return;
     }
     if (c == CURLE_OK) {
-        q->token = q->is_s3 && dsrt__s3_token_expired(q->http, q->err, q->err_len);
-        if (q->token && s3_refresh(h, q) == 0) {
-            /* Signed again with the credentials found now. */
-            h->retries++;
-            int rc = attempt_start(h, q);
-            if (rc != 0) {
-                dsrt__fail_prefix(rc, "%s", display);
-                finish_msg(h, q, rc);
-            }
-            return;
-        }
-        if (q->token || dsrt__http_status_transient(q->http, q->err, q->err_len)) {
-            /* Keep the store's own words for the message at the deadline. */
-            dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
-                                dsrt__http_s3(h), q->is_s3);
-            const char *m = dsrt_last_error();
-            size_t dl = strlen(display);
-            if (strncmp(m, display, dl) == 0 && m[dl] == ':') m += DSRT_MIN(dl + 2, strlen(m));
-            snprintf(q->cause, sizeof q->cause, "%s", m);
-            retry_or_fail(h, q, display);
-            return;
-        }
-        h->requests++;
-        int rc = dsrt__s3_http_error(display, q->http, q->err, q->err_len, q->bucket_region,
-                                     dsrt__http_s3(h), q->is_s3);
-        finish_msg(h, q, rc);
+        answered_error(h, q, display);
         return;
     }
-    /* A name that does not resolve, or a TLS handshake refused, before the
-     * store ever answered: no retry heals that (a host that answered before
-     * and stops resolving is a passing fault, retried below). */
-    if ((c == CURLE_COULDNT_RESOLVE_HOST || c == CURLE_COULDNT_RESOLVE_PROXY ||
-         c == CURLE_SSL_CONNECT_ERROR) &&
-        h->requests == 0) {
-        char where[1024];
-        tried(h, q, where, sizeof where);
-        dsrt__fail(DSRT_EREMOTE, "%s: %s%s%s%s; not retried: %s", display, curl_easy_strerror(c),
-                   q->curl_err[0] ? ": " : "", q->curl_err, where,
-                   c == CURLE_SSL_CONNECT_ERROR ? "the store refused the TLS handshake"
-                                                : "the host name does not resolve");
-        finish_msg(h, q, DSRT_EREMOTE);
-        return;
-    }
-    switch (c) {
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_RESOLVE_PROXY:
-    case CURLE_OPERATION_TIMEDOUT:
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR:
-    case CURLE_GOT_NOTHING:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_AGAIN:
-        snprintf(q->cause, sizeof q->cause, "%s%s%s", curl_easy_strerror(c),
-                 q->curl_err[0] ? ": " : "", q->curl_err);
-        retry_or_fail(h, q, display);
-        return;
-    default:
-        h->requests++;
-        dsrt__fail(DSRT_EREMOTE, "%s: %s%s%s", display, curl_easy_strerror(c),
-                   q->curl_err[0] ? ": " : "", q->curl_err);
-        finish_msg(h, q, DSRT_EREMOTE);
-        return;
-    }
+    transport_failed(h, q, c, display);
 }
 
 // ----------------------------------------------------------------------------

@@ -914,6 +914,50 @@ static int add_listed(gather *g, const char *dir, const dsrt_strlist *names, con
     return rc;
 }
 
+/* The index and the class names beside the shards of folder dir (a
+ * listing l when in S3), when they are there: 0, or the store's failure. */
+static int fetch_beside(gather *g, dsrt_index *ix, const char *dir, int s3, const listing *l,
+                        char *index_path, size_t index_cap) {
+    char url[8192];
+    int rc;
+    uint8_t *data = NULL;
+    size_t len = 0;
+    snprintf(url, sizeof url, "%s/" DSRT_SHARD_INDEX_NAME, dir);
+    uint64_t index_listed = s3 ? listed_size(l, DSRT_SHARD_INDEX_NAME) : UINT64_MAX;
+    if (!s3 || index_listed != UINT64_MAX) {
+        /* No larger than the listing says (an answer that never ends is not
+         * read into memory). */
+        size_t cap = (size_t)DSRT_MIN(index_listed, (uint64_t)16 << 30);
+        rc = fetch(g, url, cap ? cap : 1, &data, &len);
+        if (rc == 0) rc = dsrt__shard_index_parse(data, len, url, &g->x, &ix->arena);
+        free(data);
+        if (rc == 0) {
+            size_t ul = DSRT_MIN(strlen(url), index_cap - 1); /* a path a message names */
+            memcpy(index_path, url, ul);
+            index_path[ul] = '\0';
+        } else if (rc == -ENOMEM || (rc != -ENOENT && rc != DSRT_ECORRUPT && rc != DSRT_ECHECKSUM &&
+                                     rc != DSRT_ETRUNCATED)) {
+            return rc; /* the store failed: say so rather than scan every shard */
+        } else if (rc != -ENOENT) {
+            dsrt__index_warn(ix, "%s; the shards are scanned instead", dsrt_last_error());
+        }
+        dsrt__clear_error();
+    }
+    snprintf(url, sizeof url, "%s/" DSRT_SHARD_CLASSES_NAME, dir);
+    if (!index_path[0] && (!s3 || listed_size(l, DSRT_SHARD_CLASSES_NAME) != UINT64_MAX)) {
+        rc = fetch(g, url, (size_t)64 << 20, &data, &len);
+        if (rc == 0)
+            rc = dsrt__classes_json_parse((const char *)data, len, url, &g->tmp, &g->json_classes,
+                                          &g->njson);
+        free(data);
+        if (rc == -ENOMEM) return rc;
+        if (rc != 0 && rc != -ENOENT)
+            dsrt__index_warn(ix, "%s; class names not taken from it", dsrt_last_error());
+        dsrt__clear_error();
+    }
+    return 0;
+}
+
 /* The shards at the URL path, their sizes, and the index and classes.json
  * beside them. */
 static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *index_path,
@@ -986,39 +1030,7 @@ static int gather_remote(gather *g, dsrt_index *ix, const char *path, char *inde
     }
 
     /* The index and the class names, when they are there. */
-    uint8_t *data = NULL;
-    size_t len = 0;
-    snprintf(url, sizeof url, "%s/" DSRT_SHARD_INDEX_NAME, dir);
-    uint64_t index_listed = s3 ? listed_size(&l, DSRT_SHARD_INDEX_NAME) : UINT64_MAX;
-    if (!s3 || index_listed != UINT64_MAX) {
-        /* No larger than the listing says (an answer that never ends is not
-         * read into memory). */
-        size_t cap = (size_t)DSRT_MIN(index_listed, (uint64_t)16 << 30);
-        rc = fetch(g, url, cap ? cap : 1, &data, &len);
-        if (rc == 0) rc = dsrt__shard_index_parse(data, len, url, &g->x, &ix->arena);
-        free(data);
-        if (rc == 0) {
-            snprintf(index_path, index_cap, "%s", url);
-        } else if (rc == -ENOMEM || (rc != -ENOENT && rc != DSRT_ECORRUPT && rc != DSRT_ECHECKSUM &&
-                                     rc != DSRT_ETRUNCATED)) {
-            goto out; /* the store failed: say so rather than scan every shard */
-        } else if (rc != -ENOENT) {
-            dsrt__index_warn(ix, "%s; the shards are scanned instead", dsrt_last_error());
-        }
-        dsrt__clear_error();
-    }
-    snprintf(url, sizeof url, "%s/" DSRT_SHARD_CLASSES_NAME, dir);
-    if (!index_path[0] && (!s3 || listed_size(&l, DSRT_SHARD_CLASSES_NAME) != UINT64_MAX)) {
-        rc = fetch(g, url, (size_t)64 << 20, &data, &len);
-        if (rc == 0)
-            rc = dsrt__classes_json_parse((const char *)data, len, url, &g->tmp, &g->json_classes,
-                                          &g->njson);
-        free(data);
-        if (rc == -ENOMEM) goto out;
-        if (rc != 0 && rc != -ENOENT)
-            dsrt__index_warn(ix, "%s; class names not taken from it", dsrt_last_error());
-        dsrt__clear_error();
-    }
+    if ((rc = fetch_beside(g, ix, dir, s3, &l, index_path, index_cap)) != 0) goto out;
     if (g->shards.n == 0) {
         rc = dsrt__fail(DSRT_EEMPTY, "shards: %s: no .tar object under this prefix", path);
         goto out;
