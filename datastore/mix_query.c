@@ -34,6 +34,11 @@ size_t dsrt_datastore_mix_source(const dsrt_datastore *ds, size_t i) {
     return m && i < ds->n ? dsrt__mixture_source(m, dsrt__pos(ds, i)) : 0;
 }
 
+const char *dsrt_datastore_mix_preset(const dsrt_datastore *ds, size_t k) {
+    const dsrt_mixture *m = dsrt__mixture_of(ds);
+    return m && m->preset && k < m->k ? m->preset[k] : NULL;
+}
+
 double dsrt_datastore_mix_weight(const dsrt_datastore *ds, size_t k) {
     const dsrt_mixture *m = dsrt__mixture_of(ds);
     if (!m) return k == 0 ? 1.0 : 0.0;

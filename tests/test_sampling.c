@@ -536,9 +536,21 @@ static void test_open_mix(void) {
     CHECK_CONTAINS(dsrt_last_error(), "one source");
     CHECK_EQ(dsrt_datastore_open_mix(&ds, paths, 2, file, NULL, NULL), DSRT_EOPTION);
     CHECK_CONTAINS(dsrt_last_error(), "give no data path");
+    /* A preset that is none: the mix keeps the name, the pipeline refuses
+     * it, naming the source. */
     write_text(file, "%s,1,flip\n%s,1\n", dir_a, dir_b);
-    CHECK_EQ(dsrt_datastore_open_mix(&ds, NULL, 0, file, NULL, NULL), DSRT_EUNSUPPORTED);
-    CHECK_CONTAINS(dsrt_last_error(), "data.mix:1: a per-source augment preset ('flip')");
+    CHECK_OK(dsrt_datastore_open_mix(&ds, NULL, 0, file, NULL, NULL));
+    REQUIRE(ds);
+    CHECK(strcmp(dsrt_datastore_mix_preset(ds, 0), "flip") == 0);
+    CHECK(dsrt_datastore_mix_preset(ds, 1) == NULL);
+    dsrt_pipeline *p = NULL;
+    dsrt_augment_options a = tiny();
+    dsrt_pipeline_options po = opts(5, 0);
+    CHECK_EQ(dsrt_pipeline_open(&p, ds, &a, &po), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "mix source 0");
+    CHECK_CONTAINS(dsrt_last_error(), "augment preset 'flip'");
+    dsrt_datastore_close(ds);
+    ds = NULL;
     write_text(file, "%s,1\n", dir_a);
     CHECK_EQ(dsrt_datastore_open_mix(&ds, NULL, 0, file, NULL, NULL), DSRT_EOPTION);
     CHECK_CONTAINS(dsrt_last_error(), "one source");
@@ -549,6 +561,98 @@ static void test_open_mix(void) {
     dsrt_datastore_options o = dsrt_datastore_defaults();
     o.source = DSRT_SOURCE_MIX;
     CHECK_EQ(dsrt_datastore_open(&ds, dir_a, &o), DSRT_EOPTION);
+}
+
+/* The pipeline's options made into source k's as the pipeline makes them:
+ * the preset's recipe at the pipeline's output and normalisation. */
+static dsrt_augment_options with_preset(const char *preset, const dsrt_augment_options *base) {
+    dsrt_augment_options a = *base;
+    if (!preset) return a;
+    REQUIRE(dsrt_augment_preset_from_name(preset, &a) == 0);
+    a.output_height = base->output_height;
+    a.output_width = base->output_width;
+    a.output_channels = base->output_channels;
+    a.layout = base->layout;
+    a.norm = base->norm;
+    memcpy(a.mean, base->mean, sizeof a.mean);
+    memcpy(a.std, base->std, sizeof a.std);
+    return a;
+}
+
+/* Hash of every sample of ds (shuffle never, one epoch) by path, with a. */
+static void hashes_by_path(const dsrt_datastore *ds, const dsrt_augment_options *a,
+                           uint64_t *hash) {
+    dsrt_pipeline_options o = opts(4, 0);
+    o.shuffle = DSRT_SHUFFLE_NEVER;
+    o.epochs = 1;
+    dsrt_pipeline *p = NULL;
+    REQUIRE(dsrt_pipeline_open(&p, ds, a, &o) == 0);
+    dsrt_batch *b;
+    while (dsrt_pipeline_next(p, &b) == 0) {
+        for (size_t i = 0; i < b->count; i++)
+            hash[b->ids[i]] =
+                fnv(FNV0, (const char *)b->data + i * b->sample_stride, b->sample_bytes);
+        CHECK_OK(dsrt_batch_release(p, b));
+    }
+    dsrt_pipeline_close(p);
+}
+
+/* A mix file's third column: source 0 augmented with its preset's recipe
+ * (imagenet-val: resize the shorter side, centre crop) at the pipeline's
+ * output size, source 1 with the pipeline's own (a plain resize): every
+ * sample of the mix equals that of its source's own pipeline with that
+ * augmentation, and the two differ. */
+static void test_source_presets(void) {
+    char file[4096];
+    snprintf(file, sizeof file, "%s/presets.mix", base_dir);
+    write_text(file, "%s,1, imagenet-val\n%s,1\n", dir_a, dir_b);
+    dsrt_datastore *mix = NULL;
+    CHECK_OK(dsrt_datastore_open_mix(&mix, NULL, 0, file, NULL, NULL));
+    REQUIRE(mix);
+    CHECK(strcmp(dsrt_datastore_mix_preset(mix, 0), "imagenet-val") == 0);
+    dsrt_augment_options base = dsrt_augment_defaults();
+    base.output_height = base.output_width = 8;
+    const char *dirs[2] = {dir_a, dir_b}, *presets[2] = {"imagenet-val", NULL};
+    uint64_t *want[2], *plain = calloc(64, sizeof *plain);
+    size_t first[2] = {0, 0}; /* the mix's ids: its sources' samples in order */
+    REQUIRE(plain);
+    for (int k = 0; k < 2; k++) {
+        dsrt_datastore *src = open_path(dirs[k]);
+        if (k == 0) first[1] = dsrt_datastore_count(src);
+        REQUIRE(dsrt_datastore_count(src) <= 64);
+        want[k] = calloc(64, sizeof *want[k]);
+        REQUIRE(want[k]);
+        dsrt_augment_options a = with_preset(presets[k], &base);
+        hashes_by_path(src, &a, want[k]);
+        if (k == 0) hashes_by_path(src, &base, plain);
+        dsrt_datastore_close(src);
+    }
+    dsrt_pipeline_options o = opts(6, 0);
+    o.epochs = 1;
+    dsrt_pipeline *p = NULL;
+    REQUIRE(dsrt_pipeline_open(&p, mix, &base, &o) == 0);
+    dsrt_batch *b;
+    size_t seen[2] = {0}, same = 0, differ = 0;
+    while (dsrt_pipeline_next(p, &b) == 0) {
+        for (size_t i = 0; i < b->count; i++) {
+            int k = b->sources[i];
+            REQUIRE(k == 0 || k == 1);
+            size_t j = b->ids[i] - first[k];
+            uint64_t h = fnv(FNV0, (const char *)b->data + i * b->sample_stride, b->sample_bytes);
+            same += h == want[k][j];
+            if (k == 0) differ += h != plain[j];
+            seen[k]++;
+        }
+        CHECK_OK(dsrt_batch_release(p, b));
+    }
+    dsrt_pipeline_close(p);
+    CHECK(seen[0] > 0 && seen[1] > 0);
+    CHECK_EQ(same, seen[0] + seen[1]);
+    CHECK_EQ(differ, seen[0]);
+    fprintf(stderr, "  %zu samples with the preset, %zu with the pipeline's: each as its own\n",
+            seen[0], seen[1]);
+    free(want[0]), free(want[1]), free(plain);
+    dsrt_datastore_close(mix);
 }
 
 /* A weights file of n lines of 1, line bad + 1 (from 1) negative. */
@@ -635,6 +739,7 @@ int main(void) {
     RUN(test_determinism);
     RUN(test_shards);
     RUN(test_open_mix);
+    RUN(test_source_presets);
     RUN(test_bad_options);
     return TEST_RESULT();
 }

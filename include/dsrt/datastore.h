@@ -466,6 +466,14 @@ typedef struct {
      * (default): a source is walked in fresh permutations (see above). */
     int replacement;
     dsrt_mix_labels labels; /* default DSRT_MIX_LABELS_MERGE */
+    /* (n) or NULL (default): the augment preset each source's samples are
+     * augmented with ("227", "32", "imagenet", "imagenet-val", as
+     * dsrt_augment_preset_from_name names them; a NULL entry: the
+     * pipeline's own augmentation). A preset gives the source its recipe
+     * (crop, resize, flips, colour jitter, erasing); the output size,
+     * channels, layout and normalisation stay the pipeline's, so every batch
+     * has one shape. The names are copied; dsrt_pipeline_open checks them. */
+    const char *const *presets;
 } dsrt_mix_options;
 
 /* The defaults: without replacement, classes merged by name. */
@@ -487,9 +495,9 @@ DSRT_API int dsrt_datastore_mix(dsrt_datastore **out, dsrt_datastore *const *sou
  * o and mixed with the weights `mix` gives, either a list "0.7,0.3" (one
  * weight a path) or the path of a mix file, whose lines name the sources
  * themselves (then npaths is 0): "PATH,WEIGHT", blank lines and lines that
- * start with '#' skipped, a relative PATH taken from the file's folder. A
- * third column (a per-source augment preset) is refused: every source is
- * augmented alike. mix NULL with two paths or more: weights as
+ * start with '#' skipped, a relative PATH taken from the file's folder, and
+ * an optional third column, the source's augment preset
+ * ("PATH,WEIGHT,PRESET": dsrt_mix_options.presets). mix NULL with two paths or more: weights as
  * dsrt_datastore_mix's NULL. One path and no mix opens it as
  * dsrt_datastore_open does (no mix). Errors name the value or the file and
  * line: "mix: 3 weights for 2 sources".
@@ -505,6 +513,9 @@ DSRT_API int dsrt_datastore_open_mix(dsrt_datastore **out, const char *const *pa
 DSRT_API size_t dsrt_datastore_mix_sources(const dsrt_datastore *ds);
 DSRT_API size_t dsrt_datastore_mix_source(const dsrt_datastore *ds, size_t i);
 DSRT_API double dsrt_datastore_mix_weight(const dsrt_datastore *ds, size_t k);
+/* Source k's augment preset name (dsrt_mix_options.presets), or NULL: the
+ * pipeline's augmentation (and for a datastore that is not a mix). */
+DSRT_API const char *dsrt_datastore_mix_preset(const dsrt_datastore *ds, size_t k);
 /* "merge", "separate"; the value of a name as dsrt_source_from_name. */
 DSRT_API const char *dsrt_mix_labels_name(dsrt_mix_labels l);
 DSRT_API int dsrt_mix_labels_from_name(const char *name, dsrt_mix_labels *l);

@@ -192,6 +192,9 @@ struct dsrt_pipeline {
      * datastore's positions, shuffled. */
     dsrt_sampler *sampler;
     const dsrt_mixture *mixture; /* the mix ds is a view of, or NULL */
+    /* (mixture->k) each source's augmentation, when some source has a
+     * preset of its own (dsrt_mix_options.presets); else NULL: aug. */
+    dsrt_augment_options *src_aug;
     dsrt_augment_options aug;    /* as given */
     dsrt_augment_options native; /* native mode: channels, layout and norm only */
     dsrt_pipeline_options o;
@@ -548,6 +551,54 @@ static uint64_t augment_key(const dsrt_pipeline *p, uint32_t pos, uint64_t at) {
     return p->sampler ? id | (at + 1) << 32 : id;
 }
 
+/* The augmentation of the sample at pos: its source's in a mix whose
+ * sources have presets of their own, else the pipeline's. */
+static const dsrt_augment_options *sample_aug(const dsrt_pipeline *p, uint32_t pos) {
+    if (!p->src_aug) return &p->aug;
+    return &p->src_aug[dsrt__mixture_source(p->mixture, dsrt_datastore_id(p->ds, pos))];
+}
+
+/*
+ * Each source's augmentation for a mix whose sources name presets: the
+ * preset's recipe (crop, resize, flips, colour, erasing) at the pipeline's
+ * output size, channels, layout and normalisation, so batches keep one
+ * shape; a source without one takes the pipeline's. NULL *out when no
+ * source names one. A name that is no preset is refused, naming the source.
+ */
+static int source_augments(const dsrt_mixture *m, const dsrt_augment_options *aug, int native,
+                           dsrt_augment_options **out) {
+    *out = NULL;
+    if (!m || !m->preset) return 0;
+    if (native)
+        return dsrt__fail(DSRT_EOPTION,
+                          "pipeline: native: the sources of this mix have augment presets of "
+                          "their own; native batches are not augmented");
+    dsrt_augment_options *a = dsrt__calloc(m->k, sizeof *a);
+    if (!a) return -ENOMEM;
+    for (size_t k = 0; k < m->k; k++) {
+        a[k] = *aug;
+        if (!m->preset[k]) continue;
+        int rc = dsrt_augment_preset_from_name(m->preset[k], &a[k]);
+        if (rc == 0) {
+            a[k].output_height = aug->output_height;
+            a[k].output_width = aug->output_width;
+            a[k].output_channels = aug->output_channels;
+            a[k].layout = aug->layout;
+            a[k].norm = aug->norm;
+            memcpy(a[k].mean, aug->mean, sizeof a[k].mean);
+            memcpy(a[k].std, aug->std, sizeof a[k].std);
+            rc = dsrt_augment_check(&a[k]);
+        }
+        if (rc != 0) {
+            free(a);
+            return dsrt__fail_prefix(rc, "pipeline: mix source %zu (%s): augment preset '%s'", k,
+                                     dsrt_datastore_path(m->src[k], 0), m->preset[k]);
+        }
+    }
+    *out = a;
+    return 0;
+}
+
 /* Decodes (or converts) and augments the sample at pos, place `at` of the
  * epoch's order, into place `place` of slot s. buf is the file's bytes, or
  * NULL for in-memory sources. */
@@ -583,8 +634,8 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
             }
         } else {
             /* Only what the sample reads: its region, at the smallest scale. */
-            rc = dsrt_augment_decode_request(w->aug, &p->aug, &info, p->o.seed, s->b.epoch,
-                                             augment_key(p, pos, at), &req);
+            rc = dsrt_augment_decode_request(w->aug, sample_aug(p, pos), &info, p->o.seed,
+                                             s->b.epoch, augment_key(p, pos, at), &req);
             if (rc != 0) {
                 *code = rc;
                 snprintf(msg, PIPE_MSG, "pipeline: augment: %s: %s", path ? path : "(memory)",
@@ -599,7 +650,7 @@ static int sample_fill(pipe_worker *w, pipe_slot *s, size_t place, uint32_t pos,
     uint64_t t1 = now_ns();
     add(&w->decode_ns, t1 - t0);
 
-    const dsrt_augment_options *ao = &p->aug;
+    const dsrt_augment_options *ao = sample_aug(p, pos);
     dsrt_augment_options nat;
     if (p->o.native) {
         if ((uint64_t)img.width * (uint64_t)img.height > p->o.native_max_pixels) {
@@ -1175,6 +1226,7 @@ void dsrt_pipeline_close(dsrt_pipeline *p) {
         for (unsigned i = 0; i < p->norders; i++) free(p->orders[i].order);
     free(p->orders);
     free(p->elastic_order);
+    free(p->src_aug);
     free(p->bad);
     dsrt__sampler_destroy(p->sampler);
     free(p->bad_list);
@@ -1424,6 +1476,7 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     p->mixture = dsrt__mixture_of(ds);
     p->o = opt;
     p->aug = aug;
+    if ((rc = source_augments(p->mixture, &aug, opt.native, &p->src_aug)) != 0) goto fail;
     p->classes = classes;
     p->native = native_options(&aug);
     p->in_memory = dsrt_datastore_path(ds, 0) == NULL;

@@ -35,6 +35,8 @@ static void mixture_free(void *data) {
     free(m->src);
     free(m->weight);
     free(m->off);
+    for (size_t k = 0; m->preset && k < m->k; k++) free(m->preset[k]);
+    free(m->preset);
     free(m);
 }
 
@@ -172,6 +174,11 @@ int dsrt_datastore_mix(dsrt_datastore **out, dsrt_datastore *const *sources, con
     m->weight = dsrt__calloc(n, sizeof *m->weight);
     m->off = dsrt__calloc(n + 1, sizeof *m->off);
     if (!m->src || !m->weight || !m->off) goto fail;
+    for (size_t k = 0; o->presets && k < n; k++) {
+        if (!o->presets[k]) continue;
+        if (!m->preset && !(m->preset = dsrt__calloc(n, sizeof *m->preset))) goto fail;
+        if (!(m->preset[k] = strdup(o->presets[k]))) goto fail;
+    }
     double sum = 0;
     for (size_t k = 0; k < n; k++) {
         const dsrt_datastore *s = sources[k];
@@ -411,7 +418,8 @@ static long weights_parse(const char *text, double *w, size_t cap) {
 /* One line of a mix file, cut at its last commas: the path into *path (a
  * new string, relative ones from dir) and the weight. */
 static int mix_line(const char *file, size_t line, char *text, const char *dir, char **path,
-                    double *weight) {
+                    double *weight, char **preset) {
+    *preset = NULL;
     char *c1 = strrchr(text, ',');
     if (!c1 || c1 == text)
         return dsrt__fail(DSRT_EFORMAT, "mix: %s:%zu: '%s' is not PATH,WEIGHT", file, line, text);
@@ -420,17 +428,27 @@ static int mix_line(const char *file, size_t line, char *text, const char *dir, 
     while (*end == ' ' || *end == '\t' || *end == '\r') end++;
     if (end == c1 + 1 || *end != '\0') {
         /* Not a weight last: a third column, or no weight at all. */
+        /* A third column: the source's augment preset, after its weight. */
         *c1 = '\0';
         char *c0 = strrchr(text, ',');
-        if (c0 && (strtod(c0 + 1, &end), end != c0 + 1))
-            return dsrt__fail(DSRT_EUNSUPPORTED,
-                              "mix: %s:%zu: a per-source augment preset ('%s') is not "
-                              "supported: every source is augmented alike; remove the third "
-                              "column",
-                              file, line, c1 + 1);
+        char *name = c1 + 1;
+        while (*name == ' ' || *name == '\t') name++;
+        size_t nl = strlen(name);
+        while (nl && (name[nl - 1] == ' ' || name[nl - 1] == '\t' || name[nl - 1] == '\r'))
+            name[--nl] = '\0';
+        if (c0 && c0 != text && nl && (v = strtod(c0 + 1, &end), end != c0 + 1)) {
+            while (*end == ' ' || *end == '\t') end++;
+            if (*end == '\0') {
+                if (!(*preset = strdup(name))) return -ENOMEM;
+                c1 = c0;
+                goto weighed;
+            }
+        }
         *c1 = ',';
-        return dsrt__fail(DSRT_EFORMAT, "mix: %s:%zu: '%s' is not PATH,WEIGHT", file, line, text);
+        return dsrt__fail(DSRT_EFORMAT, "mix: %s:%zu: '%s' is not PATH,WEIGHT[,PRESET]", file, line,
+                          text);
     }
+weighed:
     *c1 = '\0';
     *weight = v;
     size_t need = strlen(dir) + strlen(text) + 2;
@@ -442,13 +460,14 @@ static int mix_line(const char *file, size_t line, char *text, const char *dir, 
     return 0;
 }
 
-/* The sources and weights a mix file lists. */
-static int mix_file_read(const char *file, dsrt_strlist *paths, double **weights) {
+/* The sources, weights and presets (NULL entries where a line has none) a
+ * mix file lists. */
+static int mix_file_read(const char *file, dsrt_strlist *paths, double **weights, char ***presets) {
     FILE *f = fopen(file, "r");
     if (!f) return dsrt__fail(-errno, "mix: %s: %s", file, strerror(errno));
     char dir[4096], buf[8192];
     dsrt__dir_of(file, dir, sizeof dir);
-    size_t line = 0, cap = 0, bytes = 0;
+    size_t line = 0, cap = 0, pcap = 0, bytes = 0;
     int rc = 0;
     while (rc == 0 && fgets(buf, sizeof buf, f)) {
         line++;
@@ -467,15 +486,25 @@ static int mix_file_read(const char *file, dsrt_strlist *paths, double **weights
         char *s = buf;
         while (*s == ' ' || *s == '\t') s++;
         if (!*s || *s == '#') continue;
-        char *path = NULL;
+        char *path = NULL, *preset = NULL;
         double w = 0;
         void *v = *weights;
-        if ((rc = mix_line(file, line, s, dir, &path, &w)) != 0) break;
+        if ((rc = mix_line(file, line, s, dir, &path, &w, &preset)) != 0) {
+            free(preset);
+            break;
+        }
         if ((rc = dsrt__grow(&v, &cap, paths->n + 1, sizeof **weights)) == 0) {
             *weights = v;
             (*weights)[paths->n] = w;
-            rc = dsrt__strlist_add(paths, path, strlen(path));
+            v = *presets;
+            if ((rc = dsrt__grow(&v, &pcap, paths->n + 1, sizeof **presets)) == 0) {
+                *presets = v;
+                (*presets)[paths->n] = preset;
+                preset = NULL;
+                rc = dsrt__strlist_add(paths, path, strlen(path));
+            }
         }
+        free(preset);
         free(path);
     }
     if (rc == 0 && ferror(f)) rc = dsrt__fail(-EIO, "mix: %s: read error", file);
@@ -490,6 +519,7 @@ int dsrt_datastore_open_mix(dsrt_datastore **out, const char *const *paths, size
                             const dsrt_mix_options *mo) {
     dsrt_strlist listed = {0};
     double *w = NULL;
+    char **presets = NULL; /* (listed.n) a mix file's third column */
     dsrt_datastore **src = NULL;
     size_t n = npaths;
     int rc = -ENOMEM;
@@ -512,7 +542,7 @@ int dsrt_datastore_open_mix(dsrt_datastore **out, const char *const *paths, size
                                   "mix: %s: a mix file names its sources: give no data path "
                                   "with it (or weights such as 0.7,0.3)",
                                   mix);
-            if ((rc = mix_file_read(mix, &listed, &w)) != 0) goto out;
+            if ((rc = mix_file_read(mix, &listed, &w, &presets)) != 0) goto out;
             paths = (const char *const *)listed.v;
             n = listed.n;
         }
@@ -532,9 +562,14 @@ int dsrt_datastore_open_mix(dsrt_datastore **out, const char *const *paths, size
     if (!(src = dsrt__calloc(n, sizeof *src))) goto out;
     for (size_t k = 0; k < n; k++)
         if ((rc = dsrt_datastore_open(&src[k], paths[k], o)) != 0) goto out;
-    rc = dsrt_datastore_mix(out, src, w, n, mo);
+    dsrt_mix_options with = mo ? *mo : dsrt_mix_defaults();
+    for (size_t k = 0; presets && k < n; k++)
+        if (presets[k]) with.presets = (const char *const *)presets;
+    rc = dsrt_datastore_mix(out, src, w, n, &with);
 out:
     for (size_t k = 0; src && k < n; k++) dsrt_datastore_close(src[k]);
+    for (size_t k = 0; presets && k < listed.n; k++) free(presets[k]);
+    free(presets);
     free(src);
     free(w);
     dsrt__strlist_free(&listed);

@@ -18,6 +18,8 @@ typedef struct {
     int replacement;        /* dsrt_mix_options */
     dsrt_mix_labels labels; /* dsrt_mix_options */
     int readers;            /* some source reads its samples with a reader of its own */
+    char **preset;          /* (k) each source's augment preset name, NULL entries: none;
+                               NULL when no source has one */
 } dsrt_mixture;
 
 /* The mix ds is a view of, or NULL when it is not one (these two are
