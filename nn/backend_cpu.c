@@ -238,24 +238,6 @@ int dsrt__cpu_diff(cpu_plan *p, dnnl_engine_t eng, const dnnl_memory_desc_t *md,
     return 0;
 }
 
-/* The lowest offset, a multiple of 64, where base k's bytes meet no bytes
- * of a placed base whose life overlaps k's. */
-static size_t diff_place(const cpu_plan *p, const int *placed, size_t n_placed, int k) {
-    const diff_entry *e = &p->diffs[k];
-    size_t off = 0;
-    for (size_t j = 0; j < n_placed;) {
-        const diff_entry *q = &p->diffs[placed[j]];
-        int alive = !(q->hi < e->lo || e->hi < q->lo);
-        if (alive && off < q->offset + q->size && q->offset < off + e->size) {
-            off = (q->offset + q->size + 63) & ~(size_t)63;
-            j = 0; /* moved: check every placed one again */
-        } else {
-            j++;
-        }
-    }
-    return off;
-}
-
 /* An inference plan's pooled activations: each output lives on to the step
  * of the last layer that reads it (a layer a fusion took runs in the step
  * of the layer that took it); an output that is another's bytes (a sum
@@ -286,26 +268,18 @@ static int diff_pool_make(cpu_plan *p) {
         b->lo = DSRT_MIN(b->lo, j);
         b->hi = DSRT_MAX(b->hi, DSRT_MAX(j, p->last_use[j]));
     }
-    int *order = dsrt__malloc(p->n_diffs * sizeof *order);
-    if (!order) return -ENOMEM;
-    size_t n = 0;
-    for (size_t k = 0; k < p->n_diffs; k++) {
-        if (p->diffs[k].base != (int)k) continue;
-        size_t at = n++; /* insertion by size, largest first; ties by index */
-        while (at > 0 && p->diffs[order[at - 1]].size < p->diffs[k].size) {
-            order[at] = order[at - 1];
-            at--;
-        }
-        order[at] = (int)k;
-    }
-    size_t total = 0;
-    for (size_t j = 0; j < n; j++) {
-        diff_entry *e = &p->diffs[order[j]];
-        e->offset = diff_place(p, order, j, order[j]);
-        total = DSRT_MAX(total, e->offset + e->size);
-    }
-    free(order);
-    p->diff_pool_size = (total + 63) & ~(size_t)63;
+    /* The bases placed by their lives; views take their base's bytes. */
+    dsrt_life *lives = dsrt__calloc(p->n_diffs, sizeof *lives);
+    if (!lives) return -ENOMEM;
+    for (size_t k = 0; k < p->n_diffs; k++)
+        if (p->diffs[k].base == (int)k)
+            lives[k] = (dsrt_life){p->diffs[k].size, 0, p->diffs[k].lo, p->diffs[k].hi};
+    size_t total;
+    int rc = dsrt__place_by_life(lives, p->n_diffs, 64, &total);
+    for (size_t k = 0; rc == 0 && k < p->n_diffs; k++) p->diffs[k].offset = lives[k].offset;
+    free(lives);
+    if (rc) return rc;
+    p->diff_pool_size = total;
     p->diff_pool = aligned_alloc(64, p->diff_pool_size ? p->diff_pool_size : 64);
     if (!p->diff_pool)
         return dsrt__fail(-ENOMEM, "cpu backend: out of memory for %zu bytes of gradients",

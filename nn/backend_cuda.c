@@ -434,14 +434,61 @@ static int aliases(const gpu_plan *p, int i, const dsrt_layer *l) {
                                            p->gl[i].taken_by >= 0));
 }
 
+/* The layer whose memory layer i's output is (itself unless it aliases). */
+static int output_owner(const gpu_plan *p, const dsrt_net *net, int i) {
+    while (i > 0 && aliases(p, i, &net->layers[i]))
+        i = p->gl[i].taken_by >= 0 ? p->gl[i].taken_by : net->layers[i].inputs[0];
+    return i;
+}
+
+/*
+ * An inference plan of the full fusion (fuse 2) reuses the bytes of outputs
+ * no later step reads: each output lives from its layer's step to the step
+ * of the last layer that reads it (a layer a chain took runs in its taker's
+ * step), the last layer's to the end, and they are placed in one span by
+ * their lives (dsrt__place_by_life). Sets lives[i].offset for the layers
+ * with memory of their own and returns the span; 0 when the plan keeps
+ * every output (training, fuse below 2, keep_outputs).
+ */
+static size_t output_pool(cuda_backend *be, gpu_plan *p, dsrt_life *lives) {
+    const dsrt_net *net = be->net;
+    if (p->train || net->opts.fuse < 2 || net->keep_outputs || !lives) return 0;
+    size_t at = dsrt__cuda_type_size(be->act);
+    for (int i = 0; i < net->n_layers; i++) {
+        const dsrt_layer *l = &net->layers[i];
+        int own = i == 0 || !aliases(p, i, l);
+        size_t el = gpu_ops(l)->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : at;
+        lives[i] = (dsrt_life){own ? dsrt__cuda_out_count(l, p->n) * el : 0, 0, i, i};
+    }
+    for (int k = 1; k < net->n_layers; k++) {
+        int step = p->gl[k].taken_by >= 0 ? p->gl[k].taken_by : k;
+        for (int q = 0; q < net->layers[k].n_inputs; q++) {
+            dsrt_life *b = &lives[output_owner(p, net, net->layers[k].inputs[q])];
+            b->hi = DSRT_MAX(b->hi, step);
+        }
+    }
+    lives[output_owner(p, net, net->n_layers - 1)].hi = net->n_layers;
+    size_t span, each = 0;
+    if (dsrt__place_by_life(lives, (size_t)net->n_layers, ALIGN, &span)) return 0;
+    for (int i = 0; i < net->n_layers; i++) each += lives[i].size;
+    p->act_held = span;
+    p->act_each = each;
+    return span;
+}
+
 /* Lays the plan's tensors out over c (pointers are NULL while measuring):
- * every layer's output and gradient, each kind's scratch, the shared
- * scratch and the gradient sums. */
+ * every layer's output (in an inference plan of the full fusion, from a
+ * pool of their lives: output_pool) and gradient, each kind's scratch, the
+ * shared scratch and the gradient sums. */
 static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need_dy, void **share) {
     const dsrt_net *net = be->net;
     int n = p->n;
     for (int i = 0; i < net->n_layers; i++) share[i] = NULL;
     size_t at = dsrt__cuda_type_size(be->act), work = 0, acc = 0;
+    dsrt_life *lives = p->train ? NULL : dsrt__calloc((size_t)net->n_layers, sizeof *lives);
+    size_t span = output_pool(be, p, lives);
+    char *pool = span ? dsrt__cuda_take(c, span) : NULL;
+    p->pooled = span > 0;
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
         const dsrt_cuda_layer_ops *ops = gpu_ops(l);
@@ -454,6 +501,10 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
             int from = g->taken_by >= 0 ? g->taken_by : l->inputs[0];
             g->y = p->gl[from].y;
             g->dy = p->gl[from].dy;
+        } else if (span) {
+            g->y = pool ? pool + lives[i].offset : NULL;
+            g->dy = NULL; /* inference: no gradient */
+            g->hi = lives[i].hi;
         } else {
             g->y = dsrt__cuda_take(c, cnt * el);
             /* A layer whose inputs share its gradient and those inputs
@@ -474,6 +525,7 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
     }
     p->work = work ? dsrt__cuda_take(c, work) : NULL;
     p->acc = acc ? dsrt__cuda_take(c, acc) : NULL;
+    free(lives);
 }
 
 /* Frees p's descriptors and, when it owns it, its memory (no queued work
@@ -1774,6 +1826,30 @@ static void cuda_memory(dsrt_backend *b, dsrt_backend_memory *m) {
 }
 
 /* Layer `layer`'s output of the last forward, as float NCHW. */
+/* The activations of the plan for (n, train): pooled (inference, fuse 2) or
+ * each layer's output with memory of its own. */
+static int cuda_activation_bytes(dsrt_backend *b, int n, int train, size_t *held, size_t *each) {
+    cuda_backend *be = (cuda_backend *)b;
+    const gpu_plan *p = NULL;
+    for (int k = 0; k < PLAN_SLOTS && !p; k++)
+        if (be->plans[k] && be->plans[k]->n == n && be->plans[k]->train == train) p = be->plans[k];
+    if (!p) return -ENOENT;
+    if (p->pooled) {
+        *held = p->act_held;
+        *each = p->act_each;
+        return 0;
+    }
+    size_t at = dsrt__cuda_type_size(be->act), sum = 0;
+    for (int i = 0; i < be->net->n_layers; i++) {
+        const dsrt_layer *l = &be->net->layers[i];
+        if (i > 0 && aliases(p, i, l)) continue;
+        sum += dsrt__cuda_out_count(l, n) *
+               (gpu_ops(l)->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : at);
+    }
+    *held = *each = sum;
+    return 0;
+}
+
 static int cuda_read_output(dsrt_backend *b, int layer, int train, float *out) {
     cuda_backend *be = (cuda_backend *)b;
     const dsrt_layer *L = &be->net->layers[layer];
@@ -1787,6 +1863,12 @@ static int cuda_read_output(dsrt_backend *b, int layer, int train, float *out) {
                           "cuda backend: layer '%s': its output is fused into layer '%s''s in the "
                           "inference plan (the net option fuse = 0 keeps it)",
                           L->name, be->net->layers[p->gl[owner].last].name);
+    /* Pooled: bytes later layers took once no later step read them. */
+    if (p->pooled && p->gl[output_owner(p, be->net, layer)].hi < be->net->n_layers - 1)
+        return dsrt__fail(-EINVAL,
+                          "cuda backend: layer '%s': its output's memory is reused by later layers "
+                          "in the inference plan (the net option fuse = 1 keeps it)",
+                          L->name);
     TRY(settle(be));
     TRY(wait_stream(be, be->compute));
     const gpu_layer *g = &p->gl[layer];
@@ -2045,6 +2127,7 @@ const dsrt_backend_ops dsrt__backend_cuda = {
     .device_time = cuda_device_time,
     .memory = cuda_memory,
     .read_output = cuda_read_output,
+    .activation_bytes = cuda_activation_bytes,
     .bn_sync = 1,
     .reserve = cuda_reserve,
     .describe = cuda_describe,

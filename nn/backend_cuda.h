@@ -105,6 +105,9 @@ typedef struct {
      * ReLU): dsrt_k_bias_act_sum; -1: none. */
     int sum;
     dsrt_k_act post;
+    /* A pooled inference plan (gpu_plan.pooled): the last step its output
+     * lives to; later steps may take its bytes. */
+    int hi;
     /* What the kind keeps of its own (descriptors, algorithms, pointers
      * into the plan's memory), freed with the plan by own_free. */
     void *own;
@@ -145,6 +148,10 @@ struct gpu_plan {
      * others add theirs, through acc (the largest such gradient's size). */
     int *last_use;
     void *acc;
+    /* Inference, fuse 2: the outputs' bytes reused once dead (output_pool);
+     * held the span they take, each what they would take each alone. */
+    int pooled;
+    size_t act_held, act_each;
     const stage_slot *slot; /* the batch of the forward being queued */
     const int32_t *labels;  /* device labels of the batch of the last forward, or NULL */
     const float *soft;      /* ... and its soft targets (n, classes), or NULL */

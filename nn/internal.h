@@ -520,6 +520,18 @@ static inline int dsrt__in(const dsrt_layer *l, int k) {
 
 /* The one layer that takes layer j's output, or -1 when none or several
  * (the backends' inference plans follow such chains). */
+/* A buffer of a pool placed by its life (nn/lives.c): it lives from step
+ * lo to step hi (inclusive); offset is where it starts in the pool. */
+typedef struct {
+    size_t size, offset;
+    int lo, hi;
+} dsrt_life;
+
+/* Places b[0..n) in one span: largest first, each at the lowest offset (a
+ * multiple of align) where it meets no placed buffer whose life overlaps
+ * its own. *span: the bytes they take, rounded up to align. 0 or -ENOMEM. */
+int dsrt__place_by_life(dsrt_life *b, size_t n, size_t align, size_t *span);
+
 static inline int dsrt__net_only_taker(const dsrt_net *net, int j) {
     if (net->layers[j].consumers != 1) return -1;
     for (int k = j + 1; k < net->n_layers; k++)

@@ -1403,7 +1403,9 @@ static void fold_randomise(dsrt_net *a, dsrt_net *b, uint64_t seed) {
 static void fold_compare(dsrt_net *f, dsrt_net *r, int n, uint64_t seed, int sync, double tol,
                          const fold_spec *spec, const char *tag) {
     int graph = spec->gone[0] != NULL;
-    f->keep_outputs = 1; /* every layer read back (the CPU's plan reuses dead ones) */
+    /* A graph: every layer read back, so every output kept; a built-in net:
+     * the scores alone, its plan reusing dead outputs' bytes. */
+    f->keep_outputs = graph;
     size_t per = (size_t)f->input.c * f->input.h * f->input.w;
     int last = f->n_layers - 1;
     float *x = malloc((size_t)n * per * sizeof *x);
@@ -1433,6 +1435,11 @@ static void fold_compare(dsrt_net *f, dsrt_net *r, int n, uint64_t seed, int syn
         dsrt_net_params_changed(r);
     }
     CHECK_OK(dsrt_net_predict(r, x, n, NULL, NULL, NULL, NULL));
+    if (!graph) {
+        size_t held, each;
+        CHECK_OK(dsrt_net_activation_bytes(f, n, 0, &held, &each));
+        CHECK(held > 0 && held < each);
+    }
     /* The graph: every layer; a built-in net: the scores. */
     for (int i = graph ? 1 : f->layers[last].inputs[0]; i < last; i++) {
         size_t m = out_count(f, i, n);

@@ -325,13 +325,15 @@ DSRT_API void dsrt_net_device_time(dsrt_net *net, double *busy_s, double *idle_s
 
 /*
  * Memory of the plan the last passes of batch size n (train 1: training,
- * 0: inference) ran: *held the bytes it keeps for the layers' outputs (and,
- * where it reuses them, the temporaries between layers), *each what those
- * would take each with bytes of its own. An inference plan of the full fusion (fuse 2) reuses the
- * bytes of an output once no later layer reads it, so *held is a few layers' outputs; a training
- * plan keeps every output for backward (its gradients are pooled the same way, and not counted
- * here). Returns 0, -ENOENT when no pass of that size ran (or its plan gave way to others), or
- * DSRT_EUNSUPPORTED when the backend does not say (the GPU backend).
+ * 0: inference) ran: *held the bytes it keeps for the layers' outputs
+ * (and, where it reuses them, the temporaries between layers), *each what
+ * those would take each with bytes of its own. An inference plan of the
+ * full fusion (fuse 2) reuses the bytes of an output once no later layer
+ * reads it, on the CPU and on a GPU, so *held is a few layers' outputs; a
+ * training plan keeps every output for backward (its gradients are pooled
+ * the same way, and not counted here). Returns 0, -ENOENT when no pass of
+ * that size ran (or its plan gave way to others), or DSRT_EUNSUPPORTED when
+ * the backend does not say.
  */
 DSRT_API int dsrt_net_activation_bytes(dsrt_net *net, int n, int train, size_t *held, size_t *each);
 
