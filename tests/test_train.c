@@ -13,7 +13,11 @@
  *   every iteration leaves every complete checkpoint loadable;
  * - transfer learning keeps frozen layers bit-identical and sizes the new
  *   fully connected layer for the new class count;
- * - bad options are refused before any work starts.
+ * - bad options are refused before any work starts;
+ * - a job is launched as dstrain launches it: the launcher's local rank and
+ *   job size read from the environment, a process started as one of several
+ *   without data parallelism refused, resume "auto" choosing the newest
+ *   complete checkpoint and passing over the broken ones.
  */
 #include "nn/internal.h"
 #include "task.h"
@@ -22,6 +26,7 @@
 #include <dsrt.h>
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -1038,6 +1043,98 @@ static void test_save_never_through_link(void) {
     dsrt_net_destroy(net);
 }
 
+// ----------------------------------------------------------------------------
+// Launching a job
+
+static const char *const LAUNCH_VARS[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                          "SLURM_LOCALID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+
+static void launch_env_clear(void) {
+    for (size_t i = 0; i < sizeof LAUNCH_VARS / sizeof LAUNCH_VARS[0]; i++)
+        unsetenv(LAUNCH_VARS[i]);
+}
+
+/* The launcher's variables: the first set of Open MPI's, Hydra's and
+ * Slurm's local rank, and a job of several processes refused unless it
+ * trains data-parallel. */
+static void test_launch_environment(void) {
+    launch_env_clear();
+    CHECK_EQ(dsrt_train_local_rank(), 0);
+    setenv("SLURM_LOCALID", "3", 1);
+    CHECK_EQ(dsrt_train_local_rank(), 3);
+    setenv("MPI_LOCALRANKID", "2", 1);
+    CHECK_EQ(dsrt_train_local_rank(), 2);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    CHECK_EQ(dsrt_train_local_rank(), 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "", 1); /* set but empty: the next */
+    CHECK_EQ(dsrt_train_local_rank(), 2);
+
+    dsrt_train_options o = dsrt_train_defaults();
+    CHECK_OK(dsrt_train_check_launch(&o));
+    CHECK_OK(dsrt_train_check_launch(NULL));
+    setenv("PMI_SIZE", "1", 1);
+    CHECK_OK(dsrt_train_check_launch(&o));
+    setenv("PMI_SIZE", "4", 1);
+    CHECK_EQ(dsrt_train_check_launch(&o), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "one of 4 processes of an MPI job (PMI_SIZE=4)");
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    CHECK_EQ(dsrt_train_check_launch(NULL), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "(OMPI_COMM_WORLD_SIZE=2)");
+    o.execution = DSRT_EXEC_PARALLEL;
+    CHECK_OK(dsrt_train_check_launch(&o));
+    launch_env_clear();
+
+    /* Not data-parallel: no communicator, nothing started. */
+    dsrt_comm *comm = (dsrt_comm *)&o;
+    o.execution = DSRT_EXEC_CPU;
+    CHECK_OK(dsrt_train_comm_open(&o, &comm));
+    CHECK(comm == NULL && o.comm == NULL);
+
+    /* One process: it is the first that failed, or none did. */
+    int first = 7, value = 7;
+    CHECK_OK(dsrt_train_first_worker(NULL, 0, &first, &value));
+    CHECK(first == -1 && value == 0);
+    CHECK_OK(dsrt_train_first_worker(NULL, 15, &first, &value));
+    CHECK(first == 0 && value == 15);
+}
+
+/* resume "auto": afresh where there is no checkpoint, else the newest that
+ * loads, the newer broken ones named. */
+static void test_launch_resume_auto(void) {
+    char dir[4300], path[4400], skipped[4400], file[4400];
+    snprintf(dir, sizeof dir, "%s/launch", root);
+    path[0] = 'x';
+    CHECK_OK(dsrt_train_resume_auto(NULL, dir, path, sizeof path, skipped, sizeof skipped));
+    CHECK_STR_EQ(path, ""); /* no folder yet */
+    CHECK_STR_EQ(skipped, "");
+
+    dsrt_datastore *train = open_ds(train_dir);
+    dsrt_net *net = make_net(train, 5);
+    dsrt_train_options o = base_options();
+    o.max_epochs = 1;
+    o.checkpoint_path = dir;
+    CHECK_OK(dsrt_train(net, train, &o, NULL));
+    char newest[4400];
+    CHECK_OK(dsrt_checkpoint_latest(dir, newest, sizeof newest));
+    CHECK_OK(dsrt_train_resume_auto(NULL, dir, path, sizeof path, skipped, sizeof skipped));
+    CHECK_STR_EQ(path, newest);
+    CHECK_STR_EQ(skipped, "");
+
+    /* A newer checkpoint cut short is passed over and named. */
+    snprintf(file, sizeof file, "%s/dsrt_ckpt_e009_i000000099.dsrt", dir);
+    FILE *f = fopen(file, "wb");
+    REQUIRE(f != NULL);
+    fputs("DSRTMODL", f);
+    fclose(f);
+    CHECK_OK(dsrt_train_resume_auto(NULL, dir, path, sizeof path, skipped, sizeof skipped));
+    CHECK_STR_EQ(path, newest);
+    CHECK_CONTAINS(skipped, "dsrt_ckpt_e009_i000000099.dsrt");
+    /* A path buffer too small for the choice is refused, not cut. */
+    CHECK_EQ(dsrt_train_resume_auto(NULL, dir, path, 8, NULL, 0), -ENAMETOOLONG);
+    dsrt_net_destroy(net);
+    dsrt_datastore_close(train);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
     if (argc == 4 && !strcmp(argv[1], "--full-disk")) return full_disk_main(argv[2], argv[3]);
@@ -1061,5 +1158,7 @@ int main(int argc, char **argv) {
     RUN(test_killed);
     RUN(test_full_disk);
     RUN(test_save_never_through_link);
+    RUN(test_launch_environment);
+    RUN(test_launch_resume_auto);
     return TEST_RESULT();
 }

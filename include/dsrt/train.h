@@ -445,6 +445,73 @@ DSRT_API int dsrt_checkpoint_latest_complete(const char *dir, char *path, size_t
                                              char *skipped, size_t skipped_size);
 
 // ----------------------------------------------------------------------------
+// Launching a job: what a training program decides before dsrt_train
+//
+// dstrain train calls these in this order; a C program that does the same
+// runs a job as dstrain runs it: refused when started wrongly, on the
+// communicator and device dstrain would pick, resuming the checkpoint
+// dstrain would resume.
+
+/*
+ * This process's place among its launcher's processes on its node: the
+ * first of OMPI_COMM_WORLD_LOCAL_RANK (Open MPI), MPI_LOCALRANKID (MPICH's
+ * Hydra) and SLURM_LOCALID (Slurm) that the environment sets, or 0 when none
+ * is. A data-parallel worker on a machine with GPUs computes on GPU (local
+ * rank modulo the GPU count). Thread-safe as getenv is.
+ */
+DSRT_API int dsrt_train_local_rank(void);
+
+/*
+ * Refuses, before any work, a process that an MPI launcher started as one
+ * of several (OMPI_COMM_WORLD_SIZE or PMI_SIZE above 1: Open MPI and MPICH's
+ * Hydra set them, MPI library or not) while o (NULL: the defaults) does not
+ * train data-parallel (execution DSRT_EXEC_PARALLEL): each process would
+ * train the whole job alone into the same outputs. Returns 0, or
+ * DSRT_EOPTION with a message naming the variable.
+ */
+DSRT_API int dsrt_train_check_launch(const dsrt_train_options *o);
+
+/*
+ * For o->execution DSRT_EXEC_PARALLEL (else *comm = NULL, nothing done):
+ * starts MPI (dsrt_comm_init) and opens this worker's communicator with
+ * o->comm_options: NCCL on GPU dsrt_train_local_rank() modulo
+ * dsrt_gpu_count() when this machine has a GPU and the NCCL module loads,
+ * else MPI with the worker on the CPU. Sets o->comm to it and o->gpu to the
+ * worker's GPU or -1; the caller builds its net on that device
+ * (dsrt_net_options.device: o->gpu, DSRT_DEVICE_CPU for -1). The caller
+ * owns *comm: dsrt_comm_close after the run (before destroying the net),
+ * then dsrt_comm_finalize. Returns 0, or a negative code with a message
+ * (then MPI is finalised again and *comm is NULL). Main thread only.
+ */
+DSRT_API int dsrt_train_comm_open(dsrt_train_options *o, dsrt_comm **comm);
+
+/*
+ * resume "auto" (a job started again with the same command line, such as a
+ * requeued batch job): worker 0 of comm (NULL: this process alone) picks the
+ * newest complete checkpoint of folder dir (dsrt_checkpoint_latest_complete)
+ * and tells the other workers in one broadcast, so that every worker
+ * resumes the same checkpoint even where their views of the folder differ.
+ * path (size bytes) gets it, or "" when there is none: start afresh. On
+ * worker 0, skipped (skipped_size bytes; may be NULL) gets the newer
+ * checkpoints passed over, "PATH: reason" a line; "" elsewhere. Every
+ * worker of comm must call it. Returns 0, or a negative code with a message
+ * on every worker (worker 0's, when the folder cannot be read).
+ */
+DSRT_API int dsrt_train_resume_auto(dsrt_comm *comm, const char *dir, char *path, size_t size,
+                                    char *skipped, size_t skipped_size);
+
+/*
+ * The workers' agreement on who failed or was stopped: every worker of comm
+ * gives value (a failure as 1, a signal's number, 0 for none) and gets in
+ * *worker the lowest rank that gave one other than 0, and its value in
+ * *first_value; -1 and 0 when every worker gave 0. comm NULL: this process
+ * alone (*worker 0 or -1). Every worker of comm must call it. Returns 0, or
+ * a negative code with a message when the workers cannot communicate (then
+ * *worker and *first_value describe this worker alone: its rank or -1).
+ */
+DSRT_API int dsrt_train_first_worker(dsrt_comm *comm, int value, int *worker, int *first_value);
+
+// ----------------------------------------------------------------------------
 // Evaluation
 
 typedef struct {

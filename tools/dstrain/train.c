@@ -43,50 +43,22 @@ static void net_file_error(const char *file, const char *text) {
     }
 }
 
-/* This process's place among the launcher's processes on its node (Open
- * MPI, MPICH's Hydra, Slurm), or 0. */
-static int local_rank_from_launcher(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                                       "SLURM_LOCALID"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) return atoi(v);
-    }
-    return 0;
-}
-
 /*
  * --execution-environment parallel: starts MPI and opens this worker's
- * communicator: on a machine with GPUs one GPU a worker, picked by its
- * place on the node (NCCL), else CPU workers (MPI). Only worker 0 prints,
- * logs, plots and saves. Returns 0 or 2 after a message.
+ * communicator as the library chooses it (dsrt_train_comm_open: one GPU a
+ * worker with NCCL, else CPU workers with MPI). Only worker 0 prints, logs,
+ * plots and saves. Returns 0 or 2 after a message.
  */
 static int train_start_comm(train_job *j) {
     j->world = 1;
-    if (j->o.execution != DSRT_EXEC_PARALLEL) return 0;
-    if (dsrt_comm_init(NULL, NULL) != 0) {
+    if (dsrt_train_comm_open(&j->o, &j->comm) != 0) {
         fprintf(stderr, "%s train: --execution-environment parallel: %s\n", prog,
                 dsrt_last_error());
         return 2;
     }
+    if (!j->comm) return 0;
     j->mpi = 1;
-    dsrt_comm_options co = j->o.comm_options;
-    int ngpu = dsrt_gpu_count();
-    if (ngpu > 0 && dsrt_comm_available(DSRT_COMM_NCCL) == 0) {
-        co.kind = DSRT_COMM_NCCL;
-        co.device = local_rank_from_launcher() % ngpu;
-        j->o.gpu = j->no.device = co.device;
-    } else {
-        co.kind = DSRT_COMM_MPI;
-        j->o.gpu = -1;
-        j->no.device = DSRT_DEVICE_CPU;
-    }
-    if (dsrt_comm_open(&j->comm, &co) != 0) {
-        fprintf(stderr, "%s train: --execution-environment parallel: %s\n", prog,
-                dsrt_last_error());
-        return 2;
-    }
-    j->o.comm = j->comm;
+    j->no.device = j->o.gpu >= 0 ? j->o.gpu : DSRT_DEVICE_CPU;
     j->rank = dsrt_comm_rank(j->comm);
     j->world = dsrt_comm_size(j->comm);
     snprintf(j->worker, sizeof j->worker, " (worker %d of %d)", j->rank, j->world);
@@ -100,96 +72,50 @@ static int train_start_comm(train_job *j) {
 
 /*
  * --resume auto: the newest complete checkpoint of --checkpoint-dir becomes
- * --resume, or there is none and the run starts afresh. Worker 0 chooses and
- * tells the others (one broadcast), so every worker of a data-parallel run
- * resumes the same checkpoint even where their views of the folder differ.
- * Newer checkpoints that do not load are named and passed over. Returns 0
- * or 2 after a message.
+ * --resume, or there is none and the run starts afresh; worker 0 chooses
+ * for every worker (dsrt_train_resume_auto). Newer checkpoints that do not
+ * load are named and passed over. Returns 0 or 2 after a message.
  */
 static int train_resolve_auto_resume(train_job *j) {
     if (!tr.resume || strcmp(tr.resume, "auto") != 0) return 0;
-    /* 'P' path, 'N' none, 'E' message: what worker 0 found. */
-    char *msg = j->auto_ckpt, skipped[2048] = "";
-    char *buf = calloc(1, sizeof j->auto_ckpt + 1);
-    if (!buf) return 2;
-    if (j->rank == 0) {
-        int rc = dsrt_checkpoint_latest_complete(tr.checkpoint_dir, buf + 1, sizeof j->auto_ckpt,
-                                                 skipped, sizeof skipped);
-        buf[0] = rc == 0 ? 'P' : rc == -ENOENT ? 'N' : 'E';
-        if (buf[0] == 'E') snprintf(buf + 1, sizeof j->auto_ckpt, "%s", dsrt_last_error());
-        for (char *line = skipped; *line;) {
-            char *end = strchr(line, '\n');
-            if (end) *end = '\0';
-            fprintf(stderr, "%s train: --resume auto: passing over %s\n", prog, line);
-            if (!end) break;
-            line = end + 1;
-        }
+    char skipped[2048];
+    int rc = dsrt_train_resume_auto(j->comm, tr.checkpoint_dir, j->auto_ckpt, sizeof j->auto_ckpt,
+                                    skipped, sizeof skipped);
+    for (char *line = skipped; *line;) {
+        char *end = strchr(line, '\n');
+        if (end) *end = '\0';
+        fprintf(stderr, "%s train: --resume auto: passing over %s\n", prog, line);
+        if (!end) break;
+        line = end + 1;
     }
-    if (j->comm && dsrt_comm_bcast(j->comm, buf, sizeof j->auto_ckpt + 1, 0) != 0) {
+    if (rc != 0) {
         fprintf(stderr, "%s train%s: --resume auto: %s\n", prog, j->worker, dsrt_last_error());
-        free(buf);
         return 2;
     }
-    int status = 0;
-    buf[sizeof j->auto_ckpt] = '\0';
-    snprintf(msg, sizeof j->auto_ckpt, "%s", buf[0] == 'P' ? buf + 1 : "");
-    if (buf[0] == 'E') {
-        fprintf(stderr, "%s train%s: --resume auto: %s\n", prog, j->worker, buf + 1);
-        status = 2;
-    } else if (j->rank == 0) {
-        if (msg[0])
-            fprintf(stderr, "%s train: --resume auto: resuming from %s\n", prog, msg);
+    if (j->rank == 0) {
+        if (j->auto_ckpt[0])
+            fprintf(stderr, "%s train: --resume auto: resuming from %s\n", prog, j->auto_ckpt);
         else
             fprintf(stderr,
                     "%s train: --resume auto: no complete checkpoint in %s: starting "
                     "afresh\n",
                     prog, tr.checkpoint_dir);
     }
-    free(buf);
-    tr.resume = msg[0] ? msg : NULL;
+    tr.resume = j->auto_ckpt[0] ? j->auto_ckpt : NULL;
     j->o.resume = tr.resume;
-    return status;
-}
-
-/* A process that mpirun (or another MPI launcher) started as one of
- * several, without --execution-environment parallel, would train the whole
- * job alone, as would each of the others, into the same outputs: refused.
- * Open MPI and MPICH's Hydra say so in the environment, MPI library or not.
- * Returns 0 or 2 after a message. */
-static int train_refuse_lone_rank(const train_job *j) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
-    if (j->o.execution == DSRT_EXEC_PARALLEL) return 0;
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && atoi(v) > 1) {
-            fprintf(stderr,
-                    "%s train: started as one of %d processes of an MPI job (%s=%s) without "
-                    "--execution-environment parallel: each would train the whole job alone and "
-                    "write the same outputs; give --execution-environment parallel, or start "
-                    "one process\n",
-                    prog, atoi(v), vars[i], v);
-            return 2;
-        }
-    }
     return 0;
 }
 
 /* Every worker says whether it could start (status 0); when one could not,
- * the others stop too, naming it. Returns the status to go on with. */
+ * the others stop too, naming it (dsrt_train_first_worker). Returns the
+ * status to go on with. */
 static int train_agree(train_job *j, int status) {
     if (!j->comm) return status;
-    double *v = calloc((size_t)j->world, sizeof *v);
-    if (!v) return status ? status : 1;
-    v[j->rank] = status != 0;
-    if (dsrt_comm_sum_f64(j->comm, v, (size_t)j->world) != 0) {
+    int first, failed;
+    if (dsrt_train_first_worker(j->comm, status != 0, &first, &failed) != 0) {
         fprintf(stderr, "%s train%s: %s\n", prog, j->worker, dsrt_last_error());
-        free(v);
         return status ? status : 1;
     }
-    int first = -1;
-    for (int k = 0; k < j->world && first < 0; k++)
-        if (v[k] != 0) first = k;
-    free(v);
     if (first >= 0 && !status) {
         fprintf(stderr, "%s train%s: worker %d could not start (see its message); stopping\n", prog,
                 j->worker, first);
@@ -615,24 +541,14 @@ static void train_summary_text(train_job *j, const dsrt_train_result *r, const c
  * worker stopped at the same step, having agreed to): the first by rank
  * that got one, *worker receiving which. 0 when none did. */
 static int train_stop_signal(train_job *j, int *worker) {
+    int sig = stop_signal_seen(), first, first_sig;
     *worker = j->rank;
-    int sig = stop_signal_seen();
-    if (!j->comm) return sig;
-    double *v = calloc((size_t)j->world, sizeof *v);
-    if (!v) return sig;
-    v[j->rank] = sig;
-    if (dsrt_comm_sum_f64(j->comm, v, (size_t)j->world) != 0) {
+    if (dsrt_train_first_worker(j->comm, sig, &first, &first_sig) != 0) {
         fprintf(stderr, "%s train%s: %s\n", prog, j->worker, dsrt_last_error());
-    } else {
-        for (int k = 0; k < j->world; k++)
-            if (v[k] != 0) {
-                sig = (int)v[k];
-                *worker = k;
-                break;
-            }
+        return sig;
     }
-    free(v);
-    return sig;
+    if (first >= 0) *worker = first;
+    return first >= 0 ? first_sig : sig;
 }
 
 /* Every worker exits with worker 0's status, once worker 0 has written
@@ -738,7 +654,13 @@ int cmd_train(int argc, char **argv) {
     train_job job;
     train_job *j = &job;
     memset(j, 0, sizeof *j);
-    if ((rc = train_resolve_options(j)) || (rc = train_refuse_lone_rank(j))) return rc;
+    if ((rc = train_resolve_options(j))) return rc;
+    /* A process that mpirun started as one of several, without
+     * --execution-environment parallel, would train the whole job alone. */
+    if (dsrt_train_check_launch(&j->o) != 0) {
+        fprintf(stderr, "%s %s\n", prog, dsrt_last_error());
+        return 2;
+    }
     int status = train_start_comm(j);
     if (status == 0) status = train_resolve_auto_resume(j);
     if (status == 0) status = train_open_outputs(j);
