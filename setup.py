@@ -1,8 +1,8 @@
 """Builds the extensions dsrt._dsrt and dsrt._nn with this repository's CMake build.
 
 setuptools drives the packaging (pyproject.toml); the extensions are built by
-CMake (target dsrt_python: python/src/dsrtmodule.c with the data library
-libdsrt linked in statically, and python/src/nnmodule.c, dsrt.Net, over the
+CMake (target dsrt_python: python/src/dsrt/, one file a type, with the data
+library libdsrt linked in statically, and python/src/nn/, dsrt.Net, over the
 shared libdsrt_train and libdsrt) for the interpreter running pip, and copied
 where setuptools expects them, with the two shared libraries (dsrt._nn finds
 them beside itself; it is loaded on first use of dsrt.Net) and the CUDA host

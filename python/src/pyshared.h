@@ -57,7 +57,9 @@ enum { DL_CUDA = 2, DL_CUDA_HOST = 3 };
 // ----------------------------------------------------------------------------
 // Errors
 
-static PyObject *dsrt_error; /* dsrt.Error, a RuntimeError with .code */
+/* dsrt.Error, a RuntimeError with .code: each extension defines its own
+ * pointer (in its module.c). */
+extern PyObject *dsrt_error;
 
 /* Raises the exception for dsrt code rc with message msg (NULL:
  * dsrt_last_error()): ValueError for a bad option, MemoryError for -ENOMEM,

@@ -1,0 +1,136 @@
+/*
+ * dsrt._dsrt: the CPython extension behind the dsrt Python package.
+ *
+ * It wraps the public C API (the headers under include/dsrt) and nothing else: a Datastore
+ * is a dsrt_datastore, a Pipeline a dsrt_pipeline, a Batch one lent
+ * dsrt_batch. A batch's samples and labels are handed to NumPy and PyTorch
+ * without a copy, through DLPack (__dlpack__, __dlpack_device__) and the
+ * buffer protocol: each exported tensor keeps its Batch alive, and the Batch
+ * gives its slot back to the pipeline (dsrt_batch_release) when the last
+ * tensor viewing it is freed. Holding tensors therefore holds slots: the
+ * pipeline makes at most prefetch + 1 consecutive batches at a time, and
+ * asking for one more while the oldest is still referenced raises dsrt.Error
+ * (after a garbage collection, in case only a reference cycle held it)
+ * rather than waiting for ever.
+ *
+ * Waiting for a batch releases the GIL and wakes every 100 ms to let Python
+ * run its signal handlers, so Ctrl-C raises KeyboardInterrupt promptly;
+ * closing the pipeline (close(), the context manager, or the object's end)
+ * stops and joins the workers. A Pipeline belongs to one thread at a time.
+ *
+ * Misuse raises rather than crashes or hangs: in a child made by os.fork()
+ * the parent's pipelines are dead (fork copies only the calling thread, so
+ * their workers do not exist there): using one raises, closing or freeing
+ * it abandons it at once, and the child may open pipelines of its own.
+ * Opening again (__init__) a Datastore a Pipeline reads, or a Pipeline that
+ * is open or has batches alive, is refused; every method and getter of an
+ * object whose __init__ never ran raises ValueError.
+ *
+ * One file a type: datastore.c, pipeline.c (pipeline_options.c its augment
+ * keywords), batch.c, tensor.c; names.c the names keywords take; this file
+ * the module's functions and its initialisation.
+ */
+#include "objects.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+PyObject *dsrt_error;
+
+static PyObject *mod_version(PyObject *m, PyObject *unused) {
+    return PyUnicode_FromString(dsrt_version_string());
+}
+
+/* Appends a new str to list: 0, or -1 with the exception set. */
+static int append_str(PyObject *list, const char *s) {
+    PyObject *v = PyUnicode_FromString(s);
+    int rc = v ? PyList_Append(list, v) : -1;
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* One row as a dict: name (Python's spelling), option (the tools'), type,
+ * default, choices, help, places. */
+static PyObject *option_dict(const dsrt_option *o, const char *group) {
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } places[] = {{DSRT_IN_DSBENCH, "dsbench"},
+                  {DSRT_IN_DSBENCH_INDEX, "dsbench --index"},
+                  {DSRT_IN_DSBENCH_CONVERT, "dsbench convert"},
+                  {DSRT_IN_PY_DATASTORE, "Datastore"},
+                  {DSRT_IN_PY_PIPELINE, "Pipeline"}};
+    char py[64];
+    snprintf(py, sizeof py, "%s", o->name);
+    for (char *c = py; *c; c++)
+        if (*c == '-') *c = '_';
+    PyObject *choices = PyList_New(0), *where = PyList_New(0), *d = NULL;
+    if (!choices || !where) goto done;
+    for (int i = 0; o->choice && o->choice(i); i++)
+        if (*o->choice(i) && append_str(choices, o->choice(i)) != 0) goto done;
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++)
+        if ((o->where & places[i].bit) && append_str(where, places[i].name) != 0) goto done;
+    d = Py_BuildValue("{s:s,s:s,s:s,s:s,s:z,s:O,s:s,s:O,s:z}", "name", py, "option", o->name,
+                      "group", group, "type", dsrt_option_type_name(o->type), "default", o->def,
+                      "choices", choices, "help", o->help, "where", where, "old", o->old);
+done:
+    Py_XDECREF(choices);
+    Py_XDECREF(where);
+    return d;
+}
+
+static PyObject *mod_options(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    const dsrt_option_group *groups;
+    size_t n = dsrt_option_groups(&groups);
+    PyObject *list = PyList_New(0);
+    for (size_t g = 0; list && g < n; g++)
+        for (size_t i = 0; i < groups[g].count; i++) {
+            PyObject *d = option_dict(&groups[g].options[i], groups[g].name);
+            if (!d || PyList_Append(list, d) != 0) {
+                Py_XDECREF(d);
+                Py_CLEAR(list);
+                break;
+            }
+            Py_DECREF(d);
+        }
+    return list;
+}
+
+static PyMethodDef module_methods[] = {
+    {"version", mod_version, METH_NOARGS, "version() -> the version of libdsrt in use"},
+    {"options", mod_options, METH_NOARGS,
+     "options() -> the data side's option rows, one dict each: name (as a keyword),\n"
+     "option (as dsbench spells it), group, type, default, choices, help, where, old"},
+    {NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_dsrt",
+    .m_doc = "dsrt's datastore and background pipeline, with batches lent to NumPy and\n"
+             "PyTorch without a copy (DLPack).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__dsrt(void) {
+    PyTypeObject *types[] = {&Datastore_Type, &Pipeline_Type, &Batch_Type, &Tensor_Type};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        if (PyType_Ready(types[i]) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m) return NULL;
+    dsrt_error = PyErr_NewExceptionWithDoc(
+        "dsrt.Error", "A failure reported by libdsrt; .code is its (negative) code.",
+        PyExc_RuntimeError, NULL);
+    if (!dsrt_error || PyModule_AddObjectRef(m, "Error", dsrt_error) < 0) goto fail;
+    static const char *names[] = {"Datastore", "Pipeline", "Batch", "Tensor"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}
