@@ -71,6 +71,8 @@ if [ -n "${BASE_REV:-}" ]; then
   if [ ! -x "$src/build/tools/dsbench" ]; then
     rm -rf "$src" && mkdir -p "$src"
     git archive "$BASE_REV" | tar -x -C "$src"
+    # The older tool is one file: it replaces the base's, a file or a folder.
+    rm -rf "$src/tools/dsbench" "$src/tools/dsbench.c"
     git show "${BASE_TOOL_REV:-d7e2b48}:tools/dsbench.c" > "$src/tools/dsbench.c"
     cmake -S "$src" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSRT_WITH_CUDA=OFF \
       -DDSRT_BUILD_PYTHON=OFF -DDSRT_BUILD_TESTS=OFF >/dev/null
