@@ -1267,9 +1267,22 @@ static void test_read_buffers(void) {
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-        p = open_pipe(ds, &a, &o);
-        struct rlimit as = {(rlim_t)(vm_size_kb() + (16 << 10)) << 10, RLIM_INFINITY};
+        /* The limit is set before the pipeline opens (its workers read at
+         * once: a limit set after could come after the huge file's read).
+         * What an open takes is measured first with files capped at 1 MB,
+         * which keeps the huge one from growing a buffer; the limit leaves
+         * 16 MB above that, short of its 48. */
+        dsrt_pipeline_options small = o;
+        small.max_file_bytes = (size_t)1 << 20;
+        long before = vm_size_kb();
+        p = open_pipe(ds, &a, &small);
+        long opened = vm_size_kb();
+        dsrt_pipeline_close(p);
+        long after = vm_size_kb();
+        rlim_t lim = (rlim_t)(after + (opened - before) + (16 << 10)) << 10;
+        struct rlimit as = {lim, RLIM_INFINITY};
         if (setrlimit(RLIMIT_AS, &as) != 0) _exit(3);
+        p = open_pipe(ds, &a, &o);
         dsrt_batch *b;
         int code = 0;
         while ((code = dsrt_pipeline_next(p, &b)) == 0) dsrt_batch_release(p, b);
