@@ -435,6 +435,9 @@ struct dsrt_net {
      * for checks that compare a fused plan layer by layer. Set before the
      * first inference. */
     int keep_outputs;
+    /* An imported model that said nothing of its input's normalisation
+     * (dsrt_net_info.input_assumed). */
+    int input_assumed;
     int *layer_bucket;   /* (n_layers) bucket a layer's gradients close, or -1 */
     dsrt_range *buckets; /* (n_buckets) */
     int n_buckets;

@@ -644,6 +644,7 @@ void dsrt_net_get_info(const dsrt_net *net, dsrt_net_info *info) {
     info->backend = net->ops->name;
     info->device = net->opts.device;
     info->precision = net->precision;
+    info->input_assumed = net->input_assumed;
     /* Backward costs the forward's flops twice (data and weights), except
      * that nothing needs the gradient of the input: the first layer with
      * parameters computes only its weight gradient. */

@@ -232,6 +232,7 @@ typedef struct dsrt_onnx_import {
     int stage, frozen, pixel_div;
     double scale;         /* the model takes pixel values times this */
     int user_stats;       /* the caller gave a mean or std */
+    int scale_said;       /* the caller or the model's metadata gave the scale */
     const onnx_node *cur; /* the node being mapped, for messages */
     int err;              /* the code of the last refusal */
     /* The node being mapped: its operator's ONNX_OP_* flags, the layout of

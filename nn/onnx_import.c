@@ -785,6 +785,7 @@ static int input_scale(onnx_import *c, const dsrt_onnx_import_options *o) {
     onnx_model *m = &c->m;
     c->user_stats = o->n_mean || o->n_std;
     c->scale = o->input_scale;
+    c->scale_said = o->input_scale > 0;
     for (int i = 0; !(c->scale > 0) && i < m->n_meta; i++) {
         onnx_str v = m->meta[i].value;
         char num[32];
@@ -797,6 +798,7 @@ static int input_scale(onnx_import *c, const dsrt_onnx_import_options *o) {
             return dsrt__fail(DSRT_ECORRUPT, "onnx: %s: metadata dsrt.input_scale '%s'", c->file,
                               ONNX_SHOWN(v));
         c->scale = s;
+        c->scale_said = 1;
     }
     if (!(c->scale > 0)) c->scale = 1.0 / 255.0;
     return 0;
@@ -1348,6 +1350,9 @@ int dsrt__onnx_import_memory(dsrt_net **out, const uint8_t *data, size_t size, c
     for (int i = 1; i < c.nL; i++)
         if ((rc = copy_layer(&c, net, i))) goto fail;
     net->version++;
+    /* Nothing said how the model's input is made from pixels: neither the
+     * caller, nor dsrt's metadata, nor a normalisation in the graph. */
+    net->input_assumed = !c.scale_said && !c.user_stats && c.stage == 0;
     *out = net;
     net = NULL;
 fail:

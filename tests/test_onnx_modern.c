@@ -148,6 +148,13 @@ static void test_transfer(void) {
                 dir, dstrain, dstrain),
              0);
     CHECK_GT(kept("mobilenet_v2.dsrt", "mt.dsrt"), 50);
+    CHECK_NE(sh("grep -q 'says nothing of how its input' '%s/mt.log'", dir), 0);
+    /* Without --preprocess nothing says how torchvision's model takes its
+     * input: dstrain says so before any work (classify, eval, train). */
+    CHECK_EQ(sh("cd '%s' && '%s' classify --model mobilenet_v2-13.onnx --threads 2 img > plain.log "
+                "2>&1 && grep -q 'says nothing of how its input is normalised' plain.log",
+                dir, dstrain),
+             0);
     CHECK_EQ(agrees("mt.onnx", "", ""), 0);
 }
 

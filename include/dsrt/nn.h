@@ -160,6 +160,12 @@ typedef struct {
     const char *backend;         /* "cpu-onednn" or "cuda-cudnn" */
     int device;                  /* DSRT_DEVICE_CPU or the CUDA device */
     dsrt_precision precision;    /* as resolved for the backend (never DEFAULT) */
+    /* 1: an imported ONNX model that says nothing of how its input is made
+     * from pixels (no input scale, mean or std given, no dsrt metadata, no
+     * normalisation in its graph): it is given pixels scaled to [0, 1],
+     * which is right only if that is what it was trained on (torchvision's
+     * models want dsrt_onnx_preprocess_torchvision). 0 otherwise. */
+    int input_assumed;
 } dsrt_net_info;
 
 DSRT_API void dsrt_net_get_info(const dsrt_net *net, dsrt_net_info *info);

@@ -367,6 +367,17 @@ int load_model(const char *cmd, const char *what, const char *path, const onnx_a
         fprintf(stderr, "%s %s: %s: %s\n", prog, cmd, what, dsrt_last_error());
         return 1;
     }
+    /* Said before any work: a model fed other numbers than it was trained
+     * on answers wrongly without an error. */
+    dsrt_net_info ni;
+    dsrt_net_get_info(*net, &ni);
+    if (ni.input_assumed)
+        fprintf(stderr,
+                "%s %s: note: %s %s says nothing of how its input is normalised (no "
+                "--preprocess, --input-scale, --mean or --std, no dsrt metadata, no normalisation "
+                "in its graph): it is given pixels scaled to [0, 1]; for torchvision's models "
+                "give --preprocess torchvision\n",
+                prog, cmd, what, path);
     return 0;
 }
 

@@ -320,6 +320,20 @@ static int load_net(PyObject *path_o, const load_args *l, dsrt_net **out) {
         raise_code(rc, NULL);
         goto fail;
     }
+    if (onnx) {
+        /* A model fed other numbers than it was trained on answers wrongly
+         * without an error: said now. */
+        dsrt_net_info info;
+        dsrt_net_get_info(net, &info);
+        if (info.input_assumed &&
+            PyErr_WarnFormat(PyExc_UserWarning, 1,
+                             "%S says nothing of how its input is normalised (no preprocess, "
+                             "input_scale, mean or std, no dsrt metadata, no normalisation in its "
+                             "graph): it is given pixels scaled to [0, 1]; for torchvision's "
+                             "models give preprocess='torchvision'",
+                             path_o) != 0)
+            goto fail;
+    }
     if (!onnx && l->names) {
         /* A dsrt model named anew: its description gets the names. */
         dsrt_net_info info;
