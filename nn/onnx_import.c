@@ -109,7 +109,29 @@ onnx_layer *dsrt__onnx_add_layer(onnx_import *c, const char *type, onnx_val *con
         src = c->cur->name;
     else if (c->cur && c->cur->n_out && c->cur->out[0].n)
         src = c->cur->out[0];
-    char all[ONNX_NAME_MAX + 1], base[36];
+    char all[ONNX_NAME_MAX + 1], base[41], scoped[ONNX_NAME_MAX + 1];
+    /* A scoped name repeats each scope in the next ("/features/features.1/
+     * features.1.0/Conv", as PyTorch's exporter writes them): each scope
+     * keeps what it adds to the one before ("features.1.0.Conv"). */
+    size_t sn = 0;
+    const uint8_t *prev = NULL;
+    size_t prev_n = 0;
+    for (size_t i = 0; i < src.n;) {
+        size_t j = i;
+        while (j < src.n && src.p[j] != '/') j++;
+        const uint8_t *seg = src.p + i;
+        size_t n = j - i;
+        const uint8_t *whole = seg;
+        size_t whole_n = n;
+        if (prev && n > prev_n + 1 && !memcmp(seg, prev, prev_n) && seg[prev_n] == '.')
+            seg += prev_n + 1, n -= prev_n + 1;
+        if (whole_n) prev = whole, prev_n = whole_n;
+        if (n && sn) scoped[sn++] = '/';
+        memcpy(scoped + sn, seg, n);
+        sn += n;
+        i = j + 1;
+    }
+    if (sn) src = (onnx_str){(const uint8_t *)scoped, sn};
     size_t k = 0;
     for (size_t i = 0; i < src.n; i++) {
         char ch = (char)src.p[i];

@@ -82,14 +82,23 @@ int cmd_analyze(int argc, char **argv) {
     }
     dsrt_net_info info;
     dsrt_net_get_info(net, &info);
+    /* The columns as wide as their longest entry (imported models' layer
+     * names run long); the inputs, of any length, last. */
+    int wname = (int)strlen("layer"), wtype = (int)strlen("type");
+    for (int i = 0; i < info.layers; i++) {
+        dsrt_layer_info l;
+        dsrt_net_layer(net, i, &l);
+        if ((int)strlen(l.name) > wname) wname = (int)strlen(l.name);
+        if ((int)strlen(l.type) > wtype) wtype = (int)strlen(l.type);
+    }
     if (analyze.json) {
         printf("{\"net\": ");
         tool_json_string(stdout, name);
         printf(", \"layers\": [");
     } else
-        printf("%s: %d layers, %d classes, input %dx%dx%d\n\n  %-4s %-20s %-11s %-30s %-14s %s\n",
-               name, info.layers, info.classes, info.height, info.width, info.channels, "#",
-               "layer", "type", "inputs", "output", "learnables");
+        printf("%s: %d layers, %d classes, input %dx%dx%d\n\n  %-4s %-*s %-*s %-14s %-10s %s\n",
+               name, info.layers, info.classes, info.height, info.width, info.channels, "#", wname,
+               "layer", wtype, "type", "output", "learnables", "inputs");
     for (int i = 0; i < info.layers; i++) {
         dsrt_layer_info l;
         dsrt_net_layer(net, i, &l);
@@ -119,8 +128,8 @@ int cmd_analyze(int argc, char **argv) {
             printf(", \"output\": [%d, %d, %d], \"learnables\": %zu}", l.out_height, l.out_width,
                    l.out_channels, learn);
         } else
-            printf("  %-4d %-20s %-11s %-30s %-14s %zu%s\n", i, l.name, l.type,
-                   l.n_inputs ? inputs : "-", out, learn,
+            printf("  %-4d %-*s %-*s %-14s %-10zu %s%s\n", i, wname, l.name, wtype, l.type, out,
+                   learn, l.n_inputs ? inputs : "-",
                    fused_away ? "   (computed by the layer it takes)" : "");
     }
     char gf[32];

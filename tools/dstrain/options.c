@@ -373,11 +373,11 @@ int load_model(const char *cmd, const char *what, const char *path, const onnx_a
     dsrt_net_get_info(*net, &ni);
     if (ni.input_assumed)
         fprintf(stderr,
-                "%s %s: note: %s %s says nothing of how its input is normalised (no "
+                "%s %s: note: %s%s%s says nothing of how its input is normalised (no "
                 "--preprocess, --input-scale, --mean or --std, no dsrt metadata, no normalisation "
                 "in its graph): it is given pixels scaled to [0, 1]; for torchvision's models "
                 "give --preprocess torchvision\n",
-                prog, cmd, what, path);
+                prog, cmd, strcmp(what, path) ? what : "", strcmp(what, path) ? " " : "", path);
     return 0;
 }
 
