@@ -495,7 +495,7 @@ static void test_process_limits(void) {
     CHECK(!strstr(r.err, "bad training file"));
     result_free(&r);
     r = run_limited(ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--workers", "2",
-                         "--depth", "4", "--quiet"),
+                         "--io-depth", "4", "--quiet"),
                     120, 0, 600000);
     CHECK_EQ(r.status, 0);
     CHECK(!strstr(r.err, "out of memory"));

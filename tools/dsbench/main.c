@@ -167,7 +167,7 @@ static const binding BINDINGS[] = {
     {"sample-weights", SET_TEXT, AT(po.sample_weights), AFTER_PIPELINE},
     {"epoch-samples", SET_SIZE, AT(po.epoch_samples), AFTER_PIPELINE},
     {"io", SET_INT, AT(po.reader.io), AFTER_PIPELINE},
-    {"depth", SET_UNSIGNED, AT(po.reader.depth), AFTER_PIPELINE},
+    {"io-depth", SET_UNSIGNED, AT(po.reader.depth), AFTER_PIPELINE},
     {"remote-depth", SET_UNSIGNED, AT(po.reader.remote.depth), AFTER_PIPELINE},
     {"max-connections", SET_UNSIGNED, AT(po.reader.remote.max_connections), AFTER_PIPELINE},
     {"direct", SET_ONE, AT(po.reader.direct), AFTER_PIPELINE},

@@ -38,7 +38,7 @@ static const option EVAL_OPTIONS[] = {
     {"cpus", OPT_STR, &ev.cpus},
     {"no-pin", OPT_FLAG, &ev.no_pin},
     DEVICE_OPTIONS(ev.dev),
-    {"depth", OPT_INT, &ev.depth},
+    {"io-depth", OPT_INT, &ev.depth},
     REMOTE_OPTIONS(ev.remote),
     {"bad-list", OPT_STR, &ev.bad_list},
     {"drop-empty-classes", OPT_FLAG, &ev.drop_empty_classes},

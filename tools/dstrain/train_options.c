@@ -46,7 +46,7 @@ static const option TRAIN_OPTIONS[] = {
     {"cpus", OPT_STR, &tr.cpus},
     {"no-pin", OPT_FLAG, &tr.no_pin},
     {"prefetch", OPT_INT, &tr.prefetch},
-    {"depth", OPT_INT, &tr.depth},
+    {"io-depth", OPT_INT, &tr.depth},
     REMOTE_OPTIONS(tr.remote),
     {"solver", OPT_STR, &tr.solver},
     {"momentum", OPT_STR, &tr.momentum},
