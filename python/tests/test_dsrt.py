@@ -1009,7 +1009,7 @@ def test_mixing_soft_labels(folder):
     common = dict(preset="32", batch=16, epochs=1, seed=3, workers=1)
     with dsrt.Pipeline(ds, **common) as p:
         plain = _epoch(p)
-    mix = dict(mixup_alpha=0.8, cutmix_alpha=1.0, mix_prob=1.0, switch_prob=0.5, label_smoothing=0.1)
+    mix = dict(mixup_alpha=0.8, cutmix_alpha=1.0, mix_prob=1.0, mix_switch_prob=0.5, label_smoothing=0.1)
     with dsrt.Pipeline(ds, **common, **mix) as p:
         mixed = _epoch(p)
     assert plain[0][2] is None and plain[0][3] == 1.0

@@ -58,8 +58,8 @@ static const option TRAIN_OPTIONS[] = {
     {"lr-drop-period", OPT_INT, &tr.lr_drop_period},
     {"gradient-threshold", OPT_STR, &tr.grad_threshold},
     {"gradient-threshold-method", OPT_STR, &tr.grad_threshold_method},
-    {"mixup", OPT_STR, &tr.mixup},
-    {"cutmix", OPT_STR, &tr.cutmix},
+    {"mixup-alpha", OPT_STR, &tr.mixup},
+    {"cutmix-alpha", OPT_STR, &tr.cutmix},
     {"cutmix-minmax", OPT_STR, &tr.cutmix_minmax},
     {"mix-prob", OPT_STR, &tr.mix_prob},
     {"mix-switch-prob", OPT_STR, &tr.mix_switch_prob},
@@ -285,7 +285,7 @@ static int resolve_mixing(dsrt_train_options *o) {
     }
     int mixing = o->mixup_alpha > 0 || o->cutmix_alpha > 0 || tr.cutmix_minmax;
     if ((tr.mix_prob || tr.mix_switch_prob) && !mixing) {
-        fprintf(stderr, "%s train: --%s goes with --mixup A or --cutmix A\n", prog,
+        fprintf(stderr, "%s train: --%s goes with --mixup-alpha A or --cutmix-alpha A\n", prog,
                 tr.mix_prob ? "mix-prob" : "mix-switch-prob");
         return 2;
     }
@@ -497,8 +497,8 @@ int train_resolve_options(train_job *j) {
         {"new-lr-factor", &tr.new_lr_factor, 0, 1e6, &j->new_lr_factor},
         {"bucket-size", &tr.bucket_size, 1.0 / 1024, 4096, &bucket_mib},
         {"comm-timeout", &tr.comm_timeout, 1, 86400, &o->comm_options.timeout_s},
-        {"mixup", &tr.mixup, 0, 1e6, &o->mixup_alpha},
-        {"cutmix", &tr.cutmix, 0, 1e6, &o->cutmix_alpha},
+        {"mixup-alpha", &tr.mixup, 0, 1e6, &o->mixup_alpha},
+        {"cutmix-alpha", &tr.cutmix, 0, 1e6, &o->cutmix_alpha},
         {"mix-prob", &tr.mix_prob, 0, 1, &o->mix_prob},
         {"mix-switch-prob", &tr.mix_switch_prob, 0, 1, &o->mix_switch_prob},
         {"label-smoothing", &tr.label_smoothing, 0, 0.999999, &o->label_smoothing},

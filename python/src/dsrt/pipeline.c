@@ -64,8 +64,8 @@ typedef struct {
         *drop_last, *shuffle, *seed, *epochs, *io, *depth, *direct, *max_pixels, *strict, *fail,
         *drop_bad, *max_bad, *max_file, *chunk, *native, *native_px, *gpu, *remote_depth,
         *max_conns, *deadline, *req_timeout, *cache_dir, *cache_limit;
-    PyObject *mixup, *cutmix, *cutmix_minmax, *mix_prob, *switch_prob, *smoothing, *classes, *rank,
-        *world;
+    PyObject *mixup, *cutmix, *cutmix_minmax, *mix_prob, *switch_prob, *mix_switch, *smoothing,
+        *classes, *rank, *world;
     PyObject *sample_weights, *epoch_samples;
     /* sample_weights given as numbers, or as a path (its str): freed once
      * the pipeline is open. */
@@ -270,7 +270,18 @@ static int pipeline_options(pipeline_args *pa, dsrt_pipeline_options *o) {
         get_doubles(pa->cutmix_minmax, "cutmix_minmax", o->cutmix_minmax, 2, 0) != 0)
         return -1;
     if (pa->mix_prob && get_double(pa->mix_prob, "mix_prob", &o->mix_prob) != 0) return -1;
-    if (pa->switch_prob && get_double(pa->switch_prob, "switch_prob", &o->mix_switch_prob) != 0)
+    /* switch_prob: the older name of mix_switch_prob (dstrain's --mix-switch-prob). */
+    if (pa->switch_prob && pa->mix_switch) {
+        PyErr_SetString(PyExc_TypeError,
+                        "mix_switch_prob and switch_prob (its older name) are one option: give "
+                        "mix_switch_prob");
+        return -1;
+    }
+    if (pa->switch_prob &&
+        PyErr_WarnEx(PyExc_DeprecationWarning, "switch_prob is now mix_switch_prob", 1) != 0)
+        return -1;
+    if (!pa->mix_switch) pa->mix_switch = pa->switch_prob;
+    if (pa->mix_switch && get_double(pa->mix_switch, "mix_switch_prob", &o->mix_switch_prob) != 0)
         return -1;
     if (pa->smoothing && get_double(pa->smoothing, "label_smoothing", &o->label_smoothing) != 0)
         return -1;
@@ -406,6 +417,7 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                              "cutmix_minmax",
                              "mix_prob",
                              "switch_prob",
+                             "mix_switch_prob",
                              "label_smoothing",
                              "num_classes",
                              "rank",
@@ -419,15 +431,15 @@ static int pipeline_init(PipelineObject *self, PyObject *args, PyObject *kw) {
                         .dtype = Py_None,
                         .cpus = Py_None};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist,
+            args, kw, "O!|$OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO:Pipeline", kwlist,
             &Datastore_Type, &pa.ds, &pa.preset, &pa.augment, &pa.layout, &pa.dtype, &pa.batch,
             &pa.prefetch, &pa.workers, &pa.cpus, &pa.pin, &pa.drop_last, &pa.shuffle, &pa.seed,
             &pa.epochs, &pa.io, &pa.depth, &pa.direct, &pa.max_pixels, &pa.strict, &pa.fail,
             &pa.drop_bad, &pa.max_bad, &pa.max_file, &pa.chunk, &pa.native, &pa.native_px, &pa.gpu,
             &pa.remote_depth, &pa.max_conns, &pa.deadline, &pa.req_timeout, &pa.cache_dir,
             &pa.cache_limit, &pa.mixup, &pa.cutmix, &pa.cutmix_minmax, &pa.mix_prob,
-            &pa.switch_prob, &pa.smoothing, &pa.classes, &pa.rank, &pa.world, &pa.sample_weights,
-            &pa.epoch_samples))
+            &pa.switch_prob, &pa.mix_switch, &pa.smoothing, &pa.classes, &pa.rank, &pa.world,
+            &pa.sample_weights, &pa.epoch_samples))
         return -1;
     if (self->p || self->live || self->busy) {
         /* Open, or its batches still alive: in use. */
@@ -792,7 +804,7 @@ PyTypeObject Pipeline_Type = {
         "         max_connections=0, retry_deadline=60.0, request_timeout=30.0,\n"
         "         cache_dir=None, cache_limit=0,\n"
         "         mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, mix_prob=1.0,\n"
-        "         switch_prob=0.5, label_smoothing=0.0, num_classes=None, rank=None,\n"
+        "         mix_switch_prob=0.5, label_smoothing=0.0, num_classes=None, rank=None,\n"
         "         world_size=None, sample_weights=None, epoch_samples=None)\n\n"
         "Batches of augmented samples made in the background by `workers` threads (0: one\n"
         "per core), in order, bit-identical for a seed whatever the thread count.\n"
