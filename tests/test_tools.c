@@ -836,13 +836,13 @@ static void test_resume_auto(void) {
     snprintf(ck2, sizeof ck2, "%s/auto2", root);
 #define AUTO_ARGS(epochs, dir)                                                                     \
     bin_train, "train", "--data", good, "--epochs", epochs, "--batch", "8", "--json", "--quiet",   \
-        "--execution-environment", "cpu", "--mixup-alpha", "0.4", "--cutmix-alpha", "1", "--label-smoothing",  \
-        "0.1", "--checkpoint-dir", dir, "--checkpoint-unit", "iteration",                          \
+        "--execution-environment", "cpu", "--mixup-alpha", "0.4", "--cutmix-alpha", "1",           \
+        "--label-smoothing", "0.1", "--checkpoint-dir", dir, "--checkpoint-unit", "iteration",     \
         "--checkpoint-frequency", "4", "--resume", "auto"
     char full[32], sum[32];
     result r = run(ARGV(bin_train, "train", "--data", good, "--epochs", "2", "--batch", "8",
-                        "--json", "--quiet", "--execution-environment", "cpu", "--mixup-alpha", "0.4",
-                        "--cutmix-alpha", "1", "--label-smoothing", "0.1"),
+                        "--json", "--quiet", "--execution-environment", "cpu", "--mixup-alpha",
+                        "0.4", "--cutmix-alpha", "1", "--label-smoothing", "0.1"),
                    300);
     CHECK_EQ(r.status, 0);
     summary_checksum(r.out, full, sizeof full);
