@@ -136,10 +136,11 @@ static const dsrt_option DATASTORE_OPTIONS[] = {
      .type = DSRT_OPTION_TEXT,
      .arg = "W1,W2|FILE",
      .where = DSRT_IN_DSBENCH | DSRT_IN_DSBENCH_INDEX | DSRT_IN_PY_DATASTORE,
-     .help = "mix several DATA in these proportions (one weight a DATA, each >= 0): an epoch "
-             "draws round(N * W / sum W) samples of each, interleaved at random; or FILE, "
-             "lines PATH,WEIGHT naming the sources (then no DATA); several DATA without it: "
-             "in proportion to their sizes"},
+     .help =
+         "mix several DATA in these proportions (one weight a DATA, each >= 0): an epoch "
+         "draws round(N * W / sum W) samples of each, interleaved at random; or FILE, "
+         "lines PATH,WEIGHT[,PRESET] naming the sources (then no DATA); several DATA without it: "
+         "in proportion to their sizes"},
     {.name = "mix-labels",
      .type = DSRT_OPTION_CHOICE,
      .arg = "HOW",

@@ -59,7 +59,8 @@ static const dsrt_option TRAINING_OPTIONS[] = {
      .where = DSRT_IN_TRAIN,
      .help = "mix the --data in these proportions (one weight a --data, each >= 0): each epoch "
              "draws round(N * W / sum W) samples of each, interleaved at random; or FILE, lines "
-             "PATH,WEIGHT naming the sources (then no --data; relative paths from FILE's folder)"},
+             "PATH,WEIGHT[,PRESET] naming the sources (PRESET: that source's augment preset) (then "
+             "no --data; relative paths from FILE's folder)"},
     {.name = "mix-labels",
      .type = DSRT_OPTION_CHOICE,
      .arg = "HOW",

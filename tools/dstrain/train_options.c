@@ -150,7 +150,7 @@ static void train_usage(FILE *f) {
             "sources): --mix 0.7,0.3 gives each epoch (--epoch-samples N, default all the\n"
             "samples) 70%% of its samples from the first and 30%% from the second, interleaved\n"
             "at random, classes merged by name (--mix-labels separate keeps them apart);\n"
-            "--mix FILE reads PATH,WEIGHT lines instead. --sample-weights class-balanced\n"
+            "--mix FILE reads PATH,WEIGHT[,PRESET] lines instead. --sample-weights class-balanced\n"
             "draws every class equally often from one --data. The draws are keyed by the\n"
             "seed and the epoch: resumes and data-parallel workers see the same batches.\n\n"
             "Images that cannot be read or decoded are skipped (a training place takes the\n"
