@@ -43,6 +43,7 @@
  */
 #include "datastore/bytes/cache.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -238,39 +239,59 @@ static void drop_file(const char *path, uint64_t size, uint64_t *usage) {
     if (unlink(path) == 0) *usage -= DSRT_MIN(*usage, size);
 }
 
+/* 1 when name is one dsrt's cache makes: an entry, 16 hex digits and
+ * ".e"; with tmp, an entry's temporary file, that and ".PID.N.tmp". */
+static int cache_name(const char *name, int tmp) {
+    for (int i = 0; i < 16; i++)
+        if (!isxdigit((unsigned char)name[i])) return 0;
+    if (strncmp(name + 16, ".e", 2) != 0) return 0;
+    if (!tmp) return name[18] == '\0';
+    const char *s = name + 18;
+    for (int part = 0; part < 2; part++) {
+        if (*s++ != '.' || !isdigit((unsigned char)*s)) return 0;
+        while (isdigit((unsigned char)*s)) s++;
+    }
+    return strcmp(s, ".tmp") == 0;
+}
+
 /* Lists every entry; with sweep, also removes temporary files (only a
- * lone opener may: no one else writes). */
+ * lone opener may: no one else writes). Only regular files of the names
+ * the cache makes, in sub-folders that are folders, never through a link:
+ * a folder given as the cache that holds anything else keeps it. */
 static int scan(dsrt_cache *c, int sweep, entry_stat **out, size_t *n_out) {
     entry_stat *v = NULL;
     size_t n = 0, cap = 0;
     for (unsigned sub = 0; sub < 256; sub++) {
         char d[PATH_MAX];
         snprintf(d, sizeof d, "%s/%02x", c->dir, sub);
-        DIR *dir = opendir(d);
-        if (!dir) continue;
+        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        DIR *dir = dfd >= 0 ? fdopendir(dfd) : NULL;
+        if (!dir) {
+            if (dfd >= 0) close(dfd);
+            continue;
+        }
         struct dirent *de;
         while ((de = readdir(dir)) != NULL) {
             const char *name = de->d_name;
-            size_t len = strlen(name);
-            if (name[0] == '.') continue;
-            char p[PATH_MAX + 256];
-            snprintf(p, sizeof p, "%s/%s", d, name);
-            if (len == 18 && strcmp(name + 16, ".e") == 0) {
-                struct stat st;
-                if (stat(p, &st) != 0) continue;
-                void *g = v;
-                if (dsrt__grow(&g, &cap, n + 1, sizeof *v) != 0) {
-                    closedir(dir);
-                    free(v);
-                    return -ENOMEM;
-                }
-                v = g;
-                v[n++] = (entry_stat){.mtime = mtime_ns(&st),
-                                      .size = (uint64_t)st.st_size,
-                                      .key = strtoull(name, NULL, 16)};
-            } else if (sweep && len > 4 && strcmp(name + len - 4, ".tmp") == 0) {
-                unlink(p);
+            struct stat st;
+            int entry = cache_name(name, 0), tmp = !entry && sweep && cache_name(name, 1);
+            if ((!entry && !tmp) || fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+                !S_ISREG(st.st_mode))
+                continue;
+            if (tmp) {
+                unlinkat(dfd, name, 0);
+                continue;
             }
+            void *g = v;
+            if (dsrt__grow(&g, &cap, n + 1, sizeof *v) != 0) {
+                closedir(dir);
+                free(v);
+                return -ENOMEM;
+            }
+            v = g;
+            v[n++] = (entry_stat){.mtime = mtime_ns(&st),
+                                  .size = (uint64_t)st.st_size,
+                                  .key = strtoull(name, NULL, 16)};
         }
         closedir(dir);
     }
