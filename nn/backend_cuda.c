@@ -434,6 +434,14 @@ static int aliases(const gpu_plan *p, int i, const dsrt_layer *l) {
                                            p->gl[i].taken_by >= 0));
 }
 
+/* Bytes of layer l's output for n images (DSRT_CUDA_F32_OUT: float32, else
+ * the activations' type). */
+static size_t output_bytes(const cuda_backend *be, const dsrt_layer *l, int n) {
+    size_t el =
+        gpu_ops(l)->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : dsrt__cuda_type_size(be->act);
+    return dsrt__cuda_out_count(l, n) * el;
+}
+
 /* The layer whose memory layer i's output is (itself unless it aliases). */
 static int output_owner(const gpu_plan *p, const dsrt_net *net, int i) {
     while (i > 0 && aliases(p, i, &net->layers[i]))
@@ -453,12 +461,10 @@ static int output_owner(const gpu_plan *p, const dsrt_net *net, int i) {
 static size_t output_pool(cuda_backend *be, gpu_plan *p, dsrt_life *lives) {
     const dsrt_net *net = be->net;
     if (p->train || net->opts.fuse < 2 || net->keep_outputs || !lives) return 0;
-    size_t at = dsrt__cuda_type_size(be->act);
     for (int i = 0; i < net->n_layers; i++) {
         const dsrt_layer *l = &net->layers[i];
         int own = i == 0 || !aliases(p, i, l);
-        size_t el = gpu_ops(l)->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : at;
-        lives[i] = (dsrt_life){own ? dsrt__cuda_out_count(l, p->n) * el : 0, 0, i, i};
+        lives[i] = (dsrt_life){own ? output_bytes(be, l, p->n) : 0, 0, i, i};
     }
     for (int k = 1; k < net->n_layers; k++) {
         int step = p->gl[k].taken_by >= 0 ? p->gl[k].taken_by : k;
@@ -494,7 +500,6 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
         const dsrt_cuda_layer_ops *ops = gpu_ops(l);
         gpu_layer *g = &p->gl[i];
         size_t cnt = dsrt__cuda_out_count(l, n);
-        size_t el = ops->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : at;
         if (i > 0 && aliases(p, i, l)) {
             /* A layer a chain took: the taker's output (an add's other
              * input may be its first). */
@@ -506,7 +511,7 @@ static void plan_layout(cuda_backend *be, gpu_plan *p, carve *c, const int *need
             g->dy = NULL; /* inference: no gradient */
             g->hi = lives[i].hi;
         } else {
-            g->y = dsrt__cuda_take(c, cnt * el);
+            g->y = dsrt__cuda_take(c, output_bytes(be, l, n));
             /* A layer whose inputs share its gradient and those inputs
              * (net.c's grad_share): one buffer, made for the first of them. */
             int key = net->grad_share[i] >= 0                       ? net->grad_share[i]
@@ -1839,12 +1844,10 @@ static int cuda_activation_bytes(dsrt_backend *b, int n, int train, size_t *held
         *each = p->act_each;
         return 0;
     }
-    size_t at = dsrt__cuda_type_size(be->act), sum = 0;
+    size_t sum = 0;
     for (int i = 0; i < be->net->n_layers; i++) {
         const dsrt_layer *l = &be->net->layers[i];
-        if (i > 0 && aliases(p, i, l)) continue;
-        sum += dsrt__cuda_out_count(l, n) *
-               (gpu_ops(l)->flags & DSRT_CUDA_F32_OUT ? sizeof(float) : at);
+        if (i == 0 || !aliases(p, i, l)) sum += output_bytes(be, l, n);
     }
     *held = *each = sum;
     return 0;
