@@ -95,7 +95,10 @@ static void check_default(const char *name, unsigned where, double want) {
     CHECK(o != NULL);
     CHECK(o->def != NULL);
     double v;
-    CHECK_OK(dsrt_option_value(o, name, o->def, &v, NULL));
+    if (o->type == DSRT_OPTION_TEXT) /* a number its tool parses */
+        v = strtod(o->def, NULL);
+    else
+        CHECK_OK(dsrt_option_value(o, name, o->def, &v, NULL));
     if (v != want) fprintf(stderr, "--%s: the table says %s, the library %g\n", name, o->def, want);
     CHECK(v == want);
 }
@@ -118,6 +121,17 @@ static void test_defaults_agree(void) {
     check_default("order", DSRT_IN_PY_DATASTORE, ds.shard_order);
     check_default("labels", DSRT_IN_PY_DATASTORE, ds.label_source);
     check_default("source", DSRT_IN_PY_DATASTORE, ds.source);
+    check_default("epochs", py, (double)po.epochs);
+    check_default("max-pixels", py, (double)po.decoder.max_pixels);
+    check_default("max-consecutive-bad", py, po.max_consecutive_bad);
+    check_default("max-file-bytes", py, (double)po.max_file_bytes);
+    check_default("chunk", py, (double)po.chunk);
+    check_default("native-max-pixels", py, (double)po.native_max_pixels);
+    check_default("gpu", py, po.gpu);
+    check_default("mix-prob", py, po.mix_prob);
+    check_default("mix-switch-prob", py, po.mix_switch_prob);
+    check_default("label-smoothing", py, po.label_smoothing);
+    check_default("mixup-alpha", DSRT_IN_TRAIN, po.mixup_alpha);
     dsrt_train_options to = dsrt_train_defaults();
     check_default("epochs", DSRT_IN_TRAIN, to.max_epochs);
     check_default("batch", DSRT_IN_TRAIN, to.batch);

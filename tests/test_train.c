@@ -1098,6 +1098,31 @@ static void test_launch_environment(void) {
     CHECK(first == 0 && value == 15);
 }
 
+/* The automatic split of the cores: loading gets the cores its share of
+ * the work needs, computing the rest (at least one each). */
+static void test_cores_split(void) {
+    dsrt_net_info ni;
+    memset(&ni, 0, sizeof ni);
+    ni.device = -1;
+    ni.height = ni.width = 224;
+    ni.channels = 3;
+    unsigned w, all;
+    int t;
+    ni.train_flops = 0; /* loading is everything: every core loads */
+    CHECK_OK(dsrt_cores_split(&ni, NULL, &all, &t));
+    CHECK(all >= 1);
+    CHECK_EQ(t, 1);
+    ni.train_flops = 1e15; /* computing is everything */
+    CHECK_OK(dsrt_cores_split(&ni, NULL, &w, &t));
+    CHECK_EQ(w, 1);
+    CHECK_EQ(t, (int)all);
+    CHECK_OK(dsrt_cores_split(&ni, "0", &w, &t));
+    CHECK_EQ(w, 1);
+    CHECK_EQ(t, 1);
+    CHECK(dsrt_cores_split(&ni, "zero", &w, &t) < 0);
+    CHECK(strstr(dsrt_last_error(), "zero") != NULL);
+}
+
 /* resume "auto": afresh where there is no checkpoint, else the newest that
  * loads, the newer broken ones named. */
 static void test_launch_resume_auto(void) {
@@ -1160,5 +1185,6 @@ int main(int argc, char **argv) {
     RUN(test_save_never_through_link);
     RUN(test_launch_environment);
     RUN(test_launch_resume_auto);
+    RUN(test_cores_split);
     return TEST_RESULT();
 }

@@ -69,6 +69,11 @@ typedef struct {
     /* Older value names still accepted: pairs "old=new" separated by
      * commas ("epoch=every-epoch"), or NULL. */
     const char *old_values;
+    /* Python's keyword where it is not the name with '-' as '_': the C
+     * API's field, a positive keyword for a tool's negating flag
+     * ("include_subfolders" for "no-subfolders", True by default); else
+     * NULL. */
+    const char *py;
 } dsrt_option;
 
 typedef struct {

@@ -565,6 +565,17 @@ DSRT_API int dsrt_evaluate(dsrt_net *net, const dsrt_datastore *ds, const dsrt_e
 /* Frees what dsrt_evaluate allocated in r. A zeroed r is accepted. */
 DSRT_API void dsrt_eval_result_free(dsrt_eval_result *r);
 
+/*
+ * The automatic split of the cores dsrt_train and dsrt_evaluate make when
+ * workers and compute_threads are 0 (see dsrt_train_options): for the net
+ * ni describes on cpus (NULL: every core this process may run on), the
+ * loading workers and the compute threads. A program that loads its own
+ * way (dstrain classify: one decoding thread) takes the compute threads.
+ * Returns 0, or a negative code for a bad cpus list.
+ */
+DSRT_API int dsrt_cores_split(const dsrt_net_info *ni, const char *cpus, unsigned *workers,
+                              int *compute_threads);
+
 // ----------------------------------------------------------------------------
 // Class names and transfer learning
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -253,6 +254,35 @@ def test_onnx_and_saved_models(model, tmp_path):
     assert np.abs(tv.classify(model["small"]) - want).max() > 1e-4
     _, c_tv = dstrain_classify(model["onnx"], model["small"], "--preprocess", "torchvision")
     np.testing.assert_allclose(tv.classify(model["small"]), c_tv, atol=TOL, rtol=0)
+
+
+def test_unknown_normalisation_warns(model, tmp_path):
+    """An ONNX model that says nothing of its input's normalisation is named
+    by a UserWarning at load; one that says (dsrt's export, or preprocess=)
+    loads silently."""
+    try:
+        import torch
+    except ImportError as e:
+        pytest.skip(f"torch cannot be imported ({e}): no model without metadata to make")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                            torch.nn.Linear(4 * 30 * 30, 5)).eval()
+    bare = str(tmp_path / "bare.onnx")
+    torch.onnx.export(m, torch.zeros(1, 3, 32, 32), bare, opset_version=13,
+                      input_names=["image"], output_names=["scores"])
+    with pytest.warns(UserWarning, match=r"bare\.onnx says nothing of how its input is normalised"):
+        net = dsrt.Net.load(bare)
+    assert net.num_classes == 5 and net.input_shape == (3, 32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dsrt.Net.load(bare, preprocess="torchvision")
+        dsrt.Net.load(bare, input_scale=1 / 255.0)
+        dsrt.Net.load(model["onnx"])
+    # Warnings made errors stop the load with the same words.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="bare.onnx"):
+            dsrt.Net.load(bare)
 
 
 def test_preprocessing_sizes(model):

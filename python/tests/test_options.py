@@ -31,8 +31,15 @@ def signature_defaults(cls):
     return found
 
 
+SIZE = re.compile(r"^(\d+)\s*([KMGT])(iB)?$")
+
+
 def same_default(doc, table):
-    """The docstring's default (Python text) equals the table's (tool text)."""
+    """The docstring's default (Python text) equals the table's (tool text);
+    sizes as "64 MiB" and "64M" alike."""
+    sizes = [SIZE.match(t) for t in (doc, table)]
+    if all(sizes):
+        return sizes[0].group(1, 2) == sizes[1].group(1, 2)
     try:
         value = ast.literal_eval(doc)
     except (ValueError, SyntaxError):
@@ -64,9 +71,30 @@ def test_keywords_and_defaults_agree(cls, place):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.parametrize("cls,place", [(dsrt.Datastore, "Datastore"), (dsrt.Pipeline, "Pipeline")])
+def test_every_keyword_has_a_row(cls, place):
+    """No keyword outside the tables: each has its row, whose help and
+    default the tools and the docs share."""
+    positional = {"Datastore": "path", "Pipeline": "datastore"}[place]
+    names = {r["name"] for r in dsrt.options() if place in r["where"]}
+    missing = [k for k in signature_defaults(cls) if k not in names and k not in ("*", positional)]
+    assert not missing, f"{place} keywords without a row in dsrt's option tables: {missing}"
+
+
+def test_positive_keywords_of_negating_flags():
+    """A tool's negating flag is a positive keyword in Python, True by default."""
+    rows = {r["option"]: r for r in dsrt.options() if r["where"] != ["dsbench convert"]}
+    assert rows["no-subfolders"]["name"] == "include_subfolders"
+    assert rows["no-follow"]["name"] == "follow_symlinks"
+    assert rows["no-pin"]["name"] == "pin"
+    assert signature_defaults(dsrt.Datastore)["follow_symlinks"] == "True"
+    assert signature_defaults(dsrt.Pipeline)["pin"] == "True"
+
+
 def test_rows_are_well_formed():
     for r in dsrt.options():
-        assert r["name"] == r["option"].replace("-", "_")
+        negating = r["option"].startswith("no-") and r["type"] == "flag"
+        assert r["name"] == r["option"].replace("-", "_") or negating or r["option"] == "coarse"
         assert r["help"] and r["where"]
         if r["type"] == "choice":
             assert r["choices"]

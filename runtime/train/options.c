@@ -507,6 +507,35 @@ static int append_core_cpus(cores_plan *cp, unsigned k, char *buf, size_t size) 
  * the net's (a GPU computes: one core queues its work, the workers get the
  * rest, nearest the device first).
  */
+/* Of C cores: the workers loading needs and the threads left to compute
+ * (dsrt_train_options says how). */
+static void split_cores(const dsrt_net_info *ni, unsigned C, unsigned *workers, int *threads) {
+    if (ni->device >= 0) {
+        *workers = C > 1 ? C - 1 : 1;
+        *threads = 1;
+        return;
+    }
+    double values = (double)ni->height * ni->width * ni->channels;
+    double load = LOAD_FIXED_S + LOAD_VALUE_S * values;
+    double compute = ni->train_flops / CORE_FLOPS;
+    double L = C * load / (load + compute);
+    *workers = (unsigned)DSRT_MIN((double)C, DSRT_MAX(1.0, ceil(L - 1e-9)));
+    *threads = (int)DSRT_MAX(1.0, (double)C - floor(L));
+}
+
+int dsrt_cores_split(const dsrt_net_info *ni, const char *cpus, unsigned *workers,
+                     int *compute_threads) {
+    if (!ni || !workers || !compute_threads)
+        return dsrt__fail(DSRT_EOPTION, "cores_split: a NULL argument");
+    dsrt_cpus *set;
+    unsigned t = 0;
+    int rc = dsrt__cpus_open(&set, cpus, ni->device, &t);
+    if (rc) return dsrt__fail_prefix(rc, "cores_split");
+    split_cores(ni, dsrt__cpus_cores(set), workers, compute_threads);
+    dsrt__cpus_close(set);
+    return 0;
+}
+
 int dsrt__cores_open(cores_plan *cp, const char *list, int pin, unsigned workers, int threads,
                      const dsrt_net_info *ni, dsrt_net *net, const char *who) {
     memset(cp, 0, sizeof *cp);
@@ -520,20 +549,9 @@ int dsrt__cores_open(cores_plan *cp, const char *list, int pin, unsigned workers
     unsigned C = cp->ncores = dsrt__cpus_cores(cp->cpus);
     unsigned w;
     int T;
-    if (ni->device >= 0) {
-        w = workers ? workers : (C > 1 ? C - 1 : 1);
-        T = threads ? threads : 1;
-    } else {
-        double values = (double)ni->height * ni->width * ni->channels;
-        double load = LOAD_FIXED_S + LOAD_VALUE_S * values;
-        double compute = ni->train_flops / CORE_FLOPS;
-        double L = C * load / (load + compute);
-        w = workers ? workers : (unsigned)DSRT_MAX(1.0, ceil(L - 1e-9));
-        if (!workers && w > C) w = C;
-        T = threads ? threads : (int)DSRT_MAX(1.0, (double)C - floor(L));
-    }
-    cp->workers = w;
-    cp->threads = T;
+    split_cores(ni, C, &w, &T);
+    cp->workers = w = workers ? workers : w;
+    cp->threads = T = threads ? threads : T;
 
     size_t size = (size_t)C * 16 * 8 + 64;
     cp->worker_cpus = dsrt__calloc(1, size);

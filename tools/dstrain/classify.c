@@ -282,11 +282,17 @@ int cmd_classify(int argc, char **argv) {
         status = rc;
         goto out;
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    no.threads = cl.threads ? cl.threads : (int)(ncpu > 0 ? ncpu : 1);
+    no.threads = cl.threads;
     if ((status = load_model("classify", "--model", cl.model, &cl.onnx, &no, &c.net))) goto out;
     status = 1;
     dsrt_net_get_info(c.net, &c.ni);
+    if (!cl.threads) {
+        /* eval's split: every core but those the decoding thread fills. */
+        unsigned workers;
+        int threads;
+        if (dsrt_cores_split(&c.ni, NULL, &workers, &threads) == 0)
+            dsrt_net_set_threads(c.net, threads);
+    }
     c.ao = dsrt_augment_defaults();
     c.ao.output_height = c.ni.height;
     c.ao.output_width = c.ni.width;

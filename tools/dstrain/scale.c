@@ -30,7 +30,7 @@ static const option SCALE_OPTIONS[] = {
     {"net", OPT_STR, &sc.net},
     {"batch", OPT_INT, &sc.batch},
     {"num-classes", OPT_INT, &sc.classes},
-    {"gpus", OPT_STR, &sc.gpus},
+    {"gpu-counts", OPT_STR, &sc.gpus},
     {"tflops", OPT_STR, &sc.tflops},
     {"nvlink", OPT_STR, &sc.nvlink},
     {"ib", OPT_STR, &sc.ib},
@@ -158,14 +158,15 @@ static void scale_print_text(const scale_report *r) {
            "(Inception V3, ResNet-101); TensorFlow's AlexNet scaled 75%% on 8 P100s.\n");
 }
 
-/* The --gpus list (at most 32 counts) into gpus; -1 when malformed. */
+/* The --gpu-counts list (at most 32 counts) into gpus; -1 when malformed. */
 static int scale_gpus(const char *list, int *gpus) {
     int n = 0;
     for (const char *p = list; *p && n < 32;) {
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v < 1 || v > 1 << 20 || (*end && *end != ',')) {
-            fprintf(stderr, "%s scale: --gpus: '%s': expected counts like 8,64,512\n", prog, list);
+            fprintf(stderr, "%s scale: --gpu-counts: '%s': expected counts like 8,64,512\n", prog,
+                    list);
             return -1;
         }
         gpus[n++] = (int)v;

@@ -64,7 +64,7 @@ static PyObject *option_dict(const dsrt_option *o, const char *group) {
                   {DSRT_IN_PY_DATASTORE, "Datastore"},
                   {DSRT_IN_PY_PIPELINE, "Pipeline"}};
     char py[64];
-    snprintf(py, sizeof py, "%s", o->name);
+    snprintf(py, sizeof py, "%s", o->py ? o->py : o->name);
     for (char *c = py; *c; c++)
         if (*c == '-') *c = '_';
     PyObject *choices = PyList_New(0), *where = PyList_New(0), *d = NULL;
