@@ -48,6 +48,7 @@ enum {
     DSRT_IN_DSBENCH_CONVERT = 1u << 10, /* dsbench convert */
     DSRT_IN_PY_DATASTORE = 1u << 11,    /* dsrt.Datastore(...) */
     DSRT_IN_PY_PIPELINE = 1u << 12,     /* dsrt.Pipeline(...) */
+    DSRT_IN_PY_NET = 1u << 13,          /* dsrt.Net.load(...), dsrt.onnx_import(...) */
 };
 
 typedef struct {

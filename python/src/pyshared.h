@@ -14,6 +14,7 @@
 #include <Python.h>
 
 #include <dsrt/core.h>
+#include <dsrt/options.h>
 
 #include <errno.h>
 #include <stdint.h>
@@ -195,6 +196,48 @@ static inline int get_doubles(PyObject *v, const char *what, double *out, Py_ssi
     }
     Py_DECREF(seq);
     return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Option rows (dsrt/options.h) as dicts, for dsrt.options() and Net.options()
+
+/* Appends a new str to list: 0, or -1 with the exception set. */
+static inline int append_str(PyObject *list, const char *s) {
+    PyObject *v = PyUnicode_FromString(s);
+    int rc = v ? PyList_Append(list, v) : -1;
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* One row as a dict: name (Python's spelling), option (the tools'), type,
+ * default, choices, help, places. */
+static inline PyObject *option_dict(const dsrt_option *o, const char *group) {
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } places[] = {{DSRT_IN_DSBENCH, "dsbench"},
+                  {DSRT_IN_DSBENCH_INDEX, "dsbench --index"},
+                  {DSRT_IN_DSBENCH_CONVERT, "dsbench convert"},
+                  {DSRT_IN_PY_DATASTORE, "Datastore"},
+                  {DSRT_IN_PY_PIPELINE, "Pipeline"},
+                  {DSRT_IN_PY_NET, "Net"}};
+    char py[64];
+    snprintf(py, sizeof py, "%s", o->py ? o->py : o->name);
+    for (char *c = py; *c; c++)
+        if (*c == '-') *c = '_';
+    PyObject *choices = PyList_New(0), *where = PyList_New(0), *d = NULL;
+    if (!choices || !where) goto done;
+    for (int i = 0; o->choice && o->choice(i); i++)
+        if (*o->choice(i) && append_str(choices, o->choice(i)) != 0) goto done;
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++)
+        if ((o->where & places[i].bit) && append_str(where, places[i].name) != 0) goto done;
+    d = Py_BuildValue("{s:s,s:s,s:s,s:s,s:z,s:O,s:s,s:O,s:z}", "name", py, "option", o->name,
+                      "group", group, "type", dsrt_option_type_name(o->type), "default", o->def,
+                      "choices", choices, "help", o->help, "where", where, "old", o->old);
+done:
+    Py_XDECREF(choices);
+    Py_XDECREF(where);
+    return d;
 }
 
 #endif

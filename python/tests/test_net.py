@@ -294,6 +294,10 @@ def test_preprocessing_sizes(model):
         np.testing.assert_allclose(net.predict(pixels([p])), files[i:i + 1], atol=TOL, rtol=0)
     plain = dsrt.Net.load(model["dsrt"])
     assert np.abs(plain.classify(png) - files).max() > 1e-5
+    # dstrain classify takes the same options with the same meaning.
+    _, tool = dstrain_classify(model["dsrt"], png, "--resize-shorter", "40", "--size-mode",
+                               "centercrop")
+    np.testing.assert_allclose(tool, files, atol=TOL, rtol=0)
 
 
 # ----------------------------------------------------------------------------

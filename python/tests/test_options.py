@@ -123,3 +123,30 @@ def test_older_shuffle_name_warns(idx):
     with pytest.warns(DeprecationWarning, match="shuffle='epoch' is now 'every-epoch'"):
         with dsrt.Pipeline(idx, shuffle="epoch", batch=2, epochs=1) as p:
             assert sum(b.count for b in p) == 4
+
+
+class _Doc:
+    """Net.load's docstring where signature_defaults looks for a class's."""
+    def __init__(self, doc):
+        self.__doc__ = doc
+
+
+def test_net_load_keywords_have_rows():
+    """Net.load's keywords against the rows that say 'Net': the same names,
+    defaults and messages as dstrain classify's options."""
+    sig = signature_defaults(_Doc(dsrt.Net.load.__doc__))
+    rows = {r["name"]: r for r in dsrt.Net.options() if "Net" in r["where"]}
+    missing = [k for k in sig if k not in rows and k not in ("*", "path")]
+    assert not missing, f"Net.load keywords without a row: {missing}"
+    assert set(rows) <= set(sig), f"rows for Net that Net.load lacks: {set(rows) - set(sig)}"
+    for name, doc in sig.items():
+        r = rows.get(name)
+        if r and doc not in (None, "None") and r["default"] is not None:
+            assert same_default(doc, r["default"]), f"{name}: Net.load {doc}, the table {r['default']}"
+    with pytest.raises(ValueError, match=r"size_mode: 'centercop' is not resize or centercrop "
+                                         r"\(did you mean centercrop\?\)"):
+        dsrt.Net.load("unused.onnx", size_mode="centercop")
+    with pytest.raises(ValueError, match=r"preprocess: 'torchvison' .*did you mean torchvision\?"):
+        dsrt.Net.load("unused.onnx", preprocess="torchvison")
+    with pytest.raises(ValueError, match=r"resize_shorter: 70000: not in \[0, 65535\]"):
+        dsrt.Net.load("unused.onnx", resize_shorter=70000)

@@ -24,16 +24,24 @@
 #define IMAGE_FILE_MAX ((size_t)256 << 20)
 
 static struct {
-    const char *model;
-    int top, batch, threads, json;
+    const char *model, *size_mode;
+    int top, batch, threads, json, resize_shorter;
     device_args dev;
     onnx_args onnx;
 } cl;
 
 static const option CLASSIFY_OPTIONS[] = {
-    {"model", OPT_STR, &cl.model},     {"top", OPT_INT, &cl.top},    {"batch", OPT_INT, &cl.batch},
-    {"threads", OPT_INT, &cl.threads}, DEVICE_OPTIONS(cl.dev),       ONNX_OPTIONS(cl.onnx),
-    ONNX_CLASSES_OPTION(cl.onnx),      {"json", OPT_FLAG, &cl.json}, {NULL, 0, NULL},
+    {"model", OPT_STR, &cl.model},
+    {"top", OPT_INT, &cl.top},
+    {"batch", OPT_INT, &cl.batch},
+    {"threads", OPT_INT, &cl.threads},
+    DEVICE_OPTIONS(cl.dev),
+    ONNX_OPTIONS(cl.onnx),
+    ONNX_CLASSES_OPTION(cl.onnx),
+    {"json", OPT_FLAG, &cl.json},
+    {"size-mode", OPT_STR, &cl.size_mode},
+    {"resize-shorter", OPT_INT, &cl.resize_shorter},
+    {NULL, 0, NULL},
 };
 
 static void classify_usage(FILE *f) {
@@ -273,6 +281,12 @@ int cmd_classify(int argc, char **argv) {
         free(paths);
         return 2;
     }
+    int mode = cl.size_mode ? parse_choice("classify", "size-mode", cl.size_mode) : 0;
+    if (mode < 0) {
+        free(opts);
+        free(paths);
+        return 2;
+    }
     classifier c = {0};
     size_t cap = 0;
     pthread_mutex_init(&c.mu, NULL);
@@ -294,6 +308,8 @@ int cmd_classify(int argc, char **argv) {
             dsrt_net_set_threads(c.net, threads);
     }
     c.ao = dsrt_augment_defaults();
+    c.ao.size_mode = mode == 1 ? DSRT_AUGMENT_CENTERCROP : DSRT_AUGMENT_RESIZE;
+    c.ao.resize_shorter = cl.resize_shorter;
     c.ao.output_height = c.ni.height;
     c.ao.output_width = c.ni.width;
     c.ao.output_channels = c.ni.channels;

@@ -44,44 +44,6 @@ static PyObject *mod_version(PyObject *m, PyObject *unused) {
     return PyUnicode_FromString(dsrt_version_string());
 }
 
-/* Appends a new str to list: 0, or -1 with the exception set. */
-static int append_str(PyObject *list, const char *s) {
-    PyObject *v = PyUnicode_FromString(s);
-    int rc = v ? PyList_Append(list, v) : -1;
-    Py_XDECREF(v);
-    return rc;
-}
-
-/* One row as a dict: name (Python's spelling), option (the tools'), type,
- * default, choices, help, places. */
-static PyObject *option_dict(const dsrt_option *o, const char *group) {
-    static const struct {
-        unsigned bit;
-        const char *name;
-    } places[] = {{DSRT_IN_DSBENCH, "dsbench"},
-                  {DSRT_IN_DSBENCH_INDEX, "dsbench --index"},
-                  {DSRT_IN_DSBENCH_CONVERT, "dsbench convert"},
-                  {DSRT_IN_PY_DATASTORE, "Datastore"},
-                  {DSRT_IN_PY_PIPELINE, "Pipeline"}};
-    char py[64];
-    snprintf(py, sizeof py, "%s", o->py ? o->py : o->name);
-    for (char *c = py; *c; c++)
-        if (*c == '-') *c = '_';
-    PyObject *choices = PyList_New(0), *where = PyList_New(0), *d = NULL;
-    if (!choices || !where) goto done;
-    for (int i = 0; o->choice && o->choice(i); i++)
-        if (*o->choice(i) && append_str(choices, o->choice(i)) != 0) goto done;
-    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++)
-        if ((o->where & places[i].bit) && append_str(where, places[i].name) != 0) goto done;
-    d = Py_BuildValue("{s:s,s:s,s:s,s:s,s:z,s:O,s:s,s:O,s:z}", "name", py, "option", o->name,
-                      "group", group, "type", dsrt_option_type_name(o->type), "default", o->def,
-                      "choices", choices, "help", o->help, "where", where, "old", o->old);
-done:
-    Py_XDECREF(choices);
-    Py_XDECREF(where);
-    return d;
-}
-
 static PyObject *mod_options(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     const dsrt_option_group *groups;

@@ -167,7 +167,41 @@ out:
     return rc;
 }
 
-static const char *const size_modes[] = {"resize", "centercrop", NULL};
+/* The row of Net.load's keyword what in dsrt's option tables. */
+static const dsrt_option *net_row(const char *what) {
+    const dsrt_option_group *groups;
+    size_t n = dsrt_train_option_groups(&groups);
+    const dsrt_option *row = dsrt_option_find(groups, n, what, DSRT_IN_PY_NET, NULL);
+    if (!row) PyErr_Format(PyExc_SystemError, "%s: no row in dsrt's option tables", what);
+    return row;
+}
+
+/* A keyword naming one of its row's choices: the index, or -1 with the
+ * tools' message ("did you mean"). */
+static int net_choice(PyObject *v, const char *what) {
+    const char *s = get_name(v, what);
+    const dsrt_option *row = s ? net_row(what) : NULL;
+    double index;
+    if (!row) return -1;
+    if (dsrt_option_value(row, what, s, &index, NULL) != 0) {
+        PyErr_SetString(PyExc_ValueError, dsrt_last_error());
+        return -1;
+    }
+    return (int)index;
+}
+
+/* An integer keyword within its row's range: 0, or -1 with the message. */
+static int net_int(PyObject *v, const char *what, int *out) {
+    const dsrt_option *row = net_row(what);
+    if (!row || get_int(v, what, out) != 0) return -1;
+    if (*out < row->min || *out > row->max) {
+        char msg[160]; /* PyErr_Format has no %f */
+        snprintf(msg, sizeof msg, "%s: %d: not in [%.0f, %.0f]", what, *out, row->min, row->max);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return -1;
+    }
+    return 0;
+}
 
 /* The keywords of Net.load and onnx_import after the path. */
 #define LOAD_KEYWORDS                                                                              \
@@ -181,14 +215,10 @@ static int load_args_parse(PyObject *const kv[9], load_args *l) {
     l->onnx = dsrt_onnx_import_defaults();
     l->ao = dsrt_augment_defaults();
     if (preprocess && preprocess != Py_None) {
-        const char *p = get_name(preprocess, "preprocess");
-        if (!p) return -1;
-        if (!strcmp(p, "torchvision")) {
-            dsrt_onnx_preprocess_torchvision(&l->onnx);
-        } else if (strcmp(p, "none") != 0) {
-            PyErr_Format(PyExc_ValueError, "preprocess: '%s' is not 'torchvision' or 'none'", p);
-            return -1;
-        }
+        int k = net_choice(preprocess, "preprocess");
+        if (k < 0) return -1;
+        const dsrt_option *row = net_row("preprocess");
+        if (!strcmp(row->choice(k), "torchvision")) dsrt_onnx_preprocess_torchvision(&l->onnx);
         l->onnx_given = 1;
     }
     if (scale && scale != Py_None) {
@@ -225,31 +255,17 @@ static int load_args_parse(PyObject *const kv[9], load_args *l) {
         l->onnx_given = 1;
     }
     if (mode && mode != Py_None) {
-        const char *m = get_name(mode, "size_mode");
-        int k = 0;
-        if (!m) return -1;
-        while (size_modes[k] && strcmp(size_modes[k], m) != 0) k++;
-        if (!size_modes[k]) {
-            PyErr_Format(PyExc_ValueError, "size_mode: '%s' is not 'resize' or 'centercrop'", m);
-            return -1;
-        }
+        int k = net_choice(mode, "size_mode");
+        if (k < 0) return -1;
         l->ao.size_mode = k == 0 ? DSRT_AUGMENT_RESIZE : DSRT_AUGMENT_CENTERCROP;
     }
     if (shorter && shorter != Py_None) {
         int s;
-        if (get_int(shorter, "resize_shorter", &s) != 0) return -1;
-        if (s < 0 || s > 65536) {
-            PyErr_Format(PyExc_ValueError, "resize_shorter: %d: not in [0, 65536]", s);
-            return -1;
-        }
+        if (net_int(shorter, "resize_shorter", &s) != 0) return -1;
         l->ao.resize_shorter = s;
     }
     if (threads && threads != Py_None) {
-        if (get_int(threads, "threads", &l->threads) != 0) return -1;
-        if (l->threads < 0 || l->threads > 4096) {
-            PyErr_Format(PyExc_ValueError, "threads: %d: not in [0, 4096]", l->threads);
-            return -1;
-        }
+        if (net_int(threads, "threads", &l->threads) != 0) return -1;
     }
     if (classes && classes != Py_None) {
         if (get_classes(classes, l) != 0) return -1;

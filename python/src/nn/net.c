@@ -203,7 +203,29 @@ static PyObject *net_repr(NetObject *self) {
                                 self->info.width, self->info.classes, self->info.learnable);
 }
 
+static PyObject *net_options(PyObject *unused_self, PyObject *unused) {
+    (void)unused_self, (void)unused;
+    const dsrt_option_group *groups;
+    size_t n = dsrt_train_option_groups(&groups);
+    PyObject *list = PyList_New(0);
+    for (size_t g = 0; list && g < n; g++)
+        for (size_t i = 0; i < groups[g].count; i++) {
+            PyObject *d = option_dict(&groups[g].options[i], groups[g].name);
+            if (!d || PyList_Append(list, d) != 0) {
+                Py_XDECREF(d);
+                Py_CLEAR(list);
+                break;
+            }
+            Py_DECREF(d);
+        }
+    return list;
+}
+
 static PyMethodDef net_methods[] = {
+    {"options", net_options, METH_NOARGS | METH_STATIC,
+     "Net.options() -> the training and inference option rows, one dict each, as\n"
+     "dsrt.options() gives the data side's: those whose where holds 'Net' are Net.load's\n"
+     "and onnx_import's keywords."},
     {"load", (PyCFunction)(void (*)(void))net_load, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Net.load(path, *, preprocess=None, input_scale=None, mean=None, std=None,\n"
      "         input_size=None, classes=None, size_mode='resize', resize_shorter=0,\n"
