@@ -240,4 +240,21 @@ done:
     return d;
 }
 
+/* Every row of the n groups as a list of dicts (option_dict), or NULL
+ * with the exception set. */
+static inline PyObject *options_list(const dsrt_option_group *groups, size_t n) {
+    PyObject *list = PyList_New(0);
+    for (size_t g = 0; list && g < n; g++)
+        for (size_t i = 0; i < groups[g].count; i++) {
+            PyObject *d = option_dict(&groups[g].options[i], groups[g].name);
+            if (!d || PyList_Append(list, d) != 0) {
+                Py_XDECREF(d);
+                Py_CLEAR(list);
+                break;
+            }
+            Py_DECREF(d);
+        }
+    return list;
+}
+
 #endif

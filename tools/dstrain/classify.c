@@ -247,18 +247,19 @@ static int classify_add(classifier *c, size_t *cap, const char *path) {
     return 0;
 }
 
-int cmd_classify(int argc, char **argv) {
+/* The options into cl and the paths (the arguments that are neither
+ * options nor their values) into paths. Returns -1 to go on, else the exit
+ * status (0 after --help). */
+static int classify_args(int argc, char **argv, char **paths, int *npaths, int *mode) {
     memset(&cl, 0, sizeof cl);
     cl.top = 3;
     cl.batch = 64;
-    /* Paths are the arguments that are neither options nor their values. */
     char **opts = calloc((size_t)argc + 1, sizeof *opts);
-    char **paths = calloc((size_t)argc + 1, sizeof *paths);
-    int nopts = 0, npaths = 0, status = 1;
-    if (!opts || !paths) return 1;
+    int nopts = 0;
+    if (!opts) return 1;
     for (int i = 0; i < argc; i++) {
         if (strncmp(argv[i], "--", 2) != 0 && strcmp(argv[i], "-h") != 0) {
-            paths[npaths++] = argv[i];
+            paths[(*npaths)++] = argv[i];
             continue;
         }
         opts[nopts++] = argv[i];
@@ -267,25 +268,26 @@ int cmd_classify(int argc, char **argv) {
         if (o->name && o->type != OPT_FLAG && i + 1 < argc) opts[nopts++] = argv[++i];
     }
     int rc = parse_options("classify", nopts, opts, CLASSIFY_OPTIONS, classify_usage);
-    if (rc) {
-        free(opts);
-        free(paths);
-        return rc > 0 ? 0 : 2;
-    }
-    if (!cl.model || npaths == 0) {
+    free(opts);
+    if (rc) return rc > 0 ? 0 : 2;
+    if (!cl.model || *npaths == 0) {
         fprintf(stderr,
                 "%s classify: --model FILE and at least one PATH are required (see %s "
                 "classify --help)\n",
                 prog, prog);
-        free(opts);
-        free(paths);
         return 2;
     }
-    int mode = cl.size_mode ? parse_choice("classify", "size-mode", cl.size_mode) : 0;
-    if (mode < 0) {
-        free(opts);
+    *mode = cl.size_mode ? parse_choice("classify", "size-mode", cl.size_mode) : 0;
+    return *mode < 0 ? 2 : -1;
+}
+
+int cmd_classify(int argc, char **argv) {
+    char **paths = calloc((size_t)argc + 1, sizeof *paths);
+    int npaths = 0, status = 1, mode = 0, rc;
+    if (!paths) return 1;
+    if ((rc = classify_args(argc, argv, paths, &npaths, &mode)) >= 0) {
         free(paths);
-        return 2;
+        return rc;
     }
     classifier c = {0};
     size_t cap = 0;
@@ -370,7 +372,6 @@ out:
     dsrt_net_destroy(c.net);
     pthread_mutex_destroy(&c.mu);
     pthread_cond_destroy(&c.cv);
-    free(opts);
     free(paths);
     return status;
 }

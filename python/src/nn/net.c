@@ -207,18 +207,7 @@ static PyObject *net_options(PyObject *unused_self, PyObject *unused) {
     (void)unused_self, (void)unused;
     const dsrt_option_group *groups;
     size_t n = dsrt_train_option_groups(&groups);
-    PyObject *list = PyList_New(0);
-    for (size_t g = 0; list && g < n; g++)
-        for (size_t i = 0; i < groups[g].count; i++) {
-            PyObject *d = option_dict(&groups[g].options[i], groups[g].name);
-            if (!d || PyList_Append(list, d) != 0) {
-                Py_XDECREF(d);
-                Py_CLEAR(list);
-                break;
-            }
-            Py_DECREF(d);
-        }
-    return list;
+    return options_list(groups, n);
 }
 
 static PyMethodDef net_methods[] = {
