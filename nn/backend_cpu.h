@@ -184,6 +184,14 @@ struct dsrt_cpu_backend {
     pthread_t team_master; /* the thread whose OpenMP team holds signals, */
     int team_held;         /* and that team's size (0: none yet) */
     cpu_isa isa;           /* the instructions dsrt's own C steps use */
+    /* Inference in pieces (micro_batch): the images a piece, 0 until
+     * worked out; the last forward's results when it ran in pieces. */
+    int micro;
+    int pieces, piece_n;
+    double piece_loss;
+    int piece_correct;
+    float *piece_probs;
+    size_t piece_probs_n;
 };
 
 // ----------------------------------------------------------------------------

@@ -435,6 +435,9 @@ struct dsrt_net {
      * for checks that compare a fused plan layer by layer. Set before the
      * first inference. */
     int keep_outputs;
+    /* Images a piece of an inference batch run in pieces (the CPU backend's
+     * micro_batch); 0: the backend's choice. For checks of the pieces. */
+    int infer_pieces;
     /* An imported model that said nothing of its input's normalisation
      * (dsrt_net_info.input_assumed). */
     int input_assumed;

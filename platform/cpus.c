@@ -13,6 +13,7 @@
 #include "platform/internal.h"
 
 #include <hwloc.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,4 +182,36 @@ void dsrt__cpus_close(dsrt_cpus *c) {
     hwloc_bitmap_free(c->set);
     if (c->topo) hwloc_topology_destroy(c->topo);
     free(c);
+}
+
+// ----------------------------------------------------------------------------
+// Caches
+
+/* The first line of the file at path into buf: 0, or -1. */
+static int read_line(const char *path, char *buf, size_t size) {
+    FILE *f = fopen(path, "re");
+    if (!f) return -1;
+    int ok = fgets(buf, (int)size, f) != NULL;
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+size_t dsrt__cache_bytes(int level) {
+    int cpu = sched_getcpu();
+    if (cpu < 0) cpu = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[128], line[64];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/level", cpu, i);
+        if (read_line(path, line, sizeof line) != 0) break;
+        if (atoi(line) != level) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/type", cpu, i);
+        if (read_line(path, line, sizeof line) != 0 || !strncmp(line, "Instruction", 11)) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/size", cpu, i);
+        if (read_line(path, line, sizeof line) != 0) continue;
+        char *end;
+        unsigned long long v = strtoull(line, &end, 10);
+        size_t unit = *end == 'K' ? 1024 : *end == 'M' ? 1024 * 1024 : 1;
+        return (size_t)v * unit;
+    }
+    return 0;
 }

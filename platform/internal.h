@@ -36,6 +36,12 @@ const char *dsrt__cpus_list(const dsrt_cpus *c);
 unsigned dsrt__cpus_cores(const dsrt_cpus *c);
 void dsrt__cpus_close(dsrt_cpus *c);
 
+/* Bytes of the data (or unified) cache of the given level (1 to 3) that
+ * the calling thread's CPU has, as one core group shares it (Linux's
+ * /sys/devices/system/cpu/cpuN/cache, which says 32 MiB for a Zen core
+ * complex's L3 where sysconf sums the package's); 0 when unknown. */
+size_t dsrt__cache_bytes(int level);
+
 // ----------------------------------------------------------------------------
 // CUDA devices and host memory
 

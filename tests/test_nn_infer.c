@@ -174,6 +174,56 @@ static void test_graph(void) {
     check_net(GRAPH, 5, 0, 0, 0, 0);
 }
 
+/* An inference batch run in pieces (pieces of 3 for 16 images: the last of
+ * one) gives the probabilities, loss and correct count of the batch run
+ * whole, image for image; the outputs of a piece are not offered as the
+ * batch's. */
+static void check_pieces(const char *spec, int classes) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 5;
+    dsrt_net *a = NULL, *b = NULL;
+    CHECK_OK(dsrt_net_create(&a, spec, 0, 0, 0, classes, &o));
+    CHECK_OK(dsrt_net_create(&b, spec, 0, 0, 0, classes, &o));
+    REQUIRE(a && b);
+    randomise(a, b, 11);
+    enum { N = 16 };
+    size_t per = (size_t)a->input.c * a->input.h * a->input.w;
+    float *x = malloc(N * per * sizeof *x), *pa = malloc(N * (size_t)classes * sizeof *pa),
+          *pb = malloc(N * (size_t)classes * sizeof *pb);
+    int32_t labels[N];
+    REQUIRE(x && pa && pb);
+    dsrt_rng r = dsrt_rng_init(6, 1, 2, 3);
+    for (size_t k = 0; k < N * per; k++) x[k] = (float)dsrt_rng_uniform(&r);
+    for (int i = 0; i < N; i++) labels[i] = (int32_t)dsrt_rng_below(&r, (uint64_t)classes);
+    a->infer_pieces = 3;
+    b->infer_pieces = N;
+    float la, lb;
+    int ca, cb;
+    CHECK_OK(dsrt_net_predict(a, x, N, pa, labels, &la, &ca));
+    CHECK_OK(dsrt_net_predict(b, x, N, pb, labels, &lb, &cb));
+    double worst = 0;
+    for (size_t k = 0; k < N * (size_t)classes; k++) worst = fmax(worst, fabs(pa[k] - pb[k]));
+    fprintf(stderr, "  %s in pieces of 3: largest difference of a probability %.2g\n",
+            strchr(spec, '\n') ? "graph" : spec, worst);
+    CHECK(worst <= 1e-5);
+    CHECK(fabs(la - lb) <= 1e-5 * fmax(1.0, fabs(lb)));
+    CHECK_EQ(ca, cb);
+    float out[N * 16];
+    CHECK(dsrt__net_layer_output(a, a->n_layers - 2, out, 0) < 0);
+    CHECK(strstr(dsrt_last_error(), "pieces") != NULL);
+    free(x);
+    free(pa);
+    free(pb);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
+static void test_pieces(void) {
+    check_pieces(GRAPH, 5);
+    check_pieces("mobilenet_v3_small", 10);
+}
+
 /* The fused net trains as before (training plans fuse nothing new), and
  * predicts with the new weights after a step. */
 static void test_after_training(void) {
@@ -238,6 +288,7 @@ static void test_after_transfer(void) {
 
 int main(void) {
     RUN(test_graph);
+    RUN(test_pieces);
     RUN(test_after_training);
     RUN(test_after_transfer);
     RUN(test_builtin);

@@ -337,9 +337,11 @@ DSRT_API void dsrt_net_device_time(dsrt_net *net, double *busy_s, double *idle_s
  * full fusion (fuse 2) reuses the bytes of an output once no later layer
  * reads it, on the CPU and on a GPU, so *held is a few layers' outputs; a
  * training plan keeps every output for backward (its gradients are pooled
- * the same way, and not counted here). Returns 0, -ENOENT when no pass of
- * that size ran (or its plan gave way to others), or DSRT_EUNSUPPORTED when
- * the backend does not say.
+ * the same way, and not counted here). The CPU runs an inference batch of a
+ * net bound by memory (MobileNet, EfficientNet) in pieces that keep the
+ * activations in the last-level cache: a piece's plan is the one told.
+ * Returns 0, -ENOENT when no pass of that size ran (or its plan gave way to
+ * others), or DSRT_EUNSUPPORTED when the backend does not say.
  */
 DSRT_API int dsrt_net_activation_bytes(dsrt_net *net, int n, int train, size_t *held, size_t *each);
 
