@@ -122,6 +122,10 @@ static int team_size(const cpu_backend *be) {
                                      : 1;
 }
 
+int dsrt__cpu_team(const cpu_backend *be) {
+    return team_size(be);
+}
+
 /* Holds the asynchronous signals on the calling thread (until
  * signals_release) and for good on its OpenMP team: threads the team starts
  * from now on inherit the caller's mask; those it already has are told once. */
@@ -1230,7 +1234,6 @@ static int cpu_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train) 
             float *nb = aligned_alloc(64, (values * sizeof(float) + 63) & ~(size_t)63);
             if (!nb) return dsrt__fail(-ENOMEM, "cpu backend: out of memory for a batch");
             free(be->xbuf);
-            free(be->piece_probs);
             be->xbuf = nb;
             be->xbuf_n = values;
         }
@@ -1477,6 +1480,8 @@ static void cpu_destroy(dsrt_backend *b) {
     if (be->stream) dnnl_stream_destroy(be->stream);
     if (be->engine) dnnl_engine_destroy(be->engine);
     free(be->xbuf);
+    free(be->piece_probs);
+    free(be->wino_scratch);
     free(be);
 }
 

@@ -184,6 +184,8 @@ struct dsrt_cpu_backend {
     pthread_t team_master; /* the thread whose OpenMP team holds signals, */
     int team_held;         /* and that team's size (0: none yet) */
     cpu_isa isa;           /* the instructions dsrt's own C steps use */
+    float *wino_scratch;   /* Winograd convolutions' (backend_cpu_winograd.c) */
+    size_t wino_scratch_n;
     /* Inference in pieces (micro_batch): the images a piece, 0 until
      * worked out; the last forward's results when it ran in pieces. */
     int micro;
@@ -407,6 +409,9 @@ int dsrt__cpu_one_primitive(cpu_backend *be, cpu_plan *p, int i, const dsrt_cpu_
                                                                             fn##_avx512}
 #define DSRT_CPU_INLINE static inline __attribute__((always_inline))
 
+/* Threads of the OpenMP team the net computes on. */
+int dsrt__cpu_team(const cpu_backend *be);
+
 /* fn(ctx, lo, hi) over [0, n) cut into one contiguous range a thread of the
  * OpenMP team oneDNN runs on (the whole range on the calling thread without
  * OpenMP, or when n is 1). fn must not depend on how the range is cut. */
@@ -444,5 +449,28 @@ void dsrt__cpu_mul(cpu_backend *be, size_t n, const float *a, const float *b, fl
 /* y = x m[r] on each of rows ranges of per floats. */
 void dsrt__cpu_mul_rows(cpu_backend *be, size_t rows, size_t per, const float *x, const float *m,
                         float *y);
+
+// ----------------------------------------------------------------------------
+// Winograd F(2x2, 3x3) convolutions (backend_cpu_winograd.c): 3x3, stride
+// 1, padding 1, where oneDNN has no Winograd for training
+
+/* Whether the convolution of c input and k output channels at h x w is
+ * faster here by Winograd: AVX2 without AVX-512; both counts multiples of
+ * 16 (the backward pass swaps them), at most 256 x 256, and 64 pixels or
+ * more. */
+int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w);
+/* Floats of the scratch dsrt__wino_conv takes (every thread's). */
+size_t dsrt__wino_scratch_floats(const cpu_backend *be, int c, int k);
+/* The transformed filters u (16 x c x k floats) of w (k, c, 3, 3); with
+ * backward, those of the input's gradient (its filters turned 180 degrees,
+ * input and output channels swapped: 16 x k x c); on the OpenMP team. */
+void dsrt__wino_weights(cpu_backend *be, const float *w, int k, int c, int backward, float *u);
+/* y (n, k, h, w) = the convolution of x (n, c, h, w) by the filters u
+ * transforms, plus bias (k floats, or NULL), through a ReLU of slope leak
+ * below 0 when relu is set; on the OpenMP team. x and y in the layouts xl
+ * and yl, whose runs of channels (inner) are multiples of 8. */
+void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
+                     const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
+                     int k, int relu, float leak, float *scratch);
 
 #endif

@@ -326,6 +326,162 @@ static int winograd_pd(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// Training convolutions by Winograd's F(2x2, 3x3) (nn/backend_cpu_winograd.c)
+//
+// On a CPU without AVX-512, oneDNN 2.6 convolves 3x3 directly (its Winograd
+// is AVX-512 only, for inference), at about the FMA units' peak: the
+// minimal filtering does 16 multiplications a 2x2 patch and channel pair
+// where the direct one does 36. Forward and the input's gradient go through
+// it, channels-last; the weights' gradient stays oneDNN's.
+
+/* What the steps keep: the transformed filters of the weights version
+ * made from, the tensors whose handles each step reads and their layouts. */
+typedef struct {
+    float *u, *ub; /* forward's, the input gradient's (NULL: not needed) */
+    uint64_t version;
+    dnnl_memory_t src, dst, ddst, dsrc;
+    cpu_chans xl, yl;
+} wino_own;
+
+static void wino_free(void *own) {
+    wino_own *o = own;
+    free(o->u);
+    free(o->ub);
+    free(o);
+}
+
+static int wino_fits(const cpu_backend *be, const cpu_plan *p, const dsrt_layer *L) {
+    return p->train && be->conv_alg != dnnl_convolution_direct && L->o.groups == 1 &&
+           L->o.kh == 3 && L->o.kw == 3 && L->o.sh == 1 && L->o.sw == 1 && L->o.dh == 1 &&
+           L->o.dw == 1 && L->pt == 1 && L->pb == 1 && L->pl == 1 && L->pr == 1 &&
+           dsrt__wino_usable(be, L->in.c, L->out.c, L->in.h, L->in.w);
+}
+
+static int step_wino_fwd(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    wino_own *o = p->lp[i].own;
+    const float *w = net->params + L->w_off;
+    if (o->version != net->version) {
+        dsrt__wino_weights(be, w, L->out.c, L->in.c, 0, o->u);
+        if (o->ub) dsrt__wino_weights(be, w, L->out.c, L->in.c, 1, o->ub);
+        o->version = net->version;
+    }
+    dsrt__wino_conv(be, dsrt__cpu_handle(o->src), &o->xl, o->u,
+                    L->b_n ? net->params + L->b_off : NULL, dsrt__cpu_handle(o->dst), &o->yl, p->n,
+                    L->in.h, L->in.w, L->in.c, L->out.c, L->fuse_relu, L->fuse_leak,
+                    be->wino_scratch);
+    return 0;
+}
+
+static int step_wino_bwd(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    const wino_own *o = p->lp[i].own;
+    dsrt__wino_conv(be, dsrt__cpu_handle(o->ddst), &o->yl, o->ub, NULL, dsrt__cpu_handle(o->dsrc),
+                    &o->xl, p->n, L->in.h, L->in.w, L->out.c, L->in.c, 0, 0.0f, be->wino_scratch);
+    return 0;
+}
+
+/* The input's gradient: the output's (in the output's layout) through the
+ * turned filters, into the input's gradient (in the input's) or added to
+ * it. */
+static int wino_data_grad(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *src,
+                          const dnnl_memory_desc_t *dst) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    wino_own *o = lp->own;
+    dnnl_memory_t tgt = NULL, acc = NULL, tmp = NULL;
+    int rc = dsrt__cpu_ensure(p, be, lp->out.diff, dst, 1, i, &o->ddst, L);
+    if (!rc) rc = dsrt__cpu_grad_target(be, p, i, 0, &tgt, &acc);
+    if (!rc) rc = dsrt__cpu_deliver(p, be, tgt, src, &o->dsrc, &tmp, L);
+    if (!rc) rc = dsrt__cpu_c_step(p, 1, step_wino_bwd, i);
+    if (!rc && tmp) rc = dsrt__cpu_reorder_step(p, be, tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
+    if (!rc) rc = dsrt__cpu_grad_add(be, p, i, p->lp[L->inputs[0]].out.diff, acc);
+    return rc;
+}
+
+/* The layer's own bytes: the transformed filters, the scratch grown to fit. */
+static int wino_own_make(cpu_backend *be, cpu_plan *p, int i, int need_dx) {
+    const dsrt_layer *L = &be->net->layers[i];
+    size_t uf = (size_t)16 * L->in.c * L->out.c;
+    size_t scratch = dsrt__wino_scratch_floats(be, L->in.c, L->out.c);
+    wino_own *o = dsrt__calloc(1, sizeof *o);
+    if (!o) return -ENOMEM;
+    p->lp[i].own = o;
+    p->lp[i].own_free = wino_free;
+    o->version = UINT64_MAX;
+    o->u = aligned_alloc(64, uf * sizeof(float));
+    o->ub = need_dx ? aligned_alloc(64, uf * sizeof(float)) : NULL;
+    if (!o->u || (need_dx && !o->ub)) return dsrt__fail(-ENOMEM, "cpu backend: out of memory");
+    if (scratch > be->wino_scratch_n) {
+        free(be->wino_scratch);
+        be->wino_scratch_n = 0;
+        if (!(be->wino_scratch = aligned_alloc(64, scratch * sizeof(float))))
+            return dsrt__fail(-ENOMEM, "cpu backend: out of memory for a convolution's scratch");
+        be->wino_scratch_n = scratch;
+    }
+    return 0;
+}
+
+/*
+ * The layer by Winograd when oneDNN's direct forward primitive for it takes
+ * layouts whose channels come in runs of 8 or more (*took 0 otherwise, and
+ * nothing is planned): forward and the input's gradient here in those
+ * layouts, the weights' gradient by oneDNN's primitive made against that
+ * forward one (the layouts it was fast in before).
+ */
+static int plan_conv_wino(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *src_any,
+                          const dnnl_memory_desc_t *dst_any, int *took) {
+    dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    dnnl_dims_t wdims = {L->out.c, L->in.c, 3, 3}, bdims = {L->out.c}, one = {1, 1}, none = {0, 0};
+    dnnl_memory_desc_t w_any, w_plain, b_md, src, dst;
+    if (dsrt__cpu_md_any(&w_any, 4, wdims) || dsrt__cpu_md_plain(&w_plain, 4, wdims) ||
+        dsrt__cpu_md_plain(&b_md, 1, bdims))
+        return dsrt__cpu_fail(dnnl_invalid_arguments, "memory descriptors", L);
+    const dnnl_memory_desc_t *bias = L->b_n ? &b_md : NULL;
+    dnnl_convolution_desc_t fd, bd;
+    dnnl_primitive_desc_t fpd, bpd;
+    DN("convolution", dnnl_dilated_convolution_forward_desc_init(
+                          &fd, dnnl_forward_training, dnnl_convolution_direct, src_any, &w_any,
+                          bias, dst_any, one, none, one, one));
+    int rc = dsrt__cpu_pd(&fpd, &fd, be, 0, 0.0f, NULL, "convolution", L);
+    if (rc) return rc;
+    src = *dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0);
+    dst = *dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0);
+    cpu_chans xl, yl;
+    *took = dsrt__cpu_chans(&src, &xl) && dsrt__cpu_chans(&dst, &yl) && xl.inner % 8 == 0 &&
+            yl.inner % 8 == 0;
+    int need_dx = dsrt__net_need_diff(net, L->inputs[0]);
+    if (!*took || (rc = wino_own_make(be, p, i, need_dx))) goto out;
+    wino_own *o = lp->own;
+    o->xl = xl;
+    o->yl = yl;
+    tensor *in = &p->lp[L->inputs[0]].out;
+    if ((rc = dsrt__cpu_ensure(p, be, in->mem, &src, 0, i, &lp->src, L)) ||
+        (rc = dsrt__cpu_output(be, p, i, &dst)))
+        goto out;
+    o->src = lp->src;
+    o->dst = lp->out.mem;
+    if ((rc = dsrt__cpu_c_step(p, 0, step_wino_fwd, i))) goto out;
+    if (L->fuse_relu && (rc = dsrt__cpu_fused_relu_bwd(be, p, i))) goto out;
+    dnnl_status_t st = dnnl_dilated_convolution_backward_weights_desc_init(
+        &bd, dnnl_convolution_direct, src_any, &w_any, bias, dst_any, one, none, one, one);
+    rc = st != dnnl_success
+             ? dsrt__cpu_fail(st, "convolution backward weights", L)
+             : dsrt__cpu_pd(&bpd, &bd, be, 0, 0.0f, fpd, "convolution backward weights", L);
+    if (!rc) rc = dsrt__cpu_weights_grad(be, p, i, bpd, &w_plain, &b_md, 1);
+    if (!rc && need_dx) rc = wino_data_grad(be, p, i, &src, &dst);
+out:
+    dnnl_primitive_desc_destroy(fpd);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// The plan
+
 static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
     dnnl_alg_kind_t conv_alg = be->conv_alg;
     dsrt_net *net = be->net;
@@ -352,6 +508,10 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
            dnnl_memory_desc_init_by_tag(&src_any, 4, sdims, dnnl_f32, dnnl_acdb));
         DN("memory descriptors",
            dnnl_memory_desc_init_by_tag(&dst_any, 4, ddims, dnnl_f32, dnnl_acdb));
+    }
+    if (wino_fits(be, p, L)) {
+        int took = 0;
+        if ((rc = plan_conv_wino(be, p, i, &src_any, &dst_any, &took)) || took) return rc;
     }
     /* At inference an affine map folded in gives a bias where there is none. */
     const cpu_fusion *fu = dsrt__cpu_fusion(p, i);

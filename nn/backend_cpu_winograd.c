@@ -1,0 +1,284 @@
+/*
+ * Winograd's minimal filtering F(2x2, 3x3) for the training convolutions of
+ * the CPU backend where oneDNN 2.6 has none: 3x3, stride 1, padding 1, on
+ * CPUs without AVX-512 (its Winograd is AVX-512 only, and for inference).
+ * A 4x4 patch of the input gives a 2x2 patch of the output with 16
+ * multiplications a channel pair instead of 36 (Lavin and Gray, "Fast
+ * Algorithms for Convolutional Neural Networks", 2016):
+ *
+ *   Y = A^T [ (G g G^T) . (B^T d B) ] A
+ *
+ * summed over the input channels, in 16 matrix products (one a point of
+ * the 4x4 transform): M[x] (tiles, K) = V[x] (tiles, C) U[x] (C, K).
+ *
+ * Tensors are in any layout whose channels come in runs of 8 or more
+ * (NHWC, oneDNN's nChw8c and nChw16c: cpu_chans). The work is cut into blocks of
+ * WINO_TILES output tiles; a thread transforms a block's input patches
+ * (V), multiplies (a 6x16 register kernel of fused multiply-adds over C),
+ * and transforms back into the output, all in its own scratch, so a block
+ * stays in the core's caches. Every output value is summed on one thread in
+ * one order: the results do not depend on the number of threads. The
+ * backward pass for the input is the same convolution of the output's
+ * gradient with the filters turned 180 degrees and their channels swapped
+ * (dsrt__wino_weights with backward set).
+ */
+#include "nn/backend_cpu.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define WINO_X86 1
+#endif
+
+extern int omp_get_thread_num(void) __attribute__((weak));
+
+/* Output tiles a block (a multiple of the register kernel's 6 rows). */
+#define WINO_TILES 30
+
+/* A block's products read every point's filters (16 c k floats): past
+ * 256 x 256 channels they no longer stay in a core's cache between blocks,
+ * and the direct convolution is faster (ResNet-18's 512-channel 7x7 stage:
+ * 1.6x slower by Winograd, whose 2x2 tiles also cover 8x8 for 7x7). */
+#define WINO_MAX_CK (256 * 256)
+#define WINO_MIN_HW 64
+
+int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w) {
+#ifdef WINO_X86
+    return be->isa == CPU_ISA_AVX2 && c % 16 == 0 && k % 16 == 0 && c * k <= WINO_MAX_CK &&
+           h * w >= WINO_MIN_HW;
+#else
+    (void)be, (void)c, (void)k, (void)h, (void)w;
+    return 0;
+#endif
+}
+
+size_t dsrt__wino_scratch_floats(const cpu_backend *be, int c, int k) {
+    return (size_t)dsrt__cpu_team(be) * 16 * WINO_TILES * (size_t)(c + k);
+}
+
+/* U = G g G^T of one 3x3 filter g (row-major) into u[x * stride], x the
+ * point of the 4x4 transform. */
+static void filter_transform(const float g[9], float *u, size_t stride) {
+    float t[4][3], r[16];
+    for (int j = 0; j < 3; j++) {
+        t[0][j] = g[j];
+        t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
+        t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
+        t[3][j] = g[6 + j];
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i * 4 + 0] = t[i][0];
+        r[i * 4 + 1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+        r[i * 4 + 2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+        r[i * 4 + 3] = t[i][2];
+    }
+    for (int x = 0; x < 16; x++) u[(size_t)x * stride] = r[x];
+}
+
+typedef struct {
+    const float *w;
+    float *u;
+    int k, c, backward;
+} weights_job;
+
+/* Filters [lo, hi) of the outer loop: for forward the input channels (each
+ * writing its run of k values a point), for backward the output channels
+ * (reading their c filters in a row, writing runs of c). */
+static void weights_range(void *ctx, size_t lo, size_t hi) {
+    const weights_job *j = ctx;
+    size_t plane = (size_t)j->c * j->k;
+    for (size_t a = lo; a < hi; a++) {
+        int inner = j->backward ? j->c : j->k;
+        for (int b = 0; b < inner; b++) {
+            if (!j->backward) {
+                /* U[x] is (C, K): input channel a, filter b. */
+                filter_transform(j->w + ((size_t)b * j->c + a) * 9, j->u + a * j->k + b, plane);
+            } else {
+                /* The input's gradient: filter a turned 180 degrees, taking
+                 * the output's channel a to input channel b; U[x] (K, C). */
+                const float *g = j->w + (a * j->c + (size_t)b) * 9;
+                float r[9];
+                for (int q = 0; q < 9; q++) r[q] = g[8 - q];
+                filter_transform(r, j->u + a * j->c + b, plane);
+            }
+        }
+    }
+}
+
+void dsrt__wino_weights(cpu_backend *be, const float *w, int k, int c, int backward, float *u) {
+    weights_job j = {.w = w, .u = u, .k = k, .c = c, .backward = backward};
+    dsrt__cpu_parallel(be, (size_t)(backward ? k : c), weights_range, &j);
+}
+
+#ifdef WINO_X86
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+typedef struct {
+    const float *x, *u, *bias;
+    float *y, *scratch;
+    const cpu_chans *xl, *yl;
+    size_t per_thread;
+    int n, h, w, c, k, th, tw, relu;
+    float leak;
+    long tiles;
+} wino_job;
+
+/* The 4x4 patch of tile t's input, 8 channels from c0, as V rows: each of
+ * the 16 points at v[x * WINO_TILES * C]. */
+AVX2 static void input_tile(const wino_job *j, long tile, int row, float *v) {
+    int per = j->th * j->tw, n = (int)(tile / per), ty = (int)(tile % per) / j->tw,
+        tx = (int)(tile % per) % j->tw;
+    int y0 = 2 * ty - 1, x0 = 2 * tx - 1, C = j->c;
+    int inside = y0 >= 0 && x0 >= 0 && y0 + 4 <= j->h && x0 + 4 <= j->w;
+    const cpu_chans *l = j->xl;
+    size_t xs = (size_t)WINO_TILES * C;
+    for (int c = 0; c < C; c += 8) {
+        const float *img = j->x + (size_t)n * l->s_n + (c / l->inner) * l->s_b + c % l->inner;
+        __m256 d[4][4], t[4][4];
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++) {
+                int yy = y0 + a, xx = x0 + b;
+                d[a][b] = inside || (yy >= 0 && yy < j->h && xx >= 0 && xx < j->w)
+                              ? _mm256_loadu_ps(img + ((size_t)yy * j->w + xx) * l->inner)
+                              : _mm256_setzero_ps();
+            }
+        for (int b = 0; b < 4; b++) {
+            t[0][b] = _mm256_sub_ps(d[0][b], d[2][b]);
+            t[1][b] = _mm256_add_ps(d[1][b], d[2][b]);
+            t[2][b] = _mm256_sub_ps(d[2][b], d[1][b]);
+            t[3][b] = _mm256_sub_ps(d[1][b], d[3][b]);
+        }
+        float *o = v + (size_t)row * C + c;
+        for (int a = 0; a < 4; a++) {
+            _mm256_storeu_ps(o + (size_t)(a * 4 + 0) * xs, _mm256_sub_ps(t[a][0], t[a][2]));
+            _mm256_storeu_ps(o + (size_t)(a * 4 + 1) * xs, _mm256_add_ps(t[a][1], t[a][2]));
+            _mm256_storeu_ps(o + (size_t)(a * 4 + 2) * xs, _mm256_sub_ps(t[a][2], t[a][1]));
+            _mm256_storeu_ps(o + (size_t)(a * 4 + 3) * xs, _mm256_sub_ps(t[a][1], t[a][3]));
+        }
+    }
+}
+
+/* m (rows, K) = v (rows, C) u (C, K): 6 rows by 16 columns a register
+ * block, each sum over C in order; rows past a multiple of 6 one at a time
+ * the same way. */
+AVX2 static void multiply(const float *v, const float *u, float *m, int rows, int C, int K) {
+    int r = 0;
+    for (; r + 6 <= rows; r += 6)
+        for (int k = 0; k < K; k += 16) {
+            __m256 acc[6][2];
+            for (int i = 0; i < 6; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+            const float *uk = u + k, *vr = v + (size_t)r * C;
+            for (int c = 0; c < C; c++, uk += K) {
+                __m256 u0 = _mm256_loadu_ps(uk), u1 = _mm256_loadu_ps(uk + 8);
+                for (int i = 0; i < 6; i++) {
+                    __m256 b = _mm256_broadcast_ss(vr + (size_t)i * C + c);
+                    acc[i][0] = _mm256_fmadd_ps(b, u0, acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(b, u1, acc[i][1]);
+                }
+            }
+            for (int i = 0; i < 6; i++) {
+                _mm256_storeu_ps(m + (size_t)(r + i) * K + k, acc[i][0]);
+                _mm256_storeu_ps(m + (size_t)(r + i) * K + k + 8, acc[i][1]);
+            }
+        }
+    for (; r < rows; r++)
+        for (int k = 0; k < K; k += 16) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            const float *uk = u + k;
+            for (int c = 0; c < C; c++, uk += K) {
+                __m256 b = _mm256_broadcast_ss(v + (size_t)r * C + c);
+                a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(uk), a0);
+                a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(uk + 8), a1);
+            }
+            _mm256_storeu_ps(m + (size_t)r * K + k, a0);
+            _mm256_storeu_ps(m + (size_t)r * K + k + 8, a1);
+        }
+}
+
+/* y's 2x2 patch of tile t from the 16 products (m rows), with the bias and
+ * the ReLU; a patch past the image's edge writes what lies inside. */
+AVX2 static void output_tile(const wino_job *j, long tile, int row, const float *m) {
+    int per = j->th * j->tw, n = (int)(tile / per), ty = (int)(tile % per) / j->tw,
+        tx = (int)(tile % per) % j->tw, K = j->k;
+    int rows = DSRT_MIN(2, j->h - 2 * ty), cols = DSRT_MIN(2, j->w - 2 * tx);
+    size_t xs = (size_t)WINO_TILES * K;
+    const __m256 zero = _mm256_setzero_ps(), leak = _mm256_set1_ps(j->leak);
+    for (int k = 0; k < K; k += 8) {
+        __m256 p[16], s[2][4];
+        for (int x = 0; x < 16; x++)
+            p[x] = _mm256_loadu_ps(m + (size_t)x * xs + (size_t)row * K + k);
+        for (int b = 0; b < 4; b++) {
+            s[0][b] = _mm256_add_ps(_mm256_add_ps(p[b], p[4 + b]), p[8 + b]);
+            s[1][b] = _mm256_sub_ps(_mm256_sub_ps(p[4 + b], p[8 + b]), p[12 + b]);
+        }
+        __m256 bias = j->bias ? _mm256_loadu_ps(j->bias + k) : zero;
+        for (int a = 0; a < rows; a++) {
+            __m256 o[2] = {_mm256_add_ps(_mm256_add_ps(s[a][0], s[a][1]), s[a][2]),
+                           _mm256_sub_ps(_mm256_sub_ps(s[a][1], s[a][2]), s[a][3])};
+            const cpu_chans *l = j->yl;
+            float *y = j->y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner +
+                       ((size_t)(2 * ty + a) * j->w + 2 * tx) * l->inner;
+            for (int b = 0; b < cols; b++) {
+                __m256 v = _mm256_add_ps(o[b], bias);
+                if (j->relu)
+                    v = _mm256_blendv_ps(v, _mm256_mul_ps(v, leak),
+                                         _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+                _mm256_storeu_ps(y + (size_t)b * l->inner, v);
+            }
+        }
+    }
+}
+
+/* Blocks [lo, hi) of WINO_TILES tiles, in this thread's scratch. */
+AVX2 static void blocks(void *ctx, size_t lo, size_t hi) {
+    const wino_job *j = ctx;
+    int t = omp_get_thread_num ? omp_get_thread_num() : 0;
+    float *v = j->scratch + (size_t)t * j->per_thread, *m = v + (size_t)16 * WINO_TILES * j->c;
+    for (size_t b = lo; b < hi; b++) {
+        long first = (long)b * WINO_TILES;
+        int rows = (int)DSRT_MIN((long)WINO_TILES, j->tiles - first);
+        for (int r = 0; r < rows; r++) input_tile(j, first + r, r, v);
+        for (int x = 0; x < 16; x++)
+            multiply(v + (size_t)x * WINO_TILES * j->c, j->u + (size_t)x * j->c * j->k,
+                     m + (size_t)x * WINO_TILES * j->k, rows, j->c, j->k);
+        for (int r = 0; r < rows; r++) output_tile(j, first + r, r, m);
+    }
+}
+
+void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
+                     const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
+                     int k, int relu, float leak, float *scratch) {
+    wino_job j = {.x = x,
+                  .u = u,
+                  .bias = bias,
+                  .y = y,
+                  .scratch = scratch,
+                  .xl = xl,
+                  .yl = yl,
+                  .per_thread = (size_t)16 * WINO_TILES * (size_t)(c + k),
+                  .n = n,
+                  .h = h,
+                  .w = w,
+                  .c = c,
+                  .k = k,
+                  .th = (h + 1) / 2,
+                  .tw = (w + 1) / 2,
+                  .relu = relu,
+                  .leak = leak};
+    j.tiles = (long)n * j.th * j.tw;
+    dsrt__cpu_parallel(be, (size_t)((j.tiles + WINO_TILES - 1) / WINO_TILES), blocks, &j);
+}
+
+#else
+
+void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
+                     const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
+                     int k, int relu, float leak, float *scratch) {
+    (void)be, (void)x, (void)xl, (void)u, (void)bias, (void)y, (void)yl, (void)n, (void)h, (void)w;
+    (void)c, (void)k;
+    (void)relu, (void)leak, (void)scratch; /* never chosen: dsrt__wino_usable says 0 */
+}
+
+#endif
