@@ -13,7 +13,7 @@
  *
  * Tensors are in any layout whose channels come in runs of 8 or more
  * (NHWC, oneDNN's nChw8c and nChw16c: cpu_chans). The work is cut into blocks of
- * WINO_TILES output tiles; a thread transforms a block's input patches
+ * output tiles (block_tiles); a thread transforms a block's input patches
  * (V), multiplies (a 6x16 register kernel of fused multiply-adds over C),
  * and transforms back into the output, all in its own scratch, so a block
  * stays in the core's caches. Every output value is summed on one thread in
@@ -33,8 +33,17 @@
 
 extern int omp_get_thread_num(void) __attribute__((weak));
 
-/* Output tiles a block (a multiple of the register kernel's 6 rows). */
-#define WINO_TILES 30
+/* Output tiles a block: as many as keep a block's transforms (16 points
+ * of c + k floats a tile) within WINO_BLOCK_BYTES, a multiple of the
+ * register kernel's 6 rows, 6 to 60. */
+#ifndef WINO_BLOCK_BYTES
+#define WINO_BLOCK_BYTES (512 * 1024)
+#endif
+
+static int block_tiles(int c, int k) {
+    size_t t = WINO_BLOCK_BYTES / ((size_t)16 * sizeof(float) * (size_t)(c + k));
+    return (int)DSRT_MAX(6, DSRT_MIN(60, t / 6 * 6));
+}
 
 /* A block's products read every point's filters (16 c k floats): past
  * 256 x 256 channels they no longer stay in a core's cache between blocks,
@@ -54,7 +63,7 @@ int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w) {
 }
 
 size_t dsrt__wino_scratch_floats(const cpu_backend *be, int c, int k) {
-    return (size_t)dsrt__cpu_team(be) * 16 * WINO_TILES * (size_t)(c + k);
+    return (size_t)dsrt__cpu_team(be) * 16 * block_tiles(c, k) * (size_t)(c + k);
 }
 
 /* U = G g G^T of one 3x3 filter g (row-major) into u[x * stride], x the
@@ -120,20 +129,20 @@ typedef struct {
     float *y, *scratch;
     const cpu_chans *xl, *yl;
     size_t per_thread;
-    int n, h, w, c, k, th, tw, relu;
+    int n, h, w, c, k, th, tw, tb, relu;
     float leak;
     long tiles;
 } wino_job;
 
 /* The 4x4 patch of tile t's input, 8 channels from c0, as V rows: each of
- * the 16 points at v[x * WINO_TILES * C]. */
+ * the 16 points at v[x * tb * C]. */
 AVX2 static void input_tile(const wino_job *j, long tile, int row, float *v) {
     int per = j->th * j->tw, n = (int)(tile / per), ty = (int)(tile % per) / j->tw,
         tx = (int)(tile % per) % j->tw;
     int y0 = 2 * ty - 1, x0 = 2 * tx - 1, C = j->c;
     int inside = y0 >= 0 && x0 >= 0 && y0 + 4 <= j->h && x0 + 4 <= j->w;
     const cpu_chans *l = j->xl;
-    size_t xs = (size_t)WINO_TILES * C;
+    size_t xs = (size_t)j->tb * C;
     for (int c = 0; c < C; c += 8) {
         const float *img = j->x + (size_t)n * l->s_n + (c / l->inner) * l->s_b + c % l->inner;
         __m256 d[4][4], t[4][4];
@@ -203,7 +212,7 @@ AVX2 static void output_tile(const wino_job *j, long tile, int row, const float 
     int per = j->th * j->tw, n = (int)(tile / per), ty = (int)(tile % per) / j->tw,
         tx = (int)(tile % per) % j->tw, K = j->k;
     int rows = DSRT_MIN(2, j->h - 2 * ty), cols = DSRT_MIN(2, j->w - 2 * tx);
-    size_t xs = (size_t)WINO_TILES * K;
+    size_t xs = (size_t)j->tb * K;
     const __m256 zero = _mm256_setzero_ps(), leak = _mm256_set1_ps(j->leak);
     for (int k = 0; k < K; k += 8) {
         __m256 p[16], s[2][4];
@@ -231,18 +240,18 @@ AVX2 static void output_tile(const wino_job *j, long tile, int row, const float 
     }
 }
 
-/* Blocks [lo, hi) of WINO_TILES tiles, in this thread's scratch. */
+/* Blocks [lo, hi) of tb tiles, in this thread's scratch. */
 AVX2 static void blocks(void *ctx, size_t lo, size_t hi) {
     const wino_job *j = ctx;
     int t = omp_get_thread_num ? omp_get_thread_num() : 0;
-    float *v = j->scratch + (size_t)t * j->per_thread, *m = v + (size_t)16 * WINO_TILES * j->c;
+    float *v = j->scratch + (size_t)t * j->per_thread, *m = v + (size_t)16 * j->tb * j->c;
     for (size_t b = lo; b < hi; b++) {
-        long first = (long)b * WINO_TILES;
-        int rows = (int)DSRT_MIN((long)WINO_TILES, j->tiles - first);
+        long first = (long)b * j->tb;
+        int rows = (int)DSRT_MIN((long)j->tb, j->tiles - first);
         for (int r = 0; r < rows; r++) input_tile(j, first + r, r, v);
         for (int x = 0; x < 16; x++)
-            multiply(v + (size_t)x * WINO_TILES * j->c, j->u + (size_t)x * j->c * j->k,
-                     m + (size_t)x * WINO_TILES * j->k, rows, j->c, j->k);
+            multiply(v + (size_t)x * j->tb * j->c, j->u + (size_t)x * j->c * j->k,
+                     m + (size_t)x * j->tb * j->k, rows, j->c, j->k);
         for (int r = 0; r < rows; r++) output_tile(j, first + r, r, m);
     }
 }
@@ -257,7 +266,8 @@ void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const
                   .scratch = scratch,
                   .xl = xl,
                   .yl = yl,
-                  .per_thread = (size_t)16 * WINO_TILES * (size_t)(c + k),
+                  .tb = block_tiles(c, k),
+                  .per_thread = (size_t)16 * block_tiles(c, k) * (size_t)(c + k),
                   .n = n,
                   .h = h,
                   .w = w,
@@ -268,7 +278,7 @@ void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const
                   .relu = relu,
                   .leak = leak};
     j.tiles = (long)n * j.th * j.tw;
-    dsrt__cpu_parallel(be, (size_t)((j.tiles + WINO_TILES - 1) / WINO_TILES), blocks, &j);
+    dsrt__cpu_parallel(be, (size_t)((j.tiles + j.tb - 1) / j.tb), blocks, &j);
 }
 
 #else
