@@ -456,8 +456,8 @@ void dsrt__cpu_mul_rows(cpu_backend *be, size_t rows, size_t per, const float *x
 
 /* Whether the convolution of c input and k output channels at h x w is
  * faster here by Winograd: AVX2 without AVX-512; both counts multiples of
- * 16 (the backward pass swaps them), at most 256 x 256, and 64 pixels or
- * more. */
+ * 16 from 32 (the backward pass swaps them), at most 256 x 256, and 64
+ * pixels or more. */
 int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w);
 /* Floats of the scratch dsrt__wino_conv takes (every thread's). */
 size_t dsrt__wino_scratch_floats(const cpu_backend *be, int c, int k);
@@ -472,5 +472,12 @@ void dsrt__wino_weights(cpu_backend *be, const float *w, int k, int c, int backw
 void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
                      const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
                      int k, int relu, float leak, float *scratch);
+/* Floats of the scratch dsrt__wino_weights_grad takes. */
+size_t dsrt__wino_wgrad_floats(int c, int k);
+/* dw (k, c, 3, 3) and db (k floats, or NULL) of that convolution: its input
+ * x (layout xl) and its output's gradient dy (layout yl); on the team. */
+void dsrt__wino_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
+                             const cpu_chans *yl, int n, int h, int w, int c, int k, float *dw,
+                             float *db, float *scratch);
 
 #endif

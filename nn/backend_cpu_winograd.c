@@ -48,14 +48,16 @@ static int block_tiles(int c, int k) {
 /* A block's products read every point's filters (16 c k floats): past
  * 256 x 256 channels they no longer stay in a core's cache between blocks,
  * and the direct convolution is faster (ResNet-18's 512-channel 7x7 stage:
- * 1.6x slower by Winograd, whose 2x2 tiles also cover 8x8 for 7x7). */
+ * 1.6x slower by Winograd, whose 2x2 tiles also cover 8x8 for 7x7). Below
+ * 32 channels the transforms outweigh the products (ResNet-20's 16-channel
+ * stage: no faster forward, a slower backward). */
 #define WINO_MAX_CK (256 * 256)
 #define WINO_MIN_HW 64
 
 int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w) {
 #ifdef WINO_X86
-    return be->isa == CPU_ISA_AVX2 && c % 16 == 0 && k % 16 == 0 && c * k <= WINO_MAX_CK &&
-           h * w >= WINO_MIN_HW;
+    return be->isa == CPU_ISA_AVX2 && c % 16 == 0 && k % 16 == 0 && c >= 32 && k >= 32 &&
+           c * k <= WINO_MAX_CK && h * w >= WINO_MIN_HW;
 #else
     (void)be, (void)c, (void)k, (void)h, (void)w;
     return 0;
@@ -281,6 +283,175 @@ void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const
     dsrt__cpu_parallel(be, (size_t)((j.tiles + j.tb - 1) / j.tb), blocks, &j);
 }
 
+// ----------------------------------------------------------------------------
+// The weights' gradient: dU[x] (C, K) = sum over tiles of V[x]^T (the input
+// patches' transforms) times the output gradient patches' A dY A^T, then
+// dW = G^T dU G. Tiles go in chunks of a size set by the channels alone;
+// each (point, 16 filters) of dU is one thread's, summed over every tile in
+// order, so the result does not depend on the number of threads.
+
+/* Tiles a chunk: its two transforms within WINO_CHUNK_BYTES, 6 to 512. */
+#define WINO_CHUNK_BYTES (2 * 1024 * 1024)
+
+static int chunk_tiles(int c, int k) {
+    size_t t = WINO_CHUNK_BYTES / ((size_t)16 * sizeof(float) * (size_t)(c + k));
+    return (int)DSRT_MAX(6, DSRT_MIN(512, t / 6 * 6));
+}
+
+size_t dsrt__wino_wgrad_floats(int c, int k) {
+    return (size_t)16 * c * k + (size_t)16 * chunk_tiles(c, k) * (size_t)(c + k);
+}
+
+typedef struct {
+    wino_job j;        /* x, xl, y (the output gradient), yl, the sizes; tb: the chunk */
+    float *v, *g, *du; /* the chunk's transforms; the sums */
+    long first;        /* the chunk's first tile */
+    int rows;
+    float *dw, *db;
+} wgrad_job;
+
+/* The 4x4 transform A dY A^T of tile t's 2x2 output gradient (zero past the
+ * edge), 8 channels at a time, as rows of g. */
+AVX2 static void grad_tile(const wino_job *j, long tile, int row, float *g) {
+    int per = j->th * j->tw, n = (int)(tile / per), ty = (int)(tile % per) / j->tw,
+        tx = (int)(tile % per) % j->tw, K = j->k;
+    int rows = DSRT_MIN(2, j->h - 2 * ty), cols = DSRT_MIN(2, j->w - 2 * tx);
+    const cpu_chans *l = j->yl;
+    size_t xs = (size_t)j->tb * K;
+    for (int k = 0; k < K; k += 8) {
+        const float *img = j->y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner;
+        __m256 d[2][2];
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++)
+                d[a][b] = a < rows && b < cols
+                              ? _mm256_loadu_ps(img + ((size_t)(2 * ty + a) * j->w + 2 * tx + b) *
+                                                          l->inner)
+                              : _mm256_setzero_ps();
+        /* A = (1 0; 1 1; 1 -1; 0 -1): rows first, then columns. */
+        __m256 t[4][2];
+        for (int b = 0; b < 2; b++) {
+            t[0][b] = d[0][b];
+            t[1][b] = _mm256_add_ps(d[0][b], d[1][b]);
+            t[2][b] = _mm256_sub_ps(d[0][b], d[1][b]);
+            t[3][b] = _mm256_sub_ps(_mm256_setzero_ps(), d[1][b]);
+        }
+        float *o = g + (size_t)row * K + k;
+        for (int a = 0; a < 4; a++) {
+            _mm256_storeu_ps(o + (size_t)(a * 4 + 0) * xs, t[a][0]);
+            _mm256_storeu_ps(o + (size_t)(a * 4 + 1) * xs, _mm256_add_ps(t[a][0], t[a][1]));
+            _mm256_storeu_ps(o + (size_t)(a * 4 + 2) * xs, _mm256_sub_ps(t[a][0], t[a][1]));
+            _mm256_storeu_ps(o + (size_t)(a * 4 + 3) * xs,
+                             _mm256_sub_ps(_mm256_setzero_ps(), t[a][1]));
+        }
+    }
+}
+
+/* Tiles [lo, hi) of the chunk: both transforms. */
+AVX2 static void wgrad_tiles(void *ctx, size_t lo, size_t hi) {
+    const wgrad_job *w = ctx;
+    for (size_t r = lo; r < hi; r++) {
+        input_tile(&w->j, w->first + (long)r, (int)r, w->v);
+        grad_tile(&w->j, w->first + (long)r, (int)r, w->g);
+    }
+}
+
+/* Units [lo, hi) of (point, 16 filters): du[x][c][k..k+15] += the chunk's
+ * rows in order, 4 input channels at a time. */
+AVX2 static void wgrad_sums(void *ctx, size_t lo, size_t hi) {
+    const wgrad_job *w = ctx;
+    int C = w->j.c, K = w->j.k, kb = K / 16;
+    for (size_t u = lo; u < hi; u++) {
+        int x = (int)(u / (size_t)kb), k = (int)(u % (size_t)kb) * 16;
+        const float *v = w->v + (size_t)x * w->j.tb * C, *g = w->g + (size_t)x * w->j.tb * K + k;
+        float *du = w->du + (size_t)x * C * K + k;
+        for (int c = 0; c < C; c += 4) {
+            __m256 a[4][2];
+            for (int i = 0; i < 4; i++) {
+                a[i][0] = _mm256_loadu_ps(du + (size_t)(c + i) * K);
+                a[i][1] = _mm256_loadu_ps(du + (size_t)(c + i) * K + 8);
+            }
+            const float *vt = v + c;
+            for (int t = 0; t < w->rows; t++, vt += C) {
+                __m256 g0 = _mm256_loadu_ps(g + (size_t)t * K),
+                       g1 = _mm256_loadu_ps(g + (size_t)t * K + 8);
+                for (int i = 0; i < 4; i++) {
+                    __m256 b = _mm256_broadcast_ss(vt + i);
+                    a[i][0] = _mm256_fmadd_ps(b, g0, a[i][0]);
+                    a[i][1] = _mm256_fmadd_ps(b, g1, a[i][1]);
+                }
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(du + (size_t)(c + i) * K, a[i][0]);
+                _mm256_storeu_ps(du + (size_t)(c + i) * K + 8, a[i][1]);
+            }
+        }
+    }
+}
+
+/* Filters [lo, hi): dW = G^T dU G, and the bias's gradient, the output
+ * gradient's sum over every pixel in order. */
+static void wgrad_finish(void *ctx, size_t lo, size_t hi) {
+    const wgrad_job *w = ctx;
+    int C = w->j.c, K = w->j.k;
+    const cpu_chans *l = w->j.yl;
+    for (size_t k = lo; k < hi; k++) {
+        for (int c = 0; c < C; c++) {
+            float d[16], t[3][4];
+            for (int x = 0; x < 16; x++) d[x] = w->du[((size_t)x * C + c) * K + k];
+            /* G^T = (1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1), on rows then columns. */
+            for (int b = 0; b < 4; b++) {
+                t[0][b] = d[b] + 0.5f * (d[4 + b] + d[8 + b]);
+                t[1][b] = 0.5f * (d[4 + b] - d[8 + b]);
+                t[2][b] = 0.5f * (d[4 + b] + d[8 + b]) + d[12 + b];
+            }
+            float *o = w->dw + ((size_t)k * C + c) * 9;
+            for (int a = 0; a < 3; a++) {
+                o[a * 3 + 0] = t[a][0] + 0.5f * (t[a][1] + t[a][2]);
+                o[a * 3 + 1] = 0.5f * (t[a][1] - t[a][2]);
+                o[a * 3 + 2] = 0.5f * (t[a][1] + t[a][2]) + t[a][3];
+            }
+        }
+        if (!w->db) continue;
+        double sum = 0;
+        size_t px = (size_t)w->j.h * w->j.w;
+        for (int n = 0; n < w->j.n; n++) {
+            const float *img = w->j.y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner;
+            for (size_t p = 0; p < px; p++) sum += img[p * l->inner];
+        }
+        w->db[k] = (float)sum;
+    }
+}
+
+void dsrt__wino_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
+                             const cpu_chans *yl, int n, int h, int w, int c, int k, float *dw,
+                             float *db, float *scratch) {
+    wgrad_job g = {.j = {.x = x,
+                         .y = (float *)dy,
+                         .xl = xl,
+                         .yl = yl,
+                         .n = n,
+                         .h = h,
+                         .w = w,
+                         .c = c,
+                         .k = k,
+                         .th = (h + 1) / 2,
+                         .tw = (w + 1) / 2,
+                         .tb = chunk_tiles(c, k)},
+                   .dw = dw,
+                   .db = db};
+    g.j.tiles = (long)n * g.j.th * g.j.tw;
+    g.du = scratch;
+    g.v = scratch + (size_t)16 * c * k;
+    g.g = g.v + (size_t)16 * g.j.tb * c;
+    memset(g.du, 0, (size_t)16 * c * k * sizeof(float));
+    for (g.first = 0; g.first < g.j.tiles; g.first += g.j.tb) {
+        g.rows = (int)DSRT_MIN((long)g.j.tb, g.j.tiles - g.first);
+        dsrt__cpu_parallel(be, (size_t)g.rows, wgrad_tiles, &g);
+        dsrt__cpu_parallel(be, (size_t)16 * (k / 16), wgrad_sums, &g);
+    }
+    dsrt__cpu_parallel(be, (size_t)k, wgrad_finish, &g);
+}
+
 #else
 
 void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
@@ -289,6 +460,18 @@ void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const
     (void)be, (void)x, (void)xl, (void)u, (void)bias, (void)y, (void)yl, (void)n, (void)h, (void)w;
     (void)c, (void)k;
     (void)relu, (void)leak, (void)scratch; /* never chosen: dsrt__wino_usable says 0 */
+}
+
+void dsrt__wino_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
+                             const cpu_chans *yl, int n, int h, int w, int c, int k, float *dw,
+                             float *db, float *scratch) {
+    (void)be, (void)x, (void)xl, (void)dy, (void)yl, (void)n, (void)h, (void)w, (void)c;
+    (void)k, (void)dw, (void)db, (void)scratch; /* never chosen */
+}
+
+size_t dsrt__wino_wgrad_floats(int c, int k) {
+    (void)c, (void)k;
+    return 0;
 }
 
 #endif

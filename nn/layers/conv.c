@@ -332,8 +332,8 @@ static int winograd_pd(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_
 // On a CPU without AVX-512, oneDNN 2.6 convolves 3x3 directly (its Winograd
 // is AVX-512 only, for inference), at about the FMA units' peak: the
 // minimal filtering does 16 multiplications a 2x2 patch and channel pair
-// where the direct one does 36. Forward and the input's gradient go through
-// it, channels-last; the weights' gradient stays oneDNN's.
+// where the direct one does 36. Forward, the input's gradient and the
+// weights' go through it, in the layouts oneDNN's direct primitive picks.
 
 /* What the steps keep: the transformed filters of the weights version
  * made from, the tensors whose handles each step reads and their layouts. */
@@ -375,6 +375,16 @@ static int step_wino_fwd(cpu_backend *be, cpu_plan *p, int i) {
     return 0;
 }
 
+static int step_wino_wgrad(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    const wino_own *o = p->lp[i].own;
+    dsrt__wino_weights_grad(be, dsrt__cpu_handle(o->src), &o->xl, dsrt__cpu_handle(o->ddst), &o->yl,
+                            p->n, L->in.h, L->in.w, L->in.c, L->out.c, net->grads + L->w_off,
+                            L->b_n ? net->grads + L->b_off : NULL, be->wino_scratch);
+    return 0;
+}
+
 static int step_wino_bwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     const wino_own *o = p->lp[i].own;
@@ -392,8 +402,7 @@ static int wino_data_grad(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
     layer_plan *lp = &p->lp[i];
     wino_own *o = lp->own;
     dnnl_memory_t tgt = NULL, acc = NULL, tmp = NULL;
-    int rc = dsrt__cpu_ensure(p, be, lp->out.diff, dst, 1, i, &o->ddst, L);
-    if (!rc) rc = dsrt__cpu_grad_target(be, p, i, 0, &tgt, &acc);
+    int rc = dsrt__cpu_grad_target(be, p, i, 0, &tgt, &acc);
     if (!rc) rc = dsrt__cpu_deliver(p, be, tgt, src, &o->dsrc, &tmp, L);
     if (!rc) rc = dsrt__cpu_c_step(p, 1, step_wino_bwd, i);
     if (!rc && tmp) rc = dsrt__cpu_reorder_step(p, be, tmp, tgt, 1, i, STEP_ALWAYS, NULL, L);
@@ -405,7 +414,8 @@ static int wino_data_grad(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
 static int wino_own_make(cpu_backend *be, cpu_plan *p, int i, int need_dx) {
     const dsrt_layer *L = &be->net->layers[i];
     size_t uf = (size_t)16 * L->in.c * L->out.c;
-    size_t scratch = dsrt__wino_scratch_floats(be, L->in.c, L->out.c);
+    size_t scratch = DSRT_MAX(dsrt__wino_scratch_floats(be, L->in.c, L->out.c),
+                              dsrt__wino_wgrad_floats(L->in.c, L->out.c));
     wino_own *o = dsrt__calloc(1, sizeof *o);
     if (!o) return -ENOMEM;
     p->lp[i].own = o;
@@ -427,9 +437,8 @@ static int wino_own_make(cpu_backend *be, cpu_plan *p, int i, int need_dx) {
 /*
  * The layer by Winograd when oneDNN's direct forward primitive for it takes
  * layouts whose channels come in runs of 8 or more (*took 0 otherwise, and
- * nothing is planned): forward and the input's gradient here in those
- * layouts, the weights' gradient by oneDNN's primitive made against that
- * forward one (the layouts it was fast in before).
+ * nothing is planned): forward, the weights' gradient and the input's, in
+ * those layouts.
  */
 static int plan_conv_wino(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *src_any,
                           const dnnl_memory_desc_t *dst_any, int *took) {
@@ -437,13 +446,12 @@ static int plan_conv_wino(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
     const dsrt_layer *L = &net->layers[i];
     layer_plan *lp = &p->lp[i];
     dnnl_dims_t wdims = {L->out.c, L->in.c, 3, 3}, bdims = {L->out.c}, one = {1, 1}, none = {0, 0};
-    dnnl_memory_desc_t w_any, w_plain, b_md, src, dst;
-    if (dsrt__cpu_md_any(&w_any, 4, wdims) || dsrt__cpu_md_plain(&w_plain, 4, wdims) ||
-        dsrt__cpu_md_plain(&b_md, 1, bdims))
+    dnnl_memory_desc_t w_any, b_md, src, dst;
+    if (dsrt__cpu_md_any(&w_any, 4, wdims) || dsrt__cpu_md_plain(&b_md, 1, bdims))
         return dsrt__cpu_fail(dnnl_invalid_arguments, "memory descriptors", L);
     const dnnl_memory_desc_t *bias = L->b_n ? &b_md : NULL;
-    dnnl_convolution_desc_t fd, bd;
-    dnnl_primitive_desc_t fpd, bpd;
+    dnnl_convolution_desc_t fd;
+    dnnl_primitive_desc_t fpd;
     DN("convolution", dnnl_dilated_convolution_forward_desc_init(
                           &fd, dnnl_forward_training, dnnl_convolution_direct, src_any, &w_any,
                           bias, dst_any, one, none, one, one));
@@ -467,13 +475,10 @@ static int plan_conv_wino(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
     o->dst = lp->out.mem;
     if ((rc = dsrt__cpu_c_step(p, 0, step_wino_fwd, i))) goto out;
     if (L->fuse_relu && (rc = dsrt__cpu_fused_relu_bwd(be, p, i))) goto out;
-    dnnl_status_t st = dnnl_dilated_convolution_backward_weights_desc_init(
-        &bd, dnnl_convolution_direct, src_any, &w_any, bias, dst_any, one, none, one, one);
-    rc = st != dnnl_success
-             ? dsrt__cpu_fail(st, "convolution backward weights", L)
-             : dsrt__cpu_pd(&bpd, &bd, be, 0, 0.0f, fpd, "convolution backward weights", L);
-    if (!rc) rc = dsrt__cpu_weights_grad(be, p, i, bpd, &w_plain, &b_md, 1);
-    if (!rc && need_dx) rc = wino_data_grad(be, p, i, &src, &dst);
+    if ((rc = dsrt__cpu_ensure(p, be, lp->out.diff, &dst, 1, i, &o->ddst, L)) ||
+        (rc = dsrt__cpu_c_step(p, 1, step_wino_wgrad, i)) || (rc = dsrt__cpu_ready_step(p, i)))
+        goto out;
+    if (need_dx) rc = wino_data_grad(be, p, i, &src, &dst);
 out:
     dnnl_primitive_desc_destroy(fpd);
     return rc;
