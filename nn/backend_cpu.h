@@ -465,13 +465,20 @@ size_t dsrt__wino_scratch_floats(const cpu_backend *be, int c, int k);
  * backward, those of the input's gradient (its filters turned 180 degrees,
  * input and output channels swapped: 16 x k x c); on the OpenMP team. */
 void dsrt__wino_weights(cpu_backend *be, const float *w, int k, int c, int backward, float *u);
+/* What follows the sums into y: a ReLU (slope leak below 0), the value y
+ * held before (a residual's sum), another ReLU, each when set. */
+typedef struct {
+    int relu, sum, relu2;
+    float leak, leak2;
+} wino_epilogue;
+
 /* y (n, k, h, w) = the convolution of x (n, c, h, w) by the filters u
- * transforms, plus bias (k floats, or NULL), through a ReLU of slope leak
- * below 0 when relu is set; on the OpenMP team. x and y in the layouts xl
- * and yl, whose runs of channels (inner) are multiples of 8. */
+ * transforms, plus bias (k floats, or NULL), through e; on the OpenMP
+ * team. x and y in the layouts xl and yl, whose runs of channels (inner)
+ * are multiples of 8. */
 void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
                      const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
-                     int k, int relu, float leak, float *scratch);
+                     int k, const wino_epilogue *e, float *scratch);
 /* Floats of the scratch dsrt__wino_weights_grad takes. */
 size_t dsrt__wino_wgrad_floats(int c, int k);
 /* dw (k, c, 3, 3) and db (k floats, or NULL) of that convolution: its input

@@ -130,9 +130,9 @@ typedef struct {
     const float *x, *u, *bias;
     float *y, *scratch;
     const cpu_chans *xl, *yl;
+    wino_epilogue e;
     size_t per_thread;
-    int n, h, w, c, k, th, tw, tb, relu;
-    float leak;
+    int n, h, w, c, k, th, tw, tb;
     long tiles;
 } wino_job;
 
@@ -215,7 +215,8 @@ AVX2 static void output_tile(const wino_job *j, long tile, int row, const float 
         tx = (int)(tile % per) % j->tw, K = j->k;
     int rows = DSRT_MIN(2, j->h - 2 * ty), cols = DSRT_MIN(2, j->w - 2 * tx);
     size_t xs = (size_t)j->tb * K;
-    const __m256 zero = _mm256_setzero_ps(), leak = _mm256_set1_ps(j->leak);
+    const __m256 zero = _mm256_setzero_ps(), leak = _mm256_set1_ps(j->e.leak),
+                 leak2 = _mm256_set1_ps(j->e.leak2);
     for (int k = 0; k < K; k += 8) {
         __m256 p[16], s[2][4];
         for (int x = 0; x < 16; x++)
@@ -232,11 +233,16 @@ AVX2 static void output_tile(const wino_job *j, long tile, int row, const float 
             float *y = j->y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner +
                        ((size_t)(2 * ty + a) * j->w + 2 * tx) * l->inner;
             for (int b = 0; b < cols; b++) {
+                float *at = y + (size_t)b * l->inner;
                 __m256 v = _mm256_add_ps(o[b], bias);
-                if (j->relu)
+                if (j->e.relu)
                     v = _mm256_blendv_ps(v, _mm256_mul_ps(v, leak),
                                          _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
-                _mm256_storeu_ps(y + (size_t)b * l->inner, v);
+                if (j->e.sum) v = _mm256_add_ps(v, _mm256_loadu_ps(at));
+                if (j->e.relu2)
+                    v = _mm256_blendv_ps(v, _mm256_mul_ps(v, leak2),
+                                         _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+                _mm256_storeu_ps(at, v);
             }
         }
     }
@@ -260,8 +266,9 @@ AVX2 static void blocks(void *ctx, size_t lo, size_t hi) {
 
 void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
                      const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
-                     int k, int relu, float leak, float *scratch) {
-    wino_job j = {.x = x,
+                     int k, const wino_epilogue *e, float *scratch) {
+    wino_job j = {.e = *e,
+                  .x = x,
                   .u = u,
                   .bias = bias,
                   .y = y,
@@ -276,9 +283,7 @@ void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const
                   .c = c,
                   .k = k,
                   .th = (h + 1) / 2,
-                  .tw = (w + 1) / 2,
-                  .relu = relu,
-                  .leak = leak};
+                  .tw = (w + 1) / 2};
     j.tiles = (long)n * j.th * j.tw;
     dsrt__cpu_parallel(be, (size_t)((j.tiles + j.tb - 1) / j.tb), blocks, &j);
 }
@@ -456,10 +461,9 @@ void dsrt__wino_weights_grad(cpu_backend *be, const float *x, const cpu_chans *x
 
 void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
                      const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
-                     int k, int relu, float leak, float *scratch) {
+                     int k, const wino_epilogue *e, float *scratch) {
     (void)be, (void)x, (void)xl, (void)u, (void)bias, (void)y, (void)yl, (void)n, (void)h, (void)w;
-    (void)c, (void)k;
-    (void)relu, (void)leak, (void)scratch; /* never chosen: dsrt__wino_usable says 0 */
+    (void)c, (void)k, (void)e, (void)scratch; /* never chosen: dsrt__wino_usable says 0 */
 }
 
 void dsrt__wino_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,

@@ -244,8 +244,68 @@ static void test_winograd_vs_direct(void) {
     unsetenv("DSRT_MAX_CPU_ISA");
 }
 
+/* Inference plans by Winograd: batchnorm folded into the filters, the
+ * chain's ReLUs (leaky too) and a residual's sum in the transform's
+ * epilogue; the probabilities against the direct convolution's. */
+static float *predict(const char *desc, int n) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 9;
+    dsrt_net *net = NULL;
+    REQUIRE(dsrt_net_create(&net, desc, 0, 0, 0, 0, &o) == 0);
+    dsrt_rng r = dsrt_rng_init(4, 0, 0, 0);
+    for (int i = 0; i < net->n_layers; i++) {
+        dsrt_layer *l = &net->layers[i];
+        for (size_t k = 0; k < l->b_n; k++)
+            net->params[l->b_off + k] = (float)(0.2 * (dsrt_rng_uniform(&r) - 0.5));
+        if (l->kind == DSRT_LAYER_BATCHNORM)
+            for (int k = 0; k < l->out.c; k++) {
+                net->state[l->s_off + k] = (float)(0.2 * (dsrt_rng_uniform(&r) - 0.5));
+                net->state[l->s_off + l->out.c + k] = (float)(0.5 + dsrt_rng_uniform(&r));
+            }
+    }
+    dsrt_net_params_changed(net);
+    size_t per = (size_t)net->input.h * net->input.w * net->input.c;
+    float *x = malloc((size_t)n * per * sizeof *x), *p = malloc((size_t)n * 3 * sizeof *p);
+    REQUIRE(x && p);
+    dsrt_rng rx = dsrt_rng_init(12, 1, 2, 3);
+    for (size_t k = 0; k < (size_t)n * per; k++) x[k] = (float)(2 * dsrt_rng_uniform(&rx) - 1);
+    CHECK_OK(dsrt_net_predict(net, x, n, p, NULL, NULL, NULL));
+    free(x);
+    dsrt_net_destroy(net);
+    return p;
+}
+
+static void test_winograd_inference(void) {
+    static const char *const nets[] = {
+        "input size=12x11x16\nconv filters=32 size=3 pad=1\nbatchnorm\nrelu name=r\n"
+        "conv filters=32 size=3 pad=1 bias=0\nbatchnorm name=b2\nadd inputs=b2,r\nrelu\n"
+        "conv filters=32 size=3 pad=1\nleakyrelu leak=0.1\n"
+        "conv filters=32 size=3 pad=1\nbatchnorm\ngap\nfc outputs=3\nsoftmax\n",
+    };
+    static const char *const layouts[] = {NULL, "nhwc"};
+    setenv("DSRT_MAX_CPU_ISA", "avx2", 1);
+    for (size_t d = 0; d < DSRT_ARRAY_SIZE(nets); d++)
+        for (size_t l = 0; l < DSRT_ARRAY_SIZE(layouts); l++) {
+            if (layouts[l])
+                setenv("DSRT_CPU_LAYOUT", layouts[l], 1);
+            else
+                unsetenv("DSRT_CPU_LAYOUT");
+            setenv("DSRT_CPU_CONV", "direct", 1);
+            float *ref = predict(nets[d], 6);
+            unsetenv("DSRT_CPU_CONV");
+            float *own = predict(nets[d], 6);
+            CHECK(close_to(own, ref, 6 * 3, 1e-5, "probabilities", nets[d]));
+            free(ref);
+            free(own);
+        }
+    unsetenv("DSRT_CPU_LAYOUT");
+    unsetenv("DSRT_MAX_CPU_ISA");
+}
+
 int main(void) {
     RUN(test_winograd_vs_direct);
+    RUN(test_winograd_inference);
     RUN(test_depthwise_vs_onednn);
     RUN(test_products_layouts_threads);
     return TEST_RESULT();

@@ -342,6 +342,8 @@ typedef struct {
     uint64_t version;
     dnnl_memory_t src, dst, ddst, dsrc;
     cpu_chans xl, yl;
+    const float *w, *b; /* the weights and bias transformed (inference: folded ones) */
+    wino_epilogue e;
 } wino_own;
 
 static void wino_free(void *own) {
@@ -351,10 +353,45 @@ static void wino_free(void *own) {
     free(o);
 }
 
+/* The epilogue of an inference plan's chain (cpu_fusion): ReLUs and a
+ * residual's sum in the orders relu, sum, relu (each optional); 0 when the
+ * chain holds anything else. */
+static int wino_chain(const dsrt_layer *L, const cpu_fusion *f, wino_epilogue *e) {
+    memset(e, 0, sizeof *e);
+    if (!f) {
+        e->relu = L->fuse_relu;
+        e->leak = L->fuse_leak;
+        return 1;
+    }
+    int stage = 0; /* 0: before the sum, 1: after it, 2: done */
+    for (int k = 0; k < f->n_ops; k++) {
+        if (f->ops[k].sum) {
+            if (stage != 0) return 0;
+            e->sum = 1;
+            stage = 1;
+            continue;
+        }
+        if (f->ops[k].act.fn != DSRT_ACT_RELU || stage == 2) return 0;
+        if (stage == 0 && !e->relu) {
+            e->relu = 1;
+            e->leak = f->ops[k].act.alpha;
+        } else if (stage == 1) {
+            e->relu2 = 1;
+            e->leak2 = f->ops[k].act.alpha;
+            stage = 2;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static int wino_fits(const cpu_backend *be, const cpu_plan *p, const dsrt_layer *L) {
-    return p->train && be->conv_alg != dnnl_convolution_direct && L->o.groups == 1 &&
-           L->o.kh == 3 && L->o.kw == 3 && L->o.sh == 1 && L->o.sw == 1 && L->o.dh == 1 &&
-           L->o.dw == 1 && L->pt == 1 && L->pb == 1 && L->pl == 1 && L->pr == 1 &&
+    wino_epilogue e;
+    if (!p->train && !wino_chain(L, dsrt__cpu_fusion(p, (int)(L - be->net->layers)), &e)) return 0;
+    return be->conv_alg != dnnl_convolution_direct && L->o.groups == 1 && L->o.kh == 3 &&
+           L->o.kw == 3 && L->o.sh == 1 && L->o.sw == 1 && L->o.dh == 1 && L->o.dw == 1 &&
+           L->pt == 1 && L->pb == 1 && L->pl == 1 && L->pr == 1 &&
            dsrt__wino_usable(be, L->in.c, L->out.c, L->in.h, L->in.w);
 }
 
@@ -362,16 +399,13 @@ static int step_wino_fwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
     wino_own *o = p->lp[i].own;
-    const float *w = net->params + L->w_off;
     if (o->version != net->version) {
-        dsrt__wino_weights(be, w, L->out.c, L->in.c, 0, o->u);
-        if (o->ub) dsrt__wino_weights(be, w, L->out.c, L->in.c, 1, o->ub);
+        dsrt__wino_weights(be, o->w, L->out.c, L->in.c, 0, o->u);
+        if (o->ub) dsrt__wino_weights(be, o->w, L->out.c, L->in.c, 1, o->ub);
         o->version = net->version;
     }
-    dsrt__wino_conv(be, dsrt__cpu_handle(o->src), &o->xl, o->u,
-                    L->b_n ? net->params + L->b_off : NULL, dsrt__cpu_handle(o->dst), &o->yl, p->n,
-                    L->in.h, L->in.w, L->in.c, L->out.c, L->fuse_relu, L->fuse_leak,
-                    be->wino_scratch);
+    dsrt__wino_conv(be, dsrt__cpu_handle(o->src), &o->xl, o->u, o->b, dsrt__cpu_handle(o->dst),
+                    &o->yl, p->n, L->in.h, L->in.w, L->in.c, L->out.c, &o->e, be->wino_scratch);
     return 0;
 }
 
@@ -388,8 +422,9 @@ static int step_wino_wgrad(cpu_backend *be, cpu_plan *p, int i) {
 static int step_wino_bwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     const wino_own *o = p->lp[i].own;
+    const wino_epilogue none = {0};
     dsrt__wino_conv(be, dsrt__cpu_handle(o->ddst), &o->yl, o->ub, NULL, dsrt__cpu_handle(o->dsrc),
-                    &o->xl, p->n, L->in.h, L->in.w, L->out.c, L->in.c, 0, 0.0f, be->wino_scratch);
+                    &o->xl, p->n, L->in.h, L->in.w, L->out.c, L->in.c, &none, be->wino_scratch);
     return 0;
 }
 
@@ -452,9 +487,10 @@ static int plan_conv_wino(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
     const dnnl_memory_desc_t *bias = L->b_n ? &b_md : NULL;
     dnnl_convolution_desc_t fd;
     dnnl_primitive_desc_t fpd;
-    DN("convolution", dnnl_dilated_convolution_forward_desc_init(
-                          &fd, dnnl_forward_training, dnnl_convolution_direct, src_any, &w_any,
-                          bias, dst_any, one, none, one, one));
+    DN("convolution",
+       dnnl_dilated_convolution_forward_desc_init(
+           &fd, p->train ? dnnl_forward_training : dnnl_forward_inference, dnnl_convolution_direct,
+           src_any, &w_any, bias, dst_any, one, none, one, one));
     int rc = dsrt__cpu_pd(&fpd, &fd, be, 0, 0.0f, NULL, "convolution", L);
     if (rc) return rc;
     src = *dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0);
@@ -462,18 +498,39 @@ static int plan_conv_wino(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
     cpu_chans xl, yl;
     *took = dsrt__cpu_chans(&src, &xl) && dsrt__cpu_chans(&dst, &yl) && xl.inner % 8 == 0 &&
             yl.inner % 8 == 0;
-    int need_dx = dsrt__net_need_diff(net, L->inputs[0]);
+    int need_dx = p->train && dsrt__net_need_diff(net, L->inputs[0]);
     if (!*took || (rc = wino_own_make(be, p, i, need_dx))) goto out;
     wino_own *o = lp->own;
     o->xl = xl;
     o->yl = yl;
+    o->w = net->params + L->w_off;
+    o->b = L->b_n ? net->params + L->b_off : NULL;
+    wino_chain(L, dsrt__cpu_fusion(p, i), &o->e);
     tensor *in = &p->lp[L->inputs[0]].out;
-    if ((rc = dsrt__cpu_ensure(p, be, in->mem, &src, 0, i, &lp->src, L)) ||
-        (rc = dsrt__cpu_output(be, p, i, &dst)))
+    if ((rc = dsrt__cpu_ensure(p, be, in->mem, &src, 0, i, &lp->src, L))) goto out;
+    if (!p->train) {
+        /* The folded weights and bias where an affine map was folded in (its
+         * step remakes them before this layer's), the chain's output. */
+        dnnl_memory_desc_t w_plain;
+        dnnl_memory_t wm, bm;
+        const cpu_fusion *f = dsrt__cpu_fusion(p, i);
+        if (dsrt__cpu_md_plain(&w_plain, 4, wdims)) {
+            rc = dsrt__cpu_fail(dnnl_invalid_arguments, "memory descriptors", L);
+            goto out;
+        }
+        if ((rc = dsrt__cpu_fused_params(be, p, i, &w_plain, &b_md, &wm, &bm)) ||
+            (rc = dsrt__cpu_fused_output(be, p, i, &dst)))
+            goto out;
+        if (f && f->affine >= 0) {
+            o->w = f->w;
+            o->b = f->b;
+        }
+    } else if ((rc = dsrt__cpu_output(be, p, i, &dst))) {
         goto out;
+    }
     o->src = lp->src;
     o->dst = lp->out.mem;
-    if ((rc = dsrt__cpu_c_step(p, 0, step_wino_fwd, i))) goto out;
+    if ((rc = dsrt__cpu_c_step(p, 0, step_wino_fwd, i)) || !p->train) goto out;
     if (L->fuse_relu && (rc = dsrt__cpu_fused_relu_bwd(be, p, i))) goto out;
     if ((rc = dsrt__cpu_ensure(p, be, lp->out.diff, &dst, 1, i, &o->ddst, L)) ||
         (rc = dsrt__cpu_c_step(p, 1, step_wino_wgrad, i)) || (rc = dsrt__cpu_ready_step(p, i)))
