@@ -395,10 +395,27 @@ static int wino_fits(const cpu_backend *be, const cpu_plan *p, const dsrt_layer 
            dsrt__wino_usable(be, L->in.c, L->out.c, L->in.h, L->in.w);
 }
 
+/* The scratch grown to what layer L's kernels take with the team the net
+ * has now (its threads may have changed since the plan was made). */
+static int wino_scratch(cpu_backend *be, const dsrt_layer *L) {
+    size_t need = DSRT_MAX(dsrt__wino_scratch_floats(be, L->in.c, L->out.c),
+                           dsrt__wino_wgrad_floats(L->in.c, L->out.c));
+    if (need <= be->wino_scratch_n) return 0;
+    free(be->wino_scratch);
+    be->wino_scratch_n = 0;
+    if (!(be->wino_scratch = aligned_alloc(64, need * sizeof(float))))
+        return dsrt__fail(-ENOMEM, "cpu backend: layer '%s': out of memory for its scratch",
+                          L->name);
+    be->wino_scratch_n = need;
+    return 0;
+}
+
 static int step_wino_fwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
     wino_own *o = p->lp[i].own;
+    int rc = wino_scratch(be, L);
+    if (rc) return rc;
     if (o->version != net->version) {
         dsrt__wino_weights(be, o->w, L->out.c, L->in.c, 0, o->u);
         if (o->ub) dsrt__wino_weights(be, o->w, L->out.c, L->in.c, 1, o->ub);
@@ -413,6 +430,8 @@ static int step_wino_wgrad(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
     const wino_own *o = p->lp[i].own;
+    int rc = wino_scratch(be, L);
+    if (rc) return rc;
     dsrt__wino_weights_grad(be, dsrt__cpu_handle(o->src), &o->xl, dsrt__cpu_handle(o->ddst), &o->yl,
                             p->n, L->in.h, L->in.w, L->in.c, L->out.c, net->grads + L->w_off,
                             L->b_n ? net->grads + L->b_off : NULL, be->wino_scratch);
@@ -423,6 +442,8 @@ static int step_wino_bwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     const wino_own *o = p->lp[i].own;
     const wino_epilogue none = {0};
+    int rc = wino_scratch(be, L);
+    if (rc) return rc;
     dsrt__wino_conv(be, dsrt__cpu_handle(o->ddst), &o->yl, o->ub, NULL, dsrt__cpu_handle(o->dsrc),
                     &o->xl, p->n, L->in.h, L->in.w, L->out.c, L->in.c, &none, be->wino_scratch);
     return 0;
@@ -449,8 +470,6 @@ static int wino_data_grad(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
 static int wino_own_make(cpu_backend *be, cpu_plan *p, int i, int need_dx) {
     const dsrt_layer *L = &be->net->layers[i];
     size_t uf = (size_t)16 * L->in.c * L->out.c;
-    size_t scratch = DSRT_MAX(dsrt__wino_scratch_floats(be, L->in.c, L->out.c),
-                              dsrt__wino_wgrad_floats(L->in.c, L->out.c));
     wino_own *o = dsrt__calloc(1, sizeof *o);
     if (!o) return -ENOMEM;
     p->lp[i].own = o;
@@ -459,14 +478,7 @@ static int wino_own_make(cpu_backend *be, cpu_plan *p, int i, int need_dx) {
     o->u = aligned_alloc(64, uf * sizeof(float));
     o->ub = need_dx ? aligned_alloc(64, uf * sizeof(float)) : NULL;
     if (!o->u || (need_dx && !o->ub)) return dsrt__fail(-ENOMEM, "cpu backend: out of memory");
-    if (scratch > be->wino_scratch_n) {
-        free(be->wino_scratch);
-        be->wino_scratch_n = 0;
-        if (!(be->wino_scratch = aligned_alloc(64, scratch * sizeof(float))))
-            return dsrt__fail(-ENOMEM, "cpu backend: out of memory for a convolution's scratch");
-        be->wino_scratch_n = scratch;
-    }
-    return 0;
+    return wino_scratch(be, L);
 }
 
 /*
