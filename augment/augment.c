@@ -732,7 +732,8 @@ struct dsrt_augmenter {
 // ----------------------------------------------------------------------------
 // Kernels: scalar, AVX2, AVX-512
 
-static const dsrt__resample_ops scalar_ops = {"scalar", 0, 0, dsrt__row_scalar, dsrt__copy_scalar};
+static const dsrt__resample_ops scalar_ops = {"scalar",          0, 0, dsrt__row_scalar,
+                                              dsrt__copy_scalar, 0};
 
 static const dsrt__resample_ops *resample_scalar(void) {
     return &scalar_ops;
@@ -1005,11 +1006,12 @@ static int axis_build(axis *t, int n, double a, double b, int len, int c0, int c
 /*
  * The taps of t in blocks of `block` outputs for a vector kernel (see
  * dsrt__axis). A block whose taps lie within span values of its first is
- * permuted from two loads; one reaching further is gathered; one with fill
- * outputs, or an axis whose tap counts differ, goes one output at a time.
+ * permuted from two loads, within wide values (when wide is not 0) from
+ * four; one reaching further is gathered; one with fill outputs, or an axis
+ * whose tap counts differ, goes one output at a time.
  */
-static int axis_blocks(axis *t, int block, int span) {
-    if (t->block == block && t->span == span) return 0;
+static int axis_blocks(axis *t, int block, int span, int wide) {
+    if (t->block == block && t->span == span && t->wide == wide) return 0;
     int nb = (t->n + block - 1) / block, taps = t->taps;
     t->block = 0;
     if (reserve((void **)&t->bbase, &t->cap_bbase, (size_t)nb, sizeof(int)) ||
@@ -1031,6 +1033,7 @@ static int axis_blocks(axis *t, int block, int span) {
         }
         t->bmode[b] = fill || !taps        ? BLOCK_SCALAR
                       : top - base <= span ? BLOCK_PERMUTE
+                      : top - base <= wide ? BLOCK_WIDE
                                            : BLOCK_GATHER;
         t->bbase[b] = t->bmode[b] == BLOCK_SCALAR ? 0 : base - t->lo;
         int32_t *idx = t->bidx + (size_t)b * block;
@@ -1045,6 +1048,7 @@ static int axis_blocks(axis *t, int block, int span) {
     t->nb = nb;
     t->block = block;
     t->span = span;
+    t->wide = wide;
     return 0;
 }
 
@@ -1250,7 +1254,7 @@ static int run_separable(dsrt_augmenter *a, const dsrt_augment_options *o, const
      * uninitialised is ever read. */
     size_t plane = ((size_t)DSRT_MAX(ax->hi - ax->lo, 0) + 64 + 15) & ~(size_t)15;
     if ((rc = tmp_reserve(a, 3 * plane))) return rc;
-    if (ops->block && (rc = axis_blocks(ax, ops->block, ops->span))) return rc;
+    if (ops->block && (rc = axis_blocks(ax, ops->block, ops->span, ops->wide))) return rc;
     /* The window's first pixel stands for (win->x0, win->y0): the run of a
      * copy axis and the first column read, shifted to the window. */
     axis cx = *ax;

@@ -45,6 +45,7 @@ typedef struct {
      * lo) on: tap j at bidx[b][i] + j with weight bw[b][j][i]. bmode says
      * how the kernel gets the taps. Lanes past n have weight 0 and index 0. */
     int block, span; // span: how far a block's taps may reach to be permuted
+    int wide;        // how far from four loads (BLOCK_WIDE; 0: none)
     int nb;
     int *bbase;     // (nb)
     int32_t *bidx;  // (nb, block)
@@ -57,6 +58,7 @@ enum {
     BLOCK_PERMUTE = 0, /* every tap within span values of bbase: permutes of two loads */
     BLOCK_GATHER,      /* the taps reach further: gathers */
     BLOCK_SCALAR,      /* fill outputs, or tap counts that differ: one output at a time */
+    BLOCK_WIDE,        /* within wide values (kernels that say so): permutes of four loads */
 };
 
 /*
@@ -110,6 +112,9 @@ typedef struct {
     /* Output row v as whole source pixels: ax's copy run read from src (the
      * source row's pixel 0), fill around it. */
     void (*copy)(const dsrt__sink *s, int v, const uint8_t *src, const dsrt__axis *ax);
+    /* How far a block's taps may reach to be permuted from four loads
+     * (BLOCK_WIDE) rather than gathered; 0: the kernel has no such blocks. */
+    int wide;
 } dsrt__resample_ops;
 
 /* The scalar kernels (augment.c), which the others fall back on. */

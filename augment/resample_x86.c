@@ -11,8 +11,10 @@
  * time, the interleaved channels parted with permutes), and the horizontal
  * pass takes a block of 16 (8) outputs per vector: each tap of a block is a
  * permute of the two vectors that hold every source value the block reads
- * (the axis tables say which lane reads which), or a gather where the block
- * reaches further (strong reductions). Blocks with fill outputs go one
+ * (the axis tables say which lane reads which), of four vectors where the
+ * block reaches twice as far (reductions by about 2 to 4: on AMD's cores a
+ * gather costs more than the four permutes and three blends), or a gather
+ * where it reaches further still. Blocks with fill outputs go one
  * output at a time through the scalar code.
  *
  * The arithmetic is the scalar kernel's, operation for operation: every sum
@@ -224,6 +226,29 @@ AVX512 static void taps_any16(const float *p, size_t plane, int sch, __m512i idx
     }
 }
 
+/* The taps of a block that lie within 64 values of p: bit 5 of a lane's
+ * index picks the pair of vectors the two-vector permute reads. */
+AVX512 static void taps_wide16(const float *p, size_t plane, int sch, __m512i idx0, const float *wv,
+                               int taps, __m512 *acc) {
+    const __m512i one = _mm512_set1_epi32(1), pair = _mm512_set1_epi32(32);
+    for (int c = 0; c < sch; c++) {
+        const float *q = p + c * plane;
+        __m512 v0 = _mm512_loadu_ps(q), v1 = _mm512_loadu_ps(q + 16), v2 = _mm512_loadu_ps(q + 32),
+               v3 = _mm512_loadu_ps(q + 48);
+        __m512i idx = idx0;
+        __m512 a = _mm512_setzero_ps();
+        for (int t = 0; t < taps; t++) {
+            __m512 x = _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, pair),
+                                            _mm512_permutex2var_ps(v0, idx, v1),
+                                            _mm512_permutex2var_ps(v2, idx, v3));
+            __m512 prod = _mm512_mul_ps(_mm512_loadu_ps(wv + 16 * t), x);
+            a = t == 0 ? prod : _mm512_add_ps(a, prod);
+            idx = _mm512_add_epi32(idx, one);
+        }
+        acc[c] = a;
+    }
+}
+
 AVX512 static void row_avx512(const dsrt__row_job *j) {
     const dsrt__sink *s = j->s;
     const dsrt__axis *ax = j->ax;
@@ -246,6 +271,8 @@ AVX512 static void row_avx512(const dsrt__row_job *j) {
         __m512 acc[3];
         if (mode == BLOCK_GATHER)
             taps_any16(p, j->plane, sch, idx0, wv, taps, 1, acc);
+        else if (mode == BLOCK_WIDE)
+            taps_wide16(p, j->plane, sch, idx0, wv, taps, acc);
         else if (taps == 2)
             taps_permute16(p, j->plane, sch, idx0, wv, 2, acc);
         else if (taps == 3)
@@ -410,7 +437,27 @@ AVX2 static void row_avx2(const dsrt__row_job *j) {
         for (int c = 0; c < sch; c++) {
             const float *p = planes + c * j->plane + ax->bbase[b];
             __m256 a = _mm256_setzero_ps();
-            if (mode == BLOCK_PERMUTE) {
+            if (mode == BLOCK_WIDE) {
+                /* Every tap lies in these 32 values: bit 3 of a lane's index
+                 * picks the vector of a pair, bit 4 the pair (to the sign
+                 * bits that blendv reads). */
+                __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8),
+                       v2 = _mm256_loadu_ps(p + 16), v3 = _mm256_loadu_ps(p + 24);
+                __m256i idx = idx0;
+                for (int t = 0; t < taps; t++) {
+                    __m256 odd = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)),
+                           high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 27));
+                    __m256 x =
+                        _mm256_blendv_ps(_mm256_blendv_ps(_mm256_permutevar8x32_ps(v0, idx),
+                                                          _mm256_permutevar8x32_ps(v1, idx), odd),
+                                         _mm256_blendv_ps(_mm256_permutevar8x32_ps(v2, idx),
+                                                          _mm256_permutevar8x32_ps(v3, idx), odd),
+                                         high);
+                    __m256 prod = _mm256_mul_ps(_mm256_loadu_ps(wv + 8 * t), x);
+                    a = t == 0 ? prod : _mm256_add_ps(a, prod);
+                    idx = _mm256_add_epi32(idx, one);
+                }
+            } else if (mode == BLOCK_PERMUTE) {
                 /* Every tap of the block lies in these 16 values. */
                 __m256 lo = _mm256_loadu_ps(p), hi = _mm256_loadu_ps(p + 8);
                 __m256i idx = idx0;
@@ -473,8 +520,8 @@ AVX2 static void copy_avx2(const dsrt__sink *s, int v, const uint8_t *src, const
 
 /* A block of 16 outputs reads at most 32 values to be permuted (two
  * vectors); of 8, 16. */
-static const dsrt__resample_ops avx512_ops = {"avx512", 16, 32, row_avx512, copy_avx512};
-static const dsrt__resample_ops avx2_ops = {"avx2", 8, 16, row_avx2, copy_avx2};
+static const dsrt__resample_ops avx512_ops = {"avx512", 16, 32, row_avx512, copy_avx512, 64};
+static const dsrt__resample_ops avx2_ops = {"avx2", 8, 16, row_avx2, copy_avx2, 32};
 
 const dsrt__resample_ops *dsrt__resample_avx512(void) {
     __builtin_cpu_init();
