@@ -1141,12 +1141,12 @@ static int cpu_stage_wait(dsrt_backend *b) {
  * than the whole batch at once (batch 16 of MobileNetV2 and EfficientNet-B0,
  * 6 MB an image, against a 32 MiB L3: 1.2x in pieces of 4). Nets of dense
  * convolutions (ResNets: 40 to 80 operations a byte) lose by it (ResNet-18's
- * Winograd convolutions 0.77x) and run whole. n itself when the batch is not
- * split.
+ * Winograd convolutions 0.77x) and run whole (INT_MAX). Worked out once a
+ * net.
  */
 #define PIECE_FLOPS_PER_BYTE 20.0
 
-static int micro_batch(cpu_backend *be, int n) {
+static int micro_batch(cpu_backend *be) {
     const dsrt_net *net = be->net;
     if (!be->micro) {
         double ws = 0, traffic = 0, flops = 0;
@@ -1181,7 +1181,7 @@ static int micro_batch(cpu_backend *be, int n) {
 static int piece_size(cpu_backend *be, int n, int train) {
     const dsrt_net *net = be->net;
     if (train || net->opts.fuse < 2 || net->keep_outputs) return n;
-    int m = net->infer_pieces > 0 ? net->infer_pieces : micro_batch(be, n);
+    int m = net->infer_pieces > 0 ? net->infer_pieces : micro_batch(be);
     return DSRT_MIN(m, n);
 }
 

@@ -452,8 +452,7 @@ static int step_wino_bwd(cpu_backend *be, cpu_plan *p, int i) {
 /* The input's gradient: the output's (in the output's layout) through the
  * turned filters, into the input's gradient (in the input's) or added to
  * it. */
-static int wino_data_grad(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *src,
-                          const dnnl_memory_desc_t *dst) {
+static int wino_data_grad(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory_desc_t *src) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
     wino_own *o = lp->own;
@@ -547,7 +546,7 @@ static int plan_conv_wino(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
     if ((rc = dsrt__cpu_ensure(p, be, lp->out.diff, &dst, 1, i, &o->ddst, L)) ||
         (rc = dsrt__cpu_c_step(p, 1, step_wino_wgrad, i)) || (rc = dsrt__cpu_ready_step(p, i)))
         goto out;
-    if (need_dx) rc = wino_data_grad(be, p, i, &src, &dst);
+    if (need_dx) rc = wino_data_grad(be, p, i, &src);
 out:
     dnnl_primitive_desc_destroy(fpd);
     return rc;

@@ -29,6 +29,11 @@ DSRT__CHOICE_OF(output_at, "last", "best-validation")
 DSRT__CHOICE_OF(unit_at, "epoch", "iteration")
 DSRT__CHOICE_OF(size_mode_at, "resize", "centercrop", "randcrop", "randresizedcrop")
 DSRT__CHOICE_OF(fixed_size_mode_at, "resize", "centercrop")
+
+/* Where an ONNX model's input options apply: every command that imports one, and Net.load. */
+#define ONNX_WHERE                                                                                 \
+    (DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_CLASSIFY | DSRT_IN_BENCH | DSRT_IN_ANALYZE |           \
+     DSRT_IN_IMPORT | DSRT_IN_PY_NET)
 DSRT__CHOICE_OF(bn_at, "average", "sync")
 /* In the order of dsrt_execution. */
 DSRT__CHOICE_OF(where_at, "auto", "cpu", "gpu", "multi-gpu", "parallel")
@@ -532,36 +537,31 @@ static const dsrt_option TRAINING_OPTIONS[] = {
      .arg = "NAME",
      .def = "none: pixels / 255",
      .choice = preprocess_at,
-     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_CLASSIFY | DSRT_IN_BENCH | DSRT_IN_ANALYZE |
-              DSRT_IN_IMPORT | DSRT_IN_PY_NET,
+     .where = ONNX_WHERE,
      .help = "ONNX model: its input normalisation: torchvision (pixels / 255, then ImageNet's mean "
              "and std) or none"},
     {.name = "input-scale",
      .type = DSRT_OPTION_TEXT,
      .arg = "S",
      .def = "1/255; 1 for a model dsrt exported",
-     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_CLASSIFY | DSRT_IN_BENCH | DSRT_IN_ANALYZE |
-              DSRT_IN_IMPORT | DSRT_IN_PY_NET,
+     .where = ONNX_WHERE,
      .help = "ONNX model: it takes pixels (0 to 255) times S, less --mean, over --std"},
     {.name = "mean",
      .type = DSRT_OPTION_TEXT,
      .arg = "M[,M...]",
      .def = "0",
-     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_CLASSIFY | DSRT_IN_BENCH | DSRT_IN_ANALYZE |
-              DSRT_IN_IMPORT | DSRT_IN_PY_NET,
+     .where = ONNX_WHERE,
      .help = "ONNX model: per-channel mean subtracted after --input-scale"},
     {.name = "std",
      .type = DSRT_OPTION_TEXT,
      .arg = "S[,S...]",
      .def = "1",
-     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_CLASSIFY | DSRT_IN_BENCH | DSRT_IN_ANALYZE |
-              DSRT_IN_IMPORT | DSRT_IN_PY_NET,
+     .where = ONNX_WHERE,
      .help = "ONNX model: per-channel deviation divided by after that"},
     {.name = "input-size",
      .type = DSRT_OPTION_TEXT,
      .arg = "HxW",
-     .where = DSRT_IN_TRAIN | DSRT_IN_EVAL | DSRT_IN_CLASSIFY | DSRT_IN_BENCH | DSRT_IN_ANALYZE |
-              DSRT_IN_IMPORT | DSRT_IN_PY_NET,
+     .where = ONNX_WHERE,
      .help = "ONNX model: the input size where the model leaves it open"},
     {.name = "classes",
      .type = DSRT_OPTION_TEXT,

@@ -501,12 +501,6 @@ static int append_core_cpus(cores_plan *cp, unsigned k, char *buf, size_t size) 
     return 0;
 }
 
-/*
- * Chooses the split for a net whose samples have `values` output values, and
- * the CPU list of the worker cores. workers / threads 0: automatic. device:
- * the net's (a GPU computes: one core queues its work, the workers get the
- * rest, nearest the device first).
- */
 /* Of C cores: the workers loading needs and the threads left to compute
  * (dsrt_train_options says how). */
 static void split_cores(const dsrt_net_info *ni, unsigned C, unsigned *workers, int *threads) {
@@ -536,6 +530,12 @@ int dsrt_cores_split(const dsrt_net_info *ni, const char *cpus, unsigned *worker
     return 0;
 }
 
+/*
+ * Chooses the split for a net whose samples have `values` output values, and
+ * the CPU list of the worker cores. workers / threads 0: automatic. device:
+ * the net's (a GPU computes: one core queues its work, the workers get the
+ * rest, nearest the device first).
+ */
 int dsrt__cores_open(cores_plan *cp, const char *list, int pin, unsigned workers, int threads,
                      const dsrt_net_info *ni, dsrt_net *net, const char *who) {
     memset(cp, 0, sizeof *cp);

@@ -176,9 +176,9 @@ static const dsrt_option *net_row(const char *what) {
     return row;
 }
 
-/* A keyword naming one of its row's choices: the index, or -1 with the
- * tools' message ("did you mean"). */
-static int net_choice(PyObject *v, const char *what) {
+/* A keyword naming one of its row's choices: the index (*name the choice),
+ * or -1 with the tools' message ("did you mean"). */
+static int net_choice(PyObject *v, const char *what, const char **name) {
     const char *s = get_name(v, what);
     const dsrt_option *row = s ? net_row(what) : NULL;
     double index;
@@ -187,6 +187,7 @@ static int net_choice(PyObject *v, const char *what) {
         PyErr_SetString(PyExc_ValueError, dsrt_last_error());
         return -1;
     }
+    if (name) *name = row->choice((int)index);
     return (int)index;
 }
 
@@ -215,10 +216,9 @@ static int load_args_parse(PyObject *const kv[9], load_args *l) {
     l->onnx = dsrt_onnx_import_defaults();
     l->ao = dsrt_augment_defaults();
     if (preprocess && preprocess != Py_None) {
-        int k = net_choice(preprocess, "preprocess");
-        if (k < 0) return -1;
-        const dsrt_option *row = net_row("preprocess");
-        if (!strcmp(row->choice(k), "torchvision")) dsrt_onnx_preprocess_torchvision(&l->onnx);
+        const char *name;
+        if (net_choice(preprocess, "preprocess", &name) < 0) return -1;
+        if (!strcmp(name, "torchvision")) dsrt_onnx_preprocess_torchvision(&l->onnx);
         l->onnx_given = 1;
     }
     if (scale && scale != Py_None) {
@@ -255,7 +255,7 @@ static int load_args_parse(PyObject *const kv[9], load_args *l) {
         l->onnx_given = 1;
     }
     if (mode && mode != Py_None) {
-        int k = net_choice(mode, "size_mode");
+        int k = net_choice(mode, "size_mode", NULL);
         if (k < 0) return -1;
         l->ao.size_mode = k == 0 ? DSRT_AUGMENT_RESIZE : DSRT_AUGMENT_CENTERCROP;
     }
