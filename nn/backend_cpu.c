@@ -32,7 +32,8 @@
  *
  * Environment variables override the choices, for measurements:
  * DSRT_CPU_LAYOUT=blocked|nhwc (every convolution in that layout),
- * DSRT_CPU_CONV=direct (no Winograd) and DSRT_CPU_DEPTHWISE=onednn
+ * DSRT_CPU_CONV=direct (no Winograd), DSRT_CPU_WINO_TILE=2|4 (the output
+ * tile of dsrt's own Winograd kernels) and DSRT_CPU_DEPTHWISE=onednn
  * (depthwise convolutions' weight gradients always oneDNN's, never dsrt's
  * own step).
  * DSRT_MAX_CPU_ISA=scalar|avx2|avx512 caps the vector instructions of
@@ -1537,6 +1538,11 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
      * faster); DSRT_CPU_CONV=direct forbids Winograd. */
     const char *alg = getenv("DSRT_CPU_CONV");
     be->conv_alg = alg && !strcmp(alg, "direct") ? dnnl_convolution_direct : dnnl_convolution_auto;
+    /* DSRT_CPU_WINO_TILE=2|4: the output tile of dsrt's own Winograd
+     * convolutions (nn/backend_cpu_winograd.c), for measurements and the
+     * tests of both. */
+    const char *tile = getenv("DSRT_CPU_WINO_TILE");
+    be->wino_tile = tile && !strcmp(tile, "2") ? 2 : tile && !strcmp(tile, "4") ? 4 : 0;
     /* Depthwise convolutions' weight gradients run on dsrt's own step where
      * oneDNN has no fast kernel for them (nn/layers/conv.c);
      * DSRT_CPU_DEPTHWISE=onednn leaves them all to oneDNN. */

@@ -185,6 +185,7 @@ struct dsrt_cpu_backend {
     int team_held;         /* and that team's size (0: none yet) */
     cpu_isa isa;           /* the instructions dsrt's own C steps use */
     float *wino_scratch;   /* Winograd convolutions' (backend_cpu_winograd.c) */
+    int wino_tile;         /* their output tile: 2, 4, or 0 (the default) */
     size_t wino_scratch_n;
     /* Inference in pieces (micro_batch): the images a piece, 0 until
      * worked out; the last forward's results when it ran in pieces. */
@@ -451,20 +452,24 @@ void dsrt__cpu_mul_rows(cpu_backend *be, size_t rows, size_t per, const float *x
                         float *y);
 
 // ----------------------------------------------------------------------------
-// Winograd F(2x2, 3x3) convolutions (backend_cpu_winograd.c): 3x3, stride
-// 1, padding 1, where oneDNN has no Winograd for training
+// Winograd convolutions F(m x m, 3x3), m = 2 or 4 (backend_cpu_winograd.c):
+// 3x3, stride 1, padding 1, where oneDNN has no Winograd for training
 
 /* Whether the convolution of c input and k output channels at h x w is
  * faster here by Winograd: AVX2 without AVX-512; both counts multiples of
  * 16 from 32 (the backward pass swaps them), at most 256 x 256, and 64
  * pixels or more. */
 int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w);
+/* The output tile m (2 or 4) it runs with. */
+int dsrt__wino_tile(const cpu_backend *be);
 /* Floats of the scratch dsrt__wino_conv takes (every thread's). */
-size_t dsrt__wino_scratch_floats(const cpu_backend *be, int c, int k);
-/* The transformed filters u (16 x c x k floats) of w (k, c, 3, 3); with
- * backward, those of the input's gradient (its filters turned 180 degrees,
- * input and output channels swapped: 16 x k x c); on the OpenMP team. */
-void dsrt__wino_weights(cpu_backend *be, const float *w, int k, int c, int backward, float *u);
+size_t dsrt__wino_scratch_floats(const cpu_backend *be, int m, int c, int k);
+/* The transformed filters u ((m + 2)^2 x c x k floats) of w (k, c, 3, 3);
+ * with backward, those of the input's gradient (its filters turned 180
+ * degrees, input and output channels swapped: (m + 2)^2 x k x c); on the
+ * OpenMP team. */
+void dsrt__wino_weights(cpu_backend *be, const float *w, int m, int k, int c, int backward,
+                        float *u);
 /* What follows the sums into y: a ReLU (slope leak below 0), the value y
  * held before (a residual's sum), another ReLU, each when set. */
 typedef struct {
@@ -476,15 +481,15 @@ typedef struct {
  * transforms, plus bias (k floats, or NULL), through e; on the OpenMP
  * team. x and y in the layouts xl and yl, whose runs of channels (inner)
  * are multiples of 8. */
-void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
+void dsrt__wino_conv(cpu_backend *be, int m, const float *x, const cpu_chans *xl, const float *u,
                      const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
                      int k, const wino_epilogue *e, float *scratch);
 /* Floats of the scratch dsrt__wino_weights_grad takes. */
-size_t dsrt__wino_wgrad_floats(int c, int k);
+size_t dsrt__wino_wgrad_floats(int m, int c, int k);
 /* dw (k, c, 3, 3) and db (k floats, or NULL) of that convolution: its input
  * x (layout xl) and its output's gradient dy (layout yl); on the team. */
-void dsrt__wino_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
-                             const cpu_chans *yl, int n, int h, int w, int c, int k, float *dw,
-                             float *db, float *scratch);
+void dsrt__wino_weights_grad(cpu_backend *be, int m, const float *x, const cpu_chans *xl,
+                             const float *dy, const cpu_chans *yl, int n, int h, int w, int c,
+                             int k, float *dw, float *db, float *scratch);
 
 #endif

@@ -1,26 +1,29 @@
 /*
- * Winograd's minimal filtering F(2x2, 3x3) for the training convolutions of
- * the CPU backend where oneDNN 2.6 has none: 3x3, stride 1, padding 1, on
- * CPUs without AVX-512 (its Winograd is AVX-512 only, and for inference).
- * A 4x4 patch of the input gives a 2x2 patch of the output with 16
- * multiplications a channel pair instead of 36 (Lavin and Gray, "Fast
- * Algorithms for Convolutional Neural Networks", 2016):
+ * Winograd's minimal filtering F(m x m, 3x3), m = 4 (or 2), for the
+ * training convolutions of the CPU backend where oneDNN 2.6 has none: 3x3,
+ * stride 1, padding 1, on CPUs without AVX-512 (its Winograd is AVX-512
+ * only, and for inference). An (m+2)x(m+2) patch of the input gives an
+ * m x m patch of the output with (m+2)^2 multiplications a channel pair
+ * instead of 9 m^2: 36 for 16 outputs where the direct method does 144
+ * (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks",
+ * 2016):
  *
  *   Y = A^T [ (G g G^T) . (B^T d B) ] A
  *
- * summed over the input channels, in 16 matrix products (one a point of
- * the 4x4 transform): M[x] (tiles, K) = V[x] (tiles, C) U[x] (C, K).
+ * summed over the input channels, in (m+2)^2 matrix products (one a point
+ * of the transform): M[x] (tiles, K) = V[x] (tiles, C) U[x] (C, K).
  *
  * Tensors are in any layout whose channels come in runs of 8 or more
- * (NHWC, oneDNN's nChw8c and nChw16c: cpu_chans). The work is cut into blocks of
- * output tiles (block_tiles); a thread transforms a block's input patches
- * (V), multiplies (a 6x16 register kernel of fused multiply-adds over C),
- * and transforms back into the output, all in its own scratch, so a block
- * stays in the core's caches. Every output value is summed on one thread in
- * one order: the results do not depend on the number of threads. The
- * backward pass for the input is the same convolution of the output's
- * gradient with the filters turned 180 degrees and their channels swapped
- * (dsrt__wino_weights with backward set).
+ * (NHWC, oneDNN's nChw8c and nChw16c: cpu_chans). The work is cut into
+ * blocks of output tiles (block_tiles); a thread transforms a block's input
+ * patches (V), multiplies (a 6x16 register kernel of fused multiply-adds
+ * over C), and transforms back into the output, all in its own scratch, so
+ * a block stays in the core's caches; where the filters' transforms are
+ * too large for that, in stages (staged). Every output value is summed on
+ * one thread in one order: the results do not depend on the number of
+ * threads. The backward pass for the input is the same convolution of the
+ * output's gradient with the filters turned 180 degrees and their channels
+ * swapped (dsrt__wino_weights with backward set).
  */
 #include "nn/backend_cpu.h"
 
@@ -33,24 +36,24 @@
 
 extern int omp_get_thread_num(void) __attribute__((weak));
 
-/* Output tiles a block: as many as keep a block's transforms (16 points
+/* Output tiles a block: as many as keep a block's transforms (pts points
  * of c + k floats a tile) within WINO_BLOCK_BYTES, a multiple of the
  * register kernel's 6 rows, 6 to 60. */
 #ifndef WINO_BLOCK_BYTES
 #define WINO_BLOCK_BYTES (512 * 1024)
 #endif
 
-static int block_tiles(int c, int k) {
-    size_t t = WINO_BLOCK_BYTES / ((size_t)16 * sizeof(float) * (size_t)(c + k));
+static int block_tiles(int pts, int c, int k) {
+    size_t t = WINO_BLOCK_BYTES / ((size_t)pts * sizeof(float) * (size_t)(c + k));
     return (int)DSRT_MAX(6, DSRT_MIN(60, t / 6 * 6));
 }
 
-/* A block's products read every point's filters (16 c k floats): past
+/* A block's products read every point's filters (pts c k floats): past
  * 256 x 256 channels they no longer stay in a core's cache between blocks,
  * and the direct convolution is faster (ResNet-18's 512-channel 7x7 stage:
- * 1.6x slower by Winograd, whose 2x2 tiles also cover 8x8 for 7x7). Below
- * 32 channels the transforms outweigh the products (ResNet-20's 16-channel
- * stage: no faster forward, a slower backward). */
+ * 1.6x slower by F(2x2, 3x3)). Below 32 channels the transforms outweigh
+ * the products (ResNet-20's 16-channel stage: 0.89x the images/s by
+ * F(4x4, 3x3)). */
 #define WINO_MAX_CK (256 * 256)
 #define WINO_MIN_HW 64
 
@@ -64,62 +67,28 @@ int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w) {
 #endif
 }
 
-size_t dsrt__wino_scratch_floats(const cpu_backend *be, int c, int k) {
-    return (size_t)dsrt__cpu_team(be) * 16 * block_tiles(c, k) * (size_t)(c + k);
+/* F(4x4, 3x3) takes 36 products for 16 outputs where F(2x2, 3x3) takes 64
+ * (four tiles of 16), and its transforms read and write fewer values an
+ * output: ResNet-18 and ResNet-20 train 1.17x faster by it, cifar 1.4x,
+ * ResNet-50's 256-channel 14x14 convolutions 1.15x. be->wino_tile may ask
+ * for F(2x2, 3x3) instead. */
+int dsrt__wino_tile(const cpu_backend *be) {
+    return be->wino_tile ? be->wino_tile : 4;
 }
 
-/* U = G g G^T of one 3x3 filter g (row-major) into u[x * stride], x the
- * point of the 4x4 transform. */
-static void filter_transform(const float g[9], float *u, size_t stride) {
-    float t[4][3], r[16];
-    for (int j = 0; j < 3; j++) {
-        t[0][j] = g[j];
-        t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
-        t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
-        t[3][j] = g[6 + j];
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i * 4 + 0] = t[i][0];
-        r[i * 4 + 1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-        r[i * 4 + 2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-        r[i * 4 + 3] = t[i][2];
-    }
-    for (int x = 0; x < 16; x++) u[(size_t)x * stride] = r[x];
-}
+/* The filter transform G (a x 3), and its transpose in the weights'
+ * gradient, for the output tiles m = 2 (points 0, 1, -1, infinity) and
+ * m = 4 (0, 1, -1, 2, -2, infinity). */
+static const float G2[4][3] = {{1, 0, 0}, {0.5f, 0.5f, 0.5f}, {0.5f, -0.5f, 0.5f}, {0, 0, 1}};
+static const float G4[6][3] = {{0.25f, 0, 0},
+                               {-1.0f / 6, -1.0f / 6, -1.0f / 6},
+                               {-1.0f / 6, 1.0f / 6, -1.0f / 6},
+                               {1.0f / 24, 1.0f / 12, 1.0f / 6},
+                               {1.0f / 24, -1.0f / 12, 1.0f / 6},
+                               {0, 0, 1}};
 
-typedef struct {
-    const float *w;
-    float *u;
-    int k, c, backward;
-} weights_job;
-
-/* Filters [lo, hi) of the outer loop: for forward the input channels (each
- * writing its run of k values a point), for backward the output channels
- * (reading their c filters in a row, writing runs of c). */
-static void weights_range(void *ctx, size_t lo, size_t hi) {
-    const weights_job *j = ctx;
-    size_t plane = (size_t)j->c * j->k;
-    for (size_t a = lo; a < hi; a++) {
-        int inner = j->backward ? j->c : j->k;
-        for (int b = 0; b < inner; b++) {
-            if (!j->backward) {
-                /* U[x] is (C, K): input channel a, filter b. */
-                filter_transform(j->w + ((size_t)b * j->c + a) * 9, j->u + a * j->k + b, plane);
-            } else {
-                /* The input's gradient: filter a turned 180 degrees, taking
-                 * the output's channel a to input channel b; U[x] (K, C). */
-                const float *g = j->w + (a * j->c + (size_t)b) * 9;
-                float r[9];
-                for (int q = 0; q < 9; q++) r[q] = g[8 - q];
-                filter_transform(r, j->u + a * j->c + b, plane);
-            }
-        }
-    }
-}
-
-void dsrt__wino_weights(cpu_backend *be, const float *w, int k, int c, int backward, float *u) {
-    weights_job j = {.w = w, .u = u, .k = k, .c = c, .backward = backward};
-    dsrt__cpu_parallel(be, (size_t)(backward ? k : c), weights_range, &j);
+static inline float g_at(int m, int r, int c) {
+    return m == 2 ? G2[r][c] : G4[r][c];
 }
 
 #ifdef WINO_X86
@@ -133,51 +102,155 @@ typedef struct {
     wino_epilogue e;
     size_t per_thread;
     int n, h, w, c, k, th, tw, tb;
+    int m, a, pts; /* output tile m x m, transform a x a (a = m + 2), pts = a a */
     long tiles;
 } wino_job;
 
-/* The 4x4 patch of tile t's input, 8 channels from c0, as V rows: each of
- * the 16 points at v[x * tb * C]. */
+/* G (a x 3) row i times the columns g0, g1, g2 of 8 filters. */
+AVX2 static inline __m256 g_row(int m, int i, __m256 g0, __m256 g1, __m256 g2) {
+    return _mm256_fmadd_ps(_mm256_set1_ps(g_at(m, i, 0)), g0,
+                           _mm256_fmadd_ps(_mm256_set1_ps(g_at(m, i, 1)), g1,
+                                           _mm256_mul_ps(_mm256_set1_ps(g_at(m, i, 2)), g2)));
+}
+
+/* G^T (3 x a) row r times a values d[0], d[stride], ... of 8 filters. */
+AVX2 static inline __m256 gt_row(int m, int r, const __m256 *d, int stride) {
+    __m256 s = _mm256_setzero_ps();
+    for (int i = 0; i < m + 2; i++) {
+        float c = g_at(m, i, r);
+        if (c != 0) s = _mm256_fmadd_ps(_mm256_set1_ps(c), d[i * stride], s);
+    }
+    return s;
+}
+
+/* U = G g G^T of 8 filters at once (g: their 9 taps, row-major) into
+ * u[x * stride], x the point of the a x a transform; inlined for each m so
+ * that G's entries are constants. */
+AVX2 static inline __attribute__((always_inline)) void filter_transform(int m, const __m256 g[9],
+                                                                        float *u, size_t stride) {
+    int a = m + 2;
+    __m256 t[6][3];
+    for (int i = 0; i < a; i++)
+        for (int j = 0; j < 3; j++) t[i][j] = g_row(m, i, g[j], g[3 + j], g[6 + j]);
+    for (int i = 0; i < a; i++)
+        for (int j = 0; j < a; j++)
+            _mm256_storeu_ps(u + (size_t)(i * a + j) * stride,
+                             g_row(m, j, t[i][0], t[i][1], t[i][2]));
+}
+
+typedef struct {
+    const float *w;
+    float *u;
+    int k, c, m, backward;
+} weights_job;
+
+/* Filters [lo, hi) of the outer loop, 8 of the inner at a time: for
+ * forward the input channels (each writing its run of k values a point),
+ * for backward the output channels (reading their c filters in a row,
+ * writing runs of c). */
+AVX2 static void weights_range(void *ctx, size_t lo, size_t hi) {
+    const weights_job *j = ctx;
+    size_t plane = (size_t)j->c * j->k;
+    int inner = j->backward ? j->c : j->k;
+    /* Forward: filter b of input channel a at w[(b c + a) 9], the next
+     * filter 9 c floats on; backward: the output channel a's filter from
+     * input channel b at w[(a c + b) 9], turned 180 degrees. */
+    __m256i step = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                      _mm256_set1_epi32(j->backward ? 9 : 9 * j->c));
+    for (size_t a = lo; a < hi; a++)
+        for (int b = 0; b < inner; b += 8) {
+            const float *f =
+                j->backward ? j->w + (a * j->c + (size_t)b) * 9 : j->w + ((size_t)b * j->c + a) * 9;
+            __m256 g[9];
+            for (int q = 0; q < 9; q++)
+                g[q] = _mm256_i32gather_ps(f + (j->backward ? 8 - q : q), step, 4);
+            float *u = j->u + a * inner + b;
+            if (j->m == 2)
+                filter_transform(2, g, u, plane);
+            else
+                filter_transform(4, g, u, plane);
+        }
+}
+
+void dsrt__wino_weights(cpu_backend *be, const float *w, int m, int k, int c, int backward,
+                        float *u) {
+    weights_job j = {.w = w, .u = u, .k = k, .c = c, .m = m, .backward = backward};
+    dsrt__cpu_parallel(be, (size_t)(backward ? k : c), weights_range, &j);
+}
+
+/* Where tile t lies: its image and its top-left output pixel. */
+static void tile_at(const wino_job *j, long tile, int *n, int *oy, int *ox) {
+    int per = j->th * j->tw;
+    *n = (int)(tile / per);
+    *oy = j->m * ((int)(tile % per) / j->tw);
+    *ox = j->m * ((int)(tile % per) % j->tw);
+}
+
+/* B^T d of a column of the input patch, for m = 2 (4 values) and m = 4
+ * (6 values). */
+AVX2 static inline void bt2(const __m256 *d, __m256 *r) {
+    r[0] = _mm256_sub_ps(d[0], d[2]);
+    r[1] = _mm256_add_ps(d[1], d[2]);
+    r[2] = _mm256_sub_ps(d[2], d[1]);
+    r[3] = _mm256_sub_ps(d[1], d[3]);
+}
+
+AVX2 static inline void bt4(const __m256 *d, __m256 *r) {
+    const __m256 four = _mm256_set1_ps(4), five = _mm256_set1_ps(5), two = _mm256_set1_ps(2);
+    __m256 d4d2 = _mm256_sub_ps(d[4], d[2]);
+    r[0] = _mm256_fmadd_ps(four, d[0], _mm256_fnmadd_ps(five, d[2], d[4]));
+    r[1] = _mm256_fnmadd_ps(four, _mm256_add_ps(d[1], d[2]), _mm256_add_ps(d[3], d[4]));
+    r[2] = _mm256_fmadd_ps(four, _mm256_sub_ps(d[1], d[2]), _mm256_sub_ps(d[4], d[3]));
+    r[3] = _mm256_fmadd_ps(two, _mm256_sub_ps(d[3], d[1]), d4d2);
+    r[4] = _mm256_fmadd_ps(two, _mm256_sub_ps(d[1], d[3]), d4d2);
+    r[5] = _mm256_fmadd_ps(four, d[1], _mm256_fnmadd_ps(five, d[3], d[5]));
+}
+
+/* The a x a patch of tile t's input, 8 channels at a time, as V rows: each
+ * point x at v[x * tb * C]; zero past the image's edge. */
 AVX2 static void input_tile(const wino_job *j, long tile, int row, float *v) {
-    int per = j->th * j->tw, n = (int)(tile / per), ty = (int)(tile % per) / j->tw,
-        tx = (int)(tile % per) % j->tw;
-    int y0 = 2 * ty - 1, x0 = 2 * tx - 1, C = j->c;
-    int inside = y0 >= 0 && x0 >= 0 && y0 + 4 <= j->h && x0 + 4 <= j->w;
+    int n, oy, ox, a = j->a, C = j->c;
+    tile_at(j, tile, &n, &oy, &ox);
+    int y0 = oy - 1, x0 = ox - 1;
+    int inside = y0 >= 0 && x0 >= 0 && y0 + a <= j->h && x0 + a <= j->w;
     const cpu_chans *l = j->xl;
     size_t xs = (size_t)j->tb * C;
     for (int c = 0; c < C; c += 8) {
         const float *img = j->x + (size_t)n * l->s_n + (c / l->inner) * l->s_b + c % l->inner;
-        __m256 d[4][4], t[4][4];
-        for (int a = 0; a < 4; a++)
-            for (int b = 0; b < 4; b++) {
-                int yy = y0 + a, xx = x0 + b;
-                d[a][b] = inside || (yy >= 0 && yy < j->h && xx >= 0 && xx < j->w)
-                              ? _mm256_loadu_ps(img + ((size_t)yy * j->w + xx) * l->inner)
-                              : _mm256_setzero_ps();
+        __m256 col[6], t[6][6], r[6];
+        /* Columns first, then rows. */
+        for (int b = 0; b < a; b++) {
+            for (int i = 0; i < a; i++) {
+                int yy = y0 + i, xx = x0 + b;
+                col[i] = inside || (yy >= 0 && yy < j->h && xx >= 0 && xx < j->w)
+                             ? _mm256_loadu_ps(img + ((size_t)yy * j->w + xx) * l->inner)
+                             : _mm256_setzero_ps();
             }
-        for (int b = 0; b < 4; b++) {
-            t[0][b] = _mm256_sub_ps(d[0][b], d[2][b]);
-            t[1][b] = _mm256_add_ps(d[1][b], d[2][b]);
-            t[2][b] = _mm256_sub_ps(d[2][b], d[1][b]);
-            t[3][b] = _mm256_sub_ps(d[1][b], d[3][b]);
+            if (a == 4)
+                bt2(col, r);
+            else
+                bt4(col, r);
+            for (int i = 0; i < a; i++) t[i][b] = r[i];
         }
         float *o = v + (size_t)row * C + c;
-        for (int a = 0; a < 4; a++) {
-            _mm256_storeu_ps(o + (size_t)(a * 4 + 0) * xs, _mm256_sub_ps(t[a][0], t[a][2]));
-            _mm256_storeu_ps(o + (size_t)(a * 4 + 1) * xs, _mm256_add_ps(t[a][1], t[a][2]));
-            _mm256_storeu_ps(o + (size_t)(a * 4 + 2) * xs, _mm256_sub_ps(t[a][2], t[a][1]));
-            _mm256_storeu_ps(o + (size_t)(a * 4 + 3) * xs, _mm256_sub_ps(t[a][1], t[a][3]));
+        for (int i = 0; i < a; i++) {
+            if (a == 4)
+                bt2(t[i], r);
+            else
+                bt4(t[i], r);
+            for (int b = 0; b < a; b++) _mm256_storeu_ps(o + (size_t)(i * a + b) * xs, r[b]);
         }
     }
 }
 
-/* m (rows, K) = v (rows, C) u (C, K): 6 rows by 16 columns a register
- * block, each sum over C in order; rows past a multiple of 6 one at a time
- * the same way. */
-AVX2 static void multiply(const float *v, const float *u, float *m, int rows, int C, int K) {
+/* Columns [k0, k1) of m (rows, K) = v (rows, C) u (C, K): 6 rows by 16
+ * columns a register block, each sum over C in order; rows past a multiple
+ * of 6 one at a time the same way. */
+AVX2 static void multiply(const float *v, const float *u, float *m, int rows, int C, int K, int k0,
+                          int k1) {
     int r = 0;
     for (; r + 6 <= rows; r += 6)
-        for (int k = 0; k < K; k += 16) {
+        for (int k = k0; k < k1; k += 16) {
             __m256 acc[6][2];
             for (int i = 0; i < 6; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
             const float *uk = u + k, *vr = v + (size_t)r * C;
@@ -195,7 +268,7 @@ AVX2 static void multiply(const float *v, const float *u, float *m, int rows, in
             }
         }
     for (; r < rows; r++)
-        for (int k = 0; k < K; k += 16) {
+        for (int k = k0; k < k1; k += 16) {
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             const float *uk = u + k;
             for (int c = 0; c < C; c++, uk += K) {
@@ -208,30 +281,52 @@ AVX2 static void multiply(const float *v, const float *u, float *m, int rows, in
         }
 }
 
-/* y's 2x2 patch of tile t from the 16 products (m rows), with the bias and
- * the ReLU; a patch past the image's edge writes what lies inside. */
-AVX2 static void output_tile(const wino_job *j, long tile, int row, const float *m) {
-    int per = j->th * j->tw, n = (int)(tile / per), ty = (int)(tile % per) / j->tw,
-        tx = (int)(tile % per) % j->tw, K = j->k;
-    int rows = DSRT_MIN(2, j->h - 2 * ty), cols = DSRT_MIN(2, j->w - 2 * tx);
+/* A^T p of a column of the products, for m = 2 (4 values to 2) and m = 4
+ * (6 to 4). */
+AVX2 static inline void at2(const __m256 *p, __m256 *o) {
+    o[0] = _mm256_add_ps(_mm256_add_ps(p[0], p[1]), p[2]);
+    o[1] = _mm256_sub_ps(_mm256_sub_ps(p[1], p[2]), p[3]);
+}
+
+AVX2 static inline void at4(const __m256 *p, __m256 *o) {
+    const __m256 two = _mm256_set1_ps(2), four = _mm256_set1_ps(4), eight = _mm256_set1_ps(8);
+    __m256 s12 = _mm256_add_ps(p[1], p[2]), d12 = _mm256_sub_ps(p[1], p[2]);
+    __m256 s34 = _mm256_add_ps(p[3], p[4]), d34 = _mm256_sub_ps(p[3], p[4]);
+    o[0] = _mm256_add_ps(_mm256_add_ps(p[0], s12), s34);
+    o[1] = _mm256_fmadd_ps(two, d34, d12);
+    o[2] = _mm256_fmadd_ps(four, s34, s12);
+    o[3] = _mm256_add_ps(_mm256_fmadd_ps(eight, d34, d12), p[5]);
+}
+
+/* y's m x m patch of tile t from the products (mm rows), with the bias and
+ * the epilogue; a patch past the image's edge writes what lies inside. */
+AVX2 static void output_tile(const wino_job *j, long tile, int row, const float *mm) {
+    int n, oy, ox, a = j->a, K = j->k;
+    tile_at(j, tile, &n, &oy, &ox);
+    int rows = DSRT_MIN(j->m, j->h - oy), cols = DSRT_MIN(j->m, j->w - ox);
     size_t xs = (size_t)j->tb * K;
     const __m256 zero = _mm256_setzero_ps(), leak = _mm256_set1_ps(j->e.leak),
                  leak2 = _mm256_set1_ps(j->e.leak2);
+    const cpu_chans *l = j->yl;
     for (int k = 0; k < K; k += 8) {
-        __m256 p[16], s[2][4];
-        for (int x = 0; x < 16; x++)
-            p[x] = _mm256_loadu_ps(m + (size_t)x * xs + (size_t)row * K + k);
-        for (int b = 0; b < 4; b++) {
-            s[0][b] = _mm256_add_ps(_mm256_add_ps(p[b], p[4 + b]), p[8 + b]);
-            s[1][b] = _mm256_sub_ps(_mm256_sub_ps(p[4 + b], p[8 + b]), p[12 + b]);
+        __m256 col[6], s[4][6], o[4];
+        for (int b = 0; b < a; b++) {
+            for (int i = 0; i < a; i++)
+                col[i] = _mm256_loadu_ps(mm + (size_t)(i * a + b) * xs + (size_t)row * K + k);
+            if (a == 4)
+                at2(col, o);
+            else
+                at4(col, o);
+            for (int i = 0; i < j->m; i++) s[i][b] = o[i];
         }
         __m256 bias = j->bias ? _mm256_loadu_ps(j->bias + k) : zero;
-        for (int a = 0; a < rows; a++) {
-            __m256 o[2] = {_mm256_add_ps(_mm256_add_ps(s[a][0], s[a][1]), s[a][2]),
-                           _mm256_sub_ps(_mm256_sub_ps(s[a][1], s[a][2]), s[a][3])};
-            const cpu_chans *l = j->yl;
+        for (int r = 0; r < rows; r++) {
+            if (a == 4)
+                at2(s[r], o);
+            else
+                at4(s[r], o);
             float *y = j->y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner +
-                       ((size_t)(2 * ty + a) * j->w + 2 * tx) * l->inner;
+                       ((size_t)(oy + r) * j->w + ox) * l->inner;
             for (int b = 0; b < cols; b++) {
                 float *at = y + (size_t)b * l->inner;
                 __m256 v = _mm256_add_ps(o[b], bias);
@@ -252,39 +347,109 @@ AVX2 static void output_tile(const wino_job *j, long tile, int row, const float 
 AVX2 static void blocks(void *ctx, size_t lo, size_t hi) {
     const wino_job *j = ctx;
     int t = omp_get_thread_num ? omp_get_thread_num() : 0;
-    float *v = j->scratch + (size_t)t * j->per_thread, *m = v + (size_t)16 * j->tb * j->c;
+    float *v = j->scratch + (size_t)t * j->per_thread, *m = v + (size_t)j->pts * j->tb * j->c;
     for (size_t b = lo; b < hi; b++) {
         long first = (long)b * j->tb;
         int rows = (int)DSRT_MIN((long)j->tb, j->tiles - first);
         for (int r = 0; r < rows; r++) input_tile(j, first + r, r, v);
-        for (int x = 0; x < 16; x++)
+        for (int x = 0; x < j->pts; x++)
             multiply(v + (size_t)x * j->tb * j->c, j->u + (size_t)x * j->c * j->k,
-                     m + (size_t)x * j->tb * j->k, rows, j->c, j->k);
+                     m + (size_t)x * j->tb * j->k, rows, j->c, j->k, 0, j->k);
         for (int r = 0; r < rows; r++) output_tile(j, first + r, r, m);
     }
 }
 
-void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
+/* Where the filters outgrow the cache (more than WINO_FUSED_U_BYTES), a
+ * block's few rows of products would stream them from further out for
+ * every block: the work goes in stages instead, over a chunk of tiles at a
+ * time (their transforms within WINO_STAGE_BYTES): every tile's input
+ * transform, then the products point by point in columns of 64 filters,
+ * each unit reading its filters once for the whole chunk, then every
+ * tile's output transform. */
+#define WINO_FUSED_U_BYTES ((size_t)5 << 20)
+#define WINO_STAGE_BYTES   (16u << 20)
+#define WINO_STAGE_COLS    64
+
+static int staged(int pts, int c, int k) {
+    return (size_t)pts * c * k * sizeof(float) > WINO_FUSED_U_BYTES;
+}
+
+static int stage_tiles(int pts, int c, int k) {
+    size_t t = WINO_STAGE_BYTES / ((size_t)pts * sizeof(float) * (size_t)(c + k));
+    return (int)DSRT_MAX(6, t / 6 * 6);
+}
+
+typedef struct {
+    const wino_job *j;
+    float *v, *m;
+    long first;
+    int rows;
+} stage_job;
+
+AVX2 static void stage_in(void *ctx, size_t lo, size_t hi) {
+    const stage_job *s = ctx;
+    for (size_t r = lo; r < hi; r++) input_tile(s->j, s->first + (long)r, (int)r, s->v);
+}
+
+/* Units [lo, hi) of (point, WINO_STAGE_COLS filters). */
+AVX2 static void stage_products(void *ctx, size_t lo, size_t hi) {
+    const stage_job *s = ctx;
+    const wino_job *j = s->j;
+    size_t cols = (size_t)(j->k + WINO_STAGE_COLS - 1) / WINO_STAGE_COLS;
+    for (size_t u = lo; u < hi; u++) {
+        int x = (int)(u / cols), k0 = (int)(u % cols) * WINO_STAGE_COLS;
+        multiply(s->v + (size_t)x * j->tb * j->c, j->u + (size_t)x * j->c * j->k,
+                 s->m + (size_t)x * j->tb * j->k, s->rows, j->c, j->k, k0,
+                 DSRT_MIN(j->k, k0 + WINO_STAGE_COLS));
+    }
+}
+
+AVX2 static void stage_out(void *ctx, size_t lo, size_t hi) {
+    const stage_job *s = ctx;
+    for (size_t r = lo; r < hi; r++) output_tile(s->j, s->first + (long)r, (int)r, s->m);
+}
+
+/* The job's sizes for output tiles of m x m. */
+static void job_sizes(wino_job *j, int m, int n, int h, int w, int c, int k) {
+    j->m = m;
+    j->a = m + 2;
+    j->pts = j->a * j->a;
+    j->n = n;
+    j->h = h;
+    j->w = w;
+    j->c = c;
+    j->k = k;
+    j->th = (h + m - 1) / m;
+    j->tw = (w + m - 1) / m;
+    j->tiles = (long)n * j->th * j->tw;
+}
+
+size_t dsrt__wino_scratch_floats(const cpu_backend *be, int m, int c, int k) {
+    int pts = (m + 2) * (m + 2);
+    if (staged(pts, c, k)) return (size_t)pts * stage_tiles(pts, c, k) * (size_t)(c + k);
+    return (size_t)dsrt__cpu_team(be) * pts * block_tiles(pts, c, k) * (size_t)(c + k);
+}
+
+void dsrt__wino_conv(cpu_backend *be, int m, const float *x, const cpu_chans *xl, const float *u,
                      const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
                      int k, const wino_epilogue *e, float *scratch) {
-    wino_job j = {.e = *e,
-                  .x = x,
-                  .u = u,
-                  .bias = bias,
-                  .y = y,
-                  .scratch = scratch,
-                  .xl = xl,
-                  .yl = yl,
-                  .tb = block_tiles(c, k),
-                  .per_thread = (size_t)16 * block_tiles(c, k) * (size_t)(c + k),
-                  .n = n,
-                  .h = h,
-                  .w = w,
-                  .c = c,
-                  .k = k,
-                  .th = (h + 1) / 2,
-                  .tw = (w + 1) / 2};
-    j.tiles = (long)n * j.th * j.tw;
+    wino_job j = {
+        .e = *e, .x = x, .u = u, .bias = bias, .y = y, .scratch = scratch, .xl = xl, .yl = yl};
+    job_sizes(&j, m, n, h, w, c, k);
+    if (staged(j.pts, c, k)) {
+        j.tb = stage_tiles(j.pts, c, k);
+        stage_job s = {.j = &j, .v = scratch, .m = scratch + (size_t)j.pts * j.tb * c};
+        size_t units = (size_t)j.pts * ((k + WINO_STAGE_COLS - 1) / WINO_STAGE_COLS);
+        for (s.first = 0; s.first < j.tiles; s.first += j.tb) {
+            s.rows = (int)DSRT_MIN((long)j.tb, j.tiles - s.first);
+            dsrt__cpu_parallel(be, (size_t)s.rows, stage_in, &s);
+            dsrt__cpu_parallel(be, units, stage_products, &s);
+            dsrt__cpu_parallel(be, (size_t)s.rows, stage_out, &s);
+        }
+        return;
+    }
+    j.tb = block_tiles(j.pts, c, k);
+    j.per_thread = (size_t)j.pts * j.tb * (size_t)(c + k);
     dsrt__cpu_parallel(be, (size_t)((j.tiles + j.tb - 1) / j.tb), blocks, &j);
 }
 
@@ -298,13 +463,14 @@ void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const
 /* Tiles a chunk: its two transforms within WINO_CHUNK_BYTES, 6 to 512. */
 #define WINO_CHUNK_BYTES (2 * 1024 * 1024)
 
-static int chunk_tiles(int c, int k) {
-    size_t t = WINO_CHUNK_BYTES / ((size_t)16 * sizeof(float) * (size_t)(c + k));
+static int chunk_tiles(int pts, int c, int k) {
+    size_t t = WINO_CHUNK_BYTES / ((size_t)pts * sizeof(float) * (size_t)(c + k));
     return (int)DSRT_MAX(6, DSRT_MIN(512, t / 6 * 6));
 }
 
-size_t dsrt__wino_wgrad_floats(int c, int k) {
-    return (size_t)16 * c * k + (size_t)16 * chunk_tiles(c, k) * (size_t)(c + k);
+size_t dsrt__wino_wgrad_floats(int m, int c, int k) {
+    size_t pts = (size_t)(m + 2) * (m + 2);
+    return pts * c * k + pts * chunk_tiles((int)pts, c, k) * (size_t)(c + k);
 }
 
 typedef struct {
@@ -315,38 +481,58 @@ typedef struct {
     float *dw, *db;
 } wgrad_job;
 
-/* The 4x4 transform A dY A^T of tile t's 2x2 output gradient (zero past the
- * edge), 8 channels at a time, as rows of g. */
+/* A y of a column of the output gradient's patch, A = (A^T)^T: m = 2 (2
+ * values to 4) and m = 4 (4 to 6). */
+AVX2 static inline void a2(const __m256 *y, __m256 *r) {
+    r[0] = y[0];
+    r[1] = _mm256_add_ps(y[0], y[1]);
+    r[2] = _mm256_sub_ps(y[0], y[1]);
+    r[3] = _mm256_sub_ps(_mm256_setzero_ps(), y[1]);
+}
+
+AVX2 static inline void a4(const __m256 *y, __m256 *r) {
+    const __m256 two = _mm256_set1_ps(2), four = _mm256_set1_ps(4), eight = _mm256_set1_ps(8);
+    __m256 even = _mm256_fmadd_ps(four, y[2], y[0]),
+           odd = _mm256_fmadd_ps(eight, y[3], _mm256_mul_ps(two, y[1]));
+    __m256 s02 = _mm256_add_ps(y[0], y[2]), s13 = _mm256_add_ps(y[1], y[3]);
+    r[0] = y[0];
+    r[1] = _mm256_add_ps(s02, s13);
+    r[2] = _mm256_sub_ps(s02, s13);
+    r[3] = _mm256_add_ps(even, odd);
+    r[4] = _mm256_sub_ps(even, odd);
+    r[5] = y[3];
+}
+
+/* The a x a transform A dY A^T of tile t's m x m output gradient (zero past
+ * the edge), 8 channels at a time, as rows of g. */
 AVX2 static void grad_tile(const wino_job *j, long tile, int row, float *g) {
-    int per = j->th * j->tw, n = (int)(tile / per), ty = (int)(tile % per) / j->tw,
-        tx = (int)(tile % per) % j->tw, K = j->k;
-    int rows = DSRT_MIN(2, j->h - 2 * ty), cols = DSRT_MIN(2, j->w - 2 * tx);
+    int n, oy, ox, a = j->a, m = j->m, K = j->k;
+    tile_at(j, tile, &n, &oy, &ox);
+    int rows = DSRT_MIN(m, j->h - oy), cols = DSRT_MIN(m, j->w - ox);
     const cpu_chans *l = j->yl;
     size_t xs = (size_t)j->tb * K;
     for (int k = 0; k < K; k += 8) {
         const float *img = j->y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner;
-        __m256 d[2][2];
-        for (int a = 0; a < 2; a++)
-            for (int b = 0; b < 2; b++)
-                d[a][b] = a < rows && b < cols
-                              ? _mm256_loadu_ps(img + ((size_t)(2 * ty + a) * j->w + 2 * tx + b) *
-                                                          l->inner)
-                              : _mm256_setzero_ps();
-        /* A = (1 0; 1 1; 1 -1; 0 -1): rows first, then columns. */
-        __m256 t[4][2];
-        for (int b = 0; b < 2; b++) {
-            t[0][b] = d[0][b];
-            t[1][b] = _mm256_add_ps(d[0][b], d[1][b]);
-            t[2][b] = _mm256_sub_ps(d[0][b], d[1][b]);
-            t[3][b] = _mm256_sub_ps(_mm256_setzero_ps(), d[1][b]);
+        __m256 col[4], t[6][4], r[6];
+        /* Columns first (each column's m values to a), then rows. */
+        for (int b = 0; b < m; b++) {
+            for (int i = 0; i < m; i++)
+                col[i] = i < rows && b < cols
+                             ? _mm256_loadu_ps(img + ((size_t)(oy + i) * j->w + ox + b) * l->inner)
+                             : _mm256_setzero_ps();
+            if (m == 2)
+                a2(col, r);
+            else
+                a4(col, r);
+            for (int i = 0; i < a; i++) t[i][b] = r[i];
         }
         float *o = g + (size_t)row * K + k;
-        for (int a = 0; a < 4; a++) {
-            _mm256_storeu_ps(o + (size_t)(a * 4 + 0) * xs, t[a][0]);
-            _mm256_storeu_ps(o + (size_t)(a * 4 + 1) * xs, _mm256_add_ps(t[a][0], t[a][1]));
-            _mm256_storeu_ps(o + (size_t)(a * 4 + 2) * xs, _mm256_sub_ps(t[a][0], t[a][1]));
-            _mm256_storeu_ps(o + (size_t)(a * 4 + 3) * xs,
-                             _mm256_sub_ps(_mm256_setzero_ps(), t[a][1]));
+        for (int i = 0; i < a; i++) {
+            if (m == 2)
+                a2(t[i], r);
+            else
+                a4(t[i], r);
+            for (int b = 0; b < a; b++) _mm256_storeu_ps(o + (size_t)(i * a + b) * xs, r[b]);
         }
     }
 }
@@ -393,89 +579,86 @@ AVX2 static void wgrad_sums(void *ctx, size_t lo, size_t hi) {
     }
 }
 
-/* Filters [lo, hi): dW = G^T dU G, and the bias's gradient, the output
- * gradient's sum over every pixel in order. */
-static void wgrad_finish(void *ctx, size_t lo, size_t hi) {
+/* Filters [8 lo, 8 hi): dW = G^T dU G, 8 filters at a time, and the
+ * bias's gradient, the output gradient's sum over every pixel in order. */
+AVX2 static void wgrad_finish(void *ctx, size_t lo, size_t hi) {
     const wgrad_job *w = ctx;
-    int C = w->j.c, K = w->j.k;
+    int C = w->j.c, K = w->j.k, m = w->j.m, a = w->j.a;
     const cpu_chans *l = w->j.yl;
-    for (size_t k = lo; k < hi; k++) {
+    for (size_t k0 = 8 * lo; k0 < 8 * hi; k0 += 8) {
         for (int c = 0; c < C; c++) {
-            float d[16], t[3][4];
-            for (int x = 0; x < 16; x++) d[x] = w->du[((size_t)x * C + c) * K + k];
-            /* G^T = (1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1), on rows then columns. */
-            for (int b = 0; b < 4; b++) {
-                t[0][b] = d[b] + 0.5f * (d[4 + b] + d[8 + b]);
-                t[1][b] = 0.5f * (d[4 + b] - d[8 + b]);
-                t[2][b] = 0.5f * (d[4 + b] + d[8 + b]) + d[12 + b];
-            }
-            float *o = w->dw + ((size_t)k * C + c) * 9;
-            for (int a = 0; a < 3; a++) {
-                o[a * 3 + 0] = t[a][0] + 0.5f * (t[a][1] + t[a][2]);
-                o[a * 3 + 1] = 0.5f * (t[a][1] - t[a][2]);
-                o[a * 3 + 2] = 0.5f * (t[a][1] + t[a][2]) + t[a][3];
-            }
+            __m256 d[36], t[3][6];
+            float o[9][8];
+            for (int x = 0; x < a * a; x++)
+                d[x] = _mm256_loadu_ps(w->du + ((size_t)x * C + c) * K + k0);
+            for (int r = 0; r < 3; r++)
+                for (int b = 0; b < a; b++) t[r][b] = gt_row(m, r, d + b, a);
+            for (int r = 0; r < 3; r++)
+                for (int q = 0; q < 3; q++) _mm256_storeu_ps(o[r * 3 + q], gt_row(m, q, t[r], 1));
+            for (int f = 0; f < 8; f++)
+                for (int q = 0; q < 9; q++) w->dw[((k0 + f) * C + c) * 9 + q] = o[q][f];
         }
         if (!w->db) continue;
-        double sum = 0;
-        size_t px = (size_t)w->j.h * w->j.w;
-        for (int n = 0; n < w->j.n; n++) {
-            const float *img = w->j.y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner;
-            for (size_t p = 0; p < px; p++) sum += img[p * l->inner];
+        for (size_t k = k0; k < k0 + 8; k++) {
+            double sum = 0;
+            size_t px = (size_t)w->j.h * w->j.w;
+            for (int n = 0; n < w->j.n; n++) {
+                const float *img =
+                    w->j.y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner;
+                for (size_t p = 0; p < px; p++) sum += img[p * l->inner];
+            }
+            w->db[k] = (float)sum;
         }
-        w->db[k] = (float)sum;
     }
 }
 
-void dsrt__wino_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
-                             const cpu_chans *yl, int n, int h, int w, int c, int k, float *dw,
-                             float *db, float *scratch) {
-    wgrad_job g = {.j = {.x = x,
-                         .y = (float *)dy,
-                         .xl = xl,
-                         .yl = yl,
-                         .n = n,
-                         .h = h,
-                         .w = w,
-                         .c = c,
-                         .k = k,
-                         .th = (h + 1) / 2,
-                         .tw = (w + 1) / 2,
-                         .tb = chunk_tiles(c, k)},
-                   .dw = dw,
-                   .db = db};
-    g.j.tiles = (long)n * g.j.th * g.j.tw;
+void dsrt__wino_weights_grad(cpu_backend *be, int m, const float *x, const cpu_chans *xl,
+                             const float *dy, const cpu_chans *yl, int n, int h, int w, int c,
+                             int k, float *dw, float *db, float *scratch) {
+    wgrad_job g = {.j = {.x = x, .y = (float *)dy, .xl = xl, .yl = yl}, .dw = dw, .db = db};
+    job_sizes(&g.j, m, n, h, w, c, k);
+    g.j.tb = chunk_tiles(g.j.pts, c, k);
     g.du = scratch;
-    g.v = scratch + (size_t)16 * c * k;
-    g.g = g.v + (size_t)16 * g.j.tb * c;
-    memset(g.du, 0, (size_t)16 * c * k * sizeof(float));
+    g.v = scratch + (size_t)g.j.pts * c * k;
+    g.g = g.v + (size_t)g.j.pts * g.j.tb * c;
+    memset(g.du, 0, (size_t)g.j.pts * c * k * sizeof(float));
     for (g.first = 0; g.first < g.j.tiles; g.first += g.j.tb) {
         g.rows = (int)DSRT_MIN((long)g.j.tb, g.j.tiles - g.first);
         dsrt__cpu_parallel(be, (size_t)g.rows, wgrad_tiles, &g);
-        dsrt__cpu_parallel(be, (size_t)16 * (k / 16), wgrad_sums, &g);
+        dsrt__cpu_parallel(be, (size_t)g.j.pts * (k / 16), wgrad_sums, &g);
     }
-    dsrt__cpu_parallel(be, (size_t)k, wgrad_finish, &g);
+    dsrt__cpu_parallel(be, (size_t)k / 8, wgrad_finish, &g);
 }
 
 #else
 
-void dsrt__wino_conv(cpu_backend *be, const float *x, const cpu_chans *xl, const float *u,
+void dsrt__wino_conv(cpu_backend *be, int m, const float *x, const cpu_chans *xl, const float *u,
                      const float *bias, float *y, const cpu_chans *yl, int n, int h, int w, int c,
                      int k, const wino_epilogue *e, float *scratch) {
-    (void)be, (void)x, (void)xl, (void)u, (void)bias, (void)y, (void)yl, (void)n, (void)h, (void)w;
-    (void)c, (void)k, (void)e, (void)scratch; /* never chosen: dsrt__wino_usable says 0 */
+    (void)be, (void)m, (void)x, (void)xl, (void)u, (void)bias, (void)y, (void)yl, (void)n;
+    (void)h, (void)w, (void)c, (void)k, (void)e, (void)scratch; /* never chosen: not usable */
 }
 
-void dsrt__wino_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
-                             const cpu_chans *yl, int n, int h, int w, int c, int k, float *dw,
-                             float *db, float *scratch) {
-    (void)be, (void)x, (void)xl, (void)dy, (void)yl, (void)n, (void)h, (void)w, (void)c;
-    (void)k, (void)dw, (void)db, (void)scratch; /* never chosen */
+void dsrt__wino_weights_grad(cpu_backend *be, int m, const float *x, const cpu_chans *xl,
+                             const float *dy, const cpu_chans *yl, int n, int h, int w, int c,
+                             int k, float *dw, float *db, float *scratch) {
+    (void)be, (void)m, (void)x, (void)xl, (void)dy, (void)yl, (void)n, (void)h, (void)w;
+    (void)c, (void)k, (void)dw, (void)db, (void)scratch; /* never chosen */
 }
 
-size_t dsrt__wino_wgrad_floats(int c, int k) {
-    (void)c, (void)k;
+size_t dsrt__wino_wgrad_floats(int m, int c, int k) {
+    (void)m, (void)c, (void)k;
     return 0;
+}
+
+size_t dsrt__wino_scratch_floats(const cpu_backend *be, int m, int c, int k) {
+    (void)be, (void)m, (void)c, (void)k;
+    return 0;
+}
+
+void dsrt__wino_weights(cpu_backend *be, const float *w, int m, int k, int c, int backward,
+                        float *u) {
+    (void)be, (void)w, (void)m, (void)k, (void)c, (void)backward, (void)u; /* never chosen */
 }
 
 #endif

@@ -353,18 +353,19 @@ static int winograd_pd(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_
 }
 
 // ----------------------------------------------------------------------------
-// Training convolutions by Winograd's F(2x2, 3x3) (nn/backend_cpu_winograd.c)
+// Training convolutions by Winograd's F(4x4, 3x3) (nn/backend_cpu_winograd.c)
 //
 // On a CPU without AVX-512, oneDNN 2.6 convolves 3x3 directly (its Winograd
 // is AVX-512 only, for inference), at about the FMA units' peak: the
-// minimal filtering does 16 multiplications a 2x2 patch and channel pair
-// where the direct one does 36. Forward, the input's gradient and the
+// minimal filtering does 36 multiplications a 4x4 patch and channel pair
+// where the direct one does 144. Forward, the input's gradient and the
 // weights' go through it, in the layouts oneDNN's direct primitive picks.
 
 /* What the steps keep: the transformed filters of the weights version
  * made from, the tensors whose handles each step reads and their layouts. */
 typedef struct {
     float *u, *ub; /* forward's, the input gradient's (NULL: not needed) */
+    int m;         /* the output tile */
     uint64_t version;
     dnnl_memory_t src, dst, ddst, dsrc;
     cpu_chans xl, yl;
@@ -423,9 +424,9 @@ static int wino_fits(const cpu_backend *be, const cpu_plan *p, const dsrt_layer 
 
 /* The scratch grown to what layer L's kernels take with the team the net
  * has now (its threads may have changed since the plan was made). */
-static int wino_scratch(cpu_backend *be, const dsrt_layer *L) {
-    size_t need = DSRT_MAX(dsrt__wino_scratch_floats(be, L->in.c, L->out.c),
-                           dsrt__wino_wgrad_floats(L->in.c, L->out.c));
+static int wino_scratch(cpu_backend *be, const dsrt_layer *L, int m) {
+    size_t need = DSRT_MAX(dsrt__wino_scratch_floats(be, m, L->in.c, L->out.c),
+                           dsrt__wino_wgrad_floats(m, L->in.c, L->out.c));
     if (need <= be->wino_scratch_n) return 0;
     free(be->wino_scratch);
     be->wino_scratch_n = 0;
@@ -440,15 +441,16 @@ static int step_wino_fwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
     wino_own *o = p->lp[i].own;
-    int rc = wino_scratch(be, L);
+    int rc = wino_scratch(be, L, o->m);
     if (rc) return rc;
     if (o->version != net->version) {
-        dsrt__wino_weights(be, o->w, L->out.c, L->in.c, 0, o->u);
-        if (o->ub) dsrt__wino_weights(be, o->w, L->out.c, L->in.c, 1, o->ub);
+        dsrt__wino_weights(be, o->w, o->m, L->out.c, L->in.c, 0, o->u);
+        if (o->ub) dsrt__wino_weights(be, o->w, o->m, L->out.c, L->in.c, 1, o->ub);
         o->version = net->version;
     }
-    dsrt__wino_conv(be, dsrt__cpu_handle(o->src), &o->xl, o->u, o->b, dsrt__cpu_handle(o->dst),
-                    &o->yl, p->n, L->in.h, L->in.w, L->in.c, L->out.c, &o->e, be->wino_scratch);
+    dsrt__wino_conv(be, o->m, dsrt__cpu_handle(o->src), &o->xl, o->u, o->b,
+                    dsrt__cpu_handle(o->dst), &o->yl, p->n, L->in.h, L->in.w, L->in.c, L->out.c,
+                    &o->e, be->wino_scratch);
     return 0;
 }
 
@@ -456,11 +458,12 @@ static int step_wino_wgrad(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
     const wino_own *o = p->lp[i].own;
-    int rc = wino_scratch(be, L);
+    int rc = wino_scratch(be, L, o->m);
     if (rc) return rc;
-    dsrt__wino_weights_grad(be, dsrt__cpu_handle(o->src), &o->xl, dsrt__cpu_handle(o->ddst), &o->yl,
-                            p->n, L->in.h, L->in.w, L->in.c, L->out.c, net->grads + L->w_off,
-                            L->b_n ? net->grads + L->b_off : NULL, be->wino_scratch);
+    dsrt__wino_weights_grad(be, o->m, dsrt__cpu_handle(o->src), &o->xl, dsrt__cpu_handle(o->ddst),
+                            &o->yl, p->n, L->in.h, L->in.w, L->in.c, L->out.c,
+                            net->grads + L->w_off, L->b_n ? net->grads + L->b_off : NULL,
+                            be->wino_scratch);
     return 0;
 }
 
@@ -468,10 +471,11 @@ static int step_wino_bwd(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     const wino_own *o = p->lp[i].own;
     const wino_epilogue none = {0};
-    int rc = wino_scratch(be, L);
+    int rc = wino_scratch(be, L, o->m);
     if (rc) return rc;
-    dsrt__wino_conv(be, dsrt__cpu_handle(o->ddst), &o->yl, o->ub, NULL, dsrt__cpu_handle(o->dsrc),
-                    &o->xl, p->n, L->in.h, L->in.w, L->out.c, L->in.c, &none, be->wino_scratch);
+    dsrt__wino_conv(be, o->m, dsrt__cpu_handle(o->ddst), &o->yl, o->ub, NULL,
+                    dsrt__cpu_handle(o->dsrc), &o->xl, p->n, L->in.h, L->in.w, L->out.c, L->in.c,
+                    &none, be->wino_scratch);
     return 0;
 }
 
@@ -494,16 +498,18 @@ static int wino_data_grad(cpu_backend *be, cpu_plan *p, int i, const dnnl_memory
 /* The layer's own bytes: the transformed filters, the scratch grown to fit. */
 static int wino_own_make(cpu_backend *be, cpu_plan *p, int i, int need_dx) {
     const dsrt_layer *L = &be->net->layers[i];
-    size_t uf = (size_t)16 * L->in.c * L->out.c;
+    int m = dsrt__wino_tile(be);
+    size_t uf = (size_t)(m + 2) * (m + 2) * L->in.c * L->out.c;
     wino_own *o = dsrt__calloc(1, sizeof *o);
     if (!o) return -ENOMEM;
     p->lp[i].own = o;
     p->lp[i].own_free = wino_free;
     o->version = UINT64_MAX;
+    o->m = m;
     o->u = aligned_alloc(64, uf * sizeof(float));
     o->ub = need_dx ? aligned_alloc(64, uf * sizeof(float)) : NULL;
     if (!o->u || (need_dx && !o->ub)) return dsrt__fail(-ENOMEM, "cpu backend: out of memory");
-    return wino_scratch(be, L);
+    return wino_scratch(be, L, m);
 }
 
 /*
