@@ -457,7 +457,7 @@ void dsrt__cpu_mul_rows(cpu_backend *be, size_t rows, size_t per, const float *x
 
 /* Whether the convolution of c input and k output channels at h x w is
  * faster here by Winograd: AVX2 without AVX-512; both counts multiples of
- * 16 from 32 (the backward pass swaps them), at most 256 x 256, and 64
+ * 16 from 32 (the backward pass swaps them), at most 512 x 512, and 49
  * pixels or more. */
 int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w);
 /* The output tile m (2 or 4) it runs with. */

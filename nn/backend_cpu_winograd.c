@@ -48,14 +48,14 @@ static int block_tiles(int pts, int c, int k) {
     return (int)DSRT_MAX(6, DSRT_MIN(60, t / 6 * 6));
 }
 
-/* A block's products read every point's filters (pts c k floats): past
- * 256 x 256 channels they no longer stay in a core's cache between blocks,
- * and the direct convolution is faster (ResNet-18's 512-channel 7x7 stage:
- * 1.6x slower by F(2x2, 3x3)). Below 32 channels the transforms outweigh
- * the products (ResNet-20's 16-channel stage: 0.89x the images/s by
- * F(4x4, 3x3)). */
-#define WINO_MAX_CK (256 * 256)
-#define WINO_MIN_HW 64
+/* Measured up to 512 x 512 channels (ResNets' last stage, whose filters'
+ * transforms the staged products stream: ResNet-18 trains 1.08x faster
+ * with its 512-channel 7x7 convolutions by Winograd) and down to 7x7 maps
+ * (whose 8x8 of tiles waste a quarter). Below 32 channels the transforms
+ * outweigh the products (ResNet-20's 16-channel stage: 0.89x the images/s
+ * by F(4x4, 3x3)). */
+#define WINO_MAX_CK (512 * 512)
+#define WINO_MIN_HW 49
 
 int dsrt__wino_usable(const cpu_backend *be, int c, int k, int h, int w) {
 #ifdef WINO_X86

@@ -195,17 +195,22 @@ static void test_products_layouts_threads(void) {
 }
 
 // ----------------------------------------------------------------------------
-// Winograd's F(2x2, 3x3) for training convolutions (AVX2 without AVX-512)
+// Winograd's F(4x4, 3x3) and F(2x2, 3x3) for training convolutions (AVX2
+// without AVX-512)
 
 /* 3x3 convolutions of 16 to 48 channels on even and odd sizes (tiles past
- * the edge; 64 pixels or more, below which the direct one is kept), with and without a bias, a ReLU
- * the convolution computes, an input whose gradient two layers add to (the residual) and one whose
- * gradient nothing needs (the first). */
+ * the edge; 49 pixels or more, below which the direct one is kept), with
+ * and without a bias, a ReLU the convolution computes, an input whose
+ * gradient two layers add to (the residual) and one whose gradient nothing
+ * needs (the first); and 192 to 208 channels, whose filters' transforms
+ * take the staged products (208 filters: a last column of 16). */
 static const char *const WINO_NETS[] = {
     "input size=%dx%dx16\nconv name=a filters=16 size=3 pad=1\nrelu\n"
     "conv name=b filters=32 size=3 pad=1 bias=0\nbatchnorm\nrelu name=r\n"
     "conv name=c filters=32 size=3 pad=1\nadd inputs=c,r\nrelu\n"
     "conv filters=48 size=3 pad=1\ngap\nfc outputs=3\nsoftmax\n",
+    "input size=%dx%dx32\nconv filters=192 size=3 pad=1\nrelu\n"
+    "conv filters=208 size=3 pad=1\ngap\nfc outputs=3\nsoftmax\n",
 };
 
 static void test_winograd_vs_direct(void) {
@@ -215,7 +220,7 @@ static void test_winograd_vs_direct(void) {
 #else
     int avx2 = 0;
 #endif
-    static const int sizes[][2] = {{8, 8}, {11, 9}, {12, 13}};
+    static const int sizes[][2] = {{7, 7}, {8, 8}, {11, 9}, {12, 13}};
     static const char *const layouts[] = {NULL, "nhwc"};
     setenv("DSRT_MAX_CPU_ISA", "avx2", 1);
     for (int m = 2; m <= 4; m += 2)
