@@ -564,9 +564,43 @@ int dsrt__cpu_prim_step(cpu_plan *p, cpu_backend *be, const_dnnl_primitive_desc_
 }
 
 /* A reorder step from one memory to another. */
+/* A copy between tensors of one layout, in pieces of COPY_PIECE bytes over
+ * the team: oneDNN 2.6 gives such a reorder to its generic one-thread
+ * kernel ("simple:any"; ResNet-50's residual gradients on AVX2 took 1.2%
+ * of a training step by it). */
+#define COPY_PIECE ((size_t)256 << 10)
+
+typedef struct {
+    const char *from;
+    char *to;
+    size_t bytes;
+} copy_job;
+
+static void copy_pieces(void *ctx, size_t lo, size_t hi) {
+    const copy_job *c = ctx;
+    size_t a = lo * COPY_PIECE, b = DSRT_MIN(hi * COPY_PIECE, c->bytes);
+    memcpy(c->to + a, c->from + a, b - a);
+}
+
+static void copy_step(cpu_backend *be, const step *s) {
+    copy_job c = {.from = dsrt__cpu_handle(s->args[0].memory),
+                  .to = dsrt__cpu_handle(s->args[1].memory),
+                  .bytes = dnnl_memory_desc_get_size(dsrt__cpu_md_of(s->args[0].memory))};
+    if (c.from != c.to)
+        dsrt__cpu_parallel(be, (c.bytes + COPY_PIECE - 1) / COPY_PIECE, copy_pieces, &c);
+}
+
 int dsrt__cpu_reorder_step(cpu_plan *p, cpu_backend *be, dnnl_memory_t from, dnnl_memory_t to,
                            int backward, int layer, step_kind kind, uint64_t *cache,
                            const dsrt_layer *L) {
+    if (kind == STEP_ALWAYS && dnnl_memory_desc_equal(dsrt__cpu_md_of(from), dsrt__cpu_md_of(to))) {
+        step *s = backward ? bwd_step(p) : fwd_step(p);
+        if (!s) return -ENOMEM;
+        s->layer = layer;
+        dsrt__cpu_arg(s, DNNL_ARG_FROM, from);
+        dsrt__cpu_arg(s, DNNL_ARG_TO, to);
+        return 0;
+    }
     dnnl_primitive_attr_t attr;
     dnnl_primitive_desc_t pd;
     int rc = dsrt__cpu_attr(&attr, 0, 0, L);
@@ -1101,6 +1135,8 @@ static int run_steps_held(cpu_backend *be, cpu_plan *p, step *steps, size_t n, i
         if (s->fn) {
             int rc = s->fn(be, p, s->layer);
             if (rc) return rc;
+        } else if (!s->prim) {
+            copy_step(be, s);
         } else {
             dnnl_status_t st = dnnl_primitive_execute(s->prim, be->stream, s->nargs, s->args);
             if (st != dnnl_success) {

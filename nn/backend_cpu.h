@@ -30,7 +30,8 @@ typedef enum {
 } step_kind;
 
 typedef struct {
-    dnnl_primitive_t prim; /* NULL: fn */
+    dnnl_primitive_t prim; /* NULL: fn, and with fn NULL too a copy of the */
+                           /* FROM argument into TO, the same layout (copy_step) */
     int (*fn)(cpu_backend *be, cpu_plan *p, int layer);
     int layer;
     step_kind kind;
