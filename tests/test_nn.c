@@ -1429,6 +1429,10 @@ static void test_grad_graph(void) {
         "input\nconv filters=3 size=3 pad=1\nrelu name=r0\n"
         "conv filters=3 size=3 pad=1\nrelu\nconv name=c2 filters=3 size=3 pad=1\n"
         "add inputs=c2,r0\nrelu\nfc outputs=3\nsoftmax\n";
+    /* A leaky ReLU the add computes (its gradient's slope below zero). */
+    const char *leaky = "input\nconv filters=3 size=3 pad=1\nrelu name=r0\n"
+                        "conv name=c2 filters=3 size=3 pad=1\n"
+                        "add inputs=c2,r0\nleakyrelu leak=0.1\nfc outputs=3\nsoftmax\n";
     const char *three =
         "input\nconv name=a filters=2 size=1\nconv name=b filters=2 size=3 pad=1 inputs=input_1\n"
         "conv name=c filters=2 size=3 pad=same stride=1 inputs=input_1\n"
@@ -1452,6 +1456,7 @@ static void test_grad_graph(void) {
         grad_check(fcs, 4, 4, 2, 3, 3, fuse);
         grad_check(block, 5, 5, 2, 3, 4, fuse);
         grad_check(identity, 4, 4, 2, 3, 3, fuse);
+        grad_check(leaky, 4, 4, 2, 3, 3, fuse);
         grad_check(three, 4, 5, 2, 3, 3, fuse);
         grad_check(cat, 5, 4, 2, 3, 3, fuse);
         grad_check(inception, 6, 6, 2, 3, 2, fuse);

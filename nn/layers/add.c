@@ -44,10 +44,107 @@ static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
  * Element-wise sum of the inputs (in the first one's layout; the others are
  * reordered to it when theirs differs): two inputs as one binary primitive
  * with the ReLU as its post-op, more as a sum primitive and the ReLU after
- * it in place. Backward: the ReLU's in place on the gradient, which then
- * goes to each input unchanged (copied, or added where the input feeds
- * other layers too).
+ * it in place. Backward: the ReLU's on the gradient, which then goes to
+ * each input unchanged (copied, or added where the input feeds other
+ * layers too). Where every input's gradient has the output's layout, one
+ * pass (step_add_bwd) reads the gradient and the output once and writes
+ * each input's; else the ReLU's primitive runs in place and reorders copy.
  */
+
+/* What step_add_bwd reads and writes: the output and its gradient, and the
+ * gradients it writes (one may be the output's gradient itself). */
+typedef struct {
+    dnnl_memory_t z, dz, to[DSRT_INPUTS_MAX];
+    int n, relu;
+    float leak;
+} add_bwd;
+
+typedef struct {
+    const float *z, *dz;
+    float *to[DSRT_INPUTS_MAX];
+    int n, relu;
+    float leak;
+    size_t count;
+} add_bwd_job;
+
+#define ADD_PIECE 16384 /* floats a unit of work */
+
+/* A piece: the ReLU's gradient into the first target (which may be the
+ * output's gradient itself: each value is read before it is written), then
+ * copied from there, still in the cache, to the others. */
+static void add_bwd_range(void *ctx, size_t lo, size_t hi) {
+    const add_bwd_job *j = ctx;
+    size_t a = lo * ADD_PIECE, b = DSRT_MIN(hi * ADD_PIECE, j->count);
+    const float *z = j->z, *dz = j->dz;
+    float *to = j->to[0], leak = j->leak;
+    if (j->relu && leak == 0) {
+#pragma GCC ivdep
+        for (size_t e = a; e < b; e++) {
+            float v = dz[e];
+            to[e] = z[e] > 0 ? v : 0.0f;
+        }
+    } else if (j->relu) {
+#pragma GCC ivdep
+        for (size_t e = a; e < b; e++) {
+            float v = dz[e];
+            to[e] = z[e] > 0 ? v : v * leak;
+        }
+    } else if (to != dz) {
+        memcpy(to + a, dz + a, (b - a) * sizeof *to);
+    }
+    for (int k = 1; k < j->n; k++)
+        if (j->to[k] != to) memcpy(j->to[k] + a, to + a, (b - a) * sizeof *to);
+}
+
+static int step_add_bwd(cpu_backend *be, cpu_plan *p, int i) {
+    const add_bwd *o = p->lp[i].own;
+    add_bwd_job j = {.z = dsrt__cpu_handle(o->z),
+                     .dz = dsrt__cpu_handle(o->dz),
+                     .n = o->n,
+                     .relu = o->relu,
+                     .leak = o->leak,
+                     .count = dnnl_memory_desc_get_size(dsrt__cpu_md_of(o->dz)) / sizeof(float)};
+    for (int k = 0; k < o->n; k++) j.to[k] = dsrt__cpu_handle(o->to[k]);
+    dsrt__cpu_parallel(be, (j.count + ADD_PIECE - 1) / ADD_PIECE, add_bwd_range, &j);
+    return 0;
+}
+
+/* The backward in one pass when every input's gradient target has the
+ * output gradient's layout (*taken 0 otherwise, nothing planned). */
+static int plan_add_bwd_fused(cpu_backend *be, cpu_plan *p, int i, const tensor *in, int *taken) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    dnnl_memory_t tgt[DSRT_INPUTS_MAX], acc[DSRT_INPUTS_MAX];
+    int rc = 0, n = L->n_inputs;
+    *taken = 0;
+    for (int k = 0; k < n; k++) {
+        tgt[k] = acc[k] = NULL;
+        if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
+        if (!dnnl_memory_desc_equal(&in[k].md, &lp->out.md)) return 0;
+    }
+    add_bwd *o = dsrt__calloc(1, sizeof *o);
+    if (!o) return -ENOMEM;
+    lp->own = o;
+    lp->own_free = free;
+    o->z = lp->out.mem;
+    o->dz = lp->out.diff;
+    o->relu = L->fuse_relu;
+    o->leak = L->fuse_leak;
+    for (int k = 0; k < n && !rc; k++) {
+        if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
+        if (dsrt__cpu_diff_same(p, in[k].diff, lp->out.diff)) {
+            o->to[o->n++] = lp->out.diff; /* in place */
+            continue;
+        }
+        rc = dsrt__cpu_grad_target_of(be, p, i, k, &in[k], &tgt[k], &acc[k]);
+        if (!rc) o->to[o->n++] = tgt[k];
+    }
+    if (!rc) rc = dsrt__cpu_c_step(p, 1, step_add_bwd, i);
+    for (int k = 0; k < n && !rc; k++) rc = dsrt__cpu_grad_add(be, p, i, in[k].diff, acc[k]);
+    *taken = !rc;
+    return rc;
+}
+
 static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
@@ -103,6 +200,8 @@ static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
         }
     }
     if (!p->train) return 0;
+    int taken = 0;
+    if (lp->out.diff && ((rc = plan_add_bwd_fused(be, p, i, in, &taken)) || taken)) return rc;
     if (L->fuse_relu && lp->out.diff && (rc = dsrt__cpu_fused_relu_bwd(be, p, i))) return rc;
     for (int k = 0; k < n && !rc; k++) {
         if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
