@@ -192,6 +192,10 @@ struct dsrt_cpu_backend {
      * worked out; the last forward's results when it ran in pieces. */
     int micro;
     int pieces, piece_n;
+    /* Dense nets' inference in two segments (forward_segments): allowed,
+     * and the cut and piece worked out for batches of seg_n. */
+    int segments, seg_n, seg_cut, seg_m;
+    int seg_cut_run; /* the last inference's cut, or -1: it ran whole */
     double piece_loss;
     int piece_correct;
     float *piece_probs;

@@ -438,6 +438,10 @@ struct dsrt_net {
     /* Images a piece of an inference batch run in pieces (the CPU backend's
      * micro_batch); 0: the backend's choice. For checks of the pieces. */
     int infer_pieces;
+    /* Bytes of last-level cache the CPU backend takes when it cuts a dense
+     * net's inference batch into segments (forward_segments); 0: the
+     * machine's. For checks of the segments. */
+    size_t infer_llc;
     /* An imported model that said nothing of its input's normalisation
      * (dsrt_net_info.input_assumed). */
     int input_assumed;

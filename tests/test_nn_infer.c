@@ -224,6 +224,49 @@ static void test_pieces(void) {
     check_pieces("mobilenet_v3_small", 10);
 }
 
+/* A dense net's batch in two segments (its first stage in pieces of 4,
+ * with a last piece of 3 for 7 images, the rest whole: a last-level cache
+ * of 512 KB taken for it) predicts as the whole batch does. */
+static void test_segments(void) {
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 8;
+    dsrt_net *a = NULL, *b = NULL;
+    CHECK_OK(dsrt_net_create(&a, "resnet20", 0, 0, 0, 10, &o));
+    setenv("DSRT_CPU_SEGMENTS", "0", 1);
+    CHECK_OK(dsrt_net_create(&b, "resnet20", 0, 0, 0, 10, &o));
+    unsetenv("DSRT_CPU_SEGMENTS");
+    REQUIRE(a && b);
+    randomise(a, b, 17);
+    a->infer_llc = b->infer_llc = 512 << 10;
+    enum { N = 8 };
+    size_t per = (size_t)a->input.c * a->input.h * a->input.w;
+    float *x = malloc(N * per * sizeof *x), pa[N * 10], pb[N * 10], out[64];
+    int32_t labels[N];
+    REQUIRE(x);
+    dsrt_rng r = dsrt_rng_init(7, 1, 2, 3);
+    for (size_t k = 0; k < N * per; k++) x[k] = (float)dsrt_rng_uniform(&r);
+    for (int i = 0; i < N; i++) labels[i] = (int32_t)dsrt_rng_below(&r, 10);
+    for (int n = N - 1; n <= N; n++) {
+        float la, lb;
+        int ca, cb;
+        CHECK_OK(dsrt_net_predict(a, x, n, pa, labels, &la, &ca));
+        /* The first layers ran in pieces: their outputs are not kept. */
+        CHECK(dsrt__net_layer_output(a, 1, out, 0) < 0);
+        CHECK(strstr(dsrt_last_error(), "pieces") != NULL);
+        CHECK_OK(dsrt_net_predict(b, x, n, pb, labels, &lb, &cb));
+        double worst = 0;
+        for (size_t k = 0; k < (size_t)n * 10; k++) worst = fmax(worst, fabs(pa[k] - pb[k]));
+        fprintf(stderr, "  resnet20, %d images in segments: largest difference %.2g\n", n, worst);
+        CHECK(worst <= 1e-5);
+        CHECK(fabs(la - lb) <= 1e-5 * fmax(1.0, fabs(lb)));
+        CHECK_EQ(ca, cb);
+    }
+    free(x);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
 /* The fused net trains as before (training plans fuse nothing new), and
  * predicts with the new weights after a step. */
 static void test_after_training(void) {
@@ -289,6 +332,7 @@ static void test_after_transfer(void) {
 int main(void) {
     RUN(test_graph);
     RUN(test_pieces);
+    RUN(test_segments);
     RUN(test_after_training);
     RUN(test_after_transfer);
     RUN(test_builtin);
