@@ -78,13 +78,11 @@ static void add_bwd_range(void *ctx, size_t lo, size_t hi) {
     const float *z = j->z, *dz = j->dz;
     float *to = j->to[0], leak = j->leak;
     if (j->relu && leak == 0) {
-#pragma GCC ivdep
         for (size_t e = a; e < b; e++) {
             float v = dz[e];
             to[e] = z[e] > 0 ? v : 0.0f;
         }
     } else if (j->relu) {
-#pragma GCC ivdep
         for (size_t e = a; e < b; e++) {
             float v = dz[e];
             to[e] = z[e] > 0 ? v : v * leak;
