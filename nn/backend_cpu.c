@@ -563,7 +563,6 @@ int dsrt__cpu_prim_step(cpu_plan *p, cpu_backend *be, const_dnnl_primitive_desc_
     return 0;
 }
 
-/* A reorder step from one memory to another. */
 /* A copy between tensors of one layout, in pieces of COPY_PIECE bytes over
  * the team: oneDNN 2.6 gives such a reorder to its generic one-thread
  * kernel ("simple:any"; ResNet-50's residual gradients on AVX2 took 1.2%
@@ -590,6 +589,8 @@ static void copy_step(cpu_backend *be, const step *s) {
         dsrt__cpu_parallel(be, (c.bytes + COPY_PIECE - 1) / COPY_PIECE, copy_pieces, &c);
 }
 
+/* A reorder step from one memory to another (a copy_step where both have
+ * one layout). */
 int dsrt__cpu_reorder_step(cpu_plan *p, cpu_backend *be, dnnl_memory_t from, dnnl_memory_t to,
                            int backward, int layer, step_kind kind, uint64_t *cache,
                            const dsrt_layer *L) {
@@ -1342,11 +1343,11 @@ static void segments_for(cpu_backend *be, const cpu_plan *pn, int n, int *cut, i
     be->seg_m = *m;
 }
 
-static int forward_segments(cpu_backend *be, const dsrt_net_batch *batch, const float *x,
-                            cpu_plan *pn, int cut, int m, int *done) {
+static int forward_segments(cpu_backend *be, const dsrt_net_batch *batch, const float *x, int cut,
+                            int m, int *done) {
     const dsrt_net *net = be->net;
     int n = batch->n, rest = n % m, rc;
-    cpu_plan *pm, *pr = NULL;
+    cpu_plan *pm, *pr = NULL, *pn;
     *done = 0;
     /* The plans held at once: fewer than the slots, so none evicts another. */
     if ((rc = plan_get(be, m, 0, &pm)) || (rest && (rc = plan_get(be, rest, 0, &pr))) ||
@@ -1410,8 +1411,7 @@ static int cpu_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train) 
         int cut, rc = plan_get(be, n, 0, &pn), done;
         if (rc) return rc;
         segments_for(be, pn, n, &cut, &m);
-        if (cut > 0 && ((rc = forward_segments(be, batch, x, pn, cut, m, &done)) || done))
-            return rc;
+        if (cut > 0 && ((rc = forward_segments(be, batch, x, cut, m, &done)) || done)) return rc;
     }
     return forward_plan(be, batch, train, x, n, 0);
 }
@@ -1712,15 +1712,15 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
      * faster); DSRT_CPU_CONV=direct forbids Winograd. */
     const char *alg = getenv("DSRT_CPU_CONV");
     be->conv_alg = alg && !strcmp(alg, "direct") ? dnnl_convolution_direct : dnnl_convolution_auto;
-    /* DSRT_CPU_WINO_TILE=2|4: the output tile of dsrt's own Winograd
-     * convolutions (nn/backend_cpu_winograd.c), for measurements and the
-     * tests of both. */
     /* DSRT_CPU_SEGMENTS=0: inference batches of dense nets whole, never in
      * segments (forward_segments). */
     const char *seg = getenv("DSRT_CPU_SEGMENTS");
     be->segments = !(seg && !strcmp(seg, "0"));
     be->seg_n = -1;
     be->seg_cut_run = -1;
+    /* DSRT_CPU_WINO_TILE=2|4: the output tile of dsrt's own Winograd
+     * convolutions (nn/backend_cpu_winograd.c), for measurements and the
+     * tests of both. */
     const char *tile = getenv("DSRT_CPU_WINO_TILE");
     be->wino_tile = tile && !strcmp(tile, "2") ? 2 : tile && !strcmp(tile, "4") ? 4 : 0;
     /* Depthwise convolutions' weight gradients run on dsrt's own step where

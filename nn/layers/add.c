@@ -112,11 +112,11 @@ static int step_add_bwd(cpu_backend *be, cpu_plan *p, int i) {
 static int plan_add_bwd_fused(cpu_backend *be, cpu_plan *p, int i, const tensor *in, int *taken) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
-    dnnl_memory_t tgt[DSRT_INPUTS_MAX], acc[DSRT_INPUTS_MAX];
+    dnnl_memory_t acc[DSRT_INPUTS_MAX];
     int rc = 0, n = L->n_inputs;
     *taken = 0;
     for (int k = 0; k < n; k++) {
-        tgt[k] = acc[k] = NULL;
+        acc[k] = NULL;
         if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
         if (!dnnl_memory_desc_equal(&in[k].md, &lp->out.md)) return 0;
     }
@@ -134,8 +134,8 @@ static int plan_add_bwd_fused(cpu_backend *be, cpu_plan *p, int i, const tensor 
             o->to[o->n++] = lp->out.diff; /* in place */
             continue;
         }
-        rc = dsrt__cpu_grad_target_of(be, p, i, k, &in[k], &tgt[k], &acc[k]);
-        if (!rc) o->to[o->n++] = tgt[k];
+        rc = dsrt__cpu_grad_target_of(be, p, i, k, &in[k], &o->to[o->n], &acc[k]);
+        if (!rc) o->n++;
     }
     if (!rc) rc = dsrt__cpu_c_step(p, 1, step_add_bwd, i);
     for (int k = 0; k < n && !rc; k++) rc = dsrt__cpu_grad_add(be, p, i, in[k].diff, acc[k]);

@@ -613,8 +613,7 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
            dnnl_memory_desc_init_by_tag(&src_any, 4, sdims, dnnl_f32, dnnl_acdb));
         DN("memory descriptors",
            dnnl_memory_desc_init_by_tag(&dst_any, 4, ddims, dnnl_f32, dnnl_acdb));
-    }
-    if (infer_blocked(be, p, L)) {
+    } else if (infer_blocked(be, p, L)) {
         DN("memory descriptors",
            dnnl_memory_desc_init_by_tag(&src_any, 4, sdims, dnnl_f32, dnnl_nChw16c));
         DN("memory descriptors",
