@@ -35,7 +35,7 @@
  * DSRT_CPU_CONV=direct (no Winograd), DSRT_CPU_WINO_TILE=2|4 (the output
  * tile of dsrt's own Winograd kernels) and DSRT_CPU_DEPTHWISE=onednn
  * (depthwise convolutions' weight gradients always oneDNN's, never dsrt's
- * own step).
+ * own step), DSRT_CPU_POINTWISE=onednn (1x1 convolutions' likewise).
  * DSRT_MAX_CPU_ISA=scalar|avx2|avx512 caps the vector instructions of
  * dsrt's own C steps (nn/backend_cpu_kernels.c).
  */
@@ -1728,6 +1728,11 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
      * DSRT_CPU_DEPTHWISE=onednn leaves them all to oneDNN. */
     const char *dw = getenv("DSRT_CPU_DEPTHWISE");
     be->depthwise = !(dw && !strcmp(dw, "onednn"));
+    /* 1x1 convolutions' weight gradients run on dsrt's own kernel on AVX2
+     * (nn/backend_cpu_pointwise.c); DSRT_CPU_POINTWISE=onednn leaves them
+     * to oneDNN. */
+    const char *pw = getenv("DSRT_CPU_POINTWISE");
+    be->pointwise = !(pw && !strcmp(pw, "onednn"));
     dnnl_status_t st = dnnl_engine_create(&be->engine, dnnl_cpu, 0);
     if (st == dnnl_success)
         st = dnnl_stream_create(&be->stream, be->engine, dnnl_stream_default_flags);

@@ -172,6 +172,7 @@ struct dsrt_cpu_backend {
     layout_mode layout; /* of convolutions */
     dnnl_alg_kind_t conv_alg;
     int depthwise; /* depthwise weight gradients may take dsrt's C step */
+    int pointwise; /* 1x1 convolutions' weight gradients may take dsrt's own kernel */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_plan *plans[4];
@@ -400,6 +401,21 @@ int dsrt__cpu_one_primitive(cpu_backend *be, cpu_plan *p, int i, const dsrt_cpu_
 #else
 #define DSRT_CPU_AVX2
 #define DSRT_CPU_AVX512
+// ----------------------------------------------------------------------------
+// The weights' gradient of pointwise (1x1) convolutions
+// (backend_cpu_pointwise.c): any stride, no padding or dilation, ungrouped
+
+/* Whether it runs here for c input and k output channels: AVX2 without
+ * AVX-512, c a multiple of 16. */
+int dsrt__pw_wgrad_usable(const cpu_backend *be, int c, int k);
+/* dw (k, c) and db (k floats, or NULL) of the convolution of x (n, c, ., iw)
+ * at strides sh x sw whose output's gradient dy is (n, k, oh, ow); x and dy
+ * in the layouts xl and yl, xl's runs of channels multiples of 8; on the
+ * OpenMP team. */
+void dsrt__pw_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
+                           const cpu_chans *yl, int n, int oh, int ow, int iw, int sh, int sw,
+                           int c, int k, float *dw, float *db);
+
 #endif
 #define DSRT_CPU_ISA_VARIANTS(fn)                                                                  \
     static void fn##_base(void *c, size_t lo, size_t hi) {                                         \
@@ -496,5 +512,20 @@ size_t dsrt__wino_wgrad_floats(int m, int c, int k);
 void dsrt__wino_weights_grad(cpu_backend *be, int m, const float *x, const cpu_chans *xl,
                              const float *dy, const cpu_chans *yl, int n, int h, int w, int c,
                              int k, float *dw, float *db, float *scratch);
+
+// ----------------------------------------------------------------------------
+// The weights' gradient of pointwise (1x1) convolutions
+// (backend_cpu_pointwise.c): any stride, no padding or dilation, ungrouped
+
+/* Whether it runs here for c input and k output channels: AVX2 without
+ * AVX-512, c a multiple of 16. */
+int dsrt__pw_wgrad_usable(const cpu_backend *be, int c, int k);
+/* dw (k, c) and db (k floats, or NULL) of the convolution of x (n, c, ., iw)
+ * at strides sh x sw whose output's gradient dy is (n, k, oh, ow); x and dy
+ * in the layouts xl and yl, xl's runs of channels multiples of 8; on the
+ * OpenMP team. */
+void dsrt__pw_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
+                           const cpu_chans *yl, int n, int oh, int ow, int iw, int sh, int sw,
+                           int c, int k, float *dw, float *db);
 
 #endif

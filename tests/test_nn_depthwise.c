@@ -7,7 +7,8 @@
  * and stochastic depth's steps in NHWC and blocked layouts against the
  * same nets in the layouts oneDNN chooses, and under each instruction set;
  * training convolutions by Winograd's F(2x2, 3x3) (AVX2) against oneDNN's
- * direct ones within 1e-4, on sizes that end in half tiles; every one of
+ * direct ones within 1e-4, on sizes that end in half tiles; pointwise
+ * convolutions' weight gradients (AVX2) against oneDNN's; every one of
  * them the same bits run to run.
  */
 #include "nn/backend_cpu.h"
@@ -104,6 +105,30 @@ static int same_bits(const run_result *a, const run_result *b) {
            !memcmp(a->grads, b->grads, a->n_grads * sizeof *a->grads) && a->loss == b->loss;
 }
 
+/* desc with the environment variable var set to "onednn" (the reference)
+ * and unset (dsrt's own step), in the layout lay (NULL: the default): the
+ * outputs within tol_out, the gradients within tol, the own step's runs
+ * the same bits; with differ, its gradients not the reference's bits (it
+ * ran). */
+static void own_vs_onednn(const char *desc, const char *lay, const char *var, double tol_out,
+                          double tol, int differ) {
+    if (lay)
+        setenv("DSRT_CPU_LAYOUT", lay, 1);
+    else
+        unsetenv("DSRT_CPU_LAYOUT");
+    setenv(var, "onednn", 1);
+    run_result ref = run(desc, 5, 2);
+    unsetenv(var);
+    run_result own = run(desc, 5, 2), again = run(desc, 5, 2);
+    CHECK(close_to(own.outs, ref.outs, own.n_outs, tol_out, "outputs", desc));
+    CHECK(close_to(own.grads, ref.grads, own.n_grads, tol, "gradients", desc));
+    if (differ) CHECK(memcmp(own.grads, ref.grads, own.n_grads * sizeof *own.grads));
+    CHECK(same_bits(&own, &again));
+    run_free(&ref);
+    run_free(&own);
+    run_free(&again);
+}
+
 // ----------------------------------------------------------------------------
 // Depthwise convolutions
 
@@ -129,20 +154,7 @@ static void test_depthwise_vs_onednn(void) {
             for (size_t l = 0; l < DSRT_ARRAY_SIZE(layouts); l++) {
                 char desc[512];
                 snprintf(desc, sizeof desc, DW_NETS[d], channels[c], channels[c], channels[c]);
-                if (layouts[l])
-                    setenv("DSRT_CPU_LAYOUT", layouts[l], 1);
-                else
-                    unsetenv("DSRT_CPU_LAYOUT");
-                setenv("DSRT_CPU_DEPTHWISE", "onednn", 1);
-                run_result ref = run(desc, 5, 2);
-                unsetenv("DSRT_CPU_DEPTHWISE");
-                run_result own = run(desc, 5, 2), again = run(desc, 5, 2);
-                CHECK(close_to(own.outs, ref.outs, own.n_outs, 1e-4, "outputs", desc));
-                CHECK(close_to(own.grads, ref.grads, own.n_grads, 1e-4, "gradients", desc));
-                CHECK(same_bits(&own, &again));
-                run_free(&ref);
-                run_free(&own);
-                run_free(&again);
+                own_vs_onednn(desc, layouts[l], "DSRT_CPU_DEPTHWISE", 1e-4, 1e-4, 0);
             }
     unsetenv("DSRT_CPU_LAYOUT");
     unsetenv("DSRT_CPU_WINO_TILE");
@@ -273,6 +285,41 @@ static void test_winograd_vs_direct(void) {
     unsetenv("DSRT_MAX_CPU_ISA");
 }
 
+/* Pointwise (1x1) convolutions' weight gradients by dsrt's own kernel
+ * (AVX2) against oneDNN's (DSRT_CPU_POINTWISE=onednn): strides 1, 2, 3 and
+ * 2x1, output channels that leave 1, 2 or 4 rows of a register block,
+ * with and without a bias and a fused ReLU, images of more pixels than a
+ * chunk and strided ones whose rows end a chunk early, in the blocked
+ * layout and NHWC. */
+static const char *const PW_NETS[] = {
+    "input size=%dx%dx16\nconv filters=32 size=1\nrelu\nconv filters=20 size=1 stride=2 "
+    "bias=0\nrelu\nconv filters=48 size=3 pad=1\nconv filters=64 size=1\ngap\nfc outputs=3\n"
+    "softmax\n",
+    "input size=%dx%dx32\nconv filters=7 size=1 stride=3\nrelu\nconv filters=16 size=3 pad=1\n"
+    "conv filters=16 size=1 stride=2x1 bias=0\nbatchnorm\nrelu\ngap\nfc outputs=3\nsoftmax\n",
+};
+
+static void test_pointwise_vs_onednn(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    int avx2 = 0;
+#endif
+    static const int sizes[][2] = {{7, 7}, {23, 20}, {61, 5}};
+    static const char *const layouts[] = {NULL, "nhwc"};
+    setenv("DSRT_MAX_CPU_ISA", "avx2", 1);
+    for (size_t d = 0; d < DSRT_ARRAY_SIZE(PW_NETS); d++)
+        for (size_t z = 0; z < DSRT_ARRAY_SIZE(sizes); z++)
+            for (size_t l = 0; l < DSRT_ARRAY_SIZE(layouts); l++) {
+                char desc[1024];
+                snprintf(desc, sizeof desc, PW_NETS[d], sizes[z][0], sizes[z][1]);
+                own_vs_onednn(desc, layouts[l], "DSRT_CPU_POINTWISE", 1e-5, 1e-4, avx2);
+            }
+    unsetenv("DSRT_CPU_LAYOUT");
+    unsetenv("DSRT_MAX_CPU_ISA");
+}
+
 /* Inference plans by Winograd: batchnorm folded into the filters, the
  * chain's ReLUs (leaky too) and a residual's sum in the transform's
  * epilogue; the probabilities against the direct convolution's. */
@@ -338,6 +385,7 @@ static void test_winograd_inference(void) {
 int main(void) {
     RUN(test_winograd_vs_direct);
     RUN(test_winograd_inference);
+    RUN(test_pointwise_vs_onednn);
     RUN(test_depthwise_vs_onednn);
     RUN(test_products_layouts_threads);
     return TEST_RESULT();

@@ -313,6 +313,54 @@ static int dw_filter_plan(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_de
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// Pointwise convolutions' weight gradients (1x1, no padding or dilation,
+// ungrouped) on dsrt's own kernel (nn/backend_cpu_pointwise.c), where it
+// runs: on AVX2, oneDNN 2.6's 1x1 kernel takes a quarter of ResNet-50's
+// step reducing over the pixels at two thirds of its forward's rate.
+
+typedef struct {
+    cpu_chans xl, yl; /* the input's and the output gradient's layouts */
+} pw_own;
+
+static int step_pw_filter(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    const pw_own *o = p->lp[i].own;
+    float *g = be->net->grads;
+    dsrt__pw_weights_grad(be, dsrt__cpu_handle(p->lp[i].src), &o->xl,
+                          dsrt__cpu_handle(p->lp[i].out.diff), &o->yl, p->n, L->out.h, L->out.w,
+                          L->in.w, L->o.sh, L->o.sw, L->in.c, L->out.c, g + L->w_off,
+                          L->b_n ? g + L->b_off : NULL);
+    return 0;
+}
+
+/* Whether convolution i's weight gradient is that kernel's: then its step
+ * and the gradients' readiness are added, and bpd destroyed. */
+static int pw_filter_plan(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_desc_t bpd,
+                          int *taken) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    cpu_chans xl, yl;
+    *taken = 0;
+    if (L->o.kh != 1 || L->o.kw != 1 || L->o.groups != 1 || L->o.dh != 1 || L->o.dw != 1 || L->pt ||
+        L->pb || L->pl || L->pr || !dsrt__pw_wgrad_usable(be, L->in.c, L->out.c))
+        return 0;
+    if (!dsrt__cpu_chans(dsrt__cpu_md_of(lp->src), &xl) ||
+        !dsrt__cpu_chans(dsrt__cpu_md_of(lp->out.diff), &yl) || xl.inner % 8)
+        return 0;
+    pw_own *o = dsrt__calloc(1, sizeof *o);
+    if (!o) return -ENOMEM;
+    lp->own = o;
+    o->xl = xl;
+    o->yl = yl;
+    int rc = dsrt__cpu_c_step(p, 1, step_pw_filter, i);
+    if (!rc) rc = dsrt__cpu_ready_step(p, i);
+    if (rc) return rc;
+    dnnl_primitive_desc_destroy(bpd);
+    *taken = 1;
+    return 0;
+}
+
 /*
  * At inference a 3x3 convolution of stride 1 whose channels fill the blocks
  * runs on oneDNN's Winograd F(4x4, 3x3) kernel where it has one (AVX-512),
@@ -673,7 +721,8 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
         if ((rc = dsrt__cpu_pd(&bpd, &bd, be, 0, 0, fpd, "convolution backward weights", L)))
             goto out;
         int taken;
-        if ((rc = dw_filter_plan(be, p, i, bpd, &taken))) {
+        if ((rc = dw_filter_plan(be, p, i, bpd, &taken)) ||
+            (!taken && (rc = pw_filter_plan(be, p, i, bpd, &taken)))) {
             dnnl_primitive_desc_destroy(bpd);
             goto out;
         }
