@@ -105,6 +105,16 @@ static int same_bits(const run_result *a, const run_result *b) {
            !memcmp(a->grads, b->grads, a->n_grads * sizeof *a->grads) && a->loss == b->loss;
 }
 
+/* Whether dsrt's own AVX2 kernels can run here. */
+static int have_avx2(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
 /* desc with the environment variable var set to "onednn" (the reference)
  * and unset (dsrt's own step), in the layout lay (NULL: the default): the
  * outputs within tol_out, the gradients within tol, the own step's runs
@@ -226,12 +236,7 @@ static const char *const WINO_NETS[] = {
 };
 
 static void test_winograd_vs_direct(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    int avx2 = 0;
-#endif
+    int avx2 = have_avx2();
     static const int sizes[][2] = {{7, 7}, {8, 8}, {11, 9}, {12, 13}};
     static const char *const layouts[] = {NULL, "nhwc"};
     setenv("DSRT_MAX_CPU_ISA", "avx2", 1);
@@ -300,12 +305,7 @@ static const char *const PW_NETS[] = {
 };
 
 static void test_pointwise_vs_onednn(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    int avx2 = 0;
-#endif
+    int avx2 = have_avx2();
     static const int sizes[][2] = {{7, 7}, {23, 20}, {61, 5}};
     static const char *const layouts[] = {NULL, "nhwc"};
     setenv("DSRT_MAX_CPU_ISA", "avx2", 1);
