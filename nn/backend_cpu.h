@@ -401,21 +401,6 @@ int dsrt__cpu_one_primitive(cpu_backend *be, cpu_plan *p, int i, const dsrt_cpu_
 #else
 #define DSRT_CPU_AVX2
 #define DSRT_CPU_AVX512
-// ----------------------------------------------------------------------------
-// The weights' gradient of pointwise (1x1) convolutions
-// (backend_cpu_pointwise.c): any stride, no padding or dilation, ungrouped
-
-/* Whether it runs here for c input and k output channels: AVX2 without
- * AVX-512, c a multiple of 16. */
-int dsrt__pw_wgrad_usable(const cpu_backend *be, int c, int k);
-/* dw (k, c) and db (k floats, or NULL) of the convolution of x (n, c, ., iw)
- * at strides sh x sw whose output's gradient dy is (n, k, oh, ow); x and dy
- * in the layouts xl and yl, xl's runs of channels multiples of 8; on the
- * OpenMP team. */
-void dsrt__pw_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
-                           const cpu_chans *yl, int n, int oh, int ow, int iw, int sh, int sw,
-                           int c, int k, float *dw, float *db);
-
 #endif
 #define DSRT_CPU_ISA_VARIANTS(fn)                                                                  \
     static void fn##_base(void *c, size_t lo, size_t hi) {                                         \
@@ -517,9 +502,9 @@ void dsrt__wino_weights_grad(cpu_backend *be, int m, const float *x, const cpu_c
 // The weights' gradient of pointwise (1x1) convolutions
 // (backend_cpu_pointwise.c): any stride, no padding or dilation, ungrouped
 
-/* Whether it runs here for c input and k output channels: AVX2 without
- * AVX-512, c a multiple of 16. */
-int dsrt__pw_wgrad_usable(const cpu_backend *be, int c, int k);
+/* Whether it runs here for c input channels: AVX2 without AVX-512, c a
+ * multiple of 16. */
+int dsrt__pw_wgrad_usable(const cpu_backend *be, int c);
 /* dw (k, c) and db (k floats, or NULL) of the convolution of x (n, c, ., iw)
  * at strides sh x sw whose output's gradient dy is (n, k, oh, ow); x and dy
  * in the layouts xl and yl, xl's runs of channels multiples of 8; on the

@@ -34,11 +34,11 @@
 #define PW_COLS  16  /* input channels a register block */
 #define PW_CHUNK 256 /* output pixels a chunk: a group's 16 KB of X */
 
-int dsrt__pw_wgrad_usable(const cpu_backend *be, int c, int k) {
+int dsrt__pw_wgrad_usable(const cpu_backend *be, int c) {
 #ifdef PW_X86
-    return be->pointwise && be->isa == CPU_ISA_AVX2 && c % PW_COLS == 0 && k >= 1;
+    return be->pointwise && be->isa == CPU_ISA_AVX2 && c % PW_COLS == 0;
 #else
-    (void)be, (void)c, (void)k;
+    (void)be, (void)c;
     return 0;
 #endif
 }
@@ -51,7 +51,7 @@ typedef struct {
     const float *x, *dy;
     const cpu_chans *xl, *yl;
     float *dw, *db;
-    int oh, ow, iw, sh, sw, c, k;
+    int ow, iw, sh, sw, c, k;
     int kgroups;   /* blocks of PW_ROWS output channels */
     long per, run; /* output pixels an image; a run whose inputs lie evenly spaced */
     long pixels;
@@ -247,7 +247,6 @@ void dsrt__pw_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl,
                 .yl = yl,
                 .dw = dw,
                 .db = db,
-                .oh = oh,
                 .ow = ow,
                 .iw = iw,
                 .sh = sh,

@@ -343,7 +343,7 @@ static int pw_filter_plan(cpu_backend *be, cpu_plan *p, int i, dnnl_primitive_de
     cpu_chans xl, yl;
     *taken = 0;
     if (L->o.kh != 1 || L->o.kw != 1 || L->o.groups != 1 || L->o.dh != 1 || L->o.dw != 1 || L->pt ||
-        L->pb || L->pl || L->pr || !dsrt__pw_wgrad_usable(be, L->in.c, L->out.c))
+        L->pb || L->pl || L->pr || !dsrt__pw_wgrad_usable(be, L->in.c))
         return 0;
     if (!dsrt__cpu_chans(dsrt__cpu_md_of(lp->src), &xl) ||
         !dsrt__cpu_chans(dsrt__cpu_md_of(lp->out.diff), &yl) || xl.inner % 8)
