@@ -1108,117 +1108,13 @@ static void vpass(float *restrict tmp, const uint8_t *base, size_t stride, int y
 /* Four floats in one SSE register (GCC and clang vector extension). */
 typedef float v4sf __attribute__((vector_size(16)));
 
-/* Where the horizontal pass puts its results. */
-enum { TO_HWC, TO_PLANES, TO_U8 };
-
-/*
- * The horizontal pass: output u is sum_j w[u][j] * tmp[start[u] + j] (tmp
- * holding source pixels from ax->lo), or the fill value, written as floats
- * (ch, interleaved) to hwc, or straight into output row v of the sample. ch,
- * to and taps (the count of every entry, or 0 for each its own) are constants
- * at each call, so the loops specialise and unroll.
- */
-static inline __attribute__((always_inline)) void
-hpass_ch(const axis *ax, const float *restrict tmp, const float *fill, int ch, int och, int to,
-         int taps, float *restrict hwc, const sink *s, int v) {
-    const int k = ax->k;
-    float *restrict pl[3] = {NULL, NULL, NULL};
-    uint8_t *restrict o8 = NULL;
-    v4sf sub = {0.0f, 0.0f, 0.0f, 0.0f}, inv = {1.0f, 1.0f, 1.0f, 1.0f};
-    v4sf fill4 = {fill[0], och == 3 ? fill[1] : 0.0f, och == 3 ? fill[2] : 0.0f, 0.0f};
-    if (to == TO_PLANES) {
-        size_t plane = (size_t)s->ow * s->oh;
-        for (int c = 0; c < och; c++) {
-            pl[c] = (float *)s->dst + c * plane + (size_t)v * s->ow;
-            sub[c] = s->sub[c];
-            inv[c] = s->inv[c];
-        }
-    } else if (to == TO_U8) {
-        o8 = (uint8_t *)s->dst + (size_t)v * s->ow * och;
-    }
-    for (int u = 0; u < ax->n; u++) {
-        int cnt = ax->count[u];
-        v4sf acc = fill4;
-        if (cnt != 0) {
-            const float *restrict p = tmp + (size_t)(ax->start[u] - ax->lo) * ch;
-            const float *restrict w = ax->w + (size_t)u * k;
-            int m = taps ? taps : cnt;
-            acc = (v4sf){0.0f, 0.0f, 0.0f, 0.0f};
-            if (ch == 3) {
-                /* One 4-lane multiply-add per tap: lanes R, G, B and the next
-                 * pixel's R (ignored; tmp has slack at its end). */
-                for (int j = 0; j < m; j++) {
-                    v4sf x;
-                    memcpy(&x, p + 3 * j, sizeof x);
-                    acc += w[j] * x;
-                }
-            } else {
-                float a = 0.0f;
-                for (int j = 0; j < m; j++) a += w[j] * p[j];
-                acc[0] = acc[1] = acc[2] = a; /* a gray source gives every channel */
-            }
-        }
-        if (to == TO_PLANES) {
-            v4sf r = (acc - sub) * inv;
-            for (int c = 0; c < och; c++) pl[c][u] = r[c];
-        }
-        for (int c = 0; c < och; c++) {
-            if (to == TO_HWC) hwc[(size_t)u * och + c] = acc[c];
-            if (to == TO_U8) o8[(size_t)u * och + c] = dsrt__to_u8(acc[c]);
-        }
-    }
-}
-
-/* hpass_ch for 3 channels with the common tap counts unrolled. */
-#define HPASS3(to, hwc, s, v)                                                                      \
-    switch (ax->taps) {                                                                            \
-    case 2:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, 3, to, 2, hwc, s, v);                                           \
-        break;                                                                                     \
-    case 3:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, 3, to, 3, hwc, s, v);                                           \
-        break;                                                                                     \
-    case 4:                                                                                        \
-        hpass_ch(ax, tmp, fill, 3, 3, to, 4, hwc, s, v);                                           \
-        break;                                                                                     \
-    default:                                                                                       \
-        hpass_ch(ax, tmp, fill, 3, 3, to, 0, hwc, s, v);                                           \
-    }
-
-/* The horizontal pass into floats (ax->n, ch). */
-static void hpass_hwc(float *hwc, const float *tmp, const axis *ax, const float *fill, int ch) {
-    if (ch == 3) {
-        HPASS3(TO_HWC, hwc, NULL, 0)
-    } else {
-        hpass_ch(ax, tmp, fill, 1, 1, TO_HWC, 0, hwc, NULL, 0);
-    }
-}
-
-/* The horizontal pass into output row v of the sample. */
-static void hpass_sink(const sink *s, int v, const float *tmp, const axis *ax) {
-    const float *fill = s->fill;
-    if (s->sch == 3 && s->f32) {
-        HPASS3(TO_PLANES, NULL, s, v)
-    } else if (s->sch == 3) {
-        HPASS3(TO_U8, NULL, s, v)
-    } else if (s->ch == 3 && s->f32) {
-        hpass_ch(ax, tmp, fill, 1, 3, TO_PLANES, 0, NULL, s, v);
-    } else if (s->ch == 3) {
-        hpass_ch(ax, tmp, fill, 1, 3, TO_U8, 0, NULL, s, v);
-    } else if (s->f32) {
-        hpass_ch(ax, tmp, fill, 1, 1, TO_PLANES, 0, NULL, s, v);
-    } else {
-        hpass_ch(ax, tmp, fill, 1, 1, TO_U8, 0, NULL, s, v);
-    }
-}
-
 /* The scalar row kernel: the vertical pass into interleaved floats, then
  * the horizontal pass into the sink. */
 void dsrt__row_scalar(const dsrt__row_job *j) {
     const axis *ax = j->ax;
     size_t len = (size_t)(ax->hi - ax->lo) * (size_t)j->s->sch;
     vpass(j->tmp, j->src, j->stride, 0, j->n, j->w, 0, len);
-    hpass_sink(j->s, j->v, j->tmp, ax);
+    dsrt__hpass_sink(j->s, j->v, j->tmp, ax);
 }
 
 /* Fails unless the window holds every source pixel the axis tables read. */
@@ -1425,7 +1321,7 @@ static int run_affine(dsrt_augmenter *a, const sink *s, const dsrt_image *img, a
     for (int y = 0; y < rh; y++) {
         vpass(a->tmp, img->data, img->stride, ay->start[y], ay->count[y], ay->w + (size_t)y * ay->k,
               lo, len);
-        hpass_hwc(a->pre + y * pstride, a->tmp, ax, s->fill, ch);
+        dsrt__hpass_hwc(a->pre + y * pstride, a->tmp, ax, s->fill, ch);
     }
     t = compose(shift(-rx0, -ry0), t);
     for (int v = 0; v < s->oh; v++) {
@@ -1706,6 +1602,8 @@ AVX512_FN static void color_last16(float *const pl[3], size_t n, int round, cons
             __m512 y = _mm512_div_ps(_mm512_sub_ps(v[c], sub[c]), div[c]);
             if (stream)
                 _mm512_stream_ps(o + c * n + i, y);
+            else if (k == 0xffff) /* plain, unmasked: faster where the line is not in cache */
+                _mm512_storeu_ps(o + c * n + i, y);
             else
                 _mm512_mask_storeu_ps(o + c * n + i, k, y);
         }

@@ -119,6 +119,11 @@ typedef struct {
 
 /* The scalar kernels (augment.c), which the others fall back on. */
 void dsrt__row_scalar(const dsrt__row_job *j);
+/* Its horizontal pass (sink.c), from tmp: the vertical pass's sums with the
+ * channels interleaved, source pixel ax->lo first, one float of slack after
+ * them; into output row v of the sink, or as floats (ax->n, ch) into hwc. */
+void dsrt__hpass_sink(const dsrt__sink *s, int v, const float *tmp, const dsrt__axis *ax);
+void dsrt__hpass_hwc(float *hwc, const float *tmp, const dsrt__axis *ax, const float *fill, int ch);
 void dsrt__copy_scalar(const dsrt__sink *s, int v, const uint8_t *src, const dsrt__axis *ax);
 /* Output columns [u0, u1) of row v set to the fill value. */
 void dsrt__sink_fill(const dsrt__sink *s, int v, int u0, int u1);

@@ -14,8 +14,12 @@
  * (the axis tables say which lane reads which), of four vectors where the
  * block reaches twice as far (reductions by about 2 to 4: on AMD's cores a
  * gather costs more than the four permutes and three blends), or a gather
- * where it reaches further still. Blocks with fill outputs go one
- * output at a time through the scalar code.
+ * where it reaches further still (AVX-512; with AVX2 such blocks take the
+ * scalar code, which beats its gathers). Blocks with fill outputs go one
+ * output at a time through the scalar code. The common counts of source
+ * rows (up to 6) and of taps are unrolled with their weights in registers.
+ * Whole vectors are stored unmasked: a masked store to a line that is not
+ * in cache (a batch's slot) costs several times a plain one on AMD's cores.
  *
  * The arithmetic is the scalar kernel's, operation for operation: every sum
  * starts with its first product and adds the others in tap order, each a
@@ -116,17 +120,85 @@ static inline __mmask16 bytes16(int n) {
     return n <= 0 ? 0 : mask16(n);
 }
 
+/* The sums of 48 bytes at o over any n of rows, three side by side, each
+ * row's weight broadcast once for the three. */
+AVX512 static inline void vsum48(const uint8_t *src, size_t stride, int n, const float *w, size_t o,
+                                 __m512 *a) {
+    __m512 wj = _mm512_set1_ps(w[0]);
+    a[0] = _mm512_mul_ps(wj, load16_u8(src + o));
+    a[1] = _mm512_mul_ps(wj, load16_u8(src + o + 16));
+    a[2] = _mm512_mul_ps(wj, load16_u8(src + o + 32));
+    for (int j = 1; j < n; j++) {
+        const uint8_t *r = src + (size_t)j * stride + o;
+        wj = _mm512_set1_ps(w[j]);
+        a[0] = _mm512_add_ps(a[0], _mm512_mul_ps(wj, load16_u8(r)));
+        a[1] = _mm512_add_ps(a[1], _mm512_mul_ps(wj, load16_u8(r + 16)));
+        a[2] = _mm512_add_ps(a[2], _mm512_mul_ps(wj, load16_u8(r + 32)));
+    }
+}
+
+/* Every whole group of 16 pixels of 3 channels (48 bytes) over a constant
+ * n of rows (up to 6): the weights broadcast once, the rows unrolled, the
+ * three sums side by side. Returns the pixels done. */
+AVX512 static inline __attribute__((always_inline)) int vpass3_rows16(float *planes, size_t plane,
+                                                                      const uint8_t *src,
+                                                                      size_t stride, int n,
+                                                                      const float *w, int px) {
+    __m512 wv[6];
+    for (int j = 0; j < n; j++) wv[j] = _mm512_set1_ps(w[j]);
+    int i = 0;
+    for (; i + 16 <= px; i += 16) {
+        const uint8_t *r = src + (size_t)3 * i;
+        __m512 a = _mm512_mul_ps(wv[0], load16_u8(r));
+        __m512 b = _mm512_mul_ps(wv[0], load16_u8(r + 16));
+        __m512 c = _mm512_mul_ps(wv[0], load16_u8(r + 32));
+        for (int j = 1; j < n; j++) {
+            r += stride;
+            a = _mm512_add_ps(a, _mm512_mul_ps(wv[j], load16_u8(r)));
+            b = _mm512_add_ps(b, _mm512_mul_ps(wv[j], load16_u8(r + 16)));
+            c = _mm512_add_ps(c, _mm512_mul_ps(wv[j], load16_u8(r + 32)));
+        }
+        for (int ch = 0; ch < 3; ch++)
+            _mm512_storeu_ps(planes + ch * plane + i, split16(a, b, c, ch));
+    }
+    return i;
+}
+
 /* The vertical pass of px pixels of sch channels into planes. */
 AVX512 static void vpass_avx512(float *planes, size_t plane, const uint8_t *src, size_t stride,
                                 int n, const float *w, int px, int sch) {
+    int i = 0;
     if (sch == 1) {
-        for (int i = 0; i < px; i += 16) {
+        for (; i + 48 <= px; i += 48) {
+            __m512 a[3];
+            vsum48(src, stride, n, w, (size_t)i, a);
+            for (int k = 0; k < 3; k++) _mm512_storeu_ps(planes + i + 16 * k, a[k]);
+        }
+        for (; i < px; i += 16) {
             __mmask16 m = mask16(px - i);
             _mm512_mask_storeu_ps(planes + i, m, vsum16(src, stride, n, w, (size_t)i, m));
         }
         return;
     }
-    for (int i = 0; i < px; i += 16) {
+    if (n == 1)
+        i = vpass3_rows16(planes, plane, src, stride, 1, w, px);
+    else if (n == 2)
+        i = vpass3_rows16(planes, plane, src, stride, 2, w, px);
+    else if (n == 3)
+        i = vpass3_rows16(planes, plane, src, stride, 3, w, px);
+    else if (n == 4)
+        i = vpass3_rows16(planes, plane, src, stride, 4, w, px);
+    else if (n == 5)
+        i = vpass3_rows16(planes, plane, src, stride, 5, w, px);
+    else if (n == 6)
+        i = vpass3_rows16(planes, plane, src, stride, 6, w, px);
+    for (; i + 16 <= px; i += 16) {
+        __m512 a[3];
+        vsum48(src, stride, n, w, (size_t)3 * i, a);
+        for (int ch = 0; ch < 3; ch++)
+            _mm512_storeu_ps(planes + ch * plane + i, split16(a[0], a[1], a[2], ch));
+    }
+    for (; i < px; i += 16) {
         int bytes = 3 * (px - i);
         size_t o = (size_t)3 * i;
         __mmask16 m = mask16(px - i);
@@ -153,7 +225,15 @@ AVX512 static inline void write16(const dsrt__sink *s, void *out, size_t ostride
             if (!(s->sub[c] == 0.0f && !signbit(s->sub[c])))
                 x = _mm512_sub_ps(x, _mm512_set1_ps(s->sub[c]));
             __m512 r = _mm512_mul_ps(x, _mm512_set1_ps(s->inv[c]));
-            _mm512_mask_storeu_ps(o + c * plane, m, r);
+            /* Plain stores: a masked one costs more, where the line is not
+             * in cache (see the top). */
+            if (lanes == 16) {
+                _mm512_storeu_ps(o + c * plane, r);
+            } else {
+                float t[16];
+                _mm512_storeu_ps(t, r);
+                memcpy(o + c * plane, t, (size_t)lanes * sizeof *t);
+            }
         }
         return;
     }
@@ -175,7 +255,12 @@ AVX512 static inline void write16(const dsrt__sink *s, void *out, size_t ostride
         pix, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pack3_bytes)));
     __m512i packed = _mm512_permutexvar_epi32(
         _mm512_setr_epi32(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 15, 15, 15, 15), bytes);
-    __mmask64 bm = 3 * lanes >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (3 * lanes)) - 1);
+    if (lanes == 16) { /* 48 bytes: plain stores (see write16's floats) */
+        _mm256_storeu_si256((__m256i *)o, _mm512_castsi512_si256(packed));
+        _mm_storeu_si128((__m128i *)(o + 32), _mm512_extracti32x4_epi32(packed, 2));
+        return;
+    }
+    __mmask64 bm = ((__mmask64)1 << (3 * lanes)) - 1;
     _mm512_mask_storeu_epi8(o, bm, packed);
 }
 
@@ -253,6 +338,15 @@ AVX512 static void row_avx512(const dsrt__row_job *j) {
     const dsrt__sink *s = j->s;
     const dsrt__axis *ax = j->ax;
     int sch = s->sch, taps = ax->taps;
+    /* As in row_avx2, a row of no block the permutes take. */
+    int vec = 0;
+    for (int b = 0; b < ax->nb && !vec; b++)
+        vec = ax->bmode[b] == BLOCK_PERMUTE || ax->bmode[b] == BLOCK_WIDE;
+    if (!vec) {
+        vpass_avx512(j->tmp, 0, j->src, j->stride, j->n, j->w, (ax->hi - ax->lo) * sch, 1);
+        dsrt__hpass_sink(s, j->v, j->tmp, ax);
+        return;
+    }
     float *planes = j->tmp;
     vpass_avx512(planes, j->plane, j->src, j->stride, j->n, j->w, ax->hi - ax->lo, sch);
     size_t ostride = (size_t)s->ow * s->oh;
@@ -314,10 +408,14 @@ AVX512 static void copy_avx512(const dsrt__sink *s, int v, const uint8_t *src,
         } else {
             x[0] = x[1] = x[2] = load16_u8_mask(p + i, m);
         }
-        for (int c = 0; c < s->ch; c++)
-            _mm512_mask_storeu_ps(o + c * plane + i, m,
-                                  _mm512_div_ps(_mm512_sub_ps(x[c], _mm512_set1_ps(s->sub[c])),
-                                                _mm512_set1_ps(s->div[c])));
+        for (int c = 0; c < s->ch; c++) {
+            __m512 y = _mm512_div_ps(_mm512_sub_ps(x[c], _mm512_set1_ps(s->sub[c])),
+                                     _mm512_set1_ps(s->div[c]));
+            if (m == 0xffff)
+                _mm512_storeu_ps(o + c * plane + i, y);
+            else
+                _mm512_mask_storeu_ps(o + c * plane + i, m, y);
+        }
     }
 }
 
@@ -337,21 +435,87 @@ AVX2 static inline __m256 vsum8(const uint8_t *src, size_t stride, int n, const 
     return acc;
 }
 
+/* The sums of 24 bytes at o over any n of rows, three side by side, each
+ * row's weight broadcast once for the three. */
+AVX2 static inline void vsum24(const uint8_t *src, size_t stride, int n, const float *w, size_t o,
+                               __m256 *a) {
+    __m256 wj = _mm256_set1_ps(w[0]);
+    a[0] = _mm256_mul_ps(wj, load8_u8(src + o));
+    a[1] = _mm256_mul_ps(wj, load8_u8(src + o + 8));
+    a[2] = _mm256_mul_ps(wj, load8_u8(src + o + 16));
+    for (int j = 1; j < n; j++) {
+        const uint8_t *r = src + (size_t)j * stride + o;
+        wj = _mm256_set1_ps(w[j]);
+        a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(wj, load8_u8(r)));
+        a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(wj, load8_u8(r + 8)));
+        a[2] = _mm256_add_ps(a[2], _mm256_mul_ps(wj, load8_u8(r + 16)));
+    }
+}
+
+/* The vertical pass of 8 pixels of 3 channels (24 bytes at o) over n rows
+ * into the planes, the weights' vectors wv given. n is a constant where it
+ * is called, so the rows unroll and the three sums run side by side. */
+AVX2 static inline __attribute__((always_inline)) void vsum8x3(float *planes, size_t plane,
+                                                               const uint8_t *src, size_t stride,
+                                                               int n, const __m256 *wv, size_t o,
+                                                               int i) {
+    __m256 a = _mm256_mul_ps(wv[0], load8_u8(src + o));
+    __m256 b = _mm256_mul_ps(wv[0], load8_u8(src + o + 8));
+    __m256 c = _mm256_mul_ps(wv[0], load8_u8(src + o + 16));
+    for (int j = 1; j < n; j++) {
+        const uint8_t *r = src + (size_t)j * stride + o;
+        a = _mm256_add_ps(a, _mm256_mul_ps(wv[j], load8_u8(r)));
+        b = _mm256_add_ps(b, _mm256_mul_ps(wv[j], load8_u8(r + 8)));
+        c = _mm256_add_ps(c, _mm256_mul_ps(wv[j], load8_u8(r + 16)));
+    }
+    _mm256_storeu_ps(planes + i, SPLIT8(a, b, c, 0, 0x92, 0x24));
+    _mm256_storeu_ps(planes + plane + i, SPLIT8(a, b, c, 1, 0x24, 0x49));
+    _mm256_storeu_ps(planes + 2 * plane + i, SPLIT8(a, b, c, 2, 0x49, 0x92));
+}
+
+/* Every group of 8 pixels of 3 channels, for a constant n of rows (up to
+ * 6): the weights broadcast once. Returns the pixels done. */
+AVX2 static inline __attribute__((always_inline)) int vpass3_rows(float *planes, size_t plane,
+                                                                  const uint8_t *src, size_t stride,
+                                                                  int n, const float *w, int px) {
+    __m256 wv[6];
+    for (int j = 0; j < n; j++) wv[j] = _mm256_set1_ps(w[j]);
+    int i = 0;
+    for (; i + 8 <= px; i += 8) vsum8x3(planes, plane, src, stride, n, wv, (size_t)3 * i, i);
+    return i;
+}
+
 /* The vertical pass, 8 pixels at a time; the last few one value at a time,
  * with the same arithmetic. */
 AVX2 static void vpass_avx2(float *planes, size_t plane, const uint8_t *src, size_t stride, int n,
                             const float *w, int px, int sch) {
     int i = 0;
     if (sch == 1) {
+        for (; i + 24 <= px; i += 24) {
+            __m256 a[3];
+            vsum24(src, stride, n, w, (size_t)i, a);
+            for (int k = 0; k < 3; k++) _mm256_storeu_ps(planes + i + 8 * k, a[k]);
+        }
         for (; i + 8 <= px; i += 8) _mm256_storeu_ps(planes + i, vsum8(src, stride, n, w, i));
+    } else if (n == 1) {
+        i = vpass3_rows(planes, plane, src, stride, 1, w, px);
+    } else if (n == 2) {
+        i = vpass3_rows(planes, plane, src, stride, 2, w, px);
+    } else if (n == 3) {
+        i = vpass3_rows(planes, plane, src, stride, 3, w, px);
+    } else if (n == 4) {
+        i = vpass3_rows(planes, plane, src, stride, 4, w, px);
+    } else if (n == 5) {
+        i = vpass3_rows(planes, plane, src, stride, 5, w, px);
+    } else if (n == 6) {
+        i = vpass3_rows(planes, plane, src, stride, 6, w, px);
     } else {
         for (; i + 8 <= px; i += 8) {
-            size_t o = (size_t)3 * i;
-            __m256 a = vsum8(src, stride, n, w, o), b = vsum8(src, stride, n, w, o + 8);
-            __m256 c = vsum8(src, stride, n, w, o + 16);
-            _mm256_storeu_ps(planes + i, SPLIT8(a, b, c, 0, 0x92, 0x24));
-            _mm256_storeu_ps(planes + plane + i, SPLIT8(a, b, c, 1, 0x24, 0x49));
-            _mm256_storeu_ps(planes + 2 * plane + i, SPLIT8(a, b, c, 2, 0x49, 0x92));
+            __m256 a[3];
+            vsum24(src, stride, n, w, (size_t)3 * i, a);
+            _mm256_storeu_ps(planes + i, SPLIT8(a[0], a[1], a[2], 0, 0x92, 0x24));
+            _mm256_storeu_ps(planes + plane + i, SPLIT8(a[0], a[1], a[2], 1, 0x24, 0x49));
+            _mm256_storeu_ps(planes + 2 * plane + i, SPLIT8(a[0], a[1], a[2], 2, 0x49, 0x92));
         }
     }
     for (; i < px; i++)
@@ -366,8 +530,6 @@ AVX2 static void vpass_avx2(float *planes, size_t plane, const uint8_t *src, siz
 AVX2 static inline void write8(const dsrt__sink *s, void *out, size_t ostride, int u0, int lanes,
                                const __m256 *acc) {
     int och = s->ch, sch = s->sch;
-    __m256i live =
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     if (s->f32) {
         size_t plane = ostride;
         float *o = (float *)out + u0;
@@ -377,10 +539,13 @@ AVX2 static inline void write8(const dsrt__sink *s, void *out, size_t ostride, i
             if (!(s->sub[c] == 0.0f && !signbit(s->sub[c])))
                 x = _mm256_sub_ps(x, _mm256_set1_ps(s->sub[c]));
             __m256 r = _mm256_mul_ps(x, _mm256_set1_ps(s->inv[c]));
-            if (lanes == 8)
+            if (lanes == 8) {
                 _mm256_storeu_ps(o + c * plane, r);
-            else
-                _mm256_maskstore_ps(o + c * plane, live, r);
+            } else { /* plain stores (see the top) */
+                float t[8];
+                _mm256_storeu_ps(t, r);
+                memcpy(o + c * plane, t, (size_t)lanes * sizeof *t);
+            }
         }
         return;
     }
@@ -406,11 +571,40 @@ AVX2 static inline void write8(const dsrt__sink *s, void *out, size_t ostride, i
     __m256i b = _mm256_shuffle_epi8(
         pix, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pack3_bytes)));
     b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7));
-    if (lanes == 8) {
-        _mm256_maskstore_epi32((int *)o, _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0), b);
+    if (lanes == 8) { /* 24 bytes: plain stores (see write16's floats) */
+        _mm_storeu_si128((__m128i *)o, _mm256_castsi256_si128(b));
+        _mm_storel_epi64((__m128i *)(o + 16), _mm256_extracti128_si256(b, 1));
     } else {
         _mm256_storeu_si256((__m256i *)spill, b);
         memcpy(o, spill, (size_t)3 * lanes);
+    }
+}
+
+/* The taps of one block for the sch planes, every tap within the 16 values
+ * from p: a permute of each of the two vectors and a blend a tap, the
+ * indices and the blends' masks made once for all planes (bit 3 of a
+ * lane's index, to the sign bit, picks the vector). taps is a constant
+ * where it is called. */
+AVX2 static inline __attribute__((always_inline)) void taps_permute8(const float *p, size_t plane,
+                                                                     int sch, __m256i idx0,
+                                                                     const float *wv, int taps,
+                                                                     __m256 *acc) {
+    __m256i idx[4];
+    __m256 high[4];
+    for (int t = 0; t < taps; t++) {
+        idx[t] = t == 0 ? idx0 : _mm256_add_epi32(idx[t - 1], _mm256_set1_epi32(1));
+        high[t] = _mm256_castsi256_ps(_mm256_slli_epi32(idx[t], 28));
+    }
+    for (int c = 0; c < sch; c++) {
+        const float *q = p + c * plane;
+        __m256 lo = _mm256_loadu_ps(q), hi = _mm256_loadu_ps(q + 8), a = _mm256_setzero_ps();
+        for (int t = 0; t < taps; t++) {
+            __m256 x = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx[t]),
+                                        _mm256_permutevar8x32_ps(hi, idx[t]), high[t]);
+            __m256 prod = _mm256_mul_ps(_mm256_loadu_ps(wv + 8 * t), x);
+            a = t == 0 ? prod : _mm256_add_ps(a, prod);
+        }
+        acc[c] = a;
     }
 }
 
@@ -418,63 +612,71 @@ AVX2 static void row_avx2(const dsrt__row_job *j) {
     const dsrt__sink *s = j->s;
     const dsrt__axis *ax = j->ax;
     int sch = s->sch, taps = ax->taps;
+    /* A row of no block the vectors take (large reductions: gathers; fill):
+     * the vertical pass with the channels left interleaved, then the scalar
+     * kernel's horizontal pass, which takes a pixel's channels together. */
+    int vec = 0;
+    for (int b = 0; b < ax->nb && !vec; b++)
+        vec = ax->bmode[b] == BLOCK_PERMUTE || ax->bmode[b] == BLOCK_WIDE;
+    if (!vec) {
+        vpass_avx2(j->tmp, 0, j->src, j->stride, j->n, j->w, (ax->hi - ax->lo) * sch, 1);
+        dsrt__hpass_sink(s, j->v, j->tmp, ax);
+        return;
+    }
     float *planes = j->tmp;
     vpass_avx2(planes, j->plane, j->src, j->stride, j->n, j->w, ax->hi - ax->lo, sch);
     size_t ostride = (size_t)s->ow * s->oh;
     void *out = s->f32 ? (void *)((float *)s->dst + (size_t)j->v * s->ow)
                        : (void *)((uint8_t *)s->dst + (size_t)j->v * s->ow * s->ch);
-    const __m256i seven = _mm256_set1_epi32(7), one = _mm256_set1_epi32(1);
+    const __m256i one = _mm256_set1_epi32(1);
     for (int b = 0; b < ax->nb; b++) {
         int u0 = b * 8, lanes = DSRT_MIN(8, ax->n - u0);
         int mode = ax->bmode[b];
-        if (mode == BLOCK_SCALAR) {
+        /* Blocks whose taps reach further than four vectors go through the
+         * scalar code, which is faster than AVX2's gathers on AMD's cores; so
+         * do permute blocks of more than 4 taps (not seen: 8 outputs that
+         * reach no further than 16 values have 4 taps at most). */
+        if (mode == BLOCK_SCALAR || mode == BLOCK_GATHER || (mode == BLOCK_PERMUTE && taps > 4)) {
             dsrt__hpass_outputs(j, planes, u0, u0 + lanes, out, ostride);
             continue;
         }
         __m256i idx0 = _mm256_loadu_si256((const __m256i *)(ax->bidx + (size_t)b * 8));
         const float *wv = ax->bw + (size_t)b * taps * 8;
         __m256 acc[3];
+        if (mode == BLOCK_PERMUTE) {
+            const float *p = planes + ax->bbase[b];
+            if (taps == 1)
+                taps_permute8(p, j->plane, sch, idx0, wv, 1, acc);
+            else if (taps == 2)
+                taps_permute8(p, j->plane, sch, idx0, wv, 2, acc);
+            else if (taps == 3)
+                taps_permute8(p, j->plane, sch, idx0, wv, 3, acc);
+            else
+                taps_permute8(p, j->plane, sch, idx0, wv, 4, acc);
+            write8(s, out, ostride, u0, lanes, acc);
+            continue;
+        }
         for (int c = 0; c < sch; c++) {
+            /* BLOCK_WIDE: every tap lies in these 32 values: bit 3 of a
+             * lane's index picks the vector of a pair, bit 4 the pair (to
+             * the sign bits that blendv reads). */
             const float *p = planes + c * j->plane + ax->bbase[b];
+            __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8),
+                   v2 = _mm256_loadu_ps(p + 16), v3 = _mm256_loadu_ps(p + 24);
+            __m256i idx = idx0;
             __m256 a = _mm256_setzero_ps();
-            if (mode == BLOCK_WIDE) {
-                /* Every tap lies in these 32 values: bit 3 of a lane's index
-                 * picks the vector of a pair, bit 4 the pair (to the sign
-                 * bits that blendv reads). */
-                __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8),
-                       v2 = _mm256_loadu_ps(p + 16), v3 = _mm256_loadu_ps(p + 24);
-                __m256i idx = idx0;
-                for (int t = 0; t < taps; t++) {
-                    __m256 odd = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)),
-                           high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 27));
-                    __m256 x =
-                        _mm256_blendv_ps(_mm256_blendv_ps(_mm256_permutevar8x32_ps(v0, idx),
-                                                          _mm256_permutevar8x32_ps(v1, idx), odd),
-                                         _mm256_blendv_ps(_mm256_permutevar8x32_ps(v2, idx),
-                                                          _mm256_permutevar8x32_ps(v3, idx), odd),
-                                         high);
-                    __m256 prod = _mm256_mul_ps(_mm256_loadu_ps(wv + 8 * t), x);
-                    a = t == 0 ? prod : _mm256_add_ps(a, prod);
-                    idx = _mm256_add_epi32(idx, one);
-                }
-            } else if (mode == BLOCK_PERMUTE) {
-                /* Every tap of the block lies in these 16 values. */
-                __m256 lo = _mm256_loadu_ps(p), hi = _mm256_loadu_ps(p + 8);
-                __m256i idx = idx0;
-                for (int t = 0; t < taps; t++) {
-                    __m256 x = _mm256_blendv_ps(
-                        _mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
-                        _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, seven)));
-                    __m256 prod = _mm256_mul_ps(_mm256_loadu_ps(wv + 8 * t), x);
-                    a = t == 0 ? prod : _mm256_add_ps(a, prod);
-                    idx = _mm256_add_epi32(idx, one);
-                }
-            } else {
-                for (int t = 0; t < taps; t++) {
-                    __m256 prod = _mm256_mul_ps(_mm256_loadu_ps(wv + 8 * t),
-                                                _mm256_i32gather_ps(p + t, idx0, 4));
-                    a = t == 0 ? prod : _mm256_add_ps(a, prod);
-                }
+            for (int t = 0; t < taps; t++) {
+                __m256 odd = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)),
+                       high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 27));
+                __m256 x =
+                    _mm256_blendv_ps(_mm256_blendv_ps(_mm256_permutevar8x32_ps(v0, idx),
+                                                      _mm256_permutevar8x32_ps(v1, idx), odd),
+                                     _mm256_blendv_ps(_mm256_permutevar8x32_ps(v2, idx),
+                                                      _mm256_permutevar8x32_ps(v3, idx), odd),
+                                     high);
+                __m256 prod = _mm256_mul_ps(_mm256_loadu_ps(wv + 8 * t), x);
+                a = t == 0 ? prod : _mm256_add_ps(a, prod);
+                idx = _mm256_add_epi32(idx, one);
             }
             acc[c] = a;
         }

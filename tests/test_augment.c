@@ -1401,6 +1401,50 @@ static void test_isa_identical(void) {
 }
 
 /* DSRT_MAX_CPU_ISA caps the kernels; a name it does not know is refused. */
+/*
+ * The same on plain resizes of every reduction from 1 to 6.5 on either
+ * axis, so that the vector kernels' paths for each count of source rows (1
+ * to 14) and of horizontal taps (2 to 14; those specialised, 2 to 5 and
+ * rows 1 to 6, and the general ones) all run, for 1 and 3 channels, float
+ * and byte output, the rows' last pixels short of a whole vector.
+ */
+static void test_isa_reductions(void) {
+    static const char *const isas[] = {"avx2", "avx512"};
+    static const double factors[] = {1.0, 1.15, 1.3, 1.7, 2.2, 2.6, 3.1, 4.3, 6.5};
+    enum { W = 421, H = 389 };
+    long differ = 0, samples = 0;
+    for (int ch = 1; ch <= 3; ch += 2) {
+        test_image t = image_random(W, H, ch, 77 + ch);
+        for (size_t fx = 0; fx < DSRT_ARRAY_SIZE(factors); fx++)
+            for (size_t fy = 0; fy < DSRT_ARRAY_SIZE(factors); fy += 2)
+                for (int l = 0; l < 3; l++) {
+                    dsrt_augment_options o = dsrt_augment_defaults();
+                    o.size_mode = DSRT_AUGMENT_RESIZE;
+                    o.output_width = (int)(W / factors[fx]);
+                    o.output_height = (int)(H / factors[(fy + fx) % DSRT_ARRAY_SIZE(factors)]);
+                    o.output_channels = 3;
+                    set_layout(&o, l);
+                    size_t n = dsrt_augment_sample_bytes(&o);
+                    uint8_t *ref = malloc(n), *got = malloc(n);
+                    REQUIRE(ref && got);
+                    CHECK_OK(apply_isa("scalar", &o, &t.img, NULL, W, H, 0, ref));
+                    for (int i = 0; i < 2; i++) {
+                        memset(got, 0xA5, n);
+                        if (apply_isa(isas[i], &o, &t.img, NULL, W, H, 0, got) != 0) continue;
+                        samples++;
+                        if (memcmp(ref, got, n) != 0 && differ++ < 5)
+                            fprintf(stderr, "%s: %d channel(s) to %dx%d, layout %d differ\n",
+                                    isas[i], ch, o.output_width, o.output_height, l);
+                    }
+                    free(ref);
+                    free(got);
+                }
+        image_free(&t);
+    }
+    CHECK_EQ(differ, 0);
+    printf("  %ld samples compared\n", samples);
+}
+
 static void test_isa_environment(void) {
     const char *old = getenv("DSRT_MAX_CPU_ISA");
     char *saved = old ? strdup(old) : NULL;
@@ -1713,6 +1757,7 @@ int main(void) {
     RUN(test_window_errors);
     RUN(test_gray_replicated);
     RUN(test_isa_identical);
+    RUN(test_isa_reductions);
     RUN(test_isa_environment);
     RUN(test_recipe_options);
     RUN(test_color_draws);
