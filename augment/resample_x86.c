@@ -16,7 +16,10 @@
  * gather costs more than the four permutes and three blends), or a gather
  * where it reaches further still (AVX-512; with AVX2 such blocks take the
  * scalar code, which beats its gathers). Blocks with fill outputs go one
- * output at a time through the scalar code. The common counts of source
+ * output at a time through the scalar code. Rows where most blocks are not
+ * permutes (large reductions) keep the channels interleaved instead: the
+ * vertical pass as one run of values, then the scalar kernel's horizontal
+ * pass, a pixel's channels in one 4-lane vector. The common counts of source
  * rows (up to 6) and of taps are unrolled with their weights in registers.
  * Whole vectors are stored unmasked: a masked store to a line that is not
  * in cache (a batch's slot) costs several times a plain one on AMD's cores.
@@ -29,6 +32,7 @@
  */
 #include "internal.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -75,6 +79,20 @@ static const int32_t split8_perm[3][8] = {
  * lane; then the lanes' 3 words each made contiguous. */
 static const int8_t pack3_bytes[16] = {0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1};
 static const int8_t pack1_bytes[16] = {0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+
+/* Whether a row through ax is better taken with the channels interleaved:
+ * the vertical pass as one run of values, then the scalar kernel's
+ * horizontal pass, which takes a pixel's channels together. So it is where
+ * fewer than half the blocks are ones the permutes take (the others: fill,
+ * gathers in large reductions, and with AVX2 permute blocks of more than
+ * `most` taps, which only a short last block has), each of which the planes
+ * would give one output and channel at a time. */
+static int interleaved_row(const dsrt__axis *ax, int most) {
+    int vec = 0;
+    for (int b = 0; b < ax->nb; b++)
+        vec += ax->bmode[b] == BLOCK_WIDE || (ax->bmode[b] == BLOCK_PERMUTE && ax->taps <= most);
+    return 2 * vec < ax->nb;
+}
 
 // ----------------------------------------------------------------------------
 // AVX-512
@@ -338,11 +356,7 @@ AVX512 static void row_avx512(const dsrt__row_job *j) {
     const dsrt__sink *s = j->s;
     const dsrt__axis *ax = j->ax;
     int sch = s->sch, taps = ax->taps;
-    /* As in row_avx2, a row of no block the permutes take. */
-    int vec = 0;
-    for (int b = 0; b < ax->nb && !vec; b++)
-        vec = ax->bmode[b] == BLOCK_PERMUTE || ax->bmode[b] == BLOCK_WIDE;
-    if (!vec) {
+    if (interleaved_row(ax, INT_MAX)) {
         vpass_avx512(j->tmp, 0, j->src, j->stride, j->n, j->w, (ax->hi - ax->lo) * sch, 1);
         dsrt__hpass_sink(s, j->v, j->tmp, ax);
         return;
@@ -485,8 +499,8 @@ AVX2 static inline __attribute__((always_inline)) int vpass3_rows(float *planes,
     return i;
 }
 
-/* The vertical pass, 8 pixels at a time; the last few one value at a time,
- * with the same arithmetic. */
+/* The vertical pass, 8 pixels at a time (values: 24 at a time for one
+ * channel); the last few one value at a time, with the same arithmetic. */
 AVX2 static void vpass_avx2(float *planes, size_t plane, const uint8_t *src, size_t stride, int n,
                             const float *w, int px, int sch) {
     int i = 0;
@@ -612,13 +626,7 @@ AVX2 static void row_avx2(const dsrt__row_job *j) {
     const dsrt__sink *s = j->s;
     const dsrt__axis *ax = j->ax;
     int sch = s->sch, taps = ax->taps;
-    /* A row of no block the vectors take (large reductions: gathers; fill):
-     * the vertical pass with the channels left interleaved, then the scalar
-     * kernel's horizontal pass, which takes a pixel's channels together. */
-    int vec = 0;
-    for (int b = 0; b < ax->nb && !vec; b++)
-        vec = ax->bmode[b] == BLOCK_PERMUTE || ax->bmode[b] == BLOCK_WIDE;
-    if (!vec) {
+    if (interleaved_row(ax, 4)) {
         vpass_avx2(j->tmp, 0, j->src, j->stride, j->n, j->w, (ax->hi - ax->lo) * sch, 1);
         dsrt__hpass_sink(s, j->v, j->tmp, ax);
         return;
@@ -634,8 +642,9 @@ AVX2 static void row_avx2(const dsrt__row_job *j) {
         int mode = ax->bmode[b];
         /* Blocks whose taps reach further than four vectors go through the
          * scalar code, which is faster than AVX2's gathers on AMD's cores; so
-         * do permute blocks of more than 4 taps (not seen: 8 outputs that
-         * reach no further than 16 values have 4 taps at most). */
+         * do permute blocks of more than 4 taps (a short last block of a
+         * large reduction: 8 outputs that reach no further than 16 values
+         * have 4 taps at most). */
         if (mode == BLOCK_SCALAR || mode == BLOCK_GATHER || (mode == BLOCK_PERMUTE && taps > 4)) {
             dsrt__hpass_outputs(j, planes, u0, u0 + lanes, out, ostride);
             continue;
