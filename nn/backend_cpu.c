@@ -35,9 +35,7 @@
  * DSRT_CPU_CONV=direct (no Winograd), DSRT_CPU_WINO_TILE=2|4 (the output
  * tile of dsrt's own Winograd kernels) and DSRT_CPU_DEPTHWISE=onednn
  * (depthwise convolutions' weight gradients always oneDNN's, never dsrt's
- * own step), DSRT_CPU_POINTWISE=onednn (1x1 convolutions' likewise),
- * DSRT_CPU_DW_FUSE=0 (no depthwise convolution taken on by the 1x1 one
- * before it at inference).
+ * own step), DSRT_CPU_POINTWISE=onednn (1x1 convolutions' likewise).
  * DSRT_MAX_CPU_ISA=scalar|avx2|avx512 caps the vector instructions of
  * dsrt's own C steps (nn/backend_cpu_kernels.c).
  */
@@ -334,40 +332,6 @@ static void fusion_free(cpu_fusion *f) {
  * the identity at inference, up to the first layer that is none of these. A layer whose chain holds
  * nothing but the ReLU it already computes (fuse_relu) keeps its plain plan.
  */
-/* A 1x1 convolution's output maps of at least this many pixels make it
- * worth taking the depthwise convolution after it on: EfficientNet-B0's
- * 16 -> 96 expansion at 112x112 then the stride-2 depthwise one, 4 images,
- * 2.2 -> 1.5 ms (2 threads, AVX-512; AVX2 2.9 -> 2.2); at 56x56 1.14 ->
- * 1.12, 32 -> 192 1.35 -> 1.20; below, about even or slower (80 -> 480 at
- * 14x14 with AVX2: 1.96 -> 2.02). */
-#define DW_FUSE_MIN_PIXELS 3136
-
-/* Whether J, the only taker of 1x1 convolution L's output (after the
- * post-ops of f so far), can run as L's depthwise post-op: 3x3, one
- * channel a group, stride 1 or 2, padding 1 before and the output size
- * oneDNN's post-op makes, and a primitive for it (not a reference one). */
-static int dw_fits(cpu_backend *be, const cpu_plan *p, const dsrt_layer *L, const dsrt_layer *J,
-                   const cpu_fusion *f) {
-    const dsrt_layer_opts *a = &L->o, *b = &J->o;
-    if (!be->dw_fuse || L->kind != DSRT_LAYER_CONV || J->kind != DSRT_LAYER_CONV ||
-        J->n_inputs != 1 || f->sum >= 0 || f->dw >= 0 || f->n_ops > CPU_FUSE_OPS - 4 ||
-        L->out.h * L->out.w < DW_FUSE_MIN_PIXELS)
-        return 0;
-    if (a->kh != 1 || a->kw != 1 || a->sh != 1 || a->sw != 1 || a->dh != 1 || a->dw != 1 ||
-        a->groups != 1 || L->pt || L->pl || L->pb || L->pr)
-        return 0;
-    int s = b->sh;
-    if (b->kh != 3 || b->kw != 3 || b->sw != s || (s != 1 && s != 2) || b->dh != 1 || b->dw != 1 ||
-        b->groups != J->in.c || J->in.c != L->out.c || J->out.c != L->out.c || J->pt != 1 ||
-        J->pl != 1 || J->out.h != (L->out.h + s - 1) / s || J->out.w != (L->out.w + s - 1) / s)
-        return 0;
-    cpu_fusion t = *f;
-    t.ops[t.n_ops].sum = 0;
-    t.ops[t.n_ops++].dw = 1;
-    t.dw = (int)(J - be->net->layers);
-    return dsrt__cpu_fused_usable(be, p, L, &t);
-}
-
 static int plan_fusion(cpu_backend *be, cpu_plan *p) {
     const dsrt_net *net = be->net;
     int n = net->n_layers;
@@ -378,9 +342,8 @@ static int plan_fusion(cpu_backend *be, cpu_plan *p) {
     for (int i = 1; i < n; i++) {
         const dsrt_layer *L = &net->layers[i];
         if (!dsrt__layer_is(L, DSRT_LAYER_F_POSTOPS) || p->taken_by[i] >= 0) continue;
-        cpu_fusion f = {.affine = -1, .sum = -1, .dw = -1, .last = i};
-        int more = 0;    /* anything beyond the layer's own ReLU */
-        int dw_aff = -1; /* the depthwise convolution's affine map */
+        cpu_fusion f = {.affine = -1, .sum = -1, .last = i};
+        int more = 0; /* anything beyond the layer's own ReLU */
         if (L->fuse_relu) f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, L->fuse_leak, 0.0f};
         for (int cur = i, j; (j = dsrt__net_only_taker(net, cur)) > 0; cur = j) {
             const dsrt_layer *J = &net->layers[j];
@@ -394,19 +357,9 @@ static int plan_fusion(cpu_backend *be, cpu_plan *p) {
                 f.affine = j;
                 if (J->fuse_relu)
                     f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, J->fuse_leak, 0.0f};
-            } else if (o->infer_affine && J->n_inputs == 1 && f.dw >= 0 && dw_aff < 0 &&
-                       f.ops[f.n_ops - 1].dw) {
-                dw_aff = j; /* right after the depthwise convolution: into its weights */
-                if (J->fuse_relu)
-                    f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, J->fuse_leak, 0.0f};
             } else if (o->infer_act && J->n_inputs == 1 && o->infer_act(J, &act)) {
                 f.ops[f.n_ops++].act = act;
-            } else if (dw_fits(be, p, L, J, &f)) {
-                f.dw = j;
-                f.ops[f.n_ops++].dw = 1;
-                if (J->fuse_relu)
-                    f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, J->fuse_leak, 0.0f};
-            } else if ((o->flags & DSRT_LAYER_F_SUM) && J->n_inputs == 2 && f.sum < 0 && f.dw < 0 &&
+            } else if ((o->flags & DSRT_LAYER_F_SUM) && J->n_inputs == 2 && f.sum < 0 &&
                        J->inputs[0] != J->inputs[1]) {
                 int other = J->inputs[J->inputs[0] == cur];
                 if (other >= i) break; /* not computed yet when layer i runs */
@@ -425,14 +378,6 @@ static int plan_fusion(cpu_backend *be, cpu_plan *p) {
         if (!k) return -ENOMEM;
         *k = f;
         p->fuse[i] = k;
-        if (f.dw >= 0 && dw_aff >= 0) {
-            /* The depthwise convolution's own fusion: its affine map folded
-             * into its weights (dsrt__cpu_fused_params), no post-ops. */
-            cpu_fusion *d = dsrt__malloc(sizeof *d);
-            if (!d) return -ENOMEM;
-            *d = (cpu_fusion){.affine = dw_aff, .sum = -1, .dw = -1, .last = f.dw};
-            p->fuse[f.dw] = d;
-        }
         for (int j = dsrt__net_only_taker(net, i); j > 0 && j <= f.last;
              j = dsrt__net_only_taker(net, j)) {
             p->taken_by[j] = i;
@@ -470,68 +415,23 @@ static dnnl_status_t post_act(dnnl_post_ops_t po, const dsrt_act *a) {
     return dnnl_invalid_arguments;
 }
 
-/* Whether depthwise convolution J has a bias as a post-op: its own, or its
- * folded affine map's. */
-static int dw_has_bias(const cpu_plan *p, const dsrt_layer *J, int j) {
-    const cpu_fusion *d = dsrt__cpu_fusion(p, j);
-    return J->b_n > 0 || (d && d->affine >= 0);
-}
-
-/* The primitive descriptor of desc with f's post-ops (the attributes layer
- * L's plans take), or the status oneDNN gave. */
-static dnnl_status_t pd_with_ops(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be,
-                                 const cpu_plan *p, const dsrt_layer *L, const cpu_fusion *f) {
-    dnnl_primitive_attr_t attr;
-    dnnl_post_ops_t po;
-    if (dsrt__cpu_attr(&attr, 0, 0.0f, L)) return dnnl_out_of_memory;
-    dnnl_status_t st = dnnl_post_ops_create(&po);
-    for (int k = 0; k < f->n_ops && st == dnnl_success; k++) {
-        if (f->ops[k].sum) {
-            st = dnnl_post_ops_append_sum(po, 1.0f);
-        } else if (f->ops[k].dw) {
-            const dsrt_layer *J = &be->net->layers[f->dw];
-            st = dnnl_post_ops_append_dw(po, dnnl_f32,
-                                         dw_has_bias(p, J, f->dw) ? dnnl_f32 : dnnl_data_type_undef,
-                                         dnnl_f32, 3, J->o.sh, 1, 0, 0, NULL);
-        } else {
-            st = post_act(po, &f->ops[k].act);
-        }
-    }
-    if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
-    if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, desc, attr, be->engine, NULL);
-    dnnl_post_ops_destroy(po);
-    dnnl_primitive_attr_destroy(attr);
-    return st;
-}
-
 int dsrt__cpu_pd_fused(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be, cpu_plan *p,
                        int i, const char *what) {
     const dsrt_layer *L = &be->net->layers[i];
     const cpu_fusion *f = dsrt__cpu_fusion(p, i);
     if (!f) return dsrt__cpu_pd(pd, desc, be, L->fuse_relu, L->fuse_leak, NULL, what, L);
-    dnnl_status_t st = pd_with_ops(pd, desc, be, p, L, f);
+    dnnl_primitive_attr_t attr;
+    dnnl_post_ops_t po;
+    int rc = dsrt__cpu_attr(&attr, 0, 0.0f, L);
+    if (rc) return rc;
+    dnnl_status_t st = dnnl_post_ops_create(&po);
+    for (int k = 0; k < f->n_ops && st == dnnl_success; k++)
+        st = f->ops[k].sum ? dnnl_post_ops_append_sum(po, 1.0f) : post_act(po, &f->ops[k].act);
+    if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, desc, attr, be->engine, NULL);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
     return st == dnnl_success ? 0 : dsrt__cpu_fail(st, what, L);
-}
-
-int dsrt__cpu_fused_usable(cpu_backend *be, const cpu_plan *p, const dsrt_layer *L,
-                           const cpu_fusion *f) {
-    dnnl_dims_t sd = {p->n, L->in.c, L->in.h, L->in.w}, wd = {L->out.c, L->in.c, 1, 1},
-                bd = {L->out.c}, dd = {p->n, L->out.c, L->out.h, L->out.w};
-    dnnl_dims_t one = {1, 1}, zero = {0, 0};
-    dnnl_memory_desc_t src, w, b, dst;
-    dnnl_convolution_desc_t d;
-    dnnl_primitive_desc_t pd = NULL;
-    if (dsrt__cpu_md_any(&src, 4, sd) || dsrt__cpu_md_any(&w, 4, wd) ||
-        dsrt__cpu_md_plain(&b, 1, bd) || dsrt__cpu_md_any(&dst, 4, dd) ||
-        dnnl_convolution_forward_desc_init(&d, dnnl_forward_inference, dnnl_convolution_direct,
-                                           &src, &w, &b, &dst, one, zero, zero) != dnnl_success ||
-        pd_with_ops(&pd, &d, be, p, L, f) != dnnl_success)
-        return 0;
-    const char *impl = NULL;
-    int ok = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-             impl && !strstr(impl, "ref");
-    dnnl_primitive_desc_destroy(pd);
-    return ok;
 }
 
 /* The folded weights and bias of layer i: each output channel's weights
@@ -1833,11 +1733,6 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
      * to oneDNN. */
     const char *pw = getenv("DSRT_CPU_POINTWISE");
     be->pointwise = !(pw && !strcmp(pw, "onednn"));
-    /* Inference plans fuse a 3x3 depthwise convolution into the 1x1 one
-     * before it where the maps are large (plan_fusion); DSRT_CPU_DW_FUSE=0
-     * keeps them apart. */
-    const char *dwf = getenv("DSRT_CPU_DW_FUSE");
-    be->dw_fuse = !(dwf && !strcmp(dwf, "0"));
     dnnl_status_t st = dnnl_engine_create(&be->engine, dnnl_cpu, 0);
     if (st == dnnl_success)
         st = dnnl_stream_create(&be->stream, be->engine, dnnl_stream_default_flags);

@@ -84,23 +84,17 @@ typedef struct {
  * infer_act), as oneDNN eltwise post-ops; the sum of an add of two inputs
  * whose other input is computed before it (DSRT_LAYER_F_SUM), as a sum
  * post-op on an output that holds that input first (the input's own bytes
- * when no later layer reads them, else a copy), then the add's ReLU; or,
- * after a 1x1 convolution of large maps, the 3x3 depthwise convolution that
- * takes its output (oneDNN's depthwise post-op: the expanded maps never
- * written), then its affine map (folded into its weights: that layer's own
- * fusion holds them) and activations. The layers taken on run no steps:
- * their output is this layer's.
+ * when no later layer reads them, else a copy), then the add's ReLU. The
+ * layers taken on run no steps: their output is this layer's.
  */
 #define CPU_FUSE_OPS 8
 typedef struct {
     int affine; /* the layer folded into the weights and bias, or -1 */
     int sum;    /* the add's other input, or -1 */
-    int dw;     /* the depthwise convolution taken on, or -1 */
     int last;   /* the last layer taken on: this layer's output is its */
     int n_ops;  /* post-ops, in order */
     struct {
-        int sum; /* 1: the sum */
-        int dw;  /* 1: the depthwise convolution; neither: act */
+        int sum; /* 1: the sum; 0: act */
         dsrt_act act;
     } ops[CPU_FUSE_OPS];
     /* The folded weights and bias (plain, the layer's shapes), remade from
@@ -179,7 +173,6 @@ struct dsrt_cpu_backend {
     dnnl_alg_kind_t conv_alg;
     int depthwise; /* depthwise weight gradients may take dsrt's C step */
     int pointwise; /* 1x1 convolutions' weight gradients may take dsrt's own kernel */
-    int dw_fuse;   /* inference: a 1x1 convolution may take the depthwise one after it */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_plan *plans[4];
@@ -329,10 +322,6 @@ static inline const cpu_fusion *dsrt__cpu_fusion(const cpu_plan *p, int i) {
  * post-ops, else with the ReLU it computes (fuse_relu). */
 int dsrt__cpu_pd_fused(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be, cpu_plan *p,
                        int i, const char *what);
-/* Whether oneDNN has a primitive (not a reference one) for 1x1 convolution
- * L of plan p's batch with fusion f's post-ops, its layouts its own. */
-int dsrt__cpu_fused_usable(cpu_backend *be, const cpu_plan *p, const dsrt_layer *L,
-                           const cpu_fusion *f);
 /* Layer i's weights (w_plain: their plain descriptor) and bias (b_md; *b
  * NULL when the layer has none and no fusion gives it one) as forward takes
  * them: the net's, or with a fused affine map the folded copies, remade by

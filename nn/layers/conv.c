@@ -440,7 +440,6 @@ static int wino_chain(const dsrt_layer *L, const cpu_fusion *f, wino_epilogue *e
     }
     int stage = 0; /* 0: before the sum, 1: after it, 2: done */
     for (int k = 0; k < f->n_ops; k++) {
-        if (f->ops[k].dw) return 0;
         if (f->ops[k].sum) {
             if (stage != 0) return 0;
             e->sum = 1;
@@ -636,25 +635,6 @@ out:
 // ----------------------------------------------------------------------------
 // The plan
 
-/* The weights and bias (NULL: none) of depthwise convolution j taken on by
- * a 1x1 one as the post-op of fpd: its own, or with its affine map folded
- * in (its fusion), in the layout the primitive wants, remade by steps
- * before the convolution's when the parameters change. */
-static int dw_post_op_params(cpu_backend *be, cpu_plan *p, dnnl_primitive_desc_t fpd, int j,
-                             dnnl_memory_t *w, dnnl_memory_t *b) {
-    const dsrt_layer *J = &be->net->layers[j];
-    dnnl_dims_t wdims = {J->out.c, 1, 1, 3, 3}, bdims = {J->out.c};
-    dnnl_memory_desc_t w_plain, b_md;
-    if (dsrt__cpu_md_plain(&w_plain, 5, wdims) || dsrt__cpu_md_plain(&b_md, 1, bdims))
-        return dsrt__cpu_fail(dnnl_invalid_arguments, "memory descriptors", J);
-    dnnl_memory_t wplain;
-    int rc = dsrt__cpu_fused_params(be, p, j, &w_plain, &b_md, &wplain, b);
-    if (rc) return rc;
-    const dnnl_memory_desc_t *want = dnnl_primitive_desc_query_md(
-        fpd, dnnl_query_exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
-    return dsrt__cpu_weights_for(be, p, j, &w_plain, want, wplain, 0, &p->lp[j].w_fwd_version, w);
-}
-
 static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
     dnnl_alg_kind_t conv_alg = be->conv_alg;
     dsrt_net *net = be->net;
@@ -676,15 +656,7 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
         dsrt__cpu_md_plain(&w_plain, wnd, wdims) || dsrt__cpu_md_plain(&b_md, 1, bdims) ||
         dsrt__cpu_md_any(&dst_any, 4, ddims))
         return dsrt__cpu_fail(dnnl_invalid_arguments, "memory descriptors", L);
-    /* At inference an affine map folded in gives a bias where there is none;
-     * a depthwise convolution taken on leaves the layouts to oneDNN's kernel
-     * for the pair, as dsrt__cpu_fused_usable asked it: given NHWC, oneDNN
-     * 2.6's pair writes wrong values (MobileNetV2's scores 2% off; the pair
-     * alone, values of 1e36 where the two primitives give 0.1). */
-    const cpu_fusion *fu = dsrt__cpu_fusion(p, i);
-    if (fu && fu->dw >= 0) {
-        /* any, as made */
-    } else if (conv_nhwc(be, L)) {
+    if (conv_nhwc(be, L)) {
         DN("memory descriptors",
            dnnl_memory_desc_init_by_tag(&src_any, 4, sdims, dnnl_f32, dnnl_acdb));
         DN("memory descriptors",
@@ -699,6 +671,8 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
         int took = 0;
         if ((rc = plan_conv_wino(be, p, i, &src_any, &dst_any, &took)) || took) return rc;
     }
+    /* At inference an affine map folded in gives a bias where there is none. */
+    const cpu_fusion *fu = dsrt__cpu_fusion(p, i);
     const dnnl_memory_desc_t *bias = L->b_n || (fu && fu->affine >= 0) ? &b_md : NULL;
     dnnl_prop_kind_t prop = p->train ? dnnl_forward_training : dnnl_forward_inference;
 
@@ -723,8 +697,6 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
                                     dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0),
                                     wplain, 0, &lp->w_fwd_version, &wfwd)))
         goto out;
-    dnnl_memory_t dw_w = NULL, dw_b = NULL;
-    if (fu && fu->dw >= 0 && (rc = dw_post_op_params(be, p, fpd, fu->dw, &dw_w, &dw_b))) goto out;
     if ((rc = dsrt__cpu_fused_output(be, p, i,
                                      dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0))))
         goto out;
@@ -733,8 +705,6 @@ static int plan_conv(cpu_backend *be, cpu_plan *p, int i) {
     dsrt__cpu_arg(s, DNNL_ARG_WEIGHTS, wfwd);
     dsrt__cpu_arg(s, DNNL_ARG_BIAS, bmem);
     dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
-    dsrt__cpu_arg(s, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS, dw_w);
-    dsrt__cpu_arg(s, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS, dw_b);
     if (!p->train) goto out;
 
     /* Backward: the fused ReLU, weights, then data. */
