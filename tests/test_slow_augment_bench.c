@@ -1,8 +1,8 @@
 /*
  * Speed of augmentation on one thread, for every instruction set this CPU
  * has (scalar, AVX2, AVX-512, side by side): the 227 and 32 presets on
- * synthetic 500 x 375 RGB images (and on the size a JPEG's DCT scaling would
- * hand the 32 preset), float NCHW and uint8 NHWC, the normalising float
+ * synthetic 500 x 375 RGB images (and on the sizes a JPEG's DCT scaling
+ * would hand each: 6/8 and 1/4), float NCHW and uint8 NHWC, the normalising float
  * write alone (a 227 x 227 uint8 HWC image to float CHW in [0, 1], no
  * resampling), and a rotation for comparison. Prints microseconds of thread
  * CPU time per image for each case and kernel set (the best of five rounds,
