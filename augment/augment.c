@@ -1105,9 +1105,6 @@ static void vpass(float *restrict tmp, const uint8_t *base, size_t stride, int y
     }
 }
 
-/* Four floats in one SSE register (GCC and clang vector extension). */
-typedef float v4sf __attribute__((vector_size(16)));
-
 /* The scalar row kernel: the vertical pass into interleaved floats, then
  * the horizontal pass into the sink. */
 void dsrt__row_scalar(const dsrt__row_job *j) {

@@ -80,6 +80,10 @@ typedef struct {
     void *dst;
 } dsrt__sink;
 
+/* Four floats in one SSE register (GCC and clang vector extension): the
+ * scalar kernel's pixel of up to 3 channels and a lane to spare. */
+typedef float v4sf __attribute__((vector_size(16)));
+
 /* The byte a value in [0, 255] is written as: rounded half up, clamped. */
 static inline uint8_t dsrt__to_u8(float x) {
     x += 0.5f;

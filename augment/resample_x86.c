@@ -138,10 +138,11 @@ static inline __mmask16 bytes16(int n) {
     return n <= 0 ? 0 : mask16(n);
 }
 
-/* The sums of 48 bytes at o over any n of rows, three side by side, each
- * row's weight broadcast once for the three. */
-AVX512 static inline void vsum48(const uint8_t *src, size_t stride, int n, const float *w, size_t o,
-                                 __m512 *a) {
+/* The sums of 48 bytes at o over n rows, three side by side, each row's
+ * weight broadcast once for the three. Inlined, so that where n is a
+ * constant the rows unroll. */
+AVX512 static inline __attribute__((always_inline)) void
+vsum48(const uint8_t *src, size_t stride, int n, const float *w, size_t o, __m512 *a) {
     __m512 wj = _mm512_set1_ps(w[0]);
     a[0] = _mm512_mul_ps(wj, load16_u8(src + o));
     a[1] = _mm512_mul_ps(wj, load16_u8(src + o + 16));
@@ -155,29 +156,18 @@ AVX512 static inline void vsum48(const uint8_t *src, size_t stride, int n, const
     }
 }
 
-/* Every whole group of 16 pixels of 3 channels (48 bytes) over a constant
- * n of rows (up to 6): the weights broadcast once, the rows unrolled, the
- * three sums side by side. Returns the pixels done. */
-AVX512 static inline __attribute__((always_inline)) int vpass3_rows16(float *planes, size_t plane,
-                                                                      const uint8_t *src,
-                                                                      size_t stride, int n,
-                                                                      const float *w, int px) {
-    __m512 wv[6];
-    for (int j = 0; j < n; j++) wv[j] = _mm512_set1_ps(w[j]);
+/* Every whole group of 16 pixels of 3 channels (48 bytes) into the planes.
+ * Returns the pixels done. */
+AVX512 static inline __attribute__((always_inline)) int vpass3_groups16(float *planes, size_t plane,
+                                                                        const uint8_t *src,
+                                                                        size_t stride, int n,
+                                                                        const float *w, int px) {
     int i = 0;
     for (; i + 16 <= px; i += 16) {
-        const uint8_t *r = src + (size_t)3 * i;
-        __m512 a = _mm512_mul_ps(wv[0], load16_u8(r));
-        __m512 b = _mm512_mul_ps(wv[0], load16_u8(r + 16));
-        __m512 c = _mm512_mul_ps(wv[0], load16_u8(r + 32));
-        for (int j = 1; j < n; j++) {
-            r += stride;
-            a = _mm512_add_ps(a, _mm512_mul_ps(wv[j], load16_u8(r)));
-            b = _mm512_add_ps(b, _mm512_mul_ps(wv[j], load16_u8(r + 16)));
-            c = _mm512_add_ps(c, _mm512_mul_ps(wv[j], load16_u8(r + 32)));
-        }
+        __m512 a[3];
+        vsum48(src, stride, n, w, (size_t)3 * i, a);
         for (int ch = 0; ch < 3; ch++)
-            _mm512_storeu_ps(planes + ch * plane + i, split16(a, b, c, ch));
+            _mm512_storeu_ps(planes + ch * plane + i, split16(a[0], a[1], a[2], ch));
     }
     return i;
 }
@@ -198,23 +188,28 @@ AVX512 static void vpass_avx512(float *planes, size_t plane, const uint8_t *src,
         }
         return;
     }
-    if (n == 1)
-        i = vpass3_rows16(planes, plane, src, stride, 1, w, px);
-    else if (n == 2)
-        i = vpass3_rows16(planes, plane, src, stride, 2, w, px);
-    else if (n == 3)
-        i = vpass3_rows16(planes, plane, src, stride, 3, w, px);
-    else if (n == 4)
-        i = vpass3_rows16(planes, plane, src, stride, 4, w, px);
-    else if (n == 5)
-        i = vpass3_rows16(planes, plane, src, stride, 5, w, px);
-    else if (n == 6)
-        i = vpass3_rows16(planes, plane, src, stride, 6, w, px);
-    for (; i + 16 <= px; i += 16) {
-        __m512 a[3];
-        vsum48(src, stride, n, w, (size_t)3 * i, a);
-        for (int ch = 0; ch < 3; ch++)
-            _mm512_storeu_ps(planes + ch * plane + i, split16(a[0], a[1], a[2], ch));
+    /* The common counts of rows (1 to 6) as constants. */
+    switch (n) {
+    case 1:
+        i = vpass3_groups16(planes, plane, src, stride, 1, w, px);
+        break;
+    case 2:
+        i = vpass3_groups16(planes, plane, src, stride, 2, w, px);
+        break;
+    case 3:
+        i = vpass3_groups16(planes, plane, src, stride, 3, w, px);
+        break;
+    case 4:
+        i = vpass3_groups16(planes, plane, src, stride, 4, w, px);
+        break;
+    case 5:
+        i = vpass3_groups16(planes, plane, src, stride, 5, w, px);
+        break;
+    case 6:
+        i = vpass3_groups16(planes, plane, src, stride, 6, w, px);
+        break;
+    default:
+        i = vpass3_groups16(planes, plane, src, stride, n, w, px);
     }
     for (; i < px; i += 16) {
         int bytes = 3 * (px - i);
@@ -449,10 +444,11 @@ AVX2 static inline __m256 vsum8(const uint8_t *src, size_t stride, int n, const 
     return acc;
 }
 
-/* The sums of 24 bytes at o over any n of rows, three side by side, each
- * row's weight broadcast once for the three. */
-AVX2 static inline void vsum24(const uint8_t *src, size_t stride, int n, const float *w, size_t o,
-                               __m256 *a) {
+/* The sums of 24 bytes at o over n rows, three side by side, each row's
+ * weight broadcast once for the three. Inlined, so that where n is a
+ * constant the rows unroll. */
+AVX2 static inline __attribute__((always_inline)) void
+vsum24(const uint8_t *src, size_t stride, int n, const float *w, size_t o, __m256 *a) {
     __m256 wj = _mm256_set1_ps(w[0]);
     a[0] = _mm256_mul_ps(wj, load8_u8(src + o));
     a[1] = _mm256_mul_ps(wj, load8_u8(src + o + 8));
@@ -466,36 +462,20 @@ AVX2 static inline void vsum24(const uint8_t *src, size_t stride, int n, const f
     }
 }
 
-/* The vertical pass of 8 pixels of 3 channels (24 bytes at o) over n rows
- * into the planes, the weights' vectors wv given. n is a constant where it
- * is called, so the rows unroll and the three sums run side by side. */
-AVX2 static inline __attribute__((always_inline)) void vsum8x3(float *planes, size_t plane,
-                                                               const uint8_t *src, size_t stride,
-                                                               int n, const __m256 *wv, size_t o,
-                                                               int i) {
-    __m256 a = _mm256_mul_ps(wv[0], load8_u8(src + o));
-    __m256 b = _mm256_mul_ps(wv[0], load8_u8(src + o + 8));
-    __m256 c = _mm256_mul_ps(wv[0], load8_u8(src + o + 16));
-    for (int j = 1; j < n; j++) {
-        const uint8_t *r = src + (size_t)j * stride + o;
-        a = _mm256_add_ps(a, _mm256_mul_ps(wv[j], load8_u8(r)));
-        b = _mm256_add_ps(b, _mm256_mul_ps(wv[j], load8_u8(r + 8)));
-        c = _mm256_add_ps(c, _mm256_mul_ps(wv[j], load8_u8(r + 16)));
-    }
-    _mm256_storeu_ps(planes + i, SPLIT8(a, b, c, 0, 0x92, 0x24));
-    _mm256_storeu_ps(planes + plane + i, SPLIT8(a, b, c, 1, 0x24, 0x49));
-    _mm256_storeu_ps(planes + 2 * plane + i, SPLIT8(a, b, c, 2, 0x49, 0x92));
-}
-
-/* Every group of 8 pixels of 3 channels, for a constant n of rows (up to
- * 6): the weights broadcast once. Returns the pixels done. */
-AVX2 static inline __attribute__((always_inline)) int vpass3_rows(float *planes, size_t plane,
-                                                                  const uint8_t *src, size_t stride,
-                                                                  int n, const float *w, int px) {
-    __m256 wv[6];
-    for (int j = 0; j < n; j++) wv[j] = _mm256_set1_ps(w[j]);
+/* Every whole group of 8 pixels of 3 channels (24 bytes) into the planes.
+ * Returns the pixels done. */
+AVX2 static inline __attribute__((always_inline)) int vpass3_groups8(float *planes, size_t plane,
+                                                                     const uint8_t *src,
+                                                                     size_t stride, int n,
+                                                                     const float *w, int px) {
     int i = 0;
-    for (; i + 8 <= px; i += 8) vsum8x3(planes, plane, src, stride, n, wv, (size_t)3 * i, i);
+    for (; i + 8 <= px; i += 8) {
+        __m256 a[3];
+        vsum24(src, stride, n, w, (size_t)3 * i, a);
+        _mm256_storeu_ps(planes + i, SPLIT8(a[0], a[1], a[2], 0, 0x92, 0x24));
+        _mm256_storeu_ps(planes + plane + i, SPLIT8(a[0], a[1], a[2], 1, 0x24, 0x49));
+        _mm256_storeu_ps(planes + 2 * plane + i, SPLIT8(a[0], a[1], a[2], 2, 0x49, 0x92));
+    }
     return i;
 }
 
@@ -511,25 +491,29 @@ AVX2 static void vpass_avx2(float *planes, size_t plane, const uint8_t *src, siz
             for (int k = 0; k < 3; k++) _mm256_storeu_ps(planes + i + 8 * k, a[k]);
         }
         for (; i + 8 <= px; i += 8) _mm256_storeu_ps(planes + i, vsum8(src, stride, n, w, i));
-    } else if (n == 1) {
-        i = vpass3_rows(planes, plane, src, stride, 1, w, px);
-    } else if (n == 2) {
-        i = vpass3_rows(planes, plane, src, stride, 2, w, px);
-    } else if (n == 3) {
-        i = vpass3_rows(planes, plane, src, stride, 3, w, px);
-    } else if (n == 4) {
-        i = vpass3_rows(planes, plane, src, stride, 4, w, px);
-    } else if (n == 5) {
-        i = vpass3_rows(planes, plane, src, stride, 5, w, px);
-    } else if (n == 6) {
-        i = vpass3_rows(planes, plane, src, stride, 6, w, px);
     } else {
-        for (; i + 8 <= px; i += 8) {
-            __m256 a[3];
-            vsum24(src, stride, n, w, (size_t)3 * i, a);
-            _mm256_storeu_ps(planes + i, SPLIT8(a[0], a[1], a[2], 0, 0x92, 0x24));
-            _mm256_storeu_ps(planes + plane + i, SPLIT8(a[0], a[1], a[2], 1, 0x24, 0x49));
-            _mm256_storeu_ps(planes + 2 * plane + i, SPLIT8(a[0], a[1], a[2], 2, 0x49, 0x92));
+        /* The common counts of rows (1 to 6) as constants. */
+        switch (n) {
+        case 1:
+            i = vpass3_groups8(planes, plane, src, stride, 1, w, px);
+            break;
+        case 2:
+            i = vpass3_groups8(planes, plane, src, stride, 2, w, px);
+            break;
+        case 3:
+            i = vpass3_groups8(planes, plane, src, stride, 3, w, px);
+            break;
+        case 4:
+            i = vpass3_groups8(planes, plane, src, stride, 4, w, px);
+            break;
+        case 5:
+            i = vpass3_groups8(planes, plane, src, stride, 5, w, px);
+            break;
+        case 6:
+            i = vpass3_groups8(planes, plane, src, stride, 6, w, px);
+            break;
+        default:
+            i = vpass3_groups8(planes, plane, src, stride, n, w, px);
         }
     }
     for (; i < px; i++)

@@ -22,9 +22,6 @@
 typedef dsrt__sink sink;
 typedef dsrt__axis axis;
 
-/* Four floats in one SSE register (GCC and clang vector extension). */
-typedef float v4sf __attribute__((vector_size(16)));
-
 void dsrt__sink_fill(const sink *s, int v, int u0, int u1) {
     if (u1 <= u0) return;
     if (s->f32) {
