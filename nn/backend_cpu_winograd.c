@@ -243,42 +243,43 @@ AVX2 static void input_tile(const wino_job *j, long tile, int row, float *v) {
     }
 }
 
-/* Columns [k0, k1) of m (rows, K) = v (rows, C) u (C, K): 6 rows by 16
- * columns a register block, each sum over C in order; rows past a multiple
- * of 6 one at a time the same way. */
+/* Columns [k0, k1) of rows [r, r + R) of m (rows, K) = v (rows, C) u (C, K),
+ * R by 16 a register block, each sum over C in order; inlined for each R so
+ * that the accumulators stay in registers. */
+AVX2 static inline __attribute__((always_inline)) void multiply_rows(int R, const float *v,
+                                                                     const float *u, float *m,
+                                                                     int r, int C, int K, int k0,
+                                                                     int k1) {
+    for (int k = k0; k < k1; k += 16) {
+        __m256 acc[6][2];
+        for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        const float *uk = u + k, *vr = v + (size_t)r * C;
+        for (int c = 0; c < C; c++, uk += K) {
+            __m256 u0 = _mm256_loadu_ps(uk), u1 = _mm256_loadu_ps(uk + 8);
+            for (int i = 0; i < R; i++) {
+                __m256 b = _mm256_broadcast_ss(vr + (size_t)i * C + c);
+                acc[i][0] = _mm256_fmadd_ps(b, u0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(b, u1, acc[i][1]);
+            }
+        }
+        for (int i = 0; i < R; i++) {
+            _mm256_storeu_ps(m + (size_t)(r + i) * K + k, acc[i][0]);
+            _mm256_storeu_ps(m + (size_t)(r + i) * K + k + 8, acc[i][1]);
+        }
+    }
+}
+
+/* Columns [k0, k1) of m (rows, K) = v (rows, C) u (C, K): 6 rows a register
+ * block, the rows past a multiple of 6 in blocks of 4, 2 and 1 (one row at
+ * a time kept two chains of sums, a quarter of the rate: 64 tiles, the 7x7
+ * maps of ResNet's last stage at batch 16, leave 4). */
 AVX2 static void multiply(const float *v, const float *u, float *m, int rows, int C, int K, int k0,
                           int k1) {
     int r = 0;
-    for (; r + 6 <= rows; r += 6)
-        for (int k = k0; k < k1; k += 16) {
-            __m256 acc[6][2];
-            for (int i = 0; i < 6; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-            const float *uk = u + k, *vr = v + (size_t)r * C;
-            for (int c = 0; c < C; c++, uk += K) {
-                __m256 u0 = _mm256_loadu_ps(uk), u1 = _mm256_loadu_ps(uk + 8);
-                for (int i = 0; i < 6; i++) {
-                    __m256 b = _mm256_broadcast_ss(vr + (size_t)i * C + c);
-                    acc[i][0] = _mm256_fmadd_ps(b, u0, acc[i][0]);
-                    acc[i][1] = _mm256_fmadd_ps(b, u1, acc[i][1]);
-                }
-            }
-            for (int i = 0; i < 6; i++) {
-                _mm256_storeu_ps(m + (size_t)(r + i) * K + k, acc[i][0]);
-                _mm256_storeu_ps(m + (size_t)(r + i) * K + k + 8, acc[i][1]);
-            }
-        }
-    for (; r < rows; r++)
-        for (int k = k0; k < k1; k += 16) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            const float *uk = u + k;
-            for (int c = 0; c < C; c++, uk += K) {
-                __m256 b = _mm256_broadcast_ss(v + (size_t)r * C + c);
-                a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(uk), a0);
-                a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(uk + 8), a1);
-            }
-            _mm256_storeu_ps(m + (size_t)r * K + k, a0);
-            _mm256_storeu_ps(m + (size_t)r * K + k + 8, a1);
-        }
+    for (; r + 6 <= rows; r += 6) multiply_rows(6, v, u, m, r, C, K, k0, k1);
+    if (rows - r >= 4) multiply_rows(4, v, u, m, r, C, K, k0, k1), r += 4;
+    if (rows - r >= 2) multiply_rows(2, v, u, m, r, C, K, k0, k1), r += 2;
+    if (rows - r == 1) multiply_rows(1, v, u, m, r, C, K, k0, k1);
 }
 
 /* A^T p of a column of the products, for m = 2 (4 values to 2) and m = 4
@@ -460,11 +461,17 @@ void dsrt__wino_conv(cpu_backend *be, int m, const float *x, const cpu_chans *xl
 // each (point, 16 filters) of dU is one thread's, summed over every tile in
 // order, so the result does not depend on the number of threads.
 
-/* Tiles a chunk: its two transforms within WINO_CHUNK_BYTES, 6 to 512. */
+/* Tiles a chunk: its two transforms within WINO_CHUNK_BYTES or, where the
+ * sums dU are larger, within their size, 6 to 512. Each chunk reads and
+ * writes all of dU: with 512 x 512 channels (37.7 MB of sums) chunks of
+ * 2 MB, 12 tiles, streamed dU through memory six times a step for ResNet's
+ * last stage, and sums of 12 rows do too little work for what they move. */
 #define WINO_CHUNK_BYTES (2 * 1024 * 1024)
 
 static int chunk_tiles(int pts, int c, int k) {
-    size_t t = WINO_CHUNK_BYTES / ((size_t)pts * sizeof(float) * (size_t)(c + k));
+    size_t sums = (size_t)pts * c * k * sizeof(float);
+    size_t t =
+        DSRT_MAX((size_t)WINO_CHUNK_BYTES, sums) / ((size_t)pts * sizeof(float) * (size_t)(c + k));
     return (int)DSRT_MAX(6, DSRT_MIN(512, t / 6 * 6));
 }
 
@@ -547,10 +554,11 @@ AVX2 static void wgrad_tiles(void *ctx, size_t lo, size_t hi) {
 }
 
 /* Units [lo, hi) of (point, 16 filters): du[x][c][k..k+15] += the chunk's
- * rows in order, 4 input channels at a time. */
+ * rows in order, 4 input channels at a time; the first chunk starts the
+ * sums from zero. */
 AVX2 static void wgrad_sums(void *ctx, size_t lo, size_t hi) {
     const wgrad_job *w = ctx;
-    int C = w->j.c, K = w->j.k, kb = K / 16;
+    int C = w->j.c, K = w->j.k, kb = K / 16, first = w->first == 0;
     for (size_t u = lo; u < hi; u++) {
         int x = (int)(u / (size_t)kb), k = (int)(u % (size_t)kb) * 16;
         const float *v = w->v + (size_t)x * w->j.tb * C, *g = w->g + (size_t)x * w->j.tb * K + k;
@@ -558,8 +566,9 @@ AVX2 static void wgrad_sums(void *ctx, size_t lo, size_t hi) {
         for (int c = 0; c < C; c += 4) {
             __m256 a[4][2];
             for (int i = 0; i < 4; i++) {
-                a[i][0] = _mm256_loadu_ps(du + (size_t)(c + i) * K);
-                a[i][1] = _mm256_loadu_ps(du + (size_t)(c + i) * K + 8);
+                a[i][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(du + (size_t)(c + i) * K);
+                a[i][1] =
+                    first ? _mm256_setzero_ps() : _mm256_loadu_ps(du + (size_t)(c + i) * K + 8);
             }
             const float *vt = v + c;
             for (int t = 0; t < w->rows; t++, vt += C) {
@@ -579,14 +588,16 @@ AVX2 static void wgrad_sums(void *ctx, size_t lo, size_t hi) {
     }
 }
 
-/* Filters [8 lo, 8 hi): dW = G^T dU G, 8 filters at a time, and the
- * bias's gradient, the output gradient's sum over every pixel in order. */
+/* Input channels [lo, hi): dW = G^T dU G, 8 filters at a time. A channel's
+ * sums are a run of K floats at each of the a^2 points: walking the filters
+ * inside the channel reads each run whole and in order (filters outside
+ * channels read half a cache line at 36 places a step, the other half long
+ * after). */
 AVX2 static void wgrad_finish(void *ctx, size_t lo, size_t hi) {
     const wgrad_job *w = ctx;
     int C = w->j.c, K = w->j.k, m = w->j.m, a = w->j.a;
-    const cpu_chans *l = w->j.yl;
-    for (size_t k0 = 8 * lo; k0 < 8 * hi; k0 += 8) {
-        for (int c = 0; c < C; c++) {
+    for (size_t c = lo; c < hi; c++)
+        for (int k0 = 0; k0 < K; k0 += 8) {
             __m256 d[36], t[3][6];
             float o[9][8];
             for (int x = 0; x < a * a; x++)
@@ -596,19 +607,23 @@ AVX2 static void wgrad_finish(void *ctx, size_t lo, size_t hi) {
             for (int r = 0; r < 3; r++)
                 for (int q = 0; q < 3; q++) _mm256_storeu_ps(o[r * 3 + q], gt_row(m, q, t[r], 1));
             for (int f = 0; f < 8; f++)
-                for (int q = 0; q < 9; q++) w->dw[((k0 + f) * C + c) * 9 + q] = o[q][f];
+                for (int q = 0; q < 9; q++) w->dw[(((size_t)k0 + f) * C + c) * 9 + q] = o[q][f];
         }
-        if (!w->db) continue;
-        for (size_t k = k0; k < k0 + 8; k++) {
-            double sum = 0;
-            size_t px = (size_t)w->j.h * w->j.w;
-            for (int n = 0; n < w->j.n; n++) {
-                const float *img =
-                    w->j.y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner;
-                for (size_t p = 0; p < px; p++) sum += img[p * l->inner];
-            }
-            w->db[k] = (float)sum;
+}
+
+/* Filters [lo, hi): the bias's gradient, the output gradient's sum over
+ * every pixel in order. */
+static void wgrad_bias(void *ctx, size_t lo, size_t hi) {
+    const wgrad_job *w = ctx;
+    const cpu_chans *l = w->j.yl;
+    size_t px = (size_t)w->j.h * w->j.w;
+    for (size_t k = lo; k < hi; k++) {
+        double sum = 0;
+        for (int n = 0; n < w->j.n; n++) {
+            const float *img = w->j.y + (size_t)n * l->s_n + (k / l->inner) * l->s_b + k % l->inner;
+            for (size_t p = 0; p < px; p++) sum += img[p * l->inner];
         }
+        w->db[k] = (float)sum;
     }
 }
 
@@ -621,13 +636,13 @@ void dsrt__wino_weights_grad(cpu_backend *be, int m, const float *x, const cpu_c
     g.du = scratch;
     g.v = scratch + (size_t)g.j.pts * c * k;
     g.g = g.v + (size_t)g.j.pts * g.j.tb * c;
-    memset(g.du, 0, (size_t)g.j.pts * c * k * sizeof(float));
     for (g.first = 0; g.first < g.j.tiles; g.first += g.j.tb) {
         g.rows = (int)DSRT_MIN((long)g.j.tb, g.j.tiles - g.first);
         dsrt__cpu_parallel(be, (size_t)g.rows, wgrad_tiles, &g);
         dsrt__cpu_parallel(be, (size_t)g.j.pts * (k / 16), wgrad_sums, &g);
     }
-    dsrt__cpu_parallel(be, (size_t)k / 8, wgrad_finish, &g);
+    dsrt__cpu_parallel(be, (size_t)c, wgrad_finish, &g);
+    if (db) dsrt__cpu_parallel(be, (size_t)k, wgrad_bias, &g);
 }
 
 #else
