@@ -144,6 +144,32 @@ typedef struct {
     int k, c, m, backward;
 } weights_job;
 
+/* The 9 taps of 8 filters f + i s (i = 0..7) as 9 vectors of the 8: the
+ * first 8 taps of each loaded whole and transposed, the last one by one
+ * (gathers, one a tap, took two thirds of the time on Zen 5). */
+AVX2 static inline void taps8(const float *f, size_t s, __m256 g[9]) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(f + i * s);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; h++) {
+            r[i + h] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0x44);
+            r[i + h + 2] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0xee);
+        }
+    /* r[0..3] hold taps 0, 2, 1, 3 (low halves) and 4, 6, 5, 7 (high
+     * halves) of filters 0-3, r[4..7] those of filters 4-7. */
+    static const int tap_of[4] = {0, 2, 1, 3};
+    for (int q = 0; q < 4; q++) {
+        g[tap_of[q]] = _mm256_permute2f128_ps(r[q], r[q + 4], 0x20);
+        g[tap_of[q] + 4] = _mm256_permute2f128_ps(r[q], r[q + 4], 0x31);
+    }
+    g[8] = _mm256_setr_ps(f[8], f[s + 8], f[2 * s + 8], f[3 * s + 8], f[4 * s + 8], f[5 * s + 8],
+                          f[6 * s + 8], f[7 * s + 8]);
+}
+
 /* Filters [lo, hi) of the outer loop, 8 of the inner at a time: for
  * forward the input channels (each writing its run of k values a point),
  * for backward the output channels (reading their c filters in a row,
@@ -155,15 +181,14 @@ AVX2 static void weights_range(void *ctx, size_t lo, size_t hi) {
     /* Forward: filter b of input channel a at w[(b c + a) 9], the next
      * filter 9 c floats on; backward: the output channel a's filter from
      * input channel b at w[(a c + b) 9], turned 180 degrees. */
-    __m256i step = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                      _mm256_set1_epi32(j->backward ? 9 : 9 * j->c));
+    size_t s = j->backward ? 9 : 9 * (size_t)j->c;
     for (size_t a = lo; a < hi; a++)
         for (int b = 0; b < inner; b += 8) {
             const float *f =
                 j->backward ? j->w + (a * j->c + (size_t)b) * 9 : j->w + ((size_t)b * j->c + a) * 9;
-            __m256 g[9];
-            for (int q = 0; q < 9; q++)
-                g[q] = _mm256_i32gather_ps(f + (j->backward ? 8 - q : q), step, 4);
+            __m256 t[9], g[9];
+            taps8(f, s, t);
+            for (int q = 0; q < 9; q++) g[q] = t[j->backward ? 8 - q : q];
             float *u = j->u + a * inner + b;
             if (j->m == 2)
                 filter_transform(2, g, u, plane);
