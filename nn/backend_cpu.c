@@ -1610,6 +1610,8 @@ static int cpu_read_output(dsrt_backend *b, int layer, int train, float *out) {
                           "cpu backend: layer '%s': its output is fused into layer '%s''s in the "
                           "inference plan (the net option fuse = 0 keeps it)",
                           L->name, be->net->layers[f->last].name);
+    /* A batchnorm's output its add normalised on the way in: written now. */
+    if (p->lp[layer].defer) p->lp[layer].write_out(be, p, layer);
     dnnl_memory_t have = p->lp[layer].out.mem;
     /* A pooled output whose last reader is not the last layer shares its
      * bytes with later tensors: gone once the forward is over. */
@@ -1733,6 +1735,11 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
      * to oneDNN. */
     const char *pw = getenv("DSRT_CPU_POINTWISE");
     be->pointwise = !(pw && !strcmp(pw, "onednn"));
+    /* A batchnorm whose one taker is an add leaves its output to the add,
+     * which normalises on the way in (nn/layers/batchnorm.c);
+     * DSRT_CPU_BATCHNORM=onednn keeps oneDNN's forward for every one. */
+    const char *bn = getenv("DSRT_CPU_BATCHNORM");
+    be->batchnorm = !(bn && !strcmp(bn, "onednn"));
     dnnl_status_t st = dnnl_engine_create(&be->engine, dnnl_cpu, 0);
     if (st == dnnl_success)
         st = dnnl_stream_create(&be->stream, be->engine, dnnl_stream_default_flags);

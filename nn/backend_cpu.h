@@ -54,6 +54,14 @@ typedef struct {
      * statistics), freed with the plan by own_free (NULL: free). */
     void *own;
     void (*own_free)(void *own);
+    /* Training: an output left unwritten because its one taker normalises
+     * src on its way in (a batchnorm before an add): the output is
+     * (src - mean) scale + shift a channel in the layout v, the factors
+     * made by the layer's forward; write_out writes it where another
+     * reader needs it. NULL: the output is written. */
+    const struct cpu_affine *defer;
+    const struct cpu_chans *defer_v;
+    void (*write_out)(cpu_backend *be, cpu_plan *p, int layer);
 } layer_plan;
 
 /*
@@ -173,6 +181,7 @@ struct dsrt_cpu_backend {
     dnnl_alg_kind_t conv_alg;
     int depthwise; /* depthwise weight gradients may take dsrt's C step */
     int pointwise; /* 1x1 convolutions' weight gradients may take dsrt's own kernel */
+    int batchnorm; /* a batchnorm before an add may leave its output to the add */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_plan *plans[4];
@@ -433,7 +442,7 @@ void dsrt__cpu_parallel(cpu_backend *be, size_t n, void (*fn)(void *ctx, size_t 
  * (the last one's channels past c padding, zero). An image of one pixel is
  * seen as NHWC whatever its tag.
  */
-typedef struct {
+typedef struct cpu_chans {
     size_t n, blocks, hw, inner, s_n, s_b;
     size_t c;
 } cpu_chans;
@@ -456,6 +465,25 @@ void dsrt__cpu_mul(cpu_backend *be, size_t n, const float *a, const float *b, fl
 /* y = x m[r] on each of rows ranges of per floats. */
 void dsrt__cpu_mul_rows(cpu_backend *be, size_t rows, size_t per, const float *x, const float *m,
                         float *y);
+
+/* Whether dsrt__cpu_stats and dsrt__cpu_affine_sum take layout v: oneDNN's
+ * channel blocks of 8 or 16. */
+int dsrt__cpu_stats_usable(const cpu_chans *v);
+/* The mean and the biased variance of each channel of x (layout v) over the
+ * images and pixels, in one pass (each channel's values less its first, in
+ * floats over runs of pixels, then doubles); part: n blocks 2 inner
+ * doubles of scratch. Padded channels are left alone. */
+void dsrt__cpu_stats(cpu_backend *be, const cpu_chans *v, const float *x, double *part, float *mean,
+                     float *var);
+/* A tensor normalised a channel: (x - mean) scale + shift, mean, scale and
+ * shift padded to the blocks with zeros (an input as it is: 0, 1, 0). */
+typedef struct cpu_affine {
+    const float *x, *mean, *scale, *shift;
+} cpu_affine;
+/* z = the sum of n (1 or 2) such inputs, all in layout v, then a ReLU (slope
+ * leak below 0) when relu is set. */
+void dsrt__cpu_affine_sum(cpu_backend *be, const cpu_chans *v, int n, const cpu_affine *in,
+                          float *z, int relu, float leak);
 
 // ----------------------------------------------------------------------------
 // Winograd convolutions F(m x m, 3x3), m = 2 or 4 (backend_cpu_winograd.c):

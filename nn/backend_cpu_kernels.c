@@ -232,3 +232,150 @@ void dsrt__cpu_mul_rows(cpu_backend *be, size_t rows, size_t per, const float *x
     j.pieces = DSRT_MAX((size_t)1, (per + PIECE - 1) / PIECE);
     dsrt__cpu_parallel(be, rows * j.pieces, mul_rows_range_isa[be->isa], &j);
 }
+
+// ----------------------------------------------------------------------------
+// Batch statistics a channel, and normalised inputs summed
+
+/* Pixels whose sums a float keeps before they join the double totals. */
+#define STAT_RUN 64
+
+int dsrt__cpu_stats_usable(const cpu_chans *v) {
+    return v->inner == 8 || v->inner == 16;
+}
+
+typedef struct {
+    const cpu_chans *v;
+    const float *x;
+    double *part;
+} stats_job;
+
+/* s (2 inner) = the sums of d and d^2 over hw pixels of inner channels, d
+ * = x - k, k the channels' first values: a mean far from zero costs the
+ * squares no precision. Four pixels at a time on four sums, so that the
+ * additions do not wait on one another. */
+DSRT_CPU_INLINE void stats_block(const float *restrict x, const float *restrict k, size_t hw,
+                                 size_t inner, double *restrict s) {
+    float fs[4][16], fq[4][16], kk[16];
+    for (size_t c = 0; c < inner; c++) kk[c] = k[c];
+    for (size_t c = 0; c < 2 * inner; c++) s[c] = 0;
+    for (size_t p0 = 0; p0 < hw; p0 += STAT_RUN) {
+        size_t p1 = DSRT_MIN(hw, p0 + STAT_RUN), p = p0;
+        for (int r = 0; r < 4; r++)
+            for (size_t c = 0; c < inner; c++) fs[r][c] = fq[r][c] = 0.0f;
+        for (; p + 4 <= p1; p += 4)
+            for (int r = 0; r < 4; r++)
+                for (size_t c = 0; c < inner; c++) {
+                    float d = x[(p + r) * inner + c] - kk[c];
+                    fs[r][c] += d;
+                    fq[r][c] += d * d;
+                }
+        for (; p < p1; p++)
+            for (size_t c = 0; c < inner; c++) {
+                float d = x[p * inner + c] - kk[c];
+                fs[0][c] += d;
+                fq[0][c] += d * d;
+            }
+        for (size_t c = 0; c < inner; c++) {
+            s[c] += (fs[0][c] + fs[1][c]) + (fs[2][c] + fs[3][c]);
+            s[inner + c] += (fq[0][c] + fq[1][c]) + (fq[2][c] + fq[3][c]);
+        }
+    }
+}
+
+DSRT_CPU_INLINE void stats_range(void *ctx, size_t lo, size_t hi) {
+    const stats_job *j = ctx;
+    const cpu_chans *v = j->v;
+    for (size_t u = lo; u < hi; u++) {
+        size_t i = u / v->blocks, b = u % v->blocks;
+        const float *x = j->x + i * v->s_n + b * v->s_b, *k = j->x + b * v->s_b;
+        double *s = j->part + u * 2 * v->inner;
+        if (v->inner == 16)
+            stats_block(x, k, v->hw, 16, s);
+        else
+            stats_block(x, k, v->hw, 8, s);
+    }
+}
+DSRT_CPU_ISA_VARIANTS(stats_range);
+
+void dsrt__cpu_stats(cpu_backend *be, const cpu_chans *v, const float *x, double *part, float *mean,
+                     float *var) {
+    stats_job j = {.v = v, .x = x, .part = part};
+    dsrt__cpu_parallel(be, v->n * v->blocks, stats_range_isa[be->isa], &j);
+    double count = (double)v->n * (double)v->hw;
+    for (size_t b = 0; b < v->blocks; b++)
+        for (size_t c = 0; c < v->inner && b * v->inner + c < v->c; c++) {
+            double s = 0, q = 0;
+            for (size_t i = 0; i < v->n; i++) {
+                const double *u = part + (i * v->blocks + b) * 2 * v->inner;
+                s += u[c];
+                q += u[v->inner + c];
+            }
+            double m = s / count, d = q / count - m * m;
+            mean[b * v->inner + c] = (float)(x[b * v->s_b + c] + m);
+            var[b * v->inner + c] = (float)(d > 0 ? d : 0);
+        }
+}
+
+typedef struct {
+    const cpu_chans *v;
+    int n;
+    const cpu_affine *in;
+    float *z;
+    int relu;
+    float leak;
+    size_t pixels, pieces; /* pixels a piece, pieces an image's block */
+} affine_sum_job;
+
+/* 8 floats as one value (any alignment), and 8 lanes' masks. */
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef int v8i __attribute__((vector_size(32)));
+
+/* Pixels [p0, p1) of a block of inner channels (8 or 16; c0 the first) at
+ * offset at, 8 channels a vector: the compiler left the plain loop scalar.
+ * One input: the second one's scale 0 adds 0 to each finite value. The
+ * ReLU keeps s where s > 0, else s leak (without a ReLU, leak 1). */
+DSRT_CPU_INLINE void affine_sum_block(const affine_sum_job *j, size_t at, size_t c0, size_t p0,
+                                      size_t p1, size_t inner) {
+    const cpu_affine *in0 = &j->in[0], *in1 = &j->in[j->n - 1];
+    const v8f zero = {0}, leak = zero + (j->relu ? j->leak : 1.0f);
+    for (size_t h = 0; h < inner; h += 8) {
+        v8f m0 = *(const v8f *)(in0->mean + c0 + h), a0 = *(const v8f *)(in0->scale + c0 + h),
+            b0 = *(const v8f *)(in0->shift + c0 + h), m1 = zero, a1 = zero, b1 = zero;
+        if (j->n > 1) {
+            m1 = *(const v8f *)(in1->mean + c0 + h);
+            a1 = *(const v8f *)(in1->scale + c0 + h);
+            b1 = *(const v8f *)(in1->shift + c0 + h);
+        }
+        const float *x0 = in0->x + at + h, *x1 = (j->n > 1 ? in1->x : in0->x) + at + h;
+        float *z = j->z + at + h;
+        for (size_t e = p0 * inner; e < p1 * inner; e += inner) {
+            v8f s = ((*(const v8f *)(x0 + e) - m0) * a0 + b0) +
+                    ((*(const v8f *)(x1 + e) - m1) * a1 + b1);
+            v8i pos = s > zero;
+            *(v8f *)(z + e) = (v8f)((pos & (v8i)s) | (~pos & (v8i)(s * leak)));
+        }
+    }
+}
+
+DSRT_CPU_INLINE void affine_sum_range(void *ctx, size_t lo, size_t hi) {
+    const affine_sum_job *j = ctx;
+    const cpu_chans *v = j->v;
+    for (size_t u = lo; u < hi; u++) {
+        size_t i = u / (v->blocks * j->pieces), b = u / j->pieces % v->blocks, q = u % j->pieces;
+        size_t p0 = q * j->pixels, p1 = DSRT_MIN(v->hw, p0 + j->pixels);
+        size_t at = i * v->s_n + b * v->s_b;
+        if (v->inner == 16)
+            affine_sum_block(j, at, b * 16, p0, p1, 16);
+        else
+            affine_sum_block(j, at, b * 8, p0, p1, 8);
+    }
+}
+DSRT_CPU_ISA_VARIANTS(affine_sum_range);
+
+void dsrt__cpu_affine_sum(cpu_backend *be, const cpu_chans *v, int n, const cpu_affine *in,
+                          float *z, int relu, float leak) {
+    affine_sum_job j = {.v = v, .n = n, .in = in, .z = z, .relu = relu, .leak = leak};
+    j.pixels = DSRT_MAX((size_t)1, PIECE / v->inner);
+    j.pieces = (v->hw + j.pixels - 1) / j.pixels;
+    dsrt__cpu_parallel(be, v->n * v->blocks * j.pieces, affine_sum_range_isa[be->isa], &j);
+}

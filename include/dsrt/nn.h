@@ -91,7 +91,9 @@ typedef struct {
                                * batch-normalisation layer before it; 2 (default): that,
                                * and at inference fold batchnorm into the convolution or
                                * fully connected layer before it and compute activations
-                               * and residual sums as its post-ops; 0: neither */
+                               * and residual sums as its post-ops, and in training (CPU)
+                               * normalise a batchnorm's input inside the add that alone
+                               * takes its output; 0: neither */
     int device;               /* DSRT_DEVICE_CPU (-1, default), or a CUDA device index (a build with
                                * the GPU backend and a visible device; see dsrt_gpu_count) */
     dsrt_precision precision; /* default DSRT_PRECISION_DEFAULT */

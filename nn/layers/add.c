@@ -49,6 +49,10 @@ static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
  * layers too). Where every input's gradient has the output's layout, one
  * pass (step_add_bwd) reads the gradient and the output once and writes
  * each input's; else the ReLU's primitive runs in place and reorders copy.
+ * In training, inputs that a batchnorm left unwritten (layer_plan.defer)
+ * are normalised on their way into the sum by one pass of dsrt's own
+ * (step_add_norm) when both inputs have one layout of channel blocks; else
+ * they are written out first.
  */
 
 /* What step_add_bwd reads and writes: the output and its gradient, and the
@@ -58,6 +62,27 @@ typedef struct {
     int n, relu;
     float leak;
 } add_bwd;
+
+/* An add's own: its backward in one pass, and its forward over inputs that
+ * batchnorms left to it to normalise (layer_plan.defer): the layout, the
+ * inputs, and an input as it is (mean 0, scale 1, shift 0 a channel). */
+typedef struct {
+    add_bwd bwd;
+    cpu_chans v;
+    dnnl_memory_t x[2];
+    float *as_is;
+} add_own;
+
+static void add_own_free(void *own) {
+    add_own *o = own;
+    if (o) free(o->as_is);
+    free(o);
+}
+
+static add_own *add_own_of(layer_plan *lp) {
+    if (!lp->own && (lp->own = dsrt__calloc(1, sizeof(add_own)))) lp->own_free = add_own_free;
+    return lp->own;
+}
 
 typedef struct {
     const float *z, *dz;
@@ -95,7 +120,7 @@ static void add_bwd_range(void *ctx, size_t lo, size_t hi) {
 }
 
 static int step_add_bwd(cpu_backend *be, cpu_plan *p, int i) {
-    const add_bwd *o = p->lp[i].own;
+    const add_bwd *o = &((const add_own *)p->lp[i].own)->bwd;
     add_bwd_job j = {.z = dsrt__cpu_handle(o->z),
                      .dz = dsrt__cpu_handle(o->dz),
                      .n = o->n,
@@ -120,10 +145,9 @@ static int plan_add_bwd_fused(cpu_backend *be, cpu_plan *p, int i, const tensor 
         if (!dsrt__net_need_diff(be->net, L->inputs[k])) continue;
         if (!dnnl_memory_desc_equal(&in[k].md, &lp->out.md)) return 0;
     }
-    add_bwd *o = dsrt__calloc(1, sizeof *o);
-    if (!o) return -ENOMEM;
-    lp->own = o;
-    lp->own_free = free;
+    add_own *own = add_own_of(lp);
+    if (!own) return -ENOMEM;
+    add_bwd *o = &own->bwd;
     o->z = lp->out.mem;
     o->dz = lp->out.diff;
     o->relu = L->fuse_relu;
@@ -143,15 +167,68 @@ static int plan_add_bwd_fused(cpu_backend *be, cpu_plan *p, int i, const tensor 
     return rc;
 }
 
-static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
+/* The sum of two inputs of which a batchnorm left one or both to it:
+ * each normalised on its way in. */
+static int step_add_norm(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    const add_own *o = p->lp[i].own;
+    size_t cp = o->v.blocks * o->v.inner;
+    cpu_affine in[2];
+    for (int k = 0; k < 2; k++) {
+        const layer_plan *from = &p->lp[L->inputs[k]];
+        if (from->defer) {
+            in[k] = *from->defer;
+            in[k].x = dsrt__cpu_handle(from->src);
+        } else {
+            in[k] = (cpu_affine){dsrt__cpu_handle(o->x[k]), o->as_is + cp, o->as_is, o->as_is + cp};
+        }
+    }
+    dsrt__cpu_affine_sum(be, &o->v, 2, in, dsrt__cpu_handle(p->lp[i].out.mem), L->fuse_relu,
+                         L->fuse_leak);
+    return 0;
+}
+
+/* Inputs a batchnorm left to the add that it cannot normalise on the way
+ * (another layout, more inputs): written out first. */
+static int step_add_defer_write(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    for (int k = 0; k < L->n_inputs; k++)
+        if (p->lp[L->inputs[k]].defer) p->lp[L->inputs[k]].write_out(be, p, L->inputs[k]);
+    return 0;
+}
+
+/* *taken 1 when the forward was planned as step_add_norm. */
+static int plan_add_norm(cpu_backend *be, cpu_plan *p, int i, const tensor *in, int *taken) {
+    const dsrt_layer *L = &be->net->layers[i];
+    int n = L->n_inputs, deferred = 0, same = n == 2;
+    cpu_chans v;
+    *taken = 0;
+    for (int k = 0; k < n; k++) {
+        deferred |= p->lp[L->inputs[k]].defer != NULL;
+        same &= dnnl_memory_desc_equal(&in[k].md, &in[0].md);
+    }
+    if (!deferred) return 0;
+    if (!same || !dsrt__cpu_chans(&in[0].md, &v) || !dsrt__cpu_stats_usable(&v))
+        return dsrt__cpu_c_step(p, 0, step_add_defer_write, i);
+    add_own *o = add_own_of(&p->lp[i]);
+    size_t cp = v.blocks * v.inner;
+    if (!o || !(o->as_is = dsrt__calloc(2 * cp, sizeof *o->as_is))) return -ENOMEM;
+    for (size_t c = 0; c < cp; c++) o->as_is[c] = 1.0f; /* scale; shift and mean: the zeros */
+    o->v = v;
+    for (int k = 0; k < 2; k++) o->x[k] = in[k].mem;
+    int rc = dsrt__cpu_output(be, p, i, &in[0].md);
+    if (!rc) rc = dsrt__cpu_c_step(p, 0, step_add_norm, i);
+    *taken = !rc;
+    return rc;
+}
+
+/* The forward by oneDNN: two inputs as a binary primitive with the ReLU
+ * as its post-op, more as a sum primitive and the ReLU after it in place. */
+static int plan_add_fwd(cpu_backend *be, cpu_plan *p, int i, const tensor *in) {
     const dsrt_layer *L = &be->net->layers[i];
     layer_plan *lp = &p->lp[i];
-    tensor in[DSRT_INPUTS_MAX];
     dnnl_memory_t src[DSRT_INPUTS_MAX];
     int rc = 0, n = L->n_inputs;
-    if (n < 1) return dsrt__cpu_fail(dnnl_invalid_arguments, "add", L); /* the parser needs 2 */
-    for (int k = 0; k < n && !rc; k++) rc = dsrt__cpu_input4(be, p, L, k, &in[k]);
-    if (rc) return rc;
     const dnnl_memory_desc_t *md = &in[0].md;
     for (int k = 0; k < n && !rc; k++)
         rc = dsrt__cpu_ensure(p, be, in[k].mem, md, 0, i, &src[k], L);
@@ -169,36 +246,45 @@ static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
         dsrt__cpu_arg(s, DNNL_ARG_SRC_0, src[0]);
         dsrt__cpu_arg(s, DNNL_ARG_SRC_1, src[1]);
         dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
-    } else {
-        float scales[DSRT_INPUTS_MAX];
-        dnnl_memory_desc_t mds[DSRT_INPUTS_MAX];
-        for (int k = 0; k < n; k++) scales[k] = 1.0f, mds[k] = *md;
-        dnnl_primitive_attr_t attr;
-        if ((rc = dsrt__cpu_attr(&attr, 0, 0, L))) return rc;
-        dnnl_status_t st =
-            dnnl_sum_primitive_desc_create(&pd, md, n, scales, mds, attr, be->engine);
-        dnnl_primitive_attr_destroy(attr);
-        if (st != dnnl_success) return dsrt__cpu_fail(st, "add", L);
-        rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
-        dnnl_primitive_desc_destroy(pd);
-        if (rc) return rc;
-        for (int k = 0; k < n; k++) dsrt__cpu_arg(s, DNNL_ARG_MULTIPLE_SRC + k, src[k]);
-        dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
-        if (L->fuse_relu) {
-            dnnl_eltwise_desc_t d;
-            DN("add relu", dnnl_eltwise_forward_desc_init(
-                               &d, p->train ? dnnl_forward_training : dnnl_forward_inference,
-                               dnnl_eltwise_relu_use_dst_for_bwd, md, L->fuse_leak, 0));
-            if ((rc = dsrt__cpu_pd(&pd, &d, be, 0, 0, NULL, "add relu", L))) return rc;
-            rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
-            dnnl_primitive_desc_destroy(pd);
-            if (rc) return rc;
-            dsrt__cpu_arg(s, DNNL_ARG_SRC, lp->out.mem);
-            dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
-        }
+        return 0;
     }
-    if (!p->train) return 0;
-    int taken = 0;
+    float scales[DSRT_INPUTS_MAX];
+    dnnl_memory_desc_t mds[DSRT_INPUTS_MAX];
+    for (int k = 0; k < n; k++) scales[k] = 1.0f, mds[k] = *md;
+    dnnl_primitive_attr_t attr;
+    if ((rc = dsrt__cpu_attr(&attr, 0, 0, L))) return rc;
+    dnnl_status_t st = dnnl_sum_primitive_desc_create(&pd, md, n, scales, mds, attr, be->engine);
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return dsrt__cpu_fail(st, "add", L);
+    rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return rc;
+    for (int k = 0; k < n; k++) dsrt__cpu_arg(s, DNNL_ARG_MULTIPLE_SRC + k, src[k]);
+    dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+    if (!L->fuse_relu) return 0;
+    dnnl_eltwise_desc_t d;
+    DN("add relu",
+       dnnl_eltwise_forward_desc_init(&d, p->train ? dnnl_forward_training : dnnl_forward_inference,
+                                      dnnl_eltwise_relu_use_dst_for_bwd, md, L->fuse_leak, 0));
+    if ((rc = dsrt__cpu_pd(&pd, &d, be, 0, 0, NULL, "add relu", L))) return rc;
+    rc = dsrt__cpu_prim_step(p, be, pd, 0, i, &s, L);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return rc;
+    dsrt__cpu_arg(s, DNNL_ARG_SRC, lp->out.mem);
+    dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+    return 0;
+}
+
+static int plan_add(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_layer *L = &be->net->layers[i];
+    layer_plan *lp = &p->lp[i];
+    tensor in[DSRT_INPUTS_MAX];
+    int rc = 0, n = L->n_inputs, taken = 0;
+    if (n < 1) return dsrt__cpu_fail(dnnl_invalid_arguments, "add", L); /* the parser needs 2 */
+    for (int k = 0; k < n && !rc; k++) rc = dsrt__cpu_input4(be, p, L, k, &in[k]);
+    if (!rc) rc = plan_add_norm(be, p, i, in, &taken);
+    if (!rc && !taken) rc = plan_add_fwd(be, p, i, in);
+    if (rc || !p->train) return rc;
     if (lp->out.diff && ((rc = plan_add_bwd_fused(be, p, i, in, &taken)) || taken)) return rc;
     if (L->fuse_relu && lp->out.diff && (rc = dsrt__cpu_fused_relu_bwd(be, p, i))) return rc;
     for (int k = 0; k < n && !rc; k++) {

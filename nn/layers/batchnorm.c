@@ -50,11 +50,18 @@ typedef struct {
     dnnl_memory_t dsrc;
     double *sums; /* (2c + 1) */
     double count;
+    /* Deferred to the add that takes the output (defer_to): the layout, the
+     * normalisation the add applies (mean, scale, shift: the padded channel
+     * count each, in one buffer) and the statistics' scratch. */
+    cpu_chans v;
+    cpu_affine norm;
+    float *factors;
+    double *part;
 } bn_own;
 
 static void own_free(void *own) {
     bn_own *b = own;
-    if (b) free(b->sums);
+    if (b) free(b->sums), free(b->factors), free(b->part);
     free(b);
 }
 
@@ -182,6 +189,71 @@ static int step_bn_sync_bwd(cpu_backend *be, cpu_plan *p, int i) {
     return 0;
 }
 
+/*
+ * Training, where the one layer taking the output is an add of two inputs
+ * (the last batchnorm of a residual block, and its shortcut's; net option
+ * fuse 2): the output is not written. The forward computes the statistics
+ * in one pass of its own (oneDNN's reads the input twice for them and a
+ * third time to normalise), and the add normalises the input on its way
+ * into the sum (layer_plan.defer): the normalised tensor is neither written
+ * nor read back. Backward is oneDNN's as before: it reads the input, the
+ * statistics and the gradient, never the output. A layout other than
+ * channel blocks keeps oneDNN's forward.
+ */
+static int defer_to(cpu_backend *be, const cpu_plan *p, int i, const dnnl_memory_desc_t *md,
+                    cpu_chans *v) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *L = &net->layers[i];
+    if (!be->batchnorm || !p->train || p->bn_sync || L->fuse_relu || net->opts.fuse < 2) return 0;
+    if (!dsrt__cpu_chans(md, v) || !dsrt__cpu_stats_usable(v)) return 0;
+    int taker = -1;
+    for (int j = i + 1; j < net->n_layers; j++)
+        for (int k = 0; k < net->layers[j].n_inputs; k++)
+            if (net->layers[j].inputs[k] == i) {
+                if (taker >= 0) return 0;
+                taker = j;
+            }
+    return taker >= 0 && dsrt__layer_is(&net->layers[taker], DSRT_LAYER_F_SUM) &&
+           net->layers[taker].n_inputs == 2;
+}
+
+/* The deferred forward: the statistics, and the factors the add takes. */
+static int step_bn_stats(cpu_backend *be, cpu_plan *p, int i) {
+    const dsrt_net *net = be->net;
+    const dsrt_layer *l = &net->layers[i];
+    bn_own *o = own_of(p, i);
+    float *mean = dsrt__cpu_handle(o->mean), *var = dsrt__cpu_handle(o->var);
+    dsrt__cpu_stats(be, &o->v, dsrt__cpu_handle(p->lp[i].src), o->part, mean, var);
+    const float *scale = net->params + l->w_off, *shift = net->params + l->b_off;
+    float *m = o->factors, *a = m + o->v.blocks * o->v.inner, *b = a + o->v.blocks * o->v.inner;
+    for (int c = 0; c < l->out.c; c++) {
+        m[c] = mean[c];
+        a[c] = scale[c] / sqrtf(var[c] + l->o.eps);
+        b[c] = shift[c];
+    }
+    return 0;
+}
+
+/* The output, written where a reader other than the add needs it. */
+static void write_out(cpu_backend *be, cpu_plan *p, int i) {
+    const layer_plan *lp = &p->lp[i];
+    cpu_affine a = *lp->defer;
+    a.x = dsrt__cpu_handle(lp->src);
+    dsrt__cpu_affine_sum(be, lp->defer_v, 1, &a, dsrt__cpu_handle(lp->out.mem), 0, 0.0f);
+}
+
+static int plan_defer(cpu_plan *p, int i, bn_own *o) {
+    size_t cp = o->v.blocks * o->v.inner;
+    if (!(o->factors = dsrt__calloc(3 * cp, sizeof *o->factors)) ||
+        !(o->part = dsrt__calloc(o->v.n * cp * 2, sizeof *o->part)))
+        return -ENOMEM;
+    o->norm = (cpu_affine){NULL, o->factors, o->factors + cp, o->factors + 2 * cp};
+    p->lp[i].defer = &o->norm;
+    p->lp[i].defer_v = &o->v;
+    p->lp[i].write_out = write_out;
+    return dsrt__cpu_c_step(p, 0, step_bn_stats, i);
+}
+
 static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
     dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
@@ -236,15 +308,20 @@ static int plan_batchnorm(cpu_backend *be, cpu_plan *p, int i) {
     if (!rc && wsmd && dnnl_memory_desc_get_size(wsmd))
         rc = dsrt__cpu_mem(p, wsmd, be->engine, NULL, &ws, L);
     if (!rc && sync) rc = dsrt__cpu_c_step(p, 0, step_bn_sync_fwd, i);
-    if (!rc) rc = dsrt__cpu_prim_step(p, be, fpd, 0, i, &s, L);
+    if (!rc && defer_to(be, p, i, &lp->out.md, &o->v) &&
+        dnnl_memory_desc_equal(&lp->out.md, &data_md)) {
+        if ((rc = plan_defer(p, i, o))) goto out;
+    } else if (!rc) {
+        if ((rc = dsrt__cpu_prim_step(p, be, fpd, 0, i, &s, L))) goto out;
+        dsrt__cpu_arg(s, DNNL_ARG_SRC, lp->src);
+        dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
+        dsrt__cpu_arg(s, DNNL_ARG_SCALE, scale);
+        dsrt__cpu_arg(s, DNNL_ARG_SHIFT, shift);
+        dsrt__cpu_arg(s, DNNL_ARG_MEAN, own_of(p, i)->mean);
+        dsrt__cpu_arg(s, DNNL_ARG_VARIANCE, own_of(p, i)->var);
+        dsrt__cpu_arg(s, DNNL_ARG_WORKSPACE, ws);
+    }
     if (rc) goto out;
-    dsrt__cpu_arg(s, DNNL_ARG_SRC, lp->src);
-    dsrt__cpu_arg(s, DNNL_ARG_DST, lp->out.mem);
-    dsrt__cpu_arg(s, DNNL_ARG_SCALE, scale);
-    dsrt__cpu_arg(s, DNNL_ARG_SHIFT, shift);
-    dsrt__cpu_arg(s, DNNL_ARG_MEAN, own_of(p, i)->mean);
-    dsrt__cpu_arg(s, DNNL_ARG_VARIANCE, own_of(p, i)->var);
-    dsrt__cpu_arg(s, DNNL_ARG_WORKSPACE, ws);
     if (!p->train) goto out;
     if ((rc = dsrt__cpu_c_step(p, 0, step_bn_running, i))) goto out;
 
