@@ -466,8 +466,8 @@ void dsrt__cpu_mul(cpu_backend *be, size_t n, const float *a, const float *b, fl
 void dsrt__cpu_mul_rows(cpu_backend *be, size_t rows, size_t per, const float *x, const float *m,
                         float *y);
 
-/* Whether dsrt__cpu_stats and dsrt__cpu_affine_sum take layout v: oneDNN's
- * channel blocks of 8 or 16. */
+/* Whether dsrt__cpu_stats and dsrt__cpu_affine_sum take layout v: channels
+ * in runs of 8 or 16 (oneDNN's channel blocks, NHWC of 8 or 16 channels). */
 int dsrt__cpu_stats_usable(const cpu_chans *v);
 /* The mean and the biased variance of each channel of x (layout v) over the
  * images and pixels, in one pass (each channel's values less its first, in

@@ -177,9 +177,10 @@ static void test_depthwise_vs_onednn(void) {
 /* Residual blocks of k channels: an identity shortcut (one batchnorm left
  * to the add), a shortcut through a strided 1x1 convolution and its own
  * batchnorm (both left to it), a sum without a ReLU and one whose leaky
- * ReLU it computes, a batchnorm that feeds two layers (kept), a sum of
- * three (written out first); every output read back (the deferred ones
- * written when read). */
+ * ReLU it computes, a batchnorm with several takers (kept), one on the
+ * net's input (kept: the caller's batch), an add whose other input has
+ * another layout (the batchnorm's output written out first); every output
+ * read back (the deferred ones written when read). */
 static const char *const BN_NETS[] = {
     "input size=9x8x3\nconv filters=%d size=3 pad=1 bias=0\nbatchnorm\nrelu name=r\n"
     "conv filters=%d size=3 pad=1 bias=0\nbatchnorm name=b\nadd inputs=b,r relu=1\n"
@@ -190,6 +191,9 @@ static const char *const BN_NETS[] = {
     "conv name=b filters=%d size=1 bias=0\nbatchnorm name=bb\nadd inputs=ab,bb relu=1\n"
     "conv filters=%d size=1 bias=0 inputs=ab\nadd name=t inputs=conv_3,add_1,ab\n"
     "conv filters=%d size=1 inputs=t\nfc outputs=3\nsoftmax\n",
+    "input name=in size=6x7x%d\nbatchnorm name=ib\nconv name=a filters=%d size=3 pad=1 "
+    "inputs=in\nadd name=s inputs=ib,a\nconv name=b filters=%d size=1 bias=0\n"
+    "batchnorm name=bb\nadd inputs=a,bb relu=1\nconv filters=%d size=1\nfc outputs=3\nsoftmax\n",
 };
 
 static void test_batchnorm_left_to_add(void) {

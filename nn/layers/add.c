@@ -49,10 +49,10 @@ static int build(dsrt_layer *l, const dsrt_shape *in, int *classes) {
  * layers too). Where every input's gradient has the output's layout, one
  * pass (step_add_bwd) reads the gradient and the output once and writes
  * each input's; else the ReLU's primitive runs in place and reorders copy.
- * In training, inputs that a batchnorm left unwritten (layer_plan.defer)
- * are normalised on their way into the sum by one pass of dsrt's own
- * (step_add_norm) when both inputs have one layout of channel blocks; else
- * they are written out first.
+ * In training, inputs that a batchnorm left unwritten (layer_plan.defer;
+ * only to an add of two) are normalised on their way into the sum by one
+ * pass of dsrt's own (step_add_norm) when both inputs have one layout whose
+ * channels come in runs of 8 or 16; else they are written out first.
  */
 
 /* What step_add_bwd reads and writes: the output and its gradient, and the
@@ -189,7 +189,7 @@ static int step_add_norm(cpu_backend *be, cpu_plan *p, int i) {
 }
 
 /* Inputs a batchnorm left to the add that it cannot normalise on the way
- * (another layout, more inputs): written out first. */
+ * (the other input in another layout): written out first. */
 static int step_add_defer_write(cpu_backend *be, cpu_plan *p, int i) {
     const dsrt_layer *L = &be->net->layers[i];
     for (int k = 0; k < L->n_inputs; k++)

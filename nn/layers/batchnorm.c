@@ -197,23 +197,21 @@ static int step_bn_sync_bwd(cpu_backend *be, cpu_plan *p, int i) {
  * third time to normalise), and the add normalises the input on its way
  * into the sum (layer_plan.defer): the normalised tensor is neither written
  * nor read back. Backward is oneDNN's as before: it reads the input, the
- * statistics and the gradient, never the output. A layout other than
- * channel blocks keeps oneDNN's forward.
+ * statistics and the gradient, never the output. Taken where the input's
+ * channels come in runs of 8 or 16 (oneDNN's channel blocks; NHWC of 8 or
+ * 16 channels) and the input is not the net's (the caller's batch, which
+ * may change before a deferred output is read and written).
  */
 static int defer_to(cpu_backend *be, const cpu_plan *p, int i, const dnnl_memory_desc_t *md,
                     cpu_chans *v) {
     const dsrt_net *net = be->net;
     const dsrt_layer *L = &net->layers[i];
-    if (!be->batchnorm || !p->train || p->bn_sync || L->fuse_relu || net->opts.fuse < 2) return 0;
+    if (!be->batchnorm || !p->train || p->bn_sync || L->fuse_relu || net->opts.fuse < 2 ||
+        dsrt__layer_is(&net->layers[L->inputs[0]], DSRT_LAYER_F_INPUT))
+        return 0;
     if (!dsrt__cpu_chans(md, v) || !dsrt__cpu_stats_usable(v)) return 0;
-    int taker = -1;
-    for (int j = i + 1; j < net->n_layers; j++)
-        for (int k = 0; k < net->layers[j].n_inputs; k++)
-            if (net->layers[j].inputs[k] == i) {
-                if (taker >= 0) return 0;
-                taker = j;
-            }
-    return taker >= 0 && dsrt__layer_is(&net->layers[taker], DSRT_LAYER_F_SUM) &&
+    int taker = dsrt__net_only_taker(net, i);
+    return taker > 0 && dsrt__layer_is(&net->layers[taker], DSRT_LAYER_F_SUM) &&
            net->layers[taker].n_inputs == 2;
 }
 
