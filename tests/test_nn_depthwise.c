@@ -239,6 +239,34 @@ static void test_batchnorm_left_to_add(void) {
     unsetenv("DSRT_CPU_LAYOUT");
 }
 
+/* A batchnorm on the net's input (one-pixel images of 16 channels: NHWC,
+ * runs of 16) that an add takes keeps its output: read after the caller
+ * has overwritten its batch, the output is still the forward's. */
+static void test_batchnorm_on_input_kept(void) {
+    const char *desc = "input name=in size=1x1x16\nbatchnorm name=b\nconv name=c filters=16 "
+                       "size=1 inputs=in\nadd inputs=b,c\nfc outputs=3\nsoftmax\n";
+    float out[2][4 * 16];
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass)
+            unsetenv("DSRT_CPU_BATCHNORM");
+        else
+            setenv("DSRT_CPU_BATCHNORM", "onednn", 1);
+        dsrt_net_options o = dsrt_net_defaults();
+        o.threads = 2;
+        dsrt_net *net = NULL;
+        REQUIRE(dsrt_net_create(&net, desc, 0, 0, 0, 0, &o) == 0);
+        float x[4 * 16];
+        int32_t y[4] = {0, 1, 2, 0};
+        for (int k = 0; k < 4 * 16; k++) x[k] = (float)((k * 7) % 13) / 13.0f - 0.4f;
+        CHECK_OK(dsrt_net_forward_backward(net, x, y, 4, NULL, NULL));
+        for (int k = 0; k < 4 * 16; k++) x[k] = 1e6f; /* the caller's next batch */
+        CHECK_OK(dsrt__net_layer_output(net, 1, out[pass], 1));
+        dsrt_net_destroy(net);
+    }
+    unsetenv("DSRT_CPU_BATCHNORM");
+    CHECK(close_to(out[1], out[0], 4 * 16, 1e-5, "outputs", desc));
+}
+
 // ----------------------------------------------------------------------------
 // Products and stochastic depth
 
@@ -462,5 +490,6 @@ int main(void) {
     RUN(test_depthwise_vs_onednn);
     RUN(test_products_layouts_threads);
     RUN(test_batchnorm_left_to_add);
+    RUN(test_batchnorm_on_input_kept);
     return TEST_RESULT();
 }
