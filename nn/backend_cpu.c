@@ -1735,6 +1735,11 @@ static int cpu_create(dsrt_backend **out, dsrt_net *net) {
      * to oneDNN. */
     const char *pw = getenv("DSRT_CPU_POINTWISE");
     be->pointwise = !(pw && !strcmp(pw, "onednn"));
+    /* The same kernel takes the weights' gradient of strided convolutions
+     * with larger filters a tap at a time (nn/layers/conv.c);
+     * DSRT_CPU_PW_TAPS=0 leaves those to oneDNN. */
+    const char *taps = getenv("DSRT_CPU_PW_TAPS");
+    be->pw_taps = be->pointwise && !(taps && !strcmp(taps, "0"));
     /* A batchnorm whose one taker is an add leaves its output to the add,
      * which normalises on the way in (nn/layers/batchnorm.c);
      * DSRT_CPU_BATCHNORM=onednn keeps oneDNN's forward for every one. */

@@ -181,6 +181,7 @@ struct dsrt_cpu_backend {
     dnnl_alg_kind_t conv_alg;
     int depthwise; /* depthwise weight gradients may take dsrt's C step */
     int pointwise; /* 1x1 convolutions' weight gradients may take dsrt's own kernel */
+    int pw_taps;   /* and larger filters', a tap at a time */
     int batchnorm; /* a batchnorm before an add may leave its output to the add */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
@@ -540,5 +541,17 @@ int dsrt__pw_wgrad_usable(const cpu_backend *be, int c);
 void dsrt__pw_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
                            const cpu_chans *yl, int n, int oh, int ow, int iw, int sh, int sw,
                            int c, int k, float *dw, float *db);
+/* A convolution of kh x kw filters (padding pt, pl; no dilation; ungrouped)
+ * of x (n, c, ih, iw) into dy's (n, k, oh, ow). */
+typedef struct {
+    int n, c, k, ih, iw, oh, ow, kh, kw, sh, sw, pt, pl;
+} pw_taps;
+/* Its weights' gradient dw (k, c, kh, kw) and db (k floats, or NULL) by the
+ * same kernel, a tap at a time: each tap is a 1x1 convolution over the
+ * outputs whose inputs lie inside x, summed into its part of tap (kh kw k
+ * c floats of scratch), then spread into dw. */
+void dsrt__pw_taps_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl,
+                                const float *dy, const cpu_chans *yl, const pw_taps *t, float *dw,
+                                float *db, float *tap);
 
 #endif

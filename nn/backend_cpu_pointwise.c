@@ -55,6 +55,11 @@ typedef struct {
     int kgroups;   /* blocks of PW_ROWS output channels */
     long per, run; /* output pixels an image; a run whose inputs lie evenly spaced */
     long pixels;
+    /* The outputs summed over: a window of vw columns from (oy0, ox0) (all
+     * of them for a 1x1 convolution), and the offset of their inputs in X
+     * (pixels, may be negative: a tap of a padded filter). */
+    int oy0, ox0, vw;
+    long x0;
 } pw_job;
 
 /* A run of a chunk's pixels whose inputs lie evenly spaced: its first
@@ -183,15 +188,18 @@ AVX2 static void pw_range(void *ctx, size_t lo, size_t hi) {
         while (p < stop && nx < PW_SEGS) {
             long img = p / j->per, q = p % j->per;
             long end = DSRT_MIN(stop, p - q % j->run + j->run);
-            long oy = q / j->ow, ox = q % j->ow;
-            xs[nx++] = (pw_seg){.x = (size_t)img * xl->s_n +
-                                     ((size_t)oy * j->sh * j->iw + (size_t)ox * j->sw) * xl->inner,
-                                .cnt = end - p};
-            if (nd && q)
+            long oy = j->oy0 + q / j->vw, ox = j->ox0 + q % j->vw;
+            long at = (oy * j->sh * j->iw + ox * j->sw) + j->x0;
+            xs[nx++] =
+                (pw_seg){.x = (size_t)img * xl->s_n + (size_t)at * xl->inner, .cnt = end - p};
+            /* dY's runs join within an image where the window is whole
+             * rows. */
+            if (nd && q && j->vw == j->ow)
                 ds[nd - 1].cnt += end - p;
             else
                 ds[nd++] =
-                    (pw_seg){.d = (size_t)img * yl->s_n + (size_t)q * yl->inner, .cnt = end - p};
+                    (pw_seg){.d = (size_t)img * yl->s_n + (size_t)(oy * j->ow + ox) * yl->inner,
+                             .cnt = end - p};
             p = end;
         }
         size_t packed = (size_t)-1;
@@ -238,34 +246,106 @@ AVX2 static void pw_bias(void *ctx, size_t lo, size_t hi) {
     }
 }
 
+/* The job of x, dy and dw over the window of vh x vw outputs from (oy0,
+ * ox0) whose inputs lie x0 pixels on. */
+static void pw_window(pw_job *j, int n, int oy0, int ox0, int vh, int vw, long x0) {
+    j->oy0 = oy0;
+    j->ox0 = ox0;
+    j->vw = vw;
+    j->x0 = x0;
+    j->per = (long)vh * vw;
+    /* A strided input's pixels are evenly spaced within a row; at stride 1
+     * through a whole image. */
+    j->run = j->sh == 1 && j->sw == 1 && vw == j->ow && (long)j->iw == j->ow ? j->per : vw;
+    j->pixels = (long)n * j->per;
+}
+
+static void pw_sums(cpu_backend *be, pw_job *j) {
+    if (!j->pixels)
+        memset(j->dw, 0, (size_t)j->k * j->c * sizeof *j->dw);
+    else
+        dsrt__cpu_parallel(be, (size_t)(j->c / PW_COLS) * j->kgroups, pw_range, j);
+}
+
+static pw_job pw_job_of(const float *x, const cpu_chans *xl, const float *dy, const cpu_chans *yl,
+                        float *dw, float *db, int ow, int iw, int sh, int sw, int c, int k) {
+    return (pw_job){.x = x,
+                    .dy = dy,
+                    .xl = xl,
+                    .yl = yl,
+                    .dw = dw,
+                    .db = db,
+                    .ow = ow,
+                    .iw = iw,
+                    .sh = sh,
+                    .sw = sw,
+                    .c = c,
+                    .k = k,
+                    .kgroups = (k + PW_ROWS - 1) / PW_ROWS};
+}
+
 void dsrt__pw_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl, const float *dy,
                            const cpu_chans *yl, int n, int oh, int ow, int iw, int sh, int sw,
                            int c, int k, float *dw, float *db) {
-    pw_job j = {.x = x,
-                .dy = dy,
-                .xl = xl,
-                .yl = yl,
-                .dw = dw,
-                .db = db,
-                .ow = ow,
-                .iw = iw,
-                .sh = sh,
-                .sw = sw,
-                .c = c,
-                .k = k};
-    j.kgroups = (k + PW_ROWS - 1) / PW_ROWS;
-    j.per = (long)oh * ow;
-    /* A strided input's pixels are evenly spaced within a row; at stride 1
-     * through a whole image. */
-    j.run = sh == 1 && sw == 1 && (long)iw == ow ? j.per : ow;
-    j.pixels = (long)n * j.per;
-    if (!j.pixels) {
-        memset(dw, 0, (size_t)k * c * sizeof *dw);
-    } else {
-        dsrt__cpu_parallel(be, (size_t)(c / PW_COLS) * j.kgroups, pw_range, &j);
-    }
+    pw_job j = pw_job_of(x, xl, dy, yl, dw, db, ow, iw, sh, sw, c, k);
+    pw_window(&j, n, 0, 0, oh, ow, 0);
+    pw_sums(be, &j);
     if (db)
         dsrt__cpu_parallel(be, yl->inner % 8 == 0 ? (size_t)(k + 7) / 8 : (size_t)k, pw_bias, &j);
+}
+
+/* The first output index o from 0 whose input o s + d lies at or past 0,
+ * and the end of those whose input lies before n. */
+static int first_in(int s, int d) {
+    return d >= 0 ? 0 : (-d + s - 1) / s;
+}
+
+static int end_in(int s, int d, int n, int outs) {
+    int e = n - d <= 0 ? 0 : (n - d + s - 1) / s;
+    return DSRT_MIN(e, outs);
+}
+
+typedef struct {
+    const float *tap;
+    float *dw;
+    size_t per, taps, k_c; /* c floats an output channel, taps a filter, k c a tap */
+} pw_spread_job;
+
+/* Output channels [lo, hi): each filter's taps from the taps' sums. */
+static void pw_spread(void *ctx, size_t lo, size_t hi) {
+    const pw_spread_job *s = ctx;
+    for (size_t o = lo; o < hi; o++)
+        for (size_t i = 0; i < s->per; i++)
+            for (size_t q = 0; q < s->taps; q++)
+                s->dw[(o * s->per + i) * s->taps + q] = s->tap[q * s->k_c + o * s->per + i];
+}
+
+void dsrt__pw_taps_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl,
+                                const float *dy, const cpu_chans *yl, const pw_taps *t, float *dw,
+                                float *db, float *tap) {
+    pw_job j = pw_job_of(x, xl, dy, yl, tap, db, t->ow, t->iw, t->sh, t->sw, t->c, t->k);
+    int taps = t->kh * t->kw;
+    for (int ky = 0; ky < t->kh; ky++)
+        for (int kx = 0; kx < t->kw; kx++) {
+            int dy0 = ky - t->pt, dx0 = kx - t->pl;
+            int oy0 = first_in(t->sh, dy0), oy1 = end_in(t->sh, dy0, t->ih, t->oh);
+            int ox0 = first_in(t->sw, dx0), ox1 = end_in(t->sw, dx0, t->iw, t->ow);
+            int vh = DSRT_MAX(0, oy1 - oy0), vw = DSRT_MAX(0, ox1 - ox0);
+            j.dw = tap + (size_t)(ky * t->kw + kx) * t->k * t->c;
+            pw_window(&j, vh && vw ? t->n : 0, oy0, ox0, vh, vw ? vw : 1, (long)dy0 * t->iw + dx0);
+            pw_sums(be, &j);
+        }
+    pw_spread_job sp = {.tap = tap,
+                        .dw = dw,
+                        .per = (size_t)t->c,
+                        .taps = (size_t)taps,
+                        .k_c = (size_t)t->k * t->c};
+    dsrt__cpu_parallel(be, (size_t)t->k, pw_spread, &sp);
+    if (db) {
+        pw_window(&j, t->n, 0, 0, t->oh, t->ow, 0);
+        dsrt__cpu_parallel(be, yl->inner % 8 == 0 ? (size_t)(t->k + 7) / 8 : (size_t)t->k, pw_bias,
+                           &j);
+    }
 }
 
 #else
@@ -275,6 +355,12 @@ void dsrt__pw_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl,
                            int c, int k, float *dw, float *db) {
     (void)be, (void)x, (void)xl, (void)dy, (void)yl, (void)n, (void)oh, (void)ow, (void)iw;
     (void)sh, (void)sw, (void)c, (void)k, (void)dw, (void)db; /* never chosen: not usable */
+}
+
+void dsrt__pw_taps_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl,
+                                const float *dy, const cpu_chans *yl, const pw_taps *t, float *dw,
+                                float *db, float *tap) {
+    (void)be, (void)x, (void)xl, (void)dy, (void)yl, (void)t, (void)dw, (void)db, (void)tap;
 }
 
 #endif

@@ -396,13 +396,18 @@ static void test_winograd_vs_direct(void) {
  * 2x1, output channels that leave 1, 2 or 4 rows of a register block,
  * with and without a bias and a fused ReLU, images of more pixels than a
  * chunk and strided ones whose rows end a chunk early, in the blocked
- * layout and NHWC. */
+ * layout and NHWC; and strided 3x3 and 5x5 filters of 64 input channels, a
+ * tap at a time (taps whose outputs' inputs lie partly, or on small images
+ * wholly, in the padding). */
 static const char *const PW_NETS[] = {
     "input size=%dx%dx16\nconv filters=32 size=1\nrelu\nconv filters=20 size=1 stride=2 "
     "bias=0\nrelu\nconv filters=48 size=3 pad=1\nconv filters=64 size=1\ngap\nfc outputs=3\n"
     "softmax\n",
     "input size=%dx%dx32\nconv filters=7 size=1 stride=3\nrelu\nconv filters=16 size=3 pad=1\n"
     "conv filters=16 size=1 stride=2x1 bias=0\nbatchnorm\nrelu\ngap\nfc outputs=3\nsoftmax\n",
+    "input size=%dx%dx16\nconv filters=64 size=1\nconv filters=48 size=3 stride=2 pad=1\nrelu\n"
+    "conv filters=64 size=1 bias=0\nconv filters=32 size=5 stride=2x1 pad=2 bias=0\ngap\n"
+    "fc outputs=3\nsoftmax\n",
 };
 
 static void test_pointwise_vs_onednn(void) {
