@@ -481,6 +481,13 @@ void dsrt__cpu_stats(cpu_backend *be, const cpu_chans *v, const float *x, double
 typedef struct cpu_affine {
     const float *x, *mean, *scale, *shift;
 } cpu_affine;
+/* Layer plan lp's deferred output (layer_plan.defer) as such an input: its
+ * factors over the layer's input as it is now. */
+static inline cpu_affine dsrt__cpu_deferred(const layer_plan *lp) {
+    cpu_affine a = *lp->defer;
+    a.x = dsrt__cpu_handle(lp->src);
+    return a;
+}
 /* z = the sum of n (1 or 2) such inputs, all in layout v, then a ReLU (slope
  * leak below 0) when relu is set. */
 void dsrt__cpu_affine_sum(cpu_backend *be, const cpu_chans *v, int n, const cpu_affine *in,

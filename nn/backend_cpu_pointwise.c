@@ -267,6 +267,13 @@ static void pw_sums(cpu_backend *be, pw_job *j) {
         dsrt__cpu_parallel(be, (size_t)(j->c / PW_COLS) * j->kgroups, pw_range, j);
 }
 
+/* db: dY's sums over the pixels (every pixel of every image). */
+static void pw_bias_sums(cpu_backend *be, pw_job *j, int n, int oh) {
+    pw_window(j, n, 0, 0, oh, j->ow, 0);
+    dsrt__cpu_parallel(be, j->yl->inner % 8 == 0 ? (size_t)(j->k + 7) / 8 : (size_t)j->k, pw_bias,
+                       j);
+}
+
 static pw_job pw_job_of(const float *x, const cpu_chans *xl, const float *dy, const cpu_chans *yl,
                         float *dw, float *db, int ow, int iw, int sh, int sw, int c, int k) {
     return (pw_job){.x = x,
@@ -290,8 +297,7 @@ void dsrt__pw_weights_grad(cpu_backend *be, const float *x, const cpu_chans *xl,
     pw_job j = pw_job_of(x, xl, dy, yl, dw, db, ow, iw, sh, sw, c, k);
     pw_window(&j, n, 0, 0, oh, ow, 0);
     pw_sums(be, &j);
-    if (db)
-        dsrt__cpu_parallel(be, yl->inner % 8 == 0 ? (size_t)(k + 7) / 8 : (size_t)k, pw_bias, &j);
+    if (db) pw_bias_sums(be, &j, n, oh);
 }
 
 /* The first output index o from 0 whose input o s + d lies at or past 0,
@@ -341,11 +347,7 @@ void dsrt__pw_taps_weights_grad(cpu_backend *be, const float *x, const cpu_chans
                         .taps = (size_t)taps,
                         .k_c = (size_t)t->k * t->c};
     dsrt__cpu_parallel(be, (size_t)t->k, pw_spread, &sp);
-    if (db) {
-        pw_window(&j, t->n, 0, 0, t->oh, t->ow, 0);
-        dsrt__cpu_parallel(be, yl->inner % 8 == 0 ? (size_t)(t->k + 7) / 8 : (size_t)t->k, pw_bias,
-                           &j);
-    }
+    if (db) pw_bias_sums(be, &j, t->n, t->oh);
 }
 
 #else

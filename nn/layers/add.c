@@ -176,12 +176,9 @@ static int step_add_norm(cpu_backend *be, cpu_plan *p, int i) {
     cpu_affine in[2];
     for (int k = 0; k < 2; k++) {
         const layer_plan *from = &p->lp[L->inputs[k]];
-        if (from->defer) {
-            in[k] = *from->defer;
-            in[k].x = dsrt__cpu_handle(from->src);
-        } else {
-            in[k] = (cpu_affine){dsrt__cpu_handle(o->x[k]), o->as_is + cp, o->as_is, o->as_is + cp};
-        }
+        in[k] = from->defer ? dsrt__cpu_deferred(from)
+                            : (cpu_affine){dsrt__cpu_handle(o->x[k]), o->as_is + cp, o->as_is,
+                                           o->as_is + cp};
     }
     dsrt__cpu_affine_sum(be, &o->v, 2, in, dsrt__cpu_handle(p->lp[i].out.mem), L->fuse_relu,
                          L->fuse_leak);

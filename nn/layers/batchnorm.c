@@ -235,8 +235,7 @@ static int step_bn_stats(cpu_backend *be, cpu_plan *p, int i) {
 /* The output, written where a reader other than the add needs it. */
 static void write_out(cpu_backend *be, cpu_plan *p, int i) {
     const layer_plan *lp = &p->lp[i];
-    cpu_affine a = *lp->defer;
-    a.x = dsrt__cpu_handle(lp->src);
+    cpu_affine a = dsrt__cpu_deferred(lp);
     dsrt__cpu_affine_sum(be, lp->defer_v, 1, &a, dsrt__cpu_handle(lp->out.mem), 0, 0.0f);
 }
 
