@@ -384,7 +384,8 @@ static uint64_t file_hash(const char *path) {
 }
 
 static void test_output_is_input(void) {
-    char m[4300], o[4300], link[4300], ck[4300], jl[4300];
+    char m[4300], o[4300], link[4300], ck[4300], jl[4300], wrong[4300];
+    snprintf(wrong, sizeof wrong, "%s/model-named-onnx.onnx", root);
     snprintf(jl, sizeof jl, "%s/same.jsonl", root);
     snprintf(m, sizeof m, "%s/same.dsrt", root);
     snprintf(o, sizeof o, "%s/same.onnx", root);
@@ -407,10 +408,14 @@ static void test_output_is_input(void) {
         ARGV(bin_train, "import", o, "--output", o),
         ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--net", m, "--save", link),
         ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--log", jl, "--bad-list", jl),
+        /* A dsrt model file under a .onnx name would be read back as ONNX. */
+        ARGV(bin_train, "import", o, "--output", wrong),
+        ARGV(bin_train, "train", "--data", good, "--epochs", "1", "--save", wrong),
     };
-    static const char *const says[] = {"is the model read", "is the model read",
-                                       "is the model read", "is the file --net reads",
-                                       "is also --log"};
+    static const char *const says[] = {"is the model read",       "is the model read",
+                                       "is the model read",       "is the file --net reads",
+                                       "is also --log",           "writes a dsrt model file",
+                                       "writes a dsrt model file"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         r = run(cmds[i], 60);
         CHECK_EQ(r.status, 2);
@@ -419,6 +424,7 @@ static void test_output_is_input(void) {
     }
     CHECK(file_hash(m) == hm);
     CHECK(file_hash(o) == ho);
+    CHECK(access(wrong, F_OK) != 0);
 
     /* --save onto the checkpoint resumed from would replace it. */
     char latest[4400];

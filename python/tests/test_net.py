@@ -223,6 +223,8 @@ def test_onnx_and_saved_models(model, tmp_path):
         dsrt.onnx_import(model["onnx"], model["onnx"])
     with pytest.raises(ValueError, match="not an ONNX model"):
         dsrt.onnx_import(model["dsrt"], dst)
+    with pytest.raises(ValueError, match="writes a dsrt model file"):
+        dsrt.onnx_import(model["onnx"], str(tmp_path / "imported.onnx"))
     # save and export: dstrain reads what Python writes.
     saved, exported = str(tmp_path / "saved.dsrt"), str(tmp_path / "exported.onnx")
     net.save(saved)
@@ -332,6 +334,48 @@ def test_bad_arrays(model):
     with pytest.raises(ValueError, match="batch"):
         net.predict(x, batch=0)
     assert net.predict(np.zeros((0, 32, 32, 3), np.uint8)).shape == (0, 4)
+    # A broadcast array holds more images than memory holds their scores.
+    huge = np.broadcast_to(np.zeros((1, 1, 3), np.uint8), (2**60, 1, 1, 3))
+    with pytest.raises(ValueError, match="too many"):
+        net.predict(huge)
+    # One image whose pixels cannot be gathered: the binding's own message.
+    with pytest.raises(MemoryError, match="predict: out of memory for an image's pixels"):
+        net.predict(np.broadcast_to(np.zeros((1, 1, 1, 3), np.uint8), (1, 2**30, 2**30, 3)))
+
+    class NotDLPack:
+        def __dlpack__(self):
+            return 5
+
+    with pytest.raises(TypeError, match="DLPack capsule"):
+        net.predict(NotDLPack())
+
+
+def test_four_channel_model(tmp_path):
+    """A model of 4 input channels (imported from ONNX) loads; uint8 arrays
+    of its size are pixels / 255, as float arrays; others are refused."""
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("no torch")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(4, 3, 3, padding=1), torch.nn.ReLU(),
+                            torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 2))
+    path = str(tmp_path / "c4.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m.eval(), torch.zeros(1, 4, 8, 8), path, input_names=["x"],
+                          output_names=["y"], opset_version=13)
+    net = dsrt.Net.load(path, input_scale=1 / 255)
+    assert net.input_shape == (4, 8, 8)
+    x = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 4)).astype(np.uint8)
+    got = net.predict(x, layout="NHWC")
+    want = net.predict((x.transpose(0, 3, 1, 2) / 255).astype(np.float32))
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        ref = torch.softmax(m(torch.from_numpy(x.transpose(0, 3, 1, 2) / 255).float()), 1)
+    np.testing.assert_allclose(got, ref.numpy(), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="4 channels cannot be resized"):
+        net.predict(np.zeros((1, 9, 9, 4), np.uint8), layout="NHWC")
 
 
 def test_bad_paths(model, tmp_path):

@@ -54,6 +54,13 @@ int cmd_import(int argc, char **argv) {
     int rc = parse_options("import", argc, argv, IMPORT_OPTIONS, import_usage);
     if (rc) return rc > 0 ? 0 : 2;
     if (model_and_output("import", "MODEL.onnx", model, im.output) != 0) return 2;
+    if (is_onnx_file(im.output)) {
+        fprintf(stderr,
+                "%s import: --output %s: import writes a dsrt model file, which a .onnx name "
+                "would have read back as ONNX (export writes ONNX)\n",
+                prog, im.output);
+        return 2;
+    }
     dsrt_onnx_import_options o;
     char **names;
     if ((rc = onnx_resolve("import", &im.onnx, &o, &names))) return rc;

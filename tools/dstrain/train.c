@@ -161,6 +161,13 @@ static int train_open_outputs(train_job *j) {
         const char *option, *path;
     } in_paths[] = {{"resume", tr.resume}, {"net", tr.net}, {"transfer", tr.transfer}};
     char why[512];
+    if (tr.save && is_onnx_file(tr.save)) {
+        fprintf(stderr,
+                "%s train: --save %s: it writes a dsrt model file, which a .onnx name would "
+                "have read back as ONNX (dstrain export writes ONNX)\n",
+                prog, tr.save);
+        return 2;
+    }
     for (size_t i = 0; i < sizeof out_paths / sizeof out_paths[0]; i++) {
         if (!out_paths[i].path) continue;
         if (tool_check_output(out_paths[i].path, out_paths[i].regular, why, sizeof why)) {

@@ -96,8 +96,16 @@ int array_get(PyObject *obj, const char *what, array_in *a) {
         a->capsule = PyObject_CallNoArgs(fn);
         Py_DECREF(fn);
         if (!a->capsule) return -1;
-        DLManagedTensor *m = PyCapsule_GetPointer(a->capsule, "dltensor");
-        if (!m) goto fail;
+        DLManagedTensor *m = PyCapsule_IsValid(a->capsule, "dltensor")
+                                 ? PyCapsule_GetPointer(a->capsule, "dltensor")
+                                 : NULL;
+        if (!m) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s: %.100s.__dlpack__() gave %.100s, not an unused DLPack capsule "
+                         "(\"dltensor\")",
+                         what, Py_TYPE(obj)->tp_name, Py_TYPE(a->capsule)->tp_name);
+            goto fail;
+        }
         const DLTensor *t = &m->dl_tensor;
         if (t->device.device_type != DL_CPU && t->device.device_type != DL_CUDA_HOST) {
             PyErr_Format(PyExc_ValueError,
@@ -120,6 +128,13 @@ int array_get(PyObject *obj, const char *what, array_in *a) {
         if (a->ndim == 3 || a->ndim == 4) {
             Py_ssize_t size = a->dtype == DT_U8 ? 1 : 4, step = size;
             for (int i = a->ndim - 1; i >= 0; i--) {
+                if (t->shape[i] < 0) {
+                    PyErr_Format(PyExc_ValueError,
+                                 "%s: the tensor's dimension %d is %lld: DLPack dimensions are "
+                                 "not negative",
+                                 what, i, (long long)t->shape[i]);
+                    goto fail;
+                }
                 a->shape[i] = (Py_ssize_t)t->shape[i];
                 a->strides[i] = t->strides ? (Py_ssize_t)t->strides[i] * size : step;
                 step *= a->shape[i];

@@ -159,10 +159,16 @@ PyObject *net_classify(NetObject *self, PyObject *args, PyObject *kw) {
         goto out;
     j.scores = (float *)PyByteArray_AS_STRING(buf);
     net_lock(self);
+    self->oom = NULL;
     PyThreadState *ts = PyEval_SaveThread();
     classify_run(self, &j);
     PyEval_RestoreThread(ts);
+    const char *oom = self->oom;
     net_unlock(self);
+    if (j.rc == -ENOMEM && oom) {
+        PyErr_Format(PyExc_MemoryError, "classify: %s", oom);
+        goto out;
+    }
     if (j.bad >= 0) {
         PyObject *name = PyUnicode_DecodeFSDefault(j.files[j.bad]);
         if (!name) goto out;

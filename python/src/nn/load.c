@@ -427,6 +427,13 @@ PyObject *mod_onnx_import(PyObject *m, PyObject *args, PyObject *kw) {
                      dst, src);
         goto out;
     }
+    if (is_onnx_path(PyBytes_AS_STRING(d))) {
+        PyErr_Format(PyExc_ValueError,
+                     "onnx_import: dst %R: it writes a dsrt model file, which a .onnx name "
+                     "would have read back as ONNX (Net.export writes ONNX)",
+                     dst);
+        goto out;
+    }
     if (load_args_parse(kv, &l) != 0 || load_net(src, &l, &net) != 0) goto out;
     PyThreadState *ts = PyEval_SaveThread();
     rc = dsrt_model_save(PyBytes_AS_STRING(d), net);

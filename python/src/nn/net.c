@@ -34,7 +34,10 @@ void net_unlock(NetObject *self) {
 int x_reserve(NetObject *self, size_t n) {
     if (n <= self->x_cap) return 0;
     float *x = realloc(self->x, n * sizeof *x);
-    if (!x) return -ENOMEM;
+    if (!x) {
+        self->oom = "out of memory for the net's input";
+        return -ENOMEM;
+    }
     self->x = x;
     self->x_cap = n;
     return 0;
@@ -84,7 +87,9 @@ PyObject *net_wrap(dsrt_net *net, const dsrt_augment_options *ao) {
     self->ao = *ao;
     self->ao.output_height = self->info.height;
     self->ao.output_width = self->info.width;
-    self->ao.output_channels = self->info.channels;
+    /* The augmenter makes the 1- or 3-channel input of image files and
+     * uint8 arrays; other channel counts take arrays of the net's size. */
+    self->ao.output_channels = self->info.channels == 1 ? 1 : 3;
     int rc = dsrt_augment_check(&self->ao);
     if (rc != 0) {
         raise_code(rc, NULL);

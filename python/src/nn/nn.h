@@ -45,6 +45,9 @@ typedef struct {
     uint8_t *hwc;   /* (hwc_cap) one uint8 image gathered to rows of HWC */
     size_t hwc_cap; /* bytes */
     PyThread_type_lock lock;
+    /* What the binding itself could not allocate in the call that holds the
+     * lock (NULL: nothing, or a failure of dsrt's, which names itself). */
+    const char *oom;
     PyObject *names; /* tuple of the class names, or None */
 } NetObject;
 

@@ -123,7 +123,10 @@ static int fill_input(NetObject *self, const predict_job *j, Py_ssize_t i0, int 
                 size_t need = (size_t)H * W * C;
                 if (need > self->hwc_cap) {
                     uint8_t *b = realloc(self->hwc, need);
-                    if (!b) return -ENOMEM;
+                    if (!b) {
+                        self->oom = "out of memory for an image's pixels";
+                        return -ENOMEM;
+                    }
                     self->hwc = b;
                     self->hwc_cap = need;
                 }
@@ -229,15 +232,27 @@ PyObject *net_predict(NetObject *self, PyObject *args, PyObject *kw) {
     }
     Py_ssize_t N = a.shape[0];
     int classes = self->info.classes;
+    /* A broadcast array can hold more images than memory holds scores. */
+    if (N > PY_SSIZE_T_MAX / ((Py_ssize_t)classes * (Py_ssize_t)sizeof(float))) {
+        PyErr_Format(PyExc_ValueError, "predict: %zd images: too many for %d scores each", N,
+                     classes);
+        goto out;
+    }
     if (!(buf = PyByteArray_FromStringAndSize(NULL, N * classes * (Py_ssize_t)sizeof(float))))
         goto out;
     j.scores = (float *)PyByteArray_AS_STRING(buf);
     int rc;
     net_lock(self);
+    self->oom = NULL;
     PyThreadState *ts = PyEval_SaveThread();
     rc = predict_run(self, &j);
     PyEval_RestoreThread(ts);
+    const char *oom = self->oom;
     net_unlock(self);
+    if (rc == -ENOMEM && oom) {
+        PyErr_Format(PyExc_MemoryError, "predict: %s", oom);
+        goto out;
+    }
     if (rc != 0) {
         raise_code(rc, NULL);
         goto out;
