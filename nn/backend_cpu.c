@@ -332,6 +332,49 @@ static void fusion_free(cpu_fusion *f) {
  * the identity at inference, up to the first layer that is none of these. A layer whose chain holds
  * nothing but the ReLU it already computes (fuse_relu) keeps its plain plan.
  */
+/* The oneDNN eltwise algorithms and parameters act takes as post-ops
+ * (post_act), into alg, alpha, beta: how many (hardsigmoid: two). */
+static int act_algs(const dsrt_act *a, int alg[2], float alpha[2], float beta[2]) {
+    switch (a->fn) {
+    case DSRT_ACT_RELU:
+        alg[0] = dnnl_eltwise_relu, alpha[0] = a->alpha, beta[0] = 0.0f;
+        return 1;
+    case DSRT_ACT_CLIP:
+        alg[0] = dnnl_eltwise_clip_v2, alpha[0] = a->alpha, beta[0] = a->beta;
+        return 1;
+    case DSRT_ACT_HARDSIGMOID:
+        alg[0] = dnnl_eltwise_linear, alpha[0] = a->alpha, beta[0] = a->beta;
+        alg[1] = dnnl_eltwise_clip_v2, alpha[1] = 0.0f, beta[1] = 1.0f;
+        return 2;
+    case DSRT_ACT_SWISH:
+        alg[0] = dnnl_eltwise_swish, alpha[0] = a->alpha, beta[0] = 0.0f;
+        return 1;
+    default: /* no parameters */
+        return 0;
+    }
+}
+
+/*
+ * Whether act may join chain f as a post-op. oneDNN 2.6's brgemm kernels
+ * (NHWC 1x1 and depthwise convolutions) compute the second of two post-ops
+ * of one eltwise algorithm with the first one's parameters: a leaky ReLU
+ * (0.1) then a ReLU came out leaky, a clip to [0, 6] then one to [-1, 1]
+ * as the first. So a chain holds one set of parameters an algorithm.
+ */
+static int act_joins(const cpu_fusion *f, const dsrt_act *act) {
+    int alg[2], alg_k[2];
+    float al[2], be[2], al_k[2], be_k[2];
+    int n = act_algs(act, alg, al, be);
+    for (int k = 0; k < f->n_ops; k++) {
+        if (f->ops[k].sum) continue;
+        int m = act_algs(&f->ops[k].act, alg_k, al_k, be_k);
+        for (int q = 0; q < n; q++)
+            for (int r = 0; r < m; r++)
+                if (alg[q] == alg_k[r] && (al[q] != al_k[r] || be[q] != be_k[r])) return 0;
+    }
+    return 1;
+}
+
 static int plan_fusion(cpu_backend *be, cpu_plan *p) {
     const dsrt_net *net = be->net;
     int n = net->n_layers;
@@ -358,11 +401,17 @@ static int plan_fusion(cpu_backend *be, cpu_plan *p) {
                 if (J->fuse_relu)
                     f.ops[f.n_ops++].act = (dsrt_act){DSRT_ACT_RELU, J->fuse_leak, 0.0f};
             } else if (o->infer_act && J->n_inputs == 1 && o->infer_act(J, &act)) {
+                if (!act_joins(&f, &act)) break;
                 f.ops[f.n_ops++].act = act;
             } else if ((o->flags & DSRT_LAYER_F_SUM) && J->n_inputs == 2 && f.sum < 0 &&
                        J->inputs[0] != J->inputs[1]) {
                 int other = J->inputs[J->inputs[0] == cur];
+                const dsrt_act relu = {DSRT_ACT_RELU, J->fuse_leak, 0.0f};
                 if (other >= i) break; /* not computed yet when layer i runs */
+                /* Images of one pixel may be 2-D on one side (a fully
+                 * connected layer's) and 4-D on the other: the add's own. */
+                if (L->out.h == 1 && L->out.w == 1) break;
+                if (J->fuse_relu && !act_joins(&f, &relu)) break;
                 f.sum = other;
                 f.ops[f.n_ops++].sum = 1;
                 if (J->fuse_relu)
@@ -494,7 +543,7 @@ int dsrt__cpu_fused_output(cpu_backend *be, cpu_plan *p, int i, const dnnl_memor
      * the caller's batch, neither this layer (a convolution that reads
      * what it adds to) nor any layer after it reads them but the add that
      * this layer computes. */
-    int own = dnnl_memory_desc_equal(&other->md, md) && other->mem != p->batch;
+    int own = p->pool_acts && dnnl_memory_desc_equal(&other->md, md) && other->mem != p->batch;
     for (int k = i; k < net->n_layers && own; k++) {
         if (k > i && k <= f->last && p->taken_by && p->taken_by[k] == i) continue;
         for (int q = 0; q < net->layers[k].n_inputs && own; q++) {
@@ -1385,6 +1434,10 @@ static int forward_segments(cpu_backend *be, const dsrt_net_batch *batch, const 
 static int cpu_forward(dsrt_backend *b, const dsrt_net_batch *batch, int train) {
     cpu_backend *be = (cpu_backend *)b;
     const dsrt_net *net = be->net;
+    /* A training forward moves batchnorm's running statistics: what was
+     * made from them (inference's folded weights, and what is made from
+     * those) is remade at the next use, as after a step. */
+    if (train) be->net->version++;
     int n = batch->n;
     set_threads(net);
     be->pieces = 0;

@@ -267,6 +267,126 @@ static void test_segments(void) {
     dsrt_net_destroy(b);
 }
 
+/* Chains oneDNN 2.6 computes wrongly when fused (two post-ops of one
+ * algorithm with different parameters, in the NHWC layout that a grouped
+ * convolution gives: the second took the first one's), and sums whose
+ * inputs differ in rank (a fully connected layer's 2-D output and a
+ * pooling's 4-D one): planned and computed as the unfused net. */
+static void test_odd_chains(void) {
+    static const char leaky_relu[] = "input name=in size=8x8x16\n"
+                                     "conv name=c2 filters=16 size=1 groups=16 bias=1\n"
+                                     "relu name=r4 inputs=c2\n"
+                                     "conv name=c8 filters=16 size=1 groups=1 bias=1 inputs=r4\n"
+                                     "leakyrelu name=r10 leak=0.1\n"
+                                     "add name=a11 inputs=r10,c2 relu=1\n"
+                                     "gap name=g\nfc name=f outputs=classes\nsoftmax name=out\n";
+    static const char two_clips[] = "input name=in size=8x8x24\n"
+                                    "conv name=d filters=24 size=3 pad=1 groups=24\n"
+                                    "clip min=0 max=6\n"
+                                    "conv name=p filters=24 size=1\n"
+                                    "clip min=-1 max=1\n"
+                                    "gap\nfc outputs=classes\nsoftmax\n";
+    static const char fc_sum[] = "input name=in size=8x8x16\n"
+                                 "conv name=c0 filters=16 size=3 pad=1\n"
+                                 "gap name=g\nfc name=f1 outputs=16 inputs=g\n"
+                                 "fc name=f3 outputs=16 inputs=f1\nadd name=s inputs=f3,g\n"
+                                 "fc name=f2 outputs=classes\nsoftmax name=out\n";
+    static const char conv_sum[] =
+        "input name=in size=8x8x16\n"
+        "conv name=c0 filters=16 size=3 pad=1\n"
+        "gap name=g\nfc name=f1 outputs=16 inputs=g\n"
+        "conv name=x filters=16 size=1 inputs=g\nadd name=s inputs=x,f1\n"
+        "fc name=f2 outputs=classes\nsoftmax name=out\n";
+    check_net(leaky_relu, 5, 0, 0, 0, 0);
+    check_net(two_clips, 5, 0, 0, 0, 0);
+    check_net(fc_sum, 5, 0, 0, 0, 0);
+    check_net(conv_sum, 5, 0, 0, 0, 0);
+}
+
+/* A training forward moves batchnorm's running statistics without a step:
+ * the next prediction folds the new ones. */
+static void test_after_forward_alone(void) {
+    static const char spec[] = "input size=8x8x3\n"
+                               "conv name=c0 filters=16 size=3 pad=1\nbatchnorm name=b0\nrelu\n"
+                               "conv name=c1 filters=16 size=3 pad=1\nbatchnorm name=b1\nrelu\n"
+                               "gap\nfc outputs=classes\nsoftmax\n";
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 3;
+    dsrt_net *a = NULL, *b = NULL;
+    CHECK_OK(dsrt_net_create(&a, spec, 0, 0, 0, 5, &o));
+    o.fuse = 0;
+    CHECK_OK(dsrt_net_create(&b, spec, 0, 0, 0, 5, &o));
+    REQUIRE(a && b);
+    randomise(a, b, 9);
+    double before = compare(a, b, 4, 80);
+    float x[8 * 8 * 8 * 3];
+    int32_t y[8];
+    dsrt_rng r = dsrt_rng_init(14, 0, 0, 0);
+    for (size_t k = 0; k < sizeof x / sizeof *x; k++) x[k] = (float)dsrt_rng_uniform(&r);
+    for (int k = 0; k < 8; k++) y[k] = k % 5;
+    CHECK_OK(dsrt_net_forward_backward(a, x, y, 8, NULL, NULL));
+    CHECK_OK(dsrt_net_forward_backward(b, x, y, 8, NULL, NULL));
+    CHECK(!memcmp(a->state, b->state, a->n_state * sizeof *a->state));
+    double after = compare(a, b, 4, 81);
+    fprintf(stderr, "  after a training forward alone: %.2g (before it %.2g)\n", after, before);
+    CHECK(before <= 1e-5 && after <= 1e-5);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+}
+
+/* A residual add's other input, whose bytes a fused sum may take: with
+ * keep_outputs its values read back as the unfused net's; without, reading
+ * it is refused rather than giving the sum. */
+static void test_sum_input_read(void) {
+    static const char spec[] = "input name=in size=8x8x16\n"
+                               "conv name=c0 filters=16 size=3 pad=1\nrelu name=r0\n"
+                               "conv name=c1 filters=16 size=3 pad=1\nrelu name=r1\n"
+                               "conv name=c2 filters=16 size=3 pad=1\nbatchnorm name=b1\n"
+                               "add name=a1 inputs=b1,r0 relu=1\n"
+                               "gap\nfc outputs=classes\nsoftmax\n";
+    dsrt_net_options o = dsrt_net_defaults();
+    o.threads = 2;
+    o.seed = 5;
+    dsrt_net *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(dsrt_net_create(&a, spec, 0, 0, 0, 5, &o));
+    CHECK_OK(dsrt_net_create(&c, spec, 0, 0, 0, 5, &o));
+    o.fuse = 0;
+    CHECK_OK(dsrt_net_create(&b, spec, 0, 0, 0, 5, &o));
+    REQUIRE(a && b && c);
+    randomise(a, b, 15);
+    memcpy(c->params, a->params, a->n_params * sizeof *a->params);
+    memcpy(c->state, a->state, a->n_state * sizeof *a->state);
+    dsrt_net_params_changed(c);
+    a->keep_outputs = 1;
+    b->keep_outputs = 1;
+    int r0 = -1;
+    for (int i = 0; i < a->n_layers; i++)
+        if (!strcmp(a->layers[i].name, "r0")) r0 = i;
+    REQUIRE(r0 > 0);
+    size_t per = (size_t)a->input.c * a->input.h * a->input.w, vals = 3 * (size_t)16 * 8 * 8;
+    float *x = malloc(3 * per * sizeof *x), *ya = malloc(vals * sizeof *ya),
+          *yb = malloc(vals * sizeof *yb);
+    REQUIRE(x && ya && yb);
+    dsrt_rng r = dsrt_rng_init(16, 0, 0, 0);
+    for (size_t k = 0; k < 3 * per; k++) x[k] = (float)dsrt_rng_uniform(&r);
+    CHECK_OK(dsrt_net_predict(a, x, 3, NULL, NULL, NULL, NULL));
+    CHECK_OK(dsrt_net_predict(b, x, 3, NULL, NULL, NULL, NULL));
+    CHECK_OK(dsrt__net_layer_output(a, r0, ya, 0));
+    CHECK_OK(dsrt__net_layer_output(b, r0, yb, 0));
+    double d = 0;
+    for (size_t k = 0; k < vals; k++) d = fmax(d, fabs((double)ya[k] - yb[k]));
+    CHECK(d <= 1e-5);
+    CHECK_OK(dsrt_net_predict(c, x, 3, NULL, NULL, NULL, NULL));
+    CHECK_EQ(dsrt__net_layer_output(c, r0, ya, 0), -EINVAL);
+    free(x);
+    free(ya);
+    free(yb);
+    dsrt_net_destroy(a);
+    dsrt_net_destroy(b);
+    dsrt_net_destroy(c);
+}
+
 /* The fused net trains as before (training plans fuse nothing new), and
  * predicts with the new weights after a step. */
 static void test_after_training(void) {
@@ -335,6 +455,9 @@ int main(void) {
     RUN(test_segments);
     RUN(test_after_training);
     RUN(test_after_transfer);
+    RUN(test_odd_chains);
+    RUN(test_after_forward_alone);
+    RUN(test_sum_input_read);
     RUN(test_builtin);
     return TEST_RESULT();
 }
