@@ -1231,7 +1231,7 @@ static void step_key_of(const cuda_backend *be, const gpu_plan *p, int slot, ste
     k->soft = p->soft != NULL;
     k->bn_sync = p->bn_sync;
     k->ready_fn = (const void *)net->ready_fn;
-    k->buckets = net->ready_fn ? (const void *)net->buckets : NULL;
+    k->hook_gen = net->ready_fn ? net->hook_gen : 0;
     k->n_buckets = net->ready_fn ? net->n_buckets : 0;
     k->bn_fn = (const void *)net->bn_sync_fn;
     k->with_opt = be->popt.on;

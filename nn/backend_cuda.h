@@ -194,7 +194,8 @@ typedef struct {
 typedef struct {
     const gpu_plan *plan;
     int slot, layout, labels, soft, bn_sync;
-    const void *ready_fn, *buckets, *bn_fn; /* the hooks, and the bucket layout */
+    const void *ready_fn, *bn_fn; /* the hooks */
+    uint64_t hook_gen;            /* the bucket layout: which dsrt_net_set_grad_hook set it */
     int n_buckets;
     int with_opt; /* the optimizer step is queued first */
     int solver, norm_clip, n_buf, bf16;

@@ -418,7 +418,11 @@ struct dsrt_net {
     float *state;  /* (n_state) running statistics, input statistics */
     size_t n_params, n_state;
     uint64_t version; /* bumped whenever params or state change from outside
-                       * the backend; backends re-derive cached copies */
+                       * the backend (and by the CPU backend's own training
+                       * forward, whose running statistics are the host's);
+                       * backends re-derive cached copies. A device backend
+                       * uploads the host's values when it changes, so only
+                       * the CPU backend bumps it from inside. */
     int64_t iteration;
 
     /* Gradient buckets announced during backward. */
@@ -448,6 +452,9 @@ struct dsrt_net {
     int *layer_bucket;   /* (n_layers) bucket a layer's gradients close, or -1 */
     dsrt_range *buckets; /* (n_buckets) */
     int n_buckets;
+    /* Bumped by each dsrt_net_set_grad_hook: a new bucket layout may sit
+     * at the old one's address, so recorded steps key on this instead. */
+    uint64_t hook_gen;
 
     const dsrt_backend_ops *ops;
     dsrt_backend *be;

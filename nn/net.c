@@ -1073,6 +1073,7 @@ int dsrt_net_buckets_sized(const dsrt_net *net, size_t first_bytes, size_t min_b
 }
 
 int dsrt_net_set_grad_hook(dsrt_net *net, const dsrt_grad_hook *h) {
+    net->hook_gen++;
     for (int i = 0; i < net->n_layers; i++) net->layer_bucket[i] = -1;
     free(net->buckets);
     net->buckets = NULL;
