@@ -408,4 +408,15 @@ const char *dsrt__onnx_shown(onnx_str s, char *buf, size_t cap);
 int dsrt__onnx_dtype_size(int dtype);
 const char *dsrt__onnx_dtype_name(int dtype);
 
+/* Whether constant t, met by a value of rank dimensions whose last axis
+ * holds n, is one value an entry of that axis, the same along every other:
+ * its dimensions 1 but the last (n or 1), and no more of them than the
+ * value has (more would raise the result's rank and move its axes). */
+static inline int dsrt__onnx_row_const(const onnx_tensor *t, int64_t n, int rank) {
+    if (t->ndims > rank) return 0;
+    for (int d = 0; d + 1 < t->ndims; d++)
+        if (t->dims[d] != 1) return 0;
+    return t->ndims == 0 || t->dims[t->ndims - 1] == n || t->dims[t->ndims - 1] == 1;
+}
+
 #endif

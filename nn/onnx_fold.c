@@ -5,8 +5,9 @@
  * net's values, so that what reaches a layer's mapping is a constant (a
  * Pad's pads, a Reshape's shape). Shape of a value gives its dims with the
  * batch as ONNX_BATCH, a symbol that passes through gathers, concatenations
- * and arithmetic and that only a Reshape's leading dimension may take;
- * anything else that depends on it is refused. Values are small (a shape,
+ * and arithmetic that leaves it as it is (adding 0, multiplying by 1), and
+ * that only a Reshape's leading dimension may take; anything else that
+ * depends on it (N * 2, N > 3) is refused. Values are small (a shape,
  * a few constants): at most FOLD_MAX elements, integers as int64 and
  * numbers as float32, computed as onnxruntime computes them (float32
  * arithmetic, numpy's broadcasting).
@@ -231,11 +232,22 @@ static size_t bindex(const cval *v, int ndims, const int64_t *dims, size_t k) {
 // ----------------------------------------------------------------------------
 // The operators
 
-/* x op y in 64 bits; *bad = 1 for a division by zero or an operator that
- * is not integer arithmetic, 2 for a result past 64 bits (the batch's
- * symbol, INT64_MIN, is not a number to reach). */
-static int64_t int_op(onnx_str op, int64_t x, int64_t y, int *bad) {
-    if (x == ONNX_BATCH || y == ONNX_BATCH) return ONNX_BATCH;
+/* x op y in 64 bits (Mod: fmod 1 takes the dividend's sign, C's %); *bad
+ * = 1 for a division by zero or an operator that is not integer
+ * arithmetic, 2 for a result past 64 bits (the batch's symbol, INT64_MIN,
+ * is not a number to reach), 3 for a result that depends on the batch's
+ * size: the symbol passes only through what leaves it as it is (adding 0,
+ * multiplying or dividing by 1). */
+static int64_t int_op(onnx_str op, int64_t x, int64_t y, int fmod, int *bad) {
+    if (x == ONNX_BATCH || y == ONNX_BATCH) {
+        int64_t other = x == ONNX_BATCH ? y : x;
+        int same =
+            other != ONNX_BATCH &&
+            (((onnx_is(op, "Add") || (onnx_is(op, "Sub") && y != ONNX_BATCH)) && other == 0) ||
+             ((onnx_is(op, "Mul") || (onnx_is(op, "Div") && y != ONNX_BATCH)) && other == 1));
+        if (!same) *bad = 3;
+        return same ? ONNX_BATCH : 0;
+    }
     int64_t r;
     if (onnx_is(op, "Add") || onnx_is(op, "Sub") || onnx_is(op, "Mul")) {
         int over = onnx_is(op, "Add")   ? __builtin_add_overflow(x, y, &r)
@@ -250,8 +262,9 @@ static int64_t int_op(onnx_str op, int64_t x, int64_t y, int *bad) {
             return 0;
         }
         if (onnx_is(op, "Div")) return x / y;
-        r = x % y; /* Mod (fmod=0): the sign of the divisor */
-        return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
+        r = x % y; /* fmod 1: the sign of the dividend */
+        if (fmod) return r;
+        return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; /* fmod 0: the divisor's */
     }
     if (onnx_is(op, "Max")) return x > y ? x : y;
     if (onnx_is(op, "Min")) return x < y ? x : y;
@@ -293,9 +306,16 @@ static int fold_binary(onnx_import *c, cval *in, int n) {
     int cmp = onnx_is(op, "Equal") || onnx_is(op, "Less") || onnx_is(op, "Greater") ||
               onnx_is(op, "And") || onnx_is(op, "Or") || onnx_is(op, "Xor");
     cval acc = in[0];
+    int64_t fmod = 0;
+    int rc0 = onnx_is(op, "Mod") ? dsrt__onnx_get_int(c, "fmod", 0, &fmod) : 0;
+    if (rc0) return rc0;
     for (int j = 1; j < n; j++) {
         cval *b = &in[j], out;
         int nd, rc;
+        /* As numbers, the batch's symbol would be INT64_MIN. */
+        if (!(acc.is_int && b->is_int) &&
+            ((rc = no_batch(c, &acc, "input")) || (rc = no_batch(c, b, "input"))))
+            return rc;
         int64_t dims[ONNX_DIMS_MAX];
         if ((rc = broadcast(c, &acc, b, &nd, dims))) return rc;
         int is_int = acc.is_int && b->is_int;
@@ -304,12 +324,13 @@ static int fold_binary(onnx_import *c, cval *in, int n) {
             size_t ia = bindex(&acc, nd, dims, k), ib = bindex(b, nd, dims, k);
             if (is_int) {
                 int bad = 0;
-                out.i[k] = int_op(op, acc.i[ia], b->i[ib], &bad);
+                out.i[k] = int_op(op, acc.i[ia], b->i[ib], fmod != 0, &bad);
                 if (bad)
-                    return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
-                                           bad == 2 ? "its integers pass 64 bits"
-                                                    : "it divides by zero or is not integer "
-                                                      "arithmetic");
+                    return dsrt__onnx_fail(
+                        c, DSRT_EUNSUPPORTED,
+                        bad == 3   ? "its result depends on the batch size, which dsrt leaves open"
+                        : bad == 2 ? "its integers pass 64 bits"
+                                   : "it divides by zero or is not integer arithmetic");
             } else {
                 float x = (float)num(&acc, ia), y = (float)num(b, ib), r = float_op(op, x, y);
                 if (cmp)
@@ -709,6 +730,7 @@ static int fold_transpose(onnx_import *c, cval *x) {
 
 static int fold_where(onnx_import *c, cval *in) {
     int rc, nd, nd2;
+    if ((rc = no_batch(c, &in[0], "condition"))) return rc;
     int64_t d1[ONNX_DIMS_MAX], d2[ONNX_DIMS_MAX];
     if ((rc = broadcast(c, &in[1], &in[2], &nd, d1))) return rc;
     cval ab = {.ndims = nd, .n = 1};

@@ -323,6 +323,15 @@ int dsrt__onnx_geometry(onnx_import *c, const dsrt_shape *s, const int *kernel, 
         for (int i = 0; i < 2; i++) {
             int64_t out = ((int64_t)ins[i] + ss[i] - 1) / ss[i];
             int64_t total = (out - 1) * ss[i] + (int64_t)(kk[i] - 1) * dd[i] + 1 - ins[i];
+            /* Less than none (a stride past the window): convolutions
+             * agree on none; pooling's windows the runtimes place apart
+             * (onnxruntime's average pooling one row in, its max pooling
+             * refuses), and ONNX does not say. */
+            if (total < 0 && c->cur && !onnx_is(c->cur->op, "Conv"))
+                return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                                       "auto_pad %s with %s %d past its window of %d: where "
+                                       "the windows lie is not defined",
+                                       ap, i ? "stride across" : "stride down", ss[i], kk[i]);
             if (total < 0) total = 0;
             int small = (int)(total / 2), large = (int)(total - total / 2);
             *p0[i] = ap[5] == 'U' ? small : large; /* UPPER: the extra one at the end */
@@ -518,6 +527,10 @@ int dsrt__onnx_affine(onnx_import *c) {
     float *v = dsrt__malloc((size_t)t->count * sizeof *v);
     if (!v) return -ENOMEM;
     int rc = dsrt__onnx_tensor_floats(c, t, v);
+    /* pixels / 255 in every channel: what dsrt hands its input onnx_layer
+     * (a divisor of 255 in some channels only is a normalisation). */
+    int pixels = !rc && c->stage == 0 && !add && !sub && !mul && c->scale == 1.0 && !c->user_stats;
+    for (int i = 0; pixels && i < ch; i++) pixels = v[per ? i : 0] == 255.0f;
     for (int i = 0; !rc && i < ch; i++) {
         double q = v[per ? i : 0];
         if (!isfinite(q) || (!add && !sub && !mul && q == 0)) {
@@ -525,9 +538,8 @@ int dsrt__onnx_affine(onnx_import *c) {
                                  ONNX_SHOWN(t->name), q);
             break;
         }
-        if (c->stage == 0 && !add && !sub && !mul && q == 255.0 && c->scale == 1.0 &&
-            !c->user_stats)
-            c->pixel_div = 1; /* pixels / 255: what dsrt hands its input onnx_layer */
+        if (pixels)
+            c->pixel_div = 1;
         else if (add)
             c->nb[i] += q;
         else if (sub)

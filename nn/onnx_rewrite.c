@@ -98,7 +98,8 @@ static int is_op(const graph *g, int i, const char *op) {
 }
 
 /* The single value of the constant called name (an initializer, or a
- * Constant node's value), as a double; 0 when it is not one. */
+ * Constant node's value, of rank 0 or 1), as a double; 0 when it is not
+ * one. */
 static int const_value(const graph *g, onnx_str name, double *v) {
     onnx_import *c = g->c;
     const onnx_model *m = &c->m;
@@ -118,7 +119,9 @@ static int const_value(const graph *g, onnx_str name, double *v) {
             }
         }
     }
-    if (!t || t->count != 1 || t->external) return 0;
+    /* One value of rank 0 or 1: a constant of more dimensions would raise
+     * the rank of what it meets (and move the axes of a softmax after). */
+    if (!t || t->count != 1 || t->ndims > 1 || t->external) return 0;
     if (t->dtype != ONNX_FLOAT && t->dtype != ONNX_DOUBLE && t->dtype != ONNX_FLOAT16 &&
         t->dtype != ONNX_BFLOAT16)
         return 0;

@@ -532,6 +532,26 @@ def helper_models(d):
     onnx.save(m, os.path.join(d, "external.onnx"), save_as_external_data=True,
               all_tensors_to_one_file=True, location="external.weights", size_threshold=0)
 
+    # Folding's corners: a divisor of 255 in one channel only (a
+    # normalisation, not the pixels' scale) and pads from Mod with fmod=1
+    # (the dividend's sign: -7 fmod 3 is -1, pads of 1).
+    inits = {"div": np.array([255, 128, 64], np.float32).reshape(1, 3, 1, 1),
+             "a": np.full(8, -7, np.int64), "b": np.full(8, 3, np.int64),
+             "two": np.array([2], np.int64), "mask": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+             "c.w": w(6, 3, 3, 3), "g.w": w(4, 6, scale=1)}
+    nodes = [
+        helper.make_node("Div", ["image", "div"], ["x"]),
+        helper.make_node("Mod", ["a", "b"], ["md"], fmod=1),
+        helper.make_node("Add", ["md", "two"], ["ps"]),
+        helper.make_node("Mul", ["ps", "mask"], ["pads"]),
+        helper.make_node("Pad", ["x", "pads"], ["xp"]),
+        helper.make_node("Conv", ["xp", "c.w"], ["c"]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "g.w"], ["scores"], transB=1),
+    ]
+    onnx.save(model(nodes, inits, 13, "folds", [4]), os.path.join(d, "folds13.onnx"))
+
 
 def nhwc_model(d):
     """A channels-last model as tf2onnx writes one from Keras: (N, H, W, 3)
@@ -639,6 +659,40 @@ def refused_models(d):
         helper.make_node("Pad", ["image", "pads"], ["y"])] + head,
         dict(fc, two=np.array([2], np.int64), big=np.array([1 << 62], np.int64),
              zeros=np.zeros(2, np.int64)))
+    # A comparison with the batch size: a padding that depends on it.
+    save("batch_compare", [
+        helper.make_node("Shape", ["image"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Greater", ["n", "three"], ["big"], name="batch_gt"),
+        helper.make_node("Where", ["big", "p2", "p0"], ["pads"]),
+        helper.make_node("Pad", ["image", "pads"], ["y"])] + head,
+        dict(fc, zero=np.array(0, np.int64), three=np.array(3, np.int64),
+             p2=np.array([0, 0, 2, 2, 0, 0, 2, 2], np.int64), p0=np.zeros(8, np.int64)),
+        in_shape=["N", 3, 8, 8], out_shape=["N", 4])
+    # A bias of one value in three dimensions: the sum has rank 3, and the
+    # softmax after it runs across the batch.
+    save("bias_rank", [
+        helper.make_node("GlobalAveragePool", ["image"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("MatMul", ["f", "m.w"], ["m"], name="matmul"),
+        helper.make_node("Add", ["m", "m.b"], ["l"]),
+        helper.make_node("Softmax", ["l"], ["scores"], axis=-1)],
+        {"m.w": w(3, 4), "m.b": w(1, 1, 1)}, out_shape=[1, 1, 4])
+    # A LayerNormalization scale of shape (C, 1) on a channels-last value:
+    # ONNX multiplies along the width.
+    save("layernorm_scale_2d", [
+        helper.make_node("Transpose", ["image"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("Conv", ["image", "c.w"], ["c"]),
+        helper.make_node("Transpose", ["c"], ["ct"], perm=[0, 2, 3, 1]),
+        helper.make_node("LayerNormalization", ["ct", "s", "b"], ["ln"], axis=-1,
+                         name="ln_2d"),
+        helper.make_node("Transpose", ["ln"], ["y"], perm=[0, 3, 1, 2])] + head,
+        dict(fc, **{"c.w": w(8, 3, 1, 1)}, s=w(8, 1), b=w(8)))
+    # Average pooling with "same" padding and a stride past its window:
+    # where its windows lie is not defined.
+    save("pool_same_stride", [
+        helper.make_node("AveragePool", ["image"], ["y"], kernel_shape=[1, 2], strides=[3, 2],
+                         auto_pad="SAME_UPPER", name="pool_s3")] + head, fc)
     # A local function that calls itself.
     loop = helper.make_function("local", "Loop", ["x"], ["y"],
                                 [helper.make_node("Loop", ["x"], ["y"], domain="local")],

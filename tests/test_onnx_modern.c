@@ -167,6 +167,12 @@ static void test_refusals(void) {
         {"batch_shape", "'batch_as_float'"},
         {"shape_overflow", "node 2 'too_big' (Mul, opset 17): its integers pass 64 bits"},
         {"function_loop", "node 0 'call_loop' (Loop): functions call functions more than 16 deep"},
+        {"batch_compare", "'batch_gt' (Greater, opset 17): its result depends on the batch size"},
+        {"bias_rank", "'matmul' (MatMul, opset 17): bias 'm.b' of 1 values in 3 dimensions"},
+        {"layernorm_scale_2d", "'ln_2d' (LayerNormalization, opset 17): Scale 's' has 8 values in "
+                               "2 dimensions"},
+        {"pool_same_stride", "'pool_s3' (AveragePool, opset 17): auto_pad SAME_UPPER with stride "
+                             "down 3 past its window of 1"},
     };
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(cases); k++) {
         char out[4096];

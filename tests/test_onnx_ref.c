@@ -34,9 +34,9 @@ static void test_import_small(void) {
     CHECK_EQ(sh("cd '%s' && %s '%s' torch-small small > torch.log 2>&1", dir, SYS_PY, script), 0);
     CHECK_EQ(sh("cd '%s' && '%s' '%s' helper-models . 2>&1", dir, venv, script), 0);
     CHECK_EQ(sh("cd '%s' && %s '%s' images img 32 12 2>&1", dir, SYS_PY, script), 0);
-    static const char *const models[] = {"small-opset9", "small-opset17", "ops7",     "ops11",
-                                         "ops21",        "external",      "acts9",    "acts13",
-                                         "acts21",       "layers9",       "layers11", "layers17"};
+    static const char *const models[] = {
+        "small-opset9", "small-opset17", "ops7",    "ops11",    "ops21",    "external", "acts9",
+        "acts13",       "acts21",        "layers9", "layers11", "layers17", "folds13"};
     char ort_args[2048] = "", cmp_args[2048] = "";
     for (size_t k = 0; k < DSRT_ARRAY_SIZE(models); k++) {
         const char *m = models[k];
@@ -58,6 +58,13 @@ static void test_import_small(void) {
                 "--json --threads 2 $(cat img/paths.txt) > tv.jsonl && '%s' '%s' ort "
                 "img/pixels.npy --torchvision small-opset17.onnx tv.npy && '%s' '%s' compare "
                 "1e-4 tv.jsonl tv.npy",
+                dir, dstrain, venv, script, venv, script),
+             0);
+    /* A model told it takes pixels as they are (0 to 255), whose first Div
+     * is 255 in one channel only: a normalisation, not the pixels' scale. */
+    CHECK_EQ(sh("cd '%s' && '%s' classify --model folds13.onnx --input-scale 1 --json --threads 2 "
+                "$(cat img/paths.txt) > raw.jsonl && '%s' '%s' ort img/pixels.npy --scale 1 "
+                "folds13.onnx raw.npy && '%s' '%s' compare 1e-4 raw.jsonl raw.npy",
                 dir, dstrain, venv, script, venv, script),
              0);
 }

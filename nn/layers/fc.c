@@ -253,17 +253,12 @@ static int fc_layer(onnx_import *c, onnx_val *a, onnx_tensor *w, int trans_b, fl
                                "its input",
                                ONNX_SHOWN(w->name), (long long)w->dims[0], (long long)w->dims[1],
                                (long long)k);
-    if (bias) {
-        int ok = bias->count == (uint64_t)n &&
-                 (bias->ndims == 1 || (bias->ndims == 2 && bias->dims[0] == 1));
-        if (!ok && bias->count == 1) ok = 1; /* one value for every output */
-        if (!ok)
-            return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
-                                   "bias '%s' of %llu values does not broadcast to "
-                                   "the %lld outputs as one row",
-                                   ONNX_SHOWN(bias->name), (unsigned long long)bias->count,
-                                   (long long)n);
-    }
+    if (bias && !dsrt__onnx_row_const(bias, n, 2))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "bias '%s' of %llu values in %d dimensions does not broadcast to "
+                               "the %lld outputs as one row",
+                               ONNX_SHOWN(bias->name), (unsigned long long)bias->count, bias->ndims,
+                               (long long)n);
     dsrt_shape os;
     int rc = dsrt__onnx_out_shape(c, n, 1, 1, &os);
     if (rc) return rc;
@@ -329,9 +324,11 @@ static int pixel_linear(onnx_import *c, onnx_val *a, onnx_tensor *w, onnx_tensor
                                "channels-last input",
                                ONNX_SHOWN(w->name), w->ndims, s.c);
     int64_t m = w->dims[1];
-    if (bias && !(bias->count == (uint64_t)m || bias->count == 1))
-        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED, "bias '%s' of %llu values for %lld outputs",
-                               ONNX_SHOWN(bias->name), (unsigned long long)bias->count,
+    if (bias && !dsrt__onnx_row_const(bias, m, 4))
+        return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                               "bias '%s' of %llu values in %d dimensions for %lld outputs: one "
+                               "value an output, along the last axis",
+                               ONNX_SHOWN(bias->name), (unsigned long long)bias->count, bias->ndims,
                                (long long)m);
     dsrt_shape os;
     int rc = dsrt__onnx_out_shape(c, m, s.h, s.w, &os);

@@ -300,10 +300,12 @@ static int map_layernorm(onnx_import *c) {
     for (int k = 0; k < 2; k++) {
         if (k && !dsrt__onnx_has_input(c, 2)) break;
         if (!(t[k] = dsrt__onnx_const_input(c, k + 1, k ? "B" : "Scale"))) return c->err;
-        if (t[k]->count != (uint64_t)s.c)
-            return dsrt__onnx_fail(
-                c, DSRT_EUNSUPPORTED, "%s '%s' has %llu values, not one a channel (%d)",
-                k ? "B" : "Scale", ONNX_SHOWN(t[k]->name), (unsigned long long)t[k]->count, s.c);
+        if (t[k]->count != (uint64_t)s.c || !dsrt__onnx_row_const(t[k], s.c, x->flat ? 2 : 4))
+            return dsrt__onnx_fail(c, DSRT_EUNSUPPORTED,
+                                   "%s '%s' has %llu values in %d dimensions, not one a channel "
+                                   "(%d) along the last axis",
+                                   k ? "B" : "Scale", ONNX_SHOWN(t[k]->name),
+                                   (unsigned long long)t[k]->count, t[k]->ndims, s.c);
     }
     onnx_layer *l = dsrt__onnx_add_layer(c, "layernorm", &x, 1);
     if (!l) return c->err;
