@@ -2060,6 +2060,28 @@ static void test_cache_changed(void) {
     env_default(0);
 }
 
+/* The same through a mix of sources: its index carries the objects'
+ * versions too, so a replaced object is not served from the cache. */
+static void test_cache_changed_mix(void) {
+    env_default(1);
+    char out[PATH_MAX], dir[PATH_MAX], args[PATH_MAX + 64], ref[32], sum[32], fresh[32];
+    snprintf(out, sizeof out, "%s/cache.json", root);
+    snprintf(dir, sizeof dir, "%s/cache1m", root);
+    snprintf(args, sizeof args, "s3://bkt/clean --mix 1,1 --cache-dir '%s'", dir);
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, NULL), 0); /* filled with the first bytes */
+    json_checksum(out, ref, sizeof ref);
+    CHECK_STR_EQ(server("copy bkt clean/c0/0.jpg bkt keep/0.jpg"), "ok");
+    CHECK_STR_EQ(server("copy bkt clean/c1/5.jpg bkt clean/c0/0.jpg"), "ok");
+    CHECK_EQ(cache_run("s3://bkt/clean", args, out, NULL), 0);
+    json_checksum(out, sum, sizeof sum);
+    CHECK_EQ(cache_run("s3://bkt/clean", "s3://bkt/clean --mix 1,1", out, NULL), 0);
+    json_checksum(out, fresh, sizeof fresh);
+    CHECK(strcmp(fresh, ref) != 0); /* the mix reads the replaced object */
+    CHECK_STR_EQ(sum, fresh);
+    CHECK_STR_EQ(server("copy bkt keep/0.jpg bkt clean/c0/0.jpg"), "ok");
+    env_default(0);
+}
+
 /* Two processes fill one cache at once: the same batches as without it,
  * and one complete cache after (a third run asks the store nothing). A
  * little latency makes their requests overlap. */
@@ -2368,6 +2390,7 @@ int main(void) {
         RUN(test_cache_epochs);
         RUN(test_cache_damaged);
         RUN(test_cache_changed);
+        RUN(test_cache_changed_mix);
         RUN(test_cache_two_processes);
         RUN(test_cache_limit);
         RUN(test_cache_cold);

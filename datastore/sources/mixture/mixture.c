@@ -205,6 +205,18 @@ int dsrt_datastore_mix(dsrt_datastore **out, dsrt_datastore *const *sources, con
     for (size_t k = 0; k < n; k++)
         for (size_t j = 0; j < dsrt_datastore_count(m->src[k]); j++)
             ix->paths[m->off[k] + j] = dsrt_datastore_path(m->src[k], j);
+    /* The objects' versions (ETags) where a source has them: the cache of
+     * an object store keys its entries by them, so an object replaced in
+     * the store is read again rather than served from the old bytes. */
+    for (size_t k = 0; k < n; k++) {
+        const dsrt_index *si = m->src[k]->index;
+        if (!si->versions) continue;
+        if (!ix->versions &&
+            !(ix->versions = dsrt__calloc(ix->n ? ix->n : 1, sizeof *ix->versions)))
+            goto fail;
+        for (size_t j = 0; j < dsrt_datastore_count(m->src[k]); j++)
+            ix->versions[m->off[k] + j] = si->versions[dsrt__pos(m->src[k], j)];
+    }
     if ((rc = mixture_classes(ix, m)) != 0) goto fail;
     for (size_t k = 0; k < n; k++)
         if (dsrt_datastore_warning_count(m->src[k]))
