@@ -12,6 +12,9 @@
  * of the permutation number g / n_k of the source: a source is walked
  * whole, in a fresh permutation each time round, across epochs, and no
  * epoch depends on the one before. With replacement each draw is uniform.
+ * Shuffled once, a mix keeps the interleave of epoch 0 and still draws
+ * afresh each epoch (else the part of a source past its share would never
+ * come); weighted sampling keeps epoch 0's draws.
  *
  * Weighted sampling draws each place of the epoch with replacement from
  * Vose's alias table of the weights: one uniform position and one uniform
@@ -44,6 +47,8 @@ struct dsrt_sampler {
     size_t *start;       /* (k + 1) where each source's group begins */
     size_t *take;        /* (k) draws an epoch */
     int replacement;
+    int once; /* shuffle once: the same order every epoch (a mix: the same
+               * interleave, its sources still drawn afresh) */
 };
 
 void dsrt__sampler_destroy(dsrt_sampler *s) {
@@ -297,7 +302,7 @@ static int mix_order(const dsrt_sampler *s, uint64_t seed, uint64_t key, uint32_
     size_t t = 0;
     for (size_t k = 0; k < K; k++)
         for (size_t j = 0; j < s->take[k]; j++) order[t++] = (uint32_t)k;
-    dsrt_rng r = dsrt_rng_init(seed, key, 0, STREAM_MIX_SEQ);
+    dsrt_rng r = dsrt_rng_init(seed, s->once ? 0 : key, 0, STREAM_MIX_SEQ);
     shuffle(order, s->count, &r);
     for (size_t i = 0; i < s->count; i++) order[i] = draws[at[order[i]]++];
     rc = 0;
@@ -344,6 +349,7 @@ int dsrt__sampler_create(dsrt_sampler **out, const dsrt_datastore *ds,
     if (!s) return -ENOMEM;
     s->n = dsrt_datastore_count(ds);
     s->count = o->epoch_samples ? o->epoch_samples : s->n;
+    s->once = o->shuffle == 1 /* DSRT_SHUFFLE_ONCE */;
     int rc = m ? mix_create(s, ds, m, o) : weighted_create(s, ds, o);
     if (rc != 0) {
         dsrt__sampler_destroy(s);
@@ -355,7 +361,7 @@ int dsrt__sampler_create(dsrt_sampler **out, const dsrt_datastore *ds,
 
 int dsrt__sampler_order(const dsrt_sampler *s, uint64_t seed, uint64_t key, uint32_t *order) {
     if (s->k) return mix_order(s, seed, key, order);
-    dsrt_rng r = dsrt_rng_init(seed, key, 0, STREAM_WEIGHTED);
+    dsrt_rng r = dsrt_rng_init(seed, s->once ? 0 : key, 0, STREAM_WEIGHTED);
     for (size_t t = 0; t < s->count; t++) {
         uint32_t i = (uint32_t)dsrt_rng_below(&r, s->n);
         order[t] = dsrt_rng_uniform(&r) < s->prob[i] ? i : s->alias[i];

@@ -288,6 +288,31 @@ static void test_proportions(void) {
     dsrt_datastore_close(mix);
 }
 
+/* Shuffled once, a mix keeps its interleave (which source each place
+ * takes from) every epoch, and still walks its sources on: the second
+ * epoch's samples of a source are the next ones of its walk, not the
+ * first epoch's again. */
+static void test_mix_shuffle_once(void) {
+    dsrt_datastore *mix = mix_of(dir_a, dir_b, 0.5, 0.5, 0);
+    size_t n = dsrt_datastore_count(mix), E = 10;
+    dsrt_pipeline_options o = opts(5, E);
+    o.shuffle = DSRT_SHUFFLE_ONCE;
+    run_rec r = {0};
+    run(&r, mix, &o, 0);
+    CHECK_EQ(r.n, 2 * E);
+    size_t same_source = 0, *c = calloc(n, sizeof *c);
+    for (size_t i = 0; i < E; i++) same_source += r.sources[i] == r.sources[E + i];
+    CHECK_EQ(same_source, E);
+    /* 5 draws of each source an epoch, of 30 and more: ten distinct. */
+    id_counts(&r, 0, 2 * E, c, n);
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++) distinct += c[i] == 1;
+    CHECK_EQ(distinct, 2 * E);
+    free(c);
+    rec_free(&r);
+    dsrt_datastore_close(mix);
+}
+
 // ----------------------------------------------------------------------------
 // Weighted sampling
 
@@ -735,6 +760,7 @@ int main(void) {
     make_folder(dir_c, names_c, counts_c, 3, 3);
     RUN(test_labels);
     RUN(test_proportions);
+    RUN(test_mix_shuffle_once);
     RUN(test_class_balanced);
     RUN(test_determinism);
     RUN(test_shards);

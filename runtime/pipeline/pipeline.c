@@ -446,7 +446,9 @@ static void run_start(dsrt_pipeline *p, uint64_t start) {
  * feed's plan or the sampler had no memory for it). */
 static const uint32_t *order_get(dsrt_pipeline *p, uint64_t epoch) {
     if (p->elastic_parts && epoch == p->elastic_epoch) return p->elastic_order;
-    uint64_t key = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epoch : 0;
+    /* A sampler takes every epoch's number (a mix draws afresh each epoch
+     * under any shuffle; it keeps the order fixed itself where asked). */
+    uint64_t key = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH || p->sampler ? epoch : 0;
     pthread_mutex_lock(&p->order_mu);
     pipe_order *e = &p->orders[key % p->norders];
     if (!e->valid || e->key != key) {
