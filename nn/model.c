@@ -612,6 +612,18 @@ int dsrt__model_read_worker(const uint8_t *data, size_t size, const char *name, 
     }
     memcpy(net->params, s[S_PARM].data, (size_t)n_params * sizeof(float));
     memcpy(net->state, s[S_STAT].data, (size_t)n_state * sizeof(float));
+    /* NaN or infinite weights or statistics give every image the same
+     * scores, or none: refused here, naming the file. */
+    for (int k = 0; k < 2; k++) {
+        const float *v = k ? net->state : net->params;
+        size_t n = k ? (size_t)n_state : (size_t)n_params, bad = 0;
+        for (size_t i = 0; i < n; i++) bad += !isfinite(v[i]);
+        if (bad) {
+            rc = dsrt__fail(DSRT_ECORRUPT, "model: %s: %zu of its %zu %s are not finite", name, bad,
+                            n, k ? "running statistics" : "weights");
+            goto fail;
+        }
+    }
     net->version++;
     if (s[S_POSN].present) {
         const uint8_t *p = s[S_POSN].data;

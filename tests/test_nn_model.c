@@ -11,6 +11,7 @@
 #include "task.h"
 #include "testimg.h"
 
+#include <math.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdint.h>
@@ -414,6 +415,29 @@ static void test_non_regular(void) {
     }
 }
 
+/* A model file whose weights or running statistics hold NaN or infinity
+ * (well formed otherwise, its checksums right) is refused naming both. */
+static void test_not_finite(void) {
+    char path[600];
+    path_of(path, sizeof path, "nan.dsrt");
+    for (int k = 0; k < 2; k++) {
+        dsrt_net *net = small_net(), *back = NULL;
+        REQUIRE(net->n_state > 0);
+        if (k)
+            net->state[net->n_state - 1] = NAN;
+        else
+            net->params[0] = INFINITY;
+        CHECK_OK(dsrt_model_save(path, net));
+        CHECK_EQ(dsrt_model_load(&back, path, NULL), DSRT_ECORRUPT);
+        CHECK(back == NULL);
+        CHECK_CONTAINS(dsrt_last_error(), "nan.dsrt");
+        CHECK_CONTAINS(dsrt_last_error(), "1 of its");
+        CHECK_CONTAINS(dsrt_last_error(),
+                       k ? "running statistics are not finite" : "weights are not finite");
+        dsrt_net_destroy(net);
+    }
+}
+
 int main(void) {
     const char *t = getenv("DSRT_TEST_TMP");
     snprintf(dir, sizeof dir, "%s/nn_model", t ? t : "/tmp/dsrt-test");
@@ -426,5 +450,6 @@ int main(void) {
     RUN(test_checkpoint);
     RUN(test_damaged);
     RUN(test_non_regular);
+    RUN(test_not_finite);
     return TEST_RESULT();
 }

@@ -13,7 +13,7 @@
 #include <ctype.h>
 #include <math.h>
 
-static char good[4200], model[4200], onnx[4200], nanmodel[4200];
+static char good[4200], model[4200], onnx[4200], hugemodel[4200], nanfile[4200];
 
 // ----------------------------------------------------------------------------
 // A strict JSON reader
@@ -226,13 +226,13 @@ static void test_json_writers(void) {
     CHECK_GE(json_file(bad), 1);
     result_free(&r);
 
-    /* The same model with NaN weights: training stops at the first loss,
-     * saying so in JSON. */
-    r = run(ARGV(bin_train, "train", "--data", good, "--net", nanmodel, "--epochs", "1", "--batch",
+    /* The same model with weights that overflow: training stops at the
+     * first loss, saying so in JSON. */
+    r = run(ARGV(bin_train, "train", "--data", good, "--net", hugemodel, "--epochs", "1", "--batch",
                  "8", "--json", "--log", log),
             300);
     CHECK_EQ(r.status, 1);
-    CHECK_GE(json_lines(r.out, "train --json (NaN weights)"), 2);
+    CHECK_GE(json_lines(r.out, "train --json (overflowing weights)"), 2);
     CHECK_CONTAINS(r.out, "the loss is not finite");
     result_free(&r);
 
@@ -290,25 +290,32 @@ static void test_json_writers(void) {
     result_free(&r);
 }
 
-/* classify and eval of a model whose weights are NaN: the scores cannot
- * name a class; each tool says so and fails, with valid JSON. */
+/* classify and eval of a model whose scores overflow: they cannot name a
+ * class; each tool says so and fails, with valid JSON. A model file of NaN
+ * weights is refused when loaded, naming it. */
 static void test_non_finite_model(void) {
-    result r = run(ARGV(bin_train, "classify", "--model", nanmodel, "--json", good), 120);
+    result n = run(ARGV(bin_train, "classify", "--model", nanfile, good), 120);
+    CHECK_NE(n.status, 0);
+    CHECK_CONTAINS(n.err, "nan.dsrt");
+    CHECK_CONTAINS(n.err, "weights are not finite");
+    CHECK_EQ(n.out[0], '\0');
+    result_free(&n);
+    result r = run(ARGV(bin_train, "classify", "--model", hugemodel, "--json", good), 120);
     CHECK_EQ(r.status, 1);
-    CHECK_EQ(json_lines(r.out, "classify --json (NaN)"), 60);
+    CHECK_EQ(json_lines(r.out, "classify --json (overflow)"), 60);
     CHECK_CONTAINS(r.out, "\"score\": null");
     CHECK(!strstr(r.out, "nan"));
     CHECK_CONTAINS(r.err, "scores are not finite");
     result_free(&r);
 
-    r = run(ARGV(bin_train, "classify", "--model", nanmodel, good), 120);
+    r = run(ARGV(bin_train, "classify", "--model", hugemodel, good), 120);
     CHECK_EQ(r.status, 1);
     CHECK_EQ(r.out[0], '\0');
     result_free(&r);
 
-    r = run(ARGV(bin_train, "eval", "--model", nanmodel, "--data", good, "--json"), 120);
+    r = run(ARGV(bin_train, "eval", "--model", hugemodel, "--data", good, "--json"), 120);
     CHECK_EQ(r.status, 1);
-    CHECK_EQ(json_lines(r.out, "eval --json (NaN)"), 1);
+    CHECK_EQ(json_lines(r.out, "eval --json (overflow)"), 1);
     CHECK_EQ(json_int(r.out, "not_finite"), 60);
     CHECK_EQ(json_int(r.out, "correct"), 0);
     CHECK_CONTAINS(r.out, "\"loss\": null");
@@ -514,19 +521,24 @@ int main(void) {
     if (skip) return skip;
     toolrun_good_model(good, sizeof good, model, sizeof model);
     snprintf(onnx, sizeof onnx, "%s/good.onnx", root);
-    snprintf(nanmodel, sizeof nanmodel, "%s/nan.dsrt", root);
+    snprintf(hugemodel, sizeof hugemodel, "%s/huge.dsrt", root);
+    snprintf(nanfile, sizeof nanfile, "%s/nan.dsrt", root);
     result r;
     r = run(ARGV(bin_train, "export", model, "--output", onnx), 60);
     REQUIRE(r.status == 0);
     result_free(&r);
-    /* The same model with every weight NaN. */
+    /* The same model with weights of 1e30 (finite): its scores overflow to
+     * infinities and NaN. And one with NaN weights, which no tool loads. */
     dsrt_net *net = NULL;
     REQUIRE(dsrt_model_load(&net, model, NULL) == 0);
     size_t n;
     float *w = dsrt_net_params(net, &n);
+    for (size_t i = 0; i < n; i++) w[i] = 1e30f;
+    dsrt_net_params_changed(net);
+    REQUIRE(dsrt_model_save(hugemodel, net) == 0);
     for (size_t i = 0; i < n; i++) w[i] = NAN;
     dsrt_net_params_changed(net);
-    REQUIRE(dsrt_model_save(nanmodel, net) == 0);
+    REQUIRE(dsrt_model_save(nanfile, net) == 0);
     dsrt_net_destroy(net);
 
     RUN(test_json_reader);

@@ -218,13 +218,14 @@ int dsrt__train_save_checkpoint(run *R, int64_t epochs_done, int64_t iteration,
                                 const dp_states *ws) {
     const dsrt_train_options *o = R->o;
     double t = dsrt__now_s();
-    size_t np = 0;
-    const float *w = dsrt_net_params(R->net, &np);
-    if (!all_finite(w, np))
+    size_t np = 0, ns = 0;
+    const float *w = dsrt_net_params(R->net, &np), *st = dsrt_net_state(R->net, &ns);
+    if (!all_finite(w, np) || !all_finite(st, ns))
         return dsrt__fail(DSRT_ENAN,
-                          "train: epoch %lld, iteration %lld: the weights are not finite; no "
-                          "checkpoint written",
-                          (long long)epochs_done, (long long)iteration);
+                          "train: epoch %lld, iteration %lld: the %s not finite; no checkpoint "
+                          "written",
+                          (long long)epochs_done, (long long)iteration,
+                          all_finite(w, np) ? "running statistics are" : "weights are");
     size_t dl = strlen(o->checkpoint_path) + 96;
     char *path = dsrt__malloc(dl), *spath = dsrt__malloc(dl + 8), *bpath = dsrt__malloc(dl);
     int rc = -ENOMEM;
