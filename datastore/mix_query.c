@@ -39,6 +39,17 @@ const char *dsrt_datastore_mix_preset(const dsrt_datastore *ds, size_t k) {
     return m && m->preset && k < m->k ? m->preset[k] : NULL;
 }
 
+size_t dsrt_datastore_mix_samples(const dsrt_datastore *ds, size_t k) {
+    const dsrt_mixture *m = dsrt__mixture_of(ds);
+    if (!m) return k == 0 ? ds->n : 0;
+    return k < m->k ? m->off[k + 1] - m->off[k] : 0;
+}
+
+int dsrt_datastore_mix_replacement(const dsrt_datastore *ds) {
+    const dsrt_mixture *m = dsrt__mixture_of(ds);
+    return m ? m->replacement : 0;
+}
+
 double dsrt_datastore_mix_weight(const dsrt_datastore *ds, size_t k) {
     const dsrt_mixture *m = dsrt__mixture_of(ds);
     if (!m) return k == 0 ? 1.0 : 0.0;

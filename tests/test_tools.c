@@ -418,6 +418,35 @@ static void test_shards_cli(void) {
     CHECK_CONTAINS(r.err, "made reading the data in the shard order (shuffle buffer 20); the "
                           "options say the exact order");
     result_free(&r);
+    /* Another shuffle or a mix drawn in other proportions draws other samples
+     * from here on: refused too. */
+    r = run(ARGV(bin_train, "train", "--data", out, "--order", "shard", "--shuffle-buffer", "20",
+                 "--epochs", "2", "--batch", "8", "--quiet", "--shuffle", "once", "--resume", ckpt),
+            120);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "made drawing its samples as every-epoch/");
+    CHECK_CONTAINS(r.err, "the options draw them as once/");
+    result_free(&r);
+    char mixed[4400];
+    snprintf(mixed, sizeof mixed, "%s/ck-mix", root);
+    r = run(ARGV(bin_train, "train", "--data", dir, "--data", dir, "--mix", "1,3", "--epochs", "1",
+                 "--epoch-samples", "40", "--batch", "8", "--quiet", "--checkpoint-dir", mixed,
+                 "--checkpoint-unit", "iteration", "--checkpoint-frequency", "2"),
+            120);
+    CHECK_EQ(r.status, 0);
+    result_free(&r);
+    snprintf(ckpt, sizeof ckpt, "%s/dsrt_ckpt_e000_i000000002.dsrt", mixed);
+    r = run(ARGV(bin_train, "train", "--data", dir, "--data", dir, "--mix", "1,3", "--epochs", "1",
+                 "--epoch-samples", "40", "--batch", "8", "--quiet", "--resume", ckpt),
+            120);
+    CHECK_EQ(r.status, 0);
+    result_free(&r);
+    r = run(ARGV(bin_train, "train", "--data", dir, "--data", dir, "--mix", "3,1", "--epochs", "1",
+                 "--epoch-samples", "40", "--batch", "8", "--quiet", "--resume", ckpt),
+            120);
+    CHECK_EQ(r.status, 1);
+    CHECK_CONTAINS(r.err, "the options draw them as");
+    result_free(&r);
     r = run(ARGV(bin_train, "train", "--data", out, "--order", "random", "--epochs", "1"), 60);
     CHECK_EQ(r.status, 2);
     CHECK_CONTAINS(r.err, "--order: 'random' is not auto, exact or shard");

@@ -513,6 +513,8 @@ DSRT_API int dsrt_datastore_open_mix(dsrt_datastore **out, const char *const *pa
 DSRT_API size_t dsrt_datastore_mix_sources(const dsrt_datastore *ds);
 DSRT_API size_t dsrt_datastore_mix_source(const dsrt_datastore *ds, size_t i);
 DSRT_API double dsrt_datastore_mix_weight(const dsrt_datastore *ds, size_t k);
+DSRT_API size_t dsrt_datastore_mix_samples(const dsrt_datastore *ds, size_t k);
+DSRT_API int dsrt_datastore_mix_replacement(const dsrt_datastore *ds);
 /* Source k's augment preset name (dsrt_mix_options.presets), or NULL: the
  * pipeline's augmentation (and for a datastore that is not a mix). */
 DSRT_API const char *dsrt_datastore_mix_preset(const dsrt_datastore *ds, size_t k);

@@ -32,12 +32,13 @@ static int write_state(const char *path, const loop_state *s, const dsrt_train_p
                                  "drop_last %d\nbad_count %lld\nbest_val_loss %.17g\n"
                                  "best_iteration %lld\nlast_val_loss %.17g\n"
                                  "last_val_accuracy %.17g\nbest_file %s\norder %s\n"
-                                 "shuffle_buffer %lld\nworkers %lld\n",
+                                 "shuffle_buffer %lld\nworkers %lld\nsampling %s\n",
                      (long long)pos->epoch, (long long)pos->iteration, (long long)s->batch,
                      (long long)s->samples, s->drop_last, (long long)s->bad_count, s->best_val_loss,
                      (long long)s->best_iteration, s->last_val_loss, s->last_val_accuracy,
                      s->best_file[0] ? s->best_file : "-", s->order[0] ? s->order : "exact",
-                     (long long)s->shuffle_buffer, (long long)s->workers);
+                     (long long)s->shuffle_buffer, (long long)s->workers,
+                     s->sampling[0] ? s->sampling : "-");
     int rc = dsrt__write_file_atomic(path, buf, (size_t)n);
     return rc ? dsrt__fail_prefix(rc, "train: checkpoint state") : 0;
 }
@@ -68,6 +69,8 @@ static int read_state(const char *path, loop_state *s, int64_t iteration) {
             if (!strcmp(key, "shuffle_buffer") && sscanf(val, "%lld", &v) == 1)
                 t.shuffle_buffer = v;
             if (!strcmp(key, "bad_count") && sscanf(val, "%lld", &v) == 1) t.bad_count = v;
+            if (!strcmp(key, "sampling") && strcmp(val, "-") != 0)
+                snprintf(t.sampling, sizeof t.sampling, "%.47s", val);
             if (!strcmp(key, "workers") && sscanf(val, "%lld", &v) == 1 && v > 0 && v <= 65536)
                 t.workers = v;
             if (!strcmp(key, "best_iteration") && sscanf(val, "%lld", &v) == 1)
@@ -197,6 +200,25 @@ out:
     return rc;
 }
 
+void dsrt__train_sampling(const dsrt_train_options *o, const dsrt_datastore *ds, char *out,
+                          size_t cap) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    char part[96];
+    size_t k_n = dsrt_datastore_mix_sources(ds);
+    int n =
+        snprintf(part, sizeof part, "w=%s;k=%zu;r=%d", o->sample_weights ? o->sample_weights : "",
+                 k_n, dsrt_datastore_mix_replacement(ds));
+    for (int i = 0; i < n && i < (int)sizeof part; i++)
+        h = (h ^ (uint8_t)part[i]) * 0x100000001b3ULL;
+    for (size_t k = 0; k < k_n; k++) {
+        n = snprintf(part, sizeof part, ";%zu,%.17g", dsrt_datastore_mix_samples(ds, k),
+                     dsrt_datastore_mix_weight(ds, k));
+        for (int i = 0; i < n && i < (int)sizeof part; i++)
+            h = (h ^ (uint8_t)part[i]) * 0x100000001b3ULL;
+    }
+    snprintf(out, cap, "%s/%016llx", dsrt_shuffle_name(o->shuffle), (unsigned long long)h);
+}
+
 uint64_t dsrt_weights_checksum(dsrt_net *net) {
     size_t n;
     const uint8_t *p = (const uint8_t *)dsrt_net_params(net, &n);
@@ -282,7 +304,8 @@ out:
 
 /* The loop's state kept beside checkpoint used: patience, best so far;
  * refused when the batches from here on would differ (batch size, drop_last,
- * samples, order). A checkpoint without one keeps the loop's state as it is. */
+ * samples, order, how samples are drawn). A checkpoint without one keeps the loop's state as it is.
+ */
 static int resume_loop_state(run *R, const char *used, int64_t iteration) {
     const dsrt_train_options *o = R->o;
     char *sp = dsrt__malloc(strlen(used) + 8);
@@ -303,6 +326,20 @@ static int resume_loop_state(run *R, const char *used, int64_t iteration) {
                                 "samples; the options say batch %d, drop_last %d over %lld samples",
                                 used, (long long)s.batch, s.drop_last, (long long)s.samples,
                                 o->batch, o->drop_last, (long long)R->ls.samples);
+            free(sp);
+            return rc;
+        }
+        /* Another shuffle, other sample weights or another mix (its sources,
+         * their sizes or weights, replacement) draws other samples from
+         * here on: refused like another batch size (a state from before
+         * says nothing and is taken as it is). */
+        if (s.sampling[0] && strcmp(s.sampling, R->ls.sampling) != 0) {
+            int rc = dsrt__fail(DSRT_EOPTION,
+                                "train: resume: %s: made drawing its samples as %s (shuffle / "
+                                "sample weights and mix); the options draw them as %s: give the "
+                                "same --shuffle, --sample-weights, --data, --mix and "
+                                "--mix-replacement",
+                                used, s.sampling, R->ls.sampling);
             free(sp);
             return rc;
         }

@@ -97,6 +97,10 @@ typedef struct {
 int dsrt__id_set_add(id_set *s, uint32_t id);
 void dsrt__id_set_free(id_set *s);
 
+/* How the run's epochs draw their samples from ds (loop_state.sampling). */
+void dsrt__train_sampling(const dsrt_train_options *o, const dsrt_datastore *ds, char *out,
+                          size_t cap);
+
 /* The loop's own state, written beside each checkpoint. */
 typedef struct {
     int64_t bad_count;    /* validations in a row not below the best loss */
@@ -112,6 +116,10 @@ typedef struct {
     /* Data-parallel workers of the run (0 in a state file that does not
      * say: from before resumes on other numbers of workers were told). */
     int64_t workers;
+    /* How each epoch's samples are drawn: the shuffle's name and a hash of
+     * the sample weights and the mix (its sources' sizes and weights,
+     * replacement), "shuffle/hash"; "" in a state file from before. */
+    char sampling[48];
     char best_file[256]; /* in the checkpoint folder, "" when none */
 } loop_state;
 

@@ -252,6 +252,7 @@ static int run_open(run *R) {
     snprintf(R->ls.order, sizeof R->ls.order, "%s",
              dsrt_shard_order_name(dsrt_datastore_shard_order(R->train)));
     R->ls.shuffle_buffer = (int64_t)dsrt_datastore_shuffle_buffer(R->train);
+    dsrt__train_sampling(o, R->train, R->ls.sampling, sizeof R->ls.sampling);
     R->ls.workers = R->world;
     dsrt_augment_options aug, vaug;
     dsrt__train_resolve_augment(&o->augment, &R->ni, &aug, "train");
