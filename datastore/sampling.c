@@ -235,6 +235,17 @@ static int mix_create(dsrt_sampler *s, const dsrt_datastore *ds, const dsrt_mixt
         rem[best] = -1;
         given++;
     }
+    /* A share rounded to nothing would never be drawn, in any epoch (the
+     * shares are the same every epoch). */
+    for (size_t k = 0; k < K; k++)
+        if (!s->take[k] && m->weight[k] > 0) {
+            rc = dsrt__fail(DSRT_EOPTION,
+                            "%s: mix source %zu (weight %.3g) gets no sample of an epoch of %zu, "
+                            "and so none ever: give epoch_samples (--epoch-samples) of at least "
+                            "%.0f, or a larger weight",
+                            o->who, k, m->weight[k], s->count, ceil(0.5 / m->weight[k]));
+            goto out;
+        }
     for (size_t k = 0; k < K; k++)
         if (s->take[k] && s->start[k + 1] == s->start[k]) {
             rc = dsrt__fail(DSRT_EOPTION,

@@ -741,6 +741,21 @@ static void test_bad_options(void) {
     CHECK_CONTAINS(dsrt_last_error(), "mix source 1");
     CHECK(p == NULL);
     dsrt_datastore_close(part);
+    dsrt_datastore_close(mix);
+    /* A weight whose share of the epoch rounds to nothing: refused, saying
+     * how many samples an epoch would give it one. */
+    w[0] = 0.004;
+    w[1] = 0.996;
+    CHECK_OK(dsrt_datastore_mix(&mix, src, w, 2, NULL));
+    o.epoch_samples = 100;
+    CHECK_EQ(dsrt_pipeline_open(&p, mix, &aug, &o), DSRT_EOPTION);
+    CHECK_CONTAINS(dsrt_last_error(), "mix source 0 (weight 0.004) gets no sample of an epoch of "
+                                      "100, and so none ever: give epoch_samples (--epoch-samples) "
+                                      "of at least 125");
+    o.epoch_samples = 125;
+    CHECK_OK(dsrt_pipeline_open(&p, mix, &aug, &o));
+    dsrt_pipeline_close(p);
+    p = NULL;
     dsrt_datastore_close(src[1]);
     dsrt_datastore_close(mix);
     dsrt_datastore_close(a);
