@@ -58,10 +58,13 @@
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #define MAGIC          "DSRTMODL"
@@ -651,13 +654,51 @@ fail:
     return rc;
 }
 
+/*
+ * The header of the file at path checked before the file is read whole: a
+ * file that is no model (or a damaged header) is refused from its first
+ * bytes, and a model file larger than its header's counts allow (a model's
+ * description, parameters and statistics, with their section headers) is
+ * refused before its bytes are read into memory. A checkpoint, whose
+ * workers' optimizer states have no bound in the header, is bounded only
+ * by MAX_FILE.
+ */
+static int precheck(const char *path) {
+    int fd;
+    struct stat st;
+    int rc = dsrt__open_regular(path, &fd, &st);
+    if (rc) return rc;
+    uint8_t head[HEADER_SIZE];
+    ssize_t got;
+    do got = pread(fd, head, sizeof head, 0);
+    while (got < 0 && errno == EINTR);
+    int err = errno;
+    close(fd);
+    if (got < 0) return dsrt__fail(-err, "model: %s: %s", path, strerror(err));
+    file_header hd;
+    if ((rc = read_header(head, (size_t)got, path, &hd))) return rc;
+    if (get32(head + 12) != KIND_MODEL) return 0;
+    long double most = (long double)HEADER_SIZE + (long double)hd.nsec * (SECTION_HEADER + 8) +
+                       MAX_DESC + 4.0L * ((long double)hd.n_params + (long double)hd.n_state);
+    if ((long double)st.st_size > most)
+        return dsrt__fail(DSRT_ECORRUPT,
+                          "model: %s: %lld bytes, more than a model of %llu parameters and %llu "
+                          "statistics takes",
+                          path, (long long)st.st_size, (unsigned long long)hd.n_params,
+                          (unsigned long long)hd.n_state);
+    return 0;
+}
+
 static int load(const char *path, dsrt_net **net, dsrt_optimizer **opt, dsrt_train_position *pos,
                 const dsrt_net_options *options, int rank, int own_world, int *workers) {
     uint8_t *data;
     size_t size;
     if (!path || !net) return dsrt__fail(-EINVAL, "model: no path");
     *net = NULL;
-    int rc = dsrt__read_whole_file(path, MAX_FILE, &data, &size);
+    if (opt) *opt = NULL;
+    int rc = precheck(path);
+    if (rc) return rc;
+    rc = dsrt__read_whole_file(path, MAX_FILE, &data, &size);
     if (rc) return dsrt__fail_prefix(rc, "model");
     rc =
         dsrt__model_read_worker(data, size, path, net, opt, pos, options, rank, own_world, workers);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -438,6 +439,27 @@ static void test_not_finite(void) {
     }
 }
 
+/* A model file far larger than its header's counts allow (64 MB of a
+ * model of a few hundred floats, a sparse file) is refused from its header,
+ * before its bytes are read; a file that is no model, from its magic. */
+static void test_oversized(void) {
+    char path[600];
+    path_of(path, sizeof path, "big.dsrt");
+    dsrt_net *net = small_net(), *back = NULL;
+    CHECK_OK(dsrt_model_save(path, net));
+    CHECK_EQ(truncate(path, (off_t)64 << 20), 0);
+    CHECK_EQ(dsrt_model_load(&back, path, NULL), DSRT_ECORRUPT);
+    CHECK(back == NULL);
+    CHECK_CONTAINS(dsrt_last_error(), "big.dsrt: 67108864 bytes, more than a model of");
+    int fd = open(path, O_WRONLY);
+    REQUIRE(fd >= 0);
+    CHECK_EQ(pwrite(fd, "NOTAMODL", 8, 0), 8);
+    close(fd);
+    CHECK_EQ(dsrt_model_load(&back, path, NULL), DSRT_EFORMAT);
+    CHECK_CONTAINS(dsrt_last_error(), "not a dsrt model file");
+    dsrt_net_destroy(net);
+}
+
 int main(void) {
     const char *t = getenv("DSRT_TEST_TMP");
     snprintf(dir, sizeof dir, "%s/nn_model", t ? t : "/tmp/dsrt-test");
@@ -451,5 +473,6 @@ int main(void) {
     RUN(test_damaged);
     RUN(test_non_regular);
     RUN(test_not_finite);
+    RUN(test_oversized);
     return TEST_RESULT();
 }
