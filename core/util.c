@@ -231,10 +231,13 @@ static int write_file(const char *path, const void *const *parts, const size_t *
     /* The rename would replace whatever is there: never a device, a FIFO
      * or a folder (as root, "/dev/null" would go). */
     struct stat st;
-    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+    int there = lstat(path, &st) == 0;
+    if (there && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
         return dsrt__fail(S_ISDIR(st.st_mode) ? -EISDIR : DSRT_EFORMAT,
                           "%s: is %s, not a regular file: not replaced", path,
                           dsrt__file_kind(st.st_mode));
+    /* A file replaced keeps its permissions (a model kept 0600 stays so). */
+    mode_t keep = there && S_ISREG(st.st_mode) ? st.st_mode & 07777 : 0;
     size_t n = strlen(path);
     char *tmp = dsrt__malloc(n + 32), *dir = dsrt__strdup(path);
     int rc = 0, fd = -1;
@@ -249,6 +252,10 @@ static int write_file(const char *path, const void *const *parts, const size_t *
     if (fd < 0 && errno == EEXIST && lstat(tmp, &st) == 0 && S_ISREG(st.st_mode) &&
         unlink(tmp) == 0)
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0 && keep && fchmod(fd, keep) != 0) {
+        rc = dsrt__fail(-errno, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
     if (fd < 0) {
         int e = errno;
         if (e == EEXIST && lstat(tmp, &st) == 0)

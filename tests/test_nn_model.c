@@ -78,7 +78,10 @@ static void test_round_trip(void) {
     char path[600];
     path_of(path, sizeof path, "model.dsrt");
     CHECK_OK(dsrt_model_save(path, net));
-    CHECK_OK(dsrt_model_save(path, net)); /* over an existing file */
+    CHECK_EQ(chmod(path, 0600), 0);
+    CHECK_OK(dsrt_model_save(path, net)); /* over an existing file, which keeps its mode */
+    struct stat sm;
+    CHECK(stat(path, &sm) == 0 && (sm.st_mode & 07777) == 0600);
     /* no temporary files left behind */
     DIR *d = opendir(dir);
     REQUIRE(d);
