@@ -1524,7 +1524,9 @@ int dsrt_pipeline_open(dsrt_pipeline **out, const dsrt_datastore *ds,
     rc = -ENOMEM;
     p->bad = dsrt__calloc((count + 63) / 64, sizeof *p->bad);
     if (!p->bad) goto fail;
-    p->norders = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH ? epochs_open(p) : 1;
+    /* An order for each epoch in flight where each epoch has its own (a
+     * sampler's under any shuffle: order_get). */
+    p->norders = p->o.shuffle == DSRT_SHUFFLE_EVERY_EPOCH || p->sampler ? epochs_open(p) : 1;
     p->orders = dsrt__calloc(p->norders, sizeof *p->orders);
     if (!p->orders) goto fail;
     for (unsigned i = 0; i < p->norders; i++)
