@@ -324,34 +324,38 @@ static void fusion_free(cpu_fusion *f) {
     free(f);
 }
 
-/*
- * Which layers each convolution and fc computes in an inference plan
- * (cpu_fusion): along its output's one taker after another, an affine map
- * right after it, then activations, the sum of a two-input add whose other
- * input is computed before it, and that add's ReLU, through layers that are
- * the identity at inference, up to the first layer that is none of these. A layer whose chain holds
- * nothing but the ReLU it already computes (fuse_relu) keeps its plain plan.
- */
-/* The oneDNN eltwise algorithms and parameters act takes as post-ops
- * (post_act), into alg, alpha, beta: how many (hardsigmoid: two). */
+/* The oneDNN eltwise post-ops act is, in order, into alg, alpha, beta:
+ * how many (hardsigmoid: two; 0 for none dsrt knows). */
 static int act_algs(const dsrt_act *a, int alg[2], float alpha[2], float beta[2]) {
+    alpha[0] = beta[0] = 0.0f;
     switch (a->fn) {
     case DSRT_ACT_RELU:
-        alg[0] = dnnl_eltwise_relu, alpha[0] = a->alpha, beta[0] = 0.0f;
+        alg[0] = dnnl_eltwise_relu, alpha[0] = a->alpha;
         return 1;
     case DSRT_ACT_CLIP:
         alg[0] = dnnl_eltwise_clip_v2, alpha[0] = a->alpha, beta[0] = a->beta;
+        return 1;
+    case DSRT_ACT_LOGISTIC:
+        alg[0] = dnnl_eltwise_logistic;
         return 1;
     case DSRT_ACT_HARDSIGMOID:
         alg[0] = dnnl_eltwise_linear, alpha[0] = a->alpha, beta[0] = a->beta;
         alg[1] = dnnl_eltwise_clip_v2, alpha[1] = 0.0f, beta[1] = 1.0f;
         return 2;
-    case DSRT_ACT_SWISH:
-        alg[0] = dnnl_eltwise_swish, alpha[0] = a->alpha, beta[0] = 0.0f;
+    case DSRT_ACT_HARDSWISH:
+        alg[0] = dnnl_eltwise_hardswish;
         return 1;
-    default: /* no parameters */
-        return 0;
+    case DSRT_ACT_SWISH:
+        alg[0] = dnnl_eltwise_swish, alpha[0] = a->alpha;
+        return 1;
+    case DSRT_ACT_GELU_ERF:
+        alg[0] = dnnl_eltwise_gelu_erf;
+        return 1;
+    case DSRT_ACT_GELU_TANH:
+        alg[0] = dnnl_eltwise_gelu_tanh;
+        return 1;
     }
+    return 0;
 }
 
 /*
@@ -375,6 +379,14 @@ static int act_joins(const cpu_fusion *f, const dsrt_act *act) {
     return 1;
 }
 
+/*
+ * Which layers each convolution and fc computes in an inference plan
+ * (cpu_fusion): along its output's one taker after another, an affine map
+ * right after it, then activations, the sum of a two-input add whose other
+ * input is computed before it, and that add's ReLU, through layers that are
+ * the identity at inference, up to the first layer that is none of these. A layer whose chain holds
+ * nothing but the ReLU it already computes (fuse_relu) keeps its plain plan.
+ */
 static int plan_fusion(cpu_backend *be, cpu_plan *p) {
     const dsrt_net *net = be->net;
     int n = net->n_layers;
@@ -436,32 +448,15 @@ static int plan_fusion(cpu_backend *be, cpu_plan *p) {
     return 0;
 }
 
-/* A post-op for act (hardsigmoid: two). */
+/* The post-ops of act (hardsigmoid: two). */
 static dnnl_status_t post_act(dnnl_post_ops_t po, const dsrt_act *a) {
-    switch (a->fn) {
-    case DSRT_ACT_RELU:
-        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, a->alpha, 0.0f);
-    case DSRT_ACT_CLIP:
-        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, a->alpha, a->beta);
-    case DSRT_ACT_LOGISTIC:
-        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_logistic, 0.0f, 0.0f);
-    case DSRT_ACT_HARDSIGMOID: {
-        dnnl_status_t st =
-            dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, a->alpha, a->beta);
-        return st != dnnl_success
-                   ? st
-                   : dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, 0.0f, 1.0f);
-    }
-    case DSRT_ACT_HARDSWISH:
-        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0.0f, 0.0f);
-    case DSRT_ACT_SWISH:
-        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_swish, a->alpha, 0.0f);
-    case DSRT_ACT_GELU_ERF:
-        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_erf, 0.0f, 0.0f);
-    case DSRT_ACT_GELU_TANH:
-        return dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0.0f, 0.0f);
-    }
-    return dnnl_invalid_arguments;
+    int alg[2];
+    float alpha[2], beta[2];
+    int n = act_algs(a, alg, alpha, beta);
+    dnnl_status_t st = n ? dnnl_success : dnnl_invalid_arguments;
+    for (int k = 0; k < n && st == dnnl_success; k++)
+        st = dnnl_post_ops_append_eltwise(po, 1.0f, (dnnl_alg_kind_t)alg[k], alpha[k], beta[k]);
+    return st;
 }
 
 int dsrt__cpu_pd_fused(dnnl_primitive_desc_t *pd, const void *desc, cpu_backend *be, cpu_plan *p,

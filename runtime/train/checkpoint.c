@@ -200,31 +200,33 @@ out:
     return rc;
 }
 
+/* FNV-1a over n bytes, from h. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
 void dsrt__train_sampling(const dsrt_train_options *o, const dsrt_datastore *ds, char *out,
                           size_t cap) {
-    uint64_t h = 0xcbf29ce484222325ULL;
     char part[96];
     size_t k_n = dsrt_datastore_mix_sources(ds);
     int n =
         snprintf(part, sizeof part, "w=%s;k=%zu;r=%d", o->sample_weights ? o->sample_weights : "",
                  k_n, dsrt_datastore_mix_replacement(ds));
-    for (int i = 0; i < n && i < (int)sizeof part; i++)
-        h = (h ^ (uint8_t)part[i]) * 0x100000001b3ULL;
+    uint64_t h = fnv(0xcbf29ce484222325ULL, part, (size_t)DSRT_MIN(n, (int)sizeof part - 1));
     for (size_t k = 0; k < k_n; k++) {
         n = snprintf(part, sizeof part, ";%zu,%.17g", dsrt_datastore_mix_samples(ds, k),
                      dsrt_datastore_mix_weight(ds, k));
-        for (int i = 0; i < n && i < (int)sizeof part; i++)
-            h = (h ^ (uint8_t)part[i]) * 0x100000001b3ULL;
+        h = fnv(h, part, (size_t)DSRT_MIN(n, (int)sizeof part - 1));
     }
     snprintf(out, cap, "%s/%016llx", dsrt_shuffle_name(o->shuffle), (unsigned long long)h);
 }
 
 uint64_t dsrt_weights_checksum(dsrt_net *net) {
     size_t n;
-    const uint8_t *p = (const uint8_t *)dsrt_net_params(net, &n);
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ p[i]) * 0x100000001b3ULL;
-    return h;
+    const float *p = dsrt_net_params(net, &n);
+    return fnv(0xcbf29ce484222325ULL, p, n * sizeof(float));
 }
 
 static int all_finite(const float *x, size_t n) {
